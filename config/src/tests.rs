@@ -1,0 +1,49 @@
+use super::*;
+
+#[test]
+fn durations_parse_like_go() {
+    let ms = |n| Duration(std::time::Duration::from_millis(n));
+    assert_eq!("10s".parse(), Ok(ms(10_000)));
+    assert_eq!("500ms".parse(), Ok(ms(500)));
+    assert_eq!("1m30s".parse(), Ok(ms(90_000)));
+    assert_eq!("1.5s".parse(), Ok(ms(1_500)));
+    assert_eq!("0".parse(), Ok(ms(0)));
+    assert_eq!("2h".parse(), Ok(ms(7_200_000)));
+    assert!("10".parse::<Duration>().is_err());
+    assert!("s".parse::<Duration>().is_err());
+    assert!("-1s".parse::<Duration>().is_err());
+    assert!("1d".parse::<Duration>().is_err());
+    assert_eq!(ms(1_500).to_string(), "1500ms");
+    assert_eq!(ms(2_000).to_string(), "2s");
+    assert_eq!(ms(0).to_string(), "0s");
+}
+
+#[test]
+fn documents_round_trip_and_ignore_unknown_fields() {
+    let text = r#"{
+      "version": 7, "hasGrpcRoute": true, "somethingNew": 1,
+      "rules": [{
+        "hostnames": ["*.example.com"],
+        "matches": [{"path": {"type": "PathPrefix", "value": "/api"},
+                     "headers": [{"type": "RegularExpression", "name": "x", "value": "a.*"}],
+                     "queryParams": [{"name": "q", "value": "1"}], "method": "GET"}],
+        "filters": [{"type": "CORS", "cors": {"allowOrigins": ["*"], "maxAge": 60}},
+                    {"type": "URLRewrite", "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/v2"}}}],
+        "backends": [{"url": "http://10.0.0.7:8080", "weight": 1, "protocol": "h2c",
+                      "tls": {"serverName": "a"}}],
+        "timeouts": {"request": "10s", "backend": "500ms"},
+        "retry": {"codes": [503], "attempts": 2, "backoff": "100ms"},
+        "unavailableStatus": 500, "name": "ns/route/0"
+      }]
+    }"#;
+    let doc: Config = serde_json::from_str(text).expect("document parses");
+    assert_eq!(doc.version, 7);
+    assert!(doc.has_grpc_route);
+    let rule = &doc.rules[0];
+    assert_eq!(rule.matches[0].query_params[0].kind, ValueMatchType::Exact);
+    assert_eq!(rule.backends[0].protocol, BackendProtocol::H2c);
+    assert_eq!(rule.filters[0].kind, FilterType::Cors);
+    let again: Config =
+        serde_json::from_str(&serde_json::to_string(&doc).expect("serialises")).expect("reparses");
+    assert_eq!(again, doc);
+}

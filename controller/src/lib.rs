@@ -1,0 +1,1 @@
+//! Gateway API controller: translation of Gateway API objects into proxy config.

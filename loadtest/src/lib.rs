@@ -1,0 +1,1 @@
+//! Echo backend and load harness.

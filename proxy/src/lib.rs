@@ -1,0 +1,1 @@
+//! Gateway API L7 proxy.

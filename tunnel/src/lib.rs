@@ -1,0 +1,1 @@
+//! Native Cloudflare Tunnel connector and a mock edge.
