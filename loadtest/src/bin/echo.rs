@@ -1,0 +1,72 @@
+//! `cftunnel-echo`: the echo backend as a process, configured like echo-basic.
+
+use std::net::SocketAddr;
+
+use anyhow::Context;
+use cftunnel_loadtest::echo::{EchoConfig, EchoIdentity, EchoServer};
+use clap::Parser;
+
+/// Gateway API conformance echo backend (echo-basic compatible).
+#[derive(Parser, Debug)]
+#[command(name = "cftunnel-echo", version)]
+struct Args {
+    /// HTTP/1.1 (and HTTP/2 prior knowledge) listen address.
+    #[arg(long, env = "HTTP_ADDR", default_value = "0.0.0.0:3000")]
+    http_addr: SocketAddr,
+    /// h2c-only (HTTP/2 prior knowledge) listen address.
+    #[arg(long, env = "H2C_ADDR", default_value = "0.0.0.0:3001")]
+    h2c_addr: SocketAddr,
+    /// Namespace echoed in every response.
+    #[arg(long, env = "NAMESPACE", default_value = "")]
+    namespace: String,
+    /// Pod name echoed in every response.
+    #[arg(long, env = "POD_NAME", default_value = "")]
+    pod_name: String,
+    /// Do not print the per-request log line (for load runs).
+    #[arg(long, env = "ECHO_QUIET")]
+    quiet: bool,
+    /// Tokio worker threads (default: one per CPU the process may run on).
+    #[arg(long, env = "ECHO_WORKER_THREADS")]
+    worker_threads: Option<usize>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let Args {
+        http_addr,
+        h2c_addr,
+        namespace,
+        pod_name,
+        quiet,
+        worker_threads,
+    } = Args::parse();
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if let Some(n) = worker_threads {
+        runtime.worker_threads(n.max(1));
+    }
+    let runtime = runtime.build().context("building the tokio runtime")?;
+    runtime.block_on(async move {
+        let server = EchoServer::start(EchoConfig {
+            http_addr,
+            h2c_addr,
+            identity: EchoIdentity {
+                namespace,
+                pod: pod_name,
+            },
+            record_log: false,
+            print_log: !quiet,
+        })
+        .await
+        .context("binding the echo listeners")?;
+        eprintln!(
+            "cftunnel-echo listening: http {} h2c {}",
+            server.http_addr(),
+            server.h2c_addr()
+        );
+        tokio::signal::ctrl_c()
+            .await
+            .context("waiting for the shutdown signal")?;
+        server.shutdown().await;
+        Ok(())
+    })
+}
