@@ -1,0 +1,204 @@
+//! Parsing of Kubernetes manifests (multi-document YAML or JSON, `kind: List` included) into a
+//! [`Snapshot`]. Kinds the translation does not read are skipped; so are documents that are
+//! empty. Parsing is pure: reading files is the caller's business.
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_yaml_ng::Value;
+
+use crate::translate::{Snapshot, GATEWAY_API_GROUP};
+
+/// Why a manifest could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("{source_name}: document {document}: invalid YAML: {error}")]
+    Yaml {
+        source_name: String,
+        document: usize,
+        error: serde_yaml_ng::Error,
+    },
+    #[error("{source_name}: document {document}: invalid {kind} {name}: {error}")]
+    Object {
+        source_name: String,
+        document: usize,
+        kind: String,
+        name: String,
+        error: serde_yaml_ng::Error,
+    },
+}
+
+/// Adds every object of `text` (named `source_name` in errors) to `snapshot`; returns how many
+/// objects were added.
+///
+/// # Errors
+/// A document that is not YAML, or an object of a known kind that does not match its schema.
+pub fn load_into(
+    snapshot: &mut Snapshot,
+    text: &str,
+    source_name: &str,
+) -> Result<usize, ManifestError> {
+    let mut added = 0;
+    for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let document = i + 1;
+        let value = Value::deserialize(doc).map_err(|error| ManifestError::Yaml {
+            source_name: source_name.to_owned(),
+            document,
+            error,
+        })?;
+        added += add_value(snapshot, value, source_name, document)?;
+    }
+    Ok(added)
+}
+
+fn add_value(
+    snapshot: &mut Snapshot,
+    value: Value,
+    source_name: &str,
+    document: usize,
+) -> Result<usize, ManifestError> {
+    let kind = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let api_version = value
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let group = api_version.rsplit_once('/').map(|(g, _)| g).unwrap_or("");
+    let name = value
+        .get("metadata")
+        .and_then(|m| m.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    fn object<T: DeserializeOwned>(
+        value: Value,
+        source_name: &str,
+        document: usize,
+        kind: &str,
+        name: &str,
+    ) -> Result<T, ManifestError> {
+        serde_yaml_ng::from_value(value).map_err(|error| ManifestError::Object {
+            source_name: source_name.to_owned(),
+            document,
+            kind: kind.to_owned(),
+            name: name.to_owned(),
+            error,
+        })
+    }
+    let gw = group == GATEWAY_API_GROUP;
+    match (group, kind.as_str()) {
+        (_, "List") => {
+            let mut added = 0;
+            if let Some(Value::Sequence(items)) = value.get("items").cloned() {
+                for item in items {
+                    added += add_value(snapshot, item, source_name, document)?;
+                }
+            }
+            return Ok(added);
+        }
+        (_, "GatewayClass") if gw => {
+            snapshot
+                .gateway_classes
+                .push(object(value, source_name, document, &kind, &name)?)
+        }
+        (_, "Gateway") if gw => {
+            snapshot
+                .gateways
+                .push(object(value, source_name, document, &kind, &name)?)
+        }
+        (_, "HTTPRoute") if gw => {
+            snapshot
+                .http_routes
+                .push(object(value, source_name, document, &kind, &name)?)
+        }
+        (_, "GRPCRoute") if gw => {
+            snapshot
+                .grpc_routes
+                .push(object(value, source_name, document, &kind, &name)?)
+        }
+        (_, "ReferenceGrant") if gw => {
+            snapshot
+                .reference_grants
+                .push(object(value, source_name, document, &kind, &name)?)
+        }
+        ("", "Namespace") => {
+            snapshot
+                .namespaces
+                .push(object(value, source_name, document, &kind, &name)?)
+        }
+        ("", "Service") => {
+            snapshot
+                .services
+                .push(object(value, source_name, document, &kind, &name)?)
+        }
+        ("discovery.k8s.io", "EndpointSlice") => {
+            snapshot
+                .endpoint_slices
+                .push(object(value, source_name, document, &kind, &name)?)
+        }
+        _ => return Ok(0),
+    }
+    Ok(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multi_document_yaml_fills_the_snapshot_and_skips_other_kinds() {
+        let text = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: apps, labels: {team: a}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: edge, namespace: apps}
+spec:
+  gatewayClassName: cloudflare-tunnel
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: apps}
+---
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Service
+  metadata: {name: web, namespace: apps}
+  spec: {ports: [{port: 80, targetPort: 8080}]}
+- apiVersion: gateway.networking.k8s.io/v1beta1
+  kind: ReferenceGrant
+  metadata: {name: g, namespace: apps}
+  spec:
+    from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: other}]
+    to: [{group: "", kind: Service}]
+"#;
+        let mut snapshot = Snapshot::default();
+        let added = load_into(&mut snapshot, text, "test.yaml").expect("manifest parses");
+        assert_eq!(added, 4);
+        assert_eq!(snapshot.namespaces.len(), 1);
+        assert_eq!(snapshot.gateways.len(), 1);
+        assert_eq!(snapshot.gateways[0].spec.listeners[0].port, 80);
+        assert_eq!(snapshot.services.len(), 1);
+        assert_eq!(snapshot.reference_grants.len(), 1);
+    }
+
+    #[test]
+    fn an_object_that_does_not_match_its_schema_names_the_document() {
+        let text = "kind: Namespace\napiVersion: v1\nmetadata: {name: a}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: edge}\nspec: {listeners: 3}\n";
+        let mut snapshot = Snapshot::default();
+        let err = load_into(&mut snapshot, text, "bad.yaml").expect_err("schema mismatch");
+        let message = err.to_string();
+        assert!(
+            message.starts_with("bad.yaml: document 2: invalid Gateway edge:"),
+            "{message}"
+        );
+    }
+}

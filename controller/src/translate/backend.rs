@@ -1,0 +1,313 @@
+//! Backend references: Service lookup, cross-namespace ReferenceGrant checks, endpoint
+//! resolution from EndpointSlices, and the even split of a Service's weight across its ready
+//! endpoints.
+
+use std::collections::BTreeSet;
+
+use cftunnel_config::{Backend, BackendProtocol, Filter};
+use k8s_openapi::api::core::v1::ServicePort;
+
+use super::status::Reason;
+use super::{Index, Options, RouteKind};
+
+/// `appProtocol` values with a meaning for the data plane (Gateway API GEP-1911).
+const APP_PROTOCOL_H2C: &str = "kubernetes.io/h2c";
+const APP_PROTOCOL_WS: &str = "kubernetes.io/ws";
+
+/// Above this many distinct endpoint counts' least common multiple, weights are rounded
+/// instead of split exactly.
+const MAX_WEIGHT_SCALE: u64 = 10_000;
+
+/// A `backendRef` (or a mirror's `backendRef`), whichever the route kind.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BackendRefView<'a> {
+    pub(super) group: Option<&'a str>,
+    pub(super) kind: Option<&'a str>,
+    pub(super) name: &'a str,
+    pub(super) namespace: Option<&'a str>,
+    pub(super) port: Option<i32>,
+}
+
+/// Why a backendRef cannot be resolved; each maps to a `ResolvedRefs=False` reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendRefError {
+    #[error("{field}: unsupported backend kind {group}/{kind}")]
+    InvalidKind {
+        field: String,
+        group: String,
+        kind: String,
+    },
+    #[error("{field}: Service {namespace}/{name} not found")]
+    NotFound {
+        field: String,
+        namespace: String,
+        name: String,
+    },
+    #[error("{field}: Service {namespace}/{name} has no port {port}")]
+    PortNotFound {
+        field: String,
+        namespace: String,
+        name: String,
+        port: i32,
+    },
+    #[error("{field}: a port is required for a Service backend")]
+    MissingPort { field: String },
+    #[error(
+        "{field}: reference to Service {namespace}/{name} is not permitted by a ReferenceGrant"
+    )]
+    RefNotPermitted {
+        field: String,
+        namespace: String,
+        name: String,
+    },
+    #[error("{field}: filter {kind} is not supported")]
+    UnsupportedFilter { field: String, kind: &'static str },
+}
+
+impl BackendRefError {
+    /// The `ResolvedRefs` reason the spec assigns to this failure.
+    pub fn reason(&self) -> Reason {
+        match self {
+            Self::InvalidKind { .. } | Self::UnsupportedFilter { .. } => Reason::InvalidKind,
+            Self::NotFound { .. } | Self::PortNotFound { .. } | Self::MissingPort { .. } => {
+                Reason::BackendNotFound
+            }
+            Self::RefNotPermitted { .. } => Reason::RefNotPermitted,
+        }
+    }
+}
+
+/// A resolved Service port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Resolved {
+    /// Backend URLs: one per ready endpoint, or the single DNS name.
+    pub(super) urls: Vec<String>,
+    /// The URL naming the Service itself (for messages and fail-closed backends).
+    pub(super) service_url: String,
+    pub(super) protocol: BackendProtocol,
+    pub(super) websocket: bool,
+}
+
+/// Resolves a backendRef of a route of `from` kind in `from_namespace`.
+pub(super) fn resolve(
+    r: BackendRefView<'_>,
+    from: RouteKind,
+    from_namespace: &str,
+    field: &str,
+    index: &Index<'_>,
+    options: &Options,
+) -> Result<Resolved, BackendRefError> {
+    let group = r.group.unwrap_or("");
+    let kind = r.kind.unwrap_or("Service");
+    if !group.is_empty() || kind != "Service" {
+        return Err(BackendRefError::InvalidKind {
+            field: field.to_owned(),
+            group: group.to_owned(),
+            kind: kind.to_owned(),
+        });
+    }
+    let namespace = r.namespace.unwrap_or(from_namespace);
+    if namespace != from_namespace
+        && !index.reference_granted(
+            from.as_str(),
+            from_namespace,
+            "",
+            "Service",
+            namespace,
+            r.name,
+        )
+    {
+        return Err(BackendRefError::RefNotPermitted {
+            field: field.to_owned(),
+            namespace: namespace.to_owned(),
+            name: r.name.to_owned(),
+        });
+    }
+    let Some(service) = index.services.get(&(namespace, r.name)).copied() else {
+        return Err(BackendRefError::NotFound {
+            field: field.to_owned(),
+            namespace: namespace.to_owned(),
+            name: r.name.to_owned(),
+        });
+    };
+    let Some(port) = r.port else {
+        return Err(BackendRefError::MissingPort {
+            field: field.to_owned(),
+        });
+    };
+    let spec = service.spec.as_ref();
+    if spec.and_then(|s| s.type_.as_deref()) == Some("ExternalName") {
+        let host = spec
+            .and_then(|s| s.external_name.as_deref())
+            .unwrap_or_default();
+        let url = format!("http://{host}:{port}");
+        return Ok(Resolved {
+            urls: vec![url.clone()],
+            service_url: url,
+            protocol: BackendProtocol::Http1,
+            websocket: false,
+        });
+    }
+    let Some(service_port) = spec
+        .and_then(|s| s.ports.as_ref())
+        .and_then(|ports| ports.iter().find(|p| p.port == port))
+    else {
+        return Err(BackendRefError::PortNotFound {
+            field: field.to_owned(),
+            namespace: namespace.to_owned(),
+            name: r.name.to_owned(),
+            port,
+        });
+    };
+    let app_protocol = service_port.app_protocol.as_deref();
+    let service_url = format!(
+        "http://{}.{}.svc.{}:{}",
+        r.name, namespace, options.cluster_domain, port
+    );
+    let urls = match index.slices.get(&(namespace, r.name)) {
+        None => vec![service_url.clone()],
+        Some(slices) => endpoint_urls(service_port, slices),
+    };
+    Ok(Resolved {
+        urls,
+        service_url,
+        protocol: if app_protocol == Some(APP_PROTOCOL_H2C) {
+            BackendProtocol::H2c
+        } else {
+            BackendProtocol::Http1
+        },
+        websocket: app_protocol == Some(APP_PROTOCOL_WS),
+    })
+}
+
+/// Ready endpoints of `service_port`, as sorted, de-duplicated URLs.
+fn endpoint_urls(
+    service_port: &ServicePort,
+    slices: &[&k8s_openapi::api::discovery::v1::EndpointSlice],
+) -> Vec<String> {
+    let wanted = service_port.name.as_deref().unwrap_or("");
+    let mut urls = BTreeSet::new();
+    for slice in slices {
+        let Some(target) = slice
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref().unwrap_or("") == wanted)
+            .and_then(|p| p.port)
+        else {
+            continue;
+        };
+        let v6 = slice.address_type == "IPv6";
+        for endpoint in slice.endpoints.iter().flatten() {
+            let ready = endpoint
+                .conditions
+                .as_ref()
+                .and_then(|c| c.ready)
+                .unwrap_or(true);
+            let Some(address) = endpoint.addresses.first() else {
+                continue;
+            };
+            if !ready {
+                continue;
+            }
+            let url = if v6 || address.contains(':') {
+                format!("http://[{address}]:{target}")
+            } else {
+                format!("http://{address}:{target}")
+            };
+            urls.insert(url);
+        }
+    }
+    urls.into_iter().collect()
+}
+
+/// One backendRef of a rule, resolved or not, with its weight and filters.
+#[derive(Debug, Clone)]
+pub(super) struct WeightedTarget {
+    pub(super) weight: u32,
+    pub(super) target: Result<Resolved, String>,
+    pub(super) filters: Vec<Filter>,
+    /// Forces the protocol (GRPCRoute backends speak HTTP/2).
+    pub(super) protocol: Option<BackendProtocol>,
+}
+
+/// Status answered for a backend share whose reference is invalid (Gateway API: 500).
+pub(super) const INVALID_REF_STATUS: u16 = 500;
+/// Status answered for a Service with no ready endpoint.
+pub(super) const NO_ENDPOINTS_STATUS: u16 = 503;
+
+/// Expands targets into weighted backends: a Service's weight is split evenly across its
+/// ready endpoints, scaled so that the ratio between Services is kept exactly.
+pub(super) fn expand(targets: Vec<WeightedTarget>) -> Vec<Backend> {
+    let scale = targets
+        .iter()
+        .map(|t| match &t.target {
+            Ok(r) if !r.urls.is_empty() => r.urls.len() as u64,
+            _ => 1,
+        })
+        .try_fold(1u64, |acc, n| {
+            let l = lcm(acc, n);
+            (l <= MAX_WEIGHT_SCALE).then_some(l)
+        })
+        .unwrap_or(MAX_WEIGHT_SCALE);
+    let scaled = |weight: u32, n: u64| -> u32 {
+        let w = (u64::from(weight) * scale + n / 2) / n;
+        u32::try_from(w).unwrap_or(u32::MAX)
+    };
+    let mut out = Vec::new();
+    for t in targets {
+        match t.target {
+            Err(url) => out.push(Backend {
+                url,
+                weight: scaled(t.weight, 1),
+                filters: t.filters,
+                unavailable_status: Some(INVALID_REF_STATUS),
+                ..Backend::default()
+            }),
+            Ok(r) if r.urls.is_empty() => out.push(Backend {
+                url: r.service_url,
+                weight: scaled(t.weight, 1),
+                protocol: t.protocol.unwrap_or(r.protocol),
+                websocket: r.websocket,
+                filters: t.filters,
+                unavailable_status: Some(NO_ENDPOINTS_STATUS),
+                ..Backend::default()
+            }),
+            Ok(r) => {
+                let n = r.urls.len() as u64;
+                for url in r.urls {
+                    out.push(Backend {
+                        url,
+                        weight: scaled(t.weight, n),
+                        protocol: t.protocol.unwrap_or(r.protocol),
+                        websocket: r.websocket,
+                        filters: t.filters.clone(),
+                        ..Backend::default()
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+fn lcm(a: u64, b: u64) -> u64 {
+    if a == 0 || b == 0 {
+        return a.max(b);
+    }
+    a / gcd(a, b) * b
+}
+
+/// The URL a mirror filter sends copies to: the first ready endpoint (the mirror filter takes
+/// one URL), or the Service DNS name; `None` when the Service has no ready endpoint.
+pub(super) fn mirror_url(resolved: &Resolved) -> Option<String> {
+    resolved.urls.first().cloned()
+}

@@ -1,0 +1,373 @@
+//! Route attachment: `parentRefs` against listeners (sectionName, port), `allowedRoutes`
+//! (kinds, namespaces) and listener/route hostname intersection (Gateway API HTTPRoute
+//! `spec.hostnames`, Listener `hostname`).
+
+use std::collections::BTreeMap;
+
+use gateway_api::experimental::grpcroutes::GrpcRoute;
+use gateway_api::experimental::httproutes::HttpRoute;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::gateway::{selector_matches, AllowedNamespaces, OwnedGateway, OwnedListener};
+use super::status::{Condition, ConditionType, ParentRef, Reason, RouteParentStatus};
+use super::{
+    Attachment, Index, ObjectKey, PlaneKey, RouteKey, RouteKind, Snapshot, GATEWAY_API_GROUP,
+};
+
+#[derive(Debug, Clone, Copy)]
+pub(super) enum RouteSource<'a> {
+    Http(&'a HttpRoute),
+    Grpc(&'a GrpcRoute),
+}
+
+/// One `parentRefs` entry, whichever the route kind.
+#[derive(Debug, Clone)]
+pub(super) struct ParentRefView<'a> {
+    group: Option<&'a str>,
+    kind: Option<&'a str>,
+    namespace: Option<&'a str>,
+    name: &'a str,
+    section_name: Option<&'a str>,
+    port: Option<i32>,
+}
+
+/// The kind-independent part of a route.
+#[derive(Debug, Clone)]
+pub(super) struct RouteView<'a> {
+    pub(super) kind: RouteKind,
+    pub(super) namespace: &'a str,
+    pub(super) name: &'a str,
+    pub(super) created: Option<&'a Time>,
+    pub(super) generation: Option<i64>,
+    pub(super) hostnames: Vec<String>,
+    parent_refs: Vec<ParentRefView<'a>>,
+    pub(super) source: RouteSource<'a>,
+}
+
+impl<'a> RouteView<'a> {
+    pub(super) fn key(&self) -> RouteKey {
+        RouteKey {
+            kind: self.kind,
+            key: ObjectKey::new(self.namespace, self.name),
+        }
+    }
+
+    /// Gateway API rule precedence across routes: oldest first, then namespace/name.
+    /// Routes without a creation timestamp sort after those with one.
+    pub(super) fn order_key(&self) -> (bool, Option<&'a Time>, &'a str, &'a str, RouteKind) {
+        (
+            self.created.is_none(),
+            self.created,
+            self.namespace,
+            self.name,
+            self.kind,
+        )
+    }
+}
+
+pub(super) fn collect_routes(snapshot: &Snapshot) -> Vec<RouteView<'_>> {
+    let mut out = Vec::new();
+    for r in &snapshot.http_routes {
+        let (Some(namespace), Some(name)) =
+            (r.metadata.namespace.as_deref(), r.metadata.name.as_deref())
+        else {
+            continue;
+        };
+        out.push(RouteView {
+            kind: RouteKind::Http,
+            namespace,
+            name,
+            created: r.metadata.creation_timestamp.as_ref(),
+            generation: r.metadata.generation,
+            hostnames: lower(r.spec.hostnames.as_deref()),
+            parent_refs: r
+                .spec
+                .parent_refs
+                .iter()
+                .flatten()
+                .map(|p| ParentRefView {
+                    group: p.group.as_deref(),
+                    kind: p.kind.as_deref(),
+                    namespace: p.namespace.as_deref(),
+                    name: &p.name,
+                    section_name: p.section_name.as_deref(),
+                    port: p.port,
+                })
+                .collect(),
+            source: RouteSource::Http(r),
+        });
+    }
+    for r in &snapshot.grpc_routes {
+        let (Some(namespace), Some(name)) =
+            (r.metadata.namespace.as_deref(), r.metadata.name.as_deref())
+        else {
+            continue;
+        };
+        out.push(RouteView {
+            kind: RouteKind::Grpc,
+            namespace,
+            name,
+            created: r.metadata.creation_timestamp.as_ref(),
+            generation: r.metadata.generation,
+            hostnames: lower(r.spec.hostnames.as_deref()),
+            parent_refs: r
+                .spec
+                .parent_refs
+                .iter()
+                .flatten()
+                .map(|p| ParentRefView {
+                    group: p.group.as_deref(),
+                    kind: p.kind.as_deref(),
+                    namespace: p.namespace.as_deref(),
+                    name: &p.name,
+                    section_name: p.section_name.as_deref(),
+                    port: p.port,
+                })
+                .collect(),
+            source: RouteSource::Grpc(r),
+        });
+    }
+    out
+}
+
+fn lower(hostnames: Option<&[String]>) -> Vec<String> {
+    hostnames
+        .unwrap_or_default()
+        .iter()
+        .map(|h| h.to_ascii_lowercase())
+        .collect()
+}
+
+/// The outcome of attaching a route to one of our Gateways.
+#[derive(Debug)]
+pub(super) struct ParentBinding {
+    parent_ref: ParentRef,
+    outcome: Result<(), (Reason, String)>,
+}
+
+impl ParentBinding {
+    pub(super) fn accepted(&self) -> bool {
+        self.outcome.is_ok()
+    }
+
+    pub(super) fn into_status(
+        self,
+        translated: &super::http_route::TranslatedRoute,
+        generation: Option<i64>,
+    ) -> RouteParentStatus {
+        let mut conditions = Vec::with_capacity(3);
+        match self.outcome {
+            Err((reason, message)) => conditions.push(Condition::new(
+                ConditionType::Accepted,
+                false,
+                reason,
+                message,
+                generation,
+            )),
+            Ok(()) if translated.rules.is_empty() && !translated.dropped.is_empty() => conditions
+                .push(Condition::new(
+                    ConditionType::Accepted,
+                    false,
+                    Reason::UnsupportedValue,
+                    translated.dropped_message(),
+                    generation,
+                )),
+            Ok(()) => conditions.push(Condition::new(
+                ConditionType::Accepted,
+                true,
+                Reason::Accepted,
+                "",
+                generation,
+            )),
+        }
+        conditions.push(translated.resolved_refs(generation));
+        if !translated.rules.is_empty() && !translated.dropped.is_empty() {
+            conditions.push(Condition::new(
+                ConditionType::PartiallyInvalid,
+                true,
+                Reason::UnsupportedValue,
+                translated.dropped_message(),
+                generation,
+            ));
+        }
+        RouteParentStatus {
+            parent_ref: self.parent_ref,
+            conditions,
+        }
+    }
+}
+
+/// Where a route attached.
+#[derive(Debug, Default)]
+pub(super) struct Bound {
+    /// One entry per parentRef that names one of our Gateways.
+    pub(super) parents: Vec<ParentBinding>,
+    /// The planes the route is served on, with its hostnames there.
+    pub(super) planes: BTreeMap<PlaneKey, Attachment>,
+}
+
+pub(super) fn bind(
+    route: &RouteView<'_>,
+    gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'_>>,
+    index: &Index<'_>,
+) -> Bound {
+    let mut bound = Bound::default();
+    for p in &route.parent_refs {
+        if p.group.unwrap_or(GATEWAY_API_GROUP) != GATEWAY_API_GROUP
+            || p.kind.unwrap_or("Gateway") != "Gateway"
+        {
+            continue;
+        }
+        let key = ObjectKey::new(p.namespace.unwrap_or(route.namespace), p.name);
+        let Some(gw) = gateways.get_mut(&key) else {
+            continue;
+        };
+        let parent_ref = ParentRef {
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            section_name: p.section_name.map(str::to_owned),
+            port: p.port,
+        };
+        let outcome = attach(route, p, gw, index, &mut bound.planes);
+        bound.parents.push(ParentBinding {
+            parent_ref,
+            outcome,
+        });
+    }
+    bound
+}
+
+fn attach(
+    route: &RouteView<'_>,
+    p: &ParentRefView<'_>,
+    gw: &mut OwnedGateway<'_>,
+    index: &Index<'_>,
+    planes: &mut BTreeMap<PlaneKey, Attachment>,
+) -> Result<(), (Reason, String)> {
+    let Some(plane) = gw.plane.clone() else {
+        return Err((
+            Reason::NoMatchingParent,
+            format!("Gateway {} is not accepted", gw.key),
+        ));
+    };
+    let gateway_namespace = gw.key.namespace.clone();
+    let candidates: Vec<&mut OwnedListener<'_>> = gw
+        .listeners
+        .iter_mut()
+        .filter(|l| p.section_name.is_none_or(|s| s == l.name))
+        .filter(|l| p.port.is_none_or(|port| port == l.port))
+        .collect();
+    if candidates.is_empty() {
+        return Err((
+            Reason::NoMatchingParent,
+            "no listener matches the parentRef sectionName/port".to_owned(),
+        ));
+    }
+    let usable: Vec<&mut OwnedListener<'_>> = candidates.into_iter().filter(|l| l.usable).collect();
+    if usable.is_empty() {
+        return Err((
+            Reason::NoMatchingParent,
+            "the matching listeners are not valid".to_owned(),
+        ));
+    }
+    let allowed: Vec<&mut OwnedListener<'_>> = usable
+        .into_iter()
+        .filter(|l| l.kinds.contains(&route.kind))
+        .filter(|l| namespace_allowed(&l.namespaces, &gateway_namespace, route.namespace, index))
+        .collect();
+    if allowed.is_empty() {
+        return Err((
+            Reason::NotAllowedByListeners,
+            format!(
+                "no listener allows {} from namespace {}",
+                route.kind.as_str(),
+                route.namespace
+            ),
+        ));
+    }
+    let mut attached = Vec::new();
+    for l in allowed {
+        if let Some(hosts) = intersect(l.hostname.as_deref(), &route.hostnames) {
+            l.attached_routes += 1;
+            attached.push((hosts, l.port));
+        }
+    }
+    if attached.is_empty() {
+        return Err((
+            Reason::NoMatchingListenerHostname,
+            "no route hostname intersects a listener hostname".to_owned(),
+        ));
+    }
+    let entry = planes.entry(plane).or_default();
+    for (hosts, port) in attached {
+        entry.ports.insert(port);
+        match hosts {
+            Hosts::Any => entry.any_host = true,
+            Hosts::Some(list) => entry.hostnames.extend(list),
+        }
+    }
+    Ok(())
+}
+
+fn namespace_allowed(
+    allowed: &AllowedNamespaces<'_>,
+    gateway_namespace: &str,
+    route_namespace: &str,
+    index: &Index<'_>,
+) -> bool {
+    match allowed {
+        AllowedNamespaces::Same => gateway_namespace == route_namespace,
+        AllowedNamespaces::All => true,
+        AllowedNamespaces::Selector(sel) => {
+            selector_matches(sel, index.namespace_labels(route_namespace))
+        }
+    }
+}
+
+/// The hosts a route serves through one listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Hosts {
+    Any,
+    Some(Vec<String>),
+}
+
+/// Intersects a listener hostname with route hostnames (both lower-cased); `None` when they
+/// share no host. The more specific of two intersecting names is kept.
+pub(super) fn intersect(listener: Option<&str>, route: &[String]) -> Option<Hosts> {
+    match (listener, route.is_empty()) {
+        (None, true) => Some(Hosts::Any),
+        (None, false) => Some(Hosts::Some(route.to_vec())),
+        (Some(l), true) => Some(Hosts::Some(vec![l.to_owned()])),
+        (Some(l), false) => {
+            let hosts: Vec<String> = route.iter().filter_map(|r| intersect_one(l, r)).collect();
+            (!hosts.is_empty()).then_some(Hosts::Some(hosts))
+        }
+    }
+}
+
+fn intersect_one(listener: &str, route: &str) -> Option<String> {
+    if listener == route {
+        return Some(route.to_owned());
+    }
+    match (listener.strip_prefix("*."), route.strip_prefix("*.")) {
+        (Some(l), Some(r)) => {
+            if is_subdomain(r, l) {
+                Some(route.to_owned())
+            } else if is_subdomain(l, r) {
+                Some(listener.to_owned())
+            } else {
+                None
+            }
+        }
+        (Some(l), None) => is_subdomain(route, l).then(|| route.to_owned()),
+        (None, Some(r)) => is_subdomain(listener, r).then(|| listener.to_owned()),
+        (None, None) => None,
+    }
+}
+
+/// `name` is a strict subdomain of `parent` (at least one more label).
+fn is_subdomain(name: &str, parent: &str) -> bool {
+    name.len() > parent.len() + 1
+        && name.ends_with(parent)
+        && name.as_bytes().get(name.len() - parent.len() - 1) == Some(&b'.')
+}

@@ -1,0 +1,383 @@
+//! Which GatewayClasses and Gateways are ours, listener validation and conflicts, and the
+//! Gateway/listener status (Gateway API `GatewayConditionType`, `ListenerConditionType`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gateway_api::experimental::gatewayclasses::GatewayClass;
+use gateway_api::experimental::gateways::{
+    Gateway, GatewayListeners, GatewayListenersAllowedRoutesNamespacesFrom,
+    GatewayListenersAllowedRoutesNamespacesSelector,
+};
+
+use super::status::{Condition, ConditionType, GatewayStatus, ListenerStatus, Reason};
+use super::{
+    ObjectKey, Options, PlaneKey, RouteKind, Snapshot, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP,
+    GATEWAY_CONFIG_KIND,
+};
+
+/// The owned classes by name; `None` when the class is owned by name only (`--gateway-class-name`)
+/// and its object is not in the snapshot.
+pub(super) fn owned_classes<'a>(
+    snapshot: &'a Snapshot,
+    options: &Options,
+) -> BTreeMap<String, Option<&'a GatewayClass>> {
+    let mut classes = BTreeMap::new();
+    for class in &snapshot.gateway_classes {
+        let Some(name) = class.metadata.name.as_deref() else {
+            continue;
+        };
+        let by_controller = class.spec.controller_name == options.controller_name;
+        let by_name = options.gateway_class_name.as_deref() == Some(name);
+        if by_controller || by_name {
+            classes.insert(name.to_owned(), Some(class));
+        }
+    }
+    if let Some(name) = &options.gateway_class_name {
+        classes.entry(name.clone()).or_insert(None);
+    }
+    classes
+}
+
+pub(super) fn class_conditions(class: Option<&GatewayClass>) -> Vec<Condition> {
+    let generation = class.and_then(|c| c.metadata.generation);
+    vec![Condition::new(
+        ConditionType::Accepted,
+        true,
+        Reason::Accepted,
+        "",
+        generation,
+    )]
+}
+
+/// Which namespaces a listener admits routes from.
+#[derive(Debug, Clone)]
+pub(super) enum AllowedNamespaces<'a> {
+    Same,
+    All,
+    Selector(&'a GatewayListenersAllowedRoutesNamespacesSelector),
+}
+
+#[derive(Debug)]
+pub(super) struct OwnedListener<'a> {
+    pub(super) name: &'a str,
+    pub(super) port: i32,
+    /// Lower-cased.
+    pub(super) hostname: Option<String>,
+    /// Valid, unconflicted and of a supported protocol: routes may attach.
+    pub(super) usable: bool,
+    pub(super) kinds: BTreeSet<RouteKind>,
+    pub(super) namespaces: AllowedNamespaces<'a>,
+    pub(super) attached_routes: i32,
+    conditions: Vec<Condition>,
+}
+
+#[derive(Debug)]
+pub(super) struct OwnedGateway<'a> {
+    pub(super) key: ObjectKey,
+    /// The plane serving this Gateway; `None` when the Gateway is not accepted.
+    pub(super) plane: Option<PlaneKey>,
+    pub(super) listeners: Vec<OwnedListener<'a>>,
+    conditions: Vec<Condition>,
+}
+
+impl OwnedGateway<'_> {
+    pub(super) fn into_status(self) -> GatewayStatus {
+        let listeners = self
+            .listeners
+            .into_iter()
+            .map(|l| ListenerStatus {
+                name: l.name.to_owned(),
+                attached_routes: l.attached_routes,
+                supported_kinds: l.kinds.iter().map(|k| k.as_str().to_owned()).collect(),
+                conditions: l.conditions,
+            })
+            .collect();
+        GatewayStatus {
+            conditions: self.conditions,
+            listeners,
+        }
+    }
+}
+
+pub(super) fn owned_gateways<'a>(
+    snapshot: &'a Snapshot,
+    classes: &BTreeMap<String, Option<&GatewayClass>>,
+) -> BTreeMap<ObjectKey, OwnedGateway<'a>> {
+    let mut out = BTreeMap::new();
+    for gw in &snapshot.gateways {
+        if !classes.contains_key(&gw.spec.gateway_class_name) {
+            continue;
+        }
+        let (Some(ns), Some(name)) = (
+            gw.metadata.namespace.as_deref(),
+            gw.metadata.name.as_deref(),
+        ) else {
+            continue;
+        };
+        let key = ObjectKey::new(ns, name);
+        out.insert(key.clone(), owned_gateway(key, gw));
+    }
+    out
+}
+
+fn owned_gateway(key: ObjectKey, gw: &Gateway) -> OwnedGateway<'_> {
+    let generation = gw.metadata.generation;
+    let mut listeners: Vec<OwnedListener<'_>> = gw
+        .spec
+        .listeners
+        .iter()
+        .map(|l| listener(l, generation))
+        .collect();
+    mark_conflicts(&mut listeners, &gw.spec.listeners, generation);
+    for l in &mut listeners {
+        let programmed = l.usable;
+        l.conditions.push(Condition::new(
+            ConditionType::Programmed,
+            programmed,
+            if programmed {
+                Reason::Programmed
+            } else {
+                Reason::Invalid
+            },
+            "",
+            generation,
+        ));
+    }
+
+    let parameters = gw
+        .spec
+        .infrastructure
+        .as_ref()
+        .and_then(|i| i.parameters_ref.as_ref());
+    let (plane, accepted) = match parameters {
+        None => (Some(PlaneKey::Shared), Ok(())),
+        Some(p) if p.group == GATEWAY_CONFIG_GROUP && p.kind == GATEWAY_CONFIG_KIND => {
+            (Some(PlaneKey::Dedicated(key.clone())), Ok(()))
+        }
+        Some(p) => (
+            None,
+            Err((
+                Reason::InvalidParameters,
+                format!(
+                    "infrastructure.parametersRef must name a {GATEWAY_CONFIG_GROUP}/{GATEWAY_CONFIG_KIND}, not {}/{}",
+                    p.group, p.kind
+                ),
+            )),
+        ),
+    };
+    let accepted = match accepted {
+        Ok(()) if !listeners.is_empty() && listeners.iter().all(|l| !l.usable) => {
+            Err((Reason::ListenersNotValid, "no listener is valid".to_owned()))
+        }
+        other => other,
+    };
+    let (plane, conditions) = match accepted {
+        Ok(()) => (
+            plane,
+            vec![
+                Condition::new(
+                    ConditionType::Accepted,
+                    true,
+                    Reason::Accepted,
+                    "",
+                    generation,
+                ),
+                Condition::new(
+                    ConditionType::Programmed,
+                    true,
+                    Reason::Programmed,
+                    "",
+                    generation,
+                ),
+            ],
+        ),
+        Err((reason, message)) => (
+            None,
+            vec![
+                Condition::new(ConditionType::Accepted, false, reason, message, generation),
+                Condition::new(
+                    ConditionType::Programmed,
+                    false,
+                    Reason::Invalid,
+                    "the Gateway is not accepted",
+                    generation,
+                ),
+            ],
+        ),
+    };
+    OwnedGateway {
+        key,
+        plane,
+        listeners,
+        conditions,
+    }
+}
+
+fn listener(l: &GatewayListeners, generation: Option<i64>) -> OwnedListener<'_> {
+    let mut conditions = Vec::new();
+    // TLS terminates at the Cloudflare edge: the data plane sees HTTPS listeners as HTTP.
+    let supported_protocol = matches!(l.protocol.as_str(), "HTTP" | "HTTPS");
+    if supported_protocol {
+        conditions.push(Condition::new(
+            ConditionType::Accepted,
+            true,
+            Reason::Accepted,
+            "",
+            generation,
+        ));
+    } else {
+        conditions.push(Condition::new(
+            ConditionType::Accepted,
+            false,
+            Reason::UnsupportedProtocol,
+            format!("protocol {} is not supported (HTTP, HTTPS)", l.protocol),
+            generation,
+        ));
+    }
+
+    let allowed = l.allowed_routes.as_ref();
+    let mut kinds = BTreeSet::new();
+    let mut invalid_kinds = Vec::new();
+    match allowed.and_then(|a| a.kinds.as_ref()) {
+        Some(requested) if !requested.is_empty() => {
+            for k in requested {
+                let group_ok = k.group.as_deref().unwrap_or(GATEWAY_API_GROUP) == GATEWAY_API_GROUP;
+                match (group_ok, k.kind.as_str()) {
+                    (true, "HTTPRoute") => {
+                        kinds.insert(RouteKind::Http);
+                    }
+                    (true, "GRPCRoute") => {
+                        kinds.insert(RouteKind::Grpc);
+                    }
+                    _ => invalid_kinds.push(k.kind.clone()),
+                }
+            }
+        }
+        _ => {
+            kinds.insert(RouteKind::Http);
+            kinds.insert(RouteKind::Grpc);
+        }
+    }
+    if invalid_kinds.is_empty() {
+        conditions.push(Condition::new(
+            ConditionType::ResolvedRefs,
+            true,
+            Reason::ResolvedRefs,
+            "",
+            generation,
+        ));
+    } else {
+        conditions.push(Condition::new(
+            ConditionType::ResolvedRefs,
+            false,
+            Reason::InvalidRouteKinds,
+            format!("unsupported route kinds: {}", invalid_kinds.join(", ")),
+            generation,
+        ));
+    }
+
+    let namespaces = match allowed.and_then(|a| a.namespaces.as_ref()) {
+        None => AllowedNamespaces::Same,
+        Some(ns) => match (&ns.from, &ns.selector) {
+            (Some(GatewayListenersAllowedRoutesNamespacesFrom::All), _) => AllowedNamespaces::All,
+            (Some(GatewayListenersAllowedRoutesNamespacesFrom::Selector), Some(sel)) => {
+                AllowedNamespaces::Selector(sel)
+            }
+            _ => AllowedNamespaces::Same,
+        },
+    };
+
+    OwnedListener {
+        name: &l.name,
+        port: l.port,
+        hostname: l.hostname.as_deref().map(str::to_ascii_lowercase),
+        usable: supported_protocol,
+        kinds,
+        namespaces,
+        attached_routes: 0,
+        conditions,
+    }
+}
+
+/// Listeners sharing a port conflict when their protocols differ or their hostnames are equal
+/// (Gateway API "Listener conflicts"); conflicted listeners serve nothing.
+fn mark_conflicts(
+    listeners: &mut [OwnedListener<'_>],
+    specs: &[GatewayListeners],
+    generation: Option<i64>,
+) {
+    let mut conflicts: Vec<Option<(Reason, String)>> = vec![None; listeners.len()];
+    for (i, a) in specs.iter().enumerate() {
+        for (j, b) in specs.iter().enumerate() {
+            if i == j || a.port != b.port {
+                continue;
+            }
+            let reason = if a.protocol != b.protocol {
+                Some((
+                    Reason::ProtocolConflict,
+                    format!(
+                        "listener {} uses port {} with protocol {}",
+                        b.name, b.port, b.protocol
+                    ),
+                ))
+            } else if listeners[i].hostname == listeners[j].hostname {
+                Some((
+                    Reason::HostnameConflict,
+                    format!("listener {} uses the same port and hostname", b.name),
+                ))
+            } else {
+                None
+            };
+            if let (Some(r), Some(slot)) = (reason, conflicts.get_mut(i)) {
+                if slot.is_none() {
+                    *slot = Some(r);
+                }
+            }
+        }
+    }
+    for (l, conflict) in listeners.iter_mut().zip(conflicts) {
+        match conflict {
+            Some((reason, message)) => {
+                l.usable = false;
+                l.conditions.push(Condition::new(
+                    ConditionType::Conflicted,
+                    true,
+                    reason,
+                    message,
+                    generation,
+                ));
+            }
+            None => l.conditions.push(Condition::new(
+                ConditionType::Conflicted,
+                false,
+                Reason::NoConflicts,
+                "",
+                generation,
+            )),
+        }
+    }
+}
+
+/// Whether a label selector matches `labels` (matchLabels and matchExpressions ANDed).
+pub(super) fn selector_matches(
+    selector: &GatewayListenersAllowedRoutesNamespacesSelector,
+    labels: Option<&BTreeMap<String, String>>,
+) -> bool {
+    let get = |k: &str| labels.and_then(|l| l.get(k));
+    let labels_ok = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| get(k) == Some(v));
+    let expressions_ok = selector.match_expressions.iter().flatten().all(|e| {
+        let values = e.values.as_deref().unwrap_or_default();
+        match e.operator.as_str() {
+            "In" => get(&e.key).is_some_and(|v| values.contains(v)),
+            "NotIn" => get(&e.key).is_none_or(|v| !values.contains(v)),
+            "Exists" => get(&e.key).is_some(),
+            "DoesNotExist" => get(&e.key).is_none(),
+            _ => false,
+        }
+    });
+    labels_ok && expressions_ok
+}

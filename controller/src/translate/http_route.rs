@@ -1,0 +1,815 @@
+//! HTTPRoute rules to config rules: matches, filters (rule and backend level), timeouts,
+//! retry, rule names, backends; plus the per-route `ResolvedRefs` and dropped-rule accounting.
+
+use cftunnel_config::{
+    BackendProtocol, Cors, Duration, Filter, FilterType, Header, HeaderModifier, Match, PathMatch,
+    PathMatchType, PathModifierType, RedirectPath, RequestMirror, RequestRedirect, Retry,
+    RewritePath, Rule, Timeouts, UrlRewrite, ValueMatch, ValueMatchType,
+};
+use gateway_api::experimental::httproutes::{
+    HttpRoute, HttpRouteRules, HttpRouteRulesBackendRefs, HttpRouteRulesFilters,
+    HttpRouteRulesFiltersRequestRedirectPathType, HttpRouteRulesFiltersRequestRedirectScheme,
+    HttpRouteRulesFiltersType, HttpRouteRulesFiltersUrlRewritePathType, HttpRouteRulesMatches,
+    HttpRouteRulesMatchesHeadersType, HttpRouteRulesMatchesMethod, HttpRouteRulesMatchesPathType,
+    HttpRouteRulesMatchesQueryParamsType,
+};
+
+use super::backend::{self, BackendRefError, BackendRefView, WeightedTarget};
+use super::binding::RouteView;
+use super::status::{Condition, ConditionType, Reason};
+use super::{Attachment, Index, Options};
+
+/// Why a rule is refused (dropped from the config; the route reports `PartiallyInvalid`, or
+/// `Accepted=False` when no rule is left).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    #[error("{field}: regular expression does not compile: {message}")]
+    InvalidRegex { field: String, message: String },
+    #[error("{field}: invalid duration: {source}")]
+    InvalidDuration {
+        field: String,
+        source: cftunnel_config::ParseDurationError,
+    },
+    #[error("{field}: {message}")]
+    UnsupportedValue { field: String, message: String },
+}
+
+impl RuleError {
+    fn unsupported(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::UnsupportedValue {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A translated rule before it is placed in a plane: hostnames and listener-derived redirect
+/// ports are filled per attachment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RuleTemplate {
+    rule: Rule,
+}
+
+impl RuleTemplate {
+    pub(super) fn new(rule: Rule) -> Self {
+        Self { rule }
+    }
+
+    pub(super) fn for_attachment(&self, attachment: &Attachment) -> Rule {
+        let mut rule = self.rule.clone();
+        if !attachment.any_host {
+            rule.hostnames = attachment.hostnames.iter().cloned().collect();
+        }
+        // Gateway API RequestRedirect: with neither scheme nor port, the port is the
+        // listener's. Only unambiguous when every attached listener shares one port.
+        if let (Some(port), 1) = (attachment.ports.first(), attachment.ports.len()) {
+            let port = u16::try_from(*port).ok();
+            let all = rule
+                .filters
+                .iter_mut()
+                .chain(rule.backends.iter_mut().flat_map(|b| b.filters.iter_mut()));
+            for filter in all {
+                if let Some(redirect) = filter.request_redirect.as_mut() {
+                    if redirect.port.is_none() && redirect.scheme.is_none() {
+                        redirect.port = port;
+                    }
+                }
+            }
+        }
+        rule
+    }
+}
+
+/// The rules of one route and what went wrong translating them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct TranslatedRoute {
+    pub(crate) rules: Vec<RuleTemplate>,
+    pub(crate) dropped: Vec<RuleError>,
+    pub(crate) ref_errors: Vec<BackendRefError>,
+}
+
+impl TranslatedRoute {
+    pub(super) fn dropped_message(&self) -> String {
+        let parts: Vec<String> = self.dropped.iter().map(ToString::to_string).collect();
+        format!("dropped rules: {}", parts.join("; "))
+    }
+
+    pub(super) fn resolved_refs(&self, generation: Option<i64>) -> Condition {
+        match self.ref_errors.first() {
+            None => Condition::new(
+                ConditionType::ResolvedRefs,
+                true,
+                Reason::ResolvedRefs,
+                "",
+                generation,
+            ),
+            Some(first) => {
+                let parts: Vec<String> = self.ref_errors.iter().map(ToString::to_string).collect();
+                Condition::new(
+                    ConditionType::ResolvedRefs,
+                    false,
+                    first.reason(),
+                    parts.join("; "),
+                    generation,
+                )
+            }
+        }
+    }
+}
+
+/// Context shared by the rules of one route.
+pub(super) struct RouteContext<'a, 'b> {
+    pub(super) route: &'b RouteView<'a>,
+    pub(super) index: &'b Index<'a>,
+    pub(super) options: &'b Options,
+}
+
+pub(super) fn translate_rules(
+    route: &RouteView<'_>,
+    http: &HttpRoute,
+    index: &Index<'_>,
+    options: &Options,
+) -> TranslatedRoute {
+    let ctx = RouteContext {
+        route,
+        index,
+        options,
+    };
+    let mut out = TranslatedRoute::default();
+    for (i, rule) in http.spec.rules.iter().flatten().enumerate() {
+        let field = format!("spec.rules[{i}]");
+        let matches = rule
+            .matches
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(j, m)| convert_match(m, &format!("{field}.matches[{j}]")))
+            .collect::<Result<Vec<_>, _>>();
+        let matches = match matches {
+            Ok(m) if m.is_empty() => vec![default_match()],
+            Ok(m) => m,
+            Err(e) => {
+                out.dropped.push(e);
+                continue;
+            }
+        };
+        match translate_rule(&ctx, i, rule, matches, None, &field, &mut out.ref_errors) {
+            Ok(rule) => out.rules.push(RuleTemplate { rule }),
+            Err(e) => out.dropped.push(e),
+        }
+    }
+    out
+}
+
+/// The match of a rule without matches: every request (Gateway API default `PathPrefix /`).
+pub(super) fn default_match() -> Match {
+    Match {
+        path: Some(PathMatch {
+            kind: PathMatchType::PathPrefix,
+            value: "/".to_owned(),
+        }),
+        ..Match::default()
+    }
+}
+
+/// Translates one rule given its already-converted matches. `protocol` forces the backend
+/// protocol (GRPCRoute).
+pub(super) fn translate_rule(
+    ctx: &RouteContext<'_, '_>,
+    i: usize,
+    rule: &HttpRouteRules,
+    matches: Vec<Match>,
+    protocol: Option<BackendProtocol>,
+    field: &str,
+    ref_errors: &mut Vec<BackendRefError>,
+) -> Result<Rule, RuleError> {
+    let all_prefix = matches.iter().all(|m| {
+        m.path
+            .as_ref()
+            .is_some_and(|p| p.kind == PathMatchType::PathPrefix)
+    });
+    let mut unavailable = None;
+    let mut filters = Vec::new();
+    let mut redirects = false;
+    for (j, f) in rule.filters.iter().flatten().enumerate() {
+        let ffield = format!("{field}.filters[{j}]");
+        match convert_filter(ctx, f, all_prefix, &ffield, ref_errors)? {
+            FilterOutcome::Filter(f) => {
+                redirects |= f.kind == FilterType::RequestRedirect;
+                filters.push(*f);
+            }
+            FilterOutcome::Skip => {}
+            FilterOutcome::FailClosed => unavailable = Some(backend::INVALID_REF_STATUS),
+        }
+    }
+
+    let mut targets = Vec::new();
+    for (j, b) in rule.backend_refs.iter().flatten().enumerate() {
+        let bfield = format!("{field}.backendRefs[{j}]");
+        targets.push(convert_backend(
+            ctx, b, protocol, &bfield, all_prefix, ref_errors,
+        )?);
+    }
+    let backends = backend::expand(targets);
+    if backends.is_empty() && !redirects {
+        // Gateway API: a rule with no backendRefs and no redirect answers 500.
+        unavailable = Some(backend::INVALID_REF_STATUS);
+    }
+
+    let timeouts = match &rule.timeouts {
+        None => None,
+        Some(t) => {
+            let request =
+                gateway_duration(t.request.as_deref(), &format!("{field}.timeouts.request"))?;
+            let backend = gateway_duration(
+                t.backend_request.as_deref(),
+                &format!("{field}.timeouts.backendRequest"),
+            )?;
+            (request.is_some() || backend.is_some()).then_some(Timeouts { request, backend })
+        }
+    };
+    let retry = match &rule.retry {
+        None => None,
+        Some(r) => {
+            let attempts = match r.attempts {
+                None => None,
+                Some(a) => Some(u32::try_from(a).map_err(|_| {
+                    RuleError::unsupported(format!("{field}.retry.attempts"), "must be 0 or more")
+                })?),
+            };
+            let codes = r
+                .codes
+                .iter()
+                .flatten()
+                .map(|c| {
+                    u16::try_from(*c)
+                        .ok()
+                        .filter(|c| (400..=599).contains(c))
+                        .ok_or_else(|| {
+                            RuleError::unsupported(
+                                format!("{field}.retry.codes"),
+                                format!("{c} is not a 4xx/5xx status"),
+                            )
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let backoff =
+                match r.backoff.as_deref() {
+                    None => None,
+                    Some(b) => Some(b.parse::<Duration>().map_err(|source| {
+                        RuleError::InvalidDuration {
+                            field: format!("{field}.retry.backoff"),
+                            source,
+                        }
+                    })?),
+                };
+            Some(Retry {
+                codes,
+                attempts,
+                backoff,
+            })
+        }
+    };
+    let rule_name = rule.name.clone().unwrap_or_else(|| i.to_string());
+    Ok(Rule {
+        hostnames: Vec::new(),
+        matches,
+        filters,
+        backends,
+        timeouts,
+        unavailable_status: unavailable,
+        retry,
+        name: Some(format!(
+            "{}/{}/{}",
+            ctx.route.namespace, ctx.route.name, rule_name
+        )),
+    })
+}
+
+/// A Gateway API duration; `0s` disables the timeout.
+fn gateway_duration(value: Option<&str>, field: &str) -> Result<Option<Duration>, RuleError> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let d = value
+        .parse::<Duration>()
+        .map_err(|source| RuleError::InvalidDuration {
+            field: field.to_owned(),
+            source,
+        })?;
+    Ok((!d.0.is_zero()).then_some(d))
+}
+
+fn convert_backend(
+    ctx: &RouteContext<'_, '_>,
+    b: &HttpRouteRulesBackendRefs,
+    protocol: Option<BackendProtocol>,
+    field: &str,
+    all_prefix: bool,
+    ref_errors: &mut Vec<BackendRefError>,
+) -> Result<WeightedTarget, RuleError> {
+    let weight = u32::try_from(b.weight.unwrap_or(1))
+        .map_err(|_| RuleError::unsupported(format!("{field}.weight"), "must be 0 or more"))?;
+    let mut filters = Vec::new();
+    let mut fail_closed = false;
+    for (k, f) in b.filters.iter().flatten().enumerate() {
+        let ffield = format!("{field}.filters[{k}]");
+        let f: HttpRouteRulesFilters = reshape(f, &ffield)?;
+        match convert_filter(ctx, &f, all_prefix, &ffield, ref_errors)? {
+            FilterOutcome::Filter(f) => filters.push(*f),
+            FilterOutcome::Skip => {}
+            FilterOutcome::FailClosed => fail_closed = true,
+        }
+    }
+    let view = BackendRefView {
+        group: b.group.as_deref(),
+        kind: b.kind.as_deref(),
+        name: &b.name,
+        namespace: b.namespace.as_deref(),
+        port: b.port,
+    };
+    let target = match backend::resolve(
+        view,
+        ctx.route.kind,
+        ctx.route.namespace,
+        field,
+        ctx.index,
+        ctx.options,
+    ) {
+        Ok(r) if !fail_closed => Ok(r),
+        Ok(r) => Err(r.service_url),
+        Err(e) => {
+            let url = placeholder_url(view, ctx);
+            ref_errors.push(e);
+            Err(url)
+        }
+    };
+    Ok(WeightedTarget {
+        weight,
+        target,
+        filters,
+        protocol,
+    })
+}
+
+/// The URL an unresolvable reference would have had; it is never dialled (the backend carries
+/// `unavailableStatus`) but names the reference in the config.
+fn placeholder_url(r: BackendRefView<'_>, ctx: &RouteContext<'_, '_>) -> String {
+    let namespace = r.namespace.unwrap_or(ctx.route.namespace);
+    let port = r.port.unwrap_or(80);
+    let name = sanitize_label(r.name);
+    let namespace = sanitize_label(namespace);
+    format!(
+        "http://{name}.{namespace}.svc.{}:{port}",
+        ctx.options.cluster_domain
+    )
+}
+
+fn sanitize_label(s: &str) -> String {
+    let cleaned: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if cleaned.is_empty() {
+        "invalid".to_owned()
+    } else {
+        cleaned
+    }
+}
+
+/// Converts between the structurally identical filter/backend types the Gateway API bindings
+/// generate per position (rule vs backendRef, HTTPRoute vs GRPCRoute).
+pub(super) fn reshape<T: serde::Serialize, U: serde::de::DeserializeOwned>(
+    value: &T,
+    field: &str,
+) -> Result<U, RuleError> {
+    serde_json::to_value(value)
+        .and_then(serde_json::from_value)
+        .map_err(|e| RuleError::unsupported(field, e.to_string()))
+}
+
+/// Validates a regular expression as the proxy will compile it: anchored, `regex` syntax.
+pub(super) fn check_regex(pattern: &str, field: &str) -> Result<(), RuleError> {
+    regex::Regex::new(&format!("^(?:{pattern})$"))
+        .map(|_| ())
+        .map_err(|e| RuleError::InvalidRegex {
+            field: field.to_owned(),
+            // Syntax errors render as several lines (pattern, caret, cause); a condition
+            // message keeps the cause.
+            message: e
+                .to_string()
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+        })
+}
+
+fn convert_match(m: &HttpRouteRulesMatches, field: &str) -> Result<Match, RuleError> {
+    let path = match &m.path {
+        None => PathMatch {
+            kind: PathMatchType::PathPrefix,
+            value: "/".to_owned(),
+        },
+        Some(p) => {
+            let value = p.value.clone().unwrap_or_else(|| "/".to_owned());
+            let pfield = format!("{field}.path");
+            match p
+                .r#type
+                .as_ref()
+                .unwrap_or(&HttpRouteRulesMatchesPathType::PathPrefix)
+            {
+                HttpRouteRulesMatchesPathType::Exact => {
+                    require_absolute(&value, &pfield)?;
+                    PathMatch {
+                        kind: PathMatchType::Exact,
+                        value,
+                    }
+                }
+                HttpRouteRulesMatchesPathType::PathPrefix => {
+                    require_absolute(&value, &pfield)?;
+                    // Gateway API: a trailing `/` is ignored for prefix matching.
+                    let trimmed = value.trim_end_matches('/');
+                    let value = if trimmed.is_empty() { "/" } else { trimmed }.to_owned();
+                    PathMatch {
+                        kind: PathMatchType::PathPrefix,
+                        value,
+                    }
+                }
+                HttpRouteRulesMatchesPathType::RegularExpression => {
+                    check_regex(&value, &pfield)?;
+                    PathMatch {
+                        kind: PathMatchType::RegularExpression,
+                        value,
+                    }
+                }
+            }
+        }
+    };
+    let headers = header_matches(
+        m.headers.iter().flatten().map(|h| {
+            (
+                h.name.clone(),
+                h.value.clone(),
+                matches!(
+                    h.r#type,
+                    Some(HttpRouteRulesMatchesHeadersType::RegularExpression)
+                ),
+            )
+        }),
+        field,
+    )?;
+    let mut query_params: Vec<ValueMatch> = Vec::new();
+    for (k, q) in m.query_params.iter().flatten().enumerate() {
+        if query_params.iter().any(|x| x.name == q.name) {
+            continue;
+        }
+        let kind = match q.r#type {
+            Some(HttpRouteRulesMatchesQueryParamsType::RegularExpression) => {
+                check_regex(&q.value, &format!("{field}.queryParams[{k}]"))?;
+                ValueMatchType::RegularExpression
+            }
+            _ => ValueMatchType::Exact,
+        };
+        query_params.push(ValueMatch {
+            kind,
+            name: q.name.clone(),
+            value: q.value.clone(),
+        });
+    }
+    Ok(Match {
+        path: Some(path),
+        headers,
+        query_params,
+        method: m.method.as_ref().map(|m| method_name(m).to_owned()),
+    })
+}
+
+pub(super) fn header_matches(
+    headers: impl IntoIterator<Item = (String, String, bool)>,
+    field: &str,
+) -> Result<Vec<ValueMatch>, RuleError> {
+    let mut out: Vec<ValueMatch> = Vec::new();
+    for (k, (name, value, regex)) in headers.into_iter().enumerate() {
+        if out.iter().any(|x| x.name.eq_ignore_ascii_case(&name)) {
+            continue;
+        }
+        if regex {
+            check_regex(&value, &format!("{field}.headers[{k}]"))?;
+        }
+        out.push(ValueMatch {
+            kind: if regex {
+                ValueMatchType::RegularExpression
+            } else {
+                ValueMatchType::Exact
+            },
+            name,
+            value,
+        });
+    }
+    Ok(out)
+}
+
+fn require_absolute(value: &str, field: &str) -> Result<(), RuleError> {
+    if value.starts_with('/') {
+        Ok(())
+    } else {
+        Err(RuleError::unsupported(field, "path must start with '/'"))
+    }
+}
+
+fn method_name(m: &HttpRouteRulesMatchesMethod) -> &'static str {
+    match m {
+        HttpRouteRulesMatchesMethod::Get => "GET",
+        HttpRouteRulesMatchesMethod::Head => "HEAD",
+        HttpRouteRulesMatchesMethod::Post => "POST",
+        HttpRouteRulesMatchesMethod::Put => "PUT",
+        HttpRouteRulesMatchesMethod::Delete => "DELETE",
+        HttpRouteRulesMatchesMethod::Connect => "CONNECT",
+        HttpRouteRulesMatchesMethod::Options => "OPTIONS",
+        HttpRouteRulesMatchesMethod::Trace => "TRACE",
+        HttpRouteRulesMatchesMethod::Patch => "PATCH",
+    }
+}
+
+enum FilterOutcome {
+    Filter(Box<Filter>),
+    /// Nothing to do in the data plane (e.g. a mirror whose target has no endpoint).
+    Skip,
+    /// The filter cannot be honoured: requests it would process get 500 (Gateway API: an
+    /// unresolvable filter must not be skipped).
+    FailClosed,
+}
+
+fn convert_filter(
+    ctx: &RouteContext<'_, '_>,
+    f: &HttpRouteRulesFilters,
+    all_prefix: bool,
+    field: &str,
+    ref_errors: &mut Vec<BackendRefError>,
+) -> Result<FilterOutcome, RuleError> {
+    let missing = |what: &str| RuleError::unsupported(field, format!("{what} is required"));
+    let filter = match f.r#type {
+        HttpRouteRulesFiltersType::RequestHeaderModifier => {
+            let m = f
+                .request_header_modifier
+                .as_ref()
+                .ok_or_else(|| missing("requestHeaderModifier"))?;
+            let mut out = Filter::new(FilterType::RequestHeaderModifier);
+            out.request_header_modifier = Some(header_modifier(
+                m.set.iter().flatten().map(|h| (&h.name, &h.value)),
+                m.add.iter().flatten().map(|h| (&h.name, &h.value)),
+                m.remove.as_deref(),
+            ));
+            out
+        }
+        HttpRouteRulesFiltersType::ResponseHeaderModifier => {
+            let m = f
+                .response_header_modifier
+                .as_ref()
+                .ok_or_else(|| missing("responseHeaderModifier"))?;
+            let mut out = Filter::new(FilterType::ResponseHeaderModifier);
+            out.response_header_modifier = Some(header_modifier(
+                m.set.iter().flatten().map(|h| (&h.name, &h.value)),
+                m.add.iter().flatten().map(|h| (&h.name, &h.value)),
+                m.remove.as_deref(),
+            ));
+            out
+        }
+        HttpRouteRulesFiltersType::RequestRedirect => {
+            let r = f
+                .request_redirect
+                .as_ref()
+                .ok_or_else(|| missing("requestRedirect"))?;
+            let scheme = r.scheme.as_ref().map(|s| match s {
+                HttpRouteRulesFiltersRequestRedirectScheme::Http => "http",
+                HttpRouteRulesFiltersRequestRedirectScheme::Https => "https",
+            });
+            let port = match r.port {
+                None => None,
+                Some(p) => Some(u16::try_from(p).ok().filter(|p| *p > 0).ok_or_else(|| {
+                    RuleError::unsupported(format!("{field}.requestRedirect.port"), "out of range")
+                })?),
+            };
+            // Gateway API: without a port, a redirect to a scheme uses its well-known port.
+            let port = port.or(match scheme {
+                Some("http") => Some(80),
+                Some("https") => Some(443),
+                _ => None,
+            });
+            let status_code = match r.status_code {
+                None => None,
+                Some(c) => Some(
+                    u16::try_from(c)
+                        .ok()
+                        .filter(|c| matches!(c, 301 | 302 | 303 | 307 | 308))
+                        .ok_or_else(|| {
+                            RuleError::unsupported(
+                                format!("{field}.requestRedirect.statusCode"),
+                                format!("{c} is not a redirect status"),
+                            )
+                        })?,
+                ),
+            };
+            let path = match &r.path {
+                None => None,
+                Some(p) => Some(match p.r#type {
+                    HttpRouteRulesFiltersRequestRedirectPathType::ReplaceFullPath => RedirectPath {
+                        kind: PathModifierType::ReplaceFullPath,
+                        value: p
+                            .replace_full_path
+                            .clone()
+                            .ok_or_else(|| missing("requestRedirect.path.replaceFullPath"))?,
+                    },
+                    HttpRouteRulesFiltersRequestRedirectPathType::ReplacePrefixMatch => {
+                        require_prefix(all_prefix, field)?;
+                        RedirectPath {
+                            kind: PathModifierType::ReplacePrefixMatch,
+                            value: p.replace_prefix_match.clone().ok_or_else(|| {
+                                missing("requestRedirect.path.replacePrefixMatch")
+                            })?,
+                        }
+                    }
+                }),
+            };
+            let mut out = Filter::new(FilterType::RequestRedirect);
+            out.request_redirect = Some(RequestRedirect {
+                scheme: scheme.map(str::to_owned),
+                hostname: r.hostname.clone(),
+                port,
+                path,
+                status_code,
+            });
+            out
+        }
+        HttpRouteRulesFiltersType::UrlRewrite => {
+            let r = f
+                .url_rewrite
+                .as_ref()
+                .ok_or_else(|| missing("urlRewrite"))?;
+            let path = match &r.path {
+                None => None,
+                Some(p) => Some(match p.r#type {
+                    HttpRouteRulesFiltersUrlRewritePathType::ReplaceFullPath => RewritePath {
+                        kind: PathModifierType::ReplaceFullPath,
+                        replace_full_path: Some(
+                            p.replace_full_path
+                                .clone()
+                                .ok_or_else(|| missing("urlRewrite.path.replaceFullPath"))?,
+                        ),
+                        replace_prefix_match: None,
+                    },
+                    HttpRouteRulesFiltersUrlRewritePathType::ReplacePrefixMatch => {
+                        require_prefix(all_prefix, field)?;
+                        RewritePath {
+                            kind: PathModifierType::ReplacePrefixMatch,
+                            replace_full_path: None,
+                            replace_prefix_match: Some(
+                                p.replace_prefix_match
+                                    .clone()
+                                    .ok_or_else(|| missing("urlRewrite.path.replacePrefixMatch"))?,
+                            ),
+                        }
+                    }
+                }),
+            };
+            let mut out = Filter::new(FilterType::URLRewrite);
+            out.url_rewrite = Some(UrlRewrite {
+                hostname: r.hostname.clone(),
+                path,
+            });
+            out
+        }
+        HttpRouteRulesFiltersType::RequestMirror => {
+            let m = f
+                .request_mirror
+                .as_ref()
+                .ok_or_else(|| missing("requestMirror"))?;
+            let percent = match (&m.percent, &m.fraction) {
+                (Some(p), _) => Some(u32::try_from(*p).ok().filter(|p| *p <= 100).ok_or_else(
+                    || {
+                        RuleError::unsupported(
+                            format!("{field}.requestMirror.percent"),
+                            "must be 0..100",
+                        )
+                    },
+                )?),
+                (None, Some(fr)) => {
+                    let den = fr.denominator.unwrap_or(100);
+                    if den <= 0 || fr.numerator < 0 || fr.numerator > den {
+                        return Err(RuleError::unsupported(
+                            format!("{field}.requestMirror.fraction"),
+                            "numerator must be between 0 and a positive denominator",
+                        ));
+                    }
+                    let den = i64::from(den);
+                    let pct = (i64::from(fr.numerator) * 100 + den / 2) / den;
+                    u32::try_from(pct).ok()
+                }
+                (None, None) => None,
+            };
+            let b = &m.backend_ref;
+            let view = BackendRefView {
+                group: b.group.as_deref(),
+                kind: b.kind.as_deref(),
+                name: &b.name,
+                namespace: b.namespace.as_deref(),
+                port: b.port,
+            };
+            let mfield = format!("{field}.requestMirror.backendRef");
+            match backend::resolve(
+                view,
+                ctx.route.kind,
+                ctx.route.namespace,
+                &mfield,
+                ctx.index,
+                ctx.options,
+            ) {
+                Err(e) => {
+                    ref_errors.push(e);
+                    return Ok(FilterOutcome::Skip);
+                }
+                Ok(resolved) => match backend::mirror_url(&resolved) {
+                    None => return Ok(FilterOutcome::Skip),
+                    Some(backend_url) => {
+                        let mut out = Filter::new(FilterType::RequestMirror);
+                        out.request_mirror = Some(RequestMirror {
+                            backend_url,
+                            percent,
+                        });
+                        out
+                    }
+                },
+            }
+        }
+        HttpRouteRulesFiltersType::Cors => {
+            let c = f.cors.as_ref().ok_or_else(|| missing("cors"))?;
+            let max_age = match c.max_age {
+                None => None,
+                Some(a) => Some(u32::try_from(a).map_err(|_| {
+                    RuleError::unsupported(format!("{field}.cors.maxAge"), "must be 0 or more")
+                })?),
+            };
+            let mut out = Filter::new(FilterType::Cors);
+            out.cors = Some(Cors {
+                allow_origins: c.allow_origins.clone().unwrap_or_default(),
+                allow_credentials: c.allow_credentials,
+                allow_methods: c.allow_methods.clone().unwrap_or_default(),
+                allow_headers: c.allow_headers.clone().unwrap_or_default(),
+                expose_headers: c.expose_headers.clone().unwrap_or_default(),
+                max_age,
+            });
+            out
+        }
+        HttpRouteRulesFiltersType::ExtensionRef => {
+            ref_errors.push(BackendRefError::UnsupportedFilter {
+                field: field.to_owned(),
+                kind: "ExtensionRef",
+            });
+            return Ok(FilterOutcome::FailClosed);
+        }
+        HttpRouteRulesFiltersType::ExternalAuth => {
+            ref_errors.push(BackendRefError::UnsupportedFilter {
+                field: field.to_owned(),
+                kind: "ExternalAuth",
+            });
+            return Ok(FilterOutcome::FailClosed);
+        }
+    };
+    Ok(FilterOutcome::Filter(Box::new(filter)))
+}
+
+fn require_prefix(all_prefix: bool, field: &str) -> Result<(), RuleError> {
+    if all_prefix {
+        Ok(())
+    } else {
+        Err(RuleError::unsupported(
+            field,
+            "ReplacePrefixMatch requires every match of the rule to be a PathPrefix match",
+        ))
+    }
+}
+
+fn header_modifier<'a>(
+    set: impl Iterator<Item = (&'a String, &'a String)>,
+    add: impl Iterator<Item = (&'a String, &'a String)>,
+    remove: Option<&[String]>,
+) -> HeaderModifier {
+    let header = |(name, value): (&String, &String)| Header {
+        name: name.clone(),
+        value: value.clone(),
+    };
+    HeaderModifier {
+        set: set.map(header).collect(),
+        add: add.map(header).collect(),
+        remove: remove.map(<[String]>::to_vec).unwrap_or_default(),
+    }
+}

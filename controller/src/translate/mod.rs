@@ -1,0 +1,354 @@
+//! Pure translation of Gateway API objects into proxy config documents.
+//!
+//! [`translate`] takes a [`Snapshot`] of the objects the controller watches and returns one
+//! config document per data plane plus the status every owned object should carry. It performs
+//! no I/O, reads no clock and iterates only ordered maps, so the same snapshot always yields
+//! byte-identical output (golden tests rely on this).
+//!
+//! What it leaves out: talking to the API server, pushing configs, writing status (with
+//! `lastTransitionTime`), and rendering dedicated data planes. Those belong to the runtime.
+
+mod backend;
+mod binding;
+mod gateway;
+mod grpc_route;
+mod http_route;
+mod status;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use cftunnel_config::Config;
+use gateway_api::experimental::gatewayclasses::GatewayClass;
+use gateway_api::experimental::gateways::Gateway;
+use gateway_api::experimental::grpcroutes::GrpcRoute;
+use gateway_api::experimental::httproutes::HttpRoute;
+use gateway_api::experimental::referencegrants::ReferenceGrant;
+use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde::{Serialize, Serializer};
+
+pub use status::{
+    Condition, ConditionType, GatewayStatus, ListenerStatus, ParentRef, Reason, RouteParentStatus,
+    Statuses,
+};
+
+/// The API group of every Gateway API kind.
+pub const GATEWAY_API_GROUP: &str = "gateway.networking.k8s.io";
+/// The API group of `GatewayConfig`, the per-Gateway data-plane parameters.
+pub const GATEWAY_CONFIG_GROUP: &str = "cf.k8s.lex.la";
+/// The kind a Gateway's `infrastructure.parametersRef` names to get a dedicated data plane.
+pub const GATEWAY_CONFIG_KIND: &str = "GatewayConfig";
+/// The `controllerName` this controller answers for unless configured otherwise.
+pub const DEFAULT_CONTROLLER_NAME: &str = "cf.k8s.lex.la/tunnel-controller";
+/// The default cluster DNS domain.
+pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+
+/// Everything the translation reads: the objects as the API server returns them.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub gateway_classes: Vec<GatewayClass>,
+    pub gateways: Vec<Gateway>,
+    pub http_routes: Vec<HttpRoute>,
+    pub grpc_routes: Vec<GrpcRoute>,
+    pub reference_grants: Vec<ReferenceGrant>,
+    pub namespaces: Vec<Namespace>,
+    pub services: Vec<Service>,
+    pub endpoint_slices: Vec<EndpointSlice>,
+}
+
+/// Which Gateways are ours and how cluster names are spelled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// GatewayClasses whose `spec.controllerName` equals this are ours.
+    pub controller_name: String,
+    /// When set, Gateways of this class are ours whether or not the GatewayClass object is in
+    /// the snapshot (offline use); classes matched by `controller_name` stay ours too.
+    pub gateway_class_name: Option<String>,
+    /// Suffix of Service DNS names (`name.ns.svc.<cluster_domain>`).
+    pub cluster_domain: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            controller_name: DEFAULT_CONTROLLER_NAME.to_owned(),
+            gateway_class_name: None,
+            cluster_domain: DEFAULT_CLUSTER_DOMAIN.to_owned(),
+        }
+    }
+}
+
+/// Namespace and name of a namespaced object.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl Serialize for ObjectKey {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// The route kinds the translation handles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RouteKind {
+    Http,
+    Grpc,
+}
+
+impl RouteKind {
+    /// The Kubernetes kind.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Http => "HTTPRoute",
+            Self::Grpc => "GRPCRoute",
+        }
+    }
+}
+
+/// A route, by kind, namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RouteKey {
+    pub kind: RouteKind,
+    pub key: ObjectKey,
+}
+
+impl fmt::Display for RouteKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.kind.as_str(), self.key)
+    }
+}
+
+impl Serialize for RouteKey {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// A data plane: the shared pool, or the dedicated plane of one Gateway (one whose
+/// `infrastructure.parametersRef` names a `GatewayConfig`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PlaneKey {
+    Shared,
+    Dedicated(ObjectKey),
+}
+
+impl fmt::Display for PlaneKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Shared => f.write_str("shared"),
+            Self::Dedicated(gateway) => write!(f, "gateway {gateway}"),
+        }
+    }
+}
+
+impl Serialize for PlaneKey {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// What [`translate`] produces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    /// One document per data plane. The shared plane is always present (possibly empty, so a
+    /// push removes routes that went away); a dedicated plane exists for each owned Gateway
+    /// that asks for one. `version` is 0: the pusher assigns versions.
+    pub configs: BTreeMap<PlaneKey, Config>,
+    pub statuses: Statuses,
+    /// For each owned Gateway, the plane it is served by.
+    pub planes: BTreeMap<ObjectKey, PlaneKey>,
+}
+
+/// Translates a snapshot into proxy configs and statuses.
+///
+/// Never fails as a whole: every problem with an object is reported in that object's status
+/// (and fails closed in the config where the spec says so), so one bad route cannot stop the
+/// others from being served.
+pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
+    let index = Index::new(snapshot);
+    let classes = gateway::owned_classes(snapshot, options);
+    let mut statuses = Statuses {
+        gateway_classes: classes
+            .iter()
+            .map(|(name, class)| (name.clone(), gateway::class_conditions(class.as_deref())))
+            .collect(),
+        ..Statuses::default()
+    };
+
+    let mut gateways = gateway::owned_gateways(snapshot, &classes);
+    let mut configs: BTreeMap<PlaneKey, Config> = BTreeMap::new();
+    configs.insert(PlaneKey::Shared, Config::default());
+    let mut planes = BTreeMap::new();
+    for gw in gateways.values() {
+        if let Some(plane) = &gw.plane {
+            configs.entry(plane.clone()).or_default();
+            planes.insert(gw.key.clone(), plane.clone());
+        }
+    }
+
+    let mut routes = binding::collect_routes(snapshot);
+    routes.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+
+    let mut rules_by_plane: BTreeMap<PlaneKey, Vec<cftunnel_config::Rule>> = BTreeMap::new();
+    for route in &routes {
+        let bound = binding::bind(route, &mut gateways, &index);
+        if bound.parents.is_empty() {
+            continue;
+        }
+        let translated = match route.source {
+            binding::RouteSource::Http(r) => http_route::translate_rules(route, r, &index, options),
+            binding::RouteSource::Grpc(r) => grpc_route::translate_rules(route, r, &index, options),
+        };
+        let accepted_any = bound.parents.iter().any(|p| p.accepted());
+        let mut parents = Vec::with_capacity(bound.parents.len());
+        for parent in bound.parents {
+            parents.push(parent.into_status(&translated, route.generation));
+        }
+        statuses.routes.insert(route.key(), parents);
+        if !accepted_any {
+            continue;
+        }
+        for (plane, attachment) in bound.planes {
+            let out = rules_by_plane.entry(plane.clone()).or_default();
+            for rule in &translated.rules {
+                out.push(rule.for_attachment(&attachment));
+            }
+            if route.kind == RouteKind::Grpc && !translated.rules.is_empty() {
+                if let Some(config) = configs.get_mut(&plane) {
+                    config.has_grpc_route = true;
+                }
+            }
+        }
+    }
+
+    for (plane, rules) in rules_by_plane {
+        if let Some(config) = configs.get_mut(&plane) {
+            config.rules = rules;
+        }
+    }
+    for gw in gateways.into_values() {
+        statuses.gateways.insert(gw.key.clone(), gw.into_status());
+    }
+    Output {
+        configs,
+        statuses,
+        planes,
+    }
+}
+
+/// Lookups over the snapshot, built once per translation.
+pub(crate) struct Index<'a> {
+    namespaces: BTreeMap<&'a str, &'a Namespace>,
+    services: BTreeMap<(&'a str, &'a str), &'a Service>,
+    /// EndpointSlices by (namespace, `kubernetes.io/service-name`).
+    slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
+    grants: Vec<&'a ReferenceGrant>,
+}
+
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+impl<'a> Index<'a> {
+    fn new(snapshot: &'a Snapshot) -> Self {
+        let mut namespaces = BTreeMap::new();
+        for ns in &snapshot.namespaces {
+            if let Some(name) = ns.metadata.name.as_deref() {
+                namespaces.insert(name, ns);
+            }
+        }
+        let mut services = BTreeMap::new();
+        for svc in &snapshot.services {
+            if let (Some(ns), Some(name)) = (
+                svc.metadata.namespace.as_deref(),
+                svc.metadata.name.as_deref(),
+            ) {
+                services.insert((ns, name), svc);
+            }
+        }
+        let mut slices: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
+        for slice in &snapshot.endpoint_slices {
+            let ns = slice.metadata.namespace.as_deref();
+            let svc = slice
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(SERVICE_NAME_LABEL))
+                .map(String::as_str);
+            if let (Some(ns), Some(svc)) = (ns, svc) {
+                slices.entry((ns, svc)).or_default().push(slice);
+            }
+        }
+        for list in slices.values_mut() {
+            list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        }
+        Self {
+            namespaces,
+            services,
+            slices,
+            grants: snapshot.reference_grants.iter().collect(),
+        }
+    }
+
+    fn namespace_labels(&self, name: &str) -> Option<&'a BTreeMap<String, String>> {
+        self.namespaces
+            .get(name)
+            .and_then(|ns| ns.metadata.labels.as_ref())
+    }
+
+    /// Whether a ReferenceGrant in `to_namespace` lets objects of `from_kind` in
+    /// `from_namespace` refer to the `to_group`/`to_kind` object named `to_name`.
+    fn reference_granted(
+        &self,
+        from_kind: &str,
+        from_namespace: &str,
+        to_group: &str,
+        to_kind: &str,
+        to_namespace: &str,
+        to_name: &str,
+    ) -> bool {
+        self.grants.iter().any(|grant| {
+            grant.metadata.namespace.as_deref() == Some(to_namespace)
+                && grant.spec.from.iter().any(|from| {
+                    from.group == GATEWAY_API_GROUP
+                        && from.kind == from_kind
+                        && from.namespace == from_namespace
+                })
+                && grant.spec.to.iter().any(|to| {
+                    to.group == to_group
+                        && to.kind == to_kind
+                        && to.name.as_deref().is_none_or(|n| n == to_name)
+                })
+        })
+    }
+}
+
+/// How a route is attached within one data plane: the hostnames it serves there and the ports
+/// of the listeners it is attached to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Attachment {
+    /// Set when one attachment serves any host; `hostnames` is then irrelevant.
+    pub(crate) any_host: bool,
+    pub(crate) hostnames: BTreeSet<String>,
+    pub(crate) ports: BTreeSet<i32>,
+}

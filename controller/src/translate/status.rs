@@ -1,0 +1,201 @@
+//! The status the translation computes for every object it owns: condition types and reasons
+//! follow the Gateway API spec (`gateway.networking.k8s.io/v1`, "Conditions" of GatewayClass,
+//! Gateway, listeners and route parents).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Serialize;
+
+use super::{ObjectKey, RouteKey};
+
+/// A condition type from the Gateway API spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum ConditionType {
+    Accepted,
+    Programmed,
+    ResolvedRefs,
+    Conflicted,
+    PartiallyInvalid,
+}
+
+impl ConditionType {
+    /// The spelling used in `status.conditions[].type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Accepted => "Accepted",
+            Self::Programmed => "Programmed",
+            Self::ResolvedRefs => "ResolvedRefs",
+            Self::Conflicted => "Conflicted",
+            Self::PartiallyInvalid => "PartiallyInvalid",
+        }
+    }
+}
+
+/// A condition reason from the Gateway API spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum Reason {
+    Accepted,
+    Programmed,
+    ResolvedRefs,
+    Invalid,
+    InvalidParameters,
+    ListenersNotValid,
+    UnsupportedProtocol,
+    InvalidRouteKinds,
+    NoConflicts,
+    HostnameConflict,
+    ProtocolConflict,
+    NoMatchingParent,
+    NotAllowedByListeners,
+    NoMatchingListenerHostname,
+    BackendNotFound,
+    InvalidKind,
+    RefNotPermitted,
+    UnsupportedValue,
+}
+
+impl Reason {
+    /// The spelling used in `status.conditions[].reason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Accepted => "Accepted",
+            Self::Programmed => "Programmed",
+            Self::ResolvedRefs => "ResolvedRefs",
+            Self::Invalid => "Invalid",
+            Self::InvalidParameters => "InvalidParameters",
+            Self::ListenersNotValid => "ListenersNotValid",
+            Self::UnsupportedProtocol => "UnsupportedProtocol",
+            Self::InvalidRouteKinds => "InvalidRouteKinds",
+            Self::NoConflicts => "NoConflicts",
+            Self::HostnameConflict => "HostnameConflict",
+            Self::ProtocolConflict => "ProtocolConflict",
+            Self::NoMatchingParent => "NoMatchingParent",
+            Self::NotAllowedByListeners => "NotAllowedByListeners",
+            Self::NoMatchingListenerHostname => "NoMatchingListenerHostname",
+            Self::BackendNotFound => "BackendNotFound",
+            Self::InvalidKind => "InvalidKind",
+            Self::RefNotPermitted => "RefNotPermitted",
+            Self::UnsupportedValue => "UnsupportedValue",
+        }
+    }
+}
+
+/// One computed condition. `lastTransitionTime` is left to the writer of the status, which owns
+/// the clock; the translation is pure.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub kind: ConditionType,
+    pub status: bool,
+    pub reason: Reason,
+    pub message: String,
+    /// The `metadata.generation` of the object the condition was computed from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+impl Condition {
+    pub(crate) fn new(
+        kind: ConditionType,
+        status: bool,
+        reason: Reason,
+        message: impl Into<String>,
+        observed_generation: Option<i64>,
+    ) -> Self {
+        Self {
+            kind,
+            status,
+            reason,
+            message: message.into(),
+            observed_generation,
+        }
+    }
+}
+
+impl fmt::Display for Condition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let status = if self.status { "True" } else { "False" };
+        write!(
+            f,
+            "{}={} ({})",
+            self.kind.as_str(),
+            status,
+            self.reason.as_str()
+        )?;
+        if !self.message.is_empty() {
+            write!(f, ": {}", self.message)?;
+        }
+        Ok(())
+    }
+}
+
+/// Status of one listener of a Gateway.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerStatus {
+    pub name: String,
+    pub attached_routes: i32,
+    /// Route kinds the listener accepts (`HTTPRoute`, `GRPCRoute`).
+    pub supported_kinds: Vec<String>,
+    pub conditions: Vec<Condition>,
+}
+
+/// Status of one Gateway.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayStatus {
+    pub conditions: Vec<Condition>,
+    pub listeners: Vec<ListenerStatus>,
+}
+
+/// The parent a route status entry is about, as written in the route's `parentRefs`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ParentRef {
+    pub namespace: String,
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub section_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<i32>,
+}
+
+impl fmt::Display for ParentRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)?;
+        if let Some(section) = &self.section_name {
+            write!(f, "/{section}")?;
+        }
+        if let Some(port) = self.port {
+            write!(f, ":{port}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Status of a route towards one of its parents (`status.parents[]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteParentStatus {
+    pub parent_ref: ParentRef,
+    pub conditions: Vec<Condition>,
+}
+
+impl RouteParentStatus {
+    /// The condition of `kind`, if computed.
+    pub fn condition(&self, kind: ConditionType) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.kind == kind)
+    }
+}
+
+/// Every status the translation computed, keyed by object.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Statuses {
+    pub gateway_classes: BTreeMap<String, Vec<Condition>>,
+    pub gateways: BTreeMap<ObjectKey, GatewayStatus>,
+    /// Only parents that belong to a Gateway of ours appear here.
+    pub routes: BTreeMap<RouteKey, Vec<RouteParentStatus>>,
+}
