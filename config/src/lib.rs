@@ -278,12 +278,13 @@ impl BackendProtocol {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Backend {
     #[serde(default)]
     pub url: String,
-    #[serde(default)]
+    /// Relative share of requests; 0 never receives traffic. Absent means 1, as in Gateway API.
+    #[serde(default = "default_weight")]
     pub weight: u32,
     #[serde(default, skip_serializing_if = "BackendProtocol::is_default")]
     pub protocol: BackendProtocol,
@@ -295,6 +296,20 @@ pub struct Backend {
     pub unavailable_status: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<BackendTls>,
+}
+
+impl Default for Backend {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            weight: default_weight(),
+            protocol: BackendProtocol::default(),
+            filters: Vec::new(),
+            websocket: false,
+            unavailable_status: None,
+            tls: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -309,6 +324,10 @@ pub struct BackendTls {
     /// Names accepted in the certificate instead of `serverName`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub subject_alt_names: Vec<String>,
+}
+
+fn default_weight() -> u32 {
+    1
 }
 
 fn is_false(b: &bool) -> bool {

@@ -1,1 +1,207 @@
-//! Gateway API L7 proxy.
+//! Gateway API L7 proxy for Cloudflare Tunnel.
+//!
+//! Routes requests by Gateway API HTTPRoute/GRPCRoute semantics over a table that is compiled
+//! once per config push and swapped atomically ([`config::Reloader`]); readers never lock.
+//! Requests arrive from the standalone listener ([`serve`]) or, in tunnel mode, straight from
+//! the tunnel connector, both through [`Proxy::handle`]. The admin port ([`admin`]) carries the
+//! config API, health and metrics. The proxy contract fixes ports, environment and metric names.
+
+pub mod access_log;
+pub mod admin;
+pub mod body;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod filter;
+pub mod forward;
+pub mod metrics;
+pub mod proxy;
+pub mod route;
+pub mod rule;
+pub mod serve;
+
+pub use config::ConfigError;
+pub use proxy::{ConnInfo, Proxy, ProxyOptions};
+
+use anyhow::Context as _;
+use prometheus_client::registry::Registry;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// How to run an in-process proxy.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Data listener; `None` when requests arrive only through the tunnel.
+    pub data_addr: Option<SocketAddr>,
+    pub admin_addr: SocketAddr,
+    pub auth_token: Option<String>,
+    /// Drain window after the first shutdown signal.
+    pub grace: Duration,
+    pub access_log: bool,
+    pub metrics_enabled: bool,
+    pub backend_header_timeout: Duration,
+    pub limits: serve::Limits,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            data_addr: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            auth_token: None,
+            grace: Duration::from_secs(30),
+            access_log: false,
+            metrics_enabled: true,
+            backend_header_timeout: Duration::from_secs(60),
+            limits: serve::Limits::default(),
+        }
+    }
+}
+
+/// A running proxy: data listener (standalone), admin listener, route table.
+#[derive(Debug)]
+pub struct Server {
+    data_addr: Option<SocketAddr>,
+    admin_addr: SocketAddr,
+    proxy: Proxy,
+    reloader: Arc<config::Reloader>,
+    health: Arc<admin::Health>,
+    stop: watch::Sender<bool>,
+    data_task: Option<tokio::task::JoinHandle<hyper_util::server::graceful::GracefulShutdown>>,
+    admin_task: tokio::task::JoinHandle<()>,
+    grace: Duration,
+}
+
+impl Server {
+    /// Binds the listeners and starts serving; `initial` is applied before the first request.
+    pub async fn start(
+        options: ServerOptions,
+        initial: Option<cftunnel_config::Config>,
+    ) -> anyhow::Result<Self> {
+        Self::start_with_registry(options, initial, Registry::default()).await
+    }
+
+    /// As [`Server::start`], registering the proxy's metrics next to ones already in `registry`.
+    pub async fn start_with_registry(
+        options: ServerOptions,
+        initial: Option<cftunnel_config::Config>,
+        mut registry: Registry,
+    ) -> anyhow::Result<Self> {
+        let metrics = metrics::ProxyMetrics::register(&mut registry);
+        let mut empty = config::UpstreamCache::new();
+        let routes = config::compile(&cftunnel_config::Config::default(), &metrics, &mut empty)
+            .context("compiling the empty table")?;
+        let proxy = Proxy::new(
+            routes,
+            metrics,
+            ProxyOptions {
+                backend_header_timeout: options.backend_header_timeout,
+                access_log: options.access_log,
+            },
+        );
+        let reloader = Arc::new(config::Reloader::new(proxy.clone()));
+        if let Some(doc) = initial {
+            reloader.apply(doc).await.context("initial config")?;
+        }
+        let admin_listener = TcpListener::bind(options.admin_addr)
+            .await
+            .with_context(|| format!("binding the admin listener on {}", options.admin_addr))?;
+        let data_listener = match options.data_addr {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the data listener on {addr}"))?,
+            ),
+            None => None,
+        };
+        let admin_addr = admin_listener.local_addr()?;
+        let data_addr = data_listener
+            .as_ref()
+            .map(TcpListener::local_addr)
+            .transpose()?;
+        let health = Arc::new(admin::Health::default());
+        let admin = Arc::new(admin::Admin {
+            reloader: reloader.clone(),
+            registry: options.metrics_enabled.then(|| Arc::new(registry)),
+            health: health.clone(),
+            auth_token: options.auth_token.clone(),
+        });
+        let admin_task = tokio::spawn(admin::serve(admin_listener, admin));
+        let (stop, stop_rx) = watch::channel(false);
+        let data_task = data_listener.map(|l| {
+            tokio::spawn(serve::serve(
+                l,
+                proxy.clone(),
+                options.limits.clone(),
+                stop_rx,
+            ))
+        });
+        Ok(Self {
+            data_addr,
+            admin_addr,
+            proxy,
+            reloader,
+            health,
+            stop,
+            data_task,
+            admin_task,
+            grace: options.grace,
+        })
+    }
+
+    /// The data listener's address (`0.0.0.0:0` when there is no data listener).
+    pub fn data_addr(&self) -> SocketAddr {
+        self.data_addr
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// The request handler, for the tunnel connector.
+    pub fn proxy(&self) -> &Proxy {
+        &self.proxy
+    }
+
+    pub fn health(&self) -> &Arc<admin::Health> {
+        &self.health
+    }
+
+    /// Applies a config document as `PUT /config` would.
+    pub async fn apply(&self, doc: cftunnel_config::Config) -> Result<i64, ConfigError> {
+        self.reloader.apply(doc).await
+    }
+
+    /// Marks the proxy not ready (`/readyz` answers 503). First step of a drain.
+    pub fn begin_drain(&self) {
+        self.health.set_draining();
+    }
+
+    /// Drains: readiness off, the data listener closed (new connections are refused), open
+    /// connections closed after their current request; waits up to the grace period for
+    /// in-flight requests. Returns whether everything finished in time.
+    pub async fn shutdown(mut self) -> bool {
+        self.begin_drain();
+        let _ = self.stop.send(true);
+        let deadline = tokio::time::Instant::now() + self.grace;
+        let mut clean = true;
+        if let Some(task) = self.data_task.take() {
+            if let Ok(graceful) = task.await {
+                clean = tokio::time::timeout_at(deadline, graceful.shutdown())
+                    .await
+                    .is_ok();
+            }
+        }
+        // Requests that arrived in-process (tunnel) are counted by the in-flight gauge.
+        while self.proxy.metrics().in_flight.get() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        clean &= self.proxy.metrics().in_flight.get() == 0;
+        self.admin_task.abort();
+        clean
+    }
+}

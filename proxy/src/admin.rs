@@ -1,0 +1,263 @@
+//! The config API and operational endpoints on the admin port: `/config`, `/healthz`,
+//! `/readyz`, `/metrics`.
+
+use crate::body::BoxError;
+use crate::config::{ConfigError, Reloader};
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::registry::Registry;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// Largest config document accepted by `PUT /config`.
+pub const MAX_CONFIG_BYTES: usize = 8 * 1024 * 1024;
+
+/// What `/readyz` reports.
+#[derive(Default)]
+pub struct Health {
+    draining: AtomicBool,
+    /// Registered tunnel connections now; `None` in standalone mode.
+    tunnel: std::sync::OnceLock<Box<dyn Fn() -> usize + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("draining", &self.draining.load(Ordering::Relaxed))
+            .field("tunnel", &self.tunnel.get().is_some())
+            .finish()
+    }
+}
+
+impl Health {
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Makes readiness depend on live tunnel connections (tunnel mode).
+    pub fn track_tunnel(&self, registered: impl Fn() -> usize + Send + Sync + 'static) {
+        let _ = self.tunnel.set(Box::new(registered));
+    }
+}
+
+/// Everything the admin endpoints use.
+pub struct Admin {
+    pub reloader: Arc<Reloader>,
+    pub registry: Option<Arc<Registry>>,
+    pub health: Arc<Health>,
+    /// `None`: the config API is open (the operator was warned at start).
+    pub auth_token: Option<String>,
+}
+
+type AdminResponse = Response<Full<Bytes>>;
+
+fn respond(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> AdminResponse {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+fn json_error(status: StatusCode, message: impl std::fmt::Display) -> AdminResponse {
+    let body = serde_json::json!({ "error": message.to_string() }).to_string();
+    respond(status, "application/json", body)
+}
+
+/// Constant-time comparison, so response timing says nothing about the token.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Admin {
+    fn authorized(&self, req: &Request<Incoming>) -> bool {
+        let Some(token) = &self.auth_token else {
+            return true;
+        };
+        let Some(value) = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+        else {
+            return false;
+        };
+        let Some((scheme, presented)) = value.split_once(' ') else {
+            return false;
+        };
+        scheme.eq_ignore_ascii_case("bearer")
+            && same_secret(presented.trim().as_bytes(), token.as_bytes())
+    }
+
+    pub async fn handle(&self, req: Request<Incoming>) -> AdminResponse {
+        match (req.method(), req.uri().path()) {
+            (&Method::GET | &Method::HEAD, "/healthz") => {
+                respond(StatusCode::OK, "text/plain", "ok\n")
+            }
+            (&Method::GET | &Method::HEAD, "/readyz") => self.readyz(),
+            (&Method::GET, "/metrics") => self.metrics(),
+            (&Method::PUT, "/config") => self.put_config(req).await,
+            (&Method::GET, "/config") => self.get_config(&req).await,
+            (_, "/healthz" | "/readyz" | "/metrics" | "/config") => {
+                json_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+            }
+            _ => json_error(StatusCode::NOT_FOUND, "not found"),
+        }
+    }
+
+    fn readyz(&self) -> AdminResponse {
+        if self.health.is_draining() {
+            return respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n");
+        }
+        if !self.reloader.proxy().is_loaded() {
+            return respond(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                "no config loaded\n",
+            );
+        }
+        if let Some(registered) = self.health.tunnel.get() {
+            if registered() == 0 {
+                return respond(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "no tunnel connection is registered\n",
+                );
+            }
+        }
+        respond(StatusCode::OK, "text/plain", "ready\n")
+    }
+
+    fn metrics(&self) -> AdminResponse {
+        let Some(registry) = &self.registry else {
+            return json_error(StatusCode::NOT_FOUND, "metrics are disabled");
+        };
+        let mut text = String::new();
+        if prometheus_client::encoding::text::encode(&mut text, registry).is_err() {
+            return json_error(StatusCode::INTERNAL_SERVER_ERROR, "metrics encoding failed");
+        }
+        respond(
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            text,
+        )
+    }
+
+    async fn get_config(&self, req: &Request<Incoming>) -> AdminResponse {
+        if !self.authorized(req) {
+            return json_error(StatusCode::UNAUTHORIZED, "missing or invalid bearer token");
+        }
+        let body = serde_json::json!({
+            "version": self.reloader.version().await,
+            "ready": self.reloader.proxy().is_loaded(),
+        });
+        respond(StatusCode::OK, "application/json", body.to_string())
+    }
+
+    async fn put_config(&self, req: Request<Incoming>) -> AdminResponse {
+        if !self.authorized(&req) {
+            return json_error(StatusCode::UNAUTHORIZED, "missing or invalid bearer token");
+        }
+        let json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+        if !json {
+            return json_error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "Content-Type must be application/json",
+            );
+        }
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > MAX_CONFIG_BYTES as u64) {
+            return json_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("config larger than {MAX_CONFIG_BYTES} bytes"),
+            );
+        }
+        let body = match Limited::new(req.into_body(), MAX_CONFIG_BYTES)
+            .collect()
+            .await
+        {
+            Ok(b) => b.to_bytes(),
+            Err(e) => {
+                let e: BoxError = e;
+                if e.is::<http_body_util::LengthLimitError>() {
+                    return json_error(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        format!("config larger than {MAX_CONFIG_BYTES} bytes"),
+                    );
+                }
+                return json_error(StatusCode::BAD_REQUEST, format!("reading body: {e}"));
+            }
+        };
+        let doc: cftunnel_config::Config = match serde_json::from_slice(&body) {
+            Ok(d) => d,
+            Err(e) => {
+                self.reloader.proxy().metrics().reload("rejected");
+                return json_error(StatusCode::BAD_REQUEST, ConfigError::Json(e.to_string()));
+            }
+        };
+        match self.reloader.apply(doc).await {
+            Ok(version) => respond(
+                StatusCode::OK,
+                "application/json",
+                serde_json::json!({ "version": version }).to_string(),
+            ),
+            Err(e @ ConfigError::Stale { .. }) => json_error(StatusCode::CONFLICT, e),
+            Err(e @ ConfigError::Internal(_)) => json_error(StatusCode::INTERNAL_SERVER_ERROR, e),
+            Err(e) => json_error(StatusCode::BAD_REQUEST, e),
+        }
+    }
+}
+
+/// Serves the admin endpoints until the process exits.
+pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::warn!(error = %e, "admin accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let admin = admin.clone();
+                async move { Ok::<_, Infallible>(admin.handle(req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Some(Duration::from_secs(10)))
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "admin connection ended with error");
+            }
+        });
+    }
+}

@@ -1,0 +1,160 @@
+//! Body types at the proxy's seams: one boxed request body type for every source (hyper
+//! server, tunnel streams, buffered replays) and a response body that reports completion.
+
+use crate::proxy::Completion;
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The request body sent upstream.
+pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+pub fn full(bytes: Bytes) -> ProxyBody {
+    Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+pub fn boxed<B>(body: B) -> ProxyBody
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    body.map_err(Into::into).boxed_unsync()
+}
+
+pin_project_lite::pin_project! {
+    #[project = InnerProj]
+    enum Inner {
+        Upstream { #[pin] body: Incoming },
+        Local { #[pin] body: Full<Bytes> },
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The body of every response the proxy writes. Counts bytes and, when the body ends or
+    /// is dropped, records the request's metrics and access-log line.
+    pub struct ResponseBody {
+        #[pin]
+        inner: Inner,
+        completion: Option<Completion>,
+    }
+}
+
+impl ResponseBody {
+    pub(crate) fn upstream(body: Incoming, completion: Completion) -> Self {
+        Self {
+            inner: Inner::Upstream { body },
+            completion: Some(completion),
+        }
+    }
+
+    pub(crate) fn local(bytes: Bytes, completion: Option<Completion>) -> Self {
+        Self {
+            inner: Inner::Local {
+                body: Full::new(bytes),
+            },
+            completion,
+        }
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        let polled = match this.inner.project() {
+            InnerProj::Upstream { body } => {
+                ready!(body.poll_frame(cx)).map(|r| r.map_err(BoxError::from))
+            }
+            InnerProj::Local { body } => {
+                ready!(body.poll_frame(cx)).map(|r| r.map_err(|never| match never {}))
+            }
+        };
+        match &polled {
+            Some(Ok(frame)) => {
+                if let (Some(data), Some(c)) = (frame.data_ref(), this.completion.as_mut()) {
+                    c.add_bytes(data.len());
+                }
+            }
+            Some(Err(_)) => {
+                if let Some(c) = this.completion.take() {
+                    c.abort();
+                }
+            }
+            None => {
+                if let Some(c) = this.completion.take() {
+                    c.finish();
+                }
+            }
+        }
+        Poll::Ready(polled)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            Inner::Upstream { body } => body.is_end_stream(),
+            Inner::Local { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Inner::Upstream { body } => body.size_hint(),
+            Inner::Local { body } => body.size_hint(),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// Counts request bytes as they stream through.
+    pub struct Counted<B> {
+        #[pin]
+        inner: B,
+        counter: prometheus_client::metrics::counter::Counter,
+    }
+}
+
+impl<B> Counted<B> {
+    pub fn new(inner: B, counter: prometheus_client::metrics::counter::Counter) -> Self {
+        Self { inner, counter }
+    }
+}
+
+impl<B: Body<Data = Bytes>> Body for Counted<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        let polled = ready!(this.inner.poll_frame(cx));
+        if let Some(Ok(frame)) = &polled {
+            if let Some(data) = frame.data_ref() {
+                this.counter.inc_by(data.len() as u64);
+            }
+        }
+        Poll::Ready(polled)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,189 @@
+//! Command line and environment (every setting is both a flag and an env var).
+
+use clap::builder::BoolishValueParser;
+use clap::{Parser, ValueEnum};
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// Longest drain window accepted.
+pub const MAX_GRACE: Duration = Duration::from_secs(180);
+
+/// Gateway API proxy for Cloudflare Tunnel.
+#[derive(Debug, Parser)]
+#[command(name = "cftunnel-proxy", version)]
+pub struct Args {
+    /// Connector token (base64 JSON). Set: tunnel mode. Unset: standalone HTTP listener.
+    #[arg(long, env = "TUNNEL_TOKEN", hide_env_values = true)]
+    pub tunnel_token: Option<String>,
+
+    /// Data listener (standalone mode), e.g. `:8080` or `127.0.0.1:8080`.
+    #[arg(long = "addr", env = "PROXY_ADDR", default_value = ":8080")]
+    pub addr: ListenAddr,
+
+    /// Config API, health and metrics listener.
+    #[arg(
+        long = "config-addr",
+        env = "PROXY_CONFIG_ADDR",
+        default_value = ":8081"
+    )]
+    pub config_addr: ListenAddr,
+
+    /// Bearer token required by `/config`. Set but empty: refused. Unset: the API is open.
+    #[arg(long, env = "PROXY_AUTH_TOKEN", hide_env_values = true)]
+    pub auth_token: Option<String>,
+
+    /// Drain window after the first SIGTERM (at most 3m).
+    #[arg(long, env = "PROXY_GRACE_PERIOD", default_value = "30s")]
+    pub grace_period: GracePeriod,
+
+    /// Tunnel transport.
+    #[arg(
+        long,
+        env = "PROXY_TUNNEL_PROTOCOL",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub tunnel_protocol: TunnelProtocol,
+
+    /// Serve Prometheus metrics on `/metrics`.
+    #[arg(long, env = "PROXY_METRICS_ENABLED", default_value = "true", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub metrics_enabled: bool,
+
+    /// Write one JSON line per request to stdout.
+    #[arg(long, env = "PROXY_ACCESS_LOG_ENABLED", default_value = "false", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub access_log_enabled: bool,
+
+    /// Config document (the `PUT /config` JSON) to load at start.
+    #[arg(long, env = "PROXY_CONFIG_FILE")]
+    pub config_file: Option<PathBuf>,
+
+    /// Runtime worker threads (default: one per CPU).
+    #[arg(long, env = "PROXY_WORKER_THREADS")]
+    pub worker_threads: Option<NonZeroUsize>,
+
+    /// How long to wait for a backend's response head when a rule sets no backend timeout.
+    #[arg(long, env = "PROXY_BACKEND_HEADER_TIMEOUT", default_value = "60s")]
+    pub backend_header_timeout: GoDuration,
+
+    /// Static edge address for the tunnel (repeatable); default: discovered via DNS.
+    #[arg(long = "edge", env = "TUNNEL_EDGE", value_delimiter = ',')]
+    pub edge: Vec<String>,
+
+    /// CA bundle (PEM) that edge certificates must chain to, for private test edges.
+    #[arg(long = "edge-ca-file", env = "TUNNEL_CACERT")]
+    pub edge_ca_file: Option<PathBuf>,
+
+    /// Validate the config file and exit.
+    #[arg(long)]
+    pub check: bool,
+}
+
+impl Args {
+    /// Cross-field checks that clap cannot express.
+    pub fn validate(&self) -> Result<(), String> {
+        if self
+            .auth_token
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+        {
+            return Err("PROXY_AUTH_TOKEN is set but empty: set a token or unset it".into());
+        }
+        if self.check && self.config_file.is_none() {
+            return Err("--check needs --config-file".into());
+        }
+        Ok(())
+    }
+}
+
+/// A listen address; `:PORT` means every interface, as in Go.
+#[derive(Debug, Clone, Copy)]
+pub struct ListenAddr(pub SocketAddr);
+
+impl FromStr for ListenAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let full = if s.starts_with(':') {
+            format!("0.0.0.0{s}")
+        } else {
+            s.to_owned()
+        };
+        full.parse()
+            .map(Self)
+            .map_err(|_| format!("{s:?} is not an address like `:8080` or `127.0.0.1:8080`"))
+    }
+}
+
+/// A Go-style duration (`30s`, `1m30s`).
+#[derive(Debug, Clone, Copy)]
+pub struct GoDuration(pub Duration);
+
+impl FromStr for GoDuration {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse::<cftunnel_config::Duration>()
+            .map(|d| Self(d.0))
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The drain window, capped at [`MAX_GRACE`].
+#[derive(Debug, Clone, Copy)]
+pub struct GracePeriod(pub Duration);
+
+impl FromStr for GracePeriod {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let d = s.parse::<GoDuration>()?.0;
+        if d > MAX_GRACE {
+            return Err(format!("{s} is longer than the 3m maximum"));
+        }
+        Ok(Self(d))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TunnelProtocol {
+    Auto,
+    Quic,
+    Http2,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("cftunnel-proxy").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn flags_parse_and_validate() {
+        let a = parse(&[
+            "--addr",
+            ":9000",
+            "--grace-period",
+            "5s",
+            "--tunnel-protocol",
+            "quic",
+        ])
+        .expect("valid flags");
+        assert_eq!(a.addr.0, "0.0.0.0:9000".parse().expect("addr"));
+        assert_eq!(a.grace_period.0, Duration::from_secs(5));
+        assert_eq!(a.tunnel_protocol, TunnelProtocol::Quic);
+        assert!(
+            parse(&["--grace-period", "4m"]).is_err(),
+            "grace over 3m is refused"
+        );
+        assert!(parse(&["--tunnel-protocol", "udp"]).is_err());
+        assert!(parse(&["--metrics-enabled", "maybe"]).is_err());
+        assert!(parse(&["--addr", "nonsense"]).is_err());
+        let empty = parse(&["--auth-token", ""]).expect("parses");
+        assert!(empty.validate().is_err(), "empty token is refused");
+    }
+}

@@ -1,0 +1,103 @@
+//! From a config document to a live route table: validation, compilation, versioned swap.
+//!
+//! Everything that can fail is done here, before the swap: regexes compiled, header names and
+//! values parsed, backend URLs and TLS settings turned into clients. A failed push leaves the
+//! table being served untouched.
+
+mod compile;
+mod error;
+
+pub use compile::compile;
+pub use error::ConfigError;
+
+use crate::forward::{Upstream, UpstreamKey};
+use crate::proxy::Proxy;
+use cftunnel_config::Config;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Upstreams kept across pushes so their connection pools survive a reload.
+pub type UpstreamCache = HashMap<UpstreamKey, Arc<Upstream>>;
+
+/// Applies config documents to a [`Proxy`], one at a time.
+#[derive(Debug)]
+pub struct Reloader {
+    proxy: Proxy,
+    state: tokio::sync::Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    version: i64,
+    upstreams: UpstreamCache,
+}
+
+/// Documents with more rules than this are compiled off the async workers.
+const BLOCKING_COMPILE_RULES: usize = 500;
+
+impl Reloader {
+    pub fn new(proxy: Proxy) -> Self {
+        Self {
+            proxy,
+            state: tokio::sync::Mutex::new(State::default()),
+        }
+    }
+
+    pub fn proxy(&self) -> &Proxy {
+        &self.proxy
+    }
+
+    /// The version being served.
+    pub async fn version(&self) -> i64 {
+        self.state.lock().await.version
+    }
+
+    /// Validates, compiles and swaps in `doc`.
+    ///
+    /// Versions: `0 < version < current` is stale (409); `version == current` is re-applied;
+    /// version 0 is always accepted.
+    pub async fn apply(&self, doc: Config) -> Result<i64, ConfigError> {
+        let mut state = self.state.lock().await;
+        if doc.version > 0 && doc.version < state.version {
+            self.proxy.metrics().reload("stale");
+            return Err(ConfigError::Stale {
+                pushed: doc.version,
+                current: state.version,
+            });
+        }
+        let metrics = self.proxy.metrics().clone();
+        let cache = std::mem::take(&mut state.upstreams);
+        let big = doc.rules.len() > BLOCKING_COMPILE_RULES;
+        let result = if big {
+            tokio::task::spawn_blocking(move || {
+                let mut cache = cache;
+                let r = compile(&doc, &metrics, &mut cache);
+                (r, cache)
+            })
+            .await
+            .map_err(|_| ConfigError::Internal("compiler task failed"))?
+        } else {
+            let mut cache = cache;
+            let r = compile(&doc, &metrics, &mut cache);
+            (r, cache)
+        };
+        let (compiled, cache) = result;
+        state.upstreams = cache;
+        match compiled {
+            Ok(routes) => {
+                let version = routes.version();
+                let rules = routes.rule_count();
+                self.proxy.swap(routes);
+                state.version = version;
+                self.proxy.metrics().reload("success");
+                tracing::info!(version, rules, "config applied");
+                Ok(version)
+            }
+            Err(e) => {
+                self.proxy.metrics().reload("rejected");
+                tracing::warn!(error = %e, "config rejected");
+                Err(e)
+            }
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! The one place where request failures become responses.
+
+use crate::forward::ForwardError;
+use http::{header, HeaderValue, StatusCode};
+
+/// Why the proxy answered a request itself instead of relaying a backend's answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("no route matches")]
+    NoRoute,
+    #[error("route is unavailable")]
+    Unavailable(StatusCode),
+    #[error("no backend can take the request")]
+    NoBackend,
+    #[error(transparent)]
+    Backend(#[from] ForwardError),
+    #[error("request timed out")]
+    RequestTimeout,
+    #[error("request could not be forwarded: {0}")]
+    BadRequest(&'static str),
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::NoRoute => StatusCode::NOT_FOUND,
+            Self::Unavailable(s) => *s,
+            Self::NoBackend => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Backend(ForwardError::Timeout) | Self::RequestTimeout => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
+            Self::Backend(_) => StatusCode::BAD_GATEWAY,
+            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// gRPC status for gRPC clients, which read trailers rather than the HTTP status.
+    fn grpc_status(&self) -> &'static str {
+        match self {
+            Self::NoRoute => "12",
+            Self::Backend(ForwardError::Timeout) | Self::RequestTimeout => "4",
+            Self::Backend(_) => "14",
+            Self::Unavailable(_) | Self::NoBackend => "14",
+            Self::BadRequest(_) => "3",
+        }
+    }
+
+    /// Status and headers of the answer; the body is the reason in plain text (empty for gRPC).
+    pub fn head(&self, grpc: bool) -> (StatusCode, http::HeaderMap, &'static str) {
+        let mut headers = http::HeaderMap::new();
+        if grpc {
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/grpc"),
+            );
+            headers.insert("grpc-status", HeaderValue::from_static(self.grpc_status()));
+            if let Ok(v) = HeaderValue::from_str(self.reason().trim_end()) {
+                headers.insert("grpc-message", v);
+            }
+            return (StatusCode::OK, headers, "");
+        }
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        (self.status(), headers, self.reason())
+    }
+
+    fn reason(&self) -> &'static str {
+        match self {
+            Self::NoRoute => "no route matches this request\n",
+            Self::Unavailable(_) => "route backend is unavailable\n",
+            Self::NoBackend => "no backend is available for this route\n",
+            Self::Backend(ForwardError::Timeout) | Self::RequestTimeout => "upstream timed out\n",
+            Self::Backend(ForwardError::Tls(_)) => "upstream TLS handshake failed\n",
+            Self::Backend(ForwardError::Dial(_)) => "upstream connection failed\n",
+            Self::Backend(_) => "upstream request failed\n",
+            Self::BadRequest(r) => r,
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! Sending requests to backends: per-backend pooled clients, TLS, and the error kinds the
+//! metrics and the error responses are built from.
+
+mod connector;
+mod tls;
+
+pub use connector::{ConnectError, ConnectErrorKind};
+
+use crate::body::ProxyBody;
+use bytes::Bytes;
+use cftunnel_config::BackendProtocol;
+use connector::Connector;
+use http::uri::{Authority, Scheme};
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::time::Duration;
+
+/// How long a dial may take before the backend counts as unreachable.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Idle pooled connections are closed after this long.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Bound on idle connections kept per backend.
+const POOL_MAX_IDLE: usize = 512;
+
+/// Errors of one try against a backend; `label()` is the metrics reason.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("cannot connect to backend: {0}")]
+    Dial(#[source] ConnectError),
+    #[error("TLS handshake with backend failed: {0}")]
+    Tls(#[source] ConnectError),
+    #[error("backend did not answer in time")]
+    Timeout,
+    #[error("request canceled")]
+    Canceled,
+    #[error("backend exchange failed: {0}")]
+    Other(#[source] hyper_util::client::legacy::Error),
+}
+
+impl ForwardError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Dial(_) => "dial",
+            Self::Tls(_) => "tls",
+            Self::Timeout => "timeout",
+            Self::Canceled => "canceled",
+            Self::Other(_) => "other",
+        }
+    }
+
+    /// Connection-level failures are retried; answers with a status are not errors here.
+    pub fn is_connection_error(&self) -> bool {
+        matches!(self, Self::Dial(_) | Self::Tls(_) | Self::Other(_))
+    }
+
+    fn from_client(err: hyper_util::client::legacy::Error) -> Self {
+        let mut source: Option<&(dyn std::error::Error + 'static)> =
+            std::error::Error::source(&err);
+        while let Some(e) = source {
+            if let Some(c) = e.downcast_ref::<ConnectError>() {
+                let c = c.clone();
+                return match c.kind {
+                    ConnectErrorKind::Tls => Self::Tls(c),
+                    ConnectErrorKind::Timeout | ConnectErrorKind::Dial => Self::Dial(c),
+                };
+            }
+            if let Some(h) = e.downcast_ref::<hyper::Error>() {
+                if h.is_canceled() {
+                    return Self::Canceled;
+                }
+            }
+            source = e.source();
+        }
+        Self::Other(err)
+    }
+}
+
+/// One backend: a URL turned into a pooled client that always dials that backend.
+#[derive(Debug)]
+pub struct Upstream {
+    client: Client<Connector, ProxyBody>,
+    scheme: Scheme,
+    /// The backend's own `host:port`, used when the request carries no usable host.
+    authority: Authority,
+    /// Path of the backend URL (`https://api.example.com/base`), prepended to request paths.
+    base_path: Option<Box<str>>,
+    h2: bool,
+}
+
+/// What identifies an upstream across config pushes, so connection pools survive reloads.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct UpstreamKey(String);
+
+/// Why a backend URL or TLS setting was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("invalid URL: {0}")]
+    Url(String),
+    #[error("unsupported scheme {0:?} (want http or https)")]
+    Scheme(String),
+    #[error("tls: {0}")]
+    Tls(String),
+}
+
+impl Upstream {
+    pub fn key(
+        url: &str,
+        protocol: BackendProtocol,
+        websocket: bool,
+        tls: Option<&cftunnel_config::BackendTls>,
+    ) -> UpstreamKey {
+        UpstreamKey(format!("{url}|{protocol:?}|{websocket}|{tls:?}"))
+    }
+
+    /// Builds the client for a backend URL; fails on anything that could only fail later.
+    pub fn new(
+        url: &str,
+        protocol: BackendProtocol,
+        websocket: bool,
+        tls: Option<&cftunnel_config::BackendTls>,
+    ) -> Result<Self, UpstreamError> {
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| UpstreamError::Url(e.to_string()))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| UpstreamError::Url("missing scheme".into()))?;
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| UpstreamError::Url("missing host".into()))?;
+        if authority.as_str().contains('@') {
+            return Err(UpstreamError::Url("user info is not allowed".into()));
+        }
+        let secure = match scheme.as_str() {
+            "http" => false,
+            "https" => true,
+            other => return Err(UpstreamError::Scheme(other.to_owned())),
+        };
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        if host.is_empty() {
+            return Err(UpstreamError::Url("missing host".into()));
+        }
+        let port = authority
+            .port_u16()
+            .unwrap_or(if secure { 443 } else { 80 });
+        let tls = if secure {
+            let alpn_h2 = !websocket || protocol == BackendProtocol::H2c;
+            Some(tls::target(host, tls, alpn_h2)?)
+        } else if tls.is_some() {
+            return Err(UpstreamError::Tls("tls settings need an https URL".into()));
+        } else {
+            None
+        };
+        let h2 = protocol == BackendProtocol::H2c && !secure;
+        let connector = Connector::new(host, port, tls, CONNECT_TIMEOUT);
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_max_idle_per_host(POOL_MAX_IDLE)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .set_host(false)
+            .http2_only(h2);
+        let base_path = match uri.path() {
+            "" | "/" => None,
+            p => Some(p.trim_end_matches('/').into()),
+        };
+        Ok(Self {
+            client: builder.build(connector),
+            scheme,
+            authority,
+            base_path,
+            h2,
+        })
+    }
+
+    pub fn scheme(&self) -> &Scheme {
+        &self.scheme
+    }
+
+    pub fn authority(&self) -> &Authority {
+        &self.authority
+    }
+
+    pub fn base_path(&self) -> Option<&str> {
+        self.base_path.as_deref()
+    }
+
+    pub fn is_h2(&self) -> bool {
+        self.h2
+    }
+
+    /// One try: sends the request and waits for the response head, bounded by `timeout`.
+    pub async fn send(
+        &self,
+        req: Request<ProxyBody>,
+        timeout: Option<Duration>,
+    ) -> Result<Response<Incoming>, ForwardError> {
+        let fut = self.client.request(req);
+        let res = match timeout {
+            Some(t) => tokio::time::timeout(t, fut)
+                .await
+                .map_err(|_| ForwardError::Timeout)?,
+            None => fut.await,
+        };
+        res.map_err(ForwardError::from_client)
+    }
+}
+
+/// An empty request body for mirrors and retries of body-less requests.
+pub fn empty_body() -> ProxyBody {
+    crate::body::full(Bytes::new())
+}

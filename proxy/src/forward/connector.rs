@@ -1,0 +1,176 @@
+//! Dials one fixed backend, whatever the request URI says, optionally over TLS.
+//!
+//! The pooled client keys connections by the request's authority (the client-facing host);
+//! the connector is what makes them all land on the configured backend.
+
+use super::tls::TlsTarget;
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::rt::TokioIo;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectErrorKind {
+    Dial,
+    Timeout,
+    Tls,
+}
+
+/// A failed dial, with enough detail for the metrics reason.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{kind:?} {target}: {message}")]
+pub struct ConnectError {
+    pub kind: ConnectErrorKind,
+    pub target: Arc<str>,
+    pub message: String,
+}
+
+#[derive(Debug)]
+struct Target {
+    host: Box<str>,
+    port: u16,
+    label: Arc<str>,
+    tls: Option<TlsTarget>,
+    timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Connector {
+    target: Arc<Target>,
+}
+
+impl Connector {
+    pub(crate) fn new(host: &str, port: u16, tls: Option<TlsTarget>, timeout: Duration) -> Self {
+        Self {
+            target: Arc::new(Target {
+                host: host.into(),
+                port,
+                label: format!("{host}:{port}").into(),
+                tls,
+                timeout,
+            }),
+        }
+    }
+}
+
+impl tower_service::Service<http::Uri> for Connector {
+    type Response = TokioIo<Stream>;
+    type Error = ConnectError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, ConnectError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _uri: http::Uri) -> Self::Future {
+        let target = self.target.clone();
+        Box::pin(async move { connect(&target).await.map(TokioIo::new) })
+    }
+}
+
+async fn connect(t: &Target) -> Result<Stream, ConnectError> {
+    let err = |kind, message: String| ConnectError {
+        kind,
+        target: t.label.clone(),
+        message,
+    };
+    let dial = TcpStream::connect((&*t.host, t.port));
+    let tcp = tokio::time::timeout(t.timeout, dial)
+        .await
+        .map_err(|_| err(ConnectErrorKind::Timeout, "connect timed out".into()))?
+        .map_err(|e| err(ConnectErrorKind::Dial, e.to_string()))?;
+    let _ = tcp.set_nodelay(true);
+    let Some(tls) = &t.tls else {
+        return Ok(Stream::Plain(tcp));
+    };
+    let handshake = tls.connector().connect(tls.server_name().clone(), tcp);
+    let stream = tokio::time::timeout(t.timeout, handshake)
+        .await
+        .map_err(|_| err(ConnectErrorKind::Timeout, "TLS handshake timed out".into()))?
+        .map_err(|e| err(ConnectErrorKind::Tls, e.to_string()))?;
+    Ok(Stream::Tls(Box::new(stream)))
+}
+
+/// A backend connection, plain or TLS.
+#[derive(Debug)]
+pub enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Connection for Stream {
+    fn connected(&self) -> Connected {
+        match self {
+            Self::Plain(_) => Connected::new(),
+            Self::Tls(s) if s.get_ref().1.alpn_protocol() == Some(b"h2") => {
+                Connected::new().negotiated_h2()
+            }
+            Self::Tls(_) => Connected::new(),
+        }
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Self::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Self::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_flush(cx),
+            Self::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Self::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Self::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Self::Plain(s) => s.is_write_vectored(),
+            Self::Tls(s) => s.is_write_vectored(),
+        }
+    }
+}

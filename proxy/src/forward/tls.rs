@@ -1,0 +1,152 @@
+//! Backend TLS: custom CA bundle, SNI override, and accepted subject alternative names.
+
+use super::UpstreamError;
+use cftunnel_config::BackendTls;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use std::sync::Arc;
+use tokio_rustls::TlsConnector;
+
+pub(crate) struct TlsTarget {
+    connector: TlsConnector,
+    server_name: ServerName<'static>,
+}
+
+impl std::fmt::Debug for TlsTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsTarget")
+            .field("server_name", &self.server_name)
+            .finish()
+    }
+}
+
+impl TlsTarget {
+    pub(crate) fn connector(&self) -> &TlsConnector {
+        &self.connector
+    }
+
+    pub(crate) fn server_name(&self) -> &ServerName<'static> {
+        &self.server_name
+    }
+}
+
+/// Builds the TLS settings for one backend host.
+pub(crate) fn target(
+    host: &str,
+    tls: Option<&BackendTls>,
+    alpn_h2: bool,
+) -> Result<TlsTarget, UpstreamError> {
+    let err = |m: String| UpstreamError::Tls(m);
+    let mut roots = RootCertStore::empty();
+    match tls.and_then(|t| t.ca_bundle.as_deref()) {
+        Some(pem) => {
+            let mut reader = std::io::BufReader::new(pem.as_bytes());
+            let mut n = 0;
+            for cert in rustls_pemfile::certs(&mut reader) {
+                let cert = cert.map_err(|e| err(format!("caBundle: {e}")))?;
+                roots.add(cert).map_err(|e| err(format!("caBundle: {e}")))?;
+                n += 1;
+            }
+            if n == 0 {
+                return Err(err("caBundle: no PEM certificate found".into()));
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let roots = Arc::new(roots);
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let name = tls.and_then(|t| t.server_name.as_deref()).unwrap_or(host);
+    let server_name = ServerName::try_from(name.to_owned())
+        .map_err(|_| err(format!("serverName {name:?} is not a valid DNS name or IP")))?;
+    let sans = tls
+        .map(|t| t.subject_alt_names.as_slice())
+        .unwrap_or_default();
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| err(e.to_string()))?;
+    let mut config = if sans.is_empty() {
+        builder.with_root_certificates(roots).with_no_client_auth()
+    } else {
+        let inner = WebPkiServerVerifier::builder_with_provider(roots, provider)
+            .build()
+            .map_err(|e| err(e.to_string()))?;
+        let names = sans
+            .iter()
+            .map(|s| {
+                ServerName::try_from(s.clone()).map_err(|_| {
+                    err(format!(
+                        "subjectAltNames: {s:?} is not a valid DNS name or IP"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(SanVerifier { inner, names }))
+            .with_no_client_auth()
+    };
+    config.alpn_protocols = if alpn_h2 {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
+    Ok(TlsTarget {
+        connector: TlsConnector::from(Arc::new(config)),
+        server_name,
+    })
+}
+
+/// Accepts a chain that is valid for any of the configured names (full WebPKI validation
+/// against the configured roots still applies; only the name check is widened).
+#[derive(Debug)]
+struct SanVerifier {
+    inner: Arc<WebPkiServerVerifier>,
+    names: Vec<ServerName<'static>>,
+}
+
+impl ServerCertVerifier for SanVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let mut last = rustls::Error::General("no subject alternative name configured".into());
+        for name in &self.names {
+            match self
+                .inner
+                .verify_server_cert(end_entity, intermediates, name, ocsp, now)
+            {
+                Ok(ok) => return Ok(ok),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}

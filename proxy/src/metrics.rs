@@ -1,0 +1,228 @@
+//! The proxy's Prometheus metrics (names fixed by the proxy contract).
+//!
+//! Per-hostname children are fetched once per config push and stored beside the compiled
+//! table, so a request touches atomics, never the families' label maps.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::fmt::Write as _;
+
+/// Latency buckets in seconds: 1 ms to 30 s, covering in-cluster hops to slow backends.
+const DURATION_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HostLabels {
+    pub hostname: String,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum StatusClass {
+    S1xx,
+    S2xx,
+    S3xx,
+    S4xx,
+    S5xx,
+    Aborted,
+}
+
+impl StatusClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::S1xx => "1xx",
+            Self::S2xx => "2xx",
+            Self::S3xx => "3xx",
+            Self::S4xx => "4xx",
+            Self::S5xx => "5xx",
+            Self::Aborted => "aborted",
+        }
+    }
+}
+
+impl EncodeLabelValue for StatusClass {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+const STATUS_CLASSES: [StatusClass; 6] = [
+    StatusClass::S1xx,
+    StatusClass::S2xx,
+    StatusClass::S3xx,
+    StatusClass::S4xx,
+    StatusClass::S5xx,
+    StatusClass::Aborted,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabels {
+    pub hostname: String,
+    pub status_class: StatusClass,
+}
+
+/// Backend error reasons, as the contract names them.
+pub const BACKEND_ERROR_REASONS: [&str; 5] = ["dial", "timeout", "tls", "canceled", "other"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub hostname: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: String,
+}
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(DURATION_BUCKETS.into_iter())
+}
+
+#[derive(Clone, Debug)]
+pub struct ProxyMetrics {
+    pub in_flight: Gauge,
+    pub websocket_sessions: Gauge,
+    duration: Family<HostLabels, Histogram, fn() -> Histogram>,
+    requests: Family<StatusLabels, Counter>,
+    backend_errors: Family<ReasonLabels, Counter>,
+    request_bytes: Family<HostLabels, Counter>,
+    response_bytes: Family<HostLabels, Counter>,
+    pub config_version: Gauge,
+    reloads: Family<ResultLabels, Counter>,
+    pub mirrors_dropped: Counter,
+}
+
+/// The children of one hostname label, fetched once per config push.
+#[derive(Clone, Debug)]
+pub struct HostMetrics {
+    pub duration: Histogram,
+    requests: [Counter; 6],
+    backend_errors: [Counter; 5],
+    pub request_bytes: Counter,
+    pub response_bytes: Counter,
+}
+
+impl HostMetrics {
+    pub fn request(&self, class: StatusClass) -> &Counter {
+        let i = STATUS_CLASSES.iter().position(|c| *c == class).unwrap_or(5);
+        &self.requests[i]
+    }
+
+    pub fn backend_error(&self, reason: &str) -> &Counter {
+        let i = BACKEND_ERROR_REASONS
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(BACKEND_ERROR_REASONS.len() - 1);
+        &self.backend_errors[i]
+    }
+}
+
+impl ProxyMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            in_flight: Gauge::default(),
+            websocket_sessions: Gauge::default(),
+            duration: Family::new_with_constructor(duration_histogram),
+            requests: Family::default(),
+            backend_errors: Family::default(),
+            request_bytes: Family::default(),
+            response_bytes: Family::default(),
+            config_version: Gauge::default(),
+            reloads: Family::default(),
+            mirrors_dropped: Counter::default(),
+        };
+        let r = registry.sub_registry_with_prefix("cftunnel_proxy");
+        r.register(
+            "requests_in_flight",
+            "Requests being served now (the autoscaling signal)",
+            m.in_flight.clone(),
+        );
+        r.register(
+            "websocket_active_sessions",
+            "Upgraded WebSocket sessions open now",
+            m.websocket_sessions.clone(),
+        );
+        r.register(
+            "request_duration_seconds",
+            "Time from request arrival to the end of the response body",
+            m.duration.clone(),
+        );
+        r.register(
+            "requests",
+            "Requests served, by status class",
+            m.requests.clone(),
+        );
+        r.register(
+            "backend_errors",
+            "Failed tries against backends, by reason",
+            m.backend_errors.clone(),
+        );
+        r.register(
+            "request_bytes",
+            "Request body bytes received",
+            m.request_bytes.clone(),
+        );
+        r.register(
+            "response_bytes",
+            "Response body bytes sent",
+            m.response_bytes.clone(),
+        );
+        r.register(
+            "config_version",
+            "Version of the config document being served",
+            m.config_version.clone(),
+        );
+        r.register(
+            "config_reloads",
+            "Config pushes, by result",
+            m.reloads.clone(),
+        );
+        r.register(
+            "mirror_requests_dropped",
+            "Mirror copies not sent because the mirror queue was full or the body was streamed",
+            m.mirrors_dropped.clone(),
+        );
+        m
+    }
+
+    /// Fetches (creating if needed) the children for one hostname pattern.
+    pub fn host(&self, hostname: &str) -> HostMetrics {
+        let h = HostLabels {
+            hostname: hostname.to_owned(),
+        };
+        HostMetrics {
+            duration: self.duration.get_or_create(&h).clone(),
+            requests: STATUS_CLASSES.map(|status_class| {
+                self.requests
+                    .get_or_create(&StatusLabels {
+                        hostname: hostname.to_owned(),
+                        status_class,
+                    })
+                    .clone()
+            }),
+            backend_errors: BACKEND_ERROR_REASONS.map(|reason| {
+                self.backend_errors
+                    .get_or_create(&ReasonLabels {
+                        hostname: hostname.to_owned(),
+                        reason: reason.to_owned(),
+                    })
+                    .clone()
+            }),
+            request_bytes: self.request_bytes.get_or_create(&h).clone(),
+            response_bytes: self.response_bytes.get_or_create(&h).clone(),
+        }
+    }
+
+    pub fn reload(&self, result: &str) {
+        self.reloads
+            .get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+}

@@ -1,0 +1,721 @@
+//! The request path: route lookup, filters, backend choice, retries, response rewriting.
+//!
+//! [`Proxy::handle`] is what both the standalone listener and the tunnel connector call for
+//! every request. It loads the route table once, and everything the request touches after
+//! that comes from that snapshot, so in-flight requests finish on the table they started with.
+
+use crate::body::{self, BoxError, ProxyBody, ResponseBody};
+use crate::error::ProxyError;
+use crate::filter::{Cors, Filters};
+use crate::forward::Upstream;
+use crate::metrics::{HostMetrics, ProxyMetrics, StatusClass};
+use crate::route::{RequestView, Table};
+use crate::rule::{Backend, Rule};
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::header::{self, HeaderName};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http_body::Body;
+use http_body_util::BodyExt;
+use std::borrow::Cow;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+/// Request bodies up to this size are buffered when a retry or a mirror needs to replay them.
+pub const MAX_REPLAY_BODY: u64 = 64 * 1024;
+/// Mirror copies in flight at once; beyond this, copies are dropped (never queued behind).
+pub const MAX_MIRRORS_IN_FLIGHT: usize = 256;
+/// A mirror copy gets this long before it is abandoned.
+const MIRROR_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A compiled config: the route table plus the per-hostname metrics its buckets use.
+#[derive(Debug)]
+pub struct Routes {
+    pub(crate) table: Table<Rule>,
+    /// Indexed by bucket id.
+    pub(crate) hosts: Box<[HostMetrics]>,
+    pub(crate) unmatched: HostMetrics,
+    pub(crate) version: i64,
+    pub(crate) has_grpc: bool,
+}
+
+impl Routes {
+    pub fn version(&self) -> i64 {
+        self.version
+    }
+
+    pub fn rule_count(&self) -> usize {
+        self.table.rule_count()
+    }
+
+    /// Whether GRPCRoutes contributed to this table.
+    pub fn has_grpc_route(&self) -> bool {
+        self.has_grpc
+    }
+
+    fn host_metrics(&self, bucket: Option<usize>) -> &HostMetrics {
+        bucket
+            .and_then(|b| self.hosts.get(b))
+            .unwrap_or(&self.unmatched)
+    }
+}
+
+/// Where a request came from, as the listener or connector saw it.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnInfo {
+    pub peer: Option<SocketAddr>,
+    /// `http` or `https`: the scheme the client used (redirects and `X-Forwarded-Proto`).
+    pub scheme: &'static str,
+    /// The request came through a trusted hop (the tunnel edge) whose forwarding headers stand.
+    pub trusted_forwarding: bool,
+}
+
+/// Settings of the request path that do not change with config pushes.
+#[derive(Debug, Clone)]
+pub struct ProxyOptions {
+    /// Wait for a backend's response head when the rule sets no backend timeout.
+    pub backend_header_timeout: Duration,
+    pub access_log: bool,
+}
+
+impl Default for ProxyOptions {
+    fn default() -> Self {
+        Self {
+            backend_header_timeout: Duration::from_secs(60),
+            access_log: false,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    routes: ArcSwap<Routes>,
+    loaded: AtomicBool,
+    metrics: ProxyMetrics,
+    mirrors: Arc<Semaphore>,
+    access_log: Option<crate::access_log::AccessLog>,
+    header_timeout: Duration,
+}
+
+/// The proxy's request handler; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Proxy {
+    shared: Arc<Shared>,
+}
+
+impl Proxy {
+    /// A proxy serving `routes` (usually the empty table until the first push).
+    /// Must be called inside a tokio runtime when the access log is on.
+    pub fn new(routes: Routes, metrics: ProxyMetrics, options: ProxyOptions) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                routes: ArcSwap::from_pointee(routes),
+                loaded: AtomicBool::new(false),
+                metrics,
+                mirrors: Arc::new(Semaphore::new(MAX_MIRRORS_IN_FLIGHT)),
+                access_log: options.access_log.then(crate::access_log::AccessLog::spawn),
+                header_timeout: options.backend_header_timeout,
+            }),
+        }
+    }
+
+    pub fn metrics(&self) -> &ProxyMetrics {
+        &self.shared.metrics
+    }
+
+    /// The table being served now.
+    pub fn routes(&self) -> Arc<Routes> {
+        self.shared.routes.load_full()
+    }
+
+    /// Whether a config has been loaded since start.
+    pub fn is_loaded(&self) -> bool {
+        self.shared.loaded.load(Ordering::Acquire)
+    }
+
+    /// Swaps in a new table; requests already running keep theirs.
+    pub fn swap(&self, routes: Routes) {
+        self.shared.metrics.config_version.set(routes.version);
+        self.shared.routes.store(Arc::new(routes));
+        self.shared.loaded.store(true, Ordering::Release);
+    }
+
+    /// Serves one request. Never fails: every error becomes a response here.
+    pub async fn handle<B>(&self, req: Request<B>, conn: ConnInfo) -> Response<ResponseBody>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let start = Instant::now();
+        let routes = self.shared.routes.load_full();
+        let shared = &self.shared;
+        shared.metrics.in_flight.inc();
+        let (parts, body) = req.into_parts();
+        let grpc = is_grpc(&parts.headers);
+        let mut completion = Completion {
+            shared: self.shared.clone(),
+            routes: routes.clone(),
+            bucket: None,
+            status: 0,
+            bytes: 0,
+            start,
+            log: shared.access_log.as_ref().map(|_| {
+                Box::new(crate::access_log::Fields {
+                    method: parts.method.to_string(),
+                    host: String::new(),
+                    path: parts.uri.path().to_owned(),
+                    route: None,
+                })
+            }),
+            done: false,
+        };
+        let result = self
+            .route(&routes, parts, body, conn, &mut completion)
+            .await;
+        let response = match result {
+            Ok(response) => response,
+            Err(err) => {
+                if let ProxyError::Backend(e) = &err {
+                    routes
+                        .host_metrics(completion.bucket)
+                        .backend_error(e.label())
+                        .inc();
+                    tracing::debug!(error = %e, "backend error");
+                }
+                let (status, headers, reason) = err.head(grpc);
+                let mut response =
+                    Response::new(Reply::Local(Bytes::from_static(reason.as_bytes())));
+                *response.status_mut() = status;
+                *response.headers_mut() = headers;
+                response
+            }
+        };
+        completion.status = response.status().as_u16();
+        response.map(|reply| match reply {
+            Reply::Upstream(body) => ResponseBody::upstream(body, completion),
+            Reply::Local(bytes) => ResponseBody::local(bytes, Some(completion)),
+        })
+    }
+
+    async fn route<B>(
+        &self,
+        routes: &Routes,
+        mut parts: http::request::Parts,
+        body: B,
+        conn: ConnInfo,
+        completion: &mut Completion,
+    ) -> Result<Response<Reply>, ProxyError>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let host = request_host(&parts);
+        if let Some(log) = completion.log.as_mut() {
+            log.host = host.to_string();
+        }
+        let view = RequestView {
+            method: &parts.method,
+            path: parts.uri.path(),
+            query: parts.uri.query(),
+            headers: &parts.headers,
+        };
+        let hit = routes.table.find(&host, &view).ok_or(ProxyError::NoRoute)?;
+        completion.bucket = Some(hit.bucket.id);
+        let rule: &Rule = hit.rule;
+        if let Some(log) = completion.log.as_mut() {
+            log.route = rule.name.as_deref().map(str::to_owned);
+        }
+        if let Some(status) = rule.unavailable {
+            return Err(ProxyError::Unavailable(status));
+        }
+        let matched_prefix = hit.matched.path.prefix();
+
+        if let Some(response) = answer_locally(&rule.filters, &parts, &host, conn, matched_prefix) {
+            return Ok(response);
+        }
+        let backend = rule.backends.pick().ok_or(ProxyError::NoBackend)?;
+        if let Some(response) =
+            answer_locally(&backend.filters, &parts, &host, conn, matched_prefix)
+        {
+            return Ok(response);
+        }
+        if let Some(status) = backend.unavailable {
+            return Err(ProxyError::Unavailable(status));
+        }
+        let upstream = backend.upstream.as_ref().ok_or(ProxyError::NoBackend)?;
+
+        let origin = (rule.filters.cors.is_some() || backend.filters.cors.is_some())
+            .then(|| parts.headers.get(header::ORIGIN).cloned())
+            .flatten();
+        rule.filters.apply_request(&mut parts, matched_prefix);
+        backend.filters.apply_request(&mut parts, matched_prefix);
+
+        let upgrade = if is_upgrade(&parts.headers) {
+            parts.extensions.remove::<hyper::upgrade::OnUpgrade>()
+        } else {
+            None
+        };
+        prepare_forward_headers(&mut parts.headers, conn, upgrade.is_some());
+
+        let host_metrics = routes.host_metrics(Some(hit.bucket.id));
+        let counted = body::Counted::new(body, host_metrics.request_bytes.clone());
+        let replay_needed = rule.retry.is_some()
+            || !rule.filters.mirrors.is_empty()
+            || !backend.filters.mirrors.is_empty();
+        let body = Payload::read(counted, replay_needed).await?;
+
+        if let Some(bytes) = body.replayable() {
+            for mirror in rule
+                .filters
+                .mirrors
+                .iter()
+                .chain(backend.filters.mirrors.iter())
+            {
+                self.mirror(&mirror.upstream, mirror.percent, &parts, bytes.clone());
+            }
+        } else if !rule.filters.mirrors.is_empty() || !backend.filters.mirrors.is_empty() {
+            self.shared.metrics.mirrors_dropped.inc();
+        }
+
+        let exchange = self.exchange(rule, backend, upstream, &parts, body, host_metrics);
+        let mut response = match rule.request_timeout {
+            Some(limit) => tokio::time::timeout(limit, exchange)
+                .await
+                .map_err(|_| ProxyError::RequestTimeout)??,
+            None => exchange.await?,
+        };
+
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            if let Some(client_side) = upgrade {
+                self.splice_upgrade(client_side, &mut response);
+            }
+        } else {
+            strip_hop_by_hop(response.headers_mut(), false);
+        }
+        rule.filters.apply_response(response.headers_mut());
+        backend.filters.apply_response(response.headers_mut());
+        if let Some(origin) = origin {
+            let mut req_headers = HeaderMap::new();
+            req_headers.insert(header::ORIGIN, origin);
+            for cors in [&rule.filters.cors, &backend.filters.cors]
+                .into_iter()
+                .flatten()
+            {
+                cors.decorate(&req_headers, response.headers_mut());
+            }
+        }
+        Ok(response.map(Reply::Upstream))
+    }
+
+    /// Tries the backend (and retries as the rule says) until a response head arrives.
+    async fn exchange(
+        &self,
+        rule: &Rule,
+        first: &Backend,
+        upstream: &Arc<Upstream>,
+        parts: &http::request::Parts,
+        body: Payload,
+        host_metrics: &HostMetrics,
+    ) -> Result<Response<hyper::body::Incoming>, ProxyError> {
+        let per_try = rule.backend_timeout.unwrap_or(self.shared.header_timeout);
+        let (attempts, backoff) = match (&rule.retry, &body) {
+            (Some(r), Payload::Replayable(_)) => (r.attempts, r.backoff),
+            _ => (0, Duration::ZERO),
+        };
+        let mut body = Some(body);
+        let mut target = upstream.clone();
+        let mut tries = 0u32;
+        loop {
+            let try_body = match body.as_ref() {
+                Some(Payload::Replayable(bytes)) if tries < attempts => body::full(bytes.clone()),
+                _ => match body.take() {
+                    Some(p) => p.into_body(),
+                    None => return Err(ProxyError::NoBackend),
+                },
+            };
+            let req = upstream_request(parts, &target, try_body)?;
+            let result = target.send(req, Some(per_try)).await;
+            let retryable = match &result {
+                Ok(resp) => rule
+                    .retry
+                    .as_ref()
+                    .is_some_and(|r| r.codes.contains(&resp.status().as_u16())),
+                Err(e) => {
+                    if tries < attempts {
+                        host_metrics.backend_error(e.label()).inc();
+                    }
+                    e.is_connection_error()
+                }
+            };
+            if !retryable || tries >= attempts {
+                return result.map_err(ProxyError::from);
+            }
+            tries += 1;
+            if !backoff.is_zero() {
+                tokio::time::sleep(backoff).await;
+            }
+            // Another endpoint of the same rule, when that changes nothing else about the request.
+            if first.filters.is_empty() {
+                if let Some(next) = rule.backends.pick() {
+                    if let (Some(up), true, None) =
+                        (&next.upstream, next.filters.is_empty(), next.unavailable)
+                    {
+                        target = up.clone();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends a copy of the request to a mirror, never delaying the original.
+    fn mirror(
+        &self,
+        upstream: &Arc<Upstream>,
+        percent: u32,
+        parts: &http::request::Parts,
+        body: Bytes,
+    ) {
+        if percent < 100 && rand::random_range(0..100) >= percent {
+            return;
+        }
+        let Ok(permit) = self.shared.mirrors.clone().try_acquire_owned() else {
+            self.shared.metrics.mirrors_dropped.inc();
+            return;
+        };
+        let Ok(req) = upstream_request(parts, upstream, body::full(body)) else {
+            return;
+        };
+        let upstream = upstream.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            match upstream.send(req, Some(MIRROR_TIMEOUT)).await {
+                Ok(resp) => {
+                    let _ = tokio::time::timeout(MIRROR_TIMEOUT, resp.into_body().collect()).await;
+                }
+                Err(e) => tracing::debug!(error = %e, "mirror request failed"),
+            }
+        });
+    }
+
+    /// Joins the client's and the backend's upgraded connections after a `101`.
+    fn splice_upgrade(
+        &self,
+        client_side: hyper::upgrade::OnUpgrade,
+        response: &mut Response<hyper::body::Incoming>,
+    ) {
+        let backend_side = hyper::upgrade::on(&mut *response);
+        let gauge = self.shared.metrics.websocket_sessions.clone();
+        tokio::spawn(async move {
+            let (client, backend) = match tokio::try_join!(client_side, backend_side) {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::debug!(error = %e, "upgrade failed");
+                    return;
+                }
+            };
+            gauge.inc();
+            let mut client = hyper_util::rt::TokioIo::new(client);
+            let mut backend = hyper_util::rt::TokioIo::new(backend);
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut backend).await;
+            gauge.dec();
+        });
+    }
+}
+
+/// A response body before it is wrapped for accounting.
+enum Reply {
+    Upstream(hyper::body::Incoming),
+    Local(Bytes),
+}
+
+/// Redirects and CORS preflights, which the proxy answers without a backend.
+fn answer_locally(
+    filters: &Filters,
+    parts: &http::request::Parts,
+    host: &str,
+    conn: ConnInfo,
+    matched_prefix: Option<&str>,
+) -> Option<Response<Reply>> {
+    if let Some(redirect) = &filters.redirect {
+        let scheme = parts.uri.scheme_str().unwrap_or(conn.scheme);
+        let mut response = Response::new(Reply::Local(Bytes::new()));
+        match redirect.location(
+            scheme,
+            host,
+            parts.uri.path(),
+            parts.uri.query(),
+            matched_prefix,
+        ) {
+            Ok(location) => {
+                *response.status_mut() = redirect.status;
+                response.headers_mut().insert(header::LOCATION, location);
+            }
+            Err(_) => *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR,
+        }
+        filters.apply_response(response.headers_mut());
+        return Some(response);
+    }
+    if let Some(cors) = &filters.cors {
+        if Cors::is_preflight(&parts.method, &parts.headers) {
+            let mut response = Response::new(Reply::Local(Bytes::new()));
+            *response.status_mut() = StatusCode::NO_CONTENT;
+            *response.headers_mut() = cors.preflight(&parts.headers);
+            return Some(response);
+        }
+    }
+    None
+}
+
+/// The request body as the exchange needs it.
+enum Payload {
+    /// Buffered (or empty): can be sent more than once.
+    Replayable(Bytes),
+    /// Streamed: one try only.
+    Stream(ProxyBody),
+}
+
+impl Payload {
+    async fn read<B>(body: B, replay_needed: bool) -> Result<Self, ProxyError>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        if body.is_end_stream() {
+            return Ok(Self::Replayable(Bytes::new()));
+        }
+        let small = body
+            .size_hint()
+            .upper()
+            .is_some_and(|n| n <= MAX_REPLAY_BODY);
+        if replay_needed && small {
+            let collected = http_body_util::Limited::new(body, MAX_REPLAY_BODY as usize)
+                .collect()
+                .await
+                .map_err(|_| ProxyError::BadRequest("request body could not be read\n"))?;
+            return Ok(Self::Replayable(collected.to_bytes()));
+        }
+        Ok(Self::Stream(body::boxed(body)))
+    }
+
+    fn replayable(&self) -> Option<&Bytes> {
+        match self {
+            Self::Replayable(b) => Some(b),
+            Self::Stream(_) => None,
+        }
+    }
+
+    fn into_body(self) -> ProxyBody {
+        match self {
+            Self::Replayable(b) if b.is_empty() => crate::forward::empty_body(),
+            Self::Replayable(b) => body::full(b),
+            Self::Stream(b) => b,
+        }
+    }
+}
+
+/// Builds the request for one try against `upstream`.
+fn upstream_request(
+    parts: &http::request::Parts,
+    upstream: &Upstream,
+    body: ProxyBody,
+) -> Result<Request<ProxyBody>, ProxyError> {
+    let host = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| parts.uri.authority().map(|a| a.as_str()));
+    let authority = host
+        .and_then(|h| http::uri::Authority::try_from(h).ok())
+        .unwrap_or_else(|| upstream.authority().clone());
+    let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let path_and_query: Cow<'_, str> = match upstream.base_path() {
+        Some(base) => Cow::Owned(format!("{base}{pq}")),
+        None => Cow::Borrowed(pq),
+    };
+    let uri = Uri::builder()
+        .scheme(upstream.scheme().clone())
+        .authority(authority.clone())
+        .path_and_query(&*path_and_query)
+        .build()
+        .map_err(|_| ProxyError::BadRequest("request target cannot be forwarded\n"))?;
+    let mut req = Request::new(body);
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = uri;
+    *req.headers_mut() = parts.headers.clone();
+    if upstream.is_h2() {
+        *req.version_mut() = Version::HTTP_2;
+        req.headers_mut().remove(header::HOST);
+    } else {
+        *req.version_mut() = Version::HTTP_11;
+        if !req.headers().contains_key(header::HOST) {
+            if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
+                req.headers_mut().insert(header::HOST, v);
+            }
+        }
+    }
+    Ok(req)
+}
+
+/// The request's host for routing: `Host` (or `:authority`), port removed, lower-cased.
+fn request_host(parts: &http::request::Parts) -> Cow<'_, str> {
+    let raw = parts
+        .uri
+        .authority()
+        .map(|a| a.as_str())
+        .or_else(|| {
+            parts
+                .headers
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+        })
+        .unwrap_or("");
+    let raw = raw.rsplit_once('@').map_or(raw, |(_, h)| h);
+    let host = if raw.starts_with('[') {
+        raw.find(']').map_or(raw, |i| &raw[..=i])
+    } else {
+        raw.split_once(':').map_or(raw, |(h, _)| h)
+    };
+    let host = host.strip_suffix('.').unwrap_or(host);
+    if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(host.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(host)
+    }
+}
+
+fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers.get_all(header::CONNECTION).iter().any(|v| {
+            v.to_str().is_ok_and(|v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            })
+        })
+}
+
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+/// Removes hop-by-hop headers (RFC 9110 §7.6.1), keeping the upgrade pair when upgrading.
+fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .filter(|n| !(keep_upgrade && n == header::UPGRADE))
+        .collect();
+    for name in listed {
+        headers.remove(name);
+    }
+    if !keep_upgrade {
+        headers.remove(header::CONNECTION);
+        headers.remove(header::UPGRADE);
+    }
+    headers.remove(&KEEP_ALIVE);
+    headers.remove(&PROXY_CONNECTION);
+    headers.remove(header::PROXY_AUTHORIZATION);
+    headers.remove(header::TRAILER);
+    headers.remove(header::TRANSFER_ENCODING);
+    // `te: trailers` is end-to-end for gRPC; other TE values are hop-by-hop.
+    let te_trailers = headers
+        .get(header::TE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    if !te_trailers {
+        headers.remove(header::TE);
+    }
+}
+
+fn prepare_forward_headers(headers: &mut HeaderMap, conn: ConnInfo, upgrade: bool) {
+    strip_hop_by_hop(headers, upgrade);
+    if upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    if conn.trusted_forwarding {
+        return;
+    }
+    if let Some(peer) = conn.peer {
+        let ip = peer.ip().to_string();
+        let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+            Some(prior) => format!("{prior}, {ip}"),
+            None => ip,
+        };
+        if let Ok(v) = HeaderValue::try_from(value) {
+            headers.insert(X_FORWARDED_FOR.clone(), v);
+        }
+    }
+    headers.insert(
+        X_FORWARDED_PROTO.clone(),
+        HeaderValue::from_static(conn.scheme),
+    );
+}
+
+/// Records a request's metrics and access-log line once, when its response ends or is dropped.
+#[derive(Debug)]
+pub(crate) struct Completion {
+    shared: Arc<Shared>,
+    routes: Arc<Routes>,
+    bucket: Option<usize>,
+    status: u16,
+    bytes: u64,
+    start: Instant,
+    log: Option<Box<crate::access_log::Fields>>,
+    done: bool,
+}
+
+impl Completion {
+    pub(crate) fn add_bytes(&mut self, n: usize) {
+        self.bytes += n as u64;
+    }
+
+    pub(crate) fn finish(mut self) {
+        self.record(false);
+    }
+
+    pub(crate) fn abort(mut self) {
+        self.record(true);
+    }
+
+    fn record(&mut self, aborted: bool) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let elapsed = self.start.elapsed();
+        let host = self.routes.host_metrics(self.bucket);
+        let class = match (aborted, self.status / 100) {
+            (true, _) => StatusClass::Aborted,
+            (_, 1) => StatusClass::S1xx,
+            (_, 2) => StatusClass::S2xx,
+            (_, 3) => StatusClass::S3xx,
+            (_, 4) => StatusClass::S4xx,
+            _ => StatusClass::S5xx,
+        };
+        host.duration.observe(elapsed.as_secs_f64());
+        host.request(class).inc();
+        host.response_bytes.inc_by(self.bytes);
+        self.shared.metrics.in_flight.dec();
+        if let (Some(log), Some(sink)) = (self.log.take(), &self.shared.access_log) {
+            sink.write(&log, self.status, self.bytes, elapsed, aborted);
+        }
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        self.record(true);
+    }
+}

@@ -1,0 +1,89 @@
+//! What a matched rule does: filters, weighted backends, timeouts, retries.
+
+use crate::filter::Filters;
+use crate::forward::Upstream;
+use http::StatusCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug)]
+pub struct Rule {
+    /// `<ns>/<route>/<rule>`, for logs.
+    pub name: Option<Box<str>>,
+    pub filters: Filters,
+    pub backends: Backends,
+    /// Bounds the whole exchange, retries included. `None`: unbounded.
+    pub request_timeout: Option<Duration>,
+    /// Bounds each try until the response head. `None`: the proxy default.
+    pub backend_timeout: Option<Duration>,
+    /// Fail closed: answer this status instead of proxying.
+    pub unavailable: Option<StatusCode>,
+    pub retry: Option<RetryPolicy>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Response statuses that trigger another try; connection errors always do.
+    pub codes: Box<[u16]>,
+    /// Tries after the first.
+    pub attempts: u32,
+    pub backoff: Duration,
+}
+
+#[derive(Debug)]
+pub struct Backend {
+    /// `None` only when `unavailable` is set (a backend that must not be dialled).
+    pub upstream: Option<Arc<Upstream>>,
+    pub filters: Filters,
+    pub unavailable: Option<StatusCode>,
+    pub weight: u32,
+}
+
+/// Backends with cumulative weights for O(log n) weighted choice.
+#[derive(Debug, Default)]
+pub struct Backends {
+    list: Box<[Backend]>,
+    cumulative: Box<[u64]>,
+    total: u64,
+}
+
+impl Backends {
+    pub fn new(list: Vec<Backend>) -> Self {
+        let mut total = 0u64;
+        let cumulative = list
+            .iter()
+            .map(|b| {
+                total += u64::from(b.weight);
+                total
+            })
+            .collect();
+        Self {
+            list: list.into_boxed_slice(),
+            cumulative,
+            total,
+        }
+    }
+
+    /// Picks a backend by weight; weight 0 is never picked. `None` when every weight is 0.
+    pub fn pick(&self) -> Option<&Backend> {
+        self.pick_with(|total| rand::random_range(0..total))
+    }
+
+    /// Picks with a caller-provided draw in `0..total` (deterministic in tests).
+    pub fn pick_with(&self, draw: impl FnOnce(u64) -> u64) -> Option<&Backend> {
+        if self.total == 0 {
+            return None;
+        }
+        let r = draw(self.total);
+        let i = self.cumulative.partition_point(|&c| c <= r);
+        self.list.get(i)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+}
