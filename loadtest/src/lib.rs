@@ -10,3 +10,4 @@
 //! Nothing here is used on the proxy's request path; the crate is test and measurement tooling.
 
 pub mod echo;
+pub mod harness;

@@ -63,10 +63,19 @@ fn main() -> anyhow::Result<()> {
             server.http_addr(),
             server.h2c_addr()
         );
-        tokio::signal::ctrl_c()
-            .await
-            .context("waiting for the shutdown signal")?;
+        wait_for_signal().await?;
         server.shutdown().await;
         Ok(())
     })
+}
+
+/// SIGINT or SIGTERM (what a container runtime or the load harness sends).
+async fn wait_for_signal() -> anyhow::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
+        _ = term.recv() => {}
+    }
+    Ok(())
 }

@@ -1,0 +1,173 @@
+//! `cftunnel-loadtest`: requests/s, p50/p99 latency, errors and memory of the echo backend
+//! direct, through `cftunnel-proxy` and through nginx, in one run, with ratios.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use cftunnel_loadtest::echo::parse_go_duration;
+use cftunnel_loadtest::harness::process::{find_program, pin_current_process, CpuList};
+use cftunnel_loadtest::harness::report::Outcome;
+use cftunnel_loadtest::harness::scenario::Scenario;
+use cftunnel_loadtest::harness::{self, RunConfig};
+use clap::Parser;
+
+/// Load harness: echo backend direct vs. through cftunnel-proxy vs. through nginx.
+///
+/// CPU pinning (defaults for a 2-CPU machine): the server under test (proxy or nginx) runs
+/// alone on --server-cpus; the load generator and the echo backend share --load-cpus and
+/// --echo-cpus. The proxy's worker threads equal nginx's worker processes (--workers).
+#[derive(Parser, Debug)]
+#[command(name = "cftunnel-loadtest", version)]
+struct Args {
+    /// Scenarios to run, in order.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "direct,proxy,nginx"
+    )]
+    scenarios: Vec<Scenario>,
+    /// Measurement window per scenario (Go duration: 10s, 1m).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    duration: Duration,
+    /// Load before the measurement window, not recorded.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    warmup: Duration,
+    /// Concurrent keep-alive HTTP/1.1 connections, one request in flight on each.
+    #[arg(long, default_value_t = 32)]
+    connections: usize,
+    /// Proxy worker threads (PROXY_WORKER_THREADS) and nginx worker_processes.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Request target of every load request.
+    #[arg(long, default_value = "/loadtest")]
+    path: String,
+    /// cftunnel-proxy binary [default: next to this binary, i.e. target/release/cftunnel-proxy].
+    #[arg(long)]
+    proxy_bin: Option<PathBuf>,
+    /// cftunnel-echo binary [default: next to this binary]; if absent the echo backend runs
+    /// inside the harness process.
+    #[arg(long)]
+    echo_bin: Option<PathBuf>,
+    /// nginx binary [default: looked up on PATH and in /usr/sbin].
+    #[arg(long)]
+    nginx_bin: Option<PathBuf>,
+    /// CPUs of the load generator (this process).
+    #[arg(long, default_value = "0")]
+    load_cpus: CpuList,
+    /// CPUs of the server under test (proxy, nginx).
+    #[arg(long, default_value = "1")]
+    server_cpus: CpuList,
+    /// CPUs of the echo backend.
+    #[arg(long, default_value = "0")]
+    echo_cpus: CpuList,
+    /// Do not pin anything with taskset.
+    #[arg(long)]
+    no_pin: bool,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Keep the generated configs and server logs (path printed at start).
+    #[arg(long)]
+    keep_scratch: bool,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    parse_go_duration(s).map_err(|e| e.to_string())
+}
+
+fn main() -> anyhow::Result<()> {
+    let Args {
+        scenarios,
+        duration,
+        warmup,
+        connections,
+        workers,
+        path,
+        proxy_bin,
+        echo_bin,
+        nginx_bin,
+        load_cpus,
+        server_cpus,
+        echo_cpus,
+        no_pin,
+        json,
+        keep_scratch,
+    } = Args::parse();
+    if !path.starts_with('/') {
+        bail!("--path must start with '/'");
+    }
+    if connections == 0 || workers == 0 {
+        bail!("--connections and --workers must be at least 1");
+    }
+    let own_dir = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(PathBuf::from));
+    let sibling = |name: &str| own_dir.as_ref().map(|d| d.join(name));
+    let proxy_bin = proxy_bin
+        .or_else(|| sibling("cftunnel-proxy"))
+        .unwrap_or_else(|| PathBuf::from("target/release/cftunnel-proxy"));
+    let echo_bin = echo_bin.or_else(|| sibling("cftunnel-echo"));
+    let nginx_bin = nginx_bin.or_else(|| find_program("nginx"));
+
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let pin = !no_pin && find_program("taskset").is_some();
+    if !no_pin && !pin {
+        eprintln!("taskset not found: running unpinned");
+    }
+    if pin {
+        for (flag, list) in [
+            ("--load-cpus", &load_cpus),
+            ("--server-cpus", &server_cpus),
+            ("--echo-cpus", &echo_cpus),
+        ] {
+            if list.max_cpu().is_some_and(|c| c >= cpus) {
+                bail!("{flag} {list}: this machine has CPUs 0-{}", cpus - 1);
+            }
+        }
+        pin_current_process(&load_cpus).context("pinning the load generator")?;
+    }
+    let pinned = |list: CpuList| pin.then_some(list);
+    let load_threads = if pin { load_cpus.count() } else { cpus };
+    let config = RunConfig {
+        scenarios,
+        duration,
+        warmup,
+        connections,
+        workers,
+        path,
+        proxy_bin,
+        echo_bin,
+        nginx_bin,
+        server_cpus: pinned(server_cpus),
+        echo_cpus: pinned(echo_cpus),
+        load_cpus: pinned(load_cpus),
+        keep_scratch,
+    };
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(load_threads.max(1))
+        .enable_all()
+        .build()
+        .context("building the load generator runtime")?;
+    let report = runtime
+        .block_on(harness::run(&config, &|line| eprintln!("{line}")))
+        .context("load run")?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).context("encoding the report")?
+        );
+    } else {
+        print!("{}", report.render_table());
+    }
+    if report
+        .scenarios
+        .iter()
+        .any(|s| s.outcome == Outcome::Failed)
+    {
+        std::process::exit(2);
+    }
+    Ok(())
+}

@@ -1,0 +1,243 @@
+//! The load harness: starts the echo backend, then for each scenario starts the server under
+//! test, checks one request end to end, drives closed-loop load at it, records latency
+//! percentiles, throughput, errors and the server's memory, and stops it again.
+//!
+//! Fairness: the server under test is pinned to its own CPUs (`server_cpus`), the load
+//! generator and the echo backend share the others, and the proxy gets as many worker
+//! threads as nginx gets worker processes. The `direct` baseline therefore measures what the
+//! client side plus origin can do on their CPUs alone; the other scenarios add one hop on a
+//! CPU of its own.
+
+pub mod load;
+pub mod memory;
+pub mod process;
+pub mod report;
+pub mod scenario;
+pub mod stats;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::echo::{EchoConfig, EchoIdentity, EchoServer};
+use load::LoadSpec;
+use memory::Memory;
+use process::{free_port, probe, CpuList, ProcessError, ScratchDir, ServerProcess};
+use report::{Outcome, Report, ScenarioReport, Settings};
+use scenario::{Scenario, ScenarioEnv, LOAD_HOST};
+
+const ECHO_READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Everything one run needs.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub scenarios: Vec<Scenario>,
+    pub duration: Duration,
+    pub warmup: Duration,
+    pub connections: usize,
+    /// Proxy worker threads and nginx worker processes.
+    pub workers: usize,
+    /// Request target of the load, e.g. `/loadtest`.
+    pub path: String,
+    pub proxy_bin: PathBuf,
+    /// The `cftunnel-echo` binary; when missing, the echo backend runs inside the harness.
+    pub echo_bin: Option<PathBuf>,
+    pub nginx_bin: Option<PathBuf>,
+    /// CPUs for the server under test and for the echo backend; `None`: no pinning.
+    pub server_cpus: Option<CpuList>,
+    pub echo_cpus: Option<CpuList>,
+    /// Recorded in the report only: the harness pins itself before its runtime starts.
+    pub load_cpus: Option<CpuList>,
+    /// Keep the scratch directory (configs, logs) after the run.
+    pub keep_scratch: bool,
+}
+
+/// A failure that stops the whole run (scenario failures are reported, not raised).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("creating the scratch directory: {0}")]
+    Scratch(std::io::Error),
+    #[error("starting the echo backend: {0}")]
+    EchoProcess(#[from] ProcessError),
+    #[error("starting the in-process echo backend: {0}")]
+    EchoInProcess(std::io::Error),
+    #[error("no free port for the echo backend: {0}")]
+    Port(std::io::Error),
+}
+
+/// The origin all scenarios forward to.
+enum EchoBackend {
+    Process(ServerProcess, SocketAddr),
+    InProcess(EchoServer),
+}
+
+impl EchoBackend {
+    fn addr(&self) -> SocketAddr {
+        match self {
+            Self::Process(_, addr) => *addr,
+            Self::InProcess(server) => server.http_addr(),
+        }
+    }
+
+    async fn stop(self) {
+        match self {
+            Self::Process(process, _) => process.stop().await,
+            Self::InProcess(server) => server.shutdown().await,
+        }
+    }
+}
+
+async fn start_echo(cfg: &RunConfig, scratch: &ScratchDir) -> Result<EchoBackend, RunError> {
+    let identity = EchoIdentity {
+        namespace: "loadtest".to_owned(),
+        pod: "echo-loadtest-0".to_owned(),
+    };
+    let Some(bin) = cfg.echo_bin.as_ref().filter(|b| b.is_file()) else {
+        let server = EchoServer::start(EchoConfig {
+            http_addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
+            h2c_addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
+            identity,
+            record_log: false,
+            print_log: false,
+        })
+        .await
+        .map_err(RunError::EchoInProcess)?;
+        return Ok(EchoBackend::InProcess(server));
+    };
+    let http = free_port().map_err(RunError::Port)?;
+    let h2c = free_port().map_err(RunError::Port)?;
+    let threads = cfg.echo_cpus.as_ref().map_or(1, CpuList::count).max(1);
+    let args = vec![
+        "--http-addr".to_owned(),
+        http.to_string(),
+        "--h2c-addr".to_owned(),
+        h2c.to_string(),
+        "--quiet".to_owned(),
+        "--worker-threads".to_owned(),
+        threads.to_string(),
+    ];
+    let env = vec![
+        ("NAMESPACE".to_owned(), identity.namespace),
+        ("POD_NAME".to_owned(), identity.pod),
+    ];
+    let mut process = ServerProcess::spawn(
+        "echo",
+        bin,
+        &args,
+        &env,
+        &[],
+        cfg.echo_cpus.as_ref(),
+        scratch.path(),
+    )?;
+    process
+        .wait_ready(http, &http.to_string(), "/health", ECHO_READY_TIMEOUT)
+        .await?;
+    Ok(EchoBackend::Process(process, http))
+}
+
+/// Runs every configured scenario in order. `progress` receives one line per step.
+pub async fn run(cfg: &RunConfig, progress: &dyn Fn(&str)) -> Result<Report, RunError> {
+    let scratch = ScratchDir::create(cfg.keep_scratch).map_err(RunError::Scratch)?;
+    let echo = start_echo(cfg, &scratch).await?;
+    progress(&format!(
+        "echo backend on {} ({})",
+        echo.addr(),
+        match &echo {
+            EchoBackend::Process(..) => "child process",
+            EchoBackend::InProcess(_) => "in-process: cftunnel-echo binary not found",
+        }
+    ));
+    if cfg.keep_scratch {
+        progress(&format!("configs and logs in {}", scratch.path().display()));
+    }
+    let env = ScenarioEnv {
+        echo_addr: echo.addr(),
+        workers: cfg.workers,
+        server_cpus: cfg.server_cpus.as_ref(),
+        proxy_bin: &cfg.proxy_bin,
+        nginx_bin: cfg.nginx_bin.as_ref(),
+        scratch: scratch.path(),
+    };
+    let mut scenarios = Vec::new();
+    for &scenario in &cfg.scenarios {
+        progress(&format!("{}: starting", scenario.name()));
+        let report = run_scenario(scenario, &env, cfg).await;
+        match (&report.outcome, &report.reason) {
+            (Outcome::Ok, _) => progress(&format!("{}: done", scenario.name())),
+            (outcome, reason) => progress(&format!(
+                "{}: {}: {}",
+                scenario.name(),
+                outcome.as_str(),
+                reason.as_deref().unwrap_or("")
+            )),
+        }
+        scenarios.push(report);
+    }
+    echo.stop().await;
+    Ok(Report::new(settings(cfg), scenarios))
+}
+
+fn settings(cfg: &RunConfig) -> Settings {
+    let cpus = |c: &Option<CpuList>| c.as_ref().map(|c| c.to_string());
+    Settings {
+        duration_s: cfg.duration.as_secs_f64(),
+        warmup_s: cfg.warmup.as_secs_f64(),
+        connections: cfg.connections,
+        workers: cfg.workers,
+        path: cfg.path.clone(),
+        load_cpus: cpus(&cfg.load_cpus),
+        server_cpus: cpus(&cfg.server_cpus),
+        echo_cpus: cpus(&cfg.echo_cpus),
+    }
+}
+
+async fn run_scenario(
+    scenario: Scenario,
+    env: &ScenarioEnv<'_>,
+    cfg: &RunConfig,
+) -> ScenarioReport {
+    let mut report = ScenarioReport::new(scenario);
+    let target = match scenario.start(env).await {
+        Ok(target) => target,
+        Err(e) => {
+            report.outcome = if e.is_skip() {
+                Outcome::Skipped
+            } else {
+                Outcome::Failed
+            };
+            report.reason = Some(e.to_string());
+            return report;
+        }
+    };
+    let pid = target.server.as_ref().and_then(ServerProcess::pid);
+    match probe(target.addr, LOAD_HOST, &cfg.path).await {
+        Ok(200) => {}
+        other => {
+            report.outcome = Outcome::Failed;
+            report.reason = Some(match other {
+                Ok(status) => format!("first request answered {status}, expected 200"),
+                Err(e) => format!("first request failed: {e}"),
+            });
+            target.stop().await;
+            return report;
+        }
+    }
+    report.memory_idle = read_memory(pid).await;
+    let spec = LoadSpec {
+        target: target.addr,
+        host: LOAD_HOST.to_owned(),
+        path: cfg.path.clone(),
+        connections: cfg.connections,
+        warmup: cfg.warmup,
+        duration: cfg.duration,
+    };
+    report.load = Some(load::run(&spec).await);
+    report.memory_after = read_memory(pid).await;
+    report.outcome = Outcome::Ok;
+    target.stop().await;
+    report
+}
+
+async fn read_memory(pid: Option<u32>) -> Option<Memory> {
+    memory::read(pid?).await
+}

@@ -1,0 +1,269 @@
+//! The run's result: per-scenario numbers, ratios between scenarios, as a table or JSON.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::memory::Memory;
+use super::scenario::Scenario;
+use super::stats::{Comparison, LoadSummary};
+
+/// The run's settings, echoed in the report so numbers can be compared across runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Settings {
+    pub duration_s: f64,
+    pub warmup_s: f64,
+    pub connections: usize,
+    pub workers: usize,
+    pub path: String,
+    pub load_cpus: Option<String>,
+    pub server_cpus: Option<String>,
+    pub echo_cpus: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Ok,
+    Skipped,
+    Failed,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Skipped => "skipped",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// One scenario's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioReport {
+    pub scenario: Scenario,
+    pub outcome: Outcome,
+    /// Why the scenario was skipped or failed.
+    pub reason: Option<String>,
+    pub load: Option<LoadSummary>,
+    /// Memory of the server under test after start-up and one request.
+    pub memory_idle: Option<Memory>,
+    /// Memory of the server under test right after the load.
+    pub memory_after: Option<Memory>,
+}
+
+impl ScenarioReport {
+    pub fn new(scenario: Scenario) -> Self {
+        Self {
+            scenario,
+            outcome: Outcome::Failed,
+            reason: None,
+            load: None,
+            memory_idle: None,
+            memory_after: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub settings: Settings,
+    pub scenarios: Vec<ScenarioReport>,
+    /// Every measured scenario against `direct`, and every proxying scenario against `nginx`.
+    pub comparisons: Vec<Comparison>,
+}
+
+/// Scenarios others are compared with, in this order.
+const BASELINES: [Scenario; 2] = [Scenario::Direct, Scenario::Nginx];
+
+impl Report {
+    pub fn new(settings: Settings, scenarios: Vec<ScenarioReport>) -> Self {
+        let measured = |s: Scenario| {
+            scenarios
+                .iter()
+                .find(|r| r.scenario == s && r.outcome == Outcome::Ok)
+                .and_then(|r| r.load.as_ref())
+        };
+        let mut comparisons = Vec::new();
+        for base in BASELINES {
+            let Some(baseline) = measured(base) else {
+                continue;
+            };
+            for r in &scenarios {
+                // direct is never compared with anything; nothing is compared with itself
+                if r.scenario == base || r.scenario == Scenario::Direct {
+                    continue;
+                }
+                if let Some(load) = measured(r.scenario) {
+                    comparisons.push(Comparison::between(
+                        r.scenario.name(),
+                        load,
+                        base.name(),
+                        baseline,
+                    ));
+                }
+            }
+        }
+        Self {
+            settings,
+            scenarios,
+            comparisons,
+        }
+    }
+
+    /// A plain-text table of the scenarios, then the ratios.
+    pub fn render_table(&self) -> String {
+        let s = &self.settings;
+        let mut out = String::new();
+        let cpus = |c: &Option<String>| c.clone().unwrap_or_else(|| "any".to_owned());
+        let _ = writeln!(
+            out,
+            "{} connections, {:.0}s measured after {:.0}s warm-up, GET {}, {} worker(s); CPUs: load {}, server {}, echo {}",
+            s.connections,
+            s.duration_s,
+            s.warmup_s,
+            s.path,
+            s.workers,
+            cpus(&s.load_cpus),
+            cpus(&s.server_cpus),
+            cpus(&s.echo_cpus),
+        );
+        let _ = writeln!(
+            out,
+            "\n{:<10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>14} {:>14}",
+            "scenario",
+            "req/s",
+            "requests",
+            "p50 ms",
+            "p90 ms",
+            "p99 ms",
+            "max ms",
+            "errors",
+            "RSS idle MiB",
+            "RSS/peak MiB"
+        );
+        for r in &self.scenarios {
+            let Some(l) = r.load.as_ref().filter(|_| r.outcome == Outcome::Ok) else {
+                let _ = writeln!(
+                    out,
+                    "{:<10} {}: {}",
+                    r.scenario.name(),
+                    r.outcome.as_str(),
+                    r.reason.as_deref().unwrap_or("")
+                );
+                continue;
+            };
+            let mib = |kib: u64| kib as f64 / 1024.0;
+            let idle = r
+                .memory_idle
+                .map_or("-".to_owned(), |m| format!("{:.1}", mib(m.rss_kib)));
+            let after = r.memory_after.map_or("-".to_owned(), |m| {
+                format!("{:.1}/{:.1}", mib(m.rss_kib), mib(m.hwm_kib))
+            });
+            let ms = |us: u64| us as f64 / 1000.0;
+            let _ = writeln!(
+                out,
+                "{:<10} {:>10.0} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>8} {:>14} {:>14}",
+                r.scenario.name(),
+                l.rps,
+                l.requests,
+                ms(l.p50_us),
+                ms(l.p90_us),
+                ms(l.p99_us),
+                ms(l.max_us),
+                l.errors,
+                idle,
+                after
+            );
+        }
+        if !self.comparisons.is_empty() {
+            let _ = writeln!(
+                out,
+                "\n{:<16} {:>10} {:>9} {:>9}",
+                "ratio", "req/s", "p50", "p99"
+            );
+            let fmt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.3}"));
+            for c in &self.comparisons {
+                let _ = writeln!(
+                    out,
+                    "{:<16} {:>10} {:>9} {:>9}",
+                    c.name,
+                    fmt(c.rps),
+                    fmt(c.p50),
+                    fmt(c.p99)
+                );
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn measured(scenario: Scenario, rps: f64, p50_us: u64) -> ScenarioReport {
+        let mut r = ScenarioReport::new(scenario);
+        r.outcome = Outcome::Ok;
+        r.load = Some(LoadSummary {
+            requests: 100,
+            errors: 0,
+            seconds: 1.0,
+            rps,
+            p50_us,
+            p90_us: p50_us,
+            p99_us: p50_us * 2,
+            max_us: p50_us * 3,
+            mean_us: p50_us as f64,
+        });
+        r
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            duration_s: 1.0,
+            warmup_s: 0.0,
+            connections: 1,
+            workers: 1,
+            path: "/".to_owned(),
+            load_cpus: None,
+            server_cpus: None,
+            echo_cpus: None,
+        }
+    }
+
+    #[test]
+    fn comparisons_cover_direct_and_nginx_baselines() {
+        let report = Report::new(
+            settings(),
+            vec![
+                measured(Scenario::Direct, 1000.0, 100),
+                measured(Scenario::Proxy, 500.0, 200),
+                measured(Scenario::Nginx, 800.0, 150),
+            ],
+        );
+        let names: Vec<&str> = report.comparisons.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["proxy/direct", "nginx/direct", "proxy/nginx"]);
+        assert_eq!(report.comparisons[0].rps, Some(0.5));
+        assert_eq!(report.comparisons[0].p50, Some(2.0));
+        assert_eq!(report.comparisons[2].rps, Some(0.625));
+        let table = report.render_table();
+        assert!(table.contains("proxy/nginx"), "{table}");
+    }
+
+    #[test]
+    fn skipped_scenarios_are_not_compared() {
+        let mut nginx = ScenarioReport::new(Scenario::Nginx);
+        nginx.outcome = Outcome::Skipped;
+        nginx.reason = Some("nginx is not installed".to_owned());
+        let report = Report::new(
+            settings(),
+            vec![measured(Scenario::Direct, 1000.0, 100), nginx],
+        );
+        assert!(report.comparisons.is_empty());
+        assert!(report
+            .render_table()
+            .contains("skipped: nginx is not installed"));
+    }
+}

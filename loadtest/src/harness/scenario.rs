@@ -1,0 +1,103 @@
+//! What the load is pointed at. Each scenario is one enum variant plus one `start` function
+//! that brings the server under test up and returns where to send requests; adding a
+//! scenario (e.g. through the tunnel) means a variant, a module and a match arm.
+
+mod direct;
+mod nginx;
+mod proxy;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use super::process::{CpuList, ProcessError, ServerProcess};
+
+/// A server arrangement to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// The load generator talks to the echo backend itself: the baseline.
+    Direct,
+    /// Through `cftunnel-proxy` in standalone mode, one rule forwarding to the echo backend.
+    Proxy,
+    /// Through nginx configured as the equivalent keep-alive reverse proxy.
+    Nginx,
+}
+
+impl Scenario {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::Proxy => "proxy",
+            Self::Nginx => "nginx",
+        }
+    }
+
+    /// Brings the scenario's server under test up.
+    pub async fn start(self, env: &ScenarioEnv<'_>) -> Result<Target, StartError> {
+        match self {
+            Self::Direct => direct::start(env).await,
+            Self::Proxy => proxy::start(env).await,
+            Self::Nginx => nginx::start(env).await,
+        }
+    }
+}
+
+/// `Host` header of every load request, the same in all scenarios so the bytes on the wire
+/// are identical.
+pub const LOAD_HOST: &str = "loadtest.example";
+
+/// What every scenario may use.
+pub struct ScenarioEnv<'a> {
+    /// The echo backend's HTTP address (already running).
+    pub echo_addr: SocketAddr,
+    /// Worker threads / processes for the server under test.
+    pub workers: usize,
+    /// CPUs for the server under test; `None` disables pinning.
+    pub server_cpus: Option<&'a CpuList>,
+    /// The `cftunnel-proxy` binary.
+    pub proxy_bin: &'a Path,
+    /// The nginx binary, if one was found.
+    pub nginx_bin: Option<&'a PathBuf>,
+    /// Directory for generated configs and logs.
+    pub scratch: &'a Path,
+}
+
+/// A started scenario: where to send load, and the process to watch and stop.
+pub struct Target {
+    pub addr: SocketAddr,
+    /// `Host` header to send.
+    pub host: String,
+    /// The server under test, when the scenario started one.
+    pub server: Option<ServerProcess>,
+}
+
+impl Target {
+    pub async fn stop(self) {
+        if let Some(server) = self.server {
+            server.stop().await;
+        }
+    }
+}
+
+/// Why a scenario did not run.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A prerequisite is missing (e.g. nginx not installed); not a failure of the product.
+    #[error("skipped: {0}")]
+    Skipped(String),
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    #[error("writing {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("no free port: {0}")]
+    Port(std::io::Error),
+}
+
+impl StartError {
+    pub fn is_skip(&self) -> bool {
+        matches!(self, Self::Skipped(_))
+    }
+}
