@@ -1,1 +1,816 @@
+use cftunnel_config::{Backend, BackendProtocol, Config, FilterType, PathMatchType, Rule};
 
+use super::binding::{intersect, Hosts};
+use super::*;
+use crate::manifest;
+
+const BASE: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: cf}
+spec: {controllerName: cf.k8s.lex.la/tunnel-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: someone-else}
+spec: {controllerName: example.com/other}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: infra, labels: {role: infra}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: apps, labels: {role: backend}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: web}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: infra}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: http, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: Same}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: v1, namespace: infra}
+spec:
+  ports:
+  - {name: http, port: 8080, targetPort: 3000}
+  - {name: grpc, port: 8081, targetPort: 3001, appProtocol: kubernetes.io/h2c}
+  - {name: ws, port: 8082, targetPort: 3000, appProtocol: kubernetes.io/ws}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: v1-a, namespace: infra, labels: {kubernetes.io/service-name: v1}}
+addressType: IPv4
+ports: [{name: http, port: 3000}, {name: grpc, port: 3001}, {name: ws, port: 3000}]
+endpoints:
+- addresses: [10.0.0.1]
+- addresses: [10.0.0.2]
+  conditions: {ready: true}
+- addresses: [10.0.0.3]
+  conditions: {ready: false}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: v2, namespace: infra}
+spec: {ports: [{name: http, port: 8080, targetPort: 3000}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: v2-a, namespace: infra, labels: {kubernetes.io/service-name: v2}}
+addressType: IPv4
+ports: [{name: http, port: 3000}]
+endpoints:
+- addresses: [10.0.1.1]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: down, namespace: infra}
+spec: {ports: [{port: 8080, targetPort: 3000}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: down-a, namespace: infra, labels: {kubernetes.io/service-name: down}}
+addressType: IPv4
+ports: [{port: 3000}]
+endpoints:
+- addresses: [10.0.2.1]
+  conditions: {ready: false}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: dns-only, namespace: infra}
+spec: {ports: [{port: 9000, targetPort: 9000}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: external, namespace: infra}
+spec: {type: ExternalName, externalName: api.example.net, ports: [{port: 443}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: web}
+spec: {ports: [{name: http, port: 8080, targetPort: 3000}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-a, namespace: web, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 3000}]
+endpoints:
+- addresses: [10.0.3.1]
+"#;
+
+fn snapshot(extra: &str) -> Snapshot {
+    let mut snapshot = Snapshot::default();
+    manifest::load_into(&mut snapshot, BASE, "base").expect("base manifests parse");
+    manifest::load_into(&mut snapshot, extra, "test").expect("test manifests parse");
+    snapshot
+}
+
+fn run(extra: &str) -> Output {
+    translate(&snapshot(extra), &Options::default())
+}
+
+fn shared(out: &Output) -> &Config {
+    out.configs.get(&PlaneKey::Shared).expect("shared plane")
+}
+
+fn route_status<'a>(out: &'a Output, ns: &str, name: &str) -> &'a [RouteParentStatus] {
+    out.statuses
+        .routes
+        .get(&RouteKey {
+            kind: RouteKind::Http,
+            key: ObjectKey::new(ns, name),
+        })
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
+fn condition(out: &Output, ns: &str, name: &str, kind: ConditionType) -> (bool, Reason) {
+    let parents = route_status(out, ns, name);
+    let c = parents
+        .first()
+        .and_then(|p| p.condition(kind))
+        .expect("condition present");
+    (c.status, c.reason)
+}
+
+fn http_route(ns: &str, name: &str, body: &str) -> String {
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n{body}\n---\n"
+    )
+}
+
+fn backend(url: &str, weight: u32) -> Backend {
+    Backend {
+        url: url.to_owned(),
+        weight,
+        ..Backend::default()
+    }
+}
+
+fn only_rule(out: &Output) -> &Rule {
+    let rules = &shared(out).rules;
+    assert_eq!(rules.len(), 1, "{rules:#?}");
+    &rules[0]
+}
+
+#[test]
+fn hostname_intersection_keeps_the_more_specific_name() {
+    let hosts = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let cases: &[(Option<&str>, &[&str], Option<Hosts>)] = &[
+        (None, &[], Some(Hosts::Any)),
+        (None, &["a.com"], Some(Hosts::Some(hosts(&["a.com"])))),
+        (Some("a.com"), &[], Some(Hosts::Some(hosts(&["a.com"])))),
+        (Some("a.com"), &["b.com"], None),
+        (
+            Some("*.wildcard.io"),
+            &["foo.wildcard.io", "wildcard.io", "x.y.wildcard.io"],
+            Some(Hosts::Some(hosts(&["foo.wildcard.io", "x.y.wildcard.io"]))),
+        ),
+        (
+            Some("very.specific.com"),
+            &["*.specific.com"],
+            Some(Hosts::Some(hosts(&["very.specific.com"]))),
+        ),
+        (
+            Some("*.example.com"),
+            &["*.foo.example.com"],
+            Some(Hosts::Some(hosts(&["*.foo.example.com"]))),
+        ),
+        (
+            Some("*.foo.example.com"),
+            &["*.example.com"],
+            Some(Hosts::Some(hosts(&["*.foo.example.com"]))),
+        ),
+        (
+            Some("*.example.com"),
+            &["*.example.org", "example.com"],
+            None,
+        ),
+        (
+            Some("*.anotherwildcard.io"),
+            &["*.anotherwildcard.io"],
+            Some(Hosts::Some(hosts(&["*.anotherwildcard.io"]))),
+        ),
+    ];
+    for (listener, route, want) in cases {
+        assert_eq!(
+            &intersect(*listener, &hosts(route)),
+            want,
+            "{listener:?} x {route:?}"
+        );
+    }
+}
+
+#[test]
+fn route_binds_by_section_name_and_port_or_reports_no_matching_parent() {
+    let out = run(&(http_route(
+        "infra",
+        "ok",
+        "  parentRefs: [{name: gw, sectionName: http, port: 80}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]",
+    ) + &http_route(
+        "infra",
+        "bad-section",
+        "  parentRefs: [{name: gw, sectionName: http1}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]",
+    ) + &http_route(
+        "infra",
+        "bad-port",
+        "  parentRefs: [{name: gw, port: 81}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]",
+    )));
+    assert_eq!(
+        condition(&out, "infra", "ok", ConditionType::Accepted),
+        (true, Reason::Accepted)
+    );
+    for name in ["bad-section", "bad-port"] {
+        assert_eq!(
+            condition(&out, "infra", name, ConditionType::Accepted),
+            (false, Reason::NoMatchingParent),
+            "{name}"
+        );
+    }
+    let gw = &out.statuses.gateways[&ObjectKey::new("infra", "gw")];
+    assert_eq!(gw.listeners[0].attached_routes, 1);
+    assert_eq!(shared(&out).rules.len(), 1);
+}
+
+#[test]
+fn allowed_routes_filter_namespaces_and_kinds() {
+    let gateways = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: selector, namespace: infra}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: http, port: 80, protocol: HTTP, hostname: sel.example.com, allowedRoutes: {namespaces: {from: Selector, selector: {matchLabels: {role: backend}}}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: grpc-only, namespace: infra}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: http, port: 80, protocol: HTTP, allowedRoutes: {kinds: [{kind: GRPCRoute}], namespaces: {from: All}}}
+---
+"#;
+    let routes = http_route(
+        "web",
+        "cross",
+        "  parentRefs: [{name: gw, namespace: infra}]\n  rules: [{backendRefs: [{name: web, port: 8080}]}]",
+    ) + &http_route(
+        "apps",
+        "selected",
+        "  parentRefs: [{name: selector, namespace: infra}]\n  rules: [{backendRefs: [{name: v2, namespace: infra, port: 8080}]}]",
+    ) + &http_route(
+        "web",
+        "not-selected",
+        "  parentRefs: [{name: selector, namespace: infra}]\n  rules: [{backendRefs: [{name: web, port: 8080}]}]",
+    ) + &http_route(
+        "infra",
+        "wrong-kind",
+        "  parentRefs: [{name: grpc-only}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]",
+    );
+    let out = run(&format!("{gateways}{routes}"));
+    assert_eq!(
+        condition(&out, "web", "cross", ConditionType::Accepted),
+        (false, Reason::NotAllowedByListeners)
+    );
+    assert_eq!(
+        condition(&out, "apps", "selected", ConditionType::Accepted),
+        (true, Reason::Accepted)
+    );
+    assert_eq!(
+        condition(&out, "web", "not-selected", ConditionType::Accepted),
+        (false, Reason::NotAllowedByListeners)
+    );
+    assert_eq!(
+        condition(&out, "infra", "wrong-kind", ConditionType::Accepted),
+        (false, Reason::NotAllowedByListeners)
+    );
+    let rule = only_rule(&out);
+    assert_eq!(rule.hostnames, vec!["sel.example.com".to_owned()]);
+}
+
+#[test]
+fn route_without_intersecting_hostname_is_not_attached() {
+    let gateway = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: named, namespace: infra}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: a, port: 80, protocol: HTTP, hostname: very.specific.com}
+  - {name: b, port: 80, protocol: HTTP, hostname: "*.wildcard.io"}
+---
+"#;
+    let out = run(&format!(
+        "{gateway}{}{}",
+        http_route(
+            "infra",
+            "none",
+            "  parentRefs: [{name: named}]\n  hostnames: [specific.com, wildcard.io]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]"
+        ),
+        http_route(
+            "infra",
+            "some",
+            "  parentRefs: [{name: named}]\n  hostnames: [non.matching.com, very.specific.com, foo.wildcard.io]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]"
+        )
+    ));
+    assert_eq!(
+        condition(&out, "infra", "none", ConditionType::Accepted),
+        (false, Reason::NoMatchingListenerHostname)
+    );
+    let gw = &out.statuses.gateways[&ObjectKey::new("infra", "named")];
+    assert_eq!(
+        gw.listeners
+            .iter()
+            .map(|l| l.attached_routes)
+            .collect::<Vec<_>>(),
+        vec![1, 1]
+    );
+    assert_eq!(
+        only_rule(&out).hostnames,
+        vec!["foo.wildcard.io".to_owned(), "very.specific.com".to_owned()]
+    );
+}
+
+#[test]
+fn service_weight_is_split_evenly_across_ready_endpoints() {
+    let out = run(&http_route(
+        "infra",
+        "split",
+        "  parentRefs: [{name: gw}]\n  rules: [{backendRefs: [{name: v1, port: 8080, weight: 3}, {name: v2, port: 8080, weight: 1}, {name: down, port: 8080, weight: 0}]}]",
+    ));
+    let rule = only_rule(&out);
+    let down = Backend {
+        unavailable_status: Some(503),
+        ..backend("http://down.infra.svc.cluster.local:8080", 0)
+    };
+    assert_eq!(
+        rule.backends,
+        vec![
+            backend("http://10.0.0.1:3000", 3),
+            backend("http://10.0.0.2:3000", 3),
+            backend("http://10.0.1.1:3000", 2),
+            down,
+        ]
+    );
+    assert_eq!(rule.name.as_deref(), Some("infra/split/0"));
+    assert_eq!(
+        condition(&out, "infra", "split", ConditionType::ResolvedRefs),
+        (true, Reason::ResolvedRefs)
+    );
+}
+
+#[test]
+fn app_protocol_dns_fallback_and_external_name_shape_the_backend() {
+    let out = run(&http_route(
+        "infra",
+        "kinds",
+        "  parentRefs: [{name: gw}]\n  rules:\n  - matches: [{path: {value: /h2c}}]\n    backendRefs: [{name: v1, port: 8081}]\n  - matches: [{path: {value: /ws}}]\n    backendRefs: [{name: v1, port: 8082}]\n  - matches: [{path: {value: /dns}}]\n    backendRefs: [{name: dns-only, port: 9000}]\n  - matches: [{path: {value: /ext}}]\n    backendRefs: [{name: external, port: 443}]",
+    ));
+    let rules = &shared(&out).rules;
+    let h2c = Backend {
+        protocol: BackendProtocol::H2c,
+        ..backend("http://10.0.0.1:3001", 1)
+    };
+    assert_eq!(rules[0].backends[0], h2c);
+    assert!(rules[1]
+        .backends
+        .iter()
+        .all(|b| b.websocket && b.url.ends_with(":3000")));
+    assert_eq!(
+        rules[2].backends,
+        vec![backend("http://dns-only.infra.svc.cluster.local:9000", 1)]
+    );
+    assert_eq!(
+        rules[3].backends,
+        vec![backend("http://api.example.net:443", 1)]
+    );
+}
+
+#[test]
+fn invalid_backend_references_fail_closed_with_the_spec_reason() {
+    let cases = [
+        (
+            "{group: unknown.example.com, kind: Thing, name: v1, port: 8080}",
+            Reason::InvalidKind,
+        ),
+        ("{name: missing, port: 8080}", Reason::BackendNotFound),
+        (
+            "{name: web, namespace: web, port: 8080}",
+            Reason::RefNotPermitted,
+        ),
+        ("{name: v1, port: 9999}", Reason::BackendNotFound),
+    ];
+    for (backend_ref, reason) in cases {
+        let out = run(&http_route(
+            "infra",
+            "r",
+            &format!("  parentRefs: [{{name: gw}}]\n  rules: [{{backendRefs: [{backend_ref}]}}]"),
+        ));
+        assert_eq!(
+            condition(&out, "infra", "r", ConditionType::ResolvedRefs),
+            (false, reason),
+            "{backend_ref}"
+        );
+        assert_eq!(
+            condition(&out, "infra", "r", ConditionType::Accepted),
+            (true, Reason::Accepted)
+        );
+        let rule = only_rule(&out);
+        assert_eq!(rule.backends.len(), 1);
+        assert_eq!(
+            rule.backends[0].unavailable_status,
+            Some(500),
+            "{backend_ref}"
+        );
+    }
+}
+
+#[test]
+fn reference_grant_permits_cross_namespace_backends() {
+    let grant = |to_name: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {{name: g, namespace: web}}\nspec:\n  from: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: infra}}]\n  to: [{{group: \"\", kind: Service, name: {to_name}}}]\n---\n"
+        )
+    };
+    let route = http_route(
+        "infra",
+        "r",
+        "  parentRefs: [{name: gw}]\n  rules: [{backendRefs: [{name: web, namespace: web, port: 8080}]}]",
+    );
+    let out = run(&format!("{}{route}", grant("web")));
+    assert_eq!(
+        only_rule(&out).backends,
+        vec![backend("http://10.0.3.1:3000", 1)]
+    );
+    let out = run(&format!("{}{route}", grant("other")));
+    assert_eq!(only_rule(&out).backends[0].unavailable_status, Some(500));
+}
+
+#[test]
+fn rules_without_backends_answer_500_unless_they_redirect() {
+    let out = run(&http_route(
+        "infra",
+        "r",
+        "  parentRefs: [{name: gw}]\n  rules:\n  - matches: [{path: {type: Exact, value: /none}}]\n  - matches: [{path: {type: Exact, value: /redirect}}]\n    filters: [{type: RequestRedirect, requestRedirect: {hostname: example.org}}]",
+    ));
+    let rules = &shared(&out).rules;
+    assert_eq!(rules[0].unavailable_status, Some(500));
+    assert_eq!(rules[1].unavailable_status, None);
+    let redirect = rules[1].filters[0]
+        .request_redirect
+        .as_ref()
+        .expect("redirect");
+    assert_eq!(redirect.hostname.as_deref(), Some("example.org"));
+    assert_eq!(
+        redirect.port,
+        Some(80),
+        "listener port fills an unset port and scheme"
+    );
+}
+
+#[test]
+fn rules_are_ordered_oldest_route_first_then_by_name() {
+    let routes = format!(
+        "{}{}{}",
+        http_route("infra", "b-new", "  parentRefs: [{name: gw}]\n  rules: [{matches: [{path: {value: /b}}], backendRefs: [{name: v2, port: 8080}]}]")
+            .replace("namespace: infra}", "namespace: infra, creationTimestamp: \"2026-01-02T00:00:00Z\"}"),
+        http_route("infra", "z-old", "  parentRefs: [{name: gw}]\n  rules: [{matches: [{path: {value: /z1}}], backendRefs: [{name: v2, port: 8080}]}, {matches: [{path: {value: /z2}}], backendRefs: [{name: v2, port: 8080}]}]")
+            .replace("namespace: infra}", "namespace: infra, creationTimestamp: \"2026-01-01T00:00:00Z\"}"),
+        http_route("infra", "a-new", "  parentRefs: [{name: gw}]\n  rules: [{matches: [{path: {value: /a}}], backendRefs: [{name: v2, port: 8080}]}]")
+            .replace("namespace: infra}", "namespace: infra, creationTimestamp: \"2026-01-02T00:00:00Z\"}"),
+    );
+    let out = run(&routes);
+    let names: Vec<_> = shared(&out)
+        .rules
+        .iter()
+        .filter_map(|r| r.name.as_deref())
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            "infra/z-old/0",
+            "infra/z-old/1",
+            "infra/a-new/0",
+            "infra/b-new/0"
+        ]
+    );
+}
+
+#[test]
+fn a_regex_that_does_not_compile_drops_its_rule() {
+    let out = run(&(http_route(
+        "infra",
+        "partial",
+        "  parentRefs: [{name: gw}]\n  rules:\n  - matches: [{path: {type: RegularExpression, value: \"/(\"}}]\n    backendRefs: [{name: v2, port: 8080}]\n  - name: good\n    matches: [{headers: [{type: RegularExpression, name: x, value: \"a+\"}]}]\n    backendRefs: [{name: v2, port: 8080}]",
+    ) + &http_route(
+        "infra",
+        "all-bad",
+        "  parentRefs: [{name: gw}]\n  rules: [{matches: [{queryParams: [{type: RegularExpression, name: q, value: \"[\"}]}], backendRefs: [{name: v2, port: 8080}]}]",
+    )));
+    assert_eq!(
+        condition(&out, "infra", "partial", ConditionType::PartiallyInvalid),
+        (true, Reason::UnsupportedValue)
+    );
+    assert_eq!(
+        condition(&out, "infra", "partial", ConditionType::Accepted),
+        (true, Reason::Accepted)
+    );
+    assert_eq!(
+        condition(&out, "infra", "all-bad", ConditionType::Accepted),
+        (false, Reason::UnsupportedValue)
+    );
+    let rule = only_rule(&out);
+    assert_eq!(rule.name.as_deref(), Some("infra/partial/good"));
+    let message = &route_status(&out, "infra", "partial")[0]
+        .condition(ConditionType::PartiallyInvalid)
+        .expect("partially invalid")
+        .message;
+    assert!(
+        message.contains("spec.rules[0].matches[0].path"),
+        "{message}"
+    );
+}
+
+#[test]
+fn filters_timeouts_and_retry_carry_over() {
+    let out = run(&http_route(
+        "infra",
+        "f",
+        r#"  parentRefs: [{name: gw}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /api/}, method: POST}]
+    filters:
+    - {type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: a, value: "1"}], add: [{name: b, value: "2"}], remove: [c]}}
+    - {type: URLRewrite, urlRewrite: {hostname: internal, path: {type: ReplacePrefixMatch, replacePrefixMatch: /v2}}}
+    - {type: RequestMirror, requestMirror: {backendRef: {name: v2, port: 8080}, fraction: {numerator: 25, denominator: 50}}}
+    - {type: CORS, cors: {allowOrigins: ["*"], allowMethods: [GET], maxAge: 60}}
+    backendRefs:
+    - name: v2
+      port: 8080
+      filters: [{type: ResponseHeaderModifier, responseHeaderModifier: {add: [{name: served-by, value: v2}]}}]
+    timeouts: {request: 10s, backendRequest: "0s"}
+    retry: {attempts: 2, codes: [500, 503], backoff: 100ms}
+  - matches: [{path: {value: /secure}}]
+    filters: [{type: RequestRedirect, requestRedirect: {scheme: https, statusCode: 301}}]"#,
+    ));
+    let rules = &shared(&out).rules;
+    let r = &rules[0];
+    let m = &r.matches[0];
+    assert_eq!(
+        m.path.as_ref().map(|p| (p.kind, p.value.as_str())),
+        Some((PathMatchType::PathPrefix, "/api"))
+    );
+    assert_eq!(m.method.as_deref(), Some("POST"));
+    let kinds: Vec<_> = r.filters.iter().map(|f| f.kind).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            FilterType::RequestHeaderModifier,
+            FilterType::URLRewrite,
+            FilterType::RequestMirror,
+            FilterType::Cors
+        ]
+    );
+    let mirror = r.filters[2].request_mirror.as_ref().expect("mirror");
+    assert_eq!(
+        (mirror.backend_url.as_str(), mirror.percent),
+        ("http://10.0.1.1:3000", Some(50))
+    );
+    assert_eq!(r.filters[3].cors.as_ref().and_then(|c| c.max_age), Some(60));
+    assert_eq!(
+        r.backends[0].filters[0].kind,
+        FilterType::ResponseHeaderModifier
+    );
+    let timeouts = r.timeouts.as_ref().expect("timeouts");
+    assert_eq!(timeouts.request, Some("10s".parse().expect("duration")));
+    assert_eq!(timeouts.backend, None, "0s disables the timeout");
+    let retry = r.retry.as_ref().expect("retry");
+    assert_eq!(
+        (retry.attempts, retry.codes.clone()),
+        (Some(2), vec![500, 503])
+    );
+    let redirect = rules[1].filters[0]
+        .request_redirect
+        .as_ref()
+        .expect("redirect");
+    assert_eq!(
+        (
+            redirect.scheme.as_deref(),
+            redirect.port,
+            redirect.status_code
+        ),
+        (Some("https"), Some(443), Some(301))
+    );
+}
+
+#[test]
+fn replace_prefix_match_needs_prefix_matches() {
+    let out = run(&http_route(
+        "infra",
+        "r",
+        "  parentRefs: [{name: gw}]\n  rules: [{matches: [{path: {type: Exact, value: /x}}], filters: [{type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /y}}}], backendRefs: [{name: v2, port: 8080}]}]",
+    ));
+    assert_eq!(
+        condition(&out, "infra", "r", ConditionType::Accepted),
+        (false, Reason::UnsupportedValue)
+    );
+    assert!(shared(&out).rules.is_empty());
+}
+
+#[test]
+fn gateway_with_gateway_config_gets_its_own_plane() {
+    let out = run(&format!(
+        r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: tenant, namespace: infra}}
+spec:
+  gatewayClassName: cf
+  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: cfg}}}}
+  listeners: [{{name: http, port: 80, protocol: HTTP}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: broken, namespace: infra}}
+spec:
+  gatewayClassName: cf
+  infrastructure: {{parametersRef: {{group: example.com, kind: Other, name: cfg}}}}
+  listeners: [{{name: http, port: 80, protocol: HTTP}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: foreign, namespace: infra}}
+spec:
+  gatewayClassName: someone-else
+  listeners: [{{name: http, port: 80, protocol: HTTP}}]
+---
+{}{}{}"#,
+        http_route("infra", "to-tenant", "  parentRefs: [{name: tenant}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]"),
+        http_route("infra", "to-shared", "  parentRefs: [{name: gw}]\n  rules: [{backendRefs: [{name: v1, port: 8080}]}]"),
+        http_route("infra", "to-broken", "  parentRefs: [{name: broken}, {name: foreign}]\n  rules: [{backendRefs: [{name: v1, port: 8080}]}]"),
+    ));
+    let tenant = PlaneKey::Dedicated(ObjectKey::new("infra", "tenant"));
+    assert_eq!(
+        out.planes.get(&ObjectKey::new("infra", "tenant")),
+        Some(&tenant)
+    );
+    let names = |plane: &PlaneKey| -> Vec<String> {
+        out.configs[plane]
+            .rules
+            .iter()
+            .filter_map(|r| r.name.clone())
+            .collect()
+    };
+    assert_eq!(names(&tenant), vec!["infra/to-tenant/0".to_owned()]);
+    assert_eq!(
+        names(&PlaneKey::Shared),
+        vec!["infra/to-shared/0".to_owned()]
+    );
+    let broken = &out.statuses.gateways[&ObjectKey::new("infra", "broken")];
+    assert_eq!(broken.conditions[0].reason, Reason::InvalidParameters);
+    assert!(!out
+        .statuses
+        .gateways
+        .contains_key(&ObjectKey::new("infra", "foreign")));
+    let parents = route_status(&out, "infra", "to-broken");
+    assert_eq!(
+        parents.len(),
+        1,
+        "the foreign Gateway's parent is not ours to report"
+    );
+    assert_eq!(
+        parents[0]
+            .condition(ConditionType::Accepted)
+            .map(|c| c.status),
+        Some(false)
+    );
+}
+
+#[test]
+fn listener_problems_are_reported_on_the_listener() {
+    let out = run(r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: mixed, namespace: infra}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: tcp, port: 9000, protocol: TCP}
+  - {name: a, port: 80, protocol: HTTP, hostname: a.example.com}
+  - {name: a-again, port: 80, protocol: HTTP, hostname: a.example.com}
+  - {name: kinds, port: 81, protocol: HTTP, allowedRoutes: {kinds: [{kind: TCPRoute}, {kind: HTTPRoute}]}}
+"#);
+    let gw = &out.statuses.gateways[&ObjectKey::new("infra", "mixed")];
+    let find = |listener: &str, kind: ConditionType| {
+        gw.listeners
+            .iter()
+            .find(|l| l.name == listener)
+            .and_then(|l| l.conditions.iter().find(|c| c.kind == kind))
+            .map(|c| (c.status, c.reason))
+    };
+    assert_eq!(
+        find("tcp", ConditionType::Accepted),
+        Some((false, Reason::UnsupportedProtocol))
+    );
+    assert_eq!(
+        find("a", ConditionType::Conflicted),
+        Some((true, Reason::HostnameConflict))
+    );
+    assert_eq!(
+        find("kinds", ConditionType::ResolvedRefs),
+        Some((false, Reason::InvalidRouteKinds))
+    );
+    assert_eq!(
+        find("kinds", ConditionType::Programmed),
+        Some((true, Reason::Programmed))
+    );
+    let kinds = &gw.listeners[3].supported_kinds;
+    assert_eq!(kinds, &vec!["HTTPRoute".to_owned()]);
+}
+
+#[test]
+fn grpc_routes_match_on_service_and_method_and_speak_h2c() {
+    let out = run(r#"apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: g, namespace: infra}
+spec:
+  parentRefs: [{name: gw}]
+  hostnames: [grpc.example.com]
+  rules:
+  - matches:
+    - method: {service: helloworld.Greeter, method: SayHello}
+      headers: [{name: version, value: "2"}]
+    - method: {service: helloworld.Greeter}
+    - method: {method: Check}
+    - method: {type: RegularExpression, service: "helloworld\\..*", method: "Say.*"}
+    filters: [{type: RequestHeaderModifier, requestHeaderModifier: {add: [{name: x, value: y}]}}]
+    backendRefs: [{name: v1, port: 8080}]
+  - matches: [{method: {type: RegularExpression, service: "(", method: "a"}}]
+    backendRefs: [{name: v1, port: 8080}]
+"#);
+    let config = shared(&out);
+    assert!(config.has_grpc_route);
+    assert_eq!(config.rules.len(), 1);
+    let rule = &config.rules[0];
+    let paths: Vec<_> = rule
+        .matches
+        .iter()
+        .filter_map(|m| m.path.as_ref().map(|p| (p.kind, p.value.as_str())))
+        .collect();
+    assert_eq!(
+        paths,
+        vec![
+            (PathMatchType::Exact, "/helloworld.Greeter/SayHello"),
+            (PathMatchType::PathPrefix, "/helloworld.Greeter"),
+            (PathMatchType::RegularExpression, "/[^/]+/Check"),
+            (
+                PathMatchType::RegularExpression,
+                "/(?:helloworld\\..*)/(?:Say.*)"
+            ),
+        ]
+    );
+    assert_eq!(rule.matches[0].headers[0].name, "version");
+    assert_eq!(rule.filters[0].kind, FilterType::RequestHeaderModifier);
+    assert!(rule
+        .backends
+        .iter()
+        .all(|b| b.protocol == BackendProtocol::H2c));
+    assert_eq!(rule.hostnames, vec!["grpc.example.com".to_owned()]);
+    let status = &out.statuses.routes[&RouteKey {
+        kind: RouteKind::Grpc,
+        key: ObjectKey::new("infra", "g"),
+    }][0];
+    assert_eq!(
+        status
+            .condition(ConditionType::PartiallyInvalid)
+            .map(|c| c.status),
+        Some(true)
+    );
+}
+
+#[test]
+fn output_is_deterministic() {
+    let extra = http_route(
+        "infra",
+        "r",
+        "  parentRefs: [{name: gw}]\n  rules: [{backendRefs: [{name: v1, port: 8080}, {name: v2, port: 8080}]}]",
+    );
+    let a = run(&extra);
+    let mut reversed = snapshot(&extra);
+    reversed.endpoint_slices.reverse();
+    reversed.services.reverse();
+    let b = translate(&reversed, &Options::default());
+    assert_eq!(a, b);
+    let json = |o: &Output| serde_json::to_string(&o.configs).expect("configs serialise");
+    assert_eq!(json(&a), json(&b));
+}
