@@ -561,7 +561,7 @@ fn upstream_request(
 }
 
 /// The request's host for routing: `Host` (or `:authority`), port removed, lower-cased.
-fn request_host(parts: &http::request::Parts) -> Cow<'_, str> {
+pub(crate) fn request_host(parts: &http::request::Parts) -> Cow<'_, str> {
     let raw = parts
         .uri
         .authority()

@@ -1,1 +1,341 @@
+//! Routing table tests over compiled config documents: one test per row of the proxy
+//! contract's routing section. No sockets, no runtime.
 
+use crate::config::{compile, UpstreamCache};
+use crate::metrics::ProxyMetrics;
+use crate::proxy::Routes;
+use crate::route::RequestView;
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use serde_json::json;
+
+fn compile_doc(doc: serde_json::Value) -> Routes {
+    let doc: cftunnel_config::Config = serde_json::from_value(doc).expect("test document parses");
+    let metrics = ProxyMetrics::register(&mut Default::default());
+    compile(&doc, &metrics, &mut UpstreamCache::new()).expect("test document compiles")
+}
+
+/// A rule named `name` routing to a dummy backend.
+fn rule(name: &str, extra: serde_json::Value) -> serde_json::Value {
+    let mut r = json!({"name": name, "backends": [{"url": "http://127.0.0.1:9", "weight": 1}]});
+    if let (Some(r), Some(extra)) = (r.as_object_mut(), extra.as_object()) {
+        for (k, v) in extra {
+            r.insert(k.clone(), v.clone());
+        }
+    }
+    r
+}
+
+fn find(
+    routes: &Routes,
+    method: &str,
+    host: &str,
+    target: &str,
+    headers: &[(&str, &str)],
+) -> Option<String> {
+    let uri: http::Uri = target.parse().expect("test target parses");
+    let mut map = HeaderMap::new();
+    for (k, v) in headers {
+        map.append(
+            HeaderName::from_bytes(k.as_bytes()).expect("header name"),
+            HeaderValue::from_str(v).expect("header value"),
+        );
+    }
+    let method = Method::from_bytes(method.as_bytes()).expect("method");
+    let view = RequestView {
+        method: &method,
+        path: uri.path(),
+        query: uri.query(),
+        headers: &map,
+    };
+    routes
+        .table
+        .find(host, &view)
+        .and_then(|hit| hit.rule.name.as_deref().map(str::to_owned))
+}
+
+fn get(routes: &Routes, host: &str, target: &str) -> Option<String> {
+    find(routes, "GET", host, target, &[])
+}
+
+#[test]
+fn host_is_taken_from_host_header_without_port_and_lower_cased() {
+    let req = |host: &str| {
+        let (parts, ()) = http::Request::builder()
+            .uri("/x")
+            .header("host", host)
+            .body(())
+            .expect("request")
+            .into_parts();
+        crate::proxy::request_host(&parts).into_owned()
+    };
+    assert_eq!(req("Example.COM:8080"), "example.com");
+    assert_eq!(req("example.com"), "example.com");
+    assert_eq!(req("[::1]:443"), "[::1]");
+    assert_eq!(req("example.com."), "example.com");
+    let (parts, ()) = http::Request::builder()
+        .uri("https://H2.Example.com/x")
+        .body(())
+        .expect("request")
+        .into_parts();
+    assert_eq!(
+        crate::proxy::request_host(&parts),
+        "h2.example.com",
+        ":authority wins for HTTP/2"
+    );
+}
+
+#[test]
+fn exact_host_beats_wildcard_beats_hostless() {
+    let routes = compile_doc(json!({"rules": [
+        rule("any", json!({})),
+        rule("wild", json!({"hostnames": ["*.example.com"]})),
+        rule("deep-wild", json!({"hostnames": ["*.a.example.com"]})),
+        rule("exact", json!({"hostnames": ["foo.example.com"]})),
+    ]}));
+    assert_eq!(
+        get(&routes, "foo.example.com", "/").as_deref(),
+        Some("exact")
+    );
+    assert_eq!(
+        get(&routes, "bar.example.com", "/").as_deref(),
+        Some("wild")
+    );
+    assert_eq!(
+        get(&routes, "x.a.example.com", "/").as_deref(),
+        Some("deep-wild"),
+        "longest wildcard wins"
+    );
+    assert_eq!(
+        get(&routes, "x.y.example.com", "/").as_deref(),
+        Some("wild"),
+        "wildcard spans several labels"
+    );
+    assert_eq!(
+        get(&routes, "example.com", "/").as_deref(),
+        Some("any"),
+        "wildcard never matches the apex"
+    );
+    assert_eq!(get(&routes, "other.org", "/").as_deref(), Some("any"));
+}
+
+#[test]
+fn lookup_falls_through_to_less_specific_hosts_when_no_rule_matches() {
+    let routes = compile_doc(json!({"rules": [
+        rule("exact-api", json!({"hostnames": ["foo.example.com"], "matches": [{"path": {"type": "PathPrefix", "value": "/api"}}]})),
+        rule("wild-all", json!({"hostnames": ["*.example.com"]})),
+    ]}));
+    assert_eq!(
+        get(&routes, "foo.example.com", "/api/x").as_deref(),
+        Some("exact-api")
+    );
+    assert_eq!(
+        get(&routes, "foo.example.com", "/web").as_deref(),
+        Some("wild-all")
+    );
+    assert_eq!(get(&routes, "nothing.org", "/"), None, "no match is a 404");
+}
+
+#[test]
+fn path_precedence_is_exact_then_longest_prefix_then_regex() {
+    let routes = compile_doc(json!({"rules": [
+        rule("regex", json!({"matches": [{"path": {"type": "RegularExpression", "value": "/foo/.*"}}]})),
+        rule("prefix-short", json!({"matches": [{"path": {"type": "PathPrefix", "value": "/foo"}}]})),
+        rule("prefix-long", json!({"matches": [{"path": {"type": "PathPrefix", "value": "/foo/bar"}}]})),
+        rule("exact", json!({"matches": [{"path": {"type": "Exact", "value": "/foo/bar"}}]})),
+    ]}));
+    assert_eq!(get(&routes, "h", "/foo/bar").as_deref(), Some("exact"));
+    assert_eq!(
+        get(&routes, "h", "/foo/bar/baz").as_deref(),
+        Some("prefix-long")
+    );
+    assert_eq!(get(&routes, "h", "/foo/x").as_deref(), Some("prefix-short"));
+    assert_eq!(
+        get(&routes, "h", "/foobar"),
+        None,
+        "prefixes are segment-aware"
+    );
+}
+
+#[test]
+fn prefix_match_is_segment_aware_and_ignores_a_trailing_slash() {
+    let routes = compile_doc(json!({"rules": [
+        rule("foo", json!({"matches": [{"path": {"type": "PathPrefix", "value": "/foo/"}}]})),
+    ]}));
+    assert_eq!(get(&routes, "h", "/foo").as_deref(), Some("foo"));
+    assert_eq!(get(&routes, "h", "/foo/").as_deref(), Some("foo"));
+    assert_eq!(get(&routes, "h", "/foo/bar").as_deref(), Some("foo"));
+    assert_eq!(get(&routes, "h", "/foobar"), None);
+}
+
+#[test]
+fn regular_expressions_must_match_the_whole_value() {
+    let routes = compile_doc(json!({"rules": [
+        rule("path", json!({"matches": [{"path": {"type": "RegularExpression", "value": "/v[0-9]+"}}]})),
+        rule("header", json!({"matches": [{"path": {"type": "Exact", "value": "/h"}, "headers": [{"type": "RegularExpression", "name": "x-id", "value": "[a-z]{3}"}]}]})),
+        rule("query", json!({"matches": [{"path": {"type": "Exact", "value": "/q"}, "queryParams": [{"type": "RegularExpression", "name": "n", "value": "[0-9]+"}]}]})),
+    ]}));
+    assert_eq!(get(&routes, "h", "/v12").as_deref(), Some("path"));
+    assert_eq!(get(&routes, "h", "/v12/x"), None, "anchored at the end");
+    assert_eq!(get(&routes, "h", "/x/v12"), None, "anchored at the start");
+    assert_eq!(
+        find(&routes, "GET", "h", "/h", &[("x-id", "abc")]).as_deref(),
+        Some("header")
+    );
+    assert_eq!(find(&routes, "GET", "h", "/h", &[("x-id", "abcd")]), None);
+    assert_eq!(get(&routes, "h", "/q?n=42").as_deref(), Some("query"));
+    assert_eq!(get(&routes, "h", "/q?n=42a"), None);
+}
+
+#[test]
+fn method_then_header_count_then_query_count_break_path_ties() {
+    let routes = compile_doc(json!({"rules": [
+        rule("plain", json!({"matches": [{"path": {"type": "PathPrefix", "value": "/"}}]})),
+        rule("one-query", json!({"matches": [{"queryParams": [{"name": "a", "value": "1"}]}]})),
+        rule("one-header", json!({"matches": [{"headers": [{"name": "x-a", "value": "1"}]}]})),
+        rule("two-headers", json!({"matches": [{"headers": [{"name": "x-a", "value": "1"}, {"name": "x-b", "value": "1"}]}]})),
+        rule("method", json!({"matches": [{"method": "POST"}]})),
+    ]}));
+    assert_eq!(
+        find(&routes, "POST", "h", "/?a=1", &[("x-a", "1"), ("x-b", "1")]).as_deref(),
+        Some("method")
+    );
+    assert_eq!(
+        find(&routes, "GET", "h", "/?a=1", &[("x-a", "1"), ("x-b", "1")]).as_deref(),
+        Some("two-headers")
+    );
+    assert_eq!(
+        find(&routes, "GET", "h", "/?a=1", &[("x-a", "1")]).as_deref(),
+        Some("one-header")
+    );
+    assert_eq!(
+        find(&routes, "GET", "h", "/?a=1", &[]).as_deref(),
+        Some("one-query")
+    );
+    assert_eq!(
+        find(&routes, "GET", "h", "/", &[]).as_deref(),
+        Some("plain")
+    );
+}
+
+#[test]
+fn equal_precedence_goes_to_document_order() {
+    let routes = compile_doc(json!({"rules": [
+        rule("first", json!({"matches": [{"path": {"type": "PathPrefix", "value": "/same"}}]})),
+        rule("second", json!({"matches": [{"path": {"type": "PathPrefix", "value": "/same"}}]})),
+    ]}));
+    assert_eq!(get(&routes, "h", "/same").as_deref(), Some("first"));
+}
+
+#[test]
+fn matches_are_ored_and_fields_inside_a_match_are_anded() {
+    let routes = compile_doc(json!({"rules": [
+        rule("r", json!({"matches": [
+            {"path": {"type": "Exact", "value": "/a"}, "headers": [{"name": "color", "value": "blue"}]},
+            {"path": {"type": "Exact", "value": "/b"}}
+        ]})),
+    ]}));
+    assert_eq!(
+        find(&routes, "GET", "h", "/a", &[("color", "blue")]).as_deref(),
+        Some("r")
+    );
+    assert_eq!(
+        find(&routes, "GET", "h", "/a", &[("color", "red")]),
+        None,
+        "AND inside a match"
+    );
+    assert_eq!(
+        get(&routes, "h", "/b").as_deref(),
+        Some("r"),
+        "OR across matches"
+    );
+}
+
+#[test]
+fn header_names_are_case_insensitive_query_names_are_not() {
+    let routes = compile_doc(json!({"rules": [
+        rule("header", json!({"matches": [{"headers": [{"name": "Version", "value": "one"}]}]})),
+        rule("query", json!({"matches": [{"queryParams": [{"name": "animal", "value": "whale"}]}]})),
+    ]}));
+    assert_eq!(
+        find(&routes, "GET", "h", "/", &[("version", "one")]).as_deref(),
+        Some("header")
+    );
+    assert_eq!(
+        find(&routes, "GET", "h", "/", &[("version", "One")]),
+        None,
+        "values are case-sensitive"
+    );
+    assert_eq!(
+        get(&routes, "h", "/?animal=whale").as_deref(),
+        Some("query")
+    );
+    assert_eq!(get(&routes, "h", "/?ANIMAL=whale"), None);
+    assert_eq!(
+        get(&routes, "h", "/?animal=whale&animal=dolphin").as_deref(),
+        Some("query"),
+        "first value counts"
+    );
+    assert_eq!(
+        get(&routes, "h", "/?animal=wh%61le").as_deref(),
+        Some("query"),
+        "values are percent-decoded"
+    );
+}
+
+#[test]
+fn a_rule_without_matches_matches_everything_for_its_hosts() {
+    let routes =
+        compile_doc(json!({"rules": [rule("all", json!({"hostnames": ["a.example.com"]}))]}));
+    assert_eq!(
+        find(&routes, "DELETE", "a.example.com", "/any/path?x=1", &[]).as_deref(),
+        Some("all")
+    );
+    assert_eq!(get(&routes, "b.example.com", "/"), None);
+}
+
+#[test]
+fn invalid_documents_are_refused_with_the_field_named() {
+    let metrics = ProxyMetrics::register(&mut Default::default());
+    let check = |doc: serde_json::Value, field: &str| {
+        let doc: cftunnel_config::Config = serde_json::from_value(doc).expect("parses");
+        let err = compile(&doc, &metrics, &mut UpstreamCache::new()).expect_err("must be refused");
+        let text = err.to_string();
+        assert!(text.starts_with(field), "{text:?} should name {field}");
+    };
+    check(
+        json!({"rules": [{"matches": [{"path": {"type": "RegularExpression", "value": "(["}}], "backends": []}]}),
+        "rules[0].matches[0].path",
+    );
+    check(
+        json!({"rules": [{"matches": [{"headers": [{"type": "RegularExpression", "name": "x", "value": "(["}]}], "backends": []}]}),
+        "rules[0].matches[0].headers[0].value",
+    );
+    check(
+        json!({"rules": [{"hostnames": ["*"], "backends": []}]}),
+        "rules[0].hostnames[0]",
+    );
+    check(
+        json!({"rules": [{}, {"backends": [{"url": "ftp://x", "weight": 1}]}]}),
+        "rules[1].backends[0].url",
+    );
+    check(
+        json!({"rules": [{"backends": [{"url": "not a url", "weight": 1}]}]}),
+        "rules[0].backends[0].url",
+    );
+    check(
+        json!({"rules": [{"filters": [{"type": "RequestRedirect", "requestRedirect": {"statusCode": 200}}], "backends": []}]}),
+        "rules[0].filters[0].requestRedirect.statusCode",
+    );
+    check(
+        json!({"rules": [{"filters": [{"type": "RequestHeaderModifier"}], "backends": []}]}),
+        "rules[0].filters[0].requestHeaderModifier",
+    );
+    check(
+        json!({"rules": [{"matches": [{"path": {"type": "Exact", "value": "no-slash"}}], "backends": []}]}),
+        "rules[0].matches[0].path",
+    );
+    check(
+        json!({"rules": [{"backends": [{"url": "https://x", "weight": 1, "tls": {"caBundle": "not pem"}}]}]}),
+        "rules[0].backends[0].url",
+    );
+}
