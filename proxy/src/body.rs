@@ -45,6 +45,25 @@ pin_project_lite::pin_project! {
         inner: Inner,
         completion: Option<Completion>,
     }
+
+    impl PinnedDrop for ResponseBody {
+        fn drop(this: Pin<&mut Self>) {
+            // Servers stop polling once `is_end_stream()` holds, so a body that ended without a
+            // final poll is complete, not aborted.
+            let this = this.project();
+            if let Some(c) = this.completion.take() {
+                let ended = match this.inner.project() {
+                    InnerProj::Upstream { body } => body.is_end_stream(),
+                    InnerProj::Local { body } => body.is_end_stream(),
+                };
+                if ended {
+                    c.finish();
+                } else {
+                    c.abort();
+                }
+            }
+        }
+    }
 }
 
 impl ResponseBody {

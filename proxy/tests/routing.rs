@@ -1,0 +1,160 @@
+//! End to end: a proxy and echo backends on 127.0.0.1, configs pushed over the config API,
+//! requests sent with a real HTTP client, and what the backend saw asserted.
+
+mod support;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use serde_json::json;
+use support::*;
+
+#[tokio::test]
+async fn routes_by_host_path_header_and_method_to_the_right_backend() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let (a, b, c) = (echo("svc-a-1").await, echo("svc-b-1").await, echo("svc-c-1").await);
+        let proxy = proxy().await;
+        let http = client();
+        let doc = json!({"version": 1, "rules": [
+            {"hostnames": ["api.example.com"], "matches": [{"path": {"type": "PathPrefix", "value": "/v1"}}],
+             "backends": [{"url": url(a.http_addr()), "weight": 1}]},
+            {"hostnames": ["*.example.com"], "backends": [{"url": url(b.http_addr()), "weight": 1}]},
+            {"matches": [{"headers": [{"name": "x-canary", "value": "yes"}]}, {"method": "DELETE"}],
+             "backends": [{"url": url(c.http_addr()), "weight": 1}]}
+        ]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+        let d = proxy.data_addr();
+
+        let r = get(&http, d, "API.example.com:8080", "/v1/users?id=7", &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.pod(), "svc-a-1");
+        assert_eq!(r.json()["path"], "/v1/users?id=7", "path and raw query reach the backend unchanged");
+        assert_eq!(r.json()["host"], "API.example.com:8080", "Host reaches the backend as sent");
+        assert_eq!(r.seen_header("X-Forwarded-Proto").as_deref(), Some("http"));
+        assert_eq!(r.seen_header("X-Forwarded-For").as_deref(), Some("127.0.0.1"));
+
+        assert_eq!(get(&http, d, "api.example.com", "/v2", &[]).await.pod(), "svc-b-1", "falls through to the wildcard");
+        assert_eq!(get(&http, d, "www.example.com", "/", &[]).await.pod(), "svc-b-1");
+        assert_eq!(get(&http, d, "other.org", "/", &[("x-canary", "yes")]).await.pod(), "svc-c-1");
+        let del = Request::delete(format!("http://{d}/x")).header("host", "other.org").body(Full::new(Bytes::new())).expect("req");
+        assert_eq!(send(&http, del).await.pod(), "svc-c-1");
+        let r = get(&http, d, "other.org", "/", &[]).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "no rule matches");
+        assert!(metric(&http, proxy.admin_addr(), "cftunnel_proxy_requests_total{hostname=\"api.example.com\",status_class=\"2xx\"}").await >= Some(1.0));
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn filters_edit_what_the_backend_and_the_client_see() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let proxy = proxy().await;
+        let http = client();
+        let doc = json!({"rules": [
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/headers"}}],
+             "filters": [
+                {"type": "RequestHeaderModifier", "requestHeaderModifier": {"set": [{"name": "X-Set", "value": "set"}], "add": [{"name": "X-Add", "value": "added"}], "remove": ["X-Remove"]}},
+                {"type": "ResponseHeaderModifier", "responseHeaderModifier": {"set": [{"name": "X-Resp", "value": "r"}], "remove": ["X-Content-Type-Options"]}}
+             ],
+             "backends": [{"url": url(a.http_addr()), "weight": 1,
+                "filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": {"set": [{"name": "X-Backend", "value": "a"}]}}]}]},
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/prefix/one"}}],
+             "filters": [{"type": "URLRewrite", "urlRewrite": {"hostname": "rewritten.example", "path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/one"}}}],
+             "backends": [{"url": url(a.http_addr()), "weight": 1}]},
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/old"}}],
+             "filters": [{"type": "RequestRedirect", "requestRedirect": {"scheme": "https", "hostname": "new.example", "path": {"type": "ReplacePrefixMatch", "value": "/new"}, "statusCode": 308}}],
+             "backends": []},
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/cors"}}],
+             "filters": [{"type": "CORS", "cors": {"allowOrigins": ["https://app.example"], "allowMethods": ["GET", "PUT"], "allowCredentials": true}}],
+             "backends": [{"url": url(a.http_addr()), "weight": 1}]}
+        ]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+        let d = proxy.data_addr();
+
+        let r = get(&http, d, "h", "/headers", &[("x-set", "old"), ("x-add", "first"), ("x-remove", "x")]).await;
+        assert_eq!(r.seen_header("X-Set").as_deref(), Some("set"));
+        assert_eq!(r.seen_header("X-Add").as_deref(), Some("first,added"));
+        assert_eq!(r.seen_header("X-Remove"), None);
+        assert_eq!(r.seen_header("X-Backend").as_deref(), Some("a"), "backend-level filter applied");
+        assert_eq!(r.header("x-resp"), Some("r"));
+        assert_eq!(r.header("x-content-type-options"), None);
+
+        let r = get(&http, d, "h", "/prefix/one/two?q=1", &[]).await;
+        assert_eq!(r.json()["path"], "/one/two?q=1");
+        assert_eq!(r.json()["host"], "rewritten.example");
+
+        let r = get(&http, d, "h", "/old/page?x=1", &[]).await;
+        assert_eq!(r.status, StatusCode::PERMANENT_REDIRECT);
+        assert_eq!(r.header("location"), Some("https://new.example/new/page?x=1"));
+        assert_eq!(a.count_echoed("/old/page?x=1"), 0, "redirects never reach a backend");
+
+        let pre = Request::options(format!("http://{d}/cors"))
+            .header("origin", "https://app.example")
+            .header("access-control-request-method", "PUT")
+            .body(Full::new(Bytes::new()))
+            .expect("req");
+        let r = send(&http, pre).await;
+        assert_eq!(r.status, StatusCode::NO_CONTENT);
+        assert_eq!(r.header("access-control-allow-origin"), Some("https://app.example"));
+        assert_eq!(r.header("access-control-allow-methods"), Some("GET, PUT"));
+        assert_eq!(r.header("access-control-allow-credentials"), Some("true"));
+        assert_eq!(a.count_echoed("/cors"), 0, "preflights are answered by the proxy");
+        let r = get(&http, d, "h", "/cors", &[("origin", "https://app.example")]).await;
+        assert_eq!(r.pod(), "svc-a-1");
+        assert_eq!(r.header("access-control-allow-origin"), Some("https://app.example"));
+        let r = get(&http, d, "h", "/cors", &[("origin", "https://evil.example")]).await;
+        assert_eq!(r.header("access-control-allow-origin"), None);
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn bad_pushes_are_refused_with_the_reason_and_the_old_table_keeps_serving() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let proxy = proxy().await;
+        let http = client();
+        let admin = proxy.admin_addr();
+        let d = proxy.data_addr();
+        let r = get(&http, admin, "admin", "/readyz", &[]).await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "not ready before the first config");
+        let good = json!({"version": 5, "rules": [{"backends": [{"url": url(a.http_addr()), "weight": 1}]}]});
+        assert_eq!(push(&http, admin, &good).await.status, StatusCode::OK);
+        assert_eq!(get(&http, admin, "admin", "/readyz", &[]).await.status, StatusCode::OK);
+
+        let body: Bytes = good.to_string().into();
+        assert_eq!(push_raw(&http, admin, None, "application/json", body.clone()).await.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(push_raw(&http, admin, Some("wrong"), "application/json", body.clone()).await.status, StatusCode::UNAUTHORIZED);
+        let lower = Request::put(format!("http://{admin}/config"))
+            .header("content-type", "application/json")
+            .header("authorization", format!("bearer {TOKEN}"))
+            .body(Full::new(body.clone()))
+            .expect("req");
+        assert_eq!(send(&http, lower).await.status, StatusCode::OK, "the scheme is case-insensitive");
+        assert_eq!(push_raw(&http, admin, Some(TOKEN), "text/plain", body).await.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        assert_eq!(push_raw(&http, admin, Some(TOKEN), "application/json", "{not json".into()).await.status, StatusCode::BAD_REQUEST);
+        let huge = Bytes::from(vec![b' '; 9 * 1024 * 1024]);
+        assert_eq!(push_raw(&http, admin, Some(TOKEN), "application/json", huge).await.status, StatusCode::PAYLOAD_TOO_LARGE);
+        let bad_regex = json!({"version": 6, "rules": [{"matches": [{"path": {"type": "RegularExpression", "value": "(["}}], "backends": []}]});
+        let r = push(&http, admin, &bad_regex).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST);
+        assert!(r.json()["error"].as_str().unwrap_or_default().contains("rules[0].matches[0].path"), "{:?}", r.body);
+        let stale = json!({"version": 4, "rules": []});
+        assert_eq!(push(&http, admin, &stale).await.status, StatusCode::CONFLICT);
+
+        let r = get(&http, d, "h", "/still", &[]).await;
+        assert_eq!(r.pod(), "svc-a-1", "the last good table is still served");
+        let r = send(&http, Request::get(format!("http://{admin}/config")).header("authorization", format!("Bearer {TOKEN}")).body(Full::new(Bytes::new())).expect("req")).await;
+        assert_eq!(r.json(), json!({"version": 5, "ready": true}));
+        assert_eq!(get(&http, admin, "admin", "/config", &[]).await.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(push(&http, admin, &json!({"version": 0, "rules": []})).await.status, StatusCode::OK, "version 0 is always accepted");
+        assert_eq!(get(&http, d, "h", "/still", &[]).await.status, StatusCode::NOT_FOUND);
+        assert!(metric(&http, admin, "cftunnel_proxy_config_reloads_total{result=\"rejected\"}").await >= Some(2.0));
+        assert!(metric(&http, admin, "cftunnel_proxy_config_reloads_total{result=\"stale\"}").await >= Some(1.0));
+    })
+    .await
+    .expect("test finished in time");
+}

@@ -1,0 +1,165 @@
+//! Shared fixtures for the proxy's end-to-end tests: echo backends, a proxy, an HTTP client.
+#![allow(dead_code)]
+
+use bytes::Bytes;
+use cftunnel_loadtest::echo::{EchoIdentity, EchoServer};
+use cftunnel_proxy::{Server, ServerOptions};
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub const TOKEN: &str = "test-token";
+
+/// Every test is bounded by this.
+pub const TEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub async fn echo(pod: &str) -> EchoServer {
+    EchoServer::spawn(
+        "127.0.0.1".parse().expect("ip"),
+        EchoIdentity {
+            namespace: "test".into(),
+            pod: pod.into(),
+        },
+    )
+    .await
+    .expect("echo backend starts")
+}
+
+pub async fn proxy() -> Server {
+    proxy_with(ServerOptions {
+        auth_token: Some(TOKEN.into()),
+        ..ServerOptions::default()
+    })
+    .await
+}
+
+pub async fn proxy_with(options: ServerOptions) -> Server {
+    Server::start(options, None).await.expect("proxy starts")
+}
+
+pub type TestClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+pub fn client() -> TestClient {
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(64)
+        .build_http()
+}
+
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {:?}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    /// The pod of the echo backend that answered.
+    pub fn pod(&self) -> String {
+        self.json()["pod"].as_str().unwrap_or_default().to_owned()
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The values the echo backend saw for a request header, joined with `,`.
+    pub fn seen_header(&self, name: &str) -> Option<String> {
+        let headers = self.json()["headers"].as_object()?.clone();
+        headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| {
+                v.as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|x| x.as_str())
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    })
+                    .unwrap_or_default()
+            })
+    }
+}
+
+pub async fn send(client: &TestClient, req: Request<Full<Bytes>>) -> Reply {
+    let resp = tokio::time::timeout(Duration::from_secs(20), client.request(req))
+        .await
+        .expect("response within 20s")
+        .expect("request succeeds");
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.expect("body reads").to_bytes();
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+/// GET `http://addr{target}` with a Host header and extra headers.
+pub async fn get(
+    client: &TestClient,
+    addr: SocketAddr,
+    host: &str,
+    target: &str,
+    headers: &[(&str, &str)],
+) -> Reply {
+    let mut b = Request::get(format!("http://{addr}{target}")).header("host", host);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    send(client, b.body(Full::new(Bytes::new())).expect("request")).await
+}
+
+/// `PUT /config` with the test token.
+pub async fn push(client: &TestClient, admin: SocketAddr, doc: &serde_json::Value) -> Reply {
+    push_raw(
+        client,
+        admin,
+        Some(TOKEN),
+        "application/json",
+        doc.to_string().into(),
+    )
+    .await
+}
+
+pub async fn push_raw(
+    client: &TestClient,
+    admin: SocketAddr,
+    token: Option<&str>,
+    content_type: &str,
+    body: Bytes,
+) -> Reply {
+    let mut b = Request::put(format!("http://{admin}/config")).header("content-type", content_type);
+    if let Some(t) = token {
+        b = b.header("authorization", format!("Bearer {t}"));
+    }
+    send(client, b.body(Full::new(body)).expect("request")).await
+}
+
+/// A config with one host-less rule per (path prefix, backend) pair.
+pub fn url(addr: SocketAddr) -> String {
+    format!("http://{addr}")
+}
+
+/// Reads one metric sample (`name{labels}`) from `/metrics`.
+pub async fn metric(client: &TestClient, admin: SocketAddr, series: &str) -> Option<f64> {
+    let r = get(client, admin, "admin", "/metrics", &[]).await;
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        l.strip_prefix(series)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
