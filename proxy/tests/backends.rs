@@ -1,0 +1,383 @@
+//! End to end: backend behaviour. Failures and fail-closed answers, retries, timeouts,
+//! mirrors, weights, WebSocket, h2c and TLS upstreams, the in-flight gauge, client limits.
+
+mod support;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use serde_json::json;
+use std::time::Duration;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn rule(prefix: &str, extra: serde_json::Value) -> serde_json::Value {
+    let mut r = json!({"matches": [{"path": {"type": "PathPrefix", "value": prefix}}]});
+    if let (Some(r), Some(extra)) = (r.as_object_mut(), extra.as_object()) {
+        r.extend(extra.clone());
+    }
+    r
+}
+
+/// An address where nothing listens.
+async fn dead_addr() -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    l.local_addr().expect("addr")
+}
+
+#[tokio::test]
+async fn failures_answer_502_503_504_and_500_and_never_hang() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let proxy = proxy().await;
+        let http = client();
+        let dead = dead_addr().await;
+        let doc = json!({"rules": [
+            rule("/dead", json!({"backends": [{"url": url(dead), "weight": 1}]})),
+            rule("/closed", json!({"unavailableStatus": 503, "backends": [{"url": url(a.http_addr()), "weight": 1}]})),
+            rule("/refused", json!({"backends": [{"url": "", "weight": 1, "unavailableStatus": 500}]})),
+            rule("/none", json!({"backends": []})),
+            rule("/zero", json!({"backends": [{"url": url(a.http_addr()), "weight": 0}]})),
+            rule("/slow-backend", json!({"timeouts": {"backend": "200ms"}, "backends": [{"url": url(a.http_addr()), "weight": 1}]})),
+            rule("/slow-request", json!({"timeouts": {"request": "300ms"}, "backends": [{"url": url(a.http_addr()), "weight": 1}]})),
+            rule("/no-timeout", json!({"timeouts": {"request": "0s"}, "backends": [{"url": url(a.http_addr()), "weight": 1}]})),
+        ]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+        let d = proxy.data_addr();
+        assert_eq!(get(&http, d, "h", "/dead", &[]).await.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(get(&http, d, "h", "/closed", &[]).await.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(get(&http, d, "h", "/refused", &[]).await.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(get(&http, d, "h", "/none", &[]).await.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(get(&http, d, "h", "/zero", &[]).await.status, StatusCode::INTERNAL_SERVER_ERROR);
+        let started = std::time::Instant::now();
+        assert_eq!(get(&http, d, "h", "/slow-backend?delay=2s", &[]).await.status, StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(get(&http, d, "h", "/slow-request?delay=2s", &[]).await.status, StatusCode::GATEWAY_TIMEOUT);
+        assert!(started.elapsed() < Duration::from_millis(1800), "timeouts cut the wait short");
+        assert_eq!(get(&http, d, "h", "/no-timeout?delay=300ms", &[]).await.status, StatusCode::OK, "0s disables the timeout");
+        assert_eq!(get(&http, d, "h", "/closed", &[]).await.body, Bytes::from_static(b"route backend is unavailable\n"));
+
+        let admin = proxy.admin_addr();
+        assert_eq!(metric(&http, admin, "cftunnel_proxy_backend_errors_total{hostname=\"*\",reason=\"dial\"}").await, Some(1.0));
+        assert_eq!(metric(&http, admin, "cftunnel_proxy_backend_errors_total{hostname=\"*\",reason=\"timeout\"}").await, Some(1.0));
+        assert!(metric(&http, admin, "cftunnel_proxy_requests_total{hostname=\"*\",status_class=\"5xx\"}").await >= Some(7.0));
+
+        let grpc = Request::post(format!("http://{d}/nowhere"))
+            .header("content-type", "application/grpc")
+            .body(Full::new(Bytes::new()))
+            .expect("req");
+        push(&http, admin, &json!({"rules": [rule("/only", json!({"backends": []}))]})).await;
+        let r = send(&http, grpc).await;
+        assert_eq!(r.header("grpc-status"), Some("12"), "unmatched gRPC gets UNIMPLEMENTED");
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn retries_follow_codes_and_attempts_and_connection_errors() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let proxy = proxy().await;
+        let http = client();
+        let doc = json!({"rules": [
+            rule("/retry/code-500", json!({"retry": {"codes": [500], "attempts": 3, "backoff": "10ms"}, "backends": [{"url": url(a.http_addr()), "weight": 1}]})),
+            rule("/retry/none", json!({"backends": [{"url": url(a.http_addr()), "weight": 1}]})),
+        ]});
+        push(&http, proxy.admin_addr(), &doc).await;
+        let d = proxy.data_addr();
+        let r = get(&http, d, "h", "/retry/code-500?responseCode=500&succeedAfter=2&uuid=u1", &[]).await;
+        assert_eq!(r.status, StatusCode::OK, "third try succeeds");
+        let r = get(&http, d, "h", "/retry/code-500?responseCode=500&succeedAfter=4&uuid=u2", &[]).await;
+        assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "1 + 3 tries are not enough");
+        let r = get(&http, d, "h", "/retry/code-500?responseCode=503&succeedAfter=1&uuid=u3", &[]).await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "503 is not a listed code");
+        let r = get(&http, d, "h", "/retry/code-500?succeedAfter=2&uuid=u4", &[]).await;
+        assert_eq!(r.status, StatusCode::OK, "connection resets are retried");
+        let r = get(&http, d, "h", "/retry/none?responseCode=500&succeedAfter=1&uuid=u5", &[]).await;
+        assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "no retry without a policy");
+
+        // A body is replayed on retry.
+        let post = Request::post(format!("http://{d}/retry/code-500?responseCode=500&succeedAfter=1&uuid=u6"))
+            .body(Full::new(Bytes::from_static(b"payload")))
+            .expect("req");
+        assert_eq!(send(&http, post).await.status, StatusCode::OK);
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn mirrors_get_a_copy_and_weights_split_traffic() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let (a, b, m) = (echo("svc-a-1").await, echo("svc-b-1").await, echo("mirror-1").await);
+        let proxy = proxy().await;
+        let http = client();
+        let doc = json!({"rules": [
+            rule("/mirror", json!({"filters": [{"type": "RequestMirror", "requestMirror": {"backendUrl": url(m.http_addr())}}],
+                "backends": [{"url": url(a.http_addr()), "weight": 1}]})),
+            rule("/never-mirrored", json!({"filters": [{"type": "RequestMirror", "requestMirror": {"backendUrl": url(m.http_addr()), "percent": 0}}],
+                "backends": [{"url": url(a.http_addr()), "weight": 1}]})),
+            rule("/weighted", json!({"backends": [
+                {"url": url(a.http_addr()), "weight": 1}, {"url": url(b.http_addr()), "weight": 3}]})),
+        ]});
+        push(&http, proxy.admin_addr(), &doc).await;
+        let d = proxy.data_addr();
+        let r = get(&http, d, "h", "/mirror?id=1", &[]).await;
+        assert_eq!(r.pod(), "svc-a-1", "the client gets the primary backend's answer");
+        let mut seen = 0;
+        for _ in 0..100 {
+            seen = m.count_echoed("/mirror?id=1");
+            if seen > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(seen, 1, "the mirror saw the request");
+        for _ in 0..20 {
+            get(&http, d, "h", "/never-mirrored", &[]).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(m.count_echoed("/never-mirrored"), 0);
+
+        let mut to_b = 0;
+        const N: usize = 400;
+        for _ in 0..N {
+            if get(&http, d, "h", "/weighted", &[]).await.pod() == "svc-b-1" {
+                to_b += 1;
+            }
+        }
+        let share = to_b as f64 / N as f64;
+        assert!((share - 0.75).abs() < 0.08, "weight 3 of 4 got {share}");
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn websocket_and_h2c_backends_work_end_to_end() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let proxy = proxy().await;
+        let http = client();
+        let doc = json!({"rules": [
+            rule("/ws", json!({"backends": [{"url": url(a.http_addr()), "weight": 1, "websocket": true}]})),
+            rule("/h2c", json!({"backends": [{"url": url(a.h2c_addr()), "weight": 1, "protocol": "h2c"}]})),
+        ]});
+        push(&http, proxy.admin_addr(), &doc).await;
+        let d = proxy.data_addr();
+
+        let r = get(&http, d, "h", "/h2c/x", &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.json()["proto"], "HTTP/2.0", "the backend was spoken to in h2c");
+        assert_eq!(r.json()["path"], "/h2c/x");
+
+        let (mut ws, resp) = tokio_tungstenite::connect_async(format!("ws://{d}/ws"))
+            .await
+            .expect("websocket handshake through the proxy");
+        assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+        ws.send(tokio_tungstenite::tungstenite::Message::text("hello")).await.expect("send");
+        let echoed = ws.next().await.expect("a frame").expect("no error");
+        assert_eq!(echoed.into_text().expect("text").as_str(), "hello");
+        ws.send(tokio_tungstenite::tungstenite::Message::binary(vec![1u8, 2, 3])).await.expect("send");
+        let echoed = ws.next().await.expect("a frame").expect("no error");
+        assert_eq!(echoed.into_data().as_ref(), &[1u8, 2, 3]);
+        assert_eq!(metric(&http, proxy.admin_addr(), "cftunnel_proxy_websocket_active_sessions").await, Some(1.0));
+        ws.close(None).await.expect("close");
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// A TLS backend with a certificate for `backend.internal` signed by a private CA.
+async fn tls_backend() -> (std::net::SocketAddr, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let ca_key = KeyPair::generate().expect("key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).expect("ca");
+    let key = KeyPair::generate().expect("key");
+    let leaf = CertificateParams::new(vec!["backend.internal".to_owned()])
+        .expect("params")
+        .signed_by(&key, &ca, &ca_key)
+        .expect("leaf");
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .expect("server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut buf = vec![0u8; 4096];
+                let Ok(n) = tls.read(&mut buf).await else {
+                    return;
+                };
+                let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let path = head.split_whitespace().nth(1).unwrap_or("").to_owned();
+                let body = format!("{{\"path\":\"{path}\",\"pod\":\"tls-1\"}}");
+                let resp = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+                let _ = tls.write_all(resp.as_bytes()).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    (addr, ca.pem())
+}
+
+#[tokio::test]
+async fn tls_backends_verify_against_the_configured_ca_and_names() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let (addr, ca) = tls_backend().await;
+        let proxy = proxy().await;
+        let http = client();
+        let https = format!("https://127.0.0.1:{}", addr.port());
+        let doc = json!({"rules": [
+            rule("/sni", json!({"backends": [{"url": https, "weight": 1, "tls": {"caBundle": ca, "serverName": "backend.internal"}}]})),
+            rule("/san", json!({"backends": [{"url": https, "weight": 1, "tls": {"caBundle": ca, "subjectAltNames": ["other.internal", "backend.internal"]}}]})),
+            rule("/wrong-name", json!({"backends": [{"url": https, "weight": 1, "tls": {"caBundle": ca, "serverName": "impostor.internal"}}]})),
+            rule("/public-roots", json!({"backends": [{"url": https, "weight": 1, "tls": {"serverName": "backend.internal"}}]})),
+        ]});
+        let r = push(&http, proxy.admin_addr(), &doc).await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        let d = proxy.data_addr();
+        let r = get(&http, d, "h", "/sni/x", &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.json()["path"], "/sni/x");
+        assert_eq!(get(&http, d, "h", "/san", &[]).await.status, StatusCode::OK);
+        assert_eq!(get(&http, d, "h", "/wrong-name", &[]).await.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(get(&http, d, "h", "/public-roots", &[]).await.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            metric(&http, proxy.admin_addr(), "cftunnel_proxy_backend_errors_total{hostname=\"*\",reason=\"tls\"}").await,
+            Some(2.0)
+        );
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn in_flight_gauge_rises_and_falls_with_concurrent_requests() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let proxy = proxy().await;
+        let http = client();
+        push(
+            &http,
+            proxy.admin_addr(),
+            &json!({"rules": [{"backends": [{"url": url(a.http_addr()), "weight": 1}]}]}),
+        )
+        .await;
+        let d = proxy.data_addr();
+        let admin = proxy.admin_addr();
+        let gauge = "cftunnel_proxy_requests_in_flight";
+        assert_eq!(metric(&http, admin, gauge).await, Some(0.0));
+        let slow: Vec<_> = (0..20)
+            .map(|_| {
+                let http = http.clone();
+                tokio::spawn(async move { get(&http, d, "h", "/slow?delay=1s", &[]).await.status })
+            })
+            .collect();
+        let mut peak = 0.0;
+        for _ in 0..50 {
+            peak = metric(&http, admin, gauge).await.unwrap_or(0.0);
+            if peak >= 20.0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(peak, 20.0, "every slow request is counted");
+        for s in slow {
+            assert_eq!(s.await.expect("task"), StatusCode::OK);
+        }
+        assert_eq!(
+            metric(&http, admin, gauge).await,
+            Some(0.0),
+            "and uncounted when done"
+        );
+    })
+    .await
+    .expect("test finished in time");
+}
+
+async fn raw_exchange(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(bytes).await.expect("write");
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn abusive_clients_get_4xx_and_slow_ones_are_cut_off() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            limits: cftunnel_proxy::serve::Limits {
+                header_read_timeout: Duration::from_millis(300),
+                ..Default::default()
+            },
+            auth_token: Some(TOKEN.into()),
+            ..Default::default()
+        })
+        .await;
+        let http = client();
+        push(
+            &http,
+            proxy.admin_addr(),
+            &json!({"rules": [{"backends": [{"url": url(a.http_addr()), "weight": 1}]}]}),
+        )
+        .await;
+        let d = proxy.data_addr();
+
+        let garbage = raw_exchange(d, b"THIS IS NOT HTTP\r\n\r\n").await;
+        assert!(garbage.starts_with("HTTP/1.1 400"), "{garbage:?}");
+        let mut many = String::from("GET / HTTP/1.1\r\nhost: h\r\n");
+        for i in 0..150 {
+            many.push_str(&format!("x-h{i}: v\r\n"));
+        }
+        many.push_str("\r\n");
+        let r = raw_exchange(d, many.as_bytes()).await;
+        assert!(r.starts_with("HTTP/1.1 431"), "too many headers: {r:?}");
+        let huge = format!(
+            "GET / HTTP/1.1\r\nhost: h\r\nx-big: {}\r\n\r\n",
+            "a".repeat(100 * 1024)
+        );
+        let r = raw_exchange(d, huge.as_bytes()).await;
+        assert!(
+            r.starts_with("HTTP/1.1 431"),
+            "oversized head: {:?}",
+            r.get(..40)
+        );
+
+        // Slowloris: a head that never completes is dropped after the header-read timeout.
+        let mut s = tokio::net::TcpStream::connect(d).await.expect("connect");
+        s.write_all(b"GET / HTTP/1.1\r\nhost: h\r\n")
+            .await
+            .expect("write");
+        let started = std::time::Instant::now();
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "the connection is closed by the proxy");
+        assert!(started.elapsed() < Duration::from_secs(3));
+
+        // The proxy still serves.
+        assert_eq!(get(&http, d, "h", "/", &[]).await.status, StatusCode::OK);
+    })
+    .await
+    .expect("test finished in time");
+}
