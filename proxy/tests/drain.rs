@@ -1,0 +1,138 @@
+//! Drain of the real binary: SIGTERM with a slow request in flight.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::*;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+#[tokio::test]
+async fn sigterm_refuses_new_connections_finishes_in_flight_requests_and_exits_zero() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let dir = std::env::temp_dir().join(format!("cftunnel-drain-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let config = dir.join("config.json");
+        let doc = serde_json::json!({"version": 1, "rules": [{"backends": [{"url": url(a.http_addr()), "weight": 1}]}]});
+        std::fs::write(&config, doc.to_string()).expect("write config");
+        let (data_port, admin_port) = (free_port(), free_port());
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
+            .env("PROXY_ADDR", format!("127.0.0.1:{data_port}"))
+            .env("PROXY_CONFIG_ADDR", format!("127.0.0.1:{admin_port}"))
+            .env("PROXY_GRACE_PERIOD", "10s")
+            .env("PROXY_AUTH_TOKEN", TOKEN)
+            .arg("--config-file")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("proxy binary starts");
+        let data: std::net::SocketAddr = format!("127.0.0.1:{data_port}").parse().expect("addr");
+        let admin: std::net::SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
+        let http = client();
+        let ready_by = Instant::now() + Duration::from_secs(10);
+        loop {
+            let ok = tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(admin)).await;
+            if matches!(ok, Ok(Ok(_))) && get(&http, admin, "a", "/readyz", &[]).await.status == 200 {
+                break;
+            }
+            assert!(Instant::now() < ready_by, "proxy became ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+
+        let slow = tokio::spawn({
+            let http = client();
+            async move { get(&http, data, "h", "/slow?delay=1500ms", &[]).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let killed = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().expect("kill runs");
+        assert!(killed.success());
+
+        // New connections are refused once the listener is closed.
+        let refused_by = Instant::now() + Duration::from_secs(3);
+        loop {
+            if tokio::net::TcpStream::connect(data).await.is_err() {
+                break;
+            }
+            assert!(Instant::now() < refused_by, "new connections are refused during drain");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(get(&http, admin, "a", "/readyz", &[]).await.status, 503, "not ready while draining");
+
+        let r = slow.await.expect("slow request task");
+        assert_eq!(r.status, 200, "the in-flight request completed");
+        assert_eq!(r.pod(), "svc-a-1");
+
+        let exit_by = Instant::now() + Duration::from_secs(5);
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(Instant::now() < exit_by, "proxy exits after the drain");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(status.code(), Some(0));
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[test]
+fn start_up_refuses_bad_settings_with_a_clear_message() {
+    let run = |envs: &[(&str, &str)], args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
+            .env_remove("TUNNEL_TOKEN")
+            .env_remove("PROXY_AUTH_TOKEN")
+            .envs(envs.iter().copied())
+            .args(args)
+            .output()
+            .expect("binary runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&[("PROXY_AUTH_TOKEN", "")], &[]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("PROXY_AUTH_TOKEN"), "{err}");
+    let (code, err) = run(&[("PROXY_GRACE_PERIOD", "10m")], &[]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("3m"), "{err}");
+    let (code, err) = run(&[("PROXY_TUNNEL_PROTOCOL", "udp")], &[]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("udp"), "{err}");
+    let dir = std::env::temp_dir().join(format!("cftunnel-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let bad = dir.join("bad.json");
+    std::fs::write(
+        &bad,
+        r#"{"rules":[{"matches":[{"path":{"type":"RegularExpression","value":"(["}}]}]}"#,
+    )
+    .expect("write");
+    let (code, err) = run(
+        &[],
+        &["--check", "--config-file", bad.to_str().expect("utf8")],
+    );
+    assert_ne!(code, Some(0));
+    assert!(err.contains("rules[0].matches[0].path"), "{err}");
+    let good = dir.join("good.json");
+    std::fs::write(
+        &good,
+        r#"{"version":3,"rules":[{"backends":[{"url":"http://127.0.0.1:9","weight":1}]}]}"#,
+    )
+    .expect("write");
+    let (code, _) = run(
+        &[],
+        &["--check", "--config-file", good.to_str().expect("utf8")],
+    );
+    assert_eq!(code, Some(0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
