@@ -1,0 +1,577 @@
+//! Replays the transcribed Gateway API HTTPRoute conformance cases (`shared/gwapi/cases`)
+//! against the real pipeline: the case's objects plus the base topology are translated, one
+//! in-process proxy per Gateway is started with the result, every request is sent with a real
+//! client to echo backends on distinct loopback addresses, and the README's comparison rules
+//! decide. Cases run in parallel, a few at a time.
+
+#[path = "conformance/case.rs"]
+mod case;
+#[path = "conformance/client.rs"]
+mod client;
+#[path = "conformance/compare.rs"]
+mod compare;
+#[path = "conformance/topology.rs"]
+mod topology;
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use cftunnel_controller::translate::{self, ObjectKey, Options, Output, Snapshot};
+use cftunnel_proxy::{Server, ServerOptions};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use case::{Case, Item, RequestItem};
+use compare::{compare, expected_path, with_request_id, Sent};
+use topology::Fleet;
+
+const CASES_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/gwapi/cases");
+const CLASS: &str = "cftunnel-conformance";
+const CONTROLLER: &str = "cf.k8s.lex.la/tunnel-controller";
+
+/// Cases run at once.
+const PARALLEL: usize = 4;
+/// Go suite: 3 consecutive passes, polling every 100 ms. The deadline is shorter than the
+/// suite's 30 s because configs are applied synchronously here.
+const REQUIRED_PASSES: usize = 3;
+const POLL: Duration = Duration::from_millis(100);
+const CONSISTENCY_DEADLINE: Duration = Duration::from_secs(5);
+/// Upper bound for one case, statistical ones included.
+const CASE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Cases that cannot pass yet, with the reason. They still run and their outcome is printed,
+/// but they do not fail the test.
+const SKIP: &[(&str, &str)] = &[];
+
+#[test]
+fn conformance_replay() {
+    let dir = Path::new(CASES_DIR);
+    if !dir.is_dir() {
+        report(&format!(
+            "conformance replay skipped: {} is absent (the shared conformance data sits beside the checkout in CI)\n",
+            dir.display()
+        ));
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("the test runtime starts");
+    let results = runtime.block_on(run_all(dir));
+    let mut failed = Vec::new();
+    let mut lines = String::new();
+    let mut passed = 0;
+    for (name, result) in &results {
+        let skip = SKIP.iter().find(|(n, _)| n == name).map(|(_, why)| *why);
+        match (result, skip) {
+            (Ok(summary), None) => {
+                passed += 1;
+                lines.push_str(&format!("PASS {name} ({summary})\n"));
+            }
+            (Ok(summary), Some(_)) => {
+                passed += 1;
+                lines.push_str(&format!(
+                    "PASS {name} ({summary}; on the skip list: remove it)\n"
+                ));
+            }
+            (Err(e), None) => {
+                failed.push(name.clone());
+                lines.push_str(&format!("FAIL {name}: {e:#}\n"));
+            }
+            (Err(e), Some(why)) => lines.push_str(&format!("SKIP {name}: {why} (now: {e:#})\n")),
+        }
+    }
+    lines.push_str(&format!(
+        "conformance replay: {passed}/{} cases pass; skip list ({}):\n",
+        results.len(),
+        SKIP.len()
+    ));
+    for (name, why) in SKIP {
+        lines.push_str(&format!("  - {name}: {why}\n"));
+    }
+    report(&lines);
+    assert!(failed.is_empty(), "conformance cases failed: {failed:?}");
+}
+
+/// Writes past the test harness's output capture, so the per-case report shows in CI logs.
+fn report(text: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(text.as_bytes());
+    let _ = err.flush();
+}
+
+async fn run_all(dir: &Path) -> Vec<(String, anyhow::Result<String>)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map(|rd| rd.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    files.retain(|p| p.extension().is_some_and(|e| e == "yaml"));
+    files.sort();
+    let limit = Arc::new(Semaphore::new(PARALLEL));
+    let mut tasks = JoinSet::new();
+    for (slot, path) in files.into_iter().enumerate() {
+        let limit = limit.clone();
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        tasks.spawn(async move {
+            let _permit = limit.acquire_owned().await;
+            let started = Instant::now();
+            let result = match tokio::time::timeout(CASE_TIMEOUT, run_file(&path, slot)).await {
+                Ok(r) => r,
+                Err(_) => Err(anyhow!("case did not finish within {CASE_TIMEOUT:?}")),
+            };
+            let result =
+                result.map(|n| format!("{n} requests, {} ms", started.elapsed().as_millis()));
+            (name, result)
+        });
+    }
+    let mut results = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        match r {
+            Ok(r) => results.push(r),
+            Err(e) => results.push(("<panicked case>".to_owned(), Err(anyhow!("{e}")))),
+        }
+    }
+    results.sort_by(|a, b| a.0.cmp(&b.0));
+    results
+}
+
+async fn run_file(path: &Path, slot: usize) -> anyhow::Result<usize> {
+    let text = tokio::fs::read_to_string(path).await?;
+    let case: Case = serde_yaml_ng::from_str(&text).context("parsing the case")?;
+    let slot = u8::try_from(slot).context("too many cases for the address plan")?;
+    let fleet = Fleet::spawn(slot).await?;
+    let result = run_case(&case, &fleet).await;
+    fleet.shutdown().await;
+    result
+}
+
+fn options() -> Options {
+    Options {
+        controller_name: CONTROLLER.to_owned(),
+        ..Options::default()
+    }
+}
+
+/// The config of each of the case's Gateways, keyed `namespace/name`.
+fn gateway_configs(
+    case: &Case,
+    output: &Output,
+) -> anyhow::Result<BTreeMap<String, cftunnel_config::Config>> {
+    let mut out = BTreeMap::new();
+    for gw in &case.gateway {
+        let key = ObjectKey::new(&gw.namespace, &gw.name);
+        let plane = output.planes.get(&key).with_context(|| {
+            format!(
+                "Gateway {key} is not accepted: {:?}",
+                output.statuses.gateways.get(&key)
+            )
+        })?;
+        let config = output
+            .configs
+            .get(plane)
+            .context("no config for the plane")?;
+        out.insert(key.to_string(), config.clone());
+    }
+    Ok(out)
+}
+
+struct Gateways {
+    servers: BTreeMap<String, Server>,
+}
+
+impl Gateways {
+    async fn start(configs: BTreeMap<String, cftunnel_config::Config>) -> anyhow::Result<Self> {
+        let mut servers = BTreeMap::new();
+        for (name, config) in configs {
+            let options = ServerOptions {
+                data_addr: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+                admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+                grace: Duration::from_secs(1),
+                ..ServerOptions::default()
+            };
+            let server = Server::start(options, Some(config))
+                .await
+                .with_context(|| format!("starting the proxy of Gateway {name}"))?;
+            servers.insert(name, server);
+        }
+        Ok(Self { servers })
+    }
+
+    async fn apply(
+        &self,
+        configs: BTreeMap<String, cftunnel_config::Config>,
+    ) -> anyhow::Result<()> {
+        for (name, config) in configs {
+            let server = self
+                .servers
+                .get(&name)
+                .context("no proxy for the Gateway")?;
+            server
+                .apply(config)
+                .await
+                .map_err(|e| anyhow!("pushing to Gateway {name}: {e}"))?;
+        }
+        Ok(())
+    }
+
+    fn addr(&self, gateway: &str) -> anyhow::Result<SocketAddr> {
+        Ok(self
+            .servers
+            .get(gateway)
+            .with_context(|| format!("no proxy for Gateway {gateway}"))?
+            .data_addr())
+    }
+
+    async fn shutdown(self) {
+        for (_, server) in self.servers {
+            server.shutdown().await;
+        }
+    }
+}
+
+fn translate_case(
+    case: &Case,
+    fleet: &Fleet,
+    deleted: &[(String, String, String)],
+) -> anyhow::Result<(Snapshot, Output)> {
+    let snapshot = topology::snapshot(case, fleet, CLASS, CONTROLLER, deleted)?;
+    let output = translate::translate(&snapshot, &options());
+    Ok((snapshot, output))
+}
+
+async fn run_case(case: &Case, fleet: &Fleet) -> anyhow::Result<usize> {
+    let mut deleted = Vec::new();
+    let (_, output) = translate_case(case, fleet, &deleted)?;
+    let gateways = Gateways::start(gateway_configs(case, &output)?).await?;
+    let mut count = 0;
+    let mut result = Ok(());
+    for item in &case.requests {
+        match item {
+            Item::Step { step } => {
+                if step.action != "delete" {
+                    result = Err(anyhow!("unknown step action {}", step.action));
+                    break;
+                }
+                // The controller's reaction to the deletion: re-translate and re-push.
+                deleted.push((step.kind.clone(), step.namespace.clone(), step.name.clone()));
+                let pushed = match translate_case(case, fleet, &deleted) {
+                    Ok((_, output)) => match gateway_configs(case, &output) {
+                        Ok(configs) => gateways.apply(configs).await,
+                        Err(e) => Err(e),
+                    },
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = pushed {
+                    result = Err(e);
+                    break;
+                }
+            }
+            Item::Request(item) => {
+                count += 1;
+                if let Err(e) = run_item(item, &gateways, fleet).await {
+                    let label = item.name.as_deref().unwrap_or_default();
+                    result = Err(
+                        e.context(format!("request {} {} {label}", item.id, item.request.path))
+                    );
+                    break;
+                }
+            }
+        }
+    }
+    gateways.shutdown().await;
+    result.map(|()| count)
+}
+
+fn random_id() -> String {
+    format!(
+        "{:016x}{:016x}",
+        rand::random::<u64>(),
+        rand::random::<u64>()
+    )
+}
+
+/// Builds the request of a row; `request_id` is appended to the path when given.
+fn outgoing(
+    item: &RequestItem,
+    addr: SocketAddr,
+    uuid: Option<&str>,
+    request_id: Option<&str>,
+    extra: &[(String, String)],
+) -> client::Outgoing {
+    let r = &item.request;
+    let mut path = match uuid {
+        Some(u) => r.path.replace("{uuid}", u),
+        None => r.path.clone(),
+    };
+    if let Some(id) = request_id {
+        path = with_request_id(&path, id);
+    }
+    let echo_set = r
+        .backend_set_response_headers
+        .iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}:{v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut headers = vec![("X-Echo-Set-Header".to_owned(), echo_set)];
+    headers.extend(r.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
+    headers.extend(extra.iter().cloned());
+    client::Outgoing {
+        addr,
+        h2c: r.protocol == "h2c-prior-knowledge",
+        method: r.method.clone(),
+        host: r.host.clone().unwrap_or_else(|| addr.to_string()),
+        path,
+        headers,
+    }
+}
+
+/// Sends one probe of a row and compares; returns the response for further checks.
+async fn probe(
+    item: &RequestItem,
+    addr: SocketAddr,
+    request_id: Option<&str>,
+    extra: &[(String, String)],
+) -> anyhow::Result<client::Response> {
+    let uuid = item.request.uuid_query_param.then(random_id);
+    let req = outgoing(item, addr, uuid.as_deref(), request_id, extra);
+    let resp = client::send(&req).await?;
+    let sent = Sent {
+        method: &item.request.method,
+        uuid: uuid.as_deref(),
+        request_id,
+    };
+    compare(&item.expect, &sent, &resp).map_err(|e| anyhow!(e))?;
+    Ok(resp)
+}
+
+/// Rule 1: repeat until the row passes 3 times in a row; a failed round trip is "not yet".
+async fn eventually<F, Fut>(mut attempt: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let deadline = Instant::now() + CONSISTENCY_DEADLINE;
+    let mut passes = 0;
+    loop {
+        match attempt().await {
+            Ok(()) => {
+                passes += 1;
+                if passes >= REQUIRED_PASSES {
+                    return Ok(());
+                }
+            }
+            Err(e) => {
+                passes = 0;
+                if Instant::now() >= deadline {
+                    return Err(
+                        e.context(format!("not consistent within {CONSISTENCY_DEADLINE:?}"))
+                    );
+                }
+            }
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+async fn run_item(item: &RequestItem, gateways: &Gateways, fleet: &Fleet) -> anyhow::Result<()> {
+    let addr = gateways.addr(&item.request.gateway)?;
+    if item.request.protocol == "websocket" {
+        let headers: Vec<(String, String)> = item
+            .request
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        return eventually(|| {
+            client::websocket(
+                addr,
+                &item.request.path,
+                &headers,
+                &item.expect.websocket_exchange,
+            )
+        })
+        .await;
+    }
+    let statistical = item.mirror_distribution.is_some();
+    let request_id = (item.request.add_request_id_query && !statistical).then(random_id);
+    eventually(|| async {
+        probe(item, addr, request_id.as_deref(), &[])
+            .await
+            .map(|_| ())
+    })
+    .await?;
+
+    for mirror in item
+        .expect
+        .mirrored_to
+        .iter()
+        .filter(|m| m.percent.is_none())
+    {
+        let path = expected_path(
+            &item.request.path,
+            &Sent {
+                method: "",
+                uuid: None,
+                request_id: request_id.as_deref(),
+            },
+        );
+        let pods = fleet.pods_of(&mirror.backend);
+        let deadline = Instant::now() + CONSISTENCY_DEADLINE;
+        while pods
+            .iter()
+            .map(|p| p.echo.count_echoed(&path))
+            .sum::<usize>()
+            == 0
+        {
+            if Instant::now() >= deadline {
+                bail!("no mirrored request {path} logged by {}", mirror.backend);
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+    if let Some(d) = &item.distribution {
+        distribution(item, d, addr).await?;
+    }
+    if let Some(m) = &item.mirror_distribution {
+        mirror_distribution(item, m, addr, fleet).await?;
+    }
+    if let Some(r) = &item.repeat {
+        for _ in 0..r.count {
+            let resp = probe(item, addr, None, &[]).await?;
+            let echo = resp.echo.context("no echo")?;
+            let values: Vec<&String> = echo
+                .headers
+                .iter()
+                .filter(|(k, _)| k.eq_ignore_ascii_case("Backend"))
+                .flat_map(|(_, v)| v)
+                .collect();
+            match values.as_slice() {
+                [v] if echo.pod.starts_with(v.as_str()) => {}
+                other => bail!("pod {} saw Backend headers {other:?}", echo.pod),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sends `n` probes, `concurrency` at a time; returns every response.
+async fn batch(
+    item: &RequestItem,
+    addr: SocketAddr,
+    n: usize,
+    concurrency: usize,
+    request_id: Option<&str>,
+    jitter: bool,
+) -> anyhow::Result<Vec<client::Response>> {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..concurrency {
+        let next = next.clone();
+        workers.push(async move {
+            let mut out = Vec::new();
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < n {
+                let extra = if jitter && rand::random_bool(0.5) {
+                    vec![(
+                        "X-Jitter".to_owned(),
+                        rand::random_range(0..10_000u32).to_string(),
+                    )]
+                } else {
+                    Vec::new()
+                };
+                out.push(probe(item, addr, request_id, &extra).await?);
+            }
+            anyhow::Ok(out)
+        });
+    }
+    let mut all = Vec::with_capacity(n);
+    for r in futures_util::future::join_all(workers).await {
+        all.extend(r?);
+    }
+    Ok(all)
+}
+
+async fn distribution(
+    item: &RequestItem,
+    d: &case::Distribution,
+    addr: SocketAddr,
+) -> anyhow::Result<()> {
+    let mut last = anyhow!("no attempt");
+    for _ in 0..d.max_attempts {
+        let responses = batch(item, addr, d.requests, d.concurrency, None, true).await?;
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for r in &responses {
+            let echo = r.echo.as_ref().context("no echo")?;
+            // Pod name minus its last two parts (ReplicaSet and pod hashes) is the Deployment.
+            let mut parts: Vec<&str> = echo.pod.split('-').collect();
+            parts.truncate(parts.len().saturating_sub(2));
+            *counts
+                .entry(format!("{}/{}", echo.namespace, parts.join("-")))
+                .or_default() += 1;
+        }
+        let total = responses.len() as f64;
+        let mut problems = Vec::new();
+        for (backend, want) in &d.expected_fraction {
+            let got = counts.get(backend).copied().unwrap_or(0);
+            let fraction = got as f64 / total;
+            if *want == 0.0 && got > 0 {
+                problems.push(format!("{backend} got {got} requests with weight 0"));
+            } else if *want > 0.0 && got == 0 {
+                problems.push(format!("{backend} got no request"));
+            } else if (fraction - want).abs() > d.tolerance_abs {
+                problems.push(format!("{backend} got {fraction:.3}, expected {want}"));
+            }
+        }
+        if problems.is_empty() {
+            return Ok(());
+        }
+        last = anyhow!("distribution {counts:?}: {}", problems.join("; "));
+    }
+    Err(last)
+}
+
+async fn mirror_distribution(
+    item: &RequestItem,
+    m: &case::MirrorDistribution,
+    addr: SocketAddr,
+    fleet: &Fleet,
+) -> anyhow::Result<()> {
+    let pods = fleet.pods_of(&m.backend);
+    let mut last = anyhow!("no attempt");
+    for _ in 0..m.max_attempts {
+        let id = random_id();
+        batch(item, addr, m.requests, m.concurrency, Some(&id), false).await?;
+        let path = with_request_id(&item.request.path, &id);
+        // Mirrors are fire-and-forget: wait until the count stops moving.
+        let mut count = 0;
+        let mut stable_since = Instant::now();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline && stable_since.elapsed() < Duration::from_millis(300) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let now: usize = pods.iter().map(|p| p.echo.count_echoed(&path)).sum();
+            if now != count {
+                count = now;
+                stable_since = Instant::now();
+            }
+        }
+        let [low, high] = m.accept_range;
+        if (low..=high).contains(&(count as f64)) {
+            return Ok(());
+        }
+        last = anyhow!(
+            "{count} of {} requests mirrored to {}, expected {low}..{high}",
+            m.requests,
+            m.backend
+        );
+    }
+    Err(last)
+}

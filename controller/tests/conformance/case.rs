@@ -1,0 +1,186 @@
+//! The transcribed conformance case format (`shared/gwapi/README.md`, "Case file format").
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_yaml_ng::Value;
+
+#[derive(Debug, Deserialize)]
+pub struct Case {
+    pub name: String,
+    pub gateway: Vec<CaseGateway>,
+    #[serde(default)]
+    pub routes: Vec<Value>,
+    #[serde(default)]
+    pub extra_objects: Vec<Value>,
+    pub requests: Vec<Item>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CaseGateway {
+    pub name: String,
+    pub namespace: String,
+    pub listeners: Vec<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Item {
+    Step { step: Step },
+    Request(Box<RequestItem>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Step {
+    pub action: String,
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RequestItem {
+    pub id: usize,
+    #[serde(default)]
+    pub name: Option<String>,
+    pub request: Request,
+    pub expect: Expect,
+    #[serde(default)]
+    pub distribution: Option<Distribution>,
+    #[serde(default)]
+    pub mirror_distribution: Option<MirrorDistribution>,
+    #[serde(default)]
+    pub repeat: Option<Repeat>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Request {
+    pub gateway: String,
+    pub protocol: String,
+    pub host: Option<String>,
+    #[serde(default = "get")]
+    pub method: String,
+    pub path: String,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub backend_set_response_headers: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub add_request_id_query: bool,
+    #[serde(default)]
+    pub uuid_query_param: bool,
+}
+
+fn get() -> String {
+    "GET".to_owned()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(u16),
+    Many(Vec<u16>),
+}
+
+impl OneOrMany {
+    pub fn codes(&self) -> Vec<u16> {
+        match self {
+            Self::One(c) => vec![*c],
+            Self::Many(v) => v.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum HeaderExpect {
+    Exact(String),
+    OneOf { one_of: Vec<String> },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Expect {
+    pub status: OneOrMany,
+    #[serde(default)]
+    pub forwarded: Option<bool>,
+    #[serde(default)]
+    pub backend: Option<String>,
+    #[serde(default)]
+    pub request_seen: Option<RequestSeen>,
+    #[serde(default)]
+    pub response_headers: BTreeMap<String, HeaderExpect>,
+    #[serde(default)]
+    pub response_headers_ignore_whitespace: bool,
+    #[serde(default)]
+    pub absent_response_headers: Vec<String>,
+    #[serde(default)]
+    pub redirect: Option<Redirect>,
+    #[serde(default)]
+    pub mirrored_to: Vec<Mirrored>,
+    #[serde(default)]
+    pub websocket_exchange: Vec<WsFrame>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct RequestSeen {
+    pub path: String,
+    #[serde(default)]
+    pub host: Option<String>,
+    pub method: String,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub absent_headers: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Redirect {
+    pub scheme: String,
+    #[serde(default)]
+    pub host: Option<String>,
+    #[serde(default)]
+    pub port: Option<String>,
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Mirrored {
+    pub backend: String,
+    #[serde(default)]
+    pub percent: Option<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct WsFrame {
+    #[serde(default)]
+    pub send_text: Option<String>,
+    #[serde(default)]
+    pub expect_text: Option<String>,
+    #[serde(default)]
+    pub send_binary: Option<Vec<u8>>,
+    #[serde(default)]
+    pub expect_binary: Option<Vec<u8>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Distribution {
+    pub requests: usize,
+    pub concurrency: usize,
+    pub expected_fraction: BTreeMap<String, f64>,
+    pub tolerance_abs: f64,
+    pub max_attempts: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct MirrorDistribution {
+    pub requests: usize,
+    pub concurrency: usize,
+    pub backend: String,
+    pub accept_range: [f64; 2],
+    pub max_attempts: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Repeat {
+    pub count: usize,
+}
