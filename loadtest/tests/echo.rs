@@ -379,3 +379,25 @@ async fn shutdown_closes_the_listeners() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn request_bodies_are_read_and_discarded() {
+    bounded(async {
+        let server = echo().await;
+        let addr = server.http_addr();
+        let body = Bytes::from(vec![b'x'; 1024 * 1024]);
+        let req = Request::put("/upload")
+            .header("host", "x")
+            .body(Full::new(body))
+            .expect("valid request");
+        let reply = h1(addr, req).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        let json = reply.json();
+        assert_eq!(json["method"], "PUT");
+        assert_eq!(
+            json["headers"]["Content-Length"],
+            serde_json::json!(["1048576"])
+        );
+    })
+    .await;
+}
