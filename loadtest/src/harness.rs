@@ -35,6 +35,8 @@ pub struct RunConfig {
     pub duration: Duration,
     pub warmup: Duration,
     pub connections: usize,
+    /// Times the whole scenario list is run; each scenario reports its median round.
+    pub rounds: usize,
     /// Proxy worker threads and nginx worker processes.
     pub workers: usize,
     /// Request target of the load, e.g. `/loadtest`.
@@ -158,22 +160,39 @@ pub async fn run(cfg: &RunConfig, progress: &dyn Fn(&str)) -> Result<Report, Run
         nginx_bin: cfg.nginx_bin.as_ref(),
         scratch: scratch.path(),
     };
-    let mut scenarios = Vec::new();
-    for &scenario in &cfg.scenarios {
-        progress(&format!("{}: starting", scenario.name()));
-        let report = run_scenario(scenario, &env, cfg).await;
-        match (&report.outcome, &report.reason) {
-            (Outcome::Ok, _) => progress(&format!("{}: done", scenario.name())),
-            (outcome, reason) => progress(&format!(
-                "{}: {}: {}",
-                scenario.name(),
-                outcome.as_str(),
-                reason.as_deref().unwrap_or("")
-            )),
+    // rounds[i] holds every round's report of cfg.scenarios[i]
+    let mut rounds: Vec<Vec<ScenarioReport>> = vec![Vec::new(); cfg.scenarios.len()];
+    let total = cfg.rounds.max(1);
+    for round in 1..=total {
+        for (i, &scenario) in cfg.scenarios.iter().enumerate() {
+            // A skipped scenario stays skipped; do not retry it every round.
+            if rounds[i]
+                .first()
+                .is_some_and(|r| r.outcome == Outcome::Skipped)
+            {
+                continue;
+            }
+            let name = scenario.name();
+            progress(&format!("{name}: starting (round {round}/{total})"));
+            let report = run_scenario(scenario, &env, cfg).await;
+            match (&report.outcome, &report.reason, &report.load) {
+                (Outcome::Ok, _, Some(load)) => {
+                    progress(&format!("{name}: {:.0} req/s", load.rps));
+                }
+                (outcome, reason, _) => progress(&format!(
+                    "{name}: {}: {}",
+                    outcome.as_str(),
+                    reason.as_deref().unwrap_or("")
+                )),
+            }
+            rounds[i].push(report);
         }
-        scenarios.push(report);
     }
     echo.stop().await;
+    let scenarios = rounds
+        .into_iter()
+        .filter_map(report::median_round)
+        .collect();
     Ok(Report::new(settings(cfg), scenarios))
 }
 
@@ -183,6 +202,7 @@ fn settings(cfg: &RunConfig) -> Settings {
         duration_s: cfg.duration.as_secs_f64(),
         warmup_s: cfg.warmup.as_secs_f64(),
         connections: cfg.connections,
+        rounds: cfg.rounds.max(1),
         workers: cfg.workers,
         path: cfg.path.clone(),
         load_cpus: cpus(&cfg.load_cpus),

@@ -13,6 +13,7 @@ fn config(scenarios: Vec<Scenario>) -> RunConfig {
         duration: Duration::from_millis(400),
         warmup: Duration::from_millis(100),
         connections: 4,
+        rounds: 1,
         workers: 1,
         path: "/loadtest".to_owned(),
         proxy_bin: PathBuf::from("/nonexistent/cftunnel-proxy"),

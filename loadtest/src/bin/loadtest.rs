@@ -37,6 +37,10 @@ struct Args {
     /// Concurrent keep-alive HTTP/1.1 connections, one request in flight on each.
     #[arg(long, default_value_t = 32)]
     connections: usize,
+    /// Run the scenario list this many times (interleaved); report each scenario's median
+    /// round by req/s. Helps on a noisy machine.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Proxy worker threads (PROXY_WORKER_THREADS) and nginx worker_processes.
     #[arg(long, default_value_t = 1)]
     workers: usize,
@@ -83,6 +87,7 @@ fn main() -> anyhow::Result<()> {
         duration,
         warmup,
         connections,
+        rounds,
         workers,
         path,
         proxy_bin,
@@ -98,8 +103,8 @@ fn main() -> anyhow::Result<()> {
     if !path.starts_with('/') {
         bail!("--path must start with '/'");
     }
-    if connections == 0 || workers == 0 {
-        bail!("--connections and --workers must be at least 1");
+    if connections == 0 || workers == 0 || rounds == 0 {
+        bail!("--connections, --workers and --rounds must be at least 1");
     }
     let own_dir = std::env::current_exe()
         .ok()
@@ -135,6 +140,7 @@ fn main() -> anyhow::Result<()> {
         duration,
         warmup,
         connections,
+        rounds,
         workers,
         path,
         proxy_bin,

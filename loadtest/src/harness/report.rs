@@ -14,6 +14,8 @@ pub struct Settings {
     pub duration_s: f64,
     pub warmup_s: f64,
     pub connections: usize,
+    /// Rounds run; each scenario's numbers are from its median round by req/s.
+    pub rounds: usize,
     pub workers: usize,
     pub path: String,
     pub load_cpus: Option<String>,
@@ -51,6 +53,8 @@ pub struct ScenarioReport {
     pub memory_idle: Option<Memory>,
     /// Memory of the server under test right after the load.
     pub memory_after: Option<Memory>,
+    /// req/s of every measured round, in run order (the reported one is the median).
+    pub rounds_rps: Vec<f64>,
 }
 
 impl ScenarioReport {
@@ -62,8 +66,37 @@ impl ScenarioReport {
             load: None,
             memory_idle: None,
             memory_after: None,
+            rounds_rps: Vec::new(),
         }
     }
+}
+
+/// Picks a scenario's report from its rounds: the median by req/s among measured rounds
+/// (the lower middle one for an even count), or the last round if none was measured.
+pub fn median_round(mut rounds: Vec<ScenarioReport>) -> Option<ScenarioReport> {
+    let rps = |r: &ScenarioReport| {
+        r.load
+            .as_ref()
+            .filter(|_| r.outcome == Outcome::Ok)
+            .map(|l| l.rps)
+    };
+    let all_rps: Vec<f64> = rounds.iter().filter_map(rps).collect();
+    let mut measured: Vec<ScenarioReport> = Vec::new();
+    let mut last = None;
+    for r in rounds.drain(..) {
+        if rps(&r).is_some() {
+            measured.push(r);
+        } else {
+            last = Some(r);
+        }
+    }
+    if measured.is_empty() {
+        return last;
+    }
+    measured.sort_by(|a, b| rps(a).unwrap_or(0.0).total_cmp(&rps(b).unwrap_or(0.0)));
+    let mut chosen = measured.swap_remove((measured.len() - 1) / 2);
+    chosen.rounds_rps = all_rps;
+    Some(chosen)
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -119,10 +152,11 @@ impl Report {
         let cpus = |c: &Option<String>| c.clone().unwrap_or_else(|| "any".to_owned());
         let _ = writeln!(
             out,
-            "{} connections, {:.0}s measured after {:.0}s warm-up, GET {}, {} worker(s); CPUs: load {}, server {}, echo {}",
+            "{} connections, {:.1}s measured after {:.1}s warm-up, median of {} round(s), GET {}, {} worker(s); CPUs: load {}, server {}, echo {}",
             s.connections,
             s.duration_s,
             s.warmup_s,
+            s.rounds,
             s.path,
             s.workers,
             cpus(&s.load_cpus),
@@ -225,6 +259,7 @@ mod tests {
             duration_s: 1.0,
             warmup_s: 0.0,
             connections: 1,
+            rounds: 1,
             workers: 1,
             path: "/".to_owned(),
             load_cpus: None,
@@ -250,6 +285,27 @@ mod tests {
         assert_eq!(report.comparisons[2].rps, Some(0.625));
         let table = report.render_table();
         assert!(table.contains("proxy/nginx"), "{table}");
+    }
+
+    #[test]
+    fn the_median_round_by_throughput_is_reported() {
+        let rounds = vec![
+            measured(Scenario::Proxy, 900.0, 1),
+            measured(Scenario::Proxy, 100.0, 2),
+            measured(Scenario::Proxy, 500.0, 3),
+        ];
+        let chosen = median_round(rounds).expect("one round chosen");
+        assert_eq!(chosen.load.as_ref().map(|l| l.rps), Some(500.0));
+        assert_eq!(chosen.rounds_rps, [900.0, 100.0, 500.0]);
+
+        let mut failed = ScenarioReport::new(Scenario::Proxy);
+        failed.reason = Some("boom".to_owned());
+        let chosen = median_round(vec![failed.clone(), measured(Scenario::Proxy, 7.0, 1)])
+            .expect("one round chosen");
+        assert_eq!(chosen.outcome, Outcome::Ok);
+        let chosen = median_round(vec![failed]).expect("one round chosen");
+        assert_eq!(chosen.outcome, Outcome::Failed);
+        assert!(median_round(Vec::new()).is_none());
     }
 
     #[test]
