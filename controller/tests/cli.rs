@@ -25,8 +25,13 @@ fn translate_prints_the_shared_plane_config_and_conditions() {
     let config: Config = serde_json::from_slice(&out.stdout).expect("stdout is a config document");
     assert_eq!(
         config.rules.len(),
-        1,
-        "the rule with a broken regex is dropped"
+        2,
+        "the rule with a broken regex is dropped; the listener hostname gets its 404 rule"
+    );
+    let isolation = &config.rules[1];
+    assert_eq!(
+        (isolation.hostnames.clone(), isolation.unavailable_status),
+        (vec!["*.example.com".to_owned()], Some(404))
     );
     let rule = &config.rules[0];
     assert_eq!(rule.hostnames, vec!["shop.example.com".to_owned()]);
@@ -69,7 +74,7 @@ fn translate_of_a_named_gateway_and_a_folder() {
         String::from_utf8_lossy(&out.stderr)
     );
     let config: Config = serde_json::from_slice(&out.stdout).expect("stdout is a config document");
-    assert_eq!(config.rules.len(), 1);
+    assert_eq!(config.rules.len(), 2);
 }
 
 #[test]

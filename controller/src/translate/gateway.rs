@@ -358,6 +358,39 @@ fn mark_conflicts(
     }
 }
 
+/// Status of a request no route of its listener matches.
+pub(super) const NO_ROUTE_STATUS: u16 = 404;
+
+/// Listener isolation (Gateway API `GatewayHTTPListenerIsolation`): a request whose host
+/// matches a listener's hostname is served only by routes attached to that listener. The
+/// proxy falls back from a host's rules to less specific hostnames when no rule matches (right
+/// within one listener, where route hostnames refine it), so each listener hostname gets a
+/// last-resort rule that answers 404 instead of falling through to other listeners. It is a
+/// regular expression match placed after every route rule, so any route rule of the same
+/// hostname outranks it.
+pub(super) fn listener_isolation_rules(gw: &OwnedGateway<'_>) -> Vec<cftunnel_config::Rule> {
+    gw.listeners
+        .iter()
+        .filter(|l| l.usable)
+        .filter_map(|l| {
+            let hostname = l.hostname.clone()?;
+            Some(cftunnel_config::Rule {
+                hostnames: vec![hostname],
+                matches: vec![cftunnel_config::Match {
+                    path: Some(cftunnel_config::PathMatch {
+                        kind: cftunnel_config::PathMatchType::RegularExpression,
+                        value: ".*".to_owned(),
+                    }),
+                    ..cftunnel_config::Match::default()
+                }],
+                unavailable_status: Some(NO_ROUTE_STATUS),
+                name: Some(format!("{}/listener:{}", gw.key, l.name)),
+                ..cftunnel_config::Rule::default()
+            })
+        })
+        .collect()
+}
+
 /// Whether a label selector matches `labels` (matchLabels and matchExpressions ANDed).
 pub(super) fn selector_matches(
     selector: &GatewayListenersAllowedRoutesNamespacesSelector,

@@ -231,6 +231,10 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
             continue;
         }
         for (plane, attachment) in bound.planes {
+            // Every hostname of the route belongs to more specific listeners there.
+            if !attachment.any_host && attachment.hostnames.is_empty() {
+                continue;
+            }
             let out = rules_by_plane.entry(plane.clone()).or_default();
             for rule in &translated.rules {
                 out.push(rule.for_attachment(&attachment));
@@ -243,7 +247,14 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
         }
     }
 
-    for (plane, rules) in rules_by_plane {
+    for gw in gateways.values() {
+        if let Some(plane) = &gw.plane {
+            let rules = rules_by_plane.entry(plane.clone()).or_default();
+            rules.extend(gateway::listener_isolation_rules(gw));
+        }
+    }
+    for (plane, mut rules) in rules_by_plane {
+        dedup_isolation_rules(&mut rules);
         if let Some(config) = configs.get_mut(&plane) {
             config.rules = rules;
         }
@@ -256,6 +267,17 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
         statuses,
         planes,
     }
+}
+
+/// Keeps the first isolation rule per hostname (several Gateways of a plane may share one).
+fn dedup_isolation_rules(rules: &mut Vec<cftunnel_config::Rule>) {
+    let mut seen = BTreeSet::new();
+    rules.retain(|r| {
+        if r.unavailable_status != Some(gateway::NO_ROUTE_STATUS) || r.hostnames.len() != 1 {
+            return true;
+        }
+        seen.insert(r.hostnames.clone())
+    });
 }
 
 /// Lookups over the snapshot, built once per translation.

@@ -156,10 +156,19 @@ fn backend(url: &str, weight: u32) -> Backend {
     }
 }
 
+/// Route rules of the shared plane, without the listener isolation rules.
+fn route_rules(out: &Output) -> Vec<&Rule> {
+    shared(out)
+        .rules
+        .iter()
+        .filter(|r| !r.name.as_deref().unwrap_or_default().contains("/listener:"))
+        .collect()
+}
+
 fn only_rule(out: &Output) -> &Rule {
-    let rules = &shared(out).rules;
+    let rules = route_rules(out);
     assert_eq!(rules.len(), 1, "{rules:#?}");
-    &rules[0]
+    rules[0]
 }
 
 #[test]
@@ -238,7 +247,7 @@ fn route_binds_by_section_name_and_port_or_reports_no_matching_parent() {
     }
     let gw = &out.statuses.gateways[&ObjectKey::new("infra", "gw")];
     assert_eq!(gw.listeners[0].attached_routes, 1);
-    assert_eq!(shared(&out).rules.len(), 1);
+    assert_eq!(route_rules(&out).len(), 1);
 }
 
 #[test]
@@ -340,6 +349,114 @@ spec:
     assert_eq!(
         only_rule(&out).hostnames,
         vec!["foo.wildcard.io".to_owned(), "very.specific.com".to_owned()]
+    );
+}
+
+#[test]
+fn listener_hostnames_end_with_a_404_rule_so_listeners_stay_isolated() {
+    let gateway = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: iso, namespace: infra}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: any, port: 80, protocol: HTTP}
+  - {name: wild, port: 80, protocol: HTTP, hostname: "*.example.com"}
+  - {name: abc, port: 80, protocol: HTTP, hostname: abc.example.com}
+---
+"#;
+    let out = run(&format!(
+        "{gateway}{}",
+        http_route(
+            "infra",
+            "on-any",
+            "  parentRefs: [{name: iso, sectionName: any}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]"
+        )
+    ));
+    let rules = &shared(&out).rules;
+    let tail: Vec<_> = rules
+        .iter()
+        .map(|r| {
+            (
+                r.name.as_deref().unwrap_or_default(),
+                r.hostnames.clone(),
+                r.unavailable_status,
+            )
+        })
+        .collect();
+    assert_eq!(
+        tail,
+        vec![
+            ("infra/on-any/0", vec![], None),
+            (
+                "infra/iso/listener:wild",
+                vec!["*.example.com".to_owned()],
+                Some(404)
+            ),
+            (
+                "infra/iso/listener:abc",
+                vec!["abc.example.com".to_owned()],
+                Some(404)
+            ),
+        ]
+    );
+    let catch_all = rules[1].matches[0].path.as_ref().expect("path");
+    assert_eq!(
+        (catch_all.kind, catch_all.value.as_str()),
+        (PathMatchType::RegularExpression, ".*")
+    );
+}
+
+#[test]
+fn route_hostnames_inside_a_more_specific_listener_are_left_to_it() {
+    let gateway = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: iso, namespace: infra}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: any, port: 80, protocol: HTTP}
+  - {name: wild, port: 80, protocol: HTTP, hostname: "*.example.com"}
+  - {name: abc, port: 80, protocol: HTTP, hostname: abc.example.com}
+---
+"#;
+    let route = |name: &str, section: &str, hosts: &str| {
+        http_route(
+            "infra",
+            name,
+            &format!("  parentRefs: [{{name: iso, sectionName: {section}}}]\n  hostnames: {hosts}\n  rules: [{{backendRefs: [{{name: v2, port: 8080}}]}}]"),
+        )
+    };
+    let out = run(&format!(
+        "{gateway}{}{}{}",
+        route(
+            "on-any",
+            "any",
+            "[bar.com, \"*.example.com\", x.example.com]"
+        ),
+        route("on-wild", "wild", "[abc.example.com, foo.example.com]"),
+        route("all-shadowed", "any", "[abc.example.com]"),
+    ));
+    let hosts: Vec<_> = route_rules(&out)
+        .iter()
+        .map(|r| (r.name.clone().unwrap_or_default(), r.hostnames.clone()))
+        .collect();
+    assert_eq!(
+        hosts,
+        vec![
+            ("infra/on-any/0".to_owned(), vec!["bar.com".to_owned()]),
+            (
+                "infra/on-wild/0".to_owned(),
+                vec!["foo.example.com".to_owned()]
+            ),
+        ]
+    );
+    assert_eq!(
+        condition(&out, "infra", "all-shadowed", ConditionType::Accepted),
+        (true, Reason::Accepted),
+        "attachment follows the spec's intersection; only the data plane leaves the host to its listener"
     );
 }
 
