@@ -3,7 +3,8 @@
 //! Two listeners: the HTTP port serves HTTP/1.1 (and HTTP/2 with prior knowledge), the h2c
 //! port serves only HTTP/2 with prior knowledge and answers anything else with 400
 //! `Expected h2c request`. Every other route echoes the request as JSON (`path`, `host`,
-//! `method`, `proto`, `headers`, `namespace`, `pod`, `httpPort`, `ingress`, `service`), honours
+//! `method`, `proto`, `headers`, `namespace`, `pod`, `httpPort`, `ingress`, `service`, `sni`),
+//! indented like Go's `json.MarshalIndent(v, "", " ")`, honours
 //! `X-Echo-Set-Header` and `?delay=`, and logs `Echoing back request made to <RequestURI> to
 //! client (<remote addr>)`. Special routes: `/health`, `/status/NNN`, `/ws` (WebSocket echo)
 //! and `/retry/...` (per-UUID failure simulator, by status code or TCP RST).
@@ -333,7 +334,7 @@ async fn serve_h2c(mut stream: TcpStream, ctx: ConnCtx) {
         let reject = service_fn(|_req| async {
             Ok::<_, Infallible>(handler::text(
                 http::StatusCode::BAD_REQUEST,
-                "Expected h2c request\n",
+                "Expected h2c request",
             ))
         });
         let _ = hyper::server::conn::http1::Builder::new()

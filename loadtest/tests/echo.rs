@@ -97,6 +97,11 @@ async fn echoes_request_fields_as_json() {
         assert_eq!(json["httpPort"], addr.port().to_string());
         assert_eq!(json["ingress"], "");
         assert_eq!(json["service"], "");
+        assert_eq!(json["sni"], "");
+        assert!(
+            reply.body.starts_with(b"{\n \"path\""),
+            "indented by one space"
+        );
         let headers = &json["headers"];
         assert_eq!(headers["X-Forwarded-For"], serde_json::json!(["10.0.0.1"]));
         assert_eq!(headers["X-Multi"], serde_json::json!(["one", "two"]));
@@ -122,6 +127,16 @@ async fn set_header_requests_become_response_headers() {
         let reply = h1(addr, req).await;
         assert_eq!(reply.headers["x-header-set"], "set");
         assert_eq!(reply.headers["x-header-add"], "a,b");
+        // every X-Echo-Set-Header line counts
+        let req = Request::get("/")
+            .header("host", "x")
+            .header("x-echo-set-header", "X-One:1")
+            .header("x-echo-set-header", "X-Two:2,X-One:again")
+            .body(Full::default())
+            .expect("valid request");
+        let reply = h1(addr, req).await;
+        assert_eq!(reply.headers["x-one"], "1,again");
+        assert_eq!(reply.headers["x-two"], "2");
         // an empty X-Echo-Set-Header sets nothing
         let req = Request::get("/")
             .header("host", "x")
@@ -146,7 +161,8 @@ async fn delay_query_sleeps_before_answering() {
         assert_eq!(reply.status, StatusCode::OK);
         assert_eq!(reply.json()["path"], "/slow?delay=300ms");
         let reply = h1(addr, get(addr, "/slow?delay=soon")).await;
-        assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+        assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(reply.json()["message"], "time: invalid duration \"soon\"");
     })
     .await;
 }
@@ -160,12 +176,20 @@ async fn status_and_health_routes_answer_bare() {
         assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(reply.body.is_empty());
         assert!(reply.headers.get("content-type").is_none());
-        let reply = h1(addr, get(addr, "//status//418")).await;
+        let reply = h1(addr, get(addr, "/status/418")).await;
         assert_eq!(reply.status, StatusCode::IM_A_TEAPOT);
-        let reply = h1(addr, get(addr, "/status/abc")).await;
-        assert_eq!(reply.status, StatusCode::BAD_REQUEST);
-        let reply = h1(addr, get(addr, "/health")).await;
+        for malformed in [
+            "/status/abc",
+            "/status/5030",
+            "/status/503?x=1",
+            "//status//503",
+        ] {
+            let reply = h1(addr, get(addr, malformed)).await;
+            assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{malformed}");
+        }
+        let reply = h1(addr, get(addr, "//health")).await;
         assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(&reply.body[..], b"OK");
         assert!(server.log_lines().is_empty(), "bare routes are not echoed");
     })
     .await;
@@ -276,7 +300,7 @@ async fn h2c_port_rejects_http1_with_400() {
         let addr = server.h2c_addr();
         let reply = h1(addr, get(addr, "/")).await;
         assert_eq!(reply.status, StatusCode::BAD_REQUEST);
-        assert_eq!(&reply.body[..], b"Expected h2c request\n");
+        assert_eq!(&reply.body[..], b"Expected h2c request");
         assert!(server.log_lines().is_empty());
     })
     .await;

@@ -72,6 +72,8 @@ struct EchoBody<'a> {
     pod: &'a str,
     #[serde(rename = "httpPort")]
     http_port: &'a str,
+    /// Only filled on echo-basic's TLS port, which this server does not have.
+    sni: &'a str,
 }
 
 pub(crate) async fn handle(mut req: Request<Incoming>, ctx: &ConnCtx) -> EchoResponse {
@@ -85,17 +87,10 @@ pub(crate) async fn handle(mut req: Request<Incoming>, ctx: &ConnCtx) -> EchoRes
     drain_body(body).await;
 
     if route == "/health" {
-        return bare(StatusCode::OK);
+        return text(StatusCode::OK, "OK");
     }
-    if let Some(code) = route.strip_prefix("/status/") {
-        return match code
-            .parse::<u16>()
-            .ok()
-            .and_then(|c| StatusCode::from_u16(c).ok())
-        {
-            Some(status) if status.as_u16() >= 200 => bare(status),
-            _ => text(StatusCode::BAD_REQUEST, "invalid status code\n"),
-        };
+    if route.starts_with("/status/") {
+        return bare(status_from_uri(&request_uri).unwrap_or(StatusCode::BAD_REQUEST));
     }
     if route.starts_with("/retry/") {
         if let Some(failure) = retry(&query, ctx).await {
@@ -103,6 +98,17 @@ pub(crate) async fn handle(mut req: Request<Incoming>, ctx: &ConnCtx) -> EchoRes
         }
     }
     echo(&parts, &request_uri, &query, ctx).await
+}
+
+/// echo-basic takes the code from the whole RequestURI with `^/status/(\d\d\d)$`, so a query
+/// string or doubled slashes make it 400. Informational codes cannot be a final answer here.
+fn status_from_uri(request_uri: &str) -> Option<StatusCode> {
+    let digits = request_uri.strip_prefix("/status/")?;
+    if digits.len() != 3 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let status = StatusCode::from_u16(digits.parse().ok()?).ok()?;
+    (status.as_u16() >= 200).then_some(status)
 }
 
 /// Reads and discards the request body, up to `MAX_BODY` bytes: a client may not read the
@@ -183,7 +189,13 @@ async fn echo(
     {
         match go_duration::parse(delay) {
             Ok(d) => tokio::time::sleep(d.min(MAX_DELAY)).await,
-            Err(_) => return text(StatusCode::BAD_REQUEST, "invalid delay\n"),
+            // echo-basic answers a bad delay with 500 and a JSON message
+            Err(_) => {
+                return json_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &format!("time: invalid duration {delay:?}"),
+                )
+            }
         }
     }
 
@@ -210,10 +222,11 @@ async fn echo(
         service: "",
         pod: &shared.identity.pod,
         http_port: &shared.http_port,
+        sni: "",
     };
-    let json = match serde_json::to_vec_pretty(&body) {
+    let json = match encode_indented(&body) {
         Ok(json) => json,
-        Err(_) => return text(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n"),
+        Err(e) => return json_error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     };
 
     let mut response = Response::new(Full::new(Bytes::from(json)));
@@ -223,19 +236,41 @@ async fn echo(
         HeaderName::from_static("x-content-type-options"),
         HeaderValue::from_static("nosniff"),
     );
-    if let Some(spec) = parts.headers.get("x-echo-set-header") {
+    for spec in parts.headers.get_all("x-echo-set-header") {
         apply_set_header(h, &String::from_utf8_lossy(spec.as_bytes()));
     }
     response
 }
 
+/// JSON indented by one space, as Go's `json.MarshalIndent(v, "", " ")` writes it.
+fn encode_indented<T: Serialize>(value: &T) -> serde_json::Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(512);
+    let formatter = serde_json::ser::PrettyFormatter::with_indent(b" ");
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, formatter);
+    value.serialize(&mut ser)?;
+    Ok(out)
+}
+
+/// echo-basic's error answer: `{"message": "..."}` as JSON.
+fn json_error(status: StatusCode, message: &str) -> EchoResponse {
+    let body = serde_json::json!({ "message": message }).to_string();
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    let h = response.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    h.insert(
+        HeaderName::from_static("x-content-type-options"),
+        HeaderValue::from_static("nosniff"),
+    );
+    response
+}
+
 /// `X-Echo-Set-Header: Name1:val1,Name2:val2`: each pair sets a response header; a name seen
-/// again appends `,val` to the existing value. Malformed pairs are skipped, as echo-basic does.
+/// again appends `,val` to the existing value; a pair without `:` sets an empty value, as
+/// echo-basic does. Names that are not valid header names (e.g. empty) are skipped.
 fn apply_set_header(headers: &mut http::HeaderMap, spec: &str) {
     for pair in spec.split(',') {
-        let Some((name, value)) = pair.split_once(':') else {
-            continue;
-        };
+        let (name, value) = pair.trim().split_once(':').unwrap_or((pair.trim(), ""));
         let (name, value) = (name.trim(), value.trim());
         let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
             continue;
@@ -376,6 +411,25 @@ mod tests {
     }
 
     #[test]
+    fn status_codes_are_three_digits_of_the_whole_request_uri() {
+        assert_eq!(
+            status_from_uri("/status/503"),
+            Some(StatusCode::SERVICE_UNAVAILABLE)
+        );
+        assert_eq!(status_from_uri("/status/200"), Some(StatusCode::OK));
+        for bad in [
+            "/status/50",
+            "/status/5030",
+            "/status/503?x=1",
+            "/status/abc",
+            "/status/101",
+            "//status/503",
+        ] {
+            assert_eq!(status_from_uri(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
     fn double_slashes_collapse_for_routing() {
         assert_eq!(collapse_slashes("//status//503"), "/status/503");
         assert_eq!(collapse_slashes("/a/b/"), "/a/b/");
@@ -384,10 +438,11 @@ mod tests {
     #[test]
     fn set_header_appends_repeated_names() {
         let mut h = http::HeaderMap::new();
-        apply_set_header(&mut h, "X-A:1, X-B: two ,X-A:3,broken");
+        apply_set_header(&mut h, "X-A:1, X-B: two ,X-A:3,bare,:x,");
         assert_eq!(h.get("x-a").map(|v| v.as_bytes()), Some(&b"1,3"[..]));
         assert_eq!(h.get("x-b").map(|v| v.as_bytes()), Some(&b"two"[..]));
-        assert_eq!(h.len(), 2);
+        assert_eq!(h.get("bare").map(|v| v.as_bytes()), Some(&b""[..]));
+        assert_eq!(h.len(), 3);
     }
 
     #[test]
