@@ -21,7 +21,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use cftunnel_controller::translate::{self, ObjectKey, Options, Output, Snapshot};
+use cftunnel_controller::translate::{
+    self, ObjectKey, Options, Output, RouteKey, RouteKind, Snapshot,
+};
 use cftunnel_proxy::{Server, ServerOptions};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -260,6 +262,7 @@ fn translate_case(
 async fn run_case(case: &Case, fleet: &Fleet) -> anyhow::Result<usize> {
     let mut deleted = Vec::new();
     let (_, output) = translate_case(case, fleet, &deleted)?;
+    check_statuses(case, &output)?;
     let gateways = Gateways::start(gateway_configs(case, &output)?).await?;
     let mut count = 0;
     let mut result = Ok(());
@@ -298,6 +301,80 @@ async fn run_case(case: &Case, fleet: &Fleet) -> anyhow::Result<usize> {
     }
     gateways.shutdown().await;
     result.map(|()| count)
+}
+
+/// The statuses the Go test asserts before sending traffic.
+fn check_statuses(case: &Case, output: &Output) -> anyhow::Result<()> {
+    let as_bool = |s: &str| s == "True";
+    for check in &case.status_checks {
+        let (ns, name) = check.name.split_once('/').context("status check name")?;
+        let key = ObjectKey::new(ns, name);
+        match check.kind.as_str() {
+            "HTTPRoute" => {
+                let parents = output
+                    .statuses
+                    .routes
+                    .get(&RouteKey {
+                        kind: RouteKind::Http,
+                        key,
+                    })
+                    .with_context(|| format!("no status for HTTPRoute {}", check.name))?;
+                let parent = check.parent.as_deref().unwrap_or_default();
+                let entry = parents
+                    .iter()
+                    .find(|p| format!("{}/{}", p.parent_ref.namespace, p.parent_ref.name) == parent)
+                    .with_context(|| {
+                        format!("HTTPRoute {} has no status for parent {parent}", check.name)
+                    })?;
+                let wanted = check.condition.as_deref().unwrap_or_default();
+                let got = entry
+                    .conditions
+                    .iter()
+                    .find(|c| c.kind.as_str() == wanted)
+                    .with_context(|| {
+                        format!("HTTPRoute {} has no {wanted} condition", check.name)
+                    })?;
+                let status = check.status.as_deref().is_some_and(as_bool);
+                let reason = check.reason.as_deref().unwrap_or_default();
+                if got.status != status || got.reason.as_str() != reason {
+                    bail!("HTTPRoute {} parent {parent}: {got}, expected {wanted}={status} ({reason})", check.name);
+                }
+            }
+            "Gateway" => {
+                let gw = output
+                    .statuses
+                    .gateways
+                    .get(&key)
+                    .with_context(|| format!("no status for Gateway {}", check.name))?;
+                let wanted = check.listener.as_deref().unwrap_or_default();
+                let listener = gw
+                    .listeners
+                    .iter()
+                    .find(|l| l.name == wanted)
+                    .with_context(|| format!("Gateway {} has no listener {wanted}", check.name))?;
+                if let Some(n) = check.attached_routes {
+                    if listener.attached_routes != n {
+                        bail!(
+                            "Gateway {} listener {wanted}: attachedRoutes {}, expected {n}",
+                            check.name,
+                            listener.attached_routes
+                        );
+                    }
+                }
+                for (kind, status) in &check.conditions {
+                    let got = listener.conditions.iter().find(|c| c.kind.as_str() == kind);
+                    if got.map(|c| c.status) != Some(as_bool(status)) {
+                        bail!(
+                            "Gateway {} listener {wanted}: {kind} is {got:?}, expected {status}",
+                            check.name
+                        );
+                    }
+                }
+            }
+            other => bail!("unknown status check kind {other}"),
+        }
+    }
+    Ok(())
 }
 
 fn random_id() -> String {

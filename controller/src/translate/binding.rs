@@ -244,12 +244,8 @@ fn attach(
     index: &Index<'_>,
     planes: &mut BTreeMap<PlaneKey, Attachment>,
 ) -> Result<(), (Reason, String)> {
-    let Some(plane) = gw.plane.clone() else {
-        return Err((
-            Reason::NoMatchingParent,
-            format!("Gateway {} is not accepted", gw.key),
-        ));
-    };
+    let plane = gw.plane.clone();
+    let gateway_key = gw.key.clone();
     let gateway_namespace = gw.key.namespace.clone();
     let shadowing = shadowing_hostnames(&gw.listeners);
     let candidates: Vec<&mut OwnedListener<'_>> = gw
@@ -264,14 +260,7 @@ fn attach(
             "no listener matches the parentRef sectionName/port".to_owned(),
         ));
     }
-    let usable: Vec<&mut OwnedListener<'_>> = candidates.into_iter().filter(|l| l.usable).collect();
-    if usable.is_empty() {
-        return Err((
-            Reason::NoMatchingParent,
-            "the matching listeners are not valid".to_owned(),
-        ));
-    }
-    let allowed: Vec<&mut OwnedListener<'_>> = usable
+    let allowed: Vec<&mut OwnedListener<'_>> = candidates
         .into_iter()
         .filter(|l| l.kinds.contains(&route.kind))
         .filter(|l| namespace_allowed(&l.namespaces, &gateway_namespace, route.namespace, index))
@@ -286,10 +275,17 @@ fn attach(
             ),
         ));
     }
+    let allowed: Vec<&mut OwnedListener<'_>> = allowed.into_iter().filter(|l| l.usable).collect();
+    if allowed.is_empty() {
+        return Err((
+            Reason::NoMatchingParent,
+            "the matching listeners are not valid".to_owned(),
+        ));
+    }
     let mut attached = Vec::new();
+    let mut listeners = Vec::new();
     for l in allowed {
         if let Some(hosts) = intersect(l.hostname.as_deref(), &route.hostnames) {
-            l.attached_routes += 1;
             let hosts = match (hosts, shadowing.get(l.name)) {
                 (Hosts::Some(list), Some(more_specific)) => Hosts::Some(
                     list.into_iter()
@@ -299,6 +295,7 @@ fn attach(
                 (hosts, _) => hosts,
             };
             attached.push((hosts, l.port));
+            listeners.push(l);
         }
     }
     if attached.is_empty() {
@@ -306,6 +303,16 @@ fn attach(
             Reason::NoMatchingListenerHostname,
             "no route hostname intersects a listener hostname".to_owned(),
         ));
+    }
+    // Listener problems are reported first; a Gateway refused for its parameters serves nothing.
+    let Some(plane) = plane else {
+        return Err((
+            Reason::NoMatchingParent,
+            format!("Gateway {gateway_key} is not accepted"),
+        ));
+    };
+    for l in listeners {
+        l.attached_routes += 1;
     }
     let entry = planes.entry(plane).or_default();
     for (hosts, port) in attached {

@@ -287,6 +287,10 @@ fn listener(l: &GatewayListeners, generation: Option<i64>) -> OwnedListener<'_> 
         },
     };
 
+    if !supported_protocol {
+        // The listener serves no route kind of ours (e.g. TLS passthrough wants TLSRoute).
+        kinds.clear();
+    }
     OwnedListener {
         name: &l.name,
         port: l.port,

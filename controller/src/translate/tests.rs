@@ -250,6 +250,109 @@ fn route_binds_by_section_name_and_port_or_reports_no_matching_parent() {
     assert_eq!(route_rules(&out).len(), 1);
 }
 
+/// The status-only conformance tests (`shared/gwapi/SKIPPED.md`): routes that must not attach.
+#[test]
+fn routes_that_must_not_attach_report_the_spec_reason() {
+    let gateways = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: tlsroutes-only, namespace: infra}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: tls, port: 443, protocol: TLS, tls: {mode: Passthrough}, allowedRoutes: {kinds: [{kind: TLSRoute}]}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: from-all, namespace: infra}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: http, port: 80, protocol: HTTP, allowedRoutes: {kinds: [{kind: HTTPRoute}], namespaces: {from: All}}}
+---
+"#;
+    let cases = [
+        (
+            "infra",
+            "disallowed-kind",
+            "[{name: tlsroutes-only}]",
+            Reason::NotAllowedByListeners,
+        ),
+        (
+            "web",
+            "cross-namespace-parent",
+            "[{name: gw, namespace: infra}]",
+            Reason::NotAllowedByListeners,
+        ),
+        (
+            "infra",
+            "port-81",
+            "[{name: gw, port: 81}]",
+            Reason::NoMatchingParent,
+        ),
+        (
+            "infra",
+            "section-http1",
+            "[{name: gw, port: 80, sectionName: http1}]",
+            Reason::NoMatchingParent,
+        ),
+        (
+            "infra",
+            "section-ok-port-81",
+            "[{name: from-all, sectionName: http, port: 81}]",
+            Reason::NoMatchingParent,
+        ),
+    ];
+    let routes: String = cases
+        .iter()
+        .map(|(ns, name, parents, _)| {
+            http_route(
+                ns,
+                name,
+                &format!("  parentRefs: {parents}\n  rules: [{{backendRefs: [{{name: v2, namespace: infra, port: 8080}}]}}]"),
+            )
+        })
+        .collect();
+    let grant = "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {name: g, namespace: infra}\nspec:\n  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: web}]\n  to: [{group: \"\", kind: Service}]\n---\n";
+    let out = run(&format!("{gateways}{grant}{routes}"));
+    for (ns, name, _, reason) in cases {
+        assert_eq!(
+            condition(&out, ns, name, ConditionType::Accepted),
+            (false, reason),
+            "{name}"
+        );
+        assert_eq!(
+            condition(&out, ns, name, ConditionType::ResolvedRefs),
+            (true, Reason::ResolvedRefs),
+            "{name}"
+        );
+    }
+    for gw in ["gw", "tlsroutes-only", "from-all"] {
+        let status = &out.statuses.gateways[&ObjectKey::new("infra", gw)];
+        assert!(
+            status.listeners.iter().all(|l| l.attached_routes == 0),
+            "{gw}"
+        );
+    }
+    assert!(route_rules(&out).is_empty());
+}
+
+#[test]
+fn conditions_carry_the_observed_generation() {
+    let out = run(&http_route(
+        "infra",
+        "bumped",
+        "  parentRefs: [{name: gw}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]",
+    )
+    .replace("namespace: infra}", "namespace: infra, generation: 2}"));
+    let parent = &route_status(&out, "infra", "bumped")[0];
+    assert!(!parent.conditions.is_empty());
+    assert!(parent
+        .conditions
+        .iter()
+        .all(|c| c.observed_generation == Some(2)));
+}
+
 #[test]
 fn allowed_routes_filter_namespaces_and_kinds() {
     let gateways = r#"

@@ -13,7 +13,31 @@ pub struct Case {
     pub routes: Vec<Value>,
     #[serde(default)]
     pub extra_objects: Vec<Value>,
+    #[serde(default)]
+    pub status_checks: Vec<StatusCheck>,
     pub requests: Vec<Item>,
+}
+
+/// A status the Go test asserts: a route condition towards a parent, or a listener's
+/// attached-route count and conditions.
+#[derive(Debug, Deserialize)]
+pub struct StatusCheck {
+    pub kind: String,
+    pub name: String,
+    #[serde(default)]
+    pub parent: Option<String>,
+    #[serde(default, rename = "type")]
+    pub condition: Option<String>,
+    #[serde(default)]
+    pub status: Option<String>,
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub listener: Option<String>,
+    #[serde(default, rename = "attachedRoutes")]
+    pub attached_routes: Option<i32>,
+    #[serde(default)]
+    pub conditions: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]
