@@ -80,7 +80,7 @@ impl fmt::Display for Duration {
             ("ms", 1_000_000),
             ("us", 1_000),
         ] {
-            if nanos != 0 && nanos % size == 0 {
+            if nanos != 0 && nanos.is_multiple_of(size) {
                 return write!(f, "{}{unit}", nanos / size);
             }
         }

@@ -16,8 +16,13 @@ use cftunnel_config::Config;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Upstreams kept across pushes so their connection pools survive a reload.
-pub type UpstreamCache = HashMap<UpstreamKey, Arc<Upstream>>;
+/// What one compile hands to the next: backend clients (so connection pools survive a
+/// reload) and compiled patterns (so an unchanged regex is not compiled again).
+#[derive(Debug, Default)]
+pub struct Cache {
+    pub(crate) upstreams: HashMap<UpstreamKey, Arc<Upstream>>,
+    pub(crate) patterns: HashMap<String, crate::route::Pattern>,
+}
 
 /// Applies config documents to a [`Proxy`], one at a time.
 #[derive(Debug)]
@@ -29,7 +34,7 @@ pub struct Reloader {
 #[derive(Debug, Default)]
 struct State {
     version: i64,
-    upstreams: UpstreamCache,
+    cache: Cache,
 }
 
 /// Documents with more rules than this are compiled off the async workers.
@@ -66,7 +71,7 @@ impl Reloader {
             });
         }
         let metrics = self.proxy.metrics().clone();
-        let cache = std::mem::take(&mut state.upstreams);
+        let cache = std::mem::take(&mut state.cache);
         let big = doc.rules.len() > BLOCKING_COMPILE_RULES;
         let result = if big {
             tokio::task::spawn_blocking(move || {
@@ -82,7 +87,7 @@ impl Reloader {
             (r, cache)
         };
         let (compiled, cache) = result;
-        state.upstreams = cache;
+        state.cache = cache;
         match compiled {
             Ok(routes) => {
                 let version = routes.version();

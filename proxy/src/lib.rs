@@ -91,7 +91,7 @@ impl Server {
         mut registry: Registry,
     ) -> anyhow::Result<Self> {
         let metrics = metrics::ProxyMetrics::register(&mut registry);
-        let mut empty = config::UpstreamCache::new();
+        let mut empty = config::Cache::default();
         let routes = config::compile(&cftunnel_config::Config::default(), &metrics, &mut empty)
             .context("compiling the empty table")?;
         let proxy = Proxy::new(

@@ -80,7 +80,7 @@ pub struct ResultLabels {
 }
 
 fn duration_histogram() -> Histogram {
-    Histogram::new(DURATION_BUCKETS.into_iter())
+    Histogram::new(DURATION_BUCKETS)
 }
 
 #[derive(Clone, Debug)]

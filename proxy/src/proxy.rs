@@ -36,14 +36,40 @@ const MIRROR_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub struct Routes {
     pub(crate) table: Table<Rule>,
-    /// Indexed by bucket id.
-    pub(crate) hosts: Box<[HostMetrics]>,
-    pub(crate) unmatched: HostMetrics,
+    /// Hostname label of each bucket, indexed by bucket id.
+    host_labels: Box<[Box<str>]>,
+    /// Metric children of each bucket, fetched on the bucket's first request rather than at
+    /// compile time, so a push of thousands of hostnames stays cheap.
+    hosts: Box<[std::sync::OnceLock<HostMetrics>]>,
+    unmatched: std::sync::OnceLock<HostMetrics>,
+    metrics: ProxyMetrics,
     pub(crate) version: i64,
     pub(crate) has_grpc: bool,
 }
 
 impl Routes {
+    pub(crate) fn new(
+        table: Table<Rule>,
+        host_labels: Vec<Box<str>>,
+        metrics: ProxyMetrics,
+        version: i64,
+        has_grpc: bool,
+    ) -> Self {
+        let hosts = host_labels
+            .iter()
+            .map(|_| std::sync::OnceLock::new())
+            .collect();
+        Self {
+            table,
+            host_labels: host_labels.into_boxed_slice(),
+            hosts,
+            unmatched: std::sync::OnceLock::new(),
+            metrics,
+            version,
+            has_grpc,
+        }
+    }
+
     pub fn version(&self) -> i64 {
         self.version
     }
@@ -52,15 +78,21 @@ impl Routes {
         self.table.rule_count()
     }
 
+    /// The compiled table, for lookups outside the request path (benchmarks, diagnostics).
+    pub fn table(&self) -> &Table<Rule> {
+        &self.table
+    }
+
     /// Whether GRPCRoutes contributed to this table.
     pub fn has_grpc_route(&self) -> bool {
         self.has_grpc
     }
 
     fn host_metrics(&self, bucket: Option<usize>) -> &HostMetrics {
-        bucket
-            .and_then(|b| self.hosts.get(b))
-            .unwrap_or(&self.unmatched)
+        match bucket.and_then(|b| Some((self.hosts.get(b)?, self.host_labels.get(b)?))) {
+            Some((slot, label)) => slot.get_or_init(|| self.metrics.host(label)),
+            None => self.unmatched.get_or_init(|| self.metrics.host("")),
+        }
     }
 }
 

@@ -8,7 +8,7 @@
 mod matcher;
 mod table;
 
-pub use matcher::{MatchSpec, PathMatcher, RequestView, ValueMatcher};
+pub use matcher::{MatchSpec, PathMatcher, Pattern, RequestView, ValueMatcher};
 pub use table::{Bucket, Hit, Table, TableBuilder};
 
 #[cfg(test)]

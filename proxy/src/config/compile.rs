@@ -1,4 +1,4 @@
-use super::{ConfigError, UpstreamCache};
+use super::{Cache, ConfigError};
 use crate::filter::{
     Allow, Cors, Filters, HeaderModifier, Mirror, OriginPattern, PathModifier, Redirect,
     RequestEdit, Rewrite,
@@ -6,27 +6,26 @@ use crate::filter::{
 use crate::forward::{Upstream, UpstreamError};
 use crate::metrics::ProxyMetrics;
 use crate::proxy::Routes;
-use crate::route::{MatchSpec, PathMatcher, TableBuilder, ValueMatcher};
+use crate::route::{MatchSpec, PathMatcher, Pattern, TableBuilder, ValueMatcher};
 use crate::rule::{Backend, Backends, RetryPolicy, Rule};
 use cftunnel_config as doc;
 use http::{HeaderName, HeaderValue, Method, StatusCode};
-use regex::Regex;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Compiled regexes may not grow past this (guards against pathological patterns).
-const REGEX_SIZE_LIMIT: usize = 1 << 20;
 
 /// Compiles a config document into a route table. Pure apart from building (not dialling)
 /// backend clients; reuses the clients in `cache` and leaves only the ones still used there.
 pub fn compile(
     config: &doc::Config,
     metrics: &ProxyMetrics,
-    cache: &mut UpstreamCache,
+    cache: &mut Cache,
 ) -> Result<Routes, ConfigError> {
     let mut upstreams = Upstreams {
-        old: cache,
-        used: UpstreamCache::new(),
+        old: &mut cache.upstreams,
+        used: HashMap::new(),
+        old_patterns: &mut cache.patterns,
+        patterns: HashMap::new(),
     };
     let mut builder = TableBuilder::default();
     for (i, rule) in config.rules.iter().enumerate() {
@@ -45,37 +44,37 @@ pub fn compile(
             rule.matches
                 .iter()
                 .enumerate()
-                .map(|(j, m)| compile_match(m, &at(&format!("matches[{j}]"))))
+                .map(|(j, m)| compile_match(m, &at(&format!("matches[{j}]")), &mut upstreams))
                 .collect::<Result<Vec<_>, _>>()?
         };
         let compiled = compile_rule(rule, &at(""), &mut upstreams)?;
         builder.push(&hostnames, matches, compiled);
     }
     let table = builder.build();
-    let mut hosts = vec![None; table.bucket_count()];
+    let mut host_labels = vec![Box::<str>::from(""); table.bucket_count()];
     for bucket in table.buckets() {
-        if let Some(slot) = hosts.get_mut(bucket.id) {
-            *slot = Some(metrics.host(&bucket.pattern));
+        if let Some(slot) = host_labels.get_mut(bucket.id) {
+            *slot = bucket.pattern.clone();
         }
     }
-    let unmatched = metrics.host("");
-    let hosts = hosts
-        .into_iter()
-        .map(|h| h.unwrap_or_else(|| unmatched.clone()))
-        .collect();
     *upstreams.old = upstreams.used;
-    Ok(Routes {
+    *upstreams.old_patterns = upstreams.patterns;
+    Ok(Routes::new(
         table,
-        hosts,
-        unmatched,
-        version: config.version,
-        has_grpc: config.has_grpc_route,
-    })
+        host_labels,
+        metrics.clone(),
+        config.version,
+        config.has_grpc_route,
+    ))
 }
 
+/// Backend clients and compiled patterns of the previous table, reused when unchanged, and
+/// the ones this table uses (which become the cache once it is swapped in).
 struct Upstreams<'c> {
-    old: &'c mut UpstreamCache,
-    used: UpstreamCache,
+    old: &'c mut HashMap<crate::forward::UpstreamKey, Arc<Upstream>>,
+    used: HashMap<crate::forward::UpstreamKey, Arc<Upstream>>,
+    old_patterns: &'c mut HashMap<String, Pattern>,
+    patterns: HashMap<String, Pattern>,
 }
 
 impl Upstreams<'_> {
@@ -96,6 +95,19 @@ impl Upstreams<'_> {
         };
         self.used.insert(key, upstream.clone());
         Ok(upstream)
+    }
+
+    fn pattern(&mut self, source: &str, at: &str) -> Result<Pattern, ConfigError> {
+        if let Some(p) = self.patterns.get(source) {
+            return Ok(p.clone());
+        }
+        let pattern = match self.old_patterns.get(source) {
+            Some(p) => p.clone(),
+            None => Pattern::new(source)
+                .map_err(|e| ConfigError::invalid(at, format!("regex does not compile: {e}")))?,
+        };
+        self.patterns.insert(source.to_owned(), pattern.clone());
+        Ok(pattern)
     }
 }
 
@@ -201,26 +213,18 @@ fn match_all() -> MatchSpec {
     }
 }
 
-fn regex(pattern: &str, at: &str) -> Result<Regex, ConfigError> {
-    // Checked on its own first so the error quotes the pattern as written, not the anchored one.
-    regex::RegexBuilder::new(pattern)
-        .size_limit(REGEX_SIZE_LIMIT)
-        .build()
-        .map_err(|e| ConfigError::invalid(at, format!("regex does not compile: {e}")))?;
-    regex::RegexBuilder::new(&format!("^(?:{pattern})$"))
-        .size_limit(REGEX_SIZE_LIMIT)
-        .build()
-        .map_err(|e| ConfigError::invalid(at, format!("regex does not compile: {e}")))
-}
-
-fn compile_match(m: &doc::Match, at: &str) -> Result<MatchSpec, ConfigError> {
+fn compile_match(
+    m: &doc::Match,
+    at: &str,
+    upstreams: &mut Upstreams<'_>,
+) -> Result<MatchSpec, ConfigError> {
     let path = match &m.path {
         None => PathMatcher::Prefix("/".into()),
         Some(p) => {
             let field = format!("{at}.path");
             match p.kind {
                 doc::PathMatchType::RegularExpression => {
-                    PathMatcher::Regex(regex(&p.value, &field)?)
+                    PathMatcher::Regex(upstreams.pattern(&p.value, &field)?)
                 }
                 kind => {
                     let value = if p.value.is_empty() {
@@ -269,7 +273,7 @@ fn compile_match(m: &doc::Match, at: &str) -> Result<MatchSpec, ConfigError> {
         if headers.iter().any(|(n, _)| *n == name) {
             continue;
         }
-        headers.push((name, value_matcher(h, &field)?));
+        headers.push((name, value_matcher(h, &field, upstreams)?));
     }
     let mut query: Vec<(Box<str>, ValueMatcher)> = Vec::with_capacity(m.query_params.len());
     for (k, q) in m.query_params.iter().enumerate() {
@@ -283,7 +287,7 @@ fn compile_match(m: &doc::Match, at: &str) -> Result<MatchSpec, ConfigError> {
         if query.iter().any(|(n, _)| **n == *q.name) {
             continue;
         }
-        query.push((q.name.as_str().into(), value_matcher(q, &field)?));
+        query.push((q.name.as_str().into(), value_matcher(q, &field, upstreams)?));
     }
     Ok(MatchSpec {
         path,
@@ -293,11 +297,15 @@ fn compile_match(m: &doc::Match, at: &str) -> Result<MatchSpec, ConfigError> {
     })
 }
 
-fn value_matcher(v: &doc::ValueMatch, at: &str) -> Result<ValueMatcher, ConfigError> {
+fn value_matcher(
+    v: &doc::ValueMatch,
+    at: &str,
+    upstreams: &mut Upstreams<'_>,
+) -> Result<ValueMatcher, ConfigError> {
     Ok(match v.kind {
         doc::ValueMatchType::Exact => ValueMatcher::Exact(v.value.as_str().into()),
         doc::ValueMatchType::RegularExpression => {
-            ValueMatcher::Regex(regex(&v.value, &format!("{at}.value"))?)
+            ValueMatcher::Regex(upstreams.pattern(&v.value, &format!("{at}.value"))?)
         }
     })
 }

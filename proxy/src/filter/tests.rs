@@ -1,6 +1,6 @@
 //! Filter tests over compiled filters: header modifiers, redirects, rewrites, CORS, weights.
 
-use crate::config::{compile, UpstreamCache};
+use crate::config::{compile, Cache};
 use crate::metrics::ProxyMetrics;
 use crate::proxy::Routes;
 use crate::route::RequestView;
@@ -12,7 +12,7 @@ fn routes(rules: serde_json::Value) -> Routes {
     let doc: cftunnel_config::Config =
         serde_json::from_value(json!({ "rules": rules })).expect("parses");
     let metrics = ProxyMetrics::register(&mut Default::default());
-    compile(&doc, &metrics, &mut UpstreamCache::new()).expect("compiles")
+    compile(&doc, &metrics, &mut Cache::default()).expect("compiles")
 }
 
 /// The first rule of a one-rule table plus the prefix its match exposes.

@@ -1,17 +1,50 @@
 //! Host-indexed, precedence-sorted rule table.
 
-use super::matcher::{MatchSpec, RequestView};
+use super::matcher::{anchored, pattern_config, MatchSpec, PathMatcher, RequestView};
+use regex_automata::{meta, Input, MatchKind, PatternSet};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// The rules that apply to one hostname pattern, sorted by precedence.
+/// A (rule index, match index) pair.
+type Entry = (u32, u32);
+
+/// Buckets with at least this many regex paths match them all in one pass of a multi-pattern
+/// automaton instead of one pattern at a time.
+const REGEX_SET_MIN: usize = 16;
+
+/// The rules that apply to one hostname pattern, indexed by path.
+///
+/// Exact paths and prefixes are hash lookups (a prefix lookup tries each `/` boundary of the
+/// request path, longest first), so lookup cost grows with the path's depth, not the rule
+/// count. Entries under one key are sorted by the rest of the precedence key.
 #[derive(Debug)]
 pub struct Bucket {
     /// Dense id of this bucket, used to index per-hostname metrics.
     pub id: usize,
     /// The hostname pattern as written (`a.example.com`, `*.example.com`, or `*` for host-less rules).
     pub pattern: Box<str>,
-    entries: Vec<(u32, u32)>,
+    /// Every entry, in document order until `build` indexes them.
+    entries: Vec<Entry>,
+    exact: HashMap<Box<str>, Vec<Entry>>,
+    prefix: HashMap<Box<str>, Vec<Entry>>,
+    /// Regex-path entries in precedence order.
+    regex: Vec<Entry>,
+    /// All of `regex`'s path patterns, pattern `i` being `regex[i]`'s.
+    regex_set: Option<meta::Regex>,
+}
+
+impl Bucket {
+    fn new(id: usize, pattern: Box<str>) -> Self {
+        Self {
+            id,
+            pattern,
+            entries: Vec::new(),
+            exact: HashMap::new(),
+            prefix: HashMap::new(),
+            regex: Vec::new(),
+            regex_set: None,
+        }
+    }
 }
 
 /// A rule as the table sees it: its matches plus an opaque payload.
@@ -64,7 +97,61 @@ impl<R> Table<R> {
     }
 
     fn scan<'t>(&'t self, bucket: &'t Bucket, req: &RequestView<'_>) -> Option<Hit<'t, R>> {
-        bucket.entries.iter().find_map(|&(r, m)| {
+        let path = req.path;
+        // 1. Exact paths.
+        if let Some(entries) = bucket.exact.get(path) {
+            if let Some(hit) = self.first(bucket, entries, req) {
+                return Some(hit);
+            }
+        }
+        // 2. Prefixes, longest first: the path itself, then each `/` boundary, then `/`.
+        if !bucket.prefix.is_empty() {
+            let mut candidate = path.trim_end_matches('/');
+            loop {
+                if candidate.is_empty() {
+                    candidate = "/";
+                }
+                if let Some(entries) = bucket.prefix.get(candidate) {
+                    if let Some(hit) = self.first(bucket, entries, req) {
+                        return Some(hit);
+                    }
+                }
+                if candidate == "/" {
+                    break;
+                }
+                candidate = match candidate.rfind('/') {
+                    Some(0) | None => "/",
+                    Some(i) => &candidate[..i],
+                };
+            }
+        }
+        // 3. Regular expressions.
+        match &bucket.regex_set {
+            Some(set) => {
+                let mut hits = PatternSet::new(set.pattern_len());
+                set.which_overlapping_matches(&Input::new(path), &mut hits);
+                hits.iter().find_map(|p| {
+                    let &(r, m) = bucket.regex.get(p.as_usize())?;
+                    let rule = self.rules.get(r as usize)?;
+                    let spec = rule.matches.get(m as usize)?;
+                    spec.matches_besides_path(req).then_some(Hit {
+                        rule: &rule.value,
+                        matched: spec,
+                        bucket,
+                    })
+                })
+            }
+            None => self.first(bucket, &bucket.regex, req),
+        }
+    }
+
+    fn first<'t>(
+        &'t self,
+        bucket: &'t Bucket,
+        entries: &[Entry],
+        req: &RequestView<'_>,
+    ) -> Option<Hit<'t, R>> {
+        entries.iter().find_map(|&(r, m)| {
             let rule = self.rules.get(r as usize)?;
             let spec = rule.matches.get(m as usize)?;
             spec.matches(req).then_some(Hit {
@@ -104,11 +191,7 @@ impl<R> Default for TableBuilder<R> {
                 rules: Vec::new(),
                 exact: HashMap::new(),
                 wildcard: HashMap::new(),
-                default: Bucket {
-                    id: 0,
-                    pattern: "*".into(),
-                    entries: Vec::new(),
-                },
+                default: Bucket::new(0, "*".into()),
             },
         }
     }
@@ -133,11 +216,7 @@ impl<R> TableBuilder<R> {
                 };
                 let bucket = map.entry(key.into()).or_insert_with(|| {
                     next_id += 1;
-                    Bucket {
-                        id: next_id - 1,
-                        pattern: host.clone(),
-                        entries: Vec::new(),
-                    }
+                    Bucket::new(next_id - 1, host.clone())
                 });
                 // A rule naming the same host twice is routed once.
                 if bucket.entries.last().map(|e| e.0) != Some(idx) {
@@ -151,17 +230,41 @@ impl<R> TableBuilder<R> {
         });
     }
 
+    /// Sorts and indexes every bucket.
     pub fn build(mut self) -> Table<R> {
         let rules = &self.table.rules;
-        let sort = |bucket: &mut Bucket| {
+        let index = |bucket: &mut Bucket| {
+            let mut entries = std::mem::take(&mut bucket.entries);
             // Stable: equal precedence keeps document order (rule, then match).
-            bucket
-                .entries
+            entries
                 .sort_by_cached_key(|&(r, m)| rules[r as usize].matches[m as usize].precedence());
+            let mut regex_sources = Vec::new();
+            for (r, m) in entries {
+                match &rules[r as usize].matches[m as usize].path {
+                    PathMatcher::Exact(p) => {
+                        bucket.exact.entry(p.clone()).or_default().push((r, m))
+                    }
+                    PathMatcher::Prefix(p) => {
+                        bucket.prefix.entry(p.clone()).or_default().push((r, m))
+                    }
+                    PathMatcher::Regex(p) => {
+                        bucket.regex.push((r, m));
+                        regex_sources.push(anchored(p.source()));
+                    }
+                }
+            }
+            if regex_sources.len() >= REGEX_SET_MIN {
+                // Each pattern already compiled on its own, so the set can only fail on size;
+                // then the bucket falls back to one pattern at a time.
+                bucket.regex_set = meta::Regex::builder()
+                    .configure(pattern_config().match_kind(MatchKind::All))
+                    .build_many(&regex_sources)
+                    .ok();
+            }
         };
-        sort(&mut self.table.default);
-        self.table.exact.values_mut().for_each(sort);
-        self.table.wildcard.values_mut().for_each(sort);
+        index(&mut self.table.default);
+        self.table.exact.values_mut().for_each(index);
+        self.table.wildcard.values_mut().for_each(index);
         self.table
     }
 }

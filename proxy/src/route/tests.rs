@@ -1,7 +1,7 @@
 //! Routing table tests over compiled config documents: one test per row of the proxy
 //! contract's routing section. No sockets, no runtime.
 
-use crate::config::{compile, UpstreamCache};
+use crate::config::{compile, Cache};
 use crate::metrics::ProxyMetrics;
 use crate::proxy::Routes;
 use crate::route::RequestView;
@@ -11,7 +11,7 @@ use serde_json::json;
 fn compile_doc(doc: serde_json::Value) -> Routes {
     let doc: cftunnel_config::Config = serde_json::from_value(doc).expect("test document parses");
     let metrics = ProxyMetrics::register(&mut Default::default());
-    compile(&doc, &metrics, &mut UpstreamCache::new()).expect("test document compiles")
+    compile(&doc, &metrics, &mut Cache::default()).expect("test document compiles")
 }
 
 /// A rule named `name` routing to a dummy backend.
@@ -298,7 +298,7 @@ fn invalid_documents_are_refused_with_the_field_named() {
     let metrics = ProxyMetrics::register(&mut Default::default());
     let check = |doc: serde_json::Value, field: &str| {
         let doc: cftunnel_config::Config = serde_json::from_value(doc).expect("parses");
-        let err = compile(&doc, &metrics, &mut UpstreamCache::new()).expect_err("must be refused");
+        let err = compile(&doc, &metrics, &mut Cache::default()).expect_err("must be refused");
         let text = err.to_string();
         assert!(text.starts_with(field), "{text:?} should name {field}");
     };
