@@ -146,10 +146,6 @@ pub(super) struct ParentBinding {
 }
 
 impl ParentBinding {
-    pub(super) fn accepted(&self) -> bool {
-        self.outcome.is_ok()
-    }
-
     pub(super) fn into_status(
         self,
         translated: &super::http_route::TranslatedRoute,

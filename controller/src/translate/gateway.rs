@@ -372,14 +372,16 @@ pub(super) const NO_ROUTE_STATUS: u16 = 404;
 /// last-resort rule that answers 404 instead of falling through to other listeners. It is a
 /// regular expression match placed after every route rule, so any route rule of the same
 /// hostname outranks it.
-pub(super) fn listener_isolation_rules(gw: &OwnedGateway<'_>) -> Vec<cftunnel_config::Rule> {
+pub(super) fn listener_isolation_rules(
+    gw: &OwnedGateway<'_>,
+) -> Vec<(String, cftunnel_config::Rule)> {
     gw.listeners
         .iter()
         .filter(|l| l.usable)
         .filter_map(|l| {
             let hostname = l.hostname.clone()?;
-            Some(cftunnel_config::Rule {
-                hostnames: vec![hostname],
+            let rule = cftunnel_config::Rule {
+                hostnames: vec![hostname.clone()],
                 matches: vec![cftunnel_config::Match {
                     path: Some(cftunnel_config::PathMatch {
                         kind: cftunnel_config::PathMatchType::RegularExpression,
@@ -390,7 +392,8 @@ pub(super) fn listener_isolation_rules(gw: &OwnedGateway<'_>) -> Vec<cftunnel_co
                 unavailable_status: Some(NO_ROUTE_STATUS),
                 name: Some(format!("{}/listener:{}", gw.key, l.name)),
                 ..cftunnel_config::Rule::default()
-            })
+            };
+            Some((hostname, rule))
         })
         .collect()
 }

@@ -221,15 +221,12 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
             binding::RouteSource::Http(r) => http_route::translate_rules(route, r, &index, options),
             binding::RouteSource::Grpc(r) => grpc_route::translate_rules(route, r, &index, options),
         };
-        let accepted_any = bound.parents.iter().any(|p| p.accepted());
         let mut parents = Vec::with_capacity(bound.parents.len());
         for parent in bound.parents {
             parents.push(parent.into_status(&translated, route.generation));
         }
         statuses.routes.insert(route.key(), parents);
-        if !accepted_any {
-            continue;
-        }
+        // Only accepted parents contribute planes.
         for (plane, attachment) in bound.planes {
             // Every hostname of the route belongs to more specific listeners there.
             if !attachment.any_host && attachment.hostnames.is_empty() {
@@ -247,17 +244,26 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
         }
     }
 
+    // One isolation rule per listener hostname and plane, after every route rule.
+    let mut isolation: BTreeMap<PlaneKey, BTreeMap<String, cftunnel_config::Rule>> =
+        BTreeMap::new();
     for gw in gateways.values() {
-        if let Some(plane) = &gw.plane {
-            let rules = rules_by_plane.entry(plane.clone()).or_default();
-            rules.extend(gateway::listener_isolation_rules(gw));
+        let Some(plane) = &gw.plane else {
+            continue;
+        };
+        let hosts = isolation.entry(plane.clone()).or_default();
+        for (hostname, rule) in gateway::listener_isolation_rules(gw) {
+            hosts.entry(hostname).or_insert(rule);
         }
     }
-    for (plane, mut rules) in rules_by_plane {
-        dedup_isolation_rules(&mut rules);
-        if let Some(config) = configs.get_mut(&plane) {
-            config.rules = rules;
-        }
+    for (plane, config) in &mut configs {
+        config.rules = rules_by_plane.remove(plane).unwrap_or_default();
+        config.rules.extend(
+            isolation
+                .remove(plane)
+                .into_iter()
+                .flat_map(BTreeMap::into_values),
+        );
     }
     for gw in gateways.into_values() {
         statuses.gateways.insert(gw.key.clone(), gw.into_status());
@@ -267,17 +273,6 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
         statuses,
         planes,
     }
-}
-
-/// Keeps the first isolation rule per hostname (several Gateways of a plane may share one).
-fn dedup_isolation_rules(rules: &mut Vec<cftunnel_config::Rule>) {
-    let mut seen = BTreeSet::new();
-    rules.retain(|r| {
-        if r.unavailable_status != Some(gateway::NO_ROUTE_STATUS) || r.hostnames.len() != 1 {
-            return true;
-        }
-        seen.insert(r.hostnames.clone())
-    });
 }
 
 /// Lookups over the snapshot, built once per translation.
