@@ -31,6 +31,8 @@ use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::{Serialize, Serializer};
 
+pub use backend::BackendRefError;
+pub use http_route::RuleError;
 pub use status::{
     Condition, ConditionType, GatewayStatus, ListenerStatus, ParentRef, Reason, RouteParentStatus,
     Statuses,

@@ -94,7 +94,10 @@ impl Fleet {
         for (s, svc) in BASE_SERVICES.iter().enumerate() {
             for r in 0..svc.replicas {
                 let service_octet = u8::try_from(s).context("service index")?;
-                let ip = IpAddr::V4(Ipv4Addr::new(127, 64 + slot, service_octet, r + 1));
+                let second = 64u8
+                    .checked_add(slot)
+                    .context("too many cases for the address plan")?;
+                let ip = IpAddr::V4(Ipv4Addr::new(127, second, service_octet, r + 1));
                 // Deployment pod naming: <deployment>-<replicaset hash>-<pod hash>.
                 let name = format!("{}-5d8f7c9b4-{}x{}q{}", svc.name, "k7", s, r);
                 let echo = EchoServer::spawn(
