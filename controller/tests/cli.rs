@@ -64,6 +64,17 @@ fn translate_prints_the_shared_plane_config_and_conditions() {
     }
 }
 
+/// The whole document, byte for byte: the translation is deterministic. After an intended
+/// change, regenerate with
+/// `cargo run -p cftunnel-controller -- translate -f controller/tests/fixtures/shop.yaml > controller/tests/golden/shop.json`.
+#[test]
+fn translate_output_matches_the_golden_file() {
+    let out = translate(&["-f", FIXTURE]);
+    assert!(out.status.success());
+    let golden = include_str!("golden/shop.json");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), golden);
+}
+
 #[test]
 fn translate_of_a_named_gateway_and_a_folder() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
