@@ -171,6 +171,21 @@ fn owned_gateway(key: ObjectKey, gw: &Gateway) -> OwnedGateway<'_> {
         }
         other => other,
     };
+    // Gateway API: ListenersNotValid may come with Accepted=True when the Gateway still serves
+    // its valid listeners.
+    let invalid: Vec<&str> = listeners
+        .iter()
+        .filter(|l| !l.usable)
+        .map(|l| l.name)
+        .collect();
+    let (accepted_reason, accepted_message) = if invalid.is_empty() {
+        (Reason::Accepted, String::new())
+    } else {
+        (
+            Reason::ListenersNotValid,
+            format!("listeners not valid: {}", invalid.join(", ")),
+        )
+    };
     let (plane, conditions) = match accepted {
         Ok(()) => (
             plane,
@@ -178,8 +193,8 @@ fn owned_gateway(key: ObjectKey, gw: &Gateway) -> OwnedGateway<'_> {
                 Condition::new(
                     ConditionType::Accepted,
                     true,
-                    Reason::Accepted,
-                    "",
+                    accepted_reason,
+                    accepted_message,
                     generation,
                 ),
                 Condition::new(

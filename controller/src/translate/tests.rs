@@ -931,6 +931,21 @@ spec:
   - {name: kinds, port: 81, protocol: HTTP, allowedRoutes: {kinds: [{kind: TCPRoute}, {kind: HTTPRoute}]}}
 "#);
     let gw = &out.statuses.gateways[&ObjectKey::new("infra", "mixed")];
+    let accepted = &gw.conditions[0];
+    assert_eq!(
+        (
+            accepted.kind,
+            accepted.status,
+            accepted.reason,
+            accepted.message.as_str()
+        ),
+        (
+            ConditionType::Accepted,
+            true,
+            Reason::ListenersNotValid,
+            "listeners not valid: tcp, a, a-again"
+        )
+    );
     let find = |listener: &str, kind: ConditionType| {
         gw.listeners
             .iter()
