@@ -1,6 +1,6 @@
 //! The load harness: starts the echo backend, then for each scenario starts the server under
 //! test, checks one request end to end, drives closed-loop load at it, records latency
-//! percentiles, throughput, errors and the server's memory, and stops it again.
+//! percentiles, throughput, errors, the server's memory and CPU time, and stops it again.
 //!
 //! Fairness: the server under test is pinned to its own CPUs (`server_cpus`), the load
 //! generator and the echo backend share the others, and the proxy gets as many worker
@@ -9,8 +9,8 @@
 //! CPU of its own.
 
 pub mod load;
-pub mod memory;
 pub mod process;
+pub mod procfs;
 pub mod report;
 pub mod scenario;
 pub mod stats;
@@ -21,9 +21,9 @@ use std::time::Duration;
 
 use crate::echo::{EchoConfig, EchoIdentity, EchoServer};
 use load::LoadSpec;
-use memory::Memory;
 use process::{free_port, probe, CpuList, ProcessError, ScratchDir, ServerProcess};
-use report::{Outcome, Report, ScenarioReport, Settings};
+use procfs::Memory;
+use report::{Outcome, Report, ScenarioReport, ServerCpu, Settings};
 use scenario::{Scenario, ScenarioEnv, LOAD_HOST};
 
 const ECHO_READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -251,7 +251,12 @@ async fn run_scenario(
         warmup: cfg.warmup,
         duration: cfg.duration,
     };
-    report.load = Some(load::run(&spec).await);
+    let (load, cpu) = tokio::join!(
+        load::run(&spec),
+        server_cpu_in_window(pid, cfg.warmup, cfg.duration)
+    );
+    report.server_cpu = cpu.map(|cpu| ServerCpu::new(cpu, cfg.duration, load.requests));
+    report.load = Some(load);
     report.memory_after = read_memory(pid).await;
     report.outcome = Outcome::Ok;
     target.stop().await;
@@ -259,5 +264,21 @@ async fn run_scenario(
 }
 
 async fn read_memory(pid: Option<u32>) -> Option<Memory> {
-    memory::read(pid?).await
+    procfs::memory(pid?).await
+}
+
+/// CPU time the server under test spends inside the measurement window (starting after
+/// `warmup`, lasting `duration`).
+async fn server_cpu_in_window(
+    pid: Option<u32>,
+    warmup: Duration,
+    duration: Duration,
+) -> Option<Duration> {
+    let pid = pid?;
+    let ticks = procfs::ticks_per_second().await;
+    tokio::time::sleep(warmup).await;
+    let before = procfs::cpu_time(pid, ticks).await?;
+    tokio::time::sleep(duration).await;
+    let after = procfs::cpu_time(pid, ticks).await?;
+    after.checked_sub(before)
 }

@@ -4,8 +4,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::memory::Memory;
+use super::procfs::Memory;
 use super::scenario::Scenario;
+use super::stats::ratio;
 use super::stats::{Comparison, LoadSummary};
 
 /// The run's settings, echoed in the report so numbers can be compared across runs.
@@ -53,6 +54,8 @@ pub struct ScenarioReport {
     pub memory_idle: Option<Memory>,
     /// Memory of the server under test right after the load.
     pub memory_after: Option<Memory>,
+    /// CPU time of the server under test during the measurement window.
+    pub server_cpu: Option<ServerCpu>,
     /// req/s of every measured round, in run order (the reported one is the median).
     pub rounds_rps: Vec<f64>,
 }
@@ -66,7 +69,31 @@ impl ScenarioReport {
             load: None,
             memory_idle: None,
             memory_after: None,
+            server_cpu: None,
             rounds_rps: Vec::new(),
+        }
+    }
+}
+
+/// CPU used by the server under test while the load ran. Less sensitive to other work on
+/// the machine than req/s: it is the cost per request, not the rate.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ServerCpu {
+    /// User + system CPU seconds inside the window (all threads and worker processes).
+    pub seconds: f64,
+    /// `seconds / window`: 1.0 means one CPU fully busy.
+    pub utilisation: f64,
+    /// CPU microseconds per successful request; `None` without requests.
+    pub us_per_request: Option<f64>,
+}
+
+impl ServerCpu {
+    pub fn new(cpu: std::time::Duration, window: std::time::Duration, requests: u64) -> Self {
+        let seconds = cpu.as_secs_f64();
+        Self {
+            seconds,
+            utilisation: ratio(seconds, window.as_secs_f64()).unwrap_or(0.0),
+            us_per_request: ratio(seconds * 1e6, requests as f64),
         }
     }
 }
@@ -118,6 +145,13 @@ impl Report {
                 .find(|r| r.scenario == s && r.outcome == Outcome::Ok)
                 .and_then(|r| r.load.as_ref())
         };
+        let cpu_per_request = |s: Scenario| {
+            scenarios
+                .iter()
+                .find(|r| r.scenario == s && r.outcome == Outcome::Ok)
+                .and_then(|r| r.server_cpu)
+                .and_then(|c| c.us_per_request)
+        };
         let mut comparisons = Vec::new();
         for base in BASELINES {
             let Some(baseline) = measured(base) else {
@@ -129,12 +163,11 @@ impl Report {
                     continue;
                 }
                 if let Some(load) = measured(r.scenario) {
-                    comparisons.push(Comparison::between(
-                        r.scenario.name(),
-                        load,
-                        base.name(),
-                        baseline,
-                    ));
+                    let mut c = Comparison::between(r.scenario.name(), load, base.name(), baseline);
+                    c.cpu_per_request = cpu_per_request(r.scenario)
+                        .zip(cpu_per_request(base))
+                        .and_then(|(value, baseline)| ratio(value, baseline));
+                    comparisons.push(c);
                 }
             }
         }
@@ -196,9 +229,16 @@ impl Report {
                 format!("{:.1}/{:.1}", mib(m.rss_kib), mib(m.hwm_kib))
             });
             let ms = |us: u64| us as f64 / 1000.0;
+            let cpu_req = r
+                .server_cpu
+                .and_then(|c| c.us_per_request)
+                .map_or("-".to_owned(), |us| format!("{us:.1}"));
+            let cpu_util = r
+                .server_cpu
+                .map_or("-".to_owned(), |c| format!("{:.2}", c.utilisation));
             let _ = writeln!(
                 out,
-                "{:<10} {:>10.0} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>8} {:>14} {:>14}",
+                "{:<10} {:>10.0} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>8} {:>14} {:>14} {:>11} {:>9}",
                 r.scenario.name(),
                 l.rps,
                 l.requests,
@@ -208,24 +248,27 @@ impl Report {
                 ms(l.max_us),
                 l.errors,
                 idle,
-                after
+                after,
+                cpu_req,
+                cpu_util
             );
         }
         if !self.comparisons.is_empty() {
             let _ = writeln!(
                 out,
-                "\n{:<16} {:>10} {:>9} {:>9}",
-                "ratio", "req/s", "p50", "p99"
+                "\n{:<16} {:>10} {:>9} {:>9} {:>11}",
+                "ratio", "req/s", "p50", "p99", "CPU/req"
             );
             let fmt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.3}"));
             for c in &self.comparisons {
                 let _ = writeln!(
                     out,
-                    "{:<16} {:>10} {:>9} {:>9}",
+                    "{:<16} {:>10} {:>9} {:>9} {:>11}",
                     c.name,
                     fmt(c.rps),
                     fmt(c.p50),
-                    fmt(c.p99)
+                    fmt(c.p99),
+                    fmt(c.cpu_per_request)
                 );
             }
         }
@@ -235,6 +278,8 @@ impl Report {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn measured(scenario: Scenario, rps: f64, p50_us: u64) -> ScenarioReport {
@@ -252,6 +297,27 @@ mod tests {
             mean_us: p50_us as f64,
         });
         r
+    }
+
+    fn with_cpu(mut r: ScenarioReport, us_per_request: f64) -> ScenarioReport {
+        r.server_cpu = Some(ServerCpu {
+            seconds: 1.0,
+            utilisation: 1.0,
+            us_per_request: Some(us_per_request),
+        });
+        r
+    }
+
+    #[test]
+    fn server_cpu_is_per_request_and_per_window() {
+        let cpu = ServerCpu::new(Duration::from_millis(500), Duration::from_secs(2), 10_000);
+        assert_eq!(cpu.seconds, 0.5);
+        assert_eq!(cpu.utilisation, 0.25);
+        assert_eq!(cpu.us_per_request, Some(50.0));
+        assert_eq!(
+            ServerCpu::new(Duration::ZERO, Duration::from_secs(1), 0).us_per_request,
+            None
+        );
     }
 
     fn settings() -> Settings {
@@ -274,8 +340,8 @@ mod tests {
             settings(),
             vec![
                 measured(Scenario::Direct, 1000.0, 100),
-                measured(Scenario::Proxy, 500.0, 200),
-                measured(Scenario::Nginx, 800.0, 150),
+                with_cpu(measured(Scenario::Proxy, 500.0, 200), 60.0),
+                with_cpu(measured(Scenario::Nginx, 800.0, 150), 40.0),
             ],
         );
         let names: Vec<&str> = report.comparisons.iter().map(|c| c.name.as_str()).collect();
@@ -283,6 +349,7 @@ mod tests {
         assert_eq!(report.comparisons[0].rps, Some(0.5));
         assert_eq!(report.comparisons[0].p50, Some(2.0));
         assert_eq!(report.comparisons[2].rps, Some(0.625));
+        assert_eq!(report.comparisons[2].cpu_per_request, Some(1.5));
         let table = report.render_table();
         assert!(table.contains("proxy/nginx"), "{table}");
     }

@@ -83,6 +83,9 @@ pub struct Comparison {
     pub p50: Option<f64>,
     /// 99th percentile latency ratio: above 1 means slower.
     pub p99: Option<f64>,
+    /// Server CPU time per request ratio: above 1 means more CPU per request. Only when
+    /// both scenarios have a server process (not `direct`).
+    pub cpu_per_request: Option<f64>,
 }
 
 impl Comparison {
@@ -93,6 +96,7 @@ impl Comparison {
             rps: ratio(value.rps, baseline.rps),
             p50: ratio(value.p50_us as f64, baseline.p50_us as f64),
             p99: ratio(value.p99_us as f64, baseline.p99_us as f64),
+            cpu_per_request: None,
         }
     }
 }

@@ -1,4 +1,7 @@
-//! Resident memory of a server under test, from `/proc/<pid>/status`.
+//! Memory and CPU time of a server under test, from `/proc/<pid>/status` and
+//! `/proc/<pid>/stat`, summed over the process and its direct children.
+
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -14,7 +17,7 @@ pub struct Memory {
 
 /// Reads the memory of `pid` and its direct children; `None` if the process is gone or
 /// `/proc` is unavailable.
-pub async fn read(pid: u32) -> Option<Memory> {
+pub async fn memory(pid: u32) -> Option<Memory> {
     let mut total = read_one(pid).await?;
     total.processes = 1;
     for child in children(pid).await {
@@ -48,6 +51,48 @@ pub fn parse_status(status: &str) -> Memory {
         hwm_kib: field("VmHWM:"),
         processes: 1,
     }
+}
+
+/// User plus system CPU time of `pid` (all its threads) and its direct children, with
+/// `ticks_per_second` from `getconf CLK_TCK`. `None` if the process is gone.
+pub async fn cpu_time(pid: u32, ticks_per_second: u64) -> Option<Duration> {
+    let mut ticks = read_ticks(pid).await?;
+    for child in children(pid).await {
+        ticks += read_ticks(child).await.unwrap_or(0);
+    }
+    Some(Duration::from_secs_f64(
+        ticks as f64 / ticks_per_second.max(1) as f64,
+    ))
+}
+
+async fn read_ticks(pid: u32) -> Option<u64> {
+    let stat = tokio::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .await
+        .ok()?;
+    parse_stat_ticks(&stat)
+}
+
+/// `utime + stime` (fields 14 and 15 of `/proc/<pid>/stat`), in clock ticks.
+pub fn parse_stat_ticks(stat: &str) -> Option<u64> {
+    // The command name (field 2) is parenthesised and may contain spaces; count after it.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Clock ticks per second for `/proc/<pid>/stat` times (`getconf CLK_TCK`; 100 if unknown).
+pub async fn ticks_per_second() -> u64 {
+    let out = tokio::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .await;
+    out.ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|&t| t > 0)
+        .unwrap_or(100)
 }
 
 /// Direct children of `pid`, found by scanning `/proc/*/stat` (bounded by the process table).
@@ -85,6 +130,13 @@ async fn children(pid: u32) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_ticks_are_user_plus_system_time() {
+        let stat = "4242 (nginx: worker) S 4241 4241 4241 0 -1 4194624 120 0 0 0 250 31 0 0 20 0 1 0 100 1000 200";
+        assert_eq!(parse_stat_ticks(stat), Some(281));
+        assert_eq!(parse_stat_ticks("garbage"), None);
+    }
 
     #[test]
     fn status_fields_are_parsed_in_kib() {
