@@ -16,7 +16,7 @@ mod topology;
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -75,7 +75,14 @@ fn conformance_replay() {
         .enable_all()
         .build()
         .expect("the test runtime starts");
-    let results = runtime.block_on(run_all(dir));
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("the cases folder is readable")
+        .map(|entry| entry.expect("the cases folder lists").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no case in {}", dir.display());
+    let results = runtime.block_on(run_all(files));
     let mut failed = Vec::new();
     let mut lines = String::new();
     let mut passed = 0;
@@ -118,12 +125,7 @@ fn report(text: &str) {
     let _ = err.flush();
 }
 
-async fn run_all(dir: &Path) -> Vec<(String, anyhow::Result<String>)> {
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .map(|rd| rd.filter_map(Result::ok).map(|e| e.path()).collect())
-        .unwrap_or_default();
-    files.retain(|p| p.extension().is_some_and(|e| e == "yaml"));
-    files.sort();
+async fn run_all(files: Vec<PathBuf>) -> Vec<(String, anyhow::Result<String>)> {
     let limit = Arc::new(Semaphore::new(PARALLEL));
     let mut tasks = JoinSet::new();
     for (slot, path) in files.into_iter().enumerate() {
