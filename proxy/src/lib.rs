@@ -21,7 +21,7 @@ pub mod rule;
 pub mod serve;
 
 pub use config::ConfigError;
-pub use proxy::{ConnInfo, Proxy, ProxyOptions};
+pub use proxy::{ClientUpgrade, ConnInfo, Proxy, ProxyOptions, UpgradedIo};
 
 use anyhow::Context as _;
 use prometheus_client::registry::Registry;

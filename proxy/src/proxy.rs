@@ -287,7 +287,13 @@ impl Proxy {
         backend.filters.apply_request(&mut parts, matched_prefix);
 
         let upgrade = if is_upgrade(&parts.headers) {
-            parts.extensions.remove::<hyper::upgrade::OnUpgrade>()
+            match parts.extensions.remove::<hyper::upgrade::OnUpgrade>() {
+                Some(on) => Some(ClientSide::Hyper(on)),
+                None => parts
+                    .extensions
+                    .remove::<ClientUpgrade>()
+                    .map(ClientSide::Other),
+            }
         } else {
             None
         };
@@ -436,13 +442,23 @@ impl Proxy {
     /// Joins the client's and the backend's upgraded connections after a `101`.
     fn splice_upgrade(
         &self,
-        client_side: hyper::upgrade::OnUpgrade,
+        client_side: ClientSide,
         response: &mut Response<hyper::body::Incoming>,
     ) {
         let backend_side = hyper::upgrade::on(&mut *response);
         let gauge = self.shared.metrics.websocket_sessions.clone();
         tokio::spawn(async move {
-            let (client, backend) = match tokio::try_join!(client_side, backend_side) {
+            let client = async {
+                match client_side {
+                    ClientSide::Hyper(on) => on
+                        .await
+                        .map(|io| Box::new(hyper_util::rt::TokioIo::new(io)) as Box<dyn UpgradedIo>)
+                        .map_err(BoxError::from),
+                    ClientSide::Other(up) => up.take().await,
+                }
+            };
+            let backend = async { backend_side.await.map_err(BoxError::from) };
+            let (mut client, backend) = match tokio::try_join!(client, backend) {
                 Ok(pair) => pair,
                 Err(e) => {
                     tracing::debug!(error = %e, "upgrade failed");
@@ -450,12 +466,61 @@ impl Proxy {
                 }
             };
             gauge.inc();
-            let mut client = hyper_util::rt::TokioIo::new(client);
             let mut backend = hyper_util::rt::TokioIo::new(backend);
             let _ = tokio::io::copy_bidirectional(&mut client, &mut backend).await;
             gauge.dec();
         });
     }
+}
+
+/// A byte stream after an HTTP upgrade.
+pub trait UpgradedIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> UpgradedIo for T {}
+
+type UpgradeFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Box<dyn UpgradedIo>, BoxError>> + Send>,
+>;
+
+/// Request extension for upgrades whose client side is not a hyper connection (the tunnel):
+/// resolves to the client's byte stream once the `101` has been delivered to it.
+#[derive(Clone)]
+pub struct ClientUpgrade(Arc<std::sync::Mutex<Option<UpgradeFuture>>>);
+
+impl std::fmt::Debug for ClientUpgrade {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientUpgrade")
+    }
+}
+
+impl ClientUpgrade {
+    pub fn new<F, Io, E>(upgrade: F) -> Self
+    where
+        F: std::future::Future<Output = Result<Io, E>> + Send + 'static,
+        Io: UpgradedIo + 'static,
+        E: Into<BoxError>,
+    {
+        let fut: UpgradeFuture = Box::pin(async move {
+            upgrade
+                .await
+                .map(|io| Box::new(io) as Box<dyn UpgradedIo>)
+                .map_err(Into::into)
+        });
+        Self(Arc::new(std::sync::Mutex::new(Some(fut))))
+    }
+
+    async fn take(self) -> Result<Box<dyn UpgradedIo>, BoxError> {
+        let fut = self.0.lock().ok().and_then(|mut slot| slot.take());
+        match fut {
+            Some(fut) => fut.await,
+            None => Err("upgrade already taken".into()),
+        }
+    }
+}
+
+enum ClientSide {
+    Hyper(hyper::upgrade::OnUpgrade),
+    Other(ClientUpgrade),
 }
 
 /// A response body before it is wrapped for accounting.
