@@ -136,3 +136,57 @@ fn start_up_refuses_bad_settings_with_a_clear_message() {
     assert_eq!(code, Some(0));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn access_log_writes_one_json_line_per_request() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let dir = std::env::temp_dir().join(format!("cftunnel-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let config = dir.join("config.json");
+        let doc = serde_json::json!({"version": 1, "rules": [{"name": "ns/route/0", "hostnames": ["app.example"], "backends": [{"url": url(a.http_addr()), "weight": 1}]}]});
+        std::fs::write(&config, doc.to_string()).expect("write config");
+        let (data_port, admin_port) = (free_port(), free_port());
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
+            .env("PROXY_ADDR", format!("127.0.0.1:{data_port}"))
+            .env("PROXY_CONFIG_ADDR", format!("127.0.0.1:{admin_port}"))
+            .env("PROXY_ACCESS_LOG_ENABLED", "true")
+            .env("PROXY_AUTH_TOKEN", TOKEN)
+            .arg("--config-file")
+            .arg(&config)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("proxy binary starts");
+        let data: std::net::SocketAddr = format!("127.0.0.1:{data_port}").parse().expect("addr");
+        let admin: std::net::SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
+        let http = client();
+        let ready_by = Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(admin).await.is_err() {
+            assert!(Instant::now() < ready_by, "proxy started");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(get(&http, admin, "a", "/healthz", &[]).await.status, 200);
+        assert_eq!(get(&http, data, "App.Example:80", "/hello?x=1", &[]).await.status, 200);
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+        let line = tokio::time::timeout(Duration::from_secs(5), lines.next_line())
+            .await
+            .expect("a log line in time")
+            .expect("stdout readable")
+            .expect("one line");
+        let entry: serde_json::Value = serde_json::from_str(&line).expect("the line is JSON");
+        assert_eq!(entry["method"], "GET");
+        assert_eq!(entry["host"], "app.example");
+        assert_eq!(entry["path"], "/hello");
+        assert_eq!(entry["status"], 200);
+        assert_eq!(entry["route"], "ns/route/0");
+        assert!(entry["bytes"].as_u64() > Some(0));
+        assert!(entry["duration_ms"].is_number());
+        let _ = child.kill().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await
+    .expect("test finished in time");
+}
