@@ -319,7 +319,7 @@ impl Proxy {
             self.shared.metrics.mirrors_dropped.inc();
         }
 
-        let exchange = self.exchange(rule, backend, upstream, &parts, body, host_metrics);
+        let exchange = self.exchange(rule, backend, upstream, parts, body, host_metrics);
         let mut response = match rule.request_timeout {
             Some(limit) => tokio::time::timeout(limit, exchange)
                 .await
@@ -355,7 +355,7 @@ impl Proxy {
         rule: &Rule,
         first: &Backend,
         upstream: &Arc<Upstream>,
-        parts: &http::request::Parts,
+        mut parts: http::request::Parts,
         body: Payload,
         host_metrics: &HostMetrics,
     ) -> Result<Response<hyper::body::Incoming>, ProxyError> {
@@ -375,7 +375,13 @@ impl Proxy {
                     None => return Err(ProxyError::NoBackend),
                 },
             };
-            let req = upstream_request(parts, &target, try_body)?;
+            // The last try takes the headers; earlier ones copy them.
+            let headers = if tries >= attempts {
+                std::mem::take(&mut parts.headers)
+            } else {
+                parts.headers.clone()
+            };
+            let req = upstream_request(&parts, headers, &target, try_body)?;
             let result = target.send(req, Some(per_try)).await;
             let retryable = match &result {
                 Ok(resp) => rule
@@ -424,7 +430,8 @@ impl Proxy {
             self.shared.metrics.mirrors_dropped.inc();
             return;
         };
-        let Ok(req) = upstream_request(parts, upstream, body::full(body)) else {
+        let Ok(req) = upstream_request(parts, parts.headers.clone(), upstream, body::full(body))
+        else {
             return;
         };
         let upstream = upstream.clone();
@@ -617,11 +624,11 @@ impl Payload {
 /// Builds the request for one try against `upstream`.
 fn upstream_request(
     parts: &http::request::Parts,
+    headers: HeaderMap,
     upstream: &Upstream,
     body: ProxyBody,
 ) -> Result<Request<ProxyBody>, ProxyError> {
-    let host = parts
-        .headers
+    let host = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .or_else(|| parts.uri.authority().map(|a| a.as_str()));
@@ -642,7 +649,7 @@ fn upstream_request(
     let mut req = Request::new(body);
     *req.method_mut() = parts.method.clone();
     *req.uri_mut() = uri;
-    *req.headers_mut() = parts.headers.clone();
+    *req.headers_mut() = headers;
     if upstream.is_h2() {
         *req.version_mut() = Version::HTTP_2;
         req.headers_mut().remove(header::HOST);
