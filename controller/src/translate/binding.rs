@@ -10,6 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::gateway::{selector_matches, AllowedNamespaces, OwnedGateway, OwnedListener};
 use super::status::{Condition, ConditionType, ParentRef, Reason, RouteParentStatus};
+use super::validate;
 use super::{
     Attachment, Index, ObjectKey, PlaneKey, RouteKey, RouteKind, Snapshot, GATEWAY_API_GROUP,
 };
@@ -40,6 +41,9 @@ pub(super) struct RouteView<'a> {
     pub(super) created: Option<&'a Time>,
     pub(super) generation: Option<i64>,
     pub(super) hostnames: Vec<String>,
+    /// Set when a route hostname cannot be served; the route is then refused on every parent
+    /// (dropping the name would widen the route to more hosts).
+    invalid_hostnames: Option<String>,
     parent_refs: Vec<ParentRefView<'a>>,
     pub(super) source: RouteSource<'a>,
 }
@@ -80,6 +84,7 @@ pub(super) fn collect_routes(snapshot: &Snapshot) -> Vec<RouteView<'_>> {
             created: r.metadata.creation_timestamp.as_ref(),
             generation: r.metadata.generation,
             hostnames: lower(r.spec.hostnames.as_deref()),
+            invalid_hostnames: invalid_hostnames(r.spec.hostnames.as_deref()),
             parent_refs: r
                 .spec
                 .parent_refs
@@ -110,6 +115,7 @@ pub(super) fn collect_routes(snapshot: &Snapshot) -> Vec<RouteView<'_>> {
             created: r.metadata.creation_timestamp.as_ref(),
             generation: r.metadata.generation,
             hostnames: lower(r.spec.hostnames.as_deref()),
+            invalid_hostnames: invalid_hostnames(r.spec.hostnames.as_deref()),
             parent_refs: r
                 .spec
                 .parent_refs
@@ -128,6 +134,20 @@ pub(super) fn collect_routes(snapshot: &Snapshot) -> Vec<RouteView<'_>> {
         });
     }
     out
+}
+
+fn invalid_hostnames(hostnames: Option<&[String]>) -> Option<String> {
+    let problems: Vec<String> = hostnames
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, h)| {
+            validate::hostname(h)
+                .err()
+                .map(|e| format!("spec.hostnames[{i}]: {e}"))
+        })
+        .collect();
+    (!problems.is_empty()).then(|| problems.join("; "))
 }
 
 fn lower(hostnames: Option<&[String]>) -> Vec<String> {
@@ -224,7 +244,10 @@ pub(super) fn bind(
             section_name: p.section_name.map(str::to_owned),
             port: p.port,
         };
-        let outcome = attach(route, p, gw, index, &mut bound.planes);
+        let outcome = match &route.invalid_hostnames {
+            Some(problem) => Err((Reason::UnsupportedValue, problem.clone())),
+            None => attach(route, p, gw, index, &mut bound.planes),
+        };
         bound.parents.push(ParentBinding {
             parent_ref,
             outcome,

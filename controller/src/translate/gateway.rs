@@ -10,6 +10,7 @@ use gateway_api::experimental::gateways::{
 };
 
 use super::status::{Condition, ConditionType, GatewayStatus, ListenerStatus, Reason};
+use super::validate;
 use super::{
     ObjectKey, Options, PlaneKey, RouteKind, Snapshot, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP,
     GATEWAY_CONFIG_KIND,
@@ -232,22 +233,33 @@ fn listener(l: &GatewayListeners, generation: Option<i64>) -> OwnedListener<'_> 
     let mut conditions = Vec::new();
     // TLS terminates at the Cloudflare edge: the data plane sees HTTPS listeners as HTTP.
     let supported_protocol = matches!(l.protocol.as_str(), "HTTP" | "HTTPS");
-    if supported_protocol {
-        conditions.push(Condition::new(
+    let problem = if !supported_protocol {
+        Some((
+            Reason::UnsupportedProtocol,
+            format!("protocol {} is not supported (HTTP, HTTPS)", l.protocol),
+        ))
+    } else {
+        l.hostname
+            .as_deref()
+            .and_then(|h| validate::hostname(h).err())
+            .map(|e| (Reason::UnsupportedValue, format!("hostname: {e}")))
+    };
+    let valid = problem.is_none();
+    match problem {
+        None => conditions.push(Condition::new(
             ConditionType::Accepted,
             true,
             Reason::Accepted,
             "",
             generation,
-        ));
-    } else {
-        conditions.push(Condition::new(
+        )),
+        Some((reason, message)) => conditions.push(Condition::new(
             ConditionType::Accepted,
             false,
-            Reason::UnsupportedProtocol,
-            format!("protocol {} is not supported (HTTP, HTTPS)", l.protocol),
+            reason,
+            message,
             generation,
-        ));
+        )),
     }
 
     let allowed = l.allowed_routes.as_ref();
@@ -310,7 +322,7 @@ fn listener(l: &GatewayListeners, generation: Option<i64>) -> OwnedListener<'_> 
         name: &l.name,
         port: l.port,
         hostname: l.hostname.as_deref().map(str::to_ascii_lowercase),
-        usable: supported_protocol,
+        usable: valid,
         kinds,
         namespaces,
         attached_routes: 0,

@@ -17,6 +17,7 @@ use gateway_api::experimental::httproutes::{
 use super::backend::{self, BackendRefError, BackendRefView, WeightedTarget};
 use super::binding::RouteView;
 use super::status::{Condition, ConditionType, Reason};
+use super::validate;
 use super::{Attachment, Index, Options};
 
 /// Why a rule is refused (dropped from the config; the route reports `PartiallyInvalid`, or
@@ -191,6 +192,10 @@ pub(super) fn translate_rule(
     let mut unavailable = None;
     let mut filters = Vec::new();
     let mut redirects = false;
+    check_filter_kinds(
+        rule.filters.as_deref().unwrap_or_default(),
+        &format!("{field}.filters"),
+    )?;
     for (j, f) in rule.filters.iter().flatten().enumerate() {
         let ffield = format!("{field}.filters[{j}]");
         match convert_filter(ctx, f, all_prefix, &ffield, ref_errors)? {
@@ -312,10 +317,17 @@ fn convert_backend(
         .map_err(|_| RuleError::unsupported(format!("{field}.weight"), "must be 0 or more"))?;
     let mut filters = Vec::new();
     let mut fail_closed = false;
-    for (k, f) in b.filters.iter().flatten().enumerate() {
+    let specs: Vec<HttpRouteRulesFilters> = b
+        .filters
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(k, f)| reshape(f, &format!("{field}.filters[{k}]")))
+        .collect::<Result<_, _>>()?;
+    check_filter_kinds(&specs, &format!("{field}.filters"))?;
+    for (k, f) in specs.iter().enumerate() {
         let ffield = format!("{field}.filters[{k}]");
-        let f: HttpRouteRulesFilters = reshape(f, &ffield)?;
-        match convert_filter(ctx, &f, all_prefix, &ffield, ref_errors)? {
+        match convert_filter(ctx, f, all_prefix, &ffield, ref_errors)? {
             FilterOutcome::Filter(f) => filters.push(*f),
             FilterOutcome::Skip => {}
             FilterOutcome::FailClosed => fail_closed = true,
@@ -469,6 +481,12 @@ fn convert_match(m: &HttpRouteRulesMatches, field: &str) -> Result<Match, RuleEr
     )?;
     let mut query_params: Vec<ValueMatch> = Vec::new();
     for (k, q) in m.query_params.iter().flatten().enumerate() {
+        if q.name.is_empty() {
+            return Err(RuleError::unsupported(
+                format!("{field}.queryParams[{k}].name"),
+                "must not be empty",
+            ));
+        }
         if query_params.iter().any(|x| x.name == q.name) {
             continue;
         }
@@ -502,8 +520,10 @@ pub(super) fn header_matches(
         if out.iter().any(|x| x.name.eq_ignore_ascii_case(&name)) {
             continue;
         }
+        let hfield = format!("{field}.headers[{k}]");
+        validate::header_name(&name).map_err(|e| RuleError::unsupported(&hfield, e))?;
         if regex {
-            check_regex(&value, &format!("{field}.headers[{k}]"))?;
+            check_regex(&value, &hfield)?;
         }
         out.push(ValueMatch {
             kind: if regex {
@@ -568,7 +588,8 @@ fn convert_filter(
                 m.set.iter().flatten().map(|h| (&h.name, &h.value)),
                 m.add.iter().flatten().map(|h| (&h.name, &h.value)),
                 m.remove.as_deref(),
-            ));
+                &format!("{field}.requestHeaderModifier"),
+            )?);
             out
         }
         HttpRouteRulesFiltersType::ResponseHeaderModifier => {
@@ -581,7 +602,8 @@ fn convert_filter(
                 m.set.iter().flatten().map(|h| (&h.name, &h.value)),
                 m.add.iter().flatten().map(|h| (&h.name, &h.value)),
                 m.remove.as_deref(),
-            ));
+                &format!("{field}.responseHeaderModifier"),
+            )?);
             out
         }
         HttpRouteRulesFiltersType::RequestRedirect => {
@@ -640,6 +662,16 @@ fn convert_filter(
                     }
                 }),
             };
+            if let Some(h) = &r.hostname {
+                validate::hostname(h).map_err(|e| {
+                    RuleError::unsupported(format!("{field}.requestRedirect.hostname"), e)
+                })?;
+            }
+            if let Some(p) = &path {
+                validate::replacement_path(&p.value).map_err(|e| {
+                    RuleError::unsupported(format!("{field}.requestRedirect.path"), e)
+                })?;
+            }
             let mut out = Filter::new(FilterType::RequestRedirect);
             out.request_redirect = Some(RequestRedirect {
                 scheme: scheme.map(str::to_owned),
@@ -681,6 +713,20 @@ fn convert_filter(
                     }
                 }),
             };
+            if let Some(h) = &r.hostname {
+                validate::hostname(h).map_err(|e| {
+                    RuleError::unsupported(format!("{field}.urlRewrite.hostname"), e)
+                })?;
+            }
+            if let Some(p) = &path {
+                let value = p
+                    .replace_full_path
+                    .as_deref()
+                    .or(p.replace_prefix_match.as_deref())
+                    .unwrap_or_default();
+                validate::replacement_path(value)
+                    .map_err(|e| RuleError::unsupported(format!("{field}.urlRewrite.path"), e))?;
+            }
             let mut out = Filter::new(FilterType::URLRewrite);
             out.url_rewrite = Some(UrlRewrite {
                 hostname: r.hostname.clone(),
@@ -758,6 +804,15 @@ fn convert_filter(
                     RuleError::unsupported(format!("{field}.cors.maxAge"), "must be 0 or more")
                 })?),
             };
+            for (name, list) in [
+                ("allowOrigins", &c.allow_origins),
+                ("allowMethods", &c.allow_methods),
+                ("allowHeaders", &c.allow_headers),
+                ("exposeHeaders", &c.expose_headers),
+            ] {
+                validate::header_value(&list.as_deref().unwrap_or_default().join(", "))
+                    .map_err(|e| RuleError::unsupported(format!("{field}.cors.{name}"), e))?;
+            }
             let mut out = Filter::new(FilterType::Cors);
             out.cors = Some(Cors {
                 allow_origins: c.allow_origins.clone().unwrap_or_default(),
@@ -787,6 +842,34 @@ fn convert_filter(
     Ok(FilterOutcome::Filter(Box::new(filter)))
 }
 
+/// Gateway API: each filter type but RequestMirror and ExtensionRef appears at most once in a
+/// list, and RequestRedirect excludes URLRewrite.
+fn check_filter_kinds(filters: &[HttpRouteRulesFilters], field: &str) -> Result<(), RuleError> {
+    use HttpRouteRulesFiltersType as T;
+    let count = |kind: T| filters.iter().filter(|f| f.r#type == kind).count();
+    for (kind, name) in [
+        (T::RequestHeaderModifier, "RequestHeaderModifier"),
+        (T::ResponseHeaderModifier, "ResponseHeaderModifier"),
+        (T::RequestRedirect, "RequestRedirect"),
+        (T::UrlRewrite, "URLRewrite"),
+        (T::Cors, "CORS"),
+    ] {
+        if count(kind) > 1 {
+            return Err(RuleError::unsupported(
+                field,
+                format!("{name} may appear only once"),
+            ));
+        }
+    }
+    if count(T::RequestRedirect) > 0 && count(T::UrlRewrite) > 0 {
+        return Err(RuleError::unsupported(
+            field,
+            "RequestRedirect and URLRewrite cannot be combined",
+        ));
+    }
+    Ok(())
+}
+
 fn require_prefix(all_prefix: bool, field: &str) -> Result<(), RuleError> {
     if all_prefix {
         Ok(())
@@ -802,14 +885,24 @@ fn header_modifier<'a>(
     set: impl Iterator<Item = (&'a String, &'a String)>,
     add: impl Iterator<Item = (&'a String, &'a String)>,
     remove: Option<&[String]>,
-) -> HeaderModifier {
-    let header = |(name, value): (&String, &String)| Header {
-        name: name.clone(),
-        value: value.clone(),
+    field: &str,
+) -> Result<HeaderModifier, RuleError> {
+    let header = |(name, value): (&String, &String)| -> Result<Header, RuleError> {
+        validate::header_name(name)
+            .and_then(|()| validate::header_value(value))
+            .map_err(|e| RuleError::unsupported(field, e))?;
+        Ok(Header {
+            name: name.clone(),
+            value: value.clone(),
+        })
     };
-    HeaderModifier {
-        set: set.map(header).collect(),
-        add: add.map(header).collect(),
-        remove: remove.map(<[String]>::to_vec).unwrap_or_default(),
+    let remove = remove.map(<[String]>::to_vec).unwrap_or_default();
+    for name in &remove {
+        validate::header_name(name).map_err(|e| RuleError::unsupported(field, e))?;
     }
+    Ok(HeaderModifier {
+        set: set.map(header).collect::<Result<_, _>>()?,
+        add: add.map(header).collect::<Result<_, _>>()?,
+        remove,
+    })
 }

@@ -14,6 +14,7 @@ mod gateway;
 mod grpc_route;
 mod http_route;
 mod status;
+mod validate;
 
 #[cfg(test)]
 mod tests;

@@ -835,6 +835,79 @@ fn filters_timeouts_and_retry_carry_over() {
     );
 }
 
+/// Values the proxy cannot compile are refused per rule, so they never make it reject a push.
+#[test]
+fn values_the_proxy_cannot_compile_drop_their_rule() {
+    let cases = [
+        ("header-name", "matches: [{headers: [{name: \"bad name\", value: x}]}]"),
+        ("query-name", "matches: [{queryParams: [{name: \"\", value: x}]}]"),
+        ("modifier-value", "filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: a, value: \"x\\ny\"}]}}]"),
+        ("modifier-remove", "filters: [{type: RequestHeaderModifier, requestHeaderModifier: {remove: [\"a b\"]}}]"),
+        ("redirect-host", "filters: [{type: RequestRedirect, requestRedirect: {hostname: \"a b.com\"}}]"),
+        ("rewrite-path", "filters: [{type: URLRewrite, urlRewrite: {path: {type: ReplaceFullPath, replaceFullPath: relative}}}]"),
+        ("twice", "filters: [{type: RequestHeaderModifier, requestHeaderModifier: {}}, {type: RequestHeaderModifier, requestHeaderModifier: {}}]"),
+        ("redirect-and-rewrite", "filters: [{type: RequestRedirect, requestRedirect: {hostname: a.com}}, {type: URLRewrite, urlRewrite: {hostname: b.com}}]"),
+        ("cors-value", "filters: [{type: CORS, cors: {allowOrigins: [\"https://a\\u0001\"]}}]"),
+        ("backend-twice", "backendRefs: [{name: v2, port: 8080, filters: [{type: URLRewrite, urlRewrite: {}}, {type: URLRewrite, urlRewrite: {}}]}]"),
+    ];
+    for (name, rule) in cases {
+        let out = run(&http_route(
+            "infra",
+            name,
+            &format!("  parentRefs: [{{name: gw}}]\n  rules:\n  - {rule}\n  - backendRefs: [{{name: v2, port: 8080}}]"),
+        ));
+        assert_eq!(
+            condition(&out, "infra", name, ConditionType::PartiallyInvalid),
+            (true, Reason::UnsupportedValue),
+            "{name}"
+        );
+        assert_eq!(route_rules(&out).len(), 1, "{name}");
+    }
+}
+
+#[test]
+fn invalid_hostnames_refuse_the_route_or_the_listener() {
+    let out = run(&format!(
+        r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: bad-listener, namespace: infra}}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {{name: ok, port: 80, protocol: HTTP, hostname: ok.example.com}}
+  - {{name: bad, port: 80, protocol: HTTP, hostname: "bad host"}}
+---
+{}"#,
+        http_route(
+            "infra",
+            "bad-host",
+            "  parentRefs: [{name: gw}]\n  hostnames: [good.example.com, \"bad_$.example.com\"]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]"
+        )
+    ));
+    assert_eq!(
+        condition(&out, "infra", "bad-host", ConditionType::Accepted),
+        (false, Reason::UnsupportedValue)
+    );
+    assert!(
+        route_rules(&out).is_empty(),
+        "the route is not widened to fewer hostnames"
+    );
+    let gw = &out.statuses.gateways[&ObjectKey::new("infra", "bad-listener")];
+    let bad = gw
+        .listeners
+        .iter()
+        .find(|l| l.name == "bad")
+        .expect("listener");
+    assert_eq!(
+        bad.conditions.first().map(|c| (c.status, c.reason)),
+        Some((false, Reason::UnsupportedValue))
+    );
+    assert!(shared(&out)
+        .rules
+        .iter()
+        .all(|r| r.hostnames.iter().all(|h| h != "bad host")));
+}
+
 #[test]
 fn replace_prefix_match_needs_prefix_matches() {
     let out = run(&http_route(
