@@ -1,0 +1,582 @@
+//! The connector: options, start-up, HA supervision and the handle the
+//! proxy uses for readiness and drain.
+
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::Instrument as _;
+use uuid::Uuid;
+
+use crate::backoff::{should_fall_back, Backoff, Transport};
+use crate::body::{Body, BoxError};
+use crate::edge::{EdgeAddr, EdgePool, EDGE_PORT, REGION_HOSTS};
+use crate::metrics::{FailureCause, ProtocolLabel, TunnelMetrics};
+use crate::rpc::control::EdgeRefusal;
+use crate::rpc::remote_config::{RemoteConfig, RemoteConfigState};
+use crate::rpc::{LocalWorker, RpcError};
+use crate::service::{Handler, ServiceHandler};
+use crate::tls::{self, TlsError};
+use crate::token::Token;
+
+/// Version string sent in `ClientInfo.version` unless overridden.
+pub const DEFAULT_CLIENT_VERSION: &str = "2026.8.2";
+
+/// Features advertised in `ClientInfo.features`: only what this connector
+/// implements (no datagrams, no management logs).
+pub const FEATURES: &[&str] = &[
+    "allow_remote_config",
+    "serialized_headers",
+    "support_quic_eof",
+];
+
+/// `PROXY_TUNNEL_PROTOCOL`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    /// QUIC first; HTTP/2 when QUIC cannot connect and never registered.
+    #[default]
+    Auto,
+    /// QUIC only.
+    Quic,
+    /// HTTP/2 only.
+    Http2,
+}
+
+/// A protocol name other than `auto`, `quic` or `http2`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("tunnel protocol {0:?} is not one of auto, quic, http2")]
+pub struct ProtocolError(pub String);
+
+impl FromStr for Protocol {
+    type Err = ProtocolError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "quic" => Ok(Self::Quic),
+            "http2" => Ok(Self::Http2),
+            other => Err(ProtocolError(other.to_owned())),
+        }
+    }
+}
+
+/// Connector settings. `Default` gives `cloudflared`'s defaults.
+#[derive(Debug, Clone)]
+pub struct ConnectorOptions {
+    /// Transport choice.
+    pub protocol: Protocol,
+    /// Static edges (`--edge`, `TUNNEL_EDGE`); repeat an entry for more HA
+    /// connections to one listener. Empty: the well-known region hosts.
+    pub edges: Vec<EdgeAddr>,
+    /// PEM roots replacing all others (`--edge-ca-file`, `TUNNEL_CACERT`).
+    pub edge_ca_pem: Option<Vec<u8>>,
+    /// HA connections (default 4), capped at the number of edge entries.
+    pub ha_connections: usize,
+    /// Drain window after unregistering (default 30 s).
+    pub grace_period: Duration,
+    /// Per-call RPC timeout (default 5 s).
+    pub rpc_timeout: Duration,
+    /// Backoff exponent cap (default 5: waits up to 64 s).
+    pub retries: u32,
+    /// Backoff base (default 1 s).
+    pub backoff_base: Duration,
+    /// Delay between starting HA connections once the first registered
+    /// (default 1 s).
+    pub ha_start_interval: Duration,
+    /// QUIC handshake timeout (default 5 s).
+    pub handshake_timeout: Duration,
+    /// `ClientInfo.version`.
+    pub client_version: String,
+}
+
+impl Default for ConnectorOptions {
+    fn default() -> Self {
+        Self {
+            protocol: Protocol::Auto,
+            edges: Vec::new(),
+            edge_ca_pem: None,
+            ha_connections: 4,
+            grace_period: Duration::from_secs(30),
+            rpc_timeout: Duration::from_secs(5),
+            retries: 5,
+            backoff_base: Duration::from_secs(1),
+            ha_start_interval: Duration::from_secs(1),
+            handshake_timeout: Duration::from_secs(5),
+            client_version: DEFAULT_CLIENT_VERSION.to_owned(),
+        }
+    }
+}
+
+/// Start-up errors of the connector.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectorError {
+    /// TLS setup (for example a bad CA override).
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The RPC thread could not be started.
+    #[error("starting the rpc thread: {0}")]
+    Worker(#[source] std::io::Error),
+    /// `ha_connections` is zero.
+    #[error("ha_connections must be at least 1")]
+    NoConnections,
+}
+
+/// Drain state shared with every connection task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunState {
+    Running,
+    Draining,
+    Shutdown,
+}
+
+/// Per-connector state shared by connection tasks.
+pub(crate) struct Shared {
+    pub(crate) handler: Arc<dyn Handler>,
+    pub(crate) worker: LocalWorker,
+    pub(crate) remote_config: Arc<RemoteConfigState>,
+    pub(crate) metrics: TunnelMetrics,
+    pub(crate) token: Token,
+    pub(crate) client_id: Uuid,
+    pub(crate) opts: ConnectorOptions,
+    pub(crate) quic_client: quinn::ClientConfig,
+    pub(crate) h2_client: Arc<rustls::ClientConfig>,
+    pub(crate) registered: watch::Sender<usize>,
+    pub(crate) state: watch::Receiver<RunState>,
+    pub(crate) quic_ever_registered: AtomicBool,
+    pub(crate) local_ports: Mutex<Vec<u16>>,
+}
+
+impl Shared {
+    pub(crate) fn run_state(&self) -> RunState {
+        *self.state.borrow()
+    }
+
+    pub(crate) fn arch() -> String {
+        let arch = match std::env::consts::ARCH {
+            "x86_64" => "amd64",
+            "aarch64" => "arm64",
+            "x86" => "386",
+            other => other,
+        };
+        format!("{}_{}", std::env::consts::OS, arch)
+    }
+
+    pub(crate) fn features() -> Vec<String> {
+        FEATURES.iter().map(|f| (*f).to_owned()).collect()
+    }
+}
+
+/// Counts one registered connection until dropped.
+pub(crate) struct RegisteredGuard {
+    shared: Arc<Shared>,
+    protocol: ProtocolLabel,
+    active: bool,
+}
+
+impl RegisteredGuard {
+    pub(crate) fn new(shared: &Arc<Shared>, protocol: ProtocolLabel) -> Self {
+        shared.registered.send_modify(|n| *n += 1);
+        shared.metrics.connections(protocol).inc();
+        shared.metrics.registered(protocol);
+        if protocol == ProtocolLabel::Quic {
+            shared.quic_ever_registered.store(true, Ordering::Relaxed);
+        }
+        Self {
+            shared: shared.clone(),
+            protocol,
+            active: true,
+        }
+    }
+
+    /// Stops counting (the connection unregistered or was lost).
+    pub(crate) fn release(&mut self) {
+        if std::mem::take(&mut self.active) {
+            self.shared
+                .registered
+                .send_modify(|n| *n = n.saturating_sub(1));
+            self.shared.metrics.connections(self.protocol).dec();
+        }
+    }
+}
+
+impl Drop for RegisteredGuard {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// How a registered connection ended.
+#[derive(Debug)]
+pub(crate) enum Ended {
+    /// Drained or shut down on request: do not reconnect.
+    Stopped,
+    /// Lost after registering: reconnect.
+    Lost,
+}
+
+/// Why a connection attempt failed before registering.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConnError {
+    #[error("dial failed: {reason}")]
+    Dial { reason: String, timed_out: bool },
+    #[error("edge refused registration: {}", .0.cause)]
+    Refused(EdgeRefusal),
+    #[error(transparent)]
+    Rpc(#[from] RpcError),
+}
+
+impl ConnError {
+    pub(crate) fn dial(reason: impl std::fmt::Display) -> Self {
+        Self::Dial {
+            reason: reason.to_string(),
+            timed_out: false,
+        }
+    }
+
+    fn cause(&self) -> FailureCause {
+        match self {
+            Self::Dial { .. } => FailureCause::Dial,
+            Self::Refused(r) if r.is_duplicate() => FailureCause::Duplicate,
+            Self::Refused(r) if r.cause.contains("Unauthorized") => FailureCause::Unauthorized,
+            Self::Refused(_) => FailureCause::ServerError,
+            Self::Rpc(_) => FailureCause::Rpc,
+        }
+    }
+}
+
+/// A native tunnel connector, built from a token and options.
+pub struct Connector {
+    token: Token,
+    opts: ConnectorOptions,
+    quic_client: quinn::ClientConfig,
+    h2_client: Arc<rustls::ClientConfig>,
+}
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connector")
+            .field("token", &self.token)
+            .field("opts", &self.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connector {
+    /// Validates the options and builds the TLS configurations.
+    pub fn new(token: Token, opts: ConnectorOptions) -> Result<Self, ConnectorError> {
+        if opts.ha_connections == 0 {
+            return Err(ConnectorError::NoConnections);
+        }
+        let roots = tls::root_store(opts.edge_ca_pem.as_deref())?;
+        let quic_client = tls::quic_client(roots.clone())?;
+        let h2_client = tls::h2_client(roots)?;
+        Ok(Self {
+            token,
+            opts,
+            quic_client,
+            h2_client,
+        })
+    }
+
+    /// Starts the connections on the current Tokio runtime and returns the
+    /// handle for readiness and drain. Every request arriving through the
+    /// tunnel is passed to `service`.
+    pub fn start<S, B>(
+        self,
+        service: S,
+        metrics: TunnelMetrics,
+    ) -> Result<ConnectorHandle, ConnectorError>
+    where
+        S: hyper::service::Service<Request<Body>, Response = Response<B>>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError>,
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let worker = LocalWorker::start("cftunnel-rpc").map_err(ConnectorError::Worker)?;
+        let (state_tx, state_rx) = watch::channel(RunState::Running);
+        let (registered_tx, registered_rx) = watch::channel(0usize);
+        let (done_tx, done_rx) = watch::channel(false);
+        let remote_config = RemoteConfigState::new();
+        let client_id = Uuid::new_v4();
+        let ha = self.opts.ha_connections;
+        let shared = Arc::new(Shared {
+            handler: Arc::new(ServiceHandler(service)),
+            worker,
+            remote_config: remote_config.clone(),
+            metrics,
+            token: self.token,
+            client_id,
+            opts: self.opts,
+            quic_client: self.quic_client,
+            h2_client: self.h2_client,
+            registered: registered_tx,
+            state: state_rx,
+            quic_ever_registered: AtomicBool::new(false),
+            local_ports: Mutex::new(vec![0; ha]),
+        });
+        tracing::info!(connector_id = %client_id, "starting tunnel connector");
+        tokio::spawn(run_all(shared, done_tx));
+        Ok(ConnectorHandle {
+            registered: registered_rx,
+            state: state_tx,
+            done: done_rx,
+            remote_config: remote_config.subscribe(),
+            connector_id: client_id,
+        })
+    }
+
+    /// [`start`](Self::start), then waits until every connection has ended
+    /// (after a drain or shutdown through another handle clone is not
+    /// possible here, so this runs until the process ends).
+    pub async fn run<S, B>(self, service: S, metrics: TunnelMetrics) -> Result<(), ConnectorError>
+    where
+        S: hyper::service::Service<Request<Body>, Response = Response<B>>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError>,
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let handle = self.start(service, metrics)?;
+        handle.closed().await;
+        Ok(())
+    }
+}
+
+/// Handle on a running connector.
+#[derive(Debug, Clone)]
+pub struct ConnectorHandle {
+    registered: watch::Receiver<usize>,
+    state: watch::Sender<RunState>,
+    done: watch::Receiver<bool>,
+    remote_config: watch::Receiver<RemoteConfig>,
+    connector_id: Uuid,
+}
+
+impl ConnectorHandle {
+    /// Connections registered with the edge right now (readiness: `> 0`).
+    pub fn registered(&self) -> usize {
+        *self.registered.borrow()
+    }
+
+    /// Watch of the registered-connection count.
+    pub fn subscribe_registered(&self) -> watch::Receiver<usize> {
+        self.registered.clone()
+    }
+
+    /// Waits until at least `n` connections are registered.
+    pub async fn wait_registered(&self, n: usize) {
+        let mut rx = self.registered.clone();
+        let _ = rx.wait_for(|c| *c >= n).await;
+    }
+
+    /// The connector id sent as `ClientInfo.clientId`.
+    pub fn connector_id(&self) -> Uuid {
+        self.connector_id
+    }
+
+    /// The latest configuration pushed by the edge (version `-1`: none yet).
+    pub fn remote_config(&self) -> watch::Receiver<RemoteConfig> {
+        self.remote_config.clone()
+    }
+
+    /// Graceful drain: every connection calls `unregisterConnection` (the
+    /// edge stops sending new requests), in-flight requests get up to the
+    /// grace period, then connections close with code 0. Returns when all
+    /// connections have ended. Idempotent.
+    pub async fn drain(&self) {
+        self.state.send_if_modified(|s| {
+            if *s == RunState::Running {
+                *s = RunState::Draining;
+                true
+            } else {
+                false
+            }
+        });
+        self.closed().await;
+    }
+
+    /// Immediate shutdown: connections close now, in-flight streams are
+    /// reset. Returns when all connections have ended.
+    pub async fn shutdown(&self) {
+        self.state.send_replace(RunState::Shutdown);
+        self.closed().await;
+    }
+
+    /// Resolves once every connection task has ended.
+    pub async fn closed(&self) {
+        let mut rx = self.done.clone();
+        let _ = rx.wait_for(|d| *d).await;
+    }
+}
+
+async fn wait_state_change(state: &mut watch::Receiver<RunState>) {
+    let _ = state.wait_for(|s| *s != RunState::Running).await;
+}
+
+async fn resolve_edges(shared: &Shared) -> Vec<(SocketAddr, u8)> {
+    let mut out = Vec::new();
+    if shared.opts.edges.is_empty() {
+        for (region, host) in REGION_HOSTS.iter().enumerate() {
+            match EdgeAddr::new(*host, EDGE_PORT).resolve().await {
+                Ok(addrs) => out.extend(addrs.into_iter().map(|a| (a, region as u8))),
+                Err(e) => tracing::warn!(host, error = %e, "edge region lookup failed"),
+            }
+        }
+        return out;
+    }
+    for (i, edge) in shared.opts.edges.iter().enumerate() {
+        match edge.resolve().await {
+            Ok(addrs) => {
+                if let Some(a) = addrs.first() {
+                    out.push((*a, (i % 2) as u8));
+                }
+            }
+            Err(e) => tracing::warn!(edge = %edge, error = %e, "edge lookup failed"),
+        }
+    }
+    out
+}
+
+async fn run_all(shared: Arc<Shared>, done: watch::Sender<bool>) {
+    let mut state = shared.state.clone();
+    let mut backoff = Backoff::new(shared.opts.backoff_base, shared.opts.retries);
+    let entries = loop {
+        let entries = resolve_edges(&shared).await;
+        if !entries.is_empty() {
+            break entries;
+        }
+        let wait = backoff.next_wait(rand::random::<f64>());
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = wait_state_change(&mut state) => {
+                let _ = done.send(true);
+                return;
+            }
+        }
+    };
+    tracing::debug!(edges = entries.len(), "edge addresses resolved");
+    let pool = Arc::new(EdgePool::new(entries));
+    let ha = shared.opts.ha_connections.min(pool.len()).max(1);
+    if ha < shared.opts.ha_connections {
+        tracing::warn!(
+            requested = shared.opts.ha_connections,
+            available = ha,
+            "fewer edge addresses than HA connections"
+        );
+    }
+    let mut set = JoinSet::new();
+    spawn_index(&mut set, &shared, &pool, 0);
+    if ha > 1 {
+        let mut registered = shared.registered.subscribe();
+        let started = tokio::select! {
+            r = registered.wait_for(|n| *n >= 1) => r.is_ok(),
+            _ = wait_state_change(&mut state) => false,
+        };
+        if started {
+            for idx in 1..ha {
+                tokio::select! {
+                    _ = tokio::time::sleep(shared.opts.ha_start_interval) => {}
+                    _ = wait_state_change(&mut state) => break,
+                }
+                spawn_index(&mut set, &shared, &pool, idx as u8);
+            }
+        }
+    }
+    while set.join_next().await.is_some() {}
+    let _ = done.send(true);
+}
+
+fn spawn_index(set: &mut JoinSet<()>, shared: &Arc<Shared>, pool: &Arc<EdgePool>, idx: u8) {
+    let span = tracing::info_span!("edge_connection", conn_index = idx);
+    set.spawn(supervise(shared.clone(), pool.clone(), idx).instrument(span));
+}
+
+async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
+    let opts = &shared.opts;
+    let auto = opts.protocol == Protocol::Auto;
+    let mut transport = match opts.protocol {
+        Protocol::Auto | Protocol::Quic => Transport::Quic,
+        Protocol::Http2 => Transport::Http2,
+    };
+    let mut backoff = Backoff::new(opts.backoff_base, opts.retries);
+    let mut dial_failures = 0u32;
+    let mut state = shared.state.clone();
+    loop {
+        if shared.run_state() != RunState::Running {
+            return;
+        }
+        let Some(addr) = pool.address(idx) else {
+            return;
+        };
+        let label = match transport {
+            Transport::Quic => ProtocolLabel::Quic,
+            Transport::Http2 => ProtocolLabel::Http2,
+        };
+        let attempt = u8::try_from(backoff.retries()).unwrap_or(u8::MAX);
+        let result = match transport {
+            Transport::Quic => crate::quic::connect(&shared, idx, addr, attempt).await,
+            Transport::Http2 => crate::http2::connect(&shared, idx, addr, attempt).await,
+        };
+        match result {
+            Ok(Ended::Stopped) => return,
+            Ok(Ended::Lost) => {
+                tracing::warn!(edge = %addr, "edge connection lost");
+                backoff.reset();
+                dial_failures = 0;
+            }
+            Err(e) => {
+                shared.metrics.failed(label, e.cause());
+                let mut timed_out = false;
+                match &e {
+                    ConnError::Refused(r) if r.is_duplicate() => pool.rotate(idx),
+                    ConnError::Dial { timed_out: t, .. } => {
+                        timed_out = *t;
+                        dial_failures += 1;
+                        pool.rotate(idx);
+                    }
+                    _ => {}
+                }
+                tracing::warn!(edge = %addr, error = %e, "edge connection failed");
+                if should_fall_back(
+                    auto,
+                    transport,
+                    shared.quic_ever_registered.load(Ordering::Relaxed),
+                    timed_out,
+                    dial_failures,
+                    opts.retries,
+                ) {
+                    tracing::warn!("QUIC cannot reach the edge; falling back to HTTP/2");
+                    transport = Transport::Http2;
+                    backoff.reset();
+                    dial_failures = 0;
+                }
+            }
+        }
+        let wait = backoff.next_wait(rand::random::<f64>());
+        shared.metrics.reconnect(label);
+        tracing::info!(
+            wait_ms = wait.as_millis() as u64,
+            "retrying edge connection"
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = wait_state_change(&mut state) => return,
+        }
+    }
+}

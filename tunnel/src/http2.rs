@@ -1,0 +1,379 @@
+//! HTTP/2 transport (connector side): TLS client, HTTP/2 *server* on that
+//! connection (the edge sends the preface and opens every stream). The
+//! control stream is a request marked
+//! `cf-cloudflared-proxy-connection-upgrade: control-stream`; eyeball
+//! requests arrive as ordinary HTTP/2 requests; responses carry the origin
+//! headers serialised in `cf-cloudflared-response-headers`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
+use http::{Request, Response, StatusCode, Version};
+use http_body_util::{BodyExt as _, Limited};
+use tokio::sync::{oneshot, watch};
+use tokio_util::task::TaskTracker;
+
+use crate::body::{Body, OnUpgrade, Upgraded};
+use crate::connector::{ConnError, Ended, RegisteredGuard, RunState, Shared};
+use crate::h2io::{send_body, H2Io, H2Reader, H2Writer};
+use crate::metrics::ProtocolLabel;
+use crate::quic::{register_params, DRAIN_LINGER};
+use crate::rpc::control::{self, RegisterOutcome};
+use crate::rpc::RpcStream;
+use crate::stream::headers::{
+    self, CONNECTION_UPGRADE, META_CONNECTOR, META_ORIGIN, PROXY_SRC, RESPONSE_HEADERS,
+    RESPONSE_META,
+};
+use crate::stream::http_map::add_websocket_headers;
+use crate::tls::H2_SERVER_NAME;
+
+const DIAL_TIMEOUT: Duration = Duration::from_secs(15);
+const MAX_CONFIG_BYTES: usize = 8 * 1024 * 1024;
+
+type TlsStream = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+type Accepted = (Request<h2::RecvStream>, h2::server::SendResponse<Bytes>);
+
+/// One HTTP/2 connection: dial, register, serve until lost or drained.
+pub(crate) async fn connect(
+    shared: &Arc<Shared>,
+    idx: u8,
+    addr: SocketAddr,
+    attempt: u8,
+) -> Result<Ended, ConnError> {
+    let tcp = tokio::time::timeout(DIAL_TIMEOUT, tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| ConnError::Dial {
+            reason: "tcp connect timed out".into(),
+            timed_out: true,
+        })?
+        .map_err(ConnError::dial)?;
+    let _ = tcp.set_nodelay(true);
+    let local_ip = tcp.local_addr().map_err(ConnError::dial)?.ip();
+    let name = rustls::pki_types::ServerName::try_from(H2_SERVER_NAME).map_err(ConnError::dial)?;
+    let tls = tokio::time::timeout(
+        DIAL_TIMEOUT,
+        tokio_rustls::TlsConnector::from(shared.h2_client.clone()).connect(name, tcp),
+    )
+    .await
+    .map_err(|_| ConnError::Dial {
+        reason: "tls handshake timed out".into(),
+        timed_out: true,
+    })?
+    .map_err(ConnError::dial)?;
+    let conn = h2::server::Builder::new()
+        .max_concurrent_streams(u32::MAX)
+        .initial_window_size(4 * 1024 * 1024)
+        .initial_connection_window_size(16 * 1024 * 1024)
+        .handshake::<_, Bytes>(tls)
+        .await
+        .map_err(ConnError::dial)?;
+
+    let tracker = TaskTracker::new();
+    let (control_tx, control_rx) = oneshot::channel();
+    let (close_tx, close_rx) = watch::channel(false);
+    let mut accept_task = tokio::spawn(accept_loop(
+        conn,
+        shared.clone(),
+        control_tx,
+        tracker.clone(),
+        close_rx,
+    ));
+    let result = serve(
+        shared,
+        idx,
+        addr,
+        local_ip,
+        attempt,
+        control_rx,
+        &tracker,
+        &mut accept_task,
+    )
+    .await;
+    let _ = close_tx.send(true);
+    if tokio::time::timeout(Duration::from_secs(2), &mut accept_task)
+        .await
+        .is_err()
+    {
+        accept_task.abort();
+    }
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn serve(
+    shared: &Arc<Shared>,
+    idx: u8,
+    addr: SocketAddr,
+    local_ip: std::net::IpAddr,
+    attempt: u8,
+    control_rx: oneshot::Receiver<Accepted>,
+    tracker: &TaskTracker,
+    accept_task: &mut tokio::task::JoinHandle<()>,
+) -> Result<Ended, ConnError> {
+    let (req, mut respond) = tokio::time::timeout(shared.opts.rpc_timeout * 2, control_rx)
+        .await
+        .map_err(|_| ConnError::dial("edge opened no control stream"))?
+        .map_err(|_| ConnError::dial("connection closed before the control stream"))?;
+    let resp = Response::builder()
+        .status(StatusCode::OK)
+        .header(http::header::CONTENT_TYPE, "application/octet-stream")
+        .body(())
+        .map_err(ConnError::dial)?;
+    let send = respond
+        .send_response(resp, false)
+        .map_err(ConnError::dial)?;
+    let params = register_params(shared, idx, local_ip, attempt);
+    let (session, outcome) = control::register(
+        &shared.worker,
+        RpcStream {
+            reader: H2Reader::new(req.into_body()),
+            writer: H2Writer::new(send),
+        },
+        params,
+        shared.opts.rpc_timeout,
+    )
+    .await?;
+    let details = match outcome {
+        RegisterOutcome::Registered(d) => d,
+        RegisterOutcome::Refused(r) => {
+            // The edge closes the connection after an error; give it a moment.
+            let _ = tokio::time::timeout(Duration::from_secs(1), &mut *accept_task).await;
+            return Err(ConnError::Refused(r));
+        }
+    };
+    tracing::info!(
+        connection = %details.uuid,
+        edge = %addr,
+        location = %details.location,
+        protocol = "http2",
+        "registered tunnel connection"
+    );
+    let mut guard = RegisteredGuard::new(shared, ProtocolLabel::Http2);
+    let mut state = shared.state.clone();
+    let ended = tokio::select! {
+        _ = &mut *accept_task => Ended::Lost,
+        _ = session.closed() => Ended::Lost,
+        _ = state.wait_for(|s| *s != RunState::Running) => Ended::Stopped,
+    };
+    guard.release();
+    if matches!(ended, Ended::Lost) {
+        return Ok(Ended::Lost);
+    }
+    if shared.run_state() == RunState::Draining {
+        let grace = shared.opts.grace_period;
+        match session.unregister(grace).await {
+            Ok(()) => tracing::info!("unregistered tunnel connection"),
+            Err(e) => tracing::warn!(error = %e, "unregister failed"),
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        tokio::time::sleep(DRAIN_LINGER.min(grace)).await;
+        tracker.close();
+        tokio::select! {
+            _ = tracker.wait() => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = &mut *accept_task => {}
+            _ = state.wait_for(|s| *s == RunState::Shutdown) => {}
+        }
+    }
+    Ok(Ended::Stopped)
+}
+
+async fn accept_loop(
+    mut conn: h2::server::Connection<TlsStream, Bytes>,
+    shared: Arc<Shared>,
+    control_tx: oneshot::Sender<Accepted>,
+    tracker: TaskTracker,
+    mut close_rx: watch::Receiver<bool>,
+) {
+    let mut control_tx = Some(control_tx);
+    loop {
+        tokio::select! {
+            r = conn.accept() => match r {
+                Some(Ok((req, respond))) => {
+                    let upgrade = req
+                        .headers()
+                        .get(CONNECTION_UPGRADE)
+                        .map(|v| v.as_bytes().to_ascii_lowercase());
+                    let tcp = req.headers().get(PROXY_SRC).is_some_and(|v| !v.is_empty());
+                    match upgrade.as_deref() {
+                        Some(b"update-configuration") => {
+                            tracker.spawn(config_push(shared.clone(), req, respond));
+                        }
+                        Some(b"websocket") => {
+                            tracker.spawn(handle_request(shared.clone(), req, respond, true));
+                        }
+                        _ if tcp => {
+                            let mut respond = respond;
+                            connector_error(&mut respond, StatusCode::BAD_GATEWAY);
+                        }
+                        Some(b"control-stream") => match control_tx.take() {
+                            Some(tx) => {
+                                let _ = tx.send((req, respond));
+                            }
+                            None => {
+                                let mut respond = respond;
+                                connector_error(&mut respond, StatusCode::BAD_REQUEST);
+                            }
+                        },
+                        _ => {
+                            tracker.spawn(handle_request(shared.clone(), req, respond, false));
+                        }
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "http2 edge connection ended");
+                    return;
+                }
+                None => return,
+            },
+            _ = async { let _ = close_rx.wait_for(|c| *c).await; } => {
+                conn.graceful_shutdown();
+                let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                    while let Some(Ok(_)) = conn.accept().await {}
+                })
+                .await;
+                return;
+            }
+        }
+    }
+}
+
+fn connector_error(respond: &mut h2::server::SendResponse<Bytes>, status: StatusCode) {
+    let resp = Response::builder()
+        .status(status)
+        .header(RESPONSE_META, META_CONNECTOR)
+        .body(());
+    if let Ok(resp) = resp {
+        let _ = respond.send_response(resp, true);
+    }
+}
+
+struct StreamGauge(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for StreamGauge {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+async fn handle_request(
+    shared: Arc<Shared>,
+    req: Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<Bytes>,
+    websocket: bool,
+) {
+    let gauge = shared.metrics.active_streams(ProtocolLabel::Http2);
+    gauge.inc();
+    let _gauge = StreamGauge(gauge);
+    let (mut parts, recv) = req.into_parts();
+    parts.headers.remove(CONNECTION_UPGRADE);
+    if let Some(authority) = parts.uri.authority() {
+        if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
+            parts.headers.insert(HOST, v);
+        }
+    }
+    let mut upgrade = None;
+    let body = if websocket {
+        add_websocket_headers(&mut parts.headers);
+        parts.version = Version::HTTP_11;
+        let (tx, on) = OnUpgrade::pair();
+        parts.extensions.insert(on);
+        upgrade = Some((tx, recv));
+        Body::empty()
+    } else {
+        Body::h2(recv)
+    };
+    let resp = match shared.handler.call(Request::from_parts(parts, body)).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!(error = %e, "service failed");
+            connector_error(&mut respond, StatusCode::BAD_GATEWAY);
+            return;
+        }
+    };
+    let (rparts, rbody) = resp.into_parts();
+    let switched = websocket && rparts.status == StatusCode::SWITCHING_PROTOCOLS;
+    let mut builder = Response::builder().status(if switched {
+        StatusCode::OK
+    } else {
+        rparts.status
+    });
+    let serialised = headers::serialise(&rparts.headers, switched);
+    if let Some(h) = builder.headers_mut() {
+        if let Ok(v) = HeaderValue::from_str(&serialised) {
+            h.insert(RESPONSE_HEADERS, v);
+        }
+        h.insert(RESPONSE_META, HeaderValue::from_static(META_ORIGIN));
+        if let Some(cl) = rparts.headers.get(CONTENT_LENGTH) {
+            h.insert(CONTENT_LENGTH, cl.clone());
+        }
+        if let Some(t) = rparts.headers.get("cf-int-cloudflared-tracing") {
+            h.insert("cf-int-cloudflared-tracing", t.clone());
+        }
+    }
+    let Ok(head) = builder.body(()) else {
+        connector_error(&mut respond, StatusCode::BAD_GATEWAY);
+        return;
+    };
+    let end = !switched && http_body::Body::is_end_stream(&rbody);
+    let Ok(mut send) = respond.send_response(head, end) else {
+        return;
+    };
+    if switched {
+        if let Some((tx, recv)) = upgrade {
+            let _ = tx.send(Upgraded::h2(H2Io::new(recv, send)));
+        }
+        return;
+    }
+    if end {
+        return;
+    }
+    if let Err(e) = send_body(&mut send, rbody).await {
+        tracing::debug!(error = %e, "response body failed; resetting stream");
+        send.send_reset(h2::Reason::INTERNAL_ERROR);
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct PushBody {
+    version: i32,
+    config: serde_json::Value,
+}
+
+async fn config_push(
+    shared: Arc<Shared>,
+    req: Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<Bytes>,
+) {
+    let body = Limited::new(Body::h2(req.into_body()), MAX_CONFIG_BYTES)
+        .collect()
+        .await
+        .map(|c| c.to_bytes());
+    let (version, err) = match body
+        .ok()
+        .and_then(|b| serde_json::from_slice::<PushBody>(&b).ok())
+    {
+        Some(push) => {
+            let config = serde_json::to_vec(&push.config).unwrap_or_default();
+            shared.remote_config.apply(push.version, &config)
+        }
+        None => (
+            shared.remote_config.subscribe().borrow().version,
+            Some("invalid configuration push".to_owned()),
+        ),
+    };
+    shared.metrics.config_version.set(version.into());
+    let reply = serde_json::json!({ "lastAppliedVersion": version, "err": err }).to_string();
+    let resp = Response::builder()
+        .status(StatusCode::OK)
+        .header(CONTENT_LENGTH, reply.len())
+        .body(());
+    if let Ok(resp) = resp {
+        if let Ok(mut send) = respond.send_response(resp, false) {
+            let _ = send.send_data(Bytes::from(reply), true);
+        }
+    }
+}

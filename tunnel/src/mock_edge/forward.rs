@@ -1,0 +1,379 @@
+//! The mock's plain-HTTP listener: eyeball requests forwarded through
+//! registered connector connections, as the edge does.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_LENGTH, HOST, UPGRADE};
+use http::{Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use quinn::VarInt;
+
+use super::{Inner, MockEdgeError, Transport};
+use crate::body::{Body, BoxError, Upgraded};
+use crate::h2io::{send_body, H2Io};
+use crate::rpc::edge;
+use crate::rpc::RpcStream;
+use crate::stream::headers::{self, CONNECTION_UPGRADE, RESPONSE_HEADERS};
+use crate::stream::http_map::{connect_from_request, response_from_connect};
+use crate::stream::{self, ConnectionType, RPC_SIGNATURE};
+
+pub(crate) type EdgeBody = UnsyncBoxBody<Bytes, BoxError>;
+
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
+const RPC_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub(super) fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<EdgeBody> {
+    let mut r = Response::new(
+        Full::new(body.into())
+            .map_err(|e| match e {})
+            .boxed_unsync(),
+    );
+    *r.status_mut() = status;
+    r
+}
+
+pub(super) fn spawn_http(inner: &Arc<Inner>, listener: tokio::net::TcpListener) {
+    let inner2 = inner.clone();
+    inner.tasks.spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = inner2.cancel.cancelled() => return,
+            };
+            let Ok((tcp, _)) = accepted else { continue };
+            let _ = tcp.set_nodelay(true);
+            let inner3 = inner2.clone();
+            inner2.tasks.spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let inner = inner3.clone();
+                    async move { Ok::<_, Infallible>(handle(inner, req).await) }
+                });
+                let builder = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                );
+                if let Err(e) = builder
+                    .serve_connection_with_upgrades(TokioIo::new(tcp), svc)
+                    .await
+                {
+                    tracing::debug!(error = %e, "mock edge eyeball connection ended");
+                }
+            });
+        }
+    });
+}
+
+fn is_websocket(req: &Request<Incoming>) -> bool {
+    req.headers()
+        .get(UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+}
+
+async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<EdgeBody> {
+    if req.uri().path().starts_with(super::admin::PREFIX) {
+        return super::admin::handle(&inner, req).await;
+    }
+    let candidates = inner.pick();
+    let Some((id, transport)) = candidates.into_iter().next() else {
+        return full(StatusCode::BAD_GATEWAY, "no registered tunnel connection\n");
+    };
+    inner.count_request(id);
+    let result = match transport {
+        Transport::Quic(conn) => forward_quic(conn, req).await,
+        Transport::H2(sr) => forward_h2(sr, req).await,
+    };
+    result.unwrap_or_else(|e| {
+        tracing::debug!(error = %e, "forwarding through the tunnel failed");
+        full(StatusCode::BAD_GATEWAY, format!("tunnel error: {e}\n"))
+    })
+}
+
+fn stream_err(e: impl std::fmt::Display) -> MockEdgeError {
+    MockEdgeError::Stream(e.to_string())
+}
+
+async fn forward_quic(
+    conn: quinn::Connection,
+    mut req: Request<Incoming>,
+) -> Result<Response<EdgeBody>, MockEdgeError> {
+    let websocket = is_websocket(&req);
+    let on_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
+    let (parts, body) = req.into_parts();
+    let kind = if websocket {
+        ConnectionType::Websocket
+    } else {
+        ConnectionType::Http
+    };
+    let creq = connect_from_request(&parts, kind);
+    let (mut send, mut recv) = conn.open_bi().await.map_err(stream_err)?;
+    send.write_all(&stream::encode_connect_request(&creq))
+        .await
+        .map_err(stream_err)?;
+    if !websocket {
+        let mut send = send;
+        tokio::spawn(async move {
+            let mut body = std::pin::pin!(body);
+            while let Some(frame) = body.frame().await {
+                let Ok(frame) = frame else {
+                    let _ = send.reset(VarInt::from_u32(0));
+                    return;
+                };
+                if let Ok(data) = frame.into_data() {
+                    if send.write_chunk(data).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            let _ = send.finish();
+        });
+        let cresp =
+            tokio::time::timeout(RESPONSE_TIMEOUT, stream::read_response_preamble(&mut recv))
+                .await
+                .map_err(stream_err)?
+                .map_err(stream_err)?;
+        if !cresp.error.is_empty() {
+            return Ok(full(StatusCode::BAD_GATEWAY, format!("{}\n", cresp.error)));
+        }
+        let head = response_from_connect(&cresp).map_err(stream_err)?;
+        let (parts, ()) = head.into_parts();
+        return Ok(Response::from_parts(
+            parts,
+            Body::quic(recv, None).map_err(Into::into).boxed_unsync(),
+        ));
+    }
+    let cresp = tokio::time::timeout(RESPONSE_TIMEOUT, stream::read_response_preamble(&mut recv))
+        .await
+        .map_err(stream_err)?
+        .map_err(stream_err)?;
+    if !cresp.error.is_empty() {
+        return Ok(full(StatusCode::BAD_GATEWAY, format!("{}\n", cresp.error)));
+    }
+    let head = response_from_connect(&cresp).map_err(stream_err)?;
+    let (parts, ()) = head.into_parts();
+    if parts.status == StatusCode::SWITCHING_PROTOCOLS {
+        if let Some(on_upgrade) = on_upgrade {
+            tokio::spawn(pipe(on_upgrade, Upgraded::quic(send, recv)));
+        }
+        return Ok(Response::from_parts(
+            parts,
+            Full::new(Bytes::new())
+                .map_err(|e| match e {})
+                .boxed_unsync(),
+        ));
+    }
+    Ok(Response::from_parts(
+        parts,
+        Body::quic(recv, None).map_err(Into::into).boxed_unsync(),
+    ))
+}
+
+async fn pipe(on_upgrade: hyper::upgrade::OnUpgrade, mut tunnel: Upgraded) {
+    let Ok(eyeball) = on_upgrade.await else {
+        return;
+    };
+    let mut eyeball = TokioIo::new(eyeball);
+    let _ = tokio::io::copy_bidirectional(&mut eyeball, &mut tunnel).await;
+}
+
+fn is_hop_by_hop(name: &http::HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+async fn forward_h2(
+    sr: h2::client::SendRequest<Bytes>,
+    mut req: Request<Incoming>,
+) -> Result<Response<EdgeBody>, MockEdgeError> {
+    let websocket = is_websocket(&req);
+    let on_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
+    let (parts, body) = req.into_parts();
+    let host = parts
+        .headers
+        .get(HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| parts.uri.authority().map(|a| a.to_string()))
+        .unwrap_or_default();
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let mut builder = Request::builder()
+        .method(parts.method.clone())
+        .uri(format!("https://{host}{pq}"));
+    if let Some(h) = builder.headers_mut() {
+        for (n, v) in &parts.headers {
+            if n != HOST && !is_hop_by_hop(n) {
+                h.append(n.clone(), v.clone());
+            }
+        }
+        if websocket {
+            h.insert(CONNECTION_UPGRADE, HeaderValue::from_static("websocket"));
+        }
+    }
+    let h2req = builder.body(()).map_err(stream_err)?;
+    let end = !websocket && http_body::Body::is_end_stream(&body);
+    let mut ready = sr.ready().await.map_err(stream_err)?;
+    let (resp, mut send) = ready.send_request(h2req, end).map_err(stream_err)?;
+    if !websocket && !end {
+        tokio::spawn(async move {
+            if send_body(&mut send, body).await.is_err() {
+                send.send_reset(h2::Reason::CANCEL);
+            }
+        });
+        let resp = tokio::time::timeout(RESPONSE_TIMEOUT, resp)
+            .await
+            .map_err(stream_err)?
+            .map_err(stream_err)?;
+        return map_h2_response(resp, false);
+    }
+    let resp = tokio::time::timeout(RESPONSE_TIMEOUT, resp)
+        .await
+        .map_err(stream_err)?
+        .map_err(stream_err)?;
+    if websocket && resp.status() == StatusCode::OK {
+        let (rparts, recv) = resp.into_parts();
+        let mut out = map_h2_response(Response::from_parts(rparts, ()), true)?;
+        *out.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        if let Some(on_upgrade) = on_upgrade {
+            tokio::spawn(pipe(on_upgrade, Upgraded::h2(H2Io::new(recv, send))));
+        }
+        return Ok(out);
+    }
+    map_h2_response(resp, false)
+}
+
+fn map_h2_response<T: IntoEdgeBody>(
+    resp: Response<T>,
+    websocket: bool,
+) -> Result<Response<EdgeBody>, MockEdgeError> {
+    let (mut parts, body) = resp.into_parts();
+    let mut headers = http::HeaderMap::new();
+    match parts
+        .headers
+        .get(RESPONSE_HEADERS)
+        .and_then(|v| v.to_str().ok())
+    {
+        Some(serialised) => {
+            for (n, v) in headers::deserialise(serialised).map_err(stream_err)? {
+                headers.append(n, v);
+            }
+        }
+        None => {
+            for (n, v) in &parts.headers {
+                if !n.as_str().starts_with("cf-cloudflared-") {
+                    headers.append(n.clone(), v.clone());
+                }
+            }
+        }
+    }
+    if let Some(cl) = parts.headers.get(CONTENT_LENGTH) {
+        headers.insert(CONTENT_LENGTH, cl.clone());
+    }
+    if !websocket {
+        headers.remove(http::header::CONNECTION);
+        headers.remove(UPGRADE);
+    }
+    parts.headers = headers;
+    Ok(Response::from_parts(parts, body.into_edge_body()))
+}
+
+trait IntoEdgeBody {
+    fn into_edge_body(self) -> EdgeBody;
+}
+
+impl IntoEdgeBody for () {
+    fn into_edge_body(self) -> EdgeBody {
+        Full::new(Bytes::new())
+            .map_err(|e| match e {})
+            .boxed_unsync()
+    }
+}
+
+impl IntoEdgeBody for h2::RecvStream {
+    fn into_edge_body(self) -> EdgeBody {
+        Body::h2(self).map_err(Into::into).boxed_unsync()
+    }
+}
+
+/// Pushes a configuration over one connection.
+pub(super) async fn push_config(
+    inner: &Inner,
+    transport: Transport,
+    version: i32,
+    config: Vec<u8>,
+) -> Result<i32, MockEdgeError> {
+    match transport {
+        Transport::Quic(conn) => {
+            let (mut send, recv) = conn.open_bi().await.map_err(stream_err)?;
+            send.write_all(&RPC_SIGNATURE).await.map_err(stream_err)?;
+            let (latest, err) = edge::push_config(
+                &inner.worker,
+                RpcStream {
+                    reader: recv,
+                    writer: send,
+                },
+                version,
+                config,
+                RPC_TIMEOUT,
+            )
+            .await?;
+            if err.is_empty() {
+                Ok(latest)
+            } else {
+                Err(MockEdgeError::Rejected(err))
+            }
+        }
+        Transport::H2(sr) => {
+            let config: serde_json::Value = serde_json::from_slice(&config)
+                .map_err(|e| MockEdgeError::Rejected(e.to_string()))?;
+            let body = serde_json::json!({ "version": version, "config": config }).to_string();
+            let req = Request::builder()
+                .method(http::Method::PUT)
+                .uri("https://h2.cftunnel.com/config")
+                .header(CONNECTION_UPGRADE, "update-configuration")
+                .header(CONTENT_LENGTH, body.len())
+                .body(())
+                .map_err(stream_err)?;
+            let mut ready = sr.ready().await.map_err(stream_err)?;
+            let (resp, mut send) = ready.send_request(req, false).map_err(stream_err)?;
+            send.send_data(Bytes::from(body), true)
+                .map_err(stream_err)?;
+            let resp = tokio::time::timeout(RPC_TIMEOUT, resp)
+                .await
+                .map_err(stream_err)?
+                .map_err(stream_err)?;
+            let bytes = tokio::time::timeout(RPC_TIMEOUT, Body::h2(resp.into_body()).collect())
+                .await
+                .map_err(stream_err)?
+                .map_err(stream_err)?
+                .to_bytes();
+            #[derive(serde::Deserialize)]
+            #[serde(rename_all = "camelCase")]
+            struct Reply {
+                last_applied_version: i32,
+                err: Option<String>,
+            }
+            let reply: Reply = serde_json::from_slice(&bytes).map_err(stream_err)?;
+            match reply.err.filter(|e| !e.is_empty()) {
+                None => Ok(reply.last_applied_version),
+                Some(e) => Err(MockEdgeError::Rejected(e)),
+            }
+        }
+    }
+}

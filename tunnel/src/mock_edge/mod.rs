@@ -1,0 +1,480 @@
+//! A mock Cloudflare edge for tests, load tests and local demos.
+//!
+//! It listens for connectors on one port number over QUIC (UDP) and
+//! TLS/TCP (HTTP/2 transport) with a generated test CA, answers
+//! `registerConnection`, and forwards requests from a local plain-HTTP
+//! listener through the registered connections, spread round-robin across
+//! those that have not unregistered. Registration errors can be switched on
+//! for negative tests, and configurations can be pushed to connectors.
+//!
+//! Paths under `/__mock-edge/` on the HTTP listener are not forwarded; they
+//! are the mock's own admin API (see [`admin`]).
+
+mod admin;
+mod forward;
+mod listen;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::rpc::control::{ConnectionDetails, EdgeRefusal};
+use crate::rpc::edge::RegistrationHooks;
+pub use crate::rpc::edge::RegistrationRecord;
+use crate::rpc::{LocalWorker, RpcError};
+use crate::tls::{TestPki, TlsError};
+
+/// Mock edge errors.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MockEdgeError {
+    /// Binding or I/O failed.
+    #[error("mock edge i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// TLS setup failed.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// An RPC to a connector failed.
+    #[error(transparent)]
+    Rpc(#[from] RpcError),
+    /// A connection could not carry the request.
+    #[error("connector stream failed: {0}")]
+    Stream(String),
+    /// The connector answered a configuration push with an error.
+    #[error("connector rejected the request: {0}")]
+    Rejected(String),
+}
+
+/// Transport of a connector connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EdgeProtocol {
+    /// QUIC.
+    Quic,
+    /// HTTP/2 over TLS/TCP.
+    Http2,
+}
+
+/// Snapshot of one connector connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionInfo {
+    /// Mock-local id.
+    pub id: u64,
+    /// Transport.
+    pub protocol: EdgeProtocol,
+    /// `connIndex` once registered.
+    pub conn_index: Option<u8>,
+    /// Registered successfully.
+    pub registered: bool,
+    /// Called `unregisterConnection` (no new requests are sent to it).
+    pub draining: bool,
+    /// Requests forwarded through it so far.
+    pub requests: u64,
+}
+
+#[derive(Clone)]
+pub(crate) enum Transport {
+    Quic(quinn::Connection),
+    H2(h2::client::SendRequest<Bytes>),
+}
+
+struct ConnEntry {
+    transport: Transport,
+    client_id: Option<Vec<u8>>,
+    info: ConnectionInfo,
+}
+
+#[derive(Default)]
+struct State {
+    conns: BTreeMap<u64, ConnEntry>,
+    registration_error: Option<EdgeRefusal>,
+    records: Vec<RegistrationRecord>,
+    local_configs: Vec<Vec<u8>>,
+    next_id: u64,
+}
+
+pub(crate) struct Inner {
+    state: Mutex<State>,
+    serving: watch::Sender<usize>,
+    pub(crate) worker: LocalWorker,
+    next_pick: AtomicUsize,
+    remotely_managed: bool,
+    credentials: Option<crate::Token>,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) tasks: TaskTracker,
+}
+
+impl Inner {
+    fn with_state<T>(&self, f: impl FnOnce(&mut State) -> T) -> Option<T> {
+        let mut s = self.state.lock().ok()?;
+        let out = f(&mut s);
+        let serving = s
+            .conns
+            .values()
+            .filter(|c| c.info.registered && !c.info.draining)
+            .count();
+        self.serving.send_if_modified(|n| {
+            let changed = *n != serving;
+            *n = serving;
+            changed
+        });
+        Some(out)
+    }
+
+    pub(crate) fn add_connection(&self, transport: Transport, protocol: EdgeProtocol) -> u64 {
+        self.with_state(|s| {
+            s.next_id += 1;
+            let id = s.next_id;
+            s.conns.insert(
+                id,
+                ConnEntry {
+                    transport,
+                    client_id: None,
+                    info: ConnectionInfo {
+                        id,
+                        protocol,
+                        conn_index: None,
+                        registered: false,
+                        draining: false,
+                        requests: 0,
+                    },
+                },
+            );
+            id
+        })
+        .unwrap_or(0)
+    }
+
+    pub(crate) fn remove_connection(&self, id: u64) {
+        self.with_state(|s| s.conns.remove(&id));
+    }
+
+    /// Serving connections in id order, rotated round-robin.
+    pub(crate) fn pick(&self) -> Vec<(u64, Transport)> {
+        let mut list = self
+            .with_state(|s| {
+                s.conns
+                    .values()
+                    .filter(|c| c.info.registered && !c.info.draining)
+                    .map(|c| (c.info.id, c.transport.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        if !list.is_empty() {
+            let n = self.next_pick.fetch_add(1, Ordering::Relaxed) % list.len();
+            list.rotate_left(n);
+        }
+        list
+    }
+
+    pub(crate) fn count_request(&self, id: u64) {
+        self.with_state(|s| {
+            if let Some(c) = s.conns.get_mut(&id) {
+                c.info.requests += 1;
+            }
+        });
+    }
+
+    pub(crate) fn hooks(
+        self: &Arc<Self>,
+        id: u64,
+        close: tokio::sync::mpsc::Sender<()>,
+    ) -> Arc<dyn RegistrationHooks> {
+        Arc::new(ConnHooks {
+            inner: self.clone(),
+            id,
+            close,
+        })
+    }
+}
+
+struct ConnHooks {
+    inner: Arc<Inner>,
+    id: u64,
+    close: tokio::sync::mpsc::Sender<()>,
+}
+
+impl RegistrationHooks for ConnHooks {
+    fn register(&self, record: RegistrationRecord) -> Result<ConnectionDetails, EdgeRefusal> {
+        let inner = &self.inner;
+        let result = inner
+            .with_state(|s| {
+                s.records.push(record.clone());
+                if let Some(err) = s.registration_error.clone() {
+                    return Err(err);
+                }
+                if let Some(creds) = &inner.credentials {
+                    if record.account_tag != creds.account_tag()
+                        || record.tunnel_secret != creds.tunnel_secret()
+                        || record.tunnel_id != creds.tunnel_id().as_bytes()
+                    {
+                        return Err(EdgeRefusal {
+                            cause: "Unauthorized: invalid tunnel credentials".into(),
+                            retry_after: Duration::ZERO,
+                            should_retry: false,
+                        });
+                    }
+                }
+                let duplicate = s.conns.values().any(|c| {
+                    c.info.id != self.id
+                        && c.info.registered
+                        && c.info.conn_index == Some(record.conn_index)
+                        && c.client_id.as_deref() == Some(record.client_id.as_slice())
+                });
+                if duplicate {
+                    return Err(EdgeRefusal {
+                        cause: "EDUPCONN".into(),
+                        retry_after: Duration::ZERO,
+                        should_retry: true,
+                    });
+                }
+                if let Some(c) = s.conns.get_mut(&self.id) {
+                    c.info.registered = true;
+                    c.info.conn_index = Some(record.conn_index);
+                    c.client_id = Some(record.client_id.clone());
+                }
+                Ok(ConnectionDetails {
+                    uuid: crate::rpc::edge::new_connection_id(),
+                    location: "MCK".into(),
+                    remotely_managed: inner.remotely_managed,
+                })
+            })
+            .unwrap_or_else(|| {
+                Err(EdgeRefusal {
+                    cause: "mock edge state unavailable".into(),
+                    retry_after: Duration::ZERO,
+                    should_retry: true,
+                })
+            });
+        if result.is_err() {
+            // The edge closes the connection after a registration error.
+            let _ = self.close.try_send(());
+        }
+        result
+    }
+
+    fn unregister(&self) {
+        self.inner.with_state(|s| {
+            if let Some(c) = s.conns.get_mut(&self.id) {
+                c.info.draining = true;
+            }
+        });
+    }
+
+    fn local_config(&self, config: Vec<u8>) {
+        self.inner.with_state(|s| s.local_configs.push(config));
+    }
+}
+
+/// Builder for [`MockEdge`].
+#[derive(Debug, Clone)]
+pub struct MockEdgeBuilder {
+    edge_addr: SocketAddr,
+    http_addr: SocketAddr,
+    pki: Option<TestPki>,
+    remotely_managed: bool,
+    credentials: Option<crate::Token>,
+}
+
+impl Default for MockEdgeBuilder {
+    fn default() -> Self {
+        Self {
+            edge_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            pki: None,
+            remotely_managed: true,
+            credentials: None,
+        }
+    }
+}
+
+impl MockEdgeBuilder {
+    /// Address for both the UDP (QUIC) and TCP (HTTP/2) edge listeners.
+    /// Port 0 picks a port free for both.
+    pub fn edge_addr(mut self, addr: SocketAddr) -> Self {
+        self.edge_addr = addr;
+        self
+    }
+
+    /// Address of the plain-HTTP listener whose requests are forwarded.
+    pub fn http_addr(mut self, addr: SocketAddr) -> Self {
+        self.http_addr = addr;
+        self
+    }
+
+    /// Reuse a CA and certificate (for example across a restart).
+    pub fn pki(mut self, pki: TestPki) -> Self {
+        self.pki = Some(pki);
+        self
+    }
+
+    /// `tunnelIsRemotelyManaged` in registration replies (default true).
+    pub fn remotely_managed(mut self, yes: bool) -> Self {
+        self.remotely_managed = yes;
+        self
+    }
+
+    /// Only accept these credentials; others get `Unauthorized`.
+    pub fn credentials(mut self, token: crate::Token) -> Self {
+        self.credentials = Some(token);
+        self
+    }
+
+    /// Binds the listeners and starts serving on the current runtime.
+    pub async fn start(self) -> Result<MockEdge, MockEdgeError> {
+        let pki = match self.pki {
+            Some(p) => p,
+            None => TestPki::generate()?,
+        };
+        let (serving, _) = watch::channel(0);
+        let inner = Arc::new(Inner {
+            state: Mutex::new(State::default()),
+            serving,
+            worker: LocalWorker::start("mock-edge-rpc")?,
+            next_pick: AtomicUsize::new(0),
+            remotely_managed: self.remotely_managed,
+            credentials: self.credentials,
+            cancel: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+        });
+        let (endpoint, tcp) = listen::bind(self.edge_addr, &pki)?;
+        let edge_addr = endpoint.local_addr()?;
+        let http = tokio::net::TcpListener::bind(self.http_addr).await?;
+        let http_addr = http.local_addr()?;
+        listen::spawn_quic(&inner, endpoint.clone());
+        listen::spawn_tcp(&inner, tcp, &pki)?;
+        forward::spawn_http(&inner, http);
+        tracing::info!(edge = %edge_addr, http = %http_addr, "mock edge listening");
+        Ok(MockEdge {
+            inner,
+            endpoint,
+            edge_addr,
+            http_addr,
+            pki,
+        })
+    }
+}
+
+/// A running mock edge. Dropping it does not stop it; call
+/// [`shutdown`](Self::shutdown).
+pub struct MockEdge {
+    inner: Arc<Inner>,
+    endpoint: quinn::Endpoint,
+    edge_addr: SocketAddr,
+    http_addr: SocketAddr,
+    pki: TestPki,
+}
+
+impl std::fmt::Debug for MockEdge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MockEdge")
+            .field("edge_addr", &self.edge_addr)
+            .field("http_addr", &self.http_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MockEdge {
+    /// A builder with defaults (127.0.0.1, ephemeral ports, fresh CA).
+    pub fn builder() -> MockEdgeBuilder {
+        MockEdgeBuilder::default()
+    }
+
+    /// Starts with defaults.
+    pub async fn start() -> Result<Self, MockEdgeError> {
+        Self::builder().start().await
+    }
+
+    /// Address connectors dial (same port for UDP and TCP).
+    pub fn edge_addr(&self) -> SocketAddr {
+        self.edge_addr
+    }
+
+    /// Address of the plain-HTTP listener that forwards into the tunnel.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    /// CA certificate (PEM) connectors must trust.
+    pub fn ca_pem(&self) -> &str {
+        self.pki.ca_pem()
+    }
+
+    /// The CA and certificate, to restart on the same identity.
+    pub fn pki(&self) -> &TestPki {
+        &self.pki
+    }
+
+    /// Writes the CA certificate as PEM.
+    pub async fn write_ca_pem(&self, path: &std::path::Path) -> std::io::Result<()> {
+        tokio::fs::write(path, self.pki.ca_pem()).await
+    }
+
+    /// Answer every following registration with this error (`None`: accept).
+    pub fn set_registration_error(&self, error: Option<EdgeRefusal>) {
+        self.inner.with_state(|s| s.registration_error = error);
+    }
+
+    /// Every `registerConnection` received so far.
+    pub fn registrations(&self) -> Vec<RegistrationRecord> {
+        self.inner
+            .with_state(|s| s.records.clone())
+            .unwrap_or_default()
+    }
+
+    /// `updateLocalConfiguration` documents received so far.
+    pub fn local_configs(&self) -> Vec<Vec<u8>> {
+        self.inner
+            .with_state(|s| s.local_configs.clone())
+            .unwrap_or_default()
+    }
+
+    /// Open connector connections.
+    pub fn connections(&self) -> Vec<ConnectionInfo> {
+        self.inner
+            .with_state(|s| s.conns.values().map(|c| c.info.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Registered connections that have not unregistered.
+    pub fn serving(&self) -> usize {
+        *self.inner.serving.borrow()
+    }
+
+    /// Waits until exactly `n` connections are serving.
+    pub async fn wait_serving(&self, n: usize) {
+        let mut rx = self.inner.serving.subscribe();
+        let _ = rx.wait_for(|c| *c == n).await;
+    }
+
+    /// Pushes a configuration to every serving connection; returns each
+    /// connection's `latestAppliedVersion`.
+    pub async fn push_config(
+        &self,
+        version: i32,
+        config: &[u8],
+    ) -> Vec<Result<i32, MockEdgeError>> {
+        let mut out = Vec::new();
+        for (_, t) in self.inner.pick() {
+            out.push(forward::push_config(&self.inner, t, version, config.to_vec()).await);
+        }
+        out
+    }
+
+    /// Stops listening and closes every connection; the port is free again
+    /// when this returns.
+    pub async fn shutdown(self) {
+        self.inner.cancel.cancel();
+        self.endpoint.close(quinn::VarInt::from_u32(0), b"");
+        self.inner.tasks.close();
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.inner.tasks.wait()).await;
+        self.inner.with_state(|s| s.conns.clear());
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
+    }
+}

@@ -1,0 +1,399 @@
+//! QUIC transport (connector side): one UDP socket and QUIC connection per
+//! connection index, the control stream, and edge-opened request streams.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::CONTENT_LENGTH;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt as _;
+use quinn::VarInt;
+use tokio_util::task::TaskTracker;
+
+use crate::body::{Body, OnUpgrade, Upgraded};
+use crate::connector::{ConnError, ConnectorOptions, Ended, RegisteredGuard, RunState, Shared};
+use crate::metrics::ProtocolLabel;
+use crate::rpc::control::{self, RegisterOutcome, RegisterParams};
+use crate::rpc::{remote_config, RpcStream};
+use crate::service::ResponseBody;
+use crate::stream::http_map::{request_from_connect, response_metadata};
+use crate::stream::{self, ConnectResponse, ConnectionType, StreamKind};
+use crate::tls::QUIC_SERVER_NAME;
+
+/// Time allowed for an edge-opened stream to deliver its preamble.
+pub(crate) const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Quiet period after unregistering during which late requests may still
+/// arrive before the connection closes on an idle drain.
+pub(crate) const DRAIN_LINGER: Duration = Duration::from_millis(500);
+
+/// Concurrent edge-opened request streams allowed per connection.
+/// `cloudflared` advertises 2^60; quinn allocates state per allowed stream
+/// up front, so the limit is a large practical number instead. The credit
+/// is renewed as streams finish.
+pub(crate) const MAX_CONCURRENT_STREAMS: u32 = 16_384;
+
+/// Transport parameters `cloudflared` uses: 5 s idle timeout, 1 s keep-alive,
+/// datagrams on, 6 MiB stream / 30 MiB connection windows, initial packet
+/// size 1232 (IPv4) / 1252 (IPv6); see [`MAX_CONCURRENT_STREAMS`].
+pub(crate) fn client_transport(_opts: &ConnectorOptions, ipv6: bool) -> quinn::TransportConfig {
+    let mut t = quinn::TransportConfig::default();
+    t.max_concurrent_bidi_streams(VarInt::from_u32(MAX_CONCURRENT_STREAMS))
+        .max_concurrent_uni_streams(VarInt::from_u32(16))
+        .max_idle_timeout(quinn::IdleTimeout::try_from(Duration::from_secs(5)).ok())
+        .keep_alive_interval(Some(Duration::from_secs(1)))
+        .datagram_receive_buffer_size(Some(16383 * 16))
+        .stream_receive_window(VarInt::from_u32(6 * 1024 * 1024))
+        .receive_window(VarInt::from_u32(30 * 1024 * 1024))
+        .initial_mtu(if ipv6 { 1252 } else { 1232 });
+    t
+}
+
+/// Local address the OS would use towards `peer` (sent as `originLocalIp`).
+pub(crate) fn local_ip_towards(peer: SocketAddr) -> IpAddr {
+    let unspecified: SocketAddr = if peer.is_ipv4() {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    std::net::UdpSocket::bind(unspecified)
+        .and_then(|s| {
+            s.connect(peer)?;
+            s.local_addr()
+        })
+        .map(|a| a.ip())
+        .unwrap_or(unspecified.ip())
+}
+
+pub(crate) fn register_params(
+    shared: &Shared,
+    idx: u8,
+    local_ip: IpAddr,
+    attempt: u8,
+) -> RegisterParams {
+    let origin_local_ip = match local_ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    };
+    RegisterParams {
+        account_tag: shared.token.account_tag().to_owned(),
+        tunnel_secret: shared.token.tunnel_secret().to_vec(),
+        tunnel_id: shared.token.tunnel_id(),
+        conn_index: idx,
+        client_id: shared.client_id,
+        features: Shared::features(),
+        version: shared.opts.client_version.clone(),
+        arch: Shared::arch(),
+        origin_local_ip,
+        num_previous_attempts: attempt,
+    }
+}
+
+/// Binds this index's UDP socket, reusing its previous local port when free.
+fn bind_endpoint(shared: &Shared, idx: u8, peer: SocketAddr) -> std::io::Result<quinn::Endpoint> {
+    let ip: IpAddr = if peer.is_ipv4() {
+        Ipv4Addr::UNSPECIFIED.into()
+    } else {
+        Ipv6Addr::UNSPECIFIED.into()
+    };
+    let prev = shared
+        .local_ports
+        .lock()
+        .ok()
+        .and_then(|p| p.get(idx as usize).copied())
+        .unwrap_or(0);
+    let sock =
+        std::net::UdpSocket::bind((ip, prev)).or_else(|_| std::net::UdpSocket::bind((ip, 0)))?;
+    sock.set_nonblocking(true)?;
+    let port = sock.local_addr()?.port();
+    if let Ok(mut p) = shared.local_ports.lock() {
+        if let Some(slot) = p.get_mut(idx as usize) {
+            *slot = port;
+        }
+    }
+    quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        None,
+        sock,
+        Arc::new(quinn::TokioRuntime),
+    )
+}
+
+/// One QUIC connection: dial, register, serve until lost or drained.
+pub(crate) async fn connect(
+    shared: &Arc<Shared>,
+    idx: u8,
+    addr: SocketAddr,
+    attempt: u8,
+) -> Result<Ended, ConnError> {
+    tracing::debug!(edge = %addr, "dialing edge over QUIC");
+    let endpoint = bind_endpoint(shared, idx, addr).map_err(ConnError::dial)?;
+    let mut cfg = shared.quic_client.clone();
+    cfg.transport_config(Arc::new(client_transport(&shared.opts, addr.is_ipv6())));
+    let connecting = endpoint
+        .connect_with(cfg, addr, QUIC_SERVER_NAME)
+        .map_err(ConnError::dial)?;
+    let conn = match tokio::time::timeout(shared.opts.handshake_timeout, connecting).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(quinn::ConnectionError::TimedOut)) | Err(_) => {
+            return Err(ConnError::Dial {
+                reason: "QUIC handshake timed out".into(),
+                timed_out: true,
+            })
+        }
+        Ok(Err(e)) => return Err(ConnError::dial(e)),
+    };
+    tracing::debug!(edge = %addr, "QUIC handshake complete");
+    let result = serve(shared, idx, addr, &conn, attempt).await;
+    conn.close(VarInt::from_u32(0), b"");
+    let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+    result
+}
+
+async fn serve(
+    shared: &Arc<Shared>,
+    idx: u8,
+    addr: SocketAddr,
+    conn: &quinn::Connection,
+    attempt: u8,
+) -> Result<Ended, ConnError> {
+    let (send, recv) = conn.open_bi().await.map_err(ConnError::dial)?;
+    let local_ip = conn.local_ip().unwrap_or_else(|| local_ip_towards(addr));
+    let params = register_params(shared, idx, local_ip, attempt);
+    let (session, outcome) = control::register(
+        &shared.worker,
+        RpcStream {
+            reader: recv,
+            writer: send,
+        },
+        params,
+        shared.opts.rpc_timeout,
+    )
+    .await?;
+    let details = match outcome {
+        RegisterOutcome::Registered(d) => d,
+        RegisterOutcome::Refused(r) => return Err(ConnError::Refused(r)),
+    };
+    tracing::info!(
+        connection = %details.uuid,
+        edge = %addr,
+        location = %details.location,
+        protocol = "quic",
+        "registered tunnel connection"
+    );
+    let mut guard = RegisteredGuard::new(shared, ProtocolLabel::Quic);
+    let tracker = TaskTracker::new();
+    let mut state = shared.state.clone();
+    let ended = loop {
+        tokio::select! {
+            s = conn.accept_bi() => match s {
+                Ok((send, recv)) => {
+                    tracker.spawn(handle_stream(shared.clone(), send, recv));
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "quic connection ended");
+                    break Ended::Lost;
+                }
+            },
+            _ = session.closed() => break Ended::Lost,
+            _ = state.wait_for(|s| *s != RunState::Running) => break Ended::Stopped,
+        }
+    };
+    guard.release();
+    if matches!(ended, Ended::Lost) {
+        return Ok(Ended::Lost);
+    }
+    if shared.run_state() == RunState::Draining {
+        let grace = shared.opts.grace_period;
+        match session.unregister(grace).await {
+            Ok(()) => tracing::info!("unregistered tunnel connection"),
+            Err(e) => tracing::warn!(error = %e, "unregister failed"),
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        let linger = tokio::time::Instant::now() + DRAIN_LINGER.min(grace);
+        tracker.close();
+        loop {
+            let quiet = tokio::time::Instant::now() >= linger;
+            tokio::select! {
+                s = conn.accept_bi() => match s {
+                    Ok((send, recv)) => {
+                        tracker.spawn(handle_stream(shared.clone(), send, recv));
+                    }
+                    Err(_) => break,
+                },
+                _ = tracker.wait(), if quiet => break,
+                _ = tokio::time::sleep_until(linger), if !quiet => {}
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = state.wait_for(|s| *s == RunState::Shutdown) => break,
+            }
+        }
+    }
+    Ok(Ended::Stopped)
+}
+
+struct StreamGauge(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for StreamGauge {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+async fn handle_stream(
+    shared: Arc<Shared>,
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+) {
+    let gauge = shared.metrics.active_streams(ProtocolLabel::Quic);
+    gauge.inc();
+    let _gauge = StreamGauge(gauge);
+    let kind = tokio::time::timeout(PREAMBLE_TIMEOUT, stream::read_signature(&mut recv)).await;
+    match kind {
+        Ok(Ok(StreamKind::Rpc)) => {
+            let stream = RpcStream {
+                reader: recv,
+                writer: send,
+            };
+            if let Err(e) = remote_config::serve(
+                &shared.worker,
+                stream,
+                shared.remote_config.clone(),
+                shared.opts.rpc_timeout,
+            )
+            .await
+            {
+                tracing::debug!(error = %e, "edge rpc stream ended");
+            }
+            shared
+                .metrics
+                .config_version
+                .set(shared.remote_config.subscribe().borrow().version.into());
+        }
+        Ok(Ok(StreamKind::Data)) => serve_data(&shared, send, recv).await,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "resetting stream with a bad preamble");
+            let _ = send.reset(VarInt::from_u32(0));
+            let _ = recv.stop(VarInt::from_u32(0));
+        }
+        Err(_) => {
+            let _ = send.reset(VarInt::from_u32(0));
+            let _ = recv.stop(VarInt::from_u32(0));
+        }
+    }
+}
+
+async fn write_error(send: &mut quinn::SendStream, message: String) {
+    let resp = ConnectResponse {
+        error: message,
+        metadata: Vec::new(),
+    };
+    if send
+        .write_all(&stream::encode_connect_response(&resp))
+        .await
+        .is_ok()
+    {
+        let _ = send.finish();
+    }
+}
+
+async fn serve_data(shared: &Shared, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
+    let preamble = tokio::time::timeout(PREAMBLE_TIMEOUT, async {
+        stream::read_version(&mut recv).await?;
+        let frame = stream::read_frame(&mut recv).await?;
+        stream::decode_connect_request(&frame)
+    })
+    .await;
+    let req = match preamble {
+        Ok(Ok(req)) => req,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "resetting stream with a malformed request");
+            let _ = send.reset(VarInt::from_u32(0));
+            let _ = recv.stop(VarInt::from_u32(0));
+            return;
+        }
+        Err(_) => {
+            let _ = send.reset(VarInt::from_u32(0));
+            return;
+        }
+    };
+    let (head, has_body) = match request_from_connect(&req) {
+        Ok(h) => h,
+        Err(e) => {
+            write_error(&mut send, format!("malformed request: {e}")).await;
+            let _ = recv.stop(VarInt::from_u32(0));
+            return;
+        }
+    };
+    let websocket = req.kind == ConnectionType::Websocket;
+    let content_length = head
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let (mut parts, ()) = head.into_parts();
+    let mut upgrade_tx = None;
+    let (body, mut spare_recv) = if websocket {
+        let (tx, on) = OnUpgrade::pair();
+        parts.extensions.insert(on);
+        upgrade_tx = Some(tx);
+        (Body::empty(), Some(recv))
+    } else if has_body {
+        (Body::quic(recv, content_length), None)
+    } else {
+        (Body::empty(), Some(recv))
+    };
+    tracing::debug!(dest = %req.dest, websocket, "serving tunnelled request");
+    let resp = match shared.handler.call(Request::from_parts(parts, body)).await {
+        Ok(r) => r,
+        Err(e) => {
+            write_error(&mut send, format!("service failed: {e}")).await;
+            return;
+        }
+    };
+    let (parts, body) = resp.into_parts();
+    let head = ConnectResponse {
+        error: String::new(),
+        metadata: response_metadata(parts.status, &parts.headers),
+    };
+    if send
+        .write_all(&stream::encode_connect_response(&head))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    if websocket && parts.status == StatusCode::SWITCHING_PROTOCOLS {
+        if let (Some(tx), Some(recv)) = (upgrade_tx, spare_recv.take()) {
+            let _ = tx.send(Upgraded::quic(send, recv));
+        }
+        return;
+    }
+    match write_body(&mut send, body).await {
+        Ok(()) => {
+            let _ = send.finish();
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "response body failed; resetting stream");
+            let _ = send.reset(VarInt::from_u32(0));
+        }
+    }
+    if let Some(mut recv) = spare_recv {
+        let _ = recv.stop(VarInt::from_u32(0));
+    }
+}
+
+async fn write_body(
+    send: &mut quinn::SendStream,
+    body: ResponseBody,
+) -> Result<(), crate::body::BoxError> {
+    let mut body = std::pin::pin!(body);
+    while let Some(frame) = body.frame().await {
+        // Trailers cannot be carried over QUIC; they are dropped as the edge does.
+        if let Ok(data) = frame?.into_data() {
+            if !data.is_empty() {
+                send.write_chunk(data).await?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,148 @@
+//! Connector side of edge-opened RPC streams: serves `CloudflaredServer`
+//! (configuration pushes; datagram v2 sessions are refused because the
+//! connector does not advertise them).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use capnp_rpc::rpc_twoparty_capnp::Side;
+use capnp_rpc::RpcSystem;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::watch;
+
+use super::{LocalWorker, RpcError, RpcStream};
+use crate::tunnelrpc_capnp::{cloudflared_server, configuration_manager, session_manager};
+
+/// The latest configuration the edge pushed and this connector applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteConfig {
+    /// Version; `-1` until the first push.
+    pub version: i32,
+    /// The JSON document exactly as pushed.
+    pub config: Bytes,
+}
+
+/// Shared version state: a push applies only when newer than the current one.
+#[derive(Debug)]
+pub(crate) struct RemoteConfigState {
+    tx: watch::Sender<RemoteConfig>,
+}
+
+impl RemoteConfigState {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            tx: watch::Sender::new(RemoteConfig {
+                version: -1,
+                config: Bytes::new(),
+            }),
+        })
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<RemoteConfig> {
+        self.tx.subscribe()
+    }
+
+    /// Applies a push; returns the latest applied version and an error text.
+    pub(crate) fn apply(&self, version: i32, config: &[u8]) -> (i32, Option<String>) {
+        let current = self.tx.borrow().version;
+        if version <= current {
+            return (current, None);
+        }
+        if let Err(e) = serde_json::from_slice::<serde_json::Value>(config) {
+            return (current, Some(format!("invalid configuration: {e}")));
+        }
+        self.tx.send_replace(RemoteConfig {
+            version,
+            config: Bytes::copy_from_slice(config),
+        });
+        tracing::info!(version, "updated to new remote configuration");
+        (version, None)
+    }
+}
+
+struct Server {
+    state: Arc<RemoteConfigState>,
+}
+
+impl session_manager::Server for Server {
+    async fn register_udp_session(
+        self: capnp::capability::Rc<Self>,
+        _: session_manager::RegisterUdpSessionParams,
+        mut results: session_manager::RegisterUdpSessionResults,
+    ) -> Result<(), capnp::Error> {
+        results
+            .get()
+            .init_result()
+            .set_err("datagram sessions are not supported by this connector");
+        Ok(())
+    }
+
+    async fn unregister_udp_session(
+        self: capnp::capability::Rc<Self>,
+        _: session_manager::UnregisterUdpSessionParams,
+        _: session_manager::UnregisterUdpSessionResults,
+    ) -> Result<(), capnp::Error> {
+        Ok(())
+    }
+}
+
+impl configuration_manager::Server for Server {
+    async fn update_configuration(
+        self: capnp::capability::Rc<Self>,
+        params: configuration_manager::UpdateConfigurationParams,
+        mut results: configuration_manager::UpdateConfigurationResults,
+    ) -> Result<(), capnp::Error> {
+        let p = params.get()?;
+        let (latest, err) = self.state.apply(p.get_version(), p.get_config()?);
+        let mut r = results.get().init_result();
+        r.set_latest_applied_version(latest);
+        r.set_err(err.as_deref().unwrap_or(""));
+        Ok(())
+    }
+}
+
+impl cloudflared_server::Server for Server {}
+
+/// Serves one edge RPC session until the edge ends it or `timeout` passes.
+pub(crate) async fn serve<R, W>(
+    worker: &LocalWorker,
+    stream: RpcStream<R, W>,
+    state: Arc<RemoteConfigState>,
+    timeout: Duration,
+) -> Result<(), RpcError>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    worker
+        .spawn(move || async move {
+            let client: cloudflared_server::Client = capnp_rpc::new_client(Server { state });
+            let rpc = RpcSystem::new(Box::new(stream.network(Side::Server)), Some(client.client));
+            let res = match tokio::time::timeout(timeout, rpc).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(RpcError::from(e)),
+                Err(_) => Err(RpcError::Timeout),
+            };
+            let _ = done_tx.send(res);
+        })
+        .await?;
+    done_rx.await.map_err(|_| RpcError::WorkerGone)?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pushes_apply_only_when_newer_and_valid() {
+        let s = RemoteConfigState::new();
+        assert_eq!(s.apply(3, br#"{"ingress":[]}"#), (3, None));
+        assert_eq!(s.apply(2, b"{}"), (3, None));
+        let (v, err) = s.apply(4, b"not json");
+        assert_eq!(v, 3);
+        assert!(err.is_some());
+        assert_eq!(s.subscribe().borrow().version, 3);
+    }
+}

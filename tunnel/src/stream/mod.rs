@@ -1,0 +1,355 @@
+//! Request-stream framing: the preamble (signature and version), the
+//! Cap'n Proto `ConnectRequest` / `ConnectResponse` messages, and the
+//! HTTP/2 transport's serialised response headers.
+//!
+//! Everything here is pure: bytes in, values out. The async helpers only
+//! read exact lengths with hard caps.
+
+pub mod headers;
+pub(crate) mod http_map;
+
+use capnp::message::{Builder, ReaderOptions};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use crate::quic_metadata_protocol_capnp as proto;
+
+/// First six bytes of an edge-opened request stream.
+pub const DATA_SIGNATURE: [u8; 6] = [0x0A, 0x36, 0xCD, 0x12, 0xA1, 0x3E];
+/// First six bytes of an RPC stream (configuration push); no version follows.
+pub const RPC_SIGNATURE: [u8; 6] = [0x52, 0xBB, 0x82, 0x5C, 0xDB, 0x65];
+/// Protocol version written after [`DATA_SIGNATURE`].
+pub const DATA_VERSION: [u8; 2] = *b"01";
+
+/// Largest framed `ConnectRequest`/`ConnectResponse` accepted (headers included).
+pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+const MAX_SEGMENTS: usize = 64;
+
+/// What an edge-opened stream carries, by its signature.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamKind {
+    /// An HTTP/WebSocket/TCP request ([`DATA_SIGNATURE`] then version `"01"`).
+    Data,
+    /// A Cap'n Proto RPC session ([`RPC_SIGNATURE`]).
+    Rpc,
+}
+
+/// Errors while reading or decoding a stream preamble.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FrameError {
+    /// The first six bytes are neither signature.
+    #[error("unknown stream signature")]
+    UnknownSignature,
+    /// The version after the data signature is not `"01"`.
+    #[error("unsupported data stream version")]
+    UnsupportedVersion,
+    /// The Cap'n Proto framing header is malformed or over the size caps.
+    #[error("malformed message framing")]
+    Framing,
+    /// The message is too large.
+    #[error("message larger than {MAX_MESSAGE_BYTES} bytes")]
+    TooLarge,
+    /// The message does not decode as the expected struct.
+    #[error("malformed message: {0}")]
+    Decode(String),
+    /// The stream ended before a complete preamble.
+    #[error("stream ended inside the preamble")]
+    Truncated,
+    /// Reading the stream failed.
+    #[error("stream read failed: {0}")]
+    Io(String),
+}
+
+/// `ConnectRequest.type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectionType {
+    /// Plain HTTP request.
+    Http,
+    /// WebSocket upgrade: raw bytes both ways after the 101.
+    Websocket,
+    /// Raw TCP stream (private networking).
+    Tcp,
+}
+
+/// One metadata entry (`key`, `val`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metadata {
+    /// Key such as `HttpMethod` or `HttpHeader:Content-Type`.
+    pub key: String,
+    /// Value.
+    pub val: String,
+}
+
+impl Metadata {
+    /// Convenience constructor.
+    pub fn new(key: impl Into<String>, val: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            val: val.into(),
+        }
+    }
+}
+
+/// The edge's description of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectRequest {
+    /// Absolute eyeball URL (`https://host/path?q`), a path, or `IP:port` for TCP.
+    pub dest: String,
+    /// Stream type.
+    pub kind: ConnectionType,
+    /// Method, host and headers.
+    pub metadata: Vec<Metadata>,
+}
+
+/// The connector's answer before the response body.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ConnectResponse {
+    /// Non-empty when the request failed before any response.
+    pub error: String,
+    /// `HttpStatus` and `HttpHeader:*` entries.
+    pub metadata: Vec<Metadata>,
+}
+
+/// Classifies a stream by its first six bytes.
+pub fn classify(signature: &[u8; 6]) -> Result<StreamKind, FrameError> {
+    match *signature {
+        DATA_SIGNATURE => Ok(StreamKind::Data),
+        RPC_SIGNATURE => Ok(StreamKind::Rpc),
+        _ => Err(FrameError::UnknownSignature),
+    }
+}
+
+/// Total byte length of the framed message whose framing header starts `buf`,
+/// or `Ok(None)` when more bytes are needed to tell.
+pub fn framed_len(buf: &[u8]) -> Result<Option<usize>, FrameError> {
+    let Some(first) = buf.get(..4) else {
+        return Ok(None);
+    };
+    let count = u32::from_le_bytes([first[0], first[1], first[2], first[3]]) as usize + 1;
+    if count > MAX_SEGMENTS {
+        return Err(FrameError::Framing);
+    }
+    // Header words: one u32 count, one u32 per segment, padded to 8 bytes.
+    let header = (4 + 4 * count).div_ceil(8) * 8;
+    let Some(sizes) = buf.get(4..4 + 4 * count) else {
+        return Ok(None);
+    };
+    let mut total = header;
+    for chunk in sizes.chunks_exact(4) {
+        let words = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]) as usize;
+        total = total
+            .checked_add(words.checked_mul(8).ok_or(FrameError::TooLarge)?)
+            .ok_or(FrameError::TooLarge)?;
+        if total > MAX_MESSAGE_BYTES {
+            return Err(FrameError::TooLarge);
+        }
+    }
+    Ok(Some(total))
+}
+
+fn reader_options() -> ReaderOptions {
+    let mut opts = ReaderOptions::new();
+    opts.traversal_limit_in_words(Some(MAX_MESSAGE_BYTES / 8 * 2))
+        .nesting_limit(16);
+    opts
+}
+
+fn decode_err(e: impl std::fmt::Display) -> FrameError {
+    FrameError::Decode(e.to_string())
+}
+
+fn read_metadata(
+    list: capnp::struct_list::Reader<'_, proto::metadata::Owned>,
+) -> Result<Vec<Metadata>, FrameError> {
+    let mut out = Vec::with_capacity(list.len() as usize);
+    for m in list.iter() {
+        let key = m
+            .get_key()
+            .map_err(decode_err)?
+            .to_str()
+            .map_err(decode_err)?;
+        let val = m
+            .get_val()
+            .map_err(decode_err)?
+            .to_str()
+            .map_err(decode_err)?;
+        out.push(Metadata::new(key, val));
+    }
+    Ok(out)
+}
+
+/// Decodes one framed `ConnectRequest` (exactly the bytes of [`framed_len`]).
+pub fn decode_connect_request(mut bytes: &[u8]) -> Result<ConnectRequest, FrameError> {
+    let msg = capnp::serialize::read_message_from_flat_slice(&mut bytes, reader_options())
+        .map_err(decode_err)?;
+    let root: proto::connect_request::Reader<'_> = msg.get_root().map_err(decode_err)?;
+    let dest = root
+        .get_dest()
+        .map_err(decode_err)?
+        .to_str()
+        .map_err(decode_err)?
+        .to_owned();
+    let kind = match root.get_type().map_err(decode_err)? {
+        proto::ConnectionType::Http => ConnectionType::Http,
+        proto::ConnectionType::Websocket => ConnectionType::Websocket,
+        proto::ConnectionType::Tcp => ConnectionType::Tcp,
+    };
+    let metadata = read_metadata(root.get_metadata().map_err(decode_err)?)?;
+    Ok(ConnectRequest {
+        dest,
+        kind,
+        metadata,
+    })
+}
+
+/// Decodes one framed `ConnectResponse`.
+pub fn decode_connect_response(mut bytes: &[u8]) -> Result<ConnectResponse, FrameError> {
+    let msg = capnp::serialize::read_message_from_flat_slice(&mut bytes, reader_options())
+        .map_err(decode_err)?;
+    let root: proto::connect_response::Reader<'_> = msg.get_root().map_err(decode_err)?;
+    let error = root
+        .get_error()
+        .map_err(decode_err)?
+        .to_str()
+        .map_err(decode_err)?
+        .to_owned();
+    let metadata = read_metadata(root.get_metadata().map_err(decode_err)?)?;
+    Ok(ConnectResponse { error, metadata })
+}
+
+fn set_metadata(
+    mut list: capnp::struct_list::Builder<'_, proto::metadata::Owned>,
+    metadata: &[Metadata],
+) {
+    for (i, m) in metadata.iter().enumerate() {
+        let mut e = list.reborrow().get(i as u32);
+        e.set_key(m.key.as_str());
+        e.set_val(m.val.as_str());
+    }
+}
+
+fn frame(builder: &Builder<capnp::message::HeapAllocator>, prefix: &[u8]) -> Vec<u8> {
+    let words = capnp::serialize::compute_serialized_size_in_words(builder);
+    let mut out = Vec::with_capacity(prefix.len() + words * 8);
+    out.extend_from_slice(prefix);
+    capnp::serialize::write_message(&mut out, builder)
+        .unwrap_or_else(|_| unreachable!("writing to a Vec cannot fail"));
+    out
+}
+
+/// Encodes signature, version and a framed `ConnectRequest`: the whole
+/// edge-side preamble of a request stream.
+pub fn encode_connect_request(req: &ConnectRequest) -> Vec<u8> {
+    let mut builder = Builder::new_default();
+    {
+        let mut root: proto::connect_request::Builder<'_> = builder.init_root();
+        root.set_dest(req.dest.as_str());
+        root.set_type(match req.kind {
+            ConnectionType::Http => proto::ConnectionType::Http,
+            ConnectionType::Websocket => proto::ConnectionType::Websocket,
+            ConnectionType::Tcp => proto::ConnectionType::Tcp,
+        });
+        set_metadata(root.init_metadata(req.metadata.len() as u32), &req.metadata);
+    }
+    frame(&builder, &preamble())
+}
+
+/// Encodes signature, version and a framed `ConnectResponse`: the whole
+/// connector-side preamble of a response.
+pub fn encode_connect_response(resp: &ConnectResponse) -> Vec<u8> {
+    let mut builder = Builder::new_default();
+    {
+        let mut root: proto::connect_response::Builder<'_> = builder.init_root();
+        root.set_error(resp.error.as_str());
+        set_metadata(
+            root.init_metadata(resp.metadata.len() as u32),
+            &resp.metadata,
+        );
+    }
+    frame(&builder, &preamble())
+}
+
+fn preamble() -> [u8; 8] {
+    let mut p = [0u8; 8];
+    p[..6].copy_from_slice(&DATA_SIGNATURE);
+    p[6..].copy_from_slice(&DATA_VERSION);
+    p
+}
+
+/// Parses a complete data-stream preamble held in memory: signature,
+/// version, one framed `ConnectRequest`. Returns the request and the number
+/// of bytes consumed (body bytes follow).
+pub fn parse_request_preamble(buf: &[u8]) -> Result<(ConnectRequest, usize), FrameError> {
+    let sig: [u8; 6] = buf
+        .get(..6)
+        .and_then(|s| s.try_into().ok())
+        .ok_or(FrameError::Truncated)?;
+    if classify(&sig)? != StreamKind::Data {
+        return Err(FrameError::UnknownSignature);
+    }
+    if buf.get(6..8).ok_or(FrameError::Truncated)? != DATA_VERSION {
+        return Err(FrameError::UnsupportedVersion);
+    }
+    let rest = buf.get(8..).ok_or(FrameError::Truncated)?;
+    let len = framed_len(rest)?.ok_or(FrameError::Truncated)?;
+    let msg = rest.get(..len).ok_or(FrameError::Truncated)?;
+    Ok((decode_connect_request(msg)?, 8 + len))
+}
+
+fn io_err(e: std::io::Error) -> FrameError {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        FrameError::Truncated
+    } else {
+        FrameError::Io(e.to_string())
+    }
+}
+
+/// Reads the six-byte signature of an edge-opened stream.
+pub async fn read_signature<R: AsyncRead + Unpin>(r: &mut R) -> Result<StreamKind, FrameError> {
+    let mut sig = [0u8; 6];
+    r.read_exact(&mut sig).await.map_err(io_err)?;
+    classify(&sig)
+}
+
+/// Reads exactly two version bytes and checks them.
+pub async fn read_version<R: AsyncRead + Unpin>(r: &mut R) -> Result<(), FrameError> {
+    let mut v = [0u8; 2];
+    r.read_exact(&mut v).await.map_err(io_err)?;
+    if v != DATA_VERSION {
+        return Err(FrameError::UnsupportedVersion);
+    }
+    Ok(())
+}
+
+/// Reads one framed Cap'n Proto message, bounded by [`MAX_MESSAGE_BYTES`].
+pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Vec<u8>, FrameError> {
+    let mut buf = vec![0u8; 8];
+    r.read_exact(&mut buf[..4]).await.map_err(io_err)?;
+    let count = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize + 1;
+    if count > MAX_SEGMENTS {
+        return Err(FrameError::Framing);
+    }
+    buf.resize(4 + 4 * count, 0);
+    r.read_exact(&mut buf[4..]).await.map_err(io_err)?;
+    let total = framed_len(&buf)?.ok_or(FrameError::Framing)?;
+    let have = buf.len();
+    buf.resize(total, 0);
+    if total > have {
+        r.read_exact(&mut buf[have..]).await.map_err(io_err)?;
+    }
+    Ok(buf)
+}
+
+/// Reads a full response preamble (signature, version, `ConnectResponse`).
+pub async fn read_response_preamble<R: AsyncRead + Unpin>(
+    r: &mut R,
+) -> Result<ConnectResponse, FrameError> {
+    if read_signature(r).await? != StreamKind::Data {
+        return Err(FrameError::UnknownSignature);
+    }
+    read_version(r).await?;
+    decode_connect_response(&read_frame(r).await?)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,70 @@
+use super::*;
+
+fn sample() -> ConnectRequest {
+    ConnectRequest {
+        dest: "https://app.example.com/a?b=c".into(),
+        kind: ConnectionType::Websocket,
+        metadata: vec![
+            Metadata::new("HttpMethod", "GET"),
+            Metadata::new("HttpHost", "app.example.com"),
+            Metadata::new("HttpHeader:Sec-Websocket-Key", "abc"),
+        ],
+    }
+}
+
+#[test]
+fn request_preamble_round_trips() {
+    let bytes = encode_connect_request(&sample());
+    assert_eq!(&bytes[..6], &DATA_SIGNATURE);
+    assert_eq!(&bytes[6..8], b"01");
+    let mut with_body = bytes.clone();
+    with_body.extend_from_slice(b"body");
+    let (req, used) = parse_request_preamble(&with_body).unwrap();
+    assert_eq!(req, sample());
+    assert_eq!(used, bytes.len());
+}
+
+#[test]
+fn response_round_trips_through_async_reader() {
+    let resp = ConnectResponse {
+        error: String::new(),
+        metadata: vec![Metadata::new("HttpStatus", "200")],
+    };
+    let bytes = encode_connect_response(&resp);
+    let got = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(async { read_response_preamble(&mut &bytes[..]).await })
+        .unwrap();
+    assert_eq!(got, resp);
+}
+
+#[test]
+fn framing_is_single_segment_with_header_padding() {
+    let bytes = encode_connect_request(&sample());
+    let frame = &bytes[8..];
+    assert_eq!(&frame[..4], &[0, 0, 0, 0]);
+    assert_eq!(framed_len(frame).unwrap(), Some(frame.len()));
+    assert_eq!(framed_len(&frame[..6]).unwrap(), None);
+}
+
+#[test]
+fn bad_preambles_are_rejected() {
+    assert_eq!(classify(&RPC_SIGNATURE), Ok(StreamKind::Rpc));
+    assert_eq!(classify(&[0; 6]), Err(FrameError::UnknownSignature));
+    let mut bytes = encode_connect_request(&sample());
+    bytes[7] = b'2';
+    assert_eq!(
+        parse_request_preamble(&bytes),
+        Err(FrameError::UnsupportedVersion)
+    );
+    let huge = [0u8, 0, 0, 0, 0xff, 0xff, 0xff, 0x0f];
+    assert_eq!(framed_len(&huge), Err(FrameError::TooLarge));
+    let many = [0xffu8, 0, 0, 0];
+    assert_eq!(framed_len(&many), Err(FrameError::Framing));
+    let bytes = encode_connect_request(&sample());
+    assert_eq!(
+        parse_request_preamble(&bytes[..bytes.len() - 1]),
+        Err(FrameError::Truncated)
+    );
+}

@@ -1,0 +1,156 @@
+//! TLS settings for edge connections (connector side) and the mock edge's
+//! test PKI.
+
+use std::sync::Arc;
+
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::RootCertStore;
+
+/// Server name verified on QUIC edge connections.
+pub const QUIC_SERVER_NAME: &str = "quic.cftunnel.com";
+/// Server name verified on HTTP/2 edge connections.
+pub const H2_SERVER_NAME: &str = "h2.cftunnel.com";
+/// Server name of edge pre-check probes.
+pub const PROBE_SERVER_NAME: &str = "probe.cftunnel.com";
+/// ALPN of the QUIC transport (HTTP/2 offers none).
+pub const QUIC_ALPN: &[u8] = b"argotunnel";
+
+/// TLS configuration errors.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsError {
+    /// The CA override holds no usable certificate.
+    #[error("edge CA file contains no usable PEM certificate")]
+    NoCertificates,
+    /// A PEM block could not be parsed.
+    #[error("edge CA file is not valid PEM: {0}")]
+    Pem(String),
+    /// rustls refused the configuration.
+    #[error("tls configuration: {0}")]
+    Config(String),
+    /// Generating the test PKI failed.
+    #[error("generating test certificates: {0}")]
+    Generate(String),
+}
+
+pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Roots trusted for the edge: only the PEM override when given (as
+/// `cloudflared --cacert` does), else the public web PKI roots.
+pub(crate) fn root_store(ca_pem: Option<&[u8]>) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    match ca_pem {
+        Some(pem) => {
+            let mut rd = pem;
+            for cert in rustls_pemfile::certs(&mut rd) {
+                let cert = cert.map_err(|e| TlsError::Pem(e.to_string()))?;
+                roots.add(cert).map_err(|e| TlsError::Pem(e.to_string()))?;
+            }
+            if roots.is_empty() {
+                return Err(TlsError::NoCertificates);
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    Ok(roots)
+}
+
+/// Client config for the QUIC transport: TLS 1.3, ALPN `argotunnel`.
+pub(crate) fn quic_client(roots: RootCertStore) -> Result<quinn::ClientConfig, TlsError> {
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![QUIC_ALPN.to_vec()];
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(Arc::new(cfg))
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    Ok(quinn::ClientConfig::new(Arc::new(quic)))
+}
+
+/// Client config for the HTTP/2 transport: no ALPN (prior knowledge).
+pub(crate) fn h2_client(roots: RootCertStore) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let cfg = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(cfg))
+}
+
+/// A generated CA and an edge leaf certificate for
+/// `quic.cftunnel.com`, `h2.cftunnel.com` and `probe.cftunnel.com`.
+#[derive(Clone)]
+pub struct TestPki {
+    ca_pem: String,
+    leaf_der: CertificateDer<'static>,
+    key_der: Vec<u8>,
+}
+
+impl std::fmt::Debug for TestPki {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestPki").finish_non_exhaustive()
+    }
+}
+
+impl TestPki {
+    /// Generates a fresh CA and leaf.
+    pub fn generate() -> Result<Self, TlsError> {
+        let gen = |e: rcgen::Error| TlsError::Generate(e.to_string());
+        let ca_key = rcgen::KeyPair::generate().map_err(gen)?;
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(gen)?;
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "cftunnel mock edge CA");
+        let ca = ca_params.self_signed(&ca_key).map_err(gen)?;
+        let leaf_key = rcgen::KeyPair::generate().map_err(gen)?;
+        let leaf_params = rcgen::CertificateParams::new(vec![
+            QUIC_SERVER_NAME.to_owned(),
+            H2_SERVER_NAME.to_owned(),
+            PROBE_SERVER_NAME.to_owned(),
+        ])
+        .map_err(gen)?;
+        let leaf = leaf_params
+            .signed_by(&leaf_key, &ca, &ca_key)
+            .map_err(gen)?;
+        Ok(Self {
+            ca_pem: ca.pem(),
+            leaf_der: leaf.der().clone(),
+            key_der: leaf_key.serialize_der(),
+        })
+    }
+
+    /// The CA certificate as PEM (give it to connectors as the CA override).
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    fn key(&self) -> PrivateKeyDer<'static> {
+        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.key_der.clone()))
+    }
+
+    /// Server config for the QUIC side: TLS 1.3, ALPN `argotunnel`.
+    pub(crate) fn quic_server(&self) -> Result<rustls::ServerConfig, TlsError> {
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| TlsError::Config(e.to_string()))?
+            .with_no_client_auth()
+            .with_single_cert(vec![self.leaf_der.clone()], self.key())
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        cfg.alpn_protocols = vec![QUIC_ALPN.to_vec()];
+        Ok(cfg)
+    }
+
+    /// Server config for the TLS/TCP side: no ALPN.
+    pub(crate) fn tcp_server(&self) -> Result<rustls::ServerConfig, TlsError> {
+        rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Config(e.to_string()))?
+            .with_no_client_auth()
+            .with_single_cert(vec![self.leaf_der.clone()], self.key())
+            .map_err(|e| TlsError::Config(e.to_string()))
+    }
+}

@@ -1,0 +1,207 @@
+//! Shared fixtures: an echo service, a connector pointed at a mock edge and
+//! an HTTP client for the mock's eyeball listener.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_tunnel::{
+    Body, Connector, ConnectorHandle, ConnectorOptions, OnUpgrade, Protocol, Token, TunnelMetrics,
+};
+use http::{Request, Response, StatusCode};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt as _, Full, StreamBody};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use uuid::Uuid;
+
+pub type TestBody = UnsyncBoxBody<Bytes, cftunnel_tunnel::BoxError>;
+
+pub const LIMIT: Duration = Duration::from_secs(30);
+
+pub fn trace_init() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+pub fn token() -> Token {
+    Token::new("test-account", vec![7u8; 32], Uuid::new_v4())
+}
+
+fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<TestBody> {
+    let mut r = Response::new(
+        Full::new(body.into())
+            .map_err(|e| match e {})
+            .boxed_unsync(),
+    );
+    *r.status_mut() = status;
+    r
+}
+
+/// Echo service: `/hello`, `/echo` (streams the body back), `/download?n=`,
+/// `/slow` (answers after 500 ms), `/trailers`, `/ws` (raw byte echo after 101).
+pub async fn echo(mut req: Request<Body>) -> Result<Response<TestBody>, Infallible> {
+    let path = req.uri().path().to_owned();
+    let host = req
+        .headers()
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let resp = match path.as_str() {
+        "/hello" => {
+            let mut r = full(StatusCode::OK, "hello");
+            r.headers_mut().insert("x-host", host.parse().unwrap());
+            r.headers_mut().append("set-cookie", "a=1".parse().unwrap());
+            r.headers_mut().append("set-cookie", "b=2".parse().unwrap());
+            r
+        }
+        "/echo" => {
+            let len = req.headers().get(http::header::CONTENT_LENGTH).cloned();
+            let mut r = Response::new(req.into_body().map_err(Into::into).boxed_unsync());
+            if let Some(len) = len {
+                r.headers_mut().insert(http::header::CONTENT_LENGTH, len);
+            }
+            r
+        }
+        "/download" => {
+            let n: usize = req
+                .uri()
+                .query()
+                .and_then(|q| q.strip_prefix("n="))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+            let chunks = (0..n.div_ceil(chunk.len())).map(move |i| {
+                let len = (n - i * chunk.len()).min(chunk.len());
+                Ok::<_, cftunnel_tunnel::BoxError>(http_body::Frame::data(chunk.slice(..len)))
+            });
+            let stream = futures_util::stream::iter(chunks);
+            Response::new(StreamBody::new(stream).boxed_unsync())
+        }
+        "/slow" => {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            full(StatusCode::OK, "slow")
+        }
+        "/ws" => match req.extensions_mut().remove::<OnUpgrade>() {
+            Some(on) => {
+                tokio::spawn(async move {
+                    if let Ok(mut up) = on.await {
+                        let (mut r, mut w) = tokio::io::split(&mut up);
+                        let _ = tokio::io::copy(&mut r, &mut w).await;
+                    }
+                });
+                let mut r = full(StatusCode::SWITCHING_PROTOCOLS, Bytes::new());
+                r.headers_mut()
+                    .insert("upgrade", "websocket".parse().unwrap());
+                r.headers_mut()
+                    .insert("connection", "Upgrade".parse().unwrap());
+                r.headers_mut()
+                    .insert("sec-websocket-accept", "dGVzdA==".parse().unwrap());
+                r
+            }
+            None => full(StatusCode::BAD_REQUEST, "not an upgrade"),
+        },
+        _ => full(StatusCode::NOT_FOUND, "no route"),
+    };
+    Ok(resp)
+}
+
+pub fn options(edge: &MockEdge, protocol: Protocol, ha: usize) -> ConnectorOptions {
+    ConnectorOptions {
+        protocol,
+        edges: vec![edge.edge_addr().into(); ha],
+        edge_ca_pem: Some(edge.ca_pem().as_bytes().to_vec()),
+        ha_connections: ha,
+        grace_period: Duration::from_secs(5),
+        rpc_timeout: Duration::from_secs(3),
+        backoff_base: Duration::from_millis(50),
+        ha_start_interval: Duration::from_millis(20),
+        handshake_timeout: Duration::from_secs(2),
+        ..ConnectorOptions::default()
+    }
+}
+
+pub fn start_connector(
+    opts: ConnectorOptions,
+    token: Token,
+) -> (
+    ConnectorHandle,
+    TunnelMetrics,
+    prometheus_client::registry::Registry,
+) {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = TunnelMetrics::register(&mut registry);
+    let connector = Connector::new(token, opts).expect("connector options are valid");
+    let handle = connector
+        .start(hyper::service::service_fn(echo), metrics.clone())
+        .expect("connector starts");
+    (handle, metrics, registry)
+}
+
+pub fn metrics_text(registry: &prometheus_client::registry::Registry) -> String {
+    let mut s = String::new();
+    prometheus_client::encoding::text::encode(&mut s, registry).unwrap();
+    s
+}
+
+pub type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, TestBody>;
+
+pub fn client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+pub fn h2_client() -> HttpClient {
+    Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http()
+}
+
+pub fn empty() -> TestBody {
+    Full::new(Bytes::new())
+        .map_err(|e| match e {})
+        .boxed_unsync()
+}
+
+pub async fn get(
+    client: &HttpClient,
+    addr: SocketAddr,
+    path: &str,
+) -> (StatusCode, http::HeaderMap, Bytes) {
+    let req = Request::get(format!("http://{addr}{path}"))
+        .header("host", "app.example.com")
+        .body(empty())
+        .unwrap();
+    let resp = client.request(req).await.expect("request completes");
+    let (parts, body) = resp.into_parts();
+    let bytes = body.collect().await.expect("body completes").to_bytes();
+    (parts.status, parts.headers, bytes)
+}
+
+/// Raw HTTP/1.1 upgrade handshake against the mock, then returns the stream.
+pub async fn websocket(addr: SocketAddr) -> (StatusCode, TokioIo<hyper::upgrade::Upgraded>) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn.with_upgrades());
+    let req = Request::get("/ws")
+        .header("host", "app.example.com")
+        .header("upgrade", "websocket")
+        .header("connection", "Upgrade")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .header("sec-websocket-version", "13")
+        .body(empty())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let status = resp.status();
+    let up = hyper::upgrade::on(resp).await.expect("upgrade");
+    (status, TokioIo::new(up))
+}

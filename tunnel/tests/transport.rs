@@ -1,0 +1,164 @@
+//! End-to-end over real QUIC and TLS/TCP sockets on 127.0.0.1: a connector
+//! registers with the mock edge and serves requests forwarded by it.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use bytes::Bytes;
+use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_tunnel::Protocol;
+use futures_util::future::join_all;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt as _, Full};
+use support::*;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+async fn serves_requests(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let token = token();
+    let (handle, _m, registry) = start_connector(options(&edge, protocol, 2), token.clone());
+    handle.wait_registered(2).await;
+    edge.wait_serving(2).await;
+    let records = edge.registrations();
+    assert_eq!(records.len(), 2);
+    assert_eq!(records[0].tunnel_id, token.tunnel_id().as_bytes());
+    assert_eq!(records[0].tunnel_secret, token.tunnel_secret());
+    assert_eq!(records[0].client_id, handle.connector_id().as_bytes());
+    assert!(records[0]
+        .features
+        .contains(&"serialized_headers".to_string()));
+    let mut idx: Vec<u8> = records.iter().map(|r| r.conn_index).collect();
+    idx.sort();
+    assert_eq!(idx, vec![0, 1]);
+
+    let client = client();
+    let (status, headers, body) = get(&client, edge.http_addr(), "/hello").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, "hello");
+    assert_eq!(headers["x-host"], "app.example.com");
+    assert_eq!(headers.get_all("set-cookie").iter().count(), 2);
+    let (status, _, _) = get(&client, edge.http_addr(), "/missing").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    let label = match protocol {
+        Protocol::Http2 => "http2",
+        _ => "quic",
+    };
+    let text = metrics_text(&registry);
+    assert!(
+        text.contains(&format!(
+            "cftunnel_tunnel_connections{{protocol=\"{label}\"}} 2"
+        )),
+        "{text}"
+    );
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
+async fn streams_large_bodies(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let (handle, _m, _r) = start_connector(options(&edge, protocol, 1), token());
+    handle.wait_registered(1).await;
+    let client = client();
+    const N: usize = 16 * 1024 * 1024;
+    let (status, _, body) = get(&client, edge.http_addr(), &format!("/download?n={N}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body.len(), N);
+
+    let payload: Vec<u8> = (0..N).map(|i| (i % 251) as u8).collect();
+    let req = Request::post(format!("http://{}/echo", edge.http_addr()))
+        .header("host", "app.example.com")
+        .body(
+            Full::new(Bytes::from(payload.clone()))
+                .map_err(|e| match e {})
+                .boxed_unsync(),
+        )
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let got = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(got.len(), payload.len());
+    assert!(got == payload, "echoed body differs");
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
+async fn many_concurrent_requests(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let (handle, _m, _r) = start_connector(options(&edge, protocol, 4), token());
+    handle.wait_registered(4).await;
+    edge.wait_serving(4).await;
+    let client = h2_client();
+    let addr = edge.http_addr();
+    let results = join_all((0..1000).map(|i| {
+        let client = client.clone();
+        async move {
+            let req = Request::post(format!("http://{addr}/echo"))
+                .header("host", "app.example.com")
+                .header("content-length", "8")
+                .body(
+                    Full::new(Bytes::from(format!("{i:08}")))
+                        .map_err(|e| match e {})
+                        .boxed_unsync(),
+                )
+                .unwrap();
+            let resp = client.request(req).await.expect("request completes");
+            let status = resp.status();
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            (status, body == format!("{i:08}"))
+        }
+    }))
+    .await;
+    assert!(results.iter().all(|(s, ok)| *s == StatusCode::OK && *ok));
+    let spread = edge.connections();
+    assert!(spread.iter().all(|c| c.requests > 0), "{spread:?}");
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
+async fn websocket_echo(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let (handle, _m, _r) = start_connector(options(&edge, protocol, 1), token());
+    handle.wait_registered(1).await;
+    let (status, mut ws) = websocket(edge.http_addr()).await;
+    assert_eq!(status, StatusCode::SWITCHING_PROTOCOLS);
+    for msg in [&b"ping"[..], &[0u8; 70_000][..]] {
+        ws.write_all(msg).await.unwrap();
+        let mut back = vec![0u8; msg.len()];
+        ws.read_exact(&mut back).await.unwrap();
+        assert_eq!(back, msg);
+    }
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
+macro_rules! per_transport {
+    ($name:ident) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn quic() {
+                tokio::time::timeout(LIMIT, super::$name(Protocol::Quic))
+                    .await
+                    .expect("test finished in time");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn http2() {
+                tokio::time::timeout(LIMIT, super::$name(Protocol::Http2))
+                    .await
+                    .expect("test finished in time");
+            }
+        }
+    };
+}
+
+per_transport!(serves_requests);
+per_transport!(streams_large_bodies);
+per_transport!(many_concurrent_requests);
+per_transport!(websocket_echo);
