@@ -80,7 +80,10 @@ impl ForwardError {
 /// One backend: a URL turned into a pooled client that always dials that backend.
 #[derive(Debug)]
 pub struct Upstream {
-    client: Client<Connector, ProxyBody>,
+    /// Built on first use: a table may name thousands of backends that never see a request,
+    /// and an idle client with its pool costs a few kilobytes.
+    client: std::sync::OnceLock<Client<Connector, ProxyBody>>,
+    connector: Connector,
     scheme: Scheme,
     /// The backend's own `host:port`, used when the request carries no usable host.
     authority: Authority,
@@ -160,24 +163,31 @@ impl Upstream {
         };
         let h2 = protocol == BackendProtocol::H2c && !secure;
         let connector = Connector::new(host, port, tls, CONNECT_TIMEOUT);
-        let mut builder = Client::builder(TokioExecutor::new());
-        builder
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .pool_max_idle_per_host(POOL_MAX_IDLE)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .set_host(false)
-            .http2_only(h2);
         let base_path = match uri.path() {
             "" | "/" => None,
             p => Some(p.trim_end_matches('/').into()),
         };
         Ok(Self {
-            client: builder.build(connector),
+            client: std::sync::OnceLock::new(),
+            connector,
             scheme,
             authority,
             base_path,
             h2,
+        })
+    }
+
+    fn client(&self) -> &Client<Connector, ProxyBody> {
+        self.client.get_or_init(|| {
+            let mut builder = Client::builder(TokioExecutor::new());
+            builder
+                .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+                .pool_max_idle_per_host(POOL_MAX_IDLE)
+                .pool_timer(TokioTimer::new())
+                .timer(TokioTimer::new())
+                .set_host(false)
+                .http2_only(self.h2);
+            builder.build(self.connector.clone())
         })
     }
 
@@ -203,7 +213,7 @@ impl Upstream {
         req: Request<ProxyBody>,
         timeout: Option<Duration>,
     ) -> Result<Response<Incoming>, ForwardError> {
-        let fut = self.client.request(req);
+        let fut = self.client().request(req);
         let res = match timeout {
             Some(t) => tokio::time::timeout(t, fut)
                 .await
