@@ -69,71 +69,51 @@ impl<'a> RouteView<'a> {
     }
 }
 
+/// Builds the view of a route of either kind: the generated HTTPRoute and GRPCRoute types
+/// share these field names but not a type.
+macro_rules! route_view {
+    ($route:expr, $kind:expr, $source:expr) => {{
+        let r = $route;
+        match (r.metadata.namespace.as_deref(), r.metadata.name.as_deref()) {
+            (Some(namespace), Some(name)) => Some(RouteView {
+                kind: $kind,
+                namespace,
+                name,
+                created: r.metadata.creation_timestamp.as_ref(),
+                generation: r.metadata.generation,
+                hostnames: lower(r.spec.hostnames.as_deref()),
+                invalid_hostnames: invalid_hostnames(r.spec.hostnames.as_deref()),
+                parent_refs: r
+                    .spec
+                    .parent_refs
+                    .iter()
+                    .flatten()
+                    .map(|p| ParentRefView {
+                        group: p.group.as_deref(),
+                        kind: p.kind.as_deref(),
+                        namespace: p.namespace.as_deref(),
+                        name: &p.name,
+                        section_name: p.section_name.as_deref(),
+                        port: p.port,
+                    })
+                    .collect(),
+                source: $source(r),
+            }),
+            _ => None,
+        }
+    }};
+}
+
 pub(super) fn collect_routes(snapshot: &Snapshot) -> Vec<RouteView<'_>> {
-    let mut out = Vec::new();
-    for r in &snapshot.http_routes {
-        let (Some(namespace), Some(name)) =
-            (r.metadata.namespace.as_deref(), r.metadata.name.as_deref())
-        else {
-            continue;
-        };
-        out.push(RouteView {
-            kind: RouteKind::Http,
-            namespace,
-            name,
-            created: r.metadata.creation_timestamp.as_ref(),
-            generation: r.metadata.generation,
-            hostnames: lower(r.spec.hostnames.as_deref()),
-            invalid_hostnames: invalid_hostnames(r.spec.hostnames.as_deref()),
-            parent_refs: r
-                .spec
-                .parent_refs
-                .iter()
-                .flatten()
-                .map(|p| ParentRefView {
-                    group: p.group.as_deref(),
-                    kind: p.kind.as_deref(),
-                    namespace: p.namespace.as_deref(),
-                    name: &p.name,
-                    section_name: p.section_name.as_deref(),
-                    port: p.port,
-                })
-                .collect(),
-            source: RouteSource::Http(r),
-        });
-    }
-    for r in &snapshot.grpc_routes {
-        let (Some(namespace), Some(name)) =
-            (r.metadata.namespace.as_deref(), r.metadata.name.as_deref())
-        else {
-            continue;
-        };
-        out.push(RouteView {
-            kind: RouteKind::Grpc,
-            namespace,
-            name,
-            created: r.metadata.creation_timestamp.as_ref(),
-            generation: r.metadata.generation,
-            hostnames: lower(r.spec.hostnames.as_deref()),
-            invalid_hostnames: invalid_hostnames(r.spec.hostnames.as_deref()),
-            parent_refs: r
-                .spec
-                .parent_refs
-                .iter()
-                .flatten()
-                .map(|p| ParentRefView {
-                    group: p.group.as_deref(),
-                    kind: p.kind.as_deref(),
-                    namespace: p.namespace.as_deref(),
-                    name: &p.name,
-                    section_name: p.section_name.as_deref(),
-                    port: p.port,
-                })
-                .collect(),
-            source: RouteSource::Grpc(r),
-        });
-    }
-    out
+    let http = snapshot
+        .http_routes
+        .iter()
+        .filter_map(|r| route_view!(r, RouteKind::Http, RouteSource::Http));
+    let grpc = snapshot
+        .grpc_routes
+        .iter()
+        .filter_map(|r| route_view!(r, RouteKind::Grpc, RouteSource::Grpc));
+    http.chain(grpc).collect()
 }
 
 fn invalid_hostnames(hostnames: Option<&[String]>) -> Option<String> {

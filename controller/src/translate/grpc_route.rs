@@ -1,6 +1,8 @@
 //! GRPCRoute rules to config rules: `service`/`method` matches become path matches on
 //! `/<service>/<method>`, header matches and filters carry over, backends speak h2c.
 
+use std::borrow::Cow;
+
 use cftunnel_config::{BackendProtocol, Match, PathMatch, PathMatchType};
 use gateway_api::experimental::grpcroutes::{
     GrpcRoute, GrpcRouteRulesMatches, GrpcRouteRulesMatchesHeadersType,
@@ -10,8 +12,7 @@ use gateway_api::experimental::httproutes::HttpRouteRules;
 
 use super::binding::RouteView;
 use super::http_route::{
-    check_regex, default_match, header_matches, reshape, translate_rule, RouteContext, RuleError,
-    RuleTemplate, TranslatedRoute,
+    check_regex, header_matches, reshape, translate_all, RouteContext, RuleError, TranslatedRoute,
 };
 use super::{Index, Options};
 
@@ -26,45 +27,25 @@ pub(super) fn translate_rules(
         index,
         options,
     };
-    let mut out = TranslatedRoute::default();
-    for (i, rule) in grpc.spec.rules.iter().flatten().enumerate() {
-        let field = format!("spec.rules[{i}]");
-        let matches = rule
-            .matches
-            .iter()
-            .flatten()
-            .enumerate()
-            .map(|(j, m)| convert_match(m, &format!("{field}.matches[{j}]")))
-            .collect::<Result<Vec<_>, _>>();
-        let matches = match matches {
-            Ok(m) if m.is_empty() => vec![default_match()],
-            Ok(m) => m,
-            Err(e) => {
-                out.dropped.push(e);
-                continue;
-            }
-        };
-        // Filters and backendRefs of a GRPCRoute rule are a subset of an HTTPRoute rule's.
-        let mut shared = rule.clone();
-        shared.matches = None;
-        let as_http: Result<HttpRouteRules, RuleError> = reshape(&shared, &field);
-        let result = as_http.and_then(|http_rule| {
-            translate_rule(
-                &ctx,
-                i,
-                &http_rule,
-                matches,
-                Some(BackendProtocol::H2c),
-                &field,
-                &mut out.ref_errors,
-            )
-        });
-        match result {
-            Ok(rule) => out.rules.push(RuleTemplate::new(rule)),
-            Err(e) => out.dropped.push(e),
-        }
-    }
-    out
+    translate_all(
+        &ctx,
+        grpc.spec.rules.as_deref().unwrap_or_default(),
+        Some(BackendProtocol::H2c),
+        |rule, field| {
+            rule.matches
+                .iter()
+                .flatten()
+                .enumerate()
+                .map(|(j, m)| convert_match(m, &format!("{field}.matches[{j}]")))
+                .collect()
+        },
+        |rule, field| {
+            // Filters and backendRefs of a GRPCRoute rule are a subset of an HTTPRoute rule's.
+            let mut shared = rule.clone();
+            shared.matches = None;
+            reshape::<_, HttpRouteRules>(&shared, field).map(Cow::Owned)
+        },
+    )
 }
 
 /// A gRPC method match as a path match: Exact `/S/M`, `PathPrefix /S` for a service alone,

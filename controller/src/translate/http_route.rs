@@ -1,6 +1,8 @@
 //! HTTPRoute rules to config rules: matches, filters (rule and backend level), timeouts,
 //! retry, rule names, backends; plus the per-route `ResolvedRefs` and dropped-rule accounting.
 
+use std::borrow::Cow;
+
 use cftunnel_config::{
     BackendProtocol, Cors, Duration, Filter, FilterType, Header, HeaderModifier, Match, PathMatch,
     PathMatchType, PathModifierType, RedirectPath, RequestMirror, RequestRedirect, Retry,
@@ -52,10 +54,6 @@ pub(crate) struct RuleTemplate {
 }
 
 impl RuleTemplate {
-    pub(super) fn new(rule: Rule) -> Self {
-        Self { rule }
-    }
-
     pub(super) fn for_attachment(&self, attachment: &Attachment) -> Rule {
         let mut rule = self.rule.clone();
         if !attachment.any_host {
@@ -136,25 +134,44 @@ pub(super) fn translate_rules(
         index,
         options,
     };
+    translate_all(
+        &ctx,
+        http.spec.rules.as_deref().unwrap_or_default(),
+        None,
+        |rule, field| {
+            rule.matches
+                .iter()
+                .flatten()
+                .enumerate()
+                .map(|(j, m)| convert_match(m, &format!("{field}.matches[{j}]")))
+                .collect()
+        },
+        |rule, _| Ok(Cow::Borrowed(rule)),
+    )
+}
+
+/// Translates the rules of a route of either kind: `matches` converts a rule's matches,
+/// `as_http` gives its filters, backendRefs, timeouts and retry in HTTPRoute shape.
+pub(super) fn translate_all<'r, R>(
+    ctx: &RouteContext<'_, '_>,
+    rules: &'r [R],
+    protocol: Option<BackendProtocol>,
+    matches: impl Fn(&R, &str) -> Result<Vec<Match>, RuleError>,
+    as_http: impl Fn(&'r R, &str) -> Result<Cow<'r, HttpRouteRules>, RuleError>,
+) -> TranslatedRoute {
     let mut out = TranslatedRoute::default();
-    for (i, rule) in http.spec.rules.iter().flatten().enumerate() {
+    for (i, rule) in rules.iter().enumerate() {
         let field = format!("spec.rules[{i}]");
-        let matches = rule
-            .matches
-            .iter()
-            .flatten()
-            .enumerate()
-            .map(|(j, m)| convert_match(m, &format!("{field}.matches[{j}]")))
-            .collect::<Result<Vec<_>, _>>();
-        let matches = match matches {
-            Ok(m) if m.is_empty() => vec![default_match()],
-            Ok(m) => m,
-            Err(e) => {
-                out.dropped.push(e);
-                continue;
-            }
-        };
-        match translate_rule(&ctx, i, rule, matches, None, &field, &mut out.ref_errors) {
+        let translated = matches(rule, &field).and_then(|m| {
+            let m = if m.is_empty() {
+                vec![default_match()]
+            } else {
+                m
+            };
+            let http = as_http(rule, &field)?;
+            translate_rule(ctx, i, &http, m, protocol, &field, &mut out.ref_errors)
+        });
+        match translated {
             Ok(rule) => out.rules.push(RuleTemplate { rule }),
             Err(e) => out.dropped.push(e),
         }
@@ -163,7 +180,7 @@ pub(super) fn translate_rules(
 }
 
 /// The match of a rule without matches: every request (Gateway API default `PathPrefix /`).
-pub(super) fn default_match() -> Match {
+fn default_match() -> Match {
     Match {
         path: Some(PathMatch {
             kind: PathMatchType::PathPrefix,
@@ -175,7 +192,7 @@ pub(super) fn default_match() -> Match {
 
 /// Translates one rule given its already-converted matches. `protocol` forces the backend
 /// protocol (GRPCRoute).
-pub(super) fn translate_rule(
+fn translate_rule(
     ctx: &RouteContext<'_, '_>,
     i: usize,
     rule: &HttpRouteRules,
