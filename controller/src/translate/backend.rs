@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 
 use cftunnel_config::{Backend, BackendProtocol, Filter};
 use k8s_openapi::api::core::v1::ServicePort;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::status::Reason;
 use super::{Index, Options, RouteKind};
@@ -160,9 +161,15 @@ pub(super) fn resolve(
         });
     };
     let app_protocol = service_port.app_protocol.as_deref();
+    // A headless Service's DNS name resolves to the pods, which listen on the target port.
+    let headless = spec.and_then(|s| s.cluster_ip.as_deref()) == Some("None");
+    let dns_port = match (&service_port.target_port, headless) {
+        (Some(IntOrString::Int(target)), true) => *target,
+        _ => port,
+    };
     let service_url = format!(
         "http://{}.{}.svc.{}:{}",
-        r.name, namespace, options.cluster_domain, port
+        r.name, namespace, options.cluster_domain, dns_port
     );
     let urls = match index.slices.get(&(namespace, r.name)) {
         None => vec![service_url.clone()],

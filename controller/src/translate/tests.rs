@@ -90,6 +90,11 @@ spec: {ports: [{port: 9000, targetPort: 9000}]}
 ---
 apiVersion: v1
 kind: Service
+metadata: {name: headless-dns, namespace: infra}
+spec: {clusterIP: None, ports: [{port: 80, targetPort: 8080}]}
+---
+apiVersion: v1
+kind: Service
 metadata: {name: external, namespace: infra}
 spec: {type: ExternalName, externalName: api.example.net, ports: [{port: 443}]}
 ---
@@ -596,7 +601,7 @@ fn app_protocol_dns_fallback_and_external_name_shape_the_backend() {
     let out = run(&http_route(
         "infra",
         "kinds",
-        "  parentRefs: [{name: gw}]\n  rules:\n  - matches: [{path: {value: /h2c}}]\n    backendRefs: [{name: v1, port: 8081}]\n  - matches: [{path: {value: /ws}}]\n    backendRefs: [{name: v1, port: 8082}]\n  - matches: [{path: {value: /dns}}]\n    backendRefs: [{name: dns-only, port: 9000}]\n  - matches: [{path: {value: /ext}}]\n    backendRefs: [{name: external, port: 443}]",
+        "  parentRefs: [{name: gw}]\n  rules:\n  - matches: [{path: {value: /h2c}}]\n    backendRefs: [{name: v1, port: 8081}]\n  - matches: [{path: {value: /ws}}]\n    backendRefs: [{name: v1, port: 8082}]\n  - matches: [{path: {value: /dns}}]\n    backendRefs: [{name: dns-only, port: 9000}]\n  - matches: [{path: {value: /ext}}]\n    backendRefs: [{name: external, port: 443}]\n  - matches: [{path: {value: /headless}}]\n    backendRefs: [{name: headless-dns, port: 80}]",
     ));
     let rules = &shared(&out).rules;
     let h2c = Backend {
@@ -615,6 +620,14 @@ fn app_protocol_dns_fallback_and_external_name_shape_the_backend() {
     assert_eq!(
         rules[3].backends,
         vec![backend("http://api.example.net:443", 1)]
+    );
+    assert_eq!(
+        rules[4].backends,
+        vec![backend(
+            "http://headless-dns.infra.svc.cluster.local:8080",
+            1
+        )],
+        "a headless Service's name resolves to pods, which listen on the target port"
     );
 }
 
