@@ -182,12 +182,13 @@ pub(crate) struct RegisteredGuard {
 
 impl RegisteredGuard {
     pub(crate) fn new(shared: &Arc<Shared>, protocol: ProtocolLabel) -> Self {
-        shared.registered.send_modify(|n| *n += 1);
         shared.metrics.connections(protocol).inc();
         shared.metrics.registered(protocol);
         if protocol == ProtocolLabel::Quic {
             shared.quic_ever_registered.store(true, Ordering::Relaxed);
         }
+        // Readiness last, so observers of the count see consistent metrics.
+        shared.registered.send_modify(|n| *n += 1);
         Self {
             shared: shared.clone(),
             protocol,
@@ -198,10 +199,10 @@ impl RegisteredGuard {
     /// Stops counting (the connection unregistered or was lost).
     pub(crate) fn release(&mut self) {
         if std::mem::take(&mut self.active) {
+            self.shared.metrics.connections(self.protocol).dec();
             self.shared
                 .registered
                 .send_modify(|n| *n = n.saturating_sub(1));
-            self.shared.metrics.connections(self.protocol).dec();
         }
     }
 }

@@ -93,9 +93,11 @@ pub(crate) async fn connect(
     )
     .await;
     let _ = close_tx.send(true);
-    if tokio::time::timeout(Duration::from_secs(2), &mut accept_task)
-        .await
-        .is_err()
+    // `is_finished` guards against polling a handle that already completed.
+    if !accept_task.is_finished()
+        && tokio::time::timeout(Duration::from_secs(2), &mut accept_task)
+            .await
+            .is_err()
     {
         accept_task.abort();
     }
@@ -140,7 +142,9 @@ async fn serve(
         RegisterOutcome::Registered(d) => d,
         RegisterOutcome::Refused(r) => {
             // The edge closes the connection after an error; give it a moment.
-            let _ = tokio::time::timeout(Duration::from_secs(1), &mut *accept_task).await;
+            if !accept_task.is_finished() {
+                let _ = tokio::time::timeout(Duration::from_secs(1), &mut *accept_task).await;
+            }
             return Err(ConnError::Refused(r));
         }
     };
@@ -174,7 +178,7 @@ async fn serve(
         tokio::select! {
             _ = tracker.wait() => {}
             _ = tokio::time::sleep_until(deadline) => {}
-            _ = &mut *accept_task => {}
+            _ = &mut *accept_task, if !accept_task.is_finished() => {}
             _ = state.wait_for(|s| *s == RunState::Shutdown) => {}
         }
     }

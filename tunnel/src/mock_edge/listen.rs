@@ -31,11 +31,18 @@ fn server_transport() -> quinn::TransportConfig {
     t
 }
 
+/// The UDP side: a QUIC endpoint, or a bound socket that never answers.
+pub(super) enum Udp {
+    Quic(quinn::Endpoint),
+    Silent(#[allow(dead_code)] std::net::UdpSocket),
+}
+
 /// Binds UDP and TCP on the same port number.
 pub(super) fn bind(
     addr: SocketAddr,
     pki: &TestPki,
-) -> Result<(quinn::Endpoint, std::net::TcpListener), MockEdgeError> {
+    quic: bool,
+) -> Result<(Udp, std::net::TcpListener), MockEdgeError> {
     let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(pki.quic_server()?)
         .map_err(|e| crate::tls::TlsError::Config(e.to_string()))?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
@@ -48,13 +55,16 @@ pub(super) fn bind(
             Ok(tcp) => {
                 tcp.set_nonblocking(true)?;
                 udp.set_nonblocking(true)?;
+                if !quic {
+                    return Ok((Udp::Silent(udp), tcp));
+                }
                 let endpoint = quinn::Endpoint::new(
                     quinn::EndpointConfig::default(),
-                    Some(server),
+                    Some(server.clone()),
                     udp,
                     Arc::new(quinn::TokioRuntime),
                 )?;
-                return Ok((endpoint, tcp));
+                return Ok((Udp::Quic(endpoint), tcp));
             }
             Err(e) if addr.port() == 0 => last_err = Some(e),
             Err(e) => return Err(e.into()),

@@ -280,6 +280,7 @@ pub struct MockEdgeBuilder {
     pki: Option<TestPki>,
     remotely_managed: bool,
     credentials: Option<crate::Token>,
+    quic: bool,
 }
 
 impl Default for MockEdgeBuilder {
@@ -290,6 +291,7 @@ impl Default for MockEdgeBuilder {
             pki: None,
             remotely_managed: true,
             credentials: None,
+            quic: true,
         }
     }
 }
@@ -326,6 +328,13 @@ impl MockEdgeBuilder {
         self
     }
 
+    /// Keep the UDP port bound but never answer QUIC (simulates networks
+    /// that block UDP, to exercise the HTTP/2 fallback).
+    pub fn disable_quic(mut self) -> Self {
+        self.quic = false;
+        self
+    }
+
     /// Binds the listeners and starts serving on the current runtime.
     pub async fn start(self) -> Result<MockEdge, MockEdgeError> {
         let pki = match self.pki {
@@ -343,11 +352,25 @@ impl MockEdgeBuilder {
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
         });
-        let (endpoint, tcp) = listen::bind(self.edge_addr, &pki)?;
-        let edge_addr = endpoint.local_addr()?;
+        // A previous instance on the same port may still be releasing it.
+        let mut attempts = 0;
+        let (endpoint, tcp) = loop {
+            match listen::bind(self.edge_addr, &pki, self.quic) {
+                Err(MockEdgeError::Io(e))
+                    if e.kind() == std::io::ErrorKind::AddrInUse && attempts < 60 =>
+                {
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => break other?,
+            }
+        };
+        let edge_addr = tcp.local_addr()?;
         let http = tokio::net::TcpListener::bind(self.http_addr).await?;
         let http_addr = http.local_addr()?;
-        listen::spawn_quic(&inner, endpoint.clone());
+        if let listen::Udp::Quic(endpoint) = &endpoint {
+            listen::spawn_quic(&inner, endpoint.clone());
+        }
         listen::spawn_tcp(&inner, tcp, &pki)?;
         forward::spawn_http(&inner, http);
         tracing::info!(edge = %edge_addr, http = %http_addr, "mock edge listening");
@@ -365,7 +388,7 @@ impl MockEdgeBuilder {
 /// [`shutdown`](Self::shutdown).
 pub struct MockEdge {
     inner: Arc<Inner>,
-    endpoint: quinn::Endpoint,
+    endpoint: listen::Udp,
     edge_addr: SocketAddr,
     http_addr: SocketAddr,
     pki: TestPki,
@@ -471,10 +494,22 @@ impl MockEdge {
     /// when this returns.
     pub async fn shutdown(self) {
         self.inner.cancel.cancel();
-        self.endpoint.close(quinn::VarInt::from_u32(0), b"");
+        if let listen::Udp::Quic(endpoint) = &self.endpoint {
+            endpoint.close(quinn::VarInt::from_u32(0), b"");
+        }
         self.inner.tasks.close();
         let _ = tokio::time::timeout(Duration::from_secs(2), self.inner.tasks.wait()).await;
         self.inner.with_state(|s| s.conns.clear());
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
+        if let listen::Udp::Quic(endpoint) = &self.endpoint {
+            let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
+        }
+        drop(self.endpoint);
+        // The QUIC driver releases the UDP socket asynchronously.
+        for _ in 0..40 {
+            if std::net::UdpSocket::bind(self.edge_addr).is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }

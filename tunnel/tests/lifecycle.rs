@@ -1,0 +1,236 @@
+//! Registration errors, credentials, reconnects, drain, configuration
+//! pushes and protocol fallback against the mock edge, over real sockets.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_tunnel::{EdgeRefusal, Protocol, Token, TokenError};
+use http::StatusCode;
+use support::*;
+
+async fn wait_until(mut f: impl FnMut() -> bool) {
+    while !f() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn label(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Http2 => "http2",
+        _ => "quic",
+    }
+}
+
+async fn registration_errors_are_retried_then_recover(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    edge.set_registration_error(Some(EdgeRefusal {
+        cause: "server busy".into(),
+        retry_after: Duration::from_secs(30),
+        should_retry: true,
+    }));
+    let (handle, _m, registry) = start_connector(options(&edge, protocol, 1), token());
+    wait_until(|| edge.registrations().len() >= 3).await;
+    assert_eq!(handle.registered(), 0);
+    let records = edge.registrations();
+    assert!(records[2].num_previous_attempts >= 2, "{records:?}");
+    let text = metrics_text(&registry);
+    let p = label(protocol);
+    assert!(
+        text.contains(&format!(
+            "cftunnel_tunnel_registration_failures_total{{protocol=\"{p}\",cause=\"server_error\"}}"
+        )),
+        "{text}"
+    );
+    edge.set_registration_error(None);
+    handle.wait_registered(1).await;
+    let (status, _, body) = get(&client(), edge.http_addr(), "/hello").await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"hello"[..]));
+    assert!(metrics_text(&registry).contains(&format!(
+        "cftunnel_tunnel_reconnects_total{{protocol=\"{p}\"}}"
+    )));
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
+async fn wrong_credentials_are_refused(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::builder()
+        .credentials(token())
+        .start()
+        .await
+        .unwrap();
+    let (handle, _m, registry) = start_connector(options(&edge, protocol, 1), token());
+    wait_until(|| edge.registrations().len() >= 2).await;
+    assert_eq!(handle.registered(), 0);
+    let p = label(protocol);
+    assert!(metrics_text(&registry).contains(&format!(
+        "cftunnel_tunnel_registration_failures_total{{protocol=\"{p}\",cause=\"unauthorized\"}}"
+    )));
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
+async fn reconnects_after_edge_restart(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let (handle, _m, _r) = start_connector(options(&edge, protocol, 1), token());
+    handle.wait_registered(1).await;
+    let (addr, pki) = (edge.edge_addr(), edge.pki().clone());
+    edge.shutdown().await;
+    let mut registered = handle.subscribe_registered();
+    registered.wait_for(|n| *n == 0).await.unwrap();
+    let edge = MockEdge::builder()
+        .edge_addr(addr)
+        .pki(pki)
+        .start()
+        .await
+        .unwrap();
+    handle.wait_registered(1).await;
+    edge.wait_serving(1).await;
+    let (status, _, _) = get(&client(), edge.http_addr(), "/hello").await;
+    assert_eq!(status, StatusCode::OK);
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
+async fn drain_finishes_in_flight_requests(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let (handle, _m, _r) = start_connector(options(&edge, protocol, 2), token());
+    handle.wait_registered(2).await;
+    edge.wait_serving(2).await;
+    let http = edge.http_addr();
+    let in_flight = tokio::spawn(async move { get(&client(), http, "/slow").await });
+    wait_until(|| edge.connections().iter().any(|c| c.requests > 0)).await;
+    let drain = tokio::spawn({
+        let handle = handle.clone();
+        async move { handle.drain().await }
+    });
+    // The edge stops routing to a connection as soon as it unregisters.
+    edge.wait_serving(0).await;
+    assert_eq!(handle.registered(), 0);
+    let (status, _, _) = get(&client(), http, "/hello").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY);
+    let (status, _, body) = in_flight.await.unwrap();
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"slow"[..]));
+    drain.await.unwrap();
+    wait_until(|| edge.connections().is_empty()).await;
+    edge.shutdown().await;
+}
+
+async fn config_pushes_are_acknowledged(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let (handle, _m, registry) = start_connector(options(&edge, protocol, 1), token());
+    handle.wait_registered(1).await;
+    edge.wait_serving(1).await;
+    let doc = br#"{"ingress":[{"service":"http_status:404"}]}"#;
+    let res = edge.push_config(3, doc).await;
+    assert_eq!(res.len(), 1);
+    assert_eq!(*res[0].as_ref().unwrap(), 3);
+    let cfg = handle.remote_config().borrow().clone();
+    assert_eq!(cfg.version, 3);
+    let pushed: serde_json::Value = serde_json::from_slice(&cfg.config).unwrap();
+    assert_eq!(
+        pushed,
+        serde_json::from_slice::<serde_json::Value>(doc).unwrap()
+    );
+    let stale = edge.push_config(2, b"{}").await;
+    assert_eq!(*stale[0].as_ref().unwrap(), 3);
+    assert!(metrics_text(&registry).contains("cftunnel_tunnel_remote_config_version 3"));
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
+macro_rules! per_transport {
+    ($name:ident) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn quic() {
+                tokio::time::timeout(LIMIT, super::$name(Protocol::Quic))
+                    .await
+                    .expect("test finished in time");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn http2() {
+                tokio::time::timeout(LIMIT, super::$name(Protocol::Http2))
+                    .await
+                    .expect("test finished in time");
+            }
+        }
+    };
+}
+
+per_transport!(registration_errors_are_retried_then_recover);
+per_transport!(wrong_credentials_are_refused);
+per_transport!(reconnects_after_edge_restart);
+per_transport!(drain_finishes_in_flight_requests);
+per_transport!(config_pushes_are_acknowledged);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_falls_back_to_http2_when_quic_is_blocked() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::builder().disable_quic().start().await.unwrap();
+        let mut opts = options(&edge, Protocol::Auto, 1);
+        opts.handshake_timeout = Duration::from_millis(500);
+        let (handle, _m, registry) = start_connector(opts, token());
+        handle.wait_registered(1).await;
+        let text = metrics_text(&registry);
+        assert!(
+            text.contains("cftunnel_tunnel_connections{protocol=\"http2\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("protocol=\"quic\",cause=\"dial\""), "{text}");
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_connection_is_counted_and_retried() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::start().await.unwrap();
+        edge.set_registration_error(Some(EdgeRefusal {
+            cause: "EDUPCONN".into(),
+            retry_after: Duration::ZERO,
+            should_retry: true,
+        }));
+        let (handle, _m, registry) = start_connector(options(&edge, Protocol::Quic, 1), token());
+        wait_until(|| edge.registrations().len() >= 2).await;
+        assert!(metrics_text(&registry).contains("cause=\"dup_edge_conn\""));
+        edge.set_registration_error(None);
+        handle.wait_registered(1).await;
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[test]
+fn bad_tokens_name_the_field() {
+    assert_eq!(
+        "not base64!".parse::<Token>().unwrap_err(),
+        TokenError::Base64
+    );
+    let no_secret = base64_json(r#"{"a":"x","t":"6ff42ae2-765d-4adf-8112-31c55c1551ef"}"#);
+    let err = no_secret.parse::<Token>().unwrap_err();
+    assert_eq!(err, TokenError::Secret);
+    assert!(err.to_string().contains("`s`"));
+}
+
+fn base64_json(s: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
