@@ -36,8 +36,11 @@ pub struct TranslateArgs {
     #[arg(short = 'f', long = "filename", required = true)]
     pub files: Vec<PathBuf>,
     /// Print the data plane of this Gateway (NAMESPACE/NAME). Default: the shared plane.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "all_planes")]
     pub gateway: Option<GatewayName>,
+    /// Print every data plane, as a JSON object keyed by plane (`shared`, `gateway NS/NAME`).
+    #[arg(long)]
+    pub all_planes: bool,
     /// Treat Gateways of this class as ours even without a GatewayClass object.
     #[arg(long)]
     pub gateway_class_name: Option<String>,
@@ -122,6 +125,11 @@ pub fn run_translate(
     let output = translate::translate(&snapshot, &options);
     write_statuses(err, &output)?;
 
+    if args.all_planes {
+        serde_json::to_writer_pretty(&mut *out, &output.configs).context("writing the configs")?;
+        writeln!(out)?;
+        return Ok(());
+    }
     let plane = match &args.gateway {
         None => PlaneKey::Shared,
         Some(GatewayName(key)) => match output.planes.get(key) {

@@ -89,6 +89,26 @@ fn translate_of_a_named_gateway_and_a_folder() {
 }
 
 #[test]
+fn translate_prints_every_plane_on_request() {
+    let out = translate(&["-f", FIXTURE, "--all-planes"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let planes: std::collections::BTreeMap<String, Config> =
+        serde_json::from_slice(&out.stdout).expect("stdout maps planes to configs");
+    assert_eq!(planes.keys().collect::<Vec<_>>(), vec!["shared"]);
+    assert_eq!(planes["shared"].rules.len(), 2);
+
+    let out = translate(&["-f", FIXTURE, "--all-planes", "--gateway", "shop/edge"]);
+    assert!(
+        !out.status.success(),
+        "--all-planes and --gateway exclude each other"
+    );
+}
+
+#[test]
 fn translate_refuses_an_unknown_gateway_and_unowned_manifests() {
     let out = translate(&["-f", FIXTURE, "--gateway", "shop/nope"]);
     assert!(!out.status.success());
