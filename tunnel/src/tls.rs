@@ -37,22 +37,34 @@ pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// Cloudflare's origin CA roots, which edge certificates chain to.
+const CLOUDFLARE_ROOTS: &[u8] = include_bytes!("../certs/cloudflare-edge-roots.pem");
+
+fn add_pem(roots: &mut RootCertStore, pem: &[u8]) -> Result<(), TlsError> {
+    let mut rd = pem;
+    for cert in rustls_pemfile::certs(&mut rd) {
+        let cert = cert.map_err(|e| TlsError::Pem(e.to_string()))?;
+        roots.add(cert).map_err(|e| TlsError::Pem(e.to_string()))?;
+    }
+    Ok(())
+}
+
 /// Roots trusted for the edge: only the PEM override when given (as
-/// `cloudflared --cacert` does), else the public web PKI roots.
+/// `cloudflared --cacert` does), else the web PKI roots plus Cloudflare's
+/// origin CA roots.
 pub(crate) fn root_store(ca_pem: Option<&[u8]>) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
     match ca_pem {
         Some(pem) => {
-            let mut rd = pem;
-            for cert in rustls_pemfile::certs(&mut rd) {
-                let cert = cert.map_err(|e| TlsError::Pem(e.to_string()))?;
-                roots.add(cert).map_err(|e| TlsError::Pem(e.to_string()))?;
-            }
+            add_pem(&mut roots, pem)?;
             if roots.is_empty() {
                 return Err(TlsError::NoCertificates);
             }
         }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+        None => {
+            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+            add_pem(&mut roots, CLOUDFLARE_ROOTS)?;
+        }
     }
     Ok(roots)
 }
@@ -152,5 +164,29 @@ impl TestPki {
             .with_no_client_auth()
             .with_single_cert(vec![self.leaf_der.clone()], self.key())
             .map_err(|e| TlsError::Config(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_roots_include_the_cloudflare_origin_cas() {
+        let mut only_cf = RootCertStore::empty();
+        add_pem(&mut only_cf, CLOUDFLARE_ROOTS).unwrap();
+        assert_eq!(only_cf.len(), 3);
+        let all = root_store(None).unwrap();
+        assert_eq!(all.len(), webpki_roots::TLS_SERVER_ROOTS.len() + 3);
+    }
+
+    #[test]
+    fn ca_override_replaces_all_roots_and_must_not_be_empty() {
+        let pki = TestPki::generate().unwrap();
+        assert_eq!(root_store(Some(pki.ca_pem().as_bytes())).unwrap().len(), 1);
+        assert_eq!(
+            root_store(Some(b"nothing")).unwrap_err(),
+            TlsError::NoCertificates
+        );
     }
 }

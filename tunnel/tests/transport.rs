@@ -162,3 +162,82 @@ per_transport!(serves_requests);
 per_transport!(streams_large_bodies);
 per_transport!(many_concurrent_requests);
 per_transport!(websocket_echo);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trailers_reach_the_edge_over_http2() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::start().await.unwrap();
+        let (handle, _m, _r) = start_connector(options(&edge, Protocol::Http2, 1), token());
+        handle.wait_registered(1).await;
+        let req = Request::post(format!("http://{}/trailers", edge.http_addr()))
+            .header("host", "grpc.example.com")
+            .body(empty())
+            .unwrap();
+        let resp = h2_client().request(req).await.unwrap();
+        assert_eq!(resp.headers()["content-type"], "application/grpc");
+        let collected = resp.into_body().collect().await.unwrap();
+        let trailers = collected.trailers().cloned().expect("trailers arrive");
+        assert_eq!(trailers["grpc-status"], "0");
+        assert_eq!(collected.to_bytes(), "data");
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_quic_streams_reset_only_that_stream() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::start().await.unwrap();
+        let (handle, _m, _r) = start_connector(options(&edge, Protocol::Quic, 1), token());
+        handle.wait_registered(1).await;
+        edge.wait_serving(1).await;
+        // Unknown signature, bad version, truncated and corrupt capnp framing.
+        let good = cftunnel_tunnel::stream::encode_connect_request(
+            &cftunnel_tunnel::stream::ConnectRequest {
+                dest: "https://a.example/hello".into(),
+                kind: cftunnel_tunnel::stream::ConnectionType::Http,
+                metadata: vec![cftunnel_tunnel::stream::Metadata::new("HttpMethod", "GET")],
+            },
+        );
+        let mut bad_version = good.clone();
+        bad_version[6] = b'9';
+        let mut huge = good[..8].to_vec();
+        huge.extend_from_slice(&[0, 0, 0, 0, 0xff, 0xff, 0xff, 0x7f]);
+        for bytes in [
+            &b"garbage!"[..],
+            &bad_version,
+            &good[..good.len() - 3],
+            &huge,
+        ] {
+            assert!(edge.send_raw_quic_stream(bytes).await.is_err());
+        }
+        // A bad header name is answered with a ConnectResponse error.
+        let bad_header = cftunnel_tunnel::stream::encode_connect_request(
+            &cftunnel_tunnel::stream::ConnectRequest {
+                dest: "https://a.example/hello".into(),
+                kind: cftunnel_tunnel::stream::ConnectionType::Http,
+                metadata: vec![
+                    cftunnel_tunnel::stream::Metadata::new("HttpMethod", "GET"),
+                    cftunnel_tunnel::stream::Metadata::new("HttpHeader:Bad Name", "x"),
+                ],
+            },
+        );
+        let reply = edge.send_raw_quic_stream(&bad_header).await.unwrap();
+        let resp = cftunnel_tunnel::stream::read_response_preamble(&mut &reply[..])
+            .await
+            .unwrap();
+        assert!(resp.error.contains("malformed request"), "{resp:?}");
+        // The connection keeps serving.
+        assert_eq!(handle.registered(), 1);
+        let (status, _, body) = get(&client(), edge.http_addr(), "/hello").await;
+        assert_eq!((status, &body[..]), (StatusCode::OK, &b"hello"[..]));
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}

@@ -490,6 +490,32 @@ impl MockEdge {
         out
     }
 
+    /// Opens a request stream on a serving QUIC connection, writes `bytes`
+    /// verbatim, finishes, and returns what the connector sent back (at most
+    /// 1 MiB), or an error if it reset the stream. For negative tests.
+    pub async fn send_raw_quic_stream(&self, bytes: &[u8]) -> Result<Vec<u8>, MockEdgeError> {
+        let conn = self
+            .inner
+            .pick()
+            .into_iter()
+            .find_map(|(_, t)| match t {
+                Transport::Quic(c) => Some(c),
+                Transport::H2(_) => None,
+            })
+            .ok_or_else(|| MockEdgeError::Stream("no serving QUIC connection".into()))?;
+        let (mut send, mut recv) = conn
+            .open_bi()
+            .await
+            .map_err(|e| MockEdgeError::Stream(e.to_string()))?;
+        send.write_all(bytes)
+            .await
+            .map_err(|e| MockEdgeError::Stream(e.to_string()))?;
+        let _ = send.finish();
+        recv.read_to_end(1024 * 1024)
+            .await
+            .map_err(|e| MockEdgeError::Stream(e.to_string()))
+    }
+
     /// Stops listening and closes every connection; the port is free again
     /// when this returns.
     pub async fn shutdown(self) {

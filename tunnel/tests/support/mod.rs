@@ -86,6 +86,21 @@ pub async fn echo(mut req: Request<Body>) -> Result<Response<TestBody>, Infallib
             let stream = futures_util::stream::iter(chunks);
             Response::new(StreamBody::new(stream).boxed_unsync())
         }
+        "/trailers" => {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", "0".parse().unwrap());
+            let frames = vec![
+                Ok::<_, cftunnel_tunnel::BoxError>(http_body::Frame::data(Bytes::from_static(
+                    b"data",
+                ))),
+                Ok(http_body::Frame::trailers(trailers)),
+            ];
+            let mut r =
+                Response::new(StreamBody::new(futures_util::stream::iter(frames)).boxed_unsync());
+            r.headers_mut()
+                .insert("content-type", "application/grpc".parse().unwrap());
+            r
+        }
         "/slow" => {
             tokio::time::sleep(Duration::from_millis(500)).await;
             full(StatusCode::OK, "slow")
