@@ -49,16 +49,7 @@ const CASE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Cases that cannot pass yet, with the reason. They still run and their outcome is printed,
 /// but they do not fail the test.
-const SKIP: &[(&str, &str)] = &[
-    (
-        "HTTPRouteRetryConnectionError",
-        "proxy: when retries on connection errors are exhausted it answers 502; the suite expects 500 or 503",
-    ),
-    (
-        "HTTPRouteRetryWithTimeouts",
-        "proxy: a per-try timeout (timeouts.backendRequest) is not retried; the suite expects retry.attempts to cover backend timeouts",
-    ),
-];
+const SKIP: &[(&str, &str)] = &[];
 
 #[test]
 fn conformance_replay() {

@@ -29,6 +29,11 @@ impl ProxyError {
             Self::Backend(ForwardError::Timeout) | Self::RequestTimeout => {
                 StatusCode::GATEWAY_TIMEOUT
             }
+            // Connected, then reset or closed before a response head: the backend is there but
+            // cannot serve now (as Envoy-based implementations answer).
+            Self::Backend(ForwardError::Other(_) | ForwardError::Canceled) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::Backend(_) => StatusCode::BAD_GATEWAY,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
         }
@@ -74,6 +79,7 @@ impl ProxyError {
             Self::Backend(ForwardError::Timeout) | Self::RequestTimeout => "upstream timed out\n",
             Self::Backend(ForwardError::Tls(_)) => "upstream TLS handshake failed\n",
             Self::Backend(ForwardError::Dial(_)) => "upstream connection failed\n",
+            Self::Backend(ForwardError::Other(_)) => "upstream reset or closed the connection\n",
             Self::Backend(_) => "upstream request failed\n",
             Self::BadRequest(r) => r,
         }

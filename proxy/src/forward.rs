@@ -33,7 +33,8 @@ pub enum ForwardError {
     Tls(#[source] ConnectError),
     #[error("backend did not answer in time")]
     Timeout,
-    #[error("request canceled")]
+    /// The pooled connection closed before the request could be sent on it.
+    #[error("backend connection closed before the request was sent")]
     Canceled,
     #[error("backend exchange failed: {0}")]
     Other(#[source] hyper_util::client::legacy::Error),
@@ -50,9 +51,13 @@ impl ForwardError {
         }
     }
 
-    /// Connection-level failures are retried; answers with a status are not errors here.
-    pub fn is_connection_error(&self) -> bool {
-        matches!(self, Self::Dial(_) | Self::Tls(_) | Self::Other(_))
+    /// Failures a retry may cure: the backend was unreachable, dropped the exchange, or did not
+    /// answer within the per-try timeout. TLS failures are configuration and are not retried.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::Dial(_) | Self::Timeout | Self::Canceled | Self::Other(_)
+        )
     }
 
     fn from_client(err: hyper_util::client::legacy::Error) -> Self {

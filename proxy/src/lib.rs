@@ -19,6 +19,7 @@ pub mod proxy;
 pub mod route;
 pub mod rule;
 pub mod serve;
+pub mod tunnel;
 
 pub use config::ConfigError;
 pub use proxy::{ClientUpgrade, ConnInfo, Proxy, ProxyOptions, UpgradedIo};

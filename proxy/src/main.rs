@@ -1,4 +1,4 @@
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use cftunnel_proxy::cli::Args;
 use cftunnel_proxy::{Server, ServerOptions};
 use clap::Parser;
@@ -66,16 +66,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    if args.tunnel_token.is_some() {
-        bail!("TUNNEL_TOKEN is set, but this build has no tunnel connector; unset it to run standalone");
-    }
+    // Tunnel settings are checked before any socket is bound.
+    let connector = match &args.tunnel_token {
+        Some(raw) => Some(connector(&args, raw).await?),
+        None => None,
+    };
     if args.auth_token.is_none() {
         tracing::warn!(
             "PROXY_AUTH_TOKEN is not set: the config API accepts unauthenticated pushes"
         );
     }
+    let mut registry = prometheus_client::registry::Registry::default();
+    let tunnel_metrics = cftunnel_tunnel::TunnelMetrics::register(&mut registry);
     let options = ServerOptions {
-        data_addr: Some(args.addr.0),
+        // In tunnel mode requests arrive only through the connector.
+        data_addr: connector.is_none().then_some(args.addr.0),
         admin_addr: args.config_addr.0,
         auth_token: args.auth_token.clone(),
         grace: args.grace_period.0,
@@ -84,8 +89,25 @@ async fn run(args: Args) -> anyhow::Result<()> {
         backend_header_timeout: args.backend_header_timeout.0,
         ..ServerOptions::default()
     };
-    let server = Server::start(options, initial).await?;
-    tracing::info!(data = %server.data_addr(), admin = %server.admin_addr(), "proxy serving");
+    let server = Server::start_with_registry(options, initial, registry).await?;
+    let tunnel = match connector {
+        Some(connector) => {
+            let service = cftunnel_proxy::tunnel::TunnelService::new(server.proxy().clone());
+            let handle = connector
+                .start(service, tunnel_metrics)
+                .context("starting the tunnel connector")?;
+            let registered = handle.clone();
+            server
+                .health()
+                .track_tunnel(move || registered.registered());
+            tracing::info!(admin = %server.admin_addr(), "proxy serving through the tunnel");
+            Some(handle)
+        }
+        None => {
+            tracing::info!(data = %server.data_addr(), admin = %server.admin_addr(), "proxy serving");
+            None
+        }
+    };
 
     let mut signals = Signals::new()?;
     signals.next().await;
@@ -97,11 +119,50 @@ async fn run(args: Args) -> anyhow::Result<()> {
         tracing::warn!("second signal: exiting now");
         std::process::exit(130);
     });
+    if let Some(tunnel) = &tunnel {
+        // The edge stops sending new requests here; in-flight ones get the grace period.
+        tunnel.drain().await;
+    }
     if !server.shutdown().await {
         tracing::warn!("grace period over with requests still in flight");
     }
     tracing::info!("drained");
     Ok(())
+}
+
+/// Parses the token and the connector settings; every error names the setting.
+async fn connector(args: &Args, raw: &str) -> anyhow::Result<cftunnel_tunnel::Connector> {
+    let token: cftunnel_tunnel::Token = raw
+        .trim()
+        .parse()
+        .map_err(|e| anyhow::anyhow!("TUNNEL_TOKEN: {e}"))?;
+    let edges = args
+        .edge
+        .iter()
+        .map(|e| e.parse::<cftunnel_tunnel::EdgeAddr>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("TUNNEL_EDGE: {e}"))?;
+    let edge_ca_pem = match &args.edge_ca_file {
+        Some(path) => Some(
+            tokio::fs::read(path)
+                .await
+                .with_context(|| format!("TUNNEL_CACERT: reading {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let protocol = match args.tunnel_protocol {
+        cftunnel_proxy::cli::TunnelProtocol::Auto => cftunnel_tunnel::Protocol::Auto,
+        cftunnel_proxy::cli::TunnelProtocol::Quic => cftunnel_tunnel::Protocol::Quic,
+        cftunnel_proxy::cli::TunnelProtocol::Http2 => cftunnel_tunnel::Protocol::Http2,
+    };
+    let options = cftunnel_tunnel::ConnectorOptions {
+        protocol,
+        edges,
+        edge_ca_pem,
+        grace_period: args.grace_period.0,
+        ..Default::default()
+    };
+    cftunnel_tunnel::Connector::new(token, options).context("tunnel connector settings")
 }
 
 /// SIGTERM or SIGINT, whichever comes.

@@ -392,7 +392,7 @@ impl Proxy {
                     if tries < attempts {
                         host_metrics.backend_error(e.label()).inc();
                     }
-                    e.is_connection_error()
+                    e.is_retryable()
                 }
             };
             if !retryable || tries >= attempts {

@@ -85,6 +85,7 @@ async fn retries_follow_codes_and_attempts_and_connection_errors() {
         let doc = json!({"rules": [
             rule("/retry/code-500", json!({"retry": {"codes": [500], "attempts": 3, "backoff": "10ms"}, "backends": [{"url": url(a.http_addr()), "weight": 1}]})),
             rule("/retry/none", json!({"backends": [{"url": url(a.http_addr()), "weight": 1}]})),
+            rule("/retry/slow", json!({"retry": {"attempts": 2}, "timeouts": {"backend": "200ms"}, "backends": [{"url": url(a.http_addr()), "weight": 1}]})),
         ]});
         push(&http, proxy.admin_addr(), &doc).await;
         let d = proxy.data_addr();
@@ -96,6 +97,12 @@ async fn retries_follow_codes_and_attempts_and_connection_errors() {
         assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "503 is not a listed code");
         let r = get(&http, d, "h", "/retry/code-500?succeedAfter=2&uuid=u4", &[]).await;
         assert_eq!(r.status, StatusCode::OK, "connection resets are retried");
+        let r = get(&http, d, "h", "/retry/code-500?succeedAfter=9&uuid=u7", &[]).await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "resets on every try end in 503");
+        let r = get(&http, d, "h", "/retry/slow?delayRetry=300ms&responseCode=500&succeedAfter=2&uuid=u8", &[]).await;
+        assert_eq!(r.status, StatusCode::OK, "per-try timeouts are retried");
+        let r = get(&http, d, "h", "/retry/slow?delayRetry=300ms&responseCode=500&succeedAfter=3&uuid=u9", &[]).await;
+        assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT, "and answer 504 when every try timed out");
         let r = get(&http, d, "h", "/retry/none?responseCode=500&succeedAfter=1&uuid=u5", &[]).await;
         assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "no retry without a policy");
 

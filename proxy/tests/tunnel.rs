@@ -1,0 +1,163 @@
+//! Tunnel mode of the real binary behind the mock edge, over both transports: requests
+//! reach the in-process router, WebSocket upgrades cross the tunnel, readiness follows the
+//! registered connections, and SIGTERM unregisters and drains.
+
+mod support;
+
+use cftunnel_tunnel::mock_edge::MockEdge;
+use futures_util::{SinkExt, StreamExt};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::*;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+async fn serve_through(protocol: &str) {
+    let a = echo("svc-a-1").await;
+    let edge = MockEdge::start().await.expect("mock edge starts");
+    let dir =
+        std::env::temp_dir().join(format!("cftunnel-tunnel-{protocol}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let ca = dir.join("edge-ca.pem");
+    edge.write_ca_pem(&ca).await.expect("CA written");
+    let config = dir.join("config.json");
+    let doc = serde_json::json!({"version": 1, "rules": [
+        {"hostnames": ["app.example.com"], "backends": [{"url": url(a.http_addr()), "weight": 1, "websocket": true}]}
+    ]});
+    std::fs::write(&config, doc.to_string()).expect("write config");
+    let token =
+        cftunnel_tunnel::Token::new("account", vec![7u8; 32], uuid::Uuid::new_v4()).encode();
+    let admin_port = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
+        .env("TUNNEL_TOKEN", token)
+        .env("TUNNEL_EDGE", edge.edge_addr().to_string())
+        .env("TUNNEL_CACERT", &ca)
+        .env("PROXY_TUNNEL_PROTOCOL", protocol)
+        .env("PROXY_CONFIG_ADDR", format!("127.0.0.1:{admin_port}"))
+        .env("PROXY_AUTH_TOKEN", TOKEN)
+        .env("PROXY_GRACE_PERIOD", "5s")
+        .arg("--config-file")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("proxy binary starts");
+    let admin: std::net::SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
+    let http = client();
+    let ready_by = Instant::now() + Duration::from_secs(20);
+    loop {
+        let up = tokio::net::TcpStream::connect(admin).await.is_ok();
+        if up && get(&http, admin, "a", "/readyz", &[]).await.status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < ready_by,
+            "{protocol}: ready once a tunnel connection is registered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        metric(
+            &http,
+            admin,
+            &format!("cftunnel_tunnel_connections{{protocol=\"{protocol}\"}}")
+        )
+        .await,
+        Some(1.0),
+        "{protocol}: one registered connection"
+    );
+
+    let r = get(
+        &http,
+        edge.http_addr(),
+        "app.example.com",
+        "/through/the/tunnel?x=1",
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{protocol}: {:?}", r.body);
+    assert_eq!(r.pod(), "svc-a-1");
+    assert_eq!(r.json()["path"], "/through/the/tunnel?x=1");
+    let r = get(&http, edge.http_addr(), "other.example.com", "/", &[]).await;
+    assert_eq!(r.status, 404, "{protocol}: routing happens in the proxy");
+
+    let (mut ws, _) = tokio_tungstenite::connect_async(
+        http::Request::get(format!("ws://{}/ws", edge.http_addr()))
+            .header("host", "app.example.com")
+            .header("connection", "Upgrade")
+            .header("upgrade", "websocket")
+            .header("sec-websocket-version", "13")
+            .header(
+                "sec-websocket-key",
+                tokio_tungstenite::tungstenite::handshake::client::generate_key(),
+            )
+            .body(())
+            .expect("request"),
+    )
+    .await
+    .expect("WebSocket through the tunnel");
+    ws.send(tokio_tungstenite::tungstenite::Message::text("ping"))
+        .await
+        .expect("send");
+    let echoed = ws.next().await.expect("a frame").expect("no error");
+    assert_eq!(echoed.into_text().expect("text").as_str(), "ping");
+    drop(ws);
+
+    let killed = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let exit_by = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            Instant::now() < exit_by,
+            "{protocol}: exits after the drain"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status.code(), Some(0), "{protocol}: clean exit");
+    assert!(
+        edge.registrations()
+            .iter()
+            .any(|r| format!("{r:?}").to_lowercase().contains("unregister"))
+            || edge.serving() == 0,
+        "{protocol}: the connection left the edge"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn serves_through_the_tunnel_over_quic() {
+    tokio::time::timeout(TEST_TIMEOUT, serve_through("quic"))
+        .await
+        .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn serves_through_the_tunnel_over_http2() {
+    tokio::time::timeout(TEST_TIMEOUT, serve_through("http2"))
+        .await
+        .expect("test finished in time");
+}
+
+#[test]
+fn a_bad_token_is_refused_at_start_naming_the_problem() {
+    let out = Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
+        .env("TUNNEL_TOKEN", "not-base64-json")
+        .env("PROXY_CONFIG_ADDR", "127.0.0.1:0")
+        .output()
+        .expect("binary runs");
+    assert_ne!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("TUNNEL_TOKEN"), "{err}");
+}
