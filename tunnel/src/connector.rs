@@ -338,9 +338,10 @@ impl Connector {
         })
     }
 
-    /// [`start`](Self::start), then waits until every connection has ended
-    /// (after a drain or shutdown through another handle clone is not
-    /// possible here, so this runs until the process ends).
+    /// [`start`](Self::start), then waits until every connection has ended.
+    /// Nothing can drain a connector started this way, so it runs until the
+    /// process ends; use [`start`](Self::start) to keep a handle for
+    /// readiness and drain.
     pub async fn run<S, B>(self, service: S, metrics: TunnelMetrics) -> Result<(), ConnectorError>
     where
         S: hyper::service::Service<Request<Body>, Response = Response<B>>

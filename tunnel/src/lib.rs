@@ -1,4 +1,96 @@
-//! Native Cloudflare Tunnel connector and a mock edge.
+//! Native Cloudflare Tunnel connector (QUIC and HTTP/2 transports) and a
+//! protocol-faithful mock edge.
+//!
+//! The connector dials Cloudflare's edge the way `cloudflared` does, registers
+//! its connections over Cap'n Proto RPC, and hands every request arriving
+//! through the tunnel to an in-process [`hyper::service::Service`]. There is no
+//! local socket between the tunnel and the service. Routing is left to the
+//! service.
+//!
+//! # Wiring a service
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use cftunnel_tunnel::{Body, Connector, ConnectorOptions, Protocol, Token, TunnelMetrics};
+//! use http_body_util::Full;
+//!
+//! let token: Token = std::env::var("TUNNEL_TOKEN")?.parse()?;
+//! let opts = ConnectorOptions {
+//!     protocol: "auto".parse::<Protocol>()?,
+//!     ..ConnectorOptions::default()
+//! };
+//! let mut registry = prometheus_client::registry::Registry::default();
+//! let metrics = TunnelMetrics::register(&mut registry);
+//! let service = hyper::service::service_fn(|req: http::Request<Body>| async move {
+//!     let _ = req;
+//!     Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(bytes::Bytes::from("hi"))))
+//! });
+//! let handle = Connector::new(token, opts)?.start(service, metrics)?;
+//! // Readiness: at least one connection registered right now.
+//! let ready = handle.registered() > 0;
+//! # let _ = ready;
+//! // On SIGTERM: unregister every connection, let in-flight requests finish
+//! // within the grace period, then close with code 0.
+//! handle.drain().await;
+//! # Ok(()) }
+//! ```
+//!
+//! # Requests as the service sees them
+//!
+//! - The URI is in absolute form (`https://host/path?query`, scheme and
+//!   authority from the edge) and the `Host` header is always set to the
+//!   eyeball's host (`HttpHost` over QUIC, `:authority` over HTTP/2).
+//! - The body is a [`Body`] that streams from the edge as it is polled, so a
+//!   slow service slows the eyeball (backpressure). Over QUIC a body is only
+//!   present when the eyeball sent `Content-Length` or chunked
+//!   `Transfer-Encoding`, as on the edge. HTTP/2 request trailers are
+//!   delivered as body trailers.
+//! - Response bodies are streamed back with flow control; response trailers
+//!   are forwarded over HTTP/2 (gRPC) and dropped over QUIC, which cannot carry
+//!   them (as with `cloudflared`).
+//! - A service error is reported to the edge as a connector error (the
+//!   eyeball sees a 502); an error while streaming a response body resets
+//!   that stream only.
+//!
+//! # WebSocket and other upgrades
+//!
+//! WebSocket requests carry an [`OnUpgrade`] in their extensions (and
+//! `Connection: Upgrade`, `Upgrade: websocket` headers, as `cloudflared` adds
+//! them towards origins). To accept, the service answers
+//! `101 Switching Protocols` and takes the extension; once the 101 has been
+//! written to the edge, the [`OnUpgrade`] future resolves to an [`Upgraded`]
+//! byte stream (`AsyncRead + AsyncWrite`) carrying the raw WebSocket frames
+//! in both directions. Any other status leaves the request un-upgraded and
+//! the future fails with [`UpgradeError`].
+//!
+//! ```no_run
+//! # fn demo(mut req: http::Request<cftunnel_tunnel::Body>) {
+//! if let Some(on_upgrade) = req.extensions_mut().remove::<cftunnel_tunnel::OnUpgrade>() {
+//!     tokio::spawn(async move {
+//!         if let Ok(mut stream) = on_upgrade.await {
+//!             // copy between `stream` and the backend's upgraded connection
+//!             let _ = &mut stream;
+//!         }
+//!     });
+//!     // ...then return a 101 response (with the backend's Sec-WebSocket-Accept).
+//! }
+//! # }
+//! ```
+//!
+//! # What is left out
+//!
+//! - SRV discovery (`_v2-origintunneld._tcp.argotunnel.com`) and its
+//!   DNS-over-TLS fallback: without static edges the connector resolves the
+//!   two well-known region hosts with the system resolver instead.
+//! - Private-network TCP streams and UDP/ICMP datagrams: not advertised;
+//!   TCP stream requests are answered with an error.
+//! - `updateLocalConfiguration`: configuration comes from the proxy's own
+//!   config API, not from a local ingress, so none is pushed. Remote pushes
+//!   from the edge are acknowledged and exposed through
+//!   [`ConnectorHandle::remote_config`].
+//!
+//! The [`mock_edge`] module plays the edge's side for tests and demos; the
+//! `cftunnel-mock-edge` binary runs it standalone.
 
 mod backoff;
 mod body;

@@ -234,3 +234,35 @@ fn base64_json(s: &str) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(s)
 }
+
+async fn rolling_restart_loses_no_requests(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let (old, _m1, _r1) = start_connector(options(&edge, protocol, 2), token());
+    let (new, _m2, _r2) = start_connector(options(&edge, protocol, 2), token());
+    old.wait_registered(2).await;
+    new.wait_registered(2).await;
+    edge.wait_serving(4).await;
+    let http = edge.http_addr();
+    let client = client();
+    let load = tokio::spawn(async move {
+        let mut failures = 0;
+        for _ in 0..40 {
+            let batch =
+                futures_util::future::join_all((0..10).map(|_| get(&client, http, "/hello"))).await;
+            failures += batch
+                .iter()
+                .filter(|(s, _, _)| *s != StatusCode::OK)
+                .count();
+        }
+        failures
+    });
+    wait_until(|| edge.connections().iter().map(|c| c.requests).sum::<u64>() > 50).await;
+    old.drain().await;
+    assert_eq!(load.await.unwrap(), 0);
+    assert_eq!(edge.serving(), 2);
+    new.shutdown().await;
+    edge.shutdown().await;
+}
+
+per_transport!(rolling_restart_loses_no_requests);

@@ -68,3 +68,22 @@ fn bad_preambles_are_rejected() {
         Err(FrameError::Truncated)
     );
 }
+
+#[test]
+fn mutated_preambles_and_header_lists_never_panic() {
+    use rand::{Rng as _, SeedableRng as _};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let good = encode_connect_request(&sample());
+    for _ in 0..20_000 {
+        let mut bytes = good.clone();
+        for _ in 0..rng.random_range(1..6) {
+            let i = rng.random_range(0..bytes.len());
+            bytes[i] = rng.random();
+        }
+        bytes.truncate(rng.random_range(0..=bytes.len()));
+        let _ = parse_request_preamble(&bytes);
+        let _ = decode_connect_response(&bytes[8.min(bytes.len())..]);
+        let text = String::from_utf8_lossy(&bytes);
+        let _ = headers::deserialise(&text);
+    }
+}
