@@ -16,6 +16,12 @@ struct Args {
     /// h2c-only (HTTP/2 prior knowledge) listen address.
     #[arg(long, env = "H2C_ADDR", default_value = "0.0.0.0:3001")]
     h2c_addr: SocketAddr,
+    /// echo-basic's port variable: when set, replaces the port of --http-addr.
+    #[arg(long, env = "HTTP_PORT")]
+    http_port: Option<u16>,
+    /// echo-basic's port variable: when set, replaces the port of --h2c-addr.
+    #[arg(long, env = "H2C_PORT")]
+    h2c_port: Option<u16>,
     /// Namespace echoed in every response.
     #[arg(long, env = "NAMESPACE", default_value = "")]
     namespace: String,
@@ -32,13 +38,21 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let Args {
-        http_addr,
-        h2c_addr,
+        mut http_addr,
+        mut h2c_addr,
+        http_port,
+        h2c_port,
         namespace,
         pod_name,
         quiet,
         worker_threads,
     } = Args::parse();
+    if let Some(port) = http_port {
+        http_addr.set_port(port);
+    }
+    if let Some(port) = h2c_port {
+        h2c_addr.set_port(port);
+    }
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
     if let Some(n) = worker_threads {
