@@ -72,7 +72,8 @@ pub struct ConnectorOptions {
     /// Transport choice.
     pub protocol: Protocol,
     /// Static edges (`--edge`, `TUNNEL_EDGE`); repeat an entry for more HA
-    /// connections to one listener. Empty: the well-known region hosts.
+    /// connections to one listener. Empty: SRV discovery (region from the
+    /// token's `e`), then the well-known region hosts.
     pub edges: Vec<EdgeAddr>,
     /// PEM roots replacing all others (`--edge-ca-file`, `TUNNEL_CACERT`).
     pub edge_ca_pem: Option<Vec<u8>>,
@@ -434,6 +435,10 @@ async fn wait_state_change(state: &mut watch::Receiver<RunState>) {
 async fn resolve_edges(shared: &Shared) -> Vec<(SocketAddr, u8)> {
     let mut out = Vec::new();
     if shared.opts.edges.is_empty() {
+        match crate::discovery::discover(shared.token.endpoint()).await {
+            Ok(found) => return found,
+            Err(e) => tracing::warn!(error = %e, "edge discovery failed; trying the region hosts"),
+        }
         for (region, host) in REGION_HOSTS.iter().enumerate() {
             match EdgeAddr::new(*host, EDGE_PORT).resolve().await {
                 Ok(addrs) => out.extend(addrs.into_iter().map(|a| (a, region as u8))),

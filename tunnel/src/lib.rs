@@ -79,9 +79,8 @@
 //!
 //! # What is left out
 //!
-//! - SRV discovery (`_v2-origintunneld._tcp.argotunnel.com`) and its
-//!   DNS-over-TLS fallback: without static edges the connector resolves the
-//!   two well-known region hosts with the system resolver instead.
+//! - IP-version preference for discovered edges (`--edge-ip-version`):
+//!   every address the region hosts resolve to is used.
 //! - Private-network TCP streams and UDP/ICMP datagrams: not advertised;
 //!   TCP stream requests are answered with an error.
 //! - `updateLocalConfiguration`: configuration comes from the proxy's own
@@ -95,6 +94,7 @@
 mod backoff;
 mod body;
 mod connector;
+pub mod discovery;
 pub mod edge;
 mod h2io;
 mod http2;
