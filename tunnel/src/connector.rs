@@ -127,6 +127,9 @@ pub enum ConnectorError {
     /// `ha_connections` is zero.
     #[error("ha_connections must be at least 1")]
     NoConnections,
+    /// [`Connector::start`] was called outside a Tokio runtime.
+    #[error("the connector must be started inside a Tokio runtime")]
+    NoRuntime,
 }
 
 /// Drain state shared with every connection task.
@@ -306,6 +309,8 @@ impl Connector {
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
+        let runtime =
+            tokio::runtime::Handle::try_current().map_err(|_| ConnectorError::NoRuntime)?;
         let worker = LocalWorker::start("cftunnel-rpc").map_err(ConnectorError::Worker)?;
         let (state_tx, state_rx) = watch::channel(RunState::Running);
         let (registered_tx, registered_rx) = watch::channel(0usize);
@@ -329,7 +334,7 @@ impl Connector {
             local_ports: Mutex::new(vec![0; ha]),
         });
         tracing::info!(connector_id = %client_id, "starting tunnel connector");
-        tokio::spawn(run_all(shared, done_tx));
+        runtime.spawn(run_all(shared, done_tx));
         Ok(ConnectorHandle {
             registered: registered_rx,
             state: state_tx,

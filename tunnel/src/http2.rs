@@ -279,10 +279,12 @@ async fn handle_request(
             parts.headers.insert(HOST, v);
         }
     }
+    // Same request shape as over QUIC: the eyeball's protocol is not the
+    // connector's to expose; trailers still arrive through the body.
+    parts.version = Version::HTTP_11;
     let mut upgrade = None;
     let body = if websocket {
         add_websocket_headers(&mut parts.headers);
-        parts.version = Version::HTTP_11;
         let (tx, on) = OnUpgrade::pair();
         parts.extensions.insert(on);
         upgrade = Some((tx, recv));

@@ -38,8 +38,9 @@
 //! # Requests as the service sees them
 //!
 //! - The URI is in absolute form (`https://host/path?query`, scheme and
-//!   authority from the edge) and the `Host` header is always set to the
-//!   eyeball's host (`HttpHost` over QUIC, `:authority` over HTTP/2).
+//!   authority from the edge), the `Host` header is always set to the
+//!   eyeball's host (`HttpHost` over QUIC, `:authority` over HTTP/2), and the
+//!   version is HTTP/1.1 on both transports.
 //! - The body is a [`Body`] that streams from the edge as it is polled, so a
 //!   slow service slows the eyeball (backpressure). Over QUIC a body is only
 //!   present when the eyeball sent `Content-Length` or chunked

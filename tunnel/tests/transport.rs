@@ -37,6 +37,8 @@ async fn serves_requests(protocol: Protocol) {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body, "hello");
     assert_eq!(headers["x-host"], "app.example.com");
+    assert_eq!(headers["x-uri"], "https://app.example.com/hello");
+    assert_eq!(headers["x-version"], "HTTP/1.1");
     assert_eq!(headers.get_all("set-cookie").iter().count(), 2);
     let (status, _, _) = get(&client, edge.http_addr(), "/missing").await;
     assert_eq!(status, StatusCode::NOT_FOUND);

@@ -59,6 +59,10 @@ pub async fn echo(mut req: Request<Body>) -> Result<Response<TestBody>, Infallib
         "/hello" => {
             let mut r = full(StatusCode::OK, "hello");
             r.headers_mut().insert("x-host", host.parse().unwrap());
+            r.headers_mut()
+                .insert("x-uri", req.uri().to_string().parse().unwrap());
+            r.headers_mut()
+                .insert("x-version", format!("{:?}", req.version()).parse().unwrap());
             r.headers_mut().append("set-cookie", "a=1".parse().unwrap());
             r.headers_mut().append("set-cookie", "b=2".parse().unwrap());
             r
