@@ -168,9 +168,12 @@ async fn serve(
     }
     if shared.run_state() == RunState::Draining {
         let grace = shared.opts.grace_period;
-        match session.unregister(grace).await {
-            Ok(()) => tracing::info!("unregistered tunnel connection"),
-            Err(e) => tracing::warn!(error = %e, "unregister failed"),
+        tokio::select! {
+            res = session.unregister(grace) => match res {
+                Ok(()) => tracing::info!("unregistered tunnel connection"),
+                Err(e) => tracing::warn!(error = %e, "unregister failed"),
+            },
+            _ = state.wait_for(|s| *s == RunState::Shutdown) => return Ok(Ended::Stopped),
         }
         let deadline = tokio::time::Instant::now() + grace;
         tokio::time::sleep(DRAIN_LINGER.min(grace)).await;

@@ -266,3 +266,35 @@ async fn rolling_restart_loses_no_requests(protocol: Protocol) {
 }
 
 per_transport!(rolling_restart_loses_no_requests);
+
+async fn shutdown_cuts_a_drain_short(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let (handle, _m, _r) = start_connector(options(&edge, protocol, 1), token());
+    handle.wait_registered(1).await;
+    edge.wait_serving(1).await;
+    let http = edge.http_addr();
+    let hung = tokio::spawn(async move {
+        let req = http::Request::get(format!("http://{http}/hang"))
+            .header("host", "app.example.com")
+            .body(empty())
+            .unwrap();
+        client().request(req).await.map(|r| r.status())
+    });
+    wait_until(|| edge.connections().iter().any(|c| c.requests > 0)).await;
+    let drain = tokio::spawn({
+        let handle = handle.clone();
+        async move { handle.drain().await }
+    });
+    edge.wait_serving(0).await;
+    // The grace period is 5 s; a second signal must not wait for it.
+    tokio::time::timeout(Duration::from_secs(2), handle.shutdown())
+        .await
+        .expect("shutdown is immediate");
+    drain.await.unwrap();
+    let outcome = hung.await.unwrap();
+    assert!(!matches!(outcome, Ok(StatusCode::OK)), "{outcome:?}");
+    edge.shutdown().await;
+}
+
+per_transport!(shutdown_cuts_a_drain_short);

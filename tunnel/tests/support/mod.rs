@@ -105,6 +105,10 @@ pub async fn echo(mut req: Request<Body>) -> Result<Response<TestBody>, Infallib
                 .insert("content-type", "application/grpc".parse().unwrap());
             r
         }
+        "/hang" => {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            full(StatusCode::OK, "late")
+        }
         "/slow" => {
             tokio::time::sleep(Duration::from_millis(500)).await;
             full(StatusCode::OK, "slow")
