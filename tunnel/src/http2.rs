@@ -14,7 +14,6 @@ use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
 use http::{Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt as _, Limited};
 use tokio::sync::{oneshot, watch};
-use tokio_util::task::TaskTracker;
 
 use crate::body::{Body, OnUpgrade, Upgraded};
 use crate::connector::{ConnError, Ended, RegisteredGuard, RunState, Shared};
@@ -28,6 +27,7 @@ use crate::stream::headers::{
     RESPONSE_META,
 };
 use crate::stream::http_map::add_websocket_headers;
+use crate::tasks::StreamTasks;
 use crate::tls::H2_SERVER_NAME;
 
 const DIAL_TIMEOUT: Duration = Duration::from_secs(15);
@@ -71,7 +71,8 @@ pub(crate) async fn connect(
         .await
         .map_err(ConnError::dial)?;
 
-    let tracker = TaskTracker::new();
+    let tracker = StreamTasks::new();
+    let _cancel = tracker.cancel_on_drop();
     let (control_tx, control_rx) = oneshot::channel();
     let (close_tx, close_rx) = watch::channel(false);
     let mut accept_task = tokio::spawn(accept_loop(
@@ -112,7 +113,7 @@ async fn serve(
     local_ip: std::net::IpAddr,
     attempt: u8,
     control_rx: oneshot::Receiver<Accepted>,
-    tracker: &TaskTracker,
+    tracker: &StreamTasks,
     accept_task: &mut tokio::task::JoinHandle<()>,
 ) -> Result<Ended, ConnError> {
     let (req, mut respond) = tokio::time::timeout(shared.opts.rpc_timeout * 2, control_rx)
@@ -192,7 +193,7 @@ async fn accept_loop(
     mut conn: h2::server::Connection<TlsStream, Bytes>,
     shared: Arc<Shared>,
     control_tx: oneshot::Sender<Accepted>,
-    tracker: TaskTracker,
+    tracker: StreamTasks,
     mut close_rx: watch::Receiver<bool>,
 ) {
     let mut control_tx = Some(control_tx);

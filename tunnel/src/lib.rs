@@ -105,6 +105,7 @@ mod quic;
 pub mod rpc;
 mod service;
 pub mod stream;
+mod tasks;
 pub mod tls;
 pub mod token;
 

@@ -9,7 +9,6 @@ use http::header::CONTENT_LENGTH;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt as _;
 use quinn::VarInt;
-use tokio_util::task::TaskTracker;
 
 use crate::body::{Body, OnUpgrade, Upgraded};
 use crate::connector::{ConnError, ConnectorOptions, Ended, RegisteredGuard, RunState, Shared};
@@ -19,6 +18,7 @@ use crate::rpc::{remote_config, RpcStream};
 use crate::service::ResponseBody;
 use crate::stream::http_map::{request_from_connect, response_metadata};
 use crate::stream::{self, ConnectResponse, ConnectionType, StreamKind};
+use crate::tasks::StreamTasks;
 use crate::tls::QUIC_SERVER_NAME;
 
 /// Time allowed for an edge-opened stream to deliver its preamble.
@@ -182,7 +182,8 @@ async fn serve(
         "registered tunnel connection"
     );
     let mut guard = RegisteredGuard::new(shared, ProtocolLabel::Quic);
-    let tracker = TaskTracker::new();
+    let tracker = StreamTasks::new();
+    let _cancel = tracker.cancel_on_drop();
     let mut state = shared.state.clone();
     let ended = loop {
         tokio::select! {
