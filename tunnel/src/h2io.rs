@@ -78,11 +78,8 @@ fn poll_send_capacity(
         match ready!(send.poll_capacity(cx)) {
             None => return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
             Some(Err(e)) => return Poll::Ready(Err(h2_io_err(e))),
-            Some(Ok(0)) => {
-                if send.capacity() == 0 {
-                    return Poll::Pending;
-                }
-            }
+            // Capacity changed (possibly to zero): look again; h2 reports a
+            // change once, so the next poll registers the waker.
             Some(Ok(_)) => {}
         }
     }
