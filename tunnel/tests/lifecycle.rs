@@ -9,6 +9,7 @@ use std::time::Duration;
 use cftunnel_tunnel::mock_edge::MockEdge;
 use cftunnel_tunnel::{EdgeRefusal, Protocol, Token, TokenError};
 use http::StatusCode;
+use http_body_util::BodyExt as _;
 use support::*;
 
 async fn wait_until(mut f: impl FnMut() -> bool) {
@@ -298,3 +299,45 @@ async fn shutdown_cuts_a_drain_short(protocol: Protocol) {
 }
 
 per_transport!(shutdown_cuts_a_drain_short);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mock_edge_admin_api_pushes_config_and_lists_connections() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::start().await.unwrap();
+        let (handle, _m, _r) = start_connector(options(&edge, Protocol::Quic, 1), token());
+        handle.wait_registered(1).await;
+        edge.wait_serving(1).await;
+        let client = client();
+        let (status, _, body) = get(&client, edge.http_addr(), "/__mock-edge/connections").await;
+        assert_eq!(status, StatusCode::OK);
+        let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(list[0]["registered"], true);
+        let req = http::Request::put(format!(
+            "http://{}/__mock-edge/config?version=7",
+            edge.http_addr()
+        ))
+        .body(http_body_util::BodyExt::boxed_unsync(
+            http_body_util::Full::new(bytes::Bytes::from_static(b"{\"ingress\":[]}"))
+                .map_err(|e| match e {}),
+        ))
+        .unwrap();
+        let resp = client.request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(handle.remote_config().borrow().version, 7);
+        let req = http::Request::put(format!(
+            "http://{}/__mock-edge/registration-error?cause=EDUPCONN",
+            edge.http_addr()
+        ))
+        .body(empty())
+        .unwrap();
+        assert_eq!(
+            client.request(req).await.unwrap().status(),
+            StatusCode::NO_CONTENT
+        );
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}

@@ -28,6 +28,10 @@ async fn serves_requests(protocol: Protocol) {
     assert!(records[0]
         .features
         .contains(&"serialized_headers".to_string()));
+    assert_eq!(records[0].origin_local_ip, vec![127, 0, 0, 1]);
+    assert_eq!(records[0].version, cftunnel_tunnel::DEFAULT_CLIENT_VERSION);
+    assert!(records[0].arch.contains('_'), "{}", records[0].arch);
+    assert_eq!(records[0].num_previous_attempts, 0);
     let mut idx: Vec<u8> = records.iter().map(|r| r.conn_index).collect();
     idx.sort();
     assert_eq!(idx, vec![0, 1]);

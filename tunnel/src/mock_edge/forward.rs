@@ -49,6 +49,7 @@ pub(super) fn spawn_http(inner: &Arc<Inner>, listener: tokio::net::TcpListener) 
             let Ok((tcp, _)) = accepted else { continue };
             let _ = tcp.set_nodelay(true);
             let inner3 = inner2.clone();
+            let cancel = inner2.cancel.clone();
             inner2.tasks.spawn(async move {
                 let svc = hyper::service::service_fn(move |req| {
                     let inner = inner3.clone();
@@ -57,11 +58,14 @@ pub(super) fn spawn_http(inner: &Arc<Inner>, listener: tokio::net::TcpListener) 
                 let builder = hyper_util::server::conn::auto::Builder::new(
                     hyper_util::rt::TokioExecutor::new(),
                 );
-                if let Err(e) = builder
-                    .serve_connection_with_upgrades(TokioIo::new(tcp), svc)
-                    .await
-                {
-                    tracing::debug!(error = %e, "mock edge eyeball connection ended");
+                let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), svc);
+                tokio::select! {
+                    res = conn => {
+                        if let Err(e) = res {
+                            tracing::debug!(error = %e, "mock edge eyeball connection ended");
+                        }
+                    }
+                    _ = cancel.cancelled() => {}
                 }
             });
         }
