@@ -8,7 +8,10 @@
 //! for negative tests, and configurations can be pushed to connectors.
 //!
 //! Paths under `/__mock-edge/` on the HTTP listener are not forwarded; they
-//! are the mock's own admin API (see [`admin`]).
+//! are the mock's own admin API: `GET /__mock-edge/connections`,
+//! `PUT /__mock-edge/config?version=N` (JSON body, pushed to every serving
+//! connection) and `PUT /__mock-edge/registration-error?cause=TEXT` (empty
+//! cause: accept registrations again).
 
 mod admin;
 mod forward;

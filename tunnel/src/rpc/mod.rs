@@ -3,7 +3,7 @@
 //! mock edge runs.
 //!
 //! `capnp-rpc`'s `RpcSystem` is `!Send`, so every RPC session runs on one
-//! dedicated thread ([`LocalWorker`]) inside a `LocalSet`; callers talk to it
+//! dedicated thread (`LocalWorker`) inside a `LocalSet`; callers talk to it
 //! through channels. Request streams never touch that thread.
 
 pub(crate) mod control;
