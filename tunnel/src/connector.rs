@@ -541,9 +541,18 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
             Transport::Http2 => ProtocolLabel::Http2,
         };
         let attempt = u8::try_from(backoff.retries()).unwrap_or(u8::MAX);
+        let span = tracing::info_span!("attempt", protocol = label.as_str(), edge = %addr);
         let result = match transport {
-            Transport::Quic => crate::quic::connect(&shared, idx, addr, attempt).await,
-            Transport::Http2 => crate::http2::connect(&shared, idx, addr, attempt).await,
+            Transport::Quic => {
+                crate::quic::connect(&shared, idx, addr, attempt)
+                    .instrument(span)
+                    .await
+            }
+            Transport::Http2 => {
+                crate::http2::connect(&shared, idx, addr, attempt)
+                    .instrument(span)
+                    .await
+            }
         };
         match result {
             Ok(Ended::Stopped) => return,
