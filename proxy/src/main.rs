@@ -21,11 +21,17 @@ fn main() -> std::process::ExitCode {
         eprintln!("error: {e}");
         return std::process::ExitCode::from(2);
     }
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    // One worker: a current-thread runtime, which skips the work-stealing machinery entirely.
+    let mut runtime = match args.worker_threads.map(|n| n.get()) {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
     runtime.enable_all();
-    if let Some(n) = args.worker_threads {
-        runtime.worker_threads(n.get());
-    }
     let runtime = match runtime.build() {
         Ok(rt) => rt,
         Err(e) => {
