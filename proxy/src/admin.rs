@@ -214,7 +214,8 @@ impl Admin {
                 return json_error(StatusCode::BAD_REQUEST, format!("reading body: {e}"));
             }
         };
-        let doc: cftunnel_config::Config = match serde_json::from_slice(&body) {
+        let mut de = serde_json::Deserializer::from_slice(&body);
+        let doc: cftunnel_config::Config = match serde_path_to_error::deserialize(&mut de) {
             Ok(d) => d,
             Err(e) => {
                 self.reloader.proxy().metrics().reload("rejected");

@@ -177,3 +177,74 @@ impl<B: Body<Data = Bytes>> Body for Counted<B> {
         self.inner.size_hint()
     }
 }
+
+pin_project_lite::pin_project! {
+    /// Carries a sender that closes when the body is dropped, which clients do once the body
+    /// has been sent; the forwarder starts its response-head timeout then.
+    pub struct Notify<B> {
+        #[pin]
+        inner: B,
+        _sent: tokio::sync::oneshot::Sender<()>,
+    }
+}
+
+impl<B> Notify<B> {
+    pub fn new(inner: B, sent: tokio::sync::oneshot::Sender<()>) -> Self {
+        Self { inner, _sent: sent }
+    }
+}
+
+impl<B: Body<Data = Bytes>> Body for Notify<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// Frames already read from a body, then the rest of it.
+    pub struct Prefixed<B> {
+        prefix: std::collections::VecDeque<Frame<Bytes>>,
+        #[pin]
+        inner: B,
+    }
+}
+
+impl<B> Prefixed<B> {
+    pub fn new(prefix: std::collections::VecDeque<Frame<Bytes>>, inner: B) -> Self {
+        Self { prefix, inner }
+    }
+}
+
+impl<B: Body<Data = Bytes>> Body for Prefixed<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        if let Some(frame) = this.prefix.pop_front() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        this.inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.prefix.is_empty() && self.inner.is_end_stream()
+    }
+}

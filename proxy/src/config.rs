@@ -33,7 +33,11 @@ pub struct Reloader {
 
 #[derive(Debug, Default)]
 struct State {
+    /// Version of the document being served (0 after an unversioned push).
     version: i64,
+    /// Highest versioned push applied: what a stale push is measured against, so an
+    /// unversioned push in between does not let an old versioned one back in.
+    floor: i64,
     cache: Cache,
 }
 
@@ -63,11 +67,11 @@ impl Reloader {
     /// version 0 is always accepted.
     pub async fn apply(&self, doc: Config) -> Result<i64, ConfigError> {
         let mut state = self.state.lock().await;
-        if doc.version > 0 && doc.version < state.version {
+        if doc.version > 0 && doc.version < state.floor {
             self.proxy.metrics().reload("stale");
             return Err(ConfigError::Stale {
                 pushed: doc.version,
-                current: state.version,
+                current: state.floor,
             });
         }
         let metrics = self.proxy.metrics().clone();
@@ -94,6 +98,7 @@ impl Reloader {
                 let rules = routes.rule_count();
                 self.proxy.swap(routes);
                 state.version = version;
+                state.floor = state.floor.max(version);
                 self.proxy.metrics().reload("success");
                 tracing::info!(version, rules, "config applied");
                 Ok(version)

@@ -213,12 +213,24 @@ impl Upstream {
     }
 
     /// One try: sends the request and waits for the response head, bounded by `timeout`.
+    ///
+    /// With `body_sent`, the timeout starts once the request body has been handed over (the
+    /// channel closes when the client drops the body), so a long upload is not cut short: the
+    /// timeout bounds the backend's think time, as Go's `ResponseHeaderTimeout` does.
     pub async fn send(
         &self,
         req: Request<ProxyBody>,
         timeout: Option<Duration>,
+        body_sent: Option<tokio::sync::oneshot::Receiver<()>>,
     ) -> Result<Response<Incoming>, ForwardError> {
         let fut = self.client().request(req);
+        tokio::pin!(fut);
+        if let (Some(sent), Some(_)) = (body_sent, timeout) {
+            tokio::select! {
+                res = &mut fut => return res.map_err(ForwardError::from_client),
+                _ = sent => {}
+            }
+        }
         let res = match timeout {
             Some(t) => tokio::time::timeout(t, fut)
                 .await

@@ -185,10 +185,16 @@ impl Server {
     /// Drains: readiness off, the data listener closed (new connections are refused), open
     /// connections closed after their current request; waits up to the grace period for
     /// in-flight requests. Returns whether everything finished in time.
-    pub async fn shutdown(mut self) -> bool {
+    pub async fn shutdown(self) -> bool {
+        let deadline = tokio::time::Instant::now() + self.grace;
+        self.shutdown_by(deadline).await
+    }
+
+    /// As [`Server::shutdown`], with the drain bounded by `deadline` instead of the grace
+    /// period from now (the caller may have spent part of it draining the tunnel).
+    pub async fn shutdown_by(mut self, deadline: tokio::time::Instant) -> bool {
         self.begin_drain();
         let _ = self.stop.send(true);
-        let deadline = tokio::time::Instant::now() + self.grace;
         let mut clean = true;
         if let Some(task) = self.data_task.take() {
             if let Ok(graceful) = task.await {

@@ -118,6 +118,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let mut signals = Signals::new()?;
     signals.next().await;
     tracing::info!(grace = ?args.grace_period.0, "draining");
+    // One deadline for the whole drain: unregistering, in-flight requests, connections.
+    let deadline = tokio::time::Instant::now() + args.grace_period.0;
     server.begin_drain();
     // A second signal ends the process at once.
     tokio::spawn(async move {
@@ -127,9 +129,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
     });
     if let Some(tunnel) = &tunnel {
         // The edge stops sending new requests here; in-flight ones get the grace period.
-        tunnel.drain().await;
+        if tokio::time::timeout_at(deadline, tunnel.drain())
+            .await
+            .is_err()
+        {
+            tracing::warn!("grace period over before the tunnel connections drained");
+        }
     }
-    if !server.shutdown().await {
+    if !server.shutdown_by(deadline).await {
         tracing::warn!("grace period over with requests still in flight");
     }
     tracing::info!("drained");

@@ -15,7 +15,7 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
-use http_body::Body;
+use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -245,6 +245,28 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
+        // The host routed on is the host the backend sees: an absolute-form target or an
+        // HTTP/2 `:authority` wins over a `Host` header (RFC 9112 §3.2.2).
+        if let Some(authority) = parts.uri.authority() {
+            if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
+                parts.headers.insert(header::HOST, v);
+            }
+        }
+        if parts.uri.path() != "*" {
+            if let Some(normal) = normalize_path(parts.uri.path()) {
+                let pq = match parts.uri.query() {
+                    Some(q) => format!("{normal}?{q}"),
+                    None => normal,
+                };
+                let mut uri = std::mem::take(&mut parts.uri).into_parts();
+                uri.path_and_query =
+                    Some(http::uri::PathAndQuery::try_from(pq).map_err(|_| {
+                        ProxyError::BadRequest("request path cannot be normalised\n")
+                    })?);
+                parts.uri = Uri::from_parts(uri)
+                    .map_err(|_| ProxyError::BadRequest("request path cannot be normalised\n"))?;
+            }
+        }
         let host = request_host(&parts);
         if let Some(log) = completion.log.as_mut() {
             log.host = host.to_string();
@@ -304,7 +326,15 @@ impl Proxy {
         let replay_needed = rule.retry.is_some()
             || !rule.filters.mirrors.is_empty()
             || !backend.filters.mirrors.is_empty();
-        let body = Payload::read(counted, replay_needed).await?;
+        // The request timeout bounds reading a buffered body too.
+        let deadline = rule.request_timeout.map(|t| Instant::now() + t);
+        let read = Payload::read(counted, replay_needed);
+        let body = match deadline {
+            Some(at) => tokio::time::timeout_at(at, read)
+                .await
+                .map_err(|_| ProxyError::RequestTimeout)??,
+            None => read.await?,
+        };
 
         if let Some(bytes) = body.replayable() {
             for mirror in rule
@@ -320,8 +350,8 @@ impl Proxy {
         }
 
         let exchange = self.exchange(rule, backend, upstream, parts, body, host_metrics);
-        let mut response = match rule.request_timeout {
-            Some(limit) => tokio::time::timeout(limit, exchange)
+        let mut response = match deadline {
+            Some(at) => tokio::time::timeout_at(at, exchange)
                 .await
                 .map_err(|_| ProxyError::RequestTimeout)??,
             None => exchange.await?,
@@ -364,6 +394,7 @@ impl Proxy {
             (Some(r), Payload::Replayable(_)) => (r.attempts, r.backoff),
             _ => (0, Duration::ZERO),
         };
+        let mut body_sent = None;
         let mut body = Some(body);
         let mut target = upstream.clone();
         let mut tries = 0u32;
@@ -371,6 +402,10 @@ impl Proxy {
             let try_body = match body.as_ref() {
                 Some(Payload::Replayable(bytes)) if tries < attempts => body::full(bytes.clone()),
                 _ => match body.take() {
+                    Some(Payload::Stream(b, sent)) => {
+                        body_sent = Some(sent);
+                        b
+                    }
                     Some(p) => p.into_body(),
                     None => return Err(ProxyError::NoBackend),
                 },
@@ -382,21 +417,20 @@ impl Proxy {
                 parts.headers.clone()
             };
             let req = upstream_request(&parts, headers, &target, try_body)?;
-            let result = target.send(req, Some(per_try)).await;
+            let result = target.send(req, Some(per_try), body_sent.take()).await;
             let retryable = match &result {
                 Ok(resp) => rule
                     .retry
                     .as_ref()
                     .is_some_and(|r| r.codes.contains(&resp.status().as_u16())),
-                Err(e) => {
-                    if tries < attempts {
-                        host_metrics.backend_error(e.label()).inc();
-                    }
-                    e.is_retryable()
-                }
+                Err(e) => e.is_retryable(),
             };
             if !retryable || tries >= attempts {
                 return result.map_err(ProxyError::from);
+            }
+            // A failed try that is retried is counted here; the final one where it is answered.
+            if let Err(e) = &result {
+                host_metrics.backend_error(e.label()).inc();
             }
             tries += 1;
             if !backoff.is_zero() {
@@ -437,7 +471,7 @@ impl Proxy {
         let upstream = upstream.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            match upstream.send(req, Some(MIRROR_TIMEOUT)).await {
+            match upstream.send(req, Some(MIRROR_TIMEOUT), None).await {
                 Ok(resp) => {
                     let _ = tokio::time::timeout(MIRROR_TIMEOUT, resp.into_body().collect()).await;
                 }
@@ -578,8 +612,8 @@ fn answer_locally(
 enum Payload {
     /// Buffered (or empty): can be sent more than once.
     Replayable(Bytes),
-    /// Streamed: one try only.
-    Stream(ProxyBody),
+    /// Streamed: one try only. The receiver closes once the body has been sent.
+    Stream(ProxyBody, tokio::sync::oneshot::Receiver<()>),
 }
 
 impl Payload {
@@ -591,24 +625,62 @@ impl Payload {
         if body.is_end_stream() {
             return Ok(Self::Replayable(Bytes::new()));
         }
-        let small = body
-            .size_hint()
-            .upper()
-            .is_some_and(|n| n <= MAX_REPLAY_BODY);
-        if replay_needed && small {
+        let too_big = body.size_hint().upper().is_none_or(|n| n > MAX_REPLAY_BODY);
+        if !replay_needed || body.size_hint().lower() > MAX_REPLAY_BODY {
+            return Ok(Self::stream(body));
+        }
+        if !too_big {
             let collected = http_body_util::Limited::new(body, MAX_REPLAY_BODY as usize)
                 .collect()
                 .await
                 .map_err(|_| ProxyError::BadRequest("request body could not be read\n"))?;
             return Ok(Self::Replayable(collected.to_bytes()));
         }
-        Ok(Self::Stream(body::boxed(body)))
+        // Unknown length (chunked, HTTP/2 without content-length): read up to the cap; a body
+        // that ends within it is replayable, a longer one streams on with what was read first.
+        let mut body = Box::pin(body);
+        let mut prefix: std::collections::VecDeque<Frame<Bytes>> =
+            std::collections::VecDeque::new();
+        let mut total = 0u64;
+        loop {
+            match body.frame().await {
+                None => {
+                    let mut all = bytes::BytesMut::with_capacity(total as usize);
+                    for frame in prefix {
+                        if let Some(data) = frame.data_ref() {
+                            all.extend_from_slice(data);
+                        }
+                    }
+                    return Ok(Self::Replayable(all.freeze()));
+                }
+                Some(Err(_)) => {
+                    return Err(ProxyError::BadRequest("request body could not be read\n"))
+                }
+                Some(Ok(frame)) => {
+                    let trailers = frame.is_trailers();
+                    total += frame.data_ref().map_or(0, |d| d.len() as u64);
+                    prefix.push_back(frame);
+                    if trailers || total > MAX_REPLAY_BODY {
+                        return Ok(Self::stream(body::Prefixed::new(prefix, body)));
+                    }
+                }
+            }
+        }
+    }
+
+    fn stream<B>(body: B) -> Self
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let (sent, sent_rx) = tokio::sync::oneshot::channel();
+        Self::Stream(body::boxed(body::Notify::new(body, sent)), sent_rx)
     }
 
     fn replayable(&self) -> Option<&Bytes> {
         match self {
             Self::Replayable(b) => Some(b),
-            Self::Stream(_) => None,
+            Self::Stream(..) => None,
         }
     }
 
@@ -616,7 +688,7 @@ impl Payload {
         match self {
             Self::Replayable(b) if b.is_empty() => crate::forward::empty_body(),
             Self::Replayable(b) => body::full(b),
-            Self::Stream(b) => b,
+            Self::Stream(b, _) => b,
         }
     }
 }
@@ -628,40 +700,69 @@ fn upstream_request(
     upstream: &Upstream,
     body: ProxyBody,
 ) -> Result<Request<ProxyBody>, ProxyError> {
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| parts.uri.authority().map(|a| a.as_str()));
-    let authority = host
-        .and_then(|h| http::uri::Authority::try_from(h).ok())
-        .unwrap_or_else(|| upstream.authority().clone());
-    let pq = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let path_and_query: Cow<'_, str> = match upstream.base_path() {
-        Some(base) => Cow::Owned(format!("{base}{pq}")),
-        None => Cow::Borrowed(pq),
+    let bad = || ProxyError::BadRequest("request target cannot be forwarded\n");
+    let path_and_query = match (upstream.base_path(), parts.uri.path_and_query()) {
+        (None, Some(pq)) => pq.clone(),
+        (None, None) => http::uri::PathAndQuery::from_static("/"),
+        (Some(base), pq) => {
+            let pq = pq.map_or("/", |pq| pq.as_str());
+            http::uri::PathAndQuery::try_from(format!("{base}{pq}")).map_err(|_| bad())?
+        }
     };
-    let uri = Uri::builder()
-        .scheme(upstream.scheme().clone())
-        .authority(authority.clone())
-        .path_and_query(&*path_and_query)
-        .build()
-        .map_err(|_| ProxyError::BadRequest("request target cannot be forwarded\n"))?;
+    // The URI authority keys the connection pool, so it is always the backend's own: varying
+    // `Host` must not let a client open new backend connections. The client's host travels in
+    // the `Host` header, which `route` has made consistent with what was routed on.
+    let mut uri = http::uri::Parts::default();
+    uri.scheme = Some(upstream.scheme().clone());
+    uri.authority = Some(upstream.authority().clone());
+    uri.path_and_query = Some(path_and_query);
+    let uri = Uri::from_parts(uri).map_err(|_| bad())?;
     let mut req = Request::new(body);
     *req.method_mut() = parts.method.clone();
     *req.uri_mut() = uri;
     *req.headers_mut() = headers;
-    if upstream.is_h2() {
-        *req.version_mut() = Version::HTTP_2;
-        req.headers_mut().remove(header::HOST);
+    *req.version_mut() = if upstream.is_h2() {
+        Version::HTTP_2
     } else {
-        *req.version_mut() = Version::HTTP_11;
-        if !req.headers().contains_key(header::HOST) {
-            if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
-                req.headers_mut().insert(header::HOST, v);
-            }
+        Version::HTTP_11
+    };
+    if !req.headers().contains_key(header::HOST) {
+        if let Ok(v) = HeaderValue::from_str(upstream.authority().as_str()) {
+            req.headers_mut().insert(header::HOST, v);
         }
     }
     Ok(req)
+}
+
+/// Removes `.` and `..` segments and merges repeated slashes (RFC 3986 §5.2.4), so a rule on
+/// `/admin` cannot be sidestepped with `/x/../admin` or `//admin`. `None`: already normal.
+pub fn normalize_path(path: &str) -> Option<String> {
+    let needs = path.contains("//")
+        || path.split('/').any(|seg| seg == "." || seg == "..")
+        || !path.starts_with('/');
+    if !needs {
+        return None;
+    }
+    let mut out: Vec<&str> = Vec::new();
+    for seg in path.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            s => out.push(s),
+        }
+    }
+    let trailing = path.ends_with('/') || path.ends_with("/.") || path.ends_with("/..");
+    let mut normal = String::with_capacity(path.len());
+    for seg in &out {
+        normal.push('/');
+        normal.push_str(seg);
+    }
+    if normal.is_empty() || (trailing && !out.is_empty()) {
+        normal.push('/');
+    }
+    Some(normal)
 }
 
 /// The request's host for routing: `Host` (or `:authority`), port removed, lower-cased.
@@ -697,8 +798,12 @@ fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
+/// A WebSocket upgrade. Other protocols (`h2c`, ...) are never spliced: a raw tunnel past the
+/// router would carry later requests around routing and filters.
 fn is_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::UPGRADE)
+    headers
+        .get(header::UPGRADE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
         && headers.get_all(header::CONNECTION).iter().any(|v| {
             v.to_str().is_ok_and(|v| {
                 v.split(',')
@@ -753,9 +858,15 @@ fn prepare_forward_headers(headers: &mut HeaderMap, conn: ConnInfo, upgrade: boo
     }
     if let Some(peer) = conn.peer {
         let ip = peer.ip().to_string();
-        let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-            Some(prior) => format!("{prior}, {ip}"),
-            None => ip,
+        let prior: Vec<&str> = headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        let value = if prior.is_empty() {
+            ip
+        } else {
+            format!("{}, {ip}", prior.join(", "))
         };
         if let Ok(v) = HeaderValue::try_from(value) {
             headers.insert(X_FORWARDED_FOR.clone(), v);

@@ -407,7 +407,15 @@ fn compile_filters(
                     .hostname
                     .as_deref()
                     .map(|h| {
-                        HeaderValue::from_str(h).map_err(|_| {
+                        let invalid =
+                            |m: String| ConfigError::invalid(format!("{field}.hostname"), m);
+                        if h.contains('*') {
+                            return Err(invalid(format!(
+                                "{h:?}: a rewrite needs an exact hostname"
+                            )));
+                        }
+                        let h = hostname(h).map_err(invalid)?;
+                        HeaderValue::from_str(&h).map_err(|_| {
                             ConfigError::invalid(format!("{field}.hostname"), "not a valid host")
                         })
                     })

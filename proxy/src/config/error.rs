@@ -5,6 +5,7 @@ pub enum ConfigError {
     Invalid { field: String, message: String },
     #[error("stale version {pushed}: version {current} is already applied")]
     Stale { pushed: i64, current: i64 },
+    /// The document is not the config JSON; the message names the path (`rules[2].backends[0].weight`).
     #[error("invalid JSON: {0}")]
     Json(String),
     #[error("internal error: {0}")]

@@ -1,0 +1,226 @@
+//! End to end: the proxy does not let clients steer around its rules or exhaust backends.
+
+mod support;
+
+use bytes::Bytes;
+use http::StatusCode;
+use serde_json::json;
+use std::time::Duration;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+async fn raw(addr: std::net::SocketAddr, request: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(request.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test]
+async fn dot_segments_and_double_slashes_cannot_sidestep_a_rule() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let proxy = proxy().await;
+        let http = client();
+        push(&http, proxy.admin_addr(), &json!({"rules": [
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/admin"}}], "unavailableStatus": 403, "backends": []},
+            {"backends": [{"url": url(a.http_addr()), "weight": 1}]}
+        ]})).await;
+        let d = proxy.data_addr();
+        for path in ["/admin", "/x/../admin", "//admin", "/./admin/", "/x/%2e%2e/y/../../admin"] {
+            let r = raw(d, &format!("GET {path} HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n")).await;
+            if path.contains("%2e") {
+                // Encoded dots are not decoded: the path stays under /x/ and reaches the backend.
+                assert!(r.starts_with("HTTP/1.1 200"), "{path}: {r:?}");
+            } else {
+                assert!(r.starts_with("HTTP/1.1 403"), "{path} must hit the /admin rule: {:?}", r.get(..30));
+            }
+        }
+        let r = get(&http, d, "h", "/a//b/./c/../d?q=1", &[]).await;
+        assert_eq!(r.json()["path"], "/a/b/d?q=1", "the backend sees the normalised path");
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn only_websocket_upgrades_are_spliced_and_absolute_form_hosts_are_consistent() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let (a, b) = (echo("svc-a-1").await, echo("svc-b-1").await);
+        let proxy = proxy().await;
+        let http = client();
+        push(&http, proxy.admin_addr(), &json!({"rules": [
+            {"hostnames": ["a.example"], "backends": [{"url": url(a.http_addr()), "weight": 1}]},
+            {"hostnames": ["b.example"], "backends": [{"url": url(b.http_addr()), "weight": 1}]}
+        ]})).await;
+        let d = proxy.data_addr();
+        let r = get(
+            &http,
+            d,
+            "a.example",
+            "/",
+            &[
+                ("connection", "upgrade"),
+                ("upgrade", "h2c"),
+                ("http2-settings", "AAMAAABkAAQAAP__"),
+            ],
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(
+            r.seen_header("Upgrade"),
+            None,
+            "an h2c upgrade is not passed on"
+        );
+        assert_eq!(r.seen_header("Connection"), None);
+
+        let r = raw(
+            d,
+            "GET http://a.example/abs HTTP/1.1\r\nhost: b.example\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        let body = r.split("\r\n\r\n").nth(1).unwrap_or_default();
+        let seen: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        assert_eq!(
+            seen["pod"], "svc-a-1",
+            "routed by the request target's authority"
+        );
+        assert_eq!(
+            seen["host"], "a.example",
+            "and the backend sees that same host"
+        );
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn varying_the_host_does_not_open_new_backend_connections() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let proxy = proxy().await;
+        let http = client();
+        push(
+            &http,
+            proxy.admin_addr(),
+            &json!({"rules": [{"backends": [{"url": url(a.http_addr()), "weight": 1}]}]}),
+        )
+        .await;
+        let d = proxy.data_addr();
+        for i in 0..20 {
+            assert_eq!(
+                get(
+                    &http,
+                    d,
+                    &format!("h{i}.example:{}", 1000 + i),
+                    "/pool",
+                    &[]
+                )
+                .await
+                .status,
+                StatusCode::OK
+            );
+        }
+        let peers: std::collections::HashSet<String> = a
+            .log_lines()
+            .iter()
+            .filter_map(|l| l.rsplit_once('(').map(|(_, p)| p.to_owned()))
+            .collect();
+        assert_eq!(
+            peers.len(),
+            1,
+            "sequential requests share one pooled connection: {peers:?}"
+        );
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn streamed_uploads_outlast_the_backend_timeout_and_chunked_bodies_are_retried() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let proxy = proxy().await;
+        let http = client();
+        push(&http, proxy.admin_addr(), &json!({"rules": [
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/upload"}}], "timeouts": {"backend": "300ms"},
+             "backends": [{"url": url(a.http_addr()), "weight": 1}]},
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/retry"}}], "retry": {"codes": [500], "attempts": 2},
+             "backends": [{"url": url(a.http_addr()), "weight": 1}]}
+        ]})).await;
+        let d = proxy.data_addr();
+
+        // 1 s of chunked upload against a 300 ms backend timeout.
+        let mut s = tokio::net::TcpStream::connect(d).await.expect("connect");
+        s.write_all(b"POST /upload HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n").await.expect("head");
+        for _ in 0..5 {
+            s.write_all(b"4\r\ndata\r\n").await.expect("chunk");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        s.write_all(b"0\r\n\r\n").await.expect("end");
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+        let out = String::from_utf8_lossy(&out);
+        assert!(out.starts_with("HTTP/1.1 200"), "the timeout starts after the upload: {:?}", out.get(..40));
+
+        // A chunked body of unknown length is buffered and replayed on retry.
+        let r = raw(d, "POST /retry/x?responseCode=500&succeedAfter=1&uuid=chunked HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 200"), "{:?}", r.get(..40));
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn forwarding_headers_keep_every_earlier_hop() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let proxy = proxy().await;
+        let http = client();
+        push(&http, proxy.admin_addr(), &json!({"rules": [{"backends": [{"url": url(a.http_addr()), "weight": 1}]}]})).await;
+        let r = raw(proxy.data_addr(), "GET /xff HTTP/1.1\r\nhost: h\r\nx-forwarded-for: 10.0.0.1\r\nx-forwarded-for: 10.0.0.2\r\nx-forwarded-proto: https\r\nconnection: close\r\n\r\n").await;
+        let body = r.split("\r\n\r\n").nth(1).unwrap_or_default();
+        let seen: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        assert_eq!(seen["headers"]["X-Forwarded-For"], json!(["10.0.0.1, 10.0.0.2, 127.0.0.1"]));
+        assert_eq!(seen["headers"]["X-Forwarded-Proto"], json!(["http"]), "a client cannot claim https");
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn versions_are_measured_against_the_last_versioned_push_and_json_errors_name_the_field() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let proxy = proxy().await;
+        let http = client();
+        let admin = proxy.admin_addr();
+        assert_eq!(push(&http, admin, &json!({"version": 7, "rules": []})).await.status, StatusCode::OK);
+        assert_eq!(push(&http, admin, &json!({"version": 0, "rules": []})).await.status, StatusCode::OK);
+        assert_eq!(push(&http, admin, &json!({"version": 6, "rules": []})).await.status, StatusCode::CONFLICT);
+        assert_eq!(push(&http, admin, &json!({"version": 7, "rules": []})).await.status, StatusCode::OK, "equal is re-applied");
+        let r = push_raw(&http, admin, Some(TOKEN), "application/json", Bytes::from_static(br#"{"rules":[{"backends":[{"url":"http://x","weight":"heavy"}]}]}"#)).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST);
+        assert!(r.json()["error"].as_str().unwrap_or_default().contains("rules[0].backends[0].weight"), "{:?}", r.body);
+        let r = push(&http, admin, &json!({"rules": [{"filters": [{"type": "URLRewrite", "urlRewrite": {"hostname": "bad host"}}], "backends": []}]})).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[test]
+fn normalisation_follows_rfc_3986() {
+    use cftunnel_proxy::proxy::normalize_path;
+    assert_eq!(normalize_path("/a/b"), None);
+    assert_eq!(normalize_path("/a/./b").as_deref(), Some("/a/b"));
+    assert_eq!(normalize_path("/a/../b").as_deref(), Some("/b"));
+    assert_eq!(
+        normalize_path("/../../b").as_deref(),
+        Some("/b"),
+        "never above the root"
+    );
+    assert_eq!(normalize_path("//a///b/").as_deref(), Some("/a/b/"));
+    assert_eq!(normalize_path("/a/b/..").as_deref(), Some("/a/"));
+    assert_eq!(normalize_path("/..").as_deref(), Some("/"));
+}
