@@ -281,14 +281,8 @@ async fn tls_backends_verify_against_the_configured_ca_and_names() {
 async fn in_flight_gauge_rises_and_falls_with_concurrent_requests() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let a = echo("svc-a-1").await;
-        let proxy = proxy().await;
         let http = client();
-        push(
-            &http,
-            proxy.admin_addr(),
-            &json!({"rules": [{"backends": [{"url": url(a.http_addr()), "weight": 1}]}]}),
-        )
-        .await;
+        let proxy = proxy_to(&http, a.http_addr()).await;
         let d = proxy.data_addr();
         let admin = proxy.admin_addr();
         let gauge = "cftunnel_proxy_requests_in_flight";
@@ -321,14 +315,6 @@ async fn in_flight_gauge_rises_and_falls_with_concurrent_requests() {
     .expect("test finished in time");
 }
 
-async fn raw_exchange(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(bytes).await.expect("write");
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[tokio::test]
 async fn abusive_clients_get_4xx_and_slow_ones_are_cut_off() {
     tokio::time::timeout(TEST_TIMEOUT, async {
@@ -351,20 +337,20 @@ async fn abusive_clients_get_4xx_and_slow_ones_are_cut_off() {
         .await;
         let d = proxy.data_addr();
 
-        let garbage = raw_exchange(d, b"THIS IS NOT HTTP\r\n\r\n").await;
+        let garbage = raw(d, b"THIS IS NOT HTTP\r\n\r\n").await;
         assert!(garbage.starts_with("HTTP/1.1 400"), "{garbage:?}");
         let mut many = String::from("GET / HTTP/1.1\r\nhost: h\r\n");
         for i in 0..150 {
             many.push_str(&format!("x-h{i}: v\r\n"));
         }
         many.push_str("\r\n");
-        let r = raw_exchange(d, many.as_bytes()).await;
+        let r = raw(d, many.as_bytes()).await;
         assert!(r.starts_with("HTTP/1.1 431"), "too many headers: {r:?}");
         let huge = format!(
             "GET / HTTP/1.1\r\nhost: h\r\nx-big: {}\r\n\r\n",
             "a".repeat(100 * 1024)
         );
-        let r = raw_exchange(d, huge.as_bytes()).await;
+        let r = raw(d, huge.as_bytes()).await;
         assert!(
             r.starts_with("HTTP/1.1 431"),
             "oversized head: {:?}",

@@ -6,13 +6,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::*;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 #[tokio::test]
 async fn sigterm_refuses_new_connections_finishes_in_flight_requests_and_exits_zero() {
     tokio::time::timeout(TEST_TIMEOUT, async {

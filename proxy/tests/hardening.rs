@@ -9,14 +9,6 @@ use std::time::Duration;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-async fn raw(addr: std::net::SocketAddr, request: &str) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(request.as_bytes()).await.expect("write");
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[tokio::test]
 async fn dot_segments_and_double_slashes_cannot_sidestep_a_rule() {
     tokio::time::timeout(TEST_TIMEOUT, async {
@@ -29,7 +21,7 @@ async fn dot_segments_and_double_slashes_cannot_sidestep_a_rule() {
         ]})).await;
         let d = proxy.data_addr();
         for path in ["/admin", "/x/../admin", "//admin", "/./admin/", "/x/%2e%2e/y/../../admin"] {
-            let r = raw(d, &format!("GET {path} HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n")).await;
+            let r = raw(d, format!("GET {path} HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n").as_bytes()).await;
             if path.contains("%2e") {
                 // Encoded dots are not decoded: the path stays under /x/ and reaches the backend.
                 assert!(r.starts_with("HTTP/1.1 200"), "{path}: {r:?}");
@@ -77,7 +69,7 @@ async fn only_websocket_upgrades_are_spliced_and_absolute_form_hosts_are_consist
 
         let r = raw(
             d,
-            "GET http://a.example/abs HTTP/1.1\r\nhost: b.example\r\nconnection: close\r\n\r\n",
+            b"GET http://a.example/abs HTTP/1.1\r\nhost: b.example\r\nconnection: close\r\n\r\n",
         )
         .await;
         let body = r.split("\r\n\r\n").nth(1).unwrap_or_default();
@@ -99,14 +91,8 @@ async fn only_websocket_upgrades_are_spliced_and_absolute_form_hosts_are_consist
 async fn varying_the_host_does_not_open_new_backend_connections() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let a = echo("svc-a-1").await;
-        let proxy = proxy().await;
         let http = client();
-        push(
-            &http,
-            proxy.admin_addr(),
-            &json!({"rules": [{"backends": [{"url": url(a.http_addr()), "weight": 1}]}]}),
-        )
-        .await;
+        let proxy = proxy_to(&http, a.http_addr()).await;
         let d = proxy.data_addr();
         for i in 0..20 {
             assert_eq!(
@@ -165,7 +151,7 @@ async fn streamed_uploads_outlast_the_backend_timeout_and_chunked_bodies_are_ret
         assert!(out.starts_with("HTTP/1.1 200"), "the timeout starts after the upload: {:?}", out.get(..40));
 
         // A chunked body of unknown length is buffered and replayed on retry.
-        let r = raw(d, "POST /retry/x?responseCode=500&succeedAfter=1&uuid=chunked HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n").await;
+        let r = raw(d, b"POST /retry/x?responseCode=500&succeedAfter=1&uuid=chunked HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n").await;
         assert!(r.starts_with("HTTP/1.1 200"), "{:?}", r.get(..40));
     })
     .await
@@ -179,7 +165,7 @@ async fn forwarding_headers_keep_every_earlier_hop() {
         let proxy = proxy().await;
         let http = client();
         push(&http, proxy.admin_addr(), &json!({"rules": [{"backends": [{"url": url(a.http_addr()), "weight": 1}]}]})).await;
-        let r = raw(proxy.data_addr(), "GET /xff HTTP/1.1\r\nhost: h\r\nx-forwarded-for: 10.0.0.1\r\nx-forwarded-for: 10.0.0.2\r\nx-forwarded-proto: https\r\nconnection: close\r\n\r\n").await;
+        let r = raw(proxy.data_addr(), b"GET /xff HTTP/1.1\r\nhost: h\r\nx-forwarded-for: 10.0.0.1\r\nx-forwarded-for: 10.0.0.2\r\nx-forwarded-proto: https\r\nconnection: close\r\n\r\n").await;
         let body = r.split("\r\n\r\n").nth(1).unwrap_or_default();
         let seen: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
         assert_eq!(seen["headers"]["X-Forwarded-For"], json!(["10.0.0.1, 10.0.0.2, 127.0.0.1"]));

@@ -10,13 +10,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::*;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 async fn serve_through(protocol: &str) {
     let a = echo("svc-a-1").await;
     let edge = MockEdge::start().await.expect("mock edge starts");

@@ -163,3 +163,32 @@ pub async fn metric(client: &TestClient, admin: SocketAddr, series: &str) -> Opt
             .and_then(|v| v.trim().parse().ok())
     })
 }
+
+/// A proxy serving one host-less rule to `backend`.
+pub async fn proxy_to(http: &TestClient, backend: SocketAddr) -> Server {
+    let proxy = proxy().await;
+    let doc = serde_json::json!({"rules": [{"backends": [{"url": url(backend), "weight": 1}]}]});
+    assert_eq!(
+        push(http, proxy.admin_addr(), &doc).await.status,
+        StatusCode::OK
+    );
+    proxy
+}
+
+/// Writes raw bytes on a fresh connection and reads until the peer closes (or 5 s pass).
+pub async fn raw(addr: SocketAddr, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(request).await.expect("write");
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A port nothing listens on right now, for a child process to bind.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
