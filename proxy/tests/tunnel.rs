@@ -10,6 +10,122 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::*;
 
+/// Starts a proxy binary in tunnel mode against `edge`; returns it and its admin address.
+async fn tunnel_proxy(
+    edge: &MockEdge,
+    dir: &std::path::Path,
+    token: &str,
+    protocol: &str,
+    backend: std::net::SocketAddr,
+) -> (std::process::Child, std::net::SocketAddr) {
+    let ca = dir.join("edge-ca.pem");
+    edge.write_ca_pem(&ca).await.expect("CA written");
+    let config = dir.join("config.json");
+    let doc = serde_json::json!({"version": 1, "rules": [
+        {"hostnames": ["app.example.com"], "backends": [{"url": url(backend), "weight": 1, "websocket": true}]}
+    ]});
+    std::fs::write(&config, doc.to_string()).expect("write config");
+    let admin_port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
+        .env("TUNNEL_TOKEN", token)
+        .env("TUNNEL_EDGE", edge.edge_addr().to_string())
+        .env("TUNNEL_CACERT", &ca)
+        .env("PROXY_TUNNEL_PROTOCOL", protocol)
+        .env("PROXY_CONFIG_ADDR", format!("127.0.0.1:{admin_port}"))
+        .env("PROXY_AUTH_TOKEN", TOKEN)
+        .env("PROXY_GRACE_PERIOD", "5s")
+        .arg("--config-file")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("proxy binary starts");
+    let admin: std::net::SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
+    let http = client();
+    let ready_by = Instant::now() + Duration::from_secs(20);
+    loop {
+        let up = tokio::net::TcpStream::connect(admin).await.is_ok();
+        if up && get(&http, admin, "a", "/readyz", &[]).await.status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < ready_by,
+            "{protocol}: ready once a tunnel connection is registered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (child, admin)
+}
+
+async fn wait_exit(child: &mut std::process::Child, within: Duration) -> Option<i32> {
+    let exit_by = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status.code();
+        }
+        assert!(Instant::now() < exit_by, "exits after the drain");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn rolling_restart_under_load_fails_no_request() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let edge = MockEdge::start().await.expect("mock edge starts");
+        let token =
+            cftunnel_tunnel::Token::new("account", vec![7u8; 32], uuid::Uuid::new_v4()).encode();
+        let dir = std::env::temp_dir().join(format!("cftunnel-rolling-{}", std::process::id()));
+        let (d1, d2) = (dir.join("one"), dir.join("two"));
+        std::fs::create_dir_all(&d1).expect("dir");
+        std::fs::create_dir_all(&d2).expect("dir");
+        let (mut first, _) = tunnel_proxy(&edge, &d1, &token, "quic", a.http_addr()).await;
+        let (mut second, _) = tunnel_proxy(&edge, &d2, &token, "quic", a.http_addr()).await;
+        edge.wait_serving(2).await;
+
+        let entry = edge.http_addr();
+        let load: Vec<_> = (0..16)
+            .map(|_| {
+                tokio::spawn(async move {
+                    let http = client();
+                    let mut failed = Vec::new();
+                    for _ in 0..40 {
+                        let r = get(&http, entry, "app.example.com", "/roll?delay=20ms", &[]).await;
+                        if r.status != 200 {
+                            failed.push(r.status);
+                        }
+                    }
+                    failed
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let killed = Command::new("kill")
+            .arg("-TERM")
+            .arg(first.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(killed.success());
+        let mut failed = Vec::new();
+        for task in load {
+            failed.extend(task.await.expect("load task"));
+        }
+        assert!(
+            failed.is_empty(),
+            "{} requests failed during the restart: {failed:?}",
+            failed.len()
+        );
+        assert_eq!(
+            wait_exit(&mut first, Duration::from_secs(15)).await,
+            Some(0)
+        );
+        let _ = second.kill();
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await
+    .expect("test finished in time");
+}
+
 async fn serve_through(protocol: &str) {
     let a = echo("svc-a-1").await;
     let edge = MockEdge::start().await.expect("mock edge starts");
