@@ -172,8 +172,9 @@ impl Proxy {
     /// Swaps in a new table; requests already running keep theirs.
     pub fn swap(&self, routes: Routes) {
         self.shared.metrics.config_version.set(routes.version);
-        self.shared.routes.store(Arc::new(routes));
+        let old = self.shared.routes.swap(Arc::new(routes));
         self.shared.loaded.store(true, Ordering::Release);
+        retire(old);
     }
 
     /// Serves one request. Never fails: every error becomes a response here.
@@ -512,6 +513,27 @@ impl Proxy {
             gauge.dec();
         });
     }
+}
+
+/// How long a retired table may wait for its last in-flight request before it is let go
+/// wherever that request ends.
+const RETIRE_WAIT: Duration = Duration::from_secs(300);
+
+/// Frees a replaced table off the request path. Freeing a large table takes milliseconds, and
+/// without this it would land on whichever request happened to hold the last reference.
+fn retire(old: Arc<Routes>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let until = Instant::now() + RETIRE_WAIT;
+        while Arc::strong_count(&old) > 1 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if Arc::strong_count(&old) == 1 {
+            let _ = tokio::task::spawn_blocking(move || drop(old)).await;
+        }
+    });
 }
 
 /// A byte stream after an HTTP upgrade.
