@@ -6,7 +6,8 @@
 //! generator and the echo backend share the others, and the proxy gets as many worker
 //! threads as nginx gets worker processes. The `direct` baseline therefore measures what the
 //! client side plus origin can do on their CPUs alone; the other scenarios add one hop on a
-//! CPU of its own.
+//! CPU of its own. In the tunnel scenarios the mock edge plays Cloudflare's network, so it
+//! runs with the load generator on `load_cpus`, and only the proxy is on `server_cpus`.
 
 pub mod load;
 pub mod process;
@@ -35,6 +36,8 @@ pub struct RunConfig {
     pub duration: Duration,
     pub warmup: Duration,
     pub connections: usize,
+    /// Total offered requests per second, paced over the connections; `None`: closed loop.
+    pub rate: Option<f64>,
     /// Times the whole scenario list is run; each scenario reports its median round.
     pub rounds: usize,
     /// Proxy worker threads and nginx worker processes.
@@ -42,13 +45,16 @@ pub struct RunConfig {
     /// Request target of the load, e.g. `/loadtest`.
     pub path: String,
     pub proxy_bin: PathBuf,
+    /// The `cftunnel-mock-edge` binary, for the tunnel scenarios.
+    pub edge_bin: PathBuf,
     /// The `cftunnel-echo` binary; when missing, the echo backend runs inside the harness.
     pub echo_bin: Option<PathBuf>,
     pub nginx_bin: Option<PathBuf>,
     /// CPUs for the server under test and for the echo backend; `None`: no pinning.
     pub server_cpus: Option<CpuList>,
     pub echo_cpus: Option<CpuList>,
-    /// Recorded in the report only: the harness pins itself before its runtime starts.
+    /// The harness pins itself to these before its runtime starts; the mock edge is pinned
+    /// to them too.
     pub load_cpus: Option<CpuList>,
     /// Keep the scratch directory (configs, logs) after the run.
     pub keep_scratch: bool,
@@ -157,6 +163,8 @@ pub async fn run(cfg: &RunConfig, progress: &dyn Fn(&str)) -> Result<Report, Run
         workers: cfg.workers,
         server_cpus: cfg.server_cpus.as_ref(),
         proxy_bin: &cfg.proxy_bin,
+        edge_bin: &cfg.edge_bin,
+        client_cpus: cfg.load_cpus.as_ref(),
         nginx_bin: cfg.nginx_bin.as_ref(),
         scratch: scratch.path(),
     };
@@ -202,6 +210,7 @@ fn settings(cfg: &RunConfig) -> Settings {
         duration_s: cfg.duration.as_secs_f64(),
         warmup_s: cfg.warmup.as_secs_f64(),
         connections: cfg.connections,
+        rate: cfg.rate,
         rounds: cfg.rounds.max(1),
         workers: cfg.workers,
         path: cfg.path.clone(),
@@ -230,6 +239,7 @@ async fn run_scenario(
         }
     };
     let pid = target.server.as_ref().and_then(ServerProcess::pid);
+    let edge_pid = target.helpers.first().and_then(ServerProcess::pid);
     match probe(target.addr, LOAD_HOST, &cfg.path).await {
         Ok(200) => {}
         other => {
@@ -250,12 +260,15 @@ async fn run_scenario(
         connections: cfg.connections,
         warmup: cfg.warmup,
         duration: cfg.duration,
+        rate: cfg.rate,
     };
-    let (load, cpu) = tokio::join!(
+    let (load, cpu, edge_cpu) = tokio::join!(
         load::run(&spec),
-        server_cpu_in_window(pid, cfg.warmup, cfg.duration)
+        server_cpu_in_window(pid, cfg.warmup, cfg.duration),
+        server_cpu_in_window(edge_pid, cfg.warmup, cfg.duration)
     );
     report.server_cpu = cpu.map(|cpu| ServerCpu::new(cpu, cfg.duration, load.requests));
+    report.edge_cpu = edge_cpu.map(|cpu| ServerCpu::new(cpu, cfg.duration, load.requests));
     report.load = Some(load);
     report.memory_after = read_memory(pid).await;
     report.outcome = Outcome::Ok;

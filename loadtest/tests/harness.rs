@@ -1,4 +1,5 @@
-//! The load harness end to end on the `direct` scenario, with the echo backend in-process.
+//! The load harness end to end on the `direct` scenario, with the echo backend in-process;
+//! the tunnel scenarios too when the proxy and mock edge binaries have been built.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,10 +14,12 @@ fn config(scenarios: Vec<Scenario>) -> RunConfig {
         duration: Duration::from_millis(400),
         warmup: Duration::from_millis(100),
         connections: 4,
+        rate: None,
         rounds: 1,
         workers: 1,
         path: "/loadtest".to_owned(),
         proxy_bin: PathBuf::from("/nonexistent/cftunnel-proxy"),
+        edge_bin: PathBuf::from("/nonexistent/cftunnel-mock-edge"),
         echo_bin: None,
         nginx_bin: None,
         server_cpus: None,
@@ -61,4 +64,87 @@ async fn missing_servers_are_skipped_with_a_reason() {
     let table = report.render_table();
     assert!(table.contains("cftunnel-proxy not found"), "{table}");
     assert!(table.contains("nginx is not installed"), "{table}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnel_scenarios_without_binaries_are_skipped_with_a_reason() {
+    let mut cfg = config(vec![Scenario::TunnelQuic, Scenario::TunnelHttp2]);
+    cfg.proxy_bin = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let report = tokio::time::timeout(Duration::from_secs(20), run(&cfg, &|_| {}))
+        .await
+        .expect("run finishes within its bound")
+        .expect("run starts");
+    assert_eq!(report.scenarios.len(), 2);
+    for r in &report.scenarios {
+        assert_eq!(r.outcome, Outcome::Skipped, "{:?}", r.scenario);
+    }
+    assert!(report.tunnel_overhead.is_empty());
+    let table = report.render_table();
+    assert!(table.contains("cftunnel-mock-edge not found"), "{table}");
+    assert!(table.contains("-p cftunnel-tunnel"), "{table}");
+}
+
+/// `cftunnel-proxy` and `cftunnel-mock-edge` from the workspace's target directory (release
+/// first); `None` when either has not been built.
+fn built_binaries() -> Option<(PathBuf, PathBuf)> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    ["release", "debug"].iter().find_map(|profile| {
+        let proxy = target.join(profile).join("cftunnel-proxy");
+        let edge = target.join(profile).join("cftunnel-mock-edge");
+        (proxy.is_file() && edge.is_file()).then_some((proxy, edge))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnel_scenarios_measure_the_proxy_behind_the_mock_edge() {
+    let Some((proxy_bin, edge_bin)) = built_binaries() else {
+        eprintln!(
+            "skipped: build cftunnel-proxy and cftunnel-mock-edge first \
+             (cargo build --release -p cftunnel-proxy -p cftunnel-tunnel)"
+        );
+        return;
+    };
+    let mut cfg = config(vec![
+        Scenario::Proxy,
+        Scenario::TunnelQuic,
+        Scenario::TunnelHttp2,
+    ]);
+    cfg.proxy_bin = proxy_bin;
+    cfg.edge_bin = edge_bin;
+    let report = tokio::time::timeout(Duration::from_secs(120), run(&cfg, &|_| {}))
+        .await
+        .expect("run finishes within its bound")
+        .expect("run starts");
+    for r in &report.scenarios {
+        assert_eq!(r.outcome, Outcome::Ok, "{:?}: {:?}", r.scenario, r.reason);
+        let load = r.load.as_ref().expect("measured");
+        assert!(load.requests > 0, "{:?}", r.scenario);
+        assert_eq!(load.errors, 0, "{:?}", r.scenario);
+        assert!(
+            r.memory_idle.is_some(),
+            "{:?}: the proxy's memory",
+            r.scenario
+        );
+        assert!(r.server_cpu.is_some(), "{:?}: the proxy's CPU", r.scenario);
+        assert_eq!(
+            r.edge_cpu.is_some(),
+            r.scenario.is_tunnel(),
+            "{:?}",
+            r.scenario
+        );
+    }
+    let names: Vec<&str> = report
+        .tunnel_overhead
+        .iter()
+        .map(|o| o.scenario.as_str())
+        .collect();
+    assert_eq!(names, ["tunnel-quic", "tunnel-http2"]);
+    assert!(report
+        .tunnel_overhead
+        .iter()
+        .all(|o| o.p50_ratio.is_some_and(|r| r > 0.0)));
+    let table = report.render_table();
+    assert!(table.contains("tunnel-quic/proxy"), "{table}");
 }

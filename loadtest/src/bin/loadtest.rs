@@ -1,5 +1,6 @@
 //! `cftunnel-loadtest`: requests/s, p50/p99 latency, errors and memory of the echo backend
-//! direct, through `cftunnel-proxy` and through nginx, in one run, with ratios.
+//! direct, through `cftunnel-proxy`, through the proxy behind the mock edge's QUIC or HTTP/2
+//! tunnel, and through nginx, in one run, with ratios.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,11 +13,15 @@ use cftunnel_loadtest::harness::scenario::Scenario;
 use cftunnel_loadtest::harness::{self, RunConfig};
 use clap::Parser;
 
-/// Load harness: echo backend direct vs. through cftunnel-proxy vs. through nginx.
+/// Load harness: echo backend direct vs. through cftunnel-proxy (standalone or behind the mock
+/// edge's tunnel) vs. through nginx.
 ///
 /// CPU pinning (defaults for a 2-CPU machine): the server under test (proxy or nginx) runs
 /// alone on --server-cpus; the load generator and the echo backend share --load-cpus and
-/// --echo-cpus. The proxy's worker threads equal nginx's worker processes (--workers).
+/// --echo-cpus, and the mock edge of the tunnel scenarios runs on --load-cpus. The proxy's
+/// worker threads equal nginx's worker processes (--workers).
+///
+/// All scenarios: --scenarios direct,proxy,tunnel-quic,tunnel-http2,nginx
 #[derive(Parser, Debug)]
 #[command(name = "cftunnel-loadtest", version)]
 struct Args {
@@ -37,6 +42,10 @@ struct Args {
     /// Concurrent keep-alive HTTP/1.1 connections, one request in flight on each.
     #[arg(long, default_value_t = 32)]
     connections: usize,
+    /// Offer this many requests per second in total, paced evenly over the connections, to
+    /// compare scenarios at equal load [default: unpaced closed loop].
+    #[arg(long)]
+    rate: Option<f64>,
     /// Run the scenario list this many times (interleaved); report each scenario's median
     /// round by req/s. Helps on a noisy machine.
     #[arg(long, default_value_t = 1)]
@@ -50,6 +59,9 @@ struct Args {
     /// cftunnel-proxy binary [default: next to this binary, i.e. target/release/cftunnel-proxy].
     #[arg(long)]
     proxy_bin: Option<PathBuf>,
+    /// cftunnel-mock-edge binary for the tunnel scenarios [default: next to --proxy-bin].
+    #[arg(long)]
+    edge_bin: Option<PathBuf>,
     /// cftunnel-echo binary [default: next to this binary]; if absent the echo backend runs
     /// inside the harness process.
     #[arg(long)]
@@ -57,7 +69,7 @@ struct Args {
     /// nginx binary [default: looked up on PATH and in /usr/sbin].
     #[arg(long)]
     nginx_bin: Option<PathBuf>,
-    /// CPUs of the load generator (this process).
+    /// CPUs of the load generator (this process) and of the mock edge.
     #[arg(long, default_value = "0")]
     load_cpus: CpuList,
     /// CPUs of the server under test (proxy, nginx).
@@ -87,10 +99,12 @@ fn main() -> anyhow::Result<()> {
         duration,
         warmup,
         connections,
+        rate,
         rounds,
         workers,
         path,
         proxy_bin,
+        edge_bin,
         echo_bin,
         nginx_bin,
         load_cpus,
@@ -106,6 +120,9 @@ fn main() -> anyhow::Result<()> {
     if connections == 0 || workers == 0 || rounds == 0 {
         bail!("--connections, --workers and --rounds must be at least 1");
     }
+    if rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
+        bail!("--rate must be a positive number of requests per second");
+    }
     let own_dir = std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(PathBuf::from));
@@ -113,6 +130,7 @@ fn main() -> anyhow::Result<()> {
     let proxy_bin = proxy_bin
         .or_else(|| sibling("cftunnel-proxy"))
         .unwrap_or_else(|| PathBuf::from("target/release/cftunnel-proxy"));
+    let edge_bin = edge_bin.unwrap_or_else(|| proxy_bin.with_file_name("cftunnel-mock-edge"));
     let echo_bin = echo_bin.or_else(|| sibling("cftunnel-echo"));
     let nginx_bin = nginx_bin.or_else(|| find_program("nginx"));
 
@@ -140,10 +158,12 @@ fn main() -> anyhow::Result<()> {
         duration,
         warmup,
         connections,
+        rate,
         rounds,
         workers,
         path,
         proxy_bin,
+        edge_bin,
         echo_bin,
         nginx_bin,
         server_cpus: pinned(server_cpus),

@@ -1,5 +1,7 @@
 //! The closed-loop load generator: N keep-alive HTTP/1.1 connections, each sending the next
 //! request as soon as the previous response body has been read, for a fixed duration.
+//! With a rate, each connection also waits for its turn in a fixed schedule, so scenarios
+//! can be compared at the same offered load.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -20,6 +22,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause after a failed connect, so a dead target does not spin the loop.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(20);
+/// Shorter pacing intervals than this are treated as unpaced (timer resolution).
+const MIN_PACING_INTERVAL: Duration = Duration::from_micros(10);
 /// Hard cap on requests per connection, a second bound next to the deadline.
 const MAX_REQUESTS_PER_CONNECTION: u64 = 100_000_000;
 
@@ -37,6 +41,28 @@ pub struct LoadSpec {
     pub warmup: Duration,
     /// Length of the measurement window.
     pub duration: Duration,
+    /// Total requests per second to offer, spread evenly over the connections; `None`:
+    /// unpaced closed loop. A connection whose answers come slower than its share sends the
+    /// next request at once and does not catch up later.
+    pub rate: Option<f64>,
+}
+
+/// Time between two requests on one connection when `rate` requests per second are spread
+/// over `connections`; `None` for no pacing (no rate, or a rate that is zero, negative, not
+/// finite, or too high to pace).
+pub fn pacing_interval(rate: Option<f64>, connections: usize) -> Option<Duration> {
+    let rate = rate.filter(|r| r.is_finite() && *r > 0.0)?;
+    let secs = connections.max(1) as f64 / rate;
+    let interval = Duration::try_from_secs_f64(secs).ok()?;
+    (interval >= MIN_PACING_INTERVAL).then_some(interval)
+}
+
+/// When connection `index` of `connections` sends its first request, after the run starts:
+/// the connections' schedules are staggered evenly over one interval.
+pub fn first_send_offset(index: usize, connections: usize, interval: Duration) -> Duration {
+    let n = u32::try_from(connections.max(1)).unwrap_or(u32::MAX);
+    let i = u32::try_from(index).unwrap_or(u32::MAX).min(n - 1);
+    interval / n * i
 }
 
 struct ConnectionResult {
@@ -51,10 +77,15 @@ pub async fn run(spec: &LoadSpec) -> LoadSummary {
     let start = Instant::now();
     let measure_from = start + spec.warmup;
     let end = measure_from + spec.duration;
+    let interval = pacing_interval(spec.rate, spec.connections);
     let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..spec.connections.max(1) {
+    for index in 0..spec.connections.max(1) {
         let spec = spec.clone();
-        tasks.spawn(async move { drive_connection(&spec, measure_from, end).await });
+        let schedule = interval.map(|iv| Schedule {
+            next: start + first_send_offset(index, spec.connections, iv),
+            interval: iv,
+        });
+        tasks.spawn(async move { drive_connection(&spec, schedule, measure_from, end).await });
     }
     let mut latencies = latency_histogram();
     let mut errors = 0;
@@ -84,8 +115,15 @@ async fn connect(target: SocketAddr) -> Option<SendRequest<Empty<Bytes>>> {
     Some(sender)
 }
 
+/// One connection's pacing: when it sends next, and how far apart its requests are.
+struct Schedule {
+    next: Instant,
+    interval: Duration,
+}
+
 async fn drive_connection(
     spec: &LoadSpec,
+    mut schedule: Option<Schedule>,
     measure_from: Instant,
     end: Instant,
 ) -> ConnectionResult {
@@ -104,9 +142,19 @@ async fn drive_connection(
     };
     let mut sender: Option<SendRequest<Empty<Bytes>>> = None;
     for _ in 0..MAX_REQUESTS_PER_CONNECTION {
+        if let Some(s) = &schedule {
+            if s.next >= end {
+                break;
+            }
+            tokio::time::sleep_until(s.next).await;
+        }
         let started = Instant::now();
         if started >= end {
             break;
+        }
+        if let Some(s) = &mut schedule {
+            // Late after a slow answer: send the next one at once, without a catch-up burst.
+            s.next = (s.next + s.interval).max(started);
         }
         let measuring = started >= measure_from;
         let mut conn = match sender.take() {
@@ -155,4 +203,56 @@ async fn drive_connection(
         }
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pacing_spreads_the_rate_over_the_connections() {
+        assert_eq!(
+            pacing_interval(Some(10_000.0), 32),
+            Some(Duration::from_micros(3200))
+        );
+        assert_eq!(
+            pacing_interval(Some(4.0), 1),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(
+            pacing_interval(Some(100.0), 0),
+            pacing_interval(Some(100.0), 1)
+        );
+    }
+
+    #[test]
+    fn no_or_unusable_rates_mean_no_pacing() {
+        assert_eq!(pacing_interval(None, 32), None);
+        assert_eq!(pacing_interval(Some(0.0), 32), None);
+        assert_eq!(pacing_interval(Some(-5.0), 32), None);
+        assert_eq!(pacing_interval(Some(f64::NAN), 32), None);
+        assert_eq!(pacing_interval(Some(f64::INFINITY), 32), None);
+        assert_eq!(pacing_interval(Some(1e9), 1), None, "faster than the timer");
+        assert_eq!(
+            pacing_interval(Some(1e-300), 1),
+            None,
+            "longer than a Duration"
+        );
+    }
+
+    #[test]
+    fn first_sends_are_staggered_over_one_interval() {
+        let iv = Duration::from_millis(4);
+        let offsets: Vec<Duration> = (0..4).map(|i| first_send_offset(i, 4, iv)).collect();
+        assert_eq!(
+            offsets,
+            [0, 1, 2, 3].map(Duration::from_millis),
+            "even spacing"
+        );
+        assert!(
+            first_send_offset(99, 4, iv) < iv,
+            "clamped to the last slot"
+        );
+        assert_eq!(first_send_offset(0, 0, iv), Duration::ZERO);
+    }
 }

@@ -7,7 +7,7 @@ use serde::Serialize;
 use super::procfs::Memory;
 use super::scenario::Scenario;
 use super::stats::ratio;
-use super::stats::{Comparison, LoadSummary};
+use super::stats::{Comparison, LoadSummary, TunnelOverhead, TUNNEL_P50_TARGET};
 
 /// The run's settings, echoed in the report so numbers can be compared across runs.
 #[derive(Debug, Clone, Serialize)]
@@ -15,6 +15,8 @@ pub struct Settings {
     pub duration_s: f64,
     pub warmup_s: f64,
     pub connections: usize,
+    /// Offered req/s when the load was paced; `None`: closed loop.
+    pub rate: Option<f64>,
     /// Rounds run; each scenario's numbers are from its median round by req/s.
     pub rounds: usize,
     pub workers: usize,
@@ -56,6 +58,9 @@ pub struct ScenarioReport {
     pub memory_after: Option<Memory>,
     /// CPU time of the server under test during the measurement window.
     pub server_cpu: Option<ServerCpu>,
+    /// CPU time of the mock edge (tunnel scenarios) during the measurement window; it runs on
+    /// the load CPUs and is not part of `server_cpu`.
+    pub edge_cpu: Option<ServerCpu>,
     /// req/s of every measured round, in run order (the reported one is the median).
     pub rounds_rps: Vec<f64>,
 }
@@ -70,6 +75,7 @@ impl ScenarioReport {
             memory_idle: None,
             memory_after: None,
             server_cpu: None,
+            edge_cpu: None,
             rounds_rps: Vec::new(),
         }
     }
@@ -130,12 +136,25 @@ pub fn median_round(mut rounds: Vec<ScenarioReport>) -> Option<ScenarioReport> {
 pub struct Report {
     pub settings: Settings,
     pub scenarios: Vec<ScenarioReport>,
-    /// Every measured scenario against `direct`, and every proxying scenario against `nginx`.
+    /// Every measured scenario against `direct`, every proxying scenario against `nginx`,
+    /// and every tunnel scenario against `proxy`.
     pub comparisons: Vec<Comparison>,
+    /// Median latency each measured tunnel scenario adds over `proxy`.
+    pub tunnel_overhead: Vec<TunnelOverhead>,
 }
 
 /// Scenarios others are compared with, in this order.
-const BASELINES: [Scenario; 2] = [Scenario::Direct, Scenario::Nginx];
+const BASELINES: [Scenario; 3] = [Scenario::Direct, Scenario::Nginx, Scenario::Proxy];
+
+/// Whether `scenario` is compared with `base`: `direct` is never compared with anything,
+/// nothing with itself, and only the tunnel scenarios with `proxy` (the same proxy without
+/// the tunnel).
+fn compared(scenario: Scenario, base: Scenario) -> bool {
+    if scenario == base || scenario == Scenario::Direct {
+        return false;
+    }
+    base != Scenario::Proxy || scenario.is_tunnel()
+}
 
 impl Report {
     pub fn new(settings: Settings, scenarios: Vec<ScenarioReport>) -> Self {
@@ -158,8 +177,7 @@ impl Report {
                 continue;
             };
             for r in &scenarios {
-                // direct is never compared with anything; nothing is compared with itself
-                if r.scenario == base || r.scenario == Scenario::Direct {
+                if !compared(r.scenario, base) {
                     continue;
                 }
                 if let Some(load) = measured(r.scenario) {
@@ -171,10 +189,23 @@ impl Report {
                 }
             }
         }
+        let tunnel_overhead = measured(Scenario::Proxy)
+            .map(|proxy| {
+                scenarios
+                    .iter()
+                    .filter(|r| r.scenario.is_tunnel())
+                    .filter_map(|r| {
+                        measured(r.scenario)
+                            .map(|t| TunnelOverhead::over_proxy(r.scenario.name(), t, proxy))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         Self {
             settings,
             scenarios,
             comparisons,
+            tunnel_overhead,
         }
     }
 
@@ -185,8 +216,10 @@ impl Report {
         let cpus = |c: &Option<String>| c.clone().unwrap_or_else(|| "any".to_owned());
         let _ = writeln!(
             out,
-            "{} connections, {:.1}s measured after {:.1}s warm-up, median of {} round(s), GET {}, {} worker(s); CPUs: load {}, server {}, echo {}",
+            "{} connections{}, {:.1}s measured after {:.1}s warm-up, median of {} round(s), GET {}, {} worker(s); CPUs: load {}, server {}, echo {}",
             s.connections,
+            s.rate
+                .map_or(String::new(), |r| format!(" paced at {r:.0} req/s")),
             s.duration_s,
             s.warmup_s,
             s.rounds,
@@ -198,7 +231,7 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "\n{:<10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>14} {:>14}",
+            "\n{:<13} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>14} {:>14} {:>11} {:>9}",
             "scenario",
             "req/s",
             "requests",
@@ -208,13 +241,15 @@ impl Report {
             "max ms",
             "errors",
             "RSS idle MiB",
-            "RSS/peak MiB"
+            "RSS/peak MiB",
+            "CPU us/req",
+            "CPU util"
         );
         for r in &self.scenarios {
             let Some(l) = r.load.as_ref().filter(|_| r.outcome == Outcome::Ok) else {
                 let _ = writeln!(
                     out,
-                    "{:<10} {}: {}",
+                    "{:<13} {}: {}",
                     r.scenario.name(),
                     r.outcome.as_str(),
                     r.reason.as_deref().unwrap_or("")
@@ -238,7 +273,7 @@ impl Report {
                 .map_or("-".to_owned(), |c| format!("{:.2}", c.utilisation));
             let _ = writeln!(
                 out,
-                "{:<10} {:>10.0} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>8} {:>14} {:>14} {:>11} {:>9}",
+                "{:<13} {:>10.0} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>8} {:>14} {:>14} {:>11} {:>9}",
                 r.scenario.name(),
                 l.rps,
                 l.requests,
@@ -256,19 +291,52 @@ impl Report {
         if !self.comparisons.is_empty() {
             let _ = writeln!(
                 out,
-                "\n{:<16} {:>10} {:>9} {:>9} {:>11}",
+                "\n{:<20} {:>10} {:>9} {:>9} {:>11}",
                 "ratio", "req/s", "p50", "p99", "CPU/req"
             );
             let fmt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.3}"));
             for c in &self.comparisons {
                 let _ = writeln!(
                     out,
-                    "{:<16} {:>10} {:>9} {:>9} {:>11}",
+                    "{:<20} {:>10} {:>9} {:>9} {:>11}",
                     c.name,
                     fmt(c.rps),
                     fmt(c.p50),
                     fmt(c.p99),
                     fmt(c.cpu_per_request)
+                );
+            }
+        }
+        if !self.tunnel_overhead.is_empty() {
+            let _ = writeln!(
+                out,
+                "\ntunnel latency over proxy (p50 ratio target < {TUNNEL_P50_TARGET:.2} at equal load: {})",
+                s.rate.map_or("same connections, unpaced".to_owned(), |r| format!("{r:.0} req/s offered"))
+            );
+            for o in &self.tunnel_overhead {
+                let _ = writeln!(out, "{}", o.summary_line());
+            }
+        }
+        let edges: Vec<_> = self
+            .scenarios
+            .iter()
+            .filter(|r| r.outcome == Outcome::Ok)
+            .filter_map(|r| r.edge_cpu.map(|c| (r.scenario, c)))
+            .collect();
+        if !edges.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nmock edge CPU (on the load CPUs, not in the proxy's CPU/req)"
+            );
+            for (scenario, cpu) in edges {
+                let us = cpu
+                    .us_per_request
+                    .map_or("-".to_owned(), |us| format!("{us:.1}"));
+                let _ = writeln!(
+                    out,
+                    "{:<13} {us} us/req, util {:.2}",
+                    scenario.name(),
+                    cpu.utilisation
                 );
             }
         }

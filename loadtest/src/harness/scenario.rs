@@ -1,10 +1,11 @@
 //! What the load is pointed at. Each scenario is one enum variant plus one `start` function
 //! that brings the server under test up and returns where to send requests; adding a
-//! scenario (e.g. through the tunnel) means a variant, a module and a match arm.
+//! scenario means a variant, a module and a match arm.
 
 mod direct;
 mod nginx;
 mod proxy;
+mod tunnel;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -21,6 +22,11 @@ pub enum Scenario {
     Proxy,
     /// Through nginx configured as the equivalent keep-alive reverse proxy.
     Nginx,
+    /// Through the mock edge's HTTP listener, a QUIC tunnel connection and `cftunnel-proxy`
+    /// in tunnel mode (same rule as `proxy`).
+    TunnelQuic,
+    /// As `tunnel-quic`, over the HTTP/2 (TLS over TCP) tunnel transport.
+    TunnelHttp2,
 }
 
 impl Scenario {
@@ -29,7 +35,14 @@ impl Scenario {
             Self::Direct => "direct",
             Self::Proxy => "proxy",
             Self::Nginx => "nginx",
+            Self::TunnelQuic => "tunnel-quic",
+            Self::TunnelHttp2 => "tunnel-http2",
         }
+    }
+
+    /// Requests cross a tunnel connection (and are compared with `proxy`).
+    pub fn is_tunnel(self) -> bool {
+        matches!(self, Self::TunnelQuic | Self::TunnelHttp2)
     }
 
     /// Brings the scenario's server under test up.
@@ -38,6 +51,8 @@ impl Scenario {
             Self::Direct => direct::start(env).await,
             Self::Proxy => proxy::start(env).await,
             Self::Nginx => nginx::start(env).await,
+            Self::TunnelQuic => tunnel::start(env, tunnel::Transport::Quic).await,
+            Self::TunnelHttp2 => tunnel::start(env, tunnel::Transport::Http2).await,
         }
     }
 }
@@ -56,25 +71,36 @@ pub struct ScenarioEnv<'a> {
     pub server_cpus: Option<&'a CpuList>,
     /// The `cftunnel-proxy` binary.
     pub proxy_bin: &'a Path,
+    /// The `cftunnel-mock-edge` binary (tunnel scenarios).
+    pub edge_bin: &'a Path,
+    /// CPUs for helper processes on the client side of the measurement (the mock edge): the
+    /// load generator's CPUs. `None` disables pinning.
+    pub client_cpus: Option<&'a CpuList>,
     /// The nginx binary, if one was found.
     pub nginx_bin: Option<&'a PathBuf>,
     /// Directory for generated configs and logs.
     pub scratch: &'a Path,
 }
 
-/// A started scenario: where to send load, and the process to watch and stop.
+/// A started scenario: where to send load, and the processes to watch and stop.
 pub struct Target {
     pub addr: SocketAddr,
     /// `Host` header to send.
     pub host: String,
-    /// The server under test, when the scenario started one.
+    /// The server under test, when the scenario started one; its CPU and memory are reported.
     pub server: Option<ServerProcess>,
+    /// Processes the scenario needs in front of the server (the mock edge), stopped after
+    /// it; the first one's CPU time is reported apart from the server's.
+    pub helpers: Vec<ServerProcess>,
 }
 
 impl Target {
     pub async fn stop(self) {
         if let Some(server) = self.server {
             server.stop().await;
+        }
+        for helper in self.helpers {
+            helper.stop().await;
         }
     }
 }
@@ -94,6 +120,8 @@ pub enum StartError {
     },
     #[error("no free port: {0}")]
     Port(std::io::Error),
+    #[error("{0}")]
+    NotReady(String),
 }
 
 impl StartError {

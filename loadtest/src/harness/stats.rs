@@ -101,6 +101,70 @@ impl Comparison {
     }
 }
 
+/// Tunnel p50 over proxy p50 below which the tunnel's added latency is acceptable, at equal
+/// load (the same number of closed-loop connections).
+pub const TUNNEL_P50_TARGET: f64 = 1.30;
+
+/// What a tunnel scenario adds to the median latency of the same proxy without the tunnel,
+/// from the same run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TunnelOverhead {
+    /// The tunnel scenario, e.g. `tunnel-quic`.
+    pub scenario: String,
+    pub p50_us: u64,
+    pub proxy_p50_us: u64,
+    /// `p50_us - proxy_p50_us`; negative when the tunnel run was faster.
+    pub added_p50_us: i64,
+    /// `p50_us / proxy_p50_us`; `None` when the proxy's p50 is zero.
+    pub p50_ratio: Option<f64>,
+    /// The bound `p50_ratio` is held to ([`TUNNEL_P50_TARGET`]).
+    pub target: f64,
+    /// `p50_ratio < target`; `None` without a ratio.
+    pub within_target: Option<bool>,
+    /// Throughput ratio, to judge how equal the load was: closed-loop connections send as
+    /// fast as answers come back, so a slower path also gets fewer requests per second.
+    pub rps_ratio: Option<f64>,
+}
+
+impl TunnelOverhead {
+    /// Compares `tunnel` (named `scenario`) with the `proxy` scenario's numbers.
+    pub fn over_proxy(scenario: &str, tunnel: &LoadSummary, proxy: &LoadSummary) -> Self {
+        let signed = |us: u64| i64::try_from(us).unwrap_or(i64::MAX);
+        let p50_ratio = ratio(tunnel.p50_us as f64, proxy.p50_us as f64);
+        Self {
+            scenario: scenario.to_owned(),
+            p50_us: tunnel.p50_us,
+            proxy_p50_us: proxy.p50_us,
+            added_p50_us: signed(tunnel.p50_us).saturating_sub(signed(proxy.p50_us)),
+            p50_ratio,
+            target: TUNNEL_P50_TARGET,
+            within_target: p50_ratio.map(|r| r < TUNNEL_P50_TARGET),
+            rps_ratio: ratio(tunnel.rps, proxy.rps),
+        }
+    }
+
+    /// One line for the table report, e.g.
+    /// `tunnel-quic   p50 1.200 ms vs proxy 1.000 ms: +0.200 ms, ratio 1.200 (within target), req/s ratio 0.900`.
+    pub fn summary_line(&self) -> String {
+        let ms = |us: i64| us as f64 / 1000.0;
+        let verdict = match self.within_target {
+            Some(true) => "within target",
+            Some(false) => "over target",
+            None => "no ratio",
+        };
+        let fmt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.3}"));
+        format!(
+            "{:<13} p50 {:.3} ms vs proxy {:.3} ms: {:+.3} ms, ratio {} ({verdict}), req/s ratio {}",
+            self.scenario,
+            self.p50_us as f64 / 1000.0,
+            self.proxy_p50_us as f64 / 1000.0,
+            ms(self.added_p50_us),
+            fmt(self.p50_ratio),
+            fmt(self.rps_ratio),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,6 +207,86 @@ mod tests {
         assert_eq!(hist.len(), 2);
         assert_eq!(hist.min(), 1);
         assert!(close(hist.max(), LATENCY_MAX_US));
+    }
+
+    fn summary(rps: f64, p50_us: u64) -> LoadSummary {
+        LoadSummary {
+            requests: 1,
+            errors: 0,
+            seconds: 1.0,
+            rps,
+            p50_us,
+            p90_us: p50_us,
+            p99_us: p50_us,
+            max_us: p50_us,
+            mean_us: p50_us as f64,
+        }
+    }
+
+    #[test]
+    fn tunnel_overhead_is_the_p50_difference_and_ratio_over_proxy() {
+        let o = TunnelOverhead::over_proxy(
+            "tunnel-quic",
+            &summary(9000.0, 1200),
+            &summary(10000.0, 1000),
+        );
+        assert_eq!(o.scenario, "tunnel-quic");
+        assert_eq!(
+            (o.p50_us, o.proxy_p50_us, o.added_p50_us),
+            (1200, 1000, 200)
+        );
+        assert_eq!(o.p50_ratio, Some(1.2));
+        assert_eq!(o.within_target, Some(true));
+        assert_eq!(o.rps_ratio, Some(0.9));
+        assert_eq!(o.target, TUNNEL_P50_TARGET);
+        assert_eq!(
+            o.summary_line(),
+            "tunnel-quic   p50 1.200 ms vs proxy 1.000 ms: +0.200 ms, ratio 1.200 (within target), req/s ratio 0.900"
+        );
+    }
+
+    #[test]
+    fn tunnel_overhead_at_or_over_the_target_misses_it() {
+        let at =
+            TunnelOverhead::over_proxy("tunnel-http2", &summary(1.0, 1300), &summary(1.0, 1000));
+        assert_eq!(at.within_target, Some(false), "the bound is strict");
+        let over =
+            TunnelOverhead::over_proxy("tunnel-http2", &summary(1.0, 2500), &summary(1.0, 1000));
+        assert_eq!(
+            (over.p50_ratio, over.within_target),
+            (Some(2.5), Some(false))
+        );
+        assert!(
+            over.summary_line().contains("(over target)"),
+            "{}",
+            over.summary_line()
+        );
+    }
+
+    #[test]
+    fn a_faster_tunnel_run_adds_negative_latency() {
+        let o = TunnelOverhead::over_proxy("tunnel-quic", &summary(1.0, 900), &summary(1.0, 1000));
+        assert_eq!(o.added_p50_us, -100);
+        assert!(
+            o.summary_line().contains(": -0.100 ms,"),
+            "{}",
+            o.summary_line()
+        );
+        assert_eq!(o.p50_ratio, Some(0.9));
+        assert_eq!(o.within_target, Some(true));
+    }
+
+    #[test]
+    fn tunnel_overhead_without_a_proxy_p50_has_no_ratio() {
+        let o = TunnelOverhead::over_proxy("tunnel-quic", &summary(1.0, 900), &summary(0.0, 0));
+        assert_eq!(o.added_p50_us, 900);
+        assert_eq!(
+            (o.p50_ratio, o.within_target, o.rps_ratio),
+            (None, None, None)
+        );
+        let huge =
+            TunnelOverhead::over_proxy("tunnel-quic", &summary(1.0, 0), &summary(1.0, u64::MAX));
+        assert_eq!(huge.added_p50_us, -i64::MAX);
     }
 
     #[test]

@@ -45,6 +45,7 @@ fn settings() -> Settings {
         duration_s: 1.0,
         warmup_s: 0.0,
         connections: 1,
+        rate: None,
         rounds: 1,
         workers: 1,
         path: "/".to_owned(),
@@ -108,4 +109,75 @@ fn skipped_scenarios_are_not_compared() {
     assert!(report
         .render_table()
         .contains("skipped: nginx is not installed"));
+}
+
+#[test]
+fn tunnel_scenarios_are_compared_with_proxy_and_their_overhead_reported() {
+    let report = Report::new(
+        settings(),
+        vec![
+            measured(Scenario::Direct, 1000.0, 100),
+            with_cpu(measured(Scenario::Proxy, 500.0, 200), 60.0),
+            with_cpu(measured(Scenario::TunnelQuic, 400.0, 250), 90.0),
+            with_cpu(measured(Scenario::TunnelHttp2, 450.0, 300), 75.0),
+            with_cpu(measured(Scenario::Nginx, 800.0, 150), 40.0),
+        ],
+    );
+    let names: Vec<&str> = report.comparisons.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "proxy/direct",
+            "tunnel-quic/direct",
+            "tunnel-http2/direct",
+            "nginx/direct",
+            "proxy/nginx",
+            "tunnel-quic/nginx",
+            "tunnel-http2/nginx",
+            "tunnel-quic/proxy",
+            "tunnel-http2/proxy",
+        ]
+    );
+    let quic = &report.comparisons[7];
+    assert_eq!(quic.p50, Some(1.25));
+    assert_eq!(quic.cpu_per_request, Some(1.5));
+    let overhead: Vec<(&str, i64, Option<bool>)> = report
+        .tunnel_overhead
+        .iter()
+        .map(|o| (o.scenario.as_str(), o.added_p50_us, o.within_target))
+        .collect();
+    assert_eq!(
+        overhead,
+        [
+            ("tunnel-quic", 50, Some(true)),
+            ("tunnel-http2", 100, Some(false))
+        ]
+    );
+    let mut report = report;
+    report.scenarios[2].edge_cpu = Some(ServerCpu::new(
+        Duration::from_millis(300),
+        Duration::from_secs(1),
+        10_000,
+    ));
+    let table = report.render_table();
+    assert!(
+        table.contains("tunnel-quic   30.0 us/req, util 0.30"),
+        "{table}"
+    );
+    assert!(table.contains("tunnel-http2/proxy"), "{table}");
+    assert!(table.contains("tunnel latency over proxy"), "{table}");
+    assert!(table.contains("ratio 1.500 (over target)"), "{table}");
+}
+
+#[test]
+fn without_a_measured_proxy_there_is_no_tunnel_overhead() {
+    let mut proxy = ScenarioReport::new(Scenario::Proxy);
+    proxy.reason = Some("boom".to_owned());
+    let report = Report::new(
+        settings(),
+        vec![proxy, measured(Scenario::TunnelQuic, 400.0, 250)],
+    );
+    assert!(report.tunnel_overhead.is_empty());
+    assert!(report.comparisons.is_empty());
+    assert!(!report.render_table().contains("tunnel latency over proxy"));
 }

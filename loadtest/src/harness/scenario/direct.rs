@@ -7,5 +7,6 @@ pub(super) async fn start(env: &ScenarioEnv<'_>) -> Result<Target, StartError> {
         addr: env.echo_addr,
         host: super::LOAD_HOST.to_owned(),
         server: None,
+        helpers: Vec::new(),
     })
 }

@@ -93,6 +93,7 @@ pub(super) async fn start(env: &ScenarioEnv<'_>) -> Result<Target, StartError> {
         addr: listen,
         host: super::LOAD_HOST.to_owned(),
         server: Some(server),
+        helpers: Vec::new(),
     })
 }
 

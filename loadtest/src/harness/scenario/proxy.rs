@@ -62,5 +62,6 @@ pub(super) async fn start(env: &ScenarioEnv<'_>) -> Result<Target, StartError> {
         addr: data,
         host: super::LOAD_HOST.to_owned(),
         server: Some(server),
+        helpers: Vec::new(),
     })
 }

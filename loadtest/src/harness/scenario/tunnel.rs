@@ -1,0 +1,313 @@
+//! `cftunnel-proxy` in tunnel mode behind `cftunnel-mock-edge`: load enters at the mock
+//! edge's plain-HTTP listener, crosses one QUIC or HTTP/2 tunnel connection to the proxy, and
+//! the proxy forwards it to the echo backend with the same one-rule config as `proxy`.
+//!
+//! Pinning: the proxy (the server under test, measured) runs on the server CPUs with the
+//! usual worker count; the mock edge stands in for Cloudflare's network, so it runs on the
+//! load generator's CPUs like the other client-side work.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use super::super::process::{free_port, CpuList, ServerProcess};
+use super::{ScenarioEnv, StartError, Target, LOAD_HOST};
+
+const EDGE_READY_TIMEOUT: Duration = Duration::from_secs(10);
+const PROXY_READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// From the proxy's readiness to the first request answered through the edge.
+const FORWARD_READY_TIMEOUT: Duration = Duration::from_secs(10);
+const CA_POLL: Duration = Duration::from_millis(20);
+/// Attempts at finding a port free for both TCP and UDP.
+const EDGE_PORT_ATTEMPTS: usize = 20;
+/// Mock edge admin path that answers 200 as soon as its HTTP listener is up.
+const EDGE_ADMIN_PATH: &str = "/__mock-edge/connections";
+/// Echo backend path that answers 200; used to see a request cross the whole chain.
+const ECHO_HEALTH_PATH: &str = "/health";
+
+/// The tunnel transport between the mock edge and the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Transport {
+    Quic,
+    Http2,
+}
+
+impl Transport {
+    /// The value of `PROXY_TUNNEL_PROTOCOL`.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Quic => "quic",
+            Self::Http2 => "http2",
+        }
+    }
+}
+
+/// A tunnel token for the mock edge, which accepts any credentials unless started with
+/// `--token`.
+fn token() -> String {
+    cftunnel_tunnel::Token::new("loadtest", vec![7u8; 32], uuid::Uuid::new_v4()).encode()
+}
+
+/// A 127.0.0.1 address whose port is free for TCP and UDP (the edge serves HTTP/2 over TCP
+/// and QUIC over UDP on one port). Released before the mock edge binds it, as `free_port`.
+fn free_edge_addr() -> std::io::Result<SocketAddr> {
+    let mut last = None;
+    for _ in 0..EDGE_PORT_ATTEMPTS {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let addr = tcp.local_addr()?;
+        match std::net::UdpSocket::bind(addr) {
+            Ok(_) => return Ok(addr),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no port free for both TCP and UDP")))
+}
+
+/// Environment of the mock edge child: warnings only (no per-connection info lines), and as
+/// many runtime threads as it has CPUs.
+pub(crate) fn edge_env(cpus: Option<&CpuList>) -> Vec<(String, String)> {
+    let mut env = vec![("RUST_LOG".to_owned(), "warn".to_owned())];
+    if let Some(cpus) = cpus {
+        env.push((
+            "TOKIO_WORKER_THREADS".to_owned(),
+            cpus.count().max(1).to_string(),
+        ));
+    }
+    env
+}
+
+/// Environment of the proxy child in tunnel mode.
+pub(crate) fn proxy_env(
+    transport: Transport,
+    token: String,
+    edge: SocketAddr,
+    ca: &Path,
+    admin: SocketAddr,
+    workers: usize,
+) -> Vec<(String, String)> {
+    vec![
+        ("TUNNEL_TOKEN".to_owned(), token),
+        ("TUNNEL_EDGE".to_owned(), edge.to_string()),
+        ("TUNNEL_CACERT".to_owned(), ca.display().to_string()),
+        (
+            "PROXY_TUNNEL_PROTOCOL".to_owned(),
+            transport.as_str().to_owned(),
+        ),
+        ("PROXY_CONFIG_ADDR".to_owned(), admin.to_string()),
+        ("PROXY_WORKER_THREADS".to_owned(), workers.to_string()),
+        ("PROXY_ACCESS_LOG_ENABLED".to_owned(), "false".to_owned()),
+        ("PROXY_GRACE_PERIOD".to_owned(), "1s".to_owned()),
+    ]
+}
+
+pub(super) async fn start(
+    env: &ScenarioEnv<'_>,
+    transport: Transport,
+) -> Result<Target, StartError> {
+    for (bin, package) in [
+        (env.proxy_bin, "cftunnel-proxy"),
+        (env.edge_bin, "cftunnel-tunnel"),
+    ] {
+        if !bin.is_file() {
+            return Err(StartError::Skipped(format!(
+                "{} not found (cargo build --release -p {package})",
+                bin.display()
+            )));
+        }
+    }
+    let proto = transport.as_str();
+    let config_path = env.scratch.join(format!("tunnel-{proto}-config.json"));
+    let doc = super::proxy::config_document(env.echo_addr).to_string();
+    tokio::fs::write(&config_path, doc)
+        .await
+        .map_err(|source| StartError::Write {
+            path: config_path.clone(),
+            source,
+        })?;
+    let ca_path = env.scratch.join(format!("mock-edge-{proto}-ca.pem"));
+    // A CA from an earlier round must not be mistaken for this edge's.
+    let _ = tokio::fs::remove_file(&ca_path).await;
+
+    let edge_addr = free_edge_addr().map_err(StartError::Port)?;
+    let edge_http = free_port().map_err(StartError::Port)?;
+    let edge_args = vec![
+        "--listen".to_owned(),
+        edge_addr.to_string(),
+        "--http".to_owned(),
+        edge_http.to_string(),
+        "--ca-out".to_owned(),
+        ca_path.display().to_string(),
+    ];
+    let mut edge = ServerProcess::spawn(
+        &format!("mock-edge-{proto}"),
+        env.edge_bin,
+        &edge_args,
+        &edge_env(env.client_cpus),
+        &[
+            "MOCK_EDGE_TOKEN",
+            "MOCK_EDGE_LISTEN",
+            "MOCK_EDGE_HTTP",
+            "MOCK_EDGE_CA_OUT",
+        ],
+        env.client_cpus,
+        env.scratch,
+    )?;
+    if let Err(e) = edge
+        .wait_ready(
+            edge_http,
+            &edge_http.to_string(),
+            EDGE_ADMIN_PATH,
+            EDGE_READY_TIMEOUT,
+        )
+        .await
+    {
+        edge.stop().await;
+        return Err(e.into());
+    }
+    if let Err(e) = wait_for_ca(&ca_path, EDGE_READY_TIMEOUT).await {
+        edge.stop().await;
+        return Err(e);
+    }
+
+    let proxy = start_proxy(env, transport, edge_addr, &ca_path, &config_path).await;
+    let proxy = match proxy {
+        Ok(proxy) => proxy,
+        Err(e) => {
+            edge.stop().await;
+            return Err(e);
+        }
+    };
+    // Registered is not yet routed: wait for a request to cross edge, tunnel and proxy.
+    if let Err(e) = edge
+        .wait_ready(
+            edge_http,
+            LOAD_HOST,
+            ECHO_HEALTH_PATH,
+            FORWARD_READY_TIMEOUT,
+        )
+        .await
+    {
+        let proxy_log = proxy.log_tail().await;
+        proxy.stop().await;
+        edge.stop().await;
+        return Err(StartError::NotReady(format!(
+            "no answer through the {proto} tunnel: {e}\nproxy log:\n{proxy_log}"
+        )));
+    }
+    Ok(Target {
+        addr: edge_http,
+        host: LOAD_HOST.to_owned(),
+        server: Some(proxy),
+        helpers: vec![edge],
+    })
+}
+
+async fn start_proxy(
+    env: &ScenarioEnv<'_>,
+    transport: Transport,
+    edge_addr: SocketAddr,
+    ca_path: &Path,
+    config_path: &Path,
+) -> Result<ServerProcess, StartError> {
+    let admin = free_port().map_err(StartError::Port)?;
+    let args = vec![
+        "--config-file".to_owned(),
+        config_path.display().to_string(),
+    ];
+    let env_vars = proxy_env(transport, token(), edge_addr, ca_path, admin, env.workers);
+    let mut proxy = ServerProcess::spawn(
+        &format!("proxy-tunnel-{}", transport.as_str()),
+        env.proxy_bin,
+        &args,
+        &env_vars,
+        // Nothing from the caller's environment may change the edge or the data listener.
+        &["PROXY_CONFIG_FILE", "PROXY_ADDR", "PROXY_AUTH_TOKEN"],
+        env.server_cpus,
+        env.scratch,
+    )?;
+    if let Err(e) = proxy
+        .wait_ready(admin, &admin.to_string(), "/readyz", PROXY_READY_TIMEOUT)
+        .await
+    {
+        proxy.stop().await;
+        return Err(e.into());
+    }
+    Ok(proxy)
+}
+
+/// Waits until the mock edge has written its whole CA certificate (the proxy reads it once at
+/// start).
+async fn wait_for_ca(path: &Path, timeout: Duration) -> Result<(), StartError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while tokio::time::Instant::now() < deadline {
+        if let Ok(pem) = tokio::fs::read_to_string(path).await {
+            if pem.trim_end().ends_with("-----END CERTIFICATE-----") {
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(CA_POLL).await;
+    }
+    Err(StartError::NotReady(format!(
+        "the mock edge did not write {} within {timeout:?}",
+        path.display()
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_proxy_gets_the_edge_ca_protocol_and_worker_count() {
+        let edge: SocketAddr = "127.0.0.1:17844".parse().expect("addr");
+        let admin: SocketAddr = "127.0.0.1:18081".parse().expect("addr");
+        let vars = proxy_env(
+            Transport::Http2,
+            "tok".to_owned(),
+            edge,
+            Path::new("/tmp/lt/ca.pem"),
+            admin,
+            2,
+        );
+        let get = |k: &str| {
+            vars.iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(get("TUNNEL_TOKEN"), Some("tok"));
+        assert_eq!(get("TUNNEL_EDGE"), Some("127.0.0.1:17844"));
+        assert_eq!(get("TUNNEL_CACERT"), Some("/tmp/lt/ca.pem"));
+        assert_eq!(get("PROXY_TUNNEL_PROTOCOL"), Some("http2"));
+        assert_eq!(get("PROXY_CONFIG_ADDR"), Some("127.0.0.1:18081"));
+        assert_eq!(get("PROXY_WORKER_THREADS"), Some("2"));
+        assert_eq!(get("PROXY_ACCESS_LOG_ENABLED"), Some("false"));
+        assert_eq!(get("PROXY_ADDR"), None, "tunnel mode has no data listener");
+        assert_eq!(Transport::Quic.as_str(), "quic");
+    }
+
+    #[test]
+    fn the_token_decodes() {
+        let raw = token();
+        let parsed: Result<cftunnel_tunnel::Token, _> = raw.parse();
+        assert!(parsed.is_ok(), "{raw}");
+    }
+
+    #[test]
+    fn the_mock_edge_gets_one_runtime_thread_per_client_cpu() {
+        let cpus: CpuList = "0,2".parse().expect("valid");
+        let vars = edge_env(Some(&cpus));
+        assert!(vars.contains(&("TOKIO_WORKER_THREADS".to_owned(), "2".to_owned())));
+        assert!(vars.contains(&("RUST_LOG".to_owned(), "warn".to_owned())));
+        assert!(!edge_env(None)
+            .iter()
+            .any(|(k, _)| k == "TOKIO_WORKER_THREADS"));
+    }
+
+    #[test]
+    fn the_edge_port_is_free_for_tcp_and_udp() {
+        let addr = free_edge_addr().expect("a free port");
+        assert!(addr.ip().is_loopback());
+        assert!(std::net::TcpListener::bind(addr).is_ok());
+        assert!(std::net::UdpSocket::bind(addr).is_ok());
+    }
+}
