@@ -92,6 +92,18 @@ pub(crate) fn h2_client(roots: RootCertStore) -> Result<Arc<rustls::ClientConfig
     Ok(Arc::new(cfg))
 }
 
+fn encode_pem(tag: &str, der: &[u8]) -> String {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {tag}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {tag}-----\n"));
+    out
+}
+
 /// A generated CA and an edge leaf certificate for
 /// `quic.cftunnel.com`, `h2.cftunnel.com` and `probe.cftunnel.com`.
 #[derive(Clone)]
@@ -133,6 +145,43 @@ impl TestPki {
             leaf_der: leaf.der().clone(),
             key_der: leaf_key.serialize_der(),
         })
+    }
+
+    /// The CA certificate, the edge certificate and its key as one PEM
+    /// document. A mock edge restarted with [`from_pem`](Self::from_pem) of
+    /// it keeps the identity that running connectors already trust, as the
+    /// real edge does across restarts.
+    pub fn to_pem(&self) -> String {
+        format!(
+            "{}{}{}",
+            self.ca_pem,
+            encode_pem("CERTIFICATE", &self.leaf_der),
+            encode_pem("PRIVATE KEY", &self.key_der)
+        )
+    }
+
+    /// Parses a document written by [`to_pem`](Self::to_pem): the CA
+    /// certificate, then the edge certificate, and a PKCS#8 key.
+    pub fn from_pem(pem: &str) -> Result<Self, TlsError> {
+        let pem_err = |e: std::io::Error| TlsError::Pem(e.to_string());
+        let certs = rustls_pemfile::certs(&mut pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(pem_err)?;
+        let [ca, leaf]: [CertificateDer<'static>; 2] = certs.try_into().map_err(|_| {
+            TlsError::Pem("expected exactly the CA and the edge certificate".into())
+        })?;
+        let key = rustls_pemfile::pkcs8_private_keys(&mut pem.as_bytes())
+            .next()
+            .ok_or_else(|| TlsError::Pem("no PKCS#8 private key".into()))?
+            .map_err(pem_err)?;
+        let pki = Self {
+            ca_pem: encode_pem("CERTIFICATE", &ca),
+            leaf_der: leaf,
+            key_der: key.secret_pkcs8_der().to_vec(),
+        };
+        // Fails early on a key that does not match the certificate.
+        pki.tcp_server()?;
+        Ok(pki)
     }
 
     /// The CA certificate as PEM (give it to connectors as the CA override).
@@ -178,6 +227,29 @@ mod tests {
         assert_eq!(only_cf.len(), 3);
         let all = root_store(None).unwrap();
         assert_eq!(all.len(), webpki_roots::TLS_SERVER_ROOTS.len() + 3);
+    }
+
+    #[test]
+    fn test_pki_survives_a_pem_round_trip() {
+        let pki = TestPki::generate().unwrap();
+        let back = TestPki::from_pem(&pki.to_pem()).unwrap();
+        assert_eq!(back.leaf_der, pki.leaf_der);
+        assert_eq!(back.key_der, pki.key_der);
+        let roots = |p: &TestPki| {
+            rustls_pemfile::certs(&mut p.ca_pem().as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap()
+        };
+        assert_eq!(roots(&back), roots(&pki));
+        assert_eq!(
+            TestPki::from_pem(&back.to_pem()).unwrap().to_pem(),
+            back.to_pem()
+        );
+        back.quic_server().unwrap();
+        assert!(matches!(
+            TestPki::from_pem(pki.ca_pem()),
+            Err(TlsError::Pem(_))
+        ));
     }
 
     #[test]

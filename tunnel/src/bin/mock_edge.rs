@@ -5,10 +5,11 @@
 //! forwarded through their registered connections.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_tunnel::tls::TestPki;
 use clap::Parser;
 
 /// Mock Cloudflare Tunnel edge for tests, load tests and local demos.
@@ -21,9 +22,14 @@ struct Args {
     /// Plain-HTTP listener whose requests are forwarded into the tunnel.
     #[arg(long, env = "MOCK_EDGE_HTTP", default_value = "127.0.0.1:8080")]
     http: SocketAddr,
-    /// Where to write the generated CA certificate (PEM).
+    /// Where to write the CA certificate (PEM) connectors must trust.
     #[arg(long, env = "MOCK_EDGE_CA_OUT", default_value = "mock-edge-ca.pem")]
     ca_out: PathBuf,
+    /// Keep the CA, the edge certificate and its key in this file: loaded
+    /// when it exists, else generated and written. A restarted mock edge
+    /// then keeps the identity running connectors already trust.
+    #[arg(long, env = "MOCK_EDGE_PKI")]
+    pki: Option<PathBuf>,
     /// Answer registrations with `tunnelIsRemotelyManaged = false`, so
     /// `cloudflared --url ...` pushes its local configuration.
     #[arg(long)]
@@ -45,6 +51,9 @@ async fn main() -> anyhow::Result<()> {
         .edge_addr(args.listen)
         .http_addr(args.http)
         .remotely_managed(!args.locally_managed);
+    if let Some(path) = &args.pki {
+        builder = builder.pki(load_or_create_pki(path).await?);
+    }
     if let Some(token) = &args.token {
         builder = builder.credentials(token.parse().context("--token")?);
     }
@@ -58,9 +67,40 @@ async fn main() -> anyhow::Result<()> {
         ca = %args.ca_out.display(),
         "mock edge ready"
     );
+    wait_for_signal().await?;
+    tracing::info!("shutting down");
+    edge.shutdown().await;
+    Ok(())
+}
+
+async fn load_or_create_pki(path: &Path) -> anyhow::Result<TestPki> {
+    match tokio::fs::read_to_string(path).await {
+        Ok(pem) => TestPki::from_pem(&pem).with_context(|| format!("reading {}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let pki = TestPki::generate()?;
+            tokio::fs::write(path, pki.to_pem())
+                .await
+                .with_context(|| format!("writing {}", path.display()))?;
+            Ok(pki)
+        }
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// SIGINT or SIGTERM: close every connector connection before exiting.
+async fn wait_for_signal() -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.context("waiting for ctrl-c")?,
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
     tokio::signal::ctrl_c()
         .await
         .context("waiting for ctrl-c")?;
-    edge.shutdown().await;
     Ok(())
 }

@@ -2,11 +2,12 @@
 //! registered connector connections, as the edge does.
 
 use std::convert::Infallible;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_LENGTH, HOST, UPGRADE};
+use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, HOST, UPGRADE};
 use http::{Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, Full};
@@ -46,14 +47,14 @@ pub(super) fn spawn_http(inner: &Arc<Inner>, listener: tokio::net::TcpListener) 
                 a = listener.accept() => a,
                 _ = inner2.cancel.cancelled() => return,
             };
-            let Ok((tcp, _)) = accepted else { continue };
+            let Ok((tcp, peer)) = accepted else { continue };
             let _ = tcp.set_nodelay(true);
             let inner3 = inner2.clone();
             let cancel = inner2.cancel.clone();
             inner2.tasks.spawn(async move {
                 let svc = hyper::service::service_fn(move |req| {
                     let inner = inner3.clone();
-                    async move { Ok::<_, Infallible>(handle(inner, req).await) }
+                    async move { Ok::<_, Infallible>(handle(inner, req, peer.ip()).await) }
                 });
                 let builder = hyper_util::server::conn::auto::Builder::new(
                     hyper_util::rt::TokioExecutor::new(),
@@ -79,10 +80,55 @@ fn is_websocket(req: &Request<Incoming>) -> bool {
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
 }
 
-async fn handle(inner: Arc<Inner>, req: Request<Incoming>) -> Response<EdgeBody> {
+/// Location (colo) code of the mock, in `Cf-Ray` and registration replies.
+pub(super) const LOCATION: &str = "MCK";
+
+static CF_CONNECTING_IP: HeaderName = HeaderName::from_static("cf-connecting-ip");
+static CF_RAY: HeaderName = HeaderName::from_static("cf-ray");
+static CF_VISITOR: HeaderName = HeaderName::from_static("cf-visitor");
+static CDN_LOOP: HeaderName = HeaderName::from_static("cdn-loop");
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+/// The headers Cloudflare's edge sets on every proxied request: the
+/// eyeball's address (`Cf-Connecting-Ip`, replacing any the client sent, and
+/// appended to `X-Forwarded-For`), the scheme (`X-Forwarded-Proto`,
+/// `Cf-Visitor`; the mock stands for an HTTPS edge, as its `dest` URLs
+/// say), a ray id (`Cf-Ray`) and
+/// `CDN-Loop`.
+pub(super) fn add_edge_headers(headers: &mut http::HeaderMap, peer: IpAddr) {
+    let ip = peer.to_string();
+    headers.insert(
+        CF_CONNECTING_IP.clone(),
+        HeaderValue::from_str(&ip).unwrap_or(HeaderValue::from_static("127.0.0.1")),
+    );
+    let xff = headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .chain(std::iter::once(ip.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if let Ok(xff) = HeaderValue::from_str(&xff) {
+        headers.insert(X_FORWARDED_FOR.clone(), xff);
+    }
+    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("https"));
+    headers.insert(
+        CF_VISITOR.clone(),
+        HeaderValue::from_static(r#"{"scheme":"https"}"#),
+    );
+    let ray = uuid::Uuid::new_v4().simple().to_string();
+    if let Ok(ray) = HeaderValue::from_str(&format!("{}-{LOCATION}", &ray[..16])) {
+        headers.insert(CF_RAY.clone(), ray);
+    }
+    headers.append(CDN_LOOP.clone(), HeaderValue::from_static("cloudflare"));
+}
+
+async fn handle(inner: Arc<Inner>, mut req: Request<Incoming>, peer: IpAddr) -> Response<EdgeBody> {
     if req.uri().path().starts_with(super::admin::PREFIX) {
         return super::admin::handle(&inner, req).await;
     }
+    add_edge_headers(req.headers_mut(), peer);
     let candidates = inner.pick();
     let Some((id, transport)) = candidates.into_iter().next() else {
         return full(StatusCode::BAD_GATEWAY, "no registered tunnel connection\n");
@@ -379,5 +425,29 @@ pub(super) async fn push_config(
                 Some(e) => Err(MockEdgeError::Rejected(e)),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn edge_headers_replace_the_client_ip_and_extend_forwarding() {
+        let mut h = http::HeaderMap::new();
+        h.insert("cf-connecting-ip", HeaderValue::from_static("10.9.9.9"));
+        h.append("x-forwarded-for", HeaderValue::from_static("192.0.2.1"));
+        h.append("x-forwarded-for", HeaderValue::from_static("192.0.2.2"));
+        h.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+        add_edge_headers(&mut h, "127.0.0.1".parse().unwrap());
+        assert_eq!(h["cf-connecting-ip"], "127.0.0.1");
+        assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+        assert_eq!(h["x-forwarded-for"], "192.0.2.1, 192.0.2.2, 127.0.0.1");
+        assert_eq!(h["x-forwarded-proto"], "https");
+        assert_eq!(h["cf-visitor"], r#"{"scheme":"https"}"#);
+        assert_eq!(h["cdn-loop"], "cloudflare");
+        let ray = h["cf-ray"].to_str().unwrap();
+        assert_eq!(ray.len(), 20, "{ray}");
+        assert!(ray.ends_with("-MCK"), "{ray}");
     }
 }

@@ -4,7 +4,9 @@
 //! TLS/TCP (HTTP/2 transport) with a generated test CA, answers
 //! `registerConnection`, and forwards requests from a local plain-HTTP
 //! listener through the registered connections, spread round-robin across
-//! those that have not unregistered. Registration errors can be switched on
+//! those that have not unregistered, with the headers Cloudflare's edge
+//! adds (`Cf-Connecting-Ip`, `X-Forwarded-For`, `X-Forwarded-Proto`,
+//! `Cf-Visitor`, `Cf-Ray`, `CDN-Loop`). Registration errors can be switched on
 //! for negative tests, and configurations can be pushed to connectors.
 //!
 //! Paths under `/__mock-edge/` on the HTTP listener are not forwarded; they
@@ -206,6 +208,12 @@ struct ConnHooks {
 impl RegistrationHooks for ConnHooks {
     fn register(&self, record: RegistrationRecord) -> Result<ConnectionDetails, EdgeRefusal> {
         let inner = &self.inner;
+        let (conn_index, version, arch, features) = (
+            record.conn_index,
+            record.version.clone(),
+            record.arch.clone(),
+            record.features.join(","),
+        );
         let result = inner
             .with_state(|s| {
                 s.records.push(record.clone());
@@ -244,7 +252,7 @@ impl RegistrationHooks for ConnHooks {
                 }
                 Ok(ConnectionDetails {
                     uuid: crate::rpc::edge::new_connection_id(),
-                    location: "MCK".into(),
+                    location: forward::LOCATION.into(),
                     remotely_managed: inner.remotely_managed,
                 })
             })
@@ -255,22 +263,49 @@ impl RegistrationHooks for ConnHooks {
                     should_retry: true,
                 })
             });
-        if result.is_err() {
-            // The edge closes the connection after a registration error.
-            let _ = self.close.try_send(());
+        match &result {
+            Ok(d) => tracing::info!(
+                conn = self.id,
+                conn_index,
+                connection = %d.uuid,
+                %version,
+                %arch,
+                %features,
+                "connector registered"
+            ),
+            Err(e) => {
+                tracing::info!(conn = self.id, conn_index, cause = %e.cause, "registration refused");
+                // The edge closes the connection after a registration error.
+                let _ = self.close.try_send(());
+            }
         }
         result
     }
 
     fn unregister(&self) {
-        self.inner.with_state(|s| {
-            if let Some(c) = s.conns.get_mut(&self.id) {
-                c.info.draining = true;
-            }
+        let conn_index = self.inner.with_state(|s| {
+            let c = s.conns.get_mut(&self.id)?;
+            c.info.draining = true;
+            c.info.conn_index
         });
+        match conn_index.flatten() {
+            Some(conn_index) => {
+                tracing::info!(
+                    conn = self.id,
+                    conn_index,
+                    "connector unregistered, draining"
+                );
+            }
+            None => tracing::info!(conn = self.id, "connector unregistered, draining"),
+        }
     }
 
     fn local_config(&self, config: Vec<u8>) {
+        tracing::info!(
+            conn = self.id,
+            config = %String::from_utf8_lossy(&config),
+            "local configuration received"
+        );
         self.inner.with_state(|s| s.local_configs.push(config));
     }
 }
