@@ -132,44 +132,10 @@ async fn serve_through(protocol: &str) {
     let dir =
         std::env::temp_dir().join(format!("cftunnel-tunnel-{protocol}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let ca = dir.join("edge-ca.pem");
-    edge.write_ca_pem(&ca).await.expect("CA written");
-    let config = dir.join("config.json");
-    let doc = serde_json::json!({"version": 1, "rules": [
-        {"hostnames": ["app.example.com"], "backends": [{"url": url(a.http_addr()), "weight": 1, "websocket": true}]}
-    ]});
-    std::fs::write(&config, doc.to_string()).expect("write config");
     let token =
         cftunnel_tunnel::Token::new("account", vec![7u8; 32], uuid::Uuid::new_v4()).encode();
-    let admin_port = free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
-        .env("TUNNEL_TOKEN", token)
-        .env("TUNNEL_EDGE", edge.edge_addr().to_string())
-        .env("TUNNEL_CACERT", &ca)
-        .env("PROXY_TUNNEL_PROTOCOL", protocol)
-        .env("PROXY_CONFIG_ADDR", format!("127.0.0.1:{admin_port}"))
-        .env("PROXY_AUTH_TOKEN", TOKEN)
-        .env("PROXY_GRACE_PERIOD", "5s")
-        .arg("--config-file")
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("proxy binary starts");
-    let admin: std::net::SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
+    let (mut child, admin) = tunnel_proxy(&edge, &dir, &token, protocol, a.http_addr()).await;
     let http = client();
-    let ready_by = Instant::now() + Duration::from_secs(20);
-    loop {
-        let up = tokio::net::TcpStream::connect(admin).await.is_ok();
-        if up && get(&http, admin, "a", "/readyz", &[]).await.status == 200 {
-            break;
-        }
-        assert!(
-            Instant::now() < ready_by,
-            "{protocol}: ready once a tunnel connection is registered"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     assert_eq!(
         metric(
             &http,
@@ -217,30 +183,44 @@ async fn serve_through(protocol: &str) {
     assert_eq!(echoed.into_text().expect("text").as_str(), "ping");
     drop(ws);
 
+    // A slow request is in flight when SIGTERM arrives: the connection unregisters (the edge
+    // marks it draining and sends it nothing new) and the request still completes.
+    let entry = edge.http_addr();
+    let slow = tokio::spawn(async move {
+        get(
+            &client(),
+            entry,
+            "app.example.com",
+            "/slow?delay=1500ms",
+            &[],
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let killed = Command::new("kill")
         .arg("-TERM")
         .arg(child.id().to_string())
         .status()
         .expect("kill");
     assert!(killed.success());
-    let exit_by = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
+    let mut unregistered = false;
+    for _ in 0..50 {
+        if edge.connections().iter().any(|c| c.draining) {
+            unregistered = true;
+            break;
         }
-        assert!(
-            Instant::now() < exit_by,
-            "{protocol}: exits after the drain"
-        );
         tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert_eq!(status.code(), Some(0), "{protocol}: clean exit");
+    }
     assert!(
-        edge.registrations()
-            .iter()
-            .any(|r| format!("{r:?}").to_lowercase().contains("unregister"))
-            || edge.serving() == 0,
-        "{protocol}: the connection left the edge"
+        unregistered,
+        "{protocol}: the connection called unregisterConnection"
+    );
+    let r = slow.await.expect("slow request task");
+    assert_eq!(r.status, 200, "{protocol}: the in-flight request finished");
+    assert_eq!(
+        wait_exit(&mut child, Duration::from_secs(15)).await,
+        Some(0),
+        "{protocol}: clean exit"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
