@@ -78,12 +78,4 @@ impl Backends {
         let i = self.cumulative.partition_point(|&c| c <= r);
         self.list.get(i)
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.list.is_empty()
-    }
-
-    pub fn len(&self) -> usize {
-        self.list.len()
-    }
 }

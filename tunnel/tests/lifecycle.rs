@@ -2,6 +2,7 @@
 //! pushes and protocol fallback against the mock edge, over real sockets.
 #![allow(clippy::unwrap_used)]
 
+#[macro_use]
 mod support;
 
 use std::time::Duration;
@@ -145,28 +146,6 @@ async fn config_pushes_are_acknowledged(protocol: Protocol) {
     assert!(metrics_text(&registry).contains("cftunnel_tunnel_remote_config_version 3"));
     handle.shutdown().await;
     edge.shutdown().await;
-}
-
-macro_rules! per_transport {
-    ($name:ident) => {
-        mod $name {
-            use super::*;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn quic() {
-                tokio::time::timeout(LIMIT, super::$name(Protocol::Quic))
-                    .await
-                    .expect("test finished in time");
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn http2() {
-                tokio::time::timeout(LIMIT, super::$name(Protocol::Http2))
-                    .await
-                    .expect("test finished in time");
-            }
-        }
-    };
 }
 
 per_transport!(registration_errors_are_retried_then_recover);

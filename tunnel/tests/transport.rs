@@ -2,6 +2,7 @@
 //! registers with the mock edge and serves requests forwarded by it.
 #![allow(clippy::unwrap_used)]
 
+#[macro_use]
 mod support;
 
 use bytes::Bytes;
@@ -140,28 +141,6 @@ async fn websocket_echo(protocol: Protocol) {
     }
     handle.shutdown().await;
     edge.shutdown().await;
-}
-
-macro_rules! per_transport {
-    ($name:ident) => {
-        mod $name {
-            use super::*;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn quic() {
-                tokio::time::timeout(LIMIT, super::$name(Protocol::Quic))
-                    .await
-                    .expect("test finished in time");
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn http2() {
-                tokio::time::timeout(LIMIT, super::$name(Protocol::Http2))
-                    .await
-                    .expect("test finished in time");
-            }
-        }
-    };
 }
 
 per_transport!(serves_requests);

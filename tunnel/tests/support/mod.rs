@@ -228,3 +228,26 @@ pub async fn websocket(addr: SocketAddr) -> (StatusCode, TokioIo<hyper::upgrade:
     let up = hyper::upgrade::on(resp).await.expect("upgrade");
     (status, TokioIo::new(up))
 }
+
+/// Runs a test body, `async fn name(Protocol)`, once per transport, bounded by `LIMIT`.
+macro_rules! per_transport {
+    ($name:ident) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn quic() {
+                tokio::time::timeout(LIMIT, super::$name(Protocol::Quic))
+                    .await
+                    .expect("test finished in time");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn http2() {
+                tokio::time::timeout(LIMIT, super::$name(Protocol::Http2))
+                    .await
+                    .expect("test finished in time");
+            }
+        }
+    };
+}
