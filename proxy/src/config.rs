@@ -81,6 +81,9 @@ impl Reloader {
             tokio::task::spawn_blocking(move || {
                 let mut cache = cache;
                 let r = compile(&doc, &metrics, &mut cache);
+                // The parsed document is as large as the table; give its memory back now.
+                drop(doc);
+                crate::memory::release_freed();
                 (r, cache)
             })
             .await

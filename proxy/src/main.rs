@@ -9,6 +9,7 @@ use clap::Parser;
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
+    cftunnel_proxy::memory::disable_huge_pages();
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

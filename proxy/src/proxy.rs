@@ -531,7 +531,11 @@ fn retire(old: Arc<Routes>) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         if Arc::strong_count(&old) == 1 {
-            let _ = tokio::task::spawn_blocking(move || drop(old)).await;
+            let _ = tokio::task::spawn_blocking(move || {
+                drop(old);
+                crate::memory::release_freed();
+            })
+            .await;
         }
     });
 }
