@@ -10,6 +10,7 @@
 //! runs with the load generator on `load_cpus`, and only the proxy is on `server_cpus`.
 
 pub mod load;
+pub mod memory;
 pub mod process;
 pub mod procfs;
 pub mod report;

@@ -87,6 +87,14 @@ struct Args {
     /// Keep the generated configs and server logs (path printed at start).
     #[arg(long)]
     keep_scratch: bool,
+    /// Instead of load: measure the proxy's memory while this config document is pushed
+    /// --pushes times (e.g. the 10,000-rule document from
+    /// `cargo run -p cftunnel-benches --example synthetic -- 10000`).
+    #[arg(long, value_name = "FILE")]
+    memory_config: Option<PathBuf>,
+    /// Pushes of the --memory-config document.
+    #[arg(long, default_value_t = 10)]
+    pushes: usize,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -113,6 +121,8 @@ fn main() -> anyhow::Result<()> {
         no_pin,
         json,
         keep_scratch,
+        memory_config,
+        pushes,
     } = Args::parse();
     if !path.starts_with('/') {
         bail!("--path must start with '/'");
@@ -152,6 +162,37 @@ fn main() -> anyhow::Result<()> {
         pin_current_process(&load_cpus).context("pinning the load generator")?;
     }
     let pinned = |list: CpuList| pin.then_some(list);
+    if let Some(doc) = memory_config {
+        if pushes == 0 {
+            bail!("--pushes must be at least 1");
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("building the runtime")?;
+        let scratch = harness::process::ScratchDir::create(keep_scratch)
+            .context("creating the scratch directory")?;
+        let server_cpus = pinned(server_cpus);
+        let report = runtime
+            .block_on(harness::memory::run(
+                &proxy_bin,
+                &doc,
+                pushes,
+                workers,
+                server_cpus.as_ref(),
+                scratch.path(),
+            ))
+            .context("memory run")?;
+        if json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).context("encoding the report")?
+            );
+        } else {
+            print!("{}", report.render());
+        }
+        return Ok(());
+    }
     let load_threads = if pin { load_cpus.count() } else { cpus };
     let config = RunConfig {
         scenarios,
