@@ -210,7 +210,7 @@ async fn tls_backend() -> (std::net::SocketAddr, String) {
         .expect("params")
         .signed_by(&key, &ca, &ca_key)
         .expect("leaf");
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let config = rustls::ServerConfig::builder()
         .with_no_client_auth()
         .with_single_cert(

@@ -34,7 +34,7 @@ pub enum TlsError {
 }
 
 pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
 /// Cloudflare's origin CA roots, which edge certificates chain to.

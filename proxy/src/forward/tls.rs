@@ -56,7 +56,7 @@ pub(crate) fn target(
         None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
     }
     let roots = Arc::new(roots);
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let name = tls.and_then(|t| t.server_name.as_deref()).unwrap_or(host);
     let server_name = ServerName::try_from(name.to_owned())
         .map_err(|_| err(format!("serverName {name:?} is not a valid DNS name or IP")))?;
