@@ -48,6 +48,11 @@ pub struct Args {
     )]
     pub tunnel_protocol: TunnelProtocol,
 
+    /// Strict post-quantum key exchange with the edge (as `cloudflared --post-quantum`):
+    /// offer only X25519MLKEM768 and announce the `postquantum` feature.
+    #[arg(long, env = "PROXY_TUNNEL_POST_QUANTUM", default_value = "false", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub tunnel_post_quantum: bool,
+
     /// Serve Prometheus metrics on `/metrics`.
     #[arg(long, env = "PROXY_METRICS_ENABLED", default_value = "true", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub metrics_enabled: bool,
@@ -176,6 +181,13 @@ mod tests {
         assert_eq!(a.addr.0, "0.0.0.0:9000".parse().expect("addr"));
         assert_eq!(a.grace_period.0, Duration::from_secs(5));
         assert_eq!(a.tunnel_protocol, TunnelProtocol::Quic);
+        assert!(!a.tunnel_post_quantum, "post-quantum is off by default");
+        assert!(
+            parse(&["--tunnel-post-quantum", "true"])
+                .expect("bool flag")
+                .tunnel_post_quantum
+        );
+        assert!(parse(&["--tunnel-post-quantum", "maybe"]).is_err());
         assert!(
             parse(&["--grace-period", "4m"]).is_err(),
             "grace over 3m is refused"

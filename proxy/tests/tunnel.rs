@@ -18,6 +18,18 @@ async fn tunnel_proxy(
     protocol: &str,
     backend: std::net::SocketAddr,
 ) -> (std::process::Child, std::net::SocketAddr) {
+    tunnel_proxy_with(edge, dir, token, protocol, backend, &[]).await
+}
+
+/// [`tunnel_proxy`] with extra environment variables.
+async fn tunnel_proxy_with(
+    edge: &MockEdge,
+    dir: &std::path::Path,
+    token: &str,
+    protocol: &str,
+    backend: std::net::SocketAddr,
+    env: &[(&str, &str)],
+) -> (std::process::Child, std::net::SocketAddr) {
     let ca = dir.join("edge-ca.pem");
     edge.write_ca_pem(&ca).await.expect("CA written");
     let config = dir.join("config.json");
@@ -34,6 +46,7 @@ async fn tunnel_proxy(
         .env("PROXY_CONFIG_ADDR", format!("127.0.0.1:{admin_port}"))
         .env("PROXY_AUTH_TOKEN", TOKEN)
         .env("PROXY_GRACE_PERIOD", "5s")
+        .envs(env.iter().copied())
         .arg("--config-file")
         .arg(&config)
         .stdout(Stdio::null())
@@ -237,6 +250,47 @@ async fn serves_through_the_tunnel_over_http2() {
     tokio::time::timeout(TEST_TIMEOUT, serve_through("http2"))
         .await
         .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn post_quantum_setting_reaches_the_edge() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let edge = MockEdge::start().await.expect("mock edge starts");
+        let dir = std::env::temp_dir().join(format!("cftunnel-pq-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let token =
+            cftunnel_tunnel::Token::new("account", vec![7u8; 32], uuid::Uuid::new_v4()).encode();
+        let (mut child, _) = tunnel_proxy_with(
+            &edge,
+            &dir,
+            &token,
+            "quic",
+            a.http_addr(),
+            &[("PROXY_TUNNEL_POST_QUANTUM", "true")],
+        )
+        .await;
+        let records = edge.registrations();
+        assert_eq!(records.len(), 1);
+        assert!(
+            records[0].features.iter().any(|f| f == "postquantum"),
+            "{:?}",
+            records[0].features
+        );
+        let conns = edge.connections();
+        assert_eq!(
+            conns.first().and_then(|c| c.key_exchange_group),
+            Some(rustls::NamedGroup::X25519MLKEM768),
+            "{conns:?}"
+        );
+        let r = get(&client(), edge.http_addr(), "app.example.com", "/pq", &[]).await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await
+    .expect("test finished in time");
 }
 
 #[test]

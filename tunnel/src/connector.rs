@@ -36,6 +36,10 @@ pub const FEATURES: &[&str] = &[
     "support_quic_eof",
 ];
 
+/// Feature added to `ClientInfo.features` in strict post-quantum mode
+/// ([`ConnectorOptions::post_quantum`]), as `cloudflared --post-quantum` does.
+pub const FEATURE_POST_QUANTUM: &str = "postquantum";
+
 /// `PROXY_TUNNEL_PROTOCOL`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Protocol {
@@ -94,6 +98,12 @@ pub struct ConnectorOptions {
     pub handshake_timeout: Duration,
     /// `ClientInfo.version`.
     pub client_version: String,
+    /// Strict post-quantum key exchange (`cloudflared --post-quantum`): TLS
+    /// offers only X25519MLKEM768, so an edge without it fails the handshake,
+    /// and registration adds the `postquantum` feature. Default (false):
+    /// X25519MLKEM768 preferred, P-256 as the fallback; see
+    /// [`tls::edge_key_exchange_groups`].
+    pub post_quantum: bool,
 }
 
 impl Default for ConnectorOptions {
@@ -110,6 +120,7 @@ impl Default for ConnectorOptions {
             ha_start_interval: Duration::from_secs(1),
             handshake_timeout: Duration::from_secs(5),
             client_version: DEFAULT_CLIENT_VERSION.to_owned(),
+            post_quantum: false,
         }
     }
 }
@@ -172,8 +183,13 @@ impl Shared {
         format!("{}_{}", std::env::consts::OS, arch)
     }
 
-    pub(crate) fn features() -> Vec<String> {
-        FEATURES.iter().map(|f| (*f).to_owned()).collect()
+    /// `ClientInfo.features` for these options.
+    pub(crate) fn features(&self) -> Vec<String> {
+        let mut features: Vec<String> = FEATURES.iter().map(|f| (*f).to_owned()).collect();
+        if self.opts.post_quantum {
+            features.push(FEATURE_POST_QUANTUM.to_owned());
+        }
+        features
     }
 }
 
@@ -280,8 +296,8 @@ impl Connector {
             return Err(ConnectorError::NoConnections);
         }
         let roots = tls::root_store(opts.edge_ca_pem.as_deref())?;
-        let quic_client = tls::quic_client(roots.clone())?;
-        let h2_client = tls::h2_client(roots)?;
+        let quic_client = tls::quic_client(roots.clone(), opts.post_quantum)?;
+        let h2_client = tls::h2_client(roots, opts.post_quantum)?;
         Ok(Self {
             token,
             opts,

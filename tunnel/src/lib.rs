@@ -121,7 +121,7 @@ mod quic_metadata_protocol_capnp;
 pub use body::{Body, BodyError, BoxError, OnUpgrade, UpgradeError, Upgraded};
 pub use connector::{
     Connector, ConnectorError, ConnectorHandle, ConnectorOptions, Protocol, ProtocolError,
-    DEFAULT_CLIENT_VERSION, FEATURES,
+    DEFAULT_CLIENT_VERSION, FEATURES, FEATURE_POST_QUANTUM,
 };
 pub use edge::{EdgeAddr, EdgeAddrError};
 pub use metrics::TunnelMetrics;

@@ -81,7 +81,7 @@ pub(crate) fn register_params(
         tunnel_id: shared.token.tunnel_id(),
         conn_index: idx,
         client_id: shared.client_id,
-        features: Shared::features(),
+        features: shared.features(),
         version: shared.opts.client_version.clone(),
         arch: Shared::arch(),
         origin_local_ip,

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use rustls::crypto::SupportedKxGroup;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::RootCertStore;
 
@@ -37,6 +38,69 @@ pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
+/// Key-exchange groups the connector offers on edge connections, in order
+/// of preference, as `cloudflared` does: hybrid post-quantum X25519MLKEM768,
+/// then P-256 in the default mode, and only X25519MLKEM768 in strict
+/// post-quantum mode. Plain X25519 is never offered. (`cloudflared` also
+/// offers P256Kyber768Draft00, which rustls does not implement.)
+pub fn edge_key_exchange_groups(post_quantum: bool) -> Vec<rustls::NamedGroup> {
+    edge_kx_groups(post_quantum)
+        .iter()
+        .map(|g| g.name())
+        .collect()
+}
+
+fn edge_kx_groups(post_quantum: bool) -> Vec<&'static dyn SupportedKxGroup> {
+    use rustls::crypto::aws_lc_rs::kx_group;
+    if post_quantum {
+        vec![kx_group::X25519MLKEM768]
+    } else {
+        vec![kx_group::X25519MLKEM768, kx_group::SECP256R1]
+    }
+}
+
+/// The provider for edge connections: aws-lc-rs restricted to
+/// [`edge_key_exchange_groups`].
+fn edge_provider(post_quantum: bool) -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::CryptoProvider {
+        kx_groups: edge_kx_groups(post_quantum),
+        ..rustls::crypto::aws_lc_rs::default_provider()
+    })
+}
+
+/// A key-exchange group rustls implements, by its name as rustls prints it
+/// (`X25519MLKEM768`, `X25519`, `secp256r1`, ...; case-insensitive).
+pub fn key_exchange_group_by_name(name: &str) -> Option<rustls::NamedGroup> {
+    rustls::crypto::aws_lc_rs::ALL_KX_GROUPS
+        .iter()
+        .map(|g| g.name())
+        .find(|g| format!("{g:?}").eq_ignore_ascii_case(name))
+}
+
+/// The provider restricted to `groups`, in that order; every group must be
+/// one aws-lc-rs implements.
+pub(crate) fn provider_with_groups(
+    groups: &[rustls::NamedGroup],
+) -> Result<Arc<rustls::crypto::CryptoProvider>, TlsError> {
+    let kx_groups = groups
+        .iter()
+        .map(|name| {
+            rustls::crypto::aws_lc_rs::ALL_KX_GROUPS
+                .iter()
+                .find(|g| g.name() == *name)
+                .copied()
+                .ok_or_else(|| TlsError::Config(format!("unsupported key-exchange group {name:?}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if kx_groups.is_empty() {
+        return Err(TlsError::Config("no key-exchange group".into()));
+    }
+    Ok(Arc::new(rustls::crypto::CryptoProvider {
+        kx_groups,
+        ..rustls::crypto::aws_lc_rs::default_provider()
+    }))
+}
+
 /// Cloudflare's origin CA roots, which edge certificates chain to.
 const CLOUDFLARE_ROOTS: &[u8] = include_bytes!("../certs/cloudflare-edge-roots.pem");
 
@@ -69,9 +133,13 @@ pub(crate) fn root_store(ca_pem: Option<&[u8]>) -> Result<RootCertStore, TlsErro
     Ok(roots)
 }
 
-/// Client config for the QUIC transport: TLS 1.3, ALPN `argotunnel`.
-pub(crate) fn quic_client(roots: RootCertStore) -> Result<quinn::ClientConfig, TlsError> {
-    let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
+/// Client config for the QUIC transport: TLS 1.3, ALPN `argotunnel`, the
+/// groups of [`edge_key_exchange_groups`].
+pub(crate) fn quic_client(
+    roots: RootCertStore,
+    post_quantum: bool,
+) -> Result<quinn::ClientConfig, TlsError> {
+    let mut cfg = rustls::ClientConfig::builder_with_provider(edge_provider(post_quantum))
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| TlsError::Config(e.to_string()))?
         .with_root_certificates(roots)
@@ -82,9 +150,13 @@ pub(crate) fn quic_client(roots: RootCertStore) -> Result<quinn::ClientConfig, T
     Ok(quinn::ClientConfig::new(Arc::new(quic)))
 }
 
-/// Client config for the HTTP/2 transport: no ALPN (prior knowledge).
-pub(crate) fn h2_client(roots: RootCertStore) -> Result<Arc<rustls::ClientConfig>, TlsError> {
-    let cfg = rustls::ClientConfig::builder_with_provider(provider())
+/// Client config for the HTTP/2 transport: no ALPN (prior knowledge), the
+/// groups of [`edge_key_exchange_groups`].
+pub(crate) fn h2_client(
+    roots: RootCertStore,
+    post_quantum: bool,
+) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let cfg = rustls::ClientConfig::builder_with_provider(edge_provider(post_quantum))
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?
         .with_root_certificates(roots)
@@ -180,7 +252,7 @@ impl TestPki {
             key_der: key.secret_pkcs8_der().to_vec(),
         };
         // Fails early on a key that does not match the certificate.
-        pki.tcp_server()?;
+        pki.tcp_server(provider())?;
         Ok(pki)
     }
 
@@ -194,8 +266,11 @@ impl TestPki {
     }
 
     /// Server config for the QUIC side: TLS 1.3, ALPN `argotunnel`.
-    pub(crate) fn quic_server(&self) -> Result<rustls::ServerConfig, TlsError> {
-        let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+    pub(crate) fn quic_server(
+        &self,
+        provider: Arc<rustls::crypto::CryptoProvider>,
+    ) -> Result<rustls::ServerConfig, TlsError> {
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| TlsError::Config(e.to_string()))?
             .with_no_client_auth()
@@ -206,8 +281,11 @@ impl TestPki {
     }
 
     /// Server config for the TLS/TCP side: no ALPN.
-    pub(crate) fn tcp_server(&self) -> Result<rustls::ServerConfig, TlsError> {
-        rustls::ServerConfig::builder_with_provider(provider())
+    pub(crate) fn tcp_server(
+        &self,
+        provider: Arc<rustls::crypto::CryptoProvider>,
+    ) -> Result<rustls::ServerConfig, TlsError> {
+        rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| TlsError::Config(e.to_string()))?
             .with_no_client_auth()
@@ -245,7 +323,7 @@ mod tests {
             TestPki::from_pem(&back.to_pem()).unwrap().to_pem(),
             back.to_pem()
         );
-        back.quic_server().unwrap();
+        back.quic_server(provider()).unwrap();
         assert!(matches!(
             TestPki::from_pem(pki.ca_pem()),
             Err(TlsError::Pem(_))

@@ -37,6 +37,16 @@ struct Args {
     /// Only accept this tunnel token's credentials.
     #[arg(long, env = "MOCK_EDGE_TOKEN")]
     token: Option<String>,
+    /// Accept only these TLS key-exchange groups, in order of preference
+    /// (e.g. `X25519,secp256r1` for an edge without post-quantum key
+    /// exchange). Default: all of rustls' groups, X25519MLKEM768 first.
+    #[arg(long, env = "MOCK_EDGE_KEY_EXCHANGE_GROUPS", value_delimiter = ',', value_parser = parse_group)]
+    key_exchange_groups: Vec<rustls::NamedGroup>,
+}
+
+fn parse_group(name: &str) -> Result<rustls::NamedGroup, String> {
+    cftunnel_tunnel::tls::key_exchange_group_by_name(name)
+        .ok_or_else(|| format!("{name:?} is not a key-exchange group rustls implements"))
 }
 
 #[tokio::main]
@@ -56,6 +66,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(token) = &args.token {
         builder = builder.credentials(token.parse().context("--token")?);
+    }
+    if !args.key_exchange_groups.is_empty() {
+        builder = builder.key_exchange_groups(args.key_exchange_groups.iter().copied());
     }
     let edge = builder.start().await.context("starting the mock edge")?;
     edge.write_ca_pem(&args.ca_out)

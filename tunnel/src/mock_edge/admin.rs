@@ -42,6 +42,10 @@ pub(super) async fn handle(inner: &Inner, req: Request<Incoming>) -> http::Respo
                                 "registered": c.info.registered,
                                 "draining": c.info.draining,
                                 "requests": c.info.requests,
+                                "keyExchangeGroup": c
+                                    .info
+                                    .key_exchange_group
+                                    .map(|g| format!("{g:?}")),
                             })
                         })
                         .collect::<Vec<_>>()

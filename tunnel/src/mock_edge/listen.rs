@@ -41,9 +41,10 @@ pub(super) enum Udp {
 pub(super) fn bind(
     addr: SocketAddr,
     pki: &TestPki,
+    provider: Arc<rustls::crypto::CryptoProvider>,
     quic: bool,
 ) -> Result<(Udp, std::net::TcpListener), MockEdgeError> {
-    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(pki.quic_server()?)
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(pki.quic_server(provider)?)
         .map_err(|e| crate::tls::TlsError::Config(e.to_string()))?;
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
     server.transport_config(Arc::new(server_transport()));
@@ -98,7 +99,8 @@ async fn serve_quic(inner: &Arc<Inner>, incoming: quinn::Incoming) -> Result<(),
     let conn = incoming
         .await
         .map_err(|e| MockEdgeError::Stream(e.to_string()))?;
-    let id = inner.add_connection(Transport::Quic(conn.clone()), EdgeProtocol::Quic);
+    let group = quic_key_exchange_group(&conn);
+    let id = inner.add_connection(Transport::Quic(conn.clone()), EdgeProtocol::Quic, group);
     let result = async {
         let (send, recv) = tokio::select! {
             s = conn.accept_bi() => s.map_err(|e| MockEdgeError::Stream(e.to_string()))?,
@@ -129,13 +131,22 @@ async fn serve_quic(inner: &Arc<Inner>, incoming: quinn::Incoming) -> Result<(),
     result
 }
 
+/// The key-exchange group of an established QUIC connection's handshake.
+fn quic_key_exchange_group(conn: &quinn::Connection) -> Option<rustls::NamedGroup> {
+    conn.handshake_data()?
+        .downcast::<quinn::crypto::rustls::HandshakeData>()
+        .ok()
+        .map(|h| h.negotiated_key_exchange_group)
+}
+
 pub(super) fn spawn_tcp(
     inner: &Arc<Inner>,
     listener: std::net::TcpListener,
     pki: &TestPki,
+    provider: Arc<rustls::crypto::CryptoProvider>,
 ) -> Result<(), MockEdgeError> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(pki.tcp_server()?));
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(pki.tcp_server(provider)?));
     let inner2 = inner.clone();
     inner.tasks.spawn(async move {
         loop {
@@ -166,6 +177,11 @@ async fn serve_tcp(
     let tls = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp))
         .await
         .map_err(|e| stream_err(&e))??;
+    let group = tls
+        .get_ref()
+        .1
+        .negotiated_key_exchange_group()
+        .map(|g| g.name());
     // The edge is the HTTP/2 client on this connection.
     let (send_request, connection) = h2::client::Builder::new()
         .initial_window_size(4 * 1024 * 1024)
@@ -174,7 +190,11 @@ async fn serve_tcp(
         .await
         .map_err(|e| stream_err(&e))?;
     let mut driver = tokio::spawn(connection);
-    let id = inner.add_connection(Transport::H2(send_request.clone()), EdgeProtocol::Http2);
+    let id = inner.add_connection(
+        Transport::H2(send_request.clone()),
+        EdgeProtocol::Http2,
+        group,
+    );
     let result = async {
         let req = http::Request::builder()
             .method(http::Method::GET)

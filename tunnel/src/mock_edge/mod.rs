@@ -81,6 +81,8 @@ pub struct ConnectionInfo {
     pub draining: bool,
     /// Requests forwarded through it so far.
     pub requests: u64,
+    /// Key-exchange group the TLS handshake negotiated.
+    pub key_exchange_group: Option<rustls::NamedGroup>,
 }
 
 #[derive(Clone)]
@@ -132,7 +134,12 @@ impl Inner {
         Some(out)
     }
 
-    pub(crate) fn add_connection(&self, transport: Transport, protocol: EdgeProtocol) -> u64 {
+    pub(crate) fn add_connection(
+        &self,
+        transport: Transport,
+        protocol: EdgeProtocol,
+        key_exchange_group: Option<rustls::NamedGroup>,
+    ) -> u64 {
         self.with_state(|s| {
             s.next_id += 1;
             let id = s.next_id;
@@ -148,6 +155,7 @@ impl Inner {
                         registered: false,
                         draining: false,
                         requests: 0,
+                        key_exchange_group,
                     },
                 },
             );
@@ -214,9 +222,17 @@ impl RegistrationHooks for ConnHooks {
             record.arch.clone(),
             record.features.join(","),
         );
+        let mut key_exchange = String::from("unknown");
         let result = inner
             .with_state(|s| {
                 s.records.push(record.clone());
+                if let Some(g) = s
+                    .conns
+                    .get(&self.id)
+                    .and_then(|c| c.info.key_exchange_group)
+                {
+                    key_exchange = format!("{g:?}");
+                }
                 if let Some(err) = s.registration_error.clone() {
                     return Err(err);
                 }
@@ -271,6 +287,7 @@ impl RegistrationHooks for ConnHooks {
                 %version,
                 %arch,
                 %features,
+                %key_exchange,
                 "connector registered"
             ),
             Err(e) => {
@@ -319,6 +336,7 @@ pub struct MockEdgeBuilder {
     remotely_managed: bool,
     credentials: Option<crate::Token>,
     quic: bool,
+    key_exchange_groups: Option<Vec<rustls::NamedGroup>>,
 }
 
 impl Default for MockEdgeBuilder {
@@ -330,6 +348,7 @@ impl Default for MockEdgeBuilder {
             remotely_managed: true,
             credentials: None,
             quic: true,
+            key_exchange_groups: None,
         }
     }
 }
@@ -373,11 +392,28 @@ impl MockEdgeBuilder {
         self
     }
 
+    /// Accept only these key-exchange groups, in this order of preference
+    /// (default: every group of rustls' aws-lc-rs provider, X25519MLKEM768
+    /// first). For example `[X25519, secp256r1]` stands for an edge without
+    /// post-quantum key exchange. [`start`](Self::start) fails on a group
+    /// rustls does not implement.
+    pub fn key_exchange_groups(
+        mut self,
+        groups: impl IntoIterator<Item = rustls::NamedGroup>,
+    ) -> Self {
+        self.key_exchange_groups = Some(groups.into_iter().collect());
+        self
+    }
+
     /// Binds the listeners and starts serving on the current runtime.
     pub async fn start(self) -> Result<MockEdge, MockEdgeError> {
         let pki = match self.pki {
             Some(p) => p,
             None => TestPki::generate()?,
+        };
+        let provider = match &self.key_exchange_groups {
+            Some(groups) => crate::tls::provider_with_groups(groups)?,
+            None => crate::tls::provider(),
         };
         let (serving, _) = watch::channel(0);
         let inner = Arc::new(Inner {
@@ -393,7 +429,7 @@ impl MockEdgeBuilder {
         // A previous instance on the same port may still be releasing it.
         let mut attempts = 0;
         let (endpoint, tcp) = loop {
-            match listen::bind(self.edge_addr, &pki, self.quic) {
+            match listen::bind(self.edge_addr, &pki, provider.clone(), self.quic) {
                 Err(MockEdgeError::Io(e))
                     if e.kind() == std::io::ErrorKind::AddrInUse && attempts < 60 =>
                 {
@@ -409,7 +445,7 @@ impl MockEdgeBuilder {
         if let listen::Udp::Quic(endpoint) = &endpoint {
             listen::spawn_quic(&inner, endpoint.clone());
         }
-        listen::spawn_tcp(&inner, tcp, &pki)?;
+        listen::spawn_tcp(&inner, tcp, &pki, provider)?;
         forward::spawn_http(&inner, http);
         tracing::info!(edge = %edge_addr, http = %http_addr, "mock edge listening");
         Ok(MockEdge {
