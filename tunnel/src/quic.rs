@@ -27,6 +27,9 @@ pub(crate) const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// arrive before the connection closes on an idle drain.
 pub(crate) const DRAIN_LINGER: Duration = Duration::from_millis(500);
 
+/// How long a draining connection waits for the edge to acknowledge a finished response.
+const ACK_WAIT: Duration = Duration::from_secs(2);
+
 /// Concurrent edge-opened request streams allowed per connection.
 /// `cloudflared` advertises 2^60; quinn allocates state per allowed stream
 /// up front, so the limit is a large practical number instead. The credit
@@ -375,6 +378,12 @@ async fn serve_data(shared: &Shared, mut send: quinn::SendStream, mut recv: quin
     match write_body(&mut send, body).await {
         Ok(()) => {
             let _ = send.finish();
+            // Closing the connection discards unsent stream data, and a drain closes it as
+            // soon as the last stream task ends: while draining, a stream task lasts until
+            // the edge has acknowledged the whole response.
+            if shared.run_state() != RunState::Running {
+                let _ = tokio::time::timeout(ACK_WAIT, send.stopped()).await;
+            }
         }
         Err(e) => {
             tracing::debug!(error = %e, "response body failed; resetting stream");
