@@ -1,12 +1,12 @@
 //! Body types at the proxy's seams: one boxed request body type for every source (hyper
 //! server, tunnel streams, buffered replays) and a response body that reports completion.
 
+use crate::forward::UpstreamBody;
 use crate::proxy::Completion;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -32,7 +32,7 @@ where
 pin_project_lite::pin_project! {
     #[project = InnerProj]
     enum Inner {
-        Upstream { #[pin] body: Incoming },
+        Upstream { #[pin] body: UpstreamBody },
         Local { #[pin] body: Full<Bytes> },
     }
 }
@@ -67,7 +67,7 @@ pin_project_lite::pin_project! {
 }
 
 impl ResponseBody {
-    pub(crate) fn upstream(body: Incoming, completion: Completion) -> Self {
+    pub(crate) fn upstream(body: UpstreamBody, completion: Completion) -> Self {
         Self {
             inner: Inner::Upstream { body },
             completion: Some(completion),

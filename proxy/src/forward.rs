@@ -2,19 +2,21 @@
 //! metrics and the error responses are built from.
 
 mod connector;
+mod pool;
 mod tls;
 
 pub use connector::{ConnectError, ConnectErrorKind};
+pub use pool::UpstreamBody;
 
-use crate::body::ProxyBody;
+use crate::body::{BoxError, ProxyBody};
 use bytes::Bytes;
 use cftunnel_config::BackendProtocol;
 use connector::Connector;
 use http::uri::{Authority, Scheme};
 use http::{Request, Response};
-use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long a dial may take before the backend counts as unreachable.
@@ -37,7 +39,7 @@ pub enum ForwardError {
     #[error("backend connection closed before the request was sent")]
     Canceled,
     #[error("backend exchange failed: {0}")]
-    Other(#[source] hyper_util::client::legacy::Error),
+    Other(#[source] BoxError),
 }
 
 impl ForwardError {
@@ -78,7 +80,15 @@ impl ForwardError {
             }
             source = e.source();
         }
-        Self::Other(err)
+        Self::Other(err.into())
+    }
+
+    fn from_hyper(err: hyper::Error) -> Self {
+        if err.is_canceled() {
+            Self::Canceled
+        } else {
+            Self::Other(err.into())
+        }
     }
 }
 
@@ -88,6 +98,8 @@ pub struct Upstream {
     /// Built on first use: a table may name thousands of backends that never see a request,
     /// and an idle client with its pool costs a few kilobytes.
     client: std::sync::OnceLock<Client<Connector, ProxyBody>>,
+    /// Plain HTTP/1.1 backends (the common case in a cluster) use a leaner pool of their own.
+    h1: Option<Arc<pool::H1Pool>>,
     connector: Connector,
     scheme: Scheme,
     /// The backend's own `host:port`, used when the request carries no usable host.
@@ -172,8 +184,10 @@ impl Upstream {
             "" | "/" => None,
             p => Some(p.trim_end_matches('/').into()),
         };
+        let h1 = (!secure && !h2).then(|| pool::H1Pool::new(connector.clone(), POOL_MAX_IDLE));
         Ok(Self {
             client: std::sync::OnceLock::new(),
+            h1,
             connector,
             scheme,
             authority,
@@ -212,6 +226,12 @@ impl Upstream {
         self.h2
     }
 
+    /// Whether requests to this backend carry an origin-form target (`/path?query`) rather
+    /// than an absolute URI.
+    pub fn origin_form(&self) -> bool {
+        self.h1.is_some()
+    }
+
     /// One try: sends the request and waits for the response head, bounded by `timeout`.
     ///
     /// With `body_sent`, the timeout starts once the request body has been handed over (the
@@ -222,22 +242,31 @@ impl Upstream {
         req: Request<ProxyBody>,
         timeout: Option<Duration>,
         body_sent: Option<tokio::sync::oneshot::Receiver<()>>,
-    ) -> Result<Response<Incoming>, ForwardError> {
-        let fut = self.client().request(req);
+    ) -> Result<Response<UpstreamBody>, ForwardError> {
+        let fut = async {
+            match &self.h1 {
+                Some(pool) => pool.send(req).await,
+                None => self
+                    .client()
+                    .request(req)
+                    .await
+                    .map(|resp| resp.map(UpstreamBody::unpooled))
+                    .map_err(ForwardError::from_client),
+            }
+        };
         tokio::pin!(fut);
         if let (Some(sent), Some(_)) = (body_sent, timeout) {
             tokio::select! {
-                res = &mut fut => return res.map_err(ForwardError::from_client),
+                res = &mut fut => return res,
                 _ = sent => {}
             }
         }
-        let res = match timeout {
+        match timeout {
             Some(t) => tokio::time::timeout(t, fut)
                 .await
                 .map_err(|_| ForwardError::Timeout)?,
             None => fut.await,
-        };
-        res.map_err(ForwardError::from_client)
+        }
     }
 }
 

@@ -7,7 +7,7 @@
 use crate::body::{self, BoxError, ProxyBody, ResponseBody};
 use crate::error::ProxyError;
 use crate::filter::{Cors, Filters};
-use crate::forward::Upstream;
+use crate::forward::{Upstream, UpstreamBody};
 use crate::metrics::{HostMetrics, ProxyMetrics, StatusClass};
 use crate::route::{RequestView, Table};
 use crate::rule::{Backend, Rule};
@@ -389,7 +389,7 @@ impl Proxy {
         mut parts: http::request::Parts,
         body: Payload,
         host_metrics: &HostMetrics,
-    ) -> Result<Response<hyper::body::Incoming>, ProxyError> {
+    ) -> Result<Response<UpstreamBody>, ProxyError> {
         let per_try = rule.backend_timeout.unwrap_or(self.shared.header_timeout);
         let (attempts, backoff) = match (&rule.retry, &body) {
             (Some(r), Payload::Replayable(_)) => (r.attempts, r.backoff),
@@ -482,11 +482,7 @@ impl Proxy {
     }
 
     /// Joins the client's and the backend's upgraded connections after a `101`.
-    fn splice_upgrade(
-        &self,
-        client_side: ClientSide,
-        response: &mut Response<hyper::body::Incoming>,
-    ) {
+    fn splice_upgrade(&self, client_side: ClientSide, response: &mut Response<UpstreamBody>) {
         let backend_side = hyper::upgrade::on(&mut *response);
         let gauge = self.shared.metrics.websocket_sessions.clone();
         tokio::spawn(async move {
@@ -592,7 +588,7 @@ enum ClientSide {
 
 /// A response body before it is wrapped for accounting.
 enum Reply {
-    Upstream(hyper::body::Incoming),
+    Upstream(UpstreamBody),
     Local(Bytes),
 }
 
@@ -738,11 +734,15 @@ fn upstream_request(
     // The URI authority keys the connection pool, so it is always the backend's own: varying
     // `Host` must not let a client open new backend connections. The client's host travels in
     // the `Host` header, which `route` has made consistent with what was routed on.
-    let mut uri = http::uri::Parts::default();
-    uri.scheme = Some(upstream.scheme().clone());
-    uri.authority = Some(upstream.authority().clone());
-    uri.path_and_query = Some(path_and_query);
-    let uri = Uri::from_parts(uri).map_err(|_| bad())?;
+    let uri = if upstream.origin_form() {
+        Uri::from(path_and_query)
+    } else {
+        let mut uri = http::uri::Parts::default();
+        uri.scheme = Some(upstream.scheme().clone());
+        uri.authority = Some(upstream.authority().clone());
+        uri.path_and_query = Some(path_and_query);
+        Uri::from_parts(uri).map_err(|_| bad())?
+    };
     let mut req = Request::new(body);
     *req.method_mut() = parts.method.clone();
     *req.uri_mut() = uri;

@@ -374,3 +374,121 @@ async fn abusive_clients_get_4xx_and_slow_ones_are_cut_off() {
     .await
     .expect("test finished in time");
 }
+
+/// A keep-alive HTTP/1.1 backend that counts the connections it accepts and answers `ok`.
+/// With `close_after_each`, it closes every connection silently right after its first
+/// response, as a backend whose idle timeout is shorter than the proxy's does.
+async fn counting_backend(
+    close_after_each: bool,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let end = buf
+                        .windows(4)
+                        .position(|w| w == b"\r\n\r\n")
+                        .map_or(buf.len(), |p| p + 4);
+                    buf.drain(..end);
+                    let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    if s.write_all(reply).await.is_err() || close_after_each {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test]
+async fn backend_connections_are_reused_and_stale_ones_replaced() {
+    use std::sync::atomic::Ordering;
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let http = client();
+        let (keep, kept) = counting_backend(false).await;
+        let (drop_each, dropped) = counting_backend(true).await;
+        let proxy = proxy().await;
+        let doc = json!({"rules": [
+            rule("/keep", json!({"backends": [{"url": url(keep), "weight": 1}]})),
+            rule("/drop", json!({"backends": [{"url": url(drop_each), "weight": 1}]})),
+        ]});
+        assert_eq!(
+            push(&http, proxy.admin_addr(), &doc).await.status,
+            StatusCode::OK
+        );
+        let d = proxy.data_addr();
+
+        for _ in 0..20 {
+            let r = get(&http, d, "h", "/keep", &[]).await;
+            assert_eq!((r.status, &r.body[..]), (StatusCode::OK, &b"ok"[..]));
+        }
+        assert_eq!(
+            kept.load(Ordering::SeqCst),
+            1,
+            "sequential requests share one connection"
+        );
+
+        // Ten at once need ten connections; afterwards they are all reused.
+        let burst = (0..10).map(|_| get(&http, d, "h", "/keep", &[]));
+        for r in futures_util::future::join_all(burst).await {
+            assert_eq!(r.status, StatusCode::OK);
+        }
+        let after_burst = kept.load(Ordering::SeqCst);
+        assert!((1..=10).contains(&after_burst), "{after_burst} connections");
+        for _ in 0..20 {
+            assert_eq!(
+                get(&http, d, "h", "/keep", &[]).await.status,
+                StatusCode::OK
+            );
+        }
+        assert_eq!(
+            kept.load(Ordering::SeqCst),
+            after_burst,
+            "no new connections once warm"
+        );
+
+        // A backend that closes idle connections: every request still succeeds, each on a
+        // fresh connection, whether the close was noticed before the next request or not.
+        for i in 0..10 {
+            let r = get(&http, d, "h", "/drop", &[]).await;
+            assert_eq!(r.status, StatusCode::OK, "request {i}");
+            if i % 2 == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        assert_eq!(dropped.load(Ordering::SeqCst), 10);
+        let errors = metric(
+            &http,
+            proxy.admin_addr(),
+            "cftunnel_proxy_backend_errors_total{hostname=\"*\",reason=\"canceled\"}",
+        )
+        .await;
+        assert_eq!(
+            errors.unwrap_or(0.0),
+            0.0,
+            "no request failed on a stale connection"
+        );
+    })
+    .await
+    .expect("test finished in time");
+}

@@ -60,6 +60,13 @@ impl Connector {
     }
 }
 
+impl Connector {
+    /// Dials the backend (and completes the TLS handshake, if any).
+    pub(crate) async fn connect(&self) -> Result<Stream, ConnectError> {
+        connect(&self.target).await
+    }
+}
+
 impl tower_service::Service<http::Uri> for Connector {
     type Response = TokioIo<Stream>;
     type Error = ConnectError;
