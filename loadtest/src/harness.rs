@@ -262,6 +262,7 @@ async fn run_scenario(
         warmup: cfg.warmup,
         duration: cfg.duration,
         rate: cfg.rate,
+        edge: target.edge.clone(),
     };
     let (load, cpu, edge_cpu) = tokio::join!(
         load::run(&spec),

@@ -143,7 +143,47 @@ async fn websocket_echo(protocol: Protocol) {
     edge.shutdown().await;
 }
 
+/// `MockEdge::request` (the load generator's way in) forwards as the HTTP listener does:
+/// edge headers added, bodies streamed both ways, spread over the connections.
+async fn in_process_requests_cross_the_tunnel(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let (handle, _m, _registry) = start_connector(options(&edge, protocol, 2), token());
+    handle.wait_registered(2).await;
+    edge.wait_serving(2).await;
+    for _ in 0..4 {
+        let req = http::Request::get("/hello")
+            .header("host", "app.example.com")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let resp = edge.request(req).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"hello");
+    }
+    let payload = bytes::Bytes::from(vec![b'x'; 300_000]);
+    let req = http::Request::post("/echo")
+        .header("host", "app.example.com")
+        .header("content-length", payload.len())
+        .body(http_body_util::Full::new(payload.clone()))
+        .unwrap();
+    let resp = edge.request(req).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, payload, "the upload came back whole");
+    let served: u64 = edge.connections().iter().map(|c| c.requests).sum();
+    assert_eq!(served, 5);
+    assert!(
+        edge.connections().iter().all(|c| c.requests >= 1),
+        "requests are spread over both connections: {:?}",
+        edge.connections()
+    );
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
 per_transport!(serves_requests);
+per_transport!(in_process_requests_cross_the_tunnel);
 per_transport!(streams_large_bodies);
 per_transport!(many_concurrent_requests);
 per_transport!(websocket_echo);

@@ -21,7 +21,7 @@ use clap::Parser;
 /// --echo-cpus, and the mock edge of the tunnel scenarios runs on --load-cpus. The proxy's
 /// worker threads equal nginx's worker processes (--workers).
 ///
-/// All scenarios: --scenarios direct,proxy,tunnel-quic,tunnel-http2,nginx
+/// All scenarios: --scenarios direct,proxy,tunnel-quic,tunnel-http2,tunnel-quic-edge,tunnel-http2-edge,nginx
 #[derive(Parser, Debug)]
 #[command(name = "cftunnel-loadtest", version)]
 struct Args {

@@ -45,6 +45,8 @@ pub struct LoadSpec {
     /// unpaced closed loop. A connection whose answers come slower than its share sends the
     /// next request at once and does not catch up later.
     pub rate: Option<f64>,
+    /// Hand requests to this in-process mock edge instead of connecting to `target`.
+    pub edge: Option<super::scenario::InProcessEdge>,
 }
 
 /// Time between two requests on one connection when `rate` requests per second are spread
@@ -157,6 +159,29 @@ async fn drive_connection(
             s.next = (s.next + s.interval).max(started);
         }
         let measuring = started >= measure_from;
+        if let Some(edge) = &spec.edge {
+            let mut req = Request::new(Empty::<Bytes>::new());
+            *req.uri_mut() = uri.clone();
+            req.headers_mut().insert(http::header::HOST, host.clone());
+            let sent = Instant::now();
+            let outcome = tokio::time::timeout(REQUEST_TIMEOUT, async {
+                let resp = edge.0.request(req).await;
+                let status = resp.status();
+                resp.into_body().collect().await.ok()?;
+                Some(status)
+            })
+            .await;
+            let latency = sent.elapsed();
+            if measuring {
+                match outcome {
+                    Ok(Some(status)) if status.is_success() => {
+                        record_latency(&mut result.latencies, latency)
+                    }
+                    _ => result.errors += 1,
+                }
+            }
+            continue;
+        }
         let mut conn = match sender.take() {
             Some(s) if !s.is_closed() => s,
             _ => match connect(spec.target).await {

@@ -27,6 +27,11 @@ pub enum Scenario {
     TunnelQuic,
     /// As `tunnel-quic`, over the HTTP/2 (TLS over TCP) tunnel transport.
     TunnelHttp2,
+    /// As `tunnel-quic`, with the load generator playing the edge: an in-process mock edge
+    /// puts each request straight onto a tunnel stream, with no HTTP hop in front of it.
+    TunnelQuicEdge,
+    /// As `tunnel-quic-edge`, over the HTTP/2 tunnel transport.
+    TunnelHttp2Edge,
 }
 
 impl Scenario {
@@ -37,12 +42,17 @@ impl Scenario {
             Self::Nginx => "nginx",
             Self::TunnelQuic => "tunnel-quic",
             Self::TunnelHttp2 => "tunnel-http2",
+            Self::TunnelQuicEdge => "tunnel-quic-edge",
+            Self::TunnelHttp2Edge => "tunnel-http2-edge",
         }
     }
 
     /// Requests cross a tunnel connection (and are compared with `proxy`).
     pub fn is_tunnel(self) -> bool {
-        matches!(self, Self::TunnelQuic | Self::TunnelHttp2)
+        matches!(
+            self,
+            Self::TunnelQuic | Self::TunnelHttp2 | Self::TunnelQuicEdge | Self::TunnelHttp2Edge
+        )
     }
 
     /// Brings the scenario's server under test up.
@@ -53,6 +63,8 @@ impl Scenario {
             Self::Nginx => nginx::start(env).await,
             Self::TunnelQuic => tunnel::start(env, tunnel::Transport::Quic).await,
             Self::TunnelHttp2 => tunnel::start(env, tunnel::Transport::Http2).await,
+            Self::TunnelQuicEdge => tunnel::start_in_process(env, tunnel::Transport::Quic).await,
+            Self::TunnelHttp2Edge => tunnel::start_in_process(env, tunnel::Transport::Http2).await,
         }
     }
 }
@@ -92,6 +104,18 @@ pub struct Target {
     /// Processes the scenario needs in front of the server (the mock edge), stopped after
     /// it; the first one's CPU time is reported apart from the server's.
     pub helpers: Vec<ServerProcess>,
+    /// An in-process mock edge the load goes through instead of `addr`.
+    pub edge: Option<InProcessEdge>,
+}
+
+/// A mock edge running inside the load generator.
+#[derive(Clone)]
+pub struct InProcessEdge(pub std::sync::Arc<cftunnel_tunnel::mock_edge::MockEdge>);
+
+impl std::fmt::Debug for InProcessEdge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "InProcessEdge({})", self.0.edge_addr())
+    }
 }
 
 impl Target {
@@ -101,6 +125,11 @@ impl Target {
         }
         for helper in self.helpers {
             helper.stop().await;
+        }
+        if let Some(edge) = self.edge {
+            if let Ok(edge) = std::sync::Arc::try_unwrap(edge.0) {
+                edge.shutdown().await;
+            }
         }
     }
 }

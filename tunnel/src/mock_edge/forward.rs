@@ -73,7 +73,7 @@ pub(super) fn spawn_http(inner: &Arc<Inner>, listener: tokio::net::TcpListener) 
     });
 }
 
-fn is_websocket(req: &Request<Incoming>) -> bool {
+fn is_websocket<B>(req: &Request<B>) -> bool {
     req.headers()
         .get(UPGRADE)
         .and_then(|v| v.to_str().ok())
@@ -124,10 +124,23 @@ pub(super) fn add_edge_headers(headers: &mut http::HeaderMap, peer: IpAddr) {
     headers.append(CDN_LOOP.clone(), HeaderValue::from_static("cloudflare"));
 }
 
-async fn handle(inner: Arc<Inner>, mut req: Request<Incoming>, peer: IpAddr) -> Response<EdgeBody> {
+async fn handle(inner: Arc<Inner>, req: Request<Incoming>, peer: IpAddr) -> Response<EdgeBody> {
     if req.uri().path().starts_with(super::admin::PREFIX) {
         return super::admin::handle(&inner, req).await;
     }
+    forward(&inner, req, peer).await
+}
+
+/// Sends one eyeball request through a registered connection, as the edge does.
+pub(super) async fn forward<B>(
+    inner: &Inner,
+    mut req: Request<B>,
+    peer: IpAddr,
+) -> Response<EdgeBody>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError> + Send,
+{
     add_edge_headers(req.headers_mut(), peer);
     let candidates = inner.pick();
     let Some((id, transport)) = candidates.into_iter().next() else {
@@ -148,10 +161,14 @@ fn stream_err(e: impl std::fmt::Display) -> MockEdgeError {
     MockEdgeError::Stream(e.to_string())
 }
 
-async fn forward_quic(
+async fn forward_quic<B>(
     conn: quinn::Connection,
-    mut req: Request<Incoming>,
-) -> Result<Response<EdgeBody>, MockEdgeError> {
+    mut req: Request<B>,
+) -> Result<Response<EdgeBody>, MockEdgeError>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError> + Send,
+{
     let websocket = is_websocket(&req);
     let on_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
@@ -166,22 +183,27 @@ async fn forward_quic(
         .await
         .map_err(stream_err)?;
     if !websocket {
-        let mut send = send;
-        tokio::spawn(async move {
-            let mut body = std::pin::pin!(body);
-            while let Some(frame) = body.frame().await {
-                let Ok(frame) = frame else {
-                    let _ = send.reset(VarInt::from_u32(0));
-                    return;
-                };
-                if let Ok(data) = frame.into_data() {
-                    if send.write_chunk(data).await.is_err() {
+        if body.is_end_stream() {
+            // No body (a GET): the request side is finished here, without a task.
+            let _ = send.finish();
+        } else {
+            let mut send = send;
+            tokio::spawn(async move {
+                let mut body = std::pin::pin!(body);
+                while let Some(frame) = body.frame().await {
+                    let Ok(frame) = frame else {
+                        let _ = send.reset(VarInt::from_u32(0));
                         return;
+                    };
+                    if let Ok(data) = frame.into_data() {
+                        if send.write_chunk(data).await.is_err() {
+                            return;
+                        }
                     }
                 }
-            }
-            let _ = send.finish();
-        });
+                let _ = send.finish();
+            });
+        }
         let cresp =
             tokio::time::timeout(RESPONSE_TIMEOUT, stream::read_response_preamble(&mut recv))
                 .await
@@ -244,10 +266,14 @@ fn is_hop_by_hop(name: &http::HeaderName) -> bool {
     )
 }
 
-async fn forward_h2(
+async fn forward_h2<B>(
     sr: h2::client::SendRequest<Bytes>,
-    mut req: Request<Incoming>,
-) -> Result<Response<EdgeBody>, MockEdgeError> {
+    mut req: Request<B>,
+) -> Result<Response<EdgeBody>, MockEdgeError>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError> + Send,
+{
     let websocket = is_websocket(&req);
     let on_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();

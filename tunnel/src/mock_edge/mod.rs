@@ -458,6 +458,9 @@ impl MockEdgeBuilder {
     }
 }
 
+/// The body of a response forwarded by [`MockEdge::request`].
+pub type EdgeResponseBody = forward::EdgeBody;
+
 /// A running mock edge. Dropping it does not stop it; call
 /// [`shutdown`](Self::shutdown).
 pub struct MockEdge {
@@ -592,6 +595,18 @@ impl MockEdge {
 
     /// Stops listening and closes every connection; the port is free again
     /// when this returns.
+    /// Forwards one request through a registered connection exactly as a request arriving
+    /// at the HTTP listener is forwarded (edge headers added, connections taken in turn),
+    /// without the listener's HTTP hop: for load generators that play the edge themselves.
+    /// Failures are answered as the listener answers them (`502` with the reason).
+    pub async fn request<B>(&self, req: http::Request<B>) -> http::Response<EdgeResponseBody>
+    where
+        B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<crate::body::BoxError> + Send,
+    {
+        forward::forward(&self.inner, req, std::net::Ipv4Addr::LOCALHOST.into()).await
+    }
+
     pub async fn shutdown(self) {
         self.inner.cancel.cancel();
         if let listen::Udp::Quic(endpoint) = &self.endpoint {

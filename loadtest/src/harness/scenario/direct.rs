@@ -8,5 +8,6 @@ pub(super) async fn start(env: &ScenarioEnv<'_>) -> Result<Target, StartError> {
         host: super::LOAD_HOST.to_owned(),
         server: None,
         helpers: Vec::new(),
+        edge: None,
     })
 }

@@ -94,6 +94,7 @@ pub(super) async fn start(env: &ScenarioEnv<'_>) -> Result<Target, StartError> {
         host: super::LOAD_HOST.to_owned(),
         server: Some(server),
         helpers: Vec::new(),
+        edge: None,
     })
 }
 

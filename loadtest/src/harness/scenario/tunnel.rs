@@ -199,6 +199,88 @@ pub(super) async fn start(
         host: LOAD_HOST.to_owned(),
         server: Some(proxy),
         helpers: vec![edge],
+        edge: None,
+    })
+}
+
+/// The proxy in tunnel mode behind a mock edge that runs inside this process (on the load
+/// generator's CPUs): the load is handed to the edge directly, as Cloudflare's network hands
+/// an eyeball request to a tunnel connection.
+pub(super) async fn start_in_process(
+    env: &ScenarioEnv<'_>,
+    transport: Transport,
+) -> Result<Target, StartError> {
+    if !env.proxy_bin.is_file() {
+        return Err(StartError::Skipped(format!(
+            "{} not found (cargo build --release -p cftunnel-proxy)",
+            env.proxy_bin.display()
+        )));
+    }
+    let proto = transport.as_str();
+    let config_path = env.scratch.join(format!("tunnel-{proto}-edge-config.json"));
+    let doc = super::proxy::config_document(env.echo_addr).to_string();
+    tokio::fs::write(&config_path, doc)
+        .await
+        .map_err(|source| StartError::Write {
+            path: config_path.clone(),
+            source,
+        })?;
+    let localhost = SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut builder = cftunnel_tunnel::mock_edge::MockEdge::builder()
+        .edge_addr(free_edge_addr().map_err(StartError::Port)?)
+        .http_addr(localhost);
+    if transport == Transport::Http2 {
+        builder = builder.disable_quic();
+    }
+    let edge = builder
+        .start()
+        .await
+        .map_err(|e| StartError::NotReady(format!("in-process mock edge: {e}")))?;
+    let ca_path = env
+        .scratch
+        .join(format!("mock-edge-{proto}-in-process-ca.pem"));
+    if let Err(source) = edge.write_ca_pem(&ca_path).await {
+        edge.shutdown().await;
+        return Err(StartError::Write {
+            path: ca_path,
+            source,
+        });
+    }
+    let proxy = match start_proxy(env, transport, edge.edge_addr(), &ca_path, &config_path).await {
+        Ok(proxy) => proxy,
+        Err(e) => {
+            edge.shutdown().await;
+            return Err(e);
+        }
+    };
+    let edge = std::sync::Arc::new(edge);
+    let deadline = tokio::time::Instant::now() + FORWARD_READY_TIMEOUT;
+    loop {
+        let req = http::Request::get(ECHO_HEALTH_PATH)
+            .header(http::header::HOST, LOAD_HOST)
+            .body(http_body_util::Empty::<bytes::Bytes>::new());
+        let status = match req {
+            Ok(req) => edge.request(req).await.status(),
+            Err(_) => http::StatusCode::BAD_REQUEST,
+        };
+        if status == http::StatusCode::OK {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let proxy_log = proxy.log_tail().await;
+            proxy.stop().await;
+            return Err(StartError::NotReady(format!(
+                "no answer through the in-process {proto} edge (last status {status})\nproxy log:\n{proxy_log}"
+            )));
+        }
+        tokio::time::sleep(CA_POLL).await;
+    }
+    Ok(Target {
+        addr: edge.http_addr(),
+        host: LOAD_HOST.to_owned(),
+        server: Some(proxy),
+        helpers: Vec::new(),
+        edge: Some(super::InProcessEdge(edge)),
     })
 }
 
