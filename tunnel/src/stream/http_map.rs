@@ -7,10 +7,19 @@ use http::{Method, Request, Response, StatusCode, Uri};
 use super::headers::canonical_name;
 use super::{ConnectRequest, ConnectResponse, ConnectionType, Metadata};
 
-pub(crate) const METHOD: &str = "HttpMethod";
-pub(crate) const HOST_KEY: &str = "HttpHost";
-pub(crate) const HEADER_PREFIX: &str = "HttpHeader";
-pub(crate) const STATUS: &str = "HttpStatus";
+/// Metadata key carrying the request method.
+pub const METHOD: &str = "HttpMethod";
+/// Metadata key carrying the eyeball's host (the request's `Host`).
+pub const HOST_KEY: &str = "HttpHost";
+/// Prefix of `HttpHeader:<Name>` metadata keys, one entry per header value.
+pub const HEADER_PREFIX: &str = "HttpHeader";
+/// Metadata key carrying the response status.
+pub const STATUS: &str = "HttpStatus";
+/// Most `HttpHeader:*` entries accepted in one request or response. Far
+/// above what the edge forwards, and well below the 24576 names an
+/// [`http::HeaderMap`] holds, so a service can still add its own headers to
+/// the head it is given.
+pub const MAX_HEADERS: usize = 8192;
 
 /// Why request or response metadata could not be mapped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -28,6 +37,9 @@ pub enum MapError {
     /// `HttpStatus` is missing or invalid.
     #[error("invalid or missing HttpStatus")]
     Status,
+    /// More `HttpHeader:*` entries than [`MAX_HEADERS`].
+    #[error("more than {MAX_HEADERS} headers")]
+    TooManyHeaders,
     /// The stream type is not served by this connector.
     #[error("unsupported stream type")]
     Unsupported,
@@ -41,13 +53,29 @@ fn header_key(key: &str) -> Option<&str> {
     }
 }
 
+fn check_header_count(metadata: &[Metadata]) -> Result<(), MapError> {
+    let headers = metadata
+        .iter()
+        .filter(|m| header_key(&m.key).is_some())
+        .count();
+    if headers > MAX_HEADERS {
+        return Err(MapError::TooManyHeaders);
+    }
+    Ok(())
+}
+
+fn too_many(_: http::header::MaxSizeReached) -> MapError {
+    MapError::TooManyHeaders
+}
+
 /// Builds the request head for a `ConnectRequest`. Returns the head and
 /// whether a body follows on the stream (only when `Content-Length` or a
 /// chunked `Transfer-Encoding` is present, as the edge expects).
-pub(crate) fn request_from_connect(req: &ConnectRequest) -> Result<(Request<()>, bool), MapError> {
+pub fn request_from_connect(req: &ConnectRequest) -> Result<(Request<()>, bool), MapError> {
     if req.kind == ConnectionType::Tcp {
         return Err(MapError::Unsupported);
     }
+    check_header_count(&req.metadata)?;
     let mut method = None;
     let mut host = None;
     let mut builder = Request::builder();
@@ -71,12 +99,13 @@ pub(crate) fn request_from_connect(req: &ConnectRequest) -> Result<(Request<()>,
             {
                 has_body = true;
             }
-            headers.append(name, value);
+            headers.try_append(name, value).map_err(too_many)?;
         }
     }
     let dest: Uri = req.dest.parse().map_err(|_| MapError::Dest)?;
     let authority = dest.authority().map(|a| a.as_str().to_owned());
     let host = host
+        .filter(|h| !h.is_empty())
         .map(str::to_owned)
         .or(authority)
         .filter(|h| !h.is_empty());
@@ -94,10 +123,10 @@ pub(crate) fn request_from_connect(req: &ConnectRequest) -> Result<(Request<()>,
     };
     if let Some(h) = &host {
         let v = HeaderValue::from_str(h).map_err(|_| MapError::Header("host".into()))?;
-        headers.insert(HOST, v);
+        headers.try_insert(HOST, v).map_err(too_many)?;
     }
     if req.kind == ConnectionType::Websocket {
-        add_websocket_headers(headers);
+        try_add_websocket_headers(headers).map_err(too_many)?;
         has_body = false;
     }
     let req = builder
@@ -109,20 +138,31 @@ pub(crate) fn request_from_connect(req: &ConnectRequest) -> Result<(Request<()>,
 }
 
 /// The connector adds these towards the origin for WebSocket streams, as
-/// `cloudflared` does.
-pub(crate) fn add_websocket_headers(headers: &mut http::HeaderMap) {
-    headers.insert(
+/// `cloudflared` does. A head already holding as many header names as an
+/// [`http::HeaderMap`] can is left without those it has no room for.
+pub fn add_websocket_headers(headers: &mut http::HeaderMap) {
+    let _ = try_add_websocket_headers(headers);
+}
+
+fn try_add_websocket_headers(
+    headers: &mut http::HeaderMap,
+) -> Result<(), http::header::MaxSizeReached> {
+    headers.try_insert(
         http::header::CONNECTION,
         HeaderValue::from_static("Upgrade"),
-    );
-    headers.insert(http::header::UPGRADE, HeaderValue::from_static("websocket"));
-    headers
-        .entry(http::header::SEC_WEBSOCKET_VERSION)
-        .or_insert(HeaderValue::from_static("13"));
+    )?;
+    headers.try_insert(http::header::UPGRADE, HeaderValue::from_static("websocket"))?;
+    if !headers.contains_key(http::header::SEC_WEBSOCKET_VERSION) {
+        headers.try_insert(
+            http::header::SEC_WEBSOCKET_VERSION,
+            HeaderValue::from_static("13"),
+        )?;
+    }
+    Ok(())
 }
 
 /// `HttpStatus` then one `HttpHeader:<Canonical-Name>` entry per value.
-pub(crate) fn response_metadata(status: StatusCode, headers: &http::HeaderMap) -> Vec<Metadata> {
+pub fn response_metadata(status: StatusCode, headers: &http::HeaderMap) -> Vec<Metadata> {
     let mut out = Vec::with_capacity(headers.len() + 1);
     out.push(Metadata::new(STATUS, status.as_str()));
     for (name, value) in headers {
@@ -135,10 +175,7 @@ pub(crate) fn response_metadata(status: StatusCode, headers: &http::HeaderMap) -
 }
 
 /// Edge side: describes an eyeball request for the connector.
-pub(crate) fn connect_from_request(
-    parts: &http::request::Parts,
-    kind: ConnectionType,
-) -> ConnectRequest {
+pub fn connect_from_request(parts: &http::request::Parts, kind: ConnectionType) -> ConnectRequest {
     let host = parts
         .headers
         .get(HOST)
@@ -171,7 +208,8 @@ pub(crate) fn connect_from_request(
 }
 
 /// Edge side: turns a successful `ConnectResponse` into a response head.
-pub(crate) fn response_from_connect(resp: &ConnectResponse) -> Result<Response<()>, MapError> {
+pub fn response_from_connect(resp: &ConnectResponse) -> Result<Response<()>, MapError> {
+    check_header_count(&resp.metadata)?;
     let mut builder = Response::builder();
     let mut status = None;
     let headers = builder.headers_mut().ok_or(MapError::Status)?;
@@ -183,7 +221,7 @@ pub(crate) fn response_from_connect(resp: &ConnectResponse) -> Result<Response<(
                 .map_err(|_| MapError::Header(name.to_owned()))?;
             let value = HeaderValue::from_str(&m.val)
                 .map_err(|_| MapError::Header(name.as_str().to_owned()))?;
-            headers.append(name, value);
+            headers.try_append(name, value).map_err(too_many)?;
         }
     }
     builder
@@ -231,6 +269,71 @@ mod tests {
         let (head, body) = request_from_connect(&req).unwrap();
         assert!(!body);
         assert_eq!(head.uri(), "https://h.example/ok");
+    }
+
+    #[test]
+    fn empty_http_host_falls_back_to_the_dest_authority() {
+        // Found by fuzzing: an empty `HttpHost` left an absolute URI without
+        // a `Host` header.
+        let req = ConnectRequest {
+            dest: "https://app.example.com/p".into(),
+            kind: ConnectionType::Http,
+            metadata: vec![
+                Metadata::new("HttpMethod", "GET"),
+                Metadata::new("HttpHost", ""),
+            ],
+        };
+        let (head, _) = request_from_connect(&req).unwrap();
+        assert_eq!(head.uri(), "https://app.example.com/p");
+        assert_eq!(head.headers()[HOST], "app.example.com");
+    }
+
+    #[test]
+    fn too_many_headers_is_an_error() {
+        // More distinct names than a HeaderMap holds used to panic while
+        // building the head.
+        let mut req = ConnectRequest {
+            dest: "https://h.example/".into(),
+            kind: ConnectionType::Websocket,
+            metadata: vec![Metadata::new("HttpMethod", "GET")],
+        };
+        // 25000 distinct names (HeaderMap holds at most 24576) with names
+        // short enough to stay within the message size cap.
+        const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+        for i in 0..25_000 {
+            let name: String = [i / 1296, i / 36 % 36, i % 36]
+                .iter()
+                .map(|&d| char::from(DIGITS[d]))
+                .collect();
+            req.metadata
+                .push(Metadata::new(format!("HttpHeader:{name}"), ""));
+        }
+        let bytes = crate::stream::encode_connect_request(&req);
+        assert!(bytes.len() <= crate::stream::MAX_MESSAGE_BYTES);
+        let (decoded, _) = crate::stream::parse_request_preamble(&bytes).unwrap();
+        assert_eq!(
+            request_from_connect(&decoded).unwrap_err(),
+            MapError::TooManyHeaders
+        );
+        // Up to the limit, every header gets through.
+        req.metadata.truncate(1 + MAX_HEADERS);
+        let (head, _) = request_from_connect(&req).unwrap();
+        assert_eq!(head.headers().len(), MAX_HEADERS + 4);
+
+        let mut resp = ConnectResponse {
+            error: String::new(),
+            metadata: req.metadata.clone(),
+        };
+        resp.metadata[0] = Metadata::new(STATUS, "200");
+        assert_eq!(
+            response_from_connect(&resp).unwrap().headers().len(),
+            MAX_HEADERS
+        );
+        resp.metadata.push(Metadata::new("HttpHeader:X", "1"));
+        assert_eq!(
+            response_from_connect(&resp).unwrap_err(),
+            MapError::TooManyHeaders
+        );
     }
 
     #[test]

@@ -6,9 +6,9 @@
 //! read exact lengths with hard caps.
 
 pub mod headers;
-pub(crate) mod http_map;
+pub mod http_map;
 
-use capnp::message::{Builder, ReaderOptions};
+use capnp::message::{Builder, HeapAllocator, ReaderOptions};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 use crate::quic_metadata_protocol_capnp as proto;
@@ -23,6 +23,8 @@ pub const DATA_VERSION: [u8; 2] = *b"01";
 /// Largest framed `ConnectRequest`/`ConnectResponse` accepted (headers included).
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 const MAX_SEGMENTS: usize = 64;
+/// Largest segment the heap allocator accepts.
+const MAX_SEGMENT_WORDS: u32 = 1 << 29;
 
 /// What an edge-opened stream carries, by its signature.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +160,15 @@ fn decode_err(e: impl std::fmt::Display) -> FrameError {
     FrameError::Decode(e.to_string())
 }
 
+/// Reads one framed message from `bytes`, copying its segments into
+/// word-aligned memory: Cap'n Proto reads words in place, and a borrowed
+/// slice (a sub-slice of a larger buffer) need not be 8-byte aligned.
+fn read_message(
+    mut bytes: &[u8],
+) -> Result<capnp::message::Reader<capnp::serialize::OwnedSegments>, FrameError> {
+    capnp::serialize::read_message(&mut bytes, reader_options()).map_err(decode_err)
+}
+
 fn read_metadata(
     list: capnp::struct_list::Reader<'_, proto::metadata::Owned>,
 ) -> Result<Vec<Metadata>, FrameError> {
@@ -179,9 +190,8 @@ fn read_metadata(
 }
 
 /// Decodes one framed `ConnectRequest` (exactly the bytes of [`framed_len`]).
-pub fn decode_connect_request(mut bytes: &[u8]) -> Result<ConnectRequest, FrameError> {
-    let msg = capnp::serialize::read_message_from_flat_slice(&mut bytes, reader_options())
-        .map_err(decode_err)?;
+pub fn decode_connect_request(bytes: &[u8]) -> Result<ConnectRequest, FrameError> {
+    let msg = read_message(bytes)?;
     let root: proto::connect_request::Reader<'_> = msg.get_root().map_err(decode_err)?;
     let dest = root
         .get_dest()
@@ -203,9 +213,8 @@ pub fn decode_connect_request(mut bytes: &[u8]) -> Result<ConnectRequest, FrameE
 }
 
 /// Decodes one framed `ConnectResponse`.
-pub fn decode_connect_response(mut bytes: &[u8]) -> Result<ConnectResponse, FrameError> {
-    let msg = capnp::serialize::read_message_from_flat_slice(&mut bytes, reader_options())
-        .map_err(decode_err)?;
+pub fn decode_connect_response(bytes: &[u8]) -> Result<ConnectResponse, FrameError> {
+    let msg = read_message(bytes)?;
     let root: proto::connect_response::Reader<'_> = msg.get_root().map_err(decode_err)?;
     let error = root
         .get_error()
@@ -228,7 +237,29 @@ fn set_metadata(
     }
 }
 
-fn frame(builder: &Builder<capnp::message::HeapAllocator>, prefix: &[u8]) -> Vec<u8> {
+/// Words a text field takes: its bytes and a NUL, padded to whole words.
+fn text_words(s: &str) -> usize {
+    (s.len() + 1).div_ceil(8)
+}
+
+/// Words a metadata list takes: the list tag, two pointers per entry and
+/// the texts.
+fn metadata_words(metadata: &[Metadata]) -> usize {
+    metadata.iter().fold(1, |acc, m| {
+        acc.saturating_add(2 + text_words(&m.key) + text_words(&m.val))
+    })
+}
+
+/// A builder whose first segment holds `words`, so that the message is
+/// written as one segment without far pointers (as `cloudflared` writes it).
+fn builder(words: usize) -> Builder<HeapAllocator> {
+    let words = u32::try_from(words)
+        .unwrap_or(u32::MAX)
+        .min(MAX_SEGMENT_WORDS);
+    Builder::new(HeapAllocator::new().first_segment_words(words))
+}
+
+fn frame(builder: &Builder<HeapAllocator>, prefix: &[u8]) -> Vec<u8> {
     let words = capnp::serialize::compute_serialized_size_in_words(builder);
     let mut out = Vec::with_capacity(prefix.len() + words * 8);
     out.extend_from_slice(prefix);
@@ -240,7 +271,9 @@ fn frame(builder: &Builder<capnp::message::HeapAllocator>, prefix: &[u8]) -> Vec
 /// Encodes signature, version and a framed `ConnectRequest`: the whole
 /// edge-side preamble of a request stream.
 pub fn encode_connect_request(req: &ConnectRequest) -> Vec<u8> {
-    let mut builder = Builder::new_default();
+    // Root pointer, one data word and two pointers, then the dest and the list.
+    let words = (4 + text_words(&req.dest)).saturating_add(metadata_words(&req.metadata));
+    let mut builder = builder(words);
     {
         let mut root: proto::connect_request::Builder<'_> = builder.init_root();
         root.set_dest(req.dest.as_str());
@@ -257,7 +290,9 @@ pub fn encode_connect_request(req: &ConnectRequest) -> Vec<u8> {
 /// Encodes signature, version and a framed `ConnectResponse`: the whole
 /// connector-side preamble of a response.
 pub fn encode_connect_response(resp: &ConnectResponse) -> Vec<u8> {
-    let mut builder = Builder::new_default();
+    // Root pointer and two pointers, then the error and the list.
+    let words = (3 + text_words(&resp.error)).saturating_add(metadata_words(&resp.metadata));
+    let mut builder = builder(words);
     {
         let mut root: proto::connect_response::Builder<'_> = builder.init_root();
         root.set_error(resp.error.as_str());

@@ -87,3 +87,63 @@ fn mutated_preambles_and_header_lists_never_panic() {
         let _ = headers::deserialise(&text);
     }
 }
+
+#[test]
+fn decoding_does_not_depend_on_buffer_alignment() {
+    let req = encode_connect_request(&sample());
+    let resp = ConnectResponse {
+        error: String::new(),
+        metadata: vec![Metadata::new("HttpStatus", "204")],
+    };
+    let resp_bytes = encode_connect_response(&resp);
+    for offset in 0..8 {
+        let mut buf = vec![0u8; offset];
+        buf.extend_from_slice(&req);
+        assert_eq!(
+            parse_request_preamble(&buf[offset..]),
+            Ok((sample(), req.len())),
+            "request at offset {offset}"
+        );
+        let mut buf = vec![0u8; offset];
+        buf.extend_from_slice(&resp_bytes[8..]);
+        assert_eq!(
+            decode_connect_response(&buf[offset..]),
+            Ok(resp.clone()),
+            "response at offset {offset}"
+        );
+    }
+}
+
+#[test]
+fn empty_segment_fails_the_same_from_a_slice_and_a_stream() {
+    // Minimised fuzz input: a framing header announcing one empty segment,
+    // one byte into the input buffer.
+    let input = [0u8; 9];
+    let frame = &input[1..];
+    assert_eq!(framed_len(frame), Ok(Some(8)));
+    let mut stream = preamble().to_vec();
+    stream.extend_from_slice(frame);
+    let read = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(async { read_response_preamble(&mut &stream[..]).await });
+    let direct = decode_connect_response(frame);
+    assert!(matches!(direct, Err(FrameError::Decode(_))), "{direct:?}");
+    assert_eq!(read, direct);
+}
+
+#[test]
+fn large_messages_are_written_as_one_segment() {
+    let mut req = sample();
+    for i in 0..5_000 {
+        req.metadata.push(Metadata::new(
+            format!("HttpHeader:X-{i}"),
+            "v".repeat(i % 40),
+        ));
+    }
+    let bytes = encode_connect_request(&req);
+    let frame = &bytes[8..];
+    assert_eq!(&frame[..4], &[0, 0, 0, 0], "one segment");
+    assert_eq!(framed_len(frame), Ok(Some(frame.len())));
+    assert_eq!(parse_request_preamble(&bytes), Ok((req, bytes.len())));
+}
