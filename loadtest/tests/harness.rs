@@ -110,6 +110,8 @@ async fn tunnel_scenarios_measure_the_proxy_behind_the_mock_edge() {
         Scenario::Proxy,
         Scenario::TunnelQuic,
         Scenario::TunnelHttp2,
+        Scenario::TunnelQuicEdge,
+        Scenario::TunnelHttp2Edge,
     ]);
     cfg.proxy_bin = proxy_bin;
     cfg.edge_bin = edge_bin;
@@ -128,9 +130,10 @@ async fn tunnel_scenarios_measure_the_proxy_behind_the_mock_edge() {
             r.scenario
         );
         assert!(r.server_cpu.is_some(), "{:?}: the proxy's CPU", r.scenario);
+        // A mock edge child has its CPU reported; an in-process one is part of the load.
         assert_eq!(
             r.edge_cpu.is_some(),
-            r.scenario.is_tunnel(),
+            matches!(r.scenario, Scenario::TunnelQuic | Scenario::TunnelHttp2),
             "{:?}",
             r.scenario
         );
@@ -140,7 +143,15 @@ async fn tunnel_scenarios_measure_the_proxy_behind_the_mock_edge() {
         .iter()
         .map(|o| o.scenario.as_str())
         .collect();
-    assert_eq!(names, ["tunnel-quic", "tunnel-http2"]);
+    assert_eq!(
+        names,
+        [
+            "tunnel-quic",
+            "tunnel-http2",
+            "tunnel-quic-edge",
+            "tunnel-http2-edge"
+        ]
+    );
     assert!(report
         .tunnel_overhead
         .iter()
