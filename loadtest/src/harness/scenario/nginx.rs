@@ -60,14 +60,8 @@ pub(super) async fn start(env: &ScenarioEnv<'_>) -> Result<Target, StartError> {
         ));
     };
     let listen = free_port().map_err(StartError::Port)?;
-    let conf_path = env.scratch.join("nginx.conf");
     let conf = config(env.scratch, listen, env.echo_addr, env.workers);
-    tokio::fs::write(&conf_path, conf)
-        .await
-        .map_err(|source| StartError::Write {
-            path: conf_path.clone(),
-            source,
-        })?;
+    let conf_path = super::proxy::write_scratch(env, "nginx.conf", conf).await?;
     let args = vec![
         "-c".to_owned(),
         conf_path.display().to_string(),

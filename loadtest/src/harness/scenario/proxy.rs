@@ -17,21 +17,41 @@ pub(crate) fn config_document(echo: std::net::SocketAddr) -> serde_json::Value {
     })
 }
 
-pub(super) async fn start(env: &ScenarioEnv<'_>) -> Result<Target, StartError> {
-    if !env.proxy_bin.is_file() {
-        return Err(StartError::Skipped(format!(
-            "{} not found (cargo build --release -p cftunnel-proxy)",
-            env.proxy_bin.display()
-        )));
+/// Skips the scenario when the proxy binary has not been built.
+pub(super) fn require_proxy(env: &ScenarioEnv<'_>) -> Result<(), StartError> {
+    if env.proxy_bin.is_file() {
+        return Ok(());
     }
-    let config_path = env.scratch.join("proxy-config.json");
-    let doc = config_document(env.echo_addr).to_string();
-    tokio::fs::write(&config_path, doc)
+    Err(StartError::Skipped(format!(
+        "{} not found (cargo build --release -p cftunnel-proxy)",
+        env.proxy_bin.display()
+    )))
+}
+
+/// Writes `contents` to `name` in the scratch directory.
+pub(super) async fn write_scratch(
+    env: &ScenarioEnv<'_>,
+    name: &str,
+    contents: String,
+) -> Result<std::path::PathBuf, StartError> {
+    let path = env.scratch.join(name);
+    tokio::fs::write(&path, contents)
         .await
         .map_err(|source| StartError::Write {
-            path: config_path.clone(),
+            path: path.clone(),
             source,
         })?;
+    Ok(path)
+}
+
+pub(super) async fn start(env: &ScenarioEnv<'_>) -> Result<Target, StartError> {
+    require_proxy(env)?;
+    let config_path = write_scratch(
+        env,
+        "proxy-config.json",
+        config_document(env.echo_addr).to_string(),
+    )
+    .await?;
     let data = free_port().map_err(StartError::Port)?;
     let admin = free_port().map_err(StartError::Port)?;
     let args = vec![

@@ -116,14 +116,12 @@ pub(super) async fn start(
         }
     }
     let proto = transport.as_str();
-    let config_path = env.scratch.join(format!("tunnel-{proto}-config.json"));
-    let doc = super::proxy::config_document(env.echo_addr).to_string();
-    tokio::fs::write(&config_path, doc)
-        .await
-        .map_err(|source| StartError::Write {
-            path: config_path.clone(),
-            source,
-        })?;
+    let config_path = super::proxy::write_scratch(
+        env,
+        &format!("tunnel-{proto}-config.json"),
+        super::proxy::config_document(env.echo_addr).to_string(),
+    )
+    .await?;
     let ca_path = env.scratch.join(format!("mock-edge-{proto}-ca.pem"));
     // A CA from an earlier round must not be mistaken for this edge's.
     let _ = tokio::fs::remove_file(&ca_path).await;
@@ -210,21 +208,14 @@ pub(super) async fn start_in_process(
     env: &ScenarioEnv<'_>,
     transport: Transport,
 ) -> Result<Target, StartError> {
-    if !env.proxy_bin.is_file() {
-        return Err(StartError::Skipped(format!(
-            "{} not found (cargo build --release -p cftunnel-proxy)",
-            env.proxy_bin.display()
-        )));
-    }
+    super::proxy::require_proxy(env)?;
     let proto = transport.as_str();
-    let config_path = env.scratch.join(format!("tunnel-{proto}-edge-config.json"));
-    let doc = super::proxy::config_document(env.echo_addr).to_string();
-    tokio::fs::write(&config_path, doc)
-        .await
-        .map_err(|source| StartError::Write {
-            path: config_path.clone(),
-            source,
-        })?;
+    let config_path = super::proxy::write_scratch(
+        env,
+        &format!("tunnel-{proto}-edge-config.json"),
+        super::proxy::config_document(env.echo_addr).to_string(),
+    )
+    .await?;
     let localhost = SocketAddr::from(([127, 0, 0, 1], 0));
     let mut builder = cftunnel_tunnel::mock_edge::MockEdge::builder()
         .edge_addr(free_edge_addr().map_err(StartError::Port)?)
