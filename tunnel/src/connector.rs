@@ -331,7 +331,7 @@ impl Connector {
         let (state_tx, state_rx) = watch::channel(RunState::Running);
         let (registered_tx, registered_rx) = watch::channel(0usize);
         let (done_tx, done_rx) = watch::channel(false);
-        let remote_config = RemoteConfigState::new();
+        let remote_config = RemoteConfigState::new(metrics.config_version.clone());
         let client_id = Uuid::new_v4();
         let ha = self.opts.ha_connections;
         let shared = Arc::new(Shared {

@@ -375,7 +375,6 @@ async fn config_push(
             Some("invalid configuration push".to_owned()),
         ),
     };
-    shared.metrics.config_version.set(version.into());
     let reply = serde_json::json!({ "lastAppliedVersion": version, "err": err }).to_string();
     let resp = Response::builder()
         .status(StatusCode::OK)

@@ -271,10 +271,6 @@ async fn handle_stream(
             {
                 tracing::debug!(error = %e, "edge rpc stream ended");
             }
-            shared
-                .metrics
-                .config_version
-                .set(shared.remote_config.subscribe().borrow().version.into());
         }
         Ok(Ok(StreamKind::Data)) => serve_data(&shared, send, recv).await,
         Ok(Err(e)) => {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use capnp_rpc::rpc_twoparty_capnp::Side;
 use capnp_rpc::RpcSystem;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
@@ -27,15 +28,19 @@ pub struct RemoteConfig {
 #[derive(Debug)]
 pub(crate) struct RemoteConfigState {
     tx: watch::Sender<RemoteConfig>,
+    /// `cftunnel_tunnel_remote_config_version`, set as a push is applied, whichever
+    /// transport carried it.
+    version_gauge: Gauge,
 }
 
 impl RemoteConfigState {
-    pub(crate) fn new() -> Arc<Self> {
+    pub(crate) fn new(version_gauge: Gauge) -> Arc<Self> {
         Arc::new(Self {
             tx: watch::Sender::new(RemoteConfig {
                 version: -1,
                 config: Bytes::new(),
             }),
+            version_gauge,
         })
     }
 
@@ -56,6 +61,7 @@ impl RemoteConfigState {
             version,
             config: Bytes::copy_from_slice(config),
         });
+        self.version_gauge.set(version.into());
         tracing::info!(version, "updated to new remote configuration");
         (version, None)
     }
@@ -137,8 +143,13 @@ mod tests {
 
     #[test]
     fn pushes_apply_only_when_newer_and_valid() {
-        let s = RemoteConfigState::new();
+        let s = RemoteConfigState::new(Gauge::default());
         assert_eq!(s.apply(3, br#"{"ingress":[]}"#), (3, None));
+        assert_eq!(
+            s.version_gauge.get(),
+            3,
+            "the metric follows the applied version"
+        );
         assert_eq!(s.apply(2, b"{}"), (3, None));
         let (v, err) = s.apply(4, b"not json");
         assert_eq!(v, 3);
