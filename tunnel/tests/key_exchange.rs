@@ -27,13 +27,6 @@ fn only_connection(edge: &MockEdge) -> ConnectionInfo {
     conns[0].clone()
 }
 
-fn label(protocol: Protocol) -> &'static str {
-    match protocol {
-        Protocol::Http2 => "http2",
-        _ => "quic",
-    }
-}
-
 async fn default_mode_negotiates_x25519mlkem768(protocol: Protocol) {
     trace_init();
     let edge = MockEdge::start().await.unwrap();

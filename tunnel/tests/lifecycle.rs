@@ -19,13 +19,6 @@ async fn wait_until(mut f: impl FnMut() -> bool) {
     }
 }
 
-fn label(protocol: Protocol) -> &'static str {
-    match protocol {
-        Protocol::Http2 => "http2",
-        _ => "quic",
-    }
-}
-
 async fn registration_errors_are_retried_then_recover(protocol: Protocol) {
     trace_init();
     let edge = MockEdge::start().await.unwrap();

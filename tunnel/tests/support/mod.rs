@@ -230,6 +230,14 @@ pub async fn websocket(addr: SocketAddr) -> (StatusCode, TokioIo<hyper::upgrade:
 }
 
 /// Runs a test body, `async fn name(Protocol)`, once per transport, bounded by `LIMIT`.
+/// The `protocol` label value metrics carry for a transport.
+pub fn label(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Http2 => "http2",
+        _ => "quic",
+    }
+}
+
 macro_rules! per_transport {
     ($name:ident) => {
         mod $name {
