@@ -72,6 +72,20 @@ struct ConnectionResult {
     errors: u64,
 }
 
+impl ConnectionResult {
+    /// Counts one request inside the measurement window: a 2xx answer's latency, or an error
+    /// (no answer, or another status).
+    fn record(&mut self, measuring: bool, answer: Option<http::StatusCode>, latency: Duration) {
+        if !measuring {
+            return;
+        }
+        match answer {
+            Some(status) if status.is_success() => record_latency(&mut self.latencies, latency),
+            _ => self.errors += 1,
+        }
+    }
+}
+
 /// Runs the load and returns the merged result of all connections. Requests that start
 /// inside the measurement window are counted; requests still in flight at its end finish
 /// (bounded by the request timeout) but the rate is computed over the window length.
@@ -159,10 +173,10 @@ async fn drive_connection(
             s.next = (s.next + s.interval).max(started);
         }
         let measuring = started >= measure_from;
+        let mut req = Request::new(Empty::<Bytes>::new());
+        *req.uri_mut() = uri.clone();
+        req.headers_mut().insert(http::header::HOST, host.clone());
         if let Some(edge) = &spec.edge {
-            let mut req = Request::new(Empty::<Bytes>::new());
-            *req.uri_mut() = uri.clone();
-            req.headers_mut().insert(http::header::HOST, host.clone());
             let sent = Instant::now();
             let outcome = tokio::time::timeout(REQUEST_TIMEOUT, async {
                 let resp = edge.0.request(req).await;
@@ -171,15 +185,7 @@ async fn drive_connection(
                 Some(status)
             })
             .await;
-            let latency = sent.elapsed();
-            if measuring {
-                match outcome {
-                    Ok(Some(status)) if status.is_success() => {
-                        record_latency(&mut result.latencies, latency)
-                    }
-                    _ => result.errors += 1,
-                }
-            }
+            result.record(measuring, outcome.ok().flatten(), sent.elapsed());
             continue;
         }
         let mut conn = match sender.take() {
@@ -187,17 +193,12 @@ async fn drive_connection(
             _ => match connect(spec.target).await {
                 Some(s) => s,
                 None => {
-                    if measuring {
-                        result.errors += 1;
-                    }
+                    result.record(measuring, None, Duration::ZERO);
                     tokio::time::sleep(RECONNECT_PAUSE).await;
                     continue;
                 }
             },
         };
-        let mut req = Request::new(Empty::new());
-        *req.uri_mut() = uri.clone();
-        req.headers_mut().insert(http::header::HOST, host.clone());
         let sent = Instant::now();
         let outcome = tokio::time::timeout(REQUEST_TIMEOUT, async {
             conn.ready().await.ok()?;
@@ -206,25 +207,13 @@ async fn drive_connection(
             resp.into_body().collect().await.ok()?;
             Some(status)
         })
-        .await;
-        let latency = sent.elapsed();
-        match outcome {
-            Ok(Some(status)) => {
-                if measuring {
-                    if status.is_success() {
-                        record_latency(&mut result.latencies, latency);
-                    } else {
-                        result.errors += 1;
-                    }
-                }
-                // A connection the server closed is noticed by `is_closed` on the next turn.
-                sender = Some(conn);
-            }
-            _ => {
-                if measuring {
-                    result.errors += 1;
-                }
-            }
+        .await
+        .ok()
+        .flatten();
+        result.record(measuring, outcome, sent.elapsed());
+        if outcome.is_some() {
+            // A connection the server closed is noticed by `is_closed` on the next turn.
+            sender = Some(conn);
         }
     }
     result
