@@ -14,6 +14,7 @@ pub mod config;
 pub mod error;
 pub mod filter;
 pub mod forward;
+mod headers;
 pub mod memory;
 pub mod metrics;
 pub mod proxy;

@@ -8,12 +8,13 @@ use crate::body::{self, BoxError, ProxyBody, ResponseBody};
 use crate::error::ProxyError;
 use crate::filter::{Cors, Filters};
 use crate::forward::{Upstream, UpstreamBody};
+use crate::headers::{prepare_forward_headers, strip_hop_by_hop};
 use crate::metrics::{HostMetrics, ProxyMetrics, StatusClass};
 use crate::route::{RequestView, Table};
 use crate::rule::{Backend, Rule};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::header::{self, HeaderName};
+use http::header;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
@@ -763,10 +764,7 @@ fn upstream_request(
 /// Removes `.` and `..` segments and merges repeated slashes (RFC 3986 §5.2.4), so a rule on
 /// `/admin` cannot be sidestepped with `/x/../admin` or `//admin`. `None`: already normal.
 pub fn normalize_path(path: &str) -> Option<String> {
-    let needs = path.contains("//")
-        || path.split('/').any(|seg| seg == "." || seg == "..")
-        || !path.starts_with('/');
-    if !needs {
+    if is_normal(path.as_bytes()) {
         return None;
     }
     let mut out: Vec<&str> = Vec::new();
@@ -791,6 +789,27 @@ pub fn normalize_path(path: &str) -> Option<String> {
     Some(normal)
 }
 
+/// Whether a path starts with `/` and has no empty, `.` or `..` segment: one pass over the
+/// bytes, as nearly every request path is already normal.
+fn is_normal(path: &[u8]) -> bool {
+    if path.first() != Some(&b'/') {
+        return false;
+    }
+    let mut i = 0;
+    while i < path.len() {
+        // `i` is at a `/`; look at the segment after it.
+        let rest = &path[i + 1..];
+        let seg_len = rest.iter().position(|&b| b == b'/').unwrap_or(rest.len());
+        let seg = &rest[..seg_len];
+        let last = i + 1 + seg_len == path.len();
+        if (seg.is_empty() && !last) || seg == b"." || seg == b".." {
+            return false;
+        }
+        i += 1 + seg_len;
+    }
+    true
+}
+
 /// The request's host for routing: `Host` (or `:authority`), port removed, lower-cased.
 pub(crate) fn request_host(parts: &http::request::Parts) -> Cow<'_, str> {
     let raw = parts
@@ -804,12 +823,22 @@ pub(crate) fn request_host(parts: &http::request::Parts) -> Cow<'_, str> {
                 .and_then(|h| h.to_str().ok())
         })
         .unwrap_or("");
-    let raw = raw.rsplit_once('@').map_or(raw, |(_, h)| h);
-    let host = if raw.starts_with('[') {
-        raw.find(']').map_or(raw, |i| &raw[..=i])
-    } else {
-        raw.split_once(':').map_or(raw, |(h, _)| h)
+    // Byte searches: all delimiters are ASCII, so every cut is on a char boundary.
+    let bytes = raw.as_bytes();
+    let raw = match bytes.iter().rposition(|&b| b == b'@') {
+        Some(at) => &raw[at + 1..],
+        None => raw,
     };
+    let bytes = raw.as_bytes();
+    let end = if bytes.first() == Some(&b'[') {
+        bytes
+            .iter()
+            .position(|&b| b == b']')
+            .map_or(raw.len(), |i| i + 1)
+    } else {
+        bytes.iter().position(|&b| b == b':').unwrap_or(raw.len())
+    };
+    let host = &raw[..end];
     let host = host.strip_suffix('.').unwrap_or(host);
     if host.bytes().any(|b| b.is_ascii_uppercase()) {
         Cow::Owned(host.to_ascii_lowercase())
@@ -836,72 +865,6 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
                     .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
             })
         })
-}
-
-static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-
-/// Removes hop-by-hop headers (RFC 9110 §7.6.1), keeping the upgrade pair when upgrading.
-fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    let listed: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .filter(|n| !(keep_upgrade && n == header::UPGRADE))
-        .collect();
-    for name in listed {
-        headers.remove(name);
-    }
-    if !keep_upgrade {
-        headers.remove(header::CONNECTION);
-        headers.remove(header::UPGRADE);
-    }
-    headers.remove(&KEEP_ALIVE);
-    headers.remove(&PROXY_CONNECTION);
-    headers.remove(header::PROXY_AUTHORIZATION);
-    headers.remove(header::TRAILER);
-    headers.remove(header::TRANSFER_ENCODING);
-    // `te: trailers` is end-to-end for gRPC; other TE values are hop-by-hop.
-    let te_trailers = headers
-        .get(header::TE)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
-    if !te_trailers {
-        headers.remove(header::TE);
-    }
-}
-
-fn prepare_forward_headers(headers: &mut HeaderMap, conn: ConnInfo, upgrade: bool) {
-    strip_hop_by_hop(headers, upgrade);
-    if upgrade {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    }
-    if conn.trusted_forwarding {
-        return;
-    }
-    if let Some(peer) = conn.peer {
-        let ip = peer.ip().to_string();
-        let prior: Vec<&str> = headers
-            .get_all(&X_FORWARDED_FOR)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .collect();
-        let value = if prior.is_empty() {
-            ip
-        } else {
-            format!("{}, {ip}", prior.join(", "))
-        };
-        if let Ok(v) = HeaderValue::try_from(value) {
-            headers.insert(X_FORWARDED_FOR.clone(), v);
-        }
-    }
-    headers.insert(
-        X_FORWARDED_PROTO.clone(),
-        HeaderValue::from_static(conn.scheme),
-    );
 }
 
 /// Records a request's metrics and access-log line once, when its response ends or is dropped.

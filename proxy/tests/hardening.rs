@@ -209,4 +209,11 @@ fn normalisation_follows_rfc_3986() {
     assert_eq!(normalize_path("//a///b/").as_deref(), Some("/a/b/"));
     assert_eq!(normalize_path("/a/b/..").as_deref(), Some("/a/"));
     assert_eq!(normalize_path("/..").as_deref(), Some("/"));
+    for normal in ["/", "/a/", "/.a", "/..a/b.", "/a/.b/..c", "/a.../"] {
+        assert_eq!(normalize_path(normal), None, "{normal}");
+    }
+    assert_eq!(normalize_path("/a//").as_deref(), Some("/a/"));
+    assert_eq!(normalize_path("/a/.").as_deref(), Some("/a/"));
+    assert_eq!(normalize_path("a/b").as_deref(), Some("/a/b"));
+    assert_eq!(normalize_path("").as_deref(), Some("/"));
 }

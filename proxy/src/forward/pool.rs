@@ -57,7 +57,9 @@ impl H1Pool {
         loop {
             let (mut sender, reused) = match self.checkout() {
                 Some(sender) => (sender, true),
-                None => (self.dial().await?, false),
+                // Boxed: dialing is rare, and its large future would otherwise be carried
+                // (and copied) by every request's future.
+                None => (Box::pin(self.dial()).await?, false),
             };
             match sender.try_send_request(req).await {
                 // After a `101` the connection belongs to the upgrade, never to the pool.

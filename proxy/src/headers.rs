@@ -1,0 +1,273 @@
+//! Header rewriting between client and backend: hop-by-hop removal (RFC 9110 §7.6.1) and the
+//! `X-Forwarded-*` headers.
+//!
+//! Both run on every request and most responses, and the common message carries none of the
+//! hop-by-hop headers, so each first scans the header names once and only then pays for
+//! removals: a removal of an absent name still hashes it.
+
+use crate::proxy::ConnInfo;
+use http::header::{self, HeaderName};
+use http::{HeaderMap, HeaderValue};
+use std::net::IpAddr;
+
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+/// Headers that are always hop-by-hop, apart from those `Connection` lists.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    name == header::CONNECTION
+        || name == header::UPGRADE
+        || name == header::TRANSFER_ENCODING
+        || name == header::TE
+        || name == header::TRAILER
+        || name == header::PROXY_AUTHORIZATION
+        || name == KEEP_ALIVE
+        || name == PROXY_CONNECTION
+}
+
+/// Removes hop-by-hop headers, keeping `Upgrade` (and the names `Connection` lists, bar
+/// `Upgrade`) when the request is being upgraded; the caller then sets `Connection: upgrade`.
+/// `TE: trailers` is end-to-end for gRPC and stays; other `TE` values go.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
+    if headers.contains_key(header::CONNECTION) {
+        // Values are reference-counted; holding them frees the map for the removals below.
+        let listed: Vec<HeaderValue> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .cloned()
+            .collect();
+        headers.remove(header::CONNECTION);
+        for value in &listed {
+            let Ok(value) = value.to_str() else { continue };
+            for token in value.split(',').map(str::trim) {
+                if keep_upgrade && token.eq_ignore_ascii_case("upgrade") {
+                    continue;
+                }
+                // A token that is not a valid header name matches nothing.
+                headers.remove(token);
+            }
+        }
+    }
+    if !keep_upgrade {
+        headers.remove(header::UPGRADE);
+    }
+    for name in [
+        &KEEP_ALIVE,
+        &PROXY_CONNECTION,
+        &header::PROXY_AUTHORIZATION,
+        &header::TRAILER,
+        &header::TRANSFER_ENCODING,
+    ] {
+        if headers.contains_key(name) {
+            headers.remove(name);
+        }
+    }
+    let te_trailers = headers
+        .get(header::TE)
+        .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+    if !te_trailers {
+        headers.remove(header::TE);
+    }
+}
+
+/// Prepares a request's headers for the backend: hop-by-hop removal, `Connection: upgrade`
+/// for an upgrade, and `X-Forwarded-For`/`-Proto` unless a trusted hop already set them.
+pub(crate) fn prepare_forward_headers(headers: &mut HeaderMap, conn: ConnInfo, upgrade: bool) {
+    strip_hop_by_hop(headers, upgrade);
+    if upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    if conn.trusted_forwarding {
+        return;
+    }
+    if let Some(peer) = conn.peer {
+        let value = match headers.get(&X_FORWARDED_FOR) {
+            None => ip_header_value(peer.ip()),
+            Some(_) => appended_forwarded_for(headers, peer.ip()),
+        };
+        if let Some(value) = value {
+            headers.insert(X_FORWARDED_FOR.clone(), value);
+        }
+    }
+    headers.insert(
+        X_FORWARDED_PROTO.clone(),
+        HeaderValue::from_static(conn.scheme),
+    );
+}
+
+/// Every earlier `X-Forwarded-For` entry, then the peer, as one value.
+fn appended_forwarded_for(headers: &HeaderMap, ip: IpAddr) -> Option<HeaderValue> {
+    let mut joined = String::new();
+    for prior in headers.get_all(&X_FORWARDED_FOR) {
+        if let Ok(prior) = prior.to_str() {
+            joined.push_str(prior);
+            joined.push_str(", ");
+        }
+    }
+    joined.push_str(&ip.to_string());
+    HeaderValue::try_from(joined).ok()
+}
+
+/// The address as a header value; IPv4 is written by hand, which costs a tenth of `Display`.
+fn ip_header_value(ip: IpAddr) -> Option<HeaderValue> {
+    let IpAddr::V4(v4) = ip else {
+        return HeaderValue::try_from(ip.to_string()).ok();
+    };
+    let mut buf = [0u8; 15];
+    let mut len = 0;
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            buf[len] = b'.';
+            len += 1;
+        }
+        if octet >= 100 {
+            buf[len] = b'0' + octet / 100;
+            len += 1;
+        }
+        if octet >= 10 {
+            buf[len] = b'0' + (octet / 10) % 10;
+            len += 1;
+        }
+        buf[len] = b'0' + octet % 10;
+        len += 1;
+    }
+    HeaderValue::from_bytes(&buf[..len]).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    fn names(h: &HeaderMap) -> Vec<&str> {
+        let mut v: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn end_to_end_headers_pass_untouched() {
+        let mut h = map(&[
+            ("host", "a"),
+            ("accept", "*/*"),
+            ("x-id", "1"),
+            ("x-id", "2"),
+        ]);
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(names(&h), ["accept", "host", "x-id"]);
+        assert_eq!(h.get_all("x-id").iter().count(), 2);
+    }
+
+    #[test]
+    fn fixed_and_listed_hop_by_hop_headers_are_removed() {
+        let mut h = map(&[
+            ("host", "a"),
+            ("connection", "keep-alive, X-Secret"),
+            ("connection", "x-other"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("proxy-authorization", "Basic x"),
+            ("transfer-encoding", "chunked"),
+            ("trailer", "x-sum"),
+            ("upgrade", "websocket"),
+            ("te", "gzip"),
+            ("x-secret", "s"),
+            ("x-other", "o"),
+            ("x-kept", "k"),
+        ]);
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(names(&h), ["host", "x-kept"]);
+    }
+
+    #[test]
+    fn te_trailers_stays_for_grpc() {
+        let mut h = map(&[("te", "trailers"), ("connection", "te")]);
+        strip_hop_by_hop(&mut h, false);
+        // Listed in `Connection`, so it goes even though its value is `trailers`.
+        assert!(h.get("te").is_none());
+        let mut h = map(&[("te", "Trailers"), ("keep-alive", "1")]);
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h.get("te").unwrap(), "Trailers");
+    }
+
+    #[test]
+    fn upgrade_is_kept_when_upgrading() {
+        let mut h = map(&[
+            ("connection", "Upgrade, x-hop"),
+            ("upgrade", "websocket"),
+            ("x-hop", "1"),
+        ]);
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(names(&h), ["upgrade"]);
+    }
+
+    #[test]
+    fn invalid_connection_tokens_are_ignored() {
+        let mut h = map(&[
+            ("connection", "bad name, , x-a"),
+            ("x-a", "1"),
+            ("x-b", "2"),
+        ]);
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(names(&h), ["x-b"]);
+    }
+
+    fn conn(ip: IpAddr, trusted: bool) -> ConnInfo {
+        ConnInfo {
+            peer: Some(SocketAddr::new(ip, 4000)),
+            scheme: "http",
+            trusted_forwarding: trusted,
+        }
+    }
+
+    #[test]
+    fn forwarded_for_is_set_or_appended() {
+        for (ip, text) in [
+            (IpAddr::V4(Ipv4Addr::new(0, 9, 10, 255)), "0.9.10.255"),
+            (IpAddr::V4(Ipv4Addr::new(100, 99, 1, 200)), "100.99.1.200"),
+            (IpAddr::V6(Ipv6Addr::LOCALHOST), "::1"),
+        ] {
+            let mut h = HeaderMap::new();
+            prepare_forward_headers(&mut h, conn(ip, false), false);
+            assert_eq!(h.get("x-forwarded-for").unwrap(), text);
+            assert_eq!(h.get("x-forwarded-proto").unwrap(), "http");
+        }
+        let mut h = map(&[
+            ("x-forwarded-for", "10.0.0.1"),
+            ("x-forwarded-for", "10.0.0.2"),
+        ]);
+        prepare_forward_headers(&mut h, conn(IpAddr::V4(Ipv4Addr::LOCALHOST), false), false);
+        assert_eq!(
+            h.get_all("x-forwarded-for").iter().collect::<Vec<_>>(),
+            ["10.0.0.1, 10.0.0.2, 127.0.0.1"]
+        );
+    }
+
+    #[test]
+    fn trusted_hops_keep_their_forwarding_headers() {
+        let mut h = map(&[
+            ("x-forwarded-for", "1.2.3.4"),
+            ("x-forwarded-proto", "https"),
+        ]);
+        prepare_forward_headers(&mut h, conn(IpAddr::V4(Ipv4Addr::LOCALHOST), true), true);
+        assert_eq!(h.get("x-forwarded-for").unwrap(), "1.2.3.4");
+        assert_eq!(h.get("x-forwarded-proto").unwrap(), "https");
+        assert_eq!(h.get("connection").unwrap(), "upgrade");
+    }
+}
