@@ -311,9 +311,8 @@ async fn handle_request(
     } else {
         rparts.status
     });
-    let serialised = headers::serialise(&rparts.headers, switched);
     if let Some(h) = builder.headers_mut() {
-        if let Ok(v) = HeaderValue::from_str(&serialised) {
+        if let Some(v) = headers::serialise_value(&rparts.headers, switched) {
             h.insert(RESPONSE_HEADERS, v);
         }
         h.insert(RESPONSE_META, HeaderValue::from_static(META_ORIGIN));

@@ -16,7 +16,7 @@ use crate::metrics::ProtocolLabel;
 use crate::rpc::control::{self, RegisterOutcome, RegisterParams};
 use crate::rpc::{remote_config, RpcStream};
 use crate::service::ResponseBody;
-use crate::stream::http_map::{request_from_connect, response_metadata};
+use crate::stream::http_map::{decode_request_head, encode_response_head};
 use crate::stream::{self, ConnectResponse, ConnectionType, StreamKind};
 use crate::tasks::StreamTasks;
 use crate::tls::QUIC_SERVER_NAME;
@@ -303,11 +303,11 @@ async fn serve_data(shared: &Shared, mut send: quinn::SendStream, mut recv: quin
     let preamble = tokio::time::timeout(PREAMBLE_TIMEOUT, async {
         stream::read_version(&mut recv).await?;
         let frame = stream::read_frame(&mut recv).await?;
-        stream::decode_connect_request(&frame)
+        decode_request_head(&frame)
     })
     .await;
-    let req = match preamble {
-        Ok(Ok(req)) => req,
+    let mapped = match preamble {
+        Ok(Ok(mapped)) => mapped,
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "resetting stream with a malformed request");
             let _ = send.reset(VarInt::from_u32(0));
@@ -319,7 +319,7 @@ async fn serve_data(shared: &Shared, mut send: quinn::SendStream, mut recv: quin
             return;
         }
     };
-    let (head, has_body) = match request_from_connect(&req) {
+    let (head, has_body, kind) = match mapped {
         Ok(h) => h,
         Err(e) => {
             write_error(&mut send, format!("malformed request: {e}")).await;
@@ -327,7 +327,7 @@ async fn serve_data(shared: &Shared, mut send: quinn::SendStream, mut recv: quin
             return;
         }
     };
-    let websocket = req.kind == ConnectionType::Websocket;
+    let websocket = kind == ConnectionType::Websocket;
     let content_length = head
         .headers()
         .get(CONTENT_LENGTH)
@@ -345,7 +345,7 @@ async fn serve_data(shared: &Shared, mut send: quinn::SendStream, mut recv: quin
     } else {
         (Body::empty(), Some(recv))
     };
-    tracing::debug!(dest = %req.dest, websocket, "serving tunnelled request");
+    tracing::debug!(uri = %parts.uri, websocket, "serving tunnelled request");
     let resp = match shared.handler.call(Request::from_parts(parts, body)).await {
         Ok(r) => r,
         Err(e) => {
@@ -354,12 +354,8 @@ async fn serve_data(shared: &Shared, mut send: quinn::SendStream, mut recv: quin
         }
     };
     let (parts, body) = resp.into_parts();
-    let head = ConnectResponse {
-        error: String::new(),
-        metadata: response_metadata(parts.status, &parts.headers),
-    };
     if send
-        .write_all(&stream::encode_connect_response(&head))
+        .write_all(&encode_response_head(parts.status, &parts.headers))
         .await
         .is_err()
     {

@@ -33,7 +33,7 @@ use std::task::{Context, Poll, Waker};
 
 use arbitrary::{Arbitrary, Unstructured};
 use cftunnel_tunnel::stream::http_map::{
-    connect_from_request, request_from_connect, response_from_connect, response_metadata, MapError,
+    self, connect_from_request, request_from_connect, response_from_connect, response_metadata, MapError,
     HEADER_PREFIX, HOST_KEY, MAX_HEADERS, METHOD, STATUS,
 };
 use cftunnel_tunnel::stream::{
@@ -120,6 +120,24 @@ fn check_request_stream(data: &[u8]) {
         assert_eq!(*used, data.len() - r.len(), "consumed lengths differ");
     }
 
+    // The connector maps the frame straight to a head; it must agree with
+    // decoding first and mapping the decoded request.
+    if let Some(frame) = data.get(8..).filter(|_| parsed.is_ok()) {
+        let len = parsed.as_ref().map_or(0, |(_, used)| used - 8);
+        let direct = http_map::decode_request_head(&frame[..len]);
+        let reference = parsed
+            .as_ref()
+            .map(|(req, _)| request_from_connect(req).map(|(h, b)| (h, b, req.kind)));
+        match (direct, reference) {
+            (Ok(Ok((h1, b1, k1))), Ok(Ok((h2, b2, k2)))) => {
+                assert_eq!((h1.method(), h1.uri(), h1.headers()), (h2.method(), h2.uri(), h2.headers()));
+                assert_eq!((b1, k1), (b2, k2), "direct head mapping differs");
+            }
+            (Ok(Err(e1)), Ok(Err(e2))) => assert_eq!(e1, e2, "direct mapping error differs"),
+            (d, r) => panic!("direct and reference mapping disagree: {d:?} vs {r:?}"),
+        }
+    }
+
     if let Ok((req, used)) = parsed {
         assert!(used <= data.len());
         check_encoded_request(&req);
@@ -170,11 +188,14 @@ fn header_entries(metadata: &[Metadata]) -> usize {
 fn check_request_mapping(req: &ConnectRequest) {
     let mapped = request_from_connect(req);
     if req.kind != ConnectionType::Tcp {
-        assert_eq!(
-            matches!(mapped, Err(MapError::TooManyHeaders)),
-            header_entries(&req.metadata) > MAX_HEADERS,
-            "header limit"
-        );
+        // Over the limit is always refused; an earlier bad entry may be what
+        // is reported.
+        if matches!(mapped, Err(MapError::TooManyHeaders)) {
+            assert!(header_entries(&req.metadata) > MAX_HEADERS, "header limit");
+        }
+        if header_entries(&req.metadata) > MAX_HEADERS {
+            assert!(mapped.is_err(), "header limit");
+        }
     }
     let Ok((head, has_body)) = mapped else {
         return;
@@ -308,6 +329,15 @@ fn check_response_frame(frame: &[u8]) {
     );
     if let Ok(head) = mapped {
         let md = response_metadata(head.status(), head.headers());
+        let reference = stream::encode_connect_response(&ConnectResponse {
+            error: String::new(),
+            metadata: md.clone(),
+        });
+        assert_eq!(
+            http_map::encode_response_head(head.status(), head.headers()),
+            reference,
+            "direct response encoding differs"
+        );
         assert_eq!(
             md.first(),
             Some(&Metadata::new(STATUS, head.status().as_str()))

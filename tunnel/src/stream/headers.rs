@@ -47,18 +47,24 @@ pub fn canonical_name(name: &str) -> String {
     if !valid {
         return name.to_owned();
     }
+    let mut out = vec![0; name.len()];
+    write_canonical(name.as_bytes(), &mut out);
+    // Token bytes are ASCII, and case changes keep them ASCII.
+    String::from_utf8(out).unwrap_or_else(|_| name.to_owned())
+}
+
+/// Writes the canonical form of a token `name` into `out` (same length). For
+/// a [`HeaderName`] (always a lower-case token) this is [`canonical_name`].
+pub(crate) fn write_canonical(name: &[u8], out: &mut [u8]) {
     let mut upper = true;
-    name.chars()
-        .map(|c| {
-            let out = if upper {
-                c.to_ascii_uppercase()
-            } else {
-                c.to_ascii_lowercase()
-            };
-            upper = c == '-';
-            out
-        })
-        .collect()
+    for (o, &b) in out.iter_mut().zip(name) {
+        *o = if upper {
+            b.to_ascii_uppercase()
+        } else {
+            b.to_ascii_lowercase()
+        };
+        upper = b == b'-';
+    }
 }
 
 fn is_hop_by_hop(name: &HeaderName) -> bool {
@@ -95,19 +101,53 @@ pub fn is_serialised(name: &HeaderName, websocket: bool) -> bool {
 
 /// Serialises response headers for `cf-cloudflared-response-headers`.
 pub fn serialise(headers: &HeaderMap, websocket: bool) -> String {
-    let mut out = String::with_capacity(headers.len() * 48);
+    // Base64 output and canonical token names are ASCII.
+    String::from_utf8(serialise_bytes(headers, websocket)).unwrap_or_default()
+}
+
+/// [`serialise`] as a header value, without copying the serialised bytes again.
+pub fn serialise_value(headers: &HeaderMap, websocket: bool) -> Option<HeaderValue> {
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(serialise_bytes(headers, websocket))).ok()
+}
+
+fn serialise_bytes(headers: &HeaderMap, websocket: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(headers.len() * 48);
+    let mut name_buf = [0u8; 64];
     for (name, value) in headers {
         if !is_serialised(name, websocket) {
             continue;
         }
         if !out.is_empty() {
-            out.push(';');
+            out.push(b';');
         }
-        STANDARD_NO_PAD.encode_string(canonical_name(name.as_str()), &mut out);
-        out.push(':');
-        STANDARD_NO_PAD.encode_string(value.as_bytes(), &mut out);
+        let name = name.as_str().as_bytes();
+        match name_buf.get_mut(..name.len()) {
+            Some(canon) => {
+                write_canonical(name, canon);
+                encode_into(canon, &mut out);
+            }
+            None => {
+                let mut canon = vec![0; name.len()];
+                write_canonical(name, &mut canon);
+                encode_into(&canon, &mut out);
+            }
+        }
+        out.push(b':');
+        encode_into(value.as_bytes(), &mut out);
     }
     out
+}
+
+/// Appends unpadded standard base64 of `input` to `out`.
+fn encode_into(input: &[u8], out: &mut Vec<u8>) {
+    let start = out.len();
+    let len = input.len().div_ceil(3) * 4;
+    out.resize(start + len, 0);
+    match STANDARD_NO_PAD.encode_slice(input, &mut out[start..]) {
+        Ok(written) => out.truncate(start + written),
+        // Unreachable: the slice is sized for padded output.
+        Err(_) => out.truncate(start),
+    }
 }
 
 /// Decodes a serialised header list. Empty items are skipped.
@@ -174,6 +214,31 @@ mod tests {
         assert_eq!(deserialise("YQ:Yg;*:Yg"), Err(HeaderCodecError::Base64(1)));
         assert_eq!(deserialise("IA:Yg"), Err(HeaderCodecError::Name(0)));
         assert_eq!(deserialise("YQ:Cg"), Err(HeaderCodecError::Value(0)));
+    }
+
+    #[test]
+    fn long_names_and_every_value_length_serialise() {
+        let long = "x-".to_owned() + &"a".repeat(100);
+        let mut h = HeaderMap::new();
+        for (i, value) in ["", "a", "ab", "abc", "abcd"].into_iter().enumerate() {
+            h.insert(
+                HeaderName::from_bytes(format!("{long}-{i}").as_bytes()).unwrap(),
+                HeaderValue::from_static(value),
+            );
+        }
+        let text = serialise(&h, false);
+        assert_eq!(serialise_value(&h, false).unwrap(), text.as_str());
+        let back = deserialise(&text).unwrap();
+        assert_eq!(back.len(), 5);
+        for ((n, v), (n0, v0)) in back.iter().zip(&h) {
+            assert_eq!((n, v), (n0, v0));
+        }
+        let first = text.split(';').next().unwrap().split(':').next().unwrap();
+        let name = STANDARD_NO_PAD.decode(first).unwrap();
+        assert_eq!(
+            name,
+            format!("X-{}-0", "A".to_owned() + &"a".repeat(99)).as_bytes()
+        );
     }
 
     #[test]

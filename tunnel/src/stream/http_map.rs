@@ -4,8 +4,9 @@
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{Method, Request, Response, StatusCode, Uri};
 
-use super::headers::canonical_name;
-use super::{ConnectRequest, ConnectResponse, ConnectionType, Metadata};
+use super::headers::{canonical_name, write_canonical};
+use super::{ConnectRequest, ConnectResponse, ConnectionType, FrameError, Metadata};
+use crate::quic_metadata_protocol_capnp as proto;
 
 /// Metadata key carrying the request method.
 pub const METHOD: &str = "HttpMethod";
@@ -46,11 +47,9 @@ pub enum MapError {
 }
 
 fn header_key(key: &str) -> Option<&str> {
-    let mut parts = key.split(':');
-    match (parts.next(), parts.next(), parts.next()) {
-        (Some(HEADER_PREFIX), Some(name), None) => Some(name),
-        _ => None,
-    }
+    key.strip_prefix(HEADER_PREFIX)?
+        .strip_prefix(':')
+        .filter(|name| !name.as_bytes().contains(&b':'))
 }
 
 fn check_header_count(metadata: &[Metadata]) -> Result<(), MapError> {
@@ -72,60 +71,90 @@ fn too_many(_: http::header::MaxSizeReached) -> MapError {
 /// whether a body follows on the stream (only when `Content-Length` or a
 /// chunked `Transfer-Encoding` is present, as the edge expects).
 pub fn request_from_connect(req: &ConnectRequest) -> Result<(Request<()>, bool), MapError> {
-    if req.kind == ConnectionType::Tcp {
+    map_request(
+        &req.dest,
+        req.kind,
+        req.metadata
+            .iter()
+            .map(|m| Ok((m.key.as_str(), m.val.as_str()))),
+    )
+}
+
+/// [`request_from_connect`] over borrowed metadata entries, so the connector
+/// can map a request straight from the received message.
+pub(super) fn map_request<'a>(
+    dest: &str,
+    kind: ConnectionType,
+    metadata: impl Iterator<Item = Result<(&'a str, &'a str), MapError>>,
+) -> Result<(Request<()>, bool), MapError> {
+    if kind == ConnectionType::Tcp {
         return Err(MapError::Unsupported);
     }
-    check_header_count(&req.metadata)?;
     let mut method = None;
     let mut host = None;
     let mut builder = Request::builder();
     let mut has_body = false;
+    let mut count = 0usize;
     let headers = builder.headers_mut().ok_or(MapError::Dest)?;
-    for m in &req.metadata {
-        if m.key == METHOD {
-            method = Some(Method::from_bytes(m.val.as_bytes()).map_err(|_| MapError::Method)?);
-        } else if m.key == HOST_KEY {
-            host = Some(m.val.as_str());
-        } else if let Some(name) = header_key(&m.key) {
+    for entry in metadata {
+        let (key, val) = entry?;
+        if key == METHOD {
+            method = Some(Method::from_bytes(val.as_bytes()).map_err(|_| MapError::Method)?);
+        } else if key == HOST_KEY {
+            host = Some(val);
+        } else if let Some(name) = header_key(key) {
+            count += 1;
+            if count > MAX_HEADERS {
+                return Err(MapError::TooManyHeaders);
+            }
             let name = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| MapError::Header(name.to_owned()))?;
             if name == HOST {
                 continue;
             }
-            let value = HeaderValue::from_str(&m.val)
+            let value = HeaderValue::from_str(val)
                 .map_err(|_| MapError::Header(name.as_str().to_owned()))?;
             if name == CONTENT_LENGTH
-                || (name == TRANSFER_ENCODING && m.val.to_ascii_lowercase().contains("chunked"))
+                || (name == TRANSFER_ENCODING && val.to_ascii_lowercase().contains("chunked"))
             {
                 has_body = true;
             }
             headers.try_append(name, value).map_err(too_many)?;
         }
     }
-    let dest: Uri = req.dest.parse().map_err(|_| MapError::Dest)?;
-    let authority = dest.authority().map(|a| a.as_str().to_owned());
+    let dest: Uri = dest.parse().map_err(|_| MapError::Dest)?;
     let host = host
         .filter(|h| !h.is_empty())
-        .map(str::to_owned)
-        .or(authority)
+        .or_else(|| dest.authority().map(|a| a.as_str()))
         .filter(|h| !h.is_empty());
-    let uri = match (&host, dest.scheme_str()) {
-        (Some(h), scheme) => {
+    let host_value = match host {
+        Some(h) => Some(HeaderValue::from_str(h).map_err(|_| MapError::Header("host".into()))?),
+        None => None,
+    };
+    let uri = match host {
+        // The edge's usual shape: `dest` already names that host.
+        Some(h)
+            if dest.authority().is_some_and(|a| a.as_str() == h)
+                && dest.scheme().is_some()
+                && dest.path_and_query().is_some() =>
+        {
+            dest
+        }
+        Some(h) => {
             let pq = dest.path_and_query().map(|p| p.as_str()).unwrap_or("/");
             Uri::builder()
-                .scheme(scheme.unwrap_or("https"))
-                .authority(h.as_str())
+                .scheme(dest.scheme_str().unwrap_or("https"))
+                .authority(h)
                 .path_and_query(pq)
                 .build()
                 .map_err(|_| MapError::Dest)?
         }
-        (None, _) => dest,
+        None => dest,
     };
-    if let Some(h) = &host {
-        let v = HeaderValue::from_str(h).map_err(|_| MapError::Header("host".into()))?;
+    if let Some(v) = host_value {
         headers.try_insert(HOST, v).map_err(too_many)?;
     }
-    if req.kind == ConnectionType::Websocket {
+    if kind == ConnectionType::Websocket {
         try_add_websocket_headers(headers).map_err(too_many)?;
         has_body = false;
     }
@@ -172,6 +201,98 @@ pub fn response_metadata(status: StatusCode, headers: &http::HeaderMap) -> Vec<M
         ));
     }
     out
+}
+
+/// A mapped request head, whether a body follows it, and the stream type.
+pub type RequestHead = (Request<()>, bool, ConnectionType);
+
+/// Connector side: maps a received `ConnectRequest` message straight to a
+/// request head (and whether a body follows, and the stream type), without
+/// copying its metadata out first. The outer error is a message that cannot
+/// be decoded (the stream is reset); the inner one a request that cannot be
+/// served (answered with an error response).
+pub fn decode_request_head(frame: &[u8]) -> Result<Result<RequestHead, MapError>, FrameError> {
+    let msg = super::read_message(frame)?;
+    let root: proto::connect_request::Reader<'_> = msg.get_root().map_err(super::decode_err)?;
+    let dest = text(root.get_dest())?;
+    let kind = match root.get_type().map_err(super::decode_err)? {
+        proto::ConnectionType::Http => ConnectionType::Http,
+        proto::ConnectionType::Websocket => ConnectionType::Websocket,
+        proto::ConnectionType::Tcp => ConnectionType::Tcp,
+    };
+    let list = root.get_metadata().map_err(super::decode_err)?;
+    // A text that does not decode stops the mapping; it is reported as the
+    // frame error it is, not as a mapping error.
+    let mut undecodable = None;
+    let entries = list
+        .iter()
+        .map(|m| match (text(m.get_key()), text(m.get_val())) {
+            (Ok(k), Ok(v)) => Ok((k, v)),
+            (Err(e), _) | (_, Err(e)) => {
+                undecodable = Some(e);
+                Err(MapError::Dest)
+            }
+        });
+    let mapped = map_request(dest, kind, entries);
+    if let Some(e) = undecodable {
+        return Err(e);
+    }
+    Ok(mapped.map(|(head, body)| (head, body, kind)))
+}
+
+fn text(t: capnp::Result<capnp::text::Reader<'_>>) -> Result<&str, FrameError> {
+    t.map_err(super::decode_err)?
+        .to_str()
+        .map_err(super::decode_err)
+}
+
+/// Connector side: the `ConnectResponse` message (with its preamble) for a
+/// response head, written straight from the header map: `HttpStatus`, then
+/// one `HttpHeader:<Canonical-Name>` entry per value, as
+/// [`response_metadata`] lists them.
+pub fn encode_response_head(status: StatusCode, headers: &http::HeaderMap) -> Vec<u8> {
+    let prefix = HEADER_PREFIX.len() + 1;
+    // One segment for the whole message; a non-UTF-8 value may grow threefold
+    // when it is made valid text.
+    // 16: root, error text, list tag and the `HttpStatus` entry, with room to spare.
+    let words = headers.iter().fold(16, |acc: usize, (name, value)| {
+        let value_len = if value.as_bytes().is_ascii() {
+            value.len()
+        } else {
+            value.len().saturating_mul(3)
+        };
+        acc.saturating_add(
+            2 + (prefix + name.as_str().len() + 1).div_ceil(8) + (value_len + 1).div_ceil(8),
+        )
+    });
+    let mut builder = super::builder(words);
+    {
+        let mut root: proto::connect_response::Builder<'_> = builder.init_root();
+        root.set_error("");
+        let mut list = root.init_metadata(u32::try_from(headers.len() + 1).unwrap_or(u32::MAX));
+        let mut entry = list.reborrow().get(0);
+        entry.set_key(STATUS);
+        entry.set_val(status.as_str());
+        for (i, (name, value)) in (1..list.len()).zip(headers) {
+            let mut entry = list.reborrow().get(i);
+            let name = name.as_str().as_bytes();
+            let key = entry
+                .reborrow()
+                .init_key(u32::try_from(prefix + name.len()).unwrap_or(0))
+                .as_bytes_mut();
+            if key.len() == prefix + name.len() {
+                let (head, tail) = key.split_at_mut(prefix);
+                head[..prefix - 1].copy_from_slice(HEADER_PREFIX.as_bytes());
+                head[prefix - 1] = b':';
+                write_canonical(name, tail);
+            }
+            match std::str::from_utf8(value.as_bytes()) {
+                Ok(v) => entry.set_val(v),
+                Err(_) => entry.set_val(String::from_utf8_lossy(value.as_bytes()).as_ref()),
+            }
+        }
+    }
+    super::frame(&builder, &super::preamble())
 }
 
 /// Edge side: describes an eyeball request for the connector.
@@ -354,6 +475,57 @@ mod tests {
             request_from_connect(&req).unwrap_err(),
             MapError::Unsupported
         );
+    }
+
+    #[test]
+    fn direct_paths_match_the_metadata_paths() {
+        let req = ConnectRequest {
+            dest: "https://app.example.com/p?q=1".into(),
+            kind: ConnectionType::Http,
+            metadata: vec![
+                Metadata::new("HttpMethod", "POST"),
+                Metadata::new("HttpHost", "app.example.com"),
+                Metadata::new("HttpHeader:Content-Length", "3"),
+                Metadata::new("HttpHeader:X-A", "1"),
+                Metadata::new("HttpHeader:X-A", "2"),
+                Metadata::new("Other:Key", "ignored"),
+            ],
+        };
+        let frame = crate::stream::encode_connect_request(&req);
+        let (head, body, kind) = decode_request_head(&frame[8..]).unwrap().unwrap();
+        let (reference, ref_body) = request_from_connect(&req).unwrap();
+        assert_eq!(head.uri(), reference.uri());
+        assert_eq!(head.uri(), "https://app.example.com/p?q=1");
+        assert_eq!(head.method(), reference.method());
+        assert_eq!(head.headers(), reference.headers());
+        assert_eq!((body, kind), (ref_body, ConnectionType::Http));
+
+        // A request that cannot be served is a mapping error, not a frame error.
+        let bad = ConnectRequest {
+            metadata: vec![Metadata::new("HttpHeader:Bad Name", "x")],
+            ..req
+        };
+        let frame = crate::stream::encode_connect_request(&bad);
+        assert!(matches!(
+            decode_request_head(&frame[8..]),
+            Ok(Err(MapError::Header(_)))
+        ));
+        assert!(decode_request_head(&frame[8..frame.len() - 8]).is_err());
+
+        let mut h = http::HeaderMap::new();
+        h.insert("content-type", HeaderValue::from_static("text/plain"));
+        h.append("set-cookie", HeaderValue::from_static("a=1"));
+        h.append("set-cookie", HeaderValue::from_static("b=2"));
+        h.insert(
+            "x-long-header-name-of-some-length",
+            HeaderValue::from_static(""),
+        );
+        h.insert("x-bytes", HeaderValue::from_bytes(b"caf\xe9").unwrap());
+        let reference = crate::stream::encode_connect_response(&ConnectResponse {
+            error: String::new(),
+            metadata: response_metadata(StatusCode::CREATED, &h),
+        });
+        assert_eq!(encode_response_head(StatusCode::CREATED, &h), reference);
     }
 
     #[test]
