@@ -1,12 +1,16 @@
 //! QUIC transport (connector side): one UDP socket and QUIC connection per
 //! connection index, the control stream, and edge-opened request streams.
 
+use std::future::poll_fn;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::header::CONTENT_LENGTH;
 use http::{Request, StatusCode};
+use http_body::Body as _;
 use http_body_util::BodyExt as _;
 use quinn::VarInt;
 
@@ -354,20 +358,17 @@ async fn serve_data(shared: &Shared, mut send: quinn::SendStream, mut recv: quin
         }
     };
     let (parts, body) = resp.into_parts();
-    if send
-        .write_all(&encode_response_head(parts.status, &parts.headers))
-        .await
-        .is_err()
-    {
-        return;
-    }
+    let head = Bytes::from(encode_response_head(parts.status, &parts.headers));
     if websocket && parts.status == StatusCode::SWITCHING_PROTOCOLS {
+        if send.write_chunk(head).await.is_err() {
+            return;
+        }
         if let (Some(tx), Some(recv)) = (upgrade_tx, spare_recv.take()) {
             let _ = tx.send(Upgraded::quic(send, recv));
         }
         return;
     }
-    match write_body(&mut send, body).await {
+    match write_response(&mut send, head, body).await {
         Ok(()) => {
             let _ = send.finish();
             // Closing the connection discards unsent stream data, and a drain closes it as
@@ -387,18 +388,42 @@ async fn serve_data(shared: &Shared, mut send: quinn::SendStream, mut recv: quin
     }
 }
 
-async fn write_body(
+/// Writes the response head and body. A body frame that is already there goes
+/// out with the head, in one packet; a body that is not ready yet (a stream, a
+/// slow backend) does not hold the head back.
+async fn write_response(
     send: &mut quinn::SendStream,
+    head: Bytes,
     body: ResponseBody,
 ) -> Result<(), crate::body::BoxError> {
     let mut body = std::pin::pin!(body);
-    while let Some(frame) = body.frame().await {
+    let mut head = Some(head);
+    loop {
+        let frame = match head.take() {
+            Some(h) => match poll_fn(|cx| Poll::Ready(body.as_mut().poll_frame(cx))).await {
+                Poll::Ready(frame) => {
+                    head = Some(h);
+                    frame
+                }
+                Poll::Pending => {
+                    send.write_chunk(h).await?;
+                    body.frame().await
+                }
+            },
+            None => body.frame().await,
+        };
+        let Some(frame) = frame else { break };
         // Trailers cannot be carried over QUIC; they are dropped as the edge does.
         if let Ok(data) = frame?.into_data() {
-            if !data.is_empty() {
-                send.write_chunk(data).await?;
+            match head.take() {
+                Some(h) => send.write_all_chunks(&mut [h, data]).await?,
+                None if !data.is_empty() => send.write_chunk(data).await?,
+                None => {}
             }
         }
+    }
+    if let Some(h) = head {
+        send.write_chunk(h).await?;
     }
     Ok(())
 }

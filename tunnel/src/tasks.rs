@@ -22,6 +22,9 @@ impl StreamTasks {
     where
         F: Future<Output = ()> + Send + 'static,
     {
+        // Boxed once here: a stream future runs to kilobytes, and spawning moves
+        // its task several times on the way to the scheduler.
+        let fut = Box::pin(fut);
         let cancel = self.cancel.clone();
         self.tracker.spawn(async move {
             tokio::select! {

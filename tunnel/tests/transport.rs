@@ -182,7 +182,40 @@ async fn in_process_requests_cross_the_tunnel(protocol: Protocol) {
     edge.shutdown().await;
 }
 
+/// A response head reaches the eyeball as soon as the service has it, not with
+/// the first body bytes (a stream, a long poll).
+async fn heads_do_not_wait_for_late_bodies(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let (handle, _m, _r) = start_connector(options(&edge, protocol, 1), token());
+    handle.wait_registered(1).await;
+    edge.wait_serving(1).await;
+    let client = client();
+    let req = Request::get(format!("http://{}/late-body", edge.http_addr()))
+        .header("host", "app.example.com")
+        .body(empty())
+        .unwrap();
+    let start = std::time::Instant::now();
+    let resp = client.request(req).await.expect("response head");
+    let head_after = start.elapsed();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let body_after = start.elapsed();
+    assert_eq!(body, "late");
+    assert!(
+        body_after >= std::time::Duration::from_millis(400),
+        "{body_after:?}"
+    );
+    assert!(
+        head_after < std::time::Duration::from_millis(300),
+        "head held back with the body: {head_after:?} ({label})",
+        label = label(protocol)
+    );
+    handle.shutdown().await;
+}
+
 per_transport!(serves_requests);
+per_transport!(heads_do_not_wait_for_late_bodies);
 per_transport!(in_process_requests_cross_the_tunnel);
 per_transport!(streams_large_bodies);
 per_transport!(many_concurrent_requests);

@@ -46,7 +46,8 @@ fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<TestBody> {
 }
 
 /// Echo service: `/hello`, `/echo` (streams the body back), `/download?n=`,
-/// `/slow` (answers after 500 ms), `/trailers`, `/ws` (raw byte echo after 101).
+/// `/slow` (answers after 500 ms), `/late-body` (head at once, body 400 ms later),
+/// `/trailers`, `/ws` (raw byte echo after 101).
 pub async fn echo(mut req: Request<Body>) -> Result<Response<TestBody>, Infallible> {
     let path = req.uri().path().to_owned();
     let host = req
@@ -108,6 +109,16 @@ pub async fn echo(mut req: Request<Body>) -> Result<Response<TestBody>, Infallib
         "/hang" => {
             tokio::time::sleep(Duration::from_secs(20)).await;
             full(StatusCode::OK, "late")
+        }
+        "/late-body" => {
+            // The head at once, the body 400 ms later.
+            let late = futures_util::stream::once(async {
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                Ok::<_, cftunnel_tunnel::BoxError>(http_body::Frame::data(Bytes::from_static(
+                    b"late",
+                )))
+            });
+            Response::new(StreamBody::new(late).boxed_unsync())
         }
         "/slow" => {
             tokio::time::sleep(Duration::from_millis(500)).await;
