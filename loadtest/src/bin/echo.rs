@@ -6,6 +6,11 @@ use anyhow::Context;
 use cftunnel_loadtest::echo::{EchoConfig, EchoIdentity, EchoServer};
 use clap::Parser;
 
+/// mimalloc, as the proxy uses: the backend allocates per request, and glibc's malloc would
+/// cost several times more there, on the same cores as the server under test.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Gateway API conformance echo backend (echo-basic compatible).
 #[derive(Parser, Debug)]
 #[command(name = "cftunnel-echo", version)]

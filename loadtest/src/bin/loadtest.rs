@@ -13,6 +13,11 @@ use cftunnel_loadtest::harness::scenario::Scenario;
 use cftunnel_loadtest::harness::{self, RunConfig};
 use clap::Parser;
 
+/// mimalloc, as the proxy uses: the load generator (and the in-process mock edge) allocate per request, and glibc's malloc would
+/// cost several times more there, on the same cores as the server under test.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Load harness: echo backend direct vs. through cftunnel-proxy (standalone or behind the mock
 /// edge's tunnel) vs. through nginx.
 ///

@@ -12,6 +12,11 @@ use cftunnel_tunnel::mock_edge::MockEdge;
 use cftunnel_tunnel::tls::TestPki;
 use clap::Parser;
 
+/// mimalloc, as the proxy uses: the edge side of every request allocates its metadata and frames, and glibc's malloc would
+/// cost several times more there, on the same cores as the server under test.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Mock Cloudflare Tunnel edge for tests, load tests and local demos.
 #[derive(Debug, Parser)]
 #[command(name = "cftunnel-mock-edge", version)]

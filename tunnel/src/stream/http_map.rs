@@ -4,7 +4,7 @@
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{Method, Request, Response, StatusCode, Uri};
 
-use super::headers::{canonical_name, write_canonical};
+use super::headers::write_canonical;
 use super::{ConnectRequest, ConnectResponse, ConnectionType, FrameError, Metadata};
 use crate::quic_metadata_protocol_capnp as proto;
 
@@ -190,13 +190,26 @@ fn try_add_websocket_headers(
     Ok(())
 }
 
+/// `HttpHeader:<Canonical-Name>` for a header name.
+fn header_metadata_key(name: &HeaderName) -> String {
+    let name = name.as_str().as_bytes();
+    let mut key = Vec::with_capacity(HEADER_PREFIX.len() + 1 + name.len());
+    key.extend_from_slice(HEADER_PREFIX.as_bytes());
+    key.push(b':');
+    let start = key.len();
+    key.resize(start + name.len(), 0);
+    write_canonical(name, &mut key[start..]);
+    // A header name is ASCII, and so is its canonical form.
+    String::from_utf8(key).unwrap_or_default()
+}
+
 /// `HttpStatus` then one `HttpHeader:<Canonical-Name>` entry per value.
 pub fn response_metadata(status: StatusCode, headers: &http::HeaderMap) -> Vec<Metadata> {
     let mut out = Vec::with_capacity(headers.len() + 1);
     out.push(Metadata::new(STATUS, status.as_str()));
     for (name, value) in headers {
         out.push(Metadata::new(
-            format!("{HEADER_PREFIX}:{}", canonical_name(name.as_str())),
+            header_metadata_key(name),
             String::from_utf8_lossy(value.as_bytes()),
         ));
     }
@@ -317,7 +330,7 @@ pub fn connect_from_request(parts: &http::request::Parts, kind: ConnectionType) 
             continue;
         }
         metadata.push(Metadata::new(
-            format!("{HEADER_PREFIX}:{}", canonical_name(name.as_str())),
+            header_metadata_key(name),
             String::from_utf8_lossy(value.as_bytes()),
         ));
     }
