@@ -322,11 +322,24 @@ fn check_response_frame(frame: &[u8]) {
 
     // Edge side: response head -> connector-side metadata -> same head.
     let mapped = response_from_connect(&resp);
-    assert_eq!(
-        matches!(mapped, Err(MapError::TooManyHeaders)),
-        header_entries(&resp.metadata) > MAX_HEADERS,
-        "header limit"
-    );
+    if matches!(mapped, Err(MapError::TooManyHeaders)) {
+        assert!(header_entries(&resp.metadata) > MAX_HEADERS, "header limit");
+    }
+    if header_entries(&resp.metadata) > MAX_HEADERS {
+        assert!(mapped.is_err(), "header limit");
+    }
+
+    // The edge maps the frame straight to a head; it must agree with decoding
+    // first and mapping the decoded response.
+    match (http_map::decode_response_head(&bytes[8..]), &mapped) {
+        (Ok(Ok(http_map::ConnectOutcome::Refused(e))), _) => assert_eq!(e, resp.error),
+        (Ok(Ok(http_map::ConnectOutcome::Head(h1))), Ok(h2)) => {
+            assert!(resp.error.is_empty());
+            assert_eq!((h1.status(), h1.headers()), (h2.status(), h2.headers()));
+        }
+        (Ok(Err(e1)), Err(e2)) => assert_eq!(&e1, e2, "direct mapping error differs"),
+        (d, r) => panic!("direct and reference response mapping disagree: {d:?} vs {r:?}"),
+    }
     if let Ok(head) = mapped {
         let md = response_metadata(head.status(), head.headers());
         let reference = stream::encode_connect_response(&ConnectResponse {

@@ -21,7 +21,7 @@ use crate::h2io::{send_body, H2Io};
 use crate::rpc::edge;
 use crate::rpc::RpcStream;
 use crate::stream::headers::{self, CONNECTION_UPGRADE, RESPONSE_HEADERS};
-use crate::stream::http_map::{connect_from_request, response_from_connect};
+use crate::stream::http_map::{connect_from_request, decode_response_head, ConnectOutcome};
 use crate::stream::{self, ConnectionType, RPC_SIGNATURE};
 
 pub(crate) type EdgeBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -97,19 +97,23 @@ static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-prot
 /// say), a ray id (`Cf-Ray`) and
 /// `CDN-Loop`.
 pub(super) fn add_edge_headers(headers: &mut http::HeaderMap, peer: IpAddr) {
-    let ip = peer.to_string();
-    headers.insert(
-        CF_CONNECTING_IP.clone(),
-        HeaderValue::from_str(&ip).unwrap_or(HeaderValue::from_static("127.0.0.1")),
-    );
-    let xff = headers
-        .get_all(&X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .chain(std::iter::once(ip.as_str()))
-        .collect::<Vec<_>>()
-        .join(", ");
-    if let Ok(xff) = HeaderValue::from_str(&xff) {
+    let ip =
+        HeaderValue::try_from(peer.to_string()).unwrap_or(HeaderValue::from_static("127.0.0.1"));
+    let xff = if headers.contains_key(&X_FORWARDED_FOR) {
+        let mut joined = String::new();
+        for prior in headers.get_all(&X_FORWARDED_FOR) {
+            if let Ok(prior) = prior.to_str() {
+                joined.push_str(prior);
+                joined.push_str(", ");
+            }
+        }
+        joined.push_str(ip.to_str().unwrap_or_default());
+        HeaderValue::try_from(joined).ok()
+    } else {
+        Some(ip.clone())
+    };
+    headers.insert(CF_CONNECTING_IP.clone(), ip);
+    if let Some(xff) = xff {
         headers.insert(X_FORWARDED_FOR.clone(), xff);
     }
     headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("https"));
@@ -117,13 +121,21 @@ pub(super) fn add_edge_headers(headers: &mut http::HeaderMap, peer: IpAddr) {
         CF_VISITOR.clone(),
         HeaderValue::from_static(r#"{"scheme":"https"}"#),
     );
-    // 16 hex digits and the colo, as Cloudflare's ray ids; from the thread-local generator,
-    // not the OS, so the mock spends no system call per request on it.
-    let ray = format!("{:016x}-{LOCATION}", rand::random::<u64>());
-    if let Ok(ray) = HeaderValue::from_str(&ray) {
-        headers.insert(CF_RAY.clone(), ray);
-    }
+    headers.insert(CF_RAY.clone(), ray_id(rand::random::<u64>()));
     headers.append(CDN_LOOP.clone(), HeaderValue::from_static("cloudflare"));
+}
+
+/// 16 hex digits and the colo, as Cloudflare's ray ids. The number comes from the
+/// thread-local generator, not the OS, so the mock spends no system call per request on it.
+fn ray_id(n: u64) -> HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut buf = [0u8; 16 + 1 + LOCATION.len()];
+    for (i, b) in buf[..16].iter_mut().enumerate() {
+        *b = HEX[((n >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    buf[16] = b'-';
+    buf[17..].copy_from_slice(LOCATION.as_bytes());
+    HeaderValue::from_bytes(&buf).unwrap_or(HeaderValue::from_static("0000000000000000-MCK"))
 }
 
 async fn handle(inner: Arc<Inner>, req: Request<Incoming>, peer: IpAddr) -> Response<EdgeBody> {
@@ -161,6 +173,17 @@ where
 
 fn stream_err(e: impl std::fmt::Display) -> MockEdgeError {
     MockEdgeError::Stream(e.to_string())
+}
+
+/// Reads and maps the connector's `ConnectResponse`, within [`RESPONSE_TIMEOUT`].
+async fn read_response_head(recv: &mut quinn::RecvStream) -> Result<ConnectOutcome, MockEdgeError> {
+    let frame = tokio::time::timeout(RESPONSE_TIMEOUT, stream::read_response_frame(recv))
+        .await
+        .map_err(stream_err)?
+        .map_err(stream_err)?;
+    decode_response_head(&frame)
+        .map_err(stream_err)?
+        .map_err(stream_err)
 }
 
 async fn forward_quic<B>(
@@ -206,29 +229,24 @@ where
                 let _ = send.finish();
             });
         }
-        let cresp =
-            tokio::time::timeout(RESPONSE_TIMEOUT, stream::read_response_preamble(&mut recv))
-                .await
-                .map_err(stream_err)?
-                .map_err(stream_err)?;
-        if !cresp.error.is_empty() {
-            return Ok(full(StatusCode::BAD_GATEWAY, format!("{}\n", cresp.error)));
-        }
-        let head = response_from_connect(&cresp).map_err(stream_err)?;
+        let head = match read_response_head(&mut recv).await? {
+            ConnectOutcome::Head(head) => head,
+            ConnectOutcome::Refused(error) => {
+                return Ok(full(StatusCode::BAD_GATEWAY, format!("{error}\n")))
+            }
+        };
         let (parts, ()) = head.into_parts();
         return Ok(Response::from_parts(
             parts,
             Body::quic(recv, None).map_err(Into::into).boxed_unsync(),
         ));
     }
-    let cresp = tokio::time::timeout(RESPONSE_TIMEOUT, stream::read_response_preamble(&mut recv))
-        .await
-        .map_err(stream_err)?
-        .map_err(stream_err)?;
-    if !cresp.error.is_empty() {
-        return Ok(full(StatusCode::BAD_GATEWAY, format!("{}\n", cresp.error)));
-    }
-    let head = response_from_connect(&cresp).map_err(stream_err)?;
+    let head = match read_response_head(&mut recv).await? {
+        ConnectOutcome::Head(head) => head,
+        ConnectOutcome::Refused(error) => {
+            return Ok(full(StatusCode::BAD_GATEWAY, format!("{error}\n")))
+        }
+    };
     let (parts, ()) = head.into_parts();
     if parts.status == StatusCode::SWITCHING_PROTOCOLS {
         if let Some(on_upgrade) = on_upgrade {
@@ -477,5 +495,11 @@ mod tests {
         let ray = h["cf-ray"].to_str().unwrap();
         assert_eq!(ray.len(), 20, "{ray}");
         assert!(ray.ends_with("-MCK"), "{ray}");
+        assert_eq!(ray_id(0x0123_4567_89ab_cdef), "0123456789abcdef-MCK");
+
+        let mut h = http::HeaderMap::new();
+        add_edge_headers(&mut h, "::1".parse().unwrap());
+        assert_eq!(h["x-forwarded-for"], "::1");
+        assert_eq!(h["cf-connecting-ip"], "::1");
     }
 }

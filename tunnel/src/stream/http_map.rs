@@ -52,17 +52,6 @@ fn header_key(key: &str) -> Option<&str> {
         .filter(|name| !name.as_bytes().contains(&b':'))
 }
 
-fn check_header_count(metadata: &[Metadata]) -> Result<(), MapError> {
-    let headers = metadata
-        .iter()
-        .filter(|m| header_key(&m.key).is_some())
-        .count();
-    if headers > MAX_HEADERS {
-        return Err(MapError::TooManyHeaders);
-    }
-    Ok(())
-}
-
 fn too_many(_: http::header::MaxSizeReached) -> MapError {
     MapError::TooManyHeaders
 }
@@ -343,17 +332,32 @@ pub fn connect_from_request(parts: &http::request::Parts, kind: ConnectionType) 
 
 /// Edge side: turns a successful `ConnectResponse` into a response head.
 pub fn response_from_connect(resp: &ConnectResponse) -> Result<Response<()>, MapError> {
-    check_header_count(&resp.metadata)?;
+    map_response(
+        resp.metadata
+            .iter()
+            .map(|m| Ok((m.key.as_str(), m.val.as_str()))),
+    )
+}
+
+fn map_response<'a>(
+    metadata: impl Iterator<Item = Result<(&'a str, &'a str), MapError>>,
+) -> Result<Response<()>, MapError> {
     let mut builder = Response::builder();
     let mut status = None;
+    let mut count = 0usize;
     let headers = builder.headers_mut().ok_or(MapError::Status)?;
-    for m in &resp.metadata {
-        if m.key == STATUS {
-            status = Some(StatusCode::from_bytes(m.val.as_bytes()).map_err(|_| MapError::Status)?);
-        } else if let Some(name) = header_key(&m.key) {
+    for entry in metadata {
+        let (key, val) = entry?;
+        if key == STATUS {
+            status = Some(StatusCode::from_bytes(val.as_bytes()).map_err(|_| MapError::Status)?);
+        } else if let Some(name) = header_key(key) {
+            count += 1;
+            if count > MAX_HEADERS {
+                return Err(MapError::TooManyHeaders);
+            }
             let name = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| MapError::Header(name.to_owned()))?;
-            let value = HeaderValue::from_str(&m.val)
+            let value = HeaderValue::from_str(val)
                 .map_err(|_| MapError::Header(name.as_str().to_owned()))?;
             headers.try_append(name, value).map_err(too_many)?;
         }
@@ -362,6 +366,44 @@ pub fn response_from_connect(resp: &ConnectResponse) -> Result<Response<()>, Map
         .status(status.ok_or(MapError::Status)?)
         .body(())
         .map_err(|_| MapError::Status)
+}
+
+/// What a connector answered on a request stream.
+#[derive(Debug)]
+pub enum ConnectOutcome {
+    /// The origin's (or the connector's own) response head.
+    Head(Response<()>),
+    /// The connector could not serve the request, for this reason.
+    Refused(String),
+}
+
+/// Edge side: maps a received `ConnectResponse` message straight to a
+/// response head, without copying its metadata out first. The outer error is
+/// a message that cannot be decoded, the inner one metadata that does not
+/// make a response head.
+pub fn decode_response_head(frame: &[u8]) -> Result<Result<ConnectOutcome, MapError>, FrameError> {
+    let msg = super::read_message(frame)?;
+    let root: proto::connect_response::Reader<'_> = msg.get_root().map_err(super::decode_err)?;
+    let error = text(root.get_error())?;
+    if !error.is_empty() {
+        return Ok(Ok(ConnectOutcome::Refused(error.to_owned())));
+    }
+    let list = root.get_metadata().map_err(super::decode_err)?;
+    let mut undecodable = None;
+    let entries = list
+        .iter()
+        .map(|m| match (text(m.get_key()), text(m.get_val())) {
+            (Ok(k), Ok(v)) => Ok((k, v)),
+            (Err(e), _) | (_, Err(e)) => {
+                undecodable = Some(e);
+                Err(MapError::Status)
+            }
+        });
+    let mapped = map_response(entries);
+    if let Some(e) = undecodable {
+        return Err(e);
+    }
+    Ok(mapped.map(ConnectOutcome::Head))
 }
 
 #[cfg(test)]
@@ -539,6 +581,30 @@ mod tests {
             metadata: response_metadata(StatusCode::CREATED, &h),
         });
         assert_eq!(encode_response_head(StatusCode::CREATED, &h), reference);
+
+        // The edge reads that message straight back to the same head.
+        match decode_response_head(&reference[8..]).unwrap().unwrap() {
+            ConnectOutcome::Head(head) => {
+                assert_eq!(head.status(), StatusCode::CREATED);
+                let mut expected = h.clone();
+                expected.insert("x-bytes", HeaderValue::from_str("caf\u{fffd}").unwrap());
+                assert_eq!(head.headers(), &expected);
+            }
+            other => panic!("{other:?}"),
+        }
+        let refused = crate::stream::encode_connect_response(&ConnectResponse {
+            error: "no route".into(),
+            metadata: Vec::new(),
+        });
+        assert!(matches!(
+            decode_response_head(&refused[8..]).unwrap().unwrap(),
+            ConnectOutcome::Refused(e) if e == "no route"
+        ));
+        let no_status = crate::stream::encode_connect_response(&ConnectResponse::default());
+        assert_eq!(
+            decode_response_head(&no_status[8..]).unwrap().unwrap_err(),
+            MapError::Status
+        );
     }
 
     #[test]

@@ -376,14 +376,20 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Vec<u8>, Fram
 }
 
 /// Reads a full response preamble (signature, version, `ConnectResponse`).
-pub async fn read_response_preamble<R: AsyncRead + Unpin>(
-    r: &mut R,
-) -> Result<ConnectResponse, FrameError> {
+/// Reads a response stream's preamble (signature, version) and returns its
+/// framed `ConnectResponse` message, undecoded.
+pub async fn read_response_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Vec<u8>, FrameError> {
     if read_signature(r).await? != StreamKind::Data {
         return Err(FrameError::UnknownSignature);
     }
     read_version(r).await?;
-    decode_connect_response(&read_frame(r).await?)
+    read_frame(r).await
+}
+
+pub async fn read_response_preamble<R: AsyncRead + Unpin>(
+    r: &mut R,
+) -> Result<ConnectResponse, FrameError> {
+    decode_connect_response(&read_response_frame(r).await?)
 }
 
 #[cfg(test)]
