@@ -305,8 +305,7 @@ async fn write_error(send: &mut quinn::SendStream, message: String) {
 
 async fn serve_data(shared: &Shared, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
     let preamble = tokio::time::timeout(PREAMBLE_TIMEOUT, async {
-        stream::read_version(&mut recv).await?;
-        let frame = stream::read_frame(&mut recv).await?;
+        let frame = stream::read_data_preamble(&mut recv).await?;
         decode_request_head(&frame)
     })
     .await;

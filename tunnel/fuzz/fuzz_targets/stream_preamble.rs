@@ -120,6 +120,18 @@ fn check_request_stream(data: &[u8]) {
         assert_eq!(*used, data.len() - r.len(), "consumed lengths differ");
     }
 
+    // The connector's two-read preamble reader agrees on every well-formed
+    // stream (on a broken one it may name the fault differently).
+    if let Ok((req, used)) = &parsed {
+        let mut r = data;
+        let read = ready(async {
+            stream::read_signature(&mut r).await?;
+            stream::decode_connect_request(&stream::read_data_preamble(&mut r).await?)
+        });
+        assert_eq!(read.as_ref(), Ok(req), "data preamble reader disagrees");
+        assert_eq!(*used, data.len() - r.len(), "data preamble reader consumed differently");
+    }
+
     // The connector maps the frame straight to a head; it must agree with
     // decoding first and mapping the decoded request.
     if let Some(frame) = data.get(8..).filter(|_| parsed.is_ok()) {

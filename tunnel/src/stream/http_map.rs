@@ -85,6 +85,8 @@ pub(super) fn map_request<'a>(
     let mut has_body = false;
     let mut count = 0usize;
     let headers = builder.headers_mut().ok_or(MapError::Dest)?;
+    // Sized once for the usual head instead of grown and rehashed as entries arrive.
+    *headers = http::HeaderMap::with_capacity(metadata.size_hint().0.min(64));
     for entry in metadata {
         let (key, val) = entry?;
         if key == METHOD {
@@ -346,6 +348,7 @@ fn map_response<'a>(
     let mut status = None;
     let mut count = 0usize;
     let headers = builder.headers_mut().ok_or(MapError::Status)?;
+    *headers = http::HeaderMap::with_capacity(metadata.size_hint().0.min(64));
     for entry in metadata {
         let (key, val) = entry?;
         if key == STATUS {

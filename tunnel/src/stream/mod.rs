@@ -358,14 +358,44 @@ pub async fn read_version<R: AsyncRead + Unpin>(r: &mut R) -> Result<(), FrameEr
 
 /// Reads one framed Cap'n Proto message, bounded by [`MAX_MESSAGE_BYTES`].
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Vec<u8>, FrameError> {
-    let mut buf = vec![0u8; 8];
-    r.read_exact(&mut buf[..4]).await.map_err(io_err)?;
-    let count = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize + 1;
+    let mut buf = vec![0u8; 4];
+    r.read_exact(&mut buf).await.map_err(io_err)?;
+    read_frame_rest(r, buf).await
+}
+
+/// After a data stream's signature: the version and the framed
+/// `ConnectRequest`. A single-segment message (what edges send) takes two
+/// reads, where [`read_version`] and [`read_frame`] take four; every read of a
+/// QUIC stream takes the connection's lock.
+pub async fn read_data_preamble<R: AsyncRead + Unpin>(r: &mut R) -> Result<Vec<u8>, FrameError> {
+    // Version, segment count, first segment's size.
+    let mut head = [0u8; 10];
+    r.read_exact(&mut head).await.map_err(io_err)?;
+    if head[..2] != DATA_VERSION {
+        return Err(FrameError::UnsupportedVersion);
+    }
+    read_frame_rest(r, head[2..].to_vec()).await
+}
+
+/// Completes a framed message of which `buf` holds the first bytes (at least
+/// the segment count, at most the segment table).
+async fn read_frame_rest<R: AsyncRead + Unpin>(
+    r: &mut R,
+    mut buf: Vec<u8>,
+) -> Result<Vec<u8>, FrameError> {
+    let count = match buf.get(..4) {
+        Some(&[a, b, c, d]) => u32::from_le_bytes([a, b, c, d]) as usize + 1,
+        _ => return Err(FrameError::Framing),
+    };
     if count > MAX_SEGMENTS {
         return Err(FrameError::Framing);
     }
-    buf.resize(4 + 4 * count, 0);
-    r.read_exact(&mut buf[4..]).await.map_err(io_err)?;
+    let table = 4 + 4 * count;
+    let have = buf.len();
+    if have < table {
+        buf.resize(table, 0);
+        r.read_exact(&mut buf[have..]).await.map_err(io_err)?;
+    }
     let total = framed_len(&buf)?.ok_or(FrameError::Framing)?;
     let have = buf.len();
     buf.resize(total, 0);
@@ -375,17 +405,16 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Vec<u8>, Fram
     Ok(buf)
 }
 
-/// Reads a full response preamble (signature, version, `ConnectResponse`).
 /// Reads a response stream's preamble (signature, version) and returns its
 /// framed `ConnectResponse` message, undecoded.
 pub async fn read_response_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Vec<u8>, FrameError> {
     if read_signature(r).await? != StreamKind::Data {
         return Err(FrameError::UnknownSignature);
     }
-    read_version(r).await?;
-    read_frame(r).await
+    read_data_preamble(r).await
 }
 
+/// Reads a full response preamble (signature, version, `ConnectResponse`).
 pub async fn read_response_preamble<R: AsyncRead + Unpin>(
     r: &mut R,
 ) -> Result<ConnectResponse, FrameError> {

@@ -40,6 +40,42 @@ fn response_round_trips_through_async_reader() {
 }
 
 #[test]
+fn data_preamble_reader_takes_single_and_multi_segment_frames() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let read = |bytes: &[u8]| {
+        let mut r = bytes;
+        let got = rt.block_on(async {
+            read_signature(&mut r).await?;
+            decode_connect_request(&read_data_preamble(&mut r).await?)
+        });
+        (got, bytes.len() - r.len())
+    };
+    let mut bytes = encode_connect_request(&sample());
+    let len = bytes.len();
+    bytes.extend_from_slice(b"body");
+    assert_eq!(read(&bytes), (Ok(sample()), len));
+
+    // Two segments: the second segment table entry and the padding word are
+    // read after the first ten bytes.
+    let one = &encode_connect_request(&sample())[8..];
+    let words = (one.len() - 8) / 8;
+    let mut two = preamble().to_vec();
+    two.extend_from_slice(&1u32.to_le_bytes());
+    two.extend_from_slice(&(words as u32).to_le_bytes());
+    two.extend_from_slice(&0u32.to_le_bytes());
+    two.extend_from_slice(&[0; 4]);
+    two.extend_from_slice(&one[8..]);
+    assert_eq!(read(&two), (Ok(sample()), two.len()));
+
+    let mut wrong = encode_connect_request(&sample());
+    wrong[7] = b'2';
+    assert_eq!(read(&wrong).0, Err(FrameError::UnsupportedVersion));
+    assert_eq!(read(&bytes[..len - 1]).0, Err(FrameError::Truncated));
+}
+
+#[test]
 fn framing_is_single_segment_with_header_padding() {
     let bytes = encode_connect_request(&sample());
     let frame = &bytes[8..];
