@@ -52,6 +52,23 @@ fn header_key(key: &str) -> Option<&str> {
         .filter(|name| !name.as_bytes().contains(&b':'))
 }
 
+/// One `HttpHeader:<name>` entry, counted against [`MAX_HEADERS`].
+fn parse_header(
+    name: &str,
+    val: &str,
+    count: &mut usize,
+) -> Result<(HeaderName, HeaderValue), MapError> {
+    *count += 1;
+    if *count > MAX_HEADERS {
+        return Err(MapError::TooManyHeaders);
+    }
+    let name =
+        HeaderName::from_bytes(name.as_bytes()).map_err(|_| MapError::Header(name.to_owned()))?;
+    let value =
+        HeaderValue::from_str(val).map_err(|_| MapError::Header(name.as_str().to_owned()))?;
+    Ok((name, value))
+}
+
 fn too_many(_: http::header::MaxSizeReached) -> MapError {
     MapError::TooManyHeaders
 }
@@ -94,17 +111,10 @@ pub(super) fn map_request<'a>(
         } else if key == HOST_KEY {
             host = Some(val);
         } else if let Some(name) = header_key(key) {
-            count += 1;
-            if count > MAX_HEADERS {
-                return Err(MapError::TooManyHeaders);
-            }
-            let name = HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| MapError::Header(name.to_owned()))?;
+            let (name, value) = parse_header(name, val, &mut count)?;
             if name == HOST {
                 continue;
             }
-            let value = HeaderValue::from_str(val)
-                .map_err(|_| MapError::Header(name.as_str().to_owned()))?;
             if name == CONTENT_LENGTH
                 || (name == TRANSFER_ENCODING && val.to_ascii_lowercase().contains("chunked"))
             {
@@ -225,23 +235,34 @@ pub fn decode_request_head(frame: &[u8]) -> Result<Result<RequestHead, MapError>
         proto::ConnectionType::Tcp => ConnectionType::Tcp,
     };
     let list = root.get_metadata().map_err(super::decode_err)?;
-    // A text that does not decode stops the mapping; it is reported as the
-    // frame error it is, not as a mapping error.
+    let mapped = map_entries(list, |entries| map_request(dest, kind, entries))?;
+    Ok(mapped.map(|(head, body)| (head, body, kind)))
+}
+
+/// Runs `map` over a message's metadata entries as borrowed text. A text that
+/// does not decode stops the mapping and is reported as the frame error it
+/// is, not as a mapping error.
+fn map_entries<'a, T>(
+    list: capnp::struct_list::Reader<'a, proto::metadata::Owned>,
+    map: impl FnOnce(
+        &mut dyn Iterator<Item = Result<(&'a str, &'a str), MapError>>,
+    ) -> Result<T, MapError>,
+) -> Result<Result<T, MapError>, FrameError> {
     let mut undecodable = None;
-    let entries = list
+    let mut entries = list
         .iter()
         .map(|m| match (text(m.get_key()), text(m.get_val())) {
             (Ok(k), Ok(v)) => Ok((k, v)),
             (Err(e), _) | (_, Err(e)) => {
                 undecodable = Some(e);
-                Err(MapError::Dest)
+                Err(MapError::Status)
             }
         });
-    let mapped = map_request(dest, kind, entries);
-    if let Some(e) = undecodable {
-        return Err(e);
+    let mapped = map(&mut entries);
+    match undecodable {
+        Some(e) => Err(e),
+        None => Ok(mapped),
     }
-    Ok(mapped.map(|(head, body)| (head, body, kind)))
 }
 
 fn text(t: capnp::Result<capnp::text::Reader<'_>>) -> Result<&str, FrameError> {
@@ -354,14 +375,7 @@ fn map_response<'a>(
         if key == STATUS {
             status = Some(StatusCode::from_bytes(val.as_bytes()).map_err(|_| MapError::Status)?);
         } else if let Some(name) = header_key(key) {
-            count += 1;
-            if count > MAX_HEADERS {
-                return Err(MapError::TooManyHeaders);
-            }
-            let name = HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| MapError::Header(name.to_owned()))?;
-            let value = HeaderValue::from_str(val)
-                .map_err(|_| MapError::Header(name.as_str().to_owned()))?;
+            let (name, value) = parse_header(name, val, &mut count)?;
             headers.try_append(name, value).map_err(too_many)?;
         }
     }
@@ -392,21 +406,7 @@ pub fn decode_response_head(frame: &[u8]) -> Result<Result<ConnectOutcome, MapEr
         return Ok(Ok(ConnectOutcome::Refused(error.to_owned())));
     }
     let list = root.get_metadata().map_err(super::decode_err)?;
-    let mut undecodable = None;
-    let entries = list
-        .iter()
-        .map(|m| match (text(m.get_key()), text(m.get_val())) {
-            (Ok(k), Ok(v)) => Ok((k, v)),
-            (Err(e), _) | (_, Err(e)) => {
-                undecodable = Some(e);
-                Err(MapError::Status)
-            }
-        });
-    let mapped = map_response(entries);
-    if let Some(e) = undecodable {
-        return Err(e);
-    }
-    Ok(mapped.map(ConnectOutcome::Head))
+    Ok(map_entries(list, |entries| map_response(entries))?.map(ConnectOutcome::Head))
 }
 
 #[cfg(test)]
