@@ -10,7 +10,7 @@ mod support;
 use std::time::Duration;
 
 use cftunnel_tunnel::mock_edge::{ConnectionInfo, MockEdge};
-use cftunnel_tunnel::{ConnectorOptions, Protocol, FEATURE_POST_QUANTUM};
+use cftunnel_tunnel::{ConnectorHandle, ConnectorOptions, Protocol, FEATURE_POST_QUANTUM};
 use rustls::NamedGroup;
 use support::*;
 
@@ -27,16 +27,23 @@ fn only_connection(edge: &MockEdge) -> ConnectionInfo {
     conns[0].clone()
 }
 
+/// Starts one connector with `opts`, waits until the edge serves through it,
+/// and returns it with the key exchange group its connection negotiated.
+async fn serve_once(
+    edge: &MockEdge,
+    opts: ConnectorOptions,
+) -> (ConnectorHandle, Option<NamedGroup>) {
+    let (handle, _m, _r) = start_connector(opts, token());
+    handle.wait_registered(1).await;
+    edge.wait_serving(1).await;
+    (handle, only_connection(edge).key_exchange_group)
+}
+
 async fn default_mode_negotiates_x25519mlkem768(protocol: Protocol) {
     trace_init();
     let edge = MockEdge::start().await.unwrap();
-    let (handle, _m, _r) = start_connector(options(&edge, protocol, 1), token());
-    handle.wait_registered(1).await;
-    edge.wait_serving(1).await;
-    assert_eq!(
-        only_connection(&edge).key_exchange_group,
-        Some(NamedGroup::X25519MLKEM768)
-    );
+    let (handle, group) = serve_once(&edge, options(&edge, protocol, 1)).await;
+    assert_eq!(group, Some(NamedGroup::X25519MLKEM768));
     let records = edge.registrations();
     assert_eq!(records.len(), 1);
     assert!(
@@ -54,13 +61,8 @@ async fn default_mode_negotiates_x25519mlkem768(protocol: Protocol) {
 async fn strict_mode_negotiates_x25519mlkem768_and_sends_the_feature(protocol: Protocol) {
     trace_init();
     let edge = MockEdge::start().await.unwrap();
-    let (handle, _m, _r) = start_connector(post_quantum(&edge, protocol), token());
-    handle.wait_registered(1).await;
-    edge.wait_serving(1).await;
-    assert_eq!(
-        only_connection(&edge).key_exchange_group,
-        Some(NamedGroup::X25519MLKEM768)
-    );
+    let (handle, group) = serve_once(&edge, post_quantum(&edge, protocol)).await;
+    assert_eq!(group, Some(NamedGroup::X25519MLKEM768));
     let records = edge.registrations();
     assert_eq!(records.len(), 1);
     let features = &records[0].features;
@@ -99,13 +101,8 @@ async fn classic_edge_refuses_strict_mode_and_serves_default_mode_over_p256(prot
     strict.shutdown().await;
 
     // Default: X25519MLKEM768 is refused, the connector falls back to P-256.
-    let (handle, _m, _r) = start_connector(options(&edge, protocol, 1), token());
-    handle.wait_registered(1).await;
-    edge.wait_serving(1).await;
-    assert_eq!(
-        only_connection(&edge).key_exchange_group,
-        Some(NamedGroup::secp256r1)
-    );
+    let (handle, group) = serve_once(&edge, options(&edge, protocol, 1)).await;
+    assert_eq!(group, Some(NamedGroup::secp256r1));
     handle.shutdown().await;
     edge.shutdown().await;
 }
