@@ -75,6 +75,7 @@ pub struct Server {
     stop: watch::Sender<bool>,
     data_task: Option<tokio::task::JoinHandle<hyper_util::server::graceful::GracefulShutdown>>,
     admin_task: tokio::task::JoinHandle<()>,
+    timer_anchor: tokio::task::JoinHandle<()>,
     grace: Duration,
 }
 
@@ -133,6 +134,7 @@ impl Server {
             auth_token: options.auth_token.clone(),
         });
         let admin_task = tokio::spawn(admin::serve(admin_listener, admin));
+        let timer_anchor = tokio::spawn(anchor_timers());
         let (stop, stop_rx) = watch::channel(false);
         let data_task = data_listener.map(|l| {
             tokio::spawn(serve::serve(
@@ -151,6 +153,7 @@ impl Server {
             stop,
             data_task,
             admin_task,
+            timer_anchor,
             grace: options.grace,
         })
     }
@@ -211,6 +214,20 @@ impl Server {
         }
         clean &= self.proxy.metrics().in_flight.get() == 0;
         self.admin_task.abort();
+        self.timer_anchor.abort();
         clean
+    }
+}
+
+/// Keeps a timer due within a second at all times. Every proxied request arms
+/// its backend timeout; when no earlier timer is pending, tokio wakes its I/O
+/// driver for the new one through an `eventfd` write, one system call per
+/// request. A listener's connections keep earlier timers pending (their
+/// header-read timeouts); a tunnel connection has none, so without this
+/// every request through it paid that call.
+async fn anchor_timers() {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
     }
 }

@@ -306,7 +306,7 @@ async fn write_error(send: &mut quinn::SendStream, message: String) {
 async fn serve_data(shared: &Shared, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
     let preamble = tokio::time::timeout(PREAMBLE_TIMEOUT, async {
         let frame = stream::read_data_preamble(&mut recv).await?;
-        decode_request_head(&frame)
+        decode_request_head(&bytes::Bytes::from(frame))
     })
     .await;
     let mapped = match preamble {

@@ -27,7 +27,13 @@ fuzz_target!(|data: &[u8]| {
     };
     let map = if mode % 2 == 0 {
         let text = String::from_utf8_lossy(rest);
-        let Ok(pairs) = headers::deserialise(&text) else {
+        let decoded = headers::deserialise(&text);
+        assert_eq!(
+            decoded.as_ref().ok(),
+            reference_deserialise(&text).as_ref(),
+            "decoder differs from the base64 crate's"
+        );
+        let Ok(pairs) = decoded else {
             return;
         };
         let items = text.split(';').filter(|i| !i.is_empty()).count();
@@ -88,6 +94,14 @@ fuzz_target!(|data: &[u8]| {
         }
         let text = headers::serialise(&map, websocket);
         assert!(!text.contains('='), "padding in {text:?}");
+        let reference: Vec<String> = expected
+            .iter()
+            .map(|(n, v)| {
+                let canon = headers::canonical_name(n.as_str());
+                format!("{}:{}", encode_no_pad(canon.as_bytes()), encode_no_pad(v.as_bytes()))
+            })
+            .collect();
+        assert_eq!(text, reference.join(";"), "encoder differs from the reference");
         let pairs = match headers::deserialise(&text) {
             Ok(p) => p,
             Err(e) => panic!("serialised headers {text:?} do not decode: {e}"),
@@ -141,6 +155,23 @@ fn go_canonical(key: &str) -> String {
         prev = b;
     }
     String::from_utf8(out).unwrap_or_default()
+}
+
+/// The decoder as the `base64` crate's unpadded standard engine reads it.
+fn reference_deserialise(s: &str) -> Option<Vec<(HeaderName, HeaderValue)>> {
+    use base64::engine::general_purpose::STANDARD_NO_PAD;
+    use base64::Engine as _;
+    let mut out = Vec::new();
+    for item in s.split(';').filter(|i| !i.is_empty()) {
+        let mut parts = item.split(':');
+        let (Some(n), Some(v), None) = (parts.next(), parts.next(), parts.next()) else {
+            return None;
+        };
+        let n = STANDARD_NO_PAD.decode(n).ok()?;
+        let v = STANDARD_NO_PAD.decode(v).ok()?;
+        out.push((HeaderName::from_bytes(&n).ok()?, HeaderValue::from_bytes(&v).ok()?));
+    }
+    Some(out)
 }
 
 /// Standard base64 without padding, written out so the check does not

@@ -77,6 +77,20 @@ fn preamble() -> Vec<u8> {
 }
 
 /// Runs a future that cannot wait (it only reads from a slice).
+/// `bytes` in a buffer of its own, as a frame read off a stream is (the
+/// allocator hands out word-aligned buffers, so this is read in place).
+fn aligned(bytes: &[u8]) -> bytes::Bytes {
+    bytes::Bytes::from(bytes.to_vec())
+}
+
+/// `bytes` one byte past a word boundary, so the decoder has to copy it.
+fn unaligned(bytes: &[u8]) -> bytes::Bytes {
+    let mut out = Vec::with_capacity(bytes.len() + 1);
+    out.push(0);
+    out.extend_from_slice(bytes);
+    bytes::Bytes::from(out).slice(1..)
+}
+
 fn ready<F: Future>(f: F) -> F::Output {
     let mut cx = Context::from_waker(Waker::noop());
     match pin!(f).poll(&mut cx) {
@@ -136,17 +150,20 @@ fn check_request_stream(data: &[u8]) {
     // decoding first and mapping the decoded request.
     if let Some(frame) = data.get(8..).filter(|_| parsed.is_ok()) {
         let len = parsed.as_ref().map_or(0, |(_, used)| used - 8);
-        let direct = http_map::decode_request_head(&frame[..len]);
-        let reference = parsed
-            .as_ref()
-            .map(|(req, _)| request_from_connect(req).map(|(h, b)| (h, b, req.kind)));
-        match (direct, reference) {
-            (Ok(Ok((h1, b1, k1))), Ok(Ok((h2, b2, k2)))) => {
-                assert_eq!((h1.method(), h1.uri(), h1.headers()), (h2.method(), h2.uri(), h2.headers()));
-                assert_eq!((b1, k1), (b2, k2), "direct head mapping differs");
+        // Read in place (word-aligned) and from a copy (not aligned).
+        for frame in [aligned(&frame[..len]), unaligned(&frame[..len])] {
+            let direct = http_map::decode_request_head(&frame);
+            let reference = parsed
+                .as_ref()
+                .map(|(req, _)| request_from_connect(req).map(|(h, b)| (h, b, req.kind)));
+            match (direct, reference) {
+                (Ok(Ok((h1, b1, k1))), Ok(Ok((h2, b2, k2)))) => {
+                    assert_eq!((h1.method(), h1.uri(), h1.headers()), (h2.method(), h2.uri(), h2.headers()));
+                    assert_eq!((b1, k1), (b2, k2), "direct head mapping differs");
+                }
+                (Ok(Err(e1)), Ok(Err(e2))) => assert_eq!(e1, e2, "direct mapping error differs"),
+                (d, r) => panic!("direct and reference mapping disagree: {d:?} vs {r:?}"),
             }
-            (Ok(Err(e1)), Ok(Err(e2))) => assert_eq!(e1, e2, "direct mapping error differs"),
-            (d, r) => panic!("direct and reference mapping disagree: {d:?} vs {r:?}"),
         }
     }
 
@@ -276,8 +293,15 @@ fn check_request_mapping(req: &ConnectRequest) {
     let edge_shaped = uri.scheme_str() == Some("https")
         && uri.authority().is_some()
         && uri.path().starts_with('/');
+    // The edge writes a head's request message straight from the head; it is
+    // byte for byte the message built from its metadata.
+    let (parts, ()) = head.clone().into_parts();
+    assert_eq!(
+        http_map::encode_request_head(&parts, req.kind),
+        stream::encode_connect_request(&connect_from_request(&parts, req.kind)),
+        "direct request encoding differs"
+    );
     if edge_shaped {
-        let (parts, ()) = head.clone().into_parts();
         let again = connect_from_request(&parts, req.kind);
         let (head2, has_body2) = match request_from_connect(&again) {
             Ok(v) => v,
@@ -343,14 +367,16 @@ fn check_response_frame(frame: &[u8]) {
 
     // The edge maps the frame straight to a head; it must agree with decoding
     // first and mapping the decoded response.
-    match (http_map::decode_response_head(&bytes[8..]), &mapped) {
-        (Ok(Ok(http_map::ConnectOutcome::Refused(e))), _) => assert_eq!(e, resp.error),
-        (Ok(Ok(http_map::ConnectOutcome::Head(h1))), Ok(h2)) => {
-            assert!(resp.error.is_empty());
-            assert_eq!((h1.status(), h1.headers()), (h2.status(), h2.headers()));
+    for frame in [aligned(&bytes[8..]), unaligned(&bytes[8..])] {
+        match (http_map::decode_response_head(&frame), &mapped) {
+            (Ok(Ok(http_map::ConnectOutcome::Refused(e))), _) => assert_eq!(e, resp.error),
+            (Ok(Ok(http_map::ConnectOutcome::Head(h1))), Ok(h2)) => {
+                assert!(resp.error.is_empty());
+                assert_eq!((h1.status(), h1.headers()), (h2.status(), h2.headers()));
+            }
+            (Ok(Err(e1)), Err(e2)) => assert_eq!(&e1, e2, "direct mapping error differs"),
+            (d, r) => panic!("direct and reference response mapping disagree: {d:?} vs {r:?}"),
         }
-        (Ok(Err(e1)), Err(e2)) => assert_eq!(&e1, e2, "direct mapping error differs"),
-        (d, r) => panic!("direct and reference response mapping disagree: {d:?} vs {r:?}"),
     }
     if let Ok(head) = mapped {
         let md = response_metadata(head.status(), head.headers());

@@ -21,7 +21,7 @@ use crate::h2io::{send_body, H2Io};
 use crate::rpc::edge;
 use crate::rpc::RpcStream;
 use crate::stream::headers::{self, CONNECTION_UPGRADE, RESPONSE_HEADERS};
-use crate::stream::http_map::{connect_from_request, decode_response_head, ConnectOutcome};
+use crate::stream::http_map::{decode_response_head, encode_request_head, ConnectOutcome};
 use crate::stream::{self, ConnectionType, RPC_SIGNATURE};
 
 pub(crate) type EdgeBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -97,8 +97,7 @@ static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-prot
 /// say), a ray id (`Cf-Ray`) and
 /// `CDN-Loop`.
 pub(super) fn add_edge_headers(headers: &mut http::HeaderMap, peer: IpAddr) {
-    let ip =
-        HeaderValue::try_from(peer.to_string()).unwrap_or(HeaderValue::from_static("127.0.0.1"));
+    let ip = ip_value(peer);
     let xff = if headers.contains_key(&X_FORWARDED_FOR) {
         let mut joined = String::new();
         for prior in headers.get_all(&X_FORWARDED_FOR) {
@@ -123,6 +122,33 @@ pub(super) fn add_edge_headers(headers: &mut http::HeaderMap, peer: IpAddr) {
     );
     headers.insert(CF_RAY.clone(), ray_id(rand::random::<u64>()));
     headers.append(CDN_LOOP.clone(), HeaderValue::from_static("cloudflare"));
+}
+
+/// An address as a header value; IPv4 is written by hand, without the
+/// formatting machinery, as the mock does it for every request.
+fn ip_value(ip: IpAddr) -> HeaderValue {
+    let IpAddr::V4(v4) = ip else {
+        return HeaderValue::try_from(ip.to_string()).unwrap_or(HeaderValue::from_static("::1"));
+    };
+    let mut buf = [0u8; 15];
+    let mut len = 0;
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            buf[len] = b'.';
+            len += 1;
+        }
+        if octet >= 100 {
+            buf[len] = b'0' + octet / 100;
+            len += 1;
+        }
+        if octet >= 10 {
+            buf[len] = b'0' + octet / 10 % 10;
+            len += 1;
+        }
+        buf[len] = b'0' + octet % 10;
+        len += 1;
+    }
+    HeaderValue::from_bytes(&buf[..len]).unwrap_or(HeaderValue::from_static("127.0.0.1"))
 }
 
 /// 16 hex digits and the colo, as Cloudflare's ray ids. The number comes from the
@@ -181,7 +207,7 @@ async fn read_response_head(recv: &mut quinn::RecvStream) -> Result<ConnectOutco
         .await
         .map_err(stream_err)?
         .map_err(stream_err)?;
-    decode_response_head(&frame)
+    decode_response_head(&Bytes::from(frame))
         .map_err(stream_err)?
         .map_err(stream_err)
 }
@@ -202,11 +228,9 @@ where
     } else {
         ConnectionType::Http
     };
-    let creq = connect_from_request(&parts, kind);
+    let head = encode_request_head(&parts, kind);
     let (mut send, mut recv) = conn.open_bi().await.map_err(stream_err)?;
-    send.write_all(&stream::encode_connect_request(&creq))
-        .await
-        .map_err(stream_err)?;
+    send.write_all(&head).await.map_err(stream_err)?;
     if !websocket {
         if body.is_end_stream() {
             // No body (a GET): the request side is finished here, without a task.
@@ -296,33 +320,43 @@ where
 {
     let websocket = is_websocket(&req);
     let on_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
-    let (parts, body) = req.into_parts();
-    let host = parts
-        .headers
-        .get(HOST)
-        .and_then(|h| h.to_str().ok())
-        .map(str::to_owned)
-        .or_else(|| parts.uri.authority().map(|a| a.to_string()))
-        .unwrap_or_default();
-    let pq = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
-    let mut builder = Request::builder()
-        .method(parts.method.clone())
-        .uri(format!("https://{host}{pq}"));
-    if let Some(h) = builder.headers_mut() {
-        for (n, v) in &parts.headers {
-            if n != HOST && !is_hop_by_hop(n) {
-                h.append(n.clone(), v.clone());
-            }
-        }
-        if websocket {
-            h.insert(CONNECTION_UPGRADE, HeaderValue::from_static("websocket"));
+    let (mut parts, body) = req.into_parts();
+    // The eyeball's head becomes the HTTP/2 request in place: `:authority`
+    // from its Host, no connection-specific headers.
+    let authority = match parts.headers.get(HOST) {
+        Some(h) => http::uri::Authority::try_from(h.as_bytes()).ok(),
+        None => parts.uri.authority().cloned(),
+    };
+    let mut uri = http::uri::Parts::default();
+    uri.scheme = Some(http::uri::Scheme::HTTPS);
+    uri.authority = authority;
+    uri.path_and_query = Some(
+        parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+    );
+    parts.uri = http::Uri::from_parts(uri).map_err(stream_err)?;
+    parts.headers.remove(HOST);
+    if parts.headers.keys().any(is_hop_by_hop) {
+        let hop: Vec<HeaderName> = parts
+            .headers
+            .keys()
+            .filter(|n| is_hop_by_hop(n))
+            .cloned()
+            .collect();
+        for name in hop {
+            parts.headers.remove(name);
         }
     }
-    let h2req = builder.body(()).map_err(stream_err)?;
+    if websocket {
+        parts
+            .headers
+            .insert(CONNECTION_UPGRADE, HeaderValue::from_static("websocket"));
+    }
+    parts.extensions = http::Extensions::new();
+    let h2req = Request::from_parts(parts, ());
     let end = !websocket && http_body::Body::is_end_stream(&body);
     let mut ready = sr.ready().await.map_err(stream_err)?;
     let (resp, mut send) = ready.send_request(h2req, end).map_err(stream_err)?;

@@ -4,7 +4,10 @@
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::{Method, Request, Response, StatusCode, Uri};
 
-use super::headers::write_canonical;
+use bytes::Bytes;
+
+use super::flat::{self, Flat, Writer};
+use super::headers::{header_name, write_canonical};
 use super::{ConnectRequest, ConnectResponse, ConnectionType, FrameError, Metadata};
 use crate::quic_metadata_protocol_capnp as proto;
 
@@ -46,27 +49,40 @@ pub enum MapError {
     Unsupported,
 }
 
-fn header_key(key: &str) -> Option<&str> {
-    key.strip_prefix(HEADER_PREFIX)?
-        .strip_prefix(':')
-        .filter(|name| !name.as_bytes().contains(&b':'))
+fn header_key(key: &[u8]) -> Option<&[u8]> {
+    key.strip_prefix(HEADER_PREFIX.as_bytes())?
+        .strip_prefix(b":")
+        .filter(|name| !name.contains(&b':'))
 }
 
-/// One `HttpHeader:<name>` entry, counted against [`MAX_HEADERS`].
+/// One `HttpHeader:<name>` entry, counted against [`MAX_HEADERS`]. A value
+/// that lies inside `frame` (the received message) shares its bytes instead
+/// of being copied.
 fn parse_header(
-    name: &str,
-    val: &str,
+    name: &[u8],
+    val: &[u8],
+    frame: &Bytes,
     count: &mut usize,
 ) -> Result<(HeaderName, HeaderValue), MapError> {
     *count += 1;
     if *count > MAX_HEADERS {
         return Err(MapError::TooManyHeaders);
     }
-    let name =
-        HeaderName::from_bytes(name.as_bytes()).map_err(|_| MapError::Header(name.to_owned()))?;
-    let value =
-        HeaderValue::from_str(val).map_err(|_| MapError::Header(name.as_str().to_owned()))?;
+    let name = header_name(name)
+        .map_err(|_| MapError::Header(String::from_utf8_lossy(name).into_owned()))?;
+    let value = match frame_range(frame, val) {
+        Some(range) => HeaderValue::from_maybe_shared(frame.slice(range)),
+        None => HeaderValue::from_bytes(val),
+    }
+    .map_err(|_| MapError::Header(name.as_str().to_owned()))?;
     Ok((name, value))
+}
+
+/// Where `part` lies in `frame`, if it is a slice of it.
+fn frame_range(frame: &Bytes, part: &[u8]) -> Option<std::ops::Range<usize>> {
+    let start = (part.as_ptr() as usize).checked_sub(frame.as_ptr() as usize)?;
+    let end = start.checked_add(part.len())?;
+    (end <= frame.len()).then_some(start..end)
 }
 
 fn too_many(_: http::header::MaxSizeReached) -> MapError {
@@ -78,20 +94,22 @@ fn too_many(_: http::header::MaxSizeReached) -> MapError {
 /// chunked `Transfer-Encoding` is present, as the edge expects).
 pub fn request_from_connect(req: &ConnectRequest) -> Result<(Request<()>, bool), MapError> {
     map_request(
+        &Bytes::new(),
         &req.dest,
         req.kind,
         req.metadata
             .iter()
-            .map(|m| Ok((m.key.as_str(), m.val.as_str()))),
+            .map(|m| Ok((m.key.as_bytes(), m.val.as_bytes()))),
     )
 }
 
 /// [`request_from_connect`] over borrowed metadata entries, so the connector
 /// can map a request straight from the received message.
 pub(super) fn map_request<'a>(
+    frame: &Bytes,
     dest: &str,
     kind: ConnectionType,
-    metadata: impl Iterator<Item = Result<(&'a str, &'a str), MapError>>,
+    metadata: impl Iterator<Item = Result<(&'a [u8], &'a [u8]), MapError>>,
 ) -> Result<(Request<()>, bool), MapError> {
     if kind == ConnectionType::Tcp {
         return Err(MapError::Unsupported);
@@ -106,17 +124,18 @@ pub(super) fn map_request<'a>(
     *headers = http::HeaderMap::with_capacity(metadata.size_hint().0.min(64));
     for entry in metadata {
         let (key, val) = entry?;
-        if key == METHOD {
-            method = Some(Method::from_bytes(val.as_bytes()).map_err(|_| MapError::Method)?);
-        } else if key == HOST_KEY {
+        if key == METHOD.as_bytes() {
+            method = Some(Method::from_bytes(val).map_err(|_| MapError::Method)?);
+        } else if key == HOST_KEY.as_bytes() {
             host = Some(val);
         } else if let Some(name) = header_key(key) {
-            let (name, value) = parse_header(name, val, &mut count)?;
+            let (name, value) = parse_header(name, val, frame, &mut count)?;
             if name == HOST {
                 continue;
             }
             if name == CONTENT_LENGTH
-                || (name == TRANSFER_ENCODING && val.to_ascii_lowercase().contains("chunked"))
+                || (name == TRANSFER_ENCODING
+                    && val.windows(7).any(|w| w.eq_ignore_ascii_case(b"chunked")))
             {
                 has_body = true;
             }
@@ -124,7 +143,9 @@ pub(super) fn map_request<'a>(
         }
     }
     let dest: Uri = dest.parse().map_err(|_| MapError::Dest)?;
+    // Entries are text, so the host is too.
     let host = host
+        .and_then(|h| std::str::from_utf8(h).ok())
         .filter(|h| !h.is_empty())
         .or_else(|| dest.authority().map(|a| a.as_str()))
         .filter(|h| !h.is_empty());
@@ -225,8 +246,12 @@ pub type RequestHead = (Request<()>, bool, ConnectionType);
 /// copying its metadata out first. The outer error is a message that cannot
 /// be decoded (the stream is reset); the inner one a request that cannot be
 /// served (answered with an error response).
-pub fn decode_request_head(frame: &[u8]) -> Result<Result<RequestHead, MapError>, FrameError> {
-    let msg = super::read_message(frame)?;
+pub fn decode_request_head(frame: &Bytes) -> Result<Result<RequestHead, MapError>, FrameError> {
+    if let Some(mapped) = decode_plain_request_head(frame) {
+        return Ok(mapped);
+    }
+    let mut copy = Vec::new();
+    let msg = super::read_message_in_place(frame, &mut copy)?;
     let root: proto::connect_request::Reader<'_> = msg.get_root().map_err(super::decode_err)?;
     let dest = text(root.get_dest())?;
     let kind = match root.get_type().map_err(super::decode_err)? {
@@ -235,8 +260,41 @@ pub fn decode_request_head(frame: &[u8]) -> Result<Result<RequestHead, MapError>
         proto::ConnectionType::Tcp => ConnectionType::Tcp,
     };
     let list = root.get_metadata().map_err(super::decode_err)?;
-    let mapped = map_entries(list, |entries| map_request(dest, kind, entries))?;
+    let mapped = map_entries(list, |entries| map_request(frame, dest, kind, entries))?;
     Ok(mapped.map(|(head, body)| (head, body, kind)))
+}
+
+/// [`decode_request_head`] for the plain messages [`flat`] reads; `None` for
+/// any other message.
+fn decode_plain_request_head(frame: &Bytes) -> Option<Result<RequestHead, MapError>> {
+    let mut flat = Flat::new(frame, super::TRAVERSAL_LIMIT_WORDS)?;
+    let root = flat.root()?;
+    let kind = match flat.u16_field(root)? {
+        0 => ConnectionType::Http,
+        1 => ConnectionType::Websocket,
+        2 => ConnectionType::Tcp,
+        _ => return None,
+    };
+    let dest = std::str::from_utf8(flat.text(root, 0)?).ok()?;
+    let list = flat.struct_list(root, 1)?;
+    let entries = flat::metadata(&mut flat, list)?;
+    let mapped = map_request(frame, dest, kind, entries.into_iter().map(Ok));
+    Some(mapped.map(|(head, body)| (head, body, kind)))
+}
+
+/// [`decode_response_head`] for the plain messages [`flat`] reads; `None`
+/// for any other message.
+fn decode_plain_response_head(frame: &Bytes) -> Option<Result<ConnectOutcome, MapError>> {
+    let mut flat = Flat::new(frame, super::TRAVERSAL_LIMIT_WORDS)?;
+    let root = flat.root()?;
+    let error = flat.text(root, 0)?;
+    if !error.is_empty() {
+        let error = std::str::from_utf8(error).ok()?;
+        return Some(Ok(ConnectOutcome::Refused(error.to_owned())));
+    }
+    let list = flat.struct_list(root, 1)?;
+    let entries = flat::metadata(&mut flat, list)?;
+    Some(map_response(frame, entries.into_iter().map(Ok)).map(ConnectOutcome::Head))
 }
 
 /// Runs `map` over a message's metadata entries as borrowed text. A text that
@@ -245,14 +303,14 @@ pub fn decode_request_head(frame: &[u8]) -> Result<Result<RequestHead, MapError>
 fn map_entries<'a, T>(
     list: capnp::struct_list::Reader<'a, proto::metadata::Owned>,
     map: impl FnOnce(
-        &mut dyn Iterator<Item = Result<(&'a str, &'a str), MapError>>,
+        &mut dyn Iterator<Item = Result<(&'a [u8], &'a [u8]), MapError>>,
     ) -> Result<T, MapError>,
 ) -> Result<Result<T, MapError>, FrameError> {
     let mut undecodable = None;
     let mut entries = list
         .iter()
         .map(|m| match (text(m.get_key()), text(m.get_val())) {
-            (Ok(k), Ok(v)) => Ok((k, v)),
+            (Ok(k), Ok(v)) => Ok((k.as_bytes(), v.as_bytes())),
             (Err(e), _) | (_, Err(e)) => {
                 undecodable = Some(e);
                 Err(MapError::Status)
@@ -271,53 +329,152 @@ fn text(t: capnp::Result<capnp::text::Reader<'_>>) -> Result<&str, FrameError> {
         .map_err(super::decode_err)
 }
 
+/// A header value as entry text: as is when it is UTF-8, else made valid
+/// (as [`response_metadata`] and [`connect_from_request`] make it).
+fn value_text(value: &HeaderValue) -> std::borrow::Cow<'_, [u8]> {
+    let bytes = value.as_bytes();
+    if bytes.is_ascii() || std::str::from_utf8(bytes).is_ok() {
+        std::borrow::Cow::Borrowed(bytes)
+    } else {
+        std::borrow::Cow::Owned(String::from_utf8_lossy(bytes).into_owned().into_bytes())
+    }
+}
+
+/// Words one `HttpHeader:<Canonical-Name>` entry's texts take.
+fn header_entry_words(name: &HeaderName, value: &[u8]) -> usize {
+    flat::text_words(HEADER_PREFIX.len() + 1 + name.as_str().len()) + flat::text_words(value.len())
+}
+
+/// Writes one `HttpHeader:<Canonical-Name>` entry.
+fn write_header_entry(w: &mut Writer, entry: flat::Struct, name: &HeaderName, value: &[u8]) {
+    let key = w.text(
+        entry,
+        0,
+        &[HEADER_PREFIX.as_bytes(), b":", name.as_str().as_bytes()],
+    );
+    if let Some(name) = key.get_mut(HEADER_PREFIX.len() + 1..) {
+        canonicalise(name);
+    }
+    w.text(entry, 1, &[value]);
+}
+
+/// Go canonical case, in place (a header name is a lower-case token).
+fn canonicalise(name: &mut [u8]) {
+    let mut upper = true;
+    for b in name {
+        let dash = *b == b'-';
+        if upper {
+            b.make_ascii_uppercase();
+        }
+        upper = dash;
+    }
+}
+
+/// Above this many words a head is built with `capnp` (which would split
+/// it into segments); no real head comes near it.
+const FLAT_WORDS: usize = 1 << 24;
+
 /// Connector side: the `ConnectResponse` message (with its preamble) for a
 /// response head, written straight from the header map: `HttpStatus`, then
-/// one `HttpHeader:<Canonical-Name>` entry per value, as
-/// [`response_metadata`] lists them.
+/// one `HttpHeader:<Canonical-Name>` entry per value; byte for byte what
+/// [`response_metadata`] and [`super::encode_connect_response`] produce.
 pub fn encode_response_head(status: StatusCode, headers: &http::HeaderMap) -> Vec<u8> {
-    let prefix = HEADER_PREFIX.len() + 1;
-    // One segment for the whole message; a non-UTF-8 value may grow threefold
-    // when it is made valid text.
-    // 16: root, error text, list tag and the `HttpStatus` entry, with room to spare.
-    let words = headers.iter().fold(16, |acc: usize, (name, value)| {
-        let value_len = if value.as_bytes().is_ascii() {
-            value.len()
-        } else {
-            value.len().saturating_mul(3)
-        };
-        acc.saturating_add(
-            2 + (prefix + name.as_str().len() + 1).div_ceil(8) + (value_len + 1).div_ceil(8),
-        )
-    });
-    let mut builder = super::builder(words);
-    {
-        let mut root: proto::connect_response::Builder<'_> = builder.init_root();
-        root.set_error("");
-        let mut list = root.init_metadata(u32::try_from(headers.len() + 1).unwrap_or(u32::MAX));
-        let mut entry = list.reborrow().get(0);
-        entry.set_key(STATUS);
-        entry.set_val(status.as_str());
-        for (i, (name, value)) in (1..list.len()).zip(headers) {
-            let mut entry = list.reborrow().get(i);
-            let name = name.as_str().as_bytes();
-            let key = entry
-                .reborrow()
-                .init_key(u32::try_from(prefix + name.len()).unwrap_or(0))
-                .as_bytes_mut();
-            if key.len() == prefix + name.len() {
-                let (head, tail) = key.split_at_mut(prefix);
-                head[..prefix - 1].copy_from_slice(HEADER_PREFIX.as_bytes());
-                head[prefix - 1] = b':';
-                write_canonical(name, tail);
-            }
-            match std::str::from_utf8(value.as_bytes()) {
-                Ok(v) => entry.set_val(v),
-                Err(_) => entry.set_val(String::from_utf8_lossy(value.as_bytes()).as_ref()),
-            }
-        }
+    let mut values = Vec::with_capacity(headers.len());
+    values.extend(headers.iter().map(|(n, v)| (n, value_text(v))));
+    // Root pointer, root struct, `error`, list tag, the `HttpStatus` entry.
+    let words = values.iter().fold(
+        1 + 2 + 1 + 1 + 2 + flat::text_words(STATUS.len()) + flat::text_words(3),
+        |acc: usize, (n, v)| acc.saturating_add(2 + header_entry_words(n, v)),
+    );
+    if words > FLAT_WORDS {
+        return super::encode_connect_response(&super::ConnectResponse {
+            error: String::new(),
+            metadata: response_metadata(status, headers),
+        });
     }
-    super::frame(&builder, &super::preamble())
+    let mut w = Writer::new(&super::preamble(), words);
+    let root = w.root(0, 2);
+    w.text(root, 0, &[]);
+    let list = w.pair_list(root, 1, values.len() + 1);
+    let first = list.get(0);
+    w.text(first, 0, &[STATUS.as_bytes()]);
+    w.text(first, 1, &[status.as_str().as_bytes()]);
+    for (i, (name, value)) in values.iter().enumerate() {
+        write_header_entry(&mut w, list.get(i + 1), name, value);
+    }
+    w.finish()
+}
+
+/// Scheme of the `dest` URL the edge sends.
+const DEST_SCHEME: &str = "https://";
+
+/// Edge side: the request stream's preamble and `ConnectRequest` for an
+/// eyeball request, written straight from its head; byte for byte what
+/// [`connect_from_request`] and [`super::encode_connect_request`] produce.
+pub fn encode_request_head(parts: &http::request::Parts, kind: ConnectionType) -> Vec<u8> {
+    let host = parts
+        .headers
+        .get(HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| parts.uri.authority().map(|a| a.as_str()))
+        .unwrap_or_default();
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let method = parts.method.as_str();
+    let mut values = Vec::with_capacity(parts.headers.len());
+    values.extend(
+        parts
+            .headers
+            .iter()
+            .filter(|(name, _)| *name != HOST)
+            .map(|(n, v)| (n, value_text(v))),
+    );
+    // Root pointer, root struct, dest, list tag, method and host entries.
+    let fixed = 1
+        + 3
+        + flat::text_words(DEST_SCHEME.len() + host.len() + pq.len())
+        + 1
+        + 2
+        + flat::text_words(METHOD.len())
+        + flat::text_words(method.len())
+        + 2
+        + flat::text_words(HOST_KEY.len())
+        + flat::text_words(host.len());
+    let words = values.iter().fold(fixed, |acc: usize, (n, v)| {
+        acc.saturating_add(2 + header_entry_words(n, v))
+    });
+    if words > FLAT_WORDS {
+        return super::encode_connect_request(&connect_from_request(parts, kind));
+    }
+    let mut w = Writer::new(&super::preamble(), words);
+    let root = w.root(1, 2);
+    w.text(
+        root,
+        0,
+        &[DEST_SCHEME.as_bytes(), host.as_bytes(), pq.as_bytes()],
+    );
+    w.set_u16(
+        root,
+        match kind {
+            ConnectionType::Http => 0,
+            ConnectionType::Websocket => 1,
+            ConnectionType::Tcp => 2,
+        },
+    );
+    let list = w.pair_list(root, 1, values.len() + 2);
+    let entry = list.get(0);
+    w.text(entry, 0, &[METHOD.as_bytes()]);
+    w.text(entry, 1, &[method.as_bytes()]);
+    let entry = list.get(1);
+    w.text(entry, 0, &[HOST_KEY.as_bytes()]);
+    w.text(entry, 1, &[host.as_bytes()]);
+    for (i, (name, value)) in values.iter().enumerate() {
+        write_header_entry(&mut w, list.get(i + 2), name, value);
+    }
+    w.finish()
 }
 
 /// Edge side: describes an eyeball request for the connector.
@@ -356,14 +513,16 @@ pub fn connect_from_request(parts: &http::request::Parts, kind: ConnectionType) 
 /// Edge side: turns a successful `ConnectResponse` into a response head.
 pub fn response_from_connect(resp: &ConnectResponse) -> Result<Response<()>, MapError> {
     map_response(
+        &Bytes::new(),
         resp.metadata
             .iter()
-            .map(|m| Ok((m.key.as_str(), m.val.as_str()))),
+            .map(|m| Ok((m.key.as_bytes(), m.val.as_bytes()))),
     )
 }
 
 fn map_response<'a>(
-    metadata: impl Iterator<Item = Result<(&'a str, &'a str), MapError>>,
+    frame: &Bytes,
+    metadata: impl Iterator<Item = Result<(&'a [u8], &'a [u8]), MapError>>,
 ) -> Result<Response<()>, MapError> {
     let mut builder = Response::builder();
     let mut status = None;
@@ -372,10 +531,10 @@ fn map_response<'a>(
     *headers = http::HeaderMap::with_capacity(metadata.size_hint().0.min(64));
     for entry in metadata {
         let (key, val) = entry?;
-        if key == STATUS {
-            status = Some(StatusCode::from_bytes(val.as_bytes()).map_err(|_| MapError::Status)?);
+        if key == STATUS.as_bytes() {
+            status = Some(StatusCode::from_bytes(val).map_err(|_| MapError::Status)?);
         } else if let Some(name) = header_key(key) {
-            let (name, value) = parse_header(name, val, &mut count)?;
+            let (name, value) = parse_header(name, val, frame, &mut count)?;
             headers.try_append(name, value).map_err(too_many)?;
         }
     }
@@ -398,15 +557,19 @@ pub enum ConnectOutcome {
 /// response head, without copying its metadata out first. The outer error is
 /// a message that cannot be decoded, the inner one metadata that does not
 /// make a response head.
-pub fn decode_response_head(frame: &[u8]) -> Result<Result<ConnectOutcome, MapError>, FrameError> {
-    let msg = super::read_message(frame)?;
+pub fn decode_response_head(frame: &Bytes) -> Result<Result<ConnectOutcome, MapError>, FrameError> {
+    if let Some(mapped) = decode_plain_response_head(frame) {
+        return Ok(mapped);
+    }
+    let mut copy = Vec::new();
+    let msg = super::read_message_in_place(frame, &mut copy)?;
     let root: proto::connect_response::Reader<'_> = msg.get_root().map_err(super::decode_err)?;
     let error = text(root.get_error())?;
     if !error.is_empty() {
         return Ok(Ok(ConnectOutcome::Refused(error.to_owned())));
     }
     let list = root.get_metadata().map_err(super::decode_err)?;
-    Ok(map_entries(list, |entries| map_response(entries))?.map(ConnectOutcome::Head))
+    Ok(map_entries(list, |entries| map_response(frame, entries))?.map(ConnectOutcome::Head))
 }
 
 #[cfg(test)]
@@ -550,12 +713,28 @@ mod tests {
             ],
         };
         let frame = crate::stream::encode_connect_request(&req);
-        let (head, body, kind) = decode_request_head(&frame[8..]).unwrap().unwrap();
+        let in_place = Bytes::from(frame.clone()).slice(8..);
+        let (head, body, kind) = decode_request_head(&in_place).unwrap().unwrap();
         let (reference, ref_body) = request_from_connect(&req).unwrap();
         assert_eq!(head.uri(), reference.uri());
         assert_eq!(head.uri(), "https://app.example.com/p?q=1");
         assert_eq!(head.method(), reference.method());
         assert_eq!(head.headers(), reference.headers());
+        assert_eq!((body, kind), (ref_body, ConnectionType::Http));
+        // Read in place, the values share the received frame instead of copying it.
+        let value = head.headers()["x-a"].as_bytes();
+        assert!(frame_range(&in_place, value).is_some(), "value was copied");
+
+        // A frame that is not word-aligned is read from a copy, to the same head.
+        let mut shifted = vec![0u8];
+        shifted.extend_from_slice(&frame[8..]);
+        let unaligned = Bytes::from(shifted).slice(1..);
+        assert!(!(unaligned.as_ptr() as usize).is_multiple_of(8));
+        let (copied, body, kind) = decode_request_head(&unaligned).unwrap().unwrap();
+        assert_eq!(
+            (copied.method(), copied.uri(), copied.headers()),
+            (head.method(), head.uri(), head.headers())
+        );
         assert_eq!((body, kind), (ref_body, ConnectionType::Http));
 
         // A request that cannot be served is a mapping error, not a frame error.
@@ -563,12 +742,12 @@ mod tests {
             metadata: vec![Metadata::new("HttpHeader:Bad Name", "x")],
             ..req
         };
-        let frame = crate::stream::encode_connect_request(&bad);
+        let frame = Bytes::from(crate::stream::encode_connect_request(&bad));
         assert!(matches!(
-            decode_request_head(&frame[8..]),
+            decode_request_head(&frame.slice(8..)),
             Ok(Err(MapError::Header(_)))
         ));
-        assert!(decode_request_head(&frame[8..frame.len() - 8]).is_err());
+        assert!(decode_request_head(&frame.slice(8..frame.len() - 8)).is_err());
 
         let mut h = http::HeaderMap::new();
         h.insert("content-type", HeaderValue::from_static("text/plain"));
@@ -586,7 +765,10 @@ mod tests {
         assert_eq!(encode_response_head(StatusCode::CREATED, &h), reference);
 
         // The edge reads that message straight back to the same head.
-        match decode_response_head(&reference[8..]).unwrap().unwrap() {
+        match decode_response_head(&Bytes::from(reference).slice(8..))
+            .unwrap()
+            .unwrap()
+        {
             ConnectOutcome::Head(head) => {
                 assert_eq!(head.status(), StatusCode::CREATED);
                 let mut expected = h.clone();
@@ -600,14 +782,59 @@ mod tests {
             metadata: Vec::new(),
         });
         assert!(matches!(
-            decode_response_head(&refused[8..]).unwrap().unwrap(),
+            decode_response_head(&Bytes::from(refused).slice(8..))
+                .unwrap()
+                .unwrap(),
             ConnectOutcome::Refused(e) if e == "no route"
         ));
         let no_status = crate::stream::encode_connect_response(&ConnectResponse::default());
         assert_eq!(
-            decode_response_head(&no_status[8..]).unwrap().unwrap_err(),
+            decode_response_head(&Bytes::from(no_status).slice(8..))
+                .unwrap()
+                .unwrap_err(),
             MapError::Status
         );
+    }
+
+    #[test]
+    fn request_heads_are_encoded_as_their_metadata_would_be() {
+        let mut heads = Vec::new();
+        let (parts, ()) = Request::get("https://app.example.com/api/items?page=2")
+            .header("host", "app.example.com")
+            .header("user-agent", "curl/8.5.0")
+            .header("cf-ray", "8f2c3a9e1b7d4c21-MCK")
+            .header("x-a", "1")
+            .header("x-a", "2")
+            .header("x-bytes", HeaderValue::from_bytes(b"caf\xe9").unwrap())
+            .header("x-empty", "")
+            .body(())
+            .unwrap()
+            .into_parts();
+        heads.push((parts, ConnectionType::Http));
+        // No Host header: the URI's authority names the host.
+        let (parts, ()) = Request::post("http://origin.internal:8080/upload")
+            .header("content-length", "3")
+            .body(())
+            .unwrap()
+            .into_parts();
+        heads.push((parts, ConnectionType::Http));
+        // Two Host values, neither sent as a header; no path and query.
+        let (mut parts, ()) = Request::get("/").body(()).unwrap().into_parts();
+        parts.uri = Uri::from_static("https://example.com");
+        parts
+            .headers
+            .append(HOST, HeaderValue::from_static("a.example"));
+        parts
+            .headers
+            .append(HOST, HeaderValue::from_static("b.example"));
+        heads.push((parts, ConnectionType::Websocket));
+        for (parts, kind) in &heads {
+            assert_eq!(
+                encode_request_head(parts, *kind),
+                crate::stream::encode_connect_request(&connect_from_request(parts, *kind)),
+                "{parts:?}"
+            );
+        }
     }
 
     #[test]

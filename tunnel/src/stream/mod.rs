@@ -5,6 +5,7 @@
 //! Everything here is pure: bytes in, values out. The async helpers only
 //! read exact lengths with hard caps.
 
+mod flat;
 pub mod headers;
 pub mod http_map;
 
@@ -149,9 +150,13 @@ pub fn framed_len(buf: &[u8]) -> Result<Option<usize>, FrameError> {
     Ok(Some(total))
 }
 
+/// Words a message may make its reader visit: twice its size, so pointers
+/// that share data cannot multiply the work of reading it.
+const TRAVERSAL_LIMIT_WORDS: u64 = (MAX_MESSAGE_BYTES / 8 * 2) as u64;
+
 fn reader_options() -> ReaderOptions {
     let mut opts = ReaderOptions::new();
-    opts.traversal_limit_in_words(Some(MAX_MESSAGE_BYTES / 8 * 2))
+    opts.traversal_limit_in_words(Some(TRAVERSAL_LIMIT_WORDS as usize))
         .nesting_limit(16);
     opts
 }
@@ -167,6 +172,25 @@ fn read_message(
     mut bytes: &[u8],
 ) -> Result<capnp::message::Reader<capnp::serialize::OwnedSegments>, FrameError> {
     capnp::serialize::read_message(&mut bytes, reader_options()).map_err(decode_err)
+}
+
+/// Reads one framed message where it lies when `bytes` is word-aligned (a
+/// frame read into a buffer of its own is), so its texts borrow from `bytes`;
+/// otherwise from a word-aligned copy made in `copy`.
+fn read_message_in_place<'a>(
+    bytes: &'a [u8],
+    copy: &'a mut Vec<capnp::Word>,
+) -> Result<capnp::message::Reader<capnp::serialize::NoAllocSliceSegments<'a>>, FrameError> {
+    let mut slice = if (bytes.as_ptr() as usize).is_multiple_of(8) {
+        bytes
+    } else {
+        *copy = capnp::Word::allocate_zeroed_vec(bytes.len().div_ceil(8));
+        capnp::Word::words_to_bytes_mut(copy)[..bytes.len()].copy_from_slice(bytes);
+        let copy: &'a Vec<capnp::Word> = copy;
+        &capnp::Word::words_to_bytes(copy)[..bytes.len()]
+    };
+    capnp::serialize::read_message_from_flat_slice_no_alloc(&mut slice, reader_options())
+        .map_err(decode_err)
 }
 
 fn read_metadata(
