@@ -124,31 +124,13 @@ pub(super) fn add_edge_headers(headers: &mut http::HeaderMap, peer: IpAddr) {
     headers.append(CDN_LOOP.clone(), HeaderValue::from_static("cloudflare"));
 }
 
-/// An address as a header value; IPv4 is written by hand, without the
-/// formatting machinery, as the mock does it for every request.
+/// An address as a header value. Loopback, the in-process edge's peer on
+/// every request, is a constant; other addresses are formatted.
 fn ip_value(ip: IpAddr) -> HeaderValue {
-    let IpAddr::V4(v4) = ip else {
-        return HeaderValue::try_from(ip.to_string()).unwrap_or(HeaderValue::from_static("::1"));
-    };
-    let mut buf = [0u8; 15];
-    let mut len = 0;
-    for (i, octet) in v4.octets().into_iter().enumerate() {
-        if i > 0 {
-            buf[len] = b'.';
-            len += 1;
-        }
-        if octet >= 100 {
-            buf[len] = b'0' + octet / 100;
-            len += 1;
-        }
-        if octet >= 10 {
-            buf[len] = b'0' + octet / 10 % 10;
-            len += 1;
-        }
-        buf[len] = b'0' + octet % 10;
-        len += 1;
+    if ip == IpAddr::V4(std::net::Ipv4Addr::LOCALHOST) {
+        return HeaderValue::from_static("127.0.0.1");
     }
-    HeaderValue::from_bytes(&buf[..len]).unwrap_or(HeaderValue::from_static("127.0.0.1"))
+    HeaderValue::try_from(ip.to_string()).unwrap_or(HeaderValue::from_static("127.0.0.1"))
 }
 
 /// 16 hex digits and the colo, as Cloudflare's ray ids. The number comes from the

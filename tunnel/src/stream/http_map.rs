@@ -405,13 +405,9 @@ pub fn encode_response_head(status: StatusCode, headers: &http::HeaderMap) -> Ve
     w.finish()
 }
 
-/// Scheme of the `dest` URL the edge sends.
-const DEST_SCHEME: &str = "https://";
-
-/// Edge side: the request stream's preamble and `ConnectRequest` for an
-/// eyeball request, written straight from its head; byte for byte what
-/// [`connect_from_request`] and [`super::encode_connect_request`] produce.
-pub fn encode_request_head(parts: &http::request::Parts, kind: ConnectionType) -> Vec<u8> {
+/// The host the edge names for a request (its `Host`, else the URI's
+/// authority) and its path and query.
+fn host_and_target(parts: &http::request::Parts) -> (&str, &str) {
     let host = parts
         .headers
         .get(HOST)
@@ -423,6 +419,17 @@ pub fn encode_request_head(parts: &http::request::Parts, kind: ConnectionType) -
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or("/");
+    (host, pq)
+}
+
+/// Scheme of the `dest` URL the edge sends.
+const DEST_SCHEME: &str = "https://";
+
+/// Edge side: the request stream's preamble and `ConnectRequest` for an
+/// eyeball request, written straight from its head; byte for byte what
+/// [`connect_from_request`] and [`super::encode_connect_request`] produce.
+pub fn encode_request_head(parts: &http::request::Parts, kind: ConnectionType) -> Vec<u8> {
+    let (host, pq) = host_and_target(parts);
     let method = parts.method.as_str();
     let mut values = Vec::with_capacity(parts.headers.len());
     values.extend(
@@ -479,21 +486,10 @@ pub fn encode_request_head(parts: &http::request::Parts, kind: ConnectionType) -
 
 /// Edge side: describes an eyeball request for the connector.
 pub fn connect_from_request(parts: &http::request::Parts, kind: ConnectionType) -> ConnectRequest {
-    let host = parts
-        .headers
-        .get(HOST)
-        .and_then(|h| h.to_str().ok())
-        .map(str::to_owned)
-        .or_else(|| parts.uri.authority().map(|a| a.as_str().to_owned()))
-        .unwrap_or_default();
-    let pq = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
+    let (host, pq) = host_and_target(parts);
     let mut metadata = Vec::with_capacity(parts.headers.len() + 2);
     metadata.push(Metadata::new(METHOD, parts.method.as_str()));
-    metadata.push(Metadata::new(HOST_KEY, host.clone()));
+    metadata.push(Metadata::new(HOST_KEY, host));
     for (name, value) in &parts.headers {
         if name == HOST {
             continue;
