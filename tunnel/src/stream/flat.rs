@@ -1,23 +1,23 @@
-//! The request and response heads as edge and connector write them, read
+//! The request and response heads as edge and connector send them, read
 //! straight from the frame's bytes and written straight into them: one
 //! segment, no far pointers, the metadata an inline-composite list of
-//! `key`/`val` text structs. That is every head either side sends, and
-//! handling it this way costs a few dozen instructions per text where the
-//! generic Cap'n Proto reader and builder spend a few hundred.
+//! `key`/`val` text structs. Handled this way a text costs a few dozen
+//! instructions; the generic Cap'n Proto reader and builder spend a few
+//! hundred.
 //!
-//! [`Writer`] lays a message out exactly as `capnp`'s builder does (objects
-//! in the order they are set, texts NUL-terminated and padded to words), so
-//! its frames are byte for byte the builder's; the tests and the fuzz target
-//! compare them.
+//! [`Flat`] reads only heads whose texts are all ASCII. For any other message
+//! it answers `None` and the caller decodes it with `capnp`, which accepts it
+//! or names the fault; so whatever this reader returns, `capnp` reads the
+//! same from the same bytes. Reads count against the traversal limit `capnp`
+//! enforces, so pointers that share one large text cannot make this path do
+//! more work than the generic one allows.
 //!
-//! Reading is only for heads whose texts are all ASCII.
-//! Anything else is not read here: the reader answers `None` and the caller
-//! decodes the message with `capnp`, which then accepts it or names the
-//! fault. So whatever this reader returns, `capnp` reads the same from the
-//! same bytes; the `stream_preamble` fuzz target checks exactly that.
-//! Reads are counted against the same traversal limit `capnp` enforces, so a
-//! message whose pointers share one large text cannot make this path do more
-//! work than the generic one would allow.
+//! [`Writer`] lays a message out as `capnp`'s builder does (objects in the
+//! order they are set, texts NUL-terminated and padded to words), so its
+//! frames are the builder's, byte for byte.
+//!
+//! Unit tests in `http_map` and the `stream_preamble` fuzz target compare both
+//! directions with the `capnp` paths.
 
 /// Pointer kinds and list element sizes of the encoding.
 const STRUCT: u64 = 0;

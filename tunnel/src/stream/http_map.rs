@@ -347,27 +347,12 @@ fn header_entry_words(name: &HeaderName, value: &[u8]) -> usize {
 
 /// Writes one `HttpHeader:<Canonical-Name>` entry.
 fn write_header_entry(w: &mut Writer, entry: flat::Struct, name: &HeaderName, value: &[u8]) {
-    let key = w.text(
-        entry,
-        0,
-        &[HEADER_PREFIX.as_bytes(), b":", name.as_str().as_bytes()],
-    );
-    if let Some(name) = key.get_mut(HEADER_PREFIX.len() + 1..) {
-        canonicalise(name);
+    let name = name.as_str().as_bytes();
+    let key = w.text(entry, 0, &[HEADER_PREFIX.as_bytes(), b":", name]);
+    if let Some(canonical) = key.get_mut(HEADER_PREFIX.len() + 1..) {
+        write_canonical(name, canonical);
     }
     w.text(entry, 1, &[value]);
-}
-
-/// Go canonical case, in place (a header name is a lower-case token).
-fn canonicalise(name: &mut [u8]) {
-    let mut upper = true;
-    for b in name {
-        let dash = *b == b'-';
-        if upper {
-            b.make_ascii_uppercase();
-        }
-        upper = dash;
-    }
 }
 
 /// Above this many words a head is built with `capnp` (which would split
