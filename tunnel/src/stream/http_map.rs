@@ -254,11 +254,7 @@ pub fn decode_request_head(frame: &Bytes) -> Result<Result<RequestHead, MapError
     let msg = super::read_message_in_place(frame, &mut copy)?;
     let root: proto::connect_request::Reader<'_> = msg.get_root().map_err(super::decode_err)?;
     let dest = text(root.get_dest())?;
-    let kind = match root.get_type().map_err(super::decode_err)? {
-        proto::ConnectionType::Http => ConnectionType::Http,
-        proto::ConnectionType::Websocket => ConnectionType::Websocket,
-        proto::ConnectionType::Tcp => ConnectionType::Tcp,
-    };
+    let kind = root.get_type().map_err(super::decode_err)?.into();
     let list = root.get_metadata().map_err(super::decode_err)?;
     let mapped = map_entries(list, |entries| map_request(frame, dest, kind, entries))?;
     Ok(mapped.map(|(head, body)| (head, body, kind)))
@@ -269,12 +265,9 @@ pub fn decode_request_head(frame: &Bytes) -> Result<Result<RequestHead, MapError
 fn decode_plain_request_head(frame: &Bytes) -> Option<Result<RequestHead, MapError>> {
     let mut flat = Flat::new(frame, super::TRAVERSAL_LIMIT_WORDS)?;
     let root = flat.root()?;
-    let kind = match flat.u16_field(root)? {
-        0 => ConnectionType::Http,
-        1 => ConnectionType::Websocket,
-        2 => ConnectionType::Tcp,
-        _ => return None,
-    };
+    let kind = proto::ConnectionType::try_from(flat.u16_field(root)?)
+        .ok()?
+        .into();
     let dest = std::str::from_utf8(flat.text(root, 0)?).ok()?;
     let list = flat.struct_list(root, 1)?;
     let entries = flat::metadata(&mut flat, list)?;
@@ -341,8 +334,8 @@ fn value_text(value: &HeaderValue) -> std::borrow::Cow<'_, [u8]> {
 }
 
 /// Words one `HttpHeader:<Canonical-Name>` entry's texts take.
-fn header_entry_words(name: &HeaderName, value: &[u8]) -> usize {
-    flat::text_words(HEADER_PREFIX.len() + 1 + name.as_str().len()) + flat::text_words(value.len())
+fn header_entry_words(name: &HeaderName, value_len: usize) -> usize {
+    flat::text_words(HEADER_PREFIX.len() + 1 + name.as_str().len()) + flat::text_words(value_len)
 }
 
 /// Writes one `HttpHeader:<Canonical-Name>` entry.
@@ -364,12 +357,18 @@ const FLAT_WORDS: usize = 1 << 24;
 /// one `HttpHeader:<Canonical-Name>` entry per value; byte for byte what
 /// [`response_metadata`] and [`super::encode_connect_response`] produce.
 pub fn encode_response_head(status: StatusCode, headers: &http::HeaderMap) -> Vec<u8> {
-    let mut values = Vec::with_capacity(headers.len());
-    values.extend(headers.iter().map(|(n, v)| (n, value_text(v))));
-    // Root pointer, root struct, `error`, list tag, the `HttpStatus` entry.
-    let words = values.iter().fold(
+    // Root pointer, root struct, `error`, list tag, the `HttpStatus` entry,
+    // then each value (a non-UTF-8 one may grow threefold made valid).
+    let words = headers.iter().fold(
         1 + 2 + 1 + 1 + 2 + flat::text_words(STATUS.len()) + flat::text_words(3),
-        |acc: usize, (n, v)| acc.saturating_add(2 + header_entry_words(n, v)),
+        |acc: usize, (n, v)| {
+            let len = if v.as_bytes().is_ascii() {
+                v.len()
+            } else {
+                v.len().saturating_mul(3)
+            };
+            acc.saturating_add(2 + header_entry_words(n, len))
+        },
     );
     if words > FLAT_WORDS {
         return super::encode_connect_response(&super::ConnectResponse {
@@ -380,12 +379,12 @@ pub fn encode_response_head(status: StatusCode, headers: &http::HeaderMap) -> Ve
     let mut w = Writer::new(&super::preamble(), words);
     let root = w.root(0, 2);
     w.text(root, 0, &[]);
-    let list = w.pair_list(root, 1, values.len() + 1);
+    let list = w.pair_list(root, 1, headers.len() + 1);
     let first = list.get(0);
     w.text(first, 0, &[STATUS.as_bytes()]);
     w.text(first, 1, &[status.as_str().as_bytes()]);
-    for (i, (name, value)) in values.iter().enumerate() {
-        write_header_entry(&mut w, list.get(i + 1), name, value);
+    for (i, (name, value)) in headers.iter().enumerate() {
+        write_header_entry(&mut w, list.get(i + 1), name, &value_text(value));
     }
     w.finish()
 }
@@ -436,7 +435,7 @@ pub fn encode_request_head(parts: &http::request::Parts, kind: ConnectionType) -
         + flat::text_words(HOST_KEY.len())
         + flat::text_words(host.len());
     let words = values.iter().fold(fixed, |acc: usize, (n, v)| {
-        acc.saturating_add(2 + header_entry_words(n, v))
+        acc.saturating_add(2 + header_entry_words(n, v.len()))
     });
     if words > FLAT_WORDS {
         return super::encode_connect_request(&connect_from_request(parts, kind));
@@ -448,14 +447,7 @@ pub fn encode_request_head(parts: &http::request::Parts, kind: ConnectionType) -
         0,
         &[DEST_SCHEME.as_bytes(), host.as_bytes(), pq.as_bytes()],
     );
-    w.set_u16(
-        root,
-        match kind {
-            ConnectionType::Http => 0,
-            ConnectionType::Websocket => 1,
-            ConnectionType::Tcp => 2,
-        },
-    );
+    w.set_u16(root, proto::ConnectionType::from(kind).into());
     let list = w.pair_list(root, 1, values.len() + 2);
     let entry = list.get(0);
     w.text(entry, 0, &[METHOD.as_bytes()]);

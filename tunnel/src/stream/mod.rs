@@ -113,6 +113,26 @@ pub struct ConnectResponse {
     pub metadata: Vec<Metadata>,
 }
 
+impl From<proto::ConnectionType> for ConnectionType {
+    fn from(kind: proto::ConnectionType) -> Self {
+        match kind {
+            proto::ConnectionType::Http => Self::Http,
+            proto::ConnectionType::Websocket => Self::Websocket,
+            proto::ConnectionType::Tcp => Self::Tcp,
+        }
+    }
+}
+
+impl From<ConnectionType> for proto::ConnectionType {
+    fn from(kind: ConnectionType) -> Self {
+        match kind {
+            ConnectionType::Http => Self::Http,
+            ConnectionType::Websocket => Self::Websocket,
+            ConnectionType::Tcp => Self::Tcp,
+        }
+    }
+}
+
 /// Classifies a stream by its first six bytes.
 pub fn classify(signature: &[u8; 6]) -> Result<StreamKind, FrameError> {
     match *signature {
@@ -223,11 +243,7 @@ pub fn decode_connect_request(bytes: &[u8]) -> Result<ConnectRequest, FrameError
         .to_str()
         .map_err(decode_err)?
         .to_owned();
-    let kind = match root.get_type().map_err(decode_err)? {
-        proto::ConnectionType::Http => ConnectionType::Http,
-        proto::ConnectionType::Websocket => ConnectionType::Websocket,
-        proto::ConnectionType::Tcp => ConnectionType::Tcp,
-    };
+    let kind = root.get_type().map_err(decode_err)?.into();
     let metadata = read_metadata(root.get_metadata().map_err(decode_err)?)?;
     Ok(ConnectRequest {
         dest,
@@ -301,11 +317,7 @@ pub fn encode_connect_request(req: &ConnectRequest) -> Vec<u8> {
     {
         let mut root: proto::connect_request::Builder<'_> = builder.init_root();
         root.set_dest(req.dest.as_str());
-        root.set_type(match req.kind {
-            ConnectionType::Http => proto::ConnectionType::Http,
-            ConnectionType::Websocket => proto::ConnectionType::Websocket,
-            ConnectionType::Tcp => proto::ConnectionType::Tcp,
-        });
+        root.set_type(req.kind.into());
         set_metadata(root.init_metadata(req.metadata.len() as u32), &req.metadata);
     }
     frame(&builder, &preamble())
