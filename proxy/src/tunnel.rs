@@ -3,11 +3,14 @@
 
 use crate::body::ResponseBody;
 use crate::proxy::{ClientUpgrade, ConnInfo, Proxy};
-use http::{Request, Response};
+use http::{HeaderName, Request, Response};
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+
+/// Parsed once: a `&str` key is re-validated as a header name on every lookup.
+static CF_CONNECTING_IP: HeaderName = HeaderName::from_static("cf-connecting-ip");
 
 /// The connector's view of the proxy: a `hyper` service over tunnel request bodies.
 #[derive(Debug, Clone)]
@@ -34,7 +37,7 @@ impl hyper::service::Service<Request<cftunnel_tunnel::Body>> for TunnelService {
         // headers are authoritative, the client's own are not reachable from here.
         let peer = req
             .headers()
-            .get("cf-connecting-ip")
+            .get(&CF_CONNECTING_IP)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<IpAddr>().ok())
             .map(|ip| SocketAddr::new(ip, 0));

@@ -531,7 +531,10 @@ async fn run_all(shared: Arc<Shared>, done: watch::Sender<bool>) {
 }
 
 fn spawn_index(set: &mut JoinSet<()>, shared: &Arc<Shared>, pool: &Arc<EdgePool>, idx: u8) {
-    let span = tracing::info_span!("edge_connection", conn_index = idx);
+    // Debug level: an enabled span is entered and exited on every poll of the
+    // connection's accept loop, i.e. on every request. The events operators see at
+    // info and warn carry `conn_index` themselves.
+    let span = tracing::debug_span!("edge_connection", conn_index = idx);
     set.spawn(supervise(shared.clone(), pool.clone(), idx).instrument(span));
 }
 
@@ -557,7 +560,7 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
             Transport::Http2 => ProtocolLabel::Http2,
         };
         let attempt = u8::try_from(backoff.retries()).unwrap_or(u8::MAX);
-        let span = tracing::info_span!("attempt", protocol = label.as_str(), edge = %addr);
+        let span = tracing::debug_span!("attempt", protocol = label.as_str(), edge = %addr);
         let result = match transport {
             Transport::Quic => {
                 crate::quic::connect(&shared, idx, addr, attempt)
@@ -573,7 +576,7 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
         match result {
             Ok(Ended::Stopped) => return,
             Ok(Ended::Lost) => {
-                tracing::warn!(edge = %addr, "edge connection lost");
+                tracing::warn!(conn_index = idx, edge = %addr, "edge connection lost");
                 backoff.reset();
                 dial_failures = 0;
             }
@@ -589,7 +592,7 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                     }
                     _ => {}
                 }
-                tracing::warn!(edge = %addr, error = %e, "edge connection failed");
+                tracing::warn!(conn_index = idx, edge = %addr, error = %e, "edge connection failed");
                 if should_fall_back(
                     auto,
                     transport,
@@ -598,7 +601,10 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                     dial_failures,
                     opts.retries,
                 ) {
-                    tracing::warn!("QUIC cannot reach the edge; falling back to HTTP/2");
+                    tracing::warn!(
+                        conn_index = idx,
+                        "QUIC cannot reach the edge; falling back to HTTP/2"
+                    );
                     transport = Transport::Http2;
                     backoff.reset();
                     dial_failures = 0;
@@ -608,6 +614,7 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
         let wait = backoff.next_wait(rand::random::<f64>());
         shared.metrics.reconnect(label);
         tracing::info!(
+            conn_index = idx,
             wait_ms = wait.as_millis() as u64,
             "retrying edge connection"
         );

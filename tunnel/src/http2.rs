@@ -150,6 +150,7 @@ async fn serve(
         }
     };
     tracing::info!(
+        conn_index = idx,
         connection = %details.uuid,
         edge = %addr,
         location = %details.location,
@@ -171,8 +172,8 @@ async fn serve(
         let grace = shared.opts.grace_period;
         tokio::select! {
             res = session.unregister(grace) => match res {
-                Ok(()) => tracing::info!("unregistered tunnel connection"),
-                Err(e) => tracing::warn!(error = %e, "unregister failed"),
+                Ok(()) => tracing::info!(conn_index = idx, "unregistered tunnel connection"),
+                Err(e) => tracing::warn!(conn_index = idx, error = %e, "unregister failed"),
             },
             _ = state.wait_for(|s| *s == RunState::Shutdown) => return Ok(Ended::Stopped),
         }

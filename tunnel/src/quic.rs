@@ -182,6 +182,7 @@ async fn serve(
         RegisterOutcome::Refused(r) => return Err(ConnError::Refused(r)),
     };
     tracing::info!(
+        conn_index = idx,
         connection = %details.uuid,
         edge = %addr,
         location = %details.location,
@@ -192,19 +193,27 @@ async fn serve(
     let tracker = StreamTasks::new();
     let _cancel = tracker.cancel_on_drop();
     let mut state = shared.state.clone();
-    let ended = loop {
-        tokio::select! {
-            s = conn.accept_bi() => match s {
-                Ok((send, recv)) => {
-                    tracker.spawn(handle_stream(shared.clone(), send, recv));
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "quic connection ended");
-                    break Ended::Lost;
-                }
-            },
-            _ = session.closed() => break Ended::Lost,
-            _ = state.wait_for(|s| *s != RunState::Running) => break Ended::Stopped,
+    let ended = {
+        // Created once: the loop turns once per request stream, and re-creating
+        // these waits (watch receivers, notifier registrations) each time showed
+        // up as a per-request cost.
+        let closed = session.closed();
+        let stopped = state.wait_for(|s| *s != RunState::Running);
+        tokio::pin!(closed, stopped);
+        loop {
+            tokio::select! {
+                s = conn.accept_bi() => match s {
+                    Ok((send, recv)) => {
+                        tracker.spawn(handle_stream(shared.clone(), send, recv));
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "quic connection ended");
+                        break Ended::Lost;
+                    }
+                },
+                _ = &mut closed => break Ended::Lost,
+                _ = &mut stopped => break Ended::Stopped,
+            }
         }
     };
     guard.release();
@@ -215,8 +224,8 @@ async fn serve(
         let grace = shared.opts.grace_period;
         tokio::select! {
             res = session.unregister(grace) => match res {
-                Ok(()) => tracing::info!("unregistered tunnel connection"),
-                Err(e) => tracing::warn!(error = %e, "unregister failed"),
+                Ok(()) => tracing::info!(conn_index = idx, "unregistered tunnel connection"),
+                Err(e) => tracing::warn!(conn_index = idx, error = %e, "unregister failed"),
             },
             _ = state.wait_for(|s| *s == RunState::Shutdown) => return Ok(Ended::Stopped),
         }

@@ -58,11 +58,18 @@ fn main() -> anyhow::Result<()> {
     if let Some(port) = h2c_port {
         h2c_addr.set_port(port);
     }
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    // One worker: a current-thread runtime, which skips the multi-thread scheduler's
+    // cross-thread wake-ups and queue handoffs on every request.
+    let mut runtime = match worker_threads {
+        Some(n) if n <= 1 => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
     runtime.enable_all();
-    if let Some(n) = worker_threads {
-        runtime.worker_threads(n.max(1));
-    }
     let runtime = runtime.build().context("building the tokio runtime")?;
     runtime.block_on(async move {
         let server = EchoServer::start(EchoConfig {
