@@ -195,8 +195,14 @@ impl Report {
                     .iter()
                     .filter(|r| r.scenario.is_tunnel())
                     .filter_map(|r| {
-                        measured(r.scenario)
-                            .map(|t| TunnelOverhead::over_proxy(r.scenario.name(), t, proxy))
+                        measured(r.scenario).map(|t| {
+                            TunnelOverhead::over_proxy(
+                                r.scenario.name(),
+                                t,
+                                proxy,
+                                settings.rate.is_some(),
+                            )
+                        })
                     })
                     .collect()
             })
@@ -311,7 +317,7 @@ impl Report {
             let _ = writeln!(
                 out,
                 "\ntunnel latency over proxy (p50 ratio target < {TUNNEL_P50_TARGET:.2} at equal load: {})",
-                s.rate.map_or("same connections, unpaced".to_owned(), |r| format!("{r:.0} req/s offered"))
+                s.rate.map_or("closed loop, judged only where req/s came out equal".to_owned(), |r| format!("{r:.0} req/s offered"))
             );
             for o in &self.tunnel_overhead {
                 let _ = writeln!(out, "{}", o.summary_line());

@@ -102,8 +102,14 @@ impl Comparison {
 }
 
 /// Tunnel p50 over proxy p50 below which the tunnel's added latency is acceptable, at equal
-/// load (the same number of closed-loop connections).
+/// load.
 pub const TUNNEL_P50_TARGET: f64 = 1.30;
+
+/// How far apart closed-loop throughputs may be for the two runs to count as equal load.
+/// Closed-loop connections send as fast as answers come back, so a path with more work per
+/// request also gets fewer requests per second, and its median then measures the queue,
+/// not the path; paced runs (`--rate`) offer both the same load by construction.
+pub const EQUAL_LOAD_TOLERANCE: f64 = 0.05;
 
 /// What a tunnel scenario adds to the median latency of the same proxy without the tunnel,
 /// from the same run.
@@ -119,7 +125,8 @@ pub struct TunnelOverhead {
     pub p50_ratio: Option<f64>,
     /// The bound `p50_ratio` is held to ([`TUNNEL_P50_TARGET`]).
     pub target: f64,
-    /// `p50_ratio < target`; `None` without a ratio.
+    /// `p50_ratio < target`; `None` without a ratio, or when a closed-loop run did not put
+    /// equal load on both paths ([`EQUAL_LOAD_TOLERANCE`]).
     pub within_target: Option<bool>,
     /// Throughput ratio, to judge how equal the load was: closed-loop connections send as
     /// fast as answers come back, so a slower path also gets fewer requests per second.
@@ -127,10 +134,20 @@ pub struct TunnelOverhead {
 }
 
 impl TunnelOverhead {
-    /// Compares `tunnel` (named `scenario`) with the `proxy` scenario's numbers.
-    pub fn over_proxy(scenario: &str, tunnel: &LoadSummary, proxy: &LoadSummary) -> Self {
+    /// Compares `tunnel` (named `scenario`) with the `proxy` scenario's numbers. `paced`: both
+    /// were offered the same request rate; a paced run that fell short of it is judged
+    /// anyway (not keeping up is a miss), a closed-loop one only when the rates came out equal.
+    pub fn over_proxy(
+        scenario: &str,
+        tunnel: &LoadSummary,
+        proxy: &LoadSummary,
+        paced: bool,
+    ) -> Self {
         let signed = |us: u64| i64::try_from(us).unwrap_or(i64::MAX);
         let p50_ratio = ratio(tunnel.p50_us as f64, proxy.p50_us as f64);
+        let rps_ratio = ratio(tunnel.rps, proxy.rps);
+        let equal_load =
+            paced || rps_ratio.is_some_and(|r| (r - 1.0).abs() <= EQUAL_LOAD_TOLERANCE);
         Self {
             scenario: scenario.to_owned(),
             p50_us: tunnel.p50_us,
@@ -138,8 +155,10 @@ impl TunnelOverhead {
             added_p50_us: signed(tunnel.p50_us).saturating_sub(signed(proxy.p50_us)),
             p50_ratio,
             target: TUNNEL_P50_TARGET,
-            within_target: p50_ratio.map(|r| r < TUNNEL_P50_TARGET),
-            rps_ratio: ratio(tunnel.rps, proxy.rps),
+            within_target: p50_ratio
+                .filter(|_| equal_load)
+                .map(|r| r < TUNNEL_P50_TARGET),
+            rps_ratio,
         }
     }
 
@@ -147,10 +166,11 @@ impl TunnelOverhead {
     /// `tunnel-quic   p50 1.200 ms vs proxy 1.000 ms: +0.200 ms, ratio 1.200 (within target), req/s ratio 0.900`.
     pub fn summary_line(&self) -> String {
         let ms = |us: i64| us as f64 / 1000.0;
-        let verdict = match self.within_target {
-            Some(true) => "within target",
-            Some(false) => "over target",
-            None => "no ratio",
+        let verdict = match (self.within_target, self.p50_ratio) {
+            (Some(true), _) => "within target",
+            (Some(false), _) => "over target",
+            (None, Some(_)) => "unequal load, no verdict: compare with --rate",
+            (None, None) => "no ratio",
         };
         let fmt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.3}"));
         format!(
@@ -229,6 +249,7 @@ mod tests {
             "tunnel-quic",
             &summary(9000.0, 1200),
             &summary(10000.0, 1000),
+            true,
         );
         assert_eq!(o.scenario, "tunnel-quic");
         assert_eq!(
@@ -247,11 +268,19 @@ mod tests {
 
     #[test]
     fn tunnel_overhead_at_or_over_the_target_misses_it() {
-        let at =
-            TunnelOverhead::over_proxy("tunnel-http2", &summary(1.0, 1300), &summary(1.0, 1000));
+        let at = TunnelOverhead::over_proxy(
+            "tunnel-http2",
+            &summary(1.0, 1300),
+            &summary(1.0, 1000),
+            true,
+        );
         assert_eq!(at.within_target, Some(false), "the bound is strict");
-        let over =
-            TunnelOverhead::over_proxy("tunnel-http2", &summary(1.0, 2500), &summary(1.0, 1000));
+        let over = TunnelOverhead::over_proxy(
+            "tunnel-http2",
+            &summary(1.0, 2500),
+            &summary(1.0, 1000),
+            true,
+        );
         assert_eq!(
             (over.p50_ratio, over.within_target),
             (Some(2.5), Some(false))
@@ -264,8 +293,48 @@ mod tests {
     }
 
     #[test]
+    fn closed_loop_runs_are_judged_only_at_equal_throughput() {
+        let unequal = TunnelOverhead::over_proxy(
+            "tunnel-quic",
+            &summary(6000.0, 1500),
+            &summary(10000.0, 1000),
+            false,
+        );
+        assert_eq!(unequal.p50_ratio, Some(1.5));
+        assert_eq!(unequal.within_target, None);
+        assert!(
+            unequal.summary_line().contains("(unequal load, no verdict"),
+            "{}",
+            unequal.summary_line()
+        );
+        let equal = TunnelOverhead::over_proxy(
+            "tunnel-quic",
+            &summary(9600.0, 1500),
+            &summary(10000.0, 1000),
+            false,
+        );
+        assert_eq!(equal.within_target, Some(false));
+        let paced_short = TunnelOverhead::over_proxy(
+            "tunnel-quic",
+            &summary(6000.0, 1100),
+            &summary(10000.0, 1000),
+            true,
+        );
+        assert_eq!(
+            paced_short.within_target,
+            Some(true),
+            "a paced run is judged on its latency whatever throughput it reached"
+        );
+    }
+
+    #[test]
     fn a_faster_tunnel_run_adds_negative_latency() {
-        let o = TunnelOverhead::over_proxy("tunnel-quic", &summary(1.0, 900), &summary(1.0, 1000));
+        let o = TunnelOverhead::over_proxy(
+            "tunnel-quic",
+            &summary(1.0, 900),
+            &summary(1.0, 1000),
+            true,
+        );
         assert_eq!(o.added_p50_us, -100);
         assert!(
             o.summary_line().contains(": -0.100 ms,"),
@@ -278,14 +347,19 @@ mod tests {
 
     #[test]
     fn tunnel_overhead_without_a_proxy_p50_has_no_ratio() {
-        let o = TunnelOverhead::over_proxy("tunnel-quic", &summary(1.0, 900), &summary(0.0, 0));
+        let o =
+            TunnelOverhead::over_proxy("tunnel-quic", &summary(1.0, 900), &summary(0.0, 0), true);
         assert_eq!(o.added_p50_us, 900);
         assert_eq!(
             (o.p50_ratio, o.within_target, o.rps_ratio),
             (None, None, None)
         );
-        let huge =
-            TunnelOverhead::over_proxy("tunnel-quic", &summary(1.0, 0), &summary(1.0, u64::MAX));
+        let huge = TunnelOverhead::over_proxy(
+            "tunnel-quic",
+            &summary(1.0, 0),
+            &summary(1.0, u64::MAX),
+            true,
+        );
         assert_eq!(huge.added_p50_us, -i64::MAX);
     }
 

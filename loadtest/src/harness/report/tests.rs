@@ -113,16 +113,30 @@ fn skipped_scenarios_are_not_compared() {
 
 #[test]
 fn tunnel_scenarios_are_compared_with_proxy_and_their_overhead_reported() {
-    let report = Report::new(
-        settings(),
+    let runs = || {
         vec![
             measured(Scenario::Direct, 1000.0, 100),
             with_cpu(measured(Scenario::Proxy, 500.0, 200), 60.0),
             with_cpu(measured(Scenario::TunnelQuic, 400.0, 250), 90.0),
             with_cpu(measured(Scenario::TunnelHttp2, 450.0, 300), 75.0),
             with_cpu(measured(Scenario::Nginx, 800.0, 150), 40.0),
-        ],
-    );
+        ]
+    };
+    let closed_loop = Report::new(settings(), runs());
+    let verdicts: Vec<Option<bool>> = closed_loop
+        .tunnel_overhead
+        .iter()
+        .map(|o| o.within_target)
+        .collect();
+    assert_eq!(verdicts, [None, None], "req/s differ by 10-20 %");
+    assert!(closed_loop
+        .render_table()
+        .contains("ratio 1.250 (unequal load, no verdict"));
+    let paced = Settings {
+        rate: Some(500.0),
+        ..settings()
+    };
+    let report = Report::new(paced, runs());
     let names: Vec<&str> = report.comparisons.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(
         names,
