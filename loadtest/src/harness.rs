@@ -39,7 +39,8 @@ pub struct RunConfig {
     pub connections: usize,
     /// Total offered requests per second, paced over the connections; `None`: closed loop.
     pub rate: Option<f64>,
-    /// Times the whole scenario list is run; each scenario reports its median round.
+    /// Times the whole scenario list is run; each scenario reports its median round (by
+    /// req/s, or by p50 when paced).
     pub rounds: usize,
     /// Proxy worker threads and nginx worker processes.
     pub workers: usize,
@@ -200,7 +201,7 @@ pub async fn run(cfg: &RunConfig, progress: &dyn Fn(&str)) -> Result<Report, Run
     echo.stop().await;
     let scenarios = rounds
         .into_iter()
-        .filter_map(report::median_round)
+        .filter_map(|r| report::median_round(r, cfg.rate.is_some()))
         .collect();
     Ok(Report::new(settings(cfg), scenarios))
 }

@@ -17,7 +17,9 @@ pub struct Settings {
     pub connections: usize,
     /// Offered req/s when the load was paced; `None`: closed loop.
     pub rate: Option<f64>,
-    /// Rounds run; each scenario's numbers are from its median round by req/s.
+    /// Rounds run; each scenario's numbers are from its median round: by req/s in a closed
+    /// loop, by p50 when paced (every paced round serves the offered rate, so req/s would
+    /// pick one at random).
     pub rounds: usize,
     pub workers: usize,
     pub path: String,
@@ -61,8 +63,10 @@ pub struct ScenarioReport {
     /// CPU time of the mock edge (tunnel scenarios) during the measurement window; it runs on
     /// the load CPUs and is not part of `server_cpu`.
     pub edge_cpu: Option<ServerCpu>,
-    /// req/s of every measured round, in run order (the reported one is the median).
+    /// req/s of every measured round, in run order.
     pub rounds_rps: Vec<f64>,
+    /// p50 of every measured round, in run order.
+    pub rounds_p50_us: Vec<u64>,
 }
 
 impl ScenarioReport {
@@ -77,6 +81,7 @@ impl ScenarioReport {
             server_cpu: None,
             edge_cpu: None,
             rounds_rps: Vec::new(),
+            rounds_p50_us: Vec::new(),
         }
     }
 }
@@ -104,31 +109,28 @@ impl ServerCpu {
     }
 }
 
-/// Picks a scenario's report from its rounds: the median by req/s among measured rounds
-/// (the lower middle one for an even count), or the last round if none was measured.
-pub fn median_round(mut rounds: Vec<ScenarioReport>) -> Option<ScenarioReport> {
-    let rps = |r: &ScenarioReport| {
-        r.load
-            .as_ref()
-            .filter(|_| r.outcome == Outcome::Ok)
-            .map(|l| l.rps)
-    };
-    let all_rps: Vec<f64> = rounds.iter().filter_map(rps).collect();
-    let mut measured: Vec<ScenarioReport> = Vec::new();
+/// Picks a scenario's report from its rounds: the median among measured rounds (the lower
+/// middle one for an even count) by req/s, or by p50 when `paced`; the last round if none was
+/// measured.
+pub fn median_round(mut rounds: Vec<ScenarioReport>, paced: bool) -> Option<ScenarioReport> {
+    let load = |r: &ScenarioReport| r.load.clone().filter(|_| r.outcome == Outcome::Ok);
+    let loads: Vec<LoadSummary> = rounds.iter().filter_map(load).collect();
+    let key = |l: &LoadSummary| if paced { l.p50_us as f64 } else { l.rps };
+    let mut measured: Vec<(f64, ScenarioReport)> = Vec::new();
     let mut last = None;
     for r in rounds.drain(..) {
-        if rps(&r).is_some() {
-            measured.push(r);
-        } else {
-            last = Some(r);
+        match load(&r) {
+            Some(l) => measured.push((key(&l), r)),
+            None => last = Some(r),
         }
     }
     if measured.is_empty() {
         return last;
     }
-    measured.sort_by(|a, b| rps(a).unwrap_or(0.0).total_cmp(&rps(b).unwrap_or(0.0)));
-    let mut chosen = measured.swap_remove((measured.len() - 1) / 2);
-    chosen.rounds_rps = all_rps;
+    measured.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (_, mut chosen) = measured.swap_remove((measured.len() - 1) / 2);
+    chosen.rounds_rps = loads.iter().map(|l| l.rps).collect();
+    chosen.rounds_p50_us = loads.iter().map(|l| l.p50_us).collect();
     Some(chosen)
 }
 

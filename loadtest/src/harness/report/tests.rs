@@ -76,24 +76,34 @@ fn comparisons_cover_direct_and_nginx_baselines() {
 }
 
 #[test]
-fn the_median_round_by_throughput_is_reported() {
+fn the_median_round_by_throughput_or_paced_by_p50_is_reported() {
     let rounds = vec![
         measured(Scenario::Proxy, 900.0, 1),
         measured(Scenario::Proxy, 100.0, 2),
         measured(Scenario::Proxy, 500.0, 3),
     ];
-    let chosen = median_round(rounds).expect("one round chosen");
+    let chosen = median_round(rounds.clone(), false).expect("one round chosen");
     assert_eq!(chosen.load.as_ref().map(|l| l.rps), Some(500.0));
     assert_eq!(chosen.rounds_rps, [900.0, 100.0, 500.0]);
+    assert_eq!(chosen.rounds_p50_us, [1, 2, 3]);
+    let paced = median_round(rounds, true).expect("one round chosen");
+    assert_eq!(
+        paced.load.as_ref().map(|l| (l.rps, l.p50_us)),
+        Some((100.0, 2)),
+        "paced rounds all serve the offered rate: the median is taken by p50"
+    );
 
     let mut failed = ScenarioReport::new(Scenario::Proxy);
     failed.reason = Some("boom".to_owned());
-    let chosen = median_round(vec![failed.clone(), measured(Scenario::Proxy, 7.0, 1)])
-        .expect("one round chosen");
+    let chosen = median_round(
+        vec![failed.clone(), measured(Scenario::Proxy, 7.0, 1)],
+        false,
+    )
+    .expect("one round chosen");
     assert_eq!(chosen.outcome, Outcome::Ok);
-    let chosen = median_round(vec![failed]).expect("one round chosen");
+    let chosen = median_round(vec![failed], true).expect("one round chosen");
     assert_eq!(chosen.outcome, Outcome::Failed);
-    assert!(median_round(Vec::new()).is_none());
+    assert!(median_round(Vec::new(), false).is_none());
 }
 
 #[test]
