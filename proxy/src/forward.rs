@@ -184,7 +184,8 @@ impl Upstream {
             "" | "/" => None,
             p => Some(p.trim_end_matches('/').into()),
         };
-        let h1 = (!secure && !h2).then(|| pool::H1Pool::new(connector.clone(), POOL_MAX_IDLE));
+        let h1 = (!secure && !h2)
+            .then(|| pool::H1Pool::new(connector.clone(), POOL_MAX_IDLE, POOL_IDLE_TIMEOUT));
         Ok(Self {
             client: std::sync::OnceLock::new(),
             h1,

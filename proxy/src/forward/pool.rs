@@ -5,7 +5,8 @@
 //! here is one fixed address, so a connection is simply checked out, used for one exchange, and
 //! put back when the response body has been read to the end, from the body itself: no task and
 //! no key. Connections are reused last-in first-out, so connections left over from a burst sit
-//! unused and are closed once idle longer than [`IDLE_TIMEOUT`].
+//! at the bottom of the stack; they are closed once idle longer than the pool's idle timeout,
+//! when a connection is put back and, with no traffic at all, by a timer of the pool's own.
 
 use super::connector::{ConnectErrorKind, Connector};
 use super::ForwardError;
@@ -16,19 +17,22 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
-
-/// A connection unused for this long is closed instead of reused.
-pub(super) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Connections of one backend that are waiting for their next request.
 #[derive(Debug)]
 pub(super) struct H1Pool {
     connector: Connector,
+    /// Oldest first: connections are pushed as they come back, so `since` never decreases.
     idle: Mutex<Vec<Idle>>,
     max_idle: usize,
+    /// A connection unused for this long is closed instead of reused.
+    idle_timeout: Duration,
+    /// Whether the task that closes expired connections without traffic runs.
+    sweeping: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -38,11 +42,13 @@ struct Idle {
 }
 
 impl H1Pool {
-    pub(super) fn new(connector: Connector, max_idle: usize) -> Arc<Self> {
+    pub(super) fn new(connector: Connector, max_idle: usize, idle_timeout: Duration) -> Arc<Self> {
         Arc::new(Self {
             connector,
             idle: Mutex::new(Vec::new()),
             max_idle,
+            idle_timeout,
+            sweeping: AtomicBool::new(false),
         })
     }
 
@@ -89,7 +95,7 @@ impl H1Pool {
     fn checkout(self: &Arc<Self>) -> Option<http1::SendRequest<ProxyBody>> {
         loop {
             let idle = self.idle.lock().ok()?.pop()?;
-            if idle.sender.is_closed() || idle.since.elapsed() > IDLE_TIMEOUT {
+            if idle.sender.is_closed() || idle.since.elapsed() > self.idle_timeout {
                 continue;
             }
             let mut sender = idle.sender;
@@ -126,18 +132,63 @@ impl H1Pool {
         Ok(sender)
     }
 
-    fn put_back(&self, sender: http1::SendRequest<ProxyBody>) {
+    fn put_back(self: &Arc<Self>, sender: http1::SendRequest<ProxyBody>) {
         if sender.is_closed() {
             return;
         }
+        let now = Instant::now();
         if let Ok(mut idle) = self.idle.lock() {
+            self.evict_expired(&mut idle, now);
             if idle.len() < self.max_idle {
-                idle.push(Idle {
-                    sender,
-                    since: Instant::now(),
-                });
+                idle.push(Idle { sender, since: now });
             }
         }
+        if !self.sweeping.load(Ordering::Relaxed) {
+            self.start_sweeping();
+        }
+    }
+
+    /// Closes the connections idle longer than the timeout (dropping a sender ends its
+    /// connection task, which closes the socket). They are the oldest, at the bottom.
+    fn evict_expired(&self, idle: &mut Vec<Idle>, now: Instant) {
+        let is_expired = |i: &Idle| now.saturating_duration_since(i.since) > self.idle_timeout;
+        // The common case, nothing expired, costs one comparison.
+        if idle.first().is_some_and(is_expired) {
+            let expired = idle.partition_point(is_expired);
+            idle.drain(..expired);
+        }
+    }
+
+    /// Starts the timer that closes expired connections when no request comes to do it. It
+    /// holds the pool weakly and ends with it.
+    fn start_sweeping(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.sweeping.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let timeout = self.idle_timeout;
+        runtime.spawn(async move {
+            let mut next = tokio::time::Instant::now() + timeout;
+            loop {
+                tokio::time::sleep_until(next).await;
+                let Some(pool) = weak.upgrade() else { return };
+                let now = Instant::now();
+                let Ok(mut idle) = pool.idle.lock() else {
+                    return;
+                };
+                pool.evict_expired(&mut idle, now);
+                // Wake when the oldest remaining connection expires (a little after, so it
+                // is past the timeout), or one timeout from now if none is left.
+                let wait = idle.first().map_or(timeout, |oldest| {
+                    timeout.saturating_sub(now.saturating_duration_since(oldest.since))
+                        + Duration::from_millis(1)
+                });
+                next = tokio::time::Instant::now() + wait;
+            }
+        });
     }
 }
 
@@ -209,5 +260,100 @@ impl Body for UpstreamBody {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt as _;
+    use std::sync::atomic::AtomicUsize;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    /// A keep-alive backend answering every request with `ok`; counts the connections it
+    /// accepted and those the client closed.
+    async fn backend() -> (std::net::SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (accepted, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (a, c) = (accepted.clone(), closed.clone());
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                a.fetch_add(1, Ordering::SeqCst);
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    loop {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            buf.drain(..end + 4);
+                            let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                            if s.write_all(answer).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    c.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        });
+        (addr, accepted, closed)
+    }
+
+    async fn get(pool: &Arc<H1Pool>) {
+        let req = Request::builder()
+            .uri("/")
+            .header(http::header::HOST, "backend")
+            .body(crate::body::full(Bytes::new()))
+            .expect("request");
+        let resp = pool.send(req).await.expect("response");
+        assert_eq!(resp.status(), http::StatusCode::OK);
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(&body[..], b"ok");
+    }
+
+    async fn wait_for(count: &AtomicUsize, want: usize, within: Duration) -> usize {
+        let deadline = Instant::now() + within;
+        while count.load(Ordering::SeqCst) < want && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        count.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn connections_idle_past_the_timeout_are_closed_under_traffic_and_without() {
+        let (addr, accepted, closed) = backend().await;
+        let timeout = Duration::from_millis(300);
+        let connector = Connector::new("127.0.0.1", addr.port(), None, Duration::from_secs(2));
+        let pool = H1Pool::new(connector, 64, timeout);
+
+        // A burst opens eight connections; all go back to the pool.
+        futures_util::future::join_all((0..8).map(|_| get(&pool))).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 8);
+        assert_eq!(closed.load(Ordering::SeqCst), 0);
+
+        // Steady traffic, one request at a time, reuses the most recent connection only: the
+        // other seven expire at the bottom of the stack and are closed, not kept for ever.
+        let started = Instant::now();
+        while started.elapsed() < timeout * 2 {
+            get(&pool).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 8, "no new connections");
+        assert_eq!(wait_for(&closed, 7, Duration::from_secs(2)).await, 7);
+
+        // No traffic at all: the last one is closed by the pool's own timer.
+        assert_eq!(wait_for(&closed, 8, timeout * 3).await, 8);
+        assert_eq!(pool.idle.lock().map(|i| i.len()).unwrap_or(usize::MAX), 0);
+
+        // The pool still dials when it has nothing left.
+        get(&pool).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 9);
     }
 }
