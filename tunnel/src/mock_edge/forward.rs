@@ -20,7 +20,10 @@ use crate::body::{Body, BoxError, Upgraded};
 use crate::h2io::{send_body, H2Io};
 use crate::rpc::edge;
 use crate::rpc::RpcStream;
-use crate::stream::headers::{self, CONNECTION_UPGRADE, RESPONSE_HEADERS};
+use crate::stream::headers::{
+    self, CDN_LOOP, CF_CONNECTING_IP, CF_RAY, CF_VISITOR, CONNECTION_UPGRADE, RESPONSE_HEADERS,
+    X_FORWARDED_FOR, X_FORWARDED_PROTO,
+};
 use crate::stream::http_map::{decode_response_head, encode_request_head, ConnectOutcome};
 use crate::stream::{self, ConnectionType, RPC_SIGNATURE};
 
@@ -82,13 +85,6 @@ fn is_websocket<B>(req: &Request<B>) -> bool {
 
 /// Location (colo) code of the mock, in `Cf-Ray` and registration replies.
 pub(super) const LOCATION: &str = "MCK";
-
-static CF_CONNECTING_IP: HeaderName = HeaderName::from_static("cf-connecting-ip");
-static CF_RAY: HeaderName = HeaderName::from_static("cf-ray");
-static CF_VISITOR: HeaderName = HeaderName::from_static("cf-visitor");
-static CDN_LOOP: HeaderName = HeaderName::from_static("cdn-loop");
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 /// The headers Cloudflare's edge sets on every proxied request: the
 /// eyeball's address (`Cf-Connecting-Ip`, replacing any the client sent, and
