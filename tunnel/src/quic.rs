@@ -398,7 +398,10 @@ async fn serve_data(shared: &Shared, mut send: quinn::SendStream, mut recv: quin
 
 /// Writes the response head and body. A body frame that is already there goes
 /// out with the head, in one packet; a body that is not ready yet (a stream, a
-/// slow backend) does not hold the head back.
+/// slow backend) does not hold the head back. It returns as soon as the body
+/// says it has ended, without waiting for the final empty poll (a backend
+/// connection signals the end of a sized body a task hop later), so the
+/// caller's `finish` goes out in the same packet as the last data.
 async fn write_response(
     send: &mut quinn::SendStream,
     head: Bytes,
@@ -406,7 +409,7 @@ async fn write_response(
 ) -> Result<(), crate::body::BoxError> {
     let mut body = std::pin::pin!(body);
     let mut head = Some(head);
-    loop {
+    while !body.is_end_stream() {
         let frame = match head.take() {
             Some(h) => match poll_fn(|cx| Poll::Ready(body.as_mut().poll_frame(cx))).await {
                 Poll::Ready(frame) => {

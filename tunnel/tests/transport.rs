@@ -214,7 +214,35 @@ async fn heads_do_not_wait_for_late_bodies(protocol: Protocol) {
     handle.shutdown().await;
 }
 
+/// A response ends at the eyeball when its body says it has ended, without a
+/// further poll of the body.
+async fn responses_end_when_the_body_says_so(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let (handle, _m, _r) = start_connector(options(&edge, protocol, 1), token());
+    handle.wait_registered(1).await;
+    edge.wait_serving(1).await;
+    let req = Request::get(format!("http://{}/ended-body", edge.http_addr()))
+        .header("host", "app.example.com")
+        .body(empty())
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        resp.into_body().collect(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("the response never ended ({})", label(protocol)))
+    .unwrap()
+    .to_bytes();
+    assert_eq!(body, "ended");
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
 per_transport!(serves_requests);
+per_transport!(responses_end_when_the_body_says_so);
 per_transport!(heads_do_not_wait_for_late_bodies);
 per_transport!(in_process_requests_cross_the_tunnel);
 per_transport!(streams_large_bodies);

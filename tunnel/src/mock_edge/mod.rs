@@ -593,8 +593,6 @@ impl MockEdge {
             .map_err(|e| MockEdgeError::Stream(e.to_string()))
     }
 
-    /// Stops listening and closes every connection; the port is free again
-    /// when this returns.
     /// Forwards one request through a registered connection exactly as a request arriving
     /// at the HTTP listener is forwarded (edge headers added, connections taken in turn),
     /// without the listener's HTTP hop: for load generators that play the edge themselves.
@@ -607,6 +605,8 @@ impl MockEdge {
         forward::forward(&self.inner, req, std::net::Ipv4Addr::LOCALHOST.into()).await
     }
 
+    /// Stops listening and closes every connection; the port is free again
+    /// when this returns.
     pub async fn shutdown(self) {
         self.inner.cancel.cancel();
         if let listen::Udp::Quic(endpoint) = &self.endpoint {

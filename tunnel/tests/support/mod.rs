@@ -47,7 +47,8 @@ fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<TestBody> {
 
 /// Echo service: `/hello`, `/echo` (streams the body back), `/download?n=`,
 /// `/slow` (answers after 500 ms), `/late-body` (head at once, body 400 ms later),
-/// `/trailers`, `/ws` (raw byte echo after 101).
+/// `/ended-body` (a body that says it has ended without a final poll), `/trailers`,
+/// `/ws` (raw byte echo after 101).
 pub async fn echo(mut req: Request<Body>) -> Result<Response<TestBody>, Infallible> {
     let path = req.uri().path().to_owned();
     let host = req
@@ -120,6 +121,12 @@ pub async fn echo(mut req: Request<Body>) -> Result<Response<TestBody>, Infallib
             });
             Response::new(StreamBody::new(late).boxed_unsync())
         }
+        "/ended-body" => Response::new(
+            EndedBody {
+                data: Some(Bytes::from_static(b"ended")),
+            }
+            .boxed_unsync(),
+        ),
         "/slow" => {
             tokio::time::sleep(Duration::from_millis(500)).await;
             full(StatusCode::OK, "slow")
@@ -269,4 +276,30 @@ macro_rules! per_transport {
             }
         }
     };
+}
+
+/// A body that reports its end through `is_end_stream` once its data is out, while a poll
+/// past the data never completes: so does a backend's body of known length whose
+/// connection task has not yet run to close it. Servers stop at `is_end_stream`.
+struct EndedBody {
+    data: Option<Bytes>,
+}
+
+impl http_body::Body for EndedBody {
+    type Data = Bytes;
+    type Error = cftunnel_tunnel::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        match self.data.take() {
+            Some(data) => std::task::Poll::Ready(Some(Ok(http_body::Frame::data(data)))),
+            None => std::task::Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none()
+    }
 }
