@@ -52,7 +52,7 @@ struct Args {
     #[arg(long)]
     rate: Option<f64>,
     /// Run the scenario list this many times (interleaved); report each scenario's median
-    /// round by req/s. Helps on a noisy machine.
+    /// round: by p50 with --rate, else by req/s. Helps on a noisy machine.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
     /// Proxy worker threads (PROXY_WORKER_THREADS) and nginx worker_processes.
