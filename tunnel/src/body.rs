@@ -50,6 +50,13 @@ pub enum BodyError {
     /// The edge sent more bytes than `Content-Length` announced.
     #[error("request body longer than its content-length")]
     TooLong,
+    /// The edge ended the stream before the bytes `Content-Length` announced:
+    /// a cut-off body, not a complete one.
+    #[error("request body ended {missing} bytes short of its content-length")]
+    TooShort {
+        /// Bytes still owed when the stream ended.
+        missing: u64,
+    },
 }
 
 impl Body {
@@ -111,7 +118,9 @@ impl http_body::Body for Body {
                 let n = ready!(tokio_util::io::poll_read_buf(Pin::new(recv), cx, buf))
                     .map_err(|e| BodyError::Stream(e.to_string()))?;
                 if n == 0 {
-                    return Poll::Ready(None);
+                    return Poll::Ready(
+                        remaining.map(|missing| Err(BodyError::TooShort { missing })),
+                    );
                 }
                 if let Some(rem) = remaining {
                     *rem = rem.checked_sub(n as u64).ok_or(BodyError::TooLong)?;

@@ -13,6 +13,7 @@ use http::{Request, StatusCode};
 use http_body::Body as _;
 use http_body_util::BodyExt as _;
 use quinn::VarInt;
+use tokio::sync::oneshot;
 
 use crate::body::{Body, OnUpgrade, Upgraded};
 use crate::connector::{ConnError, ConnectorOptions, Ended, RegisteredGuard, RunState, Shared};
@@ -298,21 +299,66 @@ async fn handle_stream(
     }
 }
 
-async fn write_error(send: &mut quinn::SendStream, message: String) {
+/// Answers with a `ConnectResponse` error and finishes the stream; whether it got out.
+async fn write_error(send: &mut quinn::SendStream, message: String) -> bool {
     let resp = ConnectResponse {
         error: message,
         metadata: Vec::new(),
     };
-    if send
-        .write_all(&stream::encode_connect_response(&resp))
+    send.write_all(&stream::encode_connect_response(&resp))
         .await
         .is_ok()
-    {
-        let _ = send.finish();
+        && send.finish().is_ok()
+}
+
+/// A response stream that is reset if it is dropped before it was finished, reset or
+/// handed on. quinn finishes a dropped send stream, so a response cut off by a panicking
+/// service or a cancelled task would otherwise reach the edge as a complete one.
+struct ResponseStream(Option<quinn::SendStream>);
+
+impl Drop for ResponseStream {
+    fn drop(&mut self) {
+        if let Some(send) = &mut self.0 {
+            // Also discards the data of a finished stream: only unfinished ones get here.
+            let _ = send.reset(VarInt::from_u32(0));
+        }
     }
 }
 
-async fn serve_data(shared: &Shared, mut send: quinn::SendStream, mut recv: quinn::RecvStream) {
+/// How a request stream's exchange ended.
+enum Exchange {
+    /// The stream was finished or reset: nothing left to do.
+    Closed,
+    /// Cut short mid-write: the stream is reset.
+    Abandoned,
+    /// `101 Switching Protocols` went out: the service's side of the upgrade gets the
+    /// stream in both directions.
+    Upgraded(oneshot::Sender<Upgraded>, quinn::RecvStream),
+}
+
+async fn serve_data(shared: &Shared, send: quinn::SendStream, recv: quinn::RecvStream) {
+    let mut stream = ResponseStream(Some(send));
+    let Some(send) = stream.0.as_mut() else {
+        return;
+    };
+    match serve_exchange(shared, send, recv).await {
+        Exchange::Closed => {
+            stream.0 = None;
+        }
+        Exchange::Abandoned => {}
+        Exchange::Upgraded(tx, recv) => {
+            if let Some(send) = stream.0.take() {
+                let _ = tx.send(Upgraded::quic(send, recv));
+            }
+        }
+    }
+}
+
+async fn serve_exchange(
+    shared: &Shared,
+    send: &mut quinn::SendStream,
+    mut recv: quinn::RecvStream,
+) -> Exchange {
     let preamble = tokio::time::timeout(PREAMBLE_TIMEOUT, async {
         let frame = stream::read_data_preamble(&mut recv).await?;
         decode_request_head(&bytes::Bytes::from(frame))
@@ -322,21 +368,16 @@ async fn serve_data(shared: &Shared, mut send: quinn::SendStream, mut recv: quin
         Ok(Ok(mapped)) => mapped,
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "resetting stream with a malformed request");
-            let _ = send.reset(VarInt::from_u32(0));
             let _ = recv.stop(VarInt::from_u32(0));
-            return;
+            return Exchange::Abandoned;
         }
-        Err(_) => {
-            let _ = send.reset(VarInt::from_u32(0));
-            return;
-        }
+        Err(_) => return Exchange::Abandoned,
     };
     let (head, has_body, kind) = match mapped {
         Ok(h) => h,
         Err(e) => {
-            write_error(&mut send, format!("malformed request: {e}")).await;
             let _ = recv.stop(VarInt::from_u32(0));
-            return;
+            return closed_if(write_error(send, format!("malformed request: {e}")).await);
         }
     };
     let websocket = kind == ConnectionType::Websocket;
@@ -360,23 +401,20 @@ async fn serve_data(shared: &Shared, mut send: quinn::SendStream, mut recv: quin
     tracing::debug!(uri = %parts.uri, websocket, "serving tunnelled request");
     let resp = match shared.handler.call(Request::from_parts(parts, body)).await {
         Ok(r) => r,
-        Err(e) => {
-            write_error(&mut send, format!("service failed: {e}")).await;
-            return;
-        }
+        Err(e) => return closed_if(write_error(send, format!("service failed: {e}")).await),
     };
     let (parts, body) = resp.into_parts();
     let head = Bytes::from(encode_response_head(parts.status, &parts.headers));
     if websocket && parts.status == StatusCode::SWITCHING_PROTOCOLS {
         if send.write_chunk(head).await.is_err() {
-            return;
+            return Exchange::Abandoned;
         }
-        if let (Some(tx), Some(recv)) = (upgrade_tx, spare_recv.take()) {
-            let _ = tx.send(Upgraded::quic(send, recv));
-        }
-        return;
+        return match (upgrade_tx, spare_recv.take()) {
+            (Some(tx), Some(recv)) => Exchange::Upgraded(tx, recv),
+            _ => closed_if(send.finish().is_ok()),
+        };
     }
-    match write_response(&mut send, head, body).await {
+    let ended = match write_response(send, head, body).await {
         Ok(()) => {
             let _ = send.finish();
             // Closing the connection discards unsent stream data, and a drain closes it as
@@ -385,14 +423,24 @@ async fn serve_data(shared: &Shared, mut send: quinn::SendStream, mut recv: quin
             if shared.run_state() != RunState::Running {
                 let _ = tokio::time::timeout(ACK_WAIT, send.stopped()).await;
             }
+            Exchange::Closed
         }
         Err(e) => {
             tracing::debug!(error = %e, "response body failed; resetting stream");
-            let _ = send.reset(VarInt::from_u32(0));
+            Exchange::Abandoned
         }
-    }
+    };
     if let Some(mut recv) = spare_recv {
         let _ = recv.stop(VarInt::from_u32(0));
+    }
+    ended
+}
+
+fn closed_if(finished: bool) -> Exchange {
+    if finished {
+        Exchange::Closed
+    } else {
+        Exchange::Abandoned
     }
 }
 

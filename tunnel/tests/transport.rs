@@ -241,7 +241,44 @@ async fn responses_end_when_the_body_says_so(protocol: Protocol) {
     edge.shutdown().await;
 }
 
+/// A response whose body fails partway is cut off at the eyeball, not passed on as a
+/// complete response, even when the failure unwinds the stream's task.
+async fn cut_off_responses_are_not_completed(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let (handle, _m, _r) = start_connector(options(&edge, protocol, 1), token());
+    handle.wait_registered(1).await;
+    edge.wait_serving(1).await;
+    let req = Request::get(format!("http://{}/cut-body", edge.http_addr()))
+        .header("host", "app.example.com")
+        .body(empty())
+        .unwrap();
+    // Depending on how far the response got before the failure, the eyeball sees its
+    // request fail, a 502, or a body that breaks off; never a 200 that ends cleanly.
+    let outcome = match client().request(req).await {
+        Err(e) => Err(e.to_string()),
+        Ok(resp) => {
+            let status = resp.status();
+            match resp.into_body().collect().await {
+                Ok(body) => Ok((status, body.to_bytes())),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    };
+    assert!(
+        !matches!(&outcome, Ok((StatusCode::OK, _))),
+        "a cut-off body arrived as complete ({}): {outcome:?}",
+        label(protocol),
+    );
+    // The connection keeps serving.
+    let (status, _, body) = get(&client(), edge.http_addr(), "/hello").await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"hello"[..]));
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
 per_transport!(serves_requests);
+per_transport!(cut_off_responses_are_not_completed);
 per_transport!(responses_end_when_the_body_says_so);
 per_transport!(heads_do_not_wait_for_late_bodies);
 per_transport!(in_process_requests_cross_the_tunnel);
@@ -301,6 +338,21 @@ async fn malformed_quic_streams_reset_only_that_stream() {
         ] {
             assert!(edge.send_raw_quic_stream(bytes).await.is_err());
         }
+        // A body that ends before its Content-Length is an error for the service, which
+        // here streams it back: the response is reset instead of finished short.
+        let mut short = cftunnel_tunnel::stream::encode_connect_request(
+            &cftunnel_tunnel::stream::ConnectRequest {
+                dest: "https://a.example/echo".into(),
+                kind: cftunnel_tunnel::stream::ConnectionType::Http,
+                metadata: vec![
+                    cftunnel_tunnel::stream::Metadata::new("HttpMethod", "POST"),
+                    cftunnel_tunnel::stream::Metadata::new("HttpHeader:Content-Length", "10"),
+                ],
+            },
+        );
+        short.extend_from_slice(b"abc");
+        let cut = edge.send_raw_quic_stream(&short).await;
+        assert!(cut.is_err(), "short body echoed as complete: {cut:?}");
         // A bad header name is answered with a ConnectResponse error.
         let bad_header = cftunnel_tunnel::stream::encode_connect_request(
             &cftunnel_tunnel::stream::ConnectRequest {

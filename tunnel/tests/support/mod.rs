@@ -11,6 +11,7 @@ use cftunnel_tunnel::mock_edge::MockEdge;
 use cftunnel_tunnel::{
     Body, Connector, ConnectorHandle, ConnectorOptions, OnUpgrade, Protocol, Token, TunnelMetrics,
 };
+use futures_util::StreamExt as _;
 use http::{Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, Full, StreamBody};
@@ -47,7 +48,8 @@ fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<TestBody> {
 
 /// Echo service: `/hello`, `/echo` (streams the body back), `/download?n=`,
 /// `/slow` (answers after 500 ms), `/late-body` (head at once, body 400 ms later),
-/// `/ended-body` (a body that says it has ended without a final poll), `/trailers`,
+/// `/ended-body` (a body that says it has ended without a final poll), `/cut-body`
+/// (a body whose producer panics after its first bytes), `/trailers`,
 /// `/ws` (raw byte echo after 101).
 pub async fn echo(mut req: Request<Body>) -> Result<Response<TestBody>, Infallible> {
     let path = req.uri().path().to_owned();
@@ -127,6 +129,17 @@ pub async fn echo(mut req: Request<Body>) -> Result<Response<TestBody>, Infallib
             }
             .boxed_unsync(),
         ),
+        "/cut-body" => {
+            let frames = futures_util::stream::iter([0, 1]).map(|i| {
+                if i == 1 {
+                    panic!("the response body's producer failed");
+                }
+                Ok::<_, cftunnel_tunnel::BoxError>(http_body::Frame::data(Bytes::from_static(
+                    b"partial",
+                )))
+            });
+            Response::new(StreamBody::new(frames).boxed_unsync())
+        }
         "/slow" => {
             tokio::time::sleep(Duration::from_millis(500)).await;
             full(StatusCode::OK, "slow")
