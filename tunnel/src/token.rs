@@ -6,7 +6,6 @@ use std::str::FromStr;
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
-use serde::Deserialize;
 use uuid::Uuid;
 
 /// Credentials a connector presents in `registerConnection`.
@@ -27,33 +26,57 @@ pub enum TokenError {
     /// The token is not standard base64.
     #[error("tunnel token is not valid base64")]
     Base64,
-    /// The decoded token is not a JSON object of the expected shape.
+    /// The decoded token is not well-formed JSON or not a JSON object.
     #[error("tunnel token is not a valid JSON object: {0}")]
     Json(String),
-    /// `a` (account tag) is missing or empty.
-    #[error("tunnel token field `a` (account tag) is missing or empty")]
+    /// `a` (account tag) is missing, empty or not a string.
+    #[error("tunnel token field `a` (account tag) is missing, empty or not a string")]
     AccountTag,
-    /// `s` (tunnel secret) is missing, empty or not base64.
-    #[error("tunnel token field `s` (tunnel secret) is missing, empty or not base64")]
+    /// `s` (tunnel secret) is missing, empty or not a base64 string.
+    #[error("tunnel token field `s` (tunnel secret) is missing, empty or not a base64 string")]
     Secret,
-    /// `t` (tunnel id) is missing or not a UUID.
-    #[error("tunnel token field `t` (tunnel id) is missing or not a UUID")]
+    /// `t` (tunnel id) is missing or not a UUID string.
+    #[error("tunnel token field `t` (tunnel id) is missing or not a UUID string")]
     TunnelId,
-    /// `e` (endpoint) is present but not a plain region name.
+    /// `e` (endpoint) is present but not a string holding a plain region name.
     #[error("tunnel token field `e` (endpoint) is not a valid region name")]
     Endpoint,
 }
 
-#[derive(Deserialize)]
+/// The token's fields as strings. Each is read from the raw JSON object on
+/// its own, so a value of the wrong type is reported as that field's error
+/// rather than as a generic JSON error. `null` counts as absent and a
+/// repeated key keeps its last value, as `cloudflared`'s Go decoder does.
 struct Wire {
-    #[serde(default)]
     a: Option<String>,
-    #[serde(default)]
     s: Option<String>,
-    #[serde(default)]
     t: Option<String>,
-    #[serde(default)]
     e: Option<String>,
+}
+
+impl Wire {
+    fn from_json(raw: &[u8]) -> Result<Self, TokenError> {
+        let obj: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(raw).map_err(|e| TokenError::Json(e.to_string()))?;
+        Ok(Self {
+            a: string_field(&obj, "a", TokenError::AccountTag)?,
+            s: string_field(&obj, "s", TokenError::Secret)?,
+            t: string_field(&obj, "t", TokenError::TunnelId)?,
+            e: string_field(&obj, "e", TokenError::Endpoint)?,
+        })
+    }
+}
+
+fn string_field(
+    obj: &serde_json::Map<String, serde_json::Value>,
+    key: &str,
+    wrong_type: TokenError,
+) -> Result<Option<String>, TokenError> {
+    match obj.get(key) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(wrong_type),
+    }
 }
 
 impl Token {
@@ -107,8 +130,7 @@ impl FromStr for Token {
         let raw = STANDARD
             .decode(s.trim().as_bytes())
             .map_err(|_| TokenError::Base64)?;
-        let wire: Wire =
-            serde_json::from_slice(&raw).map_err(|e| TokenError::Json(e.to_string()))?;
+        let wire = Wire::from_json(&raw)?;
         let account_tag = wire
             .a
             .filter(|a| !a.is_empty())
@@ -212,5 +234,75 @@ mod tests {
             Err(TokenError::Json(_))
         ));
         assert!(TokenError::Secret.to_string().contains("`s`"));
+    }
+
+    #[test]
+    fn a_field_of_the_wrong_type_is_named() {
+        let cases = [
+            (
+                format!(r#"{{"a":5,"s":"AAEC","t":"{ID}"}}"#),
+                TokenError::AccountTag,
+            ),
+            (
+                format!(r#"{{"a":{{}},"s":"AAEC","t":"{ID}"}}"#),
+                TokenError::AccountTag,
+            ),
+            (
+                format!(r#"{{"a":"x","s":[],"t":"{ID}"}}"#),
+                TokenError::Secret,
+            ),
+            (
+                format!(r#"{{"a":"x","s":true,"t":"{ID}"}}"#),
+                TokenError::Secret,
+            ),
+            (
+                r#"{"a":"x","s":"AAEC","t":null}"#.to_string(),
+                TokenError::TunnelId,
+            ),
+            (
+                r#"{"a":"x","s":"AAEC","t":7}"#.to_string(),
+                TokenError::TunnelId,
+            ),
+            (
+                r#"{"a":"x","s":"AAEC","t":"not-a-uuid"}"#.to_string(),
+                TokenError::TunnelId,
+            ),
+            (
+                format!(r#"{{"a":"x","s":"AAEC","t":"{ID}","e":5}}"#),
+                TokenError::Endpoint,
+            ),
+            (
+                format!(r#"{{"a":"x","s":"AAEC","t":"{ID}","e":["fed"]}}"#),
+                TokenError::Endpoint,
+            ),
+        ];
+        for (json, want) in cases {
+            let err = enc(&json).parse::<Token>().unwrap_err();
+            assert_eq!(err, want, "{json}");
+        }
+        let msg = enc(&format!(r#"{{"a":5,"s":"AAEC","t":"{ID}"}}"#))
+            .parse::<Token>()
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("`a`"), "{msg}");
+    }
+
+    #[test]
+    fn null_endpoint_counts_as_absent() {
+        let t: Token = enc(&format!(r#"{{"a":"x","s":"AAEC","t":"{ID}","e":null}}"#))
+            .parse()
+            .unwrap();
+        assert_eq!(t.endpoint(), None);
+    }
+
+    #[test]
+    fn malformed_json_and_base64_keep_their_own_errors() {
+        for json in [r#"{"a":"x","#, "not json", r#""a string""#, "[1]"] {
+            assert!(
+                matches!(enc(json).parse::<Token>(), Err(TokenError::Json(_))),
+                "{json}"
+            );
+        }
+        assert_eq!("@@@@".parse::<Token>().unwrap_err(), TokenError::Base64);
     }
 }
