@@ -1,10 +1,12 @@
 //! Edge discovery through the SRV records `cloudflared` uses:
 //! `_v2-origintunneld._tcp.argotunnel.com` (or `_<region>-v2-origintunneld…`
 //! for a token endpoint such as `fed`). The system resolver is tried first,
-//! then DNS-over-TLS to 1.1.1.1:853 (`cloudflare-dns.com`). The first SRV
+//! then DNS-over-TLS to 1.1.1.1:853 (`cloudflare-dns.com`) when the system
+//! resolver is unavailable or its lookup fails. The first SRV
 //! target is region 1, the second region 2; each is resolved to its
 //! addresses, all on the SRV port.
 
+use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
@@ -65,84 +67,312 @@ pub(crate) fn region_targets(
     }
 }
 
-fn dot_resolver() -> TokioResolver {
+/// SRV and address lookups of one resolver. A seam so the order in which
+/// discovery consults resolvers can be exercised without a network.
+pub(crate) trait EdgeLookup: Send + Sync {
+    /// The SRV answer for `name`.
+    fn srv(&self, name: &str) -> impl Future<Output = Result<Vec<SrvTarget>, String>> + Send;
+    /// The A/AAAA addresses of `host`.
+    fn ips(&self, host: &str) -> impl Future<Output = Result<Vec<IpAddr>, String>> + Send;
+}
+
+/// A hickory resolver: the system one or DNS-over-TLS to 1.1.1.1.
+pub(crate) struct Hickory(TokioResolver);
+
+impl EdgeLookup for Hickory {
+    async fn srv(&self, name: &str) -> Result<Vec<SrvTarget>, String> {
+        let answer = self.0.srv_lookup(name).await.map_err(|e| e.to_string())?;
+        Ok(answer
+            .iter()
+            .map(|r| SrvTarget {
+                target: r.target().to_utf8(),
+                port: r.port(),
+                priority: r.priority(),
+                weight: r.weight(),
+            })
+            .collect())
+    }
+
+    async fn ips(&self, host: &str) -> Result<Vec<IpAddr>, String> {
+        let answer = self.0.lookup_ip(host).await.map_err(|e| e.to_string())?;
+        Ok(answer.iter().collect())
+    }
+}
+
+/// Builds the system resolver. Blocking: it reads /etc/resolv.conf and
+/// /etc/hosts.
+fn system_resolver() -> Result<Hickory, String> {
+    TokioResolver::builder_tokio()
+        .map(|b| Hickory(b.build()))
+        .map_err(|e| e.to_string())
+}
+
+/// Builds the DNS-over-TLS resolver. Blocking: it reads /etc/hosts.
+fn dot_resolver() -> Result<Hickory, String> {
     let ips: [IpAddr; 2] = [
         Ipv4Addr::new(1, 1, 1, 1).into(),
         Ipv4Addr::new(1, 0, 0, 1).into(),
     ];
     let group = NameServerConfigGroup::from_ips_tls(&ips, 853, "cloudflare-dns.com".into(), true);
-    TokioResolver::builder_with_config(
-        ResolverConfig::from_parts(None, vec![], group),
-        TokioConnectionProvider::default(),
-    )
-    .build()
+    Ok(Hickory(
+        TokioResolver::builder_with_config(
+            ResolverConfig::from_parts(None, vec![], group),
+            TokioConnectionProvider::default(),
+        )
+        .build(),
+    ))
 }
 
-async fn lookup_srv(resolver: &TokioResolver, name: &str) -> Result<Vec<SrvTarget>, String> {
-    let answer = tokio::time::timeout(DOT_TIMEOUT, resolver.srv_lookup(name))
+/// Runs a resolver constructor on tokio's blocking pool, because building
+/// one reads system files with blocking I/O that would stall the async
+/// worker threads.
+async fn build_resolver<L, F>(build: F) -> Result<L, String>
+where
+    L: Send + 'static,
+    F: FnOnce() -> Result<L, String> + Send + 'static,
+{
+    tokio::task::spawn_blocking(build)
         .await
-        .map_err(|_| "timed out".to_owned())?
-        .map_err(|e| e.to_string())?;
-    Ok(answer
-        .iter()
-        .map(|r| SrvTarget {
-            target: r.target().to_utf8(),
-            port: r.port(),
-            priority: r.priority(),
-            weight: r.weight(),
-        })
-        .collect())
+        .map_err(|e| format!("resolver setup did not complete: {e}"))?
+}
+
+/// An SRV lookup with the DNS-over-TLS timeout. An empty answer is a failed
+/// lookup (Go's resolver, which `cloudflared` uses, reports it as an error).
+async fn lookup_srv<L: EdgeLookup>(resolver: &L, name: &str) -> Result<Vec<SrvTarget>, String> {
+    let records = tokio::time::timeout(DOT_TIMEOUT, resolver.srv(name))
+        .await
+        .map_err(|_| "timed out".to_owned())??;
+    if records.is_empty() {
+        return Err("no SRV records".to_owned());
+    }
+    Ok(records)
+}
+
+/// Resolves the two region targets of an SRV answer with the resolver that
+/// gave it.
+async fn resolve_regions<L: EdgeLookup>(
+    resolver: &L,
+    records: Vec<SrvTarget>,
+) -> Result<Vec<(SocketAddr, u8)>, DiscoveryError> {
+    let targets = region_targets(records)?;
+    let mut out = Vec::new();
+    for (region, t) in targets.iter().enumerate() {
+        match tokio::time::timeout(DOT_TIMEOUT, resolver.ips(t.target.as_str())).await {
+            Ok(Ok(ips)) => out.extend(
+                ips.into_iter()
+                    .map(|ip| (SocketAddr::new(ip, t.port), region as u8)),
+            ),
+            Ok(Err(e)) => {
+                tracing::warn!(host = %t.target, error = %e, "edge region lookup failed")
+            }
+            Err(_) => tracing::warn!(host = %t.target, "edge region lookup timed out"),
+        }
+    }
+    if out.is_empty() {
+        return Err(DiscoveryError::NoAddresses);
+    }
+    Ok(out)
 }
 
 /// Discovers edge addresses, tagged with their region (0 or 1).
 pub(crate) async fn discover(
     region: Option<&str>,
 ) -> Result<Vec<(SocketAddr, u8)>, DiscoveryError> {
-    let name = srv_name(region);
-    let system = TokioResolver::builder_tokio().map(|b| b.build());
-    let mut resolvers = Vec::new();
-    if let Ok(r) = system {
-        resolvers.push(r);
-    }
-    resolvers.push(dot_resolver());
-    let mut last_err = String::from("no resolver");
-    for resolver in &resolvers {
-        let records = match lookup_srv(resolver, &name).await {
-            Ok(r) => r,
+    discover_with(&srv_name(region), system_resolver, dot_resolver).await
+}
+
+/// Discovery with the resolvers given as constructors.
+///
+/// As in `cloudflared`, DNS-over-TLS is tried only when the system resolver
+/// cannot be set up or its SRV lookup fails; a system answer with fewer than
+/// two targets is refused as it is, like any other answer.
+async fn discover_with<L, S, D>(
+    name: &str,
+    system: S,
+    dot: D,
+) -> Result<Vec<(SocketAddr, u8)>, DiscoveryError>
+where
+    L: EdgeLookup + 'static,
+    S: FnOnce() -> Result<L, String> + Send + 'static,
+    D: FnOnce() -> Result<L, String> + Send + 'static,
+{
+    let mut failures = Vec::new();
+    match build_resolver(system).await {
+        Ok(resolver) => match lookup_srv(&resolver, name).await {
+            Ok(records) => return resolve_regions(&resolver, records).await,
             Err(e) => {
-                tracing::warn!(name = %name, error = %e, "edge SRV lookup failed");
-                last_err = e;
-                continue;
+                tracing::warn!(name = %name, error = %e, "edge SRV lookup failed; trying DNS-over-TLS");
+                failures.push(format!("system resolver: {e}"));
             }
-        };
-        let targets = region_targets(records)?;
-        let mut out = Vec::new();
-        for (region, t) in targets.iter().enumerate() {
-            match tokio::time::timeout(DOT_TIMEOUT, resolver.lookup_ip(t.target.as_str())).await {
-                Ok(Ok(ips)) => out.extend(
-                    ips.iter()
-                        .map(|ip| (SocketAddr::new(ip, t.port), region as u8)),
-                ),
-                Ok(Err(e)) => {
-                    tracing::warn!(host = %t.target, error = %e, "edge region lookup failed")
-                }
-                Err(_) => tracing::warn!(host = %t.target, "edge region lookup timed out"),
-            }
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "system resolver unavailable; trying DNS-over-TLS");
+            failures.push(format!("system resolver unavailable: {e}"));
         }
-        if out.is_empty() {
-            return Err(DiscoveryError::NoAddresses);
-        }
-        return Ok(out);
     }
+    let looked_up = match build_resolver(dot).await {
+        Ok(resolver) => match lookup_srv(&resolver, name).await {
+            Ok(records) => return resolve_regions(&resolver, records).await,
+            Err(e) => e,
+        },
+        Err(e) => e,
+    };
+    tracing::warn!(name = %name, error = %looked_up, "edge SRV lookup over DNS-over-TLS failed");
+    failures.push(format!("DNS-over-TLS: {looked_up}"));
     Err(DiscoveryError::Lookup {
-        name,
-        reason: last_err,
+        name: name.to_owned(),
+        reason: failures.join("; "),
     })
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::thread::ThreadId;
+
     use super::*;
+
+    /// A resolver with a fixed SRV answer whose every host resolves to `ip`.
+    struct Fake {
+        srv: Result<Vec<SrvTarget>, String>,
+        ip: IpAddr,
+    }
+
+    impl EdgeLookup for Fake {
+        async fn srv(&self, _: &str) -> Result<Vec<SrvTarget>, String> {
+            self.srv.clone()
+        }
+
+        async fn ips(&self, _: &str) -> Result<Vec<IpAddr>, String> {
+            Ok(vec![self.ip])
+        }
+    }
+
+    const SYSTEM_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
+    const DOT_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 2));
+
+    fn both_regions() -> Vec<SrvTarget> {
+        vec![
+            t("region1.v2.argotunnel.com.", 1, 1),
+            t("region2.v2.argotunnel.com.", 2, 1),
+        ]
+    }
+
+    /// Which resolvers were built, and on which threads.
+    #[derive(Default, Clone)]
+    struct Built(Arc<Mutex<Vec<(&'static str, ThreadId)>>>);
+
+    impl Built {
+        fn builder(
+            &self,
+            which: &'static str,
+            srv: Result<Vec<SrvTarget>, String>,
+            ip: IpAddr,
+        ) -> impl FnOnce() -> Result<Fake, String> + Send + 'static {
+            let log = self.0.clone();
+            move || {
+                log.lock()
+                    .unwrap()
+                    .push((which, std::thread::current().id()));
+                Ok(Fake { srv, ip })
+            }
+        }
+
+        fn names(&self) -> Vec<&'static str> {
+            self.0.lock().unwrap().iter().map(|(n, _)| *n).collect()
+        }
+    }
+
+    async fn run(
+        system: Result<Vec<SrvTarget>, String>,
+        dot: Result<Vec<SrvTarget>, String>,
+    ) -> (Result<Vec<(SocketAddr, u8)>, DiscoveryError>, Built) {
+        let built = Built::default();
+        let res = discover_with(
+            "_v2-origintunneld._tcp.argotunnel.com.",
+            built.builder("system", system, SYSTEM_IP),
+            built.builder("dot", dot, DOT_IP),
+        )
+        .await;
+        (res, built)
+    }
+
+    #[tokio::test]
+    async fn a_system_answer_is_used_without_dns_over_tls() {
+        let (res, built) = run(Ok(both_regions()), Err("unused".into())).await;
+        assert_eq!(
+            res.unwrap(),
+            vec![
+                (SocketAddr::new(SYSTEM_IP, 7844), 0),
+                (SocketAddr::new(SYSTEM_IP, 7844), 1)
+            ]
+        );
+        assert_eq!(built.names(), ["system"]);
+    }
+
+    #[tokio::test]
+    async fn a_failed_or_empty_system_lookup_falls_back_to_dns_over_tls() {
+        for system in [Err("SERVFAIL".to_owned()), Ok(vec![])] {
+            let (res, built) = run(system.clone(), Ok(both_regions())).await;
+            assert_eq!(
+                res.unwrap(),
+                vec![
+                    (SocketAddr::new(DOT_IP, 7844), 0),
+                    (SocketAddr::new(DOT_IP, 7844), 1)
+                ],
+                "{system:?}"
+            );
+            assert_eq!(built.names(), ["system", "dot"]);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unavailable_system_resolver_falls_back_to_dns_over_tls() {
+        let built = Built::default();
+        let res = discover_with(
+            "x.",
+            || Err::<Fake, _>("no resolv.conf".to_owned()),
+            built.builder("dot", Ok(both_regions()), DOT_IP),
+        )
+        .await;
+        assert_eq!(res.unwrap().len(), 2);
+        assert_eq!(built.names(), ["dot"]);
+    }
+
+    /// `cloudflared` falls back only when the lookup itself fails; an
+    /// answer with a single target is refused as it is.
+    #[tokio::test]
+    async fn a_single_target_system_answer_is_refused_without_dns_over_tls() {
+        let one = vec![t("region1.v2.argotunnel.com.", 1, 1)];
+        let (res, built) = run(Ok(one), Ok(both_regions())).await;
+        assert_eq!(res.unwrap_err(), DiscoveryError::TooFewTargets(1));
+        assert_eq!(built.names(), ["system"]);
+    }
+
+    #[tokio::test]
+    async fn both_lookup_failures_are_reported() {
+        let (res, _) = run(Err("SERVFAIL".into()), Err("timed out".into())).await;
+        match res.unwrap_err() {
+            DiscoveryError::Lookup { reason, .. } => {
+                assert!(reason.contains("SERVFAIL"), "{reason}");
+                assert!(reason.contains("timed out"), "{reason}");
+            }
+            other => panic!("unexpected error {other:?}"),
+        }
+    }
+
+    /// Building a resolver reads /etc/resolv.conf and /etc/hosts with
+    /// blocking I/O; that must not happen on the runtime's own thread.
+    #[tokio::test]
+    async fn resolvers_are_built_off_the_async_thread() {
+        let (_, built) = run(Err("SERVFAIL".into()), Ok(both_regions())).await;
+        let here = std::thread::current().id();
+        let threads = built.0.lock().unwrap().clone();
+        assert_eq!(threads.len(), 2);
+        for (which, id) in threads {
+            assert_ne!(id, here, "{which} resolver built on the async thread");
+        }
+    }
 
     fn t(target: &str, priority: u16, weight: u16) -> SrvTarget {
         SrvTarget {
