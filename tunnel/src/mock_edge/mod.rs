@@ -19,7 +19,7 @@ mod admin;
 mod forward;
 mod listen;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -85,6 +85,20 @@ pub struct ConnectionInfo {
     pub key_exchange_group: Option<rustls::NamedGroup>,
 }
 
+/// How many registrations and local configurations the mock edge keeps.
+/// Older entries are dropped first, so a long-running mock (load tests,
+/// demos with reconnecting connectors) stays within bounded memory.
+pub const HISTORY_LIMIT: usize = 1024;
+
+/// Appends to a history list, dropping the oldest entries past
+/// [`HISTORY_LIMIT`].
+fn push_bounded<T>(list: &mut VecDeque<T>, item: T) {
+    while list.len() >= HISTORY_LIMIT {
+        list.pop_front();
+    }
+    list.push_back(item);
+}
+
 #[derive(Clone)]
 pub(crate) enum Transport {
     Quic(quinn::Connection),
@@ -101,8 +115,8 @@ struct ConnEntry {
 struct State {
     conns: BTreeMap<u64, ConnEntry>,
     registration_error: Option<EdgeRefusal>,
-    records: Vec<RegistrationRecord>,
-    local_configs: Vec<Vec<u8>>,
+    records: VecDeque<RegistrationRecord>,
+    local_configs: VecDeque<Vec<u8>>,
     next_id: u64,
 }
 
@@ -225,7 +239,7 @@ impl RegistrationHooks for ConnHooks {
         let mut key_exchange = String::from("unknown");
         let result = inner
             .with_state(|s| {
-                s.records.push(record.clone());
+                push_bounded(&mut s.records, record.clone());
                 if let Some(g) = s
                     .conns
                     .get(&self.id)
@@ -323,7 +337,8 @@ impl RegistrationHooks for ConnHooks {
             config = %String::from_utf8_lossy(&config),
             "local configuration received"
         );
-        self.inner.with_state(|s| s.local_configs.push(config));
+        self.inner
+            .with_state(|s| push_bounded(&mut s.local_configs, config));
     }
 }
 
@@ -521,17 +536,19 @@ impl MockEdge {
         self.inner.with_state(|s| s.registration_error = error);
     }
 
-    /// Every `registerConnection` received so far.
+    /// The `registerConnection` calls received, oldest first: the most
+    /// recent [`HISTORY_LIMIT`], older ones are dropped.
     pub fn registrations(&self) -> Vec<RegistrationRecord> {
         self.inner
-            .with_state(|s| s.records.clone())
+            .with_state(|s| s.records.iter().cloned().collect())
             .unwrap_or_default()
     }
 
-    /// `updateLocalConfiguration` documents received so far.
+    /// The `updateLocalConfiguration` documents received, oldest first: the
+    /// most recent [`HISTORY_LIMIT`], older ones are dropped.
     pub fn local_configs(&self) -> Vec<Vec<u8>> {
         self.inner
-            .with_state(|s| s.local_configs.clone())
+            .with_state(|s| s.local_configs.iter().cloned().collect())
             .unwrap_or_default()
     }
 
@@ -626,5 +643,54 @@ impl MockEdge {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(n: usize) -> RegistrationRecord {
+        RegistrationRecord {
+            account_tag: "acct".into(),
+            tunnel_secret: vec![1; 32],
+            tunnel_id: vec![2; 16],
+            conn_index: 0,
+            client_id: n.to_be_bytes().to_vec(),
+            features: Vec::new(),
+            version: "test".into(),
+            arch: "test".into(),
+            origin_local_ip: Vec::new(),
+            num_previous_attempts: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn histories_keep_only_the_most_recent_entries() {
+        let edge = MockEdge::start().await.unwrap();
+        let (close, _closed) = tokio::sync::mpsc::channel(1);
+        let hooks = edge.inner.hooks(1, close);
+        let extra = 5;
+        for n in 0..HISTORY_LIMIT + extra {
+            let _ = hooks.register(record(n));
+            hooks.local_config(n.to_string().into_bytes());
+        }
+
+        let records = edge.registrations();
+        assert_eq!(records.len(), HISTORY_LIMIT);
+        assert_eq!(records[0].client_id, extra.to_be_bytes());
+        assert_eq!(
+            records[HISTORY_LIMIT - 1].client_id,
+            (HISTORY_LIMIT + extra - 1).to_be_bytes()
+        );
+
+        let configs = edge.local_configs();
+        assert_eq!(configs.len(), HISTORY_LIMIT);
+        assert_eq!(configs[0], extra.to_string().into_bytes());
+        assert_eq!(
+            configs[HISTORY_LIMIT - 1],
+            (HISTORY_LIMIT + extra - 1).to_string().into_bytes()
+        );
+        edge.shutdown().await;
     }
 }
