@@ -49,21 +49,39 @@ impl RemoteConfigState {
     }
 
     /// Applies a push; returns the latest applied version and an error text.
+    ///
+    /// Pushes on different connections are applied from different threads
+    /// (the RPC worker for QUIC, runtime workers for HTTP/2), so the version
+    /// is compared and replaced under the watch channel's lock: an older push
+    /// finishing late can never replace a newer one.
     pub(crate) fn apply(&self, version: i32, config: &[u8]) -> (i32, Option<String>) {
         let current = self.tx.borrow().version;
         if version <= current {
             return (current, None);
         }
+        // Validated and copied before taking the lock, which blocks readers.
         if let Err(e) = serde_json::from_slice::<serde_json::Value>(config) {
             return (current, Some(format!("invalid configuration: {e}")));
         }
-        self.tx.send_replace(RemoteConfig {
+        let next = RemoteConfig {
             version,
             config: Bytes::copy_from_slice(config),
+        };
+        let mut latest = version;
+        let applied = self.tx.send_if_modified(|cur| {
+            if version <= cur.version {
+                latest = cur.version;
+                return false;
+            }
+            *cur = next;
+            // Set under the lock too, so the metric ends on the applied version.
+            self.version_gauge.set(version.into());
+            true
         });
-        self.version_gauge.set(version.into());
-        tracing::info!(version, "updated to new remote configuration");
-        (version, None)
+        if applied {
+            tracing::info!(version, "updated to new remote configuration");
+        }
+        (latest, None)
     }
 }
 
@@ -155,5 +173,34 @@ mod tests {
         assert_eq!(v, 3);
         assert!(err.is_some());
         assert_eq!(s.subscribe().borrow().version, 3);
+    }
+
+    #[test]
+    fn concurrent_pushes_leave_the_highest_version() {
+        const THREADS: i32 = 8;
+        // A document large enough that validating it takes a while.
+        let rules: Vec<String> = (0..200)
+            .map(|i| {
+                format!(r#"{{"hostname":"h{i}.example.com","service":"http://127.0.0.1:{i}"}}"#)
+            })
+            .collect();
+        let config = format!(r#"{{"ingress":[{}]}}"#, rules.join(","));
+        for round in 0..200 {
+            let s = RemoteConfigState::new(Gauge::default());
+            let barrier = std::sync::Barrier::new(THREADS as usize);
+            std::thread::scope(|scope| {
+                for v in 1..=THREADS {
+                    let (s, barrier, config) = (&s, &barrier, config.as_bytes());
+                    scope.spawn(move || {
+                        barrier.wait();
+                        let (latest, err) = s.apply(v, config);
+                        assert!(err.is_none());
+                        assert!(latest >= v, "acknowledged {latest} for a push of {v}");
+                    });
+                }
+            });
+            assert_eq!(s.subscribe().borrow().version, THREADS, "round {round}");
+            assert_eq!(s.version_gauge.get(), i64::from(THREADS), "round {round}");
+        }
     }
 }
