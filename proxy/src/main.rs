@@ -8,6 +8,9 @@ use clap::Parser;
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// How long the tunnel connections get to close (code 0) once the grace period is over.
+const TUNNEL_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn main() -> std::process::ExitCode {
     cftunnel_proxy::memory::disable_huge_pages();
     let args = Args::parse();
@@ -135,6 +138,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .is_err()
         {
             tracing::warn!("grace period over before the tunnel connections drained");
+            // Close them with code 0 now rather than drop them with the runtime.
+            if tokio::time::timeout(TUNNEL_CLOSE_WAIT, tunnel.shutdown())
+                .await
+                .is_err()
+            {
+                tracing::warn!("tunnel connections did not close in time");
+            }
         }
     }
     if !server.shutdown_by(deadline).await {

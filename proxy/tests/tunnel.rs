@@ -139,6 +139,58 @@ async fn rolling_restart_under_load_fails_no_request() {
     .expect("test finished in time");
 }
 
+/// A request still running when the grace period ends does not hold the process, and the
+/// tunnel connection is closed (code 0) on the way out, not left to the edge's idle timeout.
+#[tokio::test]
+async fn the_end_of_the_grace_period_closes_the_tunnel_connection() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let edge = MockEdge::start().await.expect("mock edge starts");
+        let token =
+            cftunnel_tunnel::Token::new("account", vec![7u8; 32], uuid::Uuid::new_v4()).encode();
+        let dir = std::env::temp_dir().join(format!("cftunnel-grace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let (mut child, _) = tunnel_proxy_with(
+            &edge,
+            &dir,
+            &token,
+            "quic",
+            a.http_addr(),
+            &[("PROXY_GRACE_PERIOD", "1s")],
+        )
+        .await;
+        let entry = edge.http_addr();
+        let slow = tokio::spawn(async move {
+            get(&client(), entry, "app.example.com", "/slow?delay=8s", &[]).await
+        });
+        while !edge.connections().iter().any(|c| c.requests > 0) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let killed = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(killed.success());
+        assert_eq!(wait_exit(&mut child, Duration::from_secs(5)).await, Some(0));
+        // The mock edge forgets a connection when it closes; one left to its 10 s idle
+        // timeout would still be listed.
+        let closed_by = Instant::now() + Duration::from_secs(2);
+        while !edge.connections().is_empty() {
+            assert!(
+                Instant::now() < closed_by,
+                "the tunnel connection was not closed: {:?}",
+                edge.connections()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        slow.abort();
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await
+    .expect("test finished in time");
+}
+
 async fn serve_through(protocol: &str) {
     let a = echo("svc-a-1").await;
     let edge = MockEdge::start().await.expect("mock edge starts");

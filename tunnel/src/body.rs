@@ -12,6 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 
 use crate::h2io::H2Io;
+use crate::tasks::InFlight;
 
 const READ_CHUNK: usize = 32 * 1024;
 
@@ -174,6 +175,7 @@ impl http_body::Body for Body {
 /// service answered `101 Switching Protocols`.
 pub struct Upgraded {
     kind: UpgradedKind,
+    _in_flight: Option<InFlight>,
 }
 
 enum UpgradedKind {
@@ -188,13 +190,21 @@ impl Upgraded {
     pub(crate) fn quic(send: quinn::SendStream, recv: quinn::RecvStream) -> Self {
         Self {
             kind: UpgradedKind::Quic { send, recv },
+            _in_flight: None,
         }
     }
 
     pub(crate) fn h2(io: H2Io) -> Self {
         Self {
             kind: UpgradedKind::H2(io),
+            _in_flight: None,
         }
+    }
+
+    /// Keeps the request stream counted as in flight until this connection is dropped.
+    pub(crate) fn counted(mut self, in_flight: InFlight) -> Self {
+        self._in_flight = Some(in_flight);
+        self
     }
 }
 

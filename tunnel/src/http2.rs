@@ -27,7 +27,7 @@ use crate::stream::headers::{
     RESPONSE_META,
 };
 use crate::stream::http_map::add_websocket_headers;
-use crate::tasks::StreamTasks;
+use crate::tasks::{InFlight, StreamTasks};
 use crate::tls::H2_SERVER_NAME;
 
 const DIAL_TIMEOUT: Duration = Duration::from_secs(15);
@@ -170,6 +170,8 @@ async fn serve(
     }
     if shared.run_state() == RunState::Draining {
         let grace = shared.opts.grace_period;
+        // The grace period runs from the start of the drain, unregistering included.
+        let deadline = tokio::time::Instant::now() + grace;
         tokio::select! {
             res = session.unregister(grace) => match res {
                 Ok(()) => tracing::info!(conn_index = idx, "unregistered tunnel connection"),
@@ -177,8 +179,7 @@ async fn serve(
             },
             _ = state.wait_for(|s| *s == RunState::Shutdown) => return Ok(Ended::Stopped),
         }
-        let deadline = tokio::time::Instant::now() + grace;
-        tokio::time::sleep(DRAIN_LINGER.min(grace)).await;
+        tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + DRAIN_LINGER)).await;
         tracker.close();
         tokio::select! {
             _ = tracker.wait() => {}
@@ -198,6 +199,7 @@ async fn accept_loop(
     mut close_rx: watch::Receiver<bool>,
 ) {
     let mut control_tx = Some(control_tx);
+    let active = shared.metrics.active_streams(ProtocolLabel::Http2);
     loop {
         tokio::select! {
             r = conn.accept() => match r {
@@ -212,7 +214,7 @@ async fn accept_loop(
                             tracker.spawn(config_push(shared.clone(), req, respond));
                         }
                         Some(b"websocket") => {
-                            tracker.spawn(handle_request(shared.clone(), req, respond, true));
+                            tracker.spawn(handle_request(shared.clone(), req, respond, true, tracker.in_flight(&active)));
                         }
                         _ if tcp => {
                             let mut respond = respond;
@@ -228,7 +230,7 @@ async fn accept_loop(
                             }
                         },
                         _ => {
-                            tracker.spawn(handle_request(shared.clone(), req, respond, false));
+                            tracker.spawn(handle_request(shared.clone(), req, respond, false, tracker.in_flight(&active)));
                         }
                     }
                 }
@@ -260,23 +262,13 @@ fn connector_error(respond: &mut h2::server::SendResponse<Bytes>, status: Status
     }
 }
 
-struct StreamGauge(prometheus_client::metrics::gauge::Gauge);
-
-impl Drop for StreamGauge {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
 async fn handle_request(
     shared: Arc<Shared>,
     req: Request<h2::RecvStream>,
     mut respond: h2::server::SendResponse<Bytes>,
     websocket: bool,
+    in_flight: InFlight,
 ) {
-    let gauge = shared.metrics.active_streams(ProtocolLabel::Http2);
-    gauge.inc();
-    let _gauge = StreamGauge(gauge);
     let (mut parts, recv) = req.into_parts();
     parts.headers.remove(CONNECTION_UPGRADE);
     if let Some(authority) = parts.uri.authority() {
@@ -334,7 +326,7 @@ async fn handle_request(
     };
     if switched {
         if let Some((tx, recv)) = upgrade {
-            let _ = tx.send(Upgraded::h2(H2Io::new(recv, send)));
+            let _ = tx.send(Upgraded::h2(H2Io::new(recv, send)).counted(in_flight));
         }
         return;
     }

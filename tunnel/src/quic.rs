@@ -23,7 +23,7 @@ use crate::rpc::{remote_config, RpcStream};
 use crate::service::ResponseBody;
 use crate::stream::http_map::{decode_request_head, encode_response_head};
 use crate::stream::{self, ConnectResponse, ConnectionType, StreamKind};
-use crate::tasks::StreamTasks;
+use crate::tasks::{InFlight, StreamTasks};
 use crate::tls::QUIC_SERVER_NAME;
 
 /// Time allowed for an edge-opened stream to deliver its preamble.
@@ -193,6 +193,7 @@ async fn serve(
     let mut guard = RegisteredGuard::new(shared, ProtocolLabel::Quic);
     let tracker = StreamTasks::new();
     let _cancel = tracker.cancel_on_drop();
+    let active = shared.metrics.active_streams(ProtocolLabel::Quic);
     let mut state = shared.state.clone();
     let ended = {
         // Created once: the loop turns once per request stream, and re-creating
@@ -205,7 +206,7 @@ async fn serve(
             tokio::select! {
                 s = conn.accept_bi() => match s {
                     Ok((send, recv)) => {
-                        tracker.spawn(handle_stream(shared.clone(), send, recv));
+                        tracker.spawn(handle_stream(shared.clone(), send, recv, tracker.in_flight(&active)));
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, "quic connection ended");
@@ -223,6 +224,8 @@ async fn serve(
     }
     if shared.run_state() == RunState::Draining {
         let grace = shared.opts.grace_period;
+        // The grace period runs from the start of the drain, unregistering included.
+        let deadline = tokio::time::Instant::now() + grace;
         tokio::select! {
             res = session.unregister(grace) => match res {
                 Ok(()) => tracing::info!(conn_index = idx, "unregistered tunnel connection"),
@@ -230,15 +233,14 @@ async fn serve(
             },
             _ = state.wait_for(|s| *s == RunState::Shutdown) => return Ok(Ended::Stopped),
         }
-        let deadline = tokio::time::Instant::now() + grace;
-        let linger = tokio::time::Instant::now() + DRAIN_LINGER.min(grace);
+        let linger = deadline.min(tokio::time::Instant::now() + DRAIN_LINGER);
         tracker.close();
         loop {
             let quiet = tokio::time::Instant::now() >= linger;
             tokio::select! {
                 s = conn.accept_bi() => match s {
                     Ok((send, recv)) => {
-                        tracker.spawn(handle_stream(shared.clone(), send, recv));
+                        tracker.spawn(handle_stream(shared.clone(), send, recv, tracker.in_flight(&active)));
                     }
                     Err(_) => break,
                 },
@@ -252,22 +254,12 @@ async fn serve(
     Ok(Ended::Stopped)
 }
 
-struct StreamGauge(prometheus_client::metrics::gauge::Gauge);
-
-impl Drop for StreamGauge {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
 async fn handle_stream(
     shared: Arc<Shared>,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
+    in_flight: InFlight,
 ) {
-    let gauge = shared.metrics.active_streams(ProtocolLabel::Quic);
-    gauge.inc();
-    let _gauge = StreamGauge(gauge);
     let kind = tokio::time::timeout(PREAMBLE_TIMEOUT, stream::read_signature(&mut recv)).await;
     match kind {
         Ok(Ok(StreamKind::Rpc)) => {
@@ -286,7 +278,7 @@ async fn handle_stream(
                 tracing::debug!(error = %e, "edge rpc stream ended");
             }
         }
-        Ok(Ok(StreamKind::Data)) => serve_data(&shared, send, recv).await,
+        Ok(Ok(StreamKind::Data)) => serve_data(&shared, send, recv, in_flight).await,
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "resetting stream with a bad preamble");
             let _ = send.reset(VarInt::from_u32(0));
@@ -336,7 +328,12 @@ enum Exchange {
     Upgraded(oneshot::Sender<Upgraded>, quinn::RecvStream),
 }
 
-async fn serve_data(shared: &Shared, send: quinn::SendStream, recv: quinn::RecvStream) {
+async fn serve_data(
+    shared: &Shared,
+    send: quinn::SendStream,
+    recv: quinn::RecvStream,
+    in_flight: InFlight,
+) {
     let mut stream = ResponseStream(Some(send));
     let Some(send) = stream.0.as_mut() else {
         return;
@@ -348,7 +345,7 @@ async fn serve_data(shared: &Shared, send: quinn::SendStream, recv: quinn::RecvS
         Exchange::Abandoned => {}
         Exchange::Upgraded(tx, recv) => {
             if let Some(send) = stream.0.take() {
-                let _ = tx.send(Upgraded::quic(send, recv));
+                let _ = tx.send(Upgraded::quic(send, recv).counted(in_flight));
             }
         }
     }

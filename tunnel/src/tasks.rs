@@ -4,8 +4,25 @@
 
 use std::future::Future;
 
+use prometheus_client::metrics::gauge::Gauge;
 use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
+
+/// One request stream, counted for as long as it lives: in the drain's wait and in the
+/// active-streams gauge. It goes with the stream's task, or after an upgrade with the
+/// upgraded connection, so a drain keeps the edge connection open for a live WebSocket
+/// as it does for a request in flight.
+pub(crate) struct InFlight {
+    _token: TaskTrackerToken,
+    gauge: Gauge,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
 
 #[derive(Clone, Default)]
 pub(crate) struct StreamTasks {
@@ -34,7 +51,17 @@ impl StreamTasks {
         });
     }
 
-    /// Resolves once every task has finished (after [`close`](Self::close)).
+    /// Counts a new request stream in `gauge` and in this connection's drain.
+    pub(crate) fn in_flight(&self, gauge: &Gauge) -> InFlight {
+        gauge.inc();
+        InFlight {
+            _token: self.tracker.token(),
+            gauge: gauge.clone(),
+        }
+    }
+
+    /// Resolves once every task and every [`InFlight`] has ended (after
+    /// [`close`](Self::close)).
     pub(crate) async fn wait(&self) {
         self.tracker.wait().await;
     }

@@ -141,6 +141,39 @@ async fn config_pushes_are_acknowledged(protocol: Protocol) {
     edge.shutdown().await;
 }
 
+/// A WebSocket open when the drain starts keeps its edge connection for the grace
+/// period, as a request in flight does; the drain ends once it closes.
+async fn drain_keeps_open_websockets(protocol: Protocol) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let (handle, _m, _r) = start_connector(options(&edge, protocol, 1), token());
+    handle.wait_registered(1).await;
+    edge.wait_serving(1).await;
+    let (status, mut ws) = websocket(edge.http_addr()).await;
+    assert_eq!(status, StatusCode::SWITCHING_PROTOCOLS);
+    let drain = tokio::spawn({
+        let handle = handle.clone();
+        async move { handle.drain().await }
+    });
+    edge.wait_serving(0).await;
+    // Past the quiet period after which a drain with nothing in flight closes.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    ws.write_all(b"still there").await.unwrap();
+    let mut back = [0u8; 11];
+    ws.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"still there", "{}", label(protocol));
+    assert!(!drain.is_finished());
+    drop(ws);
+    // The grace period is 5 s; closing the WebSocket ends the drain well before.
+    tokio::time::timeout(Duration::from_secs(3), drain)
+        .await
+        .expect("the drain ends once the WebSocket closes")
+        .unwrap();
+    edge.shutdown().await;
+}
+
+per_transport!(drain_keeps_open_websockets);
 per_transport!(registration_errors_are_retried_then_recover);
 per_transport!(wrong_credentials_are_refused);
 per_transport!(reconnects_after_edge_restart);
