@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument as _;
 use uuid::Uuid;
 
-use crate::backoff::{should_fall_back, Backoff, Transport};
+use crate::backoff::{should_fall_back, AddrRetries, Backoff, Transport};
 use crate::body::{Body, BoxError};
 use crate::edge::{EdgeAddr, EdgePool, EDGE_PORT, REGION_HOSTS};
 use crate::metrics::{FailureCause, ProtocolLabel, TunnelMetrics};
@@ -165,6 +165,9 @@ pub(crate) struct Shared {
     pub(crate) registered: watch::Sender<usize>,
     pub(crate) state: watch::Receiver<RunState>,
     pub(crate) quic_ever_registered: AtomicBool,
+    /// `auto` settled on HTTP/2: connections started or restarted from now on skip QUIC
+    /// instead of each waiting out a QUIC handshake of its own first.
+    pub(crate) quic_fell_back: AtomicBool,
     pub(crate) local_ports: Mutex<Vec<u16>>,
 }
 
@@ -239,7 +242,10 @@ pub(crate) enum Ended {
     /// Drained or shut down on request: do not reconnect.
     Stopped,
     /// Lost after registering: reconnect.
-    Lost,
+    Lost {
+        /// The edge went silent (QUIC idle timeout): reconnect to another address.
+        idle_timeout: bool,
+    },
 }
 
 /// Why a connection attempt failed before registering.
@@ -347,6 +353,7 @@ impl Connector {
             registered: registered_tx,
             state: state_rx,
             quic_ever_registered: AtomicBool::new(false),
+            quic_fell_back: AtomicBool::new(false),
             local_ports: Mutex::new(vec![0; ha]),
         });
         tracing::info!(connector_id = %client_id, "starting tunnel connector");
@@ -547,10 +554,14 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
     };
     let mut backoff = Backoff::new(opts.backoff_base, opts.retries);
     let mut dial_failures = 0u32;
+    let mut addr_retries = AddrRetries::default();
     let mut state = shared.state.clone();
     loop {
         if shared.run_state() != RunState::Running {
             return;
+        }
+        if auto && shared.quic_fell_back.load(Ordering::Relaxed) {
+            transport = Transport::Http2;
         }
         let Some(addr) = pool.address(idx) else {
             return;
@@ -575,10 +586,14 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
         };
         match result {
             Ok(Ended::Stopped) => return,
-            Ok(Ended::Lost) => {
-                tracing::warn!(conn_index = idx, edge = %addr, "edge connection lost");
+            Ok(Ended::Lost { idle_timeout }) => {
+                tracing::warn!(conn_index = idx, edge = %addr, idle_timeout, "edge connection lost");
                 backoff.reset();
                 dial_failures = 0;
+                addr_retries = AddrRetries::default();
+                if idle_timeout {
+                    pool.rotate(idx);
+                }
             }
             Err(e) => {
                 shared.metrics.failed(label, e.cause());
@@ -588,7 +603,9 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                     ConnError::Dial { timed_out: t, .. } => {
                         timed_out = *t;
                         dial_failures += 1;
-                        pool.rotate(idx);
+                        if addr_retries.take() {
+                            pool.rotate(idx);
+                        }
                     }
                     _ => {}
                 }
@@ -606,6 +623,7 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                         "QUIC cannot reach the edge; falling back to HTTP/2"
                     );
                     transport = Transport::Http2;
+                    shared.quic_fell_back.store(true, Ordering::Relaxed);
                     backoff.reset();
                     dial_failures = 0;
                 }

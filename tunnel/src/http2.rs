@@ -160,13 +160,13 @@ async fn serve(
     let mut guard = RegisteredGuard::new(shared, ProtocolLabel::Http2);
     let mut state = shared.state.clone();
     let ended = tokio::select! {
-        _ = &mut *accept_task => Ended::Lost,
-        _ = session.closed() => Ended::Lost,
+        _ = &mut *accept_task => Ended::Lost { idle_timeout: false },
+        _ = session.closed() => Ended::Lost { idle_timeout: false },
         _ = state.wait_for(|s| *s != RunState::Running) => Ended::Stopped,
     };
     guard.release();
-    if matches!(ended, Ended::Lost) {
-        return Ok(Ended::Lost);
+    if let Ended::Lost { .. } = ended {
+        return Ok(ended);
     }
     if shared.run_state() == RunState::Draining {
         let grace = shared.opts.grace_period;

@@ -50,7 +50,8 @@ pub(crate) fn client_transport(_opts: &ConnectorOptions, ipv6: bool) -> quinn::T
         .max_concurrent_uni_streams(VarInt::from_u32(16))
         .max_idle_timeout(quinn::IdleTimeout::try_from(Duration::from_secs(5)).ok())
         .keep_alive_interval(Some(Duration::from_secs(1)))
-        .datagram_receive_buffer_size(Some(16383 * 16))
+        // quinn advertises this as `max_datagram_frame_size`: 16383, as cloudflared.
+        .datagram_receive_buffer_size(Some(16383))
         .stream_receive_window(VarInt::from_u32(6 * 1024 * 1024))
         .receive_window(VarInt::from_u32(30 * 1024 * 1024))
         .initial_mtu(if ipv6 { 1252 } else { 1232 });
@@ -210,17 +211,19 @@ async fn serve(
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, "quic connection ended");
-                        break Ended::Lost;
+                        break Ended::Lost {
+                            idle_timeout: matches!(e, quinn::ConnectionError::TimedOut),
+                        };
                     }
                 },
-                _ = &mut closed => break Ended::Lost,
+                _ = &mut closed => break Ended::Lost { idle_timeout: false },
                 _ = &mut stopped => break Ended::Stopped,
             }
         }
     };
     guard.release();
-    if matches!(ended, Ended::Lost) {
-        return Ok(Ended::Lost);
+    if let Ended::Lost { .. } = ended {
+        return Ok(ended);
     }
     if shared.run_state() == RunState::Draining {
         let grace = shared.opts.grace_period;

@@ -202,6 +202,38 @@ async fn auto_falls_back_to_http2_when_quic_is_blocked() {
     .expect("test finished in time");
 }
 
+/// Once `auto` has fallen back, the other connections start on HTTP/2 instead of each
+/// trying QUIC first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_fallback_the_other_connections_start_on_http2() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::builder().disable_quic().start().await.unwrap();
+        let mut opts = options(&edge, Protocol::Auto, 3);
+        opts.handshake_timeout = Duration::from_millis(500);
+        let (handle, _m, registry) = start_connector(opts, token());
+        handle.wait_registered(3).await;
+        let text = metrics_text(&registry);
+        assert!(
+            text.contains("cftunnel_tunnel_connections{protocol=\"http2\"} 3"),
+            "{text}"
+        );
+        let quic_dial_failures: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("protocol=\"quic\",cause=\"dial\""))
+            .collect();
+        assert_eq!(quic_dial_failures.len(), 1, "{text}");
+        assert!(
+            quic_dial_failures[0].ends_with(" 1"),
+            "only the first connection tried QUIC: {text}"
+        );
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_connection_is_counted_and_retried() {
     trace_init();
