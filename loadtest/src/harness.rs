@@ -44,6 +44,9 @@ pub struct RunConfig {
     pub rounds: usize,
     /// Proxy worker threads and nginx worker processes.
     pub workers: usize,
+    /// Tunnel connections the proxy opens to the mock edge in the tunnel scenarios (its HA
+    /// connections; the edge spreads requests over them).
+    pub tunnel_connections: usize,
     /// Request target of the load, e.g. `/loadtest`.
     pub path: String,
     pub proxy_bin: PathBuf,
@@ -163,6 +166,7 @@ pub async fn run(cfg: &RunConfig, progress: &dyn Fn(&str)) -> Result<Report, Run
     let env = ScenarioEnv {
         echo_addr: echo.addr(),
         workers: cfg.workers,
+        tunnel_connections: cfg.tunnel_connections,
         server_cpus: cfg.server_cpus.as_ref(),
         proxy_bin: &cfg.proxy_bin,
         edge_bin: &cfg.edge_bin,
@@ -215,6 +219,7 @@ fn settings(cfg: &RunConfig) -> Settings {
         rate: cfg.rate,
         rounds: cfg.rounds.max(1),
         workers: cfg.workers,
+        tunnel_connections: cfg.tunnel_connections,
         path: cfg.path.clone(),
         load_cpus: cpus(&cfg.load_cpus),
         server_cpus: cpus(&cfg.server_cpus),

@@ -17,6 +17,7 @@ fn config(scenarios: Vec<Scenario>) -> RunConfig {
         rate: None,
         rounds: 1,
         workers: 1,
+        tunnel_connections: 4,
         path: "/loadtest".to_owned(),
         proxy_bin: PathBuf::from("/nonexistent/cftunnel-proxy"),
         edge_bin: PathBuf::from("/nonexistent/cftunnel-mock-edge"),

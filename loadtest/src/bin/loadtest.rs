@@ -58,6 +58,10 @@ struct Args {
     /// Proxy worker threads (PROXY_WORKER_THREADS) and nginx worker_processes.
     #[arg(long, default_value_t = 1)]
     workers: usize,
+    /// Tunnel connections from the proxy to the mock edge in the tunnel scenarios, 1 to 4
+    /// (the connector's HA connections; the edge spreads requests over them).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(1..=4))]
+    tunnel_connections: u8,
     /// Request target of every load request.
     #[arg(long, default_value = "/loadtest")]
     path: String,
@@ -115,6 +119,7 @@ fn main() -> anyhow::Result<()> {
         rate,
         rounds,
         workers,
+        tunnel_connections,
         path,
         proxy_bin,
         edge_bin,
@@ -207,6 +212,7 @@ fn main() -> anyhow::Result<()> {
         rate,
         rounds,
         workers,
+        tunnel_connections: usize::from(tunnel_connections),
         path,
         proxy_bin,
         edge_bin,

@@ -22,6 +22,8 @@ pub struct Settings {
     /// pick one at random).
     pub rounds: usize,
     pub workers: usize,
+    /// HA tunnel connections in the tunnel scenarios.
+    pub tunnel_connections: usize,
     pub path: String,
     pub load_cpus: Option<String>,
     pub server_cpus: Option<String>,

@@ -79,6 +79,8 @@ pub struct ScenarioEnv<'a> {
     pub echo_addr: SocketAddr,
     /// Worker threads / processes for the server under test.
     pub workers: usize,
+    /// HA tunnel connections of the proxy in the tunnel scenarios.
+    pub tunnel_connections: usize,
     /// CPUs for the server under test; `None` disables pinning.
     pub server_cpus: Option<&'a CpuList>,
     /// The `cftunnel-proxy` binary.

@@ -48,6 +48,7 @@ fn settings() -> Settings {
         rate: None,
         rounds: 1,
         workers: 1,
+        tunnel_connections: 4,
         path: "/".to_owned(),
         load_cpus: None,
         server_cpus: None,

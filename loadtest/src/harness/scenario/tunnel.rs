@@ -84,10 +84,14 @@ pub(crate) fn proxy_env(
     ca: &Path,
     admin: SocketAddr,
     workers: usize,
+    connections: usize,
 ) -> Vec<(String, String)> {
+    // The connector opens one HA connection per edge address (up to four); the mock edge
+    // has one address, so it is listed once per connection wanted.
+    let edges = vec![edge.to_string(); connections.max(1)].join(",");
     vec![
         ("TUNNEL_TOKEN".to_owned(), token),
-        ("TUNNEL_EDGE".to_owned(), edge.to_string()),
+        ("TUNNEL_EDGE".to_owned(), edges),
         ("TUNNEL_CACERT".to_owned(), ca.display().to_string()),
         (
             "PROXY_TUNNEL_PROTOCOL".to_owned(),
@@ -266,6 +270,19 @@ pub(super) async fn start_in_process(
         }
         tokio::time::sleep(CA_POLL).await;
     }
+    // The first connection answers before the others have registered; the load waits for
+    // all of them so every round runs on the same number.
+    let wanted = env.tunnel_connections.max(1);
+    if tokio::time::timeout(FORWARD_READY_TIMEOUT, edge.wait_serving(wanted))
+        .await
+        .is_err()
+    {
+        let serving = edge.serving();
+        proxy.stop().await;
+        return Err(StartError::NotReady(format!(
+            "{serving} of {wanted} tunnel connections registered with the in-process {proto} edge"
+        )));
+    }
     Ok(Target {
         addr: edge.http_addr(),
         host: LOAD_HOST.to_owned(),
@@ -287,7 +304,15 @@ async fn start_proxy(
         "--config-file".to_owned(),
         config_path.display().to_string(),
     ];
-    let env_vars = proxy_env(transport, token(), edge_addr, ca_path, admin, env.workers);
+    let env_vars = proxy_env(
+        transport,
+        token(),
+        edge_addr,
+        ca_path,
+        admin,
+        env.workers,
+        env.tunnel_connections,
+    );
     let mut proxy = ServerProcess::spawn(
         &format!("proxy-tunnel-{}", transport.as_str()),
         env.proxy_bin,
@@ -341,6 +366,7 @@ mod tests {
             Path::new("/tmp/lt/ca.pem"),
             admin,
             2,
+            3,
         );
         let get = |k: &str| {
             vars.iter()
@@ -348,7 +374,11 @@ mod tests {
                 .map(|(_, v)| v.as_str())
         };
         assert_eq!(get("TUNNEL_TOKEN"), Some("tok"));
-        assert_eq!(get("TUNNEL_EDGE"), Some("127.0.0.1:17844"));
+        assert_eq!(
+            get("TUNNEL_EDGE"),
+            Some("127.0.0.1:17844,127.0.0.1:17844,127.0.0.1:17844"),
+            "one entry per HA connection"
+        );
         assert_eq!(get("TUNNEL_CACERT"), Some("/tmp/lt/ca.pem"));
         assert_eq!(get("PROXY_TUNNEL_PROTOCOL"), Some("http2"));
         assert_eq!(get("PROXY_CONFIG_ADDR"), Some("127.0.0.1:18081"));
