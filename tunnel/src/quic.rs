@@ -41,10 +41,15 @@ const ACK_WAIT: Duration = Duration::from_secs(2);
 /// is renewed as streams finish.
 pub(crate) const MAX_CONCURRENT_STREAMS: u32 = 16_384;
 
+/// Congestion window a connection starts with, in packets of the initial size, as
+/// `cloudflared`'s QUIC stack (quic-go) starts it.
+const INITIAL_WINDOW_PACKETS: u64 = 32;
+
 /// Transport parameters `cloudflared` uses: 5 s idle timeout, 1 s keep-alive,
 /// datagrams on, 6 MiB stream / 30 MiB connection windows, initial packet
 /// size 1232 (IPv4) / 1252 (IPv6); see [`MAX_CONCURRENT_STREAMS`].
 pub(crate) fn client_transport(_opts: &ConnectorOptions, ipv6: bool) -> quinn::TransportConfig {
+    let initial_mtu = if ipv6 { 1252 } else { 1232 };
     let mut t = quinn::TransportConfig::default();
     t.max_concurrent_bidi_streams(VarInt::from_u32(MAX_CONCURRENT_STREAMS))
         .max_concurrent_uni_streams(VarInt::from_u32(16))
@@ -54,7 +59,11 @@ pub(crate) fn client_transport(_opts: &ConnectorOptions, ipv6: bool) -> quinn::T
         .datagram_receive_buffer_size(Some(16383))
         .stream_receive_window(VarInt::from_u32(6 * 1024 * 1024))
         .receive_window(VarInt::from_u32(30 * 1024 * 1024))
-        .initial_mtu(if ipv6 { 1252 } else { 1232 });
+        .initial_mtu(initial_mtu);
+    // quic-go's Cubic starts at 32 packets; quinn's default is 10.
+    let mut cubic = quinn::congestion::CubicConfig::default();
+    cubic.initial_window(INITIAL_WINDOW_PACKETS * u64::from(initial_mtu));
+    t.congestion_controller_factory(Arc::new(cubic));
     t
 }
 
