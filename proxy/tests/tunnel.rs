@@ -70,6 +70,16 @@ async fn tunnel_proxy_with(
     (child, admin)
 }
 
+/// Sends SIGTERM, as Kubernetes does to a pod being stopped.
+fn sigterm(child: &std::process::Child) {
+    let sent = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+}
+
 async fn wait_exit(child: &mut std::process::Child, within: Duration) -> Option<i32> {
     let exit_by = Instant::now() + within;
     loop {
@@ -113,12 +123,7 @@ async fn rolling_restart_under_load_fails_no_request() {
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let killed = Command::new("kill")
-            .arg("-TERM")
-            .arg(first.id().to_string())
-            .status()
-            .expect("kill");
-        assert!(killed.success());
+        sigterm(&first);
         let mut failed = Vec::new();
         for task in load {
             failed.extend(task.await.expect("load task"));
@@ -166,12 +171,7 @@ async fn the_end_of_the_grace_period_closes_the_tunnel_connection() {
         while !edge.connections().iter().any(|c| c.requests > 0) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let killed = Command::new("kill")
-            .arg("-TERM")
-            .arg(child.id().to_string())
-            .status()
-            .expect("kill");
-        assert!(killed.success());
+        sigterm(&child);
         assert_eq!(wait_exit(&mut child, Duration::from_secs(5)).await, Some(0));
         // The mock edge forgets a connection when it closes; one left to its 10 s idle
         // timeout would still be listed.
@@ -262,12 +262,7 @@ async fn serve_through(protocol: &str) {
         .await
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let killed = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+    sigterm(&child);
     let mut unregistered = false;
     for _ in 0..50 {
         if edge.connections().iter().any(|c| c.draining) {
