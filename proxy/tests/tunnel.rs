@@ -70,6 +70,18 @@ async fn tunnel_proxy_with(
     (child, admin)
 }
 
+/// Credentials the mock edge accepts (it accepts any).
+fn any_token() -> String {
+    cftunnel_tunnel::Token::new("account", vec![7u8; 32], uuid::Uuid::new_v4()).encode()
+}
+
+/// A fresh directory for one test's CA file and config.
+fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("cftunnel-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
 /// Sends SIGTERM, as Kubernetes does to a pod being stopped.
 fn sigterm(child: &std::process::Child) {
     let sent = Command::new("kill")
@@ -96,8 +108,7 @@ async fn rolling_restart_under_load_fails_no_request() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let a = echo("svc-a-1").await;
         let edge = MockEdge::start().await.expect("mock edge starts");
-        let token =
-            cftunnel_tunnel::Token::new("account", vec![7u8; 32], uuid::Uuid::new_v4()).encode();
+        let token = any_token();
         let dir = std::env::temp_dir().join(format!("cftunnel-rolling-{}", std::process::id()));
         let (d1, d2) = (dir.join("one"), dir.join("two"));
         std::fs::create_dir_all(&d1).expect("dir");
@@ -151,10 +162,8 @@ async fn the_end_of_the_grace_period_closes_the_tunnel_connection() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let a = echo("svc-a-1").await;
         let edge = MockEdge::start().await.expect("mock edge starts");
-        let token =
-            cftunnel_tunnel::Token::new("account", vec![7u8; 32], uuid::Uuid::new_v4()).encode();
-        let dir = std::env::temp_dir().join(format!("cftunnel-grace-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
+        let token = any_token();
+        let dir = scratch_dir("grace");
         let (mut child, _) = tunnel_proxy_with(
             &edge,
             &dir,
@@ -194,11 +203,8 @@ async fn the_end_of_the_grace_period_closes_the_tunnel_connection() {
 async fn serve_through(protocol: &str) {
     let a = echo("svc-a-1").await;
     let edge = MockEdge::start().await.expect("mock edge starts");
-    let dir =
-        std::env::temp_dir().join(format!("cftunnel-tunnel-{protocol}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let token =
-        cftunnel_tunnel::Token::new("account", vec![7u8; 32], uuid::Uuid::new_v4()).encode();
+    let dir = scratch_dir(&format!("tunnel-{protocol}"));
+    let token = any_token();
     let (mut child, admin) = tunnel_proxy(&edge, &dir, &token, protocol, a.http_addr()).await;
     let http = client();
     assert_eq!(
@@ -304,10 +310,8 @@ async fn post_quantum_setting_reaches_the_edge() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let a = echo("svc-a-1").await;
         let edge = MockEdge::start().await.expect("mock edge starts");
-        let dir = std::env::temp_dir().join(format!("cftunnel-pq-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let token =
-            cftunnel_tunnel::Token::new("account", vec![7u8; 32], uuid::Uuid::new_v4()).encode();
+        let dir = scratch_dir("pq");
+        let token = any_token();
         let (mut child, _) = tunnel_proxy_with(
             &edge,
             &dir,
