@@ -4,7 +4,7 @@
 //! then DNS-over-TLS to 1.1.1.1:853 (`cloudflare-dns.com`) when the system
 //! resolver is unavailable or its lookup fails. The first SRV
 //! target is region 1, the second region 2; each is resolved to its
-//! addresses, all on the SRV port.
+//! addresses, all on the SRV port, by the system resolver first.
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -148,24 +148,35 @@ async fn lookup_srv<L: EdgeLookup>(resolver: &L, name: &str) -> Result<Vec<SrvTa
     Ok(records)
 }
 
-/// Resolves the two region targets of an SRV answer with the resolver that
-/// gave it.
+/// Resolves the two region targets of an SRV answer. Each host is looked
+/// up with the resolvers in order, the system one first when it exists (as
+/// in `cloudflared`, so `/etc/hosts` entries and split-horizon DNS for the
+/// region hosts are honoured), DNS-over-TLS after it. A host that resolves
+/// nowhere is logged and left out; discovery fails only when neither does.
 async fn resolve_regions<L: EdgeLookup>(
-    resolver: &L,
+    resolvers: &[&L],
     records: Vec<SrvTarget>,
 ) -> Result<Vec<(SocketAddr, u8)>, DiscoveryError> {
     let targets = region_targets(records)?;
     let mut out = Vec::new();
     for (region, t) in targets.iter().enumerate() {
-        match tokio::time::timeout(DOT_TIMEOUT, resolver.ips(t.target.as_str())).await {
-            Ok(Ok(ips)) => out.extend(
-                ips.into_iter()
-                    .map(|ip| (SocketAddr::new(ip, t.port), region as u8)),
-            ),
-            Ok(Err(e)) => {
-                tracing::warn!(host = %t.target, error = %e, "edge region lookup failed")
-            }
-            Err(_) => tracing::warn!(host = %t.target, "edge region lookup timed out"),
+        for (i, resolver) in resolvers.iter().enumerate() {
+            let failure = match tokio::time::timeout(DOT_TIMEOUT, resolver.ips(t.target.as_str()))
+                .await
+            {
+                Ok(Ok(ips)) if !ips.is_empty() => {
+                    out.extend(
+                        ips.into_iter()
+                            .map(|ip| (SocketAddr::new(ip, t.port), region as u8)),
+                    );
+                    break;
+                }
+                Ok(Ok(_)) => "no addresses".to_owned(),
+                Ok(Err(e)) => e,
+                Err(_) => "timed out".to_owned(),
+            };
+            let last = i + 1 == resolvers.len();
+            tracing::warn!(host = %t.target, error = %failure, last, "edge region lookup failed");
         }
     }
     if out.is_empty() {
@@ -185,7 +196,9 @@ pub(crate) async fn discover(
 ///
 /// As in `cloudflared`, DNS-over-TLS is tried only when the system resolver
 /// cannot be set up or its SRV lookup fails; a system answer with fewer than
-/// two targets is refused as it is, like any other answer.
+/// two targets is refused as it is, like any other answer. The region hosts
+/// are resolved by the system resolver even after a DNS-over-TLS SRV answer,
+/// falling back to DNS-over-TLS per host.
 async fn discover_with<L, S, D>(
     name: &str,
     system: S,
@@ -197,22 +210,27 @@ where
     D: FnOnce() -> Result<L, String> + Send + 'static,
 {
     let mut failures = Vec::new();
-    match build_resolver(system).await {
+    let system = match build_resolver(system).await {
         Ok(resolver) => match lookup_srv(&resolver, name).await {
-            Ok(records) => return resolve_regions(&resolver, records).await,
+            Ok(records) => return resolve_regions(&[&resolver], records).await,
             Err(e) => {
                 tracing::warn!(name = %name, error = %e, "edge SRV lookup failed; trying DNS-over-TLS");
                 failures.push(format!("system resolver: {e}"));
+                Some(resolver)
             }
         },
         Err(e) => {
             tracing::warn!(error = %e, "system resolver unavailable; trying DNS-over-TLS");
             failures.push(format!("system resolver unavailable: {e}"));
+            None
         }
-    }
+    };
     let looked_up = match build_resolver(dot).await {
-        Ok(resolver) => match lookup_srv(&resolver, name).await {
-            Ok(records) => return resolve_regions(&resolver, records).await,
+        Ok(dot) => match lookup_srv(&dot, name).await {
+            Ok(records) => {
+                let resolvers: Vec<&L> = system.iter().chain([&dot]).collect();
+                return resolve_regions(&resolvers, records).await;
+            }
             Err(e) => e,
         },
         Err(e) => e,
@@ -232,10 +250,11 @@ mod tests {
 
     use super::*;
 
-    /// A resolver with a fixed SRV answer whose every host resolves to `ip`.
+    /// A resolver with a fixed SRV answer whose every host resolves to `ip`,
+    /// or to nothing when it is `None`.
     struct Fake {
         srv: Result<Vec<SrvTarget>, String>,
-        ip: IpAddr,
+        ip: Option<IpAddr>,
     }
 
     impl EdgeLookup for Fake {
@@ -243,8 +262,10 @@ mod tests {
             self.srv.clone()
         }
 
-        async fn ips(&self, _: &str) -> Result<Vec<IpAddr>, String> {
-            Ok(vec![self.ip])
+        async fn ips(&self, host: &str) -> Result<Vec<IpAddr>, String> {
+            self.ip
+                .map(|ip| vec![ip])
+                .ok_or_else(|| format!("{host}: NXDOMAIN"))
         }
     }
 
@@ -267,7 +288,7 @@ mod tests {
             &self,
             which: &'static str,
             srv: Result<Vec<SrvTarget>, String>,
-            ip: IpAddr,
+            ip: Option<IpAddr>,
         ) -> impl FnOnce() -> Result<Fake, String> + Send + 'static {
             let log = self.0.clone();
             move || {
@@ -287,43 +308,73 @@ mod tests {
         system: Result<Vec<SrvTarget>, String>,
         dot: Result<Vec<SrvTarget>, String>,
     ) -> (Result<Vec<(SocketAddr, u8)>, DiscoveryError>, Built) {
+        run_with_hosts(system, Some(SYSTEM_IP), dot, Some(DOT_IP)).await
+    }
+
+    async fn run_with_hosts(
+        system: Result<Vec<SrvTarget>, String>,
+        system_ip: Option<IpAddr>,
+        dot: Result<Vec<SrvTarget>, String>,
+        dot_ip: Option<IpAddr>,
+    ) -> (Result<Vec<(SocketAddr, u8)>, DiscoveryError>, Built) {
         let built = Built::default();
         let res = discover_with(
             "_v2-origintunneld._tcp.argotunnel.com.",
-            built.builder("system", system, SYSTEM_IP),
-            built.builder("dot", dot, DOT_IP),
+            built.builder("system", system, system_ip),
+            built.builder("dot", dot, dot_ip),
         )
         .await;
         (res, built)
     }
 
+    fn on(ip: IpAddr) -> Vec<(SocketAddr, u8)> {
+        vec![(SocketAddr::new(ip, 7844), 0), (SocketAddr::new(ip, 7844), 1)]
+    }
+
     #[tokio::test]
     async fn a_system_answer_is_used_without_dns_over_tls() {
         let (res, built) = run(Ok(both_regions()), Err("unused".into())).await;
-        assert_eq!(
-            res.unwrap(),
-            vec![
-                (SocketAddr::new(SYSTEM_IP, 7844), 0),
-                (SocketAddr::new(SYSTEM_IP, 7844), 1)
-            ]
-        );
+        assert_eq!(res.unwrap(), on(SYSTEM_IP));
         assert_eq!(built.names(), ["system"]);
     }
 
+    /// The SRV answer comes over DNS-over-TLS; the region hosts are still
+    /// the system resolver's to answer, as in `cloudflared`.
     #[tokio::test]
     async fn a_failed_or_empty_system_lookup_falls_back_to_dns_over_tls() {
         for system in [Err("SERVFAIL".to_owned()), Ok(vec![])] {
             let (res, built) = run(system.clone(), Ok(both_regions())).await;
-            assert_eq!(
-                res.unwrap(),
-                vec![
-                    (SocketAddr::new(DOT_IP, 7844), 0),
-                    (SocketAddr::new(DOT_IP, 7844), 1)
-                ],
-                "{system:?}"
-            );
+            assert_eq!(res.unwrap(), on(SYSTEM_IP), "{system:?}");
             assert_eq!(built.names(), ["system", "dot"]);
         }
+    }
+
+    #[tokio::test]
+    async fn region_hosts_the_system_cannot_resolve_are_looked_up_over_dns_over_tls() {
+        let (res, _) =
+            run_with_hosts(Err("SERVFAIL".into()), None, Ok(both_regions()), Some(DOT_IP)).await;
+        assert_eq!(res.unwrap(), on(DOT_IP));
+    }
+
+    /// One region is enough to start; with neither, discovery fails.
+    #[tokio::test]
+    async fn region_hosts_that_resolve_nowhere_are_left_out() {
+        struct OneHost;
+        impl EdgeLookup for OneHost {
+            async fn srv(&self, _: &str) -> Result<Vec<SrvTarget>, String> {
+                Ok(both_regions())
+            }
+            async fn ips(&self, host: &str) -> Result<Vec<IpAddr>, String> {
+                match host.starts_with("region2") {
+                    true => Ok(vec![SYSTEM_IP]),
+                    false => Err("NXDOMAIN".into()),
+                }
+            }
+        }
+        let res = discover_with("x.", || Ok(OneHost), || Err("unused".into())).await;
+        assert_eq!(res.unwrap(), vec![(SocketAddr::new(SYSTEM_IP, 7844), 1)]);
+        let (res, _) = run_with_hosts(Ok(both_regions()), None, Err("x".into()), None).await;
+        assert_eq!(res.unwrap_err(), DiscoveryError::NoAddresses);
     }
 
     #[tokio::test]
@@ -332,10 +383,10 @@ mod tests {
         let res = discover_with(
             "x.",
             || Err::<Fake, _>("no resolv.conf".to_owned()),
-            built.builder("dot", Ok(both_regions()), DOT_IP),
+            built.builder("dot", Ok(both_regions()), Some(DOT_IP)),
         )
         .await;
-        assert_eq!(res.unwrap().len(), 2);
+        assert_eq!(res.unwrap(), on(DOT_IP));
         assert_eq!(built.names(), ["dot"]);
     }
 
