@@ -270,13 +270,16 @@ async fn run_scenario(
         rate: cfg.rate,
         edge: target.edge.clone(),
     };
-    let (load, cpu, edge_cpu) = tokio::join!(
+    let load_cpus = cfg.load_cpus.as_ref().map(CpuList::cpus);
+    let (load, cpu, edge_cpu, load_cpus_busy) = tokio::join!(
         load::run(&spec),
         server_cpu_in_window(pid, cfg.warmup, cfg.duration),
-        server_cpu_in_window(edge_pid, cfg.warmup, cfg.duration)
+        server_cpu_in_window(edge_pid, cfg.warmup, cfg.duration),
+        cpus_busy_in_window(load_cpus.as_deref(), cfg.warmup, cfg.duration)
     );
     report.server_cpu = cpu.map(|cpu| ServerCpu::new(cpu, cfg.duration, load.requests));
     report.edge_cpu = edge_cpu.map(|cpu| ServerCpu::new(cpu, cfg.duration, load.requests));
+    report.load_cpus_busy = load_cpus_busy;
     report.load = Some(load);
     report.memory_after = read_memory(pid).await;
     report.outcome = Outcome::Ok;
@@ -286,6 +289,23 @@ async fn run_scenario(
 
 async fn read_memory(pid: Option<u32>) -> Option<Memory> {
     procfs::memory(pid?).await
+}
+
+/// How busy the load CPUs are inside the measurement window, counting every process on
+/// them: the load generator, the in-process or child mock edge and the echo backend when it
+/// shares them. Near 1.0 the peers queue behind each other and latency measures the load
+/// machine, not the server under test.
+async fn cpus_busy_in_window(
+    cpus: Option<&[usize]>,
+    warmup: Duration,
+    duration: Duration,
+) -> Option<f64> {
+    let cpus = cpus?;
+    let ticks = procfs::ticks_per_second().await;
+    tokio::time::sleep(warmup).await;
+    let before = procfs::cpu_idle(cpus, ticks).await?;
+    tokio::time::sleep(duration).await;
+    procfs::cpu_idle(cpus, ticks).await?.busy_since(before)
 }
 
 /// CPU time the server under test spends inside the measurement window (starting after

@@ -46,6 +46,24 @@ impl CpuList {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The CPU numbers in the list, ascending; malformed parts are left out.
+    pub fn cpus(&self) -> Vec<usize> {
+        let mut out: Vec<usize> = self
+            .0
+            .split(',')
+            .flat_map(|part| match part.split_once('-') {
+                Some((a, b)) => match (a.trim().parse::<usize>(), b.trim().parse::<usize>()) {
+                    (Ok(a), Ok(b)) if b >= a => (a..=b).collect(),
+                    _ => Vec::new(),
+                },
+                None => part.trim().parse::<usize>().into_iter().collect(),
+            })
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
 }
 
 impl std::str::FromStr for CpuList {
@@ -323,6 +341,7 @@ mod tests {
         assert_eq!((l.count(), l.max_cpu()), (1, Some(0)));
         let l: CpuList = "1-3,5".parse().expect("valid");
         assert_eq!((l.count(), l.max_cpu()), (4, Some(5)));
+        assert_eq!(l.cpus(), [1, 2, 3, 5]);
         assert!("".parse::<CpuList>().is_err());
         assert!("a".parse::<CpuList>().is_err());
         assert!("3-1".parse::<CpuList>().is_err());

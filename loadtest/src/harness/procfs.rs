@@ -127,6 +127,95 @@ async fn children(pid: u32) -> Vec<u32> {
     found
 }
 
+/// Idle time of some CPUs at one moment, for the busy fraction of a window.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuIdle {
+    /// Summed over the CPUs.
+    idle: Duration,
+    at: std::time::Instant,
+    cpus: usize,
+}
+
+impl CpuIdle {
+    /// Fraction of the time between `earlier` and `self` that the CPUs were busy, 1.0 meaning
+    /// all of them all the time.
+    pub fn busy_since(self, earlier: CpuIdle) -> Option<f64> {
+        let wall = self.at.checked_duration_since(earlier.at)?.as_secs_f64() * self.cpus as f64;
+        let idle = self.idle.checked_sub(earlier.idle)?.as_secs_f64();
+        (wall > 0.0).then(|| (1.0 - idle / wall).clamp(0.0, 1.0))
+    }
+}
+
+/// Reads the idle time of `cpus`: from the cpuidle residency counters (microseconds, exact)
+/// where the kernel has them, else from the idle and iowait ticks of `/proc/stat`, which the
+/// scheduler tick samples and which a load paced on a timer can alias with.
+pub async fn cpu_idle(cpus: &[usize], ticks_per_second: u64) -> Option<CpuIdle> {
+    let idle = match cpuidle_residency(cpus).await {
+        Some(idle) => idle,
+        None => {
+            let stat = tokio::fs::read_to_string("/proc/stat").await.ok()?;
+            let ticks = parse_idle_ticks(&stat, cpus)?;
+            Duration::from_secs_f64(ticks as f64 / ticks_per_second.max(1) as f64)
+        }
+    };
+    Some(CpuIdle {
+        idle,
+        at: std::time::Instant::now(),
+        cpus: cpus.len(),
+    })
+}
+
+/// Sum of `/sys/devices/system/cpu/cpuN/cpuidle/state*/time` over `cpus`.
+async fn cpuidle_residency(cpus: &[usize]) -> Option<Duration> {
+    let mut total_us = 0u64;
+    for cpu in cpus {
+        let dir = format!("/sys/devices/system/cpu/cpu{cpu}/cpuidle");
+        let mut states = tokio::fs::read_dir(&dir).await.ok()?;
+        let mut any = false;
+        while let Ok(Some(entry)) = states.next_entry().await {
+            if !entry.file_name().to_string_lossy().starts_with("state") {
+                continue;
+            }
+            let time = tokio::fs::read_to_string(entry.path().join("time"))
+                .await
+                .ok()?;
+            total_us += time.trim().parse::<u64>().ok()?;
+            any = true;
+        }
+        if !any {
+            return None;
+        }
+    }
+    Some(Duration::from_micros(total_us))
+}
+
+/// Idle plus iowait ticks of the `cpuN` lines of a `/proc/stat` text for the CPUs in `cpus`;
+/// `None` when one of them is missing.
+pub fn parse_idle_ticks(stat: &str, cpus: &[usize]) -> Option<u64> {
+    let mut sum = 0;
+    let mut found = 0;
+    for line in stat.lines() {
+        let mut fields = line.split_whitespace();
+        let Some(n) = fields
+            .next()
+            .and_then(|name| name.strip_prefix("cpu"))
+            .and_then(|n| n.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        if !cpus.contains(&n) {
+            continue;
+        }
+        // user nice system idle iowait ...
+        let mut fields = fields.skip(3);
+        let idle: u64 = fields.next()?.parse().ok()?;
+        let iowait: u64 = fields.next()?.parse().ok()?;
+        sum += idle + iowait;
+        found += 1;
+    }
+    (found == cpus.len() && !cpus.is_empty()).then_some(sum)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,5 +239,41 @@ mod tests {
                 processes: 1
             }
         );
+    }
+
+    #[test]
+    fn idle_ticks_sum_the_listed_cpus() {
+        let stat = "cpu  30 0 30 100 10 0 0 0 0 0\n\
+                    cpu0 10 0 10 50 5 0 0 0 0 0\n\
+                    cpu1 20 0 20 45 5 3 2 0 0 0\n\
+                    intr 1 2 3\n";
+        assert_eq!(parse_idle_ticks(stat, &[1]), Some(50));
+        assert_eq!(parse_idle_ticks(stat, &[0, 1]), Some(105));
+        assert_eq!(parse_idle_ticks(stat, &[2]), None);
+        assert_eq!(parse_idle_ticks(stat, &[]), None);
+    }
+
+    #[test]
+    fn busy_is_the_share_of_wall_time_not_idle() {
+        let t0 = std::time::Instant::now();
+        let at = |ms: u64, idle_ms: u64| CpuIdle {
+            idle: Duration::from_millis(idle_ms),
+            at: t0 + Duration::from_millis(ms),
+            cpus: 2,
+        };
+        assert_eq!(at(1000, 1500).busy_since(at(0, 500)), Some(0.5));
+        assert_eq!(at(1000, 500).busy_since(at(0, 500)), Some(1.0));
+        assert_eq!(at(0, 500).busy_since(at(0, 500)), None);
+        assert_eq!(at(1000, 400).busy_since(at(0, 500)), None);
+    }
+
+    #[tokio::test]
+    async fn this_machine_reports_the_idle_time_of_cpu_0() {
+        let ticks = ticks_per_second().await;
+        let a = cpu_idle(&[0], ticks).await.expect("cpu 0 idle time");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let b = cpu_idle(&[0], ticks).await.expect("cpu 0 idle time");
+        let busy = b.busy_since(a).expect("time passed");
+        assert!((0.0..=1.0).contains(&busy), "{busy}");
     }
 }

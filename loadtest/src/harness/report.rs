@@ -65,6 +65,9 @@ pub struct ScenarioReport {
     /// CPU time of the mock edge (tunnel scenarios) during the measurement window; it runs on
     /// the load CPUs and is not part of `server_cpu`.
     pub edge_cpu: Option<ServerCpu>,
+    /// Busy fraction of the load CPUs during the measurement window (all processes on them;
+    /// 1.0 = all busy); `None` when the load is not pinned.
+    pub load_cpus_busy: Option<f64>,
     /// req/s of every measured round, in run order.
     pub rounds_rps: Vec<f64>,
     /// p50 of every measured round, in run order.
@@ -82,6 +85,7 @@ impl ScenarioReport {
             memory_after: None,
             server_cpu: None,
             edge_cpu: None,
+            load_cpus_busy: None,
             rounds_rps: Vec::new(),
             rounds_p50_us: Vec::new(),
         }
@@ -241,7 +245,7 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "\n{:<13} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>14} {:>14} {:>11} {:>9}",
+            "\n{:<13} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>14} {:>14} {:>11} {:>9} {:>10}",
             "scenario",
             "req/s",
             "requests",
@@ -253,7 +257,8 @@ impl Report {
             "RSS idle MiB",
             "RSS/peak MiB",
             "CPU us/req",
-            "CPU util"
+            "CPU util",
+            "load busy"
         );
         for r in &self.scenarios {
             let Some(l) = r.load.as_ref().filter(|_| r.outcome == Outcome::Ok) else {
@@ -281,9 +286,12 @@ impl Report {
             let cpu_util = r
                 .server_cpu
                 .map_or("-".to_owned(), |c| format!("{:.2}", c.utilisation));
+            let load_busy = r
+                .load_cpus_busy
+                .map_or("-".to_owned(), |b| format!("{b:.2}"));
             let _ = writeln!(
                 out,
-                "{:<13} {:>10.0} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>8} {:>14} {:>14} {:>11} {:>9}",
+                "{:<13} {:>10.0} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>8} {:>14} {:>14} {:>11} {:>9} {:>10}",
                 r.scenario.name(),
                 l.rps,
                 l.requests,
@@ -295,7 +303,8 @@ impl Report {
                 idle,
                 after,
                 cpu_req,
-                cpu_util
+                cpu_util,
+                load_busy
             );
         }
         if !self.comparisons.is_empty() {

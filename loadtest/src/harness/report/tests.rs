@@ -195,7 +195,14 @@ fn tunnel_scenarios_are_compared_with_proxy_and_their_overhead_reported() {
         Duration::from_secs(1),
         10_000,
     ));
+    report.scenarios[2].load_cpus_busy = Some(0.914);
     let table = report.render_table();
+    let quic_row = table
+        .lines()
+        .find(|l| l.starts_with("tunnel-quic "))
+        .unwrap_or_default();
+    assert!(quic_row.ends_with(" 0.91"), "{table}");
+    assert!(table.contains("load busy"), "{table}");
     assert!(
         table.contains("tunnel-quic   30.0 us/req, util 0.30"),
         "{table}"
