@@ -161,20 +161,19 @@ async fn resolve_regions<L: EdgeLookup>(
     let mut out = Vec::new();
     for (region, t) in targets.iter().enumerate() {
         for (i, resolver) in resolvers.iter().enumerate() {
-            let failure = match tokio::time::timeout(DOT_TIMEOUT, resolver.ips(t.target.as_str()))
-                .await
-            {
-                Ok(Ok(ips)) if !ips.is_empty() => {
-                    out.extend(
-                        ips.into_iter()
-                            .map(|ip| (SocketAddr::new(ip, t.port), region as u8)),
-                    );
-                    break;
-                }
-                Ok(Ok(_)) => "no addresses".to_owned(),
-                Ok(Err(e)) => e,
-                Err(_) => "timed out".to_owned(),
-            };
+            let failure =
+                match tokio::time::timeout(DOT_TIMEOUT, resolver.ips(t.target.as_str())).await {
+                    Ok(Ok(ips)) if !ips.is_empty() => {
+                        out.extend(
+                            ips.into_iter()
+                                .map(|ip| (SocketAddr::new(ip, t.port), region as u8)),
+                        );
+                        break;
+                    }
+                    Ok(Ok(_)) => "no addresses".to_owned(),
+                    Ok(Err(e)) => e,
+                    Err(_) => "timed out".to_owned(),
+                };
             let last = i + 1 == resolvers.len();
             tracing::warn!(host = %t.target, error = %failure, last, "edge region lookup failed");
         }
@@ -328,7 +327,10 @@ mod tests {
     }
 
     fn on(ip: IpAddr) -> Vec<(SocketAddr, u8)> {
-        vec![(SocketAddr::new(ip, 7844), 0), (SocketAddr::new(ip, 7844), 1)]
+        vec![
+            (SocketAddr::new(ip, 7844), 0),
+            (SocketAddr::new(ip, 7844), 1),
+        ]
     }
 
     #[tokio::test]
@@ -351,8 +353,13 @@ mod tests {
 
     #[tokio::test]
     async fn region_hosts_the_system_cannot_resolve_are_looked_up_over_dns_over_tls() {
-        let (res, _) =
-            run_with_hosts(Err("SERVFAIL".into()), None, Ok(both_regions()), Some(DOT_IP)).await;
+        let (res, _) = run_with_hosts(
+            Err("SERVFAIL".into()),
+            None,
+            Ok(both_regions()),
+            Some(DOT_IP),
+        )
+        .await;
         assert_eq!(res.unwrap(), on(DOT_IP));
     }
 

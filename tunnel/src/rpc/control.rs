@@ -146,10 +146,28 @@ async fn run<R, W>(
     let outcome = tokio::time::timeout(rpc_timeout, call_register(&client, &params))
         .await
         .unwrap_or(Err(RpcError::Timeout));
-    let registered = matches!(outcome, Ok(RegisterOutcome::Registered(_)));
-    if result_tx.send(outcome).is_err() || !registered {
-        rpc_task.abort();
-        return;
+    match outcome {
+        Ok(RegisterOutcome::Registered(_)) => {
+            if result_tx.send(outcome).is_err() {
+                rpc_task.abort();
+                return;
+            }
+        }
+        Ok(RegisterOutcome::Refused(_)) => {
+            // As `cloudflared` closes its RPC client on a refusal: Finish, Release and
+            // Abort go out and the stream is ended, not reset, before the caller closes the
+            // connection.
+            drop(client);
+            let _ = tokio::time::timeout(Duration::from_secs(1), disconnector).await;
+            rpc_task.abort();
+            let _ = result_tx.send(outcome);
+            return;
+        }
+        Err(_) => {
+            rpc_task.abort();
+            let _ = result_tx.send(outcome);
+            return;
+        }
     }
 
     tokio::pin!(rpc_task);
@@ -224,5 +242,149 @@ async fn call_register(
                 remotely_managed: d.get_tunnel_is_remotely_managed(),
             }))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Poll};
+
+    use capnp_rpc::rpc_capnp::message;
+    use tokio::io::ReadBuf;
+
+    use super::*;
+    use crate::rpc::edge::{serve_registration, RegistrationHooks, RegistrationRecord};
+
+    struct Refuse;
+
+    impl RegistrationHooks for Refuse {
+        fn register(&self, _: RegistrationRecord) -> Result<ConnectionDetails, EdgeRefusal> {
+            Err(EdgeRefusal {
+                cause: "Unauthorized: bad secret".into(),
+                retry_after: Duration::ZERO,
+                should_retry: false,
+            })
+        }
+        fn unregister(&self) {}
+        fn local_config(&self, _: Vec<u8>) {}
+    }
+
+    /// The edge's reading half, keeping a copy of every byte.
+    struct Tap<R> {
+        inner: R,
+        seen: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl<R: AsyncRead + Unpin> AsyncRead for Tap<R> {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            let before = buf.filled().len();
+            let res = Pin::new(&mut self.inner).poll_read(cx, buf);
+            if let Poll::Ready(Ok(())) = res {
+                self.seen
+                    .lock()
+                    .unwrap()
+                    .extend_from_slice(&buf.filled()[before..]);
+            }
+            res
+        }
+    }
+
+    fn params() -> RegisterParams {
+        RegisterParams {
+            account_tag: "acct".into(),
+            tunnel_secret: vec![1; 32],
+            tunnel_id: Uuid::nil(),
+            conn_index: 0,
+            client_id: Uuid::nil(),
+            features: Vec::new(),
+            version: "test".into(),
+            arch: "linux_amd64".into(),
+            origin_local_ip: vec![127, 0, 0, 1],
+            num_previous_attempts: 0,
+        }
+    }
+
+    /// The RPC messages in a captured byte stream, by their union discriminant.
+    fn kinds(mut bytes: &[u8]) -> Vec<u16> {
+        let mut out = Vec::new();
+        while !bytes.is_empty() {
+            let msg = capnp::serialize::read_message(&mut bytes, Default::default())
+                .expect("framed message");
+            let root: message::Reader<'_> = msg.get_root().expect("rpc message");
+            out.push(match root.which() {
+                Ok(which) => which_discriminant(&which),
+                Err(e) => e.0,
+            });
+        }
+        out
+    }
+
+    fn which_discriminant(w: &message::WhichReader<'_>) -> u16 {
+        match w {
+            message::Unimplemented(_) => 0,
+            message::Abort(_) => 1,
+            message::Call(_) => 2,
+            message::Return(_) => 3,
+            message::Finish(_) => 4,
+            message::Resolve(_) => 5,
+            message::Release(_) => 6,
+            message::ObsoleteSave(_) => 7,
+            message::Bootstrap(_) => 8,
+            _ => 99,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_registration_aborts_the_session_and_ends_the_stream() {
+        let worker = LocalWorker::start("control-test").unwrap();
+        let (connector, edge) = tokio::io::duplex(64 * 1024);
+        let (edge_read, edge_write) = tokio::io::split(edge);
+        let (conn_read, conn_write) = tokio::io::split(connector);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let tap = Tap {
+            inner: edge_read,
+            seen: seen.clone(),
+        };
+        let edge_done = serve_registration(
+            &worker,
+            RpcStream {
+                reader: tap,
+                writer: edge_write,
+            },
+            Arc::new(Refuse),
+        )
+        .await
+        .unwrap();
+
+        let (_session, outcome) = register(
+            &worker,
+            RpcStream {
+                reader: conn_read,
+                writer: conn_write,
+            },
+            params(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        match outcome {
+            RegisterOutcome::Refused(r) => assert_eq!(r.cause, "Unauthorized: bad secret"),
+            RegisterOutcome::Registered(_) => panic!("registered"),
+        }
+        // By the time the refusal is reported the edge has the connector's Abort: the
+        // session was closed, not cut off.
+        tokio::time::timeout(Duration::from_secs(2), edge_done)
+            .await
+            .expect("edge session ended")
+            .unwrap();
+        let kinds = kinds(&seen.lock().unwrap());
+        assert_eq!(kinds.first(), Some(&8), "bootstrap first: {kinds:?}");
+        assert_eq!(kinds.last(), Some(&1), "abort last: {kinds:?}");
     }
 }
