@@ -53,6 +53,11 @@ pub struct Args {
     #[arg(long, env = "PROXY_TUNNEL_POST_QUANTUM", default_value = "false", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub tunnel_post_quantum: bool,
 
+    /// Concurrent requests the edge may open on one QUIC tunnel connection; more wait at the
+    /// edge. Each stream of credit a busy connection has used holds a few hundred bytes.
+    #[arg(long, env = "PROXY_TUNNEL_QUIC_MAX_STREAMS", default_value_t = cftunnel_tunnel::DEFAULT_QUIC_MAX_STREAMS, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub tunnel_quic_max_streams: u32,
+
     /// Serve Prometheus metrics on `/metrics`.
     #[arg(long, env = "PROXY_METRICS_ENABLED", default_value = "true", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub metrics_enabled: bool,
@@ -188,6 +193,15 @@ mod tests {
                 .tunnel_post_quantum
         );
         assert!(parse(&["--tunnel-post-quantum", "maybe"]).is_err());
+        assert_eq!(a.tunnel_quic_max_streams, 16_384);
+        assert_eq!(
+            parse(&["--tunnel-quic-max-streams", "1024"])
+                .expect("in range")
+                .tunnel_quic_max_streams,
+            1024
+        );
+        assert!(parse(&["--tunnel-quic-max-streams", "0"]).is_err());
+        assert!(parse(&["--tunnel-quic-max-streams", "1048577"]).is_err());
         assert!(
             parse(&["--grace-period", "4m"]).is_err(),
             "grace over 3m is refused"

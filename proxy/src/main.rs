@@ -185,6 +185,7 @@ async fn connector(args: &Args, raw: &str) -> anyhow::Result<cftunnel_tunnel::Co
         edge_ca_pem,
         grace_period: args.grace_period.0,
         post_quantum: args.tunnel_post_quantum,
+        quic_max_streams: args.tunnel_quic_max_streams,
         ..Default::default()
     };
     cftunnel_tunnel::Connector::new(token, options).context("tunnel connector settings")

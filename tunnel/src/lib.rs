@@ -125,6 +125,7 @@ pub use connector::{
 };
 pub use edge::{EdgeAddr, EdgeAddrError};
 pub use metrics::TunnelMetrics;
+pub use quic::DEFAULT_QUIC_MAX_STREAMS;
 pub use rpc::control::{ConnectionDetails, EdgeRefusal};
 pub use rpc::remote_config::RemoteConfig;
 pub use token::{Token, TokenError};

@@ -35,11 +35,12 @@ pub(crate) const DRAIN_LINGER: Duration = Duration::from_millis(500);
 /// How long a draining connection waits for the edge to acknowledge a finished response.
 const ACK_WAIT: Duration = Duration::from_secs(2);
 
-/// Concurrent edge-opened request streams allowed per connection.
-/// `cloudflared` advertises 2^60; quinn allocates state per allowed stream
-/// up front, so the limit is a large practical number instead. The credit
-/// is renewed as streams finish.
-pub(crate) const MAX_CONCURRENT_STREAMS: u32 = 16_384;
+/// Default for [`ConnectorOptions::quic_max_streams`]: concurrent edge-opened
+/// request streams allowed per connection. `cloudflared` advertises 2^60;
+/// quinn keeps state for every stream the credit allows (a few hundred bytes
+/// each once used), so the limit is a large practical number instead. The
+/// credit is renewed as streams finish.
+pub const DEFAULT_QUIC_MAX_STREAMS: u32 = 16_384;
 
 /// Congestion window a connection starts with, in packets of the initial size, as
 /// `cloudflared`'s QUIC stack (quic-go) starts it.
@@ -47,11 +48,11 @@ const INITIAL_WINDOW_PACKETS: u64 = 32;
 
 /// Transport parameters `cloudflared` uses: 5 s idle timeout, 1 s keep-alive,
 /// datagrams on, 6 MiB stream / 30 MiB connection windows, initial packet
-/// size 1232 (IPv4) / 1252 (IPv6); see [`MAX_CONCURRENT_STREAMS`].
-pub(crate) fn client_transport(_opts: &ConnectorOptions, ipv6: bool) -> quinn::TransportConfig {
+/// size 1232 (IPv4) / 1252 (IPv6); see [`DEFAULT_QUIC_MAX_STREAMS`].
+pub(crate) fn client_transport(opts: &ConnectorOptions, ipv6: bool) -> quinn::TransportConfig {
     let initial_mtu = if ipv6 { 1252 } else { 1232 };
     let mut t = quinn::TransportConfig::default();
-    t.max_concurrent_bidi_streams(VarInt::from_u32(MAX_CONCURRENT_STREAMS))
+    t.max_concurrent_bidi_streams(VarInt::from_u32(opts.quic_max_streams.max(1)))
         .max_concurrent_uni_streams(VarInt::from_u32(16))
         .max_idle_timeout(quinn::IdleTimeout::try_from(Duration::from_secs(5)).ok())
         .keep_alive_interval(Some(Duration::from_secs(1)))

@@ -286,6 +286,57 @@ per_transport!(streams_large_bodies);
 per_transport!(many_concurrent_requests);
 per_transport!(websocket_echo);
 
+/// The connector grants the edge `quic_max_streams` request streams per QUIC connection:
+/// more requests than that wait at the edge for a stream to finish, and none fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_opens_at_most_the_granted_quic_streams() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::start().await.unwrap();
+        let opts = cftunnel_tunnel::ConnectorOptions {
+            quic_max_streams: 2,
+            ..options(&edge, Protocol::Quic, 1)
+        };
+        let now = Arc::new(AtomicUsize::new(0));
+        let peak = Arc::new(AtomicUsize::new(0));
+        let (now2, peak2) = (now.clone(), peak.clone());
+        let service = hyper::service::service_fn(move |req| {
+            let (now, peak) = (now2.clone(), peak2.clone());
+            async move {
+                let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(n, Ordering::SeqCst);
+                tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                echo(req).await
+            }
+        });
+        let connector =
+            cftunnel_tunnel::Connector::new(token(), opts).expect("connector options are valid");
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = cftunnel_tunnel::TunnelMetrics::register(&mut registry);
+        let handle = connector.start(service, metrics).expect("connector starts");
+        handle.wait_registered(1).await;
+        edge.wait_serving(1).await;
+        let client = h2_client();
+        let addr = edge.http_addr();
+        let results = join_all((0..6).map(|_| {
+            let client = client.clone();
+            async move { get(&client, addr, "/hello").await }
+        }))
+        .await;
+        assert!(results
+            .iter()
+            .all(|(s, _, b)| *s == StatusCode::OK && &b[..] == b"hello"));
+        assert_eq!(peak.load(Ordering::SeqCst), 2, "streams open at once");
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trailers_reach_the_edge_over_http2() {
     trace_init();
