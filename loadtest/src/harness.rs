@@ -291,6 +291,23 @@ async fn read_memory(pid: Option<u32>) -> Option<Memory> {
     procfs::memory(pid?).await
 }
 
+/// Reads `sample` when the measurement window opens (after `warmup`) and when it closes
+/// (`duration` later).
+async fn window_samples<T, F, Fut>(
+    warmup: Duration,
+    duration: Duration,
+    mut sample: F,
+) -> Option<(T, T)>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    tokio::time::sleep(warmup).await;
+    let before = sample().await?;
+    tokio::time::sleep(duration).await;
+    Some((before, sample().await?))
+}
+
 /// How busy the load CPUs are inside the measurement window, counting every process on
 /// them: the load generator, the in-process or child mock edge and the echo backend when it
 /// shares them. Near 1.0 the peers queue behind each other and latency measures the load
@@ -302,10 +319,9 @@ async fn cpus_busy_in_window(
 ) -> Option<f64> {
     let cpus = cpus?;
     let ticks = procfs::ticks_per_second().await;
-    tokio::time::sleep(warmup).await;
-    let before = procfs::cpu_idle(cpus, ticks).await?;
-    tokio::time::sleep(duration).await;
-    procfs::cpu_idle(cpus, ticks).await?.busy_since(before)
+    let (before, after) =
+        window_samples(warmup, duration, || procfs::cpu_idle(cpus, ticks)).await?;
+    after.busy_since(before)
 }
 
 /// CPU time the server under test spends inside the measurement window (starting after
@@ -317,9 +333,6 @@ async fn server_cpu_in_window(
 ) -> Option<Duration> {
     let pid = pid?;
     let ticks = procfs::ticks_per_second().await;
-    tokio::time::sleep(warmup).await;
-    let before = procfs::cpu_time(pid, ticks).await?;
-    tokio::time::sleep(duration).await;
-    let after = procfs::cpu_time(pid, ticks).await?;
+    let (before, after) = window_samples(warmup, duration, || procfs::cpu_time(pid, ticks)).await?;
     after.checked_sub(before)
 }
