@@ -54,13 +54,31 @@ impl AsyncRead for H2Reader {
 }
 
 /// Write half of an h2 stream as `AsyncWrite`; every write is sent at once.
+///
+/// Dropping it ends the stream (END_STREAM) as a shutdown does, where h2 on its own would
+/// reset it: a byte stream (an RPC session, an upgraded connection) that its owner lets go
+/// of has ended, as when a Go handler returns and as quinn finishes a dropped QUIC stream.
 pub(crate) struct H2Writer {
     send: h2::SendStream<Bytes>,
+    ended: bool,
 }
 
 impl H2Writer {
     pub(crate) fn new(send: h2::SendStream<Bytes>) -> Self {
-        Self { send }
+        Self { send, ended: false }
+    }
+
+    fn end(&mut self) {
+        if !self.ended {
+            self.ended = true;
+            let _ = self.send.send_data(Bytes::new(), true);
+        }
+    }
+}
+
+impl Drop for H2Writer {
+    fn drop(&mut self) {
+        self.end();
     }
 }
 
@@ -106,7 +124,7 @@ impl AsyncWrite for H2Writer {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let _ = self.send.send_data(Bytes::new(), true);
+        self.end();
         Poll::Ready(Ok(()))
     }
 }
@@ -189,5 +207,51 @@ where
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Request, Response};
+    use tokio::io::AsyncWriteExt as _;
+
+    /// What the client end of one h2 stream receives after the server writes `hi` into an
+    /// [`H2Writer`] and drops it: the data, then either the end of the stream or an error.
+    async fn after_a_dropped_writer() -> (Vec<u8>, Result<(), h2::Error>) {
+        let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+        let server = tokio::spawn(async move {
+            let mut conn = h2::server::handshake(server_io).await.unwrap();
+            let (_req, mut respond) = conn.accept().await.unwrap().unwrap();
+            let driver = tokio::spawn(async move { while conn.accept().await.is_some() {} });
+            let send = respond.send_response(Response::new(()), false).unwrap();
+            let mut writer = H2Writer::new(send);
+            writer.write_all(b"hi").await.unwrap();
+            drop(writer);
+            driver.abort_handle()
+        });
+        let (mut client, conn) = h2::client::handshake(client_io).await.unwrap();
+        tokio::spawn(conn);
+        let (resp, _send) = client
+            .send_request(Request::get("http://edge/").body(()).unwrap(), false)
+            .unwrap();
+        let mut body = resp.await.unwrap().into_body();
+        let mut got = Vec::new();
+        let outcome = loop {
+            match body.data().await {
+                Some(Ok(data)) => got.extend_from_slice(&data),
+                Some(Err(e)) => break Err(e),
+                None => break Ok(()),
+            }
+        };
+        server.await.unwrap().abort();
+        (got, outcome)
+    }
+
+    #[tokio::test]
+    async fn a_dropped_writer_ends_its_stream_instead_of_resetting_it() {
+        let (got, outcome) = after_a_dropped_writer().await;
+        assert_eq!(got, b"hi");
+        assert!(outcome.is_ok(), "stream reset: {outcome:?}");
     }
 }
