@@ -95,9 +95,7 @@ async fn reconnects_after_edge_restart(protocol: Protocol) {
 async fn drain_finishes_in_flight_requests(protocol: Protocol) {
     trace_init();
     let edge = MockEdge::start().await.unwrap();
-    let (handle, _m, _r) = start_connector(options(&edge, protocol, 2), token());
-    handle.wait_registered(2).await;
-    edge.wait_serving(2).await;
+    let handle = serving_connector(&edge, protocol, 2).await;
     let http = edge.http_addr();
     let in_flight = tokio::spawn(async move { get(&client(), http, "/slow").await });
     wait_until(|| edge.connections().iter().any(|c| c.requests > 0)).await;
@@ -147,9 +145,7 @@ async fn drain_keeps_open_websockets(protocol: Protocol) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     trace_init();
     let edge = MockEdge::start().await.unwrap();
-    let (handle, _m, _r) = start_connector(options(&edge, protocol, 1), token());
-    handle.wait_registered(1).await;
-    edge.wait_serving(1).await;
+    let handle = serving_connector(&edge, protocol, 1).await;
     let (status, mut ws) = websocket(edge.http_addr()).await;
     assert_eq!(status, StatusCode::SWITCHING_PROTOCOLS);
     let drain = tokio::spawn({
@@ -308,15 +304,10 @@ per_transport!(rolling_restart_loses_no_requests);
 async fn shutdown_cuts_a_drain_short(protocol: Protocol) {
     trace_init();
     let edge = MockEdge::start().await.unwrap();
-    let (handle, _m, _r) = start_connector(options(&edge, protocol, 1), token());
-    handle.wait_registered(1).await;
-    edge.wait_serving(1).await;
+    let handle = serving_connector(&edge, protocol, 1).await;
     let http = edge.http_addr();
     let hung = tokio::spawn(async move {
-        let req = http::Request::get(format!("http://{http}/hang"))
-            .header("host", "app.example.com")
-            .body(empty())
-            .unwrap();
+        let req = get_request(http, "/hang");
         client().request(req).await.map(|r| r.status())
     });
     wait_until(|| edge.connections().iter().any(|c| c.requests > 0)).await;
@@ -342,9 +333,7 @@ async fn mock_edge_admin_api_pushes_config_and_lists_connections() {
     trace_init();
     tokio::time::timeout(LIMIT, async {
         let edge = MockEdge::start().await.unwrap();
-        let (handle, _m, _r) = start_connector(options(&edge, Protocol::Quic, 1), token());
-        handle.wait_registered(1).await;
-        edge.wait_serving(1).await;
+        let handle = serving_connector(&edge, Protocol::Quic, 1).await;
         let client = client();
         let (status, _, body) = get(&client, edge.http_addr(), "/__mock-edge/connections").await;
         assert_eq!(status, StatusCode::OK);

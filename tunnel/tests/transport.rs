@@ -95,9 +95,7 @@ async fn streams_large_bodies(protocol: Protocol) {
 async fn many_concurrent_requests(protocol: Protocol) {
     trace_init();
     let edge = MockEdge::start().await.unwrap();
-    let (handle, _m, _r) = start_connector(options(&edge, protocol, 4), token());
-    handle.wait_registered(4).await;
-    edge.wait_serving(4).await;
+    let handle = serving_connector(&edge, protocol, 4).await;
     let client = h2_client();
     let addr = edge.http_addr();
     let results = join_all((0..1000).map(|i| {
@@ -148,9 +146,7 @@ async fn websocket_echo(protocol: Protocol) {
 async fn in_process_requests_cross_the_tunnel(protocol: Protocol) {
     trace_init();
     let edge = MockEdge::start().await.unwrap();
-    let (handle, _m, _registry) = start_connector(options(&edge, protocol, 2), token());
-    handle.wait_registered(2).await;
-    edge.wait_serving(2).await;
+    let handle = serving_connector(&edge, protocol, 2).await;
     for _ in 0..4 {
         let req = http::Request::get("/hello")
             .header("host", "app.example.com")
@@ -187,14 +183,9 @@ async fn in_process_requests_cross_the_tunnel(protocol: Protocol) {
 async fn heads_do_not_wait_for_late_bodies(protocol: Protocol) {
     trace_init();
     let edge = MockEdge::start().await.unwrap();
-    let (handle, _m, _r) = start_connector(options(&edge, protocol, 1), token());
-    handle.wait_registered(1).await;
-    edge.wait_serving(1).await;
+    let handle = serving_connector(&edge, protocol, 1).await;
     let client = client();
-    let req = Request::get(format!("http://{}/late-body", edge.http_addr()))
-        .header("host", "app.example.com")
-        .body(empty())
-        .unwrap();
+    let req = get_request(edge.http_addr(), "/late-body");
     let start = std::time::Instant::now();
     let resp = client.request(req).await.expect("response head");
     let head_after = start.elapsed();
@@ -219,13 +210,8 @@ async fn heads_do_not_wait_for_late_bodies(protocol: Protocol) {
 async fn responses_end_when_the_body_says_so(protocol: Protocol) {
     trace_init();
     let edge = MockEdge::start().await.unwrap();
-    let (handle, _m, _r) = start_connector(options(&edge, protocol, 1), token());
-    handle.wait_registered(1).await;
-    edge.wait_serving(1).await;
-    let req = Request::get(format!("http://{}/ended-body", edge.http_addr()))
-        .header("host", "app.example.com")
-        .body(empty())
-        .unwrap();
+    let handle = serving_connector(&edge, protocol, 1).await;
+    let req = get_request(edge.http_addr(), "/ended-body");
     let resp = client().request(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let body = tokio::time::timeout(
@@ -246,13 +232,8 @@ async fn responses_end_when_the_body_says_so(protocol: Protocol) {
 async fn cut_off_responses_are_not_completed(protocol: Protocol) {
     trace_init();
     let edge = MockEdge::start().await.unwrap();
-    let (handle, _m, _r) = start_connector(options(&edge, protocol, 1), token());
-    handle.wait_registered(1).await;
-    edge.wait_serving(1).await;
-    let req = Request::get(format!("http://{}/cut-body", edge.http_addr()))
-        .header("host", "app.example.com")
-        .body(empty())
-        .unwrap();
+    let handle = serving_connector(&edge, protocol, 1).await;
+    let req = get_request(edge.http_addr(), "/cut-body");
     // Depending on how far the response got before the failure, the eyeball sees its
     // request fail, a 502, or a body that breaks off; never a 200 that ends cleanly.
     let outcome = match client().request(req).await {
@@ -366,9 +347,7 @@ async fn malformed_quic_streams_reset_only_that_stream() {
     trace_init();
     tokio::time::timeout(LIMIT, async {
         let edge = MockEdge::start().await.unwrap();
-        let (handle, _m, _r) = start_connector(options(&edge, Protocol::Quic, 1), token());
-        handle.wait_registered(1).await;
-        edge.wait_serving(1).await;
+        let handle = serving_connector(&edge, Protocol::Quic, 1).await;
         // Unknown signature, bad version, truncated and corrupt capnp framing.
         let good = cftunnel_tunnel::stream::encode_connect_request(
             &cftunnel_tunnel::stream::ConnectRequest {

@@ -200,6 +200,15 @@ pub fn start_connector(
     (handle, metrics, registry)
 }
 
+/// Starts a connector with `ha` connections of `protocol` to `edge` (test token, echo
+/// service) and returns once the edge serves through all of them.
+pub async fn serving_connector(edge: &MockEdge, protocol: Protocol, ha: usize) -> ConnectorHandle {
+    let (handle, _metrics, _registry) = start_connector(options(edge, protocol, ha), token());
+    handle.wait_registered(ha).await;
+    edge.wait_serving(ha).await;
+    handle
+}
+
 pub fn metrics_text(registry: &prometheus_client::registry::Registry) -> String {
     let mut s = String::new();
     prometheus_client::encoding::text::encode(&mut s, registry).unwrap();
@@ -224,15 +233,20 @@ pub fn empty() -> TestBody {
         .boxed_unsync()
 }
 
+/// A bodiless GET of `path` on `app.example.com` through the listener at `addr`.
+pub fn get_request(addr: SocketAddr, path: &str) -> Request<TestBody> {
+    Request::get(format!("http://{addr}{path}"))
+        .header("host", "app.example.com")
+        .body(empty())
+        .unwrap()
+}
+
 pub async fn get(
     client: &HttpClient,
     addr: SocketAddr,
     path: &str,
 ) -> (StatusCode, http::HeaderMap, Bytes) {
-    let req = Request::get(format!("http://{addr}{path}"))
-        .header("host", "app.example.com")
-        .body(empty())
-        .unwrap();
+    let req = get_request(addr, path);
     let resp = client.request(req).await.expect("request completes");
     let (parts, body) = resp.into_parts();
     let bytes = body.collect().await.expect("body completes").to_bytes();
