@@ -290,9 +290,11 @@ fn decode_plain_response_head(frame: &Bytes) -> Option<Result<ConnectOutcome, Ma
     Some(map_response(frame, entries.into_iter().map(Ok)).map(ConnectOutcome::Head))
 }
 
-/// Runs `map` over a message's metadata entries as borrowed text. A text that
+/// Runs `map` over a message's metadata entries as borrowed bytes. A text that
 /// does not decode stops the mapping and is reported as the frame error it
-/// is, not as a mapping error.
+/// is, not as a mapping error. Entries are taken as the bytes they are, not
+/// checked for UTF-8: Go peers (`cloudflared`, the edge) copy header bytes
+/// into `Text` fields as they come, and HTTP allows bytes above 0x7F in values.
 fn map_entries<'a, T>(
     list: capnp::struct_list::Reader<'a, proto::metadata::Owned>,
     map: impl FnOnce(
@@ -302,8 +304,8 @@ fn map_entries<'a, T>(
     let mut undecodable = None;
     let mut entries = list
         .iter()
-        .map(|m| match (text(m.get_key()), text(m.get_val())) {
-            (Ok(k), Ok(v)) => Ok((k.as_bytes(), v.as_bytes())),
+        .map(|m| match (text_bytes(m.get_key()), text_bytes(m.get_val())) {
+            (Ok(k), Ok(v)) => Ok((k, v)),
             (Err(e), _) | (_, Err(e)) => {
                 undecodable = Some(e);
                 Err(MapError::Status)
@@ -316,21 +318,15 @@ fn map_entries<'a, T>(
     }
 }
 
+fn text_bytes(t: capnp::Result<capnp::text::Reader<'_>>) -> Result<&[u8], FrameError> {
+    t.map(capnp::text::Reader::as_bytes)
+        .map_err(super::decode_err)
+}
+
 fn text(t: capnp::Result<capnp::text::Reader<'_>>) -> Result<&str, FrameError> {
     t.map_err(super::decode_err)?
         .to_str()
         .map_err(super::decode_err)
-}
-
-/// A header value as entry text: as is when it is UTF-8, else made valid
-/// (as [`response_metadata`] and [`connect_from_request`] make it).
-fn value_text(value: &HeaderValue) -> std::borrow::Cow<'_, [u8]> {
-    let bytes = value.as_bytes();
-    if bytes.is_ascii() || std::str::from_utf8(bytes).is_ok() {
-        std::borrow::Cow::Borrowed(bytes)
-    } else {
-        std::borrow::Cow::Owned(String::from_utf8_lossy(bytes).into_owned().into_bytes())
-    }
 }
 
 /// Words one `HttpHeader:<Canonical-Name>` entry's texts take.
@@ -354,21 +350,16 @@ const FLAT_WORDS: usize = 1 << 24;
 
 /// Connector side: the `ConnectResponse` message (with its preamble) for a
 /// response head, written straight from the header map: `HttpStatus`, then
-/// one `HttpHeader:<Canonical-Name>` entry per value; byte for byte what
-/// [`response_metadata`] and [`super::encode_connect_response`] produce.
+/// one `HttpHeader:<Canonical-Name>` entry per value, its bytes as they are
+/// (as `cloudflared` copies them); for UTF-8 values byte for byte what
+/// [`response_metadata`] and [`super::encode_connect_response`] produce
+/// (their [`Metadata`] strings hold any other value made valid).
 pub fn encode_response_head(status: StatusCode, headers: &http::HeaderMap) -> Vec<u8> {
     // Root pointer, root struct, `error`, list tag, the `HttpStatus` entry,
-    // then each value (a non-UTF-8 one may grow threefold made valid).
+    // then each value.
     let words = headers.iter().fold(
         1 + 2 + 1 + 1 + 2 + flat::text_words(STATUS.len()) + flat::text_words(3),
-        |acc: usize, (n, v)| {
-            let len = if v.as_bytes().is_ascii() {
-                v.len()
-            } else {
-                v.len().saturating_mul(3)
-            };
-            acc.saturating_add(2 + header_entry_words(n, len))
-        },
+        |acc: usize, (n, v)| acc.saturating_add(2 + header_entry_words(n, v.len())),
     );
     if words > FLAT_WORDS {
         return super::encode_connect_response(&super::ConnectResponse {
@@ -384,7 +375,7 @@ pub fn encode_response_head(status: StatusCode, headers: &http::HeaderMap) -> Ve
     w.text(first, 0, &[STATUS.as_bytes()]);
     w.text(first, 1, &[status.as_str().as_bytes()]);
     for (i, (name, value)) in headers.iter().enumerate() {
-        write_header_entry(&mut w, list.get(i + 1), name, &value_text(value));
+        write_header_entry(&mut w, list.get(i + 1), name, value.as_bytes());
     }
     w.finish()
 }
@@ -410,8 +401,9 @@ fn host_and_target(parts: &http::request::Parts) -> (&str, &str) {
 const DEST_SCHEME: &str = "https://";
 
 /// Edge side: the request stream's preamble and `ConnectRequest` for an
-/// eyeball request, written straight from its head; byte for byte what
-/// [`connect_from_request`] and [`super::encode_connect_request`] produce.
+/// eyeball request, written straight from its head, header bytes as they are;
+/// for UTF-8 values byte for byte what [`connect_from_request`] and
+/// [`super::encode_connect_request`] produce.
 pub fn encode_request_head(parts: &http::request::Parts, kind: ConnectionType) -> Vec<u8> {
     let (host, pq) = host_and_target(parts);
     let method = parts.method.as_str();
@@ -421,7 +413,7 @@ pub fn encode_request_head(parts: &http::request::Parts, kind: ConnectionType) -
             .headers
             .iter()
             .filter(|(name, _)| *name != HOST)
-            .map(|(n, v)| (n, value_text(v))),
+            .map(|(n, v)| (n, v.as_bytes())),
     );
     // Root pointer, root struct, dest, list tag, method and host entries.
     let fixed = 1
@@ -730,25 +722,27 @@ mod tests {
             "x-long-header-name-of-some-length",
             HeaderValue::from_static(""),
         );
-        h.insert("x-bytes", HeaderValue::from_bytes(b"caf\xe9").unwrap());
         let reference = crate::stream::encode_connect_response(&ConnectResponse {
             error: String::new(),
             metadata: response_metadata(StatusCode::CREATED, &h),
         });
         assert_eq!(encode_response_head(StatusCode::CREATED, &h), reference);
 
-        // The edge reads that message straight back to the same head.
-        match decode_response_head(&Bytes::from(reference).slice(8..))
-            .unwrap()
-            .unwrap()
-        {
-            ConnectOutcome::Head(head) => {
-                assert_eq!(head.status(), StatusCode::CREATED);
-                let mut expected = h.clone();
-                expected.insert("x-bytes", HeaderValue::from_str("caf\u{fffd}").unwrap());
-                assert_eq!(head.headers(), &expected);
+        // A Latin-1 value goes out as its bytes, as `cloudflared` sends it, and the
+        // edge reads the message straight back to the same head, on either decoder.
+        h.insert("x-bytes", HeaderValue::from_bytes(b"caf\xe9").unwrap());
+        let encoded = Bytes::from(encode_response_head(StatusCode::CREATED, &h));
+        assert!(encoded.windows(4).any(|w| w == b"caf\xe9"));
+        let mut unaligned = vec![0u8];
+        unaligned.extend_from_slice(&encoded[8..]);
+        for frame in [encoded.slice(8..), Bytes::from(unaligned).slice(1..)] {
+            match decode_response_head(&frame).unwrap().unwrap() {
+                ConnectOutcome::Head(head) => {
+                    assert_eq!(head.status(), StatusCode::CREATED);
+                    assert_eq!(head.headers(), &h);
+                }
+                other => panic!("{other:?}"),
             }
-            other => panic!("{other:?}"),
         }
         let refused = crate::stream::encode_connect_response(&ConnectResponse {
             error: "no route".into(),
@@ -778,7 +772,6 @@ mod tests {
             .header("cf-ray", "8f2c3a9e1b7d4c21-MCK")
             .header("x-a", "1")
             .header("x-a", "2")
-            .header("x-bytes", HeaderValue::from_bytes(b"caf\xe9").unwrap())
             .header("x-empty", "")
             .body(())
             .unwrap()
@@ -808,6 +801,17 @@ mod tests {
                 "{parts:?}"
             );
         }
+
+        // A Latin-1 value (HTTP allows bytes above 0x7F) crosses as its bytes.
+        let (parts, ()) = Request::get("https://app.example.com/")
+            .header("x-bytes", HeaderValue::from_bytes(b"caf\xe9").unwrap())
+            .body(())
+            .unwrap()
+            .into_parts();
+        let encoded = Bytes::from(encode_request_head(&parts, ConnectionType::Http));
+        let (head, body, _) = decode_request_head(&encoded.slice(8..)).unwrap().unwrap();
+        assert!(!body);
+        assert_eq!(head.headers()["x-bytes"].as_bytes(), b"caf\xe9");
     }
 
     #[test]
