@@ -139,6 +139,52 @@ async fn config_pushes_are_acknowledged(protocol: Protocol) {
     edge.shutdown().await;
 }
 
+/// The edge keeps a remotely managed tunnel's configuration: a connector that
+/// registers after the last push gets it without another one.
+async fn connectors_that_register_later_get_the_current_config(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let doc = br#"{"ingress":[{"service":"http_status:404"}]}"#;
+    assert!(
+        edge.push_config(5, doc).await.is_empty(),
+        "nobody to push to yet"
+    );
+    let handle = serving_connector(&edge, protocol, 1).await;
+    let mut config = handle.remote_config();
+    tokio::time::timeout(Duration::from_secs(5), config.wait_for(|c| c.version == 5))
+        .await
+        .expect("the configuration arrives after registration")
+        .unwrap();
+    let pushed: serde_json::Value = serde_json::from_slice(&config.borrow().config).unwrap();
+    assert_eq!(
+        pushed,
+        serde_json::from_slice::<serde_json::Value>(doc).unwrap()
+    );
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
+/// No response head within the edge's timeout: the eyeball gets Cloudflare's 524.
+async fn a_response_head_that_never_comes_is_a_524(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::builder()
+        .response_timeout(Duration::from_millis(300))
+        .start()
+        .await
+        .unwrap();
+    let handle = serving_connector(&edge, protocol, 1).await;
+    let (status, _, _) = get(&client(), edge.http_addr(), "/hang").await;
+    assert_eq!(status.as_u16(), 524);
+    let (status, _, body) = get(&client(), edge.http_addr(), "/hello").await;
+    assert_eq!(
+        (status, &body[..]),
+        (StatusCode::OK, &b"hello"[..]),
+        "a head in time still serves"
+    );
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
 /// A WebSocket open when the drain starts keeps its edge connection for the grace
 /// period, as a request in flight does; the drain ends once it closes.
 async fn drain_keeps_open_websockets(protocol: Protocol) {
@@ -170,6 +216,8 @@ async fn drain_keeps_open_websockets(protocol: Protocol) {
 }
 
 per_transport!(drain_keeps_open_websockets);
+per_transport!(connectors_that_register_later_get_the_current_config);
+per_transport!(a_response_head_that_never_comes_is_a_524);
 per_transport!(registration_errors_are_retried_then_recover);
 per_transport!(wrong_credentials_are_refused);
 per_transport!(reconnects_after_edge_restart);

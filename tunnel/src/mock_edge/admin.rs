@@ -1,8 +1,9 @@
 //! The mock's admin API on its HTTP listener, for demos and load tests:
 //!
 //! - `GET /__mock-edge/connections`: JSON list of connector connections;
-//! - `PUT /__mock-edge/config?version=N` with a JSON body: push it to every
-//!   serving connection;
+//! - `PUT /__mock-edge/config?version=N` with a JSON body: make it the
+//!   tunnel's configuration, pushed to every serving connection and to every
+//!   connection that registers later;
 //! - `PUT /__mock-edge/registration-error?cause=TEXT` (empty cause: accept
 //!   registrations again).
 
@@ -13,7 +14,7 @@ use http_body_util::{BodyExt as _, Limited};
 use hyper::body::Incoming;
 
 use super::forward::{full, EdgeBody};
-use super::{Inner, Transport};
+use super::Inner;
 use crate::rpc::control::EdgeRefusal;
 
 pub(super) const PREFIX: &str = "/__mock-edge/";
@@ -65,16 +66,15 @@ pub(super) async fn handle(inner: &Inner, req: Request<Incoming>) -> http::Respo
                 Ok(b) => b.to_bytes(),
                 Err(_) => return full(StatusCode::PAYLOAD_TOO_LARGE, "config too large\n"),
             };
-            let mut results = Vec::new();
-            for (id, t) in inner.pick() {
-                let r: Result<i32, super::MockEdgeError> =
-                    super::forward::push_config(inner, t as Transport, version, body.to_vec())
-                        .await;
-                results.push(match r {
+            let results: Vec<_> = inner
+                .set_remote_config(version, body)
+                .await
+                .into_iter()
+                .map(|(id, r)| match r {
                     Ok(v) => serde_json::json!({"id": id, "lastAppliedVersion": v}),
                     Err(e) => serde_json::json!({"id": id, "error": e.to_string()}),
-                });
-            }
+                })
+                .collect();
             full(StatusCode::OK, serde_json::Value::from(results).to_string())
         }
         ("PUT", "registration-error") => {

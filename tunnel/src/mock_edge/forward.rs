@@ -29,7 +29,9 @@ use crate::stream::{self, ConnectionType, RPC_SIGNATURE};
 
 pub(crate) type EdgeBody = UnsyncBoxBody<Bytes, BoxError>;
 
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the edge waits for a connector's response head by default:
+/// Cloudflare's proxy read timeout, after which it answers 524.
+pub(super) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(100);
 const RPC_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(super) fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<EdgeBody> {
@@ -91,8 +93,20 @@ pub(super) const LOCATION: &str = "MCK";
 /// appended to `X-Forwarded-For`), the scheme (`X-Forwarded-Proto`,
 /// `Cf-Visitor`; the mock stands for an HTTPS edge, as its `dest` URLs
 /// say), a ray id (`Cf-Ray`) and
-/// `CDN-Loop`.
+/// `CDN-Loop`. Headers named `Cf-Cloudflared-*` are the edge's own words to the
+/// connector (over HTTP/2 they mark config pushes, control and TCP streams), so
+/// an eyeball's are dropped.
 pub(super) fn add_edge_headers(headers: &mut http::HeaderMap, peer: IpAddr) {
+    if headers.keys().any(is_cloudflared_header) {
+        let internal: Vec<HeaderName> = headers
+            .keys()
+            .filter(|n| is_cloudflared_header(n))
+            .cloned()
+            .collect();
+        for name in internal {
+            headers.remove(name);
+        }
+    }
     // Room for the six names below at once, instead of growing (and rehashing) on the way.
     headers.reserve(6);
     let ip = ip_value(peer);
@@ -120,6 +134,10 @@ pub(super) fn add_edge_headers(headers: &mut http::HeaderMap, peer: IpAddr) {
     );
     headers.insert(CF_RAY.clone(), ray_id(rand::random::<u64>()));
     headers.append(CDN_LOOP.clone(), HeaderValue::from_static("cloudflare"));
+}
+
+fn is_cloudflared_header(name: &HeaderName) -> bool {
+    name.as_str().starts_with("cf-cloudflared-")
 }
 
 /// An address as a header value. Loopback, the in-process edge's peer on
@@ -167,13 +185,21 @@ where
         return full(StatusCode::BAD_GATEWAY, "no registered tunnel connection\n");
     };
     inner.count_request(id);
+    let wait = inner.response_timeout;
     let result = match transport {
-        Transport::Quic(conn) => forward_quic(conn, req).await,
-        Transport::H2(sr) => forward_h2(sr, req).await,
+        Transport::Quic(conn) => forward_quic(conn, req, wait).await,
+        Transport::H2(sr) => forward_h2(sr, req, wait).await,
     };
     result.unwrap_or_else(|e| {
         tracing::debug!(error = %e, "forwarding through the tunnel failed");
-        full(StatusCode::BAD_GATEWAY, format!("tunnel error: {e}\n"))
+        match e {
+            MockEdgeError::Timeout => full(
+                // Cloudflare's "A timeout occurred".
+                StatusCode::from_u16(524).unwrap_or(StatusCode::GATEWAY_TIMEOUT),
+                "timeout waiting for the origin's response\n",
+            ),
+            e => full(StatusCode::BAD_GATEWAY, format!("tunnel error: {e}\n")),
+        }
     })
 }
 
@@ -181,11 +207,14 @@ fn stream_err(e: impl std::fmt::Display) -> MockEdgeError {
     MockEdgeError::Stream(e.to_string())
 }
 
-/// Reads and maps the connector's `ConnectResponse`, within [`RESPONSE_TIMEOUT`].
-async fn read_response_head(recv: &mut quinn::RecvStream) -> Result<ConnectOutcome, MockEdgeError> {
-    let frame = tokio::time::timeout(RESPONSE_TIMEOUT, stream::read_response_frame(recv))
+/// Reads and maps the connector's `ConnectResponse`, within `wait`.
+async fn read_response_head(
+    recv: &mut quinn::RecvStream,
+    wait: Duration,
+) -> Result<ConnectOutcome, MockEdgeError> {
+    let frame = tokio::time::timeout(wait, stream::read_response_frame(recv))
         .await
-        .map_err(stream_err)?
+        .map_err(|_| MockEdgeError::Timeout)?
         .map_err(stream_err)?;
     decode_response_head(&Bytes::from(frame))
         .map_err(stream_err)?
@@ -195,6 +224,7 @@ async fn read_response_head(recv: &mut quinn::RecvStream) -> Result<ConnectOutco
 async fn forward_quic<B>(
     conn: quinn::Connection,
     mut req: Request<B>,
+    wait: Duration,
 ) -> Result<Response<EdgeBody>, MockEdgeError>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
@@ -233,7 +263,7 @@ where
                 let _ = send.finish();
             });
         }
-        let head = match read_response_head(&mut recv).await? {
+        let head = match read_response_head(&mut recv, wait).await? {
             ConnectOutcome::Head(head) => head,
             ConnectOutcome::Refused(error) => {
                 return Ok(full(StatusCode::BAD_GATEWAY, format!("{error}\n")))
@@ -245,7 +275,7 @@ where
             Body::quic(recv, None).map_err(Into::into).boxed_unsync(),
         ));
     }
-    let head = match read_response_head(&mut recv).await? {
+    let head = match read_response_head(&mut recv, wait).await? {
         ConnectOutcome::Head(head) => head,
         ConnectOutcome::Refused(error) => {
             return Ok(full(StatusCode::BAD_GATEWAY, format!("{error}\n")))
@@ -293,6 +323,7 @@ fn is_hop_by_hop(name: &http::HeaderName) -> bool {
 async fn forward_h2<B>(
     sr: h2::client::SendRequest<Bytes>,
     mut req: Request<B>,
+    wait: Duration,
 ) -> Result<Response<EdgeBody>, MockEdgeError>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
@@ -346,15 +377,15 @@ where
                 send.send_reset(h2::Reason::CANCEL);
             }
         });
-        let resp = tokio::time::timeout(RESPONSE_TIMEOUT, resp)
+        let resp = tokio::time::timeout(wait, resp)
             .await
-            .map_err(stream_err)?
+            .map_err(|_| MockEdgeError::Timeout)?
             .map_err(stream_err)?;
         return map_h2_response(resp, false);
     }
-    let resp = tokio::time::timeout(RESPONSE_TIMEOUT, resp)
+    let resp = tokio::time::timeout(wait, resp)
         .await
-        .map_err(stream_err)?
+        .map_err(|_| MockEdgeError::Timeout)?
         .map_err(stream_err)?;
     if websocket && resp.status() == StatusCode::OK {
         let (rparts, recv) = resp.into_parts();
@@ -473,24 +504,72 @@ pub(super) async fn push_config(
                 .map_err(stream_err)?
                 .map_err(stream_err)?
                 .to_bytes();
-            #[derive(serde::Deserialize)]
-            #[serde(rename_all = "camelCase")]
-            struct Reply {
-                last_applied_version: i32,
-                err: Option<String>,
-            }
-            let reply: Reply = serde_json::from_slice(&bytes).map_err(stream_err)?;
-            match reply.err.filter(|e| !e.is_empty()) {
-                None => Ok(reply.last_applied_version),
-                Some(e) => Err(MockEdgeError::Rejected(e)),
-            }
+            config_reply(&bytes)
         }
+    }
+}
+
+/// Reads a connector's answer to an HTTP/2 configuration push: the applied version,
+/// or the rejection. `cloudflared` encodes a Go `error` as `err`: `null`, or an
+/// object (`{}`) that carries no text.
+fn config_reply(bytes: &[u8]) -> Result<i32, MockEdgeError> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Reply {
+        last_applied_version: i32,
+        #[serde(default)]
+        err: serde_json::Value,
+    }
+    let reply: Reply = serde_json::from_slice(bytes).map_err(stream_err)?;
+    match reply.err {
+        serde_json::Value::Null => Ok(reply.last_applied_version),
+        serde_json::Value::String(e) if e.is_empty() => Ok(reply.last_applied_version),
+        serde_json::Value::String(e) => Err(MockEdgeError::Rejected(e)),
+        other => Err(MockEdgeError::Rejected(format!(
+            "configuration rejected ({other}); version {} stays applied",
+            reply.last_applied_version
+        ))),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn config_replies_are_read_as_cloudflared_writes_them() {
+        assert_eq!(
+            config_reply(br#"{"lastAppliedVersion":3,"err":null}"#).unwrap(),
+            3
+        );
+        assert_eq!(config_reply(br#"{"lastAppliedVersion":4}"#).unwrap(), 4);
+        assert!(matches!(
+            config_reply(br#"{"lastAppliedVersion":3,"err":{}}"#),
+            Err(MockEdgeError::Rejected(e)) if e.contains("version 3")
+        ));
+        assert!(matches!(
+            config_reply(br#"{"lastAppliedVersion":3,"err":"bad ingress"}"#),
+            Err(MockEdgeError::Rejected(e)) if e == "bad ingress"
+        ));
+        assert!(config_reply(br#"{"src":"cloudflared"}"#).is_err());
+    }
+
+    #[test]
+    fn eyeball_cloudflared_headers_are_dropped() {
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            "cf-cloudflared-proxy-connection-upgrade",
+            HeaderValue::from_static("update-configuration"),
+        );
+        h.insert("cf-cloudflared-proxy-src", HeaderValue::from_static("x"));
+        h.insert("x-app", HeaderValue::from_static("kept"));
+        add_edge_headers(&mut h, "127.0.0.1".parse().unwrap());
+        assert!(
+            h.keys().all(|n| !n.as_str().starts_with("cf-cloudflared-")),
+            "{h:?}"
+        );
+        assert_eq!(h["x-app"], "kept");
+    }
 
     #[test]
     fn edge_headers_replace_the_client_ip_and_extend_forwarding() {

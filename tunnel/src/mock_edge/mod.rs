@@ -11,8 +11,8 @@
 //!
 //! Paths under `/__mock-edge/` on the HTTP listener are not forwarded; they
 //! are the mock's own admin API: `GET /__mock-edge/connections`,
-//! `PUT /__mock-edge/config?version=N` (JSON body, pushed to every serving
-//! connection) and `PUT /__mock-edge/registration-error?cause=TEXT` (empty
+//! `PUT /__mock-edge/config?version=N` (JSON body: the tunnel's configuration,
+//! pushed to every serving connection and to each one that registers later) and `PUT /__mock-edge/registration-error?cause=TEXT` (empty
 //! cause: accept registrations again).
 
 mod admin;
@@ -55,6 +55,9 @@ pub enum MockEdgeError {
     /// The connector answered a configuration push with an error.
     #[error("connector rejected the request: {0}")]
     Rejected(String),
+    /// No response head came from the connector within the edge's timeout.
+    #[error("no response from the connector in time")]
+    Timeout,
 }
 
 /// Transport of a connector connection.
@@ -117,6 +120,9 @@ struct State {
     registration_error: Option<EdgeRefusal>,
     records: VecDeque<RegistrationRecord>,
     local_configs: VecDeque<Vec<u8>>,
+    /// The tunnel's current remote configuration, as the edge keeps it: the last one
+    /// pushed, sent again to every connection that registers.
+    remote_config: Option<(i32, Bytes)>,
     next_id: u64,
 }
 
@@ -129,6 +135,11 @@ pub(crate) struct Inner {
     credentials: Option<crate::Token>,
     pub(crate) cancel: CancellationToken,
     pub(crate) tasks: TaskTracker,
+    /// The runtime the mock was started on: registration hooks run on the RPC
+    /// worker's thread, and the work they start belongs here.
+    runtime: tokio::runtime::Handle,
+    /// How long a forwarded request waits for the connector's response head.
+    response_timeout: Duration,
 }
 
 impl Inner {
@@ -200,6 +211,22 @@ impl Inner {
         list
     }
 
+    /// Keeps `config` as the tunnel's configuration (version `version`) and pushes it
+    /// to every serving connection; returns each one's answer.
+    pub(crate) async fn set_remote_config(
+        &self,
+        version: i32,
+        config: Bytes,
+    ) -> Vec<(u64, Result<i32, MockEdgeError>)> {
+        self.with_state(|s| s.remote_config = Some((version, config.clone())));
+        let mut out = Vec::new();
+        for (id, t) in self.pick() {
+            let r = forward::push_config(self, t, version, config.to_vec()).await;
+            out.push((id, r));
+        }
+        out
+    }
+
     pub(crate) fn count_request(&self, id: u64) {
         self.with_state(|s| {
             if let Some(c) = s.conns.get_mut(&id) {
@@ -225,6 +252,40 @@ struct ConnHooks {
     inner: Arc<Inner>,
     id: u64,
     close: tokio::sync::mpsc::Sender<()>,
+}
+
+impl ConnHooks {
+    /// A remotely managed tunnel's connector gets its configuration from the edge
+    /// only (`cloudflared` answers 503 until it has one), so the edge sends the
+    /// current one to every connection that registers.
+    fn send_current_config(&self) {
+        let inner = &self.inner;
+        if !inner.remotely_managed {
+            return;
+        }
+        let Some(((version, config), transport)) = inner
+            .with_state(|s| {
+                let config = s.remote_config.clone()?;
+                let transport = s.conns.get(&self.id)?.transport.clone();
+                Some((config, transport))
+            })
+            .flatten()
+        else {
+            return;
+        };
+        let (id, push_inner) = (self.id, inner.clone());
+        let push = async move {
+            match forward::push_config(&push_inner, transport, version, config.to_vec()).await {
+                Ok(applied) => {
+                    tracing::info!(conn = id, version, applied, "configuration sent")
+                }
+                Err(e) => {
+                    tracing::info!(conn = id, version, error = %e, "configuration not applied")
+                }
+            }
+        };
+        inner.runtime.spawn(inner.tasks.track_future(push));
+    }
 }
 
 impl RegistrationHooks for ConnHooks {
@@ -294,16 +355,19 @@ impl RegistrationHooks for ConnHooks {
                 })
             });
         match &result {
-            Ok(d) => tracing::info!(
-                conn = self.id,
-                conn_index,
-                connection = %d.uuid,
-                %version,
-                %arch,
-                %features,
-                %key_exchange,
-                "connector registered"
-            ),
+            Ok(d) => {
+                tracing::info!(
+                    conn = self.id,
+                    conn_index,
+                    connection = %d.uuid,
+                    %version,
+                    %arch,
+                    %features,
+                    %key_exchange,
+                    "connector registered"
+                );
+                self.send_current_config();
+            }
             Err(e) => {
                 tracing::info!(conn = self.id, conn_index, cause = %e.cause, "registration refused");
                 // The edge closes the connection after a registration error.
@@ -352,6 +416,7 @@ pub struct MockEdgeBuilder {
     credentials: Option<crate::Token>,
     quic: bool,
     key_exchange_groups: Option<Vec<rustls::NamedGroup>>,
+    response_timeout: Duration,
 }
 
 impl Default for MockEdgeBuilder {
@@ -364,6 +429,7 @@ impl Default for MockEdgeBuilder {
             credentials: None,
             quic: true,
             key_exchange_groups: None,
+            response_timeout: forward::RESPONSE_TIMEOUT,
         }
     }
 }
@@ -420,6 +486,13 @@ impl MockEdgeBuilder {
         self
     }
 
+    /// How long a forwarded request waits for the connector's response head before
+    /// the mock answers 524, as Cloudflare's edge does (default 100 s).
+    pub fn response_timeout(mut self, wait: Duration) -> Self {
+        self.response_timeout = wait;
+        self
+    }
+
     /// Binds the listeners and starts serving on the current runtime.
     pub async fn start(self) -> Result<MockEdge, MockEdgeError> {
         let pki = match self.pki {
@@ -440,6 +513,8 @@ impl MockEdgeBuilder {
             credentials: self.credentials,
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            runtime: tokio::runtime::Handle::current(),
+            response_timeout: self.response_timeout,
         });
         // A previous instance on the same port may still be releasing it.
         let mut attempts = 0;
@@ -570,18 +645,20 @@ impl MockEdge {
         let _ = rx.wait_for(|c| *c == n).await;
     }
 
-    /// Pushes a configuration to every serving connection; returns each
-    /// connection's `latestAppliedVersion`.
+    /// Makes `config` the tunnel's configuration and pushes it to every serving
+    /// connection; returns each connection's `latestAppliedVersion`. Connections
+    /// that register later get it when they register, as from Cloudflare's edge.
     pub async fn push_config(
         &self,
         version: i32,
         config: &[u8],
     ) -> Vec<Result<i32, MockEdgeError>> {
-        let mut out = Vec::new();
-        for (_, t) in self.inner.pick() {
-            out.push(forward::push_config(&self.inner, t, version, config.to_vec()).await);
-        }
-        out
+        self.inner
+            .set_remote_config(version, Bytes::copy_from_slice(config))
+            .await
+            .into_iter()
+            .map(|(_, r)| r)
+            .collect()
     }
 
     /// Opens a request stream on a serving QUIC connection, writes `bytes`
