@@ -302,15 +302,16 @@ fn map_entries<'a, T>(
     ) -> Result<T, MapError>,
 ) -> Result<Result<T, MapError>, FrameError> {
     let mut undecodable = None;
-    let mut entries = list
-        .iter()
-        .map(|m| match (text_bytes(m.get_key()), text_bytes(m.get_val())) {
-            (Ok(k), Ok(v)) => Ok((k, v)),
-            (Err(e), _) | (_, Err(e)) => {
-                undecodable = Some(e);
-                Err(MapError::Status)
-            }
-        });
+    let mut entries =
+        list.iter().map(
+            |m| match (text_bytes(m.get_key()), text_bytes(m.get_val())) {
+                (Ok(k), Ok(v)) => Ok((k, v)),
+                (Err(e), _) | (_, Err(e)) => {
+                    undecodable = Some(e);
+                    Err(MapError::Status)
+                }
+            },
+        );
     let mapped = map(&mut entries);
     match undecodable {
         Some(e) => Err(e),
