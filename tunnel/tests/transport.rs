@@ -318,6 +318,30 @@ async fn the_edge_opens_at_most_the_granted_quic_streams() {
     .expect("test finished in time");
 }
 
+/// An HTTP/2 eyeball may send a body without `Content-Length`; it still reaches
+/// the origin, over either transport.
+async fn h2_eyeball_bodies_without_a_length_arrive(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let handle = serving_connector(&edge, protocol, 1).await;
+    let chunks = futures_util::stream::iter(["first ", "second"].map(|c| {
+        Ok::<_, cftunnel_tunnel::BoxError>(http_body::Frame::data(Bytes::from_static(c.as_bytes())))
+    }));
+    let req = Request::post(format!("http://{}/echo", edge.http_addr()))
+        .header("host", "app.example.com")
+        .body(http_body_util::StreamBody::new(chunks).boxed_unsync())
+        .unwrap();
+    assert!(!req.headers().contains_key("content-length"));
+    let resp = h2_client().request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{}", label(protocol));
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"first second", "{}", label(protocol));
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
+per_transport!(h2_eyeball_bodies_without_a_length_arrive);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trailers_reach_the_edge_over_http2() {
     trace_init();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, HOST, UPGRADE};
+use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING, UPGRADE};
 use http::{Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, Full};
@@ -180,6 +180,7 @@ where
     B::Error: Into<BoxError> + Send,
 {
     add_edge_headers(req.headers_mut(), peer);
+    mark_body(&mut req);
     let candidates = inner.pick();
     let Some((id, transport)) = candidates.into_iter().next() else {
         return full(StatusCode::BAD_GATEWAY, "no registered tunnel connection\n");
@@ -201,6 +202,22 @@ where
             e => full(StatusCode::BAD_GATEWAY, format!("tunnel error: {e}\n")),
         }
     })
+}
+
+/// A connector takes a request body to follow only when the head names one
+/// (`Content-Length`, or `Transfer-Encoding: chunked`; `cloudflared` over QUIC
+/// reads nothing otherwise). An HTTP/1.1 eyeball's body always is named; an
+/// HTTP/2 eyeball may send one without `Content-Length`, and the mock then
+/// names it chunked so that it reaches the origin.
+fn mark_body<B: http_body::Body>(req: &mut Request<B>) {
+    if req.body().is_end_stream()
+        || req.headers().contains_key(CONTENT_LENGTH)
+        || req.headers().contains_key(TRANSFER_ENCODING)
+    {
+        return;
+    }
+    req.headers_mut()
+        .insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
 }
 
 fn stream_err(e: impl std::fmt::Display) -> MockEdgeError {
