@@ -82,6 +82,15 @@ pub struct Args {
     #[arg(long = "edge", env = "TUNNEL_EDGE", value_delimiter = ',')]
     pub edge: Vec<String>,
 
+    /// Address family of the discovered edge: `4`, `6`, or `auto` (both; each region prefers
+    /// the family the system orders first and moves to the other while that one fails).
+    #[arg(
+        long = "edge-ip-version",
+        env = "TUNNEL_EDGE_IP_VERSION",
+        default_value = "auto"
+    )]
+    pub edge_ip_version: cftunnel_tunnel::EdgeIpVersion,
+
     /// CA bundle (PEM) that edge certificates must chain to, for private test edges.
     #[arg(long = "edge-ca-file", env = "TUNNEL_CACERT")]
     pub edge_ca_file: Option<PathBuf>,
@@ -207,6 +216,14 @@ mod tests {
             "grace over 3m is refused"
         );
         assert!(parse(&["--tunnel-protocol", "udp"]).is_err());
+        assert_eq!(a.edge_ip_version, cftunnel_tunnel::EdgeIpVersion::Auto);
+        assert_eq!(
+            parse(&["--edge-ip-version", "6"])
+                .expect("edge ip version")
+                .edge_ip_version,
+            cftunnel_tunnel::EdgeIpVersion::V6
+        );
+        assert!(parse(&["--edge-ip-version", "ipv6"]).is_err());
         assert!(parse(&["--metrics-enabled", "maybe"]).is_err());
         assert!(parse(&["--addr", "nonsense"]).is_err());
         let empty = parse(&["--auth-token", ""]).expect("parses");

@@ -183,6 +183,7 @@ async fn connector(args: &Args, raw: &str) -> anyhow::Result<cftunnel_tunnel::Co
         protocol,
         edges,
         edge_ca_pem,
+        edge_ip_version: args.edge_ip_version,
         grace_period: args.grace_period.0,
         post_quantum: args.tunnel_post_quantum,
         quic_max_streams: args.tunnel_quic_max_streams,

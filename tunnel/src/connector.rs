@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use crate::backoff::{should_fall_back, AddrRetries, Backoff, Transport};
 use crate::body::{Body, BoxError};
-use crate::edge::{EdgeAddr, EdgePool, EDGE_PORT, REGION_HOSTS};
+use crate::edge::{EdgeAddr, EdgeIpVersion, EdgePool, EDGE_PORT, REGION_HOSTS};
 use crate::metrics::{FailureCause, ProtocolLabel, TunnelMetrics};
 use crate::rpc::control::EdgeRefusal;
 use crate::rpc::remote_config::{RemoteConfig, RemoteConfigState};
@@ -81,6 +81,10 @@ pub struct ConnectorOptions {
     pub edges: Vec<EdgeAddr>,
     /// PEM roots replacing all others (`--edge-ca-file`, `TUNNEL_CACERT`).
     pub edge_ca_pem: Option<Vec<u8>>,
+    /// Address family of discovered edges (`--edge-ip-version`,
+    /// `TUNNEL_EDGE_IP_VERSION`; default `auto`). Static edges are used as
+    /// given, as in `cloudflared`.
+    pub edge_ip_version: EdgeIpVersion,
     /// HA connections (default 4), capped at the number of edge entries.
     pub ha_connections: usize,
     /// Drain window after unregistering (default 30 s).
@@ -119,6 +123,7 @@ impl Default for ConnectorOptions {
             protocol: Protocol::Auto,
             edges: Vec::new(),
             edge_ca_pem: None,
+            edge_ip_version: EdgeIpVersion::Auto,
             ha_connections: 4,
             grace_period: Duration::from_secs(30),
             rpc_timeout: Duration::from_secs(5),
@@ -471,13 +476,31 @@ async fn wait_state_change(state: &mut watch::Receiver<RunState>) {
 async fn resolve_edges(shared: &Shared) -> Vec<(SocketAddr, u8)> {
     let mut out = Vec::new();
     if shared.opts.edges.is_empty() {
+        let version = shared.opts.edge_ip_version;
         match crate::discovery::discover(shared.token.endpoint()).await {
-            Ok(found) => return found,
+            Ok(mut found) => {
+                found.retain(|(a, _)| version.allows(a.ip()));
+                if !found.is_empty() {
+                    return found;
+                }
+                tracing::warn!(
+                    ?version,
+                    "edge discovery found no address of this IP version"
+                );
+            }
             Err(e) => tracing::warn!(error = %e, "edge discovery failed; trying the region hosts"),
         }
         for (region, host) in REGION_HOSTS.iter().enumerate() {
             match EdgeAddr::new(*host, EDGE_PORT).resolve().await {
-                Ok(addrs) => out.extend(addrs.into_iter().map(|a| (a, region as u8))),
+                Ok(mut addrs) => {
+                    addrs.retain(|a| version.allows(a.ip()));
+                    let mut ips: Vec<_> = addrs.iter().map(SocketAddr::ip).collect();
+                    crate::discovery::sort_rfc6724(&mut ips, crate::discovery::source_towards);
+                    out.extend(
+                        ips.into_iter()
+                            .map(|ip| (SocketAddr::new(ip, EDGE_PORT), region as u8)),
+                    );
+                }
                 Err(e) => tracing::warn!(host, error = %e, "edge region lookup failed"),
             }
         }
@@ -486,8 +509,8 @@ async fn resolve_edges(shared: &Shared) -> Vec<(SocketAddr, u8)> {
     for (i, edge) in shared.opts.edges.iter().enumerate() {
         match edge.resolve().await {
             Ok(addrs) => {
-                if let Some(a) = addrs.first() {
-                    out.push((*a, (i % 2) as u8));
+                if let Some(a) = crate::edge::static_choice(&addrs) {
+                    out.push((a, (i % 2) as u8));
                 }
             }
             Err(e) => tracing::warn!(edge = %edge, error = %e, "edge lookup failed"),
@@ -515,7 +538,7 @@ async fn run_all(shared: Arc<Shared>, done: watch::Sender<bool>) {
     };
     tracing::debug!(edges = entries.len(), "edge addresses resolved");
     let pool = Arc::new(EdgePool::new(entries));
-    let ha = shared.opts.ha_connections.min(pool.len()).max(1);
+    let ha = shared.opts.ha_connections.min(pool.available()).max(1);
     if ha < shared.opts.ha_connections {
         tracing::warn!(
             requested = shared.opts.ha_connections,

@@ -3,16 +3,18 @@
 //! for a token endpoint such as `fed`). The system resolver is tried first,
 //! then DNS-over-TLS to 1.1.1.1:853 (`cloudflare-dns.com`) when the system
 //! resolver is unavailable or its lookup fails. The first SRV
-//! target is region 1, the second region 2; each is resolved to its
-//! addresses, all on the SRV port, by the system resolver first.
+//! target is region 1, the second region 2; each is resolved to its IPv4 and
+//! IPv6 addresses, all on the SRV port, by the system resolver first, and
+//! ordered as Go's resolver orders them (RFC 6724), which decides the
+//! family a region prefers.
 
 use std::future::Future;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::Duration;
 
-use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig};
+use hickory_resolver::config::{LookupIpStrategy, NameServerConfigGroup, ResolverConfig};
 use hickory_resolver::name_server::TokioConnectionProvider;
-use hickory_resolver::TokioResolver;
+use hickory_resolver::{ResolverBuilder, TokioResolver};
 
 /// Why discovery failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -67,6 +69,96 @@ pub(crate) fn region_targets(
     }
 }
 
+/// The source address the system would use towards `dst`, found by
+/// connecting a UDP socket (nothing is sent); `None` when there is no route.
+pub(crate) fn source_towards(dst: IpAddr) -> Option<IpAddr> {
+    let any: IpAddr = match dst {
+        IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let sock = UdpSocket::bind((any, 0)).ok()?;
+    sock.connect((dst, 9)).ok()?;
+    sock.local_addr().ok().map(|a| a.ip())
+}
+
+/// Orders destination addresses as Go's resolver does (RFC 6724 section 6,
+/// the rules that tell the families apart): reachable first, then a source
+/// of matching scope, then a source of matching label, then higher
+/// precedence. The order is otherwise kept. `source` gives the source
+/// address towards a destination.
+pub(crate) fn sort_rfc6724(ips: &mut [IpAddr], source: impl Fn(IpAddr) -> Option<IpAddr>) {
+    let mut keyed: Vec<_> = ips
+        .iter()
+        .map(|&dst| {
+            let key = match source(dst) {
+                None => (false, false, false, 0),
+                Some(src) => {
+                    let (dst_p, dst_l) = policy(dst);
+                    (
+                        true,
+                        scope(src) == scope(dst),
+                        policy(src).1 == dst_l,
+                        dst_p,
+                    )
+                }
+            };
+            (std::cmp::Reverse(key), dst)
+        })
+        .collect();
+    keyed.sort_by_key(|(key, _)| *key);
+    for (slot, (_, ip)) in ips.iter_mut().zip(keyed) {
+        *slot = ip;
+    }
+}
+
+/// RFC 6724 scope, as Go classifies it.
+fn scope(ip: IpAddr) -> u8 {
+    match ip {
+        IpAddr::V4(v4) if v4.is_loopback() || v4.is_link_local() => 0x2,
+        IpAddr::V4(_) => 0xe,
+        IpAddr::V6(v6) => {
+            let o = v6.octets();
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return scope(v4.into());
+            }
+            if v6.is_loopback() || (o[0] == 0xfe && o[1] & 0xc0 == 0x80) {
+                0x2
+            } else if v6.is_multicast() {
+                o[1] & 0xf
+            } else if o[0] == 0xfe && o[1] & 0xc0 == 0xc0 {
+                0x5
+            } else {
+                0xe
+            }
+        }
+    }
+}
+
+/// (precedence, label) from RFC 6724's default policy table.
+fn policy(ip: IpAddr) -> (u8, u8) {
+    let v6 = match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    };
+    let bits = u128::from(v6);
+    let within = |prefix: u128, len: u32| len == 0 || (bits ^ prefix) >> (128 - len) == 0;
+    const TABLE: [(u128, u32, u8, u8); 9] = [
+        (1, 128, 50, 0),               // ::1/128
+        (0xffff_0000_0000, 96, 35, 4), // ::ffff:0:0/96
+        (0, 96, 1, 3),                 // ::/96
+        (0x2001_0000 << 96, 32, 5, 5), // 2001::/32
+        (0x2002 << 112, 16, 30, 2),    // 2002::/16
+        (0x3ffe << 112, 16, 1, 12),    // 3ffe::/16
+        (0xfec0 << 112, 10, 1, 11),    // fec0::/10
+        (0xfc00 << 112, 7, 3, 13),     // fc00::/7
+        (0, 0, 40, 1),                 // ::/0
+    ];
+    TABLE
+        .iter()
+        .find(|(prefix, len, _, _)| within(*prefix, *len))
+        .map_or((40, 1), |&(_, _, p, l)| (p, l))
+}
+
 /// SRV and address lookups of one resolver. A seam so the order in which
 /// discovery consults resolvers can be exercised without a network.
 pub(crate) trait EdgeLookup: Send + Sync {
@@ -78,6 +170,16 @@ pub(crate) trait EdgeLookup: Send + Sync {
 
 /// A hickory resolver: the system one or DNS-over-TLS to 1.1.1.1.
 pub(crate) struct Hickory(TokioResolver);
+
+impl Hickory {
+    /// Asks for A and AAAA records together, as Go's resolver does; hickory's
+    /// default asks for AAAA only when there is no A record, which leaves an
+    /// IPv6-only host without a usable edge.
+    fn build(mut builder: ResolverBuilder<TokioConnectionProvider>) -> Self {
+        builder.options_mut().ip_strategy = LookupIpStrategy::Ipv4AndIpv6;
+        Self(builder.build())
+    }
+}
 
 impl EdgeLookup for Hickory {
     async fn srv(&self, name: &str) -> Result<Vec<SrvTarget>, String> {
@@ -103,7 +205,7 @@ impl EdgeLookup for Hickory {
 /// /etc/hosts.
 fn system_resolver() -> Result<Hickory, String> {
     TokioResolver::builder_tokio()
-        .map(|b| Hickory(b.build()))
+        .map(Hickory::build)
         .map_err(|e| e.to_string())
 }
 
@@ -114,13 +216,10 @@ fn dot_resolver() -> Result<Hickory, String> {
         Ipv4Addr::new(1, 0, 0, 1).into(),
     ];
     let group = NameServerConfigGroup::from_ips_tls(&ips, 853, "cloudflare-dns.com".into(), true);
-    Ok(Hickory(
-        TokioResolver::builder_with_config(
-            ResolverConfig::from_parts(None, vec![], group),
-            TokioConnectionProvider::default(),
-        )
-        .build(),
-    ))
+    Ok(Hickory::build(TokioResolver::builder_with_config(
+        ResolverConfig::from_parts(None, vec![], group),
+        TokioConnectionProvider::default(),
+    )))
 }
 
 /// Runs a resolver constructor on tokio's blocking pool, because building
@@ -163,7 +262,8 @@ async fn resolve_regions<L: EdgeLookup>(
         for (i, resolver) in resolvers.iter().enumerate() {
             let failure =
                 match tokio::time::timeout(DOT_TIMEOUT, resolver.ips(t.target.as_str())).await {
-                    Ok(Ok(ips)) if !ips.is_empty() => {
+                    Ok(Ok(mut ips)) if !ips.is_empty() => {
+                        sort_rfc6724(&mut ips, source_towards);
                         out.extend(
                             ips.into_iter()
                                 .map(|ip| (SocketAddr::new(ip, t.port), region as u8)),
@@ -430,6 +530,84 @@ mod tests {
         for (which, id) in threads {
             assert_ne!(id, here, "{which} resolver built on the async thread");
         }
+    }
+
+    /// A DNS server on 127.0.0.1 that answers every A query with 192.0.2.7
+    /// and every AAAA query with 2001:db8::7.
+    async fn dual_stack_dns() -> SocketAddr {
+        use hickory_resolver::proto::op::{Message, MessageType};
+        use hickory_resolver::proto::rr::{rdata, RData, Record, RecordType};
+        let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = sock.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1500];
+            while let Ok((n, peer)) = sock.recv_from(&mut buf).await {
+                let Ok(query) = Message::from_vec(&buf[..n]) else {
+                    continue;
+                };
+                let mut reply = Message::new();
+                reply
+                    .set_id(query.id())
+                    .set_message_type(MessageType::Response)
+                    .set_recursion_desired(true)
+                    .set_recursion_available(true);
+                for q in query.queries() {
+                    reply.add_query(q.clone());
+                    let answer = match q.query_type() {
+                        RecordType::A => RData::A(rdata::A(V4_ANSWER)),
+                        RecordType::AAAA => RData::AAAA(rdata::AAAA(V6_ANSWER)),
+                        _ => continue,
+                    };
+                    reply.add_answer(Record::from_rdata(q.name().clone(), 60, answer));
+                }
+                let _ = sock.send_to(&reply.to_vec().unwrap(), peer).await;
+            }
+        });
+        addr
+    }
+
+    const V4_ANSWER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 7);
+    const V6_ANSWER: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 7);
+
+    /// A host with both records resolves to both families, so an IPv6-only
+    /// node gets IPv6 edge addresses.
+    #[tokio::test]
+    async fn region_hosts_resolve_to_both_families() {
+        let dns = dual_stack_dns().await;
+        let group = NameServerConfigGroup::from_ips_clear(&[dns.ip()], dns.port(), true);
+        let resolver = Hickory::build(TokioResolver::builder_with_config(
+            ResolverConfig::from_parts(None, vec![], group),
+            TokioConnectionProvider::default(),
+        ));
+        let mut ips = resolver.ips("region1.edge.test.").await.unwrap();
+        ips.sort();
+        assert_eq!(ips, [IpAddr::from(V4_ANSWER), IpAddr::from(V6_ANSWER)]);
+    }
+
+    #[test]
+    fn families_are_ordered_as_go_orders_them() {
+        let v4: IpAddr = "198.41.192.7".parse().unwrap();
+        let v6: IpAddr = "2606:4700:a0::1".parse().unwrap();
+        let order = |src6: Option<&str>| {
+            let mut ips = [v4, v6];
+            sort_rfc6724(&mut ips, |dst| match dst {
+                IpAddr::V4(_) => Some("10.0.0.2".parse().unwrap()),
+                IpAddr::V6(_) => src6.map(|s| s.parse().unwrap()),
+            });
+            ips
+        };
+        // A global IPv6 source: IPv6 first (higher precedence).
+        assert_eq!(order(Some("2001:db8:1::2")), [v6, v4]);
+        // No IPv6 route: IPv4 first.
+        assert_eq!(order(None), [v4, v6]);
+        // Only a unique-local or link-local IPv6 source: IPv4 first.
+        assert_eq!(order(Some("fd00::2")), [v4, v6]);
+        assert_eq!(order(Some("fe80::2")), [v4, v6]);
+        // The order within a family is kept.
+        let v6b: IpAddr = "2606:4700:a0::2".parse().unwrap();
+        let mut ips = [v4, v6b, v6];
+        sort_rfc6724(&mut ips, |_| Some("2001:db8:1::2".parse().unwrap()));
+        assert_eq!(ips, [v6b, v6, v4]);
     }
 
     fn t(target: &str, priority: u16, weight: u16) -> SrvTarget {

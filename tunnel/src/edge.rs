@@ -1,9 +1,10 @@
 //! Edge addresses: static `--edge HOST:PORT` entries or the well-known
 //! region names, and the per-connection-index address assignment.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// One edge entry as configured (`HOST:PORT` or a socket address).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -68,15 +69,75 @@ impl FromStr for EdgeAddr {
     }
 }
 
+/// The one address `cloudflared` takes for a static entry: the first IPv4
+/// address when the name has one (Go resolves a "tcp" address that way),
+/// otherwise the first.
+pub(crate) fn static_choice(addrs: &[SocketAddr]) -> Option<SocketAddr> {
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+}
+
 /// Edge port used by discovery.
 pub const EDGE_PORT: u16 = 7844;
 /// Well-known names of the two edge regions.
 pub const REGION_HOSTS: [&str; 2] = ["region1.v2.argotunnel.com", "region2.v2.argotunnel.com"];
 
-/// Address assignment per connection index. Entries are split into two
-/// regions (even/odd for static edges); each index takes an unused entry,
-/// preferring the region with more free entries, and moves to another
-/// entry on duplicate-connection errors or repeated dial failures.
+/// Which address family of the discovered edge to use (`--edge-ip-version`,
+/// `TUNNEL_EDGE_IP_VERSION`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EdgeIpVersion {
+    /// Both families; each region prefers the family of its first address (the
+    /// system's RFC 6724 order) and uses the other while that one fails.
+    #[default]
+    Auto,
+    /// IPv4 addresses only.
+    V4,
+    /// IPv6 addresses only.
+    V6,
+}
+
+/// An edge IP version other than `auto`, `4` or `6`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("edge IP version {0:?} is not one of auto, 4, 6")]
+pub struct EdgeIpVersionError(pub String);
+
+impl FromStr for EdgeIpVersion {
+    type Err = EdgeIpVersionError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "4" => Ok(Self::V4),
+            "6" => Ok(Self::V6),
+            other => Err(EdgeIpVersionError(other.to_owned())),
+        }
+    }
+}
+
+impl EdgeIpVersion {
+    /// Whether addresses of `ip`'s family are used.
+    pub fn allows(self, ip: IpAddr) -> bool {
+        match self {
+            Self::Auto => true,
+            Self::V4 => ip.is_ipv4(),
+            Self::V6 => ip.is_ipv6(),
+        }
+    }
+}
+
+/// How long a region that moved from IPv6 to IPv4 after a connectivity error
+/// stays there before an IPv6 failure may move it back (`cloudflared`'s
+/// region timeout).
+const SECONDARY_FAMILY_PERIOD: Duration = Duration::from_secs(10 * 60);
+
+/// Address assignment per connection index, as `cloudflared` hands out
+/// addresses. Entries are split into two regions (even/odd for static
+/// edges); each index takes an unused entry of a region's active family,
+/// preferring the region with more of them, and moves to another entry on
+/// duplicate-connection errors and dial failures.
 #[derive(Debug)]
 pub(crate) struct EdgePool {
     inner: Mutex<PoolState>,
@@ -86,18 +147,95 @@ pub(crate) struct EdgePool {
 struct PoolState {
     entries: Vec<(SocketAddr, u8)>,
     owner: Vec<Option<u8>>,
+    regions: [Region; 2],
+}
+
+/// A region's entries by family: the family of its first entry is primary.
+/// After a connectivity error on an IPv6 entry the other family becomes
+/// active; an error on an IPv4 entry, or one on IPv6 after
+/// [`SECONDARY_FAMILY_PERIOD`], makes the primary family active again.
+#[derive(Debug, Default)]
+struct Region {
+    primary: Vec<usize>,
+    secondary: Vec<usize>,
+    secondary_active: bool,
+    secondary_until: Option<Instant>,
+}
+
+impl Region {
+    fn new(entries: &[(SocketAddr, u8)], region: u8) -> Self {
+        let mut primary = Vec::new();
+        let mut secondary = Vec::new();
+        let mut first_v6 = None;
+        for (i, (addr, _)) in entries
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, r))| *r == region)
+        {
+            let v6 = *first_v6.get_or_insert(addr.is_ipv6());
+            if addr.is_ipv6() == v6 {
+                primary.push(i);
+            } else {
+                secondary.push(i);
+            }
+        }
+        Self {
+            primary,
+            secondary,
+            ..Self::default()
+        }
+    }
+
+    fn active(&self) -> &[usize] {
+        if self.secondary_active {
+            &self.secondary
+        } else {
+            &self.primary
+        }
+    }
+
+    fn holds(&self, i: usize) -> bool {
+        self.primary.contains(&i) || self.secondary.contains(&i)
+    }
+
+    /// Family switching after a connectivity error on entry `i`.
+    fn connectivity_error(&mut self, i: usize, ipv6: bool, now: Instant) {
+        if !self.holds(i) {
+            return;
+        }
+        if !self.secondary_active {
+            if ipv6 && !self.secondary.is_empty() {
+                self.secondary_active = true;
+                self.secondary_until = Some(now + SECONDARY_FAMILY_PERIOD);
+            }
+            return;
+        }
+        if !ipv6 || self.secondary_until.is_none_or(|t| now > t) {
+            self.secondary_active = false;
+            self.secondary_until = None;
+        }
+    }
 }
 
 impl EdgePool {
     pub(crate) fn new(entries: Vec<(SocketAddr, u8)>) -> Self {
         let owner = vec![None; entries.len()];
+        let regions = [Region::new(&entries, 0), Region::new(&entries, 1)];
         Self {
-            inner: Mutex::new(PoolState { entries, owner }),
+            inner: Mutex::new(PoolState {
+                entries,
+                owner,
+                regions,
+            }),
         }
     }
 
-    pub(crate) fn len(&self) -> usize {
-        self.inner.lock().map(|s| s.entries.len()).unwrap_or(0)
+    /// Unused entries of the regions' active families.
+    pub(crate) fn available(&self) -> usize {
+        self.inner
+            .lock()
+            .map(|s| s.free(0, None).len() + s.free(1, None).len())
+            .unwrap_or(0)
     }
 
     /// The entry held by `idx`, taking a free one if it holds none.
@@ -111,34 +249,44 @@ impl EdgePool {
         Some(s.entries[i].0)
     }
 
-    /// Moves `idx` to a different free entry, if there is one.
+    /// Gives back the entry `idx` holds after a connectivity error and moves
+    /// `idx` to a different free entry; keeps the current one if there is
+    /// none.
     pub(crate) fn rotate(&self, idx: u8) {
+        self.rotate_at(idx, Instant::now());
+    }
+
+    fn rotate_at(&self, idx: u8, now: Instant) {
         let Ok(mut s) = self.inner.lock() else {
             return;
         };
         let current = s.owner.iter().position(|o| *o == Some(idx));
-        if let Some(next) = s.pick_free(current) {
-            if let Some(c) = current {
-                s.owner[c] = None;
+        if let Some(c) = current {
+            s.owner[c] = None;
+            let ipv6 = s.entries[c].0.is_ipv6();
+            for region in &mut s.regions {
+                region.connectivity_error(c, ipv6, now);
             }
+        }
+        if let Some(next) = s.pick_free(current).or(current) {
             s.owner[next] = Some(idx);
         }
     }
 }
 
 impl PoolState {
+    /// Unused entries of region `r`'s active family, other than `exclude`.
+    fn free(&self, r: usize, exclude: Option<usize>) -> Vec<usize> {
+        self.regions[r]
+            .active()
+            .iter()
+            .copied()
+            .filter(|i| self.owner[*i].is_none() && Some(*i) != exclude)
+            .collect()
+    }
+
     fn pick_free(&self, exclude: Option<usize>) -> Option<usize> {
-        let free = |region: u8| {
-            self.entries
-                .iter()
-                .enumerate()
-                .filter(|(i, (_, r))| {
-                    *r == region && self.owner[*i].is_none() && Some(*i) != exclude
-                })
-                .map(|(i, _)| i)
-                .collect::<Vec<_>>()
-        };
-        let (r0, r1) = (free(0), free(1));
+        let (r0, r1) = (self.free(0, exclude), self.free(1, exclude));
         let region = if r0.len() >= r1.len() { r0 } else { r1 };
         region.first().copied()
     }
@@ -168,6 +316,84 @@ mod tests {
         );
         assert!("nope".parse::<EdgeAddr>().is_err());
         assert!("a:b".parse::<EdgeAddr>().is_err());
+    }
+
+    fn v6(n: u16) -> SocketAddr {
+        SocketAddr::from(([0x2606, 0x4700, 0xa0, 0, 0, 0, 0, n], 7844))
+    }
+
+    fn v4(n: u8) -> SocketAddr {
+        SocketAddr::from(([198, 41, 192, n], 7844))
+    }
+
+    #[test]
+    fn static_names_take_their_first_ipv4_address() {
+        assert_eq!(static_choice(&[v6(1), v4(1), v4(2)]), Some(v4(1)));
+        assert_eq!(static_choice(&[v6(1), v6(2)]), Some(v6(1)));
+        assert_eq!(static_choice(&[]), None);
+    }
+
+    #[test]
+    fn edge_ip_versions_parse_as_cloudflared_spells_them() {
+        assert_eq!("auto".parse(), Ok(EdgeIpVersion::Auto));
+        assert_eq!("4".parse(), Ok(EdgeIpVersion::V4));
+        assert_eq!("6".parse(), Ok(EdgeIpVersion::V6));
+        assert!("ipv6".parse::<EdgeIpVersion>().is_err());
+        assert!(EdgeIpVersion::V6.allows(v6(1).ip()) && !EdgeIpVersion::V6.allows(v4(1).ip()));
+    }
+
+    /// A region prefers the family of its first address, moves to the other
+    /// family after a connectivity error on IPv6, and back after one on IPv4.
+    #[test]
+    fn a_region_falls_back_from_ipv6_to_ipv4_and_back() {
+        let pool = EdgePool::new(vec![(v6(1), 0), (v4(1), 0)]);
+        assert_eq!(pool.available(), 1, "only the preferred family is in use");
+        assert_eq!(pool.address(0), Some(v6(1)));
+        pool.rotate(0);
+        assert_eq!(pool.address(0), Some(v4(1)));
+        pool.rotate(0);
+        assert_eq!(pool.address(0), Some(v6(1)));
+    }
+
+    /// After the move to IPv4, an IPv6 failure of another connection returns
+    /// the region to IPv6 only once the period has passed.
+    #[test]
+    fn ipv6_failures_return_to_ipv6_only_after_the_period() {
+        let start = Instant::now();
+        let pool = EdgePool::new(vec![
+            (v6(1), 0),
+            (v6(2), 0),
+            (v6(3), 0),
+            (v4(1), 0),
+            (v4(2), 0),
+            (v4(3), 0),
+        ]);
+        for idx in 0..3 {
+            assert!(pool.address(idx).is_some_and(|a| a.is_ipv6()));
+        }
+        pool.rotate_at(0, start);
+        assert!(pool.address(0).is_some_and(|a| a.is_ipv4()));
+        pool.rotate_at(1, start + Duration::from_secs(60));
+        assert!(
+            pool.address(1).is_some_and(|a| a.is_ipv4()),
+            "still on IPv4 within the period"
+        );
+        pool.rotate_at(2, start + SECONDARY_FAMILY_PERIOD + Duration::from_secs(1));
+        assert!(
+            pool.address(2).is_some_and(|a| a.is_ipv6()),
+            "back on IPv6 after it"
+        );
+    }
+
+    /// A region that prefers IPv4 stays on IPv4 after IPv4 failures.
+    #[test]
+    fn an_ipv4_region_does_not_move_to_ipv6() {
+        let pool = EdgePool::new(vec![(v4(1), 0), (v6(1), 0), (v4(2), 0)]);
+        assert_eq!(pool.address(0), Some(v4(1)));
+        pool.rotate(0);
+        assert_eq!(pool.address(0), Some(v4(2)));
+        pool.rotate(0);
+        assert_eq!(pool.address(0), Some(v4(1)));
     }
 
     #[test]

@@ -80,8 +80,6 @@
 //!
 //! # What is left out
 //!
-//! - IP-version preference for discovered edges (`--edge-ip-version`):
-//!   every address the region hosts resolve to is used.
 //! - Private-network TCP streams and UDP/ICMP datagrams: not advertised;
 //!   TCP stream requests are answered with an error.
 //! - `updateLocalConfiguration`: configuration comes from the proxy's own
@@ -123,7 +121,7 @@ pub use connector::{
     Connector, ConnectorError, ConnectorHandle, ConnectorOptions, Protocol, ProtocolError,
     DEFAULT_CLIENT_VERSION, FEATURES, FEATURE_POST_QUANTUM,
 };
-pub use edge::{EdgeAddr, EdgeAddrError};
+pub use edge::{EdgeAddr, EdgeAddrError, EdgeIpVersion, EdgeIpVersionError};
 pub use metrics::TunnelMetrics;
 pub use quic::DEFAULT_QUIC_MAX_STREAMS;
 pub use rpc::control::{ConnectionDetails, EdgeRefusal};
