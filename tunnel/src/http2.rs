@@ -43,14 +43,7 @@ pub(crate) async fn connect(
     addr: SocketAddr,
     attempt: u8,
 ) -> Result<Ended, ConnError> {
-    let tcp = tokio::time::timeout(DIAL_TIMEOUT, tokio::net::TcpStream::connect(addr))
-        .await
-        .map_err(|_| ConnError::Dial {
-            reason: "tcp connect timed out".into(),
-            timed_out: true,
-        })?
-        .map_err(ConnError::dial)?;
-    let _ = tcp.set_nodelay(true);
+    let tcp = dial_tcp(addr).await?;
     let local_ip = tcp.local_addr().map_err(ConnError::dial)?.ip();
     let name = rustls::pki_types::ServerName::try_from(H2_SERVER_NAME).map_err(ConnError::dial)?;
     let tls = tokio::time::timeout(
@@ -103,6 +96,33 @@ pub(crate) async fn connect(
         accept_task.abort();
     }
     result
+}
+
+/// TCP keep-alive as Go's dialer sets it for `cloudflared`: the first probe
+/// after 15 s of silence, then every 15 s, 9 unanswered probes end the
+/// connection. Without it a half-open connection stays registered.
+fn tcp_keepalive() -> socket2::TcpKeepalive {
+    socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(15))
+        .with_interval(Duration::from_secs(15))
+        .with_retries(9)
+}
+
+/// Connects to the edge with `cloudflared`'s socket options.
+async fn dial_tcp(addr: SocketAddr) -> Result<tokio::net::TcpStream, ConnError> {
+    let tcp = tokio::time::timeout(DIAL_TIMEOUT, tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| ConnError::Dial {
+            reason: "tcp connect timed out".into(),
+            timed_out: true,
+        })?
+        .map_err(ConnError::dial)?;
+    let _ = tcp.set_nodelay(true);
+    // As in Go, a socket that refuses the options is still used.
+    if let Err(e) = socket2::SockRef::from(&tcp).set_tcp_keepalive(&tcp_keepalive()) {
+        tracing::debug!(error = %e, "tcp keep-alive not set");
+    }
+    Ok(tcp)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -376,5 +396,25 @@ async fn config_push(
         if let Ok(mut send) = respond.send_response(resp, false) {
             let _ = send.send_data(Bytes::from(reply), true);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn edge_tcp_connections_keep_alive_as_cloudflared() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tcp = dial_tcp(listener.local_addr().unwrap()).await.unwrap();
+        let sock = socket2::SockRef::from(&tcp);
+        assert!(sock.keepalive().unwrap());
+        assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(15));
+        assert_eq!(
+            sock.tcp_keepalive_interval().unwrap(),
+            Duration::from_secs(15)
+        );
+        assert_eq!(sock.tcp_keepalive_retries().unwrap(), 9);
+        assert!(sock.tcp_nodelay().unwrap());
     }
 }
