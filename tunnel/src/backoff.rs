@@ -69,41 +69,9 @@ pub(crate) fn should_fall_back(
         && (handshake_timed_out || consecutive_dial_failures > max_retries)
 }
 
-/// Dial or handshake failures after which a connection stops moving to another
-/// edge address and keeps retrying the one it has (`cloudflared`'s default
-/// `--max-edge-addr-retries`).
-pub(crate) const MAX_EDGE_ADDR_RETRIES: u32 = 8;
-
-/// A connection's budget of moves to another edge address after dial failures,
-/// renewed once it registers.
-#[derive(Debug, Default)]
-pub(crate) struct AddrRetries {
-    used: u32,
-}
-
-impl AddrRetries {
-    /// Whether this failure may move the connection to another address.
-    pub(crate) fn take(&mut self) -> bool {
-        if self.used >= MAX_EDGE_ADDR_RETRIES {
-            return false;
-        }
-        self.used += 1;
-        true
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn address_moves_stop_after_the_budget_until_renewed() {
-        let mut r = AddrRetries::default();
-        let moves = (0..20).filter(|_| r.take()).count();
-        assert_eq!(moves, MAX_EDGE_ADDR_RETRIES as usize);
-        r = AddrRetries::default();
-        assert!(r.take());
-    }
 
     #[test]
     fn waits_double_up_to_the_cap_and_reset() {

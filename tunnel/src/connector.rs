@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument as _;
 use uuid::Uuid;
 
-use crate::backoff::{should_fall_back, AddrRetries, Backoff, Transport};
+use crate::backoff::{should_fall_back, Backoff, Transport};
 use crate::body::{Body, BoxError};
 use crate::edge::{EdgeAddr, EdgeIpVersion, EdgePool, EDGE_PORT, REGION_HOSTS};
 use crate::metrics::{FailureCause, ProtocolLabel, TunnelMetrics};
@@ -256,7 +256,8 @@ pub(crate) enum Ended {
     Stopped,
     /// Lost after registering: reconnect.
     Lost {
-        /// The edge went silent (QUIC idle timeout): reconnect to another address.
+        /// The edge went silent (QUIC idle timeout). Logged only: the connection
+        /// reconnects to the same address, as `cloudflared` does.
         idle_timeout: bool,
     },
 }
@@ -264,8 +265,12 @@ pub(crate) enum Ended {
 /// Why a connection attempt failed before registering.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ConnError {
+    /// The edge could not be reached: socket, TCP, TLS or QUIC handshake.
     #[error("dial failed: {reason}")]
     Dial { reason: String, timed_out: bool },
+    /// The transport came up but the control stream did not.
+    #[error("control stream failed: {0}")]
+    ControlStream(String),
     #[error("edge refused registration: {}", .0.cause)]
     Refused(EdgeRefusal),
     #[error(transparent)]
@@ -280,9 +285,14 @@ impl ConnError {
         }
     }
 
+    pub(crate) fn control_stream(reason: impl std::fmt::Display) -> Self {
+        Self::ControlStream(reason.to_string())
+    }
+
     fn cause(&self) -> FailureCause {
         match self {
             Self::Dial { .. } => FailureCause::Dial,
+            Self::ControlStream(_) => FailureCause::Rpc,
             Self::Refused(r) if r.is_duplicate() => FailureCause::Duplicate,
             Self::Refused(r) if r.cause.contains("Unauthorized") => FailureCause::Unauthorized,
             Self::Refused(_) => FailureCause::ServerError,
@@ -585,7 +595,6 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
     };
     let mut backoff = Backoff::new(opts.backoff_base, opts.retries);
     let mut dial_failures = 0u32;
-    let mut addr_retries = AddrRetries::default();
     let mut state = shared.state.clone();
     loop {
         if shared.run_state() != RunState::Running {
@@ -621,10 +630,6 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                 tracing::warn!(conn_index = idx, edge = %addr, idle_timeout, "edge connection lost");
                 backoff.reset();
                 dial_failures = 0;
-                addr_retries = AddrRetries::default();
-                if idle_timeout {
-                    pool.rotate(idx);
-                }
             }
             Err(e) => {
                 shared.metrics.failed(label, e.cause());
@@ -634,9 +639,7 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                     ConnError::Dial { timed_out: t, .. } => {
                         timed_out = *t;
                         dial_failures += 1;
-                        if addr_retries.take() {
-                            pool.rotate(idx);
-                        }
+                        pool.rotate(idx);
                     }
                     _ => {}
                 }

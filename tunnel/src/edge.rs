@@ -6,6 +6,8 @@ use std::str::FromStr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use rand::seq::IndexedRandom as _;
+
 /// One edge entry as configured (`HOST:PORT` or a socket address).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct EdgeAddr {
@@ -135,9 +137,9 @@ const SECONDARY_FAMILY_PERIOD: Duration = Duration::from_secs(10 * 60);
 
 /// Address assignment per connection index, as `cloudflared` hands out
 /// addresses. Entries are split into two regions (even/odd for static
-/// edges); each index takes an unused entry of a region's active family,
-/// preferring the region with more of them, and moves to another entry on
-/// duplicate-connection errors and dial failures.
+/// edges); each index takes a random unused entry of a region's active
+/// family, preferring the region with more of them, and moves to another
+/// entry after every duplicate-connection refusal and dial failure.
 #[derive(Debug)]
 pub(crate) struct EdgePool {
     inner: Mutex<PoolState>,
@@ -285,10 +287,17 @@ impl PoolState {
             .collect()
     }
 
+    /// A random free entry of the region with more of them (either on a tie,
+    /// at random), else of the other region, as `cloudflared` picks.
     fn pick_free(&self, exclude: Option<usize>) -> Option<usize> {
-        let (r0, r1) = (self.free(0, exclude), self.free(1, exclude));
-        let region = if r0.len() >= r1.len() { r0 } else { r1 };
-        region.first().copied()
+        let first = match self.free(0, None).len().cmp(&self.free(1, None).len()) {
+            std::cmp::Ordering::Equal => usize::from(rand::random_bool(0.5)),
+            std::cmp::Ordering::Greater => 0,
+            std::cmp::Ordering::Less => 1,
+        };
+        [first, 1 - first]
+            .into_iter()
+            .find_map(|r| self.free(r, exclude).choose(&mut rand::rng()).copied())
     }
 }
 
@@ -389,11 +398,34 @@ mod tests {
     #[test]
     fn an_ipv4_region_does_not_move_to_ipv6() {
         let pool = EdgePool::new(vec![(v4(1), 0), (v6(1), 0), (v4(2), 0)]);
-        assert_eq!(pool.address(0), Some(v4(1)));
-        pool.rotate(0);
-        assert_eq!(pool.address(0), Some(v4(2)));
-        pool.rotate(0);
-        assert_eq!(pool.address(0), Some(v4(1)));
+        for _ in 0..10 {
+            assert!(pool.address(0).is_some_and(|a| a.is_ipv4()));
+            pool.rotate(0);
+        }
+    }
+
+    /// Addresses within a region and regions with as many free addresses are
+    /// picked at random, and every rotation moves to another address.
+    #[test]
+    fn picks_are_random_and_rotation_always_moves() {
+        let entries: Vec<_> = (1..=4).map(|n| (v4(n), 0)).collect();
+        let mut seen = std::collections::HashSet::new();
+        let pool = EdgePool::new(entries.clone());
+        for _ in 0..200 {
+            seen.insert(EdgePool::new(entries.clone()).address(0).unwrap());
+            let before = pool.address(0).unwrap();
+            pool.rotate(0);
+            assert_ne!(pool.address(0).unwrap(), before);
+        }
+        assert_eq!(seen.len(), 4, "every address is a first pick: {seen:?}");
+        let regions: std::collections::HashSet<_> = (0..200)
+            .map(|_| {
+                EdgePool::new(vec![(v4(1), 0), (v4(2), 1)])
+                    .address(0)
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(regions.len(), 2, "either region on a tie");
     }
 
     #[test]

@@ -62,7 +62,7 @@ pub(crate) async fn connect(
         .initial_connection_window_size(16 * 1024 * 1024)
         .handshake::<_, Bytes>(tls)
         .await
-        .map_err(ConnError::dial)?;
+        .map_err(ConnError::control_stream)?;
 
     let tracker = StreamTasks::new();
     let _cancel = tracker.cancel_on_drop();
@@ -138,16 +138,16 @@ async fn serve(
 ) -> Result<Ended, ConnError> {
     let (req, mut respond) = tokio::time::timeout(shared.opts.rpc_timeout * 2, control_rx)
         .await
-        .map_err(|_| ConnError::dial("edge opened no control stream"))?
-        .map_err(|_| ConnError::dial("connection closed before the control stream"))?;
+        .map_err(|_| ConnError::control_stream("edge opened no control stream"))?
+        .map_err(|_| ConnError::control_stream("connection closed before the control stream"))?;
     let resp = Response::builder()
         .status(StatusCode::OK)
         .header(http::header::CONTENT_TYPE, "application/octet-stream")
         .body(())
-        .map_err(ConnError::dial)?;
+        .map_err(ConnError::control_stream)?;
     let send = respond
         .send_response(resp, false)
-        .map_err(ConnError::dial)?;
+        .map_err(ConnError::control_stream)?;
     let params = register_params(shared, idx, local_ip, attempt);
     let (session, outcome) = control::register(
         &shared.worker,

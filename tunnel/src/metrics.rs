@@ -28,7 +28,7 @@ pub enum FailureCause {
     Unauthorized,
     /// Any other cause the edge returned.
     ServerError,
-    /// The registration RPC failed or timed out.
+    /// The control stream or the registration RPC on it failed or timed out.
     Rpc,
 }
 

@@ -176,7 +176,7 @@ async fn serve(
     conn: &quinn::Connection,
     attempt: u8,
 ) -> Result<Ended, ConnError> {
-    let (send, recv) = conn.open_bi().await.map_err(ConnError::dial)?;
+    let (send, recv) = conn.open_bi().await.map_err(ConnError::control_stream)?;
     let local_ip = conn.local_ip().unwrap_or_else(|| local_ip_towards(addr));
     let params = register_params(shared, idx, local_ip, attempt);
     let (session, outcome) = control::register(

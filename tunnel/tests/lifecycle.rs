@@ -300,6 +300,37 @@ async fn duplicate_connection_is_counted_and_retried() {
     .expect("test finished in time");
 }
 
+/// Every dial failure moves the connection to another edge address, picked at random,
+/// so it gets past any number of unreachable edges to a reachable one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dial_failures_move_on_until_an_edge_answers() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::start().await.unwrap();
+        let mut edges = Vec::new();
+        for _ in 0..3 {
+            let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            edges.push(closed.local_addr().unwrap().into());
+        }
+        edges.push(edge.edge_addr().into());
+        let mut opts = options(&edge, Protocol::Http2, 1);
+        opts.edges = edges;
+        opts.backoff_base = Duration::from_millis(5);
+        let (handle, _m, registry) = start_connector(opts, token());
+        handle.wait_registered(1).await;
+        edge.wait_serving(1).await;
+        let text = metrics_text(&registry);
+        assert!(
+            text.contains("cftunnel_tunnel_connections{protocol=\"http2\"} 1"),
+            "{text}"
+        );
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
 #[test]
 fn bad_tokens_name_the_field() {
     assert_eq!(
