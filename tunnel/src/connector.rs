@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument as _;
 use uuid::Uuid;
 
-use crate::backoff::{should_fall_back, Backoff, Transport};
+use crate::backoff::{should_fall_back, Backoff, SharedBackoff, Transport};
 use crate::body::{Body, BoxError};
 use crate::edge::{EdgeAddr, EdgeIpVersion, EdgePool, EDGE_PORT, REGION_HOSTS};
 use crate::metrics::{FailureCause, ProtocolLabel, TunnelMetrics};
@@ -91,10 +91,15 @@ pub struct ConnectorOptions {
     pub grace_period: Duration,
     /// Per-call RPC timeout (default 5 s).
     pub rpc_timeout: Duration,
-    /// Backoff exponent cap (default 5: waits up to 64 s).
+    /// Backoff exponent cap (default 5: waits up to 32 s, and up to 320 s
+    /// more for connections other than the first).
     pub retries: u32,
     /// Backoff base (default 1 s).
     pub backoff_base: Duration,
+    /// Base of the backoff shared by connections other than the first, which
+    /// they wait out after their own before restarting (default 10 s, as in
+    /// `cloudflared`).
+    pub ha_backoff_base: Duration,
     /// Delay between starting HA connections once the first registered
     /// (default 1 s).
     pub ha_start_interval: Duration,
@@ -129,6 +134,7 @@ impl Default for ConnectorOptions {
             rpc_timeout: Duration::from_secs(5),
             retries: 5,
             backoff_base: Duration::from_secs(1),
+            ha_backoff_base: Duration::from_secs(10),
             ha_start_interval: Duration::from_secs(1),
             handshake_timeout: Duration::from_secs(5),
             client_version: DEFAULT_CLIENT_VERSION.to_owned(),
@@ -182,6 +188,7 @@ pub(crate) struct Shared {
     /// instead of each waiting out a QUIC handshake of its own first.
     pub(crate) quic_fell_back: AtomicBool,
     pub(crate) local_ports: Mutex<Vec<u16>>,
+    pub(crate) ha_backoff: SharedBackoff,
 }
 
 impl Shared {
@@ -217,7 +224,12 @@ pub(crate) struct RegisteredGuard {
 }
 
 impl RegisteredGuard {
-    pub(crate) fn new(shared: &Arc<Shared>, protocol: ProtocolLabel) -> Self {
+    pub(crate) fn new(shared: &Arc<Shared>, protocol: ProtocolLabel, idx: u8) -> Self {
+        if idx != 0 {
+            shared
+                .ha_backoff
+                .registered(tokio::time::Instant::now(), rand::random());
+        }
         shared.metrics.connections(protocol).inc();
         shared.metrics.registered(protocol);
         if protocol == ProtocolLabel::Quic {
@@ -363,6 +375,7 @@ impl Connector {
         let remote_config = RemoteConfigState::new(metrics.config_version.clone());
         let client_id = Uuid::new_v4();
         let ha = self.opts.ha_connections;
+        let ha_backoff = SharedBackoff::new(self.opts.ha_backoff_base, self.opts.retries);
         let shared = Arc::new(Shared {
             handler: Arc::new(ServiceHandler(service)),
             worker,
@@ -378,6 +391,7 @@ impl Connector {
             quic_ever_registered: AtomicBool::new(false),
             quic_fell_back: AtomicBool::new(false),
             local_ports: Mutex::new(vec![0; ha]),
+            ha_backoff,
         });
         tracing::info!(connector_id = %client_id, "starting tunnel connector");
         runtime.spawn(run_all(shared, done_tx));
@@ -596,6 +610,9 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
     let mut backoff = Backoff::new(opts.backoff_base, opts.retries);
     let mut dial_failures = 0u32;
     let mut state = shared.state.clone();
+    if idx != 0 {
+        shared.ha_backoff.connecting();
+    }
     loop {
         if shared.run_state() != RunState::Running {
             return;
@@ -630,6 +647,9 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                 tracing::warn!(conn_index = idx, edge = %addr, idle_timeout, "edge connection lost");
                 backoff.reset();
                 dial_failures = 0;
+                if idx != 0 {
+                    shared.ha_backoff.connecting();
+                }
             }
             Err(e) => {
                 shared.metrics.failed(label, e.cause());
@@ -673,6 +693,16 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = wait_state_change(&mut state) => return,
+        }
+        // The first connection restarts on its own backoff alone, as in `cloudflared`.
+        if idx != 0 {
+            let at = shared
+                .ha_backoff
+                .restart_at(tokio::time::Instant::now(), rand::random());
+            tokio::select! {
+                _ = tokio::time::sleep_until(at) => {}
+                _ = wait_state_change(&mut state) => return,
+            }
         }
     }
 }

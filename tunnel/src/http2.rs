@@ -177,7 +177,7 @@ async fn serve(
         protocol = "http2",
         "registered tunnel connection"
     );
-    let mut guard = RegisteredGuard::new(shared, ProtocolLabel::Http2);
+    let mut guard = RegisteredGuard::new(shared, ProtocolLabel::Http2, idx);
     let mut state = shared.state.clone();
     let ended = tokio::select! {
         _ = &mut *accept_task => Ended::Lost { idle_timeout: false },

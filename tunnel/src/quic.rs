@@ -201,7 +201,7 @@ async fn serve(
         protocol = "quic",
         "registered tunnel connection"
     );
-    let mut guard = RegisteredGuard::new(shared, ProtocolLabel::Quic);
+    let mut guard = RegisteredGuard::new(shared, ProtocolLabel::Quic, idx);
     let tracker = StreamTasks::new();
     let _cancel = tracker.cancel_on_drop();
     let active = shared.metrics.active_streams(ProtocolLabel::Quic);

@@ -177,6 +177,7 @@ pub fn options(edge: &MockEdge, protocol: Protocol, ha: usize) -> ConnectorOptio
         grace_period: Duration::from_secs(5),
         rpc_timeout: Duration::from_secs(3),
         backoff_base: Duration::from_millis(50),
+        ha_backoff_base: Duration::from_millis(50),
         ha_start_interval: Duration::from_millis(20),
         handshake_timeout: Duration::from_secs(2),
         ..ConnectorOptions::default()
