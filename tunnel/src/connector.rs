@@ -77,7 +77,7 @@ pub struct ConnectorOptions {
     pub protocol: Protocol,
     /// Static edges (`--edge`, `TUNNEL_EDGE`); repeat an entry for more HA
     /// connections to one listener. Empty: SRV discovery (region from the
-    /// token's `e`), then the well-known region hosts.
+    /// token's `e`), then, for a token without one, the well-known region hosts.
     pub edges: Vec<EdgeAddr>,
     /// PEM roots replacing all others (`--edge-ca-file`, `TUNNEL_CACERT`).
     pub edge_ca_pem: Option<Vec<u8>>,
@@ -501,7 +501,8 @@ async fn resolve_edges(shared: &Shared) -> Vec<(SocketAddr, u8)> {
     let mut out = Vec::new();
     if shared.opts.edges.is_empty() {
         let version = shared.opts.edge_ip_version;
-        match crate::discovery::discover(shared.token.endpoint()).await {
+        let endpoint = shared.token.endpoint();
+        match crate::discovery::discover(endpoint).await {
             Ok(mut found) => {
                 found.retain(|(a, _)| version.allows(a.ip()));
                 if !found.is_empty() {
@@ -512,23 +513,12 @@ async fn resolve_edges(shared: &Shared) -> Vec<(SocketAddr, u8)> {
                     "edge discovery found no address of this IP version"
                 );
             }
-            Err(e) => tracing::warn!(error = %e, "edge discovery failed; trying the region hosts"),
+            Err(e) => tracing::warn!(error = %e, "edge discovery failed"),
         }
-        for (region, host) in REGION_HOSTS.iter().enumerate() {
-            match EdgeAddr::new(*host, EDGE_PORT).resolve().await {
-                Ok(mut addrs) => {
-                    addrs.retain(|a| version.allows(a.ip()));
-                    let mut ips: Vec<_> = addrs.iter().map(SocketAddr::ip).collect();
-                    crate::discovery::sort_rfc6724(&mut ips, crate::discovery::source_towards);
-                    out.extend(
-                        ips.into_iter()
-                            .map(|ip| (SocketAddr::new(ip, EDGE_PORT), region as u8)),
-                    );
-                }
-                Err(e) => tracing::warn!(host, error = %e, "edge region lookup failed"),
-            }
-        }
-        return out;
+        return region_host_fallback(endpoint, version, |host| async move {
+            EdgeAddr::new(host, EDGE_PORT).resolve().await
+        })
+        .await;
     }
     for (i, edge) in shared.opts.edges.iter().enumerate() {
         match edge.resolve().await {
@@ -538,6 +528,45 @@ async fn resolve_edges(shared: &Shared) -> Vec<(SocketAddr, u8)> {
                 }
             }
             Err(e) => tracing::warn!(edge = %edge, error = %e, "edge lookup failed"),
+        }
+    }
+    out
+}
+
+/// The global edge's well-known region hosts, resolved with `resolve`, for when
+/// discovery fails. Not for a token with an endpoint (`fed`, ...): its edge is
+/// found only through its own SRV name, as in `cloudflared`, and the global
+/// hosts would take the tunnel out of it.
+async fn region_host_fallback<F, Fut>(
+    endpoint: Option<&str>,
+    version: EdgeIpVersion,
+    resolve: F,
+) -> Vec<(SocketAddr, u8)>
+where
+    F: Fn(&'static str) -> Fut,
+    Fut: std::future::Future<Output = std::io::Result<Vec<SocketAddr>>>,
+{
+    let mut out = Vec::new();
+    if endpoint.is_some_and(|e| !e.is_empty()) {
+        tracing::warn!(
+            endpoint,
+            "edge discovery failed; retrying it (no fallback outside the token's endpoint)"
+        );
+        return out;
+    }
+    tracing::warn!("trying the edge region hosts");
+    for (region, host) in REGION_HOSTS.iter().enumerate() {
+        match resolve(host).await {
+            Ok(mut addrs) => {
+                addrs.retain(|a| version.allows(a.ip()));
+                let mut ips: Vec<_> = addrs.iter().map(SocketAddr::ip).collect();
+                crate::discovery::sort_rfc6724(&mut ips, crate::discovery::source_towards);
+                out.extend(
+                    ips.into_iter()
+                        .map(|ip| (SocketAddr::new(ip, EDGE_PORT), region as u8)),
+                );
+            }
+            Err(e) => tracing::warn!(host, error = %e, "edge region lookup failed"),
         }
     }
     out
@@ -704,5 +733,38 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                 _ = wait_state_change(&mut state) => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn fallback(endpoint: Option<&str>) -> (Vec<(SocketAddr, u8)>, Vec<&'static str>) {
+        let asked = Mutex::new(Vec::new());
+        let found = region_host_fallback(endpoint, EdgeIpVersion::Auto, |host| {
+            asked.lock().unwrap().push(host);
+            async { Ok(vec![SocketAddr::from(([192, 0, 2, 1], EDGE_PORT))]) }
+        })
+        .await;
+        (found, asked.into_inner().unwrap())
+    }
+
+    #[tokio::test]
+    async fn the_global_edge_falls_back_to_its_region_hosts() {
+        for endpoint in [None, Some("")] {
+            let (found, asked) = fallback(endpoint).await;
+            assert_eq!(asked, REGION_HOSTS);
+            let regions: Vec<u8> = found.iter().map(|(_, r)| *r).collect();
+            assert_eq!(regions, [0, 1]);
+        }
+    }
+
+    /// A FedRAMP (or other endpoint) tunnel never looks up the global hosts.
+    #[tokio::test]
+    async fn an_endpoint_token_never_falls_back_to_the_global_edge() {
+        let (found, asked) = fallback(Some("fed")).await;
+        assert!(found.is_empty());
+        assert!(asked.is_empty(), "looked up {asked:?}");
     }
 }
