@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_LENGTH, HOST};
+use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, HOST};
 use http::{Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt as _, Limited};
 use tokio::sync::{oneshot, watch};
@@ -142,7 +142,7 @@ async fn serve(
         .map_err(|_| ConnError::control_stream("connection closed before the control stream"))?;
     let resp = Response::builder()
         .status(StatusCode::OK)
-        .header(http::header::CONTENT_TYPE, "application/octet-stream")
+        .header(CONTENT_TYPE, "application/octet-stream")
         .body(())
         .map_err(ConnError::control_stream)?;
     let send = respond
@@ -359,10 +359,53 @@ async fn handle_request(
     }
 }
 
+/// A configuration push as `cloudflared` decodes it: the first JSON value of
+/// the body, fields absent or unknown allowed.
 #[derive(serde::Deserialize)]
 struct PushBody {
+    #[serde(default)]
     version: i32,
-    config: serde_json::Value,
+    #[serde(default)]
+    config: Option<serde_json::Value>,
+}
+
+/// The answer to a push, JSON-encoded as `cloudflared` encodes its Go
+/// response: `err` is `null` when the push applied (or was not newer), and an
+/// object when it failed (Go encodes an error value as `{}`).
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PushReply {
+    last_applied_version: i32,
+    err: Option<PushError>,
+}
+
+#[derive(serde::Serialize)]
+struct PushError {}
+
+/// The reply body for a push body, or `None` when the body does not decode;
+/// `cloudflared` answers that as a connector error (502) instead.
+fn push_reply(
+    state: &crate::rpc::remote_config::RemoteConfigState,
+    body: &[u8],
+) -> Option<Vec<u8>> {
+    let push = serde_json::Deserializer::from_slice(body)
+        .into_iter::<PushBody>()
+        .next()?
+        .ok()?;
+    // An absent config applies as an empty document, which fails as in `cloudflared`.
+    let config = match push.config {
+        Some(c) => serde_json::to_vec(&c).ok()?,
+        None => Vec::new(),
+    };
+    let (version, err) = state.apply(push.version, &config);
+    if let Some(e) = &err {
+        tracing::warn!(version = push.version, error = %e, "configuration push not applied");
+    }
+    serde_json::to_vec(&PushReply {
+        last_applied_version: version,
+        err: err.map(|_| PushError {}),
+    })
+    .ok()
 }
 
 async fn config_push(
@@ -374,22 +417,17 @@ async fn config_push(
         .collect()
         .await
         .map(|c| c.to_bytes());
-    let (version, err) = match body
+    let Some(reply) = body
         .ok()
-        .and_then(|b| serde_json::from_slice::<PushBody>(&b).ok())
-    {
-        Some(push) => {
-            let config = serde_json::to_vec(&push.config).unwrap_or_default();
-            shared.remote_config.apply(push.version, &config)
-        }
-        None => (
-            shared.remote_config.subscribe().borrow().version,
-            Some("invalid configuration push".to_owned()),
-        ),
+        .and_then(|b| push_reply(&shared.remote_config, &b))
+    else {
+        connector_error(&mut respond, StatusCode::BAD_GATEWAY);
+        return;
     };
-    let reply = serde_json::json!({ "lastAppliedVersion": version, "err": err }).to_string();
+    // Go's server sniffs this content type for the JSON text.
     let resp = Response::builder()
         .status(StatusCode::OK)
+        .header(CONTENT_TYPE, "text/plain; charset=utf-8")
         .header(CONTENT_LENGTH, reply.len())
         .body(());
     if let Ok(resp) = resp {
@@ -402,6 +440,28 @@ async fn config_push(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn push_replies_are_encoded_as_cloudflared_encodes_them() {
+        let state = crate::rpc::remote_config::RemoteConfigState::new(Default::default());
+        let reply = |body: &str| push_reply(&state, body.as_bytes()).map(String::from_utf8);
+        assert_eq!(
+            reply(r#"{"version":3,"config":{"ingress":[]}} trailing"#),
+            Some(Ok(r#"{"lastAppliedVersion":3,"err":null}"#.to_owned()))
+        );
+        assert_eq!(
+            reply(r#"{"version":2,"config":{}}"#),
+            Some(Ok(r#"{"lastAppliedVersion":3,"err":null}"#.to_owned())),
+            "an older push is no error"
+        );
+        assert_eq!(
+            reply(r#"{"version":4}"#),
+            Some(Ok(r#"{"lastAppliedVersion":3,"err":{}}"#.to_owned()))
+        );
+        assert_eq!(reply("not json"), None);
+        assert_eq!(reply(r#"{"version":"5","config":{}}"#), None);
+        assert_eq!(reply(""), None);
+    }
 
     #[tokio::test]
     async fn edge_tcp_connections_keep_alive_as_cloudflared() {

@@ -185,6 +185,41 @@ async fn a_response_head_that_never_comes_is_a_524(protocol: Protocol) {
     edge.shutdown().await;
 }
 
+/// Over HTTP/2 the connector answers a push with the bytes `cloudflared` sends: its Go
+/// response JSON-encoded (`err` null or an object), an undecodable push a connector 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_config_push_replies_match_cloudflared() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::start().await.unwrap();
+        let handle = serving_connector(&edge, Protocol::Http2, 1).await;
+        let resp = edge
+            .send_raw_config_push(br#"{"version":3,"config":{"ingress":[]}}"#)
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.headers()["content-type"], "text/plain; charset=utf-8");
+        assert_eq!(&resp.body()[..], br#"{"lastAppliedVersion":3,"err":null}"#);
+        let resp = edge
+            .send_raw_config_push(br#"{"version":4}"#)
+            .await
+            .unwrap();
+        assert_eq!(&resp.body()[..], br#"{"lastAppliedVersion":3,"err":{}}"#);
+        let resp = edge.send_raw_config_push(b"{not json").await.unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            resp.headers()["cf-cloudflared-response-meta"],
+            r#"{"src":"cloudflared"}"#
+        );
+        assert!(resp.body().is_empty());
+        assert_eq!(handle.remote_config().borrow().version, 3);
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// A WebSocket open when the drain starts keeps its edge connection for the grace
 /// period, as a request in flight does; the drain ends once it closes.
 async fn drain_keeps_open_websockets(protocol: Protocol) {

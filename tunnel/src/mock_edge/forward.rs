@@ -501,27 +501,14 @@ pub(super) async fn push_config(
             let config: serde_json::Value = serde_json::from_slice(&config)
                 .map_err(|e| MockEdgeError::Rejected(e.to_string()))?;
             let body = serde_json::json!({ "version": version, "config": config }).to_string();
-            let req = Request::builder()
-                .method(http::Method::PUT)
-                .uri("https://h2.cftunnel.com/config")
-                .header(CONNECTION_UPGRADE, "update-configuration")
-                .header(CONTENT_LENGTH, body.len())
-                .body(())
-                .map_err(stream_err)?;
-            let mut ready = sr.ready().await.map_err(stream_err)?;
-            let (resp, mut send) = ready.send_request(req, false).map_err(stream_err)?;
-            send.send_data(Bytes::from(body), true)
-                .map_err(stream_err)?;
-            let resp = tokio::time::timeout(RPC_TIMEOUT, resp)
-                .await
-                .map_err(stream_err)?
-                .map_err(stream_err)?;
-            let bytes = tokio::time::timeout(RPC_TIMEOUT, Body::h2(resp.into_body()).collect())
-                .await
-                .map_err(stream_err)?
-                .map_err(stream_err)?
-                .to_bytes();
-            config_reply(&bytes)
+            let resp = h2_config_push(sr, body.into_bytes()).await?;
+            if resp.status() != StatusCode::OK {
+                return Err(MockEdgeError::Rejected(format!(
+                    "configuration push answered {}",
+                    resp.status()
+                )));
+            }
+            config_reply(resp.body())
         }
     }
 }
@@ -547,6 +534,36 @@ fn config_reply(bytes: &[u8]) -> Result<i32, MockEdgeError> {
             reply.last_applied_version
         ))),
     }
+}
+
+/// Sends `body` as an HTTP/2 configuration push and returns the connector's
+/// answer with its body.
+pub(super) async fn h2_config_push(
+    sr: h2::client::SendRequest<Bytes>,
+    body: Vec<u8>,
+) -> Result<http::Response<Bytes>, MockEdgeError> {
+    let req = Request::builder()
+        .method(http::Method::PUT)
+        .uri("https://h2.cftunnel.com/config")
+        .header(CONNECTION_UPGRADE, "update-configuration")
+        .header(CONTENT_LENGTH, body.len())
+        .body(())
+        .map_err(stream_err)?;
+    let mut ready = sr.ready().await.map_err(stream_err)?;
+    let (resp, mut send) = ready.send_request(req, false).map_err(stream_err)?;
+    send.send_data(Bytes::from(body), true)
+        .map_err(stream_err)?;
+    let resp = tokio::time::timeout(RPC_TIMEOUT, resp)
+        .await
+        .map_err(stream_err)?
+        .map_err(stream_err)?;
+    let (parts, recv) = resp.into_parts();
+    let bytes = tokio::time::timeout(RPC_TIMEOUT, Body::h2(recv).collect())
+        .await
+        .map_err(stream_err)?
+        .map_err(stream_err)?
+        .to_bytes();
+    Ok(http::Response::from_parts(parts, bytes))
 }
 
 #[cfg(test)]

@@ -687,6 +687,24 @@ impl MockEdge {
             .map_err(|e| MockEdgeError::Stream(e.to_string()))
     }
 
+    /// Sends `body` verbatim as a configuration push over a serving HTTP/2
+    /// connection and returns the connector's answer. For negative tests.
+    pub async fn send_raw_config_push(
+        &self,
+        body: &[u8],
+    ) -> Result<http::Response<Bytes>, MockEdgeError> {
+        let sr = self
+            .inner
+            .pick()
+            .into_iter()
+            .find_map(|(_, t)| match t {
+                Transport::H2(sr) => Some(sr),
+                Transport::Quic(_) => None,
+            })
+            .ok_or_else(|| MockEdgeError::Stream("no serving HTTP/2 connection".into()))?;
+        forward::h2_config_push(sr, body.to_vec()).await
+    }
+
     /// Forwards one request through a registered connection exactly as a request arriving
     /// at the HTTP listener is forwarded (edge headers added, connections taken in turn),
     /// without the listener's HTTP hop: for load generators that play the edge themselves.
