@@ -68,30 +68,17 @@ pub(crate) fn client_transport(opts: &ConnectorOptions, ipv6: bool) -> quinn::Tr
     t
 }
 
-/// Local address the OS would use towards `peer` (sent as `originLocalIp`).
-pub(crate) fn local_ip_towards(peer: SocketAddr) -> IpAddr {
-    let unspecified: SocketAddr = if peer.is_ipv4() {
-        (Ipv4Addr::UNSPECIFIED, 0).into()
-    } else {
-        (Ipv6Addr::UNSPECIFIED, 0).into()
-    };
-    std::net::UdpSocket::bind(unspecified)
-        .and_then(|s| {
-            s.connect(peer)?;
-            s.local_addr()
-        })
-        .map(|a| a.ip())
-        .unwrap_or(unspecified.ip())
-}
-
+/// Registration parameters. `origin_ip` is sent as `originLocalIp` in the
+/// 16-byte form Go's `net.IP` has (an IPv4 address IPv4-mapped), as
+/// `cloudflared` sends it.
 pub(crate) fn register_params(
     shared: &Shared,
     idx: u8,
-    local_ip: IpAddr,
+    origin_ip: IpAddr,
     attempt: u8,
 ) -> RegisterParams {
-    let origin_local_ip = match local_ip {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
+    let origin_local_ip = match origin_ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets().to_vec(),
         IpAddr::V6(v6) => v6.octets().to_vec(),
     };
     RegisterParams {
@@ -177,8 +164,8 @@ async fn serve(
     attempt: u8,
 ) -> Result<Ended, ConnError> {
     let (send, recv) = conn.open_bi().await.map_err(ConnError::control_stream)?;
-    let local_ip = conn.local_ip().unwrap_or_else(|| local_ip_towards(addr));
-    let params = register_params(shared, idx, local_ip, attempt);
+    // Over QUIC `cloudflared` reports the edge's address as `originLocalIp`.
+    let params = register_params(shared, idx, addr.ip(), attempt);
     let (session, outcome) = control::register(
         &shared.worker,
         RpcStream {

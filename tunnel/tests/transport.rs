@@ -29,7 +29,10 @@ async fn serves_requests(protocol: Protocol) {
     assert!(records[0]
         .features
         .contains(&"serialized_headers".to_string()));
-    assert_eq!(records[0].origin_local_ip, vec![127, 0, 0, 1]);
+    assert_eq!(
+        records[0].origin_local_ip,
+        std::net::Ipv4Addr::LOCALHOST.to_ipv6_mapped().octets()
+    );
     assert_eq!(records[0].version, cftunnel_tunnel::DEFAULT_CLIENT_VERSION);
     assert!(records[0].arch.contains('_'), "{}", records[0].arch);
     assert_eq!(records[0].num_previous_attempts, 0);
@@ -58,6 +61,30 @@ async fn serves_requests(protocol: Protocol) {
             "cftunnel_tunnel_connections{{protocol=\"{label}\"}} 2"
         )),
         "{text}"
+    );
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
+/// `originLocalIp` as `cloudflared` sends it: 16 bytes, the edge's address over QUIC and
+/// the connection's local address over HTTP/2. The edge listens on 127.0.0.2, the
+/// connector's side is 127.0.0.1.
+async fn origin_local_ip_is_sent_as_cloudflared_sends_it(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::builder()
+        .edge_addr("127.0.0.2:0".parse().unwrap())
+        .start()
+        .await
+        .unwrap();
+    let handle = serving_connector(&edge, protocol, 1).await;
+    let expected = match protocol {
+        Protocol::Http2 => std::net::Ipv4Addr::LOCALHOST,
+        _ => std::net::Ipv4Addr::new(127, 0, 0, 2),
+    };
+    let records = edge.registrations();
+    assert_eq!(
+        records[0].origin_local_ip,
+        expected.to_ipv6_mapped().octets()
     );
     handle.shutdown().await;
     edge.shutdown().await;
@@ -259,6 +286,7 @@ async fn cut_off_responses_are_not_completed(protocol: Protocol) {
 }
 
 per_transport!(serves_requests);
+per_transport!(origin_local_ip_is_sent_as_cloudflared_sends_it);
 per_transport!(cut_off_responses_are_not_completed);
 per_transport!(responses_end_when_the_body_says_so);
 per_transport!(heads_do_not_wait_for_late_bodies);
