@@ -56,6 +56,12 @@ impl Backoff {
     pub(crate) fn reset(&mut self) {
         self.retries = 0;
     }
+
+    /// Whether the retry count has reached its cap (`cloudflared`'s
+    /// `ReachedMaxRetries`).
+    pub(crate) fn exhausted(&self) -> bool {
+        self.retries == self.max_retries
+    }
 }
 
 /// The wait `cloudflared`'s supervisor adds before it restarts a failed
@@ -133,21 +139,46 @@ pub(crate) enum Transport {
     Http2,
 }
 
-/// Whether an `auto` connection that failed on QUIC should switch to
-/// HTTP/2: QUIC looks broken (handshake timed out) or the retries on
-/// connectivity errors are exhausted, and no connection of this connector
-/// ever registered over QUIC.
-pub(crate) fn should_fall_back(
-    auto: bool,
+/// The protocol an `auto` connection uses next, decided as `cloudflared`
+/// decides it once the backoff after a failure that may change the protocol
+/// is over (and only while no connection ever registered over QUIC): HTTP/2
+/// when the retries are exhausted or QUIC looks broken, else back to QUIC
+/// unless the connection is in a fallback that has not registered yet.
+pub(crate) fn next_transport(
     current: Transport,
-    quic_ever_registered: bool,
-    handshake_timed_out: bool,
-    consecutive_dial_failures: u32,
-    max_retries: u32,
-) -> bool {
-    auto && current == Transport::Quic
-        && !quic_ever_registered
-        && (handshake_timed_out || consecutive_dial_failures > max_retries)
+    in_fallback: bool,
+    retries_exhausted: bool,
+    quic_broken: bool,
+) -> Transport {
+    if retries_exhausted || quic_broken {
+        Transport::Http2
+    } else if in_fallback {
+        current
+    } else {
+        Transport::Quic
+    }
+}
+
+/// `cloudflared`'s default `--max-edge-addr-retries`.
+pub(crate) const MAX_EDGE_ADDR_RETRIES: u8 = 8;
+
+/// A connection's dial failures as `cloudflared` counts them: each moves the
+/// connection to another address, and one past [`MAX_EDGE_ADDR_RETRIES`] in
+/// a row also lets the protocol change, then counting starts over.
+/// Registering does not reset the count.
+#[derive(Debug, Default)]
+pub(crate) struct DialFailures(u8);
+
+impl DialFailures {
+    /// Counts a failure; whether it may change the protocol.
+    pub(crate) fn exhausted(&mut self) -> bool {
+        if self.0 >= MAX_EDGE_ADDR_RETRIES {
+            self.0 = 0;
+            return true;
+        }
+        self.0 += 1;
+        false
+    }
 }
 
 #[cfg(test)]
@@ -223,12 +254,37 @@ mod tests {
     }
 
     #[test]
-    fn fallback_only_for_auto_quic_that_never_registered() {
-        assert!(should_fall_back(true, Transport::Quic, false, true, 0, 5));
-        assert!(should_fall_back(true, Transport::Quic, false, false, 6, 5));
-        assert!(!should_fall_back(true, Transport::Quic, false, false, 5, 5));
-        assert!(!should_fall_back(true, Transport::Quic, true, true, 9, 5));
-        assert!(!should_fall_back(false, Transport::Quic, false, true, 9, 5));
-        assert!(!should_fall_back(true, Transport::Http2, false, true, 9, 5));
+    fn the_protocol_changes_as_cloudflared_changes_it() {
+        use Transport::{Http2, Quic};
+        assert_eq!(next_transport(Quic, false, true, false), Http2);
+        assert_eq!(next_transport(Quic, false, false, true), Http2);
+        assert_eq!(next_transport(Quic, false, false, false), Quic);
+        // Back to QUIC after a fallback that registered (no longer in fallback)...
+        assert_eq!(next_transport(Http2, false, false, false), Quic);
+        // ...but not from a fallback that has not.
+        assert_eq!(next_transport(Http2, true, false, false), Http2);
+        assert_eq!(next_transport(Http2, true, true, false), Http2);
+    }
+
+    #[test]
+    fn every_ninth_dial_failure_may_change_the_protocol() {
+        let mut d = DialFailures::default();
+        let pattern: Vec<bool> = (0..18).map(|_| d.exhausted()).collect();
+        let mut expected = [false; 18];
+        expected[8] = true;
+        expected[17] = true;
+        assert_eq!(pattern, expected);
+    }
+
+    #[test]
+    fn retries_are_exhausted_at_the_cap() {
+        let mut b = Backoff::new(Duration::from_secs(1), 5);
+        let exhausted: Vec<bool> = (0..6)
+            .map(|_| {
+                b.next_wait(0.5);
+                b.exhausted()
+            })
+            .collect();
+        assert_eq!(exhausted, [false, false, false, false, true, true]);
     }
 }

@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument as _;
 use uuid::Uuid;
 
-use crate::backoff::{should_fall_back, Backoff, SharedBackoff, Transport};
+use crate::backoff::{next_transport, Backoff, DialFailures, SharedBackoff, Transport};
 use crate::body::{Body, BoxError};
 use crate::edge::{EdgeAddr, EdgeIpVersion, EdgePool, EDGE_PORT, REGION_HOSTS};
 use crate::metrics::{FailureCause, ProtocolLabel, TunnelMetrics};
@@ -43,7 +43,9 @@ pub const FEATURE_POST_QUANTUM: &str = "postquantum";
 /// `PROXY_TUNNEL_PROTOCOL`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Protocol {
-    /// QUIC first; HTTP/2 when QUIC cannot connect and never registered.
+    /// QUIC first; a connection moves to HTTP/2 when QUIC keeps failing and
+    /// no connection ever registered over QUIC, and back to QUIC after an
+    /// HTTP/2 connection that registered is lost.
     #[default]
     Auto,
     /// QUIC only.
@@ -103,7 +105,8 @@ pub struct ConnectorOptions {
     /// Delay between starting HA connections once the first registered
     /// (default 1 s).
     pub ha_start_interval: Duration,
-    /// QUIC handshake timeout (default 5 s).
+    /// QUIC handshake timeout (default 10 s, as `cloudflared`'s; a handshake
+    /// that hears nothing from the edge ends after the 5 s idle timeout).
     pub handshake_timeout: Duration,
     /// `ClientInfo.version`.
     pub client_version: String,
@@ -136,7 +139,7 @@ impl Default for ConnectorOptions {
             backoff_base: Duration::from_secs(1),
             ha_backoff_base: Duration::from_secs(10),
             ha_start_interval: Duration::from_secs(1),
-            handshake_timeout: Duration::from_secs(5),
+            handshake_timeout: Duration::from_secs(10),
             client_version: DEFAULT_CLIENT_VERSION.to_owned(),
             post_quantum: false,
             quic_max_streams: crate::quic::DEFAULT_QUIC_MAX_STREAMS,
@@ -184,9 +187,9 @@ pub(crate) struct Shared {
     pub(crate) registered: watch::Sender<usize>,
     pub(crate) state: watch::Receiver<RunState>,
     pub(crate) quic_ever_registered: AtomicBool,
-    /// `auto` settled on HTTP/2: connections started or restarted from now on skip QUIC
-    /// instead of each waiting out a QUIC handshake of its own first.
-    pub(crate) quic_fell_back: AtomicBool,
+    /// The first connection is on HTTP/2: the others start on the protocol it is on,
+    /// as in `cloudflared`.
+    pub(crate) first_on_http2: AtomicBool,
     pub(crate) local_ports: Mutex<Vec<u16>>,
     pub(crate) ha_backoff: SharedBackoff,
 }
@@ -278,8 +281,10 @@ pub(crate) enum Ended {
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ConnError {
     /// The edge could not be reached: socket, TCP, TLS or QUIC handshake.
+    /// `unanswered`: the QUIC handshake heard nothing from the edge within its
+    /// idle timeout, which `cloudflared` takes for QUIC being blocked.
     #[error("dial failed: {reason}")]
-    Dial { reason: String, timed_out: bool },
+    Dial { reason: String, unanswered: bool },
     /// The transport came up but the control stream did not.
     #[error("control stream failed: {0}")]
     ControlStream(String),
@@ -293,7 +298,7 @@ impl ConnError {
     pub(crate) fn dial(reason: impl std::fmt::Display) -> Self {
         Self::Dial {
             reason: reason.to_string(),
-            timed_out: false,
+            unanswered: false,
         }
     }
 
@@ -389,7 +394,7 @@ impl Connector {
             registered: registered_tx,
             state: state_rx,
             quic_ever_registered: AtomicBool::new(false),
-            quic_fell_back: AtomicBool::new(false),
+            first_on_http2: AtomicBool::new(false),
             local_ports: Mutex::new(vec![0; ha]),
             ha_backoff,
         });
@@ -633,11 +638,16 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
     let opts = &shared.opts;
     let auto = opts.protocol == Protocol::Auto;
     let mut transport = match opts.protocol {
+        Protocol::Auto if idx != 0 && shared.first_on_http2.load(Ordering::Relaxed) => {
+            Transport::Http2
+        }
         Protocol::Auto | Protocol::Quic => Transport::Quic,
         Protocol::Http2 => Transport::Http2,
     };
+    // On HTTP/2 after falling back, until a connection registers.
+    let mut in_fallback = false;
     let mut backoff = Backoff::new(opts.backoff_base, opts.retries);
-    let mut dial_failures = 0u32;
+    let mut dial_failures = DialFailures::default();
     let mut state = shared.state.clone();
     if idx != 0 {
         shared.ha_backoff.connecting();
@@ -645,9 +655,6 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
     loop {
         if shared.run_state() != RunState::Running {
             return;
-        }
-        if auto && shared.quic_fell_back.load(Ordering::Relaxed) {
-            transport = Transport::Http2;
         }
         let Some(addr) = pool.address(idx) else {
             return;
@@ -670,48 +677,36 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                     .await
             }
         };
-        match result {
+        // Whether the failure may change the protocol, as `cloudflared` decides it,
+        // and whether QUIC looks blocked.
+        let (may_switch, quic_broken) = match result {
             Ok(Ended::Stopped) => return,
             Ok(Ended::Lost { idle_timeout }) => {
                 tracing::warn!(conn_index = idx, edge = %addr, idle_timeout, "edge connection lost");
                 backoff.reset();
-                dial_failures = 0;
+                in_fallback = false;
                 if idx != 0 {
                     shared.ha_backoff.connecting();
                 }
+                (true, false)
             }
             Err(e) => {
                 shared.metrics.failed(label, e.cause());
-                let mut timed_out = false;
-                match &e {
-                    ConnError::Refused(r) if r.is_duplicate() => pool.rotate(idx),
-                    ConnError::Dial { timed_out: t, .. } => {
-                        timed_out = *t;
-                        dial_failures += 1;
-                        pool.rotate(idx);
-                    }
-                    _ => {}
-                }
                 tracing::warn!(conn_index = idx, edge = %addr, error = %e, "edge connection failed");
-                if should_fall_back(
-                    auto,
-                    transport,
-                    shared.quic_ever_registered.load(Ordering::Relaxed),
-                    timed_out,
-                    dial_failures,
-                    opts.retries,
-                ) {
-                    tracing::warn!(
-                        conn_index = idx,
-                        "QUIC cannot reach the edge; falling back to HTTP/2"
-                    );
-                    transport = Transport::Http2;
-                    shared.quic_fell_back.store(true, Ordering::Relaxed);
-                    backoff.reset();
-                    dial_failures = 0;
+                match e {
+                    ConnError::Refused(r) if r.is_duplicate() => {
+                        pool.rotate(idx);
+                        (false, false)
+                    }
+                    ConnError::Refused(r) => (r.should_retry, false),
+                    ConnError::Dial { unanswered, .. } => {
+                        pool.rotate(idx);
+                        (dial_failures.exhausted(), unanswered)
+                    }
+                    ConnError::ControlStream(_) | ConnError::Rpc(_) => (true, false),
                 }
             }
-        }
+        };
         let wait = backoff.next_wait(rand::random::<f64>());
         shared.metrics.reconnect(label);
         tracing::info!(
@@ -722,6 +717,27 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = wait_state_change(&mut state) => return,
+        }
+        if auto && may_switch && !shared.quic_ever_registered.load(Ordering::Relaxed) {
+            let next = next_transport(transport, in_fallback, backoff.exhausted(), quic_broken);
+            if next != transport {
+                if next == Transport::Http2 {
+                    tracing::warn!(
+                        conn_index = idx,
+                        "QUIC keeps failing; falling back to HTTP/2"
+                    );
+                    in_fallback = true;
+                    backoff.reset();
+                } else {
+                    tracing::info!(conn_index = idx, "trying QUIC again");
+                }
+                transport = next;
+                if idx == 0 {
+                    shared
+                        .first_on_http2
+                        .store(transport == Transport::Http2, Ordering::Relaxed);
+                }
+            }
         }
         // The first connection restarts on its own backoff alone, as in `cloudflared`.
         if idx != 0 {

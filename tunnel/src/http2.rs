@@ -51,10 +51,7 @@ pub(crate) async fn connect(
         tokio_rustls::TlsConnector::from(shared.h2_client.clone()).connect(name, tcp),
     )
     .await
-    .map_err(|_| ConnError::Dial {
-        reason: "tls handshake timed out".into(),
-        timed_out: true,
-    })?
+    .map_err(|_| ConnError::dial("tls handshake timed out"))?
     .map_err(ConnError::dial)?;
     let conn = h2::server::Builder::new()
         .max_concurrent_streams(u32::MAX)
@@ -112,10 +109,7 @@ fn tcp_keepalive() -> socket2::TcpKeepalive {
 async fn dial_tcp(addr: SocketAddr) -> Result<tokio::net::TcpStream, ConnError> {
     let tcp = tokio::time::timeout(DIAL_TIMEOUT, tokio::net::TcpStream::connect(addr))
         .await
-        .map_err(|_| ConnError::Dial {
-            reason: "tcp connect timed out".into(),
-            timed_out: true,
-        })?
+        .map_err(|_| ConnError::dial("tcp connect timed out"))?
         .map_err(ConnError::dial)?;
     let _ = tcp.set_nodelay(true);
     // As in Go, a socket that refuses the options is still used.

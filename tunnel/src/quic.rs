@@ -139,14 +139,18 @@ pub(crate) async fn connect(
     let connecting = endpoint
         .connect_with(cfg, addr, QUIC_SERVER_NAME)
         .map_err(ConnError::dial)?;
+    // quinn's 5 s idle timeout ends a handshake that hears nothing from the edge, as
+    // quic-go's handshake idle timeout does for `cloudflared`; the overall limit is
+    // `handshake_timeout`.
     let conn = match tokio::time::timeout(shared.opts.handshake_timeout, connecting).await {
         Ok(Ok(c)) => c,
-        Ok(Err(quinn::ConnectionError::TimedOut)) | Err(_) => {
+        Ok(Err(quinn::ConnectionError::TimedOut)) => {
             return Err(ConnError::Dial {
-                reason: "QUIC handshake timed out".into(),
-                timed_out: true,
+                reason: "no answer from the edge to the QUIC handshake".into(),
+                unanswered: true,
             })
         }
+        Err(_) => return Err(ConnError::dial("QUIC handshake timed out")),
         Ok(Err(e)) => return Err(ConnError::dial(e)),
     };
     tracing::debug!(edge = %addr, "QUIC handshake complete");

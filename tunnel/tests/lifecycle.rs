@@ -259,21 +259,48 @@ per_transport!(reconnects_after_edge_restart);
 per_transport!(drain_finishes_in_flight_requests);
 per_transport!(config_pushes_are_acknowledged);
 
+/// Dial failures `cloudflared` allows on QUIC before it falls back: one past its
+/// default `--max-edge-addr-retries` (8).
+const QUIC_DIAL_FAILURES_BEFORE_FALLBACK: usize = 9;
+
+/// `auto` options against an edge without QUIC: short handshakes and backoff, so the
+/// failures before the fallback pass quickly.
+fn blocked_quic_options(edge: &MockEdge, ha: usize) -> cftunnel_tunnel::ConnectorOptions {
+    let mut opts = options(edge, Protocol::Auto, ha);
+    opts.handshake_timeout = Duration::from_millis(300);
+    opts.backoff_base = Duration::from_millis(10);
+    opts
+}
+
+fn quic_dial_failures(text: &str) -> usize {
+    text.lines()
+        .find(|l| {
+            l.starts_with(
+                "cftunnel_tunnel_registration_failures_total{protocol=\"quic\",cause=\"dial\"}",
+            )
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_falls_back_to_http2_when_quic_is_blocked() {
     trace_init();
     tokio::time::timeout(LIMIT, async {
         let edge = MockEdge::builder().disable_quic().start().await.unwrap();
-        let mut opts = options(&edge, Protocol::Auto, 1);
-        opts.handshake_timeout = Duration::from_millis(500);
-        let (handle, _m, registry) = start_connector(opts, token());
+        let (handle, _m, registry) = start_connector(blocked_quic_options(&edge, 1), token());
         handle.wait_registered(1).await;
         let text = metrics_text(&registry);
         assert!(
             text.contains("cftunnel_tunnel_connections{protocol=\"http2\"} 1"),
             "{text}"
         );
-        assert!(text.contains("protocol=\"quic\",cause=\"dial\""), "{text}");
+        assert_eq!(
+            quic_dial_failures(&text),
+            QUIC_DIAL_FAILURES_BEFORE_FALLBACK,
+            "{text}"
+        );
         handle.shutdown().await;
         edge.shutdown().await;
     })
@@ -281,31 +308,88 @@ async fn auto_falls_back_to_http2_when_quic_is_blocked() {
     .expect("test finished in time");
 }
 
-/// Once `auto` has fallen back, the other connections start on HTTP/2 instead of each
-/// trying QUIC first.
+/// Once the first connection has fallen back, the others start on HTTP/2 (the protocol
+/// it is on) instead of each trying QUIC first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_fallback_the_other_connections_start_on_http2() {
     trace_init();
     tokio::time::timeout(LIMIT, async {
         let edge = MockEdge::builder().disable_quic().start().await.unwrap();
-        let mut opts = options(&edge, Protocol::Auto, 3);
-        opts.handshake_timeout = Duration::from_millis(500);
-        let (handle, _m, registry) = start_connector(opts, token());
+        let (handle, _m, registry) = start_connector(blocked_quic_options(&edge, 3), token());
         handle.wait_registered(3).await;
         let text = metrics_text(&registry);
         assert!(
             text.contains("cftunnel_tunnel_connections{protocol=\"http2\"} 3"),
             "{text}"
         );
-        let quic_dial_failures: Vec<&str> = text
-            .lines()
-            .filter(|l| l.contains("protocol=\"quic\",cause=\"dial\""))
-            .collect();
-        assert_eq!(quic_dial_failures.len(), 1, "{text}");
-        assert!(
-            quic_dial_failures[0].ends_with(" 1"),
+        assert_eq!(
+            quic_dial_failures(&text),
+            QUIC_DIAL_FAILURES_BEFORE_FALLBACK,
             "only the first connection tried QUIC: {text}"
         );
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// A fallback is per connection and not for good: an HTTP/2 connection that registered
+/// and is then lost tries QUIC again, as `cloudflared`'s does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_http2_fallback_returns_to_quic() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::builder().disable_quic().start().await.unwrap();
+        let (handle, _m, registry) = start_connector(blocked_quic_options(&edge, 1), token());
+        handle.wait_registered(1).await;
+        let (addr, pki) = (edge.edge_addr(), edge.pki().clone());
+        edge.shutdown().await;
+        let edge = MockEdge::builder()
+            .edge_addr(addr)
+            .pki(pki)
+            .start()
+            .await
+            .unwrap();
+        wait_until(|| {
+            metrics_text(&registry).contains("cftunnel_tunnel_connections{protocol=\"quic\"} 1")
+        })
+        .await;
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// Registration failures on QUIC count towards the fallback too: after the retry count
+/// (5) of them in a row the connection moves to HTTP/2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_registration_failures_fall_back_to_http2() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::start().await.unwrap();
+        edge.set_registration_error(Some(EdgeRefusal {
+            cause: "server busy".into(),
+            retry_after: Duration::ZERO,
+            should_retry: true,
+        }));
+        let mut opts = options(&edge, Protocol::Auto, 1);
+        opts.backoff_base = Duration::from_millis(10);
+        let (handle, _m, registry) = start_connector(opts, token());
+        let failures = |p: &str| {
+            let text = metrics_text(&registry);
+            let line = format!(
+                "cftunnel_tunnel_registration_failures_total{{protocol=\"{p}\",cause=\"server_error\"}} "
+            );
+            text.lines()
+                .find_map(|l| l.strip_prefix(&line).and_then(|n| n.parse::<u64>().ok()))
+                .unwrap_or(0)
+        };
+        wait_until(|| failures("http2") >= 1).await;
+        assert_eq!(failures("quic"), 5);
+        edge.set_registration_error(None);
+        handle.wait_registered(1).await;
         handle.shutdown().await;
         edge.shutdown().await;
     })
