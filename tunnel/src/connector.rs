@@ -657,7 +657,15 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
             return;
         }
         let Some(addr) = pool.address(idx) else {
-            return;
+            // Every address of the regions' active families is taken (one moved to IPv4
+            // with fewer addresses): wait and look again, as `cloudflared` retries.
+            let wait = backoff.next_wait(rand::random::<f64>());
+            tracing::warn!(conn_index = idx, "no free edge address; retrying");
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = wait_state_change(&mut state) => return,
+            }
+            continue;
         };
         let label = match transport {
             Transport::Quic => ProtocolLabel::Quic,
