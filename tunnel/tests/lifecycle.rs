@@ -284,54 +284,43 @@ fn quic_dial_failures(text: &str) -> usize {
         .unwrap_or(0)
 }
 
+/// With UDP blocked, `ha` connections register over HTTP/2, and only the first one
+/// dialled QUIC (as many times as `cloudflared` does before it falls back).
+async fn falls_back_to_http2(ha: usize) {
+    trace_init();
+    let edge = MockEdge::builder().disable_quic().start().await.unwrap();
+    let (handle, _m, registry) = start_connector(blocked_quic_options(&edge, ha), token());
+    handle.wait_registered(ha).await;
+    let text = metrics_text(&registry);
+    assert!(
+        text.contains(&format!(
+            "cftunnel_tunnel_connections{{protocol=\"http2\"}} {ha}"
+        )),
+        "{text}"
+    );
+    assert_eq!(
+        quic_dial_failures(&text),
+        QUIC_DIAL_FAILURES_BEFORE_FALLBACK,
+        "only the first connection tried QUIC: {text}"
+    );
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_falls_back_to_http2_when_quic_is_blocked() {
-    trace_init();
-    tokio::time::timeout(LIMIT, async {
-        let edge = MockEdge::builder().disable_quic().start().await.unwrap();
-        let (handle, _m, registry) = start_connector(blocked_quic_options(&edge, 1), token());
-        handle.wait_registered(1).await;
-        let text = metrics_text(&registry);
-        assert!(
-            text.contains("cftunnel_tunnel_connections{protocol=\"http2\"} 1"),
-            "{text}"
-        );
-        assert_eq!(
-            quic_dial_failures(&text),
-            QUIC_DIAL_FAILURES_BEFORE_FALLBACK,
-            "{text}"
-        );
-        handle.shutdown().await;
-        edge.shutdown().await;
-    })
-    .await
-    .expect("test finished in time");
+    tokio::time::timeout(LIMIT, falls_back_to_http2(1))
+        .await
+        .expect("test finished in time");
 }
 
 /// Once the first connection has fallen back, the others start on HTTP/2 (the protocol
 /// it is on) instead of each trying QUIC first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_fallback_the_other_connections_start_on_http2() {
-    trace_init();
-    tokio::time::timeout(LIMIT, async {
-        let edge = MockEdge::builder().disable_quic().start().await.unwrap();
-        let (handle, _m, registry) = start_connector(blocked_quic_options(&edge, 3), token());
-        handle.wait_registered(3).await;
-        let text = metrics_text(&registry);
-        assert!(
-            text.contains("cftunnel_tunnel_connections{protocol=\"http2\"} 3"),
-            "{text}"
-        );
-        assert_eq!(
-            quic_dial_failures(&text),
-            QUIC_DIAL_FAILURES_BEFORE_FALLBACK,
-            "only the first connection tried QUIC: {text}"
-        );
-        handle.shutdown().await;
-        edge.shutdown().await;
-    })
-    .await
-    .expect("test finished in time");
+    tokio::time::timeout(LIMIT, falls_back_to_http2(3))
+        .await
+        .expect("test finished in time");
 }
 
 /// A fallback is per connection and not for good: an HTTP/2 connection that registered
