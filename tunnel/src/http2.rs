@@ -354,13 +354,14 @@ async fn handle_request(
 }
 
 /// A configuration push as `cloudflared` decodes it: the first JSON value of
-/// the body, fields absent or unknown allowed.
+/// the body, fields absent or unknown allowed, the document kept as the bytes
+/// it came in (Go's `json.RawMessage`).
 #[derive(serde::Deserialize)]
 struct PushBody {
     #[serde(default)]
     version: i32,
     #[serde(default)]
-    config: Option<serde_json::Value>,
+    config: Option<Box<serde_json::value::RawValue>>,
 }
 
 /// The answer to a push, JSON-encoded as `cloudflared` encodes its Go
@@ -387,10 +388,10 @@ fn push_reply(
         .next()?
         .ok()?;
     // An absent config applies as an empty document, which fails as in `cloudflared`.
-    let config = match push.config {
-        Some(c) => serde_json::to_vec(&c).ok()?,
-        None => Vec::new(),
-    };
+    let config = push
+        .config
+        .map(|c| c.get().as_bytes().to_vec())
+        .unwrap_or_default();
     let (version, err) = state.apply(push.version, &config);
     if let Some(e) = &err {
         tracing::warn!(version = push.version, error = %e, "configuration push not applied");

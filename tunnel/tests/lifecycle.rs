@@ -194,10 +194,15 @@ async fn http2_config_push_replies_match_cloudflared() {
         let edge = MockEdge::start().await.unwrap();
         let handle = serving_connector(&edge, Protocol::Http2, 1).await;
         let resp = edge
-            .send_raw_config_push(br#"{"version":3,"config":{"ingress":[]}}"#)
+            .send_raw_config_push(br#"{"version":3,"config":{"z":1, "ingress": [],"a":2}}"#)
             .await
             .unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(
+            &handle.remote_config().borrow().config[..],
+            br#"{"z":1, "ingress": [],"a":2}"#,
+            "the document as pushed"
+        );
         assert_eq!(resp.headers()["content-type"], "text/plain; charset=utf-8");
         assert_eq!(&resp.body()[..], br#"{"lastAppliedVersion":3,"err":null}"#);
         let resp = edge
