@@ -266,7 +266,7 @@ per_transport!(config_pushes_are_acknowledged);
 
 /// Dial failures `cloudflared` allows on QUIC before it falls back: one past its
 /// default `--max-edge-addr-retries` (8).
-const QUIC_DIAL_FAILURES_BEFORE_FALLBACK: usize = 9;
+const QUIC_DIAL_FAILURES_BEFORE_FALLBACK: u64 = 9;
 
 /// `auto` options against an edge without QUIC: short handshakes and backoff, so the
 /// failures before the fallback pass quickly.
@@ -277,16 +277,24 @@ fn blocked_quic_options(edge: &MockEdge, ha: usize) -> cftunnel_tunnel::Connecto
     opts
 }
 
-fn quic_dial_failures(text: &str) -> usize {
+/// `cftunnel_tunnel_registration_failures_total` for one protocol and cause (0 before
+/// the first).
+fn registration_failures(text: &str, protocol: &str, cause: &str) -> u64 {
+    let series = format!(
+        "cftunnel_tunnel_registration_failures_total{{protocol=\"{protocol}\",cause=\"{cause}\"}} "
+    );
     text.lines()
-        .find(|l| {
-            l.starts_with(
-                "cftunnel_tunnel_registration_failures_total{protocol=\"quic\",cause=\"dial\"}",
-            )
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|n| n.parse().ok())
+        .find_map(|l| l.strip_prefix(&series)?.parse().ok())
         .unwrap_or(0)
+}
+
+/// A refusal the connector retries at once.
+fn retryable(cause: &str) -> EdgeRefusal {
+    EdgeRefusal {
+        cause: cause.into(),
+        retry_after: Duration::ZERO,
+        should_retry: true,
+    }
 }
 
 /// With UDP blocked, `ha` connections register over HTTP/2, and only the first one
@@ -304,7 +312,7 @@ async fn falls_back_to_http2(ha: usize) {
         "{text}"
     );
     assert_eq!(
-        quic_dial_failures(&text),
+        registration_failures(&text, "quic", "dial"),
         QUIC_DIAL_FAILURES_BEFORE_FALLBACK,
         "only the first connection tried QUIC: {text}"
     );
@@ -363,23 +371,11 @@ async fn repeated_registration_failures_fall_back_to_http2() {
     trace_init();
     tokio::time::timeout(LIMIT, async {
         let edge = MockEdge::start().await.unwrap();
-        edge.set_registration_error(Some(EdgeRefusal {
-            cause: "server busy".into(),
-            retry_after: Duration::ZERO,
-            should_retry: true,
-        }));
+        edge.set_registration_error(Some(retryable("server busy")));
         let mut opts = options(&edge, Protocol::Auto, 1);
         opts.backoff_base = Duration::from_millis(10);
         let (handle, _m, registry) = start_connector(opts, token());
-        let failures = |p: &str| {
-            let text = metrics_text(&registry);
-            let line = format!(
-                "cftunnel_tunnel_registration_failures_total{{protocol=\"{p}\",cause=\"server_error\"}} "
-            );
-            text.lines()
-                .find_map(|l| l.strip_prefix(&line).and_then(|n| n.parse::<u64>().ok()))
-                .unwrap_or(0)
-        };
+        let failures = |p: &str| registration_failures(&metrics_text(&registry), p, "server_error");
         wait_until(|| failures("http2") >= 1).await;
         assert_eq!(failures("quic"), 5);
         edge.set_registration_error(None);
@@ -396,11 +392,7 @@ async fn duplicate_connection_is_counted_and_retried() {
     trace_init();
     tokio::time::timeout(LIMIT, async {
         let edge = MockEdge::start().await.unwrap();
-        edge.set_registration_error(Some(EdgeRefusal {
-            cause: "EDUPCONN".into(),
-            retry_after: Duration::ZERO,
-            should_retry: true,
-        }));
+        edge.set_registration_error(Some(retryable("EDUPCONN")));
         let (handle, _m, registry) = start_connector(options(&edge, Protocol::Quic, 1), token());
         wait_until(|| edge.registrations().len() >= 2).await;
         assert!(metrics_text(&registry).contains("cause=\"dup_edge_conn\""));
