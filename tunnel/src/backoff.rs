@@ -163,9 +163,9 @@ pub(crate) fn next_transport(
 pub(crate) const MAX_EDGE_ADDR_RETRIES: u8 = 8;
 
 /// A connection's dial failures as `cloudflared` counts them: each moves the
-/// connection to another address, and one past [`MAX_EDGE_ADDR_RETRIES`] in
-/// a row also lets the protocol change, then counting starts over.
-/// Registering does not reset the count.
+/// connection to another address, and every one past [`MAX_EDGE_ADDR_RETRIES`]
+/// also lets the protocol change, then counting starts over. Nothing else
+/// resets the count, registering included.
 #[derive(Debug, Default)]
 pub(crate) struct DialFailures(u8);
 

@@ -647,6 +647,9 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
     // On HTTP/2 after falling back, until a connection registers.
     let mut in_fallback = false;
     let mut backoff = Backoff::new(opts.backoff_base, opts.retries);
+    // Waits for a free address have a backoff of their own: they are not attempts,
+    // so they count neither in `numPreviousAttempts` nor towards the fallback.
+    let mut address_wait = Backoff::new(opts.backoff_base, opts.retries);
     let mut dial_failures = DialFailures::default();
     let mut state = shared.state.clone();
     if idx != 0 {
@@ -659,7 +662,7 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
         let Some(addr) = pool.address(idx) else {
             // Every address of the regions' active families is taken (one moved to IPv4
             // with fewer addresses): wait and look again, as `cloudflared` retries.
-            let wait = backoff.next_wait(rand::random::<f64>());
+            let wait = address_wait.next_wait(rand::random::<f64>());
             tracing::warn!(conn_index = idx, "no free edge address; retrying");
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
@@ -667,6 +670,7 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
             }
             continue;
         };
+        address_wait.reset();
         let label = match transport {
             Transport::Quic => ProtocolLabel::Quic,
             Transport::Http2 => ProtocolLabel::Http2,

@@ -366,7 +366,9 @@ struct PushBody {
 
 /// The answer to a push, JSON-encoded as `cloudflared` encodes its Go
 /// response: `err` is `null` when the push applied (or was not newer), and an
-/// object when it failed (Go encodes an error value as `{}`).
+/// object when it failed. Go writes an error as its exported fields: `{}` for
+/// the plain errors ingress validation returns, but `{"Offset":N}` for a JSON
+/// syntax error; that field is not reproduced here, every failure is `{}`.
 #[derive(serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 struct PushReply {

@@ -149,6 +149,9 @@ async fn connectors_that_register_later_get_the_current_config(protocol: Protoco
         edge.push_config(5, doc).await.is_empty(),
         "nobody to push to yet"
     );
+    // Neither an older version nor a malformed document replaces the kept one.
+    assert!(edge.push_config(3, b"{}").await.is_empty());
+    assert!(edge.push_config(9, b"{not json").await.is_empty());
     let handle = serving_connector(&edge, protocol, 1).await;
     let mut config = handle.remote_config();
     tokio::time::timeout(Duration::from_secs(5), config.wait_for(|c| c.version == 5))
@@ -185,8 +188,9 @@ async fn a_response_head_that_never_comes_is_a_524(protocol: Protocol) {
     edge.shutdown().await;
 }
 
-/// Over HTTP/2 the connector answers a push with the bytes `cloudflared` sends: its Go
-/// response JSON-encoded (`err` null or an object), an undecodable push a connector 502.
+/// Over HTTP/2 the connector answers a push as `cloudflared` does: its Go response
+/// JSON-encoded (`err` null, or an object: `{}` here, where Go may name a JSON syntax
+/// error's offset), an undecodable push a connector 502.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_config_push_replies_match_cloudflared() {
     trace_init();
@@ -412,10 +416,15 @@ async fn dial_failures_move_on_until_an_edge_answers() {
     trace_init();
     tokio::time::timeout(LIMIT, async {
         let edge = MockEdge::start().await.unwrap();
+        // Bound but not listening: dials are refused, and the ports stay taken for
+        // the whole test, so no other test's listener can land on one.
         let mut edges = Vec::new();
+        let mut refusing = Vec::new();
         for _ in 0..3 {
-            let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            edges.push(closed.local_addr().unwrap().into());
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            edges.push(socket.local_addr().unwrap().into());
+            refusing.push(socket);
         }
         edges.push(edge.edge_addr().into());
         let mut opts = options(&edge, Protocol::Http2, 1);
@@ -534,6 +543,18 @@ async fn mock_edge_admin_api_pushes_config_and_lists_connections() {
         .unwrap();
         let resp = client.request(req).await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(handle.remote_config().borrow().version, 7);
+        let req = http::Request::put(format!(
+            "http://{}/__mock-edge/config?version=8",
+            edge.http_addr()
+        ))
+        .body(http_body_util::BodyExt::boxed_unsync(
+            http_body_util::Full::new(bytes::Bytes::from_static(b"{not json"))
+                .map_err(|e| match e {}),
+        ))
+        .unwrap();
+        let resp = client.request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
         assert_eq!(handle.remote_config().borrow().version, 7);
         let req = http::Request::put(format!(
             "http://{}/__mock-edge/registration-error?cause=EDUPCONN",

@@ -66,6 +66,12 @@ pub(super) async fn handle(inner: &Inner, req: Request<Incoming>) -> http::Respo
                 Ok(b) => b.to_bytes(),
                 Err(_) => return full(StatusCode::PAYLOAD_TOO_LARGE, "config too large\n"),
             };
+            if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body) {
+                return full(
+                    StatusCode::BAD_REQUEST,
+                    format!("the configuration is not JSON: {e}\n"),
+                );
+            }
             let results: Vec<_> = inner
                 .set_remote_config(version, body)
                 .await

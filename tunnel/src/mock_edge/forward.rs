@@ -211,6 +211,7 @@ where
 /// names it chunked so that it reaches the origin.
 fn mark_body<B: http_body::Body>(req: &mut Request<B>) {
     if req.body().is_end_stream()
+        || req.body().size_hint().exact() == Some(0)
         || req.headers().contains_key(CONTENT_LENGTH)
         || req.headers().contains_key(TRANSFER_ENCODING)
     {

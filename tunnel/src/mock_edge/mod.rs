@@ -211,14 +211,22 @@ impl Inner {
         list
     }
 
-    /// Keeps `config` as the tunnel's configuration (version `version`) and pushes it
-    /// to every serving connection; returns each one's answer.
+    /// Pushes `config` (version `version`) to every serving connection and returns
+    /// each one's answer. A JSON document newer than the kept one becomes the
+    /// tunnel's configuration; an older or malformed push (for negative tests) is
+    /// sent but not kept.
     pub(crate) async fn set_remote_config(
         &self,
         version: i32,
         config: Bytes,
     ) -> Vec<(u64, Result<i32, MockEdgeError>)> {
-        self.with_state(|s| s.remote_config = Some((version, config.clone())));
+        if serde_json::from_slice::<serde::de::IgnoredAny>(&config).is_ok() {
+            self.with_state(|s| {
+                if s.remote_config.as_ref().is_none_or(|(v, _)| version > *v) {
+                    s.remote_config = Some((version, config.clone()));
+                }
+            });
+        }
         let mut out = Vec::new();
         for (id, t) in self.pick() {
             let r = forward::push_config(self, t, version, config.to_vec()).await;
