@@ -266,10 +266,17 @@ async fn accept_loop(
     }
 }
 
+/// An answer the connector makes itself, with the headers Go's HTTP/2 server adds
+/// to an empty `cloudflared` response (`content-length: 0`, `date`).
 fn connector_error(respond: &mut h2::server::SendResponse<Bytes>, status: StatusCode) {
     let resp = Response::builder()
         .status(status)
         .header(RESPONSE_META, META_CONNECTOR)
+        .header(CONTENT_LENGTH, 0)
+        .header(
+            http::header::DATE,
+            httpdate::fmt_http_date(std::time::SystemTime::now()),
+        )
         .body(());
     if let Ok(resp) = resp {
         let _ = respond.send_response(resp, true);

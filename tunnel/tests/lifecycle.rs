@@ -220,6 +220,9 @@ async fn http2_config_push_replies_match_cloudflared() {
             resp.headers()["cf-cloudflared-response-meta"],
             r#"{"src":"cloudflared"}"#
         );
+        assert_eq!(resp.headers()["content-length"], "0");
+        let date = resp.headers()["date"].to_str().unwrap();
+        assert!(date.ends_with(" GMT") && date.len() == 29, "{date}");
         assert!(resp.body().is_empty());
         assert_eq!(handle.remote_config().borrow().version, 3);
         handle.shutdown().await;
