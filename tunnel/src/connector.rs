@@ -562,14 +562,17 @@ where
     tracing::warn!("trying the edge region hosts");
     for (region, host) in REGION_HOSTS.iter().enumerate() {
         match resolve(host).await {
-            Ok(mut addrs) => {
-                addrs.retain(|a| version.allows(a.ip()));
-                let mut ips: Vec<_> = addrs.iter().map(SocketAddr::ip).collect();
-                crate::discovery::sort_rfc6724(&mut ips, crate::discovery::source_towards);
-                out.extend(
-                    ips.into_iter()
-                        .map(|ip| (SocketAddr::new(ip, EDGE_PORT), region as u8)),
-                );
+            Ok(addrs) => {
+                let ips = addrs
+                    .iter()
+                    .map(SocketAddr::ip)
+                    .filter(|ip| version.allows(*ip))
+                    .collect();
+                out.extend(crate::discovery::region_entries(
+                    ips,
+                    EDGE_PORT,
+                    region as u8,
+                ));
             }
             Err(e) => tracing::warn!(host, error = %e, "edge region lookup failed"),
         }

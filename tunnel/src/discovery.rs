@@ -111,6 +111,18 @@ pub(crate) fn sort_rfc6724(ips: &mut [IpAddr], source: impl Fn(IpAddr) -> Option
     }
 }
 
+/// A region's edge entries: `ips` in Go's order ([`sort_rfc6724`] from this
+/// host), all on `port`.
+pub(crate) fn region_entries(
+    mut ips: Vec<IpAddr>,
+    port: u16,
+    region: u8,
+) -> impl Iterator<Item = (SocketAddr, u8)> {
+    sort_rfc6724(&mut ips, source_towards);
+    ips.into_iter()
+        .map(move |ip| (SocketAddr::new(ip, port), region))
+}
+
 /// RFC 6724 scope, as Go classifies it.
 fn scope(ip: IpAddr) -> u8 {
     match ip {
@@ -262,12 +274,8 @@ async fn resolve_regions<L: EdgeLookup>(
         for (i, resolver) in resolvers.iter().enumerate() {
             let failure =
                 match tokio::time::timeout(DOT_TIMEOUT, resolver.ips(t.target.as_str())).await {
-                    Ok(Ok(mut ips)) if !ips.is_empty() => {
-                        sort_rfc6724(&mut ips, source_towards);
-                        out.extend(
-                            ips.into_iter()
-                                .map(|ip| (SocketAddr::new(ip, t.port), region as u8)),
-                        );
+                    Ok(Ok(ips)) if !ips.is_empty() => {
+                        out.extend(region_entries(ips, t.port, region as u8));
                         break;
                     }
                     Ok(Ok(_)) => "no addresses".to_owned(),

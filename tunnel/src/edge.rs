@@ -196,15 +196,8 @@ impl Region {
         }
     }
 
-    fn holds(&self, i: usize) -> bool {
-        self.primary.contains(&i) || self.secondary.contains(&i)
-    }
-
-    /// Family switching after a connectivity error on entry `i`.
-    fn connectivity_error(&mut self, i: usize, ipv6: bool, now: Instant) {
-        if !self.holds(i) {
-            return;
-        }
+    /// Family switching after a connectivity error on one of its entries.
+    fn connectivity_error(&mut self, ipv6: bool, now: Instant) {
         if !self.secondary_active {
             if ipv6 && !self.secondary.is_empty() {
                 self.secondary_active = true;
@@ -265,9 +258,9 @@ impl EdgePool {
         let current = s.owner.iter().position(|o| *o == Some(idx));
         if let Some(c) = current {
             s.owner[c] = None;
-            let ipv6 = s.entries[c].0.is_ipv6();
-            for region in &mut s.regions {
-                region.connectivity_error(c, ipv6, now);
+            let (addr, region) = s.entries[c];
+            if let Some(region) = s.regions.get_mut(usize::from(region)) {
+                region.connectivity_error(addr.is_ipv6(), now);
             }
         }
         if let Some(next) = s.pick_free(current).or(current) {
