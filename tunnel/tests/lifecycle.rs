@@ -535,28 +535,23 @@ async fn mock_edge_admin_api_pushes_config_and_lists_connections() {
         assert_eq!(status, StatusCode::OK);
         let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(list[0]["registered"], true);
-        let req = http::Request::put(format!(
-            "http://{}/__mock-edge/config?version=7",
-            edge.http_addr()
-        ))
-        .body(http_body_util::BodyExt::boxed_unsync(
-            http_body_util::Full::new(bytes::Bytes::from_static(b"{\"ingress\":[]}"))
-                .map_err(|e| match e {}),
-        ))
-        .unwrap();
-        let resp = client.request(req).await.unwrap();
+        let put_config = |version: u32, doc: &'static [u8]| {
+            http::Request::put(format!(
+                "http://{}/__mock-edge/config?version={version}",
+                edge.http_addr()
+            ))
+            .body(http_body_util::BodyExt::boxed_unsync(
+                http_body_util::Full::new(bytes::Bytes::from_static(doc)).map_err(|e| match e {}),
+            ))
+            .unwrap()
+        };
+        let resp = client
+            .request(put_config(7, b"{\"ingress\":[]}"))
+            .await
+            .unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
         assert_eq!(handle.remote_config().borrow().version, 7);
-        let req = http::Request::put(format!(
-            "http://{}/__mock-edge/config?version=8",
-            edge.http_addr()
-        ))
-        .body(http_body_util::BodyExt::boxed_unsync(
-            http_body_util::Full::new(bytes::Bytes::from_static(b"{not json"))
-                .map_err(|e| match e {}),
-        ))
-        .unwrap();
-        let resp = client.request(req).await.unwrap();
+        let resp = client.request(put_config(8, b"{not json")).await.unwrap();
         assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
         assert_eq!(handle.remote_config().borrow().version, 7);
         let req = http::Request::put(format!(
