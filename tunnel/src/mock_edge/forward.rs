@@ -183,7 +183,9 @@ where
     mark_body(&mut req);
     let candidates = inner.pick();
     let Some((id, transport)) = candidates.into_iter().next() else {
-        return full(StatusCode::BAD_GATEWAY, "no registered tunnel connection\n");
+        // What Cloudflare answers for a tunnel with no connector: 530, error 1033.
+        let status = StatusCode::from_u16(530).unwrap_or(StatusCode::BAD_GATEWAY);
+        return full(status, "error code: 1033\n");
     };
     inner.count_request(id);
     let wait = inner.response_timeout;
