@@ -55,6 +55,8 @@ pub struct RunConfig {
     /// The `cftunnel-echo` binary; when missing, the echo backend runs inside the harness.
     pub echo_bin: Option<PathBuf>,
     pub nginx_bin: Option<PathBuf>,
+    /// A `cloudflared` binary, for the `cloudflared-*` scenarios.
+    pub cloudflared_bin: Option<PathBuf>,
     /// CPUs for the server under test and for the echo backend; `None`: no pinning.
     pub server_cpus: Option<CpuList>,
     pub echo_cpus: Option<CpuList>,
@@ -172,6 +174,7 @@ pub async fn run(cfg: &RunConfig, progress: &dyn Fn(&str)) -> Result<Report, Run
         edge_bin: &cfg.edge_bin,
         client_cpus: cfg.load_cpus.as_ref(),
         nginx_bin: cfg.nginx_bin.as_ref(),
+        cloudflared_bin: cfg.cloudflared_bin.as_deref(),
         scratch: scratch.path(),
     };
     // rounds[i] holds every round's report of cfg.scenarios[i]

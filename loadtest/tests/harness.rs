@@ -23,6 +23,7 @@ fn config(scenarios: Vec<Scenario>) -> RunConfig {
         edge_bin: PathBuf::from("/nonexistent/cftunnel-mock-edge"),
         echo_bin: None,
         nginx_bin: None,
+        cloudflared_bin: None,
         server_cpus: None,
         echo_cpus: None,
         load_cpus: None,
@@ -83,6 +84,23 @@ async fn tunnel_scenarios_without_binaries_are_skipped_with_a_reason() {
     let table = report.render_table();
     assert!(table.contains("cftunnel-mock-edge not found"), "{table}");
     assert!(table.contains("-p cftunnel-tunnel"), "{table}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloudflared_scenarios_without_a_binary_are_skipped_with_a_reason() {
+    let cfg = config(vec![
+        Scenario::CloudflaredQuicEdge,
+        Scenario::CloudflaredHttp2Edge,
+    ]);
+    let report = tokio::time::timeout(Duration::from_secs(20), run(&cfg, &|_| {}))
+        .await
+        .expect("run finishes within its bound")
+        .expect("run starts");
+    for r in &report.scenarios {
+        assert_eq!(r.outcome, Outcome::Skipped, "{:?}", r.scenario);
+    }
+    let table = report.render_table();
+    assert!(table.contains("no cloudflared binary"), "{table}");
 }
 
 /// `cftunnel-proxy` and `cftunnel-mock-edge` from the workspace's target directory (release

@@ -19,14 +19,15 @@ use clap::Parser;
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Load harness: echo backend direct vs. through cftunnel-proxy (standalone or behind the mock
-/// edge's tunnel) vs. through nginx.
+/// edge's tunnel) vs. through nginx, or through cloudflared behind the same mock edge.
 ///
-/// CPU pinning (defaults for a 2-CPU machine): the server under test (proxy or nginx) runs
+/// CPU pinning (defaults for a 2-CPU machine): the server under test (proxy, nginx or
+/// cloudflared, whose GOMAXPROCS is --workers) runs
 /// alone on --server-cpus; the load generator and the echo backend share --load-cpus and
 /// --echo-cpus, and the mock edge of the tunnel scenarios runs on --load-cpus. The proxy's
 /// worker threads equal nginx's worker processes (--workers).
 ///
-/// All scenarios: --scenarios direct,proxy,tunnel-quic,tunnel-http2,tunnel-quic-edge,tunnel-http2-edge,nginx
+/// All scenarios: --scenarios direct,proxy,tunnel-quic,tunnel-http2,tunnel-quic-edge,tunnel-http2-edge,cloudflared-quic-edge,cloudflared-http2-edge,nginx
 #[derive(Parser, Debug)]
 #[command(name = "cftunnel-loadtest", version)]
 struct Args {
@@ -78,6 +79,10 @@ struct Args {
     /// nginx binary [default: looked up on PATH and in /usr/sbin].
     #[arg(long)]
     nginx_bin: Option<PathBuf>,
+    /// cloudflared binary for the cloudflared-* scenarios [default: $CLOUDFLARED, else
+    /// looked up on PATH].
+    #[arg(long, env = "CLOUDFLARED")]
+    cloudflared_bin: Option<PathBuf>,
     /// CPUs of the load generator (this process) and of the mock edge.
     #[arg(long, default_value = "0")]
     load_cpus: CpuList,
@@ -125,6 +130,7 @@ fn main() -> anyhow::Result<()> {
         edge_bin,
         echo_bin,
         nginx_bin,
+        cloudflared_bin,
         load_cpus,
         server_cpus,
         echo_cpus,
@@ -153,6 +159,7 @@ fn main() -> anyhow::Result<()> {
     let edge_bin = edge_bin.unwrap_or_else(|| proxy_bin.with_file_name("cftunnel-mock-edge"));
     let echo_bin = echo_bin.or_else(|| sibling("cftunnel-echo"));
     let nginx_bin = nginx_bin.or_else(|| find_program("nginx"));
+    let cloudflared_bin = cloudflared_bin.or_else(|| find_program("cloudflared"));
 
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let pin = !no_pin && find_program("taskset").is_some();
@@ -218,6 +225,7 @@ fn main() -> anyhow::Result<()> {
         edge_bin,
         echo_bin,
         nginx_bin,
+        cloudflared_bin,
         server_cpus: pinned(server_cpus),
         echo_cpus: pinned(echo_cpus),
         load_cpus: pinned(load_cpus),

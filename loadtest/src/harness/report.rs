@@ -152,16 +152,26 @@ pub struct Report {
 }
 
 /// Scenarios others are compared with, in this order.
-const BASELINES: [Scenario; 3] = [Scenario::Direct, Scenario::Nginx, Scenario::Proxy];
+const BASELINES: [Scenario; 5] = [
+    Scenario::Direct,
+    Scenario::Nginx,
+    Scenario::Proxy,
+    Scenario::CloudflaredQuicEdge,
+    Scenario::CloudflaredHttp2Edge,
+];
 
 /// Whether `scenario` is compared with `base`: `direct` is never compared with anything,
-/// nothing with itself, and only the tunnel scenarios with `proxy` (the same proxy without
-/// the tunnel).
+/// nothing with itself, only the tunnel and `cloudflared` scenarios with `proxy` (the same
+/// path without a tunnel), and a `cloudflared` scenario only with the proxy's tunnel
+/// scenario on the same path and transport.
 fn compared(scenario: Scenario, base: Scenario) -> bool {
     if scenario == base || scenario == Scenario::Direct {
         return false;
     }
-    base != Scenario::Proxy || scenario.is_tunnel()
+    if base.is_cloudflared() {
+        return scenario.cloudflared_counterpart() == Some(base);
+    }
+    base != Scenario::Proxy || scenario.is_tunnel() || scenario.is_cloudflared()
 }
 
 impl Report {
@@ -243,9 +253,17 @@ impl Report {
             cpus(&s.server_cpus),
             cpus(&s.echo_cpus),
         );
+        // Name columns as wide as the longest name, so the numbers line up.
+        let w = self
+            .scenarios
+            .iter()
+            .map(|r| r.scenario.name().len())
+            .max()
+            .unwrap_or(0)
+            .max(13);
         let _ = writeln!(
             out,
-            "\n{:<13} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>14} {:>14} {:>11} {:>9} {:>10}",
+            "\n{:<w$} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>8} {:>14} {:>14} {:>11} {:>9} {:>10}",
             "scenario",
             "req/s",
             "requests",
@@ -264,7 +282,7 @@ impl Report {
             let Some(l) = r.load.as_ref().filter(|_| r.outcome == Outcome::Ok) else {
                 let _ = writeln!(
                     out,
-                    "{:<13} {}: {}",
+                    "{:<w$} {}: {}",
                     r.scenario.name(),
                     r.outcome.as_str(),
                     r.reason.as_deref().unwrap_or("")
@@ -291,7 +309,7 @@ impl Report {
                 .map_or("-".to_owned(), |b| format!("{b:.2}"));
             let _ = writeln!(
                 out,
-                "{:<13} {:>10.0} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>8} {:>14} {:>14} {:>11} {:>9} {:>10}",
+                "{:<w$} {:>10.0} {:>10} {:>9.3} {:>9.3} {:>9.3} {:>9.3} {:>8} {:>14} {:>14} {:>11} {:>9} {:>10}",
                 r.scenario.name(),
                 l.rps,
                 l.requests,
@@ -308,16 +326,23 @@ impl Report {
             );
         }
         if !self.comparisons.is_empty() {
+            let rw = self
+                .comparisons
+                .iter()
+                .map(|c| c.name.len())
+                .max()
+                .unwrap_or(0)
+                .max(20);
             let _ = writeln!(
                 out,
-                "\n{:<20} {:>10} {:>9} {:>9} {:>11}",
+                "\n{:<rw$} {:>10} {:>9} {:>9} {:>11}",
                 "ratio", "req/s", "p50", "p99", "CPU/req"
             );
             let fmt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.3}"));
             for c in &self.comparisons {
                 let _ = writeln!(
                     out,
-                    "{:<20} {:>10} {:>9} {:>9} {:>11}",
+                    "{:<rw$} {:>10} {:>9} {:>9} {:>11}",
                     c.name,
                     fmt(c.rps),
                     fmt(c.p50),
@@ -353,7 +378,7 @@ impl Report {
                     .map_or("-".to_owned(), |us| format!("{us:.1}"));
                 let _ = writeln!(
                     out,
-                    "{:<13} {us} us/req, util {:.2}",
+                    "{:<w$} {us} us/req, util {:.2}",
                     scenario.name(),
                     cpu.utilisation
                 );

@@ -32,6 +32,12 @@ pub enum Scenario {
     TunnelQuicEdge,
     /// As `tunnel-quic-edge`, over the HTTP/2 tunnel transport.
     TunnelHttp2Edge,
+    /// As `tunnel-quic-edge` with `cloudflared` in the proxy's place, forwarding to the echo
+    /// backend itself (one catch-all ingress rule): the connector users run today, measured
+    /// on the same path, CPUs and load.
+    CloudflaredQuicEdge,
+    /// As `cloudflared-quic-edge`, over the HTTP/2 tunnel transport.
+    CloudflaredHttp2Edge,
 }
 
 impl Scenario {
@@ -44,6 +50,8 @@ impl Scenario {
             Self::TunnelHttp2 => "tunnel-http2",
             Self::TunnelQuicEdge => "tunnel-quic-edge",
             Self::TunnelHttp2Edge => "tunnel-http2-edge",
+            Self::CloudflaredQuicEdge => "cloudflared-quic-edge",
+            Self::CloudflaredHttp2Edge => "cloudflared-http2-edge",
         }
     }
 
@@ -55,6 +63,20 @@ impl Scenario {
         )
     }
 
+    /// Requests cross `cloudflared` instead of the proxy.
+    pub fn is_cloudflared(self) -> bool {
+        matches!(self, Self::CloudflaredQuicEdge | Self::CloudflaredHttp2Edge)
+    }
+
+    /// The `cloudflared` scenario on the same path and transport as this tunnel scenario.
+    pub fn cloudflared_counterpart(self) -> Option<Self> {
+        match self {
+            Self::TunnelQuicEdge => Some(Self::CloudflaredQuicEdge),
+            Self::TunnelHttp2Edge => Some(Self::CloudflaredHttp2Edge),
+            _ => None,
+        }
+    }
+
     /// Brings the scenario's server under test up.
     pub async fn start(self, env: &ScenarioEnv<'_>) -> Result<Target, StartError> {
         match self {
@@ -63,8 +85,30 @@ impl Scenario {
             Self::Nginx => nginx::start(env).await,
             Self::TunnelQuic => tunnel::start(env, tunnel::Transport::Quic).await,
             Self::TunnelHttp2 => tunnel::start(env, tunnel::Transport::Http2).await,
-            Self::TunnelQuicEdge => tunnel::start_in_process(env, tunnel::Transport::Quic).await,
-            Self::TunnelHttp2Edge => tunnel::start_in_process(env, tunnel::Transport::Http2).await,
+            Self::TunnelQuicEdge => {
+                tunnel::start_in_process(env, tunnel::Transport::Quic, tunnel::Connector::Proxy)
+                    .await
+            }
+            Self::TunnelHttp2Edge => {
+                tunnel::start_in_process(env, tunnel::Transport::Http2, tunnel::Connector::Proxy)
+                    .await
+            }
+            Self::CloudflaredQuicEdge => {
+                tunnel::start_in_process(
+                    env,
+                    tunnel::Transport::Quic,
+                    tunnel::Connector::Cloudflared,
+                )
+                .await
+            }
+            Self::CloudflaredHttp2Edge => {
+                tunnel::start_in_process(
+                    env,
+                    tunnel::Transport::Http2,
+                    tunnel::Connector::Cloudflared,
+                )
+                .await
+            }
         }
     }
 }
@@ -92,6 +136,8 @@ pub struct ScenarioEnv<'a> {
     pub client_cpus: Option<&'a CpuList>,
     /// The nginx binary, if one was found.
     pub nginx_bin: Option<&'a PathBuf>,
+    /// The `cloudflared` binary, if one was given or found.
+    pub cloudflared_bin: Option<&'a Path>,
     /// Directory for generated configs and logs.
     pub scratch: &'a Path,
 }

@@ -224,3 +224,61 @@ fn without_a_measured_proxy_there_is_no_tunnel_overhead() {
     assert!(report.comparisons.is_empty());
     assert!(!report.render_table().contains("tunnel latency over proxy"));
 }
+
+#[test]
+fn cloudflared_is_compared_with_proxy_and_with_the_tunnel_on_its_path() {
+    let paced = Settings {
+        rate: Some(500.0),
+        ..settings()
+    };
+    let report = Report::new(
+        paced,
+        vec![
+            with_cpu(measured(Scenario::Proxy, 500.0, 200), 60.0),
+            with_cpu(measured(Scenario::TunnelQuicEdge, 500.0, 250), 80.0),
+            with_cpu(measured(Scenario::CloudflaredQuicEdge, 500.0, 500), 200.0),
+            with_cpu(measured(Scenario::TunnelHttp2Edge, 500.0, 240), 75.0),
+            with_cpu(measured(Scenario::CloudflaredHttp2Edge, 500.0, 400), 150.0),
+        ],
+    );
+    let names: Vec<&str> = report.comparisons.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "tunnel-quic-edge/proxy",
+            "cloudflared-quic-edge/proxy",
+            "tunnel-http2-edge/proxy",
+            "cloudflared-http2-edge/proxy",
+            "tunnel-quic-edge/cloudflared-quic-edge",
+            "tunnel-http2-edge/cloudflared-http2-edge",
+        ]
+    );
+    assert_eq!(report.comparisons[4].p50, Some(0.5));
+    assert_eq!(report.comparisons[4].cpu_per_request, Some(0.4));
+    assert_eq!(report.comparisons[5].p50, Some(0.6));
+    // Only the proxy's own tunnel gets a verdict against the target.
+    let judged: Vec<&str> = report
+        .tunnel_overhead
+        .iter()
+        .map(|o| o.scenario.as_str())
+        .collect();
+    assert_eq!(judged, ["tunnel-quic-edge", "tunnel-http2-edge"]);
+    // Long names widen their column: every row of each table is as long as its header.
+    let table = report.render_table();
+    let lines: Vec<&str> = table.lines().collect();
+    let width_of = |header: &str| {
+        let start = lines
+            .iter()
+            .position(|l| l.starts_with(header))
+            .unwrap_or_else(|| panic!("{header} in {table}"));
+        let rows: Vec<usize> = lines[start..]
+            .iter()
+            .take_while(|l| !l.is_empty())
+            .map(|l| l.len())
+            .collect();
+        assert!(rows.len() > 1, "{table}");
+        assert!(rows.iter().all(|n| *n == rows[0]), "{table}");
+    };
+    width_of("scenario ");
+    width_of("ratio ");
+}

@@ -205,21 +205,37 @@ pub(super) async fn start(
     })
 }
 
-/// The proxy in tunnel mode behind a mock edge that runs inside this process (on the load
-/// generator's CPUs): the load is handed to the edge directly, as Cloudflare's network hands
-/// an eyeball request to a tunnel connection.
+/// Who answers the tunnel connections of the in-process mock edge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Connector {
+    /// `cftunnel-proxy` in tunnel mode, with the one-rule config of `proxy`.
+    Proxy,
+    /// `cloudflared`, with one catch-all ingress rule to the echo backend, pushed by the
+    /// edge as Cloudflare's edge pushes a remotely managed tunnel's configuration.
+    Cloudflared,
+}
+
+/// The proxy (or `cloudflared`) in tunnel mode behind a mock edge that runs inside this
+/// process (on the load generator's CPUs): the load is handed to the edge directly, as
+/// Cloudflare's network hands an eyeball request to a tunnel connection.
 pub(super) async fn start_in_process(
     env: &ScenarioEnv<'_>,
     transport: Transport,
+    connector: Connector,
 ) -> Result<Target, StartError> {
-    super::proxy::require_proxy(env)?;
+    let cloudflared = match connector {
+        Connector::Proxy => {
+            super::proxy::require_proxy(env)?;
+            None
+        }
+        Connector::Cloudflared => Some(env.cloudflared_bin.ok_or_else(|| {
+            StartError::Skipped(
+                "no cloudflared binary (--cloudflared-bin, $CLOUDFLARED or cloudflared on PATH)"
+                    .to_owned(),
+            )
+        })?),
+    };
     let proto = transport.as_str();
-    let config_path = super::proxy::write_scratch(
-        env,
-        &format!("tunnel-{proto}-edge-config.json"),
-        super::proxy::config_document(env.echo_addr).to_string(),
-    )
-    .await?;
     let localhost = SocketAddr::from(([127, 0, 0, 1], 0));
     let mut builder = cftunnel_tunnel::mock_edge::MockEdge::builder()
         .edge_addr(free_edge_addr().map_err(StartError::Port)?)
@@ -241,8 +257,30 @@ pub(super) async fn start_in_process(
             source,
         });
     }
-    let proxy = match start_proxy(env, transport, edge.edge_addr(), &ca_path, &config_path).await {
-        Ok(proxy) => proxy,
+    let server = match cloudflared {
+        None => {
+            match super::proxy::write_scratch(
+                env,
+                &format!("tunnel-{proto}-edge-config.json"),
+                super::proxy::config_document(env.echo_addr).to_string(),
+            )
+            .await
+            {
+                Ok(config) => {
+                    start_proxy(env, transport, edge.edge_addr(), &ca_path, &config).await
+                }
+                Err(e) => Err(e),
+            }
+        }
+        Some(bin) => {
+            // Kept by the edge and sent to each connection as it registers.
+            edge.push_config(1, cloudflared_ingress(env.echo_addr).to_string().as_bytes())
+                .await;
+            start_cloudflared(env, bin, transport, edge.edge_addr(), &ca_path)
+        }
+    };
+    let server = match server {
+        Ok(server) => server,
         Err(e) => {
             edge.shutdown().await;
             return Err(e);
@@ -262,10 +300,10 @@ pub(super) async fn start_in_process(
             break;
         }
         if tokio::time::Instant::now() >= deadline {
-            let proxy_log = proxy.log_tail().await;
-            proxy.stop().await;
+            let log = server.log_tail().await;
+            server.stop().await;
             return Err(StartError::NotReady(format!(
-                "no answer through the in-process {proto} edge (last status {status})\nproxy log:\n{proxy_log}"
+                "no answer through the in-process {proto} edge (last status {status})\nserver log:\n{log}"
             )));
         }
         tokio::time::sleep(CA_POLL).await;
@@ -278,7 +316,7 @@ pub(super) async fn start_in_process(
         .is_err()
     {
         let serving = edge.serving();
-        proxy.stop().await;
+        server.stop().await;
         return Err(StartError::NotReady(format!(
             "{serving} of {wanted} tunnel connections registered with the in-process {proto} edge"
         )));
@@ -286,10 +324,94 @@ pub(super) async fn start_in_process(
     Ok(Target {
         addr: edge.http_addr(),
         host: LOAD_HOST.to_owned(),
-        server: Some(proxy),
+        server: Some(server),
         helpers: Vec::new(),
         edge: Some(super::InProcessEdge(edge)),
     })
+}
+
+/// `cloudflared`'s remotely managed configuration: every request to the echo backend.
+pub(crate) fn cloudflared_ingress(echo: SocketAddr) -> serde_json::Value {
+    serde_json::json!({
+        "ingress": [{ "service": format!("http://{echo}") }],
+        "warp-routing": {},
+        "originRequest": {}
+    })
+}
+
+/// `cloudflared tunnel ... run` against the mock edge: as many HA connections as the proxy
+/// gets (the edge listed once per connection), no update checks or start-up pre-checks,
+/// warnings only, and as many Go threads running code as the proxy has workers.
+pub(crate) fn cloudflared_args(
+    transport: Transport,
+    edge: SocketAddr,
+    ca: &Path,
+    metrics: SocketAddr,
+    connections: usize,
+) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "tunnel",
+        "--no-autoupdate",
+        "--no-prechecks",
+        "--loglevel",
+        "warn",
+        "--transport-loglevel",
+        "warn",
+        "--grace-period",
+        "1s",
+        "--metrics",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    args.push(metrics.to_string());
+    args.push("--cacert".to_owned());
+    args.push(ca.display().to_string());
+    for _ in 0..connections.max(1) {
+        args.push("--edge".to_owned());
+        args.push(edge.to_string());
+    }
+    args.extend([
+        "--protocol".to_owned(),
+        transport.as_str().to_owned(),
+        "run".to_owned(),
+        "--token".to_owned(),
+        token(),
+    ]);
+    args
+}
+
+fn start_cloudflared(
+    env: &ScenarioEnv<'_>,
+    bin: &Path,
+    transport: Transport,
+    edge_addr: SocketAddr,
+    ca_path: &Path,
+) -> Result<ServerProcess, StartError> {
+    let metrics = free_port().map_err(StartError::Port)?;
+    let args = cloudflared_args(
+        transport,
+        edge_addr,
+        ca_path,
+        metrics,
+        env.tunnel_connections,
+    );
+    let vars = [("GOMAXPROCS".to_owned(), env.workers.to_string())];
+    Ok(ServerProcess::spawn(
+        &format!("cloudflared-{}", transport.as_str()),
+        bin,
+        &args,
+        &vars,
+        // Its settings come from the arguments alone.
+        &[
+            "TUNNEL_TOKEN",
+            "TUNNEL_EDGE",
+            "TUNNEL_CACERT",
+            "TUNNEL_TRANSPORT_PROTOCOL",
+        ],
+        env.server_cpus,
+        env.scratch,
+    )?)
 }
 
 async fn start_proxy(
@@ -386,6 +508,30 @@ mod tests {
         assert_eq!(get("PROXY_ACCESS_LOG_ENABLED"), Some("false"));
         assert_eq!(get("PROXY_ADDR"), None, "tunnel mode has no data listener");
         assert_eq!(Transport::Quic.as_str(), "quic");
+    }
+
+    #[test]
+    fn cloudflared_gets_the_edge_once_per_connection_and_the_protocol() {
+        let edge: SocketAddr = "127.0.0.1:17844".parse().expect("addr");
+        let metrics: SocketAddr = "127.0.0.1:19090".parse().expect("addr");
+        let args = cloudflared_args(Transport::Http2, edge, Path::new("/tmp/ca.pem"), metrics, 3);
+        let after = |flag: &str| {
+            args.iter()
+                .position(|a| a == flag)
+                .and_then(|i| args.get(i + 1))
+                .map(String::as_str)
+        };
+        assert_eq!(args.first().map(String::as_str), Some("tunnel"));
+        assert_eq!(args.iter().filter(|a| *a == "--edge").count(), 3);
+        assert_eq!(after("--edge"), Some("127.0.0.1:17844"));
+        assert_eq!(after("--cacert"), Some("/tmp/ca.pem"));
+        assert_eq!(after("--protocol"), Some("http2"));
+        assert_eq!(after("--metrics"), Some("127.0.0.1:19090"));
+        let run = args.iter().position(|a| a == "run").expect("run");
+        assert!(args[..run].contains(&"--no-autoupdate".to_owned()));
+        assert!(after("--token").is_some_and(|t| t.parse::<cftunnel_tunnel::Token>().is_ok()));
+        let ingress = cloudflared_ingress(edge);
+        assert_eq!(ingress["ingress"][0]["service"], "http://127.0.0.1:17844");
     }
 
     #[test]
