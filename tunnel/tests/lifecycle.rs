@@ -452,6 +452,110 @@ async fn dial_failures_move_on_until_an_edge_answers() {
     .expect("test finished in time");
 }
 
+/// A UDP relay in front of the mock edge for one connection: forwards datagrams both
+/// ways, or drops every one of them while paused (an edge gone silent).
+struct UdpRelay {
+    addr: std::net::SocketAddr,
+    paused: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    forwarded: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl UdpRelay {
+    async fn start(target: std::net::SocketAddr) -> Self {
+        use std::sync::atomic::Ordering::Relaxed;
+        let front = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let back = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        back.connect(target).await.unwrap();
+        let addr = front.local_addr().unwrap();
+        let paused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let forwarded = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (p, f) = (paused.clone(), forwarded.clone());
+        let task = tokio::spawn(async move {
+            let (mut up, mut down) = (vec![0u8; 65536], vec![0u8; 65536]);
+            let mut client = None;
+            loop {
+                tokio::select! {
+                    Ok((n, from)) = front.recv_from(&mut up) => {
+                        if !p.load(Relaxed) {
+                            client = Some(from);
+                            f.fetch_add(1, Relaxed);
+                            let _ = back.send(&up[..n]).await;
+                        }
+                    }
+                    Ok(n) = back.recv(&mut down) => {
+                        if let (false, Some(to)) = (p.load(Relaxed), client) {
+                            let _ = front.send_to(&down[..n], to).await;
+                        }
+                    }
+                }
+            }
+        });
+        Self {
+            addr,
+            paused,
+            forwarded,
+            task,
+        }
+    }
+
+    fn forwarded(&self) -> usize {
+        self.forwarded.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn pause(&self, yes: bool) {
+        self.paused.store(yes, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for UdpRelay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// An edge that goes silent ends the QUIC connection with an idle timeout; the connection
+/// then comes back on the same edge address rather than another one, as `cloudflared`'s
+/// does (its idle timeout reaches the address logic wrapped as a stream-listener error,
+/// which keeps the address).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_idle_timeout_the_connection_returns_to_its_edge() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::start().await.unwrap();
+        let relays = [
+            UdpRelay::start(edge.edge_addr()).await,
+            UdpRelay::start(edge.edge_addr()).await,
+        ];
+        let mut opts = options(&edge, Protocol::Quic, 1);
+        opts.edges = relays.iter().map(|r| r.addr.into()).collect();
+        opts.handshake_timeout = Duration::from_secs(5);
+        let (handle, _m, _registry) = start_connector(opts, token());
+        handle.wait_registered(1).await;
+        let (used, other) = if relays[0].forwarded() > 0 {
+            (&relays[0], &relays[1])
+        } else {
+            (&relays[1], &relays[0])
+        };
+        assert_eq!(other.forwarded(), 0);
+        used.pause(true);
+        // quinn's 5 s idle timeout, as `cloudflared`'s.
+        wait_until(|| handle.registered() == 0).await;
+        used.pause(false);
+        handle.wait_registered(1).await;
+        assert_eq!(edge.registrations().len(), 2);
+        assert_eq!(
+            other.forwarded(),
+            0,
+            "the connection moved to the other edge"
+        );
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
 #[test]
 fn bad_tokens_name_the_field() {
     assert_eq!(
