@@ -159,8 +159,11 @@ async fn send(
     req: http::request::Builder,
     body: &'static [u8],
 ) -> (StatusCode, Bytes) {
+    let path = req
+        .uri_ref()
+        .map_or_else(|| "/".to_owned(), ToString::to_string);
     let req = req
-        .uri(format!("http://{edge}{}", "/"))
+        .uri(format!("http://{edge}{path}"))
         .header("host", HOST)
         .body(Full::new(Bytes::from_static(body)))
         .unwrap();
@@ -251,6 +254,21 @@ async fn serves_through_cloudflared(protocol: &str) {
     let back = ws.next().await.unwrap().unwrap();
     assert_eq!(back, Message::text("through cloudflared"));
     drop(ws);
+    // An upgrade the origin turns down (a plain 200) reaches the eyeball as that 200.
+    let (status, body) = send(
+        &eyeball(),
+        http,
+        Request::get("/not-ws")
+            .header("upgrade", "websocket")
+            .header("connection", "Upgrade")
+            .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+            .header("sec-websocket-version", "13"),
+        b"",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let json: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["path"], "/not-ws");
 
     // Later pushes: a newer version is applied everywhere, an older one is not.
     let acks = s.edge.push_config(3, &ingress(&s.echo)).await;

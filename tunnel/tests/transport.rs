@@ -11,6 +11,7 @@ use cftunnel_tunnel::Protocol;
 use futures_util::future::join_all;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt as _, Full};
+use hyper_util::rt::TokioIo;
 use support::*;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -294,6 +295,41 @@ per_transport!(in_process_requests_cross_the_tunnel);
 per_transport!(streams_large_bodies);
 per_transport!(many_concurrent_requests);
 per_transport!(websocket_echo);
+
+/// An origin that answers a WebSocket request with a plain 200 turned the upgrade down:
+/// the eyeball gets that answer, body and all, not a 101 (over HTTP/2 both arrive as 200).
+async fn a_refused_upgrade_is_the_origins_answer(protocol: Protocol) {
+    let edge = MockEdge::start().await.unwrap();
+    let handle = serving_connector(&edge, protocol, 1).await;
+    let tcp = tokio::net::TcpStream::connect(edge.http_addr())
+        .await
+        .unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn.with_upgrades());
+    let req = Request::get("/hello")
+        .header("host", "app.example.com")
+        .header("upgrade", "websocket")
+        .header("connection", "Upgrade")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .header("sec-websocket-version", "13")
+        .body(empty())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(
+        !resp.headers().contains_key("upgrade"),
+        "{:?}",
+        resp.headers()
+    );
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"hello");
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
+per_transport!(a_refused_upgrade_is_the_origins_answer);
 
 /// The connector grants the edge `quic_max_streams` request streams per QUIC connection:
 /// more requests than that wait at the edge for a stream to finish, and none fails.

@@ -408,13 +408,22 @@ where
         .map_err(|_| MockEdgeError::Timeout)?
         .map_err(stream_err)?;
     if websocket && resp.status() == StatusCode::OK {
+        // HTTP/2 has no 101: the connector answers an accepted upgrade with 200 and the
+        // origin's `Upgrade` among the serialised headers. Any other 200 is the origin
+        // turning the upgrade down, and `cloudflared` writes that answer as it came.
         let (rparts, recv) = resp.into_parts();
         let mut out = map_h2_response(Response::from_parts(rparts, ()), true)?;
-        *out.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-        if let Some(on_upgrade) = on_upgrade {
-            tokio::spawn(pipe(on_upgrade, Upgraded::h2(H2Io::new(recv, send))));
+        if out.headers().contains_key(UPGRADE) {
+            *out.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+            if let Some(on_upgrade) = on_upgrade {
+                tokio::spawn(pipe(on_upgrade, Upgraded::h2(H2Io::new(recv, send))));
+            }
+            return Ok(out);
         }
-        return Ok(out);
+        let _ = send.send_data(Bytes::new(), true);
+        out.headers_mut().remove(http::header::CONNECTION);
+        let (parts, _empty) = out.into_parts();
+        return Ok(Response::from_parts(parts, recv.into_edge_body()));
     }
     map_h2_response(resp, false)
 }
