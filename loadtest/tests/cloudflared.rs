@@ -187,6 +187,28 @@ async fn get(edge: SocketAddr, path_and_query: &str) -> (StatusCode, Value) {
 async fn serves_through_cloudflared(protocol: &str) {
     let s = setup(protocol, 2).await;
     let http = s.edge.http_addr();
+    // What `cloudflared` registers with, as the connector in this repository sends it.
+    let records = s.edge.registrations();
+    let mut indexes: Vec<u8> = records.iter().map(|r| r.conn_index).collect();
+    indexes.sort_unstable();
+    assert_eq!(indexes, [0, 1], "{records:?}");
+    for r in &records {
+        assert_eq!(r.tunnel_secret.len(), 32);
+        assert_eq!(r.tunnel_id.len(), 16);
+        assert_eq!(r.client_id, records[0].client_id, "one connector id");
+        assert_eq!(
+            r.origin_local_ip,
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 127, 0, 0, 1]
+        );
+        assert_eq!(r.num_previous_attempts, 0);
+        for f in [
+            "allow_remote_config",
+            "serialized_headers",
+            "support_quic_eof",
+        ] {
+            assert!(r.features.iter().any(|x| x == f), "{f}: {r:?}");
+        }
+    }
 
     // Routing by the configuration received at registration, edge headers, raw header bytes.
     let (status, json) = get(http, "/a/b?c=d").await;
