@@ -36,6 +36,27 @@ const MAX_CONFIG_BYTES: usize = 8 * 1024 * 1024;
 type TlsStream = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
 type Accepted = (Request<h2::RecvStream>, h2::server::SendResponse<Bytes>);
 
+/// Largest frame the edge may send: Go's HTTP/2 server default, which `cloudflared` uses.
+const MAX_FRAME_SIZE: u32 = 1 << 20;
+/// Largest request head the edge may send: Go's `http.DefaultMaxHeaderBytes` plus the
+/// 320 bytes of slack its HTTP/2 server adds, as `cloudflared` advertises it.
+const MAX_HEADER_LIST_SIZE: u32 = (1 << 20) + 320;
+
+/// The HTTP/2 server settings the edge gets. Where they bound what the edge may send
+/// (frame size, header list, no stream limit) they are `cloudflared`'s; the flow-control
+/// windows are larger than Go's 1 MiB, so an upload is not held to 1 MiB in flight per
+/// connection (the edge reads them from the SETTINGS frame, as from any peer).
+fn server_builder() -> h2::server::Builder {
+    let mut builder = h2::server::Builder::new();
+    builder
+        .max_concurrent_streams(u32::MAX)
+        .initial_window_size(4 * 1024 * 1024)
+        .initial_connection_window_size(16 * 1024 * 1024)
+        .max_frame_size(MAX_FRAME_SIZE)
+        .max_header_list_size(MAX_HEADER_LIST_SIZE);
+    builder
+}
+
 /// One HTTP/2 connection: dial, register, serve until lost or drained.
 pub(crate) async fn connect(
     shared: &Arc<Shared>,
@@ -53,10 +74,7 @@ pub(crate) async fn connect(
     .await
     .map_err(|_| ConnError::dial("tls handshake timed out"))?
     .map_err(ConnError::dial)?;
-    let conn = h2::server::Builder::new()
-        .max_concurrent_streams(u32::MAX)
-        .initial_window_size(4 * 1024 * 1024)
-        .initial_connection_window_size(16 * 1024 * 1024)
+    let conn = server_builder()
         .handshake::<_, Bytes>(tls)
         .await
         .map_err(ConnError::control_stream)?;
@@ -465,6 +483,44 @@ mod tests {
         assert_eq!(reply("not json"), None);
         assert_eq!(reply(r#"{"version":"5","config":{}}"#), None);
         assert_eq!(reply(""), None);
+    }
+
+    /// The SETTINGS frame the connector's HTTP/2 server opens with, as the edge reads it.
+    #[tokio::test]
+    async fn the_edge_gets_cloudflareds_frame_and_header_limits() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let (mut edge, connector) = tokio::io::duplex(64 * 1024);
+        let server = tokio::spawn(async move {
+            let conn = server_builder().handshake::<_, Bytes>(connector).await;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            drop(conn);
+        });
+        // The client preface and an empty SETTINGS frame.
+        let mut preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        preface.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        edge.write_all(&preface).await.unwrap();
+        let mut settings = std::collections::HashMap::new();
+        loop {
+            let mut head = [0u8; 9];
+            edge.read_exact(&mut head).await.unwrap();
+            let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+            let mut payload = vec![0u8; len];
+            edge.read_exact(&mut payload).await.unwrap();
+            // SETTINGS (type 4) without the ACK flag.
+            if head[3] == 4 && head[4] & 1 == 0 {
+                for entry in payload.chunks_exact(6) {
+                    let id = u16::from_be_bytes([entry[0], entry[1]]);
+                    let value = u32::from_be_bytes([entry[2], entry[3], entry[4], entry[5]]);
+                    settings.insert(id, value);
+                }
+                break;
+            }
+        }
+        server.abort();
+        assert_eq!(settings.get(&3), Some(&u32::MAX), "MAX_CONCURRENT_STREAMS");
+        assert_eq!(settings.get(&4), Some(&(4 << 20)), "INITIAL_WINDOW_SIZE");
+        assert_eq!(settings.get(&5), Some(&(1 << 20)), "MAX_FRAME_SIZE");
+        assert_eq!(settings.get(&6), Some(&1_048_896), "MAX_HEADER_LIST_SIZE");
     }
 
     #[tokio::test]
