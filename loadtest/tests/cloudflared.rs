@@ -349,6 +349,110 @@ async fn refusals_reach_cloudflared(protocol: &str) {
     edge.shutdown().await;
 }
 
+/// The workspace's `cftunnel-proxy` (release first).
+fn proxy_bin() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    ["release", "debug"]
+        .iter()
+        .map(|profile| target.join(profile).join("cftunnel-proxy"))
+        .find(|p| p.is_file())
+        .expect("build cftunnel-proxy first (cargo build --release -p cftunnel-proxy)")
+}
+
+/// `cloudflared` and the proxy serve one tunnel side by side, and load keeps flowing
+/// while `cloudflared` is stopped: the drop-in replacement of a `cloudflared` fleet,
+/// without a failed request.
+async fn a_mixed_fleet_hands_over_without_failed_requests() {
+    let s = setup("http2", 2).await;
+    let http = s.edge.http_addr();
+    let dir = tempdir::Dir::new();
+    let ca = dir.0.join("ca.pem");
+    s.edge.write_ca_pem(&ca).await.unwrap();
+    let config = dir.0.join("proxy.json");
+    let doc = serde_json::json!({
+        "version": 1,
+        "rules": [{ "backends": [{ "url": format!("http://{}", s.echo.http_addr()), "weight": 1 }] }]
+    });
+    std::fs::write(&config, doc.to_string()).unwrap();
+    let edge = s.edge.edge_addr().to_string();
+    let _proxy = Command::new(proxy_bin())
+        .arg("--config-file")
+        .arg(&config)
+        .env("PROXY_CONFIG_ADDR", "127.0.0.1:0")
+        .env("PROXY_GRACE_PERIOD", "5s")
+        .env("TUNNEL_TOKEN", token())
+        .env("TUNNEL_EDGE", format!("{edge},{edge}"))
+        .env("TUNNEL_CACERT", &ca)
+        .env("PROXY_TUNNEL_PROTOCOL", "quic")
+        .env_remove("PROXY_AUTH_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    s.edge.wait_serving(4).await;
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load: Vec<_> = (0..16)
+        .map(|_| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let client = eyeball();
+                let mut outcomes = std::collections::BTreeMap::<String, usize>::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let req = Request::get(format!("http://{http}/mix?delay=20ms"))
+                        .header("host", HOST)
+                        .body(Full::new(Bytes::new()))
+                        .unwrap();
+                    let key = match client.request(req).await {
+                        Ok(resp) => {
+                            let status = resp.status();
+                            match resp.into_body().collect().await {
+                                Ok(_) => status.as_u16().to_string(),
+                                Err(e) => format!("body: {e}"),
+                            }
+                        }
+                        Err(e) => format!("request: {e}"),
+                    };
+                    *outcomes.entry(key).or_default() += 1;
+                }
+                outcomes
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pid = s.cloudflared.id().unwrap();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let mut cloudflared = s.cloudflared;
+    assert!(cloudflared.wait().await.unwrap().success());
+    s.edge.wait_serving(2).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut total = std::collections::BTreeMap::<String, usize>::new();
+    for task in load {
+        for (k, n) in task.await.unwrap() {
+            *total.entry(k).or_default() += n;
+        }
+    }
+    assert_eq!(total.keys().collect::<Vec<_>>(), ["200"], "{total:?}");
+    assert!(total["200"] > 500, "{total:?}");
+    s.edge.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cloudflared binary (CLOUDFLARED) and a built cftunnel-proxy"]
+async fn a_mixed_fleet_with_cloudflared_hands_over_without_failed_requests() {
+    tokio::time::timeout(LIMIT, a_mixed_fleet_hands_over_without_failed_requests())
+        .await
+        .expect("finished in time");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a cloudflared binary: set CLOUDFLARED"]
 async fn cloudflared_serves_through_the_mock_edge_over_quic() {
