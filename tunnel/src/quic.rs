@@ -117,12 +117,18 @@ fn bind_endpoint(shared: &Shared, idx: u8, peer: SocketAddr) -> std::io::Result<
             *slot = port;
         }
     }
-    quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
-        None,
-        sock,
-        Arc::new(quinn::TokioRuntime),
-    )
+    quinn::Endpoint::new(endpoint_config(), None, sock, Arc::new(quinn::TokioRuntime))
+}
+
+/// Largest UDP payload the edge may send: quic-go's 1452, which `cloudflared` advertises
+/// in `max_udp_payload_size` (quinn's default is 1472).
+const MAX_UDP_PAYLOAD: u16 = 1452;
+
+fn endpoint_config() -> quinn::EndpointConfig {
+    let mut config = quinn::EndpointConfig::default();
+    // In range (1200..=65527), so this cannot fail; the default stays if it ever did.
+    let _ = config.max_udp_payload_size(MAX_UDP_PAYLOAD);
+    config
 }
 
 /// One QUIC connection: dial, register, serve until lost or drained.
@@ -486,4 +492,14 @@ async fn write_response(
         send.write_chunk(h).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_edge_may_send_quic_gos_largest_payload() {
+        assert_eq!(endpoint_config().get_max_udp_payload_size(), 1452);
+    }
 }
