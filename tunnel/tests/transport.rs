@@ -11,7 +11,6 @@ use cftunnel_tunnel::Protocol;
 use futures_util::future::join_all;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt as _, Full};
-use hyper_util::rt::TokioIo;
 use support::*;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -301,22 +300,7 @@ per_transport!(websocket_echo);
 async fn a_refused_upgrade_is_the_origins_answer(protocol: Protocol) {
     let edge = MockEdge::start().await.unwrap();
     let handle = serving_connector(&edge, protocol, 1).await;
-    let tcp = tokio::net::TcpStream::connect(edge.http_addr())
-        .await
-        .unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .unwrap();
-    tokio::spawn(conn.with_upgrades());
-    let req = Request::get("/hello")
-        .header("host", "app.example.com")
-        .header("upgrade", "websocket")
-        .header("connection", "Upgrade")
-        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
-        .header("sec-websocket-version", "13")
-        .body(empty())
-        .unwrap();
-    let resp = sender.send_request(req).await.unwrap();
+    let resp = upgrade_request(edge.http_addr(), "/hello").await;
     assert_eq!(resp.status(), StatusCode::OK);
     assert!(
         !resp.headers().contains_key("upgrade"),

@@ -254,14 +254,15 @@ pub async fn get(
     (parts.status, parts.headers, bytes)
 }
 
-/// Raw HTTP/1.1 upgrade handshake against the mock, then returns the stream.
-pub async fn websocket(addr: SocketAddr) -> (StatusCode, TokioIo<hyper::upgrade::Upgraded>) {
+/// A WebSocket upgrade request for `path` over a fresh HTTP/1.1 connection to the mock;
+/// returns the answer as it came.
+pub async fn upgrade_request(addr: SocketAddr, path: &str) -> Response<hyper::body::Incoming> {
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
         .await
         .unwrap();
     tokio::spawn(conn.with_upgrades());
-    let req = Request::get("/ws")
+    let req = Request::get(path)
         .header("host", "app.example.com")
         .header("upgrade", "websocket")
         .header("connection", "Upgrade")
@@ -269,7 +270,12 @@ pub async fn websocket(addr: SocketAddr) -> (StatusCode, TokioIo<hyper::upgrade:
         .header("sec-websocket-version", "13")
         .body(empty())
         .unwrap();
-    let resp = sender.send_request(req).await.unwrap();
+    sender.send_request(req).await.unwrap()
+}
+
+/// Raw HTTP/1.1 upgrade handshake against the mock, then returns the stream.
+pub async fn websocket(addr: SocketAddr) -> (StatusCode, TokioIo<hyper::upgrade::Upgraded>) {
+    let resp = upgrade_request(addr, "/ws").await;
     let status = resp.status();
     let up = hyper::upgrade::on(resp).await.expect("upgrade");
     (status, TokioIo::new(up))
