@@ -10,6 +10,7 @@
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -21,6 +22,7 @@ use cftunnel_tunnel::mock_edge::MockEdge;
 use cftunnel_tunnel::EdgeRefusal;
 use futures_util::{SinkExt, StreamExt};
 use http::{Request, StatusCode};
+use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -157,7 +159,7 @@ async fn send(
     client: &Eyeball,
     edge: SocketAddr,
     req: http::request::Builder,
-    body: &'static [u8],
+    body: Bytes,
 ) -> (StatusCode, Bytes) {
     let path = req
         .uri_ref()
@@ -165,22 +167,17 @@ async fn send(
     let req = req
         .uri(format!("http://{edge}{path}"))
         .header("host", HOST)
-        .body(Full::new(Bytes::from_static(body)))
+        .body(Full::new(body))
         .unwrap();
     let resp = client.request(req).await.unwrap();
     let status = resp.status();
     (status, resp.into_body().collect().await.unwrap().to_bytes())
 }
 
+/// A GET with a Latin-1 header value, and the echo's JSON answer (`null` if not JSON).
 async fn get(edge: SocketAddr, path_and_query: &str) -> (StatusCode, Value) {
-    let req = Request::get(format!("http://{edge}{path_and_query}"))
-        .header("host", HOST)
-        .header("x-latin", &b"caf\xe9"[..])
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let resp = eyeball().request(req).await.unwrap();
-    let status = resp.status();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let req = Request::get(path_and_query).header("x-latin", &b"caf\xe9"[..]);
+    let (status, body) = send(&eyeball(), edge, req, Bytes::new()).await;
     (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
 }
 
@@ -222,28 +219,24 @@ async fn serves_through_cloudflared(protocol: &str) {
         &eyeball(),
         http,
         Request::get("/").header("host", "other.example.com"),
-        b"",
+        Bytes::new(),
     )
     .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "the catch-all rule");
 
     // Uploads: a sized body, and an HTTP/2 eyeball's body without a length.
-    let big: &'static [u8] = Box::leak(vec![7u8; 3 << 20].into_boxed_slice());
+    let big = Bytes::from(vec![7u8; 3 << 20]);
     let (status, _) = send(&eyeball(), http, Request::post("/upload"), big).await;
     assert_eq!(status, StatusCode::OK);
     let h2 = Client::builder(TokioExecutor::new())
         .http2_only(true)
-        .build_http::<StreamBody<
-            futures_util::stream::Iter<
-                std::vec::IntoIter<Result<http_body::Frame<Bytes>, std::convert::Infallible>>,
-            >,
-        >>();
-    let frames: Vec<_> = (0..48)
-        .map(|_| Ok(http_body::Frame::data(Bytes::from_static(&[1u8; 65536]))))
-        .collect();
+        .build_http::<BoxBody<Bytes, Infallible>>();
+    let frames = (0..48).map(|_| Ok(http_body::Frame::data(Bytes::from_static(&[1u8; 65536]))));
     let req = Request::post(format!("http://{http}/stream"))
         .header("host", HOST)
-        .body(StreamBody::new(futures_util::stream::iter(frames)))
+        .body(BodyExt::boxed(StreamBody::new(futures_util::stream::iter(
+            frames,
+        ))))
         .unwrap();
     let resp = h2.request(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
@@ -253,7 +246,7 @@ async fn serves_through_cloudflared(protocol: &str) {
     let all = futures_util::future::join_all((0..200).map(|i| {
         let client = client.clone();
         async move {
-            send(&client, http, Request::get(format!("/c{i}")), b"")
+            send(&client, http, Request::get(format!("/c{i}")), Bytes::new())
                 .await
                 .0
         }
@@ -285,7 +278,7 @@ async fn serves_through_cloudflared(protocol: &str) {
             .header("connection", "Upgrade")
             .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
             .header("sec-websocket-version", "13"),
-        b"",
+        Bytes::new(),
     )
     .await;
     assert_eq!(status, StatusCode::OK);
@@ -309,7 +302,7 @@ async fn serves_through_cloudflared(protocol: &str) {
         .unwrap();
     assert!(killed.success());
     s.edge.wait_serving(0).await;
-    let (status, body) = send(&eyeball(), http, Request::get("/after"), b"").await;
+    let (status, body) = send(&eyeball(), http, Request::get("/after"), Bytes::new()).await;
     assert_eq!(
         (status.as_u16(), &body[..]),
         (530, &b"error code: 1033\n"[..])
