@@ -258,20 +258,7 @@ pub(super) async fn start_in_process(
         });
     }
     let server = match cloudflared {
-        None => {
-            match super::proxy::write_scratch(
-                env,
-                &format!("tunnel-{proto}-edge-config.json"),
-                super::proxy::config_document(env.echo_addr).to_string(),
-            )
-            .await
-            {
-                Ok(config) => {
-                    start_proxy(env, transport, edge.edge_addr(), &ca_path, &config).await
-                }
-                Err(e) => Err(e),
-            }
-        }
+        None => start_edge_proxy(env, transport, edge.edge_addr(), &ca_path).await,
         Some(bin) => {
             // Kept by the edge and sent to each connection as it registers.
             edge.push_config(1, cloudflared_ingress(env.echo_addr).to_string().as_bytes())
@@ -328,6 +315,22 @@ pub(super) async fn start_in_process(
         helpers: Vec::new(),
         edge: Some(super::InProcessEdge(edge)),
     })
+}
+
+/// The proxy in tunnel mode with the one-rule config of `proxy`, for the in-process edge.
+async fn start_edge_proxy(
+    env: &ScenarioEnv<'_>,
+    transport: Transport,
+    edge_addr: SocketAddr,
+    ca_path: &Path,
+) -> Result<ServerProcess, StartError> {
+    let config = super::proxy::write_scratch(
+        env,
+        &format!("tunnel-{}-edge-config.json", transport.as_str()),
+        super::proxy::config_document(env.echo_addr).to_string(),
+    )
+    .await?;
+    start_proxy(env, transport, edge_addr, ca_path, &config).await
 }
 
 /// `cloudflared`'s remotely managed configuration: every request to the echo backend.
