@@ -488,6 +488,8 @@ impl UdpRelay {
                             let _ = front.send_to(&down[..n], to).await;
                         }
                     }
+                    // Both receives failed (an ICMP error on the edge side): try again.
+                    else => {}
                 }
             }
         });
