@@ -453,11 +453,12 @@ async fn dial_failures_move_on_until_an_edge_answers() {
 }
 
 /// A UDP relay in front of the mock edge for one connection: forwards datagrams both
-/// ways, or drops every one of them while paused (an edge gone silent).
+/// ways, or drops every one of them while paused (an edge gone silent). Counts what the
+/// connector sends it, paused or not.
 struct UdpRelay {
     addr: std::net::SocketAddr,
     paused: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    forwarded: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    received: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -469,17 +470,17 @@ impl UdpRelay {
         back.connect(target).await.unwrap();
         let addr = front.local_addr().unwrap();
         let paused = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let forwarded = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (p, f) = (paused.clone(), forwarded.clone());
+        let received = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (p, r) = (paused.clone(), received.clone());
         let task = tokio::spawn(async move {
             let (mut up, mut down) = (vec![0u8; 65536], vec![0u8; 65536]);
             let mut client = None;
             loop {
                 tokio::select! {
                     Ok((n, from)) = front.recv_from(&mut up) => {
+                        r.fetch_add(1, Relaxed);
                         if !p.load(Relaxed) {
                             client = Some(from);
-                            f.fetch_add(1, Relaxed);
                             let _ = back.send(&up[..n]).await;
                         }
                     }
@@ -496,13 +497,13 @@ impl UdpRelay {
         Self {
             addr,
             paused,
-            forwarded,
+            received,
             task,
         }
     }
 
-    fn forwarded(&self) -> usize {
-        self.forwarded.load(std::sync::atomic::Ordering::Relaxed)
+    fn received(&self) -> usize {
+        self.received.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn pause(&self, yes: bool) {
@@ -517,11 +518,12 @@ impl Drop for UdpRelay {
 }
 
 /// An edge that goes silent ends the QUIC connection with an idle timeout; the connection
-/// then comes back on the same edge address rather than another one, as `cloudflared`'s
+/// then dials the same edge address again rather than another one, as `cloudflared`'s
 /// does (its idle timeout reaches the address logic wrapped as a stream-listener error,
-/// which keeps the address).
+/// which keeps the address). What follows may move it (the edge can still hold the old
+/// connection and refuse the new one as a duplicate), so only the first dial is checked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_an_idle_timeout_the_connection_returns_to_its_edge() {
+async fn after_an_idle_timeout_the_connection_dials_its_edge_again() {
     trace_init();
     tokio::time::timeout(LIMIT, async {
         let edge = MockEdge::start().await.unwrap();
@@ -534,23 +536,24 @@ async fn after_an_idle_timeout_the_connection_returns_to_its_edge() {
         opts.handshake_timeout = Duration::from_secs(5);
         let (handle, _m, _registry) = start_connector(opts, token());
         handle.wait_registered(1).await;
-        let (used, other) = if relays[0].forwarded() > 0 {
+        let (used, other) = if relays[0].received() > 0 {
             (&relays[0], &relays[1])
         } else {
             (&relays[1], &relays[0])
         };
-        assert_eq!(other.forwarded(), 0);
+        assert_eq!(other.received(), 0);
         used.pause(true);
         // quinn's 5 s idle timeout, as `cloudflared`'s.
         wait_until(|| handle.registered() == 0).await;
-        used.pause(false);
-        handle.wait_registered(1).await;
-        assert_eq!(edge.registrations().len(), 2);
+        let before = used.received();
+        wait_until(|| used.received() > before).await;
         assert_eq!(
-            other.forwarded(),
+            other.received(),
             0,
             "the connection moved to the other edge"
         );
+        used.pause(false);
+        handle.wait_registered(1).await;
         handle.shutdown().await;
         edge.shutdown().await;
     })
