@@ -13,12 +13,6 @@ use http::StatusCode;
 use http_body_util::BodyExt as _;
 use support::*;
 
-async fn wait_until(mut f: impl FnMut() -> bool) {
-    while !f() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 async fn registration_errors_are_retried_then_recover(protocol: Protocol) {
     trace_init();
     let edge = MockEdge::start().await.unwrap();
@@ -297,15 +291,6 @@ fn registration_failures(text: &str, protocol: &str, cause: &str) -> u64 {
     text.lines()
         .find_map(|l| l.strip_prefix(&series)?.parse().ok())
         .unwrap_or(0)
-}
-
-/// A refusal the connector retries at once.
-fn retryable(cause: &str) -> EdgeRefusal {
-    EdgeRefusal {
-        cause: cause.into(),
-        retry_after: Duration::ZERO,
-        should_retry: true,
-    }
 }
 
 /// With UDP blocked, `ha` connections register over HTTP/2, and only the first one

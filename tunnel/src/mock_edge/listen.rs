@@ -100,11 +100,15 @@ async fn serve_quic(inner: &Arc<Inner>, incoming: quinn::Incoming) -> Result<(),
         .await
         .map_err(|e| MockEdgeError::Stream(e.to_string()))?;
     let group = quic_key_exchange_group(&conn);
-    let id = inner.add_connection(Transport::Quic(conn.clone()), EdgeProtocol::Quic, group);
+    let (id, close) =
+        inner.add_connection(Transport::Quic(conn.clone()), EdgeProtocol::Quic, group);
     let result = async {
         let (send, recv) = tokio::select! {
             s = conn.accept_bi() => s.map_err(|e| MockEdgeError::Stream(e.to_string()))?,
-            _ = inner.cancel.cancelled() => return Ok(()),
+            _ = close.cancelled() => {
+                conn.close(VarInt::from_u32(0), b"");
+                return Ok(());
+            }
         };
         let (close_tx, mut close_rx) = mpsc::channel(1);
         let _session = serve_registration(
@@ -122,7 +126,7 @@ async fn serve_quic(inner: &Arc<Inner>, incoming: quinn::Incoming) -> Result<(),
                 tokio::time::sleep(CLOSE_AFTER_ERROR).await;
                 conn.close(VarInt::from_u32(0), b"registration refused");
             }
-            _ = inner.cancel.cancelled() => conn.close(VarInt::from_u32(0), b""),
+            _ = close.cancelled() => conn.close(VarInt::from_u32(0), b""),
         }
         Ok(())
     }
@@ -190,7 +194,7 @@ async fn serve_tcp(
         .await
         .map_err(|e| stream_err(&e))?;
     let mut driver = tokio::spawn(connection);
-    let id = inner.add_connection(
+    let (id, close) = inner.add_connection(
         Transport::H2(send_request.clone()),
         EdgeProtocol::Http2,
         group,
@@ -234,7 +238,7 @@ async fn serve_tcp(
                 // After a registration error the edge closes the connection.
                 tokio::time::sleep(CLOSE_AFTER_ERROR).await;
             }
-            _ = inner.cancel.cancelled() => {}
+            _ = close.cancelled() => {}
         }
         Ok(())
     }

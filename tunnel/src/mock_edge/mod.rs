@@ -14,6 +14,10 @@
 //! `PUT /__mock-edge/config?version=N` (JSON body: the tunnel's configuration,
 //! pushed to every serving connection and to each one that registers later) and `PUT /__mock-edge/registration-error?cause=TEXT` (empty
 //! cause: accept registrations again).
+//!
+//! Each `registerConnection` call is kept with the time it arrived, so tests can
+//! check when connectors retry, and [`MockEdge::close_connections`] drops every
+//! connection at once while the mock keeps listening.
 
 mod admin;
 mod forward;
@@ -27,6 +31,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -88,6 +93,15 @@ pub struct ConnectionInfo {
     pub key_exchange_group: Option<rustls::NamedGroup>,
 }
 
+/// A `registerConnection` call and when the mock edge received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceivedRegistration {
+    /// When the call arrived, before the mock decided its answer.
+    pub received_at: Instant,
+    /// What the connector sent.
+    pub record: RegistrationRecord,
+}
+
 /// How many registrations and local configurations the mock edge keeps.
 /// Older entries are dropped first, so a long-running mock (load tests,
 /// demos with reconnecting connectors) stays within bounded memory.
@@ -112,13 +126,15 @@ struct ConnEntry {
     transport: Transport,
     client_id: Option<Vec<u8>>,
     info: ConnectionInfo,
+    /// Cancelled to close this connection (a child of the mock's own token).
+    close: CancellationToken,
 }
 
 #[derive(Default)]
 struct State {
     conns: BTreeMap<u64, ConnEntry>,
     registration_error: Option<EdgeRefusal>,
-    records: VecDeque<RegistrationRecord>,
+    records: VecDeque<ReceivedRegistration>,
     local_configs: VecDeque<Vec<u8>>,
     /// The tunnel's current remote configuration, as the edge keeps it: the last one
     /// pushed, sent again to every connection that registers.
@@ -159,34 +175,40 @@ impl Inner {
         Some(out)
     }
 
+    /// Adds a connection; returns its id and the token that closes it, which
+    /// [`MockEdge::close_connections`] and [`MockEdge::shutdown`] cancel.
     pub(crate) fn add_connection(
         &self,
         transport: Transport,
         protocol: EdgeProtocol,
         key_exchange_group: Option<rustls::NamedGroup>,
-    ) -> u64 {
-        self.with_state(|s| {
-            s.next_id += 1;
-            let id = s.next_id;
-            s.conns.insert(
-                id,
-                ConnEntry {
-                    transport,
-                    client_id: None,
-                    info: ConnectionInfo {
-                        id,
-                        protocol,
-                        conn_index: None,
-                        registered: false,
-                        draining: false,
-                        requests: 0,
-                        key_exchange_group,
+    ) -> (u64, CancellationToken) {
+        let close = self.cancel.child_token();
+        let id = self
+            .with_state(|s| {
+                s.next_id += 1;
+                let id = s.next_id;
+                s.conns.insert(
+                    id,
+                    ConnEntry {
+                        transport,
+                        client_id: None,
+                        info: ConnectionInfo {
+                            id,
+                            protocol,
+                            conn_index: None,
+                            registered: false,
+                            draining: false,
+                            requests: 0,
+                            key_exchange_group,
+                        },
+                        close: close.clone(),
                     },
-                },
-            );
-            id
-        })
-        .unwrap_or(0)
+                );
+                id
+            })
+            .unwrap_or(0);
+        (id, close)
     }
 
     pub(crate) fn remove_connection(&self, id: u64) {
@@ -298,6 +320,7 @@ impl ConnHooks {
 
 impl RegistrationHooks for ConnHooks {
     fn register(&self, record: RegistrationRecord) -> Result<ConnectionDetails, EdgeRefusal> {
+        let received_at = Instant::now();
         let inner = &self.inner;
         let (conn_index, version, arch, features) = (
             record.conn_index,
@@ -308,7 +331,13 @@ impl RegistrationHooks for ConnHooks {
         let mut key_exchange = String::from("unknown");
         let result = inner
             .with_state(|s| {
-                push_bounded(&mut s.records, record.clone());
+                push_bounded(
+                    &mut s.records,
+                    ReceivedRegistration {
+                        received_at,
+                        record: record.clone(),
+                    },
+                );
                 if let Some(g) = s
                     .conns
                     .get(&self.id)
@@ -623,6 +652,13 @@ impl MockEdge {
     /// recent [`HISTORY_LIMIT`], older ones are dropped.
     pub fn registrations(&self) -> Vec<RegistrationRecord> {
         self.inner
+            .with_state(|s| s.records.iter().map(|r| r.record.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// [`registrations`](Self::registrations), each with the time it arrived.
+    pub fn received_registrations(&self) -> Vec<ReceivedRegistration> {
+        self.inner
             .with_state(|s| s.records.iter().cloned().collect())
             .unwrap_or_default()
     }
@@ -640,6 +676,18 @@ impl MockEdge {
         self.inner
             .with_state(|s| s.conns.values().map(|c| c.info.clone()).collect())
             .unwrap_or_default()
+    }
+
+    /// Closes every open connector connection at once and keeps listening, as
+    /// an edge that drops its connections does: connectors see them as lost and
+    /// reconnect. A QUIC connection is closed with code 0, an HTTP/2 one by
+    /// closing its TCP connection. Connections that arrive afterwards are served.
+    pub fn close_connections(&self) {
+        self.inner.with_state(|s| {
+            for c in s.conns.values() {
+                c.close.cancel();
+            }
+        });
     }
 
     /// Registered connections that have not unregistered.

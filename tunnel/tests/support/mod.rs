@@ -9,7 +9,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use cftunnel_tunnel::mock_edge::MockEdge;
 use cftunnel_tunnel::{
-    Body, Connector, ConnectorHandle, ConnectorOptions, OnUpgrade, Protocol, Token, TunnelMetrics,
+    Body, Connector, ConnectorHandle, ConnectorOptions, EdgeRefusal, OnUpgrade, Protocol, Token,
+    TunnelMetrics,
 };
 use futures_util::StreamExt as _;
 use http::{Request, Response, StatusCode};
@@ -30,6 +31,22 @@ pub fn trace_init() {
         )
         .with_test_writer()
         .try_init();
+}
+
+/// Polls `f` every 10 ms until it holds.
+pub async fn wait_until(mut f: impl FnMut() -> bool) {
+    while !f() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A refusal the connector retries at once.
+pub fn retryable(cause: &str) -> EdgeRefusal {
+    EdgeRefusal {
+        cause: cause.into(),
+        retry_after: Duration::ZERO,
+        should_retry: true,
+    }
 }
 
 pub fn token() -> Token {
