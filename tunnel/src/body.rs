@@ -34,6 +34,9 @@ enum Kind {
         recv: quinn::RecvStream,
         remaining: Option<u64>,
         buf: BytesMut,
+        /// Where the stream goes when the body is dropped unread, so the stream
+        /// task stops it once the response is out (see [`Body::quic`]).
+        handback: Option<oneshot::Sender<quinn::RecvStream>>,
     },
     H2 {
         recv: h2::RecvStream,
@@ -66,12 +69,36 @@ impl Body {
         Self { kind: Kind::Empty }
     }
 
+    /// A body read from a QUIC stream; dropped unfinished, the stream is
+    /// stopped at once.
     pub(crate) fn quic(recv: quinn::RecvStream, content_length: Option<u64>) -> Self {
+        Self::quic_with_handback(recv, content_length, None)
+    }
+
+    /// A request body read from a QUIC stream. Dropped before the edge finished
+    /// sending it, it hands the stream to `handback` instead of letting quinn
+    /// send STOP_SENDING at once: `cloudflared` stops reading a request only
+    /// after its response, so the edge never sees a request cancelled before
+    /// the answer to it.
+    pub(crate) fn quic_request(
+        recv: quinn::RecvStream,
+        content_length: Option<u64>,
+        handback: oneshot::Sender<quinn::RecvStream>,
+    ) -> Self {
+        Self::quic_with_handback(recv, content_length, Some(handback))
+    }
+
+    fn quic_with_handback(
+        recv: quinn::RecvStream,
+        content_length: Option<u64>,
+        handback: Option<oneshot::Sender<quinn::RecvStream>>,
+    ) -> Self {
         Self {
             kind: Kind::Quic {
                 recv,
                 remaining: content_length,
                 buf: BytesMut::new(),
+                handback,
             },
         }
     }
@@ -80,6 +107,19 @@ impl Body {
         let data_done = recv.is_end_stream();
         Self {
             kind: Kind::H2 { recv, data_done },
+        }
+    }
+}
+
+impl Drop for Body {
+    fn drop(&mut self) {
+        if let Kind::Quic { handback, .. } = &mut self.kind {
+            if let Some(tx) = handback.take() {
+                if let Kind::Quic { recv, .. } = std::mem::replace(&mut self.kind, Kind::Empty) {
+                    // The stream task has ended already: dropping the stream stops it.
+                    let _ = tx.send(recv);
+                }
+            }
         }
     }
 }
@@ -109,6 +149,7 @@ impl http_body::Body for Body {
                 recv,
                 remaining,
                 buf,
+                ..
             } => {
                 if *remaining == Some(0) {
                     return Poll::Ready(None);

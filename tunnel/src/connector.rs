@@ -181,6 +181,8 @@ pub(crate) struct Shared {
     pub(crate) metrics: TunnelMetrics,
     pub(crate) token: Token,
     pub(crate) client_id: Uuid,
+    /// `Cf-Warp-Tag-Id` for every request towards the service: the client id.
+    pub(crate) warp_tag: http::HeaderValue,
     pub(crate) opts: ConnectorOptions,
     pub(crate) quic_client: quinn::ClientConfig,
     pub(crate) h2_client: Arc<rustls::ClientConfig>,
@@ -388,6 +390,7 @@ impl Connector {
             metrics,
             token: self.token,
             client_id,
+            warp_tag: crate::stream::origin::connector_tag(client_id),
             opts: self.opts,
             quic_client: self.quic_client,
             h2_client: self.h2_client,

@@ -26,7 +26,7 @@ use crate::stream::headers::{
     self, CONNECTION_UPGRADE, META_CONNECTOR, META_ORIGIN, PROXY_SRC, RESPONSE_HEADERS,
     RESPONSE_META,
 };
-use crate::stream::http_map::add_websocket_headers;
+use crate::stream::origin::{self, add_websocket_headers};
 use crate::tasks::{InFlight, StreamTasks};
 use crate::tls::H2_SERVER_NAME;
 
@@ -309,7 +309,7 @@ async fn handle_request(
     in_flight: InFlight,
 ) {
     let (mut parts, recv) = req.into_parts();
-    parts.headers.remove(CONNECTION_UPGRADE);
+    origin::prepare(&mut parts.headers, &shared.warp_tag);
     if let Some(authority) = parts.uri.authority() {
         if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
             parts.headers.insert(HOST, v);
@@ -338,11 +338,14 @@ async fn handle_request(
     };
     let (rparts, rbody) = resp.into_parts();
     let switched = websocket && rparts.status == StatusCode::SWITCHING_PROTOCOLS;
-    let mut builder = Response::builder().status(if switched {
-        StatusCode::OK
-    } else {
-        rparts.status
-    });
+    // HTTP/2 has no 101 (a 1xx head is interim, and the stream would end on it):
+    // any 101 goes out as 200, as `cloudflared` writes it, upgrade or not.
+    let mut builder =
+        Response::builder().status(if rparts.status == StatusCode::SWITCHING_PROTOCOLS {
+            StatusCode::OK
+        } else {
+            rparts.status
+        });
     if let Some(h) = builder.headers_mut() {
         if let Some(v) = headers::serialise_value(&rparts.headers, switched) {
             h.insert(RESPONSE_HEADERS, v);
@@ -385,8 +388,16 @@ async fn handle_request(
 struct PushBody {
     #[serde(default)]
     version: i32,
-    #[serde(default)]
+    /// `None` only when absent: a `null` document is kept as the bytes `null`,
+    /// as Go's `json.RawMessage` keeps it.
+    #[serde(default, deserialize_with = "present")]
     config: Option<Box<serde_json::value::RawValue>>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Box<serde_json::value::RawValue>>, D::Error> {
+    serde::Deserialize::deserialize(d).map(Some)
 }
 
 /// The answer to a push, JSON-encoded as `cloudflared` encodes its Go
@@ -479,6 +490,16 @@ mod tests {
         assert_eq!(
             reply(r#"{"version":4}"#),
             Some(Ok(r#"{"lastAppliedVersion":3,"err":{}}"#.to_owned()))
+        );
+        // A `null` document is one Go decodes (to an empty configuration); an
+        // array is not.
+        assert_eq!(
+            reply(r#"{"version":5,"config":null}"#),
+            Some(Ok(r#"{"lastAppliedVersion":5,"err":null}"#.to_owned()))
+        );
+        assert_eq!(
+            reply(r#"{"version":6,"config":[]}"#),
+            Some(Ok(r#"{"lastAppliedVersion":5,"err":{}}"#.to_owned()))
         );
         assert_eq!(reply("not json"), None);
         assert_eq!(reply(r#"{"version":"5","config":{}}"#), None);

@@ -391,17 +391,20 @@ async fn serve_exchange(
     let content_length = head
         .headers()
         .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+        .and_then(|v| crate::stream::http_map::parse_content_length(v.as_bytes()));
     let (mut parts, ()) = head.into_parts();
+    crate::stream::origin::prepare(&mut parts.headers, &shared.warp_tag);
     let mut upgrade_tx = None;
+    let mut handback = None;
     let (body, mut spare_recv) = if websocket {
         let (tx, on) = OnUpgrade::pair();
         parts.extensions.insert(on);
         upgrade_tx = Some(tx);
         (Body::empty(), Some(recv))
     } else if has_body {
-        (Body::quic(recv, content_length), None)
+        let (tx, rx) = oneshot::channel();
+        handback = Some(rx);
+        (Body::quic_request(recv, content_length, tx), None)
     } else {
         (Body::empty(), Some(recv))
     };
@@ -437,7 +440,10 @@ async fn serve_exchange(
             Exchange::Abandoned
         }
     };
-    if let Some(mut recv) = spare_recv {
+    // A request body the service left unread is stopped now that the response is
+    // out, as `cloudflared` stops it; one the service still holds is stopped when
+    // it lets go.
+    if let Some(mut recv) = spare_recv.or_else(|| handback.and_then(|mut rx| rx.try_recv().ok())) {
         let _ = recv.stop(VarInt::from_u32(0));
     }
     ended

@@ -59,9 +59,18 @@ impl RemoteConfigState {
         if version <= current {
             return (current, None);
         }
-        // Validated and copied before taking the lock, which blocks readers.
-        if let Err(e) = serde_json::from_slice::<serde_json::Value>(config) {
-            return (current, Some(format!("invalid configuration: {e}")));
+        // Validated and copied before taking the lock, which blocks readers. The
+        // document must be what `cloudflared` decodes into its configuration
+        // struct: an object, or `null` (which Go decodes as leaving it empty).
+        match serde_json::from_slice::<serde_json::Value>(config) {
+            Ok(serde_json::Value::Object(_) | serde_json::Value::Null) => {}
+            Ok(_) => {
+                return (
+                    current,
+                    Some("invalid configuration: not a JSON object".to_owned()),
+                )
+            }
+            Err(e) => return (current, Some(format!("invalid configuration: {e}"))),
         }
         let next = RemoteConfig {
             version,
@@ -169,10 +178,15 @@ mod tests {
             "the metric follows the applied version"
         );
         assert_eq!(s.apply(2, b"{}"), (3, None));
-        let (v, err) = s.apply(4, b"not json");
-        assert_eq!(v, 3);
-        assert!(err.is_some());
+        // What Go cannot decode into its configuration struct is refused.
+        for refused in [&b"not json"[..], b"[]", b"1", b"\"x\"", b""] {
+            let (v, err) = s.apply(4, refused);
+            assert_eq!(v, 3);
+            assert!(err.is_some(), "{}", String::from_utf8_lossy(refused));
+        }
         assert_eq!(s.subscribe().borrow().version, 3);
+        // `null` decodes as an empty configuration, as in Go.
+        assert_eq!(s.apply(5, b"null"), (5, None));
     }
 
     #[test]

@@ -29,8 +29,8 @@ pub const MAX_HEADERS: usize = 8192;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum MapError {
-    /// `HttpMethod` is missing or invalid.
-    #[error("invalid or missing HttpMethod")]
+    /// `HttpMethod` is not a method (missing or empty is a GET).
+    #[error("invalid HttpMethod")]
     Method,
     /// `dest` is not a URL or path.
     #[error("invalid dest URL")]
@@ -53,6 +53,28 @@ fn header_key(key: &[u8]) -> Option<&[u8]> {
     key.strip_prefix(HEADER_PREFIX.as_bytes())?
         .strip_prefix(b":")
         .filter(|name| !name.contains(&b':'))
+}
+
+/// The header name of a request's metadata key: `None` for a key that names
+/// no header, an error for an `HttpHeader:` key that does not split into two
+/// parts on `:` (which `cloudflared` refuses as malformed).
+fn request_header_key(key: &[u8]) -> Result<Option<&[u8]>, MapError> {
+    let Some(name) = key
+        .strip_prefix(HEADER_PREFIX.as_bytes())
+        .and_then(|k| k.strip_prefix(b":"))
+    else {
+        return Ok(None);
+    };
+    if name.contains(&b':') {
+        return Err(MapError::Header(String::from_utf8_lossy(key).into_owned()));
+    }
+    Ok(Some(name))
+}
+
+/// A `Content-Length` value as the service will be given it: decimal digits
+/// only.
+pub(crate) fn parse_content_length(val: &[u8]) -> Option<u64> {
+    std::str::from_utf8(val).ok()?.parse().ok()
 }
 
 /// One `HttpHeader:<name>` entry, counted against [`MAX_HEADERS`]. A value
@@ -125,17 +147,25 @@ pub(super) fn map_request<'a>(
     for entry in metadata {
         let (key, val) = entry?;
         if key == METHOD.as_bytes() {
-            method = Some(Method::from_bytes(val).map_err(|_| MapError::Method)?);
+            if !val.is_empty() {
+                method = Some(Method::from_bytes(val).map_err(|_| MapError::Method)?);
+            }
         } else if key == HOST_KEY.as_bytes() {
             host = Some(val);
-        } else if let Some(name) = header_key(key) {
+        } else if let Some(name) = request_header_key(key)? {
             let (name, value) = parse_header(name, val, frame, &mut count)?;
             if name == HOST {
                 continue;
             }
-            if name == CONTENT_LENGTH
-                || (name == TRANSFER_ENCODING
-                    && val.windows(7).any(|w| w.eq_ignore_ascii_case(b"chunked")))
+            if name == CONTENT_LENGTH {
+                // `cloudflared` refuses a length it cannot parse rather than
+                // guess where the body ends.
+                if parse_content_length(val).is_none() {
+                    return Err(MapError::Header(name.as_str().to_owned()));
+                }
+                has_body = true;
+            } else if name == TRANSFER_ENCODING
+                && val.windows(7).any(|w| w.eq_ignore_ascii_case(b"chunked"))
             {
                 has_body = true;
             }
@@ -177,39 +207,16 @@ pub(super) fn map_request<'a>(
         headers.try_insert(HOST, v).map_err(too_many)?;
     }
     if kind == ConnectionType::Websocket {
-        try_add_websocket_headers(headers).map_err(too_many)?;
+        super::origin::try_add_websocket_headers(headers).map_err(too_many)?;
         has_body = false;
     }
+    // No method is a GET, as Go's `http.NewRequest` reads an empty one.
     let req = builder
-        .method(method.ok_or(MapError::Method)?)
+        .method(method.unwrap_or(Method::GET))
         .uri(uri)
         .body(())
         .map_err(|_| MapError::Dest)?;
     Ok((req, has_body))
-}
-
-/// The connector adds these towards the origin for WebSocket streams, as
-/// `cloudflared` does. A head already holding as many header names as an
-/// [`http::HeaderMap`] can is left without those it has no room for.
-pub fn add_websocket_headers(headers: &mut http::HeaderMap) {
-    let _ = try_add_websocket_headers(headers);
-}
-
-fn try_add_websocket_headers(
-    headers: &mut http::HeaderMap,
-) -> Result<(), http::header::MaxSizeReached> {
-    headers.try_insert(
-        http::header::CONNECTION,
-        HeaderValue::from_static("Upgrade"),
-    )?;
-    headers.try_insert(http::header::UPGRADE, HeaderValue::from_static("websocket"))?;
-    if !headers.contains_key(http::header::SEC_WEBSOCKET_VERSION) {
-        headers.try_insert(
-            http::header::SEC_WEBSOCKET_VERSION,
-            HeaderValue::from_static("13"),
-        )?;
-    }
-    Ok(())
 }
 
 /// `HttpHeader:<Canonical-Name>` for a header name.
@@ -225,11 +232,12 @@ fn header_metadata_key(name: &HeaderName) -> String {
     String::from_utf8(key).unwrap_or_default()
 }
 
-/// `HttpStatus` then one `HttpHeader:<Canonical-Name>` entry per value.
+/// `HttpStatus` then one `HttpHeader:<Canonical-Name>` entry per value
+/// (`Transfer-Encoding` left out).
 pub fn response_metadata(status: StatusCode, headers: &http::HeaderMap) -> Vec<Metadata> {
     let mut out = Vec::with_capacity(headers.len() + 1);
     out.push(Metadata::new(STATUS, status.as_str()));
-    for (name, value) in headers {
+    for (name, value) in response_entries(headers) {
         out.push(Metadata::new(
             header_metadata_key(name),
             String::from_utf8_lossy(value.as_bytes()),
@@ -356,9 +364,10 @@ const FLAT_WORDS: usize = 1 << 24;
 /// [`response_metadata`] and [`super::encode_connect_response`] produce
 /// (their [`Metadata`] strings hold any other value made valid).
 pub fn encode_response_head(status: StatusCode, headers: &http::HeaderMap) -> Vec<u8> {
+    let sent = headers.len() - headers.get_all(TRANSFER_ENCODING).iter().count();
     // Root pointer, root struct, `error`, list tag, the `HttpStatus` entry,
     // then each value.
-    let words = headers.iter().fold(
+    let words = response_entries(headers).fold(
         1 + 2 + 1 + 1 + 2 + flat::text_words(STATUS.len()) + flat::text_words(3),
         |acc: usize, (n, v)| acc.saturating_add(2 + header_entry_words(n, v.len())),
     );
@@ -371,14 +380,23 @@ pub fn encode_response_head(status: StatusCode, headers: &http::HeaderMap) -> Ve
     let mut w = Writer::new(&super::preamble(), words);
     let root = w.root(0, 2);
     w.text(root, 0, &[]);
-    let list = w.pair_list(root, 1, headers.len() + 1);
+    let list = w.pair_list(root, 1, sent + 1);
     let first = list.get(0);
     w.text(first, 0, &[STATUS.as_bytes()]);
     w.text(first, 1, &[status.as_str().as_bytes()]);
-    for (i, (name, value)) in headers.iter().enumerate() {
+    for (i, (name, value)) in response_entries(headers).enumerate() {
         write_header_entry(&mut w, list.get(i + 1), name, value.as_bytes());
     }
     w.finish()
+}
+
+/// The response headers the edge is sent: all but `Transfer-Encoding`, which
+/// describes a framing the stream does not use (the body is the stream's bytes
+/// up to its end) and which Go's HTTP client never leaves in `cloudflared`'s.
+fn response_entries(
+    headers: &http::HeaderMap,
+) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+    headers.iter().filter(|(n, _)| *n != TRANSFER_ENCODING)
 }
 
 /// The host the edge names for a request (its `Host`, else the URI's
@@ -655,8 +673,26 @@ mod tests {
             request_from_connect(&req),
             Err(MapError::Header(_))
         ));
-        req.metadata = vec![];
+        // A key that does not split into two parts on `:`, and a length that is
+        // not a number, are refused as `cloudflared` refuses them.
+        req.metadata = vec![Metadata::new("HttpHeader:X-A:B", "x")];
+        assert_eq!(
+            request_from_connect(&req).unwrap_err(),
+            MapError::Header("HttpHeader:X-A:B".into())
+        );
+        req.metadata = vec![Metadata::new("HttpHeader:Content-Length", "12x")];
+        assert_eq!(
+            request_from_connect(&req).unwrap_err(),
+            MapError::Header("content-length".into())
+        );
+        req.metadata = vec![Metadata::new("HttpMethod", "GE T")];
         assert_eq!(request_from_connect(&req).unwrap_err(), MapError::Method);
+        // No method, or an empty one, is a GET, as Go reads it.
+        for metadata in [vec![], vec![Metadata::new("HttpMethod", "")]] {
+            req.metadata = metadata;
+            let (head, has_body) = request_from_connect(&req).unwrap();
+            assert_eq!((head.method(), has_body), (&Method::GET, false));
+        }
         req.kind = ConnectionType::Tcp;
         assert_eq!(
             request_from_connect(&req).unwrap_err(),
@@ -745,6 +781,15 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
+        // `Transfer-Encoding` describes a framing the stream does not use: it is
+        // left out, in the direct writer and in the metadata alike.
+        let mut chunked = h.clone();
+        chunked.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        let encoded = encode_response_head(StatusCode::CREATED, &chunked);
+        assert_eq!(encoded, encode_response_head(StatusCode::CREATED, &h));
+        assert!(!response_metadata(StatusCode::CREATED, &chunked)
+            .iter()
+            .any(|m| m.key.eq_ignore_ascii_case("HttpHeader:Transfer-Encoding")));
         let refused = crate::stream::encode_connect_response(&ConnectResponse {
             error: "no route".into(),
             metadata: Vec::new(),

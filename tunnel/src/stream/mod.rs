@@ -8,6 +8,7 @@
 mod flat;
 pub mod headers;
 pub mod http_map;
+pub mod origin;
 
 use capnp::message::{Builder, HeapAllocator, ReaderOptions};
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -433,13 +434,20 @@ async fn read_frame_rest<R: AsyncRead + Unpin>(
         r.read_exact(&mut buf[have..]).await.map_err(io_err)?;
     }
     let total = framed_len(&buf)?.ok_or(FrameError::Framing)?;
-    let have = buf.len();
-    buf.resize(total, 0);
-    if total > have {
+    // Memory follows the bytes that arrive: a frame header announcing a large
+    // message commits at most twice what has come (and one first step),
+    // not the whole cap, while the rest is awaited. A usual head takes one read.
+    while buf.len() < total {
+        let have = buf.len();
+        let next = total.min(have.saturating_mul(2).max(FIRST_READ));
+        buf.resize(next, 0);
         r.read_exact(&mut buf[have..]).await.map_err(io_err)?;
     }
     Ok(buf)
 }
+
+/// Bytes of a message read at once before its buffer grows with what arrives.
+const FIRST_READ: usize = 16 * 1024;
 
 /// Reads a response stream's preamble (signature, version) and returns its
 /// framed `ConnectResponse` message, undecoded.
