@@ -7,7 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, HOST, TRANSFER_ENCODING, UPGRADE};
+use http::header::{
+    HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, HOST, TE, TRAILER, TRANSFER_ENCODING,
+    UPGRADE,
+};
 use http::{Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, Full};
@@ -170,6 +173,11 @@ async fn handle(inner: Arc<Inner>, req: Request<Incoming>, peer: IpAddr) -> Resp
 }
 
 /// Sends one eyeball request through a registered connection, as the edge does.
+///
+/// A connection on which no stream can be opened (one that has just died, or
+/// is going away) has carried nothing of the request, so the request moves on
+/// to the next connection in turn, each tried at most once. The body is not
+/// touched until a stream is open, so nothing of it is held back for a retry.
 pub(super) async fn forward<B>(
     inner: &Inner,
     mut req: Request<B>,
@@ -179,38 +187,168 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError> + Send,
 {
+    let websocket = is_websocket(&req);
+    // Before the edge's own headers are added, so that the names an eyeball's
+    // `Connection` lists never reach those.
+    strip_request_headers(req.headers_mut());
     add_edge_headers(req.headers_mut(), peer);
-    mark_body(&mut req);
     let candidates = inner.pick();
-    let Some((id, transport)) = candidates.into_iter().next() else {
+    if candidates.is_empty() {
         // What Cloudflare answers for a tunnel with no connector: 530, error 1033.
         let status = StatusCode::from_u16(530).unwrap_or(StatusCode::BAD_GATEWAY);
         return full(status, "error code: 1033\n");
-    };
-    inner.count_request(id);
+    }
     let wait = inner.response_timeout;
-    let result = match transport {
-        Transport::Quic(conn) => forward_quic(conn, req, wait).await,
-        Transport::H2(sr) => forward_h2(sr, req, wait).await,
-    };
-    result.unwrap_or_else(|e| {
-        tracing::debug!(error = %e, "forwarding through the tunnel failed");
-        match e {
-            MockEdgeError::Timeout => full(
-                // Cloudflare's "A timeout occurred".
-                StatusCode::from_u16(524).unwrap_or(StatusCode::GATEWAY_TIMEOUT),
-                "timeout waiting for the origin's response\n",
-            ),
-            e => full(StatusCode::BAD_GATEWAY, format!("tunnel error: {e}\n")),
-        }
-    })
+    let mut failure = None;
+    for (id, transport) in candidates {
+        let result = match transport {
+            Transport::Quic(conn) => match conn.open_bi().await {
+                Ok(stream) => {
+                    inner.count_request(id);
+                    forward_quic(stream, req, websocket, wait).await
+                }
+                Err(e) => {
+                    tracing::debug!(conn = id, error = %e, "no request stream on this connection");
+                    failure = Some(stream_err(e));
+                    continue;
+                }
+            },
+            // `send_request` makes the same connection checks as `ready` just after it, so
+            // what fails there (but for a race with the connection's task) is the request
+            // itself, which no other connection would take either: it is not retried.
+            Transport::H2(sr) => match sr.ready().await {
+                Ok(sr) => {
+                    inner.count_request(id);
+                    forward_h2(sr, req, websocket, wait).await
+                }
+                Err(e) => {
+                    tracing::debug!(conn = id, error = %e, "no request stream on this connection");
+                    failure = Some(stream_err(e));
+                    continue;
+                }
+            },
+        };
+        return result.unwrap_or_else(error_response);
+    }
+    error_response(failure.unwrap_or_else(|| stream_err("no connection took the request")))
 }
 
-/// A connector takes a request body to follow only when the head names one
-/// (`Content-Length`, or `Transfer-Encoding: chunked`; `cloudflared` over QUIC
-/// reads nothing otherwise). An HTTP/1.1 eyeball's body always is named; an
-/// HTTP/2 eyeball may send one without `Content-Length`, and the mock then
-/// names it chunked so that it reaches the origin.
+fn error_response(e: MockEdgeError) -> Response<EdgeBody> {
+    tracing::debug!(error = %e, "forwarding through the tunnel failed");
+    match e {
+        MockEdgeError::Timeout => full(
+            // Cloudflare's "A timeout occurred".
+            StatusCode::from_u16(524).unwrap_or(StatusCode::GATEWAY_TIMEOUT),
+            "timeout waiting for the origin's response\n",
+        ),
+        e => full(StatusCode::BAD_GATEWAY, format!("tunnel error: {e}\n")),
+    }
+}
+
+/// Whether a header is connection-specific (RFC 9110 §7.6.1): it describes
+/// one hop, the eyeball's to the edge or the origin's to the connector, and
+/// the edge does not pass it on as it stands.
+fn is_connection_specific(name: &HeaderName) -> bool {
+    CONNECTION_SPECIFIC.contains(&name.as_str())
+}
+
+/// The other header names a `Connection` header lists: they belong to that
+/// hop too. The usual tokens (`keep-alive`, `close`, `Upgrade`, `TE`) are
+/// matched as text and skipped, so a head that lists only those costs no
+/// allocation.
+fn listed_in_connection(headers: &http::HeaderMap) -> Vec<HeaderName> {
+    let mut listed = Vec::new();
+    for value in headers.get_all(CONNECTION) {
+        let Ok(value) = value.to_str() else { continue };
+        for token in value.split(',').map(str::trim) {
+            if token.is_empty()
+                || token.eq_ignore_ascii_case("close")
+                || CONNECTION_SPECIFIC
+                    .iter()
+                    .any(|n| token.eq_ignore_ascii_case(n))
+            {
+                continue;
+            }
+            if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+                listed.push(name);
+            }
+        }
+    }
+    listed
+}
+
+const CONNECTION_SPECIFIC: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Removes the eyeball's connection-specific headers from a request, for both
+/// transports, as the edge does (`cloudflared` adds `Connection`, `Upgrade` and
+/// `Sec-Websocket-Version` back for WebSockets because the edge strips them).
+/// `TE: trailers` stays: gRPC needs it, and HTTP/2 allows it.
+/// `Transfer-Encoding` stays too: over QUIC a connector reads a body only when
+/// the head names one (over HTTP/2 the stream's framing carries the body, and
+/// that path drops it).
+fn strip_request_headers(headers: &mut http::HeaderMap) {
+    if !headers.keys().any(is_connection_specific) {
+        return;
+    }
+    for name in listed_in_connection(headers) {
+        headers.remove(name);
+    }
+    headers.remove(CONNECTION);
+    headers.remove("keep-alive");
+    headers.remove("proxy-connection");
+    headers.remove(UPGRADE);
+    headers.remove(TRAILER);
+    let trailers = headers.get_all(TE).iter().any(|v| {
+        v.to_str().is_ok_and(|v| {
+            v.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        })
+    });
+    if trailers {
+        // Other codings are the eyeball's hop only; HTTP/2 forbids any but this one.
+        headers.insert(TE, HeaderValue::from_static("trailers"));
+    } else {
+        headers.remove(TE);
+    }
+}
+
+/// Removes the connector's connection-specific headers from a response before
+/// it reaches the eyeball, on both transports: an origin's `Connection: close`
+/// is about the origin's connection to the connector, not the eyeball's to the
+/// edge. A switched WebSocket response (`switched`) keeps `Connection` and
+/// `Upgrade`, which the eyeball's upgrade handshake needs.
+fn strip_response_headers(headers: &mut http::HeaderMap, switched: bool) {
+    if !headers.keys().any(is_connection_specific) {
+        return;
+    }
+    for name in listed_in_connection(headers) {
+        headers.remove(name);
+    }
+    if !switched {
+        headers.remove(CONNECTION);
+        headers.remove(UPGRADE);
+    }
+    headers.remove("keep-alive");
+    headers.remove("proxy-connection");
+    headers.remove(TE);
+    headers.remove(TRAILER);
+    headers.remove(TRANSFER_ENCODING);
+}
+
+/// Over QUIC a connector takes a request body to follow only when the head
+/// names one (`Content-Length`, or `Transfer-Encoding: chunked`; `cloudflared`
+/// reads nothing otherwise; over HTTP/2 the stream itself carries the body).
+/// An HTTP/1.1 eyeball's body always is named; an HTTP/2 eyeball may send one
+/// without `Content-Length`, and the mock then names it chunked so that it
+/// reaches the origin.
 fn mark_body<B: http_body::Body>(req: &mut Request<B>) {
     if req.body().is_end_stream()
         || req.body().size_hint().exact() == Some(0)
@@ -241,17 +379,20 @@ async fn read_response_head(
         .map_err(stream_err)
 }
 
+/// Sends the request on an opened QUIC request stream; `websocket`: the eyeball
+/// asked for an upgrade (its `Upgrade` header is stripped by now).
 async fn forward_quic<B>(
-    conn: quinn::Connection,
+    (mut send, mut recv): (quinn::SendStream, quinn::RecvStream),
     mut req: Request<B>,
+    websocket: bool,
     wait: Duration,
 ) -> Result<Response<EdgeBody>, MockEdgeError>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError> + Send,
 {
-    let websocket = is_websocket(&req);
     let on_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
+    mark_body(&mut req);
     let (parts, body) = req.into_parts();
     let kind = if websocket {
         ConnectionType::Websocket
@@ -259,7 +400,6 @@ where
         ConnectionType::Http
     };
     let head = encode_request_head(&parts, kind);
-    let (mut send, mut recv) = conn.open_bi().await.map_err(stream_err)?;
     send.write_all(&head).await.map_err(stream_err)?;
     if !websocket {
         if body.is_end_stream() {
@@ -289,7 +429,8 @@ where
                 return Ok(full(StatusCode::BAD_GATEWAY, format!("{error}\n")))
             }
         };
-        let (parts, ()) = head.into_parts();
+        let (mut parts, ()) = head.into_parts();
+        strip_response_headers(&mut parts.headers, false);
         return Ok(Response::from_parts(
             parts,
             Body::quic(recv, None).map_err(Into::into).boxed_unsync(),
@@ -301,8 +442,10 @@ where
             return Ok(full(StatusCode::BAD_GATEWAY, format!("{error}\n")))
         }
     };
-    let (parts, ()) = head.into_parts();
-    if parts.status == StatusCode::SWITCHING_PROTOCOLS {
+    let (mut parts, ()) = head.into_parts();
+    let switched = parts.status == StatusCode::SWITCHING_PROTOCOLS;
+    strip_response_headers(&mut parts.headers, switched);
+    if switched {
         if let Some(on_upgrade) = on_upgrade {
             tokio::spawn(pipe(on_upgrade, Upgraded::quic(send, recv)));
         }
@@ -327,33 +470,22 @@ async fn pipe(on_upgrade: hyper::upgrade::OnUpgrade, mut tunnel: Upgraded) {
     let _ = tokio::io::copy_bidirectional(&mut eyeball, &mut tunnel).await;
 }
 
-fn is_hop_by_hop(name: &http::HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-    )
-}
-
+/// Sends the request on an HTTP/2 connection that is ready for a new stream;
+/// `websocket` as for [`forward_quic`].
 async fn forward_h2<B>(
-    sr: h2::client::SendRequest<Bytes>,
+    mut ready: h2::client::SendRequest<Bytes>,
     mut req: Request<B>,
+    websocket: bool,
     wait: Duration,
 ) -> Result<Response<EdgeBody>, MockEdgeError>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError> + Send,
 {
-    let websocket = is_websocket(&req);
     let on_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
     // The eyeball's head becomes the HTTP/2 request in place: `:authority`
-    // from its Host, no connection-specific headers.
+    // from its Host, and connection-specific headers already stripped.
     let authority = match parts.headers.get(HOST) {
         Some(h) => http::uri::Authority::try_from(h.as_bytes()).ok(),
         None => parts.uri.authority().cloned(),
@@ -370,17 +502,8 @@ where
     );
     parts.uri = http::Uri::from_parts(uri).map_err(stream_err)?;
     parts.headers.remove(HOST);
-    if parts.headers.keys().any(is_hop_by_hop) {
-        let hop: Vec<HeaderName> = parts
-            .headers
-            .keys()
-            .filter(|n| is_hop_by_hop(n))
-            .cloned()
-            .collect();
-        for name in hop {
-            parts.headers.remove(name);
-        }
-    }
+    // The body's length is the stream's framing here.
+    parts.headers.remove(TRANSFER_ENCODING);
     if websocket {
         parts
             .headers
@@ -389,7 +512,6 @@ where
     parts.extensions = http::Extensions::new();
     let h2req = Request::from_parts(parts, ());
     let end = !websocket && http_body::Body::is_end_stream(&body);
-    let mut ready = sr.ready().await.map_err(stream_err)?;
     let (resp, mut send) = ready.send_request(h2req, end).map_err(stream_err)?;
     if !websocket && !end {
         tokio::spawn(async move {
@@ -408,26 +530,27 @@ where
         .map_err(|_| MockEdgeError::Timeout)?
         .map_err(stream_err)?;
     if websocket && resp.status() == StatusCode::OK {
-        // HTTP/2 has no 101: the connector answers an accepted upgrade with 200 and the
-        // origin's `Upgrade` among the serialised headers. Any other 200 is the origin
-        // turning the upgrade down, and `cloudflared` writes that answer as it came.
         let (rparts, recv) = resp.into_parts();
-        let mut out = map_h2_response(Response::from_parts(rparts, ()), true)?;
-        if out.headers().contains_key(UPGRADE) {
-            *out.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let out = map_h2_response(Response::from_parts(rparts, ()), true)?;
+        if out.status() == StatusCode::SWITCHING_PROTOCOLS {
             if let Some(on_upgrade) = on_upgrade {
                 tokio::spawn(pipe(on_upgrade, Upgraded::h2(H2Io::new(recv, send))));
             }
             return Ok(out);
         }
         let _ = send.send_data(Bytes::new(), true);
-        out.headers_mut().remove(http::header::CONNECTION);
         let (parts, _empty) = out.into_parts();
         return Ok(Response::from_parts(parts, recv.into_edge_body()));
     }
     map_h2_response(resp, false)
 }
 
+/// The eyeball's response from a connector's HTTP/2 response: the origin's
+/// headers from their serialised form, without connection-specific ones.
+/// HTTP/2 has no 101: the connector answers an accepted WebSocket upgrade
+/// (`websocket`) with 200 and the origin's `Upgrade` among the serialised
+/// headers, which becomes the eyeball's 101. Any other 200 is the origin
+/// turning the upgrade down, and `cloudflared` writes that answer as it came.
 fn map_h2_response<T: IntoEdgeBody>(
     resp: Response<T>,
     websocket: bool,
@@ -455,10 +578,11 @@ fn map_h2_response<T: IntoEdgeBody>(
     if let Some(cl) = parts.headers.get(CONTENT_LENGTH) {
         headers.insert(CONTENT_LENGTH, cl.clone());
     }
-    if !websocket {
-        headers.remove(http::header::CONNECTION);
-        headers.remove(UPGRADE);
+    let switched = websocket && parts.status == StatusCode::OK && headers.contains_key(UPGRADE);
+    if switched {
+        parts.status = StatusCode::SWITCHING_PROTOCOLS;
     }
+    strip_response_headers(&mut headers, switched);
     parts.headers = headers;
     Ok(Response::from_parts(parts, body.into_edge_body()))
 }
@@ -615,6 +739,217 @@ mod tests {
             "{h:?}"
         );
         assert_eq!(h["x-app"], "kept");
+    }
+
+    fn header_map(pairs: &[(&'static str, &'static str)]) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(*n, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn requests_lose_the_eyeballs_connection_specific_headers() {
+        let eyeball = [
+            ("connection", "keep-alive, X-Hop"),
+            ("connection", "TE"),
+            ("x-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "x"),
+            ("upgrade", "h2c"),
+            ("trailer", "x-sum"),
+            ("te", "trailers, deflate"),
+            ("transfer-encoding", "chunked"),
+            ("x-app", "kept"),
+        ];
+        let mut h = header_map(&eyeball);
+        strip_request_headers(&mut h);
+        let mut names: Vec<&str> = h.keys().map(|n| n.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["te", "transfer-encoding", "x-app"]);
+        assert_eq!(h["te"], "trailers");
+        assert_eq!(h["transfer-encoding"], "chunked");
+
+        let mut h = header_map(&[("te", "gzip"), ("x-app", "kept")]);
+        strip_request_headers(&mut h);
+        assert!(!h.contains_key("te"), "{h:?}");
+    }
+
+    #[test]
+    fn responses_lose_the_origins_connection_specific_headers() {
+        let origin = [
+            ("connection", "close, X-Hop"),
+            ("x-hop", "1"),
+            ("keep-alive", "timeout=1"),
+            ("proxy-connection", "x"),
+            ("transfer-encoding", "chunked"),
+            ("trailer", "grpc-status"),
+            ("upgrade", "websocket"),
+            ("content-length", "7"),
+        ];
+        let mut h = header_map(&origin);
+        strip_response_headers(&mut h, false);
+        assert_eq!(
+            h.keys().map(|n| n.as_str()).collect::<Vec<_>>(),
+            ["content-length"]
+        );
+
+        let mut h = header_map(&[
+            ("connection", "Upgrade"),
+            ("upgrade", "websocket"),
+            ("keep-alive", "timeout=1"),
+            ("sec-websocket-accept", "dGVzdA=="),
+        ]);
+        strip_response_headers(&mut h, true);
+        assert_eq!(h["connection"], "Upgrade");
+        assert_eq!(h["upgrade"], "websocket");
+        assert_eq!(h["sec-websocket-accept"], "dGVzdA==");
+        assert!(!h.contains_key("keep-alive"), "{h:?}");
+    }
+
+    /// `cloudflared` serialises an origin's `Keep-Alive`, `Connection` and the names
+    /// `Connection` lists into its HTTP/2 answer (only `cf-*` names are left out);
+    /// the eyeball gets none of them.
+    #[test]
+    fn http2_answers_lose_the_origins_connection_specific_headers() {
+        use base64::engine::general_purpose::STANDARD_NO_PAD;
+        use base64::Engine as _;
+        let serialised = [
+            ("Connection", "keep-alive, X-Hop"),
+            ("X-Hop", "1"),
+            ("Keep-Alive", "timeout=1"),
+            ("Content-Type", "text/plain"),
+        ]
+        .iter()
+        .map(|(n, v)| {
+            format!(
+                "{}:{}",
+                STANDARD_NO_PAD.encode(n),
+                STANDARD_NO_PAD.encode(v)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(";");
+        let resp = Response::builder()
+            .header(RESPONSE_HEADERS, serialised)
+            .body(())
+            .unwrap();
+        let out = map_h2_response(resp, false).unwrap();
+        assert_eq!(
+            out.headers().keys().map(|n| n.as_str()).collect::<Vec<_>>(),
+            ["content-type"]
+        );
+    }
+
+    /// Kills connection `id` and, once the mock has taken it out, lists it again as
+    /// serving: the moment between a connection's death and the edge noticing it,
+    /// held still. Returns the dead entry's id.
+    async fn relist_dead_connection(edge: &super::super::MockEdge, id: u64) -> u64 {
+        let inner = &edge.inner;
+        let (transport, protocol) = inner
+            .with_state(|s| {
+                let c = &s.conns[&id];
+                c.close.cancel();
+                (c.transport.clone(), c.info.protocol)
+            })
+            .unwrap();
+        while edge.connections().iter().any(|c| c.id == id) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        match &transport {
+            Transport::Quic(conn) => assert!(conn.close_reason().is_some()),
+            Transport::H2(sr) => {
+                while sr.clone().ready().await.is_ok() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+        let (dead, _close) = inner.add_connection(transport, protocol, None);
+        inner.with_state(|s| {
+            if let Some(c) = s.conns.get_mut(&dead) {
+                c.info.registered = true;
+            }
+        });
+        dead
+    }
+
+    /// A request whose first connection can no longer open a stream goes through the
+    /// next one, and is counted there only.
+    async fn requests_move_past_a_dead_connection(protocol: crate::Protocol) {
+        let edge = super::super::MockEdge::start().await.unwrap();
+        let opts = crate::ConnectorOptions {
+            protocol,
+            edges: vec![edge.edge_addr().into(); 2],
+            edge_ca_pem: Some(edge.ca_pem().as_bytes().to_vec()),
+            ha_connections: 2,
+            grace_period: Duration::from_secs(1),
+            rpc_timeout: Duration::from_secs(3),
+            backoff_base: Duration::from_millis(50),
+            ha_backoff_base: Duration::from_millis(50),
+            ha_start_interval: Duration::from_millis(20),
+            handshake_timeout: Duration::from_secs(2),
+            ..crate::ConnectorOptions::default()
+        };
+        let token = crate::Token::new("test-account", vec![7u8; 32], uuid::Uuid::new_v4());
+        let service = hyper::service::service_fn(|_req: Request<Body>| async {
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+        });
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = crate::TunnelMetrics::register(&mut registry);
+        let handle = crate::Connector::new(token, opts)
+            .unwrap()
+            .start(service, metrics)
+            .unwrap();
+        handle.wait_registered(2).await;
+        edge.wait_serving(2).await;
+
+        let victim = edge.connections()[0].id;
+        let dead = relist_dead_connection(&edge, victim).await;
+        // The dead entry, the surviving connection and the connector's replacement.
+        edge.wait_serving(3).await;
+        // Taken in turn, each of the three is first for one of three requests.
+        for _ in 0..3 {
+            let req = Request::get("/")
+                .header("host", "app.example.com")
+                .body(http_body_util::Empty::<Bytes>::new())
+                .unwrap();
+            let resp = edge.request(req).await;
+            let status = resp.status();
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            let body = String::from_utf8_lossy(&body);
+            assert_eq!((status, &*body), (StatusCode::OK, "ok"), "{protocol:?}");
+        }
+        let conns = edge.connections();
+        let on_dead = conns.iter().find(|c| c.id == dead).map(|c| c.requests);
+        assert_eq!(on_dead, Some(0), "{conns:?}");
+        assert_eq!(
+            conns.iter().map(|c| c.requests).sum::<u64>(),
+            3,
+            "{conns:?}"
+        );
+        handle.shutdown().await;
+        edge.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn quic_requests_move_past_a_dead_connection() {
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            requests_move_past_a_dead_connection(crate::Protocol::Quic),
+        )
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn http2_requests_move_past_a_dead_connection() {
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            requests_move_past_a_dead_connection(crate::Protocol::Http2),
+        )
+        .await
+        .unwrap();
     }
 
     #[test]

@@ -4,9 +4,11 @@
 //! TLS/TCP (HTTP/2 transport) with a generated test CA, answers
 //! `registerConnection`, and forwards requests from a local plain-HTTP
 //! listener through the registered connections, spread round-robin across
-//! those that have not unregistered, with the headers Cloudflare's edge
+//! those that have not unregistered (a request goes on to the next one when
+//! a connection cannot open its stream), with the headers Cloudflare's edge
 //! adds (`Cf-Connecting-Ip`, `X-Forwarded-For`, `X-Forwarded-Proto`,
-//! `Cf-Visitor`, `Cf-Ray`, `CDN-Loop`). Registration errors can be switched on
+//! `Cf-Visitor`, `Cf-Ray`, `CDN-Loop`) and without connection-specific ones
+//! in either direction. Registration errors can be switched on
 //! for negative tests, and configurations can be pushed to connectors.
 //!
 //! Paths under `/__mock-edge/` on the HTTP listener are not forwarded; they

@@ -1,0 +1,201 @@
+//! Connection-specific headers stay on their own hop through the mock edge, as
+//! through Cloudflare's: the eyeball's never reach the connector, the origin's
+//! never reach the eyeball, over both transports and real sockets.
+#![allow(clippy::unwrap_used)]
+
+#[macro_use]
+mod support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_tunnel::{Body, ConnectorHandle, Protocol};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt as _, Full, StreamBody};
+use hyper_util::rt::TokioIo;
+use support::*;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// `/headers` answers with the request's headers, a `name: value` line each;
+/// `/close` answers 200 with an origin's `Connection: close` and `Keep-Alive`;
+/// the rest as the shared echo service.
+async fn service(req: Request<Body>) -> Result<Response<TestBody>, Infallible> {
+    let text = match req.uri().path() {
+        "/headers" => req
+            .headers()
+            .iter()
+            .map(|(n, v)| format!("{n}: {}\n", String::from_utf8_lossy(v.as_bytes())))
+            .collect::<String>(),
+        "/close" => {
+            let mut r = Response::new(
+                Full::new(Bytes::from_static(b"closing"))
+                    .map_err(|e| match e {})
+                    .boxed_unsync(),
+            );
+            r.headers_mut()
+                .insert("connection", "close".parse().unwrap());
+            r.headers_mut()
+                .insert("keep-alive", "timeout=1".parse().unwrap());
+            return Ok(r);
+        }
+        _ => return echo(req).await,
+    };
+    Ok(Response::new(
+        Full::new(Bytes::from(text))
+            .map_err(|e| match e {})
+            .boxed_unsync(),
+    ))
+}
+
+async fn serving(edge: &MockEdge, protocol: Protocol) -> ConnectorHandle {
+    let connector = cftunnel_tunnel::Connector::new(token(), options(edge, protocol, 1))
+        .expect("connector options are valid");
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = cftunnel_tunnel::TunnelMetrics::register(&mut registry);
+    let handle = connector
+        .start(hyper::service::service_fn(service), metrics)
+        .expect("connector starts");
+    handle.wait_registered(1).await;
+    edge.wait_serving(1).await;
+    handle
+}
+
+/// One HTTP/1.1 eyeball connection to the mock's listener.
+async fn eyeball(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<TestBody> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+/// An eyeball request carrying connection-specific headers of every kind. Its
+/// second `Connection` line names `Cf-Connecting-Ip`, which the edge sets
+/// itself: the edge's value still reaches the service.
+fn with_hop_headers(req: http::request::Builder) -> http::request::Builder {
+    req.header("host", "app.example.com")
+        .header("connection", "keep-alive, X-Hop")
+        .header("connection", "Cf-Connecting-Ip")
+        .header("x-hop", "1")
+        .header("keep-alive", "timeout=5")
+        .header("proxy-connection", "x")
+        .header("te", "trailers")
+        .header("x-app", "kept")
+}
+
+async fn eyeball_hop_headers_stop_at_the_edge(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let handle = serving(&edge, protocol).await;
+    let mut sender = eyeball(edge.http_addr()).await;
+
+    let req = with_hop_headers(Request::get("/headers"))
+        .body(empty())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let seen = resp.into_body().collect().await.unwrap().to_bytes();
+    let seen = String::from_utf8(seen.to_vec()).unwrap();
+    let names: Vec<&str> = seen.lines().filter_map(|l| l.split(": ").next()).collect();
+    for hop in ["connection", "keep-alive", "proxy-connection", "x-hop"] {
+        assert!(
+            !names.contains(&hop),
+            "{hop} reached the service ({}):\n{seen}",
+            label(protocol)
+        );
+    }
+    assert!(
+        seen.lines().any(|l| l == "te: trailers"),
+        "TE: trailers lost ({}):\n{seen}",
+        label(protocol)
+    );
+    assert!(seen.lines().any(|l| l == "x-app: kept"), "{seen}");
+    assert!(
+        seen.lines().any(|l| l == "cf-connecting-ip: 127.0.0.1"),
+        "{seen}"
+    );
+
+    // A chunked upload with the same headers still streams its body to the
+    // service (over QUIC the connector reads it because `Transfer-Encoding` stays).
+    sender.ready().await.unwrap();
+    let chunks = futures_util::stream::iter(["first ", "second"].map(|c| {
+        Ok::<_, cftunnel_tunnel::BoxError>(http_body::Frame::data(Bytes::from_static(c.as_bytes())))
+    }));
+    let req = with_hop_headers(Request::post("/echo"))
+        .body(StreamBody::new(chunks).boxed_unsync())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"first second", "{}", label(protocol));
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
+async fn origin_hop_headers_stop_at_the_edge(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let handle = serving(&edge, protocol).await;
+    let mut sender = eyeball(edge.http_addr()).await;
+    // The origin's `Connection: close` is about its own connection: the eyeball's
+    // keep-alive connection to the edge serves a second request.
+    for round in 0..2 {
+        sender.ready().await.unwrap_or_else(|e| {
+            panic!(
+                "eyeball connection closed before request {round} ({}): {e}",
+                label(protocol)
+            )
+        });
+        let req = Request::get("/close")
+            .header("host", "app.example.com")
+            .body(empty())
+            .unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        for hop in ["connection", "keep-alive"] {
+            assert!(
+                !resp.headers().contains_key(hop),
+                "{hop} reached the eyeball ({}): {:?}",
+                label(protocol),
+                resp.headers()
+            );
+        }
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"closing");
+    }
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
+/// The switched WebSocket answer keeps the `Connection` and `Upgrade` the eyeball's
+/// handshake needs, and the stream then carries bytes both ways.
+async fn websocket_upgrades_keep_their_headers(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let handle = serving(&edge, protocol).await;
+    let resp = upgrade_request(edge.http_addr(), "/ws").await;
+    assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+    assert_eq!(resp.headers()["upgrade"], "websocket");
+    assert!(
+        resp.headers()["connection"]
+            .to_str()
+            .unwrap()
+            .eq_ignore_ascii_case("upgrade"),
+        "{:?}",
+        resp.headers()
+    );
+    let mut ws = TokioIo::new(hyper::upgrade::on(resp).await.unwrap());
+    ws.write_all(b"ping").await.unwrap();
+    let mut back = [0u8; 4];
+    ws.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"ping");
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
+per_transport!(eyeball_hop_headers_stop_at_the_edge);
+per_transport!(origin_hop_headers_stop_at_the_edge);
+per_transport!(websocket_upgrades_keep_their_headers);
