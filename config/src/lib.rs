@@ -8,7 +8,17 @@
 mod duration;
 
 pub use duration::{Duration, ParseDurationError};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// Reads a list that Go may send as `null` (how it encodes a nil slice, e.g. the rules of a
+/// cluster with no routes or the backends of a redirect-only rule) as empty.
+fn null_as_empty<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<Vec<T>>::deserialize(d).map(Option::unwrap_or_default)
+}
 
 /// A whole config document; every push replaces the previous one.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -17,7 +27,7 @@ pub struct Config {
     /// Monotonic version; 0 means unversioned (always accepted).
     #[serde(default)]
     pub version: i64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub rules: Vec<Rule>,
     /// Set when any GRPCRoute contributed rules: unmatched gRPC requests then get `grpc-status: 12`.
     #[serde(default, skip_serializing_if = "is_false")]
@@ -28,13 +38,25 @@ pub struct Config {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Rule {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub hostnames: Vec<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub matches: Vec<Match>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub filters: Vec<Filter>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub backends: Vec<Backend>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeouts: Option<Timeouts>,
@@ -61,7 +83,11 @@ pub struct Timeouts {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Retry {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub codes: Vec<u16>,
     /// Retries after the first try.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -76,9 +102,17 @@ pub struct Retry {
 pub struct Match {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathMatch>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub headers: Vec<ValueMatch>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub query_params: Vec<ValueMatch>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub method: Option<String>,
@@ -167,11 +201,23 @@ impl Filter {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HeaderModifier {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub set: Vec<Header>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub add: Vec<Header>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub remove: Vec<String>,
 }
 
@@ -246,15 +292,31 @@ pub struct RequestMirror {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Cors {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub allow_origins: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_credentials: Option<bool>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub allow_methods: Vec<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub allow_headers: Vec<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub expose_headers: Vec<String>,
     /// Seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -288,7 +350,11 @@ pub struct Backend {
     pub weight: u32,
     #[serde(default, skip_serializing_if = "BackendProtocol::is_default")]
     pub protocol: BackendProtocol,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub filters: Vec<Filter>,
     #[serde(default, skip_serializing_if = "is_false")]
     pub websocket: bool,
@@ -322,7 +388,11 @@ pub struct BackendTls {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_name: Option<String>,
     /// Names accepted in the certificate instead of `serverName`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub subject_alt_names: Vec<String>,
 }
 

@@ -47,3 +47,20 @@ fn documents_round_trip_and_ignore_unknown_fields() {
         serde_json::from_str(&serde_json::to_string(&doc).expect("serialises")).expect("reparses");
     assert_eq!(again, doc);
 }
+
+/// Go encodes nil slices as `null`: the documents its controller pushes for a cluster with no
+/// routes, or with a redirect-only rule, read as empty lists.
+#[test]
+fn null_lists_read_as_empty() {
+    let empty: Config = serde_json::from_str(r#"{"version": 3, "rules": null}"#).unwrap();
+    assert_eq!((empty.version, empty.rules.len()), (3, 0));
+    let text = r#"{"version": 4, "rules": [{
+        "hostnames": null, "matches": [{"headers": null, "queryParams": null}], "filters": null,
+        "backends": null, "retry": {"codes": null}
+    }]}"#;
+    let doc: Config = serde_json::from_str(text).unwrap();
+    let rule = &doc.rules[0];
+    assert!(rule.hostnames.is_empty() && rule.filters.is_empty() && rule.backends.is_empty());
+    assert!(rule.matches[0].headers.is_empty() && rule.matches[0].query_params.is_empty());
+    assert!(rule.retry.as_ref().unwrap().codes.is_empty());
+}
