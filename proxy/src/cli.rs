@@ -50,7 +50,7 @@ pub struct Args {
 
     /// Strict post-quantum key exchange with the edge (as `cloudflared --post-quantum`):
     /// offer only X25519MLKEM768 and announce the `postquantum` feature.
-    #[arg(long, env = "PROXY_TUNNEL_POST_QUANTUM", default_value = "false", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    #[arg(long, env = "PROXY_TUNNEL_POST_QUANTUM", default_value = "false", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub tunnel_post_quantum: bool,
 
     /// Concurrent requests the edge may open on one QUIC tunnel connection; more wait at the
@@ -59,11 +59,11 @@ pub struct Args {
     pub tunnel_quic_max_streams: u32,
 
     /// Serve Prometheus metrics on `/metrics`.
-    #[arg(long, env = "PROXY_METRICS_ENABLED", default_value = "true", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    #[arg(long, env = "PROXY_METRICS_ENABLED", default_value = "true", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub metrics_enabled: bool,
 
     /// Write one JSON line per request to stdout.
-    #[arg(long, env = "PROXY_ACCESS_LOG_ENABLED", default_value = "false", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    #[arg(long, env = "PROXY_ACCESS_LOG_ENABLED", default_value = "false", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub access_log_enabled: bool,
 
     /// Config document (the `PUT /config` JSON) to load at start.
@@ -117,7 +117,7 @@ impl Args {
     }
 }
 
-/// A listen address; `:PORT` means every interface, as in Go.
+/// A listen address; `:PORT` means every address of both families, as in Go.
 #[derive(Debug, Clone, Copy)]
 pub struct ListenAddr(pub SocketAddr);
 
@@ -126,7 +126,7 @@ impl FromStr for ListenAddr {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let full = if s.starts_with(':') {
-            format!("0.0.0.0{s}")
+            format!("[::]{s}")
         } else {
             s.to_owned()
         };
@@ -150,9 +150,10 @@ impl FromStr for GoDuration {
     }
 }
 
-/// The drain window, capped at [`MAX_GRACE`].
+/// The drain window, capped at [`MAX_GRACE`]: a longer one is cut to it (the second field
+/// keeps what was asked, so start-up can say so), as the Go proxy caps it.
 #[derive(Debug, Clone, Copy)]
-pub struct GracePeriod(pub Duration);
+pub struct GracePeriod(pub Duration, pub Option<Duration>);
 
 impl FromStr for GracePeriod {
     type Err = String;
@@ -160,9 +161,9 @@ impl FromStr for GracePeriod {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let d = s.parse::<GoDuration>()?.0;
         if d > MAX_GRACE {
-            return Err(format!("{s} is longer than the 3m maximum"));
+            return Ok(Self(MAX_GRACE, Some(d)));
         }
-        Ok(Self(d))
+        Ok(Self(d, None))
     }
 }
 
@@ -192,7 +193,7 @@ mod tests {
             "quic",
         ])
         .expect("valid flags");
-        assert_eq!(a.addr.0, "0.0.0.0:9000".parse().expect("addr"));
+        assert_eq!(a.addr.0, "[::]:9000".parse().expect("addr"));
         assert_eq!(a.grace_period.0, Duration::from_secs(5));
         assert_eq!(a.tunnel_protocol, TunnelProtocol::Quic);
         assert!(!a.tunnel_post_quantum, "post-quantum is off by default");
@@ -211,9 +212,20 @@ mod tests {
         );
         assert!(parse(&["--tunnel-quic-max-streams", "0"]).is_err());
         assert!(parse(&["--tunnel-quic-max-streams", "1048577"]).is_err());
+        let capped = parse(&["--grace-period", "4m"]).expect("grace over 3m is capped");
+        assert_eq!(
+            (capped.grace_period.0, capped.grace_period.1),
+            (MAX_GRACE, Some(Duration::from_secs(240)))
+        );
+        assert_eq!(a.grace_period.1, None);
+        // Boolean flags also stand alone, as Go's do.
+        let bare = parse(&["--access-log-enabled", "--metrics-enabled", "--addr", ":1"])
+            .expect("bare boolean flags");
+        assert!(bare.access_log_enabled && bare.metrics_enabled);
         assert!(
-            parse(&["--grace-period", "4m"]).is_err(),
-            "grace over 3m is refused"
+            !parse(&["--metrics-enabled", "false"])
+                .expect("explicit false")
+                .metrics_enabled
         );
         assert!(parse(&["--tunnel-protocol", "udp"]).is_err());
         assert_eq!(a.edge_ip_version, cftunnel_tunnel::EdgeIpVersion::Auto);

@@ -33,11 +33,10 @@ pub struct Reloader {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Version of the document being served (0 after an unversioned push).
+    /// Version of the document being served (0 after an unversioned push): what a
+    /// stale push is measured against, as `GET /config` reports it, so a pusher that
+    /// reads it after a 409 can always get past it.
     version: i64,
-    /// Highest versioned push applied: what a stale push is measured against, so an
-    /// unversioned push in between does not let an old versioned one back in.
-    floor: i64,
     cache: Cache,
 }
 
@@ -67,11 +66,11 @@ impl Reloader {
     /// version 0 is always accepted.
     pub async fn apply(&self, doc: Config) -> Result<i64, ConfigError> {
         let mut state = self.state.lock().await;
-        if doc.version > 0 && doc.version < state.floor {
+        if doc.version > 0 && doc.version < state.version {
             self.proxy.metrics().reload("stale");
             return Err(ConfigError::Stale {
                 pushed: doc.version,
-                current: state.floor,
+                current: state.version,
             });
         }
         let metrics = self.proxy.metrics().clone();
@@ -101,7 +100,6 @@ impl Reloader {
                 let rules = routes.rule_count();
                 self.proxy.swap(routes);
                 state.version = version;
-                state.floor = state.floor.max(version);
                 self.proxy.metrics().reload("success");
                 tracing::info!(version, rules, "config applied");
                 Ok(version)

@@ -86,9 +86,11 @@ pub(crate) fn prepare_forward_headers(headers: &mut HeaderMap, conn: ConnInfo, u
         return;
     }
     if let Some(peer) = conn.peer {
+        // An IPv4 client of the dual-stack listener arrives as `::ffff:a.b.c.d`.
+        let ip = peer.ip().to_canonical();
         let value = match headers.get(&X_FORWARDED_FOR) {
-            None => ip_header_value(peer.ip()),
-            Some(_) => appended_forwarded_for(headers, peer.ip()),
+            None => ip_header_value(ip),
+            Some(_) => appended_forwarded_for(headers, ip),
         };
         if let Some(value) = value {
             headers.insert(X_FORWARDED_FOR.clone(), value);

@@ -110,15 +110,12 @@ impl Server {
         if let Some(doc) = initial {
             reloader.apply(doc).await.context("initial config")?;
         }
-        let admin_listener = TcpListener::bind(options.admin_addr)
-            .await
+        let admin_listener = listen(options.admin_addr)
             .with_context(|| format!("binding the admin listener on {}", options.admin_addr))?;
         let data_listener = match options.data_addr {
-            Some(addr) => Some(
-                TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("binding the data listener on {addr}"))?,
-            ),
+            Some(addr) => {
+                Some(listen(addr).with_context(|| format!("binding the data listener on {addr}"))?)
+            }
             None => None,
         };
         let admin_addr = admin_listener.local_addr()?;
@@ -229,5 +226,30 @@ async fn anchor_timers() {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
+    }
+}
+
+/// Binds a listener. The IPv6 wildcard (what `:PORT` means) takes both families, as Go's
+/// listeners do, whatever the host's `bindv6only` default; on a host without IPv6 it falls
+/// back to IPv4's wildcard.
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let open = |addr: SocketAddr| -> std::io::Result<TcpListener> {
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        if addr.is_ipv6() && addr.ip().is_unspecified() {
+            socket.set_only_v6(false)?;
+        }
+        socket.set_reuse_address(true)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(1024)?;
+        TcpListener::from_std(socket.into())
+    };
+    match open(addr) {
+        Err(e) if addr.ip() == std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED) => open(
+            SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), addr.port()),
+        )
+        .map_err(|_| e),
+        other => other,
     }
 }

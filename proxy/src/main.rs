@@ -25,6 +25,9 @@ fn main() -> std::process::ExitCode {
         eprintln!("error: {e}");
         return std::process::ExitCode::from(2);
     }
+    if let Some(asked) = args.grace_period.1 {
+        tracing::warn!(asked = ?asked, capped = ?args.grace_period.0, "grace period capped at its maximum");
+    }
     // One worker: a current-thread runtime, which skips the work-stealing machinery entirely.
     let mut runtime = match args.worker_threads.map(|n| n.get()) {
         Some(1) => tokio::runtime::Builder::new_current_thread(),

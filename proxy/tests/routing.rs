@@ -152,6 +152,10 @@ async fn bad_pushes_are_refused_with_the_reason_and_the_old_table_keeps_serving(
         assert_eq!(get(&http, admin, "admin", "/config", &[]).await.status, StatusCode::UNAUTHORIZED);
         assert_eq!(push(&http, admin, &json!({"version": 0, "rules": []})).await.status, StatusCode::OK, "version 0 is always accepted");
         assert_eq!(get(&http, d, "h", "/still", &[]).await.status, StatusCode::NOT_FOUND);
+        // Stale is measured against the version served, which `GET /config` reports: after the
+        // unversioned push any versioned one applies again.
+        assert_eq!(push(&http, admin, &json!({"version": 4, "rules": []})).await.status, StatusCode::OK);
+        assert_eq!(push(&http, admin, &json!({"version": 3, "rules": []})).await.status, StatusCode::CONFLICT);
         assert!(metric(&http, admin, "cftunnel_proxy_config_reloads_total{result=\"rejected\"}").await >= Some(2.0));
         assert!(metric(&http, admin, "cftunnel_proxy_config_reloads_total{result=\"stale\"}").await >= Some(1.0));
     })
