@@ -102,9 +102,39 @@ async fn run(args: Args) -> anyhow::Result<()> {
         backend_header_timeout: args.backend_header_timeout.0,
         ..ServerOptions::default()
     };
+    // Installed before anything can take long, so a signal always drains.
+    let mut signals = Signals::new()?;
     let server = Server::start_with_registry(options, initial, registry).await?;
     let tunnel = match connector {
-        Some(connector) => {
+        Some(mut connector) => {
+            use cftunnel_proxy::tunnel::{
+                await_first_table, transport_for, warn_on_grpc_without_http2, FIRST_CONFIG_WAIT,
+            };
+            if connector.protocol() == cftunnel_tunnel::Protocol::Auto {
+                // Whether the table serves gRPC decides the transport: wait for it to arrive.
+                tokio::select! {
+                    _ = await_first_table(server.proxy(), FIRST_CONFIG_WAIT) => {}
+                    _ = signals.next() => {
+                        tracing::info!("signal before the tunnel started: exiting");
+                        server.begin_drain();
+                        server.shutdown_by(tokio::time::Instant::now() + args.grace_period.0).await;
+                        return Ok(());
+                    }
+                }
+                let serves_grpc = server.proxy().routes().has_grpc_route();
+                let protocol = transport_for(connector.protocol(), serves_grpc);
+                if protocol != connector.protocol() {
+                    tracing::info!(
+                        "the table serves a GRPCRoute: the tunnel dials HTTP/2, which carries \
+                         the trailers gRPC needs (QUIC does not)"
+                    );
+                }
+                connector.set_protocol(protocol);
+            }
+            tokio::spawn(warn_on_grpc_without_http2(
+                server.proxy().clone(),
+                connector.protocol(),
+            ));
             let service = cftunnel_proxy::tunnel::TunnelService::new(server.proxy().clone());
             let handle = connector
                 .start(service, tunnel_metrics)
@@ -122,7 +152,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
 
-    let mut signals = Signals::new()?;
     signals.next().await;
     tracing::info!(grace = ?args.grace_period.0, "draining");
     // One deadline for the whole drain: unregistering, in-flight requests, connections.

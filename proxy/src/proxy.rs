@@ -128,6 +128,8 @@ impl Default for ProxyOptions {
 struct Shared {
     routes: ArcSwap<Routes>,
     loaded: AtomicBool,
+    /// Bumped on every swap, for what follows the table (not requests, which load it).
+    swaps: tokio::sync::watch::Sender<u64>,
     metrics: ProxyMetrics,
     mirrors: Arc<Semaphore>,
     access_log: Option<crate::access_log::AccessLog>,
@@ -148,6 +150,7 @@ impl Proxy {
             shared: Arc::new(Shared {
                 routes: ArcSwap::from_pointee(routes),
                 loaded: AtomicBool::new(false),
+                swaps: tokio::sync::watch::Sender::new(0),
                 metrics,
                 mirrors: Arc::new(Semaphore::new(MAX_MIRRORS_IN_FLIGHT)),
                 access_log: options.access_log.then(crate::access_log::AccessLog::spawn),
@@ -175,7 +178,13 @@ impl Proxy {
         self.shared.metrics.config_version.set(routes.version);
         let old = self.shared.routes.swap(Arc::new(routes));
         self.shared.loaded.store(true, Ordering::Release);
+        self.shared.swaps.send_modify(|n| *n += 1);
         retire(old);
+    }
+
+    /// Changes each time a table is swapped in (once per applied push).
+    pub fn swaps(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.swaps.subscribe()
     }
 
     /// Serves one request. Never fails: every error becomes a response here.

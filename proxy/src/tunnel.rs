@@ -8,6 +8,62 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::time::Duration;
+
+use cftunnel_tunnel::Protocol;
+
+/// How long an `auto` tunnel waits at start for its first table, to learn whether it serves
+/// gRPC before it dials.
+pub const FIRST_CONFIG_WAIT: Duration = Duration::from_secs(10);
+
+/// The transport to dial: an `auto` tunnel whose table serves a GRPCRoute goes over HTTP/2,
+/// because the edge carries no trailers over QUIC and gRPC's status is a trailer; a transport
+/// the operator chose is kept.
+pub fn transport_for(configured: Protocol, serves_grpc: bool) -> Protocol {
+    match configured {
+        Protocol::Auto if serves_grpc => Protocol::Http2,
+        other => other,
+    }
+}
+
+/// Waits until a table is loaded (from the config file or the first push), at most `wait`;
+/// whether one is.
+pub async fn await_first_table(proxy: &Proxy, wait: Duration) -> bool {
+    let mut swaps = proxy.swaps();
+    let loaded = async {
+        while !proxy.is_loaded() {
+            if swaps.changed().await.is_err() {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(wait, loaded).await;
+    proxy.is_loaded()
+}
+
+/// Warns, once, when a table that serves gRPC arrives while the tunnel runs over a transport
+/// other than HTTP/2: its gRPC responses lose their status until the proxy restarts (it then
+/// dials HTTP/2) or `PROXY_TUNNEL_PROTOCOL=http2` is set.
+pub async fn warn_on_grpc_without_http2(proxy: Proxy, dialed: Protocol) {
+    if dialed == Protocol::Http2 {
+        return;
+    }
+    let mut swaps = proxy.swaps();
+    loop {
+        if proxy.routes().has_grpc_route() {
+            tracing::error!(
+                transport = ?dialed,
+                "a GRPCRoute is now served, but the tunnel runs over a transport that may carry \
+                 no trailers (QUIC drops them, so gRPC loses its status): restart the proxy, \
+                 which then dials HTTP/2, or set PROXY_TUNNEL_PROTOCOL=http2"
+            );
+            return;
+        }
+        if swaps.changed().await.is_err() {
+            return;
+        }
+    }
+}
 
 /// Parsed once: a `&str` key is re-validated as a header name on every lookup.
 static CF_CONNECTING_IP: HeaderName = HeaderName::from_static("cf-connecting-ip");
@@ -48,5 +104,18 @@ impl hyper::service::Service<Request<cftunnel_tunnel::Body>> for TunnelService {
         };
         let proxy = self.proxy.clone();
         Box::pin(async move { Ok(proxy.handle(req, info).await) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_auto_tunnel_serving_grpc_changes_to_http2() {
+        assert_eq!(transport_for(Protocol::Auto, true), Protocol::Http2);
+        assert_eq!(transport_for(Protocol::Auto, false), Protocol::Auto);
+        assert_eq!(transport_for(Protocol::Quic, true), Protocol::Quic);
+        assert_eq!(transport_for(Protocol::Http2, false), Protocol::Http2);
     }
 }

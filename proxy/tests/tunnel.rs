@@ -30,30 +30,10 @@ async fn tunnel_proxy_with(
     backend: std::net::SocketAddr,
     env: &[(&str, &str)],
 ) -> (std::process::Child, std::net::SocketAddr) {
-    let ca = dir.join("edge-ca.pem");
-    edge.write_ca_pem(&ca).await.expect("CA written");
-    let config = dir.join("config.json");
     let doc = serde_json::json!({"version": 1, "rules": [
         {"hostnames": ["app.example.com"], "backends": [{"url": url(backend), "weight": 1, "websocket": true}]}
     ]});
-    std::fs::write(&config, doc.to_string()).expect("write config");
-    let admin_port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
-        .env("TUNNEL_TOKEN", token)
-        .env("TUNNEL_EDGE", edge.edge_addr().to_string())
-        .env("TUNNEL_CACERT", &ca)
-        .env("PROXY_TUNNEL_PROTOCOL", protocol)
-        .env("PROXY_CONFIG_ADDR", format!("127.0.0.1:{admin_port}"))
-        .env("PROXY_AUTH_TOKEN", TOKEN)
-        .env("PROXY_GRACE_PERIOD", "5s")
-        .envs(env.iter().copied())
-        .arg("--config-file")
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("proxy binary starts");
-    let admin: std::net::SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
+    let (child, admin) = spawn_tunnel_proxy(edge, dir, token, protocol, Some(&doc), env).await;
     let http = client();
     let ready_by = Instant::now() + Duration::from_secs(20);
     loop {
@@ -68,6 +48,93 @@ async fn tunnel_proxy_with(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     (child, admin)
+}
+
+/// Starts a proxy binary in tunnel mode against `edge`, with `doc` as its config file if
+/// given; returns at once with it and its admin address.
+async fn spawn_tunnel_proxy(
+    edge: &MockEdge,
+    dir: &std::path::Path,
+    token: &str,
+    protocol: &str,
+    doc: Option<&serde_json::Value>,
+    env: &[(&str, &str)],
+) -> (std::process::Child, std::net::SocketAddr) {
+    let ca = dir.join("edge-ca.pem");
+    edge.write_ca_pem(&ca).await.expect("CA written");
+    let admin_port = free_port();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"));
+    command
+        .env("TUNNEL_TOKEN", token)
+        .env("TUNNEL_EDGE", edge.edge_addr().to_string())
+        .env("TUNNEL_CACERT", &ca)
+        .env("PROXY_TUNNEL_PROTOCOL", protocol)
+        .env("PROXY_CONFIG_ADDR", format!("127.0.0.1:{admin_port}"))
+        .env("PROXY_AUTH_TOKEN", TOKEN)
+        .env("PROXY_GRACE_PERIOD", "5s")
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(doc) = doc {
+        let config = dir.join("config.json");
+        std::fs::write(&config, doc.to_string()).expect("write config");
+        command.arg("--config-file").arg(&config);
+    }
+    let child = command.spawn().expect("proxy binary starts");
+    let admin: std::net::SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
+    (child, admin)
+}
+
+/// With `PROXY_TUNNEL_PROTOCOL=auto` the tunnel dials HTTP/2 when the table serves a GRPCRoute,
+/// from the config file or from the first push, since gRPC's status travels in trailers the edge
+/// does not carry over QUIC; without one it dials QUIC.
+#[tokio::test]
+async fn an_auto_tunnel_serving_grpc_dials_http2() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let rules = serde_json::json!([{"backends": [{"url": url(a.http_addr()), "weight": 1}]}]);
+        let grpc = serde_json::json!({"version": 1, "hasGrpcRoute": true, "rules": rules});
+        let plain = serde_json::json!({"version": 1, "rules": rules});
+        let http = client();
+        let cases = [
+            ("file", Some(&grpc), None, "http2"),
+            ("push", None, Some(&grpc), "http2"),
+            ("plain", Some(&plain), None, "quic"),
+        ];
+        for (name, file, pushed, expected) in cases {
+            let edge = MockEdge::start().await.expect("mock edge starts");
+            let dir = scratch_dir(&format!("grpc-{name}"));
+            let (mut child, admin) =
+                spawn_tunnel_proxy(&edge, &dir, &any_token(), "auto", file, &[]).await;
+            if let Some(doc) = pushed {
+                let pushed_by = Instant::now() + Duration::from_secs(10);
+                while tokio::net::TcpStream::connect(admin).await.is_err()
+                    || push(&http, admin, doc).await.status != 200
+                {
+                    assert!(Instant::now() < pushed_by, "{name}: the push is taken");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            edge.wait_serving(1).await;
+            let protocols: Vec<String> = edge
+                .connections()
+                .iter()
+                .map(|c| format!("{:?}", c.protocol).to_lowercase())
+                .collect();
+            assert!(
+                !protocols.is_empty() && protocols.iter().all(|p| p == expected),
+                "{name}: {protocols:?}"
+            );
+            sigterm(&child);
+            assert_eq!(
+                wait_exit(&mut child, Duration::from_secs(15)).await,
+                Some(0)
+            );
+            edge.shutdown().await;
+        }
+    })
+    .await
+    .expect("test finished in time");
 }
 
 /// Credentials the mock edge accepts (it accepts any).

@@ -354,6 +354,18 @@ impl Connector {
         })
     }
 
+    /// The transport the connections will use (settings are otherwise as
+    /// validated by [`new`](Self::new)); for a choice made after the settings
+    /// were checked, such as HTTP/2 for a table that serves gRPC.
+    pub fn protocol(&self) -> Protocol {
+        self.opts.protocol
+    }
+
+    /// Changes the transport before [`start`](Self::start).
+    pub fn set_protocol(&mut self, protocol: Protocol) {
+        self.opts.protocol = protocol;
+    }
+
     /// Starts the connections on the current Tokio runtime and returns the
     /// handle for readiness and drain. Every request arriving through the
     /// tunnel is passed to `service`.
