@@ -262,6 +262,9 @@ impl Proxy {
             if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
                 parts.headers.insert(header::HOST, v);
             }
+        } else if parts.headers.get_all(header::HOST).iter().nth(1).is_some() {
+            // Routed on one, a backend might read the other (RFC 9112 §3.2: answer 400).
+            return Err(ProxyError::BadRequest("more than one Host header\n"));
         }
         if parts.uri.path() != "*" {
             if let Some(normal) = normalize_path(parts.uri.path()) {
@@ -362,9 +365,10 @@ impl Proxy {
 
         let exchange = self.exchange(rule, backend, upstream, parts, body, host_metrics);
         let mut response = match deadline {
+            // Out of time waiting on the backend: a backend timeout, counted as one.
             Some(at) => tokio::time::timeout_at(at, exchange)
                 .await
-                .map_err(|_| ProxyError::RequestTimeout)??,
+                .map_err(|_| ProxyError::Backend(crate::forward::ForwardError::Timeout))??,
             None => exchange.await?,
         };
 

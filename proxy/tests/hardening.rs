@@ -82,6 +82,14 @@ async fn only_websocket_upgrades_are_spliced_and_absolute_form_hosts_are_consist
             seen["host"], "a.example",
             "and the backend sees that same host"
         );
+
+        // Two Host headers: routed on one, a backend could read the other.
+        let r = raw(
+            d,
+            b"GET /two HTTP/1.1\r\nhost: a.example\r\nhost: b.example\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(r.starts_with("HTTP/1.1 400"), "{r}");
     })
     .await
     .expect("test finished in time");
