@@ -7,6 +7,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -32,7 +33,8 @@ where
 pin_project_lite::pin_project! {
     #[project = InnerProj]
     enum Inner {
-        Upstream { #[pin] body: UpstreamBody },
+        // `deadline`: the rule's request timeout, which bounds the response body too.
+        Upstream { #[pin] body: UpstreamBody, deadline: Option<Pin<Box<tokio::time::Sleep>>> },
         Local { #[pin] body: Full<Bytes> },
     }
 }
@@ -53,7 +55,7 @@ pin_project_lite::pin_project! {
             let this = this.project();
             if let Some(c) = this.completion.take() {
                 let ended = match this.inner.project() {
-                    InnerProj::Upstream { body } => body.is_end_stream(),
+                    InnerProj::Upstream { body, .. } => body.is_end_stream(),
                     InnerProj::Local { body } => body.is_end_stream(),
                 };
                 if ended {
@@ -67,9 +69,18 @@ pin_project_lite::pin_project! {
 }
 
 impl ResponseBody {
-    pub(crate) fn upstream(body: UpstreamBody, completion: Completion) -> Self {
+    /// A backend's body; with a `deadline` (the rule's request timeout, which covers the whole
+    /// exchange) a body still streaming then fails, and the client sees it cut off.
+    pub(crate) fn upstream(
+        body: UpstreamBody,
+        completion: Completion,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Self {
         Self {
-            inner: Inner::Upstream { body },
+            inner: Inner::Upstream {
+                body,
+                deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
+            },
             completion: Some(completion),
         }
     }
@@ -94,9 +105,18 @@ impl Body for ResponseBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.project();
         let polled = match this.inner.project() {
-            InnerProj::Upstream { body } => {
-                ready!(body.poll_frame(cx)).map(|r| r.map_err(BoxError::from))
-            }
+            InnerProj::Upstream { body, deadline } => match body.poll_frame(cx) {
+                Poll::Ready(polled) => polled.map(|r| r.map_err(BoxError::from)),
+                Poll::Pending => {
+                    let expired = deadline
+                        .as_mut()
+                        .is_some_and(|sleep| sleep.as_mut().poll(cx).is_ready());
+                    if !expired {
+                        return Poll::Pending;
+                    }
+                    Some(Err(BoxError::from("request timeout reached mid-response")))
+                }
+            },
             InnerProj::Local { body } => {
                 ready!(body.poll_frame(cx)).map(|r| r.map_err(|never| match never {}))
             }
@@ -123,14 +143,14 @@ impl Body for ResponseBody {
 
     fn is_end_stream(&self) -> bool {
         match &self.inner {
-            Inner::Upstream { body } => body.is_end_stream(),
+            Inner::Upstream { body, .. } => body.is_end_stream(),
             Inner::Local { body } => body.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
-            Inner::Upstream { body } => body.size_hint(),
+            Inner::Upstream { body, .. } => body.size_hint(),
             Inner::Local { body } => body.size_hint(),
         }
     }

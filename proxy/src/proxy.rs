@@ -239,7 +239,7 @@ impl Proxy {
         };
         completion.status = response.status().as_u16();
         response.map(|reply| match reply {
-            Reply::Upstream(body) => ResponseBody::upstream(body, completion),
+            Reply::Upstream(body, deadline) => ResponseBody::upstream(body, completion, deadline),
             Reply::Local(bytes) => ResponseBody::local(bytes, Some(completion)),
         })
     }
@@ -391,7 +391,9 @@ impl Proxy {
                 cors.decorate(&req_headers, response.headers_mut());
             }
         }
-        Ok(response.map(Reply::Upstream))
+        // An upgraded exchange outlives the timeout: its bytes are spliced, not this body.
+        let deadline = deadline.filter(|_| response.status() != StatusCode::SWITCHING_PROTOCOLS);
+        Ok(response.map(|body| Reply::Upstream(body, deadline)))
     }
 
     /// Tries the backend (and retries as the rule says) until a response head arrives.
@@ -602,7 +604,8 @@ enum ClientSide {
 
 /// A response body before it is wrapped for accounting.
 enum Reply {
-    Upstream(UpstreamBody),
+    /// A backend's body and the instant the rule's request timeout ends, if it has one.
+    Upstream(UpstreamBody, Option<Instant>),
     Local(Bytes),
 }
 

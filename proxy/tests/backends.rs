@@ -493,3 +493,45 @@ async fn backend_connections_are_reused_and_stale_ones_replaced() {
     .await
     .expect("test finished in time");
 }
+
+/// `timeouts.request` bounds the whole exchange, the response body included (as Envoy's route
+/// timeout does): a backend that sends its head at once and then stalls its body has the body
+/// cut off at the deadline, instead of holding the client for as long as it likes.
+#[tokio::test]
+async fn the_request_timeout_also_bounds_the_response_body() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let backend = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = conn.read(&mut buf).await;
+                    let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc").await;
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    let _ = conn.write_all(b"defghij").await;
+                });
+            }
+        });
+        let proxy = proxy().await;
+        let http = client();
+        let doc = json!({"rules": [
+            rule("/bounded", json!({"timeouts": {"request": "400ms"}, "backends": [{"url": url(backend), "weight": 1}]})),
+            rule("/", json!({"backends": [{"url": url(backend), "weight": 1}]})),
+        ]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+        let d = proxy.data_addr();
+        let started = std::time::Instant::now();
+        let req = Request::get(format!("http://{d}/bounded")).header("host", "h").body(Full::new(Bytes::new())).expect("req");
+        let resp = http.request(req).await.expect("the head arrives");
+        assert_eq!(resp.status(), StatusCode::OK);
+        let body = http_body_util::BodyExt::collect(resp.into_body()).await;
+        assert!(body.is_err(), "the stalled body is cut off");
+        assert!(started.elapsed() < Duration::from_millis(2500), "cut at the deadline: {:?}", started.elapsed());
+        // Without a request timeout the same body arrives whole.
+        let r = get(&http, d, "h", "/open", &[]).await;
+        assert_eq!((r.status, &r.body[..]), (StatusCode::OK, &b"abcdefghij"[..]));
+    })
+    .await
+    .expect("test finished in time");
+}
