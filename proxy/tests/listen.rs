@@ -33,9 +33,11 @@ async fn port_only_addresses_take_both_families() {
         assert_eq!(r.status, http::StatusCode::OK);
         assert_eq!(r.seen_header("x-forwarded-for").as_deref(), Some("127.0.0.1"));
 
+        // Where `::1` works the listener must be IPv6's wildcard; a host with the IPv6 stack but
+        // no IPv6 loopback may still bind it, so only IPv4 is checked there.
         let host_has_ipv6 = std::net::TcpListener::bind((Ipv6Addr::LOCALHOST, 0)).is_ok();
-        assert_eq!(proxy.data_addr().is_ipv6(), host_has_ipv6, "{:?}", proxy.data_addr());
         if host_has_ipv6 {
+            assert!(proxy.data_addr().is_ipv6(), "{:?}", proxy.data_addr());
             let v6 = SocketAddr::new(Ipv6Addr::LOCALHOST.into(), proxy.data_addr().port());
             let r = get(&http, v6, "app.example.com", "/", &[]).await;
             assert_eq!(r.status, http::StatusCode::OK);
@@ -43,7 +45,7 @@ async fn port_only_addresses_take_both_families() {
             let admin6 = SocketAddr::new(Ipv6Addr::LOCALHOST.into(), proxy.admin_addr().port());
             assert_eq!(get(&http, admin6, "admin", "/healthz", &[]).await.status, http::StatusCode::OK);
         } else {
-            eprintln!("no IPv6 on this host: the listeners fell back to IPv4");
+            eprintln!("no IPv6 loopback on this host: only IPv4 was checked");
         }
     })
     .await
