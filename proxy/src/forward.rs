@@ -2,6 +2,7 @@
 //! metrics and the error responses are built from.
 
 mod connector;
+mod h2c;
 mod pool;
 mod tls;
 
@@ -100,6 +101,8 @@ pub struct Upstream {
     client: std::sync::OnceLock<Client<Connector, ProxyBody>>,
     /// Plain HTTP/1.1 backends (the common case in a cluster) use a leaner pool of their own.
     h1: Option<Arc<pool::H1Pool>>,
+    /// h2c backends: one multiplexed connection that each request's own host travels over.
+    h2c: Option<h2c::H2cChannel>,
     connector: Connector,
     scheme: Scheme,
     /// The backend's own `host:port`, used when the request carries no usable host.
@@ -186,9 +189,11 @@ impl Upstream {
         };
         let h1 = (!secure && !h2)
             .then(|| pool::H1Pool::new(connector.clone(), POOL_MAX_IDLE, POOL_IDLE_TIMEOUT));
+        let h2c = h2.then(|| h2c::H2cChannel::new(connector.clone()));
         Ok(Self {
             client: std::sync::OnceLock::new(),
             h1,
+            h2c,
             connector,
             scheme,
             authority,
@@ -233,6 +238,12 @@ impl Upstream {
         self.h1.is_some()
     }
 
+    /// Whether a request's URI authority may be its own host (the `:authority` an HTTP/2
+    /// backend reads) rather than the backend's: the connection is chosen without it.
+    pub fn request_authority(&self) -> bool {
+        self.h2c.is_some()
+    }
+
     /// One try: sends the request and waits for the response head, bounded by `timeout`.
     ///
     /// With `body_sent`, the timeout starts once the request body has been handed over (the
@@ -245,9 +256,10 @@ impl Upstream {
         body_sent: Option<tokio::sync::oneshot::Receiver<()>>,
     ) -> Result<Response<UpstreamBody>, ForwardError> {
         let fut = async {
-            match &self.h1 {
-                Some(pool) => pool.send(req).await,
-                None => self
+            match (&self.h1, &self.h2c) {
+                (Some(pool), _) => pool.send(req).await,
+                (None, Some(channel)) => channel.send(req).await,
+                (None, None) => self
                     .client()
                     .request(req)
                     .await

@@ -748,15 +748,22 @@ fn upstream_request(
             http::uri::PathAndQuery::try_from(format!("{base}{pq}")).map_err(|_| bad())?
         }
     };
-    // The URI authority keys the connection pool, so it is always the backend's own: varying
-    // `Host` must not let a client open new backend connections. The client's host travels in
-    // the `Host` header, which `route` has made consistent with what was routed on.
+    // Where the URI authority keys a connection pool (TLS backends), it is the backend's own:
+    // varying `Host` must not let a client open new backend connections; the client's host
+    // travels in the `Host` header, which `route` has made consistent with what was routed on.
+    // Where the connection is chosen without the URI (h2c), the authority is the request's own
+    // host, which an HTTP/2 backend reads as `:authority`.
     let uri = if upstream.origin_form() {
         Uri::from(path_and_query)
     } else {
+        let own_host = upstream
+            .request_authority()
+            .then(|| headers.get(header::HOST))
+            .flatten()
+            .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok());
         let mut uri = http::uri::Parts::default();
         uri.scheme = Some(upstream.scheme().clone());
-        uri.authority = Some(upstream.authority().clone());
+        uri.authority = Some(own_host.unwrap_or_else(|| upstream.authority().clone()));
         uri.path_and_query = Some(path_and_query);
         Uri::from_parts(uri).map_err(|_| bad())?
     };

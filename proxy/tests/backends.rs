@@ -172,6 +172,8 @@ async fn websocket_and_h2c_backends_work_end_to_end() {
         let http = client();
         let doc = json!({"rules": [
             rule("/ws", json!({"backends": [{"url": url(a.http_addr()), "weight": 1, "websocket": true}]})),
+            rule("/h2c-rewritten", json!({"filters": [{"type": "URLRewrite", "urlRewrite": {"hostname": "rewritten.example"}}],
+                "backends": [{"url": url(a.h2c_addr()), "weight": 1, "protocol": "h2c"}]})),
             rule("/h2c", json!({"backends": [{"url": url(a.h2c_addr()), "weight": 1, "protocol": "h2c"}]})),
         ]});
         push(&http, proxy.admin_addr(), &doc).await;
@@ -181,6 +183,22 @@ async fn websocket_and_h2c_backends_work_end_to_end() {
         assert_eq!(r.status, StatusCode::OK);
         assert_eq!(r.json()["proto"], "HTTP/2.0", "the backend was spoken to in h2c");
         assert_eq!(r.json()["path"], "/h2c/x");
+        // An HTTP/2 backend reads the host from `:authority`: the client's, or the rewrite's.
+        assert_eq!(r.json()["host"], "h");
+        let r = get(&http, d, "h", "/h2c-rewritten", &[]).await;
+        assert_eq!(r.json()["host"], "rewritten.example");
+        // Whatever hosts clients send, the requests share one multiplexed connection.
+        for i in 0..10 {
+            let r = get(&http, d, &format!("h{i}.example"), "/h2c/pool", &[]).await;
+            assert_eq!(r.json()["host"], format!("h{i}.example"));
+        }
+        let peers: std::collections::HashSet<String> = a
+            .log_lines()
+            .iter()
+            .filter(|l| l.contains("/h2c"))
+            .filter_map(|l| l.rsplit_once('(').map(|(_, p)| p.to_owned()))
+            .collect();
+        assert_eq!(peers.len(), 1, "one h2c connection: {peers:?}");
 
         let (mut ws, resp) = tokio_tungstenite::connect_async(format!("ws://{d}/ws"))
             .await
