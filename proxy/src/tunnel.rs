@@ -26,9 +26,8 @@ pub fn transport_for(configured: Protocol, serves_grpc: bool) -> Protocol {
     }
 }
 
-/// Waits until a table is loaded (from the config file or the first push), at most `wait`;
-/// whether one is.
-pub async fn await_first_table(proxy: &Proxy, wait: Duration) -> bool {
+/// Waits until a table is loaded (from the config file or the first push), at most `wait`.
+pub async fn await_first_table(proxy: &Proxy, wait: Duration) {
     let mut swaps = proxy.swaps();
     let loaded = async {
         while !proxy.is_loaded() {
@@ -38,7 +37,6 @@ pub async fn await_first_table(proxy: &Proxy, wait: Duration) -> bool {
         }
     };
     let _ = tokio::time::timeout(wait, loaded).await;
-    proxy.is_loaded()
 }
 
 /// Warns, once, when a table that serves gRPC arrives while the tunnel runs over a transport

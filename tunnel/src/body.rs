@@ -35,7 +35,7 @@ enum Kind {
         remaining: Option<u64>,
         buf: BytesMut,
         /// Where the stream goes when the body is dropped unread, so the stream
-        /// task stops it once the response is out (see [`Body::quic`]).
+        /// task stops it once the response is out (see [`Body::quic_request`]).
         handback: Option<oneshot::Sender<quinn::RecvStream>>,
     },
     H2 {
@@ -116,7 +116,8 @@ impl Drop for Body {
         if let Kind::Quic { handback, .. } = &mut self.kind {
             if let Some(tx) = handback.take() {
                 if let Kind::Quic { recv, .. } = std::mem::replace(&mut self.kind, Kind::Empty) {
-                    // The stream task has ended already: dropping the stream stops it.
+                    // If the stream task has ended already, the send fails and dropping
+                    // the stream stops it.
                     let _ = tx.send(recv);
                 }
             }
