@@ -2,7 +2,7 @@
 //! metrics and the error responses are built from.
 
 mod connector;
-mod h2c;
+mod h2;
 mod pool;
 mod tls;
 
@@ -15,8 +15,6 @@ use cftunnel_config::BackendProtocol;
 use connector::Connector;
 use http::uri::{Authority, Scheme};
 use http::{Request, Response};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,27 +61,6 @@ impl ForwardError {
         )
     }
 
-    fn from_client(err: hyper_util::client::legacy::Error) -> Self {
-        let mut source: Option<&(dyn std::error::Error + 'static)> =
-            std::error::Error::source(&err);
-        while let Some(e) = source {
-            if let Some(c) = e.downcast_ref::<ConnectError>() {
-                let c = c.clone();
-                return match c.kind {
-                    ConnectErrorKind::Tls => Self::Tls(c),
-                    ConnectErrorKind::Timeout | ConnectErrorKind::Dial => Self::Dial(c),
-                };
-            }
-            if let Some(h) = e.downcast_ref::<hyper::Error>() {
-                if h.is_canceled() {
-                    return Self::Canceled;
-                }
-            }
-            source = e.source();
-        }
-        Self::Other(err.into())
-    }
-
     fn from_hyper(err: hyper::Error) -> Self {
         if err.is_canceled() {
             Self::Canceled
@@ -96,20 +73,22 @@ impl ForwardError {
 /// One backend: a URL turned into a pooled client that always dials that backend.
 #[derive(Debug)]
 pub struct Upstream {
-    /// Built on first use: a table may name thousands of backends that never see a request,
-    /// and an idle client with its pool costs a few kilobytes.
-    client: std::sync::OnceLock<Client<Connector, ProxyBody>>,
-    /// Plain HTTP/1.1 backends (the common case in a cluster) use a leaner pool of their own.
-    h1: Option<Arc<pool::H1Pool>>,
-    /// h2c backends: one multiplexed connection that each request's own host travels over.
-    h2c: Option<h2c::H2cChannel>,
-    connector: Connector,
+    client: Client,
     scheme: Scheme,
     /// The backend's own `host:port`, used when the request carries no usable host.
     authority: Authority,
     /// Path of the backend URL (`https://api.example.com/base`), prepended to request paths.
     base_path: Option<Box<str>>,
     h2: bool,
+}
+
+/// How requests reach one backend.
+#[derive(Debug)]
+enum Client {
+    /// HTTP/1.1 and TLS backends (a TLS one may pick HTTP/2 through ALPN).
+    Http1(Arc<pool::H1Pool>),
+    /// h2c backends: one multiplexed connection that each request's own host travels over.
+    H2c(h2::H2Channel),
 }
 
 /// What identifies an upstream across config pushes, so connection pools survive reloads.
@@ -173,8 +152,9 @@ impl Upstream {
         let port = authority
             .port_u16()
             .unwrap_or(if secure { 443 } else { 80 });
+        // A WebSocket needs HTTP/1.1's upgrade, so its TLS handshake offers only that.
+        let alpn_h2 = secure && (!websocket || protocol == BackendProtocol::H2c);
         let tls = if secure {
-            let alpn_h2 = !websocket || protocol == BackendProtocol::H2c;
             Some(tls::target(host, tls, alpn_h2)?)
         } else if tls.is_some() {
             return Err(UpstreamError::Tls("tls settings need an https URL".into()));
@@ -187,32 +167,18 @@ impl Upstream {
             "" | "/" => None,
             p => Some(p.trim_end_matches('/').into()),
         };
-        let h1 = (!secure && !h2)
-            .then(|| pool::H1Pool::new(connector.clone(), POOL_MAX_IDLE, POOL_IDLE_TIMEOUT));
-        let h2c = h2.then(|| h2c::H2cChannel::new(connector.clone()));
+        let client = if h2 {
+            Client::H2c(h2::H2Channel::new(connector))
+        } else {
+            let pool = pool::H1Pool::new(connector, POOL_MAX_IDLE, POOL_IDLE_TIMEOUT, alpn_h2);
+            Client::Http1(pool)
+        };
         Ok(Self {
-            client: std::sync::OnceLock::new(),
-            h1,
-            h2c,
-            connector,
+            client,
             scheme,
             authority,
             base_path,
             h2,
-        })
-    }
-
-    fn client(&self) -> &Client<Connector, ProxyBody> {
-        self.client.get_or_init(|| {
-            let mut builder = Client::builder(TokioExecutor::new());
-            builder
-                .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-                .pool_max_idle_per_host(POOL_MAX_IDLE)
-                .pool_timer(TokioTimer::new())
-                .timer(TokioTimer::new())
-                .set_host(false)
-                .http2_only(self.h2);
-            builder.build(self.connector.clone())
         })
     }
 
@@ -233,15 +199,13 @@ impl Upstream {
     }
 
     /// Whether requests to this backend carry an origin-form target (`/path?query`) rather
-    /// than an absolute URI.
+    /// than an absolute URI whose authority is the request's own host (the `:authority` an
+    /// HTTP/2 backend reads; the connection is chosen without it).
     pub fn origin_form(&self) -> bool {
-        self.h1.is_some()
-    }
-
-    /// Whether a request's URI authority may be its own host (the `:authority` an HTTP/2
-    /// backend reads) rather than the backend's: the connection is chosen without it.
-    pub fn request_authority(&self) -> bool {
-        self.h2c.is_some()
+        match &self.client {
+            Client::Http1(pool) => !pool.wants_absolute_uri(),
+            Client::H2c(_) => false,
+        }
     }
 
     /// One try: sends the request and waits for the response head, bounded by `timeout`.
@@ -256,15 +220,9 @@ impl Upstream {
         body_sent: Option<tokio::sync::oneshot::Receiver<()>>,
     ) -> Result<Response<UpstreamBody>, ForwardError> {
         let fut = async {
-            match (&self.h1, &self.h2c) {
-                (Some(pool), _) => pool.send(req).await,
-                (None, Some(channel)) => channel.send(req).await,
-                (None, None) => self
-                    .client()
-                    .request(req)
-                    .await
-                    .map(|resp| resp.map(UpstreamBody::unpooled))
-                    .map_err(ForwardError::from_client),
+            match &self.client {
+                Client::Http1(pool) => pool.send(req).await,
+                Client::H2c(channel) => channel.send(req).await,
             }
         };
         tokio::pin!(fut);

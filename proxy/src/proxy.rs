@@ -748,18 +748,16 @@ fn upstream_request(
             http::uri::PathAndQuery::try_from(format!("{base}{pq}")).map_err(|_| bad())?
         }
     };
-    // Where the URI authority keys a connection pool (TLS backends), it is the backend's own:
-    // varying `Host` must not let a client open new backend connections; the client's host
-    // travels in the `Host` header, which `route` has made consistent with what was routed on.
-    // Where the connection is chosen without the URI (h2c), the authority is the request's own
-    // host, which an HTTP/2 backend reads as `:authority`.
+    // An HTTP/1.1 backend gets an origin-form target; the client's host travels in the `Host`
+    // header, which `route` has made consistent with what was routed on. Where the backend may
+    // speak HTTP/2 (h2c, or TLS with ALPN) the URI is absolute with that same host as its
+    // authority, which HTTP/2 sends as `:authority`. Connections are chosen without the URI,
+    // so a varying host never opens new ones.
     let uri = if upstream.origin_form() {
         Uri::from(path_and_query)
     } else {
-        let own_host = upstream
-            .request_authority()
-            .then(|| headers.get(header::HOST))
-            .flatten()
+        let own_host = headers
+            .get(header::HOST)
             .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok());
         let mut uri = http::uri::Parts::default();
         uri.scheme = Some(upstream.scheme().clone());

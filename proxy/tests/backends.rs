@@ -296,6 +296,175 @@ async fn tls_backends_verify_against_the_configured_ca_and_names() {
     .expect("test finished in time");
 }
 
+/// A TLS backend for `backend.internal` that offers `h2` through ALPN while `h2` is set (else
+/// HTTP/1.1 only) and answers JSON with the protocol, the host it read (`:authority` on
+/// HTTP/2, else `Host`), the request target and the client's port. `close` drops every open
+/// connection.
+struct AlpnBackend {
+    addr: std::net::SocketAddr,
+    ca: String,
+    h2: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl AlpnBackend {
+    async fn start() -> Self {
+        use hyper_util::rt::{TokioExecutor, TokioIo};
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+        use std::sync::atomic::Ordering;
+        let ca_key = KeyPair::generate().expect("key");
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).expect("ca");
+        let key = KeyPair::generate().expect("key");
+        let leaf = CertificateParams::new(vec!["backend.internal".to_owned()])
+            .expect("params")
+            .signed_by(&key, &ca, &ca_key)
+            .expect("leaf");
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let config = |alpn: &[&[u8]]| {
+            let mut c = rustls::ServerConfig::builder()
+                .with_no_client_auth()
+                .with_single_cert(
+                    vec![leaf.der().clone()],
+                    rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+                )
+                .expect("server config");
+            c.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+            tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(c))
+        };
+        let (with_h2, h1_only) = (config(&[b"h2", b"http/1.1"]), config(&[b"http/1.1"]));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let h2 = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let conns = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (offer, tasks) = (h2.clone(), conns.clone());
+        tokio::spawn(async move {
+            while let Ok((tcp, peer)) = listener.accept().await {
+                let acceptor = if offer.load(Ordering::SeqCst) {
+                    with_h2.clone()
+                } else {
+                    h1_only.clone()
+                };
+                let task = tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper::service::service_fn(
+                        move |req: Request<hyper::body::Incoming>| async move {
+                            let host = req.uri().authority().map(|a| a.to_string()).or_else(|| {
+                                req.headers()
+                                    .get(http::header::HOST)
+                                    .and_then(|h| h.to_str().ok())
+                                    .map(str::to_owned)
+                            });
+                            let body = json!({"proto": format!("{:?}", req.version()), "host": host,
+                            "target": req.uri().to_string(), "port": peer.port()});
+                            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                                Bytes::from(body.to_string()),
+                            )))
+                        },
+                    );
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tls), service)
+                        .await;
+                });
+                if let Ok(mut t) = tasks.lock() {
+                    t.push(task.abort_handle());
+                }
+            }
+        });
+        Self {
+            addr,
+            ca: ca.pem(),
+            h2,
+            conns,
+        }
+    }
+
+    fn offer_h2(&self, on: bool) {
+        self.h2.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Drops every open connection and gives the proxy a moment to see them close.
+    async fn close(&self) {
+        for task in self
+            .conns
+            .lock()
+            .map(|mut t| std::mem::take(&mut *t))
+            .unwrap_or_default()
+        {
+            task.abort();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn tls_backends_get_the_requests_host_over_http2_and_http1() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let backend = AlpnBackend::start().await;
+        let proxy = proxy().await;
+        let http = client();
+        let tls = json!({"caBundle": backend.ca, "serverName": "backend.internal"});
+        let https = format!("https://127.0.0.1:{}", backend.addr.port());
+        let doc = json!({"rules": [
+            rule("/rewritten", json!({"filters": [{"type": "URLRewrite", "urlRewrite": {"hostname": "rewritten.example"}}],
+                "backends": [{"url": https, "weight": 1, "tls": tls}]})),
+            rule("/", json!({"backends": [{"url": https, "weight": 1, "tls": tls}]})),
+        ]});
+        let r = push(&http, proxy.admin_addr(), &doc).await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        let d = proxy.data_addr();
+        let ports = |replies: &[serde_json::Value]| {
+            replies.iter().map(|j| j["port"].as_u64()).collect::<std::collections::HashSet<_>>()
+        };
+
+        // The backend picks h2: every request carries its own host as `:authority`, and all
+        // hosts share one multiplexed connection.
+        let mut replies = Vec::new();
+        for i in 0..10 {
+            let r = get(&http, d, &format!("h{i}.example"), "/x?q=1", &[]).await;
+            assert_eq!(r.status, StatusCode::OK);
+            let j = r.json();
+            assert_eq!((j["proto"].as_str(), j["host"].as_str()), (Some("HTTP/2.0"), Some(format!("h{i}.example").as_str())));
+            assert_eq!(j["target"], format!("https://h{i}.example/x?q=1"));
+            replies.push(j);
+        }
+        assert_eq!(ports(&replies).len(), 1, "one connection: {replies:?}");
+        let r = get(&http, d, "h", "/rewritten", &[]).await;
+        assert_eq!(r.json()["host"], "rewritten.example");
+
+        // It now answers HTTP/1.1 only: the same host arrives in `Host`, with an origin-form
+        // target, on keep-alive connections.
+        backend.offer_h2(false);
+        backend.close().await;
+        let mut replies = Vec::new();
+        for i in 0..5 {
+            let r = get(&http, d, &format!("h{i}.example"), "/y", &[]).await;
+            assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+            let j = r.json();
+            assert_eq!((j["proto"].as_str(), j["host"].as_str()), (Some("HTTP/1.1"), Some(format!("h{i}.example").as_str())));
+            assert_eq!(j["target"], "/y");
+            replies.push(j);
+        }
+        assert_eq!(ports(&replies).len(), 1, "one reused connection: {replies:?}");
+        let r = get(&http, d, "h", "/rewritten", &[]).await;
+        assert_eq!(r.json()["host"], "rewritten.example");
+
+        // And h2 again once that connection is gone.
+        backend.offer_h2(true);
+        backend.close().await;
+        let r = get(&http, d, "back.example", "/z", &[]).await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        assert_eq!((r.json()["proto"].as_str(), r.json()["host"].as_str()), (Some("HTTP/2.0"), Some("back.example")));
+    })
+    .await
+    .expect("test finished in time");
+}
+
 #[tokio::test]
 async fn in_flight_gauge_rises_and_falls_with_concurrent_requests() {
     tokio::time::timeout(TEST_TIMEOUT, async {

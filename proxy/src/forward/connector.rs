@@ -1,12 +1,6 @@
 //! Dials one fixed backend, whatever the request URI says, optionally over TLS.
-//!
-//! The pooled client keys connections by the request's authority (the client-facing host);
-//! the connector is what makes them all land on the configured backend.
 
 use super::tls::TlsTarget;
-use hyper_util::client::legacy::connect::{Connected, Connection};
-use hyper_util::rt::TokioIo;
-use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -67,21 +61,6 @@ impl Connector {
     }
 }
 
-impl tower_service::Service<http::Uri> for Connector {
-    type Response = TokioIo<Stream>;
-    type Error = ConnectError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, ConnectError>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _uri: http::Uri) -> Self::Future {
-        let target = self.target.clone();
-        Box::pin(async move { connect(&target).await.map(TokioIo::new) })
-    }
-}
-
 async fn connect(t: &Target) -> Result<Stream, ConnectError> {
     let err = |kind, message: String| ConnectError {
         kind,
@@ -112,14 +91,16 @@ pub enum Stream {
     Tls(Box<TlsStream<TcpStream>>),
 }
 
-impl Connection for Stream {
-    fn connected(&self) -> Connected {
+impl Stream {
+    pub(crate) fn is_tls(&self) -> bool {
+        matches!(self, Self::Tls(_))
+    }
+
+    /// Whether the backend picked `h2` through ALPN.
+    pub(crate) fn negotiated_h2(&self) -> bool {
         match self {
-            Self::Plain(_) => Connected::new(),
-            Self::Tls(s) if s.get_ref().1.alpn_protocol() == Some(b"h2") => {
-                Connected::new().negotiated_h2()
-            }
-            Self::Tls(_) => Connected::new(),
+            Self::Plain(_) => false,
+            Self::Tls(s) => s.get_ref().1.alpn_protocol() == Some(b"h2"),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Keep-alive HTTP/1.1 connections to one plain-HTTP backend.
+//! Keep-alive HTTP/1.1 connections to one backend, plain or TLS.
 //!
 //! The generic pooled client costs, per request, a pool-key hash, a pool lock, a spawned task
 //! that waits for the connection to become reusable, and several large future moves. A backend
@@ -7,8 +7,13 @@
 //! no key. Connections are reused last-in first-out, so connections left over from a burst sit
 //! at the bottom of the stack; they are closed once idle longer than the pool's idle timeout,
 //! when a connection is put back and, with no traffic at all, by a timer of the pool's own.
+//!
+//! A TLS backend offered `h2` through ALPN may pick it on any new connection. Its requests then
+//! go over that one multiplexed connection ([`H2Channel`]) until it closes; a backend that
+//! picks HTTP/1.1 again is served from this pool again.
 
-use super::connector::{ConnectErrorKind, Connector};
+use super::connector::{ConnectErrorKind, Connector, Stream};
+use super::h2::{self, Dialed, H2Channel};
 use super::ForwardError;
 use crate::body::ProxyBody;
 use bytes::Bytes;
@@ -33,6 +38,8 @@ pub(super) struct H1Pool {
     idle_timeout: Duration,
     /// Whether the task that closes expired connections without traffic runs.
     sweeping: AtomicBool,
+    /// For a TLS backend offered `h2` through ALPN: where its requests go once it picks it.
+    alpn_h2: Option<H2Channel>,
 }
 
 #[derive(Debug)]
@@ -42,8 +49,15 @@ struct Idle {
 }
 
 impl H1Pool {
-    pub(super) fn new(connector: Connector, max_idle: usize, idle_timeout: Duration) -> Arc<Self> {
+    /// A pool for `connector`'s backend; `alpn_h2` when its TLS handshake offers `h2`.
+    pub(super) fn new(
+        connector: Connector,
+        max_idle: usize,
+        idle_timeout: Duration,
+        alpn_h2: bool,
+    ) -> Arc<Self> {
         Arc::new(Self {
+            alpn_h2: alpn_h2.then(|| H2Channel::new(connector.clone())),
             connector,
             idle: Mutex::new(Vec::new()),
             max_idle,
@@ -52,7 +66,15 @@ impl H1Pool {
         })
     }
 
-    /// Sends `req` (origin-form URI) on an idle connection or a new one.
+    /// Whether requests must carry an absolute URI with their own host as authority (the
+    /// backend may pick HTTP/2, which reads it as `:authority`), rather than an origin-form one.
+    pub(super) fn wants_absolute_uri(&self) -> bool {
+        self.alpn_h2.is_some()
+    }
+
+    /// Sends `req` on an idle connection or a new one: an origin-form URI, or with
+    /// [`wants_absolute_uri`](Self::wants_absolute_uri) an absolute one (made origin-form for
+    /// HTTP/1.1 here).
     ///
     /// A pooled connection the backend closed while it sat idle gives the request back
     /// unsent; it is then sent on the next connection, as the backend never saw it.
@@ -60,12 +82,51 @@ impl H1Pool {
         self: &Arc<Self>,
         mut req: Request<ProxyBody>,
     ) -> Result<Response<UpstreamBody>, ForwardError> {
+        let mut fresh = None;
+        let mut absolute = None;
+        if let Some(channel) = &self.alpn_h2 {
+            if let Some(sender) = channel.open() {
+                return h2::exchange(sender, req).await;
+            }
+            // A backend that picked `h2` before most likely does again: one dial for all
+            // waiting requests instead of one each.
+            if channel.picked() {
+                match Box::pin(channel.dial()).await? {
+                    Dialed::Http2(sender) => return h2::exchange(sender, req).await,
+                    Dialed::Http1(io) => fresh = Some(io),
+                }
+            }
+            absolute = Some(req.uri().clone());
+            if let Some(target) = req.uri().path_and_query().cloned() {
+                *req.uri_mut() = target.into();
+            }
+        }
         loop {
-            let (mut sender, reused) = match self.checkout() {
+            let idle = if fresh.is_none() {
+                self.checkout()
+            } else {
+                None
+            };
+            let (mut sender, reused) = match idle {
                 Some(sender) => (sender, true),
                 // Boxed: dialing is rare, and its large future would otherwise be carried
                 // (and copied) by every request's future.
-                None => (Box::pin(self.dial()).await?, false),
+                None => {
+                    let io = match fresh.take() {
+                        Some(io) => io,
+                        None => Box::pin(self.connect()).await?,
+                    };
+                    match (&self.alpn_h2, io.negotiated_h2()) {
+                        (Some(channel), true) => {
+                            if let Some(uri) = absolute.take() {
+                                *req.uri_mut() = uri;
+                            }
+                            let sender = Box::pin(channel.adopt(io)).await?;
+                            return h2::exchange(sender, req).await;
+                        }
+                        _ => (Box::pin(handshake(io)).await?, false),
+                    }
+                }
             };
             match sender.try_send_request(req).await {
                 // After a `101` the connection belongs to the upgrade, never to the pool.
@@ -115,21 +176,11 @@ impl H1Pool {
         }
     }
 
-    async fn dial(&self) -> Result<http1::SendRequest<ProxyBody>, ForwardError> {
-        let io = self.connector.connect().await.map_err(|e| match e.kind {
+    async fn connect(&self) -> Result<Stream, ForwardError> {
+        self.connector.connect().await.map_err(|e| match e.kind {
             ConnectErrorKind::Tls => ForwardError::Tls(e),
             ConnectErrorKind::Dial | ConnectErrorKind::Timeout => ForwardError::Dial(e),
-        })?;
-        let (sender, conn) = http1::Builder::new()
-            .handshake(hyper_util::rt::TokioIo::new(io))
-            .await
-            .map_err(ForwardError::from_hyper)?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.with_upgrades().await {
-                tracing::debug!(error = %e, "backend connection ended");
-            }
-        });
-        Ok(sender)
+        })
     }
 
     fn put_back(self: &Arc<Self>, sender: http1::SendRequest<ProxyBody>) {
@@ -190,6 +241,20 @@ impl H1Pool {
             }
         });
     }
+}
+
+/// Starts HTTP/1.1 on a new connection; its task runs until the connection closes.
+async fn handshake(io: Stream) -> Result<http1::SendRequest<ProxyBody>, ForwardError> {
+    let (sender, conn) = http1::Builder::new()
+        .handshake(hyper_util::rt::TokioIo::new(io))
+        .await
+        .map_err(ForwardError::from_hyper)?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "backend connection ended");
+        }
+    });
+    Ok(sender)
 }
 
 /// A connection lent to one exchange, returned when its response body has ended.
@@ -331,7 +396,7 @@ mod tests {
         let (addr, accepted, closed) = backend().await;
         let timeout = Duration::from_millis(300);
         let connector = Connector::new("127.0.0.1", addr.port(), None, Duration::from_secs(2));
-        let pool = H1Pool::new(connector, 64, timeout);
+        let pool = H1Pool::new(connector, 64, timeout, false);
 
         // A burst opens eight connections; all go back to the pool.
         futures_util::future::join_all((0..8).map(|_| get(&pool))).await;
