@@ -196,6 +196,73 @@ async fn websocket_upgrades_keep_their_headers(protocol: Protocol) {
     edge.shutdown().await;
 }
 
+/// The edge limits a request head by size (a 16 KB URL, 32 KB of headers, 16 KB each), not
+/// by line count: 500 short headers reach the service, larger heads are refused at the edge.
+async fn heads_are_limited_by_size_not_line_count(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let handle = serving(&edge, protocol).await;
+    let mut sender = eyeball(edge.http_addr()).await;
+
+    let mut req = Request::get("/headers").header("host", "app.example.com");
+    for i in 0..500 {
+        req = req.header(format!("x-h{i}"), "v");
+    }
+    let resp = sender
+        .send_request(req.body(empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{}", label(protocol));
+    let seen = resp.into_body().collect().await.unwrap().to_bytes();
+    let seen = String::from_utf8(seen.to_vec()).unwrap();
+    let count = seen.lines().filter(|l| l.starts_with("x-h")).count();
+    assert_eq!(count, 500, "{}", label(protocol));
+    assert!(seen.lines().any(|l| l == "x-h499: v"), "{seen}");
+
+    let refused = [
+        (
+            "/headers".to_owned(),
+            vec![("x-big".to_owned(), "a".repeat(16 * 1024))],
+        ),
+        (
+            "/headers".to_owned(),
+            (0..5)
+                .map(|i| (format!("x-b{i}"), "a".repeat(7 * 1024)))
+                .collect(),
+        ),
+        (format!("/{}", "p".repeat(16 * 1024)), vec![]),
+    ];
+    for (path, headers) in refused {
+        sender.ready().await.unwrap();
+        let mut req = Request::get(path.as_str()).header("host", "app.example.com");
+        for (n, v) in &headers {
+            req = req.header(n.as_str(), v.as_str());
+        }
+        let resp = sender
+            .send_request(req.body(empty()).unwrap())
+            .await
+            .unwrap();
+        let want = if headers.is_empty() {
+            StatusCode::URI_TOO_LONG
+        } else {
+            StatusCode::BAD_REQUEST
+        };
+        assert_eq!(resp.status(), want, "{} {}", label(protocol), path.len());
+    }
+    // Just under the limits still goes through.
+    sender.ready().await.unwrap();
+    let req = Request::get(format!("/headers?{}", "q".repeat(15 * 1024)).as_str())
+        .header("host", "app.example.com")
+        .header("x-big", "a".repeat(15 * 1024))
+        .body(empty())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{}", label(protocol));
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
 per_transport!(eyeball_hop_headers_stop_at_the_edge);
 per_transport!(origin_hop_headers_stop_at_the_edge);
 per_transport!(websocket_upgrades_keep_their_headers);
+per_transport!(heads_are_limited_by_size_not_line_count);

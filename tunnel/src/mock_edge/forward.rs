@@ -64,9 +64,14 @@ pub(super) fn spawn_http(inner: &Arc<Inner>, listener: tokio::net::TcpListener) 
                     let inner = inner3.clone();
                     async move { Ok::<_, Infallible>(handle(inner, req, peer.ip()).await) }
                 });
-                let builder = hyper_util::server::conn::auto::Builder::new(
+                let mut builder = hyper_util::server::conn::auto::Builder::new(
                     hyper_util::rt::TokioExecutor::new(),
                 );
+                // The edge limits a head by size, not by line count (`head_too_large`).
+                builder.http1().max_headers(MAX_HEADER_LINES);
+                builder
+                    .http2()
+                    .max_header_list_size(2 * MAX_HEADERS_TOTAL as u32);
                 let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), svc);
                 tokio::select! {
                     res = conn => {
@@ -169,7 +174,42 @@ async fn handle(inner: Arc<Inner>, req: Request<Incoming>, peer: IpAddr) -> Resp
     if req.uri().path().starts_with(super::admin::PREFIX) {
         return super::admin::handle(&inner, req).await;
     }
+    if let Some(refused) = head_too_large(&req) {
+        return refused;
+    }
     forward(&inner, req, peer).await
+}
+
+/// Cloudflare's documented request limits: a URL of at most 16 KB, request headers of at
+/// most 32 KB in all and 16 KB each. No line count is documented; the listener's is set high
+/// enough that only the sizes bind.
+const MAX_URL: usize = 16 * 1024;
+const MAX_HEADERS_TOTAL: usize = 32 * 1024;
+const MAX_HEADER: usize = 16 * 1024;
+const MAX_HEADER_LINES: usize = 2048;
+
+/// The answer to a request over the edge's limits, if it is: 414 for the URL, 400 for the
+/// headers (each header counted as `name: value` and its line end).
+fn head_too_large<B>(req: &Request<B>) -> Option<Response<EdgeBody>> {
+    let url = req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
+    if url > MAX_URL {
+        return Some(full(
+            StatusCode::URI_TOO_LONG,
+            "414 Request-URI Too Large\n",
+        ));
+    }
+    let mut total = 0;
+    for (name, value) in req.headers() {
+        let size = name.as_str().len() + value.len() + 4;
+        total += size;
+        if size > MAX_HEADER || total > MAX_HEADERS_TOTAL {
+            return Some(full(
+                StatusCode::BAD_REQUEST,
+                "400 Request Header Or Cookie Too Large\n",
+            ));
+        }
+    }
+    None
 }
 
 /// Sends one eyeball request through a registered connection, as the edge does.
