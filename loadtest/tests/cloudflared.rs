@@ -27,6 +27,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::process::{Child, Command};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -141,6 +142,7 @@ async fn setup(protocol: &str, ha: usize) -> Setup {
     let dir = tempdir::Dir::new();
     let cloudflared = spawn_cloudflared(&edge, &dir, protocol, ha).await;
     edge.wait_serving(ha).await;
+    edge.wait_configured(ha).await;
     Setup {
         edge,
         echo,
@@ -284,6 +286,35 @@ async fn serves_through_cloudflared(protocol: &str) {
     assert_eq!(status, StatusCode::OK);
     let json: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(json["path"], "/not-ws");
+
+    // A private-network (TCP) stream as the edge opens one for WARP traffic: `cloudflared`
+    // dials the destination and pipes bytes both ways; a destination that refuses the dial
+    // is refused back to the edge.
+    let tcp_echo = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tcp_addr = tcp_echo.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = tcp_echo.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = conn.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    let mut pipe = s.edge.open_tcp(tcp_addr).await.unwrap();
+    pipe.write_all(b"through a TCP stream").await.unwrap();
+    let mut back = [0u8; 20];
+    pipe.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"through a TCP stream");
+    drop(pipe);
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let closed_addr = closed.local_addr().unwrap();
+    drop(closed);
+    match s.edge.open_tcp(closed_addr).await {
+        Err(cftunnel_tunnel::mock_edge::MockEdgeError::Rejected(reason)) => {
+            eprintln!("cloudflared refused a TCP stream ({protocol}): {reason}");
+        }
+        other => panic!("a refused dial was not refused back: {other:?}"),
+    }
 
     // Later pushes: a newer version is applied everywhere, an older one is not.
     let acks = s.edge.push_config(3, &ingress(&s.echo)).await;

@@ -21,7 +21,7 @@ use crate::metrics::ProtocolLabel;
 use crate::rpc::control::{self, RegisterOutcome, RegisterParams};
 use crate::rpc::{remote_config, RpcStream};
 use crate::service::ResponseBody;
-use crate::stream::http_map::{decode_request_head, encode_response_head};
+use crate::stream::http_map::{decode_request_head, encode_response_head, MapError};
 use crate::stream::{self, ConnectResponse, ConnectionType, StreamKind};
 use crate::tasks::{InFlight, StreamTasks};
 use crate::tls::QUIC_SERVER_NAME;
@@ -384,7 +384,11 @@ async fn serve_exchange(
         Ok(h) => h,
         Err(e) => {
             let _ = recv.stop(VarInt::from_u32(0));
-            return closed_if(write_error(send, format!("malformed request: {e}")).await);
+            let error = match e {
+                MapError::Unsupported => e.to_string(),
+                e => format!("malformed request: {e}"),
+            };
+            return closed_if(write_error(send, error).await);
         }
     };
     let websocket = kind == ConnectionType::Websocket;

@@ -94,6 +94,36 @@ async fn the_service_sees_the_connector_tag_and_no_trace_id(protocol: Protocol) 
 }
 per_transport!(the_service_sees_the_connector_tag_and_no_trace_id);
 
+/// A private-network (TCP) stream is refused the way `cloudflared` refuses one it cannot
+/// serve: an error `ConnectResponse` over QUIC, a 502 marked as the connector's over HTTP/2.
+/// The connection keeps serving requests.
+async fn tcp_streams_are_refused_and_the_connection_keeps_serving(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let handle = serving(&edge, protocol).await;
+    let refused = edge.open_tcp("127.0.0.1:22".parse().unwrap()).await;
+    let Err(cftunnel_tunnel::mock_edge::MockEdgeError::Rejected(reason)) = refused else {
+        panic!("TCP stream not refused ({}): {refused:?}", label(protocol));
+    };
+    let want = match protocol {
+        Protocol::Quic => "private network (TCP) streams are not served by this connector",
+        _ => r#"502 Bad Gateway {"src":"cloudflared"}"#,
+    };
+    assert_eq!(reason, want, "{}", label(protocol));
+    for _ in 0..3 {
+        let req = Request::get(format!("http://{}/headers", edge.http_addr()))
+            .header("host", "app.example.com")
+            .body(empty())
+            .unwrap();
+        let resp = client().request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{}", label(protocol));
+    }
+    assert_eq!(edge.serving(), 1);
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+per_transport!(tcp_streams_are_refused_and_the_connection_keeps_serving);
+
 /// HTTP/2 has no `101`: one on a plain request goes out as `200`, as
 /// `cloudflared` writes it, instead of an interim head ending the stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,7 @@
 //! registered connector connections, as the edge does.
 
 use std::convert::Infallible;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -500,6 +500,61 @@ where
         parts,
         Body::quic(recv, None).map_err(Into::into).boxed_unsync(),
     ))
+}
+
+/// Opens a TCP stream (WARP, private network) to `dest` through the next serving connection,
+/// as the edge does for such traffic: over QUIC a `ConnectRequest` of type TCP, over HTTP/2 a
+/// request to `dest` marked with `Cf-Cloudflared-Proxy-Src`. Returns the byte pipe once the
+/// connector has acknowledged the stream; a refusal is [`MockEdgeError::Rejected`] with the
+/// connector's error (QUIC) or status and `Cf-Cloudflared-Response-Meta` (HTTP/2).
+pub(super) async fn open_tcp(inner: &Inner, dest: SocketAddr) -> Result<Upgraded, MockEdgeError> {
+    let (id, transport) = inner
+        .pick()
+        .into_iter()
+        .next()
+        .ok_or_else(|| MockEdgeError::Stream("no serving connection".into()))?;
+    let wait = inner.response_timeout;
+    let pipe = match transport {
+        Transport::Quic(conn) => {
+            let (mut send, mut recv) = conn.open_bi().await.map_err(stream_err)?;
+            let req = stream::ConnectRequest {
+                dest: dest.to_string(),
+                kind: ConnectionType::Tcp,
+                metadata: vec![stream::Metadata::new("FlowID", format!("mock-{id}"))],
+            };
+            send.write_all(&stream::encode_connect_request(&req))
+                .await
+                .map_err(stream_err)?;
+            let ack = tokio::time::timeout(wait, stream::read_response_preamble(&mut recv))
+                .await
+                .map_err(|_| MockEdgeError::Timeout)?
+                .map_err(stream_err)?;
+            if !ack.error.is_empty() {
+                return Err(MockEdgeError::Rejected(ack.error));
+            }
+            Upgraded::quic(send, recv)
+        }
+        Transport::H2(ready) => {
+            let mut ready = ready.ready().await.map_err(stream_err)?;
+            let req = Request::get(format!("https://{dest}/"))
+                .header(headers::PROXY_SRC, "tcp")
+                .body(())
+                .map_err(stream_err)?;
+            let (resp, send) = ready.send_request(req, false).map_err(stream_err)?;
+            let resp = tokio::time::timeout(wait, resp)
+                .await
+                .map_err(|_| MockEdgeError::Timeout)?
+                .map_err(stream_err)?;
+            if resp.status() != StatusCode::OK {
+                let meta = resp.headers().get(headers::RESPONSE_META);
+                let meta = meta.and_then(|v| v.to_str().ok()).unwrap_or("");
+                return Err(MockEdgeError::Rejected(format!("{} {meta}", resp.status())));
+            }
+            Upgraded::h2(H2Io::new(resp.into_body(), send))
+        }
+    };
+    inner.count_request(id);
+    Ok(pipe)
 }
 
 async fn pipe(on_upgrade: hyper::upgrade::OnUpgrade, mut tunnel: Upgraded) {

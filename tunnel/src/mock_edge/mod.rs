@@ -93,6 +93,8 @@ pub struct ConnectionInfo {
     pub requests: u64,
     /// Key-exchange group the TLS handshake negotiated.
     pub key_exchange_group: Option<rustls::NamedGroup>,
+    /// The configuration version the connector last reported as applied.
+    pub config_version: Option<i32>,
 }
 
 /// A `registerConnection` call and when the mock edge received it.
@@ -203,6 +205,7 @@ impl Inner {
                             draining: false,
                             requests: 0,
                             key_exchange_group,
+                            config_version: None,
                         },
                         close: close.clone(),
                     },
@@ -254,9 +257,20 @@ impl Inner {
         let mut out = Vec::new();
         for (id, t) in self.pick() {
             let r = forward::push_config(self, t, version, config.to_vec()).await;
+            if let Ok(applied) = r {
+                self.record_applied(id, applied);
+            }
             out.push((id, r));
         }
         out
+    }
+
+    fn record_applied(&self, id: u64, applied: i32) {
+        self.with_state(|s| {
+            if let Some(c) = s.conns.get_mut(&id) {
+                c.info.config_version = Some(applied);
+            }
+        });
     }
 
     pub(crate) fn count_request(&self, id: u64) {
@@ -309,6 +323,7 @@ impl ConnHooks {
         let push = async move {
             match forward::push_config(&push_inner, transport, version, config.to_vec()).await {
                 Ok(applied) => {
+                    push_inner.record_applied(id, applied);
                     tracing::info!(conn = id, version, applied, "configuration sent")
                 }
                 Err(e) => {
@@ -703,6 +718,30 @@ impl MockEdge {
         let _ = rx.wait_for(|c| *c == n).await;
     }
 
+    /// Waits until `n` serving connections have applied the tunnel's current configuration
+    /// (a remotely managed connector answers 503 until it has one), polling every 10 ms.
+    pub async fn wait_configured(&self, n: usize) {
+        loop {
+            let configured = self
+                .inner
+                .with_state(|s| {
+                    let Some((version, _)) = &s.remote_config else {
+                        return 0;
+                    };
+                    s.conns
+                        .values()
+                        .filter(|c| c.info.registered && !c.info.draining)
+                        .filter(|c| c.info.config_version >= Some(*version))
+                        .count()
+                })
+                .unwrap_or(0);
+            if configured >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Makes `config` the tunnel's configuration and pushes it to every serving
     /// connection; returns each connection's `latestAppliedVersion`. Connections
     /// that register later get it when they register, as from Cloudflare's edge.
@@ -773,6 +812,16 @@ impl MockEdge {
         B::Error: Into<crate::body::BoxError> + Send,
     {
         forward::forward(&self.inner, req, std::net::Ipv4Addr::LOCALHOST.into()).await
+    }
+
+    /// Opens a TCP (private network) stream to `dest` through a serving connection, as the
+    /// edge does for WARP traffic, and returns its byte pipe once the connector has
+    /// acknowledged it. A connector that refuses gives [`MockEdgeError::Rejected`].
+    pub async fn open_tcp(
+        &self,
+        dest: std::net::SocketAddr,
+    ) -> Result<crate::Upgraded, MockEdgeError> {
+        forward::open_tcp(&self.inner, dest).await
     }
 
     /// Stops listening and closes every connection; the port is free again

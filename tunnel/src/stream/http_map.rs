@@ -44,8 +44,8 @@ pub enum MapError {
     /// More `HttpHeader:*` entries than [`MAX_HEADERS`].
     #[error("more than {MAX_HEADERS} headers")]
     TooManyHeaders,
-    /// The stream type is not served by this connector.
-    #[error("unsupported stream type")]
+    /// A TCP (private network) stream: this connector serves HTTP and WebSocket only.
+    #[error("private network (TCP) streams are not served by this connector")]
     Unsupported,
 }
 
