@@ -217,8 +217,9 @@ async fn websocket_and_h2c_backends_work_end_to_end() {
     .expect("test finished in time");
 }
 
-/// A TLS backend with a certificate for `backend.internal` signed by a private CA.
-async fn tls_backend() -> (std::net::SocketAddr, String) {
+/// A TLS acceptor for `backend.internal` offering `alpn`, with a certificate signed by a new
+/// private CA, and that CA as PEM.
+fn backend_tls(alpn: &[&[&[u8]]]) -> (Vec<tokio_rustls::TlsAcceptor>, String) {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
     let ca_key = KeyPair::generate().expect("key");
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
@@ -230,14 +231,27 @@ async fn tls_backend() -> (std::net::SocketAddr, String) {
         .signed_by(&key, &ca, &ca_key)
         .expect("leaf");
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let config = rustls::ServerConfig::builder()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![leaf.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-        )
-        .expect("server config");
-    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let acceptors = alpn
+        .iter()
+        .map(|protocols| {
+            let mut config = rustls::ServerConfig::builder()
+                .with_no_client_auth()
+                .with_single_cert(
+                    vec![leaf.der().clone()],
+                    rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+                )
+                .expect("server config");
+            config.alpn_protocols = protocols.iter().map(|p| p.to_vec()).collect();
+            tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config))
+        })
+        .collect();
+    (acceptors, ca.pem())
+}
+
+/// A TLS backend with a certificate for `backend.internal` signed by a private CA.
+async fn tls_backend() -> (std::net::SocketAddr, String) {
+    let (acceptors, ca) = backend_tls(&[&[]]);
+    let acceptor = acceptors[0].clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -262,7 +276,7 @@ async fn tls_backend() -> (std::net::SocketAddr, String) {
             });
         }
     });
-    (addr, ca.pem())
+    (addr, ca)
 }
 
 #[tokio::test]
@@ -310,30 +324,9 @@ struct AlpnBackend {
 impl AlpnBackend {
     async fn start() -> Self {
         use hyper_util::rt::{TokioExecutor, TokioIo};
-        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
         use std::sync::atomic::Ordering;
-        let ca_key = KeyPair::generate().expect("key");
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca = ca_params.self_signed(&ca_key).expect("ca");
-        let key = KeyPair::generate().expect("key");
-        let leaf = CertificateParams::new(vec!["backend.internal".to_owned()])
-            .expect("params")
-            .signed_by(&key, &ca, &ca_key)
-            .expect("leaf");
-        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-        let config = |alpn: &[&[u8]]| {
-            let mut c = rustls::ServerConfig::builder()
-                .with_no_client_auth()
-                .with_single_cert(
-                    vec![leaf.der().clone()],
-                    rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-                )
-                .expect("server config");
-            c.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-            tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(c))
-        };
-        let (with_h2, h1_only) = (config(&[b"h2", b"http/1.1"]), config(&[b"http/1.1"]));
+        let (acceptors, ca) = backend_tls(&[&[b"h2", b"http/1.1"], &[b"http/1.1"]]);
+        let (with_h2, h1_only) = (acceptors[0].clone(), acceptors[1].clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -378,7 +371,7 @@ impl AlpnBackend {
         });
         Self {
             addr,
-            ca: ca.pem(),
+            ca,
             h2,
             conns,
         }
