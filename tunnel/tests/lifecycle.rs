@@ -161,6 +161,15 @@ async fn connectors_that_register_later_get_the_current_config(protocol: Protoco
         pushed,
         serde_json::from_slice::<serde_json::Value>(doc).unwrap()
     );
+    // The edge knows what the connection applied; a newer push is awaited again.
+    tokio::time::timeout(Duration::from_secs(5), edge.wait_configured(1))
+        .await
+        .expect("the connection reports version 5 applied");
+    assert_eq!(edge.connections()[0].config_version, Some(5));
+    let res = edge.push_config(6, doc).await;
+    assert_eq!(*res[0].as_ref().unwrap(), 6);
+    assert_eq!(edge.connections()[0].config_version, Some(6));
+    edge.wait_configured(1).await;
     handle.shutdown().await;
     edge.shutdown().await;
 }

@@ -149,6 +149,8 @@ struct State {
 pub(crate) struct Inner {
     state: Mutex<State>,
     serving: watch::Sender<usize>,
+    /// Serving connections that have applied the tunnel's current configuration.
+    configured: watch::Sender<usize>,
     pub(crate) worker: LocalWorker,
     next_pick: AtomicUsize,
     remotely_managed: bool,
@@ -166,16 +168,23 @@ impl Inner {
     fn with_state<T>(&self, f: impl FnOnce(&mut State) -> T) -> Option<T> {
         let mut s = self.state.lock().ok()?;
         let out = f(&mut s);
-        let serving = s
-            .conns
-            .values()
-            .filter(|c| c.info.registered && !c.info.draining)
+        let live = || {
+            s.conns
+                .values()
+                .filter(|c| c.info.registered && !c.info.draining)
+        };
+        let serving = live().count();
+        let current = s.remote_config.as_ref().map(|(v, _)| *v);
+        let configured = live()
+            .filter(|c| current.is_some() && c.info.config_version >= current)
             .count();
-        self.serving.send_if_modified(|n| {
-            let changed = *n != serving;
-            *n = serving;
-            changed
-        });
+        for (watch, count) in [(&self.serving, serving), (&self.configured, configured)] {
+            watch.send_if_modified(|n| {
+                let changed = *n != count;
+                *n = count;
+                changed
+            });
+        }
         Some(out)
     }
 
@@ -558,9 +567,11 @@ impl MockEdgeBuilder {
             None => crate::tls::provider(),
         };
         let (serving, _) = watch::channel(0);
+        let (configured, _) = watch::channel(0);
         let inner = Arc::new(Inner {
             state: Mutex::new(State::default()),
             serving,
+            configured,
             worker: LocalWorker::start("mock-edge-rpc")?,
             next_pick: AtomicUsize::new(0),
             remotely_managed: self.remotely_managed,
@@ -718,28 +729,11 @@ impl MockEdge {
         let _ = rx.wait_for(|c| *c == n).await;
     }
 
-    /// Waits until `n` serving connections have applied the tunnel's current configuration
-    /// (a remotely managed connector answers 503 until it has one), polling every 10 ms.
+    /// Waits until at least `n` serving connections have applied the tunnel's current
+    /// configuration (a remotely managed connector answers 503 until it has one).
     pub async fn wait_configured(&self, n: usize) {
-        loop {
-            let configured = self
-                .inner
-                .with_state(|s| {
-                    let Some((version, _)) = &s.remote_config else {
-                        return 0;
-                    };
-                    s.conns
-                        .values()
-                        .filter(|c| c.info.registered && !c.info.draining)
-                        .filter(|c| c.info.config_version >= Some(*version))
-                        .count()
-                })
-                .unwrap_or(0);
-            if configured >= n {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let mut rx = self.inner.configured.subscribe();
+        let _ = rx.wait_for(|c| *c >= n).await;
     }
 
     /// Makes `config` the tunnel's configuration and pushes it to every serving
