@@ -13,7 +13,7 @@ use crate::body::{BoxError, ProxyBody};
 use bytes::Bytes;
 use cftunnel_config::BackendProtocol;
 use connector::Connector;
-use http::uri::{Authority, Scheme};
+use http::uri::Authority;
 use http::{Request, Response};
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,6 +61,18 @@ impl ForwardError {
         )
     }
 
+    /// The same failure for another request that waited on the same dial (an `Other` source
+    /// becomes its text).
+    fn duplicate(&self) -> Self {
+        match self {
+            Self::Dial(e) => Self::Dial(e.clone()),
+            Self::Tls(e) => Self::Tls(e.clone()),
+            Self::Timeout => Self::Timeout,
+            Self::Canceled => Self::Canceled,
+            Self::Other(e) => Self::Other(e.to_string().into()),
+        }
+    }
+
     fn from_hyper(err: hyper::Error) -> Self {
         if err.is_canceled() {
             Self::Canceled
@@ -74,12 +86,10 @@ impl ForwardError {
 #[derive(Debug)]
 pub struct Upstream {
     client: Client,
-    scheme: Scheme,
     /// The backend's own `host:port`, used when the request carries no usable host.
     authority: Authority,
     /// Path of the backend URL (`https://api.example.com/base`), prepended to request paths.
     base_path: Option<Box<str>>,
-    h2: bool,
 }
 
 /// How requests reach one backend.
@@ -168,22 +178,17 @@ impl Upstream {
             p => Some(p.trim_end_matches('/').into()),
         };
         let client = if h2 {
-            Client::H2c(h2::H2Channel::new(connector))
+            Client::H2c(h2::H2Channel::new(connector, scheme, authority.clone()))
         } else {
+            let alpn_h2 = alpn_h2.then(|| (scheme, authority.clone()));
             let pool = pool::H1Pool::new(connector, POOL_MAX_IDLE, POOL_IDLE_TIMEOUT, alpn_h2);
             Client::Http1(pool)
         };
         Ok(Self {
             client,
-            scheme,
             authority,
             base_path,
-            h2,
         })
-    }
-
-    pub fn scheme(&self) -> &Scheme {
-        &self.scheme
     }
 
     pub fn authority(&self) -> &Authority {
@@ -192,20 +197,6 @@ impl Upstream {
 
     pub fn base_path(&self) -> Option<&str> {
         self.base_path.as_deref()
-    }
-
-    pub fn is_h2(&self) -> bool {
-        self.h2
-    }
-
-    /// Whether requests to this backend carry an origin-form target (`/path?query`) rather
-    /// than an absolute URI whose authority is the request's own host (the `:authority` an
-    /// HTTP/2 backend reads; the connection is chosen without it).
-    pub fn origin_form(&self) -> bool {
-        match &self.client {
-            Client::Http1(pool) => !pool.wants_absolute_uri(),
-            Client::H2c(_) => false,
-        }
     }
 
     /// One try: sends the request and waits for the response head, bounded by `timeout`.

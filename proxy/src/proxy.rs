@@ -15,7 +15,7 @@ use crate::rule::{Backend, Rule};
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use std::borrow::Cow;
@@ -748,32 +748,14 @@ fn upstream_request(
             http::uri::PathAndQuery::try_from(format!("{base}{pq}")).map_err(|_| bad())?
         }
     };
-    // An HTTP/1.1 backend gets an origin-form target; the client's host travels in the `Host`
-    // header, which `route` has made consistent with what was routed on. Where the backend may
-    // speak HTTP/2 (h2c, or TLS with ALPN) the URI is absolute with that same host as its
-    // authority, which HTTP/2 sends as `:authority`. Connections are chosen without the URI,
-    // so a varying host never opens new ones.
-    let uri = if upstream.origin_form() {
-        Uri::from(path_and_query)
-    } else {
-        let own_host = headers
-            .get(header::HOST)
-            .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok());
-        let mut uri = http::uri::Parts::default();
-        uri.scheme = Some(upstream.scheme().clone());
-        uri.authority = Some(own_host.unwrap_or_else(|| upstream.authority().clone()));
-        uri.path_and_query = Some(path_and_query);
-        Uri::from_parts(uri).map_err(|_| bad())?
-    };
+    // An origin-form target; the client's host travels in the `Host` header, which `route`
+    // has made consistent with what was routed on. Over HTTP/2 it becomes `:authority`.
+    // Connections are chosen without the URI, so a varying host never opens new ones.
+    let uri = Uri::from(path_and_query);
     let mut req = Request::new(body);
     *req.method_mut() = parts.method.clone();
     *req.uri_mut() = uri;
     *req.headers_mut() = headers;
-    *req.version_mut() = if upstream.is_h2() {
-        Version::HTTP_2
-    } else {
-        Version::HTTP_11
-    };
     if !req.headers().contains_key(header::HOST) {
         if let Ok(v) = HeaderValue::from_str(upstream.authority().as_str()) {
             req.headers_mut().insert(header::HOST, v);

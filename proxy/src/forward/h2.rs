@@ -4,63 +4,104 @@
 //! The connection, not the request URI, decides where a request goes, so each request keeps its
 //! own host as `:authority` (the client's, or a URL rewrite's): HTTP/2 servers read the host from
 //! there, not from a `Host` header. A pool keyed by URI would instead open a connection per host
-//! a client cared to send. The connection is dialed on first use and again once it has closed.
+//! a client cared to send. The connection is dialed on first use and again once it has closed;
+//! requests that arrive meanwhile wait for that one dial and share its outcome.
 
 use super::connector::{ConnectErrorKind, Connector, Stream};
 use super::{ForwardError, UpstreamBody};
 use crate::body::ProxyBody;
 use arc_swap::ArcSwapOption;
-use http::{Request, Response};
+use http::uri::{Authority, Scheme};
+use http::{header, Request, Response, Uri};
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 pub(super) type Sender = http2::SendRequest<ProxyBody>;
+
+/// How often an open connection is pinged, idle or not, so one that died silently is replaced
+/// rather than handed requests that can only time out.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a ping may go unanswered before the connection is closed.
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 #[derive(Debug)]
 pub(super) struct H2Channel {
     connector: Connector,
+    /// `http` for h2c, `https` over TLS: the scheme of the absolute URIs HTTP/2 sends.
+    scheme: Scheme,
+    /// The authority of a request whose `Host` is not one.
+    fallback: Authority,
     /// The open connection; readers take a handle without a lock.
     current: ArcSwapOption<Sender>,
-    /// Held while dialing, so concurrent first requests share one new connection.
-    dialing: tokio::sync::Mutex<()>,
-    /// Whether the backend picked `h2` on its latest TLS handshake: new connections are then
-    /// dialed here, one at a time, rather than by every waiting HTTP/1.1 request.
+    /// Held while dialing; holds the failure of the last dial, which the requests that waited
+    /// for it share instead of each dialing again in turn.
+    dialing: tokio::sync::Mutex<Option<ForwardError>>,
+    /// Dials finished so far, so a waiter can tell that one ended while it waited.
+    dials: AtomicU64,
+    /// Whether the backend picked `h2` on its latest TLS handshake (assumed until it says
+    /// otherwise): new connections are then dialed here, once for all waiting requests.
     picked: AtomicBool,
 }
 
-/// What a dial produced: an HTTP/2 connection, or a TLS connection on which the backend picked
-/// HTTP/1.1 (for the caller's HTTP/1.1 pool).
+/// What a dial produced.
 pub(super) enum Dialed {
+    /// An HTTP/2 connection.
     Http2(Sender),
+    /// A new TLS connection on which the backend picked HTTP/1.1, for the caller's pool.
     Http1(Stream),
+    /// The dial this request waited for found the backend speaking HTTP/1.1.
+    UseHttp1,
+}
+
+/// How one exchange on an HTTP/2 connection ended.
+pub(super) enum Exchanged {
+    Response(Response<UpstreamBody>),
+    /// The connection closed before the request went out: it may be sent on another one.
+    Unsent(Request<ProxyBody>),
+    Failed(ForwardError),
 }
 
 impl H2Channel {
-    pub(super) fn new(connector: Connector) -> Self {
+    pub(super) fn new(connector: Connector, scheme: Scheme, fallback: Authority) -> Self {
         Self {
             connector,
+            scheme,
+            fallback,
             current: ArcSwapOption::empty(),
-            dialing: tokio::sync::Mutex::new(()),
-            picked: AtomicBool::new(false),
+            dialing: tokio::sync::Mutex::new(None),
+            dials: AtomicU64::new(0),
+            picked: AtomicBool::new(true),
         }
     }
 
-    /// Sends `req` (an absolute URI whose authority is the request's host) to an h2c backend.
+    /// Sends `req` to an h2c backend. A request the connection closed under before it went out
+    /// is sent once more, on a new connection.
     pub(super) async fn send(
         &self,
-        req: Request<ProxyBody>,
+        mut req: Request<ProxyBody>,
     ) -> Result<Response<UpstreamBody>, ForwardError> {
-        let sender = match self.open() {
-            Some(sender) => sender,
-            // Boxed: dialing is rare, and its future would otherwise be carried by every request's.
-            None => match Box::pin(self.dial()).await? {
-                Dialed::Http2(sender) => sender,
-                Dialed::Http1(_) => return Err(ForwardError::Other("backend refused h2".into())),
-            },
-        };
-        exchange(sender, req).await
+        for _ in 0..2 {
+            let sender = match self.open() {
+                Some(sender) => sender,
+                // Boxed: dialing is rare, and its future would otherwise be carried by every
+                // request's.
+                None => match Box::pin(self.dial()).await? {
+                    Dialed::Http2(sender) => sender,
+                    Dialed::Http1(_) | Dialed::UseHttp1 => {
+                        return Err(ForwardError::Other("backend refused h2".into()))
+                    }
+                },
+            };
+            match self.exchange(sender, req).await {
+                Exchanged::Response(resp) => return Ok(resp),
+                Exchanged::Failed(e) => return Err(e),
+                Exchanged::Unsent(unsent) => req = unsent,
+            }
+        }
+        Err(ForwardError::Canceled)
     }
 
     /// The open connection, if any.
@@ -72,27 +113,43 @@ impl H2Channel {
             .cloned()
     }
 
-    /// Whether the backend picked `h2` when it was last dialed.
+    /// Whether new connections should be dialed here (see `picked`).
     pub(super) fn picked(&self) -> bool {
         self.picked.load(Ordering::Relaxed)
     }
 
-    /// The open connection, or a new one. A TLS backend that picks HTTP/1.1 on the new
-    /// connection gets it back as [`Dialed::Http1`].
+    /// The open connection, or a new one. Requests that arrive while a dial runs wait for it
+    /// and share its outcome: its connection, its failure, or its finding that the backend
+    /// now picks HTTP/1.1.
     pub(super) async fn dial(&self) -> Result<Dialed, ForwardError> {
-        let _dialing = self.dialing.lock().await;
+        let seen = self.dials.load(Ordering::Acquire);
+        let mut last_failure = self.dialing.lock().await;
         if let Some(sender) = self.open() {
             return Ok(Dialed::Http2(sender));
         }
-        let io = self.connector.connect().await.map_err(|e| match e.kind {
-            ConnectErrorKind::Tls => ForwardError::Tls(e),
-            ConnectErrorKind::Dial | ConnectErrorKind::Timeout => ForwardError::Dial(e),
-        })?;
-        if io.is_tls() && !io.negotiated_h2() {
-            self.picked.store(false, Ordering::Relaxed);
-            return Ok(Dialed::Http1(io));
+        if self.dials.load(Ordering::Acquire) != seen {
+            if let Some(e) = last_failure.as_ref() {
+                return Err(e.duplicate());
+            }
+            if !self.picked() {
+                return Ok(Dialed::UseHttp1);
+            }
         }
-        self.install(io).await.map(Dialed::Http2)
+        let dialed = async {
+            let io = self.connector.connect().await.map_err(|e| match e.kind {
+                ConnectErrorKind::Tls => ForwardError::Tls(e),
+                ConnectErrorKind::Dial | ConnectErrorKind::Timeout => ForwardError::Dial(e),
+            })?;
+            if io.is_tls() && !io.negotiated_h2() {
+                self.picked.store(false, Ordering::Relaxed);
+                return Ok(Dialed::Http1(io));
+            }
+            self.install(io).await.map(Dialed::Http2)
+        }
+        .await;
+        *last_failure = dialed.as_ref().err().map(ForwardError::duplicate);
+        self.dials.fetch_add(1, Ordering::Release);
+        dialed
     }
 
     /// Makes `io`, a connection on which the backend picked `h2`, the open connection, unless
@@ -108,6 +165,9 @@ impl H2Channel {
     async fn install(&self, io: Stream) -> Result<Sender, ForwardError> {
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
+            .keep_alive_interval(KEEP_ALIVE_INTERVAL)
+            .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+            .keep_alive_while_idle(true)
             .handshake(TokioIo::new(io))
             .await
             .map_err(ForwardError::from_hyper)?;
@@ -120,18 +180,38 @@ impl H2Channel {
         self.picked.store(true, Ordering::Relaxed);
         Ok(sender)
     }
-}
 
-/// Sends `req` (absolute URI) on `sender` once the connection can take another stream.
-pub(super) async fn exchange(
-    mut sender: Sender,
-    mut req: Request<ProxyBody>,
-) -> Result<Response<UpstreamBody>, ForwardError> {
-    *req.version_mut() = http::Version::HTTP_2;
-    sender.ready().await.map_err(ForwardError::from_hyper)?;
-    let resp = sender
-        .send_request(req)
-        .await
-        .map_err(ForwardError::from_hyper)?;
-    Ok(resp.map(UpstreamBody::unpooled))
+    /// Sends `req` (origin-form, with its host in `Host`) on `sender` as an HTTP/2 request
+    /// whose `:authority` is that host.
+    pub(super) async fn exchange(
+        &self,
+        mut sender: Sender,
+        mut req: Request<ProxyBody>,
+    ) -> Exchanged {
+        *req.version_mut() = http::Version::HTTP_2;
+        if req.uri().authority().is_none() {
+            let authority = req
+                .headers()
+                .get(header::HOST)
+                .and_then(|h| Authority::try_from(h.as_bytes()).ok())
+                .unwrap_or_else(|| self.fallback.clone());
+            let mut uri = std::mem::take(req.uri_mut()).into_parts();
+            uri.scheme = Some(self.scheme.clone());
+            uri.authority = Some(authority);
+            match Uri::from_parts(uri) {
+                Ok(uri) => *req.uri_mut() = uri,
+                Err(e) => return Exchanged::Failed(ForwardError::Other(e.into())),
+            }
+        }
+        if sender.ready().await.is_err() {
+            return Exchanged::Unsent(req);
+        }
+        match sender.try_send_request(req).await {
+            Ok(resp) => Exchanged::Response(resp.map(UpstreamBody::unpooled)),
+            Err(mut e) => match e.take_message() {
+                Some(req) => Exchanged::Unsent(req),
+                None => Exchanged::Failed(ForwardError::from_hyper(e.into_error())),
+            },
+        }
+    }
 }

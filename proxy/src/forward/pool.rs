@@ -13,10 +13,11 @@
 //! picks HTTP/1.1 again is served from this pool again.
 
 use super::connector::{ConnectErrorKind, Connector, Stream};
-use super::h2::{self, Dialed, H2Channel};
+use super::h2::{Dialed, Exchanged, H2Channel};
 use super::ForwardError;
 use crate::body::ProxyBody;
 use bytes::Bytes;
+use http::uri::{Authority, Scheme};
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -39,7 +40,14 @@ pub(super) struct H1Pool {
     /// Whether the task that closes expired connections without traffic runs.
     sweeping: AtomicBool,
     /// For a TLS backend offered `h2` through ALPN: where its requests go once it picks it.
-    alpn_h2: Option<H2Channel>,
+    alpn_h2: Option<Box<H2Channel>>,
+}
+
+/// What [`H1Pool::send_h1`] did with a request.
+enum Sent {
+    Response(Response<UpstreamBody>),
+    /// The new connection picked `h2`: the request, unsent, and the connection.
+    PickedH2(Request<ProxyBody>, Stream),
 }
 
 #[derive(Debug)]
@@ -49,15 +57,19 @@ struct Idle {
 }
 
 impl H1Pool {
-    /// A pool for `connector`'s backend; `alpn_h2` when its TLS handshake offers `h2`.
+    /// A pool for `connector`'s backend. `alpn_h2`: its TLS handshake offers `h2`, and when
+    /// the backend picks it requests go to one HTTP/2 connection for `scheme://fallback`
+    /// requests whose `Host` is not an authority.
     pub(super) fn new(
         connector: Connector,
         max_idle: usize,
         idle_timeout: Duration,
-        alpn_h2: bool,
+        alpn_h2: Option<(Scheme, Authority)>,
     ) -> Arc<Self> {
         Arc::new(Self {
-            alpn_h2: alpn_h2.then(|| H2Channel::new(connector.clone())),
+            alpn_h2: alpn_h2.map(|(scheme, fallback)| {
+                Box::new(H2Channel::new(connector.clone(), scheme, fallback))
+            }),
             connector,
             idle: Mutex::new(Vec::new()),
             max_idle,
@@ -66,41 +78,76 @@ impl H1Pool {
         })
     }
 
-    /// Whether requests must carry an absolute URI with their own host as authority (the
-    /// backend may pick HTTP/2, which reads it as `:authority`), rather than an origin-form one.
-    pub(super) fn wants_absolute_uri(&self) -> bool {
-        self.alpn_h2.is_some()
+    /// Sends `req` (origin-form URI, its host in `Host`) on an idle connection or a new one;
+    /// to a backend that picked `h2`, over its HTTP/2 connection.
+    pub(super) async fn send(
+        self: &Arc<Self>,
+        req: Request<ProxyBody>,
+    ) -> Result<Response<UpstreamBody>, ForwardError> {
+        match &self.alpn_h2 {
+            None => match self.send_h1(req, None).await? {
+                Sent::Response(resp) => Ok(resp),
+                // Only a TLS handshake offers `h2`.
+                Sent::PickedH2(..) => Err(ForwardError::Other("backend spoke h2".into())),
+            },
+            // Boxed: TLS backends only; plain ones keep the smaller future.
+            Some(channel) => Box::pin(self.send_alpn(channel, req)).await,
+        }
     }
 
-    /// Sends `req` on an idle connection or a new one: an origin-form URI, or with
-    /// [`wants_absolute_uri`](Self::wants_absolute_uri) an absolute one (made origin-form for
-    /// HTTP/1.1 here).
+    /// [`send`](Self::send) to a TLS backend offered `h2`. A request the HTTP/2 connection
+    /// closed under before it went out is sent once more.
+    async fn send_alpn(
+        self: &Arc<Self>,
+        channel: &H2Channel,
+        mut req: Request<ProxyBody>,
+    ) -> Result<Response<UpstreamBody>, ForwardError> {
+        for _ in 0..2 {
+            let sender = match channel.open() {
+                Some(sender) => Some(sender),
+                None if channel.picked() => match channel.dial().await? {
+                    Dialed::Http2(sender) => Some(sender),
+                    Dialed::Http1(io) => {
+                        return match self.send_h1(req, Some(io)).await? {
+                            Sent::Response(resp) => Ok(resp),
+                            Sent::PickedH2(..) => {
+                                Err(ForwardError::Other("backend spoke h2".into()))
+                            }
+                        }
+                    }
+                    Dialed::UseHttp1 => None,
+                },
+                None => None,
+            };
+            let sender = match sender {
+                Some(sender) => sender,
+                None => match self.send_h1(req, None).await? {
+                    Sent::Response(resp) => return Ok(resp),
+                    Sent::PickedH2(unsent, io) => {
+                        req = unsent;
+                        channel.adopt(io).await?
+                    }
+                },
+            };
+            match channel.exchange(sender, req).await {
+                Exchanged::Response(resp) => return Ok(resp),
+                Exchanged::Failed(e) => return Err(e),
+                Exchanged::Unsent(unsent) => req = unsent,
+            }
+        }
+        Err(ForwardError::Canceled)
+    }
+
+    /// Sends `req` over HTTP/1.1 on `fresh`, else on an idle connection or a new one. A new
+    /// connection on which the backend picked `h2` comes back with the request, unsent.
     ///
     /// A pooled connection the backend closed while it sat idle gives the request back
     /// unsent; it is then sent on the next connection, as the backend never saw it.
-    pub(super) async fn send(
+    async fn send_h1(
         self: &Arc<Self>,
         mut req: Request<ProxyBody>,
-    ) -> Result<Response<UpstreamBody>, ForwardError> {
-        let mut fresh = None;
-        let mut absolute = None;
-        if let Some(channel) = &self.alpn_h2 {
-            if let Some(sender) = channel.open() {
-                return h2::exchange(sender, req).await;
-            }
-            // A backend that picked `h2` before most likely does again: one dial for all
-            // waiting requests instead of one each.
-            if channel.picked() {
-                match Box::pin(channel.dial()).await? {
-                    Dialed::Http2(sender) => return h2::exchange(sender, req).await,
-                    Dialed::Http1(io) => fresh = Some(io),
-                }
-            }
-            absolute = Some(req.uri().clone());
-            if let Some(target) = req.uri().path_and_query().cloned() {
-                *req.uri_mut() = target.into();
-            }
-        }
+        mut fresh: Option<Stream>,
+    ) -> Result<Sent, ForwardError> {
         loop {
             let idle = if fresh.is_none() {
                 self.checkout()
@@ -109,36 +156,32 @@ impl H1Pool {
             };
             let (mut sender, reused) = match idle {
                 Some(sender) => (sender, true),
-                // Boxed: dialing is rare, and its large future would otherwise be carried
-                // (and copied) by every request's future.
                 None => {
                     let io = match fresh.take() {
                         Some(io) => io,
+                        // Boxed: dialing is rare, and its large future would otherwise be
+                        // carried (and copied) by every request's future.
                         None => Box::pin(self.connect()).await?,
                     };
-                    match (&self.alpn_h2, io.negotiated_h2()) {
-                        (Some(channel), true) => {
-                            if let Some(uri) = absolute.take() {
-                                *req.uri_mut() = uri;
-                            }
-                            let sender = Box::pin(channel.adopt(io)).await?;
-                            return h2::exchange(sender, req).await;
-                        }
-                        _ => (Box::pin(handshake(io)).await?, false),
+                    if io.negotiated_h2() {
+                        return Ok(Sent::PickedH2(req, io));
                     }
+                    (Box::pin(handshake(io)).await?, false)
                 }
             };
             match sender.try_send_request(req).await {
                 // After a `101` the connection belongs to the upgrade, never to the pool.
                 Ok(resp) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
-                    return Ok(resp.map(UpstreamBody::unpooled));
+                    return Ok(Sent::Response(resp.map(UpstreamBody::unpooled)));
                 }
                 Ok(resp) => {
                     let lease = Lease {
                         pool: self.clone(),
                         sender,
                     };
-                    return Ok(resp.map(|body| UpstreamBody::leased(body, lease)));
+                    return Ok(Sent::Response(
+                        resp.map(|body| UpstreamBody::leased(body, lease)),
+                    ));
                 }
                 Err(mut e) => match e.take_message() {
                     Some(unsent) if reused => req = unsent,
@@ -396,7 +439,7 @@ mod tests {
         let (addr, accepted, closed) = backend().await;
         let timeout = Duration::from_millis(300);
         let connector = Connector::new("127.0.0.1", addr.port(), None, Duration::from_secs(2));
-        let pool = H1Pool::new(connector, 64, timeout, false);
+        let pool = H1Pool::new(connector, 64, timeout, None);
 
         // A burst opens eight connections; all go back to the pool.
         futures_util::future::join_all((0..8).map(|_| get(&pool))).await;
