@@ -277,7 +277,8 @@ impl Inner {
     fn record_applied(&self, id: u64, applied: i32) {
         self.with_state(|s| {
             if let Some(c) = s.conns.get_mut(&id) {
-                c.info.config_version = Some(applied);
+                // Answers to pushes can arrive out of order; a connector never goes back.
+                c.info.config_version = c.info.config_version.max(Some(applied));
             }
         });
     }
@@ -730,7 +731,8 @@ impl MockEdge {
     }
 
     /// Waits until at least `n` serving connections have applied the tunnel's current
-    /// configuration (a remotely managed connector answers 503 until it has one).
+    /// configuration (a remotely managed connector answers 503 until it has one). With no
+    /// configuration pushed yet, it waits for the first one.
     pub async fn wait_configured(&self, n: usize) {
         let mut rx = self.inner.configured.subscribe();
         let _ = rx.wait_for(|c| *c >= n).await;
