@@ -43,6 +43,13 @@ pub(super) struct H1Pool {
     alpn_h2: Option<Box<H2Channel>>,
 }
 
+/// How one HTTP/1.1 exchange went.
+enum Tried {
+    Done(Response<UpstreamBody>),
+    /// A reused connection closed before taking the request.
+    Unsent(Request<ProxyBody>),
+}
+
 /// What [`H1Pool::send_h1`] did with a request.
 enum Sent {
     Response(Response<UpstreamBody>),
@@ -80,18 +87,28 @@ impl H1Pool {
 
     /// Sends `req` (origin-form URI, its host in `Host`) on an idle connection or a new one;
     /// to a backend that picked `h2`, over its HTTP/2 connection.
+    ///
+    /// A pooled connection the backend closed while it sat idle gives the request back
+    /// unsent; it is then sent on the next connection, as the backend never saw it.
     pub(super) async fn send(
         self: &Arc<Self>,
-        req: Request<ProxyBody>,
+        mut req: Request<ProxyBody>,
     ) -> Result<Response<UpstreamBody>, ForwardError> {
-        match &self.alpn_h2 {
-            None => match self.send_h1(req, None).await? {
-                Sent::Response(resp) => Ok(resp),
-                // Only a TLS handshake offers `h2`.
-                Sent::PickedH2(..) => Err(ForwardError::Other("backend spoke h2".into())),
-            },
-            // Boxed: TLS backends only; plain ones keep the smaller future.
-            Some(channel) => Box::pin(self.send_alpn(channel, req)).await,
+        if let Some(channel) = &self.alpn_h2 {
+            // Boxed: TLS backends only, so the plain path's future stays as small as it was.
+            return Box::pin(self.send_alpn(channel, req)).await;
+        }
+        loop {
+            let (sender, reused) = match self.checkout() {
+                Some(sender) => (sender, true),
+                // Boxed: dialing is rare, and its large future would otherwise be carried
+                // (and copied) by every request's future.
+                None => (Box::pin(self.dial()).await?, false),
+            };
+            match self.exchange(sender, reused, req).await? {
+                Tried::Done(resp) => return Ok(resp),
+                Tried::Unsent(unsent) => req = unsent,
+            }
         }
     }
 
@@ -138,11 +155,9 @@ impl H1Pool {
         Err(ForwardError::Canceled)
     }
 
-    /// Sends `req` over HTTP/1.1 on `fresh`, else on an idle connection or a new one. A new
-    /// connection on which the backend picked `h2` comes back with the request, unsent.
-    ///
-    /// A pooled connection the backend closed while it sat idle gives the request back
-    /// unsent; it is then sent on the next connection, as the backend never saw it.
+    /// HTTP/1.1 to a TLS backend offered `h2`: on `fresh`, else on an idle connection or a
+    /// new one. A new connection on which the backend picked `h2` comes back with the
+    /// request, unsent.
     async fn send_h1(
         self: &Arc<Self>,
         mut req: Request<ProxyBody>,
@@ -154,40 +169,52 @@ impl H1Pool {
             } else {
                 None
             };
-            let (mut sender, reused) = match idle {
+            let (sender, reused) = match idle {
                 Some(sender) => (sender, true),
                 None => {
                     let io = match fresh.take() {
                         Some(io) => io,
-                        // Boxed: dialing is rare, and its large future would otherwise be
-                        // carried (and copied) by every request's future.
-                        None => Box::pin(self.connect()).await?,
+                        None => self.connect().await?,
                     };
                     if io.negotiated_h2() {
                         return Ok(Sent::PickedH2(req, io));
                     }
-                    (Box::pin(handshake(io)).await?, false)
+                    (handshake(io).await?, false)
                 }
             };
-            match sender.try_send_request(req).await {
-                // After a `101` the connection belongs to the upgrade, never to the pool.
-                Ok(resp) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
-                    return Ok(Sent::Response(resp.map(UpstreamBody::unpooled)));
-                }
-                Ok(resp) => {
-                    let lease = Lease {
-                        pool: self.clone(),
-                        sender,
-                    };
-                    return Ok(Sent::Response(
-                        resp.map(|body| UpstreamBody::leased(body, lease)),
-                    ));
-                }
-                Err(mut e) => match e.take_message() {
-                    Some(unsent) if reused => req = unsent,
-                    _ => return Err(ForwardError::from_hyper(e.into_error())),
-                },
+            match self.exchange(sender, reused, req).await? {
+                Tried::Done(resp) => return Ok(Sent::Response(resp)),
+                Tried::Unsent(unsent) => req = unsent,
             }
+        }
+    }
+
+    /// One exchange on `sender`. A request that a `reused` connection gave back unsent is
+    /// returned for the next connection.
+    async fn exchange(
+        self: &Arc<Self>,
+        mut sender: http1::SendRequest<ProxyBody>,
+        reused: bool,
+        req: Request<ProxyBody>,
+    ) -> Result<Tried, ForwardError> {
+        match sender.try_send_request(req).await {
+            // After a `101` the connection belongs to the upgrade, never to the pool.
+            Ok(resp) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+                Ok(Tried::Done(resp.map(UpstreamBody::unpooled)))
+            }
+            Ok(resp) => {
+                let lease = Lease {
+                    pool: self.clone(),
+                    sender,
+                };
+                Ok(Tried::Done(
+                    resp.map(|body| UpstreamBody::leased(body, lease)),
+                ))
+            }
+            Err(mut e) => match e.take_message() {
+                Some(unsent) if reused => Ok(Tried::Unsent(unsent)),
+                _ => Err(ForwardError::from_hyper(e.into_error())),
+            },
         }
     }
 
@@ -217,6 +244,10 @@ impl H1Pool {
                 }
             }
         }
+    }
+
+    async fn dial(&self) -> Result<http1::SendRequest<ProxyBody>, ForwardError> {
+        handshake(self.connect().await?).await
     }
 
     async fn connect(&self) -> Result<Stream, ForwardError> {
