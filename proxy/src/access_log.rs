@@ -25,6 +25,8 @@ pub(crate) struct AccessLog {
 
 #[derive(serde::Serialize)]
 struct Line<'a> {
+    /// When the request ended, RFC 3339 in UTC.
+    time: &'a str,
     method: &'a str,
     host: &'a str,
     path: &'a str,
@@ -62,7 +64,11 @@ impl AccessLog {
         elapsed: Duration,
         aborted: bool,
     ) {
+        let now = time::OffsetDateTime::now_utc()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
         let line = Line {
+            time: &now,
             method: &f.method,
             host: &f.host,
             path: &f.path,

@@ -179,6 +179,17 @@ async fn access_log_writes_one_json_line_per_request() {
         assert_eq!(entry["route"], "ns/route/0");
         assert!(entry["bytes"].as_u64() > Some(0));
         assert!(entry["duration_ms"].is_number());
+        // RFC 3339 in UTC, of today (or of a midnight just passed).
+        let time = entry["time"].as_str().expect("a time field");
+        let now = time::OffsetDateTime::now_utc();
+        let day = |t: time::OffsetDateTime| {
+            format!("{:04}-{:02}-{:02}T", t.year(), u8::from(t.month()), t.day())
+        };
+        assert!(
+            time.starts_with(&day(now)) || time.starts_with(&day(now - time::Duration::DAY)),
+            "{time}"
+        );
+        assert!(time.ends_with('Z') && time.len() >= 20, "{time}");
         let _ = child.kill().await;
         let _ = std::fs::remove_dir_all(&dir);
     })
