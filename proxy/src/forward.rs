@@ -172,6 +172,12 @@ impl Upstream {
             None
         };
         let h2 = protocol == BackendProtocol::H2c && !secure;
+        // HTTP/2 cannot carry an upgrade: where the backend may pick it, upgrades dial
+        // connections that offer HTTP/1.1 only.
+        let upgrades = tls
+            .as_ref()
+            .filter(|_| alpn_h2)
+            .map(|t| Connector::new(host, port, Some(t.http1_only()), CONNECT_TIMEOUT));
         let connector = Connector::new(host, port, tls, CONNECT_TIMEOUT);
         let base_path = match uri.path() {
             "" | "/" => None,
@@ -180,7 +186,11 @@ impl Upstream {
         let client = if h2 {
             Client::H2c(h2::H2Channel::new(connector, scheme, authority.clone()))
         } else {
-            let alpn_h2 = alpn_h2.then(|| (scheme, authority.clone()));
+            let alpn_h2 = upgrades.map(|upgrades| pool::Alpn {
+                scheme,
+                fallback: authority.clone(),
+                upgrades,
+            });
             let pool = pool::H1Pool::new(connector, POOL_MAX_IDLE, POOL_IDLE_TIMEOUT, alpn_h2);
             Client::Http1(pool)
         };

@@ -349,7 +349,10 @@ impl AlpnBackend {
                         return;
                     };
                     let service = hyper::service::service_fn(
-                        move |req: Request<hyper::body::Incoming>| async move {
+                        move |mut req: Request<hyper::body::Incoming>| async move {
+                            if let Some(key) = req.headers().get("sec-websocket-key").cloned() {
+                                return Ok(websocket_echo(&mut req, key.as_bytes()));
+                            }
                             let host = req.uri().authority().map(|a| a.to_string()).or_else(|| {
                                 req.headers()
                                     .get(http::header::HOST)
@@ -364,7 +367,7 @@ impl AlpnBackend {
                         },
                     );
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tls), service)
+                        .serve_connection_with_upgrades(TokioIo::new(tls), service)
                         .await;
                 });
                 if let Ok(mut t) = tasks.lock() {
@@ -404,6 +407,33 @@ impl AlpnBackend {
     }
 }
 
+/// Accepts a WebSocket handshake and echoes the messages that follow.
+fn websocket_echo(
+    req: &mut Request<hyper::body::Incoming>,
+    key: &[u8],
+) -> http::Response<Full<Bytes>> {
+    use tokio_tungstenite::tungstenite::{handshake::derive_accept_key, protocol::Role};
+    let upgrade = hyper::upgrade::on(req);
+    tokio::spawn(async move {
+        let Ok(io) = upgrade.await else { return };
+        let io = hyper_util::rt::TokioIo::new(io);
+        let mut ws =
+            tokio_tungstenite::WebSocketStream::from_raw_socket(io, Role::Server, None).await;
+        while let Some(Ok(msg)) = ws.next().await {
+            if msg.is_close() || ws.send(msg).await.is_err() {
+                return;
+            }
+        }
+    });
+    http::Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header("connection", "Upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-accept", derive_accept_key(key))
+        .body(Full::new(Bytes::new()))
+        .expect("101 response")
+}
+
 #[tokio::test]
 async fn tls_backends_get_the_requests_host_over_http2_and_http1() {
     tokio::time::timeout(TEST_TIMEOUT, async {
@@ -440,6 +470,20 @@ async fn tls_backends_get_the_requests_host_over_http2_and_http1() {
         .await;
         assert_eq!(ports(&replies).len(), 1, "one connection: {replies:?}");
         assert_eq!(backend.accepted(), 1, "one TLS handshake");
+
+        // HTTP/2 cannot carry an upgrade: a WebSocket to the same backend goes over a
+        // connection of its own that offers HTTP/1.1 only.
+        let (mut ws, resp) = tokio_tungstenite::connect_async(format!("ws://{d}/ws"))
+            .await
+            .expect("websocket handshake through the proxy");
+        assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+        ws.send(tokio_tungstenite::tungstenite::Message::text("over TLS")).await.expect("send");
+        let echoed = ws.next().await.expect("a frame").expect("no error");
+        assert_eq!(echoed.into_text().expect("text").as_str(), "over TLS");
+        ws.close(None).await.expect("close");
+        assert_eq!(backend.accepted(), 2, "one more TLS connection, for the upgrade");
+        let r = get(&http, d, "after.example", "/x", &[]).await;
+        assert_eq!(r.json()["proto"], "HTTP/2.0", "other requests stay on HTTP/2");
         let r = get(&http, d, "h", "/rewritten", &[]).await;
         assert_eq!(r.json()["host"], "rewritten.example");
 

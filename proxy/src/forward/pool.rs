@@ -40,7 +40,24 @@ pub(super) struct H1Pool {
     /// Whether the task that closes expired connections without traffic runs.
     sweeping: AtomicBool,
     /// For a TLS backend offered `h2` through ALPN: where its requests go once it picks it.
-    alpn_h2: Option<Box<H2Channel>>,
+    alpn_h2: Option<Box<AlpnSide>>,
+}
+
+/// A TLS backend that may pick `h2` through ALPN.
+#[derive(Debug)]
+pub(super) struct Alpn {
+    /// The scheme of the HTTP/2 connection's absolute URIs.
+    pub(super) scheme: Scheme,
+    /// The authority of a request whose `Host` is not one.
+    pub(super) fallback: Authority,
+    /// Dials offering HTTP/1.1 only, for upgrades (HTTP/2 cannot carry them).
+    pub(super) upgrades: Connector,
+}
+
+#[derive(Debug)]
+struct AlpnSide {
+    channel: H2Channel,
+    upgrades: Connector,
 }
 
 /// How one HTTP/1.1 exchange went.
@@ -64,18 +81,20 @@ struct Idle {
 }
 
 impl H1Pool {
-    /// A pool for `connector`'s backend. `alpn_h2`: its TLS handshake offers `h2`, and when
-    /// the backend picks it requests go to one HTTP/2 connection for `scheme://fallback`
-    /// requests whose `Host` is not an authority.
+    /// A pool for `connector`'s backend. With `alpn_h2` its TLS handshake offers `h2`, and
+    /// when the backend picks it requests go to one HTTP/2 connection instead.
     pub(super) fn new(
         connector: Connector,
         max_idle: usize,
         idle_timeout: Duration,
-        alpn_h2: Option<(Scheme, Authority)>,
+        alpn_h2: Option<Alpn>,
     ) -> Arc<Self> {
         Arc::new(Self {
-            alpn_h2: alpn_h2.map(|(scheme, fallback)| {
-                Box::new(H2Channel::new(connector.clone(), scheme, fallback))
+            alpn_h2: alpn_h2.map(|alpn| {
+                Box::new(AlpnSide {
+                    channel: H2Channel::new(connector.clone(), alpn.scheme, alpn.fallback),
+                    upgrades: alpn.upgrades,
+                })
             }),
             connector,
             idle: Mutex::new(Vec::new()),
@@ -94,16 +113,39 @@ impl H1Pool {
         self: &Arc<Self>,
         mut req: Request<ProxyBody>,
     ) -> Result<Response<UpstreamBody>, ForwardError> {
-        if let Some(channel) = &self.alpn_h2 {
+        if let Some(alpn) = &self.alpn_h2 {
             // Boxed: TLS backends only, so the plain path's future stays as small as it was.
-            return Box::pin(self.send_alpn(channel, req)).await;
+            return if req.headers().contains_key(http::header::UPGRADE) {
+                Box::pin(self.send_upgrade(&alpn.upgrades, req)).await
+            } else {
+                Box::pin(self.send_alpn(&alpn.channel, req)).await
+            };
         }
         loop {
             let (sender, reused) = match self.checkout() {
                 Some(sender) => (sender, true),
                 // Boxed: dialing is rare, and its large future would otherwise be carried
                 // (and copied) by every request's future.
-                None => (Box::pin(self.dial()).await?, false),
+                None => (Box::pin(dial(&self.connector)).await?, false),
+            };
+            match self.exchange(sender, reused, req).await? {
+                Tried::Done(resp) => return Ok(resp),
+                Tried::Unsent(unsent) => req = unsent,
+            }
+        }
+    }
+
+    /// An upgrade to a TLS backend offered `h2`, which HTTP/2 cannot carry: on an idle
+    /// HTTP/1.1 connection, else on a new one dialed with `upgrades` (HTTP/1.1 only).
+    async fn send_upgrade(
+        self: &Arc<Self>,
+        upgrades: &Connector,
+        mut req: Request<ProxyBody>,
+    ) -> Result<Response<UpstreamBody>, ForwardError> {
+        loop {
+            let (sender, reused) = match self.checkout() {
+                Some(sender) => (sender, true),
+                None => (dial(upgrades).await?, false),
             };
             match self.exchange(sender, reused, req).await? {
                 Tried::Done(resp) => return Ok(resp),
@@ -246,15 +288,8 @@ impl H1Pool {
         }
     }
 
-    async fn dial(&self) -> Result<http1::SendRequest<ProxyBody>, ForwardError> {
-        handshake(self.connect().await?).await
-    }
-
     async fn connect(&self) -> Result<Stream, ForwardError> {
-        self.connector.connect().await.map_err(|e| match e.kind {
-            ConnectErrorKind::Tls => ForwardError::Tls(e),
-            ConnectErrorKind::Dial | ConnectErrorKind::Timeout => ForwardError::Dial(e),
-        })
+        connect(&self.connector).await
     }
 
     fn put_back(self: &Arc<Self>, sender: http1::SendRequest<ProxyBody>) {
@@ -315,6 +350,18 @@ impl H1Pool {
             }
         });
     }
+}
+
+async fn connect(connector: &Connector) -> Result<Stream, ForwardError> {
+    connector.connect().await.map_err(|e| match e.kind {
+        ConnectErrorKind::Tls => ForwardError::Tls(e),
+        ConnectErrorKind::Dial | ConnectErrorKind::Timeout => ForwardError::Dial(e),
+    })
+}
+
+/// A new HTTP/1.1 connection through `connector`.
+async fn dial(connector: &Connector) -> Result<http1::SendRequest<ProxyBody>, ForwardError> {
+    handshake(connect(connector).await?).await
 }
 
 /// Starts HTTP/1.1 on a new connection; its task runs until the connection closes.

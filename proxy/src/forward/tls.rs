@@ -30,6 +30,16 @@ impl TlsTarget {
     pub(crate) fn server_name(&self) -> &ServerName<'static> {
         &self.server_name
     }
+
+    /// The same target offering only HTTP/1.1 through ALPN.
+    pub(crate) fn http1_only(&self) -> Self {
+        let mut config = ClientConfig::clone(self.connector.config());
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Self {
+            connector: TlsConnector::from(Arc::new(config)),
+            server_name: self.server_name.clone(),
+        }
+    }
 }
 
 /// Builds the TLS settings for one backend host.
