@@ -19,6 +19,11 @@ pub struct Args {
     #[arg(long, env = "TUNNEL_TOKEN", hide_env_values = true)]
     pub tunnel_token: Option<String>,
 
+    /// File holding the connector token, e.g. a mounted Secret (as `cloudflared --token-file`);
+    /// a non-empty `TUNNEL_TOKEN` takes precedence. Surrounding whitespace is ignored.
+    #[arg(long, env = "TUNNEL_TOKEN_FILE")]
+    pub tunnel_token_file: Option<PathBuf>,
+
     /// Data listener (standalone mode), e.g. `:8080` or `127.0.0.1:8080`.
     #[arg(long = "addr", env = "PROXY_ADDR", default_value = ":8080")]
     pub addr: ListenAddr,

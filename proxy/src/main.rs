@@ -80,8 +80,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     // Tunnel settings are checked before any socket is bound.
-    let connector = match &args.tunnel_token {
-        Some(raw) => Some(connector(&args, raw).await?),
+    let connector = match tunnel_token(&args).await? {
+        Some((setting, raw)) => Some(connector(&args, setting, &raw).await?),
         None => None,
     };
     if args.auth_token.is_none() {
@@ -186,12 +186,42 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The connector token and the setting it came from, as `cloudflared` picks it: a
+/// non-empty `TUNNEL_TOKEN`, else the contents of `TUNNEL_TOKEN_FILE`; `None` is
+/// standalone mode. A set but empty `TUNNEL_TOKEN` with no file is kept, to be refused.
+async fn tunnel_token(args: &Args) -> anyhow::Result<Option<(String, String)>> {
+    let from_env = args
+        .tunnel_token
+        .as_ref()
+        .map(|t| ("TUNNEL_TOKEN".to_owned(), t.clone()));
+    if from_env.as_ref().is_some_and(|(_, t)| !t.trim().is_empty()) {
+        return Ok(from_env);
+    }
+    let Some(path) = &args.tunnel_token_file else {
+        return Ok(from_env);
+    };
+    let setting = format!("TUNNEL_TOKEN_FILE ({})", path.display());
+    let bytes = tokio::fs::read(path)
+        .await
+        .with_context(|| format!("{setting}: reading the token"))?;
+    let raw = String::from_utf8(bytes)
+        .map_err(|_| anyhow::anyhow!("{setting}: the token is not UTF-8 text"))?;
+    if raw.trim().is_empty() {
+        anyhow::bail!("{setting}: the file is empty");
+    }
+    Ok(Some((setting, raw)))
+}
+
 /// Parses the token and the connector settings; every error names the setting.
-async fn connector(args: &Args, raw: &str) -> anyhow::Result<cftunnel_tunnel::Connector> {
+async fn connector(
+    args: &Args,
+    setting: String,
+    raw: &str,
+) -> anyhow::Result<cftunnel_tunnel::Connector> {
     let token: cftunnel_tunnel::Token = raw
         .trim()
         .parse()
-        .map_err(|e| anyhow::anyhow!("TUNNEL_TOKEN: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("{setting}: {e}"))?;
     let edges = args
         .edge
         .iter()

@@ -422,3 +422,93 @@ fn a_bad_token_is_refused_at_start_naming_the_problem() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("TUNNEL_TOKEN"), "{err}");
 }
+
+/// A token mounted as a file (`TUNNEL_TOKEN_FILE`, as `cloudflared --token-file`) registers
+/// with the credentials in it, a trailing newline and all; an empty `TUNNEL_TOKEN` does not
+/// shadow it, and a non-empty one does.
+#[tokio::test]
+async fn the_token_can_come_from_a_file() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let edge = MockEdge::start().await.expect("mock edge starts");
+        let dir = scratch_dir("token-file");
+        let tunnel = uuid::Uuid::new_v4();
+        let token = cftunnel_tunnel::Token::new("file-account", vec![9u8; 32], tunnel);
+        let file = dir.join("tunnel-token");
+        std::fs::write(&file, format!("{}\n", token.encode())).expect("token file written");
+        let file = file.to_string_lossy().into_owned();
+        let (mut child, _admin) = tunnel_proxy_with(
+            &edge,
+            &dir,
+            "",
+            "quic",
+            a.http_addr(),
+            &[("TUNNEL_TOKEN_FILE", file.as_str())],
+        )
+        .await;
+        let records = edge.registrations();
+        assert_eq!(
+            records
+                .first()
+                .map(|r| (r.account_tag.as_str(), r.tunnel_id.clone())),
+            Some(("file-account", tunnel.as_bytes().to_vec())),
+            "registered with the file's credentials"
+        );
+        let r = get(&client(), edge.http_addr(), "app.example.com", "/", &[]).await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        let _ = child.kill();
+        let _ = child.wait();
+
+        // A non-empty TUNNEL_TOKEN wins over the file.
+        let env_edge = MockEdge::start().await.expect("mock edge starts");
+        let env_token = any_token();
+        let (mut child, _admin) = tunnel_proxy_with(
+            &env_edge,
+            &dir,
+            &env_token,
+            "quic",
+            a.http_addr(),
+            &[("TUNNEL_TOKEN_FILE", file.as_str())],
+        )
+        .await;
+        assert_eq!(
+            env_edge
+                .registrations()
+                .first()
+                .map(|r| r.account_tag.clone()),
+            Some("account".to_owned())
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[test]
+fn a_token_file_that_cannot_be_used_is_refused_at_start_naming_it() {
+    let dir = scratch_dir("bad-token-file");
+    let empty = dir.join("empty");
+    std::fs::write(&empty, "\n").expect("write");
+    let malformed = dir.join("malformed");
+    std::fs::write(&malformed, "not-base64-json\n").expect("write");
+    let missing = dir.join("missing");
+    for (path, problem) in [
+        (&empty, "the file is empty"),
+        (&malformed, "not valid base64"),
+        (&missing, "reading the token"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
+            .env_remove("TUNNEL_TOKEN")
+            .env("TUNNEL_TOKEN_FILE", path)
+            .env("PROXY_CONFIG_ADDR", "127.0.0.1:0")
+            .output()
+            .expect("binary runs");
+        assert_ne!(out.status.code(), Some(0), "{problem}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let named = format!("TUNNEL_TOKEN_FILE ({})", path.display());
+        assert!(err.contains(&named) && err.contains(problem), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
