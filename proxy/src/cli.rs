@@ -96,6 +96,11 @@ pub struct Args {
     )]
     pub edge_ip_version: cftunnel_tunnel::EdgeIpVersion,
 
+    /// Edge region to connect to (as `cloudflared --region`, e.g. `us`); empty or unset: the
+    /// global edge, or the token's own endpoint. Refused with a token that has an endpoint.
+    #[arg(long = "region", env = "TUNNEL_REGION")]
+    pub region: Option<String>,
+
     /// CA bundle (PEM) that edge certificates must chain to, for private test edges.
     #[arg(long = "edge-ca-file", env = "TUNNEL_CACERT")]
     pub edge_ca_file: Option<PathBuf>,

@@ -246,12 +246,17 @@ async fn connector(
         edges,
         edge_ca_pem,
         edge_ip_version: args.edge_ip_version,
+        region: args.region.clone(),
         grace_period: args.grace_period.0,
         post_quantum: args.tunnel_post_quantum,
         quic_max_streams: args.tunnel_quic_max_streams,
         ..Default::default()
     };
-    cftunnel_tunnel::Connector::new(token, options).context("tunnel connector settings")
+    cftunnel_tunnel::Connector::new(token, options).map_err(|e| match e {
+        cftunnel_tunnel::ConnectorError::RegionWithEndpoint { .. }
+        | cftunnel_tunnel::ConnectorError::Region(_) => anyhow::anyhow!("TUNNEL_REGION: {e}"),
+        e => anyhow::Error::new(e).context("tunnel connector settings"),
+    })
 }
 
 /// SIGTERM or SIGINT, whichever comes.

@@ -512,3 +512,31 @@ fn a_token_file_that_cannot_be_used_is_refused_at_start_naming_it() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `TUNNEL_REGION` is checked at start: refused with a token that names its own endpoint
+/// (`cloudflared` refuses the pair too) and when it cannot be part of a DNS name.
+#[test]
+fn a_region_that_cannot_be_used_is_refused_at_start() {
+    use base64::Engine as _;
+    let fed = base64::engine::general_purpose::STANDARD.encode(format!(
+        r#"{{"a":"acct","s":"AAEC","t":"{}","e":"fed"}}"#,
+        uuid::Uuid::new_v4()
+    ));
+    for (token, region, problem) in [
+        (fed, "us", "token that has an endpoint (\"fed\")"),
+        (any_token(), "us.example.com", "not a DNS label"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
+            .env("TUNNEL_TOKEN", token)
+            .env("TUNNEL_REGION", region)
+            .env("PROXY_CONFIG_ADDR", "127.0.0.1:0")
+            .output()
+            .expect("binary runs");
+        assert_ne!(out.status.code(), Some(0), "{problem}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("TUNNEL_REGION") && err.contains(problem),
+            "{err}"
+        );
+    }
+}

@@ -79,10 +79,16 @@ pub struct ConnectorOptions {
     pub protocol: Protocol,
     /// Static edges (`--edge`, `TUNNEL_EDGE`); repeat an entry for more HA
     /// connections to one listener. Empty: SRV discovery (region from the
-    /// token's `e`), then, for a token without one, the well-known region hosts.
+    /// `region` or the token's `e`), then, for the global edge, the well-known region hosts.
     pub edges: Vec<EdgeAddr>,
     /// PEM roots replacing all others (`--edge-ca-file`, `TUNNEL_CACERT`).
     pub edge_ca_pem: Option<Vec<u8>>,
+    /// Edge region to discover (`cloudflared --region`, `TUNNEL_REGION`; `us`
+    /// is Cloudflare's US-only edge): SRV discovery asks for
+    /// `_<region>-v2-origintunneld` as it does for a token's endpoint. `None`
+    /// or empty: the token's endpoint, else the global edge. Refused with a
+    /// token that has an endpoint, as in `cloudflared`.
+    pub region: Option<String>,
     /// Address family of discovered edges (`--edge-ip-version`,
     /// `TUNNEL_EDGE_IP_VERSION`; default `auto`). Static edges are used as
     /// given, as in `cloudflared`.
@@ -131,6 +137,7 @@ impl Default for ConnectorOptions {
             protocol: Protocol::Auto,
             edges: Vec::new(),
             edge_ca_pem: None,
+            region: None,
             edge_ip_version: EdgeIpVersion::Auto,
             ha_connections: 4,
             grace_period: Duration::from_secs(30),
@@ -160,6 +167,16 @@ pub enum ConnectorError {
     /// `ha_connections` is zero.
     #[error("ha_connections must be at least 1")]
     NoConnections,
+    /// A region with a token that names its own endpoint: the two would
+    /// pick different edges.
+    #[error("a region was given with a token that has an endpoint ({endpoint:?})")]
+    RegionWithEndpoint {
+        /// The token's endpoint.
+        endpoint: String,
+    },
+    /// A region that cannot be part of a DNS name.
+    #[error("region {0:?} is not a DNS label (letters, digits and '-')")]
+    Region(String),
     /// [`Connector::start`] was called outside a Tokio runtime.
     #[error("the connector must be started inside a Tokio runtime")]
     NoRuntime,
@@ -343,6 +360,7 @@ impl Connector {
         if opts.ha_connections == 0 {
             return Err(ConnectorError::NoConnections);
         }
+        edge_region(opts.region.as_deref(), token.endpoint())?;
         let roots = tls::root_store(opts.edge_ca_pem.as_deref())?;
         let quic_client = tls::quic_client(roots.clone(), opts.post_quantum)?;
         let h2_client = tls::h2_client(roots, opts.post_quantum)?;
@@ -521,7 +539,9 @@ async fn resolve_edges(shared: &Shared) -> Vec<(SocketAddr, u8)> {
     let mut out = Vec::new();
     if shared.opts.edges.is_empty() {
         let version = shared.opts.edge_ip_version;
-        let endpoint = shared.token.endpoint();
+        // Checked by `Connector::new`.
+        let endpoint =
+            edge_region(shared.opts.region.as_deref(), shared.token.endpoint()).unwrap_or_default();
         match crate::discovery::discover(endpoint).await {
             Ok(mut found) => {
                 found.retain(|(a, _)| version.allows(a.ip()));
@@ -553,10 +573,37 @@ async fn resolve_edges(shared: &Shared) -> Vec<(SocketAddr, u8)> {
     out
 }
 
+/// The edge region discovery asks for: the configured region, else the token's
+/// endpoint (`cloudflared` treats the two alike and refuses both at once).
+fn edge_region<'a>(
+    region: Option<&'a str>,
+    endpoint: Option<&'a str>,
+) -> Result<Option<&'a str>, ConnectorError> {
+    let endpoint = endpoint.filter(|e| !e.is_empty());
+    let Some(region) = region.filter(|r| !r.is_empty()) else {
+        return Ok(endpoint);
+    };
+    if let Some(endpoint) = endpoint {
+        return Err(ConnectorError::RegionWithEndpoint {
+            endpoint: endpoint.to_owned(),
+        });
+    }
+    let label = region.len() <= 63
+        && region
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        && !region.starts_with('-')
+        && !region.ends_with('-');
+    if !label {
+        return Err(ConnectorError::Region(region.to_owned()));
+    }
+    Ok(Some(region))
+}
+
 /// The global edge's well-known region hosts, resolved with `resolve`, for when
-/// discovery fails. Not for a token with an endpoint (`fed`, ...): its edge is
-/// found only through its own SRV name, as in `cloudflared`, and the global
-/// hosts would take the tunnel out of it.
+/// discovery fails. Not for a token with an endpoint (`fed`, ...) or a
+/// configured region: its edge is found only through its own SRV name, as in
+/// `cloudflared`, and the global hosts would take the tunnel out of it.
 async fn region_host_fallback<F, Fut>(
     endpoint: Option<&str>,
     version: EdgeIpVersion,
@@ -812,5 +859,28 @@ mod tests {
         let (found, asked) = fallback(Some("fed")).await;
         assert!(found.is_empty());
         assert!(asked.is_empty(), "looked up {asked:?}");
+    }
+
+    #[test]
+    fn a_region_stands_where_a_token_endpoint_would() {
+        assert_eq!(edge_region(None, None).ok(), Some(None));
+        assert_eq!(edge_region(Some(""), Some("")).ok(), Some(None));
+        assert_eq!(edge_region(Some("us"), None).ok(), Some(Some("us")));
+        assert_eq!(edge_region(Some(""), Some("fed")).ok(), Some(Some("fed")));
+        assert_eq!(edge_region(None, Some("fed")).ok(), Some(Some("fed")));
+        assert!(matches!(
+            edge_region(Some("us"), Some("fed")),
+            Err(ConnectorError::RegionWithEndpoint { endpoint }) if endpoint == "fed"
+        ));
+        for bad in ["us.evil", "-us", "us-", "u s", "ü"] {
+            assert!(
+                matches!(edge_region(Some(bad), None), Err(ConnectorError::Region(r)) if r == bad),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            crate::discovery::srv_name(edge_region(Some("us"), None).ok().flatten()),
+            "_us-v2-origintunneld._tcp.argotunnel.com."
+        );
     }
 }
