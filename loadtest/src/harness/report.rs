@@ -207,6 +207,13 @@ impl Report {
                 }
             }
         }
+        let rounds_p50 = |s: Scenario| {
+            scenarios
+                .iter()
+                .find(|r| r.scenario == s && r.outcome == Outcome::Ok)
+                .map_or(&[][..], |r| r.rounds_p50_us.as_slice())
+        };
+        let paced = settings.rate.is_some();
         let tunnel_overhead = measured(Scenario::Proxy)
             .map(|proxy| {
                 scenarios
@@ -214,12 +221,12 @@ impl Report {
                     .filter(|r| r.scenario.is_tunnel())
                     .filter_map(|r| {
                         measured(r.scenario).map(|t| {
-                            TunnelOverhead::over_proxy(
-                                r.scenario.name(),
-                                t,
-                                proxy,
-                                settings.rate.is_some(),
-                            )
+                            TunnelOverhead::over_proxy(r.scenario.name(), t, proxy, paced)
+                                .paired_by_round(
+                                    rounds_p50(r.scenario),
+                                    rounds_p50(Scenario::Proxy),
+                                    paced,
+                                )
                         })
                     })
                     .collect()

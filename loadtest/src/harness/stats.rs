@@ -131,6 +131,40 @@ pub struct TunnelOverhead {
     /// Throughput ratio, to judge how equal the load was: closed-loop connections send as
     /// fast as answers come back, so a slower path also gets fewer requests per second.
     pub rps_ratio: Option<f64>,
+    /// Per-round p50 ratios, the tunnel's round i over the proxy's round i. Rounds run
+    /// interleaved, so each pair was measured seconds apart, under the same state of a shared
+    /// machine; empty unless both scenarios have the same number of measured rounds.
+    pub rounds_p50_ratio: Vec<f64>,
+    /// Median of `rounds_p50_ratio`, from [`MIN_PAIRED_ROUNDS`] rounds on. When present it is
+    /// the ratio `within_target` judges: drift between rounds moves both runs of a pair, so it
+    /// cancels out of the pair's ratio but not out of a ratio of two separately chosen medians.
+    pub paired_p50_ratio: Option<f64>,
+}
+
+/// Rounds from which the median of per-round ratios is used for the verdict.
+pub const MIN_PAIRED_ROUNDS: usize = 3;
+
+/// The target verdict for a p50 ratio; see [`TunnelOverhead::over_proxy`].
+fn verdict(p50_ratio: Option<f64>, rps_ratio: Option<f64>, paced: bool) -> Option<bool> {
+    let equal_load = rps_ratio.is_some_and(|r| (r - 1.0).abs() <= EQUAL_LOAD_TOLERANCE);
+    let kept_up = rps_ratio.is_some_and(|r| r >= 1.0 - EQUAL_LOAD_TOLERANCE);
+    match p50_ratio {
+        Some(r) if paced => Some(kept_up && r < TUNNEL_P50_TARGET),
+        Some(r) if equal_load => Some(r < TUNNEL_P50_TARGET),
+        _ => None,
+    }
+}
+
+/// The median of `values` (the mean of the middle two for an even count).
+fn median(values: &[f64]) -> Option<f64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(sorted[n / 2]),
+        _ => Some((sorted[n / 2 - 1] + sorted[n / 2]) / 2.0),
+    }
 }
 
 impl TunnelOverhead {
@@ -148,13 +182,7 @@ impl TunnelOverhead {
         let signed = |us: u64| i64::try_from(us).unwrap_or(i64::MAX);
         let p50_ratio = ratio(tunnel.p50_us as f64, proxy.p50_us as f64);
         let rps_ratio = ratio(tunnel.rps, proxy.rps);
-        let equal_load = rps_ratio.is_some_and(|r| (r - 1.0).abs() <= EQUAL_LOAD_TOLERANCE);
-        let kept_up = rps_ratio.is_some_and(|r| r >= 1.0 - EQUAL_LOAD_TOLERANCE);
-        let within_target = match p50_ratio {
-            Some(r) if paced => Some(kept_up && r < TUNNEL_P50_TARGET),
-            Some(r) if equal_load => Some(r < TUNNEL_P50_TARGET),
-            _ => None,
-        };
+        let within_target = verdict(p50_ratio, rps_ratio, paced);
         Self {
             scenario: scenario.to_owned(),
             p50_us: tunnel.p50_us,
@@ -164,7 +192,28 @@ impl TunnelOverhead {
             target: TUNNEL_P50_TARGET,
             within_target,
             rps_ratio,
+            rounds_p50_ratio: Vec::new(),
+            paired_p50_ratio: None,
         }
+    }
+
+    /// Adds the per-round ratios from each round's p50 (in round order) and, with
+    /// [`MIN_PAIRED_ROUNDS`] or more, judges their median instead of the ratio of the median
+    /// rounds. `paced` as in [`over_proxy`](Self::over_proxy).
+    pub fn paired_by_round(mut self, tunnel: &[u64], proxy: &[u64], paced: bool) -> Self {
+        if tunnel.len() != proxy.len() {
+            return self;
+        }
+        self.rounds_p50_ratio = tunnel
+            .iter()
+            .zip(proxy)
+            .filter_map(|(t, p)| ratio(*t as f64, *p as f64))
+            .collect();
+        if self.rounds_p50_ratio.len() >= MIN_PAIRED_ROUNDS {
+            self.paired_p50_ratio = median(&self.rounds_p50_ratio);
+            self.within_target = verdict(self.paired_p50_ratio, self.rps_ratio, paced);
+        }
+        self
     }
 
     /// One line for the table report, e.g.
@@ -178,8 +227,14 @@ impl TunnelOverhead {
             (None, None) => "no ratio",
         };
         let fmt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.3}"));
+        let paired = self.paired_p50_ratio.map_or(String::new(), |r| {
+            format!(
+                ", paired by round {r:.3} (median of {})",
+                self.rounds_p50_ratio.len()
+            )
+        });
         format!(
-            "{:<13} p50 {:.3} ms vs proxy {:.3} ms: {:+.3} ms, ratio {} ({verdict}), req/s ratio {}",
+            "{:<13} p50 {:.3} ms vs proxy {:.3} ms: {:+.3} ms, ratio {}{paired} ({verdict}), req/s ratio {}",
             self.scenario,
             self.p50_us as f64 / 1000.0,
             self.proxy_p50_us as f64 / 1000.0,
@@ -330,6 +385,66 @@ mod tests {
             Some(false),
             "a paced run that did not keep up misses, whatever its median"
         );
+    }
+
+    #[test]
+    fn rounds_are_paired_and_their_median_ratio_is_judged() {
+        // The median rounds (1,000 and 1,350 us) give 1.35; round by round the tunnel is
+        // 1.20, 1.25, 1.10, 1.50 and 1.22 times the proxy.
+        let o = TunnelOverhead::over_proxy(
+            "tunnel-quic",
+            &summary(2000.0, 1350),
+            &summary(2000.0, 1000),
+            true,
+        )
+        .paired_by_round(
+            &[1200, 1250, 1350, 1500, 1220],
+            &[1000, 1000, 1227, 1000, 1000],
+            true,
+        );
+        assert_eq!(o.p50_ratio, Some(1.35));
+        assert_eq!(o.rounds_p50_ratio.len(), 5);
+        let paired = o.paired_p50_ratio.expect("five rounds");
+        assert!((paired - 1.22).abs() < 1e-9, "{paired}");
+        assert_eq!(o.within_target, Some(true));
+        assert!(
+            o.summary_line()
+                .contains("ratio 1.350, paired by round 1.220 (median of 5) (within target)"),
+            "{}",
+            o.summary_line()
+        );
+        // An even count takes the middle two; a slow paced run still misses.
+        let even = TunnelOverhead::over_proxy(
+            "tunnel-quic",
+            &summary(1800.0, 1000),
+            &summary(2000.0, 1000),
+            true,
+        )
+        .paired_by_round(&[1100, 1200, 1300, 1400], &[1000; 4], true);
+        assert!((even.paired_p50_ratio.unwrap_or_default() - 1.25).abs() < 1e-9);
+        assert_eq!(even.within_target, Some(false), "did not keep up");
+        // Too few rounds, or rounds that do not pair up, leave the verdict to the medians.
+        let few = TunnelOverhead::over_proxy(
+            "tunnel-quic",
+            &summary(2000.0, 1400),
+            &summary(2000.0, 1000),
+            true,
+        )
+        .paired_by_round(&[1100, 1100], &[1000, 1000], true);
+        assert_eq!(
+            (few.paired_p50_ratio, few.within_target),
+            (None, Some(false))
+        );
+        assert_eq!(few.rounds_p50_ratio.len(), 2);
+        let unpaired = TunnelOverhead::over_proxy(
+            "tunnel-quic",
+            &summary(2000.0, 1400),
+            &summary(2000.0, 1000),
+            true,
+        )
+        .paired_by_round(&[1100, 1100, 1100], &[1000, 1000], true);
+        assert!(unpaired.rounds_p50_ratio.is_empty());
+        assert_eq!(unpaired.within_target, Some(false));
     }
 
     #[test]

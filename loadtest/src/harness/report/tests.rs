@@ -282,3 +282,32 @@ fn cloudflared_is_compared_with_proxy_and_with_the_tunnel_on_its_path() {
     width_of("scenario ");
     width_of("ratio ");
 }
+
+#[test]
+fn interleaved_rounds_pair_up_in_the_tunnel_overhead() {
+    let with_rounds = |mut r: ScenarioReport, rounds: &[u64]| {
+        r.rounds_p50_us = rounds.to_vec();
+        r
+    };
+    let paced = Settings {
+        rate: Some(500.0),
+        rounds: 3,
+        ..settings()
+    };
+    // Median rounds: 200 against 270 (1.35); round by round 1.20, 1.35 and 1.20.
+    let report = Report::new(
+        paced,
+        vec![
+            with_rounds(measured(Scenario::Proxy, 500.0, 200), &[250, 200, 150]),
+            with_rounds(measured(Scenario::TunnelQuic, 500.0, 270), &[300, 270, 180]),
+        ],
+    );
+    let o = &report.tunnel_overhead[0];
+    assert_eq!(o.p50_ratio, Some(1.35));
+    assert_eq!(o.rounds_p50_ratio.len(), 3);
+    assert!((o.paired_p50_ratio.unwrap_or_default() - 1.2).abs() < 1e-9);
+    assert_eq!(o.within_target, Some(true));
+    assert!(report
+        .render_table()
+        .contains("ratio 1.350, paired by round 1.200 (median of 3) (within target)"));
+}
