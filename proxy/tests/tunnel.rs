@@ -540,3 +540,67 @@ fn a_region_that_cannot_be_used_is_refused_at_start() {
         );
     }
 }
+
+/// A visitor that leaves while the backend is still working: the edge cancels the stream and
+/// the proxy drops the backend request with it, so `cftunnel_proxy_requests_in_flight`, the
+/// autoscaling signal, falls back to zero instead of counting abandoned requests until the
+/// backend answers.
+async fn a_departed_visitor_leaves_nothing_in_flight(protocol: &str) {
+    let a = echo("svc-a-1").await;
+    let edge = MockEdge::start().await.expect("mock edge starts");
+    let dir = scratch_dir(&format!("departed-{protocol}"));
+    let (mut child, admin) = tunnel_proxy(&edge, &dir, &any_token(), protocol, a.http_addr()).await;
+    let http = client();
+    let gauge = "cftunnel_proxy_requests_in_flight";
+    let mut visitor = tokio::net::TcpStream::connect(edge.http_addr())
+        .await
+        .expect("eyeball connects");
+    tokio::io::AsyncWriteExt::write_all(
+        &mut visitor,
+        b"GET /slow?delay=30s HTTP/1.1\r\nhost: app.example.com\r\n\r\n",
+    )
+    .await
+    .expect("request written");
+    let seen_by = Instant::now() + Duration::from_secs(5);
+    while metric(&http, admin, gauge).await != Some(1.0) {
+        assert!(
+            Instant::now() < seen_by,
+            "{protocol}: the request is in flight"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(visitor);
+    let gone_by = Instant::now() + Duration::from_secs(3);
+    while metric(&http, admin, gauge).await != Some(0.0) {
+        assert!(
+            Instant::now() < gone_by,
+            "{protocol}: the departed visitor's request is still in flight"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = get(&http, edge.http_addr(), "app.example.com", "/after", &[]).await;
+    assert_eq!(r.status, 200, "{protocol}: {:?}", r.body);
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_departed_visitor_leaves_nothing_in_flight_over_quic() {
+    tokio::time::timeout(
+        TEST_TIMEOUT,
+        a_departed_visitor_leaves_nothing_in_flight("quic"),
+    )
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn a_departed_visitor_leaves_nothing_in_flight_over_http2() {
+    tokio::time::timeout(
+        TEST_TIMEOUT,
+        a_departed_visitor_leaves_nothing_in_flight("http2"),
+    )
+    .await
+    .expect("test finished in time");
+}

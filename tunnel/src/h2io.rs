@@ -181,7 +181,19 @@ where
 {
     let mut body = std::pin::pin!(body);
     loop {
-        let frame = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await;
+        // A body with nothing to send yet also watches for the peer resetting the stream, so
+        // an idle response whose reader went away ends here rather than at its next frame.
+        let frame = std::future::poll_fn(|cx| match body.as_mut().poll_frame(cx) {
+            Poll::Ready(frame) => Poll::Ready(Ok(frame)),
+            Poll::Pending => match send.poll_reset(cx) {
+                Poll::Ready(Ok(reason)) => Poll::Ready(Err(io::Error::other(format!(
+                    "stream reset by the peer: {reason}"
+                )))),
+                Poll::Ready(Err(e)) => Poll::Ready(Err(h2_io_err(e))),
+                Poll::Pending => Poll::Pending,
+            },
+        })
+        .await?;
         let Some(frame) = frame else {
             send.send_data(Bytes::new(), true).map_err(h2_io_err)?;
             return Ok(());

@@ -5,8 +5,10 @@
 //! requests arrive as ordinary HTTP/2 requests; responses carry the origin
 //! headers serialised in `cf-cloudflared-response-headers`.
 
+use std::future::Future as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -328,11 +330,27 @@ async fn handle_request(
     } else {
         Body::h2(recv)
     };
-    let resp = match shared.handler.call(Request::from_parts(parts, body)).await {
-        Ok(r) => r,
-        Err(e) => {
+    // The edge resets the stream when the eyeball goes away; the service's future is then
+    // dropped at once, as `cloudflared` ends the origin request's context, not left to run
+    // until its answer finds the stream gone.
+    let call = shared.handler.call(Request::from_parts(parts, body));
+    let mut call = std::pin::pin!(call);
+    let answered = std::future::poll_fn(|cx| {
+        if let Poll::Ready(r) = call.as_mut().poll(cx) {
+            return Poll::Ready(Some(r));
+        }
+        respond.poll_reset(cx).map(|_| None)
+    })
+    .await;
+    let resp = match answered {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => {
             tracing::debug!(error = %e, "service failed");
             connector_error(&mut respond, StatusCode::BAD_GATEWAY);
+            return;
+        }
+        None => {
+            tracing::debug!("stream reset by the edge before the response");
             return;
         }
     };

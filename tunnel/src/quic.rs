@@ -1,7 +1,7 @@
 //! QUIC transport (connector side): one UDP socket and QUIC connection per
 //! connection index, the control stream, and edge-opened request streams.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::task::Poll;
@@ -413,9 +413,24 @@ async fn serve_exchange(
         (Body::empty(), Some(recv))
     };
     tracing::debug!(uri = %parts.uri, websocket, "serving tunnelled request");
-    let resp = match shared.handler.call(Request::from_parts(parts, body)).await {
-        Ok(r) => r,
-        Err(e) => return closed_if(write_error(send, format!("service failed: {e}")).await),
+    // The edge cancels the stream (STOP_SENDING) when the eyeball goes away. As in
+    // `cloudflared`, whose request context ends then, the exchange is abandoned at once and
+    // the service's future dropped, rather than on the next write: a request waiting on a
+    // slow backend or an idle response stream would otherwise keep its backend request and
+    // its stream credit until then.
+    let stopped = send.stopped();
+    tokio::pin!(stopped);
+    let call = shared.handler.call(Request::from_parts(parts, body));
+    let resp = tokio::select! {
+        biased;
+        resp = call => match resp {
+            Ok(r) => r,
+            Err(e) => return closed_if(write_error(send, format!("service failed: {e}")).await),
+        },
+        _ = &mut stopped => {
+            tracing::debug!("stream cancelled by the edge before the response");
+            return Exchange::Abandoned;
+        }
     };
     let (parts, body) = resp.into_parts();
     let head = Bytes::from(encode_response_head(parts.status, &parts.headers));
@@ -428,7 +443,7 @@ async fn serve_exchange(
             _ => closed_if(send.finish().is_ok()),
         };
     }
-    let ended = match write_response(send, head, body).await {
+    let ended = match write_response(send, head, body, stopped).await {
         Ok(()) => {
             let _ = send.finish();
             // Closing the connection discards unsent stream data, and a drain closes it as
@@ -467,10 +482,13 @@ fn closed_if(finished: bool) -> Exchange {
 /// says it has ended, without waiting for the final empty poll (a backend
 /// connection signals the end of a sized body a task hop later), so the
 /// caller's `finish` goes out in the same packet as the last data.
+/// `stopped` resolves when the edge cancels the stream: waiting for the body then ends with
+/// an error.
 async fn write_response(
     send: &mut quinn::SendStream,
     head: Bytes,
     body: ResponseBody,
+    mut stopped: impl Future + Unpin,
 ) -> Result<(), crate::body::BoxError> {
     let mut body = std::pin::pin!(body);
     let mut head = Some(head);
@@ -483,10 +501,10 @@ async fn write_response(
                 }
                 Poll::Pending => {
                     send.write_chunk(h).await?;
-                    body.frame().await
+                    next_frame(body.as_mut(), &mut stopped).await?
                 }
             },
-            None => body.frame().await,
+            None => next_frame(body.as_mut(), &mut stopped).await?,
         };
         let Some(frame) = frame else { break };
         // Trailers cannot be carried over QUIC; they are dropped as the edge does.
@@ -502,6 +520,18 @@ async fn write_response(
         send.write_chunk(h).await?;
     }
     Ok(())
+}
+
+/// The body's next frame, unless the edge cancels the stream first.
+async fn next_frame(
+    mut body: std::pin::Pin<&mut ResponseBody>,
+    stopped: &mut (impl Future + Unpin),
+) -> Result<Option<Result<http_body::Frame<Bytes>, crate::body::BoxError>>, crate::body::BoxError> {
+    tokio::select! {
+        biased;
+        frame = body.frame() => Ok(frame),
+        _ = stopped => Err("stream cancelled by the edge".into()),
+    }
 }
 
 #[cfg(test)]
