@@ -236,12 +236,28 @@ async fn serve(
         let grace = shared.opts.grace_period;
         // The grace period runs from the start of the drain, unregistering included.
         let deadline = tokio::time::Instant::now() + grace;
-        tokio::select! {
-            res = session.unregister(grace) => match res {
-                Ok(()) => tracing::info!(conn_index = idx, "unregistered tunnel connection"),
-                Err(e) => tracing::warn!(conn_index = idx, error = %e, "unregister failed"),
-            },
-            _ = state.wait_for(|s| *s == RunState::Shutdown) => return Ok(Ended::Stopped),
+        // Requests keep arriving until the edge has acted on the unregistration, so streams
+        // are accepted while it is on its way, as `cloudflared`'s accept loop keeps running.
+        let unregister = session.unregister(grace);
+        tokio::pin!(unregister);
+        loop {
+            tokio::select! {
+                res = &mut unregister => {
+                    match res {
+                        Ok(()) => tracing::info!(conn_index = idx, "unregistered tunnel connection"),
+                        Err(e) => tracing::warn!(conn_index = idx, error = %e, "unregister failed"),
+                    }
+                    break;
+                }
+                s = conn.accept_bi() => match s {
+                    Ok((send, recv)) => {
+                        tracker.spawn(handle_stream(shared.clone(), send, recv, tracker.in_flight(&active)));
+                    }
+                    // The drain below sees the connection gone.
+                    Err(_) => break,
+                },
+                _ = state.wait_for(|s| *s == RunState::Shutdown) => return Ok(Ended::Stopped),
+            }
         }
         let linger = deadline.min(tokio::time::Instant::now() + DRAIN_LINGER);
         tracker.close();

@@ -677,3 +677,35 @@ async fn mock_edge_admin_api_pushes_config_and_lists_connections() {
     .await
     .expect("test finished in time");
 }
+
+/// An edge slow to act on `unregisterConnection` keeps sending requests meanwhile; the
+/// connector serves them while its unregistration is on its way, not after.
+async fn requests_during_a_slow_unregistration_are_served(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let handle = serving_connector(&edge, protocol, 1).await;
+    edge.set_unregister_delay(Duration::from_secs(2));
+    let drain = tokio::spawn({
+        let handle = handle.clone();
+        async move { handle.drain().await }
+    });
+    // The unregistration is on its way once the drain has begun; give it a moment to leave.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = tokio::time::Instant::now();
+    let (status, _, _) = get(&client(), edge.http_addr(), "/hello").await;
+    let took = started.elapsed();
+    assert_eq!(status, StatusCode::OK, "{}", label(protocol));
+    assert!(
+        took < Duration::from_millis(1000),
+        "{}: answered after {took:?}, behind the unregistration",
+        label(protocol)
+    );
+    assert!(
+        edge.connections().iter().all(|c| !c.draining),
+        "{}: the edge has not acted on the unregistration yet",
+        label(protocol)
+    );
+    drain.await.unwrap();
+    edge.shutdown().await;
+}
+per_transport!(requests_during_a_slow_unregistration_are_served);

@@ -138,6 +138,8 @@ struct ConnEntry {
 struct State {
     conns: BTreeMap<u64, ConnEntry>,
     registration_error: Option<EdgeRefusal>,
+    /// How long `unregisterConnection` takes before the edge acts on it and answers.
+    unregister_delay: Duration,
     records: VecDeque<ReceivedRegistration>,
     local_configs: VecDeque<Vec<u8>>,
     /// The tunnel's current remote configuration, as the edge keeps it: the last one
@@ -461,6 +463,12 @@ impl RegistrationHooks for ConnHooks {
         }
     }
 
+    fn unregister_delay(&self) -> Duration {
+        self.inner
+            .with_state(|s| s.unregister_delay)
+            .unwrap_or_default()
+    }
+
     fn local_config(&self, config: Vec<u8>) {
         tracing::info!(
             conn = self.id,
@@ -677,6 +685,12 @@ impl MockEdge {
     /// Answer every following registration with this error (`None`: accept).
     pub fn set_registration_error(&self, error: Option<EdgeRefusal>) {
         self.inner.with_state(|s| s.registration_error = error);
+    }
+
+    /// Hold every following `unregisterConnection` for `delay` before acting on it (the
+    /// connection keeps getting requests meanwhile) and answering: a slow edge.
+    pub fn set_unregister_delay(&self, delay: Duration) {
+        self.inner.with_state(|s| s.unregister_delay = delay);
     }
 
     /// The `registerConnection` calls received, oldest first: the most

@@ -44,6 +44,10 @@ pub struct RegistrationRecord {
 pub(crate) trait RegistrationHooks: Send + Sync + 'static {
     fn register(&self, record: RegistrationRecord) -> Result<ConnectionDetails, EdgeRefusal>;
     fn unregister(&self);
+    /// How long `unregisterConnection` takes before it is acted on and answered.
+    fn unregister_delay(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
     fn local_config(&self, config: Vec<u8>);
 }
 
@@ -106,6 +110,10 @@ impl registration_server::Server for Server {
         _: registration_server::UnregisterConnectionParams,
         _: registration_server::UnregisterConnectionResults,
     ) -> Result<(), capnp::Error> {
+        let delay = self.hooks.unregister_delay();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         self.hooks.unregister();
         Ok(())
     }
