@@ -520,12 +520,33 @@ impl Proxy {
                 }
             };
             gauge.inc();
-            let mut backend = hyper_util::rt::TokioIo::new(backend);
-            let _ = tokio::io::copy_bidirectional(&mut client, &mut backend).await;
+            splice(&mut client, hyper_util::rt::TokioIo::new(backend)).await;
             gauge.dec();
         });
     }
 }
+
+/// Copies both ways until either side ends its half, then ends both connections, as Go's
+/// reverse proxy does (and `cloudflared` for its streams): no half-closed session lingers on
+/// a peer that ignores the other's end of stream.
+async fn splice(client: &mut Box<dyn UpgradedIo>, backend: impl UpgradedIo) {
+    use tokio::io::AsyncWriteExt as _;
+    let (mut client_read, mut client_write) = tokio::io::split(client);
+    let (mut backend_read, mut backend_write) = tokio::io::split(backend);
+    tokio::select! {
+        _ = tokio::io::copy(&mut client_read, &mut backend_write) => {}
+        _ = tokio::io::copy(&mut backend_read, &mut client_write) => {}
+    }
+    // Bounded: a TLS close_notify to a peer that has stopped reading could wait forever.
+    let _ = tokio::time::timeout(
+        SPLICE_SHUTDOWN,
+        futures_util::future::join(client_write.shutdown(), backend_write.shutdown()),
+    )
+    .await;
+}
+
+/// How long ending a spliced session may take before its connections are simply dropped.
+const SPLICE_SHUTDOWN: Duration = Duration::from_secs(5);
 
 /// How long a retired table may wait for its last in-flight request before it is let go
 /// wherever that request ends.

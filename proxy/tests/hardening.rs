@@ -229,3 +229,78 @@ fn normalisation_follows_rfc_3986() {
     assert_eq!(normalize_path("a/b").as_deref(), Some("/a/b"));
     assert_eq!(normalize_path("").as_deref(), Some("/"));
 }
+
+/// A spliced WebSocket ends as a whole when either side ends its half, as Go's reverse proxy
+/// ends it (the first direction to finish closes both connections): a backend that ignores
+/// the client's end of stream cannot keep the session, and its in-flight count, open.
+#[tokio::test]
+async fn a_websocket_ends_as_a_whole_when_the_client_ends_its_side() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // A backend that switches protocols, then neither writes nor closes; it reports when
+        // the proxy closes the connection on it.
+        let backend = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let backend_addr = backend.local_addr().unwrap();
+        let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut conn, _) = backend.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = conn.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the upgrade request arrives");
+                head.extend_from_slice(&buf[..n]);
+            }
+            conn.write_all(
+                b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\n\
+                  sec-websocket-accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n",
+            )
+            .await
+            .unwrap();
+            // Reads until the proxy ends the stream, holding its own side open throughout.
+            while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {}
+            let _ = closed_tx.send(());
+            std::future::pending::<()>().await;
+        });
+        let http = client();
+        let proxy = proxy_to(&http, backend_addr).await;
+        let mut conn = tokio::net::TcpStream::connect(proxy.data_addr())
+            .await
+            .unwrap();
+        conn.write_all(
+            b"GET /ws HTTP/1.1\r\nhost: ws.example\r\nconnection: Upgrade\r\nupgrade: websocket\r\n\
+              sec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the 101 arrives");
+            head.extend_from_slice(&buf[..n]);
+        }
+        assert!(
+            head.starts_with(b"HTTP/1.1 101"),
+            "{:?}",
+            String::from_utf8_lossy(&head)
+        );
+        conn.shutdown().await.unwrap();
+        let ended = tokio::time::timeout(Duration::from_secs(2), conn.read(&mut buf)).await;
+        assert!(
+            matches!(ended, Ok(Ok(0)) | Ok(Err(_))),
+            "the proxy ends the client's connection: {ended:?}"
+        );
+        tokio::time::timeout(Duration::from_secs(2), closed_rx)
+            .await
+            .expect("the proxy ends the backend's connection")
+            .unwrap();
+        let gauge = "cftunnel_proxy_websocket_active_sessions";
+        let zero_by = std::time::Instant::now() + Duration::from_secs(2);
+        while metric(&http, proxy.admin_addr(), gauge).await != Some(0.0) {
+            assert!(std::time::Instant::now() < zero_by, "the session is over");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("test finished in time");
+}
