@@ -464,7 +464,8 @@ impl Connector {
     }
 }
 
-/// Handle on a running connector.
+/// Handle on a running connector. Dropping every clone stops the connections at once,
+/// without unregistering them: call [`drain`](Self::drain) first for a graceful stop.
 #[derive(Debug, Clone)]
 pub struct ConnectorHandle {
     registered: watch::Receiver<usize>,

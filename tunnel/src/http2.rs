@@ -33,6 +33,8 @@ use crate::tasks::{InFlight, StreamTasks};
 use crate::tls::H2_SERVER_NAME;
 
 const DIAL_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long the edge has to send its HTTP/2 connection preface, as in Go's HTTP/2 server.
+const PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_CONFIG_BYTES: usize = 8 * 1024 * 1024;
 
 type TlsStream = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
@@ -76,9 +78,11 @@ pub(crate) async fn connect(
     .await
     .map_err(|_| ConnError::dial("tls handshake timed out"))?
     .map_err(ConnError::dial)?;
-    let conn = server_builder()
-        .handshake::<_, Bytes>(tls)
+    // The edge speaks first over HTTP/2 (its connection preface); one that never does would
+    // hold this connection forever. Go's HTTP/2 server, `cloudflared`'s, waits 10 s for it.
+    let conn = tokio::time::timeout(PREFACE_TIMEOUT, server_builder().handshake::<_, Bytes>(tls))
         .await
+        .map_err(|_| ConnError::control_stream("edge sent no HTTP/2 preface"))?
         .map_err(ConnError::control_stream)?;
 
     let tracker = StreamTasks::new();
@@ -234,6 +238,9 @@ async fn accept_loop(
 ) {
     let mut control_tx = Some(control_tx);
     let active = shared.metrics.active_streams(ProtocolLabel::Http2);
+    // Configuration pushes are read one at a time: the others wait unread, held to their
+    // flow-control windows, instead of each buffering a document of its own.
+    let pushes = Arc::new(tokio::sync::Semaphore::new(1));
     loop {
         tokio::select! {
             r = conn.accept() => match r {
@@ -245,7 +252,7 @@ async fn accept_loop(
                     let tcp = req.headers().get(PROXY_SRC).is_some_and(|v| !v.is_empty());
                     match upgrade.as_deref() {
                         Some(b"update-configuration") => {
-                            tracker.spawn(config_push(shared.clone(), req, respond));
+                            tracker.spawn(config_push(shared.clone(), pushes.clone(), req, respond));
                         }
                         Some(b"websocket") => {
                             tracker.spawn(handle_request(shared.clone(), req, respond, true, tracker.in_flight(&active)));
@@ -459,17 +466,23 @@ fn push_reply(
     .ok()
 }
 
+/// Answers one configuration push. Its document must arrive within the RPC timeout once
+/// it is being read, so a push that trickles in cannot hold the turn (or a drain) for long.
 async fn config_push(
     shared: Arc<Shared>,
+    pushes: Arc<tokio::sync::Semaphore>,
     req: Request<h2::RecvStream>,
     mut respond: h2::server::SendResponse<Bytes>,
 ) {
-    let body = Limited::new(Body::h2(req.into_body()), MAX_CONFIG_BYTES)
-        .collect()
-        .await
-        .map(|c| c.to_bytes());
+    let Ok(_turn) = pushes.acquire().await else {
+        return;
+    };
+    let collect = Limited::new(Body::h2(req.into_body()), MAX_CONFIG_BYTES).collect();
+    let body = tokio::time::timeout(shared.opts.rpc_timeout, collect).await;
     let Some(reply) = body
         .ok()
+        .and_then(|b| b.ok())
+        .map(|c| c.to_bytes())
         .and_then(|b| push_reply(&shared.remote_config, &b))
     else {
         connector_error(&mut respond, StatusCode::BAD_GATEWAY);

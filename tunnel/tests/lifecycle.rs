@@ -709,3 +709,117 @@ async fn requests_during_a_slow_unregistration_are_served(protocol: Protocol) {
     edge.shutdown().await;
 }
 per_transport!(requests_during_a_slow_unregistration_are_served);
+
+/// An edge that completes TLS and then never sends its HTTP/2 preface is given up on after
+/// 10 s (Go's HTTP/2 server, `cloudflared`'s, waits as long), and the connection dials again
+/// instead of waiting forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_edge_that_never_speaks_is_dialed_again() {
+    tokio::time::timeout(LIMIT, async {
+        trace_init();
+        let pki = cftunnel_tunnel::tls::TestPki::generate().unwrap();
+        let pem = pki.to_pem();
+        let certs = rustls_pemfile::certs(&mut pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = rustls_pemfile::private_key(&mut pem.as_bytes())
+            .unwrap()
+            .unwrap();
+        let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let server = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![certs[1].clone()], key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(server));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tls_tx, mut tls_rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let acceptor = acceptor.clone();
+                let tls_tx = tls_tx.clone();
+                tokio::spawn(async move {
+                    // TLS completes; then silence, the connection held open.
+                    if let Ok(tls) = acceptor.accept(tcp).await {
+                        let _ = tls_tx.send(tokio::time::Instant::now());
+                        std::future::pending::<()>().await;
+                        drop(tls);
+                    }
+                });
+            }
+        });
+        let opts = cftunnel_tunnel::ConnectorOptions {
+            protocol: Protocol::Http2,
+            edges: vec![addr.into()],
+            edge_ca_pem: Some(pki.ca_pem().as_bytes().to_vec()),
+            ha_connections: 1,
+            backoff_base: Duration::from_millis(50),
+            ..cftunnel_tunnel::ConnectorOptions::default()
+        };
+        let (handle, _metrics, _registry) = start_connector(opts, token());
+        let first = tls_rx.recv().await.expect("the connector completes TLS");
+        let again = tokio::time::timeout(Duration::from_secs(14), tls_rx.recv())
+            .await
+            .expect("the connection is dialed again")
+            .expect("a second TLS handshake");
+        let waited = again - first;
+        assert!(
+            waited >= Duration::from_secs(10),
+            "gave up after {waited:?}, before the preface timeout"
+        );
+        assert_eq!(handle.registered(), 0);
+        // Not `shutdown`: it would wait out the handshake in progress on the silent edge.
+        drop(handle);
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// Over HTTP/2 configuration pushes are read one at a time, and one whose document never
+/// completes is answered 502 once the RPC timeout has passed; a push waiting behind it is
+/// then read and applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_config_push_that_never_completes_times_out() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = std::sync::Arc::new(MockEdge::start().await.unwrap());
+        let handle = serving_connector(&edge, Protocol::Http2, 1).await;
+        let started = tokio::time::Instant::now();
+        let stuck = tokio::spawn({
+            let edge = edge.clone();
+            async move {
+                let resp = edge
+                    .send_unfinished_config_push(br#"{"version":7,"con"#)
+                    .await;
+                (resp, tokio::time::Instant::now())
+            }
+        });
+        // Behind it, a complete push.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let resp = edge
+            .send_raw_config_push(br#"{"version":8,"config":{"ingress":[]}}"#)
+            .await
+            .unwrap();
+        let complete_at = tokio::time::Instant::now();
+        assert_eq!(&resp.body()[..], br#"{"lastAppliedVersion":8,"err":null}"#);
+        let (stuck, stuck_at) = stuck.await.unwrap();
+        let stuck = stuck.unwrap();
+        assert_eq!(stuck.status(), StatusCode::BAD_GATEWAY);
+        // The test connector's RPC timeout is 3 s.
+        let waited = stuck_at - started;
+        assert!(
+            waited >= Duration::from_millis(2900) && waited < Duration::from_secs(5),
+            "{waited:?}"
+        );
+        assert!(stuck_at <= complete_at, "the complete push waited its turn");
+        assert_eq!(handle.remote_config().borrow().version, 8);
+        handle.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}

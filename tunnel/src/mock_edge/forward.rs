@@ -732,7 +732,7 @@ pub(super) async fn push_config(
             let config: serde_json::Value = serde_json::from_slice(&config)
                 .map_err(|e| MockEdgeError::Rejected(e.to_string()))?;
             let body = serde_json::json!({ "version": version, "config": config }).to_string();
-            let resp = h2_config_push(sr, body.into_bytes()).await?;
+            let resp = h2_config_push(sr, body.into_bytes(), true).await?;
             if resp.status() != StatusCode::OK {
                 return Err(MockEdgeError::Rejected(format!(
                     "configuration push answered {}",
@@ -769,25 +769,30 @@ fn config_reply(bytes: &[u8]) -> Result<i32, MockEdgeError> {
 
 /// Sends `body` as an HTTP/2 configuration push and returns the connector's
 /// answer with its body.
+/// `finished`: the body ends with `body`; otherwise `body` is sent and the stream is held
+/// open (a push whose document never completes) until the answer comes.
 pub(super) async fn h2_config_push(
     sr: h2::client::SendRequest<Bytes>,
     body: Vec<u8>,
+    finished: bool,
 ) -> Result<http::Response<Bytes>, MockEdgeError> {
-    let req = Request::builder()
+    let mut req = Request::builder()
         .method(http::Method::PUT)
         .uri("https://h2.cftunnel.com/config")
-        .header(CONNECTION_UPGRADE, "update-configuration")
-        .header(CONTENT_LENGTH, body.len())
-        .body(())
-        .map_err(stream_err)?;
+        .header(CONNECTION_UPGRADE, "update-configuration");
+    if finished {
+        req = req.header(CONTENT_LENGTH, body.len());
+    }
+    let req = req.body(()).map_err(stream_err)?;
     let mut ready = sr.ready().await.map_err(stream_err)?;
     let (resp, mut send) = ready.send_request(req, false).map_err(stream_err)?;
-    send.send_data(Bytes::from(body), true)
+    send.send_data(Bytes::from(body), finished)
         .map_err(stream_err)?;
     let resp = tokio::time::timeout(RPC_TIMEOUT, resp)
         .await
         .map_err(stream_err)?
         .map_err(stream_err)?;
+    drop(send);
     let (parts, recv) = resp.into_parts();
     let bytes = tokio::time::timeout(RPC_TIMEOUT, Body::h2(recv).collect())
         .await

@@ -802,6 +802,23 @@ impl MockEdge {
         &self,
         body: &[u8],
     ) -> Result<http::Response<Bytes>, MockEdgeError> {
+        self.raw_config_push(body, true).await
+    }
+
+    /// [`send_raw_config_push`](Self::send_raw_config_push) of a document that never
+    /// completes: `body` is sent and the stream held open until the connector answers.
+    pub async fn send_unfinished_config_push(
+        &self,
+        body: &[u8],
+    ) -> Result<http::Response<Bytes>, MockEdgeError> {
+        self.raw_config_push(body, false).await
+    }
+
+    async fn raw_config_push(
+        &self,
+        body: &[u8],
+        finished: bool,
+    ) -> Result<http::Response<Bytes>, MockEdgeError> {
         let sr = self
             .inner
             .pick()
@@ -811,7 +828,7 @@ impl MockEdge {
                 Transport::Quic(_) => None,
             })
             .ok_or_else(|| MockEdgeError::Stream("no serving HTTP/2 connection".into()))?;
-        forward::h2_config_push(sr, body.to_vec()).await
+        forward::h2_config_push(sr, body.to_vec(), finished).await
     }
 
     /// Forwards one request through a registered connection exactly as a request arriving
