@@ -243,13 +243,7 @@ async fn a_websocket_ends_as_a_whole_when_the_client_ends_its_side() {
         let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             let (mut conn, _) = backend.accept().await.unwrap();
-            let mut head = Vec::new();
-            let mut buf = [0u8; 1024];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                let n = conn.read(&mut buf).await.unwrap();
-                assert!(n > 0, "the upgrade request arrives");
-                head.extend_from_slice(&buf[..n]);
-            }
+            read_head(&mut conn).await;
             conn.write_all(
                 b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\n\
                   sec-websocket-accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n",
@@ -257,6 +251,7 @@ async fn a_websocket_ends_as_a_whole_when_the_client_ends_its_side() {
             .await
             .unwrap();
             // Reads until the proxy ends the stream, holding its own side open throughout.
+            let mut buf = [0u8; 1024];
             while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {}
             let _ = closed_tx.send(());
             std::future::pending::<()>().await;
@@ -272,13 +267,8 @@ async fn a_websocket_ends_as_a_whole_when_the_client_ends_its_side() {
         )
         .await
         .unwrap();
-        let mut head = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-            let n = conn.read(&mut buf).await.unwrap();
-            assert!(n > 0, "the 101 arrives");
-            head.extend_from_slice(&buf[..n]);
-        }
+        let head = read_head(&mut conn).await;
+        let mut buf = [0u8; 64];
         assert!(
             head.starts_with(b"HTTP/1.1 101"),
             "{:?}",
@@ -303,4 +293,16 @@ async fn a_websocket_ends_as_a_whole_when_the_client_ends_its_side() {
     })
     .await
     .expect("test finished in time");
+}
+
+/// Reads up to the end of an HTTP/1.1 head (and whatever arrived with it).
+async fn read_head(conn: &mut tokio::net::TcpStream) -> Vec<u8> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = conn.read(&mut buf).await.unwrap_or(0);
+        assert!(n > 0, "a head arrives before the end of the stream");
+        head.extend_from_slice(&buf[..n]);
+    }
+    head
 }

@@ -411,15 +411,23 @@ async fn post_quantum_setting_reaches_the_edge() {
     .expect("test finished in time");
 }
 
-#[test]
-fn a_bad_token_is_refused_at_start_naming_the_problem() {
+/// Starts the binary with `env` (and no `TUNNEL_TOKEN` unless given), expects it to refuse to
+/// start, and returns what it printed on stderr.
+fn refused_at_start(env: &[(&str, &std::ffi::OsStr)]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
-        .env("TUNNEL_TOKEN", "not-base64-json")
+        .env_remove("TUNNEL_TOKEN")
         .env("PROXY_CONFIG_ADDR", "127.0.0.1:0")
+        .envs(env.iter().copied())
         .output()
         .expect("binary runs");
-    assert_ne!(out.status.code(), Some(0));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    err
+}
+
+#[test]
+fn a_bad_token_is_refused_at_start_naming_the_problem() {
+    let err = refused_at_start(&[("TUNNEL_TOKEN", "not-base64-json".as_ref())]);
     assert!(err.contains("TUNNEL_TOKEN"), "{err}");
 }
 
@@ -499,14 +507,7 @@ fn a_token_file_that_cannot_be_used_is_refused_at_start_naming_it() {
         (&malformed, "not valid base64"),
         (&missing, "reading the token"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
-            .env_remove("TUNNEL_TOKEN")
-            .env("TUNNEL_TOKEN_FILE", path)
-            .env("PROXY_CONFIG_ADDR", "127.0.0.1:0")
-            .output()
-            .expect("binary runs");
-        assert_ne!(out.status.code(), Some(0), "{problem}");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = refused_at_start(&[("TUNNEL_TOKEN_FILE", path.as_ref())]);
         let named = format!("TUNNEL_TOKEN_FILE ({})", path.display());
         assert!(err.contains(&named) && err.contains(problem), "{err}");
     }
@@ -526,14 +527,10 @@ fn a_region_that_cannot_be_used_is_refused_at_start() {
         (fed, "us", "token that has an endpoint (\"fed\")"),
         (any_token(), "us.example.com", "not a DNS label"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
-            .env("TUNNEL_TOKEN", token)
-            .env("TUNNEL_REGION", region)
-            .env("PROXY_CONFIG_ADDR", "127.0.0.1:0")
-            .output()
-            .expect("binary runs");
-        assert_ne!(out.status.code(), Some(0), "{problem}");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = refused_at_start(&[
+            ("TUNNEL_TOKEN", token.as_ref()),
+            ("TUNNEL_REGION", region.as_ref()),
+        ]);
         assert!(
             err.contains("TUNNEL_REGION") && err.contains(problem),
             "{err}"
