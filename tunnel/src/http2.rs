@@ -107,6 +107,11 @@ pub(crate) async fn connect(
         &mut accept_task,
     )
     .await;
+    // A shutdown ends the requests still in flight at once (their streams are reset), so the
+    // graceful close below does not wait on them.
+    if shared.run_state() == RunState::Shutdown {
+        tracker.cancel();
+    }
     let _ = close_tx.send(true);
     // `is_finished` guards against polling a handle that already completed.
     if !accept_task.is_finished()

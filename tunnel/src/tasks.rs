@@ -70,6 +70,11 @@ impl StreamTasks {
         self.tracker.close();
     }
 
+    /// Cancels every task now.
+    pub(crate) fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
     /// Cancels every task when the returned guard drops.
     pub(crate) fn cancel_on_drop(&self) -> DropGuard {
         self.cancel.clone().drop_guard()
