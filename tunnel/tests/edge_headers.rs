@@ -266,3 +266,33 @@ per_transport!(eyeball_hop_headers_stop_at_the_edge);
 per_transport!(origin_hop_headers_stop_at_the_edge);
 per_transport!(websocket_upgrades_keep_their_headers);
 per_transport!(heads_are_limited_by_size_not_line_count);
+
+/// Cookies an HTTP/2 eyeball split over several fields reach the service as one `Cookie`,
+/// joined with "; ", over either transport.
+async fn split_cookies_reach_the_service_joined(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let handle = serving(&edge, protocol).await;
+    let req = Request::get("https://app.example.com/headers")
+        .header("host", "app.example.com")
+        .header("cookie", "a=1")
+        .header("cookie", "b=2")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = edge.request(req).await;
+    assert_eq!(resp.status(), StatusCode::OK, "{}", label(protocol));
+    let text = String::from_utf8(
+        resp.into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    let cookies: Vec<&str> = text.lines().filter(|l| l.starts_with("cookie:")).collect();
+    assert_eq!(cookies, ["cookie: a=1; b=2"], "{}: {text}", label(protocol));
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+per_transport!(split_cookies_reach_the_service_joined);

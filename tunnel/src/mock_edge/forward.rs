@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{
-    HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, HOST, TE, TRAILER, TRANSFER_ENCODING,
-    UPGRADE,
+    HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, COOKIE, HOST, TE, TRAILER,
+    TRANSFER_ENCODING, UPGRADE,
 };
 use http::{Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
@@ -231,6 +231,7 @@ where
     // Before the edge's own headers are added, so that the names an eyeball's
     // `Connection` lists never reach those.
     strip_request_headers(req.headers_mut());
+    join_cookies(req.headers_mut());
     add_edge_headers(req.headers_mut(), peer);
     let candidates = inner.pick();
     if candidates.is_empty() {
@@ -360,12 +361,45 @@ fn strip_request_headers(headers: &mut http::HeaderMap) {
     }
 }
 
+/// An HTTP/2 eyeball may split its cookies over several `cookie` fields. They are joined
+/// into one with `"; "`, as RFC 9113 (8.2.3) has an intermediary do before passing them on,
+/// and as Go's HTTP/2 stack joins them on the way to `cloudflared`: the origin sees one
+/// `Cookie` over either transport.
+fn join_cookies(headers: &mut http::HeaderMap) {
+    if headers.get_all(COOKIE).iter().nth(1).is_none() {
+        return;
+    }
+    let joined = headers
+        .get_all(COOKIE)
+        .iter()
+        .map(HeaderValue::as_bytes)
+        .collect::<Vec<_>>()
+        .join(&b"; "[..]);
+    if let Ok(value) = HeaderValue::from_bytes(&joined) {
+        headers.insert(COOKIE, value);
+    }
+}
+
+/// Removes the edge's internal headers (`cf-int-*`, such as `cloudflared`'s tracing
+/// answer) from a response: they are for the edge, never shown to the eyeball.
+fn strip_internal_response_headers(headers: &mut http::HeaderMap) {
+    let internal = |n: &HeaderName| n.as_str().starts_with("cf-int-");
+    if !headers.keys().any(internal) {
+        return;
+    }
+    let names: Vec<HeaderName> = headers.keys().filter(|n| internal(n)).cloned().collect();
+    for name in names {
+        headers.remove(name);
+    }
+}
+
 /// Removes the connector's connection-specific headers from a response before
 /// it reaches the eyeball, on both transports: an origin's `Connection: close`
 /// is about the origin's connection to the connector, not the eyeball's to the
 /// edge. A switched WebSocket response (`switched`) keeps `Connection` and
 /// `Upgrade`, which the eyeball's upgrade handshake needs.
 fn strip_response_headers(headers: &mut http::HeaderMap, switched: bool) {
+    strip_internal_response_headers(headers);
     if !headers.keys().any(is_connection_specific) {
         return;
     }
@@ -1050,6 +1084,30 @@ mod tests {
         )
         .await
         .unwrap();
+    }
+
+    #[test]
+    fn split_cookies_are_joined_and_internal_answers_dropped() {
+        let mut h = http::HeaderMap::new();
+        h.append(COOKIE, HeaderValue::from_static("a=1"));
+        h.append(COOKIE, HeaderValue::from_static("b=2"));
+        h.append(COOKIE, HeaderValue::from_static("c=3"));
+        join_cookies(&mut h);
+        assert_eq!(
+            h.get_all(COOKIE).iter().collect::<Vec<_>>(),
+            ["a=1; b=2; c=3"]
+        );
+        let mut one = http::HeaderMap::new();
+        one.append(COOKIE, HeaderValue::from_static("a=1; b=2"));
+        join_cookies(&mut one);
+        assert_eq!(one[COOKIE], "a=1; b=2");
+
+        let mut r = http::HeaderMap::new();
+        r.insert("cf-int-cloudflared-tracing", HeaderValue::from_static("x"));
+        r.insert("content-type", HeaderValue::from_static("text/plain"));
+        strip_response_headers(&mut r, false);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r["content-type"], "text/plain");
     }
 
     #[test]
