@@ -105,16 +105,7 @@ pub(super) const LOCATION: &str = "MCK";
 /// connector (over HTTP/2 they mark config pushes, control and TCP streams), so
 /// an eyeball's are dropped.
 pub(super) fn add_edge_headers(headers: &mut http::HeaderMap, peer: IpAddr) {
-    if headers.keys().any(is_cloudflared_header) {
-        let internal: Vec<HeaderName> = headers
-            .keys()
-            .filter(|n| is_cloudflared_header(n))
-            .cloned()
-            .collect();
-        for name in internal {
-            headers.remove(name);
-        }
-    }
+    remove_matching(headers, is_cloudflared_header);
     // Room for the six names below at once, instead of growing (and rehashing) on the way.
     headers.reserve(6);
     let ip = ip_value(peer);
@@ -383,11 +374,15 @@ fn join_cookies(headers: &mut http::HeaderMap) {
 /// Removes the edge's internal headers (`cf-int-*`, such as `cloudflared`'s tracing
 /// answer) from a response: they are for the edge, never shown to the eyeball.
 fn strip_internal_response_headers(headers: &mut http::HeaderMap) {
-    let internal = |n: &HeaderName| n.as_str().starts_with("cf-int-");
-    if !headers.keys().any(internal) {
+    remove_matching(headers, |n| n.as_str().starts_with("cf-int-"));
+}
+
+/// Removes every header whose name matches; allocates nothing when none does.
+fn remove_matching(headers: &mut http::HeaderMap, matches: impl Fn(&HeaderName) -> bool) {
+    if !headers.keys().any(&matches) {
         return;
     }
-    let names: Vec<HeaderName> = headers.keys().filter(|n| internal(n)).cloned().collect();
+    let names: Vec<HeaderName> = headers.keys().filter(|n| matches(n)).cloned().collect();
     for name in names {
         headers.remove(name);
     }
