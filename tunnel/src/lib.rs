@@ -106,6 +106,7 @@ pub mod stream;
 mod tasks;
 pub mod tls;
 pub mod token;
+mod udp;
 
 #[allow(clippy::all, clippy::unwrap_used, unreachable_pub, dead_code, missing_docs, unused_qualifications)]
 #[rustfmt::skip]

@@ -117,7 +117,7 @@ fn bind_endpoint(shared: &Shared, idx: u8, peer: SocketAddr) -> std::io::Result<
             *slot = port;
         }
     }
-    quinn::Endpoint::new(endpoint_config(), None, sock, Arc::new(quinn::TokioRuntime))
+    crate::udp::endpoint(endpoint_config(), None, sock)
 }
 
 /// Largest UDP payload the edge may send: quic-go's 1452, which `cloudflared` advertises

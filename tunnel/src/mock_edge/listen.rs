@@ -59,11 +59,10 @@ pub(super) fn bind(
                 if !quic {
                     return Ok((Udp::Silent(udp), tcp));
                 }
-                let endpoint = quinn::Endpoint::new(
+                let endpoint = crate::udp::endpoint(
                     quinn::EndpointConfig::default(),
                     Some(server.clone()),
                     udp,
-                    Arc::new(quinn::TokioRuntime),
                 )?;
                 return Ok((Udp::Quic(endpoint), tcp));
             }
