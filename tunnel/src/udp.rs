@@ -137,6 +137,14 @@ mod tests {
     use std::io::IoSliceMut;
     use std::net::UdpSocket;
 
+    /// A receiving [`Socket`] and a plain sender, both on loopback, and where to send.
+    fn bound_pair() -> (Socket, UdpSocket, std::net::SocketAddr) {
+        let rx = Socket::new(UdpSocket::bind("127.0.0.1:0").unwrap()).unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = rx.local_addr().unwrap();
+        (rx, tx, to)
+    }
+
     fn recv_bufs(storage: &mut [[u8; 1500]]) -> Vec<IoSliceMut<'_>> {
         storage.iter_mut().map(|b| IoSliceMut::new(b)).collect()
     }
@@ -165,9 +173,7 @@ mod tests {
     /// until the reactor reports new data, and every datagram is still read, in order.
     #[tokio::test]
     async fn a_short_batch_waits_for_the_reactor_and_loses_nothing() {
-        let rx = Socket::new(UdpSocket::bind("127.0.0.1:0").unwrap()).unwrap();
-        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let to = rx.local_addr().unwrap();
+        let (rx, tx, to) = bound_pair();
         let mut storage = vec![[0u8; 1500]; 4];
         let mut meta = [RecvMeta::default(); 4];
         let mut received = Vec::new();
@@ -211,9 +217,7 @@ mod tests {
     /// reads them without waiting for the reactor.
     #[tokio::test]
     async fn a_full_batch_reads_on() {
-        let rx = Socket::new(UdpSocket::bind("127.0.0.1:0").unwrap()).unwrap();
-        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let to = rx.local_addr().unwrap();
+        let (rx, tx, to) = bound_pair();
         let mut storage = vec![[0u8; 1500]; 2];
         let mut meta = [RecvMeta::default(); 2];
         let mut received = Vec::new();
@@ -244,28 +248,18 @@ mod tests {
     /// A datagram arriving after the drained mark wakes the task waiting on the socket.
     #[tokio::test]
     async fn a_datagram_after_a_drained_batch_wakes_the_reader() {
-        let rx = Arc::new(Socket::new(UdpSocket::bind("127.0.0.1:0").unwrap()).unwrap());
-        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let to = rx.local_addr().unwrap();
+        let (rx, tx, to) = bound_pair();
         tx.send_to(b"first", to).unwrap();
-        let reader = {
-            let rx = rx.clone();
-            tokio::spawn(async move {
-                let mut storage = vec![[0u8; 1500]; 2];
-                let mut meta = [RecvMeta::default(); 2];
-                let mut seen = Vec::new();
-                while seen.len() < 2 {
-                    let mut bufs = recv_bufs(&mut storage);
-                    let n = std::future::poll_fn(|cx| rx.poll_recv(cx, &mut bufs, &mut meta))
-                        .await
-                        .unwrap();
-                    for (m, b) in meta.iter().zip(bufs.iter()).take(n) {
-                        seen.push(b[..m.len].to_vec());
-                    }
-                }
-                seen
-            })
-        };
+        let reader = tokio::spawn(async move {
+            let mut storage = vec![[0u8; 1500]; 2];
+            let mut meta = [RecvMeta::default(); 2];
+            let mut seen = Vec::new();
+            while seen.len() < 2 {
+                std::future::poll_fn(|cx| poll_once(&rx, cx, &mut storage, &mut meta, &mut seen))
+                    .await;
+            }
+            seen
+        });
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         tx.send_to(b"second", to).unwrap();
         let seen = tokio::time::timeout(std::time::Duration::from_secs(5), reader)
