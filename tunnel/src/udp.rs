@@ -1,17 +1,27 @@
 //! The UDP socket under every QUIC endpoint (the connector's and the mock edge's).
 //!
-//! quinn's own tokio socket reads until the kernel answers `EAGAIN`, so every wake-up costs
-//! one `recvmmsg` that returns nothing: about one wasted system call per request on a
-//! tunnel carrying one request per packet. A batch shorter than the buffers offered means
-//! the receive queue was empty when the call returned, so this socket marks itself not
-//! readable then, as tokio does for a short read on a TCP stream. A datagram that arrives
-//! afterwards raises a new readiness event, which a stale clear cannot erase (tokio
-//! clears only the event it handed out), so nothing is missed.
+//! Two system calls per packet are saved against quinn's own tokio socket:
+//!
+//! - **Receiving.** quinn's socket reads until the kernel answers `EAGAIN`, so every wake-up
+//!   costs one `recvmmsg` that returns nothing: about one wasted call per request on a
+//!   tunnel carrying one request per packet. A batch shorter than the buffers offered means
+//!   the receive queue was empty when the call returned, so this socket marks itself not
+//!   readable then, as tokio does for a short read on a TCP stream. A datagram that arrives
+//!   afterwards raises a new readiness event, which a stale clear cannot erase (tokio
+//!   clears only the event it handed out), so nothing is missed.
+//! - **Sending.** A UDP socket reports itself writable again each time the kernel frees a
+//!   sent datagram, which on loopback and most NICs is once per send: a socket registered
+//!   for writability wakes the reactor after every packet for nothing. This socket is
+//!   registered for reading only and sends straight away; only after a send finds the buffer
+//!   full does it register a duplicate descriptor for writability, which pollers wait on
+//!   until a send goes out again and drops it.
 
 use std::fmt;
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{ready, Context, Poll};
 
 use quinn::udp::{RecvMeta, Transmit, UdpSocketState};
@@ -36,43 +46,106 @@ pub(crate) fn endpoint(
 /// A UDP socket registered with tokio's reactor, read and written with quinn-udp's
 /// batched, ECN- and GSO-aware system calls.
 pub(crate) struct Socket {
+    /// Registered for reading only.
     io: AsyncFd<std::net::UdpSocket>,
     state: UdpSocketState,
+    /// A send found the buffer full, and no send has gone out since.
+    blocked: AtomicBool,
+    /// While `blocked`: a duplicate of the descriptor registered for writability, shared by
+    /// the pollers waiting on it. Taken out by the send that goes out again; the
+    /// registration ends when the last waiter lets go of it.
+    write_wait: Mutex<Option<Arc<AsyncFd<std::net::UdpSocket>>>>,
 }
 
 impl Socket {
     /// Registers `socket` with the current runtime's reactor.
-    #[allow(unsafe_code)]
     pub(crate) fn new(socket: std::net::UdpSocket) -> io::Result<Self> {
         socket.set_nonblocking(true)?;
         let state = UdpSocketState::new((&socket).into())?;
-        // SAFETY: the `AsyncFd` owns the socket, so its descriptor stays open and names the
-        // same socket until the `AsyncFd` is dropped.
-        let io = unsafe {
-            AsyncFd::register_with_interest(socket, Interest::READABLE | Interest::WRITABLE)
-        }
-        .map_err(io::Error::from)?;
-        Ok(Self { io, state })
+        Ok(Self {
+            io: register(socket, Interest::READABLE)?,
+            state,
+            blocked: AtomicBool::new(false),
+            write_wait: Mutex::new(None),
+        })
     }
+
+    /// The writability registration to wait on, made on first use; `None` when sends are
+    /// not blocked.
+    fn write_wait(&self) -> io::Result<Option<Arc<AsyncFd<std::net::UdpSocket>>>> {
+        if !self.blocked.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        let mut slot = self.write_wait.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(wait) = &*slot {
+            return Ok(Some(wait.clone()));
+        }
+        // Registering reports the socket writable at once if it already is: a buffer that
+        // drained between the failed send and now is not missed.
+        let wait = Arc::new(register(self.io.get_ref().try_clone()?, Interest::WRITABLE)?);
+        *slot = Some(wait.clone());
+        Ok(Some(wait))
+    }
+}
+
+/// Registers `socket` with the current runtime's reactor for `interest`.
+#[allow(unsafe_code)]
+fn register(
+    socket: std::net::UdpSocket,
+    interest: Interest,
+) -> io::Result<AsyncFd<std::net::UdpSocket>> {
+    // SAFETY: the `AsyncFd` owns the socket, so its descriptor stays open and names the
+    // same socket until the `AsyncFd` is dropped.
+    unsafe { AsyncFd::register_with_interest(socket, interest) }.map_err(io::Error::from)
 }
 
 impl fmt::Debug for Socket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Socket")
             .field("local_addr", &self.io.get_ref().local_addr().ok())
+            .field("blocked", &self.blocked.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
 
 impl AsyncUdpSocket for Socket {
     fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn UdpPoller>> {
-        Box::pin(Writable(self))
+        Box::pin(Writable {
+            socket: self,
+            wait: None,
+        })
     }
 
     fn try_send(&self, transmit: &Transmit<'_>) -> io::Result<()> {
-        self.io.try_io(Interest::WRITABLE, |socket| {
+        if !self.blocked.load(Ordering::Acquire) {
+            let sent = self.state.send(self.io.get_ref().into(), transmit);
+            if matches!(&sent, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
+                self.blocked.store(true, Ordering::Release);
+            }
+            return sent;
+        }
+        let wait = self
+            .write_wait
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        // No registration yet: the caller's next `poll_writable` makes one and waits.
+        let Some(wait) = wait else {
+            return Err(io::ErrorKind::WouldBlock.into());
+        };
+        // `try_io` clears the writable report when the buffer is still full, so the next
+        // wait lasts until the kernel frees space.
+        let sent = wait.try_io(Interest::WRITABLE, |socket| {
             self.state.send(socket.into(), transmit)
-        })
+        });
+        if sent.is_ok() {
+            self.blocked.store(false, Ordering::Release);
+            self.write_wait
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+        }
+        sent
     }
 
     fn poll_recv(
@@ -114,20 +187,42 @@ impl AsyncUdpSocket for Socket {
     }
 }
 
-/// Waits for the socket to take more datagrams after a send found its buffer full.
-struct Writable(Arc<Socket>);
+type WaitFuture = Pin<Box<dyn Future<Output = io::Result<()>> + Send + Sync>>;
+
+/// One connection's wait for the socket to take more datagrams after a send found its
+/// buffer full. Each connection waits on a future of its own, so every waiter is woken.
+struct Writable {
+    socket: Arc<Socket>,
+    wait: Option<WaitFuture>,
+}
 
 impl fmt::Debug for Writable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Writable").field(&self.0).finish()
+        f.debug_struct("Writable")
+            .field("socket", &self.socket)
+            .field("waiting", &self.wait.is_some())
+            .finish()
     }
 }
 
 impl UdpPoller for Writable {
     fn poll_writable(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        // The guard is dropped without clearing: the next `try_send` finds out.
-        let _guard = ready!(self.0.io.poll_write_ready(cx))?;
-        Poll::Ready(Ok(()))
+        let this = self.get_mut();
+        let wait = match &mut this.wait {
+            Some(wait) => wait,
+            None => {
+                let Some(registration) = this.socket.write_wait()? else {
+                    return Poll::Ready(Ok(()));
+                };
+                // The guard is dropped without clearing: the next `try_send` finds out.
+                this.wait.insert(Box::pin(async move {
+                    registration.writable().await.map(drop)
+                }))
+            }
+        };
+        let result = ready!(wait.as_mut().poll(cx));
+        this.wait = None;
+        Poll::Ready(result)
     }
 }
 
@@ -269,28 +364,70 @@ mod tests {
         assert_eq!(seen, vec![b"first".to_vec(), b"second".to_vec()]);
     }
 
-    /// Sends wait for the reactor's writable report through the poller, then go out
-    /// through quinn-udp and arrive whole.
-    #[tokio::test]
-    async fn sends_a_transmit() {
-        let tx = Arc::new(Socket::new(UdpSocket::bind("127.0.0.1:0").unwrap()).unwrap());
-        let mut poller = tx.clone().create_io_poller();
-        std::future::poll_fn(|cx| poller.as_mut().poll_writable(cx))
-            .await
-            .unwrap();
-        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let transmit = Transmit {
-            destination: rx.local_addr().unwrap(),
+    fn transmit_to(destination: std::net::SocketAddr, contents: &[u8]) -> Transmit<'_> {
+        Transmit {
+            destination,
             ecn: None,
-            contents: b"datagram",
+            contents,
             segment_size: None,
             src_ip: None,
-        };
-        tx.try_send(&transmit).unwrap();
+        }
+    }
+
+    fn recv_one(rx: &UdpSocket) -> Vec<u8> {
         let mut buf = [0u8; 64];
         rx.set_read_timeout(Some(std::time::Duration::from_secs(5)))
             .unwrap();
         let n = rx.recv(&mut buf).unwrap();
-        assert_eq!(&buf[..n], b"datagram");
+        buf[..n].to_vec()
+    }
+
+    /// With room in the buffer, the poller does not wait and a send goes straight out,
+    /// with no writability registration made.
+    #[tokio::test]
+    async fn sends_go_straight_out() {
+        let tx = Arc::new(Socket::new(UdpSocket::bind("127.0.0.1:0").unwrap()).unwrap());
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut poller = tx.clone().create_io_poller();
+        let ready = std::future::poll_fn(|cx| Poll::Ready(poller.as_mut().poll_writable(cx))).await;
+        assert!(matches!(ready, Poll::Ready(Ok(()))));
+        tx.try_send(&transmit_to(rx.local_addr().unwrap(), b"datagram"))
+            .unwrap();
+        assert_eq!(recv_one(&rx), b"datagram");
+        assert!(tx.write_wait.lock().unwrap().is_none());
+    }
+
+    /// After a send found the buffer full (set by hand: loopback frees a datagram's buffer
+    /// space inside the send, so it cannot fill), sends wait for the reactor: every waiting
+    /// connection is woken once the socket is writable, the next send goes out through the
+    /// registration, and the socket is back to sending straight away.
+    #[tokio::test]
+    async fn a_full_buffer_waits_for_the_reactor_then_unblocks() {
+        let tx = Arc::new(Socket::new(UdpSocket::bind("127.0.0.1:0").unwrap()).unwrap());
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = rx.local_addr().unwrap();
+        tx.blocked.store(true, Ordering::Release);
+        assert_eq!(
+            tx.try_send(&transmit_to(to, b"early")).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock,
+            "no send before a poller has registered for writability"
+        );
+        let mut first = tx.clone().create_io_poller();
+        let mut second = tx.clone().create_io_poller();
+        let both = async {
+            std::future::poll_fn(|cx| first.as_mut().poll_writable(cx)).await?;
+            std::future::poll_fn(|cx| second.as_mut().poll_writable(cx)).await
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), both)
+            .await
+            .expect("the writable socket was not reported to every poller")
+            .unwrap();
+        assert!(tx.write_wait.lock().unwrap().is_some());
+        tx.try_send(&transmit_to(to, b"after")).unwrap();
+        assert_eq!(recv_one(&rx), b"after");
+        assert!(!tx.blocked.load(Ordering::Acquire));
+        assert!(tx.write_wait.lock().unwrap().is_none());
+        tx.try_send(&transmit_to(to, b"straight")).unwrap();
+        assert_eq!(recv_one(&rx), b"straight");
     }
 }
