@@ -679,6 +679,46 @@ async fn mock_edge_admin_api_pushes_config_and_lists_connections() {
     .expect("test finished in time");
 }
 
+/// A locally managed tunnel's connectors bring their own configuration: the edge refuses
+/// to push one, and the connector keeps none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locally_managed_edge_refuses_config_pushes() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::builder()
+            .remotely_managed(false)
+            .start()
+            .await
+            .unwrap();
+        let handle = serving_connector(&edge, Protocol::Quic, 1).await;
+        let before = handle.remote_config().borrow().version;
+        let req = http::Request::put(format!(
+            "http://{}/__mock-edge/config?version=3",
+            edge.http_addr()
+        ))
+        .body(http_body_util::BodyExt::boxed_unsync(
+            http_body_util::Full::new(bytes::Bytes::from_static(b"{\"ingress\":[]}"))
+                .map_err(|e| match e {}),
+        ))
+        .unwrap();
+        let resp = client().request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::CONFLICT);
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        assert!(
+            String::from_utf8_lossy(&body).contains("locally managed"),
+            "{body:?}"
+        );
+        assert_eq!(handle.remote_config().borrow().version, before);
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// An edge slow to act on `unregisterConnection` keeps sending requests meanwhile; the
 /// connector serves them while its unregistration is on its way, not after.
 async fn requests_during_a_slow_unregistration_are_served(protocol: Protocol) {

@@ -3,7 +3,8 @@
 //! - `GET /__mock-edge/connections`: JSON list of connector connections;
 //! - `PUT /__mock-edge/config?version=N` with a JSON body: make it the
 //!   tunnel's configuration, pushed to every serving connection and to every
-//!   connection that registers later;
+//!   connection that registers later (409 for a locally managed tunnel, whose
+//!   connectors bring their own configuration);
 //! - `PUT /__mock-edge/registration-error?cause=TEXT` (empty cause: accept
 //!   registrations again).
 
@@ -54,6 +55,10 @@ pub(super) async fn handle(inner: &Inner, req: Request<Incoming>) -> http::Respo
                 .unwrap_or_default();
             full(StatusCode::OK, serde_json::Value::from(list).to_string())
         }
+        ("PUT", "config") if !inner.remotely_managed => full(
+            StatusCode::CONFLICT,
+            "the tunnel is locally managed: its connectors bring their own configuration\n",
+        ),
         ("PUT", "config") => {
             let Some(version) = query_param(&req, "version").and_then(|v| v.parse::<i32>().ok())
             else {
