@@ -76,13 +76,19 @@ impl Socket {
         if !self.blocked.load(Ordering::Acquire) {
             return Ok(None);
         }
-        let mut slot = self.write_wait.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = self
+            .write_wait
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(wait) = &*slot {
             return Ok(Some(wait.clone()));
         }
         // Registering reports the socket writable at once if it already is: a buffer that
         // drained between the failed send and now is not missed.
-        let wait = Arc::new(register(self.io.get_ref().try_clone()?, Interest::WRITABLE)?);
+        let wait = Arc::new(register(
+            self.io.get_ref().try_clone()?,
+            Interest::WRITABLE,
+        )?);
         *slot = Some(wait.clone());
         Ok(Some(wait))
     }
@@ -215,9 +221,9 @@ impl UdpPoller for Writable {
                     return Poll::Ready(Ok(()));
                 };
                 // The guard is dropped without clearing: the next `try_send` finds out.
-                this.wait.insert(Box::pin(async move {
-                    registration.writable().await.map(drop)
-                }))
+                this.wait.insert(Box::pin(
+                    async move { registration.writable().await.map(drop) },
+                ))
             }
         };
         let result = ready!(wait.as_mut().poll(cx));
