@@ -123,33 +123,37 @@ impl AsyncUdpSocket for Socket {
     }
 
     fn try_send(&self, transmit: &Transmit<'_>) -> io::Result<()> {
-        if !self.blocked.load(Ordering::Acquire) {
-            let sent = self.state.send(self.io.get_ref().into(), transmit);
-            if matches!(&sent, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
-                self.blocked.store(true, Ordering::Release);
-            }
-            return sent;
-        }
-        let wait = self
-            .write_wait
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        // No registration yet: the caller's next `poll_writable` makes one and waits.
-        let Some(wait) = wait else {
-            return Err(io::ErrorKind::WouldBlock.into());
-        };
-        // `try_io` clears the writable report when the buffer is still full, so the next
-        // wait lasts until the kernel frees space.
-        let sent = wait.try_io(Interest::WRITABLE, |socket| {
-            self.state.send(socket.into(), transmit)
-        });
-        if sent.is_ok() {
-            self.blocked.store(false, Ordering::Release);
+        let wait = if self.blocked.load(Ordering::Acquire) {
             self.write_wait
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .take();
+                .clone()
+        } else {
+            None
+        };
+        let sent = match &wait {
+            // `try_io` clears the writable report when the buffer is still full, so the
+            // next wait lasts until the kernel frees space.
+            Some(wait) => wait.try_io(Interest::WRITABLE, |socket| {
+                self.state.send(socket.into(), transmit)
+            }),
+            // Not blocked; or blocked with no connection waiting, as when the endpoint
+            // answers on its own (stateless resets, refusals), which never waits: the
+            // kernel is asked, so a drained buffer is found without a registration.
+            None => self.state.send(self.io.get_ref().into(), transmit),
+        };
+        match &sent {
+            Ok(()) if self.blocked.load(Ordering::Relaxed) => {
+                self.blocked.store(false, Ordering::Release);
+                self.write_wait
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take();
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.blocked.store(true, Ordering::Release);
+            }
+            _ => {}
         }
         sent
     }
@@ -217,13 +221,24 @@ impl UdpPoller for Writable {
         let wait = match &mut this.wait {
             Some(wait) => wait,
             None => {
-                let Some(registration) = this.socket.write_wait()? else {
-                    return Poll::Ready(Ok(()));
+                let wait: WaitFuture = match this.socket.write_wait() {
+                    Ok(None) => return Poll::Ready(Ok(())),
+                    // The guard is dropped without clearing: the next `try_send` finds out.
+                    Ok(Some(registration)) => {
+                        Box::pin(async move { registration.writable().await.map(drop) })
+                    }
+                    // No descriptor or registration to spare (e.g. out of descriptors): a
+                    // failed poll would end the connection, so the send is retried a little
+                    // later instead.
+                    Err(e) => {
+                        tracing::debug!(error = %e, "no writability registration; retrying");
+                        Box::pin(async {
+                            tokio::time::sleep(REGISTRATION_RETRY).await;
+                            Ok(())
+                        })
+                    }
                 };
-                // The guard is dropped without clearing: the next `try_send` finds out.
-                this.wait.insert(Box::pin(
-                    async move { registration.writable().await.map(drop) },
-                ))
+                this.wait.insert(wait)
             }
         };
         let result = ready!(wait.as_mut().poll(cx));
@@ -231,6 +246,10 @@ impl UdpPoller for Writable {
         Poll::Ready(result)
     }
 }
+
+/// How long a connection waits before sending again when the socket could not be
+/// registered for writability.
+const REGISTRATION_RETRY: std::time::Duration = std::time::Duration::from_millis(1);
 
 #[cfg(test)]
 mod tests {
@@ -404,8 +423,8 @@ mod tests {
     }
 
     /// After a send found the buffer full (set by hand: loopback frees a datagram's buffer
-    /// space inside the send, so it cannot fill), sends wait for the reactor: every waiting
-    /// connection is woken once the socket is writable, the next send goes out through the
+    /// space inside the send, so it cannot fill), connections wait for the reactor: each one
+    /// that asks is told once the socket is writable, the next send goes out through the
     /// registration, and the socket is back to sending straight away.
     #[tokio::test]
     async fn a_full_buffer_waits_for_the_reactor_then_unblocks() {
@@ -413,11 +432,6 @@ mod tests {
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let to = rx.local_addr().unwrap();
         tx.blocked.store(true, Ordering::Release);
-        assert_eq!(
-            tx.try_send(&transmit_to(to, b"early")).unwrap_err().kind(),
-            io::ErrorKind::WouldBlock,
-            "no send before a poller has registered for writability"
-        );
         let mut first = tx.clone().create_io_poller();
         let mut second = tx.clone().create_io_poller();
         let both = async {
@@ -435,5 +449,19 @@ mod tests {
         assert!(tx.write_wait.lock().unwrap().is_none());
         tx.try_send(&transmit_to(to, b"straight")).unwrap();
         assert_eq!(recv_one(&rx), b"straight");
+    }
+
+    /// The endpoint's own answers (stateless resets, refusals) are sent without asking a
+    /// poller first: while blocked with no connection waiting, a send still asks the
+    /// kernel, and one that goes out ends the blocked state.
+    #[tokio::test]
+    async fn a_send_with_nobody_waiting_asks_the_kernel() {
+        let tx = Socket::new(UdpSocket::bind("127.0.0.1:0").unwrap()).unwrap();
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        tx.blocked.store(true, Ordering::Release);
+        tx.try_send(&transmit_to(rx.local_addr().unwrap(), b"reset"))
+            .unwrap();
+        assert_eq!(recv_one(&rx), b"reset");
+        assert!(!tx.blocked.load(Ordering::Acquire));
     }
 }
