@@ -21,7 +21,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{ready, Context, Poll};
 
 use quinn::udp::{RecvMeta, Transmit, UdpSocketState};
@@ -70,16 +70,20 @@ impl Socket {
         })
     }
 
+    /// The slot of [`Socket::write_wait`]; a poisoned lock still holds a usable `Option`.
+    fn wait_slot(&self) -> MutexGuard<'_, Option<Arc<AsyncFd<std::net::UdpSocket>>>> {
+        self.write_wait
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// The writability registration to wait on, made on first use; `None` when sends are
     /// not blocked.
     fn write_wait(&self) -> io::Result<Option<Arc<AsyncFd<std::net::UdpSocket>>>> {
         if !self.blocked.load(Ordering::Acquire) {
             return Ok(None);
         }
-        let mut slot = self
-            .write_wait
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut slot = self.wait_slot();
         if let Some(wait) = &*slot {
             return Ok(Some(wait.clone()));
         }
@@ -124,10 +128,7 @@ impl AsyncUdpSocket for Socket {
 
     fn try_send(&self, transmit: &Transmit<'_>) -> io::Result<()> {
         let wait = if self.blocked.load(Ordering::Acquire) {
-            self.write_wait
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone()
+            self.wait_slot().clone()
         } else {
             None
         };
@@ -145,10 +146,7 @@ impl AsyncUdpSocket for Socket {
         match &sent {
             Ok(()) if self.blocked.load(Ordering::Relaxed) => {
                 self.blocked.store(false, Ordering::Release);
-                self.write_wait
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .take();
+                self.wait_slot().take();
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 self.blocked.store(true, Ordering::Release);
