@@ -224,15 +224,10 @@ where
     strip_request_headers(req.headers_mut());
     join_cookies(req.headers_mut());
     add_edge_headers(req.headers_mut(), peer);
-    let candidates = inner.pick();
-    if candidates.is_empty() {
-        // What Cloudflare answers for a tunnel with no connector: 530, error 1033.
-        let status = StatusCode::from_u16(530).unwrap_or(StatusCode::BAD_GATEWAY);
-        return full(status, "error code: 1033\n");
-    }
     let wait = inner.response_timeout;
+    let mut tried = Vec::new();
     let mut failure = None;
-    for (id, transport) in candidates {
+    while let Some((id, transport)) = inner.next_serving(&tried) {
         let result = match transport {
             Transport::Quic(conn) => match conn.open_bi().await {
                 Ok(stream) => {
@@ -242,6 +237,7 @@ where
                 Err(e) => {
                     tracing::debug!(conn = id, error = %e, "no request stream on this connection");
                     failure = Some(stream_err(e));
+                    tried.push(id);
                     continue;
                 }
             },
@@ -256,13 +252,21 @@ where
                 Err(e) => {
                     tracing::debug!(conn = id, error = %e, "no request stream on this connection");
                     failure = Some(stream_err(e));
+                    tried.push(id);
                     continue;
                 }
             },
         };
         return result.unwrap_or_else(error_response);
     }
-    error_response(failure.unwrap_or_else(|| stream_err("no connection took the request")))
+    match failure {
+        Some(e) => error_response(e),
+        // What Cloudflare answers for a tunnel with no connector: 530, error 1033.
+        None => full(
+            StatusCode::from_u16(530).unwrap_or(StatusCode::BAD_GATEWAY),
+            "error code: 1033\n",
+        ),
+    }
 }
 
 fn error_response(e: MockEdgeError) -> Response<EdgeBody> {

@@ -134,6 +134,13 @@ struct ConnEntry {
     close: CancellationToken,
 }
 
+impl ConnEntry {
+    /// Registered and not draining: the edge sends it requests.
+    fn is_serving(&self) -> bool {
+        self.info.registered && !self.info.draining
+    }
+}
+
 #[derive(Default)]
 struct State {
     conns: BTreeMap<u64, ConnEntry>,
@@ -170,11 +177,7 @@ impl Inner {
     fn with_state<T>(&self, f: impl FnOnce(&mut State) -> T) -> Option<T> {
         let mut s = self.state.lock().ok()?;
         let out = f(&mut s);
-        let live = || {
-            s.conns
-                .values()
-                .filter(|c| c.info.registered && !c.info.draining)
-        };
+        let live = || s.conns.values().filter(|c| c.is_serving());
         let serving = live().count();
         let current = s.remote_config.as_ref().map(|(v, _)| *v);
         let configured = live()
@@ -233,20 +236,38 @@ impl Inner {
 
     /// Serving connections in id order, rotated round-robin.
     pub(crate) fn pick(&self) -> Vec<(u64, Transport)> {
-        let mut list = self
-            .with_state(|s| {
-                s.conns
-                    .values()
-                    .filter(|c| c.info.registered && !c.info.draining)
-                    .map(|c| (c.info.id, c.transport.clone()))
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default();
+        let mut list = match self.state.lock() {
+            Ok(s) => s
+                .conns
+                .values()
+                .filter(|c| c.is_serving())
+                .map(|c| (c.info.id, c.transport.clone()))
+                .collect::<Vec<_>>(),
+            Err(_) => Vec::new(),
+        };
         if !list.is_empty() {
             let n = self.next_pick.fetch_add(1, Ordering::Relaxed) % list.len();
             list.rotate_left(n);
         }
         list
+    }
+
+    /// The next serving connection in round-robin turn, leaving out those in `tried`:
+    /// what [`pick`](Self::pick) gives first, for one request, with one lock, no list
+    /// and no copy of the other connections' handles.
+    pub(crate) fn next_serving(&self, tried: &[u64]) -> Option<(u64, Transport)> {
+        let s = self.state.lock().ok()?;
+        let open = |c: &&ConnEntry| c.is_serving() && !tried.contains(&c.info.id);
+        let count = s.conns.values().filter(open).count();
+        if count == 0 {
+            return None;
+        }
+        let n = self.next_pick.fetch_add(1, Ordering::Relaxed) % count;
+        s.conns
+            .values()
+            .filter(open)
+            .nth(n)
+            .map(|c| (c.info.id, c.transport.clone()))
     }
 
     /// Pushes `config` (version `version`) to every serving connection and returns
