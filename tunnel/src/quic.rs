@@ -35,6 +35,12 @@ pub(crate) const DRAIN_LINGER: Duration = Duration::from_millis(500);
 /// How long a draining connection waits for the edge to acknowledge a finished response.
 const ACK_WAIT: Duration = Duration::from_secs(2);
 
+/// Bytes the request preambles arriving on one connection may hold at once (see
+/// [`stream::PreambleBudget`]). The edge keeps request heads under 32 KiB, so this is
+/// hundreds of heads arriving together; only an edge sending heads far past its own
+/// limits, slowly, on many streams, ever waits for it.
+const PREAMBLE_BUDGET_BYTES: usize = 16 * 1024 * 1024;
+
 /// Default for [`ConnectorOptions::quic_max_streams`]: concurrent edge-opened
 /// request streams allowed per connection. `cloudflared` advertises 2^60;
 /// quinn keeps state for every stream the credit allows (a few hundred bytes
@@ -202,6 +208,7 @@ async fn serve(
     let tracker = StreamTasks::new();
     let _cancel = tracker.cancel_on_drop();
     let active = shared.metrics.active_streams(ProtocolLabel::Quic);
+    let budget = stream::PreambleBudget::new(PREAMBLE_BUDGET_BYTES);
     let mut state = shared.state.clone();
     let ended = {
         // Created once: the loop turns once per request stream, and re-creating
@@ -214,7 +221,7 @@ async fn serve(
             tokio::select! {
                 s = conn.accept_bi() => match s {
                     Ok((send, recv)) => {
-                        tracker.spawn(handle_stream(shared.clone(), send, recv, tracker.in_flight(&active)));
+                        tracker.spawn(handle_stream(shared.clone(), send, recv, budget.clone(), tracker.in_flight(&active)));
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, "quic connection ended");
@@ -251,7 +258,7 @@ async fn serve(
                 }
                 s = conn.accept_bi() => match s {
                     Ok((send, recv)) => {
-                        tracker.spawn(handle_stream(shared.clone(), send, recv, tracker.in_flight(&active)));
+                        tracker.spawn(handle_stream(shared.clone(), send, recv, budget.clone(), tracker.in_flight(&active)));
                     }
                     // The drain below sees the connection gone.
                     Err(_) => break,
@@ -266,7 +273,7 @@ async fn serve(
             tokio::select! {
                 s = conn.accept_bi() => match s {
                     Ok((send, recv)) => {
-                        tracker.spawn(handle_stream(shared.clone(), send, recv, tracker.in_flight(&active)));
+                        tracker.spawn(handle_stream(shared.clone(), send, recv, budget.clone(), tracker.in_flight(&active)));
                     }
                     Err(_) => break,
                 },
@@ -284,6 +291,7 @@ async fn handle_stream(
     shared: Arc<Shared>,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
+    budget: stream::PreambleBudget,
     in_flight: InFlight,
 ) {
     let kind = tokio::time::timeout(PREAMBLE_TIMEOUT, stream::read_signature(&mut recv)).await;
@@ -304,7 +312,7 @@ async fn handle_stream(
                 tracing::debug!(error = %e, "edge rpc stream ended");
             }
         }
-        Ok(Ok(StreamKind::Data)) => serve_data(&shared, send, recv, in_flight).await,
+        Ok(Ok(StreamKind::Data)) => serve_data(&shared, send, recv, &budget, in_flight).await,
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "resetting stream with a bad preamble");
             let _ = send.reset(VarInt::from_u32(0));
@@ -358,13 +366,14 @@ async fn serve_data(
     shared: &Shared,
     send: quinn::SendStream,
     recv: quinn::RecvStream,
+    budget: &stream::PreambleBudget,
     in_flight: InFlight,
 ) {
     let mut stream = ResponseStream(Some(send));
     let Some(send) = stream.0.as_mut() else {
         return;
     };
-    match serve_exchange(shared, send, recv).await {
+    match serve_exchange(shared, send, recv, budget).await {
         Exchange::Closed => {
             stream.0 = None;
         }
@@ -381,9 +390,11 @@ async fn serve_exchange(
     shared: &Shared,
     send: &mut quinn::SendStream,
     mut recv: quinn::RecvStream,
+    budget: &stream::PreambleBudget,
 ) -> Exchange {
     let preamble = tokio::time::timeout(PREAMBLE_TIMEOUT, async {
-        let frame = stream::read_data_preamble(&mut recv).await?;
+        // The frame's share of the budget goes back once it is decoded.
+        let (frame, _share) = stream::read_data_preamble_within(&mut recv, Some(budget)).await?;
         decode_request_head(&bytes::Bytes::from(frame))
     })
     .await;

@@ -397,7 +397,7 @@ pub async fn read_version<R: AsyncRead + Unpin>(r: &mut R) -> Result<(), FrameEr
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Vec<u8>, FrameError> {
     let mut buf = vec![0u8; 4];
     r.read_exact(&mut buf).await.map_err(io_err)?;
-    read_frame_rest(r, buf).await
+    read_frame_rest(r, buf, None, &mut BudgetShare(None)).await
 }
 
 /// After a data stream's signature: the version and the framed
@@ -405,13 +405,24 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Vec<u8>, Fram
 /// reads, where [`read_version`] and [`read_frame`] take four; every read of a
 /// QUIC stream takes the connection's lock.
 pub async fn read_data_preamble<R: AsyncRead + Unpin>(r: &mut R) -> Result<Vec<u8>, FrameError> {
+    Ok(read_data_preamble_within(r, None).await?.0)
+}
+
+/// [`read_data_preamble`], holding the frame's buffer within `budget` when one is given:
+/// the returned share of it goes back when dropped.
+pub async fn read_data_preamble_within<R: AsyncRead + Unpin>(
+    r: &mut R,
+    budget: Option<&PreambleBudget>,
+) -> Result<(Vec<u8>, BudgetShare), FrameError> {
     // Version, segment count, first segment's size.
     let mut head = [0u8; 10];
     r.read_exact(&mut head).await.map_err(io_err)?;
     if head[..2] != DATA_VERSION {
         return Err(FrameError::UnsupportedVersion);
     }
-    read_frame_rest(r, head[2..].to_vec()).await
+    let mut share = BudgetShare(None);
+    let frame = read_frame_rest(r, head[2..].to_vec(), budget, &mut share).await?;
+    Ok((frame, share))
 }
 
 /// Completes a framed message of which `buf` holds the first bytes (at least
@@ -419,6 +430,8 @@ pub async fn read_data_preamble<R: AsyncRead + Unpin>(r: &mut R) -> Result<Vec<u
 async fn read_frame_rest<R: AsyncRead + Unpin>(
     r: &mut R,
     mut buf: Vec<u8>,
+    budget: Option<&PreambleBudget>,
+    share: &mut BudgetShare,
 ) -> Result<Vec<u8>, FrameError> {
     let count = match buf.get(..4) {
         Some(&[a, b, c, d]) => u32::from_le_bytes([a, b, c, d]) as usize + 1,
@@ -434,6 +447,7 @@ async fn read_frame_rest<R: AsyncRead + Unpin>(
         r.read_exact(&mut buf[have..]).await.map_err(io_err)?;
     }
     let total = framed_len(&buf)?.ok_or(FrameError::Framing)?;
+    share.reserve(budget, total).await;
     // Memory follows the bytes that arrive: a frame header announcing a large
     // message commits at most twice what has come (and one first step),
     // not the whole cap, while the rest is awaited. A usual head takes one read.
@@ -444,6 +458,52 @@ async fn read_frame_rest<R: AsyncRead + Unpin>(
         r.read_exact(&mut buf[have..]).await.map_err(io_err)?;
     }
     Ok(buf)
+}
+
+/// Memory one connection's request preambles may hold between them while they
+/// arrive. Each preamble is capped at [`MAX_MESSAGE_BYTES`], but a connection
+/// carries thousands of streams at once: without a shared bound, an edge that
+/// opened them all with large heads arriving slowly would have the connector
+/// hold gigabytes. A preamble reserves the size its frame announces before
+/// reading it (its buffer still grows only with what arrives) and gives it back
+/// once decoded. One that finds the budget spent waits, holding nothing: only
+/// preambles with their whole size reserved hold any, and they need no more, so
+/// the waits always end (at the latest with their streams' preamble timeout).
+#[derive(Clone, Debug)]
+pub struct PreambleBudget(std::sync::Arc<tokio::sync::Semaphore>);
+
+impl PreambleBudget {
+    /// A budget of `bytes` (at least one largest message, so any single preamble fits).
+    pub fn new(bytes: usize) -> Self {
+        let bytes = bytes.clamp(MAX_MESSAGE_BYTES, tokio::sync::Semaphore::MAX_PERMITS);
+        Self(std::sync::Arc::new(tokio::sync::Semaphore::new(bytes)))
+    }
+
+    /// Bytes not reserved by any preamble now.
+    pub fn available(&self) -> usize {
+        self.0.available_permits()
+    }
+}
+
+/// The part of a [`PreambleBudget`] one preamble holds; returned on drop.
+#[derive(Debug)]
+pub struct BudgetShare(Option<tokio::sync::OwnedSemaphorePermit>);
+
+impl BudgetShare {
+    /// Reserves `bytes` of `budget`, waiting while it is spent.
+    async fn reserve(&mut self, budget: Option<&PreambleBudget>, bytes: usize) {
+        let Some(budget) = budget else { return };
+        // framed_len caps a frame at MAX_MESSAGE_BYTES, which fits a u32.
+        let Ok(bytes) = u32::try_from(bytes) else {
+            return;
+        };
+        let permit = match budget.0.clone().try_acquire_many_owned(bytes) {
+            Ok(p) => Some(p),
+            // Never closed: a failure here means not enough to spare yet.
+            Err(_) => budget.0.clone().acquire_many_owned(bytes).await.ok(),
+        };
+        self.0 = permit;
+    }
 }
 
 /// Bytes of a message read at once before its buffer grows with what arrives.

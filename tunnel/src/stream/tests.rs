@@ -183,3 +183,86 @@ fn large_messages_are_written_as_one_segment() {
     assert_eq!(framed_len(frame), Ok(Some(frame.len())));
     assert_eq!(parse_request_preamble(&bytes), Ok((req, bytes.len())));
 }
+
+/// A framed single-segment message header announcing `words` words, after the
+/// data stream's version.
+fn announced(words: u32) -> Vec<u8> {
+    let mut bytes = DATA_VERSION.to_vec();
+    bytes.extend_from_slice(&0u32.to_le_bytes());
+    bytes.extend_from_slice(&words.to_le_bytes());
+    bytes
+}
+
+#[test]
+fn preambles_on_one_connection_share_a_bounded_budget() {
+    use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let budget = PreambleBudget::new(MAX_MESSAGE_BYTES);
+        assert_eq!(budget.available(), MAX_MESSAGE_BYTES);
+
+        // A large head arriving slowly: 600 KiB announced, 200 KiB sent so far. It holds
+        // its announced size of the budget.
+        let slow_len = 8 + 600 * 1024;
+        let (mut slow_tx, mut slow_rx) = tokio::io::duplex(64 * 1024);
+        let slow_budget = budget.clone();
+        let slow = tokio::spawn(async move {
+            read_data_preamble_within(&mut slow_rx, Some(&slow_budget)).await
+        });
+        slow_tx
+            .write_all(&announced((600 * 1024 / 8) as u32))
+            .await
+            .unwrap();
+        slow_tx.write_all(&vec![0u8; 200 * 1024]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(budget.available(), MAX_MESSAGE_BYTES - slow_len);
+
+        // A second head of the largest size, all of it sent, waits for the slow one's share
+        // instead of going past the budget.
+        let (mut big_tx, mut big_rx) = tokio::io::duplex(2 * MAX_MESSAGE_BYTES);
+        big_tx
+            .write_all(&announced(((MAX_MESSAGE_BYTES - 8) / 8) as u32))
+            .await
+            .unwrap();
+        big_tx
+            .write_all(&vec![0u8; MAX_MESSAGE_BYTES - 8])
+            .await
+            .unwrap();
+        let big_budget = budget.clone();
+        let mut big =
+            tokio::spawn(
+                async move { read_data_preamble_within(&mut big_rx, Some(&big_budget)).await },
+            );
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), &mut big)
+                .await
+                .is_err(),
+            "a preamble went past the connection's budget"
+        );
+
+        // The slow head completes (it needed nothing more); once it is decoded and its
+        // share dropped, the big one gets the budget and completes too.
+        slow_tx.write_all(&vec![0u8; 400 * 1024]).await.unwrap();
+        let (frame, share) = tokio::time::timeout(Duration::from_secs(5), slow)
+            .await
+            .expect("the slow head completes while another waits")
+            .unwrap()
+            .unwrap();
+        assert_eq!(frame.len(), slow_len);
+        drop(share);
+        let (frame, share) = tokio::time::timeout(Duration::from_secs(5), big)
+            .await
+            .expect("the budget came back")
+            .unwrap()
+            .unwrap();
+        assert_eq!(frame.len(), MAX_MESSAGE_BYTES);
+        assert_eq!(budget.available(), 0);
+        drop(share);
+        assert_eq!(budget.available(), MAX_MESSAGE_BYTES);
+    });
+}
