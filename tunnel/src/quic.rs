@@ -209,6 +209,15 @@ async fn serve(
     let _cancel = tracker.cancel_on_drop();
     let active = shared.metrics.active_streams(ProtocolLabel::Quic);
     let budget = stream::PreambleBudget::new(PREAMBLE_BUDGET_BYTES);
+    let serve_stream = |send, recv| {
+        tracker.spawn(handle_stream(
+            shared.clone(),
+            send,
+            recv,
+            budget.clone(),
+            tracker.in_flight(&active),
+        ));
+    };
     let mut state = shared.state.clone();
     let ended = {
         // Created once: the loop turns once per request stream, and re-creating
@@ -221,7 +230,7 @@ async fn serve(
             tokio::select! {
                 s = conn.accept_bi() => match s {
                     Ok((send, recv)) => {
-                        tracker.spawn(handle_stream(shared.clone(), send, recv, budget.clone(), tracker.in_flight(&active)));
+                        serve_stream(send, recv);
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, "quic connection ended");
@@ -258,7 +267,7 @@ async fn serve(
                 }
                 s = conn.accept_bi() => match s {
                     Ok((send, recv)) => {
-                        tracker.spawn(handle_stream(shared.clone(), send, recv, budget.clone(), tracker.in_flight(&active)));
+                        serve_stream(send, recv);
                     }
                     // The drain below sees the connection gone.
                     Err(_) => break,
@@ -273,7 +282,7 @@ async fn serve(
             tokio::select! {
                 s = conn.accept_bi() => match s {
                     Ok((send, recv)) => {
-                        tracker.spawn(handle_stream(shared.clone(), send, recv, budget.clone(), tracker.in_flight(&active)));
+                        serve_stream(send, recv);
                     }
                     Err(_) => break,
                 },
