@@ -129,6 +129,11 @@ pub struct ConnectorOptions {
     /// about 480 bytes, so 16,384 comes to about 7.4 MiB per connection under
     /// sustained load. HTTP/2 connections are not limited, as in `cloudflared`.
     pub quic_max_streams: u32,
+    /// HTTP/2 liveness (default 15 s): a PING goes to the edge after this long, and a
+    /// connection that then hears nothing at all for as long again is dropped and redialed,
+    /// as QUIC's idle timeout does. `cloudflared` relies on TCP keep-alive alone (150 s, or
+    /// as long as retransmission takes when data is in flight). At least 1 ms.
+    pub http2_keepalive: Duration,
 }
 
 impl Default for ConnectorOptions {
@@ -150,6 +155,7 @@ impl Default for ConnectorOptions {
             client_version: DEFAULT_CLIENT_VERSION.to_owned(),
             post_quantum: false,
             quic_max_streams: crate::quic::DEFAULT_QUIC_MAX_STREAMS,
+            http2_keepalive: Duration::from_secs(15),
         }
     }
 }

@@ -20,6 +20,7 @@ use tokio::sync::{oneshot, watch};
 use crate::body::{Body, OnUpgrade, Upgraded};
 use crate::connector::{ConnError, Ended, RegisteredGuard, RunState, Shared};
 use crate::h2io::{send_body, H2Io, H2Reader, H2Writer};
+use crate::liveness::{self, Heard};
 use crate::metrics::ProtocolLabel;
 use crate::quic::{register_params, DRAIN_LINGER};
 use crate::rpc::control::{self, RegisterOutcome};
@@ -37,7 +38,7 @@ const DIAL_TIMEOUT: Duration = Duration::from_secs(15);
 const PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_CONFIG_BYTES: usize = 8 * 1024 * 1024;
 
-type TlsStream = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+type TlsStream = Heard<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
 type Accepted = (Request<h2::RecvStream>, h2::server::SendResponse<Bytes>);
 
 /// Largest frame the edge may send: Go's HTTP/2 server default, which `cloudflared` uses.
@@ -78,12 +79,17 @@ pub(crate) async fn connect(
     .await
     .map_err(|_| ConnError::dial("tls handshake timed out"))?
     .map_err(ConnError::dial)?;
+    let (tls, read) = Heard::new(tls);
     // The edge speaks first over HTTP/2 (its connection preface); one that never does would
     // hold this connection forever. Go's HTTP/2 server, `cloudflared`'s, waits 10 s for it.
-    let conn = tokio::time::timeout(PREFACE_TIMEOUT, server_builder().handshake::<_, Bytes>(tls))
-        .await
-        .map_err(|_| ConnError::control_stream("edge sent no HTTP/2 preface"))?
-        .map_err(ConnError::control_stream)?;
+    let mut conn =
+        tokio::time::timeout(PREFACE_TIMEOUT, server_builder().handshake::<_, Bytes>(tls))
+            .await
+            .map_err(|_| ConnError::control_stream("edge sent no HTTP/2 preface"))?
+            .map_err(ConnError::control_stream)?;
+    let silent = conn
+        .ping_pong()
+        .map(|pings| liveness::silent(pings, read, keepalive(shared)));
 
     let tracker = StreamTasks::new();
     let _cancel = tracker.cancel_on_drop();
@@ -91,6 +97,7 @@ pub(crate) async fn connect(
     let (close_tx, close_rx) = watch::channel(false);
     let mut accept_task = tokio::spawn(accept_loop(
         conn,
+        silent,
         shared.clone(),
         control_tx,
         tracker.clone(),
@@ -122,6 +129,10 @@ pub(crate) async fn connect(
         accept_task.abort();
     }
     result
+}
+
+fn keepalive(shared: &Shared) -> Duration {
+    shared.opts.http2_keepalive.max(Duration::from_millis(1))
 }
 
 /// TCP keep-alive as Go's dialer sets it for `cloudflared`: the first probe
@@ -157,7 +168,7 @@ async fn serve(
     attempt: u8,
     control_rx: oneshot::Receiver<Accepted>,
     tracker: &StreamTasks,
-    accept_task: &mut tokio::task::JoinHandle<()>,
+    accept_task: &mut tokio::task::JoinHandle<Closed>,
 ) -> Result<Ended, ConnError> {
     let (req, mut respond) = tokio::time::timeout(shared.opts.rpc_timeout * 2, control_rx)
         .await
@@ -203,7 +214,9 @@ async fn serve(
     let mut guard = RegisteredGuard::new(shared, ProtocolLabel::Http2, idx);
     let mut state = shared.state.clone();
     let ended = tokio::select! {
-        _ = &mut *accept_task => Ended::Lost { idle_timeout: false },
+        closed = &mut *accept_task => Ended::Lost {
+            idle_timeout: matches!(closed, Ok(Closed::Silent)),
+        },
         _ = session.closed() => Ended::Lost { idle_timeout: false },
         _ = state.wait_for(|s| *s != RunState::Running) => Ended::Stopped,
     };
@@ -234,13 +247,30 @@ async fn serve(
     Ok(Ended::Stopped)
 }
 
+/// Why an edge connection's accept loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closed {
+    /// The connection ended, with an error or without, or was closed on request.
+    Ended,
+    /// The edge went silent (see [`liveness`]): the connection is dropped as lost.
+    Silent,
+}
+
 async fn accept_loop(
     mut conn: h2::server::Connection<TlsStream, Bytes>,
+    silent: Option<impl std::future::Future<Output = ()>>,
     shared: Arc<Shared>,
     control_tx: oneshot::Sender<Accepted>,
     tracker: StreamTasks,
     mut close_rx: watch::Receiver<bool>,
-) {
+) -> Closed {
+    let silent = async move {
+        match silent {
+            Some(s) => s.await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(silent);
     let mut control_tx = Some(control_tx);
     let active = shared.metrics.active_streams(ProtocolLabel::Http2);
     // Configuration pushes are read one at a time: the others wait unread, held to their
@@ -282,17 +312,24 @@ async fn accept_loop(
                 }
                 Some(Err(e)) => {
                     tracing::debug!(error = %e, "http2 edge connection ended");
-                    return;
+                    return Closed::Ended;
                 }
-                None => return,
+                None => return Closed::Ended,
             },
+            () = &mut silent => {
+                tracing::warn!(
+                    keepalive = ?keepalive(&shared),
+                    "edge sent nothing in answer to an HTTP/2 ping; dropping the connection"
+                );
+                return Closed::Silent;
+            }
             _ = async { let _ = close_rx.wait_for(|c| *c).await; } => {
                 conn.graceful_shutdown();
                 let _ = tokio::time::timeout(Duration::from_secs(1), async {
                     while let Some(Ok(_)) = conn.accept().await {}
                 })
                 .await;
-                return;
+                return Closed::Ended;
             }
         }
     }

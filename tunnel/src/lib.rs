@@ -97,6 +97,7 @@ pub mod discovery;
 pub mod edge;
 mod h2io;
 mod http2;
+mod liveness;
 pub mod metrics;
 pub mod mock_edge;
 mod quic;

@@ -555,6 +555,116 @@ async fn after_an_idle_timeout_the_connection_dials_its_edge_again() {
     .expect("test finished in time");
 }
 
+/// A TCP relay in front of the mock edge: each connection is forwarded both ways until
+/// `freeze`, which stops the connections open at that moment in both directions while
+/// keeping their sockets open (a half-open path: no FIN, no RST); `cut` then closes them.
+/// Connections made later are forwarded.
+struct TcpRelay {
+    addr: std::net::SocketAddr,
+    frozen: tokio::sync::watch::Sender<u64>,
+    cut: tokio::sync::watch::Sender<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TcpRelay {
+    async fn start(target: std::net::SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (frozen, _) = tokio::sync::watch::channel(0u64);
+        let (cut, _) = tokio::sync::watch::channel(0u64);
+        let (f, c) = (frozen.clone(), cut.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((front, _)) = listener.accept().await {
+                let Ok(back) = tokio::net::TcpStream::connect(target).await else {
+                    continue;
+                };
+                // A connection stops at the first freeze after it was opened.
+                let (mut frozen, mut cut) = (f.subscribe(), c.subscribe());
+                let (born_f, born_c) = (*frozen.borrow_and_update(), *cut.borrow_and_update());
+                tokio::spawn(async move {
+                    let (mut front, mut back) = (front, back);
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut front, &mut back) => return,
+                        _ = frozen.wait_for(|g| *g > born_f) => {}
+                    }
+                    let _ = cut.wait_for(|g| *g > born_c).await;
+                });
+            }
+        });
+        Self {
+            addr,
+            frozen,
+            cut,
+            task,
+        }
+    }
+
+    fn freeze(&self) {
+        self.frozen.send_modify(|g| *g += 1);
+    }
+
+    fn cut(&self) {
+        self.cut.send_modify(|g| *g += 1);
+    }
+}
+
+impl Drop for TcpRelay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Over HTTP/2 an edge that goes silent is noticed by PINGs: once one goes unanswered with
+/// nothing else heard for the keep-alive interval, the connection is dropped and dialed
+/// again, where TCP keep-alive alone would take 150 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_edge_gone_silent_is_dropped_and_redialed() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::start().await.unwrap();
+        let relay = TcpRelay::start(edge.edge_addr()).await;
+        let mut opts = options(&edge, Protocol::Http2, 1);
+        opts.edges = vec![relay.addr.into()];
+        opts.http2_keepalive = Duration::from_millis(500);
+        let (handle, _m, registry) = start_connector(opts, token());
+        handle.wait_registered(1).await;
+        edge.wait_serving(1).await;
+        // An edge that answers stays: several intervals pass with no reconnect.
+        tokio::time::sleep(Duration::from_millis(2000)).await;
+        assert_eq!(handle.registered(), 1);
+        assert_eq!(
+            edge.registrations().len(),
+            1,
+            "a live connection was dropped"
+        );
+        let (status, _, _) = get(&client(), edge.http_addr(), "/hello").await;
+        assert_eq!(status, StatusCode::OK);
+
+        relay.freeze();
+        let frozen_at = tokio::time::Instant::now();
+        wait_until(|| handle.registered() == 0).await;
+        let noticed = frozen_at.elapsed();
+        // A ping goes out within one interval and is given one more.
+        assert!(
+            noticed < Duration::from_secs(5),
+            "noticed after {noticed:?}"
+        );
+        // The edge still holds the frozen connection; once it is gone the redial registers.
+        relay.cut();
+        handle.wait_registered(1).await;
+        assert!(edge.registrations().len() >= 2);
+        let text = metrics_text(&registry);
+        assert!(
+            text.contains(r#"cftunnel_tunnel_reconnects_total{protocol="http2"} 1"#),
+            "{text}"
+        );
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
 #[test]
 fn bad_tokens_name_the_field() {
     assert_eq!(
