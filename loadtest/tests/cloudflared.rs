@@ -33,6 +33,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 const LIMIT: Duration = Duration::from_secs(60);
 const HOST: &str = "app.example.com";
+const UNREACHABLE: &str = "unreachable.example.com";
 
 fn cloudflared_bin() -> PathBuf {
     std::env::var_os("CLOUDFLARED")
@@ -57,6 +58,8 @@ fn ingress(echo: &EchoServer) -> Vec<u8> {
     serde_json::json!({
         "ingress": [
             {"hostname": HOST, "service": format!("http://{}", echo.http_addr())},
+            // Nothing listens on port 1: `cloudflared` cannot reach this origin.
+            {"hostname": UNREACHABLE, "service": "http://127.0.0.1:1"},
             {"service": "http_status:404"}
         ],
         "warp-routing": {},
@@ -225,6 +228,17 @@ async fn serves_through_cloudflared(protocol: &str) {
     )
     .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "the catch-all rule");
+    // An origin `cloudflared` cannot reach: the edge's own 502 with a body saying why, over
+    // QUIC from the error `ConnectResponse`, over HTTP/2 from the response marked as
+    // `cloudflared`'s.
+    let req = Request::get(format!("http://{http}/"))
+        .header("host", UNREACHABLE)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = eyeball().request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(!body.is_empty(), "an empty 502 over {protocol}");
 
     // Uploads: a sized body, and an HTTP/2 eyeball's body without a length.
     let big = Bytes::from(vec![7u8; 3 << 20]);

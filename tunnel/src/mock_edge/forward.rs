@@ -651,12 +651,18 @@ where
             .await
             .map_err(|_| MockEdgeError::Timeout)?
             .map_err(stream_err)?;
+        if let Some(answer) = connector_failure(&resp) {
+            return Ok(answer);
+        }
         return map_h2_response(resp, false);
     }
     let resp = tokio::time::timeout(wait, resp)
         .await
         .map_err(|_| MockEdgeError::Timeout)?
         .map_err(stream_err)?;
+    if let Some(answer) = connector_failure(&resp) {
+        return Ok(answer);
+    }
     if websocket && resp.status() == StatusCode::OK {
         let (rparts, recv) = resp.into_parts();
         let out = map_h2_response(Response::from_parts(rparts, ()), true)?;
@@ -671,6 +677,24 @@ where
         return Ok(Response::from_parts(parts, recv.into_edge_body()));
     }
     map_h2_response(resp, false)
+}
+
+/// A response the connector made itself over HTTP/2 (marked `{"src":"cloudflared"}`: it
+/// could not reach the origin or serve the stream) is the edge's to answer, as an error
+/// `ConnectResponse` is over QUIC: a 502 of the edge's own, with a body saying where it
+/// came from, rather than the connector's empty one.
+fn connector_failure<T>(resp: &Response<T>) -> Option<Response<EdgeBody>> {
+    let meta = resp.headers().get(headers::RESPONSE_META)?;
+    (meta == headers::META_CONNECTOR).then(|| {
+        full(
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "the connector answered {} {}\n",
+                resp.status(),
+                headers::META_CONNECTOR
+            ),
+        )
+    })
 }
 
 /// The eyeball's response from a connector's HTTP/2 response: the origin's
@@ -1083,6 +1107,31 @@ mod tests {
         )
         .await
         .unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_connectors_own_http2_failures_become_the_edges_502() {
+        let marked = |status: StatusCode, meta: &'static str| {
+            Response::builder()
+                .status(status)
+                .header(headers::RESPONSE_META, meta)
+                .header(CONTENT_LENGTH, 0)
+                .body(())
+                .unwrap()
+        };
+        let answer =
+            connector_failure(&marked(StatusCode::BAD_REQUEST, headers::META_CONNECTOR)).unwrap();
+        assert_eq!(answer.status(), StatusCode::BAD_GATEWAY);
+        let body = answer.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            &body[..],
+            &b"the connector answered 400 Bad Request {\"src\":\"cloudflared\"}\n"[..]
+        );
+        // The origin's own 502 passes through as it came.
+        assert!(
+            connector_failure(&marked(StatusCode::BAD_GATEWAY, headers::META_ORIGIN)).is_none()
+        );
+        assert!(connector_failure(&Response::new(())).is_none());
     }
 
     #[test]
