@@ -87,9 +87,7 @@ pub(crate) async fn connect(
             .await
             .map_err(|_| ConnError::control_stream("edge sent no HTTP/2 preface"))?
             .map_err(ConnError::control_stream)?;
-    let silent = conn
-        .ping_pong()
-        .map(|pings| liveness::silent(pings, read, keepalive(shared)));
+    let silent = liveness::silent(conn.ping_pong(), read, keepalive(shared));
 
     let tracker = StreamTasks::new();
     let _cancel = tracker.cancel_on_drop();
@@ -258,18 +256,12 @@ enum Closed {
 
 async fn accept_loop(
     mut conn: h2::server::Connection<TlsStream, Bytes>,
-    silent: Option<impl std::future::Future<Output = ()>>,
+    silent: impl std::future::Future<Output = ()>,
     shared: Arc<Shared>,
     control_tx: oneshot::Sender<Accepted>,
     tracker: StreamTasks,
     mut close_rx: watch::Receiver<bool>,
 ) -> Closed {
-    let silent = async move {
-        match silent {
-            Some(s) => s.await,
-            None => std::future::pending().await,
-        }
-    };
     tokio::pin!(silent);
     let mut control_tx = Some(control_tx);
     let active = shared.metrics.active_streams(ProtocolLabel::Http2);

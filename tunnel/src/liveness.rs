@@ -81,9 +81,13 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Heard<T> {
 
 /// Resolves when the edge has gone silent: after `interval` a PING goes out, and once it
 /// is outstanding, a whole further `interval` passes without a byte read. Never resolves
-/// while the connection answers, or once the connection has failed (its own error ends
-/// it). The connection must be polled alongside, or no PONG is ever read.
-pub(crate) async fn silent(mut pings: h2::PingPong, read: Arc<AtomicU64>, interval: Duration) {
+/// while the connection answers, once the connection has failed (its own error ends it),
+/// or without `pings` (h2 hands them out once). The connection must be polled alongside,
+/// or no PONG is ever read.
+pub(crate) async fn silent(pings: Option<h2::PingPong>, read: Arc<AtomicU64>, interval: Duration) {
+    let Some(mut pings) = pings else {
+        return std::future::pending().await;
+    };
     loop {
         tokio::time::sleep(interval).await;
         let pong = pings.ping(h2::Ping::opaque());
