@@ -537,11 +537,12 @@ async fn in_flight_gauge_rises_and_falls_with_concurrent_requests() {
         let slow: Vec<_> = (0..20)
             .map(|_| {
                 let http = http.clone();
-                tokio::spawn(async move { get(&http, d, "h", "/slow?delay=1s", &[]).await.status })
+                tokio::spawn(async move { get(&http, d, "h", "/slow?delay=3s", &[]).await.status })
             })
             .collect();
+        // The requests take 3 s, so all twenty are in flight together well within 2 s.
         let mut peak = 0.0;
-        for _ in 0..50 {
+        for _ in 0..100 {
             peak = metric(&http, admin, gauge).await.unwrap_or(0.0);
             if peak >= 20.0 {
                 break;

@@ -44,7 +44,12 @@ async fn sigterm_refuses_new_connections_finishes_in_flight_requests_and_exits_z
             let http = client();
             async move { get(&http, data, "h", "/slow?delay=1500ms", &[]).await }
         });
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // SIGTERM once the request is at the backend (logged before its delay).
+        let arrived_by = Instant::now() + Duration::from_secs(10);
+        while a.count_echoed("/slow?delay=1500ms") == 0 {
+            assert!(Instant::now() < arrived_by, "the slow request reaches the backend");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let killed = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().expect("kill runs");
         assert!(killed.success());
 

@@ -334,7 +334,15 @@ async fn serve_through(protocol: &str) {
         )
         .await
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // SIGTERM once the request is at the backend (logged before its delay).
+    let arrived_by = Instant::now() + Duration::from_secs(10);
+    while a.count_echoed("/slow?delay=1500ms") == 0 {
+        assert!(
+            Instant::now() < arrived_by,
+            "the slow request reaches the backend"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     sigterm(&child);
     let mut unregistered = false;
     for _ in 0..50 {

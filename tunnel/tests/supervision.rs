@@ -37,7 +37,7 @@ const HELD_ATTEMPTS_MAX: usize = 5;
 const ATTEMPT_SLACK: Duration = Duration::from_millis(1500);
 /// Longest, with slack, from a shared timer running out to the connection's
 /// registration reaching the edge (QUIC handshake and the register call).
-const DIAL: Duration = Duration::from_millis(300);
+const DIAL: Duration = Duration::from_secs(1);
 /// Longest, with slack, a connection takes after a refused attempt to wait for the
 /// shared timer: closing the connection (QUIC's closing period, at most 1 s) and
 /// its own backoff (at most 160 ms).

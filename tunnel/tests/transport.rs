@@ -221,11 +221,11 @@ async fn heads_do_not_wait_for_late_bodies(protocol: Protocol) {
     let body_after = start.elapsed();
     assert_eq!(body, "late");
     assert!(
-        body_after >= std::time::Duration::from_millis(400),
+        body_after >= std::time::Duration::from_secs(2),
         "{body_after:?}"
     );
     assert!(
-        head_after < std::time::Duration::from_millis(300),
+        head_after < std::time::Duration::from_millis(1500),
         "head held back with the body: {head_after:?} ({label})",
         label = label(protocol)
     );

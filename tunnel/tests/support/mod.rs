@@ -64,7 +64,7 @@ fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<TestBody> {
 }
 
 /// Echo service: `/hello`, `/echo` (streams the body back), `/download?n=`,
-/// `/slow` (answers after 500 ms), `/late-body` (head at once, body 400 ms later),
+/// `/slow` (answers after 500 ms), `/late-body` (head at once, body 2 s later),
 /// `/ended-body` (a body that says it has ended without a final poll), `/cut-body`
 /// (a body whose producer panics after its first bytes), `/trailers`,
 /// `/ws` (raw byte echo after 101).
@@ -131,9 +131,9 @@ pub async fn echo(mut req: Request<Body>) -> Result<Response<TestBody>, Infallib
             full(StatusCode::OK, "late")
         }
         "/late-body" => {
-            // The head at once, the body 400 ms later.
+            // The head at once, the body 2 s later.
             let late = futures_util::stream::once(async {
-                tokio::time::sleep(Duration::from_millis(400)).await;
+                tokio::time::sleep(Duration::from_secs(2)).await;
                 Ok::<_, cftunnel_tunnel::BoxError>(http_body::Frame::data(Bytes::from_static(
                     b"late",
                 )))
