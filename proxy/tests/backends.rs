@@ -21,11 +21,12 @@ fn rule(prefix: &str, extra: serde_json::Value) -> serde_json::Value {
 }
 
 /// An address where nothing listens.
-async fn dead_addr() -> std::net::SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    l.local_addr().expect("addr")
+/// An address that refuses connections: bound but not listening, and held by the returned
+/// socket so no other test's listener can land on it meanwhile.
+fn dead_addr() -> (std::net::SocketAddr, tokio::net::TcpSocket) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind(([127, 0, 0, 1], 0).into()).expect("bind");
+    (socket.local_addr().expect("addr"), socket)
 }
 
 #[tokio::test]
@@ -34,7 +35,7 @@ async fn failures_answer_502_503_504_and_500_and_never_hang() {
         let a = echo("svc-a-1").await;
         let proxy = proxy().await;
         let http = client();
-        let dead = dead_addr().await;
+        let (dead, _held) = dead_addr();
         let doc = json!({"rules": [
             rule("/dead", json!({"backends": [{"url": url(dead), "weight": 1}]})),
             rule("/closed", json!({"unavailableStatus": 503, "backends": [{"url": url(a.http_addr()), "weight": 1}]})),
