@@ -397,7 +397,7 @@ pub async fn read_version<R: AsyncRead + Unpin>(r: &mut R) -> Result<(), FrameEr
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Vec<u8>, FrameError> {
     let mut buf = vec![0u8; 4];
     r.read_exact(&mut buf).await.map_err(io_err)?;
-    read_frame_rest(r, buf, None, &mut BudgetShare(None)).await
+    Ok(read_frame_rest(r, buf, None).await?.0)
 }
 
 /// After a data stream's signature: the version and the framed
@@ -420,19 +420,16 @@ pub async fn read_data_preamble_within<R: AsyncRead + Unpin>(
     if head[..2] != DATA_VERSION {
         return Err(FrameError::UnsupportedVersion);
     }
-    let mut share = BudgetShare(None);
-    let frame = read_frame_rest(r, head[2..].to_vec(), budget, &mut share).await?;
-    Ok((frame, share))
+    read_frame_rest(r, head[2..].to_vec(), budget).await
 }
 
 /// Completes a framed message of which `buf` holds the first bytes (at least
-/// the segment count, at most the segment table).
+/// the segment count, at most the segment table), within `budget` when one is given.
 async fn read_frame_rest<R: AsyncRead + Unpin>(
     r: &mut R,
     mut buf: Vec<u8>,
     budget: Option<&PreambleBudget>,
-    share: &mut BudgetShare,
-) -> Result<Vec<u8>, FrameError> {
+) -> Result<(Vec<u8>, BudgetShare), FrameError> {
     let count = match buf.get(..4) {
         Some(&[a, b, c, d]) => u32::from_le_bytes([a, b, c, d]) as usize + 1,
         _ => return Err(FrameError::Framing),
@@ -447,7 +444,7 @@ async fn read_frame_rest<R: AsyncRead + Unpin>(
         r.read_exact(&mut buf[have..]).await.map_err(io_err)?;
     }
     let total = framed_len(&buf)?.ok_or(FrameError::Framing)?;
-    share.reserve(budget, total).await;
+    let share = BudgetShare::reserve(budget, total).await;
     // Memory follows the bytes that arrive: a frame header announcing a large
     // message commits at most twice what has come (and one first step),
     // not the whole cap, while the rest is awaited. A usual head takes one read.
@@ -457,7 +454,7 @@ async fn read_frame_rest<R: AsyncRead + Unpin>(
         buf.resize(next, 0);
         r.read_exact(&mut buf[have..]).await.map_err(io_err)?;
     }
-    Ok(buf)
+    Ok((buf, share))
 }
 
 /// Memory one connection's request preambles may hold between them while they
@@ -487,22 +484,25 @@ impl PreambleBudget {
 
 /// The part of a [`PreambleBudget`] one preamble holds; returned on drop.
 #[derive(Debug)]
-pub struct BudgetShare(Option<tokio::sync::OwnedSemaphorePermit>);
+pub struct BudgetShare {
+    /// Held only to be given back when dropped.
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
 
 impl BudgetShare {
-    /// Reserves `bytes` of `budget`, waiting while it is spent.
-    async fn reserve(&mut self, budget: Option<&PreambleBudget>, bytes: usize) {
-        let Some(budget) = budget else { return };
-        // framed_len caps a frame at MAX_MESSAGE_BYTES, which fits a u32.
+    /// Reserves `bytes` of `budget`, waiting while it is spent; nothing without a budget.
+    async fn reserve(budget: Option<&PreambleBudget>, bytes: usize) -> Self {
+        let Some(budget) = budget else {
+            return Self { _permit: None };
+        };
+        // framed_len caps a frame at MAX_MESSAGE_BYTES, which fits a u32. The semaphore
+        // is never closed, so the acquire ends only with the bytes reserved.
         let Ok(bytes) = u32::try_from(bytes) else {
-            return;
+            return Self { _permit: None };
         };
-        let permit = match budget.0.clone().try_acquire_many_owned(bytes) {
-            Ok(p) => Some(p),
-            // Never closed: a failure here means not enough to spare yet.
-            Err(_) => budget.0.clone().acquire_many_owned(bytes).await.ok(),
-        };
-        self.0 = permit;
+        Self {
+            _permit: budget.0.clone().acquire_many_owned(bytes).await.ok(),
+        }
     }
 }
 
