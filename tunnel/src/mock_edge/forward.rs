@@ -651,18 +651,12 @@ where
             .await
             .map_err(|_| MockEdgeError::Timeout)?
             .map_err(stream_err)?;
-        if let Some(answer) = connector_failure(&resp) {
-            return Ok(answer);
-        }
         return map_h2_response(resp, false);
     }
     let resp = tokio::time::timeout(wait, resp)
         .await
         .map_err(|_| MockEdgeError::Timeout)?
         .map_err(stream_err)?;
-    if let Some(answer) = connector_failure(&resp) {
-        return Ok(answer);
-    }
     if websocket && resp.status() == StatusCode::OK {
         let (rparts, recv) = resp.into_parts();
         let out = map_h2_response(Response::from_parts(rparts, ()), true)?;
@@ -703,10 +697,14 @@ fn connector_failure<T>(resp: &Response<T>) -> Option<Response<EdgeBody>> {
 /// (`websocket`) with 200 and the origin's `Upgrade` among the serialised
 /// headers, which becomes the eyeball's 101. Any other 200 is the origin
 /// turning the upgrade down, and `cloudflared` writes that answer as it came.
+/// A response the connector made itself (never a 200) becomes the edge's 502.
 fn map_h2_response<T: IntoEdgeBody>(
     resp: Response<T>,
     websocket: bool,
 ) -> Result<Response<EdgeBody>, MockEdgeError> {
+    if let Some(answer) = connector_failure(&resp) {
+        return Ok(answer);
+    }
     let (mut parts, body) = resp.into_parts();
     let mut headers = http::HeaderMap::new();
     match parts
