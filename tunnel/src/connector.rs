@@ -296,8 +296,8 @@ pub(crate) enum Ended {
     Stopped,
     /// Lost after registering: reconnect.
     Lost {
-        /// The edge went silent (QUIC idle timeout). Logged only: the connection
-        /// reconnects to the same address, as `cloudflared` does.
+        /// The edge went silent (QUIC idle timeout, HTTP/2 unanswered PING). Logged
+        /// only: the connection reconnects to the same address, as `cloudflared` does.
         idle_timeout: bool,
     },
 }

@@ -246,7 +246,7 @@ async fn serve(
 }
 
 /// Why an edge connection's accept loop ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 enum Closed {
     /// The connection ended, with an error or without, or was closed on request.
     Ended,
