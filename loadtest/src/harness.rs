@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use crate::echo::{EchoConfig, EchoIdentity, EchoServer};
 use load::LoadSpec;
-use process::{free_port, probe, CpuList, ProcessError, ScratchDir, ServerProcess};
+use process::{free_port, CpuList, ProcessError, ScratchDir, ServerProcess};
 use procfs::Memory;
 use report::{Outcome, Report, ScenarioReport, ServerCpu, Settings};
 use scenario::{Scenario, ScenarioEnv, LOAD_HOST};
@@ -65,6 +65,9 @@ pub struct RunConfig {
     pub load_cpus: Option<CpuList>,
     /// Keep the scratch directory (configs, logs) after the run.
     pub keep_scratch: bool,
+    /// Send only `Host` on the plain paths too, instead of the headers a tunnel path adds
+    /// ([`scenario::edge_headers`]).
+    pub bare_requests: bool,
 }
 
 /// A failure that stops the whole run (scenario failures are reported, not raised).
@@ -224,6 +227,7 @@ fn settings(cfg: &RunConfig) -> Settings {
         workers: cfg.workers,
         tunnel_connections: cfg.tunnel_connections,
         path: cfg.path.clone(),
+        bare_requests: cfg.bare_requests,
         load_cpus: cpus(&cfg.load_cpus),
         server_cpus: cpus(&cfg.server_cpus),
         echo_cpus: cpus(&cfg.echo_cpus),
@@ -250,12 +254,30 @@ async fn run_scenario(
     };
     let pid = target.server.as_ref().and_then(ServerProcess::pid);
     let edge_pid = target.helpers.first().and_then(ServerProcess::pid);
-    match probe(target.addr, LOAD_HOST, &cfg.path).await {
-        Ok(200) => {}
+    let headers = if scenario.is_plain() && !cfg.bare_requests {
+        scenario::edge_headers()
+    } else {
+        Vec::new()
+    };
+    let spec = LoadSpec {
+        target: target.addr,
+        host: LOAD_HOST.to_owned(),
+        path: cfg.path.clone(),
+        headers,
+        connections: cfg.connections,
+        warmup: cfg.warmup,
+        duration: cfg.duration,
+        rate: cfg.rate,
+        edge: target.edge.clone(),
+    };
+    match load::send_one(&spec).await {
+        Ok((status, body)) if status == http::StatusCode::OK => {
+            report.origin_headers = echoed_header_names(&body);
+        }
         other => {
             report.outcome = Outcome::Failed;
             report.reason = Some(match other {
-                Ok(status) => format!("first request answered {status}, expected 200"),
+                Ok((status, _)) => format!("first request answered {status}, expected 200"),
                 Err(e) => format!("first request failed: {e}"),
             });
             target.stop().await;
@@ -263,16 +285,6 @@ async fn run_scenario(
         }
     }
     report.memory_idle = read_memory(pid).await;
-    let spec = LoadSpec {
-        target: target.addr,
-        host: LOAD_HOST.to_owned(),
-        path: cfg.path.clone(),
-        connections: cfg.connections,
-        warmup: cfg.warmup,
-        duration: cfg.duration,
-        rate: cfg.rate,
-        edge: target.edge.clone(),
-    };
     let load_cpus = cfg.load_cpus.as_ref().map(CpuList::cpus);
     let (load, cpu, edge_cpu, load_cpus_busy) = tokio::join!(
         load::run(&spec),
@@ -288,6 +300,21 @@ async fn run_scenario(
     report.outcome = Outcome::Ok;
     target.stop().await;
     report
+}
+
+/// The header names in an echo backend's answer (`{"headers": {"Name": [...]}}`), lower-cased
+/// and sorted; empty when the body is not such an answer.
+fn echoed_header_names(body: &[u8]) -> Vec<String> {
+    let Ok(answer) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = answer
+        .get("headers")
+        .and_then(serde_json::Value::as_object)
+        .map(|h| h.keys().map(|k| k.to_ascii_lowercase()).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
 }
 
 async fn read_memory(pid: Option<u32>) -> Option<Memory> {

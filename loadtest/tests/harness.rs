@@ -28,6 +28,7 @@ fn config(scenarios: Vec<Scenario>) -> RunConfig {
         echo_cpus: None,
         load_cpus: None,
         keep_scratch: false,
+        bare_requests: false,
     }
 }
 
@@ -48,6 +49,33 @@ async fn direct_scenario_measures_the_echo_backend() {
     assert_eq!(load.errors, 0);
     assert!(load.p50_us > 0 && load.p50_us <= load.p99_us && load.p99_us <= load.max_us);
     assert!(report.comparisons.is_empty());
+    // The origin got the headers a tunnel path would have added.
+    for name in ["cf-connecting-ip", "cf-ray", "cdn-loop", "cf-warp-tag-id"] {
+        assert!(
+            direct.origin_headers.iter().any(|h| h == name),
+            "{name} in {:?}",
+            direct.origin_headers
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bare_requests_carry_only_the_host() {
+    let mut cfg = config(vec![Scenario::Direct]);
+    cfg.bare_requests = true;
+    let report = tokio::time::timeout(Duration::from_secs(20), run(&cfg, &|_| {}))
+        .await
+        .expect("run finishes within its bound")
+        .expect("run starts");
+    let direct = &report.scenarios[0];
+    assert_eq!(direct.outcome, Outcome::Ok, "{:?}", direct.reason);
+    // The echo backend lists every header but `Host`, as Go's request does.
+    assert!(
+        direct.origin_headers.is_empty(),
+        "{:?}",
+        direct.origin_headers
+    );
+    assert!(report.settings.bare_requests);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -154,6 +182,17 @@ async fn tunnel_scenarios_measure_the_proxy_behind_the_mock_edge() {
             r.edge_cpu.is_some(),
             matches!(r.scenario, Scenario::TunnelQuic | Scenario::TunnelHttp2),
             "{:?}",
+            r.scenario
+        );
+    }
+    // The origin gets the same header names on the plain path as through the tunnel.
+    let proxy = &report.scenarios[0];
+    assert_eq!(proxy.scenario, Scenario::Proxy);
+    assert!(proxy.origin_headers.iter().any(|h| h == "cf-warp-tag-id"));
+    for r in &report.scenarios[1..] {
+        assert_eq!(
+            r.origin_headers, proxy.origin_headers,
+            "{:?} against proxy",
             r.scenario
         );
     }

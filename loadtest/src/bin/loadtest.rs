@@ -66,6 +66,13 @@ struct Args {
     /// Request target of every load request.
     #[arg(long, default_value = "/loadtest")]
     path: String,
+    /// Send only Host on the plain paths (direct, proxy, nginx). By default they carry the
+    /// headers a tunnel path adds on the way (the edge's Cf-Connecting-Ip, Cf-Visitor, Cf-Ray
+    /// and CDN-Loop, the connector's Cf-Warp-Tag-Id), so the origin gets the same request on
+    /// every path; with this flag a tunnel path's origin gets more headers, and the echo
+    /// backend answers it with a longer body.
+    #[arg(long)]
+    bare_requests: bool,
     /// cftunnel-proxy binary [default: next to this binary, i.e. target/release/cftunnel-proxy].
     #[arg(long)]
     proxy_bin: Option<PathBuf>,
@@ -126,6 +133,7 @@ fn main() -> anyhow::Result<()> {
         workers,
         tunnel_connections,
         path,
+        bare_requests,
         proxy_bin,
         edge_bin,
         echo_bin,
@@ -230,6 +238,7 @@ fn main() -> anyhow::Result<()> {
         echo_cpus: pinned(echo_cpus),
         load_cpus: pinned(load_cpus),
         keep_scratch,
+        bare_requests,
     };
 
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
-use http::Request;
+use http::{HeaderName, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
@@ -43,6 +43,8 @@ pub struct LoadSpec {
     pub host: String,
     /// Request target, e.g. `/loadtest`.
     pub path: String,
+    /// Sent with every request after `Host` (see [`super::scenario::edge_headers`]).
+    pub headers: Vec<(HeaderName, HeaderValue)>,
     /// Concurrent keep-alive connections (one request in flight on each).
     pub connections: usize,
     /// Requests before the measurement window; not recorded.
@@ -126,6 +128,61 @@ pub async fn run(spec: &LoadSpec) -> LoadSummary {
         }
     }
     LoadSummary::from_histogram(&latencies, errors, spec.duration)
+}
+
+/// One load request: `GET uri` with `Host` and the spec's headers. Every value is a
+/// reference-counted clone.
+fn request(
+    uri: &http::Uri,
+    host: &HeaderValue,
+    headers: &[(HeaderName, HeaderValue)],
+) -> Request<Empty<Bytes>> {
+    let mut req = Request::new(Empty::<Bytes>::new());
+    *req.uri_mut() = uri.clone();
+    let map = req.headers_mut();
+    map.reserve(1 + headers.len());
+    map.insert(http::header::HOST, host.clone());
+    for (name, value) in headers {
+        map.append(name.clone(), value.clone());
+    }
+    req
+}
+
+/// Sends one request as the load does (through the in-process edge, or on a new
+/// connection to the target) and returns the answer's status and body.
+pub async fn send_one(spec: &LoadSpec) -> Result<(StatusCode, Bytes), String> {
+    let uri = spec
+        .path
+        .parse::<http::Uri>()
+        .map_err(|e| format!("path: {e}"))?;
+    let host = HeaderValue::from_str(&spec.host).map_err(|e| format!("host: {e}"))?;
+    let req = request(&uri, &host, &spec.headers);
+    let exchange = async {
+        if let Some(edge) = &spec.edge {
+            let resp = edge.0.request(req).await;
+            let status = resp.status();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?;
+            return Ok((status, body.to_bytes()));
+        }
+        let mut conn = connect(spec.target)
+            .await
+            .ok_or_else(|| format!("no connection to {}", spec.target))?;
+        let resp = conn.send_request(req).await.map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((status, body.to_bytes()))
+    };
+    tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+        .await
+        .map_err(|_| "timed out".to_owned())?
 }
 
 async fn connect(target: SocketAddr) -> Option<SendRequest<Empty<Bytes>>> {
@@ -227,9 +284,7 @@ async fn drive_connection(
             break;
         }
         let measuring = started >= measure_from;
-        let mut req = Request::new(Empty::<Bytes>::new());
-        *req.uri_mut() = uri.clone();
-        req.headers_mut().insert(http::header::HOST, host.clone());
+        let req = request(&uri, &host, &spec.headers);
         if let Some(edge) = &spec.edge {
             let sent = Instant::now();
             let outcome = tokio::time::timeout(REQUEST_TIMEOUT, async {

@@ -25,6 +25,8 @@ pub struct Settings {
     /// HA tunnel connections in the tunnel scenarios.
     pub tunnel_connections: usize,
     pub path: String,
+    /// The plain paths got only `Host`, not the headers a tunnel path adds.
+    pub bare_requests: bool,
     pub load_cpus: Option<String>,
     pub server_cpus: Option<String>,
     pub echo_cpus: Option<String>,
@@ -72,6 +74,9 @@ pub struct ScenarioReport {
     pub rounds_rps: Vec<f64>,
     /// p50 of every measured round, in run order.
     pub rounds_p50_us: Vec<u64>,
+    /// Header names the echo backend got with the first request (lower case, sorted): the
+    /// same on the plain and tunnel paths unless the run sent bare requests.
+    pub origin_headers: Vec<String>,
 }
 
 impl ScenarioReport {
@@ -88,6 +93,7 @@ impl ScenarioReport {
             load_cpus_busy: None,
             rounds_rps: Vec::new(),
             rounds_p50_us: Vec::new(),
+            origin_headers: Vec::new(),
         }
     }
 }
@@ -247,7 +253,7 @@ impl Report {
         let cpus = |c: &Option<String>| c.clone().unwrap_or_else(|| "any".to_owned());
         let _ = writeln!(
             out,
-            "{} connections{}, {:.1}s measured after {:.1}s warm-up, median of {} round(s), GET {}, {} worker(s); CPUs: load {}, server {}, echo {}",
+            "{} connections{}, {:.1}s measured after {:.1}s warm-up, median of {} round(s), GET {} ({}), {} worker(s); CPUs: load {}, server {}, echo {}",
             s.connections,
             s.rate
                 .map_or(String::new(), |r| format!(" paced at {r:.0} req/s")),
@@ -255,6 +261,11 @@ impl Report {
             s.warmup_s,
             s.rounds,
             s.path,
+            if s.bare_requests {
+                "Host only on every path"
+            } else {
+                "the tunnel's headers on every path"
+            },
             s.workers,
             cpus(&s.load_cpus),
             cpus(&s.server_cpus),

@@ -63,6 +63,11 @@ impl Scenario {
         )
     }
 
+    /// The load speaks HTTP/1.1 to the server under test itself, with no edge in between.
+    pub fn is_plain(self) -> bool {
+        matches!(self, Self::Direct | Self::Proxy | Self::Nginx)
+    }
+
     /// Requests cross `cloudflared` instead of the proxy.
     pub fn is_cloudflared(self) -> bool {
         matches!(self, Self::CloudflaredQuicEdge | Self::CloudflaredHttp2Edge)
@@ -116,6 +121,32 @@ impl Scenario {
 /// `Host` header of every load request, the same in all scenarios so the bytes on the wire
 /// are identical.
 pub const LOAD_HOST: &str = "loadtest.example";
+
+/// The headers a tunnel path adds on the way to the origin: the edge's (`Cf-Connecting-Ip`,
+/// `Cf-Visitor`, `Cf-Ray`, `CDN-Loop`, as the mock edge sets them) and the connector's tag
+/// (`Cf-Warp-Tag-Id`, a UUID). The load sends them itself on the plain paths, so the origin
+/// gets the same request on every path and, as the echo backend answers with the headers it
+/// got, the same answer: what a tunnel scenario is compared on is then the tunnel, not the
+/// size of the request and answer. `X-Forwarded-For` and `-Proto` are left to the proxy,
+/// which sets them on its own listener as the edge does on a tunnel path.
+pub fn edge_headers() -> Vec<(http::HeaderName, http::HeaderValue)> {
+    use http::{HeaderName, HeaderValue};
+    [
+        ("cf-connecting-ip", "127.0.0.1"),
+        ("cf-visitor", r#"{"scheme":"https"}"#),
+        ("cf-ray", "8f2c41d07a93be65-MCK"),
+        ("cdn-loop", "cloudflare"),
+        ("cf-warp-tag-id", "6c1f4b2e-93d7-4a58-b0e1-7f25d8c9a346"),
+    ]
+    .into_iter()
+    .map(|(name, value)| {
+        (
+            HeaderName::from_static(name),
+            HeaderValue::from_static(value),
+        )
+    })
+    .collect()
+}
 
 /// What every scenario may use.
 pub struct ScenarioEnv<'a> {

@@ -50,6 +50,7 @@ fn settings() -> Settings {
         workers: 1,
         tunnel_connections: 4,
         path: "/".to_owned(),
+        bare_requests: false,
         load_cpus: None,
         server_cpus: None,
         echo_cpus: None,
