@@ -6,6 +6,7 @@
 //! dedicated thread (`LocalWorker`) inside a `LocalSet`; callers talk to it
 //! through channels. Request streams never touch that thread.
 
+mod backpressure;
 pub(crate) mod control;
 pub(crate) mod edge;
 pub(crate) mod remote_config;
@@ -100,17 +101,16 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
+    /// The session's network; it stops reading while a write waits for the
+    /// peer ([`backpressure`]).
     fn network(
         self,
         side: capnp_rpc::rpc_twoparty_capnp::Side,
-    ) -> capnp_rpc::twoparty::VatNetwork<tokio_util::compat::Compat<R>> {
+    ) -> capnp_rpc::twoparty::VatNetwork<tokio_util::compat::Compat<backpressure::GatedReader<R>>>
+    {
         let mut opts = capnp::message::ReaderOptions::new();
         opts.traversal_limit_in_words(Some(1 << 20));
-        capnp_rpc::twoparty::VatNetwork::new(
-            self.reader.compat(),
-            self.writer.compat_write(),
-            side,
-            opts,
-        )
+        let (reader, writer) = backpressure::gate(self.reader, self.writer);
+        capnp_rpc::twoparty::VatNetwork::new(reader.compat(), writer.compat_write(), side, opts)
     }
 }

@@ -217,4 +217,48 @@ mod tests {
             assert_eq!(s.version_gauge.get(), i64::from(THREADS), "round {round}");
         }
     }
+
+    /// An edge that sends calls and never reads the answers is stopped by its own
+    /// stream's flow control, instead of having the connector read every call and keep
+    /// every answer in memory.
+    #[tokio::test]
+    async fn an_edge_that_stops_reading_stops_being_read() {
+        use tokio::io::AsyncWriteExt as _;
+        let worker = LocalWorker::start("rpc-flood-test").expect("worker thread");
+        let (ours, peer) = tokio::io::duplex(16 * 1024);
+        let (reader, writer) = tokio::io::split(ours);
+        let state = RemoteConfigState::new(Gauge::default());
+        let session = tokio::spawn(async move {
+            serve(
+                &worker,
+                RpcStream { reader, writer },
+                state,
+                Duration::from_secs(10),
+            )
+            .await
+        });
+        let (_unread, mut peer) = tokio::io::split(peer);
+        let mut sent = 0u32;
+        let flood = async {
+            for id in 0..50_000u32 {
+                let mut m = capnp::message::Builder::new_default();
+                m.init_root::<capnp_rpc::rpc_capnp::message::Builder>()
+                    .init_bootstrap()
+                    .set_question_id(id);
+                peer.write_all(&capnp::serialize::write_message_to_words(&m))
+                    .await?;
+                sent += 1;
+            }
+            std::io::Result::Ok(())
+        };
+        let finished = tokio::time::timeout(Duration::from_secs(2), flood).await;
+        assert!(
+            finished.is_err(),
+            "all {sent} calls were read while none of their answers was"
+        );
+        // Two 16 KiB pipes' worth: the answers that filled ours, the calls that filled the
+        // edge's.
+        assert!(sent > 100 && sent < 5_000, "{sent} calls read");
+        session.abort();
+    }
 }
