@@ -159,30 +159,31 @@ pub async fn send_one(spec: &LoadSpec) -> Result<(StatusCode, Bytes), String> {
     let req = request(&uri, &host, &spec.headers);
     let exchange = async {
         if let Some(edge) = &spec.edge {
-            let resp = edge.0.request(req).await;
-            let status = resp.status();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| e.to_string())?;
-            return Ok((status, body.to_bytes()));
+            return read_answer(edge.0.request(req).await).await;
         }
         let mut conn = connect(spec.target)
             .await
             .ok_or_else(|| format!("no connection to {}", spec.target))?;
-        let resp = conn.send_request(req).await.map_err(|e| e.to_string())?;
-        let status = resp.status();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok((status, body.to_bytes()))
+        read_answer(conn.send_request(req).await.map_err(|e| e.to_string())?).await
     };
     tokio::time::timeout(REQUEST_TIMEOUT, exchange)
         .await
         .map_err(|_| "timed out".to_owned())?
+}
+
+/// An answer's status and whole body.
+async fn read_answer<B>(resp: http::Response<B>) -> Result<(StatusCode, Bytes), String>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((status, body.to_bytes()))
 }
 
 async fn connect(target: SocketAddr) -> Option<SendRequest<Empty<Bytes>>> {
