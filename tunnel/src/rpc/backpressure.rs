@@ -6,6 +6,13 @@
 //! while a write waits for the peer, the session reads nothing more: the
 //! peer's further calls then wait in its own send buffer, held back by the
 //! transport's flow control, as they would on any stream that is not read.
+//! Over QUIC a write also waits while the connection's whole send buffer is
+//! full (large answers on request streams); reading then pauses as well, and
+//! goes on as soon as the write does.
+//!
+//! Only the connector's end of a session is gated. The edge's end must keep
+//! reading: two ends that both stopped reading while their writes waited
+//! would wait for each other.
 
 use std::io;
 use std::pin::Pin;

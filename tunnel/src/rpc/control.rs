@@ -133,7 +133,7 @@ async fn run<R, W>(
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let mut rpc = RpcSystem::new(Box::new(stream.network(Side::Client)), None);
+    let mut rpc = RpcSystem::new(Box::new(stream.gated_network(Side::Client)), None);
     let disconnector = rpc.get_disconnector();
     let client: registration_server::Client = rpc.bootstrap(Side::Server);
     let rpc_task = tokio::task::spawn_local(async move {

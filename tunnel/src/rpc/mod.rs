@@ -101,16 +101,41 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    /// The session's network; it stops reading while a write waits for the
-    /// peer ([`backpressure`]).
+    /// The session's network, as the mock edge runs it.
     fn network(
+        self,
+        side: capnp_rpc::rpc_twoparty_capnp::Side,
+    ) -> capnp_rpc::twoparty::VatNetwork<tokio_util::compat::Compat<R>> {
+        capnp_rpc::twoparty::VatNetwork::new(
+            self.reader.compat(),
+            self.writer.compat_write(),
+            side,
+            reader_options(),
+        )
+    }
+
+    /// The session's network as the connector runs it: it stops reading while
+    /// a write waits for the edge ([`backpressure`]). Only one end of a session
+    /// may do that: two ends that both stopped reading while their writes
+    /// waited would wait for each other.
+    fn gated_network(
         self,
         side: capnp_rpc::rpc_twoparty_capnp::Side,
     ) -> capnp_rpc::twoparty::VatNetwork<tokio_util::compat::Compat<backpressure::GatedReader<R>>>
     {
-        let mut opts = capnp::message::ReaderOptions::new();
-        opts.traversal_limit_in_words(Some(1 << 20));
         let (reader, writer) = backpressure::gate(self.reader, self.writer);
-        capnp_rpc::twoparty::VatNetwork::new(reader.compat(), writer.compat_write(), side, opts)
+        capnp_rpc::twoparty::VatNetwork::new(
+            reader.compat(),
+            writer.compat_write(),
+            side,
+            reader_options(),
+        )
     }
+}
+
+/// What a session reads of one message at most: 2^20 words (8 MiB).
+fn reader_options() -> capnp::message::ReaderOptions {
+    let mut opts = capnp::message::ReaderOptions::new();
+    opts.traversal_limit_in_words(Some(1 << 20));
+    opts
 }

@@ -152,7 +152,10 @@ where
     worker
         .spawn(move || async move {
             let client: cloudflared_server::Client = capnp_rpc::new_client(Server { state });
-            let rpc = RpcSystem::new(Box::new(stream.network(Side::Server)), Some(client.client));
+            let rpc = RpcSystem::new(
+                Box::new(stream.gated_network(Side::Server)),
+                Some(client.client),
+            );
             let res = match tokio::time::timeout(timeout, rpc).await {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) => Err(RpcError::from(e)),
@@ -237,28 +240,51 @@ mod tests {
             )
             .await
         });
-        let (_unread, mut peer) = tokio::io::split(peer);
-        let mut sent = 0u32;
-        let flood = async {
-            for id in 0..50_000u32 {
-                let mut m = capnp::message::Builder::new_default();
-                m.init_root::<capnp_rpc::rpc_capnp::message::Builder>()
-                    .init_bootstrap()
-                    .set_question_id(id);
-                peer.write_all(&capnp::serialize::write_message_to_words(&m))
-                    .await?;
-                sent += 1;
-            }
-            std::io::Result::Ok(())
+        let (mut answers, mut peer) = tokio::io::split(peer);
+        let bootstrap = |id: u32| {
+            let mut m = capnp::message::Builder::new_default();
+            m.init_root::<capnp_rpc::rpc_capnp::message::Builder>()
+                .init_bootstrap()
+                .set_question_id(id);
+            capnp::serialize::write_message_to_words(&m)
         };
-        let finished = tokio::time::timeout(Duration::from_secs(2), flood).await;
+        // The flood runs as a task of its own, so that it stops inside a write, never
+        // between the halves of a message.
+        let sent = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let flood = tokio::spawn({
+            let sent = sent.clone();
+            async move {
+                for id in 0..20_000u32 {
+                    peer.write_all(&bootstrap(id)).await?;
+                    sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                std::io::Result::Ok(())
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let stalled_at = sent.load(std::sync::atomic::Ordering::Relaxed);
         assert!(
-            finished.is_err(),
-            "all {sent} calls were read while none of their answers was"
+            !flood.is_finished(),
+            "all {stalled_at} calls were read while none of their answers was"
         );
         // Two 16 KiB pipes' worth: the answers that filled ours, the calls that filled the
-        // edge's.
-        assert!(sent > 100 && sent < 5_000, "{sent} calls read");
+        // edge's (one pipe alone holds about 340 calls).
+        assert!(
+            stalled_at > 400 && stalled_at < 5_000,
+            "{stalled_at} calls read"
+        );
+
+        // Once the edge reads its answers, the connector reads its calls again.
+        let drain = tokio::spawn(async move {
+            let mut sink = tokio::io::sink();
+            let _ = tokio::io::copy(&mut answers, &mut sink).await;
+        });
+        tokio::time::timeout(Duration::from_secs(10), flood)
+            .await
+            .expect("the connector reads again once its answers are read")
+            .expect("the flood task")
+            .expect("the session stays up");
+        drain.abort();
         session.abort();
     }
 }
