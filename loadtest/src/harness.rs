@@ -66,7 +66,7 @@ pub struct RunConfig {
     /// Keep the scratch directory (configs, logs) after the run.
     pub keep_scratch: bool,
     /// Send only `Host` on the plain paths too, instead of the headers a tunnel path adds
-    /// ([`scenario::edge_headers`]).
+    /// ([`Scenario::edge_headers`]).
     pub bare_requests: bool,
 }
 
@@ -254,10 +254,10 @@ async fn run_scenario(
     };
     let pid = target.server.as_ref().and_then(ServerProcess::pid);
     let edge_pid = target.helpers.first().and_then(ServerProcess::pid);
-    let headers = if scenario.is_plain() && !cfg.bare_requests {
-        scenario::edge_headers()
-    } else {
+    let headers = if cfg.bare_requests {
         Vec::new()
+    } else {
+        scenario.edge_headers()
     };
     let spec = LoadSpec {
         target: target.addr,

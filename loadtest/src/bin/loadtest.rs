@@ -67,10 +67,11 @@ struct Args {
     #[arg(long, default_value = "/loadtest")]
     path: String,
     /// Send only Host on the plain paths (direct, proxy, nginx). By default they carry the
-    /// headers a tunnel path adds on the way (the edge's Cf-Connecting-Ip, Cf-Visitor, Cf-Ray
-    /// and CDN-Loop, the connector's Cf-Warp-Tag-Id), so the origin gets the same request on
-    /// every path; with this flag a tunnel path's origin gets more headers, and the echo
-    /// backend answers it with a longer body.
+    /// headers a tunnel path adds on the way (the edge's Cf-Connecting-Ip, X-Forwarded-For and
+    /// -Proto (which the proxy sets itself), Cf-Visitor, Cf-Ray and CDN-Loop, the connector's
+    /// Cf-Warp-Tag-Id), so the origin gets the same header names on every path; with this
+    /// flag a tunnel path's origin gets more headers, and the echo backend answers it with a
+    /// longer body.
     #[arg(long)]
     bare_requests: bool,
     /// cftunnel-proxy binary [default: next to this binary, i.e. target/release/cftunnel-proxy].

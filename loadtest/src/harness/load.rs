@@ -43,7 +43,7 @@ pub struct LoadSpec {
     pub host: String,
     /// Request target, e.g. `/loadtest`.
     pub path: String,
-    /// Sent with every request after `Host` (see [`super::scenario::edge_headers`]).
+    /// Sent with every request after `Host` (see [`super::scenario::Scenario::edge_headers`]).
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// Concurrent keep-alive connections (one request in flight on each).
     pub connections: usize,

@@ -63,11 +63,6 @@ impl Scenario {
         )
     }
 
-    /// The load speaks HTTP/1.1 to the server under test itself, with no edge in between.
-    pub fn is_plain(self) -> bool {
-        matches!(self, Self::Direct | Self::Proxy | Self::Nginx)
-    }
-
     /// Requests cross `cloudflared` instead of the proxy.
     pub fn is_cloudflared(self) -> bool {
         matches!(self, Self::CloudflaredQuicEdge | Self::CloudflaredHttp2Edge)
@@ -123,29 +118,43 @@ impl Scenario {
 pub const LOAD_HOST: &str = "loadtest.example";
 
 /// The headers a tunnel path adds on the way to the origin: the edge's (`Cf-Connecting-Ip`,
-/// `Cf-Visitor`, `Cf-Ray`, `CDN-Loop`, as the mock edge sets them) and the connector's tag
-/// (`Cf-Warp-Tag-Id`, a UUID). The load sends them itself on the plain paths, so the origin
-/// gets the same request on every path and, as the echo backend answers with the headers it
-/// got, the same answer: what a tunnel scenario is compared on is then the tunnel, not the
-/// size of the request and answer. `X-Forwarded-For` and `-Proto` are left to the proxy,
-/// which sets them on its own listener as the edge does on a tunnel path.
-pub fn edge_headers() -> Vec<(http::HeaderName, http::HeaderValue)> {
-    use http::{HeaderName, HeaderValue};
-    [
-        ("cf-connecting-ip", "127.0.0.1"),
-        ("cf-visitor", r#"{"scheme":"https"}"#),
-        ("cf-ray", "8f2c41d07a93be65-MCK"),
-        ("cdn-loop", "cloudflare"),
-        ("cf-warp-tag-id", "6c1f4b2e-93d7-4a58-b0e1-7f25d8c9a346"),
-    ]
-    .into_iter()
-    .map(|(name, value)| {
-        (
-            HeaderName::from_static(name),
-            HeaderValue::from_static(value),
-        )
-    })
-    .collect()
+/// `X-Forwarded-For`, `X-Forwarded-Proto`, `Cf-Visitor`, `Cf-Ray`, `CDN-Loop`, as the mock edge
+/// sets them) and the connector's tag (`Cf-Warp-Tag-Id`, a UUID). On the plain paths the load
+/// sends them itself, so the origin gets the same header names on every path and, as the echo
+/// backend answers with the headers it got, an answer of the same length (within a byte: the
+/// proxy says `http` where the edge says `https`): what a tunnel scenario is compared on is
+/// then the tunnel, not the size of the request and answer. `X-Forwarded-For` and `-Proto`
+/// are left to the proxy on its own listener, which sets them as the edge does.
+const EDGE_HEADERS: [(&str, &str); 7] = [
+    ("cf-connecting-ip", "127.0.0.1"),
+    ("x-forwarded-for", "127.0.0.1"),
+    ("x-forwarded-proto", "https"),
+    ("cf-visitor", r#"{"scheme":"https"}"#),
+    ("cf-ray", "8f2c41d07a93be65-MCK"),
+    ("cdn-loop", "cloudflare"),
+    ("cf-warp-tag-id", "6c1f4b2e-93d7-4a58-b0e1-7f25d8c9a346"),
+];
+
+impl Scenario {
+    /// What the load adds to every request in this scenario ([`EDGE_HEADERS`]): nothing on a
+    /// tunnel path, where the edge and the connector add them.
+    pub fn edge_headers(self) -> Vec<(http::HeaderName, http::HeaderValue)> {
+        let sets_forwarding = match self {
+            Self::Proxy => true,
+            Self::Direct | Self::Nginx => false,
+            _ => return Vec::new(),
+        };
+        EDGE_HEADERS
+            .iter()
+            .filter(|(name, _)| !(sets_forwarding && name.starts_with("x-forwarded-")))
+            .map(|&(name, value)| {
+                (
+                    http::HeaderName::from_static(name),
+                    http::HeaderValue::from_static(value),
+                )
+            })
+            .collect()
+    }
 }
 
 /// What every scenario may use.
