@@ -226,7 +226,7 @@ impl Target {
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// A prerequisite is missing (e.g. nginx not installed); not a failure of the product.
-    #[error("skipped: {0}")]
+    #[error("{0}")]
     Skipped(String),
     #[error(transparent)]
     Process(#[from] ProcessError),
