@@ -163,7 +163,7 @@ pub async fn send_one(spec: &LoadSpec) -> Result<(StatusCode, Bytes), String> {
         }
         let mut conn = connect(spec.target)
             .await
-            .ok_or_else(|| format!("no connection to {}", spec.target))?;
+            .map_err(|e| format!("connecting to {}: {e}", spec.target))?;
         read_answer(conn.send_request(req).await.map_err(|e| e.to_string())?).await
     };
     tokio::time::timeout(REQUEST_TIMEOUT, exchange)
@@ -186,17 +186,18 @@ where
     Ok((status, body.to_bytes()))
 }
 
-async fn connect(target: SocketAddr) -> Option<SendRequest<Empty<Bytes>>> {
+/// A new keep-alive HTTP/1.1 connection to `target`, or why there is none.
+async fn connect(target: SocketAddr) -> Result<SendRequest<Empty<Bytes>>, String> {
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target))
         .await
-        .ok()?
-        .ok()?;
+        .map_err(|_| "timed out".to_owned())?
+        .map_err(|e| e.to_string())?;
     let _ = stream.set_nodelay(true);
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .ok()?;
+        .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
-    Some(sender)
+    Ok(sender)
 }
 
 /// Every send slot from `start` to `end`, in time order: `(instant, connection)`.
@@ -301,8 +302,8 @@ async fn drive_connection(
         let mut conn = match sender.take() {
             Some(s) if !s.is_closed() => s,
             _ => match connect(spec.target).await {
-                Some(s) => s,
-                None => {
+                Ok(s) => s,
+                Err(_) => {
                     result.record(measuring, None, Duration::ZERO);
                     tokio::time::sleep(RECONNECT_PAUSE).await;
                     continue;
