@@ -63,6 +63,26 @@ impl Scenario {
         )
     }
 
+    /// What the load adds to every request in this scenario ([`EDGE_HEADERS`]): nothing on a
+    /// tunnel path, where the edge and the connector add them.
+    pub fn edge_headers(self) -> Vec<(http::HeaderName, http::HeaderValue)> {
+        let sets_forwarding = match self {
+            Self::Proxy => true,
+            Self::Direct | Self::Nginx => false,
+            _ => return Vec::new(),
+        };
+        EDGE_HEADERS
+            .iter()
+            .filter(|(name, _)| !(sets_forwarding && name.starts_with("x-forwarded-")))
+            .map(|&(name, value)| {
+                (
+                    http::HeaderName::from_static(name),
+                    http::HeaderValue::from_static(value),
+                )
+            })
+            .collect()
+    }
+
     /// Requests cross `cloudflared` instead of the proxy.
     pub fn is_cloudflared(self) -> bool {
         matches!(self, Self::CloudflaredQuicEdge | Self::CloudflaredHttp2Edge)
@@ -134,28 +154,6 @@ const EDGE_HEADERS: [(&str, &str); 7] = [
     ("cdn-loop", "cloudflare"),
     ("cf-warp-tag-id", "6c1f4b2e-93d7-4a58-b0e1-7f25d8c9a346"),
 ];
-
-impl Scenario {
-    /// What the load adds to every request in this scenario ([`EDGE_HEADERS`]): nothing on a
-    /// tunnel path, where the edge and the connector add them.
-    pub fn edge_headers(self) -> Vec<(http::HeaderName, http::HeaderValue)> {
-        let sets_forwarding = match self {
-            Self::Proxy => true,
-            Self::Direct | Self::Nginx => false,
-            _ => return Vec::new(),
-        };
-        EDGE_HEADERS
-            .iter()
-            .filter(|(name, _)| !(sets_forwarding && name.starts_with("x-forwarded-")))
-            .map(|&(name, value)| {
-                (
-                    http::HeaderName::from_static(name),
-                    http::HeaderValue::from_static(value),
-                )
-            })
-            .collect()
-    }
-}
 
 /// What every scenario may use.
 pub struct ScenarioEnv<'a> {
