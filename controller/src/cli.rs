@@ -1,5 +1,6 @@
-//! The command line: `cftunnel-controller translate` renders the proxy config a cluster state
-//! would produce, with no cluster.
+//! The command line: `cftunnel-controller translate` prints the proxy config a cluster state
+//! would produce, `render` the objects of a Gateway's dedicated data plane, `crd` the
+//! `GatewayConfig` CustomResourceDefinition; none needs a cluster.
 
 use std::fmt;
 use std::io::Write;
@@ -8,8 +9,12 @@ use std::str::FromStr;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::CustomResourceExt;
 
+use crate::gateway_config::GatewayConfig;
 use crate::manifest;
+use crate::render::{self, RenderSettings};
 use crate::translate::{
     self, ObjectKey, Options, Output, PlaneKey, Snapshot, Statuses, DEFAULT_CLUSTER_DOMAIN,
     DEFAULT_CONTROLLER_NAME,
@@ -28,6 +33,41 @@ pub enum Command {
     /// Print the proxy config a set of manifests produces (stdout, JSON) and the conditions
     /// every owned object would get (stderr).
     Translate(TranslateArgs),
+    /// Print the objects of a Gateway's dedicated data plane (stdout, multi-document YAML, in
+    /// apply order) and its status address (stderr).
+    Render(RenderArgs),
+    /// Print the GatewayConfig CustomResourceDefinition (YAML).
+    Crd,
+}
+
+#[derive(Debug, Args)]
+pub struct RenderArgs {
+    /// Manifest file or folder of manifests (*.yaml, *.yml, *.json); repeatable. They must hold
+    /// the Gateway, its GatewayConfig and the Secrets that names.
+    #[arg(short = 'f', long = "filename", required = true)]
+    pub files: Vec<PathBuf>,
+    /// The Gateway (NAMESPACE/NAME) whose data plane to render.
+    #[arg(long)]
+    pub gateway: GatewayName,
+    /// The proxy image when the GatewayConfig names none.
+    #[arg(long, env = "PROXY_IMAGE")]
+    pub proxy_image: Option<String>,
+    /// The controller's namespace, the one the config API admits.
+    #[arg(long, default_value = "cftunnel-system")]
+    pub controller_namespace: String,
+    /// Also admit namespaces with this label (KEY=VALUE) to the config API, for scraping.
+    #[arg(long, value_parser = parse_label)]
+    pub monitoring_namespace_label: Option<(String, String)>,
+    /// The proxy's drain window after SIGTERM, in seconds (at most 180).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=180))]
+    pub grace_period_seconds: u32,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -143,6 +183,91 @@ pub fn run_translate(
         .with_context(|| format!("no config for the {plane} plane"))?;
     serde_json::to_writer_pretty(&mut *out, config).context("writing the config")?;
     writeln!(out)?;
+    Ok(())
+}
+
+/// Runs `render`: the data plane's objects to `out`, its address to `err`.
+///
+/// # Errors
+/// Unreadable manifests, an unknown Gateway or one without a GatewayConfig, and every reason
+/// the controller would give in the Gateway's `InvalidParameters` condition.
+pub fn run_render(
+    args: &RenderArgs,
+    out: &mut impl Write,
+    err: &mut impl Write,
+) -> anyhow::Result<()> {
+    let mut snapshot = Snapshot::default();
+    for path in &args.files {
+        load_path(&mut snapshot, path)?;
+    }
+    let GatewayName(key) = &args.gateway;
+    let Some(gateway) = snapshot.gateways.iter().find(|g| {
+        g.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+            && g.metadata.name.as_deref() == Some(key.name.as_str())
+    }) else {
+        bail!("Gateway {key} is not in the manifests");
+    };
+    let Some(config_name) = gateway
+        .spec
+        .infrastructure
+        .as_ref()
+        .and_then(|i| i.parameters_ref.as_ref())
+        .filter(|r| {
+            r.group == translate::GATEWAY_CONFIG_GROUP && r.kind == translate::GATEWAY_CONFIG_KIND
+        })
+        .map(|r| r.name.as_str())
+    else {
+        bail!("Gateway {key} names no GatewayConfig in spec.infrastructure.parametersRef: the shared data plane serves it");
+    };
+    let Some(config) = snapshot.gateway_configs.iter().find(|c| {
+        c.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+            && c.metadata.name.as_deref() == Some(config_name)
+    }) else {
+        bail!(
+            "GatewayConfig {}/{config_name}, which Gateway {key} names, is not in the manifests",
+            key.namespace
+        );
+    };
+    let credentials = render::resolve(gateway, config, &snapshot.secrets, &render::fresh_token()?)?;
+    let settings = RenderSettings {
+        proxy_image: args.proxy_image.clone(),
+        controller_namespace: args.controller_namespace.clone(),
+        monitoring_namespace_selector: args.monitoring_namespace_label.clone().map(|(k, v)| {
+            LabelSelector {
+                match_labels: Some([(k, v)].into()),
+                match_expressions: None,
+            }
+        }),
+        grace_period_seconds: args.grace_period_seconds,
+    };
+    let plane = render::render(gateway, config, &credentials, &settings)?;
+    let mut documents = Vec::new();
+    if let Some(secret) = &plane.auth_secret {
+        documents.push(serde_yaml_ng::to_string(secret)?);
+    }
+    documents.push(serde_yaml_ng::to_string(&plane.service)?);
+    documents.push(serde_yaml_ng::to_string(&plane.network_policy)?);
+    documents.push(serde_yaml_ng::to_string(&plane.deployment)?);
+    if let Some(autoscaler) = &plane.autoscaler {
+        documents.push(serde_yaml_ng::to_string(autoscaler)?);
+    }
+    for (i, doc) in documents.iter().enumerate() {
+        if i > 0 {
+            writeln!(out, "---")?;
+        }
+        writeln!(out, "{}", doc.trim_end()).context("writing the objects")?;
+    }
+    writeln!(err, "Gateway {key}: address {}", plane.address)?;
+    Ok(())
+}
+
+/// Runs `crd`: the GatewayConfig CustomResourceDefinition as YAML.
+///
+/// # Errors
+/// Only if `out` cannot be written.
+pub fn run_crd(out: &mut impl Write) -> anyhow::Result<()> {
+    let crd = serde_yaml_ng::to_string(&GatewayConfig::crd()).context("encoding the CRD")?;
+    out.write_all(crd.as_bytes()).context("writing the CRD")?;
     Ok(())
 }
 

@@ -2,8 +2,12 @@
 //!
 //! [`translate`] is the pure core: Gateway API objects in, proxy config documents and statuses
 //! out, with no I/O. [`manifest`] parses multi-document YAML into a [`translate::Snapshot`].
-//! [`cli`] is the command line (`translate`).
+//! [`render`] is the other pure core: a Gateway and its [`gateway_config::GatewayConfig`] in,
+//! the objects of its dedicated data plane out. [`cli`] is the command line (`translate`,
+//! `render`, `crd`).
 
 pub mod cli;
+pub mod gateway_config;
 pub mod manifest;
+pub mod render;
 pub mod translate;

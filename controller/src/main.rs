@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use cftunnel_controller::cli::{run_translate, Cli, Command};
+use cftunnel_controller::cli::{run_crd, run_render, run_translate, Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -12,6 +12,12 @@ fn main() -> ExitCode {
             &mut std::io::stdout().lock(),
             &mut std::io::stderr().lock(),
         ),
+        Command::Render(args) => run_render(
+            args,
+            &mut std::io::stdout().lock(),
+            &mut std::io::stderr().lock(),
+        ),
+        Command::Crd => run_crd(&mut std::io::stdout().lock()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

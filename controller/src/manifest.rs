@@ -6,7 +6,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_yaml_ng::Value;
 
-use crate::translate::{Snapshot, GATEWAY_API_GROUP};
+use crate::translate::{Snapshot, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND};
 
 /// Why a manifest could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +132,16 @@ fn add_value(
         ("", "Service") => {
             snapshot
                 .services
+                .push(object(value, source_name, document, &kind, &name)?)
+        }
+        ("", "Secret") => {
+            snapshot
+                .secrets
+                .push(object(value, source_name, document, &kind, &name)?)
+        }
+        (GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND) => {
+            snapshot
+                .gateway_configs
                 .push(object(value, source_name, document, &kind, &name)?)
         }
         ("discovery.k8s.io", "EndpointSlice") => {

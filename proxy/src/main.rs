@@ -95,7 +95,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         // In tunnel mode requests arrive only through the connector.
         data_addr: connector.is_none().then_some(args.addr.0),
         admin_addr: args.config_addr.0,
-        auth_token: args.auth_token.clone(),
+        // A token read from a Secret file often ends in a newline, which no client can send.
+        auth_token: args.auth_token.as_deref().map(|t| t.trim().to_owned()),
         grace: args.grace_period.0,
         access_log: args.access_log_enabled,
         metrics_enabled: args.metrics_enabled,

@@ -5,8 +5,9 @@
 //! no I/O, reads no clock and iterates only ordered maps, so the same snapshot always yields
 //! byte-identical output (golden tests rely on this).
 //!
-//! What it leaves out: talking to the API server, pushing configs, writing status (with
-//! `lastTransitionTime`), and rendering dedicated data planes. Those belong to the runtime.
+//! What it leaves out: talking to the API server, pushing configs and writing status (with
+//! `lastTransitionTime`), which belong to the runtime, and the objects of dedicated data planes,
+//! which [`crate::render`] produces.
 
 mod backend;
 mod binding;
@@ -28,9 +29,11 @@ use gateway_api::experimental::gateways::Gateway;
 use gateway_api::experimental::grpcroutes::GrpcRoute;
 use gateway_api::experimental::httproutes::HttpRoute;
 use gateway_api::experimental::referencegrants::ReferenceGrant;
-use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::{Serialize, Serializer};
+
+use crate::gateway_config::GatewayConfig;
 
 pub use backend::BackendRefError;
 pub use http_route::RuleError;
@@ -61,6 +64,10 @@ pub struct Snapshot {
     pub namespaces: Vec<Namespace>,
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
+    /// Read by [`crate::render`], not by the translation.
+    pub gateway_configs: Vec<GatewayConfig>,
+    /// Read by [`crate::render`] for the tokens a `GatewayConfig` names.
+    pub secrets: Vec<Secret>,
 }
 
 /// Which Gateways are ours and how cluster names are spelled.

@@ -1,0 +1,638 @@
+//! Pure rendering of a Gateway's dedicated data plane: the proxy Deployment, its headless
+//! Service, the config-API NetworkPolicy, the autoscaler and the generated config-API token.
+//!
+//! [`resolve`] reads the Secrets a `GatewayConfig` names; [`render`] turns a Gateway, its
+//! `GatewayConfig` and those values into the objects to apply. Neither does I/O or reads a
+//! clock: the caller supplies the Secrets it listed and a fresh token in case one must be
+//! generated, so the same inputs always render the same objects. Applying them, with the
+//! ownership guards that keep the controller off objects it did not create, is the runtime's.
+
+mod names;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+
+use aws_lc_rs::digest;
+use cftunnel_tunnel::{Token, TokenError};
+use gateway_api::experimental::gateways::Gateway;
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::autoscaling::v2::{
+    CrossVersionObjectReference, HorizontalPodAutoscaler, HorizontalPodAutoscalerSpec,
+    MetricIdentifier, MetricSpec, MetricTarget, PodsMetricSource,
+};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector,
+    SecurityContext, Service, ServicePort, ServiceSpec,
+};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::ByteString;
+
+use crate::gateway_config::{
+    GatewayConfig, SecretKeyRef, DEFAULT_AUTH_TOKEN_KEY, DEFAULT_TUNNEL_TOKEN_KEY,
+};
+pub use names::PlaneNames;
+
+/// Label on every rendered object, valued with the Gateway's name (or its hashed short form).
+pub const GATEWAY_LABEL: &str = "cf.k8s.lex.la/gateway";
+/// Pod-template annotation: a digest of the tokens the pods read at start, so that rotating
+/// either Secret rolls the pods.
+pub const CREDENTIALS_HASH_ANNOTATION: &str = "cf.k8s.lex.la/credentials-hash";
+/// The metric the rendered autoscaler scales on.
+pub const IN_FLIGHT_METRIC: &str = "cftunnel_proxy_requests_in_flight";
+/// The proxy's config API, health and metrics port (proxy contract).
+pub const CONFIG_PORT: i32 = 8081;
+/// Replicas without `spec.replicas` or autoscaling, and the autoscaler's default floor.
+pub const DEFAULT_REPLICAS: i32 = 2;
+/// The autoscaler's default target of in-flight requests per pod.
+pub const DEFAULT_TARGET_INFLIGHT: i32 = 50;
+/// Time the kubelet allows beyond the proxy's drain window for unregistering and exit.
+const SHUTDOWN_MARGIN_SECONDS: i64 = 15;
+/// The proxy's drain window cap (proxy contract).
+const MAX_GRACE_SECONDS: u32 = 180;
+/// User the proxy container runs as when the image does not say otherwise.
+const PROXY_UID: i64 = 65532;
+
+/// What the controller itself contributes to every data plane.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RenderSettings {
+    /// `--proxy-image`: the image when the GatewayConfig names none.
+    pub proxy_image: Option<String>,
+    /// The controller's namespace: the only one the config API admits by default.
+    pub controller_namespace: String,
+    /// Further namespaces admitted to the config API (where Prometheus scrapes `/metrics`).
+    pub monitoring_namespace_selector: Option<LabelSelector>,
+    /// The proxy's drain window after SIGTERM (`PROXY_GRACE_PERIOD`), in seconds.
+    pub grace_period_seconds: u32,
+}
+
+impl Default for RenderSettings {
+    fn default() -> Self {
+        Self {
+            proxy_image: None,
+            controller_namespace: "cftunnel-system".to_owned(),
+            monitoring_namespace_selector: None,
+            grace_period_seconds: 30,
+        }
+    }
+}
+
+/// Why a data plane cannot be rendered. The message is written for the Gateway's
+/// `Accepted=False` (`InvalidParameters`) condition: it names what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    #[error("no proxy image: set spec.image of GatewayConfig {config} or the controller's --proxy-image")]
+    NoImage { config: String },
+    #[error("Secret {namespace}/{name} (spec.{field} of GatewayConfig {config}) does not exist")]
+    SecretNotFound {
+        namespace: String,
+        name: String,
+        field: &'static str,
+        config: String,
+    },
+    #[error(
+        "Secret {namespace}/{name} has no key {key:?} (spec.{field} of GatewayConfig {config})"
+    )]
+    SecretKeyMissing {
+        namespace: String,
+        name: String,
+        key: String,
+        field: &'static str,
+        config: String,
+    },
+    #[error("key {key:?} of Secret {namespace}/{name} is empty or not UTF-8 text")]
+    SecretNotText {
+        namespace: String,
+        name: String,
+        key: String,
+    },
+    #[error("key {key:?} of Secret {namespace}/{name}: {error}")]
+    BadTunnelToken {
+        namespace: String,
+        name: String,
+        key: String,
+        error: TokenError,
+    },
+    #[error(
+        "spec.autoscaling of GatewayConfig {config}: minReplicas {min} is above maxReplicas {max}"
+    )]
+    AutoscalingBounds { config: String, min: i32, max: i32 },
+    #[error("spec.replicas of GatewayConfig {config} is negative ({replicas})")]
+    NegativeReplicas { config: String, replicas: i32 },
+    #[error("the system random source failed")]
+    Random,
+    #[error("Gateway has no {0}")]
+    GatewayMetadata(&'static str),
+}
+
+/// The credentials a data plane's pods need, read from the Secrets the GatewayConfig names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Credentials {
+    /// The parsed connector token.
+    pub tunnel: Token,
+    /// Where the pods read the connector token from.
+    pub tunnel_ref: SecretKeySelector,
+    /// The config-API bearer token the controller authenticates its pushes with.
+    pub auth_token: String,
+    /// Where the pods read it from: the operator's Secret, or the generated one.
+    pub auth_ref: SecretKeySelector,
+    /// Whether the controller owns the auth Secret (and must render it).
+    pub auth_generated: bool,
+    digest: String,
+}
+
+/// Reads the Secrets `config` names out of `secrets` (the Secrets of the Gateway's namespace).
+///
+/// Without `authTokenSecretRef`, the token is taken from the generated Secret when it already
+/// exists (it is never rotated) and is `fresh_token` (see [`fresh_token`]) otherwise.
+///
+/// # Errors
+/// A named Secret or key that is missing, a value that is not text, a malformed connector token.
+pub fn resolve(
+    gateway: &Gateway,
+    config: &GatewayConfig,
+    secrets: &[Secret],
+    fresh_token: &str,
+) -> Result<Credentials, RenderError> {
+    let namespace = gateway
+        .metadata
+        .namespace
+        .as_deref()
+        .ok_or(RenderError::GatewayMetadata("namespace"))?;
+    let names = PlaneNames::for_gateway(gateway)?;
+    let config_name = format!(
+        "{namespace}/{}",
+        config.metadata.name.as_deref().unwrap_or_default()
+    );
+    let lookup = |r: &SecretKeyRef, default_key: &str, field: &'static str| {
+        let key = r.key_or(default_key).to_owned();
+        let secret = secrets
+            .iter()
+            .find(|s| {
+                s.metadata.namespace.as_deref() == Some(namespace)
+                    && s.metadata.name.as_deref() == Some(r.name.as_str())
+            })
+            .ok_or_else(|| RenderError::SecretNotFound {
+                namespace: namespace.to_owned(),
+                name: r.name.clone(),
+                field,
+                config: config_name.clone(),
+            })?;
+        let value = secret_value(secret, &key).ok_or_else(|| RenderError::SecretKeyMissing {
+            namespace: namespace.to_owned(),
+            name: r.name.clone(),
+            key: key.clone(),
+            field,
+            config: config_name.clone(),
+        })?;
+        let text = text_value(&value).ok_or_else(|| RenderError::SecretNotText {
+            namespace: namespace.to_owned(),
+            name: r.name.clone(),
+            key: key.clone(),
+        })?;
+        Ok::<_, RenderError>((
+            text,
+            SecretKeySelector {
+                name: r.name.clone(),
+                key,
+                optional: None,
+            },
+        ))
+    };
+
+    let tunnel_spec = &config.spec.tunnel_token_secret_ref;
+    let (tunnel_text, tunnel_ref) = lookup(
+        tunnel_spec,
+        DEFAULT_TUNNEL_TOKEN_KEY,
+        "tunnelTokenSecretRef",
+    )?;
+    let tunnel: Token = tunnel_text
+        .parse()
+        .map_err(|error| RenderError::BadTunnelToken {
+            namespace: namespace.to_owned(),
+            name: tunnel_ref.name.clone(),
+            key: tunnel_ref.key.clone(),
+            error,
+        })?;
+
+    let (auth_token, auth_ref, auth_generated) = match &config.spec.auth_token_secret_ref {
+        Some(r) => {
+            let (text, selector) = lookup(r, DEFAULT_AUTH_TOKEN_KEY, "authTokenSecretRef")?;
+            (text, selector, false)
+        }
+        None => {
+            let generated = SecretKeyRef {
+                name: names.auth_secret.clone(),
+                key: None,
+            };
+            let existing = lookup(&generated, DEFAULT_AUTH_TOKEN_KEY, "authTokenSecretRef")
+                .ok()
+                .map(|(text, _)| text)
+                .filter(|t| !t.is_empty());
+            let token = existing.unwrap_or_else(|| fresh_token.to_owned());
+            let selector = SecretKeySelector {
+                name: names.auth_secret.clone(),
+                key: DEFAULT_AUTH_TOKEN_KEY.to_owned(),
+                optional: None,
+            };
+            (token, selector, true)
+        }
+    };
+
+    let digest = credentials_digest(&tunnel_text, &auth_token);
+    Ok(Credentials {
+        tunnel,
+        tunnel_ref,
+        auth_token,
+        auth_ref,
+        auth_generated,
+        digest,
+    })
+}
+
+/// A new config-API token: 32 random bytes, hex. [`resolve`] uses it for the generated Secret's
+/// first render.
+///
+/// # Errors
+/// The operating system's random source failed.
+pub fn fresh_token() -> Result<String, RenderError> {
+    let mut bytes = [0u8; 32];
+    aws_lc_rs::rand::fill(&mut bytes).map_err(|_| RenderError::Random)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn secret_value(secret: &Secret, key: &str) -> Option<Vec<u8>> {
+    // `stringData` is write-only on the API server, but manifests carry it; it wins over `data`
+    // as it does when the API server merges the two.
+    if let Some(v) = secret.string_data.as_ref().and_then(|d| d.get(key)) {
+        return Some(v.as_bytes().to_vec());
+    }
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|ByteString(b)| b.clone())
+}
+
+/// A token as the pod will see it in its environment: UTF-8, surrounding whitespace (the
+/// trailing newline `echo` leaves in a file) removed, as the proxy removes it.
+fn text_value(value: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(value).ok()?.trim();
+    (!text.is_empty()).then(|| text.to_owned())
+}
+
+fn credentials_digest(tunnel_token: &str, auth_token: &str) -> String {
+    let mut ctx = digest::Context::new(&digest::SHA256);
+    for part in [tunnel_token, auth_token] {
+        ctx.update(&(part.len() as u64).to_be_bytes());
+        ctx.update(part.as_bytes());
+    }
+    ctx.finish()
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The objects of one dedicated data plane, ready to apply in the Gateway's namespace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataPlane {
+    pub names: PlaneNames,
+    /// The Gateway's status address: `<tunnel id>.cfargotunnel.com`.
+    pub address: String,
+    pub deployment: Deployment,
+    /// Headless: the controller pushes config to each pod's address.
+    pub service: Service,
+    pub network_policy: NetworkPolicy,
+    /// Present when the GatewayConfig asks for autoscaling.
+    pub autoscaler: Option<HorizontalPodAutoscaler>,
+    /// Present when the controller generates the config-API token.
+    pub auth_secret: Option<Secret>,
+}
+
+/// Renders the data plane of `gateway` as `config` describes it.
+///
+/// # Errors
+/// No image to run, or autoscaling bounds that contradict each other.
+pub fn render(
+    gateway: &Gateway,
+    config: &GatewayConfig,
+    credentials: &Credentials,
+    settings: &RenderSettings,
+) -> Result<DataPlane, RenderError> {
+    let namespace = gateway
+        .metadata
+        .namespace
+        .clone()
+        .ok_or(RenderError::GatewayMetadata("namespace"))?;
+    let names = PlaneNames::for_gateway(gateway)?;
+    let config_name = format!(
+        "{namespace}/{}",
+        config.metadata.name.as_deref().unwrap_or_default()
+    );
+    let image = config
+        .spec
+        .image
+        .clone()
+        .filter(|i| !i.trim().is_empty())
+        .or_else(|| {
+            settings
+                .proxy_image
+                .clone()
+                .filter(|i| !i.trim().is_empty())
+        })
+        .ok_or_else(|| RenderError::NoImage {
+            config: config_name.clone(),
+        })?;
+    let autoscaling = match &config.spec.autoscaling {
+        None => None,
+        Some(a) => {
+            let min = a
+                .min_replicas
+                .unwrap_or(DEFAULT_REPLICAS.min(a.max_replicas));
+            if min > a.max_replicas || min < 1 {
+                return Err(RenderError::AutoscalingBounds {
+                    config: config_name,
+                    min,
+                    max: a.max_replicas,
+                });
+            }
+            Some((
+                min,
+                a.max_replicas,
+                a.target_inflight_per_pod.unwrap_or(DEFAULT_TARGET_INFLIGHT),
+            ))
+        }
+    };
+    let replicas = config.spec.replicas.unwrap_or(DEFAULT_REPLICAS);
+    if replicas < 0 {
+        return Err(RenderError::NegativeReplicas {
+            config: config_name,
+            replicas,
+        });
+    }
+
+    let infrastructure = gateway.spec.infrastructure.as_ref();
+    let extra_labels = infrastructure
+        .and_then(|i| i.labels.clone())
+        .unwrap_or_default();
+    let extra_annotations = infrastructure
+        .and_then(|i| i.annotations.clone())
+        .unwrap_or_default();
+    let selector = names.selector_labels();
+    // Infrastructure labels go first so that ours win a clash: the selector must stay ours.
+    let mut labels = extra_labels;
+    labels.extend(names.object_labels());
+    let meta = |name: &str| ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(namespace.clone()),
+        labels: Some(labels.clone()),
+        annotations: (!extra_annotations.is_empty()).then(|| extra_annotations.clone()),
+        owner_references: owner_reference(gateway).map(|o| vec![o]),
+        ..ObjectMeta::default()
+    };
+
+    let mut pod_annotations = extra_annotations.clone();
+    pod_annotations.insert(
+        CREDENTIALS_HASH_ANNOTATION.to_owned(),
+        credentials.digest.clone(),
+    );
+    let grace = settings.grace_period_seconds.min(MAX_GRACE_SECONDS);
+    let deployment = Deployment {
+        metadata: meta(&names.deployment),
+        spec: Some(DeploymentSpec {
+            // The autoscaler owns the count when there is one; writing it here would fight it.
+            replicas: autoscaling.is_none().then_some(replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector.clone()),
+                match_expressions: None,
+            },
+            // A rollout never takes a registered connector away before its successor is ready.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".to_owned()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels.clone()),
+                    annotations: Some(pod_annotations),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod_spec(image, credentials, config, grace)),
+            },
+            ..DeploymentSpec::default()
+        }),
+        status: None,
+    };
+
+    let service = Service {
+        metadata: meta(&names.service),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_owned()),
+            selector: Some(selector.clone()),
+            // A pod is ready only once it has a config, so pushes must reach it before.
+            publish_not_ready_addresses: Some(true),
+            ports: Some(vec![ServicePort {
+                name: Some("config".to_owned()),
+                port: CONFIG_PORT,
+                target_port: Some(IntOrString::String("config".to_owned())),
+                protocol: Some("TCP".to_owned()),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    };
+
+    let mut peers = vec![NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(
+                "kubernetes.io/metadata.name".to_owned(),
+                settings.controller_namespace.clone(),
+            )])),
+            match_expressions: None,
+        }),
+        ..NetworkPolicyPeer::default()
+    }];
+    if let Some(monitoring) = &settings.monitoring_namespace_selector {
+        peers.push(NetworkPolicyPeer {
+            namespace_selector: Some(monitoring.clone()),
+            ..NetworkPolicyPeer::default()
+        });
+    }
+    let network_policy = NetworkPolicy {
+        metadata: meta(&names.network_policy),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(selector.clone()),
+                match_expressions: None,
+            }),
+            policy_types: Some(vec!["Ingress".to_owned()]),
+            // One rule, for the config port only: the data port takes no in-cluster traffic,
+            // requests arrive through the outbound tunnel.
+            ingress: Some(vec![NetworkPolicyIngressRule {
+                from: Some(peers),
+                ports: Some(vec![NetworkPolicyPort {
+                    port: Some(IntOrString::Int(CONFIG_PORT)),
+                    protocol: Some("TCP".to_owned()),
+                    end_port: None,
+                }]),
+            }]),
+            egress: None,
+        }),
+    };
+
+    let autoscaler = autoscaling.map(|(min, max, target)| HorizontalPodAutoscaler {
+        metadata: meta(&names.autoscaler),
+        spec: HorizontalPodAutoscalerSpec {
+            scale_target_ref: CrossVersionObjectReference {
+                api_version: Some("apps/v1".to_owned()),
+                kind: "Deployment".to_owned(),
+                name: names.deployment.clone(),
+            },
+            min_replicas: Some(min),
+            max_replicas: max,
+            metrics: Some(vec![MetricSpec {
+                type_: "Pods".to_owned(),
+                pods: Some(PodsMetricSource {
+                    metric: MetricIdentifier {
+                        name: IN_FLIGHT_METRIC.to_owned(),
+                        selector: None,
+                    },
+                    target: MetricTarget {
+                        type_: "AverageValue".to_owned(),
+                        average_value: Some(Quantity(target.to_string())),
+                        ..MetricTarget::default()
+                    },
+                }),
+                ..MetricSpec::default()
+            }]),
+            behavior: None,
+        },
+        status: None,
+    });
+
+    let auth_secret = credentials.auth_generated.then(|| Secret {
+        metadata: meta(&names.auth_secret),
+        type_: Some("Opaque".to_owned()),
+        data: Some(BTreeMap::from([(
+            DEFAULT_AUTH_TOKEN_KEY.to_owned(),
+            ByteString(credentials.auth_token.as_bytes().to_vec()),
+        )])),
+        ..Secret::default()
+    });
+
+    Ok(DataPlane {
+        address: format!("{}.cfargotunnel.com", credentials.tunnel.tunnel_id()),
+        names,
+        deployment,
+        service,
+        network_policy,
+        autoscaler,
+        auth_secret,
+    })
+}
+
+fn pod_spec(
+    image: String,
+    credentials: &Credentials,
+    config: &GatewayConfig,
+    grace: u32,
+) -> PodSpec {
+    let env = |name: &str, value: &str| EnvVar {
+        name: name.to_owned(),
+        value: Some(value.to_owned()),
+        value_from: None,
+    };
+    let from_secret = |name: &str, selector: &SecretKeySelector| EnvVar {
+        name: name.to_owned(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(selector.clone()),
+            ..EnvVarSource::default()
+        }),
+    };
+    let probe = |path: &str, period: i32, failures: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_owned()),
+            port: IntOrString::String("config".to_owned()),
+            scheme: Some("HTTP".to_owned()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        timeout_seconds: Some(2),
+        ..Probe::default()
+    };
+    PodSpec {
+        // The proxy never talks to the API server; the controller pushes to it.
+        automount_service_account_token: Some(false),
+        termination_grace_period_seconds: Some(i64::from(grace) + SHUTDOWN_MARGIN_SECONDS),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(PROXY_UID),
+            run_as_group: Some(PROXY_UID),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_owned(),
+                localhost_profile: None,
+            }),
+            ..PodSecurityContext::default()
+        }),
+        containers: vec![Container {
+            name: "proxy".to_owned(),
+            image: Some(image),
+            env: Some(vec![
+                from_secret("TUNNEL_TOKEN", &credentials.tunnel_ref),
+                from_secret("PROXY_AUTH_TOKEN", &credentials.auth_ref),
+                env("PROXY_GRACE_PERIOD", &format!("{grace}s")),
+                env("PROXY_CONFIG_ADDR", &format!(":{CONFIG_PORT}")),
+            ]),
+            ports: Some(vec![ContainerPort {
+                name: Some("config".to_owned()),
+                container_port: CONFIG_PORT,
+                protocol: Some("TCP".to_owned()),
+                ..ContainerPort::default()
+            }]),
+            // Ready means: a config is loaded and a tunnel connection is registered now.
+            readiness_probe: Some(probe("/readyz", 5, 2)),
+            liveness_probe: Some(probe("/healthz", 10, 3)),
+            resources: config.spec.resources.clone(),
+            security_context: Some(SecurityContext {
+                allow_privilege_escalation: Some(false),
+                read_only_root_filesystem: Some(true),
+                capabilities: Some(Capabilities {
+                    drop: Some(vec!["ALL".to_owned()]),
+                    add: None,
+                }),
+                ..SecurityContext::default()
+            }),
+            ..Container::default()
+        }],
+        ..PodSpec::default()
+    }
+}
+
+/// The Gateway as controlling owner, so the rendered objects are deleted with it. A Gateway
+/// read from a manifest has no uid yet; its objects then carry no owner.
+fn owner_reference(gateway: &Gateway) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: "gateway.networking.k8s.io/v1".to_owned(),
+        kind: "Gateway".to_owned(),
+        name: gateway.metadata.name.clone()?,
+        uid: gateway.metadata.uid.clone().filter(|u| !u.is_empty())?,
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    })
+}

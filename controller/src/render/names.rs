@@ -1,0 +1,152 @@
+//! Names and labels of a Gateway's rendered objects.
+
+use std::collections::BTreeMap;
+
+use aws_lc_rs::digest;
+use gateway_api::experimental::gateways::Gateway;
+
+use super::{RenderError, GATEWAY_LABEL};
+
+/// Longest DNS-1035 label: the limit on Service names.
+const MAX_LABEL: usize = 63;
+const PREFIX: &str = "cf-proxy-";
+const SERVICE_SUFFIX: &str = "-config";
+
+/// The names of one Gateway's data-plane objects, all in the Gateway's namespace.
+///
+/// For a Gateway `edge` they are `cf-proxy-edge` (Deployment, NetworkPolicy, autoscaler),
+/// `cf-proxy-edge-config` (Service) and `cf-proxy-edge-auth` (generated Secret). A Gateway name
+/// that would make an invalid Service name (dots, or too long) is shortened and given a hash
+/// of the full name, so two Gateways never share a plane by accident.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlaneNames {
+    pub deployment: String,
+    pub service: String,
+    pub network_policy: String,
+    pub autoscaler: String,
+    pub auth_secret: String,
+    /// Value of the [`GATEWAY_LABEL`] label.
+    pub gateway_label: String,
+}
+
+impl PlaneNames {
+    /// # Errors
+    /// The Gateway has no name.
+    pub fn for_gateway(gateway: &Gateway) -> Result<Self, RenderError> {
+        let name = gateway
+            .metadata
+            .name
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .ok_or(RenderError::GatewayMetadata("name"))?;
+        Ok(Self::for_name(name))
+    }
+
+    fn for_name(name: &str) -> Self {
+        let plain = format!("{PREFIX}{name}");
+        let (base, gateway_label) = if is_dns_label(&format!("{plain}{SERVICE_SUFFIX}")) {
+            (plain, name.to_owned())
+        } else {
+            let hash = short_hash(name);
+            let room = MAX_LABEL - PREFIX.len() - SERVICE_SUFFIX.len() - 1 - hash.len();
+            let mut stem: String = name
+                .chars()
+                .map(|c| match c.to_ascii_lowercase() {
+                    c @ ('a'..='z' | '0'..='9') => c,
+                    _ => '-',
+                })
+                .take(room)
+                .collect();
+            while stem.ends_with('-') {
+                stem.pop();
+            }
+            let short = if stem.is_empty() {
+                hash
+            } else {
+                format!("{stem}-{hash}")
+            };
+            (format!("{PREFIX}{short}"), short)
+        };
+        Self {
+            service: format!("{base}{SERVICE_SUFFIX}"),
+            auth_secret: format!("{base}-auth"),
+            network_policy: base.clone(),
+            autoscaler: base.clone(),
+            deployment: base,
+            gateway_label,
+        }
+    }
+
+    /// The labels that select the plane's pods. A Deployment's selector cannot change, so
+    /// nothing else goes in here.
+    pub fn selector_labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (
+                "app.kubernetes.io/name".to_owned(),
+                "cftunnel-proxy".to_owned(),
+            ),
+            (GATEWAY_LABEL.to_owned(), self.gateway_label.clone()),
+        ])
+    }
+
+    /// The labels every rendered object and pod carries.
+    pub fn object_labels(&self) -> BTreeMap<String, String> {
+        let mut labels = self.selector_labels();
+        labels.insert(
+            "app.kubernetes.io/managed-by".to_owned(),
+            "cftunnel-controller".to_owned(),
+        );
+        labels
+    }
+}
+
+/// RFC 1035 label as Kubernetes checks Service names: lower-case alphanumerics and `-`,
+/// starting with a letter, ending with an alphanumeric, at most 63 characters.
+fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_LABEL
+        && b[0].is_ascii_lowercase()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+fn short_hash(name: &str) -> String {
+    digest::digest(&digest::SHA256, name.as_bytes()).as_ref()[..4]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_name_keeps_the_documented_names() {
+        let n = PlaneNames::for_name("edge");
+        assert_eq!(n.deployment, "cf-proxy-edge");
+        assert_eq!(n.service, "cf-proxy-edge-config");
+        assert_eq!(n.auth_secret, "cf-proxy-edge-auth");
+        assert_eq!(n.gateway_label, "edge");
+    }
+
+    #[test]
+    fn names_that_make_no_valid_service_name_are_shortened_with_a_hash() {
+        let long = "a".repeat(60);
+        for name in ["edge.example.com", long.as_str()] {
+            let n = PlaneNames::for_name(name);
+            assert!(is_dns_label(&n.service), "{name}: {}", n.service);
+            assert!(n.gateway_label.len() <= MAX_LABEL, "{name}");
+            assert!(n.service.ends_with("-config"));
+            assert_ne!(n, PlaneNames::for_name(&format!("{name}x")), "{name}");
+        }
+        assert!(PlaneNames::for_name("edge.example.com")
+            .deployment
+            .starts_with("cf-proxy-edge-example-com-"));
+        // The longest plain name that still fits is used as it is.
+        let fits = "b".repeat(MAX_LABEL - PREFIX.len() - SERVICE_SUFFIX.len());
+        assert_eq!(PlaneNames::for_name(&fits).gateway_label, fits);
+    }
+}

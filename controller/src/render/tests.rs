@@ -1,0 +1,506 @@
+use cftunnel_tunnel::Token;
+use k8s_openapi::api::core::v1::Container;
+
+use super::*;
+use crate::manifest;
+use crate::translate::Snapshot;
+
+const TUNNEL_ID: &str = "6ff42ae2-765d-4adf-8112-31c55c1551ef";
+
+fn token() -> String {
+    let id = TUNNEL_ID.parse().expect("uuid");
+    Token::new("account", b"a tunnel secret of some length".to_vec(), id).encode()
+}
+
+/// A namespace holding the documented example: Gateway `edge`, GatewayConfig `edge-config`,
+/// the token Secret; `config` is the GatewayConfig's spec, `extra` more documents.
+fn snapshot(config: &str, extra: &str) -> Snapshot {
+    let text = format!(
+        r#"
+apiVersion: v1
+kind: Secret
+metadata: {{name: edge-tunnel-token, namespace: tenant-a}}
+stringData: {{tunnel-token: "{token}\n"}}
+---
+apiVersion: cf.k8s.lex.la/v1alpha1
+kind: GatewayConfig
+metadata: {{name: edge-config, namespace: tenant-a}}
+spec: {config}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: edge, namespace: tenant-a, uid: 0a7c0c3e-1}}
+spec:
+  gatewayClassName: cloudflare-tunnel
+  infrastructure:
+    labels: {{team: a, cf.k8s.lex.la/gateway: not-ours}}
+    annotations: {{owner: team-a}}
+    parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: edge-config}}
+  listeners: [{{name: https, port: 443, protocol: HTTPS}}]
+{extra}"#,
+        token = token()
+    );
+    let mut snapshot = Snapshot::default();
+    manifest::load_into(&mut snapshot, &text, "test.yaml").expect("manifests parse");
+    snapshot
+}
+
+const BASIC: &str = "{tunnelTokenSecretRef: {name: edge-tunnel-token}, replicas: 3}";
+
+fn settings() -> RenderSettings {
+    RenderSettings {
+        proxy_image: Some("registry.example/cftunnel-proxy:1.0".to_owned()),
+        controller_namespace: "cf-system".to_owned(),
+        monitoring_namespace_selector: None,
+        grace_period_seconds: 30,
+    }
+}
+
+fn plane_with(s: &Snapshot, settings: &RenderSettings) -> Result<DataPlane, RenderError> {
+    let credentials = resolve(&s.gateways[0], &s.gateway_configs[0], &s.secrets, "fresh")?;
+    render(
+        &s.gateways[0],
+        &s.gateway_configs[0],
+        &credentials,
+        settings,
+    )
+}
+
+fn plane(config: &str, extra: &str) -> DataPlane {
+    plane_with(&snapshot(config, extra), &settings()).expect("renders")
+}
+
+fn container(p: &DataPlane) -> &Container {
+    &p.deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("pod spec")
+        .containers[0]
+}
+
+fn env_secret(c: &Container, name: &str) -> (String, String) {
+    let var = c
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == name)
+        .unwrap_or_else(|| panic!("{name} is set"));
+    let r = var
+        .value_from
+        .as_ref()
+        .and_then(|v| v.secret_key_ref.as_ref())
+        .unwrap_or_else(|| panic!("{name} comes from a Secret"));
+    (r.name.clone(), r.key.clone())
+}
+
+fn pod_annotation(p: &DataPlane, key: &str) -> Option<String> {
+    p.deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(key).cloned())
+}
+
+#[test]
+fn the_documented_example_renders_the_documented_objects() {
+    let p = plane(BASIC, "");
+    assert_eq!(p.address, format!("{TUNNEL_ID}.cfargotunnel.com"));
+    assert_eq!(p.deployment.metadata.name.as_deref(), Some("cf-proxy-edge"));
+    assert_eq!(
+        p.service.metadata.name.as_deref(),
+        Some("cf-proxy-edge-config")
+    );
+    let secret = p.auth_secret.as_ref().expect("a token Secret is generated");
+    assert_eq!(secret.metadata.name.as_deref(), Some("cf-proxy-edge-auth"));
+    assert_eq!(
+        secret.data.as_ref().and_then(|d| d.get("token")),
+        Some(&ByteString(b"fresh".to_vec()))
+    );
+    assert!(p.autoscaler.is_none());
+
+    let metas = [
+        &p.deployment.metadata,
+        &p.service.metadata,
+        &p.network_policy.metadata,
+        &secret.metadata,
+    ];
+    for m in metas {
+        assert_eq!(m.namespace.as_deref(), Some("tenant-a"));
+        let labels = m.labels.as_ref().expect("labels");
+        // Infrastructure labels propagate, but cannot take over the plane's own label.
+        assert_eq!(labels.get("team").map(String::as_str), Some("a"));
+        assert_eq!(labels.get(GATEWAY_LABEL).map(String::as_str), Some("edge"));
+        let annotations = m.annotations.as_ref().expect("annotations");
+        assert_eq!(annotations.get("owner").map(String::as_str), Some("team-a"));
+        let owner = &m.owner_references.as_ref().expect("owned")[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+            ("Gateway", "edge", "0a7c0c3e-1")
+        );
+        assert_eq!(owner.controller, Some(true));
+    }
+
+    let spec = p.deployment.spec.as_ref().expect("spec");
+    assert_eq!(spec.replicas, Some(3));
+    let template = spec.template.metadata.as_ref().expect("template metadata");
+    assert_eq!(
+        template
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("team"))
+            .map(String::as_str),
+        Some("a")
+    );
+    assert_eq!(pod_annotation(&p, "owner").as_deref(), Some("team-a"));
+    // One selector for the Deployment, the Service and the NetworkPolicy.
+    let selector = spec.selector.match_labels.clone().expect("selector");
+    assert_eq!(
+        p.service.spec.as_ref().and_then(|s| s.selector.clone()),
+        Some(selector.clone())
+    );
+    assert_eq!(
+        p.network_policy
+            .spec
+            .as_ref()
+            .and_then(|s| s.pod_selector.as_ref())
+            .and_then(|s| s.match_labels.clone()),
+        Some(selector.clone())
+    );
+    for (k, v) in &selector {
+        assert_eq!(template.labels.as_ref().and_then(|l| l.get(k)), Some(v));
+    }
+}
+
+#[test]
+fn the_pod_runs_the_proxy_as_the_contract_configures_it() {
+    let p = plane(BASIC, "");
+    let c = container(&p);
+    assert_eq!(
+        c.image.as_deref(),
+        Some("registry.example/cftunnel-proxy:1.0")
+    );
+    assert_eq!(
+        env_secret(c, "TUNNEL_TOKEN"),
+        ("edge-tunnel-token".to_owned(), "tunnel-token".to_owned())
+    );
+    assert_eq!(
+        env_secret(c, "PROXY_AUTH_TOKEN"),
+        ("cf-proxy-edge-auth".to_owned(), "token".to_owned())
+    );
+    let value = |name: &str| {
+        c.env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    };
+    assert_eq!(value("PROXY_GRACE_PERIOD").as_deref(), Some("30s"));
+    assert_eq!(value("PROXY_CONFIG_ADDR").as_deref(), Some(":8081"));
+    let pod = p
+        .deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("pod");
+    // The kubelet waits out the proxy's drain window before it kills.
+    assert_eq!(pod.termination_grace_period_seconds, Some(45));
+    let ready = c.readiness_probe.as_ref().and_then(|p| p.http_get.as_ref());
+    assert_eq!(ready.and_then(|g| g.path.as_deref()), Some("/readyz"));
+    let live = c.liveness_probe.as_ref().and_then(|p| p.http_get.as_ref());
+    assert_eq!(live.and_then(|g| g.path.as_deref()), Some("/healthz"));
+    let port = &c.ports.as_ref().expect("ports")[0];
+    assert_eq!(
+        (port.name.as_deref(), port.container_port),
+        (Some("config"), 8081)
+    );
+
+    // The image named in the GatewayConfig wins over the controller's default.
+    let p = plane(
+        "{tunnelTokenSecretRef: {name: edge-tunnel-token}, image: own/proxy:2}",
+        "",
+    );
+    assert_eq!(container(&p).image.as_deref(), Some("own/proxy:2"));
+    assert_eq!(
+        p.deployment.spec.as_ref().and_then(|s| s.replicas),
+        Some(DEFAULT_REPLICAS)
+    );
+}
+
+#[test]
+fn the_service_is_headless_and_reaches_pods_before_they_are_ready() {
+    let spec = plane(BASIC, "").service.spec.expect("spec");
+    assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+    assert_eq!(spec.publish_not_ready_addresses, Some(true));
+    let ports = spec.ports.expect("ports");
+    assert_eq!(ports.len(), 1);
+    assert_eq!(ports[0].port, CONFIG_PORT);
+}
+
+#[test]
+fn the_config_api_admits_only_the_controller_and_the_data_port_nothing() {
+    let spec = plane(BASIC, "").network_policy.spec.expect("spec");
+    assert_eq!(spec.policy_types, Some(vec!["Ingress".to_owned()]));
+    let rules = spec.ingress.expect("ingress rules");
+    assert_eq!(rules.len(), 1, "one rule: no other port is admitted");
+    let ports = rules[0].ports.as_ref().expect("ports");
+    assert_eq!(ports.len(), 1);
+    assert_eq!(ports[0].port, Some(IntOrString::Int(8081)));
+    let from = rules[0].from.as_ref().expect("peers");
+    assert_eq!(from.len(), 1);
+    assert!(
+        from[0].pod_selector.is_none(),
+        "not pods of the tenant's namespace"
+    );
+    assert_eq!(
+        from[0]
+            .namespace_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.as_ref())
+            .and_then(|l| l.get("kubernetes.io/metadata.name"))
+            .map(String::as_str),
+        Some("cf-system")
+    );
+
+    let mut with_monitoring = settings();
+    let monitoring = LabelSelector {
+        match_labels: Some(BTreeMap::from([(
+            "monitoring".to_owned(),
+            "yes".to_owned(),
+        )])),
+        match_expressions: None,
+    };
+    with_monitoring.monitoring_namespace_selector = Some(monitoring.clone());
+    let p = plane_with(&snapshot(BASIC, ""), &with_monitoring).expect("renders");
+    let rules = p
+        .network_policy
+        .spec
+        .and_then(|s| s.ingress)
+        .expect("rules");
+    let from = rules[0].from.as_ref().expect("peers");
+    assert_eq!(from.len(), 2);
+    assert_eq!(from[1].namespace_selector.as_ref(), Some(&monitoring));
+}
+
+#[test]
+fn autoscaling_hands_the_replica_count_to_an_autoscaler_on_the_in_flight_gauge() {
+    let p = plane(
+        "{tunnelTokenSecretRef: {name: edge-tunnel-token}, replicas: 5, autoscaling: {maxReplicas: 10}}",
+        "",
+    );
+    assert_eq!(p.deployment.spec.as_ref().and_then(|s| s.replicas), None);
+    let hpa = p.autoscaler.expect("an autoscaler");
+    assert_eq!(hpa.metadata.name.as_deref(), Some("cf-proxy-edge"));
+    assert_eq!(hpa.spec.scale_target_ref.kind, "Deployment");
+    assert_eq!(hpa.spec.scale_target_ref.name, "cf-proxy-edge");
+    assert_eq!(
+        (hpa.spec.min_replicas, hpa.spec.max_replicas),
+        (Some(2), 10)
+    );
+    let metric = &hpa.spec.metrics.expect("metrics")[0];
+    assert_eq!(metric.type_, "Pods");
+    let pods = metric.pods.as_ref().expect("pods metric");
+    assert_eq!(pods.metric.name, IN_FLIGHT_METRIC);
+    assert_eq!(pods.target.type_, "AverageValue");
+    assert_eq!(pods.target.average_value, Some(Quantity("50".to_owned())));
+
+    let hpa = plane(
+        "{tunnelTokenSecretRef: {name: edge-tunnel-token}, autoscaling: {minReplicas: 3, maxReplicas: 4, targetInflightPerPod: 20}}",
+        "",
+    )
+    .autoscaler
+    .expect("an autoscaler");
+    assert_eq!((hpa.spec.min_replicas, hpa.spec.max_replicas), (Some(3), 4));
+    let target = &hpa.spec.metrics.expect("metrics")[0];
+    assert_eq!(
+        target
+            .pods
+            .as_ref()
+            .and_then(|p| p.target.average_value.clone()),
+        Some(Quantity("20".to_owned()))
+    );
+    // A ceiling of one lowers the default floor with it.
+    let hpa = plane(
+        "{tunnelTokenSecretRef: {name: edge-tunnel-token}, autoscaling: {maxReplicas: 1}}",
+        "",
+    )
+    .autoscaler
+    .expect("an autoscaler");
+    assert_eq!((hpa.spec.min_replicas, hpa.spec.max_replicas), (Some(1), 1));
+
+    let err = plane_with(
+        &snapshot(
+            "{tunnelTokenSecretRef: {name: edge-tunnel-token}, autoscaling: {minReplicas: 5, maxReplicas: 4}}",
+            "",
+        ),
+        &settings(),
+    )
+    .expect_err("contradicting bounds");
+    assert_eq!(
+        err.to_string(),
+        "spec.autoscaling of GatewayConfig tenant-a/edge-config: minReplicas 5 is above maxReplicas 4"
+    );
+}
+
+#[test]
+fn without_an_image_rendering_fails_naming_both_places_to_set_one() {
+    let mut none = settings();
+    none.proxy_image = None;
+    let err = plane_with(&snapshot(BASIC, ""), &none).expect_err("no image");
+    let message = err.to_string();
+    assert!(matches!(err, RenderError::NoImage { .. }));
+    assert!(message.contains("spec.image"), "{message}");
+    assert!(message.contains("--proxy-image"), "{message}");
+    assert!(message.contains("tenant-a/edge-config"), "{message}");
+}
+
+#[test]
+fn unresolvable_secrets_say_which_secret_key_and_field() {
+    let s = snapshot("{tunnelTokenSecretRef: {name: missing}}", "");
+    let err = resolve(&s.gateways[0], &s.gateway_configs[0], &s.secrets, "f").expect_err("missing");
+    assert_eq!(
+        err.to_string(),
+        "Secret tenant-a/missing (spec.tunnelTokenSecretRef of GatewayConfig tenant-a/edge-config) does not exist"
+    );
+
+    let s = snapshot(
+        "{tunnelTokenSecretRef: {name: edge-tunnel-token, key: token}}",
+        "",
+    );
+    let err = resolve(&s.gateways[0], &s.gateway_configs[0], &s.secrets, "f").expect_err("no key");
+    assert!(
+        err.to_string()
+            .starts_with("Secret tenant-a/edge-tunnel-token has no key \"token\""),
+        "{err}"
+    );
+
+    // A Secret of the same name in another namespace is not the one the reference names.
+    let s = snapshot(
+        "{tunnelTokenSecretRef: {name: edge-tunnel-token}, authTokenSecretRef: {name: api}}",
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {name: api, namespace: other}\nstringData: {token: x}\n",
+    );
+    let err =
+        resolve(&s.gateways[0], &s.gateway_configs[0], &s.secrets, "f").expect_err("elsewhere");
+    assert!(
+        matches!(
+            err,
+            RenderError::SecretNotFound {
+                field: "authTokenSecretRef",
+                ..
+            }
+        ),
+        "{err}"
+    );
+
+    let bad = "---\napiVersion: v1\nkind: Secret\nmetadata: {name: bad, namespace: tenant-a}\nstringData: {tunnel-token: eyJhIjoieCJ9}\n";
+    let s = snapshot("{tunnelTokenSecretRef: {name: bad}}", bad);
+    let err =
+        resolve(&s.gateways[0], &s.gateway_configs[0], &s.secrets, "f").expect_err("bad token");
+    let message = err.to_string();
+    assert!(
+        message.starts_with("key \"tunnel-token\" of Secret tenant-a/bad: tunnel token field `s`"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_bring_your_own_token_replaces_the_generated_secret() {
+    let byo = "---\napiVersion: v1\nkind: Secret\nmetadata: {name: api, namespace: tenant-a}\ndata: {bearer: czNjcjN0Cg==}\n";
+    let s = snapshot(
+        "{tunnelTokenSecretRef: {name: edge-tunnel-token}, authTokenSecretRef: {name: api, key: bearer}}",
+        byo,
+    );
+    let credentials =
+        resolve(&s.gateways[0], &s.gateway_configs[0], &s.secrets, "fresh").expect("resolves");
+    // base64 of "s3cr3t\n": the newline a file leaves is not part of the token.
+    assert_eq!(credentials.auth_token, "s3cr3t");
+    assert!(!credentials.auth_generated);
+    let p = render(
+        &s.gateways[0],
+        &s.gateway_configs[0],
+        &credentials,
+        &settings(),
+    )
+    .expect("renders");
+    assert!(p.auth_secret.is_none());
+    assert_eq!(
+        env_secret(container(&p), "PROXY_AUTH_TOKEN"),
+        ("api".to_owned(), "bearer".to_owned())
+    );
+}
+
+#[test]
+fn the_generated_token_is_never_rotated() {
+    let existing = "---\napiVersion: v1\nkind: Secret\nmetadata: {name: cf-proxy-edge-auth, namespace: tenant-a}\nstringData: {token: kept}\n";
+    let s = snapshot(BASIC, existing);
+    let credentials =
+        resolve(&s.gateways[0], &s.gateway_configs[0], &s.secrets, "fresh").expect("resolves");
+    assert_eq!(credentials.auth_token, "kept");
+    assert!(credentials.auth_generated, "still the controller's Secret");
+}
+
+#[test]
+fn rotating_a_token_rolls_the_pods_and_nothing_else_does() {
+    let hash = |config: &str, extra: &str, fresh: &str| {
+        let s = snapshot(config, extra);
+        let credentials =
+            resolve(&s.gateways[0], &s.gateway_configs[0], &s.secrets, fresh).expect("resolves");
+        let p = render(
+            &s.gateways[0],
+            &s.gateway_configs[0],
+            &credentials,
+            &settings(),
+        )
+        .expect("renders");
+        pod_annotation(&p, CREDENTIALS_HASH_ANNOTATION).expect("hash annotation")
+    };
+    let byo = |value: &str| {
+        format!("---\napiVersion: v1\nkind: Secret\nmetadata: {{name: api, namespace: tenant-a}}\nstringData: {{token: {value}}}\n")
+    };
+    let with_byo =
+        "{tunnelTokenSecretRef: {name: edge-tunnel-token}, authTokenSecretRef: {name: api}}";
+    let base = hash(with_byo, &byo("one"), "x");
+    assert_eq!(base, hash(with_byo, &byo("one"), "x"), "stable");
+    assert_ne!(base, hash(with_byo, &byo("two"), "x"), "auth token rotated");
+    assert_eq!(
+        base,
+        hash(
+            "{tunnelTokenSecretRef: {name: edge-tunnel-token}, authTokenSecretRef: {name: api}, replicas: 7}",
+            &byo("one"),
+            "x"
+        ),
+        "a replica change does not roll pods through the hash"
+    );
+    let other_token = Token::new(
+        "account",
+        b"another secret".to_vec(),
+        TUNNEL_ID.parse().expect("uuid"),
+    )
+    .encode();
+    let rotated = format!(
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: rotated, namespace: tenant-a}}\nstringData: {{tunnel-token: {other_token}}}\n{}",
+        byo("one")
+    );
+    assert_ne!(
+        base,
+        hash(
+            "{tunnelTokenSecretRef: {name: rotated}, authTokenSecretRef: {name: api}}",
+            &rotated,
+            "x"
+        ),
+        "connector token rotated"
+    );
+    assert!(
+        base.len() == 64 && !base.contains("one"),
+        "a digest, not the token"
+    );
+}
+
+#[test]
+fn a_gateway_read_from_a_manifest_renders_without_an_owner() {
+    let mut s = snapshot(BASIC, "");
+    s.gateways[0].metadata.uid = None;
+    let p = plane_with(&s, &settings()).expect("renders");
+    assert!(p.deployment.metadata.owner_references.is_none());
+}
