@@ -2,6 +2,8 @@
 
 use std::process::Command;
 
+use serde::Deserialize;
+
 use cftunnel_config::{Backend, Config};
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/shop.yaml");
@@ -123,4 +125,150 @@ fn translate_refuses_an_unknown_gateway_and_unowned_manifests() {
     let out = translate(&["-f", FIXTURE, "--gateway", "not-a-name"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected NAMESPACE/NAME"));
+}
+
+const TENANT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tenant.yaml");
+
+fn controller(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_cftunnel-controller"))
+        .env_remove("PROXY_IMAGE")
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+#[test]
+fn render_prints_the_data_plane_in_apply_order_and_the_address() {
+    let out = controller(&[
+        "render",
+        "-f",
+        TENANT,
+        "--gateway",
+        "tenant-a/edge",
+        "--proxy-image",
+        "cftunnel-proxy:1",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        stderr.trim(),
+        "Gateway tenant-a/edge: address 6ff42ae2-765d-4adf-8112-31c55c1551ef.cfargotunnel.com"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut kinds = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(&stdout) {
+        let value = serde_yaml_ng::Value::deserialize(doc).expect("each document is YAML");
+        let field = |k: &str| {
+            value
+                .get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let name = value
+            .get("metadata")
+            .and_then(|m| m.get("name"))
+            .and_then(|n| n.as_str())
+            .unwrap_or_default()
+            .to_owned();
+        kinds.push((field("apiVersion"), field("kind"), name));
+    }
+    let expected = [
+        ("v1", "Secret", "cf-proxy-edge-auth"),
+        ("v1", "Service", "cf-proxy-edge-config"),
+        ("networking.k8s.io/v1", "NetworkPolicy", "cf-proxy-edge"),
+        ("apps/v1", "Deployment", "cf-proxy-edge"),
+        ("autoscaling/v2", "HorizontalPodAutoscaler", "cf-proxy-edge"),
+    ]
+    .map(|(a, k, n)| (a.to_owned(), k.to_owned(), n.to_owned()));
+    assert_eq!(kinds, expected);
+    // Typed, the documents are the Kubernetes objects they claim to be.
+    let mut docs = serde_yaml_ng::Deserializer::from_str(&stdout).skip(3);
+    let deployment =
+        k8s_openapi::api::apps::v1::Deployment::deserialize(docs.next().expect("a Deployment"))
+            .expect("a valid Deployment");
+    let pod = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .expect("pod spec");
+    assert_eq!(pod.containers[0].image.as_deref(), Some("cftunnel-proxy:1"));
+}
+
+#[test]
+fn render_refuses_what_the_gateway_condition_would_report() {
+    let run = |args: &[&str]| {
+        let out = controller(args);
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(&["render", "-f", TENANT, "--gateway", "tenant-a/edge"]);
+    assert!(
+        err.contains("no proxy image: set spec.image of GatewayConfig tenant-a/edge-config or the controller's --proxy-image"),
+        "{err}"
+    );
+    let err = run(&[
+        "render",
+        "-f",
+        TENANT,
+        "--gateway",
+        "tenant-a/shared",
+        "--proxy-image",
+        "p",
+    ]);
+    assert!(err.contains("the shared data plane serves it"), "{err}");
+    let err = run(&[
+        "render",
+        "-f",
+        TENANT,
+        "--gateway",
+        "tenant-a/nope",
+        "--proxy-image",
+        "p",
+    ]);
+    assert!(
+        err.contains("Gateway tenant-a/nope is not in the manifests"),
+        "{err}"
+    );
+}
+
+#[test]
+fn crd_prints_the_gateway_config_definition() {
+    let out = controller(&["crd"]);
+    assert!(out.status.success());
+    let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
+        serde_yaml_ng::from_slice(&out.stdout).expect("a CustomResourceDefinition");
+    assert_eq!(
+        crd.metadata.name.as_deref(),
+        Some("gatewayconfigs.cf.k8s.lex.la")
+    );
+    assert_eq!(crd.spec.names.kind, "GatewayConfig");
+    assert_eq!(crd.spec.scope, "Namespaced");
+    let version = &crd.spec.versions[0];
+    assert_eq!(
+        (version.name.as_str(), version.served, version.storage),
+        ("v1alpha1", true, true)
+    );
+    let schema = version
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .and_then(|s| s.properties.as_ref())
+        .and_then(|p| p.get("spec"))
+        .expect("a spec schema");
+    assert_eq!(
+        schema.required,
+        Some(vec!["tunnelTokenSecretRef".to_owned()])
+    );
+    let fields: Vec<&String> = schema.properties.as_ref().expect("fields").keys().collect();
+    for field in [
+        "tunnelTokenSecretRef",
+        "replicas",
+        "image",
+        "autoscaling",
+        "authTokenSecretRef",
+        "cloudflareCredentialsSecretRef",
+        "resources",
+    ] {
+        assert!(fields.iter().any(|f| *f == field), "{field} in {fields:?}");
+    }
 }
