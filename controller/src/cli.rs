@@ -90,6 +90,10 @@ pub struct TranslateArgs {
     /// Cluster DNS domain used for Services without EndpointSlices.
     #[arg(long, default_value = DEFAULT_CLUSTER_DOMAIN)]
     pub cluster_domain: String,
+    /// The proxy image of dedicated data planes whose GatewayConfig names none. Without
+    /// either, such a Gateway is not accepted.
+    #[arg(long, env = "PROXY_IMAGE")]
+    pub proxy_image: Option<String>,
 }
 
 /// `NAMESPACE/NAME` of a Gateway.
@@ -161,6 +165,7 @@ pub fn run_translate(
         controller_name: args.controller_name.clone(),
         gateway_class_name: class,
         cluster_domain: args.cluster_domain.clone(),
+        proxy_image: args.proxy_image.clone(),
     };
     let output = translate::translate(&snapshot, &options);
     write_statuses(err, &output)?;

@@ -161,6 +161,7 @@ async fn run_file(path: &Path, slot: usize) -> anyhow::Result<usize> {
 fn options() -> Options {
     Options {
         controller_name: CONTROLLER.to_owned(),
+        proxy_image: Some("cftunnel-proxy:conformance".to_owned()),
         ..Options::default()
     }
 }

@@ -226,7 +226,11 @@ async fn the_rendered_pod_spec_runs_the_proxy_behind_its_tunnel() {
     };
     let plane = render::render(gateway, config, &credentials, &settings).expect("renders");
     assert_eq!(plane.address, format!("{TUNNEL_ID}.cfargotunnel.com"));
-    let output = translate::translate(&snapshot, &Options::default());
+    let options = Options {
+        proxy_image: settings.proxy_image.clone(),
+        ..Options::default()
+    };
+    let output = translate::translate(&snapshot, &options);
     let key = ObjectKey::new("tenant-a", "edge");
     assert_eq!(
         output.planes.get(&key),

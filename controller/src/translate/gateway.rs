@@ -9,6 +9,8 @@ use gateway_api::experimental::gateways::{
     GatewayListenersAllowedRoutesNamespacesSelector,
 };
 
+use crate::render::{self, RenderSettings};
+
 use super::status::{Condition, ConditionType, GatewayStatus, ListenerStatus, Reason};
 use super::validate;
 use super::{
@@ -103,6 +105,7 @@ impl OwnedGateway<'_> {
 pub(super) fn owned_gateways<'a>(
     snapshot: &'a Snapshot,
     classes: &BTreeMap<String, Option<&GatewayClass>>,
+    options: &Options,
 ) -> BTreeMap<ObjectKey, OwnedGateway<'a>> {
     let mut out = BTreeMap::new();
     for gw in &snapshot.gateways {
@@ -116,12 +119,45 @@ pub(super) fn owned_gateways<'a>(
             continue;
         };
         let key = ObjectKey::new(ns, name);
-        out.insert(key.clone(), owned_gateway(key, gw));
+        out.insert(key.clone(), owned_gateway(key, gw, snapshot, options));
     }
     out
 }
 
-fn owned_gateway(key: ObjectKey, gw: &Gateway) -> OwnedGateway<'_> {
+/// Why the GatewayConfig `name` (in the Gateway's namespace) cannot make a data plane, if it
+/// cannot: missing, or failing to resolve or render as the runtime would.
+fn parameters_problem(
+    gw: &Gateway,
+    namespace: &str,
+    name: &str,
+    snapshot: &Snapshot,
+    options: &Options,
+) -> Option<String> {
+    let Some(config) = snapshot.gateway_configs.iter().find(|c| {
+        c.metadata.namespace.as_deref() == Some(namespace)
+            && c.metadata.name.as_deref() == Some(name)
+    }) else {
+        return Some(format!(
+            "{GATEWAY_CONFIG_KIND} {namespace}/{name} (infrastructure.parametersRef) not found"
+        ));
+    };
+    let settings = RenderSettings {
+        proxy_image: options.proxy_image.clone(),
+        ..RenderSettings::default()
+    };
+    // The generated token's value does not decide whether a plane can be rendered.
+    render::resolve(gw, config, &snapshot.secrets, "")
+        .and_then(|credentials| render::render(gw, config, &credentials, &settings))
+        .err()
+        .map(|e| e.to_string())
+}
+
+fn owned_gateway<'a>(
+    key: ObjectKey,
+    gw: &'a Gateway,
+    snapshot: &Snapshot,
+    options: &Options,
+) -> OwnedGateway<'a> {
     let generation = gw.metadata.generation;
     let mut listeners: Vec<OwnedListener<'_>> = gw
         .spec
@@ -153,7 +189,10 @@ fn owned_gateway(key: ObjectKey, gw: &Gateway) -> OwnedGateway<'_> {
     let (plane, accepted) = match parameters {
         None => (Some(PlaneKey::Shared), Ok(())),
         Some(p) if p.group == GATEWAY_CONFIG_GROUP && p.kind == GATEWAY_CONFIG_KIND => {
-            (Some(PlaneKey::Dedicated(key.clone())), Ok(()))
+            match parameters_problem(gw, &key.namespace, &p.name, snapshot, options) {
+                None => (Some(PlaneKey::Dedicated(key.clone())), Ok(())),
+                Some(problem) => (None, Err((Reason::InvalidParameters, problem))),
+            }
         }
         Some(p) => (
             None,

@@ -80,6 +80,9 @@ pub struct Options {
     pub gateway_class_name: Option<String>,
     /// Suffix of Service DNS names (`name.ns.svc.<cluster_domain>`).
     pub cluster_domain: String,
+    /// The proxy image of dedicated data planes whose `GatewayConfig` names none
+    /// (`--proxy-image`). Without either, such a Gateway is not accepted (`InvalidParameters`).
+    pub proxy_image: Option<String>,
 }
 
 impl Default for Options {
@@ -88,6 +91,7 @@ impl Default for Options {
             controller_name: DEFAULT_CONTROLLER_NAME.to_owned(),
             gateway_class_name: None,
             cluster_domain: DEFAULT_CLUSTER_DOMAIN.to_owned(),
+            proxy_image: None,
         }
     }
 }
@@ -207,7 +211,7 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
         ..Statuses::default()
     };
 
-    let mut gateways = gateway::owned_gateways(snapshot, &classes);
+    let mut gateways = gateway::owned_gateways(snapshot, &classes, options);
     let mut configs: BTreeMap<PlaneKey, Config> = BTreeMap::new();
     configs.insert(PlaneKey::Shared, Config::default());
     let mut planes = BTreeMap::new();

@@ -935,10 +935,42 @@ fn replace_prefix_match_needs_prefix_matches() {
     assert!(shared(&out).rules.is_empty());
 }
 
+/// A GatewayConfig `cfg` in `infra` with the Secret it names.
+fn gateway_config(spec_extra: &str) -> String {
+    let token = cftunnel_tunnel::Token::new(
+        "account",
+        b"secret".to_vec(),
+        "6ff42ae2-765d-4adf-8112-31c55c1551ef"
+            .parse()
+            .expect("uuid"),
+    )
+    .encode();
+    format!(
+        r#"apiVersion: cf.k8s.lex.la/v1alpha1
+kind: GatewayConfig
+metadata: {{name: cfg, namespace: infra}}
+spec: {{tunnelTokenSecretRef: {{name: tunnel}}{spec_extra}}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: tunnel, namespace: infra}}
+stringData: {{tunnel-token: {token}}}
+---
+"#
+    )
+}
+
+fn with_image() -> Options {
+    Options {
+        proxy_image: Some("cftunnel-proxy:1".to_owned()),
+        ..Options::default()
+    }
+}
+
 #[test]
 fn gateway_with_gateway_config_gets_its_own_plane() {
-    let out = run(&format!(
-        r#"apiVersion: gateway.networking.k8s.io/v1
+    let out = translate(&snapshot(&format!(
+        r#"{}apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
 metadata: {{name: tenant, namespace: infra}}
 spec:
@@ -962,10 +994,11 @@ spec:
   listeners: [{{name: http, port: 80, protocol: HTTP}}]
 ---
 {}{}{}"#,
+        gateway_config(""),
         http_route("infra", "to-tenant", "  parentRefs: [{name: tenant}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]"),
         http_route("infra", "to-shared", "  parentRefs: [{name: gw}]\n  rules: [{backendRefs: [{name: v1, port: 8080}]}]"),
         http_route("infra", "to-broken", "  parentRefs: [{name: broken}, {name: foreign}]\n  rules: [{backendRefs: [{name: v1, port: 8080}]}]"),
-    ));
+    )), &with_image());
     let tenant = PlaneKey::Dedicated(ObjectKey::new("infra", "tenant"));
     assert_eq!(
         out.planes.get(&ObjectKey::new("infra", "tenant")),
@@ -1134,4 +1167,77 @@ fn output_is_deterministic() {
     assert_eq!(a, b);
     let json = |o: &Output| serde_json::to_string(&o.configs).expect("configs serialise");
     assert_eq!(json(&a), json(&b));
+}
+
+#[test]
+fn a_gateway_config_that_cannot_make_a_plane_fails_the_gateway_closed() {
+    let gateways = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: tenant, namespace: infra}
+spec:
+  gatewayClassName: cf
+  infrastructure: {parametersRef: {group: cf.k8s.lex.la, kind: GatewayConfig, name: cfg}}
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+---
+"#;
+    let routes = format!(
+        "{}{}",
+        http_route("infra", "only-tenant", "  parentRefs: [{name: tenant}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]"),
+        http_route("infra", "both", "  parentRefs: [{name: tenant}, {name: gw}]\n  rules: [{backendRefs: [{name: v1, port: 8080}]}]"),
+    );
+    let cases = [
+        ("no GatewayConfig", String::new(), with_image(), "GatewayConfig infra/cfg (infrastructure.parametersRef) not found"),
+        ("no image", gateway_config(""), Options::default(), "no proxy image: set spec.image of GatewayConfig infra/cfg or the controller's --proxy-image"),
+        ("no Secret", gateway_config("").replace("name: tunnel}", "name: gone}"), with_image(), "Secret infra/gone (spec.tunnelTokenSecretRef of GatewayConfig infra/cfg) does not exist"),
+    ];
+    let tenant = ObjectKey::new("infra", "tenant");
+    for (case, config, options, message) in cases {
+        let out = translate(&snapshot(&format!("{config}{gateways}{routes}")), &options);
+        let status = &out.statuses.gateways[&tenant];
+        let accepted = &status.conditions[0];
+        assert_eq!(
+            (accepted.status, accepted.reason, accepted.message.as_str()),
+            (false, Reason::InvalidParameters, message),
+            "{case}"
+        );
+        // Not programmed anywhere: no config for its plane (the runtime keeps what the plane
+        // last got), and not onto the shared plane either.
+        assert!(!out.planes.contains_key(&tenant), "{case}");
+        assert!(
+            !out.configs
+                .contains_key(&PlaneKey::Dedicated(tenant.clone())),
+            "{case}"
+        );
+        let accepted_on = |route: &str, gateway: &str| {
+            route_status(&out, "infra", route)
+                .iter()
+                .find(|p| p.parent_ref.name == gateway)
+                .and_then(|p| p.condition(ConditionType::Accepted))
+                .map(|c| c.status)
+        };
+        assert_eq!(accepted_on("only-tenant", "tenant"), Some(false), "{case}");
+        assert_eq!(accepted_on("both", "tenant"), Some(false), "{case}");
+        assert_eq!(
+            accepted_on("both", "gw"),
+            Some(true),
+            "{case}: the healthy parent"
+        );
+        let shared_names: Vec<_> = shared(&out)
+            .rules
+            .iter()
+            .filter_map(|r| r.name.clone())
+            .collect();
+        assert_eq!(shared_names, vec!["infra/both/0".to_owned()], "{case}");
+    }
+
+    // Fixed, the same Gateway gets its plane back.
+    let out = translate(
+        &snapshot(&format!("{}{gateways}{routes}", gateway_config(""))),
+        &with_image(),
+    );
+    assert_eq!(
+        out.planes.get(&tenant),
+        Some(&PlaneKey::Dedicated(tenant.clone()))
+    );
+    assert!(out.statuses.gateways[&tenant].conditions[0].status);
 }

@@ -249,6 +249,26 @@ pub fn snapshot(
                 "listeners": listeners,
             },
         }));
+        // Each Gateway's own data plane, as an operator sets one up: its GatewayConfig and the
+        // Secret with its tunnel's connector token.
+        let token = cftunnel_tunnel::Token::new(
+            "conformance",
+            gw.name.as_bytes().to_vec(),
+            uuid::Uuid::from_u128(i as u128 + 1),
+        )
+        .encode();
+        items.push(json!({
+            "apiVersion": "cf.k8s.lex.la/v1alpha1",
+            "kind": "GatewayConfig",
+            "metadata": {"name": gw.name, "namespace": gw.namespace},
+            "spec": {"tunnelTokenSecretRef": {"name": format!("{}-tunnel", gw.name)}},
+        }));
+        items.push(json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": format!("{}-tunnel", gw.name), "namespace": gw.namespace},
+            "stringData": {"tunnel-token": token},
+        }));
     }
     for (i, route) in case.routes.iter().enumerate() {
         let mut route = serde_json::to_value(route)?;
