@@ -1,0 +1,361 @@
+//! Config pushes to the proxy pods of a data plane (`PUT /config` on each pod's config port).
+//!
+//! Each pod is asked for its version first (`GET /config`) and pushed to only when it lacks the
+//! plane's current one, so a container that restarted in place (same address, empty table) gets
+//! the config again while pods that have it are left alone. Versions are the later of the last
+//! one plus one and the wall clock in milliseconds: they keep increasing across controller
+//! restarts, and a pod that holds a newer version than ours (from an earlier controller whose
+//! clock ran ahead) moves ours past it instead of refusing us forever.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use aws_lc_rs::digest;
+use bytes::Bytes;
+use cftunnel_config::Config;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::StatusCode;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use crate::translate::PlaneKey;
+
+/// Rounds in a row with a failed pod before a plane's failure counts as sustained.
+pub const DEFAULT_SUSTAINED_AFTER: u32 = 3;
+/// Longest answer read from a pod (the proxy answers with small JSON objects).
+const MAX_ANSWER: usize = 64 * 1024;
+
+/// What happened at one pod in a round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodOutcome {
+    /// It already had the plane's current version.
+    Current,
+    /// It took the push.
+    Pushed,
+    /// It could not be reached or refused the push; the reason is for conditions and Events.
+    Failed(String),
+}
+
+/// One round of [`Pusher::sync`] for a plane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlaneOutcome {
+    /// The version the plane's pods should now hold.
+    pub version: i64,
+    pub pods: Vec<(SocketAddr, PodOutcome)>,
+    /// Rounds in a row, this one included, in which some pod failed.
+    pub failed_rounds: u32,
+    /// `failed_rounds` reached the threshold: report it (`ProxyConfigPushed=False`), a one-off
+    /// blip does not.
+    pub sustained_failure: bool,
+}
+
+impl PlaneOutcome {
+    /// Every pod holds the current version.
+    pub fn all_current(&self) -> bool {
+        self.pods
+            .iter()
+            .all(|(_, o)| !matches!(o, PodOutcome::Failed(_)))
+    }
+}
+
+#[derive(Debug, Clone)]
+struct PlaneState {
+    version: i64,
+    digest: Vec<u8>,
+    failed_rounds: u32,
+}
+
+/// Keeps each plane's version and failure count between rounds.
+#[derive(Debug)]
+pub struct Pusher {
+    planes: HashMap<PlaneKey, PlaneState>,
+    timeout: Duration,
+    sustained_after: u32,
+}
+
+impl Default for Pusher {
+    fn default() -> Self {
+        Self::new(Duration::from_secs(5), DEFAULT_SUSTAINED_AFTER)
+    }
+}
+
+impl Pusher {
+    /// `timeout` bounds each request to a pod; `sustained_after` is the number of failed rounds
+    /// in a row that makes a failure sustained.
+    pub fn new(timeout: Duration, sustained_after: u32) -> Self {
+        Self {
+            planes: HashMap::new(),
+            timeout,
+            sustained_after: sustained_after.max(1),
+        }
+    }
+
+    /// Brings every pod of `plane` to `config`, authenticating with `token`.
+    pub async fn sync(
+        &mut self,
+        plane: &PlaneKey,
+        config: &Config,
+        token: &str,
+        pods: &[SocketAddr],
+    ) -> PlaneOutcome {
+        let digest = config_digest(config);
+        let now = wall_clock_ms();
+        let state = self
+            .planes
+            .entry(plane.clone())
+            .or_insert_with(|| PlaneState {
+                version: now,
+                digest: digest.clone(),
+                failed_rounds: 0,
+            });
+        if state.digest != digest {
+            state.version = (state.version + 1).max(now);
+            state.digest = digest;
+        }
+
+        let client = Client {
+            token,
+            timeout: self.timeout,
+        };
+        let observed =
+            futures_util::future::join_all(pods.iter().map(|&pod| client.version(pod))).await;
+        // A pod ahead of us holds a push from an earlier controller: go past it.
+        if let Some(ahead) = observed
+            .iter()
+            .filter_map(|v| v.as_ref().ok().copied())
+            .filter(|&v| v > state.version)
+            .max()
+        {
+            state.version = ahead + 1;
+        }
+        let version = state.version;
+        let mut doc = config.clone();
+        doc.version = version;
+        let body = match serde_json::to_vec(&doc) {
+            Ok(body) => Bytes::from(body),
+            Err(e) => {
+                let reason = format!("encoding the config: {e}");
+                let pods = pods
+                    .iter()
+                    .map(|&p| (p, PodOutcome::Failed(reason.clone())))
+                    .collect();
+                return finish(state, self.sustained_after, version, pods);
+            }
+        };
+        let outcomes =
+            futures_util::future::join_all(pods.iter().zip(observed).map(|(&pod, observed)| {
+                let body = body.clone();
+                let client = &client;
+                async move {
+                    let outcome = match observed {
+                        Ok(v) if v == version => PodOutcome::Current,
+                        Ok(_) => match client.put(pod, body).await {
+                            Ok(()) => PodOutcome::Pushed,
+                            Err(reason) => PodOutcome::Failed(reason),
+                        },
+                        Err(reason) => PodOutcome::Failed(reason),
+                    };
+                    (pod, outcome)
+                }
+            }))
+            .await;
+        finish(state, self.sustained_after, version, outcomes)
+    }
+
+    /// Drops what is kept for a plane that no longer exists.
+    pub fn forget(&mut self, plane: &PlaneKey) {
+        self.planes.remove(plane);
+    }
+}
+
+fn finish(
+    state: &mut PlaneState,
+    sustained_after: u32,
+    version: i64,
+    pods: Vec<(SocketAddr, PodOutcome)>,
+) -> PlaneOutcome {
+    let failed = pods.iter().any(|(_, o)| matches!(o, PodOutcome::Failed(_)));
+    state.failed_rounds = if failed {
+        state.failed_rounds.saturating_add(1)
+    } else {
+        0
+    };
+    PlaneOutcome {
+        version,
+        pods,
+        failed_rounds: state.failed_rounds,
+        sustained_failure: state.failed_rounds >= sustained_after,
+    }
+}
+
+/// The config's identity without its version, so an unchanged config keeps its version.
+fn config_digest(config: &Config) -> Vec<u8> {
+    let mut unversioned = config.clone();
+    unversioned.version = 0;
+    let encoded = serde_json::to_vec(&unversioned).unwrap_or_default();
+    digest::digest(&digest::SHA256, &encoded).as_ref().to_vec()
+}
+
+fn wall_clock_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(1, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The config-API addresses of a plane's pods, from the EndpointSlices of its headless Service:
+/// ready or not (a pod becomes ready only once it has a config), but not terminating (a
+/// draining pod needs no new routes, and counting it would report a rollout as a failure).
+pub fn pod_addresses(slices: &[EndpointSlice], port_name: &str) -> Vec<SocketAddr> {
+    let mut out = Vec::new();
+    for slice in slices {
+        let Some(port) = slice
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref() == Some(port_name))
+            .and_then(|p| p.port)
+            .and_then(|p| u16::try_from(p).ok())
+        else {
+            continue;
+        };
+        for endpoint in slice.endpoints.iter().flatten() {
+            if endpoint
+                .conditions
+                .as_ref()
+                .and_then(|c| c.terminating)
+                .unwrap_or(false)
+            {
+                continue;
+            }
+            for address in &endpoint.addresses {
+                if let Ok(ip) = address.parse() {
+                    out.push(SocketAddr::new(ip, port));
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// One request at a time to a pod's config API, each on its own connection: pushes are rare,
+/// and a fresh connection never hits one the pod has half-closed.
+struct Client<'a> {
+    token: &'a str,
+    timeout: Duration,
+}
+
+#[derive(serde::Deserialize)]
+struct ConfigState {
+    version: i64,
+}
+
+impl Client<'_> {
+    async fn version(&self, pod: SocketAddr) -> Result<i64, String> {
+        let (status, body) = self.call(pod, hyper::Method::GET, Bytes::new()).await?;
+        if status != StatusCode::OK {
+            return Err(refusal("GET /config", status, &body));
+        }
+        serde_json::from_slice::<ConfigState>(&body)
+            .map(|s| s.version)
+            .map_err(|e| format!("GET /config: unreadable answer: {e}"))
+    }
+
+    async fn put(&self, pod: SocketAddr, body: Bytes) -> Result<(), String> {
+        let (status, answer) = self.call(pod, hyper::Method::PUT, body).await?;
+        if status == StatusCode::OK {
+            Ok(())
+        } else {
+            Err(refusal("PUT /config", status, &answer))
+        }
+    }
+
+    async fn call(
+        &self,
+        pod: SocketAddr,
+        method: hyper::Method,
+        body: Bytes,
+    ) -> Result<(StatusCode, Bytes), String> {
+        let exchange = async {
+            let stream = tokio::net::TcpStream::connect(pod)
+                .await
+                .map_err(|e| format!("connecting to {pod}: {e}"))?;
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .map_err(|e| format!("{pod}: {e}"))?;
+            tokio::spawn(conn);
+            let req = hyper::Request::builder()
+                .method(method)
+                .uri("/config")
+                .header(hyper::header::HOST, pod.to_string())
+                .header(
+                    hyper::header::AUTHORIZATION,
+                    format!("Bearer {}", self.token),
+                )
+                .header(hyper::header::CONTENT_TYPE, "application/json")
+                .body(Full::new(body))
+                .map_err(|e| format!("building the request: {e}"))?;
+            let res = sender
+                .send_request(req)
+                .await
+                .map_err(|e| format!("{pod}: {e}"))?;
+            let status = res.status();
+            let body = Limited::new(res.into_body(), MAX_ANSWER)
+                .collect()
+                .await
+                .map_err(|e| format!("{pod}: reading the answer: {e}"))?
+                .to_bytes();
+            Ok((status, body))
+        };
+        tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| format!("{pod}: no answer within {:?}", self.timeout))?
+    }
+}
+
+fn refusal(what: &str, status: StatusCode, body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    match status {
+        StatusCode::UNAUTHORIZED => format!("{what}: the pod refused the config-API token (401)"),
+        _ if text.is_empty() => format!("{what}: {status}"),
+        _ => format!("{what}: {status}: {text}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_addresses_take_every_pod_but_the_terminating_ones() {
+        let slices: Vec<EndpointSlice> = serde_yaml_ng::from_str(
+            r#"
+- metadata: {name: a}
+  addressType: IPv4
+  ports: [{name: data, port: 8080}, {name: config, port: 8081}]
+  endpoints:
+  - {addresses: [10.0.0.1], conditions: {ready: true}}
+  - {addresses: [10.0.0.2], conditions: {ready: false}}
+  - {addresses: [10.0.0.3], conditions: {ready: false, terminating: true}}
+  - {addresses: [not-an-ip]}
+- metadata: {name: b}
+  addressType: IPv6
+  ports: [{name: config, port: 8081}]
+  endpoints: [{addresses: ["fd00::1"]}, {addresses: [10.0.0.1]}]
+- metadata: {name: other-port}
+  addressType: IPv4
+  ports: [{name: data, port: 8080}]
+  endpoints: [{addresses: [10.0.0.9]}]
+"#,
+        )
+        .expect("slices parse");
+        let got: Vec<String> = pod_addresses(&slices, "config")
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(got, ["10.0.0.1:8081", "10.0.0.2:8081", "[fd00::1]:8081"]);
+    }
+}

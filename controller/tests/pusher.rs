@@ -1,0 +1,248 @@
+//! Config pushes to real proxies on loopback: each pod gets the plane's config once, again after
+//! it restarts in place, never an older version, and failures say which pod and why.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use cftunnel_config::{Backend, Config, Rule};
+use cftunnel_controller::push::{PodOutcome, Pusher};
+use cftunnel_controller::translate::{ObjectKey, PlaneKey};
+use cftunnel_loadtest::echo::{EchoIdentity, EchoServer};
+use cftunnel_proxy::{Server, ServerOptions};
+use http_body_util::{BodyExt, Full};
+
+const TOKEN: &str = "plane-token";
+
+fn plane() -> PlaneKey {
+    PlaneKey::Dedicated(ObjectKey::new("tenant-a", "edge"))
+}
+
+fn config(backend: SocketAddr, host: &str) -> Config {
+    Config {
+        rules: vec![Rule {
+            hostnames: vec![host.to_owned()],
+            backends: vec![Backend {
+                url: format!("http://{backend}"),
+                weight: 1,
+                ..Backend::default()
+            }],
+            ..Rule::default()
+        }],
+        ..Config::default()
+    }
+}
+
+async fn proxy_at(admin: SocketAddr) -> Server {
+    Server::start(
+        ServerOptions {
+            admin_addr: admin,
+            auth_token: Some(TOKEN.to_owned()),
+            ..ServerOptions::default()
+        },
+        None,
+    )
+    .await
+    .expect("the proxy starts")
+}
+
+/// A proxy on the address a stopped one had; the old listener may take a moment to close.
+async fn restarted_at(admin: SocketAddr) -> Server {
+    for _ in 0..100 {
+        if std::net::TcpListener::bind(admin).is_ok() {
+            return proxy_at(admin).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{admin} was not released");
+}
+
+async fn proxy() -> Server {
+    proxy_at(SocketAddr::from(([127, 0, 0, 1], 0))).await
+}
+
+async fn get(addr: SocketAddr, path: &str, host: &str, bearer: Option<&str>) -> (u16, String) {
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connects");
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    tokio::spawn(conn);
+    let mut req = http::Request::builder().uri(path).header("host", host);
+    if let Some(token) = bearer {
+        req = req.header("authorization", format!("Bearer {token}"));
+    }
+    let res = sender
+        .send_request(req.body(Full::new(bytes::Bytes::new())).expect("request"))
+        .await
+        .expect("answered");
+    let status = res.status().as_u16();
+    let body = res.into_body().collect().await.expect("body").to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The version a proxy reports on its config API.
+async fn held(server: &Server) -> i64 {
+    let (status, body) = get(server.admin_addr(), "/config", "proxy", Some(TOKEN)).await;
+    assert_eq!(status, 200, "{body}");
+    let state: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    state["version"].as_i64().expect("a version")
+}
+
+async fn echo() -> EchoServer {
+    EchoServer::spawn(
+        "127.0.0.1".parse().expect("ip"),
+        EchoIdentity {
+            namespace: "tenant-a".to_owned(),
+            pod: "web".to_owned(),
+        },
+    )
+    .await
+    .expect("echo starts")
+}
+
+#[tokio::test]
+async fn each_pod_gets_the_config_once_and_again_after_restarting_in_place() {
+    let backend = echo().await;
+    let (a, b) = (proxy().await, proxy().await);
+    let pods = [a.admin_addr(), b.admin_addr()];
+    let mut pusher = Pusher::default();
+    let first = config(backend.http_addr(), "one.example.com");
+
+    let round = pusher.sync(&plane(), &first, TOKEN, &pods).await;
+    assert_eq!(
+        round.pods,
+        vec![(pods[0], PodOutcome::Pushed), (pods[1], PodOutcome::Pushed)]
+    );
+    assert!(round.all_current() && !round.sustained_failure);
+    let v1 = round.version;
+    assert_eq!((held(&a).await, held(&b).await), (v1, v1));
+    let data = a.data_addr();
+    assert_eq!(get(data, "/", "one.example.com", None).await.0, 200);
+
+    // Nothing changed: nothing is pushed.
+    let round = pusher.sync(&plane(), &first, TOKEN, &pods).await;
+    assert_eq!(round.version, v1);
+    assert!(round.pods.iter().all(|(_, o)| *o == PodOutcome::Current));
+
+    // A changed config gets a later version everywhere.
+    let second = config(backend.http_addr(), "two.example.com");
+    let round = pusher.sync(&plane(), &second, TOKEN, &pods).await;
+    let v2 = round.version;
+    assert!(v2 > v1);
+    assert!(round.pods.iter().all(|(_, o)| *o == PodOutcome::Pushed));
+    assert_eq!(
+        get(b.data_addr(), "/", "two.example.com", None).await.0,
+        200
+    );
+
+    // Pod a restarts in place: same address, empty table. Only it is pushed to.
+    let admin = a.admin_addr();
+    a.shutdown().await;
+    let a = restarted_at(admin).await;
+    assert_eq!(
+        get(a.data_addr(), "/", "two.example.com", None).await.0,
+        404
+    );
+    let round = pusher.sync(&plane(), &second, TOKEN, &pods).await;
+    assert_eq!(round.version, v2);
+    assert_eq!(
+        round.pods,
+        vec![
+            (pods[0], PodOutcome::Pushed),
+            (pods[1], PodOutcome::Current)
+        ]
+    );
+    assert_eq!(held(&a).await, v2);
+    assert_eq!(
+        get(a.data_addr(), "/", "two.example.com", None).await.0,
+        200
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_new_controller_moves_past_a_version_a_pod_already_holds() {
+    let backend = echo().await;
+    let pod = proxy().await;
+    // An earlier controller, its clock far ahead, pushed this.
+    let ahead = i64::from(i32::MAX) * 1_000_000;
+    let mut earlier = config(backend.http_addr(), "old.example.com");
+    earlier.version = ahead;
+    pod.apply(earlier).await.expect("applied");
+
+    let round = Pusher::default()
+        .sync(
+            &plane(),
+            &config(backend.http_addr(), "new.example.com"),
+            TOKEN,
+            &[pod.admin_addr()],
+        )
+        .await;
+    assert_eq!(round.version, ahead + 1);
+    assert_eq!(round.pods[0].1, PodOutcome::Pushed);
+    assert_eq!(held(&pod).await, ahead + 1);
+    assert_eq!(
+        get(pod.data_addr(), "/", "new.example.com", None).await.0,
+        200
+    );
+    pod.shutdown().await;
+}
+
+#[tokio::test]
+async fn failures_name_the_pod_and_count_as_sustained_only_when_repeated() {
+    let backend = echo().await;
+    let good = proxy().await;
+    let gone = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+        l.local_addr().expect("addr")
+    };
+    let doc = config(backend.http_addr(), "app.example.com");
+    let mut pusher = Pusher::new(Duration::from_secs(2), 3);
+
+    for round in 1..=3u32 {
+        let outcome = pusher
+            .sync(&plane(), &doc, "not-the-token", &[good.admin_addr()])
+            .await;
+        match &outcome.pods[0].1 {
+            PodOutcome::Failed(reason) => assert!(
+                reason.contains("refused the config-API token (401)"),
+                "{reason}"
+            ),
+            other => panic!("a wrong token is refused, got {other:?}"),
+        }
+        assert_eq!(outcome.failed_rounds, round);
+        assert_eq!(outcome.sustained_failure, round == 3, "round {round}");
+    }
+
+    // One pod unreachable: the other still gets the config; the round counts as failed.
+    let outcome = pusher
+        .sync(&plane(), &doc, TOKEN, &[good.admin_addr(), gone])
+        .await;
+    assert_eq!(outcome.pods[0].1, PodOutcome::Pushed);
+    match &outcome.pods[1].1 {
+        PodOutcome::Failed(reason) => assert!(
+            reason.contains(&format!("connecting to {gone}")),
+            "{reason}"
+        ),
+        other => panic!("an unreachable pod fails, got {other:?}"),
+    }
+    assert!(outcome.sustained_failure);
+    assert_eq!(
+        get(good.data_addr(), "/", "app.example.com", None).await.0,
+        200
+    );
+
+    // The first round that reaches every pod clears it.
+    let outcome = pusher
+        .sync(&plane(), &doc, TOKEN, &[good.admin_addr()])
+        .await;
+    assert_eq!(outcome.pods[0].1, PodOutcome::Current);
+    assert_eq!(
+        (outcome.failed_rounds, outcome.sustained_failure),
+        (0, false)
+    );
+    good.shutdown().await;
+}
