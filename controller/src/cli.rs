@@ -15,6 +15,7 @@ use kube::CustomResourceExt;
 use crate::gateway_config::GatewayConfig;
 use crate::manifest;
 use crate::render::{self, RenderSettings};
+use crate::runtime::{RuntimeOptions, SharedPlane};
 use crate::translate::{
     self, ObjectKey, Options, Output, PlaneKey, Snapshot, Statuses, DEFAULT_CLUSTER_DOMAIN,
     DEFAULT_CONTROLLER_NAME,
@@ -30,6 +31,9 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the controller against the cluster of the current kubeconfig (in a pod: its service
+    /// account).
+    Run(RunArgs),
     /// Print the proxy config a set of manifests produces (stdout, JSON) and the conditions
     /// every owned object would get (stderr).
     Translate(TranslateArgs),
@@ -38,6 +42,115 @@ pub enum Command {
     Render(RenderArgs),
     /// Print the GatewayConfig CustomResourceDefinition (YAML).
     Crd,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// GatewayClasses with this controllerName are ours.
+    #[arg(long, default_value = DEFAULT_CONTROLLER_NAME)]
+    pub controller_name: String,
+    /// Cluster DNS domain used for Services without EndpointSlices.
+    #[arg(long, default_value = DEFAULT_CLUSTER_DOMAIN)]
+    pub cluster_domain: String,
+    /// The proxy image of dedicated data planes whose GatewayConfig names none.
+    #[arg(long, env = "PROXY_IMAGE")]
+    pub proxy_image: Option<String>,
+    /// The controller's namespace, the one the data planes' config API admits.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "cftunnel-system")]
+    pub controller_namespace: String,
+    /// Also admit namespaces with this label (KEY=VALUE) to the config API, for scraping.
+    #[arg(long, value_parser = parse_label)]
+    pub monitoring_namespace_label: Option<(String, String)>,
+    /// The proxy's drain window after SIGTERM, in seconds (at most 180).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=180))]
+    pub grace_period_seconds: u32,
+    /// The shared proxy pool's headless Service (NAMESPACE/NAME); without it only dedicated
+    /// planes get configs.
+    #[arg(long)]
+    pub shared_service: Option<GatewayName>,
+    /// The Secret (NAMESPACE/NAME[:KEY], key default `token`) with the shared pool's
+    /// config-API token.
+    #[arg(long, requires = "shared_service")]
+    pub shared_auth_secret: Option<SecretArg>,
+    /// The Secret (NAMESPACE/NAME[:KEY], key default `tunnel-token`) with the class tunnel's
+    /// connector token, for the shared Gateways' addresses.
+    #[arg(long, requires = "shared_service")]
+    pub shared_tunnel_secret: Option<SecretArg>,
+    /// Seconds between rounds when nothing changes.
+    #[arg(long, default_value_t = 30)]
+    pub resync_seconds: u64,
+}
+
+/// `NAMESPACE/NAME[:KEY]` of a Secret key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretArg {
+    pub secret: ObjectKey,
+    pub key: Option<String>,
+}
+
+impl FromStr for SecretArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (name, key) = match s.split_once(':') {
+            Some((name, key)) if !key.is_empty() => (name, Some(key.to_owned())),
+            Some(_) => return Err(format!("expected NAMESPACE/NAME[:KEY], got {s:?}")),
+            None => (s, None),
+        };
+        let GatewayName(secret) = name.parse()?;
+        Ok(Self { secret, key })
+    }
+}
+
+impl RunArgs {
+    /// The runtime's options.
+    ///
+    /// # Errors
+    /// `--shared-service` without `--shared-auth-secret`.
+    pub fn options(&self) -> anyhow::Result<RuntimeOptions> {
+        let shared = match (&self.shared_service, &self.shared_auth_secret) {
+            (None, _) => None,
+            (Some(_), None) => bail!("--shared-service needs --shared-auth-secret"),
+            (Some(GatewayName(service)), Some(auth)) => Some(SharedPlane {
+                service: service.clone(),
+                auth_secret: auth.secret.clone(),
+                auth_key: auth.key.clone().unwrap_or_else(|| "token".to_owned()),
+                tunnel_secret: self.shared_tunnel_secret.as_ref().map(|t| {
+                    (
+                        t.secret.clone(),
+                        t.key.clone().unwrap_or_else(|| "tunnel-token".to_owned()),
+                    )
+                }),
+            }),
+        };
+        Ok(RuntimeOptions {
+            translate: Options {
+                controller_name: self.controller_name.clone(),
+                gateway_class_name: None,
+                cluster_domain: self.cluster_domain.clone(),
+                proxy_image: self.proxy_image.clone(),
+            },
+            render: RenderSettings {
+                proxy_image: self.proxy_image.clone(),
+                controller_namespace: self.controller_namespace.clone(),
+                monitoring_namespace_selector: monitoring_selector(
+                    &self.monitoring_namespace_label,
+                ),
+                grace_period_seconds: self.grace_period_seconds,
+            },
+            shared,
+            resync: std::time::Duration::from_secs(self.resync_seconds.max(1)),
+            instance: std::env::var("POD_NAME").ok(),
+            ..RuntimeOptions::default()
+        })
+    }
+}
+
+fn monitoring_selector(label: &Option<(String, String)>) -> Option<LabelSelector> {
+    label.clone().map(|(k, v)| LabelSelector {
+        match_labels: Some([(k, v)].into()),
+        match_expressions: None,
+    })
 }
 
 #[derive(Debug, Args)]
@@ -237,12 +350,7 @@ pub fn run_render(
     let settings = RenderSettings {
         proxy_image: args.proxy_image.clone(),
         controller_namespace: args.controller_namespace.clone(),
-        monitoring_namespace_selector: args.monitoring_namespace_label.clone().map(|(k, v)| {
-            LabelSelector {
-                match_labels: Some([(k, v)].into()),
-                match_expressions: None,
-            }
-        }),
+        monitoring_namespace_selector: monitoring_selector(&args.monitoring_namespace_label),
         grace_period_seconds: args.grace_period_seconds,
     };
     let plane = render::render(gateway, config, &credentials, &settings)?;

@@ -2,11 +2,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use cftunnel_controller::cli::{run_crd, run_render, run_translate, Cli, Command};
+use cftunnel_controller::cli::{run_crd, run_render, run_translate, Cli, Command, RunArgs};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
+        Command::Run(args) => run(args),
         Command::Translate(args) => run_translate(
             args,
             &mut std::io::stdout().lock(),
@@ -26,4 +27,47 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The controller's main job: until SIGTERM or SIGINT.
+fn run(args: &RunArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let options = args.options()?;
+    if options.render.proxy_image.is_none() {
+        tracing::warn!(
+            "no --proxy-image: Gateways whose GatewayConfig names no image are not accepted"
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let client = kube::Client::try_default().await.map_err(|e| {
+            anyhow::anyhow!(
+                "connecting to the Kubernetes API (kubeconfig or in-cluster service account): {e}"
+            )
+        })?;
+        let shutdown = async {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(term) => term,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
+                        let _ = tokio::signal::ctrl_c().await;
+                        return;
+                    }
+                };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            tracing::info!("stopping");
+        };
+        cftunnel_controller::runtime::run(client, options, shutdown).await
+    })
 }

@@ -162,9 +162,9 @@ impl Pusher {
         finish(state, self.sustained_after, version, outcomes)
     }
 
-    /// Drops what is kept for a plane that no longer exists.
-    pub fn forget(&mut self, plane: &PlaneKey) {
-        self.planes.remove(plane);
+    /// Keeps what is known of the planes `keep` accepts, drops the rest (planes that went away).
+    pub fn retain(&mut self, keep: impl Fn(&PlaneKey) -> bool) {
+        self.planes.retain(|plane, _| keep(plane));
     }
 }
 

@@ -1,0 +1,139 @@
+//! Applying and removing a Gateway's rendered objects, never touching one the Gateway does not
+//! control: an object of the same name that someone else created is reported, not taken over.
+
+use std::fmt::Debug;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::NamespaceResourceScope;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::render::{DataPlane, PlaneNames};
+
+/// Whether `meta`'s controlling owner is the object with `uid`.
+fn controlled_by(
+    owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
+    uid: &str,
+) -> bool {
+    owners
+        .iter()
+        .any(|o| o.controller == Some(true) && o.uid == uid)
+}
+
+/// Applies one object (server-side apply, forced: the controller owns every field it sets)
+/// unless an object of that name exists that `uid` does not control. Returns whether the
+/// object was created or changed.
+async fn apply_one<K>(
+    client: &Client,
+    obj: &K,
+    uid: &str,
+    field_manager: &str,
+) -> Result<bool, String>
+where
+    K: Resource<Scope = NamespaceResourceScope> + Clone + Debug + DeserializeOwned + Serialize,
+    K::DynamicType: Default,
+{
+    let namespace = obj.namespace().unwrap_or_default();
+    let name = obj.name_any();
+    let kind = K::kind(&K::DynamicType::default()).into_owned();
+    let api: Api<K> = Api::namespaced(client.clone(), &namespace);
+    let existing = api
+        .get_opt(&name)
+        .await
+        .map_err(|e| format!("reading {kind} {namespace}/{name}: {e}"))?;
+    if let Some(existing) = &existing {
+        if !controlled_by(existing.owner_references(), uid) {
+            return Err(format!(
+                "{kind} {namespace}/{name} exists and is not owned by this Gateway; rename or remove it"
+            ));
+        }
+    }
+    let applied = api
+        .patch(
+            &name,
+            &PatchParams::apply(field_manager).force(),
+            &Patch::Apply(obj),
+        )
+        .await
+        .map_err(|e| format!("applying {kind} {namespace}/{name}: {e}"))?;
+    Ok(existing.and_then(|e| e.resource_version()) != applied.resource_version())
+}
+
+/// Deletes the object `name` if `uid` controls it. Returns whether it deleted.
+async fn delete_owned<K>(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Result<bool, String>
+where
+    K: Resource<Scope = NamespaceResourceScope> + Clone + Debug + DeserializeOwned,
+    K::DynamicType: Default,
+{
+    let kind = K::kind(&K::DynamicType::default()).into_owned();
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    match api.get_opt(name).await {
+        Ok(Some(existing)) if controlled_by(existing.owner_references(), uid) => api
+            .delete(name, &DeleteParams::background())
+            .await
+            .map(|_| true)
+            .map_err(|e| format!("deleting {kind} {namespace}/{name}: {e}")),
+        Ok(_) => Ok(false),
+        Err(e) => Err(format!("reading {kind} {namespace}/{name}: {e}")),
+    }
+}
+
+/// Applies a rendered plane in dependency order (the token Secret and the Service before the
+/// Deployment that uses them, the autoscaler after its target), and removes an autoscaler the
+/// plane no longer has. Returns whether anything changed.
+pub async fn apply_plane(
+    client: &Client,
+    plane: &DataPlane,
+    namespace: &str,
+    uid: &str,
+    field_manager: &str,
+) -> Result<bool, String> {
+    let mut changed = false;
+    if let Some(secret) = &plane.auth_secret {
+        changed |= apply_one(client, secret, uid, field_manager).await?;
+    }
+    changed |= apply_one(client, &plane.service, uid, field_manager).await?;
+    changed |= apply_one(client, &plane.network_policy, uid, field_manager).await?;
+    changed |= apply_one(client, &plane.deployment, uid, field_manager).await?;
+    match &plane.autoscaler {
+        Some(hpa) => changed |= apply_one(client, hpa, uid, field_manager).await?,
+        None => {
+            changed |= delete_owned::<HorizontalPodAutoscaler>(
+                client,
+                namespace,
+                &plane.names.autoscaler,
+                uid,
+            )
+            .await?
+        }
+    }
+    Ok(changed)
+}
+
+/// Removes every object of a Gateway's plane that the Gateway controls (its `parametersRef` is
+/// gone: it is back on the shared plane). Returns whether anything was deleted.
+pub async fn remove_plane(
+    client: &Client,
+    names: &PlaneNames,
+    namespace: &str,
+    uid: &str,
+) -> Result<bool, String> {
+    let mut deleted = false;
+    deleted |=
+        delete_owned::<HorizontalPodAutoscaler>(client, namespace, &names.autoscaler, uid).await?;
+    deleted |= delete_owned::<Deployment>(client, namespace, &names.deployment, uid).await?;
+    deleted |= delete_owned::<NetworkPolicy>(client, namespace, &names.network_policy, uid).await?;
+    deleted |= delete_owned::<Service>(client, namespace, &names.service, uid).await?;
+    deleted |= delete_owned::<Secret>(client, namespace, &names.auth_secret, uid).await?;
+    Ok(deleted)
+}

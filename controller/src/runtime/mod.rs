@@ -1,0 +1,578 @@
+//! The controller's I/O shell: watch the cluster, translate, render and apply dedicated data
+//! planes, push configs to proxy pods, write statuses and Events.
+//!
+//! Every round works from the whole snapshot of the watch caches ([`stores`]): the translation
+//! is cheap and pure, so recomputing everything keeps the logic in one place and makes a missed
+//! event impossible to miss for long (rounds also run on a resync period). Writes are skipped
+//! when the cluster already holds what a round computed.
+
+mod apply;
+pub mod status;
+pub mod stores;
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gateway_api::experimental::gatewayclasses::GatewayClass;
+use gateway_api::experimental::gateways::Gateway;
+use gateway_api::experimental::grpcroutes::GrpcRoute;
+use gateway_api::experimental::httproutes::HttpRoute;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::ByteString;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+
+use crate::push::{self, PodOutcome, Pusher};
+use crate::render::{self, PlaneNames, RenderSettings, GATEWAY_LABEL};
+use crate::translate::{self, ConditionType, ObjectKey, Options, PlaneKey, RouteKind, Snapshot};
+use status::KubeCondition;
+use stores::Stores;
+
+/// The field manager of the controller's server-side applies, and its Events' reporter.
+pub const FIELD_MANAGER: &str = "cftunnel-controller";
+/// Route condition set while a plane's pods have not taken its config for a sustained run.
+pub const PROXY_CONFIG_PUSHED: &str = "cf.k8s.lex.la/ProxyConfigPushed";
+/// The port name of the config API on rendered and shared proxy Services.
+const CONFIG_PORT_NAME: &str = "config";
+/// Changes arriving together are handled in one round.
+const DEBOUNCE: Duration = Duration::from_millis(100);
+
+/// The chart-deployed proxy pool that serves every Gateway without a GatewayConfig.
+#[derive(Debug, Clone)]
+pub struct SharedPlane {
+    /// Its headless Service: the pods to push to are its EndpointSlices'.
+    pub service: ObjectKey,
+    /// The Secret and key holding its config-API token.
+    pub auth_secret: ObjectKey,
+    pub auth_key: String,
+    /// The Secret and key holding the class tunnel's connector token, for Gateway addresses.
+    pub tunnel_secret: Option<(ObjectKey, String)>,
+}
+
+/// How the controller runs.
+#[derive(Debug, Clone)]
+pub struct RuntimeOptions {
+    pub translate: Options,
+    pub render: RenderSettings,
+    pub shared: Option<SharedPlane>,
+    /// A round runs at least this often, changes or not (re-pushes to restarted pods).
+    pub resync: Duration,
+    pub push_timeout: Duration,
+    /// Failed push rounds in a row before routes report it.
+    pub sustained_after: u32,
+    /// This controller's pod, named in its Events.
+    pub instance: Option<String>,
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        Self {
+            translate: Options::default(),
+            render: RenderSettings::default(),
+            shared: None,
+            resync: Duration::from_secs(30),
+            push_timeout: Duration::from_secs(5),
+            sustained_after: push::DEFAULT_SUSTAINED_AFTER,
+            instance: None,
+        }
+    }
+}
+
+/// Runs until `shutdown` completes.
+///
+/// # Errors
+/// None yet: failures of single objects are logged, reported in statuses and Events, and
+/// retried on the next round.
+pub async fn run(
+    client: Client,
+    options: RuntimeOptions,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let changed = Arc::new(Notify::new());
+    let mut tasks = JoinSet::new();
+    let stores = Stores::start(&client, Arc::clone(&changed), &mut tasks);
+    let mut shutdown = std::pin::pin!(shutdown);
+    tokio::select! {
+        ready = stores.wait_until_ready() => {
+            if !ready {
+                anyhow::bail!("a watch cache stopped before its first list");
+            }
+        }
+        () = &mut shutdown => return Ok(()),
+    }
+    tracing::info!("watch caches filled; reconciling");
+    let mut reconciler = Reconciler::new(client, options.clone());
+    loop {
+        let deployments: Vec<Deployment> = stores
+            .deployments
+            .state()
+            .iter()
+            .map(|d| (**d).clone())
+            .collect();
+        reconciler.round(&stores.snapshot(), &deployments).await;
+        tokio::select! {
+            () = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
+            () = tokio::time::sleep(options.resync) => {}
+            () = &mut shutdown => break,
+        }
+    }
+    tasks.shutdown().await;
+    Ok(())
+}
+
+/// What a round needs to remember of the previous ones.
+struct Reconciler {
+    client: Client,
+    options: RuntimeOptions,
+    pusher: Pusher,
+    recorder: Recorder,
+    /// Per plane: why its pushes keep failing, while they do.
+    push_failures: HashMap<PlaneKey, String>,
+    /// Per Gateway: the last render error reported, so a persisting one is not re-sent.
+    render_failures: HashMap<ObjectKey, String>,
+}
+
+/// A dedicated plane as far as a round got with it.
+struct PlaneInfo {
+    address: String,
+    ready: bool,
+    token: String,
+    pods: Vec<std::net::SocketAddr>,
+}
+
+impl Reconciler {
+    fn new(client: Client, options: RuntimeOptions) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.to_owned(),
+                instance: options.instance.clone(),
+            },
+        );
+        Self {
+            pusher: Pusher::new(options.push_timeout, options.sustained_after),
+            client,
+            options,
+            recorder,
+            push_failures: HashMap::new(),
+            render_failures: HashMap::new(),
+        }
+    }
+
+    async fn round(&mut self, snapshot: &Snapshot, deployments: &[Deployment]) {
+        let output = translate::translate(snapshot, &self.options.translate);
+        let mut planes: BTreeMap<PlaneKey, PlaneInfo> = BTreeMap::new();
+
+        for gw in &snapshot.gateways {
+            let Some(key) = object_key(gw) else { continue };
+            match output.planes.get(&key) {
+                Some(PlaneKey::Dedicated(_)) => {
+                    if let Some(info) = self.dedicated(gw, &key, snapshot, deployments).await {
+                        planes.insert(PlaneKey::Dedicated(key), info);
+                    }
+                }
+                Some(PlaneKey::Shared) => self.back_to_shared(gw, &key, deployments).await,
+                None => {}
+            }
+        }
+        if let Some(shared) = &self.options.shared {
+            if let Some(info) = shared_plane(shared, snapshot) {
+                planes.insert(PlaneKey::Shared, info);
+            }
+        }
+
+        for (plane, config) in &output.configs {
+            let Some(info) = planes.get(plane) else {
+                continue;
+            };
+            let outcome = self
+                .pusher
+                .sync(plane, config, &info.token, &info.pods)
+                .await;
+            for (pod, result) in &outcome.pods {
+                if let PodOutcome::Failed(reason) = result {
+                    tracing::warn!(%plane, %pod, %reason, "config push failed");
+                }
+            }
+            if outcome.sustained_failure {
+                let reason = outcome
+                    .pods
+                    .iter()
+                    .find_map(|(pod, o)| match o {
+                        PodOutcome::Failed(r) => Some(format!("{pod}: {r}")),
+                        _ => None,
+                    })
+                    .unwrap_or_default();
+                self.push_failures.insert(plane.clone(), reason);
+            } else if outcome.all_current() {
+                self.push_failures.remove(plane);
+            }
+        }
+        self.pusher
+            .retain(|plane| output.configs.contains_key(plane));
+        self.push_failures
+            .retain(|plane, _| output.configs.contains_key(plane));
+
+        self.write_statuses(snapshot, &output, &planes).await;
+    }
+
+    /// Renders and applies a dedicated plane; `None` when it could not be applied.
+    async fn dedicated(
+        &mut self,
+        gw: &Gateway,
+        key: &ObjectKey,
+        snapshot: &Snapshot,
+        deployments: &[Deployment],
+    ) -> Option<PlaneInfo> {
+        let config_name = gw
+            .spec
+            .infrastructure
+            .as_ref()
+            .and_then(|i| i.parameters_ref.as_ref())
+            .map(|r| r.name.clone())?;
+        let config = snapshot.gateway_configs.iter().find(|c| {
+            c.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+                && c.metadata.name.as_deref() == Some(config_name.as_str())
+        })?;
+        let uid = gw.metadata.uid.clone()?;
+        let rendered = render::fresh_token()
+            .and_then(|fresh| render::resolve(gw, config, &snapshot.secrets, &fresh))
+            .and_then(|credentials| {
+                render::render(gw, config, &credentials, &self.options.render)
+                    .map(|plane| (credentials, plane))
+            });
+        let applied = match rendered {
+            Ok((credentials, plane)) => {
+                apply::apply_plane(&self.client, &plane, &key.namespace, &uid, FIELD_MANAGER)
+                    .await
+                    .map(|changed| (credentials, plane, changed))
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        let (credentials, plane, changed) = match applied {
+            Ok(done) => done,
+            Err(reason) => {
+                tracing::warn!(gateway = %key, %reason, "rendering the data plane failed");
+                if self.render_failures.get(key) != Some(&reason) {
+                    self.publish(gw, EventType::Warning, "RenderFailed", "Render", &reason)
+                        .await;
+                    self.render_failures.insert(key.clone(), reason);
+                }
+                return None;
+            }
+        };
+        self.render_failures.remove(key);
+        if changed {
+            let note = format!(
+                "rendered Deployment {}, Service {} and NetworkPolicy {}",
+                plane.names.deployment, plane.names.service, plane.names.network_policy
+            );
+            self.publish(gw, EventType::Normal, "ProxyProvisioned", "Render", &note)
+                .await;
+        }
+        let ready = deployments
+            .iter()
+            .find(|d| {
+                d.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+                    && d.metadata.name.as_deref() == Some(plane.names.deployment.as_str())
+            })
+            .and_then(|d| d.status.as_ref())
+            .and_then(|s| s.ready_replicas)
+            .unwrap_or(0)
+            > 0;
+        let slices: Vec<_> = snapshot
+            .endpoint_slices
+            .iter()
+            .filter(|s| {
+                s.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+                    && s.labels().get("kubernetes.io/service-name") == Some(&plane.names.service)
+            })
+            .cloned()
+            .collect();
+        Some(PlaneInfo {
+            address: plane.address,
+            ready,
+            token: credentials.auth_token,
+            pods: push::pod_addresses(&slices, CONFIG_PORT_NAME),
+        })
+    }
+
+    /// A Gateway whose `parametersRef` is gone: remove the plane it had, if it had one.
+    async fn back_to_shared(&mut self, gw: &Gateway, key: &ObjectKey, deployments: &[Deployment]) {
+        let (Some(uid), Ok(names)) = (gw.metadata.uid.as_deref(), PlaneNames::for_gateway(gw))
+        else {
+            return;
+        };
+        let had_plane = deployments.iter().any(|d| {
+            d.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+                && d.labels().get(GATEWAY_LABEL) == Some(&names.gateway_label)
+        });
+        if !had_plane {
+            return;
+        }
+        match apply::remove_plane(&self.client, &names, &key.namespace, uid).await {
+            Ok(true) => tracing::info!(gateway = %key, "removed the dedicated data plane"),
+            Ok(false) => {}
+            Err(reason) => {
+                tracing::warn!(gateway = %key, %reason, "removing the data plane failed")
+            }
+        }
+    }
+
+    async fn publish(
+        &self,
+        gw: &Gateway,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: &str,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note.chars().take(1024).collect()),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &gw.object_ref(&())).await {
+            tracing::warn!(error = %e, reason, "publishing an Event failed");
+        }
+    }
+
+    async fn write_statuses(
+        &self,
+        snapshot: &Snapshot,
+        output: &translate::Output,
+        planes: &BTreeMap<PlaneKey, PlaneInfo>,
+    ) {
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let controller = &self.options.translate.controller_name;
+
+        for class in &snapshot.gateway_classes {
+            let name = class.name_any();
+            let Some(conditions) = output.statuses.gateway_classes.get(&name) else {
+                continue;
+            };
+            let existing = class
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok());
+            let desired = status::gateway_class(conditions, existing.as_ref(), &now);
+            let api: Api<GatewayClass> = Api::all(self.client.clone());
+            Self::patch_status(api, &name, existing.as_ref(), desired).await;
+        }
+
+        let shared_address = self
+            .options
+            .shared
+            .as_ref()
+            .and_then(|s| s.tunnel_secret.as_ref())
+            .and_then(|(key, field)| secret_text(snapshot, key, field))
+            .and_then(|t| t.parse::<cftunnel_tunnel::Token>().ok())
+            .map(|t| format!("{}.cfargotunnel.com", t.tunnel_id()));
+        for gw in &snapshot.gateways {
+            let Some(key) = object_key(gw) else { continue };
+            let Some(desired) = output.statuses.gateways.get(&key) else {
+                continue;
+            };
+            let mut conditions: Vec<KubeCondition> =
+                desired.conditions.iter().map(KubeCondition::from).collect();
+            let mut addresses = Vec::new();
+            match output.planes.get(&key) {
+                Some(plane @ PlaneKey::Dedicated(_)) => match planes.get(plane) {
+                    Some(info) => {
+                        addresses.push(info.address.clone());
+                        if !info.ready {
+                            set_programmed_pending(
+                                &mut conditions,
+                                "waiting for a ready proxy replica (a registered tunnel connector)",
+                            );
+                        }
+                    }
+                    None => set_programmed_pending(
+                        &mut conditions,
+                        "the data plane could not be applied (see the RenderFailed Event)",
+                    ),
+                },
+                Some(PlaneKey::Shared) => addresses.extend(shared_address.clone()),
+                None => {}
+            }
+            let existing = gw
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok());
+            let value = status::gateway(desired, &conditions, &addresses, existing.as_ref(), &now);
+            let api: Api<Gateway> = Api::namespaced(self.client.clone(), &key.namespace);
+            Self::patch_status(api, &key.name, existing.as_ref(), value).await;
+        }
+
+        let route_objects = snapshot
+            .http_routes
+            .iter()
+            .map(|r| {
+                (
+                    RouteKind::Http,
+                    r.metadata.clone(),
+                    r.status.as_ref().and_then(|s| serde_json::to_value(s).ok()),
+                )
+            })
+            .chain(snapshot.grpc_routes.iter().map(|r| {
+                (
+                    RouteKind::Grpc,
+                    r.metadata.clone(),
+                    r.status.as_ref().and_then(|s| serde_json::to_value(s).ok()),
+                )
+            }));
+        for (kind, meta, existing) in route_objects {
+            let (Some(ns), Some(name)) = (meta.namespace.clone(), meta.name.clone()) else {
+                continue;
+            };
+            let route_key = translate::RouteKey {
+                kind,
+                key: ObjectKey::new(&ns, &name),
+            };
+            let ours = output
+                .statuses
+                .routes
+                .get(&route_key)
+                .cloned()
+                .unwrap_or_default();
+            let had_ours = existing
+                .as_ref()
+                .and_then(|s| s.get("parents"))
+                .and_then(Value::as_array)
+                .is_some_and(|p| {
+                    p.iter().any(|p| {
+                        p.get("controllerName").and_then(Value::as_str) == Some(controller.as_str())
+                    })
+                });
+            if ours.is_empty() && !had_ours {
+                continue;
+            }
+            let extra = |i: usize| -> Vec<KubeCondition> {
+                let Some(parent) = ours.get(i) else {
+                    return Vec::new();
+                };
+                let accepted = parent
+                    .condition(ConditionType::Accepted)
+                    .is_some_and(|c| c.status);
+                let gateway = ObjectKey::new(&parent.parent_ref.namespace, &parent.parent_ref.name);
+                match output
+                    .planes
+                    .get(&gateway)
+                    .and_then(|p| self.push_failures.get(p))
+                {
+                    Some(reason) if accepted => vec![KubeCondition {
+                        kind: PROXY_CONFIG_PUSHED.to_owned(),
+                        status: false,
+                        reason: "PushFailed".to_owned(),
+                        message: format!("the proxy pods have not taken the config: {reason}"),
+                        observed_generation: meta.generation,
+                    }],
+                    _ => Vec::new(),
+                }
+            };
+            let value = status::route(&ours, &extra, controller, existing.as_ref(), &now);
+            match kind {
+                RouteKind::Http => {
+                    let api: Api<HttpRoute> = Api::namespaced(self.client.clone(), &ns);
+                    Self::patch_status(api, &name, existing.as_ref(), value).await;
+                }
+                RouteKind::Grpc => {
+                    let api: Api<GrpcRoute> = Api::namespaced(self.client.clone(), &ns);
+                    Self::patch_status(api, &name, existing.as_ref(), value).await;
+                }
+            }
+        }
+    }
+
+    /// Writes `desired` as the object's status (a merge patch of the status subresource)
+    /// unless the object already says it.
+    async fn patch_status<K>(api: Api<K>, name: &str, existing: Option<&Value>, desired: Value)
+    where
+        K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+        K::DynamicType: Default,
+    {
+        if status::contains(existing, &desired) {
+            return;
+        }
+        let patch = json!({ "status": desired });
+        if let Err(e) = api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            let kind = K::kind(&K::DynamicType::default()).into_owned();
+            tracing::warn!(%kind, name, error = %e, "writing status failed");
+        }
+    }
+}
+
+fn object_key(gw: &Gateway) -> Option<ObjectKey> {
+    Some(ObjectKey::new(
+        gw.metadata.namespace.clone()?,
+        gw.metadata.name.clone()?,
+    ))
+}
+
+/// Replaces the Gateway's `Programmed` condition with `False` (`Pending`).
+fn set_programmed_pending(conditions: &mut [KubeCondition], message: &str) {
+    for c in conditions.iter_mut().filter(|c| c.kind == "Programmed") {
+        if c.status {
+            c.status = false;
+            c.reason = "Pending".to_owned();
+            c.message = message.to_owned();
+        }
+    }
+}
+
+/// A Secret key's text, trimmed as the proxy trims tokens.
+fn secret_text(snapshot: &Snapshot, key: &ObjectKey, field: &str) -> Option<String> {
+    let secret: &Secret = snapshot.secrets.iter().find(|s| {
+        s.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+            && s.metadata.name.as_deref() == Some(key.name.as_str())
+    })?;
+    let bytes = secret
+        .string_data
+        .as_ref()
+        .and_then(|d| d.get(field))
+        .map(|s| s.as_bytes().to_vec())
+        .or_else(|| {
+            secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(field))
+                .map(|ByteString(b)| b.clone())
+        })?;
+    let text = String::from_utf8(bytes).ok()?;
+    let text = text.trim();
+    (!text.is_empty()).then(|| text.to_owned())
+}
+
+fn shared_plane(shared: &SharedPlane, snapshot: &Snapshot) -> Option<PlaneInfo> {
+    let Some(token) = secret_text(snapshot, &shared.auth_secret, &shared.auth_key) else {
+        tracing::warn!(secret = %shared.auth_secret, key = %shared.auth_key, "the shared plane's config-API token is missing; not pushing to it");
+        return None;
+    };
+    let slices: Vec<_> = snapshot
+        .endpoint_slices
+        .iter()
+        .filter(|s| {
+            s.metadata.namespace.as_deref() == Some(shared.service.namespace.as_str())
+                && s.labels().get("kubernetes.io/service-name") == Some(&shared.service.name)
+        })
+        .cloned()
+        .collect();
+    Some(PlaneInfo {
+        address: String::new(),
+        ready: true,
+        token,
+        pods: push::pod_addresses(&slices, CONFIG_PORT_NAME),
+    })
+}

@@ -1,0 +1,264 @@
+//! Status documents as the API server stores them, built from the translation's conditions.
+//!
+//! Pure: given the status an object has now, each function returns the status it should have,
+//! keeping `lastTransitionTime` of every condition whose status did not change, so an unchanged
+//! object compares equal and is not written.
+
+use serde_json::{json, Map, Value};
+
+use crate::translate::{Condition, GatewayStatus, RouteParentStatus, GATEWAY_API_GROUP};
+
+/// A condition in `metav1.Condition` form, for conditions the translation does not compute.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeCondition {
+    pub kind: String,
+    pub status: bool,
+    pub reason: String,
+    pub message: String,
+    pub observed_generation: Option<i64>,
+}
+
+impl From<&Condition> for KubeCondition {
+    fn from(c: &Condition) -> Self {
+        Self {
+            kind: c.kind.as_str().to_owned(),
+            status: c.status,
+            reason: c.reason.as_str().to_owned(),
+            message: c.message.clone(),
+            observed_generation: c.observed_generation,
+        }
+    }
+}
+
+/// The `conditions` list: each condition keeps the `lastTransitionTime` it had when its status
+/// is unchanged, else gets `now` (RFC 3339).
+pub fn conditions(desired: &[KubeCondition], existing: Option<&Value>, now: &str) -> Value {
+    let previous = |kind: &str| {
+        existing
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find(|c| c.get("type").and_then(Value::as_str) == Some(kind))
+    };
+    Value::Array(
+        desired
+            .iter()
+            .map(|c| {
+                let status = if c.status { "True" } else { "False" };
+                let since = previous(&c.kind)
+                    .filter(|p| p.get("status").and_then(Value::as_str) == Some(status))
+                    .and_then(|p| p.get("lastTransitionTime").cloned())
+                    .unwrap_or_else(|| Value::String(now.to_owned()));
+                let mut out = Map::new();
+                out.insert("type".into(), c.kind.clone().into());
+                out.insert("status".into(), status.into());
+                out.insert("reason".into(), c.reason.clone().into());
+                out.insert("message".into(), c.message.clone().into());
+                if let Some(g) = c.observed_generation {
+                    out.insert("observedGeneration".into(), g.into());
+                }
+                out.insert("lastTransitionTime".into(), since);
+                Value::Object(out)
+            })
+            .collect(),
+    )
+}
+
+/// A Gateway's status: its conditions (as given, so the caller can gate `Programmed`), its
+/// listeners, and its addresses (`Hostname` entries).
+pub fn gateway(
+    desired: &GatewayStatus,
+    gateway_conditions: &[KubeCondition],
+    addresses: &[String],
+    existing: Option<&Value>,
+    now: &str,
+) -> Value {
+    let existing_listener = |name: &str| {
+        existing
+            .and_then(|s| s.get("listeners"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find(|l| l.get("name").and_then(Value::as_str) == Some(name))
+    };
+    let listeners: Vec<Value> = desired
+        .listeners
+        .iter()
+        .map(|l| {
+            let kinds: Vec<KubeCondition> = l.conditions.iter().map(KubeCondition::from).collect();
+            json!({
+                "name": l.name,
+                "attachedRoutes": l.attached_routes,
+                "supportedKinds": l.supported_kinds.iter().map(|k| json!({"group": GATEWAY_API_GROUP, "kind": k})).collect::<Vec<_>>(),
+                "conditions": conditions(&kinds, existing_listener(&l.name).and_then(|e| e.get("conditions")), now),
+            })
+        })
+        .collect();
+    let mut out = Map::new();
+    out.insert(
+        "conditions".into(),
+        conditions(
+            gateway_conditions,
+            existing.and_then(|s| s.get("conditions")),
+            now,
+        ),
+    );
+    out.insert("listeners".into(), Value::Array(listeners));
+    if !addresses.is_empty() {
+        out.insert(
+            "addresses".into(),
+            Value::Array(
+                addresses
+                    .iter()
+                    .map(|a| json!({"type": "Hostname", "value": a}))
+                    .collect(),
+            ),
+        );
+    }
+    Value::Object(out)
+}
+
+/// A route's status: the parents other controllers wrote, untouched, then ours. `extra` adds
+/// conditions to one of our parents (by index in `ours`).
+pub fn route(
+    ours: &[RouteParentStatus],
+    extra: &dyn Fn(usize) -> Vec<KubeCondition>,
+    controller_name: &str,
+    existing: Option<&Value>,
+    now: &str,
+) -> Value {
+    let existing_parents: Vec<&Value> = existing
+        .and_then(|s| s.get("parents"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut parents: Vec<Value> = existing_parents
+        .iter()
+        .filter(|p| p.get("controllerName").and_then(Value::as_str) != Some(controller_name))
+        .map(|p| (*p).clone())
+        .collect();
+    for (i, parent) in ours.iter().enumerate() {
+        let r = &parent.parent_ref;
+        let mut parent_ref = Map::new();
+        parent_ref.insert("group".into(), GATEWAY_API_GROUP.into());
+        parent_ref.insert("kind".into(), "Gateway".into());
+        parent_ref.insert("namespace".into(), r.namespace.clone().into());
+        parent_ref.insert("name".into(), r.name.clone().into());
+        if let Some(section) = &r.section_name {
+            parent_ref.insert("sectionName".into(), section.clone().into());
+        }
+        if let Some(port) = r.port {
+            parent_ref.insert("port".into(), port.into());
+        }
+        let parent_ref = Value::Object(parent_ref);
+        let previous = existing_parents.iter().find(|p| {
+            p.get("controllerName").and_then(Value::as_str) == Some(controller_name)
+                && same_ref(p.get("parentRef"), &parent_ref)
+        });
+        let mut wanted: Vec<KubeCondition> =
+            parent.conditions.iter().map(KubeCondition::from).collect();
+        wanted.extend(extra(i));
+        parents.push(json!({
+            "parentRef": parent_ref,
+            "controllerName": controller_name,
+            "conditions": conditions(&wanted, previous.and_then(|p| p.get("conditions")), now),
+        }));
+    }
+    json!({ "parents": parents })
+}
+
+/// Parent references are equal when the fields that identify them are (the API server fills
+/// in `group` and `kind` defaults, so they may be absent on one side).
+fn same_ref(a: Option<&Value>, b: &Value) -> bool {
+    let Some(a) = a else { return false };
+    let field = |v: &Value, k: &str, default: &str| {
+        v.get(k)
+            .map(|x| x.to_string())
+            .unwrap_or_else(|| json!(default).to_string())
+    };
+    ["namespace", "name", "sectionName", "port"]
+        .iter()
+        .all(|k| field(a, k, "") == field(b, k, ""))
+        && field(a, "group", GATEWAY_API_GROUP) == field(b, "group", GATEWAY_API_GROUP)
+        && field(a, "kind", "Gateway") == field(b, "kind", "Gateway")
+}
+
+/// A GatewayClass's status.
+pub fn gateway_class(desired: &[Condition], existing: Option<&Value>, now: &str) -> Value {
+    let wanted: Vec<KubeCondition> = desired.iter().map(KubeCondition::from).collect();
+    json!({ "conditions": conditions(&wanted, existing.and_then(|s| s.get("conditions")), now) })
+}
+
+/// Whether `existing` already says everything `desired` says (fields only in `existing`, such as
+/// other controllers' additions, do not count).
+pub fn contains(existing: Option<&Value>, desired: &Value) -> bool {
+    match (existing, desired) {
+        (Some(Value::Object(e)), Value::Object(d)) => d.iter().all(|(k, v)| contains(e.get(k), v)),
+        (Some(Value::Array(e)), Value::Array(d)) => {
+            e.len() == d.len() && e.iter().zip(d).all(|(e, d)| contains(Some(e), d))
+        }
+        (Some(e), d) => e == d,
+        (None, _) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cond(kind: &str, status: bool, reason: &str) -> KubeCondition {
+        KubeCondition {
+            kind: kind.to_owned(),
+            status,
+            reason: reason.to_owned(),
+            message: String::new(),
+            observed_generation: Some(2),
+        }
+    }
+
+    #[test]
+    fn a_condition_keeps_its_transition_time_until_its_status_changes() {
+        let first = conditions(&[cond("Accepted", true, "Accepted")], None, "T1");
+        assert_eq!(first[0]["lastTransitionTime"], "T1");
+        assert_eq!(first[0]["status"], "True");
+        assert_eq!(first[0]["observedGeneration"], 2);
+        // Same status, another reason: the time stays.
+        let second = conditions(&[cond("Accepted", true, "Other")], Some(&first), "T2");
+        assert_eq!(second[0]["lastTransitionTime"], "T1");
+        assert_eq!(second[0]["reason"], "Other");
+        let third = conditions(&[cond("Accepted", false, "Invalid")], Some(&second), "T3");
+        assert_eq!(third[0]["lastTransitionTime"], "T3");
+    }
+
+    #[test]
+    fn route_status_keeps_other_controllers_parents() {
+        let existing = json!({"parents": [
+            {"parentRef": {"name": "theirs", "namespace": "a"}, "controllerName": "example.com/other", "conditions": []},
+            {"parentRef": {"name": "gone", "namespace": "a"}, "controllerName": "cf.k8s.lex.la/tunnel-controller", "conditions": []},
+        ]});
+        let out = route(
+            &[],
+            &|_| Vec::new(),
+            "cf.k8s.lex.la/tunnel-controller",
+            Some(&existing),
+            "T",
+        );
+        let parents = out["parents"].as_array().expect("parents");
+        assert_eq!(parents.len(), 1, "our stale parent goes, theirs stays");
+        assert_eq!(parents[0]["controllerName"], "example.com/other");
+    }
+
+    #[test]
+    fn contains_ignores_fields_only_the_existing_status_has() {
+        let desired = json!({"conditions": [{"type": "A", "status": "True"}]});
+        let existing =
+            json!({"conditions": [{"type": "A", "status": "True", "extra": 1}], "other": 2});
+        assert!(contains(Some(&existing), &desired));
+        let changed = json!({"conditions": [{"type": "A", "status": "False"}]});
+        assert!(!contains(Some(&existing), &changed));
+        assert!(!contains(None, &desired));
+        let longer = json!({"conditions": [{"type": "A", "status": "True"}, {"type": "B", "status": "True"}]});
+        assert!(!contains(Some(&existing), &longer));
+    }
+}

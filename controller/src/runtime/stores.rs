@@ -1,0 +1,139 @@
+//! Watch caches of every kind the controller reads, and one signal that any of them changed.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use gateway_api::experimental::gatewayclasses::GatewayClass;
+use gateway_api::experimental::gateways::Gateway;
+use gateway_api::experimental::grpcroutes::GrpcRoute;
+use gateway_api::experimental::httproutes::HttpRoute;
+use gateway_api::experimental::referencegrants::ReferenceGrant;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+
+use crate::gateway_config::GatewayConfig;
+use crate::translate::Snapshot;
+
+/// The label every rendered object carries; only such Deployments are watched.
+pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=cftunnel-controller";
+
+/// Read-only views of the watch caches.
+#[derive(Clone)]
+pub struct Stores {
+    pub gateway_classes: Store<GatewayClass>,
+    pub gateways: Store<Gateway>,
+    pub http_routes: Store<HttpRoute>,
+    pub grpc_routes: Store<GrpcRoute>,
+    pub reference_grants: Store<ReferenceGrant>,
+    pub namespaces: Store<Namespace>,
+    pub services: Store<Service>,
+    pub endpoint_slices: Store<EndpointSlice>,
+    pub gateway_configs: Store<GatewayConfig>,
+    pub secrets: Store<Secret>,
+    /// The rendered proxy Deployments (their ready replicas gate `Programmed`).
+    pub deployments: Store<Deployment>,
+}
+
+fn cloned<K>(store: &Store<K>) -> Vec<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store
+        .state()
+        .iter()
+        .map(|o| Arc::unwrap_or_clone(Arc::clone(o)))
+        .collect()
+}
+
+impl Stores {
+    /// Starts a watch per kind; each event, including the first list, notifies `changed`.
+    /// The tasks stop when `tasks` is dropped.
+    pub fn start(client: &Client, changed: Arc<Notify>, tasks: &mut JoinSet<()>) -> Self {
+        fn watch<K>(
+            api: Api<K>,
+            config: watcher::Config,
+            changed: &Arc<Notify>,
+            tasks: &mut JoinSet<()>,
+        ) -> Store<K>
+        where
+            K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+            K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+        {
+            let (store, writer) = reflector::store();
+            let changed = Arc::clone(changed);
+            let stream = watcher(api, config).default_backoff().reflect(writer);
+            tasks.spawn(async move {
+                let mut stream = std::pin::pin!(stream);
+                while let Some(event) = stream.next().await {
+                    if let Err(e) = event {
+                        tracing::warn!(kind = %K::kind(&K::DynamicType::default()), error = %e, "watch failed; retrying");
+                    }
+                    changed.notify_one();
+                }
+            });
+            store
+        }
+        let all = watcher::Config::default;
+        Self {
+            gateway_classes: watch(Api::all(client.clone()), all(), &changed, tasks),
+            gateways: watch(Api::all(client.clone()), all(), &changed, tasks),
+            http_routes: watch(Api::all(client.clone()), all(), &changed, tasks),
+            grpc_routes: watch(Api::all(client.clone()), all(), &changed, tasks),
+            reference_grants: watch(Api::all(client.clone()), all(), &changed, tasks),
+            namespaces: watch(Api::all(client.clone()), all(), &changed, tasks),
+            services: watch(Api::all(client.clone()), all(), &changed, tasks),
+            endpoint_slices: watch(Api::all(client.clone()), all(), &changed, tasks),
+            gateway_configs: watch(Api::all(client.clone()), all(), &changed, tasks),
+            secrets: watch(Api::all(client.clone()), all(), &changed, tasks),
+            deployments: watch(
+                Api::all(client.clone()),
+                all().labels(MANAGED_BY_SELECTOR),
+                &changed,
+                tasks,
+            ),
+        }
+    }
+
+    /// Whether every cache has had its first full list.
+    pub async fn wait_until_ready(&self) -> bool {
+        let results = [
+            self.gateway_classes.wait_until_ready().await,
+            self.gateways.wait_until_ready().await,
+            self.http_routes.wait_until_ready().await,
+            self.grpc_routes.wait_until_ready().await,
+            self.reference_grants.wait_until_ready().await,
+            self.namespaces.wait_until_ready().await,
+            self.services.wait_until_ready().await,
+            self.endpoint_slices.wait_until_ready().await,
+            self.gateway_configs.wait_until_ready().await,
+            self.secrets.wait_until_ready().await,
+            self.deployments.wait_until_ready().await,
+        ];
+        results.iter().all(Result::is_ok)
+    }
+
+    /// The translation's input, as the caches hold it now.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            gateway_classes: cloned(&self.gateway_classes),
+            gateways: cloned(&self.gateways),
+            http_routes: cloned(&self.http_routes),
+            grpc_routes: cloned(&self.grpc_routes),
+            reference_grants: cloned(&self.reference_grants),
+            namespaces: cloned(&self.namespaces),
+            services: cloned(&self.services),
+            endpoint_slices: cloned(&self.endpoint_slices),
+            gateway_configs: cloned(&self.gateway_configs),
+            secrets: cloned(&self.secrets),
+        }
+    }
+}

@@ -1,0 +1,471 @@
+//! The controller against an API server: it renders and applies a Gateway's dedicated plane,
+//! leaves alone an object it does not own, pushes the translated config to the plane's pod (a
+//! real proxy on loopback) once the pod is listed, gates `Programmed` on ready replicas,
+//! reports a sustained push failure on the route, and removes the plane when the Gateway goes
+//! back to the shared one.
+
+#[path = "runtime/apiserver.rs"]
+mod apiserver;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use apiserver::ApiServer;
+use bytes::Bytes;
+use cftunnel_controller::render::RenderSettings;
+use cftunnel_controller::runtime::{self, RuntimeOptions, PROXY_CONFIG_PUSHED};
+use cftunnel_controller::translate::Options;
+use cftunnel_loadtest::echo::{EchoIdentity, EchoServer};
+use cftunnel_proxy::{Server, ServerOptions};
+use cftunnel_tunnel::Token;
+use http_body_util::{BodyExt, Full};
+use serde_json::{json, Value};
+
+const TUNNEL_ID: &str = "3b1f5c2e-8d4a-4e6b-9f0a-7c2d1e5b4a39";
+const CONTROLLER: &str = "cf.k8s.lex.la/tunnel-controller";
+
+fn seed(token: &str, backend: SocketAddr) -> String {
+    format!(
+        r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: cloudflare-tunnel}}
+spec: {{controllerName: {CONTROLLER}}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {{name: tenant-a, labels: {{kubernetes.io/metadata.name: tenant-a}}}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {{name: tenant-b, labels: {{kubernetes.io/metadata.name: tenant-b}}}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: edge-tunnel-token, namespace: tenant-a}}
+stringData: {{tunnel-token: "{token}"}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: edge-api, namespace: tenant-a}}
+stringData: {{bearer: s3cr3t}}
+---
+apiVersion: cf.k8s.lex.la/v1alpha1
+kind: GatewayConfig
+metadata: {{name: edge-config, namespace: tenant-a}}
+spec:
+  tunnelTokenSecretRef: {{name: edge-tunnel-token}}
+  authTokenSecretRef: {{name: edge-api, key: bearer}}
+  replicas: 1
+---
+{gateway}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: tenant-a}}
+spec: {{ports: [{{name: http, port: 80, targetPort: {port}}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: web-1, namespace: tenant-a, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv4
+ports: [{{name: http, port: {port}}}]
+endpoints: [{{addresses: ["127.0.0.1"], conditions: {{ready: true}}}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: shop, namespace: tenant-a}}
+spec:
+  parentRefs: [{{name: edge}}]
+  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: other-tunnel-token, namespace: tenant-b}}
+stringData: {{tunnel-token: "{token}"}}
+---
+apiVersion: cf.k8s.lex.la/v1alpha1
+kind: GatewayConfig
+metadata: {{name: other-config, namespace: tenant-b}}
+spec: {{tunnelTokenSecretRef: {{name: other-tunnel-token}}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: other, namespace: tenant-b}}
+spec:
+  gatewayClassName: cloudflare-tunnel
+  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: other-config}}}}
+  listeners: [{{name: http, port: 80, protocol: HTTP}}]
+---
+# Someone else's Deployment where the controller would put Gateway other's.
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: cf-proxy-other, namespace: tenant-b}}
+spec:
+  selector: {{matchLabels: {{app: mine}}}}
+  template:
+    metadata: {{labels: {{app: mine}}}}
+    spec: {{containers: [{{name: mine, image: mine:1}}]}}
+"#,
+        gateway = gateway(true),
+        port = backend.port(),
+    )
+}
+
+fn gateway(dedicated: bool) -> String {
+    let infrastructure = if dedicated {
+        "  infrastructure: {parametersRef: {group: cf.k8s.lex.la, kind: GatewayConfig, name: edge-config}}\n"
+    } else {
+        ""
+    };
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: edge, namespace: tenant-a}}\nspec:\n  gatewayClassName: cloudflare-tunnel\n{infrastructure}  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: shop.example.com}}]\n"
+    )
+}
+
+fn yaml(text: &str) -> Value {
+    serde_yaml_ng::from_str(text).expect("YAML")
+}
+
+/// Polls `check` until it gives a value.
+async fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let by = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(Instant::now() < by, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn condition<'a>(conditions: &'a Value, kind: &str) -> Option<&'a Value> {
+    conditions.as_array()?.iter().find(|c| c["type"] == kind)
+}
+
+fn our_parent(route: &Value) -> Option<&Value> {
+    route
+        .pointer("/status/parents")?
+        .as_array()?
+        .iter()
+        .find(|p| p["controllerName"] == CONTROLLER)
+}
+
+async fn get_via(data: SocketAddr, host: &str) -> u16 {
+    let Ok(stream) = tokio::net::TcpStream::connect(data).await else {
+        return 0;
+    };
+    let Ok((mut sender, conn)) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await
+    else {
+        return 0;
+    };
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .uri("/cart")
+        .header("host", host)
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    match sender.send_request(req).await {
+        Ok(res) => {
+            let status = res.status().as_u16();
+            let _ = res.into_body().collect().await;
+            status
+        }
+        Err(_) => 0,
+    }
+}
+
+#[tokio::test]
+async fn the_controller_runs_a_dedicated_plane_from_render_to_removal() {
+    tokio::time::timeout(Duration::from_secs(90), scenario())
+        .await
+        .expect("the scenario finishes in time");
+}
+
+async fn scenario() {
+    let echo = EchoServer::spawn(
+        "127.0.0.1".parse().expect("ip"),
+        EchoIdentity {
+            namespace: "tenant-a".to_owned(),
+            pod: "web-1".to_owned(),
+        },
+    )
+    .await
+    .expect("echo starts");
+    let token = Token::new(
+        "acct",
+        b"tunnel secret".to_vec(),
+        TUNNEL_ID.parse().expect("uuid"),
+    )
+    .encode();
+    let api = ApiServer::start(&seed(&token, echo.http_addr())).await;
+    // The plane's pod: a real proxy with the token the Deployment will hand it.
+    let pod = Server::start(
+        ServerOptions {
+            auth_token: Some("s3cr3t".to_owned()),
+            ..ServerOptions::default()
+        },
+        None,
+    )
+    .await
+    .expect("proxy starts");
+
+    let image = "cftunnel-proxy:test".to_owned();
+    let options = RuntimeOptions {
+        translate: Options {
+            proxy_image: Some(image.clone()),
+            ..Options::default()
+        },
+        render: RenderSettings {
+            proxy_image: Some(image),
+            ..RenderSettings::default()
+        },
+        resync: Duration::from_millis(150),
+        push_timeout: Duration::from_secs(2),
+        sustained_after: 3,
+        ..RuntimeOptions::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let controller = tokio::spawn(runtime::run(api.client(), options, async {
+        let _ = stopped.await;
+    }));
+
+    // Rendered and applied, owned by the Gateway.
+    let gw_uid = api
+        .get(
+            "gateway.networking.k8s.io/v1",
+            "Gateway",
+            "tenant-a",
+            "edge",
+        )
+        .and_then(|g| g.pointer("/metadata/uid").cloned())
+        .expect("Gateway uid");
+    let deployment = eventually("the Deployment", || {
+        api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+    })
+    .await;
+    assert_eq!(
+        deployment.pointer("/metadata/ownerReferences/0/uid"),
+        Some(&gw_uid)
+    );
+    assert_eq!(
+        deployment.pointer("/metadata/ownerReferences/0/controller"),
+        Some(&json!(true))
+    );
+    assert_eq!(deployment.pointer("/spec/replicas"), Some(&json!(1)));
+    let env = deployment
+        .pointer("/spec/template/spec/containers/0/env")
+        .expect("env")
+        .clone();
+    assert!(
+        env.as_array()
+            .expect("list")
+            .iter()
+            .any(|e| e["name"] == "PROXY_AUTH_TOKEN"
+                && e.pointer("/valueFrom/secretKeyRef")
+                    == Some(&json!({"name": "edge-api", "key": "bearer"}))),
+        "{env}"
+    );
+    assert!(api
+        .get("v1", "Service", "tenant-a", "cf-proxy-edge-config")
+        .is_some());
+    assert!(api
+        .get(
+            "networking.k8s.io/v1",
+            "NetworkPolicy",
+            "tenant-a",
+            "cf-proxy-edge"
+        )
+        .is_some());
+    assert!(
+        api.get("v1", "Secret", "tenant-a", "cf-proxy-edge-auth")
+            .is_none(),
+        "a bring-your-own token: nothing generated"
+    );
+
+    // Accepted, with the tunnel's address, but not Programmed before a replica is ready.
+    let status = eventually("the Gateway's status", || {
+        api.get(
+            "gateway.networking.k8s.io/v1",
+            "Gateway",
+            "tenant-a",
+            "edge",
+        )
+        .and_then(|g| g.get("status").cloned())
+        .filter(|s| condition(&s["conditions"], "Programmed").is_some())
+    })
+    .await;
+    assert_eq!(
+        condition(&status["conditions"], "Accepted").map(|c| &c["status"]),
+        Some(&json!("True"))
+    );
+    let programmed = condition(&status["conditions"], "Programmed").expect("Programmed");
+    assert_eq!(
+        (&programmed["status"], &programmed["reason"]),
+        (&json!("False"), &json!("Pending"))
+    );
+    assert_eq!(
+        status["addresses"],
+        json!([{"type": "Hostname", "value": format!("{TUNNEL_ID}.cfargotunnel.com")}])
+    );
+    let provisioned = eventually("a ProxyProvisioned Event", || {
+        api.list("Event")
+            .into_iter()
+            .find(|e| e["reason"] == "ProxyProvisioned")
+    })
+    .await;
+    assert_eq!(provisioned.pointer("/regarding/name"), Some(&json!("edge")));
+    assert_eq!(provisioned["type"], "Normal");
+
+    // Someone else's object is not taken over.
+    let refused = eventually("a RenderFailed Event", || {
+        api.list("Event")
+            .into_iter()
+            .find(|e| e["reason"] == "RenderFailed")
+    })
+    .await;
+    assert_eq!(refused.pointer("/regarding/name"), Some(&json!("other")));
+    assert_eq!(refused["type"], "Warning");
+    let note = refused["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("Deployment tenant-b/cf-proxy-other exists and is not owned"),
+        "{note}"
+    );
+    let theirs = api
+        .get("apps/v1", "Deployment", "tenant-b", "cf-proxy-other")
+        .expect("still there");
+    assert_eq!(
+        theirs.pointer("/spec/template/spec/containers/0/image"),
+        Some(&json!("mine:1"))
+    );
+    assert!(theirs.pointer("/metadata/ownerReferences").is_none());
+
+    // The endpoint controller lists the pod (not ready yet: it has no config): it gets pushed to.
+    assert_eq!(get_via(pod.data_addr(), "shop.example.com").await, 404);
+    api.put(yaml(&format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: cf-proxy-edge-config-x1, namespace: tenant-a, labels: {{kubernetes.io/service-name: cf-proxy-edge-config}}}}\naddressType: IPv4\nports: [{{name: config, port: {}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: false}}}}]\n",
+        pod.admin_addr().port()
+    )));
+    let by = Instant::now() + Duration::from_secs(20);
+    while get_via(pod.data_addr(), "shop.example.com").await != 200 {
+        assert!(
+            Instant::now() < by,
+            "the route is served once the pod has its config"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+
+    // The Deployment controller reports a ready replica: Programmed.
+    api.set_status(
+        "apps/v1",
+        "Deployment",
+        "tenant-a",
+        "cf-proxy-edge",
+        json!({"replicas": 1, "readyReplicas": 1}),
+    );
+    eventually("Programmed=True", || {
+        api.get(
+            "gateway.networking.k8s.io/v1",
+            "Gateway",
+            "tenant-a",
+            "edge",
+        )
+        .and_then(|g| condition(&g["status"]["conditions"], "Programmed").cloned())
+        .filter(|c| c["status"] == "True")
+    })
+    .await;
+    let parent = eventually("the route's status", || {
+        api.get(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "tenant-a",
+            "shop",
+        )
+        .and_then(|r| our_parent(&r).cloned())
+    })
+    .await;
+    assert_eq!(
+        condition(&parent["conditions"], "Accepted").map(|c| &c["status"]),
+        Some(&json!("True"))
+    );
+    assert_eq!(
+        condition(&parent["conditions"], "ResolvedRefs").map(|c| &c["status"]),
+        Some(&json!("True"))
+    );
+    assert!(condition(&parent["conditions"], PROXY_CONFIG_PUSHED).is_none());
+
+    // The token is rotated but the pod keeps the old one (it has not rolled yet): pushes are
+    // refused, and after repeated rounds the route says so. The pod template changes, so a real
+    // Deployment would roll.
+    let hash = |d: &Value| {
+        d.pointer("/spec/template/metadata/annotations/cf.k8s.lex.la~1credentials-hash")
+            .cloned()
+    };
+    let before = hash(&deployment);
+    api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: edge-api, namespace: tenant-a}\nstringData: {bearer: rotated}\n"));
+    let failed = eventually("ProxyConfigPushed=False", || {
+        api.get(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "tenant-a",
+            "shop",
+        )
+        .and_then(|r| {
+            our_parent(&r).and_then(|p| condition(&p["conditions"], PROXY_CONFIG_PUSHED).cloned())
+        })
+    })
+    .await;
+    assert_eq!(failed["status"], "False");
+    let message = failed["message"].as_str().unwrap_or_default();
+    assert!(message.contains("401"), "{message}");
+    let rolled = api
+        .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+        .expect("Deployment");
+    assert_ne!(hash(&rolled), before, "rotating the token rolls the pods");
+    // Back to the token the pod has: the condition clears.
+    api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: edge-api, namespace: tenant-a}\nstringData: {bearer: s3cr3t}\n"));
+    eventually("ProxyConfigPushed cleared", || {
+        api.get(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "tenant-a",
+            "shop",
+        )
+        .and_then(|r| our_parent(&r).cloned())
+        .filter(|p| condition(&p["conditions"], PROXY_CONFIG_PUSHED).is_none())
+    })
+    .await;
+
+    // Without its parametersRef the Gateway goes back to the shared plane; its plane goes.
+    api.put(yaml(&gateway(false)));
+    eventually("the plane removed", || {
+        (api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+            .is_none()
+            && api
+                .get("v1", "Service", "tenant-a", "cf-proxy-edge-config")
+                .is_none()
+            && api
+                .get(
+                    "networking.k8s.io/v1",
+                    "NetworkPolicy",
+                    "tenant-a",
+                    "cf-proxy-edge",
+                )
+                .is_none())
+        .then_some(())
+    })
+    .await;
+    assert!(
+        api.get("apps/v1", "Deployment", "tenant-b", "cf-proxy-other")
+            .is_some(),
+        "not ours, not removed"
+    );
+
+    let _ = stop.send(());
+    controller
+        .await
+        .expect("the controller task")
+        .expect("the controller stops cleanly");
+    pod.shutdown().await;
+}

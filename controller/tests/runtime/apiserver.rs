@@ -1,0 +1,799 @@
+//! A Kubernetes API server in memory, speaking the real REST protocol over HTTP on loopback:
+//! list (with label selectors) and watch streams from a resourceVersion, get, create, delete,
+//! server-side apply (`application/apply-patch+yaml`), JSON merge patches, and the `status`
+//! subresource. Errors are `Status` objects with the real codes (404 NotFound, 409
+//! AlreadyExists). It runs no controllers: a test plays the Deployment and EndpointSlice
+//! controllers itself.
+//!
+//! Simplifications, none of which the controller relies on: one stored version per resource
+//! (served under any version in the path), no field-ownership conflicts (server-side apply
+//! replaces what the applier sends, and its previous fields it no longer sends), no pagination,
+//! no garbage collection, watches never expire (no 410).
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{json, Map, Value};
+use tokio::sync::watch;
+
+/// Plural resource name of each kind the tests use.
+const KINDS: &[(&str, &str)] = &[
+    ("GatewayClass", "gatewayclasses"),
+    ("Gateway", "gateways"),
+    ("HTTPRoute", "httproutes"),
+    ("GRPCRoute", "grpcroutes"),
+    ("ReferenceGrant", "referencegrants"),
+    ("Namespace", "namespaces"),
+    ("Service", "services"),
+    ("EndpointSlice", "endpointslices"),
+    ("GatewayConfig", "gatewayconfigs"),
+    ("Secret", "secrets"),
+    ("Deployment", "deployments"),
+    ("NetworkPolicy", "networkpolicies"),
+    ("HorizontalPodAutoscaler", "horizontalpodautoscalers"),
+    ("Event", "events"),
+];
+
+/// `(group, plural, namespace, name)`; cluster-scoped objects have an empty namespace.
+type Key = (String, String, String, String);
+
+struct Entry {
+    rv: u64,
+    group: String,
+    plural: String,
+    namespace: String,
+    event: &'static str,
+    object: Value,
+}
+
+#[derive(Default)]
+struct State {
+    rv: u64,
+    uid: u64,
+    objects: BTreeMap<Key, Value>,
+    log: Vec<Entry>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    changed: watch::Sender<u64>,
+}
+
+/// The running server. Dropping it stops serving.
+pub struct ApiServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn kind_of(plural: &str) -> Option<&'static str> {
+    KINDS.iter().find(|(_, p)| *p == plural).map(|(k, _)| *k)
+}
+
+fn plural_of(kind: &str) -> Option<&'static str> {
+    KINDS.iter().find(|(k, _)| *k == kind).map(|(_, p)| *p)
+}
+
+fn group_of(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or("", |(g, _)| g)
+}
+
+fn status(code: StatusCode, reason: &str, message: &str) -> Response<BoxBody<Bytes, Infallible>> {
+    respond(
+        code,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": message, "reason": reason, "code": code.as_u16()}),
+    )
+}
+
+fn respond(code: StatusCode, body: &Value) -> Response<BoxBody<Bytes, Infallible>> {
+    let mut res = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
+    *res.status_mut() = code;
+    res.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+/// RFC 7386.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    if let Value::Object(p) = patch {
+        if !target.is_object() {
+            *target = Value::Object(Map::new());
+        }
+        if let Value::Object(t) = target {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+    } else {
+        *target = patch.clone();
+    }
+}
+
+/// Equality-based label selectors: `a=b`, `a==b`, `a!=b`, `a`, `!a`, comma-separated.
+fn selects(selector: &str, object: &Value) -> bool {
+    let labels = object
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object);
+    let label = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+    selector.split(',').filter(|s| !s.is_empty()).all(|term| {
+        if let Some((k, v)) = term.split_once("!=") {
+            label(k.trim()) != Some(v.trim())
+        } else if let Some((k, v)) = term.split_once('=') {
+            label(k.trim()) == Some(v.trim_start_matches('=').trim())
+        } else if let Some(k) = term.strip_prefix('!') {
+            label(k.trim()).is_none()
+        } else {
+            label(term.trim()).is_some()
+        }
+    })
+}
+
+fn query(req: &Request<Incoming>) -> BTreeMap<String, String> {
+    req.uri()
+        .query()
+        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        .unwrap_or_default()
+}
+
+/// What a request path names.
+struct Target {
+    group: String,
+    version: String,
+    plural: String,
+    namespace: Option<String>,
+    name: Option<String>,
+    status: bool,
+}
+
+fn parse_path(path: &str) -> Option<Target> {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match segments.as_slice() {
+        ["api", version, rest @ ..] => (String::new(), (*version).to_owned(), rest),
+        ["apis", group, version, rest @ ..] => ((*group).to_owned(), (*version).to_owned(), rest),
+        _ => return None,
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, plural, tail @ ..] => {
+            (Some((*ns).to_owned()), [&[*plural][..], tail].concat())
+        }
+        other => (None, other.to_vec()),
+    };
+    let (plural, name, status) = match rest.as_slice() {
+        [plural] => ((*plural).to_owned(), None, false),
+        [plural, name] => ((*plural).to_owned(), Some((*name).to_owned()), false),
+        [plural, name, "status"] => ((*plural).to_owned(), Some((*name).to_owned()), true),
+        _ => return None,
+    };
+    Some(Target {
+        group,
+        version,
+        plural,
+        namespace,
+        name,
+        status,
+    })
+}
+
+impl Shared {
+    /// Stores `object` under a new resourceVersion (or removes it, for `DELETED`) and logs
+    /// the event for watches; returns the object as stored.
+    fn store(&self, state: &mut State, key: Key, mut object: Value, event: &'static str) -> Value {
+        state.rv += 1;
+        let rv = state.rv;
+        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.insert("resourceVersion".into(), rv.to_string().into());
+        }
+        if event == "DELETED" {
+            state.objects.remove(&key);
+        } else {
+            state.objects.insert(key.clone(), object.clone());
+        }
+        let (group, plural, namespace, _) = key;
+        state.log.push(Entry {
+            rv,
+            group,
+            plural,
+            namespace,
+            event,
+            object: object.clone(),
+        });
+        self.changed.send_replace(rv);
+        object
+    }
+
+    /// Fills in what the API server sets on create.
+    fn created(state: &mut State, mut object: Value, namespace: &str) -> Value {
+        state.uid += 1;
+        let uid = format!("00000000-0000-4000-8000-{:012x}", state.uid);
+        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.insert("uid".into(), uid.into());
+            meta.insert("creationTimestamp".into(), "2026-12-01T00:00:00Z".into());
+            meta.insert("generation".into(), 1.into());
+            if !namespace.is_empty() {
+                meta.insert("namespace".into(), namespace.into());
+            }
+        }
+        object
+    }
+}
+
+/// The API server stores Secrets' `stringData` as base64 `data` and never returns it.
+fn normalize_secret(object: &mut Value) {
+    if object.get("kind").and_then(Value::as_str) != Some("Secret") {
+        return;
+    }
+    let Some(string_data) = object.as_object_mut().and_then(|o| o.remove("stringData")) else {
+        return;
+    };
+    let data = object
+        .as_object_mut()
+        .map(|o| o.entry("data").or_insert_with(|| json!({})));
+    if let (Some(Value::Object(data)), Value::Object(strings)) = (data, string_data) {
+        for (k, v) in strings {
+            let text = v.as_str().unwrap_or_default();
+            data.insert(
+                k,
+                base64::engine::general_purpose::STANDARD
+                    .encode(text)
+                    .into(),
+            );
+        }
+    }
+}
+
+impl ApiServer {
+    /// Starts serving, holding the objects of the multi-document YAML `seed`.
+    pub async fn start(seed: &str) -> Self {
+        let (changed, _) = watch::channel(0);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            changed,
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let serving = Arc::clone(&shared);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let shared = Arc::clone(&serving);
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        let shared = Arc::clone(&shared);
+                        async move { Ok::<_, Infallible>(handle(&shared, req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        let server = Self { addr, shared, task };
+        for doc in serde_yaml_ng::Deserializer::from_str(seed) {
+            let value: Value = serde::Deserialize::deserialize(doc).expect("seed YAML");
+            if !value.is_null() {
+                server.put(value);
+            }
+        }
+        server
+    }
+
+    /// A client for this server.
+    pub fn client(&self) -> kube::Client {
+        let url = format!("http://{}", self.addr).parse().expect("url");
+        let config = kube::Config::new(url);
+        kube::Client::try_from(config).expect("client")
+    }
+
+    fn key_of(object: &Value) -> Key {
+        let api_version = object
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let kind = object
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let plural = plural_of(kind).unwrap_or_else(|| panic!("unknown kind {kind}"));
+        let field = |f: &str| {
+            object
+                .pointer(&format!("/metadata/{f}"))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        (
+            group_of(api_version).to_owned(),
+            plural.to_owned(),
+            field("namespace"),
+            field("name"),
+        )
+    }
+
+    /// Creates or replaces an object, as a user or another controller would.
+    pub fn put(&self, mut object: Value) -> Value {
+        normalize_secret(&mut object);
+        let key = Self::key_of(&object);
+        let mut state = self.shared.state.lock().expect("state");
+        let object = match state.objects.get(&key) {
+            Some(existing) => {
+                let mut replaced = object;
+                if let (Some(meta), Some(old)) = (
+                    replaced.get_mut("metadata").and_then(Value::as_object_mut),
+                    existing.get("metadata"),
+                ) {
+                    for f in ["uid", "creationTimestamp"] {
+                        if let Some(v) = old.get(f) {
+                            meta.insert(f.into(), v.clone());
+                        }
+                    }
+                    let generation = old.get("generation").and_then(Value::as_i64).unwrap_or(1);
+                    meta.insert("generation".into(), (generation + 1).into());
+                }
+                if replaced.get("status").is_none() {
+                    if let Some(s) = existing.get("status") {
+                        replaced["status"] = s.clone();
+                    }
+                }
+                self.shared.store(&mut state, key, replaced, "MODIFIED")
+            }
+            None => {
+                let created = Shared::created(&mut state, object, &key.2);
+                self.shared.store(&mut state, key, created, "ADDED")
+            }
+        };
+        object
+    }
+
+    /// The stored object, if any.
+    pub fn get(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> Option<Value> {
+        let plural = plural_of(kind)?;
+        let state = self.shared.state.lock().expect("state");
+        state
+            .objects
+            .get(&(
+                group_of(api_version).to_owned(),
+                plural.to_owned(),
+                namespace.to_owned(),
+                name.to_owned(),
+            ))
+            .cloned()
+    }
+
+    /// Every stored object of a kind.
+    pub fn list(&self, kind: &str) -> Vec<Value> {
+        let Some(plural) = plural_of(kind) else {
+            return Vec::new();
+        };
+        let state = self.shared.state.lock().expect("state");
+        state
+            .objects
+            .iter()
+            .filter(|(k, _)| k.1 == plural)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// Merges `status` into an object's status, as the owning controller would.
+    pub fn set_status(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        status: Value,
+    ) {
+        let plural = plural_of(kind).expect("kind");
+        let key = (
+            group_of(api_version).to_owned(),
+            plural.to_owned(),
+            namespace.to_owned(),
+            name.to_owned(),
+        );
+        let mut state = self.shared.state.lock().expect("state");
+        let mut object = state.objects.get(&key).cloned().expect("object exists");
+        merge_patch(&mut object, &json!({ "status": status }));
+        self.shared.store(&mut state, key, object, "MODIFIED");
+    }
+}
+
+async fn handle(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+) -> Response<BoxBody<Bytes, Infallible>> {
+    let Some(target) = parse_path(req.uri().path()) else {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the server could not find the requested resource",
+        );
+    };
+    let Some(kind) = kind_of(&target.plural) else {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            &format!("resource {} is not served", target.plural),
+        );
+    };
+    let api_version = if target.group.is_empty() {
+        target.version.clone()
+    } else {
+        format!("{}/{}", target.group, target.version)
+    };
+    let params = query(&req);
+    let method = req.method().clone();
+    let content_type = req
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string()),
+    };
+    let request = Req {
+        target: &target,
+        kind,
+        api_version: &api_version,
+        params: &params,
+    };
+    match (method, target.name.is_some()) {
+        (Method::GET, false) if params.get("watch").is_some_and(|w| w == "true" || w == "1") => {
+            watch_response(shared, &request)
+        }
+        (Method::GET, false) => list(shared, &request),
+        (Method::GET, true) => get(shared, &request),
+        (Method::POST, false) => create(shared, &request, &body),
+        (Method::PATCH, true) => patch(shared, &request, &content_type, &body),
+        (Method::DELETE, true) => delete(shared, &request),
+        _ => status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "method not allowed",
+        ),
+    }
+}
+
+/// A request, parsed.
+struct Req<'a> {
+    target: &'a Target,
+    kind: &'static str,
+    api_version: &'a str,
+    params: &'a BTreeMap<String, String>,
+}
+
+impl Req<'_> {
+    fn key(&self, name: &str) -> Key {
+        (
+            self.target.group.clone(),
+            self.target.plural.clone(),
+            self.target.namespace.clone().unwrap_or_default(),
+            name.to_owned(),
+        )
+    }
+
+    fn typed(&self, mut object: Value) -> Value {
+        if let Some(o) = object.as_object_mut() {
+            o.insert("apiVersion".into(), self.api_version.into());
+            o.insert("kind".into(), self.kind.into());
+        }
+        object
+    }
+
+    fn not_found(&self, name: &str) -> Response<BoxBody<Bytes, Infallible>> {
+        status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            &format!(
+                "{}.{} \"{name}\" not found",
+                self.target.plural, self.target.group
+            ),
+        )
+    }
+}
+
+fn list(shared: &Arc<Shared>, req: &Req<'_>) -> Response<BoxBody<Bytes, Infallible>> {
+    let selector = req.params.get("labelSelector").cloned().unwrap_or_default();
+    let state = shared.state.lock().expect("state");
+    let items: Vec<Value> = state
+        .objects
+        .iter()
+        .filter(|((g, p, ns, _), v)| {
+            *g == req.target.group
+                && *p == req.target.plural
+                && req.target.namespace.as_ref().is_none_or(|t| t == ns)
+                && selects(&selector, v)
+        })
+        .map(|(_, v)| {
+            // List items carry no apiVersion and kind; the list does.
+            let mut v = v.clone();
+            if let Some(o) = v.as_object_mut() {
+                o.remove("apiVersion");
+                o.remove("kind");
+            }
+            v
+        })
+        .collect();
+    respond(
+        StatusCode::OK,
+        &json!({"apiVersion": req.api_version, "kind": format!("{}List", req.kind),
+                "metadata": {"resourceVersion": state.rv.to_string()}, "items": items}),
+    )
+}
+
+fn get(shared: &Arc<Shared>, req: &Req<'_>) -> Response<BoxBody<Bytes, Infallible>> {
+    let name = req.target.name.clone().unwrap_or_default();
+    let state = shared.state.lock().expect("state");
+    match state.objects.get(&req.key(&name)) {
+        Some(v) => respond(StatusCode::OK, &req.typed(v.clone())),
+        None => req.not_found(&name),
+    }
+}
+
+fn create(
+    shared: &Arc<Shared>,
+    req: &Req<'_>,
+    body: &[u8],
+) -> Response<BoxBody<Bytes, Infallible>> {
+    let Ok(mut object) = serde_json::from_slice::<Value>(body) else {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "the body is not JSON",
+        );
+    };
+    normalize_secret(&mut object);
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    if name.is_empty() {
+        return status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            "metadata.name: Required value",
+        );
+    }
+    let key = req.key(&name);
+    let mut state = shared.state.lock().expect("state");
+    if state.objects.contains_key(&key) {
+        return status(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            &format!("{} \"{name}\" already exists", req.target.plural),
+        );
+    }
+    let created = Shared::created(&mut state, req.typed(object), &key.2);
+    let stored = shared.store(&mut state, key, created, "ADDED");
+    respond(StatusCode::CREATED, &req.typed(stored))
+}
+
+fn delete(shared: &Arc<Shared>, req: &Req<'_>) -> Response<BoxBody<Bytes, Infallible>> {
+    let name = req.target.name.clone().unwrap_or_default();
+    let key = req.key(&name);
+    let mut state = shared.state.lock().expect("state");
+    let Some(existing) = state.objects.get(&key).cloned() else {
+        return req.not_found(&name);
+    };
+    let gone = shared.store(&mut state, key, existing, "DELETED");
+    respond(StatusCode::OK, &req.typed(gone))
+}
+
+/// Server-side apply as one field manager sees it: the object becomes what it applies (its
+/// earlier fields it no longer sends go), metadata and status kept; anything else is a JSON
+/// merge patch. A write that changes nothing keeps the resourceVersion, as on a real server.
+fn patch(
+    shared: &Arc<Shared>,
+    req: &Req<'_>,
+    content_type: &str,
+    body: &[u8],
+) -> Response<BoxBody<Bytes, Infallible>> {
+    let Ok(patch) = serde_json::from_slice::<Value>(body) else {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "the body is not JSON",
+        );
+    };
+    let name = req.target.name.clone().unwrap_or_default();
+    let key = req.key(&name);
+    let mut state = shared.state.lock().expect("state");
+    let existing = state.objects.get(&key).cloned();
+    let apply = content_type.starts_with("application/apply-patch");
+    if apply && req.params.get("fieldManager").is_none_or(String::is_empty) {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "PATCH with apply requires fieldManager",
+        );
+    }
+    let updated = match (existing.clone(), apply) {
+        (None, true) if !req.target.status => {
+            let mut object = patch;
+            normalize_secret(&mut object);
+            Shared::created(&mut state, req.typed(object), &key.2)
+        }
+        (None, _) => return req.not_found(&name),
+        (Some(mut object), _) if req.target.status => {
+            // The status subresource takes only `status`.
+            if let Some(s) = patch.get("status") {
+                merge_patch(&mut object, &json!({ "status": s }));
+            }
+            object
+        }
+        (Some(existing), true) => {
+            let mut applied = patch;
+            normalize_secret(&mut applied);
+            let mut object = existing.clone();
+            if let (Some(o), Some(a)) = (object.as_object_mut(), applied.as_object()) {
+                o.retain(|k, _| {
+                    matches!(k.as_str(), "metadata" | "status" | "apiVersion" | "kind")
+                        || a.contains_key(k)
+                });
+                for (k, v) in a {
+                    if !matches!(k.as_str(), "metadata" | "status" | "apiVersion" | "kind") {
+                        o.insert(k.clone(), v.clone());
+                    }
+                }
+                if let (Some(meta), Some(am)) = (
+                    o.get_mut("metadata").and_then(Value::as_object_mut),
+                    a.get("metadata").and_then(Value::as_object),
+                ) {
+                    for f in ["labels", "annotations", "ownerReferences"] {
+                        match am.get(f) {
+                            Some(v) => {
+                                meta.insert(f.into(), v.clone());
+                            }
+                            None => {
+                                meta.remove(f);
+                            }
+                        }
+                    }
+                }
+            }
+            if object.get("spec") != existing.get("spec") {
+                let generation = existing
+                    .pointer("/metadata/generation")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(1);
+                object["metadata"]["generation"] = (generation + 1).into();
+            }
+            object
+        }
+        (Some(mut object), false) => {
+            let mut patch = patch;
+            if let Some(p) = patch.as_object_mut() {
+                p.remove("status");
+            }
+            merge_patch(&mut object, &patch);
+            object
+        }
+    };
+    let unchanged = existing.as_ref().is_some_and(|e| {
+        let strip = |v: &Value| {
+            let mut v = v.clone();
+            if let Some(o) = v.as_object_mut() {
+                o.remove("apiVersion");
+                o.remove("kind");
+            }
+            v
+        };
+        strip(e) == strip(&updated)
+    });
+    if unchanged {
+        return respond(StatusCode::OK, &req.typed(updated));
+    }
+    let event = if existing.is_some() {
+        "MODIFIED"
+    } else {
+        "ADDED"
+    };
+    let stored = shared.store(&mut state, key, updated, event);
+    respond(
+        if event == "ADDED" {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        },
+        &req.typed(stored),
+    )
+}
+
+/// Watch events after `resourceVersion`, then live ones, as newline-delimited JSON, until
+/// `timeoutSeconds`.
+fn watch_response(shared: &Arc<Shared>, req: &Req<'_>) -> Response<BoxBody<Bytes, Infallible>> {
+    let since: u64 = req
+        .params
+        .get("resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let timeout = req
+        .params
+        .get("timeoutSeconds")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60u64);
+    let selector = req.params.get("labelSelector").cloned().unwrap_or_default();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(64);
+    let shared = Arc::clone(shared);
+    let group = req.target.group.clone();
+    let plural = req.target.plural.clone();
+    let namespace = req.target.namespace.clone();
+    let api_version = req.api_version.to_owned();
+    let kind = req.kind;
+    tokio::spawn(async move {
+        let mut changed = shared.changed.subscribe();
+        let mut sent = since;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(timeout);
+        loop {
+            // Marked seen before the log is read: a write after the read wakes the loop again.
+            changed.borrow_and_update();
+            let (events, latest): (Vec<String>, u64) = {
+                let state = shared.state.lock().expect("state");
+                let events = state
+                    .log
+                    .iter()
+                    .filter(|e| {
+                        e.rv > sent
+                            && e.group == group
+                            && e.plural == plural
+                            && namespace.as_ref().is_none_or(|n| *n == e.namespace)
+                            && selects(&selector, &e.object)
+                    })
+                    .map(|e| {
+                        let mut object = e.object.clone();
+                        if let Some(o) = object.as_object_mut() {
+                            o.insert("apiVersion".into(), api_version.clone().into());
+                            o.insert("kind".into(), kind.into());
+                        }
+                        format!("{}\n", json!({"type": e.event, "object": object}))
+                    })
+                    .collect();
+                (events, state.rv)
+            };
+            for line in events {
+                if tx.send(Ok(Frame::data(Bytes::from(line)))).await.is_err() {
+                    return;
+                }
+            }
+            sent = latest;
+            tokio::select! {
+                r = changed.changed() => if r.is_err() { return },
+                () = tokio::time::sleep_until(deadline) => return,
+                () = tx.closed() => return,
+            }
+        }
+    });
+    let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let mut res = Response::new(BodyExt::boxed(body));
+    res.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    res
+}
