@@ -10,7 +10,7 @@ mod apply;
 pub mod status;
 pub mod stores;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +20,7 @@ use gateway_api::experimental::gateways::Gateway;
 use gateway_api::experimental::grpcroutes::GrpcRoute;
 use gateway_api::experimental::httproutes::HttpRoute;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use k8s_openapi::ByteString;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -188,6 +188,7 @@ impl Reconciler {
             }
         }
 
+        let mut newly_failed = BTreeSet::new();
         for (plane, config) in &output.configs {
             let Some(info) = planes.get(plane) else {
                 continue;
@@ -210,7 +211,9 @@ impl Reconciler {
                         _ => None,
                     })
                     .unwrap_or_default();
-                self.push_failures.insert(plane.clone(), reason);
+                if self.push_failures.insert(plane.clone(), reason).is_none() {
+                    newly_failed.insert(plane.clone());
+                }
             } else if outcome.all_current() {
                 self.push_failures.remove(plane);
             }
@@ -220,7 +223,8 @@ impl Reconciler {
         self.push_failures
             .retain(|plane, _| output.configs.contains_key(plane));
 
-        self.write_statuses(snapshot, &output, &planes).await;
+        self.write_statuses(snapshot, &output, &planes, &newly_failed)
+            .await;
     }
 
     /// Renders and applies a dedicated plane; `None` when it could not be applied.
@@ -261,8 +265,14 @@ impl Reconciler {
             Err(reason) => {
                 tracing::warn!(gateway = %key, %reason, "rendering the data plane failed");
                 if self.render_failures.get(key) != Some(&reason) {
-                    self.publish(gw, EventType::Warning, "RenderFailed", "Render", &reason)
-                        .await;
+                    self.publish(
+                        &gw.object_ref(&()),
+                        EventType::Warning,
+                        "RenderFailed",
+                        "Render",
+                        &reason,
+                    )
+                    .await;
                     self.render_failures.insert(key.clone(), reason);
                 }
                 return None;
@@ -274,8 +284,14 @@ impl Reconciler {
                 "rendered Deployment {}, Service {} and NetworkPolicy {}",
                 plane.names.deployment, plane.names.service, plane.names.network_policy
             );
-            self.publish(gw, EventType::Normal, "ProxyProvisioned", "Render", &note)
-                .await;
+            self.publish(
+                &gw.object_ref(&()),
+                EventType::Normal,
+                "ProxyProvisioned",
+                "Render",
+                &note,
+            )
+            .await;
         }
         let ready = deployments
             .iter()
@@ -328,7 +344,7 @@ impl Reconciler {
 
     async fn publish(
         &self,
-        gw: &Gateway,
+        regarding: &ObjectReference,
         type_: EventType,
         reason: &str,
         action: &str,
@@ -341,7 +357,7 @@ impl Reconciler {
             action: action.to_owned(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &gw.object_ref(&())).await {
+        if let Err(e) = self.recorder.publish(&event, regarding).await {
             tracing::warn!(error = %e, reason, "publishing an Event failed");
         }
     }
@@ -351,6 +367,7 @@ impl Reconciler {
         snapshot: &Snapshot,
         output: &translate::Output,
         planes: &BTreeMap<PlaneKey, PlaneInfo>,
+        newly_failed: &BTreeSet<PlaneKey>,
     ) {
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         let controller = &self.options.translate.controller_name;
@@ -421,6 +438,7 @@ impl Reconciler {
                     RouteKind::Http,
                     r.metadata.clone(),
                     r.status.as_ref().and_then(|s| serde_json::to_value(s).ok()),
+                    r.object_ref(&()),
                 )
             })
             .chain(snapshot.grpc_routes.iter().map(|r| {
@@ -428,9 +446,10 @@ impl Reconciler {
                     RouteKind::Grpc,
                     r.metadata.clone(),
                     r.status.as_ref().and_then(|s| serde_json::to_value(s).ok()),
+                    r.object_ref(&()),
                 )
             }));
-        for (kind, meta, existing) in route_objects {
+        for (kind, meta, existing, regarding) in route_objects {
             let (Some(ns), Some(name)) = (meta.namespace.clone(), meta.name.clone()) else {
                 continue;
             };
@@ -480,6 +499,26 @@ impl Reconciler {
                 }
             };
             let value = status::route(&ours, &extra, controller, existing.as_ref(), &now);
+            // The Event mirrors the condition, once per run of failures.
+            let failed_now = ours.iter().find_map(|parent| {
+                let gateway = ObjectKey::new(&parent.parent_ref.namespace, &parent.parent_ref.name);
+                output
+                    .planes
+                    .get(&gateway)
+                    .filter(|p| newly_failed.contains(*p))
+                    .and_then(|p| self.push_failures.get(p))
+            });
+            if let Some(reason) = failed_now {
+                let note = format!("the proxy pods have not taken the config: {reason}");
+                self.publish(
+                    &regarding,
+                    EventType::Warning,
+                    "ProxyConfigPushFailed",
+                    "Push",
+                    &note,
+                )
+                .await;
+            }
             match kind {
                 RouteKind::Http => {
                     let api: Api<HttpRoute> = Api::namespaced(self.client.clone(), &ns);
