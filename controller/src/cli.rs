@@ -33,7 +33,7 @@ pub struct Cli {
 pub enum Command {
     /// Run the controller against the cluster of the current kubeconfig (in a pod: its service
     /// account).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the proxy config a set of manifests produces (stdout, JSON) and the conditions
     /// every owned object would get (stderr).
     Translate(TranslateArgs),
@@ -79,6 +79,13 @@ pub struct RunArgs {
     /// Seconds between rounds when nothing changes.
     #[arg(long, default_value_t = 30)]
     pub resync_seconds: u64,
+    /// The Cloudflare API token for tunnels whose GatewayConfig names none, and the shared
+    /// plane's. Without it those tunnels' ingress documents are not written.
+    #[arg(long, env = "CLOUDFLARE_API_TOKEN", hide_env_values = true)]
+    pub cloudflare_api_token: Option<String>,
+    /// The Cloudflare API's base URL.
+    #[arg(long, default_value = crate::cloudflare::DEFAULT_API_BASE)]
+    pub cloudflare_api: String,
 }
 
 /// `NAMESPACE/NAME[:KEY]` of a Secret key.
@@ -141,6 +148,13 @@ impl RunArgs {
             shared,
             resync: std::time::Duration::from_secs(self.resync_seconds.max(1)),
             instance: std::env::var("POD_NAME").ok(),
+            cloudflare_api_base: self.cloudflare_api.clone(),
+            cloudflare_api_token: self
+                .cloudflare_api_token
+                .as_deref()
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned),
             ..RuntimeOptions::default()
         })
     }

@@ -8,6 +8,7 @@
 //! (`run`, `translate`, `render`, `crd`).
 
 pub mod cli;
+pub mod cloudflare;
 pub mod gateway_config;
 pub mod manifest;
 pub mod push;

@@ -6,6 +6,8 @@
 
 #[path = "runtime/apiserver.rs"]
 mod apiserver;
+#[path = "runtime/cloudflare_api.rs"]
+mod cloudflare_api;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -18,13 +20,15 @@ use cftunnel_controller::translate::Options;
 use cftunnel_loadtest::echo::{EchoIdentity, EchoServer};
 use cftunnel_proxy::{Server, ServerOptions};
 use cftunnel_tunnel::Token;
+use cloudflare_api::CloudflareApi;
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
 
 const TUNNEL_ID: &str = "3b1f5c2e-8d4a-4e6b-9f0a-7c2d1e5b4a39";
+const THIRD_TUNNEL_ID: &str = "9d7e0c41-2b6f-4a83-b5e2-0f1c3a6d8e74";
 const CONTROLLER: &str = "cf.k8s.lex.la/tunnel-controller";
 
-fn seed(token: &str, backend: SocketAddr) -> String {
+fn seed(token: &str, third_token: &str, backend: SocketAddr) -> String {
     format!(
         r#"
 apiVersion: gateway.networking.k8s.io/v1
@@ -56,7 +60,13 @@ metadata: {{name: edge-config, namespace: tenant-a}}
 spec:
   tunnelTokenSecretRef: {{name: edge-tunnel-token}}
   authTokenSecretRef: {{name: edge-api, key: bearer}}
+  cloudflareCredentialsSecretRef: {{name: edge-cf}}
   replicas: 1
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: edge-cf, namespace: tenant-a}}
+stringData: {{api-token: cf-token-a}}
 ---
 {gateway}
 ---
@@ -106,6 +116,37 @@ spec:
   template:
     metadata: {{labels: {{app: mine}}}}
     spec: {{containers: [{{name: mine, image: mine:1}}]}}
+---
+# A third tenant, on its own tunnel of another account, written with the controller's API token.
+apiVersion: v1
+kind: Secret
+metadata: {{name: third-tunnel-token, namespace: tenant-c}}
+stringData: {{tunnel-token: "{third_token}"}}
+---
+apiVersion: cf.k8s.lex.la/v1alpha1
+kind: GatewayConfig
+metadata: {{name: third-config, namespace: tenant-c}}
+spec: {{tunnelTokenSecretRef: {{name: third-tunnel-token}}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: third, namespace: tenant-c}}
+spec:
+  gatewayClassName: cloudflare-tunnel
+  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: third-config}}}}
+  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: blog.example.com}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: tenant-c}}
+spec: {{ports: [{{name: http, port: 80, targetPort: {port}}}]}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: blog, namespace: tenant-c}}
+spec:
+  parentRefs: [{{name: third}}]
+  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
 "#,
         gateway = gateway(true),
         port = backend.port(),
@@ -199,7 +240,16 @@ async fn scenario() {
         TUNNEL_ID.parse().expect("uuid"),
     )
     .encode();
-    let api = ApiServer::start(&seed(&token, echo.http_addr())).await;
+    let third_token = Token::new(
+        "acct-c",
+        b"third secret".to_vec(),
+        THIRD_TUNNEL_ID.parse().expect("uuid"),
+    )
+    .encode();
+    let api = ApiServer::start(&seed(&token, &third_token, echo.http_addr())).await;
+    let cloudflare = CloudflareApi::start().await;
+    cloudflare.allow("acct", "cf-token-a");
+    cloudflare.allow("acct-c", "cf-token-c");
     // The plane's pod: a real proxy with the token the Deployment will hand it.
     let pod = Server::start(
         ServerOptions {
@@ -222,6 +272,8 @@ async fn scenario() {
             ..RenderSettings::default()
         },
         resync: Duration::from_millis(150),
+        cloudflare_api_base: cloudflare.base(),
+        cloudflare_api_token: Some("cf-token-c".to_owned()),
         push_timeout: Duration::from_secs(2),
         sustained_after: 3,
         ..RuntimeOptions::default()
@@ -436,6 +488,77 @@ async fn scenario() {
         .filter(|p| condition(&p["conditions"], PROXY_CONFIG_PUSHED).is_none())
     })
     .await;
+
+    // Each tunnel has its ingress document, written with its own credentials.
+    let (_, document) = eventually("tenant a's tunnel document", || {
+        cloudflare.config("acct", TUNNEL_ID)
+    })
+    .await;
+    assert_eq!(
+        document,
+        json!({"ingress": [
+            {"hostname": "shop.example.com", "service": "http://localhost:8080"},
+            {"service": "http_status:404"},
+        ]})
+    );
+    let (_, document) = eventually("tenant c's tunnel document", || {
+        cloudflare.config("acct-c", THIRD_TUNNEL_ID)
+    })
+    .await;
+    assert_eq!(document["ingress"][0]["hostname"], "blog.example.com");
+    let blog_accepted = || {
+        api.get(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "tenant-c",
+            "blog",
+        )
+        .and_then(|r| our_parent(&r).and_then(|p| condition(&p["conditions"], "Accepted").cloned()))
+    };
+    eventually("blog accepted", || {
+        blog_accepted().filter(|c| c["status"] == "True")
+    })
+    .await;
+
+    // Tenant a's API token is revoked: only tenant a's route is pending.
+    let writes = cloudflare.writes();
+    api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: edge-cf, namespace: tenant-a}\nstringData: {api-token: revoked}\n"));
+    let pending = eventually("shop pending", || {
+        api.get(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "tenant-a",
+            "shop",
+        )
+        .and_then(|r| our_parent(&r).and_then(|p| condition(&p["conditions"], "Accepted").cloned()))
+        .filter(|c| c["status"] == "Unknown")
+    })
+    .await;
+    assert_eq!(pending["reason"], "Pending");
+    let message = pending["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("Authentication error (10000)"),
+        "{message}"
+    );
+    assert_eq!(
+        blog_accepted().map(|c| c["status"].clone()),
+        Some(json!("True"))
+    );
+    // A working token again: written at once (a new token is proven), the route accepted.
+    cloudflare.allow("acct", "cf-token-a2");
+    api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: edge-cf, namespace: tenant-a}\nstringData: {api-token: cf-token-a2}\n"));
+    eventually("shop accepted again", || {
+        api.get(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "tenant-a",
+            "shop",
+        )
+        .and_then(|r| our_parent(&r).and_then(|p| condition(&p["conditions"], "Accepted").cloned()))
+        .filter(|c| c["status"] == "True")
+    })
+    .await;
+    assert!(cloudflare.writes() > writes);
 
     // Without its parametersRef the Gateway goes back to the shared plane; its plane goes.
     api.put(yaml(&gateway(false)));

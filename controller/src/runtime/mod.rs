@@ -29,10 +29,12 @@ use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
+use crate::cloudflare::{self, TunnelApi, TunnelSync, TunnelTarget};
+use crate::gateway_config::DEFAULT_API_TOKEN_KEY;
 use crate::push::{self, PodOutcome, Pusher};
 use crate::render::{self, PlaneNames, RenderSettings, GATEWAY_LABEL};
 use crate::translate::{self, ConditionType, ObjectKey, Options, PlaneKey, RouteKind, Snapshot};
-use status::KubeCondition;
+use status::{KubeCondition, Truth};
 use stores::Stores;
 
 /// The field manager of the controller's server-side applies, and its Events' reporter.
@@ -69,6 +71,11 @@ pub struct RuntimeOptions {
     pub sustained_after: u32,
     /// This controller's pod, named in its Events.
     pub instance: Option<String>,
+    /// The Cloudflare API (tunnel ingress documents).
+    pub cloudflare_api_base: String,
+    /// The controller's Cloudflare API token, for tunnels whose GatewayConfig names none (and
+    /// the shared plane's). Without one, those tunnels' documents are not written.
+    pub cloudflare_api_token: Option<String>,
 }
 
 impl Default for RuntimeOptions {
@@ -81,6 +88,8 @@ impl Default for RuntimeOptions {
             push_timeout: Duration::from_secs(5),
             sustained_after: push::DEFAULT_SUSTAINED_AFTER,
             instance: None,
+            cloudflare_api_base: cloudflare::DEFAULT_API_BASE.to_owned(),
+            cloudflare_api_token: None,
         }
     }
 }
@@ -137,14 +146,21 @@ struct Reconciler {
     push_failures: HashMap<PlaneKey, String>,
     /// Per Gateway: the last render error reported, so a persisting one is not re-sent.
     render_failures: HashMap<ObjectKey, String>,
+    tunnel_api: Option<TunnelApi>,
+    tunnel_sync: TunnelSync,
+    /// Per plane: why its tunnel's ingress document could not be written this round.
+    tunnel_failures: HashMap<PlaneKey, String>,
 }
 
-/// A dedicated plane as far as a round got with it.
+/// A data plane as far as a round got with it.
 struct PlaneInfo {
     address: String,
     ready: bool,
     token: String,
     pods: Vec<std::net::SocketAddr>,
+    /// Where its tunnel's ingress document goes; `None` when no API token is configured for it,
+    /// an error when the one its GatewayConfig names cannot be read.
+    tunnel: Option<Result<TunnelTarget, String>>,
 }
 
 impl Reconciler {
@@ -156,6 +172,16 @@ impl Reconciler {
                 instance: options.instance.clone(),
             },
         );
+        let tunnel_api = match TunnelApi::new(
+            &options.cloudflare_api_base,
+            options.push_timeout * 2,
+        ) {
+            Ok(api) => Some(api),
+            Err(e) => {
+                tracing::error!(error = %e, "no Cloudflare API client: tunnel ingress documents are not written");
+                None
+            }
+        };
         Self {
             pusher: Pusher::new(options.push_timeout, options.sustained_after),
             client,
@@ -163,6 +189,9 @@ impl Reconciler {
             recorder,
             push_failures: HashMap::new(),
             render_failures: HashMap::new(),
+            tunnel_api,
+            tunnel_sync: TunnelSync::default(),
+            tunnel_failures: HashMap::new(),
         }
     }
 
@@ -183,10 +212,14 @@ impl Reconciler {
             }
         }
         if let Some(shared) = &self.options.shared {
-            if let Some(info) = shared_plane(shared, snapshot) {
+            if let Some(info) =
+                shared_plane(shared, snapshot, self.options.cloudflare_api_token.as_ref())
+            {
                 planes.insert(PlaneKey::Shared, info);
             }
         }
+
+        self.sync_tunnels(&output, &planes).await;
 
         let mut newly_failed = BTreeSet::new();
         for (plane, config) in &output.configs {
@@ -225,6 +258,52 @@ impl Reconciler {
 
         self.write_statuses(snapshot, &output, &planes, &newly_failed)
             .await;
+    }
+
+    /// Writes each tunnel's ingress document: one per tunnel, whatever number of planes share it.
+    async fn sync_tunnels(
+        &mut self,
+        output: &translate::Output,
+        planes: &BTreeMap<PlaneKey, PlaneInfo>,
+    ) {
+        self.tunnel_failures.clear();
+        let mut tunnels: BTreeMap<uuid::Uuid, (TunnelTarget, Vec<&PlaneKey>)> = BTreeMap::new();
+        for (plane, info) in planes {
+            match &info.tunnel {
+                Some(Ok(target)) => tunnels
+                    .entry(target.tunnel)
+                    .or_insert_with(|| (target.clone(), Vec::new()))
+                    .1
+                    .push(plane),
+                Some(Err(reason)) => {
+                    self.tunnel_failures.insert(plane.clone(), reason.clone());
+                }
+                None => {}
+            }
+        }
+        if let Some(api) = &self.tunnel_api {
+            for (target, on_tunnel) in tunnels.values() {
+                let configs: Vec<&cftunnel_config::Config> = on_tunnel
+                    .iter()
+                    .filter_map(|p| output.configs.get(*p))
+                    .collect();
+                let document = cloudflare::ingress_document(&configs);
+                match self.tunnel_sync.sync(api, target, &document).await {
+                    Ok(true) => {
+                        tracing::info!(tunnel = %target.tunnel, "wrote the tunnel's ingress document")
+                    }
+                    Ok(false) => {}
+                    Err(reason) => {
+                        tracing::warn!(tunnel = %target.tunnel, %reason, "writing the tunnel's ingress document failed");
+                        for plane in on_tunnel {
+                            self.tunnel_failures
+                                .insert((*plane).clone(), reason.clone());
+                        }
+                    }
+                }
+            }
+        }
+        self.tunnel_sync.retain(|t| tunnels.contains_key(t));
     }
 
     /// Renders and applies a dedicated plane; `None` when it could not be applied.
@@ -312,11 +391,35 @@ impl Reconciler {
             })
             .cloned()
             .collect();
+        let api_token = match &config.spec.cloudflare_credentials_secret_ref {
+            Some(r) => {
+                let key_name = r.key_or(DEFAULT_API_TOKEN_KEY);
+                secret_text(snapshot, &ObjectKey::new(&key.namespace, &r.name), key_name)
+                    .map(Some)
+                    .ok_or_else(|| {
+                        format!(
+                            "Secret {}/{} has no key {key_name:?} (spec.cloudflareCredentialsSecretRef of GatewayConfig {}/{config_name})",
+                            key.namespace, r.name, key.namespace
+                        )
+                    })
+            }
+            None => Ok(self.options.cloudflare_api_token.clone()),
+        };
+        let tunnel = match api_token {
+            Ok(Some(api_token)) => Some(Ok(TunnelTarget {
+                account: credentials.tunnel.account_tag().to_owned(),
+                tunnel: credentials.tunnel.tunnel_id(),
+                api_token,
+            })),
+            Ok(None) => None,
+            Err(reason) => Some(Err(reason)),
+        };
         Some(PlaneInfo {
             address: plane.address,
             ready,
             token: credentials.auth_token,
             pods: push::pod_addresses(&slices, CONFIG_PORT_NAME),
+            tunnel,
         })
     }
 
@@ -386,14 +489,10 @@ impl Reconciler {
             Self::patch_status(api, &name, existing.as_ref(), desired).await;
         }
 
-        let shared_address = self
-            .options
-            .shared
-            .as_ref()
-            .and_then(|s| s.tunnel_secret.as_ref())
-            .and_then(|(key, field)| secret_text(snapshot, key, field))
-            .and_then(|t| t.parse::<cftunnel_tunnel::Token>().ok())
-            .map(|t| format!("{}.cfargotunnel.com", t.tunnel_id()));
+        let shared_address = planes
+            .get(&PlaneKey::Shared)
+            .map(|p| p.address.clone())
+            .filter(|a| !a.is_empty());
         for gw in &snapshot.gateways {
             let Some(key) = object_key(gw) else { continue };
             let Some(desired) = output.statuses.gateways.get(&key) else {
@@ -475,30 +574,38 @@ impl Reconciler {
             if ours.is_empty() && !had_ours {
                 continue;
             }
-            let extra = |i: usize| -> Vec<KubeCondition> {
-                let Some(parent) = ours.get(i) else {
-                    return Vec::new();
-                };
+            let adjust = |i: usize, conditions: &mut Vec<KubeCondition>| {
+                let Some(parent) = ours.get(i) else { return };
                 let accepted = parent
                     .condition(ConditionType::Accepted)
                     .is_some_and(|c| c.status);
+                if !accepted {
+                    return;
+                }
                 let gateway = ObjectKey::new(&parent.parent_ref.namespace, &parent.parent_ref.name);
-                match output
-                    .planes
-                    .get(&gateway)
-                    .and_then(|p| self.push_failures.get(p))
-                {
-                    Some(reason) if accepted => vec![KubeCondition {
+                let Some(plane) = output.planes.get(&gateway) else {
+                    return;
+                };
+                // Only this Gateway's tunnel failed: its routes are pending, no one else's.
+                if let Some(reason) = self.tunnel_failures.get(plane) {
+                    for c in conditions.iter_mut().filter(|c| c.kind == "Accepted") {
+                        c.status = Truth::Unknown;
+                        c.reason = "Pending".to_owned();
+                        c.message =
+                            format!("the tunnel's ingress document could not be written: {reason}");
+                    }
+                }
+                if let Some(reason) = self.push_failures.get(plane) {
+                    conditions.push(KubeCondition {
                         kind: PROXY_CONFIG_PUSHED.to_owned(),
-                        status: false,
+                        status: Truth::False,
                         reason: "PushFailed".to_owned(),
                         message: format!("the proxy pods have not taken the config: {reason}"),
                         observed_generation: meta.generation,
-                    }],
-                    _ => Vec::new(),
+                    });
                 }
             };
-            let value = status::route(&ours, &extra, controller, existing.as_ref(), &now);
+            let value = status::route(&ours, &adjust, controller, existing.as_ref(), &now);
             // The Event mirrors the condition, once per run of failures.
             let failed_now = ours.iter().find_map(|parent| {
                 let gateway = ObjectKey::new(&parent.parent_ref.namespace, &parent.parent_ref.name);
@@ -563,8 +670,8 @@ fn object_key(gw: &Gateway) -> Option<ObjectKey> {
 /// Replaces the Gateway's `Programmed` condition with `False` (`Pending`).
 fn set_programmed_pending(conditions: &mut [KubeCondition], message: &str) {
     for c in conditions.iter_mut().filter(|c| c.kind == "Programmed") {
-        if c.status {
-            c.status = false;
+        if c.status == Truth::True {
+            c.status = Truth::False;
             c.reason = "Pending".to_owned();
             c.message = message.to_owned();
         }
@@ -594,7 +701,11 @@ fn secret_text(snapshot: &Snapshot, key: &ObjectKey, field: &str) -> Option<Stri
     (!text.is_empty()).then(|| text.to_owned())
 }
 
-fn shared_plane(shared: &SharedPlane, snapshot: &Snapshot) -> Option<PlaneInfo> {
+fn shared_plane(
+    shared: &SharedPlane,
+    snapshot: &Snapshot,
+    api_token: Option<&String>,
+) -> Option<PlaneInfo> {
     let Some(token) = secret_text(snapshot, &shared.auth_secret, &shared.auth_key) else {
         tracing::warn!(secret = %shared.auth_secret, key = %shared.auth_key, "the shared plane's config-API token is missing; not pushing to it");
         return None;
@@ -608,10 +719,25 @@ fn shared_plane(shared: &SharedPlane, snapshot: &Snapshot) -> Option<PlaneInfo> 
         })
         .cloned()
         .collect();
+    let tunnel = shared
+        .tunnel_secret
+        .as_ref()
+        .and_then(|(key, field)| secret_text(snapshot, key, field))
+        .and_then(|t| t.parse::<cftunnel_tunnel::Token>().ok());
     Some(PlaneInfo {
-        address: String::new(),
+        address: tunnel
+            .as_ref()
+            .map(|t| format!("{}.cfargotunnel.com", t.tunnel_id()))
+            .unwrap_or_default(),
         ready: true,
         token,
         pods: push::pod_addresses(&slices, CONFIG_PORT_NAME),
+        tunnel: tunnel.zip(api_token).map(|(t, api_token)| {
+            Ok(TunnelTarget {
+                account: t.account_tag().to_owned(),
+                tunnel: t.tunnel_id(),
+                api_token: api_token.clone(),
+            })
+        }),
     })
 }

@@ -8,11 +8,39 @@ use serde_json::{json, Map, Value};
 
 use crate::translate::{Condition, GatewayStatus, RouteParentStatus, GATEWAY_API_GROUP};
 
+/// A condition's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Truth {
+    True,
+    False,
+    Unknown,
+}
+
+impl Truth {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::True => "True",
+            Self::False => "False",
+            Self::Unknown => "Unknown",
+        }
+    }
+}
+
+impl From<bool> for Truth {
+    fn from(b: bool) -> Self {
+        if b {
+            Self::True
+        } else {
+            Self::False
+        }
+    }
+}
+
 /// A condition in `metav1.Condition` form, for conditions the translation does not compute.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubeCondition {
     pub kind: String,
-    pub status: bool,
+    pub status: Truth,
     pub reason: String,
     pub message: String,
     pub observed_generation: Option<i64>,
@@ -22,7 +50,7 @@ impl From<&Condition> for KubeCondition {
     fn from(c: &Condition) -> Self {
         Self {
             kind: c.kind.as_str().to_owned(),
-            status: c.status,
+            status: c.status.into(),
             reason: c.reason.as_str().to_owned(),
             message: c.message.clone(),
             observed_generation: c.observed_generation,
@@ -44,7 +72,7 @@ pub fn conditions(desired: &[KubeCondition], existing: Option<&Value>, now: &str
         desired
             .iter()
             .map(|c| {
-                let status = if c.status { "True" } else { "False" };
+                let status = c.status.as_str();
                 let since = previous(&c.kind)
                     .filter(|p| p.get("status").and_then(Value::as_str) == Some(status))
                     .and_then(|p| p.get("lastTransitionTime").cloned())
@@ -118,11 +146,11 @@ pub fn gateway(
     Value::Object(out)
 }
 
-/// A route's status: the parents other controllers wrote, untouched, then ours. `extra` adds
-/// conditions to one of our parents (by index in `ours`).
+/// A route's status: the parents other controllers wrote, untouched, then ours. `adjust` may
+/// change the conditions of one of our parents (by index in `ours`).
 pub fn route(
     ours: &[RouteParentStatus],
-    extra: &dyn Fn(usize) -> Vec<KubeCondition>,
+    adjust: &dyn Fn(usize, &mut Vec<KubeCondition>),
     controller_name: &str,
     existing: Option<&Value>,
     now: &str,
@@ -158,7 +186,7 @@ pub fn route(
         });
         let mut wanted: Vec<KubeCondition> =
             parent.conditions.iter().map(KubeCondition::from).collect();
-        wanted.extend(extra(i));
+        adjust(i, &mut wanted);
         parents.push(json!({
             "parentRef": parent_ref,
             "controllerName": controller_name,
@@ -210,7 +238,7 @@ mod tests {
     fn cond(kind: &str, status: bool, reason: &str) -> KubeCondition {
         KubeCondition {
             kind: kind.to_owned(),
-            status,
+            status: status.into(),
             reason: reason.to_owned(),
             message: String::new(),
             observed_generation: Some(2),
@@ -239,7 +267,7 @@ mod tests {
         ]});
         let out = route(
             &[],
-            &|_| Vec::new(),
+            &|_, _| {},
             "cf.k8s.lex.la/tunnel-controller",
             Some(&existing),
             "T",

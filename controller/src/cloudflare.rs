@@ -1,0 +1,240 @@
+//! Each tunnel's ingress document, written through the Cloudflare API
+//! (`PUT /accounts/{account}/cfd_tunnel/{tunnel}/configurations`).
+//!
+//! The proxy is the tunnel's connector and routes every request itself, so the document does
+//! not route: it lists the hostnames the tunnel serves (what the dashboard shows as the
+//! tunnel's public hostnames) and sends them to the proxy's own data port, which is where a
+//! `cloudflared` beside the proxy would deliver them. Several data planes on one tunnel get one
+//! document, the union of their hostnames.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use aws_lc_rs::digest;
+use bytes::Bytes;
+use cftunnel_config::Config;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+/// The Cloudflare API's base URL.
+pub const DEFAULT_API_BASE: &str = "https://api.cloudflare.com/client/v4";
+/// Where the document sends a served hostname: the proxy's data port, next to the connector.
+pub const ORIGIN: &str = "http://localhost:8080";
+const MAX_ANSWER: usize = 1024 * 1024;
+
+/// The ingress document of a tunnel served by the data planes with `configs`: one rule per
+/// hostname (sorted, so the document is stable), then the catch-all the API requires: the
+/// proxy when some route matches every host, else 404.
+pub fn ingress_document(configs: &[&Config]) -> Value {
+    let mut hostnames = BTreeSet::new();
+    let mut any_host = false;
+    for config in configs {
+        for rule in &config.rules {
+            if rule.hostnames.is_empty() {
+                any_host = true;
+            }
+            hostnames.extend(rule.hostnames.iter().cloned());
+        }
+    }
+    let mut ingress: Vec<Value> = hostnames
+        .into_iter()
+        .map(|h| json!({"hostname": h, "service": ORIGIN}))
+        .collect();
+    ingress.push(json!({"service": if any_host { ORIGIN } else { "http_status:404" }}));
+    json!({ "ingress": ingress })
+}
+
+/// Where and as whom a tunnel's document is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TunnelTarget {
+    pub account: String,
+    pub tunnel: Uuid,
+    /// The API token (`cloudflareCredentialsSecretRef`, or the controller's own).
+    pub api_token: String,
+}
+
+/// A Cloudflare API client for tunnel configurations.
+#[derive(Clone)]
+pub struct TunnelApi {
+    base: String,
+    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    timeout: Duration,
+}
+
+impl TunnelApi {
+    /// A client for the API at `base` (HTTPS, Mozilla's roots; plain HTTP only if `base` says
+    /// so, for test doubles).
+    ///
+    /// # Errors
+    /// The TLS configuration cannot be built.
+    pub fn new(base: &str, timeout: Duration) -> Result<Self, String> {
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .build();
+        Ok(Self {
+            base: base.trim_end_matches('/').to_owned(),
+            client: Client::builder(hyper_util::rt::TokioExecutor::new()).build(https),
+            timeout,
+        })
+    }
+
+    /// Writes `document` as the tunnel's configuration; returns the version the API assigned.
+    ///
+    /// # Errors
+    /// The API could not be reached, refused the token, or answered without success; the
+    /// message carries the API's own error text.
+    pub async fn put_configuration(
+        &self,
+        target: &TunnelTarget,
+        document: &Value,
+    ) -> Result<i64, String> {
+        let uri = format!(
+            "{}/accounts/{}/cfd_tunnel/{}/configurations",
+            self.base, target.account, target.tunnel
+        );
+        let body = serde_json::to_vec(&json!({ "config": document }))
+            .map_err(|e| format!("encoding the document: {e}"))?;
+        let req = hyper::Request::put(&uri)
+            .header(
+                hyper::header::AUTHORIZATION,
+                format!("Bearer {}", target.api_token),
+            )
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| format!("building the request: {e}"))?;
+        let exchange = async {
+            let res = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| format!("PUT {uri}: {e}"))?;
+            let status = res.status();
+            let body = Limited::new(res.into_body(), MAX_ANSWER)
+                .collect()
+                .await
+                .map_err(|e| format!("PUT {uri}: reading the answer: {e}"))?
+                .to_bytes();
+            Ok::<_, String>((status, body))
+        };
+        let (status, body) = tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_| format!("PUT {uri}: no answer within {:?}", self.timeout))??;
+        let envelope: Value = serde_json::from_slice(&body)
+            .map_err(|_| format!("the Cloudflare API answered {status} without a JSON body"))?;
+        if status.is_success() && envelope["success"] == true {
+            return Ok(envelope["result"]["version"].as_i64().unwrap_or(0));
+        }
+        let errors: Vec<String> = envelope["errors"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| format!("{} ({})", e["message"].as_str().unwrap_or("?"), e["code"]))
+            .collect();
+        Err(format!(
+            "the Cloudflare API refused the tunnel {} configuration ({status}): {}",
+            target.tunnel,
+            if errors.is_empty() {
+                "no error given".to_owned()
+            } else {
+                errors.join("; ")
+            }
+        ))
+    }
+}
+
+/// Writes each tunnel's document when it changes, and again after a failure.
+#[derive(Default)]
+pub struct TunnelSync {
+    written: HashMap<Uuid, Vec<u8>>,
+}
+
+impl TunnelSync {
+    /// Brings the tunnel of `target` to `document`; `Ok(true)` when it wrote. A new API token
+    /// writes again, so a rotated credential is proven at once rather than at the next change.
+    ///
+    /// # Errors
+    /// As [`TunnelApi::put_configuration`]; the next call tries again.
+    pub async fn sync(
+        &mut self,
+        api: &TunnelApi,
+        target: &TunnelTarget,
+        document: &Value,
+    ) -> Result<bool, String> {
+        let mut ctx = digest::Context::new(&digest::SHA256);
+        for part in [
+            document.to_string().as_str(),
+            &target.account,
+            &target.api_token,
+        ] {
+            ctx.update(&(part.len() as u64).to_be_bytes());
+            ctx.update(part.as_bytes());
+        }
+        let digest = ctx.finish().as_ref().to_vec();
+        if self.written.get(&target.tunnel) == Some(&digest) {
+            return Ok(false);
+        }
+        self.written.remove(&target.tunnel);
+        api.put_configuration(target, document).await?;
+        self.written.insert(target.tunnel, digest);
+        Ok(true)
+    }
+
+    /// Forgets tunnels no plane uses any more (their last document stays at Cloudflare).
+    pub fn retain(&mut self, keep: impl Fn(&Uuid) -> bool) {
+        self.written.retain(|t, _| keep(t));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cftunnel_config::Rule;
+
+    fn rule(hosts: &[&str]) -> Rule {
+        Rule {
+            hostnames: hosts.iter().map(|h| (*h).to_owned()).collect(),
+            ..Rule::default()
+        }
+    }
+
+    #[test]
+    fn the_document_lists_every_hostname_once_and_ends_with_a_catch_all() {
+        let a = Config {
+            rules: vec![
+                rule(&["shop.example.com", "*.example.com"]),
+                rule(&["shop.example.com"]),
+            ],
+            ..Config::default()
+        };
+        let b = Config {
+            rules: vec![rule(&["api.example.org"])],
+            ..Config::default()
+        };
+        assert_eq!(
+            ingress_document(&[&a, &b]),
+            json!({"ingress": [
+                {"hostname": "*.example.com", "service": ORIGIN},
+                {"hostname": "api.example.org", "service": ORIGIN},
+                {"hostname": "shop.example.com", "service": ORIGIN},
+                {"service": "http_status:404"},
+            ]})
+        );
+        let any = Config {
+            rules: vec![rule(&[])],
+            ..Config::default()
+        };
+        assert_eq!(
+            ingress_document(&[&any]),
+            json!({"ingress": [{"service": ORIGIN}]})
+        );
+        assert_eq!(
+            ingress_document(&[]),
+            json!({"ingress": [{"service": "http_status:404"}]})
+        );
+    }
+}

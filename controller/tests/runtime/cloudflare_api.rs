@@ -1,0 +1,193 @@
+//! The tunnel-configuration endpoint of the Cloudflare API (v4), in memory:
+//! `PUT` and `GET /client/v4/accounts/{account}/cfd_tunnel/{tunnel}/configurations`, bearer
+//! tokens per account, the API's response envelope (`success`, `errors`, `messages`, `result`
+//! with an increasing `version`), and `cloudflared`'s rule that an ingress list must end with a
+//! catch-all (no hostname, no path). Refusals carry the API's error objects
+//! (`{"code", "message"}`).
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{json, Value};
+
+#[derive(Default)]
+struct State {
+    /// Accepted token per account.
+    tokens: BTreeMap<String, String>,
+    /// `(account, tunnel)` to (version, config).
+    configs: BTreeMap<(String, String), (i64, Value)>,
+    writes: usize,
+}
+
+pub struct CloudflareApi {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for CloudflareApi {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn envelope(
+    status: StatusCode,
+    success: bool,
+    errors: Value,
+    result: Value,
+) -> Response<Full<Bytes>> {
+    let body = json!({"success": success, "errors": errors, "messages": [], "result": result});
+    let mut res = Response::new(Full::new(Bytes::from(body.to_string())));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+fn refuse(status: StatusCode, code: u32, message: &str) -> Response<Full<Bytes>> {
+    envelope(
+        status,
+        false,
+        json!([{"code": code, "message": message}]),
+        Value::Null,
+    )
+}
+
+async fn handle(state: &Mutex<State>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let path = req.uri().path().to_owned();
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let ["client", "v4", "accounts", account, "cfd_tunnel", tunnel, "configurations"] =
+        segments.as_slice()
+    else {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            7003,
+            "Could not route to the requested path",
+        );
+    };
+    let (account, tunnel) = ((*account).to_owned(), (*tunnel).to_owned());
+    let presented = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_owned);
+    let method = req.method().clone();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let mut state = state.lock().expect("state");
+    if presented.is_none() || state.tokens.get(&account) != presented.as_ref() {
+        return refuse(StatusCode::FORBIDDEN, 10000, "Authentication error");
+    }
+    match method {
+        Method::GET => match state.configs.get(&(account.clone(), tunnel.clone())) {
+            Some((version, config)) => envelope(
+                StatusCode::OK,
+                true,
+                json!([]),
+                json!({"tunnel_id": tunnel, "account_id": account, "version": version, "config": config, "source": "cloudflare"}),
+            ),
+            None => refuse(StatusCode::NOT_FOUND, 1003, "Configuration not found"),
+        },
+        Method::PUT => {
+            let Ok(doc) = serde_json::from_slice::<Value>(&body) else {
+                return refuse(StatusCode::BAD_REQUEST, 1001, "Invalid request body");
+            };
+            let Some(ingress) = doc.pointer("/config/ingress").and_then(Value::as_array) else {
+                return refuse(StatusCode::BAD_REQUEST, 1001, "config.ingress is required");
+            };
+            let catch_all = ingress.last().is_some_and(|r| {
+                r.get("hostname").is_none() && r.get("path").is_none() && r.get("service").is_some()
+            });
+            if !catch_all {
+                return refuse(
+                    StatusCode::BAD_REQUEST,
+                    1056,
+                    "The last ingress rule must match all URLs (i.e. it should not have a hostname or path filter)",
+                );
+            }
+            let key = (account.clone(), tunnel.clone());
+            let version = state.configs.get(&key).map_or(1, |(v, _)| v + 1);
+            state.configs.insert(key, (version, doc["config"].clone()));
+            state.writes += 1;
+            envelope(
+                StatusCode::OK,
+                true,
+                json!([]),
+                json!({"tunnel_id": tunnel, "account_id": account, "version": version, "config": doc["config"], "source": "cloudflare"}),
+            )
+        }
+        _ => refuse(StatusCode::METHOD_NOT_ALLOWED, 10405, "Method not allowed"),
+    }
+}
+
+impl CloudflareApi {
+    pub async fn start() -> Self {
+        let state = Arc::new(Mutex::new(State::default()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let serving = Arc::clone(&state);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let state = Arc::clone(&serving);
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        let state = Arc::clone(&state);
+                        async move { Ok::<_, Infallible>(handle(&state, req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self { addr, state, task }
+    }
+
+    /// The API base URL (what `/client/v4` is under).
+    pub fn base(&self) -> String {
+        format!("http://{}/client/v4", self.addr)
+    }
+
+    /// Makes `token` the one accepted for `account`.
+    pub fn allow(&self, account: &str, token: &str) {
+        self.state
+            .lock()
+            .expect("state")
+            .tokens
+            .insert(account.to_owned(), token.to_owned());
+    }
+
+    /// The tunnel's stored configuration and its version.
+    pub fn config(&self, account: &str, tunnel: &str) -> Option<(i64, Value)> {
+        self.state
+            .lock()
+            .expect("state")
+            .configs
+            .get(&(account.to_owned(), tunnel.to_owned()))
+            .cloned()
+    }
+
+    /// Successful writes so far.
+    pub fn writes(&self) -> usize {
+        self.state.lock().expect("state").writes
+    }
+}
