@@ -136,6 +136,8 @@ impl RunArgs {
                 gateway_class_name: None,
                 cluster_domain: self.cluster_domain.clone(),
                 proxy_image: self.proxy_image.clone(),
+                // Read from the shared tunnel's Secret every round.
+                shared_tunnel_id: None,
             },
             render: RenderSettings {
                 proxy_image: self.proxy_image.clone(),
@@ -221,6 +223,9 @@ pub struct TranslateArgs {
     /// either, such a Gateway is not accepted.
     #[arg(long, env = "PROXY_IMAGE")]
     pub proxy_image: Option<String>,
+    /// The shared plane's tunnel (the class tunnel), to see which dedicated Gateways share it.
+    #[arg(long)]
+    pub shared_tunnel_id: Option<uuid::Uuid>,
 }
 
 /// `NAMESPACE/NAME` of a Gateway.
@@ -293,6 +298,7 @@ pub fn run_translate(
         gateway_class_name: class,
         cluster_domain: args.cluster_domain.clone(),
         proxy_image: args.proxy_image.clone(),
+        shared_tunnel_id: args.shared_tunnel_id,
     };
     let output = translate::translate(&snapshot, &options);
     write_statuses(err, &output)?;

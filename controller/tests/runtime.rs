@@ -26,9 +26,16 @@ use serde_json::{json, Value};
 
 const TUNNEL_ID: &str = "3b1f5c2e-8d4a-4e6b-9f0a-7c2d1e5b4a39";
 const THIRD_TUNNEL_ID: &str = "9d7e0c41-2b6f-4a83-b5e2-0f1c3a6d8e74";
+const OTHER_TUNNEL_ID: &str = "52c8e1f0-6a3d-4b97-8e14-d0a7f9b3c265";
+
+fn uuid_of(id: &str) -> uuid::Uuid {
+    id.parse().expect("uuid")
+}
 const CONTROLLER: &str = "cf.k8s.lex.la/tunnel-controller";
 
 fn seed(token: &str, third_token: &str, backend: SocketAddr) -> String {
+    let other_token =
+        Token::new("acct-b", b"other secret".to_vec(), uuid_of(OTHER_TUNNEL_ID)).encode();
     format!(
         r#"
 apiVersion: gateway.networking.k8s.io/v1
@@ -92,7 +99,7 @@ spec:
 apiVersion: v1
 kind: Secret
 metadata: {{name: other-tunnel-token, namespace: tenant-b}}
-stringData: {{tunnel-token: "{token}"}}
+stringData: {{tunnel-token: "{other_token}"}}
 ---
 apiVersion: cf.k8s.lex.la/v1alpha1
 kind: GatewayConfig
@@ -140,6 +147,13 @@ apiVersion: v1
 kind: Service
 metadata: {{name: web, namespace: tenant-c}}
 spec: {{ports: [{{name: http, port: 80, targetPort: {port}}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: web-1, namespace: tenant-c, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv4
+ports: [{{name: http, port: {port}}}]
+endpoints: [{{addresses: ["127.0.0.1"], conditions: {{ready: true}}}}]
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
@@ -559,6 +573,78 @@ async fn scenario() {
     })
     .await;
     assert!(cloudflare.writes() > writes);
+
+    // Tenant c's token is replaced by one for tenant a's tunnel: the two dedicated planes of
+    // different namespaces now share a tunnel. Both serve the union (the edge may hand any of
+    // the tunnel's requests to either), one document is written, and both routes say so.
+    let moved = Token::new("acct", b"third secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+    api.put(yaml(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: third-tunnel-token, namespace: tenant-c}}\nstringData: {{tunnel-token: \"{moved}\"}}\n"
+    )));
+    let shared_condition = |ns: &str, name: &str| {
+        api.get("gateway.networking.k8s.io/v1", "HTTPRoute", ns, name)
+            .and_then(|r| {
+                our_parent(&r).and_then(|p| {
+                    condition(&p["conditions"], "cf.k8s.lex.la/TunnelShared").cloned()
+                })
+            })
+    };
+    let flagged = eventually("blog flagged", || shared_condition("tenant-c", "blog")).await;
+    assert_eq!(
+        (&flagged["status"], &flagged["reason"]),
+        (&json!("True"), &json!("TunnelShared"))
+    );
+    assert!(
+        flagged["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("tenant-a/edge"),
+        "{flagged}"
+    );
+    let flagged = eventually("shop flagged", || shared_condition("tenant-a", "shop")).await;
+    assert!(
+        flagged["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("tenant-c/third"),
+        "{flagged}"
+    );
+    let event = eventually("a TunnelShared Event", || {
+        api.list("Event").into_iter().find(|e| {
+            e["reason"] == "TunnelShared" && e.pointer("/regarding/name") == Some(&json!("blog"))
+        })
+    })
+    .await;
+    assert_eq!(event["type"], "Warning");
+    let by = Instant::now() + Duration::from_secs(20);
+    while get_via(pod.data_addr(), "blog.example.com").await != 200 {
+        assert!(
+            Instant::now() < by,
+            "tenant a's pod serves tenant c's route on the shared tunnel"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    eventually("one document for both", || {
+        cloudflare.config("acct", TUNNEL_ID).filter(|(_, d)| {
+            d.to_string().contains("blog.example.com") && d.to_string().contains("shop.example.com")
+        })
+    })
+    .await;
+    // Back on its own tunnel: no longer flagged.
+    api.put(yaml(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: third-tunnel-token, namespace: tenant-c}}\nstringData: {{tunnel-token: \"{third_token}\"}}\n"
+    )));
+    eventually("shop no longer flagged", || {
+        api.get(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "tenant-a",
+            "shop",
+        )
+        .and_then(|r| our_parent(&r).cloned())
+        .filter(|p| condition(&p["conditions"], "cf.k8s.lex.la/TunnelShared").is_none())
+    })
+    .await;
 
     // Without its parametersRef the Gateway goes back to the shared plane; its plane goes.
     api.put(yaml(&gateway(false)));

@@ -150,6 +150,8 @@ struct Reconciler {
     tunnel_sync: TunnelSync,
     /// Per plane: why its tunnel's ingress document could not be written this round.
     tunnel_failures: HashMap<PlaneKey, String>,
+    /// Routes told they share a tunnel, with what they were told: an Event once per change.
+    tunnel_shared_told: HashMap<String, String>,
 }
 
 /// A data plane as far as a round got with it.
@@ -192,11 +194,21 @@ impl Reconciler {
             tunnel_api,
             tunnel_sync: TunnelSync::default(),
             tunnel_failures: HashMap::new(),
+            tunnel_shared_told: HashMap::new(),
         }
     }
 
     async fn round(&mut self, snapshot: &Snapshot, deployments: &[Deployment]) {
-        let output = translate::translate(snapshot, &self.options.translate);
+        let mut translate_options = self.options.translate.clone();
+        translate_options.shared_tunnel_id = self.options.shared.as_ref().and_then(|shared| {
+            let (key, field) = shared.tunnel_secret.as_ref()?;
+            let token = secret_text(snapshot, key, field)?;
+            token
+                .parse::<cftunnel_tunnel::Token>()
+                .ok()
+                .map(|t| t.tunnel_id())
+        });
+        let output = translate::translate(snapshot, &translate_options);
         let mut planes: BTreeMap<PlaneKey, PlaneInfo> = BTreeMap::new();
 
         for gw in &snapshot.gateways {
@@ -466,7 +478,7 @@ impl Reconciler {
     }
 
     async fn write_statuses(
-        &self,
+        &mut self,
         snapshot: &Snapshot,
         output: &translate::Output,
         planes: &BTreeMap<PlaneKey, PlaneInfo>,
@@ -548,6 +560,7 @@ impl Reconciler {
                     r.object_ref(&()),
                 )
             }));
+        let mut routes_seen = BTreeSet::new();
         for (kind, meta, existing, regarding) in route_objects {
             let (Some(ns), Some(name)) = (meta.namespace.clone(), meta.name.clone()) else {
                 continue;
@@ -615,6 +628,30 @@ impl Reconciler {
                     .filter(|p| newly_failed.contains(*p))
                     .and_then(|p| self.push_failures.get(p))
             });
+            let shared_tunnel = ours.iter().find_map(|parent| {
+                parent
+                    .condition(ConditionType::TunnelShared)
+                    .map(|c| c.message.clone())
+            });
+            let told_key = route_key.to_string();
+            routes_seen.insert(told_key.clone());
+            match shared_tunnel {
+                Some(message) if self.tunnel_shared_told.get(&told_key) != Some(&message) => {
+                    self.publish(
+                        &regarding,
+                        EventType::Warning,
+                        "TunnelShared",
+                        "Route",
+                        &message,
+                    )
+                    .await;
+                    self.tunnel_shared_told.insert(told_key, message);
+                }
+                Some(_) => {}
+                None => {
+                    self.tunnel_shared_told.remove(&told_key);
+                }
+            }
             if let Some(reason) = failed_now {
                 let note = format!("the proxy pods have not taken the config: {reason}");
                 self.publish(
@@ -637,6 +674,8 @@ impl Reconciler {
                 }
             }
         }
+        self.tunnel_shared_told
+            .retain(|route, _| routes_seen.contains(route));
     }
 
     /// Writes `desired` as the object's status (a merge patch of the status subresource)

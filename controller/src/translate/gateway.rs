@@ -9,6 +9,8 @@ use gateway_api::experimental::gateways::{
     GatewayListenersAllowedRoutesNamespacesSelector,
 };
 
+use uuid::Uuid;
+
 use crate::render::{self, RenderSettings};
 
 use super::status::{Condition, ConditionType, GatewayStatus, ListenerStatus, Reason};
@@ -79,6 +81,8 @@ pub(super) struct OwnedGateway<'a> {
     pub(super) key: ObjectKey,
     /// The plane serving this Gateway; `None` when the Gateway is not accepted.
     pub(super) plane: Option<PlaneKey>,
+    /// The tunnel of that plane, when known (a dedicated plane's always is).
+    pub(super) tunnel: Option<Uuid>,
     pub(super) listeners: Vec<OwnedListener<'a>>,
     conditions: Vec<Condition>,
 }
@@ -124,20 +128,20 @@ pub(super) fn owned_gateways<'a>(
     out
 }
 
-/// Why the GatewayConfig `name` (in the Gateway's namespace) cannot make a data plane, if it
-/// cannot: missing, or failing to resolve or render as the runtime would.
-fn parameters_problem(
+/// The tunnel of the data plane the GatewayConfig `name` (in the Gateway's namespace) makes,
+/// or why it cannot make one: missing, or failing to resolve or render as the runtime would.
+fn dedicated_tunnel(
     gw: &Gateway,
     namespace: &str,
     name: &str,
     snapshot: &Snapshot,
     options: &Options,
-) -> Option<String> {
+) -> Result<Uuid, String> {
     let Some(config) = snapshot.gateway_configs.iter().find(|c| {
         c.metadata.namespace.as_deref() == Some(namespace)
             && c.metadata.name.as_deref() == Some(name)
     }) else {
-        return Some(format!(
+        return Err(format!(
             "{GATEWAY_CONFIG_KIND} {namespace}/{name} (infrastructure.parametersRef) not found"
         ));
     };
@@ -146,10 +150,10 @@ fn parameters_problem(
         ..RenderSettings::default()
     };
     // The generated token's value does not decide whether a plane can be rendered.
-    render::resolve(gw, config, &snapshot.secrets, "")
-        .and_then(|credentials| render::render(gw, config, &credentials, &settings))
-        .err()
-        .map(|e| e.to_string())
+    let credentials =
+        render::resolve(gw, config, &snapshot.secrets, "").map_err(|e| e.to_string())?;
+    render::render(gw, config, &credentials, &settings).map_err(|e| e.to_string())?;
+    Ok(credentials.tunnel.tunnel_id())
 }
 
 fn owned_gateway<'a>(
@@ -186,12 +190,19 @@ fn owned_gateway<'a>(
         .infrastructure
         .as_ref()
         .and_then(|i| i.parameters_ref.as_ref());
+    let mut tunnel = None;
     let (plane, accepted) = match parameters {
-        None => (Some(PlaneKey::Shared), Ok(())),
+        None => {
+            tunnel = options.shared_tunnel_id;
+            (Some(PlaneKey::Shared), Ok(()))
+        }
         Some(p) if p.group == GATEWAY_CONFIG_GROUP && p.kind == GATEWAY_CONFIG_KIND => {
-            match parameters_problem(gw, &key.namespace, &p.name, snapshot, options) {
-                None => (Some(PlaneKey::Dedicated(key.clone())), Ok(())),
-                Some(problem) => (None, Err((Reason::InvalidParameters, problem))),
+            match dedicated_tunnel(gw, &key.namespace, &p.name, snapshot, options) {
+                Ok(id) => {
+                    tunnel = Some(id);
+                    (Some(PlaneKey::Dedicated(key.clone())), Ok(()))
+                }
+                Err(problem) => (None, Err((Reason::InvalidParameters, problem))),
             }
         }
         Some(p) => (
@@ -262,6 +273,7 @@ fn owned_gateway<'a>(
     };
     OwnedGateway {
         key,
+        tunnel: plane.as_ref().and(tunnel),
         plane,
         listeners,
         conditions,

@@ -83,6 +83,9 @@ pub struct Options {
     /// The proxy image of dedicated data planes whose `GatewayConfig` names none
     /// (`--proxy-image`). Without either, such a Gateway is not accepted (`InvalidParameters`).
     pub proxy_image: Option<String>,
+    /// The tunnel of the shared plane (the class tunnel), when known. A dedicated Gateway on
+    /// the same tunnel shares it with the shared plane, the documented migration path.
+    pub shared_tunnel_id: Option<uuid::Uuid>,
 }
 
 impl Default for Options {
@@ -92,6 +95,7 @@ impl Default for Options {
             gateway_class_name: None,
             cluster_domain: DEFAULT_CLUSTER_DOMAIN.to_owned(),
             proxy_image: None,
+            shared_tunnel_id: None,
         }
     }
 }
@@ -222,10 +226,13 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
         }
     }
 
+    let tunnels = Tunnels::new(&gateways);
+
     let mut routes = binding::collect_routes(snapshot);
     routes.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
 
     let mut rules_by_plane: BTreeMap<PlaneKey, Vec<cftunnel_config::Rule>> = BTreeMap::new();
+    let mut seen_rules: BTreeMap<PlaneKey, BTreeSet<String>> = BTreeMap::new();
     for route in &routes {
         let bound = binding::bind(route, &mut gateways, &index);
         if bound.parents.is_empty() {
@@ -237,7 +244,21 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
         };
         let mut parents = Vec::with_capacity(bound.parents.len());
         for parent in bound.parents {
-            parents.push(parent.into_status(&translated, route.generation));
+            let mut status = parent.into_status(&translated, route.generation);
+            let gateway = ObjectKey::new(&status.parent_ref.namespace, &status.parent_ref.name);
+            let accepted = status
+                .condition(ConditionType::Accepted)
+                .is_some_and(|c| c.status);
+            if let (true, Some(message)) = (accepted, tunnels.shared_with(&gateway)) {
+                status.conditions.push(Condition::new(
+                    ConditionType::TunnelShared,
+                    true,
+                    Reason::TunnelShared,
+                    message,
+                    route.generation,
+                ));
+            }
+            parents.push(status);
         }
         statuses.routes.insert(route.key(), parents);
         // Only accepted parents contribute planes.
@@ -246,13 +267,22 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
             if !attachment.any_host && attachment.hostnames.is_empty() {
                 continue;
             }
-            let out = rules_by_plane.entry(plane.clone()).or_default();
-            for rule in &translated.rules {
-                out.push(rule.for_attachment(&attachment));
-            }
-            if route.kind == RouteKind::Grpc && !translated.rules.is_empty() {
-                if let Some(config) = configs.get_mut(&plane) {
-                    config.has_grpc_route = true;
+            // Every plane on the tunnel gets the route: the edge may hand its requests to any
+            // of the tunnel's connectors.
+            for target in tunnels.planes_with(&plane) {
+                let out = rules_by_plane.entry(target.clone()).or_default();
+                let seen = seen_rules.entry(target.clone()).or_default();
+                for rule in &translated.rules {
+                    let rule = rule.for_attachment(&attachment);
+                    // A route on two Gateways of one tunnel must not repeat its rules.
+                    if seen.insert(serde_json::to_string(&rule).unwrap_or_default()) {
+                        out.push(rule);
+                    }
+                }
+                if route.kind == RouteKind::Grpc && !translated.rules.is_empty() {
+                    if let Some(config) = configs.get_mut(&target) {
+                        config.has_grpc_route = true;
+                    }
                 }
             }
         }
@@ -265,9 +295,11 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
         let Some(plane) = &gw.plane else {
             continue;
         };
-        let hosts = isolation.entry(plane.clone()).or_default();
-        for (hostname, rule) in gateway::listener_isolation_rules(gw) {
-            hosts.entry(hostname).or_insert(rule);
+        for target in tunnels.planes_with(plane) {
+            let hosts = isolation.entry(target).or_default();
+            for (hostname, rule) in gateway::listener_isolation_rules(gw) {
+                hosts.entry(hostname).or_insert(rule);
+            }
         }
     }
     for (plane, config) in &mut configs {
@@ -286,6 +318,71 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
         configs,
         statuses,
         planes,
+    }
+}
+
+/// Which planes share a tunnel. The edge spreads a tunnel's requests over all its connectors,
+/// so every plane on a tunnel must serve the union of the tunnel's routes.
+struct Tunnels {
+    planes: BTreeMap<PlaneKey, uuid::Uuid>,
+    /// Dedicated Gateways on a tunnel that dedicated Gateways of another namespace also use
+    /// (isolation the tenants expect but do not have), with the message naming the others.
+    shared: BTreeMap<ObjectKey, String>,
+}
+
+impl Tunnels {
+    fn new(gateways: &BTreeMap<ObjectKey, gateway::OwnedGateway<'_>>) -> Self {
+        let mut planes = BTreeMap::new();
+        let mut dedicated: BTreeMap<uuid::Uuid, Vec<&ObjectKey>> = BTreeMap::new();
+        for gw in gateways.values() {
+            let (Some(plane), Some(tunnel)) = (&gw.plane, gw.tunnel) else {
+                continue;
+            };
+            planes.insert(plane.clone(), tunnel);
+            if let PlaneKey::Dedicated(key) = plane {
+                dedicated.entry(tunnel).or_default().push(key);
+            }
+        }
+        let mut shared = BTreeMap::new();
+        for (tunnel, keys) in &dedicated {
+            let namespaces: BTreeSet<&str> = keys.iter().map(|k| k.namespace.as_str()).collect();
+            if namespaces.len() < 2 {
+                continue;
+            }
+            for key in keys {
+                let others: Vec<String> = keys
+                    .iter()
+                    .filter(|k| **k != *key)
+                    .map(ToString::to_string)
+                    .collect();
+                shared.insert(
+                    (*key).clone(),
+                    format!(
+                        "tunnel {tunnel} is also used by Gateway {}: each one's proxies serve the other's routes, so they are not isolated",
+                        others.join(", ")
+                    ),
+                );
+            }
+        }
+        Self { planes, shared }
+    }
+
+    /// `plane` and every other plane on its tunnel.
+    fn planes_with(&self, plane: &PlaneKey) -> Vec<PlaneKey> {
+        match self.planes.get(plane) {
+            None => vec![plane.clone()],
+            Some(tunnel) => self
+                .planes
+                .iter()
+                .filter(|(_, t)| *t == tunnel)
+                .map(|(p, _)| p.clone())
+                .collect(),
+        }
+    }
+
+    /// Why `gateway` is flagged as sharing its tunnel, if it is.
+    fn shared_with(&self, gateway: &ObjectKey) -> Option<&str> {
+        self.shared.get(gateway).map(String::as_str)
     }
 }
 

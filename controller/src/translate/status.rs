@@ -17,6 +17,9 @@ pub enum ConditionType {
     ResolvedRefs,
     Conflicted,
     PartiallyInvalid,
+    /// `cf.k8s.lex.la/TunnelShared`: the route's Gateway shares its tunnel with dedicated
+    /// Gateways of other namespaces.
+    TunnelShared,
 }
 
 impl ConditionType {
@@ -28,6 +31,7 @@ impl ConditionType {
             Self::ResolvedRefs => "ResolvedRefs",
             Self::Conflicted => "Conflicted",
             Self::PartiallyInvalid => "PartiallyInvalid",
+            Self::TunnelShared => "cf.k8s.lex.la/TunnelShared",
         }
     }
 }
@@ -53,6 +57,7 @@ pub enum Reason {
     InvalidKind,
     RefNotPermitted,
     UnsupportedValue,
+    TunnelShared,
 }
 
 impl Reason {
@@ -77,6 +82,7 @@ impl Reason {
             Self::InvalidKind => "InvalidKind",
             Self::RefNotPermitted => "RefNotPermitted",
             Self::UnsupportedValue => "UnsupportedValue",
+            Self::TunnelShared => "TunnelShared",
         }
     }
 }

@@ -1241,3 +1241,191 @@ spec:
     );
     assert!(out.statuses.gateways[&tenant].conditions[0].status);
 }
+
+const TUNNEL_A: &str = "6ff42ae2-765d-4adf-8112-31c55c1551ef";
+const TUNNEL_B: &str = "0e9c2a7d-3f41-4c55-8a6e-2b7d9c1e4f30";
+
+/// A Gateway `name` in `ns` with its own GatewayConfig on `tunnel`, and an HTTPRoute `name` in
+/// `ns` attached to it, routing to Service v1 of `infra` (granted).
+fn tenant(ns: &str, name: &str, tunnel: &str) -> String {
+    let token =
+        cftunnel_tunnel::Token::new("account", b"secret".to_vec(), tunnel.parse().expect("uuid"))
+            .encode();
+    format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: {name}-tunnel, namespace: {ns}}}
+stringData: {{tunnel-token: {token}}}
+---
+apiVersion: cf.k8s.lex.la/v1alpha1
+kind: GatewayConfig
+metadata: {{name: {name}, namespace: {ns}}}
+spec: {{tunnelTokenSecretRef: {{name: {name}-tunnel}}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  gatewayClassName: cf
+  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: {name}}}}}
+  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: {name}.example.com}}]
+---
+apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: {{name: from-{ns}, namespace: infra}}
+spec:
+  from: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: {ns}}}]
+  to: [{{group: "", kind: Service}}]
+---
+{route}"#,
+        route = http_route(
+            ns,
+            name,
+            &format!("  parentRefs: [{{name: {name}}}]\n  rules: [{{backendRefs: [{{name: v1, namespace: infra, port: 8080}}]}}]")
+        ),
+    )
+}
+
+fn rule_names(out: &Output, plane: &PlaneKey) -> Vec<String> {
+    out.configs[plane]
+        .rules
+        .iter()
+        .filter_map(|r| r.name.clone())
+        .collect()
+}
+
+#[test]
+fn planes_on_one_tunnel_serve_the_union_and_cross_namespace_sharing_is_flagged() {
+    let out = translate(
+        &snapshot(&format!(
+            "{}{}{}",
+            tenant("team-a", "a", TUNNEL_A),
+            tenant("team-b", "b", TUNNEL_A),
+            tenant("team-c", "c", TUNNEL_B),
+        )),
+        &with_image(),
+    );
+    let plane = |ns: &str, name: &str| PlaneKey::Dedicated(ObjectKey::new(ns, name));
+    let union = vec![
+        "team-a/a/0".to_owned(),
+        "team-b/b/0".to_owned(),
+        "team-a/a/listener:http".to_owned(),
+        "team-b/b/listener:http".to_owned(),
+    ];
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    assert_eq!(
+        sorted(rule_names(&out, &plane("team-a", "a"))),
+        sorted(union.clone())
+    );
+    assert_eq!(
+        sorted(rule_names(&out, &plane("team-b", "b"))),
+        sorted(union)
+    );
+    assert_eq!(
+        sorted(rule_names(&out, &plane("team-c", "c"))),
+        vec!["team-c/c/0".to_owned(), "team-c/c/listener:http".to_owned()],
+        "another tunnel keeps its own routes"
+    );
+
+    let shared = |ns: &str, name: &str| {
+        route_status(&out, ns, name)[0]
+            .condition(ConditionType::TunnelShared)
+            .cloned()
+    };
+    let a = shared("team-a", "a").expect("flagged");
+    assert!(a.status);
+    assert_eq!(a.reason, Reason::TunnelShared);
+    assert!(
+        a.message.contains(&format!(
+            "tunnel {TUNNEL_A} is also used by Gateway team-b/b"
+        )),
+        "{}",
+        a.message
+    );
+    assert!(shared("team-b", "b")
+        .expect("flagged")
+        .message
+        .contains("team-a/a"));
+    assert!(shared("team-c", "c").is_none());
+    // Still accepted: sharing is supported, it is only not isolation.
+    let accepted = route_status(&out, "team-a", "a")[0]
+        .condition(ConditionType::Accepted)
+        .map(|c| c.status);
+    assert_eq!(accepted, Some(true));
+}
+
+#[test]
+fn sharing_the_class_tunnel_or_a_namespace_is_not_flagged() {
+    let gw_route = http_route(
+        "infra",
+        "to-shared",
+        "  parentRefs: [{name: gw}]\n  rules: [{backendRefs: [{name: v1, port: 8080}]}]",
+    );
+    let options = Options {
+        shared_tunnel_id: Some(TUNNEL_A.parse().expect("uuid")),
+        ..with_image()
+    };
+    let out = translate(
+        &snapshot(&format!(
+            "{}{}{gw_route}",
+            tenant("team-a", "a", TUNNEL_A),
+            tenant("team-a", "a2", TUNNEL_B).replace("from-team-a", "from-team-a-2"),
+        )),
+        &options,
+    );
+    // The class tunnel: the shared plane and the migrating Gateway serve each other's routes.
+    let a = PlaneKey::Dedicated(ObjectKey::new("team-a", "a"));
+    for plane in [&PlaneKey::Shared, &a] {
+        let names = rule_names(&out, plane);
+        assert!(
+            names.contains(&"team-a/a/0".to_owned()),
+            "{plane}: {names:?}"
+        );
+        assert!(
+            names.contains(&"infra/to-shared/0".to_owned()),
+            "{plane}: {names:?}"
+        );
+    }
+    assert!(route_status(&out, "team-a", "a")[0]
+        .condition(ConditionType::TunnelShared)
+        .is_none());
+
+    // Two Gateways of one namespace on one tunnel: served together, not flagged.
+    let out = translate(
+        &snapshot(&format!(
+            "{}{}",
+            tenant("team-a", "a", TUNNEL_B),
+            tenant("team-a", "a2", TUNNEL_B).replace("from-team-a", "from-team-a-2"),
+        )),
+        &with_image(),
+    );
+    let names = rule_names(&out, &PlaneKey::Dedicated(ObjectKey::new("team-a", "a2")));
+    assert!(names.contains(&"team-a/a/0".to_owned()), "{names:?}");
+    assert!(route_status(&out, "team-a", "a2")[0]
+        .condition(ConditionType::TunnelShared)
+        .is_none());
+}
+
+#[test]
+fn a_route_on_two_gateways_of_one_tunnel_is_not_repeated() {
+    let both = http_route(
+        "team-a",
+        "both",
+        "  parentRefs: [{name: a}, {name: a2}]\n  hostnames: [x.example.com]\n  rules: [{backendRefs: [{name: v1, namespace: infra, port: 8080}]}]",
+    );
+    let mut a = tenant("team-a", "a", TUNNEL_B);
+    let mut a2 = tenant("team-a", "a2", TUNNEL_B).replace("from-team-a", "from-team-a-2");
+    // Listeners that admit any host, so the route attaches to both with the same hostnames.
+    a = a.replace(", hostname: a.example.com", "");
+    a2 = a2.replace(", hostname: a2.example.com", "");
+    let out = translate(&snapshot(&format!("{a}{a2}{both}")), &with_image());
+    let names = rule_names(&out, &PlaneKey::Dedicated(ObjectKey::new("team-a", "a")));
+    assert_eq!(
+        names.iter().filter(|n| *n == "team-a/both/0").count(),
+        1,
+        "{names:?}"
+    );
+}
