@@ -17,8 +17,8 @@ use crate::manifest;
 use crate::render::{self, RenderSettings};
 use crate::runtime::{RuntimeOptions, SharedPlane};
 use crate::translate::{
-    self, ObjectKey, Options, Output, PlaneKey, Snapshot, Statuses, DEFAULT_CLUSTER_DOMAIN,
-    DEFAULT_CONTROLLER_NAME,
+    self, ObjectKey, Options, Output, PlaneKey, Snapshot, Statuses, TunnelIdentity,
+    DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROLLER_NAME,
 };
 
 /// Gateway API controller for Cloudflare Tunnel data planes.
@@ -137,7 +137,7 @@ impl RunArgs {
                 cluster_domain: self.cluster_domain.clone(),
                 proxy_image: self.proxy_image.clone(),
                 // Read from the shared tunnel's Secret every round.
-                shared_tunnel_id: None,
+                shared_tunnel: None,
             },
             render: RenderSettings {
                 proxy_image: self.proxy_image.clone(),
@@ -223,9 +223,10 @@ pub struct TranslateArgs {
     /// either, such a Gateway is not accepted.
     #[arg(long, env = "PROXY_IMAGE")]
     pub proxy_image: Option<String>,
-    /// The shared plane's tunnel (the class tunnel), to see which dedicated Gateways share it.
-    #[arg(long)]
-    pub shared_tunnel_id: Option<uuid::Uuid>,
+    /// The shared plane's connector token (the class tunnel), to see which dedicated Gateways
+    /// share it.
+    #[arg(long, env = "SHARED_TUNNEL_TOKEN", hide_env_values = true)]
+    pub shared_tunnel_token: Option<cftunnel_tunnel::Token>,
 }
 
 /// `NAMESPACE/NAME` of a Gateway.
@@ -298,7 +299,7 @@ pub fn run_translate(
         gateway_class_name: class,
         cluster_domain: args.cluster_domain.clone(),
         proxy_image: args.proxy_image.clone(),
-        shared_tunnel_id: args.shared_tunnel_id,
+        shared_tunnel: args.shared_tunnel_token.as_ref().map(TunnelIdentity::of),
     };
     let output = translate::translate(&snapshot, &options);
     write_statuses(err, &output)?;

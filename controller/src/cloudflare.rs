@@ -54,6 +54,10 @@ pub struct TunnelTarget {
     pub tunnel: Uuid,
     /// The API token (`cloudflareCredentialsSecretRef`, or the controller's own).
     pub api_token: String,
+    /// With the controller's own token, the tunnel secret the tenant's connector token holds:
+    /// the tunnel's real token must hold the same before the controller writes for it, or a
+    /// tenant could name any tunnel the controller's token reaches.
+    pub verify_secret: Option<Vec<u8>>,
 }
 
 /// A Cloudflare API client for tunnel configurations.
@@ -71,8 +75,12 @@ impl TunnelApi {
     /// # Errors
     /// The TLS configuration cannot be built.
     pub fn new(base: &str, timeout: Duration) -> Result<Self, String> {
+        // An explicit provider: the process may have several compiled in, and then none is
+        // the default.
+        let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
+            .with_provider_and_webpki_roots(provider)
+            .map_err(|e| format!("TLS for the Cloudflare API: {e}"))?
             .https_or_http()
             .enable_http1()
             .build();
@@ -81,6 +89,25 @@ impl TunnelApi {
             client: Client::builder(hyper_util::rt::TokioExecutor::new()).build(https),
             timeout,
         })
+    }
+
+    /// The tunnel's connector token, as the API hands it to the tunnel's owner
+    /// (`GET .../cfd_tunnel/{tunnel}/token`).
+    ///
+    /// # Errors
+    /// As [`TunnelApi::put_configuration`].
+    pub async fn tunnel_token(&self, target: &TunnelTarget) -> Result<String, String> {
+        let uri = format!(
+            "{}/accounts/{}/cfd_tunnel/{}/token",
+            self.base, target.account, target.tunnel
+        );
+        let envelope = self
+            .call(hyper::Method::GET, &uri, target, Bytes::new())
+            .await?;
+        envelope["result"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| format!("GET {uri}: the answer holds no token"))
     }
 
     /// Writes `document` as the tunnel's configuration; returns the version the API assigned.
@@ -99,35 +126,51 @@ impl TunnelApi {
         );
         let body = serde_json::to_vec(&json!({ "config": document }))
             .map_err(|e| format!("encoding the document: {e}"))?;
-        let req = hyper::Request::put(&uri)
+        let envelope = self
+            .call(hyper::Method::PUT, &uri, target, Bytes::from(body))
+            .await?;
+        Ok(envelope["result"]["version"].as_i64().unwrap_or(0))
+    }
+
+    /// One API call; the envelope of a successful answer, else the API's errors.
+    async fn call(
+        &self,
+        method: hyper::Method,
+        uri: &str,
+        target: &TunnelTarget,
+        body: Bytes,
+    ) -> Result<Value, String> {
+        let req = hyper::Request::builder()
+            .method(method.clone())
+            .uri(uri)
             .header(
                 hyper::header::AUTHORIZATION,
                 format!("Bearer {}", target.api_token),
             )
             .header(hyper::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body)))
+            .body(Full::new(body))
             .map_err(|e| format!("building the request: {e}"))?;
         let exchange = async {
             let res = self
                 .client
                 .request(req)
                 .await
-                .map_err(|e| format!("PUT {uri}: {e}"))?;
+                .map_err(|e| format!("{method} {uri}: {e}"))?;
             let status = res.status();
             let body = Limited::new(res.into_body(), MAX_ANSWER)
                 .collect()
                 .await
-                .map_err(|e| format!("PUT {uri}: reading the answer: {e}"))?
+                .map_err(|e| format!("{method} {uri}: reading the answer: {e}"))?
                 .to_bytes();
             Ok::<_, String>((status, body))
         };
         let (status, body) = tokio::time::timeout(self.timeout, exchange)
             .await
-            .map_err(|_| format!("PUT {uri}: no answer within {:?}", self.timeout))??;
+            .map_err(|_| format!("{method} {uri}: no answer within {:?}", self.timeout))??;
         let envelope: Value = serde_json::from_slice(&body)
             .map_err(|_| format!("the Cloudflare API answered {status} without a JSON body"))?;
         if status.is_success() && envelope["success"] == true {
-            return Ok(envelope["result"]["version"].as_i64().unwrap_or(0));
+            return Ok(envelope);
         }
         let errors: Vec<String> = envelope["errors"]
             .as_array()
@@ -136,7 +179,7 @@ impl TunnelApi {
             .map(|e| format!("{} ({})", e["message"].as_str().unwrap_or("?"), e["code"]))
             .collect();
         Err(format!(
-            "the Cloudflare API refused the tunnel {} configuration ({status}): {}",
+            "the Cloudflare API refused {method} for tunnel {} ({status}): {}",
             target.tunnel,
             if errors.is_empty() {
                 "no error given".to_owned()
@@ -151,6 +194,8 @@ impl TunnelApi {
 #[derive(Default)]
 pub struct TunnelSync {
     written: HashMap<Uuid, Vec<u8>>,
+    /// Tunnels whose real token was seen to hold a given secret (by digest).
+    verified: HashMap<Uuid, Vec<u8>>,
 }
 
 impl TunnelSync {
@@ -179,6 +224,25 @@ impl TunnelSync {
             return Ok(false);
         }
         self.written.remove(&target.tunnel);
+        if let Some(secret) = &target.verify_secret {
+            let claimed = digest::digest(&digest::SHA256, secret).as_ref().to_vec();
+            if self.verified.get(&target.tunnel) != Some(&claimed) {
+                let real = api.tunnel_token(target).await?;
+                let real_secret = real.parse::<cftunnel_tunnel::Token>().map_err(|e| {
+                    format!(
+                        "the Cloudflare API's token for tunnel {}: {e}",
+                        target.tunnel
+                    )
+                })?;
+                if real_secret.tunnel_secret() != secret.as_slice() {
+                    return Err(format!(
+                        "the connector token does not hold tunnel {}'s secret; its configuration is not written with the controller's API token",
+                        target.tunnel
+                    ));
+                }
+                self.verified.insert(target.tunnel, claimed);
+            }
+        }
         api.put_configuration(target, document).await?;
         self.written.insert(target.tunnel, digest);
         Ok(true)
@@ -187,6 +251,7 @@ impl TunnelSync {
     /// Forgets tunnels no plane uses any more (their last document stays at Cloudflare).
     pub fn retain(&mut self, keep: impl Fn(&Uuid) -> bool) {
         self.written.retain(|t, _| keep(t));
+        self.verified.retain(|t, _| keep(t));
     }
 }
 

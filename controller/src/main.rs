@@ -37,6 +37,8 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    // One TLS provider for every client in the process (the API server's, Cloudflare's).
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let options = args.options()?;
     if options.render.proxy_image.is_none() {
         tracing::warn!(

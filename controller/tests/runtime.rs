@@ -264,6 +264,8 @@ async fn scenario() {
     let cloudflare = CloudflareApi::start().await;
     cloudflare.allow("acct", "cf-token-a");
     cloudflare.allow("acct-c", "cf-token-c");
+    cloudflare.add_tunnel("acct", TUNNEL_ID, &token);
+    cloudflare.add_tunnel("acct-c", THIRD_TUNNEL_ID, &third_token);
     // The plane's pod: a real proxy with the token the Deployment will hand it.
     let pod = Server::start(
         ServerOptions {
@@ -574,10 +576,10 @@ async fn scenario() {
     .await;
     assert!(cloudflare.writes() > writes);
 
-    // Tenant c's token is replaced by one for tenant a's tunnel: the two dedicated planes of
+    // Tenant c's token is replaced by tenant a's: the two dedicated planes of
     // different namespaces now share a tunnel. Both serve the union (the edge may hand any of
     // the tunnel's requests to either), one document is written, and both routes say so.
-    let moved = Token::new("acct", b"third secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+    let moved = token.clone();
     api.put(yaml(&format!(
         "apiVersion: v1\nkind: Secret\nmetadata: {{name: third-tunnel-token, namespace: tenant-c}}\nstringData: {{tunnel-token: \"{moved}\"}}\n"
     )));
@@ -677,4 +679,48 @@ async fn scenario() {
         .expect("the controller task")
         .expect("the controller stops cleanly");
     pod.shutdown().await;
+}
+
+/// With the controller's own API token, a tunnel's document is written only for a connector
+/// token that holds the tunnel's secret: naming another tenant's tunnel id is not enough.
+#[tokio::test]
+async fn the_controllers_token_writes_only_for_tunnels_the_tenant_can_open() {
+    use cftunnel_controller::cloudflare::{TunnelApi, TunnelSync, TunnelTarget};
+    let cloudflare = CloudflareApi::start().await;
+    cloudflare.allow("acct", "controller-token");
+    let real = Token::new("acct", b"the real secret".to_vec(), uuid_of(TUNNEL_ID));
+    cloudflare.add_tunnel("acct", TUNNEL_ID, &real.encode());
+    let api = TunnelApi::new(&cloudflare.base(), Duration::from_secs(5)).expect("client");
+    let target = |secret: &[u8]| TunnelTarget {
+        account: "acct".to_owned(),
+        tunnel: uuid_of(TUNNEL_ID),
+        api_token: "controller-token".to_owned(),
+        verify_secret: Some(secret.to_vec()),
+    };
+    let document = json!({"ingress": [{"hostname": "victim.example.com", "service": "http://localhost:8080"}, {"service": "http_status:404"}]});
+    let mut sync = TunnelSync::default();
+    let err = sync
+        .sync(&api, &target(b"a guess"), &document)
+        .await
+        .expect_err("a token without the tunnel's secret is refused");
+    assert!(err.contains("does not hold tunnel"), "{err}");
+    assert!(
+        cloudflare.config("acct", TUNNEL_ID).is_none(),
+        "nothing written"
+    );
+    assert_eq!(
+        sync.sync(&api, &target(b"the real secret"), &document)
+            .await,
+        Ok(true)
+    );
+    assert_eq!(
+        cloudflare.config("acct", TUNNEL_ID).map(|(_, d)| d),
+        Some(document.clone())
+    );
+    assert_eq!(
+        sync.sync(&api, &target(b"the real secret"), &document)
+            .await,
+        Ok(false),
+        "unchanged: not written again"
+    );
 }

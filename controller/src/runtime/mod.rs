@@ -33,7 +33,9 @@ use crate::cloudflare::{self, TunnelApi, TunnelSync, TunnelTarget};
 use crate::gateway_config::DEFAULT_API_TOKEN_KEY;
 use crate::push::{self, PodOutcome, Pusher};
 use crate::render::{self, PlaneNames, RenderSettings, GATEWAY_LABEL};
-use crate::translate::{self, ConditionType, ObjectKey, Options, PlaneKey, RouteKind, Snapshot};
+use crate::translate::{
+    self, ConditionType, ObjectKey, Options, PlaneKey, RouteKind, Snapshot, TunnelIdentity,
+};
 use status::{KubeCondition, Truth};
 use stores::Stores;
 
@@ -163,6 +165,8 @@ struct PlaneInfo {
     /// Where its tunnel's ingress document goes; `None` when no API token is configured for it,
     /// an error when the one its GatewayConfig names cannot be read.
     tunnel: Option<Result<TunnelTarget, String>>,
+    /// Planes share a document only when they share this (the tunnel and its secret).
+    identity: Option<TunnelIdentity>,
 }
 
 impl Reconciler {
@@ -200,13 +204,13 @@ impl Reconciler {
 
     async fn round(&mut self, snapshot: &Snapshot, deployments: &[Deployment]) {
         let mut translate_options = self.options.translate.clone();
-        translate_options.shared_tunnel_id = self.options.shared.as_ref().and_then(|shared| {
+        translate_options.shared_tunnel = self.options.shared.as_ref().and_then(|shared| {
             let (key, field) = shared.tunnel_secret.as_ref()?;
             let token = secret_text(snapshot, key, field)?;
             token
                 .parse::<cftunnel_tunnel::Token>()
                 .ok()
-                .map(|t| t.tunnel_id())
+                .map(|t| TunnelIdentity::of(&t))
         });
         let output = translate::translate(snapshot, &translate_options);
         let mut planes: BTreeMap<PlaneKey, PlaneInfo> = BTreeMap::new();
@@ -279,18 +283,18 @@ impl Reconciler {
         planes: &BTreeMap<PlaneKey, PlaneInfo>,
     ) {
         self.tunnel_failures.clear();
-        let mut tunnels: BTreeMap<uuid::Uuid, (TunnelTarget, Vec<&PlaneKey>)> = BTreeMap::new();
+        let mut tunnels: BTreeMap<TunnelIdentity, (TunnelTarget, Vec<&PlaneKey>)> = BTreeMap::new();
         for (plane, info) in planes {
-            match &info.tunnel {
-                Some(Ok(target)) => tunnels
-                    .entry(target.tunnel)
+            match (&info.tunnel, info.identity) {
+                (Some(Ok(target)), Some(identity)) => tunnels
+                    .entry(identity)
                     .or_insert_with(|| (target.clone(), Vec::new()))
                     .1
                     .push(plane),
-                Some(Err(reason)) => {
+                (Some(Err(reason)), _) => {
                     self.tunnel_failures.insert(plane.clone(), reason.clone());
                 }
-                None => {}
+                _ => {}
             }
         }
         if let Some(api) = &self.tunnel_api {
@@ -315,7 +319,8 @@ impl Reconciler {
                 }
             }
         }
-        self.tunnel_sync.retain(|t| tunnels.contains_key(t));
+        self.tunnel_sync
+            .retain(|t| tunnels.keys().any(|identity| identity.id == *t));
     }
 
     /// Renders and applies a dedicated plane; `None` when it could not be applied.
@@ -407,7 +412,7 @@ impl Reconciler {
             Some(r) => {
                 let key_name = r.key_or(DEFAULT_API_TOKEN_KEY);
                 secret_text(snapshot, &ObjectKey::new(&key.namespace, &r.name), key_name)
-                    .map(Some)
+                    .map(|token| Some((token, None)))
                     .ok_or_else(|| {
                         format!(
                             "Secret {}/{} has no key {key_name:?} (spec.cloudflareCredentialsSecretRef of GatewayConfig {}/{config_name})",
@@ -415,13 +420,19 @@ impl Reconciler {
                         )
                     })
             }
-            None => Ok(self.options.cloudflare_api_token.clone()),
+            // The controller's own token reaches tunnels the tenant may not own: prove it does.
+            None => Ok(self
+                .options
+                .cloudflare_api_token
+                .clone()
+                .map(|token| (token, Some(credentials.tunnel.tunnel_secret().to_vec())))),
         };
         let tunnel = match api_token {
-            Ok(Some(api_token)) => Some(Ok(TunnelTarget {
+            Ok(Some((api_token, verify_secret))) => Some(Ok(TunnelTarget {
                 account: credentials.tunnel.account_tag().to_owned(),
                 tunnel: credentials.tunnel.tunnel_id(),
                 api_token,
+                verify_secret,
             })),
             Ok(None) => None,
             Err(reason) => Some(Err(reason)),
@@ -431,6 +442,7 @@ impl Reconciler {
             ready,
             token: credentials.auth_token,
             pods: push::pod_addresses(&slices, CONFIG_PORT_NAME),
+            identity: Some(TunnelIdentity::of(&credentials.tunnel)),
             tunnel,
         })
     }
@@ -768,6 +780,7 @@ fn shared_plane(
             .as_ref()
             .map(|t| format!("{}.cfargotunnel.com", t.tunnel_id()))
             .unwrap_or_default(),
+        identity: tunnel.as_ref().map(TunnelIdentity::of),
         ready: true,
         token,
         pods: push::pod_addresses(&slices, CONFIG_PORT_NAME),
@@ -776,6 +789,8 @@ fn shared_plane(
                 account: t.account_tag().to_owned(),
                 tunnel: t.tunnel_id(),
                 api_token: api_token.clone(),
+                // The operator named this tunnel for the controller.
+                verify_secret: None,
             })
         }),
     })

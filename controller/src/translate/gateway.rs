@@ -9,15 +9,13 @@ use gateway_api::experimental::gateways::{
     GatewayListenersAllowedRoutesNamespacesSelector,
 };
 
-use uuid::Uuid;
-
 use crate::render::{self, RenderSettings};
 
 use super::status::{Condition, ConditionType, GatewayStatus, ListenerStatus, Reason};
 use super::validate;
 use super::{
-    ObjectKey, Options, PlaneKey, RouteKind, Snapshot, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP,
-    GATEWAY_CONFIG_KIND,
+    ObjectKey, Options, PlaneKey, RouteKind, Snapshot, TunnelIdentity, GATEWAY_API_GROUP,
+    GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND,
 };
 
 /// The owned classes by name; `None` when the class is owned by name only (`--gateway-class-name`)
@@ -82,7 +80,7 @@ pub(super) struct OwnedGateway<'a> {
     /// The plane serving this Gateway; `None` when the Gateway is not accepted.
     pub(super) plane: Option<PlaneKey>,
     /// The tunnel of that plane, when known (a dedicated plane's always is).
-    pub(super) tunnel: Option<Uuid>,
+    pub(super) tunnel: Option<TunnelIdentity>,
     pub(super) listeners: Vec<OwnedListener<'a>>,
     conditions: Vec<Condition>,
 }
@@ -136,7 +134,7 @@ fn dedicated_tunnel(
     name: &str,
     snapshot: &Snapshot,
     options: &Options,
-) -> Result<Uuid, String> {
+) -> Result<TunnelIdentity, String> {
     let Some(config) = snapshot.gateway_configs.iter().find(|c| {
         c.metadata.namespace.as_deref() == Some(namespace)
             && c.metadata.name.as_deref() == Some(name)
@@ -153,7 +151,7 @@ fn dedicated_tunnel(
     let credentials =
         render::resolve(gw, config, &snapshot.secrets, "").map_err(|e| e.to_string())?;
     render::render(gw, config, &credentials, &settings).map_err(|e| e.to_string())?;
-    Ok(credentials.tunnel.tunnel_id())
+    Ok(TunnelIdentity::of(&credentials.tunnel))
 }
 
 fn owned_gateway<'a>(
@@ -193,7 +191,7 @@ fn owned_gateway<'a>(
     let mut tunnel = None;
     let (plane, accepted) = match parameters {
         None => {
-            tunnel = options.shared_tunnel_id;
+            tunnel = options.shared_tunnel;
             (Some(PlaneKey::Shared), Ok(()))
         }
         Some(p) if p.group == GATEWAY_CONFIG_GROUP && p.kind == GATEWAY_CONFIG_KIND => {

@@ -85,7 +85,7 @@ pub struct Options {
     pub proxy_image: Option<String>,
     /// The tunnel of the shared plane (the class tunnel), when known. A dedicated Gateway on
     /// the same tunnel shares it with the shared plane, the documented migration path.
-    pub shared_tunnel_id: Option<uuid::Uuid>,
+    pub shared_tunnel: Option<TunnelIdentity>,
 }
 
 impl Default for Options {
@@ -95,7 +95,7 @@ impl Default for Options {
             gateway_class_name: None,
             cluster_domain: DEFAULT_CLUSTER_DOMAIN.to_owned(),
             proxy_image: None,
-            shared_tunnel_id: None,
+            shared_tunnel: None,
         }
     }
 }
@@ -321,10 +321,32 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
     }
 }
 
+/// A tunnel as its connectors know it: its id and a digest of its secret. Planes share a tunnel
+/// only when they hold the same secret: a token that names another tunnel's id without its
+/// secret cannot register there, and must not get that tunnel's routes either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TunnelIdentity {
+    pub id: uuid::Uuid,
+    secret: [u8; 32],
+}
+
+impl TunnelIdentity {
+    /// The identity of the tunnel a connector token opens.
+    pub fn of(token: &cftunnel_tunnel::Token) -> Self {
+        let mut secret = [0u8; 32];
+        let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, token.tunnel_secret());
+        secret.copy_from_slice(digest.as_ref());
+        Self {
+            id: token.tunnel_id(),
+            secret,
+        }
+    }
+}
+
 /// Which planes share a tunnel. The edge spreads a tunnel's requests over all its connectors,
 /// so every plane on a tunnel must serve the union of the tunnel's routes.
 struct Tunnels {
-    planes: BTreeMap<PlaneKey, uuid::Uuid>,
+    planes: BTreeMap<PlaneKey, TunnelIdentity>,
     /// Dedicated Gateways on a tunnel that dedicated Gateways of another namespace also use
     /// (isolation the tenants expect but do not have), with the message naming the others.
     shared: BTreeMap<ObjectKey, String>,
@@ -333,7 +355,7 @@ struct Tunnels {
 impl Tunnels {
     fn new(gateways: &BTreeMap<ObjectKey, gateway::OwnedGateway<'_>>) -> Self {
         let mut planes = BTreeMap::new();
-        let mut dedicated: BTreeMap<uuid::Uuid, Vec<&ObjectKey>> = BTreeMap::new();
+        let mut dedicated: BTreeMap<TunnelIdentity, Vec<&ObjectKey>> = BTreeMap::new();
         for gw in gateways.values() {
             let (Some(plane), Some(tunnel)) = (&gw.plane, gw.tunnel) else {
                 continue;
@@ -358,7 +380,8 @@ impl Tunnels {
                 shared.insert(
                     (*key).clone(),
                     format!(
-                        "tunnel {tunnel} is also used by Gateway {}: each one's proxies serve the other's routes, so they are not isolated",
+                        "tunnel {} is also used by Gateway {}: each one's proxies serve the other's routes, so they are not isolated",
+                        tunnel.id,
                         others.join(", ")
                     ),
                 );

@@ -1248,8 +1248,13 @@ const TUNNEL_B: &str = "0e9c2a7d-3f41-4c55-8a6e-2b7d9c1e4f30";
 /// A Gateway `name` in `ns` with its own GatewayConfig on `tunnel`, and an HTTPRoute `name` in
 /// `ns` attached to it, routing to Service v1 of `infra` (granted).
 fn tenant(ns: &str, name: &str, tunnel: &str) -> String {
+    tenant_with_secret(ns, name, tunnel, b"secret")
+}
+
+/// [`tenant`], its token holding `secret`.
+fn tenant_with_secret(ns: &str, name: &str, tunnel: &str, secret: &[u8]) -> String {
     let token =
-        cftunnel_tunnel::Token::new("account", b"secret".to_vec(), tunnel.parse().expect("uuid"))
+        cftunnel_tunnel::Token::new("account", secret.to_vec(), tunnel.parse().expect("uuid"))
             .encode();
     format!(
         r#"apiVersion: v1
@@ -1298,10 +1303,11 @@ fn rule_names(out: &Output, plane: &PlaneKey) -> Vec<String> {
 fn planes_on_one_tunnel_serve_the_union_and_cross_namespace_sharing_is_flagged() {
     let out = translate(
         &snapshot(&format!(
-            "{}{}{}",
+            "{}{}{}{}",
             tenant("team-a", "a", TUNNEL_A),
             tenant("team-b", "b", TUNNEL_A),
             tenant("team-c", "c", TUNNEL_B),
+            tenant_with_secret("team-d", "d", TUNNEL_A, b"guessed"),
         )),
         &with_image(),
     );
@@ -1329,6 +1335,11 @@ fn planes_on_one_tunnel_serve_the_union_and_cross_namespace_sharing_is_flagged()
         vec!["team-c/c/0".to_owned(), "team-c/c/listener:http".to_owned()],
         "another tunnel keeps its own routes"
     );
+    // A token naming tunnel A without its secret opens no tunnel: no union with A's planes.
+    assert_eq!(
+        sorted(rule_names(&out, &plane("team-d", "d"))),
+        vec!["team-d/d/0".to_owned(), "team-d/d/listener:http".to_owned()]
+    );
 
     let shared = |ns: &str, name: &str| {
         route_status(&out, ns, name)[0]
@@ -1350,6 +1361,7 @@ fn planes_on_one_tunnel_serve_the_union_and_cross_namespace_sharing_is_flagged()
         .message
         .contains("team-a/a"));
     assert!(shared("team-c", "c").is_none());
+    assert!(shared("team-d", "d").is_none());
     // Still accepted: sharing is supported, it is only not isolation.
     let accepted = route_status(&out, "team-a", "a")[0]
         .condition(ConditionType::Accepted)
@@ -1365,7 +1377,11 @@ fn sharing_the_class_tunnel_or_a_namespace_is_not_flagged() {
         "  parentRefs: [{name: gw}]\n  rules: [{backendRefs: [{name: v1, port: 8080}]}]",
     );
     let options = Options {
-        shared_tunnel_id: Some(TUNNEL_A.parse().expect("uuid")),
+        shared_tunnel: Some(TunnelIdentity::of(&cftunnel_tunnel::Token::new(
+            "account",
+            b"secret".to_vec(),
+            TUNNEL_A.parse().expect("uuid"),
+        ))),
         ..with_image()
     };
     let out = translate(

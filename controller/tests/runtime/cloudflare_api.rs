@@ -1,5 +1,6 @@
 //! The tunnel-configuration endpoint of the Cloudflare API (v4), in memory:
-//! `PUT` and `GET /client/v4/accounts/{account}/cfd_tunnel/{tunnel}/configurations`, bearer
+//! `PUT` and `GET /client/v4/accounts/{account}/cfd_tunnel/{tunnel}/configurations`,
+//! `GET .../cfd_tunnel/{tunnel}/token` (the tunnel's connector token), bearer
 //! tokens per account, the API's response envelope (`success`, `errors`, `messages`, `result`
 //! with an increasing `version`), and `cloudflared`'s rule that an ingress list must end with a
 //! catch-all (no hostname, no path). Refusals carry the API's error objects
@@ -22,6 +23,8 @@ struct State {
     tokens: BTreeMap<String, String>,
     /// `(account, tunnel)` to (version, config).
     configs: BTreeMap<(String, String), (i64, Value)>,
+    /// `(account, tunnel)` to the tunnel's connector token.
+    tunnels: BTreeMap<(String, String), String>,
     writes: usize,
 }
 
@@ -65,16 +68,22 @@ fn refuse(status: StatusCode, code: u32, message: &str) -> Response<Full<Bytes>>
 async fn handle(state: &Mutex<State>, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_owned();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let ["client", "v4", "accounts", account, "cfd_tunnel", tunnel, "configurations"] =
-        segments.as_slice()
-    else {
-        return refuse(
-            StatusCode::NOT_FOUND,
-            7003,
-            "Could not route to the requested path",
-        );
+    let (account, tunnel, token_path) = match segments.as_slice() {
+        ["client", "v4", "accounts", account, "cfd_tunnel", tunnel, "configurations"] => {
+            (*account, *tunnel, false)
+        }
+        ["client", "v4", "accounts", account, "cfd_tunnel", tunnel, "token"] => {
+            (*account, *tunnel, true)
+        }
+        _ => {
+            return refuse(
+                StatusCode::NOT_FOUND,
+                7003,
+                "Could not route to the requested path",
+            )
+        }
     };
-    let (account, tunnel) = ((*account).to_owned(), (*tunnel).to_owned());
+    let (account, tunnel) = (account.to_owned(), tunnel.to_owned());
     let presented = req
         .headers()
         .get(hyper::header::AUTHORIZATION)
@@ -91,6 +100,16 @@ async fn handle(state: &Mutex<State>, req: Request<Incoming>) -> Response<Full<B
     let mut state = state.lock().expect("state");
     if presented.is_none() || state.tokens.get(&account) != presented.as_ref() {
         return refuse(StatusCode::FORBIDDEN, 10000, "Authentication error");
+    }
+    if token_path {
+        return match (
+            method,
+            state.tunnels.get(&(account.clone(), tunnel.clone())),
+        ) {
+            (Method::GET, Some(token)) => envelope(StatusCode::OK, true, json!([]), json!(token)),
+            (Method::GET, None) => refuse(StatusCode::NOT_FOUND, 1003, "Tunnel not found"),
+            _ => refuse(StatusCode::METHOD_NOT_ALLOWED, 10405, "Method not allowed"),
+        };
     }
     match method {
         Method::GET => match state.configs.get(&(account.clone(), tunnel.clone())) {
@@ -174,6 +193,15 @@ impl CloudflareApi {
             .expect("state")
             .tokens
             .insert(account.to_owned(), token.to_owned());
+    }
+
+    /// Creates a tunnel of `account` whose connector token is `token`.
+    pub fn add_tunnel(&self, account: &str, tunnel: &str, token: &str) {
+        self.state
+            .lock()
+            .expect("state")
+            .tunnels
+            .insert((account.to_owned(), tunnel.to_owned()), token.to_owned());
     }
 
     /// The tunnel's stored configuration and its version.
