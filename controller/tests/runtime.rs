@@ -535,6 +535,21 @@ async fn scenario() {
         blog_accepted().filter(|c| c["status"] == "True")
     })
     .await;
+    // Tenant c brought no config-API token: one is generated, owned by its Gateway.
+    let generated = api
+        .get("v1", "Secret", "tenant-c", "cf-proxy-third-auth")
+        .expect("a generated token Secret");
+    let third_uid = api
+        .get("gateway.networking.k8s.io/v1", "Gateway", "tenant-c", "third")
+        .and_then(|g| g.pointer("/metadata/uid").cloned())
+        .expect("uid");
+    assert_eq!(generated.pointer("/metadata/ownerReferences/0/uid"), Some(&third_uid));
+    let generated_token = generated.pointer("/data/token").cloned().expect("a token");
+    assert_eq!(
+        generated_token.as_str().map(str::len),
+        Some(88),
+        "base64 of 64 hex characters"
+    );
 
     // Tenant a's API token is revoked: only tenant a's route is pending.
     let writes = cloudflare.writes();
@@ -647,6 +662,13 @@ async fn scenario() {
         .filter(|p| condition(&p["conditions"], "cf.k8s.lex.la/TunnelShared").is_none())
     })
     .await;
+
+    // Many rounds later the generated token is the same: it is never rotated.
+    assert_eq!(
+        api.get("v1", "Secret", "tenant-c", "cf-proxy-third-auth")
+            .and_then(|s| s.pointer("/data/token").cloned()),
+        Some(generated_token)
+    );
 
     // Without its parametersRef the Gateway goes back to the shared plane; its plane goes.
     api.put(yaml(&gateway(false)));

@@ -147,7 +147,20 @@ pub struct Credentials {
     pub auth_ref: SecretKeySelector,
     /// Whether the controller owns the auth Secret (and must render it).
     pub auth_generated: bool,
+    tunnel_text: String,
     digest: String,
+}
+
+impl Credentials {
+    /// The same credentials with another config-API token: the one the generated Secret holds
+    /// in the cluster, when the caller's view of it was stale.
+    pub fn with_auth_token(&self, auth_token: String) -> Self {
+        Self {
+            digest: credentials_digest(&self.tunnel_text, &auth_token),
+            auth_token,
+            ..self.clone()
+        }
+    }
 }
 
 /// Reads the Secrets `config` names out of `secrets` (the Secrets of the Gateway's namespace).
@@ -255,6 +268,7 @@ pub fn resolve(
         auth_token,
         auth_ref,
         auth_generated,
+        tunnel_text,
         digest,
     })
 }

@@ -8,11 +8,12 @@ use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::NamespaceResourceScope;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::gateway_config::DEFAULT_AUTH_TOKEN_KEY;
 use crate::render::{DataPlane, PlaneNames};
 
 /// Whether `meta`'s controlling owner is the object with `uid`.
@@ -88,9 +89,49 @@ where
     }
 }
 
-/// Applies a rendered plane in dependency order (the token Secret and the Service before the
-/// Deployment that uses them, the autoscaler after its target), and removes an autoscaler the
-/// plane no longer has. Returns whether anything changed.
+/// Creates the generated config-API token Secret when it is missing and never changes an
+/// existing one: the token is never rotated, even when the caller's cached view of the Secret
+/// lags and it rendered a fresh token. Returns the token the cluster's Secret holds.
+pub async fn ensure_auth_secret(client: &Client, secret: &Secret, uid: &str) -> Result<String, String> {
+    let namespace = secret.namespace().unwrap_or_default();
+    let name = secret.name_any();
+    let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let held = |s: &Secret| {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get(DEFAULT_AUTH_TOKEN_KEY))
+            .and_then(|b| std::str::from_utf8(&b.0).ok())
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| format!("Secret {namespace}/{name} holds no {DEFAULT_AUTH_TOKEN_KEY:?}"))
+    };
+    let existing = match api.get_opt(&name).await {
+        Ok(existing) => existing,
+        Err(e) => return Err(format!("reading Secret {namespace}/{name}: {e}")),
+    };
+    let existing = match existing {
+        Some(existing) => existing,
+        None => match api.create(&PostParams::default(), secret).await {
+            Ok(created) => created,
+            // Created meanwhile (another round, another replica): use that one.
+            Err(kube::Error::Api(e)) if e.code == 409 => api
+                .get(&name)
+                .await
+                .map_err(|e| format!("reading Secret {namespace}/{name}: {e}"))?,
+            Err(e) => return Err(format!("creating Secret {namespace}/{name}: {e}")),
+        },
+    };
+    if !controlled_by(existing.owner_references(), uid) {
+        return Err(format!(
+            "Secret {namespace}/{name} exists and is not owned by this Gateway; rename or remove it"
+        ));
+    }
+    held(&existing)
+}
+
+/// Applies a rendered plane in dependency order (the Service before the Deployment that uses
+/// it, the autoscaler after its target), and removes an autoscaler the plane no longer has.
+/// The generated token Secret is [`ensure_auth_secret`]'s. Returns whether anything changed.
 pub async fn apply_plane(
     client: &Client,
     plane: &DataPlane,
@@ -99,9 +140,6 @@ pub async fn apply_plane(
     field_manager: &str,
 ) -> Result<bool, String> {
     let mut changed = false;
-    if let Some(secret) = &plane.auth_secret {
-        changed |= apply_one(client, secret, uid, field_manager).await?;
-    }
     changed |= apply_one(client, &plane.service, uid, field_manager).await?;
     changed |= apply_one(client, &plane.network_policy, uid, field_manager).await?;
     changed |= apply_one(client, &plane.deployment, uid, field_manager).await?;

@@ -350,9 +350,8 @@ impl Reconciler {
             });
         let applied = match rendered {
             Ok((credentials, plane)) => {
-                apply::apply_plane(&self.client, &plane, &key.namespace, &uid, FIELD_MANAGER)
+                self.apply_dedicated(gw, config, credentials, plane, &key.namespace, &uid)
                     .await
-                    .map(|changed| (credentials, plane, changed))
             }
             Err(e) => Err(e.to_string()),
         };
@@ -445,6 +444,36 @@ impl Reconciler {
             identity: Some(TunnelIdentity::of(&credentials.tunnel)),
             tunnel,
         })
+    }
+
+    /// Applies a rendered plane; with a generated token, first makes sure its Secret exists and
+    /// renders again with the token the cluster holds if the cache's view of it was stale.
+    async fn apply_dedicated(
+        &self,
+        gw: &Gateway,
+        config: &crate::gateway_config::GatewayConfig,
+        credentials: render::Credentials,
+        plane: render::DataPlane,
+        namespace: &str,
+        uid: &str,
+    ) -> Result<(render::Credentials, render::DataPlane, bool), String> {
+        let (credentials, plane) = match &plane.auth_secret {
+            Some(secret) => {
+                let held = apply::ensure_auth_secret(&self.client, secret, uid).await?;
+                if held == credentials.auth_token {
+                    (credentials, plane)
+                } else {
+                    let credentials = credentials.with_auth_token(held);
+                    let plane = render::render(gw, config, &credentials, &self.options.render)
+                        .map_err(|e| e.to_string())?;
+                    (credentials, plane)
+                }
+            }
+            None => (credentials, plane),
+        };
+        let changed =
+            apply::apply_plane(&self.client, &plane, namespace, uid, FIELD_MANAGER).await?;
+        Ok((credentials, plane, changed))
     }
 
     /// A Gateway whose `parametersRef` is gone: remove the plane it had, if it had one.
