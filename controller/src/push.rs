@@ -109,7 +109,7 @@ impl Pusher {
                 failed_rounds: 0,
             });
         if state.digest != digest {
-            state.version = (state.version + 1).max(now);
+            state.version = state.version.saturating_add(1).max(now);
             state.digest = digest;
         }
 
@@ -126,7 +126,7 @@ impl Pusher {
             .filter(|&v| v > state.version)
             .max()
         {
-            state.version = ahead + 1;
+            state.version = ahead.saturating_add(1);
         }
         let version = state.version;
         let mut doc = config.clone();

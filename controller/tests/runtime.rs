@@ -412,7 +412,7 @@ async fn scenario() {
     // The endpoint controller lists the pod (not ready yet: it has no config): it gets pushed to.
     assert_eq!(get_via(pod.data_addr(), "shop.example.com").await, 404);
     api.put(yaml(&format!(
-        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: cf-proxy-edge-config-x1, namespace: tenant-a, labels: {{kubernetes.io/service-name: cf-proxy-edge-config}}}}\naddressType: IPv4\nports: [{{name: config, port: {}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: false}}}}]\n",
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: cf-proxy-edge-config-x1, namespace: tenant-a, labels: {{kubernetes.io/service-name: cf-proxy-edge-config, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: false}}}}]\n",
         pod.admin_addr().port()
     )));
     let by = Instant::now() + Duration::from_secs(20);
@@ -540,10 +540,18 @@ async fn scenario() {
         .get("v1", "Secret", "tenant-c", "cf-proxy-third-auth")
         .expect("a generated token Secret");
     let third_uid = api
-        .get("gateway.networking.k8s.io/v1", "Gateway", "tenant-c", "third")
+        .get(
+            "gateway.networking.k8s.io/v1",
+            "Gateway",
+            "tenant-c",
+            "third",
+        )
         .and_then(|g| g.pointer("/metadata/uid").cloned())
         .expect("uid");
-    assert_eq!(generated.pointer("/metadata/ownerReferences/0/uid"), Some(&third_uid));
+    assert_eq!(
+        generated.pointer("/metadata/ownerReferences/0/uid"),
+        Some(&third_uid)
+    );
     let generated_token = generated.pointer("/data/token").cloned().expect("a token");
     assert_eq!(
         generated_token.as_str().map(str::len),

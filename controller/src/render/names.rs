@@ -96,6 +96,11 @@ impl PlaneNames {
             "app.kubernetes.io/managed-by".to_owned(),
             "cftunnel-controller".to_owned(),
         );
+        // Gateway API's label for a Gateway's infrastructure (GEP-1762).
+        labels.insert(
+            "gateway.networking.k8s.io/gateway-name".to_owned(),
+            self.gateway_label.clone(),
+        );
         labels
     }
 }

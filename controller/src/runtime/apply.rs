@@ -8,7 +8,7 @@ use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::NamespaceResourceScope;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -79,11 +79,20 @@ where
     let kind = K::kind(&K::DynamicType::default()).into_owned();
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
     match api.get_opt(name).await {
-        Ok(Some(existing)) if controlled_by(existing.owner_references(), uid) => api
-            .delete(name, &DeleteParams::background())
-            .await
-            .map(|_| true)
-            .map_err(|e| format!("deleting {kind} {namespace}/{name}: {e}")),
+        Ok(Some(existing)) if controlled_by(existing.owner_references(), uid) => {
+            // Only the object read: not one created under the same name meanwhile.
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: existing.uid(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::background()
+            };
+            api.delete(name, &params)
+                .await
+                .map(|_| true)
+                .map_err(|e| format!("deleting {kind} {namespace}/{name}: {e}"))
+        }
         Ok(_) => Ok(false),
         Err(e) => Err(format!("reading {kind} {namespace}/{name}: {e}")),
     }
@@ -92,7 +101,11 @@ where
 /// Creates the generated config-API token Secret when it is missing and never changes an
 /// existing one: the token is never rotated, even when the caller's cached view of the Secret
 /// lags and it rendered a fresh token. Returns the token the cluster's Secret holds.
-pub async fn ensure_auth_secret(client: &Client, secret: &Secret, uid: &str) -> Result<String, String> {
+pub async fn ensure_auth_secret(
+    client: &Client,
+    secret: &Secret,
+    uid: &str,
+) -> Result<String, String> {
     let namespace = secret.namespace().unwrap_or_default();
     let name = secret.name_any();
     let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
@@ -166,12 +179,13 @@ pub async fn remove_plane(
     namespace: &str,
     uid: &str,
 ) -> Result<bool, String> {
+    // The Deployment last: it is what tells the next round a plane is left to remove.
     let mut deleted = false;
     deleted |=
         delete_owned::<HorizontalPodAutoscaler>(client, namespace, &names.autoscaler, uid).await?;
-    deleted |= delete_owned::<Deployment>(client, namespace, &names.deployment, uid).await?;
     deleted |= delete_owned::<NetworkPolicy>(client, namespace, &names.network_policy, uid).await?;
     deleted |= delete_owned::<Service>(client, namespace, &names.service, uid).await?;
     deleted |= delete_owned::<Secret>(client, namespace, &names.auth_secret, uid).await?;
+    deleted |= delete_owned::<Deployment>(client, namespace, &names.deployment, uid).await?;
     Ok(deleted)
 }

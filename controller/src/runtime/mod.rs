@@ -217,16 +217,26 @@ impl Reconciler {
 
         for gw in &snapshot.gateways {
             let Some(key) = object_key(gw) else { continue };
+            // Being deleted: the garbage collector removes its plane; re-applying would fight it.
+            if gw.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let ours = output.statuses.gateways.contains_key(&key);
             match output.planes.get(&key) {
                 Some(PlaneKey::Dedicated(_)) => {
                     if let Some(info) = self.dedicated(gw, &key, snapshot, deployments).await {
                         planes.insert(PlaneKey::Dedicated(key), info);
                     }
                 }
-                Some(PlaneKey::Shared) => self.back_to_shared(gw, &key, deployments).await,
+                // Back on the shared plane, or moved to another controller's class: its plane
+                // goes. (Not accepted for bad parameters: its plane keeps serving, see above.)
+                Some(PlaneKey::Shared) => self.remove_plane(gw, &key, deployments).await,
+                None if !ours => self.remove_plane(gw, &key, deployments).await,
                 None => {}
             }
         }
+        self.render_failures
+            .retain(|key, _| output.statuses.gateways.contains_key(key));
         if let Some(shared) = &self.options.shared {
             if let Some(info) =
                 shared_plane(shared, snapshot, self.options.cloudflare_api_token.as_ref())
@@ -404,6 +414,7 @@ impl Reconciler {
             .filter(|s| {
                 s.metadata.namespace.as_deref() == Some(key.namespace.as_str())
                     && s.labels().get("kubernetes.io/service-name") == Some(&plane.names.service)
+                    && from_endpoint_controller(s)
             })
             .cloned()
             .collect();
@@ -476,8 +487,8 @@ impl Reconciler {
         Ok((credentials, plane, changed))
     }
 
-    /// A Gateway whose `parametersRef` is gone: remove the plane it had, if it had one.
-    async fn back_to_shared(&mut self, gw: &Gateway, key: &ObjectKey, deployments: &[Deployment]) {
+    /// Removes the plane a Gateway had, if it had one.
+    async fn remove_plane(&mut self, gw: &Gateway, key: &ObjectKey, deployments: &[Deployment]) {
         let (Some(uid), Ok(names)) = (gw.metadata.uid.as_deref(), PlaneNames::for_gateway(gw))
         else {
             return;
@@ -539,7 +550,8 @@ impl Reconciler {
                 .and_then(|s| serde_json::to_value(s).ok());
             let desired = status::gateway_class(conditions, existing.as_ref(), &now);
             let api: Api<GatewayClass> = Api::all(self.client.clone());
-            Self::patch_status(api, &name, existing.as_ref(), desired).await;
+            let version = class.resource_version();
+            Self::patch_status(api, &name, version, existing.as_ref(), desired).await;
         }
 
         let shared_address = planes
@@ -579,7 +591,14 @@ impl Reconciler {
                 .and_then(|s| serde_json::to_value(s).ok());
             let value = status::gateway(desired, &conditions, &addresses, existing.as_ref(), &now);
             let api: Api<Gateway> = Api::namespaced(self.client.clone(), &key.namespace);
-            Self::patch_status(api, &key.name, existing.as_ref(), value).await;
+            Self::patch_status(
+                api,
+                &key.name,
+                gw.resource_version(),
+                existing.as_ref(),
+                value,
+            )
+            .await;
         }
 
         let route_objects = snapshot
@@ -707,11 +726,25 @@ impl Reconciler {
             match kind {
                 RouteKind::Http => {
                     let api: Api<HttpRoute> = Api::namespaced(self.client.clone(), &ns);
-                    Self::patch_status(api, &name, existing.as_ref(), value).await;
+                    Self::patch_status(
+                        api,
+                        &name,
+                        meta.resource_version.clone(),
+                        existing.as_ref(),
+                        value,
+                    )
+                    .await;
                 }
                 RouteKind::Grpc => {
                     let api: Api<GrpcRoute> = Api::namespaced(self.client.clone(), &ns);
-                    Self::patch_status(api, &name, existing.as_ref(), value).await;
+                    Self::patch_status(
+                        api,
+                        &name,
+                        meta.resource_version.clone(),
+                        existing.as_ref(),
+                        value,
+                    )
+                    .await;
                 }
             }
         }
@@ -720,24 +753,53 @@ impl Reconciler {
     }
 
     /// Writes `desired` as the object's status (a merge patch of the status subresource)
-    /// unless the object already says it.
-    async fn patch_status<K>(api: Api<K>, name: &str, existing: Option<&Value>, desired: Value)
-    where
+    /// unless the object already says it. The patch carries the resourceVersion the status was
+    /// computed from: if the object changed meanwhile (another controller wrote its parent),
+    /// the API server refuses it and the round its watch event starts writes it afresh.
+    async fn patch_status<K>(
+        api: Api<K>,
+        name: &str,
+        resource_version: Option<String>,
+        existing: Option<&Value>,
+        desired: Value,
+    ) where
         K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
         K::DynamicType: Default,
     {
         if status::contains(existing, &desired) {
             return;
         }
-        let patch = json!({ "status": desired });
-        if let Err(e) = api
+        let patch = json!({
+            "metadata": { "resourceVersion": resource_version },
+            "status": desired,
+        });
+        match api
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            let kind = K::kind(&K::DynamicType::default()).into_owned();
-            tracing::warn!(%kind, name, error = %e, "writing status failed");
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                tracing::debug!(
+                    name,
+                    "status changed meanwhile; rewritten on the next round"
+                );
+            }
+            Err(e) => {
+                let kind = K::kind(&K::DynamicType::default()).into_owned();
+                tracing::warn!(%kind, name, error = %e, "writing status failed");
+            }
         }
     }
+}
+
+/// Whether Kubernetes' EndpointSlice controller wrote this slice. The controller sends its
+/// bearer token to the addresses listed, so a slice anyone else labelled for the Service must
+/// not count.
+fn from_endpoint_controller(slice: &k8s_openapi::api::discovery::v1::EndpointSlice) -> bool {
+    slice
+        .labels()
+        .get("endpointslice.kubernetes.io/managed-by")
+        .is_some_and(|m| m == "endpointslice-controller.k8s.io")
 }
 
 fn object_key(gw: &Gateway) -> Option<ObjectKey> {
@@ -796,6 +858,7 @@ fn shared_plane(
         .filter(|s| {
             s.metadata.namespace.as_deref() == Some(shared.service.namespace.as_str())
                 && s.labels().get("kubernetes.io/service-name") == Some(&shared.service.name)
+                && from_endpoint_controller(s)
         })
         .cloned()
         .collect();

@@ -132,22 +132,27 @@ pub fn gateway(
         ),
     );
     out.insert("listeners".into(), Value::Array(listeners));
-    if !addresses.is_empty() {
-        out.insert(
-            "addresses".into(),
+    // `null` removes addresses a merge patch would otherwise keep from an earlier write.
+    out.insert(
+        "addresses".into(),
+        if addresses.is_empty() {
+            Value::Null
+        } else {
             Value::Array(
                 addresses
                     .iter()
                     .map(|a| json!({"type": "Hostname", "value": a}))
                     .collect(),
-            ),
-        );
-    }
+            )
+        },
+    );
     Value::Object(out)
 }
 
-/// A route's status: the parents other controllers wrote, untouched, then ours. `adjust` may
-/// change the conditions of one of our parents (by index in `ours`).
+/// A route's status. Other controllers' parents stay where they are, untouched; ours are
+/// updated in place, dropped when no longer ours, and new ones appended, so two controllers
+/// writing one route never reorder each other's entries. `adjust` may change the conditions
+/// of one of our parents (by index in `ours`).
 pub fn route(
     ours: &[RouteParentStatus],
     adjust: &dyn Fn(usize, &mut Vec<KubeCondition>),
@@ -161,38 +166,53 @@ pub fn route(
         .into_iter()
         .flatten()
         .collect();
-    let mut parents: Vec<Value> = existing_parents
+    let is_ours =
+        |p: &Value| p.get("controllerName").and_then(Value::as_str) == Some(controller_name);
+    let mut desired: Vec<Option<Value>> = ours
         .iter()
-        .filter(|p| p.get("controllerName").and_then(Value::as_str) != Some(controller_name))
-        .map(|p| (*p).clone())
+        .enumerate()
+        .map(|(i, parent)| {
+            let r = &parent.parent_ref;
+            let mut parent_ref = Map::new();
+            parent_ref.insert("group".into(), GATEWAY_API_GROUP.into());
+            parent_ref.insert("kind".into(), "Gateway".into());
+            parent_ref.insert("namespace".into(), r.namespace.clone().into());
+            parent_ref.insert("name".into(), r.name.clone().into());
+            if let Some(section) = &r.section_name {
+                parent_ref.insert("sectionName".into(), section.clone().into());
+            }
+            if let Some(port) = r.port {
+                parent_ref.insert("port".into(), port.into());
+            }
+            let parent_ref = Value::Object(parent_ref);
+            let previous = existing_parents
+                .iter()
+                .find(|p| is_ours(p) && same_ref(p.get("parentRef"), &parent_ref));
+            let mut wanted: Vec<KubeCondition> =
+                parent.conditions.iter().map(KubeCondition::from).collect();
+            adjust(i, &mut wanted);
+            Some(json!({
+                "parentRef": parent_ref,
+                "controllerName": controller_name,
+                "conditions": conditions(&wanted, previous.and_then(|p| p.get("conditions")), now),
+            }))
+        })
         .collect();
-    for (i, parent) in ours.iter().enumerate() {
-        let r = &parent.parent_ref;
-        let mut parent_ref = Map::new();
-        parent_ref.insert("group".into(), GATEWAY_API_GROUP.into());
-        parent_ref.insert("kind".into(), "Gateway".into());
-        parent_ref.insert("namespace".into(), r.namespace.clone().into());
-        parent_ref.insert("name".into(), r.name.clone().into());
-        if let Some(section) = &r.section_name {
-            parent_ref.insert("sectionName".into(), section.clone().into());
+    let mut parents = Vec::with_capacity(existing_parents.len().max(desired.len()));
+    for p in &existing_parents {
+        if !is_ours(p) {
+            parents.push((*p).clone());
+            continue;
         }
-        if let Some(port) = r.port {
-            parent_ref.insert("port".into(), port.into());
-        }
-        let parent_ref = Value::Object(parent_ref);
-        let previous = existing_parents.iter().find(|p| {
-            p.get("controllerName").and_then(Value::as_str) == Some(controller_name)
-                && same_ref(p.get("parentRef"), &parent_ref)
+        let replacement = desired.iter_mut().find(|d| {
+            d.as_ref()
+                .is_some_and(|d| same_ref(p.get("parentRef"), &d["parentRef"]))
         });
-        let mut wanted: Vec<KubeCondition> =
-            parent.conditions.iter().map(KubeCondition::from).collect();
-        adjust(i, &mut wanted);
-        parents.push(json!({
-            "parentRef": parent_ref,
-            "controllerName": controller_name,
-            "conditions": conditions(&wanted, previous.and_then(|p| p.get("conditions")), now),
-        }));
+        if let Some(slot) = replacement {
+            parents.extend(slot.take());
+        }
     }
+    parents.extend(desired.into_iter().flatten());
     json!({ "parents": parents })
 }
 
@@ -227,6 +247,8 @@ pub fn contains(existing: Option<&Value>, desired: &Value) -> bool {
             e.len() == d.len() && e.iter().zip(d).all(|(e, d)| contains(Some(e), d))
         }
         (Some(e), d) => e == d,
+        // A field the patch removes is already absent.
+        (None, Value::Null) => true,
         (None, _) => false,
     }
 }
@@ -257,6 +279,38 @@ mod tests {
         assert_eq!(second[0]["reason"], "Other");
         let third = conditions(&[cond("Accepted", false, "Invalid")], Some(&second), "T3");
         assert_eq!(third[0]["lastTransitionTime"], "T3");
+    }
+
+    #[test]
+    fn our_parents_are_updated_in_place_between_other_controllers_entries() {
+        use crate::translate::{Condition, ParentRef};
+        let ours = |name: &str| RouteParentStatus {
+            parent_ref: ParentRef {
+                namespace: "a".to_owned(),
+                name: name.to_owned(),
+                section_name: None,
+                port: None,
+            },
+            conditions: vec![Condition::new_for_tests()],
+        };
+        let existing = json!({"parents": [
+            {"parentRef": {"name": "mine", "namespace": "a"}, "controllerName": "cf", "conditions": []},
+            {"parentRef": {"name": "theirs", "namespace": "a"}, "controllerName": "example.com/other", "conditions": []},
+        ]});
+        let out = route(
+            &[ours("new"), ours("mine")],
+            &|_, _| {},
+            "cf",
+            Some(&existing),
+            "T",
+        );
+        let names: Vec<&str> = out["parents"]
+            .as_array()
+            .expect("parents")
+            .iter()
+            .map(|p| p["parentRef"]["name"].as_str().unwrap_or_default())
+            .collect();
+        assert_eq!(names, ["mine", "theirs", "new"]);
     }
 
     #[test]

@@ -120,6 +120,14 @@ impl Condition {
     }
 }
 
+impl Condition {
+    /// An `Accepted=True` condition, for tests of code that only carries conditions along.
+    #[cfg(test)]
+    pub(crate) fn new_for_tests() -> Self {
+        Self::new(ConditionType::Accepted, true, Reason::Accepted, "", Some(1))
+    }
+}
+
 impl fmt::Display for Condition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let status = if self.status { "True" } else { "False" };

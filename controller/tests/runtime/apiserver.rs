@@ -470,7 +470,7 @@ async fn handle(
         (Method::GET, true) => get(shared, &request),
         (Method::POST, false) => create(shared, &request, &body),
         (Method::PATCH, true) => patch(shared, &request, &content_type, &body),
-        (Method::DELETE, true) => delete(shared, &request),
+        (Method::DELETE, true) => delete(shared, &request, &body),
         _ => status(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
@@ -594,13 +594,37 @@ fn create(
     respond(StatusCode::CREATED, &req.typed(stored))
 }
 
-fn delete(shared: &Arc<Shared>, req: &Req<'_>) -> Response<BoxBody<Bytes, Infallible>> {
+fn delete(
+    shared: &Arc<Shared>,
+    req: &Req<'_>,
+    body: &[u8],
+) -> Response<BoxBody<Bytes, Infallible>> {
     let name = req.target.name.clone().unwrap_or_default();
     let key = req.key(&name);
     let mut state = shared.state.lock().expect("state");
     let Some(existing) = state.objects.get(&key).cloned() else {
         return req.not_found(&name);
     };
+    // DeleteOptions preconditions.
+    let options: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    if let Some(uid) = options
+        .pointer("/preconditions/uid")
+        .and_then(Value::as_str)
+    {
+        if existing.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid) {
+            return status(
+                StatusCode::CONFLICT,
+                "Conflict",
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    existing
+                        .pointer("/metadata/uid")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                ),
+            );
+        }
+    }
     let gone = shared.store(&mut state, key, existing, "DELETED");
     respond(StatusCode::OK, &req.typed(gone))
 }
@@ -626,6 +650,24 @@ fn patch(
     let mut state = shared.state.lock().expect("state");
     let existing = state.objects.get(&key).cloned();
     let apply = content_type.starts_with("application/apply-patch");
+    // Optimistic concurrency: a patch naming a resourceVersion applies only to that version.
+    if let (Some(wanted), Some(current)) = (
+        patch
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str),
+        existing
+            .as_ref()
+            .and_then(|e| e.pointer("/metadata/resourceVersion"))
+            .and_then(Value::as_str),
+    ) {
+        if !apply && wanted != current {
+            return status(
+                StatusCode::CONFLICT,
+                "Conflict",
+                &format!("Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again", req.target.plural),
+            );
+        }
+    }
     if apply && req.params.get("fieldManager").is_none_or(String::is_empty) {
         return status(
             StatusCode::BAD_REQUEST,
@@ -690,6 +732,9 @@ fn patch(
             let mut patch = patch;
             if let Some(p) = patch.as_object_mut() {
                 p.remove("status");
+                if let Some(meta) = p.get_mut("metadata").and_then(Value::as_object_mut) {
+                    meta.remove("resourceVersion");
+                }
             }
             merge_patch(&mut object, &patch);
             object
