@@ -47,6 +47,9 @@ pub const PROXY_CONFIG_PUSHED: &str = "cf.k8s.lex.la/ProxyConfigPushed";
 const CONFIG_PORT_NAME: &str = "config";
 /// Changes arriving together are handled in one round.
 const DEBOUNCE: Duration = Duration::from_millis(100);
+/// An unchanged plane is applied again this often, to heal what others changed in objects the
+/// controller does not watch (Service, NetworkPolicy, autoscaler).
+const REAPPLY_AFTER: Duration = Duration::from_secs(300);
 
 /// The chart-deployed proxy pool that serves every Gateway without a GatewayConfig.
 #[derive(Debug, Clone)]
@@ -154,6 +157,8 @@ struct Reconciler {
     tunnel_failures: HashMap<PlaneKey, String>,
     /// Routes told they share a tunnel, with what they were told: an Event once per change.
     tunnel_shared_told: HashMap<String, String>,
+    /// Per Gateway uid: the digest of the plane last applied, and when.
+    applied: HashMap<String, (Vec<u8>, std::time::Instant)>,
 }
 
 /// A data plane as far as a round got with it.
@@ -199,6 +204,7 @@ impl Reconciler {
             tunnel_sync: TunnelSync::default(),
             tunnel_failures: HashMap::new(),
             tunnel_shared_told: HashMap::new(),
+            applied: HashMap::new(),
         }
     }
 
@@ -237,6 +243,12 @@ impl Reconciler {
         }
         self.render_failures
             .retain(|key, _| output.statuses.gateways.contains_key(key));
+        self.applied.retain(|uid, _| {
+            snapshot
+                .gateways
+                .iter()
+                .any(|g| g.metadata.uid.as_deref() == Some(uid.as_str()))
+        });
         if let Some(shared) = &self.options.shared {
             if let Some(info) =
                 shared_plane(shared, snapshot, self.options.cloudflare_api_token.as_ref())
@@ -351,7 +363,8 @@ impl Reconciler {
             c.metadata.namespace.as_deref() == Some(key.namespace.as_str())
                 && c.metadata.name.as_deref() == Some(config_name.as_str())
         })?;
-        let uid = gw.metadata.uid.clone()?;
+        // Objects are owned by the Gateway's uid; one from the API server always has it.
+        gw.metadata.uid.as_ref()?;
         let rendered = render::fresh_token()
             .and_then(|fresh| render::resolve(gw, config, &snapshot.secrets, &fresh))
             .and_then(|credentials| {
@@ -360,7 +373,11 @@ impl Reconciler {
             });
         let applied = match rendered {
             Ok((credentials, plane)) => {
-                self.apply_dedicated(gw, config, credentials, plane, &key.namespace, &uid)
+                let live = deployments.iter().find(|d| {
+                    d.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+                        && d.metadata.name.as_deref() == Some(plane.names.deployment.as_str())
+                });
+                self.apply_dedicated(gw, config, credentials, plane, live)
                     .await
             }
             Err(e) => Err(e.to_string()),
@@ -460,17 +477,28 @@ impl Reconciler {
     /// Applies a rendered plane; with a generated token, first makes sure its Secret exists and
     /// renders again with the token the cluster holds if the cache's view of it was stale.
     async fn apply_dedicated(
-        &self,
+        &mut self,
         gw: &Gateway,
         config: &crate::gateway_config::GatewayConfig,
         credentials: render::Credentials,
         plane: render::DataPlane,
-        namespace: &str,
-        uid: &str,
+        live: Option<&Deployment>,
     ) -> Result<(render::Credentials, render::DataPlane, bool), String> {
+        let namespace = plane.deployment.namespace().unwrap_or_default();
+        let uid = gw.metadata.uid.clone().unwrap_or_default();
+        // An unchanged render that was applied lately, whose Deployment still carries it, is
+        // not applied again: that would be ten requests per Gateway per round.
+        let digest = rendered_digest(&plane);
+        let recent = self
+            .applied
+            .get(&uid)
+            .is_some_and(|(d, at)| *d == digest && at.elapsed() < REAPPLY_AFTER);
+        if recent && live.is_some_and(|d| same_template(d, &plane.deployment)) {
+            return Ok((credentials, plane, false));
+        }
         let (credentials, plane) = match &plane.auth_secret {
             Some(secret) => {
-                let held = apply::ensure_auth_secret(&self.client, secret, uid).await?;
+                let held = apply::ensure_auth_secret(&self.client, secret, &uid).await?;
                 if held == credentials.auth_token {
                     (credentials, plane)
                 } else {
@@ -483,7 +511,9 @@ impl Reconciler {
             None => (credentials, plane),
         };
         let changed =
-            apply::apply_plane(&self.client, &plane, namespace, uid, FIELD_MANAGER).await?;
+            apply::apply_plane(&self.client, &plane, &namespace, &uid, FIELD_MANAGER).await?;
+        self.applied
+            .insert(uid, (rendered_digest(&plane), std::time::Instant::now()));
         Ok((credentials, plane, changed))
     }
 
@@ -790,6 +820,41 @@ impl Reconciler {
             }
         }
     }
+}
+
+/// The identity of a rendered plane's objects.
+fn rendered_digest(plane: &render::DataPlane) -> Vec<u8> {
+    let objects = json!([
+        plane.deployment,
+        plane.service,
+        plane.network_policy,
+        plane.autoscaler,
+        plane.auth_secret,
+    ]);
+    aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, objects.to_string().as_bytes())
+        .as_ref()
+        .to_vec()
+}
+
+/// Whether the live Deployment still runs the rendered pod template (same image and tokens).
+fn same_template(live: &Deployment, rendered: &Deployment) -> bool {
+    let template = |d: &Deployment| {
+        d.spec.as_ref().map(|s| {
+            (
+                s.template
+                    .metadata
+                    .as_ref()
+                    .and_then(|m| m.annotations.as_ref())
+                    .and_then(|a| a.get(render::CREDENTIALS_HASH_ANNOTATION).cloned()),
+                s.template
+                    .spec
+                    .as_ref()
+                    .and_then(|p| p.containers.first())
+                    .and_then(|c| c.image.clone()),
+            )
+        })
+    };
+    template(live) == template(rendered)
 }
 
 /// Whether Kubernetes' EndpointSlice controller wrote this slice. The controller sends its
