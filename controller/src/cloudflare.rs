@@ -190,6 +190,52 @@ impl TunnelApi {
     }
 }
 
+/// What identifies a write: the document, and whom it is written as.
+fn sync_digest(target: &TunnelTarget, document: &Value) -> Vec<u8> {
+    let mut ctx = digest::Context::new(&digest::SHA256);
+    for part in [
+        document.to_string().as_str(),
+        &target.account,
+        &target.api_token,
+    ] {
+        ctx.update(&(part.len() as u64).to_be_bytes());
+        ctx.update(part.as_bytes());
+    }
+    ctx.finish().as_ref().to_vec()
+}
+
+/// Verifies the tenant's claim on the tunnel when asked to (unless `verified` already holds
+/// the claimed secret's digest), then writes. Returns the digest of a secret newly verified.
+async fn write(
+    api: &TunnelApi,
+    target: &TunnelTarget,
+    document: &Value,
+    verified: Option<&[u8]>,
+) -> Result<Option<Vec<u8>>, String> {
+    let mut newly_verified = None;
+    if let Some(secret) = &target.verify_secret {
+        let claimed = digest::digest(&digest::SHA256, secret).as_ref().to_vec();
+        if verified != Some(claimed.as_slice()) {
+            let real = api.tunnel_token(target).await?;
+            let real = real.parse::<cftunnel_tunnel::Token>().map_err(|e| {
+                format!(
+                    "the Cloudflare API's token for tunnel {}: {e}",
+                    target.tunnel
+                )
+            })?;
+            if real.tunnel_secret() != secret.as_slice() {
+                return Err(format!(
+                    "the connector token does not hold tunnel {}'s secret; its configuration is not written with the controller's API token",
+                    target.tunnel
+                ));
+            }
+            newly_verified = Some(claimed);
+        }
+    }
+    api.put_configuration(target, document).await?;
+    Ok(newly_verified)
+}
+
 /// Writes each tunnel's document when it changes, and again after a failure.
 #[derive(Default)]
 pub struct TunnelSync {
@@ -210,42 +256,52 @@ impl TunnelSync {
         target: &TunnelTarget,
         document: &Value,
     ) -> Result<bool, String> {
-        let mut ctx = digest::Context::new(&digest::SHA256);
-        for part in [
-            document.to_string().as_str(),
-            &target.account,
-            &target.api_token,
-        ] {
-            ctx.update(&(part.len() as u64).to_be_bytes());
-            ctx.update(part.as_bytes());
-        }
-        let digest = ctx.finish().as_ref().to_vec();
-        if self.written.get(&target.tunnel) == Some(&digest) {
-            return Ok(false);
-        }
-        self.written.remove(&target.tunnel);
-        if let Some(secret) = &target.verify_secret {
-            let claimed = digest::digest(&digest::SHA256, secret).as_ref().to_vec();
-            if self.verified.get(&target.tunnel) != Some(&claimed) {
-                let real = api.tunnel_token(target).await?;
-                let real_secret = real.parse::<cftunnel_tunnel::Token>().map_err(|e| {
-                    format!(
-                        "the Cloudflare API's token for tunnel {}: {e}",
-                        target.tunnel
-                    )
-                })?;
-                if real_secret.tunnel_secret() != secret.as_slice() {
-                    return Err(format!(
-                        "the connector token does not hold tunnel {}'s secret; its configuration is not written with the controller's API token",
-                        target.tunnel
-                    ));
+        let mut results = self
+            .sync_all(api, vec![(target.clone(), document.clone())])
+            .await;
+        results.pop().unwrap_or(Ok(false))
+    }
+
+    /// [`TunnelSync::sync`] for several tunnels at once: an API call that hangs for one tunnel
+    /// does not hold up the others.
+    pub async fn sync_all(
+        &mut self,
+        api: &TunnelApi,
+        work: Vec<(TunnelTarget, Value)>,
+    ) -> Vec<Result<bool, String>> {
+        let calls = work.into_iter().map(|(target, document)| {
+            let digest = sync_digest(&target, &document);
+            let written = self.written.get(&target.tunnel) == Some(&digest);
+            let verified = self.verified.get(&target.tunnel).cloned();
+            async move {
+                if written {
+                    return (target, None, None, Ok(false));
                 }
-                self.verified.insert(target.tunnel, claimed);
+                let result = write(api, &target, &document, verified.as_deref()).await;
+                match result {
+                    Ok(verified) => (target, Some(digest), verified, Ok(true)),
+                    Err(e) => (target, None, None, Err(e)),
+                }
             }
-        }
-        api.put_configuration(target, document).await?;
-        self.written.insert(target.tunnel, digest);
-        Ok(true)
+        });
+        let done = futures_util::future::join_all(calls).await;
+        done.into_iter()
+            .map(|(target, digest, verified, result)| {
+                match (&result, digest) {
+                    (Ok(true), Some(digest)) => {
+                        self.written.insert(target.tunnel, digest);
+                    }
+                    (Err(_), _) => {
+                        self.written.remove(&target.tunnel);
+                    }
+                    _ => {}
+                }
+                if let Some(v) = verified {
+                    self.verified.insert(target.tunnel, v);
+                }
+                result
+            })
+            .collect()
     }
 
     /// Forgets tunnels no plane uses any more (their last document stays at Cloudflare).

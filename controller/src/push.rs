@@ -98,74 +98,128 @@ impl Pusher {
         token: &str,
         pods: &[SocketAddr],
     ) -> PlaneOutcome {
-        let digest = config_digest(config);
-        let now = wall_clock_ms();
-        let state = self
-            .planes
-            .entry(plane.clone())
-            .or_insert_with(|| PlaneState {
-                version: now,
-                digest: digest.clone(),
-                failed_rounds: 0,
-            });
-        if state.digest != digest {
-            state.version = state.version.saturating_add(1).max(now);
-            state.digest = digest;
-        }
-
-        let client = Client {
+        let round = PlaneRound {
+            plane: plane.clone(),
+            config,
             token,
-            timeout: self.timeout,
+            pods,
         };
-        let observed =
-            futures_util::future::join_all(pods.iter().map(|&pod| client.version(pod))).await;
-        // A pod ahead of us holds a push from an earlier controller: go past it.
-        if let Some(ahead) = observed
-            .iter()
-            .filter_map(|v| v.as_ref().ok().copied())
-            .filter(|&v| v > state.version)
-            .max()
-        {
-            state.version = ahead.saturating_add(1);
-        }
-        let version = state.version;
-        let mut doc = config.clone();
-        doc.version = version;
-        let body = match serde_json::to_vec(&doc) {
-            Ok(body) => Bytes::from(body),
-            Err(e) => {
-                let reason = format!("encoding the config: {e}");
-                let pods = pods
-                    .iter()
-                    .map(|&p| (p, PodOutcome::Failed(reason.clone())))
-                    .collect();
-                return finish(state, self.sustained_after, version, pods);
+        let mut outcomes = self.sync_all(vec![round]).await;
+        outcomes.pop().map_or_else(
+            || PlaneOutcome {
+                version: 0,
+                pods: Vec::new(),
+                failed_rounds: 0,
+                sustained_failure: false,
+            },
+            |(_, outcome)| outcome,
+        )
+    }
+
+    /// [`Pusher::sync`] for several planes at once: a plane whose pods time out does not hold
+    /// up the others.
+    pub async fn sync_all(&mut self, rounds: Vec<PlaneRound<'_>>) -> Vec<(PlaneKey, PlaneOutcome)> {
+        let now = wall_clock_ms();
+        let work = rounds.into_iter().map(|round| {
+            let state = self.planes.remove(&round.plane);
+            let (timeout, sustained_after) = (self.timeout, self.sustained_after);
+            async move {
+                let (state, outcome) =
+                    sync_plane(state, &round, now, timeout, sustained_after).await;
+                (round.plane, state, outcome)
             }
-        };
-        let outcomes =
-            futures_util::future::join_all(pods.iter().zip(observed).map(|(&pod, observed)| {
-                let body = body.clone();
-                let client = &client;
-                async move {
-                    let outcome = match observed {
-                        Ok(v) if v == version => PodOutcome::Current,
-                        Ok(_) => match client.put(pod, body).await {
-                            Ok(()) => PodOutcome::Pushed,
-                            Err(reason) => PodOutcome::Failed(reason),
-                        },
-                        Err(reason) => PodOutcome::Failed(reason),
-                    };
-                    (pod, outcome)
-                }
-            }))
-            .await;
-        finish(state, self.sustained_after, version, outcomes)
+        });
+        let done = futures_util::future::join_all(work).await;
+        done.into_iter()
+            .map(|(plane, state, outcome)| {
+                self.planes.insert(plane.clone(), state);
+                (plane, outcome)
+            })
+            .collect()
     }
 
     /// Keeps what is known of the planes `keep` accepts, drops the rest (planes that went away).
     pub fn retain(&mut self, keep: impl Fn(&PlaneKey) -> bool) {
         self.planes.retain(|plane, _| keep(plane));
     }
+}
+
+/// One plane's push: what [`Pusher::sync_all`] takes per plane.
+#[derive(Debug, Clone)]
+pub struct PlaneRound<'a> {
+    pub plane: PlaneKey,
+    pub config: &'a Config,
+    pub token: &'a str,
+    pub pods: &'a [SocketAddr],
+}
+
+async fn sync_plane(
+    state: Option<PlaneState>,
+    round: &PlaneRound<'_>,
+    now: i64,
+    timeout: Duration,
+    sustained_after: u32,
+) -> (PlaneState, PlaneOutcome) {
+    let digest = config_digest(round.config);
+    let mut state = state.unwrap_or_else(|| PlaneState {
+        version: now,
+        digest: digest.clone(),
+        failed_rounds: 0,
+    });
+    if state.digest != digest {
+        state.version = state.version.saturating_add(1).max(now);
+        state.digest = digest;
+    }
+    let client = Client {
+        token: round.token,
+        timeout,
+    };
+    let pods = round.pods;
+    let observed =
+        futures_util::future::join_all(pods.iter().map(|&pod| client.version(pod))).await;
+    // A pod ahead of us holds a push from an earlier controller: go past it.
+    if let Some(ahead) = observed
+        .iter()
+        .filter_map(|v| v.as_ref().ok().copied())
+        .filter(|&v| v > state.version)
+        .max()
+    {
+        state.version = ahead.saturating_add(1);
+    }
+    let version = state.version;
+    let mut doc = round.config.clone();
+    doc.version = version;
+    let body = match serde_json::to_vec(&doc) {
+        Ok(body) => Bytes::from(body),
+        Err(e) => {
+            let reason = format!("encoding the config: {e}");
+            let pods = pods
+                .iter()
+                .map(|&p| (p, PodOutcome::Failed(reason.clone())))
+                .collect();
+            let outcome = finish(&mut state, sustained_after, version, pods);
+            return (state, outcome);
+        }
+    };
+    let outcomes =
+        futures_util::future::join_all(pods.iter().zip(observed).map(|(&pod, observed)| {
+            let body = body.clone();
+            let client = &client;
+            async move {
+                let outcome = match observed {
+                    Ok(v) if v == version => PodOutcome::Current,
+                    Ok(_) => match client.put(pod, body).await {
+                        Ok(()) => PodOutcome::Pushed,
+                        Err(reason) => PodOutcome::Failed(reason),
+                    },
+                    Err(reason) => PodOutcome::Failed(reason),
+                };
+                (pod, outcome)
+            }
+        }))
+        .await;
+    let outcome = finish(&mut state, sustained_after, version, outcomes);
+    (state, outcome)
 }
 
 fn finish(

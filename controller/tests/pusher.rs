@@ -246,3 +246,75 @@ async fn failures_name_the_pod_and_count_as_sustained_only_when_repeated() {
     );
     good.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_plane_whose_pod_hangs_does_not_hold_up_the_others() {
+    use cftunnel_controller::push::PlaneRound;
+    let backend = echo().await;
+    let healthy = proxy().await;
+    // Accepts connections and never answers.
+    let hanging = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let hanging_addr = hanging.local_addr().expect("addr");
+    let _held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((conn, _)) = hanging.accept().await {
+            open.push(conn);
+        }
+    });
+    let doc = config(backend.http_addr(), "app.example.com");
+    let stuck = PlaneKey::Dedicated(ObjectKey::new("tenant-b", "stuck"));
+    let healthy_pods = [healthy.admin_addr()];
+    let stuck_pods = [hanging_addr];
+    let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
+    let round = {
+        let doc = doc.clone();
+        let (stuck, plane) = (stuck.clone(), plane());
+        tokio::spawn(async move {
+            let mut pusher = Pusher::new(Duration::from_secs(4), 3);
+            let outcomes = pusher
+                .sync_all(vec![
+                    PlaneRound {
+                        plane: stuck,
+                        config: &doc,
+                        token: TOKEN,
+                        pods: &stuck_pods,
+                    },
+                    PlaneRound {
+                        plane,
+                        config: &doc,
+                        token: TOKEN,
+                        pods: &healthy_pods,
+                    },
+                ])
+                .await;
+            let _ = done_tx.send(());
+            outcomes
+        })
+    };
+    // The healthy plane has its config while the stuck one is still waiting for an answer.
+    let by = std::time::Instant::now() + Duration::from_secs(3);
+    while get(healthy.data_addr(), "/", "app.example.com", None)
+        .await
+        .0
+        != 200
+    {
+        assert!(
+            std::time::Instant::now() < by,
+            "the healthy plane is pushed to"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        done_rx.try_recv().is_err(),
+        "the round is still waiting on the stuck pod"
+    );
+    let outcomes = round.await.expect("round");
+    assert!(
+        matches!(&outcomes[0].1.pods[0].1, PodOutcome::Failed(r) if r.contains("no answer within")),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes[1].1.pods[0].1, PodOutcome::Pushed);
+    healthy.shutdown().await;
+}

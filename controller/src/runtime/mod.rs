@@ -31,7 +31,7 @@ use tokio::task::JoinSet;
 
 use crate::cloudflare::{self, TunnelApi, TunnelSync, TunnelTarget};
 use crate::gateway_config::DEFAULT_API_TOKEN_KEY;
-use crate::push::{self, PodOutcome, Pusher};
+use crate::push::{self, PlaneRound, PodOutcome, Pusher};
 use crate::render::{self, PlaneNames, RenderSettings, GATEWAY_LABEL};
 use crate::translate::{
     self, ConditionType, ObjectKey, Options, PlaneKey, RouteKind, Snapshot, TunnelIdentity,
@@ -259,15 +259,22 @@ impl Reconciler {
 
         self.sync_tunnels(&output, &planes).await;
 
+        let rounds: Vec<PlaneRound<'_>> = output
+            .configs
+            .iter()
+            .filter_map(|(plane, config)| {
+                let info = planes.get(plane)?;
+                Some(PlaneRound {
+                    plane: plane.clone(),
+                    config,
+                    token: &info.token,
+                    pods: &info.pods,
+                })
+            })
+            .collect();
+        let outcomes = self.pusher.sync_all(rounds).await;
         let mut newly_failed = BTreeSet::new();
-        for (plane, config) in &output.configs {
-            let Some(info) = planes.get(plane) else {
-                continue;
-            };
-            let outcome = self
-                .pusher
-                .sync(plane, config, &info.token, &info.pods)
-                .await;
+        for (plane, outcome) in &outcomes {
             for (pod, result) in &outcome.pods {
                 if let PodOutcome::Failed(reason) = result {
                     tracing::warn!(%plane, %pod, %reason, "config push failed");
@@ -320,13 +327,19 @@ impl Reconciler {
             }
         }
         if let Some(api) = &self.tunnel_api {
-            for (target, on_tunnel) in tunnels.values() {
-                let configs: Vec<&cftunnel_config::Config> = on_tunnel
-                    .iter()
-                    .filter_map(|p| output.configs.get(*p))
-                    .collect();
-                let document = cloudflare::ingress_document(&configs);
-                match self.tunnel_sync.sync(api, target, &document).await {
+            let work: Vec<(TunnelTarget, Value)> = tunnels
+                .values()
+                .map(|(target, on_tunnel)| {
+                    let configs: Vec<&cftunnel_config::Config> = on_tunnel
+                        .iter()
+                        .filter_map(|p| output.configs.get(*p))
+                        .collect();
+                    (target.clone(), cloudflare::ingress_document(&configs))
+                })
+                .collect();
+            let results = self.tunnel_sync.sync_all(api, work).await;
+            for ((target, on_tunnel), result) in tunnels.values().zip(results) {
+                match result {
                     Ok(true) => {
                         tracing::info!(tunnel = %target.tunnel, "wrote the tunnel's ingress document")
                     }
