@@ -15,6 +15,7 @@ use kube::CustomResourceExt;
 use crate::gateway_config::GatewayConfig;
 use crate::manifest;
 use crate::render::{self, RenderSettings};
+use crate::runtime::lease::LeaseOptions;
 use crate::runtime::{RuntimeOptions, SharedPlane};
 use crate::translate::{
     self, ObjectKey, Options, Output, PlaneKey, Snapshot, Statuses, TunnelIdentity,
@@ -86,6 +87,10 @@ pub struct RunArgs {
     /// The Cloudflare API's base URL.
     #[arg(long, default_value = crate::cloudflare::DEFAULT_API_BASE)]
     pub cloudflare_api: String,
+    /// Elect one leader among replicas on the Lease `cftunnel-controller` in the controller's
+    /// namespace; only the leader writes.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
 }
 
 /// `NAMESPACE/NAME[:KEY]` of a Secret key.
@@ -150,6 +155,13 @@ impl RunArgs {
             shared,
             resync: std::time::Duration::from_secs(self.resync_seconds.max(1)),
             instance: std::env::var("POD_NAME").ok(),
+            lease: self.leader_election.then(|| LeaseOptions {
+                namespace: self.controller_namespace.clone(),
+                name: "cftunnel-controller".to_owned(),
+                identity: lease_identity(),
+                duration: std::time::Duration::from_secs(15),
+                renew: std::time::Duration::from_secs(5),
+            }),
             cloudflare_api_base: self.cloudflare_api.clone(),
             cloudflare_api_token: self
                 .cloudflare_api_token
@@ -160,6 +172,26 @@ impl RunArgs {
             ..RuntimeOptions::default()
         })
     }
+}
+
+/// This replica in the Lease: its pod name (or host name), and a random suffix so a restarted
+/// pod of the same name is a new holder.
+fn lease_identity() -> String {
+    let base = std::env::var("POD_NAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "cftunnel-controller".to_owned());
+    let mut suffix = [0u8; 4];
+    let _ = aws_lc_rs::rand::fill(&mut suffix);
+    format!(
+        "{base}_{}",
+        suffix
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    )
 }
 
 fn monitoring_selector(label: &Option<(String, String)>) -> Option<LabelSelector> {

@@ -754,3 +754,91 @@ async fn the_controllers_token_writes_only_for_tunnels_the_tenant_can_open() {
         "unchanged: not written again"
     );
 }
+
+/// Two replicas: only the Lease holder writes; when it stops, the other takes over.
+#[tokio::test]
+async fn only_the_leader_writes_and_another_replica_takes_over() {
+    use cftunnel_controller::runtime::lease::LeaseOptions;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let echo = EchoServer::spawn(
+            "127.0.0.1".parse().expect("ip"),
+            EchoIdentity {
+                namespace: "tenant-a".to_owned(),
+                pod: "web-1".to_owned(),
+            },
+        )
+        .await
+        .expect("echo starts");
+        let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
+        let api = ApiServer::start(&seed(&token, &third, echo.http_addr())).await;
+        // The replicas differ in their default image, so the Deployment shows who wrote it.
+        let replica = |image: &str, identity: &str| {
+            let options = RuntimeOptions {
+                translate: Options {
+                    proxy_image: Some(image.to_owned()),
+                    ..Options::default()
+                },
+                render: RenderSettings {
+                    proxy_image: Some(image.to_owned()),
+                    ..RenderSettings::default()
+                },
+                resync: Duration::from_millis(200),
+                lease: Some(LeaseOptions {
+                    namespace: "cftunnel-system".to_owned(),
+                    name: "cftunnel-controller".to_owned(),
+                    identity: identity.to_owned(),
+                    duration: Duration::from_secs(2),
+                    renew: Duration::from_millis(200),
+                }),
+                ..RuntimeOptions::default()
+            };
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let task = tokio::spawn(runtime::run(api.client(), options, async {
+                let _ = stopped.await;
+            }));
+            (stop, task)
+        };
+        let image = || {
+            api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+                .and_then(|d| d.pointer("/spec/template/spec/containers/0/image").cloned())
+        };
+        let holder = || {
+            api.get(
+                "coordination.k8s.io/v1",
+                "Lease",
+                "cftunnel-system",
+                "cftunnel-controller",
+            )
+            .and_then(|l| l.pointer("/spec/holderIdentity").cloned())
+        };
+
+        let (stop_a, a) = replica("proxy:a", "replica-a");
+        eventually("replica a renders", || image().filter(|i| *i == "proxy:a")).await;
+        assert_eq!(holder(), Some(json!("replica-a")));
+        let (stop_b, b) = replica("proxy:b", "replica-b");
+        // Several of b's ticks: it neither takes the Lease nor writes.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(holder(), Some(json!("replica-a")));
+        assert_eq!(image(), Some(json!("proxy:a")));
+
+        // a stops (and gives the Lease up): b leads and reconciles.
+        let _ = stop_a.send(());
+        a.await.expect("task").expect("a stops cleanly");
+        eventually("replica b renders", || image().filter(|i| *i == "proxy:b")).await;
+        assert_eq!(holder(), Some(json!("replica-b")));
+        let transitions = api
+            .get(
+                "coordination.k8s.io/v1",
+                "Lease",
+                "cftunnel-system",
+                "cftunnel-controller",
+            )
+            .and_then(|l| l.pointer("/spec/leaseTransitions").cloned());
+        assert_eq!(transitions, Some(json!(1)));
+        let _ = stop_b.send(());
+        b.await.expect("task").expect("b stops cleanly");
+    })
+    .await
+    .expect("in time");
+}

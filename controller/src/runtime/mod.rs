@@ -7,6 +7,7 @@
 //! when the cluster already holds what a round computed.
 
 mod apply;
+pub mod lease;
 pub mod status;
 pub mod stores;
 
@@ -81,6 +82,8 @@ pub struct RuntimeOptions {
     /// The controller's Cloudflare API token, for tunnels whose GatewayConfig names none (and
     /// the shared plane's). Without one, those tunnels' documents are not written.
     pub cloudflare_api_token: Option<String>,
+    /// Leader election among replicas; `None`: this replica always reconciles.
+    pub lease: Option<lease::LeaseOptions>,
 }
 
 impl Default for RuntimeOptions {
@@ -95,6 +98,7 @@ impl Default for RuntimeOptions {
             instance: None,
             cloudflare_api_base: cloudflare::DEFAULT_API_BASE.to_owned(),
             cloudflare_api_token: None,
+            lease: None,
         }
     }
 }
@@ -121,9 +125,51 @@ pub async fn run(
         }
         () = &mut shutdown => return Ok(()),
     }
-    tracing::info!("watch caches filled; reconciling");
+    tracing::info!("watch caches filled");
+    let mut elector = options
+        .lease
+        .clone()
+        .map(|lease| lease::Elector::new(client.clone(), lease));
     let mut reconciler = Reconciler::new(client, options.clone());
+    let tick = elector
+        .as_ref()
+        .map_or(options.resync, |e| e.renew_every().min(options.resync));
+    let mut ticks = tokio::time::interval(tick);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_round: Option<tokio::time::Instant> = None;
+    let mut pending = true;
+    let mut was_leading = false;
     loop {
+        tokio::select! {
+            () = changed.notified() => {
+                tokio::time::sleep(DEBOUNCE).await;
+                pending = true;
+            }
+            _ = ticks.tick() => {}
+            () = &mut shutdown => break,
+        }
+        let leading = match &mut elector {
+            Some(elector) => elector.try_lead().await,
+            None => true,
+        };
+        if leading != was_leading {
+            if leading {
+                tracing::info!("leading: reconciling");
+            } else {
+                tracing::info!("not leading: another replica reconciles");
+            }
+            was_leading = leading;
+            pending = true;
+        }
+        if !leading {
+            continue;
+        }
+        let due = last_round.is_none_or(|at| at.elapsed() >= options.resync);
+        if !(pending || due) {
+            continue;
+        }
+        pending = false;
+        last_round = Some(tokio::time::Instant::now());
         let deployments: Vec<Deployment> = stores
             .deployments
             .state()
@@ -131,11 +177,9 @@ pub async fn run(
             .map(|d| (**d).clone())
             .collect();
         reconciler.round(&stores.snapshot(), &deployments).await;
-        tokio::select! {
-            () = changed.notified() => tokio::time::sleep(DEBOUNCE).await,
-            () = tokio::time::sleep(options.resync) => {}
-            () = &mut shutdown => break,
-        }
+    }
+    if let Some(elector) = &mut elector {
+        elector.release().await;
     }
     tasks.shutdown().await;
     Ok(())

@@ -40,6 +40,7 @@ const KINDS: &[(&str, &str)] = &[
     ("NetworkPolicy", "networkpolicies"),
     ("HorizontalPodAutoscaler", "horizontalpodautoscalers"),
     ("Event", "events"),
+    ("Lease", "leases"),
 ];
 
 /// `(group, plural, namespace, name)`; cluster-scoped objects have an empty namespace.
@@ -470,6 +471,7 @@ async fn handle(
         (Method::GET, true) => get(shared, &request),
         (Method::POST, false) => create(shared, &request, &body),
         (Method::PATCH, true) => patch(shared, &request, &content_type, &body),
+        (Method::PUT, true) => replace(shared, &request, &body),
         (Method::DELETE, true) => delete(shared, &request, &body),
         _ => status(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -592,6 +594,50 @@ fn create(
     let created = Shared::created(&mut state, req.typed(object), &key.2);
     let stored = shared.store(&mut state, key, created, "ADDED");
     respond(StatusCode::CREATED, &req.typed(stored))
+}
+
+/// `PUT`: the whole object, applied only to the resourceVersion it names (if it names one).
+fn replace(
+    shared: &Arc<Shared>,
+    req: &Req<'_>,
+    body: &[u8],
+) -> Response<BoxBody<Bytes, Infallible>> {
+    let Ok(mut object) = serde_json::from_slice::<Value>(body) else {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "the body is not JSON",
+        );
+    };
+    normalize_secret(&mut object);
+    let name = req.target.name.clone().unwrap_or_default();
+    let key = req.key(&name);
+    let mut state = shared.state.lock().expect("state");
+    let Some(existing) = state.objects.get(&key).cloned() else {
+        return req.not_found(&name);
+    };
+    let current = existing.pointer("/metadata/resourceVersion").cloned();
+    if let Some(wanted) = object.pointer("/metadata/resourceVersion") {
+        if Some(wanted) != current.as_ref() {
+            return status(
+                StatusCode::CONFLICT,
+                "Conflict",
+                &format!("Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again", req.target.plural),
+            );
+        }
+    }
+    if let (Some(meta), Some(old)) = (
+        object.get_mut("metadata").and_then(Value::as_object_mut),
+        existing.get("metadata"),
+    ) {
+        for f in ["uid", "creationTimestamp", "generation"] {
+            if let Some(v) = old.get(f) {
+                meta.insert(f.into(), v.clone());
+            }
+        }
+    }
+    let stored = shared.store(&mut state, key, req.typed(object), "MODIFIED");
+    respond(StatusCode::OK, &req.typed(stored))
 }
 
 fn delete(
