@@ -59,9 +59,10 @@ pub struct RunArgs {
     /// The controller's namespace, the one the data planes' config API admits.
     #[arg(long, env = "POD_NAMESPACE", default_value = "cftunnel-system")]
     pub controller_namespace: String,
-    /// Also admit namespaces with this label (KEY=VALUE) to the config API, for scraping.
+    /// Also admit namespaces with this label (KEY=VALUE) to the config API, for scraping;
+    /// repeated: namespaces with all of them.
     #[arg(long, value_parser = parse_label)]
-    pub monitoring_namespace_label: Option<(String, String)>,
+    pub monitoring_namespace_label: Vec<(String, String)>,
     /// The proxy's drain window after SIGTERM, in seconds (at most 180).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=180))]
     pub grace_period_seconds: u32,
@@ -194,9 +195,9 @@ fn lease_identity() -> String {
     )
 }
 
-fn monitoring_selector(label: &Option<(String, String)>) -> Option<LabelSelector> {
-    label.clone().map(|(k, v)| LabelSelector {
-        match_labels: Some([(k, v)].into()),
+fn monitoring_selector(labels: &[(String, String)]) -> Option<LabelSelector> {
+    (!labels.is_empty()).then(|| LabelSelector {
+        match_labels: Some(labels.iter().cloned().collect()),
         match_expressions: None,
     })
 }
@@ -216,9 +217,10 @@ pub struct RenderArgs {
     /// The controller's namespace, the one the config API admits.
     #[arg(long, default_value = "cftunnel-system")]
     pub controller_namespace: String,
-    /// Also admit namespaces with this label (KEY=VALUE) to the config API, for scraping.
+    /// Also admit namespaces with this label (KEY=VALUE) to the config API, for scraping;
+    /// repeated: namespaces with all of them.
     #[arg(long, value_parser = parse_label)]
-    pub monitoring_namespace_label: Option<(String, String)>,
+    pub monitoring_namespace_label: Vec<(String, String)>,
     /// The proxy's drain window after SIGTERM, in seconds (at most 180).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=180))]
     pub grace_period_seconds: u32,

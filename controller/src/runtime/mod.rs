@@ -40,6 +40,66 @@ use crate::translate::{
 use status::{KubeCondition, Truth};
 use stores::Stores;
 
+/// The API calls the runtime makes, as RBAC rules: (API group, resource, verbs). The chart's
+/// roles are checked against it. Leases are only in the controller's namespace.
+pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
+    (
+        "gateway.networking.k8s.io",
+        "gatewayclasses",
+        &["list", "watch"],
+    ),
+    ("gateway.networking.k8s.io", "gateways", &["list", "watch"]),
+    (
+        "gateway.networking.k8s.io",
+        "httproutes",
+        &["list", "watch"],
+    ),
+    (
+        "gateway.networking.k8s.io",
+        "grpcroutes",
+        &["list", "watch"],
+    ),
+    (
+        "gateway.networking.k8s.io",
+        "referencegrants",
+        &["list", "watch"],
+    ),
+    (
+        "gateway.networking.k8s.io",
+        "gatewayclasses/status",
+        &["patch"],
+    ),
+    ("gateway.networking.k8s.io", "gateways/status", &["patch"]),
+    ("gateway.networking.k8s.io", "httproutes/status", &["patch"]),
+    ("gateway.networking.k8s.io", "grpcroutes/status", &["patch"]),
+    ("cf.k8s.lex.la", "gatewayconfigs", &["list", "watch"]),
+    ("", "namespaces", &["list", "watch"]),
+    ("", "services", &["list", "watch", "get", "patch", "delete"]),
+    ("", "secrets", &["list", "watch", "get", "create", "delete"]),
+    ("discovery.k8s.io", "endpointslices", &["list", "watch"]),
+    (
+        "apps",
+        "deployments",
+        &["list", "watch", "get", "patch", "delete"],
+    ),
+    (
+        "networking.k8s.io",
+        "networkpolicies",
+        &["get", "patch", "delete"],
+    ),
+    (
+        "autoscaling",
+        "horizontalpodautoscalers",
+        &["get", "patch", "delete"],
+    ),
+    ("events.k8s.io", "events", &["create", "patch"]),
+    (
+        "coordination.k8s.io",
+        "leases",
+        &["get", "create", "update"],
+    ),
+];
+
 /// The field manager of the controller's server-side applies, and its Events' reporter.
 pub const FIELD_MANAGER: &str = "cftunnel-controller";
 /// Route condition set while a plane's pods have not taken its config for a sustained run.

@@ -1,0 +1,165 @@
+//! The Helm chart against the code it deploys: its CRD is the one the controller defines, its
+//! roles grant every call the runtime makes, every value its templates read exists, and the
+//! controller accepts the arguments it passes. (Rendering the templates needs `helm`; these
+//! checks read them as text.)
+
+use std::path::{Path, PathBuf};
+
+use cftunnel_controller::cli::{Cli, Command};
+use cftunnel_controller::gateway_config::GatewayConfig;
+use cftunnel_controller::runtime::REQUIRED_RBAC;
+use clap::Parser;
+use kube::CustomResourceExt;
+use serde::Deserialize;
+use serde_yaml_ng::Value;
+
+fn chart() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/cftunnel")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn templates() -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = std::fs::read_dir(chart().join("templates"))
+        .expect("templates")
+        .map(|e| e.expect("entry").path())
+        .map(|p| (p.display().to_string(), read(&p)))
+        .collect();
+    out.sort();
+    out
+}
+
+fn values() -> Value {
+    serde_yaml_ng::from_str(&read(&chart().join("values.yaml"))).expect("values.yaml is YAML")
+}
+
+/// The value at a dotted `.Values` path.
+fn lookup<'a>(values: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.').try_fold(values, |v, key| v.get(key))
+}
+
+/// The template text with each `{{ ... }}` replaced: a plain `.Values.a.b` by its default, all
+/// else by `x`.
+fn neutralize(text: &str, values: &Value) -> String {
+    let re = regex::Regex::new(r"\{\{-?\s*(.*?)\s*-?\}\}").expect("regex");
+    re.replace_all(text, |c: &regex::Captures<'_>| {
+        let expr = &c[1];
+        match expr.strip_prefix(".Values.") {
+            Some(path) if !path.contains(' ') => match lookup(values, path) {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Bool(b)) => b.to_string(),
+                Some(Value::Number(n)) => n.to_string(),
+                _ => "x".to_owned(),
+            },
+            _ => "x".to_owned(),
+        }
+    })
+    .into_owned()
+}
+
+#[test]
+fn the_charts_crd_is_the_one_the_controller_defines() {
+    let generated = serde_yaml_ng::to_string(&GatewayConfig::crd()).expect("CRD encodes");
+    let shipped = read(&chart().join("crds/gatewayconfigs.cf.k8s.lex.la.yaml"));
+    assert_eq!(
+        shipped, generated,
+        "regenerate with: cftunnel-controller crd > charts/cftunnel/crds/gatewayconfigs.cf.k8s.lex.la.yaml"
+    );
+}
+
+#[test]
+fn the_charts_roles_grant_every_call_the_runtime_makes() {
+    let values = values();
+    let text = neutralize(&read(&chart().join("templates/rbac.yaml")), &values);
+    let mut granted: Vec<(String, String, String)> = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        let doc = Value::deserialize(doc).expect("rbac.yaml documents are YAML");
+        let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default();
+        if kind != "ClusterRole" && kind != "Role" {
+            continue;
+        }
+        for rule in doc
+            .get("rules")
+            .and_then(Value::as_sequence)
+            .into_iter()
+            .flatten()
+        {
+            let list = |k: &str| -> Vec<String> {
+                rule.get(k)
+                    .and_then(Value::as_sequence)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            };
+            for group in list("apiGroups") {
+                for resource in list("resources") {
+                    for verb in list("verbs") {
+                        granted.push((group.clone(), resource.clone(), verb));
+                    }
+                }
+            }
+        }
+    }
+    for (group, resource, verbs) in REQUIRED_RBAC {
+        for verb in *verbs {
+            assert!(
+                granted
+                    .iter()
+                    .any(|(g, r, v)| g == group && r == resource && v == verb),
+                "the chart does not grant {verb} on {resource} ({group:?})"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_value_the_templates_read_exists() {
+    let values = values();
+    let re = regex::Regex::new(r"\.Values\.([A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*)").expect("regex");
+    let mut read_any = false;
+    for (file, text) in templates() {
+        for c in re.captures_iter(&text) {
+            read_any = true;
+            // A key of a free-form map (a selector left empty) may be absent; Helm reads nil.
+            let path = &c[1];
+            let optional = path
+                .rsplit_once('.')
+                .and_then(|(parent, _)| lookup(&values, parent))
+                .is_some_and(|p| p.as_mapping().is_some_and(|m| m.is_empty()));
+            assert!(
+                optional || lookup(&values, path).is_some(),
+                "{file} reads .Values.{} which values.yaml does not define",
+                &c[1]
+            );
+        }
+    }
+    assert!(read_any);
+}
+
+#[test]
+fn the_controller_accepts_the_arguments_the_chart_passes() {
+    let values = values();
+    let text = read(&chart().join("templates/controller.yaml"));
+    let args: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- --"))
+        .map(|a| format!("--{}", neutralize(a, &values)))
+        .collect();
+    assert!(
+        args.iter().any(|a| a.starts_with("--shared-service=")),
+        "{args:?}"
+    );
+    let line = std::iter::once("cftunnel-controller".to_owned())
+        .chain(std::iter::once("run".to_owned()))
+        .chain(args.iter().cloned());
+    let cli = Cli::try_parse_from(line).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    let Command::Run(run) = cli.command else {
+        panic!("not the run command")
+    };
+    let options = run.options().expect("options");
+    assert!(options.shared.is_some(), "the shared pool gets configs");
+    assert!(options.lease.is_some(), "leader election is on by default");
+}
