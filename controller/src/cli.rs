@@ -88,10 +88,13 @@ pub struct RunArgs {
     /// The Cloudflare API's base URL.
     #[arg(long, default_value = crate::cloudflare::DEFAULT_API_BASE)]
     pub cloudflare_api: String,
-    /// Elect one leader among replicas on the Lease `cftunnel-controller` in the controller's
+    /// Elect one leader among replicas on a Lease (`--leader-election-id`) in the controller's
     /// namespace; only the leader writes.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_election: bool,
+    /// The Lease's name: one per controller installation sharing a namespace.
+    #[arg(long, default_value = "cftunnel-controller")]
+    pub leader_election_id: String,
 }
 
 /// `NAMESPACE/NAME[:KEY]` of a Secret key.
@@ -158,7 +161,7 @@ impl RunArgs {
             instance: std::env::var("POD_NAME").ok(),
             lease: self.leader_election.then(|| LeaseOptions {
                 namespace: self.controller_namespace.clone(),
-                name: "cftunnel-controller".to_owned(),
+                name: self.leader_election_id.clone(),
                 identity: lease_identity(),
                 duration: std::time::Duration::from_secs(15),
                 renew: std::time::Duration::from_secs(5),

@@ -13,6 +13,7 @@ use std::time::Duration;
 use aws_lc_rs::digest;
 use bytes::Bytes;
 use cftunnel_config::Config;
+use futures_util::StreamExt;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -239,9 +240,28 @@ async fn write(
 /// Writes each tunnel's document when it changes, and again after a failure.
 #[derive(Default)]
 pub struct TunnelSync {
-    written: HashMap<Uuid, Vec<u8>>,
+    /// Per tunnel and writer (account, token, claimed secret): the last document written. A
+    /// second writer naming the same tunnel (a forged or stale token) cannot erase the first's.
+    written: HashMap<(Uuid, Vec<u8>), Vec<u8>>,
     /// Tunnels whose real token was seen to hold a given secret (by digest).
     verified: HashMap<Uuid, Vec<u8>>,
+}
+
+/// Tunnel writes in flight at once: a new leader writes every tunnel, and the API rate-limits.
+const CONCURRENT_WRITES: usize = 8;
+
+/// Who writes a tunnel's document, as a key.
+fn writer_key(target: &TunnelTarget) -> (Uuid, Vec<u8>) {
+    let mut ctx = digest::Context::new(&digest::SHA256);
+    for part in [
+        target.account.as_bytes(),
+        target.api_token.as_bytes(),
+        target.verify_secret.as_deref().unwrap_or_default(),
+    ] {
+        ctx.update(&(part.len() as u64).to_be_bytes());
+        ctx.update(part);
+    }
+    (target.tunnel, ctx.finish().as_ref().to_vec())
 }
 
 impl TunnelSync {
@@ -269,30 +289,36 @@ impl TunnelSync {
         api: &TunnelApi,
         work: Vec<(TunnelTarget, Value)>,
     ) -> Vec<Result<bool, String>> {
-        let calls = work.into_iter().map(|(target, document)| {
-            let digest = sync_digest(&target, &document);
-            let written = self.written.get(&target.tunnel) == Some(&digest);
-            let verified = self.verified.get(&target.tunnel).cloned();
-            async move {
-                if written {
-                    return (target, None, None, Ok(false));
+        let calls: Vec<_> = work
+            .into_iter()
+            .map(|(target, document)| {
+                let digest = sync_digest(&target, &document);
+                let written = self.written.get(&writer_key(&target)) == Some(&digest);
+                let verified = self.verified.get(&target.tunnel).cloned();
+                async move {
+                    if written {
+                        return (target, None, None, Ok(false));
+                    }
+                    let result = write(api, &target, &document, verified.as_deref()).await;
+                    match result {
+                        Ok(verified) => (target, Some(digest), verified, Ok(true)),
+                        Err(e) => (target, None, None, Err(e)),
+                    }
                 }
-                let result = write(api, &target, &document, verified.as_deref()).await;
-                match result {
-                    Ok(verified) => (target, Some(digest), verified, Ok(true)),
-                    Err(e) => (target, None, None, Err(e)),
-                }
-            }
-        });
-        let done = futures_util::future::join_all(calls).await;
+            })
+            .collect();
+        let done: Vec<_> = futures_util::stream::iter(calls)
+            .buffered(CONCURRENT_WRITES)
+            .collect()
+            .await;
         done.into_iter()
             .map(|(target, digest, verified, result)| {
                 match (&result, digest) {
                     (Ok(true), Some(digest)) => {
-                        self.written.insert(target.tunnel, digest);
+                        self.written.insert(writer_key(&target), digest);
                     }
                     (Err(_), _) => {
-                        self.written.remove(&target.tunnel);
+                        self.written.remove(&writer_key(&target));
                     }
                     _ => {}
                 }
@@ -306,7 +332,7 @@ impl TunnelSync {
 
     /// Forgets tunnels no plane uses any more (their last document stays at Cloudflare).
     pub fn retain(&mut self, keep: impl Fn(&Uuid) -> bool) {
-        self.written.retain(|t, _| keep(t));
+        self.written.retain(|(t, _), _| keep(t));
         self.verified.retain(|t, _| keep(t));
     }
 }

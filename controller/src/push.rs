@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use aws_lc_rs::digest;
 use bytes::Bytes;
 use cftunnel_config::Config;
+use futures_util::StreamExt;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::StatusCode;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -22,6 +23,8 @@ use crate::translate::PlaneKey;
 
 /// Rounds in a row with a failed pod before a plane's failure counts as sustained.
 pub const DEFAULT_SUSTAINED_AFTER: u32 = 3;
+/// Planes pushed to at once.
+const CONCURRENT_PLANES: usize = 32;
 /// Longest answer read from a pod (the proxy answers with small JSON objects).
 const MAX_ANSWER: usize = 64 * 1024;
 
@@ -120,16 +123,22 @@ impl Pusher {
     /// up the others.
     pub async fn sync_all(&mut self, rounds: Vec<PlaneRound<'_>>) -> Vec<(PlaneKey, PlaneOutcome)> {
         let now = wall_clock_ms();
-        let work = rounds.into_iter().map(|round| {
-            let state = self.planes.remove(&round.plane);
-            let (timeout, sustained_after) = (self.timeout, self.sustained_after);
-            async move {
-                let (state, outcome) =
-                    sync_plane(state, &round, now, timeout, sustained_after).await;
-                (round.plane, state, outcome)
-            }
-        });
-        let done = futures_util::future::join_all(work).await;
+        let work: Vec<_> = rounds
+            .into_iter()
+            .map(|round| {
+                let state = self.planes.remove(&round.plane);
+                let (timeout, sustained_after) = (self.timeout, self.sustained_after);
+                async move {
+                    let (state, outcome) =
+                        sync_plane(state, &round, now, timeout, sustained_after).await;
+                    (round.plane, state, outcome)
+                }
+            })
+            .collect();
+        let done: Vec<_> = futures_util::stream::iter(work)
+            .buffered(CONCURRENT_PLANES)
+            .collect()
+            .await;
         done.into_iter()
             .map(|(plane, state, outcome)| {
                 self.planes.insert(plane.clone(), state);

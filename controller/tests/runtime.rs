@@ -755,7 +755,8 @@ async fn the_controllers_token_writes_only_for_tunnels_the_tenant_can_open() {
     );
 }
 
-/// Two replicas: only the Lease holder writes; when it stops, the other takes over.
+/// Replicas: a Lease left by a dead holder is taken once it has gone unrenewed for its
+/// duration; only the holder writes; a holder that stops gives it up to another at once.
 #[tokio::test]
 async fn only_the_leader_writes_and_another_replica_takes_over() {
     use cftunnel_controller::runtime::lease::LeaseOptions;
@@ -813,29 +814,43 @@ async fn only_the_leader_writes_and_another_replica_takes_over() {
             .and_then(|l| l.pointer("/spec/holderIdentity").cloned())
         };
 
+        // A replica that died holding the Lease: nobody renews it, nobody gives it up.
+        api.put(json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "cftunnel-controller", "namespace": "cftunnel-system"},
+            "spec": {
+                "holderIdentity": "ghost",
+                "leaseDurationSeconds": 2,
+                "renewTime": k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string(),
+                "leaseTransitions": 0,
+            },
+        }));
         let (stop_a, a) = replica("proxy:a", "replica-a");
+        // a waits until it has seen the Lease unrenewed for its whole duration.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        assert_eq!(holder(), Some(json!("ghost")));
+        assert_eq!(image(), None, "nothing written before a leads");
         eventually("replica a renders", || image().filter(|i| *i == "proxy:a")).await;
         assert_eq!(holder(), Some(json!("replica-a")));
+        let transitions = || {
+            api.get("coordination.k8s.io/v1", "Lease", "cftunnel-system", "cftunnel-controller")
+                .and_then(|l| l.pointer("/spec/leaseTransitions").cloned())
+        };
+        assert_eq!(transitions(), Some(json!(1)));
+
         let (stop_b, b) = replica("proxy:b", "replica-b");
         // Several of b's ticks: it neither takes the Lease nor writes.
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_eq!(holder(), Some(json!("replica-a")));
         assert_eq!(image(), Some(json!("proxy:a")));
 
-        // a stops (and gives the Lease up): b leads and reconciles.
+        // a stops and gives the Lease up: b leads at once and reconciles.
         let _ = stop_a.send(());
         a.await.expect("task").expect("a stops cleanly");
         eventually("replica b renders", || image().filter(|i| *i == "proxy:b")).await;
         assert_eq!(holder(), Some(json!("replica-b")));
-        let transitions = api
-            .get(
-                "coordination.k8s.io/v1",
-                "Lease",
-                "cftunnel-system",
-                "cftunnel-controller",
-            )
-            .and_then(|l| l.pointer("/spec/leaseTransitions").cloned());
-        assert_eq!(transitions, Some(json!(1)));
+        assert_eq!(transitions(), Some(json!(2)));
         let _ = stop_b.send(());
         b.await.expect("task").expect("b stops cleanly");
     })

@@ -1,18 +1,23 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease, so several controller replicas can run
 //! and only one writes.
 //!
-//! The holder renews the Lease every `renew` period; a Lease not renewed for its duration is
-//! free to take. Every write names the resourceVersion it read, so two replicas racing for a
-//! free Lease cannot both win. A holder that cannot renew within the duration stops acting as
-//! leader before anyone else can take over.
+//! A task of its own renews the Lease every `renew` period, whatever the reconciler is doing,
+//! and publishes whether this replica leads. Every write names the resourceVersion it read, so
+//! two replicas racing for a free Lease cannot both win. As in client-go, another holder's
+//! Lease counts as expired only when this replica has seen the same record, unchanged, for the
+//! Lease's whole duration on its own monotonic clock: node clocks that disagree cannot make two
+//! leaders. A holder stops leading 80 % of the duration after the start of its last successful
+//! renewal, before any other replica can take over.
 
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::{Api, Client};
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// Who competes for which Lease, and how long a holder keeps it unrenewed.
 #[derive(Debug, Clone)]
@@ -25,46 +30,84 @@ pub struct LeaseOptions {
     pub renew: Duration,
 }
 
-/// One replica's view of the Lease.
-pub struct Elector {
+/// Starts the elector; the receiver says whether this replica leads now. Completing `stop`
+/// gives the Lease up (so another replica need not wait for it to expire) and ends the task.
+pub fn spawn(
+    client: Client,
+    options: LeaseOptions,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> (watch::Receiver<bool>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        let mut elector = Elector::new(client, options);
+        let mut stop = std::pin::pin!(stop);
+        let mut ticks = tokio::time::interval(elector.options.renew);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {
+                    let leading = elector.try_lead().await;
+                    tx.send_if_modified(|was| std::mem::replace(was, leading) != leading);
+                }
+                () = &mut stop => break,
+            }
+        }
+        tx.send_replace(false);
+        elector.release().await;
+    });
+    (rx, task)
+}
+
+/// The Lease record as last seen, and when this replica first saw it so.
+struct Observed {
+    record: (Option<String>, Option<Timestamp>),
+    since: Instant,
+}
+
+struct Elector {
     api: Api<Lease>,
     options: LeaseOptions,
-    /// When this replica last renewed successfully; it leads while that is within `duration`.
-    renewed: Option<tokio::time::Instant>,
+    /// When the last successful renewal started.
+    renewed: Option<Instant>,
+    observed: Option<Observed>,
 }
 
 impl Elector {
-    pub fn new(client: Client, options: LeaseOptions) -> Self {
+    fn new(client: Client, options: LeaseOptions) -> Self {
         Self {
             api: Api::namespaced(client, &options.namespace),
             options,
             renewed: None,
+            observed: None,
         }
     }
 
-    /// Whether this replica holds the Lease now (it renewed within the Lease's duration, minus
-    /// a margin for clocks).
-    pub fn leading(&self) -> bool {
+    fn leading(&self) -> bool {
         self.renewed
             .is_some_and(|at| at.elapsed() < self.options.duration.mul_f32(0.8))
     }
 
-    /// Tries to take or renew the Lease once; returns whether this replica leads.
-    pub async fn try_lead(&mut self) -> bool {
-        match self.attempt().await {
-            Ok(true) => self.renewed = Some(tokio::time::Instant::now()),
-            Ok(false) => self.renewed = None,
-            Err(e) => {
+    /// Tries once to take or renew the Lease; returns whether this replica leads.
+    async fn try_lead(&mut self) -> bool {
+        let started = Instant::now();
+        // A renewal that takes longer than the renew period is no renewal.
+        match tokio::time::timeout(self.options.renew, self.attempt()).await {
+            Ok(Ok(true)) => self.renewed = Some(started),
+            Ok(Ok(false)) => self.renewed = None,
+            Ok(Err(e)) => {
                 tracing::warn!(error = %e, lease = %self.options.name, "renewing the leader Lease failed")
+            }
+            Err(_) => {
+                tracing::warn!(lease = %self.options.name, "renewing the leader Lease timed out")
             }
         }
         self.leading()
     }
 
-    async fn attempt(&self) -> Result<bool, kube::Error> {
+    async fn attempt(&mut self) -> Result<bool, kube::Error> {
         let now = Timestamp::now();
         let duration_secs = i32::try_from(self.options.duration.as_secs()).unwrap_or(i32::MAX);
-        let me = self.options.identity.as_str();
+        let me = self.options.identity.clone();
         let Some(mut lease) = self.api.get_opt(&self.options.name).await? else {
             let lease = Lease {
                 metadata: ObjectMeta {
@@ -73,7 +116,7 @@ impl Elector {
                     ..ObjectMeta::default()
                 },
                 spec: Some(LeaseSpec {
-                    holder_identity: Some(me.to_owned()),
+                    holder_identity: Some(me),
                     lease_duration_seconds: Some(duration_secs),
                     acquire_time: Some(MicroTime(now)),
                     renew_time: Some(MicroTime(now)),
@@ -88,31 +131,42 @@ impl Elector {
             };
         };
         let spec = lease.spec.clone().unwrap_or_default();
-        let holder = spec.holder_identity.as_deref().unwrap_or_default();
-        let expired = spec.renew_time.as_ref().is_none_or(|MicroTime(at)| {
-            let lasts = SignedDuration::from_secs(i64::from(
-                spec.lease_duration_seconds.unwrap_or(duration_secs),
-            ));
-            at.checked_add(lasts).map_or(true, |until| until < now)
-        });
-        if holder != me && !holder.is_empty() && !expired {
+        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+        let record = (
+            holder.clone(),
+            spec.renew_time.as_ref().map(|MicroTime(t)| *t),
+        );
+        if self.observed.as_ref().is_none_or(|o| o.record != record) {
+            self.observed = Some(Observed {
+                record,
+                since: Instant::now(),
+            });
+        }
+        let lasts = Duration::from_secs(
+            u64::try_from(spec.lease_duration_seconds.unwrap_or(duration_secs)).unwrap_or(0),
+        );
+        let expired = self
+            .observed
+            .as_ref()
+            .is_some_and(|o| o.since.elapsed() >= lasts);
+        let ours = holder.as_deref() == Some(me.as_str());
+        if holder.is_some() && !ours && !expired {
             return Ok(false);
         }
-        let taking_over = holder != me;
         let transitions = spec.lease_transitions.unwrap_or(0);
         lease.spec = Some(LeaseSpec {
-            holder_identity: Some(me.to_owned()),
+            holder_identity: Some(me),
             lease_duration_seconds: Some(duration_secs),
-            acquire_time: if taking_over {
-                Some(MicroTime(now))
-            } else {
+            acquire_time: if ours {
                 spec.acquire_time
+            } else {
+                Some(MicroTime(now))
             },
             renew_time: Some(MicroTime(now)),
-            lease_transitions: Some(if taking_over {
-                transitions.saturating_add(1)
-            } else {
+            lease_transitions: Some(if ours {
                 transitions
+            } else {
+                transitions.saturating_add(1)
             }),
             ..spec
         });
@@ -128,8 +182,8 @@ impl Elector {
         }
     }
 
-    /// Gives the Lease up (on shutdown), so another replica need not wait for it to expire.
-    pub async fn release(&mut self) {
+    /// Gives the Lease up if this replica holds it.
+    async fn release(&mut self) {
         if !self.leading() {
             return;
         }
@@ -148,10 +202,5 @@ impl Elector {
                     .await;
             }
         }
-    }
-
-    /// How often to call [`Elector::try_lead`].
-    pub fn renew_every(&self) -> Duration {
-        self.options.renew
     }
 }

@@ -108,8 +108,8 @@ pub const PROXY_CONFIG_PUSHED: &str = "cf.k8s.lex.la/ProxyConfigPushed";
 const CONFIG_PORT_NAME: &str = "config";
 /// Changes arriving together are handled in one round.
 const DEBOUNCE: Duration = Duration::from_millis(100);
-/// An unchanged plane is applied again this often, to heal what others changed in objects the
-/// controller does not watch (Service, NetworkPolicy, autoscaler).
+/// An unchanged plane is applied again this often, to heal changes the watches do not show
+/// (to the autoscaler, or to fields other than the pod template's image and token digest).
 const REAPPLY_AFTER: Duration = Duration::from_secs(300);
 
 /// The chart-deployed proxy pool that serves every Gateway without a GatewayConfig.
@@ -186,19 +186,28 @@ pub async fn run(
         () = &mut shutdown => return Ok(()),
     }
     tracing::info!("watch caches filled");
-    let mut elector = options
-        .lease
-        .clone()
-        .map(|lease| lease::Elector::new(client.clone(), lease));
-    let mut reconciler = Reconciler::new(client, options.clone());
-    let tick = elector
-        .as_ref()
-        .map_or(options.resync, |e| e.renew_every().min(options.resync));
-    let mut ticks = tokio::time::interval(tick);
+    // Whether this replica leads, kept current by the elector's own task. It gives the Lease
+    // up when `stop_elector` is sent or dropped, so also when this future is dropped.
+    let (stop_elector, elector_stopped) = tokio::sync::oneshot::channel::<()>();
+    let (_always_leading, mut leading, mut elector) = match options.lease.clone() {
+        Some(lease) => {
+            let (rx, task) = lease::spawn(client.clone(), lease, async move {
+                let _ = elector_stopped.await;
+            });
+            (None, rx, Some(task))
+        }
+        None => {
+            let (tx, rx) = tokio::sync::watch::channel(true);
+            (Some(tx), rx, None)
+        }
+    };
+    let mut ticks = tokio::time::interval(options.resync);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Built afresh on each turn as leader: what it remembers may be stale after another
+    // replica's term.
+    let mut reconciler: Option<Reconciler> = None;
     let mut last_round: Option<tokio::time::Instant> = None;
     let mut pending = true;
-    let mut was_leading = false;
     loop {
         tokio::select! {
             () = changed.notified() => {
@@ -206,24 +215,23 @@ pub async fn run(
                 pending = true;
             }
             _ = ticks.tick() => {}
+            _ = leading.changed() => {}
             () = &mut shutdown => break,
         }
-        let leading = match &mut elector {
-            Some(elector) => elector.try_lead().await,
-            None => true,
-        };
-        if leading != was_leading {
-            if leading {
-                tracing::info!("leading: reconciling");
-            } else {
+        if !*leading.borrow_and_update() {
+            if reconciler.take().is_some() {
                 tracing::info!("not leading: another replica reconciles");
             }
-            was_leading = leading;
-            pending = true;
-        }
-        if !leading {
             continue;
         }
+        let reconciler = match &mut reconciler {
+            Some(r) => r,
+            None => {
+                tracing::info!("leading: reconciling");
+                pending = true;
+                reconciler.insert(Reconciler::new(client.clone(), options.clone()))
+            }
+        };
         let due = last_round.is_none_or(|at| at.elapsed() >= options.resync);
         if !(pending || due) {
             continue;
@@ -236,10 +244,26 @@ pub async fn run(
             .iter()
             .map(|d| (**d).clone())
             .collect();
-        reconciler.round(&stores.snapshot(), &deployments).await;
+        let snapshot = stores.snapshot();
+        let policies: BTreeSet<(String, String)> = stores
+            .network_policies
+            .state()
+            .iter()
+            .filter_map(|p| Some((p.metadata.namespace.clone()?, p.metadata.name.clone()?)))
+            .collect();
+        let mut lost = leading.clone();
+        tokio::select! {
+            () = reconciler.round(&snapshot, &deployments, &policies) => {}
+            // Another replica may take over once the Lease lapses: stop writing at once.
+            _ = lost.wait_for(|l| !*l) => {
+                tracing::warn!("the leader Lease lapsed during a round; the rest of it is dropped");
+            }
+            () = &mut shutdown => break,
+        }
     }
+    let _ = stop_elector.send(());
     if let Some(elector) = &mut elector {
-        elector.release().await;
+        let _ = elector.await;
     }
     tasks.shutdown().await;
     Ok(())
@@ -312,7 +336,12 @@ impl Reconciler {
         }
     }
 
-    async fn round(&mut self, snapshot: &Snapshot, deployments: &[Deployment]) {
+    async fn round(
+        &mut self,
+        snapshot: &Snapshot,
+        deployments: &[Deployment],
+        policies: &BTreeSet<(String, String)>,
+    ) {
         let mut translate_options = self.options.translate.clone();
         translate_options.shared_tunnel = self.options.shared.as_ref().and_then(|shared| {
             let (key, field) = shared.tunnel_secret.as_ref()?;
@@ -334,7 +363,10 @@ impl Reconciler {
             let ours = output.statuses.gateways.contains_key(&key);
             match output.planes.get(&key) {
                 Some(PlaneKey::Dedicated(_)) => {
-                    if let Some(info) = self.dedicated(gw, &key, snapshot, deployments).await {
+                    if let Some(info) = self
+                        .dedicated(gw, &key, snapshot, deployments, policies)
+                        .await
+                    {
                         planes.insert(PlaneKey::Dedicated(key), info);
                     }
                 }
@@ -361,8 +393,6 @@ impl Reconciler {
             }
         }
 
-        self.sync_tunnels(&output, &planes).await;
-
         let rounds: Vec<PlaneRound<'_>> = output
             .configs
             .iter()
@@ -376,7 +406,17 @@ impl Reconciler {
                 })
             })
             .collect();
-        let outcomes = self.pusher.sync_all(rounds).await;
+        // Tunnel documents and pushes at once: a slow Cloudflare call holds up no push.
+        let (tunnel_failures, outcomes) = tokio::join!(
+            sync_tunnels(
+                self.tunnel_api.as_ref(),
+                &mut self.tunnel_sync,
+                &output,
+                &planes
+            ),
+            self.pusher.sync_all(rounds),
+        );
+        self.tunnel_failures = tunnel_failures;
         let mut newly_failed = BTreeSet::new();
         for (plane, outcome) in &outcomes {
             for (pod, result) in &outcome.pods {
@@ -409,59 +449,6 @@ impl Reconciler {
             .await;
     }
 
-    /// Writes each tunnel's ingress document: one per tunnel, whatever number of planes share it.
-    async fn sync_tunnels(
-        &mut self,
-        output: &translate::Output,
-        planes: &BTreeMap<PlaneKey, PlaneInfo>,
-    ) {
-        self.tunnel_failures.clear();
-        let mut tunnels: BTreeMap<TunnelIdentity, (TunnelTarget, Vec<&PlaneKey>)> = BTreeMap::new();
-        for (plane, info) in planes {
-            match (&info.tunnel, info.identity) {
-                (Some(Ok(target)), Some(identity)) => tunnels
-                    .entry(identity)
-                    .or_insert_with(|| (target.clone(), Vec::new()))
-                    .1
-                    .push(plane),
-                (Some(Err(reason)), _) => {
-                    self.tunnel_failures.insert(plane.clone(), reason.clone());
-                }
-                _ => {}
-            }
-        }
-        if let Some(api) = &self.tunnel_api {
-            let work: Vec<(TunnelTarget, Value)> = tunnels
-                .values()
-                .map(|(target, on_tunnel)| {
-                    let configs: Vec<&cftunnel_config::Config> = on_tunnel
-                        .iter()
-                        .filter_map(|p| output.configs.get(*p))
-                        .collect();
-                    (target.clone(), cloudflare::ingress_document(&configs))
-                })
-                .collect();
-            let results = self.tunnel_sync.sync_all(api, work).await;
-            for ((target, on_tunnel), result) in tunnels.values().zip(results) {
-                match result {
-                    Ok(true) => {
-                        tracing::info!(tunnel = %target.tunnel, "wrote the tunnel's ingress document")
-                    }
-                    Ok(false) => {}
-                    Err(reason) => {
-                        tracing::warn!(tunnel = %target.tunnel, %reason, "writing the tunnel's ingress document failed");
-                        for plane in on_tunnel {
-                            self.tunnel_failures
-                                .insert((*plane).clone(), reason.clone());
-                        }
-                    }
-                }
-            }
-        }
-        self.tunnel_sync
-            .retain(|t| tunnels.keys().any(|identity| identity.id == *t));
-    }
-
     /// Renders and applies a dedicated plane; `None` when it could not be applied.
     async fn dedicated(
         &mut self,
@@ -469,6 +456,7 @@ impl Reconciler {
         key: &ObjectKey,
         snapshot: &Snapshot,
         deployments: &[Deployment],
+        policies: &BTreeSet<(String, String)>,
     ) -> Option<PlaneInfo> {
         let config_name = gw
             .spec
@@ -494,7 +482,17 @@ impl Reconciler {
                     d.metadata.namespace.as_deref() == Some(key.namespace.as_str())
                         && d.metadata.name.as_deref() == Some(plane.names.deployment.as_str())
                 });
-                self.apply_dedicated(gw, config, credentials, plane, live)
+                // The objects whose loss would matter at once are watched: the Deployment,
+                // the Service (pushes go through it) and the NetworkPolicy (the lock on 8081).
+                let intact = live.is_some_and(|d| {
+                    d.metadata.deletion_timestamp.is_none() && same_template(d, &plane.deployment)
+                }) && policies
+                    .contains(&(key.namespace.clone(), plane.names.network_policy.clone()))
+                    && snapshot.services.iter().any(|s| {
+                        s.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+                            && s.metadata.name.as_deref() == Some(plane.names.service.as_str())
+                    });
+                self.apply_dedicated(gw, config, credentials, plane, intact)
                     .await
             }
             Err(e) => Err(e.to_string()),
@@ -599,18 +597,18 @@ impl Reconciler {
         config: &crate::gateway_config::GatewayConfig,
         credentials: render::Credentials,
         plane: render::DataPlane,
-        live: Option<&Deployment>,
+        intact: bool,
     ) -> Result<(render::Credentials, render::DataPlane, bool), String> {
         let namespace = plane.deployment.namespace().unwrap_or_default();
         let uid = gw.metadata.uid.clone().unwrap_or_default();
-        // An unchanged render that was applied lately, whose Deployment still carries it, is
+        // An unchanged render that was applied lately, and whose watched objects are intact, is
         // not applied again: that would be ten requests per Gateway per round.
         let digest = rendered_digest(&plane);
         let recent = self
             .applied
             .get(&uid)
             .is_some_and(|(d, at)| *d == digest && at.elapsed() < REAPPLY_AFTER);
-        if recent && live.is_some_and(|d| same_template(d, &plane.deployment)) {
+        if recent && intact {
             return Ok((credentials, plane, false));
         }
         let (credentials, plane) = match &plane.auth_secret {
@@ -647,6 +645,7 @@ impl Reconciler {
         if !had_plane {
             return;
         }
+        self.applied.remove(uid);
         match apply::remove_plane(&self.client, &names, &key.namespace, uid).await {
             Ok(true) => tracing::info!(gateway = %key, "removed the dedicated data plane"),
             Ok(false) => {}
@@ -937,6 +936,60 @@ impl Reconciler {
             }
         }
     }
+}
+
+/// Writes each tunnel's ingress document: one per tunnel, whatever number of planes share it.
+/// Returns, per plane, why its tunnel's document could not be written.
+async fn sync_tunnels(
+    api: Option<&TunnelApi>,
+    sync: &mut TunnelSync,
+    output: &translate::Output,
+    planes: &BTreeMap<PlaneKey, PlaneInfo>,
+) -> HashMap<PlaneKey, String> {
+    let mut failures = HashMap::new();
+    let mut tunnels: BTreeMap<TunnelIdentity, (TunnelTarget, Vec<&PlaneKey>)> = BTreeMap::new();
+    for (plane, info) in planes {
+        match (&info.tunnel, info.identity) {
+            (Some(Ok(target)), Some(identity)) => tunnels
+                .entry(identity)
+                .or_insert_with(|| (target.clone(), Vec::new()))
+                .1
+                .push(plane),
+            (Some(Err(reason)), _) => {
+                failures.insert(plane.clone(), reason.clone());
+            }
+            _ => {}
+        }
+    }
+    if let Some(api) = api {
+        let work: Vec<(TunnelTarget, Value)> = tunnels
+            .values()
+            .map(|(target, on_tunnel)| {
+                let configs: Vec<&cftunnel_config::Config> = on_tunnel
+                    .iter()
+                    .filter_map(|p| output.configs.get(*p))
+                    .collect();
+                (target.clone(), cloudflare::ingress_document(&configs))
+            })
+            .collect();
+        let results = sync.sync_all(api, work).await;
+        for ((target, on_tunnel), result) in tunnels.values().zip(results) {
+            match result {
+                Ok(true) => {
+                    tracing::info!(tunnel = %target.tunnel, "wrote the tunnel's ingress document")
+                }
+                Ok(false) => {}
+                Err(reason) => {
+                    tracing::warn!(tunnel = %target.tunnel, %reason, "writing the tunnel's ingress document failed");
+                    for plane in on_tunnel {
+                        failures.insert((*plane).clone(), reason.clone());
+                    }
+                }
+            }
+        }
+    }
+    sync.retain(|t| tunnels.keys().any(|identity| identity.id == *t));
+    failures
 }
 
 /// The identity of a rendered plane's objects.

@@ -12,6 +12,7 @@ use gateway_api::experimental::referencegrants::ReferenceGrant;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource};
@@ -40,6 +41,8 @@ pub struct Stores {
     pub secrets: Store<Secret>,
     /// The rendered proxy Deployments (their ready replicas gate `Programmed`).
     pub deployments: Store<Deployment>,
+    /// The rendered NetworkPolicies (a deleted one is put back at once).
+    pub network_policies: Store<NetworkPolicy>,
 }
 
 fn cloned<K>(store: &Store<K>) -> Vec<K>
@@ -100,6 +103,12 @@ impl Stores {
                 &changed,
                 tasks,
             ),
+            network_policies: watch(
+                Api::all(client.clone()),
+                all().labels(MANAGED_BY_SELECTOR),
+                &changed,
+                tasks,
+            ),
         }
     }
 
@@ -117,6 +126,7 @@ impl Stores {
             self.gateway_configs.wait_until_ready().await,
             self.secrets.wait_until_ready().await,
             self.deployments.wait_until_ready().await,
+            self.network_policies.wait_until_ready().await,
         ];
         results.iter().all(Result::is_ok)
     }
