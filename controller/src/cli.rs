@@ -45,17 +45,25 @@ pub enum Command {
     Crd,
 }
 
+/// What `run` and `translate` share: which Gateways are ours and what their planes run.
 #[derive(Debug, Args)]
-pub struct RunArgs {
+pub struct ClassArgs {
     /// GatewayClasses with this controllerName are ours.
     #[arg(long, default_value = DEFAULT_CONTROLLER_NAME)]
     pub controller_name: String,
     /// Cluster DNS domain used for Services without EndpointSlices.
     #[arg(long, default_value = DEFAULT_CLUSTER_DOMAIN)]
     pub cluster_domain: String,
-    /// The proxy image of dedicated data planes whose GatewayConfig names none.
+    /// The proxy image of dedicated data planes whose GatewayConfig names none. Without
+    /// either, such a Gateway is not accepted.
     #[arg(long, env = "PROXY_IMAGE")]
     pub proxy_image: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub class: ClassArgs,
     /// The controller's namespace, the one the data planes' config API admits.
     #[arg(long, env = "POD_NAMESPACE", default_value = "cftunnel-system")]
     pub controller_namespace: String,
@@ -141,15 +149,15 @@ impl RunArgs {
         };
         Ok(RuntimeOptions {
             translate: Options {
-                controller_name: self.controller_name.clone(),
+                controller_name: self.class.controller_name.clone(),
                 gateway_class_name: None,
-                cluster_domain: self.cluster_domain.clone(),
-                proxy_image: self.proxy_image.clone(),
+                cluster_domain: self.class.cluster_domain.clone(),
+                proxy_image: self.class.proxy_image.clone(),
                 // Read from the shared tunnel's Secret every round.
                 shared_tunnel: None,
             },
             render: RenderSettings {
-                proxy_image: self.proxy_image.clone(),
+                proxy_image: self.class.proxy_image.clone(),
                 controller_namespace: self.controller_namespace.clone(),
                 monitoring_namespace_selector: monitoring_selector(
                     &self.monitoring_namespace_label,
@@ -250,16 +258,8 @@ pub struct TranslateArgs {
     /// Treat Gateways of this class as ours even without a GatewayClass object.
     #[arg(long)]
     pub gateway_class_name: Option<String>,
-    /// GatewayClasses with this controllerName are ours.
-    #[arg(long, default_value = DEFAULT_CONTROLLER_NAME)]
-    pub controller_name: String,
-    /// Cluster DNS domain used for Services without EndpointSlices.
-    #[arg(long, default_value = DEFAULT_CLUSTER_DOMAIN)]
-    pub cluster_domain: String,
-    /// The proxy image of dedicated data planes whose GatewayConfig names none. Without
-    /// either, such a Gateway is not accepted.
-    #[arg(long, env = "PROXY_IMAGE")]
-    pub proxy_image: Option<String>,
+    #[command(flatten)]
+    pub class: ClassArgs,
     /// The shared plane's connector token (the class tunnel), to see which dedicated Gateways
     /// share it.
     #[arg(long, env = "SHARED_TUNNEL_TOKEN", hide_env_values = true)]
@@ -323,19 +323,19 @@ pub fn run_translate(
         && !snapshot
             .gateway_classes
             .iter()
-            .any(|c| c.spec.controller_name == args.controller_name)
+            .any(|c| c.spec.controller_name == args.class.controller_name)
     {
         bail!(
             "no GatewayClass with controllerName {} in the manifests; pass --gateway-class-name or --gateway",
-            args.controller_name
+            args.class.controller_name
         );
     }
 
     let options = Options {
-        controller_name: args.controller_name.clone(),
+        controller_name: args.class.controller_name.clone(),
         gateway_class_name: class,
-        cluster_domain: args.cluster_domain.clone(),
-        proxy_image: args.proxy_image.clone(),
+        cluster_domain: args.class.cluster_domain.clone(),
+        proxy_image: args.class.proxy_image.clone(),
         shared_tunnel: args.shared_tunnel_token.as_ref().map(TunnelIdentity::of),
     };
     let output = translate::translate(&snapshot, &options);

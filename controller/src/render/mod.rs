@@ -284,6 +284,15 @@ pub fn fresh_token() -> Result<String, RenderError> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// The text of key `key` of Secret `namespace/name` in `secrets`, as a pod reads a token from it.
+pub fn secret_text(secrets: &[Secret], namespace: &str, name: &str, key: &str) -> Option<String> {
+    let secret = secrets.iter().find(|s| {
+        s.metadata.namespace.as_deref() == Some(namespace)
+            && s.metadata.name.as_deref() == Some(name)
+    })?;
+    text_value(&secret_value(secret, key)?)
+}
+
 fn secret_value(secret: &Secret, key: &str) -> Option<Vec<u8>> {
     // `stringData` is write-only on the API server, but manifests carry it; it wins over `data`
     // as it does when the API server merges the two.

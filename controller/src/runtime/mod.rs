@@ -21,8 +21,7 @@ use gateway_api::experimental::gateways::Gateway;
 use gateway_api::experimental::grpcroutes::GrpcRoute;
 use gateway_api::experimental::httproutes::HttpRoute;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ObjectReference, Secret};
-use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -869,28 +868,15 @@ impl Reconciler {
                 )
                 .await;
             }
+            let (client, version) = (self.client.clone(), meta.resource_version.clone());
             match kind {
                 RouteKind::Http => {
-                    let api: Api<HttpRoute> = Api::namespaced(self.client.clone(), &ns);
-                    Self::patch_status(
-                        api,
-                        &name,
-                        meta.resource_version.clone(),
-                        existing.as_ref(),
-                        value,
-                    )
-                    .await;
+                    let api: Api<HttpRoute> = Api::namespaced(client, &ns);
+                    Self::patch_status(api, &name, version, existing.as_ref(), value).await;
                 }
                 RouteKind::Grpc => {
-                    let api: Api<GrpcRoute> = Api::namespaced(self.client.clone(), &ns);
-                    Self::patch_status(
-                        api,
-                        &name,
-                        meta.resource_version.clone(),
-                        existing.as_ref(),
-                        value,
-                    )
-                    .await;
+                    let api: Api<GrpcRoute> = Api::namespaced(client, &ns);
+                    Self::patch_status(api, &name, version, existing.as_ref(), value).await;
                 }
             }
         }
@@ -1057,25 +1043,7 @@ fn set_programmed_pending(conditions: &mut [KubeCondition], message: &str) {
 
 /// A Secret key's text, trimmed as the proxy trims tokens.
 fn secret_text(snapshot: &Snapshot, key: &ObjectKey, field: &str) -> Option<String> {
-    let secret: &Secret = snapshot.secrets.iter().find(|s| {
-        s.metadata.namespace.as_deref() == Some(key.namespace.as_str())
-            && s.metadata.name.as_deref() == Some(key.name.as_str())
-    })?;
-    let bytes = secret
-        .string_data
-        .as_ref()
-        .and_then(|d| d.get(field))
-        .map(|s| s.as_bytes().to_vec())
-        .or_else(|| {
-            secret
-                .data
-                .as_ref()
-                .and_then(|d| d.get(field))
-                .map(|ByteString(b)| b.clone())
-        })?;
-    let text = String::from_utf8(bytes).ok()?;
-    let text = text.trim();
-    (!text.is_empty()).then(|| text.to_owned())
+    render::secret_text(&snapshot.secrets, &key.namespace, &key.name, field)
 }
 
 fn shared_plane(

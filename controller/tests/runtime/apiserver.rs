@@ -507,6 +507,15 @@ impl Req<'_> {
         object
     }
 
+    /// 409 for a write naming a resourceVersion that is no longer current.
+    fn stale(&self, name: &str) -> Response<BoxBody<Bytes, Infallible>> {
+        status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            &format!("Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again", self.target.plural),
+        )
+    }
+
     fn not_found(&self, name: &str) -> Response<BoxBody<Bytes, Infallible>> {
         status(
             StatusCode::NOT_FOUND,
@@ -619,11 +628,7 @@ fn replace(
     let current = existing.pointer("/metadata/resourceVersion").cloned();
     if let Some(wanted) = object.pointer("/metadata/resourceVersion") {
         if Some(wanted) != current.as_ref() {
-            return status(
-                StatusCode::CONFLICT,
-                "Conflict",
-                &format!("Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again", req.target.plural),
-            );
+            return req.stale(&name);
         }
     }
     if let (Some(meta), Some(old)) = (
@@ -707,11 +712,7 @@ fn patch(
             .and_then(Value::as_str),
     ) {
         if !apply && wanted != current {
-            return status(
-                StatusCode::CONFLICT,
-                "Conflict",
-                &format!("Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again", req.target.plural),
-            );
+            return req.stale(&name);
         }
     }
     if apply && req.params.get("fieldManager").is_none_or(String::is_empty) {
