@@ -1,6 +1,8 @@
 //! Config pushes to real proxies on loopback: each pod gets the plane's config once, again after
 //! it restarts in place, never an older version, and failures say which pod and why.
 
+mod support;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -9,7 +11,6 @@ use cftunnel_controller::push::{PodOutcome, Pusher};
 use cftunnel_controller::translate::{ObjectKey, PlaneKey};
 use cftunnel_loadtest::echo::{EchoIdentity, EchoServer};
 use cftunnel_proxy::{Server, ServerOptions};
-use http_body_util::{BodyExt, Full};
 
 const TOKEN: &str = "plane-token";
 
@@ -61,25 +62,13 @@ async fn proxy() -> Server {
 }
 
 async fn get(addr: SocketAddr, path: &str, host: &str, bearer: Option<&str>) -> (u16, String) {
-    let stream = tokio::net::TcpStream::connect(addr)
+    let answer = support::request(addr, "GET", path, host, bearer, "")
         .await
-        .expect("connects");
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .expect("handshake");
-    tokio::spawn(conn);
-    let mut req = http::Request::builder().uri(path).header("host", host);
-    if let Some(token) = bearer {
-        req = req.header("authorization", format!("Bearer {token}"));
-    }
-    let res = sender
-        .send_request(req.body(Full::new(bytes::Bytes::new())).expect("request"))
-        .await
-        .expect("answered");
-    let status = res.status().as_u16();
-    let body = res.into_body().collect().await.expect("body").to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
+        .expect("the server answers");
+    (
+        answer.status,
+        String::from_utf8_lossy(&answer.body).into_owned(),
+    )
 }
 
 /// The version a proxy reports on its config API.

@@ -4,6 +4,8 @@
 //! config only with the token the controller resolved, and serves the Gateway's route through
 //! the mock edge.
 
+mod support;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -18,6 +20,7 @@ use cftunnel_tunnel::mock_edge::MockEdge;
 use cftunnel_tunnel::Token;
 use http_body_util::{BodyExt, Full};
 use k8s_openapi::api::core::v1::Container;
+use support::Answer;
 
 const TUNNEL_ID: &str = "1f0e4a43-5a0b-4d3e-9c55-1f2d7c3b8e21";
 
@@ -134,11 +137,6 @@ fn kubelet_env(
         .collect()
 }
 
-struct Answer {
-    status: u16,
-    body: Bytes,
-}
-
 async fn call(
     addr: SocketAddr,
     method: &str,
@@ -146,29 +144,9 @@ async fn call(
     bearer: Option<&str>,
     body: &str,
 ) -> Answer {
-    let stream = tokio::net::TcpStream::connect(addr)
+    support::request(addr, method, path, "proxy", bearer, body)
         .await
-        .expect("connects");
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .expect("handshake");
-    tokio::spawn(conn);
-    let mut req = http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "proxy")
-        .header("content-type", "application/json");
-    if let Some(token) = bearer {
-        req = req.header("authorization", format!("Bearer {token}"));
-    }
-    let req = req
-        .body(Full::new(Bytes::from(body.to_owned())))
-        .expect("request");
-    let res = sender.send_request(req).await.expect("answered");
-    let status = res.status().as_u16();
-    let body = res.into_body().collect().await.expect("body").to_bytes();
-    Answer { status, body }
+        .expect("the proxy answers")
 }
 
 async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {

@@ -8,12 +8,12 @@
 mod apiserver;
 #[path = "runtime/cloudflare_api.rs"]
 mod cloudflare_api;
+mod support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use apiserver::ApiServer;
-use bytes::Bytes;
 use cftunnel_controller::render::RenderSettings;
 use cftunnel_controller::runtime::{self, RuntimeOptions, PROXY_CONFIG_PUSHED};
 use cftunnel_controller::translate::Options;
@@ -21,7 +21,6 @@ use cftunnel_loadtest::echo::{EchoIdentity, EchoServer};
 use cftunnel_proxy::{Server, ServerOptions};
 use cftunnel_tunnel::Token;
 use cloudflare_api::CloudflareApi;
-use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
 
 const TUNNEL_ID: &str = "3b1f5c2e-8d4a-4e6b-9f0a-7c2d1e5b4a39";
@@ -206,29 +205,11 @@ fn our_parent(route: &Value) -> Option<&Value> {
         .find(|p| p["controllerName"] == CONTROLLER)
 }
 
+/// The status of `GET /cart` with `host`, 0 when the proxy is not reachable.
 async fn get_via(data: SocketAddr, host: &str) -> u16 {
-    let Ok(stream) = tokio::net::TcpStream::connect(data).await else {
-        return 0;
-    };
-    let Ok((mut sender, conn)) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await
-    else {
-        return 0;
-    };
-    tokio::spawn(conn);
-    let req = http::Request::builder()
-        .uri("/cart")
-        .header("host", host)
-        .body(Full::new(Bytes::new()))
-        .expect("request");
-    match sender.send_request(req).await {
-        Ok(res) => {
-            let status = res.status().as_u16();
-            let _ = res.into_body().collect().await;
-            status
-        }
-        Err(_) => 0,
-    }
+    support::request(data, "GET", "/cart", host, None, "")
+        .await
+        .map_or(0, |a| a.status)
 }
 
 #[tokio::test]

@@ -1,0 +1,46 @@
+//! What several controller test binaries share: one HTTP/1.1 exchange with a server on
+//! loopback, on a connection of its own.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+
+/// An answer: its status and body.
+pub struct Answer {
+    pub status: u16,
+    pub body: Bytes,
+}
+
+/// One request; `None` when the server cannot be reached or drops the connection (a test may
+/// be waiting for it to come up).
+pub async fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    host: &str,
+    bearer: Option<&str>,
+    body: &str,
+) -> Option<Answer> {
+    let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .ok()?;
+    tokio::spawn(conn);
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", host)
+        .header("content-type", "application/json");
+    if let Some(token) = bearer {
+        req = req.header("authorization", format!("Bearer {token}"));
+    }
+    let req = req.body(Full::new(Bytes::from(body.to_owned()))).ok()?;
+    let res = sender.send_request(req).await.ok()?;
+    let status = res.status().as_u16();
+    let body = res.into_body().collect().await.ok()?.to_bytes();
+    Some(Answer { status, body })
+}
