@@ -84,7 +84,7 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     (
         "networking.k8s.io",
         "networkpolicies",
-        &["get", "patch", "delete"],
+        &["list", "watch", "get", "patch", "delete"],
     ),
     (
         "autoscaling",
@@ -378,12 +378,12 @@ impl Reconciler {
         }
         self.render_failures
             .retain(|key, _| output.statuses.gateways.contains_key(key));
-        self.applied.retain(|uid, _| {
-            snapshot
-                .gateways
-                .iter()
-                .any(|g| g.metadata.uid.as_deref() == Some(uid.as_str()))
-        });
+        let uids: std::collections::HashSet<&str> = snapshot
+            .gateways
+            .iter()
+            .filter_map(|g| g.metadata.uid.as_deref())
+            .collect();
+        self.applied.retain(|uid, _| uids.contains(uid.as_str()));
         if let Some(shared) = &self.options.shared {
             if let Some(info) =
                 shared_plane(shared, snapshot, self.options.cloudflare_api_token.as_ref())
