@@ -103,6 +103,9 @@ pub struct RunArgs {
     /// The Lease's name: one per controller installation sharing a namespace.
     #[arg(long, default_value = "cftunnel-controller")]
     pub leader_election_id: String,
+    /// Where `/healthz`, `/readyz` and `/metrics` are served.
+    #[arg(long, default_value = "0.0.0.0:8082")]
+    pub health_addr: std::net::SocketAddr,
 }
 
 /// `NAMESPACE/NAME[:KEY]` of a Secret key.

@@ -70,6 +70,14 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
             }
             tracing::info!("stopping");
         };
-        cftunnel_controller::runtime::run(client, options, shutdown).await
+        let health = std::sync::Arc::new(cftunnel_controller::runtime::health::Health::default());
+        let listener = tokio::net::TcpListener::bind(args.health_addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("binding --health-addr {}: {e}", args.health_addr))?;
+        tokio::spawn(cftunnel_controller::runtime::health::serve(
+            listener,
+            std::sync::Arc::clone(&health),
+        ));
+        cftunnel_controller::runtime::run(client, options, health, shutdown).await
     })
 }

@@ -276,7 +276,16 @@ async fn scenario() {
         ..RuntimeOptions::default()
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let controller = tokio::spawn(runtime::run(api.client(), options, async {
+    let health = std::sync::Arc::new(runtime::health::Health::default());
+    let health_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let health_addr = health_listener.local_addr().expect("addr");
+    let _health = tokio::spawn(runtime::health::serve(
+        health_listener,
+        std::sync::Arc::clone(&health),
+    ));
+    let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
         let _ = stopped.await;
     }));
 
@@ -366,6 +375,30 @@ async fn scenario() {
     .await;
     assert_eq!(provisioned.pointer("/regarding/name"), Some(&json!("edge")));
     assert_eq!(provisioned["type"], "Normal");
+
+    // The controller's own endpoint: ready, leading, counting rounds and the failing render.
+    let health_body = |path: &'static str| async move {
+        support::request(health_addr, "GET", path, "controller", None, "")
+            .await
+            .map(|a| (a.status, String::from_utf8_lossy(&a.body).into_owned()))
+    };
+    assert_eq!(health_body("/readyz").await.map(|a| a.0), Some(200));
+    assert_eq!(health_body("/healthz").await.map(|a| a.0), Some(200));
+    let by = Instant::now() + Duration::from_secs(20);
+    loop {
+        let metrics = health_body("/metrics")
+            .await
+            .map(|a| a.1)
+            .unwrap_or_default();
+        if metrics.contains("cftunnel_controller_render_failing_gateways 1")
+            && metrics.contains("cftunnel_controller_leading 1")
+            && metrics.contains("cftunnel_controller_rounds_total")
+        {
+            break;
+        }
+        assert!(Instant::now() < by, "metrics report the round: {metrics}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 
     // Someone else's object is not taken over.
     let refused = eventually("a RenderFailed Event", || {
@@ -776,7 +809,8 @@ async fn only_the_leader_writes_and_another_replica_takes_over() {
                 ..RuntimeOptions::default()
             };
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let task = tokio::spawn(runtime::run(api.client(), options, async {
+            let health = std::sync::Arc::new(runtime::health::Health::default());
+            let task = tokio::spawn(runtime::run(api.client(), options, health, async {
                 let _ = stopped.await;
             }));
             (stop, task)

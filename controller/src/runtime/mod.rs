@@ -7,6 +7,7 @@
 //! when the cluster already holds what a round computed.
 
 mod apply;
+pub mod health;
 pub mod lease;
 pub mod status;
 pub mod stores;
@@ -170,6 +171,7 @@ impl Default for RuntimeOptions {
 pub async fn run(
     client: Client,
     options: RuntimeOptions,
+    health: Arc<health::Health>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let changed = Arc::new(Notify::new());
@@ -185,6 +187,7 @@ pub async fn run(
         () = &mut shutdown => return Ok(()),
     }
     tracing::info!("watch caches filled");
+    health.set_ready();
     // Whether this replica leads, kept current by the elector's own task. It gives the Lease
     // up when `stop_elector` is sent or dropped, so also when this future is dropped.
     let (stop_elector, elector_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -217,7 +220,9 @@ pub async fn run(
             _ = leading.changed() => {}
             () = &mut shutdown => break,
         }
-        if !*leading.borrow_and_update() {
+        let is_leading = *leading.borrow_and_update();
+        health.leading.set(i64::from(is_leading));
+        if !is_leading {
             if reconciler.take().is_some() {
                 tracing::info!("not leading: another replica reconciles");
             }
@@ -251,8 +256,13 @@ pub async fn run(
             .filter_map(|p| Some((p.metadata.namespace.clone()?, p.metadata.name.clone()?)))
             .collect();
         let mut lost = leading.clone();
+        let started = tokio::time::Instant::now();
         tokio::select! {
-            () = reconciler.round(&snapshot, &deployments, &policies) => {}
+            () = reconciler.round(&snapshot, &deployments, &policies) => {
+                health.rounds.inc();
+                health.round_seconds.observe(started.elapsed().as_secs_f64());
+                reconciler.report(&health);
+            }
             // Another replica may take over once the Lease lapses: stop writing at once.
             _ = lost.wait_for(|l| !*l) => {
                 tracing::warn!("the leader Lease lapsed during a round; the rest of it is dropped");
@@ -333,6 +343,20 @@ impl Reconciler {
             tunnel_shared_told: HashMap::new(),
             applied: HashMap::new(),
         }
+    }
+
+    /// The failure counts, for `/metrics`.
+    fn report(&self, health: &health::Health) {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        health
+            .push_failing_planes
+            .set(count(self.push_failures.len()));
+        health
+            .render_failing_gateways
+            .set(count(self.render_failures.len()));
+        health
+            .tunnel_failing_planes
+            .set(count(self.tunnel_failures.len()));
     }
 
     async fn round(
