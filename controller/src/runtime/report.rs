@@ -1,0 +1,300 @@
+//! What a round reports: statuses (merge patches of the status subresources, written only when
+//! they differ) and Events.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gateway_api::experimental::gatewayclasses::GatewayClass;
+use gateway_api::experimental::gateways::Gateway;
+use gateway_api::experimental::grpcroutes::GrpcRoute;
+use gateway_api::experimental::httproutes::HttpRoute;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::{json, Value};
+
+use super::status::{self, KubeCondition, Truth};
+use super::{object_key, PlaneInfo, Reconciler, PROXY_CONFIG_PUSHED};
+use crate::translate::{self, ConditionType, ObjectKey, PlaneKey, RouteKind, Snapshot};
+
+impl Reconciler {
+    pub(super) async fn publish(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: &str,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note.chars().take(1024).collect()),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, regarding).await {
+            tracing::warn!(error = %e, reason, "publishing an Event failed");
+        }
+    }
+
+    pub(super) async fn write_statuses(
+        &mut self,
+        snapshot: &Snapshot,
+        output: &translate::Output,
+        planes: &BTreeMap<PlaneKey, PlaneInfo>,
+        newly_failed: &BTreeSet<PlaneKey>,
+    ) {
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let controller = &self.options.translate.controller_name;
+
+        for class in &snapshot.gateway_classes {
+            let name = class.name_any();
+            let Some(conditions) = output.statuses.gateway_classes.get(&name) else {
+                continue;
+            };
+            let existing = class
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok());
+            let desired = status::gateway_class(conditions, existing.as_ref(), &now);
+            let api: Api<GatewayClass> = Api::all(self.client.clone());
+            let version = class.resource_version();
+            Self::patch_status(api, &name, version, existing.as_ref(), desired).await;
+        }
+
+        let shared_address = planes
+            .get(&PlaneKey::Shared)
+            .map(|p| p.address.clone())
+            .filter(|a| !a.is_empty());
+        for gw in &snapshot.gateways {
+            let Some(key) = object_key(gw) else { continue };
+            let Some(desired) = output.statuses.gateways.get(&key) else {
+                continue;
+            };
+            let mut conditions: Vec<KubeCondition> =
+                desired.conditions.iter().map(KubeCondition::from).collect();
+            let mut addresses = Vec::new();
+            match output.planes.get(&key) {
+                Some(plane @ PlaneKey::Dedicated(_)) => match planes.get(plane) {
+                    Some(info) => {
+                        addresses.push(info.address.clone());
+                        if !info.ready {
+                            set_programmed_pending(
+                                &mut conditions,
+                                "waiting for a ready proxy replica (a registered tunnel connector)",
+                            );
+                        }
+                    }
+                    None => set_programmed_pending(
+                        &mut conditions,
+                        "the data plane could not be applied (see the RenderFailed Event)",
+                    ),
+                },
+                Some(PlaneKey::Shared) => addresses.extend(shared_address.clone()),
+                None => {}
+            }
+            let existing = gw
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok());
+            let value = status::gateway(desired, &conditions, &addresses, existing.as_ref(), &now);
+            let api: Api<Gateway> = Api::namespaced(self.client.clone(), &key.namespace);
+            Self::patch_status(
+                api,
+                &key.name,
+                gw.resource_version(),
+                existing.as_ref(),
+                value,
+            )
+            .await;
+        }
+
+        let route_objects = snapshot
+            .http_routes
+            .iter()
+            .map(|r| {
+                (
+                    RouteKind::Http,
+                    r.metadata.clone(),
+                    r.status.as_ref().and_then(|s| serde_json::to_value(s).ok()),
+                    r.object_ref(&()),
+                )
+            })
+            .chain(snapshot.grpc_routes.iter().map(|r| {
+                (
+                    RouteKind::Grpc,
+                    r.metadata.clone(),
+                    r.status.as_ref().and_then(|s| serde_json::to_value(s).ok()),
+                    r.object_ref(&()),
+                )
+            }));
+        let mut routes_seen = BTreeSet::new();
+        for (kind, meta, existing, regarding) in route_objects {
+            let (Some(ns), Some(name)) = (meta.namespace.clone(), meta.name.clone()) else {
+                continue;
+            };
+            let route_key = translate::RouteKey {
+                kind,
+                key: ObjectKey::new(&ns, &name),
+            };
+            let ours = output
+                .statuses
+                .routes
+                .get(&route_key)
+                .cloned()
+                .unwrap_or_default();
+            let had_ours = existing
+                .as_ref()
+                .and_then(|s| s.get("parents"))
+                .and_then(Value::as_array)
+                .is_some_and(|p| {
+                    p.iter().any(|p| {
+                        p.get("controllerName").and_then(Value::as_str) == Some(controller.as_str())
+                    })
+                });
+            if ours.is_empty() && !had_ours {
+                continue;
+            }
+            let adjust = |i: usize, conditions: &mut Vec<KubeCondition>| {
+                let Some(parent) = ours.get(i) else { return };
+                let accepted = parent
+                    .condition(ConditionType::Accepted)
+                    .is_some_and(|c| c.status);
+                if !accepted {
+                    return;
+                }
+                let gateway = ObjectKey::new(&parent.parent_ref.namespace, &parent.parent_ref.name);
+                let Some(plane) = output.planes.get(&gateway) else {
+                    return;
+                };
+                // Only this Gateway's tunnel failed: its routes are pending, no one else's.
+                if let Some(reason) = self.tunnel_failures.get(plane) {
+                    for c in conditions.iter_mut().filter(|c| c.kind == "Accepted") {
+                        c.status = Truth::Unknown;
+                        c.reason = "Pending".to_owned();
+                        c.message =
+                            format!("the tunnel's ingress document could not be written: {reason}");
+                    }
+                }
+                if let Some(reason) = self.push_failures.get(plane) {
+                    conditions.push(KubeCondition {
+                        kind: PROXY_CONFIG_PUSHED.to_owned(),
+                        status: Truth::False,
+                        reason: "PushFailed".to_owned(),
+                        message: format!("the proxy pods have not taken the config: {reason}"),
+                        observed_generation: meta.generation,
+                    });
+                }
+            };
+            let value = status::route(&ours, &adjust, controller, existing.as_ref(), &now);
+            // The Event mirrors the condition, once per run of failures.
+            let failed_now = ours.iter().find_map(|parent| {
+                let gateway = ObjectKey::new(&parent.parent_ref.namespace, &parent.parent_ref.name);
+                output
+                    .planes
+                    .get(&gateway)
+                    .filter(|p| newly_failed.contains(*p))
+                    .and_then(|p| self.push_failures.get(p))
+            });
+            let shared_tunnel = ours.iter().find_map(|parent| {
+                parent
+                    .condition(ConditionType::TunnelShared)
+                    .map(|c| c.message.clone())
+            });
+            let told_key = route_key.to_string();
+            routes_seen.insert(told_key.clone());
+            match shared_tunnel {
+                Some(message) if self.tunnel_shared_told.get(&told_key) != Some(&message) => {
+                    self.publish(
+                        &regarding,
+                        EventType::Warning,
+                        "TunnelShared",
+                        "Route",
+                        &message,
+                    )
+                    .await;
+                    self.tunnel_shared_told.insert(told_key, message);
+                }
+                Some(_) => {}
+                None => {
+                    self.tunnel_shared_told.remove(&told_key);
+                }
+            }
+            if let Some(reason) = failed_now {
+                let note = format!("the proxy pods have not taken the config: {reason}");
+                self.publish(
+                    &regarding,
+                    EventType::Warning,
+                    "ProxyConfigPushFailed",
+                    "Push",
+                    &note,
+                )
+                .await;
+            }
+            let (client, version) = (self.client.clone(), meta.resource_version.clone());
+            match kind {
+                RouteKind::Http => {
+                    let api: Api<HttpRoute> = Api::namespaced(client, &ns);
+                    Self::patch_status(api, &name, version, existing.as_ref(), value).await;
+                }
+                RouteKind::Grpc => {
+                    let api: Api<GrpcRoute> = Api::namespaced(client, &ns);
+                    Self::patch_status(api, &name, version, existing.as_ref(), value).await;
+                }
+            }
+        }
+        self.tunnel_shared_told
+            .retain(|route, _| routes_seen.contains(route));
+    }
+
+    /// Writes `desired` as the object's status (a merge patch of the status subresource)
+    /// unless the object already says it. The patch carries the resourceVersion the status was
+    /// computed from: if the object changed meanwhile (another controller wrote its parent),
+    /// the API server refuses it and the round its watch event starts writes it afresh.
+    async fn patch_status<K>(
+        api: Api<K>,
+        name: &str,
+        resource_version: Option<String>,
+        existing: Option<&Value>,
+        desired: Value,
+    ) where
+        K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+        K::DynamicType: Default,
+    {
+        if status::contains(existing, &desired) {
+            return;
+        }
+        let patch = json!({
+            "metadata": { "resourceVersion": resource_version },
+            "status": desired,
+        });
+        match api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                tracing::debug!(
+                    name,
+                    "status changed meanwhile; rewritten on the next round"
+                );
+            }
+            Err(e) => {
+                let kind = K::kind(&K::DynamicType::default()).into_owned();
+                tracing::warn!(%kind, name, error = %e, "writing status failed");
+            }
+        }
+    }
+}
+
+/// Replaces the Gateway's `Programmed` condition with `False` (`Pending`).
+fn set_programmed_pending(conditions: &mut [KubeCondition], message: &str) {
+    for c in conditions.iter_mut().filter(|c| c.kind == "Programmed") {
+        if c.status == Truth::True {
+            c.status = Truth::False;
+            c.reason = "Pending".to_owned();
+            c.message = message.to_owned();
+        }
+    }
+}
