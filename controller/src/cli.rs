@@ -78,11 +78,11 @@ pub struct RunArgs {
     /// planes get configs.
     #[arg(long)]
     pub shared_service: Option<GatewayName>,
-    /// The Secret (NAMESPACE/NAME[:KEY], key default `token`) with the shared pool's
+    /// The Secret (`NAMESPACE/NAME[:KEY]`, key default `token`) with the shared pool's
     /// config-API token.
     #[arg(long, requires = "shared_service")]
     pub shared_auth_secret: Option<SecretArg>,
-    /// The Secret (NAMESPACE/NAME[:KEY], key default `tunnel-token`) with the class tunnel's
+    /// The Secret (`NAMESPACE/NAME[:KEY]`, key default `tunnel-token`) with the class tunnel's
     /// connector token, for the shared Gateways' addresses.
     #[arg(long, requires = "shared_service")]
     pub shared_tunnel_secret: Option<SecretArg>,

@@ -6,7 +6,7 @@
 //! event impossible to miss for long (rounds also run on a resync period). Writes are skipped
 //! when the cluster already holds what a round computed.
 //!
-//! Here: the run loop and the round (planes, pushes, tunnel documents). [`apply`] writes and
+//! Here: the run loop and the round (planes, pushes, tunnel documents). `apply` writes and
 //! removes a plane's objects, `report` writes statuses and Events ([`status`] builds them),
 //! [`lease`] elects the one replica that acts, [`health`] serves the controller's endpoint.
 
