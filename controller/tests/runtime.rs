@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use apiserver::ApiServer;
 use cftunnel_controller::render::RenderSettings;
-use cftunnel_controller::runtime::{self, RuntimeOptions, PROXY_CONFIG_PUSHED};
-use cftunnel_controller::translate::Options;
+use cftunnel_controller::runtime::{self, RuntimeOptions, SharedPlane, PROXY_CONFIG_PUSHED};
+use cftunnel_controller::translate::{ObjectKey, Options};
 use cftunnel_loadtest::echo::{EchoIdentity, EchoServer};
 use cftunnel_proxy::{Server, ServerOptions};
 use cftunnel_tunnel::Token;
@@ -26,6 +26,71 @@ use serde_json::{json, Value};
 const TUNNEL_ID: &str = "3b1f5c2e-8d4a-4e6b-9f0a-7c2d1e5b4a39";
 const THIRD_TUNNEL_ID: &str = "9d7e0c41-2b6f-4a83-b5e2-0f1c3a6d8e74";
 const OTHER_TUNNEL_ID: &str = "52c8e1f0-6a3d-4b97-8e14-d0a7f9b3c265";
+const SHARED_TUNNEL_ID: &str = "c4a1e7d2-9b36-4f08-a5c3-6e2b8d0f1a97";
+
+/// The shared pool's side: its token Secrets in the controller's namespace, the EndpointSlice
+/// of its Service (listing `pool`), and a Gateway of the class without a GatewayConfig with a
+/// route to the echo backend.
+fn shared_seed(pool: SocketAddr, backend: SocketAddr) -> String {
+    let token = Token::new(
+        "acct-s",
+        b"class secret".to_vec(),
+        uuid_of(SHARED_TUNNEL_ID),
+    )
+    .encode();
+    format!(
+        r#"
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: shared-auth, namespace: cftunnel-system}}
+stringData: {{token: pool-secret}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: shared-tunnel, namespace: cftunnel-system}}
+stringData: {{tunnel-token: "{token}"}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: cftunnel-proxy-p1
+  namespace: cftunnel-system
+  labels: {{kubernetes.io/service-name: cftunnel-proxy, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}
+addressType: IPv4
+ports: [{{name: config, port: {pool_port}}}]
+endpoints: [{{addresses: ["127.0.0.1"], conditions: {{ready: true}}}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: public, namespace: tenant-s}}
+spec:
+  gatewayClassName: cloudflare-tunnel
+  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: www.example.com}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: tenant-s}}
+spec: {{ports: [{{name: http, port: 80, targetPort: {port}}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: web-1, namespace: tenant-s, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv4
+ports: [{{name: http, port: {port}}}]
+endpoints: [{{addresses: ["127.0.0.1"], conditions: {{ready: true}}}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: www, namespace: tenant-s}}
+spec:
+  parentRefs: [{{name: public}}]
+  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
+"#,
+        pool_port = pool.port(),
+        port = backend.port(),
+    )
+}
 
 fn uuid_of(id: &str) -> uuid::Uuid {
     id.parse().expect("uuid")
@@ -241,8 +306,23 @@ async fn scenario() {
         THIRD_TUNNEL_ID.parse().expect("uuid"),
     )
     .encode();
-    let api = ApiServer::start(&seed(&token, &third_token, echo.http_addr())).await;
+    // The shared pool: one real proxy with the pool's token.
+    let pool = Server::start(
+        ServerOptions {
+            auth_token: Some("pool-secret".to_owned()),
+            ..ServerOptions::default()
+        },
+        None,
+    )
+    .await
+    .expect("pool proxy starts");
+    let api = ApiServer::start(
+        &(seed(&token, &third_token, echo.http_addr())
+            + &shared_seed(pool.admin_addr(), echo.http_addr())),
+    )
+    .await;
     let cloudflare = CloudflareApi::start().await;
+    cloudflare.allow("acct-s", "cf-token-c");
     cloudflare.allow("acct", "cf-token-a");
     cloudflare.allow("acct-c", "cf-token-c");
     cloudflare.add_tunnel("acct", TUNNEL_ID, &token);
@@ -269,6 +349,15 @@ async fn scenario() {
             ..RenderSettings::default()
         },
         resync: Duration::from_millis(150),
+        shared: Some(SharedPlane {
+            service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
+            auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
+            auth_key: "token".to_owned(),
+            tunnel_secret: Some((
+                ObjectKey::new("cftunnel-system", "shared-tunnel"),
+                "tunnel-token".to_owned(),
+            )),
+        }),
         cloudflare_api_base: cloudflare.base(),
         cloudflare_api_token: Some("cf-token-c".to_owned()),
         push_timeout: Duration::from_secs(2),
@@ -399,6 +488,41 @@ async fn scenario() {
         assert!(Instant::now() < by, "metrics report the round: {metrics}");
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+
+    // The shared pool serves the class's Gateway without a GatewayConfig, on the class tunnel.
+    let by = Instant::now() + Duration::from_secs(20);
+    while get_via(pool.data_addr(), "www.example.com").await != 200 {
+        assert!(
+            Instant::now() < by,
+            "the shared pool serves the shared Gateway's route"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        get_via(pool.data_addr(), "shop.example.com").await,
+        404,
+        "not tenant a's route"
+    );
+    let public = eventually("the shared Gateway's address", || {
+        api.get(
+            "gateway.networking.k8s.io/v1",
+            "Gateway",
+            "tenant-s",
+            "public",
+        )
+        .and_then(|g| g.pointer("/status/addresses").cloned())
+        .filter(|a| a.is_array())
+    })
+    .await;
+    assert_eq!(
+        public,
+        json!([{"type": "Hostname", "value": format!("{SHARED_TUNNEL_ID}.cfargotunnel.com")}])
+    );
+    let (_, document) = eventually("the class tunnel's document", || {
+        cloudflare.config("acct-s", SHARED_TUNNEL_ID)
+    })
+    .await;
+    assert_eq!(document["ingress"][0]["hostname"], "www.example.com");
 
     // Someone else's object is not taken over.
     let refused = eventually("a RenderFailed Event", || {
@@ -723,6 +847,7 @@ async fn scenario() {
         .expect("the controller task")
         .expect("the controller stops cleanly");
     pod.shutdown().await;
+    pool.shutdown().await;
 }
 
 /// With the controller's own API token, a tunnel's document is written only for a connector
