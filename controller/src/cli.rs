@@ -103,8 +103,9 @@ pub struct RunArgs {
     /// The Lease's name: one per controller installation sharing a namespace.
     #[arg(long, default_value = "cftunnel-controller")]
     pub leader_election_id: String,
-    /// Where `/healthz`, `/readyz` and `/metrics` are served.
-    #[arg(long, default_value = "0.0.0.0:8082")]
+    /// Where `/healthz`, `/readyz` and `/metrics` are served (`[::]`: IPv6 and IPv4, or IPv4
+    /// alone where IPv6 is off).
+    #[arg(long, default_value = "[::]:8082")]
     pub health_addr: std::net::SocketAddr,
 }
 

@@ -307,10 +307,19 @@ impl TunnelSync {
                 }
             })
             .collect();
-        let done: Vec<_> = futures_util::stream::iter(calls)
-            .buffered(CONCURRENT_WRITES)
-            .collect()
-            .await;
+        // Unordered: a tunnel whose API call hangs does not keep the next ones from starting.
+        let mut done: Vec<(usize, _)> = futures_util::stream::iter(
+            calls
+                .into_iter()
+                .enumerate()
+                .map(|(i, c)| async move { (i, c.await) })
+                .collect::<Vec<_>>(),
+        )
+        .buffer_unordered(CONCURRENT_WRITES)
+        .collect()
+        .await;
+        done.sort_by_key(|(i, _)| *i);
+        let done = done.into_iter().map(|(_, d)| d);
         done.into_iter()
             .map(|(target, digest, verified, result)| {
                 match (&result, digest) {

@@ -71,9 +71,17 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
             tracing::info!("stopping");
         };
         let health = std::sync::Arc::new(cftunnel_controller::runtime::health::Health::default());
-        let listener = tokio::net::TcpListener::bind(args.health_addr)
-            .await
-            .map_err(|e| anyhow::anyhow!("binding --health-addr {}: {e}", args.health_addr))?;
+        let listener = match tokio::net::TcpListener::bind(args.health_addr).await {
+            Ok(listener) => listener,
+            // `[::]` on a host without IPv6: the IPv4 wildcard instead.
+            Err(_) if args.health_addr.ip() == std::net::Ipv6Addr::UNSPECIFIED => {
+                let v4 = std::net::SocketAddr::from(([0, 0, 0, 0], args.health_addr.port()));
+                tokio::net::TcpListener::bind(v4)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("binding --health-addr {v4}: {e}"))?
+            }
+            Err(e) => anyhow::bail!("binding --health-addr {}: {e}", args.health_addr),
+        };
         tokio::spawn(cftunnel_controller::runtime::health::serve(
             listener,
             std::sync::Arc::clone(&health),

@@ -135,10 +135,18 @@ impl Pusher {
                 }
             })
             .collect();
-        let done: Vec<_> = futures_util::stream::iter(work)
-            .buffered(CONCURRENT_PLANES)
-            .collect()
-            .await;
+        // Unordered: a plane that times out does not keep the next ones from starting.
+        let mut done: Vec<(usize, _)> = futures_util::stream::iter(
+            work.into_iter()
+                .enumerate()
+                .map(|(i, w)| async move { (i, w.await) })
+                .collect::<Vec<_>>(),
+        )
+        .buffer_unordered(CONCURRENT_PLANES)
+        .collect()
+        .await;
+        done.sort_by_key(|(i, _)| *i);
+        let done = done.into_iter().map(|(_, d)| d);
         done.into_iter()
             .map(|(plane, state, outcome)| {
                 self.planes.insert(plane.clone(), state);

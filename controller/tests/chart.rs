@@ -70,7 +70,7 @@ fn the_charts_crd_is_the_one_the_controller_defines() {
 }
 
 #[test]
-fn the_charts_roles_grant_every_call_the_runtime_makes() {
+fn the_charts_roles_grant_exactly_the_calls_the_runtime_makes() {
     let values = values();
     let text = neutralize(&read(&chart().join("templates/rbac.yaml")), &values);
     let mut granted: Vec<(String, String, String)> = Vec::new();
@@ -103,16 +103,22 @@ fn the_charts_roles_grant_every_call_the_runtime_makes() {
             }
         }
     }
-    for (group, resource, verbs) in REQUIRED_RBAC {
-        for verb in *verbs {
-            assert!(
-                granted
-                    .iter()
-                    .any(|(g, r, v)| g == group && r == resource && v == verb),
-                "the chart does not grant {verb} on {resource} ({group:?})"
-            );
-        }
-    }
+    let required: std::collections::BTreeSet<(String, String, String)> = REQUIRED_RBAC
+        .iter()
+        .flat_map(|(g, r, verbs)| {
+            verbs
+                .iter()
+                .map(|v| ((*g).to_owned(), (*r).to_owned(), (*v).to_owned()))
+        })
+        .collect();
+    let granted: std::collections::BTreeSet<_> = granted.into_iter().collect();
+    let missing: Vec<_> = required.difference(&granted).collect();
+    let extra: Vec<_> = granted.difference(&required).collect();
+    assert!(missing.is_empty(), "the chart does not grant: {missing:?}");
+    assert!(
+        extra.is_empty(),
+        "the chart grants more than the controller calls: {extra:?}"
+    );
 }
 
 #[test]
@@ -160,6 +166,12 @@ fn the_controller_accepts_the_arguments_the_chart_passes() {
         panic!("not the run command")
     };
     let options = run.options().expect("options");
+    // The probes reach the port the controller serves them on.
+    assert!(
+        text.contains(&format!("containerPort: {}", run.health_addr.port())),
+        "containerPort {} in controller.yaml",
+        run.health_addr.port()
+    );
     assert!(options.shared.is_some(), "the shared pool gets configs");
     assert!(options.lease.is_some(), "leader election is on by default");
 }

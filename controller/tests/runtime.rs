@@ -479,9 +479,14 @@ async fn scenario() {
             .await
             .map(|a| a.1)
             .unwrap_or_default();
+        let rounds = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("cftunnel_controller_rounds_total "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
         if metrics.contains("cftunnel_controller_render_failing_gateways 1")
             && metrics.contains("cftunnel_controller_leading 1")
-            && metrics.contains("cftunnel_controller_rounds_total")
+            && rounds >= 1
         {
             break;
         }

@@ -138,7 +138,10 @@ pub async fn serve(listener: tokio::net::TcpListener, health: Arc<Health>) {
                 let res = health.answer(req.uri().path());
                 async move { Ok::<_, Infallible>(res) }
             });
+            // A client that never sends its request does not hold the connection forever.
             let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(10))
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                 .await;
         });

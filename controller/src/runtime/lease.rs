@@ -7,7 +7,8 @@
 //! Lease counts as expired only when this replica has seen the same record, unchanged, for the
 //! Lease's whole duration on its own monotonic clock: node clocks that disagree cannot make two
 //! leaders. A holder stops leading 80 % of the duration after the start of its last successful
-//! renewal, before any other replica can take over.
+//! renewal, even when that renewal is still waiting for the API server, before any other
+//! replica can take over.
 
 use std::time::Duration;
 
@@ -43,11 +44,31 @@ pub fn spawn(
         let mut stop = std::pin::pin!(stop);
         let mut ticks = tokio::time::interval(elector.options.renew);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let publish = |leading: bool| {
+            tx.send_if_modified(|was| std::mem::replace(was, leading) != leading);
+        };
         loop {
+            // Leadership ends at its deadline, whether or not a renewal is under way then.
+            let deadline = elector.deadline();
             tokio::select! {
                 _ = ticks.tick() => {
-                    let leading = elector.try_lead().await;
-                    tx.send_if_modified(|was| std::mem::replace(was, leading) != leading);
+                    let attempt = elector.try_lead();
+                    let leading = match deadline {
+                        Some(deadline) => tokio::select! {
+                            leading = attempt => leading,
+                            () = tokio::time::sleep_until(deadline) => {
+                                publish(false);
+                                elector.renewed = None;
+                                false
+                            }
+                        },
+                        None => attempt.await,
+                    };
+                    publish(leading);
+                }
+                () = sleep_until_some(deadline) => {
+                    elector.renewed = None;
+                    publish(false);
                 }
                 () = &mut stop => break,
             }
@@ -56,6 +77,14 @@ pub fn spawn(
         elector.release().await;
     });
     (rx, task)
+}
+
+/// Completes at `deadline`, never without one.
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The Lease record as last seen, and when this replica first saw it so.
@@ -82,9 +111,16 @@ impl Elector {
         }
     }
 
-    fn leading(&self) -> bool {
+    /// When this replica stops leading unless it renews: 80 % of the Lease's duration after
+    /// its last successful renewal began, before any other replica can take the Lease.
+    fn deadline(&self) -> Option<Instant> {
         self.renewed
-            .is_some_and(|at| at.elapsed() < self.options.duration.mul_f32(0.8))
+            .map(|at| at + self.options.duration.mul_f32(0.8))
+            .filter(|d| *d > Instant::now())
+    }
+
+    fn leading(&self) -> bool {
+        self.deadline().is_some()
     }
 
     /// Tries once to take or renew the Lease; returns whether this replica leads.

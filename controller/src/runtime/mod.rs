@@ -38,7 +38,8 @@ use crate::translate::{self, ObjectKey, Options, PlaneKey, Snapshot, TunnelIdent
 use stores::Stores;
 
 /// The API calls the runtime makes, as RBAC rules: (API group, resource, verbs). The chart's
-/// roles are checked against it. Leases are only in the controller's namespace.
+/// roles grant exactly these (a test holds them equal). `create` on the rendered kinds is for
+/// server-side apply's first write of an object. Leases are only in the controller's namespace.
 pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     (
         "gateway.networking.k8s.io",
@@ -71,23 +72,27 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     ("gateway.networking.k8s.io", "grpcroutes/status", &["patch"]),
     ("cf.k8s.lex.la", "gatewayconfigs", &["list", "watch"]),
     ("", "namespaces", &["list", "watch"]),
-    ("", "services", &["list", "watch", "get", "patch", "delete"]),
+    (
+        "",
+        "services",
+        &["list", "watch", "get", "create", "patch", "delete"],
+    ),
     ("", "secrets", &["list", "watch", "get", "create", "delete"]),
     ("discovery.k8s.io", "endpointslices", &["list", "watch"]),
     (
         "apps",
         "deployments",
-        &["list", "watch", "get", "patch", "delete"],
+        &["list", "watch", "get", "create", "patch", "delete"],
     ),
     (
         "networking.k8s.io",
         "networkpolicies",
-        &["list", "watch", "get", "patch", "delete"],
+        &["list", "watch", "get", "create", "patch", "delete"],
     ),
     (
         "autoscaling",
         "horizontalpodautoscalers",
-        &["get", "patch", "delete"],
+        &["get", "create", "patch", "delete"],
     ),
     ("events.k8s.io", "events", &["create", "patch"]),
     (
@@ -214,12 +219,21 @@ pub async fn run(
                 pending = true;
             }
             _ = ticks.tick() => {}
-            _ = leading.changed() => {}
+            changed = leading.changed() => {
+                if changed.is_err() {
+                    // The elector is gone: nobody renews, so nobody may act as leader.
+                    anyhow::bail!("the leader election task stopped");
+                }
+            }
             () = &mut shutdown => break,
         }
         let is_leading = *leading.borrow_and_update();
         health.leading.set(i64::from(is_leading));
         if !is_leading {
+            // A standby reports no failures: the leader does.
+            health.push_failing_planes.set(0);
+            health.render_failing_gateways.set(0);
+            health.tunnel_failing_planes.set(0);
             if reconciler.take().is_some() {
                 tracing::info!("not leading: another replica reconciles");
             }
