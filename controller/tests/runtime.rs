@@ -1002,3 +1002,95 @@ async fn only_the_leader_writes_and_another_replica_takes_over() {
     .await
     .expect("in time");
 }
+
+/// The shipped binary: `cftunnel-controller run` with a kubeconfig pointing at the API server
+/// serves its probes, renders a Gateway's plane, and on SIGTERM gives its Lease up and exits 0.
+#[tokio::test]
+async fn the_binary_runs_against_a_kubeconfig_and_stops_on_sigterm() {
+    let echo = EchoServer::spawn(
+        "127.0.0.1".parse().expect("ip"),
+        EchoIdentity {
+            namespace: "tenant-a".to_owned(),
+            pod: "web-1".to_owned(),
+        },
+    )
+    .await
+    .expect("echo starts");
+    let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+    let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
+    let api = ApiServer::start(&seed(&token, &third, echo.http_addr())).await;
+    let dir = std::env::temp_dir().join(format!("cftunnel-controller-bin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{}\"}}}}]\ncontexts: [{{name: x, context: {{cluster: c, user: u, namespace: cftunnel-system}}}}]\ncurrent-context: x\nusers: [{{name: u, user: {{token: t}}}}]\n",
+            api.base_url()
+        ),
+    )
+    .expect("kubeconfig");
+    let health: SocketAddr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+        l.local_addr().expect("addr")
+    };
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cftunnel-controller"))
+        .args(["run", "--proxy-image", "proxy:bin", "--health-addr"])
+        .arg(health.to_string())
+        .env("KUBECONFIG", &kubeconfig)
+        .env("POD_NAMESPACE", "cftunnel-system")
+        .env("POD_NAME", "controller-0")
+        .env_remove("CLOUDFLARE_API_TOKEN")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the controller starts");
+    let by = Instant::now() + Duration::from_secs(30);
+    while support::request(health, "GET", "/readyz", "controller", None, "")
+        .await
+        .map(|a| a.status)
+        != Some(200)
+    {
+        assert!(Instant::now() < by, "the controller becomes ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eventually("the binary renders the plane", || {
+        api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+            .and_then(|d| d.pointer("/spec/template/spec/containers/0/image").cloned())
+            .filter(|i| *i == "proxy:bin")
+    })
+    .await;
+    let holder = || {
+        api.get(
+            "coordination.k8s.io/v1",
+            "Lease",
+            "cftunnel-system",
+            "cftunnel-controller",
+        )
+        .and_then(|l| l.pointer("/spec/holderIdentity").cloned())
+    };
+    let held = holder().expect("a holder");
+    assert!(
+        held.as_str()
+            .is_some_and(|h| h.starts_with("controller-0_")),
+        "{held}"
+    );
+
+    let killed = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .expect("kill runs");
+    assert!(killed.success());
+    let by = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(Instant::now() < by, "the controller exits after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status}");
+    assert_eq!(holder(), None, "the Lease was given up");
+    let _ = std::fs::remove_dir_all(&dir);
+}

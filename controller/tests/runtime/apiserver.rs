@@ -303,6 +303,11 @@ impl ApiServer {
         server
     }
 
+    /// The URL a kubeconfig names for this server.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
     /// A client for this server.
     pub fn client(&self) -> kube::Client {
         let url = format!("http://{}", self.addr).parse().expect("url");
