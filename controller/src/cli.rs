@@ -303,10 +303,7 @@ pub fn run_translate(
     out: &mut impl Write,
     err: &mut impl Write,
 ) -> anyhow::Result<()> {
-    let mut snapshot = Snapshot::default();
-    for path in &args.files {
-        load_path(&mut snapshot, path)?;
-    }
+    let snapshot = load_paths(&args.files)?;
 
     let mut class = args.gateway_class_name.clone();
     if let Some(GatewayName(key)) = &args.gateway {
@@ -376,10 +373,7 @@ pub fn run_render(
     out: &mut impl Write,
     err: &mut impl Write,
 ) -> anyhow::Result<()> {
-    let mut snapshot = Snapshot::default();
-    for path in &args.files {
-        load_path(&mut snapshot, path)?;
-    }
+    let snapshot = load_paths(&args.files)?;
     let GatewayName(key) = &args.gateway;
     let Some(gateway) = snapshot.gateways.iter().find(|g| {
         g.metadata.namespace.as_deref() == Some(key.namespace.as_str())
@@ -444,6 +438,15 @@ pub fn run_crd(out: &mut impl Write) -> anyhow::Result<()> {
     let crd = serde_yaml_ng::to_string(&GatewayConfig::crd()).context("encoding the CRD")?;
     out.write_all(crd.as_bytes()).context("writing the CRD")?;
     Ok(())
+}
+
+/// Every manifest of `paths` (files or folders) in one snapshot.
+fn load_paths(paths: &[PathBuf]) -> anyhow::Result<Snapshot> {
+    let mut snapshot = Snapshot::default();
+    for path in paths {
+        load_path(&mut snapshot, path)?;
+    }
+    Ok(snapshot)
 }
 
 fn load_path(snapshot: &mut Snapshot, path: &Path) -> anyhow::Result<()> {

@@ -72,30 +72,14 @@ spec:
     parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: edge-config}}
   listeners: [{{name: web, port: 80, protocol: HTTP, hostname: shop.example.com}}]
 ---
-apiVersion: v1
-kind: Service
-metadata: {{name: web, namespace: tenant-a}}
-spec: {{ports: [{{name: http, port: 80, targetPort: {port}}}]}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: web-1
-  namespace: tenant-a
-  labels: {{kubernetes.io/service-name: web}}
-addressType: IPv4
-ports: [{{name: http, port: {port}}}]
-endpoints: [{{addresses: ["{ip}"], conditions: {{ready: true}}}}]
----
-apiVersion: gateway.networking.k8s.io/v1
+{web}apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {{name: shop, namespace: tenant-a}}
 spec:
   parentRefs: [{{name: edge}}]
   rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
 "#,
-        port = backend.port(),
-        ip = backend.ip(),
+        web = support::web_service("tenant-a", backend),
     )
 }
 

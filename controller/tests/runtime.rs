@@ -68,19 +68,7 @@ spec:
   gatewayClassName: cloudflare-tunnel
   listeners: [{{name: http, port: 80, protocol: HTTP, hostname: www.example.com}}]
 ---
-apiVersion: v1
-kind: Service
-metadata: {{name: web, namespace: tenant-s}}
-spec: {{ports: [{{name: http, port: 80, targetPort: {port}}}]}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {{name: web-1, namespace: tenant-s, labels: {{kubernetes.io/service-name: web}}}}
-addressType: IPv4
-ports: [{{name: http, port: {port}}}]
-endpoints: [{{addresses: ["127.0.0.1"], conditions: {{ready: true}}}}]
----
-apiVersion: gateway.networking.k8s.io/v1
+{web_s}apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {{name: www, namespace: tenant-s}}
 spec:
@@ -88,7 +76,7 @@ spec:
   rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
 "#,
         pool_port = pool.port(),
-        port = backend.port(),
+        web_s = support::web_service("tenant-s", backend),
     )
 }
 
@@ -141,19 +129,7 @@ stringData: {{api-token: cf-token-a}}
 ---
 {gateway}
 ---
-apiVersion: v1
-kind: Service
-metadata: {{name: web, namespace: tenant-a}}
-spec: {{ports: [{{name: http, port: 80, targetPort: {port}}}]}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {{name: web-1, namespace: tenant-a, labels: {{kubernetes.io/service-name: web}}}}
-addressType: IPv4
-ports: [{{name: http, port: {port}}}]
-endpoints: [{{addresses: ["127.0.0.1"], conditions: {{ready: true}}}}]
----
-apiVersion: gateway.networking.k8s.io/v1
+{web_a}apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {{name: shop, namespace: tenant-a}}
 spec:
@@ -207,19 +183,7 @@ spec:
   infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: third-config}}}}
   listeners: [{{name: http, port: 80, protocol: HTTP, hostname: blog.example.com}}]
 ---
-apiVersion: v1
-kind: Service
-metadata: {{name: web, namespace: tenant-c}}
-spec: {{ports: [{{name: http, port: 80, targetPort: {port}}}]}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {{name: web-1, namespace: tenant-c, labels: {{kubernetes.io/service-name: web}}}}
-addressType: IPv4
-ports: [{{name: http, port: {port}}}]
-endpoints: [{{addresses: ["127.0.0.1"], conditions: {{ready: true}}}}]
----
-apiVersion: gateway.networking.k8s.io/v1
+{web_c}apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {{name: blog, namespace: tenant-c}}
 spec:
@@ -227,7 +191,8 @@ spec:
   rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
 "#,
         gateway = gateway(true),
-        port = backend.port(),
+        web_a = support::web_service("tenant-a", backend),
+        web_c = support::web_service("tenant-c", backend),
     )
 }
 

@@ -1,5 +1,5 @@
 //! What several controller test binaries share: one HTTP/1.1 exchange with a server on
-//! loopback, on a connection of its own.
+//! loopback, on a connection of its own, and manifests of a backend Service.
 
 #![allow(dead_code)]
 
@@ -43,4 +43,25 @@ pub async fn request(
     let status = res.status().as_u16();
     let body = res.into_body().collect().await.ok()?.to_bytes();
     Some(Answer { status, body })
+}
+
+/// YAML documents of a Service `web` in `namespace` (port 80) whose one ready endpoint is
+/// `backend`, as the EndpointSlice controller lists it; ends with a document separator.
+pub fn web_service(namespace: &str, backend: SocketAddr) -> String {
+    let (ip, port) = (backend.ip(), backend.port());
+    format!(
+        r#"apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: {namespace}}}
+spec: {{ports: [{{name: http, port: 80, targetPort: {port}}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: web-1, namespace: {namespace}, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv4
+ports: [{{name: http, port: {port}}}]
+endpoints: [{{addresses: ["{ip}"], conditions: {{ready: true}}}}]
+---
+"#
+    )
 }
