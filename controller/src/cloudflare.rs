@@ -67,7 +67,13 @@ pub struct TunnelApi {
     base: String,
     client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
     timeout: Duration,
+    /// Per API token (by digest): no calls before this, after the API answered 429. The limit
+    /// is the token's, whichever tunnel it writes.
+    limited: std::sync::Arc<std::sync::Mutex<HashMap<Vec<u8>, tokio::time::Instant>>>,
 }
+
+/// How long to wait after a 429 that names no `Retry-After`.
+const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(60);
 
 impl TunnelApi {
     /// A client for the API at `base` (HTTPS, Mozilla's roots; plain HTTP only if `base` says
@@ -89,6 +95,7 @@ impl TunnelApi {
             base: base.trim_end_matches('/').to_owned(),
             client: Client::builder(hyper_util::rt::TokioExecutor::new()).build(https),
             timeout,
+            limited: std::sync::Arc::default(),
         })
     }
 
@@ -141,6 +148,22 @@ impl TunnelApi {
         target: &TunnelTarget,
         body: Bytes,
     ) -> Result<Value, String> {
+        let token_key = digest::digest(&digest::SHA256, target.api_token.as_bytes())
+            .as_ref()
+            .to_vec();
+        let now = tokio::time::Instant::now();
+        let waiting = self
+            .limited
+            .lock()
+            .ok()
+            .and_then(|l| l.get(&token_key).copied())
+            .filter(|until| *until > now);
+        if let Some(until) = waiting {
+            return Err(format!(
+                "waiting {}s more for the Cloudflare API's rate limit (it answered 429)",
+                until.duration_since(now).as_secs().max(1)
+            ));
+        }
         let req = hyper::Request::builder()
             .method(method.clone())
             .uri(uri)
@@ -158,6 +181,17 @@ impl TunnelApi {
                 .await
                 .map_err(|e| format!("{method} {uri}: {e}"))?;
             let status = res.status();
+            if status == hyper::StatusCode::TOO_MANY_REQUESTS {
+                let wait = res
+                    .headers()
+                    .get(hyper::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map_or(DEFAULT_RETRY_AFTER, Duration::from_secs);
+                if let Ok(mut limited) = self.limited.lock() {
+                    limited.insert(token_key.clone(), tokio::time::Instant::now() + wait);
+                }
+            }
             let body = Limited::new(res.into_body(), MAX_ANSWER)
                 .collect()
                 .await

@@ -1059,3 +1059,34 @@ async fn the_binary_runs_against_a_kubeconfig_and_stops_on_sigterm() {
     assert_eq!(holder(), None, "the Lease was given up");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A 429 from the Cloudflare API stops calls with that token for its `Retry-After`.
+#[tokio::test]
+async fn the_api_token_waits_out_a_rate_limit() {
+    use cftunnel_controller::cloudflare::{TunnelApi, TunnelTarget};
+    let cloudflare = CloudflareApi::start().await;
+    cloudflare.allow("acct", "controller-token");
+    let api = TunnelApi::new(&cloudflare.base(), Duration::from_secs(5)).expect("client");
+    let target = TunnelTarget {
+        account: "acct".to_owned(),
+        tunnel: uuid_of(TUNNEL_ID),
+        api_token: "controller-token".to_owned(),
+        verify_secret: None,
+    };
+    let document = json!({"ingress": [{"service": "http_status:404"}]});
+    cloudflare.rate_limit_next(1);
+    let err = api
+        .put_configuration(&target, &document)
+        .await
+        .expect_err("rate-limited");
+    assert!(err.contains("429"), "{err}");
+    let sent = cloudflare.requests();
+    let err = api
+        .put_configuration(&target, &document)
+        .await
+        .expect_err("still waiting");
+    assert!(err.contains("rate limit"), "{err}");
+    assert_eq!(cloudflare.requests(), sent, "no request while waiting");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(api.put_configuration(&target, &document).await, Ok(1));
+}

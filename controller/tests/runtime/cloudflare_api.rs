@@ -25,6 +25,10 @@ struct State {
     configs: BTreeMap<(String, String), (i64, Value)>,
     /// `(account, tunnel)` to the tunnel's connector token.
     tunnels: BTreeMap<(String, String), String>,
+    /// Answer the next request 429 with this `Retry-After`.
+    rate_limit_next: Option<u64>,
+    /// Requests received.
+    requests: usize,
     writes: usize,
 }
 
@@ -98,6 +102,15 @@ async fn handle(state: &Mutex<State>, req: Request<Incoming>) -> Response<Full<B
         .map(|b| b.to_bytes())
         .unwrap_or_default();
     let mut state = state.lock().expect("state");
+    state.requests += 1;
+    if let Some(seconds) = state.rate_limit_next.take() {
+        let mut res = refuse(StatusCode::TOO_MANY_REQUESTS, 10429, "Too many requests");
+        res.headers_mut().insert(
+            hyper::header::RETRY_AFTER,
+            hyper::header::HeaderValue::from(seconds),
+        );
+        return res;
+    }
     if presented.is_none() || state.tokens.get(&account) != presented.as_ref() {
         return refuse(StatusCode::FORBIDDEN, 10000, "Authentication error");
     }
@@ -212,6 +225,16 @@ impl CloudflareApi {
             .configs
             .get(&(account.to_owned(), tunnel.to_owned()))
             .cloned()
+    }
+
+    /// Answers the next request 429 with `Retry-After: seconds`.
+    pub fn rate_limit_next(&self, seconds: u64) {
+        self.state.lock().expect("state").rate_limit_next = Some(seconds);
+    }
+
+    /// Requests received so far, refused ones included.
+    pub fn requests(&self) -> usize {
+        self.state.lock().expect("state").requests
     }
 
     /// Successful writes so far.
