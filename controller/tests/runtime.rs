@@ -811,6 +811,22 @@ async fn scenario() {
         "not ours, not removed"
     );
 
+    // A Gateway moved to another controller's class loses the plane this controller made.
+    assert!(api
+        .get("apps/v1", "Deployment", "tenant-c", "cf-proxy-third")
+        .is_some());
+    let mut third_gateway = api
+        .get("gateway.networking.k8s.io/v1", "Gateway", "tenant-c", "third")
+        .expect("Gateway third");
+    third_gateway["spec"]["gatewayClassName"] = json!("someone-else");
+    api.put(third_gateway);
+    eventually("the plane of a Gateway that left the class removed", || {
+        api.get("apps/v1", "Deployment", "tenant-c", "cf-proxy-third")
+            .is_none()
+            .then_some(())
+    })
+    .await;
+
     let _ = stop.send(());
     controller
         .await
