@@ -816,7 +816,12 @@ async fn scenario() {
         .get("apps/v1", "Deployment", "tenant-c", "cf-proxy-third")
         .is_some());
     let mut third_gateway = api
-        .get("gateway.networking.k8s.io/v1", "Gateway", "tenant-c", "third")
+        .get(
+            "gateway.networking.k8s.io/v1",
+            "Gateway",
+            "tenant-c",
+            "third",
+        )
         .expect("Gateway third");
     third_gateway["spec"]["gatewayClassName"] = json!("someone-else");
     api.put(third_gateway);
