@@ -9,7 +9,7 @@ use std::time::Duration;
 use cftunnel_config::{Backend, Config, Rule};
 use cftunnel_controller::push::{PodOutcome, Pusher};
 use cftunnel_controller::translate::{ObjectKey, PlaneKey};
-use cftunnel_loadtest::echo::{EchoIdentity, EchoServer};
+use cftunnel_loadtest::echo::EchoServer;
 use cftunnel_proxy::{Server, ServerOptions};
 
 const TOKEN: &str = "plane-token";
@@ -80,15 +80,7 @@ async fn held(server: &Server) -> i64 {
 }
 
 async fn echo() -> EchoServer {
-    EchoServer::spawn(
-        "127.0.0.1".parse().expect("ip"),
-        EchoIdentity {
-            namespace: "tenant-a".to_owned(),
-            pod: "web".to_owned(),
-        },
-    )
-    .await
-    .expect("echo starts")
+    support::echo("tenant-a", "web").await
 }
 
 #[tokio::test]

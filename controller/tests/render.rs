@@ -15,7 +15,6 @@ use bytes::Bytes;
 use cftunnel_controller::manifest;
 use cftunnel_controller::render::{self, RenderSettings};
 use cftunnel_controller::translate::{self, ObjectKey, Options, PlaneKey, Snapshot};
-use cftunnel_loadtest::echo::{EchoIdentity, EchoServer};
 use cftunnel_tunnel::mock_edge::MockEdge;
 use cftunnel_tunnel::Token;
 use http_body_util::{BodyExt, Full};
@@ -153,15 +152,7 @@ impl Drop for Child {
 
 #[tokio::test]
 async fn the_rendered_pod_spec_runs_the_proxy_behind_its_tunnel() {
-    let echo = EchoServer::spawn(
-        "127.0.0.1".parse().expect("ip"),
-        EchoIdentity {
-            namespace: "tenant-a".to_owned(),
-            pod: "web-1".to_owned(),
-        },
-    )
-    .await
-    .expect("echo backend starts");
+    let echo = support::echo("tenant-a", "web-1").await;
     let edge = MockEdge::start().await.expect("mock edge starts");
     let tunnel_id: uuid::Uuid = TUNNEL_ID.parse().expect("uuid");
     let token = Token::new(

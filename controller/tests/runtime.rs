@@ -17,7 +17,6 @@ use apiserver::ApiServer;
 use cftunnel_controller::render::RenderSettings;
 use cftunnel_controller::runtime::{self, RuntimeOptions, SharedPlane, PROXY_CONFIG_PUSHED};
 use cftunnel_controller::translate::{ObjectKey, Options};
-use cftunnel_loadtest::echo::{EchoIdentity, EchoServer};
 use cftunnel_proxy::{Server, ServerOptions};
 use cftunnel_tunnel::Token;
 use cloudflare_api::CloudflareApi;
@@ -250,15 +249,7 @@ async fn the_controller_runs_a_dedicated_plane_from_render_to_removal() {
 }
 
 async fn scenario() {
-    let echo = EchoServer::spawn(
-        "127.0.0.1".parse().expect("ip"),
-        EchoIdentity {
-            namespace: "tenant-a".to_owned(),
-            pod: "web-1".to_owned(),
-        },
-    )
-    .await
-    .expect("echo starts");
+    let echo = support::echo("tenant-a", "web-1").await;
     let token = Token::new(
         "acct",
         b"tunnel secret".to_vec(),
@@ -891,15 +882,7 @@ async fn the_controllers_token_writes_only_for_tunnels_the_tenant_can_open() {
 async fn only_the_leader_writes_and_another_replica_takes_over() {
     use cftunnel_controller::runtime::lease::LeaseOptions;
     tokio::time::timeout(Duration::from_secs(60), async {
-        let echo = EchoServer::spawn(
-            "127.0.0.1".parse().expect("ip"),
-            EchoIdentity {
-                namespace: "tenant-a".to_owned(),
-                pod: "web-1".to_owned(),
-            },
-        )
-        .await
-        .expect("echo starts");
+        let echo = support::echo("tenant-a", "web-1").await;
         let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
         let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
         let api = ApiServer::start(&seed(&token, &third, echo.http_addr())).await;
@@ -993,15 +976,7 @@ async fn only_the_leader_writes_and_another_replica_takes_over() {
 /// serves its probes, renders a Gateway's plane, and on SIGTERM gives its Lease up and exits 0.
 #[tokio::test]
 async fn the_binary_runs_against_a_kubeconfig_and_stops_on_sigterm() {
-    let echo = EchoServer::spawn(
-        "127.0.0.1".parse().expect("ip"),
-        EchoIdentity {
-            namespace: "tenant-a".to_owned(),
-            pod: "web-1".to_owned(),
-        },
-    )
-    .await
-    .expect("echo starts");
+    let echo = support::echo("tenant-a", "web-1").await;
     let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
     let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
     let api = ApiServer::start(&seed(&token, &third, echo.http_addr())).await;

@@ -571,19 +571,30 @@ fn get(shared: &Arc<Shared>, req: &Req<'_>) -> Response<BoxBody<Bytes, Infallibl
     }
 }
 
+/// A request body as the object it carries (a Secret's `stringData` folded into `data`).
+fn json_body(body: &[u8]) -> Option<Value> {
+    let mut object = serde_json::from_slice::<Value>(body).ok()?;
+    normalize_secret(&mut object);
+    Some(object)
+}
+
+/// The 400 the API server answers a body that is not JSON.
+fn not_json() -> Response<BoxBody<Bytes, Infallible>> {
+    status(
+        StatusCode::BAD_REQUEST,
+        "BadRequest",
+        "the body is not JSON",
+    )
+}
+
 fn create(
     shared: &Arc<Shared>,
     req: &Req<'_>,
     body: &[u8],
 ) -> Response<BoxBody<Bytes, Infallible>> {
-    let Ok(mut object) = serde_json::from_slice::<Value>(body) else {
-        return status(
-            StatusCode::BAD_REQUEST,
-            "BadRequest",
-            "the body is not JSON",
-        );
+    let Some(object) = json_body(body) else {
+        return not_json();
     };
-    normalize_secret(&mut object);
     let name = object
         .pointer("/metadata/name")
         .and_then(Value::as_str)
@@ -616,14 +627,9 @@ fn replace(
     req: &Req<'_>,
     body: &[u8],
 ) -> Response<BoxBody<Bytes, Infallible>> {
-    let Ok(mut object) = serde_json::from_slice::<Value>(body) else {
-        return status(
-            StatusCode::BAD_REQUEST,
-            "BadRequest",
-            "the body is not JSON",
-        );
+    let Some(mut object) = json_body(body) else {
+        return not_json();
     };
-    normalize_secret(&mut object);
     let name = req.target.name.clone().unwrap_or_default();
     let key = req.key(&name);
     let mut state = shared.state.lock().expect("state");

@@ -1,5 +1,5 @@
 //! What several controller test binaries share: one HTTP/1.1 exchange with a server on
-//! loopback, on a connection of its own, and manifests of a backend Service.
+//! loopback, on a connection of its own, an echo backend, and manifests of a backend Service.
 
 #![allow(dead_code)]
 
@@ -64,4 +64,17 @@ endpoints: [{{addresses: ["{ip}"], conditions: {{ready: true}}}}]
 ---
 "#
     )
+}
+
+/// An echo backend on loopback that answers as pod `pod` of `namespace`.
+pub async fn echo(namespace: &str, pod: &str) -> cftunnel_loadtest::echo::EchoServer {
+    cftunnel_loadtest::echo::EchoServer::spawn(
+        std::net::Ipv4Addr::LOCALHOST.into(),
+        cftunnel_loadtest::echo::EchoIdentity {
+            namespace: namespace.to_owned(),
+            pod: pod.to_owned(),
+        },
+    )
+    .await
+    .expect("the echo backend starts")
 }
