@@ -135,25 +135,7 @@ spec:
   parentRefs: [{{name: edge}}]
   rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
 ---
-apiVersion: v1
-kind: Secret
-metadata: {{name: other-tunnel-token, namespace: tenant-b}}
-stringData: {{tunnel-token: "{other_token}"}}
----
-apiVersion: cf.k8s.lex.la/v1alpha1
-kind: GatewayConfig
-metadata: {{name: other-config, namespace: tenant-b}}
-spec: {{tunnelTokenSecretRef: {{name: other-tunnel-token}}}}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{name: other, namespace: tenant-b}}
-spec:
-  gatewayClassName: cloudflare-tunnel
-  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: other-config}}}}
-  listeners: [{{name: http, port: 80, protocol: HTTP}}]
----
-# Someone else's Deployment where the controller would put Gateway other's.
+{other_gateway}# Someone else's Deployment where the controller would put Gateway other's.
 apiVersion: apps/v1
 kind: Deployment
 metadata: {{name: cf-proxy-other, namespace: tenant-b}}
@@ -164,25 +146,7 @@ spec:
     spec: {{containers: [{{name: mine, image: mine:1}}]}}
 ---
 # A third tenant, on its own tunnel of another account, written with the controller's API token.
-apiVersion: v1
-kind: Secret
-metadata: {{name: third-tunnel-token, namespace: tenant-c}}
-stringData: {{tunnel-token: "{third_token}"}}
----
-apiVersion: cf.k8s.lex.la/v1alpha1
-kind: GatewayConfig
-metadata: {{name: third-config, namespace: tenant-c}}
-spec: {{tunnelTokenSecretRef: {{name: third-tunnel-token}}}}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{name: third, namespace: tenant-c}}
-spec:
-  gatewayClassName: cloudflare-tunnel
-  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: third-config}}}}
-  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: blog.example.com}}]
----
-{web_c}apiVersion: gateway.networking.k8s.io/v1
+{third_gateway}{web_c}apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {{name: blog, namespace: tenant-c}}
 spec:
@@ -190,8 +154,40 @@ spec:
   rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
 "#,
         gateway = gateway(true),
+        other_gateway = dedicated_gateway("tenant-b", "other", &other_token, None),
+        third_gateway =
+            dedicated_gateway("tenant-c", "third", third_token, Some("blog.example.com")),
         web_a = support::web_service("tenant-a", backend),
         web_c = support::web_service("tenant-c", backend),
+    )
+}
+
+/// A Gateway `name` of the class in `namespace` with its own GatewayConfig (`NAME-config`) on
+/// the connector token `token` (in Secret `NAME-tunnel-token`); documents end with `---`.
+fn dedicated_gateway(namespace: &str, name: &str, token: &str, hostname: Option<&str>) -> String {
+    let hostname = hostname
+        .map(|h| format!(", hostname: {h}"))
+        .unwrap_or_default();
+    format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: {name}-tunnel-token, namespace: {namespace}}}
+stringData: {{tunnel-token: "{token}"}}
+---
+apiVersion: cf.k8s.lex.la/v1alpha1
+kind: GatewayConfig
+metadata: {{name: {name}-config, namespace: {namespace}}}
+spec: {{tunnelTokenSecretRef: {{name: {name}-tunnel-token}}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  gatewayClassName: cloudflare-tunnel
+  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: {name}-config}}}}
+  listeners: [{{name: http, port: 80, protocol: HTTP{hostname}}}]
+---
+"#
     )
 }
 
