@@ -1082,3 +1082,113 @@ async fn the_api_token_waits_out_a_rate_limit() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(api.put_configuration(&target, &document).await, Ok(1));
 }
+
+/// Autoscaling switched on for a running plane: the Deployment keeps its replicas until the
+/// autoscaler writes the count (server-side apply would otherwise drop the field and the
+/// Deployment would fall to the default of one replica), the controller then leaves the
+/// autoscaler's count alone, and switching autoscaling off gives the count back to the
+/// GatewayConfig.
+#[tokio::test]
+async fn switching_autoscaling_on_keeps_the_running_replicas() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use kube::api::{Api, Patch, PatchParams};
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let echo = support::echo("tenant-a", "web-1").await;
+        let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
+        let api = ApiServer::start(&seed(&token, &third, echo.http_addr())).await;
+        let configure = |spec: &str| {
+            api.put(yaml(&format!(
+                "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {{name: edge-config, namespace: tenant-a}}\nspec: {{tunnelTokenSecretRef: {{name: edge-tunnel-token}}, authTokenSecretRef: {{name: edge-api, key: bearer}}, {spec}}}\n"
+            )));
+        };
+        configure("replicas: 3");
+        let options = RuntimeOptions {
+            translate: Options {
+                proxy_image: Some("proxy:1".to_owned()),
+                ..Options::default()
+            },
+            render: RenderSettings {
+                proxy_image: Some("proxy:1".to_owned()),
+                ..RenderSettings::default()
+            },
+            resync: Duration::from_millis(100),
+            ..RuntimeOptions::default()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let health = std::sync::Arc::new(runtime::health::Health::default());
+        let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
+            let _ = stopped.await;
+        }));
+        let deployment = || api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge");
+        let replicas = || deployment().and_then(|d| d.pointer("/spec/replicas").cloned());
+        // The managers that own the Deployment's `spec.replicas`.
+        let owners = || -> Vec<String> {
+            let d = deployment().unwrap_or_default();
+            d.pointer("/metadata/managedFields")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter(|m| m.pointer("/fieldsV1/f:spec/f:replicas").is_some())
+                .filter_map(|m| m["manager"].as_str().map(str::to_owned))
+                .collect()
+        };
+        let autoscaler = || {
+            api.get(
+                "autoscaling/v2",
+                "HorizontalPodAutoscaler",
+                "tenant-a",
+                "cf-proxy-edge",
+            )
+        };
+        eventually("three replicas", || replicas().filter(|r| *r == json!(3))).await;
+        assert_eq!(owners(), [runtime::FIELD_MANAGER]);
+
+        configure("autoscaling: {minReplicas: 2, maxReplicas: 6}");
+        // The autoscaler is applied after the Deployment.
+        eventually("the autoscaler", autoscaler).await;
+        assert_eq!(replicas(), Some(json!(3)), "the running count stays");
+        assert!(
+            !owners().iter().any(|o| o == runtime::FIELD_MANAGER),
+            "the controller no longer sets the count: {:?}",
+            owners()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(replicas(), Some(json!(3)), "later rounds leave it");
+
+        // The autoscaler scales up, through the API as the HorizontalPodAutoscaler controller
+        // does: later rounds leave its count alone.
+        let deployments: Api<Deployment> = Api::namespaced(api.client(), "tenant-a");
+        deployments
+            .patch(
+                "cf-proxy-edge",
+                &PatchParams {
+                    field_manager: Some("kube-controller-manager".to_owned()),
+                    ..PatchParams::default()
+                },
+                &Patch::Merge(json!({"spec": {"replicas": 5}})),
+            )
+            .await
+            .expect("scaled");
+        assert_eq!(owners(), ["kube-controller-manager"]);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(replicas(), Some(json!(5)));
+        assert_eq!(owners(), ["kube-controller-manager"]);
+
+        // Off again: the GatewayConfig's count, and no autoscaler.
+        configure("replicas: 4");
+        eventually("four replicas", || replicas().filter(|r| *r == json!(4))).await;
+        eventually("the autoscaler removed", || {
+            autoscaler().is_none().then_some(())
+        })
+        .await;
+        assert_eq!(owners(), [runtime::FIELD_MANAGER]);
+        let _ = stop.send(());
+        controller
+            .await
+            .expect("task")
+            .expect("the controller stops cleanly");
+    })
+    .await
+    .expect("in time");
+}

@@ -65,6 +65,79 @@ where
     Ok(existing.and_then(|e| e.resource_version()) != applied.resource_version())
 }
 
+/// Field manager that holds a Deployment's `spec.replicas` between the controller letting go
+/// of it and the autoscaler's first write, the hand-over the Kubernetes server-side apply
+/// documentation prescribes: without it the API server removes the field the controller no
+/// longer applies and the Deployment falls to one replica.
+pub const REPLICAS_HANDOVER_MANAGER: &str = "cftunnel-controller-handover";
+
+/// Whether `manager`'s server-side apply owns the Deployment's `spec.replicas`.
+fn applies_replicas(deployment: &Deployment, manager: &str) -> bool {
+    deployment
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .any(|m| {
+            m.manager.as_deref() == Some(manager)
+                && m.operation.as_deref() == Some("Apply")
+                && m.subresource.is_none()
+                && m.fields_v1
+                    .as_ref()
+                    .is_some_and(|f| f.0.pointer("/f:spec/f:replicas").is_some())
+        })
+}
+
+/// Before a Deployment is applied without `spec.replicas` (an autoscaler now sets it): when
+/// the controller still owns the live count, the hand-over manager applies that same count,
+/// so it stays when the controller drops the field. A conflict means another writer (the
+/// autoscaler) already holds the field: nothing to hand over. Returns whether it applied.
+async fn hand_replicas_over(
+    client: &Client,
+    deployment: &Deployment,
+    uid: &str,
+    field_manager: &str,
+) -> Result<bool, String> {
+    let namespace = deployment.namespace().unwrap_or_default();
+    let name = deployment.name_any();
+    let api: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
+    let live = api
+        .get_opt(&name)
+        .await
+        .map_err(|e| format!("reading Deployment {namespace}/{name}: {e}"))?;
+    let Some(live) = live else {
+        return Ok(false);
+    };
+    let replicas = live.spec.as_ref().and_then(|s| s.replicas);
+    let (Some(replicas), true, true) = (
+        replicas,
+        controlled_by(live.owner_references(), uid),
+        applies_replicas(&live, field_manager),
+    ) else {
+        return Ok(false);
+    };
+    let count = serde_json::json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"replicas": replicas},
+    });
+    match api
+        .patch(
+            &name,
+            &PatchParams::apply(REPLICAS_HANDOVER_MANAGER),
+            &Patch::Apply(&count),
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(format!(
+            "handing spec.replicas of Deployment {namespace}/{name} to its autoscaler: {e}"
+        )),
+    }
+}
+
 /// Deletes the object `name` if `uid` controls it. Returns whether it deleted.
 async fn delete_owned<K>(
     client: &Client,
@@ -144,6 +217,7 @@ pub async fn ensure_auth_secret(
 
 /// Applies a rendered plane in dependency order (the Service before the Deployment that uses
 /// it, the autoscaler after its target), and removes an autoscaler the plane no longer has.
+/// A Deployment whose count passes to the autoscaler keeps its running count meanwhile.
 /// The generated token Secret is [`ensure_auth_secret`]'s. Returns whether anything changed.
 pub async fn apply_plane(
     client: &Client,
@@ -155,6 +229,14 @@ pub async fn apply_plane(
     let mut changed = false;
     changed |= apply_one(client, &plane.service, uid, field_manager).await?;
     changed |= apply_one(client, &plane.network_policy, uid, field_manager).await?;
+    let counted = plane
+        .deployment
+        .spec
+        .as_ref()
+        .is_some_and(|s| s.replicas.is_some());
+    if !counted {
+        changed |= hand_replicas_over(client, &plane.deployment, uid, field_manager).await?;
+    }
     changed |= apply_one(client, &plane.deployment, uid, field_manager).await?;
     match &plane.autoscaler {
         Some(hpa) => changed |= apply_one(client, hpa, uid, field_manager).await?,

@@ -5,10 +5,15 @@
 //! AlreadyExists). It runs no controllers: a test plays the Deployment and EndpointSlice
 //! controllers itself.
 //!
+//! Server-side apply keeps field ownership in `managedFields`: an applier's fields it no longer
+//! sends go unless another manager owns them too, another manager's fields with a different
+//! value conflict (409) unless forced, and other writes take the fields they change. A
+//! Deployment without `spec.replicas` gets 1, as the schema defaults it.
+//!
 //! Simplifications, none of which the controller relies on: one stored version per resource
-//! (served under any version in the path), no field-ownership conflicts (server-side apply
-//! replaces what the applier sends, and its previous fields it no longer sends), no pagination,
-//! no garbage collection, watches never expire (no 410).
+//! (served under any version in the path), lists owned whole (no merge keys), no pagination,
+//! no garbage collection, watches never expire (no 410), no DELETED event when an object stops
+//! matching a watch's label selector.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -42,6 +47,9 @@ const KINDS: &[(&str, &str)] = &[
     ("Event", "events"),
     ("Lease", "leases"),
 ];
+
+/// The field manager of the objects a test writes itself ([`ApiServer::put`]).
+const TEST_MANAGER: &str = "test";
 
 /// `(group, plural, namespace, name)`; cluster-scoped objects have an empty namespace.
 type Key = (String, String, String, String);
@@ -365,9 +373,14 @@ impl ApiServer {
                         replaced["status"] = s.clone();
                     }
                 }
+                ownership::update(Some(existing), &mut replaced, TEST_MANAGER);
+                ownership::default_fields(&mut replaced);
                 self.shared.store(&mut state, key, replaced, "MODIFIED")
             }
             None => {
+                let mut object = object;
+                ownership::update(None, &mut object, TEST_MANAGER);
+                ownership::default_fields(&mut object);
                 let created = Shared::created(&mut state, object, &key.2);
                 self.shared.store(&mut state, key, created, "ADDED")
             }
@@ -504,6 +517,13 @@ impl Req<'_> {
         )
     }
 
+    /// The writer's field manager, as the request names it.
+    fn manager(&self) -> &str {
+        self.params
+            .get("fieldManager")
+            .map_or("unknown", String::as_str)
+    }
+
     fn typed(&self, mut object: Value) -> Value {
         if let Some(o) = object.as_object_mut() {
             o.insert("apiVersion".into(), self.api_version.into());
@@ -616,7 +636,10 @@ fn create(
             &format!("{} \"{name}\" already exists", req.target.plural),
         );
     }
-    let created = Shared::created(&mut state, req.typed(object), &key.2);
+    let mut object = req.typed(object);
+    ownership::update(None, &mut object, req.manager());
+    ownership::default_fields(&mut object);
+    let created = Shared::created(&mut state, object, &key.2);
     let stored = shared.store(&mut state, key, created, "ADDED");
     respond(StatusCode::CREATED, &req.typed(stored))
 }
@@ -652,7 +675,10 @@ fn replace(
             }
         }
     }
-    let stored = shared.store(&mut state, key, req.typed(object), "MODIFIED");
+    let mut object = req.typed(object);
+    ownership::update(Some(&existing), &mut object, req.manager());
+    ownership::default_fields(&mut object);
+    let stored = shared.store(&mut state, key, object, "MODIFIED");
     respond(StatusCode::OK, &req.typed(stored))
 }
 
@@ -691,9 +717,9 @@ fn delete(
     respond(StatusCode::OK, &req.typed(gone))
 }
 
-/// Server-side apply as one field manager sees it: the object becomes what it applies (its
-/// earlier fields it no longer sends go), metadata and status kept; anything else is a JSON
-/// merge patch. A write that changes nothing keeps the resourceVersion, as on a real server.
+/// Server-side apply ([`ownership::apply`]) or a JSON merge patch; on the `status` subresource
+/// only `status` changes. A write that changes nothing keeps the resourceVersion, as on a
+/// real server.
 fn patch(
     shared: &Arc<Shared>,
     req: &Req<'_>,
@@ -733,10 +759,16 @@ fn patch(
             "PATCH with apply requires fieldManager",
         );
     }
-    let updated = match (existing.clone(), apply) {
+    let manager = req.manager();
+    let force = req.params.get("force").is_some_and(|f| f == "true");
+    let mut updated = match (existing.clone(), apply) {
         (None, true) if !req.target.status => {
-            let mut object = patch;
-            normalize_secret(&mut object);
+            let mut applied = patch;
+            normalize_secret(&mut applied);
+            let mut object = applied.clone();
+            if let Err(conflict) = ownership::apply(&mut object, &applied, manager, force) {
+                return status(StatusCode::CONFLICT, "Conflict", &conflict);
+            }
             Shared::created(&mut state, req.typed(object), &key.2)
         }
         (None, _) => return req.not_found(&name),
@@ -751,38 +783,8 @@ fn patch(
             let mut applied = patch;
             normalize_secret(&mut applied);
             let mut object = existing.clone();
-            if let (Some(o), Some(a)) = (object.as_object_mut(), applied.as_object()) {
-                o.retain(|k, _| {
-                    matches!(k.as_str(), "metadata" | "status" | "apiVersion" | "kind")
-                        || a.contains_key(k)
-                });
-                for (k, v) in a {
-                    if !matches!(k.as_str(), "metadata" | "status" | "apiVersion" | "kind") {
-                        o.insert(k.clone(), v.clone());
-                    }
-                }
-                if let (Some(meta), Some(am)) = (
-                    o.get_mut("metadata").and_then(Value::as_object_mut),
-                    a.get("metadata").and_then(Value::as_object),
-                ) {
-                    for f in ["labels", "annotations", "ownerReferences"] {
-                        match am.get(f) {
-                            Some(v) => {
-                                meta.insert(f.into(), v.clone());
-                            }
-                            None => {
-                                meta.remove(f);
-                            }
-                        }
-                    }
-                }
-            }
-            if object.get("spec") != existing.get("spec") {
-                let generation = existing
-                    .pointer("/metadata/generation")
-                    .and_then(Value::as_i64)
-                    .unwrap_or(1);
-                object["metadata"]["generation"] = (generation + 1).into();
+            if let Err(conflict) = ownership::apply(&mut object, &applied, manager, force) {
+                return status(StatusCode::CONFLICT, "Conflict", &conflict);
             }
             object
         }
@@ -795,9 +797,20 @@ fn patch(
                 }
             }
             merge_patch(&mut object, &patch);
+            ownership::update(existing.as_ref(), &mut object, manager);
             object
         }
     };
+    ownership::default_fields(&mut updated);
+    if let Some(existing) = &existing {
+        if updated.get("spec") != existing.get("spec") && !req.target.status {
+            let generation = existing
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(1);
+            updated["metadata"]["generation"] = (generation + 1).into();
+        }
+    }
     let unchanged = existing.as_ref().is_some_and(|e| {
         let strip = |v: &Value| {
             let mut v = v.clone();
@@ -899,4 +912,275 @@ fn watch_response(shared: &Arc<Shared>, req: &Req<'_>) -> Response<BoxBody<Bytes
         hyper::header::HeaderValue::from_static("application/json"),
     );
     res
+}
+
+/// Server-side apply's field ownership, at the granularity the controller's objects need:
+/// every map is a set of fields, every list and scalar one field (a real server merges lists
+/// with merge keys item by item; the controller applies whole objects, so its lists are only
+/// ever replaced whole). Ownership lives in `metadata.managedFields` in the `FieldsV1` format,
+/// so clients read it as they would from a real server.
+mod ownership {
+    use std::collections::BTreeSet;
+
+    use serde_json::{json, Map, Value};
+
+    type Path = Vec<String>;
+
+    struct Manager {
+        name: String,
+        operation: String,
+        fields: BTreeSet<Path>,
+    }
+
+    /// The fields an object sets: everything but `apiVersion`, `kind`, `status` and the
+    /// server's metadata; of the metadata, labels, annotations and owner references.
+    fn fields(object: &Value) -> BTreeSet<Path> {
+        let mut out = BTreeSet::new();
+        for (k, v) in object.as_object().into_iter().flatten() {
+            match k.as_str() {
+                "apiVersion" | "kind" | "status" => {}
+                "metadata" => {
+                    for f in ["labels", "annotations"] {
+                        for key in v.get(f).and_then(Value::as_object).into_iter().flatten() {
+                            out.insert(vec!["metadata".into(), f.into(), key.0.clone()]);
+                        }
+                    }
+                    if v.get("ownerReferences").is_some() {
+                        out.insert(vec!["metadata".into(), "ownerReferences".into()]);
+                    }
+                }
+                _ => leaves(v, vec![k.clone()], &mut out),
+            }
+        }
+        out
+    }
+
+    fn leaves(v: &Value, path: Path, out: &mut BTreeSet<Path>) {
+        match v.as_object() {
+            Some(m) if !m.is_empty() => {
+                for (k, child) in m {
+                    let mut p = path.clone();
+                    p.push(k.clone());
+                    leaves(child, p, out);
+                }
+            }
+            _ => {
+                out.insert(path);
+            }
+        }
+    }
+
+    fn get<'a>(object: &'a Value, path: &[String]) -> Option<&'a Value> {
+        path.iter().try_fold(object, |v, k| v.get(k))
+    }
+
+    fn set(object: &mut Value, path: &[String], value: Value) {
+        let Some((last, parents)) = path.split_last() else {
+            return;
+        };
+        let mut at = object;
+        for k in parents {
+            if !at.is_object() {
+                *at = Value::Object(Map::new());
+            }
+            let Some(map) = at.as_object_mut() else {
+                return;
+            };
+            at = map.entry(k.clone()).or_insert(Value::Object(Map::new()));
+        }
+        if !at.is_object() {
+            *at = Value::Object(Map::new());
+        }
+        if let Some(map) = at.as_object_mut() {
+            map.insert(last.clone(), value);
+        }
+    }
+
+    /// Removes a field and the maps that held only it.
+    fn remove(object: &mut Value, path: &[String]) {
+        fn go(at: &mut Value, path: &[String]) -> bool {
+            let Some(map) = at.as_object_mut() else {
+                return false;
+            };
+            match path {
+                [] => return false,
+                [last] => {
+                    map.remove(last);
+                }
+                [first, rest @ ..] => {
+                    if map.get_mut(first).is_some_and(|child| go(child, rest)) {
+                        map.remove(first);
+                    }
+                }
+            }
+            map.is_empty()
+        }
+        go(object, path);
+    }
+
+    fn read(object: &Value) -> Vec<Manager> {
+        fn decode(v: &Value, path: Path, out: &mut BTreeSet<Path>) {
+            match v.as_object() {
+                Some(m) if !m.is_empty() => {
+                    for (k, child) in m {
+                        if let Some(k) = k.strip_prefix("f:") {
+                            let mut p = path.clone();
+                            p.push(k.to_owned());
+                            decode(child, p, out);
+                        }
+                    }
+                }
+                _ if !path.is_empty() => {
+                    out.insert(path);
+                }
+                _ => {}
+            }
+        }
+        let entries = object
+            .pointer("/metadata/managedFields")
+            .and_then(Value::as_array);
+        entries
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                let mut fields = BTreeSet::new();
+                decode(&e["fieldsV1"], Vec::new(), &mut fields);
+                Manager {
+                    name: e["manager"].as_str().unwrap_or_default().to_owned(),
+                    operation: e["operation"].as_str().unwrap_or_default().to_owned(),
+                    fields,
+                }
+            })
+            .collect()
+    }
+
+    fn write(object: &mut Value, managers: &[Manager]) {
+        let api_version = object.get("apiVersion").cloned().unwrap_or(Value::Null);
+        let entries: Vec<Value> = managers
+            .iter()
+            .filter(|m| !m.fields.is_empty())
+            .map(|m| {
+                let mut tree = json!({});
+                for p in &m.fields {
+                    let keys: Vec<String> = p.iter().map(|k| format!("f:{k}")).collect();
+                    set(&mut tree, &keys, json!({}));
+                }
+                json!({
+                    "manager": m.name,
+                    "operation": m.operation,
+                    "apiVersion": api_version,
+                    "fieldsType": "FieldsV1",
+                    "fieldsV1": tree,
+                })
+            })
+            .collect();
+        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            if entries.is_empty() {
+                meta.remove("managedFields");
+            } else {
+                meta.insert("managedFields".into(), entries.into());
+            }
+        }
+    }
+
+    /// Server-side apply of `applied` by `manager` onto `object`: fields another manager owns
+    /// with a different value are a conflict (an error naming them) unless `force` takes them
+    /// over; fields `manager` applied before and no longer does are removed unless another
+    /// manager owns them too.
+    pub fn apply(
+        object: &mut Value,
+        applied: &Value,
+        manager: &str,
+        force: bool,
+    ) -> Result<(), String> {
+        let mut managers = read(object);
+        let mine = fields(applied);
+        let differs = |p: &Path| get(object, p) != get(applied, p);
+        let conflicts: Vec<String> = managers
+            .iter()
+            .filter(|m| m.name != manager)
+            .flat_map(|m| {
+                m.fields
+                    .intersection(&mine)
+                    .filter(|p| differs(p))
+                    .map(|p| format!("conflict with \"{}\": .{}", m.name, p.join(".")))
+            })
+            .collect();
+        if !conflicts.is_empty() {
+            if !force {
+                return Err(format!(
+                    "Apply failed with {} conflict(s): {}",
+                    conflicts.len(),
+                    conflicts.join(", ")
+                ));
+            }
+            let taken: BTreeSet<Path> = mine.iter().filter(|p| differs(p)).cloned().collect();
+            for m in managers.iter_mut().filter(|m| m.name != manager) {
+                m.fields.retain(|p| !taken.contains(p));
+            }
+        }
+        let before = managers
+            .iter()
+            .find(|m| m.name == manager && m.operation == "Apply")
+            .map(|m| m.fields.clone())
+            .unwrap_or_default();
+        for p in before.difference(&mine) {
+            if !managers
+                .iter()
+                .any(|m| m.name != manager && m.fields.contains(p))
+            {
+                remove(object, p);
+            }
+        }
+        for p in &mine {
+            if let Some(v) = get(applied, p) {
+                set(object, p, v.clone());
+            }
+        }
+        managers.retain(|m| !(m.name == manager && m.operation == "Apply"));
+        managers.push(Manager {
+            name: manager.to_owned(),
+            operation: "Apply".to_owned(),
+            fields: mine,
+        });
+        write(object, &managers);
+        Ok(())
+    }
+
+    /// Any other write by `manager` (create, replace, merge patch): the fields it changed
+    /// become its own and no one else's; fields that are gone are no one's.
+    pub fn update(before: Option<&Value>, after: &mut Value, manager: &str) {
+        let mut managers = before.map(read).unwrap_or_default();
+        let changed: BTreeSet<Path> = fields(after)
+            .into_iter()
+            .filter(|p| before.and_then(|b| get(b, p)) != get(after, p))
+            .collect();
+        for m in &mut managers {
+            m.fields
+                .retain(|p| !changed.contains(p) && get(after, p).is_some());
+        }
+        if !changed.is_empty() {
+            match managers
+                .iter_mut()
+                .find(|m| m.name == manager && m.operation == "Update")
+            {
+                Some(m) => m.fields.extend(changed),
+                None => managers.push(Manager {
+                    name: manager.to_owned(),
+                    operation: "Update".to_owned(),
+                    fields: changed,
+                }),
+            }
+        }
+        write(after, &managers);
+    }
+
+    /// What the API server fills in that the objects' schemas default.
+    pub fn default_fields(object: &mut Value) {
+        if object.get("kind").and_then(Value::as_str) == Some("Deployment")
+            && object.pointer("/spec/replicas").is_none()
+        {
+            set(object, &["spec".into(), "replicas".into()], json!(1));
+        }
+    }
 }
