@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_tunnel::mock_edge::{MockEdge, MockEdgeError};
 use cftunnel_tunnel::{EdgeRefusal, Protocol, Token, TokenError};
 use http::StatusCode;
 use http_body_util::BodyExt as _;
@@ -119,19 +119,29 @@ async fn config_pushes_are_acknowledged(protocol: Protocol) {
     let (handle, _m, registry) = start_connector(options(&edge, protocol, 1), token());
     handle.wait_registered(1).await;
     edge.wait_serving(1).await;
-    let doc = br#"{"ingress":[{"service":"http_status:404"}]}"#;
+    // Keys out of order and spaces: the document arrives as the edge holds it, on
+    // both transports.
+    let doc = br#"{"warp-routing": {"enabled": false}, "ingress":[{"service":"http_status:404"}]}"#;
     let res = edge.push_config(3, doc).await;
     assert_eq!(res.len(), 1);
     assert_eq!(*res[0].as_ref().unwrap(), 3);
     let cfg = handle.remote_config().borrow().clone();
     assert_eq!(cfg.version, 3);
-    let pushed: serde_json::Value = serde_json::from_slice(&cfg.config).unwrap();
     assert_eq!(
-        pushed,
-        serde_json::from_slice::<serde_json::Value>(doc).unwrap()
+        String::from_utf8_lossy(&cfg.config),
+        String::from_utf8_lossy(doc)
     );
     let stale = edge.push_config(2, b"{}").await;
     assert_eq!(*stale[0].as_ref().unwrap(), 3);
+    // A malformed document reaches the connector, which refuses it.
+    let refused = edge.push_config(4, b"{not json").await;
+    let Err(MockEdgeError::Rejected(why)) = &refused[0] else {
+        panic!("refused: {refused:?}");
+    };
+    if protocol == Protocol::Http2 {
+        assert!(why.contains("502"), "the connector's answer: {why}");
+    }
+    assert_eq!(handle.remote_config().borrow().version, 3);
     assert!(metrics_text(&registry).contains("cftunnel_tunnel_remote_config_version 3"));
     handle.shutdown().await;
     edge.shutdown().await;

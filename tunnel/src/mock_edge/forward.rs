@@ -784,10 +784,12 @@ pub(super) async fn push_config(
             }
         }
         Transport::H2(sr) => {
-            let config: serde_json::Value = serde_json::from_slice(&config)
-                .map_err(|e| MockEdgeError::Rejected(e.to_string()))?;
-            let body = serde_json::json!({ "version": version, "config": config }).to_string();
-            let resp = h2_config_push(sr, body.into_bytes(), true).await?;
+            // The document goes out byte for byte, as over QUIC: one that is not JSON
+            // (a negative test) is the connector's to refuse.
+            let mut body = format!(r#"{{"version":{version},"config":"#).into_bytes();
+            body.extend_from_slice(&config);
+            body.push(b'}');
+            let resp = h2_config_push(sr, body, true).await?;
             if resp.status() != StatusCode::OK {
                 return Err(MockEdgeError::Rejected(format!(
                     "configuration push answered {}",

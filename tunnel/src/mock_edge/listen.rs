@@ -1,12 +1,16 @@
 //! Edge listeners: QUIC and TLS/TCP on one port, control streams.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use quinn::VarInt;
-use tokio::sync::mpsc;
+use tokio::io::AsyncWrite;
+use tokio::sync::{mpsc, Notify};
 
 use super::{EdgeProtocol, Inner, MockEdgeError, Transport};
 use crate::h2io::{H2Reader, H2Writer};
@@ -15,9 +19,94 @@ use crate::rpc::RpcStream;
 use crate::stream::headers::CONNECTION_UPGRADE;
 use crate::tls::TestPki;
 
-/// Pause between a registration error and closing the connection, so the
-/// reply reaches the connector first.
+/// Pause between a registration error going out and closing the connection, so
+/// the reply reaches the connector first.
 const CLOSE_AFTER_ERROR: Duration = Duration::from_millis(200);
+
+/// Longest wait for a registration answer to be written before acting anyway.
+const ANSWER_WRITE_WAIT: Duration = Duration::from_secs(5);
+
+/// How a connection's `registerConnection` was answered; the connection's task acts
+/// on it once the answer has gone out ([`AnswerSent`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Answered {
+    /// Registered: a remotely managed tunnel's configuration follows.
+    Registered,
+    /// Refused: the edge closes the connection.
+    Refused,
+}
+
+/// Tells a connection's task when the registration answer is on the wire: the
+/// registration hook arms it as it decides (the answer is written after the hook
+/// returns), and the first flush of the control stream after a write that followed
+/// fires it. Acting earlier would let a configuration push overtake the answer, or
+/// a close drop it.
+#[derive(Default)]
+pub(super) struct AnswerSent {
+    /// 0 idle, 1 armed, 2 armed and written since.
+    state: AtomicU8,
+    sent: Notify,
+}
+
+impl AnswerSent {
+    pub(super) fn arm(&self) {
+        self.state.store(1, Ordering::SeqCst);
+    }
+
+    fn wrote(&self) {
+        let _ = self
+            .state
+            .compare_exchange(1, 2, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    fn flushed(&self) {
+        if self
+            .state
+            .compare_exchange(2, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            self.sent.notify_one();
+        }
+    }
+}
+
+/// The edge's writing half of a control stream, reporting to [`AnswerSent`].
+struct AnswerWriter<W> {
+    inner: W,
+    signal: Arc<AnswerSent>,
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for AnswerWriter<W> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.signal.wrote();
+        }
+        r
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let r = Pin::new(&mut self.inner).poll_flush(cx);
+        if matches!(r, Poll::Ready(Ok(()))) {
+            self.signal.flushed();
+        }
+        r
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Waits until the answer has gone out (bounded: a control stream that stopped
+/// taking writes must not keep the connection's task from acting).
+async fn answer_written(signal: &AnswerSent) {
+    let _ = tokio::time::timeout(ANSWER_WRITE_WAIT, signal.sent.notified()).await;
+}
 
 fn server_transport() -> quinn::TransportConfig {
     let mut t = quinn::TransportConfig::default();
@@ -109,23 +198,41 @@ async fn serve_quic(inner: &Arc<Inner>, incoming: quinn::Incoming) -> Result<(),
                 return Ok(());
             }
         };
-        let (close_tx, mut close_rx) = mpsc::channel(1);
+        let (answered_tx, mut answered_rx) = mpsc::channel(1);
+        let signal = Arc::new(AnswerSent::default());
         let _session = serve_registration(
             &inner.worker,
             RpcStream {
                 reader: recv,
-                writer: send,
+                writer: AnswerWriter {
+                    inner: send,
+                    signal: signal.clone(),
+                },
             },
-            inner.hooks(id, close_tx),
+            inner.hooks(id, answered_tx, signal.clone()),
         )
         .await?;
-        tokio::select! {
-            _ = conn.closed() => {}
-            Some(()) = close_rx.recv() => {
-                tokio::time::sleep(CLOSE_AFTER_ERROR).await;
-                conn.close(VarInt::from_u32(0), b"registration refused");
+        loop {
+            tokio::select! {
+                _ = conn.closed() => break,
+                Some(answer) = answered_rx.recv() => {
+                    tokio::select! {
+                        () = answer_written(&signal) => {}
+                        _ = conn.closed() => break,
+                    }
+                    if answer == Answered::Refused {
+                        tokio::time::sleep(CLOSE_AFTER_ERROR).await;
+                        // As the edge does: code 0, no reason.
+                        conn.close(VarInt::from_u32(0), b"");
+                        break;
+                    }
+                    inner.send_current_config(id);
+                }
+                _ = close.cancelled() => {
+                    conn.close(VarInt::from_u32(0), b"");
+                    break;
+                }
             }
-            _ = close.cancelled() => conn.close(VarInt::from_u32(0), b""),
         }
         Ok(())
     }
@@ -221,23 +328,38 @@ async fn serve_tcp(
                 resp.status()
             )));
         }
-        let (close_tx, mut close_rx) = mpsc::channel(1);
+        let (answered_tx, mut answered_rx) = mpsc::channel(1);
+        let signal = Arc::new(AnswerSent::default());
         let _session = serve_registration(
             &inner.worker,
             RpcStream {
                 reader: H2Reader::new(resp.into_body()),
-                writer: H2Writer::new(send),
+                writer: AnswerWriter {
+                    inner: H2Writer::new(send),
+                    signal: signal.clone(),
+                },
             },
-            inner.hooks(id, close_tx),
+            inner.hooks(id, answered_tx, signal.clone()),
         )
         .await?;
-        tokio::select! {
-            _ = &mut driver => {}
-            Some(()) = close_rx.recv() => {
-                // After a registration error the edge closes the connection.
-                tokio::time::sleep(CLOSE_AFTER_ERROR).await;
+        loop {
+            tokio::select! {
+                _ = &mut driver => break,
+                Some(answer) = answered_rx.recv() => {
+                    tokio::select! {
+                        () = answer_written(&signal) => {}
+                        _ = &mut driver => break,
+                    }
+                    if answer == Answered::Refused {
+                        // After a registration error the edge closes the connection
+                        // (cloudflared waits for that).
+                        tokio::time::sleep(CLOSE_AFTER_ERROR).await;
+                        break;
+                    }
+                    inner.send_current_config(id);
+                }
+                _ = close.cancelled() => break,
             }
-            _ = close.cancelled() => {}
         }
         Ok(())
     }

@@ -316,45 +316,39 @@ impl Inner {
         }
     }
 
-    pub(crate) fn hooks(
+    fn hooks(
         self: &Arc<Self>,
         id: u64,
-        close: tokio::sync::mpsc::Sender<()>,
+        answered: tokio::sync::mpsc::Sender<listen::Answered>,
+        answer_sent: Arc<listen::AnswerSent>,
     ) -> Arc<dyn RegistrationHooks> {
         Arc::new(ConnHooks {
             inner: self.clone(),
             id,
-            close,
+            answered,
+            answer_sent,
         })
     }
-}
 
-struct ConnHooks {
-    inner: Arc<Inner>,
-    id: u64,
-    close: tokio::sync::mpsc::Sender<()>,
-}
-
-impl ConnHooks {
     /// A remotely managed tunnel's connector gets its configuration from the edge
     /// only (`cloudflared` answers 503 until it has one), so the edge sends the
-    /// current one to every connection that registers.
-    fn send_current_config(&self) {
-        let inner = &self.inner;
+    /// current one to every connection once its registration has been answered.
+    fn send_current_config(self: &Arc<Self>, id: u64) {
+        let inner = self;
         if !inner.remotely_managed {
             return;
         }
         let Some(((version, config), transport)) = inner
             .with_state(|s| {
                 let config = s.remote_config.clone()?;
-                let transport = s.conns.get(&self.id)?.transport.clone();
+                let transport = s.conns.get(&id)?.transport.clone();
                 Some((config, transport))
             })
             .flatten()
         else {
             return;
         };
-        let (id, push_inner) = (self.id, inner.clone());
+        let push_inner = inner.clone();
         let push = async move {
             match forward::push_config(&push_inner, transport, version, config.to_vec()).await {
                 Ok(applied) => {
@@ -368,6 +362,13 @@ impl ConnHooks {
         };
         inner.runtime.spawn(inner.tasks.track_future(push));
     }
+}
+
+struct ConnHooks {
+    inner: Arc<Inner>,
+    id: u64,
+    answered: tokio::sync::mpsc::Sender<listen::Answered>,
+    answer_sent: Arc<listen::AnswerSent>,
 }
 
 impl RegistrationHooks for ConnHooks {
@@ -455,12 +456,15 @@ impl RegistrationHooks for ConnHooks {
                     %key_exchange,
                     "connector registered"
                 );
-                self.send_current_config();
+                // The configuration follows once the answer is out.
+                self.answer_sent.arm();
+                let _ = self.answered.try_send(listen::Answered::Registered);
             }
             Err(e) => {
                 tracing::info!(conn = self.id, conn_index, cause = %e.cause, "registration refused");
-                // The edge closes the connection after a registration error.
-                let _ = self.close.try_send(());
+                // The edge closes the connection once the answer is out.
+                self.answer_sent.arm();
+                let _ = self.answered.try_send(listen::Answered::Refused);
             }
         }
         result
@@ -920,8 +924,8 @@ mod tests {
     #[tokio::test]
     async fn histories_keep_only_the_most_recent_entries() {
         let edge = MockEdge::start().await.unwrap();
-        let (close, _closed) = tokio::sync::mpsc::channel(1);
-        let hooks = edge.inner.hooks(1, close);
+        let (answered, _answers) = tokio::sync::mpsc::channel(1);
+        let hooks = edge.inner.hooks(1, answered, Default::default());
         let extra = 5;
         for n in 0..HISTORY_LIMIT + extra {
             let _ = hooks.register(record(n));
