@@ -140,8 +140,10 @@ fn is_cloudflared_header(name: &HeaderName) -> bool {
 }
 
 /// An address as a header value. Loopback, the in-process edge's peer on
-/// every request, is a constant; other addresses are formatted.
+/// every request, is a constant; other addresses are formatted, an IPv4 one
+/// that reached an IPv6 listener (`::ffff:a.b.c.d`) as IPv4.
 fn ip_value(ip: IpAddr) -> HeaderValue {
+    let ip = ip.to_canonical();
     if ip == IpAddr::V4(std::net::Ipv4Addr::LOCALHOST) {
         return HeaderValue::from_static("127.0.0.1");
     }
@@ -1181,5 +1183,11 @@ mod tests {
         add_edge_headers(&mut h, "::1".parse().unwrap());
         assert_eq!(h["x-forwarded-for"], "::1");
         assert_eq!(h["cf-connecting-ip"], "::1");
+
+        // An IPv4 eyeball on a dual-stack listener.
+        let mut h = http::HeaderMap::new();
+        add_edge_headers(&mut h, "::ffff:192.0.2.7".parse().unwrap());
+        assert_eq!(h["cf-connecting-ip"], "192.0.2.7");
+        assert_eq!(h["x-forwarded-for"], "192.0.2.7");
     }
 }
