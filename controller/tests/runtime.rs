@@ -1083,6 +1083,51 @@ async fn the_api_token_waits_out_a_rate_limit() {
     assert_eq!(api.put_configuration(&target, &document).await, Ok(1));
 }
 
+/// A controller for `api` without a shared pool, Lease or Cloudflare API: it renders and applies
+/// the dedicated planes. Stop it with the sender; the task ends with the run's result.
+fn plain_controller(
+    api: &ApiServer,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    let options = RuntimeOptions {
+        translate: Options {
+            proxy_image: Some("proxy:1".to_owned()),
+            ..Options::default()
+        },
+        render: RenderSettings {
+            proxy_image: Some("proxy:1".to_owned()),
+            ..RenderSettings::default()
+        },
+        resync: Duration::from_millis(100),
+        ..RuntimeOptions::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let health = std::sync::Arc::new(runtime::health::Health::default());
+    let task = tokio::spawn(runtime::run(api.client(), options, health, async {
+        let _ = stopped.await;
+    }));
+    (stop, task)
+}
+
+/// The seed's tenant-a Gateway with its GatewayConfig's spec set to `spec` (besides the token
+/// Secrets), on an API server of its own.
+async fn tenant_a(spec: &str) -> (ApiServer, cftunnel_loadtest::echo::EchoServer) {
+    let echo = support::echo("tenant-a", "web-1").await;
+    let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+    let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
+    let api = ApiServer::start(&seed(&token, &third, echo.http_addr())).await;
+    configure_tenant_a(&api, spec);
+    (api, echo)
+}
+
+fn configure_tenant_a(api: &ApiServer, spec: &str) {
+    api.put(yaml(&format!(
+        "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {{name: edge-config, namespace: tenant-a}}\nspec: {{tunnelTokenSecretRef: {{name: edge-tunnel-token}}, authTokenSecretRef: {{name: edge-api, key: bearer}}, {spec}}}\n"
+    )));
+}
+
 /// Autoscaling switched on for a running plane: the Deployment keeps its replicas until the
 /// autoscaler writes the count (server-side apply would otherwise drop the field and the
 /// Deployment would fall to the default of one replica), the controller then leaves the
@@ -1093,33 +1138,8 @@ async fn switching_autoscaling_on_keeps_the_running_replicas() {
     use k8s_openapi::api::apps::v1::Deployment;
     use kube::api::{Api, Patch, PatchParams};
     tokio::time::timeout(Duration::from_secs(60), async {
-        let echo = support::echo("tenant-a", "web-1").await;
-        let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
-        let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
-        let api = ApiServer::start(&seed(&token, &third, echo.http_addr())).await;
-        let configure = |spec: &str| {
-            api.put(yaml(&format!(
-                "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {{name: edge-config, namespace: tenant-a}}\nspec: {{tunnelTokenSecretRef: {{name: edge-tunnel-token}}, authTokenSecretRef: {{name: edge-api, key: bearer}}, {spec}}}\n"
-            )));
-        };
-        configure("replicas: 3");
-        let options = RuntimeOptions {
-            translate: Options {
-                proxy_image: Some("proxy:1".to_owned()),
-                ..Options::default()
-            },
-            render: RenderSettings {
-                proxy_image: Some("proxy:1".to_owned()),
-                ..RenderSettings::default()
-            },
-            resync: Duration::from_millis(100),
-            ..RuntimeOptions::default()
-        };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let health = std::sync::Arc::new(runtime::health::Health::default());
-        let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
-            let _ = stopped.await;
-        }));
+        let (api, _echo) = tenant_a("replicas: 3").await;
+        let (stop, controller) = plain_controller(&api);
         let deployment = || api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge");
         let replicas = || deployment().and_then(|d| d.pointer("/spec/replicas").cloned());
         // The managers that own the Deployment's `spec.replicas`.
@@ -1144,7 +1164,7 @@ async fn switching_autoscaling_on_keeps_the_running_replicas() {
         eventually("three replicas", || replicas().filter(|r| *r == json!(3))).await;
         assert_eq!(owners(), [runtime::FIELD_MANAGER]);
 
-        configure("autoscaling: {minReplicas: 2, maxReplicas: 6}");
+        configure_tenant_a(&api, "autoscaling: {minReplicas: 2, maxReplicas: 6}");
         // The autoscaler is applied after the Deployment.
         eventually("the autoscaler", autoscaler).await;
         assert_eq!(replicas(), Some(json!(3)), "the running count stays");
@@ -1176,13 +1196,75 @@ async fn switching_autoscaling_on_keeps_the_running_replicas() {
         assert_eq!(owners(), ["kube-controller-manager"]);
 
         // Off again: the GatewayConfig's count, and no autoscaler.
-        configure("replicas: 4");
+        configure_tenant_a(&api, "replicas: 4");
         eventually("four replicas", || replicas().filter(|r| *r == json!(4))).await;
         eventually("the autoscaler removed", || {
             autoscaler().is_none().then_some(())
         })
         .await;
         assert_eq!(owners(), [runtime::FIELD_MANAGER]);
+        let _ = stop.send(());
+        controller
+            .await
+            .expect("task")
+            .expect("the controller stops cleanly");
+    })
+    .await
+    .expect("in time");
+}
+
+/// Someone strips the controller's label from a plane's Deployment and NetworkPolicy: they
+/// leave the controller's label-selected watches (the API server reports them deleted), so
+/// the next round applies them again, label included, rather than five minutes later.
+#[tokio::test]
+async fn a_plane_object_that_loses_its_label_is_applied_again() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use kube::api::{Api, Patch, PatchParams};
+    const LABEL: &str = "app.kubernetes.io/managed-by";
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (api, _echo) = tenant_a("replicas: 2").await;
+        let (stop, controller) = plain_controller(&api);
+        let label = |api_version: &str, kind: &str| {
+            api.get(api_version, kind, "tenant-a", "cf-proxy-edge")
+                .and_then(|o| {
+                    o.pointer(&format!("/metadata/labels/{}", LABEL.replace('/', "~1")))
+                        .cloned()
+                })
+        };
+        eventually("the Deployment", || label("apps/v1", "Deployment")).await;
+        eventually("the NetworkPolicy", || {
+            label("networking.k8s.io/v1", "NetworkPolicy")
+        })
+        .await;
+        let strip = json!({"metadata": {"labels": {LABEL: null}}});
+        let params = PatchParams {
+            field_manager: Some("kubectl-edit".to_owned()),
+            ..PatchParams::default()
+        };
+        let deployments: Api<Deployment> = Api::namespaced(api.client(), "tenant-a");
+        let stripped = deployments
+            .patch("cf-proxy-edge", &params, &Patch::Merge(&strip))
+            .await
+            .expect("label removed");
+        assert!(!stripped
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key(LABEL));
+        eventually("the Deployment's label back", || {
+            label("apps/v1", "Deployment")
+        })
+        .await;
+        let policies: Api<NetworkPolicy> = Api::namespaced(api.client(), "tenant-a");
+        policies
+            .patch("cf-proxy-edge", &params, &Patch::Merge(&strip))
+            .await
+            .expect("label removed");
+        eventually("the NetworkPolicy's label back", || {
+            label("networking.k8s.io/v1", "NetworkPolicy")
+        })
+        .await;
         let _ = stop.send(());
         controller
             .await

@@ -12,8 +12,8 @@
 //!
 //! Simplifications, none of which the controller relies on: one stored version per resource
 //! (served under any version in the path), lists owned whole (no merge keys), no pagination,
-//! no garbage collection, watches never expire (no 410), no DELETED event when an object stops
-//! matching a watch's label selector.
+//! no garbage collection, watches never expire (no 410). A label-selected watch sees an object
+//! that stops (starts) matching as DELETED (ADDED), as from the API server's watch cache.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -61,6 +61,9 @@ struct Entry {
     namespace: String,
     event: &'static str,
     object: Value,
+    /// The object before a `MODIFIED`: a label-selected watch sees it leave (DELETED) or
+    /// enter (ADDED) its selection.
+    previous: Option<Value>,
 }
 
 #[derive(Default)]
@@ -213,11 +216,12 @@ impl Shared {
         if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
             meta.insert("resourceVersion".into(), rv.to_string().into());
         }
-        if event == "DELETED" {
+        let previous = if event == "DELETED" {
             state.objects.remove(&key);
+            None
         } else {
-            state.objects.insert(key.clone(), object.clone());
-        }
+            state.objects.insert(key.clone(), object.clone())
+        };
         let (group, plural, namespace, _) = key;
         state.log.push(Entry {
             rv,
@@ -226,6 +230,7 @@ impl Shared {
             namespace,
             event,
             object: object.clone(),
+            previous,
         });
         self.changed.send_replace(rv);
         object
@@ -879,15 +884,25 @@ fn watch_response(shared: &Arc<Shared>, req: &Req<'_>) -> Response<BoxBody<Bytes
                             && e.group == group
                             && e.plural == plural
                             && namespace.as_ref().is_none_or(|n| *n == e.namespace)
-                            && selects(&selector, &e.object)
                     })
-                    .map(|e| {
+                    .filter_map(|e| {
+                        // As the API server's watch cache: a modification that moves an
+                        // object out of (into) the selection is its deletion (addition).
+                        let now = selects(&selector, &e.object);
+                        let before = e.previous.as_ref().map(|p| selects(&selector, p));
+                        let event = match (e.event, before, now) {
+                            (_, _, true) if e.event != "MODIFIED" => e.event,
+                            ("MODIFIED", Some(false), true) => "ADDED",
+                            ("MODIFIED", _, true) => "MODIFIED",
+                            ("MODIFIED", Some(true), false) => "DELETED",
+                            _ => return None,
+                        };
                         let mut object = e.object.clone();
                         if let Some(o) = object.as_object_mut() {
                             o.insert("apiVersion".into(), api_version.clone().into());
                             o.insert("kind".into(), kind.into());
                         }
-                        format!("{}\n", json!({"type": e.event, "object": object}))
+                        Some(format!("{}\n", json!({"type": event, "object": object})))
                     })
                     .collect();
                 (events, state.rv)
