@@ -1128,9 +1128,39 @@ fn configure_tenant_a(api: &ApiServer, spec: &str) {
     )));
 }
 
+/// The Deployment's `spec.replicas` and the managers that own it.
+fn replica_count(api: &ApiServer) -> (Option<Value>, Vec<String>) {
+    let d = api
+        .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+        .unwrap_or_default();
+    let owners = d
+        .pointer("/metadata/managedFields")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|m| m.pointer("/fieldsV1/f:spec/f:replicas").is_some())
+        .filter_map(|m| m["manager"].as_str().map(str::to_owned))
+        .collect();
+    (d.pointer("/spec/replicas").cloned(), owners)
+}
+
+/// Waits until the Deployment's pod template asks for `memory`: the controller has applied
+/// a new rendering.
+async fn applied_with_memory(api: &ApiServer, memory: &str) {
+    eventually("the new rendering applied", || {
+        api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+            .and_then(|d| {
+                d.pointer("/spec/template/spec/containers/0/resources/limits/memory")
+                    .cloned()
+            })
+            .filter(|m| *m == json!(memory))
+    })
+    .await;
+}
+
 /// Autoscaling switched on for a running plane: the Deployment keeps its replicas until the
 /// autoscaler writes the count (server-side apply would otherwise drop the field and the
-/// Deployment would fall to the default of one replica), the controller then leaves the
+/// Deployment would fall to the default of one replica), later applies leave the
 /// autoscaler's count alone, and switching autoscaling off gives the count back to the
 /// GatewayConfig.
 #[tokio::test]
@@ -1140,19 +1170,6 @@ async fn switching_autoscaling_on_keeps_the_running_replicas() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let (api, _echo) = tenant_a("replicas: 3").await;
         let (stop, controller) = plain_controller(&api);
-        let deployment = || api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge");
-        let replicas = || deployment().and_then(|d| d.pointer("/spec/replicas").cloned());
-        // The managers that own the Deployment's `spec.replicas`.
-        let owners = || -> Vec<String> {
-            let d = deployment().unwrap_or_default();
-            d.pointer("/metadata/managedFields")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter(|m| m.pointer("/fieldsV1/f:spec/f:replicas").is_some())
-                .filter_map(|m| m["manager"].as_str().map(str::to_owned))
-                .collect()
-        };
         let autoscaler = || {
             api.get(
                 "autoscaling/v2",
@@ -1161,23 +1178,31 @@ async fn switching_autoscaling_on_keeps_the_running_replicas() {
                 "cf-proxy-edge",
             )
         };
-        eventually("three replicas", || replicas().filter(|r| *r == json!(3))).await;
-        assert_eq!(owners(), [runtime::FIELD_MANAGER]);
+        let handover = || vec![runtime::REPLICAS_HANDOVER_MANAGER.to_owned()];
+        eventually("three replicas", || {
+            replica_count(&api).0.filter(|r| *r == json!(3))
+        })
+        .await;
+        assert_eq!(replica_count(&api).1, [runtime::FIELD_MANAGER]);
 
         configure_tenant_a(&api, "autoscaling: {minReplicas: 2, maxReplicas: 6}");
         // The autoscaler is applied after the Deployment.
         eventually("the autoscaler", autoscaler).await;
-        assert_eq!(replicas(), Some(json!(3)), "the running count stays");
-        assert!(
-            !owners().iter().any(|o| o == runtime::FIELD_MANAGER),
-            "the controller no longer sets the count: {:?}",
-            owners()
+        assert_eq!(
+            replica_count(&api),
+            (Some(json!(3)), handover()),
+            "the running count stays, held by the hand-over manager"
         );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        assert_eq!(replicas(), Some(json!(3)), "later rounds leave it");
+        // A new rendering applied again leaves the count.
+        configure_tenant_a(
+            &api,
+            "autoscaling: {minReplicas: 2, maxReplicas: 6}, resources: {limits: {memory: 128Mi}}",
+        );
+        applied_with_memory(&api, "128Mi").await;
+        assert_eq!(replica_count(&api), (Some(json!(3)), handover()));
 
         // The autoscaler scales up, through the API as the HorizontalPodAutoscaler controller
-        // does: later rounds leave its count alone.
+        // does, and takes the field; the next apply leaves its count alone.
         let deployments: Api<Deployment> = Api::namespaced(api.client(), "tenant-a");
         deployments
             .patch(
@@ -1190,19 +1215,78 @@ async fn switching_autoscaling_on_keeps_the_running_replicas() {
             )
             .await
             .expect("scaled");
-        assert_eq!(owners(), ["kube-controller-manager"]);
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        assert_eq!(replicas(), Some(json!(5)));
-        assert_eq!(owners(), ["kube-controller-manager"]);
+        assert_eq!(
+            replica_count(&api),
+            (Some(json!(5)), vec!["kube-controller-manager".to_owned()])
+        );
+        configure_tenant_a(
+            &api,
+            "autoscaling: {minReplicas: 2, maxReplicas: 6}, resources: {limits: {memory: 256Mi}}",
+        );
+        applied_with_memory(&api, "256Mi").await;
+        assert_eq!(
+            replica_count(&api),
+            (Some(json!(5)), vec!["kube-controller-manager".to_owned()])
+        );
 
         // Off again: the GatewayConfig's count, and no autoscaler.
         configure_tenant_a(&api, "replicas: 4");
-        eventually("four replicas", || replicas().filter(|r| *r == json!(4))).await;
+        eventually("four replicas", || {
+            replica_count(&api).0.filter(|r| *r == json!(4))
+        })
+        .await;
         eventually("the autoscaler removed", || {
             autoscaler().is_none().then_some(())
         })
         .await;
-        assert_eq!(owners(), [runtime::FIELD_MANAGER]);
+        assert_eq!(replica_count(&api).1, [runtime::FIELD_MANAGER]);
+        let _ = stop.send(());
+        controller
+            .await
+            .expect("task")
+            .expect("the controller stops cleanly");
+    })
+    .await
+    .expect("in time");
+}
+
+/// A new plane with autoscaling starts at the autoscaler's floor rather than at one replica,
+/// and hands that count over once rendered again; a plane scaled to zero is not held at zero
+/// (an autoscaler leaves a Deployment at zero alone) but falls to the default of one.
+#[tokio::test]
+async fn an_autoscaled_plane_starts_at_its_floor() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (api, _echo) = tenant_a("autoscaling: {minReplicas: 3, maxReplicas: 6}").await;
+        let (stop, controller) = plain_controller(&api);
+        eventually("the Deployment at the floor", || {
+            replica_count(&api).0.filter(|r| *r == json!(3))
+        })
+        .await;
+        assert_eq!(replica_count(&api).1, [runtime::FIELD_MANAGER]);
+        configure_tenant_a(
+            &api,
+            "autoscaling: {minReplicas: 3, maxReplicas: 6}, resources: {limits: {memory: 128Mi}}",
+        );
+        applied_with_memory(&api, "128Mi").await;
+        assert_eq!(
+            replica_count(&api),
+            (
+                Some(json!(3)),
+                vec![runtime::REPLICAS_HANDOVER_MANAGER.to_owned()]
+            )
+        );
+
+        configure_tenant_a(&api, "replicas: 0");
+        eventually("scaled to zero", || {
+            replica_count(&api).0.filter(|r| *r == json!(0))
+        })
+        .await;
+        configure_tenant_a(&api, "autoscaling: {minReplicas: 2, maxReplicas: 6}");
+        eventually("one replica for the autoscaler to raise", || {
+            replica_count(&api).0.filter(|r| *r == json!(1))
+        })
+        .await;
+        assert_eq!(replica_count(&api).1, Vec::<String>::new());
         let _ = stop.send(());
         controller
             .await

@@ -88,16 +88,29 @@ fn applies_replicas(deployment: &Deployment, manager: &str) -> bool {
         })
 }
 
-/// Before a Deployment is applied without `spec.replicas` (an autoscaler now sets it): when
-/// the controller still owns the live count, the hand-over manager applies that same count,
-/// so it stays when the controller drops the field. A conflict means another writer (the
-/// autoscaler) already holds the field: nothing to hand over. Returns whether it applied.
+/// What a Deployment whose count is the autoscaler's needs before it is applied.
+enum Count {
+    /// Nothing: the controller holds no count, or hands none over.
+    Left,
+    /// The hand-over manager now holds the running count (`true`: the object changed).
+    HandedOver(bool),
+    /// There is no Deployment yet: it starts at this count (the autoscaler's floor) rather
+    /// than at the API server's default of one until the autoscaler's first pass.
+    Start(i32),
+}
+
+/// Before a Deployment is applied without `spec.replicas` (its autoscaler sets it): when the
+/// controller still owns the live count, the hand-over manager applies that same count, so it
+/// stays when the controller drops the field. A conflict means another writer holds the field
+/// already: nothing to hand over. A count of zero is not handed over: an autoscaler leaves a
+/// Deployment at zero alone, while the default of one lets it scale to its floor.
 async fn hand_replicas_over(
     client: &Client,
     deployment: &Deployment,
+    floor: i32,
     uid: &str,
     field_manager: &str,
-) -> Result<bool, String> {
+) -> Result<Count, String> {
     let namespace = deployment.namespace().unwrap_or_default();
     let name = deployment.name_any();
     let api: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
@@ -106,15 +119,15 @@ async fn hand_replicas_over(
         .await
         .map_err(|e| format!("reading Deployment {namespace}/{name}: {e}"))?;
     let Some(live) = live else {
-        return Ok(false);
+        return Ok(Count::Start(floor));
     };
     let replicas = live.spec.as_ref().and_then(|s| s.replicas);
-    let (Some(replicas), true, true) = (
+    let (Some(replicas @ 1..), true, true) = (
         replicas,
         controlled_by(live.owner_references(), uid),
         applies_replicas(&live, field_manager),
     ) else {
-        return Ok(false);
+        return Ok(Count::Left);
     };
     let count = serde_json::json!({
         "apiVersion": "apps/v1",
@@ -130,8 +143,10 @@ async fn hand_replicas_over(
         )
         .await
     {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Ok(applied) => Ok(Count::HandedOver(
+            live.resource_version() != applied.resource_version(),
+        )),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(Count::Left),
         Err(e) => Err(format!(
             "handing spec.replicas of Deployment {namespace}/{name} to its autoscaler: {e}"
         )),
@@ -216,9 +231,11 @@ pub async fn ensure_auth_secret(
 }
 
 /// Applies a rendered plane in dependency order (the Service before the Deployment that uses
-/// it, the autoscaler after its target), and removes an autoscaler the plane no longer has.
-/// A Deployment whose count passes to the autoscaler keeps its running count meanwhile.
-/// The generated token Secret is [`ensure_auth_secret`]'s. Returns whether anything changed.
+/// it, the autoscaler after its target). An autoscaler the plane no longer has goes before
+/// the Deployment takes its count back, so it cannot write a count of its own in between.
+/// A Deployment whose count passes to the autoscaler keeps its running count meanwhile, and a
+/// new one starts at the autoscaler's floor. The generated token Secret is
+/// [`ensure_auth_secret`]'s. Returns whether anything changed.
 pub async fn apply_plane(
     client: &Client,
     plane: &DataPlane,
@@ -229,27 +246,42 @@ pub async fn apply_plane(
     let mut changed = false;
     changed |= apply_one(client, &plane.service, uid, field_manager).await?;
     changed |= apply_one(client, &plane.network_policy, uid, field_manager).await?;
-    let counted = plane
+    let Some(hpa) = &plane.autoscaler else {
+        changed |= delete_owned::<HorizontalPodAutoscaler>(
+            client,
+            namespace,
+            &plane.names.autoscaler,
+            uid,
+        )
+        .await?;
+        changed |= apply_one(client, &plane.deployment, uid, field_manager).await?;
+        return Ok(changed);
+    };
+    let uncounted = plane
         .deployment
         .spec
         .as_ref()
-        .is_some_and(|s| s.replicas.is_some());
-    if !counted {
-        changed |= hand_replicas_over(client, &plane.deployment, uid, field_manager).await?;
-    }
-    changed |= apply_one(client, &plane.deployment, uid, field_manager).await?;
-    match &plane.autoscaler {
-        Some(hpa) => changed |= apply_one(client, hpa, uid, field_manager).await?,
-        None => {
-            changed |= delete_owned::<HorizontalPodAutoscaler>(
-                client,
-                namespace,
-                &plane.names.autoscaler,
-                uid,
-            )
-            .await?
+        .is_some_and(|s| s.replicas.is_none());
+    let count = if uncounted {
+        let floor = hpa.spec.min_replicas.unwrap_or(1);
+        hand_replicas_over(client, &plane.deployment, floor, uid, field_manager).await?
+    } else {
+        Count::Left
+    };
+    changed |= match count {
+        Count::Start(floor) => {
+            let mut first = plane.deployment.clone();
+            if let Some(spec) = first.spec.as_mut() {
+                spec.replicas = Some(floor);
+            }
+            apply_one(client, &first, uid, field_manager).await?
         }
-    }
+        Count::HandedOver(handed) => {
+            handed | apply_one(client, &plane.deployment, uid, field_manager).await?
+        }
+        Count::Left => apply_one(client, &plane.deployment, uid, field_manager).await?,
+    };
+    changed |= apply_one(client, hpa, uid, field_manager).await?;
     Ok(changed)
 }
 

@@ -17,6 +17,8 @@ mod report;
 pub mod status;
 pub mod stores;
 
+pub use apply::REPLICAS_HANDOVER_MANAGER;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;

@@ -897,7 +897,18 @@ fn watch_response(shared: &Arc<Shared>, req: &Req<'_>) -> Response<BoxBody<Bytes
                             ("MODIFIED", Some(true), false) => "DELETED",
                             _ => return None,
                         };
-                        let mut object = e.object.clone();
+                        // An object leaving the selection is sent as it was in it.
+                        let mut object = match (event, &e.previous) {
+                            ("DELETED", Some(previous)) if e.event == "MODIFIED" => {
+                                previous.clone()
+                            }
+                            _ => e.object.clone(),
+                        };
+                        if let Some(meta) =
+                            object.get_mut("metadata").and_then(Value::as_object_mut)
+                        {
+                            meta.insert("resourceVersion".into(), e.rv.to_string().into());
+                        }
                         if let Some(o) = object.as_object_mut() {
                             o.insert("apiVersion".into(), api_version.clone().into());
                             o.insert("kind".into(), kind.into());
@@ -1111,9 +1122,12 @@ mod ownership {
         let mut managers = read(object);
         let mine = fields(applied);
         let differs = |p: &Path| get(object, p) != get(applied, p);
+        // Managers are told apart by name and operation: the applier's own earlier updates
+        // are another manager's fields here, as on a real server.
+        let other = |m: &Manager| m.name != manager || m.operation != "Apply";
         let conflicts: Vec<String> = managers
             .iter()
-            .filter(|m| m.name != manager)
+            .filter(|m| other(m))
             .flat_map(|m| {
                 m.fields
                     .intersection(&mine)
@@ -1130,7 +1144,7 @@ mod ownership {
                 ));
             }
             let taken: BTreeSet<Path> = mine.iter().filter(|p| differs(p)).cloned().collect();
-            for m in managers.iter_mut().filter(|m| m.name != manager) {
+            for m in managers.iter_mut().filter(|m| other(m)) {
                 m.fields.retain(|p| !taken.contains(p));
             }
         }
@@ -1140,10 +1154,7 @@ mod ownership {
             .map(|m| m.fields.clone())
             .unwrap_or_default();
         for p in before.difference(&mine) {
-            if !managers
-                .iter()
-                .any(|m| m.name != manager && m.fields.contains(p))
-            {
+            if !managers.iter().any(|m| other(m) && m.fields.contains(p)) {
                 remove(object, p);
             }
         }
