@@ -36,11 +36,12 @@ pub(super) enum Answered {
     Refused,
 }
 
-/// Tells a connection's task when the registration answer is on the wire: the
-/// registration hook arms it as it decides (the answer is written after the hook
-/// returns), and the first flush of the control stream after a write that followed
-/// fires it. Acting earlier would let a configuration push overtake the answer, or
-/// a close drop it.
+/// Tells a connection's task when the registration answer has been handed to the
+/// transport: the registration hook arms it as it decides (the answer is written after
+/// the hook returns), and the first flush of the control stream after a write that
+/// followed fires it. The transport sends it from its buffer soon after; a close waits
+/// [`CLOSE_AFTER_ERROR`] more for that. Acting earlier would let a configuration push
+/// overtake the answer, or a close drop it.
 #[derive(Default)]
 pub(super) struct AnswerSent {
     /// 0 idle, 1 armed, 2 armed and written since.
@@ -219,6 +220,10 @@ async fn serve_quic(inner: &Arc<Inner>, incoming: quinn::Incoming) -> Result<(),
                     tokio::select! {
                         () = answer_written(&signal) => {}
                         _ = conn.closed() => break,
+                        _ = close.cancelled() => {
+                            conn.close(VarInt::from_u32(0), b"");
+                            break;
+                        }
                     }
                     if answer == Answered::Refused {
                         tokio::time::sleep(CLOSE_AFTER_ERROR).await;
@@ -349,6 +354,7 @@ async fn serve_tcp(
                     tokio::select! {
                         () = answer_written(&signal) => {}
                         _ = &mut driver => break,
+                        _ = close.cancelled() => break,
                     }
                     if answer == Answered::Refused {
                         // After a registration error the edge closes the connection
