@@ -42,11 +42,14 @@ async fn service(req: Request<Body>) -> Result<Response<TestBody>, Infallible> {
         }
         _ => return echo(req).await,
     };
-    Ok(Response::new(
+    let mut r = Response::new(
         Full::new(Bytes::from(text))
             .map_err(|e| match e {})
             .boxed_unsync(),
-    ))
+    );
+    r.headers_mut()
+        .insert("server", "origin/1.0".parse().unwrap());
+    Ok(r)
 }
 
 async fn serving(edge: &MockEdge, protocol: Protocol) -> ConnectorHandle {
@@ -97,8 +100,15 @@ async fn eyeball_hop_headers_stop_at_the_edge(protocol: Protocol) {
         .unwrap();
     let resp = sender.send_request(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
+    // The edge answers as itself, with the ray id the service saw.
+    assert_eq!(resp.headers()["server"], "cloudflare");
+    let ray = resp.headers()["cf-ray"].to_str().unwrap().to_owned();
     let seen = resp.into_body().collect().await.unwrap().to_bytes();
     let seen = String::from_utf8(seen.to_vec()).unwrap();
+    assert!(
+        seen.lines().any(|l| l == format!("cf-ray: {ray}")),
+        "{ray}:\n{seen}"
+    );
     let names: Vec<&str> = seen.lines().filter_map(|l| l.split(": ").next()).collect();
     for hop in ["connection", "keep-alive", "proxy-connection", "x-hop"] {
         assert!(

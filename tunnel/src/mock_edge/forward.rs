@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{
-    HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, COOKIE, HOST, TE, TRAILER,
+    HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, COOKIE, HOST, SERVER, TE, TRAILER,
     TRANSFER_ENCODING, UPGRADE,
 };
 use http::{Request, Response, StatusCode};
@@ -167,7 +167,10 @@ async fn handle(inner: Arc<Inner>, req: Request<Incoming>, peer: IpAddr) -> Resp
     if req.uri().path().starts_with(super::admin::PREFIX) {
         return super::admin::handle(&inner, req).await;
     }
-    if let Some(refused) = head_too_large(&req) {
+    if let Some(mut refused) = head_too_large(&req) {
+        refused
+            .headers_mut()
+            .insert(SERVER, HeaderValue::from_static("cloudflare"));
         return refused;
     }
     forward(&inner, req, peer).await
@@ -226,6 +229,23 @@ where
     strip_request_headers(req.headers_mut());
     join_cookies(req.headers_mut());
     add_edge_headers(req.headers_mut(), peer);
+    let ray = req.headers().get(&CF_RAY).cloned();
+    let mut resp = through_tunnel(inner, req, websocket).await;
+    // Every answer is the edge's: its `Server` in place of the origin's, and the ray id
+    // the origin saw in the request.
+    let headers = resp.headers_mut();
+    headers.insert(SERVER, HeaderValue::from_static("cloudflare"));
+    if let Some(ray) = ray {
+        headers.insert(CF_RAY.clone(), ray);
+    }
+    resp
+}
+
+async fn through_tunnel<B>(inner: &Inner, req: Request<B>, websocket: bool) -> Response<EdgeBody>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError> + Send,
+{
     let wait = inner.response_timeout;
     let mut tried = Vec::new();
     let mut failure = None;
