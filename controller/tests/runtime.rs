@@ -1083,79 +1083,106 @@ async fn the_api_token_waits_out_a_rate_limit() {
     assert_eq!(api.put_configuration(&target, &document).await, Ok(1));
 }
 
-/// A controller for `api` without a shared pool, Lease or Cloudflare API: it renders and applies
-/// the dedicated planes. Stop it with the sender; the task ends with the run's result.
-fn plain_controller(
-    api: &ApiServer,
-) -> (
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<anyhow::Result<()>>,
-) {
-    let options = RuntimeOptions {
-        translate: Options {
-            proxy_image: Some("proxy:1".to_owned()),
-            ..Options::default()
-        },
-        render: RenderSettings {
-            proxy_image: Some("proxy:1".to_owned()),
-            ..RenderSettings::default()
-        },
-        resync: Duration::from_millis(100),
-        ..RuntimeOptions::default()
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let health = std::sync::Arc::new(runtime::health::Health::default());
-    let task = tokio::spawn(runtime::run(api.client(), options, health, async {
-        let _ = stopped.await;
-    }));
-    (stop, task)
+/// The seed's tenant-a Gateway, its GatewayConfig's spec set by [`Tenant::configure`], on an
+/// API server of its own, and a controller without a shared pool, Lease or Cloudflare API
+/// rendering and applying its plane.
+struct Tenant {
+    api: ApiServer,
+    _echo: cftunnel_loadtest::echo::EchoServer,
+    stop: tokio::sync::oneshot::Sender<()>,
+    controller: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
-/// The seed's tenant-a Gateway with its GatewayConfig's spec set to `spec` (besides the token
-/// Secrets), on an API server of its own.
-async fn tenant_a(spec: &str) -> (ApiServer, cftunnel_loadtest::echo::EchoServer) {
-    let echo = support::echo("tenant-a", "web-1").await;
-    let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
-    let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
-    let api = ApiServer::start(&seed(&token, &third, echo.http_addr())).await;
-    configure_tenant_a(&api, spec);
-    (api, echo)
+impl Tenant {
+    async fn start(spec: &str) -> Self {
+        let echo = support::echo("tenant-a", "web-1").await;
+        let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
+        let api = ApiServer::start(&seed(&token, &third, echo.http_addr())).await;
+        put_gateway_config(&api, spec);
+        let options = RuntimeOptions {
+            translate: Options {
+                proxy_image: Some("proxy:1".to_owned()),
+                ..Options::default()
+            },
+            render: RenderSettings {
+                proxy_image: Some("proxy:1".to_owned()),
+                ..RenderSettings::default()
+            },
+            resync: Duration::from_millis(100),
+            ..RuntimeOptions::default()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let health = std::sync::Arc::new(runtime::health::Health::default());
+        let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
+            let _ = stopped.await;
+        }));
+        Self {
+            api,
+            _echo: echo,
+            stop,
+            controller,
+        }
+    }
+
+    /// Replaces the GatewayConfig's spec (besides its token Secrets) with `spec`.
+    fn configure(&self, spec: &str) {
+        put_gateway_config(&self.api, spec);
+    }
+
+    /// The Deployment's `spec.replicas` and the managers that own it.
+    fn replicas(&self) -> (Option<Value>, Vec<String>) {
+        let d = self
+            .api
+            .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+            .unwrap_or_default();
+        let owners = d
+            .pointer("/metadata/managedFields")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|m| m.pointer("/fieldsV1/f:spec/f:replicas").is_some())
+            .filter_map(|m| m["manager"].as_str().map(str::to_owned))
+            .collect();
+        (d.pointer("/spec/replicas").cloned(), owners)
+    }
+
+    /// Waits until the Deployment's `spec.replicas` is `n`.
+    async fn replicas_become(&self, n: i32) {
+        eventually(&format!("{n} replicas"), || {
+            self.replicas().0.filter(|r| *r == json!(n))
+        })
+        .await;
+    }
+
+    /// Waits until the Deployment's pod template asks for `memory`: the controller has
+    /// applied a new rendering.
+    async fn applied_with_memory(&self, memory: &str) {
+        eventually("the new rendering applied", || {
+            self.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+                .and_then(|d| {
+                    d.pointer("/spec/template/spec/containers/0/resources/limits/memory")
+                        .cloned()
+                })
+                .filter(|m| *m == json!(memory))
+        })
+        .await;
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.controller
+            .await
+            .expect("task")
+            .expect("the controller stops cleanly");
+    }
 }
 
-fn configure_tenant_a(api: &ApiServer, spec: &str) {
+fn put_gateway_config(api: &ApiServer, spec: &str) {
     api.put(yaml(&format!(
         "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {{name: edge-config, namespace: tenant-a}}\nspec: {{tunnelTokenSecretRef: {{name: edge-tunnel-token}}, authTokenSecretRef: {{name: edge-api, key: bearer}}, {spec}}}\n"
     )));
-}
-
-/// The Deployment's `spec.replicas` and the managers that own it.
-fn replica_count(api: &ApiServer) -> (Option<Value>, Vec<String>) {
-    let d = api
-        .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
-        .unwrap_or_default();
-    let owners = d
-        .pointer("/metadata/managedFields")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter(|m| m.pointer("/fieldsV1/f:spec/f:replicas").is_some())
-        .filter_map(|m| m["manager"].as_str().map(str::to_owned))
-        .collect();
-    (d.pointer("/spec/replicas").cloned(), owners)
-}
-
-/// Waits until the Deployment's pod template asks for `memory`: the controller has applied
-/// a new rendering.
-async fn applied_with_memory(api: &ApiServer, memory: &str) {
-    eventually("the new rendering applied", || {
-        api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
-            .and_then(|d| {
-                d.pointer("/spec/template/spec/containers/0/resources/limits/memory")
-                    .cloned()
-            })
-            .filter(|m| *m == json!(memory))
-    })
-    .await;
 }
 
 /// Autoscaling switched on for a running plane: the Deployment keeps its replicas until the
@@ -1168,42 +1195,38 @@ async fn switching_autoscaling_on_keeps_the_running_replicas() {
     use k8s_openapi::api::apps::v1::Deployment;
     use kube::api::{Api, Patch, PatchParams};
     tokio::time::timeout(Duration::from_secs(60), async {
-        let (api, _echo) = tenant_a("replicas: 3").await;
-        let (stop, controller) = plain_controller(&api);
+        let t = Tenant::start("replicas: 3").await;
         let autoscaler = || {
-            api.get(
+            t.api.get(
                 "autoscaling/v2",
                 "HorizontalPodAutoscaler",
                 "tenant-a",
                 "cf-proxy-edge",
             )
         };
-        let handover = || vec![runtime::REPLICAS_HANDOVER_MANAGER.to_owned()];
-        eventually("three replicas", || {
-            replica_count(&api).0.filter(|r| *r == json!(3))
-        })
-        .await;
-        assert_eq!(replica_count(&api).1, [runtime::FIELD_MANAGER]);
+        let held_by = |manager: &str| (Some(json!(3)), vec![manager.to_owned()]);
+        t.replicas_become(3).await;
+        assert_eq!(t.replicas(), held_by(runtime::FIELD_MANAGER));
 
-        configure_tenant_a(&api, "autoscaling: {minReplicas: 2, maxReplicas: 6}");
+        t.configure("autoscaling: {minReplicas: 2, maxReplicas: 6}");
         // The autoscaler is applied after the Deployment.
         eventually("the autoscaler", autoscaler).await;
         assert_eq!(
-            replica_count(&api),
-            (Some(json!(3)), handover()),
+            t.replicas(),
+            held_by(runtime::REPLICAS_HANDOVER_MANAGER),
             "the running count stays, held by the hand-over manager"
         );
         // A new rendering applied again leaves the count.
-        configure_tenant_a(
-            &api,
+        t.configure(
             "autoscaling: {minReplicas: 2, maxReplicas: 6}, resources: {limits: {memory: 128Mi}}",
         );
-        applied_with_memory(&api, "128Mi").await;
-        assert_eq!(replica_count(&api), (Some(json!(3)), handover()));
+        t.applied_with_memory("128Mi").await;
+        assert_eq!(t.replicas(), held_by(runtime::REPLICAS_HANDOVER_MANAGER));
 
         // The autoscaler scales up, through the API as the HorizontalPodAutoscaler controller
         // does, and takes the field; the next apply leaves its count alone.
-        let deployments: Api<Deployment> = Api::namespaced(api.client(), "tenant-a");
+        let scaled = (Some(json!(5)), vec!["kube-controller-manager".to_owned()]);
+        let deployments: Api<Deployment> = Api::namespaced(t.api.client(), "tenant-a");
         deployments
             .patch(
                 "cf-proxy-edge",
@@ -1215,36 +1238,22 @@ async fn switching_autoscaling_on_keeps_the_running_replicas() {
             )
             .await
             .expect("scaled");
-        assert_eq!(
-            replica_count(&api),
-            (Some(json!(5)), vec!["kube-controller-manager".to_owned()])
-        );
-        configure_tenant_a(
-            &api,
+        assert_eq!(t.replicas(), scaled);
+        t.configure(
             "autoscaling: {minReplicas: 2, maxReplicas: 6}, resources: {limits: {memory: 256Mi}}",
         );
-        applied_with_memory(&api, "256Mi").await;
-        assert_eq!(
-            replica_count(&api),
-            (Some(json!(5)), vec!["kube-controller-manager".to_owned()])
-        );
+        t.applied_with_memory("256Mi").await;
+        assert_eq!(t.replicas(), scaled);
 
         // Off again: the GatewayConfig's count, and no autoscaler.
-        configure_tenant_a(&api, "replicas: 4");
-        eventually("four replicas", || {
-            replica_count(&api).0.filter(|r| *r == json!(4))
-        })
-        .await;
+        t.configure("replicas: 4");
+        t.replicas_become(4).await;
         eventually("the autoscaler removed", || {
             autoscaler().is_none().then_some(())
         })
         .await;
-        assert_eq!(replica_count(&api).1, [runtime::FIELD_MANAGER]);
-        let _ = stop.send(());
-        controller
-            .await
-            .expect("task")
-            .expect("the controller stops cleanly");
+        assert_eq!(t.replicas().1, [runtime::FIELD_MANAGER]);
+        t.stop().await;
     })
     .await
     .expect("in time");
@@ -1256,42 +1265,28 @@ async fn switching_autoscaling_on_keeps_the_running_replicas() {
 #[tokio::test]
 async fn an_autoscaled_plane_starts_at_its_floor() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let (api, _echo) = tenant_a("autoscaling: {minReplicas: 3, maxReplicas: 6}").await;
-        let (stop, controller) = plain_controller(&api);
-        eventually("the Deployment at the floor", || {
-            replica_count(&api).0.filter(|r| *r == json!(3))
-        })
-        .await;
-        assert_eq!(replica_count(&api).1, [runtime::FIELD_MANAGER]);
-        configure_tenant_a(
-            &api,
+        let t = Tenant::start("autoscaling: {minReplicas: 3, maxReplicas: 6}").await;
+        t.replicas_become(3).await;
+        assert_eq!(t.replicas().1, [runtime::FIELD_MANAGER]);
+        t.configure(
             "autoscaling: {minReplicas: 3, maxReplicas: 6}, resources: {limits: {memory: 128Mi}}",
         );
-        applied_with_memory(&api, "128Mi").await;
+        t.applied_with_memory("128Mi").await;
         assert_eq!(
-            replica_count(&api),
+            t.replicas(),
             (
                 Some(json!(3)),
                 vec![runtime::REPLICAS_HANDOVER_MANAGER.to_owned()]
             )
         );
 
-        configure_tenant_a(&api, "replicas: 0");
-        eventually("scaled to zero", || {
-            replica_count(&api).0.filter(|r| *r == json!(0))
-        })
-        .await;
-        configure_tenant_a(&api, "autoscaling: {minReplicas: 2, maxReplicas: 6}");
-        eventually("one replica for the autoscaler to raise", || {
-            replica_count(&api).0.filter(|r| *r == json!(1))
-        })
-        .await;
-        assert_eq!(replica_count(&api).1, Vec::<String>::new());
-        let _ = stop.send(());
-        controller
-            .await
-            .expect("task")
-            .expect("the controller stops cleanly");
+        t.configure("replicas: 0");
+        t.replicas_become(0).await;
+        t.configure("autoscaling: {minReplicas: 2, maxReplicas: 6}");
+        // One replica, for the autoscaler to raise.
+        t.replicas_become(1).await;
+        assert_eq!(t.replicas().1, Vec::<String>::new());
+        t.stop().await;
     })
     .await
     .expect("in time");
@@ -1307,10 +1302,10 @@ async fn a_plane_object_that_loses_its_label_is_applied_again() {
     use kube::api::{Api, Patch, PatchParams};
     const LABEL: &str = "app.kubernetes.io/managed-by";
     tokio::time::timeout(Duration::from_secs(60), async {
-        let (api, _echo) = tenant_a("replicas: 2").await;
-        let (stop, controller) = plain_controller(&api);
+        let t = Tenant::start("replicas: 2").await;
         let label = |api_version: &str, kind: &str| {
-            api.get(api_version, kind, "tenant-a", "cf-proxy-edge")
+            t.api
+                .get(api_version, kind, "tenant-a", "cf-proxy-edge")
                 .and_then(|o| {
                     o.pointer(&format!("/metadata/labels/{}", LABEL.replace('/', "~1")))
                         .cloned()
@@ -1326,7 +1321,7 @@ async fn a_plane_object_that_loses_its_label_is_applied_again() {
             field_manager: Some("kubectl-edit".to_owned()),
             ..PatchParams::default()
         };
-        let deployments: Api<Deployment> = Api::namespaced(api.client(), "tenant-a");
+        let deployments: Api<Deployment> = Api::namespaced(t.api.client(), "tenant-a");
         let stripped = deployments
             .patch("cf-proxy-edge", &params, &Patch::Merge(&strip))
             .await
@@ -1340,7 +1335,7 @@ async fn a_plane_object_that_loses_its_label_is_applied_again() {
             label("apps/v1", "Deployment")
         })
         .await;
-        let policies: Api<NetworkPolicy> = Api::namespaced(api.client(), "tenant-a");
+        let policies: Api<NetworkPolicy> = Api::namespaced(t.api.client(), "tenant-a");
         policies
             .patch("cf-proxy-edge", &params, &Patch::Merge(&strip))
             .await
@@ -1349,11 +1344,7 @@ async fn a_plane_object_that_loses_its_label_is_applied_again() {
             label("networking.k8s.io/v1", "NetworkPolicy")
         })
         .await;
-        let _ = stop.send(());
-        controller
-            .await
-            .expect("task")
-            .expect("the controller stops cleanly");
+        t.stop().await;
     })
     .await
     .expect("in time");
