@@ -85,6 +85,15 @@ async fn main() -> anyhow::Result<()> {
         ca = %args.ca_out.display(),
         "mock edge ready"
     );
+    if args.locally_managed {
+        tracing::info!("locally managed: connectors serve their own ingress (cloudflared --url)");
+    } else {
+        tracing::info!(
+            "remotely managed: connectors serve the configuration pushed with PUT \
+             /__mock-edge/config?version=N (cloudflared answers 503 until then); \
+             --locally-managed lets cloudflared --url serve its own"
+        );
+    }
     wait_for_signal().await?;
     tracing::info!("shutting down");
     edge.shutdown().await;
