@@ -1223,12 +1223,13 @@ async fn switching_autoscaling_on_keeps_the_running_replicas() {
         t.applied_with_memory("128Mi").await;
         assert_eq!(t.replicas(), held_by(runtime::REPLICAS_HANDOVER_MANAGER));
 
-        // The autoscaler scales up, through the API as the HorizontalPodAutoscaler controller
-        // does, and takes the field; the next apply leaves its count alone.
+        // The autoscaler scales up through the `scale` subresource, as the
+        // HorizontalPodAutoscaler controller does, and takes the field; the next apply leaves
+        // its count alone.
         let scaled = (Some(json!(5)), vec!["kube-controller-manager".to_owned()]);
         let deployments: Api<Deployment> = Api::namespaced(t.api.client(), "tenant-a");
         deployments
-            .patch(
+            .patch_scale(
                 "cf-proxy-edge",
                 &PatchParams {
                     field_manager: Some("kube-controller-manager".to_owned()),
@@ -1239,6 +1240,20 @@ async fn switching_autoscaling_on_keeps_the_running_replicas() {
             .await
             .expect("scaled");
         assert_eq!(t.replicas(), scaled);
+        let scale_entry = t
+            .api
+            .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+            .and_then(|d| {
+                d.pointer("/metadata/managedFields")?
+                    .as_array()?
+                    .iter()
+                    .find(|m| m["manager"] == "kube-controller-manager")
+                    .cloned()
+            });
+        assert_eq!(
+            scale_entry.as_ref().map(|m| &m["subresource"]),
+            Some(&json!("scale"))
+        );
         t.configure(
             "autoscaling: {minReplicas: 2, maxReplicas: 6}, resources: {limits: {memory: 256Mi}}",
         );

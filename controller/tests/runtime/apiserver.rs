@@ -1,7 +1,7 @@
 //! A Kubernetes API server in memory, speaking the real REST protocol over HTTP on loopback:
 //! list (with label selectors) and watch streams from a resourceVersion, get, create, delete,
 //! server-side apply (`application/apply-patch+yaml`), JSON merge patches, and the `status`
-//! subresource. Errors are `Status` objects with the real codes (404 NotFound, 409
+//! and (Deployments) `scale` subresources. Errors are `Status` objects with the real codes (404 NotFound, 409
 //! AlreadyExists). It runs no controllers: a test plays the Deployment and EndpointSlice
 //! controllers itself.
 //!
@@ -176,6 +176,8 @@ struct Target {
     namespace: Option<String>,
     name: Option<String>,
     status: bool,
+    /// The `scale` subresource (Deployments).
+    scale: bool,
 }
 
 fn parse_path(path: &str) -> Option<Target> {
@@ -191,10 +193,12 @@ fn parse_path(path: &str) -> Option<Target> {
         }
         other => (None, other.to_vec()),
     };
-    let (plural, name, status) = match rest.as_slice() {
-        [plural] => ((*plural).to_owned(), None, false),
-        [plural, name] => ((*plural).to_owned(), Some((*name).to_owned()), false),
-        [plural, name, "status"] => ((*plural).to_owned(), Some((*name).to_owned()), true),
+    let (plural, name, sub) = match rest.as_slice() {
+        [plural] => ((*plural).to_owned(), None, None),
+        [plural, name] => ((*plural).to_owned(), Some((*name).to_owned()), None),
+        [plural, name, sub @ ("status" | "scale")] => {
+            ((*plural).to_owned(), Some((*name).to_owned()), Some(*sub))
+        }
         _ => return None,
     };
     Some(Target {
@@ -203,7 +207,8 @@ fn parse_path(path: &str) -> Option<Target> {
         plural,
         namespace,
         name,
-        status,
+        status: sub == Some("status"),
+        scale: sub == Some("scale"),
     })
 }
 
@@ -486,6 +491,9 @@ async fn handle(
         api_version: &api_version,
         params: &params,
     };
+    if target.scale {
+        return scale(shared, &request, &method, &body);
+    }
     match (method, target.name.is_some()) {
         (Method::GET, false) if params.get("watch").is_some_and(|w| w == "true" || w == "1") => {
             watch_response(shared, &request)
@@ -846,6 +854,70 @@ fn patch(
     )
 }
 
+/// The `scale` subresource of a Deployment, as the HorizontalPodAutoscaler controller uses it:
+/// `GET` reads an `autoscaling/v1` Scale, `PATCH` (merge) and `PUT` set `spec.replicas`, the
+/// writer's field manager taking the field (recorded with `subresource: scale`).
+fn scale(
+    shared: &Arc<Shared>,
+    req: &Req<'_>,
+    method: &Method,
+    body: &[u8],
+) -> Response<BoxBody<Bytes, Infallible>> {
+    let name = req.target.name.clone().unwrap_or_default();
+    let key = req.key(&name);
+    if req.kind != "Deployment" {
+        return req.not_found(&name);
+    }
+    let mut state = shared.state.lock().expect("state");
+    let Some(existing) = state.objects.get(&key).cloned() else {
+        return req.not_found(&name);
+    };
+    let as_scale = |d: &Value| {
+        json!({
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {
+                "name": d.pointer("/metadata/name"),
+                "namespace": d.pointer("/metadata/namespace"),
+                "uid": d.pointer("/metadata/uid"),
+                "resourceVersion": d.pointer("/metadata/resourceVersion"),
+            },
+            "spec": {"replicas": d.pointer("/spec/replicas").cloned().unwrap_or(json!(0))},
+            "status": {"replicas": d.pointer("/status/replicas").cloned().unwrap_or(json!(0))},
+        })
+    };
+    if *method == Method::GET {
+        return respond(StatusCode::OK, &as_scale(&existing));
+    }
+    if !matches!(*method, Method::PATCH | Method::PUT) {
+        return status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "method not allowed",
+        );
+    }
+    let Some(replicas) = json_body(body).and_then(|b| b.pointer("/spec/replicas").cloned()) else {
+        return status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            "spec.replicas: Required value",
+        );
+    };
+    let mut updated = existing.clone();
+    updated["spec"]["replicas"] = replicas;
+    if updated == existing {
+        return respond(StatusCode::OK, &as_scale(&existing));
+    }
+    ownership::update_subresource(Some(&existing), &mut updated, req.manager(), Some("scale"));
+    let generation = existing
+        .pointer("/metadata/generation")
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    updated["metadata"]["generation"] = (generation + 1).into();
+    let stored = shared.store(&mut state, key, updated, "MODIFIED");
+    respond(StatusCode::OK, &as_scale(&stored))
+}
+
 /// Watch events after `resourceVersion`, then live ones, as newline-delimited JSON, until
 /// `timeoutSeconds`.
 fn watch_response(shared: &Arc<Shared>, req: &Req<'_>) -> Response<BoxBody<Bytes, Infallible>> {
@@ -955,6 +1027,8 @@ mod ownership {
     struct Manager {
         name: String,
         operation: String,
+        /// `scale` for a write through that subresource.
+        subresource: Option<String>,
         fields: BTreeSet<Path>,
     }
 
@@ -1074,6 +1148,7 @@ mod ownership {
                 Manager {
                     name: e["manager"].as_str().unwrap_or_default().to_owned(),
                     operation: e["operation"].as_str().unwrap_or_default().to_owned(),
+                    subresource: e["subresource"].as_str().map(str::to_owned),
                     fields,
                 }
             })
@@ -1091,13 +1166,17 @@ mod ownership {
                     let keys: Vec<String> = p.iter().map(|k| format!("f:{k}")).collect();
                     set(&mut tree, &keys, json!({}));
                 }
-                json!({
+                let mut entry = json!({
                     "manager": m.name,
                     "operation": m.operation,
                     "apiVersion": api_version,
                     "fieldsType": "FieldsV1",
                     "fieldsV1": tree,
-                })
+                });
+                if let Some(sub) = &m.subresource {
+                    entry["subresource"] = sub.as_str().into();
+                }
+                entry
             })
             .collect();
         if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -1124,7 +1203,8 @@ mod ownership {
         let differs = |p: &Path| get(object, p) != get(applied, p);
         // Managers are told apart by name and operation: the applier's own earlier updates
         // are another manager's fields here, as on a real server.
-        let other = |m: &Manager| m.name != manager || m.operation != "Apply";
+        let other =
+            |m: &Manager| m.name != manager || m.operation != "Apply" || m.subresource.is_some();
         let conflicts: Vec<String> = managers
             .iter()
             .filter(|m| other(m))
@@ -1150,7 +1230,7 @@ mod ownership {
         }
         let before = managers
             .iter()
-            .find(|m| m.name == manager && m.operation == "Apply")
+            .find(|m| !other(m))
             .map(|m| m.fields.clone())
             .unwrap_or_default();
         for p in before.difference(&mine) {
@@ -1163,10 +1243,11 @@ mod ownership {
                 set(object, p, v.clone());
             }
         }
-        managers.retain(|m| !(m.name == manager && m.operation == "Apply"));
+        managers.retain(other);
         managers.push(Manager {
             name: manager.to_owned(),
             operation: "Apply".to_owned(),
+            subresource: None,
             fields: mine,
         });
         write(object, &managers);
@@ -1176,6 +1257,16 @@ mod ownership {
     /// Any other write by `manager` (create, replace, merge patch): the fields it changed
     /// become its own and no one else's; fields that are gone are no one's.
     pub fn update(before: Option<&Value>, after: &mut Value, manager: &str) {
+        update_subresource(before, after, manager, None);
+    }
+
+    /// [`update`] through a subresource (`scale`), recorded on the manager's entry.
+    pub fn update_subresource(
+        before: Option<&Value>,
+        after: &mut Value,
+        manager: &str,
+        subresource: Option<&str>,
+    ) {
         let mut managers = before.map(read).unwrap_or_default();
         let changed: BTreeSet<Path> = fields(after)
             .into_iter()
@@ -1186,14 +1277,16 @@ mod ownership {
                 .retain(|p| !changed.contains(p) && get(after, p).is_some());
         }
         if !changed.is_empty() {
-            match managers
-                .iter_mut()
-                .find(|m| m.name == manager && m.operation == "Update")
-            {
+            match managers.iter_mut().find(|m| {
+                m.name == manager
+                    && m.operation == "Update"
+                    && m.subresource.as_deref() == subresource
+            }) {
                 Some(m) => m.fields.extend(changed),
                 None => managers.push(Manager {
                     name: manager.to_owned(),
                     operation: "Update".to_owned(),
+                    subresource: subresource.map(str::to_owned),
                     fields: changed,
                 }),
             }
