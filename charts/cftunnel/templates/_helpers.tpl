@@ -40,13 +40,18 @@ affinity:
 topologySpreadConstraints:
   {{- toYaml .values.topologySpreadConstraints | nindent 2 }}
 {{- else if .values.spreadAcrossNodes }}
-# Replicas on different nodes where the scheduler can: one node going away takes one.
+# Replicas on different nodes, and zones, where the scheduler can: one going away takes one.
+# (Constraints replace the scheduler's own spreading, which covers both.) Counted per
+# ReplicaSet, so a rollout's old pods do not skew where the new ones go.
 topologySpreadConstraints:
+  {{- range list "kubernetes.io/hostname" "topology.kubernetes.io/zone" }}
   - maxSkew: 1
-    topologyKey: kubernetes.io/hostname
+    topologyKey: {{ . }}
     whenUnsatisfiable: ScheduleAnyway
+    matchLabelKeys: ["pod-template-hash"]
     labelSelector:
       matchLabels:
-        {{- toYaml .selector | nindent 8 }}
+        {{- toYaml $.selector | nindent 8 }}
+  {{- end }}
 {{- end }}
 {{- end -}}
