@@ -4,7 +4,7 @@
 //! Every Secret it names lives in the GatewayConfig's own namespace (the Gateway's): a reference
 //! carries no namespace field, so a Gateway cannot point at another tenant's credentials.
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -53,6 +53,9 @@ pub struct GatewayConfigSpec {
     /// Compute resources of the proxy container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// Secrets in the Gateway's namespace for pulling the proxy image from a private registry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
 }
 
 /// A key of a Secret in the referencing object's namespace.

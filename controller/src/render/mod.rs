@@ -643,6 +643,7 @@ fn pod_spec(
             }),
             ..Container::default()
         }],
+        image_pull_secrets: config.spec.image_pull_secrets.clone(),
         ..PodSpec::default()
     }
 }

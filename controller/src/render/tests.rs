@@ -504,3 +504,30 @@ fn a_gateway_read_from_a_manifest_renders_without_an_owner() {
     let p = plane_with(&s, &settings()).expect("renders");
     assert!(p.deployment.metadata.owner_references.is_none());
 }
+
+#[test]
+fn image_pull_secrets_reach_the_pod() {
+    let p = plane(
+        "{tunnelTokenSecretRef: {name: edge-tunnel-token}, imagePullSecrets: [{name: registry}]}",
+        "",
+    );
+    let pod = p
+        .deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("pod spec");
+    let names: Vec<&str> = pod
+        .image_pull_secrets
+        .iter()
+        .flatten()
+        .map(|r| r.name.as_str())
+        .collect();
+    assert_eq!(names, ["registry"]);
+    let without = plane(BASIC, "");
+    assert!(without
+        .deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .is_some_and(|p| p.image_pull_secrets.is_none()));
+}
