@@ -4,7 +4,11 @@
 //! Every Secret it names lives in the GatewayConfig's own namespace (the Gateway's): a reference
 //! carries no namespace field, so a Gateway cannot point at another tenant's credentials.
 
-use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements};
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, LocalObjectReference, ResourceRequirements, Toleration,
+};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -56,6 +60,18 @@ pub struct GatewayConfigSpec {
     /// Secrets in the Gateway's namespace for pulling the proxy image from a private registry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+    /// Nodes the proxy pods may run on (a dedicated node pool, say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Taints the proxy pods tolerate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+    /// Node and pod affinity of the proxy pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Priority class of the proxy pods, so the data path is not the first preempted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
 }
 
 /// A key of a Secret in the referencing object's namespace.

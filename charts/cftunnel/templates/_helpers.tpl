@@ -21,9 +21,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- .Values.proxy.authToken.existingSecret | default (printf "%s-proxy-auth" (include "cftunnel.fullname" .)) -}}
 {{- end -}}
 
-{{- /* Pod scheduling from a component's values (proxy or controller); `selector` labels
-the component's pods for the default spread. */ -}}
+{{- /* Pod scheduling from a component's values (proxy or controller): priority, nodes,
+tolerations, affinity, spread; `selector` labels the component's pods for the default spread. */ -}}
 {{- define "cftunnel.scheduling" -}}
+{{- with .values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
 {{- with .values.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}

@@ -644,6 +644,10 @@ fn pod_spec(
             ..Container::default()
         }],
         image_pull_secrets: config.spec.image_pull_secrets.clone(),
+        node_selector: config.spec.node_selector.clone(),
+        tolerations: config.spec.tolerations.clone(),
+        affinity: config.spec.affinity.clone(),
+        priority_class_name: config.spec.priority_class_name.clone(),
         ..PodSpec::default()
     }
 }

@@ -506,9 +506,12 @@ fn a_gateway_read_from_a_manifest_renders_without_an_owner() {
 }
 
 #[test]
-fn image_pull_secrets_reach_the_pod() {
+fn pull_secrets_and_placement_reach_the_pod() {
     let p = plane(
-        "{tunnelTokenSecretRef: {name: edge-tunnel-token}, imagePullSecrets: [{name: registry}]}",
+        "{tunnelTokenSecretRef: {name: edge-tunnel-token}, imagePullSecrets: [{name: registry}], \
+         nodeSelector: {pool: edge}, tolerations: [{key: dedicated, operator: Equal, value: edge, effect: NoSchedule}], \
+         affinity: {podAntiAffinity: {preferredDuringSchedulingIgnoredDuringExecution: [{weight: 100, podAffinityTerm: {topologyKey: kubernetes.io/hostname}}]}}, \
+         priorityClassName: edge-critical}",
         "",
     );
     let pod = p
@@ -524,10 +527,32 @@ fn image_pull_secrets_reach_the_pod() {
         .map(|r| r.name.as_str())
         .collect();
     assert_eq!(names, ["registry"]);
+    assert_eq!(
+        pod.node_selector
+            .as_ref()
+            .and_then(|n| n.get("pool"))
+            .map(String::as_str),
+        Some("edge")
+    );
+    let toleration = pod.tolerations.as_ref().map(|t| &t[0]).expect("toleration");
+    assert_eq!(
+        (toleration.key.as_deref(), toleration.effect.as_deref()),
+        (Some("dedicated"), Some("NoSchedule"))
+    );
+    assert!(pod
+        .affinity
+        .as_ref()
+        .and_then(|a| a.pod_anti_affinity.as_ref())
+        .is_some());
+    assert_eq!(pod.priority_class_name.as_deref(), Some("edge-critical"));
+
     let without = plane(BASIC, "");
-    assert!(without
+    let pod = without
         .deployment
         .spec
         .and_then(|s| s.template.spec)
-        .is_some_and(|p| p.image_pull_secrets.is_none()));
+        .expect("pod spec");
+    assert!(pod.image_pull_secrets.is_none() && pod.node_selector.is_none());
+    assert!(pod.tolerations.is_none() && pod.affinity.is_none());
+    assert!(pod.priority_class_name.is_none());
 }
