@@ -25,7 +25,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 tolerations, affinity, spread; `selector` labels the component's pods for the default spread. */ -}}
 {{- define "cftunnel.scheduling" -}}
 {{- with .values.priorityClassName }}
-priorityClassName: {{ . }}
+priorityClassName: {{ . | quote }}
 {{- end }}
 {{- with .values.nodeSelector }}
 nodeSelector:
