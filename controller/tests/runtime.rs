@@ -222,6 +222,17 @@ fn condition<'a>(conditions: &'a Value, kind: &str) -> Option<&'a Value> {
     conditions.as_array()?.iter().find(|c| c["type"] == kind)
 }
 
+/// Our parent's entry in the status of HTTPRoute `namespace/name`.
+fn route_parent(api: &ApiServer, namespace: &str, name: &str) -> Option<Value> {
+    api.get("gateway.networking.k8s.io/v1", "HTTPRoute", namespace, name)
+        .and_then(|r| our_parent(&r).cloned())
+}
+
+/// Condition `kind` of our parent's entry in the status of HTTPRoute `namespace/name`.
+fn route_condition(api: &ApiServer, namespace: &str, name: &str, kind: &str) -> Option<Value> {
+    route_parent(api, namespace, name).and_then(|p| condition(&p["conditions"], kind).cloned())
+}
+
 fn our_parent(route: &Value) -> Option<&Value> {
     route
         .pointer("/status/parents")?
@@ -539,13 +550,7 @@ async fn scenario() {
     })
     .await;
     let parent = eventually("the route's status", || {
-        api.get(
-            "gateway.networking.k8s.io/v1",
-            "HTTPRoute",
-            "tenant-a",
-            "shop",
-        )
-        .and_then(|r| our_parent(&r).cloned())
+        route_parent(&api, "tenant-a", "shop")
     })
     .await;
     assert_eq!(
@@ -568,15 +573,7 @@ async fn scenario() {
     let before = hash(&deployment);
     api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: edge-api, namespace: tenant-a}\nstringData: {bearer: rotated}\n"));
     let failed = eventually("ProxyConfigPushed=False", || {
-        api.get(
-            "gateway.networking.k8s.io/v1",
-            "HTTPRoute",
-            "tenant-a",
-            "shop",
-        )
-        .and_then(|r| {
-            our_parent(&r).and_then(|p| condition(&p["conditions"], PROXY_CONFIG_PUSHED).cloned())
-        })
+        route_condition(&api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
     })
     .await;
     assert_eq!(failed["status"], "False");
@@ -589,14 +586,8 @@ async fn scenario() {
     // Back to the token the pod has: the condition clears.
     api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: edge-api, namespace: tenant-a}\nstringData: {bearer: s3cr3t}\n"));
     eventually("ProxyConfigPushed cleared", || {
-        api.get(
-            "gateway.networking.k8s.io/v1",
-            "HTTPRoute",
-            "tenant-a",
-            "shop",
-        )
-        .and_then(|r| our_parent(&r).cloned())
-        .filter(|p| condition(&p["conditions"], PROXY_CONFIG_PUSHED).is_none())
+        route_parent(&api, "tenant-a", "shop")
+            .filter(|p| condition(&p["conditions"], PROXY_CONFIG_PUSHED).is_none())
     })
     .await;
 
@@ -617,15 +608,7 @@ async fn scenario() {
     })
     .await;
     assert_eq!(document["ingress"][0]["hostname"], "blog.example.com");
-    let blog_accepted = || {
-        api.get(
-            "gateway.networking.k8s.io/v1",
-            "HTTPRoute",
-            "tenant-c",
-            "blog",
-        )
-        .and_then(|r| our_parent(&r).and_then(|p| condition(&p["conditions"], "Accepted").cloned()))
-    };
+    let blog_accepted = || route_condition(&api, "tenant-c", "blog", "Accepted");
     eventually("blog accepted", || {
         blog_accepted().filter(|c| c["status"] == "True")
     })
@@ -658,14 +641,7 @@ async fn scenario() {
     let writes = cloudflare.writes();
     api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: edge-cf, namespace: tenant-a}\nstringData: {api-token: revoked}\n"));
     let pending = eventually("shop pending", || {
-        api.get(
-            "gateway.networking.k8s.io/v1",
-            "HTTPRoute",
-            "tenant-a",
-            "shop",
-        )
-        .and_then(|r| our_parent(&r).and_then(|p| condition(&p["conditions"], "Accepted").cloned()))
-        .filter(|c| c["status"] == "Unknown")
+        route_condition(&api, "tenant-a", "shop", "Accepted").filter(|c| c["status"] == "Unknown")
     })
     .await;
     assert_eq!(pending["reason"], "Pending");
@@ -682,14 +658,7 @@ async fn scenario() {
     cloudflare.allow("acct", "cf-token-a2");
     api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: edge-cf, namespace: tenant-a}\nstringData: {api-token: cf-token-a2}\n"));
     eventually("shop accepted again", || {
-        api.get(
-            "gateway.networking.k8s.io/v1",
-            "HTTPRoute",
-            "tenant-a",
-            "shop",
-        )
-        .and_then(|r| our_parent(&r).and_then(|p| condition(&p["conditions"], "Accepted").cloned()))
-        .filter(|c| c["status"] == "True")
+        route_condition(&api, "tenant-a", "shop", "Accepted").filter(|c| c["status"] == "True")
     })
     .await;
     assert!(cloudflare.writes() > writes);
@@ -755,14 +724,8 @@ async fn scenario() {
         "apiVersion: v1\nkind: Secret\nmetadata: {{name: third-tunnel-token, namespace: tenant-c}}\nstringData: {{tunnel-token: \"{third_token}\"}}\n"
     )));
     eventually("shop no longer flagged", || {
-        api.get(
-            "gateway.networking.k8s.io/v1",
-            "HTTPRoute",
-            "tenant-a",
-            "shop",
-        )
-        .and_then(|r| our_parent(&r).cloned())
-        .filter(|p| condition(&p["conditions"], "cf.k8s.lex.la/TunnelShared").is_none())
+        route_parent(&api, "tenant-a", "shop")
+            .filter(|p| condition(&p["conditions"], "cf.k8s.lex.la/TunnelShared").is_none())
     })
     .await;
 
