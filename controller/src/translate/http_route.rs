@@ -423,9 +423,11 @@ pub(super) fn reshape<T: serde::Serialize, U: serde::de::DeserializeOwned>(
         .map_err(|e| RuleError::unsupported(field, e.to_string()))
 }
 
-/// Validates a regular expression as the proxy will compile it: anchored, `regex` syntax.
+/// Validates a regular expression as the proxy compiles it: `regex` syntax, parsed on its own
+/// (the proxy anchors the parsed pattern, so a pattern that only parses inside `^(?:...)$`,
+/// such as `a)|(b`, is refused).
 pub(super) fn check_regex(pattern: &str, field: &str) -> Result<(), RuleError> {
-    regex::Regex::new(&format!("^(?:{pattern})$"))
+    regex::Regex::new(pattern)
         .map(|_| ())
         .map_err(|e| RuleError::InvalidRegex {
             field: field.to_owned(),

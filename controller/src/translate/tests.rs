@@ -746,7 +746,7 @@ fn a_regex_that_does_not_compile_drops_its_rule() {
     let out = run(&(http_route(
         "infra",
         "partial",
-        "  parentRefs: [{name: gw}]\n  rules:\n  - matches: [{path: {type: RegularExpression, value: \"/(\"}}]\n    backendRefs: [{name: v2, port: 8080}]\n  - name: good\n    matches: [{headers: [{type: RegularExpression, name: x, value: \"a+\"}]}]\n    backendRefs: [{name: v2, port: 8080}]",
+        "  parentRefs: [{name: gw}]\n  rules:\n  - matches: [{path: {type: RegularExpression, value: \"/admin)|(.*\"}}]\n    backendRefs: [{name: v2, port: 8080}]\n  - name: good\n    matches: [{headers: [{type: RegularExpression, name: x, value: \"a+\"}]}]\n    backendRefs: [{name: v2, port: 8080}]",
     ) + &http_route(
         "infra",
         "all-bad",

@@ -3,6 +3,7 @@
 use http::{HeaderMap, HeaderName, Method};
 use regex_automata::meta;
 use regex_automata::nfa::thompson::WhichCaptures;
+use regex_syntax::hir::{Hir, Look};
 use std::sync::Arc;
 
 /// An anchored regular expression (`regex` crate syntax) that must span the whole value.
@@ -31,18 +32,15 @@ pub(crate) fn pattern_config() -> meta::Config {
 impl Pattern {
     /// Compiles `source` anchored at both ends.
     pub fn new(source: &str) -> Result<Self, String> {
+        let hir = anchored(source)?;
         meta::Regex::builder()
             .configure(pattern_config())
-            .build(&anchored(source))
+            .build_from_hir(&hir)
             .map(|re| Self {
                 re: Arc::new(re),
                 source: source.into(),
             })
-            .map_err(|e| match regex_syntax::Parser::new().parse(source) {
-                // Quote the pattern as written, not the anchored form.
-                Err(syntax) => syntax.to_string(),
-                Ok(_) => e.to_string(),
-            })
+            .map_err(|e| e.to_string())
     }
 
     pub fn is_match(&self, value: &str) -> bool {
@@ -55,8 +53,18 @@ impl Pattern {
     }
 }
 
-pub(crate) fn anchored(source: &str) -> String {
-    format!("^(?:{source})$")
+/// `source` parsed on its own, then anchored at both ends. Anchoring the parsed pattern, not
+/// its text, keeps the pattern's meaning: `a)|(b` is refused instead of becoming the valid
+/// `^(?:a)|(b)$`, which would match anything containing `b`.
+pub(crate) fn anchored(source: &str) -> Result<Hir, String> {
+    let hir = regex_syntax::Parser::new()
+        .parse(source)
+        .map_err(|e| e.to_string())?;
+    Ok(Hir::concat(vec![
+        Hir::look(Look::Start),
+        hir,
+        Hir::look(Look::End),
+    ]))
 }
 
 /// What a matcher needs to see of a request: borrowed, so matching allocates nothing.

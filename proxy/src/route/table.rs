@@ -238,7 +238,7 @@ impl<R> TableBuilder<R> {
             // Stable: equal precedence keeps document order (rule, then match).
             entries
                 .sort_by_cached_key(|&(r, m)| rules[r as usize].matches[m as usize].precedence());
-            let mut regex_sources = Vec::new();
+            let mut regex_hirs = Vec::new();
             for (r, m) in entries {
                 match &rules[r as usize].matches[m as usize].path {
                     PathMatcher::Exact(p) => {
@@ -249,17 +249,23 @@ impl<R> TableBuilder<R> {
                     }
                     PathMatcher::Regex(p) => {
                         bucket.regex.push((r, m));
-                        regex_sources.push(anchored(p.source()));
+                        regex_hirs.push(anchored(p.source()));
                     }
                 }
             }
-            if regex_sources.len() >= REGEX_SET_MIN {
+            if regex_hirs.len() >= REGEX_SET_MIN {
                 // Each pattern already compiled on its own, so the set can only fail on size;
                 // then the bucket falls back to one pattern at a time.
-                bucket.regex_set = meta::Regex::builder()
-                    .configure(pattern_config().match_kind(MatchKind::All))
-                    .build_many(&regex_sources)
-                    .ok();
+                bucket.regex_set = regex_hirs
+                    .into_iter()
+                    .collect::<Result<Vec<_>, _>>()
+                    .ok()
+                    .and_then(|hirs| {
+                        meta::Regex::builder()
+                            .configure(pattern_config().match_kind(MatchKind::All))
+                            .build_many_from_hir(&hirs)
+                            .ok()
+                    });
             }
         };
         index(&mut self.table.default);

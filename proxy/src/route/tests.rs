@@ -186,6 +186,45 @@ fn regular_expressions_must_match_the_whole_value() {
     assert_eq!(get(&routes, "h", "/q?n=42a"), None);
 }
 
+/// The pattern is anchored as parsed, not as text: an alternation stays inside the anchors,
+/// a pattern that only compiles once wrapped is refused, and a trailing `(?x)` comment does
+/// not swallow the anchor. With 16 or more patterns a host's patterns run as one set, so both
+/// ways of matching are checked.
+#[test]
+fn a_pattern_is_anchored_as_parsed() {
+    let metrics = ProxyMetrics::register(&mut Default::default());
+    let refused = |value: &str| {
+        let doc: cftunnel_config::Config = serde_json::from_value(json!({"rules": [
+            rule("r", json!({"matches": [{"path": {"type": "RegularExpression", "value": value}}]})),
+        ]}))
+        .expect("parses");
+        compile(&doc, &metrics, &mut Cache::default()).is_err()
+    };
+    assert!(refused("/admin)|(.*"), "unbalanced on its own");
+    assert!(refused("(/a"));
+    for fillers in [0, 20] {
+        let mut rules: Vec<_> = (0..fillers)
+            .map(|i| rule(&format!("f{i}"), json!({"matches": [{"path": {"type": "RegularExpression", "value": format!("/filler{i}/[0-9]+")}}]})))
+            .collect();
+        rules.push(rule(
+            "alt",
+            json!({"matches": [{"path": {"type": "RegularExpression", "value": "/a|/b"}}]}),
+        ));
+        rules.push(rule("x", json!({"matches": [{"path": {"type": "RegularExpression", "value": "(?x) /c  [0-9]+ # digits"}}]})));
+        let routes = compile_doc(json!({ "rules": rules }));
+        assert_eq!(get(&routes, "h", "/a").as_deref(), Some("alt"), "{fillers}");
+        assert_eq!(get(&routes, "h", "/b").as_deref(), Some("alt"), "{fillers}");
+        assert_eq!(
+            get(&routes, "h", "/a/x"),
+            None,
+            "{fillers}: `/a|/b` is `^(?:/a|/b)$`"
+        );
+        assert_eq!(get(&routes, "h", "/x/b"), None, "{fillers}");
+        assert_eq!(get(&routes, "h", "/c42").as_deref(), Some("x"), "{fillers}");
+        assert_eq!(get(&routes, "h", "/c42/more"), None, "{fillers}");
+    }
+}
+
 #[test]
 fn method_then_header_count_then_query_count_break_path_ties() {
     let routes = compile_doc(json!({"rules": [
