@@ -122,7 +122,7 @@ fn compile_rule(
         let at = format!("{at}backends[{j}]");
         let unavailable = b
             .unavailable_status
-            .map(|s| status(s, &format!("{at}.unavailableStatus")))
+            .map(|s| final_status(s, &format!("{at}.unavailableStatus")))
             .transpose()?;
         let upstream = if b.url.is_empty() && unavailable.is_some() {
             None
@@ -163,10 +163,21 @@ fn compile_rule(
         backend_timeout: nonzero(timeouts.backend),
         unavailable: rule
             .unavailable_status
-            .map(|s| status(s, &format!("{at}unavailableStatus")))
+            .map(|s| final_status(s, &format!("{at}unavailableStatus")))
             .transpose()?,
         retry,
     })
+}
+
+/// A status a response can end with: an informational one (1xx) is never a final answer.
+fn final_status(code: u16, at: &str) -> Result<StatusCode, ConfigError> {
+    if code < 200 {
+        return Err(ConfigError::invalid(
+            at,
+            format!("status {code} is informational, not a final answer"),
+        ));
+    }
+    status(code, at)
 }
 
 fn status(code: u16, at: &str) -> Result<StatusCode, ConfigError> {
@@ -499,8 +510,20 @@ fn compile_redirect(r: &doc::RequestRedirect, at: &str) -> Result<Redirect, Conf
     let hostname = r
         .hostname
         .as_deref()
-        .map(|h| hostname(h).map_err(|m| ConfigError::invalid(format!("{at}.hostname"), m)))
-        .transpose()?;
+        .map(|h| {
+            if h.contains('*') {
+                return Err(format!("{h:?}: a redirect needs an exact hostname"));
+            }
+            hostname(h)
+        })
+        .transpose()
+        .map_err(|m| ConfigError::invalid(format!("{at}.hostname"), m))?;
+    if r.port == Some(0) {
+        return Err(ConfigError::invalid(
+            format!("{at}.port"),
+            "0 is not a port",
+        ));
+    }
     let code = r.status_code.unwrap_or(302);
     if ![301, 302, 303, 307, 308].contains(&code) {
         return Err(ConfigError::invalid(

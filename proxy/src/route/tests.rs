@@ -366,6 +366,22 @@ fn invalid_documents_are_refused_with_the_field_named() {
         "rules[0].filters[0].requestRedirect.statusCode",
     );
     check(
+        json!({"rules": [{"filters": [{"type": "RequestRedirect", "requestRedirect": {"hostname": "*.example.com"}}], "backends": []}]}),
+        "rules[0].filters[0].requestRedirect.hostname",
+    );
+    check(
+        json!({"rules": [{"filters": [{"type": "RequestRedirect", "requestRedirect": {"port": 0}}], "backends": []}]}),
+        "rules[0].filters[0].requestRedirect.port",
+    );
+    check(
+        json!({"rules": [{"unavailableStatus": 101, "backends": []}]}),
+        "rules[0].unavailableStatus",
+    );
+    check(
+        json!({"rules": [{"backends": [{"url": "http://127.0.0.1:9", "weight": 1, "unavailableStatus": 100}]}]}),
+        "rules[0].backends[0].unavailableStatus",
+    );
+    check(
         json!({"rules": [{"filters": [{"type": "RequestHeaderModifier"}], "backends": []}]}),
         "rules[0].filters[0].requestHeaderModifier",
     );
