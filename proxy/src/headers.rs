@@ -76,13 +76,28 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
 }
 
 /// Prepares a request's headers for the backend: hop-by-hop removal, `Connection: upgrade`
-/// for an upgrade, and `X-Forwarded-For`/`-Proto` unless a trusted hop already set them.
+/// for an upgrade, and `X-Forwarded-For`/`-Proto`: a trusted hop's stand, and only the ones
+/// it left out are filled in.
 pub(crate) fn prepare_forward_headers(headers: &mut HeaderMap, conn: ConnInfo, upgrade: bool) {
     strip_hop_by_hop(headers, upgrade);
     if upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
     if conn.trusted_forwarding {
+        if !headers.contains_key(&X_FORWARDED_FOR) {
+            if let Some(value) = conn
+                .peer
+                .and_then(|p| ip_header_value(p.ip().to_canonical()))
+            {
+                headers.insert(X_FORWARDED_FOR.clone(), value);
+            }
+        }
+        if !headers.contains_key(&X_FORWARDED_PROTO) {
+            headers.insert(
+                X_FORWARDED_PROTO.clone(),
+                HeaderValue::from_static(conn.scheme),
+            );
+        }
         return;
     }
     if let Some(peer) = conn.peer {
@@ -271,5 +286,18 @@ mod tests {
         assert_eq!(h.get("x-forwarded-for").unwrap(), "1.2.3.4");
         assert_eq!(h.get("x-forwarded-proto").unwrap(), "https");
         assert_eq!(h.get("connection").unwrap(), "upgrade");
+
+        let mut h = HeaderMap::new();
+        prepare_forward_headers(
+            &mut h,
+            conn(IpAddr::V4(Ipv4Addr::new(1, 2, 3, 4)), true),
+            false,
+        );
+        assert_eq!(
+            h.get("x-forwarded-for").unwrap(),
+            "1.2.3.4",
+            "filled in when left out"
+        );
+        assert_eq!(h.get("x-forwarded-proto").unwrap(), "http");
     }
 }
