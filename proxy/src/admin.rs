@@ -23,7 +23,11 @@ pub const MAX_CONFIG_BYTES: usize = 8 * 1024 * 1024;
 #[derive(Default)]
 pub struct Health {
     draining: AtomicBool,
-    /// Registered tunnel connections now; `None` in standalone mode.
+    /// Requests arrive only through a tunnel (no data listener): not ready before the
+    /// connector is tracked, even with a table loaded.
+    tunnel_mode: bool,
+    /// Registered tunnel connections now; unset in standalone mode and until the connector
+    /// starts.
     tunnel: std::sync::OnceLock<Box<dyn Fn() -> usize + Send + Sync>>,
 }
 
@@ -37,6 +41,14 @@ impl std::fmt::Debug for Health {
 }
 
 impl Health {
+    /// Health of a server whose requests arrive only through a tunnel connector.
+    pub fn tunnel_mode() -> Self {
+        Self {
+            tunnel_mode: true,
+            ..Self::default()
+        }
+    }
+
     pub fn set_draining(&self) {
         self.draining.store(true, Ordering::Release);
     }
@@ -133,14 +145,17 @@ impl Admin {
                 "no config loaded\n",
             );
         }
-        if let Some(registered) = self.health.tunnel.get() {
-            if registered() == 0 {
-                return respond(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain",
-                    "no tunnel connection is registered\n",
-                );
-            }
+        let registered = match self.health.tunnel.get() {
+            Some(registered) => Some(registered()),
+            None if self.health.tunnel_mode => Some(0),
+            None => None,
+        };
+        if registered == Some(0) {
+            return respond(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                "no tunnel connection is registered\n",
+            );
         }
         respond(StatusCode::OK, "text/plain", "ready\n")
     }
@@ -215,11 +230,15 @@ impl Admin {
             }
         };
         let mut de = serde_json::Deserializer::from_slice(&body);
-        let doc: cftunnel_config::Config = match serde_path_to_error::deserialize(&mut de) {
+        // One document and nothing after it but whitespace, as the config file is read.
+        let parsed = serde_path_to_error::deserialize(&mut de)
+            .map_err(|e| e.to_string())
+            .and_then(|d| de.end().map(|()| d).map_err(|e| e.to_string()));
+        let doc: cftunnel_config::Config = match parsed {
             Ok(d) => d,
             Err(e) => {
                 self.reloader.proxy().metrics().reload("rejected");
-                return json_error(StatusCode::BAD_REQUEST, ConfigError::Json(e.to_string()));
+                return json_error(StatusCode::BAD_REQUEST, ConfigError::Json(e));
             }
         };
         match self.reloader.apply(doc).await {

@@ -123,7 +123,11 @@ impl Server {
             .as_ref()
             .map(TcpListener::local_addr)
             .transpose()?;
-        let health = Arc::new(admin::Health::default());
+        let health = Arc::new(if data_listener.is_some() {
+            admin::Health::default()
+        } else {
+            admin::Health::tunnel_mode()
+        });
         let admin = Arc::new(admin::Admin {
             reloader: reloader.clone(),
             registry: options.metrics_enabled.then(|| Arc::new(registry)),

@@ -136,6 +136,9 @@ async fn bad_pushes_are_refused_with_the_reason_and_the_old_table_keeps_serving(
         assert_eq!(send(&http, lower).await.status, StatusCode::OK, "the scheme is case-insensitive");
         assert_eq!(push_raw(&http, admin, Some(TOKEN), "text/plain", body).await.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
         assert_eq!(push_raw(&http, admin, Some(TOKEN), "application/json", "{not json".into()).await.status, StatusCode::BAD_REQUEST);
+        let trailing = json!({"version": 5, "rules": []}).to_string() + " {}";
+        let r = push_raw(&http, admin, Some(TOKEN), "application/json", trailing.into()).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "a document with something after it is refused: {:?}", r.body);
         let huge = Bytes::from(vec![b' '; 9 * 1024 * 1024]);
         assert_eq!(push_raw(&http, admin, Some(TOKEN), "application/json", huge).await.status, StatusCode::PAYLOAD_TOO_LARGE);
         let bad_regex = json!({"version": 6, "rules": [{"matches": [{"path": {"type": "RegularExpression", "value": "(["}}], "backends": []}]});
@@ -158,6 +161,52 @@ async fn bad_pushes_are_refused_with_the_reason_and_the_old_table_keeps_serving(
         assert_eq!(push(&http, admin, &json!({"version": 3, "rules": []})).await.status, StatusCode::CONFLICT);
         assert!(metric(&http, admin, "cftunnel_proxy_config_reloads_total{result=\"rejected\"}").await >= Some(2.0));
         assert!(metric(&http, admin, "cftunnel_proxy_config_reloads_total{result=\"stale\"}").await >= Some(1.0));
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// Without a data listener requests arrive only through the tunnel: a loaded table alone is
+/// not ready, until the connector is tracked and has a registered connection.
+#[tokio::test]
+async fn without_a_data_listener_readiness_waits_for_a_tunnel_connection() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            data_addr: None,
+            auth_token: Some(TOKEN.into()),
+            ..cftunnel_proxy::ServerOptions::default()
+        })
+        .await;
+        let (http, admin) = (client(), proxy.admin_addr());
+        assert_eq!(
+            push(&http, admin, &json!({"version": 1, "rules": []}))
+                .await
+                .status,
+            StatusCode::OK
+        );
+        let r = get(&http, admin, "a", "/readyz", &[]).await;
+        assert_eq!(
+            r.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no connector yet: {:?}",
+            r.body
+        );
+        let registered = Arc::new(AtomicUsize::new(0));
+        let count = registered.clone();
+        proxy
+            .health()
+            .track_tunnel(move || count.load(Ordering::Relaxed));
+        assert_eq!(
+            get(&http, admin, "a", "/readyz", &[]).await.status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        registered.store(2, Ordering::Relaxed);
+        assert_eq!(
+            get(&http, admin, "a", "/readyz", &[]).await.status,
+            StatusCode::OK
+        );
     })
     .await
     .expect("test finished in time");
