@@ -414,7 +414,7 @@ pub fn render(
     let selector = names.selector_labels();
     // Infrastructure labels go first so that ours win a clash: the selector must stay ours.
     let mut labels = extra_labels;
-    labels.extend(names.object_labels());
+    labels.extend(names.object_labels(&gateway.spec.gateway_class_name));
     let meta = |name: &str| ObjectMeta {
         name: Some(name.to_owned()),
         namespace: Some(namespace.clone()),

@@ -27,6 +27,9 @@ pub struct PlaneNames {
     pub auth_secret: String,
     /// Value of the [`GATEWAY_LABEL`] label.
     pub gateway_label: String,
+    /// Value of Gateway API's `gateway-name` label: the Gateway's own name when it is a valid
+    /// label value (dots are), else the shortened [`Self::gateway_label`].
+    pub gateway_name_label: String,
 }
 
 impl PlaneNames {
@@ -68,6 +71,11 @@ impl PlaneNames {
             (format!("{PREFIX}{short}"), short)
         };
         Self {
+            gateway_name_label: if is_label_value(name) {
+                name.to_owned()
+            } else {
+                gateway_label.clone()
+            },
             service: format!("{base}{SERVICE_SUFFIX}"),
             auth_secret: format!("{base}-auth"),
             network_policy: base.clone(),
@@ -89,20 +97,39 @@ impl PlaneNames {
         ])
     }
 
-    /// The labels every rendered object and pod carries.
-    pub fn object_labels(&self) -> BTreeMap<String, String> {
+    /// The labels every rendered object and pod carries, besides the selector's: Gateway API's
+    /// well-known labels for a Gateway's infrastructure (GEP-1762) among them. A class name
+    /// too long for a label value is left out rather than shortened into a wrong one.
+    pub fn object_labels(&self, class: &str) -> BTreeMap<String, String> {
         let mut labels = self.selector_labels();
         labels.insert(
             "app.kubernetes.io/managed-by".to_owned(),
             "cftunnel-controller".to_owned(),
         );
-        // Gateway API's label for a Gateway's infrastructure (GEP-1762).
         labels.insert(
             "gateway.networking.k8s.io/gateway-name".to_owned(),
-            self.gateway_label.clone(),
+            self.gateway_name_label.clone(),
         );
+        if is_label_value(class) {
+            labels.insert(
+                "gateway.networking.k8s.io/gateway-class-name".to_owned(),
+                class.to_owned(),
+            );
+        }
         labels
     }
+}
+
+/// A label value as Kubernetes checks it: at most 63 characters, alphanumerics, `-`, `_` and
+/// `.`, starting and ending with an alphanumeric.
+fn is_label_value(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_LABEL
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
 /// RFC 1035 label as Kubernetes checks Service names: lower-case alphanumerics and `-`,
@@ -153,5 +180,42 @@ mod tests {
         // The longest plain name that still fits is used as it is.
         let fits = "b".repeat(MAX_LABEL - PREFIX.len() - SERVICE_SUFFIX.len());
         assert_eq!(PlaneNames::for_name(&fits).gateway_label, fits);
+    }
+
+    /// Gateway API's well-known labels name the Gateway and its class as they are; the
+    /// selector carries neither, since a Deployment's selector cannot change.
+    #[test]
+    fn well_known_labels_carry_the_gateway_and_class_names() {
+        let dotted = PlaneNames::for_name("edge.example.com");
+        let labels = dotted.object_labels("cloudflare-tunnel");
+        let get = |k: &str| labels.get(k).map(String::as_str);
+        assert_eq!(
+            get("gateway.networking.k8s.io/gateway-name"),
+            Some("edge.example.com")
+        );
+        assert_eq!(
+            get("gateway.networking.k8s.io/gateway-class-name"),
+            Some("cloudflare-tunnel")
+        );
+        assert_ne!(
+            get(GATEWAY_LABEL),
+            Some("edge.example.com"),
+            "shortened for names"
+        );
+        let selector = dotted.selector_labels();
+        assert!(selector
+            .keys()
+            .all(|k| !k.starts_with("gateway.networking.k8s.io/")));
+
+        let long = "g".repeat(70);
+        let n = PlaneNames::for_name(&long);
+        let labels = n.object_labels(&long);
+        assert_eq!(
+            labels.get("gateway.networking.k8s.io/gateway-name"),
+            Some(&n.gateway_label),
+            "too long for a label value: the shortened name"
+        );
+        assert!(!labels.contains_key("gateway.networking.k8s.io/gateway-class-name"));
+        assert!(labels.values().all(|v| is_label_value(v)));
     }
 }

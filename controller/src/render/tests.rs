@@ -132,6 +132,15 @@ fn the_documented_example_renders_the_documented_objects() {
         // Infrastructure labels propagate, but cannot take over the plane's own label.
         assert_eq!(labels.get("team").map(String::as_str), Some("a"));
         assert_eq!(labels.get(GATEWAY_LABEL).map(String::as_str), Some("edge"));
+        for (k, v) in [
+            ("gateway.networking.k8s.io/gateway-name", "edge"),
+            (
+                "gateway.networking.k8s.io/gateway-class-name",
+                "cloudflare-tunnel",
+            ),
+        ] {
+            assert_eq!(labels.get(k).map(String::as_str), Some(v), "{k}");
+        }
         let annotations = m.annotations.as_ref().expect("annotations");
         assert_eq!(annotations.get("owner").map(String::as_str), Some("team-a"));
         let owner = &m.owner_references.as_ref().expect("owned")[0];
