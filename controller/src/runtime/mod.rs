@@ -70,6 +70,14 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
         &["patch"],
     ),
     ("gateway.networking.k8s.io", "gateways/status", &["patch"]),
+    // Rendered objects block their Gateway's deletion until they are gone
+    // (`blockOwnerDeletion`); where the OwnerReferencesPermissionEnforcement admission plugin
+    // runs (OpenShift), setting that takes `update` on the owner's finalizers.
+    (
+        "gateway.networking.k8s.io",
+        "gateways/finalizers",
+        &["update"],
+    ),
     ("gateway.networking.k8s.io", "httproutes/status", &["patch"]),
     ("gateway.networking.k8s.io", "grpcroutes/status", &["patch"]),
     ("cf.k8s.lex.la", "gatewayconfigs", &["list", "watch"]),
