@@ -111,6 +111,11 @@ pub struct ReceivedRegistration {
 /// demos with reconnecting connectors) stays within bounded memory.
 pub const HISTORY_LIMIT: usize = 1024;
 
+/// How many bytes of `updateLocalConfiguration` documents the mock edge keeps in
+/// all: each may be up to 8 MiB, so the entry count alone does not bound them.
+/// The oldest documents are dropped first; the newest one is always kept.
+pub const LOCAL_CONFIG_BYTES_LIMIT: usize = 16 * 1024 * 1024;
+
 /// Appends to a history list, dropping the oldest entries past
 /// [`HISTORY_LIMIT`].
 fn push_bounded<T>(list: &mut VecDeque<T>, item: T) {
@@ -118,6 +123,29 @@ fn push_bounded<T>(list: &mut VecDeque<T>, item: T) {
         list.pop_front();
     }
     list.push_back(item);
+}
+
+/// The local configuration documents received, oldest first, within [`HISTORY_LIMIT`]
+/// entries and [`LOCAL_CONFIG_BYTES_LIMIT`] bytes.
+#[derive(Default)]
+struct LocalConfigs {
+    docs: VecDeque<Vec<u8>>,
+    bytes: usize,
+}
+
+impl LocalConfigs {
+    fn push(&mut self, doc: Vec<u8>) {
+        while !self.docs.is_empty()
+            && (self.docs.len() >= HISTORY_LIMIT
+                || self.bytes + doc.len() > LOCAL_CONFIG_BYTES_LIMIT)
+        {
+            if let Some(old) = self.docs.pop_front() {
+                self.bytes -= old.len();
+            }
+        }
+        self.bytes += doc.len();
+        self.docs.push_back(doc);
+    }
 }
 
 #[derive(Clone)]
@@ -148,7 +176,7 @@ struct State {
     /// How long `unregisterConnection` takes before the edge acts on it and answers.
     unregister_delay: Duration,
     records: VecDeque<ReceivedRegistration>,
-    local_configs: VecDeque<Vec<u8>>,
+    local_configs: LocalConfigs,
     /// The tunnel's current remote configuration, as the edge keeps it: the last one
     /// pushed, sent again to every connection that registers.
     remote_config: Option<(i32, Bytes)>,
@@ -500,8 +528,7 @@ impl RegistrationHooks for ConnHooks {
             config = %String::from_utf8_lossy(&config),
             "local configuration received"
         );
-        self.inner
-            .with_state(|s| push_bounded(&mut s.local_configs, config));
+        self.inner.with_state(|s| s.local_configs.push(config));
     }
 }
 
@@ -734,10 +761,11 @@ impl MockEdge {
     }
 
     /// The `updateLocalConfiguration` documents received, oldest first: the
-    /// most recent [`HISTORY_LIMIT`], older ones are dropped.
+    /// most recent [`HISTORY_LIMIT`], and of those the most recent that fit in
+    /// [`LOCAL_CONFIG_BYTES_LIMIT`] bytes; older ones are dropped.
     pub fn local_configs(&self) -> Vec<Vec<u8>> {
         self.inner
-            .with_state(|s| s.local_configs.iter().cloned().collect())
+            .with_state(|s| s.local_configs.docs.iter().cloned().collect())
             .unwrap_or_default()
     }
 
@@ -947,6 +975,32 @@ mod tests {
             configs[HISTORY_LIMIT - 1],
             (HISTORY_LIMIT + extra - 1).to_string().into_bytes()
         );
+        edge.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn local_configs_are_kept_within_a_byte_budget() {
+        let edge = MockEdge::start().await.unwrap();
+        let (answered, _answers) = tokio::sync::mpsc::channel(1);
+        let hooks = edge.inner.hooks(1, answered, Default::default());
+        // 3 MiB documents, each filled with its own number: five fit in 16 MiB.
+        let doc = |n: u8| vec![n; 3 * 1024 * 1024];
+        for n in 0..8 {
+            hooks.local_config(doc(n));
+        }
+        let configs = edge.local_configs();
+        let kept: Vec<u8> = configs.iter().map(|c| c[0]).collect();
+        assert_eq!(kept, [3, 4, 5, 6, 7]);
+        assert!(configs.iter().map(Vec::len).sum::<usize>() <= LOCAL_CONFIG_BYTES_LIMIT);
+
+        // A document larger than the whole budget is still kept, alone.
+        hooks.local_config(vec![9; LOCAL_CONFIG_BYTES_LIMIT + 1]);
+        let configs = edge.local_configs();
+        assert_eq!(configs.len(), 1);
+        assert_eq!(configs[0].len(), LOCAL_CONFIG_BYTES_LIMIT + 1);
+        // And the next small one drops it.
+        hooks.local_config(b"{}".to_vec());
+        assert_eq!(edge.local_configs(), [b"{}".to_vec()]);
         edge.shutdown().await;
     }
 }
