@@ -51,11 +51,10 @@ pub(super) fn spawn_http(inner: &Arc<Inner>, listener: tokio::net::TcpListener) 
     let inner2 = inner.clone();
     inner.tasks.spawn(async move {
         loop {
-            let accepted = tokio::select! {
-                a = listener.accept() => a,
-                _ = inner2.cancel.cancelled() => return,
-            };
-            let Ok((tcp, peer)) = accepted else { continue };
+            let accepted =
+                super::listen::accept_next("eyeball http", &inner2.cancel, || listener.accept())
+                    .await;
+            let Some((tcp, peer)) = accepted else { return };
             let _ = tcp.set_nodelay(true);
             let inner3 = inner2.clone();
             let cancel = inner2.cancel.clone();

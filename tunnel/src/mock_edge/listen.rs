@@ -1,5 +1,6 @@
 //! Edge listeners: QUIC and TLS/TCP on one port, control streams.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -11,6 +12,7 @@ use bytes::Bytes;
 use quinn::VarInt;
 use tokio::io::AsyncWrite;
 use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
 
 use super::{EdgeProtocol, Inner, MockEdgeError, Transport};
 use crate::h2io::{H2Reader, H2Writer};
@@ -100,6 +102,39 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for AnswerWriter<W> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Pause after a failed `accept`. Failures such as running out of file descriptors
+/// last until something is released, so accepting again at once would only spin.
+pub(super) const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The next connection `accept` gives, or `None` once `cancel` fires. A failed accept
+/// is logged and tried again after [`ACCEPT_ERROR_BACKOFF`].
+pub(super) async fn accept_next<T, F, Fut>(
+    listener: &'static str,
+    cancel: &CancellationToken,
+    mut accept: F,
+) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::io::Result<T>>,
+{
+    loop {
+        let accepted = tokio::select! {
+            a = accept() => a,
+            _ = cancel.cancelled() => return None,
+        };
+        match accepted {
+            Ok(conn) => return Some(conn),
+            Err(e) => {
+                tracing::warn!(listener, error = %e, "accept failed; trying again shortly");
+                tokio::select! {
+                    () = tokio::time::sleep(ACCEPT_ERROR_BACKOFF) => {}
+                    _ = cancel.cancelled() => return None,
+                }
+            }
+        }
     }
 }
 
@@ -265,11 +300,8 @@ pub(super) fn spawn_tcp(
     let inner2 = inner.clone();
     inner.tasks.spawn(async move {
         loop {
-            let accepted = tokio::select! {
-                a = listener.accept() => a,
-                _ = inner2.cancel.cancelled() => return,
-            };
-            let Ok((tcp, _)) = accepted else { continue };
+            let accepted = accept_next("edge tcp", &inner2.cancel, || listener.accept()).await;
+            let Some((tcp, _)) = accepted else { return };
             let _ = tcp.set_nodelay(true);
             let inner3 = inner2.clone();
             let acceptor = acceptor.clone();
@@ -373,4 +405,42 @@ async fn serve_tcp(
     inner.remove_connection(id);
     driver.abort();
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[tokio::test]
+    async fn accept_errors_are_retried_after_a_pause() {
+        let cancel = CancellationToken::new();
+        let calls = AtomicUsize::new(0);
+        let failing = || {
+            calls.fetch_add(1, Ordering::Relaxed);
+            std::future::ready(Err::<(), _>(std::io::Error::other("too many open files")))
+        };
+        let waited = Duration::from_millis(350);
+        let accepted = tokio::time::timeout(waited, accept_next("test", &cancel, failing)).await;
+        assert!(accepted.is_err(), "nothing was accepted");
+        let calls = calls.load(Ordering::Relaxed);
+        // One attempt, then one per pause (a loaded machine may fit in fewer): a loop
+        // that tried again at once would make thousands.
+        assert!((2..=5).contains(&calls), "{calls} attempts in {waited:?}");
+
+        // Success after failures; cancellation ends the wait.
+        let mut left = 2;
+        let flaky = || {
+            left -= 1;
+            std::future::ready(if left >= 0 {
+                Err(std::io::Error::other("again"))
+            } else {
+                Ok(7)
+            })
+        };
+        assert_eq!(accept_next("test", &cancel, flaky).await, Some(7));
+        cancel.cancel();
+        let never = || std::future::pending::<std::io::Result<()>>();
+        assert_eq!(accept_next("test", &cancel, never).await, None);
+    }
 }
