@@ -1058,11 +1058,17 @@ struct Tenant {
 
 impl Tenant {
     async fn start(spec: &str) -> Self {
+        Self::start_with(spec, |_| {}).await
+    }
+
+    /// [`Tenant::start`] with `before` run on the API server before the controller starts.
+    async fn start_with(spec: &str, before: impl FnOnce(&ApiServer)) -> Self {
         let echo = support::echo("tenant-a", "web-1").await;
         let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
         let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
         let api = ApiServer::start(&seed(&token, &third, echo.http_addr())).await;
         put_gateway_config(&api, spec);
+        before(&api);
         let options = RuntimeOptions {
             translate: Options {
                 proxy_image: Some("proxy:1".to_owned()),
@@ -1322,6 +1328,46 @@ async fn a_plane_object_that_loses_its_label_is_applied_again() {
             label("networking.k8s.io/v1", "NetworkPolicy")
         })
         .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A Deployment of someone else's holds the plane's name, so the plane stops short of it with
+/// its Service and NetworkPolicy applied. Removing the Gateway's parametersRef removes those
+/// two as well, though no Deployment of the plane ever existed, and leaves the other
+/// Deployment alone.
+#[tokio::test]
+async fn objects_applied_before_a_failed_deployment_go_when_the_ref_is_removed() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let foreign = yaml(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: cf-proxy-edge, namespace: tenant-a}\nspec:\n  selector: {matchLabels: {app: other}}\n  template:\n    metadata: {labels: {app: other}}\n    spec: {containers: [{name: other, image: other:1}]}\n",
+        );
+        let t = Tenant::start_with("replicas: 2", |api| {
+            api.put(foreign);
+        })
+        .await;
+        let service = || t.api.get("v1", "Service", "tenant-a", "cf-proxy-edge-config");
+        let policy = || {
+            t.api
+                .get("networking.k8s.io/v1", "NetworkPolicy", "tenant-a", "cf-proxy-edge")
+        };
+        eventually("the Service", service).await;
+        eventually("the NetworkPolicy", policy).await;
+        let deployment = || t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge");
+        assert_eq!(
+            deployment().and_then(|d| d.pointer("/spec/template/spec/containers/0/image").cloned()),
+            Some(json!("other:1")),
+            "not taken over"
+        );
+
+        t.api.put(yaml(&gateway(false)));
+        eventually("the Service and NetworkPolicy removed", || {
+            (service().is_none() && policy().is_none()).then_some(())
+        })
+        .await;
+        assert!(deployment().is_some(), "the other Deployment stays");
         t.stop().await;
     })
     .await

@@ -416,8 +416,14 @@ impl Reconciler {
                 }
                 // Back on the shared plane, or moved to another controller's class: its plane
                 // goes. (Not accepted for bad parameters: its plane keeps serving, see above.)
-                Some(PlaneKey::Shared) => self.remove_plane(gw, &key, deployments).await,
-                None if !ours => self.remove_plane(gw, &key, deployments).await,
+                Some(PlaneKey::Shared) => {
+                    self.remove_plane(gw, &key, snapshot, deployments, policies)
+                        .await
+                }
+                None if !ours => {
+                    self.remove_plane(gw, &key, snapshot, deployments, policies)
+                        .await
+                }
                 None => {}
             }
         }
@@ -677,15 +683,45 @@ impl Reconciler {
     }
 
     /// Removes the plane a Gateway had, if it had one.
-    async fn remove_plane(&mut self, gw: &Gateway, key: &ObjectKey, deployments: &[Deployment]) {
+    /// Removes what is left of a Gateway's dedicated plane. The watched caches say whether
+    /// anything is (so Gateways that never had a plane cost no API calls): the Deployment, or
+    /// any object applied before it, which stays behind when the Deployment could not be.
+    async fn remove_plane(
+        &mut self,
+        gw: &Gateway,
+        key: &ObjectKey,
+        snapshot: &Snapshot,
+        deployments: &[Deployment],
+        policies: &BTreeSet<(String, String)>,
+    ) {
         let (Some(uid), Ok(names)) = (gw.metadata.uid.as_deref(), PlaneNames::for_gateway(gw))
         else {
             return;
         };
+        let here = |meta: &kube::api::ObjectMeta, name: &str| {
+            meta.namespace.as_deref() == Some(key.namespace.as_str())
+                && meta.name.as_deref() == Some(name)
+        };
+        let owned = |meta: &kube::api::ObjectMeta, name: &str| {
+            here(meta, name)
+                && meta
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|o| o.controller == Some(true) && o.uid == uid)
+        };
         let had_plane = deployments.iter().any(|d| {
             d.metadata.namespace.as_deref() == Some(key.namespace.as_str())
                 && d.labels().get(GATEWAY_LABEL) == Some(&names.gateway_label)
-        });
+        }) || snapshot
+            .services
+            .iter()
+            .any(|s| owned(&s.metadata, &names.service))
+            || snapshot
+                .secrets
+                .iter()
+                .any(|s| owned(&s.metadata, &names.auth_secret))
+            || policies.contains(&(key.namespace.clone(), names.network_policy.clone()));
         if !had_plane {
             return;
         }
