@@ -260,6 +260,12 @@ fn translate_case(
 }
 
 async fn run_case(case: &Case, fleet: &Fleet) -> anyhow::Result<usize> {
+    for item in &case.requests {
+        if let Item::Request(item) = item {
+            check_row(case, item)
+                .with_context(|| format!("request {} cannot be replayed as written", item.id))?;
+        }
+    }
     let mut deleted = Vec::new();
     let (_, output) = translate_case(case, fleet, &deleted)?;
     check_statuses(case, &output)?;
@@ -301,6 +307,151 @@ async fn run_case(case: &Case, fleet: &Fleet) -> anyhow::Result<usize> {
     }
     gateways.shutdown().await;
     result.map(|()| count)
+}
+
+/// Protocols the client speaks: HTTP/1.1, HTTP/2 with prior knowledge (cleartext) and a
+/// WebSocket upgrade over HTTP/1.1.
+const HTTP1: &str = "HTTP/1.1";
+const H2C: &str = "h2c-prior-knowledge";
+const WEBSOCKET: &str = "websocket";
+
+/// Refuses a row the replay cannot send as written, instead of sending something else: a
+/// protocol the client does not speak, a scheme that does not go with it (TLS included), a
+/// port other than the one listener port mapped to the Gateway's proxy, a non-HTTP listener,
+/// and checks that contradict each other or would be skipped.
+fn check_row(case: &Case, item: &RequestItem) -> anyhow::Result<()> {
+    let r = &item.request;
+    let e = &item.expect;
+    let scheme = match r.protocol.as_str() {
+        HTTP1 | H2C => "http",
+        WEBSOCKET => "ws",
+        other => bail!(
+            "protocol {other:?} is not one the replay client speaks ({HTTP1}, {H2C}, {WEBSOCKET})"
+        ),
+    };
+    if r.scheme != scheme {
+        bail!(
+            "scheme {:?} with protocol {}: the replay sends {} as {scheme}:// only",
+            r.scheme,
+            r.protocol,
+            r.protocol
+        );
+    }
+    if r.tls.is_some() {
+        bail!("the row asks for TLS; the replay client sends cleartext only");
+    }
+    let (ns, name) = r
+        .gateway
+        .split_once('/')
+        .context("request.gateway is not <namespace>/<name>")?;
+    let gateway = case
+        .gateway
+        .iter()
+        .find(|g| g.namespace == ns && g.name == name)
+        .with_context(|| format!("Gateway {} is not one of the case's", r.gateway))?;
+    let mut ports = Vec::new();
+    for listener in &gateway.listeners {
+        let port = listener
+            .get("port")
+            .and_then(serde_yaml_ng::Value::as_u64)
+            .context("a listener without a port")?;
+        let protocol = listener
+            .get("protocol")
+            .and_then(serde_yaml_ng::Value::as_str)
+            .unwrap_or_default();
+        if protocol != "HTTP" {
+            bail!(
+                "Gateway {} has a {protocol:?} listener; the replay serves plain HTTP listeners only",
+                r.gateway
+            );
+        }
+        if !ports.contains(&port) {
+            ports.push(port);
+        }
+    }
+    let [mapped] = ports[..] else {
+        bail!(
+            "Gateway {} listens on ports {ports:?}; the replay maps one listener port to the Gateway's proxy",
+            r.gateway
+        );
+    };
+    let port = r.port.unwrap_or(80);
+    if u64::from(port) != mapped {
+        bail!(
+            "port {port}: Gateway {} listens on {mapped}, the only port the replay maps",
+            r.gateway
+        );
+    }
+    if r.protocol == WEBSOCKET {
+        if r.method != "GET" {
+            bail!("a WebSocket handshake is a GET, the row says {}", r.method);
+        }
+        if e.status.codes() != [101] {
+            bail!(
+                "a WebSocket row expects status 101, the row says {:?}",
+                e.status
+            );
+        }
+        if e.websocket_exchange.is_empty() {
+            bail!("the WebSocket row has no frame to exchange");
+        }
+        for (i, frame) in e.websocket_exchange.iter().enumerate() {
+            client::ws_frame(frame).with_context(|| format!("websocket_exchange[{i}]"))?;
+        }
+        let unchecked = [
+            ("forwarded", e.forwarded.is_some()),
+            ("backend", e.backend.is_some()),
+            ("request_seen", e.request_seen.is_some()),
+            ("response_headers", !e.response_headers.is_empty()),
+            (
+                "absent_response_headers",
+                !e.absent_response_headers.is_empty(),
+            ),
+            ("redirect", e.redirect.is_some()),
+            ("mirrored_to", !e.mirrored_to.is_empty()),
+            ("distribution", item.distribution.is_some()),
+            ("mirror_distribution", item.mirror_distribution.is_some()),
+            ("repeat", item.repeat.is_some()),
+            ("add_request_id_query", r.add_request_id_query),
+            ("uuid_query_param", r.uuid_query_param),
+        ];
+        if let Some((field, _)) = unchecked.iter().find(|(_, set)| *set) {
+            bail!("a WebSocket row checks its frames only, yet sets {field}");
+        }
+    } else if !e.websocket_exchange.is_empty() {
+        bail!("websocket_exchange on a {} row", r.protocol);
+    }
+    // A percentage mirror is checked by counting, never per request: each needs its count.
+    for m in &e.mirrored_to {
+        let Some(percent) = m.percent else { continue };
+        match &item.mirror_distribution {
+            Some(d) if d.backend == m.backend && d.percent == percent => {}
+            Some(d) => bail!(
+                "mirrored_to {} at {percent} %, but mirror_distribution counts {} at {} %",
+                m.backend,
+                d.backend,
+                d.percent
+            ),
+            None => bail!(
+                "mirrored_to {} at {percent} % without a mirror_distribution to count it",
+                m.backend
+            ),
+        }
+    }
+    if let Some(d) = &item.mirror_distribution {
+        if !e
+            .mirrored_to
+            .iter()
+            .any(|m| m.backend == d.backend && m.percent == Some(d.percent))
+        {
+            bail!(
+                "mirror_distribution counts {} at {} %, which no mirrored_to entry names",
+                d.backend,
+                d.percent
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The statuses the Go test asserts before sending traffic.
@@ -446,7 +597,7 @@ fn outgoing(
     headers.extend(extra.iter().cloned());
     client::Outgoing {
         addr,
-        h2c: r.protocol == "h2c-prior-knowledge",
+        h2c: r.protocol == H2C,
         method: r.method.clone(),
         host: r.host.clone().unwrap_or_else(|| addr.to_string()),
         path,
@@ -504,22 +655,9 @@ where
 
 async fn run_item(item: &RequestItem, gateways: &Gateways, fleet: &Fleet) -> anyhow::Result<()> {
     let addr = gateways.addr(&item.request.gateway)?;
-    if item.request.protocol == "websocket" {
-        let headers: Vec<(String, String)> = item
-            .request
-            .headers
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        return eventually(|| {
-            client::websocket(
-                addr,
-                &item.request.path,
-                &headers,
-                &item.expect.websocket_exchange,
-            )
-        })
-        .await;
+    if item.request.protocol == WEBSOCKET {
+        let req = outgoing(item, addr, None, None, &[]);
+        return eventually(|| client::websocket(&req, &item.expect.websocket_exchange)).await;
     }
     let statistical = item.mirror_distribution.is_some();
     let request_id = (item.request.add_request_id_query && !statistical).then(random_id);
@@ -530,6 +668,7 @@ async fn run_item(item: &RequestItem, gateways: &Gateways, fleet: &Fleet) -> any
     })
     .await?;
 
+    // Mirrors with a percent are counted by `mirror_distribution` (`check_row` pairs them).
     for mirror in item
         .expect
         .mirrored_to

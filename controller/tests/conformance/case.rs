@@ -80,6 +80,10 @@ pub struct RequestItem {
 #[derive(Debug, Clone, Deserialize)]
 pub struct Request {
     pub gateway: String,
+    /// The listener port to connect to; absent = the scheme's default.
+    #[serde(default)]
+    pub port: Option<u16>,
+    pub scheme: String,
     pub protocol: String,
     pub host: Option<String>,
     #[serde(default = "get")]
@@ -93,6 +97,9 @@ pub struct Request {
     pub add_request_id_query: bool,
     #[serde(default)]
     pub uuid_query_param: bool,
+    /// TLS parameters (SNI, CA), only on rows sent to TLS listeners.
+    #[serde(default)]
+    pub tls: Option<Value>,
 }
 
 fn get() -> String {
@@ -200,6 +207,7 @@ pub struct MirrorDistribution {
     pub requests: usize,
     pub concurrency: usize,
     pub backend: String,
+    pub percent: u32,
     pub accept_range: [f64; 2],
     pub max_attempts: usize,
 }

@@ -140,18 +140,18 @@ async fn send_inner(req: &Outgoing) -> anyhow::Result<Response> {
     })
 }
 
-/// Dials `ws://<addr>/ws` and plays the frames; the handshake must answer 101.
-pub async fn websocket(
-    addr: SocketAddr,
-    path: &str,
-    headers: &[(String, String)],
-    frames: &[WsFrame],
-) -> anyhow::Result<()> {
+/// Dials `ws://<gateway><path>` with the row's Host and headers and plays the frames in order;
+/// the handshake must answer 101 and every frame must come back identical.
+pub async fn websocket(req: &Outgoing, frames: &[WsFrame]) -> anyhow::Result<()> {
+    if frames.is_empty() {
+        bail!("the WebSocket row has no frame to exchange");
+    }
     tokio::time::timeout(REQUEST_TIMEOUT, async {
-        let stream = TcpStream::connect(addr).await.context("connect")?;
+        let stream = TcpStream::connect(req.addr).await.context("connect")?;
         let mut request = hyper::Request::builder()
-            .uri(format!("ws://{addr}{path}"))
-            .header("Host", addr.to_string())
+            .method(req.method.as_str())
+            .uri(format!("ws://{}{}", req.addr, req.path))
+            .header("Host", req.host.as_str())
             .header("Connection", "Upgrade")
             .header("Upgrade", "websocket")
             .header("Sec-WebSocket-Version", "13")
@@ -159,7 +159,7 @@ pub async fn websocket(
                 "Sec-WebSocket-Key",
                 tokio_tungstenite::tungstenite::handshake::client::generate_key(),
             );
-        for (name, value) in headers {
+        for (name, value) in &req.headers {
             request = request.header(name.as_str(), value.as_str());
         }
         let request = request.body(()).context("building the handshake")?;
@@ -169,18 +169,8 @@ pub async fn websocket(
         if response.status().as_u16() != 101 {
             bail!("handshake answered {}", response.status());
         }
-        for frame in frames {
-            let (send, want) = match (&frame.send_text, &frame.send_binary) {
-                (Some(t), _) => (
-                    Message::text(t.clone()),
-                    Message::text(frame.expect_text.clone().unwrap_or_default()),
-                ),
-                (None, Some(b)) => (
-                    Message::binary(b.clone()),
-                    Message::binary(frame.expect_binary.clone().unwrap_or_default()),
-                ),
-                (None, None) => continue,
-            };
+        for (i, frame) in frames.iter().enumerate() {
+            let (send, want) = ws_frame(frame).with_context(|| format!("frame {i}"))?;
             ws.send(send).await.context("sending a frame")?;
             let got = loop {
                 match ws.next().await {
@@ -199,4 +189,26 @@ pub async fn websocket(
     })
     .await
     .context("websocket timeout")?
+}
+
+/// The message a frame sends and the echo it expects: exactly one of a text or a binary
+/// payload, with the expectation of the same kind.
+pub fn ws_frame(frame: &WsFrame) -> anyhow::Result<(Message, Message)> {
+    match frame {
+        WsFrame {
+            send_text: Some(t),
+            expect_text: Some(e),
+            send_binary: None,
+            expect_binary: None,
+        } => Ok((Message::text(t.clone()), Message::text(e.clone()))),
+        WsFrame {
+            send_text: None,
+            expect_text: None,
+            send_binary: Some(b),
+            expect_binary: Some(e),
+        } => Ok((Message::binary(b.clone()), Message::binary(e.clone()))),
+        other => bail!(
+            "a frame needs send_text with expect_text, or send_binary with expect_binary: {other:?}"
+        ),
+    }
 }
