@@ -1373,3 +1373,39 @@ async fn objects_applied_before_a_failed_deployment_go_when_the_ref_is_removed()
     .await
     .expect("in time");
 }
+
+/// The generated config-API token Secret follows the Gateway's infrastructure labels and
+/// annotations as the other plane objects do, and keeps its token.
+#[tokio::test]
+async fn the_generated_token_secret_follows_the_infrastructure_labels() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let labelled = |team: &str| {
+            yaml(&format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: edge, namespace: tenant-a}}\nspec:\n  gatewayClassName: cloudflare-tunnel\n  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: edge-config}}, labels: {{team: {team}}}, annotations: {{owner: {team}}}}}\n  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: shop.example.com}}]\n"
+            ))
+        };
+        let t = Tenant::start_with("replicas: 1", |api| {
+            api.put(yaml("apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: edge-config, namespace: tenant-a}\nspec: {tunnelTokenSecretRef: {name: edge-tunnel-token}, replicas: 1}\n"));
+            api.put(labelled("a"));
+        })
+        .await;
+        let secret = |team: &'static str| {
+            let api = &t.api;
+            move || {
+                api.get("v1", "Secret", "tenant-a", "cf-proxy-edge-auth")
+                    .filter(|s| {
+                        s.pointer("/metadata/labels/team") == Some(&json!(team))
+                            && s.pointer("/metadata/annotations/owner") == Some(&json!(team))
+                    })
+                    .and_then(|s| s.pointer("/data").cloned())
+            }
+        };
+        let token = eventually("the Secret labelled a", secret("a")).await;
+        t.api.put(labelled("b"));
+        let relabelled = eventually("the Secret labelled b", secret("b")).await;
+        assert_eq!(relabelled, token, "the token is never rewritten");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}

@@ -1,6 +1,7 @@
 //! Applying and removing a Gateway's rendered objects, never touching one the Gateway does not
 //! control: an object of the same name that someone else created is reported, not taken over.
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -226,6 +227,35 @@ pub async fn ensure_auth_secret(
         return Err(format!(
             "Secret {namespace}/{name} exists and is not owned by this Gateway; rename or remove it"
         ));
+    }
+    // The Gateway's infrastructure labels and annotations reach the Secret as they reach the
+    // other objects; its data is never written again.
+    let lacks = |want: &Option<BTreeMap<String, String>>,
+                 have: &Option<BTreeMap<String, String>>| {
+        want.iter()
+            .flatten()
+            .any(|(k, v)| have.as_ref().and_then(|h| h.get(k)) != Some(v))
+    };
+    if lacks(&secret.metadata.labels, &existing.metadata.labels)
+        || lacks(&secret.metadata.annotations, &existing.metadata.annotations)
+    {
+        let metadata = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": secret.metadata.labels,
+                "annotations": secret.metadata.annotations,
+            },
+        });
+        api.patch(
+            &name,
+            &PatchParams::apply(super::FIELD_MANAGER).force(),
+            &Patch::Apply(&metadata),
+        )
+        .await
+        .map_err(|e| format!("labelling Secret {namespace}/{name}: {e}"))?;
     }
     held(&existing)
 }
