@@ -39,6 +39,11 @@ use compare::{compare, expected_path, with_request_id, Sent};
 use topology::Fleet;
 
 const CASES_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/gwapi/cases");
+/// Cases that need TLS listeners or listeners on several ports: listed, never run.
+const DEFERRED_DIR: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../shared/gwapi/cases-deferred"
+);
 const CLASS: &str = "cftunnel-conformance";
 const CONTROLLER: &str = "cf.k8s.lex.la/tunnel-controller";
 
@@ -72,13 +77,17 @@ fn conformance_replay() {
         .enable_all()
         .build()
         .expect("the test runtime starts");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .expect("the cases folder is readable")
-        .map(|entry| entry.expect("the cases folder lists").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect();
-    files.sort();
+    let files = case_files(dir);
     assert!(!files.is_empty(), "no case in {}", dir.display());
+    let deferred_dir = Path::new(DEFERRED_DIR);
+    let deferred: Vec<(String, usize, Vec<String>, String)> = if deferred_dir.is_dir() {
+        case_files(deferred_dir)
+            .iter()
+            .map(|path| deferred_case(path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display())))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let results = runtime.block_on(run_all(files));
     let mut failed = Vec::new();
     let mut lines = String::new();
@@ -103,9 +112,17 @@ fn conformance_replay() {
             (Err(e), Some(why)) => lines.push_str(&format!("SKIP {name}: {why} (now: {e:#})\n")),
         }
     }
+    for (name, requests, requires, why) in &deferred {
+        lines.push_str(&format!(
+            "NOT RUN {name} (deferred, {requests} requests; requires {}): {why}\n",
+            requires.join(", ")
+        ));
+    }
     lines.push_str(&format!(
-        "conformance replay: {passed}/{} cases pass; skip list ({}):\n",
+        "conformance replay: {passed}/{} cases pass; {} deferred cases ({} requests) not run; skip list ({}):\n",
         results.len(),
+        deferred.len(),
+        deferred.iter().map(|d| d.1).sum::<usize>(),
         SKIP.len()
     ));
     for (name, why) in SKIP {
@@ -113,6 +130,58 @@ fn conformance_replay() {
     }
     report(&lines);
     assert!(failed.is_empty(), "conformance cases failed: {failed:?}");
+}
+
+/// The `.yaml` files of a case folder, sorted.
+fn case_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{} is not readable: {e}", dir.display()))
+        .map(|entry| entry.expect("the case folder lists").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Why the replay cannot run a deferred case, from its `requires` tags; `None` for a tag the
+/// replay handles.
+fn deferred_reason(tag: &str) -> Option<&'static str> {
+    match tag {
+        "tls-listener" | "h2-client" => Some(
+            "needs TLS listeners: TLS terminates at Cloudflare's edge and the proxy serves HTTPS \
+             listeners as plain HTTP, so the suite's TLS handshake with the Gateway (SNI, \
+             certificate, ALPN h2) has no counterpart here",
+        ),
+        "listener-port-8080" | "multiple-listener-ports" => Some(
+            "needs listeners on several ports: the replay maps one listener port to each Gateway's proxy",
+        ),
+        _ => None,
+    }
+}
+
+/// A deferred case as listed: name, request count, `requires` tags and why it is not run.
+fn deferred_case(path: &Path) -> anyhow::Result<(String, usize, Vec<String>, String)> {
+    let text = std::fs::read_to_string(path)?;
+    let case: Case = serde_yaml_ng::from_str(&text).context("parsing the case")?;
+    let mut reasons: Vec<&str> = Vec::new();
+    for reason in case.requires.iter().filter_map(|t| deferred_reason(t)) {
+        if !reasons.contains(&reason) {
+            reasons.push(reason);
+        }
+    }
+    if reasons.is_empty() {
+        bail!(
+            "deferred case {} requires {:?}, nothing the replay lacks: it belongs in cases/",
+            case.name,
+            case.requires
+        );
+    }
+    let requests = case
+        .requests
+        .iter()
+        .filter(|i| matches!(i, Item::Request(_)))
+        .count();
+    Ok((case.name, requests, case.requires, reasons.join("; ")))
 }
 
 /// Writes past the test harness's output capture, so the per-case report shows in CI logs.

@@ -8,6 +8,9 @@ use serde_yaml_ng::Value;
 #[derive(Debug, Deserialize)]
 pub struct Case {
     pub name: String,
+    /// Capabilities beyond plain HTTP/1.1 and echo backends the case needs.
+    #[serde(default)]
+    pub requires: Vec<String>,
     pub gateway: Vec<CaseGateway>,
     #[serde(default)]
     pub routes: Vec<Value>,
