@@ -415,6 +415,12 @@ async fn scenario() {
         (&programmed["status"], &programmed["reason"]),
         (&json!("False"), &json!("Pending"))
     );
+    let listener = condition(&status["listeners"][0]["conditions"], "Programmed");
+    assert_eq!(
+        listener.map(|c| (&c["status"], &c["reason"])),
+        Some((&json!("False"), &json!("Pending"))),
+        "a listener is programmed no sooner than its Gateway"
+    );
     assert_eq!(
         status["addresses"],
         json!([{"type": "Hostname", "value": format!("{TUNNEL_ID}.cfargotunnel.com")}])
@@ -505,6 +511,22 @@ async fn scenario() {
     assert!(
         note.contains("Deployment tenant-b/cf-proxy-other exists and is not owned"),
         "{note}"
+    );
+    let message = eventually("the reason on Programmed", || {
+        api.get(
+            "gateway.networking.k8s.io/v1",
+            "Gateway",
+            "tenant-b",
+            "other",
+        )
+        .and_then(|g| condition(&g["status"]["conditions"], "Programmed").cloned())
+        .and_then(|c| c["message"].as_str().map(str::to_owned))
+        .filter(|m| m.contains("is not owned"))
+    })
+    .await;
+    assert!(
+        message.starts_with("the data plane could not be applied: "),
+        "{message}"
     );
     let theirs = api
         .get("apps/v1", "Deployment", "tenant-b", "cf-proxy-other")

@@ -13,7 +13,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{json, Value};
 
-use super::status::{self, KubeCondition, Truth};
+use super::status::{self, set_programmed_pending, KubeCondition, Truth};
 use super::{object_key, PlaneInfo, Reconciler, PROXY_CONFIG_PUSHED};
 use crate::translate::{self, ConditionType, ObjectKey, PlaneKey, RouteKind, Snapshot};
 
@@ -86,9 +86,15 @@ impl Reconciler {
                             );
                         }
                     }
+                    // Events expire: the reason stays in the condition.
                     None => set_programmed_pending(
                         &mut conditions,
-                        "the data plane could not be applied (see the RenderFailed Event)",
+                        &match self.render_failures.get(&key) {
+                            Some(reason) => {
+                                format!("the data plane could not be applied: {reason}")
+                            }
+                            None => "the data plane could not be applied".to_owned(),
+                        },
                     ),
                 },
                 Some(PlaneKey::Shared) => addresses.extend(shared_address.clone()),
@@ -284,17 +290,6 @@ impl Reconciler {
                 let kind = K::kind(&K::DynamicType::default()).into_owned();
                 tracing::warn!(%kind, name, error = %e, "writing status failed");
             }
-        }
-    }
-}
-
-/// Replaces the Gateway's `Programmed` condition with `False` (`Pending`).
-fn set_programmed_pending(conditions: &mut [KubeCondition], message: &str) {
-    for c in conditions.iter_mut().filter(|c| c.kind == "Programmed") {
-        if c.status == Truth::True {
-            c.status = Truth::False;
-            c.reason = "Pending".to_owned();
-            c.message = message.to_owned();
         }
     }
 }

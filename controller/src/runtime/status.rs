@@ -109,11 +109,20 @@ pub fn gateway(
             .flatten()
             .find(|l| l.get("name").and_then(Value::as_str) == Some(name))
     };
+    let pending = gateway_conditions
+        .iter()
+        .find(|c| c.kind == "Programmed" && c.status == Truth::False && c.reason == "Pending")
+        .map(|c| c.message.clone());
     let listeners: Vec<Value> = desired
         .listeners
         .iter()
         .map(|l| {
-            let kinds: Vec<KubeCondition> = l.conditions.iter().map(KubeCondition::from).collect();
+            let mut kinds: Vec<KubeCondition> =
+                l.conditions.iter().map(KubeCondition::from).collect();
+            // A listener is programmed no sooner than its Gateway.
+            if let Some(pending) = &pending {
+                set_programmed_pending(&mut kinds, pending);
+            }
             json!({
                 "name": l.name,
                 "attachedRoutes": l.attached_routes,
@@ -233,6 +242,17 @@ fn same_ref(a: Option<&Value>, b: &Value) -> bool {
 }
 
 /// A GatewayClass's status.
+/// Replaces a `Programmed` condition that is `True` with `False` (`Pending`).
+pub fn set_programmed_pending(conditions: &mut [KubeCondition], message: &str) {
+    for c in conditions.iter_mut().filter(|c| c.kind == "Programmed") {
+        if c.status == Truth::True {
+            c.status = Truth::False;
+            c.reason = "Pending".to_owned();
+            c.message = message.to_owned();
+        }
+    }
+}
+
 pub fn gateway_class(desired: &[Condition], existing: Option<&Value>, now: &str) -> Value {
     let wanted: Vec<KubeCondition> = desired.iter().map(KubeCondition::from).collect();
     json!({ "conditions": conditions(&wanted, existing.and_then(|s| s.get("conditions")), now) })
