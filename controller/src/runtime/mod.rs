@@ -351,6 +351,13 @@ impl Reconciler {
                 None
             }
         };
+        if options.cloudflare_api_token.is_none() {
+            tracing::warn!(
+                "no Cloudflare API token: ingress documents are written only for tunnels whose \
+                 GatewayConfig names cloudflareCredentialsSecretRef (requests are routed by the \
+                 proxy either way; the document lists the tunnel's public hostnames)"
+            );
+        }
         Self {
             pusher: Pusher::new(options.push_timeout, options.sustained_after),
             client,
