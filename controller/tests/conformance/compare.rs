@@ -157,31 +157,92 @@ pub fn compare(expect: &Expect, sent: &Sent<'_>, resp: &Response) -> Result<(), 
     Ok(())
 }
 
+/// The parts of a `Location` the Go suite compares, as Go's `url.URL` gives them: `Scheme`
+/// (lower-cased), `Hostname()` (an IPv6 literal without its brackets), `Port()` (empty when
+/// absent) and `Path` (percent-decoded; empty when the URI has none).
+#[derive(Debug, PartialEq, Eq)]
+struct Location {
+    scheme: String,
+    host: String,
+    port: String,
+    path: Vec<u8>,
+}
+
+/// Parses an absolute `Location`; a relative one has no scheme to compare and fails.
+fn parse_location(location: &str) -> Result<Location, String> {
+    let uri: http::Uri = location
+        .parse()
+        .map_err(|e| format!("Location {location:?} is not a URI: {e}"))?;
+    let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+        return Err(format!("Location {location:?} is not an absolute URI"));
+    };
+    let host = authority.host();
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let port = authority
+        .port()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_default();
+    // `Uri` reports "/" for "http://host"; Go's `Path` is empty there.
+    let after_authority = location
+        .find("://")
+        .and_then(|i| location.get(i + 3 + authority.as_str().len()..))
+        .unwrap_or_default();
+    let path = if after_authority.starts_with('/') {
+        percent_decode(uri.path())
+            .ok_or_else(|| format!("Location {location:?} has an invalid percent escape"))?
+    } else {
+        Vec::new()
+    };
+    Ok(Location {
+        scheme: scheme.to_ascii_lowercase(),
+        host: host.to_owned(),
+        port,
+        path,
+    })
+}
+
+/// Decodes `%XX` escapes as Go's `url.PathUnescape` does: `None` for a `%` not followed by two
+/// hex digits; `+` stays `+`.
+fn percent_decode(s: &str) -> Option<Vec<u8>> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
 fn check_redirect(want: &Redirect, location: &str) -> Result<(), String> {
-    let (scheme, rest) = location.split_once("://").unwrap_or(("", location));
-    let (authority, path_and_query) = match rest.find('/') {
-        Some(i) if !scheme.is_empty() => (&rest[..i], &rest[i..]),
-        None if !scheme.is_empty() => (rest, "/"),
-        _ => ("", rest),
-    };
-    let path = path_and_query.split(['?', '#']).next().unwrap_or_default();
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => (h, p),
-        _ => (authority, ""),
-    };
-    if scheme != want.scheme {
+    let got = parse_location(location)?;
+    if got.scheme != want.scheme {
         return Err(format!(
-            "redirect scheme {scheme:?} in {location:?}, expected {:?}",
-            want.scheme
+            "redirect scheme {:?} in {location:?}, expected {:?}",
+            got.scheme, want.scheme
         ));
     }
     if let Some(h) = &want.host {
-        if host != h {
+        if &got.host != h {
             return Err(format!(
-                "redirect host {host:?} in {location:?}, expected {h:?}"
+                "redirect host {:?} in {location:?}, expected {h:?}",
+                got.host
             ));
         }
     }
+    let port = got.port.as_str();
     match &want.port {
         Some(p) if port != p => {
             return Err(format!(
@@ -189,7 +250,7 @@ fn check_redirect(want: &Redirect, location: &str) -> Result<(), String> {
             ));
         }
         None => {
-            let default = match scheme {
+            let default = match got.scheme.as_str() {
                 "http" => "80",
                 "https" => "443",
                 _ => "",
@@ -202,11 +263,47 @@ fn check_redirect(want: &Redirect, location: &str) -> Result<(), String> {
         }
         Some(_) => {}
     }
-    if path != want.path {
+    if got.path != want.path.as_bytes() {
         return Err(format!(
-            "redirect path {path:?} in {location:?}, expected {:?}",
+            "redirect path {:?} in {location:?}, expected {:?}",
+            String::from_utf8_lossy(&got.path),
             want.path
         ));
     }
     Ok(())
+}
+
+#[test]
+fn location_parts_as_go_reads_them() {
+    let parts = |l: &str| parse_location(l).map(|p| (p.scheme, p.host, p.port, p.path));
+    let ok = |scheme: &str, host: &str, port: &str, path: &[u8]| {
+        Ok((
+            scheme.to_owned(),
+            host.to_owned(),
+            port.to_owned(),
+            path.to_vec(),
+        ))
+    };
+    assert_eq!(
+        parts("HTTPS://Example.org:8443/a%20b%2Fc+d?x=%41#f"),
+        ok("https", "Example.org", "8443", b"/a b/c+d")
+    );
+    assert_eq!(parts("http://[::1]/p"), ok("http", "::1", "", b"/p"));
+    assert_eq!(
+        parts("http://[::1]:8080/p"),
+        ok("http", "::1", "8080", b"/p")
+    );
+    assert_eq!(parts("http://u@h:/"), ok("http", "h", "", b"/"));
+    assert_eq!(
+        parts("http://example.org"),
+        ok("http", "example.org", "", b"")
+    );
+    assert_eq!(
+        parts("http://example.org?q=1"),
+        ok("http", "example.org", "", b"")
+    );
+    assert!(parts("http://h/%zz").is_err());
+    assert!(parts("http://h/%+1").is_err());
+    assert!(parts("http://h/%4").is_err());
+    assert!(parts("/relative").is_err());
 }
