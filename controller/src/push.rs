@@ -61,11 +61,26 @@ impl PlaneOutcome {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 struct PlaneState {
     version: i64,
     digest: Vec<u8>,
     failed_rounds: u32,
+    /// The token the plane's pods were last pushed to with.
+    token: String,
+    /// The token before the last rotation. Pods started before it still hold it until the
+    /// rollout replaces them; a pod that refuses the current token is tried with this one,
+    /// so a rotation neither leaves old pods without route changes nor reads as a failure.
+    previous_token: Option<String>,
+}
+
+impl std::fmt::Debug for PlaneState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlaneState")
+            .field("version", &self.version)
+            .field("failed_rounds", &self.failed_rounds)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Keeps each plane's version and failure count between rounds.
@@ -182,13 +197,19 @@ async fn sync_plane(
         version: now,
         digest: digest.clone(),
         failed_rounds: 0,
+        token: round.token.to_owned(),
+        previous_token: None,
     });
     if state.digest != digest {
         state.version = state.version.saturating_add(1).max(now);
         state.digest = digest;
     }
+    if state.token != round.token {
+        state.previous_token = Some(std::mem::replace(&mut state.token, round.token.to_owned()));
+    }
     let client = Client {
         token: round.token,
+        previous_token: state.previous_token.as_deref(),
         timeout,
     };
     let pods = round.pods;
@@ -197,7 +218,7 @@ async fn sync_plane(
     // A pod ahead of us holds a push from an earlier controller: go past it.
     if let Some(ahead) = observed
         .iter()
-        .filter_map(|v| v.as_ref().ok().copied())
+        .filter_map(|v| v.as_ref().ok().map(|(v, _)| *v))
         .filter(|&v| v > state.version)
         .max()
     {
@@ -224,8 +245,8 @@ async fn sync_plane(
             let client = &client;
             async move {
                 let outcome = match observed {
-                    Ok(v) if v == version => PodOutcome::Current,
-                    Ok(_) => match client.put(pod, body).await {
+                    Ok((v, _)) if v == version => PodOutcome::Current,
+                    Ok((_, token)) => match client.put(pod, body, token).await {
                         Ok(()) => PodOutcome::Pushed,
                         Err(reason) => PodOutcome::Failed(reason),
                     },
@@ -314,6 +335,7 @@ pub fn pod_addresses(slices: &[EndpointSlice], port_name: &str) -> Vec<SocketAdd
 /// and a fresh connection never hits one the pod has half-closed.
 struct Client<'a> {
     token: &'a str,
+    previous_token: Option<&'a str>,
     timeout: Duration,
 }
 
@@ -322,19 +344,30 @@ struct ConfigState {
     version: i64,
 }
 
-impl Client<'_> {
-    async fn version(&self, pod: SocketAddr) -> Result<i64, String> {
-        let (status, body) = self.call(pod, hyper::Method::GET, Bytes::new()).await?;
+impl<'a> Client<'a> {
+    /// The pod's version, and the token it takes: the current one, else the one before the
+    /// last rotation.
+    async fn version(&self, pod: SocketAddr) -> Result<(i64, &'a str), String> {
+        let mut token = self.token;
+        let (mut status, mut body) = self
+            .call(pod, hyper::Method::GET, Bytes::new(), token)
+            .await?;
+        if let (StatusCode::UNAUTHORIZED, Some(previous)) = (status, self.previous_token) {
+            token = previous;
+            (status, body) = self
+                .call(pod, hyper::Method::GET, Bytes::new(), token)
+                .await?;
+        }
         if status != StatusCode::OK {
             return Err(refusal("GET /config", status, &body));
         }
         serde_json::from_slice::<ConfigState>(&body)
-            .map(|s| s.version)
+            .map(|s| (s.version, token))
             .map_err(|e| format!("GET /config: unreadable answer: {e}"))
     }
 
-    async fn put(&self, pod: SocketAddr, body: Bytes) -> Result<(), String> {
-        let (status, answer) = self.call(pod, hyper::Method::PUT, body).await?;
+    async fn put(&self, pod: SocketAddr, body: Bytes, token: &str) -> Result<(), String> {
+        let (status, answer) = self.call(pod, hyper::Method::PUT, body, token).await?;
         if status == StatusCode::OK {
             Ok(())
         } else {
@@ -347,6 +380,7 @@ impl Client<'_> {
         pod: SocketAddr,
         method: hyper::Method,
         body: Bytes,
+        token: &str,
     ) -> Result<(StatusCode, Bytes), String> {
         let exchange = async {
             let stream = tokio::net::TcpStream::connect(pod)
@@ -361,10 +395,7 @@ impl Client<'_> {
                 .method(method)
                 .uri("/config")
                 .header(hyper::header::HOST, pod.to_string())
-                .header(
-                    hyper::header::AUTHORIZATION,
-                    format!("Bearer {}", self.token),
-                )
+                .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
                 .header(hyper::header::CONTENT_TYPE, "application/json")
                 .body(Full::new(body))
                 .map_err(|e| format!("building the request: {e}"))?;

@@ -34,10 +34,14 @@ fn config(backend: SocketAddr, host: &str) -> Config {
 }
 
 async fn proxy_at(admin: SocketAddr) -> Server {
+    proxy_with_token(admin, TOKEN).await
+}
+
+async fn proxy_with_token(admin: SocketAddr, token: &str) -> Server {
     Server::start(
         ServerOptions {
             admin_addr: admin,
-            auth_token: Some(TOKEN.to_owned()),
+            auth_token: Some(token.to_owned()),
             ..ServerOptions::default()
         },
         None,
@@ -298,4 +302,54 @@ async fn a_plane_whose_pod_hangs_does_not_hold_up_the_others() {
     );
     assert_eq!(outcomes[1].1.pods[0].1, PodOutcome::Pushed);
     healthy.shutdown().await;
+}
+
+/// The plane's token rotates: pods started before it still hold the old token until the
+/// rollout replaces them. They keep getting route changes with it, and the round does not
+/// count as failed; a pod that takes neither token still fails.
+#[tokio::test]
+async fn pods_that_still_hold_the_token_before_a_rotation_keep_getting_pushes() {
+    let backend = echo().await;
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let old = proxy_with_token(any, TOKEN).await;
+    let mut pusher = Pusher::new(Duration::from_secs(2), 1);
+    let first = config(backend.http_addr(), "one.example.com");
+    let round = pusher
+        .sync(&plane(), &first, TOKEN, &[old.admin_addr()])
+        .await;
+    assert_eq!(round.pods[0].1, PodOutcome::Pushed);
+
+    let new = proxy_with_token(any, "rotated").await;
+    let pods = [old.admin_addr(), new.admin_addr()];
+    let second = config(backend.http_addr(), "two.example.com");
+    let round = pusher.sync(&plane(), &second, "rotated", &pods).await;
+    assert_eq!(
+        round.pods,
+        vec![(pods[0], PodOutcome::Pushed), (pods[1], PodOutcome::Pushed)]
+    );
+    assert!(!round.sustained_failure, "a rotation is not a failure");
+    for server in [&old, &new] {
+        assert_eq!(
+            get(server.data_addr(), "/", "two.example.com", None)
+                .await
+                .0,
+            200
+        );
+    }
+    let round = pusher.sync(&plane(), &second, "rotated", &pods).await;
+    assert!(round.pods.iter().all(|(_, o)| *o == PodOutcome::Current));
+
+    let stranger = proxy_with_token(any, "someone-else").await;
+    let round = pusher
+        .sync(&plane(), &second, "rotated", &[stranger.admin_addr()])
+        .await;
+    assert!(
+        matches!(&round.pods[0].1, PodOutcome::Failed(r) if r.contains("(401)")),
+        "{:?}",
+        round.pods
+    );
+    assert!(round.sustained_failure);
+    for server in [old, new, stranger] {
+        server.shutdown().await;
+    }
 }
