@@ -37,6 +37,27 @@ pub(crate) type EdgeBody = UnsyncBoxBody<Bytes, BoxError>;
 pub(super) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(100);
 const RPC_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long the edge waits by default to open a stream on a QUIC connection, for the
+/// connector to grant one (stream credit). A connection that grants none in time is
+/// treated as one on which no stream can be opened. (Over HTTP/2, h2 queues a stream
+/// past the connector's limit without waiting; the response timeouts bound that wait.)
+pub const STREAM_OPEN_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn no_stream_in_time() -> MockEdgeError {
+    MockEdgeError::Stream("the connector granted no stream in time".into())
+}
+
+/// Opens a request stream on a QUIC connection, within `wait`.
+pub(super) async fn open_quic_stream(
+    conn: &quinn::Connection,
+    wait: Duration,
+) -> Result<(quinn::SendStream, quinn::RecvStream), MockEdgeError> {
+    tokio::time::timeout(wait, conn.open_bi())
+        .await
+        .map_err(|_| no_stream_in_time())?
+        .map_err(stream_err)
+}
+
 pub(super) fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<EdgeBody> {
     let mut r = Response::new(
         Full::new(body.into())
@@ -246,18 +267,19 @@ where
     B::Error: Into<BoxError> + Send,
 {
     let wait = inner.response_timeout;
+    let open_wait = inner.stream_open_timeout;
     let mut tried = Vec::new();
     let mut failure = None;
     while let Some((id, transport)) = inner.next_serving(&tried) {
         let result = match transport {
-            Transport::Quic(conn) => match conn.open_bi().await {
+            Transport::Quic(conn) => match open_quic_stream(&conn, open_wait).await {
                 Ok(stream) => {
                     inner.count_request(id);
                     forward_quic(stream, req, websocket, wait).await
                 }
                 Err(e) => {
                     tracing::debug!(conn = id, error = %e, "no request stream on this connection");
-                    failure = Some(stream_err(e));
+                    failure = Some(e);
                     tried.push(id);
                     continue;
                 }
@@ -570,7 +592,7 @@ pub(super) async fn open_tcp(inner: &Inner, dest: SocketAddr) -> Result<Upgraded
     let wait = inner.response_timeout;
     let pipe = match transport {
         Transport::Quic(conn) => {
-            let (mut send, mut recv) = conn.open_bi().await.map_err(stream_err)?;
+            let (mut send, mut recv) = open_quic_stream(&conn, inner.stream_open_timeout).await?;
             let req = stream::ConnectRequest {
                 dest: dest.to_string(),
                 kind: ConnectionType::Tcp,
@@ -776,8 +798,24 @@ impl IntoEdgeBody for h2::RecvStream {
     }
 }
 
-/// Pushes a configuration over one connection.
+/// Pushes a configuration over one connection: at most the time to open a stream and
+/// the RPC's own timeout.
 pub(super) async fn push_config(
+    inner: &Inner,
+    transport: Transport,
+    version: i32,
+    config: Vec<u8>,
+) -> Result<i32, MockEdgeError> {
+    let limit = inner.stream_open_timeout + RPC_TIMEOUT;
+    tokio::time::timeout(
+        limit,
+        push_config_unbounded(inner, transport, version, config),
+    )
+    .await
+    .map_err(|_| MockEdgeError::Timeout)?
+}
+
+async fn push_config_unbounded(
     inner: &Inner,
     transport: Transport,
     version: i32,
@@ -785,7 +823,7 @@ pub(super) async fn push_config(
 ) -> Result<i32, MockEdgeError> {
     match transport {
         Transport::Quic(conn) => {
-            let (mut send, recv) = conn.open_bi().await.map_err(stream_err)?;
+            let (mut send, recv) = open_quic_stream(&conn, inner.stream_open_timeout).await?;
             send.write_all(&RPC_SIGNATURE).await.map_err(stream_err)?;
             let (latest, err) = edge::push_config(
                 &inner.worker,

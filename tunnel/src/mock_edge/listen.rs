@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -12,10 +12,12 @@ use bytes::Bytes;
 use quinn::VarInt;
 use tokio::io::AsyncWrite;
 use tokio::sync::{mpsc, Notify};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{EdgeProtocol, Inner, MockEdgeError, Transport};
 use crate::h2io::{H2Reader, H2Writer};
+use crate::liveness::Heard;
 use crate::rpc::edge::serve_registration;
 use crate::rpc::RpcStream;
 use crate::stream::headers::CONNECTION_UPGRADE;
@@ -27,6 +29,24 @@ const CLOSE_AFTER_ERROR: Duration = Duration::from_millis(200);
 
 /// Longest wait for a registration answer to be written before acting anyway.
 const ANSWER_WRITE_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a connector has, from the moment its connection is accepted, to register
+/// it by default. A connection with no registration by then is closed: QUIC with code
+/// 0, HTTP/2 by closing the TCP connection.
+pub const REGISTRATION_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How often the edge sends an HTTP/2 PING on a connector connection by default.
+pub const H2_PING_INTERVAL: Duration = Duration::from_secs(3);
+
+/// How long a PING may go unanswered by default, with nothing at all arriving, before
+/// the edge closes the connection: the order of QUIC's 5 s idle timeout.
+pub const H2_PING_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Longest TLS handshake on the TCP listener.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Longest wait for the connector's answer to the control-stream request.
+const CONTROL_STREAM_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How a connection's `registerConnection` was answered; the connection's task acts
 /// on it once the answer has gone out ([`AnswerSent`]).
@@ -220,17 +240,28 @@ pub(super) fn spawn_quic(inner: &Arc<Inner>, endpoint: quinn::Endpoint) {
 }
 
 async fn serve_quic(inner: &Arc<Inner>, incoming: quinn::Incoming) -> Result<(), MockEdgeError> {
-    let conn = incoming
+    let deadline = Instant::now() + inner.registration_timeout;
+    let conn = tokio::time::timeout_at(deadline, incoming)
         .await
+        .map_err(|_| {
+            MockEdgeError::Stream("no QUIC handshake before the registration deadline".into())
+        })?
         .map_err(|e| MockEdgeError::Stream(e.to_string()))?;
     let group = quic_key_exchange_group(&conn);
     let (id, close) =
         inner.add_connection(Transport::Quic(conn.clone()), EdgeProtocol::Quic, group);
+    // As the edge closes a connection: code 0, no reason.
+    let close_conn = || conn.close(VarInt::from_u32(0), b"");
     let result = async {
         let (send, recv) = tokio::select! {
             s = conn.accept_bi() => s.map_err(|e| MockEdgeError::Stream(e.to_string()))?,
             _ = close.cancelled() => {
-                conn.close(VarInt::from_u32(0), b"");
+                close_conn();
+                return Ok(());
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                not_registered_in_time(inner, id);
+                close_conn();
                 return Ok(());
             }
         };
@@ -248,28 +279,38 @@ async fn serve_quic(inner: &Arc<Inner>, incoming: quinn::Incoming) -> Result<(),
             inner.hooks(id, answered_tx, signal.clone()),
         )
         .await?;
+        let mut registered = false;
         loop {
             tokio::select! {
                 _ = conn.closed() => break,
                 Some(answer) = answered_rx.recv() => {
+                    registered |= answer == Answered::Registered;
                     tokio::select! {
                         () = answer_written(&signal) => {}
                         _ = conn.closed() => break,
                         _ = close.cancelled() => {
-                            conn.close(VarInt::from_u32(0), b"");
+                            close_conn();
                             break;
                         }
                     }
                     if answer == Answered::Refused {
                         tokio::time::sleep(CLOSE_AFTER_ERROR).await;
-                        // As the edge does: code 0, no reason.
-                        conn.close(VarInt::from_u32(0), b"");
+                        close_conn();
                         break;
                     }
                     inner.send_current_config(id);
                 }
+                () = tokio::time::sleep_until(deadline), if !registered => {
+                    // The answer may be on its way (the hook has run, its notice not yet read).
+                    registered = inner.is_registered(id);
+                    if !registered {
+                        not_registered_in_time(inner, id);
+                        close_conn();
+                        break;
+                    }
+                }
                 _ = close.cancelled() => {
-                    conn.close(VarInt::from_u32(0), b"");
+                    close_conn();
                     break;
                 }
             }
@@ -279,6 +320,14 @@ async fn serve_quic(inner: &Arc<Inner>, incoming: quinn::Incoming) -> Result<(),
     .await;
     inner.remove_connection(id);
     result
+}
+
+fn not_registered_in_time(inner: &Inner, id: u64) {
+    tracing::info!(
+        conn = id,
+        deadline = ?inner.registration_timeout,
+        "no registration in time; closing the connection"
+    );
 }
 
 /// The key-exchange group of an established QUIC connection's handshake.
@@ -303,6 +352,9 @@ pub(super) fn spawn_tcp(
             let accepted = accept_next("edge tcp", &inner2.cancel, || listener.accept()).await;
             let Some((tcp, _)) = accepted else { return };
             let _ = tcp.set_nodelay(true);
+            if let Err(e) = socket2::SockRef::from(&tcp).set_tcp_keepalive(&tcp_keepalive()) {
+                tracing::debug!(error = %e, "tcp keep-alive not set");
+            }
             let inner3 = inner2.clone();
             let acceptor = acceptor.clone();
             inner2.tasks.spawn(async move {
@@ -320,51 +372,75 @@ async fn serve_tcp(
     acceptor: tokio_rustls::TlsAcceptor,
     tcp: tokio::net::TcpStream,
 ) -> Result<(), MockEdgeError> {
+    let deadline = Instant::now() + inner.registration_timeout;
     let stream_err = |e: &dyn std::fmt::Display| MockEdgeError::Stream(e.to_string());
-    let tls = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp))
-        .await
-        .map_err(|e| stream_err(&e))??;
+    let tls = tokio::time::timeout_at(
+        deadline.min(Instant::now() + TLS_HANDSHAKE_TIMEOUT),
+        acceptor.accept(tcp),
+    )
+    .await
+    .map_err(|e| stream_err(&e))??;
     let group = tls
         .get_ref()
         .1
         .negotiated_key_exchange_group()
         .map(|g| g.name());
+    // Every byte read counts as a sign of life for the PINGs below.
+    let (tls, read) = Heard::new(tls);
     // The edge is the HTTP/2 client on this connection.
-    let (send_request, connection) = h2::client::Builder::new()
+    let (send_request, mut connection) = h2::client::Builder::new()
         .initial_window_size(4 * 1024 * 1024)
         .initial_connection_window_size(16 * 1024 * 1024)
         .handshake::<_, Bytes>(tls)
         .await
         .map_err(|e| stream_err(&e))?;
+    let silent = unanswered_ping(
+        connection.ping_pong(),
+        read,
+        inner.h2_ping_interval,
+        inner.h2_ping_timeout,
+    );
     let mut driver = tokio::spawn(connection);
     let (id, close) = inner.add_connection(
         Transport::H2(send_request.clone()),
         EdgeProtocol::Http2,
         group,
     );
-    let result = async {
-        let req = http::Request::builder()
-            .method(http::Method::GET)
-            .uri("https://h2.cftunnel.com/")
-            .header(CONNECTION_UPGRADE, "control-stream")
-            .body(())
-            .map_err(|e| stream_err(&e))?;
-        let mut ready = send_request
-            .clone()
-            .ready()
-            .await
-            .map_err(|e| stream_err(&e))?;
-        let (resp, send) = ready.send_request(req, false).map_err(|e| stream_err(&e))?;
-        let resp = tokio::time::timeout(Duration::from_secs(10), resp)
-            .await
-            .map_err(|e| stream_err(&e))?
-            .map_err(|e| stream_err(&e))?;
-        if resp.status() != http::StatusCode::OK {
-            return Err(MockEdgeError::Stream(format!(
-                "control stream answered {}",
-                resp.status()
-            )));
-        }
+    let serve = async {
+        let control = async {
+            let req = http::Request::builder()
+                .method(http::Method::GET)
+                .uri("https://h2.cftunnel.com/")
+                .header(CONNECTION_UPGRADE, "control-stream")
+                .body(())
+                .map_err(|e| stream_err(&e))?;
+            let mut ready = send_request
+                .clone()
+                .ready()
+                .await
+                .map_err(|e| stream_err(&e))?;
+            let (resp, send) = ready.send_request(req, false).map_err(|e| stream_err(&e))?;
+            let resp = tokio::time::timeout(CONTROL_STREAM_TIMEOUT, resp)
+                .await
+                .map_err(|e| stream_err(&e))?
+                .map_err(|e| stream_err(&e))?;
+            if resp.status() != http::StatusCode::OK {
+                return Err(MockEdgeError::Stream(format!(
+                    "control stream answered {}",
+                    resp.status()
+                )));
+            }
+            Ok((resp, send))
+        };
+        let (resp, send) = tokio::select! {
+            r = control => r?,
+            _ = &mut driver => return Ok(()),
+            _ = close.cancelled() => return Ok(()),
+            () = tokio::time::sleep_until(deadline) => {
+                not_registered_in_time(inner, id);
+                return Ok(());
+            }
+        };
         let (answered_tx, mut answered_rx) = mpsc::channel(1);
         let signal = Arc::new(AnswerSent::default());
         let _session = serve_registration(
@@ -379,10 +455,12 @@ async fn serve_tcp(
             inner.hooks(id, answered_tx, signal.clone()),
         )
         .await?;
+        let mut registered = false;
         loop {
             tokio::select! {
                 _ = &mut driver => break,
                 Some(answer) = answered_rx.recv() => {
+                    registered |= answer == Answered::Registered;
                     tokio::select! {
                         () = answer_written(&signal) => {}
                         _ = &mut driver => break,
@@ -396,15 +474,88 @@ async fn serve_tcp(
                     }
                     inner.send_current_config(id);
                 }
+                () = tokio::time::sleep_until(deadline), if !registered => {
+                    registered = inner.is_registered(id);
+                    if !registered {
+                        not_registered_in_time(inner, id);
+                        break;
+                    }
+                }
                 _ = close.cancelled() => break,
             }
         }
         Ok(())
-    }
-    .await;
+    };
+    // Closing is dropping the HTTP/2 connection, which closes the TCP connection.
+    let result = tokio::select! {
+        r = serve => r,
+        () = silent => {
+            tracing::warn!(
+                conn = id,
+                timeout = ?inner.h2_ping_timeout,
+                "connector sent nothing in answer to an HTTP/2 PING; closing the connection"
+            );
+            Ok(())
+        }
+    };
     inner.remove_connection(id);
     driver.abort();
     result
+}
+
+/// Resolves when the connector has gone silent: every `every`, a PING goes out, and
+/// while it is outstanding a whole `timeout` passes without a byte read. Any byte counts
+/// as an answer, so a PONG queued behind a large upload does not make a busy connection
+/// look dead. Never resolves while the connector answers, once the connection has failed
+/// (its driver ends it then), or without `pings`. The connection's driver must run
+/// alongside, or no PING goes out and no PONG is read.
+async fn unanswered_ping(
+    pings: Option<h2::PingPong>,
+    read: Arc<AtomicU64>,
+    every: Duration,
+    timeout: Duration,
+) {
+    let Some(mut pings) = pings else {
+        return std::future::pending().await;
+    };
+    loop {
+        tokio::time::sleep(every).await;
+        let pong = pings.ping(h2::Ping::opaque());
+        tokio::pin!(pong);
+        let mut heard = read.load(Ordering::Relaxed);
+        loop {
+            tokio::select! {
+                biased;
+                r = &mut pong => match r {
+                    Ok(_) => break,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "http2 ping failed");
+                        return std::future::pending().await;
+                    }
+                },
+                () = tokio::time::sleep(timeout) => {
+                    // Let the driver read what has arrived before judging: under load the
+                    // timer can fire before reads queued ahead of it.
+                    tokio::task::yield_now().await;
+                    let now = read.load(Ordering::Relaxed);
+                    if now == heard {
+                        return;
+                    }
+                    heard = now;
+                }
+            }
+        }
+    }
+}
+
+/// TCP keep-alive on connector connections, as Go's listener and dialer set it: the
+/// first probe after 15 s of silence, then every 15 s, 9 unanswered probes end the
+/// connection. It notices a vanished peer even with the HTTP/2 PINGs switched off.
+fn tcp_keepalive() -> socket2::TcpKeepalive {
+    socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(15))
+        .with_interval(Duration::from_secs(15))
+        .with_retries(9)
 }
 
 #[cfg(test)]

@@ -25,6 +25,9 @@ mod admin;
 mod forward;
 mod listen;
 
+pub use forward::STREAM_OPEN_TIMEOUT;
+pub use listen::{H2_PING_INTERVAL, H2_PING_TIMEOUT, REGISTRATION_TIMEOUT};
+
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -199,6 +202,14 @@ pub(crate) struct Inner {
     runtime: tokio::runtime::Handle,
     /// How long a forwarded request waits for the connector's response head.
     response_timeout: Duration,
+    /// How long opening a stream on a QUIC connection may take.
+    pub(crate) stream_open_timeout: Duration,
+    /// How long a connection may go without a registration from its accept on.
+    registration_timeout: Duration,
+    /// HTTP/2 liveness: a PING this often, and the connection closed when one goes
+    /// unanswered, with nothing read, for `h2_ping_timeout`.
+    h2_ping_interval: Duration,
+    h2_ping_timeout: Duration,
 }
 
 impl Inner {
@@ -314,15 +325,24 @@ impl Inner {
                 }
             });
         }
-        let mut out = Vec::new();
-        for (id, t) in self.pick() {
-            let r = forward::push_config(self, t, version, config.to_vec()).await;
-            if let Ok(applied) = r {
-                self.record_applied(id, applied);
+        // All at once: a connection that takes its time holds up no other.
+        let pushes = self.pick().into_iter().map(|(id, t)| {
+            let config = config.to_vec();
+            async move {
+                let r = forward::push_config(self, t, version, config).await;
+                if let Ok(applied) = r {
+                    self.record_applied(id, applied);
+                }
+                (id, r)
             }
-            out.push((id, r));
-        }
-        out
+        });
+        futures_util::future::join_all(pushes).await
+    }
+
+    /// Whether connection `id` has registered.
+    fn is_registered(&self, id: u64) -> bool {
+        self.with_state(|s| s.conns.get(&id).is_some_and(|c| c.info.registered))
+            .unwrap_or(false)
     }
 
     fn record_applied(&self, id: u64, applied: i32) {
@@ -543,6 +563,10 @@ pub struct MockEdgeBuilder {
     quic: bool,
     key_exchange_groups: Option<Vec<rustls::NamedGroup>>,
     response_timeout: Duration,
+    stream_open_timeout: Duration,
+    registration_timeout: Duration,
+    h2_ping_interval: Duration,
+    h2_ping_timeout: Duration,
 }
 
 impl Default for MockEdgeBuilder {
@@ -556,6 +580,10 @@ impl Default for MockEdgeBuilder {
             quic: true,
             key_exchange_groups: None,
             response_timeout: forward::RESPONSE_TIMEOUT,
+            stream_open_timeout: forward::STREAM_OPEN_TIMEOUT,
+            registration_timeout: listen::REGISTRATION_TIMEOUT,
+            h2_ping_interval: listen::H2_PING_INTERVAL,
+            h2_ping_timeout: listen::H2_PING_TIMEOUT,
         }
     }
 }
@@ -619,6 +647,34 @@ impl MockEdgeBuilder {
         self
     }
 
+    /// How long the mock waits to open a stream on a QUIC connection, for the connector
+    /// to grant one more (stream credit). A connection that grants none in time is
+    /// treated as one that cannot open a stream: a request goes on to the next
+    /// connection, a configuration push to it fails (default [`STREAM_OPEN_TIMEOUT`]).
+    pub fn stream_open_timeout(mut self, wait: Duration) -> Self {
+        self.stream_open_timeout = wait;
+        self
+    }
+
+    /// How long a connector has to register a connection, from the moment it is
+    /// accepted; one with no registration by then is closed, QUIC with code 0, HTTP/2
+    /// by closing the TCP connection (default [`REGISTRATION_TIMEOUT`]).
+    pub fn registration_timeout(mut self, wait: Duration) -> Self {
+        self.registration_timeout = wait;
+        self
+    }
+
+    /// HTTP/2 liveness: a PING goes to each connector every `interval`, and a connection
+    /// on which one stays unanswered, with nothing at all arriving, for `timeout` is
+    /// closed, as QUIC's idle timeout closes a silent QUIC connection (defaults
+    /// [`H2_PING_INTERVAL`], [`H2_PING_TIMEOUT`]). Connectors answer PINGs themselves
+    /// (Go's HTTP/2 server does for `cloudflared`).
+    pub fn http2_ping(mut self, interval: Duration, timeout: Duration) -> Self {
+        self.h2_ping_interval = interval.max(Duration::from_millis(1));
+        self.h2_ping_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
     /// Binds the listeners and starts serving on the current runtime.
     pub async fn start(self) -> Result<MockEdge, MockEdgeError> {
         let pki = match self.pki {
@@ -643,6 +699,10 @@ impl MockEdgeBuilder {
             tasks: TaskTracker::new(),
             runtime: tokio::runtime::Handle::current(),
             response_timeout: self.response_timeout,
+            stream_open_timeout: self.stream_open_timeout,
+            registration_timeout: self.registration_timeout,
+            h2_ping_interval: self.h2_ping_interval,
+            h2_ping_timeout: self.h2_ping_timeout,
         });
         // A previous instance on the same port may still be releasing it.
         let mut attempts = 0;
@@ -836,10 +896,8 @@ impl MockEdge {
                 Transport::H2(_) => None,
             })
             .ok_or_else(|| MockEdgeError::Stream("no serving QUIC connection".into()))?;
-        let (mut send, mut recv) = conn
-            .open_bi()
-            .await
-            .map_err(|e| MockEdgeError::Stream(e.to_string()))?;
+        let (mut send, mut recv) =
+            forward::open_quic_stream(&conn, self.inner.stream_open_timeout).await?;
         send.write_all(bytes)
             .await
             .map_err(|e| MockEdgeError::Stream(e.to_string()))?;
