@@ -585,28 +585,48 @@ async fn scenario() {
     );
     assert!(condition(&parent["conditions"], PROXY_CONFIG_PUSHED).is_none());
 
-    // The token is rotated but the pod keeps the old one (it has not rolled yet): pushes are
-    // refused, and after repeated rounds the route says so. The pod template changes, so a real
-    // Deployment would roll.
+    // The token is rotated but the pod keeps the old one (it has not rolled yet). The pod
+    // template changes, so a real Deployment rolls; meanwhile the pod takes pushes with the
+    // token before, and the rounds do not count as failures.
     let hash = |d: &Value| {
         d.pointer("/spec/template/metadata/annotations/cf.k8s.lex.la~1credentials-hash")
             .cloned()
     };
     let before = hash(&deployment);
     api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: edge-api, namespace: tenant-a}\nstringData: {bearer: rotated}\n"));
+    eventually("the pods rolled", || {
+        api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+            .filter(|d| hash(d) != before)
+    })
+    .await;
+    // Far more rounds (one every 100 ms) than a sustained failure takes (3).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        route_condition(&api, "tenant-a", "shop", PROXY_CONFIG_PUSHED).is_none(),
+        "a pod on the token before the rotation is no push failure"
+    );
+    api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: edge-api, namespace: tenant-a}\nstringData: {bearer: s3cr3t}\n"));
+
+    // The pod's config port goes out of reach: after repeated rounds the route says so.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+        l.local_addr().expect("addr").port()
+    };
+    let slice = |port: u16| {
+        yaml(&format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: cf-proxy-edge-config-x1, namespace: tenant-a, labels: {{kubernetes.io/service-name: cf-proxy-edge-config, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {port}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: true}}}}]\n"
+        ))
+    };
+    api.put(slice(closed));
     let failed = eventually("ProxyConfigPushed=False", || {
         route_condition(&api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
     })
     .await;
     assert_eq!(failed["status"], "False");
     let message = failed["message"].as_str().unwrap_or_default();
-    assert!(message.contains("401"), "{message}");
-    let rolled = api
-        .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
-        .expect("Deployment");
-    assert_ne!(hash(&rolled), before, "rotating the token rolls the pods");
-    // Back to the token the pod has: the condition clears.
-    api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: edge-api, namespace: tenant-a}\nstringData: {bearer: s3cr3t}\n"));
+    assert!(message.contains("connecting to 127.0.0.1"), "{message}");
+    // Back in reach: the condition clears.
+    api.put(slice(pod.admin_addr().port()));
     eventually("ProxyConfigPushed cleared", || {
         route_parent(&api, "tenant-a", "shop")
             .filter(|p| condition(&p["conditions"], PROXY_CONFIG_PUSHED).is_none())
@@ -1426,6 +1446,66 @@ async fn the_generated_token_secret_follows_the_infrastructure_labels() {
         t.api.put(labelled("b"));
         let relabelled = eventually("the Secret labelled b", secret("b")).await;
         assert_eq!(relabelled, token, "the token is never rewritten");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The Gateway's parametersRef stops resolving after a healthy render: the plane stays, and a
+/// pod that starts meanwhile (a reschedule, an eviction) still gets the config the plane
+/// last served, rather than waiting unready for a configuration that cannot come.
+#[tokio::test]
+async fn a_plane_whose_config_stops_resolving_keeps_serving_its_last_config() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        let pod = || async {
+            Server::start(
+                ServerOptions {
+                    auth_token: Some("s3cr3t".to_owned()),
+                    ..ServerOptions::default()
+                },
+                None,
+            )
+            .await
+            .expect("proxy starts")
+        };
+        let slice = |port: u16| {
+            yaml(&format!(
+                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: cf-proxy-edge-config-x1, namespace: tenant-a, labels: {{kubernetes.io/service-name: cf-proxy-edge-config, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {port}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: false}}}}]\n"
+            ))
+        };
+        let served = |data: SocketAddr| async move {
+            let by = Instant::now() + Duration::from_secs(20);
+            while get_via(data, "shop.example.com").await != 200 {
+                assert!(Instant::now() < by, "the pod serves the route");
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        };
+        let first = pod().await;
+        t.api.put(slice(first.admin_addr().port()));
+        served(first.data_addr()).await;
+
+        // The ref now names a GatewayConfig that does not exist.
+        t.api.put(yaml(&gateway(true).replace("name: edge-config", "name: gone")));
+        eventually("the Gateway refused", || {
+            t.api
+                .get("gateway.networking.k8s.io/v1", "Gateway", "tenant-a", "edge")
+                .and_then(|g| condition(&g["status"]["conditions"], "Accepted").cloned())
+                .filter(|c| c["reason"] == "InvalidParameters")
+        })
+        .await;
+        assert!(
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+                .is_some(),
+            "the plane stays"
+        );
+        first.shutdown().await;
+        let second = pod().await;
+        t.api.put(slice(second.admin_addr().port()));
+        served(second.data_addr()).await;
+        second.shutdown().await;
         t.stop().await;
     })
     .await

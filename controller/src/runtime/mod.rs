@@ -317,6 +317,17 @@ struct Reconciler {
     tunnel_shared_told: HashMap<String, String>,
     /// Per Gateway uid: the digest of the plane last applied, and when.
     applied: HashMap<String, (Vec<u8>, std::time::Instant)>,
+    /// Per dedicated plane: the config its pods were last given and the token they take. A
+    /// plane whose GatewayConfig stops resolving keeps serving this, pods that start
+    /// meanwhile included, until it resolves again or the Gateway goes.
+    last_good: HashMap<ObjectKey, LastGood>,
+}
+
+/// What a dedicated plane last served: see [`Reconciler::last_good`].
+struct LastGood {
+    config: cftunnel_config::Config,
+    token: String,
+    service: String,
 }
 
 /// A data plane as far as a round got with it.
@@ -365,6 +376,7 @@ impl Reconciler {
             recorder,
             push_failures: HashMap::new(),
             render_failures: HashMap::new(),
+            last_good: HashMap::new(),
             tunnel_api,
             tunnel_sync: TunnelSync::default(),
             tunnel_failures: HashMap::new(),
@@ -402,8 +414,9 @@ impl Reconciler {
                 .ok()
                 .map(|t| TunnelIdentity::of(&t))
         });
-        let output = translate::translate(snapshot, &translate_options);
+        let mut output = translate::translate(snapshot, &translate_options);
         let mut planes: BTreeMap<PlaneKey, PlaneInfo> = BTreeMap::new();
+        let mut broken = Vec::new();
 
         for gw in &snapshot.gateways {
             let Some(key) = object_key(gw) else { continue };
@@ -431,8 +444,69 @@ impl Reconciler {
                     self.remove_plane(gw, &key, snapshot, deployments, policies)
                         .await
                 }
-                None => {}
+                // Ours, but its GatewayConfig does not resolve: its plane keeps serving.
+                None => broken.push(key),
             }
+        }
+        self.last_good.retain(|key, _| {
+            broken.contains(key)
+                || output.planes.get(key) == Some(&PlaneKey::Dedicated(key.clone()))
+        });
+        for (key, info) in &planes {
+            let (PlaneKey::Dedicated(gateway), Some(config)) = (key, output.configs.get(key))
+            else {
+                continue;
+            };
+            let Ok(names) = snapshot
+                .gateways
+                .iter()
+                .find(|g| object_key(g).as_ref() == Some(gateway))
+                .map_or(Err(()), |g| PlaneNames::for_gateway(g).map_err(|_| ()))
+            else {
+                continue;
+            };
+            match self.last_good.get_mut(gateway) {
+                Some(last) if last.config == *config && last.token == info.token => {}
+                Some(last) => {
+                    last.config = config.clone();
+                    last.token = info.token.clone();
+                }
+                None => {
+                    self.last_good.insert(
+                        gateway.clone(),
+                        LastGood {
+                            config: config.clone(),
+                            token: info.token.clone(),
+                            service: names.service,
+                        },
+                    );
+                }
+            }
+        }
+        for key in broken {
+            let Some(last) = self.last_good.get(&key) else {
+                continue;
+            };
+            let plane = PlaneKey::Dedicated(key.clone());
+            let slices: Vec<_> = snapshot
+                .endpoint_slices
+                .iter()
+                .filter(|s| serves(s, &key.namespace, &last.service))
+                .cloned()
+                .collect();
+            output.configs.insert(plane.clone(), last.config.clone());
+            planes.insert(
+                plane,
+                PlaneInfo {
+                    address: String::new(),
+                    ready: false,
+                    token: last.token.clone(),
+                    pods: push::pod_addresses(&slices, CONFIG_PORT_NAME),
+                    // Nothing changed for its tunnel: its document stays as last written.
+                    tunnel: None,
+                    identity: None,
+                },
+            );
         }
         self.render_failures
             .retain(|key, _| output.statuses.gateways.contains_key(key));
@@ -600,11 +674,7 @@ impl Reconciler {
         let slices: Vec<_> = snapshot
             .endpoint_slices
             .iter()
-            .filter(|s| {
-                s.metadata.namespace.as_deref() == Some(key.namespace.as_str())
-                    && s.labels().get("kubernetes.io/service-name") == Some(&plane.names.service)
-                    && from_endpoint_controller(s)
-            })
+            .filter(|s| serves(s, &key.namespace, &plane.names.service))
             .cloned()
             .collect();
         let api_token = match &config.spec.cloudflare_credentials_secret_ref {
@@ -835,6 +905,21 @@ fn same_template(live: &Deployment, rendered: &Deployment) -> bool {
 /// Whether Kubernetes' EndpointSlice controller wrote this slice. The controller sends its
 /// bearer token to the addresses listed, so a slice anyone else labelled for the Service must
 /// not count.
+/// Whether `slice` lists the pods of Service `service` in `namespace`.
+fn serves(
+    slice: &k8s_openapi::api::discovery::v1::EndpointSlice,
+    namespace: &str,
+    service: &str,
+) -> bool {
+    slice.metadata.namespace.as_deref() == Some(namespace)
+        && slice
+            .labels()
+            .get("kubernetes.io/service-name")
+            .map(String::as_str)
+            == Some(service)
+        && from_endpoint_controller(slice)
+}
+
 fn from_endpoint_controller(slice: &k8s_openapi::api::discovery::v1::EndpointSlice) -> bool {
     slice
         .labels()
