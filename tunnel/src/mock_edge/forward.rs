@@ -17,6 +17,7 @@ use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use quinn::VarInt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 
 use super::{Inner, MockEdgeError, Transport};
 use crate::body::{Body, BoxError, Upgraded};
@@ -563,7 +564,7 @@ where
     strip_response_headers(&mut parts.headers, switched);
     if switched {
         if let Some(on_upgrade) = on_upgrade {
-            tokio::spawn(pipe(on_upgrade, Upgraded::quic(send, recv)));
+            tokio::spawn(pipe(on_upgrade, TunnelStream::Quic(send, recv)));
         }
         return Ok(Response::from_parts(
             parts,
@@ -633,12 +634,79 @@ pub(super) async fn open_tcp(inner: &Inner, dest: SocketAddr) -> Result<Upgraded
     Ok(pipe)
 }
 
-async fn pipe(on_upgrade: hyper::upgrade::OnUpgrade, mut tunnel: Upgraded) {
+/// The connector's side of an upgraded (WebSocket) stream.
+enum TunnelStream {
+    Quic(quinn::SendStream, quinn::RecvStream),
+    H2(H2Io),
+}
+
+/// Longest wait for the eyeball to take the last bytes and the end of its connection.
+const CLOSE_WAIT: Duration = Duration::from_secs(1);
+
+/// Pipes an upgraded eyeball connection and the connector's stream. These pipes have no
+/// half-close: once either direction ends or fails, both are torn down. What was read
+/// before the end is passed on; then the eyeball's connection is closed, and the
+/// connector's stream ended and no longer read. Over QUIC that is a FIN and
+/// STOP_SENDING(0), or RESET_STREAM(0) after a failure, as the edge cancels a stream; over
+/// HTTP/2 END_STREAM, and a reset (CANCEL) if the connector's side is still open.
+async fn pipe(on_upgrade: hyper::upgrade::OnUpgrade, tunnel: TunnelStream) {
+    // Without the eyeball's connection, dropping the stream tears it down.
     let Ok(eyeball) = on_upgrade.await else {
         return;
     };
-    let mut eyeball = TokioIo::new(eyeball);
-    let _ = tokio::io::copy_bidirectional(&mut eyeball, &mut tunnel).await;
+    let (mut eyeball_r, mut eyeball_w) = tokio::io::split(TokioIo::new(eyeball));
+    match tunnel {
+        TunnelStream::Quic(mut send, mut recv) => {
+            let clean = splice(&mut eyeball_r, &mut eyeball_w, &mut recv, &mut send).await;
+            if clean {
+                let _ = send.finish();
+            } else {
+                let _ = send.reset(VarInt::from_u32(0));
+            }
+            let _ = recv.stop(VarInt::from_u32(0));
+        }
+        TunnelStream::H2(io) => {
+            let (mut tunnel_r, mut tunnel_w) = tokio::io::split(io);
+            if splice(&mut eyeball_r, &mut eyeball_w, &mut tunnel_r, &mut tunnel_w).await {
+                drop((eyeball_r, eyeball_w));
+                let _ = tunnel_w.shutdown().await;
+                // A reset discards what h2 still holds for the connector, the end of the
+                // stream included: the connector gets a moment to end its side as well,
+                // and whatever it still sends goes nowhere.
+                let _ = tokio::time::timeout(
+                    CLOSE_WAIT,
+                    tokio::io::copy(&mut tunnel_r, &mut tokio::io::sink()),
+                )
+                .await;
+            }
+            // Dropping both halves resets the stream unless both sides have ended it.
+        }
+    }
+}
+
+/// Copies both ways until one direction ends (`true`) or fails (`false`), then, after a
+/// clean end, shuts down the eyeball's connection. Whatever the other direction had not
+/// yet passed on is dropped with it.
+async fn splice<ER, EW, TR, TW>(
+    eyeball_r: &mut ER,
+    eyeball_w: &mut EW,
+    tunnel_r: &mut TR,
+    tunnel_w: &mut TW,
+) -> bool
+where
+    ER: AsyncRead + Unpin,
+    EW: AsyncWrite + Unpin,
+    TR: AsyncRead + Unpin,
+    TW: AsyncWrite + Unpin,
+{
+    let clean = tokio::select! {
+        r = tokio::io::copy(eyeball_r, tunnel_w) => r.is_ok(),
+        r = tokio::io::copy(tunnel_r, eyeball_w) => r.is_ok(),
+    };
+    if clean {
+        let _ = tokio::time::timeout(CLOSE_WAIT, eyeball_w.shutdown()).await;
+    }
+    clean
 }
 
 /// Sends the request on an HTTP/2 connection that is ready for a new stream;
@@ -705,7 +773,7 @@ where
         let out = map_h2_response(Response::from_parts(rparts, ()), true)?;
         if out.status() == StatusCode::SWITCHING_PROTOCOLS {
             if let Some(on_upgrade) = on_upgrade {
-                tokio::spawn(pipe(on_upgrade, Upgraded::h2(H2Io::new(recv, send))));
+                tokio::spawn(pipe(on_upgrade, TunnelStream::H2(H2Io::new(recv, send))));
             }
             return Ok(out);
         }
