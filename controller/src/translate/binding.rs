@@ -2,6 +2,7 @@
 //! (kinds, namespaces) and listener/route hostname intersection (Gateway API HTTPRoute
 //! `spec.hostnames`, Listener `hostname`).
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 use gateway_api::experimental::grpcroutes::GrpcRoute;
@@ -56,16 +57,21 @@ impl<'a> RouteView<'a> {
         }
     }
 
-    /// Gateway API rule precedence across routes: oldest first, then namespace/name.
-    /// Routes without a creation timestamp sort after those with one.
-    pub(super) fn order_key(&self) -> (bool, Option<&'a Time>, &'a str, &'a str, RouteKind) {
-        (
-            self.created.is_none(),
-            self.created,
-            self.namespace,
-            self.name,
-            self.kind,
-        )
+    /// Gateway API precedence across routes: the oldest first, then the first in alphabetical
+    /// order of `{namespace}/{name}` (compared as that one string, so `team-a/r` comes before
+    /// `team/r`). Routes without a creation timestamp sort after those with one; the kind
+    /// breaks the last tie so the order is total.
+    pub(super) fn precedence_cmp(&self, other: &Self) -> Ordering {
+        let joined = |r: &Self| {
+            r.namespace
+                .bytes()
+                .chain(std::iter::once(b'/'))
+                .chain(r.name.bytes())
+        };
+        (self.created.is_none(), self.created)
+            .cmp(&(other.created.is_none(), other.created))
+            .then_with(|| joined(self).cmp(joined(other)))
+            .then_with(|| self.kind.cmp(&other.kind))
     }
 }
 

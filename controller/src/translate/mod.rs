@@ -229,7 +229,7 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
     let tunnels = Tunnels::new(&gateways);
 
     let mut routes = binding::collect_routes(snapshot);
-    routes.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+    routes.sort_by(|a, b| a.precedence_cmp(b));
 
     let mut rules_by_plane: BTreeMap<PlaneKey, Vec<cftunnel_config::Rule>> = BTreeMap::new();
     let mut seen_rules: BTreeMap<PlaneKey, BTreeSet<String>> = BTreeMap::new();

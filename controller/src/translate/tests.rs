@@ -741,6 +741,43 @@ fn rules_are_ordered_oldest_route_first_then_by_name() {
     );
 }
 
+/// A Gateway in `infra` that admits routes of both kinds from every namespace.
+const OPEN_GATEWAY: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: open, namespace: infra}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: http, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: All}}}
+---
+"#;
+
+#[test]
+fn equally_old_routes_are_ordered_by_the_joined_namespace_and_name() {
+    // As a (namespace, name) tuple `team` sorts before `team-a`; as the string
+    // "{namespace}/{name}" the spec orders by, `team-a/r` ('-' < '/') comes first.
+    let created = "creationTimestamp: \"2026-01-01T00:00:00Z\"}";
+    let route = |ns: &str| {
+        http_route(
+            ns,
+            "r",
+            "  parentRefs: [{name: open, namespace: infra}]\n  rules: [{matches: [{path: {value: /same}}]}]",
+        )
+        .replace(&format!("namespace: {ns}}}"), &format!("namespace: {ns}, {created}"))
+    };
+    let out = run(&format!(
+        "{OPEN_GATEWAY}{}{}",
+        route("team"),
+        route("team-a")
+    ));
+    let names: Vec<_> = route_rules(&out)
+        .iter()
+        .filter_map(|r| r.name.as_deref())
+        .collect();
+    assert_eq!(names, vec!["team-a/r/0", "team/r/0"]);
+}
+
 #[test]
 fn a_regex_that_does_not_compile_drops_its_rule() {
     let out = run(&(http_route(
