@@ -42,7 +42,10 @@ impl ProxyError {
     /// gRPC status for gRPC clients, which read trailers rather than the HTTP status.
     fn grpc_status(&self) -> &'static str {
         match self {
+            // A rule answering 404 stands for "no route" (a listener's hostnames kept to its
+            // own routes): gRPC's UNIMPLEMENTED, as for no match at all.
             Self::NoRoute => "12",
+            Self::Unavailable(s) if *s == StatusCode::NOT_FOUND => "12",
             Self::Backend(ForwardError::Timeout) | Self::RequestTimeout => "4",
             Self::Backend(_) => "14",
             Self::Unavailable(_) | Self::NoBackend => "14",
@@ -74,6 +77,9 @@ impl ProxyError {
     fn reason(&self) -> &'static str {
         match self {
             Self::NoRoute => "no route matches this request\n",
+            Self::Unavailable(s) if *s == StatusCode::NOT_FOUND => {
+                "no route matches this request\n"
+            }
             Self::Unavailable(_) => "route backend is unavailable\n",
             Self::NoBackend => "no backend is available for this route\n",
             Self::Backend(ForwardError::Timeout) | Self::RequestTimeout => "upstream timed out\n",
@@ -83,5 +89,42 @@ impl ProxyError {
             Self::Backend(_) => "upstream request failed\n",
             Self::BadRequest(r) => r,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_clients_read_a_404_rule_as_unimplemented() {
+        let status = |e: ProxyError| {
+            let (code, headers, _) = e.head(true);
+            assert_eq!(code, StatusCode::OK);
+            headers.get("grpc-status").cloned()
+        };
+        assert_eq!(
+            status(ProxyError::NoRoute)
+                .as_ref()
+                .map(HeaderValue::as_bytes),
+            Some(&b"12"[..])
+        );
+        assert_eq!(
+            status(ProxyError::Unavailable(StatusCode::NOT_FOUND))
+                .as_ref()
+                .map(HeaderValue::as_bytes),
+            Some(&b"12"[..])
+        );
+        assert_eq!(
+            status(ProxyError::Unavailable(StatusCode::SERVICE_UNAVAILABLE))
+                .as_ref()
+                .map(HeaderValue::as_bytes),
+            Some(&b"14"[..])
+        );
+        let (code, _, body) = ProxyError::Unavailable(StatusCode::NOT_FOUND).head(false);
+        assert_eq!(
+            (code, body),
+            (StatusCode::NOT_FOUND, "no route matches this request\n")
+        );
     }
 }
