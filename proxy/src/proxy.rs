@@ -32,6 +32,8 @@ pub const MAX_REPLAY_BODY: u64 = 64 * 1024;
 pub const MAX_MIRRORS_IN_FLIGHT: usize = 256;
 /// A mirror copy gets this long before it is abandoned.
 const MIRROR_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most of a mirror's answer read (and dropped) so its connection can go back to the pool.
+const MIRROR_DRAIN_LIMIT: usize = 1024 * 1024;
 
 /// A compiled config: the route table plus the per-hostname metrics its buckets use.
 #[derive(Debug)]
@@ -319,9 +321,6 @@ impl Proxy {
         let origin = (rule.filters.cors.is_some() || backend.filters.cors.is_some())
             .then(|| parts.headers.get(header::ORIGIN).cloned())
             .flatten();
-        rule.filters.apply_request(&mut parts, matched_prefix);
-        backend.filters.apply_request(&mut parts, matched_prefix);
-
         let upgrade = if is_upgrade(&parts.headers) {
             match parts.extensions.remove::<hyper::upgrade::OnUpgrade>() {
                 Some(on) => Some(ClientSide::Hyper(on)),
@@ -333,7 +332,11 @@ impl Proxy {
         } else {
             None
         };
+        // The client's hop-by-hop headers go before the filters run: a `Connection` header
+        // naming a header cannot remove one a filter set.
         prepare_forward_headers(&mut parts.headers, conn, upgrade.is_some());
+        rule.filters.apply_request(&mut parts, matched_prefix);
+        backend.filters.apply_request(&mut parts, matched_prefix);
 
         let host_metrics = routes.host_metrics(Some(hit.bucket.id));
         let counted = body::Counted::new(body, host_metrics.request_bytes.clone());
@@ -490,7 +493,20 @@ impl Proxy {
             let _permit = permit;
             match upstream.send(req, Some(MIRROR_TIMEOUT), None).await {
                 Ok(resp) => {
-                    let _ = tokio::time::timeout(MIRROR_TIMEOUT, resp.into_body().collect()).await;
+                    // Read and dropped frame by frame, so the connection can be reused; a
+                    // mirror answering more than that is cut off rather than held.
+                    let drain = async {
+                        let mut body = resp.into_body();
+                        let mut left = MIRROR_DRAIN_LIMIT;
+                        while let Some(Ok(frame)) = body.frame().await {
+                            let len = frame.data_ref().map_or(0, Bytes::len);
+                            match left.checked_sub(len) {
+                                Some(rest) => left = rest,
+                                None => break,
+                            }
+                        }
+                    };
+                    let _ = tokio::time::timeout(MIRROR_TIMEOUT, drain).await;
                 }
                 Err(e) => tracing::debug!(error = %e, "mirror request failed"),
             }

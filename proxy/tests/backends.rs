@@ -165,6 +165,53 @@ async fn mirrors_get_a_copy_and_weights_split_traffic() {
     .expect("test finished in time");
 }
 
+/// A mirror that answers without end is read only so far and then cut off, instead of being
+/// held in memory until the mirror's timeout.
+#[tokio::test]
+async fn a_mirror_answering_without_end_is_cut_off() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let mirror = listener.local_addr().expect("addr");
+        let written = Arc::new(AtomicUsize::new(0));
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let count = written.clone();
+        tokio::spawn(async move {
+            let Ok((mut conn, _)) = listener.accept().await else { return };
+            let mut head = [0u8; 4096];
+            let _ = conn.read(&mut head).await;
+            let chunk = format!("10000\r\n{}\r\n", "x".repeat(0x10000));
+            let mut out = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+            while conn.write_all(&out).await.is_ok() {
+                count.fetch_add(out.len(), Ordering::Relaxed);
+                out = chunk.clone().into_bytes();
+            }
+            let _ = done_tx.send(());
+        });
+        let proxy = proxy().await;
+        let http = client();
+        let doc = json!({"rules": [
+            rule("/mirror", json!({"filters": [{"type": "RequestMirror", "requestMirror": {"backendUrl": format!("http://{mirror}")}}],
+                "backends": [{"url": url(a.http_addr()), "weight": 1}]})),
+        ]});
+        push(&http, proxy.admin_addr(), &doc).await;
+        let r = get(&http, proxy.data_addr(), "h", "/mirror", &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+        // Well before the mirror's 10 s timeout.
+        tokio::time::timeout(Duration::from_secs(5), done_rx)
+            .await
+            .expect("the proxy stops reading the mirror's answer")
+            .expect("the mirror finished");
+        let sent = written.load(Ordering::Relaxed);
+        assert!(sent < 64 * 1024 * 1024, "{sent} bytes reached the proxy's socket");
+    })
+    .await
+    .expect("test finished in time");
+}
+
 #[tokio::test]
 async fn websocket_and_h2c_backends_work_end_to_end() {
     tokio::time::timeout(TEST_TIMEOUT, async {

@@ -80,6 +80,11 @@ async fn filters_edit_what_the_backend_and_the_client_see() {
         assert_eq!(r.seen_header("X-Backend").as_deref(), Some("a"), "backend-level filter applied");
         assert_eq!(r.header("x-resp"), Some("r"));
         assert_eq!(r.header("x-content-type-options"), None);
+        // The client's `Connection` header cannot take away what a filter set.
+        let r = get(&http, d, "h", "/headers", &[("connection", "x-set, x-backend, x-other"), ("x-other", "o")]).await;
+        assert_eq!(r.seen_header("X-Set").as_deref(), Some("set"));
+        assert_eq!(r.seen_header("X-Backend").as_deref(), Some("a"));
+        assert_eq!(r.seen_header("X-Other"), None, "what the client named is still dropped");
 
         let r = get(&http, d, "h", "/prefix/one/two?q=1", &[]).await;
         assert_eq!(r.json()["path"], "/one/two?q=1");
