@@ -299,7 +299,12 @@ fn attach(
                 ),
                 (hosts, _) => hosts,
             };
-            attached.push((hosts, l.port));
+            let redirect_port = if l.well_known_port {
+                None
+            } else {
+                u16::try_from(l.port).ok()
+            };
+            attached.push((hosts, redirect_port));
             listeners.push(l);
         }
     }
@@ -321,7 +326,7 @@ fn attach(
     }
     let entry = planes.entry(plane).or_default();
     for (hosts, port) in attached {
-        entry.ports.insert(port);
+        entry.redirect_ports.insert(port);
         match hosts {
             Hosts::Any => entry.any_host = true,
             Hosts::Some(list) => entry.hostnames.extend(list),

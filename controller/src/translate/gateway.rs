@@ -64,6 +64,8 @@ pub(super) enum AllowedNamespaces<'a> {
 pub(super) struct OwnedListener<'a> {
     pub(super) name: &'a str,
     pub(super) port: i32,
+    /// `port` is the well-known port of the listener's protocol (HTTP 80, HTTPS 443).
+    pub(super) well_known_port: bool,
     /// Lower-cased.
     pub(super) hostname: Option<String>,
     /// Valid, unconflicted and of a supported protocol: routes may attach.
@@ -370,6 +372,7 @@ fn listener(l: &GatewayListeners, generation: Option<i64>) -> OwnedListener<'_> 
     OwnedListener {
         name: &l.name,
         port: l.port,
+        well_known_port: matches!((l.protocol.as_str(), l.port), ("HTTP", 80) | ("HTTPS", 443)),
         hostname: l.hostname.as_deref().map(str::to_ascii_lowercase),
         usable: valid,
         kinds,

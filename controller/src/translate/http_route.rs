@@ -60,9 +60,18 @@ impl RuleTemplate {
             rule.hostnames = attachment.hostnames.iter().cloned().collect();
         }
         // Gateway API RequestRedirect: with neither scheme nor port, the port is the
-        // listener's. Only unambiguous when every attached listener shares one port.
-        if let (Some(port), 1) = (attachment.ports.first(), attachment.ports.len()) {
-            let port = u16::try_from(*port).ok();
+        // listener's, and it SHOULD NOT appear in `Location` when it is the well-known port of
+        // the listener's protocol. Such a redirect keeps its port unset: the proxy then keeps
+        // the request's scheme and adds no port. That matters here, since every request
+        // arrives through the tunnel as https: port 80 would give `https://host:80/`. A
+        // redirect that sets a scheme but no port also stays unset, and the proxy uses that
+        // scheme's well-known port. Other listener ports are filled in, when every attached
+        // listener agrees on one.
+        if let (Some(&Some(port)), 1) = (
+            attachment.redirect_ports.first(),
+            attachment.redirect_ports.len(),
+        ) {
+            let port = Some(port);
             let all = rule
                 .filters
                 .iter_mut()

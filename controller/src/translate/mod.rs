@@ -494,12 +494,15 @@ impl<'a> Index<'a> {
     }
 }
 
-/// How a route is attached within one data plane: the hostnames it serves there and the ports
-/// of the listeners it is attached to.
+/// How a route is attached within one data plane: the hostnames it serves there and the
+/// redirect ports of the listeners it is attached to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Attachment {
     /// Set when one attachment serves any host; `hostnames` is then irrelevant.
     pub(crate) any_host: bool,
     pub(crate) hostnames: BTreeSet<String>,
-    pub(crate) ports: BTreeSet<i32>,
+    /// For each attached listener, the port a `RequestRedirect` that sets neither scheme nor
+    /// port carries: the listener's, or `None` when that is the well-known port of the
+    /// listener's protocol (left out of `Location`).
+    pub(crate) redirect_ports: BTreeSet<Option<u16>>,
 }

@@ -707,10 +707,116 @@ fn rules_without_backends_answer_500_unless_they_redirect() {
         .expect("redirect");
     assert_eq!(redirect.hostname.as_deref(), Some("example.org"));
     assert_eq!(
-        redirect.port,
-        Some(80),
-        "listener port fills an unset port and scheme"
+        redirect.port, None,
+        "the HTTP listener's port 80 stays out of the redirect"
     );
+}
+
+/// Compiles a config document the way the proxy does when it is pushed.
+fn proxy_routes(config: &Config) -> cftunnel_proxy::proxy::Routes {
+    let metrics = cftunnel_proxy::metrics::ProxyMetrics::register(&mut Default::default());
+    cftunnel_proxy::config::compile(
+        config,
+        &metrics,
+        &mut cftunnel_proxy::config::Cache::default(),
+    )
+    .expect("the proxy compiles the config")
+}
+
+/// The rule the proxy picks for a request, by name.
+fn proxy_pick<'r>(
+    routes: &'r cftunnel_proxy::proxy::Routes,
+    method: &str,
+    host: &str,
+    path: &str,
+    headers: &[(&'static str, &str)],
+) -> Option<&'r cftunnel_proxy::rule::Rule> {
+    let mut map = http::HeaderMap::new();
+    for (name, value) in headers {
+        map.append(*name, value.parse().expect("header value"));
+    }
+    let method = http::Method::from_bytes(method.as_bytes()).expect("method");
+    let view = cftunnel_proxy::route::RequestView {
+        method: &method,
+        path,
+        query: None,
+        headers: &map,
+    };
+    routes.table().find(host, &view).map(|hit| &**hit.rule)
+}
+
+#[test]
+fn a_hostname_only_redirect_carries_the_listener_port_unless_it_is_the_protocol_default() {
+    let gateway = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: ports, namespace: infra}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: http, port: 80, protocol: HTTP, hostname: a.example.com}
+  - {name: https, port: 443, protocol: HTTPS, hostname: b.example.com}
+  - {name: http-8080, port: 8080, protocol: HTTP, hostname: c.example.com}
+  - {name: https-8443, port: 8443, protocol: HTTPS, hostname: d.example.com}
+---
+"#;
+    let route = |section: &str| {
+        http_route(
+            "infra",
+            section,
+            &format!(
+                "  parentRefs: [{{name: ports, sectionName: {section}}}]\n  rules:\n  - matches: [{{path: {{value: /host}}}}]\n    filters: [{{type: RequestRedirect, requestRedirect: {{hostname: new.example.com}}}}]\n  - matches: [{{path: {{value: /scheme}}}}]\n    filters: [{{type: RequestRedirect, requestRedirect: {{scheme: http, hostname: new.example.com}}}}]\n  - matches: [{{path: {{value: /port}}}}]\n    filters: [{{type: RequestRedirect, requestRedirect: {{port: 9000, hostname: new.example.com}}}}]"
+            ),
+        )
+    };
+    let out = run(&format!(
+        "{gateway}{}{}{}{}",
+        route("http"),
+        route("https"),
+        route("http-8080"),
+        route("https-8443")
+    ));
+    let routes = proxy_routes(shared(&out));
+    // Every request reaches the proxy through the tunnel as https.
+    let location = |host: &str, path: &str| {
+        let rule = proxy_pick(&routes, "GET", host, path, &[]).expect("a rule matches");
+        let redirect = rule.filters.redirect.as_ref().expect("a redirect");
+        redirect
+            .location("https", host, path, None, None)
+            .expect("a valid Location")
+            .to_str()
+            .expect("ASCII")
+            .to_owned()
+    };
+    let cases = [
+        ("a.example.com", "/host", "https://new.example.com/host"),
+        ("b.example.com", "/host", "https://new.example.com/host"),
+        (
+            "c.example.com",
+            "/host",
+            "https://new.example.com:8080/host",
+        ),
+        (
+            "d.example.com",
+            "/host",
+            "https://new.example.com:8443/host",
+        ),
+        ("a.example.com", "/scheme", "http://new.example.com/scheme"),
+        ("c.example.com", "/scheme", "http://new.example.com/scheme"),
+        (
+            "a.example.com",
+            "/port",
+            "https://new.example.com:9000/port",
+        ),
+        (
+            "c.example.com",
+            "/port",
+            "https://new.example.com:9000/port",
+        ),
+    ];
+    for (host, path, want) in cases {
+        assert_eq!(location(host, path), want, "{host}{path}");
+    }
 }
 
 #[test]
