@@ -42,9 +42,10 @@ pub struct Routes {
     /// Hostname label of each bucket, indexed by bucket id.
     host_labels: Box<[Box<str>]>,
     /// Metric children of each bucket, fetched on the bucket's first request rather than at
-    /// compile time, so a push of thousands of hostnames stays cheap.
-    hosts: Box<[std::sync::OnceLock<HostMetrics>]>,
-    unmatched: std::sync::OnceLock<HostMetrics>,
+    /// compile time, so a push of thousands of hostnames stays cheap. Shared, so a response
+    /// still streaming holds its hostname's metrics and not the whole table it started on.
+    hosts: Box<[std::sync::OnceLock<Arc<HostMetrics>>]>,
+    unmatched: std::sync::OnceLock<Arc<HostMetrics>>,
     metrics: ProxyMetrics,
     pub(crate) version: i64,
     pub(crate) has_grpc: bool,
@@ -91,10 +92,12 @@ impl Routes {
         self.has_grpc
     }
 
-    fn host_metrics(&self, bucket: Option<usize>) -> &HostMetrics {
+    fn host_metrics(&self, bucket: Option<usize>) -> &Arc<HostMetrics> {
         match bucket.and_then(|b| Some((self.hosts.get(b)?, self.host_labels.get(b)?))) {
-            Some((slot, label)) => slot.get_or_init(|| self.metrics.host(label)),
-            None => self.unmatched.get_or_init(|| self.metrics.host("")),
+            Some((slot, label)) => slot.get_or_init(|| Arc::new(self.metrics.host(label))),
+            None => self
+                .unmatched
+                .get_or_init(|| Arc::new(self.metrics.host(""))),
         }
     }
 }
@@ -203,8 +206,8 @@ impl Proxy {
         let grpc = is_grpc(&parts.headers);
         let mut completion = Completion {
             shared: self.shared.clone(),
-            routes: routes.clone(),
             bucket: None,
+            host: None,
             status: 0,
             bytes: 0,
             start,
@@ -240,6 +243,9 @@ impl Proxy {
             }
         };
         completion.status = response.status().as_u16();
+        if completion.host.is_none() {
+            completion.host = Some(routes.host_metrics(None).clone());
+        }
         response.map(|reply| match reply {
             Reply::Upstream(body, deadline) => ResponseBody::upstream(body, completion, deadline),
             Reply::Local(bytes) => ResponseBody::local(bytes, Some(completion)),
@@ -295,6 +301,7 @@ impl Proxy {
         };
         let hit = routes.table.find(&host, &view).ok_or(ProxyError::NoRoute)?;
         completion.bucket = Some(hit.bucket.id);
+        completion.host = Some(routes.host_metrics(completion.bucket).clone());
         let rule: &Rule = hit.rule;
         if let Some(log) = completion.log.as_mut() {
             log.route = rule.name.as_deref().map(str::to_owned);
@@ -911,8 +918,9 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
 #[derive(Debug)]
 pub(crate) struct Completion {
     shared: Arc<Shared>,
-    routes: Arc<Routes>,
     bucket: Option<usize>,
+    /// The matched hostname's metrics (the unmatched ones for a request no rule took).
+    host: Option<Arc<HostMetrics>>,
     status: u16,
     bytes: u64,
     start: Instant,
@@ -939,19 +947,20 @@ impl Completion {
         }
         self.done = true;
         let elapsed = self.start.elapsed();
-        let host = self.routes.host_metrics(self.bucket);
-        let class = match (aborted, self.status / 100) {
-            (true, _) => StatusClass::Aborted,
-            (_, 1) => StatusClass::S1xx,
-            (_, 2) => StatusClass::S2xx,
-            (_, 3) => StatusClass::S3xx,
-            (_, 4) => StatusClass::S4xx,
-            _ => StatusClass::S5xx,
-        };
-        host.duration.observe(elapsed.as_secs_f64());
-        host.request(class).inc();
-        host.response_bytes.inc_by(self.bytes);
         self.shared.metrics.in_flight.dec();
+        if let Some(host) = self.host.take() {
+            let class = match (aborted, self.status / 100) {
+                (true, _) => StatusClass::Aborted,
+                (_, 1) => StatusClass::S1xx,
+                (_, 2) => StatusClass::S2xx,
+                (_, 3) => StatusClass::S3xx,
+                (_, 4) => StatusClass::S4xx,
+                _ => StatusClass::S5xx,
+            };
+            host.duration.observe(elapsed.as_secs_f64());
+            host.request(class).inc();
+            host.response_bytes.inc_by(self.bytes);
+        }
         if let (Some(log), Some(sink)) = (self.log.take(), &self.shared.access_log) {
             sink.write(&log, self.status, self.bytes, elapsed, aborted);
         }

@@ -212,6 +212,73 @@ async fn a_mirror_answering_without_end_is_cut_off() {
     .expect("test finished in time");
 }
 
+/// A response still streaming holds its hostname's metrics, not the table it started on: a
+/// table replaced by a push is freed while long streams (gRPC, server-sent events) go on.
+#[tokio::test]
+async fn a_streaming_response_does_not_hold_a_replaced_table() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let backend = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            let mut head = [0u8; 4096];
+            let _ = conn.read(&mut head).await;
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+                .await;
+            // The stream stays open until the test ends.
+            let _ = conn.read(&mut head).await;
+        });
+        let proxy = proxy().await;
+        let http = client();
+        let doc = |version: i64| {
+            json!({"version": version, "rules": [
+                {"backends": [{"url": format!("http://{backend}"), "weight": 1}]},
+            ]})
+        };
+        assert_eq!(
+            push(&http, proxy.admin_addr(), &doc(1)).await.status,
+            StatusCode::OK
+        );
+        let first = std::sync::Arc::downgrade(&proxy.proxy().routes());
+
+        let mut client = tokio::net::TcpStream::connect(proxy.data_addr())
+            .await
+            .expect("connect");
+        client
+            .write_all(b"GET /events HTTP/1.1\r\nhost: h\r\n\r\n")
+            .await
+            .expect("request sent");
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !String::from_utf8_lossy(&seen).contains("first") {
+            let n = client.read(&mut buf).await.expect("read");
+            assert!(n > 0, "the proxy closed the stream");
+            seen.extend_from_slice(&buf[..n]);
+        }
+
+        assert_eq!(
+            push(&http, proxy.admin_addr(), &doc(2)).await.status,
+            StatusCode::OK
+        );
+        let by = tokio::time::Instant::now() + Duration::from_secs(5);
+        while first.upgrade().is_some() {
+            assert!(
+                tokio::time::Instant::now() < by,
+                "the replaced table is still held"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        drop(client);
+    })
+    .await
+    .expect("test finished in time");
+}
+
 #[tokio::test]
 async fn websocket_and_h2c_backends_work_end_to_end() {
     tokio::time::timeout(TEST_TIMEOUT, async {
