@@ -218,6 +218,29 @@ impl ProxyMetrics {
         }
     }
 
+    /// Drops every series of a hostname pattern the served table no longer has, so
+    /// `/metrics` does not grow with every hostname ever served.
+    pub fn forget_host(&self, hostname: &str) {
+        let h = HostLabels {
+            hostname: hostname.to_owned(),
+        };
+        self.duration.remove(&h);
+        self.request_bytes.remove(&h);
+        self.response_bytes.remove(&h);
+        for status_class in STATUS_CLASSES {
+            self.requests.remove(&StatusLabels {
+                hostname: hostname.to_owned(),
+                status_class,
+            });
+        }
+        for reason in BACKEND_ERROR_REASONS {
+            self.backend_errors.remove(&ReasonLabels {
+                hostname: hostname.to_owned(),
+                reason: reason.to_owned(),
+            });
+        }
+    }
+
     pub fn reload(&self, result: &str) {
         self.reloads
             .get_or_create(&ResultLabels {

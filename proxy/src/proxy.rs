@@ -182,9 +182,23 @@ impl Proxy {
     pub fn swap(&self, routes: Routes) {
         self.shared.metrics.config_version.set(routes.version);
         let old = self.shared.routes.swap(Arc::new(routes));
+        self.forget_hostnames_of(&old);
         self.shared.loaded.store(true, Ordering::Release);
         self.shared.swaps.send_modify(|n| *n += 1);
         retire(old);
+    }
+
+    /// Drops the metric series of hostname patterns `old` served and the table now served
+    /// does not (the unmatched series stays).
+    fn forget_hostnames_of(&self, old: &Routes) {
+        let new = self.shared.routes.load();
+        let kept: std::collections::HashSet<&str> =
+            new.host_labels.iter().map(AsRef::as_ref).collect();
+        for label in old.host_labels.iter() {
+            if !label.is_empty() && !kept.contains(label.as_ref()) {
+                self.shared.metrics.forget_host(label);
+            }
+        }
     }
 
     /// Changes each time a table is swapped in (once per applied push).

@@ -216,3 +216,50 @@ async fn without_a_data_listener_readiness_waits_for_a_tunnel_connection() {
     .await
     .expect("test finished in time");
 }
+
+/// A hostname pattern the served table no longer has leaves `/metrics`; the ones it still
+/// has keep counting.
+#[tokio::test]
+async fn metrics_of_hostnames_no_longer_served_are_dropped() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let proxy = proxy().await;
+        let (http, admin, d) = (client(), proxy.admin_addr(), proxy.data_addr());
+        let doc = |hosts: &[&str]| {
+            json!({"rules": [
+                {"hostnames": hosts, "backends": [{"url": url(a.http_addr()), "weight": 1}]},
+            ]})
+        };
+        assert_eq!(
+            push(&http, admin, &doc(&["old.example", "kept.example"]))
+                .await
+                .status,
+            StatusCode::OK
+        );
+        get(&http, d, "old.example", "/", &[]).await;
+        get(&http, d, "kept.example", "/", &[]).await;
+        let series = |host: &str| {
+            format!("cftunnel_proxy_requests_total{{hostname=\"{host}\",status_class=\"2xx\"}}")
+        };
+        assert_eq!(
+            metric(&http, admin, &series("old.example")).await,
+            Some(1.0)
+        );
+        assert_eq!(
+            push(&http, admin, &doc(&["kept.example"])).await.status,
+            StatusCode::OK
+        );
+        assert_eq!(metric(&http, admin, &series("old.example")).await, None);
+        assert_eq!(
+            metric(&http, admin, &series("kept.example")).await,
+            Some(1.0)
+        );
+        get(&http, d, "kept.example", "/", &[]).await;
+        assert_eq!(
+            metric(&http, admin, &series("kept.example")).await,
+            Some(2.0)
+        );
+    })
+    .await
+    .expect("test finished in time");
+}
