@@ -40,8 +40,9 @@ struct State {
     cache: Cache,
 }
 
-/// Documents with more rules than this are compiled off the async workers.
-const BLOCKING_COMPILE_RULES: usize = 500;
+/// Documents with more rules than this give the memory they were parsed into back to the
+/// system once compiled.
+const LARGE_DOCUMENT_RULES: usize = 500;
 
 impl Reloader {
     pub fn new(proxy: Proxy) -> Self {
@@ -75,23 +76,21 @@ impl Reloader {
         }
         let metrics = self.proxy.metrics().clone();
         let cache = std::mem::take(&mut state.cache);
-        let big = doc.rules.len() > BLOCKING_COMPILE_RULES;
-        let result = if big {
-            tokio::task::spawn_blocking(move || {
-                let mut cache = cache;
-                let r = compile(&doc, &metrics, &mut cache);
+        // Off the async workers whatever its size: a few hundred patterns take tens of
+        // milliseconds to compile, which requests on this worker would otherwise wait out.
+        let big = doc.rules.len() > LARGE_DOCUMENT_RULES;
+        let result = tokio::task::spawn_blocking(move || {
+            let mut cache = cache;
+            let r = compile(&doc, &metrics, &mut cache);
+            if big {
                 // The parsed document is as large as the table; give its memory back now.
                 drop(doc);
                 crate::memory::release_freed();
-                (r, cache)
-            })
-            .await
-            .map_err(|_| ConfigError::Internal("compiler task failed"))?
-        } else {
-            let mut cache = cache;
-            let r = compile(&doc, &metrics, &mut cache);
+            }
             (r, cache)
-        };
+        })
+        .await
+        .map_err(|_| ConfigError::Internal("compiler task failed"))?;
         let (compiled, cache) = result;
         state.cache = cache;
         match compiled {
