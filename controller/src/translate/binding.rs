@@ -144,20 +144,53 @@ fn lower(hostnames: Option<&[String]>) -> Vec<String> {
         .collect()
 }
 
+/// One listener a parentRef attaches a route to.
+#[derive(Debug, Clone)]
+pub(super) struct ListenerAttachment {
+    /// Position of the listener in its Gateway's `listeners`.
+    index: usize,
+    /// The hosts the route serves through this listener.
+    hosts: Hosts,
+    /// The port a `RequestRedirect` that sets neither scheme nor port carries (see
+    /// [`Attachment::redirect_ports`]).
+    redirect_port: Option<u16>,
+}
+
+/// A listener of one of our Gateways.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct ListenerKey {
+    pub(super) gateway: ObjectKey,
+    pub(super) index: usize,
+}
+
 /// The outcome of attaching a route to one of our Gateways.
 #[derive(Debug)]
 pub(super) struct ParentBinding {
     parent_ref: ParentRef,
-    outcome: Result<(), (Reason, String)>,
+    gateway: ObjectKey,
+    /// The plane serving the Gateway and the listeners the route attaches to there.
+    outcome: Result<(PlaneKey, Vec<ListenerAttachment>), (Reason, String)>,
+}
+
+/// Where a route is accepted through one parentRef.
+#[derive(Debug)]
+pub(super) struct Accepted {
+    pub(super) plane: PlaneKey,
+    /// The listeners the route is attached to.
+    pub(super) listeners: Vec<ListenerKey>,
+    /// What the route serves on `plane` through them.
+    pub(super) attachment: Attachment,
 }
 
 impl ParentBinding {
+    /// The route's status towards this parent and, when it is accepted there, where.
     pub(super) fn into_status(
         self,
         translated: &super::http_route::TranslatedRoute,
         generation: Option<i64>,
-    ) -> RouteParentStatus {
+    ) -> (RouteParentStatus, Option<Accepted>) {
         let mut conditions = Vec::with_capacity(3);
+        let mut accepted = None;
         match self.outcome {
             Err((reason, message)) => conditions.push(Condition::new(
                 ConditionType::Accepted,
@@ -166,7 +199,7 @@ impl ParentBinding {
                 message,
                 generation,
             )),
-            Ok(()) if translated.rules.is_empty() && !translated.dropped.is_empty() => conditions
+            Ok(_) if translated.rules.is_empty() && !translated.dropped.is_empty() => conditions
                 .push(Condition::new(
                     ConditionType::Accepted,
                     false,
@@ -174,13 +207,33 @@ impl ParentBinding {
                     translated.dropped_message(),
                     generation,
                 )),
-            Ok(()) => conditions.push(Condition::new(
-                ConditionType::Accepted,
-                true,
-                Reason::Accepted,
-                "",
-                generation,
-            )),
+            Ok((plane, attached)) => {
+                conditions.push(Condition::new(
+                    ConditionType::Accepted,
+                    true,
+                    Reason::Accepted,
+                    "",
+                    generation,
+                ));
+                let mut attachment = Attachment::default();
+                let mut listeners = Vec::with_capacity(attached.len());
+                for l in attached {
+                    attachment.redirect_ports.insert(l.redirect_port);
+                    match l.hosts {
+                        Hosts::Any => attachment.any_host = true,
+                        Hosts::Some(list) => attachment.hostnames.extend(list),
+                    }
+                    listeners.push(ListenerKey {
+                        gateway: self.gateway.clone(),
+                        index: l.index,
+                    });
+                }
+                accepted = Some(Accepted {
+                    plane,
+                    listeners,
+                    attachment,
+                });
+            }
         }
         conditions.push(translated.resolved_refs(generation));
         if !translated.rules.is_empty() && !translated.dropped.is_empty() {
@@ -192,28 +245,23 @@ impl ParentBinding {
                 generation,
             ));
         }
-        RouteParentStatus {
+        let status = RouteParentStatus {
             parent_ref: self.parent_ref,
             conditions,
-        }
+        };
+        (status, accepted)
     }
 }
 
-/// Where a route attached.
-#[derive(Debug, Default)]
-pub(super) struct Bound {
-    /// One entry per parentRef that names one of our Gateways.
-    pub(super) parents: Vec<ParentBinding>,
-    /// The planes the route is served on, with its hostnames there.
-    pub(super) planes: BTreeMap<PlaneKey, Attachment>,
-}
-
+/// Attaches a route to our Gateways: one entry per parentRef that names one of them. Nothing
+/// is counted on the listeners yet; that waits until the route's rules are translated and it
+/// is known to be accepted.
 pub(super) fn bind(
     route: &RouteView<'_>,
-    gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'_>>,
+    gateways: &BTreeMap<ObjectKey, OwnedGateway<'_>>,
     index: &Index<'_>,
-) -> Bound {
-    let mut bound = Bound::default();
+) -> Vec<ParentBinding> {
+    let mut parents = Vec::new();
     for p in &route.parent_refs {
         if p.group.unwrap_or(GATEWAY_API_GROUP) != GATEWAY_API_GROUP
             || p.kind.unwrap_or("Gateway") != "Gateway"
@@ -221,7 +269,7 @@ pub(super) fn bind(
             continue;
         }
         let key = ObjectKey::new(p.namespace.unwrap_or(route.namespace), p.name);
-        let Some(gw) = gateways.get_mut(&key) else {
+        let Some(gw) = gateways.get(&key) else {
             continue;
         };
         let parent_ref = ParentRef {
@@ -232,32 +280,30 @@ pub(super) fn bind(
         };
         let outcome = match &route.invalid_hostnames {
             Some(problem) => Err((Reason::UnsupportedValue, problem.clone())),
-            None => attach(route, p, gw, index, &mut bound.planes),
+            None => attach(route, p, gw, index),
         };
-        bound.parents.push(ParentBinding {
+        parents.push(ParentBinding {
             parent_ref,
+            gateway: key,
             outcome,
         });
     }
-    bound
+    parents
 }
 
 fn attach(
     route: &RouteView<'_>,
     p: &ParentRefView<'_>,
-    gw: &mut OwnedGateway<'_>,
+    gw: &OwnedGateway<'_>,
     index: &Index<'_>,
-    planes: &mut BTreeMap<PlaneKey, Attachment>,
-) -> Result<(), (Reason, String)> {
-    let plane = gw.plane.clone();
-    let gateway_key = gw.key.clone();
-    let gateway_namespace = gw.key.namespace.clone();
+) -> Result<(PlaneKey, Vec<ListenerAttachment>), (Reason, String)> {
     let shadowing = shadowing_hostnames(&gw.listeners);
-    let candidates: Vec<&mut OwnedListener<'_>> = gw
+    let candidates: Vec<(usize, &OwnedListener<'_>)> = gw
         .listeners
-        .iter_mut()
-        .filter(|l| p.section_name.is_none_or(|s| s == l.name))
-        .filter(|l| p.port.is_none_or(|port| port == l.port))
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| p.section_name.is_none_or(|s| s == l.name))
+        .filter(|(_, l)| p.port.is_none_or(|port| port == l.port))
         .collect();
     if candidates.is_empty() {
         return Err((
@@ -265,10 +311,12 @@ fn attach(
             "no listener matches the parentRef sectionName/port".to_owned(),
         ));
     }
-    let allowed: Vec<&mut OwnedListener<'_>> = candidates
+    let allowed: Vec<(usize, &OwnedListener<'_>)> = candidates
         .into_iter()
-        .filter(|l| l.kinds.contains(&route.kind))
-        .filter(|l| namespace_allowed(&l.namespaces, &gateway_namespace, route.namespace, index))
+        .filter(|(_, l)| l.kinds.contains(&route.kind))
+        .filter(|(_, l)| {
+            namespace_allowed(&l.namespaces, &gw.key.namespace, route.namespace, index)
+        })
         .collect();
     if allowed.is_empty() {
         return Err((
@@ -280,7 +328,8 @@ fn attach(
             ),
         ));
     }
-    let allowed: Vec<&mut OwnedListener<'_>> = allowed.into_iter().filter(|l| l.usable).collect();
+    let allowed: Vec<(usize, &OwnedListener<'_>)> =
+        allowed.into_iter().filter(|(_, l)| l.usable).collect();
     if allowed.is_empty() {
         return Err((
             Reason::NoMatchingParent,
@@ -288,8 +337,7 @@ fn attach(
         ));
     }
     let mut attached = Vec::new();
-    let mut listeners = Vec::new();
-    for l in allowed {
+    for (i, l) in allowed {
         if let Some(hosts) = intersect(l.hostname.as_deref(), &route.hostnames) {
             let hosts = match (hosts, shadowing.get(l.name)) {
                 (Hosts::Some(list), Some(more_specific)) => Hosts::Some(
@@ -304,8 +352,11 @@ fn attach(
             } else {
                 u16::try_from(l.port).ok()
             };
-            attached.push((hosts, redirect_port));
-            listeners.push(l);
+            attached.push(ListenerAttachment {
+                index: i,
+                hosts,
+                redirect_port,
+            });
         }
     }
     if attached.is_empty() {
@@ -315,24 +366,13 @@ fn attach(
         ));
     }
     // Listener problems are reported first; a Gateway refused for its parameters serves nothing.
-    let Some(plane) = plane else {
+    let Some(plane) = gw.plane.clone() else {
         return Err((
             Reason::NoMatchingParent,
-            format!("Gateway {gateway_key} is not accepted"),
+            format!("Gateway {} is not accepted", gw.key),
         ));
     };
-    for l in listeners {
-        l.attached_routes += 1;
-    }
-    let entry = planes.entry(plane).or_default();
-    for (hosts, port) in attached {
-        entry.redirect_ports.insert(port);
-        match hosts {
-            Hosts::Any => entry.any_host = true,
-            Hosts::Some(list) => entry.hostnames.extend(list),
-        }
-    }
-    Ok(())
+    Ok((plane, attached))
 }
 
 /// For each listener, the hostnames of the other listeners on its port that are more specific

@@ -234,22 +234,27 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
     let mut rules_by_plane: BTreeMap<PlaneKey, Vec<cftunnel_config::Rule>> = BTreeMap::new();
     let mut seen_rules: BTreeMap<PlaneKey, BTreeSet<String>> = BTreeMap::new();
     for route in &routes {
-        let bound = binding::bind(route, &mut gateways, &index);
-        if bound.parents.is_empty() {
+        let bound = binding::bind(route, &gateways, &index);
+        if bound.is_empty() {
             continue;
         }
         let translated = match route.source {
             binding::RouteSource::Http(r) => http_route::translate_rules(route, r, &index, options),
             binding::RouteSource::Grpc(r) => grpc_route::translate_rules(route, r, &index, options),
         };
-        let mut parents = Vec::with_capacity(bound.parents.len());
-        for parent in bound.parents {
-            let mut status = parent.into_status(&translated, route.generation);
+        let mut parents = Vec::with_capacity(bound.len());
+        let mut planes: BTreeMap<PlaneKey, Attachment> = BTreeMap::new();
+        // Gateway API attachedRoutes: each route once per listener, and only where accepted,
+        // however many of its parentRefs select that listener.
+        let mut listeners = BTreeSet::new();
+        for parent in bound {
+            let (mut status, accepted) = parent.into_status(&translated, route.generation);
             let gateway = ObjectKey::new(&status.parent_ref.namespace, &status.parent_ref.name);
-            let accepted = status
-                .condition(ConditionType::Accepted)
-                .is_some_and(|c| c.status);
-            if let (true, Some(message)) = (accepted, tunnels.shared_with(&gateway)) {
+            let Some(accepted) = accepted else {
+                parents.push(status);
+                continue;
+            };
+            if let Some(message) = tunnels.shared_with(&gateway) {
                 status.conditions.push(Condition::new(
                     ConditionType::TunnelShared,
                     true,
@@ -259,10 +264,23 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
                 ));
             }
             parents.push(status);
+            listeners.extend(accepted.listeners);
+            planes
+                .entry(accepted.plane)
+                .or_default()
+                .merge(accepted.attachment);
+        }
+        for listener in listeners {
+            if let Some(l) = gateways
+                .get_mut(&listener.gateway)
+                .and_then(|gw| gw.listeners.get_mut(listener.index))
+            {
+                l.attached_routes += 1;
+            }
         }
         statuses.routes.insert(route.key(), parents);
         // Only accepted parents contribute planes.
-        for (plane, attachment) in bound.planes {
+        for (plane, attachment) in planes {
             // Every hostname of the route belongs to more specific listeners there.
             if !attachment.any_host && attachment.hostnames.is_empty() {
                 continue;
@@ -505,4 +523,12 @@ pub(crate) struct Attachment {
     /// port carries: the listener's, or `None` when that is the well-known port of the
     /// listener's protocol (left out of `Location`).
     pub(crate) redirect_ports: BTreeSet<Option<u16>>,
+}
+
+impl Attachment {
+    fn merge(&mut self, other: Self) {
+        self.any_host |= other.any_host;
+        self.hostnames.extend(other.hostnames);
+        self.redirect_ports.extend(other.redirect_ports);
+    }
 }

@@ -255,6 +255,39 @@ fn route_binds_by_section_name_and_port_or_reports_no_matching_parent() {
     assert_eq!(route_rules(&out).len(), 1);
 }
 
+#[test]
+fn attached_routes_count_each_accepted_route_once_per_listener() {
+    let attached = |out: &Output| {
+        out.statuses.gateways[&ObjectKey::new("infra", "gw")].listeners[0].attached_routes
+    };
+    let twice = http_route(
+        "infra",
+        "twice",
+        "  parentRefs: [{name: gw}, {name: gw, sectionName: http}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]",
+    );
+    let out = run(&twice);
+    let parents = route_status(&out, "infra", "twice");
+    assert_eq!(parents.len(), 2);
+    assert!(parents.iter().all(|p| p
+        .condition(ConditionType::Accepted)
+        .is_some_and(|c| c.status)));
+    assert_eq!(attached(&out), 1, "two parentRefs, one listener: one route");
+
+    // Attached by its parentRef, refused once its rules are translated: not counted.
+    let all_dropped = http_route(
+        "infra",
+        "all-dropped",
+        "  parentRefs: [{name: gw}]\n  rules: [{matches: [{path: {type: RegularExpression, value: \"(\"}}], backendRefs: [{name: v2, port: 8080}]}]",
+    );
+    let out = run(&all_dropped);
+    assert_eq!(
+        condition(&out, "infra", "all-dropped", ConditionType::Accepted),
+        (false, Reason::UnsupportedValue)
+    );
+    assert_eq!(attached(&out), 0);
+    assert_eq!(attached(&run(&format!("{twice}{all_dropped}"))), 1);
+}
+
 /// The status-only conformance tests (`shared/gwapi/SKIPPED.md`): routes that must not attach.
 #[test]
 fn routes_that_must_not_attach_report_the_spec_reason() {
