@@ -71,7 +71,8 @@ async fn spawn_tunnel_proxy(
         .env("PROXY_TUNNEL_PROTOCOL", protocol)
         .env("PROXY_CONFIG_ADDR", format!("127.0.0.1:{admin_port}"))
         .env("PROXY_AUTH_TOKEN", TOKEN)
-        .env("PROXY_GRACE_PERIOD", "5s")
+        // A drain holds the tunnel connections for the whole grace period: kept short here.
+        .env("PROXY_GRACE_PERIOD", "2s")
         .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -101,11 +102,13 @@ async fn an_auto_tunnel_serving_grpc_dials_http2() {
             ("push", None, Some(&grpc), "http2"),
             ("plain", Some(&plain), None, "quic"),
         ];
+        // Nothing is in flight at the SIGTERMs below.
+        let grace = [("PROXY_GRACE_PERIOD", "1s")];
         for (name, file, pushed, expected) in cases {
             let edge = MockEdge::start().await.expect("mock edge starts");
             let dir = scratch_dir(&format!("grpc-{name}"));
             let (mut child, admin) =
-                spawn_tunnel_proxy(&edge, &dir, &any_token(), "auto", file, &[]).await;
+                spawn_tunnel_proxy(&edge, &dir, &any_token(), "auto", file, &grace).await;
             if let Some(doc) = pushed {
                 let pushed_by = Instant::now() + Duration::from_secs(10);
                 while tokio::net::TcpStream::connect(admin).await.is_err()

@@ -95,7 +95,9 @@ pub struct ConnectorOptions {
     pub edge_ip_version: EdgeIpVersion,
     /// HA connections (default 4), capped at the number of edge entries.
     pub ha_connections: usize,
-    /// Drain window after unregistering (default 30 s).
+    /// How long a drain holds each connection open, from the start of the
+    /// drain, unregistering included (default 30 s, `cloudflared`'s
+    /// `--grace-period`).
     pub grace_period: Duration,
     /// Per-call RPC timeout (default 5 s).
     pub rpc_timeout: Duration,
@@ -509,9 +511,12 @@ impl ConnectorHandle {
     }
 
     /// Graceful drain: every connection calls `unregisterConnection` (the
-    /// edge stops sending new requests), in-flight requests get up to the
-    /// grace period, then connections close with code 0. Returns when all
-    /// connections have ended. Idempotent.
+    /// edge stops sending new requests once it has acted on it), then stays
+    /// open for the whole grace period, idle or not, serving in-flight
+    /// requests and any the edge still routes to it; then connections close
+    /// with code 0. Returns when all connections have ended, so at the end of
+    /// the grace period. [`shutdown`](Self::shutdown) cuts it short.
+    /// Idempotent.
     pub async fn drain(&self) {
         self.state.send_if_modified(|s| {
             if *s == RunState::Running {

@@ -22,7 +22,7 @@ use crate::connector::{ConnError, Ended, RegisteredGuard, RunState, Shared};
 use crate::h2io::{send_body, H2Io, H2Reader, H2Writer};
 use crate::liveness::{self, Heard};
 use crate::metrics::ProtocolLabel;
-use crate::quic::{register_params, DRAIN_LINGER};
+use crate::quic::register_params;
 use crate::rpc::control::{self, RegisterOutcome};
 use crate::rpc::RpcStream;
 use crate::stream::headers::{
@@ -108,13 +108,12 @@ pub(crate) async fn connect(
         local_ip,
         attempt,
         control_rx,
-        &tracker,
         &mut accept_task,
     )
     .await;
-    // A shutdown ends the requests still in flight at once (their streams are reset), so the
-    // graceful close below does not wait on them.
-    if shared.run_state() == RunState::Shutdown {
+    // A shutdown, or the end of a drain's grace period, ends the requests still in flight at
+    // once (their streams are reset), so the graceful close below does not wait on them.
+    if shared.run_state() != RunState::Running {
         tracker.cancel();
     }
     let _ = close_tx.send(true);
@@ -157,7 +156,6 @@ async fn dial_tcp(addr: SocketAddr) -> Result<tokio::net::TcpStream, ConnError> 
     Ok(tcp)
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn serve(
     shared: &Arc<Shared>,
     idx: u8,
@@ -165,7 +163,6 @@ async fn serve(
     local_ip: std::net::IpAddr,
     attempt: u8,
     control_rx: oneshot::Receiver<Accepted>,
-    tracker: &StreamTasks,
     accept_task: &mut tokio::task::JoinHandle<Closed>,
 ) -> Result<Ended, ConnError> {
     let (req, mut respond) = tokio::time::timeout(shared.opts.rpc_timeout * 2, control_rx)
@@ -233,10 +230,10 @@ async fn serve(
             },
             _ = state.wait_for(|s| *s == RunState::Shutdown) => return Ok(Ended::Stopped),
         }
-        tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + DRAIN_LINGER)).await;
-        tracker.close();
+        // The connection is held open for the whole grace period, idle or not, as
+        // `cloudflared` holds it: the accept loop keeps serving the requests the edge
+        // still routes to it while the unregistration propagates. Then it closes.
         tokio::select! {
-            _ = tracker.wait() => {}
             _ = tokio::time::sleep_until(deadline) => {}
             _ = &mut *accept_task, if !accept_task.is_finished() => {}
             _ = state.wait_for(|s| *s == RunState::Shutdown) => {}

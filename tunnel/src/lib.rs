@@ -29,8 +29,9 @@
 //! // Readiness: at least one connection registered right now.
 //! let ready = handle.registered() > 0;
 //! # let _ = ready;
-//! // On SIGTERM: unregister every connection, let in-flight requests finish
-//! // within the grace period, then close with code 0.
+//! // On SIGTERM: unregister every connection, keep serving for the grace
+//! // period (in-flight requests, and any the edge still routes), then close
+//! // with code 0.
 //! handle.drain().await;
 //! # Ok(()) }
 //! ```
@@ -94,6 +95,8 @@ mod backoff;
 mod body;
 mod connector;
 pub mod discovery;
+#[cfg(test)]
+mod drain_tests;
 pub mod edge;
 mod h2io;
 mod http2;

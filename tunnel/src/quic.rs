@@ -28,12 +28,6 @@ use crate::tls::QUIC_SERVER_NAME;
 
 /// Time allowed for an edge-opened stream to deliver its preamble.
 pub(crate) const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Quiet period after unregistering during which late requests may still
-/// arrive before the connection closes on an idle drain.
-pub(crate) const DRAIN_LINGER: Duration = Duration::from_millis(500);
-
-/// How long a draining connection waits for the edge to acknowledge a finished response.
-const ACK_WAIT: Duration = Duration::from_secs(2);
 
 /// Bytes the request preambles arriving on one connection may hold at once (see
 /// [`stream::PreambleBudget`]). The edge keeps request heads under 32 KiB, so this is
@@ -275,10 +269,13 @@ async fn serve(
                 _ = state.wait_for(|s| *s == RunState::Shutdown) => return Ok(Ended::Stopped),
             }
         }
-        let linger = deadline.min(tokio::time::Instant::now() + DRAIN_LINGER);
-        tracker.close();
+        // The connection is held open for the whole grace period, idle or not, as
+        // `cloudflared` holds it: the edge may still route requests to it while the
+        // unregistration propagates, and they are served. Then it closes with code 0.
+        let over = tokio::time::sleep_until(deadline);
+        let shutdown = state.wait_for(|s| *s == RunState::Shutdown);
+        tokio::pin!(over, shutdown);
         loop {
-            let quiet = tokio::time::Instant::now() >= linger;
             tokio::select! {
                 s = conn.accept_bi() => match s {
                     Ok((send, recv)) => {
@@ -286,10 +283,8 @@ async fn serve(
                     }
                     Err(_) => break,
                 },
-                _ = tracker.wait(), if quiet => break,
-                _ = tokio::time::sleep_until(linger), if !quiet => {}
-                _ = tokio::time::sleep_until(deadline) => break,
-                _ = state.wait_for(|s| *s == RunState::Shutdown) => break,
+                _ = &mut over => break,
+                _ = &mut shutdown => break,
             }
         }
     }
@@ -482,12 +477,6 @@ async fn serve_exchange(
     let ended = match write_response(send, head, body, stopped).await {
         Ok(()) => {
             let _ = send.finish();
-            // Closing the connection discards unsent stream data, and a drain closes it as
-            // soon as the last stream task ends: while draining, a stream task lasts until
-            // the edge has acknowledged the whole response.
-            if shared.run_state() != RunState::Running {
-                let _ = tokio::time::timeout(ACK_WAIT, send.stopped()).await;
-            }
             Exchange::Closed
         }
         Err(e) => {

@@ -1,20 +1,14 @@
-//! Request-stream tasks of one edge connection: tracked so a drain can wait
-//! for them, cancelled when the connection ends so no service future
-//! outlives its stream.
+//! Request-stream tasks of one edge connection: cancelled when the connection
+//! ends so no service future outlives its stream.
 
 use std::future::Future;
 
 use prometheus_client::metrics::gauge::Gauge;
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tokio_util::task::task_tracker::TaskTrackerToken;
-use tokio_util::task::TaskTracker;
 
-/// One request stream, counted for as long as it lives: in the drain's wait and in the
-/// active-streams gauge. It goes with the stream's task, or after an upgrade with the
-/// upgraded connection, so a drain keeps the edge connection open for a live WebSocket
-/// as it does for a request in flight.
+/// One request stream, counted in the active-streams gauge for as long as it lives. It
+/// goes with the stream's task, or after an upgrade with the upgraded connection.
 pub(crate) struct InFlight {
-    _token: TaskTrackerToken,
     gauge: Gauge,
 }
 
@@ -26,7 +20,6 @@ impl Drop for InFlight {
 
 #[derive(Clone, Default)]
 pub(crate) struct StreamTasks {
-    tracker: TaskTracker,
     cancel: CancellationToken,
 }
 
@@ -43,7 +36,7 @@ impl StreamTasks {
         // its task several times on the way to the scheduler.
         let fut = Box::pin(fut);
         let cancel = self.cancel.clone();
-        self.tracker.spawn(async move {
+        tokio::spawn(async move {
             tokio::select! {
                 () = fut => {}
                 () = cancel.cancelled() => {}
@@ -51,23 +44,12 @@ impl StreamTasks {
         });
     }
 
-    /// Counts a new request stream in `gauge` and in this connection's drain.
+    /// Counts a new request stream in `gauge`.
     pub(crate) fn in_flight(&self, gauge: &Gauge) -> InFlight {
         gauge.inc();
         InFlight {
-            _token: self.tracker.token(),
             gauge: gauge.clone(),
         }
-    }
-
-    /// Resolves once every task and every [`InFlight`] has ended (after
-    /// [`close`](Self::close)).
-    pub(crate) async fn wait(&self) {
-        self.tracker.wait().await;
-    }
-
-    pub(crate) fn close(&self) {
-        self.tracker.close();
     }
 
     /// Cancels every task now.

@@ -249,21 +249,27 @@ async fn http2_config_push_replies_match_cloudflared() {
     .expect("test finished in time");
 }
 
-/// A WebSocket open when the drain starts keeps its edge connection for the grace
-/// period, as a request in flight does; the drain ends once it closes.
+/// A WebSocket open when the drain starts keeps working through the grace period, as a
+/// request in flight does; the drain ends with the grace period, not before.
 async fn drain_keeps_open_websockets(protocol: Protocol) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     trace_init();
     let edge = MockEdge::start().await.unwrap();
-    let handle = serving_connector(&edge, protocol, 1).await;
+    let mut opts = options(&edge, protocol, 1);
+    let grace = Duration::from_secs(3);
+    opts.grace_period = grace;
+    let (handle, _m, _registry) = start_connector(opts, token());
+    handle.wait_registered(1).await;
+    edge.wait_serving(1).await;
     let (status, mut ws) = websocket(edge.http_addr()).await;
     assert_eq!(status, StatusCode::SWITCHING_PROTOCOLS);
+    let started = tokio::time::Instant::now();
     let drain = tokio::spawn({
         let handle = handle.clone();
         async move { handle.drain().await }
     });
     edge.wait_serving(0).await;
-    // Past the quiet period after which a drain with nothing in flight closes.
+    // Well after the unregistration.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     ws.write_all(b"still there").await.unwrap();
     let mut back = [0u8; 11];
@@ -271,11 +277,16 @@ async fn drain_keeps_open_websockets(protocol: Protocol) {
     assert_eq!(&back, b"still there", "{}", label(protocol));
     assert!(!drain.is_finished());
     drop(ws);
-    // The grace period is 5 s; closing the WebSocket ends the drain well before.
-    tokio::time::timeout(Duration::from_secs(3), drain)
+    tokio::time::timeout(grace + Duration::from_secs(2), drain)
         .await
-        .expect("the drain ends once the WebSocket closes")
+        .expect("the drain ends with the grace period")
         .unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= grace,
+        "{}: the drain ended after {took:?}, within the grace period",
+        label(protocol)
+    );
     edge.shutdown().await;
 }
 
@@ -743,7 +754,7 @@ async fn shutdown_cuts_a_drain_short(protocol: Protocol) {
         async move { handle.drain().await }
     });
     edge.wait_serving(0).await;
-    // The grace period is 5 s; a second signal must not wait for it, nor for the request
+    // The grace period is 2 s; a second signal must not wait for it, nor for the request
     // in flight.
     tokio::time::timeout(Duration::from_millis(800), handle.shutdown())
         .await
@@ -848,8 +859,12 @@ async fn a_locally_managed_edge_refuses_config_pushes() {
 async fn requests_during_a_slow_unregistration_are_served(protocol: Protocol) {
     trace_init();
     let edge = MockEdge::start().await.unwrap();
-    let handle = serving_connector(&edge, protocol, 1).await;
-    // Within the test connector's 5 s grace period, and far longer than a request takes.
+    let mut opts = options(&edge, protocol, 1);
+    opts.grace_period = Duration::from_secs(5);
+    let (handle, _m, _registry) = start_connector(opts, token());
+    handle.wait_registered(1).await;
+    edge.wait_serving(1).await;
+    // Within the 5 s grace period, and far longer than a request takes.
     edge.set_unregister_delay(Duration::from_secs(4));
     let drain = tokio::spawn({
         let handle = handle.clone();

@@ -191,7 +191,8 @@ pub fn options(edge: &MockEdge, protocol: Protocol, ha: usize) -> ConnectorOptio
         edges: vec![edge.edge_addr().into(); ha],
         edge_ca_pem: Some(edge.ca_pem().as_bytes().to_vec()),
         ha_connections: ha,
-        grace_period: Duration::from_secs(5),
+        // A drain holds its connections for the whole grace period: kept short here.
+        grace_period: Duration::from_secs(2),
         rpc_timeout: Duration::from_secs(3),
         backoff_base: Duration::from_millis(50),
         ha_backoff_base: Duration::from_millis(50),

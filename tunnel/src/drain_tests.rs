@@ -1,0 +1,228 @@
+//! Drain over real sockets against a bare test edge. Unlike the mock edge, this edge keeps
+//! routing requests to a connection after answering `unregisterConnection`, as Cloudflare's
+//! edge does while an unregistration propagates: the connection must still serve them, and
+//! stay open, idle or not, until the grace period ends.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::StatusCode;
+use http_body_util::Full;
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+
+use crate::h2io::{H2Reader, H2Writer};
+use crate::rpc::control::{ConnectionDetails, EdgeRefusal};
+use crate::rpc::edge::{serve_registration, RegistrationHooks, RegistrationRecord};
+use crate::rpc::{LocalWorker, RpcStream};
+use crate::stream::http_map::{decode_response_head, encode_request_head, ConnectOutcome};
+use crate::stream::{self, ConnectionType};
+use crate::tls::TestPki;
+use crate::{Connector, ConnectorHandle, ConnectorOptions, Protocol, Token, TunnelMetrics};
+
+const GRACE: Duration = Duration::from_millis(1500);
+/// How long after the unregistration, with the connection idle meanwhile, the edge still
+/// routes a request to it.
+const LATE: Duration = Duration::from_millis(800);
+/// Slack on a loaded machine for the close at the end of the grace period.
+const CLOSE_SLACK: Duration = Duration::from_millis(2500);
+
+struct Hooks {
+    unregistered: watch::Sender<bool>,
+}
+
+impl RegistrationHooks for Hooks {
+    fn register(&self, _: RegistrationRecord) -> Result<ConnectionDetails, EdgeRefusal> {
+        Ok(ConnectionDetails {
+            uuid: uuid::Uuid::new_v4(),
+            location: "TST".into(),
+            remotely_managed: true,
+        })
+    }
+
+    fn unregister(&self) {
+        self.unregistered.send_replace(true);
+    }
+
+    fn local_config(&self, _: Vec<u8>) {}
+}
+
+fn hooks() -> (Arc<dyn RegistrationHooks>, watch::Receiver<bool>) {
+    let (tx, rx) = watch::channel(false);
+    (Arc::new(Hooks { unregistered: tx }), rx)
+}
+
+fn start_connector(pki: &TestPki, edge: SocketAddr, protocol: Protocol) -> ConnectorHandle {
+    let opts = ConnectorOptions {
+        protocol,
+        edges: vec![edge.into()],
+        edge_ca_pem: Some(pki.ca_pem().as_bytes().to_vec()),
+        ha_connections: 1,
+        grace_period: GRACE,
+        backoff_base: Duration::from_millis(50),
+        ..ConnectorOptions::default()
+    };
+    let token = Token::new("account", vec![7; 32], uuid::Uuid::new_v4());
+    let service = hyper::service::service_fn(|_req| async {
+        Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"hello"))))
+    });
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = TunnelMetrics::register(&mut registry);
+    Connector::new(token, opts)
+        .unwrap()
+        .start(service, metrics)
+        .unwrap()
+}
+
+/// Starts the drain; returns when it began and the task that ends with it.
+fn drain(handle: &ConnectorHandle) -> (Instant, tokio::task::JoinHandle<()>) {
+    let started = Instant::now();
+    let handle = handle.clone();
+    (started, tokio::spawn(async move { handle.drain().await }))
+}
+
+fn late_request() -> http::request::Parts {
+    http::Request::get("https://app.example.com/late")
+        .body(())
+        .unwrap()
+        .into_parts()
+        .0
+}
+
+/// The connection closed at the end of the grace period (measured from `started`), not
+/// before, and not long after.
+fn assert_closed_after_grace(started: Instant, closed: Instant, label: &str) {
+    let held = closed - started;
+    assert!(
+        held >= GRACE,
+        "{label}: closed after {held:?}, within the grace period"
+    );
+    assert!(held < GRACE + CLOSE_SLACK, "{label}: closed after {held:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quic_requests_routed_after_the_unregistration_are_served_until_the_grace_period_ends() {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let pki = TestPki::generate().unwrap();
+        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(
+            pki.quic_server(crate::tls::provider()).unwrap(),
+        )
+        .unwrap();
+        let server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        let endpoint =
+            quinn::Endpoint::server(server, SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let handle = start_connector(&pki, endpoint.local_addr().unwrap(), Protocol::Quic);
+        let conn = endpoint.accept().await.unwrap().await.unwrap();
+        let (send, recv) = conn.accept_bi().await.unwrap();
+        let worker = LocalWorker::start("test-edge").unwrap();
+        let (hooks, mut unregistered) = hooks();
+        let stream = RpcStream {
+            reader: recv,
+            writer: send,
+        };
+        let _session = serve_registration(&worker, stream, hooks).await.unwrap();
+        handle.wait_registered(1).await;
+
+        let (started, drained) = drain(&handle);
+        unregistered.wait_for(|u| *u).await.unwrap();
+        tokio::time::sleep(LATE).await;
+        let (mut send, mut recv) = conn.open_bi().await.expect("the connection is still open");
+        send.write_all(&encode_request_head(&late_request(), ConnectionType::Http))
+            .await
+            .unwrap();
+        send.finish().unwrap();
+        let frame = stream::read_response_frame(&mut recv).await.unwrap();
+        let head = match decode_response_head(&Bytes::from(frame)).unwrap().unwrap() {
+            ConnectOutcome::Head(head) => head,
+            ConnectOutcome::Refused(e) => panic!("refused: {e}"),
+        };
+        assert_eq!(head.status(), StatusCode::OK);
+        assert_eq!(recv.read_to_end(1024).await.unwrap(), b"hello");
+
+        // Idle from here on; held open until the grace period ends, then closed with code 0.
+        let reason = conn.closed().await;
+        assert_closed_after_grace(started, Instant::now(), "quic");
+        assert!(
+            matches!(&reason, quinn::ConnectionError::ApplicationClosed(c) if c.error_code == quinn::VarInt::from_u32(0)),
+            "{reason:?}"
+        );
+        drained.await.unwrap();
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_requests_routed_after_the_unregistration_are_served_until_the_grace_period_ends() {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let pki = TestPki::generate().unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let handle = start_connector(&pki, listener.local_addr().unwrap(), Protocol::Http2);
+        let (tcp, _) = listener.accept().await.unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(
+            pki.tcp_server(crate::tls::provider()).unwrap(),
+        ));
+        let tls = acceptor.accept(tcp).await.unwrap();
+        // The edge is the HTTP/2 client.
+        let (send_request, connection) = h2::client::handshake(tls).await.unwrap();
+        let (closed_tx, closed_rx) = oneshot::channel();
+        tokio::spawn(async move {
+            let _ = connection.await;
+            let _ = closed_tx.send(Instant::now());
+        });
+        let control = http::Request::get("https://h2.cftunnel.com/")
+            .header(crate::stream::headers::CONNECTION_UPGRADE, "control-stream")
+            .body(())
+            .unwrap();
+        let (resp, send) = send_request
+            .clone()
+            .ready()
+            .await
+            .unwrap()
+            .send_request(control, false)
+            .unwrap();
+        let resp = resp.await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let worker = LocalWorker::start("test-edge").unwrap();
+        let (hooks, mut unregistered) = hooks();
+        let stream = RpcStream {
+            reader: H2Reader::new(resp.into_body()),
+            writer: H2Writer::new(send),
+        };
+        let _session = serve_registration(&worker, stream, hooks).await.unwrap();
+        handle.wait_registered(1).await;
+
+        let (started, drained) = drain(&handle);
+        unregistered.wait_for(|u| *u).await.unwrap();
+        tokio::time::sleep(LATE).await;
+        let (parts, ()) = http::Request::get("https://app.example.com/late")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let (resp, _) = send_request
+            .clone()
+            .ready()
+            .await
+            .expect("the connection is still open")
+            .send_request(http::Request::from_parts(parts, ()), true)
+            .unwrap();
+        let resp = resp.await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let mut body = resp.into_body();
+        let mut got = Vec::new();
+        while let Some(chunk) = body.data().await {
+            got.extend_from_slice(&chunk.unwrap());
+        }
+        assert_eq!(got, b"hello");
+
+        // Idle from here on; held open until the grace period ends, then closed.
+        let closed = closed_rx.await.unwrap();
+        assert_closed_after_grace(started, closed, "http2");
+        drained.await.unwrap();
+    })
+    .await
+    .expect("test finished in time");
+}
