@@ -149,6 +149,7 @@ fn lower(hostnames: Option<&[String]>) -> Vec<String> {
 pub(super) struct ListenerAttachment {
     /// Position of the listener in its Gateway's `listeners`.
     index: usize,
+    name: String,
     /// The hosts the route serves through this listener.
     hosts: Hosts,
     /// The port a `RequestRedirect` that sets neither scheme nor port carries (see
@@ -176,13 +177,51 @@ pub(super) struct ParentBinding {
 #[derive(Debug)]
 pub(super) struct Accepted {
     pub(super) plane: PlaneKey,
-    /// The listeners the route is attached to.
-    pub(super) listeners: Vec<ListenerKey>,
+    /// The listeners the route is attached to, with the hosts it serves through each.
+    pub(super) listeners: Vec<(ListenerKey, Hosts)>,
     /// What the route serves on `plane` through them.
     pub(super) attachment: Attachment,
 }
 
 impl ParentBinding {
+    /// Leaves out the listeners where a route of the other kind with intersecting hostnames
+    /// is already accepted; with none left, the route is refused on this parent. Routes are
+    /// bound in precedence order (oldest, then `{namespace}/{name}`), so the route holding a
+    /// listener first is the one the spec accepts. A route keeps the listeners of this
+    /// parentRef that are free of such a conflict.
+    pub(super) fn yield_to_other_kind(&mut self, kind: RouteKind, claims: &ListenerClaims) {
+        let gateway = &self.gateway;
+        let Ok((_, attached)) = &mut self.outcome else {
+            return;
+        };
+        let mut conflicts = Vec::new();
+        attached.retain(|l| {
+            let key = ListenerKey {
+                gateway: gateway.clone(),
+                index: l.index,
+            };
+            match claims.holder(&key, kind, &l.hosts) {
+                Some(holder) => {
+                    conflicts.push(format!(
+                        "on listener {} its hostnames intersect those of {holder}",
+                        l.name
+                    ));
+                    false
+                }
+                None => true,
+            }
+        });
+        if attached.is_empty() {
+            self.outcome = Err((
+                Reason::HostnameConflict,
+                format!(
+                    "{}, which takes precedence (older, or first by namespace/name); HTTPRoutes and GRPCRoutes are not merged on a listener",
+                    conflicts.join("; ")
+                ),
+            ));
+        }
+    }
+
     /// The route's status towards this parent and, when it is accepted there, where.
     pub(super) fn into_status(
         self,
@@ -219,14 +258,15 @@ impl ParentBinding {
                 let mut listeners = Vec::with_capacity(attached.len());
                 for l in attached {
                     attachment.redirect_ports.insert(l.redirect_port);
-                    match l.hosts {
+                    match &l.hosts {
                         Hosts::Any => attachment.any_host = true,
-                        Hosts::Some(list) => attachment.hostnames.extend(list),
+                        Hosts::Some(list) => attachment.hostnames.extend(list.iter().cloned()),
                     }
-                    listeners.push(ListenerKey {
+                    let key = ListenerKey {
                         gateway: self.gateway.clone(),
                         index: l.index,
-                    });
+                    };
+                    listeners.push((key, l.hosts));
                 }
                 accepted = Some(Accepted {
                     plane,
@@ -250,6 +290,43 @@ impl ParentBinding {
             conditions,
         };
         (status, accepted)
+    }
+}
+
+/// The routes accepted so far on each listener, with the hosts they serve there: Gateway API
+/// requires an HTTPRoute and a GRPCRoute whose hostnames intersect on one listener not to be
+/// merged; exactly one of them is accepted.
+#[derive(Debug, Default)]
+pub(super) struct ListenerClaims {
+    claims: BTreeMap<ListenerKey, Vec<(RouteKey, Hosts)>>,
+}
+
+impl ListenerClaims {
+    /// A route of the other kind than `kind` accepted on `listener` whose hosts there
+    /// intersect `hosts`.
+    fn holder(&self, listener: &ListenerKey, kind: RouteKind, hosts: &Hosts) -> Option<&RouteKey> {
+        self.claims
+            .get(listener)?
+            .iter()
+            .find(|(route, held)| route.kind != kind && hosts_intersect(held, hosts))
+            .map(|(route, _)| route)
+    }
+
+    pub(super) fn claim(&mut self, route: &RouteKey, listener: ListenerKey, hosts: Hosts) {
+        self.claims
+            .entry(listener)
+            .or_default()
+            .push((route.clone(), hosts));
+    }
+}
+
+fn hosts_intersect(a: &Hosts, b: &Hosts) -> bool {
+    match (a, b) {
+        (Hosts::Any, Hosts::Any) => true,
+        (Hosts::Any, Hosts::Some(list)) | (Hosts::Some(list), Hosts::Any) => !list.is_empty(),
+        (Hosts::Some(a), Hosts::Some(b)) => a
+            .iter()
+            .any(|x| b.iter().any(|y| intersect_one(x, y).is_some())),
     }
 }
 
@@ -354,6 +431,7 @@ fn attach(
             };
             attached.push(ListenerAttachment {
                 index: i,
+                name: l.name.to_owned(),
                 hosts,
                 redirect_port,
             });

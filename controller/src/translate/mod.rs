@@ -233,6 +233,7 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
 
     let mut rules_by_plane: BTreeMap<PlaneKey, Vec<cftunnel_config::Rule>> = BTreeMap::new();
     let mut seen_rules: BTreeMap<PlaneKey, BTreeSet<String>> = BTreeMap::new();
+    let mut claims = binding::ListenerClaims::default();
     for route in &routes {
         let bound = binding::bind(route, &gateways, &index);
         if bound.is_empty() {
@@ -242,12 +243,14 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
             binding::RouteSource::Http(r) => http_route::translate_rules(route, r, &index, options),
             binding::RouteSource::Grpc(r) => grpc_route::translate_rules(route, r, &index, options),
         };
+        let route_key = route.key();
         let mut parents = Vec::with_capacity(bound.len());
         let mut planes: BTreeMap<PlaneKey, Attachment> = BTreeMap::new();
         // Gateway API attachedRoutes: each route once per listener, and only where accepted,
         // however many of its parentRefs select that listener.
         let mut listeners = BTreeSet::new();
-        for parent in bound {
+        for mut parent in bound {
+            parent.yield_to_other_kind(route.kind, &claims);
             let (mut status, accepted) = parent.into_status(&translated, route.generation);
             let gateway = ObjectKey::new(&status.parent_ref.namespace, &status.parent_ref.name);
             let Some(accepted) = accepted else {
@@ -264,7 +267,10 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
                 ));
             }
             parents.push(status);
-            listeners.extend(accepted.listeners);
+            for (listener, hosts) in accepted.listeners {
+                claims.claim(&route_key, listener.clone(), hosts);
+                listeners.insert(listener);
+            }
             planes
                 .entry(accepted.plane)
                 .or_default()
@@ -278,7 +284,7 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
                 l.attached_routes += 1;
             }
         }
-        statuses.routes.insert(route.key(), parents);
+        statuses.routes.insert(route_key, parents);
         // Only accepted parents contribute planes.
         for (plane, attachment) in planes {
             // Every hostname of the route belongs to more specific listeners there.

@@ -48,6 +48,9 @@ pub enum Reason {
     UnsupportedProtocol,
     InvalidRouteKinds,
     NoConflicts,
+    /// A listener's hostname conflicts with another listener's; on a route parent, the route
+    /// lost a listener to a route of the other kind (HTTPRoute, GRPCRoute) with intersecting
+    /// hostnames. The spec defines no route reason for that case.
     HostnameConflict,
     ProtocolConflict,
     NoMatchingParent,

@@ -153,6 +153,44 @@ fn http_route(ns: &str, name: &str, body: &str) -> String {
     )
 }
 
+fn grpc_route(ns: &str, name: &str, body: &str) -> String {
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n{body}\n---\n"
+    )
+}
+
+/// `manifest` (one object) with a creation timestamp.
+fn created(manifest: String, ns: &str, at: &str) -> String {
+    manifest.replace(
+        &format!("namespace: {ns}}}"),
+        &format!("namespace: {ns}, creationTimestamp: \"{at}\"}}"),
+    )
+}
+
+fn parent_statuses<'a>(
+    out: &'a Output,
+    kind: RouteKind,
+    ns: &str,
+    name: &str,
+) -> &'a [RouteParentStatus] {
+    out.statuses
+        .routes
+        .get(&RouteKey {
+            kind,
+            key: ObjectKey::new(ns, name),
+        })
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
+fn accepted(out: &Output, kind: RouteKind, ns: &str, name: &str) -> (bool, Reason) {
+    let c = parent_statuses(out, kind, ns, name)
+        .first()
+        .and_then(|p| p.condition(ConditionType::Accepted))
+        .expect("Accepted condition present");
+    (c.status, c.reason)
+}
+
 fn backend(url: &str, weight: u32) -> Backend {
     Backend {
         url: url.to_owned(),
@@ -1326,6 +1364,102 @@ spec:
             .map(|c| c.status),
         Some(true)
     );
+}
+
+#[test]
+fn an_http_route_and_a_grpc_route_with_intersecting_hostnames_on_one_listener_are_not_merged() {
+    let http = |name: &str, hosts: &str, at: &str| {
+        created(
+            http_route(
+                "web",
+                name,
+                &format!("  parentRefs: [{{name: open, namespace: infra}}]\n  hostnames: {hosts}\n  rules: [{{matches: [{{path: {{value: /{name}}}}}]}}]"),
+            ),
+            "web",
+            at,
+        )
+    };
+    let grpc = |name: &str, hosts: &str, at: &str| {
+        created(
+            grpc_route(
+                "web",
+                name,
+                &format!("  parentRefs: [{{name: open, namespace: infra}}]\n  hostnames: {hosts}\n  rules: [{{matches: [{{method: {{service: {name}.Svc}}}}]}}]"),
+            ),
+            "web",
+            at,
+        )
+    };
+    let attached = |out: &Output| {
+        out.statuses.gateways[&ObjectKey::new("infra", "open")].listeners[0].attached_routes
+    };
+    let served = |out: &Output| {
+        let mut names: Vec<String> = route_rules(out)
+            .iter()
+            .filter_map(|r| r.name.clone())
+            .collect();
+        names.sort();
+        names
+    };
+
+    // The older HTTPRoute holds a.example.com; the GRPCRoute's wildcard covers it. A GRPCRoute
+    // on other hostnames is not affected.
+    let out = run(&format!(
+        "{OPEN_GATEWAY}{}{}{}",
+        http("site", "[a.example.com]", "2026-01-01T00:00:00Z"),
+        grpc("api", "[\"*.example.com\"]", "2026-01-02T00:00:00Z"),
+        grpc("other", "[b.example.net]", "2026-01-02T00:00:00Z"),
+    ));
+    assert_eq!(
+        accepted(&out, RouteKind::Http, "web", "site"),
+        (true, Reason::Accepted)
+    );
+    assert_eq!(
+        accepted(&out, RouteKind::Grpc, "web", "api"),
+        (false, Reason::HostnameConflict)
+    );
+    let message = &parent_statuses(&out, RouteKind::Grpc, "web", "api")[0].conditions[0].message;
+    assert!(message.contains("HTTPRoute web/site"), "{message}");
+    assert_eq!(
+        accepted(&out, RouteKind::Grpc, "web", "other"),
+        (true, Reason::Accepted)
+    );
+    assert_eq!(attached(&out), 2);
+    assert_eq!(served(&out), vec!["web/other/0", "web/site/0"]);
+
+    // The older GRPCRoute wins; an HTTPRoute without hostnames intersects every hostname.
+    let out = run(&format!(
+        "{OPEN_GATEWAY}{}{}",
+        http("site", "[]", "2026-01-02T00:00:00Z"),
+        grpc("api", "[api.example.com]", "2026-01-01T00:00:00Z"),
+    ));
+    assert_eq!(
+        accepted(&out, RouteKind::Http, "web", "site"),
+        (false, Reason::HostnameConflict)
+    );
+    assert_eq!(
+        accepted(&out, RouteKind::Grpc, "web", "api"),
+        (true, Reason::Accepted)
+    );
+    assert_eq!(attached(&out), 1);
+    assert_eq!(served(&out), vec!["web/api/0"]);
+    assert!(shared(&out).has_grpc_route);
+
+    // Equally old: the first by namespace/name wins.
+    let out = run(&format!(
+        "{OPEN_GATEWAY}{}{}",
+        http("b-site", "[a.example.com]", "2026-01-01T00:00:00Z"),
+        grpc("a-api", "[a.example.com]", "2026-01-01T00:00:00Z"),
+    ));
+    assert_eq!(
+        accepted(&out, RouteKind::Http, "web", "b-site"),
+        (false, Reason::HostnameConflict)
+    );
+    assert_eq!(
+        accepted(&out, RouteKind::Grpc, "web", "a-api"),
+        (true, Reason::Accepted)
+    );
+    assert_eq!(served(&out), vec!["web/a-api/0"]);
 }
 
 #[test]
