@@ -226,14 +226,13 @@ impl Shared {
         *self.state.borrow()
     }
 
+    /// `ClientInfo.arch` for this build (see [`go_arch`]).
     pub(crate) fn arch() -> String {
-        let arch = match std::env::consts::ARCH {
-            "x86_64" => "amd64",
-            "aarch64" => "arm64",
-            "x86" => "386",
-            other => other,
-        };
-        format!("{}_{}", std::env::consts::OS, arch)
+        go_arch(
+            std::env::consts::OS,
+            std::env::consts::ARCH,
+            cfg!(target_endian = "little"),
+        )
     }
 
     /// `ClientInfo.features` for these options.
@@ -244,6 +243,30 @@ impl Shared {
         }
         features
     }
+}
+
+/// `ClientInfo.arch` as `cloudflared` sends it: Go's `GOOS_GOARCH` (`linux_amd64`,
+/// `darwin_arm64`, ...), from Rust's target OS and architecture names and the byte order
+/// (Go names little-endian MIPS and POWER variants apart). Names Go has no other
+/// spelling for pass through.
+fn go_arch(os: &str, arch: &str, little_endian: bool) -> String {
+    let os = match os {
+        "macos" => "darwin",
+        other => other,
+    };
+    let arch = match (arch, little_endian) {
+        ("x86_64", _) => "amd64",
+        ("x86", _) => "386",
+        ("aarch64", _) => "arm64",
+        ("loongarch64", _) => "loong64",
+        ("powerpc64", true) => "ppc64le",
+        ("powerpc64", false) => "ppc64",
+        ("mips", true) => "mipsle",
+        ("mips64", true) => "mips64le",
+        ("wasm32", _) => "wasm",
+        (other, _) => other,
+    };
+    format!("{os}_{arch}")
 }
 
 /// Counts one registered connection until dropped.
@@ -871,6 +894,35 @@ mod tests {
         let (found, asked) = fallback(Some("fed")).await;
         assert!(found.is_empty());
         assert!(asked.is_empty(), "looked up {asked:?}");
+    }
+
+    #[test]
+    fn arch_is_named_as_go_names_it() {
+        let cases = [
+            ("linux", "x86_64", true, "linux_amd64"),
+            ("linux", "x86", true, "linux_386"),
+            ("linux", "aarch64", true, "linux_arm64"),
+            ("linux", "arm", true, "linux_arm"),
+            ("linux", "riscv64", true, "linux_riscv64"),
+            ("linux", "s390x", false, "linux_s390x"),
+            ("linux", "loongarch64", true, "linux_loong64"),
+            ("linux", "powerpc64", true, "linux_ppc64le"),
+            ("linux", "powerpc64", false, "linux_ppc64"),
+            ("linux", "mips", false, "linux_mips"),
+            ("linux", "mips", true, "linux_mipsle"),
+            ("linux", "mips64", false, "linux_mips64"),
+            ("linux", "mips64", true, "linux_mips64le"),
+            ("macos", "aarch64", true, "darwin_arm64"),
+            ("macos", "x86_64", true, "darwin_amd64"),
+            ("windows", "x86_64", true, "windows_amd64"),
+            ("freebsd", "x86_64", true, "freebsd_amd64"),
+            ("illumos", "x86_64", true, "illumos_amd64"),
+        ];
+        for (os, arch, little, expected) in cases {
+            assert_eq!(go_arch(os, arch, little), expected, "{os} {arch}");
+        }
+        #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+        assert_eq!(Shared::arch(), "linux_amd64");
     }
 
     #[test]

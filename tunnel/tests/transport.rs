@@ -35,6 +35,13 @@ async fn serves_requests(protocol: Protocol) {
     );
     assert_eq!(records[0].version, cftunnel_tunnel::DEFAULT_CLIENT_VERSION);
     assert!(records[0].arch.contains('_'), "{}", records[0].arch);
+    // Go's GOOS_GOARCH, as `cloudflared` sends it.
+    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+    assert_eq!(records[0].arch, "linux_amd64");
+    #[cfg(all(target_os = "linux", target_arch = "aarch64"))]
+    assert_eq!(records[0].arch, "linux_arm64");
+    #[cfg(all(target_os = "macos", target_arch = "aarch64"))]
+    assert_eq!(records[0].arch, "darwin_arm64");
     assert_eq!(records[0].num_previous_attempts, 0);
     let mut idx: Vec<u8> = records.iter().map(|r| r.conn_index).collect();
     idx.sort();
