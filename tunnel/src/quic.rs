@@ -173,7 +173,12 @@ async fn serve(
     conn: &quinn::Connection,
     attempt: u8,
 ) -> Result<Ended, ConnError> {
-    let (send, recv) = conn.open_bi().await.map_err(ConnError::control_stream)?;
+    // Opening waits for stream credit from the edge; one that grants none would hold the
+    // attempt forever, so opening is bounded as the registration call is.
+    let (send, recv) = tokio::time::timeout(shared.opts.rpc_timeout, conn.open_bi())
+        .await
+        .map_err(|_| ConnError::control_stream("the edge allowed no control stream in time"))?
+        .map_err(ConnError::control_stream)?;
     // Over QUIC `cloudflared` reports the edge's address as `originLocalIp`.
     let params = register_params(shared, idx, addr.ip(), attempt);
     let (session, outcome) = control::register(
@@ -566,5 +571,65 @@ mod tests {
     #[test]
     fn the_edge_may_send_quic_gos_largest_payload() {
         assert_eq!(endpoint_config().get_max_udp_payload_size(), 1452);
+    }
+
+    /// An edge that completes the handshake but grants no bidirectional stream cannot hold
+    /// the attempt: opening the control stream gives up after the RPC timeout, and the
+    /// connection dials again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_edge_that_grants_no_control_stream_is_dialed_again() {
+        use crate::{Connector, Protocol, Token, TunnelMetrics};
+        use http_body_util::Empty;
+        use std::convert::Infallible;
+        tokio::time::timeout(Duration::from_secs(20), async {
+            let pki = crate::tls::TestPki::generate().unwrap();
+            let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(
+                pki.quic_server(crate::tls::provider()).unwrap(),
+            )
+            .unwrap();
+            let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+            let mut transport = quinn::TransportConfig::default();
+            transport.max_concurrent_bidi_streams(VarInt::from_u32(0));
+            server.transport_config(Arc::new(transport));
+            let endpoint =
+                quinn::Endpoint::server(server, SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+            let rpc_timeout = Duration::from_millis(500);
+            let opts = ConnectorOptions {
+                protocol: Protocol::Quic,
+                edges: vec![endpoint.local_addr().unwrap().into()],
+                edge_ca_pem: Some(pki.ca_pem().as_bytes().to_vec()),
+                ha_connections: 1,
+                rpc_timeout,
+                backoff_base: Duration::from_millis(10),
+                ..ConnectorOptions::default()
+            };
+            let token = Token::new("account", vec![7; 32], uuid::Uuid::new_v4());
+            let service = hyper::service::service_fn(|_req| async {
+                Ok::<_, Infallible>(http::Response::new(Empty::<Bytes>::new()))
+            });
+            let mut registry = prometheus_client::registry::Registry::default();
+            let handle = Connector::new(token, opts)
+                .unwrap()
+                .start(service, TunnelMetrics::register(&mut registry))
+                .unwrap();
+            let first = endpoint.accept().await.unwrap().await.unwrap();
+            let accepted = tokio::time::Instant::now();
+            // The first connection stays up (keep-alives are answered) and never gets a stream.
+            let again = tokio::time::timeout(Duration::from_secs(5), endpoint.accept())
+                .await
+                .expect("the connection is dialed again");
+            assert!(again.is_some());
+            let waited = accepted.elapsed();
+            assert!(waited >= rpc_timeout, "gave up after {waited:?}");
+            let reason = first.close_reason();
+            assert!(
+                matches!(&reason, Some(quinn::ConnectionError::ApplicationClosed(c)) if c.error_code == VarInt::from_u32(0)),
+                "the attempt ended with a close: {reason:?}"
+            );
+            assert_eq!(handle.registered(), 0);
+            drop(handle);
+        })
+        .await
+        .expect("test finished in time");
     }
 }
