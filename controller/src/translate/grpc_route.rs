@@ -1,18 +1,50 @@
 //! GRPCRoute rules to config rules: `service`/`method` matches become path matches on
 //! `/<service>/<method>`, header matches and filters carry over, backends speak h2c.
+//!
+//! # Precedence
+//!
+//! Gateway API ranks GRPCRoute matches of one hostname by the characters of a matching
+//! service, then of a matching method, then the number of header matches; then the oldest
+//! route, the first route by `{namespace}/{name}`, and the first rule and match. The proxy
+//! ranks Exact paths, then the longest prefix, then regular expressions, and within each
+//! (having no method or query matches to compare for gRPC) the number of header matches, then
+//! document order. So matches become:
+//!
+//! * service and method, Exact: the Exact path `/S/M`;
+//! * service alone, Exact: the prefix `/S` (only `/S/...` paths share it);
+//! * method alone, or either part a RegularExpression: a regular expression;
+//! * no method match (headers only, or a rule without matches): the regular expression `.*`,
+//!   so it ranks below a method match instead of above it as the prefix `/` would.
+//!
+//! Each rule is split into one config rule per match, and the GRPCRoute rules of a document
+//! are put in spec order ([`order`]), so the proxy's document-order tie-break follows the
+//! spec. A RegularExpression part counts the characters of its pattern. What the proxy can
+//! still order differently:
+//!
+//! * an Exact `/S/M` or a service-alone match outranks every regular-expression match, even a
+//!   RegularExpression match that its pattern lengths would rank higher;
+//! * among regular-expression matches the proxy compares header-match counts before document
+//!   order, so a match with more header matches outranks one with more service or method
+//!   characters (a headers-only match with one header beats a method-alone match without
+//!   headers, where the spec prefers the method match).
+//!
+//! Matches of equal header-match counts, and all Exact and service-alone matches among
+//! themselves, follow the spec.
 
 use std::borrow::Cow;
+use std::cmp::Reverse;
 
-use cftunnel_config::{BackendProtocol, Match, PathMatch, PathMatchType};
+use cftunnel_config::{BackendProtocol, Match, PathMatch, PathMatchType, Rule};
 use gateway_api::experimental::grpcroutes::{
-    GrpcRoute, GrpcRouteRulesMatches, GrpcRouteRulesMatchesHeadersType,
+    GrpcRoute, GrpcRouteRules, GrpcRouteRulesMatches, GrpcRouteRulesMatchesHeadersType,
     GrpcRouteRulesMatchesMethodType,
 };
 use gateway_api::experimental::httproutes::HttpRouteRules;
 
 use super::binding::RouteView;
 use super::http_route::{
-    check_regex, header_matches, reshape, translate_all, RouteContext, RuleError, TranslatedRoute,
+    check_regex, header_matches, reshape, translate_all, RouteContext, RuleError, RuleTemplate,
+    TranslatedRoute,
 };
 use super::{Index, Options};
 
@@ -27,14 +59,19 @@ pub(super) fn translate_rules(
         index,
         options,
     };
-    translate_all(
+    let rules = grpc.spec.rules.as_deref().unwrap_or_default();
+    let mut out = translate_all(
         &ctx,
-        grpc.spec.rules.as_deref().unwrap_or_default(),
+        rules,
         Some(BackendProtocol::H2c),
         |rule, field| {
-            rule.matches
+            let matches = rule.matches.as_deref().unwrap_or_default();
+            if matches.is_empty() {
+                // Gateway API: a rule without matches matches every gRPC request.
+                return Ok(vec![match_any()]);
+            }
+            matches
                 .iter()
-                .flatten()
                 .enumerate()
                 .map(|(j, m)| convert_match(m, &format!("{field}.matches[{j}]")))
                 .collect()
@@ -45,17 +82,125 @@ pub(super) fn translate_rules(
             shared.matches = None;
             reshape::<_, HttpRouteRules>(&shared, field).map(Cow::Owned)
         },
-    )
+    );
+    out.rules = std::mem::take(&mut out.rules)
+        .into_iter()
+        .flat_map(|template| split(template, rules))
+        .collect();
+    out
+}
+
+/// Where a GRPCRoute match ranks among the matches of other rules for the same hostname.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MatchRank {
+    /// Characters of the service (pattern) the match names; 0 without one.
+    service: usize,
+    /// Characters of the method (pattern) the match names; 0 without one.
+    method: usize,
+    headers: usize,
+    /// Position of the rule in the route, and of the match in the rule.
+    rule: usize,
+    matched: usize,
+}
+
+impl MatchRank {
+    fn of(m: Option<&GrpcRouteRulesMatches>, rule: usize, matched: usize) -> Self {
+        let method = m.and_then(|m| m.method.as_ref());
+        let chars = |s: Option<&String>| s.map_or(0, String::len);
+        Self {
+            service: chars(method.and_then(|m| m.service.as_ref())),
+            method: chars(method.and_then(|m| m.method.as_ref())),
+            headers: m.and_then(|m| m.headers.as_ref()).map_or(0, Vec::len),
+            rule,
+            matched,
+        }
+    }
+
+    /// The document position key of the match, for a route at `route` in route precedence
+    /// order: smaller comes first.
+    pub(super) fn placement(self, route: usize) -> Placement {
+        (
+            Reverse(self.service),
+            Reverse(self.method),
+            Reverse(self.headers),
+            route,
+            self.rule,
+            self.matched,
+        )
+    }
+}
+
+/// See [`MatchRank::placement`].
+pub(super) type Placement = (
+    Reverse<usize>,
+    Reverse<usize>,
+    Reverse<usize>,
+    usize,
+    usize,
+    usize,
+);
+
+/// One template per match of a translated GRPCRoute rule, each ranked by its match.
+fn split(template: RuleTemplate, rules: &[GrpcRouteRules]) -> Vec<RuleTemplate> {
+    let spec = rules
+        .get(template.index)
+        .and_then(|r| r.matches.as_deref())
+        .unwrap_or_default();
+    let RuleTemplate { rule, index, .. } = template;
+    rule.matches
+        .iter()
+        .enumerate()
+        .map(|(j, m)| RuleTemplate {
+            rule: Rule {
+                matches: vec![m.clone()],
+                ..rule.clone()
+            },
+            index,
+            grpc: Some(MatchRank::of(spec.get(j), index, j)),
+        })
+        .collect()
+}
+
+/// The rules of a document in the order to push them: GRPCRoute rules (those with a
+/// placement) sorted by it, in the places GRPCRoute rules hold; every other rule stays where
+/// it is.
+pub(super) fn order(rules: Vec<(Option<Placement>, Rule)>) -> Vec<Rule> {
+    let mut grpc: Vec<(Placement, usize)> = rules
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (placement, _))| placement.map(|p| (p, i)))
+        .collect();
+    let slots: Vec<usize> = grpc.iter().map(|(_, i)| *i).collect();
+    grpc.sort();
+    let mut taken: Vec<Option<Rule>> = rules.into_iter().map(|(_, r)| Some(r)).collect();
+    let mut out: Vec<Option<Rule>> = vec![None; taken.len()];
+    for (slot, (_, from)) in slots.into_iter().zip(grpc) {
+        out[slot] = taken[from].take();
+    }
+    out.into_iter()
+        .zip(taken)
+        .filter_map(|(sorted, kept)| sorted.or(kept))
+        .collect()
+}
+
+/// The path match of a GRPCRoute match without a method: every request, ranked after the
+/// matches that name a service or method.
+fn match_any() -> Match {
+    Match {
+        path: Some(PathMatch {
+            kind: PathMatchType::RegularExpression,
+            value: ".*".to_owned(),
+        }),
+        ..Match::default()
+    }
 }
 
 /// A gRPC method match as a path match: Exact `/S/M`, `PathPrefix /S` for a service alone,
-/// and a regular expression when either part is a regex or the service is omitted.
+/// and a regular expression when either part is a regex or the service is omitted; without
+/// a method match, [`match_any`].
 fn convert_match(m: &GrpcRouteRulesMatches, field: &str) -> Result<Match, RuleError> {
     let path = match &m.method {
-        None => PathMatch {
-            kind: PathMatchType::PathPrefix,
-            value: "/".to_owned(),
-        },
+        None => match_any().path,
         Some(method) => {
             let mfield = format!("{field}.method");
             let service = method.service.as_deref().filter(|s| !s.is_empty());
@@ -64,7 +209,7 @@ fn convert_match(m: &GrpcRouteRulesMatches, field: &str) -> Result<Match, RuleEr
                 method.r#type,
                 Some(GrpcRouteRulesMatchesMethodType::RegularExpression)
             );
-            match (regex, service, name) {
+            Some(match (regex, service, name) {
                 (_, None, None) => {
                     return Err(RuleError::UnsupportedValue {
                         field: mfield,
@@ -98,7 +243,7 @@ fn convert_match(m: &GrpcRouteRulesMatches, field: &str) -> Result<Match, RuleEr
                         value,
                     }
                 }
-            }
+            })
         }
     };
     let headers = header_matches(
@@ -115,7 +260,7 @@ fn convert_match(m: &GrpcRouteRulesMatches, field: &str) -> Result<Match, RuleEr
         field,
     )?;
     Ok(Match {
-        path: Some(path),
+        path,
         headers,
         ..Match::default()
     })

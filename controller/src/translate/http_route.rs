@@ -50,7 +50,12 @@ impl RuleError {
 /// ports are filled per attachment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RuleTemplate {
-    rule: Rule,
+    pub(super) rule: Rule,
+    /// Position of the rule in the route's `spec.rules`.
+    pub(super) index: usize,
+    /// Set for GRPCRoute rules, which hold one match each: where the match ranks in the
+    /// GRPCRoute precedence order (see [`super::grpc_route`]).
+    pub(super) grpc: Option<super::grpc_route::MatchRank>,
 }
 
 impl RuleTemplate {
@@ -181,7 +186,11 @@ pub(super) fn translate_all<'r, R>(
             translate_rule(ctx, i, &http, m, protocol, &field, &mut out.ref_errors)
         });
         match translated {
-            Ok(rule) => out.rules.push(RuleTemplate { rule }),
+            Ok(rule) => out.rules.push(RuleTemplate {
+                rule,
+                index: i,
+                grpc: None,
+            }),
             Err(e) => out.dropped.push(e),
         }
     }

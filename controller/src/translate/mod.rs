@@ -231,10 +231,14 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
     let mut routes = binding::collect_routes(snapshot);
     routes.sort_by(|a, b| a.precedence_cmp(b));
 
-    let mut rules_by_plane: BTreeMap<PlaneKey, Vec<cftunnel_config::Rule>> = BTreeMap::new();
+    // Each rule with its placement when it comes from a GRPCRoute (see `grpc_route::order`).
+    let mut rules_by_plane: BTreeMap<
+        PlaneKey,
+        Vec<(Option<grpc_route::Placement>, cftunnel_config::Rule)>,
+    > = BTreeMap::new();
     let mut seen_rules: BTreeMap<PlaneKey, BTreeSet<String>> = BTreeMap::new();
     let mut claims = binding::ListenerClaims::default();
-    for route in &routes {
+    for (position, route) in routes.iter().enumerate() {
         let bound = binding::bind(route, &gateways, &index);
         if bound.is_empty() {
             continue;
@@ -296,11 +300,11 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
             for target in tunnels.planes_with(&plane) {
                 let out = rules_by_plane.entry(target.clone()).or_default();
                 let seen = seen_rules.entry(target.clone()).or_default();
-                for rule in &translated.rules {
-                    let rule = rule.for_attachment(&attachment);
+                for template in &translated.rules {
+                    let rule = template.for_attachment(&attachment);
                     // A route on two Gateways of one tunnel must not repeat its rules.
                     if seen.insert(serde_json::to_string(&rule).unwrap_or_default()) {
-                        out.push(rule);
+                        out.push((template.grpc.map(|rank| rank.placement(position)), rule));
                     }
                 }
                 if route.kind == RouteKind::Grpc && !translated.rules.is_empty() {
@@ -327,7 +331,7 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
         }
     }
     for (plane, config) in &mut configs {
-        config.rules = rules_by_plane.remove(plane).unwrap_or_default();
+        config.rules = grpc_route::order(rules_by_plane.remove(plane).unwrap_or_default());
         config.rules.extend(
             isolation
                 .remove(plane)

@@ -1328,32 +1328,39 @@ spec:
 "#);
     let config = shared(&out);
     assert!(config.has_grpc_route);
-    assert_eq!(config.rules.len(), 1);
-    let rule = &config.rules[0];
-    let paths: Vec<_> = rule
-        .matches
+    // One config rule per match, in GRPCRoute precedence order: service characters, then
+    // method characters.
+    let paths: Vec<_> = config
+        .rules
         .iter()
-        .filter_map(|m| m.path.as_ref().map(|p| (p.kind, p.value.as_str())))
+        .map(|rule| {
+            assert_eq!(rule.matches.len(), 1);
+            let p = rule.matches[0].path.as_ref().expect("a path match");
+            (p.kind, p.value.as_str())
+        })
         .collect();
     assert_eq!(
         paths,
         vec![
             (PathMatchType::Exact, "/helloworld.Greeter/SayHello"),
             (PathMatchType::PathPrefix, "/helloworld.Greeter"),
-            (PathMatchType::RegularExpression, "/[^/]+/Check"),
             (
                 PathMatchType::RegularExpression,
                 "/(?:helloworld\\..*)/(?:Say.*)"
             ),
+            (PathMatchType::RegularExpression, "/[^/]+/Check"),
         ]
     );
-    assert_eq!(rule.matches[0].headers[0].name, "version");
-    assert_eq!(rule.filters[0].kind, FilterType::RequestHeaderModifier);
-    assert!(rule
-        .backends
-        .iter()
-        .all(|b| b.protocol == BackendProtocol::H2c));
-    assert_eq!(rule.hostnames, vec!["grpc.example.com".to_owned()]);
+    assert_eq!(config.rules[0].matches[0].headers[0].name, "version");
+    for rule in &config.rules {
+        assert_eq!(rule.name.as_deref(), Some("infra/g/0"));
+        assert_eq!(rule.filters[0].kind, FilterType::RequestHeaderModifier);
+        assert!(rule
+            .backends
+            .iter()
+            .all(|b| b.protocol == BackendProtocol::H2c));
+        assert_eq!(rule.hostnames, vec!["grpc.example.com".to_owned()]);
+    }
     let status = &out.statuses.routes[&RouteKey {
         kind: RouteKind::Grpc,
         key: ObjectKey::new("infra", "g"),
@@ -1364,6 +1371,163 @@ spec:
             .map(|c| c.status),
         Some(true)
     );
+}
+
+/// Which GRPCRoute rule the proxy picks for each gRPC path, given routes `(name, rules)`
+/// created one second apart in that order.
+fn grpc_picks(routes: &[(&str, &str)], paths: &[&str]) -> Vec<String> {
+    let manifests: String = routes
+        .iter()
+        .enumerate()
+        .map(|(i, (name, rules))| {
+            created(
+                grpc_route(
+                    "infra",
+                    name,
+                    &format!("  parentRefs: [{{name: gw}}]\n  hostnames: [grpc.example.com]\n  rules:\n{rules}"),
+                ),
+                "infra",
+                &format!("2026-01-01T00:00:{i:02}Z"),
+            )
+        })
+        .collect();
+    let out = run(&manifests);
+    let routes = proxy_routes(shared(&out));
+    paths
+        .iter()
+        .map(|path| {
+            proxy_pick(
+                &routes,
+                "POST",
+                "grpc.example.com",
+                path,
+                &[("content-type", "application/grpc")],
+            )
+            .and_then(|rule| rule.name.as_deref())
+            .unwrap_or("none")
+            .to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn grpc_matches_rank_by_service_then_method_characters_through_the_proxy() {
+    const BACKEND: &str = "    backendRefs: [{name: v1, port: 8081}]\n";
+    let rule = |matches: &str| format!("  - matches: {matches}\n{BACKEND}");
+    let catch_all = format!("  - {}", BACKEND.trim_start());
+
+    // A method match outranks an older rule without matches.
+    assert_eq!(
+        grpc_picks(
+            &[
+                ("catch-all", &catch_all),
+                ("method", &rule("[{method: {method: Check}}]")),
+            ],
+            &["/grpc.health.v1.Health/Check", "/x.Y/Other"]
+        ),
+        ["infra/method/0", "infra/catch-all/0"]
+    );
+    // A service match outranks an older method match.
+    assert_eq!(
+        grpc_picks(
+            &[
+                ("method", &rule("[{method: {method: Check}}]")),
+                (
+                    "service",
+                    &rule("[{method: {service: grpc.health.v1.Health}}]")
+                ),
+            ],
+            &["/grpc.health.v1.Health/Check", "/other.Svc/Check"]
+        ),
+        ["infra/service/0", "infra/method/0"]
+    );
+    // Service and method outrank an older service match.
+    assert_eq!(
+        grpc_picks(
+            &[
+                (
+                    "service",
+                    &rule("[{method: {service: grpc.health.v1.Health}}]")
+                ),
+                (
+                    "exact",
+                    &rule("[{method: {service: grpc.health.v1.Health, method: Check}}]")
+                ),
+            ],
+            &[
+                "/grpc.health.v1.Health/Check",
+                "/grpc.health.v1.Health/Watch"
+            ]
+        ),
+        ["infra/exact/0", "infra/service/0"]
+    );
+    // A RegularExpression service outranks an older method match.
+    assert_eq!(
+        grpc_picks(
+            &[
+                ("method", &rule("[{method: {method: Check}}]")),
+                (
+                    "regex",
+                    &rule(
+                        r#"[{method: {type: RegularExpression, service: "grpc\\.health\\..*"}}]"#
+                    )
+                ),
+            ],
+            &["/grpc.health.v1.Health/Check", "/other.Svc/Check"]
+        ),
+        ["infra/regex/0", "infra/method/0"]
+    );
+    // Matches rank one by one, not by the rule holding them: the older rule's `.*` method
+    // pattern (2 characters) ranks below the newer `Check` (5).
+    assert_eq!(
+        grpc_picks(
+            &[
+                (
+                    "mixed",
+                    &rule(
+                        r#"[{method: {method: Watch}}, {method: {type: RegularExpression, method: ".*"}}]"#
+                    )
+                ),
+                ("check", &rule("[{method: {method: Check}}]")),
+            ],
+            &["/a.B/Check", "/a.B/Watch", "/a.B/List"]
+        ),
+        ["infra/check/0", "infra/mixed/0", "infra/mixed/0"]
+    );
+    // Equal ranks: the older route first.
+    assert_eq!(
+        grpc_picks(
+            &[
+                ("first", &rule("[{method: {method: Check}}]")),
+                ("second", &rule("[{method: {method: Check}}]")),
+            ],
+            &["/a.B/Check"]
+        ),
+        ["infra/first/0"]
+    );
+}
+
+#[test]
+fn grpc_rules_are_sorted_within_the_places_grpc_rules_hold() {
+    use std::cmp::Reverse;
+    let named = |name: &str| Rule {
+        name: Some(name.to_owned()),
+        ..Rule::default()
+    };
+    // (service, method, headers, route, rule, match)
+    let method_only = (Reverse(0), Reverse(5), Reverse(0), 0, 0, 0);
+    let service = (Reverse(9), Reverse(0), Reverse(0), 1, 0, 0);
+    let rules = vec![
+        (None, named("http-a")),
+        (Some(method_only), named("grpc-method")),
+        (None, named("http-b")),
+        (Some(service), named("grpc-service")),
+    ];
+    let names: Vec<_> = super::grpc_route::order(rules)
+        .into_iter()
+        .filter_map(|r| r.name)
+        .collect();
+    assert_eq!(names, ["http-a", "grpc-service", "http-b", "grpc-method"]);
 }
 
 #[test]
