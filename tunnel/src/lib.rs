@@ -41,7 +41,10 @@
 //! - The URI is in absolute form (`https://host/path?query`, scheme and
 //!   authority from the edge), the `Host` header is always set to the
 //!   eyeball's host (`HttpHost` over QUIC, `:authority` over HTTP/2), and the
-//!   version is HTTP/1.1 on both transports.
+//!   version is HTTP/1.1 on both transports. Over QUIC, bytes in the path or
+//!   query that Go's URL parser takes (as `cloudflared` does) but
+//!   [`http::Uri`] does not, such as a raw space, `<`, `>` or bytes that are
+//!   not UTF-8, arrive percent-encoded; a control character is refused.
 //! - The body is a [`Body`] that streams from the edge as it is polled, so a
 //!   slow service slows the eyeball (backpressure). Over QUIC a body is only
 //!   present when the eyeball sent `Content-Length` or chunked

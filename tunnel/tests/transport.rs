@@ -421,6 +421,85 @@ async fn trailers_reach_the_edge_over_http2() {
     .expect("test finished in time");
 }
 
+/// A request `dest` with bytes Go's URL parser takes and `http::Uri` does not (raw spaces,
+/// `<`, `>`, quotes, backticks, bytes that are not UTF-8) is served with those bytes
+/// percent-encoded, as `cloudflared` serves it; one with a control character is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_urls_go_accepts_are_served() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::start().await.unwrap();
+        let handle = serving_connector(&edge, Protocol::Quic, 1).await;
+        // `@` stands for the byte 0xE9 and `~` for 0xFF, set in the encoded message:
+        // `ConnectRequest` holds a `String`.
+        let request = |dest: &str| {
+            let mut bytes = cftunnel_tunnel::stream::encode_connect_request(
+                &cftunnel_tunnel::stream::ConnectRequest {
+                    dest: dest.into(),
+                    kind: cftunnel_tunnel::stream::ConnectionType::Http,
+                    metadata: vec![cftunnel_tunnel::stream::Metadata::new("HttpMethod", "GET")],
+                },
+            );
+            let at = bytes
+                .windows(dest.len())
+                .position(|w| w == dest.as_bytes())
+                .unwrap();
+            for b in &mut bytes[at..at + dest.len()] {
+                match *b {
+                    b'@' => *b = 0xe9,
+                    b'~' => *b = 0xff,
+                    _ => {}
+                }
+            }
+            bytes
+        };
+        let cases = [
+            (
+                "https://a.example/uri/a b<c>`d?q=\"x y\"<>",
+                "https://a.example/uri/a%20b%3Cc%3E%60d?q=%22x%20y%22%3C%3E",
+            ),
+            (
+                "https://a.example/uri/{\"k\":1}|^?{|}^`",
+                "https://a.example/uri/{\"k\":1}|^?{|}^`",
+            ),
+            (
+                "https://a.example/uri/caf@?x=~",
+                "https://a.example/uri/caf%E9?x=%FF",
+            ),
+        ];
+        for (dest, expected) in cases {
+            let reply = edge.send_raw_quic_stream(&request(dest)).await.unwrap();
+            let mut rest = &reply[..];
+            let resp = cftunnel_tunnel::stream::read_response_preamble(&mut rest)
+                .await
+                .unwrap();
+            assert_eq!(resp.error, "", "{dest}");
+            assert!(
+                resp.metadata
+                    .iter()
+                    .any(|m| m.key == "HttpStatus" && m.val == "200"),
+                "{dest}: {resp:?}"
+            );
+            assert_eq!(String::from_utf8_lossy(rest), expected, "{dest}");
+        }
+        for dest in [
+            "https://a.example/uri/a\u{1}b",
+            "https://a.example/uri/a?b=\u{7f}",
+        ] {
+            let reply = edge.send_raw_quic_stream(&request(dest)).await.unwrap();
+            let resp = cftunnel_tunnel::stream::read_response_preamble(&mut &reply[..])
+                .await
+                .unwrap();
+            assert!(resp.error.contains("malformed request"), "{dest}: {resp:?}");
+        }
+        assert_eq!(handle.registered(), 1);
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_quic_streams_reset_only_that_stream() {
     trace_init();

@@ -117,7 +117,7 @@ fn too_many(_: http::header::MaxSizeReached) -> MapError {
 pub fn request_from_connect(req: &ConnectRequest) -> Result<(Request<()>, bool), MapError> {
     map_request(
         &Bytes::new(),
-        &req.dest,
+        req.dest.as_bytes(),
         req.kind,
         req.metadata
             .iter()
@@ -129,7 +129,7 @@ pub fn request_from_connect(req: &ConnectRequest) -> Result<(Request<()>, bool),
 /// can map a request straight from the received message.
 pub(super) fn map_request<'a>(
     frame: &Bytes,
-    dest: &str,
+    dest: &[u8],
     kind: ConnectionType,
     metadata: impl Iterator<Item = Result<(&'a [u8], &'a [u8]), MapError>>,
 ) -> Result<(Request<()>, bool), MapError> {
@@ -172,7 +172,7 @@ pub(super) fn map_request<'a>(
             headers.try_append(name, value).map_err(too_many)?;
         }
     }
-    let dest: Uri = dest.parse().map_err(|_| MapError::Dest)?;
+    let dest = parse_dest(dest)?;
     // Entries are text, so the host is too.
     let host = host
         .and_then(|h| std::str::from_utf8(h).ok())
@@ -219,6 +219,90 @@ pub(super) fn map_request<'a>(
     Ok((req, has_body))
 }
 
+/// `dest` as a URI. `cloudflared` builds the request with Go's URL parser, which takes bytes
+/// in a path or query that [`Uri`] refuses: a space, `<`, `>` and a backtick in the path, a
+/// space, `"`, `<` and `>` in the query, and bytes that are not UTF-8. Those bytes are
+/// percent-encoded first, as Go writes such a path to the origin; the rest of the URL is
+/// kept as it came (a fragment, which the request does not carry, is dropped). Control
+/// characters are refused, as Go refuses them ("invalid control character in URL"). Only a
+/// `dest` that needs encoding is copied.
+fn parse_dest(dest: &[u8]) -> Result<Uri, MapError> {
+    if dest.iter().any(|&b| b < 0x20 || b == 0x7f) {
+        return Err(MapError::Dest);
+    }
+    let start = target_start(dest);
+    let end = dest[start..]
+        .iter()
+        .position(|&b| b == b'#')
+        .map_or(dest.len(), |i| start + i);
+    let target = &dest[start..end];
+    if let Ok(dest) = std::str::from_utf8(dest) {
+        if !target
+            .iter()
+            .scan(false, in_query)
+            .any(|(b, q)| escaped(b, q))
+        {
+            return dest.parse().map_err(|_| MapError::Dest);
+        }
+    }
+    let mut out = Vec::with_capacity(end + 32);
+    out.extend_from_slice(&dest[..start]);
+    let mut query = false;
+    for chunk in target.utf8_chunks() {
+        for &b in chunk.valid().as_bytes() {
+            query |= b == b'?';
+            if escaped(b, query) {
+                percent_encode(b, &mut out);
+            } else {
+                out.push(b);
+            }
+        }
+        for &b in chunk.invalid() {
+            percent_encode(b, &mut out);
+        }
+    }
+    // Only the part before the target can still be other than UTF-8.
+    let out = String::from_utf8(out).map_err(|_| MapError::Dest)?;
+    out.parse().map_err(|_| MapError::Dest)
+}
+
+/// Where the path (or query) of `dest` starts: at once for a path, after the
+/// authority of an absolute URL, nowhere (its length) for any other form.
+fn target_start(dest: &[u8]) -> usize {
+    if dest.first().is_some_and(|&b| b == b'/' || b == b'?') {
+        return 0;
+    }
+    let Some(authority) = dest.windows(3).position(|w| w == b"://").map(|i| i + 3) else {
+        return dest.len();
+    };
+    dest[authority..]
+        .iter()
+        .position(|&b| matches!(b, b'/' | b'?' | b'#'))
+        .map_or(dest.len(), |i| authority + i)
+}
+
+/// For `scan`: each byte with whether it is in the query (from the first `?` on).
+fn in_query(query: &mut bool, b: &u8) -> Option<(u8, bool)> {
+    *query |= *b == b'?';
+    Some((*b, *query))
+}
+
+/// An ASCII byte Go's URL parser takes in a path (or query) and [`Uri`] refuses there;
+/// bytes above 0x7F are left to the UTF-8 check.
+fn escaped(b: u8, query: bool) -> bool {
+    match b {
+        b' ' | b'<' | b'>' => true,
+        b'"' => query,
+        b'`' => !query,
+        _ => false,
+    }
+}
+
+fn percent_encode(b: u8, out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]);
+}
+
 /// `HttpHeader:<Canonical-Name>` for a header name.
 fn header_metadata_key(name: &HeaderName) -> String {
     let name = name.as_str().as_bytes();
@@ -261,7 +345,8 @@ pub fn decode_request_head(frame: &Bytes) -> Result<Result<RequestHead, MapError
     let mut copy = Vec::new();
     let msg = super::read_message_in_place(frame, &mut copy)?;
     let root: proto::connect_request::Reader<'_> = msg.get_root().map_err(super::decode_err)?;
-    let dest = text(root.get_dest())?;
+    // As bytes: Go's URL parser takes a `dest` that is not UTF-8 (see `parse_dest`).
+    let dest = text_bytes(root.get_dest())?;
     let kind = root.get_type().map_err(super::decode_err)?.into();
     let list = root.get_metadata().map_err(super::decode_err)?;
     let mapped = map_entries(list, |entries| map_request(frame, dest, kind, entries))?;
@@ -276,7 +361,7 @@ fn decode_plain_request_head(frame: &Bytes) -> Option<Result<RequestHead, MapErr
     let kind = proto::ConnectionType::try_from(flat.u16_field(root)?)
         .ok()?
         .into();
-    let dest = std::str::from_utf8(flat.text(root, 0)?).ok()?;
+    let dest = flat.text(root, 0)?;
     let list = flat.struct_list(root, 1)?;
     let entries = flat::metadata(&mut flat, list)?;
     let mapped = map_request(frame, dest, kind, entries.into_iter().map(Ok));
@@ -580,6 +665,71 @@ mod tests {
         assert_eq!(head.uri(), "https://app.example.com/p?q=1");
         assert_eq!(head.headers()[HOST], "app.example.com");
         assert_eq!(head.headers().get_all("x-a").iter().count(), 2);
+    }
+
+    /// Bytes Go's URL parser takes in a path or query and `Uri` does not are percent-encoded,
+    /// in absolute and path-only `dest`s alike; what `Uri` takes is left as it came.
+    #[test]
+    fn dest_bytes_go_accepts_are_percent_encoded() {
+        let cases: [(&[u8], &str); 9] = [
+            (
+                b"https://a.example/a b<c>`d?q=\"x y\"<>`",
+                "https://a.example/a%20b%3Cc%3E%60d?q=%22x%20y%22%3C%3E`",
+            ),
+            (b"/a b?c d", "/a%20b?c%20d"),
+            (
+                b"https://a.example/j/{\"k\":1}|^\\?{|}^",
+                "https://a.example/j/{\"k\":1}|^\\?{|}^",
+            ),
+            (
+                "https://a.example/café?é".as_bytes(),
+                "https://a.example/café?é",
+            ),
+            (
+                b"https://a.example/caf\xe9?x=\xff",
+                "https://a.example/caf%E9?x=%FF",
+            ),
+            (
+                b"https://a.example/a%20b?x=%3C",
+                "https://a.example/a%20b?x=%3C",
+            ),
+            (b"https://a.example/a b#frag <x>", "https://a.example/a%20b"),
+            (b"https://a.example?q=<1>", "https://a.example/?q=%3C1%3E"),
+            (b"https://a.example", "https://a.example/"),
+        ];
+        for (dest, expected) in cases {
+            let uri = parse_dest(dest);
+            assert_eq!(
+                uri.map(|u| u.to_string()),
+                Ok(expected.to_owned()),
+                "{}",
+                String::from_utf8_lossy(dest)
+            );
+        }
+    }
+
+    /// Control characters are refused anywhere in `dest`, as Go refuses them; so is a `dest`
+    /// whose host is not UTF-8 or that is no URL at all.
+    #[test]
+    fn dest_control_characters_and_bad_hosts_are_refused() {
+        for dest in [
+            &b"https://a.example/a\x01b"[..],
+            b"https://a.example/a\tb",
+            b"https://a.example/a\x7fb",
+            b"https://a.example/?q=\n",
+            b"https://a.example/#\x00",
+            b"/a\r\nb",
+            b"https://a.ex\xffample/",
+            b"https://a.ex ample/",
+            b"",
+        ] {
+            assert_eq!(
+                parse_dest(dest).map(|u| u.to_string()),
+                Err(MapError::Dest),
+                "{}",
+                String::from_utf8_lossy(dest)
+            );
+        }
     }
 
     #[test]

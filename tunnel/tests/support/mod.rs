@@ -67,9 +67,12 @@ fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<TestBody> {
 /// `/slow` (answers after 500 ms), `/late-body` (head at once, body 2 s later),
 /// `/ended-body` (a body that says it has ended without a final poll), `/cut-body`
 /// (a body whose producer panics after its first bytes), `/trailers`,
-/// `/ws` (raw byte echo after 101).
+/// `/ws` (raw byte echo after 101), and `/uri/...` (the request's URI as the body).
 pub async fn echo(mut req: Request<Body>) -> Result<Response<TestBody>, Infallible> {
     let path = req.uri().path().to_owned();
+    if path.starts_with("/uri/") {
+        return Ok(full(StatusCode::OK, req.uri().to_string()));
+    }
     let host = req
         .headers()
         .get(http::header::HOST)
