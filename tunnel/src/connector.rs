@@ -323,6 +323,9 @@ pub(crate) enum Ended {
     Lost {
         /// The edge went silent (QUIC idle timeout, HTTP/2 unanswered PING). Logged
         /// only: the connection reconnects to the same address, as `cloudflared` does.
+        /// Its address rotation on a QUIC idle timeout matches the bare idle-timeout
+        /// error only, which a connection that registered never reports: its loss
+        /// reaches the address logic as a stream-listener error, which keeps the address.
         idle_timeout: bool,
     },
 }
