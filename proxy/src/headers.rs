@@ -75,6 +75,27 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
+/// Settles `X-Forwarded-Proto` before routing, since rules may match on it (a Gateway's HTTP
+/// and HTTPS listeners are told apart by it): a trusted hop's value stands, and `http` from it
+/// becomes the request's scheme; anyone else's is replaced with the scheme the client used.
+/// Returns the connection as the request is to be served.
+pub(crate) fn settle_forwarded_proto(headers: &mut HeaderMap, mut conn: ConnInfo) -> ConnInfo {
+    match headers.get(&X_FORWARDED_PROTO) {
+        Some(value) if conn.trusted_forwarding => {
+            if value.as_bytes().eq_ignore_ascii_case(b"http") {
+                conn.scheme = "http";
+            }
+        }
+        _ => {
+            headers.insert(
+                X_FORWARDED_PROTO.clone(),
+                HeaderValue::from_static(conn.scheme),
+            );
+        }
+    }
+    conn
+}
+
 /// Prepares a request's headers for the backend: hop-by-hop removal, `Connection: upgrade`
 /// for an upgrade, and `X-Forwarded-For`/`-Proto`: a trusted hop's stand, and only the ones
 /// it left out are filled in.
@@ -273,6 +294,36 @@ mod tests {
         assert_eq!(
             h.get_all("x-forwarded-for").iter().collect::<Vec<_>>(),
             ["10.0.0.1, 10.0.0.2, 127.0.0.1"]
+        );
+    }
+
+    /// Settled before routing: a trusted hop's scheme stands and `http` from it becomes the
+    /// request's scheme; a client's own claim is replaced with the scheme it used.
+    #[test]
+    fn the_forwarded_scheme_is_settled_before_routing() {
+        let proto = |h: &HeaderMap| h.get("x-forwarded-proto").cloned();
+        let mut h = map(&[("x-forwarded-proto", "http")]);
+        let mut tunnel = conn(IpAddr::V4(Ipv4Addr::LOCALHOST), true);
+        tunnel.scheme = "https";
+        assert_eq!(settle_forwarded_proto(&mut h, tunnel).scheme, "http");
+        assert_eq!(proto(&h).unwrap(), "http");
+        let mut h = map(&[("x-forwarded-proto", "https")]);
+        assert_eq!(settle_forwarded_proto(&mut h, tunnel).scheme, "https");
+        let mut h = HeaderMap::new();
+        assert_eq!(settle_forwarded_proto(&mut h, tunnel).scheme, "https");
+        assert_eq!(
+            proto(&h).unwrap(),
+            "https",
+            "filled in when the edge left it out"
+        );
+
+        let mut h = map(&[("x-forwarded-proto", "https")]);
+        let client = conn(IpAddr::V4(Ipv4Addr::LOCALHOST), false);
+        assert_eq!(settle_forwarded_proto(&mut h, client).scheme, "http");
+        assert_eq!(
+            proto(&h).unwrap(),
+            "http",
+            "a client's claim is not believed"
         );
     }
 

@@ -8,7 +8,7 @@ use crate::body::{self, BoxError, ProxyBody, ResponseBody};
 use crate::error::ProxyError;
 use crate::filter::{Cors, Filters};
 use crate::forward::{Upstream, UpstreamBody};
-use crate::headers::{prepare_forward_headers, strip_hop_by_hop};
+use crate::headers::{prepare_forward_headers, settle_forwarded_proto, strip_hop_by_hop};
 use crate::metrics::{HostMetrics, ProxyMetrics, StatusClass};
 use crate::route::{RequestView, Table};
 use crate::rule::{Backend, Rule};
@@ -278,6 +278,7 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
+        let conn = settle_forwarded_proto(&mut parts.headers, conn);
         // The host routed on is the host the backend sees: an absolute-form target or an
         // HTTP/2 `:authority` wins over a `Host` header (RFC 9112 §3.2.2).
         if let Some(authority) = parts.uri.authority() {
