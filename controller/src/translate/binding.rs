@@ -155,6 +155,8 @@ pub(super) struct ListenerAttachment {
     /// The port a `RequestRedirect` that sets neither scheme nor port carries (see
     /// [`Attachment::redirect_ports`]).
     redirect_port: Option<u16>,
+    /// The listener's scheme (see [`Attachment::schemes`]).
+    scheme: &'static str,
 }
 
 /// A listener of one of our Gateways.
@@ -258,6 +260,7 @@ impl ParentBinding {
                 let mut listeners = Vec::with_capacity(attached.len());
                 for l in attached {
                     attachment.redirect_ports.insert(l.redirect_port);
+                    attachment.schemes.insert(l.scheme);
                     match &l.hosts {
                         Hosts::Any => attachment.any_host = true,
                         Hosts::Some(list) => attachment.hostnames.extend(list.iter().cloned()),
@@ -434,6 +437,7 @@ fn attach(
                 name: l.name.to_owned(),
                 hosts,
                 redirect_port,
+                scheme: l.scheme,
             });
         }
     }

@@ -66,6 +66,8 @@ pub(super) struct OwnedListener<'a> {
     pub(super) port: i32,
     /// `port` is the well-known port of the listener's protocol (HTTP 80, HTTPS 443).
     pub(super) well_known_port: bool,
+    /// The scheme the listener's clients use: `https` for an HTTPS listener, else `http`.
+    pub(super) scheme: &'static str,
     /// Lower-cased.
     pub(super) hostname: Option<String>,
     /// Valid, unconflicted and of a supported protocol: routes may attach.
@@ -373,6 +375,11 @@ fn listener(l: &GatewayListeners, generation: Option<i64>) -> OwnedListener<'_> 
         name: &l.name,
         port: l.port,
         well_known_port: matches!((l.protocol.as_str(), l.port), ("HTTP", 80) | ("HTTPS", 443)),
+        scheme: if l.protocol == "HTTPS" {
+            "https"
+        } else {
+            "http"
+        },
         hostname: l.hostname.as_deref().map(str::to_ascii_lowercase),
         usable: valid,
         kinds,

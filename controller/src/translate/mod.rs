@@ -227,6 +227,7 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
     }
 
     let tunnels = Tunnels::new(&gateways);
+    let both_schemes = planes_serving_both_schemes(&gateways, &tunnels);
 
     let mut routes = binding::collect_routes(snapshot);
     routes.sort_by(|a, b| a.precedence_cmp(b));
@@ -301,7 +302,7 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
                 let out = rules_by_plane.entry(target.clone()).or_default();
                 let seen = seen_rules.entry(target.clone()).or_default();
                 for template in &translated.rules {
-                    let rule = template.for_attachment(&attachment);
+                    let rule = template.for_attachment(&attachment, both_schemes.contains(&target));
                     // A route on two Gateways of one tunnel must not repeat its rules.
                     if seen.insert(serde_json::to_string(&rule).unwrap_or_default()) {
                         out.push((template.grpc.map(|rank| rank.placement(position)), rule));
@@ -437,6 +438,30 @@ impl Tunnels {
     }
 }
 
+/// The planes whose configs serve listeners of both schemes (an HTTP and an HTTPS listener,
+/// on any Gateway whose routes the plane gets). Requests of both arrive through the tunnel,
+/// told apart only by the scheme the edge received them with (`X-Forwarded-Proto`), so a
+/// route there matches only the schemes of its own listeners: an HTTP listener's redirect to
+/// https does not catch the HTTPS listener's requests.
+fn planes_serving_both_schemes(
+    gateways: &BTreeMap<ObjectKey, gateway::OwnedGateway<'_>>,
+    tunnels: &Tunnels,
+) -> BTreeSet<PlaneKey> {
+    let mut schemes: BTreeMap<PlaneKey, BTreeSet<&'static str>> = BTreeMap::new();
+    for gw in gateways.values() {
+        let Some(plane) = &gw.plane else { continue };
+        for target in tunnels.planes_with(plane) {
+            let served = schemes.entry(target).or_default();
+            served.extend(gw.listeners.iter().filter(|l| l.usable).map(|l| l.scheme));
+        }
+    }
+    schemes
+        .into_iter()
+        .filter(|(_, s)| s.len() > 1)
+        .map(|(plane, _)| plane)
+        .collect()
+}
+
 /// Lookups over the snapshot, built once per translation.
 pub(crate) struct Index<'a> {
     namespaces: BTreeMap<&'a str, &'a Namespace>,
@@ -533,6 +558,10 @@ pub(crate) struct Attachment {
     /// port carries: the listener's, or `None` when that is the well-known port of the
     /// listener's protocol (left out of `Location`).
     pub(crate) redirect_ports: BTreeSet<Option<u16>>,
+    /// The schemes of the attached listeners (`http`, `https`): on a plane that serves both,
+    /// they tell the route's requests from the other listeners' (see
+    /// [`http_route::RuleTemplate::for_attachment`]).
+    pub(crate) schemes: BTreeSet<&'static str>,
 }
 
 impl Attachment {
@@ -540,5 +569,6 @@ impl Attachment {
         self.any_host |= other.any_host;
         self.hostnames.extend(other.hostnames);
         self.redirect_ports.extend(other.redirect_ports);
+        self.schemes.extend(other.schemes);
     }
 }

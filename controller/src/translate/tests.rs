@@ -783,6 +783,71 @@ fn rules_without_backends_answer_500_unless_they_redirect() {
     );
 }
 
+/// A Gateway with an HTTP and an HTTPS listener for one hostname, the HTTP one redirecting to
+/// https: both reach the proxy through the tunnel, and the scheme the edge received each
+/// request with (`X-Forwarded-Proto`) decides the listener, whichever route is older. A route
+/// on both listeners serves both schemes. Without an HTTPS listener nothing changes.
+#[test]
+fn an_http_listener_redirecting_to_https_does_not_catch_the_https_listener_requests() {
+    let gateway = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: web, namespace: infra}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: http, port: 80, protocol: HTTP, hostname: shop.example.com}
+  - {name: https, port: 443, protocol: HTTPS, hostname: shop.example.com}
+---
+"#;
+    let redirect = http_route(
+        "infra",
+        "to-https",
+        "  parentRefs: [{name: web, sectionName: http}]\n  rules:\n  - filters: [{type: RequestRedirect, requestRedirect: {scheme: https, statusCode: 301}}]",
+    )
+    .replace("namespace: infra}", "namespace: infra, creationTimestamp: \"2026-01-01T00:00:00Z\"}");
+    let site = http_route(
+        "infra",
+        "site",
+        "  parentRefs: [{name: web, sectionName: https}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]",
+    );
+    let both = http_route(
+        "infra",
+        "health",
+        "  parentRefs: [{name: web}]\n  rules: [{matches: [{path: {type: Exact, value: /healthz}}], backendRefs: [{name: v2, port: 8080}]}]",
+    );
+    let out = run(&format!("{gateway}{redirect}{site}{both}"));
+    let routes = proxy_routes(shared(&out));
+    let pick = |scheme: &str, path: &str| {
+        proxy_pick(
+            &routes,
+            "GET",
+            "shop.example.com",
+            path,
+            &[("x-forwarded-proto", scheme)],
+        )
+        .and_then(|r| r.name.as_deref().map(str::to_owned))
+    };
+    assert_eq!(pick("http", "/cart").as_deref(), Some("infra/to-https/0"));
+    assert_eq!(pick("https", "/cart").as_deref(), Some("infra/site/0"));
+    assert_eq!(pick("http", "/healthz").as_deref(), Some("infra/health/0"));
+    assert_eq!(pick("https", "/healthz").as_deref(), Some("infra/health/0"));
+
+    // One scheme only: rules are as they were, no header to match.
+    let out = run(&format!(
+        "{}{redirect}",
+        gateway.replace(
+            "  - {name: https, port: 443, protocol: HTTPS, hostname: shop.example.com}\n",
+            ""
+        )
+    ));
+    assert!(!shared(&out).rules.is_empty());
+    assert!(shared(&out)
+        .rules
+        .iter()
+        .all(|r| r.matches.iter().all(|m| m.headers.is_empty())));
+}
+
 /// Compiles a config document the way the proxy does when it is pushed.
 fn proxy_routes(config: &Config) -> cftunnel_proxy::proxy::Routes {
     let metrics = cftunnel_proxy::metrics::ProxyMetrics::register(&mut Default::default());
@@ -848,9 +913,16 @@ spec:
         route("https-8443")
     ));
     let routes = proxy_routes(shared(&out));
-    // Every request reaches the proxy through the tunnel as https.
+    // Every request reaches the proxy through the tunnel as https; the edge names the scheme
+    // it received it with, which tells the HTTP listeners' requests from the HTTPS ones'.
     let location = |host: &str, path: &str| {
-        let rule = proxy_pick(&routes, "GET", host, path, &[]).expect("a rule matches");
+        let scheme = if matches!(host, "a.example.com" | "c.example.com") {
+            "http"
+        } else {
+            "https"
+        };
+        let rule = proxy_pick(&routes, "GET", host, path, &[("x-forwarded-proto", scheme)])
+            .expect("a rule matches");
         let redirect = rule.filters.redirect.as_ref().expect("a redirect");
         redirect
             .location("https", host, path, None, None)
