@@ -165,8 +165,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         std::process::exit(130);
     });
     if let Some(tunnel) = &tunnel {
-        // The edge stops sending new requests here; in-flight ones get the grace period.
-        if tokio::time::timeout_at(deadline, tunnel.drain())
+        // The edge stops sending new requests here; the connections serve what still comes
+        // for the grace period, as cloudflared's do, and close themselves (code 0) at its end:
+        // they get that long to do so before they are closed from here.
+        if tokio::time::timeout_at(deadline + TUNNEL_CLOSE_WAIT, tunnel.drain())
             .await
             .is_err()
         {
