@@ -521,7 +521,7 @@ pub(super) fn intersect(listener: Option<&str>, route: &[String]) -> Option<Host
     }
 }
 
-fn intersect_one(listener: &str, route: &str) -> Option<String> {
+pub(super) fn intersect_one(listener: &str, route: &str) -> Option<String> {
     if listener == route {
         return Some(route.to_owned());
     }

@@ -457,10 +457,10 @@ pub(super) const NO_ROUTE_STATUS: u16 = 404;
 /// within one listener, where route hostnames refine it), so each listener hostname gets a
 /// last-resort rule that answers 404 instead of falling through to other listeners. It is a
 /// regular expression match placed after every route rule, so any route rule of the same
-/// hostname outranks it.
+/// hostname outranks it. Each comes with its listener's scheme.
 pub(super) fn listener_isolation_rules(
     gw: &OwnedGateway<'_>,
-) -> Vec<(String, cftunnel_config::Rule)> {
+) -> Vec<(String, &'static str, cftunnel_config::Rule)> {
     gw.listeners
         .iter()
         .filter(|l| l.usable)
@@ -479,7 +479,7 @@ pub(super) fn listener_isolation_rules(
                 name: Some(format!("{}/listener:{}", gw.key, l.name)),
                 ..cftunnel_config::Rule::default()
             };
-            Some((hostname, rule))
+            Some((hostname, l.scheme, rule))
         })
         .collect()
 }

@@ -2,7 +2,6 @@
 //! retry, rule names, backends; plus the per-route `ResolvedRefs` and dropped-rule accounting.
 
 use std::borrow::Cow;
-use std::collections::BTreeSet;
 
 use cftunnel_config::{
     BackendProtocol, Cors, Duration, Filter, FilterType, Header, HeaderModifier, Match, PathMatch,
@@ -60,15 +59,8 @@ pub(crate) struct RuleTemplate {
 }
 
 impl RuleTemplate {
-    /// The rule as served through `attachment`. On a plane serving listeners of both schemes
-    /// (`both_schemes`), every match also requires the scheme of the attached listeners in
-    /// `X-Forwarded-Proto`, as the edge sets it and the proxy fills it in when absent: one
-    /// header match on every rule there, so it shifts no rule's precedence against another's.
-    pub(super) fn for_attachment(&self, attachment: &Attachment, both_schemes: bool) -> Rule {
+    pub(super) fn for_attachment(&self, attachment: &Attachment) -> Rule {
         let mut rule = self.rule.clone();
-        if both_schemes {
-            require_scheme(&mut rule, &attachment.schemes);
-        }
         if !attachment.any_host {
             rule.hostnames = attachment.hostnames.iter().cloned().collect();
         }
@@ -100,32 +92,6 @@ impl RuleTemplate {
         rule
     }
 }
-
-/// Adds to each of `rule`'s matches (to a match-all rule, one match) a header match on
-/// `X-Forwarded-Proto` for `schemes`: exactly one of them, or either.
-fn require_scheme(rule: &mut Rule, schemes: &BTreeSet<&'static str>) {
-    let header = match (schemes.len(), schemes.first()) {
-        (1, Some(scheme)) => ValueMatch {
-            kind: ValueMatchType::Exact,
-            name: FORWARDED_PROTO.to_owned(),
-            value: (*scheme).to_owned(),
-        },
-        _ => ValueMatch {
-            kind: ValueMatchType::RegularExpression,
-            name: FORWARDED_PROTO.to_owned(),
-            value: "https?".to_owned(),
-        },
-    };
-    if rule.matches.is_empty() {
-        rule.matches.push(Match::default());
-    }
-    for m in &mut rule.matches {
-        m.headers.push(header.clone());
-    }
-}
-
-/// The header carrying the scheme a request reached the edge with.
-const FORWARDED_PROTO: &str = "X-Forwarded-Proto";
 
 /// The rules of one route and what went wrong translating them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

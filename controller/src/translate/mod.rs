@@ -14,6 +14,7 @@ mod binding;
 mod gateway;
 mod grpc_route;
 mod http_route;
+mod scheme;
 mod status;
 mod validate;
 
@@ -227,7 +228,7 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
     }
 
     let tunnels = Tunnels::new(&gateways);
-    let both_schemes = planes_serving_both_schemes(&gateways, &tunnels);
+    let scheme_listeners = scheme_listeners(&gateways, &tunnels);
 
     let mut routes = binding::collect_routes(snapshot);
     routes.sort_by(|a, b| a.precedence_cmp(b));
@@ -301,11 +302,18 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
             for target in tunnels.planes_with(&plane) {
                 let out = rules_by_plane.entry(target.clone()).or_default();
                 let seen = seen_rules.entry(target.clone()).or_default();
+                let listeners = scheme_listeners.get(&target);
                 for template in &translated.rules {
-                    let rule = template.for_attachment(&attachment, both_schemes.contains(&target));
-                    // A route on two Gateways of one tunnel must not repeat its rules.
-                    if seen.insert(serde_json::to_string(&rule).unwrap_or_default()) {
-                        out.push((template.grpc.map(|rank| rank.placement(position)), rule));
+                    let rule = template.for_attachment(&attachment);
+                    let rules = match listeners {
+                        Some(listeners) => listeners.scope(rule, &attachment.schemes),
+                        None => vec![rule],
+                    };
+                    for rule in rules {
+                        // A route on two Gateways of one tunnel must not repeat its rules.
+                        if seen.insert(serde_json::to_string(&rule).unwrap_or_default()) {
+                            out.push((template.grpc.map(|rank| rank.placement(position)), rule));
+                        }
                     }
                 }
                 if route.kind == RouteKind::Grpc && !translated.rules.is_empty() {
@@ -317,28 +325,34 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
         }
     }
 
-    // One isolation rule per listener hostname and plane, after every route rule.
-    let mut isolation: BTreeMap<PlaneKey, BTreeMap<String, cftunnel_config::Rule>> =
-        BTreeMap::new();
+    // One isolation rule per listener hostname and plane, after every route rule, with the
+    // schemes of the listeners of that hostname.
+    type Isolation = BTreeMap<String, (BTreeSet<&'static str>, cftunnel_config::Rule)>;
+    let mut isolation: BTreeMap<PlaneKey, Isolation> = BTreeMap::new();
     for gw in gateways.values() {
         let Some(plane) = &gw.plane else {
             continue;
         };
         for target in tunnels.planes_with(plane) {
             let hosts = isolation.entry(target).or_default();
-            for (hostname, rule) in gateway::listener_isolation_rules(gw) {
-                hosts.entry(hostname).or_insert(rule);
+            for (hostname, scheme, rule) in gateway::listener_isolation_rules(gw) {
+                hosts
+                    .entry(hostname)
+                    .or_insert_with(|| (BTreeSet::new(), rule))
+                    .0
+                    .insert(scheme);
             }
         }
     }
     for (plane, config) in &mut configs {
         config.rules = grpc_route::order(rules_by_plane.remove(plane).unwrap_or_default());
-        config.rules.extend(
-            isolation
-                .remove(plane)
-                .into_iter()
-                .flat_map(BTreeMap::into_values),
-        );
+        let listeners = scheme_listeners.get(plane);
+        for (hostname, (schemes, rule)) in isolation.remove(plane).unwrap_or_default() {
+            config.rules.push(match listeners {
+                Some(listeners) => listeners.scope_isolation(rule, &hostname, &schemes),
+                None => rule,
+            });
+        }
     }
     for gw in gateways.into_values() {
         statuses.gateways.insert(gw.key.clone(), gw.into_status());
@@ -438,28 +452,23 @@ impl Tunnels {
     }
 }
 
-/// The planes whose configs serve listeners of both schemes (an HTTP and an HTTPS listener,
-/// on any Gateway whose routes the plane gets). Requests of both arrive through the tunnel,
-/// told apart only by the scheme the edge received them with (`X-Forwarded-Proto`), so a
-/// route there matches only the schemes of its own listeners: an HTTP listener's redirect to
-/// https does not catch the HTTPS listener's requests.
-fn planes_serving_both_schemes(
+/// The listeners of each scheme on each plane: those of every Gateway whose routes the plane
+/// gets (see [`scheme`]).
+fn scheme_listeners(
     gateways: &BTreeMap<ObjectKey, gateway::OwnedGateway<'_>>,
     tunnels: &Tunnels,
-) -> BTreeSet<PlaneKey> {
-    let mut schemes: BTreeMap<PlaneKey, BTreeSet<&'static str>> = BTreeMap::new();
+) -> BTreeMap<PlaneKey, scheme::SchemeListeners> {
+    let mut planes: BTreeMap<PlaneKey, scheme::SchemeListeners> = BTreeMap::new();
     for gw in gateways.values() {
         let Some(plane) = &gw.plane else { continue };
         for target in tunnels.planes_with(plane) {
-            let served = schemes.entry(target).or_default();
-            served.extend(gw.listeners.iter().filter(|l| l.usable).map(|l| l.scheme));
+            let listeners = planes.entry(target).or_default();
+            for l in gw.listeners.iter().filter(|l| l.usable) {
+                listeners.add(l.scheme, l.hostname.clone());
+            }
         }
     }
-    schemes
-        .into_iter()
-        .filter(|(_, s)| s.len() > 1)
-        .map(|(plane, _)| plane)
-        .collect()
+    planes
 }
 
 /// Lookups over the snapshot, built once per translation.
@@ -558,9 +567,8 @@ pub(crate) struct Attachment {
     /// port carries: the listener's, or `None` when that is the well-known port of the
     /// listener's protocol (left out of `Location`).
     pub(crate) redirect_ports: BTreeSet<Option<u16>>,
-    /// The schemes of the attached listeners (`http`, `https`): on a plane that serves both,
-    /// they tell the route's requests from the other listeners' (see
-    /// [`http_route::RuleTemplate::for_attachment`]).
+    /// The schemes of the attached listeners (`http`, `https`): where listeners of the other
+    /// scheme could take the same requests, they tell them apart (see [`scheme`]).
     pub(crate) schemes: BTreeSet<&'static str>,
 }
 

@@ -811,12 +811,24 @@ spec:
         "site",
         "  parentRefs: [{name: web, sectionName: https}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]",
     );
-    let both = http_route(
+    let both = created(
+        http_route(
+            "infra",
+            "health",
+            "  parentRefs: [{name: web}]\n  rules: [{matches: [{path: {type: Exact, value: /healthz}}], backendRefs: [{name: v2, port: 8080}]}]",
+        ),
         "infra",
-        "health",
-        "  parentRefs: [{name: web}]\n  rules: [{matches: [{path: {type: Exact, value: /healthz}}], backendRefs: [{name: v2, port: 8080}]}]",
+        "2026-06-01T00:00:00Z",
     );
-    let out = run(&format!("{gateway}{redirect}{site}{both}"));
+    // Newer than `health`, on the HTTPS listener only, with the same match: the older route
+    // keeps it for https too.
+    let shadowed = http_route(
+        "infra",
+        "zz-health",
+        "  parentRefs: [{name: web, sectionName: https}]\n  rules: [{matches: [{path: {type: Exact, value: /healthz}}], backendRefs: [{name: v2, port: 8080}]}]",
+    )
+    .replace("namespace: infra}", "namespace: infra, creationTimestamp: \"2030-01-01T00:00:00Z\"}");
+    let out = run(&format!("{gateway}{redirect}{site}{both}{shadowed}"));
     let routes = proxy_routes(shared(&out));
     let pick = |scheme: &str, path: &str| {
         proxy_pick(
@@ -832,6 +844,60 @@ spec:
     assert_eq!(pick("https", "/cart").as_deref(), Some("infra/site/0"));
     assert_eq!(pick("http", "/healthz").as_deref(), Some("infra/health/0"));
     assert_eq!(pick("https", "/healthz").as_deref(), Some("infra/health/0"));
+
+    // Only where both schemes' listeners take a host: an HTTP listener without hostname
+    // serves every other host whatever the scheme the edge used (with "Always Use HTTPS"
+    // every request arrives as https), and the HTTPS listener's host of either scheme it does
+    // not take falls through to it.
+    let catch_all = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: web, namespace: infra}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: http, port: 80, protocol: HTTP}
+  - {name: https, port: 443, protocol: HTTPS, hostname: secure.example.com}
+---
+"#;
+    let any = http_route(
+        "infra",
+        "any",
+        "  parentRefs: [{name: web, sectionName: http}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]",
+    );
+    let secure = http_route(
+        "infra",
+        "secure",
+        "  parentRefs: [{name: web, sectionName: https}]\n  rules: [{matches: [{path: {value: /app}}], backendRefs: [{name: v2, port: 8080}]}]",
+    );
+    let out = run(&format!("{catch_all}{any}{secure}"));
+    let routes = proxy_routes(shared(&out));
+    let pick = |scheme: &str, host: &str, path: &str| {
+        proxy_pick(&routes, "GET", host, path, &[("x-forwarded-proto", scheme)])
+            .and_then(|r| r.name.as_deref().map(str::to_owned))
+    };
+    assert_eq!(
+        pick("https", "other.example.com", "/").as_deref(),
+        Some("infra/any/0")
+    );
+    assert_eq!(
+        pick("http", "other.example.com", "/").as_deref(),
+        Some("infra/any/0")
+    );
+    assert_eq!(
+        pick("https", "secure.example.com", "/app").as_deref(),
+        Some("infra/secure/0")
+    );
+    assert_eq!(
+        pick("http", "secure.example.com", "/app").as_deref(),
+        Some("infra/any/0"),
+        "an http request for the HTTPS listener's host is the HTTP listener's"
+    );
+    assert_eq!(
+        pick("https", "secure.example.com", "/other").as_deref(),
+        Some("infra/web/listener:https"),
+        "the HTTPS listener keeps its host to its routes"
+    );
 
     // One scheme only: rules are as they were, no header to match.
     let out = run(&format!(

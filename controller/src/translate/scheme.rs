@@ -1,0 +1,118 @@
+//! HTTP and HTTPS listeners behind one tunnel.
+//!
+//! Every request reaches the proxy through the tunnel, whatever the listener: the scheme the
+//! edge received it with arrives as `X-Forwarded-Proto`. Where listeners of both schemes could
+//! take a request for the same host, a rule also requires its listeners' scheme there, so an
+//! HTTP listener's redirect to https never catches the HTTPS listener's requests. Nowhere
+//! else: a host only one scheme's listeners serve is served whatever scheme the edge used (with
+//! Cloudflare's "Always Use HTTPS" every request arrives as https).
+//!
+//! A rule for any host (from a listener and route without hostnames) is contested only by a
+//! listener of the other scheme without hostname either: a listener with a hostname takes its
+//! requests in that hostname's own bucket first, where its rules and its listener-isolation
+//! rule require its scheme, so a request of the other scheme falls through to the rule for any
+//! host. Rules contested on one host are contested on it for both schemes, so every rule of a
+//! host's bucket carries the same number of header matches and no precedence shifts.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use cftunnel_config::{Match, Rule, ValueMatch, ValueMatchType};
+
+use super::binding;
+
+/// The header carrying the scheme a request reached the edge with.
+const FORWARDED_PROTO: &str = "X-Forwarded-Proto";
+
+/// The listeners of each scheme on one data plane: their hostnames, `None` for a listener
+/// without one.
+#[derive(Debug, Default)]
+pub(super) struct SchemeListeners {
+    hosts: BTreeMap<&'static str, Vec<Option<String>>>,
+}
+
+impl SchemeListeners {
+    pub(super) fn add(&mut self, scheme: &'static str, hostname: Option<String>) {
+        self.hosts.entry(scheme).or_default().push(hostname);
+    }
+
+    /// Whether a listener of another scheme than `scheme` could take a request for `host`
+    /// (`None`: a rule for any host).
+    fn contested(&self, scheme: &str, host: Option<&str>) -> bool {
+        self.hosts
+            .iter()
+            .filter(|(s, _)| **s != scheme)
+            .flat_map(|(_, listeners)| listeners)
+            .any(|listener| match (listener.as_deref(), host) {
+                (None, _) => true,
+                (Some(_), None) => false,
+                (Some(l), Some(h)) => binding::intersect_one(l, h).is_some(),
+            })
+    }
+
+    /// `rule`, served through listeners of `schemes`, as the plane serves it: split by host
+    /// into the part no other scheme contests, as it is, and the part another does, which
+    /// requires its listeners' scheme (either, for a route on listeners of both, which keeps
+    /// its header count in step with the rules it shares those hosts with).
+    pub(super) fn scope(&self, rule: Rule, schemes: &BTreeSet<&'static str>) -> Vec<Rule> {
+        let contested = |host: Option<&str>| schemes.iter().any(|s| self.contested(s, host));
+        if rule.hostnames.is_empty() {
+            let mut rule = rule;
+            if contested(None) {
+                require(&mut rule, schemes);
+            }
+            return vec![rule];
+        }
+        let (contested, free): (Vec<String>, Vec<String>) = rule
+            .hostnames
+            .iter()
+            .cloned()
+            .partition(|h| contested(Some(h)));
+        if contested.is_empty() {
+            return vec![rule];
+        }
+        let mut scoped = rule;
+        let rest = (!free.is_empty()).then(|| Rule {
+            hostnames: free,
+            ..scoped.clone()
+        });
+        scoped.hostnames = contested;
+        require(&mut scoped, schemes);
+        rest.into_iter().chain([scoped]).collect()
+    }
+
+    /// The listener-isolation rule of `hostname`, whose listeners there have `schemes`.
+    pub(super) fn scope_isolation(
+        &self,
+        mut rule: Rule,
+        hostname: &str,
+        schemes: &BTreeSet<&'static str>,
+    ) -> Rule {
+        if schemes.iter().any(|s| self.contested(s, Some(hostname))) {
+            require(&mut rule, schemes);
+        }
+        rule
+    }
+}
+
+/// Adds to each of `rule`'s matches (to a match-all rule, one match) `X-Forwarded-Proto`
+/// matching one of `schemes`.
+fn require(rule: &mut Rule, schemes: &BTreeSet<&'static str>) {
+    let header = match (schemes.len(), schemes.first()) {
+        (1, Some(scheme)) => ValueMatch {
+            kind: ValueMatchType::Exact,
+            name: FORWARDED_PROTO.to_owned(),
+            value: (*scheme).to_owned(),
+        },
+        _ => ValueMatch {
+            kind: ValueMatchType::RegularExpression,
+            name: FORWARDED_PROTO.to_owned(),
+            value: schemes.iter().copied().collect::<Vec<_>>().join("|"),
+        },
+    };
+    if rule.matches.is_empty() {
+        rule.matches.push(Match::default());
+    }
+    for m in &mut rule.matches {
+        m.headers.push(header.clone());
+    }
+}
