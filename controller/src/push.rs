@@ -224,6 +224,10 @@ async fn sync_plane(
     {
         state.version = ahead.saturating_add(1);
     }
+    // Whether a pod still takes only the token before the last rotation.
+    let previous_needed = observed
+        .iter()
+        .any(|v| matches!(v, Ok((_, token)) if *token != round.token));
     let version = state.version;
     let mut doc = round.config.clone();
     doc.version = version;
@@ -257,6 +261,11 @@ async fn sync_plane(
         }))
         .await;
     let outcome = finish(&mut state, sustained_after, version, outcomes);
+    // Every pod took the current token: the rollout is over, and the one before is
+    // forgotten rather than offered to whatever answers at a pod's address later.
+    if !previous_needed && outcome.all_current() {
+        state.previous_token = None;
+    }
     (state, outcome)
 }
 

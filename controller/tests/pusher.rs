@@ -339,6 +339,21 @@ async fn pods_that_still_hold_the_token_before_a_rotation_keep_getting_pushes() 
     let round = pusher.sync(&plane(), &second, "rotated", &pods).await;
     assert!(round.pods.iter().all(|(_, o)| *o == PodOutcome::Current));
 
+    // The rollout is over once every pod takes the new token: the old one is forgotten, and
+    // an address still holding it is refused rather than offered it.
+    let round = pusher
+        .sync(&plane(), &second, "rotated", &[new.admin_addr()])
+        .await;
+    assert!(round.all_current());
+    let round = pusher
+        .sync(&plane(), &second, "rotated", &[old.admin_addr()])
+        .await;
+    assert!(
+        matches!(&round.pods[0].1, PodOutcome::Failed(r) if r.contains("(401)")),
+        "{:?}",
+        round.pods
+    );
+
     let stranger = proxy_with_token(any, "someone-else").await;
     let round = pusher
         .sync(&plane(), &second, "rotated", &[stranger.admin_addr()])

@@ -317,14 +317,16 @@ struct Reconciler {
     tunnel_shared_told: HashMap<String, String>,
     /// Per Gateway uid: the digest of the plane last applied, and when.
     applied: HashMap<String, (Vec<u8>, std::time::Instant)>,
-    /// Per dedicated plane: the config its pods were last given and the token they take. A
-    /// plane whose GatewayConfig stops resolving keeps serving this, pods that start
+    /// Per dedicated plane: the config every one of its pods last took and the token they
+    /// take. A plane whose GatewayConfig stops resolving keeps serving this, pods that start
     /// meanwhile included, until it resolves again or the Gateway goes.
     last_good: HashMap<ObjectKey, LastGood>,
 }
 
 /// What a dedicated plane last served: see [`Reconciler::last_good`].
 struct LastGood {
+    /// The Gateway's: one deleted and made again under its name starts afresh.
+    uid: String,
     config: cftunnel_config::Config,
     token: String,
     service: String,
@@ -452,39 +454,17 @@ impl Reconciler {
             broken.contains(key)
                 || output.planes.get(key) == Some(&PlaneKey::Dedicated(key.clone()))
         });
-        for (key, info) in &planes {
-            let (PlaneKey::Dedicated(gateway), Some(config)) = (key, output.configs.get(key))
-            else {
-                continue;
-            };
-            let Ok(names) = snapshot
+        for key in &broken {
+            let uid = snapshot
                 .gateways
                 .iter()
-                .find(|g| object_key(g).as_ref() == Some(gateway))
-                .map_or(Err(()), |g| PlaneNames::for_gateway(g).map_err(|_| ()))
+                .find(|g| object_key(g).as_ref() == Some(key))
+                .and_then(|g| g.metadata.uid.as_deref());
+            let Some(last) = self
+                .last_good
+                .get(key)
+                .filter(|l| Some(l.uid.as_str()) == uid)
             else {
-                continue;
-            };
-            match self.last_good.get_mut(gateway) {
-                Some(last) if last.config == *config && last.token == info.token => {}
-                Some(last) => {
-                    last.config = config.clone();
-                    last.token = info.token.clone();
-                }
-                None => {
-                    self.last_good.insert(
-                        gateway.clone(),
-                        LastGood {
-                            config: config.clone(),
-                            token: info.token.clone(),
-                            service: names.service,
-                        },
-                    );
-                }
-            }
-        }
-        for key in broken {
-            let Some(last) = self.last_good.get(&key) else {
                 continue;
             };
             let plane = PlaneKey::Dedicated(key.clone());
@@ -548,6 +528,44 @@ impl Reconciler {
             self.pusher.sync_all(rounds),
         );
         self.tunnel_failures = tunnel_failures;
+        // What every pod of a plane now holds is what it serves if its configuration breaks.
+        for (plane, outcome) in &outcomes {
+            let PlaneKey::Dedicated(key) = plane else {
+                continue;
+            };
+            if broken.contains(key) || outcome.pods.is_empty() || !outcome.all_current() {
+                continue;
+            }
+            let (Some(config), Some(info), Some(gw)) = (
+                output.configs.get(plane),
+                planes.get(plane),
+                snapshot
+                    .gateways
+                    .iter()
+                    .find(|g| object_key(g).as_ref() == Some(key)),
+            ) else {
+                continue;
+            };
+            let (Some(uid), Ok(names)) = (gw.metadata.uid.as_deref(), PlaneNames::for_gateway(gw))
+            else {
+                continue;
+            };
+            match self.last_good.get_mut(key) {
+                Some(last)
+                    if last.uid == uid && last.config == *config && last.token == info.token => {}
+                _ => {
+                    self.last_good.insert(
+                        key.clone(),
+                        LastGood {
+                            uid: uid.to_owned(),
+                            config: config.clone(),
+                            token: info.token.clone(),
+                            service: names.service,
+                        },
+                    );
+                }
+            }
+        }
         let mut newly_failed = BTreeSet::new();
         for (plane, outcome) in &outcomes {
             for (pod, result) in &outcome.pods {
