@@ -182,23 +182,9 @@ impl Proxy {
     pub fn swap(&self, routes: Routes) {
         self.shared.metrics.config_version.set(routes.version);
         let old = self.shared.routes.swap(Arc::new(routes));
-        self.forget_hostnames_of(&old);
         self.shared.loaded.store(true, Ordering::Release);
         self.shared.swaps.send_modify(|n| *n += 1);
-        retire(old);
-    }
-
-    /// Drops the metric series of hostname patterns `old` served and the table now served
-    /// does not (the unmatched series stays).
-    fn forget_hostnames_of(&self, old: &Routes) {
-        let new = self.shared.routes.load();
-        let kept: std::collections::HashSet<&str> =
-            new.host_labels.iter().map(AsRef::as_ref).collect();
-        for label in old.host_labels.iter() {
-            if !label.is_empty() && !kept.contains(label.as_ref()) {
-                self.shared.metrics.forget_host(label);
-            }
-        }
+        retire(old, self.shared.clone());
     }
 
     /// Changes each time a table is swapped in (once per applied push).
@@ -592,7 +578,7 @@ const RETIRE_WAIT: Duration = Duration::from_secs(300);
 
 /// Frees a replaced table off the request path. Freeing a large table takes milliseconds, and
 /// without this it would land on whichever request happened to hold the last reference.
-fn retire(old: Arc<Routes>) {
+fn retire(old: Arc<Routes>, shared: Arc<Shared>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -602,6 +588,8 @@ fn retire(old: Arc<Routes>) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         if Arc::strong_count(&old) == 1 {
+            // No request routes on it any more, so none can bring a series back through it.
+            forget_hostnames(&old, &shared.routes.load(), &shared.metrics);
             let _ = tokio::task::spawn_blocking(move || {
                 drop(old);
                 crate::memory::release_freed();
@@ -609,6 +597,17 @@ fn retire(old: Arc<Routes>) {
             .await;
         }
     });
+}
+
+/// Drops the metric series of hostname patterns `old` served and `now` does not (the
+/// unmatched series stays), so `/metrics` does not grow with every hostname ever served.
+fn forget_hostnames(old: &Routes, now: &Routes, metrics: &ProxyMetrics) {
+    let kept: std::collections::HashSet<&str> = now.host_labels.iter().map(AsRef::as_ref).collect();
+    for label in old.host_labels.iter() {
+        if !label.is_empty() && !kept.contains(label.as_ref()) {
+            metrics.forget_host(label);
+        }
+    }
 }
 
 /// A byte stream after an HTTP upgrade.
