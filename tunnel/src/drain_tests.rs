@@ -23,10 +23,10 @@ use crate::stream::{self, ConnectionType};
 use crate::tls::TestPki;
 use crate::{Connector, ConnectorHandle, ConnectorOptions, Protocol, Token, TunnelMetrics};
 
-const GRACE: Duration = Duration::from_millis(1500);
+const GRACE: Duration = Duration::from_secs(4);
 /// How long after the unregistration, with the connection idle meanwhile, the edge still
 /// routes a request to it.
-const LATE: Duration = Duration::from_millis(800);
+const LATE: Duration = Duration::from_secs(1);
 /// Slack on a loaded machine for the close at the end of the grace period.
 const CLOSE_SLACK: Duration = Duration::from_millis(2500);
 

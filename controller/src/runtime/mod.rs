@@ -777,7 +777,6 @@ impl Reconciler {
         Ok((credentials, plane, changed))
     }
 
-    /// Removes the plane a Gateway had, if it had one.
     /// Removes what is left of a Gateway's dedicated plane. The watched caches say whether
     /// anything is (so Gateways that never had a plane cost no API calls): the Deployment, or
     /// any object applied before it, which stays behind when the Deployment could not be.
@@ -920,9 +919,6 @@ fn same_template(live: &Deployment, rendered: &Deployment) -> bool {
     template(live) == template(rendered)
 }
 
-/// Whether Kubernetes' EndpointSlice controller wrote this slice. The controller sends its
-/// bearer token to the addresses listed, so a slice anyone else labelled for the Service must
-/// not count.
 /// Whether `slice` lists the pods of Service `service` in `namespace`.
 fn serves(
     slice: &k8s_openapi::api::discovery::v1::EndpointSlice,
@@ -938,6 +934,9 @@ fn serves(
         && from_endpoint_controller(slice)
 }
 
+/// Whether Kubernetes' EndpointSlice controller wrote this slice. The controller sends its
+/// bearer token to the addresses listed, so a slice anyone else labelled for the Service must
+/// not count.
 fn from_endpoint_controller(slice: &k8s_openapi::api::discovery::v1::EndpointSlice) -> bool {
     slice
         .labels()

@@ -241,7 +241,6 @@ fn same_ref(a: Option<&Value>, b: &Value) -> bool {
         && field(a, "kind", "Gateway") == field(b, "kind", "Gateway")
 }
 
-/// A GatewayClass's status.
 /// Replaces a `Programmed` condition that is `True` with `False` (`Pending`).
 pub fn set_programmed_pending(conditions: &mut [KubeCondition], message: &str) {
     for c in conditions.iter_mut().filter(|c| c.kind == "Programmed") {
@@ -253,6 +252,7 @@ pub fn set_programmed_pending(conditions: &mut [KubeCondition], message: &str) {
     }
 }
 
+/// A GatewayClass's status.
 pub fn gateway_class(desired: &[Condition], existing: Option<&Value>, now: &str) -> Value {
     let wanted: Vec<KubeCondition> = desired.iter().map(KubeCondition::from).collect();
     json!({ "conditions": conditions(&wanted, existing.and_then(|s| s.get("conditions")), now) })
