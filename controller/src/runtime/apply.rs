@@ -228,8 +228,9 @@ pub async fn ensure_auth_secret(
             "Secret {namespace}/{name} exists and is not owned by this Gateway; rename or remove it"
         ));
     }
-    // The Gateway's infrastructure labels and annotations reach the Secret as they reach the
-    // other objects; its data is never written again.
+    // The Gateway's infrastructure labels and annotations reach the Secret when they are
+    // added or changed (one it drops stays on the Secret, which was created, not applied,
+    // with its first ones); its data is never written again.
     let lacks = |want: &Option<BTreeMap<String, String>>,
                  have: &Option<BTreeMap<String, String>>| {
         want.iter()
