@@ -287,6 +287,10 @@ pub struct RequestMirror {
     /// 0..=100; absent means every request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub percent: Option<u32>,
+    /// How the mirror is spoken to, as a backend's `protocol`: a gRPC or h2c mirror takes
+    /// HTTP/2 only.
+    #[serde(default, skip_serializing_if = "BackendProtocol::is_default")]
+    pub protocol: BackendProtocol,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -127,6 +127,8 @@ async fn mirrors_get_a_copy_and_weights_split_traffic() {
         let doc = json!({"rules": [
             rule("/mirror", json!({"filters": [{"type": "RequestMirror", "requestMirror": {"backendUrl": url(m.http_addr())}}],
                 "backends": [{"url": url(a.http_addr()), "weight": 1}]})),
+            rule("/mirror-h2c", json!({"filters": [{"type": "RequestMirror", "requestMirror": {"backendUrl": url(m.h2c_addr()), "protocol": "h2c"}}],
+                "backends": [{"url": url(a.http_addr()), "weight": 1}]})),
             rule("/never-mirrored", json!({"filters": [{"type": "RequestMirror", "requestMirror": {"backendUrl": url(m.http_addr()), "percent": 0}}],
                 "backends": [{"url": url(a.http_addr()), "weight": 1}]})),
             rule("/weighted", json!({"backends": [
@@ -145,6 +147,18 @@ async fn mirrors_get_a_copy_and_weights_split_traffic() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(seen, 1, "the mirror saw the request");
+        // A mirror spoken to over h2c: its HTTP/2-only port sees the copy.
+        let r = get(&http, d, "h", "/mirror-h2c?id=2", &[]).await;
+        assert_eq!(r.pod(), "svc-a-1");
+        let mut seen = 0;
+        for _ in 0..100 {
+            seen = m.count_echoed("/mirror-h2c?id=2");
+            if seen > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(seen, 1, "the h2c mirror saw the request");
         for _ in 0..20 {
             get(&http, d, "h", "/never-mirrored", &[]).await;
         }

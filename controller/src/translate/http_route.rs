@@ -233,7 +233,7 @@ fn translate_rule(
     )?;
     for (j, f) in rule.filters.iter().flatten().enumerate() {
         let ffield = format!("{field}.filters[{j}]");
-        match convert_filter(ctx, f, all_prefix, &ffield, ref_errors)? {
+        match convert_filter(ctx, f, all_prefix, protocol, &ffield, ref_errors)? {
             FilterOutcome::Filter(f) => {
                 redirects |= f.kind == FilterType::RequestRedirect;
                 filters.push(*f);
@@ -362,7 +362,7 @@ fn convert_backend(
     check_filter_kinds(&specs, &format!("{field}.filters"))?;
     for (k, f) in specs.iter().enumerate() {
         let ffield = format!("{field}.filters[{k}]");
-        match convert_filter(ctx, f, all_prefix, &ffield, ref_errors)? {
+        match convert_filter(ctx, f, all_prefix, protocol, &ffield, ref_errors)? {
             FilterOutcome::Filter(f) => filters.push(*f),
             FilterOutcome::Skip => {}
             FilterOutcome::FailClosed => fail_closed = true,
@@ -606,10 +606,13 @@ enum FilterOutcome {
     FailClosed,
 }
 
+/// `protocol`: how the route's backends, and so its mirrors, are spoken to whatever their
+/// Service says (gRPC: h2c).
 fn convert_filter(
     ctx: &RouteContext<'_, '_>,
     f: &HttpRouteRulesFilters,
     all_prefix: bool,
+    protocol: Option<BackendProtocol>,
     field: &str,
     ref_errors: &mut Vec<BackendRefError>,
 ) -> Result<FilterOutcome, RuleError> {
@@ -827,6 +830,7 @@ fn convert_filter(
                         out.request_mirror = Some(RequestMirror {
                             backend_url,
                             percent,
+                            protocol: protocol.unwrap_or(resolved.protocol),
                         });
                         out
                     }

@@ -1459,7 +1459,7 @@ spec:
     - method: {service: helloworld.Greeter}
     - method: {method: Check}
     - method: {type: RegularExpression, service: "helloworld\\..*", method: "Say.*"}
-    filters: [{type: RequestHeaderModifier, requestHeaderModifier: {add: [{name: x, value: y}]}}]
+    filters: [{type: RequestHeaderModifier, requestHeaderModifier: {add: [{name: x, value: y}]}}, {type: RequestMirror, requestMirror: {backendRef: {name: v2, port: 8080}}}]
     backendRefs: [{name: v1, port: 8080}]
   - matches: [{method: {type: RegularExpression, service: "(", method: "a"}}]
     backendRefs: [{name: v1, port: 8080}]
@@ -1493,6 +1493,12 @@ spec:
     for rule in &config.rules {
         assert_eq!(rule.name.as_deref(), Some("infra/g/0"));
         assert_eq!(rule.filters[0].kind, FilterType::RequestHeaderModifier);
+        let mirror = rule.filters[1].request_mirror.as_ref().expect("a mirror");
+        assert_eq!(
+            mirror.protocol,
+            BackendProtocol::H2c,
+            "gRPC mirrors speak h2c too"
+        );
         assert!(rule
             .backends
             .iter()

@@ -458,7 +458,7 @@ fn compile_filters(
                     ));
                 }
                 let upstream = upstreams
-                    .get(&m.backend_url, doc::BackendProtocol::Http1, false, None)
+                    .get(&m.backend_url, m.protocol, false, None)
                     .map_err(|e| ConfigError::invalid(format!("{field}.backendUrl"), e))?;
                 mirrors.push(Mirror { upstream, percent });
             }
