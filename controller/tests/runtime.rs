@@ -1511,3 +1511,37 @@ async fn a_plane_whose_config_stops_resolving_keeps_serving_its_last_config() {
     .await
     .expect("in time");
 }
+
+/// A plane's autoscaler deleted by hand is put back by the next round, as its Deployment and
+/// NetworkPolicy are, not five minutes later.
+#[tokio::test]
+async fn a_deleted_autoscaler_is_put_back() {
+    use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+    use kube::api::{Api, DeleteParams};
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("autoscaling: {minReplicas: 2, maxReplicas: 4}").await;
+        let autoscaler = || {
+            t.api
+                .get(
+                    "autoscaling/v2",
+                    "HorizontalPodAutoscaler",
+                    "tenant-a",
+                    "cf-proxy-edge",
+                )
+                .and_then(|a| a.pointer("/metadata/uid").cloned())
+        };
+        let first = eventually("the autoscaler", autoscaler).await;
+        let api: Api<HorizontalPodAutoscaler> = Api::namespaced(t.api.client(), "tenant-a");
+        api.delete("cf-proxy-edge", &DeleteParams::default())
+            .await
+            .expect("deleted");
+        let again = eventually("the autoscaler back", || {
+            autoscaler().filter(|uid| *uid != first)
+        })
+        .await;
+        assert_ne!(again, first);
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}

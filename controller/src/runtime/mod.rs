@@ -37,7 +37,7 @@ use crate::gateway_config::DEFAULT_API_TOKEN_KEY;
 use crate::push::{self, PlaneRound, PodOutcome, Pusher};
 use crate::render::{self, PlaneNames, RenderSettings, GATEWAY_LABEL};
 use crate::translate::{self, ObjectKey, Options, PlaneKey, Snapshot, TunnelIdentity};
-use stores::Stores;
+use stores::{PlaneObject, PlaneObjects, Stores};
 
 /// The API calls the runtime makes, as RBAC rules: (API group, resource, verbs). The chart's
 /// roles grant exactly these (a test holds them equal). `create` on the rendered kinds is for
@@ -102,7 +102,7 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     (
         "autoscaling",
         "horizontalpodautoscalers",
-        &["get", "create", "patch", "delete"],
+        &["list", "watch", "get", "create", "patch", "delete"],
     ),
     ("events.k8s.io", "events", &["create", "patch"]),
     (
@@ -270,16 +270,11 @@ pub async fn run(
             .map(|d| (**d).clone())
             .collect();
         let snapshot = stores.snapshot();
-        let policies: BTreeSet<(String, String)> = stores
-            .network_policies
-            .state()
-            .iter()
-            .filter_map(|p| Some((p.metadata.namespace.clone()?, p.metadata.name.clone()?)))
-            .collect();
+        let watched = stores.plane_objects();
         let mut lost = leading.clone();
         let started = tokio::time::Instant::now();
         tokio::select! {
-            () = reconciler.round(&snapshot, &deployments, &policies) => {
+            () = reconciler.round(&snapshot, &deployments, &watched) => {
                 health.rounds.inc();
                 health.round_seconds.observe(started.elapsed().as_secs_f64());
                 reconciler.report(&health);
@@ -405,7 +400,7 @@ impl Reconciler {
         &mut self,
         snapshot: &Snapshot,
         deployments: &[Deployment],
-        policies: &BTreeSet<(String, String)>,
+        watched: &PlaneObjects,
     ) {
         let mut translate_options = self.options.translate.clone();
         translate_options.shared_tunnel = self.options.shared.as_ref().and_then(|shared| {
@@ -430,7 +425,7 @@ impl Reconciler {
             match output.planes.get(&key) {
                 Some(PlaneKey::Dedicated(_)) => {
                     if let Some(info) = self
-                        .dedicated(gw, &key, snapshot, deployments, policies)
+                        .dedicated(gw, &key, snapshot, deployments, watched)
                         .await
                     {
                         planes.insert(PlaneKey::Dedicated(key), info);
@@ -439,11 +434,11 @@ impl Reconciler {
                 // Back on the shared plane, or moved to another controller's class: its plane
                 // goes. (Not accepted for bad parameters: its plane keeps serving, see above.)
                 Some(PlaneKey::Shared) => {
-                    self.remove_plane(gw, &key, snapshot, deployments, policies)
+                    self.remove_plane(gw, &key, snapshot, deployments, watched)
                         .await
                 }
                 None if !ours => {
-                    self.remove_plane(gw, &key, snapshot, deployments, policies)
+                    self.remove_plane(gw, &key, snapshot, deployments, watched)
                         .await
                 }
                 // Ours, but its GatewayConfig does not resolve: its plane keeps serving.
@@ -605,7 +600,7 @@ impl Reconciler {
         key: &ObjectKey,
         snapshot: &Snapshot,
         deployments: &[Deployment],
-        policies: &BTreeSet<(String, String)>,
+        watched: &PlaneObjects,
     ) -> Option<PlaneInfo> {
         let config_name = gw
             .spec
@@ -632,11 +627,20 @@ impl Reconciler {
                         && d.metadata.name.as_deref() == Some(plane.names.deployment.as_str())
                 });
                 // The objects whose loss would matter at once are watched: the Deployment,
-                // the Service (pushes go through it) and the NetworkPolicy (the lock on 8081).
+                // the Service (pushes go through it), the NetworkPolicy (the lock on 8081) and
+                // the autoscaler (without it the count stays wherever it was).
                 let intact = live.is_some_and(|d| {
                     d.metadata.deletion_timestamp.is_none() && same_template(d, &plane.deployment)
-                }) && policies
-                    .contains(&(key.namespace.clone(), plane.names.network_policy.clone()))
+                }) && watched.has(
+                    PlaneObject::NetworkPolicy,
+                    &key.namespace,
+                    &plane.names.network_policy,
+                ) && (plane.autoscaler.is_none()
+                    || watched.has(
+                        PlaneObject::Autoscaler,
+                        &key.namespace,
+                        &plane.names.autoscaler,
+                    ))
                     && snapshot.services.iter().any(|s| {
                         s.metadata.namespace.as_deref() == Some(key.namespace.as_str())
                             && s.metadata.name.as_deref() == Some(plane.names.service.as_str())
@@ -786,7 +790,7 @@ impl Reconciler {
         key: &ObjectKey,
         snapshot: &Snapshot,
         deployments: &[Deployment],
-        policies: &BTreeSet<(String, String)>,
+        watched: &PlaneObjects,
     ) {
         let (Some(uid), Ok(names)) = (gw.metadata.uid.as_deref(), PlaneNames::for_gateway(gw))
         else {
@@ -815,7 +819,11 @@ impl Reconciler {
                 .secrets
                 .iter()
                 .any(|s| owned(&s.metadata, &names.auth_secret))
-            || policies.contains(&(key.namespace.clone(), names.network_policy.clone()));
+            || watched.has(
+                PlaneObject::NetworkPolicy,
+                &key.namespace,
+                &names.network_policy,
+            );
         if !had_plane {
             return;
         }

@@ -10,6 +10,7 @@ use gateway_api::experimental::grpcroutes::GrpcRoute;
 use gateway_api::experimental::httproutes::HttpRoute;
 use gateway_api::experimental::referencegrants::ReferenceGrant;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -43,6 +44,26 @@ pub struct Stores {
     pub deployments: Store<Deployment>,
     /// The rendered NetworkPolicies (a deleted one is put back at once).
     pub network_policies: Store<NetworkPolicy>,
+    /// The rendered autoscalers (likewise).
+    pub autoscalers: Store<HorizontalPodAutoscaler>,
+}
+
+/// A kind of rendered object whose loss the controller repairs at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PlaneObject {
+    NetworkPolicy,
+    Autoscaler,
+}
+
+/// The rendered NetworkPolicies and autoscalers there are now, by namespace and name.
+#[derive(Debug, Default)]
+pub struct PlaneObjects(std::collections::BTreeSet<(PlaneObject, String, String)>);
+
+impl PlaneObjects {
+    pub fn has(&self, kind: PlaneObject, namespace: &str, name: &str) -> bool {
+        self.0
+            .contains(&(kind, namespace.to_owned(), name.to_owned()))
+    }
 }
 
 fn cloned<K>(store: &Store<K>) -> Vec<K>
@@ -109,7 +130,33 @@ impl Stores {
                 &changed,
                 tasks,
             ),
+            autoscalers: watch(
+                Api::all(client.clone()),
+                all().labels(MANAGED_BY_SELECTOR),
+                &changed,
+                tasks,
+            ),
         }
+    }
+
+    /// The rendered NetworkPolicies and autoscalers the caches hold now.
+    pub fn plane_objects(&self) -> PlaneObjects {
+        fn key<K: Resource>(kind: PlaneObject, o: &K) -> Option<(PlaneObject, String, String)> {
+            Some((kind, o.meta().namespace.clone()?, o.meta().name.clone()?))
+        }
+        PlaneObjects(
+            self.network_policies
+                .state()
+                .iter()
+                .filter_map(|p| key(PlaneObject::NetworkPolicy, &**p))
+                .chain(
+                    self.autoscalers
+                        .state()
+                        .iter()
+                        .filter_map(|a| key(PlaneObject::Autoscaler, &**a)),
+                )
+                .collect(),
+        )
     }
 
     /// Whether every cache has had its first full list.
@@ -127,6 +174,7 @@ impl Stores {
             self.secrets.wait_until_ready().await,
             self.deployments.wait_until_ready().await,
             self.network_policies.wait_until_ready().await,
+            self.autoscalers.wait_until_ready().await,
         ];
         results.iter().all(Result::is_ok)
     }
