@@ -87,7 +87,8 @@ pub(crate) async fn connect(
             .await
             .map_err(|_| ConnError::control_stream("edge sent no HTTP/2 preface"))?
             .map_err(ConnError::control_stream)?;
-    let silent = liveness::silent(conn.ping_pong(), read, keepalive(shared));
+    let interval = keepalive(shared);
+    let silent = liveness::silent(conn.ping_pong(), read, interval, interval);
 
     let tracker = StreamTasks::new();
     let _cancel = tracker.cancel_on_drop();

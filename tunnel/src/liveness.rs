@@ -79,17 +79,23 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Heard<T> {
     }
 }
 
-/// Resolves when the edge has gone silent: after `interval` a PING goes out, and once it
-/// is outstanding, a whole further `interval` passes without a byte read. Never resolves
-/// while the connection answers, once the connection has failed (its own error ends it),
+/// Resolves when the peer has gone silent: every `every` a PING goes out, and while it is
+/// outstanding a whole `timeout` passes without a byte read. Any byte counts as an answer,
+/// so a PONG queued behind a large body does not make a busy connection look dead. Never
+/// resolves while the peer answers, once the connection has failed (its own error ends it),
 /// or without `pings` (h2 hands them out once). The connection must be polled alongside,
-/// or no PONG is ever read.
-pub(crate) async fn silent(pings: Option<h2::PingPong>, read: Arc<AtomicU64>, interval: Duration) {
+/// or no PING goes out and no PONG is read.
+pub(crate) async fn silent(
+    pings: Option<h2::PingPong>,
+    read: Arc<AtomicU64>,
+    every: Duration,
+    timeout: Duration,
+) {
     let Some(mut pings) = pings else {
         return std::future::pending().await;
     };
     loop {
-        tokio::time::sleep(interval).await;
+        tokio::time::sleep(every).await;
         let pong = pings.ping(h2::Ping::opaque());
         tokio::pin!(pong);
         let mut heard = read.load(Relaxed);
@@ -103,7 +109,7 @@ pub(crate) async fn silent(pings: Option<h2::PingPong>, read: Arc<AtomicU64>, in
                         return std::future::pending().await;
                     }
                 },
-                _ = tokio::time::sleep(interval) => {
+                _ = tokio::time::sleep(timeout) => {
                     // Let the connection read what has arrived before judging: under load
                     // the timer can fire before the reads queued ahead of it.
                     tokio::task::yield_now().await;

@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -394,7 +394,7 @@ async fn serve_tcp(
         .handshake::<_, Bytes>(tls)
         .await
         .map_err(|e| stream_err(&e))?;
-    let silent = unanswered_ping(
+    let silent = crate::liveness::silent(
         connection.ping_pong(),
         read,
         inner.h2_ping_interval,
@@ -501,51 +501,6 @@ async fn serve_tcp(
     inner.remove_connection(id);
     driver.abort();
     result
-}
-
-/// Resolves when the connector has gone silent: every `every`, a PING goes out, and
-/// while it is outstanding a whole `timeout` passes without a byte read. Any byte counts
-/// as an answer, so a PONG queued behind a large upload does not make a busy connection
-/// look dead. Never resolves while the connector answers, once the connection has failed
-/// (its driver ends it then), or without `pings`. The connection's driver must run
-/// alongside, or no PING goes out and no PONG is read.
-async fn unanswered_ping(
-    pings: Option<h2::PingPong>,
-    read: Arc<AtomicU64>,
-    every: Duration,
-    timeout: Duration,
-) {
-    let Some(mut pings) = pings else {
-        return std::future::pending().await;
-    };
-    loop {
-        tokio::time::sleep(every).await;
-        let pong = pings.ping(h2::Ping::opaque());
-        tokio::pin!(pong);
-        let mut heard = read.load(Ordering::Relaxed);
-        loop {
-            tokio::select! {
-                biased;
-                r = &mut pong => match r {
-                    Ok(_) => break,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "http2 ping failed");
-                        return std::future::pending().await;
-                    }
-                },
-                () = tokio::time::sleep(timeout) => {
-                    // Let the driver read what has arrived before judging: under load the
-                    // timer can fire before reads queued ahead of it.
-                    tokio::task::yield_now().await;
-                    let now = read.load(Ordering::Relaxed);
-                    if now == heard {
-                        return;
-                    }
-                    heard = now;
-                }
-            }
-        }
-    }
 }
 
 /// TCP keep-alive on connector connections, as Go's listener and dialer set it: the
