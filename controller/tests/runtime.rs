@@ -599,8 +599,21 @@ async fn scenario() {
             .filter(|d| hash(d) != before)
     })
     .await;
-    // Far more rounds (one every 100 ms) than a sustained failure takes (3).
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A route change during the rotation reaches the pod on the token before: `/cart` is
+    // no longer the route's, then is again.
+    let shop = |rule: &str| {
+        yaml(&format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: shop, namespace: tenant-a}}\nspec:\n  parentRefs: [{{name: edge}}]\n  rules: [{{{rule}backendRefs: [{{name: web, port: 80}}]}}]\n"
+        ))
+    };
+    for (rule, status) in [("matches: [{path: {value: /basket}}], ", 404), ("", 200)] {
+        api.put(shop(rule));
+        let by = Instant::now() + Duration::from_secs(20);
+        while get_via(pod.data_addr(), "shop.example.com").await != status {
+            assert!(Instant::now() < by, "the pod serves the changed route ({status})");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
     assert!(
         route_condition(&api, "tenant-a", "shop", PROXY_CONFIG_PUSHED).is_none(),
         "a pod on the token before the rotation is no push failure"
