@@ -610,7 +610,10 @@ async fn scenario() {
         api.put(shop(rule));
         let by = Instant::now() + Duration::from_secs(20);
         while get_via(pod.data_addr(), "shop.example.com").await != status {
-            assert!(Instant::now() < by, "the pod serves the changed route ({status})");
+            assert!(
+                Instant::now() < by,
+                "the pod serves the changed route ({status})"
+            );
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
