@@ -568,19 +568,7 @@ fn teardown_service(
                 };
                 let _ = reports.send(report);
             });
-            let mut r = Response::new(
-                http_body_util::Empty::<Bytes>::new()
-                    .map_err(|e| match e {})
-                    .boxed_unsync(),
-            );
-            *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-            r.headers_mut()
-                .insert("upgrade", "websocket".parse().unwrap());
-            r.headers_mut()
-                .insert("connection", "Upgrade".parse().unwrap());
-            r.headers_mut()
-                .insert("sec-websocket-accept", "dGVzdA==".parse().unwrap());
-            Ok::<_, Infallible>(r)
+            Ok::<_, Infallible>(websocket_accepted())
         }
     })
 }

@@ -172,14 +172,7 @@ pub async fn echo(mut req: Request<Body>) -> Result<Response<TestBody>, Infallib
                         let _ = tokio::io::copy(&mut r, &mut w).await;
                     }
                 });
-                let mut r = full(StatusCode::SWITCHING_PROTOCOLS, Bytes::new());
-                r.headers_mut()
-                    .insert("upgrade", "websocket".parse().unwrap());
-                r.headers_mut()
-                    .insert("connection", "Upgrade".parse().unwrap());
-                r.headers_mut()
-                    .insert("sec-websocket-accept", "dGVzdA==".parse().unwrap());
-                r
+                websocket_accepted()
             }
             None => full(StatusCode::BAD_REQUEST, "not an upgrade"),
         },
@@ -357,4 +350,18 @@ impl http_body::Body for EndedBody {
     fn is_end_stream(&self) -> bool {
         self.data.is_none()
     }
+}
+
+/// An origin's `101` accepting a WebSocket upgrade.
+#[allow(dead_code)] // Not every test binary that includes this module answers upgrades.
+pub fn websocket_accepted() -> Response<TestBody> {
+    let mut r = full(StatusCode::SWITCHING_PROTOCOLS, Bytes::new());
+    let headers = r.headers_mut();
+    headers.insert("upgrade", http::HeaderValue::from_static("websocket"));
+    headers.insert("connection", http::HeaderValue::from_static("Upgrade"));
+    headers.insert(
+        "sec-websocket-accept",
+        http::HeaderValue::from_static("dGVzdA=="),
+    );
+    r
 }
