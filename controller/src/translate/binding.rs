@@ -13,7 +13,8 @@ use super::gateway::{selector_matches, AllowedNamespaces, OwnedGateway, OwnedLis
 use super::status::{Condition, ConditionType, ParentRef, Reason, RouteParentStatus};
 use super::validate;
 use super::{
-    Attachment, Index, ObjectKey, PlaneKey, RouteKey, RouteKind, Snapshot, GATEWAY_API_GROUP,
+    Attachment, Index, ObjectKey, PlaneKey, Precedence, RouteKey, RouteKind, Snapshot,
+    GATEWAY_API_GROUP,
 };
 
 #[derive(Debug, Clone, Copy)]
@@ -57,20 +58,11 @@ impl<'a> RouteView<'a> {
         }
     }
 
-    /// Gateway API precedence across routes: the oldest first, then the first in alphabetical
-    /// order of `{namespace}/{name}` (compared as that one string, so `team-a/r` comes before
-    /// `team/r`). Routes without a creation timestamp sort after those with one; the kind
-    /// breaks the last tie so the order is total.
+    /// Gateway API precedence across routes (see [`Precedence`]); the kind breaks the last tie
+    /// so the order is total.
     pub(super) fn precedence_cmp(&self, other: &Self) -> Ordering {
-        let joined = |r: &Self| {
-            r.namespace
-                .bytes()
-                .chain(std::iter::once(b'/'))
-                .chain(r.name.bytes())
-        };
-        (self.created.is_none(), self.created)
-            .cmp(&(other.created.is_none(), other.created))
-            .then_with(|| joined(self).cmp(joined(other)))
+        Precedence::new(self.created, self.namespace, self.name)
+            .cmp(&Precedence::new(other.created, other.namespace, other.name))
             .then_with(|| self.kind.cmp(&other.kind))
     }
 }

@@ -1,6 +1,7 @@
 //! Which GatewayClasses and Gateways are ours, listener validation and conflicts, and the
 //! Gateway/listener status (Gateway API `GatewayConditionType`, `ListenerConditionType`).
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
 use gateway_api::experimental::gatewayclasses::GatewayClass;
@@ -8,14 +9,15 @@ use gateway_api::experimental::gateways::{
     Gateway, GatewayListeners, GatewayListenersAllowedRoutesNamespacesFrom,
     GatewayListenersAllowedRoutesNamespacesSelector,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::render::{self, RenderSettings};
 
 use super::status::{Condition, ConditionType, GatewayStatus, ListenerStatus, Reason};
 use super::validate;
 use super::{
-    ObjectKey, Options, PlaneKey, RouteKind, Snapshot, TunnelIdentity, GATEWAY_API_GROUP,
-    GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND,
+    ObjectKey, Options, PlaneKey, Precedence, RouteKind, Snapshot, TunnelIdentity, Tunnels,
+    GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND,
 };
 
 /// The owned classes by name; `None` when the class is owned by name only (`--gateway-class-name`)
@@ -75,21 +77,129 @@ pub(super) struct OwnedListener<'a> {
     pub(super) kinds: BTreeSet<RouteKind>,
     pub(super) namespaces: AllowedNamespaces<'a>,
     pub(super) attached_routes: i32,
+    /// Why the listener conflicts with another one, until it is reported as `Conflicted`.
+    conflict: Option<(Reason, String)>,
     conditions: Vec<Condition>,
+}
+
+impl OwnedListener<'_> {
+    /// Marks the listener conflicted: it serves nothing. The first conflict found is the one
+    /// reported.
+    fn conflicts(&mut self, reason: Reason, message: String) {
+        self.usable = false;
+        self.conflict.get_or_insert((reason, message));
+    }
+
+    /// Adds the conditions that wait for every conflict to be known: Conflicted, Programmed.
+    fn settle(&mut self, generation: Option<i64>) {
+        self.conditions.push(match self.conflict.take() {
+            Some((reason, message)) => {
+                Condition::new(ConditionType::Conflicted, true, reason, message, generation)
+            }
+            None => Condition::new(
+                ConditionType::Conflicted,
+                false,
+                Reason::NoConflicts,
+                "",
+                generation,
+            ),
+        });
+        let programmed = self.usable;
+        self.conditions.push(Condition::new(
+            ConditionType::Programmed,
+            programmed,
+            if programmed {
+                Reason::Programmed
+            } else {
+                Reason::Invalid
+            },
+            "",
+            generation,
+        ));
+    }
 }
 
 #[derive(Debug)]
 pub(super) struct OwnedGateway<'a> {
     pub(super) key: ObjectKey,
+    created: Option<&'a Time>,
+    generation: Option<i64>,
     /// The plane serving this Gateway; `None` when the Gateway is not accepted.
     pub(super) plane: Option<PlaneKey>,
     /// The tunnel of that plane, when known (a dedicated plane's always is).
     pub(super) tunnel: Option<TunnelIdentity>,
     pub(super) listeners: Vec<OwnedListener<'a>>,
+    /// Why `infrastructure.parametersRef` makes no plane, until the Gateway is settled.
+    refused: Option<(Reason, String)>,
     conditions: Vec<Condition>,
 }
 
 impl OwnedGateway<'_> {
+    /// Settles the status once every listener conflict is known, within the Gateway and with
+    /// the Gateways sharing its route table: the listeners' Conflicted and Programmed, the
+    /// Gateway's Accepted and Programmed. A Gateway that ends up not accepted has no plane.
+    fn settle(&mut self) {
+        let generation = self.generation;
+        for l in &mut self.listeners {
+            l.settle(generation);
+        }
+        let accepted = match self.refused.take() {
+            Some(refused) => Err(refused),
+            None if !self.listeners.is_empty() && self.listeners.iter().all(|l| !l.usable) => {
+                Err((Reason::ListenersNotValid, "no listener is valid".to_owned()))
+            }
+            None => Ok(()),
+        };
+        // Gateway API: ListenersNotValid may come with Accepted=True when the Gateway still
+        // serves its valid listeners.
+        let invalid: Vec<&str> = self
+            .listeners
+            .iter()
+            .filter(|l| !l.usable)
+            .map(|l| l.name)
+            .collect();
+        let (accepted_reason, accepted_message) = if invalid.is_empty() {
+            (Reason::Accepted, String::new())
+        } else {
+            (
+                Reason::ListenersNotValid,
+                format!("listeners not valid: {}", invalid.join(", ")),
+            )
+        };
+        self.conditions = match accepted {
+            Ok(()) => vec![
+                Condition::new(
+                    ConditionType::Accepted,
+                    true,
+                    accepted_reason,
+                    accepted_message,
+                    generation,
+                ),
+                Condition::new(
+                    ConditionType::Programmed,
+                    true,
+                    Reason::Programmed,
+                    "",
+                    generation,
+                ),
+            ],
+            Err((reason, message)) => {
+                self.plane = None;
+                self.tunnel = None;
+                vec![
+                    Condition::new(ConditionType::Accepted, false, reason, message, generation),
+                    Condition::new(
+                        ConditionType::Programmed,
+                        false,
+                        Reason::Invalid,
+                        "the Gateway is not accepted",
+                        generation,
+                    ),
+                ]
+            }
+        };
+    }
+
     pub(super) fn into_status(self) -> GatewayStatus {
         let listeners = self
             .listeners
@@ -126,6 +236,11 @@ pub(super) fn owned_gateways<'a>(
         };
         let key = ObjectKey::new(ns, name);
         out.insert(key.clone(), owned_gateway(key, gw, snapshot, options));
+    }
+    let tunnels = Tunnels::new(&out);
+    mark_table_conflicts(&mut out, &tunnels);
+    for gw in out.values_mut() {
+        gw.settle();
     }
     out
 }
@@ -171,45 +286,25 @@ fn owned_gateway<'a>(
         .iter()
         .map(|l| listener(l, generation))
         .collect();
-    mark_conflicts(&mut listeners, &gw.spec.listeners, generation);
-    for l in &mut listeners {
-        let programmed = l.usable;
-        l.conditions.push(Condition::new(
-            ConditionType::Programmed,
-            programmed,
-            if programmed {
-                Reason::Programmed
-            } else {
-                Reason::Invalid
-            },
-            "",
-            generation,
-        ));
-    }
+    mark_conflicts(&mut listeners, &gw.spec.listeners);
 
     let parameters = gw
         .spec
         .infrastructure
         .as_ref()
         .and_then(|i| i.parameters_ref.as_ref());
-    let mut tunnel = None;
-    let (plane, accepted) = match parameters {
-        None => {
-            tunnel = options.shared_tunnel;
-            (Some(PlaneKey::Shared), Ok(()))
-        }
+    let (plane, tunnel, refused) = match parameters {
+        None => (Some(PlaneKey::Shared), options.shared_tunnel, None),
         Some(p) if p.group == GATEWAY_CONFIG_GROUP && p.kind == GATEWAY_CONFIG_KIND => {
             match dedicated_tunnel(gw, &key.namespace, &p.name, snapshot, options) {
-                Ok(id) => {
-                    tunnel = Some(id);
-                    (Some(PlaneKey::Dedicated(key.clone())), Ok(()))
-                }
-                Err(problem) => (None, Err((Reason::InvalidParameters, problem))),
+                Ok(id) => (Some(PlaneKey::Dedicated(key.clone())), Some(id), None),
+                Err(problem) => (None, None, Some((Reason::InvalidParameters, problem))),
             }
         }
         Some(p) => (
             None,
-            Err((
+            None,
+            Some((
                 Reason::InvalidParameters,
                 format!(
                     "infrastructure.parametersRef must name a {GATEWAY_CONFIG_GROUP}/{GATEWAY_CONFIG_KIND}, not {}/{}",
@@ -218,67 +313,15 @@ fn owned_gateway<'a>(
             )),
         ),
     };
-    let accepted = match accepted {
-        Ok(()) if !listeners.is_empty() && listeners.iter().all(|l| !l.usable) => {
-            Err((Reason::ListenersNotValid, "no listener is valid".to_owned()))
-        }
-        other => other,
-    };
-    // Gateway API: ListenersNotValid may come with Accepted=True when the Gateway still serves
-    // its valid listeners.
-    let invalid: Vec<&str> = listeners
-        .iter()
-        .filter(|l| !l.usable)
-        .map(|l| l.name)
-        .collect();
-    let (accepted_reason, accepted_message) = if invalid.is_empty() {
-        (Reason::Accepted, String::new())
-    } else {
-        (
-            Reason::ListenersNotValid,
-            format!("listeners not valid: {}", invalid.join(", ")),
-        )
-    };
-    let (plane, conditions) = match accepted {
-        Ok(()) => (
-            plane,
-            vec![
-                Condition::new(
-                    ConditionType::Accepted,
-                    true,
-                    accepted_reason,
-                    accepted_message,
-                    generation,
-                ),
-                Condition::new(
-                    ConditionType::Programmed,
-                    true,
-                    Reason::Programmed,
-                    "",
-                    generation,
-                ),
-            ],
-        ),
-        Err((reason, message)) => (
-            None,
-            vec![
-                Condition::new(ConditionType::Accepted, false, reason, message, generation),
-                Condition::new(
-                    ConditionType::Programmed,
-                    false,
-                    Reason::Invalid,
-                    "the Gateway is not accepted",
-                    generation,
-                ),
-            ],
-        ),
-    };
     OwnedGateway {
         key,
-        tunnel: plane.as_ref().and(tunnel),
+        created: gw.metadata.creation_timestamp.as_ref(),
+        generation,
         plane,
+        tunnel,
         listeners,
-        conditions,
+        refused,
+        conditions: Vec::new(),
     }
 }
 
@@ -385,17 +428,14 @@ fn listener(l: &GatewayListeners, generation: Option<i64>) -> OwnedListener<'_> 
         kinds,
         namespaces,
         attached_routes: 0,
+        conflict: None,
         conditions,
     }
 }
 
 /// Listeners sharing a port conflict when their protocols differ or their hostnames are equal
 /// (Gateway API "Listener conflicts"); conflicted listeners serve nothing.
-fn mark_conflicts(
-    listeners: &mut [OwnedListener<'_>],
-    specs: &[GatewayListeners],
-    generation: Option<i64>,
-) {
+fn mark_conflicts(listeners: &mut [OwnedListener<'_>], specs: &[GatewayListeners]) {
     let mut conflicts: Vec<Option<(Reason, String)>> = vec![None; listeners.len()];
     for (i, a) in specs.iter().enumerate() {
         for (j, b) in specs.iter().enumerate() {
@@ -426,24 +466,73 @@ fn mark_conflicts(
         }
     }
     for (l, conflict) in listeners.iter_mut().zip(conflicts) {
-        match conflict {
-            Some((reason, message)) => {
-                l.usable = false;
-                l.conditions.push(Condition::new(
-                    ConditionType::Conflicted,
-                    true,
-                    reason,
-                    message,
-                    generation,
-                ));
+        if let Some((reason, message)) = conflict {
+            l.conflicts(reason, message);
+        }
+    }
+}
+
+/// Listeners of Gateways whose routes reach one route table conflict when they have the same
+/// scheme and the same hostname (both without one included). Ports mean nothing behind a
+/// tunnel: every request arrives through it, so such listeners would take the same requests,
+/// their routes would be merged into one host, and one Gateway's more specific rules would
+/// catch the other's traffic (a tenant taking another's requests on the shared plane).
+///
+/// Gateways reach one table when one plane serves them (every Gateway without
+/// `infrastructure.parametersRef` is on the shared plane) or their planes are on one tunnel,
+/// whose planes all serve the union of its routes. The oldest Gateway keeps the listener
+/// (creationTimestamp, then `namespace/name` as one string, as for routes); the others'
+/// listeners of that scheme and hostname are conflicted (`HostnameConflict`) as within one
+/// Gateway, so they serve nothing and count towards the Gateway's validity the same way.
+/// Listeners that already serve nothing (invalid, or conflicted within their Gateway) do not
+/// take part. Listeners of the other scheme are kept apart by [`super::scheme`], distinct
+/// hostnames (a wildcard and a name under it included) by the host lookup and listener
+/// isolation, and Gateways on other tunnels have other addresses: none of them conflict.
+fn mark_table_conflicts(gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'_>>, tunnels: &Tunnels) {
+    let mut order: Vec<&OwnedGateway<'_>> = gateways.values().collect();
+    order.sort_by(|a, b| {
+        Precedence::new(a.created, &a.key.namespace, &a.key.name).cmp(&Precedence::new(
+            b.created,
+            &b.key.namespace,
+            &b.key.name,
+        ))
+    });
+    // Per route table, scheme and hostname: the Gateway and listener keeping them.
+    let mut holders: BTreeMap<(PlaneKey, &str, Option<&str>), (&ObjectKey, &str)> = BTreeMap::new();
+    let mut conflicts = Vec::new();
+    for gw in order {
+        let Some(plane) = &gw.plane else { continue };
+        let table = tunnels.table(plane);
+        for (index, l) in gw.listeners.iter().enumerate().filter(|(_, l)| l.usable) {
+            match holders.entry((table.clone(), l.scheme, l.hostname.as_deref())) {
+                Entry::Vacant(entry) => {
+                    entry.insert((&gw.key, l.name));
+                }
+                // Two listeners of one Gateway on different ports: its own routes.
+                Entry::Occupied(entry) if *entry.get().0 == gw.key => {}
+                Entry::Occupied(entry) => {
+                    let (holder, listener) = *entry.get();
+                    let what = match l.hostname.as_deref() {
+                        Some(hostname) => format!("{}://{hostname}", l.scheme),
+                        None => format!("{} for any host", l.scheme),
+                    };
+                    conflicts.push((
+                        gw.key.clone(),
+                        index,
+                        format!(
+                            "listener {listener} of Gateway {holder} already serves {what} behind the same tunnel and takes precedence (older, or first by namespace/name); ports do not tell listeners apart behind a tunnel"
+                        ),
+                    ));
+                }
             }
-            None => l.conditions.push(Condition::new(
-                ConditionType::Conflicted,
-                false,
-                Reason::NoConflicts,
-                "",
-                generation,
-            )),
+        }
+    }
+    for (key, index, message) in conflicts {
+        if let Some(l) = gateways
+            .get_mut(&key)
+            .and_then(|gw| gw.listeners.get_mut(index))
+        {
+            l.conflicts(Reason::HostnameConflict, message);
         }
     }
 }

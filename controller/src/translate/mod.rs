@@ -21,6 +21,7 @@ mod validate;
 #[cfg(test)]
 mod tests;
 
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -32,6 +33,7 @@ use gateway_api::experimental::httproutes::HttpRoute;
 use gateway_api::experimental::referencegrants::ReferenceGrant;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Serialize, Serializer};
 
 use crate::gateway_config::GatewayConfig;
@@ -128,6 +130,57 @@ impl Serialize for ObjectKey {
         serializer.collect_str(self)
     }
 }
+
+/// An object's place in Gateway API precedence, where objects of one kind compete for the same
+/// thing (routes for a listener, Gateways for a hostname behind one tunnel): the oldest first,
+/// then the first in alphabetical order of `{namespace}/{name}` (compared as that one string, so
+/// `team-a/r` comes before `team/r`). Objects without a creation timestamp sort after those
+/// with one.
+#[derive(Debug, Clone, Copy)]
+struct Precedence<'a> {
+    created: Option<&'a Time>,
+    namespace: &'a str,
+    name: &'a str,
+}
+
+impl<'a> Precedence<'a> {
+    fn new(created: Option<&'a Time>, namespace: &'a str, name: &'a str) -> Self {
+        Self {
+            created,
+            namespace,
+            name,
+        }
+    }
+
+    fn joined(&self) -> impl Iterator<Item = u8> + 'a {
+        self.namespace
+            .bytes()
+            .chain(std::iter::once(b'/'))
+            .chain(self.name.bytes())
+    }
+}
+
+impl Ord for Precedence<'_> {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.created.is_none(), self.created)
+            .cmp(&(other.created.is_none(), other.created))
+            .then_with(|| self.joined().cmp(other.joined()))
+    }
+}
+
+impl PartialOrd for Precedence<'_> {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Precedence<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Precedence<'_> {}
 
 /// The route kinds the translation handles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -444,6 +497,15 @@ impl Tunnels {
                 .map(|(p, _)| p.clone())
                 .collect(),
         }
+    }
+
+    /// The route table `plane` serves, named by the first plane on its tunnel: two planes
+    /// serve the same routes exactly when their tables are equal.
+    fn table(&self, plane: &PlaneKey) -> PlaneKey {
+        self.planes_with(plane)
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| plane.clone())
     }
 
     /// Why `gateway` is flagged as sharing its tunnel, if it is.

@@ -536,7 +536,8 @@ fn listener_hostnames_end_with_a_404_rule_so_listeners_stay_isolated() {
     let gateway = r#"
 apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
-metadata: {name: iso, namespace: infra}
+# Older than the base Gateway gw: this one keeps its listener for any host over gw's.
+metadata: {name: iso, namespace: infra, creationTimestamp: "2020-01-01T00:00:00Z"}
 spec:
   gatewayClassName: cf
   listeners:
@@ -592,7 +593,8 @@ fn route_hostnames_inside_a_more_specific_listener_are_left_to_it() {
     let gateway = r#"
 apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
-metadata: {name: iso, namespace: infra}
+# Older than the base Gateway gw: this one keeps its listener for any host over gw's.
+metadata: {name: iso, namespace: infra, creationTimestamp: "2020-01-01T00:00:00Z"}
 spec:
   gatewayClassName: cf
   listeners:
@@ -852,7 +854,8 @@ spec:
     let catch_all = r#"
 apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
-metadata: {name: web, namespace: infra}
+# Older than the base Gateway gw: this one keeps its listener for any host over gw's.
+metadata: {name: web, namespace: infra, creationTimestamp: "2020-01-01T00:00:00Z"}
 spec:
   gatewayClassName: cf
   listeners:
@@ -1060,7 +1063,8 @@ fn rules_are_ordered_oldest_route_first_then_by_name() {
 const OPEN_GATEWAY: &str = r#"
 apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
-metadata: {name: open, namespace: infra}
+# Older than the base Gateway gw: this one keeps its listener for any host over gw's.
+metadata: {name: open, namespace: infra, creationTimestamp: "2020-01-01T00:00:00Z"}
 spec:
   gatewayClassName: cf
   listeners:
@@ -1392,7 +1396,8 @@ spec:
 fn listener_problems_are_reported_on_the_listener() {
     let out = run(r#"apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
-metadata: {name: mixed, namespace: infra}
+# Older than the base Gateway gw: this one keeps its listener for any host over gw's.
+metadata: {name: mixed, namespace: infra, creationTimestamp: "2020-01-01T00:00:00Z"}
 spec:
   gatewayClassName: cf
   listeners:
@@ -2052,14 +2057,465 @@ fn a_route_on_two_gateways_of_one_tunnel_is_not_repeated() {
     );
     let mut a = tenant("team-a", "a", TUNNEL_B);
     let mut a2 = tenant("team-a", "a2", TUNNEL_B).replace("from-team-a", "from-team-a-2");
-    // Listeners that admit any host, so the route attaches to both with the same hostnames.
-    a = a.replace(", hostname: a.example.com", "");
+    // Listeners that both admit the route's host, so it attaches to both with the same
+    // hostnames; their own hostnames differ, as equal ones on one tunnel would conflict.
+    a = a.replace("hostname: a.example.com", "hostname: \"*.example.com\"");
     a2 = a2.replace(", hostname: a2.example.com", "");
     let out = translate(&snapshot(&format!("{a}{a2}{both}")), &with_image());
+    let parents = route_status(&out, "team-a", "both");
+    assert_eq!(parents.len(), 2);
+    assert!(
+        parents.iter().all(|p| p
+            .condition(ConditionType::Accepted)
+            .is_some_and(|c| c.status)),
+        "{parents:#?}"
+    );
     let names = rule_names(&out, &PlaneKey::Dedicated(ObjectKey::new("team-a", "a")));
     assert_eq!(
         names.iter().filter(|n| *n == "team-a/both/0").count(),
         1,
         "{names:?}"
     );
+}
+
+/// A Gateway `name` in `ns` on the shared plane, created `at`, with `listeners` (YAML flow
+/// mappings, comma-separated).
+fn shared_gateway(ns: &str, name: &str, at: &str, listeners: &str) -> String {
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: {name}, namespace: {ns}, creationTimestamp: \"{at}\"}}\nspec:\n  gatewayClassName: cf\n  listeners: [{listeners}]\n---\n"
+    )
+}
+
+fn listener_status<'a>(
+    out: &'a Output,
+    ns: &str,
+    gateway: &str,
+    listener: &str,
+) -> &'a ListenerStatus {
+    out.statuses.gateways[&ObjectKey::new(ns, gateway)]
+        .listeners
+        .iter()
+        .find(|l| l.name == listener)
+        .expect("listener status present")
+}
+
+fn listener_condition(l: &ListenerStatus, kind: ConditionType) -> (bool, Reason) {
+    let c = l
+        .conditions
+        .iter()
+        .find(|c| c.kind == kind)
+        .expect("listener condition present");
+    (c.status, c.reason)
+}
+
+/// Conditions without their messages, which name different listeners.
+fn kinds_and_reasons(conditions: &[Condition]) -> Vec<(ConditionType, bool, Reason)> {
+    conditions
+        .iter()
+        .map(|c| (c.kind, c.status, c.reason))
+        .collect()
+}
+
+#[test]
+fn an_older_gateway_keeps_a_hostname_on_the_shared_plane_and_the_newer_ones_listener_is_conflicted()
+{
+    let older = shared_gateway(
+        "infra",
+        "site",
+        "2026-01-01T00:00:00Z",
+        "{name: https, port: 443, protocol: HTTPS, hostname: app.example.com}",
+    );
+    // Another tenant, on another port: behind the tunnel it would take the same requests.
+    let newer = shared_gateway(
+        "web",
+        "site",
+        "2026-02-01T00:00:00Z",
+        "{name: https, port: 8443, protocol: HTTPS, hostname: app.example.com}, {name: own, port: 443, protocol: HTTPS, hostname: web.example.com}",
+    );
+    let app = http_route(
+        "infra",
+        "app",
+        "  parentRefs: [{name: site}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]",
+    );
+    // More specific than the older tenant's rule: merged into one host, it would take /login.
+    let hijack = http_route(
+        "web",
+        "hijack",
+        "  parentRefs: [{name: site, sectionName: https}]\n  rules: [{matches: [{path: {value: /login}}], backendRefs: [{name: web, port: 8080}]}]",
+    );
+    let own = http_route(
+        "web",
+        "own",
+        "  parentRefs: [{name: site, sectionName: own}]\n  rules: [{backendRefs: [{name: web, port: 8080}]}]",
+    );
+    let out = run(&format!("{older}{newer}{app}{hijack}{own}"));
+
+    let lost = listener_status(&out, "web", "site", "https");
+    assert_eq!(
+        listener_condition(lost, ConditionType::Conflicted),
+        (true, Reason::HostnameConflict)
+    );
+    let message = &lost
+        .conditions
+        .iter()
+        .find(|c| c.kind == ConditionType::Conflicted)
+        .expect("Conflicted")
+        .message;
+    assert_eq!(
+        message,
+        "listener https of Gateway infra/site already serves https://app.example.com behind the same tunnel and takes precedence (older, or first by namespace/name); ports do not tell listeners apart behind a tunnel"
+    );
+    assert_eq!(
+        listener_condition(lost, ConditionType::Programmed),
+        (false, Reason::Invalid)
+    );
+    assert_eq!(lost.attached_routes, 0);
+    let newer_gateway = &out.statuses.gateways[&ObjectKey::new("web", "site")];
+    let accepted = &newer_gateway.conditions[0];
+    assert_eq!(
+        (
+            accepted.kind,
+            accepted.status,
+            accepted.reason,
+            accepted.message.as_str()
+        ),
+        (
+            ConditionType::Accepted,
+            true,
+            Reason::ListenersNotValid,
+            "listeners not valid: https"
+        ),
+        "the newer Gateway still serves its other listener"
+    );
+
+    let kept = listener_status(&out, "infra", "site", "https");
+    assert_eq!(
+        listener_condition(kept, ConditionType::Conflicted),
+        (false, Reason::NoConflicts)
+    );
+    assert_eq!(kept.attached_routes, 1);
+    assert_eq!(
+        condition(&out, "web", "hijack", ConditionType::Accepted),
+        (false, Reason::NoMatchingParent)
+    );
+    assert_eq!(
+        condition(&out, "web", "own", ConditionType::Accepted),
+        (true, Reason::Accepted)
+    );
+
+    let names: Vec<&str> = shared(&out)
+        .rules
+        .iter()
+        .filter_map(|r| r.name.as_deref())
+        .collect();
+    assert!(names.contains(&"infra/app/0"), "{names:?}");
+    assert!(names.contains(&"web/own/0"), "{names:?}");
+    assert!(!names.contains(&"web/hijack/0"), "{names:?}");
+    assert!(!names.contains(&"web/site/listener:https"), "{names:?}");
+    let on_app: Vec<&str> = shared(&out)
+        .rules
+        .iter()
+        .filter(|r| r.hostnames.iter().any(|h| h == "app.example.com"))
+        .filter_map(|r| r.name.as_deref())
+        .collect();
+    assert_eq!(on_app, vec!["infra/app/0", "infra/site/listener:https"]);
+    let routes = proxy_routes(shared(&out));
+    let pick = |path: &str| {
+        proxy_pick(
+            &routes,
+            "GET",
+            "app.example.com",
+            path,
+            &[("x-forwarded-proto", "https")],
+        )
+        .and_then(|r| r.name.as_deref().map(str::to_owned))
+    };
+    assert_eq!(pick("/login").as_deref(), Some("infra/app/0"));
+    assert_eq!(pick("/").as_deref(), Some("infra/app/0"));
+}
+
+#[test]
+fn equally_old_gateways_keep_a_hostname_by_the_joined_namespace_and_name() {
+    // As a (namespace, name) tuple `team` sorts before `team-a`; as the string
+    // "{namespace}/{name}" routes are ordered by, `team-a/gw` ('-' < '/') comes first.
+    let listener = "{name: http, port: 80, protocol: HTTP, hostname: app.example.com}";
+    let at = "2026-01-01T00:00:00Z";
+    let out = run(&format!(
+        "{}{}",
+        shared_gateway("team", "gw", at, listener),
+        shared_gateway("team-a", "gw", at, listener),
+    ));
+    assert_eq!(
+        listener_condition(
+            listener_status(&out, "team-a", "gw", "http"),
+            ConditionType::Conflicted
+        ),
+        (false, Reason::NoConflicts)
+    );
+    let lost = listener_status(&out, "team", "gw", "http");
+    assert_eq!(
+        listener_condition(lost, ConditionType::Conflicted),
+        (true, Reason::HostnameConflict)
+    );
+    assert!(
+        lost.conditions
+            .iter()
+            .any(|c| c.message.contains("listener http of Gateway team-a/gw")),
+        "{:?}",
+        lost.conditions
+    );
+
+    // Without timestamps the same order holds, and a Gateway with one comes before both.
+    let untimed =
+        |ns: &str| shared_gateway(ns, "gw", "", listener).replace(", creationTimestamp: \"\"", "");
+    let out = run(&format!("{}{}", untimed("team"), untimed("team-a")));
+    assert_eq!(
+        listener_condition(
+            listener_status(&out, "team", "gw", "http"),
+            ConditionType::Conflicted
+        ),
+        (true, Reason::HostnameConflict)
+    );
+    let out = run(&format!(
+        "{}{}{}",
+        untimed("team"),
+        untimed("team-a"),
+        shared_gateway("zz", "gw", at, listener)
+    ));
+    let conflicted = |ns: &str| {
+        listener_condition(
+            listener_status(&out, ns, "gw", "http"),
+            ConditionType::Conflicted,
+        )
+        .0
+    };
+    assert_eq!(
+        (conflicted("zz"), conflicted("team-a"), conflicted("team")),
+        (false, true, true)
+    );
+}
+
+#[test]
+fn listeners_of_other_schemes_or_hostnames_do_not_conflict_across_gateways() {
+    let older = shared_gateway(
+        "infra",
+        "a",
+        "2026-01-01T00:00:00Z",
+        "{name: http, port: 80, protocol: HTTP, hostname: app.example.com}, {name: wild, port: 443, protocol: HTTPS, hostname: \"*.example.com\"}",
+    );
+    let newer = shared_gateway(
+        "web",
+        "b",
+        "2026-02-01T00:00:00Z",
+        "{name: https, port: 443, protocol: HTTPS, hostname: app.example.com}, {name: wild, port: 80, protocol: HTTP, hostname: \"*.example.com\"}",
+    );
+    let on_a = http_route(
+        "infra",
+        "on-a",
+        "  parentRefs: [{name: a, sectionName: http}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]",
+    );
+    let on_b = http_route(
+        "web",
+        "on-b",
+        "  parentRefs: [{name: b, sectionName: https}]\n  rules: [{backendRefs: [{name: web, port: 8080}]}]",
+    );
+    let out = run(&format!("{older}{newer}{on_a}{on_b}"));
+    for (ns, gateway) in [("infra", "a"), ("web", "b")] {
+        for l in &out.statuses.gateways[&ObjectKey::new(ns, gateway)].listeners {
+            assert_eq!(
+                listener_condition(l, ConditionType::Conflicted),
+                (false, Reason::NoConflicts),
+                "{ns}/{gateway} listener {}",
+                l.name
+            );
+        }
+    }
+    let routes = proxy_routes(shared(&out));
+    let pick = |scheme: &str| {
+        proxy_pick(
+            &routes,
+            "GET",
+            "app.example.com",
+            "/",
+            &[("x-forwarded-proto", scheme)],
+        )
+        .and_then(|r| r.name.as_deref().map(str::to_owned))
+    };
+    assert_eq!(pick("http").as_deref(), Some("infra/on-a/0"));
+    assert_eq!(pick("https").as_deref(), Some("web/on-b/0"));
+}
+
+#[test]
+fn dedicated_gateways_on_different_tunnels_may_share_a_hostname() {
+    let out = translate(
+        &snapshot(&format!(
+            "{}{}",
+            tenant("team-a", "a", TUNNEL_A),
+            tenant("team-b", "b", TUNNEL_B)
+                .replace("hostname: b.example.com", "hostname: a.example.com"),
+        )),
+        &with_image(),
+    );
+    for (ns, name) in [("team-a", "a"), ("team-b", "b")] {
+        assert_eq!(
+            listener_condition(
+                listener_status(&out, ns, name, "http"),
+                ConditionType::Conflicted
+            ),
+            (false, Reason::NoConflicts),
+            "{ns}/{name}"
+        );
+        assert_eq!(
+            rule_names(&out, &PlaneKey::Dedicated(ObjectKey::new(ns, name))),
+            vec![
+                format!("{ns}/{name}/0"),
+                format!("{ns}/{name}/listener:http")
+            ]
+        );
+    }
+}
+
+#[test]
+fn dedicated_gateways_on_one_tunnel_conflict_on_a_hostname() {
+    // team-b/b is older, though team-a/a comes first by name.
+    let a = created(
+        tenant("team-a", "a", TUNNEL_A),
+        "team-a",
+        "2026-02-01T00:00:00Z",
+    );
+    let b = created(
+        tenant("team-b", "b", TUNNEL_A)
+            .replace("hostname: b.example.com", "hostname: a.example.com"),
+        "team-b",
+        "2026-01-01T00:00:00Z",
+    );
+    let out = translate(&snapshot(&format!("{a}{b}")), &with_image());
+    let lost = listener_status(&out, "team-a", "a", "http");
+    assert_eq!(
+        listener_condition(lost, ConditionType::Conflicted),
+        (true, Reason::HostnameConflict)
+    );
+    assert!(
+        lost.conditions
+            .iter()
+            .any(|c| c.message.contains("listener http of Gateway team-b/b")),
+        "{:?}",
+        lost.conditions
+    );
+    // Its only listener lost: not accepted, as when every listener conflicts within it.
+    let gateway = &out.statuses.gateways[&ObjectKey::new("team-a", "a")];
+    assert_eq!(
+        kinds_and_reasons(&gateway.conditions),
+        vec![
+            (ConditionType::Accepted, false, Reason::ListenersNotValid),
+            (ConditionType::Programmed, false, Reason::Invalid),
+        ]
+    );
+    assert_eq!(out.planes.get(&ObjectKey::new("team-a", "a")), None);
+    assert_eq!(
+        condition(&out, "team-a", "a", ConditionType::Accepted),
+        (false, Reason::NoMatchingParent)
+    );
+    assert_eq!(
+        rule_names(&out, &PlaneKey::Dedicated(ObjectKey::new("team-b", "b"))),
+        vec!["team-b/b/0".to_owned(), "team-b/b/listener:http".to_owned()]
+    );
+
+    // A dedicated Gateway on the class tunnel and a Gateway of the shared plane: one table too.
+    let options = Options {
+        shared_tunnel: Some(TunnelIdentity::of(&cftunnel_tunnel::Token::new(
+            "account",
+            b"secret".to_vec(),
+            TUNNEL_A.parse().expect("uuid"),
+        ))),
+        ..with_image()
+    };
+    let on_shared = shared_gateway(
+        "web",
+        "site",
+        "2026-03-01T00:00:00Z",
+        "{name: http, port: 80, protocol: HTTP, hostname: a.example.com}",
+    );
+    let out = translate(&snapshot(&format!("{a}{on_shared}")), &options);
+    assert_eq!(
+        listener_condition(
+            listener_status(&out, "web", "site", "http"),
+            ConditionType::Conflicted
+        ),
+        (true, Reason::HostnameConflict)
+    );
+    let out = translate(&snapshot(&format!("{a}{on_shared}")), &with_image());
+    assert_eq!(
+        listener_condition(
+            listener_status(&out, "web", "site", "http"),
+            ConditionType::Conflicted
+        ),
+        (false, Reason::NoConflicts),
+        "the class tunnel unknown: not known to be the same tunnel"
+    );
+}
+
+#[test]
+fn a_route_on_a_listener_lost_to_an_older_gateway_is_reported_as_on_a_listener_conflicted_in_its_gateway(
+) {
+    let older = shared_gateway(
+        "infra",
+        "old",
+        "2026-01-01T00:00:00Z",
+        "{name: web, port: 443, protocol: HTTPS, hostname: app.example.com}",
+    );
+    let route = http_route(
+        "web",
+        "r",
+        "  parentRefs: [{name: new, sectionName: web}]\n  rules: [{backendRefs: [{name: web, port: 8080}]}]",
+    );
+    let web = "{name: web, port: 443, protocol: HTTPS, hostname: app.example.com}";
+    let web_again = "{name: web-again, port: 443, protocol: HTTPS, hostname: app.example.com}";
+    // With another listener left to the Gateway, and without.
+    for other in [
+        ", {name: other, port: 443, protocol: HTTPS, hostname: other.example.com}",
+        "",
+    ] {
+        let newer =
+            |listeners: &str| shared_gateway("web", "new", "2026-02-01T00:00:00Z", listeners);
+        let across = run(&format!(
+            "{older}{}{route}",
+            newer(&format!("{web}{other}"))
+        ));
+        let within = run(&format!(
+            "{}{route}",
+            newer(&format!("{web}, {web_again}{other}"))
+        ));
+
+        let status = route_status(&across, "web", "r");
+        assert_eq!(
+            condition(&across, "web", "r", ConditionType::Accepted),
+            (false, Reason::NoMatchingParent)
+        );
+        assert_eq!(
+            status,
+            route_status(&within, "web", "r"),
+            "other: {other:?}"
+        );
+
+        let lost = listener_status(&across, "web", "new", "web");
+        let conflicted = listener_status(&within, "web", "new", "web");
+        assert_eq!(lost.attached_routes, conflicted.attached_routes);
+        assert_eq!(
+            kinds_and_reasons(&lost.conditions),
+            kinds_and_reasons(&conflicted.conditions),
+            "other: {other:?}"
+        );
+        let gateway = |out: &Output| {
+            kinds_and_reasons(&out.statuses.gateways[&ObjectKey::new("web", "new")].conditions)
+        };
+        assert_eq!(gateway(&across), gateway(&within), "other: {other:?}");
+        assert_eq!(
+            across.planes.get(&ObjectKey::new("web", "new")),
+            within.planes.get(&ObjectKey::new("web", "new"))
+        );
+        for out in [&across, &within] {
+            assert!(!rule_names(out, &PlaneKey::Shared).contains(&"web/r/0".to_owned()));
+        }
+    }
 }
