@@ -2,8 +2,9 @@
 //! list (with label selectors) and watch streams from a resourceVersion, get, create, delete,
 //! server-side apply (`application/apply-patch+yaml`), JSON merge patches, and the `status`
 //! and (Deployments) `scale` subresources. Errors are `Status` objects with the real codes (404 NotFound, 409
-//! AlreadyExists). It runs no controllers: a test plays the Deployment and EndpointSlice
-//! controllers itself.
+//! AlreadyExists, 409 Conflict for a write naming a resourceVersion that is no longer current,
+//! 422 Invalid for a Lease the API server's validation refuses). It runs no controllers: a test
+//! plays the Deployment and EndpointSlice controllers itself.
 //!
 //! Server-side apply keeps field ownership in `managedFields`: an applier's fields it no longer
 //! sends go unless another manager owns them too, another manager's fields with a different
@@ -14,6 +15,14 @@
 //! (served under any version in the path), lists owned whole (no merge keys), no pagination,
 //! no garbage collection, watches never expire (no 410). A label-selected watch sees an object
 //! that stops (starts) matching as DELETED (ADDED), as from the API server's watch cache.
+//!
+//! A test can hold requests ([`ApiServer::hold`]): the server reads them and does not answer,
+//! as an API server that is overloaded or cut off from its client, until the test releases them;
+//! they are then served as if they had just come, against the objects as they are by then.
+//!
+//! Several test binaries include this file, each using part of it.
+
+#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -77,6 +86,69 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     changed: watch::Sender<u64>,
+    /// Requests to hold, in the order the holds were made; the first that matches holds.
+    gates: Mutex<Vec<Arc<Gate>>>,
+}
+
+/// A request as an [`ApiServer::hold`] predicate sees it.
+pub struct Call<'a> {
+    pub method: &'a str,
+    pub kind: &'static str,
+    /// The request's body as JSON; `Null` when it has none (or it is not JSON).
+    pub body: &'a Value,
+}
+
+type Matches = Box<dyn Fn(&Call<'_>) -> bool + Send + Sync>;
+
+struct Gate {
+    matches: Matches,
+    open: watch::Sender<bool>,
+    /// Requests held so far.
+    arrived: watch::Sender<usize>,
+    /// The statuses held requests were answered with, in the order they were answered. A
+    /// request whose client gave up before the release may never be.
+    answered: watch::Sender<Vec<u16>>,
+}
+
+/// Requests held by [`ApiServer::hold`]. Releasing it, or dropping it, serves them.
+pub struct Hold {
+    gate: Arc<Gate>,
+    shared: Arc<Shared>,
+}
+
+impl Hold {
+    /// Waits until `n` requests have been held.
+    pub async fn arrived(&self, n: usize) {
+        let mut arrived = self.gate.arrived.subscribe();
+        let _ = arrived.wait_for(|a| *a >= n).await;
+    }
+
+    /// Serves the requests held so far, and holds no more.
+    pub fn release(&self) {
+        self.shared
+            .gates
+            .lock()
+            .expect("gates")
+            .retain(|g| !Arc::ptr_eq(g, &self.gate));
+        self.gate.open.send_replace(true);
+    }
+
+    /// Waits until `n` held requests have been answered; their statuses, in answer order.
+    pub async fn answered(&self, n: usize) -> Vec<u16> {
+        let mut answered = self.gate.answered.subscribe();
+        let statuses = answered
+            .wait_for(|a| a.len() >= n)
+            .await
+            .map(|a| a.clone())
+            .unwrap_or_default();
+        statuses
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 /// The running server. Dropping it stops serving.
@@ -288,6 +360,7 @@ impl ApiServer {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             changed,
+            gates: Mutex::new(Vec::new()),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -427,6 +500,49 @@ impl ApiServer {
             .collect()
     }
 
+    /// Holds every request `matches` picks, from now until the returned [`Hold`] is released
+    /// or dropped: the server reads it and does not answer.
+    pub fn hold(&self, matches: impl Fn(&Call<'_>) -> bool + Send + Sync + 'static) -> Hold {
+        let gate = Arc::new(Gate {
+            matches: Box::new(matches),
+            open: watch::channel(false).0,
+            arrived: watch::channel(0).0,
+            answered: watch::channel(Vec::new()).0,
+        });
+        self.shared
+            .gates
+            .lock()
+            .expect("gates")
+            .push(Arc::clone(&gate));
+        Hold {
+            gate,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// The resourceVersion of the last write.
+    pub fn resource_version(&self) -> u64 {
+        self.shared.state.lock().expect("state").rv
+    }
+
+    /// Every write after resourceVersion `rv`, as `EVENT plural namespace/name`.
+    pub fn writes_since(&self, rv: u64) -> Vec<String> {
+        let state = self.shared.state.lock().expect("state");
+        state
+            .log
+            .iter()
+            .filter(|e| e.rv > rv)
+            .map(|e| {
+                let name = e
+                    .object
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                format!("{} {} {}/{name}", e.event, e.plural, e.namespace)
+            })
+            .collect()
+    }
+
     /// Merges `status` into an object's status, as the owning controller would.
     pub fn set_status(
         &self,
@@ -491,19 +607,51 @@ async fn handle(
         api_version: &api_version,
         params: &params,
     };
+    let json = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let call = Call {
+        method: method.as_str(),
+        kind,
+        body: &json,
+    };
+    let gate = shared
+        .gates
+        .lock()
+        .expect("gates")
+        .iter()
+        .find(|g| (g.matches)(&call))
+        .cloned();
+    let Some(gate) = gate else {
+        return serve(shared, &request, method, &content_type, &body);
+    };
+    gate.arrived.send_modify(|n| *n += 1);
+    let _ = gate.open.subscribe().wait_for(|open| *open).await;
+    let res = serve(shared, &request, method, &content_type, &body);
+    gate.answered.send_modify(|a| a.push(res.status().as_u16()));
+    res
+}
+
+/// Answers a request (read and parsed).
+fn serve(
+    shared: &Arc<Shared>,
+    request: &Req<'_>,
+    method: Method,
+    content_type: &str,
+    body: &[u8],
+) -> Response<BoxBody<Bytes, Infallible>> {
+    let (target, params) = (request.target, request.params);
     if target.scale {
-        return scale(shared, &request, &method, &body);
+        return scale(shared, request, &method, body);
     }
     match (method, target.name.is_some()) {
         (Method::GET, false) if params.get("watch").is_some_and(|w| w == "true" || w == "1") => {
-            watch_response(shared, &request)
+            watch_response(shared, request)
         }
-        (Method::GET, false) => list(shared, &request),
-        (Method::GET, true) => get(shared, &request),
-        (Method::POST, false) => create(shared, &request, &body),
-        (Method::PATCH, true) => patch(shared, &request, &content_type, &body),
-        (Method::PUT, true) => replace(shared, &request, &body),
-        (Method::DELETE, true) => delete(shared, &request, &body),
+        (Method::GET, false) => list(shared, request),
+        (Method::GET, true) => get(shared, request),
+        (Method::POST, false) => create(shared, request, body),
+        (Method::PATCH, true) => patch(shared, request, content_type, body),
+        (Method::PUT, true) => replace(shared, request, body),
+        (Method::DELETE, true) => delete(shared, request, body),
         _ => status(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
@@ -552,6 +700,34 @@ impl Req<'_> {
             "Conflict",
             &format!("Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again", self.target.plural),
         )
+    }
+
+    /// The 422 the API server's validation answers an object it refuses; of the kinds here
+    /// only a Lease's spec is checked (`ValidateLeaseSpec`: a duration above 0, no negative
+    /// transition count).
+    fn invalid(&self, name: &str, object: &Value) -> Option<Response<BoxBody<Bytes, Infallible>>> {
+        if self.kind != "Lease" {
+            return None;
+        }
+        let field = |f: &str| {
+            object
+                .pointer(&format!("/spec/{f}"))
+                .and_then(Value::as_i64)
+        };
+        let (field, value, must) = match (field("leaseDurationSeconds"), field("leaseTransitions"))
+        {
+            (Some(d), _) if d <= 0 => ("leaseDurationSeconds", d, "must be greater than 0"),
+            (_, Some(t)) if t < 0 => ("leaseTransitions", t, "must be greater than or equal to 0"),
+            _ => return None,
+        };
+        Some(status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            &format!(
+                "{}.{} \"{name}\" is invalid: spec.{field}: Invalid value: {value}: {must}",
+                self.kind, self.target.group
+            ),
+        ))
     }
 
     fn not_found(&self, name: &str) -> Response<BoxBody<Bytes, Infallible>> {
@@ -640,6 +816,9 @@ fn create(
             "metadata.name: Required value",
         );
     }
+    if let Some(invalid) = req.invalid(&name, &object) {
+        return invalid;
+    }
     let key = req.key(&name);
     let mut state = shared.state.lock().expect("state");
     if state.objects.contains_key(&key) {
@@ -677,6 +856,9 @@ fn replace(
         if Some(wanted) != current.as_ref() {
             return req.stale(&name);
         }
+    }
+    if let Some(invalid) = req.invalid(&name, &object) {
+        return invalid;
     }
     if let (Some(meta), Some(old)) = (
         object.get_mut("metadata").and_then(Value::as_object_mut),
@@ -815,6 +997,9 @@ fn patch(
         }
     };
     ownership::default_fields(&mut updated);
+    if let Some(invalid) = req.invalid(&name, &updated) {
+        return invalid;
+    }
     if let Some(existing) = &existing {
         if updated.get("spec") != existing.get("spec") && !req.target.status {
             let generation = existing
