@@ -989,6 +989,107 @@ async fn only_the_leader_writes_and_another_replica_takes_over() {
     .expect("in time");
 }
 
+/// The leader's Lease renewals go unanswered: it reports it no longer leads (its `leading`
+/// gauge), writes nothing at all while it does not lead (not even putting back a Deployment
+/// of its plane deleted meanwhile), and once the API server answers again it leads and
+/// reconciles again.
+#[tokio::test]
+async fn a_leader_whose_renewals_hang_stops_writing_until_they_are_answered() {
+    use cftunnel_controller::runtime::lease::LeaseOptions;
+    use k8s_openapi::api::apps::v1::Deployment;
+    use kube::api::{Api, DeleteParams};
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let echo = support::echo("tenant-a", "web-1").await;
+        let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
+        let api = ApiServer::start(&seed(&token, &third, echo.http_addr())).await;
+        let options = RuntimeOptions {
+            translate: Options {
+                proxy_image: Some("proxy:a".to_owned()),
+                ..Options::default()
+            },
+            render: RenderSettings {
+                proxy_image: Some("proxy:a".to_owned()),
+                ..RenderSettings::default()
+            },
+            resync: Duration::from_millis(200),
+            lease: Some(LeaseOptions {
+                namespace: "cftunnel-system".to_owned(),
+                name: "cftunnel-controller".to_owned(),
+                identity: "replica-a".to_owned(),
+                duration: Duration::from_secs(2),
+                renew: Duration::from_millis(200),
+            }),
+            ..RuntimeOptions::default()
+        };
+        let health = std::sync::Arc::new(runtime::health::Health::default());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let health_addr = listener.local_addr().expect("addr");
+        let serving = tokio::spawn(runtime::health::serve(
+            listener,
+            std::sync::Arc::clone(&health),
+        ));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
+            let _ = stopped.await;
+        }));
+        let leading = || async {
+            let answer = support::request(health_addr, "GET", "/metrics", "controller", None, "")
+                .await
+                .expect("/metrics answers");
+            let text = String::from_utf8_lossy(&answer.body).into_owned();
+            text.lines()
+                .find_map(|l| l.strip_prefix("cftunnel_controller_leading "))
+                .map(|v| v.trim() == "1")
+                .expect("the leading gauge")
+        };
+        let deployment = || api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge");
+        eventually("the leader renders", deployment).await;
+        assert!(leading().await);
+
+        let hold = api.hold(|c| {
+            c.method == "PUT"
+                && c.kind == "Lease"
+                && c.body.pointer("/spec/holderIdentity") == Some(&json!("replica-a"))
+        });
+        hold.arrived(1).await;
+        let by = Instant::now() + Duration::from_secs(5);
+        while leading().await {
+            assert!(
+                Instant::now() < by,
+                "timed out waiting for the leader to step down"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+
+        // Something a leader would put back at once.
+        let deployments: Api<Deployment> = Api::namespaced(api.client(), "tenant-a");
+        deployments
+            .delete("cf-proxy-edge", &DeleteParams::default())
+            .await
+            .expect("the Deployment deleted");
+        let rv = api.resource_version();
+        // Several rounds' worth of resync periods.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(api.writes_since(rv), Vec::<String>::new(), "no writes");
+        assert!(!leading().await);
+
+        hold.release();
+        eventually("the Deployment put back", deployment).await;
+        assert!(leading().await);
+        let _ = stop.send(());
+        controller
+            .await
+            .expect("task")
+            .expect("the controller stops cleanly");
+        serving.abort();
+    })
+    .await
+    .expect("in time");
+}
+
 /// The shipped binary: `cftunnel-controller run` with a kubeconfig pointing at the API server
 /// serves its probes, renders a Gateway's plane, and on SIGTERM gives its Lease up and exits 0.
 #[tokio::test]

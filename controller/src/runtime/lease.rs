@@ -8,7 +8,14 @@
 //! Lease's whole duration on its own monotonic clock: node clocks that disagree cannot make two
 //! leaders. A holder stops leading 80 % of the duration after the start of its last successful
 //! renewal, even when that renewal is still waiting for the API server, before any other
-//! replica can take over.
+//! replica can take over. The Lease records the duration in whole seconds, rounded up, so
+//! other replicas never count it out sooner than this one stops.
+//!
+//! A write answered 409 Conflict (another replica wrote the Lease since it was read) or 409
+//! AlreadyExists (another created it first) is a lost race: this replica does not lead, and
+//! reads the Lease afresh on its next tick. Giving the Lease up on stop is such a write too,
+//! so it never clears another holder's record; it waits for the API server no longer than a
+//! renewal would, and a Lease not given up lapses on its own.
 
 use std::time::Duration;
 
@@ -27,12 +34,15 @@ pub struct LeaseOptions {
     pub name: String,
     /// This replica (its pod name, made unique).
     pub identity: String,
+    /// How long a holder keeps the Lease unrenewed; recorded in whole seconds, rounded up.
     pub duration: Duration,
+    /// How often the holder renews, and how long one renewal (or the give-up) may take.
     pub renew: Duration,
 }
 
 /// Starts the elector; the receiver says whether this replica leads now. Completing `stop`
-/// gives the Lease up (so another replica need not wait for it to expire) and ends the task.
+/// publishes `false`, gives the Lease up (so another replica need not wait for it to expire)
+/// and ends the task, within about two `renew` periods whether or not the API server answers.
 pub fn spawn(
     client: Client,
     options: LeaseOptions,
@@ -140,9 +150,21 @@ impl Elector {
         self.leading()
     }
 
+    /// The duration as the Lease records it: whole seconds, rounded up, since another replica
+    /// waits this long before it takes over and this one stops leading only 80 % of its own
+    /// duration after a renewal; and at least 1, as the API server refuses 0.
+    fn duration_secs(&self) -> i32 {
+        let duration = self.options.duration;
+        let secs = duration
+            .as_secs()
+            .saturating_add(u64::from(duration.subsec_nanos() > 0))
+            .max(1);
+        i32::try_from(secs).unwrap_or(i32::MAX)
+    }
+
     async fn attempt(&mut self) -> Result<bool, kube::Error> {
         let now = Timestamp::now();
-        let duration_secs = i32::try_from(self.options.duration.as_secs()).unwrap_or(i32::MAX);
+        let duration_secs = self.duration_secs();
         let me = self.options.identity.clone();
         let Some(mut lease) = self.api.get_opt(&self.options.name).await? else {
             let lease = Lease {
@@ -224,19 +246,38 @@ impl Elector {
             return;
         }
         self.renewed = None;
-        if let Ok(Some(mut lease)) = self.api.get_opt(&self.options.name).await {
-            let ours = lease
-                .spec
-                .as_ref()
-                .and_then(|s| s.holder_identity.as_deref())
-                == Some(self.options.identity.as_str());
-            if let (true, Some(spec)) = (ours, lease.spec.as_mut()) {
-                spec.holder_identity = None;
-                let _ = self
-                    .api
-                    .replace(&self.options.name, &PostParams::default(), &lease)
-                    .await;
+        // An API server that does not answer must not hold the shutdown up: the Lease then
+        // lapses on its own.
+        match tokio::time::timeout(self.options.renew, self.give_up()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(kube::Error::Api(e))) if e.code == 409 => {
+                tracing::info!(lease = %self.options.name, "the leader Lease changed hands before it was given up")
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, lease = %self.options.name, "giving the leader Lease up failed")
+            }
+            Err(_) => {
+                tracing::warn!(lease = %self.options.name, "giving the leader Lease up timed out")
             }
         }
+    }
+
+    /// Clears the holder if the Lease still names this replica; the resourceVersion read makes
+    /// the write fail (409) if anyone wrote the Lease since.
+    async fn give_up(&self) -> Result<(), kube::Error> {
+        let Some(mut lease) = self.api.get_opt(&self.options.name).await? else {
+            return Ok(());
+        };
+        let Some(spec) = lease.spec.as_mut() else {
+            return Ok(());
+        };
+        if spec.holder_identity.as_deref() != Some(self.options.identity.as_str()) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        self.api
+            .replace(&self.options.name, &PostParams::default(), &lease)
+            .await?;
+        Ok(())
     }
 }

@@ -1,0 +1,371 @@
+//! The leader election (`runtime::lease`) against the test API server over HTTP on loopback,
+//! observed through what the controller gets from it: the `leading` receiver. Covered here are
+//! the paths where the API server does not cooperate: renewals it holds unanswered (for longer
+//! than the Lease lasts), writes it answers 409 because another replica wrote the Lease first,
+//! a give-up on stop that finds the Lease changed hands or is never answered, and durations
+//! that are not whole seconds.
+
+#[path = "runtime/apiserver.rs"]
+mod apiserver;
+
+use std::time::Duration;
+
+use apiserver::{ApiServer, Call};
+use cftunnel_controller::runtime::lease::{self, LeaseOptions};
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{json, Value};
+use tokio::sync::{oneshot, watch};
+
+const NAMESPACE: &str = "cftunnel-system";
+const NAME: &str = "cftunnel-controller";
+
+/// How long a test may wait for something that must happen.
+const PATIENCE: Duration = Duration::from_secs(5);
+
+/// One elector, as a controller replica runs it.
+struct Replica {
+    leading: watch::Receiver<bool>,
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Replica {
+    fn start(api: &ApiServer, identity: &str, duration: Duration, renew: Duration) -> Self {
+        let options = LeaseOptions {
+            namespace: NAMESPACE.to_owned(),
+            name: NAME.to_owned(),
+            identity: identity.to_owned(),
+            duration,
+            renew,
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (leading, task) = lease::spawn(api.client(), options, async {
+            let _ = stopped.await;
+        });
+        Self {
+            leading,
+            stop,
+            task,
+        }
+    }
+
+    /// Waits until this replica's leading is `value`.
+    async fn becomes(&mut self, value: bool, what: &str) {
+        tokio::time::timeout(PATIENCE, self.leading.wait_for(|l| *l == value))
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting until {what}"))
+            .expect("the elector publishes");
+    }
+
+    /// Whether this replica leads at any moment within `window`.
+    async fn leads_within(&mut self, window: Duration) -> bool {
+        tokio::time::timeout(window, self.leading.wait_for(|l| *l))
+            .await
+            .is_ok()
+    }
+
+    /// Stops the elector and waits for its task to end.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(PATIENCE, self.task)
+            .await
+            .expect("the elector ends in time")
+            .expect("the elector task");
+    }
+}
+
+fn lease(api: &ApiServer) -> Value {
+    api.get("coordination.k8s.io/v1", "Lease", NAMESPACE, NAME)
+        .expect("the Lease exists")
+}
+
+fn holder(api: &ApiServer) -> Option<String> {
+    lease(api)
+        .pointer("/spec/holderIdentity")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+fn resource_version(lease: &Value) -> Value {
+    lease["metadata"]["resourceVersion"].clone()
+}
+
+fn renew_time(lease: &Value) -> Timestamp {
+    lease["spec"]["renewTime"]
+        .as_str()
+        .expect("a renewTime")
+        .parse()
+        .expect("an RFC 3339 renewTime")
+}
+
+fn micro_time(t: Timestamp) -> String {
+    t.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+}
+
+/// The Lease as a replica elsewhere writes it: `holder` (none: given up), renewed now.
+fn lease_of(holder: Option<&str>, duration_seconds: i64, transitions: i64) -> Value {
+    json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": NAME, "namespace": NAMESPACE},
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": duration_seconds,
+            "renewTime": micro_time(Timestamp::now()),
+            "leaseTransitions": transitions,
+        },
+    })
+}
+
+/// Writes of the Lease (create or replace) naming `identity` as the holder.
+fn writes_as(identity: &'static str) -> impl Fn(&Call<'_>) -> bool + Send + Sync + 'static {
+    move |c| {
+        matches!(c.method, "POST" | "PUT")
+            && c.kind == "Lease"
+            && c.body.pointer("/spec/holderIdentity") == Some(&json!(identity))
+    }
+}
+
+/// A replace of the Lease that names no holder: a give-up.
+fn give_up(c: &Call<'_>) -> bool {
+    c.method == "PUT" && c.kind == "Lease" && c.body.pointer("/spec/holderIdentity").is_none()
+}
+
+/// The API server stops answering the leader's renewals: it stops leading no later than 80 %
+/// of the duration after its last renewal that got through began, so before any other
+/// replica could count the Lease out; while the renewals stay unanswered (longer than the
+/// Lease lasts) it does not lead; once they are answered it leads again on its own Lease.
+#[tokio::test]
+async fn a_renewal_that_hangs_ends_leadership_before_the_lease_can_lapse() {
+    let duration = Duration::from_secs(2);
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let api = ApiServer::start("").await;
+        // A renewal may wait this long before it counts as failed: longer than the 20 % of
+        // the duration between the holder's deadline and the Lease's lapse.
+        let renew = Duration::from_millis(1200);
+        let mut a = Replica::start(&api, "replica-a", duration, renew);
+        a.becomes(true, "a leads a free Lease").await;
+        let transitions = lease(&api)["spec"]["leaseTransitions"].clone();
+
+        let hold = api.hold(writes_as("replica-a"));
+        hold.arrived(1).await;
+        // Renewals are made one at a time: the Lease now holds the last one that got through.
+        let last = lease(&api);
+        a.becomes(false, "a steps down").await;
+        let after = Timestamp::now().duration_since(renew_time(&last));
+        assert!(
+            after.as_secs_f64() < duration.as_secs_f64(),
+            "a led {after:?} after its last renewal, past the Lease's duration"
+        );
+        assert!(
+            after.as_secs_f64() > duration.mul_f64(0.8).as_secs_f64() - 0.1,
+            "a stepped down {after:?} after its last renewal, while it was still valid"
+        );
+
+        // Held past the Lease's whole duration: a does not lead, and wrote nothing.
+        let overdue = renew_time(&last)
+            .checked_add(duration.mul_f64(1.25))
+            .expect("a time");
+        let wait = Duration::try_from(overdue.duration_since(Timestamp::now()))
+            .unwrap_or_default()
+            .max(Duration::from_millis(500));
+        assert!(!a.leads_within(wait).await, "a leads while unanswered");
+        assert_eq!(resource_version(&lease(&api)), resource_version(&last));
+
+        // The API server answers again, long after: a renews its own Lease and leads.
+        hold.release();
+        a.becomes(true, "a leads again").await;
+        assert_eq!(holder(&api).as_deref(), Some("replica-a"));
+        assert_eq!(
+            lease(&api)["spec"]["leaseTransitions"],
+            transitions,
+            "the same holder's term"
+        );
+        a.stop().await;
+        assert_eq!(holder(&api), None, "the Lease was given up");
+    })
+    .await
+    .expect("in time");
+}
+
+/// Two replicas; the API server stops answering the leader a but still answers the standby b.
+/// a stops leading before b takes the Lease over (the duration, not whole seconds, is
+/// recorded rounded up, so b waits longer than a leads); when a's renewals are answered at
+/// last, they find b's record (409) and a stays a standby.
+#[tokio::test]
+async fn a_leader_cut_off_steps_down_before_a_standby_takes_over() {
+    let duration = Duration::from_millis(1800);
+    let renew = Duration::from_millis(100);
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let api = ApiServer::start("").await;
+        let mut a = Replica::start(&api, "replica-a", duration, renew);
+        a.becomes(true, "a leads a free Lease").await;
+        let mut b = Replica::start(&api, "replica-b", duration, renew);
+        assert!(
+            !b.leads_within(Duration::from_millis(500)).await,
+            "b leads while a renews"
+        );
+
+        let hold = api.hold(writes_as("replica-a"));
+        hold.arrived(1).await;
+        a.becomes(false, "a steps down").await;
+        assert!(
+            !*b.leading.borrow(),
+            "b took the Lease over before a stepped down"
+        );
+        b.becomes(true, "b takes the unrenewed Lease over").await;
+        assert!(!*a.leading.borrow());
+        let taken = lease(&api);
+        assert_eq!(taken["spec"]["holderIdentity"], json!("replica-b"));
+        assert_eq!(taken["spec"]["leaseTransitions"], json!(1));
+        assert_eq!(
+            taken["spec"]["leaseDurationSeconds"],
+            json!(2),
+            "1.8 s, rounded up"
+        );
+
+        // a's renewals are answered at last: b's record stands and a does not lead.
+        hold.release();
+        assert!(
+            !a.leads_within(Duration::from_secs(1)).await,
+            "a leads again beside b"
+        );
+        assert!(*b.leading.borrow());
+        assert_eq!(holder(&api).as_deref(), Some("replica-b"));
+
+        a.stop().await;
+        assert_eq!(
+            holder(&api).as_deref(),
+            Some("replica-b"),
+            "a standby gives nothing up"
+        );
+        b.stop().await;
+        assert_eq!(holder(&api), None);
+    })
+    .await
+    .expect("in time");
+}
+
+/// a reads the Lease (`seed`, or none), and while its write to take it is on the way another
+/// replica writes the Lease: a's write is answered 409 and a does not lead, neither then nor
+/// later while the other holds the Lease, and stopping a leaves the other's record alone.
+async fn a_lost_race_is_not_leadership(seed: Option<Value>, answer_reason: &str) {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let api = ApiServer::start("").await;
+        if let Some(seed) = seed {
+            api.put(seed);
+        }
+        let hold = api.hold(writes_as("replica-a"));
+        // A renew period longer than the race takes: the answer reaches a.
+        let mut a = Replica::start(
+            &api,
+            "replica-a",
+            Duration::from_secs(2),
+            Duration::from_secs(1),
+        );
+        hold.arrived(1).await;
+        let rival = api.put(lease_of(Some("replica-b"), 30, 1));
+        hold.release();
+        assert_eq!(hold.answered(1).await, vec![409], "{answer_reason}");
+        assert!(
+            !a.leads_within(Duration::from_millis(1500)).await,
+            "a leads on a lost race"
+        );
+        assert_eq!(lease(&api), rival, "a wrote nothing");
+        a.stop().await;
+        assert_eq!(lease(&api), rival, "a gave up nothing of b's");
+    })
+    .await
+    .expect("in time");
+}
+
+#[tokio::test]
+async fn a_take_over_answered_409_conflict_is_not_leadership() {
+    // A Lease given up: a reads it free and replaces it naming the resourceVersion it read.
+    a_lost_race_is_not_leadership(Some(lease_of(None, 2, 0)), "Conflict").await;
+}
+
+#[tokio::test]
+async fn a_create_answered_409_already_exists_is_not_leadership() {
+    // No Lease yet: a creates one.
+    a_lost_race_is_not_leadership(None, "AlreadyExists").await;
+}
+
+/// a stops leading and gives the Lease up, but another replica wrote the Lease after a read
+/// it: the give-up is answered 409 and the other's record stands.
+#[tokio::test]
+async fn the_give_up_on_stop_leaves_a_record_written_since_alone() {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let api = ApiServer::start("").await;
+        let mut a = Replica::start(
+            &api,
+            "replica-a",
+            Duration::from_secs(2),
+            Duration::from_secs(1),
+        );
+        a.becomes(true, "a leads a free Lease").await;
+        let hold = api.hold(give_up);
+        let _ = a.stop.send(());
+        hold.arrived(1).await;
+        assert!(!*a.leading.borrow(), "a stops leading before it gives up");
+        let rival = api.put(lease_of(Some("replica-b"), 2, 1));
+        hold.release();
+        assert_eq!(hold.answered(1).await, vec![409]);
+        tokio::time::timeout(PATIENCE, a.task)
+            .await
+            .expect("the elector ends in time")
+            .expect("the elector task");
+        assert_eq!(lease(&api), rival, "b's record stands");
+    })
+    .await
+    .expect("in time");
+}
+
+/// The API server never answers the give-up: stopping still ends the elector, about a renew
+/// period later, and the Lease is left to lapse.
+#[tokio::test]
+async fn a_give_up_that_is_never_answered_does_not_hold_the_stop_up() {
+    let renew = Duration::from_millis(300);
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let api = ApiServer::start("").await;
+        let mut a = Replica::start(&api, "replica-a", Duration::from_secs(2), renew);
+        a.becomes(true, "a leads a free Lease").await;
+        let hold = api.hold(give_up);
+        let _ = a.stop.send(());
+        hold.arrived(1).await;
+        assert!(!*a.leading.borrow(), "a stops leading before it gives up");
+        tokio::time::timeout(renew * 2 + Duration::from_secs(1), a.task)
+            .await
+            .expect("the elector ends without an answer")
+            .expect("the elector task");
+        assert_eq!(holder(&api).as_deref(), Some("replica-a"));
+        drop(hold);
+    })
+    .await
+    .expect("in time");
+}
+
+/// A sub-second duration is recorded as one second (the API server refuses 0): the replica
+/// leads, and a standby waits while it renews.
+#[tokio::test]
+async fn a_sub_second_duration_is_recorded_as_a_whole_second() {
+    let duration = Duration::from_millis(500);
+    let renew = Duration::from_millis(100);
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let api = ApiServer::start("").await;
+        let mut a = Replica::start(&api, "replica-a", duration, renew);
+        a.becomes(true, "a leads a free Lease").await;
+        assert_eq!(lease(&api)["spec"]["leaseDurationSeconds"], json!(1));
+        let mut b = Replica::start(&api, "replica-b", duration, renew);
+        assert!(
+            !b.leads_within(Duration::from_millis(1500)).await,
+            "b leads while a renews"
+        );
+        assert!(*a.leading.borrow());
+        a.stop().await;
+        b.becomes(true, "b takes the given-up Lease").await;
+        b.stop().await;
+    })
+    .await
+    .expect("in time");
+}
