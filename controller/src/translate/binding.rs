@@ -369,7 +369,6 @@ fn attach(
     gw: &OwnedGateway<'_>,
     index: &Index<'_>,
 ) -> Result<(PlaneKey, Vec<ListenerAttachment>), (Reason, String)> {
-    let shadowing = shadowing_hostnames(&gw.listeners);
     let candidates: Vec<(usize, &OwnedListener<'_>)> = gw
         .listeners
         .iter()
@@ -411,13 +410,15 @@ fn attach(
     let mut attached = Vec::new();
     for (i, l) in allowed {
         if let Some(hosts) = intersect(l.hostname.as_deref(), &route.hostnames) {
-            let hosts = match (hosts, shadowing.get(l.name)) {
-                (Hosts::Some(list), Some(more_specific)) => Hosts::Some(
+            // Listener isolation: hostnames inside a more specific listener of the route
+            // table are left to it; the route stays accepted (see `mark_more_specific`).
+            let hosts = match hosts {
+                Hosts::Some(list) => Hosts::Some(
                     list.into_iter()
-                        .filter(|h| !more_specific.iter().any(|s| covered(h, s)))
+                        .filter(|h| !l.more_specific.iter().any(|s| covered(h, s)))
                         .collect(),
                 ),
-                (hosts, _) => hosts,
+                hosts => hosts,
             };
             let redirect_port = if l.well_known_port {
                 None
@@ -449,31 +450,8 @@ fn attach(
     Ok((plane, attached))
 }
 
-/// For each listener, the hostnames of the other listeners on its port that are more specific
-/// (Gateway API listener isolation: a request goes to the most specific matching listener).
-/// A route hostname inside one of them is served by that listener alone, so it is dropped
-/// from the rules of routes attached through the less specific listener.
-fn shadowing_hostnames<'a>(listeners: &[OwnedListener<'a>]) -> BTreeMap<&'a str, Vec<String>> {
-    let mut out: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for l in listeners.iter().filter(|l| l.usable) {
-        for other in listeners.iter().filter(|o| o.usable && o.port == l.port) {
-            let Some(h) = other.hostname.as_deref() else {
-                continue;
-            };
-            let more_specific = match l.hostname.as_deref() {
-                None => true,
-                Some(mine) => h != mine && covered(h, mine),
-            };
-            if more_specific {
-                out.entry(l.name).or_default().push(h.to_owned());
-            }
-        }
-    }
-    out
-}
-
 /// Every host `name` matches is also matched by `pattern`.
-fn covered(name: &str, pattern: &str) -> bool {
+pub(super) fn covered(name: &str, pattern: &str) -> bool {
     intersect_one(pattern, name).as_deref() == Some(name)
 }
 

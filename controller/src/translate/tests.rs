@@ -2519,3 +2519,199 @@ fn a_route_on_a_listener_lost_to_an_older_gateway_is_reported_as_on_a_listener_c
         }
     }
 }
+
+/// Two tenants on the shared plane: `infra/a` with an HTTPS listener for `app.example.com` and a
+/// route for it, and `web/b`, older, with `b_listener` (HTTPS, named `https`) and two routes
+/// naming `app.example.com`: `grab`, with a rule more specific than `infra/a`'s that would take
+/// its `/login` if both were merged into one host, also naming `other.example.com`, and
+/// `only-app`, naming nothing else.
+fn tenants_naming_app_example_com(b_listener: &str) -> Output {
+    let a = shared_gateway(
+        "infra",
+        "a",
+        "2026-02-01T00:00:00Z",
+        "{name: https, port: 443, protocol: HTTPS, hostname: app.example.com}",
+    );
+    // Older, so nothing here is decided by Gateway precedence.
+    let b = shared_gateway("web", "b", "2026-01-01T00:00:00Z", b_listener);
+    let app = http_route(
+        "infra",
+        "app",
+        "  parentRefs: [{name: a}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]",
+    );
+    let grab = http_route(
+        "web",
+        "grab",
+        "  parentRefs: [{name: b}]\n  hostnames: [app.example.com, other.example.com]\n  rules: [{matches: [{path: {value: /login}}], backendRefs: [{name: web, port: 8080}]}]",
+    );
+    let only_app = http_route(
+        "web",
+        "only-app",
+        "  parentRefs: [{name: b}]\n  hostnames: [app.example.com]\n  rules: [{backendRefs: [{name: web, port: 8080}]}]",
+    );
+    run(&format!("{a}{b}{app}{grab}{only_app}"))
+}
+
+/// What [`tenants_naming_app_example_com`] must give, whatever `web/b`'s listener hostname:
+/// `app.example.com` is `infra/a`'s alone, `other.example.com` is still `web/b`'s, and the routes
+/// of `web/b` stay accepted.
+fn assert_app_example_com_is_left_to_its_listener(out: &Output) {
+    let routes = proxy_routes(shared(out));
+    let pick = |host: &str, path: &str| {
+        proxy_pick(
+            &routes,
+            "GET",
+            host,
+            path,
+            &[("x-forwarded-proto", "https")],
+        )
+        .and_then(|r| r.name.as_deref().map(str::to_owned))
+    };
+    assert_eq!(
+        pick("app.example.com", "/login").as_deref(),
+        Some("infra/app/0")
+    );
+    assert_eq!(pick("app.example.com", "/").as_deref(), Some("infra/app/0"));
+    assert_eq!(
+        pick("other.example.com", "/login").as_deref(),
+        Some("web/grab/0")
+    );
+    let on_app: Vec<&str> = shared(out)
+        .rules
+        .iter()
+        .filter(|r| r.hostnames.iter().any(|h| h == "app.example.com"))
+        .filter_map(|r| r.name.as_deref())
+        .collect();
+    assert_eq!(on_app, vec!["infra/app/0", "infra/a/listener:https"]);
+    let names = rule_names(out, &PlaneKey::Shared);
+    assert!(!names.contains(&"web/only-app/0".to_owned()), "{names:?}");
+
+    // As when a more specific listener of the route's own Gateway takes its hostnames.
+    for route in ["grab", "only-app"] {
+        assert_eq!(
+            condition(out, "web", route, ConditionType::Accepted),
+            (true, Reason::Accepted),
+            "{route}"
+        );
+    }
+    assert_eq!(listener_status(out, "web", "b", "https").attached_routes, 2);
+    for (ns, gateway) in [("infra", "a"), ("web", "b")] {
+        assert_eq!(
+            listener_condition(
+                listener_status(out, ns, gateway, "https"),
+                ConditionType::Conflicted
+            ),
+            (false, Reason::NoConflicts),
+            "{ns}/{gateway}"
+        );
+    }
+}
+
+#[test]
+fn a_wildcard_listener_leaves_hostnames_of_another_gateways_more_specific_listener_to_it() {
+    let out = tenants_naming_app_example_com(
+        "{name: https, port: 443, protocol: HTTPS, hostname: \"*.example.com\"}",
+    );
+    assert_app_example_com_is_left_to_its_listener(&out);
+}
+
+#[test]
+fn a_listener_without_hostname_leaves_hostnames_of_another_gateways_listener_to_it() {
+    let out = tenants_naming_app_example_com("{name: https, port: 443, protocol: HTTPS}");
+    assert_app_example_com_is_left_to_its_listener(&out);
+}
+
+#[test]
+fn a_more_specific_listener_on_another_tunnel_leaves_the_hostname_to_the_wildcard_listener() {
+    let a = tenant("team-a", "a", TUNNEL_A)
+        .replace("hostname: a.example.com", "hostname: app.example.com");
+    let b = |tunnel: &str| {
+        tenant("team-b", "b", tunnel)
+            .replace("hostname: b.example.com", "hostname: \"*.example.com\"")
+    };
+    let grab = http_route(
+        "team-b",
+        "grab",
+        "  parentRefs: [{name: b}]\n  hostnames: [app.example.com, other.example.com]\n  rules: [{matches: [{path: {value: /login}}], backendRefs: [{name: v1, namespace: infra, port: 8080}]}]",
+    );
+    let picks = |out: &Output, plane: &ObjectKey| {
+        let routes = proxy_routes(&out.configs[&PlaneKey::Dedicated(plane.clone())]);
+        ["app.example.com", "other.example.com"].map(|host| {
+            proxy_pick(&routes, "GET", host, "/login", &[])
+                .and_then(|r| r.name.as_deref().map(str::to_owned))
+                .unwrap_or_default()
+        })
+    };
+    let plane_a = ObjectKey::new("team-a", "a");
+    let plane_b = ObjectKey::new("team-b", "b");
+
+    // Different tunnels, different route tables: each plane serves its own Gateway's listeners.
+    let out = translate(
+        &snapshot(&format!("{a}{}{grab}", b(TUNNEL_B))),
+        &with_image(),
+    );
+    assert_eq!(picks(&out, &plane_b), ["team-b/grab/0", "team-b/grab/0"]);
+    assert_eq!(picks(&out, &plane_a)[0], "team-a/a/0");
+
+    // One tunnel: one table, where `app.example.com` is team-a's listener's alone.
+    let out = translate(
+        &snapshot(&format!("{a}{}{grab}", b(TUNNEL_A))),
+        &with_image(),
+    );
+    for plane in [&plane_a, &plane_b] {
+        assert_eq!(
+            picks(&out, plane),
+            ["team-a/a/0", "team-b/grab/0"],
+            "{plane}"
+        );
+    }
+}
+
+#[test]
+fn listeners_of_other_schemes_do_not_take_hostnames_from_each_other() {
+    let plain = shared_gateway(
+        "web",
+        "plain",
+        "2026-01-01T00:00:00Z",
+        "{name: http, port: 80, protocol: HTTP, hostname: \"*.example.com\"}",
+    );
+    let secure = shared_gateway(
+        "infra",
+        "secure",
+        "2026-02-01T00:00:00Z",
+        "{name: https, port: 443, protocol: HTTPS, hostname: app.example.com}",
+    );
+    let on_plain = http_route(
+        "web",
+        "on-plain",
+        "  parentRefs: [{name: plain}]\n  hostnames: [app.example.com]\n  rules: [{matches: [{path: {value: /login}}], backendRefs: [{name: web, port: 8080}]}]",
+    );
+    let on_secure = http_route(
+        "infra",
+        "on-secure",
+        "  parentRefs: [{name: secure}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]",
+    );
+    let out = run(&format!("{plain}{secure}{on_plain}{on_secure}"));
+    let routes = proxy_routes(shared(&out));
+    let pick = |scheme: &str, path: &str| {
+        proxy_pick(
+            &routes,
+            "GET",
+            "app.example.com",
+            path,
+            &[("x-forwarded-proto", scheme)],
+        )
+        .and_then(|r| r.name.as_deref().map(str::to_owned))
+    };
+    assert_eq!(pick("http", "/login").as_deref(), Some("web/on-plain/0"));
+    assert_eq!(
+        pick("https", "/login").as_deref(),
+        Some("infra/on-secure/0")
+    );
+    assert_eq!(pick("https", "/").as_deref(), Some("infra/on-secure/0"));
+    // The HTTP listener's own isolation rule, not the HTTPS listener's routes.
+    assert_eq!(
+        pick("http", "/").as_deref(),
+        Some("web/plain/listener:http")
+    );
+}
