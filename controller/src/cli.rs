@@ -89,6 +89,14 @@ pub struct RunArgs {
     /// Seconds between rounds when nothing changes.
     #[arg(long, default_value_t = 30)]
     pub resync_seconds: u64,
+    /// Seconds a Kubernetes API call (but a watch) may wait for its whole response before it
+    /// fails like any other failed call (1 to 3600).
+    #[arg(
+        long,
+        default_value_t = crate::runtime::api_client::DEFAULT_REQUEST_TIMEOUT.as_secs(),
+        value_parser = clap::value_parser!(u64).range(1..=3600)
+    )]
+    pub api_request_timeout_seconds: u64,
     /// The Cloudflare API token for tunnels whose GatewayConfig names none, and the shared
     /// plane's. Without it those tunnels' ingress documents are not written.
     #[arg(long, env = "CLOUDFLARE_API_TOKEN", hide_env_values = true)]

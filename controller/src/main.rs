@@ -3,6 +3,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use cftunnel_controller::cli::{run_crd, run_render, run_translate, Cli, Command, RunArgs};
+use cftunnel_controller::runtime::api_client;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -49,7 +50,8 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let client = kube::Client::try_default().await.map_err(|e| {
+        let request_timeout = std::time::Duration::from_secs(args.api_request_timeout_seconds);
+        let client = api_client::connect(request_timeout).await.map_err(|e| {
             anyhow::anyhow!(
                 "connecting to the Kubernetes API (kubeconfig or in-cluster service account): {e}"
             )

@@ -1222,6 +1222,15 @@ impl Tenant {
 
     /// [`Tenant::start`] with `before` run on the API server before the controller starts.
     async fn start_with(spec: &str, before: impl FnOnce(&ApiServer)) -> Self {
+        Self::start_on(spec, before, ApiServer::client).await
+    }
+
+    /// [`Tenant::start_with`], the controller using the client `client` makes.
+    async fn start_on(
+        spec: &str,
+        before: impl FnOnce(&ApiServer),
+        client: impl FnOnce(&ApiServer) -> kube::Client,
+    ) -> Self {
         let echo = support::echo("tenant-a", "web-1").await;
         let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
         let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
@@ -1242,7 +1251,7 @@ impl Tenant {
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let health = std::sync::Arc::new(runtime::health::Health::default());
-        let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
+        let controller = tokio::spawn(runtime::run(client(&api), options, health, async {
             let _ = stopped.await;
         }));
         Self {
@@ -1305,6 +1314,53 @@ impl Tenant {
             .expect("task")
             .expect("the controller stops cleanly");
     }
+}
+
+/// A status write the API server never answers fails once it has waited the client's bound
+/// (`runtime::api_client`), as any failed API call: the round goes on, later rounds apply
+/// later changes, and once the API server answers the status is written.
+#[tokio::test]
+async fn a_status_write_that_is_never_answered_does_not_stall_reconciling() {
+    use cftunnel_controller::runtime::api_client;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut held = None;
+        let t = Tenant::start_on(
+            "replicas: 2",
+            |api| held = Some(api.hold(|c| c.method == "PATCH" && c.kind == "Gateway")),
+            |api| {
+                let config = kube::Config::new(api.base_url().parse().expect("url"));
+                api_client::from_config(config, Duration::from_millis(500)).expect("client")
+            },
+        )
+        .await;
+        let hold = held.expect("the Gateway's status writes are held");
+        t.replicas_become(2).await;
+        // The first round reached its status writes.
+        tokio::time::timeout(Duration::from_secs(20), hold.arrived(1))
+            .await
+            .expect("the Gateway's status write");
+
+        t.configure("replicas: 2, resources: {limits: {memory: 128Mi}}");
+        // Applied by a later round: the one held in its status writes went on.
+        t.applied_with_memory("128Mi").await;
+        let gateway_status = || {
+            t.api
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-a",
+                    "edge",
+                )
+                .and_then(|g| g.pointer("/status/conditions").cloned())
+        };
+        assert_eq!(gateway_status(), None, "nothing written while held");
+
+        hold.release();
+        eventually("the Gateway's status written", gateway_status).await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
 }
 
 fn put_gateway_config(api: &ApiServer, spec: &str) {

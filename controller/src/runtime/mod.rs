@@ -8,8 +8,10 @@
 //!
 //! Here: the run loop and the round (planes, pushes, tunnel documents). `apply` writes and
 //! removes a plane's objects, `report` writes statuses and Events ([`status`] builds them),
-//! [`lease`] elects the one replica that acts, [`health`] serves the controller's endpoint.
+//! [`lease`] elects the one replica that acts, [`health`] serves the controller's endpoint,
+//! [`api_client`] builds the Kubernetes client, whose calls but watches are bounded in time.
 
+pub mod api_client;
 mod apply;
 pub mod health;
 pub mod lease;

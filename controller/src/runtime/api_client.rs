@@ -1,0 +1,277 @@
+//! The controller's Kubernetes API client: kube's own stack, as `kube::Client::try_default`
+//! builds it (the current kubeconfig or the pod's service account, with their auth and token
+//! refresh, base URI, TLS, tracing), plus one layer that bounds how long each request waits
+//! for its whole response. Watches are exempt.
+//!
+//! Why: kube sets no read timeout by default (one would also cut watches that are quiet for a
+//! while; kube-runtime's watcher guards those with its own idle timeout). Without a bound, an
+//! API server connection that goes silent (the API server's pod gone behind a load balancer
+//! that sends no RST, a NAT entry dropped) leaves a write, a get or an Event post waiting
+//! forever, and the round that made it with it, while the Lease elector renews on another
+//! connection: the stuck replica would stay leader and nothing would be reconciled. Bounded,
+//! such a call fails like any other API error, the round goes on, and its connection is
+//! dropped rather than reused.
+//!
+//! Not recognised as long-lived, so bounded like any call: a follow of a pod's log and the
+//! deprecated `/watch/` paths, neither of which the controller uses. The head of an
+//! upgraded connection (exec, attach) is bounded; the upgraded stream is not.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Method, Request, Response, Uri};
+use hyper::body::{Body, Frame, SizeHint};
+use kube::client::ClientBuilder;
+use kube::{Client, Config};
+use tokio::time::Sleep;
+use tower::{BoxError, Layer, Service};
+
+/// The bound on a request's time to its whole response when none is configured.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A client for the cluster `kube::Client::try_default` would reach (the current kubeconfig,
+/// else the pod's service account), each of whose requests but watches fails after
+/// `request_timeout` without its whole response.
+///
+/// # Errors
+/// No kubeconfig and no in-cluster service account, or one kube cannot build a client from.
+pub async fn connect(request_timeout: Duration) -> Result<Client, kube::Error> {
+    let config = Config::infer().await.map_err(kube::Error::InferConfig)?;
+    from_config(config, request_timeout)
+}
+
+/// A client for `config` with kube's default stack (as `kube::Client::try_from` builds it)
+/// and, outermost, [`RequestTimeoutLayer`] with `request_timeout`.
+///
+/// # Errors
+/// What `kube::client::ClientBuilder::try_from` refuses: an unreadable certificate or key,
+/// an auth method or proxy this build of kube does not support.
+pub fn from_config(config: Config, request_timeout: Duration) -> Result<Client, kube::Error> {
+    Ok(ClientBuilder::try_from(config)?
+        .with_layer(&RequestTimeoutLayer::new(request_timeout))
+        .build())
+}
+
+/// A request that had not received its whole response (head and body) within the bound.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{method} {path}: no complete response from the API server within {bound:?}")]
+pub struct RequestTimeoutError {
+    pub method: Method,
+    /// The request's path, without its query.
+    pub path: String,
+    pub bound: Duration,
+}
+
+/// Bounds each request's time to its whole response, watches excepted; see [`RequestTimeout`].
+#[derive(Debug, Clone, Copy)]
+pub struct RequestTimeoutLayer {
+    bound: Duration,
+}
+
+impl RequestTimeoutLayer {
+    /// Requests but watches get `bound` for their whole response.
+    pub fn new(bound: Duration) -> Self {
+        Self { bound }
+    }
+}
+
+impl<S> Layer<S> for RequestTimeoutLayer {
+    type Service = RequestTimeout<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RequestTimeout {
+            inner,
+            bound: self.bound,
+        }
+    }
+}
+
+/// Fails a request with [`RequestTimeoutError`] when its response head, or the end of its
+/// body, has not arrived `bound` after the request was sent; a body still streaming then
+/// yields that error as its next frame. Watch requests (see [`is_watch`]) pass through
+/// untouched.
+///
+/// The inner service's futures and bodies must be `Unpin`, as those of kube's boxed stack
+/// are.
+#[derive(Debug, Clone)]
+pub struct RequestTimeout<S> {
+    inner: S,
+    bound: Duration,
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RequestTimeout<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    S::Future: Unpin,
+    ResBody: Body + Unpin,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<BoundedBody<ResBody>>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let deadline = (!is_watch(req.uri())).then(|| Deadline {
+            sleep: Box::pin(tokio::time::sleep(self.bound)),
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            bound: self.bound,
+        });
+        ResponseFuture {
+            inner: self.inner.call(req),
+            deadline,
+        }
+    }
+}
+
+/// Whether a request is a watch, which stays open, quiet for minutes at a time, by design:
+/// its `watch` query parameter (the first, as the API server reads it) is present and neither
+/// `0` nor `false` in any case (apimachinery's `Convert_Slice_string_To_bool`). kube-runtime's
+/// watcher sends `watch=true`, streaming lists (`sendInitialEvents`) included.
+pub fn is_watch(uri: &Uri) -> bool {
+    uri.query()
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|pair| match pair.split_once('=') {
+            Some(("watch", value)) => Some(value),
+            None if pair == "watch" => Some(""),
+            _ => None,
+        })
+        .is_some_and(|value| !(value == "0" || value.eq_ignore_ascii_case("false")))
+}
+
+/// When a request runs out of time, and what it was.
+struct Deadline {
+    sleep: Pin<Box<Sleep>>,
+    method: Method,
+    uri: Uri,
+    bound: Duration,
+}
+
+impl Deadline {
+    /// The error, once the deadline has passed.
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Option<RequestTimeoutError> {
+        self.sleep
+            .as_mut()
+            .poll(cx)
+            .is_ready()
+            .then(|| RequestTimeoutError {
+                method: self.method.clone(),
+                path: self.uri.path().to_owned(),
+                bound: self.bound,
+            })
+    }
+}
+
+/// The response future of [`RequestTimeout`].
+pub struct ResponseFuture<F> {
+    inner: F,
+    /// `None` for a watch.
+    deadline: Option<Deadline>,
+}
+
+impl<F, B, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>> + Unpin,
+    E: Into<BoxError>,
+{
+    type Output = Result<Response<BoundedBody<B>>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        // A response that is ready wins over a deadline that passed meanwhile.
+        if let Poll::Ready(result) = Pin::new(&mut this.inner).poll(cx) {
+            let deadline = this.deadline.take();
+            return Poll::Ready(
+                result
+                    .map(|res| res.map(|inner| BoundedBody { inner, deadline }))
+                    .map_err(Into::into),
+            );
+        }
+        match this.deadline.as_mut().and_then(|d| d.poll_expired(cx)) {
+            // Dropping the inner future drops its connection: it is not reused.
+            Some(expired) => Poll::Ready(Err(expired.into())),
+            None => Poll::Pending,
+        }
+    }
+}
+
+/// A response body that fails with [`RequestTimeoutError`] if it has not ended by its
+/// request's deadline.
+pub struct BoundedBody<B> {
+    inner: B,
+    /// `None` for a watch, and once the body has ended.
+    deadline: Option<Deadline>,
+}
+
+impl<B> Body for BoundedBody<B>
+where
+    B: Body + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = B::Data;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            if frame.is_none() {
+                this.deadline = None;
+            }
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        match this.deadline.as_mut().and_then(|d| d.poll_expired(cx)) {
+            Some(expired) => Poll::Ready(Some(Err(expired.into()))),
+            None => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watches_are_told_by_their_watch_parameter_as_the_api_server_reads_it() {
+        let cases = [
+            ("/api/v1/namespaces", false),
+            ("/api/v1/namespaces?limit=500", false),
+            (
+                "/api/v1/namespaces?&watch=true&timeoutSeconds=290&allowWatchBookmarks=true&resourceVersion=0",
+                true,
+            ),
+            ("/api/v1/namespaces?watch=1", true),
+            ("/api/v1/namespaces?watch=True", true),
+            ("/api/v1/namespaces?watch", true),
+            ("/api/v1/namespaces?watch=", true),
+            ("/api/v1/namespaces?watch=false", false),
+            ("/api/v1/namespaces?watch=FALSE", false),
+            ("/api/v1/namespaces?watch=0", false),
+            ("/api/v1/namespaces?watch=0&watch=true", false),
+            ("/api/v1/namespaces?watchx=true", false),
+            ("/api/v1/namespaces?labelSelector=watch%3Dtrue", false),
+        ];
+        for (uri, watch) in cases {
+            let uri: Uri = uri.parse().expect("a URI");
+            assert_eq!(is_watch(&uri), watch, "{uri}");
+        }
+    }
+}
