@@ -1,7 +1,7 @@
 //! The controller's Kubernetes client (`runtime::api_client`) over HTTP on loopback, against
-//! the test API server and against a peer that stops mid-body: a call but a watch fails once it
-//! has waited the bound for its whole response, with an error naming the call and the bound;
-//! a watch stays open however quiet it is.
+//! the test API server and against a peer that stops mid-body: a call fails once it has waited
+//! the bound for its whole response, a watch once it has waited it for its response head, with
+//! an error naming the call and the bound; a watch whose head came stays open however quiet.
 
 #[path = "runtime/apiserver.rs"]
 mod apiserver;
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use apiserver::ApiServer;
 use cftunnel_controller::cli::{Cli, Command};
-use cftunnel_controller::runtime::api_client::{self, RequestTimeoutError};
+use cftunnel_controller::runtime::api_client::{self, Awaited, RequestTimeoutError};
 use clap::Parser;
 use futures_util::{FutureExt, StreamExt, TryStreamExt};
 use http::Method;
@@ -52,10 +52,12 @@ fn timed_out(e: &kube::Error) -> Option<&RequestTimeoutError> {
     }
 }
 
+/// The bound's error for a call but a watch.
 fn timeout_of(method: Method, path: &str) -> RequestTimeoutError {
     RequestTimeoutError {
         method,
         path: path.to_owned(),
+        awaited: Awaited::WholeResponse,
         bound: BOUND,
     }
 }
@@ -162,6 +164,52 @@ async fn a_response_whose_body_stops_fails_after_the_bound() {
         .await
         .expect("the client closes the connection")
         .expect("the peer");
+}
+
+/// A watch whose response head does not come (a pooled connection that went silent) fails on
+/// the bound like any call, naming it; once the API server answers again, a watch starts.
+#[tokio::test]
+async fn a_watch_whose_response_head_does_not_come_fails_after_the_bound() {
+    let api = ApiServer::start(SEED).await;
+    let namespaces: Api<Namespace> = Api::all(client(&api.base_url()));
+    let since = api.resource_version().to_string();
+    let params = WatchParams::default().timeout(60);
+
+    // The only namespace GETs here are the watches.
+    let hold = api.hold(|c| c.method == "GET" && c.kind == "Namespace");
+    let err = fails_on_the_bound(namespaces.watch(&params, &since).map(|r| r.map(|_| ()))).await;
+    hold.arrived(1).await;
+    assert_eq!(
+        timed_out(&err),
+        Some(&RequestTimeoutError {
+            awaited: Awaited::Head,
+            ..timeout_of(Method::GET, "/api/v1/namespaces")
+        }),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("GET /api/v1/namespaces: no response head") && text.contains("500ms"),
+        "{text}"
+    );
+
+    hold.release();
+    let mut events = tokio::time::timeout(PATIENCE, namespaces.watch(&params, &since))
+        .await
+        .expect("in time")
+        .expect("the watch starts")
+        .boxed();
+    api.put(json!({
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "tenant-b"},
+    }));
+    let event = tokio::time::timeout(PATIENCE, events.try_next())
+        .await
+        .expect("the change in time")
+        .expect("no error on the watch")
+        .expect("the watch is open");
+    assert!(matches!(event, WatchEvent::Added(_)), "{event:?}");
 }
 
 /// A watch that sees no event for longer than the bound (while a call on the same client fails

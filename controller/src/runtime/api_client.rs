@@ -1,7 +1,8 @@
 //! The controller's Kubernetes API client: kube's own stack, as `kube::Client::try_default`
 //! builds it (the current kubeconfig or the pod's service account, with their auth and token
 //! refresh, base URI, TLS, tracing), plus one layer that bounds how long each request waits
-//! for its whole response. Watches are exempt.
+//! for its whole response, or, for a watch, for its response head: a watch's body stays open
+//! however quiet it is.
 //!
 //! Why: kube sets no read timeout by default (one would also cut watches that are quiet for a
 //! while; kube-runtime's watcher guards those with its own idle timeout). Without a bound, an
@@ -11,6 +12,14 @@
 //! connection: the stuck replica would stay leader and nothing would be reconciled. Bounded,
 //! such a call fails like any other API error, the round goes on, and its connection is
 //! dropped rather than reused.
+//!
+//! Watches need the bound on their head: the watcher's idle timeout only starts once
+//! `Api::watch` has returned the response head, and each watch restarts (about every 290 s)
+//! on whatever pooled connection is free. One that went silent would leave the watch waiting
+//! for its head until TCP gives up (some 15 minutes), its cache stale all that time. The API
+//! server sends a watch's head as soon as the watch is set up, before any event, so a head
+//! later than the bound means the connection is gone; the watch fails, and the watcher starts
+//! it again after its backoff, on a new connection.
 //!
 //! Not recognised as long-lived, so bounded like any call: a follow of a pod's log and the
 //! deprecated `/watch/` paths, neither of which the controller uses. The head of an
@@ -32,8 +41,8 @@ use tower::{BoxError, Layer, Service};
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A client for the cluster `kube::Client::try_default` would reach (the current kubeconfig,
-/// else the pod's service account), each of whose requests but watches fails after
-/// `request_timeout` without its whole response.
+/// else the pod's service account), each of whose requests fails after `request_timeout`
+/// without its whole response (a watch: without its response head).
 ///
 /// # Errors
 /// No kubeconfig and no in-cluster service account, or one kube cannot build a client from.
@@ -54,24 +63,45 @@ pub fn from_config(config: Config, request_timeout: Duration) -> Result<Client, 
         .build())
 }
 
-/// A request that had not received its whole response (head and body) within the bound.
+/// A request that had not received what the bound covers (see [`Awaited`]) within it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{method} {path}: no complete response from the API server within {bound:?}")]
+#[error("{method} {path}: no {awaited} from the API server within {bound:?}")]
 pub struct RequestTimeoutError {
     pub method: Method,
     /// The request's path, without its query.
     pub path: String,
+    /// The whole response, or, for a watch, its head.
+    pub awaited: Awaited,
     pub bound: Duration,
 }
 
-/// Bounds each request's time to its whole response, watches excepted; see [`RequestTimeout`].
+/// What of its response a request must have received within the bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Awaited {
+    /// Head and body: any request but a watch.
+    WholeResponse,
+    /// The head only: a watch, whose body stays open as long as the API server keeps it.
+    Head,
+}
+
+impl std::fmt::Display for Awaited {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::WholeResponse => "complete response",
+            Self::Head => "response head",
+        })
+    }
+}
+
+/// Bounds each request's time to its whole response, a watch's to its response head; see
+/// [`RequestTimeout`].
 #[derive(Debug, Clone, Copy)]
 pub struct RequestTimeoutLayer {
     bound: Duration,
 }
 
 impl RequestTimeoutLayer {
-    /// Requests but watches get `bound` for their whole response.
+    /// Requests get `bound` for their whole response, watches for their response head.
     pub fn new(bound: Duration) -> Self {
         Self { bound }
     }
@@ -89,9 +119,13 @@ impl<S> Layer<S> for RequestTimeoutLayer {
 }
 
 /// Fails a request with [`RequestTimeoutError`] when its response head, or the end of its
-/// body, has not arrived `bound` after the request was sent; a body still streaming then
-/// yields that error as its next frame. Watch requests (see [`is_watch`]) pass through
-/// untouched.
+/// body, has not arrived `bound` after the request was handed to this layer; a body still
+/// streaming then yields that error as its next frame. For a watch (see [`is_watch`]) only the
+/// head is bounded; its body streams on unbounded.
+///
+/// The clock starts in `call`, before the layers inside (kube's: token refresh, connecting,
+/// TLS) have run, so the bound is on the whole call as its caller waits for it, a connection
+/// or a token that is slow to come included.
 ///
 /// The inner service's futures and bodies must be `Unpin`, as those of kube's boxed stack
 /// are.
@@ -118,15 +152,21 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        let deadline = (!is_watch(req.uri())).then(|| Deadline {
+        let awaited = if is_watch(req.uri()) {
+            Awaited::Head
+        } else {
+            Awaited::WholeResponse
+        };
+        let deadline = Deadline {
             sleep: Box::pin(tokio::time::sleep(self.bound)),
             method: req.method().clone(),
             uri: req.uri().clone(),
+            awaited,
             bound: self.bound,
-        });
+        };
         ResponseFuture {
             inner: self.inner.call(req),
-            deadline,
+            deadline: Some(deadline),
         }
     }
 }
@@ -152,6 +192,7 @@ struct Deadline {
     sleep: Pin<Box<Sleep>>,
     method: Method,
     uri: Uri,
+    awaited: Awaited,
     bound: Duration,
 }
 
@@ -165,6 +206,7 @@ impl Deadline {
             .then(|| RequestTimeoutError {
                 method: self.method.clone(),
                 path: self.uri.path().to_owned(),
+                awaited: self.awaited,
                 bound: self.bound,
             })
     }
@@ -173,7 +215,7 @@ impl Deadline {
 /// The response future of [`RequestTimeout`].
 pub struct ResponseFuture<F> {
     inner: F,
-    /// `None` for a watch.
+    /// `None` once the response head has arrived.
     deadline: Option<Deadline>,
 }
 
@@ -188,7 +230,11 @@ where
         let this = self.get_mut();
         // A response that is ready wins over a deadline that passed meanwhile.
         if let Poll::Ready(result) = Pin::new(&mut this.inner).poll(cx) {
-            let deadline = this.deadline.take();
+            // A watch's body is not bounded: it stays quiet while nothing changes.
+            let deadline = this
+                .deadline
+                .take()
+                .filter(|d| d.awaited == Awaited::WholeResponse);
             return Poll::Ready(
                 result
                     .map(|res| res.map(|inner| BoundedBody { inner, deadline }))
