@@ -1,18 +1,22 @@
 //! The proxy's Prometheus metrics (names fixed by the proxy contract).
 //!
 //! Per-hostname children are fetched once per config push and stored beside the compiled
-//! table, so a request touches atomics, never the families' label maps.
+//! table, so a request touches atomics, never the families' label maps, nor any lock: the
+//! duration histogram is [`histogram::AtomicHistogram`], not prometheus-client's locked one.
+
+pub mod histogram;
+
+use histogram::AtomicHistogram;
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use std::fmt::Write as _;
 
 /// Latency buckets in seconds: 1 ms to 30 s, covering in-cluster hops to slow backends.
-const DURATION_BUCKETS: [f64; 14] = [
+pub const DURATION_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
@@ -79,15 +83,15 @@ pub struct ResultLabels {
     pub result: String,
 }
 
-fn duration_histogram() -> Histogram {
-    Histogram::new(DURATION_BUCKETS)
+fn duration_histogram() -> AtomicHistogram {
+    AtomicHistogram::new(DURATION_BUCKETS)
 }
 
 #[derive(Clone, Debug)]
 pub struct ProxyMetrics {
     pub in_flight: Gauge,
     pub websocket_sessions: Gauge,
-    duration: Family<HostLabels, Histogram, fn() -> Histogram>,
+    duration: Family<HostLabels, AtomicHistogram, fn() -> AtomicHistogram>,
     requests: Family<StatusLabels, Counter>,
     backend_errors: Family<ReasonLabels, Counter>,
     request_bytes: Family<HostLabels, Counter>,
@@ -100,7 +104,7 @@ pub struct ProxyMetrics {
 /// The children of one hostname label, fetched once per config push.
 #[derive(Clone, Debug)]
 pub struct HostMetrics {
-    pub duration: Histogram,
+    pub duration: AtomicHistogram,
     requests: [Counter; 6],
     backend_errors: [Counter; 5],
     pub request_bytes: Counter,
