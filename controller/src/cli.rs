@@ -89,8 +89,8 @@ pub struct RunArgs {
     /// Seconds between rounds when nothing changes.
     #[arg(long, default_value_t = 30)]
     pub resync_seconds: u64,
-    /// Seconds a Kubernetes API call (but a watch) may wait for its whole response before it
-    /// fails like any other failed call (1 to 3600).
+    /// Seconds a Kubernetes API call may wait for its whole response (a watch: for its response
+    /// head) before it fails like any other failed call (1 to 3600).
     #[arg(
         long,
         default_value_t = crate::runtime::api_client::DEFAULT_REQUEST_TIMEOUT.as_secs(),
