@@ -139,8 +139,8 @@ pub(super) struct OwnedGateway<'a> {
 }
 
 impl OwnedGateway<'_> {
-    /// Settles the status once every listener conflict is known, within the Gateway and with
-    /// the Gateways sharing its route table: the listeners' Conflicted and Programmed, the
+    /// Settles the status once every listener conflict is known, within the Gateway and, on
+    /// the shared plane, with its other Gateways: the listeners' Conflicted and Programmed, the
     /// Gateway's Accepted and Programmed. A Gateway that ends up not accepted has no plane.
     fn settle(&mut self) {
         let generation = self.generation;
@@ -241,8 +241,7 @@ pub(super) fn owned_gateways<'a>(
         let key = ObjectKey::new(ns, name);
         out.insert(key.clone(), owned_gateway(key, gw, snapshot, options));
     }
-    let tunnels = Tunnels::new(&out);
-    mark_table_conflicts(&mut out, &tunnels);
+    mark_shared_plane_conflicts(&mut out);
     for gw in out.values_mut() {
         gw.settle();
     }
@@ -480,24 +479,36 @@ fn mark_conflicts(listeners: &mut [OwnedListener<'_>], specs: &[GatewayListeners
     }
 }
 
-/// Listeners of Gateways whose routes reach one route table conflict when they have the same
-/// scheme and the same hostname (both without one included). Ports mean nothing behind a
-/// tunnel: every request arrives through it, so such listeners would take the same requests,
-/// their routes would be merged into one host, and one Gateway's more specific rules would
-/// catch the other's traffic (a tenant taking another's requests on the shared plane).
+/// Listeners of Gateways on the shared plane ([`PlaneKey::Shared`]) conflict when they have
+/// the same scheme and the same hostname (both without one included). Every Gateway without
+/// `infrastructure.parametersRef` is served by the shared plane, which merges their routes with
+/// no warning at all. Ports mean nothing behind a tunnel: every request arrives through it, so
+/// such listeners would take the same requests, their routes would be merged into one host,
+/// and one tenant's more specific rules would catch another's traffic.
 ///
-/// Gateways reach one table when one plane serves them (every Gateway without
-/// `infrastructure.parametersRef` is on the shared plane) or their planes are on one tunnel,
-/// whose planes all serve the union of its routes. The oldest Gateway keeps the listener
-/// (creationTimestamp, then `namespace/name` as one string, as for routes); the others'
-/// listeners of that scheme and hostname are conflicted (`HostnameConflict`) as within one
-/// Gateway, so they serve nothing and count towards the Gateway's validity the same way.
-/// Listeners that already serve nothing (invalid, or conflicted within their Gateway) do not
-/// take part. Listeners of the other scheme are kept apart by [`super::scheme`], distinct
-/// hostnames (a wildcard and a name under it included) by the host lookup and listener
-/// isolation, and Gateways on other tunnels have other addresses: none of them conflict.
-fn mark_table_conflicts(gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'_>>, tunnels: &Tunnels) {
-    let mut order: Vec<&OwnedGateway<'_>> = gateways.values().collect();
+/// The oldest Gateway keeps the listener (creationTimestamp, then `namespace/name` as one
+/// string, as for routes); the others' listeners of that scheme and hostname are conflicted
+/// (`HostnameConflict`) as within one Gateway, so they serve nothing and count towards the
+/// Gateway's validity the same way. Precedence decides, not who came first: editing an older
+/// Gateway to add a listener another Gateway already serves takes the hostname from it, so
+/// tenants sharing the plane need admission policy on their Gateways' listeners. Listeners
+/// that already serve nothing (invalid, or conflicted within their Gateway) do not take part.
+/// Listeners of the other scheme are kept apart by [`super::scheme`], distinct hostnames (a
+/// wildcard and a name under it included) by the host lookup and listener isolation (see
+/// [`mark_more_specific`]): none of them conflict.
+///
+/// Gateways on dedicated planes never conflict across Gateways, not even when their planes
+/// share a tunnel with each other or with the shared plane, nor with a shared-plane Gateway:
+/// the planes of a tunnel serve the union of its routes, which stay accepted, and dedicated
+/// Gateways of different namespaces on one tunnel are flagged `TunnelShared` (the isolation
+/// guide's "Sharing a tunnel"). A conflict there would drop a Gateway migrating onto the class
+/// tunnel, and a dedicated Gateway left with no listener would have no plane, whose running
+/// pods then keep their last config, rules for the contested host included.
+fn mark_shared_plane_conflicts(gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'_>>) {
+    let mut order: Vec<&OwnedGateway<'_>> = gateways
+        .values()
+        .filter(|gw| gw.plane == Some(PlaneKey::Shared))
+        .collect();
     order.sort_by(|a, b| {
         Precedence::new(a.created, &a.key.namespace, &a.key.name).cmp(&Precedence::new(
             b.created,
@@ -505,14 +516,12 @@ fn mark_table_conflicts(gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'_>>, tu
             &b.key.name,
         ))
     });
-    // Per route table, scheme and hostname: the Gateway and listener keeping them.
-    let mut holders: BTreeMap<(PlaneKey, &str, Option<&str>), (&ObjectKey, &str)> = BTreeMap::new();
+    // Per scheme and hostname: the Gateway and listener keeping them.
+    let mut holders: BTreeMap<(&str, Option<&str>), (&ObjectKey, &str)> = BTreeMap::new();
     let mut conflicts = Vec::new();
     for gw in order {
-        let Some(plane) = &gw.plane else { continue };
-        let table = tunnels.table(plane);
         for (index, l) in gw.listeners.iter().enumerate().filter(|(_, l)| l.usable) {
-            match holders.entry((table.clone(), l.scheme, l.hostname.as_deref())) {
+            match holders.entry((l.scheme, l.hostname.as_deref())) {
                 Entry::Vacant(entry) => {
                     entry.insert((&gw.key, l.name));
                 }
@@ -528,7 +537,7 @@ fn mark_table_conflicts(gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'_>>, tu
                         gw.key.clone(),
                         index,
                         format!(
-                            "listener {listener} of Gateway {holder} already serves {what} behind the same tunnel and takes precedence (older, or first by namespace/name); ports do not tell listeners apart behind a tunnel"
+                            "listener {listener} of Gateway {holder} already serves {what} on the shared plane and takes precedence (older, or first by namespace/name); ports do not tell listeners apart behind a tunnel"
                         ),
                     ));
                 }
@@ -549,14 +558,20 @@ fn mark_table_conflicts(gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'_>>, tu
 /// request whose host matches a listener hostname is served only by that listener's routes,
 /// and the most specific listener hostname takes it. Within one Gateway the spec compares
 /// listeners on one port; behind a tunnel ports mean nothing, and the listeners of every
-/// Gateway whose routes reach the table take the same requests (see [`mark_table_conflicts`]),
-/// so each usable listener learns the hostnames of all usable listeners of its scheme in its
-/// table, of any Gateway and port, that are more specific than its own. A route hostname
-/// inside one of them is left out of the rules of routes attached through the less specific
-/// listener (a wildcard, or none), so another tenant's route naming `app.example.com` on a
-/// `*.example.com` listener cannot place rules under a host an `app.example.com` listener
-/// serves. Listeners of the other scheme are not compared: [`super::scheme`] keeps them apart
-/// by `X-Forwarded-Proto`. A Gateway without a plane serves nothing and takes part in nothing.
+/// Gateway whose routes reach the table (the shared plane, or the planes of one tunnel, which
+/// serve the union of its routes) take the same requests, so each usable listener learns the
+/// hostnames of all usable listeners of its scheme in its table, of any Gateway and port, that
+/// are more specific than its own. A route hostname inside one of them is left out of the
+/// rules of routes attached through the less specific listener (a wildcard, or none), so
+/// another tenant's route naming `app.example.com` on a `*.example.com` listener cannot place
+/// rules under a host an `app.example.com` listener serves. An equal hostname is not more
+/// specific: on the shared plane only one Gateway keeps it (see
+/// [`mark_shared_plane_conflicts`]), and on planes sharing a tunnel the routes of every
+/// listener with that hostname are served together. Listeners of the other scheme are not compared:
+/// [`super::scheme`] keeps them apart by `X-Forwarded-Proto`. A Gateway without a plane serves
+/// nothing and takes part in nothing; this runs once the Gateways are settled, so one that is
+/// not accepted (refused for its parameters, or left with no usable listener) takes no
+/// hostname from another's listeners.
 ///
 /// Route status does not change: a route whose hostnames are all taken this way stays
 /// Accepted on its listener, as when a more specific listener of its own Gateway takes them.

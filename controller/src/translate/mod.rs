@@ -132,7 +132,7 @@ impl Serialize for ObjectKey {
 }
 
 /// An object's place in Gateway API precedence, where objects of one kind compete for the same
-/// thing (routes for a listener, Gateways for a hostname behind one tunnel): the oldest first,
+/// thing (routes for a listener, Gateways for a hostname on the shared plane): the oldest first,
 /// then the first in alphabetical order of `{namespace}/{name}` (compared as that one string, so
 /// `team-a/r` comes before `team/r`). Objects without a creation timestamp sort after those
 /// with one.

@@ -48,10 +48,10 @@ pub enum Reason {
     UnsupportedProtocol,
     InvalidRouteKinds,
     NoConflicts,
-    /// A listener's hostname conflicts with another listener's (of its Gateway on its port, or
-    /// of an older Gateway on the same route table with the same scheme); on a route parent,
-    /// the route lost a listener to a route of the other kind (HTTPRoute, GRPCRoute) with
-    /// intersecting hostnames. The spec defines no route reason for that case.
+    /// A listener's hostname conflicts with another listener's (of its Gateway on its port, or,
+    /// on the shared plane, of a Gateway before its own in precedence with the same scheme); on
+    /// a route parent, the route lost a listener to a route of the other kind (HTTPRoute,
+    /// GRPCRoute) with intersecting hostnames. The spec defines no route reason for that case.
     HostnameConflict,
     ProtocolConflict,
     NoMatchingParent,

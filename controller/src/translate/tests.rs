@@ -2057,9 +2057,8 @@ fn a_route_on_two_gateways_of_one_tunnel_is_not_repeated() {
     );
     let mut a = tenant("team-a", "a", TUNNEL_B);
     let mut a2 = tenant("team-a", "a2", TUNNEL_B).replace("from-team-a", "from-team-a-2");
-    // Listeners that both admit the route's host, so it attaches to both with the same
-    // hostnames; their own hostnames differ, as equal ones on one tunnel would conflict.
-    a = a.replace("hostname: a.example.com", "hostname: \"*.example.com\"");
+    // Listeners that admit any host, so the route attaches to both with the same hostnames.
+    a = a.replace(", hostname: a.example.com", "");
     a2 = a2.replace(", hostname: a2.example.com", "");
     let out = translate(&snapshot(&format!("{a}{a2}{both}")), &with_image());
     let parents = route_status(&out, "team-a", "both");
@@ -2163,7 +2162,7 @@ fn an_older_gateway_keeps_a_hostname_on_the_shared_plane_and_the_newer_ones_list
         .message;
     assert_eq!(
         message,
-        "listener https of Gateway infra/site already serves https://app.example.com behind the same tunnel and takes precedence (older, or first by namespace/name); ports do not tell listeners apart behind a tunnel"
+        "listener https of Gateway infra/site already serves https://app.example.com on the shared plane and takes precedence (older, or first by namespace/name); ports do not tell listeners apart behind a tunnel"
     );
     assert_eq!(
         listener_condition(lost, ConditionType::Programmed),
@@ -2376,8 +2375,8 @@ fn dedicated_gateways_on_different_tunnels_may_share_a_hostname() {
 }
 
 #[test]
-fn dedicated_gateways_on_one_tunnel_conflict_on_a_hostname() {
-    // team-b/b is older, though team-a/a comes first by name.
+fn dedicated_gateways_on_one_tunnel_with_one_hostname_are_both_served_from_the_union() {
+    // team-b/b is older, though team-a/a comes first by name: neither takes the hostname.
     let a = created(
         tenant("team-a", "a", TUNNEL_A),
         "team-a",
@@ -2390,39 +2389,76 @@ fn dedicated_gateways_on_one_tunnel_conflict_on_a_hostname() {
         "2026-01-01T00:00:00Z",
     );
     let out = translate(&snapshot(&format!("{a}{b}")), &with_image());
-    let lost = listener_status(&out, "team-a", "a", "http");
-    assert_eq!(
-        listener_condition(lost, ConditionType::Conflicted),
-        (true, Reason::HostnameConflict)
-    );
-    assert!(
-        lost.conditions
+    let union = ["team-a/a/0", "team-b/b/0"];
+    for (ns, name) in [("team-a", "a"), ("team-b", "b")] {
+        let key = ObjectKey::new(ns, name);
+        let l = listener_status(&out, ns, name, "http");
+        assert_eq!(
+            listener_condition(l, ConditionType::Conflicted),
+            (false, Reason::NoConflicts),
+            "{key}"
+        );
+        assert_eq!(
+            listener_condition(l, ConditionType::Programmed),
+            (true, Reason::Programmed),
+            "{key}"
+        );
+        assert_eq!(l.attached_routes, 1, "{key}");
+        assert_eq!(
+            kinds_and_reasons(&out.statuses.gateways[&key].conditions),
+            vec![
+                (ConditionType::Accepted, true, Reason::Accepted),
+                (ConditionType::Programmed, true, Reason::Programmed),
+            ],
+            "{key}"
+        );
+        let plane = PlaneKey::Dedicated(key.clone());
+        assert_eq!(out.planes.get(&key), Some(&plane));
+        // The tunnel's union, on every plane of it.
+        let names = rule_names(&out, &plane);
+        for route in union {
+            assert!(names.contains(&route.to_owned()), "{key}: {names:?}");
+        }
+        let hosts: BTreeSet<&str> = out.configs[&plane]
+            .rules
             .iter()
-            .any(|c| c.message.contains("listener http of Gateway team-b/b")),
-        "{:?}",
-        lost.conditions
-    );
-    // Its only listener lost: not accepted, as when every listener conflicts within it.
-    let gateway = &out.statuses.gateways[&ObjectKey::new("team-a", "a")];
-    assert_eq!(
-        kinds_and_reasons(&gateway.conditions),
-        vec![
-            (ConditionType::Accepted, false, Reason::ListenersNotValid),
-            (ConditionType::Programmed, false, Reason::Invalid),
-        ]
-    );
-    assert_eq!(out.planes.get(&ObjectKey::new("team-a", "a")), None);
-    assert_eq!(
-        condition(&out, "team-a", "a", ConditionType::Accepted),
-        (false, Reason::NoMatchingParent)
-    );
-    assert_eq!(
-        rule_names(&out, &PlaneKey::Dedicated(ObjectKey::new("team-b", "b"))),
-        vec!["team-b/b/0".to_owned(), "team-b/b/listener:http".to_owned()]
-    );
+            .flat_map(|r| r.hostnames.iter().map(String::as_str))
+            .collect();
+        assert_eq!(hosts, BTreeSet::from(["a.example.com"]), "{key}");
+        // Accepted, with the collapsed isolation flagged (different namespaces).
+        assert_eq!(
+            condition(&out, ns, name, ConditionType::Accepted),
+            (true, Reason::Accepted),
+            "{key}"
+        );
+        assert_eq!(
+            condition(&out, ns, name, ConditionType::TunnelShared),
+            (true, Reason::TunnelShared),
+            "{key}"
+        );
+    }
+}
 
-    // A dedicated Gateway on the class tunnel and a Gateway of the shared plane: one table too.
-    let options = Options {
+#[test]
+fn a_dedicated_gateway_on_the_class_tunnel_keeps_the_listener_of_an_older_shared_plane_gateway() {
+    // The isolation guide's example listener, on an older shared-plane Gateway and on a
+    // Gateway migrating to its own plane with a token of the class tunnel.
+    let listener = "{name: https, port: 443, protocol: HTTPS}";
+    let on_shared = shared_gateway("web", "site", "2026-01-01T00:00:00Z", listener);
+    let site = http_route(
+        "web",
+        "site",
+        "  parentRefs: [{name: site}]\n  rules: [{backendRefs: [{name: web, port: 8080}]}]",
+    );
+    let migrating = created(
+        tenant("team-a", "a", TUNNEL_A).replace(
+            "{name: http, port: 80, protocol: HTTP, hostname: a.example.com}",
+            listener,
+        ),
+        "team-a",
+        "2026-02-01T00:00:00Z",
+    );
+    let class_tunnel = Options {
         shared_tunnel: Some(TunnelIdentity::of(&cftunnel_tunnel::Token::new(
             "account",
             b"secret".to_vec(),
@@ -2430,29 +2466,72 @@ fn dedicated_gateways_on_one_tunnel_conflict_on_a_hostname() {
         ))),
         ..with_image()
     };
-    let on_shared = shared_gateway(
-        "web",
-        "site",
-        "2026-03-01T00:00:00Z",
-        "{name: http, port: 80, protocol: HTTP, hostname: a.example.com}",
-    );
-    let out = translate(&snapshot(&format!("{a}{on_shared}")), &options);
-    assert_eq!(
-        listener_condition(
-            listener_status(&out, "web", "site", "http"),
-            ConditionType::Conflicted
-        ),
-        (true, Reason::HostnameConflict)
-    );
-    let out = translate(&snapshot(&format!("{a}{on_shared}")), &with_image());
-    assert_eq!(
-        listener_condition(
-            listener_status(&out, "web", "site", "http"),
-            ConditionType::Conflicted
-        ),
-        (false, Reason::NoConflicts),
-        "the class tunnel unknown: not known to be the same tunnel"
-    );
+    let dedicated = ObjectKey::new("team-a", "a");
+    for (case, options) in [
+        ("class tunnel known", class_tunnel),
+        ("class tunnel unknown", with_image()),
+    ] {
+        let out = translate(
+            &snapshot(&format!("{on_shared}{site}{migrating}")),
+            &options,
+        );
+        for (ns, name) in [("web", "site"), ("team-a", "a")] {
+            let key = ObjectKey::new(ns, name);
+            let l = listener_status(&out, ns, name, "https");
+            assert_eq!(
+                listener_condition(l, ConditionType::Conflicted),
+                (false, Reason::NoConflicts),
+                "{case}: {key}"
+            );
+            assert_eq!(l.attached_routes, 1, "{case}: {key}");
+            assert_eq!(
+                kinds_and_reasons(&out.statuses.gateways[&key].conditions),
+                vec![
+                    (ConditionType::Accepted, true, Reason::Accepted),
+                    (ConditionType::Programmed, true, Reason::Programmed),
+                ],
+                "{case}: {key}"
+            );
+            assert_eq!(
+                condition(&out, ns, name, ConditionType::Accepted),
+                (true, Reason::Accepted),
+                "{case}: {key}"
+            );
+        }
+        assert_eq!(
+            out.planes.get(&dedicated),
+            Some(&PlaneKey::Dedicated(dedicated.clone())),
+            "{case}"
+        );
+        // Not flagged: sharing the class tunnel is the migration path.
+        assert!(
+            route_status(&out, "team-a", "a")[0]
+                .condition(ConditionType::TunnelShared)
+                .is_none(),
+            "{case}"
+        );
+        let on_dedicated = rule_names(&out, &PlaneKey::Dedicated(dedicated.clone()));
+        let on_shared_plane = rule_names(&out, &PlaneKey::Shared);
+        assert!(
+            on_dedicated.contains(&"team-a/a/0".to_owned()),
+            "{case}: {on_dedicated:?}"
+        );
+        assert!(
+            on_shared_plane.contains(&"web/site/0".to_owned()),
+            "{case}: {on_shared_plane:?}"
+        );
+        if case == "class tunnel known" {
+            // One tunnel: both planes serve the union.
+            assert!(
+                on_dedicated.contains(&"web/site/0".to_owned()),
+                "{case}: {on_dedicated:?}"
+            );
+            assert!(
+                on_shared_plane.contains(&"team-a/a/0".to_owned()),
+                "{case}: {on_shared_plane:?}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -2714,4 +2793,117 @@ fn listeners_of_other_schemes_do_not_take_hostnames_from_each_other() {
         pick("http", "/").as_deref(),
         Some("web/plain/listener:http")
     );
+}
+
+#[test]
+fn a_more_specific_listener_of_a_gateway_not_accepted_leaves_the_hostname_to_the_wildcard_listener()
+{
+    let wild = shared_gateway(
+        "web",
+        "wild",
+        "2026-01-01T00:00:00Z",
+        "{name: https, port: 443, protocol: HTTPS, hostname: \"*.example.com\"}",
+    );
+    let grab = http_route(
+        "web",
+        "grab",
+        "  parentRefs: [{name: wild}]\n  hostnames: [app.example.com, other.example.com]\n  rules: [{matches: [{path: {value: /login}}], backendRefs: [{name: web, port: 8080}]}]",
+    );
+    let grab_hostnames = |out: &Output| -> Vec<String> {
+        shared(out)
+            .rules
+            .iter()
+            .filter(|r| r.name.as_deref() == Some("web/grab/0"))
+            .flat_map(|r| r.hostnames.clone())
+            .collect()
+    };
+    let pick_login = |out: &Output| {
+        let routes = proxy_routes(shared(out));
+        proxy_pick(
+            &routes,
+            "GET",
+            "app.example.com",
+            "/login",
+            &[("x-forwarded-proto", "https")],
+        )
+        .and_then(|r| r.name.as_deref().map(str::to_owned))
+    };
+    let only_other = vec!["other.example.com".to_owned()];
+    let both = vec!["app.example.com".to_owned(), "other.example.com".to_owned()];
+    let not_accepted = |out: &Output, key: &ObjectKey, reason: Reason| {
+        assert_eq!(
+            kinds_and_reasons(&out.statuses.gateways[key].conditions),
+            vec![
+                (ConditionType::Accepted, false, reason),
+                (ConditionType::Programmed, false, Reason::Invalid),
+            ],
+            "{key}"
+        );
+        assert_eq!(out.planes.get(key), None, "{key}");
+    };
+    let app = "{name: app, port: 443, protocol: HTTPS, hostname: app.example.com}";
+
+    // A shared-plane Gateway whose every listener conflicts within it.
+    let iso = |listeners: &str| shared_gateway("infra", "iso", "2026-02-01T00:00:00Z", listeners);
+    let out = run(&format!("{wild}{grab}{}", iso(app)));
+    assert_eq!(
+        grab_hostnames(&out),
+        only_other,
+        "a usable listener takes it"
+    );
+    let app_again = "{name: app-again, port: 443, protocol: HTTPS, hostname: app.example.com}";
+    let out = run(&format!(
+        "{wild}{grab}{}",
+        iso(&format!("{app}, {app_again}"))
+    ));
+    not_accepted(
+        &out,
+        &ObjectKey::new("infra", "iso"),
+        Reason::ListenersNotValid,
+    );
+    assert_eq!(grab_hostnames(&out), both);
+    assert_eq!(pick_login(&out).as_deref(), Some("web/grab/0"));
+
+    // A dedicated Gateway on the class tunnel, refused for its parameters.
+    let class_tunnel = Options {
+        shared_tunnel: Some(TunnelIdentity::of(&cftunnel_tunnel::Token::new(
+            "account",
+            b"secret".to_vec(),
+            TUNNEL_A.parse().expect("uuid"),
+        ))),
+        ..with_image()
+    };
+    let healthy = tenant("team-a", "a", TUNNEL_A).replace(
+        "{name: http, port: 80, protocol: HTTP, hostname: a.example.com}",
+        app,
+    );
+    let out = translate(&snapshot(&format!("{wild}{grab}{healthy}")), &class_tunnel);
+    assert_eq!(
+        grab_hostnames(&out),
+        only_other,
+        "a usable listener takes it"
+    );
+    assert_eq!(pick_login(&out).as_deref(), Some("team-a/a/0"));
+    let missing_config = healthy.replace(
+        "kind: GatewayConfig, name: a}",
+        "kind: GatewayConfig, name: gone}",
+    );
+    // The tunnel is known, but no image to render the plane with.
+    let no_image = Options {
+        proxy_image: None,
+        ..class_tunnel.clone()
+    };
+    for (case, manifests, options) in [
+        ("GatewayConfig not found", &missing_config, &class_tunnel),
+        ("no proxy image", &healthy, &no_image),
+    ] {
+        let out = translate(&snapshot(&format!("{wild}{grab}{manifests}")), options);
+        not_accepted(
+            &out,
+            &ObjectKey::new("team-a", "a"),
+            Reason::InvalidParameters,
+        );
+        assert_eq!(grab_hostnames(&out), both, "{case}");
+        assert_eq!(pick_login(&out).as_deref(), Some("web/grab/0"), "{case}");
+    }
 }
