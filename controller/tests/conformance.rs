@@ -18,7 +18,7 @@ mod compare;
 #[path = "conformance/topology.rs"]
 mod topology;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -130,6 +130,102 @@ fn conformance_replay() {
     }
     report(&lines);
     assert!(failed.is_empty(), "conformance cases failed: {failed:?}");
+}
+
+/// Features a case in `cases/` lists without exercising them, so they count neither way, with
+/// the port the case must then not use (checked): the Go test `HTTPRouteRedirectPortAndScheme`
+/// lists `GatewayPort8080` for its listener on port 8080, whose rows are in `cases-deferred/`;
+/// its part in `cases/` has no listener and sends no request on port 8080.
+const LISTED_NOT_EXERCISED: &[(&str, &str, u16)] =
+    &[("HTTPRouteRedirectPortAndScheme", "GatewayPort8080", 8080)];
+
+/// The features a GatewayClass publishes (`translate::SUPPORTED_FEATURES`) are exactly those of
+/// the cases this replay runs: a case using a feature the list lacks fails it, and so does a
+/// listed feature that no case exercises but cases on the skip list. `GRPCRoute` is the
+/// exception: no case here is a GRPCRoute test, `tests/grpc.rs` covers it.
+#[test]
+fn supported_features_are_the_ones_the_replayed_cases_exercise() {
+    let dir = Path::new(CASES_DIR);
+    if !dir.is_dir() {
+        report(&format!(
+            "supported features check skipped: {} is absent (the shared conformance data sits beside the checkout in CI)\n",
+            dir.display()
+        ));
+        return;
+    }
+    // Feature → the cases exercising it, of those on the skip list or not.
+    let mut run: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut skipped: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for path in case_files(dir) {
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let case: Case =
+            serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let on_skip_list = SKIP.iter().any(|(n, _)| *n == case.name);
+        for feature in &case.features {
+            let exempt = LISTED_NOT_EXERCISED
+                .iter()
+                .find(|(c, f, _)| *c == case.name && f == feature);
+            if let Some((_, _, port)) = exempt {
+                assert!(
+                    !uses_port(&case, *port),
+                    "{}: {feature} counts as listed but not exercised, yet the case uses port {port}",
+                    case.name
+                );
+                continue;
+            }
+            let by = if on_skip_list { &mut skipped } else { &mut run };
+            by.entry(feature.clone())
+                .or_default()
+                .push(case.name.clone());
+        }
+    }
+    let published: BTreeSet<&str> = translate::SUPPORTED_FEATURES
+        .iter()
+        .copied()
+        .filter(|f| *f != "GRPCRoute")
+        .collect();
+    let unpublished: Vec<String> = run
+        .iter()
+        .filter(|(f, _)| !published.contains(f.as_str()))
+        .map(|(f, cases)| format!("{f} (used by {})", cases.join(", ")))
+        .collect();
+    let undemonstrated: Vec<String> = published
+        .iter()
+        .filter(|f| !run.contains_key(**f))
+        .map(|f| match skipped.get(*f) {
+            Some(cases) => format!("{f} (only by skipped {})", cases.join(", ")),
+            None => (*f).to_owned(),
+        })
+        .collect();
+    assert!(
+        unpublished.is_empty(),
+        "replayed cases use features translate::SUPPORTED_FEATURES lacks: {unpublished:?}"
+    );
+    assert!(
+        undemonstrated.is_empty(),
+        "translate::SUPPORTED_FEATURES lists features no replayed case exercises: {undemonstrated:?}"
+    );
+}
+
+/// Whether a case has a listener on `port` or sends a request to it (a request without a port
+/// goes to its scheme's default).
+fn uses_port(case: &Case, port: u16) -> bool {
+    let listener = case.gateway.iter().flat_map(|g| &g.listeners).any(|l| {
+        l.get("port")
+            .and_then(serde_yaml_ng::Value::as_u64)
+            .is_some_and(|p| p == u64::from(port))
+    });
+    let request = case.requests.iter().any(|item| match item {
+        Item::Request(r) => {
+            r.request.port.unwrap_or(match r.request.scheme.as_str() {
+                "https" | "wss" => 443,
+                _ => 80,
+            }) == port
+        }
+        Item::Step { .. } => false,
+    });
+    listener || request
 }
 
 /// The `.yaml` files of a case folder, sorted.

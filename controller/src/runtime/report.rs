@@ -57,7 +57,12 @@ impl Reconciler {
                 .status
                 .as_ref()
                 .and_then(|s| serde_json::to_value(s).ok());
-            let desired = status::gateway_class(conditions, existing.as_ref(), &now);
+            let desired = status::gateway_class(
+                conditions,
+                translate::SUPPORTED_FEATURES,
+                existing.as_ref(),
+                &now,
+            );
             let api: Api<GatewayClass> = Api::all(self.client.clone());
             let version = class.resource_version();
             Self::patch_status(api, &name, version, existing.as_ref(), desired).await;

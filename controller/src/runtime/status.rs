@@ -252,10 +252,19 @@ pub fn set_programmed_pending(conditions: &mut [KubeCondition], message: &str) {
     }
 }
 
-/// A GatewayClass's status.
-pub fn gateway_class(desired: &[Condition], existing: Option<&Value>, now: &str) -> Value {
+/// A GatewayClass's status: its conditions and `supportedFeatures` (GEP-2162), the feature
+/// names in the order given, which must be sorted by name as the spec requires.
+pub fn gateway_class(
+    desired: &[Condition],
+    supported_features: &[&str],
+    existing: Option<&Value>,
+    now: &str,
+) -> Value {
     let wanted: Vec<KubeCondition> = desired.iter().map(KubeCondition::from).collect();
-    json!({ "conditions": conditions(&wanted, existing.and_then(|s| s.get("conditions")), now) })
+    json!({
+        "conditions": conditions(&wanted, existing.and_then(|s| s.get("conditions")), now),
+        "supportedFeatures": supported_features.iter().map(|name| json!({"name": name})).collect::<Vec<_>>(),
+    })
 }
 
 /// Whether `existing` already says everything `desired` says (fields only in `existing`, such as
@@ -349,6 +358,21 @@ mod tests {
         let parents = out["parents"].as_array().expect("parents");
         assert_eq!(parents.len(), 1, "our stale parent goes, theirs stays");
         assert_eq!(parents[0]["controllerName"], "example.com/other");
+    }
+
+    #[test]
+    fn a_gateway_class_status_lists_its_features_as_named_entries() {
+        let out = gateway_class(
+            &[crate::translate::Condition::new_for_tests()],
+            &["Gateway", "HTTPRoute"],
+            None,
+            "T",
+        );
+        assert_eq!(
+            out["supportedFeatures"],
+            json!([{"name": "Gateway"}, {"name": "HTTPRoute"}])
+        );
+        assert_eq!(out["conditions"][0]["type"], "Accepted");
     }
 
     #[test]

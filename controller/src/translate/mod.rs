@@ -11,6 +11,7 @@
 
 mod backend;
 mod binding;
+mod features;
 mod gateway;
 mod grpc_route;
 mod http_route;
@@ -39,6 +40,7 @@ use serde::{Serialize, Serializer};
 use crate::gateway_config::GatewayConfig;
 
 pub use backend::BackendRefError;
+pub use features::SUPPORTED_FEATURES;
 pub use http_route::RuleError;
 pub use status::{
     Condition, ConditionType, GatewayStatus, ListenerStatus, ParentRef, Reason, RouteParentStatus,

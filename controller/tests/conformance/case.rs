@@ -8,6 +8,8 @@ use serde_yaml_ng::Value;
 #[derive(Debug, Deserialize)]
 pub struct Case {
     pub name: String,
+    /// The Gateway API features the Go test lists (`SupportedFeature` names, verbatim).
+    pub features: Vec<String>,
     /// Capabilities beyond plain HTTP/1.1 and echo backends the case needs.
     #[serde(default)]
     pub requires: Vec<String>,
