@@ -149,6 +149,17 @@ fn add_value(
                 .endpoint_slices
                 .push(object(value, source_name, document, &kind, &name)?)
         }
+        // Only the metadata is read (the bundle version of Gateway API's CRDs).
+        ("apiextensions.k8s.io", "CustomResourceDefinition") => {
+            let metadata = value.get("metadata").cloned().unwrap_or(Value::Null);
+            snapshot.custom_resource_definitions.push(object(
+                metadata,
+                source_name,
+                document,
+                &kind,
+                &name,
+            )?)
+        }
         _ => return Ok(0),
     }
     Ok(1)
@@ -198,6 +209,32 @@ items:
         assert_eq!(snapshot.gateways[0].spec.listeners[0].port, 80);
         assert_eq!(snapshot.services.len(), 1);
         assert_eq!(snapshot.reference_grants.len(), 1);
+    }
+
+    #[test]
+    fn a_custom_resource_definition_contributes_its_metadata() {
+        let text = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: gateways.gateway.networking.k8s.io
+  annotations: {gateway.networking.k8s.io/bundle-version: v1.6.1}
+spec: {group: gateway.networking.k8s.io, names: {kind: Gateway, plural: gateways}, scope: Namespaced}
+"#;
+        let mut snapshot = Snapshot::default();
+        assert_eq!(load_into(&mut snapshot, text, "crds.yaml").ok(), Some(1));
+        let meta = &snapshot.custom_resource_definitions[0];
+        assert_eq!(
+            meta.name.as_deref(),
+            Some("gateways.gateway.networking.k8s.io")
+        );
+        assert_eq!(
+            meta.annotations
+                .as_ref()
+                .and_then(|a| a.get("gateway.networking.k8s.io/bundle-version"))
+                .map(String::as_str),
+            Some("v1.6.1")
+        );
     }
 
     #[test]

@@ -1718,3 +1718,172 @@ async fn a_deleted_autoscaler_is_put_back() {
     .await
     .expect("in time");
 }
+
+/// A CustomResourceDefinition of Gateway API's group for `plural`/`kind`, annotated with
+/// `bundle_version` (none when `None`).
+fn gateway_api_crd(plural: &str, kind: &str, bundle_version: Option<&str>) -> Value {
+    let annotations = bundle_version.map_or_else(
+        || json!({}),
+        |v| json!({"gateway.networking.k8s.io/bundle-version": v, "gateway.networking.k8s.io/channel": "standard"}),
+    );
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.gateway.networking.k8s.io"), "annotations": annotations},
+        "spec": {
+            "group": "gateway.networking.k8s.io",
+            "names": {"kind": kind, "plural": plural},
+            "scope": if kind == "GatewayClass" { "Cluster" } else { "Namespaced" },
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                          "schema": {"openAPIV3Schema": {"type": "object"}}}],
+        },
+    })
+}
+
+/// The GatewayClass publishes the features we support, sorted by name, and whether the
+/// Gateway API CRDs in the cluster are a release we support. The CRDs are watched: one
+/// changed to another release turns `SupportedVersion` False with no restart, while the class
+/// stays accepted (best effort), and True again once it is back.
+#[tokio::test]
+async fn the_gateway_class_reports_its_features_and_whether_the_crds_are_supported() {
+    use cftunnel_controller::translate::SUPPORTED_FEATURES;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::core::PartialObjectMeta;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let api = ApiServer::start(&format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: cloudflare-tunnel}}\nspec: {{controllerName: {CONTROLLER}}}\n"
+        ))
+        .await;
+        let kinds = [
+            ("gatewayclasses", "GatewayClass"),
+            ("gateways", "Gateway"),
+            ("httproutes", "HTTPRoute"),
+            ("grpcroutes", "GRPCRoute"),
+            ("referencegrants", "ReferenceGrant"),
+        ];
+        for (plural, kind) in kinds {
+            api.put(gateway_api_crd(plural, kind, Some("v1.6.1")));
+        }
+        // Another group's CRD, without the annotation: not Gateway API's, so not read.
+        api.put(json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": "gatewayconfigs.cf.k8s.lex.la"},
+            "spec": {"group": "cf.k8s.lex.la", "names": {"kind": "GatewayConfig", "plural": "gatewayconfigs"}, "scope": "Namespaced"},
+        }));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let health = std::sync::Arc::new(runtime::health::Health::default());
+        let options = RuntimeOptions {
+            resync: Duration::from_millis(100),
+            ..RuntimeOptions::default()
+        };
+        let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
+            let _ = stopped.await;
+        }));
+        let class_status = || {
+            api.get(
+                "gateway.networking.k8s.io/v1",
+                "GatewayClass",
+                "",
+                "cloudflare-tunnel",
+            )
+            .and_then(|c| c.get("status").cloned())
+        };
+        let supported_version = |status: &Value| {
+            condition(&status["conditions"], "SupportedVersion")
+                .map(|c| (c["status"].clone(), c["reason"].clone(), c["message"].clone()))
+        };
+
+        let status = eventually("the GatewayClass's status", || {
+            class_status().filter(|s| supported_version(s).is_some())
+        })
+        .await;
+        let features: Vec<&str> = status["supportedFeatures"]
+            .as_array()
+            .expect("supportedFeatures is a list")
+            .iter()
+            .map(|f| f["name"].as_str().expect("a feature has a name"))
+            .collect();
+        assert_eq!(features, SUPPORTED_FEATURES);
+        let mut sorted = features.clone();
+        sorted.sort_unstable();
+        assert_eq!(features, sorted, "sorted by name, as the spec requires");
+        assert!(features.contains(&"HTTPRoute") && features.contains(&"GRPCRoute"));
+        // CRDs are read by metadata only: a list, then a watch.
+        let accepts = eventually("the CRDs' list and watch", || {
+            Some(api.accepts("CustomResourceDefinition")).filter(|a| a.len() >= 2)
+        })
+        .await;
+        assert_eq!(
+            accepts[0],
+            "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+        );
+        assert!(
+            accepts[1..]
+                .iter()
+                .all(|a| a == "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"),
+            "{accepts:?}"
+        );
+        assert_eq!(
+            condition(&status["conditions"], "Accepted").map(|c| &c["status"]),
+            Some(&json!("True"))
+        );
+        let (truth, reason, message) = supported_version(&status).expect("SupportedVersion");
+        assert_eq!((truth, reason), (json!("True"), json!("SupportedVersion")));
+        assert!(
+            message.as_str().is_some_and(|m| m.contains("v1.6.1")),
+            "{message}"
+        );
+
+        // Which the API server answers with PartialObjectMetadata, as its protocol has it.
+        let listed = kube::Api::<PartialObjectMeta<CustomResourceDefinition>>::all(api.client())
+            .list(&kube::api::ListParams::default())
+            .await
+            .expect("CRDs list");
+        assert_eq!(listed.items.len(), 6);
+        assert!(listed.items.iter().all(|i| i
+            .types
+            .as_ref()
+            .is_some_and(|t| t.kind == "PartialObjectMetadata" && t.api_version == "meta.k8s.io/v1")));
+
+        // An upgrade to a release the controller does not know: seen through the watch.
+        api.put(gateway_api_crd("httproutes", "HTTPRoute", Some("v1.7.0")));
+        let status = eventually("SupportedVersion=False", || {
+            class_status().filter(|s| {
+                supported_version(s).is_some_and(|(truth, _, _)| truth == json!("False"))
+            })
+        })
+        .await;
+        let (_, reason, message) = supported_version(&status).expect("SupportedVersion");
+        assert_eq!(reason, json!("UnsupportedVersion"));
+        assert!(
+            message
+                .as_str()
+                .is_some_and(|m| m.contains("httproutes.gateway.networking.k8s.io has bundle version v1.7.0")),
+            "{message}"
+        );
+        assert_eq!(
+            condition(&status["conditions"], "Accepted").map(|c| &c["status"]),
+            Some(&json!("True")),
+            "served on a best-effort basis: still accepted"
+        );
+        assert_eq!(status["supportedFeatures"].as_array().map(Vec::len), Some(SUPPORTED_FEATURES.len()));
+
+        // Back to a supported release.
+        api.put(gateway_api_crd("httproutes", "HTTPRoute", Some("v1.6.1")));
+        eventually("SupportedVersion=True again", || {
+            class_status().filter(|s| {
+                supported_version(s).is_some_and(|(truth, _, _)| truth == json!("True"))
+            })
+        })
+        .await;
+
+        let _ = stop.send(());
+        controller
+            .await
+            .expect("task")
+            .expect("the controller stops cleanly");
+    })
+    .await
+    .expect("in time");
+}

@@ -83,6 +83,12 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     ("gateway.networking.k8s.io", "httproutes/status", &["patch"]),
     ("gateway.networking.k8s.io", "grpcroutes/status", &["patch"]),
     ("cf.k8s.lex.la", "gatewayconfigs", &["list", "watch"]),
+    // Their metadata: the bundle version of Gateway API's (GatewayClass `SupportedVersion`).
+    (
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        &["list", "watch"],
+    ),
     ("", "namespaces", &["list", "watch"]),
     (
         "",

@@ -1,9 +1,12 @@
 //! Watch caches of every kind the controller reads, and one signal that any of them changed.
+//!
+//! CustomResourceDefinitions are watched by metadata only (their schemas are large and unread),
+//! and only Gateway API's are kept.
 
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use futures_util::StreamExt;
+use futures_util::{future, StreamExt, TryStreamExt};
 use gateway_api::experimental::gatewayclasses::GatewayClass;
 use gateway_api::experimental::gateways::Gateway;
 use gateway_api::experimental::grpcroutes::GrpcRoute;
@@ -14,6 +17,8 @@ use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource};
@@ -22,6 +27,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use crate::gateway_config::GatewayConfig;
+use crate::translate::bundle_version::is_gateway_api_crd;
 use crate::translate::Snapshot;
 
 /// The label every rendered object carries; only such Deployments are watched.
@@ -46,6 +52,8 @@ pub struct Stores {
     pub network_policies: Store<NetworkPolicy>,
     /// The rendered autoscalers (likewise).
     pub autoscalers: Store<HorizontalPodAutoscaler>,
+    /// Gateway API's CustomResourceDefinitions, metadata only (their bundle versions).
+    pub gateway_api_crds: Store<PartialObjectMeta<CustomResourceDefinition>>,
 }
 
 /// A kind of rendered object whose loss the controller repairs at once.
@@ -92,9 +100,34 @@ impl Stores {
             K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
             K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
         {
+            watch_kept(api, config, |_| true, changed, tasks)
+        }
+        /// [`watch`], caching (and signalling) only the objects `keep` picks. `keep` must
+        /// depend on nothing an object's updates can change, such as its name.
+        fn watch_kept<K>(
+            api: Api<K>,
+            config: watcher::Config,
+            keep: fn(&K) -> bool,
+            changed: &Arc<Notify>,
+            tasks: &mut JoinSet<()>,
+        ) -> Store<K>
+        where
+            K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+            K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+        {
             let (store, writer) = reflector::store();
             let changed = Arc::clone(changed);
-            let stream = watcher(api, config).default_backoff().reflect(writer);
+            let stream = watcher(api, config)
+                .try_filter(move |event| {
+                    future::ready(match event {
+                        watcher::Event::Apply(o)
+                        | watcher::Event::Delete(o)
+                        | watcher::Event::InitApply(o) => keep(o),
+                        watcher::Event::Init | watcher::Event::InitDone => true,
+                    })
+                })
+                .default_backoff()
+                .reflect(writer);
             tasks.spawn(async move {
                 let mut stream = std::pin::pin!(stream);
                 while let Some(event) = stream.next().await {
@@ -133,6 +166,15 @@ impl Stores {
             autoscalers: watch(
                 Api::all(client.clone()),
                 all().labels(MANAGED_BY_SELECTOR),
+                &changed,
+                tasks,
+            ),
+            // No selector can pick a CRD's group on the server (CRDs take field selectors on
+            // their name only, and Gateway API's carry no common label): filtered here.
+            gateway_api_crds: watch_kept(
+                Api::all(client.clone()),
+                all(),
+                |crd| crd.metadata.name.as_deref().is_some_and(is_gateway_api_crd),
                 &changed,
                 tasks,
             ),
@@ -175,6 +217,7 @@ impl Stores {
             self.deployments.wait_until_ready().await,
             self.network_policies.wait_until_ready().await,
             self.autoscalers.wait_until_ready().await,
+            self.gateway_api_crds.wait_until_ready().await,
         ];
         results.iter().all(Result::is_ok)
     }
@@ -192,6 +235,12 @@ impl Stores {
             endpoint_slices: cloned(&self.endpoint_slices),
             gateway_configs: cloned(&self.gateway_configs),
             secrets: cloned(&self.secrets),
+            custom_resource_definitions: self
+                .gateway_api_crds
+                .state()
+                .iter()
+                .map(|crd| crd.metadata.clone())
+                .collect(),
         }
     }
 }

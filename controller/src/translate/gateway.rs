@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use crate::render::{self, RenderSettings};
 
 use super::binding;
+use super::bundle_version;
 use super::status::{Condition, ConditionType, GatewayStatus, ListenerStatus, Reason};
 use super::validate;
 use super::{
@@ -44,15 +45,24 @@ pub(super) fn owned_classes<'a>(
     classes
 }
 
-pub(super) fn class_conditions(class: Option<&GatewayClass>) -> Vec<Condition> {
+/// An owned class's conditions: always `Accepted`, and with it `SupportedVersion`, which the
+/// spec requires whenever a class is accepted. Unsupported CRD versions leave the class
+/// accepted: we serve them on a best-effort basis (see [`bundle_version`]).
+pub(super) fn class_conditions(
+    class: Option<&GatewayClass>,
+    crd_versions: &bundle_version::CrdVersions,
+) -> Vec<Condition> {
     let generation = class.and_then(|c| c.metadata.generation);
-    vec![Condition::new(
-        ConditionType::Accepted,
-        true,
-        Reason::Accepted,
-        "",
-        generation,
-    )]
+    vec![
+        Condition::new(
+            ConditionType::Accepted,
+            true,
+            Reason::Accepted,
+            "",
+            generation,
+        ),
+        crd_versions.condition(generation),
+    ]
 }
 
 /// Which namespaces a listener admits routes from.

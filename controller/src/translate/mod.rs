@@ -11,6 +11,7 @@
 
 mod backend;
 mod binding;
+pub mod bundle_version;
 mod features;
 mod gateway;
 mod grpc_route;
@@ -34,7 +35,7 @@ use gateway_api::experimental::httproutes::HttpRoute;
 use gateway_api::experimental::referencegrants::ReferenceGrant;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Serialize, Serializer};
 
 use crate::gateway_config::GatewayConfig;
@@ -73,6 +74,10 @@ pub struct Snapshot {
     pub gateway_configs: Vec<GatewayConfig>,
     /// Read by [`crate::render`] for the tokens a `GatewayConfig` names.
     pub secrets: Vec<Secret>,
+    /// The metadata of the cluster's CustomResourceDefinitions: the Gateway API ones' names and
+    /// bundle-version annotations make the GatewayClass condition `SupportedVersion` (see
+    /// [`bundle_version`]); others are ignored.
+    pub custom_resource_definitions: Vec<ObjectMeta>,
 }
 
 /// Which Gateways are ours and how cluster names are spelled.
@@ -263,10 +268,16 @@ pub struct Output {
 pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
     let index = Index::new(snapshot);
     let classes = gateway::owned_classes(snapshot, options);
+    let crd_versions = bundle_version::check(&snapshot.custom_resource_definitions);
     let mut statuses = Statuses {
         gateway_classes: classes
             .iter()
-            .map(|(name, class)| (name.clone(), gateway::class_conditions(class.as_deref())))
+            .map(|(name, class)| {
+                (
+                    name.clone(),
+                    gateway::class_conditions(class.as_deref(), &crd_versions),
+                )
+            })
             .collect(),
         ..Statuses::default()
     };

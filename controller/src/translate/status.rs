@@ -17,6 +17,8 @@ pub enum ConditionType {
     ResolvedRefs,
     Conflicted,
     PartiallyInvalid,
+    /// GatewayClass: whether the Gateway API CRDs in the cluster are a release we support.
+    SupportedVersion,
     /// `cf.k8s.lex.la/TunnelShared`: the route's Gateway shares its tunnel with dedicated
     /// Gateways of other namespaces.
     TunnelShared,
@@ -31,6 +33,7 @@ impl ConditionType {
             Self::ResolvedRefs => "ResolvedRefs",
             Self::Conflicted => "Conflicted",
             Self::PartiallyInvalid => "PartiallyInvalid",
+            Self::SupportedVersion => "SupportedVersion",
             Self::TunnelShared => "cf.k8s.lex.la/TunnelShared",
         }
     }
@@ -61,6 +64,8 @@ pub enum Reason {
     InvalidKind,
     RefNotPermitted,
     UnsupportedValue,
+    SupportedVersion,
+    UnsupportedVersion,
     TunnelShared,
 }
 
@@ -86,6 +91,8 @@ impl Reason {
             Self::InvalidKind => "InvalidKind",
             Self::RefNotPermitted => "RefNotPermitted",
             Self::UnsupportedValue => "UnsupportedValue",
+            Self::SupportedVersion => "SupportedVersion",
+            Self::UnsupportedVersion => "UnsupportedVersion",
             Self::TunnelShared => "TunnelShared",
         }
     }

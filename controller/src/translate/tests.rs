@@ -2907,3 +2907,63 @@ fn a_more_specific_listener_of_a_gateway_not_accepted_leaves_the_hostname_to_the
         assert_eq!(pick_login(&out).as_deref(), Some("web/grab/0"), "{case}");
     }
 }
+
+#[test]
+fn an_owned_class_is_accepted_and_told_whether_the_crds_are_supported() {
+    let crd = |plural: &str, version: &str| {
+        format!(
+            "---\napiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  name: {plural}.gateway.networking.k8s.io\n  annotations: {{gateway.networking.k8s.io/bundle-version: {version}}}\n"
+        )
+    };
+    let class = |out: &Output| {
+        out.statuses
+            .gateway_classes
+            .get("cf")
+            .expect("the owned class has a status")
+            .iter()
+            .map(|c| (c.kind, c.status, c.reason))
+            .collect::<Vec<_>>()
+    };
+    let supported = run(&(crd("gateways", "v1.6.1") + &crd("httproutes", "v1.5.1")));
+    assert_eq!(
+        class(&supported),
+        vec![
+            (ConditionType::Accepted, true, Reason::Accepted),
+            (
+                ConditionType::SupportedVersion,
+                true,
+                Reason::SupportedVersion
+            ),
+        ]
+    );
+    assert!(
+        !supported
+            .statuses
+            .gateway_classes
+            .contains_key("someone-else"),
+        "another controller's class gets nothing"
+    );
+    // Best effort: still accepted, and its Gateways still served.
+    let newer = run(&(crd("gateways", "v1.6.1") + &crd("httproutes", "v1.7.0")));
+    assert_eq!(
+        class(&newer),
+        vec![
+            (ConditionType::Accepted, true, Reason::Accepted),
+            (
+                ConditionType::SupportedVersion,
+                false,
+                Reason::UnsupportedVersion
+            ),
+        ]
+    );
+    assert_eq!(newer.planes, supported.planes);
+    assert_eq!(
+        class(&run(""))[1],
+        (
+            ConditionType::SupportedVersion,
+            false,
+            Reason::UnsupportedVersion
+        ),
+        "no CRD in the snapshot: versions unknown"
+    );
+}

@@ -1,7 +1,9 @@
 //! A Kubernetes API server in memory, speaking the real REST protocol over HTTP on loopback:
 //! list (with label selectors) and watch streams from a resourceVersion, get, create, delete,
 //! server-side apply (`application/apply-patch+yaml`), JSON merge patches, and the `status`
-//! and (Deployments) `scale` subresources. Errors are `Status` objects with the real codes (404 NotFound, 409
+//! and (Deployments) `scale` subresources. A list, watch or get whose `Accept` asks for
+//! `as=PartialObjectMetadata` (`…List` for a list; `meta.k8s.io/v1`) gets the objects'
+//! metadata only, as `PartialObjectMetadata(List)`, as kube's metadata-only `Api` asks. Errors are `Status` objects with the real codes (404 NotFound, 409
 //! AlreadyExists, 409 Conflict for a write naming a resourceVersion that is no longer current,
 //! 422 Invalid for a Lease the API server's validation refuses). It runs no controllers: a test
 //! plays the Deployment and EndpointSlice controllers itself.
@@ -55,7 +57,42 @@ const KINDS: &[(&str, &str)] = &[
     ("HorizontalPodAutoscaler", "horizontalpodautoscalers"),
     ("Event", "events"),
     ("Lease", "leases"),
+    ("CustomResourceDefinition", "customresourcedefinitions"),
 ];
+
+/// The group and version of `PartialObjectMetadata` and `PartialObjectMetadataList`.
+const META_API_VERSION: &str = "meta.k8s.io/v1";
+
+/// Whether an `Accept` header asks for `PartialObjectMetadata` (`list`: `…List`) in
+/// `meta.k8s.io/v1`, as `application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1`.
+fn wants_metadata(accept: &str, list: bool) -> bool {
+    let wanted = if list {
+        "PartialObjectMetadataList"
+    } else {
+        "PartialObjectMetadata"
+    };
+    accept.split(',').any(|media| {
+        let params: Vec<(&str, &str)> = media
+            .split(';')
+            .skip(1)
+            .filter_map(|p| p.trim().split_once('='))
+            .collect();
+        let param = |k: &str| params.iter().find(|(n, _)| *n == k).map(|(_, v)| *v);
+        media.trim_start().starts_with("application/json")
+            && param("as") == Some(wanted)
+            && param("g") == Some("meta.k8s.io")
+            && param("v") == Some("v1")
+    })
+}
+
+/// An object as `PartialObjectMetadata`: its metadata, under that kind.
+fn as_partial_metadata(object: &Value) -> Value {
+    json!({
+        "apiVersion": META_API_VERSION,
+        "kind": "PartialObjectMetadata",
+        "metadata": object.get("metadata").cloned().unwrap_or_else(|| json!({})),
+    })
+}
 
 /// The field manager of the objects a test writes itself ([`ApiServer::put`]).
 const TEST_MANAGER: &str = "test";
@@ -88,6 +125,8 @@ struct Shared {
     changed: watch::Sender<u64>,
     /// Requests to hold, in the order the holds were made; the first that matches holds.
     gates: Mutex<Vec<Arc<Gate>>>,
+    /// The `Accept` header of every `GET` (get, list, watch), by kind, in arrival order.
+    accepts: Mutex<Vec<(&'static str, String)>>,
 }
 
 /// A request as an [`ApiServer::hold`] predicate sees it.
@@ -361,6 +400,7 @@ impl ApiServer {
             state: Mutex::new(State::default()),
             changed,
             gates: Mutex::new(Vec::new()),
+            accepts: Mutex::new(Vec::new()),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -520,6 +560,18 @@ impl ApiServer {
         }
     }
 
+    /// The `Accept` header of every `GET` (get, list, watch) of `kind` so far.
+    pub fn accepts(&self, kind: &str) -> Vec<String> {
+        self.shared
+            .accepts
+            .lock()
+            .expect("accepts")
+            .iter()
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, a)| a.clone())
+            .collect()
+    }
+
     /// The resourceVersion of the last write.
     pub fn resource_version(&self) -> u64 {
         self.shared.state.lock().expect("state").rv
@@ -591,6 +643,12 @@ async fn handle(
     };
     let params = query(&req);
     let method = req.method().clone();
+    let accept = req
+        .headers()
+        .get(hyper::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
     let content_type = req
         .headers()
         .get(hyper::header::CONTENT_TYPE)
@@ -606,8 +664,16 @@ async fn handle(
         kind,
         api_version: &api_version,
         params: &params,
+        accept: &accept,
     };
     let json = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    if method == Method::GET {
+        shared
+            .accepts
+            .lock()
+            .expect("accepts")
+            .push((kind, accept.clone()));
+    }
     let call = Call {
         method: method.as_str(),
         kind,
@@ -666,6 +732,8 @@ struct Req<'a> {
     kind: &'static str,
     api_version: &'a str,
     params: &'a BTreeMap<String, String>,
+    /// The `Accept` header.
+    accept: &'a str,
 }
 
 impl Req<'_> {
@@ -744,6 +812,7 @@ impl Req<'_> {
 
 fn list(shared: &Arc<Shared>, req: &Req<'_>) -> Response<BoxBody<Bytes, Infallible>> {
     let selector = req.params.get("labelSelector").cloned().unwrap_or_default();
+    let metadata_only = wants_metadata(req.accept, true);
     let state = shared.state.lock().expect("state");
     let items: Vec<Value> = state
         .objects
@@ -755,6 +824,9 @@ fn list(shared: &Arc<Shared>, req: &Req<'_>) -> Response<BoxBody<Bytes, Infallib
                 && selects(&selector, v)
         })
         .map(|(_, v)| {
+            if metadata_only {
+                return as_partial_metadata(v);
+            }
             // List items carry no apiVersion and kind; the list does.
             let mut v = v.clone();
             if let Some(o) = v.as_object_mut() {
@@ -764,9 +836,14 @@ fn list(shared: &Arc<Shared>, req: &Req<'_>) -> Response<BoxBody<Bytes, Infallib
             v
         })
         .collect();
+    let (api_version, kind) = if metadata_only {
+        (META_API_VERSION, "PartialObjectMetadataList".to_owned())
+    } else {
+        (req.api_version, format!("{}List", req.kind))
+    };
     respond(
         StatusCode::OK,
-        &json!({"apiVersion": req.api_version, "kind": format!("{}List", req.kind),
+        &json!({"apiVersion": api_version, "kind": kind,
                 "metadata": {"resourceVersion": state.rv.to_string()}, "items": items}),
     )
 }
@@ -775,6 +852,9 @@ fn get(shared: &Arc<Shared>, req: &Req<'_>) -> Response<BoxBody<Bytes, Infallibl
     let name = req.target.name.clone().unwrap_or_default();
     let state = shared.state.lock().expect("state");
     match state.objects.get(&req.key(&name)) {
+        Some(v) if wants_metadata(req.accept, false) => {
+            respond(StatusCode::OK, &as_partial_metadata(v))
+        }
         Some(v) => respond(StatusCode::OK, &req.typed(v.clone())),
         None => req.not_found(&name),
     }
@@ -1124,6 +1204,7 @@ fn watch_response(shared: &Arc<Shared>, req: &Req<'_>) -> Response<BoxBody<Bytes
     let namespace = req.target.namespace.clone();
     let api_version = req.api_version.to_owned();
     let kind = req.kind;
+    let metadata_only = wants_metadata(req.accept, false);
     tokio::spawn(async move {
         let mut changed = shared.changed.subscribe();
         let mut sent = since;
@@ -1166,7 +1247,9 @@ fn watch_response(shared: &Arc<Shared>, req: &Req<'_>) -> Response<BoxBody<Bytes
                         {
                             meta.insert("resourceVersion".into(), e.rv.to_string().into());
                         }
-                        if let Some(o) = object.as_object_mut() {
+                        if metadata_only {
+                            object = as_partial_metadata(&object);
+                        } else if let Some(o) = object.as_object_mut() {
                             o.insert("apiVersion".into(), api_version.clone().into());
                             o.insert("kind".into(), kind.into());
                         }

@@ -1,0 +1,210 @@
+use std::collections::BTreeMap;
+
+use super::*;
+
+fn crd(name: &str, version: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        annotations: version.map(|v| {
+            BTreeMap::from([
+                (BUNDLE_VERSION_ANNOTATION.to_owned(), v.to_owned()),
+                (
+                    "gateway.networking.k8s.io/channel".to_owned(),
+                    "standard".to_owned(),
+                ),
+            ])
+        }),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The five CRDs the controller reads, all at `version`.
+fn install(version: &str) -> Vec<ObjectMeta> {
+    [
+        "gatewayclasses",
+        "gateways",
+        "grpcroutes",
+        "httproutes",
+        "referencegrants",
+    ]
+    .iter()
+    .map(|plural| {
+        crd(
+            &format!("{plural}.gateway.networking.k8s.io"),
+            Some(version),
+        )
+    })
+    .collect()
+}
+
+fn versions(list: &[&str]) -> BTreeSet<String> {
+    list.iter().map(|v| (*v).to_owned()).collect()
+}
+
+#[test]
+fn crds_of_a_supported_release_are_supported() {
+    for version in ["v1.5.0", "v1.5.1", "v1.6.0", "v1.6.1", "v1.6.0-rc.1"] {
+        assert_eq!(
+            check(&install(version)),
+            CrdVersions::Supported(versions(&[version])),
+            "{version}"
+        );
+    }
+    let condition = check(&install("v1.6.1")).condition(Some(3));
+    assert_eq!(
+        (
+            condition.kind,
+            condition.status,
+            condition.reason,
+            condition.observed_generation
+        ),
+        (
+            ConditionType::SupportedVersion,
+            true,
+            Reason::SupportedVersion,
+            Some(3)
+        )
+    );
+    assert_eq!(
+        condition.message,
+        "Gateway API CRDs at bundle version v1.6.1 (supported: v1.5.x to v1.6.x)"
+    );
+}
+
+#[test]
+fn crds_of_two_supported_releases_are_supported_and_both_named() {
+    let mut crds = install("v1.6.1");
+    crds[0] = crd("gatewayclasses.gateway.networking.k8s.io", Some("v1.5.1"));
+    assert_eq!(
+        check(&crds),
+        CrdVersions::Supported(versions(&["v1.5.1", "v1.6.1"]))
+    );
+    assert_eq!(
+        check(&crds).condition(None).message,
+        "Gateway API CRDs at bundle versions v1.5.1, v1.6.1 (supported: v1.5.x to v1.6.x)"
+    );
+}
+
+#[test]
+fn a_newer_minor_an_older_minor_and_another_major_are_unsupported() {
+    for version in [
+        "v1.7.0",
+        "v1.4.1",
+        "v1.1.0",
+        "v2.0.0",
+        "v2.6.1",
+        "v0.6.0",
+        "v0.0.0-dev",
+    ] {
+        let mut crds = install("v1.6.1");
+        crds[1] = crd("gateways.gateway.networking.k8s.io", Some(version));
+        assert_eq!(
+            check(&crds),
+            CrdVersions::Unsupported(vec![VersionProblem::Unsupported {
+                crd: "gateways.gateway.networking.k8s.io".to_owned(),
+                version: version.to_owned(),
+            }]),
+            "{version}"
+        );
+    }
+    let mut crds = install("v1.6.1");
+    crds[1] = crd("gateways.gateway.networking.k8s.io", Some("v1.7.0"));
+    let condition = check(&crds).condition(Some(1));
+    assert_eq!(
+        (condition.status, condition.reason),
+        (false, Reason::UnsupportedVersion)
+    );
+    assert_eq!(
+        condition.message,
+        "served on a best-effort basis: gateways.gateway.networking.k8s.io has bundle version \
+         v1.7.0 (supported: v1.5.x to v1.6.x)"
+    );
+}
+
+#[test]
+fn a_crd_without_the_annotation_is_unsupported() {
+    let mut crds = install("v1.6.1");
+    crds[3] = crd("httproutes.gateway.networking.k8s.io", None);
+    assert_eq!(
+        check(&crds),
+        CrdVersions::Unsupported(vec![VersionProblem::Missing {
+            crd: "httproutes.gateway.networking.k8s.io".to_owned(),
+        }])
+    );
+    assert!(check(&crds).condition(None).message.contains(
+        "httproutes.gateway.networking.k8s.io has no gateway.networking.k8s.io/bundle-version annotation"
+    ));
+}
+
+#[test]
+fn an_annotation_that_is_not_a_version_is_unsupported() {
+    for value in [
+        "1.6.1",
+        "v1.6",
+        "v1.6.x",
+        "v1.6.1.2",
+        "v+1.6.1",
+        "v1.6.1-",
+        "v1.6.1+meta",
+        "latest",
+        "",
+    ] {
+        assert_eq!(BundleVersion::parse(value), None, "{value:?}");
+        let mut crds = install("v1.6.1");
+        crds[4] = crd("referencegrants.gateway.networking.k8s.io", Some(value));
+        assert_eq!(
+            check(&crds),
+            CrdVersions::Unsupported(vec![VersionProblem::Unparsable {
+                crd: "referencegrants.gateway.networking.k8s.io".to_owned(),
+                value: value.to_owned(),
+            }]),
+            "{value:?}"
+        );
+    }
+}
+
+#[test]
+fn every_offending_crd_is_named_in_name_order() {
+    let mut crds = install("v1.6.1");
+    crds[4] = crd("referencegrants.gateway.networking.k8s.io", Some("v2.0.0"));
+    crds[0] = crd("gatewayclasses.gateway.networking.k8s.io", None);
+    let message = check(&crds).condition(None).message;
+    assert_eq!(
+        message,
+        "served on a best-effort basis: gatewayclasses.gateway.networking.k8s.io has no \
+         gateway.networking.k8s.io/bundle-version annotation; \
+         referencegrants.gateway.networking.k8s.io has bundle version v2.0.0 \
+         (supported: v1.5.x to v1.6.x)"
+    );
+}
+
+#[test]
+fn crds_of_other_groups_are_not_read() {
+    let others = [
+        crd("gatewayconfigs.cf.k8s.lex.la", None),
+        crd("xlistenersets.gateway.networking.x-k8s.io", Some("v9.9.9")),
+        crd("widgets.example.gateway.networking.k8s.io", None),
+        crd("gateway.networking.k8s.io", None),
+    ];
+    let mut crds = install("v1.6.1");
+    crds.extend(others.iter().cloned());
+    assert_eq!(check(&crds), CrdVersions::Supported(versions(&["v1.6.1"])));
+    assert_eq!(check(&others), CrdVersions::Unknown);
+}
+
+#[test]
+fn no_gateway_api_crd_at_all_is_not_known_to_be_supported() {
+    assert_eq!(check(&[]), CrdVersions::Unknown);
+    let condition = CrdVersions::Unknown.condition(Some(1));
+    assert_eq!(
+        (condition.status, condition.reason),
+        (false, Reason::UnsupportedVersion)
+    );
+    assert!(
+        condition
+            .message
+            .starts_with("no Gateway API CustomResourceDefinition is known"),
+        "{}",
+        condition.message
+    );
+}
