@@ -124,8 +124,9 @@ impl<S> Layer<S> for RequestTimeoutLayer {
 /// head is bounded; its body streams on unbounded.
 ///
 /// The clock starts in `call`, before the layers inside (kube's: token refresh, connecting,
-/// TLS) have run, so the bound is on the whole call as its caller waits for it, a connection
-/// or a token that is slow to come included.
+/// TLS) have run, so the bound covers a connection or a token that is slow to come. Time a
+/// request spends queued in the `tower::Buffer` kube's `Client` puts in front of the stack is
+/// not counted.
 ///
 /// The inner service's futures and bodies must be `Unpin`, as those of kube's boxed stack
 /// are.
