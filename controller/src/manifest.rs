@@ -28,7 +28,9 @@ pub enum ManifestError {
 }
 
 /// Adds every object of `text` (named `source_name` in errors) to `snapshot`; returns how many
-/// objects were added.
+/// objects were added. Manifests are the whole input, so the CustomResourceDefinitions among
+/// them are all there are: after a load, `snapshot`'s CRDs are known (an empty list when none
+/// were given), never unreadable.
 ///
 /// # Errors
 /// A document that is not YAML, or an object of a known kind that does not match its schema.
@@ -37,6 +39,9 @@ pub fn load_into(
     text: &str,
     source_name: &str,
 ) -> Result<usize, ManifestError> {
+    snapshot
+        .custom_resource_definitions
+        .get_or_insert_with(Vec::new);
     let mut added = 0;
     for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let document = i + 1;
@@ -152,13 +157,10 @@ fn add_value(
         // Only the metadata is read (the bundle version of Gateway API's CRDs).
         ("apiextensions.k8s.io", "CustomResourceDefinition") => {
             let metadata = value.get("metadata").cloned().unwrap_or(Value::Null);
-            snapshot.custom_resource_definitions.push(object(
-                metadata,
-                source_name,
-                document,
-                &kind,
-                &name,
-            )?)
+            snapshot
+                .custom_resource_definitions
+                .get_or_insert_with(Vec::new)
+                .push(object(metadata, source_name, document, &kind, &name)?)
         }
         _ => return Ok(0),
     }
@@ -209,6 +211,11 @@ items:
         assert_eq!(snapshot.gateways[0].spec.listeners[0].port, 80);
         assert_eq!(snapshot.services.len(), 1);
         assert_eq!(snapshot.reference_grants.len(), 1);
+        assert_eq!(
+            snapshot.custom_resource_definitions,
+            Some(Vec::new()),
+            "no CRD among them: none, but not unreadable"
+        );
     }
 
     #[test]
@@ -223,7 +230,10 @@ spec: {group: gateway.networking.k8s.io, names: {kind: Gateway, plural: gateways
 "#;
         let mut snapshot = Snapshot::default();
         assert_eq!(load_into(&mut snapshot, text, "crds.yaml").ok(), Some(1));
-        let meta = &snapshot.custom_resource_definitions[0];
+        let crds = snapshot
+            .custom_resource_definitions
+            .expect("read from the manifests");
+        let meta = &crds[0];
         assert_eq!(
             meta.name.as_deref(),
             Some("gateways.gateway.networking.k8s.io")

@@ -6,7 +6,7 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use futures_util::{future, StreamExt, TryStreamExt};
+use futures_util::{future, FutureExt, StreamExt, TryStreamExt};
 use gateway_api::experimental::gatewayclasses::GatewayClass;
 use gateway_api::experimental::gateways::Gateway;
 use gateway_api::experimental::grpcroutes::GrpcRoute;
@@ -222,8 +222,14 @@ impl Stores {
         results.iter().all(Result::is_ok)
     }
 
-    /// The translation's input, as the caches hold it now.
+    /// The translation's input, as the caches hold it now. The CRDs are `None` until their
+    /// cache has had its first full list (their watch may lack RBAC: it gates nothing).
     pub fn snapshot(&self) -> Snapshot {
+        let crds_listed = self
+            .gateway_api_crds
+            .wait_until_ready()
+            .now_or_never()
+            .is_some_and(|ready| ready.is_ok());
         Snapshot {
             gateway_classes: cloned(&self.gateway_classes),
             gateways: cloned(&self.gateways),
@@ -235,12 +241,13 @@ impl Stores {
             endpoint_slices: cloned(&self.endpoint_slices),
             gateway_configs: cloned(&self.gateway_configs),
             secrets: cloned(&self.secrets),
-            custom_resource_definitions: self
-                .gateway_api_crds
-                .state()
-                .iter()
-                .map(|crd| crd.metadata.clone())
-                .collect(),
+            custom_resource_definitions: crds_listed.then(|| {
+                self.gateway_api_crds
+                    .state()
+                    .iter()
+                    .map(|crd| crd.metadata.clone())
+                    .collect()
+            }),
         }
     }
 }

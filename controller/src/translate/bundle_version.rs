@@ -20,6 +20,9 @@ use super::GATEWAY_API_GROUP;
 /// The annotation every Gateway API CRD carries, naming the release it comes from.
 pub const BUNDLE_VERSION_ANNOTATION: &str = "gateway.networking.k8s.io/bundle-version";
 
+/// The access reading the CRDs takes, as messages name it: the controller's CRD watch.
+pub const CRD_ACCESS: &str = "list and watch on customresourcedefinitions.apiextensions.k8s.io";
+
 /// The major Gateway API release whose CRDs we support: with [`SUPPORTED_MINORS`], releases
 /// v1.5 to v1.6 (any patch release, and their pre-releases such as `v1.5.0-rc.1`).
 ///
@@ -136,10 +139,19 @@ pub enum CrdVersions {
     /// `translate` command's manifests when they leave them out: versions that cannot be read
     /// are not known to be supported, and count as unsupported.
     Unknown,
+    /// The CRDs cannot be read (yet): the snapshot has none of their metadata, not even an
+    /// empty list. In the runtime, the CRD watch has not listed them, because the controller
+    /// lacks [`CRD_ACCESS`] (an older ClusterRole) or the list is slow; the runtime reconciles
+    /// meanwhile. Not known to be supported either.
+    Unreadable,
 }
 
-/// Reads the bundle versions of the Gateway API CRDs among `crds` (others are ignored).
-pub fn check(crds: &[ObjectMeta]) -> CrdVersions {
+/// Reads the bundle versions of the Gateway API CRDs among `crds` (others are ignored);
+/// `None` when the CRDs cannot be read (see [`crate::translate::Snapshot`]).
+pub fn check(crds: &Option<Vec<ObjectMeta>>) -> CrdVersions {
+    let Some(crds) = crds else {
+        return CrdVersions::Unreadable;
+    };
     let ours: BTreeMap<&str, Option<&str>> = crds
         .iter()
         .filter_map(|meta| {
@@ -215,6 +227,13 @@ impl CrdVersions {
                 Reason::UnsupportedVersion,
                 format!(
                     "no Gateway API CustomResourceDefinition is known, so their bundle versions cannot be checked (supported: {supported})"
+                ),
+            ),
+            Self::Unreadable => (
+                false,
+                Reason::UnsupportedVersion,
+                format!(
+                    "the Gateway API CRD versions cannot be read: CustomResourceDefinitions are not listed yet, and reading them takes {CRD_ACCESS} (supported: {supported})"
                 ),
             ),
         };

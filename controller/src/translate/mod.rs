@@ -77,7 +77,11 @@ pub struct Snapshot {
     /// The metadata of the cluster's CustomResourceDefinitions: the Gateway API ones' names and
     /// bundle-version annotations make the GatewayClass condition `SupportedVersion` (see
     /// [`bundle_version`]); others are ignored.
-    pub custom_resource_definitions: Vec<ObjectMeta>,
+    ///
+    /// `None`: they cannot be read (yet), as when the runtime's CRD watch has not listed them
+    /// (its RBAC rule is missing, or the list is slow); the condition says so. `Some` of an
+    /// empty list is a snapshot without CRDs, such as manifests that leave them out.
+    pub custom_resource_definitions: Option<Vec<ObjectMeta>>,
 }
 
 /// Which Gateways are ours and how cluster names are spelled.

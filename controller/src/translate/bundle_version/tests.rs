@@ -37,6 +37,11 @@ fn install(version: &str) -> Vec<ObjectMeta> {
     .collect()
 }
 
+/// [`check`] of CRDs that could be read: `crds`.
+fn listed(crds: &[ObjectMeta]) -> CrdVersions {
+    check(&Some(crds.to_vec()))
+}
+
 fn versions(list: &[&str]) -> BTreeSet<String> {
     list.iter().map(|v| (*v).to_owned()).collect()
 }
@@ -45,12 +50,12 @@ fn versions(list: &[&str]) -> BTreeSet<String> {
 fn crds_of_a_supported_release_are_supported() {
     for version in ["v1.5.0", "v1.5.1", "v1.6.0", "v1.6.1", "v1.6.0-rc.1"] {
         assert_eq!(
-            check(&install(version)),
+            listed(&install(version)),
             CrdVersions::Supported(versions(&[version])),
             "{version}"
         );
     }
-    let condition = check(&install("v1.6.1")).condition(Some(3));
+    let condition = listed(&install("v1.6.1")).condition(Some(3));
     assert_eq!(
         (
             condition.kind,
@@ -76,11 +81,11 @@ fn crds_of_two_supported_releases_are_supported_and_both_named() {
     let mut crds = install("v1.6.1");
     crds[0] = crd("gatewayclasses.gateway.networking.k8s.io", Some("v1.5.1"));
     assert_eq!(
-        check(&crds),
+        listed(&crds),
         CrdVersions::Supported(versions(&["v1.5.1", "v1.6.1"]))
     );
     assert_eq!(
-        check(&crds).condition(None).message,
+        listed(&crds).condition(None).message,
         "Gateway API CRDs at bundle versions v1.5.1, v1.6.1 (supported: v1.5.x to v1.6.x)"
     );
 }
@@ -99,7 +104,7 @@ fn a_newer_minor_an_older_minor_and_another_major_are_unsupported() {
         let mut crds = install("v1.6.1");
         crds[1] = crd("gateways.gateway.networking.k8s.io", Some(version));
         assert_eq!(
-            check(&crds),
+            listed(&crds),
             CrdVersions::Unsupported(vec![VersionProblem::Unsupported {
                 crd: "gateways.gateway.networking.k8s.io".to_owned(),
                 version: version.to_owned(),
@@ -109,7 +114,7 @@ fn a_newer_minor_an_older_minor_and_another_major_are_unsupported() {
     }
     let mut crds = install("v1.6.1");
     crds[1] = crd("gateways.gateway.networking.k8s.io", Some("v1.7.0"));
-    let condition = check(&crds).condition(Some(1));
+    let condition = listed(&crds).condition(Some(1));
     assert_eq!(
         (condition.status, condition.reason),
         (false, Reason::UnsupportedVersion)
@@ -126,12 +131,12 @@ fn a_crd_without_the_annotation_is_unsupported() {
     let mut crds = install("v1.6.1");
     crds[3] = crd("httproutes.gateway.networking.k8s.io", None);
     assert_eq!(
-        check(&crds),
+        listed(&crds),
         CrdVersions::Unsupported(vec![VersionProblem::Missing {
             crd: "httproutes.gateway.networking.k8s.io".to_owned(),
         }])
     );
-    assert!(check(&crds).condition(None).message.contains(
+    assert!(listed(&crds).condition(None).message.contains(
         "httproutes.gateway.networking.k8s.io has no gateway.networking.k8s.io/bundle-version annotation"
     ));
 }
@@ -153,7 +158,7 @@ fn an_annotation_that_is_not_a_version_is_unsupported() {
         let mut crds = install("v1.6.1");
         crds[4] = crd("referencegrants.gateway.networking.k8s.io", Some(value));
         assert_eq!(
-            check(&crds),
+            listed(&crds),
             CrdVersions::Unsupported(vec![VersionProblem::Unparsable {
                 crd: "referencegrants.gateway.networking.k8s.io".to_owned(),
                 value: value.to_owned(),
@@ -168,7 +173,7 @@ fn every_offending_crd_is_named_in_name_order() {
     let mut crds = install("v1.6.1");
     crds[4] = crd("referencegrants.gateway.networking.k8s.io", Some("v2.0.0"));
     crds[0] = crd("gatewayclasses.gateway.networking.k8s.io", None);
-    let message = check(&crds).condition(None).message;
+    let message = listed(&crds).condition(None).message;
     assert_eq!(
         message,
         "served on a best-effort basis: gatewayclasses.gateway.networking.k8s.io has no \
@@ -188,13 +193,13 @@ fn crds_of_other_groups_are_not_read() {
     ];
     let mut crds = install("v1.6.1");
     crds.extend(others.iter().cloned());
-    assert_eq!(check(&crds), CrdVersions::Supported(versions(&["v1.6.1"])));
-    assert_eq!(check(&others), CrdVersions::Unknown);
+    assert_eq!(listed(&crds), CrdVersions::Supported(versions(&["v1.6.1"])));
+    assert_eq!(listed(&others), CrdVersions::Unknown);
 }
 
 #[test]
 fn no_gateway_api_crd_at_all_is_not_known_to_be_supported() {
-    assert_eq!(check(&[]), CrdVersions::Unknown);
+    assert_eq!(listed(&[]), CrdVersions::Unknown);
     let condition = CrdVersions::Unknown.condition(Some(1));
     assert_eq!(
         (condition.status, condition.reason),
@@ -207,4 +212,32 @@ fn no_gateway_api_crd_at_all_is_not_known_to_be_supported() {
         "{}",
         condition.message
     );
+}
+
+#[test]
+fn crds_that_cannot_be_read_are_not_known_to_be_supported_and_the_message_says_what_it_takes() {
+    assert_eq!(check(&None), CrdVersions::Unreadable);
+    let condition = check(&None).condition(Some(2));
+    assert_eq!(
+        (
+            condition.kind,
+            condition.status,
+            condition.reason,
+            condition.observed_generation
+        ),
+        (
+            ConditionType::SupportedVersion,
+            false,
+            Reason::UnsupportedVersion,
+            Some(2)
+        )
+    );
+    assert_eq!(
+        condition.message,
+        "the Gateway API CRD versions cannot be read: CustomResourceDefinitions are not listed \
+         yet, and reading them takes list and watch on \
+         customresourcedefinitions.apiextensions.k8s.io (supported: v1.5.x to v1.6.x)"
+    );
+    // Read but empty is another case, with its own message.
+    assert_eq!(check(&Some(Vec::new())), CrdVersions::Unknown);
 }
