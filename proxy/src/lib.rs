@@ -47,6 +47,9 @@ pub struct ServerOptions {
     pub metrics_enabled: bool,
     pub backend_header_timeout: Duration,
     pub limits: serve::Limits,
+    /// Worker threads of the runtime serving requests; sizes the per-thread copies of the
+    /// duration histograms (see [`metrics::histogram::Shards`]).
+    pub worker_threads: usize,
 }
 
 impl Default for ServerOptions {
@@ -60,6 +63,7 @@ impl Default for ServerOptions {
             metrics_enabled: true,
             backend_header_timeout: Duration::from_secs(60),
             limits: serve::Limits::default(),
+            worker_threads: 1,
         }
     }
 }
@@ -94,7 +98,8 @@ impl Server {
         initial: Option<cftunnel_config::Config>,
         mut registry: Registry,
     ) -> anyhow::Result<Self> {
-        let metrics = metrics::ProxyMetrics::register(&mut registry);
+        let metrics =
+            metrics::ProxyMetrics::register_for_workers(&mut registry, options.worker_threads);
         let mut empty = config::Cache::default();
         let routes = config::compile(&cftunnel_config::Config::default(), &metrics, &mut empty)
             .context("compiling the empty table")?;

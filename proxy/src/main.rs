@@ -46,7 +46,10 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(args)) {
+    // What the runtime settled on: `--worker-threads`, or tokio's default of one per CPU the
+    // process may use (the whole node's when the pod has no CPU limit).
+    let worker_threads = runtime.metrics().num_workers();
+    match runtime.block_on(run(args, worker_threads)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -55,7 +58,7 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+async fn run(args: Args, worker_threads: usize) -> anyhow::Result<()> {
     let initial = match &args.config_file {
         Some(path) => {
             let text = tokio::fs::read(path)
@@ -101,6 +104,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         access_log: args.access_log_enabled,
         metrics_enabled: args.metrics_enabled,
         backend_header_timeout: args.backend_header_timeout.0,
+        worker_threads,
         ..ServerOptions::default()
     };
     // Installed before anything can take long, so a signal always drains.

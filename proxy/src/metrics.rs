@@ -6,11 +6,11 @@
 
 pub mod histogram;
 
-use histogram::AtomicHistogram;
+use histogram::{AtomicHistogram, Shards};
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::fmt::Write as _;
@@ -83,15 +83,21 @@ pub struct ResultLabels {
     pub result: String,
 }
 
-fn duration_histogram() -> AtomicHistogram {
-    AtomicHistogram::new(DURATION_BUCKETS)
+/// Makes each hostname's duration histogram, with a copy of its counters per worker thread.
+#[derive(Clone, Copy, Debug)]
+struct DurationHistogram(Shards);
+
+impl MetricConstructor<AtomicHistogram> for DurationHistogram {
+    fn new_metric(&self) -> AtomicHistogram {
+        AtomicHistogram::new(DURATION_BUCKETS, self.0)
+    }
 }
 
 #[derive(Clone, Debug)]
 pub struct ProxyMetrics {
     pub in_flight: Gauge,
     pub websocket_sessions: Gauge,
-    duration: Family<HostLabels, AtomicHistogram, fn() -> AtomicHistogram>,
+    duration: Family<HostLabels, AtomicHistogram, DurationHistogram>,
     requests: Family<StatusLabels, Counter>,
     backend_errors: Family<ReasonLabels, Counter>,
     request_bytes: Family<HostLabels, Counter>,
@@ -127,11 +133,24 @@ impl HostMetrics {
 }
 
 impl ProxyMetrics {
+    /// Registers the proxy's metrics under `cftunnel_proxy_`, for requests served by one
+    /// thread (tests, tools); a server uses [`Self::register_for_workers`].
     pub fn register(registry: &mut Registry) -> Self {
+        Self::register_for_workers(registry, 1)
+    }
+
+    /// Registers the proxy's metrics under `cftunnel_proxy_`.
+    ///
+    /// `worker_threads` is the number of runtime threads that serve requests: each hostname's
+    /// duration histogram keeps a copy of its counters per worker, up to
+    /// [`histogram::MAX_SHARDS`] (see [`Shards`] for the memory this takes).
+    pub fn register_for_workers(registry: &mut Registry, worker_threads: usize) -> Self {
         let m = Self {
             in_flight: Gauge::default(),
             websocket_sessions: Gauge::default(),
-            duration: Family::new_with_constructor(duration_histogram),
+            duration: Family::new_with_constructor(DurationHistogram(Shards::for_workers(
+                worker_threads,
+            ))),
             requests: Family::default(),
             backend_errors: Family::default(),
             request_bytes: Family::default(),

@@ -10,18 +10,45 @@ use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use std::cell::Cell;
 use std::iter::once;
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// Copies of the counters, each written by its own threads. 4 covers the usual pod of 1-4
-/// CPUs with one worker per CPU, so no two workers share one; on larger nodes workers share
-/// a copy, still with a quarter of the contention. Costs 128 bytes per copy per hostname
-/// with the proxy's 14 duration bounds.
-const SHARDS: usize = 4;
+/// The most copies of the counters a histogram keeps, whatever the worker count.
+///
+/// A copy is one 128-byte line per hostname with the proxy's 14 duration bounds (the sum and
+/// 15 counts fill its 16 cells), so at this cap a hostname's duration histogram takes 2 KiB
+/// and a table of 10,000 hostnames 20 MB. Past 16 workers (a pod without a CPU limit on a
+/// large node takes one per CPU of the node) workers share copies: with 64, four to a copy.
+pub const MAX_SHARDS: usize = 16;
 
 /// Counters per line: 16 x 8 bytes, the 128-byte pair of cache lines that adjacent-line
 /// prefetchers move together, so two shards never share one.
 const CELLS: usize = 16;
+
+/// How many copies of its counters an [`AtomicHistogram`] keeps: one per worker thread, up to
+/// [`MAX_SHARDS`].
+///
+/// Memory per histogram is `shards x ceil((bounds + 2) / 16) x 128` bytes: with the proxy's 14
+/// bounds, 128 bytes per worker per hostname, 2 KiB per hostname at the cap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shards(NonZeroUsize);
+
+// === impl Shards ===
+
+impl Shards {
+    /// One copy, for a runtime with one worker thread (nothing to share it with).
+    pub const ONE: Self = Self(NonZeroUsize::MIN);
+
+    /// A copy per worker thread, at most [`MAX_SHARDS`]; 0 is taken as 1.
+    pub fn for_workers(workers: usize) -> Self {
+        Self(NonZeroUsize::new(workers.clamp(1, MAX_SHARDS)).unwrap_or(NonZeroUsize::MIN))
+    }
+
+    pub fn get(self) -> usize {
+        self.0.get()
+    }
+}
 
 /// A histogram with fixed bucket bounds whose [`observe`](Self::observe) takes no lock.
 ///
@@ -36,21 +63,26 @@ const CELLS: usize = 16;
 ///   prometheus-client's, from several threads it differs only by the order of the rounding.
 ///
 /// # Concurrency
-/// Each thread observes into one of `SHARDS` (4) copies of the counters (threads are numbered
-/// in the order they first observe, so the runtime's workers get distinct copies), and a
-/// scrape adds the copies up. Counters shared by all threads were measured 2-3x slower than
-/// prometheus-client's lock with two threads observing back to back: every observation moved
-/// a cache line between cores, while the lock let one thread batch. Copies remove that.
+/// Each thread observes into one of the [`Shards`] copies of the counters, and a scrape adds
+/// the copies up. Threads are numbered in the order they first observe and thread `i` takes
+/// copy `i mod shards`, so with a copy per worker (the proxy sizes them from its worker
+/// count, and only its workers observe) no two workers share one. One copy shared by
+/// several threads is slower than prometheus-client's lock when they observe back to back:
+/// every observation moves the copy's cache line between cores and may retry its
+/// compare-exchange, while the lock tends to let the thread holding it observe again before
+/// the line moves (`benches/benches/histogram.rs`: `atomic_1_shard` against
+/// `prometheus_client` with 2 threads). Copies remove that.
 ///
 /// `observe` is one compare-exchange loop on the sum and one `fetch_add` on a bucket, both in
-/// the thread's copy. `_count` is not stored: a scrape adds up the buckets (and the NaN/`+Inf`
-/// tally), so it always equals the `+Inf` bucket, even while requests complete. `_sum` may
-/// run ahead: each observation adds to the sum before its bucket (release) and the scrape
-/// reads every bucket (acquire) before any sum, so a racing scrape can include in `_sum` the
-/// few observations in progress that its `_count` lacks, never the reverse. Go's client
-/// avoids even that with hot/cold counters, at the price of another atomic per observation
-/// and a scrape that waits for observers. Not worth it here: the skew is at most one
-/// observation per worker thread for one scrape, every series stays monotonic, and
+/// the thread's copy. `_count` is not stored: a scrape adds up the buckets and the NaN/`+Inf`
+/// tally, so it is the `+Inf` bucket plus the NaN and `+Inf` observations (none for request
+/// durations), consistent with the buckets of the same scrape even while requests complete.
+/// `_sum` may run ahead: each observation adds to the sum before its bucket (release) and the
+/// scrape reads every bucket (acquire) before any sum, so a racing scrape can include in
+/// `_sum` the few observations in progress that its buckets lack, never the reverse. Go's
+/// client avoids even that with hot/cold counters, at the price of another atomic per
+/// observation and a scrape that waits for observers. Not worth it here: the skew is at most
+/// one observation per worker thread for one scrape, every series stays monotonic, and
 /// `rate(_sum) / rate(_count)` over any window absorbs it.
 ///
 /// # Panics
@@ -65,7 +97,7 @@ pub struct AtomicHistogram {
 
 #[derive(Debug)]
 struct Counts {
-    /// [`SHARDS`] copies of `[sum, one count per bound]`, each `lines_per_shard` lines long.
+    /// `shards` copies of `[sum, one count per bound]`, each `lines_per_shard` lines long.
     /// The sum sits beside the buckets of fast requests, so an observation writes one line.
     ///
     /// The sum is f64 bits, updated by compare-exchange. Integer nanoseconds would allow a
@@ -74,6 +106,7 @@ struct Counts {
     /// the f64 sum.
     lines: Box<[Line]>,
     lines_per_shard: usize,
+    shards: NonZeroUsize,
     /// Observations in no bucket (NaN, `+Inf`): rare, so one counter for all threads.
     unbucketed: AtomicU64,
 }
@@ -82,21 +115,20 @@ struct Counts {
 #[derive(Debug)]
 struct Line([AtomicU64; CELLS]);
 
-/// The copy of the counters this thread observes into.
+/// This thread's number, in the order threads first observe into any histogram.
 ///
-/// The counter is the one process-wide state here: it only numbers threads, in the order
-/// they first observe.
-fn shard() -> usize {
+/// The counter is the one process-wide state here: it only numbers threads.
+fn thread_index() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
+        static INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
     }
-    SHARD
-        .try_with(|shard| {
-            if shard.get() == usize::MAX {
-                shard.set(NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS);
+    INDEX
+        .try_with(|index| {
+            if index.get() == usize::MAX {
+                index.set(NEXT.fetch_add(1, Ordering::Relaxed));
             }
-            shard.get()
+            index.get()
         })
         .unwrap_or(0)
 }
@@ -105,12 +137,12 @@ fn shard() -> usize {
 
 impl AtomicHistogram {
     /// A histogram with the given upper bounds plus `+Inf`, taken as given (not sorted), as
-    /// prometheus-client's `Histogram::new` takes them.
-    pub fn new(buckets: impl IntoIterator<Item = f64>) -> Self {
+    /// prometheus-client's `Histogram::new` takes them, keeping `shards` copies of its counters.
+    pub fn new(buckets: impl IntoIterator<Item = f64>, shards: Shards) -> Self {
         let bounds: Arc<[f64]> = buckets.into_iter().chain(once(f64::MAX)).collect();
         // The sum, then a count per bound; the sum's bits start as those of 0.0, which are 0.
         let lines_per_shard = (1 + bounds.len()).div_ceil(CELLS);
-        let lines = (0..SHARDS * lines_per_shard)
+        let lines = (0..shards.get() * lines_per_shard)
             .map(|_| Line(std::array::from_fn(|_| AtomicU64::new(0))))
             .collect();
         Self {
@@ -118,6 +150,7 @@ impl AtomicHistogram {
             counts: Arc::new(Counts {
                 lines,
                 lines_per_shard,
+                shards: shards.0,
                 unbucketed: AtomicU64::new(0),
             }),
         }
@@ -125,7 +158,7 @@ impl AtomicHistogram {
 
     /// Records one value.
     pub fn observe(&self, v: f64) {
-        let shard = shard();
+        let shard = self.counts.shard();
         if let Some(sum) = self.counts.cell(shard, 0) {
             // The closure always returns `Some`, so this cannot fail.
             let _ = sum.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
@@ -155,7 +188,8 @@ impl AtomicHistogram {
             .iter()
             .enumerate()
             .map(|(i, bound)| {
-                let n = (0..SHARDS).fold(0u64, |n, shard| n.saturating_add(load(shard, 1 + i)));
+                let n = (0..self.counts.shards.get())
+                    .fold(0u64, |n, shard| n.saturating_add(load(shard, 1 + i)));
                 (*bound, n)
             })
             .collect();
@@ -166,7 +200,7 @@ impl AtomicHistogram {
         // Read after the buckets, so it covers at least the observations counted above.
         // A copy's sum starts at +0.0 and so is never -0.0; untouched copies add +0.0, which
         // changes nothing, so the sum of one thread's values comes out bit-exact.
-        let sum = (0..SHARDS).fold(0.0, |sum, shard| {
+        let sum = (0..self.counts.shards.get()).fold(0.0, |sum, shard| {
             sum + f64::from_bits(
                 self.counts
                     .cell(shard, 0)
@@ -180,6 +214,17 @@ impl AtomicHistogram {
 // === impl Counts ===
 
 impl Counts {
+    /// The copy this thread observes into: its own while there are no more threads than
+    /// copies (no division on that path), else one it shares.
+    fn shard(&self) -> usize {
+        let index = thread_index();
+        if index < self.shards.get() {
+            index
+        } else {
+            index % self.shards
+        }
+    }
+
     /// Counter `j` (0 the sum, 1 + i bucket i) of copy `shard`.
     fn cell(&self, shard: usize, j: usize) -> Option<&AtomicU64> {
         self.lines
