@@ -1231,13 +1231,23 @@ impl Tenant {
         before: impl FnOnce(&ApiServer),
         client: impl FnOnce(&ApiServer) -> kube::Client,
     ) -> Self {
+        Self::start_tuned(spec, before, client, |_| {}).await
+    }
+
+    /// [`Tenant::start_on`], `tune` changing the controller's options.
+    async fn start_tuned(
+        spec: &str,
+        before: impl FnOnce(&ApiServer),
+        client: impl FnOnce(&ApiServer) -> kube::Client,
+        tune: impl FnOnce(&mut RuntimeOptions),
+    ) -> Self {
         let echo = support::echo("tenant-a", "web-1").await;
         let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
         let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
         let api = ApiServer::start(&seed(&token, &third, echo.http_addr())).await;
         put_gateway_config(&api, spec);
         before(&api);
-        let options = RuntimeOptions {
+        let mut options = RuntimeOptions {
             translate: Options {
                 proxy_image: Some("proxy:1".to_owned()),
                 ..Options::default()
@@ -1249,6 +1259,7 @@ impl Tenant {
             resync: Duration::from_millis(100),
             ..RuntimeOptions::default()
         };
+        tune(&mut options);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let health = std::sync::Arc::new(runtime::health::Health::default());
         let controller = tokio::spawn(runtime::run(client(&api), options, health, async {
@@ -1883,6 +1894,142 @@ async fn the_gateway_class_reports_its_features_and_whether_the_crds_are_support
             .await
             .expect("task")
             .expect("the controller stops cleanly");
+    })
+    .await
+    .expect("in time");
+}
+
+/// Gateway API's CRDs of the kinds the controller reads, at `bundle_version`.
+fn put_gateway_api_crds(api: &ApiServer, bundle_version: &str) {
+    for (plural, kind) in [
+        ("gatewayclasses", "GatewayClass"),
+        ("gateways", "Gateway"),
+        ("httproutes", "HTTPRoute"),
+        ("grpcroutes", "GRPCRoute"),
+        ("referencegrants", "ReferenceGrant"),
+    ] {
+        api.put(gateway_api_crd(plural, kind, Some(bundle_version)));
+    }
+}
+
+/// The seed's GatewayClass's `SupportedVersion` condition: status, reason, message.
+fn class_supported_version(api: &ApiServer) -> Option<(String, String, String)> {
+    let class = api.get(
+        "gateway.networking.k8s.io/v1",
+        "GatewayClass",
+        "",
+        "cloudflare-tunnel",
+    )?;
+    let c = condition(class.pointer("/status/conditions")?, "SupportedVersion")?;
+    let text = |f: &str| c[f].as_str().unwrap_or_default().to_owned();
+    Some((text("status"), text("reason"), text("message")))
+}
+
+/// An older ClusterRole, without list/watch on CustomResourceDefinitions: the CRD watch is
+/// refused (403), and the controller still becomes ready and reconciles once it has waited
+/// `crd_wait` for it. The class says the CRD versions cannot be read and what reading them
+/// takes. Once the rule is granted, the CRD watch's next try lists them and the class says
+/// they are supported, with no restart.
+#[tokio::test]
+async fn crds_the_controller_may_not_read_hold_up_no_reconciling() {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        let mut refusal = None;
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                put_gateway_api_crds(api, "v1.6.1");
+                refusal = Some(api.forbid(|c| c.kind == "CustomResourceDefinition"));
+            },
+            ApiServer::client,
+            |options| options.crd_wait = Duration::from_millis(200),
+        )
+        .await;
+        let refusal = refusal.expect("CRD requests are refused");
+        refusal.refused(1).await;
+        // A round ran: the Gateway's plane is rendered.
+        t.replicas_become(1).await;
+        let (_, reason, message) = eventually("SupportedVersion=False", || {
+            class_supported_version(&t.api).filter(|(status, _, _)| status == "False")
+        })
+        .await;
+        assert_eq!(reason, "UnsupportedVersion");
+        assert!(
+            message.contains("the Gateway API CRD versions cannot be read")
+                && message
+                    .contains("list and watch on customresourcedefinitions.apiextensions.k8s.io"),
+            "{message}"
+        );
+
+        refusal.lift();
+        let (_, reason, message) = eventually("SupportedVersion=True once CRDs are read", || {
+            class_supported_version(&t.api).filter(|(status, _, _)| status == "True")
+        })
+        .await;
+        assert_eq!(reason, "SupportedVersion");
+        assert!(message.contains("v1.6.1"), "{message}");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A CRD list that comes a moment after the other caches' (within `crd_wait`) is waited for:
+/// the first status the class gets already says the CRDs are supported, rather than False
+/// until the next round.
+#[tokio::test]
+async fn a_crd_list_that_comes_a_little_late_is_waited_for() {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        let mut held = None;
+        let t = Tenant::start_with("replicas: 1", |api| {
+            put_gateway_api_crds(api, "v1.6.1");
+            held = Some(api.hold(|c| c.kind == "CustomResourceDefinition"));
+        })
+        .await;
+        let hold = held.expect("CRD requests are held");
+        hold.arrived(1).await;
+        // Every other cache is filled: a watcher lists, then watches, so each kind has had
+        // its second request.
+        let others = [
+            "GatewayClass",
+            "Gateway",
+            "HTTPRoute",
+            "GRPCRoute",
+            "ReferenceGrant",
+            "Namespace",
+            "Service",
+            "EndpointSlice",
+            "GatewayConfig",
+            "Secret",
+            "Deployment",
+            "NetworkPolicy",
+            "HorizontalPodAutoscaler",
+        ];
+        eventually("the other caches filled", || {
+            others
+                .iter()
+                .all(|kind| t.api.accepts(kind).len() >= 2)
+                .then_some(())
+        })
+        .await;
+        // The CRDs' list comes that much after the others': late, but within the wait.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        hold.release();
+        let (status, reason, _) = eventually("the class's SupportedVersion", || {
+            class_supported_version(&t.api)
+        })
+        .await;
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("True", "SupportedVersion")
+        );
+        let class_writes: Vec<String> = t
+            .api
+            .writes_since(0)
+            .into_iter()
+            .filter(|w| w.starts_with("MODIFIED gatewayclasses "))
+            .collect();
+        assert_eq!(class_writes.len(), 1, "no False first: {class_writes:?}");
+        t.stop().await;
     })
     .await
     .expect("in time");

@@ -164,6 +164,9 @@ pub struct RuntimeOptions {
     pub cloudflare_api_token: Option<String>,
     /// Leader election among replicas; `None`: this replica always reconciles.
     pub lease: Option<lease::LeaseOptions>,
+    /// How long, once the other watch caches are filled, to wait for the Gateway API CRDs'
+    /// first list before reconciling without them ([`stores::CRD_WAIT`]).
+    pub crd_wait: Duration,
 }
 
 impl Default for RuntimeOptions {
@@ -179,6 +182,7 @@ impl Default for RuntimeOptions {
             cloudflare_api_base: cloudflare::DEFAULT_API_BASE.to_owned(),
             cloudflare_api_token: None,
             lease: None,
+            crd_wait: stores::CRD_WAIT,
         }
     }
 }
@@ -199,7 +203,7 @@ pub async fn run(
     let stores = Stores::start(&client, Arc::clone(&changed), &mut tasks);
     let mut shutdown = std::pin::pin!(shutdown);
     tokio::select! {
-        ready = stores.wait_until_ready() => {
+        ready = stores.wait_until_ready(options.crd_wait) => {
             if !ready {
                 anyhow::bail!("a watch cache stopped before its first list");
             }

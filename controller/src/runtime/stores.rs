@@ -5,6 +5,7 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::{future, FutureExt, StreamExt, TryStreamExt};
 use gateway_api::experimental::gatewayclasses::GatewayClass;
@@ -27,8 +28,14 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use crate::gateway_config::GatewayConfig;
-use crate::translate::bundle_version::is_gateway_api_crd;
+use crate::translate::bundle_version::{is_gateway_api_crd, CRD_ACCESS};
 use crate::translate::Snapshot;
+
+/// How long the Gateway API CRDs' first list may lag the other caches' before the controller
+/// reconciles without it. It feeds only GatewayClass `SupportedVersion` and needs an RBAC rule
+/// an older ClusterRole lacks, so it must gate nothing for long; waiting a little keeps the
+/// first status written from saying False only because that list came a moment late.
+pub const CRD_WAIT: Duration = Duration::from_secs(5);
 
 /// The label every rendered object carries; only such Deployments are watched.
 pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=cftunnel-controller";
@@ -201,8 +208,13 @@ impl Stores {
         )
     }
 
-    /// Whether every cache has had its first full list.
-    pub async fn wait_until_ready(&self) -> bool {
+    /// Waits for the first full list of every cache but the CRDs', then at most `crd_wait` for
+    /// the CRDs'; whether those other caches are filled (false: a watch task stopped first).
+    ///
+    /// The CRDs gate nothing past `crd_wait` (see [`CRD_WAIT`]): rounds run without them,
+    /// their snapshot says they cannot be read, and their first list, whenever it comes,
+    /// starts a round like any change. Not having them by then is logged once.
+    pub async fn wait_until_ready(&self, crd_wait: Duration) -> bool {
         let results = [
             self.gateway_classes.wait_until_ready().await,
             self.gateways.wait_until_ready().await,
@@ -217,9 +229,20 @@ impl Stores {
             self.deployments.wait_until_ready().await,
             self.network_policies.wait_until_ready().await,
             self.autoscalers.wait_until_ready().await,
-            self.gateway_api_crds.wait_until_ready().await,
         ];
-        results.iter().all(Result::is_ok)
+        if !results.iter().all(Result::is_ok) {
+            return false;
+        }
+        let crds = tokio::time::timeout(crd_wait, self.gateway_api_crds.wait_until_ready()).await;
+        if !matches!(crds, Ok(Ok(()))) {
+            tracing::warn!(
+                waited = ?crd_wait,
+                needs = CRD_ACCESS,
+                "Gateway API CRDs not listed in time; reconciling without them, GatewayClass \
+                 SupportedVersion=False until they are (the controller's RBAC must grant `needs`)"
+            );
+        }
+        true
     }
 
     /// The translation's input, as the caches hold it now. The CRDs are `None` until their

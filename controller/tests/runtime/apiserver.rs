@@ -3,10 +3,11 @@
 //! server-side apply (`application/apply-patch+yaml`), JSON merge patches, and the `status`
 //! and (Deployments) `scale` subresources. A list, watch or get whose `Accept` asks for
 //! `as=PartialObjectMetadata` (`…List` for a list; `meta.k8s.io/v1`) gets the objects'
-//! metadata only, as `PartialObjectMetadata(List)`, as kube's metadata-only `Api` asks. Errors are `Status` objects with the real codes (404 NotFound, 409
-//! AlreadyExists, 409 Conflict for a write naming a resourceVersion that is no longer current,
-//! 422 Invalid for a Lease the API server's validation refuses). It runs no controllers: a test
-//! plays the Deployment and EndpointSlice controllers itself.
+//! metadata only, as `PartialObjectMetadata(List)`, as kube's metadata-only `Api` asks. Errors
+//! are `Status` objects with the real codes (404 NotFound, 409 AlreadyExists, 409 Conflict for
+//! a write naming a resourceVersion that is no longer current, 422 Invalid for a Lease the API
+//! server's validation refuses, 403 Forbidden for a request a test refuses). It runs no
+//! controllers: a test plays the Deployment and EndpointSlice controllers itself.
 //!
 //! Server-side apply keeps field ownership in `managedFields`: an applier's fields it no longer
 //! sends go unless another manager owns them too, another manager's fields with a different
@@ -21,6 +22,10 @@
 //! A test can hold requests ([`ApiServer::hold`]): the server reads them and does not answer,
 //! as an API server that is overloaded or cut off from its client, until the test releases them;
 //! they are then served as if they had just come, against the objects as they are by then.
+//!
+//! A test can refuse requests ([`ApiServer::forbid`]): they get 403 Forbidden, the `Status`
+//! the API server sends a client whose RBAC lacks the verb, until the test lifts the refusal
+//! (as if the missing rule had been granted).
 //!
 //! Several test binaries include this file, each using part of it.
 
@@ -125,6 +130,8 @@ struct Shared {
     changed: watch::Sender<u64>,
     /// Requests to hold, in the order the holds were made; the first that matches holds.
     gates: Mutex<Vec<Arc<Gate>>>,
+    /// Requests to refuse (403 Forbidden); checked before the holds.
+    refusals: Mutex<Vec<Arc<Refusal>>>,
     /// The `Accept` header of every `GET` (get, list, watch), by kind, in arrival order.
     accepts: Mutex<Vec<(&'static str, String)>>,
 }
@@ -187,6 +194,41 @@ impl Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         self.release();
+    }
+}
+
+struct Refusal {
+    matches: Matches,
+    /// Requests refused so far.
+    refused: watch::Sender<usize>,
+}
+
+/// Requests refused by [`ApiServer::forbid`]. Lifting it, or dropping it, serves them again.
+pub struct Forbid {
+    refusal: Arc<Refusal>,
+    shared: Arc<Shared>,
+}
+
+impl Forbid {
+    /// Waits until `n` requests have been refused.
+    pub async fn refused(&self, n: usize) {
+        let mut refused = self.refusal.refused.subscribe();
+        let _ = refused.wait_for(|r| *r >= n).await;
+    }
+
+    /// Refuses no more: requests from now on are served.
+    pub fn lift(&self) {
+        self.shared
+            .refusals
+            .lock()
+            .expect("refusals")
+            .retain(|r| !Arc::ptr_eq(r, &self.refusal));
+    }
+}
+
+impl Drop for Forbid {
+    fn drop(&mut self) {
+        self.lift();
     }
 }
 
@@ -400,6 +442,7 @@ impl ApiServer {
             state: Mutex::new(State::default()),
             changed,
             gates: Mutex::new(Vec::new()),
+            refusals: Mutex::new(Vec::new()),
             accepts: Mutex::new(Vec::new()),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -560,6 +603,25 @@ impl ApiServer {
         }
     }
 
+    /// Refuses every request `matches` picks with 403 Forbidden, as the API server refuses a
+    /// client whose RBAC does not grant it, from now until the returned [`Forbid`] is lifted
+    /// or dropped.
+    pub fn forbid(&self, matches: impl Fn(&Call<'_>) -> bool + Send + Sync + 'static) -> Forbid {
+        let refusal = Arc::new(Refusal {
+            matches: Box::new(matches),
+            refused: watch::channel(0).0,
+        });
+        self.shared
+            .refusals
+            .lock()
+            .expect("refusals")
+            .push(Arc::clone(&refusal));
+        Forbid {
+            refusal,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
     /// The `Accept` header of every `GET` (get, list, watch) of `kind` so far.
     pub fn accepts(&self, kind: &str) -> Vec<String> {
         self.shared
@@ -679,6 +741,17 @@ async fn handle(
         kind,
         body: &json,
     };
+    let refusal = shared
+        .refusals
+        .lock()
+        .expect("refusals")
+        .iter()
+        .find(|r| (r.matches)(&call))
+        .cloned();
+    if let Some(refusal) = refusal {
+        refusal.refused.send_modify(|n| *n += 1);
+        return forbidden(&request, &method);
+    }
     let gate = shared
         .gates
         .lock()
@@ -694,6 +767,52 @@ async fn handle(
     let res = serve(shared, &request, method, &content_type, &body);
     gate.answered.send_modify(|a| a.push(res.status().as_u16()));
     res
+}
+
+/// The API server's answer to a request RBAC does not allow, as its authorizer words it.
+fn forbidden(request: &Req<'_>, method: &Method) -> Response<BoxBody<Bytes, Infallible>> {
+    let target = request.target;
+    let watching = request
+        .params
+        .get("watch")
+        .is_some_and(|w| w == "true" || w == "1");
+    let verb = match (method.as_str(), target.name.is_some()) {
+        ("GET", true) => "get",
+        ("GET", false) if watching => "watch",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PATCH", _) => "patch",
+        ("PUT", _) => "update",
+        ("DELETE", _) => "delete",
+        (other, _) => other,
+    };
+    let resource = if target.group.is_empty() {
+        target.plural.clone()
+    } else {
+        format!("{}.{}", target.plural, target.group)
+    };
+    let object = target
+        .name
+        .as_ref()
+        .map(|n| format!(" {n:?}"))
+        .unwrap_or_default();
+    let scope = target.namespace.as_ref().map_or_else(
+        || "at the cluster scope".to_owned(),
+        |ns| format!("in the namespace {ns:?}"),
+    );
+    let message = format!(
+        "{resource}{object} is forbidden: User \"system:serviceaccount:cftunnel-system:cftunnel-controller\" cannot {verb} resource {:?} in API group {:?} {scope}",
+        target.plural, target.group
+    );
+    let mut details = json!({"group": target.group, "kind": target.plural});
+    if let Some(name) = &target.name {
+        details["name"] = name.as_str().into();
+    }
+    respond(
+        StatusCode::FORBIDDEN,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": message, "reason": "Forbidden", "details": details, "code": 403}),
+    )
 }
 
 /// Answers a request (read and parsed).
