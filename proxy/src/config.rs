@@ -11,24 +11,17 @@ pub use compile::compile;
 pub use error::ConfigError;
 
 use crate::forward::{Upstream, UpstreamKey};
-use crate::metrics::HostMetrics;
 use crate::proxy::Proxy;
 use cftunnel_config::Config;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 /// What one compile hands to the next: backend clients (so connection pools survive a
-/// reload), compiled patterns (so an unchanged regex is not compiled again) and each
-/// hostname's metric children (so a hostname kept takes no family lookup).
+/// reload) and compiled patterns (so an unchanged regex is not compiled again).
 #[derive(Debug, Default)]
 pub struct Cache {
     pub(crate) upstreams: HashMap<UpstreamKey, Arc<Upstream>>,
     pub(crate) patterns: HashMap<String, crate::route::Pattern>,
-    /// The children of the hostnames of the last table compiled with this cache (a failed
-    /// compile leaves them as they were). The [`Reloader`] serves every table it compiles,
-    /// and retiring a table forgets only hostnames the served table lacks, so none of these
-    /// has been forgotten.
-    pub(crate) hosts: HashMap<Box<str>, Arc<HostMetrics>>,
 }
 
 /// Applies config documents to a [`Proxy`], one at a time.
@@ -81,9 +74,6 @@ impl Reloader {
                 current: state.version,
             });
         }
-        // Compiling fetches each hostname's metric children; until the table is swapped in,
-        // no retiring table may forget a hostname this one has fetched.
-        let series = self.proxy.lock_series().await;
         let metrics = self.proxy.metrics().clone();
         let cache = std::mem::take(&mut state.cache);
         // Off the async workers whatever its size: a few hundred patterns take tens of
@@ -108,7 +98,6 @@ impl Reloader {
                 let version = routes.version();
                 let rules = routes.rule_count();
                 self.proxy.swap(routes);
-                drop(series);
                 state.version = version;
                 self.proxy.metrics().reload("success");
                 tracing::info!(version, rules, "config applied");

@@ -39,37 +39,36 @@ const MIRROR_DRAIN_LIMIT: usize = 1024 * 1024;
 #[derive(Debug)]
 pub struct Routes {
     pub(crate) table: Table<Rule>,
-    /// Hostname label of each bucket, indexed by bucket id; empty for a bucket that serves no
-    /// request.
+    /// Hostname label of each bucket, indexed by bucket id.
     host_labels: Box<[Box<str>]>,
-    /// Metric children of each labelled bucket, indexed by bucket id, fetched when the table
-    /// is compiled so that no request takes a family's lock or builds a label. Shared, so a
-    /// response still streaming holds its hostname's metrics and not the whole table it
-    /// started on.
-    hosts: Box<[Option<Arc<HostMetrics>>]>,
-    /// Children of the empty hostname, for requests no rule takes.
-    unmatched: Arc<HostMetrics>,
+    /// Metric children of each bucket, fetched on the bucket's first request rather than at
+    /// compile time, so a push of thousands of hostnames stays cheap. Shared, so a response
+    /// still streaming holds its hostname's metrics and not the whole table it started on.
+    hosts: Box<[std::sync::OnceLock<Arc<HostMetrics>>]>,
+    unmatched: std::sync::OnceLock<Arc<HostMetrics>>,
+    metrics: ProxyMetrics,
     pub(crate) version: i64,
     pub(crate) has_grpc: bool,
 }
 
 impl Routes {
-    /// `hosts` holds the metric children of each bucket with a label (see
-    /// [`crate::config::compile`], which fetches them), `unmatched` those of the empty
-    /// hostname.
     pub(crate) fn new(
         table: Table<Rule>,
         host_labels: Vec<Box<str>>,
-        hosts: Vec<Option<Arc<HostMetrics>>>,
-        unmatched: Arc<HostMetrics>,
+        metrics: ProxyMetrics,
         version: i64,
         has_grpc: bool,
     ) -> Self {
+        let hosts = host_labels
+            .iter()
+            .map(|_| std::sync::OnceLock::new())
+            .collect();
         Self {
             table,
             host_labels: host_labels.into_boxed_slice(),
-            hosts: hosts.into_boxed_slice(),
-            unmatched,
+            hosts,
+            unmatched: std::sync::OnceLock::new(),
+            metrics,
             version,
             has_grpc,
         }
@@ -93,11 +92,13 @@ impl Routes {
         self.has_grpc
     }
 
-    /// The children of a matched bucket, or the unmatched ones. No lock, no allocation.
     fn host_metrics(&self, bucket: Option<usize>) -> &Arc<HostMetrics> {
-        bucket
-            .and_then(|b| self.hosts.get(b)?.as_ref())
-            .unwrap_or(&self.unmatched)
+        match bucket.and_then(|b| Some((self.hosts.get(b)?, self.host_labels.get(b)?))) {
+            Some((slot, label)) => slot.get_or_init(|| Arc::new(self.metrics.host(label))),
+            None => self
+                .unmatched
+                .get_or_init(|| Arc::new(self.metrics.host(""))),
+        }
     }
 }
 
@@ -135,10 +136,6 @@ struct Shared {
     /// Bumped on every swap, for what follows the table (not requests, which load it).
     swaps: tokio::sync::watch::Sender<u64>,
     metrics: ProxyMetrics,
-    /// Held from compiling a table to swapping it in, and while a retired table's series
-    /// are forgotten: a hostname that the table being compiled has already fetched children
-    /// for is then never forgotten under it.
-    series: tokio::sync::Mutex<()>,
     mirrors: Arc<Semaphore>,
     access_log: Option<crate::access_log::AccessLog>,
     header_timeout: Duration,
@@ -160,7 +157,6 @@ impl Proxy {
                 loaded: AtomicBool::new(false),
                 swaps: tokio::sync::watch::Sender::new(0),
                 metrics,
-                series: tokio::sync::Mutex::new(()),
                 mirrors: Arc::new(Semaphore::new(MAX_MIRRORS_IN_FLIGHT)),
                 access_log: options.access_log.then(crate::access_log::AccessLog::spawn),
                 header_timeout: options.backend_header_timeout,
@@ -180,12 +176,6 @@ impl Proxy {
     /// Whether a config has been loaded since start.
     pub fn is_loaded(&self) -> bool {
         self.shared.loaded.load(Ordering::Acquire)
-    }
-
-    /// To be held from compiling a table until it is swapped in (see [`Routes::new`]), so
-    /// that no retired table's hostnames are forgotten in between.
-    pub(crate) async fn lock_series(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.shared.series.lock().await
     }
 
     /// Swaps in a new table; requests already running keep theirs.
@@ -598,11 +588,8 @@ fn retire(old: Arc<Routes>, shared: Arc<Shared>) {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         if Arc::strong_count(&old) == 1 {
-            // No request routes on it any more, and no table is being compiled (the lock), so
-            // no table about to be served has fetched children of a hostname forgotten here.
-            let series = shared.series.lock().await;
+            // No request routes on it any more, so none can bring a series back through it.
             forget_hostnames(&old, &shared.routes.load(), &shared.metrics);
-            drop(series);
             let _ = tokio::task::spawn_blocking(move || {
                 drop(old);
                 crate::memory::release_freed();

@@ -217,46 +217,6 @@ async fn without_a_data_listener_readiness_waits_for_a_tunnel_connection() {
     .expect("test finished in time");
 }
 
-/// A pushed table's hostname patterns have their series from the push on, at zero: the
-/// children are fetched when the table is compiled, not on a hostname's first request, and
-/// that request then counts in the same series. A table whose rules all name hosts has no
-/// `*` series.
-#[tokio::test]
-async fn series_of_pushed_hostnames_exist_at_zero_before_their_first_request() {
-    tokio::time::timeout(TEST_TIMEOUT, async {
-        let a = echo("svc-a-1").await;
-        let proxy = proxy().await;
-        let (http, admin, d) = (client(), proxy.admin_addr(), proxy.data_addr());
-        let doc = json!({"rules": [
-            {"hostnames": ["a.example", "*.w.example"], "backends": [{"url": url(a.http_addr()), "weight": 1}]},
-        ]});
-        assert_eq!(push(&http, admin, &doc).await.status, StatusCode::OK);
-        for host in ["a.example", "*.w.example"] {
-            for series in [
-                format!("cftunnel_proxy_requests_total{{hostname=\"{host}\",status_class=\"2xx\"}}"),
-                format!("cftunnel_proxy_requests_total{{hostname=\"{host}\",status_class=\"aborted\"}}"),
-                format!("cftunnel_proxy_backend_errors_total{{hostname=\"{host}\",reason=\"dial\"}}"),
-                format!("cftunnel_proxy_request_duration_seconds_count{{hostname=\"{host}\"}}"),
-                format!("cftunnel_proxy_request_duration_seconds_bucket{{le=\"+Inf\",hostname=\"{host}\"}}"),
-                format!("cftunnel_proxy_request_bytes_total{{hostname=\"{host}\"}}"),
-                format!("cftunnel_proxy_response_bytes_total{{hostname=\"{host}\"}}"),
-            ] {
-                assert_eq!(metric(&http, admin, &series).await, Some(0.0), "{series}");
-            }
-        }
-        let hostless = "cftunnel_proxy_requests_total{hostname=\"*\",status_class=\"2xx\"}";
-        assert_eq!(metric(&http, admin, hostless).await, None, "no rule is host-less");
-
-        assert_eq!(get(&http, d, "a.example", "/", &[]).await.status, StatusCode::OK);
-        let count = "cftunnel_proxy_request_duration_seconds_count{hostname=\"a.example\"}";
-        assert_eq!(metric(&http, admin, count).await, Some(1.0));
-        let ok = "cftunnel_proxy_requests_total{hostname=\"a.example\",status_class=\"2xx\"}";
-        assert_eq!(metric(&http, admin, ok).await, Some(1.0));
-    })
-    .await
-    .expect("test finished in time");
-}
-
 /// A hostname pattern the served table no longer has leaves `/metrics`; the ones it still
 /// has keep counting.
 #[tokio::test]

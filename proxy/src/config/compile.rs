@@ -51,40 +51,18 @@ pub fn compile(
         builder.push(&hostnames, matches, compiled);
     }
     let table = builder.build();
-    // An empty bucket (the host-less one when every rule names hosts) serves no request, so
-    // it gets no label and no series.
     let mut host_labels = vec![Box::<str>::from(""); table.bucket_count()];
-    for bucket in table.buckets().filter(|b| !b.is_empty()) {
+    for bucket in table.buckets() {
         if let Some(slot) = host_labels.get_mut(bucket.id) {
             *slot = bucket.pattern.clone();
         }
     }
     *upstreams.old = upstreams.used;
     *upstreams.old_patterns = upstreams.patterns;
-    // Each hostname's metric children are fetched here, not on its first request: fetching
-    // takes the families' locks and allocates label sets, which no request should wait for.
-    // A hostname the previous table had keeps its children without a lookup.
-    let mut kept = HashMap::with_capacity(host_labels.len());
-    let hosts = host_labels
-        .iter()
-        .map(|label| {
-            if label.is_empty() {
-                return None;
-            }
-            let children = match cache.hosts.get(label) {
-                Some(children) => children.clone(),
-                None => Arc::new(metrics.host(label)),
-            };
-            kept.insert(label.clone(), children.clone());
-            Some(children)
-        })
-        .collect();
-    cache.hosts = kept;
     Ok(Routes::new(
         table,
         host_labels,
-        hosts,
-        Arc::new(metrics.host("")),
+        metrics.clone(),
         config.version,
         config.has_grpc_route,
     ))

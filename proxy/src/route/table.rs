@@ -34,12 +34,6 @@ pub struct Bucket {
 }
 
 impl Bucket {
-    /// Whether no rule can be found through this bucket: the host-less bucket of a table
-    /// whose rules all name hosts (every table has that bucket). Meaningful once built.
-    pub fn is_empty(&self) -> bool {
-        self.exact.is_empty() && self.prefix.is_empty() && self.regex.is_empty()
-    }
-
     fn new(id: usize, pattern: Box<str>) -> Self {
         Self {
             id,
