@@ -10,6 +10,7 @@ use gateway_api::experimental::httproutes::HttpRoute;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::gateway::{selector_matches, AllowedNamespaces, OwnedGateway, OwnedListener};
+use super::scheme::SchemeListeners;
 use super::status::{Condition, ConditionType, ParentRef, Reason, RouteParentStatus};
 use super::validate;
 use super::{
@@ -327,10 +328,12 @@ fn hosts_intersect(a: &Hosts, b: &Hosts) -> bool {
 
 /// Attaches a route to our Gateways: one entry per parentRef that names one of them. Nothing
 /// is counted on the listeners yet; that waits until the route's rules are translated and it
-/// is known to be accepted.
+/// is known to be accepted. `scheme_listeners` holds each plane's listeners, for listener
+/// isolation across its route table.
 pub(super) fn bind(
     route: &RouteView<'_>,
     gateways: &BTreeMap<ObjectKey, OwnedGateway<'_>>,
+    scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners>,
     index: &Index<'_>,
 ) -> Vec<ParentBinding> {
     let mut parents = Vec::new();
@@ -352,7 +355,7 @@ pub(super) fn bind(
         };
         let outcome = match &route.invalid_hostnames {
             Some(problem) => Err((Reason::UnsupportedValue, problem.clone())),
-            None => attach(route, p, gw, index),
+            None => attach(route, p, gw, scheme_listeners, index),
         };
         parents.push(ParentBinding {
             parent_ref,
@@ -367,6 +370,7 @@ fn attach(
     route: &RouteView<'_>,
     p: &ParentRefView<'_>,
     gw: &OwnedGateway<'_>,
+    scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners>,
     index: &Index<'_>,
 ) -> Result<(PlaneKey, Vec<ListenerAttachment>), (Reason, String)> {
     let candidates: Vec<(usize, &OwnedListener<'_>)> = gw
@@ -407,18 +411,28 @@ fn attach(
             "the matching listeners are not valid".to_owned(),
         ));
     }
+    // A Gateway without a plane serves nothing (refused below) and has no route table.
+    let table = gw
+        .plane
+        .as_ref()
+        .and_then(|plane| scheme_listeners.get(plane));
     let mut attached = Vec::new();
     for (i, l) in allowed {
         if let Some(hosts) = intersect(l.hostname.as_deref(), &route.hostnames) {
             // Listener isolation: hostnames inside a more specific listener of the route
-            // table are left to it; the route stays accepted (see `mark_more_specific`).
-            let hosts = match hosts {
-                Hosts::Some(list) => Hosts::Some(
+            // table are left to it; the route stays accepted (see
+            // `SchemeListeners::more_specific_than`).
+            let hosts = match (hosts, table) {
+                (Hosts::Some(list), Some(table)) => Hosts::Some(
                     list.into_iter()
-                        .filter(|h| !l.more_specific.iter().any(|s| covered(h, s)))
+                        .filter(|h| {
+                            !table
+                                .more_specific_than(l.scheme, l.hostname.as_deref())
+                                .any(|s| covered(h, s))
+                        })
                         .collect(),
                 ),
-                hosts => hosts,
+                (hosts, _) => hosts,
             };
             let redirect_port = if l.well_known_port {
                 None

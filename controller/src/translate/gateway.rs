@@ -13,12 +13,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::render::{self, RenderSettings};
 
-use super::binding;
 use super::bundle_version;
 use super::status::{Condition, ConditionType, GatewayStatus, ListenerStatus, Reason};
 use super::validate;
 use super::{
-    ObjectKey, Options, PlaneKey, Precedence, RouteKind, Snapshot, TunnelIdentity, Tunnels,
+    ObjectKey, Options, PlaneKey, Precedence, RouteKind, Snapshot, TunnelIdentity,
     GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND,
 };
 
@@ -88,9 +87,6 @@ pub(super) struct OwnedListener<'a> {
     pub(super) kinds: BTreeSet<RouteKind>,
     pub(super) namespaces: AllowedNamespaces<'a>,
     pub(super) attached_routes: i32,
-    /// The hostnames of the other listeners of its scheme in its route table, of any Gateway
-    /// and port, that are more specific than its own (see [`mark_more_specific`]).
-    pub(super) more_specific: Vec<String>,
     /// Why the listener conflicts with another one, until it is reported as `Conflicted`.
     conflict: Option<(Reason, String)>,
     conditions: Vec<Condition>,
@@ -255,9 +251,6 @@ pub(super) fn owned_gateways<'a>(
     for gw in out.values_mut() {
         gw.settle();
     }
-    // Settling may leave a Gateway without a plane: its listeners serve nothing.
-    let tunnels = Tunnels::new(&out);
-    mark_more_specific(&mut out, &tunnels);
     out
 }
 
@@ -444,7 +437,6 @@ fn listener(l: &GatewayListeners, generation: Option<i64>) -> OwnedListener<'_> 
         kinds,
         namespaces,
         attached_routes: 0,
-        more_specific: Vec::new(),
         conflict: None,
         conditions,
     }
@@ -505,7 +497,7 @@ fn mark_conflicts(listeners: &mut [OwnedListener<'_>], specs: &[GatewayListeners
 /// that already serve nothing (invalid, or conflicted within their Gateway) do not take part.
 /// Listeners of the other scheme are kept apart by [`super::scheme`], distinct hostnames (a
 /// wildcard and a name under it included) by the host lookup and listener isolation (see
-/// [`mark_more_specific`]): none of them conflict.
+/// [`super::scheme::SchemeListeners::more_specific_than`]): none of them conflict.
 ///
 /// Gateways on dedicated planes never conflict across Gateways, not even when their planes
 /// share a tunnel with each other or with the shared plane, nor with a shared-plane Gateway:
@@ -560,63 +552,6 @@ fn mark_shared_plane_conflicts(gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'
             .and_then(|gw| gw.listeners.get_mut(index))
         {
             l.conflicts(Reason::HostnameConflict, message);
-        }
-    }
-}
-
-/// Listener isolation (Gateway API `GatewayHTTPListenerIsolation`) across the route table: a
-/// request whose host matches a listener hostname is served only by that listener's routes,
-/// and the most specific listener hostname takes it. Within one Gateway the spec compares
-/// listeners on one port; behind a tunnel ports mean nothing, and the listeners of every
-/// Gateway whose routes reach the table (the shared plane, or the planes of one tunnel, which
-/// serve the union of its routes) take the same requests, so each usable listener learns the
-/// hostnames of all usable listeners of its scheme in its table, of any Gateway and port, that
-/// are more specific than its own. A route hostname inside one of them is left out of the
-/// rules of routes attached through the less specific listener (a wildcard, or none), so
-/// another tenant's route naming `app.example.com` on a `*.example.com` listener cannot place
-/// rules under a host an `app.example.com` listener serves. An equal hostname is not more
-/// specific: on the shared plane only one Gateway keeps it (see
-/// [`mark_shared_plane_conflicts`]), and on planes sharing a tunnel the routes of every
-/// listener with that hostname are served together. Listeners of the other scheme are not compared:
-/// [`super::scheme`] keeps them apart by `X-Forwarded-Proto`. A Gateway without a plane serves
-/// nothing and takes part in nothing; this runs once the Gateways are settled, so one that is
-/// not accepted (refused for its parameters, or left with no usable listener) takes no
-/// hostname from another's listeners.
-///
-/// Route status does not change: a route whose hostnames are all taken this way stays
-/// Accepted on its listener, as when a more specific listener of its own Gateway takes them.
-/// Gateway API accepts a route by the intersection of its hostnames with its parent listener's
-/// alone, and isolation only decides which listener serves a request; the route's rules just
-/// do not cover those hosts.
-fn mark_more_specific(gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'_>>, tunnels: &Tunnels) {
-    // Per route table and scheme, the hostnames of the usable listeners (`None`: any host).
-    let mut hostnames: BTreeMap<(PlaneKey, &str), BTreeSet<Option<String>>> = BTreeMap::new();
-    for gw in gateways.values() {
-        let Some(plane) = &gw.plane else { continue };
-        let table = tunnels.table(plane);
-        for l in gw.listeners.iter().filter(|l| l.usable) {
-            hostnames
-                .entry((table.clone(), l.scheme))
-                .or_default()
-                .insert(l.hostname.clone());
-        }
-    }
-    for gw in gateways.values_mut() {
-        let Some(plane) = &gw.plane else { continue };
-        let table = tunnels.table(plane);
-        for l in gw.listeners.iter_mut().filter(|l| l.usable) {
-            let Some(others) = hostnames.get(&(table.clone(), l.scheme)) else {
-                continue;
-            };
-            l.more_specific = others
-                .iter()
-                .flatten()
-                .filter(|h| match l.hostname.as_deref() {
-                    None => true,
-                    Some(mine) => h.as_str() != mine && binding::covered(h, mine),
-                })
-                .cloned()
-                .collect();
         }
     }
 }

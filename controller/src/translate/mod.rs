@@ -311,7 +311,7 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
     let mut seen_rules: BTreeMap<PlaneKey, BTreeSet<String>> = BTreeMap::new();
     let mut claims = binding::ListenerClaims::default();
     for (position, route) in routes.iter().enumerate() {
-        let bound = binding::bind(route, &gateways, &index);
+        let bound = binding::bind(route, &gateways, &scheme_listeners, &index);
         if bound.is_empty() {
             continue;
         }
@@ -516,23 +516,18 @@ impl Tunnels {
         }
     }
 
-    /// The route table `plane` serves, named by the first plane on its tunnel: two planes
-    /// serve the same routes exactly when their tables are equal.
-    fn table(&self, plane: &PlaneKey) -> PlaneKey {
-        self.planes_with(plane)
-            .into_iter()
-            .next()
-            .unwrap_or_else(|| plane.clone())
-    }
-
     /// Why `gateway` is flagged as sharing its tunnel, if it is.
     fn shared_with(&self, gateway: &ObjectKey) -> Option<&str> {
         self.shared.get(gateway).map(String::as_str)
     }
 }
 
-/// The listeners of each scheme on each plane: those of every Gateway whose routes the plane
-/// gets (see [`scheme`]).
+/// The listeners of each scheme on each plane: the usable listeners of every Gateway whose
+/// routes the plane gets, so the planes of one tunnel, which serve the union of its routes,
+/// hold the same listeners, those of their route table. They keep the schemes apart (see
+/// [`scheme`]) and give listener isolation across the table
+/// ([`scheme::SchemeListeners::more_specific_than`]). Built from the settled Gateways: one
+/// without a plane, or a conflicted listener, contributes nothing.
 fn scheme_listeners(
     gateways: &BTreeMap<ObjectKey, gateway::OwnedGateway<'_>>,
     tunnels: &Tunnels,

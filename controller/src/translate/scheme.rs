@@ -24,7 +24,10 @@ use super::binding;
 const FORWARDED_PROTO: &str = "X-Forwarded-Proto";
 
 /// The listeners of each scheme on one data plane: their hostnames, `None` for a listener
-/// without one.
+/// without one. A plane gets the usable listeners of every Gateway whose routes it serves: its
+/// own Gateways and those of the other planes on its tunnel, which serve the union of the
+/// tunnel's routes (see `super::scheme_listeners`), so planes on one tunnel hold the same
+/// listeners, those of their route table.
 #[derive(Debug, Default)]
 pub(super) struct SchemeListeners {
     hosts: BTreeMap<&'static str, Vec<Option<String>>>,
@@ -46,6 +49,50 @@ impl SchemeListeners {
                 (None, _) => true,
                 (Some(_), None) => false,
                 (Some(l), Some(h)) => binding::intersect_one(l, h).is_some(),
+            })
+    }
+
+    /// The hostnames of the plane's listeners of `scheme` more specific than `hostname`, a
+    /// listener's hostname (`None`: any host).
+    ///
+    /// Listener isolation (Gateway API `GatewayHTTPListenerIsolation`) across the route table:
+    /// a request whose host matches a listener hostname is served only by that listener's
+    /// routes, and the most specific listener hostname takes it. Within one Gateway the spec
+    /// compares listeners on one port; behind a tunnel ports mean nothing, and the listeners of
+    /// every Gateway whose routes reach the table (the shared plane, or the planes of one
+    /// tunnel, which serve the union of its routes) take the same requests, so a listener
+    /// yields to all usable listeners of its scheme in its table, of any Gateway and port, that
+    /// are more specific than its own: a listener without hostname to every hostname. A route
+    /// hostname inside one of them is left out of the rules of routes attached through the less
+    /// specific listener (a wildcard, or none), so another tenant's route naming
+    /// `app.example.com` on a `*.example.com` listener cannot place rules under a host an
+    /// `app.example.com` listener serves. An equal hostname is not more specific: on the shared
+    /// plane only one Gateway keeps it (see `super::gateway::mark_shared_plane_conflicts`), and
+    /// on planes sharing a tunnel the routes of every listener with that hostname are served
+    /// together. Listeners of the other scheme are not compared: [`Self::scope`] keeps them
+    /// apart by `X-Forwarded-Proto`. A Gateway without a plane serves nothing and takes part in
+    /// nothing; the listeners are gathered once the Gateways are settled, so one that is not
+    /// accepted (refused for its parameters, or left with no usable listener) takes no hostname
+    /// from another's listeners.
+    ///
+    /// Route status does not change: a route whose hostnames are all taken this way stays
+    /// Accepted on its listener, as when a more specific listener of its own Gateway takes
+    /// them. Gateway API accepts a route by the intersection of its hostnames with its parent
+    /// listener's alone, and isolation only decides which listener serves a request; the
+    /// route's rules just do not cover those hosts.
+    pub(super) fn more_specific_than<'a>(
+        &'a self,
+        scheme: &str,
+        hostname: Option<&'a str>,
+    ) -> impl Iterator<Item = &'a str> + 'a {
+        self.hosts
+            .get(scheme)
+            .into_iter()
+            .flatten()
+            .filter_map(Option::as_deref)
+            .filter(move |h| match hostname {
+                None => true,
+                Some(mine) => *h != mine && binding::covered(h, mine),
             })
     }
 
