@@ -138,10 +138,13 @@ impl Stores {
             tasks.spawn(async move {
                 let mut stream = std::pin::pin!(stream);
                 while let Some(event) = stream.next().await {
-                    if let Err(e) = event {
-                        tracing::warn!(kind = %K::kind(&K::DynamicType::default()), error = %e, "watch failed; retrying");
+                    match event {
+                        // A failed watch changes nothing in the cache: no round for it.
+                        Err(e) => {
+                            tracing::warn!(kind = %K::kind(&K::DynamicType::default()), error = %e, "watch failed; retrying");
+                        }
+                        Ok(_) => changed.notify_one(),
                     }
-                    changed.notify_one();
                 }
             });
             store
@@ -213,7 +216,8 @@ impl Stores {
     ///
     /// The CRDs gate nothing past `crd_wait` (see [`CRD_WAIT`]): rounds run without them,
     /// their snapshot says they cannot be read, and their first list, whenever it comes,
-    /// starts a round like any change. Not having them by then is logged once.
+    /// starts a round like any change. Not having them by then is logged once, with the RBAC
+    /// rule their watch needs (each failed retry of the watch is logged too, as for any watch).
     pub async fn wait_until_ready(&self, crd_wait: Duration) -> bool {
         let results = [
             self.gateway_classes.wait_until_ready().await,
