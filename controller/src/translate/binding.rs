@@ -423,15 +423,16 @@ fn attach(
             // table are left to it; the route stays accepted (see
             // `SchemeListeners::more_specific_than`).
             let hosts = match (hosts, table) {
-                (Hosts::Some(list), Some(table)) => Hosts::Some(
-                    list.into_iter()
-                        .filter(|h| {
-                            !table
-                                .more_specific_than(l.scheme, l.hostname.as_deref())
-                                .any(|s| covered(h, s))
-                        })
-                        .collect(),
-                ),
+                (Hosts::Some(list), Some(table)) => {
+                    let taken: Vec<&str> = table
+                        .more_specific_than(l.scheme, l.hostname.as_deref())
+                        .collect();
+                    Hosts::Some(
+                        list.into_iter()
+                            .filter(|h| !taken.iter().any(|s| covered(h, s)))
+                            .collect(),
+                    )
+                }
                 (hosts, _) => hosts,
             };
             let redirect_port = if l.well_known_port {
