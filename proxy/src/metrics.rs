@@ -110,7 +110,8 @@ pub struct ProxyMetrics {
     pub mirrors_dropped: Counter,
 }
 
-/// The children of one hostname label, fetched once per config push.
+/// The children of one hostname label, fetched by the first request to that hostname on a
+/// compiled table and kept in the table for the rest.
 #[derive(Clone, Debug)]
 pub struct HostMetrics {
     pub duration: AtomicHistogram,
