@@ -1407,14 +1407,8 @@ spec:
   - {name: kinds, port: 81, protocol: HTTP, allowedRoutes: {kinds: [{kind: TCPRoute}, {kind: HTTPRoute}]}}
 "#);
     let gw = &out.statuses.gateways[&ObjectKey::new("infra", "mixed")];
-    let accepted = &gw.conditions[0];
     assert_eq!(
-        (
-            accepted.kind,
-            accepted.status,
-            accepted.reason,
-            accepted.message.as_str()
-        ),
+        described(&gw.conditions[0]),
         (
             ConditionType::Accepted,
             true,
@@ -2107,6 +2101,11 @@ fn listener_condition(l: &ListenerStatus, kind: ConditionType) -> (bool, Reason)
     (c.status, c.reason)
 }
 
+/// A condition whole, as `(kind, status, reason, message)`.
+fn described(c: &Condition) -> (ConditionType, bool, Reason, &str) {
+    (c.kind, c.status, c.reason, c.message.as_str())
+}
+
 /// Conditions without their messages, which name different listeners.
 fn kinds_and_reasons(conditions: &[Condition]) -> Vec<(ConditionType, bool, Reason)> {
     conditions
@@ -2170,14 +2169,8 @@ fn an_older_gateway_keeps_a_hostname_on_the_shared_plane_and_the_newer_ones_list
     );
     assert_eq!(lost.attached_routes, 0);
     let newer_gateway = &out.statuses.gateways[&ObjectKey::new("web", "site")];
-    let accepted = &newer_gateway.conditions[0];
     assert_eq!(
-        (
-            accepted.kind,
-            accepted.status,
-            accepted.reason,
-            accepted.message.as_str()
-        ),
+        described(&newer_gateway.conditions[0]),
         (
             ConditionType::Accepted,
             true,
