@@ -832,16 +832,7 @@ spec:
     .replace("namespace: infra}", "namespace: infra, creationTimestamp: \"2030-01-01T00:00:00Z\"}");
     let out = run(&format!("{gateway}{redirect}{site}{both}{shadowed}"));
     let routes = proxy_routes(shared(&out));
-    let pick = |scheme: &str, path: &str| {
-        proxy_pick(
-            &routes,
-            "GET",
-            "shop.example.com",
-            path,
-            &[("x-forwarded-proto", scheme)],
-        )
-        .and_then(|r| r.name.as_deref().map(str::to_owned))
-    };
+    let pick = |scheme: &str, path: &str| picked(&routes, scheme, "shop.example.com", path);
     assert_eq!(pick("http", "/cart").as_deref(), Some("infra/to-https/0"));
     assert_eq!(pick("https", "/cart").as_deref(), Some("infra/site/0"));
     assert_eq!(pick("http", "/healthz").as_deref(), Some("infra/health/0"));
@@ -875,10 +866,7 @@ spec:
     );
     let out = run(&format!("{catch_all}{any}{secure}"));
     let routes = proxy_routes(shared(&out));
-    let pick = |scheme: &str, host: &str, path: &str| {
-        proxy_pick(&routes, "GET", host, path, &[("x-forwarded-proto", scheme)])
-            .and_then(|r| r.name.as_deref().map(str::to_owned))
-    };
+    let pick = |scheme: &str, host: &str, path: &str| picked(&routes, scheme, host, path);
     assert_eq!(
         pick("https", "other.example.com", "/").as_deref(),
         Some("infra/any/0")
@@ -948,6 +936,18 @@ fn proxy_pick<'r>(
         headers: &map,
     };
     routes.table().find(host, &view).map(|hit| &**hit.rule)
+}
+
+/// The name of the rule a GET for `host` and `path` arriving with `X-Forwarded-Proto: scheme`
+/// reaches, looked up as the proxy does.
+fn picked(
+    routes: &cftunnel_proxy::proxy::Routes,
+    scheme: &str,
+    host: &str,
+    path: &str,
+) -> Option<String> {
+    proxy_pick(routes, "GET", host, path, &[("x-forwarded-proto", scheme)])
+        .and_then(|r| r.name.as_deref().map(str::to_owned))
 }
 
 #[test]
@@ -2212,16 +2212,7 @@ fn an_older_gateway_keeps_a_hostname_on_the_shared_plane_and_the_newer_ones_list
         .collect();
     assert_eq!(on_app, vec!["infra/app/0", "infra/site/listener:https"]);
     let routes = proxy_routes(shared(&out));
-    let pick = |path: &str| {
-        proxy_pick(
-            &routes,
-            "GET",
-            "app.example.com",
-            path,
-            &[("x-forwarded-proto", "https")],
-        )
-        .and_then(|r| r.name.as_deref().map(str::to_owned))
-    };
+    let pick = |path: &str| picked(&routes, "https", "app.example.com", path);
     assert_eq!(pick("/login").as_deref(), Some("infra/app/0"));
     assert_eq!(pick("/").as_deref(), Some("infra/app/0"));
 }
@@ -2323,16 +2314,7 @@ fn listeners_of_other_schemes_or_hostnames_do_not_conflict_across_gateways() {
         }
     }
     let routes = proxy_routes(shared(&out));
-    let pick = |scheme: &str| {
-        proxy_pick(
-            &routes,
-            "GET",
-            "app.example.com",
-            "/",
-            &[("x-forwarded-proto", scheme)],
-        )
-        .and_then(|r| r.name.as_deref().map(str::to_owned))
-    };
+    let pick = |scheme: &str| picked(&routes, scheme, "app.example.com", "/");
     assert_eq!(pick("http").as_deref(), Some("infra/on-a/0"));
     assert_eq!(pick("https").as_deref(), Some("web/on-b/0"));
 }
@@ -2629,16 +2611,7 @@ fn tenants_naming_app_example_com(b_listener: &str) -> Output {
 /// of `web/b` stay accepted.
 fn assert_app_example_com_is_left_to_its_listener(out: &Output) {
     let routes = proxy_routes(shared(out));
-    let pick = |host: &str, path: &str| {
-        proxy_pick(
-            &routes,
-            "GET",
-            host,
-            path,
-            &[("x-forwarded-proto", "https")],
-        )
-        .and_then(|r| r.name.as_deref().map(str::to_owned))
-    };
+    let pick = |host: &str, path: &str| picked(&routes, "https", host, path);
     assert_eq!(
         pick("app.example.com", "/login").as_deref(),
         Some("infra/app/0")
@@ -2765,16 +2738,7 @@ fn listeners_of_other_schemes_do_not_take_hostnames_from_each_other() {
     );
     let out = run(&format!("{plain}{secure}{on_plain}{on_secure}"));
     let routes = proxy_routes(shared(&out));
-    let pick = |scheme: &str, path: &str| {
-        proxy_pick(
-            &routes,
-            "GET",
-            "app.example.com",
-            path,
-            &[("x-forwarded-proto", scheme)],
-        )
-        .and_then(|r| r.name.as_deref().map(str::to_owned))
-    };
+    let pick = |scheme: &str, path: &str| picked(&routes, scheme, "app.example.com", path);
     assert_eq!(pick("http", "/login").as_deref(), Some("web/on-plain/0"));
     assert_eq!(
         pick("https", "/login").as_deref(),
@@ -2812,14 +2776,7 @@ fn a_more_specific_listener_of_a_gateway_not_accepted_leaves_the_hostname_to_the
     };
     let pick_login = |out: &Output| {
         let routes = proxy_routes(shared(out));
-        proxy_pick(
-            &routes,
-            "GET",
-            "app.example.com",
-            "/login",
-            &[("x-forwarded-proto", "https")],
-        )
-        .and_then(|r| r.name.as_deref().map(str::to_owned))
+        picked(&routes, "https", "app.example.com", "/login")
     };
     let only_other = vec!["other.example.com".to_owned()];
     let both = vec!["app.example.com".to_owned(), "other.example.com".to_owned()];
