@@ -217,15 +217,18 @@ fn uses_port(case: &Case, port: u16) -> bool {
             .is_some_and(|p| p == u64::from(port))
     });
     let request = case.requests.iter().any(|item| match item {
-        Item::Request(r) => {
-            r.request.port.unwrap_or(match r.request.scheme.as_str() {
-                "https" | "wss" => 443,
-                _ => 80,
-            }) == port
-        }
+        Item::Request(r) => listener_port(&r.request) == port,
         Item::Step { .. } => false,
     });
     listener || request
+}
+
+/// The listener port a request goes to: a request without a port goes to its scheme's default.
+fn listener_port(request: &case::Request) -> u16 {
+    request.port.unwrap_or(match request.scheme.as_str() {
+        "https" | "wss" => 443,
+        _ => 80,
+    })
 }
 
 /// The `.yaml` files of a case folder, sorted.
@@ -780,10 +783,18 @@ async fn probe(
     let uuid = item.request.uuid_query_param.then(random_id);
     let req = outgoing(item, addr, uuid.as_deref(), request_id, extra);
     let resp = client::send(&req).await?;
+    // As the Go suite's: the gateway's address with the listener's port, then the path.
+    let url = format!(
+        "{}://{}{}",
+        item.request.scheme,
+        SocketAddr::new(addr.ip(), listener_port(&item.request)),
+        req.path
+    );
     let sent = Sent {
         method: &item.request.method,
         uuid: uuid.as_deref(),
         request_id,
+        url: &url,
     };
     compare(&item.expect, &sent, &resp).map_err(|e| anyhow!(e))?;
     Ok(resp)
@@ -846,6 +857,7 @@ async fn run_item(item: &RequestItem, gateways: &Gateways, fleet: &Fleet) -> any
                 method: "",
                 uuid: None,
                 request_id: request_id.as_deref(),
+                url: "",
             },
         );
         let pods = fleet.pods_of(&mirror.backend);

@@ -10,6 +10,9 @@ pub struct Sent<'a> {
     /// What `{uuid}` was replaced with, and the request-id query appended, if any.
     pub uuid: Option<&'a str>,
     pub request_id: Option<&'a str>,
+    /// The request URL as the Go suite forms it, `<scheme>://<gateway address>:<listener
+    /// port><path>`: a relative `Location` is resolved against it.
+    pub url: &'a str,
 }
 
 /// Applies the per-request substitutions to an expected path.
@@ -151,7 +154,7 @@ pub fn compare(expect: &Expect, sent: &Sent<'_>, resp: &Response) -> Result<(), 
             let location = resp
                 .header_joined("location")
                 .ok_or_else(|| "redirect without Location".to_owned())?;
-            check_redirect(redirect, &location)?;
+            check_redirect(redirect, &resolve_location(sent.url, &location))?;
         }
     }
     Ok(())
@@ -168,7 +171,79 @@ struct Location {
     path: Vec<u8>,
 }
 
-/// Parses an absolute `Location`; a relative one has no scheme to compare and fails.
+/// What Go's `Response.Location` makes of a `Location` header sent in answer to `base`: a
+/// reference without a scheme is resolved against the request URL (`URL.ResolveReference`,
+/// RFC 3986 section 5.2), so `/p`, `p`, `?q` and `//host/p` all name a full URL. An absolute
+/// one is kept; its dot segments go in [`parse_location`], as Go removes them from both.
+fn resolve_location(base: &str, location: &str) -> String {
+    if has_scheme(location) {
+        return location.to_owned();
+    }
+    let Some((scheme, rest)) = base.split_once("://") else {
+        return location.to_owned();
+    };
+    if location.starts_with("//") {
+        return format!("{scheme}:{location}");
+    }
+    let (authority, base_path) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
+    let base_path = base_path.split(['?', '#']).next().unwrap_or_default();
+    let end = location.find(['?', '#']).unwrap_or(location.len());
+    let (ref_path, suffix) = location.split_at(end);
+    let path = if ref_path.is_empty() {
+        base_path.to_owned()
+    } else if ref_path.starts_with('/') {
+        ref_path.to_owned()
+    } else {
+        // Merged with the base path up to its last `/`.
+        let dir = base_path.rfind('/').map_or("", |i| &base_path[..=i]);
+        format!("{dir}{ref_path}")
+    };
+    format!(
+        "{scheme}://{authority}{}{suffix}",
+        remove_dot_segments(&path)
+    )
+}
+
+/// Whether a URI reference starts with a scheme (Go's `getScheme`): a letter, then letters,
+/// digits, `+`, `-` or `.`, then `:`.
+fn has_scheme(reference: &str) -> bool {
+    let Some((scheme, _)) = reference.split_once(':') else {
+        return false;
+    };
+    let mut chars = scheme.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+}
+
+/// RFC 3986's `remove_dot_segments` on an escaped path, as Go's `resolvePath` applies it:
+/// the result starts with `/` unless empty, and a final `.` or `..` leaves a trailing `/`.
+/// Escaped dots (`%2e`) are not dot segments.
+fn remove_dot_segments(path: &str) -> String {
+    if path.is_empty() {
+        return String::new();
+    }
+    let mut kept: Vec<&str> = Vec::new();
+    let segments = path.strip_prefix('/').unwrap_or(path).split('/');
+    let mut ends_in_dots = false;
+    for segment in segments {
+        ends_in_dots = matches!(segment, "." | "..");
+        match segment {
+            "." => {}
+            ".." => {
+                kept.pop();
+            }
+            s => kept.push(s),
+        }
+    }
+    let mut out = format!("/{}", kept.join("/"));
+    if ends_in_dots && !out.ends_with('/') {
+        out.push('/');
+    }
+    out
+}
+
+/// Parses an absolute `Location` (see [`resolve_location`] for relative ones); a `Location`
+/// still without a scheme fails.
 fn parse_location(location: &str) -> Result<Location, String> {
     let uri: http::Uri = location
         .parse()
@@ -191,7 +266,7 @@ fn parse_location(location: &str) -> Result<Location, String> {
         .and_then(|i| location.get(i + 3 + authority.as_str().len()..))
         .unwrap_or_default();
     let path = if after_authority.starts_with('/') {
-        percent_decode(uri.path())
+        percent_decode(&remove_dot_segments(uri.path()))
             .ok_or_else(|| format!("Location {location:?} has an invalid percent escape"))?
     } else {
         Vec::new()
@@ -306,4 +381,54 @@ fn location_parts_as_go_reads_them() {
     assert!(parts("http://h/%+1").is_err());
     assert!(parts("http://h/%4").is_err());
     assert!(parts("/relative").is_err());
+    // Go removes dot segments from an absolute `Location` too; escaped dots stay.
+    assert_eq!(parts("http://h/a/./b/../c"), ok("http", "h", "", b"/a/c"));
+    assert_eq!(
+        parts("http://h/a/%2e%2e/c"),
+        ok("http", "h", "", b"/a/../c")
+    );
+}
+
+#[test]
+fn relative_locations_resolve_against_the_request_as_go_resolves_them() {
+    let base = "http://10.0.0.1:80/dir/page?q=1";
+    let resolved = |l: &str| resolve_location(base, l);
+    assert_eq!(resolved("https://other/x"), "https://other/x");
+    assert_eq!(resolved("/abs"), "http://10.0.0.1:80/abs");
+    assert_eq!(resolved("rel"), "http://10.0.0.1:80/dir/rel");
+    assert_eq!(resolved("../up?z"), "http://10.0.0.1:80/up?z");
+    assert_eq!(resolved("./"), "http://10.0.0.1:80/dir/");
+    assert_eq!(resolved(".."), "http://10.0.0.1:80/");
+    assert_eq!(resolved("../../.."), "http://10.0.0.1:80/");
+    assert_eq!(resolved("?other"), "http://10.0.0.1:80/dir/page?other");
+    assert_eq!(resolved(""), "http://10.0.0.1:80/dir/page");
+    assert_eq!(resolved("//cdn.example/p"), "http://cdn.example/p");
+    assert_eq!(resolved("a:b"), "a:b", "a scheme: kept");
+    assert_eq!(
+        resolved("a/b:c"),
+        "http://10.0.0.1:80/dir/a/b:c",
+        "no scheme"
+    );
+    // As Go's `resolvePath`: empty segments are kept, `..` removes one of them.
+    assert_eq!(resolved("/a//../b"), "http://10.0.0.1:80/a/b");
+
+    // The parts the comparison then reads: the gateway's host, the listener's port.
+    let redirect = |path: &str, port: Option<&str>| Redirect {
+        scheme: "http".to_owned(),
+        host: None,
+        port: port.map(str::to_owned),
+        path: path.to_owned(),
+    };
+    let location = resolve_location("http://127.0.0.1:80/old", "/new");
+    assert_eq!(check_redirect(&redirect("/new", None), &location), Ok(()));
+    assert!(check_redirect(&redirect("/old", None), &location).is_err());
+    let on_8080 = resolve_location("http://127.0.0.1:8080/old", "/new");
+    assert!(
+        check_redirect(&redirect("/new", None), &on_8080).is_err(),
+        "a relative Location keeps the listener's port, which is not the default"
+    );
+    assert_eq!(
+        check_redirect(&redirect("/new", Some("8080")), &on_8080),
+        Ok(())
+    );
 }
