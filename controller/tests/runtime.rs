@@ -13,7 +13,7 @@ mod support;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use apiserver::ApiServer;
+use apiserver::{ApiServer, GatewayApiCrds};
 use cftunnel_controller::render::RenderSettings;
 use cftunnel_controller::runtime::{self, RuntimeOptions, SharedPlane, PROXY_CONFIG_PUSHED};
 use cftunnel_controller::translate::{ObjectKey, Options};
@@ -2029,6 +2029,100 @@ async fn a_crd_list_that_comes_a_little_late_is_waited_for() {
             .filter(|w| w.starts_with("MODIFIED gatewayclasses "))
             .collect();
         assert_eq!(class_writes.len(), 1, "no False first: {class_writes:?}");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// HTTPRoute `cross` of tenant-a, on the Gateway, to the Service of tenant-c.
+fn cross_namespace_route() -> Value {
+    yaml(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: cross, namespace: tenant-a}\nspec:\n  parentRefs: [{name: edge}]\n  rules: [{backendRefs: [{name: web, namespace: tenant-c, port: 80}]}]\n",
+    )
+}
+
+/// A ReferenceGrant at `v1beta1` letting tenant-a's HTTPRoutes refer to tenant-c's Services;
+/// `from` as given.
+fn reference_grant_v1beta1(from: &str) -> Value {
+    yaml(&format!(
+        "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {{name: routes-of-a, namespace: tenant-c}}\nspec:\n  from: [{from}]\n  to: [{{group: \"\", kind: Service}}]\n"
+    ))
+}
+
+/// The status and reason of route `cross`'s `ResolvedRefs`, once they are `status`.
+async fn cross_route_resolved(api: &ApiServer, status: &str) -> String {
+    let c = eventually(&format!("ResolvedRefs={status}"), || {
+        route_condition(api, "tenant-a", "cross", "ResolvedRefs").filter(|c| c["status"] == status)
+    })
+    .await;
+    c["reason"].as_str().unwrap_or_default().to_owned()
+}
+
+/// Gateway API CRDs before v1.5 serve ReferenceGrant at `v1beta1` only: the controller finds
+/// that out through discovery, becomes ready, and reads the grants there. A grant lets a
+/// route refer to another namespace's Service; one that cannot be read, or is deleted, lets
+/// it no more.
+#[tokio::test]
+async fn reference_grants_are_read_at_v1beta1_where_the_crds_serve_no_v1() {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let grant = "{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: tenant-a}";
+        let t = Tenant::start_with("replicas: 1", |api| {
+            api.serve_gateway_api_crds(GatewayApiCrds::V1_4);
+            api.put(reference_grant_v1beta1(grant));
+            api.put(cross_namespace_route());
+        })
+        .await;
+        assert_eq!(cross_route_resolved(&t.api, "True").await, "ResolvedRefs");
+        assert!(
+            !t.api.accepts("APIResourceList").is_empty(),
+            "the versions served are discovered"
+        );
+
+        // Without `from[].namespace`, not a grant the controller can read: it grants nothing.
+        t.api.put(reference_grant_v1beta1(
+            "{group: gateway.networking.k8s.io, kind: HTTPRoute}",
+        ));
+        assert_eq!(
+            cross_route_resolved(&t.api, "False").await,
+            "RefNotPermitted"
+        );
+        t.api.put(reference_grant_v1beta1(grant));
+        assert_eq!(cross_route_resolved(&t.api, "True").await, "ResolvedRefs");
+
+        assert!(t.api.delete(
+            "gateway.networking.k8s.io/v1beta1",
+            "ReferenceGrant",
+            "tenant-c",
+            "routes-of-a"
+        ));
+        assert_eq!(
+            cross_route_resolved(&t.api, "False").await,
+            "RefNotPermitted"
+        );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// Discovery the API server refuses: ReferenceGrant is watched at `v1`, and with CRDs that
+/// serve it there the controller works as ever.
+#[tokio::test]
+async fn reference_grants_are_read_at_v1_when_discovery_is_refused() {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let mut refusal = None;
+        let t = Tenant::start_with("replicas: 1", |api| {
+            refusal = Some(api.forbid(|c| c.kind.starts_with("API")));
+            api.put(reference_grant_v1beta1(
+                "{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: tenant-a}",
+            ));
+            api.put(cross_namespace_route());
+        })
+        .await;
+        let refusal = refusal.expect("discovery is refused");
+        refusal.refused(1).await;
+        assert_eq!(cross_route_resolved(&t.api, "True").await, "ResolvedRefs");
         t.stop().await;
     })
     .await

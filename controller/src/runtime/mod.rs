@@ -44,6 +44,8 @@ use stores::{PlaneObject, PlaneObjects, Stores};
 /// The API calls the runtime makes, as RBAC rules: (API group, resource, verbs). The chart's
 /// roles grant exactly these (a test holds them equal). `create` on the rendered kinds is for
 /// server-side apply's first write of an object. Leases are only in the controller's namespace.
+/// API discovery (at which version ReferenceGrant is served) takes no rule: every
+/// authenticated client may read it (`system:discovery`).
 pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     (
         "gateway.networking.k8s.io",
@@ -198,10 +200,14 @@ pub async fn run(
     health: Arc<health::Health>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let reference_grants = tokio::select! {
+        version = stores::reference_grant_version(&client) => version,
+        () = &mut shutdown => return Ok(()),
+    };
     let changed = Arc::new(Notify::new());
     let mut tasks = JoinSet::new();
-    let stores = Stores::start(&client, Arc::clone(&changed), &mut tasks);
-    let mut shutdown = std::pin::pin!(shutdown);
+    let stores = Stores::start(&client, reference_grants, Arc::clone(&changed), &mut tasks);
     tokio::select! {
         ready = stores.wait_until_ready(options.crd_wait) => {
             if !ready {

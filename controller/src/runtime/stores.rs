@@ -2,34 +2,39 @@
 //!
 //! CustomResourceDefinitions are watched by metadata only (their schemas are large and unread),
 //! and only Gateway API's are kept.
+//!
+//! ReferenceGrant is read at `v1` where the API server serves it (Gateway API CRDs from v1.5
+//! on), else at `v1beta1` (CRDs up to v1.4), whose spec is the same: which one, API discovery
+//! tells at start-up ([`reference_grant_version`]); the cache holds `v1` objects either way.
 
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{future, FutureExt, StreamExt, TryStreamExt};
+use futures_util::{future, FutureExt, Stream, StreamExt, TryStreamExt};
 use gateway_api::experimental::gatewayclasses::GatewayClass;
 use gateway_api::experimental::gateways::Gateway;
 use gateway_api::experimental::grpcroutes::GrpcRoute;
 use gateway_api::experimental::httproutes::HttpRoute;
-use gateway_api::experimental::referencegrants::ReferenceGrant;
+use gateway_api::experimental::referencegrants::{ReferenceGrant, ReferenceGrantSpec};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::core::PartialObjectMeta;
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta};
+use kube::error::DiscoveryError;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use crate::gateway_config::GatewayConfig;
 use crate::translate::bundle_version::{is_gateway_api_crd, CRD_ACCESS};
-use crate::translate::Snapshot;
+use crate::translate::{Snapshot, GATEWAY_API_GROUP};
 
 /// How long the Gateway API CRDs' first list may lag the other caches' before the controller
 /// reconciles without it. It feeds only GatewayClass `SupportedVersion` and needs an RBAC rule
@@ -39,6 +44,140 @@ pub const CRD_WAIT: Duration = Duration::from_secs(5);
 
 /// The label every rendered object carries; only such Deployments are watched.
 pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=cftunnel-controller";
+
+/// The version ReferenceGrant is watched at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReferenceGrantVersion {
+    /// `v1`: Gateway API CRDs from v1.5 on, and the `gateway-api` crate's type.
+    V1,
+    /// `v1beta1`: the only version CRDs up to v1.4 serve; each object is read as `v1`.
+    V1beta1,
+}
+
+impl ReferenceGrantVersion {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::V1 => "v1",
+            Self::V1beta1 => "v1beta1",
+        }
+    }
+}
+
+/// The version of ReferenceGrant to watch, from API discovery (which any authenticated client
+/// may read, `system:discovery`): `v1` when the API server serves it there, else `v1beta1` when
+/// served there (logged at info). When it serves neither (Gateway API CRDs not installed), or
+/// discovery fails, `v1` (logged): its watch retries until the kind is served.
+pub async fn reference_grant_version(client: &Client) -> ReferenceGrantVersion {
+    let plural = ReferenceGrant::plural(&());
+    let group = match kube::discovery::group(client, GATEWAY_API_GROUP).await {
+        Ok(group) => Some(group),
+        Err(kube::Error::Discovery(
+            DiscoveryError::MissingApiGroup(_) | DiscoveryError::EmptyApiGroup(_),
+        )) => None,
+        Err(e) => {
+            tracing::warn!(
+                error = %e,
+                "API discovery of {GATEWAY_API_GROUP} failed; watching ReferenceGrant at v1, \
+                 as Gateway API CRDs from v1.5 serve it"
+            );
+            return ReferenceGrantVersion::V1;
+        }
+    };
+    let served = |version: ReferenceGrantVersion| {
+        group.as_ref().is_some_and(|g| {
+            g.versioned_resources(version.as_str())
+                .iter()
+                .any(|(resource, _)| resource.plural == plural)
+        })
+    };
+    if served(ReferenceGrantVersion::V1) {
+        ReferenceGrantVersion::V1
+    } else if served(ReferenceGrantVersion::V1beta1) {
+        tracing::info!(
+            "watching ReferenceGrant at {GATEWAY_API_GROUP}/v1beta1: the installed Gateway API \
+             CRDs predate v1.5 and do not serve it at v1"
+        );
+        ReferenceGrantVersion::V1beta1
+    } else {
+        tracing::error!(
+            "the API server serves no ReferenceGrant ({plural}.{GATEWAY_API_GROUP} at v1 or \
+             v1beta1): the Gateway API CRDs must be installed (v1.5 or v1.6 supported; from \
+             v1.1 they work). The controller is not ready until ReferenceGrant is served at \
+             v1; after installing CRDs older than v1.5, restart it"
+        );
+        ReferenceGrantVersion::V1
+    }
+}
+
+/// A `v1beta1` ReferenceGrant event as the `v1` type, whose spec is the same. An object whose
+/// spec cannot be read so is logged and grants nothing: skipped in a list, and removed from
+/// the cache when it changes to such a spec.
+fn reference_grant_v1(
+    event: watcher::Event<DynamicObject>,
+) -> Option<watcher::Event<ReferenceGrant>> {
+    /// Its spec, read as `v1`'s; `None` (logged) when it cannot be.
+    fn spec(object: &mut DynamicObject) -> Option<ReferenceGrantSpec> {
+        let spec = object
+            .data
+            .get_mut("spec")
+            .map(serde_json::Value::take)
+            .unwrap_or_default();
+        serde_json::from_value(spec)
+            .map_err(|e| {
+                tracing::warn!(
+                    namespace = object.namespace().unwrap_or_default(),
+                    name = object.name_any(),
+                    error = %e,
+                    "ReferenceGrant (v1beta1) spec unreadable; it grants nothing"
+                );
+            })
+            .ok()
+    }
+    /// The cache forgets an object by its name: no spec is needed.
+    fn gone(object: DynamicObject) -> watcher::Event<ReferenceGrant> {
+        watcher::Event::Delete(ReferenceGrant {
+            metadata: object.metadata,
+            spec: ReferenceGrantSpec::default(),
+        })
+    }
+    Some(match event {
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
+        watcher::Event::InitApply(mut o) => {
+            let spec = spec(&mut o)?;
+            watcher::Event::InitApply(ReferenceGrant {
+                metadata: o.metadata,
+                spec,
+            })
+        }
+        watcher::Event::Apply(mut o) => match spec(&mut o) {
+            Some(spec) => watcher::Event::Apply(ReferenceGrant {
+                metadata: o.metadata,
+                spec,
+            }),
+            None => gone(o),
+        },
+        watcher::Event::Delete(o) => gone(o),
+    })
+}
+
+/// The watch events of ReferenceGrant at `v1beta1`, read as `v1`.
+fn reference_grants_v1beta1(
+    client: &Client,
+    config: watcher::Config,
+) -> impl Stream<Item = Result<watcher::Event<ReferenceGrant>, watcher::Error>> + Send + 'static {
+    let gvk = GroupVersionKind::gvk(
+        GATEWAY_API_GROUP,
+        ReferenceGrantVersion::V1beta1.as_str(),
+        &ReferenceGrant::kind(&()),
+    );
+    let resource = ApiResource::from_gvk_with_plural(&gvk, &ReferenceGrant::plural(&()));
+    watcher(
+        Api::<DynamicObject>::all_with(client.clone(), &resource),
+        config,
+    )
+    .try_filter_map(|event| future::ready(Ok(reference_grant_v1(event))))
+}
 
 /// Read-only views of the watch caches.
 #[derive(Clone)]
@@ -94,9 +233,14 @@ where
 }
 
 impl Stores {
-    /// Starts a watch per kind; each event, including the first list, notifies `changed`.
-    /// The tasks stop when `tasks` is dropped.
-    pub fn start(client: &Client, changed: Arc<Notify>, tasks: &mut JoinSet<()>) -> Self {
+    /// Starts a watch per kind, ReferenceGrant at `reference_grants`; each event, including the
+    /// first list, notifies `changed`. The tasks stop when `tasks` is dropped.
+    pub fn start(
+        client: &Client,
+        reference_grants: ReferenceGrantVersion,
+        changed: Arc<Notify>,
+        tasks: &mut JoinSet<()>,
+    ) -> Self {
         fn watch<K>(
             api: Api<K>,
             config: watcher::Config,
@@ -122,19 +266,29 @@ impl Stores {
             K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
             K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
         {
+            let events = watcher(api, config).try_filter(move |event| {
+                future::ready(match event {
+                    watcher::Event::Apply(o)
+                    | watcher::Event::Delete(o)
+                    | watcher::Event::InitApply(o) => keep(o),
+                    watcher::Event::Init | watcher::Event::InitDone => true,
+                })
+            });
+            cache(events, changed, tasks)
+        }
+        /// Caches `events` (retrying a failed watch with backoff).
+        fn cache<K>(
+            events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+            changed: &Arc<Notify>,
+            tasks: &mut JoinSet<()>,
+        ) -> Store<K>
+        where
+            K: Resource + Clone + Debug + Send + Sync + 'static,
+            K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+        {
             let (store, writer) = reflector::store();
             let changed = Arc::clone(changed);
-            let stream = watcher(api, config)
-                .try_filter(move |event| {
-                    future::ready(match event {
-                        watcher::Event::Apply(o)
-                        | watcher::Event::Delete(o)
-                        | watcher::Event::InitApply(o) => keep(o),
-                        watcher::Event::Init | watcher::Event::InitDone => true,
-                    })
-                })
-                .default_backoff()
-                .reflect(writer);
+            let stream = events.default_backoff().reflect(writer);
             tasks.spawn(async move {
                 let mut stream = std::pin::pin!(stream);
                 while let Some(event) = stream.next().await {
@@ -155,7 +309,14 @@ impl Stores {
             gateways: watch(Api::all(client.clone()), all(), &changed, tasks),
             http_routes: watch(Api::all(client.clone()), all(), &changed, tasks),
             grpc_routes: watch(Api::all(client.clone()), all(), &changed, tasks),
-            reference_grants: watch(Api::all(client.clone()), all(), &changed, tasks),
+            reference_grants: match reference_grants {
+                ReferenceGrantVersion::V1 => {
+                    watch(Api::all(client.clone()), all(), &changed, tasks)
+                }
+                ReferenceGrantVersion::V1beta1 => {
+                    cache(reference_grants_v1beta1(client, all()), &changed, tasks)
+                }
+            },
             namespaces: watch(Api::all(client.clone()), all(), &changed, tasks),
             services: watch(Api::all(client.clone()), all(), &changed, tasks),
             endpoint_slices: watch(Api::all(client.clone()), all(), &changed, tasks),

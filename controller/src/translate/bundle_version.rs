@@ -27,9 +27,10 @@ pub const CRD_ACCESS: &str = "list and watch on customresourcedefinitions.apiext
 /// v1.5 to v1.6 (any patch release, and their pre-releases such as `v1.5.0-rc.1`).
 ///
 /// * From v1.5: the controller reads every kind at the version of the `gateway-api` crate's
-///   types, ReferenceGrant at `v1` included, which the CRDs serve from v1.5.0 on (v1.1 brought
-///   GRPCRoute `v1`; up to v1.4 ReferenceGrant is served as `v1beta1` only, and the
-///   controller's watch of it fails).
+///   types, ReferenceGrant at `v1` included, which the CRDs serve from v1.5.0 on. Older
+///   bundles from v1.1 (which brought GRPCRoute `v1`) still work, unsupported: they serve
+///   ReferenceGrant as `v1beta1` only, whose spec is the same, and the controller finds that
+///   out through API discovery and reads it there (`runtime::stores`).
 /// * To v1.6: the newest release the repository is built and tested against. The
 ///   `gateway-api` crate 0.22 is generated from v1.5.1, and the conformance replay's cases are
 ///   those of v1.6.1 (plus four of main's).

@@ -14,10 +14,17 @@
 //! value conflict (409) unless forced, and other writes take the fields they change. A
 //! Deployment without `spec.replicas` gets 1, as the schema defaults it.
 //!
+//! Discovery is served as by a real API server: `/api`, `/api/v1`, `/apis` (`APIGroupList`),
+//! `/apis/GROUP` (`APIGroup`) and `/apis/GROUP/VERSION` (`APIResourceList`). A resource is
+//! served at the versions discovery lists (404 at any other); those are the real ones, with
+//! Gateway API's as its CRDs serve them ([`GatewayApiCrds`]: from v1.5 by default, or, set with
+//! [`ApiServer::serve_gateway_api_crds`], up to v1.4, whose ReferenceGrant is `v1beta1` only).
+//!
 //! Simplifications, none of which the controller relies on: one stored version per resource
-//! (served under any version in the path), lists owned whole (no merge keys), no pagination,
-//! no garbage collection, watches never expire (no 410). A label-selected watch sees an object
-//! that stops (starts) matching as DELETED (ADDED), as from the API server's watch cache.
+//! (served as is under each version it is served at), lists owned whole (no merge keys), no
+//! pagination, no garbage collection, watches never expire (no 410). A label-selected watch
+//! sees an object that stops (starts) matching as DELETED (ADDED), as from the API server's
+//! watch cache.
 //!
 //! A test can hold requests ([`ApiServer::hold`]): the server reads them and does not answer,
 //! as an API server that is overloaded or cut off from its client, until the test releases them;
@@ -45,25 +52,58 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Map, Value};
 use tokio::sync::watch;
 
-/// Plural resource name of each kind the tests use.
-const KINDS: &[(&str, &str)] = &[
-    ("GatewayClass", "gatewayclasses"),
-    ("Gateway", "gateways"),
-    ("HTTPRoute", "httproutes"),
-    ("GRPCRoute", "grpcroutes"),
-    ("ReferenceGrant", "referencegrants"),
-    ("Namespace", "namespaces"),
-    ("Service", "services"),
-    ("EndpointSlice", "endpointslices"),
-    ("GatewayConfig", "gatewayconfigs"),
-    ("Secret", "secrets"),
-    ("Deployment", "deployments"),
-    ("NetworkPolicy", "networkpolicies"),
-    ("HorizontalPodAutoscaler", "horizontalpodautoscalers"),
-    ("Event", "events"),
-    ("Lease", "leases"),
-    ("CustomResourceDefinition", "customresourcedefinitions"),
+/// A resource the server serves, as its discovery documents describe it.
+struct Served {
+    kind: &'static str,
+    group: &'static str,
+    /// The versions it is served at, the preferred one first.
+    versions: &'static [&'static str],
+    plural: &'static str,
+    namespaced: bool,
+    subresources: &'static [&'static str],
+}
+
+/// Every resource the tests use. ReferenceGrant's versions depend on [`GatewayApiCrds`].
+#[rustfmt::skip]
+const SERVED: &[Served] = &[
+    Served { kind: "GatewayClass", group: "gateway.networking.k8s.io", versions: &["v1", "v1beta1"], plural: "gatewayclasses", namespaced: false, subresources: &["status"] },
+    Served { kind: "Gateway", group: "gateway.networking.k8s.io", versions: &["v1", "v1beta1"], plural: "gateways", namespaced: true, subresources: &["status"] },
+    Served { kind: "HTTPRoute", group: "gateway.networking.k8s.io", versions: &["v1", "v1beta1"], plural: "httproutes", namespaced: true, subresources: &["status"] },
+    Served { kind: "GRPCRoute", group: "gateway.networking.k8s.io", versions: &["v1"], plural: "grpcroutes", namespaced: true, subresources: &["status"] },
+    Served { kind: "ReferenceGrant", group: "gateway.networking.k8s.io", versions: &["v1", "v1beta1"], plural: "referencegrants", namespaced: true, subresources: &[] },
+    Served { kind: "Namespace", group: "", versions: &["v1"], plural: "namespaces", namespaced: false, subresources: &["finalize", "status"] },
+    Served { kind: "Service", group: "", versions: &["v1"], plural: "services", namespaced: true, subresources: &["status"] },
+    Served { kind: "EndpointSlice", group: "discovery.k8s.io", versions: &["v1"], plural: "endpointslices", namespaced: true, subresources: &[] },
+    Served { kind: "GatewayConfig", group: "cf.k8s.lex.la", versions: &["v1alpha1"], plural: "gatewayconfigs", namespaced: true, subresources: &[] },
+    Served { kind: "Secret", group: "", versions: &["v1"], plural: "secrets", namespaced: true, subresources: &[] },
+    Served { kind: "Deployment", group: "apps", versions: &["v1"], plural: "deployments", namespaced: true, subresources: &["scale", "status"] },
+    Served { kind: "NetworkPolicy", group: "networking.k8s.io", versions: &["v1"], plural: "networkpolicies", namespaced: true, subresources: &[] },
+    Served { kind: "HorizontalPodAutoscaler", group: "autoscaling", versions: &["v2", "v1"], plural: "horizontalpodautoscalers", namespaced: true, subresources: &["status"] },
+    Served { kind: "Event", group: "", versions: &["v1"], plural: "events", namespaced: true, subresources: &[] },
+    Served { kind: "Event", group: "events.k8s.io", versions: &["v1"], plural: "events", namespaced: true, subresources: &[] },
+    Served { kind: "Lease", group: "coordination.k8s.io", versions: &["v1"], plural: "leases", namespaced: true, subresources: &[] },
+    Served { kind: "CustomResourceDefinition", group: "apiextensions.k8s.io", versions: &["v1"], plural: "customresourcedefinitions", namespaced: false, subresources: &["status"] },
 ];
+
+/// Which Gateway API CRD release the server has installed, as far as the versions it serves
+/// ReferenceGrant at go (every other kind is served as in both).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GatewayApiCrds {
+    /// v1.5 on: ReferenceGrant at `v1` and `v1beta1`.
+    #[default]
+    V1_5,
+    /// v1.1 to v1.4: ReferenceGrant at `v1beta1` only.
+    V1_4,
+}
+
+impl Served {
+    fn versions(&self, crds: GatewayApiCrds) -> &'static [&'static str] {
+        match (self.kind, crds) {
+            ("ReferenceGrant", GatewayApiCrds::V1_4) => &["v1beta1"],
+            _ => self.versions,
+        }
+    }
+}
 
 /// The group and version of `PartialObjectMetadata` and `PartialObjectMetadataList`.
 const META_API_VERSION: &str = "meta.k8s.io/v1";
@@ -132,13 +172,17 @@ struct Shared {
     gates: Mutex<Vec<Arc<Gate>>>,
     /// Requests to refuse (403 Forbidden); checked before the holds.
     refusals: Mutex<Vec<Arc<Refusal>>>,
-    /// The `Accept` header of every `GET` (get, list, watch), by kind, in arrival order.
+    /// The `Accept` header of every `GET` (get, list, watch), by kind, in arrival order; a
+    /// discovery document's kind is its own (`APIGroupList`, `APIGroup`, `APIResourceList`,
+    /// `APIVersions`).
     accepts: Mutex<Vec<(&'static str, String)>>,
+    crds: Mutex<GatewayApiCrds>,
 }
 
 /// A request as an [`ApiServer::hold`] predicate sees it.
 pub struct Call<'a> {
     pub method: &'a str,
+    /// The kind of the resource, or of the discovery document (`APIGroupList`, …).
     pub kind: &'static str,
     /// The request's body as JSON; `Null` when it has none (or it is not JSON).
     pub body: &'a Value,
@@ -246,11 +290,154 @@ impl Drop for ApiServer {
 }
 
 fn kind_of(plural: &str) -> Option<&'static str> {
-    KINDS.iter().find(|(_, p)| *p == plural).map(|(k, _)| *k)
+    SERVED.iter().find(|s| s.plural == plural).map(|s| s.kind)
 }
 
 fn plural_of(kind: &str) -> Option<&'static str> {
-    KINDS.iter().find(|(k, _)| *k == kind).map(|(_, p)| *p)
+    SERVED.iter().find(|s| s.kind == kind).map(|s| s.plural)
+}
+
+/// Whether `group/version` serves `plural`.
+fn serves(crds: GatewayApiCrds, group: &str, version: &str, plural: &str) -> bool {
+    SERVED
+        .iter()
+        .any(|s| s.group == group && s.plural == plural && s.versions(crds).contains(&version))
+}
+
+/// The versions of `group` any resource is served at, the preferred one first ([`SERVED`]
+/// lists each group's resources' versions in the API server's order of preference).
+fn group_versions(crds: GatewayApiCrds, group: &str) -> Vec<&'static str> {
+    let mut versions: Vec<&'static str> = Vec::new();
+    for s in SERVED.iter().filter(|s| s.group == group) {
+        for v in s.versions(crds) {
+            if !versions.contains(v) {
+                versions.push(v);
+            }
+        }
+    }
+    versions
+}
+
+/// The groups served (the core group is not one), in order of first appearance.
+fn groups(crds: GatewayApiCrds) -> Vec<&'static str> {
+    let mut groups: Vec<&'static str> = Vec::new();
+    for s in SERVED {
+        if !s.group.is_empty() && !groups.contains(&s.group) && !s.versions(crds).is_empty() {
+            groups.push(s.group);
+        }
+    }
+    groups
+}
+
+/// A `GroupVersionForDiscovery`.
+fn group_version(group: &str, version: &str) -> Value {
+    json!({"groupVersion": format!("{group}/{version}"), "version": version})
+}
+
+/// An `APIGroup`, as in an `APIGroupList` (without `kind` and `apiVersion`) or alone.
+fn api_group(crds: GatewayApiCrds, group: &str) -> Value {
+    let versions = group_versions(crds, group);
+    json!({
+        "name": group,
+        "versions": versions.iter().map(|v| group_version(group, v)).collect::<Vec<_>>(),
+        "preferredVersion": versions.first().map(|v| group_version(group, v)),
+    })
+}
+
+/// The `APIResourceList` of `group/version` (`version` alone for the core group); `None` when
+/// nothing is served there.
+fn api_resource_list(crds: GatewayApiCrds, group: &str, version: &str) -> Option<Value> {
+    const VERBS: [&str; 8] = [
+        "create",
+        "delete",
+        "deletecollection",
+        "get",
+        "list",
+        "patch",
+        "update",
+        "watch",
+    ];
+    let mut resources = Vec::new();
+    for s in SERVED
+        .iter()
+        .filter(|s| s.group == group && s.versions(crds).contains(&version))
+    {
+        resources.push(json!({
+            "name": s.plural,
+            "singularName": s.kind.to_lowercase(),
+            "namespaced": s.namespaced,
+            "kind": s.kind,
+            "verbs": VERBS,
+        }));
+        for sub in s.subresources {
+            let mut resource = json!({
+                "name": format!("{}/{sub}", s.plural),
+                "singularName": "",
+                "namespaced": s.namespaced,
+                "kind": s.kind,
+                "verbs": ["get", "patch", "update"],
+            });
+            match *sub {
+                "scale" => {
+                    resource["group"] = "autoscaling".into();
+                    resource["version"] = "v1".into();
+                    resource["kind"] = "Scale".into();
+                }
+                "finalize" => resource["verbs"] = json!(["update"]),
+                _ => {}
+            }
+            resources.push(resource);
+        }
+    }
+    if resources.is_empty() {
+        return None;
+    }
+    let group_version = if group.is_empty() {
+        version.to_owned()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(json!({"kind": "APIResourceList", "apiVersion": "v1",
+                "groupVersion": group_version, "resources": resources}))
+}
+
+/// The discovery document a path names, by kind: `Some((kind, None))` for a path of that
+/// shape naming nothing served (404); `None` for a path that is not discovery's.
+fn discovery(crds: GatewayApiCrds, path: &str) -> Option<(&'static str, Option<Value>)> {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    Some(match segments.as_slice() {
+        ["api"] => (
+            "APIVersions",
+            Some(json!({"kind": "APIVersions", "versions": ["v1"],
+                        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1:6443"}]})),
+        ),
+        ["api", version] => ("APIResourceList", api_resource_list(crds, "", version)),
+        ["apis"] => (
+            "APIGroupList",
+            Some(json!({"kind": "APIGroupList", "apiVersion": "v1",
+                        "groups": groups(crds).iter().map(|g| api_group(crds, g)).collect::<Vec<_>>()})),
+        ),
+        ["apis", group] => (
+            "APIGroup",
+            groups(crds).contains(group).then(|| {
+                let mut document = api_group(crds, group);
+                document["kind"] = "APIGroup".into();
+                document["apiVersion"] = "v1".into();
+                document
+            }),
+        ),
+        ["apis", group, version] => ("APIResourceList", api_resource_list(crds, group, version)),
+        _ => return None,
+    })
+}
+
+/// The 404 the API server answers a path it serves nothing at.
+fn not_served() -> Response<BoxBody<Bytes, Infallible>> {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        "the server could not find the requested resource",
+    )
 }
 
 fn group_of(api_version: &str) -> &str {
@@ -444,6 +631,7 @@ impl ApiServer {
             gates: Mutex::new(Vec::new()),
             refusals: Mutex::new(Vec::new()),
             accepts: Mutex::new(Vec::new()),
+            crds: Mutex::new(GatewayApiCrds::default()),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -552,6 +740,30 @@ impl ApiServer {
             }
         };
         object
+    }
+
+    /// Serves Gateway API's kinds at the versions the CRDs of `crds` do, from now on.
+    pub fn serve_gateway_api_crds(&self, crds: GatewayApiCrds) {
+        *self.shared.crds.lock().expect("crds") = crds;
+    }
+
+    /// Deletes an object, as a user or another controller would; whether it was there.
+    pub fn delete(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> bool {
+        let Some(plural) = plural_of(kind) else {
+            return false;
+        };
+        let key = (
+            group_of(api_version).to_owned(),
+            plural.to_owned(),
+            namespace.to_owned(),
+            name.to_owned(),
+        );
+        let mut state = self.shared.state.lock().expect("state");
+        let Some(existing) = state.objects.get(&key).cloned() else {
+            return false;
+        };
+        self.shared.store(&mut state, key, existing, "DELETED");
+        true
     }
 
     /// The stored object, if any.
@@ -684,12 +896,41 @@ async fn handle(
     shared: &Arc<Shared>,
     req: Request<Incoming>,
 ) -> Response<BoxBody<Bytes, Infallible>> {
+    let crds = *shared.crds.lock().expect("crds");
+    if let Some((kind, document)) = discovery(crds, req.uri().path()) {
+        let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+        if method == Method::GET {
+            let accept = req
+                .headers()
+                .get(hyper::header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            shared.accepts.lock().expect("accepts").push((kind, accept));
+        }
+        let call = Call {
+            method: method.as_str(),
+            kind,
+            body: &Value::Null,
+        };
+        return admitted(
+            shared,
+            &call,
+            || forbidden_path(&path, &method),
+            || match (&method, document) {
+                (&Method::GET, Some(document)) => respond(StatusCode::OK, &document),
+                (&Method::GET, None) => not_served(),
+                _ => status(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "MethodNotAllowed",
+                    "method not allowed",
+                ),
+            },
+        )
+        .await;
+    }
     let Some(target) = parse_path(req.uri().path()) else {
-        return status(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            "the server could not find the requested resource",
-        );
+        return not_served();
     };
     let Some(kind) = kind_of(&target.plural) else {
         return status(
@@ -698,6 +939,9 @@ async fn handle(
             &format!("resource {} is not served", target.plural),
         );
     };
+    if !serves(crds, &target.group, &target.version, &target.plural) {
+        return not_served();
+    }
     let api_version = if target.group.is_empty() {
         target.version.clone()
     } else {
@@ -741,32 +985,61 @@ async fn handle(
         kind,
         body: &json,
     };
+    admitted(
+        shared,
+        &call,
+        || forbidden(&request, &method),
+        || serve(shared, &request, method.clone(), &content_type, &body),
+    )
+    .await
+}
+
+/// `serve`'s answer to `call`, unless a test refuses it (`forbidden`'s answer) or holds it
+/// (answered once released).
+async fn admitted(
+    shared: &Arc<Shared>,
+    call: &Call<'_>,
+    forbidden: impl FnOnce() -> Response<BoxBody<Bytes, Infallible>>,
+    serve: impl FnOnce() -> Response<BoxBody<Bytes, Infallible>>,
+) -> Response<BoxBody<Bytes, Infallible>> {
     let refusal = shared
         .refusals
         .lock()
         .expect("refusals")
         .iter()
-        .find(|r| (r.matches)(&call))
+        .find(|r| (r.matches)(call))
         .cloned();
     if let Some(refusal) = refusal {
         refusal.refused.send_modify(|n| *n += 1);
-        return forbidden(&request, &method);
+        return forbidden();
     }
     let gate = shared
         .gates
         .lock()
         .expect("gates")
         .iter()
-        .find(|g| (g.matches)(&call))
+        .find(|g| (g.matches)(call))
         .cloned();
     let Some(gate) = gate else {
-        return serve(shared, &request, method, &content_type, &body);
+        return serve();
     };
     gate.arrived.send_modify(|n| *n += 1);
     let _ = gate.open.subscribe().wait_for(|open| *open).await;
-    let res = serve(shared, &request, method, &content_type, &body);
+    let res = serve();
     gate.answered.send_modify(|a| a.push(res.status().as_u16()));
     res
+}
+
+/// The API server's answer to a request for a path that names no resource (discovery's) that
+/// RBAC does not allow.
+fn forbidden_path(path: &str, method: &Method) -> Response<BoxBody<Bytes, Infallible>> {
+    let verb = method.as_str().to_lowercase();
+    respond(
+        StatusCode::FORBIDDEN,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": format!("forbidden: User \"system:serviceaccount:cftunnel-system:cftunnel-controller\" cannot {verb} path {path:?}"),
+                "reason": "Forbidden", "details": {}, "code": 403}),
+    )
 }
 
 /// The API server's answer to a request RBAC does not allow, as its authorizer words it.
