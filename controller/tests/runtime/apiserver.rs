@@ -145,6 +145,16 @@ const TEST_MANAGER: &str = "test";
 /// `(group, plural, namespace, name)`; cluster-scoped objects have an empty namespace.
 type Key = (String, String, String, String);
 
+/// The key of an object a test names; `None` for a kind the server does not serve.
+fn key_for(api_version: &str, kind: &str, namespace: &str, name: &str) -> Option<Key> {
+    Some((
+        group_of(api_version).to_owned(),
+        plural_of(kind)?.to_owned(),
+        namespace.to_owned(),
+        name.to_owned(),
+    ))
+}
+
 struct Entry {
     rv: u64,
     group: String,
@@ -749,15 +759,9 @@ impl ApiServer {
 
     /// Deletes an object, as a user or another controller would; whether it was there.
     pub fn delete(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> bool {
-        let Some(plural) = plural_of(kind) else {
+        let Some(key) = key_for(api_version, kind, namespace, name) else {
             return false;
         };
-        let key = (
-            group_of(api_version).to_owned(),
-            plural.to_owned(),
-            namespace.to_owned(),
-            name.to_owned(),
-        );
         let mut state = self.shared.state.lock().expect("state");
         let Some(existing) = state.objects.get(&key).cloned() else {
             return false;
@@ -768,17 +772,9 @@ impl ApiServer {
 
     /// The stored object, if any.
     pub fn get(&self, api_version: &str, kind: &str, namespace: &str, name: &str) -> Option<Value> {
-        let plural = plural_of(kind)?;
+        let key = key_for(api_version, kind, namespace, name)?;
         let state = self.shared.state.lock().expect("state");
-        state
-            .objects
-            .get(&(
-                group_of(api_version).to_owned(),
-                plural.to_owned(),
-                namespace.to_owned(),
-                name.to_owned(),
-            ))
-            .cloned()
+        state.objects.get(&key).cloned()
     }
 
     /// Every stored object of a kind.
@@ -878,13 +874,7 @@ impl ApiServer {
         name: &str,
         status: Value,
     ) {
-        let plural = plural_of(kind).expect("kind");
-        let key = (
-            group_of(api_version).to_owned(),
-            plural.to_owned(),
-            namespace.to_owned(),
-            name.to_owned(),
-        );
+        let key = key_for(api_version, kind, namespace, name).expect("kind");
         let mut state = self.shared.state.lock().expect("state");
         let mut object = state.objects.get(&key).cloned().expect("object exists");
         merge_patch(&mut object, &json!({ "status": status }));
