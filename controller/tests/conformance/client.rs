@@ -141,7 +141,9 @@ async fn send_inner(req: &Outgoing) -> anyhow::Result<Response> {
 }
 
 /// Dials `ws://<gateway><path>` with the row's Host and headers and plays the frames in order;
-/// the handshake must answer 101 and every frame must come back identical.
+/// the handshake must answer 101 and every frame's payload must come back identical. As with
+/// Go's `x/net/websocket` `Message.Receive`, the echo is the next data frame whatever its kind:
+/// a text frame echoed as binary, or the reverse, passes.
 pub async fn websocket(req: &Outgoing, frames: &[WsFrame]) -> anyhow::Result<()> {
     if frames.is_empty() {
         bail!("the WebSocket row has no frame to exchange");
@@ -175,7 +177,7 @@ pub async fn websocket(req: &Outgoing, frames: &[WsFrame]) -> anyhow::Result<()>
             let got = loop {
                 match ws.next().await {
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
-                    Some(Ok(m)) => break m,
+                    Some(Ok(m)) => break echoed_payload(m)?,
                     Some(Err(e)) => bail!("reading a frame: {e}"),
                     None => bail!("connection closed before the echo"),
                 }
@@ -191,24 +193,63 @@ pub async fn websocket(req: &Outgoing, frames: &[WsFrame]) -> anyhow::Result<()>
     .context("websocket timeout")?
 }
 
-/// The message a frame sends and the echo it expects: exactly one of a text or a binary
-/// payload, with the expectation of the same kind.
-pub fn ws_frame(frame: &WsFrame) -> anyhow::Result<(Message, Message)> {
+/// The message a frame sends and the payload it expects back: exactly one of a text or a
+/// binary payload, with the expectation of the same kind.
+pub fn ws_frame(frame: &WsFrame) -> anyhow::Result<(Message, Vec<u8>)> {
     match frame {
         WsFrame {
             send_text: Some(t),
             expect_text: Some(e),
             send_binary: None,
             expect_binary: None,
-        } => Ok((Message::text(t.clone()), Message::text(e.clone()))),
+        } => Ok((Message::text(t.clone()), e.clone().into_bytes())),
         WsFrame {
             send_text: None,
             expect_text: None,
             send_binary: Some(b),
             expect_binary: Some(e),
-        } => Ok((Message::binary(b.clone()), Message::binary(e.clone()))),
+        } => Ok((Message::binary(b.clone()), e.clone())),
         other => bail!(
             "a frame needs send_text with expect_text, or send_binary with expect_binary: {other:?}"
         ),
     }
+}
+
+/// The payload of a received data message, text or binary alike; a close ends the exchange.
+fn echoed_payload(message: Message) -> anyhow::Result<Vec<u8>> {
+    match message {
+        Message::Text(t) => Ok(t.as_bytes().to_vec()),
+        Message::Binary(b) => Ok(b.to_vec()),
+        Message::Close(c) => bail!("connection closed before the echo: {c:?}"),
+        other => bail!("unexpected message {other:?}"),
+    }
+}
+
+#[test]
+fn an_echo_is_compared_by_payload_whatever_its_frame_kind() {
+    let text = WsFrame {
+        send_text: Some("hi".to_owned()),
+        expect_text: Some("hi".to_owned()),
+        send_binary: None,
+        expect_binary: None,
+    };
+    let (sent, want) = ws_frame(&text).expect("a text frame");
+    assert_eq!(sent, Message::text("hi"));
+    assert_eq!(echoed_payload(Message::text("hi")).ok(), Some(want.clone()));
+    assert_eq!(
+        echoed_payload(Message::binary(b"hi".to_vec())).ok(),
+        Some(want)
+    );
+    let binary = WsFrame {
+        send_text: None,
+        expect_text: None,
+        send_binary: Some(vec![1, 2, 3]),
+        expect_binary: Some(vec![1, 2, 3]),
+    };
+    let (_, want) = ws_frame(&binary).expect("a binary frame");
+    assert_eq!(
+        echoed_payload(Message::text("\u{1}\u{2}\u{3}")).ok(),
+        Some(want)
+    );
+    assert!(echoed_payload(Message::Close(None)).is_err());
 }
