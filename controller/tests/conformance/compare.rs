@@ -10,8 +10,9 @@ pub struct Sent<'a> {
     /// What `{uuid}` was replaced with, and the request-id query appended, if any.
     pub uuid: Option<&'a str>,
     pub request_id: Option<&'a str>,
-    /// The request URL as the Go suite forms it, `<scheme>://<gateway address>:<listener
-    /// port><path>`: a relative `Location` is resolved against it.
+    /// The request URL as the Go suite forms it, `<scheme>://<host><path>` with the host of
+    /// `CalculateHost` (the gateway address, with the listener port unless it is the scheme's
+    /// default): a relative `Location` is resolved against it.
     pub url: &'a str,
 }
 
@@ -37,7 +38,34 @@ pub fn status_ok(expected: &[u16], actual: u16) -> bool {
     expected.contains(&actual) || (timeout(actual) && expected.iter().any(|c| timeout(*c)))
 }
 
+/// The status codes after which the Go client reads `Location` (`roundtripper.IsRedirect`):
+/// 306 and codes past 308 are not among them.
+pub fn is_redirect(status: u16) -> bool {
+    matches!(status, 300..=305 | 307 | 308)
+}
+
+/// The redirect target of a response with a redirect code, as the Go client reads it on every
+/// such response, expected or not (`Response.Location`): the first `Location` value, which
+/// must be there and not be empty, resolved against the request URL. An error fails the round
+/// trip before any comparison, so in a convergence loop it is one more failed attempt.
+fn redirect_location(resp: &Response, url: &str) -> Result<(String, Location), String> {
+    let first = resp
+        .headers
+        .get("location")
+        .and_then(|values| values.first())
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| format!("status {} without a Location", resp.status))?;
+    let resolved = resolve_location(url, first);
+    let parsed = parse_location(&resolved)?;
+    Ok((resolved, parsed))
+}
+
 pub fn compare(expect: &Expect, sent: &Sent<'_>, resp: &Response) -> Result<(), String> {
+    let location = if is_redirect(resp.status) {
+        Some(redirect_location(resp, sent.url)?)
+    } else {
+        None
+    };
     let codes = expect.status.codes();
     if !status_ok(&codes, resp.status) {
         return Err(format!("status {} not in {codes:?}", resp.status));
@@ -47,13 +75,22 @@ pub fn compare(expect: &Expect, sent: &Sent<'_>, resp: &Response) -> Result<(), 
             method: sent.method.to_owned(),
             ..Echo::default()
         });
-        if expect.forwarded == Some(false)
-            && (!captured.namespace.is_empty() || !captured.path.is_empty())
-        {
-            return Err(format!(
-                "answered by backend pod {:?}, expected the gateway to answer",
-                captured.pod
-            ));
+        if expect.forwarded == Some(false) {
+            if !captured.namespace.is_empty() || !captured.path.is_empty() {
+                return Err(format!(
+                    "answered by backend pod {:?}, expected the gateway to answer",
+                    captured.pod
+                ));
+            }
+            // The Go row's expected request still carries the method, which a JSON body must
+            // echo (a body that is not JSON counts as the method sent); `request_seen`, when
+            // present, compares it below.
+            if expect.request_seen.is_none() && captured.method != sent.method {
+                return Err(format!(
+                    "answer echoes method {:?}, expected {:?}",
+                    captured.method, sent.method
+                ));
+            }
         }
         if let Some(backend) = &expect.backend {
             let (ns, svc) = backend.split_once('/').unwrap_or(("", backend));
@@ -149,13 +186,8 @@ pub fn compare(expect: &Expect, sent: &Sent<'_>, resp: &Response) -> Result<(), 
             }
         }
     }
-    if (300..400).contains(&resp.status) {
-        if let Some(redirect) = &expect.redirect {
-            let location = resp
-                .header_joined("location")
-                .ok_or_else(|| "redirect without Location".to_owned())?;
-            check_redirect(redirect, &resolve_location(sent.url, &location))?;
-        }
+    if let (Some((raw, got)), Some(redirect)) = (&location, &expect.redirect) {
+        check_redirect(redirect, got, raw)?;
     }
     Ok(())
 }
@@ -301,8 +333,8 @@ fn percent_decode(s: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
-fn check_redirect(want: &Redirect, location: &str) -> Result<(), String> {
-    let got = parse_location(location)?;
+/// Compares a parsed `Location` (`location` is its resolved text, for the messages).
+fn check_redirect(want: &Redirect, got: &Location, location: &str) -> Result<(), String> {
     if got.scheme != want.scheme {
         return Err(format!(
             "redirect scheme {:?} in {location:?}, expected {:?}",
@@ -412,23 +444,172 @@ fn relative_locations_resolve_against_the_request_as_go_resolves_them() {
     // As Go's `resolvePath`: empty segments are kept, `..` removes one of them.
     assert_eq!(resolved("/a//../b"), "http://10.0.0.1:80/a/b");
 
-    // The parts the comparison then reads: the gateway's host, the listener's port.
-    let redirect = |path: &str, port: Option<&str>| Redirect {
-        scheme: "http".to_owned(),
-        host: None,
-        port: port.map(str::to_owned),
-        path: path.to_owned(),
+    // The parts the comparison then reads: the request URL has the gateway's host, and the
+    // listener's port unless it is the scheme's default (`CalculateHost`).
+    let redirect = |location: &str, port: Option<&str>| {
+        let mut e = expect("status: 302");
+        e.redirect = Some(Redirect {
+            scheme: "http".to_owned(),
+            host: None,
+            port: port.map(str::to_owned),
+            path: "/new".to_owned(),
+        });
+        (e, response(302, &[("location", location)], None))
     };
-    let location = resolve_location("http://127.0.0.1:80/old", "/new");
-    assert_eq!(check_redirect(&redirect("/new", None), &location), Ok(()));
-    assert!(check_redirect(&redirect("/old", None), &location).is_err());
-    let on_8080 = resolve_location("http://127.0.0.1:8080/old", "/new");
+    let judge = |url: &str, (e, resp): (Expect, Response)| compare(&e, &sent("GET", url), &resp);
+    assert_eq!(
+        judge("http://127.0.0.1/old", redirect("/new", None)),
+        Ok(())
+    );
+    assert!(judge("http://127.0.0.1/old", redirect("/other", None)).is_err());
     assert!(
-        check_redirect(&redirect("/new", None), &on_8080).is_err(),
+        judge("http://127.0.0.1/old", redirect("/new", Some("80"))).is_err(),
+        "a relative Location on port 80 has no port, and an expected 80 is compared as is"
+    );
+    assert!(
+        judge("http://127.0.0.1:8080/old", redirect("/new", None)).is_err(),
         "a relative Location keeps the listener's port, which is not the default"
     );
     assert_eq!(
-        check_redirect(&redirect("/new", Some("8080")), &on_8080),
+        judge("http://127.0.0.1:8080/old", redirect("/new", Some("8080"))),
         Ok(())
     );
+}
+
+#[cfg(test)]
+fn expect(yaml: &str) -> Expect {
+    serde_yaml_ng::from_str(yaml).expect("a valid expectation")
+}
+
+#[cfg(test)]
+fn response(status: u16, headers: &[(&str, &str)], echo: Option<Echo>) -> Response {
+    let mut map = std::collections::BTreeMap::<String, Vec<String>>::new();
+    for (name, value) in headers {
+        map.entry(name.to_ascii_lowercase())
+            .or_default()
+            .push((*value).to_owned());
+    }
+    Response {
+        status,
+        headers: map,
+        echo,
+    }
+}
+
+#[cfg(test)]
+fn sent<'a>(method: &'a str, url: &'a str) -> Sent<'a> {
+    Sent {
+        method,
+        uuid: None,
+        request_id: None,
+        url,
+    }
+}
+
+#[test]
+fn a_preflight_answer_must_not_echo_another_method() {
+    let preflight = expect("status: [200, 204]\nforwarded: false");
+    let url = "http://127.0.0.1/cors-1";
+    let judge = |resp: &Response| compare(&preflight, &sent("OPTIONS", url), resp);
+    // Not JSON: the captured method is the one sent.
+    assert_eq!(judge(&response(204, &[], None)), Ok(()));
+    // JSON `{}`: path and namespace are empty as expected, the method is empty, not OPTIONS.
+    assert!(judge(&response(200, &[], Some(Echo::default()))).is_err());
+    let gateway_echo = Echo {
+        method: "OPTIONS".to_owned(),
+        ..Echo::default()
+    };
+    assert_eq!(judge(&response(200, &[], Some(gateway_echo))), Ok(()));
+    let backend = Echo {
+        method: "OPTIONS".to_owned(),
+        path: "/cors-1".to_owned(),
+        namespace: "gateway-conformance-infra".to_owned(),
+        pod: "infra-backend-v1-abc-def".to_owned(),
+        ..Echo::default()
+    };
+    assert!(judge(&response(200, &[], Some(backend))).is_err());
+
+    // A forwarded row compares the method once, through `request_seen`.
+    let forwarded = expect("status: 200\nrequest_seen: {path: /p, method: GET}");
+    let echo = Echo {
+        method: "POST".to_owned(),
+        path: "/p".to_owned(),
+        ..Echo::default()
+    };
+    let err = compare(
+        &forwarded,
+        &sent("GET", url),
+        &response(200, &[], Some(echo)),
+    )
+    .unwrap_err();
+    assert!(err.contains("backend saw method"), "{err}");
+}
+
+#[test]
+fn location_is_read_on_every_redirect_code_as_go_reads_it() {
+    let url = "http://127.0.0.1/old";
+    let judge = |status: u16, headers: &[(&str, &str)]| {
+        compare(
+            &expect(&format!("status: {status}")),
+            &sent("GET", url),
+            &response(status, headers, None),
+        )
+    };
+    for status in [300, 301, 302, 303, 304, 305, 307, 308] {
+        assert!(
+            judge(status, &[]).is_err(),
+            "{status} without a Location fails even with no redirect expected"
+        );
+        assert!(judge(status, &[("location", "")]).is_err(), "{status}");
+        assert!(
+            judge(status, &[("location", "http://h/%zz")]).is_err(),
+            "{status}"
+        );
+        assert_eq!(
+            judge(status, &[("location", "/elsewhere")]),
+            Ok(()),
+            "{status}"
+        );
+    }
+    for status in [306, 309, 399, 200, 404] {
+        assert_eq!(
+            judge(status, &[]),
+            Ok(()),
+            "{status} is not a redirect code"
+        );
+    }
+    // The status check does not save a bad Location: the round trip itself fails.
+    assert!(compare(
+        &expect("status: 404"),
+        &sent("GET", url),
+        &response(302, &[], None)
+    )
+    .is_err());
+
+    // The first value counts, as `Header.Get` reads it.
+    let mut e = expect("status: 302");
+    e.redirect = Some(Redirect {
+        scheme: "http".to_owned(),
+        host: Some("a.example".to_owned()),
+        port: None,
+        path: "/new".to_owned(),
+    });
+    let two = response(
+        302,
+        &[
+            ("location", "http://a.example/new"),
+            ("location", "http://b.example/x"),
+        ],
+        None,
+    );
+    assert_eq!(compare(&e, &sent("GET", url), &two), Ok(()));
+    let bad_first = response(
+        302,
+        &[
+            ("location", "http://h/%zz"),
+            ("location", "http://a.example/new"),
+        ],
+        None,
+    );
+    assert!(compare(&e, &sent("GET", url), &bad_first).is_err());
 }
