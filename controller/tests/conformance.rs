@@ -8,6 +8,13 @@
 //! (`topology.rs`). A Gateway's address is its tunnel; Gateways without a GatewayConfig share
 //! the class's one tunnel and proxy pool, and so one address, while the suite gives every
 //! Gateway an address of its own (`multiple-gateways`).
+//!
+//! Where the replay deliberately judges differently from the Go suite:
+//! - a percentage mirror is counted once the count has stopped moving for 300 ms (at most
+//!   3 s), where Go reads the pod logs once after the batch: our echo log is in memory, with
+//!   none of the log API's latency to absorb;
+//! - the echo JSON is decoded with exact field names and a `null` field is an error, where
+//!   Go's `encoding/json` matches names case-insensitively and leaves a field at `null` empty.
 
 #[path = "conformance/case.rs"]
 mod case;
@@ -20,7 +27,7 @@ mod topology;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +37,7 @@ use cftunnel_controller::translate::{
     self, ObjectKey, Options, Output, RouteKey, RouteKind, Snapshot,
 };
 use cftunnel_proxy::{Server, ServerOptions};
+use futures_util::StreamExt as _;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -49,12 +57,31 @@ const CONTROLLER: &str = "cf.k8s.lex.la/tunnel-controller";
 
 /// Cases run at once.
 const PARALLEL: usize = 4;
-/// Go suite: 3 consecutive passes, polling every 100 ms, failing after 30 s
+/// Go suite: 3 consecutive passes, polling every 100 ms after a failure, failing after 30 s
 /// (`MaxTimeToConsistency`). A row that passes returns as soon as it is consistent, so the
 /// deadline only bounds how long a failing row takes to fail.
-const REQUIRED_PASSES: usize = 3;
-const POLL: Duration = Duration::from_millis(100);
-const CONSISTENCY_DEADLINE: Duration = Duration::from_secs(30);
+const CONSISTENT: Convergence = Convergence {
+    passes: 3,
+    deadline: Duration::from_secs(30),
+    poll: Duration::from_millis(100),
+};
+/// Each request of a percentage-mirror batch: one pass is enough
+/// (`RequiredConsecutiveSuccesses = 1`), within the same deadline.
+const ONE_PASS: Convergence = Convergence {
+    passes: 1,
+    ..CONSISTENT
+};
+/// Go's `ExpectMirroredRequest`: starting before the request is sent, the mirror's log is
+/// read at once and then every second, for at most the request timeout.
+const MIRROR_LOG_TICK: Duration = Duration::from_secs(1);
+const MIRROR_LOG_TIMEOUT: Duration = Duration::from_secs(10);
+/// After a percentage-mirror batch whose count is off, the Go test waits before the next.
+const MIRROR_BATCH_PAUSE: Duration = Duration::from_secs(2);
+/// The Go test function running the suite (`conformance_test.go`), the first part of every
+/// test name (`t.Name()`), which the WebSocket test sends in its `Origin`.
+const GO_TEST_FUNCTION: &str = "TestConformance";
+/// The placeholder for that name in the WebSocket row's `Origin`.
+const GO_TEST_NAME: &str = "<go test name>";
 /// Upper bound for one case, statistical ones included.
 const CASE_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -463,7 +490,7 @@ async fn run_case(case: &Case, fleet: &Fleet) -> anyhow::Result<usize> {
             }
             Item::Request(item) => {
                 count += 1;
-                if let Err(e) = run_item(item, &gateways, fleet).await {
+                if let Err(e) = run_item(&case.name, item, &gateways, fleet).await {
                     let label = item.name.as_deref().unwrap_or_default();
                     result = Err(
                         e.context(format!("request {} {} {label}", item.id, item.request.path))
@@ -585,6 +612,17 @@ fn check_row(case: &Case, item: &RequestItem) -> anyhow::Result<()> {
         ];
         if let Some((field, _)) = unchecked.iter().find(|(_, set)| *set) {
             bail!("a WebSocket row checks its frames only, yet sets {field}");
+        }
+        // The Go test's dialer takes a URL and an origin: it sends an Origin, no other header.
+        let names: Vec<&String> = r.headers.keys().collect();
+        if !matches!(names[..], [name] if name.eq_ignore_ascii_case("origin")) {
+            bail!("a WebSocket handshake carries an Origin and no other header, the row has {names:?}");
+        }
+        if r.headers.values().any(|v| v.contains(GO_TEST_NAME)) && item.name.is_none() {
+            bail!("the WebSocket row's Origin names the Go test, yet the row has no name");
+        }
+        if r.backend_set_response_headers.is_some() {
+            bail!("a WebSocket handshake carries no X-Echo-Set-Header");
         }
     } else if !e.websocket_exchange.is_empty() {
         bail!("websocket_exchange on a {} row", r.protocol);
@@ -737,6 +775,30 @@ fn random_id() -> String {
     )
 }
 
+/// Go's `CalculateHost`: the Host a request without one carries, and the host of the request
+/// URL: the gateway's IP alone when the listener port is the scheme's default (80 for http,
+/// 443 for https), else `ip:port` (an IPv6 address in brackets either way).
+fn calculate_host(ip: IpAddr, port: u16, scheme: &str) -> String {
+    let default = match scheme.to_ascii_lowercase().as_str() {
+        "http" => Some(80),
+        "https" => Some(443),
+        _ => None,
+    };
+    match ip {
+        _ if default != Some(port) => SocketAddr::new(ip, port).to_string(),
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("[{v6}]"),
+    }
+}
+
+/// The Host of a row's request: its own, or the gateway's as the Go suite computes it from the
+/// gateway address and the listener port (never the local socket's port).
+fn request_host(r: &case::Request, addr: SocketAddr) -> String {
+    r.host
+        .clone()
+        .unwrap_or_else(|| calculate_host(addr.ip(), listener_port(r), &r.scheme))
+}
+
 /// Builds the request of a row; `request_id` is appended to the path when given.
 fn outgoing(
     item: &RequestItem,
@@ -767,8 +829,42 @@ fn outgoing(
         addr,
         h2c: r.protocol == H2C,
         method: r.method.clone(),
-        host: r.host.clone().unwrap_or_else(|| addr.to_string()),
+        host: request_host(r, addr),
         path,
+        headers,
+    }
+}
+
+/// The WebSocket handshake of a row as the Go test dials it (`x/net/websocket`): to
+/// `ws://<gateway address>/<path>`, whose Host keeps the listener port even when it is the
+/// default (the address is not passed through `CalculateHost`), with only an `Origin`:
+/// `ws://gateway/<t.Name()>`, lower-cased as the dialer writes it. No `X-Echo-Set-Header`.
+fn websocket_outgoing(case: &str, item: &RequestItem, addr: SocketAddr) -> client::Outgoing {
+    let r = &item.request;
+    let subtest = item.name.as_deref().unwrap_or_default().replace(' ', "_");
+    let test_name = format!("{GO_TEST_FUNCTION}/{case}/{subtest}");
+    let headers = r
+        .headers
+        .iter()
+        .map(|(k, v)| {
+            let v = v.replace(GO_TEST_NAME, &test_name);
+            let v = if k.eq_ignore_ascii_case("origin") {
+                v.to_lowercase()
+            } else {
+                v
+            };
+            (k.clone(), v)
+        })
+        .collect();
+    client::Outgoing {
+        addr,
+        h2c: false,
+        method: r.method.clone(),
+        host: r
+            .host
+            .clone()
+            .unwrap_or_else(|| SocketAddr::new(addr.ip(), listener_port(r)).to_string()),
+        path: r.path.clone(),
         headers,
     }
 }
@@ -783,11 +879,15 @@ async fn probe(
     let uuid = item.request.uuid_query_param.then(random_id);
     let req = outgoing(item, addr, uuid.as_deref(), request_id, extra);
     let resp = client::send(&req).await?;
-    // As the Go suite's: the gateway's address with the listener's port, then the path.
+    // As the Go suite's: the scheme, `CalculateHost` of the gateway address, then the path.
     let url = format!(
         "{}://{}{}",
         item.request.scheme,
-        SocketAddr::new(addr.ip(), listener_port(&item.request)),
+        calculate_host(
+            addr.ip(),
+            listener_port(&item.request),
+            &item.request.scheme
+        ),
         req.path
     );
     let sent = Sent {
@@ -800,80 +900,178 @@ async fn probe(
     Ok(resp)
 }
 
-/// Rule 1: repeat until the row passes 3 times in a row; a failed round trip is "not yet".
-async fn eventually<F, Fut>(mut attempt: F) -> anyhow::Result<()>
+/// How the probes of a row converge (the parts of Go's `TimeoutConfig` that
+/// `AwaitConvergence` reads).
+#[derive(Debug, Clone, Copy)]
+struct Convergence {
+    /// Passes in a row that make the row consistent.
+    passes: usize,
+    /// From the first attempt; checked before every attempt.
+    deadline: Duration,
+    /// The wait after a failed attempt (none after a pass).
+    poll: Duration,
+}
+
+/// Time as the convergence loops read it, so their tests can run on a clock of their own.
+trait Clock {
+    /// Time since the clock's origin.
+    fn elapsed(&self) -> Duration;
+    fn sleep(&self, duration: Duration) -> impl std::future::Future<Output = ()>;
+}
+
+/// The wall clock, from its creation.
+struct RealClock(Instant);
+
+impl RealClock {
+    fn start() -> Self {
+        Self(Instant::now())
+    }
+}
+
+impl Clock for RealClock {
+    fn elapsed(&self) -> Duration {
+        self.0.elapsed()
+    }
+
+    fn sleep(&self, duration: Duration) -> impl std::future::Future<Output = ()> {
+        tokio::time::sleep(duration)
+    }
+}
+
+/// Rule 1, as Go's `AwaitConvergence`: repeat until the row passes `passes` times in a row; a
+/// failed round trip is "not yet". The deadline is checked before every attempt, a run of
+/// passes included; only a failure waits, for the poll interval or until the deadline.
+async fn converge<C, F, Fut>(clock: &C, rule: Convergence, mut attempt: F) -> anyhow::Result<()>
 where
+    C: Clock,
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
-    let deadline = Instant::now() + CONSISTENCY_DEADLINE;
+    let deadline = clock.elapsed() + rule.deadline;
     let mut passes = 0;
+    let mut attempts = 0;
+    let mut last = None;
+    let timed_out = |last: Option<anyhow::Error>, attempts: usize, passes: usize| {
+        let why = format!(
+            "not consistent within {:?}: {attempts} attempts, {passes}/{} passes in a row at the end",
+            rule.deadline, rule.passes
+        );
+        match last {
+            Some(e) => e.context(why),
+            None => anyhow!(why),
+        }
+    };
     loop {
+        if clock.elapsed() >= deadline {
+            return Err(timed_out(last, attempts, passes));
+        }
+        attempts += 1;
         match attempt().await {
             Ok(()) => {
                 passes += 1;
-                if passes >= REQUIRED_PASSES {
+                if passes >= rule.passes {
                     return Ok(());
                 }
             }
             Err(e) => {
                 passes = 0;
-                if Instant::now() >= deadline {
-                    return Err(
-                        e.context(format!("not consistent within {CONSISTENCY_DEADLINE:?}"))
-                    );
+                last = Some(e);
+                let left = deadline.saturating_sub(clock.elapsed());
+                if left <= rule.poll {
+                    clock.sleep(left).await;
+                    return Err(timed_out(last, attempts, passes));
                 }
+                clock.sleep(rule.poll).await;
             }
         }
-        tokio::time::sleep(POLL).await;
     }
 }
 
-async fn run_item(item: &RequestItem, gateways: &Gateways, fleet: &Fleet) -> anyhow::Result<()> {
+/// Rule 1 with the suite's settings, on the wall clock.
+async fn eventually<F, Fut>(attempt: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    converge(&RealClock::start(), CONSISTENT, attempt).await
+}
+
+/// Go's `ExpectMirroredRequest` for one mirror backend: `logged` is asked at once, then on
+/// every tick, until it answers yes or the timeout is up. It starts before the request is
+/// sent, so the timeout runs from there.
+async fn await_mirror_log<C: Clock>(
+    clock: &C,
+    mut logged: impl FnMut() -> bool,
+) -> Result<(), Duration> {
+    let start = clock.elapsed();
+    let mut tick = start;
+    loop {
+        if logged() {
+            return Ok(());
+        }
+        tick += MIRROR_LOG_TICK;
+        if tick >= start + MIRROR_LOG_TIMEOUT {
+            clock
+                .sleep((start + MIRROR_LOG_TIMEOUT).saturating_sub(clock.elapsed()))
+                .await;
+            return Err(MIRROR_LOG_TIMEOUT);
+        }
+        clock.sleep(tick.saturating_sub(clock.elapsed())).await;
+    }
+}
+
+async fn run_item(
+    case: &str,
+    item: &RequestItem,
+    gateways: &Gateways,
+    fleet: &Fleet,
+) -> anyhow::Result<()> {
     let addr = gateways.addr(&item.request.gateway)?;
     if item.request.protocol == WEBSOCKET {
-        let req = outgoing(item, addr, None, None, &[]);
+        let req = websocket_outgoing(case, item, addr);
         return eventually(|| client::websocket(&req, &item.expect.websocket_exchange)).await;
     }
     let statistical = item.mirror_distribution.is_some();
     let request_id = (item.request.add_request_id_query && !statistical).then(random_id);
-    eventually(|| async {
+    let requests = eventually(|| async {
         probe(item, addr, request_id.as_deref(), &[])
             .await
             .map(|_| ())
-    })
-    .await?;
-
-    // Mirrors with a percent are counted by `mirror_distribution` (`check_row` pairs them).
-    for mirror in item
-        .expect
-        .mirrored_to
-        .iter()
-        .filter(|m| m.percent.is_none())
-    {
-        let path = expected_path(
-            &item.request.path,
-            &Sent {
-                method: "",
-                uuid: None,
-                request_id: request_id.as_deref(),
-                url: "",
-            },
-        );
-        let pods = fleet.pods_of(&mirror.backend);
-        let deadline = Instant::now() + CONSISTENCY_DEADLINE;
-        while pods
+    });
+    // Mirrors with a percent are counted by `mirror_distribution` (`check_row` pairs them);
+    // the others are watched from before the first request is sent, each on its own.
+    let path = expected_path(
+        &item.request.path,
+        &Sent {
+            method: "",
+            uuid: None,
+            request_id: request_id.as_deref(),
+            url: "",
+        },
+    );
+    let clock = RealClock::start();
+    let mirrors = futures_util::future::try_join_all(
+        item.expect
+            .mirrored_to
             .iter()
-            .map(|p| p.echo.count_echoed(&path))
-            .sum::<usize>()
-            == 0
-        {
-            if Instant::now() >= deadline {
-                bail!("no mirrored request {path} logged by {}", mirror.backend);
-            }
-            tokio::time::sleep(POLL).await;
-        }
-    }
+            .filter(|m| m.percent.is_none())
+            .map(|mirror| {
+                let pods = fleet.pods_of(&mirror.backend);
+                let path = &path;
+                let clock = &clock;
+                async move {
+                    let logged = || pods.iter().any(|p| p.echo.count_echoed(path) > 0);
+                    await_mirror_log(clock, logged).await.map_err(|waited| {
+                        anyhow!(
+                            "no mirrored request {path} logged by {} within {waited:?}",
+                            mirror.backend
+                        )
+                    })
+                }
+            }),
+    );
+    tokio::try_join!(mirrors, requests)?;
+
     if let Some(d) = &item.distribution {
         distribution(item, d, addr).await?;
     }
@@ -899,81 +1097,139 @@ async fn run_item(item: &RequestItem, gateways: &Gateways, fleet: &Fleet) -> any
     Ok(())
 }
 
-/// Sends `n` probes, `concurrency` at a time; returns every response.
-async fn batch(
-    item: &RequestItem,
-    addr: SocketAddr,
-    n: usize,
-    concurrency: usize,
-    request_id: Option<&str>,
-    jitter: bool,
-) -> anyhow::Result<Vec<client::Response>> {
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut workers = Vec::new();
-    for _ in 0..concurrency {
-        let next = next.clone();
-        workers.push(async move {
-            let mut out = Vec::new();
-            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < n {
-                let extra = if jitter && rand::random_bool(0.5) {
-                    vec![(
-                        "X-Jitter".to_owned(),
-                        rand::random_range(0..10_000u32).to_string(),
-                    )]
-                } else {
-                    Vec::new()
-                };
-                out.push(probe(item, addr, request_id, &extra).await?);
-            }
-            anyhow::Ok(out)
-        });
-    }
-    let mut all = Vec::with_capacity(n);
-    for r in futures_util::future::join_all(workers).await {
-        all.extend(r?);
-    }
-    Ok(all)
+/// Runs `n` requests, `concurrency` at a time, every one of them whatever the others' outcome;
+/// returns each outcome.
+async fn batch<T, F, Fut>(n: usize, concurrency: usize, request: F) -> Vec<anyhow::Result<T>>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    futures_util::stream::iter(0..n)
+        .map(|_| request())
+        .buffer_unordered(concurrency)
+        .collect()
+        .await
 }
 
+/// With a one-in-two chance, the `X-Jitter` header Go's `AddEntropy` adds (a random value
+/// below 10000).
+fn jitter() -> Vec<(String, String)> {
+    if rand::random_bool(0.5) {
+        vec![(
+            "X-Jitter".to_owned(),
+            rand::random_range(0..10_000u32).to_string(),
+        )]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Go's `extractBackendName`: a pod name without its last two `-` parts (the ReplicaSet and
+/// pod hashes), or the whole name when it has fewer than three parts.
+fn backend_of_pod(pod: &str) -> &str {
+    let parts: Vec<&str> = pod.split('-').collect();
+    if parts.len() < 3 {
+        return pod;
+    }
+    let kept: usize = parts[..parts.len() - 2].iter().map(|p| p.len() + 1).sum();
+    &pod[..kept - 1]
+}
+
+/// Go's `TestWeightedDistribution` verdict on one attempt's serving pods, with the weights
+/// keyed by Service name (no namespace: the per-request comparison has checked that): a pod
+/// of another backend fails, so do a count of backends served other than the number of
+/// positive weights, a positive weight without traffic, and a share off its weight by more
+/// than the tolerance (shares of `total`).
+fn judge_distribution(
+    pods: &[String],
+    weights: &BTreeMap<String, f64>,
+    total: usize,
+    tolerance: f64,
+) -> Result<(), String> {
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for pod in pods {
+        let backend = backend_of_pod(pod);
+        if !weights.contains_key(backend) {
+            return Err(format!(
+                "request was handled by an unexpected pod {pod:?} (backend {backend:?})"
+            ));
+        }
+        *seen.entry(backend).or_default() += 1;
+    }
+    let active = weights.values().filter(|w| **w > 0.0).count();
+    let mut problems = Vec::new();
+    if seen.len() != active {
+        problems.push(format!(
+            "{active} backends should receive traffic, {} did",
+            seen.len()
+        ));
+    }
+    for (backend, want) in weights {
+        let Some(got) = seen.get(backend.as_str()) else {
+            if *want != 0.0 {
+                problems.push(format!("{backend} received no request"));
+            }
+            continue;
+        };
+        let share = *got as f64 / total as f64;
+        if (share - want).abs() > tolerance {
+            problems.push(format!(
+                "{backend} got {share:.3} of the traffic, expected {want} (±{tolerance})"
+            ));
+        }
+    }
+    problems.sort();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("distribution {seen:?}: {}", problems.join("; ")))
+    }
+}
+
+/// The weighted-distribution check: up to `max_attempts` batches; a batch fails as an attempt,
+/// whether a request failed (round trip or comparison) or the distribution is off.
 async fn distribution(
     item: &RequestItem,
     d: &case::Distribution,
     addr: SocketAddr,
 ) -> anyhow::Result<()> {
+    let weights: BTreeMap<String, f64> = d
+        .expected_fraction
+        .iter()
+        .map(|(backend, w)| {
+            let service = backend
+                .rsplit_once('/')
+                .map_or(backend.as_str(), |(_, s)| s);
+            (service.to_owned(), *w)
+        })
+        .collect();
     let mut last = anyhow!("no attempt");
-    for _ in 0..d.max_attempts {
-        let responses = batch(item, addr, d.requests, d.concurrency, None, true).await?;
-        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-        for r in &responses {
-            let echo = r.echo.as_ref().context("no echo")?;
-            // Pod name minus its last two parts (ReplicaSet and pod hashes) is the Deployment.
-            let mut parts: Vec<&str> = echo.pod.split('-').collect();
-            parts.truncate(parts.len().saturating_sub(2));
-            *counts
-                .entry(format!("{}/{}", echo.namespace, parts.join("-")))
-                .or_default() += 1;
+    for attempt in 1..=d.max_attempts {
+        let outcomes = batch(d.requests, d.concurrency, || async {
+            let resp = probe(item, addr, None, &jitter()).await?;
+            // A response that is not echo JSON has no pod, as in Go.
+            Ok(resp.echo.map(|e| e.pod).unwrap_or_default())
+        })
+        .await;
+        let verdict = match outcomes
+            .into_iter()
+            .collect::<anyhow::Result<Vec<String>>>()
+        {
+            Ok(pods) => judge_distribution(&pods, &weights, d.requests, d.tolerance_abs)
+                .map_err(|e| anyhow!(e)),
+            Err(e) => Err(e.context("a request of the batch failed")),
+        };
+        match verdict {
+            Ok(()) => return Ok(()),
+            Err(e) => last = e.context(format!("attempt {attempt}/{}", d.max_attempts)),
         }
-        let total = responses.len() as f64;
-        let mut problems = Vec::new();
-        for (backend, want) in &d.expected_fraction {
-            let got = counts.get(backend).copied().unwrap_or(0);
-            let fraction = got as f64 / total;
-            if *want == 0.0 && got > 0 {
-                problems.push(format!("{backend} got {got} requests with weight 0"));
-            } else if *want > 0.0 && got == 0 {
-                problems.push(format!("{backend} got no request"));
-            } else if (fraction - want).abs() > d.tolerance_abs {
-                problems.push(format!("{backend} got {fraction:.3}, expected {want}"));
-            }
-        }
-        if problems.is_empty() {
-            return Ok(());
-        }
-        last = anyhow!("distribution {counts:?}: {}", problems.join("; "));
     }
     Err(last)
 }
 
+/// The percentage-mirror check: up to `max_attempts` batches, each with a request id of its
+/// own; every request of a batch is retried until it passes once (within the consistency
+/// deadline, else the case fails), then the mirror's log is counted.
 async fn mirror_distribution(
     item: &RequestItem,
     m: &case::MirrorDistribution,
@@ -982,9 +1238,18 @@ async fn mirror_distribution(
 ) -> anyhow::Result<()> {
     let pods = fleet.pods_of(&m.backend);
     let mut last = anyhow!("no attempt");
-    for _ in 0..m.max_attempts {
+    for attempt in 1..=m.max_attempts {
         let id = random_id();
-        batch(item, addr, m.requests, m.concurrency, Some(&id), false).await?;
+        let outcomes = batch(m.requests, m.concurrency, || async {
+            converge(&RealClock::start(), ONE_PASS, || async {
+                probe(item, addr, Some(&id), &[]).await.map(|_| ())
+            })
+            .await
+        })
+        .await;
+        for outcome in outcomes {
+            outcome.context("a request of the mirror batch never passed")?;
+        }
         let path = with_request_id(&item.request.path, &id);
         // Mirrors are fire-and-forget: wait until the count stops moving.
         let mut count = 0;
@@ -1003,10 +1268,246 @@ async fn mirror_distribution(
             return Ok(());
         }
         last = anyhow!(
-            "{count} of {} requests mirrored to {}, expected {low}..{high}",
+            "attempt {attempt}/{}: {count} of {} requests mirrored to {}, expected {low}..{high}",
+            m.max_attempts,
             m.requests,
             m.backend
         );
+        if attempt < m.max_attempts {
+            tokio::time::sleep(MIRROR_BATCH_PAUSE).await;
+        }
     }
     Err(last)
+}
+
+/// A clock that only moves when slept on or told to.
+#[cfg(test)]
+struct FakeClock(std::cell::Cell<Duration>);
+
+#[cfg(test)]
+impl FakeClock {
+    fn new() -> Self {
+        Self(std::cell::Cell::new(Duration::ZERO))
+    }
+
+    fn advance(&self, by: Duration) {
+        self.0.set(self.0.get() + by);
+    }
+}
+
+#[cfg(test)]
+impl Clock for FakeClock {
+    fn elapsed(&self) -> Duration {
+        self.0.get()
+    }
+
+    fn sleep(&self, duration: Duration) -> impl std::future::Future<Output = ()> {
+        self.advance(duration);
+        std::future::ready(())
+    }
+}
+
+#[cfg(test)]
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a test runtime")
+        .block_on(future)
+}
+
+/// Runs `converge` on a fake clock with attempts that take `latency` each and give the
+/// outcomes in turn (then fail); returns its result, the attempts made and the time taken.
+#[cfg(test)]
+fn converge_on(
+    rule: Convergence,
+    latency: Duration,
+    outcomes: &[bool],
+) -> (anyhow::Result<()>, usize, Duration) {
+    let clock = FakeClock::new();
+    let attempts = std::cell::Cell::new(0);
+    let result = block_on(converge(&clock, rule, || {
+        let n = attempts.get();
+        attempts.set(n + 1);
+        clock.advance(latency);
+        let pass = outcomes.get(n).copied().unwrap_or(false);
+        std::future::ready(if pass {
+            Ok(())
+        } else {
+            Err(anyhow!("attempt {n} failed"))
+        })
+    }));
+    (result, attempts.get(), clock.elapsed())
+}
+
+#[test]
+fn convergence_waits_after_failures_only() {
+    let (result, attempts, took) = converge_on(
+        CONSISTENT,
+        Duration::ZERO,
+        &[false, false, true, true, true],
+    );
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(attempts, 5);
+    assert_eq!(took, 2 * CONSISTENT.poll, "no wait after a pass");
+
+    // A failure breaks the run of passes.
+    let (result, attempts, _) = converge_on(
+        CONSISTENT,
+        Duration::ZERO,
+        &[true, true, false, true, true, true],
+    );
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(attempts, 6);
+
+    // One pass is enough for a percentage-mirror request.
+    let (result, attempts, took) = converge_on(ONE_PASS, Duration::ZERO, &[false, true]);
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!((attempts, took), (2, ONE_PASS.poll));
+}
+
+#[test]
+fn convergence_checks_the_deadline_before_every_attempt() {
+    // Attempts that take 10 s each, a failure then passes: the second pass ends past the
+    // deadline, so the third is never attempted.
+    let clock_latency = Duration::from_secs(10);
+    let (result, attempts, took) =
+        converge_on(CONSISTENT, clock_latency, &[false, true, true, true]);
+    let err = result.expect_err("the deadline passes during a run of passes");
+    assert!(format!("{err:#}").contains("2/3 passes"), "{err:#}");
+    assert_eq!(attempts, 3);
+    assert_eq!(took, 3 * clock_latency + CONSISTENT.poll);
+
+    // Failing throughout: attempts every 100 ms, the last wait cut to the deadline.
+    let (result, attempts, took) = converge_on(CONSISTENT, Duration::ZERO, &[]);
+    let err = result.expect_err("never passes");
+    assert!(format!("{err:#}").contains("attempt 299 failed"), "{err:#}");
+    assert_eq!(attempts, 300);
+    assert_eq!(took, CONSISTENT.deadline);
+
+    // A failure whose wait would cross the deadline fails at the deadline.
+    let (result, attempts, took) = converge_on(CONSISTENT, Duration::from_millis(29_950), &[]);
+    assert!(result.is_err());
+    assert_eq!((attempts, took), (1, CONSISTENT.deadline));
+}
+
+#[test]
+fn a_mirror_log_is_read_at_once_then_every_second_for_ten_seconds() {
+    let run = |found_at: Option<usize>| {
+        let clock = FakeClock::new();
+        let mut reads = Vec::new();
+        let result = block_on(await_mirror_log(&clock, || {
+            reads.push(clock.elapsed());
+            found_at == Some(reads.len() - 1)
+        }));
+        (result, reads, clock.elapsed())
+    };
+    let (result, reads, took) = run(Some(0));
+    assert_eq!((result, reads.len(), took), (Ok(()), 1, Duration::ZERO));
+    let (result, reads, _) = run(Some(9));
+    assert_eq!(result, Ok(()));
+    assert_eq!(reads, (0..10).map(Duration::from_secs).collect::<Vec<_>>());
+    let (result, reads, took) = run(None);
+    assert_eq!(result, Err(MIRROR_LOG_TIMEOUT));
+    assert_eq!((reads.len(), took), (10, MIRROR_LOG_TIMEOUT));
+}
+
+#[test]
+fn the_host_is_calculated_as_go_calculates_it() {
+    let v4: IpAddr = [10, 0, 0, 1].into();
+    let v6: IpAddr = "fd00::1".parse().expect("an IPv6 address");
+    assert_eq!(calculate_host(v4, 80, "http"), "10.0.0.1");
+    assert_eq!(calculate_host(v4, 80, "HTTP"), "10.0.0.1");
+    assert_eq!(calculate_host(v4, 443, "https"), "10.0.0.1");
+    assert_eq!(calculate_host(v4, 443, "http"), "10.0.0.1:443");
+    assert_eq!(calculate_host(v4, 80, "https"), "10.0.0.1:80");
+    assert_eq!(calculate_host(v4, 8080, "http"), "10.0.0.1:8080");
+    assert_eq!(calculate_host(v4, 80, "ws"), "10.0.0.1:80");
+    assert_eq!(calculate_host(v6, 80, "http"), "[fd00::1]");
+    assert_eq!(calculate_host(v6, 8080, "http"), "[fd00::1]:8080");
+
+    // A row without a host: the listener's port counts, not the local socket's.
+    let row = |host: &str, port: u16| {
+        let yaml = format!(
+            "{{gateway: ns/gw, port: {port}, scheme: http, protocol: HTTP/1.1, host: {host}, path: /}}"
+        );
+        serde_yaml_ng::from_str::<case::Request>(&yaml).expect("a request")
+    };
+    let socket = SocketAddr::from(([127, 0, 0, 1], 41_234));
+    assert_eq!(request_host(&row("null", 80), socket), "127.0.0.1");
+    assert_eq!(request_host(&row("null", 8080), socket), "127.0.0.1:8080");
+    assert_eq!(request_host(&row("example.com", 80), socket), "example.com");
+}
+
+#[test]
+fn the_websocket_handshake_is_the_go_dialers() {
+    let item: RequestItem = serde_yaml_ng::from_str(
+        "{id: 0, name: websocket connection should reach backend, \
+          request: {gateway: ns/gw, port: 80, scheme: ws, protocol: websocket, host: null, \
+                    path: /ws, headers: {Origin: 'ws://gateway/<go test name>'}}, \
+          expect: {status: 101}}",
+    )
+    .expect("a row");
+    let socket = SocketAddr::from(([127, 0, 0, 1], 41_234));
+    let req = websocket_outgoing("HTTPRouteBackendProtocolWebSocket", &item, socket);
+    assert_eq!(
+        req.host, "127.0.0.1:80",
+        "the address as dialled, port included"
+    );
+    assert_eq!(req.path, "/ws");
+    assert_eq!(
+        req.headers,
+        [(
+            "Origin".to_owned(),
+            "ws://gateway/testconformance/httproutebackendprotocolwebsocket/websocket_connection_should_reach_backend"
+                .to_owned()
+        )]
+    );
+}
+
+#[test]
+fn a_weighted_distribution_is_judged_by_service_name() {
+    assert_eq!(
+        backend_of_pod("infra-backend-v1-5d8f7c9b4-k7x0q1"),
+        "infra-backend-v1"
+    );
+    assert_eq!(backend_of_pod("a-b-c"), "a");
+    assert_eq!(backend_of_pod("a-b"), "a-b");
+    assert_eq!(backend_of_pod(""), "");
+
+    let weights: BTreeMap<String, f64> = [
+        ("infra-backend-v1", 0.7),
+        ("infra-backend-v2", 0.3),
+        ("infra-backend-v3", 0.0),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let pods = |v1: usize, v2: usize, v3: usize, other: &[&str]| {
+        let mut pods = Vec::new();
+        for (svc, n) in [
+            ("infra-backend-v1", v1),
+            ("infra-backend-v2", v2),
+            ("infra-backend-v3", v3),
+        ] {
+            pods.extend((0..n).map(|i| format!("{svc}-5d8f7c9b4-p{}", i % 2)));
+        }
+        pods.extend(other.iter().map(|p| (*p).to_owned()));
+        pods
+    };
+    let judge = |pods: &[String]| judge_distribution(pods, &weights, 500, 0.05);
+    assert_eq!(judge(&pods(350, 150, 0, &[])), Ok(()));
+    assert_eq!(judge(&pods(370, 130, 0, &[])), Ok(()), "within 0.05");
+    assert!(judge(&pods(380, 120, 0, &[])).is_err(), "off by 0.06");
+    let err = judge(&pods(349, 150, 1, &[])).unwrap_err();
+    assert!(
+        err.contains("2 backends should receive traffic, 3 did"),
+        "{err}"
+    );
+    assert!(judge(&pods(500, 0, 0, &[])).is_err(), "v2 got nothing");
+    let err = judge(&pods(349, 150, 0, &["web-backend-5d8f7c9b4-p0"])).unwrap_err();
+    assert!(err.contains("unexpected pod"), "{err}");
+    assert!(
+        judge(&pods(349, 150, 0, &[""])).is_err(),
+        "a response without a pod is an unexpected pod"
+    );
 }
