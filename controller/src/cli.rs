@@ -64,9 +64,20 @@ pub struct ClassArgs {
 pub struct RunArgs {
     #[command(flatten)]
     pub class: ClassArgs,
-    /// The controller's namespace, the one the data planes' config API admits.
+    /// The controller's namespace, where the data planes' config API admits the controller's
+    /// pods.
     #[arg(long, env = "POD_NAMESPACE", default_value = "cftunnel-system")]
     pub controller_namespace: String,
+    /// A label (KEY=VALUE) of the controller's pods, the only pods of its namespace the data
+    /// planes' config API admits; repeated, or comma-separated: pods with all of them.
+    #[arg(
+        long,
+        env = "CONTROLLER_POD_LABELS",
+        value_delimiter = ',',
+        default_value = render::DEFAULT_CONTROLLER_POD_LABEL,
+        value_parser = parse_label
+    )]
+    pub controller_pod_label: Vec<(String, String)>,
     /// Also admit namespaces with this label (KEY=VALUE) to the config API, for scraping;
     /// repeated: namespaces with all of them.
     #[arg(long, value_parser = parse_label)]
@@ -142,7 +153,7 @@ impl RunArgs {
     /// The runtime's options.
     ///
     /// # Errors
-    /// `--shared-service` without `--shared-auth-secret`.
+    /// `--shared-service` without `--shared-auth-secret`, or no `--controller-pod-label`.
     pub fn options(&self) -> anyhow::Result<RuntimeOptions> {
         let shared = match (&self.shared_service, &self.shared_auth_secret) {
             (None, _) => None,
@@ -171,6 +182,7 @@ impl RunArgs {
             render: RenderSettings {
                 proxy_image: self.class.proxy_image.clone(),
                 controller_namespace: self.controller_namespace.clone(),
+                controller_pod_labels: controller_pod_labels(&self.controller_pod_label)?,
                 monitoring_namespace_selector: monitoring_selector(
                     &self.monitoring_namespace_label,
                 ),
@@ -218,6 +230,16 @@ fn lease_identity() -> String {
     )
 }
 
+/// The controller pods' labels; none would admit every pod of the controller's namespace.
+fn controller_pod_labels(
+    labels: &[(String, String)],
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    if labels.is_empty() {
+        bail!("--controller-pod-label: at least one label of the controller's pods is needed");
+    }
+    Ok(labels.iter().cloned().collect())
+}
+
 fn monitoring_selector(labels: &[(String, String)]) -> Option<LabelSelector> {
     (!labels.is_empty()).then(|| LabelSelector {
         match_labels: Some(labels.iter().cloned().collect()),
@@ -237,9 +259,18 @@ pub struct RenderArgs {
     /// The proxy image when the GatewayConfig names none.
     #[arg(long, env = "PROXY_IMAGE")]
     pub proxy_image: Option<String>,
-    /// The controller's namespace, the one the config API admits.
+    /// The controller's namespace, where the config API admits the controller's pods.
     #[arg(long, default_value = "cftunnel-system")]
     pub controller_namespace: String,
+    /// A label (KEY=VALUE) of the controller's pods, the only pods of its namespace the config
+    /// API admits; repeated, or comma-separated: pods with all of them.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = render::DEFAULT_CONTROLLER_POD_LABEL,
+        value_parser = parse_label
+    )]
+    pub controller_pod_label: Vec<(String, String)>,
     /// Also admit namespaces with this label (KEY=VALUE) to the config API, for scraping;
     /// repeated: namespaces with all of them.
     #[arg(long, value_parser = parse_label)]
@@ -414,6 +445,7 @@ pub fn run_render(
     let settings = RenderSettings {
         proxy_image: args.proxy_image.clone(),
         controller_namespace: args.controller_namespace.clone(),
+        controller_pod_labels: controller_pod_labels(&args.controller_pod_label)?,
         monitoring_namespace_selector: monitoring_selector(&args.monitoring_namespace_label),
         grace_period_seconds: args.grace_period_seconds,
     };

@@ -1,7 +1,11 @@
-//! The `translate` command, run as a binary on a fixture.
+//! The command line: `translate` and `render`, run as a binary on fixtures, and `run`'s flags.
 
 use std::process::Command;
 
+use cftunnel_controller::cli::{Cli, Command as CliCommand};
+use clap::Parser;
+use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::Deserialize;
 
 use cftunnel_config::{Backend, Config};
@@ -228,6 +232,129 @@ fn render_refuses_what_the_gateway_condition_would_report() {
     assert!(
         err.contains("Gateway tenant-a/nope is not in the manifests"),
         "{err}"
+    );
+}
+
+/// The peers of the one ingress rule of the NetworkPolicy `render` prints for tenant-a/edge.
+fn rendered_peers(extra: &[&str]) -> Vec<NetworkPolicyPeer> {
+    let mut args = vec![
+        "render",
+        "-f",
+        TENANT,
+        "--gateway",
+        "tenant-a/edge",
+        "--proxy-image",
+        "p",
+    ];
+    args.extend_from_slice(extra);
+    let out = controller(&args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let policy = serde_yaml_ng::Deserializer::from_str(&stdout)
+        .map(|doc| serde_yaml_ng::Value::deserialize(doc).expect("each document is YAML"))
+        .find(|v| v.get("kind").and_then(|k| k.as_str()) == Some("NetworkPolicy"))
+        .expect("a NetworkPolicy");
+    let policy: NetworkPolicy = serde_yaml_ng::from_value(policy).expect("a valid NetworkPolicy");
+    let mut rules = policy.spec.and_then(|s| s.ingress).expect("ingress rules");
+    assert_eq!(rules.len(), 1);
+    rules.remove(0).from.expect("peers")
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Option<LabelSelector> {
+    Some(LabelSelector {
+        match_labels: Some(
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        ),
+        match_expressions: None,
+    })
+}
+
+#[test]
+fn render_admits_the_controllers_pods_by_their_labels_and_the_monitoring_namespaces() {
+    // By default: the pods labelled as the chart labels the controller's, in its namespace.
+    assert_eq!(
+        rendered_peers(&[]),
+        vec![NetworkPolicyPeer {
+            namespace_selector: labels(&[("kubernetes.io/metadata.name", "cftunnel-system")]),
+            pod_selector: labels(&[("app.kubernetes.io/name", "cftunnel-controller")]),
+            ip_block: None,
+        }]
+    );
+    assert_eq!(
+        rendered_peers(&[
+            "--controller-namespace",
+            "cf",
+            "--controller-pod-label",
+            "app.kubernetes.io/instance=cf,app.kubernetes.io/name=cftunnel-controller",
+            "--monitoring-namespace-label",
+            "team=obs",
+        ]),
+        vec![
+            NetworkPolicyPeer {
+                namespace_selector: labels(&[("kubernetes.io/metadata.name", "cf")]),
+                pod_selector: labels(&[
+                    ("app.kubernetes.io/instance", "cf"),
+                    ("app.kubernetes.io/name", "cftunnel-controller"),
+                ]),
+                ip_block: None,
+            },
+            NetworkPolicyPeer {
+                namespace_selector: labels(&[("team", "obs")]),
+                pod_selector: None,
+                ip_block: None,
+            },
+        ]
+    );
+}
+
+#[test]
+fn run_takes_the_controller_pod_labels_from_flags_or_the_environment() {
+    let labels = |args: &[&str]| {
+        let cli = Cli::try_parse_from(["cftunnel-controller", "run"].iter().chain(args))
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        let CliCommand::Run(run) = cli.command else {
+            panic!("not the run command")
+        };
+        run.options().expect("options").render.controller_pod_labels
+    };
+    let map = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    assert_eq!(
+        labels(&[
+            "--controller-pod-label=a=1",
+            "--controller-pod-label",
+            "b=2,c=3"
+        ]),
+        map(&[("a", "1"), ("b", "2"), ("c", "3")])
+    );
+    if std::env::var_os("CONTROLLER_POD_LABELS").is_none() {
+        assert_eq!(
+            labels(&[]),
+            map(&[("app.kubernetes.io/name", "cftunnel-controller")])
+        );
+    }
+    // The environment variable is read, and a label must be KEY=VALUE.
+    let out = Command::new(env!("CARGO_BIN_EXE_cftunnel-controller"))
+        .arg("run")
+        .env("CONTROLLER_POD_LABELS", "app.kubernetes.io/name")
+        .output()
+        .expect("the binary runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--controller-pod-label") && stderr.contains("expected KEY=VALUE"),
+        "{stderr}"
     );
 }
 

@@ -61,14 +61,21 @@ const SHUTDOWN_MARGIN_SECONDS: i64 = 15;
 const MAX_GRACE_SECONDS: u32 = 180;
 /// User the proxy container runs as when the image does not say otherwise.
 const PROXY_UID: i64 = 65532;
+/// The controller pods' label (`KEY=VALUE`) the config API admits when none is configured: the
+/// one the chart gives them.
+pub const DEFAULT_CONTROLLER_POD_LABEL: &str = "app.kubernetes.io/name=cftunnel-controller";
 
 /// What the controller itself contributes to every data plane.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RenderSettings {
     /// `--proxy-image`: the image when the GatewayConfig names none.
     pub proxy_image: Option<String>,
-    /// The controller's namespace: the only one the config API admits by default.
+    /// The controller's namespace, where the config API admits the controller's pods.
     pub controller_namespace: String,
+    /// Labels of the controller's pods, the only pods of its namespace the config API admits:
+    /// other pods there (the shared proxy pool, which forwards to any backend a route names)
+    /// must not reach it. Never empty: no labels would select every pod of the namespace.
+    pub controller_pod_labels: BTreeMap<String, String>,
     /// Further namespaces admitted to the config API (where Prometheus scrapes `/metrics`).
     pub monitoring_namespace_selector: Option<LabelSelector>,
     /// The proxy's drain window after SIGTERM (`PROXY_GRACE_PERIOD`), in seconds.
@@ -80,6 +87,10 @@ impl Default for RenderSettings {
         Self {
             proxy_image: None,
             controller_namespace: "cftunnel-system".to_owned(),
+            controller_pod_labels: DEFAULT_CONTROLLER_POD_LABEL
+                .split_once('=')
+                .map(|(k, v)| BTreeMap::from([(k.to_owned(), v.to_owned())]))
+                .unwrap_or_default(),
             monitoring_namespace_selector: None,
             grace_period_seconds: 30,
         }
@@ -479,12 +490,19 @@ pub fn render(
         status: None,
     };
 
+    // The controller's pods: both selectors in one peer, so a pod must be in the controller's
+    // namespace AND carry its labels. The namespace alone would admit the shared proxy pool
+    // running there, and through it any tenant whose route names this Service as a backend.
     let mut peers = vec![NetworkPolicyPeer {
         namespace_selector: Some(LabelSelector {
             match_labels: Some(BTreeMap::from([(
                 "kubernetes.io/metadata.name".to_owned(),
                 settings.controller_namespace.clone(),
             )])),
+            match_expressions: None,
+        }),
+        pod_selector: Some(LabelSelector {
+            match_labels: Some(settings.controller_pod_labels.clone()),
             match_expressions: None,
         }),
         ..NetworkPolicyPeer::default()

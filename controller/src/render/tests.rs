@@ -51,6 +51,13 @@ fn settings() -> RenderSettings {
     RenderSettings {
         proxy_image: Some("registry.example/cftunnel-proxy:1.0".to_owned()),
         controller_namespace: "cf-system".to_owned(),
+        controller_pod_labels: BTreeMap::from([
+            ("app.kubernetes.io/instance".to_owned(), "cf".to_owned()),
+            (
+                "app.kubernetes.io/name".to_owned(),
+                "cftunnel-controller".to_owned(),
+            ),
+        ]),
         monitoring_namespace_selector: None,
         grace_period_seconds: 30,
     }
@@ -258,19 +265,24 @@ fn the_config_api_admits_only_the_controller_and_the_data_port_nothing() {
     assert_eq!(ports[0].port, Some(IntOrString::Int(8081)));
     let from = rules[0].from.as_ref().expect("peers");
     assert_eq!(from.len(), 1);
-    assert!(
-        from[0].pod_selector.is_none(),
-        "not pods of the tenant's namespace"
-    );
-    assert_eq!(
-        from[0]
-            .namespace_selector
-            .as_ref()
-            .and_then(|s| s.match_labels.as_ref())
-            .and_then(|l| l.get("kubernetes.io/metadata.name"))
-            .map(String::as_str),
-        Some("cf-system")
-    );
+    // One peer with both selectors: the controller's pods, in the controller's namespace (a
+    // pod selector alone would pick pods of the tenant's namespace), and not the other pods
+    // there, such as the shared proxy pool.
+    let controller = NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(
+                "kubernetes.io/metadata.name".to_owned(),
+                "cf-system".to_owned(),
+            )])),
+            match_expressions: None,
+        }),
+        pod_selector: Some(LabelSelector {
+            match_labels: Some(settings().controller_pod_labels),
+            match_expressions: None,
+        }),
+        ip_block: None,
+    };
+    assert_eq!(from[0], controller);
 
     let mut with_monitoring = settings();
     let monitoring = LabelSelector {
@@ -289,7 +301,50 @@ fn the_config_api_admits_only_the_controller_and_the_data_port_nothing() {
         .expect("rules");
     let from = rules[0].from.as_ref().expect("peers");
     assert_eq!(from.len(), 2);
-    assert_eq!(from[1].namespace_selector.as_ref(), Some(&monitoring));
+    assert_eq!(from[0], controller, "the controller's peer is unchanged");
+    // Every pod of the monitoring namespaces, where Prometheus scrapes from.
+    assert_eq!(
+        from[1],
+        NetworkPolicyPeer {
+            namespace_selector: Some(monitoring),
+            ..NetworkPolicyPeer::default()
+        }
+    );
+}
+
+#[test]
+fn without_configured_labels_the_config_api_admits_the_pods_the_chart_labels_as_the_controller() {
+    let p = plane_with(
+        &snapshot(BASIC, ""),
+        &RenderSettings {
+            proxy_image: Some("p".to_owned()),
+            ..RenderSettings::default()
+        },
+    )
+    .expect("renders");
+    let rules = p
+        .network_policy
+        .spec
+        .and_then(|s| s.ingress)
+        .expect("rules");
+    let peer = &rules[0].from.as_ref().expect("peers")[0];
+    assert_eq!(
+        peer.pod_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.as_ref()),
+        Some(&BTreeMap::from([(
+            "app.kubernetes.io/name".to_owned(),
+            "cftunnel-controller".to_owned()
+        )]))
+    );
+    assert_eq!(
+        peer.namespace_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.as_ref())
+            .and_then(|l| l.get("kubernetes.io/metadata.name"))
+            .map(String::as_str),
+        Some("cftunnel-system")
+    );
 }
 
 #[test]
