@@ -3,6 +3,7 @@
 //! controller accepts the arguments it passes. (Rendering the templates needs `helm`; these
 //! checks read them as text.)
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use cftunnel_controller::cli::{Cli, Command};
@@ -174,4 +175,102 @@ fn the_controller_accepts_the_arguments_the_chart_passes() {
     );
     assert!(options.shared.is_some(), "the shared pool gets configs");
     assert!(options.lease.is_some(), "leader election is on by default");
+}
+
+/// The `key: value` lines of the block under the `matchLabels:` reached by finding each of
+/// `anchors` (trimmed lines, in order) in `text`, template expressions left as written.
+fn match_labels_after(text: &str, anchors: &[&str]) -> BTreeMap<String, String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut at = 0;
+    for anchor in anchors.iter().chain(std::iter::once(&"matchLabels:")) {
+        at += lines[at..]
+            .iter()
+            .position(|l| l.trim() == *anchor)
+            .unwrap_or_else(|| panic!("no {anchor:?} after line {at}"));
+        at += 1;
+    }
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let depth = indent(lines[at - 1]);
+    let labels: BTreeMap<String, String> = lines[at..]
+        .iter()
+        .take_while(|l| indent(l) > depth)
+        .map(|l| {
+            let (k, v) = l.trim().split_once(": ").expect("key: value");
+            (k.to_owned(), v.to_owned())
+        })
+        .collect();
+    assert!(!labels.is_empty(), "labels under {anchors:?}");
+    labels
+}
+
+/// The controller Deployment's selector, as the template writes it.
+fn controller_selector() -> BTreeMap<String, String> {
+    let text = read(&chart().join("templates/controller.yaml"));
+    match_labels_after(&text, &["kind: Deployment", "selector:"])
+}
+
+#[test]
+fn the_controller_admits_its_own_pods_by_exactly_its_deployments_selector() {
+    let text = read(&chart().join("templates/controller.yaml"));
+    let passed: BTreeMap<String, String> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- --controller-pod-label="))
+        .flat_map(|a| a.split(','))
+        .map(|a| {
+            let (k, v) = a.split_once('=').expect("KEY=VALUE");
+            (k.to_owned(), v.to_owned())
+        })
+        .collect();
+    // The same labels, the same template expressions: the policy's peer is the Deployment's
+    // pods, which carry the selector's labels, and no other pod of the namespace.
+    assert_eq!(passed, controller_selector());
+    // And the controller takes them all (the values neutralized).
+    let values = values();
+    let args = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- --"))
+        .map(|a| format!("--{}", neutralize(a, &values)));
+    let line = ["cftunnel-controller".to_owned(), "run".to_owned()];
+    let cli =
+        Cli::try_parse_from(line.into_iter().chain(args)).expect("the chart's arguments parse");
+    let Command::Run(run) = cli.command else {
+        panic!("not the run command")
+    };
+    let neutralized: BTreeMap<String, String> = passed
+        .iter()
+        .map(|(k, v)| (k.clone(), neutralize(v, &values)))
+        .collect();
+    let options = run.options().expect("options");
+    assert_eq!(options.render.controller_pod_labels, neutralized);
+}
+
+#[test]
+fn the_shared_pools_config_port_admits_the_controllers_pods_not_its_namespace() {
+    let text = read(&chart().join("templates/proxy.yaml"));
+    let policy = text
+        .split("\n---")
+        .find(|doc| doc.contains("\nkind: NetworkPolicy"))
+        .expect("proxy.yaml renders a NetworkPolicy");
+    assert_eq!(
+        match_labels_after(policy, &["- from:", "podSelector:"]),
+        controller_selector()
+    );
+    // Both selectors in the one peer: the pod selector is not a peer of its own.
+    let from = policy
+        .lines()
+        .skip_while(|l| l.trim() != "- from:")
+        .skip(1)
+        .take_while(|l| l.trim() != "ports:")
+        .map(str::trim)
+        .filter(|l| !l.starts_with("{{"))
+        .collect::<Vec<_>>();
+    assert_eq!(from[0], "- namespaceSelector:");
+    assert_eq!(
+        from[1..3],
+        [
+            "matchLabels:",
+            "kubernetes.io/metadata.name: {{ .Release.Namespace }}"
+        ]
+    );
+    assert_eq!(from[3], "podSelector:", "{from:?}");
 }
