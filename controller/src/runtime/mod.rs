@@ -97,7 +97,13 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
         "services",
         &["list", "watch", "get", "create", "patch", "delete"],
     ),
-    ("", "secrets", &["list", "watch", "get", "create", "delete"]),
+    // `patch`: the generated token Secret takes the Gateway's infrastructure labels and
+    // annotations by server-side apply.
+    (
+        "",
+        "secrets",
+        &["list", "watch", "get", "create", "patch", "delete"],
+    ),
     ("discovery.k8s.io", "endpointslices", &["list", "watch"]),
     (
         "apps",
