@@ -1065,7 +1065,7 @@ async fn a_leader_whose_renewals_hang_stops_writing_until_they_are_answered() {
         }
 
         // Something a leader would put back at once.
-        let deployments: Api<Deployment> = Api::namespaced(api.client(), "tenant-a");
+        let deployments: Api<Deployment> = Api::namespaced(api.user_client(), "tenant-a");
         deployments
             .delete("cf-proxy-edge", &DeleteParams::default())
             .await
@@ -1422,7 +1422,7 @@ async fn switching_autoscaling_on_keeps_the_running_replicas() {
         // HorizontalPodAutoscaler controller does, and takes the field; the next apply leaves
         // its count alone.
         let scaled = (Some(json!(5)), vec!["kube-controller-manager".to_owned()]);
-        let deployments: Api<Deployment> = Api::namespaced(t.api.client(), "tenant-a");
+        let deployments: Api<Deployment> = Api::namespaced(t.api.user_client(), "tenant-a");
         deployments
             .patch_scale(
                 "cf-proxy-edge",
@@ -1531,7 +1531,7 @@ async fn a_plane_object_that_loses_its_label_is_applied_again() {
             field_manager: Some("kubectl-edit".to_owned()),
             ..PatchParams::default()
         };
-        let deployments: Api<Deployment> = Api::namespaced(t.api.client(), "tenant-a");
+        let deployments: Api<Deployment> = Api::namespaced(t.api.user_client(), "tenant-a");
         let stripped = deployments
             .patch("cf-proxy-edge", &params, &Patch::Merge(&strip))
             .await
@@ -1545,7 +1545,7 @@ async fn a_plane_object_that_loses_its_label_is_applied_again() {
             label("apps/v1", "Deployment")
         })
         .await;
-        let policies: Api<NetworkPolicy> = Api::namespaced(t.api.client(), "tenant-a");
+        let policies: Api<NetworkPolicy> = Api::namespaced(t.api.user_client(), "tenant-a");
         policies
             .patch("cf-proxy-edge", &params, &Patch::Merge(&strip))
             .await
@@ -1715,7 +1715,7 @@ async fn a_deleted_autoscaler_is_put_back() {
                 .and_then(|a| a.pointer("/metadata/uid").cloned())
         };
         let first = eventually("the autoscaler", autoscaler).await;
-        let api: Api<HorizontalPodAutoscaler> = Api::namespaced(t.api.client(), "tenant-a");
+        let api: Api<HorizontalPodAutoscaler> = Api::namespaced(t.api.user_client(), "tenant-a");
         api.delete("cf-proxy-edge", &DeleteParams::default())
             .await
             .expect("deleted");
@@ -1847,7 +1847,7 @@ async fn the_gateway_class_reports_its_features_and_whether_the_crds_are_support
         );
 
         // Which the API server answers with PartialObjectMetadata, as its protocol has it.
-        let listed = kube::Api::<PartialObjectMeta<CustomResourceDefinition>>::all(api.client())
+        let listed = kube::Api::<PartialObjectMeta<CustomResourceDefinition>>::all(api.user_client())
             .list(&kube::api::ListParams::default())
             .await
             .expect("CRDs list");
@@ -2127,4 +2127,75 @@ async fn reference_grants_are_read_at_v1_when_discovery_is_refused() {
     })
     .await
     .expect("in time");
+}
+
+/// The API server holds the controller's client to `runtime::REQUIRED_RBAC`, as the chart's
+/// roles do: a verb they do not grant is refused with 403, discovery never is, and a user is
+/// not held to it.
+#[tokio::test]
+async fn the_controllers_client_gets_only_what_its_rbac_grants() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::{Namespace, Secret};
+    use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+    let api = ApiServer::start(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: tenant-a}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: tenant-a}\nspec: {replicas: 1, selector: {matchLabels: {app: web}}, template: {metadata: {labels: {app: web}}, spec: {containers: [{name: web, image: web:1}]}}}\n",
+    )
+    .await;
+    let refused = |result: Result<(), kube::Error>, verb: &str, resource: &str| match result {
+        Err(kube::Error::Api(e)) => {
+            assert_eq!((e.code, e.reason.as_str()), (403, "Forbidden"), "{e:?}");
+            assert!(
+                e.message
+                    .contains(&format!("cannot {verb} resource \"{resource}\"")),
+                "{}",
+                e.message
+            );
+        }
+        other => panic!("expected {verb} on {resource} refused, got {other:?}"),
+    };
+    let controller = api.client();
+    let namespaces: Api<Namespace> = Api::all(controller.clone());
+    namespaces
+        .list(&ListParams::default())
+        .await
+        .expect("list is granted");
+    refused(
+        namespaces.get("tenant-a").await.map(|_| ()),
+        "get",
+        "namespaces",
+    );
+    let secrets: Api<Secret> = Api::namespaced(controller.clone(), "tenant-a");
+    refused(
+        secrets
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .map(|_| ()),
+        "deletecollection",
+        "secrets",
+    );
+    let scale = Patch::Merge(json!({"spec": {"replicas": 3}}));
+    let deployments: Api<Deployment> = Api::namespaced(controller.clone(), "tenant-a");
+    deployments.get("web").await.expect("get is granted");
+    refused(
+        deployments
+            .patch_scale("web", &PatchParams::default(), &scale)
+            .await
+            .map(|_| ()),
+        "patch",
+        "deployments",
+    );
+    controller
+        .list_api_groups()
+        .await
+        .expect("discovery is everyone's");
+
+    let user: Api<Deployment> = Api::namespaced(api.user_client(), "tenant-a");
+    user.patch_scale("web", &PatchParams::default(), &scale)
+        .await
+        .expect("a user is not held to the controller's RBAC");
+    assert_eq!(
+        api.get("apps/v1", "Deployment", "tenant-a", "web")
+            .and_then(|d| d.pointer("/spec/replicas").cloned()),
+        Some(json!(3))
+    );
 }

@@ -30,6 +30,16 @@
 //! as an API server that is overloaded or cut off from its client, until the test releases them;
 //! they are then served as if they had just come, against the objects as they are by then.
 //!
+//! RBAC is enforced as for the controller's service account: a request whose API group,
+//! resource (with its subresource, as `gateways/status`) and verb no rule of
+//! [`REQUIRED_RBAC`] grants gets 403 Forbidden. The verb is the API server's: `get` (a `GET`
+//! naming an object), `list`, `watch` (a `GET` of a collection with `watch=true`), `create`
+//! (`POST`), `patch`, `update` (`PUT`), `delete` and `deletecollection` (a `DELETE` of a
+//! collection). Discovery is every client's (`system:discovery`). Namespaces are not told
+//! apart (the chart grants Leases in its own namespace only). A client of
+//! [`ApiServer::user_client`] is a cluster admin instead, as a test acting as a user or as
+//! another controller (scaling a Deployment, deleting an object by hand).
+//!
 //! A test can refuse requests ([`ApiServer::forbid`]): they get 403 Forbidden, the `Status`
 //! the API server sends a client whose RBAC lacks the verb, until the test lifts the refusal
 //! (as if the missing rule had been granted).
@@ -45,6 +55,7 @@ use std::sync::{Arc, Mutex};
 
 use base64::Engine as _;
 use bytes::Bytes;
+use cftunnel_controller::runtime::REQUIRED_RBAC;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -141,6 +152,10 @@ fn as_partial_metadata(object: &Value) -> Value {
 
 /// The field manager of the objects a test writes itself ([`ApiServer::put`]).
 const TEST_MANAGER: &str = "test";
+
+/// The bearer token of [`ApiServer::user_client`]'s cluster admin; any other client (none, or
+/// another token) is the controller's service account, held to [`REQUIRED_RBAC`].
+const USER_TOKEN: &str = "cluster-admin";
 
 /// `(group, plural, namespace, name)`; cluster-scoped objects have an empty namespace.
 type Key = (String, String, String, String);
@@ -680,10 +695,21 @@ impl ApiServer {
         format!("http://{}", self.addr)
     }
 
-    /// A client for this server.
+    /// A client for this server, as the controller's service account: held to
+    /// [`REQUIRED_RBAC`].
     pub fn client(&self) -> kube::Client {
         let url = format!("http://{}", self.addr).parse().expect("url");
         let config = kube::Config::new(url);
+        kube::Client::try_from(config).expect("client")
+    }
+
+    /// A client for this server as a cluster admin, for a test acting as a user or as another
+    /// controller; never the controller's.
+    pub fn user_client(&self) -> kube::Client {
+        let url = format!("http://{}", self.addr).parse().expect("url");
+        let mut config = kube::Config::new(url);
+        config.auth_info =
+            serde_json::from_value(json!({ "token": USER_TOKEN })).expect("a user's credentials");
         kube::Client::try_from(config).expect("client")
     }
 
@@ -922,6 +948,12 @@ async fn handle(
     let Some(target) = parse_path(req.uri().path()) else {
         return not_served();
     };
+    let params = query(&req);
+    let method = req.method().clone();
+    // Authorized before it is routed, as by the API server.
+    if !is_user(&req) && !granted(&target, &params, &method) {
+        return forbidden(&target, &params, &method);
+    }
     let Some(kind) = kind_of(&target.plural) else {
         return status(
             StatusCode::NOT_FOUND,
@@ -937,8 +969,6 @@ async fn handle(
     } else {
         format!("{}/{}", target.group, target.version)
     };
-    let params = query(&req);
-    let method = req.method().clone();
     let accept = req
         .headers()
         .get(hyper::header::ACCEPT)
@@ -978,7 +1008,7 @@ async fn handle(
     admitted(
         shared,
         &call,
-        || forbidden(&request, &method),
+        || forbidden(&target, &params, &method),
         || serve(shared, &request, method.clone(), &content_type, &body),
     )
     .await
@@ -1032,23 +1062,58 @@ fn forbidden_path(path: &str, method: &Method) -> Response<BoxBody<Bytes, Infall
     )
 }
 
-/// The API server's answer to a request RBAC does not allow, as its authorizer words it.
-fn forbidden(request: &Req<'_>, method: &Method) -> Response<BoxBody<Bytes, Infallible>> {
-    let target = request.target;
-    let watching = request
-        .params
-        .get("watch")
-        .is_some_and(|w| w == "true" || w == "1");
-    let verb = match (method.as_str(), target.name.is_some()) {
-        ("GET", true) => "get",
-        ("GET", false) if watching => "watch",
-        ("GET", false) => "list",
+/// Whether a request comes from [`ApiServer::user_client`]'s cluster admin.
+fn is_user(req: &Request<Incoming>) -> bool {
+    req.headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        == Some(USER_TOKEN)
+}
+
+/// The RBAC verb of a request, as the API server tells it.
+fn verb_of(target: &Target, params: &BTreeMap<String, String>, method: &Method) -> String {
+    let watching = params.get("watch").is_some_and(|w| w == "true" || w == "1");
+    match (method.as_str(), target.name.is_some()) {
+        ("GET" | "HEAD", true) => "get",
+        ("GET" | "HEAD", false) if watching => "watch",
+        ("GET" | "HEAD", false) => "list",
         ("POST", _) => "create",
         ("PATCH", _) => "patch",
         ("PUT", _) => "update",
-        ("DELETE", _) => "delete",
-        (other, _) => other,
-    };
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        (other, _) => return other.to_lowercase(),
+    }
+    .to_owned()
+}
+
+/// The RBAC resource a path names: the plural, with its subresource (`gateways/status`).
+fn rbac_resource(target: &Target) -> String {
+    if target.status {
+        format!("{}/status", target.plural)
+    } else if target.scale {
+        format!("{}/scale", target.plural)
+    } else {
+        target.plural.clone()
+    }
+}
+
+/// Whether [`REQUIRED_RBAC`] grants the controller's service account the request.
+fn granted(target: &Target, params: &BTreeMap<String, String>, method: &Method) -> bool {
+    let (resource, verb) = (rbac_resource(target), verb_of(target, params, method));
+    REQUIRED_RBAC.iter().any(|(group, r, verbs)| {
+        *group == target.group && *r == resource && verbs.contains(&verb.as_str())
+    })
+}
+
+/// The API server's answer to a request RBAC does not allow, as its authorizer words it.
+fn forbidden(
+    target: &Target,
+    params: &BTreeMap<String, String>,
+    method: &Method,
+) -> Response<BoxBody<Bytes, Infallible>> {
+    let verb = verb_of(target, params, method);
     let resource = if target.group.is_empty() {
         target.plural.clone()
     } else {
