@@ -622,6 +622,12 @@ async fn scenario() {
         "a pod on the token before the rotation is no push failure"
     );
     api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: edge-api, namespace: tenant-a}\nstringData: {bearer: s3cr3t}\n"));
+    let push_failed = || {
+        api.list("Event")
+            .into_iter()
+            .find(|e| e["reason"] == "ProxyConfigPushFailed")
+    };
+    assert_eq!(push_failed(), None, "no push has failed yet");
 
     // The pod's config port goes out of reach: after repeated rounds the route says so.
     let closed = {
@@ -641,6 +647,26 @@ async fn scenario() {
     assert_eq!(failed["status"], "False");
     let message = failed["message"].as_str().unwrap_or_default();
     assert!(message.contains("connecting to 127.0.0.1"), "{message}");
+    // And a Warning Event on the route tells it.
+    let event = eventually("a ProxyConfigPushFailed Event", push_failed).await;
+    assert_eq!(event["apiVersion"], "events.k8s.io/v1");
+    assert_eq!(event["type"], "Warning");
+    let regarding = &event["regarding"];
+    assert_eq!(
+        (
+            &regarding["kind"],
+            &regarding["namespace"],
+            &regarding["name"]
+        ),
+        (&json!("HTTPRoute"), &json!("tenant-a"), &json!("shop")),
+        "{event}"
+    );
+    let note = event["note"].as_str().unwrap_or_default();
+    assert!(
+        note.starts_with("the proxy pods have not taken the config: ")
+            && note.contains("connecting to 127.0.0.1"),
+        "{note}"
+    );
     // Back in reach: the condition clears.
     api.put(slice(pod.admin_addr().port()));
     eventually("ProxyConfigPushed cleared", || {
@@ -2198,4 +2224,47 @@ async fn the_controllers_client_gets_only_what_its_rbac_grants() {
             .and_then(|d| d.pointer("/spec/replicas").cloned()),
         Some(json!(3))
     );
+}
+
+/// Without its parametersRef a Gateway's dedicated plane goes whole: its generated token
+/// Secret and its autoscaler as well as its Deployment, Service and NetworkPolicy.
+#[tokio::test]
+async fn removing_the_ref_removes_the_generated_secret_and_the_autoscaler_too() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start_with("replicas: 1", |api| {
+            // No config-API token of its own: one is generated.
+            api.put(yaml("apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: edge-config, namespace: tenant-a}\nspec: {tunnelTokenSecretRef: {name: edge-tunnel-token}, autoscaling: {minReplicas: 2, maxReplicas: 4}}\n"));
+        })
+        .await;
+        let plane = [
+            ("apps/v1", "Deployment", "cf-proxy-edge"),
+            ("v1", "Service", "cf-proxy-edge-config"),
+            ("networking.k8s.io/v1", "NetworkPolicy", "cf-proxy-edge"),
+            ("autoscaling/v2", "HorizontalPodAutoscaler", "cf-proxy-edge"),
+            ("v1", "Secret", "cf-proxy-edge-auth"),
+        ];
+        let present = || {
+            plane
+                .iter()
+                .filter(|(api_version, kind, name)| {
+                    t.api.get(api_version, kind, "tenant-a", name).is_some()
+                })
+                .map(|(_, kind, _)| *kind)
+                .collect::<Vec<_>>()
+        };
+        eventually("the whole plane", || {
+            (present().len() == plane.len()).then_some(())
+        })
+        .await;
+
+        t.api.put(yaml(&gateway(false)));
+        let by = Instant::now() + Duration::from_secs(20);
+        while !present().is_empty() {
+            assert!(Instant::now() < by, "still there: {:?}", present());
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
 }
