@@ -153,7 +153,8 @@ impl RunArgs {
     /// The runtime's options.
     ///
     /// # Errors
-    /// `--shared-service` without `--shared-auth-secret`, or no `--controller-pod-label`.
+    /// `--shared-service` without `--shared-auth-secret`, no `--controller-pod-label`, or a
+    /// label flag giving one key two values.
     pub fn options(&self) -> anyhow::Result<RuntimeOptions> {
         let shared = match (&self.shared_service, &self.shared_auth_secret) {
             (None, _) => None,
@@ -184,8 +185,9 @@ impl RunArgs {
                 controller_namespace: self.controller_namespace.clone(),
                 controller_pod_labels: controller_pod_labels(&self.controller_pod_label)?,
                 monitoring_namespace_selector: monitoring_selector(
+                    "--monitoring-namespace-label",
                     &self.monitoring_namespace_label,
-                ),
+                )?,
                 grace_period_seconds: self.grace_period_seconds,
             },
             shared,
@@ -237,14 +239,19 @@ fn controller_pod_labels(
     if labels.is_empty() {
         bail!("--controller-pod-label: at least one label of the controller's pods is needed");
     }
-    Ok(labels.iter().cloned().collect())
+    label_map("--controller-pod-label", labels)
 }
 
-fn monitoring_selector(labels: &[(String, String)]) -> Option<LabelSelector> {
-    (!labels.is_empty()).then(|| LabelSelector {
-        match_labels: Some(labels.iter().cloned().collect()),
+/// The selector of a repeated label `flag`; none without labels.
+fn monitoring_selector(
+    flag: &str,
+    labels: &[(String, String)],
+) -> anyhow::Result<Option<LabelSelector>> {
+    let labels = label_map(flag, labels)?;
+    Ok((!labels.is_empty()).then_some(LabelSelector {
+        match_labels: Some(labels),
         match_expressions: None,
-    })
+    }))
 }
 
 #[derive(Debug, Args)]
@@ -280,11 +287,98 @@ pub struct RenderArgs {
     pub grace_period_seconds: u32,
 }
 
+/// A `KEY=VALUE` label of a selector, in Kubernetes' label syntax: the API server would refuse
+/// the NetworkPolicy of every data plane otherwise, so it is refused at start instead.
 fn parse_label(s: &str) -> Result<(String, String), String> {
-    match s.split_once('=') {
-        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
-        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    let Some((key, value)) = s.split_once('=') else {
+        return Err(format!("expected KEY=VALUE, got {s:?}"));
+    };
+    check_label_key(key)?;
+    if !value.is_empty() {
+        check_label_name(value).map_err(|rule| format!("label value {value:?}: {rule}"))?;
     }
+    Ok((key.to_owned(), value.to_owned()))
+}
+
+/// `[PREFIX/]NAME`: PREFIX a DNS subdomain, NAME a label name.
+fn check_label_key(key: &str) -> Result<(), String> {
+    if key.is_empty() {
+        return Err("empty label key (expected KEY=VALUE)".to_owned());
+    }
+    let name = match key.split_once('/') {
+        None => key,
+        Some((_, name)) if name.contains('/') => {
+            return Err(format!(
+                "label key {key:?}: at most one '/', between a DNS-subdomain prefix and a name"
+            ))
+        }
+        Some((prefix, name)) => {
+            check_dns_subdomain(prefix)
+                .map_err(|rule| format!("label key prefix {prefix:?} (in {key:?}): {rule}"))?;
+            name
+        }
+    };
+    check_label_name(name).map_err(|rule| {
+        if name.len() == key.len() {
+            format!("label key {key:?}: {rule}")
+        } else {
+            format!("label key name {name:?} (in {key:?}): {rule}")
+        }
+    })
+}
+
+/// A label key's name, or a non-empty label value.
+fn check_label_name(name: &str) -> Result<(), &'static str> {
+    const RULE: &str = "must be letters, digits, '-', '_' and '.', starting and ending with a \
+                        letter or digit";
+    let edges_ok = name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    let chars_ok = name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    match name.len() {
+        0 => Err("is empty"),
+        64.. => Err("is longer than 63 characters"),
+        _ if !(edges_ok && chars_ok) => Err(RULE),
+        _ => Ok(()),
+    }
+}
+
+/// A label key's prefix: a DNS subdomain (RFC 1123).
+fn check_dns_subdomain(prefix: &str) -> Result<(), &'static str> {
+    let part_ok = |p: &str| {
+        p.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && p.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && p.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    };
+    match prefix.len() {
+        0 => Err("is empty; drop the '/' or name a DNS subdomain before it"),
+        254.. => Err("is longer than 253 characters"),
+        _ if !prefix.split('.').all(part_ok) => Err(
+            "must be a DNS subdomain: lowercase letters, digits, '-' and '.', \
+             each dot-separated part starting and ending with a letter or digit",
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// The labels of a repeated `flag`, one value per key: the same key with two values is a
+/// mistake to report, not one for the order of the flags to settle.
+fn label_map(
+    flag: &str,
+    labels: &[(String, String)],
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    let mut map = std::collections::BTreeMap::new();
+    for (key, value) in labels {
+        match map.insert(key.clone(), value.clone()) {
+            Some(other) if other != *value => {
+                bail!("{flag}: label {key:?} is given twice, as {other:?} and as {value:?}")
+            }
+            _ => {}
+        }
+    }
+    Ok(map)
 }
 
 #[derive(Debug, Args)]
@@ -446,7 +540,10 @@ pub fn run_render(
         proxy_image: args.proxy_image.clone(),
         controller_namespace: args.controller_namespace.clone(),
         controller_pod_labels: controller_pod_labels(&args.controller_pod_label)?,
-        monitoring_namespace_selector: monitoring_selector(&args.monitoring_namespace_label),
+        monitoring_namespace_selector: monitoring_selector(
+            "--monitoring-namespace-label",
+            &args.monitoring_namespace_label,
+        )?,
         grace_period_seconds: args.grace_period_seconds,
     };
     let plane = render::render(gateway, config, &credentials, &settings)?;

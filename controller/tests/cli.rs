@@ -358,6 +358,112 @@ fn run_takes_the_controller_pod_labels_from_flags_or_the_environment() {
     );
 }
 
+/// What `run` says of `args`: the parse error, else the error of its options; `None` if both
+/// pass.
+fn run_error(args: &[&str]) -> Option<String> {
+    match Cli::try_parse_from(["cftunnel-controller", "run"].iter().chain(args)) {
+        Err(e) => Some(e.to_string()),
+        Ok(Cli {
+            command: CliCommand::Run(run),
+        }) => run.options().err().map(|e| format!("{e:#}")),
+        Ok(_) => panic!("not the run command"),
+    }
+}
+
+#[test]
+fn label_flags_take_kubernetes_label_syntax_and_name_the_flag_and_the_bad_part() {
+    let flags = ["--controller-pod-label", "--monitoring-namespace-label"];
+    for flag in flags {
+        for good in [
+            "team=",
+            "team=obs",
+            "a/b=c",
+            "example.com/Name_1.x-y=Value_1.x-y",
+            "a-b.c/d=e",
+        ] {
+            let arg = format!("{flag}={good}");
+            assert_eq!(run_error(&[&arg]), None, "{arg}");
+        }
+        let long = "n".repeat(64);
+        let long_prefix = format!("{}.com", "a".repeat(250));
+        for (bad, part) in [
+            ("team", "expected KEY=VALUE"),
+            ("=obs", "empty"),
+            ("-team=obs", "\"-team\""),
+            ("team.=obs", "\"team.\""),
+            ("te am=obs", "\"te am\""),
+            ("a/b/c=d", "\"a/b/c\""),
+            ("/name=x", "empty"),
+            ("a/=x", "empty"),
+            ("Example.com/name=x", "\"Example.com\""),
+            ("example..com/name=x", "\"example..com\""),
+            ("-example.com/name=x", "\"-example.com\""),
+            (&format!("{long}=x"), "63"),
+            (&format!("{long_prefix}/name=x"), "253"),
+            ("team=obs!", "\"obs!\""),
+            ("team=-obs", "\"-obs\""),
+            ("team=a b", "\"a b\""),
+            (&format!("team={long}"), "63"),
+        ] {
+            let arg = format!("{flag}={bad}");
+            let err = run_error(&[&arg]).unwrap_or_else(|| panic!("{arg} is refused"));
+            assert!(err.contains(flag) && err.contains(part), "{arg}: {err}");
+        }
+        // The same key twice: the same value is harmless, two values a mistake to report
+        // rather than settle by the order of the flags.
+        let same = [format!("{flag}=team=obs"), format!("{flag}=team=obs")];
+        assert_eq!(run_error(&same.each_ref().map(String::as_str)), None);
+        let twice = [format!("{flag}=team=obs"), format!("{flag}=team=dev")];
+        let err = run_error(&twice.each_ref().map(String::as_str)).expect("refused");
+        assert!(
+            err.contains(flag)
+                && err.contains("\"team\"")
+                && err.contains("\"obs\"")
+                && err.contains("\"dev\""),
+            "{err}"
+        );
+    }
+    // The environment variable is held to the same syntax, and a comma list to one value per
+    // key.
+    for (labels, part) in [
+        (
+            "app.kubernetes.io/name=cftunnel controller",
+            "\"cftunnel controller\"",
+        ),
+        ("a=1,a=2", "\"a\""),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_cftunnel-controller"))
+            .arg("run")
+            .env("CONTROLLER_POD_LABELS", labels)
+            .output()
+            .expect("the binary runs");
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--controller-pod-label") && stderr.contains(part),
+            "{labels}: {stderr}"
+        );
+    }
+    // `render` takes the same flags the same way.
+    let out = controller(&[
+        "render",
+        "-f",
+        TENANT,
+        "--gateway",
+        "tenant-a/edge",
+        "--proxy-image",
+        "p",
+        "--controller-pod-label",
+        "a=1,a=2",
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--controller-pod-label") && stderr.contains("\"a\""),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn crd_prints_the_gateway_config_definition() {
     let out = controller(&["crd"]);
