@@ -82,6 +82,16 @@ pub struct RunArgs {
     /// repeated: namespaces with all of them.
     #[arg(long, value_parser = parse_label)]
     pub monitoring_namespace_label: Vec<(String, String)>,
+    /// Also admit the pods of the controller's namespace with this label (KEY=VALUE) to the
+    /// config API: a Prometheus running there; repeated, or comma-separated: pods with all of
+    /// them.
+    #[arg(
+        long,
+        env = "MONITORING_POD_LABELS",
+        value_delimiter = ',',
+        value_parser = parse_label
+    )]
+    pub monitoring_pod_label: Vec<(String, String)>,
     /// The proxy's drain window after SIGTERM, in seconds (at most 180).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=180))]
     pub grace_period_seconds: u32,
@@ -188,6 +198,10 @@ impl RunArgs {
                     "--monitoring-namespace-label",
                     &self.monitoring_namespace_label,
                 )?,
+                monitoring_pod_selector: monitoring_selector(
+                    "--monitoring-pod-label",
+                    &self.monitoring_pod_label,
+                )?,
                 grace_period_seconds: self.grace_period_seconds,
             },
             shared,
@@ -282,6 +296,10 @@ pub struct RenderArgs {
     /// repeated: namespaces with all of them.
     #[arg(long, value_parser = parse_label)]
     pub monitoring_namespace_label: Vec<(String, String)>,
+    /// Also admit the pods of the controller's namespace with this label (KEY=VALUE) to the
+    /// config API; repeated, or comma-separated: pods with all of them.
+    #[arg(long, value_delimiter = ',', value_parser = parse_label)]
+    pub monitoring_pod_label: Vec<(String, String)>,
     /// The proxy's drain window after SIGTERM, in seconds (at most 180).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=180))]
     pub grace_period_seconds: u32,
@@ -543,6 +561,10 @@ pub fn run_render(
         monitoring_namespace_selector: monitoring_selector(
             "--monitoring-namespace-label",
             &args.monitoring_namespace_label,
+        )?,
+        monitoring_pod_selector: monitoring_selector(
+            "--monitoring-pod-label",
+            &args.monitoring_pod_label,
         )?,
         grace_period_seconds: args.grace_period_seconds,
     };

@@ -312,6 +312,78 @@ fn render_admits_the_controllers_pods_by_their_labels_and_the_monitoring_namespa
             },
         ]
     );
+    // A Prometheus in the controller's namespace: its pods, and only them, in that namespace.
+    assert_eq!(
+        rendered_peers(&[
+            "--controller-namespace",
+            "cf",
+            "--monitoring-pod-label",
+            "app.kubernetes.io/name=prometheus,app.kubernetes.io/instance=k8s",
+            "--monitoring-pod-label",
+            "team=obs",
+        ]),
+        vec![
+            NetworkPolicyPeer {
+                namespace_selector: labels(&[("kubernetes.io/metadata.name", "cf")]),
+                pod_selector: labels(&[("app.kubernetes.io/name", "cftunnel-controller")]),
+                ip_block: None,
+            },
+            NetworkPolicyPeer {
+                namespace_selector: labels(&[("kubernetes.io/metadata.name", "cf")]),
+                pod_selector: labels(&[
+                    ("app.kubernetes.io/instance", "k8s"),
+                    ("app.kubernetes.io/name", "prometheus"),
+                    ("team", "obs"),
+                ]),
+                ip_block: None,
+            },
+        ]
+    );
+}
+
+#[test]
+fn run_takes_the_monitoring_pod_labels_from_flags_or_the_environment() {
+    let selector = |args: &[&str]| {
+        let cli = Cli::try_parse_from(["cftunnel-controller", "run"].iter().chain(args))
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        let CliCommand::Run(run) = cli.command else {
+            panic!("not the run command")
+        };
+        run.options()
+            .expect("options")
+            .render
+            .monitoring_pod_selector
+    };
+    assert_eq!(
+        selector(&[
+            "--monitoring-pod-label=app.kubernetes.io/name=prometheus",
+            "--monitoring-pod-label",
+            "a=1,b=2"
+        ]),
+        labels(&[
+            ("a", "1"),
+            ("app.kubernetes.io/name", "prometheus"),
+            ("b", "2")
+        ])
+    );
+    if std::env::var_os("MONITORING_POD_LABELS").is_none() {
+        assert_eq!(selector(&[]), None, "no such peer by default");
+    }
+    // The environment variable is read.
+    let out = Command::new(env!("CARGO_BIN_EXE_cftunnel-controller"))
+        .arg("run")
+        .env(
+            "MONITORING_POD_LABELS",
+            "app.kubernetes.io/name=prometheus,a",
+        )
+        .output()
+        .expect("the binary runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--monitoring-pod-label") && stderr.contains("expected KEY=VALUE"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -372,7 +444,11 @@ fn run_error(args: &[&str]) -> Option<String> {
 
 #[test]
 fn label_flags_take_kubernetes_label_syntax_and_name_the_flag_and_the_bad_part() {
-    let flags = ["--controller-pod-label", "--monitoring-namespace-label"];
+    let flags = [
+        "--controller-pod-label",
+        "--monitoring-namespace-label",
+        "--monitoring-pod-label",
+    ];
     for flag in flags {
         for good in [
             "team=",

@@ -78,6 +78,10 @@ pub struct RenderSettings {
     pub controller_pod_labels: BTreeMap<String, String>,
     /// Further namespaces admitted to the config API (where Prometheus scrapes `/metrics`).
     pub monitoring_namespace_selector: Option<LabelSelector>,
+    /// Further pods of the controller's namespace admitted to the config API: a Prometheus
+    /// running there. Selecting that namespace with `monitoring_namespace_selector` instead
+    /// would admit every pod in it, the shared proxy pool included.
+    pub monitoring_pod_selector: Option<LabelSelector>,
     /// The proxy's drain window after SIGTERM (`PROXY_GRACE_PERIOD`), in seconds.
     pub grace_period_seconds: u32,
 }
@@ -92,6 +96,7 @@ impl Default for RenderSettings {
                 .map(|(k, v)| BTreeMap::from([(k.to_owned(), v.to_owned())]))
                 .unwrap_or_default(),
             monitoring_namespace_selector: None,
+            monitoring_pod_selector: None,
             grace_period_seconds: 30,
         }
     }
@@ -493,20 +498,29 @@ pub fn render(
     // The controller's pods: both selectors in one peer, so a pod must be in the controller's
     // namespace AND carry its labels. The namespace alone would admit the shared proxy pool
     // running there, and through it any tenant whose route names this Service as a backend.
+    let controller_namespace = LabelSelector {
+        match_labels: Some(BTreeMap::from([(
+            "kubernetes.io/metadata.name".to_owned(),
+            settings.controller_namespace.clone(),
+        )])),
+        match_expressions: None,
+    };
     let mut peers = vec![NetworkPolicyPeer {
-        namespace_selector: Some(LabelSelector {
-            match_labels: Some(BTreeMap::from([(
-                "kubernetes.io/metadata.name".to_owned(),
-                settings.controller_namespace.clone(),
-            )])),
-            match_expressions: None,
-        }),
+        namespace_selector: Some(controller_namespace.clone()),
         pod_selector: Some(LabelSelector {
             match_labels: Some(settings.controller_pod_labels.clone()),
             match_expressions: None,
         }),
         ..NetworkPolicyPeer::default()
     }];
+    // A Prometheus in the controller's namespace: its pods there, the same way.
+    if let Some(monitoring) = &settings.monitoring_pod_selector {
+        peers.push(NetworkPolicyPeer {
+            namespace_selector: Some(controller_namespace),
+            pod_selector: Some(monitoring.clone()),
+            ..NetworkPolicyPeer::default()
+        });
+    }
     if let Some(monitoring) = &settings.monitoring_namespace_selector {
         peers.push(NetworkPolicyPeer {
             namespace_selector: Some(monitoring.clone()),

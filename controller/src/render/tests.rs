@@ -59,6 +59,7 @@ fn settings() -> RenderSettings {
             ),
         ]),
         monitoring_namespace_selector: None,
+        monitoring_pod_selector: None,
         grace_period_seconds: 30,
     }
 }
@@ -303,13 +304,48 @@ fn the_config_api_admits_only_the_controller_and_the_data_port_nothing() {
     assert_eq!(from.len(), 2);
     assert_eq!(from[0], controller, "the controller's peer is unchanged");
     // Every pod of the monitoring namespaces, where Prometheus scrapes from.
+    let monitoring_namespaces = NetworkPolicyPeer {
+        namespace_selector: Some(monitoring),
+        ..NetworkPolicyPeer::default()
+    };
+    assert_eq!(from[1], monitoring_namespaces);
+
+    // A Prometheus in the controller's namespace: its pods there, by their labels, as a peer
+    // of their own (both selectors again), and still no other pod of that namespace.
+    let prometheus = LabelSelector {
+        match_labels: Some(BTreeMap::from([(
+            "app.kubernetes.io/name".to_owned(),
+            "prometheus".to_owned(),
+        )])),
+        match_expressions: None,
+    };
+    let mut with_pods = with_monitoring.clone();
+    with_pods.monitoring_pod_selector = Some(prometheus.clone());
+    let monitoring_pods = NetworkPolicyPeer {
+        namespace_selector: controller.namespace_selector.clone(),
+        pod_selector: Some(prometheus),
+        ip_block: None,
+    };
+    let peers = |settings: &RenderSettings| {
+        let p = plane_with(&snapshot(BASIC, ""), settings).expect("renders");
+        let mut rules = p
+            .network_policy
+            .spec
+            .and_then(|s| s.ingress)
+            .expect("rules");
+        assert_eq!(rules.len(), 1);
+        rules.remove(0).from.expect("peers")
+    };
     assert_eq!(
-        from[1],
-        NetworkPolicyPeer {
-            namespace_selector: Some(monitoring),
-            ..NetworkPolicyPeer::default()
-        }
+        peers(&with_pods),
+        [
+            controller.clone(),
+            monitoring_pods.clone(),
+            monitoring_namespaces
+        ]
     );
+    with_pods.monitoring_namespace_selector = None;
+    assert_eq!(peers(&with_pods), [controller, monitoring_pods]);
 }
 
 #[test]
