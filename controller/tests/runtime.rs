@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use apiserver::{ApiServer, GatewayApiCrds};
 use cftunnel_controller::render::RenderSettings;
+use cftunnel_controller::runtime::stores::ReferenceGrantDiscovery;
 use cftunnel_controller::runtime::{self, RuntimeOptions, SharedPlane, PROXY_CONFIG_PUSHED};
 use cftunnel_controller::translate::{ObjectKey, Options};
 use cftunnel_proxy::{Server, ServerOptions};
@@ -2068,11 +2069,15 @@ fn cross_namespace_route() -> Value {
     )
 }
 
-/// A ReferenceGrant at `v1beta1` letting tenant-a's HTTPRoutes refer to tenant-c's Services;
+/// A grant's `from` entry for tenant-a's HTTPRoutes.
+const GRANT_FROM_A: &str =
+    "{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: tenant-a}";
+
+/// A ReferenceGrant at `version` letting tenant-a's HTTPRoutes refer to tenant-c's Services;
 /// `from` as given.
-fn reference_grant_v1beta1(from: &str) -> Value {
+fn reference_grant(version: &str, from: &str) -> Value {
     yaml(&format!(
-        "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {{name: routes-of-a, namespace: tenant-c}}\nspec:\n  from: [{from}]\n  to: [{{group: \"\", kind: Service}}]\n"
+        "apiVersion: gateway.networking.k8s.io/{version}\nkind: ReferenceGrant\nmetadata: {{name: routes-of-a, namespace: tenant-c}}\nspec:\n  from: [{from}]\n  to: [{{group: \"\", kind: Service}}]\n"
     ))
 }
 
@@ -2092,10 +2097,9 @@ async fn cross_route_resolved(api: &ApiServer, status: &str) -> String {
 #[tokio::test]
 async fn reference_grants_are_read_at_v1beta1_where_the_crds_serve_no_v1() {
     tokio::time::timeout(Duration::from_secs(20), async {
-        let grant = "{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: tenant-a}";
         let t = Tenant::start_with("replicas: 1", |api| {
             api.serve_gateway_api_crds(GatewayApiCrds::V1_4);
-            api.put(reference_grant_v1beta1(grant));
+            api.put(reference_grant("v1beta1", GRANT_FROM_A));
             api.put(cross_namespace_route());
         })
         .await;
@@ -2106,14 +2110,15 @@ async fn reference_grants_are_read_at_v1beta1_where_the_crds_serve_no_v1() {
         );
 
         // Without `from[].namespace`, not a grant the controller can read: it grants nothing.
-        t.api.put(reference_grant_v1beta1(
+        t.api.put(reference_grant(
+            "v1beta1",
             "{group: gateway.networking.k8s.io, kind: HTTPRoute}",
         ));
         assert_eq!(
             cross_route_resolved(&t.api, "False").await,
             "RefNotPermitted"
         );
-        t.api.put(reference_grant_v1beta1(grant));
+        t.api.put(reference_grant("v1beta1", GRANT_FROM_A));
         assert_eq!(cross_route_resolved(&t.api, "True").await, "ResolvedRefs");
 
         assert!(t.api.delete(
@@ -2132,22 +2137,130 @@ async fn reference_grants_are_read_at_v1beta1_where_the_crds_serve_no_v1() {
     .expect("in time");
 }
 
-/// Discovery the API server refuses: ReferenceGrant is watched at `v1`, and with CRDs that
-/// serve it there the controller works as ever.
-#[tokio::test]
-async fn reference_grants_are_read_at_v1_when_discovery_is_refused() {
-    tokio::time::timeout(Duration::from_secs(20), async {
-        let mut refusal = None;
-        let t = Tenant::start_with("replicas: 1", |api| {
-            refusal = Some(api.forbid(|c| c.kind.starts_with("API")));
-            api.put(reference_grant_v1beta1(
-                "{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: tenant-a}",
-            ));
+/// ReferenceGrant's version is asked again, quickly, for the tests: discovery retried after
+/// 50 ms (up to 200 ms), a watch failing as not served re-checked after 100 ms.
+fn quick_discovery(options: &mut RuntimeOptions) {
+    options.reference_grant_discovery = ReferenceGrantDiscovery {
+        retry_min: Duration::from_millis(50),
+        retry_max: Duration::from_millis(200),
+        recheck_after: Duration::from_millis(100),
+    };
+}
+
+/// On CRDs before v1.5, discovery answering `code` three times and then as usual: the grant
+/// at `v1beta1` lets route `cross` refer to another namespace's Service.
+async fn grants_read_once_discovery_answers(code: u16) {
+    let mut failing = None;
+    let t = Tenant::start_tuned(
+        "replicas: 1",
+        |api| {
+            api.serve_gateway_api_crds(GatewayApiCrds::V1_4);
+            failing = Some(api.fail(code, |c| c.kind == "APIResourceList"));
+            api.put(reference_grant("v1beta1", GRANT_FROM_A));
             api.put(cross_namespace_route());
+        },
+        ApiServer::client,
+        quick_discovery,
+    )
+    .await;
+    let failing = failing.expect("discovery fails");
+    failing.refused(3).await;
+    failing.lift();
+    assert_eq!(cross_route_resolved(&t.api, "True").await, "ResolvedRefs");
+    t.stop().await;
+}
+
+/// Discovery that fails (the API server in trouble, or restarting as the controller starts)
+/// is asked again until it answers: on CRDs before v1.5 the controller then watches
+/// ReferenceGrant at `v1beta1`, not at `v1`, which those do not serve.
+#[tokio::test]
+async fn discovery_that_fails_is_asked_again_until_it_answers() {
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        grants_read_once_discovery_answers(500),
+    )
+    .await
+    .expect("in time");
+}
+
+/// Likewise discovery the API server refuses (403 Forbidden, as to a client whose
+/// `system:discovery` binding was removed): asked again until it is allowed.
+#[tokio::test]
+async fn discovery_that_is_refused_is_asked_again_until_it_is_allowed() {
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        grants_read_once_discovery_answers(403),
+    )
+    .await
+    .expect("in time");
+}
+
+/// Started before ReferenceGrant's CRD is installed, the controller watches it at `v1` and is
+/// not ready; once CRDs before v1.5 are installed, serving it at `v1beta1` only, it finds that
+/// out (its watch at `v1` failing as not served) and reads the grants there, with no restart.
+#[tokio::test]
+async fn reference_grants_are_read_at_the_version_their_crd_serves_once_installed() {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                api.serve_gateway_api_crds(GatewayApiCrds::WithoutReferenceGrant);
+                api.put(reference_grant("v1beta1", GRANT_FROM_A));
+                api.put(cross_namespace_route());
+            },
+            ApiServer::client,
+            quick_discovery,
+        )
+        .await;
+        // Both versions asked (and answered as not served) before the CRDs change.
+        eventually("discovery", || {
+            (t.api.accepts("APIResourceList").len() >= 2).then_some(())
         })
         .await;
-        let refusal = refusal.expect("discovery is refused");
-        refusal.refused(1).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            route_condition(&t.api, "tenant-a", "cross", "ResolvedRefs").is_none(),
+            "not ready without ReferenceGrant"
+        );
+        t.api.serve_gateway_api_crds(GatewayApiCrds::V1_4);
+        assert_eq!(cross_route_resolved(&t.api, "True").await, "ResolvedRefs");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// CRDs upgraded to a release that no longer serves ReferenceGrant at the version watched
+/// (`v1beta1` here): the watch ends and fails as not served, and the controller reads the
+/// grants at the version served now, so a grant deleted since grants nothing any more.
+#[tokio::test]
+async fn reference_grants_follow_an_upgrade_that_stops_serving_their_version() {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                api.serve_gateway_api_crds(GatewayApiCrds::V1_4);
+                api.put(reference_grant("v1beta1", GRANT_FROM_A));
+                api.put(cross_namespace_route());
+            },
+            ApiServer::client,
+            quick_discovery,
+        )
+        .await;
+        assert_eq!(cross_route_resolved(&t.api, "True").await, "ResolvedRefs");
+
+        t.api.serve_gateway_api_crds(GatewayApiCrds::V1Only);
+        assert!(t.api.delete(
+            "gateway.networking.k8s.io/v1",
+            "ReferenceGrant",
+            "tenant-c",
+            "routes-of-a"
+        ));
+        assert_eq!(
+            cross_route_resolved(&t.api, "False").await,
+            "RefNotPermitted"
+        );
+        t.api.put(reference_grant("v1", GRANT_FROM_A));
         assert_eq!(cross_route_resolved(&t.api, "True").await, "ResolvedRefs");
         t.stop().await;
     })

@@ -175,6 +175,9 @@ pub struct RuntimeOptions {
     /// How long, once the other watch caches are filled, to wait for the Gateway API CRDs'
     /// first list before reconciling without them ([`stores::CRD_WAIT`]).
     pub crd_wait: Duration,
+    /// How API discovery tells the version ReferenceGrant is watched at, at start-up and
+    /// while its watch fails as not served.
+    pub reference_grant_discovery: stores::ReferenceGrantDiscovery,
 }
 
 impl Default for RuntimeOptions {
@@ -191,6 +194,7 @@ impl Default for RuntimeOptions {
             cloudflare_api_token: None,
             lease: None,
             crd_wait: stores::CRD_WAIT,
+            reference_grant_discovery: stores::ReferenceGrantDiscovery::default(),
         }
     }
 }
@@ -207,13 +211,20 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let mut shutdown = std::pin::pin!(shutdown);
+    let discovery = options.reference_grant_discovery;
     let reference_grants = tokio::select! {
-        version = stores::reference_grant_version(&client) => version,
+        version = stores::reference_grant_version(&client, &discovery) => version,
         () = &mut shutdown => return Ok(()),
     };
     let changed = Arc::new(Notify::new());
     let mut tasks = JoinSet::new();
-    let stores = Stores::start(&client, reference_grants, Arc::clone(&changed), &mut tasks);
+    let stores = Stores::start(
+        &client,
+        reference_grants,
+        discovery,
+        Arc::clone(&changed),
+        &mut tasks,
+    );
     tokio::select! {
         ready = stores.wait_until_ready(options.crd_wait) => {
             if !ready {

@@ -5,13 +5,16 @@
 //!
 //! ReferenceGrant is read at `v1` where the API server serves it (Gateway API CRDs from v1.5
 //! on), else at `v1beta1` (CRDs up to v1.4), whose spec is the same: which one, API discovery
-//! tells at start-up ([`reference_grant_version`]); the cache holds `v1` objects either way.
+//! tells at start-up ([`reference_grant_version`]), and again whenever the watch keeps failing
+//! because the version watched is not served (CRDs installed or upgraded since), the watch
+//! then moving to the version served; the cache holds `v1` objects either way.
 
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{future, FutureExt, Stream, StreamExt, TryStreamExt};
+use futures_util::stream::BoxStream;
+use futures_util::{future, stream, FutureExt, Stream, StreamExt, TryStreamExt};
 use gateway_api::experimental::gatewayclasses::GatewayClass;
 use gateway_api::experimental::gateways::Gateway;
 use gateway_api::experimental::grpcroutes::GrpcRoute;
@@ -24,13 +27,13 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta};
-use kube::error::DiscoveryError;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
 use crate::gateway_config::GatewayConfig;
 use crate::translate::bundle_version::{is_gateway_api_crd, CRD_ACCESS};
@@ -63,49 +66,131 @@ impl ReferenceGrantVersion {
     }
 }
 
-/// The version of ReferenceGrant to watch, from API discovery (which any authenticated client
-/// may read, `system:discovery`): `v1` when the API server serves it there, else `v1beta1` when
-/// served there (logged at info). When it serves neither (Gateway API CRDs not installed), or
-/// discovery fails, `v1` (logged): its watch retries until the kind is served.
-pub async fn reference_grant_version(client: &Client) -> ReferenceGrantVersion {
+/// How the version ReferenceGrant is watched at is found, and found again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReferenceGrantDiscovery {
+    /// The wait after discovery first fails at start-up; doubled after each failure in a row,
+    /// up to `retry_max`.
+    pub retry_min: Duration,
+    pub retry_max: Duration,
+    /// How long the watch may fail because the version watched is not served (404) before
+    /// discovery is asked again which one is; and again as long as it does.
+    pub recheck_after: Duration,
+}
+
+impl Default for ReferenceGrantDiscovery {
+    fn default() -> Self {
+        Self {
+            retry_min: Duration::from_millis(500),
+            retry_max: Duration::from_secs(10),
+            recheck_after: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Once discovery's retries wait `retry_max`, each failure is logged no more often than this.
+const DISCOVERY_WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// Whether `e` is the API server's 404: nothing is served there (its body is a `Status`, or
+/// for an unknown group version plain text, whose code kube keeps).
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(status) if status.code == 404)
+}
+
+/// Whether a watch failed because its resource is not served at the version watched.
+fn watch_not_served(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => is_not_found(e),
+        watcher::Error::WatchError(status) => status.code == 404,
+        _ => false,
+    }
+}
+
+/// The version the API server serves ReferenceGrant at, `v1` first, asking API discovery for
+/// each version's resources (which any authenticated client may read, `system:discovery`);
+/// `None` when neither version serves it (a version not served at all is 404).
+///
+/// # Errors
+/// Any failure of discovery but a 404 (a timeout, a 5xx, a refusal): which version is served
+/// is then unknown.
+async fn served_reference_grant_version(
+    client: &Client,
+) -> Result<Option<ReferenceGrantVersion>, kube::Error> {
     let plural = ReferenceGrant::plural(&());
-    let group = match kube::discovery::group(client, GATEWAY_API_GROUP).await {
-        Ok(group) => Some(group),
-        Err(kube::Error::Discovery(
-            DiscoveryError::MissingApiGroup(_) | DiscoveryError::EmptyApiGroup(_),
-        )) => None,
-        Err(e) => {
-            tracing::warn!(
-                error = %e,
-                "API discovery of {GATEWAY_API_GROUP} failed; watching ReferenceGrant at v1, \
-                 as Gateway API CRDs from v1.5 serve it"
-            );
-            return ReferenceGrantVersion::V1;
+    for version in [ReferenceGrantVersion::V1, ReferenceGrantVersion::V1beta1] {
+        let group_version = format!("{GATEWAY_API_GROUP}/{}", version.as_str());
+        match client.list_api_group_resources(&group_version).await {
+            Ok(list) if list.resources.iter().any(|r| r.name == plural) => {
+                return Ok(Some(version))
+            }
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
+}
+
+/// The version of ReferenceGrant to watch, from API discovery of `v1` and `v1beta1`: `v1` when
+/// the API server serves it there, else `v1beta1` when served there (logged at info). When it
+/// serves neither (Gateway API CRDs not installed), `v1` (logged): its watch retries, and
+/// discovery is asked again while it fails as not served ([`Stores::start`]).
+///
+/// Discovery that fails otherwise is asked again, with a wait doubling from
+/// `discovery.retry_min` to `discovery.retry_max` (each failure logged, at that cap once per
+/// [`DISCOVERY_WARN_EVERY`]), until it answers: no version is guessed, as one the CRDs do not
+/// serve would keep the controller from ever becoming ready.
+pub async fn reference_grant_version(
+    client: &Client,
+    discovery: &ReferenceGrantDiscovery,
+) -> ReferenceGrantVersion {
+    let plural = ReferenceGrant::plural(&());
+    let mut wait = discovery.retry_min;
+    let mut failures: u32 = 0;
+    let mut warned: Option<Instant> = None;
+    let served = loop {
+        match served_reference_grant_version(client).await {
+            Ok(served) => break served,
+            Err(e) => {
+                failures = failures.saturating_add(1);
+                if wait < discovery.retry_max
+                    || warned.is_none_or(|at| at.elapsed() >= DISCOVERY_WARN_EVERY)
+                {
+                    tracing::warn!(
+                        error = %e,
+                        failures,
+                        retry_in = ?wait,
+                        "API discovery of the versions of {GATEWAY_API_GROUP} failed; asking \
+                         again before watching ReferenceGrant"
+                    );
+                    warned = Some(Instant::now());
+                }
+                tokio::time::sleep(wait).await;
+                wait = wait.saturating_mul(2).min(discovery.retry_max);
+            }
         }
     };
-    let served = |version: ReferenceGrantVersion| {
-        group.as_ref().is_some_and(|g| {
-            g.versioned_resources(version.as_str())
-                .iter()
-                .any(|(resource, _)| resource.plural == plural)
-        })
-    };
-    if served(ReferenceGrantVersion::V1) {
-        ReferenceGrantVersion::V1
-    } else if served(ReferenceGrantVersion::V1beta1) {
-        tracing::info!(
-            "watching ReferenceGrant at {GATEWAY_API_GROUP}/v1beta1: the installed Gateway API \
-             CRDs predate v1.5 and do not serve it at v1"
-        );
-        ReferenceGrantVersion::V1beta1
-    } else {
-        tracing::error!(
-            "the API server serves no ReferenceGrant ({plural}.{GATEWAY_API_GROUP} at v1 or \
-             v1beta1): the Gateway API CRDs must be installed (v1.5 or v1.6 supported; from \
-             v1.1 they work). The controller is not ready until ReferenceGrant is served at \
-             v1; after installing CRDs older than v1.5, restart it"
-        );
-        ReferenceGrantVersion::V1
+    match served {
+        Some(ReferenceGrantVersion::V1) => ReferenceGrantVersion::V1,
+        Some(ReferenceGrantVersion::V1beta1) => {
+            tracing::info!(
+                "watching ReferenceGrant at {GATEWAY_API_GROUP}/v1beta1: the installed Gateway \
+                 API CRDs predate v1.5 and do not serve it at v1"
+            );
+            ReferenceGrantVersion::V1beta1
+        }
+        None => {
+            tracing::error!(
+                "the API server serves no ReferenceGrant ({plural}.{GATEWAY_API_GROUP} at v1 or \
+                 v1beta1): the Gateway API CRDs must be installed (v1.5 or v1.6 supported; from \
+                 v1.1 they work). The controller is not ready until ReferenceGrant is served; \
+                 it watches it at v1 and, while that fails, asks discovery again, so CRDs \
+                 installed later are found with no restart"
+            );
+            ReferenceGrantVersion::V1
+        }
     }
 }
 
@@ -158,6 +243,95 @@ fn reference_grant_v1(
             None => gone(o),
         },
         watcher::Event::Delete(o) => gone(o),
+    })
+}
+
+/// The watch events of ReferenceGrant at `version`, read as `v1`.
+fn reference_grants_at(
+    client: &Client,
+    version: ReferenceGrantVersion,
+) -> BoxStream<'static, Result<watcher::Event<ReferenceGrant>, watcher::Error>> {
+    let config = watcher::Config::default();
+    match version {
+        ReferenceGrantVersion::V1 => watcher(Api::all(client.clone()), config).boxed(),
+        ReferenceGrantVersion::V1beta1 => reference_grants_v1beta1(client, config).boxed(),
+    }
+}
+
+/// The watch of ReferenceGrant at one version, and what it takes to move it to another.
+struct ReferenceGrantWatch {
+    client: Client,
+    discovery: ReferenceGrantDiscovery,
+    version: ReferenceGrantVersion,
+    events: BoxStream<'static, Result<watcher::Event<ReferenceGrant>, watcher::Error>>,
+    /// Since when the watch has failed as not served, without an event in between.
+    not_served_since: Option<Instant>,
+}
+
+impl ReferenceGrantWatch {
+    /// Asks discovery which version is served; if another one than the watch's, moves the
+    /// watch there. Its first list then replaces what the cache holds.
+    async fn recheck(&mut self) {
+        // Asked again after another `recheck_after` unless this one moves the watch.
+        self.not_served_since = Some(Instant::now());
+        let watched = self.version.as_str();
+        match served_reference_grant_version(&self.client).await {
+            Ok(Some(served)) if served != self.version => {
+                tracing::warn!(
+                    "ReferenceGrant is not served at {GATEWAY_API_GROUP}/{watched} but at {}: \
+                     the Gateway API CRDs changed; watching it there",
+                    served.as_str()
+                );
+                self.version = served;
+                self.events = reference_grants_at(&self.client, served);
+                self.not_served_since = None;
+            }
+            Ok(_) => tracing::debug!(
+                "ReferenceGrant's watch at {GATEWAY_API_GROUP}/{watched} fails as not served, \
+                 and no other version serves it; asking again in {:?}",
+                self.discovery.recheck_after
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "ReferenceGrant's watch at {GATEWAY_API_GROUP}/{watched} fails as not served, and \
+                 API discovery of the versions serving it failed; asking again in {:?}",
+                self.discovery.recheck_after
+            ),
+        }
+    }
+}
+
+/// The watch events of ReferenceGrant, first at `version`. While the watch fails because that
+/// version is not served, discovery is asked again every `discovery.recheck_after`, and the
+/// watch moves to the version served, if another ([`ReferenceGrantWatch::recheck`]).
+fn reference_grants(
+    client: &Client,
+    version: ReferenceGrantVersion,
+    discovery: ReferenceGrantDiscovery,
+) -> impl Stream<Item = Result<watcher::Event<ReferenceGrant>, watcher::Error>> + Send + 'static {
+    let watch = ReferenceGrantWatch {
+        client: client.clone(),
+        discovery,
+        version,
+        events: reference_grants_at(client, version),
+        not_served_since: None,
+    };
+    stream::unfold(watch, |mut watch| async move {
+        if watch
+            .not_served_since
+            .is_some_and(|since| since.elapsed() >= watch.discovery.recheck_after)
+        {
+            watch.recheck().await;
+        }
+        let event = watch.events.next().await?;
+        match &event {
+            Ok(_) => watch.not_served_since = None,
+            Err(e) if watch_not_served(e) => {
+                watch.not_served_since.get_or_insert_with(Instant::now);
+            }
+            Err(_) => {}
+        }
+        Some((event, watch))
     })
 }
 
@@ -233,11 +407,13 @@ where
 }
 
 impl Stores {
-    /// Starts a watch per kind, ReferenceGrant at `reference_grants`; each event, including the
-    /// first list, notifies `changed`. The tasks stop when `tasks` is dropped.
+    /// Starts a watch per kind, ReferenceGrant at `reference_grants` first, moved as
+    /// `discovery` says ([`reference_grants`]); each event, including the first list, notifies
+    /// `changed`. The tasks stop when `tasks` is dropped.
     pub fn start(
         client: &Client,
         reference_grants: ReferenceGrantVersion,
+        discovery: ReferenceGrantDiscovery,
         changed: Arc<Notify>,
         tasks: &mut JoinSet<()>,
     ) -> Self {
@@ -309,14 +485,11 @@ impl Stores {
             gateways: watch(Api::all(client.clone()), all(), &changed, tasks),
             http_routes: watch(Api::all(client.clone()), all(), &changed, tasks),
             grpc_routes: watch(Api::all(client.clone()), all(), &changed, tasks),
-            reference_grants: match reference_grants {
-                ReferenceGrantVersion::V1 => {
-                    watch(Api::all(client.clone()), all(), &changed, tasks)
-                }
-                ReferenceGrantVersion::V1beta1 => {
-                    cache(reference_grants_v1beta1(client, all()), &changed, tasks)
-                }
-            },
+            reference_grants: cache(
+                self::reference_grants(client, reference_grants, discovery),
+                &changed,
+                tasks,
+            ),
             namespaces: watch(Api::all(client.clone()), all(), &changed, tasks),
             services: watch(Api::all(client.clone()), all(), &changed, tasks),
             endpoint_slices: watch(Api::all(client.clone()), all(), &changed, tasks),

@@ -18,7 +18,9 @@
 //! `/apis/GROUP` (`APIGroup`) and `/apis/GROUP/VERSION` (`APIResourceList`). A resource is
 //! served at the versions discovery lists (404 at any other); those are the real ones, with
 //! Gateway API's as its CRDs serve them ([`GatewayApiCrds`]: from v1.5 by default, or, set with
-//! [`ApiServer::serve_gateway_api_crds`], up to v1.4, whose ReferenceGrant is `v1beta1` only).
+//! [`ApiServer::serve_gateway_api_crds`], up to v1.4, whose ReferenceGrant is `v1beta1` only,
+//! and others). As on a real API server, a watch of a version no longer served ends once the
+//! CRDs change, and watching it again is 404.
 //!
 //! Simplifications, none of which the controller relies on: one stored version per resource
 //! (served as is under each version it is served at), lists owned whole (no merge keys), no
@@ -42,7 +44,8 @@
 //!
 //! A test can refuse requests ([`ApiServer::forbid`]): they get 403 Forbidden, the `Status`
 //! the API server sends a client whose RBAC lacks the verb, until the test lifts the refusal
-//! (as if the missing rule had been granted).
+//! (as if the missing rule had been granted). Or fail them ([`ApiServer::fail`]) with another
+//! code, as an API server in trouble (500 InternalError), until the test lifts the failure.
 //!
 //! Several test binaries include this file, each using part of it.
 
@@ -105,12 +108,18 @@ pub enum GatewayApiCrds {
     V1_5,
     /// v1.1 to v1.4: ReferenceGrant at `v1beta1` only.
     V1_4,
+    /// Every kind but ReferenceGrant, whose CRD is not installed.
+    WithoutReferenceGrant,
+    /// ReferenceGrant at `v1` only, as from a release that no longer serves `v1beta1`.
+    V1Only,
 }
 
 impl Served {
     fn versions(&self, crds: GatewayApiCrds) -> &'static [&'static str] {
         match (self.kind, crds) {
             ("ReferenceGrant", GatewayApiCrds::V1_4) => &["v1beta1"],
+            ("ReferenceGrant", GatewayApiCrds::WithoutReferenceGrant) => &[],
+            ("ReferenceGrant", GatewayApiCrds::V1Only) => &["v1"],
             _ => self.versions,
         }
     }
@@ -195,7 +204,7 @@ struct Shared {
     changed: watch::Sender<u64>,
     /// Requests to hold, in the order the holds were made; the first that matches holds.
     gates: Mutex<Vec<Arc<Gate>>>,
-    /// Requests to refuse (403 Forbidden); checked before the holds.
+    /// Requests to refuse (403 Forbidden) or fail; checked before the holds.
     refusals: Mutex<Vec<Arc<Refusal>>>,
     /// The `Accept` header of every `GET` (get, list, watch), by kind, in arrival order; a
     /// discovery document's kind is its own (`APIGroupList`, `APIGroup`, `APIResourceList`,
@@ -268,11 +277,14 @@ impl Drop for Hold {
 
 struct Refusal {
     matches: Matches,
+    /// The status answered: `None` for 403 Forbidden, as the authorizer words it.
+    code: Option<StatusCode>,
     /// Requests refused so far.
     refused: watch::Sender<usize>,
 }
 
-/// Requests refused by [`ApiServer::forbid`]. Lifting it, or dropping it, serves them again.
+/// Requests refused by [`ApiServer::forbid`] (or failed by [`ApiServer::fail`]). Lifting it,
+/// or dropping it, serves them again.
 pub struct Forbid {
     refusal: Arc<Refusal>,
     shared: Arc<Shared>,
@@ -778,9 +790,11 @@ impl ApiServer {
         object
     }
 
-    /// Serves Gateway API's kinds at the versions the CRDs of `crds` do, from now on.
+    /// Serves Gateway API's kinds at the versions the CRDs of `crds` do, from now on; the
+    /// watches of a version no longer served end.
     pub fn serve_gateway_api_crds(&self, crds: GatewayApiCrds) {
         *self.shared.crds.lock().expect("crds") = crds;
+        self.shared.changed.send_modify(|_| {});
     }
 
     /// Deletes an object, as a user or another controller would; whether it was there.
@@ -841,8 +855,30 @@ impl ApiServer {
     /// client whose RBAC does not grant it, from now until the returned [`Forbid`] is lifted
     /// or dropped.
     pub fn forbid(&self, matches: impl Fn(&Call<'_>) -> bool + Send + Sync + 'static) -> Forbid {
+        self.refuse(None, matches)
+    }
+
+    /// Answers every request `matches` picks with `code` (a `Status` of that code, as
+    /// `500 InternalError`), from now until the returned [`Forbid`] is lifted or dropped. kube's
+    /// client retries 429, 503 and 504 itself (some fifteen times): those reach the controller
+    /// only when they last.
+    pub fn fail(
+        &self,
+        code: u16,
+        matches: impl Fn(&Call<'_>) -> bool + Send + Sync + 'static,
+    ) -> Forbid {
+        let code = StatusCode::from_u16(code).expect("an HTTP status code");
+        self.refuse(Some(code), matches)
+    }
+
+    fn refuse(
+        &self,
+        code: Option<StatusCode>,
+        matches: impl Fn(&Call<'_>) -> bool + Send + Sync + 'static,
+    ) -> Forbid {
         let refusal = Arc::new(Refusal {
             matches: Box::new(matches),
+            code,
             refused: watch::channel(0).0,
         });
         self.shared
@@ -1031,7 +1067,18 @@ async fn admitted(
         .cloned();
     if let Some(refusal) = refusal {
         refusal.refused.send_modify(|n| *n += 1);
-        return forbidden();
+        return match refusal.code {
+            None => forbidden(),
+            Some(code) => {
+                let reason = match code.as_u16() {
+                    500 => "InternalError",
+                    503 => "ServiceUnavailable",
+                    504 => "Timeout",
+                    _ => "Unknown",
+                };
+                status(code, reason, "the server cannot answer the request now")
+            }
+        };
     }
     let gate = shared
         .gates
@@ -1650,6 +1697,7 @@ fn watch_response(shared: &Arc<Shared>, req: &Req<'_>) -> Response<BoxBody<Bytes
     let plural = req.target.plural.clone();
     let namespace = req.target.namespace.clone();
     let api_version = req.api_version.to_owned();
+    let version = req.target.version.clone();
     let kind = req.kind;
     let metadata_only = wants_metadata(req.accept, false);
     tokio::spawn(async move {
@@ -1659,6 +1707,11 @@ fn watch_response(shared: &Arc<Shared>, req: &Req<'_>) -> Response<BoxBody<Bytes
         loop {
             // Marked seen before the log is read: a write after the read wakes the loop again.
             changed.borrow_and_update();
+            // The version is no longer served (the CRDs changed): the watch ends.
+            let crds = *shared.crds.lock().expect("crds");
+            if !serves(crds, &group, &version, &plural) {
+                return;
+            }
             let (events, latest): (Vec<String>, u64) = {
                 let state = shared.state.lock().expect("state");
                 let events = state
