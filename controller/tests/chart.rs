@@ -407,6 +407,70 @@ fn the_shared_pools_config_port_admits_the_controllers_pods_not_its_namespace() 
     assert_eq!(plane_peers(&options), [controller_peer]);
 }
 
+#[test]
+fn an_all_digit_release_name_stays_a_string_in_selectors() {
+    // In every selector the templates write (`matchLabels`, a Service's `selector`, a
+    // ServiceMonitor's `matchNames`) the release's name and namespace are strings: YAML would
+    // read `123` as a number, which no selector takes. (The objects' own labels come from the
+    // `cftunnel.labels` helper.)
+    fn check(value: &Value, parent: &str, found: &mut usize) {
+        let expected = |key: &str| match key {
+            "app.kubernetes.io/instance" => Some("123"),
+            "kubernetes.io/metadata.name" | "matchNames" => Some("456"),
+            _ => None,
+        };
+        match value {
+            Value::Mapping(m) => {
+                for (k, v) in m {
+                    let key = k.as_str().unwrap_or_default();
+                    if let (Some(want), false) = (expected(key), parent == "labels") {
+                        let got = v.as_sequence().map_or(v, |s| &s[0]);
+                        assert_eq!(got, &Value::String(want.to_owned()), "{key} in {m:?}");
+                        *found += 1;
+                    }
+                    check(v, key, found);
+                }
+            }
+            Value::Sequence(s) => s.iter().for_each(|v| check(v, parent, found)),
+            _ => {}
+        }
+    }
+    let overrides =
+        "proxy: {serviceMonitor: {enabled: true}, podDisruptionBudget: {enabled: true}}";
+    let mut found = 0;
+    for file in ["controller.yaml", "proxy.yaml", "servicemonitor.yaml"] {
+        for doc in render(file, "123", "456", overrides).expect("renders") {
+            check(&doc, "", &mut found);
+        }
+    }
+    // The selectors of both Deployments, their pods' spread, the pool's Service and budget,
+    // its policy, the ServiceMonitor.
+    assert!(found >= 12, "{found} selector values checked");
+    // The controller's flag carries the name as it is: the pods it admits are its selector's.
+    // (Read untyped: the objects' own labels, from `cftunnel.labels`, are not checked here.)
+    let docs = render("controller.yaml", "123", "456", "").expect("renders");
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"].as_str() == Some("Deployment"))
+        .expect("a Deployment");
+    let selector: BTreeMap<String, String> =
+        serde_yaml_ng::from_value(deployment["spec"]["selector"]["matchLabels"].clone())
+            .expect("string labels");
+    let args: Vec<String> = serde_yaml_ng::from_value(
+        deployment["spec"]["template"]["spec"]["containers"][0]["args"].clone(),
+    )
+    .expect("arguments");
+    let cli = Cli::try_parse_from(std::iter::once("cftunnel-controller".to_owned()).chain(args))
+        .unwrap_or_else(|e| panic!("the chart's arguments parse: {e}"));
+    let Command::Run(run) = cli.command else {
+        panic!("not the run command")
+    };
+    assert_eq!(
+        run.options().expect("options").render.controller_pod_labels,
+        selector
+    );
+}
+
 /// Enough of Helm's template language (Go's `text/template` with the Sprig functions the chart
 /// calls) to render the chart's templates without `helm`: a template that uses anything else
 /// fails to render, naming it, rather than rendering something Helm would not.
