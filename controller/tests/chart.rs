@@ -408,6 +408,92 @@ fn the_shared_pools_config_port_admits_the_controllers_pods_not_its_namespace() 
 }
 
 #[test]
+fn a_prometheus_in_the_release_namespace_is_admitted_by_its_pods_labels() {
+    let overrides = "
+proxy:
+  networkPolicy:
+    monitoringPodSelector:
+      matchLabels: {app.kubernetes.io/name: prometheus, app.kubernetes.io/instance: k8s}
+    monitoringNamespaceSelector:
+      matchLabels: {team: obs}
+";
+    // The value becomes the controller's flags...
+    let (controller, options) = controller_options("cf", overrides);
+    let args = controller
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|p| p.containers[0].args.clone())
+        .expect("arguments");
+    let flags: Vec<&str> = args
+        .iter()
+        .map(String::as_str)
+        .filter(|a| a.starts_with("--monitoring-"))
+        .collect();
+    assert_eq!(
+        flags,
+        [
+            "--monitoring-namespace-label=team=obs",
+            "--monitoring-pod-label=app.kubernetes.io/instance=k8s",
+            "--monitoring-pod-label=app.kubernetes.io/name=prometheus",
+        ]
+    );
+    let prometheus = selector(&[
+        ("app.kubernetes.io/instance", "k8s"),
+        ("app.kubernetes.io/name", "prometheus"),
+    ]);
+    assert_eq!(options.render.monitoring_pod_selector, prometheus);
+    // ...and, in the pool's policy and every plane's, a peer of those pods in the release
+    // namespace, besides the controller's pods and the monitoring namespaces.
+    let release_namespace = selector(&[("kubernetes.io/metadata.name", NAMESPACE)]);
+    let expected = [
+        NetworkPolicyPeer {
+            namespace_selector: release_namespace.clone(),
+            pod_selector: selector(&[
+                ("app.kubernetes.io/instance", "cf"),
+                ("app.kubernetes.io/name", "cftunnel-controller"),
+            ]),
+            ip_block: None,
+        },
+        NetworkPolicyPeer {
+            namespace_selector: release_namespace,
+            pod_selector: prometheus,
+            ip_block: None,
+        },
+        NetworkPolicyPeer {
+            namespace_selector: selector(&[("team", "obs")]),
+            pod_selector: None,
+            ip_block: None,
+        },
+    ];
+    let docs = render("proxy.yaml", "cf", NAMESPACE, overrides).expect("proxy.yaml renders");
+    assert_eq!(config_port_peers(object(&docs, "NetworkPolicy")), expected);
+    assert_eq!(plane_peers(&options), expected);
+
+    // Without it, no such peer and no such flag.
+    let (_, options) = controller_options("cf", "");
+    assert_eq!(options.render.monitoring_pod_selector, None);
+    let docs = render("proxy.yaml", "cf", NAMESPACE, "").expect("proxy.yaml renders");
+    assert_eq!(
+        config_port_peers(object(&docs, "NetworkPolicy")),
+        expected[..1]
+    );
+
+    // matchExpressions cannot become flags: the chart refuses them, as for the namespaces.
+    for value in ["monitoringPodSelector", "monitoringNamespaceSelector"] {
+        let overrides = format!(
+            "proxy: {{networkPolicy: {{{value}: {{matchExpressions: \
+             [{{key: app, operator: In, values: [prometheus]}}]}}}}}}"
+        );
+        let err = render("controller.yaml", "cf", NAMESPACE, &overrides)
+            .expect_err("matchExpressions are refused");
+        assert!(
+            err.contains(&format!("proxy.networkPolicy.{value}: only matchLabels")),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn an_all_digit_release_name_stays_a_string_in_selectors() {
     // In every selector the templates write (`matchLabels`, a Service's `selector`, a
     // ServiceMonitor's `matchNames`) the release's name and namespace are strings: YAML would
