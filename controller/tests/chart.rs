@@ -494,12 +494,11 @@ proxy:
 }
 
 #[test]
-fn an_all_digit_release_name_stays_a_string_in_selectors() {
-    // In every selector the templates write (`matchLabels`, a Service's `selector`, a
-    // ServiceMonitor's `matchNames`) the release's name and namespace are strings: YAML would
-    // read `123` as a number, which no selector takes. (The objects' own labels come from the
-    // `cftunnel.labels` helper.)
-    fn check(value: &Value, parent: &str, found: &mut usize) {
+fn an_all_digit_release_name_stays_a_string_in_selectors_and_labels() {
+    // In every label and selector the templates write (`labels`, `matchLabels`, a Service's
+    // `selector`, a ServiceMonitor's `matchNames`) the release's name and namespace are
+    // strings: YAML would read `123` as a number, which no label or selector takes.
+    fn check(value: &Value, found: &mut usize) {
         let expected = |key: &str| match key {
             "app.kubernetes.io/instance" => Some("123"),
             "kubernetes.io/metadata.name" | "matchNames" => Some("456"),
@@ -509,15 +508,15 @@ fn an_all_digit_release_name_stays_a_string_in_selectors() {
             Value::Mapping(m) => {
                 for (k, v) in m {
                     let key = k.as_str().unwrap_or_default();
-                    if let (Some(want), false) = (expected(key), parent == "labels") {
+                    if let Some(want) = expected(key) {
                         let got = v.as_sequence().map_or(v, |s| &s[0]);
                         assert_eq!(got, &Value::String(want.to_owned()), "{key} in {m:?}");
                         *found += 1;
                     }
-                    check(v, key, found);
+                    check(v, found);
                 }
             }
-            Value::Sequence(s) => s.iter().for_each(|v| check(v, parent, found)),
+            Value::Sequence(s) => s.iter().for_each(|v| check(v, found)),
             _ => {}
         }
     }
@@ -526,14 +525,13 @@ fn an_all_digit_release_name_stays_a_string_in_selectors() {
     let mut found = 0;
     for file in ["controller.yaml", "proxy.yaml", "servicemonitor.yaml"] {
         for doc in render(file, "123", "456", overrides).expect("renders") {
-            check(&doc, "", &mut found);
+            check(&doc, &mut found);
         }
     }
     // The selectors of both Deployments, their pods' spread, the pool's Service and budget,
-    // its policy, the ServiceMonitor.
-    assert!(found >= 12, "{found} selector values checked");
+    // its policy, the ServiceMonitor, and every object's and pod's labels.
+    assert!(found >= 20, "{found} label and selector values checked");
     // The controller's flag carries the name as it is: the pods it admits are its selector's.
-    // (Read untyped: the objects' own labels, from `cftunnel.labels`, are not checked here.)
     let docs = render("controller.yaml", "123", "456", "").expect("renders");
     let deployment = docs
         .iter()
