@@ -2138,12 +2138,13 @@ async fn reference_grants_are_read_at_v1beta1_where_the_crds_serve_no_v1() {
 }
 
 /// ReferenceGrant's version is asked again, quickly, for the tests: discovery retried after
-/// 50 ms (up to 200 ms), a watch failing as not served re-checked after 100 ms.
+/// 50 ms (up to 200 ms), a watch failing as not served re-checked after 1 s: longer than the
+/// watch's first retry (800 ms), so the re-check spans failed attempts, as it does in production.
 fn quick_discovery(options: &mut RuntimeOptions) {
     options.reference_grant_discovery = ReferenceGrantDiscovery {
         retry_min: Duration::from_millis(50),
         retry_max: Duration::from_millis(200),
-        recheck_after: Duration::from_millis(100),
+        recheck_after: Duration::from_secs(1),
     };
 }
 

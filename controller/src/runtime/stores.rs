@@ -325,6 +325,9 @@ fn reference_grants(
         }
         let event = watch.events.next().await?;
         match &event {
+            // A watch whose list fails starts over with `Init` before each retry's error: not
+            // a sign the version is served.
+            Ok(watcher::Event::Init) => {}
             Ok(_) => watch.not_served_since = None,
             Err(e) if watch_not_served(e) => {
                 watch.not_served_since.get_or_insert_with(Instant::now);
