@@ -190,20 +190,14 @@ impl RunArgs {
                 // Read from the shared tunnel's Secret every round.
                 shared_tunnel: None,
             },
-            render: RenderSettings {
-                proxy_image: self.class.proxy_image.clone(),
-                controller_namespace: self.controller_namespace.clone(),
-                controller_pod_labels: controller_pod_labels(&self.controller_pod_label)?,
-                monitoring_namespace_selector: monitoring_selector(
-                    "--monitoring-namespace-label",
-                    &self.monitoring_namespace_label,
-                )?,
-                monitoring_pod_selector: monitoring_selector(
-                    "--monitoring-pod-label",
-                    &self.monitoring_pod_label,
-                )?,
+            render: render_settings(PlaneFlags {
+                proxy_image: &self.class.proxy_image,
+                controller_namespace: &self.controller_namespace,
+                controller_pod_label: &self.controller_pod_label,
+                monitoring_namespace_label: &self.monitoring_namespace_label,
+                monitoring_pod_label: &self.monitoring_pod_label,
                 grace_period_seconds: self.grace_period_seconds,
-            },
+            })?,
             shared,
             resync: std::time::Duration::from_secs(self.resync_seconds.max(1)),
             instance: std::env::var("POD_NAME").ok(),
@@ -244,6 +238,35 @@ fn lease_identity() -> String {
             .map(|b| format!("{b:02x}"))
             .collect::<String>()
     )
+}
+
+/// The flags `run` and `render` both take to shape a data plane (declared on each, as only
+/// `run` reads them from the environment too).
+struct PlaneFlags<'a> {
+    proxy_image: &'a Option<String>,
+    controller_namespace: &'a str,
+    controller_pod_label: &'a [(String, String)],
+    monitoring_namespace_label: &'a [(String, String)],
+    monitoring_pod_label: &'a [(String, String)],
+    grace_period_seconds: u32,
+}
+
+/// The render settings those flags give.
+fn render_settings(flags: PlaneFlags<'_>) -> anyhow::Result<RenderSettings> {
+    Ok(RenderSettings {
+        proxy_image: flags.proxy_image.clone(),
+        controller_namespace: flags.controller_namespace.to_owned(),
+        controller_pod_labels: controller_pod_labels(flags.controller_pod_label)?,
+        monitoring_namespace_selector: monitoring_selector(
+            "--monitoring-namespace-label",
+            flags.monitoring_namespace_label,
+        )?,
+        monitoring_pod_selector: monitoring_selector(
+            "--monitoring-pod-label",
+            flags.monitoring_pod_label,
+        )?,
+        grace_period_seconds: flags.grace_period_seconds,
+    })
 }
 
 /// The controller pods' labels; none would admit every pod of the controller's namespace.
@@ -554,20 +577,14 @@ pub fn run_render(
         );
     };
     let credentials = render::resolve(gateway, config, &snapshot.secrets, &render::fresh_token()?)?;
-    let settings = RenderSettings {
-        proxy_image: args.proxy_image.clone(),
-        controller_namespace: args.controller_namespace.clone(),
-        controller_pod_labels: controller_pod_labels(&args.controller_pod_label)?,
-        monitoring_namespace_selector: monitoring_selector(
-            "--monitoring-namespace-label",
-            &args.monitoring_namespace_label,
-        )?,
-        monitoring_pod_selector: monitoring_selector(
-            "--monitoring-pod-label",
-            &args.monitoring_pod_label,
-        )?,
+    let settings = render_settings(PlaneFlags {
+        proxy_image: &args.proxy_image,
+        controller_namespace: &args.controller_namespace,
+        controller_pod_label: &args.controller_pod_label,
+        monitoring_namespace_label: &args.monitoring_namespace_label,
+        monitoring_pod_label: &args.monitoring_pod_label,
         grace_period_seconds: args.grace_period_seconds,
-    };
+    })?;
     let plane = render::render(gateway, config, &credentials, &settings)?;
     let mut documents = Vec::new();
     if let Some(secret) = &plane.auth_secret {
