@@ -33,7 +33,7 @@ where
 pin_project_lite::pin_project! {
     #[project = InnerProj]
     enum Inner {
-        // `deadline`: the rule's request timeout, which bounds the response body too.
+        // `deadline`: the rule's request or backend timeout, which bound the response body too.
         Upstream { #[pin] body: UpstreamBody, deadline: Option<Pin<Box<tokio::time::Sleep>>> },
         Local { #[pin] body: Full<Bytes> },
     }
@@ -70,7 +70,8 @@ pin_project_lite::pin_project! {
 
 impl ResponseBody {
     /// A backend's body; with a `deadline` (the rule's request timeout, which covers the whole
-    /// exchange) a body still streaming then fails, and the client sees it cut off.
+    /// exchange, or its backend timeout, which covers the answering try up to its last byte) a
+    /// body still streaming then fails, and the client sees it cut off.
     pub(crate) fn upstream(
         body: UpstreamBody,
         completion: Completion,
@@ -114,7 +115,10 @@ impl Body for ResponseBody {
                     if !expired {
                         return Poll::Pending;
                     }
-                    Some(Err(BoxError::from("request timeout reached mid-response")))
+                    if let Some(c) = this.completion.as_ref() {
+                        c.backend_timed_out();
+                    }
+                    Some(Err(BoxError::from("timeout reached mid-response")))
                 }
             },
             InnerProj::Local { body } => {

@@ -17,6 +17,7 @@ use http::uri::Authority;
 use http::{Request, Response};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// How long a dial may take before the backend counts as unreachable.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -210,16 +211,19 @@ impl Upstream {
     }
 
     /// One try: sends the request and waits for the response head, bounded by `timeout`.
+    /// With the head comes the instant that timeout ends, for a caller that bounds the
+    /// response body by it too.
     ///
     /// With `body_sent`, the timeout starts once the request body has been handed over (the
     /// channel closes when the client drops the body), so a long upload is not cut short: the
-    /// timeout bounds the backend's think time, as Go's `ResponseHeaderTimeout` does.
+    /// timeout bounds the backend's think time, as Go's `ResponseHeaderTimeout` does. A head
+    /// that arrives before the body has been sent keeps the timeout counted from the start.
     pub async fn send(
         &self,
         req: Request<ProxyBody>,
         timeout: Option<Duration>,
         body_sent: Option<tokio::sync::oneshot::Receiver<()>>,
-    ) -> Result<Response<UpstreamBody>, ForwardError> {
+    ) -> Result<(Response<UpstreamBody>, Option<Instant>), ForwardError> {
         let fut = async {
             match &self.client {
                 Client::Http1(pool) => pool.send(req).await,
@@ -227,17 +231,19 @@ impl Upstream {
             }
         };
         tokio::pin!(fut);
-        if let (Some(sent), Some(_)) = (body_sent, timeout) {
+        let Some(timeout) = timeout else {
+            return fut.await.map(|resp| (resp, None));
+        };
+        let mut deadline = Instant::now() + timeout;
+        if let Some(sent) = body_sent {
             tokio::select! {
-                res = &mut fut => return res,
-                _ = sent => {}
+                res = &mut fut => return res.map(|resp| (resp, Some(deadline))),
+                _ = sent => deadline = Instant::now() + timeout,
             }
         }
-        match timeout {
-            Some(t) => tokio::time::timeout(t, fut)
-                .await
-                .map_err(|_| ForwardError::Timeout)?,
-            None => fut.await,
+        match tokio::time::timeout_at(deadline, fut).await {
+            Ok(res) => res.map(|resp| (resp, Some(deadline))),
+            Err(_) => Err(ForwardError::Timeout),
         }
     }
 }

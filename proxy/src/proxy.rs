@@ -375,7 +375,7 @@ impl Proxy {
         }
 
         let exchange = self.exchange(rule, backend, upstream, parts, body, host_metrics);
-        let mut response = match deadline {
+        let (mut response, try_deadline) = match deadline {
             // Out of time waiting on the backend: a backend timeout, counted as one.
             Some(at) => tokio::time::timeout_at(at, exchange)
                 .await
@@ -402,12 +402,23 @@ impl Proxy {
                 cors.decorate(&req_headers, response.headers_mut());
             }
         }
-        // An upgraded exchange outlives the timeout: its bytes are spliced, not this body.
-        let deadline = deadline.filter(|_| response.status() != StatusCode::SWITCHING_PROTOCOLS);
+        // The body ends by the earlier of the request's deadline and the answering try's. An
+        // upgraded exchange outlives both: its bytes are spliced, not this body.
+        let deadline = match (deadline, try_deadline) {
+            (Some(request), Some(try_end)) => Some(request.min(try_end)),
+            (request, try_end) => request.or(try_end),
+        }
+        .filter(|_| response.status() != StatusCode::SWITCHING_PROTOCOLS);
         Ok(response.map(|body| Reply::Upstream(body, deadline)))
     }
 
     /// Tries the backend (and retries as the rule says) until a response head arrives.
+    ///
+    /// With the head comes, when the rule sets a backend timeout, the instant the answering
+    /// try's timeout ends: Gateway API's `backendRequest` covers the exchange "to when the full
+    /// response has been received", so that try's response body must end by then too. The
+    /// proxy's default header timeout bounds the head only, so streams and long downloads of
+    /// rules without one keep working.
     async fn exchange(
         &self,
         rule: &Rule,
@@ -416,8 +427,9 @@ impl Proxy {
         mut parts: http::request::Parts,
         body: Payload,
         host_metrics: &HostMetrics,
-    ) -> Result<Response<UpstreamBody>, ProxyError> {
+    ) -> Result<(Response<UpstreamBody>, Option<Instant>), ProxyError> {
         let per_try = rule.backend_timeout.unwrap_or(self.shared.header_timeout);
+        let explicit = rule.backend_timeout.is_some();
         let (attempts, backoff) = match (&rule.retry, &body) {
             (Some(r), Payload::Replayable(_)) => (r.attempts, r.backoff),
             _ => (0, Duration::ZERO),
@@ -447,14 +459,17 @@ impl Proxy {
             let req = upstream_request(&parts, headers, &target, try_body)?;
             let result = target.send(req, Some(per_try), body_sent.take()).await;
             let retryable = match &result {
-                Ok(resp) => rule
+                Ok((resp, _)) => rule
                     .retry
                     .as_ref()
                     .is_some_and(|r| r.codes.contains(&resp.status().as_u16())),
                 Err(e) => e.is_retryable(),
             };
             if !retryable || tries >= attempts {
-                return result.map_err(ProxyError::from);
+                return match result {
+                    Ok((resp, try_end)) => Ok((resp, try_end.filter(|_| explicit))),
+                    Err(e) => Err(e.into()),
+                };
             }
             // A failed try that is retried is counted here; the final one where it is answered.
             if let Err(e) = &result {
@@ -500,7 +515,7 @@ impl Proxy {
         tokio::spawn(async move {
             let _permit = permit;
             match upstream.send(req, Some(MIRROR_TIMEOUT), None).await {
-                Ok(resp) => {
+                Ok((resp, _)) => {
                     // Read and dropped frame by frame, so the connection can be reused; a
                     // mirror answering more than that is cut off rather than held.
                     let drain = async {
@@ -662,7 +677,8 @@ enum ClientSide {
 
 /// A response body before it is wrapped for accounting.
 enum Reply {
-    /// A backend's body and the instant the rule's request timeout ends, if it has one.
+    /// A backend's body and the instant it must have ended by: the rule's request timeout, or
+    /// the answering try's backend timeout, whichever ends first (none: unbounded).
     Upstream(UpstreamBody, Option<Instant>),
     Local(Bytes),
 }
@@ -943,6 +959,14 @@ pub(crate) struct Completion {
 }
 
 impl Completion {
+    /// A response body cut off at its deadline: the backend ran out its time, counted as the
+    /// backend timeout it is, as when the time runs out before the head.
+    pub(crate) fn backend_timed_out(&self) {
+        if let Some(host) = &self.host {
+            host.backend_error("timeout").inc();
+        }
+    }
+
     pub(crate) fn add_bytes(&mut self, n: usize) {
         self.bytes += n as u64;
     }

@@ -14,7 +14,9 @@ pub struct Rule {
     pub backends: Backends,
     /// Bounds the whole exchange, retries included. `None`: unbounded.
     pub request_timeout: Option<Duration>,
-    /// Bounds each try until the response head. `None`: the proxy default.
+    /// Bounds each try up to the end of its response body, counted from its start (or from
+    /// when a streamed request body has been sent). `None`: the proxy's default, which bounds
+    /// the response head only.
     pub backend_timeout: Option<Duration>,
     /// Fail closed: answer this status instead of proxying.
     pub unavailable: Option<StatusCode>,

@@ -911,3 +911,73 @@ async fn the_request_timeout_also_bounds_the_response_body() {
     .await
     .expect("test finished in time");
 }
+
+/// `timeouts.backend` is Gateway API's `backendRequest`, which runs "to when the full response
+/// has been received from the backend": a body still trickling in at the answering try's
+/// deadline is cut off, while a body that ends in time, and one under the proxy's default
+/// header timeout (which bounds the head only), arrive whole.
+#[tokio::test]
+async fn the_backend_timeout_also_bounds_the_response_body() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let backend = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let n = conn.read(&mut buf).await.unwrap_or(0);
+                    // `/…/quick` trickles 5 bytes over 250 ms, anything else 30 over 3 s.
+                    let (len, gap) = if buf[..n].windows(6).any(|w| w == b"/quick") {
+                        (5, Duration::from_millis(50))
+                    } else {
+                        (30, Duration::from_millis(100))
+                    };
+                    let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n");
+                    if conn.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    for _ in 0..len {
+                        tokio::time::sleep(gap).await;
+                        if conn.write_all(b"x").await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            backend_header_timeout: Duration::from_millis(500),
+            ..cftunnel_proxy::ServerOptions::default()
+        })
+        .await;
+        let http = client();
+        let doc = json!({"rules": [
+            rule("/bounded", json!({"timeouts": {"backend": "300ms"}, "backends": [{"url": url(backend), "weight": 1}]})),
+            rule("/within", json!({"timeouts": {"backend": "2s"}, "backends": [{"url": url(backend), "weight": 1}]})),
+            rule("/", json!({"backends": [{"url": url(backend), "weight": 1}]})),
+        ]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+        let d = proxy.data_addr();
+
+        let started = std::time::Instant::now();
+        let req = Request::get(format!("http://{d}/bounded")).header("host", "h").body(Full::new(Bytes::new())).expect("req");
+        let resp = http.request(req).await.expect("the head arrives at once");
+        assert_eq!(resp.status(), StatusCode::OK);
+        let body = http_body_util::BodyExt::collect(resp.into_body()).await;
+        assert!(body.is_err(), "the trickling body is cut off");
+        assert!(started.elapsed() < Duration::from_millis(2500), "cut at the deadline: {:?}", started.elapsed());
+        let timeouts = "cftunnel_proxy_backend_errors_total{hostname=\"*\",reason=\"timeout\"}";
+        assert_eq!(metric(&http, proxy.admin_addr(), timeouts).await, Some(1.0), "counted as a backend timeout");
+
+        // A body that ends within the backend timeout is untouched.
+        let r = get(&http, d, "h", "/within/quick", &[]).await;
+        assert_eq!((r.status, &r.body[..]), (StatusCode::OK, &b"xxxxx"[..]));
+        // The default header timeout (500 ms here) bounds the head only: a 3 s body arrives whole.
+        let r = get(&http, d, "h", "/open", &[]).await;
+        assert_eq!((r.status, r.body.len()), (StatusCode::OK, 30));
+        assert_eq!(metric(&http, proxy.admin_addr(), timeouts).await, Some(1.0));
+    })
+    .await
+    .expect("test finished in time");
+}
