@@ -83,6 +83,11 @@ pub struct Args {
     #[arg(long, env = "PROXY_BACKEND_HEADER_TIMEOUT", default_value = "60s")]
     pub backend_header_timeout: GoDuration,
 
+    /// HTTP/1.1 connections open at once to one backend; a request that finds them all busy
+    /// waits for one within its backend timeout, then gets 503.
+    #[arg(long, env = "PROXY_BACKEND_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub backend_max_connections: u32,
+
     /// Static edge address for the tunnel (repeatable); default: discovered via DNS.
     #[arg(long = "edge", env = "TUNNEL_EDGE", value_delimiter = ',')]
     pub edge: Vec<String>,
@@ -214,6 +219,14 @@ mod tests {
         );
         assert!(parse(&["--tunnel-post-quantum", "maybe"]).is_err());
         assert_eq!(a.tunnel_quic_max_streams, 16_384);
+        assert_eq!(a.backend_max_connections, 1024);
+        assert_eq!(
+            parse(&["--backend-max-connections", "2"])
+                .expect("in range")
+                .backend_max_connections,
+            2
+        );
+        assert!(parse(&["--backend-max-connections", "0"]).is_err());
         assert_eq!(
             parse(&["--tunnel-quic-max-streams", "1024"])
                 .expect("in range")

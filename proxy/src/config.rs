@@ -18,10 +18,30 @@ use std::sync::Arc;
 
 /// What one compile hands to the next: backend clients (so connection pools survive a
 /// reload) and compiled patterns (so an unchanged regex is not compiled again).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Cache {
     pub(crate) upstreams: HashMap<UpstreamKey, Arc<Upstream>>,
     pub(crate) patterns: HashMap<String, crate::route::Pattern>,
+    /// Bound on HTTP/1.1 connections open at once to each new backend client.
+    pub(crate) max_connections: usize,
+}
+
+impl Default for Cache {
+    fn default() -> Self {
+        Self::with_max_connections(crate::forward::DEFAULT_MAX_CONNECTIONS)
+    }
+}
+
+impl Cache {
+    /// An empty cache whose backend clients open at most `max_connections` HTTP/1.1
+    /// connections each.
+    pub fn with_max_connections(max_connections: usize) -> Self {
+        Self {
+            upstreams: HashMap::new(),
+            patterns: HashMap::new(),
+            max_connections,
+        }
+    }
 }
 
 /// Applies config documents to a [`Proxy`], one at a time.
@@ -46,9 +66,14 @@ const LARGE_DOCUMENT_RULES: usize = 500;
 
 impl Reloader {
     pub fn new(proxy: Proxy) -> Self {
+        Self::with_cache(proxy, Cache::default())
+    }
+
+    /// A reloader that compiles with `cache` (its connection limit, and anything in it).
+    pub fn with_cache(proxy: Proxy, cache: Cache) -> Self {
         Self {
             proxy,
-            state: tokio::sync::Mutex::new(State::default()),
+            state: tokio::sync::Mutex::new(State { version: 0, cache }),
         }
     }
 

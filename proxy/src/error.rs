@@ -34,6 +34,9 @@ impl ProxyError {
             Self::Backend(ForwardError::Other(_) | ForwardError::Canceled) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
+            // Every connection to the backend stayed busy: it is there but cannot take more
+            // now (as Envoy answers a full connection pool).
+            Self::Backend(ForwardError::Saturated) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Backend(_) => StatusCode::BAD_GATEWAY,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
         }
@@ -86,6 +89,7 @@ impl ProxyError {
             Self::Backend(ForwardError::Tls(_)) => "upstream TLS handshake failed\n",
             Self::Backend(ForwardError::Dial(_)) => "upstream connection failed\n",
             Self::Backend(ForwardError::Other(_)) => "upstream reset or closed the connection\n",
+            Self::Backend(ForwardError::Saturated) => "upstream connection limit reached\n",
             Self::Backend(_) => "upstream request failed\n",
             Self::BadRequest(r) => r,
         }

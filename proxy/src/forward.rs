@@ -25,6 +25,8 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Bound on idle connections kept per backend.
 const POOL_MAX_IDLE: usize = 512;
+/// Default bound on HTTP/1.1 connections open at once to one backend.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
 /// Errors of one try against a backend; `label()` is the metrics reason.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +40,10 @@ pub enum ForwardError {
     /// The pooled connection closed before the request could be sent on it.
     #[error("backend connection closed before the request was sent")]
     Canceled,
+    /// The backend had its most connections open, and none came free within the try's
+    /// timeout: the request never reached it.
+    #[error("no backend connection came free in time (connection limit reached)")]
+    Saturated,
     #[error("backend exchange failed: {0}")]
     Other(#[source] BoxError),
 }
@@ -47,18 +53,20 @@ impl ForwardError {
         match self {
             Self::Dial(_) => "dial",
             Self::Tls(_) => "tls",
-            Self::Timeout => "timeout",
+            // Out of time waiting for a connection: the contract's reasons have no closer one.
+            Self::Timeout | Self::Saturated => "timeout",
             Self::Canceled => "canceled",
             Self::Other(_) => "other",
         }
     }
 
-    /// Failures a retry may cure: the backend was unreachable, dropped the exchange, or did not
-    /// answer within the per-try timeout. TLS failures are configuration and are not retried.
+    /// Failures a retry may cure: the backend was unreachable, busy, dropped the exchange, or
+    /// did not answer within the per-try timeout. TLS failures are configuration and are not
+    /// retried.
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Self::Dial(_) | Self::Timeout | Self::Canceled | Self::Other(_)
+            Self::Dial(_) | Self::Timeout | Self::Saturated | Self::Canceled | Self::Other(_)
         )
     }
 
@@ -69,6 +77,7 @@ impl ForwardError {
             Self::Dial(e) => Self::Dial(e.clone()),
             Self::Tls(e) => Self::Tls(e.clone()),
             Self::Timeout => Self::Timeout,
+            Self::Saturated => Self::Saturated,
             Self::Canceled => Self::Canceled,
             Self::Other(e) => Self::Other(e.to_string().into()),
         }
@@ -128,11 +137,13 @@ impl Upstream {
     }
 
     /// Builds the client for a backend URL; fails on anything that could only fail later.
+    /// `max_connections` bounds the HTTP/1.1 connections open to it at once.
     pub fn new(
         url: &str,
         protocol: BackendProtocol,
         websocket: bool,
         tls: Option<&cftunnel_config::BackendTls>,
+        max_connections: usize,
     ) -> Result<Self, UpstreamError> {
         let uri: http::Uri = url
             .parse()
@@ -192,7 +203,13 @@ impl Upstream {
                 fallback: authority.clone(),
                 upgrades,
             });
-            let pool = pool::H1Pool::new(connector, POOL_MAX_IDLE, POOL_IDLE_TIMEOUT, alpn_h2);
+            let pool = pool::H1Pool::new(
+                connector,
+                POOL_MAX_IDLE,
+                POOL_IDLE_TIMEOUT,
+                max_connections,
+                alpn_h2,
+            );
             Client::Http1(pool)
         };
         Ok(Self {
@@ -218,23 +235,27 @@ impl Upstream {
     /// channel closes when the client drops the body), so a long upload is not cut short: the
     /// timeout bounds the backend's think time, as Go's `ResponseHeaderTimeout` does. A head
     /// that arrives before the body has been sent keeps the timeout counted from the start.
+    ///
+    /// A request that finds the backend at its connection limit waits for a connection within
+    /// the timeout counted from the start, then fails with [`ForwardError::Saturated`].
     pub async fn send(
         &self,
         req: Request<ProxyBody>,
         timeout: Option<Duration>,
         body_sent: Option<tokio::sync::oneshot::Receiver<()>>,
     ) -> Result<(Response<UpstreamBody>, Option<Instant>), ForwardError> {
+        let start_deadline = timeout.map(|t| Instant::now() + t);
+        let wait = pool::Wait::until(start_deadline);
         let fut = async {
             match &self.client {
-                Client::Http1(pool) => pool.send(req).await,
+                Client::Http1(pool) => pool.send(req, &wait).await,
                 Client::H2c(channel) => channel.send(req).await,
             }
         };
         tokio::pin!(fut);
-        let Some(timeout) = timeout else {
+        let (Some(timeout), Some(mut deadline)) = (timeout, start_deadline) else {
             return fut.await.map(|resp| (resp, None));
         };
-        let mut deadline = Instant::now() + timeout;
         if let Some(sent) = body_sent {
             tokio::select! {
                 res = &mut fut => return res.map(|resp| (resp, Some(deadline))),
@@ -243,6 +264,8 @@ impl Upstream {
         }
         match tokio::time::timeout_at(deadline, fut).await {
             Ok(res) => res.map(|resp| (resp, Some(deadline))),
+            // Cut off while still waiting for a connection: the backend never saw it.
+            Err(_) if wait.is_waiting() => Err(ForwardError::Saturated),
             Err(_) => Err(ForwardError::Timeout),
         }
     }

@@ -46,6 +46,8 @@ pub struct ServerOptions {
     pub access_log: bool,
     pub metrics_enabled: bool,
     pub backend_header_timeout: Duration,
+    /// HTTP/1.1 connections open at once to one backend; requests beyond wait for one.
+    pub backend_max_connections: usize,
     pub limits: serve::Limits,
     /// Worker threads of the runtime serving requests; sizes the per-thread copies of the
     /// duration histograms (see [`metrics::histogram::Shards`]).
@@ -62,6 +64,7 @@ impl Default for ServerOptions {
             access_log: false,
             metrics_enabled: true,
             backend_header_timeout: Duration::from_secs(60),
+            backend_max_connections: forward::DEFAULT_MAX_CONNECTIONS,
             limits: serve::Limits::default(),
             worker_threads: 1,
         }
@@ -111,7 +114,10 @@ impl Server {
                 access_log: options.access_log,
             },
         );
-        let reloader = Arc::new(config::Reloader::new(proxy.clone()));
+        let reloader = Arc::new(config::Reloader::with_cache(
+            proxy.clone(),
+            config::Cache::with_max_connections(options.backend_max_connections),
+        ));
         if let Some(doc) = initial {
             reloader.apply(doc).await.context("initial config")?;
         }

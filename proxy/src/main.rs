@@ -104,6 +104,7 @@ async fn run(args: Args, worker_threads: usize) -> anyhow::Result<()> {
         access_log: args.access_log_enabled,
         metrics_enabled: args.metrics_enabled,
         backend_header_timeout: args.backend_header_timeout.0,
+        backend_max_connections: args.backend_max_connections as usize,
         worker_threads,
         ..ServerOptions::default()
     };

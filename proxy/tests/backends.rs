@@ -981,3 +981,163 @@ async fn the_backend_timeout_also_bounds_the_response_body() {
     .await
     .expect("test finished in time");
 }
+
+/// A keep-alive HTTP/1.1 backend that holds every request until the test releases it (one
+/// permit of `release` each) and counts the connections it accepted and the requests it got.
+struct HoldingBackend {
+    addr: std::net::SocketAddr,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    received: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    release: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+impl HoldingBackend {
+    async fn start() -> Self {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let (accepted, received) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let release = Arc::new(tokio::sync::Semaphore::new(0));
+        let (a, r, rel) = (accepted.clone(), received.clone(), release.clone());
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                a.fetch_add(1, Ordering::SeqCst);
+                let (r, rel) = (r.clone(), rel.clone());
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match s.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        let end = buf
+                            .windows(4)
+                            .position(|w| w == b"\r\n\r\n")
+                            .map_or(buf.len(), |p| p + 4);
+                        buf.drain(..end);
+                        r.fetch_add(1, Ordering::SeqCst);
+                        match rel.acquire().await {
+                            Ok(permit) => permit.forget(),
+                            Err(_) => return,
+                        }
+                        if s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            accepted,
+            received,
+            release,
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Waits up to `within` for the backend to have received `want` requests; returns how many.
+    async fn received(&self, want: usize, within: Duration) -> usize {
+        let until = std::time::Instant::now() + within;
+        let count = || self.received.load(std::sync::atomic::Ordering::SeqCst);
+        while count() < want && std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        count()
+    }
+}
+
+/// `PROXY_BACKEND_MAX_CONNECTIONS` bounds the connections open to one backend: a request that
+/// finds them all busy does not open another but waits for one to come back to the pool.
+#[tokio::test]
+async fn a_backend_at_its_connection_limit_gets_no_more_and_requests_wait_for_one() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let backend = HoldingBackend::start().await;
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            backend_max_connections: 2,
+            ..cftunnel_proxy::ServerOptions::default()
+        })
+        .await;
+        let http = client();
+        let doc = json!({"rules": [rule("/", json!({"backends": [{"url": url(backend.addr), "weight": 1}]}))]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+        let d = proxy.data_addr();
+
+        let requests: Vec<_> = (0..3)
+            .map(|_| {
+                let http = http.clone();
+                tokio::spawn(async move { get(&http, d, "h", "/", &[]).await })
+            })
+            .collect();
+        assert_eq!(backend.received(2, Duration::from_secs(10)).await, 2, "two requests reach the backend");
+        // Given time to open a third connection, the proxy does not.
+        assert_eq!(backend.received(3, Duration::from_millis(500)).await, 2, "the third request waits");
+        assert_eq!(backend.accepted(), 2, "no third connection");
+
+        // One answer frees its connection, and the waiting request goes out on it.
+        backend.release.add_permits(1);
+        assert_eq!(backend.received(3, Duration::from_secs(10)).await, 3, "the third request is sent");
+        backend.release.add_permits(2);
+        for request in requests {
+            let r = request.await.expect("request task");
+            assert_eq!((r.status, &r.body[..]), (StatusCode::OK, &b"ok"[..]));
+        }
+        assert_eq!(backend.accepted(), 2, "all three went over two connections");
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// A request that waits out its backend timeout at the connection limit gets 503 (the backend is
+/// there, but busy), counted as a backend timeout; the backend never sees it.
+#[tokio::test]
+async fn a_request_that_finds_no_connection_free_in_time_gets_503() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let backend = HoldingBackend::start().await;
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            backend_max_connections: 1,
+            ..cftunnel_proxy::ServerOptions::default()
+        })
+        .await;
+        let http = client();
+        let doc = json!({"rules": [
+            rule("/held", json!({"timeouts": {"backend": "30s"}, "backends": [{"url": url(backend.addr), "weight": 1}]})),
+            rule("/waits", json!({"timeouts": {"backend": "300ms"}, "backends": [{"url": url(backend.addr), "weight": 1}]})),
+        ]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+        let d = proxy.data_addr();
+
+        let held = tokio::spawn({
+            let http = http.clone();
+            async move { get(&http, d, "h", "/held", &[]).await }
+        });
+        assert_eq!(backend.received(1, Duration::from_secs(10)).await, 1);
+        let r = get(&http, d, "h", "/waits", &[]).await;
+        assert_eq!((r.status, &r.body[..]), (StatusCode::SERVICE_UNAVAILABLE, &b"upstream connection limit reached\n"[..]));
+        assert_eq!(backend.received(2, Duration::ZERO).await, 1, "the backend never saw it");
+        assert_eq!(backend.accepted(), 1);
+        let timeouts = "cftunnel_proxy_backend_errors_total{hostname=\"*\",reason=\"timeout\"}";
+        assert_eq!(metric(&http, proxy.admin_addr(), timeouts).await, Some(1.0));
+
+        // The held request was never disturbed.
+        backend.release.add_permits(1);
+        let r = held.await.expect("request task");
+        assert_eq!((r.status, &r.body[..]), (StatusCode::OK, &b"ok"[..]));
+    })
+    .await
+    .expect("test finished in time");
+}

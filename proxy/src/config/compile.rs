@@ -22,6 +22,7 @@ pub fn compile(
     cache: &mut Cache,
 ) -> Result<Routes, ConfigError> {
     let mut upstreams = Upstreams {
+        max_connections: cache.max_connections,
         old: &mut cache.upstreams,
         used: HashMap::new(),
         old_patterns: &mut cache.patterns,
@@ -71,6 +72,7 @@ pub fn compile(
 /// Backend clients and compiled patterns of the previous table, reused when unchanged, and
 /// the ones this table uses (which become the cache once it is swapped in).
 struct Upstreams<'c> {
+    max_connections: usize,
     old: &'c mut HashMap<crate::forward::UpstreamKey, Arc<Upstream>>,
     used: HashMap<crate::forward::UpstreamKey, Arc<Upstream>>,
     old_patterns: &'c mut HashMap<String, Pattern>,
@@ -91,7 +93,13 @@ impl Upstreams<'_> {
         }
         let upstream = match self.old.get(&key) {
             Some(u) => u.clone(),
-            None => Arc::new(Upstream::new(url, protocol, websocket, tls)?),
+            None => Arc::new(Upstream::new(
+                url,
+                protocol,
+                websocket,
+                tls,
+                self.max_connections,
+            )?),
         };
         self.used.insert(key, upstream.clone());
         Ok(upstream)

@@ -8,6 +8,10 @@
 //! at the bottom of the stack; they are closed once idle longer than the pool's idle timeout,
 //! when a connection is put back and, with no traffic at all, by a timer of the pool's own.
 //!
+//! Each open HTTP/1.1 connection holds one of the pool's permits until it closes, so a flood
+//! cannot open unbounded connections to one backend. A request that finds none idle and none
+//! left to open waits, within its try's timeout, for one to come back to the pool or to close.
+//!
 //! A TLS backend offered `h2` through ALPN may pick it on any new connection. Its requests then
 //! go over that one multiplexed connection ([`H2Channel`]) until it closes; a backend that
 //! picks HTTP/1.1 again is served from this pool again.
@@ -27,6 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// Connections of one backend that are waiting for their next request.
 #[derive(Debug)]
@@ -41,6 +46,42 @@ pub(super) struct H1Pool {
     sweeping: AtomicBool,
     /// For a TLS backend offered `h2` through ALPN: where its requests go once it picks it.
     alpn_h2: Option<Box<AlpnSide>>,
+    /// One permit per connection that may be open at once (dialing, busy, idle); each
+    /// connection's task holds its permit until the connection closes.
+    permits: Arc<Semaphore>,
+    /// Signalled when a connection comes back to the pool, for requests waiting at the limit.
+    returned: Notify,
+}
+
+/// How long a request may wait for a connection while the backend has its most open, and
+/// whether it is waiting now (so a timeout that ends the wait is told apart from one that
+/// ends the exchange).
+#[derive(Debug)]
+pub(super) struct Wait {
+    until: Option<tokio::time::Instant>,
+    waiting: AtomicBool,
+}
+
+impl Wait {
+    pub(super) fn until(until: Option<tokio::time::Instant>) -> Self {
+        Self {
+            until,
+            waiting: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the request is (or was, when its wait was cut off) waiting for a connection.
+    pub(super) fn is_waiting(&self) -> bool {
+        self.waiting.load(Ordering::Relaxed)
+    }
+}
+
+/// What a request at the limit got.
+enum Slot {
+    /// A connection that came back to the pool.
+    Idle(http1::SendRequest<ProxyBody>),
+    /// Room for a new connection.
+    New(OwnedSemaphorePermit),
 }
 
 /// A TLS backend that may pick `h2` through ALPN.
@@ -81,12 +122,14 @@ struct Idle {
 }
 
 impl H1Pool {
-    /// A pool for `connector`'s backend. With `alpn_h2` its TLS handshake offers `h2`, and
-    /// when the backend picks it requests go to one HTTP/2 connection instead.
+    /// A pool for `connector`'s backend, with at most `max_connections` HTTP/1.1 connections
+    /// open at once (at least one). With `alpn_h2` its TLS handshake offers `h2`, and when
+    /// the backend picks it requests go to one HTTP/2 connection instead.
     pub(super) fn new(
         connector: Connector,
         max_idle: usize,
         idle_timeout: Duration,
+        max_connections: usize,
         alpn_h2: Option<Alpn>,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -101,6 +144,10 @@ impl H1Pool {
             max_idle,
             idle_timeout,
             sweeping: AtomicBool::new(false),
+            permits: Arc::new(Semaphore::new(
+                max_connections.clamp(1, Semaphore::MAX_PERMITS),
+            )),
+            returned: Notify::new(),
         })
     }
 
@@ -108,25 +155,27 @@ impl H1Pool {
     /// to a backend that picked `h2`, over its HTTP/2 connection.
     ///
     /// A pooled connection the backend closed while it sat idle gives the request back
-    /// unsent; it is then sent on the next connection, as the backend never saw it.
+    /// unsent; it is then sent on the next connection, as the backend never saw it. At the
+    /// connection limit the request waits as `wait` says, then fails with `Saturated`.
     pub(super) async fn send(
         self: &Arc<Self>,
         mut req: Request<ProxyBody>,
+        wait: &Wait,
     ) -> Result<Response<UpstreamBody>, ForwardError> {
         if let Some(alpn) = &self.alpn_h2 {
             // Boxed: TLS backends only, so the plain path's future stays as small as it was.
             return if req.headers().contains_key(http::header::UPGRADE) {
-                Box::pin(self.send_upgrade(&alpn.upgrades, req)).await
+                Box::pin(self.send_upgrade(&alpn.upgrades, req, wait)).await
             } else {
-                Box::pin(self.send_alpn(&alpn.channel, req)).await
+                Box::pin(self.send_alpn(&alpn.channel, req, wait)).await
             };
         }
         loop {
             let (sender, reused) = match self.checkout() {
                 Some(sender) => (sender, true),
-                // Boxed: dialing is rare, and its large future would otherwise be carried
-                // (and copied) by every request's future.
-                None => (Box::pin(dial(&self.connector)).await?, false),
+                // Boxed: dialing (and waiting at the limit) is rare, and its large future would
+                // otherwise be carried (and copied) by every request's future.
+                None => Box::pin(self.dial_or_wait(&self.connector, wait)).await?,
             };
             match self.exchange(sender, reused, req).await? {
                 Tried::Done(resp) => return Ok(resp),
@@ -141,11 +190,12 @@ impl H1Pool {
         self: &Arc<Self>,
         upgrades: &Connector,
         mut req: Request<ProxyBody>,
+        wait: &Wait,
     ) -> Result<Response<UpstreamBody>, ForwardError> {
         loop {
             let (sender, reused) = match self.checkout() {
                 Some(sender) => (sender, true),
-                None => (dial(upgrades).await?, false),
+                None => self.dial_or_wait(upgrades, wait).await?,
             };
             match self.exchange(sender, reused, req).await? {
                 Tried::Done(resp) => return Ok(resp),
@@ -160,6 +210,7 @@ impl H1Pool {
         self: &Arc<Self>,
         channel: &H2Channel,
         mut req: Request<ProxyBody>,
+        wait: &Wait,
     ) -> Result<Response<UpstreamBody>, ForwardError> {
         for _ in 0..2 {
             let sender = match channel.open() {
@@ -167,12 +218,15 @@ impl H1Pool {
                 None if channel.picked() => match channel.dial().await? {
                     Dialed::Http2(sender) => Some(sender),
                     Dialed::Http1(io) => {
-                        return match self.send_h1(req, Some(io)).await? {
+                        // Used only within the limit; at it, closed, and the request waits.
+                        let fresh = self.permits.clone().try_acquire_owned().ok();
+                        let fresh = fresh.map(|permit| (io, permit));
+                        return match self.send_h1(req, fresh, wait).await? {
                             Sent::Response(resp) => Ok(resp),
                             Sent::PickedH2(..) => {
                                 Err(ForwardError::Other("backend spoke h2".into()))
                             }
-                        }
+                        };
                     }
                     Dialed::UseHttp1 => None,
                 },
@@ -180,7 +234,7 @@ impl H1Pool {
             };
             let sender = match sender {
                 Some(sender) => sender,
-                None => match self.send_h1(req, None).await? {
+                None => match self.send_h1(req, None, wait).await? {
                     Sent::Response(resp) => return Ok(resp),
                     Sent::PickedH2(unsent, io) => {
                         req = unsent;
@@ -197,31 +251,33 @@ impl H1Pool {
         Err(ForwardError::Canceled)
     }
 
-    /// HTTP/1.1 to a TLS backend offered `h2`: on `fresh`, else on an idle connection or a
-    /// new one. A new connection on which the backend picked `h2` comes back with the
-    /// request, unsent.
+    /// HTTP/1.1 to a TLS backend offered `h2`: on `fresh` (with its permit), else on an idle
+    /// connection or a new one. A new connection on which the backend picked `h2` comes back
+    /// with the request, unsent; its permit is let go, as the pool does not hold it.
     async fn send_h1(
         self: &Arc<Self>,
         mut req: Request<ProxyBody>,
-        mut fresh: Option<Stream>,
+        mut fresh: Option<(Stream, OwnedSemaphorePermit)>,
+        wait: &Wait,
     ) -> Result<Sent, ForwardError> {
         loop {
-            let idle = if fresh.is_none() {
-                self.checkout()
-            } else {
-                None
+            let slot = match fresh.take() {
+                Some((io, permit)) => Err((io, permit)),
+                None => match self.checkout() {
+                    Some(sender) => Ok(sender),
+                    None => match self.slot(wait).await? {
+                        Slot::Idle(sender) => Ok(sender),
+                        Slot::New(permit) => Err((self.connect().await?, permit)),
+                    },
+                },
             };
-            let (sender, reused) = match idle {
-                Some(sender) => (sender, true),
-                None => {
-                    let io = match fresh.take() {
-                        Some(io) => io,
-                        None => self.connect().await?,
-                    };
+            let (sender, reused) = match slot {
+                Ok(sender) => (sender, true),
+                Err((io, permit)) => {
                     if io.negotiated_h2() {
                         return Ok(Sent::PickedH2(req, io));
                     }
-                    (handshake(io).await?, false)
+                    (handshake(io, permit).await?, false)
                 }
             };
             match self.exchange(sender, reused, req).await? {
@@ -292,6 +348,56 @@ impl H1Pool {
         connect(&self.connector).await
     }
 
+    /// A new connection through `connector`, or, at the limit, the first one to come back to
+    /// the pool or be made room for by another's closing. `true` with a reused connection.
+    async fn dial_or_wait(
+        self: &Arc<Self>,
+        connector: &Connector,
+        wait: &Wait,
+    ) -> Result<(http1::SendRequest<ProxyBody>, bool), ForwardError> {
+        match self.slot(wait).await? {
+            Slot::Idle(sender) => Ok((sender, true)),
+            Slot::New(permit) => Ok((dial(connector, permit).await?, false)),
+        }
+    }
+
+    /// Room for a new connection when the pool is below its limit (the caller has found
+    /// no idle one); else waits until `wait.until` for a connection to come back or close.
+    async fn slot(self: &Arc<Self>, wait: &Wait) -> Result<Slot, ForwardError> {
+        if let Ok(permit) = self.permits.clone().try_acquire_owned() {
+            return Ok(Slot::New(permit));
+        }
+        wait.waiting.store(true, Ordering::Relaxed);
+        let found = async {
+            loop {
+                let returned = self.returned.notified();
+                tokio::pin!(returned);
+                // Registered before looking, so a connection put back after the look wakes
+                // this request (or another waiting one) instead of sitting idle.
+                returned.as_mut().enable();
+                if let Some(sender) = self.checkout() {
+                    return Ok(Slot::Idle(sender));
+                }
+                tokio::select! {
+                    permit = self.permits.clone().acquire_owned() => {
+                        // The semaphore is never closed; an error would mean it was.
+                        return permit.map(Slot::New).map_err(|_| ForwardError::Saturated);
+                    }
+                    () = &mut returned => {}
+                }
+            }
+        };
+        let found = match wait.until {
+            Some(at) => tokio::time::timeout_at(at, found)
+                .await
+                .unwrap_or(Err(ForwardError::Saturated)),
+            None => found.await,
+        };
+        // Left set when this future is dropped mid-wait: the caller's timeout reads it.
+        wait.waiting.store(false, Ordering::Relaxed);
+        found
+    }
+
     fn put_back(self: &Arc<Self>, sender: http1::SendRequest<ProxyBody>) {
         if sender.is_closed() {
             return;
@@ -301,6 +407,9 @@ impl H1Pool {
             self.evict_expired(&mut idle, now);
             if idle.len() < self.max_idle {
                 idle.push(Idle { sender, since: now });
+                drop(idle);
+                // Lock-free when nobody waits.
+                self.returned.notify_one();
             }
         }
         if !self.sweeping.load(Ordering::Relaxed) {
@@ -359,18 +468,27 @@ async fn connect(connector: &Connector) -> Result<Stream, ForwardError> {
     })
 }
 
-/// A new HTTP/1.1 connection through `connector`.
-async fn dial(connector: &Connector) -> Result<http1::SendRequest<ProxyBody>, ForwardError> {
-    handshake(connect(connector).await?).await
+/// A new HTTP/1.1 connection through `connector`, counted by `permit`.
+async fn dial(
+    connector: &Connector,
+    permit: OwnedSemaphorePermit,
+) -> Result<http1::SendRequest<ProxyBody>, ForwardError> {
+    handshake(connect(connector).await?, permit).await
 }
 
-/// Starts HTTP/1.1 on a new connection; its task runs until the connection closes.
-async fn handshake(io: Stream) -> Result<http1::SendRequest<ProxyBody>, ForwardError> {
+/// Starts HTTP/1.1 on a new connection; its task runs until the connection closes and holds
+/// `permit` until then. After an upgrade the connection's bytes belong to the spliced session
+/// and it no longer counts against the pool's limit.
+async fn handshake(
+    io: Stream,
+    permit: OwnedSemaphorePermit,
+) -> Result<http1::SendRequest<ProxyBody>, ForwardError> {
     let (sender, conn) = http1::Builder::new()
         .handshake(hyper_util::rt::TokioIo::new(io))
         .await
         .map_err(ForwardError::from_hyper)?;
     tokio::spawn(async move {
+        let _permit = permit;
         if let Err(e) = conn.with_upgrades().await {
             tracing::debug!(error = %e, "backend connection ended");
         }
@@ -498,7 +616,7 @@ mod tests {
             .header(http::header::HOST, "backend")
             .body(crate::body::full(Bytes::new()))
             .expect("request");
-        let resp = pool.send(req).await.expect("response");
+        let resp = pool.send(req, &Wait::until(None)).await.expect("response");
         assert_eq!(resp.status(), http::StatusCode::OK);
         let body = resp.into_body().collect().await.expect("body").to_bytes();
         assert_eq!(&body[..], b"ok");
@@ -519,7 +637,7 @@ mod tests {
         // expire the connection in use.
         let timeout = Duration::from_secs(1);
         let connector = Connector::new("127.0.0.1", addr.port(), None, Duration::from_secs(2));
-        let pool = H1Pool::new(connector, 64, timeout, None);
+        let pool = H1Pool::new(connector, 64, timeout, 1024, None);
 
         // A burst opens eight connections; all go back to the pool.
         futures_util::future::join_all((0..8).map(|_| get(&pool))).await;
