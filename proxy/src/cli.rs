@@ -28,6 +28,11 @@ pub struct Args {
     #[arg(long = "addr", env = "PROXY_ADDR", default_value = ":8080")]
     pub addr: ListenAddr,
 
+    /// Client connections open at once on the data listener (standalone mode); at the limit,
+    /// accepting pauses until one closes.
+    #[arg(long, env = "PROXY_MAX_CONNECTIONS", default_value_t = 16384, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+    pub max_connections: u32,
+
     /// Config API, health and metrics listener.
     #[arg(
         long = "config-addr",
@@ -220,6 +225,14 @@ mod tests {
         assert!(parse(&["--tunnel-post-quantum", "maybe"]).is_err());
         assert_eq!(a.tunnel_quic_max_streams, 16_384);
         assert_eq!(a.backend_max_connections, 1024);
+        assert_eq!(a.max_connections, 16_384);
+        assert_eq!(
+            parse(&["--max-connections", "10"])
+                .expect("in range")
+                .max_connections,
+            10
+        );
+        assert!(parse(&["--max-connections", "0"]).is_err());
         assert_eq!(
             parse(&["--backend-max-connections", "2"])
                 .expect("in range")

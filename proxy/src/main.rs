@@ -105,8 +105,11 @@ async fn run(args: Args, worker_threads: usize) -> anyhow::Result<()> {
         metrics_enabled: args.metrics_enabled,
         backend_header_timeout: args.backend_header_timeout.0,
         backend_max_connections: args.backend_max_connections as usize,
+        limits: cftunnel_proxy::serve::Limits {
+            max_connections: args.max_connections as usize,
+            ..Default::default()
+        },
         worker_threads,
-        ..ServerOptions::default()
     };
     // Installed before anything can take long, so a signal always drains.
     let mut signals = Signals::new()?;

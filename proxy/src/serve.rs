@@ -1,4 +1,8 @@
 //! The standalone data listener: HTTP/1.1 and h2c on one port, client limits, graceful drain.
+//!
+//! At most [`Limits::max_connections`] client connections are open at once: at the limit the
+//! listener stops accepting until one closes, so a flood waits in the kernel's backlog (and is
+//! refused beyond it) instead of taking file descriptors and memory without bound.
 
 use crate::proxy::{ConnInfo, Proxy};
 use hyper::service::service_fn;
@@ -6,9 +10,17 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
+use tokio::time::Instant;
+
+/// Default bound on client connections open at once on the data listener.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16384;
+
+/// How often a listener held at its connection limit says so.
+const LIMIT_WARN_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Limits that protect the proxy from slow or abusive clients.
 #[derive(Debug, Clone)]
@@ -21,6 +33,8 @@ pub struct Limits {
     pub max_header_bytes: usize,
     /// HTTP/2 streams per connection.
     pub max_concurrent_streams: u32,
+    /// Client connections open at once; at the limit, accepting pauses until one closes.
+    pub max_connections: usize,
 }
 
 impl Default for Limits {
@@ -30,6 +44,7 @@ impl Default for Limits {
             max_headers: 100,
             max_header_bytes: 64 * 1024,
             max_concurrent_streams: 256,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -62,7 +77,31 @@ pub async fn serve(
 ) -> GracefulShutdown {
     let graceful = GracefulShutdown::new();
     let builder = builder(&limits);
+    let permits = Arc::new(Semaphore::new(
+        limits.max_connections.clamp(1, Semaphore::MAX_PERMITS),
+    ));
+    let mut warned: Option<Instant> = None;
     loop {
+        let permit = match permits.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                if warned.is_none_or(|at| at.elapsed() >= LIMIT_WARN_INTERVAL) {
+                    warned = Some(Instant::now());
+                    tracing::warn!(
+                        max = limits.max_connections,
+                        "client connection limit reached: accepting paused until one closes"
+                    );
+                }
+                tokio::select! {
+                    permit = permits.clone().acquire_owned() => match permit {
+                        Ok(permit) => permit,
+                        // Never closed; a closed one could not admit anybody again.
+                        Err(_) => break,
+                    },
+                    _ = stop.wait_for(|s| *s) => break,
+                }
+            }
+        };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             _ = stop.wait_for(|s| *s) => break,
@@ -90,6 +129,8 @@ pub async fn serve(
         let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
         let conn = graceful.watch(conn.into_owned());
         tokio::spawn(async move {
+            // Counted against the limit until the connection ends.
+            let _permit = permit;
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, %peer, "connection ended with error");
             }

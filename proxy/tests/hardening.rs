@@ -306,3 +306,78 @@ async fn read_head(conn: &mut tokio::net::TcpStream) -> Vec<u8> {
     }
     head
 }
+
+/// One keep-alive HTTP/1.1 client connection to `addr`, driven by its own task.
+async fn open_connection(
+    addr: std::net::SocketAddr,
+) -> (
+    hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .expect("handshake");
+    let task = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    (sender, task)
+}
+
+async fn status_over(
+    sender: &mut hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>,
+) -> StatusCode {
+    let req = http::Request::get("/")
+        .header("host", "h")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .expect("request");
+    sender.send_request(req).await.expect("response").status()
+}
+
+/// `PROXY_MAX_CONNECTIONS` bounds the client connections the data listener holds: at the limit
+/// it accepts no more (a new client waits in the kernel's backlog) until one closes, and then
+/// serves the one that waited.
+#[tokio::test]
+async fn the_listener_holds_no_more_connections_than_its_limit() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            limits: cftunnel_proxy::serve::Limits {
+                max_connections: 2,
+                ..Default::default()
+            },
+            ..cftunnel_proxy::ServerOptions::default()
+        })
+        .await;
+        let d = proxy.data_addr();
+        // No table yet: every request is answered 404 by the proxy itself.
+        let mut open = Vec::new();
+        for _ in 0..2 {
+            let (mut sender, task) = open_connection(d).await;
+            assert_eq!(status_over(&mut sender).await, StatusCode::NOT_FOUND);
+            open.push((sender, task));
+        }
+
+        let (mut third, _third_task) = open_connection(d).await;
+        let waiting = status_over(&mut third);
+        tokio::pin!(waiting);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), &mut waiting)
+                .await
+                .is_err(),
+            "a third connection is not served while two are open"
+        );
+
+        // One client leaves: its connection closes and the waiting one is accepted.
+        if let Some((sender, task)) = open.pop() {
+            drop(sender);
+            task.abort();
+        }
+        let status = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("served once a connection closed");
+        assert_eq!(status, StatusCode::NOT_FOUND);
+    })
+    .await
+    .expect("test finished in time");
+}
