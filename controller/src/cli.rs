@@ -18,8 +18,8 @@ use crate::render::{self, RenderSettings};
 use crate::runtime::lease::LeaseOptions;
 use crate::runtime::{RuntimeOptions, SharedPlane};
 use crate::translate::{
-    self, ObjectKey, Options, Output, PlaneKey, Snapshot, Statuses, TunnelIdentity,
-    DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROLLER_NAME,
+    self, ExternalNameBackends, ObjectKey, Options, Output, PlaneKey, Snapshot, Statuses,
+    TunnelIdentity, DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONTROLLER_NAME,
 };
 
 /// Gateway API controller for Cloudflare Tunnel data planes.
@@ -51,9 +51,21 @@ pub struct ClassArgs {
     /// GatewayClasses with this controllerName are ours.
     #[arg(long, default_value = DEFAULT_CONTROLLER_NAME)]
     pub controller_name: String,
-    /// Cluster DNS domain used for Services without EndpointSlices.
+    /// Cluster DNS domain used for Services without EndpointSlices, and the domain
+    /// ExternalName backends may not be under (`--external-name-backends=external`).
     #[arg(long, default_value = DEFAULT_CLUSTER_DOMAIN)]
     pub cluster_domain: String,
+    /// Which ExternalName Services routes may use as backends: `deny` none; `external` names
+    /// outside the cluster (not under `--cluster-domain`, not IP addresses), dialled as
+    /// absolute names; `any` every name as written, which lets a route reach any Service of
+    /// the cluster without a ReferenceGrant.
+    #[arg(
+        long,
+        env = "EXTERNAL_NAME_BACKENDS",
+        value_enum,
+        default_value_t = ExternalNameBackends::External
+    )]
+    pub external_name_backends: ExternalNameBackends,
     /// The proxy image of dedicated data planes whose GatewayConfig names none. Without
     /// either, such a Gateway is not accepted.
     #[arg(long, env = "PROXY_IMAGE")]
@@ -186,6 +198,7 @@ impl RunArgs {
                 controller_name: self.class.controller_name.clone(),
                 gateway_class_name: None,
                 cluster_domain: self.class.cluster_domain.clone(),
+                external_name_backends: self.class.external_name_backends,
                 proxy_image: self.class.proxy_image.clone(),
                 // Read from the shared tunnel's Secret every round.
                 shared_tunnel: None,
@@ -510,6 +523,7 @@ pub fn run_translate(
         controller_name: args.class.controller_name.clone(),
         gateway_class_name: class,
         cluster_domain: args.class.cluster_domain.clone(),
+        external_name_backends: args.class.external_name_backends,
         proxy_image: args.class.proxy_image.clone(),
         shared_tunnel: args.shared_tunnel_token.as_ref().map(TunnelIdentity::of),
     };

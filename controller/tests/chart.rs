@@ -1,7 +1,7 @@
 //! The Helm chart against the code it deploys: its CRD is the one the controller defines, its
 //! roles grant every call the runtime makes, every value its templates read exists, the
-//! controller accepts the arguments it passes, and the shared pool's NetworkPolicy admits whom
-//! the controller's planes admit. The suite does not run `helm`: some checks read the templates
+//! controller accepts the arguments it passes (the ExternalName backends it admits among them),
+//! and the shared pool's NetworkPolicy admits whom the controller's planes admit. The suite does not run `helm`: some checks read the templates
 //! as text, others render them with [`template`], a small interpreter of the part of Helm's
 //! template language the chart uses, and compare the objects, typed.
 
@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use cftunnel_controller::cli::{Cli, Command};
 use cftunnel_controller::gateway_config::GatewayConfig;
 use cftunnel_controller::runtime::{RuntimeOptions, REQUIRED_RBAC};
-use cftunnel_controller::translate::Snapshot;
+use cftunnel_controller::translate::{ExternalNameBackends, Snapshot};
 use cftunnel_controller::{manifest, render};
 use clap::Parser;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -405,6 +405,48 @@ fn the_shared_pools_config_port_admits_the_controllers_pods_not_its_namespace() 
     );
     // The same peers as every dedicated plane's.
     assert_eq!(plane_peers(&options), [controller_peer]);
+}
+
+#[test]
+fn the_controller_admits_the_external_name_backends_and_cluster_domain_the_values_say() {
+    let (_, options) = controller_options("cf", "");
+    assert_eq!(
+        options.translate.external_name_backends,
+        ExternalNameBackends::External,
+        "names outside the cluster only, by default"
+    );
+    assert_eq!(options.translate.cluster_domain, "cluster.local");
+    for (value, expected) in [
+        ("deny", ExternalNameBackends::Deny),
+        ("external", ExternalNameBackends::External),
+        ("any", ExternalNameBackends::Any),
+    ] {
+        let overrides =
+            format!("controller: {{externalNameBackends: {value}}}\nclusterDomain: corp.internal");
+        let (_, options) = controller_options("cf", &overrides);
+        assert_eq!(options.translate.external_name_backends, expected);
+        assert_eq!(options.translate.cluster_domain, "corp.internal");
+    }
+    // A value the controller does not know stops it at start, naming the flag.
+    let docs = render(
+        "controller.yaml",
+        "cf",
+        NAMESPACE,
+        "controller: {externalNameBackends: allow}",
+    )
+    .expect("controller.yaml renders");
+    let controller: Deployment = object(&docs, "Deployment");
+    let args = controller
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|p| p.containers[0].args.clone())
+        .expect("arguments");
+    let err = Cli::try_parse_from(std::iter::once("cftunnel-controller".to_owned()).chain(args))
+        .expect_err("an unknown value is refused");
+    assert!(
+        err.to_string().contains("--external-name-backends"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -3,6 +3,7 @@
 use std::process::Command;
 
 use cftunnel_controller::cli::{Cli, Command as CliCommand};
+use cftunnel_controller::translate::ExternalNameBackends;
 use clap::Parser;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -428,6 +429,110 @@ fn run_takes_the_controller_pod_labels_from_flags_or_the_environment() {
         stderr.contains("--controller-pod-label") && stderr.contains("expected KEY=VALUE"),
         "{stderr}"
     );
+}
+
+#[test]
+fn external_name_backends_come_from_the_flag_or_the_environment() {
+    let admitted = |args: &[&str]| {
+        let cli = Cli::try_parse_from(["cftunnel-controller", "run"].iter().chain(args))
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        let CliCommand::Run(run) = cli.command else {
+            panic!("not the run command")
+        };
+        run.options()
+            .expect("options")
+            .translate
+            .external_name_backends
+    };
+    if std::env::var_os("EXTERNAL_NAME_BACKENDS").is_none() {
+        assert_eq!(admitted(&[]), ExternalNameBackends::External);
+    }
+    assert_eq!(
+        admitted(&["--external-name-backends=deny"]),
+        ExternalNameBackends::Deny
+    );
+    assert_eq!(
+        admitted(&["--external-name-backends", "any"]),
+        ExternalNameBackends::Any
+    );
+    let err = run_error(&["--external-name-backends=allow"]).expect("refused");
+    assert!(
+        err.contains("--external-name-backends") && err.contains("deny, external, any"),
+        "{err}"
+    );
+    // The environment variable is read.
+    let out = Command::new(env!("CARGO_BIN_EXE_cftunnel-controller"))
+        .arg("run")
+        .env("EXTERNAL_NAME_BACKENDS", "allow")
+        .output()
+        .expect("the binary runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--external-name-backends"), "{stderr}");
+}
+
+#[test]
+fn translate_dials_external_names_as_the_flag_says() {
+    let dir = std::env::temp_dir().join(format!("cftunnel-external-name-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("external.yaml");
+    std::fs::write(
+        &file,
+        r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: cf}
+spec: {controllerName: cf.k8s.lex.la/tunnel-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: a}
+spec:
+  gatewayClassName: cf
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: ext, namespace: a}
+spec: {type: ExternalName, externalName: svc.b, ports: [{port: 80}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: r, namespace: a}
+spec:
+  parentRefs: [{name: gw}]
+  rules: [{backendRefs: [{name: ext, port: 80}]}]
+"#,
+    )
+    .expect("manifest written");
+    let backend_of = |extra: &[&str]| {
+        let path = file.to_string_lossy().into_owned();
+        let mut args = vec!["-f", path.as_str()];
+        args.extend_from_slice(extra);
+        let out = translate(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let config: Config = serde_json::from_slice(&out.stdout).expect("config JSON");
+        let rule = config
+            .rules
+            .iter()
+            .find(|r| r.name.as_deref() == Some("a/r/0"))
+            .expect("the route's rule");
+        (
+            rule.backends[0].url.clone(),
+            rule.backends[0].unavailable_status,
+        )
+    };
+    assert_eq!(backend_of(&[]), ("http://svc.b.:80".to_owned(), None));
+    assert_eq!(
+        backend_of(&["--external-name-backends=any"]),
+        ("http://svc.b:80".to_owned(), None)
+    );
+    assert_eq!(backend_of(&["--external-name-backends=deny"]).1, Some(500));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// What `run` says of `args`: the parse error, else the error of its options; `None` if both

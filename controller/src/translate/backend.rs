@@ -1,6 +1,6 @@
 //! Backend references: Service lookup, cross-namespace ReferenceGrant checks, endpoint
-//! resolution from EndpointSlices, and the even split of a Service's weight across its ready
-//! endpoints.
+//! resolution from EndpointSlices, ExternalName admission (see [`super::external_name`]), and
+//! the even split of a Service's weight across its ready endpoints.
 
 use std::collections::BTreeSet;
 
@@ -8,6 +8,7 @@ use cftunnel_config::{Backend, BackendProtocol, Filter};
 use k8s_openapi::api::core::v1::ServicePort;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::external_name::{self, Refusal};
 use super::status::Reason;
 use super::{Index, Options, RouteKind};
 
@@ -63,13 +64,24 @@ pub enum BackendRefError {
     },
     #[error("{field}: filter {kind} is not supported")]
     UnsupportedFilter { field: String, kind: &'static str },
+    #[error("{field}: Service {namespace}/{name} of type ExternalName is refused: {refusal}")]
+    ExternalNameRefused {
+        field: String,
+        namespace: String,
+        name: String,
+        refusal: Refusal,
+    },
 }
 
 impl BackendRefError {
     /// The `ResolvedRefs` reason the spec assigns to this failure.
     pub fn reason(&self) -> Reason {
         match self {
-            Self::InvalidKind { .. } | Self::UnsupportedFilter { .. } => Reason::InvalidKind,
+            // Gateway API's `kind` support levels set ExternalName Services apart: refusing one
+            // is refusing an unsupported kind of backend.
+            Self::InvalidKind { .. }
+            | Self::UnsupportedFilter { .. }
+            | Self::ExternalNameRefused { .. } => Reason::InvalidKind,
             Self::NotFound { .. } | Self::PortNotFound { .. } | Self::MissingPort { .. } => {
                 Reason::BackendNotFound
             }
@@ -138,9 +150,20 @@ pub(super) fn resolve(
     };
     let spec = service.spec.as_ref();
     if spec.and_then(|s| s.type_.as_deref()) == Some("ExternalName") {
-        let host = spec
+        let external_name = spec
             .and_then(|s| s.external_name.as_deref())
             .unwrap_or_default();
+        let host = external_name::dial_host(
+            external_name,
+            options.external_name_backends,
+            &options.cluster_domain,
+        )
+        .map_err(|refusal| BackendRefError::ExternalNameRefused {
+            field: field.to_owned(),
+            namespace: namespace.to_owned(),
+            name: r.name.to_owned(),
+            refusal,
+        })?;
         let url = format!("http://{host}:{port}");
         return Ok(Resolved {
             urls: vec![url.clone()],

@@ -12,6 +12,7 @@
 mod backend;
 mod binding;
 pub mod bundle_version;
+pub mod external_name;
 mod features;
 mod gateway;
 mod grpc_route;
@@ -41,6 +42,7 @@ use serde::{Serialize, Serializer};
 use crate::gateway_config::GatewayConfig;
 
 pub use backend::BackendRefError;
+pub use external_name::ExternalNameBackends;
 pub use features::SUPPORTED_FEATURES;
 pub use http_route::RuleError;
 pub use status::{
@@ -92,8 +94,11 @@ pub struct Options {
     /// When set, Gateways of this class are ours whether or not the GatewayClass object is in
     /// the snapshot (offline use); classes matched by `controller_name` stay ours too.
     pub gateway_class_name: Option<String>,
-    /// Suffix of Service DNS names (`name.ns.svc.<cluster_domain>`).
+    /// Suffix of Service DNS names (`name.ns.svc.<cluster_domain>`); with
+    /// [`ExternalNameBackends::External`], the domain ExternalName backends may not be under.
     pub cluster_domain: String,
+    /// Which ExternalName Services are admitted as backends (`--external-name-backends`).
+    pub external_name_backends: ExternalNameBackends,
     /// The proxy image of dedicated data planes whose `GatewayConfig` names none
     /// (`--proxy-image`). Without either, such a Gateway is not accepted (`InvalidParameters`).
     pub proxy_image: Option<String>,
@@ -108,6 +113,7 @@ impl Default for Options {
             controller_name: DEFAULT_CONTROLLER_NAME.to_owned(),
             gateway_class_name: None,
             cluster_domain: DEFAULT_CLUSTER_DOMAIN.to_owned(),
+            external_name_backends: ExternalNameBackends::default(),
             proxy_image: None,
             shared_tunnel: None,
         }

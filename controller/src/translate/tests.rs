@@ -692,7 +692,8 @@ fn app_protocol_dns_fallback_and_external_name_shape_the_backend() {
     );
     assert_eq!(
         rules[3].backends,
-        vec![backend("http://api.example.net:443", 1)]
+        vec![backend("http://api.example.net.:443", 1)],
+        "an ExternalName outside the cluster is dialled as an absolute name"
     );
     assert_eq!(
         rules[4].backends,
@@ -702,6 +703,216 @@ fn app_protocol_dns_fallback_and_external_name_shape_the_backend() {
         )],
         "a headless Service's name resolves to pods, which listen on the target port"
     );
+}
+
+/// What becomes of a rule splitting between ExternalName Service `ext` (to `target`) and
+/// Service `v2`, with `options`: the rule's backends and the route's `ResolvedRefs`.
+fn external_name_split(target: &str, options: &Options) -> (Vec<Backend>, Condition) {
+    let extra = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: ext, namespace: infra}}\nspec: {{type: ExternalName, externalName: \"{target}\", ports: [{{port: 8080}}]}}\n---\n{}",
+        http_route(
+            "infra",
+            "r",
+            "  parentRefs: [{name: gw}]\n  rules: [{backendRefs: [{name: ext, port: 8080}, {name: v2, port: 8080}]}]",
+        )
+    );
+    let out = translate(&snapshot(&extra), options);
+    let resolved = route_status(&out, "infra", "r")
+        .first()
+        .and_then(|p| p.condition(ConditionType::ResolvedRefs))
+        .cloned()
+        .expect("ResolvedRefs present");
+    (only_rule(&out).backends.clone(), resolved)
+}
+
+fn external_names(admitted: ExternalNameBackends) -> Options {
+    Options {
+        external_name_backends: admitted,
+        ..Options::default()
+    }
+}
+
+/// The refused `ext` fails closed with 500 while `v2` keeps serving, and `ResolvedRefs` names
+/// the Service and says why.
+fn assert_refused(target: &str, options: &Options, why: &str) {
+    let (backends, resolved) = external_name_split(target, options);
+    assert_eq!(
+        backends,
+        vec![
+            Backend {
+                unavailable_status: Some(500),
+                ..backend("http://ext.infra.svc.cluster.local:8080", 1)
+            },
+            backend("http://10.0.1.1:3000", 1),
+        ],
+        "{target}"
+    );
+    assert_eq!(
+        (resolved.status, resolved.reason),
+        (false, Reason::InvalidKind),
+        "{target}"
+    );
+    let message = &resolved.message;
+    assert!(
+        message.contains("Service infra/ext of type ExternalName is refused")
+            && message.contains(why),
+        "{target}: {message}"
+    );
+}
+
+fn assert_admitted(target: &str, options: &Options, url: &str) {
+    let (backends, resolved) = external_name_split(target, options);
+    assert_eq!(
+        backends,
+        vec![backend(url, 1), backend("http://10.0.1.1:3000", 1)],
+        "{target}"
+    );
+    assert_eq!(
+        (resolved.status, resolved.reason),
+        (true, Reason::ResolvedRefs),
+        "{target}"
+    );
+}
+
+#[test]
+fn external_name_backends_outside_the_cluster_are_dialled_as_absolute_names_by_default() {
+    let options = Options::default();
+    assert_eq!(
+        options.external_name_backends,
+        ExternalNameBackends::External
+    );
+    // Absolute, `svc.other-ns.` is never looked up as `svc.other-ns.svc.cluster.local`
+    // through the proxy pod's search domains.
+    assert_admitted("svc.other-ns", &options, "http://svc.other-ns.:8080");
+    assert_admitted("api.example.net", &options, "http://api.example.net.:8080");
+    assert_admitted("api.example.net.", &options, "http://api.example.net.:8080");
+    assert_admitted(
+        "cluster.local.example.com",
+        &options,
+        "http://cluster.local.example.com.:8080",
+    );
+}
+
+#[test]
+fn external_name_backends_inside_the_cluster_are_refused_by_default() {
+    let options = Options::default();
+    for (target, why) in [
+        (
+            "x.other-ns.svc.cluster.local",
+            "under the cluster domain cluster.local",
+        ),
+        (
+            "x.other-ns.svc.cluster.local.",
+            "under the cluster domain cluster.local",
+        ),
+        ("cluster.local", "under the cluster domain cluster.local"),
+        (
+            "10-0-0-7.other-ns.pod.cluster.local",
+            "under the cluster domain",
+        ),
+        ("10.0.0.7", "is an IP address"),
+        // Legacy IPv4 forms the resolver reads as addresses too.
+        ("10.7", "is an IP address"),
+        ("167772167", "is an IP address"),
+        ("0x7f000001", "is an IP address"),
+        ("localhost", "names the proxy's own host"),
+        ("admin.localhost", "names the proxy's own host"),
+        ("kubernetes", "is a single label"),
+        ("Not A Name", "is not a DNS name"),
+        ("", "is not a DNS name"),
+    ] {
+        assert_refused(target, &options, why);
+    }
+    // The cluster's own domain, whatever it is.
+    let options = Options {
+        cluster_domain: "corp.internal".to_owned(),
+        ..Options::default()
+    };
+    let (backends, resolved) = external_name_split("x.other-ns.svc.corp.internal", &options);
+    assert_eq!(backends[0].unavailable_status, Some(500));
+    assert!(
+        resolved
+            .message
+            .contains("under the cluster domain corp.internal"),
+        "{}",
+        resolved.message
+    );
+}
+
+#[test]
+fn external_name_backends_deny_refuses_every_name() {
+    let options = external_names(ExternalNameBackends::Deny);
+    for target in [
+        "api.example.net",
+        "svc.other-ns",
+        "x.other-ns.svc.cluster.local",
+        "10.0.0.7",
+    ] {
+        assert_refused(target, &options, "--external-name-backends=deny");
+    }
+}
+
+#[test]
+fn external_name_backends_any_dials_every_name_as_written() {
+    let options = external_names(ExternalNameBackends::Any);
+    assert_admitted("svc.other-ns", &options, "http://svc.other-ns:8080");
+    assert_admitted(
+        "x.other-ns.svc.cluster.local",
+        &options,
+        "http://x.other-ns.svc.cluster.local:8080",
+    );
+    assert_admitted("10.0.0.7", &options, "http://10.0.0.7:8080");
+    assert_admitted("api.example.net", &options, "http://api.example.net:8080");
+    // Only what the API server would never store is refused: the proxy would refuse the
+    // whole push.
+    assert_refused("a b", &options, "is not a DNS name");
+}
+
+#[test]
+fn refused_external_name_backends_of_grpc_routes_and_mirrors_fail_closed() {
+    let ext = "apiVersion: v1\nkind: Service\nmetadata: {name: ext, namespace: infra}\nspec: {type: ExternalName, externalName: x.web.svc.cluster.local, ports: [{port: 8080}]}\n---\n";
+    let out = run(&format!(
+        "{ext}{}{}",
+        grpc_route(
+            "infra",
+            "g",
+            "  parentRefs: [{name: gw}]\n  hostnames: [grpc.example.com]\n  rules: [{backendRefs: [{name: ext, port: 8080}]}]",
+        ),
+        http_route(
+            "infra",
+            "m",
+            "  parentRefs: [{name: gw}]\n  hostnames: [mirror.example.com]\n  rules:\n  - filters: [{type: RequestMirror, requestMirror: {backendRef: {name: ext, port: 8080}}}]\n    backendRefs: [{name: v2, port: 8080}]",
+        )
+    ));
+    let grpc = parent_statuses(&out, RouteKind::Grpc, "infra", "g")[0]
+        .condition(ConditionType::ResolvedRefs)
+        .expect("ResolvedRefs");
+    assert_eq!((grpc.status, grpc.reason), (false, Reason::InvalidKind));
+    assert!(
+        grpc.message
+            .contains("Service infra/ext of type ExternalName is refused"),
+        "{}",
+        grpc.message
+    );
+    assert_eq!(
+        condition(&out, "infra", "m", ConditionType::ResolvedRefs),
+        (false, Reason::InvalidKind)
+    );
+    for rule in route_rules(&out) {
+        match rule.name.as_deref() {
+            Some("infra/g/0") => assert!(
+                rule.backends
+                    .iter()
+                    .all(|b| b.unavailable_status == Some(500)),
+                "{rule:#?}"
+            ),
+            Some("infra/m/0") => {
+                assert!(rule.filters.is_empty(), "no mirror to a refused name");
+                assert_eq!(rule.backends, vec![backend("http://10.0.1.1:3000", 1)]);
+            }
+            other => panic!("unexpected rule {other:?}"),
+        }
+    }
 }
 
 #[test]

@@ -1,0 +1,148 @@
+//! Which ExternalName Services a route may use as backends, and the host the proxy dials for
+//! them.
+//!
+//! An ExternalName Service is a DNS alias whose target its owner picks freely. Dialled as
+//! written, from the proxy's pod, it reaches whatever that name resolves to there: `svc.team-b`
+//! goes through the pod's search domains to Service `svc` of namespace `team-b`, and
+//! `svc.team-b.svc.cluster.local` or `10.0.0.7` reach in-cluster addresses directly, all
+//! without the ReferenceGrant a cross-namespace backendRef needs (CVE-2021-25740 is this
+//! class). Gateway API leaves ExternalName backends implementation-specific and advises
+//! against them, so what is admitted is the operator's choice (`--external-name-backends`).
+
+use std::fmt;
+
+/// Which ExternalName Services are admitted as backends (`--external-name-backends`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ExternalNameBackends {
+    /// None: every backendRef to an ExternalName Service is refused.
+    Deny,
+    /// Names outside the cluster, dialled as absolute names so that the proxy pod's search
+    /// domains never apply; names under the cluster domain, IP addresses, single labels and
+    /// `localhost` are refused.
+    #[default]
+    External,
+    /// Any name, dialled as written (search domains apply): a route can reach any Service of
+    /// the cluster through one.
+    Any,
+}
+
+impl ExternalNameBackends {
+    /// The flag's spelling of the value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Deny => "deny",
+            Self::External => "external",
+            Self::Any => "any",
+        }
+    }
+}
+
+impl fmt::Display for ExternalNameBackends {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why an ExternalName Service is not admitted as a backend.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("ExternalName backends are not admitted (--external-name-backends=deny)")]
+    Denied,
+    #[error("externalName {0:?} is not a DNS name")]
+    NotADnsName(String),
+    #[error(
+        "externalName {name:?} is under the cluster domain {domain}, inside the cluster; \
+         only names outside it are admitted (--external-name-backends=external)"
+    )]
+    ClusterDomain { name: String, domain: String },
+    #[error(
+        "externalName {0:?} is an IP address, which may be inside the cluster; only names \
+         outside it are admitted (--external-name-backends=external)"
+    )]
+    IpAddress(String),
+    #[error(
+        "externalName {0:?} names the proxy's own host; only names outside the cluster are \
+         admitted (--external-name-backends=external)"
+    )]
+    Loopback(String),
+    #[error(
+        "externalName {0:?} is a single label, which resolves through the proxy pod's search \
+         domains; only fully qualified names outside the cluster are admitted \
+         (--external-name-backends=external)"
+    )]
+    SingleLabel(String),
+}
+
+/// The host the proxy dials for an ExternalName Service whose `spec.externalName` is
+/// `external_name`, or why it is refused under `admitted`.
+///
+/// With [`ExternalNameBackends::External`] the host ends with a dot: an absolute name, which
+/// the resolver looks up as it is, never with the pod's search domains appended (the proxy
+/// sends the client's host, not this one, in `Host`).
+pub(super) fn dial_host(
+    external_name: &str,
+    admitted: ExternalNameBackends,
+    cluster_domain: &str,
+) -> Result<String, Refusal> {
+    if admitted == ExternalNameBackends::Deny {
+        return Err(Refusal::Denied);
+    }
+    // The API server takes a DNS-1123 subdomain with an optional trailing dot; anything else
+    // (from manifests) would make the proxy refuse the whole push.
+    let name = external_name.strip_suffix('.').unwrap_or(external_name);
+    if !is_dns_subdomain(name) {
+        return Err(Refusal::NotADnsName(external_name.to_owned()));
+    }
+    if admitted == ExternalNameBackends::Any {
+        return Ok(external_name.to_owned());
+    }
+    let labels: Vec<&str> = name.split('.').collect();
+    // The resolver takes the legacy IPv4 forms too (`10.7`, `167772167`, `0x7f000001`,
+    // `0177.0.0.1`), and a top-level domain is never numeric (RFC 3696 §2).
+    if labels.last().is_some_and(|tld| is_ipv4_part(tld)) {
+        return Err(Refusal::IpAddress(external_name.to_owned()));
+    }
+    // RFC 6761 §6.3: `localhost` and names under it are the loopback interface.
+    if labels.last() == Some(&"localhost") {
+        return Err(Refusal::Loopback(external_name.to_owned()));
+    }
+    if labels.len() < 2 {
+        return Err(Refusal::SingleLabel(external_name.to_owned()));
+    }
+    let domain = cluster_domain.trim_matches('.').to_ascii_lowercase();
+    if !domain.is_empty()
+        && (name == domain
+            || name
+                .strip_suffix(domain.as_str())
+                .is_some_and(|rest| rest.ends_with('.')))
+    {
+        return Err(Refusal::ClusterDomain {
+            name: external_name.to_owned(),
+            domain,
+        });
+    }
+    Ok(format!("{name}."))
+}
+
+/// A DNS-1123 subdomain: at most 253 characters, dot-separated labels of lowercase letters,
+/// digits and `-`, each starting and ending with a letter or digit.
+fn is_dns_subdomain(name: &str) -> bool {
+    let label_ok = |l: &str| {
+        (1..=63).contains(&l.len())
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    (1..=253).contains(&name.len()) && name.split('.').all(label_ok)
+}
+
+/// A part of an IPv4 address as `inet_aton` reads it: decimal, octal or `0x` hexadecimal.
+fn is_ipv4_part(label: &str) -> bool {
+    let digits = label.strip_prefix("0x").unwrap_or(label);
+    if digits.len() == label.len() {
+        label.bytes().all(|b| b.is_ascii_digit())
+    } else {
+        digits.bytes().all(|b| b.is_ascii_hexdigit())
+    }
+}
