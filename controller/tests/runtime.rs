@@ -1723,6 +1723,74 @@ async fn a_plane_whose_config_stops_resolving_keeps_serving_its_last_config() {
     .expect("in time");
 }
 
+/// A dedicated Gateway whose listeners all turn invalid stops serving: its pods are pushed a
+/// config without routes (every request 404) instead of keeping the routes of listeners that
+/// are gone, the Gateway says why, and a valid listener brings the routes back.
+#[tokio::test]
+async fn a_plane_whose_listeners_all_turn_invalid_stops_serving_its_routes() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        let pod = Server::start(
+            ServerOptions {
+                auth_token: Some("s3cr3t".to_owned()),
+                ..ServerOptions::default()
+            },
+            None,
+        )
+        .await
+        .expect("proxy starts");
+        t.api.put(yaml(&format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: cf-proxy-edge-config-x1, namespace: tenant-a, labels: {{kubernetes.io/service-name: cf-proxy-edge-config, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: false}}}}]\n",
+            pod.admin_addr().port()
+        )));
+        let answers = |status: u16| {
+            let data = pod.data_addr();
+            async move {
+                let by = Instant::now() + Duration::from_secs(20);
+                while get_via(data, "shop.example.com").await != status {
+                    assert!(Instant::now() < by, "the pod answers {status}");
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+            }
+        };
+        answers(200).await;
+
+        t.api
+            .put(yaml(&gateway(true).replace("protocol: HTTP", "protocol: TCP")));
+        answers(404).await;
+        let conditions = eventually("the Gateway not accepted", || {
+            t.api
+                .get("gateway.networking.k8s.io/v1", "Gateway", "tenant-a", "edge")
+                .map(|g| g["status"]["conditions"].clone())
+                .filter(|c| {
+                    condition(c, "Accepted").is_some_and(|a| a["reason"] == "ListenersNotValid")
+                })
+        })
+        .await;
+        let programmed = condition(&conditions, "Programmed").expect("Programmed");
+        assert_eq!(programmed["status"], "False");
+        assert!(
+            programmed["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("serves no routes")),
+            "{programmed}"
+        );
+        assert!(
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+                .is_some(),
+            "the plane stays"
+        );
+
+        t.api.put(yaml(&gateway(true)));
+        answers(200).await;
+        pod.shutdown().await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// A plane's autoscaler deleted by hand is put back by the next round, as its Deployment and
 /// NetworkPolicy are, not five minutes later.
 #[tokio::test]

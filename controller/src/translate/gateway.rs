@@ -134,7 +134,8 @@ pub(super) struct OwnedGateway<'a> {
     pub(super) key: ObjectKey,
     created: Option<&'a Time>,
     generation: Option<i64>,
-    /// The plane serving this Gateway; `None` when the Gateway is not accepted.
+    /// The plane serving this Gateway; `None` when the Gateway is not accepted, but for a
+    /// dedicated Gateway whose listeners are all invalid: its plane stays, serving no routes.
     pub(super) plane: Option<PlaneKey>,
     /// The tunnel of that plane, when known (a dedicated plane's always is).
     pub(super) tunnel: Option<TunnelIdentity>,
@@ -147,7 +148,10 @@ pub(super) struct OwnedGateway<'a> {
 impl OwnedGateway<'_> {
     /// Settles the status once every listener conflict is known, within the Gateway and, on
     /// the shared plane, with its other Gateways: the listeners' Conflicted and Programmed, the
-    /// Gateway's Accepted and Programmed. A Gateway that ends up not accepted has no plane.
+    /// Gateway's Accepted and Programmed. A Gateway that ends up not accepted has no plane,
+    /// except a dedicated one whose listeners are all invalid: without a plane, the runtime
+    /// would leave its running pods on their last config, still serving the routes of the
+    /// listeners that are gone, so it keeps its plane, which gets a config without routes.
     fn settle(&mut self) {
         let generation = self.generation;
         for l in &mut self.listeners {
@@ -194,15 +198,23 @@ impl OwnedGateway<'_> {
                 ),
             ],
             Err((reason, message)) => {
-                self.plane = None;
-                self.tunnel = None;
+                let serves_nothing = reason == Reason::ListenersNotValid
+                    && matches!(self.plane, Some(PlaneKey::Dedicated(_)));
+                let programmed = if serves_nothing {
+                    "the Gateway is not accepted; its data plane serves no routes (every \
+                     request gets 404) until a listener is valid"
+                } else {
+                    self.plane = None;
+                    self.tunnel = None;
+                    "the Gateway is not accepted"
+                };
                 vec![
                     Condition::new(ConditionType::Accepted, false, reason, message, generation),
                     Condition::new(
                         ConditionType::Programmed,
                         false,
                         Reason::Invalid,
-                        "the Gateway is not accepted",
+                        programmed,
                         generation,
                     ),
                 ]
@@ -504,8 +516,7 @@ fn mark_conflicts(listeners: &mut [OwnedListener<'_>], specs: &[GatewayListeners
 /// the planes of a tunnel serve the union of its routes, which stay accepted, and dedicated
 /// Gateways of different namespaces on one tunnel are flagged `TunnelShared` (the isolation
 /// guide's "Sharing a tunnel"). A conflict there would drop a Gateway migrating onto the class
-/// tunnel, and a dedicated Gateway left with no listener would have no plane, whose running
-/// pods then keep their last config, rules for the contested host included.
+/// tunnel, and a dedicated Gateway left with no listener would serve no routes at all.
 fn mark_shared_plane_conflicts(gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'_>>) {
     let mut order: Vec<&OwnedGateway<'_>> = gateways
         .values()

@@ -266,7 +266,8 @@ pub struct Output {
     /// that asks for one. `version` is 0: the pusher assigns versions.
     pub configs: BTreeMap<PlaneKey, Config>,
     pub statuses: Statuses,
-    /// For each owned Gateway, the plane it is served by.
+    /// For each owned Gateway, the plane it is served by: none when it is not accepted, except
+    /// a dedicated Gateway whose listeners are all invalid, whose plane serves no routes.
     pub planes: BTreeMap<ObjectKey, PlaneKey>,
 }
 

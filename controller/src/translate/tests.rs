@@ -2119,6 +2119,53 @@ spec:
     )
 }
 
+#[test]
+fn a_dedicated_gateway_whose_listeners_are_all_invalid_keeps_a_plane_without_routes() {
+    let healthy = tenant("team-a", "a", TUNNEL_A);
+    let key = ObjectKey::new("team-a", "a");
+    let plane = PlaneKey::Dedicated(key.clone());
+    let out = translate(&snapshot(&healthy), &with_image());
+    assert!(rule_names(&out, &plane).contains(&"team-a/a/0".to_owned()));
+
+    // Every listener now of a protocol the data plane cannot serve.
+    let invalid = healthy.replace("protocol: HTTP,", "protocol: TCP,");
+    assert_ne!(invalid, healthy);
+    let out = translate(&snapshot(&invalid), &with_image());
+    assert_eq!(
+        out.planes.get(&key),
+        Some(&plane),
+        "the plane stays, so its pods can be told to stop serving"
+    );
+    assert_eq!(out.configs[&plane].rules, Vec::new(), "no route is served");
+    let conditions = &out.statuses.gateways[&key].conditions;
+    assert_eq!(
+        kinds_and_reasons(conditions),
+        vec![
+            (ConditionType::Accepted, false, Reason::ListenersNotValid),
+            (ConditionType::Programmed, false, Reason::Invalid),
+        ]
+    );
+    assert!(
+        conditions[1].message.contains("serves no routes"),
+        "{}",
+        conditions[1].message
+    );
+    assert!(
+        !accepted(&out, RouteKind::Http, "team-a", "a").0,
+        "the route is served nowhere"
+    );
+
+    // A shared-plane Gateway in that state has no plane; the shared plane serves the rest.
+    let shared = shared_gateway(
+        "infra",
+        "iso",
+        "2026-02-01T00:00:00Z",
+        "{name: tcp, port: 80, protocol: TCP}",
+    );
+    let out = translate(&snapshot(&shared), &with_image());
+    assert_eq!(out.planes.get(&ObjectKey::new("infra", "iso")), None);
+}
+
 fn rule_names(out: &Output, plane: &PlaneKey) -> Vec<String> {
     out.configs[plane]
         .rules
