@@ -1238,6 +1238,7 @@ async fn the_api_token_waits_out_a_rate_limit() {
 struct Tenant {
     api: ApiServer,
     _echo: cftunnel_loadtest::echo::EchoServer,
+    health: std::sync::Arc<runtime::health::Health>,
     stop: tokio::sync::oneshot::Sender<()>,
     controller: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
@@ -1289,12 +1290,13 @@ impl Tenant {
         tune(&mut options);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let health = std::sync::Arc::new(runtime::health::Health::default());
-        let controller = tokio::spawn(runtime::run(client(&api), options, health, async {
+        let controller = tokio::spawn(runtime::run(client(&api), options, health.clone(), async {
             let _ = stopped.await;
         }));
         Self {
             api,
             _echo: echo,
+            health,
             stop,
             controller,
         }
@@ -1785,6 +1787,141 @@ async fn a_plane_whose_listeners_all_turn_invalid_stops_serving_its_routes() {
         t.api.put(yaml(&gateway(true)));
         answers(200).await;
         pod.shutdown().await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A plane no push reaches (no pod listed in its Service's EndpointSlices, or, for the shared
+/// pool, no config-API token) fails no push, so its Gateways' `Programmed=False` says why,
+/// the log warns and `cftunnel_controller_unreached_planes` counts it, until a push can reach
+/// it.
+#[tokio::test]
+async fn a_plane_no_push_reaches_leaves_its_gateways_unprogrammed_saying_why() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let shared = "apiVersion: v1\nkind: Secret\nmetadata: {name: shared-auth, namespace: cftunnel-system}\nstringData: {token: pool-secret}\n";
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                api.put(yaml(shared));
+                api.put(yaml("apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: public, namespace: tenant-s}\nspec:\n  gatewayClassName: cloudflare-tunnel\n  listeners: [{name: http, port: 80, protocol: HTTP, hostname: www.example.com}]\n"));
+            },
+            ApiServer::client,
+            |options| {
+                options.shared = Some(SharedPlane {
+                    service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
+                    auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
+                    auth_key: "token".to_owned(),
+                    tunnel_secret: None,
+                });
+            },
+        )
+        .await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let health_addr = listener.local_addr().expect("address");
+        let _health = tokio::spawn(runtime::health::serve(listener, t.health.clone()));
+        let unreached = |n: usize| async move {
+            let by = Instant::now() + Duration::from_secs(20);
+            loop {
+                let metrics =
+                    support::request(health_addr, "GET", "/metrics", "controller", None, "")
+                        .await
+                        .map(|a| String::from_utf8_lossy(&a.body).into_owned())
+                        .unwrap_or_default();
+                if metrics.contains(&format!("cftunnel_controller_unreached_planes {n}\n")) {
+                    return;
+                }
+                assert!(Instant::now() < by, "{n} unreached planes: {metrics}");
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        };
+        let programmed = |namespace: &'static str, name: &'static str, says: &'static str| {
+            let api = &t.api;
+            async move {
+                eventually(&format!("{namespace}/{name}: Programmed {says:?}"), || {
+                    api.get("gateway.networking.k8s.io/v1", "Gateway", namespace, name)
+                        .and_then(|g| {
+                            condition(&g["status"]["conditions"], "Programmed").cloned()
+                        })
+                        .filter(|c| {
+                            if says.is_empty() {
+                                c["status"] == "True"
+                            } else {
+                                c["status"] == "False"
+                                    && c["reason"] == "Pending"
+                                    && c["message"].as_str().is_some_and(|m| m.contains(says))
+                            }
+                        })
+                })
+                .await
+            }
+        };
+        programmed(
+            "tenant-a",
+            "edge",
+            "no proxy pod is listed to receive the config: the EndpointSlices of Service \
+             tenant-a/cf-proxy-edge-config list none",
+        )
+        .await;
+        programmed(
+            "tenant-s",
+            "public",
+            "the EndpointSlices of Service cftunnel-system/cftunnel-proxy list none",
+        )
+        .await;
+        // Gateway third's plane too (tenant-c): none of its pods is ever listed here.
+        unreached(3).await;
+
+        // A pod of each plane is listed: pushes reach them.
+        let pod = |token: &str| {
+            Server::start(
+                ServerOptions {
+                    auth_token: Some(token.to_owned()),
+                    ..ServerOptions::default()
+                },
+                None,
+            )
+        };
+        let (edge, pool) = (
+            pod("s3cr3t").await.expect("proxy starts"),
+            pod("pool-secret").await.expect("proxy starts"),
+        );
+        let slice = |namespace: &str, service: &str, port: u16| {
+            yaml(&format!(
+                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {service}-x1, namespace: {namespace}, labels: {{kubernetes.io/service-name: {service}, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {port}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: false}}}}]\n"
+            ))
+        };
+        t.api.put(slice(
+            "tenant-a",
+            "cf-proxy-edge-config",
+            edge.admin_addr().port(),
+        ));
+        t.api.put(slice(
+            "cftunnel-system",
+            "cftunnel-proxy",
+            pool.admin_addr().port(),
+        ));
+        // The dedicated plane now waits for a ready replica only; the pool is programmed.
+        programmed("tenant-a", "edge", "waiting for a ready proxy replica").await;
+        programmed("tenant-s", "public", "").await;
+        unreached(1).await;
+
+        // The pool's config-API token goes: nothing can be pushed to it.
+        assert!(t.api.delete("v1", "Secret", "cftunnel-system", "shared-auth"));
+        programmed(
+            "tenant-s",
+            "public",
+            "the shared proxy pool's config-API token (key \"token\" of Secret \
+             cftunnel-system/shared-auth) is missing",
+        )
+        .await;
+        unreached(2).await;
+
+        edge.shutdown().await;
+        pool.shutdown().await;
         t.stop().await;
     })
     .await

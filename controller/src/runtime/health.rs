@@ -27,6 +27,8 @@ pub struct Health {
     pub(super) render_failing_gateways: Gauge,
     /// Planes whose tunnel document could not be written.
     pub(super) tunnel_failing_planes: Gauge,
+    /// Planes no config push reaches: no proxy pod listed, or no config-API token.
+    pub(super) unreached_planes: Gauge,
 }
 
 impl Default for Health {
@@ -64,6 +66,12 @@ impl Default for Health {
             "Data planes whose tunnel ingress document could not be written",
             tunnel_failing_planes.clone(),
         );
+        let unreached_planes = Gauge::default();
+        registry.register(
+            "unreached_planes",
+            "Data planes no config push reaches: no proxy pod listed, or no config-API token",
+            unreached_planes.clone(),
+        );
         Self {
             ready: AtomicBool::new(false),
             registry,
@@ -73,6 +81,7 @@ impl Default for Health {
             push_failing_planes,
             render_failing_gateways,
             tunnel_failing_planes,
+            unreached_planes,
         }
     }
 }

@@ -279,6 +279,7 @@ pub async fn run(
             health.push_failing_planes.set(0);
             health.render_failing_gateways.set(0);
             health.tunnel_failing_planes.set(0);
+            health.unreached_planes.set(0);
             if reconciler.take().is_some() {
                 tracing::info!("not leading: another replica reconciles");
             }
@@ -343,6 +344,9 @@ struct Reconciler {
     tunnel_sync: TunnelSync,
     /// Per plane: why its tunnel's ingress document could not be written this round.
     tunnel_failures: HashMap<PlaneKey, String>,
+    /// Per plane: why no push reaches it this round (no pod listed, no config-API token). No
+    /// push fails then, so without this nothing would say the config is nowhere.
+    unreached: HashMap<PlaneKey, String>,
     /// Routes told they share a tunnel, with what they were told: an Event once per change.
     tunnel_shared_told: HashMap<String, String>,
     /// Per Gateway uid: the digest of the plane last applied, and when.
@@ -368,6 +372,8 @@ struct PlaneInfo {
     ready: bool,
     token: String,
     pods: Vec<std::net::SocketAddr>,
+    /// The Service whose EndpointSlices list `pods`.
+    service: ObjectKey,
     /// Where its tunnel's ingress document goes; `None` when no API token is configured for it,
     /// an error when the one its GatewayConfig names cannot be read.
     tunnel: Option<Result<TunnelTarget, String>>,
@@ -412,6 +418,7 @@ impl Reconciler {
             tunnel_api,
             tunnel_sync: TunnelSync::default(),
             tunnel_failures: HashMap::new(),
+            unreached: HashMap::new(),
             tunnel_shared_told: HashMap::new(),
             applied: HashMap::new(),
         }
@@ -429,6 +436,7 @@ impl Reconciler {
         health
             .tunnel_failing_planes
             .set(count(self.tunnel_failures.len()));
+        health.unreached_planes.set(count(self.unreached.len()));
     }
 
     async fn round(
@@ -512,6 +520,7 @@ impl Reconciler {
                     ready: false,
                     token: last.token.clone(),
                     pods: push::pod_addresses(&slices, CONFIG_PORT_NAME),
+                    service: ObjectKey::new(&key.namespace, &last.service),
                     // Nothing changed for its tunnel: its document stays as last written.
                     tunnel: None,
                     identity: None,
@@ -533,6 +542,7 @@ impl Reconciler {
                 planes.insert(PlaneKey::Shared, info);
             }
         }
+        self.note_unreached(&planes);
 
         let rounds: Vec<PlaneRound<'_>> = output
             .configs
@@ -626,6 +636,39 @@ impl Reconciler {
 
         self.write_statuses(snapshot, &output, &planes, &newly_failed)
             .await;
+    }
+
+    /// Records the planes no push can reach this round, saying so in the log when that
+    /// starts or its reason changes; their Gateways' `Programmed` says it while it lasts.
+    fn note_unreached(&mut self, planes: &BTreeMap<PlaneKey, PlaneInfo>) {
+        let mut unreached: HashMap<PlaneKey, String> = planes
+            .iter()
+            .filter(|(_, info)| info.pods.is_empty())
+            .map(|(plane, info)| {
+                let reason = format!(
+                    "no proxy pod is listed to receive the config: the EndpointSlices of \
+                     Service {} list none that is not terminating",
+                    info.service
+                );
+                (plane.clone(), reason)
+            })
+            .collect();
+        if let Some(shared) = &self.options.shared {
+            if !planes.contains_key(&PlaneKey::Shared) {
+                let reason = format!(
+                    "the shared proxy pool's config-API token (key {:?} of Secret {}) is \
+                     missing, so no config is pushed to it",
+                    shared.auth_key, shared.auth_secret
+                );
+                unreached.insert(PlaneKey::Shared, reason);
+            }
+        }
+        for (plane, reason) in &unreached {
+            if self.unreached.get(plane) != Some(reason) {
+                tracing::warn!(%plane, %reason, "no config push reaches the data plane");
+            }
+        }
+        self.unreached = unreached;
     }
 
     /// Renders and applies a dedicated plane; `None` when it could not be applied.
@@ -768,6 +811,7 @@ impl Reconciler {
             ready,
             token: credentials.auth_token,
             pods: push::pod_addresses(&slices, CONFIG_PORT_NAME),
+            service: ObjectKey::new(&key.namespace, &plane.names.service),
             identity: Some(TunnelIdentity::of(&credentials.tunnel)),
             tunnel,
         })
@@ -1032,6 +1076,7 @@ fn shared_plane(
         ready: true,
         token,
         pods: push::pod_addresses(&slices, CONFIG_PORT_NAME),
+        service: shared.service.clone(),
         tunnel: tunnel.zip(api_token).map(|(t, api_token)| {
             Ok(TunnelTarget {
                 account: t.account_tag().to_owned(),

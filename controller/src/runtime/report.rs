@@ -84,6 +84,10 @@ impl Reconciler {
                 Some(plane @ PlaneKey::Dedicated(_)) => match planes.get(plane) {
                     Some(info) => {
                         addresses.push(info.address.clone());
+                        // The more specific reason first: the first one set stays.
+                        if let Some(reason) = self.unreached.get(plane) {
+                            set_programmed_pending(&mut conditions, reason);
+                        }
                         if !info.ready {
                             set_programmed_pending(
                                 &mut conditions,
@@ -102,7 +106,12 @@ impl Reconciler {
                         },
                     ),
                 },
-                Some(PlaneKey::Shared) => addresses.extend(shared_address.clone()),
+                Some(PlaneKey::Shared) => {
+                    addresses.extend(shared_address.clone());
+                    if let Some(reason) = self.unreached.get(&PlaneKey::Shared) {
+                        set_programmed_pending(&mut conditions, reason);
+                    }
+                }
                 None => {}
             }
             let existing = gw
