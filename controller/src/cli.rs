@@ -55,10 +55,12 @@ pub struct ClassArgs {
     /// ExternalName backends may not be under (`--external-name-backends=external`).
     #[arg(long, default_value = DEFAULT_CLUSTER_DOMAIN)]
     pub cluster_domain: String,
-    /// Which ExternalName Services routes may use as backends: `deny` none; `external` names
-    /// outside the cluster (not under `--cluster-domain`, not IP addresses), dialled as
-    /// absolute names; `any` every name as written, which lets a route reach any Service of
-    /// the cluster without a ReferenceGrant.
+    /// Which ExternalName Services routes may use as backends: `deny` none (for untrusted
+    /// route authors); `external` names that do not mean the cluster as written (not under
+    /// `--cluster-domain` or `clusterset.local`, not IP addresses, single labels or
+    /// `localhost`), dialled as absolute names, though a public name resolving to a cluster
+    /// address is still dialled; `any` every name as written, which lets a route reach any
+    /// Service of the cluster without a ReferenceGrant.
     #[arg(
         long,
         env = "EXTERNAL_NAME_BACKENDS",

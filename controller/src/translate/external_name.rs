@@ -8,6 +8,14 @@
 //! without the ReferenceGrant a cross-namespace backendRef needs (CVE-2021-25740 is this
 //! class). Gateway API leaves ExternalName backends implementation-specific and advises
 //! against them, so what is admitted is the operator's choice (`--external-name-backends`).
+//!
+//! `external` judges the name as written, never where it resolves: no lookup happens here,
+//! and the proxy resolves at dial time. It refuses the names that mean the cluster whatever DNS
+//! says (the cluster domain, `clusterset.local`, IP literals, single labels, `localhost`) and
+//! stops search-domain completion, but a public name whose record points at a cluster address
+//! (`10-96-12-34.sslip.io`, `169.254.169.254.nip.io`, a tenant's own domain) and a name the
+//! cluster's upstream resolver answers (stub domains, `*.internal`) are dialled. Where route
+//! authors are not trusted, `deny` and an egress NetworkPolicy on the proxy pods close that.
 
 use std::fmt;
 
@@ -16,9 +24,10 @@ use std::fmt;
 pub enum ExternalNameBackends {
     /// None: every backendRef to an ExternalName Service is refused.
     Deny,
-    /// Names outside the cluster, dialled as absolute names so that the proxy pod's search
-    /// domains never apply; names under the cluster domain, IP addresses, single labels and
-    /// `localhost` are refused.
+    /// Names that do not mean the cluster as written, dialled as absolute names so that the
+    /// proxy pod's search domains never apply; names under the cluster domain or
+    /// `clusterset.local`, IP addresses, single labels and `localhost` are refused. Where a
+    /// name resolves is not checked: a public name pointing at a cluster address is dialled.
     #[default]
     External,
     /// Any name, dialled as written (search domains apply): a route can reach any Service of
@@ -56,6 +65,12 @@ pub enum Refusal {
     )]
     ClusterDomain { name: String, domain: String },
     #[error(
+        "externalName {0:?} is under {CLUSTER_SET_DOMAIN}, the multi-cluster Services domain, \
+         which reaches Services of the cluster set; only names outside the cluster are \
+         admitted (--external-name-backends=external)"
+    )]
+    ClusterSet(String),
+    #[error(
         "externalName {0:?} is an IP address, which may be inside the cluster; only names \
          outside it are admitted (--external-name-backends=external)"
     )]
@@ -72,6 +87,10 @@ pub enum Refusal {
     )]
     SingleLabel(String),
 }
+
+/// The domain of multi-cluster Services (KEP-1645): its names resolve, through the cluster's
+/// DNS, to Services of this cluster and its peers.
+const CLUSTER_SET_DOMAIN: &str = "clusterset.local";
 
 /// The host the proxy dials for an ExternalName Service whose `spec.externalName` is
 /// `external_name`, or why it is refused under `admitted`.
@@ -110,18 +129,24 @@ pub(super) fn dial_host(
         return Err(Refusal::SingleLabel(external_name.to_owned()));
     }
     let domain = cluster_domain.trim_matches('.').to_ascii_lowercase();
-    if !domain.is_empty()
-        && (name == domain
-            || name
-                .strip_suffix(domain.as_str())
-                .is_some_and(|rest| rest.ends_with('.')))
-    {
+    if !domain.is_empty() && is_under(name, &domain) {
         return Err(Refusal::ClusterDomain {
             name: external_name.to_owned(),
             domain,
         });
     }
+    if is_under(name, CLUSTER_SET_DOMAIN) {
+        return Err(Refusal::ClusterSet(external_name.to_owned()));
+    }
     Ok(format!("{name}."))
+}
+
+/// `name` is `domain` or a name under it (both without a trailing dot).
+fn is_under(name: &str, domain: &str) -> bool {
+    name == domain
+        || name
+            .strip_suffix(domain)
+            .is_some_and(|rest| rest.ends_with('.'))
 }
 
 /// A DNS-1123 subdomain: at most 253 characters, dot-separated labels of lowercase letters,

@@ -839,6 +839,39 @@ fn external_name_backends_inside_the_cluster_are_refused_by_default() {
     );
 }
 
+/// Multi-cluster Services (KEP-1645) are named under `clusterset.local`, whatever the cluster
+/// domain: such a name reaches Services of this cluster and its peers.
+#[test]
+fn external_name_backends_under_clusterset_local_are_refused_by_default() {
+    let options = Options::default();
+    for target in [
+        "x.other-ns.svc.clusterset.local",
+        "x.other-ns.svc.clusterset.local.",
+        "clusterset.local",
+    ] {
+        assert_refused(target, &options, "is under clusterset.local");
+    }
+    assert_admitted(
+        "clusterset.local.example.com",
+        &options,
+        "http://clusterset.local.example.com.:8080",
+    );
+}
+
+/// `external` judges the name as written: where a public name resolves is not known here, so
+/// one whose record points into the cluster is dialled (the documented limit of the mode).
+#[test]
+fn external_name_backends_are_judged_by_name_not_by_where_they_resolve() {
+    let options = Options::default();
+    for (target, url) in [
+        ("10.96.12.34.nip.io", "http://10.96.12.34.nip.io.:8080"),
+        ("10-96-12-34.sslip.io", "http://10-96-12-34.sslip.io.:8080"),
+        ("db.corp.internal", "http://db.corp.internal.:8080"),
+    ] {
+        assert_admitted(target, &options, url);
+    }
+}
+
 #[test]
 fn external_name_backends_deny_refuses_every_name() {
     let options = external_names(ExternalNameBackends::Deny);
