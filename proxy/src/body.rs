@@ -106,21 +106,21 @@ impl Body for ResponseBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.project();
         let polled = match this.inner.project() {
-            InnerProj::Upstream { body, deadline } => match body.poll_frame(cx) {
-                Poll::Ready(polled) => polled.map(|r| r.map_err(BoxError::from)),
-                Poll::Pending => {
-                    let expired = deadline
-                        .as_mut()
-                        .is_some_and(|sleep| sleep.as_mut().poll(cx).is_ready());
-                    if !expired {
-                        return Poll::Pending;
-                    }
+            InnerProj::Upstream { body, deadline } => {
+                // Looked at before the body: one that always has data ready (a fast backend,
+                // a large download) would otherwise never be cut.
+                let expired = deadline
+                    .as_mut()
+                    .is_some_and(|sleep| sleep.as_mut().poll(cx).is_ready());
+                if expired {
                     if let Some(c) = this.completion.as_ref() {
                         c.backend_timed_out();
                     }
                     Some(Err(BoxError::from("timeout reached mid-response")))
+                } else {
+                    ready!(body.poll_frame(cx)).map(|r| r.map_err(BoxError::from))
                 }
-            },
+            }
             InnerProj::Local { body } => {
                 ready!(body.poll_frame(cx)).map(|r| r.map_err(|never| match never {}))
             }

@@ -1141,3 +1141,58 @@ async fn a_request_that_finds_no_connection_free_in_time_gets_503() {
     .await
     .expect("test finished in time");
 }
+
+/// The backend timeout cuts a body that never waits: a backend streaming faster than the
+/// client reads has data ready every time the proxy looks, and the body still ends at the
+/// answering try's deadline.
+#[tokio::test]
+async fn the_backend_timeout_cuts_a_body_that_is_always_ready() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // An h2c backend answering with an endless body, as fast as flow control lets it:
+        // the proxy's side of the stream always has data buffered for a slow client.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let backend = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let service = hyper::service::service_fn(|_req| async {
+                    let chunk = Bytes::from(vec![b'x'; 16 * 1024]);
+                    let endless = futures_util::stream::repeat_with(move || {
+                        Ok::<_, std::convert::Infallible>(http_body::Frame::data(chunk.clone()))
+                    });
+                    Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::StreamBody::new(endless)))
+                });
+                tokio::spawn(
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(conn), service),
+                );
+            }
+        });
+        let http = client();
+        let proxy = proxy().await;
+        let doc = json!({"rules": [
+            rule("/", json!({"timeouts": {"backend": "300ms"}, "backends": [{"url": url(backend), "weight": 1, "protocol": "h2c"}]})),
+        ]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+
+        let mut s = tokio::net::TcpStream::connect(proxy.data_addr()).await.expect("connect");
+        s.write_all(b"GET /download HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n").await.expect("request");
+        // A client slower than the backend: small reads with pauses.
+        let read_all = async {
+            let mut buf = [0u8; 4096];
+            let mut total = 0usize;
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return total,
+                    Ok(n) => total += n,
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        let read = tokio::time::timeout(Duration::from_secs(15), read_all).await;
+        assert!(read.is_ok(), "the body is cut off at the backend timeout");
+        let timeouts = "cftunnel_proxy_backend_errors_total{hostname=\"*\",reason=\"timeout\"}";
+        assert_eq!(metric(&http, proxy.admin_addr(), timeouts).await, Some(1.0), "counted as a backend timeout");
+    })
+    .await
+    .expect("test finished in time");
+}
