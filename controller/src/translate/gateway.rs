@@ -135,35 +135,44 @@ pub(super) struct OwnedGateway<'a> {
     created: Option<&'a Time>,
     generation: Option<i64>,
     /// The plane serving this Gateway; `None` when the Gateway is not accepted, but for a
-    /// dedicated Gateway whose listeners are all invalid: its plane stays, serving no routes.
+    /// dedicated Gateway whose listeners are all invalid: its plane stays, serving none of its
+    /// routes (only those of accepted Gateways sharing its tunnel).
     pub(super) plane: Option<PlaneKey>,
     /// The tunnel of that plane, when known (a dedicated plane's always is).
     pub(super) tunnel: Option<TunnelIdentity>,
     pub(super) listeners: Vec<OwnedListener<'a>>,
-    /// Why `infrastructure.parametersRef` makes no plane, until the Gateway is settled.
+    /// Why `infrastructure.parametersRef` makes no plane.
     refused: Option<(Reason, String)>,
     conditions: Vec<Condition>,
 }
 
 impl OwnedGateway<'_> {
+    /// Whether the Gateway is accepted, and if not why; final once every listener conflict is
+    /// known.
+    fn acceptance(&self) -> Result<(), (Reason, String)> {
+        match &self.refused {
+            Some(refused) => Err(refused.clone()),
+            None if !self.listeners.is_empty() && self.listeners.iter().all(|l| !l.usable) => {
+                Err((Reason::ListenersNotValid, "no listener is valid".to_owned()))
+            }
+            None => Ok(()),
+        }
+    }
+
     /// Settles the status once every listener conflict is known, within the Gateway and, on
     /// the shared plane, with its other Gateways: the listeners' Conflicted and Programmed, the
     /// Gateway's Accepted and Programmed. A Gateway that ends up not accepted has no plane,
     /// except a dedicated one whose listeners are all invalid: without a plane, the runtime
     /// would leave its running pods on their last config, still serving the routes of the
-    /// listeners that are gone, so it keeps its plane, which gets a config without routes.
-    fn settle(&mut self) {
+    /// listeners that are gone, so it keeps its plane, which gets none of its routes. Its pods
+    /// stay connectors of its tunnel, so they still serve the routes of the accepted Gateways
+    /// on that tunnel (`serving`, by tunnel), and `Programmed` says which.
+    fn settle(&mut self, serving: &BTreeMap<TunnelIdentity, Vec<ObjectKey>>) {
         let generation = self.generation;
         for l in &mut self.listeners {
             l.settle(generation);
         }
-        let accepted = match self.refused.take() {
-            Some(refused) => Err(refused),
-            None if !self.listeners.is_empty() && self.listeners.iter().all(|l| !l.usable) => {
-                Err((Reason::ListenersNotValid, "no listener is valid".to_owned()))
-            }
-            None => Ok(()),
-        };
+        let accepted = self.acceptance();
         // Gateway API: ListenersNotValid may come with Accepted=True when the Gateway still
         // serves its valid listeners.
         let invalid: Vec<&str> = self
@@ -198,15 +207,27 @@ impl OwnedGateway<'_> {
                 ),
             ],
             Err((reason, message)) => {
-                let serves_nothing = reason == Reason::ListenersNotValid
+                let keeps_plane = reason == Reason::ListenersNotValid
                     && matches!(self.plane, Some(PlaneKey::Dedicated(_)));
-                let programmed = if serves_nothing {
-                    "the Gateway is not accepted; its data plane serves no routes (every \
-                     request gets 404) until a listener is valid"
-                } else {
+                let sharing = self
+                    .tunnel
+                    .and_then(|t| serving.get(&t).map(|keys| (t.id, keys)));
+                let programmed = if !keeps_plane {
                     self.plane = None;
                     self.tunnel = None;
-                    "the Gateway is not accepted"
+                    "the Gateway is not accepted".to_owned()
+                } else if let Some((id, keys)) = sharing {
+                    let keys: Vec<String> = keys.iter().map(ToString::to_string).collect();
+                    format!(
+                        "the Gateway is not accepted; until a listener is valid its data plane \
+                         serves none of its own routes, only those of the other Gateways on \
+                         its tunnel {id} ({})",
+                        keys.join(", ")
+                    )
+                } else {
+                    "the Gateway is not accepted; its data plane serves no routes (every \
+                     request gets 404) until a listener is valid"
+                        .to_owned()
                 };
                 vec![
                     Condition::new(ConditionType::Accepted, false, reason, message, generation),
@@ -260,8 +281,16 @@ pub(super) fn owned_gateways<'a>(
         out.insert(key.clone(), owned_gateway(key, gw, snapshot, options));
     }
     mark_shared_plane_conflicts(&mut out);
+    // The Gateways whose routes each tunnel serves: what a plane kept without routes of its
+    // own still serves (see `OwnedGateway::settle`).
+    let mut serving: BTreeMap<TunnelIdentity, Vec<ObjectKey>> = BTreeMap::new();
+    for gw in out.values() {
+        if let (Some(_), Some(tunnel), Ok(())) = (&gw.plane, gw.tunnel, gw.acceptance()) {
+            serving.entry(tunnel).or_default().push(gw.key.clone());
+        }
+    }
     for gw in out.values_mut() {
-        gw.settle();
+        gw.settle(&serving);
     }
     out
 }

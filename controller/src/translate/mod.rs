@@ -267,7 +267,8 @@ pub struct Output {
     pub configs: BTreeMap<PlaneKey, Config>,
     pub statuses: Statuses,
     /// For each owned Gateway, the plane it is served by: none when it is not accepted, except
-    /// a dedicated Gateway whose listeners are all invalid, whose plane serves no routes.
+    /// a dedicated Gateway whose listeners are all invalid, whose plane serves none of its
+    /// routes (only those of the accepted Gateways on its tunnel, if any).
     pub planes: BTreeMap<ObjectKey, PlaneKey>,
 }
 

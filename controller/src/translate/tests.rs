@@ -2199,6 +2199,53 @@ fn a_dedicated_gateway_whose_listeners_are_all_invalid_keeps_a_plane_without_rou
     assert_eq!(out.planes.get(&ObjectKey::new("infra", "iso")), None);
 }
 
+/// Such a plane's pods stay connectors of its tunnel: when an accepted Gateway's plane shares
+/// the tunnel, they serve that Gateway's routes (the edge hands them its requests), so
+/// `Programmed` names it, and that Gateway's routes stay flagged `TunnelShared`: another
+/// tenant's pods still get their requests.
+#[test]
+fn an_invalid_dedicated_gateway_on_a_shared_tunnel_serves_the_other_gateways_routes() {
+    let invalid_b = tenant("team-b", "b", TUNNEL_A).replace("protocol: HTTP,", "protocol: TCP,");
+    let out = translate(
+        &snapshot(&format!("{}{invalid_b}", tenant("team-a", "a", TUNNEL_A))),
+        &with_image(),
+    );
+    let b = ObjectKey::new("team-b", "b");
+    let plane = PlaneKey::Dedicated(b.clone());
+    assert_eq!(out.planes.get(&b), Some(&plane));
+    let mut names = rule_names(&out, &plane);
+    names.sort();
+    assert_eq!(
+        names,
+        vec!["team-a/a/0".to_owned(), "team-a/a/listener:http".to_owned()],
+        "the tunnel's other routes, none of its own"
+    );
+    let conditions = &out.statuses.gateways[&b].conditions;
+    assert_eq!(
+        kinds_and_reasons(conditions),
+        vec![
+            (ConditionType::Accepted, false, Reason::ListenersNotValid),
+            (ConditionType::Programmed, false, Reason::Invalid),
+        ]
+    );
+    assert_eq!(
+        conditions[1].message,
+        format!(
+            "the Gateway is not accepted; until a listener is valid its data plane serves none \
+             of its own routes, only those of the other Gateways on its tunnel {TUNNEL_A} \
+             (team-a/a)"
+        )
+    );
+    assert!(!accepted(&out, RouteKind::Http, "team-b", "b").0);
+
+    let shared = route_status(&out, "team-a", "a")[0]
+        .condition(ConditionType::TunnelShared)
+        .cloned()
+        .expect("still flagged: team-b's pods get team-a's requests");
+    assert!(shared.status);
+    assert!(shared.message.contains("team-b/b"), "{}", shared.message);
+}
+
 fn rule_names(out: &Output, plane: &PlaneKey) -> Vec<String> {
     out.configs[plane]
         .rules
