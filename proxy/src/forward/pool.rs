@@ -27,7 +27,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
@@ -51,6 +51,9 @@ pub(super) struct H1Pool {
     permits: Arc<Semaphore>,
     /// Signalled when a connection comes back to the pool, for requests waiting at the limit.
     returned: Notify,
+    /// Requests waiting at the limit now: a connection put back signals `returned` only when
+    /// one does, which keeps the shared `Notify` off the path of every completed request.
+    waiters: AtomicUsize,
 }
 
 /// How long a request may wait for a connection while the backend has its most open, and
@@ -148,6 +151,7 @@ impl H1Pool {
                 max_connections.clamp(1, Semaphore::MAX_PERMITS),
             )),
             returned: Notify::new(),
+            waiters: AtomicUsize::new(0),
         })
     }
 
@@ -368,6 +372,10 @@ impl H1Pool {
             return Ok(Slot::New(permit));
         }
         wait.waiting.store(true, Ordering::Relaxed);
+        // Counted before the first look at the idle stack, whose lock orders it before the
+        // count a connection put back after that look reads; uncounted however the wait ends.
+        self.waiters.fetch_add(1, Ordering::Relaxed);
+        let _counted = Waiting(&self.waiters);
         let found = async {
             loop {
                 let returned = self.returned.notified();
@@ -408,8 +416,11 @@ impl H1Pool {
             if idle.len() < self.max_idle {
                 idle.push(Idle { sender, since: now });
                 drop(idle);
-                // Lock-free when nobody waits.
-                self.returned.notify_one();
+                // Read after the lock is let go: a request that counted itself and then
+                // found the stack empty under that lock is seen here.
+                if self.waiters.load(Ordering::Relaxed) > 0 {
+                    self.returned.notify_one();
+                }
             }
         }
         if !self.sweeping.load(Ordering::Relaxed) {
@@ -458,6 +469,15 @@ impl H1Pool {
                 next = tokio::time::Instant::now() + wait;
             }
         });
+    }
+}
+
+/// Uncounts a request waiting at the limit when its wait ends or is dropped.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -661,5 +681,77 @@ mod tests {
         // The pool still dials when it has nothing left.
         get(&pool).await;
         assert_eq!(accepted.load(Ordering::SeqCst), 9);
+    }
+
+    /// Whether `returned` holds a stored signal, which the next request to wait would take
+    /// and loop on for nothing.
+    fn signal_stored(pool: &H1Pool) -> bool {
+        let returned = pool.returned.notified();
+        tokio::pin!(returned);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        std::future::Future::poll(returned, &mut cx).is_ready()
+    }
+
+    #[tokio::test]
+    async fn a_connection_put_back_signals_only_requests_that_wait_for_one() {
+        let (addr, accepted, _) = backend().await;
+        let connector = Connector::new("127.0.0.1", addr.port(), None, Duration::from_secs(2));
+        let pool = H1Pool::new(connector, 64, Duration::from_secs(60), 1, None);
+
+        // Nobody waits: the connection goes back without a signal.
+        get(&pool).await;
+        get(&pool).await;
+        assert!(
+            !signal_stored(&pool),
+            "no signal left for a request that never waited"
+        );
+
+        // At the limit, a request waits for the one connection and gets it when it is put back.
+        let req = Request::get("/")
+            .header(http::header::HOST, "backend")
+            .body(crate::body::full(Bytes::new()))
+            .expect("request");
+        let held = pool.send(req, &Wait::until(None)).await.expect("response");
+        let waiting = tokio::spawn({
+            let pool = pool.clone();
+            async move { get(&pool).await }
+        });
+        let counted = Instant::now() + Duration::from_secs(10);
+        while pool.waiters.load(Ordering::SeqCst) == 0 && Instant::now() < counted {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(pool.waiters.load(Ordering::SeqCst), 1);
+        let body = held.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(&body[..], b"ok");
+        tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the waiting request is served")
+            .expect("task");
+        assert_eq!(pool.waiters.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "one connection throughout"
+        );
+
+        // A wait cut off by its deadline is uncounted too.
+        let req = Request::get("/")
+            .header(http::header::HOST, "backend")
+            .body(crate::body::full(Bytes::new()))
+            .expect("request");
+        let held = pool.send(req, &Wait::until(None)).await.expect("response");
+        let req = Request::get("/")
+            .header(http::header::HOST, "backend")
+            .body(crate::body::full(Bytes::new()))
+            .expect("request");
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
+        let saturated = pool.send(req, &Wait::until(Some(deadline))).await;
+        assert!(
+            matches!(saturated, Err(ForwardError::Saturated)),
+            "{saturated:?}"
+        );
+        assert_eq!(pool.waiters.load(Ordering::SeqCst), 0);
+        drop(held.into_body().collect().await);
+        assert!(!signal_stored(&pool), "nobody waits any more");
     }
 }
