@@ -1928,6 +1928,93 @@ async fn a_plane_no_push_reaches_leaves_its_gateways_unprogrammed_saying_why() {
     .expect("in time");
 }
 
+/// The value of metric `name` on the `/metrics` of the health server at `health`.
+async fn metric(health: SocketAddr, name: &str) -> Option<i64> {
+    let answer = support::request(health, "GET", "/metrics", "controller", None, "").await?;
+    String::from_utf8_lossy(&answer.body)
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Waits until metric `name` is `n`.
+async fn metric_becomes(health: SocketAddr, name: &str, n: i64) {
+    let by = Instant::now() + Duration::from_secs(20);
+    while metric(health, name).await != Some(n) {
+        assert!(Instant::now() < by, "timed out waiting for {name} {n}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// `cftunnel_controller_unreached_planes` counts only planes a Gateway depends on: a shared
+/// pool no push reaches is idle, not unreached, while no Gateway is served by it and no plane
+/// shares its tunnel; it counts once a dedicated plane is on the class tunnel (the edge hands
+/// the pool that plane's requests) or a Gateway is served by it.
+#[tokio::test]
+async fn an_idle_shared_pool_is_not_counted_as_unreached() {
+    const UNREACHED: &str = "cftunnel_controller_unreached_planes";
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |_| {},
+            ApiServer::client,
+            |options| {
+                // Neither Secret exists yet: no config-API token, no class tunnel.
+                options.shared = Some(SharedPlane {
+                    service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
+                    auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
+                    auth_key: "token".to_owned(),
+                    tunnel_secret: Some((
+                        ObjectKey::new("cftunnel-system", "class-tunnel"),
+                        "tunnel-token".to_owned(),
+                    )),
+                });
+            },
+        )
+        .await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let health = listener.local_addr().expect("address");
+        let _health = tokio::spawn(runtime::health::serve(listener, t.health.clone()));
+        // A round has had both dedicated planes, no pod of either listed.
+        for (namespace, name) in [("tenant-a", "edge"), ("tenant-c", "third")] {
+            eventually(&format!("{namespace}/{name} unreached"), || {
+                t.api
+                    .get("gateway.networking.k8s.io/v1", "Gateway", namespace, name)
+                    .and_then(|g| condition(&g["status"]["conditions"], "Programmed").cloned())
+                    .filter(|c| {
+                        c["message"]
+                            .as_str()
+                            .is_some_and(|m| m.contains("no proxy pod is listed"))
+                    })
+            })
+            .await;
+        }
+        // Two more rounds: the gauge is one such round's.
+        let rounds = metric(health, "cftunnel_controller_rounds_total")
+            .await
+            .expect("rounds counted");
+        metric_becomes(health, "cftunnel_controller_rounds_total", rounds + 2).await;
+        assert_eq!(metric(health, UNREACHED).await, Some(2), "the idle pool is not counted");
+
+        // The class tunnel is tenant a's.
+        let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        t.api.put(yaml(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: class-tunnel, namespace: cftunnel-system}}\nstringData: {{tunnel-token: \"{token}\"}}\n"
+        )));
+        metric_becomes(health, UNREACHED, 3).await;
+        assert!(t.api.delete("v1", "Secret", "cftunnel-system", "class-tunnel"));
+        metric_becomes(health, UNREACHED, 2).await;
+
+        // A Gateway served by the pool.
+        t.api.put(yaml("apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: public, namespace: tenant-s}\nspec:\n  gatewayClassName: cloudflare-tunnel\n  listeners: [{name: http, port: 80, protocol: HTTP, hostname: www.example.com}]\n"));
+        metric_becomes(health, UNREACHED, 3).await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// A plane's autoscaler deleted by hand is put back by the next round, as its Deployment and
 /// NetworkPolicy are, not five minutes later.
 #[tokio::test]

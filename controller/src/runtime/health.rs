@@ -27,7 +27,8 @@ pub struct Health {
     pub(super) render_failing_gateways: Gauge,
     /// Planes whose tunnel document could not be written.
     pub(super) tunnel_failing_planes: Gauge,
-    /// Planes no config push reaches: no proxy pod listed, or no config-API token.
+    /// Planes some Gateway depends on that no config push reaches: no proxy pod listed, or no
+    /// config-API token.
     pub(super) unreached_planes: Gauge,
 }
 
@@ -69,7 +70,8 @@ impl Default for Health {
         let unreached_planes = Gauge::default();
         registry.register(
             "unreached_planes",
-            "Data planes no config push reaches: no proxy pod listed, or no config-API token",
+            "Data planes some Gateway depends on that no config push reaches: no proxy pod \
+             listed, or no config-API token",
             unreached_planes.clone(),
         );
         Self {

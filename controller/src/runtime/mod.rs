@@ -344,8 +344,9 @@ struct Reconciler {
     tunnel_sync: TunnelSync,
     /// Per plane: why its tunnel's ingress document could not be written this round.
     tunnel_failures: HashMap<PlaneKey, String>,
-    /// Per plane: why no push reaches it this round (no pod listed, no config-API token). No
-    /// push fails then, so without this nothing would say the config is nowhere.
+    /// Per plane some Gateway depends on: why no push reaches it this round (no pod listed,
+    /// no config-API token). No push fails then, so without this nothing would say the config
+    /// is nowhere.
     unreached: HashMap<PlaneKey, String>,
     /// Routes told they share a tunnel, with what they were told: an Event once per change.
     tunnel_shared_told: HashMap<String, String>,
@@ -542,7 +543,7 @@ impl Reconciler {
                 planes.insert(PlaneKey::Shared, info);
             }
         }
-        self.note_unreached(&planes);
+        self.note_unreached(&planes, &output.planes, translate_options.shared_tunnel);
 
         let rounds: Vec<PlaneRound<'_>> = output
             .configs
@@ -640,10 +641,27 @@ impl Reconciler {
 
     /// Records the planes no push can reach this round, saying so in the log when that
     /// starts or its reason changes; their Gateways' `Programmed` says it while it lasts.
-    fn note_unreached(&mut self, planes: &BTreeMap<PlaneKey, PlaneInfo>) {
+    ///
+    /// Only planes some Gateway depends on count: every dedicated plane (its Gateway's, served
+    /// or kept on its last config), and the shared pool while a Gateway is served by it
+    /// (`served`, from the translation) or by a plane on the class tunnel (`shared_tunnel`),
+    /// whose requests the edge also hands to the pool. An idle pool is not a fault.
+    fn note_unreached(
+        &mut self,
+        planes: &BTreeMap<PlaneKey, PlaneInfo>,
+        served: &BTreeMap<ObjectKey, PlaneKey>,
+        shared_tunnel: Option<TunnelIdentity>,
+    ) {
+        let shared_used = served.values().any(|p| *p == PlaneKey::Shared)
+            || shared_tunnel.is_some_and(|tunnel| {
+                planes.iter().any(|(plane, info)| {
+                    matches!(plane, PlaneKey::Dedicated(_)) && info.identity == Some(tunnel)
+                })
+            });
+        let depended = |plane: &PlaneKey| *plane != PlaneKey::Shared || shared_used;
         let mut unreached: HashMap<PlaneKey, String> = planes
             .iter()
-            .filter(|(_, info)| info.pods.is_empty())
+            .filter(|(plane, info)| depended(plane) && info.pods.is_empty())
             .map(|(plane, info)| {
                 let reason = format!(
                     "no proxy pod is listed to receive the config: the EndpointSlices of \
@@ -654,7 +672,7 @@ impl Reconciler {
             })
             .collect();
         if let Some(shared) = &self.options.shared {
-            if !planes.contains_key(&PlaneKey::Shared) {
+            if shared_used && !planes.contains_key(&PlaneKey::Shared) {
                 let reason = format!(
                     "the shared proxy pool's config-API token (key {:?} of Secret {}) is \
                      missing, so no config is pushed to it",
