@@ -80,7 +80,7 @@ pub struct Server {
     reloader: Arc<config::Reloader>,
     health: Arc<admin::Health>,
     stop: watch::Sender<bool>,
-    data_task: Option<tokio::task::JoinHandle<hyper_util::server::graceful::GracefulShutdown>>,
+    data_task: Option<tokio::task::JoinHandle<serve::Connections>>,
     admin_task: tokio::task::JoinHandle<()>,
     timer_anchor: tokio::task::JoinHandle<()>,
     grace: Duration,
@@ -214,8 +214,8 @@ impl Server {
         let _ = self.stop.send(true);
         let mut clean = true;
         if let Some(task) = self.data_task.take() {
-            if let Ok(graceful) = task.await {
-                clean = tokio::time::timeout_at(deadline, graceful.shutdown())
+            if let Ok(connections) = task.await {
+                clean = tokio::time::timeout_at(deadline, connections.shutdown())
                     .await
                     .is_ok();
             }

@@ -2,15 +2,23 @@
 //!
 //! At most [`Limits::max_connections`] client connections are open at once: at the limit the
 //! listener stops accepting until one closes, so a flood waits in the kernel's backlog (and is
-//! refused beyond it) instead of taking file descriptors and memory without bound.
+//! refused beyond it) instead of taking file descriptors and memory without bound. A place is
+//! only worth bounding if it is given back: a connection that sends no request in time
+//! ([`Limits::header_read_timeout`]) or sits idle too long ([`Limits::idle_timeout`]) is
+//! closed.
 
 use crate::proxy::{ConnInfo, Proxy};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
@@ -25,7 +33,10 @@ const LIMIT_WARN_INTERVAL: Duration = Duration::from_secs(60);
 /// Limits that protect the proxy from slow or abusive clients.
 #[derive(Debug, Clone)]
 pub struct Limits {
-    /// Time a client gets to send a complete request head (slowloris guard).
+    /// Time a client gets to send a complete request head (slowloris guard). It also bounds
+    /// the wait for a new connection's first request, whatever its protocol, and the time a
+    /// connection asked to close may take once nothing is in flight on it. hyper restarts it
+    /// whenever an HTTP/1.1 connection goes idle, which makes it that protocol's keep-alive.
     pub header_read_timeout: Duration,
     /// Most header lines in one HTTP/1.1 request.
     pub max_headers: usize,
@@ -35,6 +46,10 @@ pub struct Limits {
     pub max_concurrent_streams: u32,
     /// Client connections open at once; at the limit, accepting pauses until one closes.
     pub max_connections: usize,
+    /// A connection that has served a request and has none in flight for this long is closed
+    /// (HTTP/2 with a GOAWAY). HTTP/1.1 keep-alive connections are closed sooner when the
+    /// head timeout is shorter. Requests in flight, however long, are never cut by it.
+    pub idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -45,6 +60,8 @@ impl Default for Limits {
             max_header_bytes: 64 * 1024,
             max_concurrent_streams: 256,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            // nginx's default `keepalive_timeout`.
+            idle_timeout: Duration::from_secs(75),
         }
     }
 }
@@ -67,6 +84,23 @@ fn builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
     builder
 }
 
+/// The data listener's open connections, for the drain.
+#[derive(Debug)]
+pub struct Connections {
+    /// Flipped to ask every connection to close; each holds a receiver until it ends.
+    close: watch::Sender<bool>,
+}
+
+impl Connections {
+    /// Asks every open connection to close once its requests in flight have ended (HTTP/2
+    /// with a GOAWAY, HTTP/1.1 after its current response) and waits until all have.
+    /// Upgraded sessions are not waited for: their HTTP connections are over.
+    pub async fn shutdown(self) {
+        self.close.send_replace(true);
+        self.close.closed().await;
+    }
+}
+
 /// Accepts connections until `stop` flips, then closes the listener (new connections are
 /// refused) and returns the handle that tracks the connections still open.
 pub async fn serve(
@@ -74,8 +108,8 @@ pub async fn serve(
     proxy: Proxy,
     limits: Limits,
     mut stop: watch::Receiver<bool>,
-) -> GracefulShutdown {
-    let graceful = GracefulShutdown::new();
+) -> Connections {
+    let (close, _) = watch::channel(false);
     let builder = builder(&limits);
     let permits = Arc::new(Semaphore::new(
         limits.max_connections.clamp(1, Semaphore::MAX_PERMITS),
@@ -121,21 +155,183 @@ pub async fn serve(
             scheme: "http",
             trusted_forwarding: false,
         };
-        let proxy = proxy.clone();
-        let service = service_fn(move |req| {
+        let activity = Arc::new(Activity::new());
+        let service = {
             let proxy = proxy.clone();
-            async move { Ok::<_, Infallible>(proxy.handle(req, info).await) }
-        });
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn.into_owned());
+            let activity = activity.clone();
+            service_fn(move |req: http::Request<Incoming>| {
+                let busy = Busy::start(&activity);
+                let proxy = proxy.clone();
+                async move {
+                    let response = proxy.handle(req, info).await;
+                    Ok::<_, Infallible>(response.map(|body| InFlight { body, _busy: busy }))
+                }
+            })
+        };
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let close = close.subscribe();
+        let (head_timeout, idle_timeout) = (limits.header_read_timeout, limits.idle_timeout);
         tokio::spawn(async move {
             // Counted against the limit until the connection ends.
             let _permit = permit;
-            if let Err(e) = conn.await {
+            let conn = std::pin::pin!(conn);
+            let closes = |conn: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(conn);
+            let ended = drive(conn, closes, &activity, close, head_timeout, idle_timeout).await;
+            if let Some(Err(e)) = ended {
                 tracing::debug!(error = %e, %peer, "connection ended with error");
             }
         });
     }
     drop(listener);
-    graceful
+    Connections { close }
+}
+
+/// Runs a client connection until it ends, asking it to close (`closes`: HTTP/2 GOAWAY, or
+/// no keep-alive after the current response) when `close` flips or when it has nothing in
+/// flight past its deadline, and dropping it (`None`) if it is still open with nothing in
+/// flight `head_timeout` after that.
+async fn drive<C, E>(
+    mut conn: Pin<&mut C>,
+    closes: impl Fn(Pin<&mut C>),
+    activity: &Activity,
+    mut close: watch::Receiver<bool>,
+    head_timeout: Duration,
+    idle_timeout: Duration,
+) -> Option<Result<(), E>>
+where
+    C: Future<Output = Result<(), E>>,
+{
+    let check = tokio::time::sleep_until(activity.opened + head_timeout);
+    tokio::pin!(check);
+    // Since when the connection has been asked to close.
+    let mut closing: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            ended = conn.as_mut() => return Some(ended),
+            // A dropped handle closes connections too.
+            _ = close.changed(), if closing.is_none() => {
+                closes(conn.as_mut());
+                let now = Instant::now();
+                closing = Some(now);
+                check.as_mut().reset(now + head_timeout);
+            }
+            () = &mut check => {
+                let now = Instant::now();
+                match activity.quiet_until(head_timeout, idle_timeout, closing) {
+                    // Busy: looked at again later (a request that ends meanwhile moves the
+                    // deadline to its end).
+                    None if closing.is_some() => check.as_mut().reset(now + head_timeout),
+                    None => check.as_mut().reset(now + idle_timeout),
+                    Some(at) if at > now => check.as_mut().reset(at),
+                    // Asked to close and still open with nothing in flight: a peer that never
+                    // acknowledges a GOAWAY, or never finishes a head, cannot keep it.
+                    Some(_) if closing.is_some() => return None,
+                    Some(_) => {
+                        closes(conn.as_mut());
+                        closing = Some(now);
+                        check.as_mut().reset(now + head_timeout);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What a client connection is doing, shared by the task serving it and its requests.
+#[derive(Debug)]
+struct Activity {
+    opened: Instant,
+    /// Requests whose response has not ended (an upgraded one's ends at its `101`).
+    in_flight: AtomicUsize,
+    /// When the last request ended, in milliseconds after `opened`, plus one; 0 before.
+    idle_since: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            opened: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(0),
+        }
+    }
+
+    /// Until when the connection may stay open with nothing in flight: its first request
+    /// must come within `head_timeout`, later ones within `idle_timeout` of the last end,
+    /// and once `closing` it gets `head_timeout` to finish. `None` while a request is in flight.
+    fn quiet_until(
+        &self,
+        head_timeout: Duration,
+        idle_timeout: Duration,
+        closing: Option<Instant>,
+    ) -> Option<Instant> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let idle_since = match self.idle_since.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(self.opened + Duration::from_millis(ms - 1)),
+        };
+        Some(match (closing, idle_since) {
+            (Some(closing), since) => {
+                since.map_or(closing, |since| since.max(closing)) + head_timeout
+            }
+            (None, Some(since)) => since + idle_timeout,
+            (None, None) => self.opened + head_timeout,
+        })
+    }
+}
+
+/// Counts a request as in flight on its connection until its response body ends or is
+/// dropped.
+#[derive(Debug)]
+struct Busy(Arc<Activity>);
+
+impl Busy {
+    fn start(activity: &Arc<Activity>) -> Self {
+        activity.in_flight.fetch_add(1, Ordering::Relaxed);
+        Self(activity.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let activity = &self.0;
+        // Stored before the count drops, so a connection seen with nothing in flight has the
+        // end of its last request recorded.
+        let ms = u64::try_from(activity.opened.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        activity.idle_since.store(ms + 1, Ordering::Relaxed);
+        activity.in_flight.fetch_sub(1, Ordering::Release);
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that keeps its request counted as in flight until it ends.
+    struct InFlight<B> {
+        #[pin]
+        body: B,
+        _busy: Busy,
+    }
+}
+
+impl<B: Body> Body for InFlight<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        self.project().body.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }

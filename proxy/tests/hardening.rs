@@ -381,3 +381,173 @@ async fn the_listener_holds_no_more_connections_than_its_limit() {
     .await
     .expect("test finished in time");
 }
+
+/// One HTTP/2 (prior knowledge) client connection to `addr`, driven by its own task, which
+/// ends when the connection does.
+async fn open_h2(
+    addr: std::net::SocketAddr,
+) -> (
+    hyper::client::conn::http2::SendRequest<http_body_util::Full<Bytes>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .expect("handshake");
+    let task = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    (sender, task)
+}
+
+fn h2_get(host: &str) -> http::Request<http_body_util::Full<Bytes>> {
+    http::Request::get(format!("http://{host}/"))
+        .body(http_body_util::Full::new(Bytes::new()))
+        .expect("request")
+}
+
+/// Whether the peer has closed `conn` (end of stream or reset) within `within`.
+async fn closed_within(conn: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 1024];
+    let read_to_end = async {
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(within, read_to_end).await.is_ok()
+}
+
+/// A new connection must send its first request within the head timeout, whatever it speaks:
+/// one that sends nothing, an HTTP/2 client that opens no stream and one that sent the HTTP/2
+/// preface and then nothing (not even the acknowledgement of the proxy's GOAWAY ping) are all
+/// closed, and their places at `PROXY_MAX_CONNECTIONS` go to clients that wait.
+#[tokio::test]
+async fn silent_connections_are_closed_and_free_their_places() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            limits: cftunnel_proxy::serve::Limits {
+                max_connections: 3,
+                header_read_timeout: Duration::from_millis(300),
+                ..Default::default()
+            },
+            ..cftunnel_proxy::ServerOptions::default()
+        })
+        .await;
+        let d = proxy.data_addr();
+        let mut silent = tokio::net::TcpStream::connect(d).await.expect("connect");
+        let (_h2, h2_task) = open_h2(d).await;
+        let mut preface_only = tokio::net::TcpStream::connect(d).await.expect("connect");
+        // The preface and an empty SETTINGS frame.
+        preface_only
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            .await
+            .expect("preface");
+
+        let (mut waiting, _task) = open_connection(d).await;
+        let status = tokio::time::timeout(Duration::from_secs(20), status_over(&mut waiting))
+            .await
+            .expect("a waiting client is served once silent connections are closed");
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(
+            closed_within(&mut silent, Duration::from_secs(20)).await,
+            "a connection that sends nothing is closed"
+        );
+        tokio::time::timeout(Duration::from_secs(20), h2_task)
+            .await
+            .expect("an HTTP/2 connection that opens no stream is closed")
+            .expect("task");
+        assert!(
+            closed_within(&mut preface_only, Duration::from_secs(20)).await,
+            "an HTTP/2 peer that ignores the GOAWAY is closed too"
+        );
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// Once it has served a request, a connection with none in flight is closed after the idle
+/// timeout (HTTP/2 with a GOAWAY; HTTP/1.1 keep-alive after the head timeout, which restarts
+/// when a connection goes idle). A request whose answer is slow to start and slow to stream
+/// is in flight throughout and is not cut.
+#[tokio::test]
+async fn idle_connections_are_closed_and_requests_in_flight_are_not() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // Waits 1 s before its head, then streams 10 bytes over 1 s.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let backend = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    read_head(&mut conn).await;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    let head = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n";
+                    if conn.write_all(head).await.is_err() {
+                        return;
+                    }
+                    for _ in 0..10 {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        if conn.write_all(b"x").await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            limits: cftunnel_proxy::serve::Limits {
+                max_connections: 3,
+                header_read_timeout: Duration::from_millis(300),
+                idle_timeout: Duration::from_millis(500),
+                ..Default::default()
+            },
+            ..cftunnel_proxy::ServerOptions::default()
+        })
+        .await;
+        let http = client();
+        let doc = json!({"rules": [{"hostnames": ["slow.example"], "backends": [{"url": format!("http://{backend}"), "weight": 1}]}]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+        let d = proxy.data_addr();
+
+        // Two connections that served one request each and then sit idle.
+        let (mut idle_h2, idle_h2_task) = open_h2(d).await;
+        let r = idle_h2.send_request(h2_get("h")).await.expect("response");
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        let (mut idle_h1, idle_h1_task) = open_connection(d).await;
+        assert_eq!(status_over(&mut idle_h1).await, StatusCode::NOT_FOUND);
+        // And one busy for 2 s, longer than either timeout.
+        let (mut busy, _busy_task) = open_h2(d).await;
+        let slow = tokio::spawn(async move {
+            let r = busy.send_request(h2_get("slow.example")).await.expect("response");
+            let status = r.status();
+            let body = http_body_util::BodyExt::collect(r.into_body()).await.map(|b| b.to_bytes());
+            (status, body)
+        });
+
+        let (mut waiting, _task) = open_connection(d).await;
+        let status = tokio::time::timeout(Duration::from_secs(20), status_over(&mut waiting))
+            .await
+            .expect("a waiting client is served once an idle connection is closed");
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        tokio::time::timeout(Duration::from_secs(20), idle_h2_task)
+            .await
+            .expect("an idle HTTP/2 connection is closed")
+            .expect("task");
+        tokio::time::timeout(Duration::from_secs(20), idle_h1_task)
+            .await
+            .expect("an idle HTTP/1.1 connection is closed")
+            .expect("task");
+        let (status, body) = slow.await.expect("task");
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body.expect("the slow body arrives whole").len(), 10);
+    })
+    .await
+    .expect("test finished in time");
+}
