@@ -330,13 +330,15 @@ impl Proxy {
             .then(|| parts.headers.get(header::ORIGIN).cloned())
             .flatten();
         let upgrade = if is_upgrade(&parts.headers) {
-            match parts.extensions.remove::<hyper::upgrade::OnUpgrade>() {
+            let client_side = match parts.extensions.remove::<hyper::upgrade::OnUpgrade>() {
                 Some(on) => Some(ClientSide::Hyper(on)),
                 None => parts
                     .extensions
                     .remove::<ClientUpgrade>()
                     .map(ClientSide::Other),
-            }
+            };
+            let hold = parts.extensions.remove::<SessionHold>();
+            client_side.map(|client_side| (client_side, hold))
         } else {
             None
         };
@@ -384,8 +386,8 @@ impl Proxy {
         };
 
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-            if let Some(client_side) = upgrade {
-                self.splice_upgrade(client_side, &mut response);
+            if let Some((client_side, hold)) = upgrade {
+                self.splice_upgrade(client_side, hold, &mut response);
             }
         } else {
             strip_hop_by_hop(response.headers_mut(), false);
@@ -536,11 +538,18 @@ impl Proxy {
         });
     }
 
-    /// Joins the client's and the backend's upgraded connections after a `101`.
-    fn splice_upgrade(&self, client_side: ClientSide, response: &mut Response<UpstreamBody>) {
+    /// Joins the client's and the backend's upgraded connections after a `101`; `hold` is
+    /// kept until the session ends.
+    fn splice_upgrade(
+        &self,
+        client_side: ClientSide,
+        hold: Option<SessionHold>,
+        response: &mut Response<UpstreamBody>,
+    ) {
         let backend_side = hyper::upgrade::on(&mut *response);
         let gauge = self.shared.metrics.websocket_sessions.clone();
         tokio::spawn(async move {
+            let _hold = hold;
             let client = async {
                 match client_side {
                     ClientSide::Hyper(on) => on
@@ -667,6 +676,26 @@ impl ClientUpgrade {
             Some(fut) => fut.await,
             None => Err("upgrade already taken".into()),
         }
+    }
+}
+
+/// Request extension: what the client's connection holds while it is open (its place under the
+/// listener's connection limit). An upgraded session outlives that HTTP connection on the same
+/// socket, so the proxy keeps this until the session's splice ends.
+#[derive(Clone)]
+pub struct SessionHold {
+    _held: Arc<dyn std::any::Any + Send + Sync>,
+}
+
+impl SessionHold {
+    pub fn new<T: Send + Sync + 'static>(held: Arc<T>) -> Self {
+        Self { _held: held }
+    }
+}
+
+impl std::fmt::Debug for SessionHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionHold")
     }
 }
 

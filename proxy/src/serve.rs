@@ -5,9 +5,9 @@
 //! refused beyond it) instead of taking file descriptors and memory without bound. A place is
 //! only worth bounding if it is given back: a connection that sends no request in time
 //! ([`Limits::header_read_timeout`]) or sits idle too long ([`Limits::idle_timeout`]) is
-//! closed.
+//! closed, and an upgraded one keeps its place until its session ends.
 
-use crate::proxy::{ConnInfo, Proxy};
+use crate::proxy::{ConnInfo, Proxy, SessionHold};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 /// Default bound on client connections open at once on the data listener.
@@ -155,12 +155,22 @@ pub async fn serve(
             scheme: "http",
             trusted_forwarding: false,
         };
-        let activity = Arc::new(Activity::new());
+        let activity = Arc::new(Activity::new(permit));
         let service = {
             let proxy = proxy.clone();
             let activity = activity.clone();
-            service_fn(move |req: http::Request<Incoming>| {
+            service_fn(move |mut req: http::Request<Incoming>| {
                 let busy = Busy::start(&activity);
+                // Only requests hyper may upgrade carry the connection's place; the proxy
+                // hands it to the spliced session, which outlives this connection.
+                if req
+                    .extensions()
+                    .get::<hyper::upgrade::OnUpgrade>()
+                    .is_some()
+                {
+                    req.extensions_mut()
+                        .insert(SessionHold::new(activity.clone()));
+                }
                 let proxy = proxy.clone();
                 async move {
                     let response = proxy.handle(req, info).await;
@@ -174,8 +184,6 @@ pub async fn serve(
         let close = close.subscribe();
         let (head_timeout, idle_timeout) = (limits.header_read_timeout, limits.idle_timeout);
         tokio::spawn(async move {
-            // Counted against the limit until the connection ends.
-            let _permit = permit;
             let conn = std::pin::pin!(conn);
             let closes = |conn: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(conn);
             let ended = drive(conn, closes, &activity, close, head_timeout, idle_timeout).await;
@@ -247,14 +255,18 @@ struct Activity {
     in_flight: AtomicUsize,
     /// When the last request ended, in milliseconds after `opened`, plus one; 0 before.
     idle_since: AtomicU64,
+    /// The connection's place under the listener's limit, given back when the connection
+    /// and any session upgraded from it (which holds this through a [`SessionHold`]) end.
+    _permit: OwnedSemaphorePermit,
 }
 
 impl Activity {
-    fn new() -> Self {
+    fn new(permit: OwnedSemaphorePermit) -> Self {
         Self {
             opened: Instant::now(),
             in_flight: AtomicUsize::new(0),
             idle_since: AtomicU64::new(0),
+            _permit: permit,
         }
     }
 

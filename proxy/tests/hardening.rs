@@ -551,3 +551,53 @@ async fn idle_connections_are_closed_and_requests_in_flight_are_not() {
     .await
     .expect("test finished in time");
 }
+
+/// An upgraded connection keeps its place at `PROXY_MAX_CONNECTIONS` for as long as its
+/// WebSocket session lasts, although the HTTP connection it came on is over.
+#[tokio::test]
+async fn a_websocket_session_holds_its_connections_place_until_it_ends() {
+    use futures_util::{SinkExt as _, StreamExt as _};
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            limits: cftunnel_proxy::serve::Limits {
+                max_connections: 1,
+                ..Default::default()
+            },
+            ..cftunnel_proxy::ServerOptions::default()
+        })
+        .await;
+        let http = client();
+        let doc = json!({"rules": [{"backends": [{"url": format!("http://{}", a.http_addr()), "weight": 1, "websocket": true}]}]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+        let d = proxy.data_addr();
+
+        let (mut ws, resp) = tokio_tungstenite::connect_async(format!("ws://{d}/ws"))
+            .await
+            .expect("websocket handshake through the proxy");
+        assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+        ws.send(tokio_tungstenite::tungstenite::Message::text("hello")).await.expect("send");
+        let echoed = ws.next().await.expect("a frame").expect("no error");
+        assert_eq!(echoed.into_text().expect("text").as_str(), "hello");
+
+        let (mut second, _task) = open_connection(d).await;
+        let waiting = status_over(&mut second);
+        tokio::pin!(waiting);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), &mut waiting)
+                .await
+                .is_err(),
+            "no second connection is served while the session is open"
+        );
+
+        ws.close(None).await.expect("close");
+        while let Some(Ok(_)) = ws.next().await {}
+        let status = tokio::time::timeout(Duration::from_secs(20), waiting)
+            .await
+            .expect("served once the session ended");
+        assert_eq!(status, StatusCode::OK);
+    })
+    .await
+    .expect("test finished in time");
+}
