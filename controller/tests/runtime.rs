@@ -2674,3 +2674,128 @@ async fn removing_the_ref_removes_the_generated_secret_and_the_autoscaler_too() 
     .await
     .expect("in time");
 }
+
+/// A dedicated Gateway whose token opens the class tunnel, with no Gateway on the shared pool
+/// (the migration path, once the last shared Gateway has moved): the edge spreads the
+/// tunnel's requests over the pool's connectors too, so the pool serves the Gateway's routes
+/// as its own plane does, and the tunnel's one document lists them. Moved to a tunnel of its
+/// own, or deleted, the Gateway's routes leave the pool and the class tunnel's document.
+#[tokio::test]
+async fn the_shared_pool_serves_a_dedicated_gateway_on_the_class_tunnel_with_no_shared_gateway() {
+    const OWN_TUNNEL_ID: &str = "e8b2d4f6-1a3c-4e5d-8f7a-9b0c1d2e3f40";
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let class_token =
+            Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let own_token =
+            Token::new("acct", b"own secret".to_vec(), uuid_of(OWN_TUNNEL_ID)).encode();
+        let cloudflare = CloudflareApi::start().await;
+        cloudflare.allow("acct", "cf-token-a");
+        let proxy = |token: &'static str| {
+            Server::start(
+                ServerOptions {
+                    auth_token: Some(token.to_owned()),
+                    ..ServerOptions::default()
+                },
+                None,
+            )
+        };
+        let pool = proxy("pool-secret").await.expect("the pool's proxy starts");
+        let edge = proxy("s3cr3t").await.expect("the plane's proxy starts");
+        let slice = |namespace: &str, service: &str, port: u16| {
+            yaml(&format!(
+                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {service}-x1, namespace: {namespace}, labels: {{kubernetes.io/service-name: {service}, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {port}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: true}}}}]\n"
+            ))
+        };
+        let t = Tenant::start_tuned(
+            "replicas: 1, cloudflareCredentialsSecretRef: {name: edge-cf}",
+            |api| {
+                // The class tunnel is the one Gateway edge's token opens; no Gateway is on
+                // the pool.
+                api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: shared-auth, namespace: cftunnel-system}\nstringData: {token: pool-secret}\n"));
+                api.put(yaml(&format!(
+                    "apiVersion: v1\nkind: Secret\nmetadata: {{name: class-tunnel, namespace: cftunnel-system}}\nstringData: {{tunnel-token: \"{class_token}\"}}\n"
+                )));
+                api.put(slice("cftunnel-system", "cftunnel-proxy", pool.admin_addr().port()));
+                api.put(slice("tenant-a", "cf-proxy-edge-config", edge.admin_addr().port()));
+            },
+            ApiServer::client,
+            |options| {
+                options.shared = Some(SharedPlane {
+                    service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
+                    auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
+                    auth_key: "token".to_owned(),
+                    tunnel_secret: Some((
+                        ObjectKey::new("cftunnel-system", "class-tunnel"),
+                        "tunnel-token".to_owned(),
+                    )),
+                });
+                options.cloudflare_api_base = cloudflare.base();
+                options.cloudflare_api_token = Some("cf-token-a".to_owned());
+            },
+        )
+        .await;
+        let serves = |data: SocketAddr, status: u16, what: &'static str| async move {
+            let by = Instant::now() + Duration::from_secs(20);
+            loop {
+                let got = get_via(data, "shop.example.com").await;
+                if got == status {
+                    return;
+                }
+                assert!(Instant::now() < by, "{what}: {got}, not {status}");
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        };
+        let document = |tunnel: &'static str, hostnames: &'static [&'static str]| {
+            let mut ingress: Vec<Value> = hostnames
+                .iter()
+                .map(|h| json!({"hostname": h, "service": "http://localhost:8080"}))
+                .collect();
+            ingress.push(json!({"service": "http_status:404"}));
+            let want = json!({ "ingress": ingress });
+            let cloudflare = &cloudflare;
+            async move {
+                eventually(&format!("tunnel {tunnel}'s document: {want}"), || {
+                    cloudflare
+                        .config("acct", tunnel)
+                        .filter(|(_, d)| *d == want)
+                })
+                .await;
+            }
+        };
+        let move_to = |token: &str| {
+            t.api.put(yaml(&format!(
+                "apiVersion: v1\nkind: Secret\nmetadata: {{name: edge-tunnel-token, namespace: tenant-a}}\nstringData: {{tunnel-token: \"{token}\"}}\n"
+            )));
+        };
+
+        serves(edge.data_addr(), 200, "the plane serves its route").await;
+        serves(pool.data_addr(), 200, "the pool on its tunnel serves it too").await;
+        document(TUNNEL_ID, &["shop.example.com"]).await;
+
+        // A tunnel of its own: the pool no longer gets the route, the documents follow.
+        move_to(&own_token);
+        serves(pool.data_addr(), 404, "the pool on another tunnel").await;
+        document(OWN_TUNNEL_ID, &["shop.example.com"]).await;
+        document(TUNNEL_ID, &[]).await;
+        serves(edge.data_addr(), 200, "the plane keeps its route").await;
+
+        // Back on the class tunnel, then deleted.
+        move_to(&class_token);
+        serves(pool.data_addr(), 200, "the pool on its tunnel again").await;
+        document(TUNNEL_ID, &["shop.example.com"]).await;
+        assert!(t.api.delete(
+            "gateway.networking.k8s.io/v1",
+            "Gateway",
+            "tenant-a",
+            "edge"
+        ));
+        serves(pool.data_addr(), 404, "the pool after the Gateway went").await;
+        document(TUNNEL_ID, &[]).await;
+
+        t.stop().await;
+        edge.shutdown().await;
+        pool.shutdown().await;
+    })
+    .await
+    .expect("in time");
+}

@@ -305,7 +305,7 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
         }
     }
 
-    let tunnels = Tunnels::new(&gateways);
+    let tunnels = Tunnels::new(&gateways, options.shared_tunnel);
     let scheme_listeners = scheme_listeners(&gateways, &tunnels);
 
     let mut routes = binding::collect_routes(snapshot);
@@ -474,8 +474,16 @@ struct Tunnels {
 }
 
 impl Tunnels {
-    fn new(gateways: &BTreeMap<ObjectKey, gateway::OwnedGateway<'_>>) -> Self {
-        let mut planes = BTreeMap::new();
+    /// `shared_tunnel` puts the shared pool on the class tunnel whether or not a Gateway is
+    /// served by it: its connectors take a share of the tunnel's requests either way.
+    fn new(
+        gateways: &BTreeMap<ObjectKey, gateway::OwnedGateway<'_>>,
+        shared_tunnel: Option<TunnelIdentity>,
+    ) -> Self {
+        let mut planes: BTreeMap<PlaneKey, TunnelIdentity> = shared_tunnel
+            .map(|tunnel| (PlaneKey::Shared, tunnel))
+            .into_iter()
+            .collect();
         let mut dedicated: BTreeMap<TunnelIdentity, Vec<&ObjectKey>> = BTreeMap::new();
         for gw in gateways.values() {
             let (Some(plane), Some(tunnel)) = (&gw.plane, gw.tunnel) else {
