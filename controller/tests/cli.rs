@@ -3,6 +3,7 @@
 use std::process::Command;
 
 use cftunnel_controller::cli::{Cli, Command as CliCommand};
+use cftunnel_controller::runtime::RuntimeOptions;
 use cftunnel_controller::translate::ExternalNameBackends;
 use clap::Parser;
 use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer};
@@ -342,19 +343,19 @@ fn render_admits_the_controllers_pods_by_their_labels_and_the_monitoring_namespa
     );
 }
 
+/// The options `run` takes from `args`; panics if they do not parse or are refused.
+fn run_options(args: &[&str]) -> RuntimeOptions {
+    let cli = Cli::try_parse_from(["cftunnel-controller", "run"].iter().chain(args))
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    let CliCommand::Run(run) = cli.command else {
+        panic!("not the run command")
+    };
+    run.options().expect("options")
+}
+
 #[test]
 fn run_takes_the_monitoring_pod_labels_from_flags_or_the_environment() {
-    let selector = |args: &[&str]| {
-        let cli = Cli::try_parse_from(["cftunnel-controller", "run"].iter().chain(args))
-            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-        let CliCommand::Run(run) = cli.command else {
-            panic!("not the run command")
-        };
-        run.options()
-            .expect("options")
-            .render
-            .monitoring_pod_selector
-    };
+    let selector = |args: &[&str]| run_options(args).render.monitoring_pod_selector;
     assert_eq!(
         selector(&[
             "--monitoring-pod-label=app.kubernetes.io/name=prometheus",
@@ -389,14 +390,7 @@ fn run_takes_the_monitoring_pod_labels_from_flags_or_the_environment() {
 
 #[test]
 fn run_takes_the_controller_pod_labels_from_flags_or_the_environment() {
-    let labels = |args: &[&str]| {
-        let cli = Cli::try_parse_from(["cftunnel-controller", "run"].iter().chain(args))
-            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-        let CliCommand::Run(run) = cli.command else {
-            panic!("not the run command")
-        };
-        run.options().expect("options").render.controller_pod_labels
-    };
+    let labels = |args: &[&str]| run_options(args).render.controller_pod_labels;
     let map = |pairs: &[(&str, &str)]| {
         pairs
             .iter()
@@ -433,17 +427,7 @@ fn run_takes_the_controller_pod_labels_from_flags_or_the_environment() {
 
 #[test]
 fn external_name_backends_come_from_the_flag_or_the_environment() {
-    let admitted = |args: &[&str]| {
-        let cli = Cli::try_parse_from(["cftunnel-controller", "run"].iter().chain(args))
-            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-        let CliCommand::Run(run) = cli.command else {
-            panic!("not the run command")
-        };
-        run.options()
-            .expect("options")
-            .translate
-            .external_name_backends
-    };
+    let admitted = |args: &[&str]| run_options(args).translate.external_name_backends;
     if std::env::var_os("EXTERNAL_NAME_BACKENDS").is_none() {
         assert_eq!(admitted(&[]), ExternalNameBackends::External);
     }

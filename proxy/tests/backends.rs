@@ -381,30 +381,25 @@ fn backend_tls(alpn: &[&[&[u8]]]) -> (Vec<tokio_rustls::TlsAcceptor>, String) {
 async fn tls_backend() -> (std::net::SocketAddr, String) {
     let (acceptors, ca) = backend_tls(&[&[]]);
     let acceptor = acceptors[0].clone();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                let Ok(mut tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let mut buf = vec![0u8; 4096];
-                let Ok(n) = tls.read(&mut buf).await else {
-                    return;
-                };
-                let head = String::from_utf8_lossy(&buf[..n]).into_owned();
-                let path = head.split_whitespace().nth(1).unwrap_or("").to_owned();
-                let body = format!("{{\"path\":\"{path}\",\"pod\":\"tls-1\"}}");
-                let resp = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
-                let _ = tls.write_all(resp.as_bytes()).await;
-                let _ = tls.shutdown().await;
-            });
+    let addr = scripted_backend(move |tcp| {
+        let acceptor = acceptor.clone();
+        async move {
+            let Ok(mut tls) = acceptor.accept(tcp).await else {
+                return;
+            };
+            let mut buf = vec![0u8; 4096];
+            let Ok(n) = tls.read(&mut buf).await else {
+                return;
+            };
+            let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let path = head.split_whitespace().nth(1).unwrap_or("").to_owned();
+            let body = format!("{{\"path\":\"{path}\",\"pod\":\"tls-1\"}}");
+            let resp = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+            let _ = tls.write_all(resp.as_bytes()).await;
+            let _ = tls.shutdown().await;
         }
-    });
+    })
+    .await;
     (addr, ca)
 }
 
@@ -762,39 +757,40 @@ async fn counting_backend(
     std::sync::Arc<std::sync::atomic::AtomicUsize>,
 ) {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = l.local_addr().expect("addr");
     let accepted = std::sync::Arc::new(AtomicUsize::new(0));
     let count = accepted.clone();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            count.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                loop {
-                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match s.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    let end = buf
-                        .windows(4)
-                        .position(|w| w == b"\r\n\r\n")
-                        .map_or(buf.len(), |p| p + 4);
-                    buf.drain(..end);
-                    let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                    if s.write_all(reply).await.is_err() || close_after_each {
-                        return;
-                    }
+    let addr = scripted_backend(move |mut s| {
+        count.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut buf = Vec::new();
+            while next_request_head(&mut s, &mut buf).await {
+                let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                if s.write_all(reply).await.is_err() || close_after_each {
+                    return;
                 }
-            });
+            }
         }
-    });
+    })
+    .await;
     (addr, accepted)
+}
+
+/// Reads the next request head of a keep-alive connection into `buf` and drops it from there;
+/// false once the connection ends first.
+async fn next_request_head(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> bool {
+    let mut chunk = [0u8; 4096];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let end = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(buf.len(), |p| p + 4);
+    buf.drain(..end);
+    true
 }
 
 #[tokio::test]
@@ -876,19 +872,14 @@ async fn backend_connections_are_reused_and_stale_ones_replaced() {
 #[tokio::test]
 async fn the_request_timeout_also_bounds_the_response_body() {
     tokio::time::timeout(TEST_TIMEOUT, async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let backend = listener.local_addr().expect("addr");
-        tokio::spawn(async move {
-            while let Ok((mut conn, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let mut buf = [0u8; 4096];
-                    let _ = conn.read(&mut buf).await;
-                    let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc").await;
-                    tokio::time::sleep(Duration::from_secs(3)).await;
-                    let _ = conn.write_all(b"defghij").await;
-                });
-            }
-        });
+        let backend = scripted_backend(|mut conn| async move {
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf).await;
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc").await;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let _ = conn.write_all(b"defghij").await;
+        })
+        .await;
         let proxy = proxy().await;
         let http = client();
         let doc = json!({"rules": [
@@ -919,32 +910,27 @@ async fn the_request_timeout_also_bounds_the_response_body() {
 #[tokio::test]
 async fn the_backend_timeout_also_bounds_the_response_body() {
     tokio::time::timeout(TEST_TIMEOUT, async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let backend = listener.local_addr().expect("addr");
-        tokio::spawn(async move {
-            while let Ok((mut conn, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let mut buf = [0u8; 4096];
-                    let n = conn.read(&mut buf).await.unwrap_or(0);
-                    // `/…/quick` trickles 5 bytes over 250 ms, anything else 30 over 3 s.
-                    let (len, gap) = if buf[..n].windows(6).any(|w| w == b"/quick") {
-                        (5, Duration::from_millis(50))
-                    } else {
-                        (30, Duration::from_millis(100))
-                    };
-                    let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n");
-                    if conn.write_all(head.as_bytes()).await.is_err() {
-                        return;
-                    }
-                    for _ in 0..len {
-                        tokio::time::sleep(gap).await;
-                        if conn.write_all(b"x").await.is_err() {
-                            return;
-                        }
-                    }
-                });
+        let backend = scripted_backend(|mut conn| async move {
+            let mut buf = [0u8; 4096];
+            let n = conn.read(&mut buf).await.unwrap_or(0);
+            // `/…/quick` trickles 5 bytes over 250 ms, anything else 30 over 3 s.
+            let (len, gap) = if buf[..n].windows(6).any(|w| w == b"/quick") {
+                (5, Duration::from_millis(50))
+            } else {
+                (30, Duration::from_millis(100))
+            };
+            let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n");
+            if conn.write_all(head.as_bytes()).await.is_err() {
+                return;
             }
-        });
+            for _ in 0..len {
+                tokio::time::sleep(gap).await;
+                if conn.write_all(b"x").await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
         let proxy = proxy_with(cftunnel_proxy::ServerOptions {
             auth_token: Some(TOKEN.into()),
             backend_header_timeout: Duration::from_millis(500),
@@ -995,47 +981,30 @@ impl HoldingBackend {
     async fn start() -> Self {
         use std::sync::atomic::{AtomicUsize, Ordering};
         use std::sync::Arc;
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = l.local_addr().expect("addr");
         let (accepted, received) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let release = Arc::new(tokio::sync::Semaphore::new(0));
         let (a, r, rel) = (accepted.clone(), received.clone(), release.clone());
-        tokio::spawn(async move {
-            while let Ok((mut s, _)) = l.accept().await {
-                a.fetch_add(1, Ordering::SeqCst);
-                let (r, rel) = (r.clone(), rel.clone());
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 4096];
-                    loop {
-                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                            match s.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                            }
-                        }
-                        let end = buf
-                            .windows(4)
-                            .position(|w| w == b"\r\n\r\n")
-                            .map_or(buf.len(), |p| p + 4);
-                        buf.drain(..end);
-                        r.fetch_add(1, Ordering::SeqCst);
-                        match rel.acquire().await {
-                            Ok(permit) => permit.forget(),
-                            Err(_) => return,
-                        }
-                        if s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                            .await
-                            .is_err()
-                        {
-                            return;
-                        }
+        let addr = scripted_backend(move |mut s| {
+            a.fetch_add(1, Ordering::SeqCst);
+            let (r, rel) = (r.clone(), rel.clone());
+            async move {
+                let mut buf = Vec::new();
+                while next_request_head(&mut s, &mut buf).await {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    match rel.acquire().await {
+                        Ok(permit) => permit.forget(),
+                        Err(_) => return,
                     }
-                });
+                    if s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
             }
-        });
+        })
+        .await;
         Self {
             addr,
             accepted,
@@ -1150,23 +1119,18 @@ async fn the_backend_timeout_cuts_a_body_that_is_always_ready() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         // An h2c backend answering with an endless body, as fast as flow control lets it:
         // the proxy's side of the stream always has data buffered for a slow client.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let backend = listener.local_addr().expect("addr");
-        tokio::spawn(async move {
-            while let Ok((conn, _)) = listener.accept().await {
-                let service = hyper::service::service_fn(|_req| async {
-                    let chunk = Bytes::from(vec![b'x'; 16 * 1024]);
-                    let endless = futures_util::stream::repeat_with(move || {
-                        Ok::<_, std::convert::Infallible>(http_body::Frame::data(chunk.clone()))
-                    });
-                    Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::StreamBody::new(endless)))
+        let backend = scripted_backend(|conn| {
+            let service = hyper::service::service_fn(|_req| async {
+                let chunk = Bytes::from(vec![b'x'; 16 * 1024]);
+                let endless = futures_util::stream::repeat_with(move || {
+                    Ok::<_, std::convert::Infallible>(http_body::Frame::data(chunk.clone()))
                 });
-                tokio::spawn(
-                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-                        .serve_connection(hyper_util::rt::TokioIo::new(conn), service),
-                );
-            }
-        });
+                Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::StreamBody::new(endless)))
+            });
+            hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .serve_connection(hyper_util::rt::TokioIo::new(conn), service)
+        })
+        .await;
         let http = client();
         let proxy = proxy().await;
         let doc = json!({"rules": [

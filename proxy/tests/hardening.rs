@@ -480,26 +480,21 @@ async fn silent_connections_are_closed_and_free_their_places() {
 async fn idle_connections_are_closed_and_requests_in_flight_are_not() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         // Waits 1 s before its head, then streams 10 bytes over 1 s.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let backend = listener.local_addr().expect("addr");
-        tokio::spawn(async move {
-            while let Ok((mut conn, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    read_head(&mut conn).await;
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    let head = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n";
-                    if conn.write_all(head).await.is_err() {
-                        return;
-                    }
-                    for _ in 0..10 {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        if conn.write_all(b"x").await.is_err() {
-                            return;
-                        }
-                    }
-                });
+        let backend = scripted_backend(|mut conn| async move {
+            read_head(&mut conn).await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let head = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n";
+            if conn.write_all(head).await.is_err() {
+                return;
             }
-        });
+            for _ in 0..10 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if conn.write_all(b"x").await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
         let proxy = proxy_with(cftunnel_proxy::ServerOptions {
             auth_token: Some(TOKEN.into()),
             limits: cftunnel_proxy::serve::Limits {
