@@ -366,6 +366,11 @@ pub struct Backend {
     pub unavailable_status: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<BackendTls>,
+    /// Dial only public (global unicast) addresses of the URL's host, checked at every dial: a
+    /// name its owner picked (an ExternalName Service) cannot then reach the cluster or the
+    /// node through a DNS record pointing at a private address. Absent: false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub public_only: bool,
 }
 
 impl Default for Backend {
@@ -378,6 +383,7 @@ impl Default for Backend {
             websocket: false,
             unavailable_status: None,
             tls: None,
+            public_only: false,
         }
     }
 }

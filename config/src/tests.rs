@@ -64,3 +64,18 @@ fn null_lists_read_as_empty() {
     assert!(rule.matches[0].headers.is_empty() && rule.matches[0].query_params.is_empty());
     assert!(rule.retry.as_ref().unwrap().codes.is_empty());
 }
+
+/// `publicOnly` reads as false when absent (documents from the Go controller) and is written
+/// only when set.
+#[test]
+fn public_only_defaults_to_false_and_is_written_only_when_set() {
+    let absent: Backend = serde_json::from_str(r#"{"url": "http://a.example.com.:80"}"#).unwrap();
+    assert!(!absent.public_only);
+    let text = serde_json::to_string(&absent).unwrap();
+    assert!(!text.contains("publicOnly"), "{text}");
+    let set: Backend =
+        serde_json::from_str(r#"{"url": "http://a.example.com.:80", "publicOnly": true}"#).unwrap();
+    assert!(set.public_only);
+    let text = serde_json::to_string(&set).unwrap();
+    assert!(text.contains(r#""publicOnly":true"#), "{text}");
+}

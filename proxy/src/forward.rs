@@ -132,17 +132,22 @@ impl Upstream {
         protocol: BackendProtocol,
         websocket: bool,
         tls: Option<&cftunnel_config::BackendTls>,
+        public_only: bool,
     ) -> UpstreamKey {
-        UpstreamKey(format!("{url}|{protocol:?}|{websocket}|{tls:?}"))
+        UpstreamKey(format!(
+            "{url}|{protocol:?}|{websocket}|{tls:?}|{public_only}"
+        ))
     }
 
     /// Builds the client for a backend URL; fails on anything that could only fail later.
-    /// `max_connections` bounds the HTTP/1.1 connections open to it at once.
+    /// `max_connections` bounds the HTTP/1.1 connections open to it at once; with
+    /// `public_only`, every dial connects only to public addresses of the URL's host.
     pub fn new(
         url: &str,
         protocol: BackendProtocol,
         websocket: bool,
         tls: Option<&cftunnel_config::BackendTls>,
+        public_only: bool,
         max_connections: usize,
     ) -> Result<Self, UpstreamError> {
         let uri: http::Uri = url
@@ -186,11 +191,16 @@ impl Upstream {
         let h2 = protocol == BackendProtocol::H2c && !secure;
         // HTTP/2 cannot carry an upgrade: where the backend may pick it, upgrades dial
         // connections that offer HTTP/1.1 only.
-        let upgrades = tls
-            .as_ref()
-            .filter(|_| alpn_h2)
-            .map(|t| Connector::new(host, port, Some(t.http1_only()), CONNECT_TIMEOUT));
-        let connector = Connector::new(host, port, tls, CONNECT_TIMEOUT);
+        let upgrades = tls.as_ref().filter(|_| alpn_h2).map(|t| {
+            Connector::new(
+                host,
+                port,
+                Some(t.http1_only()),
+                CONNECT_TIMEOUT,
+                public_only,
+            )
+        });
+        let connector = Connector::new(host, port, tls, CONNECT_TIMEOUT, public_only);
         let base_path = match uri.path() {
             "" | "/" => None,
             p => Some(p.trim_end_matches('/').into()),

@@ -1160,3 +1160,35 @@ async fn the_backend_timeout_cuts_a_body_that_is_always_ready() {
     .await
     .expect("test finished in time");
 }
+
+/// A `publicOnly` backend is dialled only at public addresses: one on loopback, named by
+/// address or by name, is refused with 502 (reason `dial`) before any connection is opened,
+/// while the same backend without the flag is reached.
+#[tokio::test]
+async fn public_only_backends_refuse_addresses_that_are_not_public() {
+    use std::sync::atomic::Ordering;
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let http = client();
+        let (addr, accepted) = counting_backend(false).await;
+        let proxy = proxy().await;
+        let by_name = format!("http://localhost:{}", addr.port());
+        let doc = json!({"rules": [
+            rule("/ip", json!({"backends": [{"url": url(addr), "weight": 1, "publicOnly": true}]})),
+            rule("/name", json!({"backends": [{"url": by_name, "weight": 1, "publicOnly": true}]})),
+            rule("/any", json!({"backends": [{"url": url(addr), "weight": 1}]})),
+        ]});
+        let admin = proxy.admin_addr();
+        assert_eq!(push(&http, admin, &doc).await.status, StatusCode::OK);
+        let d = proxy.data_addr();
+        assert_eq!(get(&http, d, "h", "/ip", &[]).await.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(get(&http, d, "h", "/name", &[]).await.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(accepted.load(Ordering::SeqCst), 0, "no connection reached the backend");
+        let dial = "cftunnel_proxy_backend_errors_total{hostname=\"*\",reason=\"dial\"}";
+        assert_eq!(metric(&http, admin, dial).await, Some(2.0));
+        let r = get(&http, d, "h", "/any", &[]).await;
+        assert_eq!((r.status, &r.body[..]), (StatusCode::OK, &b"ok"[..]));
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    })
+    .await
+    .expect("test finished in time");
+}

@@ -86,8 +86,9 @@ impl Upstreams<'_> {
         protocol: doc::BackendProtocol,
         websocket: bool,
         tls: Option<&doc::BackendTls>,
+        public_only: bool,
     ) -> Result<Arc<Upstream>, UpstreamError> {
-        let key = Upstream::key(url, protocol, websocket, tls);
+        let key = Upstream::key(url, protocol, websocket, tls, public_only);
         if let Some(u) = self.used.get(&key) {
             return Ok(u.clone());
         }
@@ -98,6 +99,7 @@ impl Upstreams<'_> {
                 protocol,
                 websocket,
                 tls,
+                public_only,
                 self.max_connections,
             )?),
         };
@@ -137,7 +139,13 @@ fn compile_rule(
         } else {
             Some(
                 upstreams
-                    .get(&b.url, b.protocol, b.websocket, b.tls.as_ref())
+                    .get(
+                        &b.url,
+                        b.protocol,
+                        b.websocket,
+                        b.tls.as_ref(),
+                        b.public_only,
+                    )
                     .map_err(|e| ConfigError::invalid(format!("{at}.url"), e))?,
             )
         };
@@ -466,7 +474,7 @@ fn compile_filters(
                     ));
                 }
                 let upstream = upstreams
-                    .get(&m.backend_url, m.protocol, false, None)
+                    .get(&m.backend_url, m.protocol, false, None, false)
                     .map_err(|e| ConfigError::invalid(format!("{field}.backendUrl"), e))?;
                 mirrors.push(Mirror { upstream, percent });
             }

@@ -2,6 +2,7 @@
 
 use super::tls::TlsTarget;
 use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -33,6 +34,8 @@ struct Target {
     label: Arc<str>,
     tls: Option<TlsTarget>,
     timeout: Duration,
+    /// Dial only public addresses of `host` (see [`is_public`]).
+    public_only: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -41,7 +44,15 @@ pub(crate) struct Connector {
 }
 
 impl Connector {
-    pub(crate) fn new(host: &str, port: u16, tls: Option<TlsTarget>, timeout: Duration) -> Self {
+    /// A connector to `host:port`; with `public_only`, only public addresses of `host` are
+    /// dialled, checked at each dial.
+    pub(crate) fn new(
+        host: &str,
+        port: u16,
+        tls: Option<TlsTarget>,
+        timeout: Duration,
+        public_only: bool,
+    ) -> Self {
         Self {
             target: Arc::new(Target {
                 host: host.into(),
@@ -49,6 +60,7 @@ impl Connector {
                 label: format!("{host}:{port}").into(),
                 tls,
                 timeout,
+                public_only,
             }),
         }
     }
@@ -67,8 +79,7 @@ async fn connect(t: &Target) -> Result<Stream, ConnectError> {
         target: t.label.clone(),
         message,
     };
-    let dial = TcpStream::connect((&*t.host, t.port));
-    let tcp = tokio::time::timeout(t.timeout, dial)
+    let tcp = tokio::time::timeout(t.timeout, dial(t))
         .await
         .map_err(|_| err(ConnectErrorKind::Timeout, "connect timed out".into()))?
         .map_err(|e| err(ConnectErrorKind::Dial, e.to_string()))?;
@@ -82,6 +93,70 @@ async fn connect(t: &Target) -> Result<Stream, ConnectError> {
         .map_err(|_| err(ConnectErrorKind::Timeout, "TLS handshake timed out".into()))?
         .map_err(|e| err(ConnectErrorKind::Tls, e.to_string()))?;
     Ok(Stream::Tls(Box::new(stream)))
+}
+
+/// Opens the TCP connection. A public-only target is resolved here and connected to by the
+/// checked addresses themselves, never by name again, so a record that changes between the
+/// check and the connect (DNS rebinding) cannot lead elsewhere.
+async fn dial(t: &Target) -> io::Result<TcpStream> {
+    if !t.public_only {
+        return TcpStream::connect((&*t.host, t.port)).await;
+    }
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((&*t.host, t.port))
+        .await?
+        .filter(|a| is_public(a.ip()))
+        .collect();
+    if addrs.is_empty() {
+        tracing::debug!(
+            host = %t.host,
+            "backend refused: its addresses are not public (publicOnly)"
+        );
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{} resolves to no public address (publicOnly)", t.host),
+        ));
+    }
+    TcpStream::connect(&addrs[..]).await
+}
+
+/// Whether `ip` is a public (global unicast) address: not loopback, private, link-local,
+/// CGNAT, multicast, reserved or unspecified, nor an IPv6 form embedding such an IPv4 address
+/// (mapped, compatible or NAT64), which would reach it all the same.
+pub(crate) fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => is_public_v4(v4),
+        IpAddr::V6(v6) => is_public_v6(v6),
+    }
+}
+
+fn is_public_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, c, _] = ip.octets();
+    !(a == 0 // this network
+        || a == 10 // private
+        || (a == 100 && (64..128).contains(&b)) // CGNAT, 100.64/10
+        || a == 127 // loopback
+        || (a == 169 && b == 254) // link-local, cloud metadata
+        || (a == 172 && (16..32).contains(&b)) // private
+        || (a == 192 && b == 0 && c == 0) // IETF protocol assignments
+        || (a == 192 && b == 168) // private
+        || (a == 198 && (b == 18 || b == 19)) // benchmarking, 198.18/15
+        || a >= 224) // multicast, reserved, broadcast
+}
+
+fn is_public_v6(ip: Ipv6Addr) -> bool {
+    let s = ip.segments();
+    let embedded = |hi: [u16; 2]| Ipv4Addr::from((u32::from(hi[0]) << 16) | u32::from(hi[1]));
+    // ::a.b.c.d (compatible, also `::` and `::1`) and ::ffff:a.b.c.d (mapped).
+    if s[..5] == [0; 5] && (s[5] == 0 || s[5] == 0xffff) {
+        return is_public_v4(embedded([s[6], s[7]]));
+    }
+    // NAT64, 64:ff9b::/96: the translator dials the embedded IPv4 address.
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        return is_public_v4(embedded([s[6], s[7]]));
+    }
+    !((s[0] & 0xfe00) == 0xfc00 // unique local, fc00::/7
+        || (s[0] & 0xffc0) == 0xfe80 // link-local, fe80::/10
+        || (s[0] & 0xff00) == 0xff00) // multicast, ff00::/8
 }
 
 /// A backend connection, plain or TLS.
@@ -159,6 +234,86 @@ impl AsyncWrite for Stream {
         match self {
             Self::Plain(s) => s.is_write_vectored(),
             Self::Tls(s) => s.is_write_vectored(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_public;
+    use std::net::IpAddr;
+
+    fn public(ip: &str) -> bool {
+        is_public(ip.parse::<IpAddr>().expect("test address parses"))
+    }
+
+    #[test]
+    fn only_global_unicast_addresses_are_public() {
+        for ip in [
+            "0.0.0.0",
+            "0.1.2.3",
+            "10.0.0.1",
+            "10.255.255.255",
+            "100.64.0.1",
+            "100.127.255.255",
+            "127.0.0.1",
+            "127.1.2.3",
+            "169.254.169.254",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.0.0.8",
+            "192.168.1.1",
+            "198.18.0.1",
+            "198.19.255.255",
+            "224.0.0.1",
+            "239.255.255.255",
+            "240.0.0.1",
+            "255.255.255.255",
+            "::",
+            "::1",
+            "fc00::1",
+            "fd12:3456::1",
+            "fe80::1",
+            "febf::1",
+            "ff02::1",
+            // IPv4-mapped, IPv4-compatible and NAT64 forms reach the IPv4 address they embed.
+            "::ffff:127.0.0.1",
+            "::ffff:10.96.0.1",
+            "::ffff:169.254.169.254",
+            "::10.0.0.1",
+            "::127.0.0.1",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b::192.168.0.1",
+        ] {
+            assert!(!public(ip), "{ip} is not public");
+        }
+        for ip in [
+            "1.1.1.1",
+            "8.8.8.8",
+            "9.255.255.255",
+            "11.0.0.1",
+            "100.63.255.255",
+            "100.128.0.1",
+            "126.255.255.255",
+            "128.0.0.1",
+            "169.253.255.255",
+            "169.255.0.1",
+            "172.15.255.255",
+            "172.32.0.1",
+            "192.0.1.1",
+            "192.167.255.255",
+            "192.169.0.1",
+            "198.17.255.255",
+            "198.20.0.1",
+            "223.255.255.255",
+            "2001:4860:4860::8888",
+            "2606:4700::1111",
+            "fbff::1",
+            "fec0::1",
+            "::ffff:8.8.8.8",
+            "64:ff9b::808:808",
+        ] {
+            assert!(public(ip), "{ip} is public");
         }
     }
 }
