@@ -58,9 +58,10 @@ pub struct ClassArgs {
     /// Which ExternalName Services routes may use as backends: `deny` none (for untrusted
     /// route authors); `external` names that do not mean the cluster as written (not under
     /// `--cluster-domain` or `clusterset.local`, not IP addresses, single labels or
-    /// `localhost`), dialled as absolute names, though a public name resolving to a cluster
-    /// address is still dialled; `any` every name as written, which lets a route reach any
-    /// Service of the cluster without a ReferenceGrant.
+    /// `localhost`), dialled as absolute names and, at dial time, only at public addresses (a
+    /// name resolving to loopback, private, link-local, CGNAT or other non-public addresses
+    /// is refused); `any` every name as written, also on private networks, which lets a route
+    /// reach any Service of the cluster without a ReferenceGrant.
     #[arg(
         long,
         env = "EXTERNAL_NAME_BACKENDS",

@@ -8,7 +8,7 @@ use cftunnel_config::{Backend, BackendProtocol, Filter};
 use k8s_openapi::api::core::v1::ServicePort;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::external_name::{self, Refusal};
+use super::external_name::{self, ExternalNameBackends, Refusal};
 use super::status::Reason;
 use super::{Index, Options, RouteKind};
 
@@ -99,6 +99,9 @@ pub(super) struct Resolved {
     pub(super) service_url: String,
     pub(super) protocol: BackendProtocol,
     pub(super) websocket: bool,
+    /// The proxy dials only public addresses: set for ExternalName Services under
+    /// `--external-name-backends=external`, whose name is the Service owner's to point anywhere.
+    pub(super) public_only: bool,
 }
 
 /// Resolves a backendRef of a route of `from` kind in `from_namespace`.
@@ -170,6 +173,7 @@ pub(super) fn resolve(
             service_url: url,
             protocol: BackendProtocol::Http1,
             websocket: false,
+            public_only: options.external_name_backends == ExternalNameBackends::External,
         });
     }
     let Some(service_port) = spec
@@ -207,6 +211,7 @@ pub(super) fn resolve(
             BackendProtocol::Http1
         },
         websocket: app_protocol == Some(APP_PROTOCOL_WS),
+        public_only: false,
     })
 }
 
@@ -299,6 +304,7 @@ pub(super) fn expand(targets: Vec<WeightedTarget>) -> Vec<Backend> {
                 weight: scaled(t.weight, 1),
                 protocol: t.protocol.unwrap_or(r.protocol),
                 websocket: r.websocket,
+                public_only: r.public_only,
                 filters: t.filters,
                 unavailable_status: Some(NO_ENDPOINTS_STATUS),
                 ..Backend::default()
@@ -311,6 +317,7 @@ pub(super) fn expand(targets: Vec<WeightedTarget>) -> Vec<Backend> {
                         weight: scaled(t.weight, n),
                         protocol: t.protocol.unwrap_or(r.protocol),
                         websocket: r.websocket,
+                        public_only: r.public_only,
                         filters: t.filters.clone(),
                         ..Backend::default()
                     });

@@ -9,13 +9,15 @@
 //! class). Gateway API leaves ExternalName backends implementation-specific and advises
 //! against them, so what is admitted is the operator's choice (`--external-name-backends`).
 //!
-//! `external` judges the name as written, never where it resolves: no lookup happens here,
-//! and the proxy resolves at dial time. It refuses the names that mean the cluster whatever DNS
-//! says (the cluster domain, `clusterset.local`, IP literals, single labels, `localhost`) and
-//! stops search-domain completion, but a public name whose record points at a cluster address
-//! (`10-96-12-34.sslip.io`, `169.254.169.254.nip.io`, a tenant's own domain) and a name the
-//! cluster's upstream resolver answers (stub domains, `*.internal`) are dialled. Where route
-//! authors are not trusted, `deny` and an egress NetworkPolicy on the proxy pods close that.
+//! `external` judges the name as written here: no lookup happens in the controller. It refuses
+//! the names that mean the cluster whatever DNS says (the cluster domain, `clusterset.local`,
+//! IP literals, single labels, `localhost`) and stops search-domain completion. Where a name
+//! resolves is the proxy's to check, at dial time: the backend carries `publicOnly`, so a
+//! public name whose record points at a loopback, private, link-local, CGNAT or other
+//! non-public address (`10-96-12-34.sslip.io`, `169.254.169.254.nip.io`, a tenant's own
+//! domain) is refused there, whenever the record changes. Targets on private networks need
+//! `any`. Where route authors are not trusted, `deny` and an egress NetworkPolicy on the proxy
+//! pods still bound what request mirrors and public addresses can reach.
 
 use std::fmt;
 
@@ -26,8 +28,8 @@ pub enum ExternalNameBackends {
     Deny,
     /// Names that do not mean the cluster as written, dialled as absolute names so that the
     /// proxy pod's search domains never apply; names under the cluster domain or
-    /// `clusterset.local`, IP addresses, single labels and `localhost` are refused. Where a
-    /// name resolves is not checked: a public name pointing at a cluster address is dialled.
+    /// `clusterset.local`, IP addresses, single labels and `localhost` are refused, and the
+    /// proxy dials only public addresses of the rest (`publicOnly`).
     #[default]
     External,
     /// Any name, dialled as written (search domains apply): a route can reach any Service of

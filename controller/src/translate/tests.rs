@@ -692,8 +692,11 @@ fn app_protocol_dns_fallback_and_external_name_shape_the_backend() {
     );
     assert_eq!(
         rules[3].backends,
-        vec![backend("http://api.example.net.:443", 1)],
-        "an ExternalName outside the cluster is dialled as an absolute name"
+        vec![Backend {
+            public_only: true,
+            ..backend("http://api.example.net.:443", 1)
+        }],
+        "an ExternalName outside the cluster is dialled as an absolute name, at public addresses"
     );
     assert_eq!(
         rules[4].backends,
@@ -760,11 +763,17 @@ fn assert_refused(target: &str, options: &Options, why: &str) {
     );
 }
 
+/// The admitted `ext` is dialled at `url`, restricted to public addresses in `external` mode
+/// only; `v2`, a Service of the cluster, never is.
 fn assert_admitted(target: &str, options: &Options, url: &str) {
     let (backends, resolved) = external_name_split(target, options);
+    let ext = Backend {
+        public_only: options.external_name_backends == ExternalNameBackends::External,
+        ..backend(url, 1)
+    };
     assert_eq!(
         backends,
-        vec![backend(url, 1), backend("http://10.0.1.1:3000", 1)],
+        vec![ext, backend("http://10.0.1.1:3000", 1)],
         "{target}"
     );
     assert_eq!(
@@ -859,7 +868,8 @@ fn external_name_backends_under_clusterset_local_are_refused_by_default() {
 }
 
 /// `external` judges the name as written: where a public name resolves is not known here, so
-/// one whose record points into the cluster is dialled (the documented limit of the mode).
+/// one whose record may point into the cluster is admitted, and left to the proxy, which dials
+/// it at public addresses only (`publicOnly`).
 #[test]
 fn external_name_backends_are_judged_by_name_not_by_where_they_resolve() {
     let options = Options::default();
@@ -870,6 +880,18 @@ fn external_name_backends_are_judged_by_name_not_by_where_they_resolve() {
     ] {
         assert_admitted(target, &options, url);
     }
+}
+
+/// Only `external` asks the proxy to dial public addresses only: `any` admits in-cluster
+/// targets on purpose, and a Service of the cluster is dialled at its endpoints.
+#[test]
+fn external_name_backends_are_public_only_in_external_mode_alone() {
+    let public_only = |admitted| {
+        let (backends, _) = external_name_split("api.example.net", &external_names(admitted));
+        backends.iter().map(|b| b.public_only).collect::<Vec<_>>()
+    };
+    assert_eq!(public_only(ExternalNameBackends::External), [true, false]);
+    assert_eq!(public_only(ExternalNameBackends::Any), [false, false]);
 }
 
 #[test]
