@@ -291,6 +291,10 @@ pub struct RequestMirror {
     /// HTTP/2 only.
     #[serde(default, skip_serializing_if = "BackendProtocol::is_default")]
     pub protocol: BackendProtocol,
+    /// As a backend's `publicOnly`: copies go only to public addresses of the URL's host, so a
+    /// name its owner picked cannot send them into the cluster or the node. Absent: false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub public_only: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

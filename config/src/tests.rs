@@ -79,3 +79,19 @@ fn public_only_defaults_to_false_and_is_written_only_when_set() {
     let text = serde_json::to_string(&set).unwrap();
     assert!(text.contains(r#""publicOnly":true"#), "{text}");
 }
+
+/// A mirror's `publicOnly` behaves as a backend's: false when absent, written only when set.
+#[test]
+fn mirror_public_only_defaults_to_false_and_is_written_only_when_set() {
+    let absent: RequestMirror =
+        serde_json::from_str(r#"{"backendUrl": "http://a.example.com.:80"}"#).unwrap();
+    assert!(!absent.public_only);
+    let text = serde_json::to_string(&absent).unwrap();
+    assert!(!text.contains("publicOnly"), "{text}");
+    let set: RequestMirror =
+        serde_json::from_str(r#"{"backendUrl": "http://a.example.com.:80", "publicOnly": true}"#)
+            .unwrap();
+    assert!(set.public_only);
+    let text = serde_json::to_string(&set).unwrap();
+    assert!(text.contains(r#""publicOnly":true"#), "{text}");
+}

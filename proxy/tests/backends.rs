@@ -1192,3 +1192,58 @@ async fn public_only_backends_refuse_addresses_that_are_not_public() {
     .await
     .expect("test finished in time");
 }
+
+/// A `publicOnly` mirror is sent copies only at public addresses: one on loopback gets no
+/// connection while the client still gets the primary backend's answer; the same mirror
+/// without the flag gets the copy.
+#[tokio::test]
+async fn public_only_mirrors_send_no_copy_to_addresses_that_are_not_public() {
+    use std::sync::atomic::Ordering;
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let http = client();
+        let (primary, _) = counting_backend(false).await;
+        let (checked, checked_accepted) = counting_backend(false).await;
+        let (open, open_accepted) = counting_backend(false).await;
+        let proxy = proxy().await;
+        let mirror = |addr, public_only| {
+            json!([{"type": "RequestMirror",
+                "requestMirror": {"backendUrl": url(addr), "publicOnly": public_only}}])
+        };
+        let doc = json!({"rules": [
+            rule("/checked", json!({"filters": mirror(checked, true),
+                "backends": [{"url": url(primary), "weight": 1}]})),
+            rule("/open", json!({"filters": mirror(open, false),
+                "backends": [{"url": url(primary), "weight": 1}]})),
+        ]});
+        assert_eq!(
+            push(&http, proxy.admin_addr(), &doc).await.status,
+            StatusCode::OK
+        );
+        let d = proxy.data_addr();
+        let r = get(&http, d, "h", "/checked", &[]).await;
+        assert_eq!((r.status, &r.body[..]), (StatusCode::OK, &b"ok"[..]));
+        let r = get(&http, d, "h", "/open", &[]).await;
+        assert_eq!((r.status, &r.body[..]), (StatusCode::OK, &b"ok"[..]));
+        // The second copy goes out after the first: once it has arrived, and a little
+        // longer, the first would have too.
+        for _ in 0..100 {
+            if open_accepted.load(Ordering::SeqCst) > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            open_accepted.load(Ordering::SeqCst),
+            1,
+            "the mirror without the flag got the copy"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            checked_accepted.load(Ordering::SeqCst),
+            0,
+            "no connection reached the checked mirror"
+        );
+    })
+    .await
+    .expect("test finished in time");
+}

@@ -474,7 +474,7 @@ fn compile_filters(
                     ));
                 }
                 let upstream = upstreams
-                    .get(&m.backend_url, m.protocol, false, None, false)
+                    .get(&m.backend_url, m.protocol, false, None, m.public_only)
                     .map_err(|e| ConfigError::invalid(format!("{field}.backendUrl"), e))?;
                 mirrors.push(Mirror { upstream, percent });
             }
