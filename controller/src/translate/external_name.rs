@@ -16,8 +16,9 @@
 //! public name whose record points at a loopback, private, link-local, CGNAT or other
 //! non-public address (`10-96-12-34.sslip.io`, `169.254.169.254.nip.io`, a tenant's own
 //! domain) is refused there, whenever the record changes. Targets on private networks need
-//! `any`. Where route authors are not trusted, `deny` and an egress NetworkPolicy on the proxy
-//! pods still bound what request mirrors and public addresses can reach.
+//! `any`. Request mirrors to such a Service carry `publicOnly` too. Where route authors are
+//! not trusted, `deny` and an egress NetworkPolicy on the proxy pods still bound which public
+//! addresses the proxy can reach.
 
 use std::fmt;
 

@@ -831,6 +831,7 @@ fn convert_filter(
                             backend_url,
                             percent,
                             protocol: protocol.unwrap_or(resolved.protocol),
+                            public_only: resolved.public_only,
                         });
                         out
                     }

@@ -894,6 +894,46 @@ fn external_name_backends_are_public_only_in_external_mode_alone() {
     assert_eq!(public_only(ExternalNameBackends::Any), [false, false]);
 }
 
+/// A mirror to an ExternalName Service is checked as a backend to one is: its copies go only
+/// to public addresses in `external` mode, and anywhere in `any`; a mirror to a Service of the
+/// cluster never is.
+#[test]
+fn mirrors_to_external_name_backends_are_public_only_in_external_mode_alone() {
+    let mirrors = |admitted| {
+        let extra = format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: ext, namespace: infra}}\nspec: {{type: ExternalName, externalName: api.example.net, ports: [{{port: 8080}}]}}\n---\n{}",
+            http_route(
+                "infra",
+                "m",
+                "  parentRefs: [{name: gw}]\n  rules:\n  - filters: [{type: RequestMirror, requestMirror: {backendRef: {name: ext, port: 8080}}}, {type: RequestMirror, requestMirror: {backendRef: {name: v2, port: 8080}}}]\n    backendRefs: [{name: v2, port: 8080}]",
+            )
+        );
+        let out = translate(&snapshot(&extra), &external_names(admitted));
+        only_rule(&out)
+            .filters
+            .iter()
+            .map(|f| {
+                let m = f.request_mirror.as_ref().expect("a mirror");
+                (m.backend_url.clone(), m.public_only)
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        mirrors(ExternalNameBackends::External),
+        [
+            ("http://api.example.net.:8080".to_owned(), true),
+            ("http://10.0.1.1:3000".to_owned(), false)
+        ]
+    );
+    assert_eq!(
+        mirrors(ExternalNameBackends::Any),
+        [
+            ("http://api.example.net:8080".to_owned(), false),
+            ("http://10.0.1.1:3000".to_owned(), false)
+        ]
+    );
+}
+
 #[test]
 fn external_name_backends_deny_refuses_every_name() {
     let options = external_names(ExternalNameBackends::Deny);
