@@ -1180,9 +1180,19 @@ async fn public_only_backends_refuse_addresses_that_are_not_public() {
         let admin = proxy.admin_addr();
         assert_eq!(push(&http, admin, &doc).await.status, StatusCode::OK);
         let d = proxy.data_addr();
-        assert_eq!(get(&http, d, "h", "/ip", &[]).await.status, StatusCode::BAD_GATEWAY);
-        assert_eq!(get(&http, d, "h", "/name", &[]).await.status, StatusCode::BAD_GATEWAY);
-        assert_eq!(accepted.load(Ordering::SeqCst), 0, "no connection reached the backend");
+        assert_eq!(
+            get(&http, d, "h", "/ip", &[]).await.status,
+            StatusCode::BAD_GATEWAY
+        );
+        assert_eq!(
+            get(&http, d, "h", "/name", &[]).await.status,
+            StatusCode::BAD_GATEWAY
+        );
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            0,
+            "no connection reached the backend"
+        );
         let dial = "cftunnel_proxy_backend_errors_total{hostname=\"*\",reason=\"dial\"}";
         assert_eq!(metric(&http, admin, dial).await, Some(2.0));
         let r = get(&http, d, "h", "/any", &[]).await;
