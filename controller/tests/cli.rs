@@ -372,16 +372,10 @@ fn run_takes_the_monitoring_pod_labels_from_flags_or_the_environment() {
         assert_eq!(selector(&[]), None, "no such peer by default");
     }
     // The environment variable is read.
-    let out = Command::new(env!("CARGO_BIN_EXE_cftunnel-controller"))
-        .arg("run")
-        .env(
-            "MONITORING_POD_LABELS",
-            "app.kubernetes.io/name=prometheus,a",
-        )
-        .output()
-        .expect("the binary runs");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused_run_env(
+        "MONITORING_POD_LABELS",
+        "app.kubernetes.io/name=prometheus,a",
+    );
     assert!(
         stderr.contains("--monitoring-pod-label") && stderr.contains("expected KEY=VALUE"),
         "{stderr}"
@@ -412,13 +406,7 @@ fn run_takes_the_controller_pod_labels_from_flags_or_the_environment() {
         );
     }
     // The environment variable is read, and a label must be KEY=VALUE.
-    let out = Command::new(env!("CARGO_BIN_EXE_cftunnel-controller"))
-        .arg("run")
-        .env("CONTROLLER_POD_LABELS", "app.kubernetes.io/name")
-        .output()
-        .expect("the binary runs");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused_run_env("CONTROLLER_POD_LABELS", "app.kubernetes.io/name");
     assert!(
         stderr.contains("--controller-pod-label") && stderr.contains("expected KEY=VALUE"),
         "{stderr}"
@@ -445,13 +433,7 @@ fn external_name_backends_come_from_the_flag_or_the_environment() {
         "{err}"
     );
     // The environment variable is read.
-    let out = Command::new(env!("CARGO_BIN_EXE_cftunnel-controller"))
-        .arg("run")
-        .env("EXTERNAL_NAME_BACKENDS", "allow")
-        .output()
-        .expect("the binary runs");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused_run_env("EXTERNAL_NAME_BACKENDS", "allow");
     assert!(stderr.contains("--external-name-backends"), "{stderr}");
 }
 
@@ -597,13 +579,7 @@ fn label_flags_take_kubernetes_label_syntax_and_name_the_flag_and_the_bad_part()
         ),
         ("a=1,a=2", "\"a\""),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_cftunnel-controller"))
-            .arg("run")
-            .env("CONTROLLER_POD_LABELS", labels)
-            .output()
-            .expect("the binary runs");
-        assert!(!out.status.success());
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr = refused_run_env("CONTROLLER_POD_LABELS", labels);
         assert!(
             stderr.contains("--controller-pod-label") && stderr.contains(part),
             "{labels}: {stderr}"
@@ -669,4 +645,16 @@ fn crd_prints_the_gateway_config_definition() {
     ] {
         assert!(fields.iter().any(|f| *f == field), "{field} in {fields:?}");
     }
+}
+
+/// Starts `cftunnel-controller run` with `var=value` in its environment, expects it to refuse
+/// to start, and returns what it said.
+fn refused_run_env(var: &str, value: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_cftunnel-controller"))
+        .arg("run")
+        .env(var, value)
+        .output()
+        .expect("the binary runs");
+    assert!(!out.status.success(), "{var}={value} is refused");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }

@@ -630,12 +630,16 @@ mod tests {
         (addr, accepted, closed)
     }
 
-    async fn get(pool: &Arc<H1Pool>) {
-        let req = Request::builder()
-            .uri("/")
+    /// A `GET /` to the test backend.
+    fn request() -> Request<ProxyBody> {
+        Request::get("/")
             .header(http::header::HOST, "backend")
             .body(crate::body::full(Bytes::new()))
-            .expect("request");
+            .expect("request")
+    }
+
+    async fn get(pool: &Arc<H1Pool>) {
+        let req = request();
         let resp = pool.send(req, &Wait::until(None)).await.expect("response");
         assert_eq!(resp.status(), http::StatusCode::OK);
         let body = resp.into_body().collect().await.expect("body").to_bytes();
@@ -719,10 +723,7 @@ mod tests {
         );
 
         // At the limit, a request waits for the one connection and gets it when it is put back.
-        let req = Request::get("/")
-            .header(http::header::HOST, "backend")
-            .body(crate::body::full(Bytes::new()))
-            .expect("request");
+        let req = request();
         let held = pool.send(req, &Wait::until(None)).await.expect("response");
         let waiting = tokio::spawn({
             let pool = pool.clone();
@@ -747,15 +748,9 @@ mod tests {
         );
 
         // A wait cut off by its deadline is uncounted too.
-        let req = Request::get("/")
-            .header(http::header::HOST, "backend")
-            .body(crate::body::full(Bytes::new()))
-            .expect("request");
+        let req = request();
         let held = pool.send(req, &Wait::until(None)).await.expect("response");
-        let req = Request::get("/")
-            .header(http::header::HOST, "backend")
-            .body(crate::body::full(Bytes::new()))
-            .expect("request");
+        let req = request();
         let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
         let saturated = pool.send(req, &Wait::until(Some(deadline))).await;
         assert!(
