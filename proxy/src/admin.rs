@@ -91,6 +91,23 @@ fn json_error(status: StatusCode, message: impl std::fmt::Display) -> AdminRespo
     respond(status, "application/json", body)
 }
 
+/// A document refused for one rule: besides the message, the rule's position and name and the
+/// field, so a controller can leave that rule out and push the rest (`error` alone is what
+/// clients of the earlier format read).
+fn refused(r: &cftunnel_config::valid::RuleRefused) -> AdminResponse {
+    let body = serde_json::json!({
+        "error": r.to_string(),
+        "field": r.field(),
+        "rule": r.index,
+        "name": r.name,
+    });
+    respond(
+        StatusCode::BAD_REQUEST,
+        "application/json",
+        body.to_string(),
+    )
+}
+
 /// Constant-time comparison, so response timing says nothing about the token.
 fn same_secret(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
@@ -249,6 +266,7 @@ impl Admin {
             ),
             Err(e @ ConfigError::Stale { .. }) => json_error(StatusCode::CONFLICT, e),
             Err(e @ ConfigError::Internal(_)) => json_error(StatusCode::INTERNAL_SERVER_ERROR, e),
+            Err(ConfigError::Refused(r)) => refused(&r),
             Err(e) => json_error(StatusCode::BAD_REQUEST, e),
         }
     }

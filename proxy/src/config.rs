@@ -1,8 +1,9 @@
 //! From a config document to a live route table: validation, compilation, versioned swap.
 //!
-//! Everything that can fail is done here, before the swap: regexes compiled, header names and
-//! values parsed, backend URLs and TLS settings turned into clients. A failed push leaves the
-//! table being served untouched.
+//! Everything that can fail is done here, before the swap: each rule is checked by the
+//! contract the controller checks it with too ([`cftunnel_config::valid`]: regexes compiled,
+//! header names and values parsed, backend URLs and TLS settings read), then built into the
+//! table and backend clients. A failed push leaves the table being served untouched.
 
 mod compile;
 mod error;
@@ -10,18 +11,19 @@ mod error;
 pub use compile::compile;
 pub use error::ConfigError;
 
-use crate::forward::{Upstream, UpstreamKey};
+use crate::forward::Upstream;
 use crate::proxy::Proxy;
-use cftunnel_config::Config;
+use cftunnel_config::{valid, Config};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// What one compile hands to the next: backend clients (so connection pools survive a
-/// reload) and compiled patterns (so an unchanged regex is not compiled again).
+/// What one compile hands to the next: backend clients, by their target's key (so connection
+/// pools survive a reload), and the contract's compiled patterns and parsed targets (so an
+/// unchanged regex is not compiled again).
 #[derive(Debug)]
 pub struct Cache {
-    pub(crate) upstreams: HashMap<UpstreamKey, Arc<Upstream>>,
-    pub(crate) patterns: HashMap<String, crate::route::Pattern>,
+    pub(crate) upstreams: HashMap<Box<str>, Arc<Upstream>>,
+    pub(crate) checked: valid::Cache,
     /// Bound on HTTP/1.1 connections open at once to each new backend client.
     pub(crate) max_connections: usize,
 }
@@ -38,7 +40,7 @@ impl Cache {
     pub fn with_max_connections(max_connections: usize) -> Self {
         Self {
             upstreams: HashMap::new(),
-            patterns: HashMap::new(),
+            checked: valid::Cache::default(),
             max_connections,
         }
     }

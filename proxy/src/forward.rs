@@ -11,7 +11,7 @@ pub use pool::UpstreamBody;
 
 use crate::body::{BoxError, ProxyBody};
 use bytes::Bytes;
-use cftunnel_config::BackendProtocol;
+use cftunnel_config::{valid, BackendProtocol};
 use connector::Connector;
 use http::uri::Authority;
 use http::{Request, Response};
@@ -111,83 +111,32 @@ enum Client {
     H2c(h2::H2Channel),
 }
 
-/// What identifies an upstream across config pushes, so connection pools survive reloads.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct UpstreamKey(String);
-
-/// Why a backend URL or TLS setting was refused.
+/// Why a backend client could not be built. The contract ([`cftunnel_config::valid`]) has
+/// already accepted the target, so only the TLS library's own setup is left to fail.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UpstreamError {
-    #[error("invalid URL: {0}")]
-    Url(String),
-    #[error("unsupported scheme {0:?} (want http or https)")]
-    Scheme(String),
     #[error("tls: {0}")]
     Tls(String),
 }
 
 impl Upstream {
-    pub fn key(
-        url: &str,
-        protocol: BackendProtocol,
-        websocket: bool,
-        tls: Option<&cftunnel_config::BackendTls>,
-        public_only: bool,
-    ) -> UpstreamKey {
-        UpstreamKey(format!(
-            "{url}|{protocol:?}|{websocket}|{tls:?}|{public_only}"
-        ))
-    }
-
-    /// Builds the client for a backend URL; fails on anything that could only fail later.
-    /// `max_connections` bounds the HTTP/1.1 connections open to it at once; with
-    /// `public_only`, every dial connects only to public addresses of the URL's host.
-    pub fn new(
-        url: &str,
-        protocol: BackendProtocol,
-        websocket: bool,
-        tls: Option<&cftunnel_config::BackendTls>,
-        public_only: bool,
-        max_connections: usize,
-    ) -> Result<Self, UpstreamError> {
-        let uri: http::Uri = url
-            .parse()
-            .map_err(|e: http::uri::InvalidUri| UpstreamError::Url(e.to_string()))?;
-        let scheme = uri
-            .scheme()
-            .cloned()
-            .ok_or_else(|| UpstreamError::Url("missing scheme".into()))?;
-        let authority = uri
-            .authority()
-            .cloned()
-            .ok_or_else(|| UpstreamError::Url("missing host".into()))?;
-        if authority.as_str().contains('@') {
-            return Err(UpstreamError::Url("user info is not allowed".into()));
-        }
-        let secure = match scheme.as_str() {
-            "http" => false,
-            "https" => true,
-            other => return Err(UpstreamError::Scheme(other.to_owned())),
-        };
-        let host = authority
-            .host()
-            .trim_start_matches('[')
-            .trim_end_matches(']');
-        if host.is_empty() {
-            return Err(UpstreamError::Url("missing host".into()));
-        }
-        let port = authority
-            .port_u16()
-            .unwrap_or(if secure { 443 } else { 80 });
+    /// Builds the client for a checked target. `max_connections` bounds the HTTP/1.1
+    /// connections open to it at once; with `public_only`, every dial connects only to public
+    /// addresses of the URL's host.
+    pub fn new(target: &valid::Target, max_connections: usize) -> Result<Self, UpstreamError> {
+        let (host, port) = (&*target.host, target.port);
+        let secure = target.tls.is_some();
+        let protocol = target.protocol;
+        let public_only = target.public_only;
+        let scheme = target.scheme.clone();
+        let authority = target.authority.clone();
         // A WebSocket needs HTTP/1.1's upgrade, so its TLS handshake offers only that.
-        let alpn_h2 = secure && (!websocket || protocol == BackendProtocol::H2c);
-        let tls = if secure {
-            Some(tls::target(host, tls, alpn_h2)?)
-        } else if tls.is_some() {
-            return Err(UpstreamError::Tls("tls settings need an https URL".into()));
-        } else {
-            None
-        };
+        let alpn_h2 = secure && (!target.websocket || protocol == BackendProtocol::H2c);
+        let tls = target
+            .tls
+            .as_ref()
+            .map(|tls| tls::target(tls, alpn_h2))
+            .transpose()?;
         let h2 = protocol == BackendProtocol::H2c && !secure;
         // HTTP/2 cannot carry an upgrade: where the backend may pick it, upgrades dial
         // connections that offer HTTP/1.1 only.
@@ -201,10 +150,7 @@ impl Upstream {
             )
         });
         let connector = Connector::new(host, port, tls, CONNECT_TIMEOUT, public_only);
-        let base_path = match uri.path() {
-            "" | "/" => None,
-            p => Some(p.trim_end_matches('/').into()),
-        };
+        let base_path = target.base_path.clone();
         let client = if h2 {
             Client::H2c(h2::H2Channel::new(connector, scheme, authority.clone()))
         } else {

@@ -150,6 +150,16 @@ async fn bad_pushes_are_refused_with_the_reason_and_the_old_table_keeps_serving(
         let r = push(&http, admin, &bad_regex).await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST);
         assert!(r.json()["error"].as_str().unwrap_or_default().contains("rules[0].matches[0].path"), "{:?}", r.body);
+        // The refused rule is named, so a pusher can leave it out and push the rest.
+        let oversized = json!({"version": 6, "rules": [
+            {"backends": []},
+            {"name": "team/shop/0", "matches": [{"path": {"type": "RegularExpression", "value": "/\\w{50}"}}], "backends": []}
+        ]});
+        let r = push(&http, admin, &oversized).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST);
+        let body = r.json();
+        assert_eq!((&body["rule"], &body["name"], &body["field"]), (&json!(1), &json!("team/shop/0"), &json!("rules[1].matches[0].path")), "{body}");
+        assert!(body["error"].as_str().unwrap_or_default().starts_with("rules[1].matches[0].path: regex does not compile"), "{body}");
         let stale = json!({"version": 4, "rules": []});
         assert_eq!(push(&http, admin, &stale).await.status, StatusCode::CONFLICT);
 

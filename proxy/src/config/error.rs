@@ -1,8 +1,12 @@
-/// Why a config document was refused. The message names the field (`rules[3].matches[0].path`).
+use cftunnel_config::valid::RuleRefused;
+
+/// Why a config document was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
-    #[error("{field}: {message}")]
-    Invalid { field: String, message: String },
+    /// A rule breaks the contract; the message names the field from the document's root
+    /// (`rules[3].matches[0].path: ...`), and the error carries the rule's position and name.
+    #[error(transparent)]
+    Refused(RuleRefused),
     #[error("stale version {pushed}: version {current} is already applied")]
     Stale { pushed: i64, current: i64 },
     /// The document is not the config JSON; the message names the path (`rules[2].backends[0].weight`).
@@ -10,13 +14,4 @@ pub enum ConfigError {
     Json(String),
     #[error("internal error: {0}")]
     Internal(&'static str),
-}
-
-impl ConfigError {
-    pub(crate) fn invalid(field: impl Into<String>, message: impl std::fmt::Display) -> Self {
-        Self::Invalid {
-            field: field.into(),
-            message: message.to_string(),
-        }
-    }
 }

@@ -13,16 +13,9 @@ pub struct Cors {
     pub max_age: Option<HeaderValue>,
 }
 
-/// An allow-list of methods or headers.
-#[derive(Debug, Clone)]
-pub enum Allow {
-    /// Nothing beyond what CORS always allows.
-    Nothing,
-    /// `*`: whatever the preflight asks for is allowed (echoed back, which also works with credentials).
-    Any,
-    /// The listed values, already joined with `, `.
-    List(HeaderValue),
-}
+/// An allow-list of methods or headers; `Any` (`*`) echoes back whatever the preflight asks
+/// for, which also works with credentials.
+pub use cftunnel_config::valid::Allow;
 
 #[derive(Debug, Clone)]
 pub enum OriginPattern {

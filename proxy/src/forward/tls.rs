@@ -1,7 +1,7 @@
 //! Backend TLS: custom CA bundle, SNI override, and accepted subject alternative names.
 
 use super::UpstreamError;
-use cftunnel_config::BackendTls;
+use cftunnel_config::valid;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -42,59 +42,38 @@ impl TlsTarget {
     }
 }
 
-/// Builds the TLS settings for one backend host.
-pub(crate) fn target(
-    host: &str,
-    tls: Option<&BackendTls>,
-    alpn_h2: bool,
-) -> Result<TlsTarget, UpstreamError> {
+/// Builds the client TLS settings for one checked backend target.
+pub(crate) fn target(tls: &valid::Tls, alpn_h2: bool) -> Result<TlsTarget, UpstreamError> {
     let err = |m: String| UpstreamError::Tls(m);
     let mut roots = RootCertStore::empty();
-    match tls.and_then(|t| t.ca_bundle.as_deref()) {
-        Some(pem) => {
-            let mut reader = std::io::BufReader::new(pem.as_bytes());
-            let mut n = 0;
-            for cert in rustls_pemfile::certs(&mut reader) {
-                let cert = cert.map_err(|e| err(format!("caBundle: {e}")))?;
-                roots.add(cert).map_err(|e| err(format!("caBundle: {e}")))?;
-                n += 1;
-            }
-            if n == 0 {
-                return Err(err("caBundle: no PEM certificate found".into()));
+    match &tls.roots {
+        // The contract has checked that each is a trust anchor.
+        Some(certs) => {
+            for cert in certs {
+                roots
+                    .add(cert.clone())
+                    .map_err(|e| err(format!("caBundle: {e}")))?;
             }
         }
         None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
     }
     let roots = Arc::new(roots);
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let name = tls.and_then(|t| t.server_name.as_deref()).unwrap_or(host);
-    let server_name = ServerName::try_from(name.to_owned())
-        .map_err(|_| err(format!("serverName {name:?} is not a valid DNS name or IP")))?;
-    let sans = tls
-        .map(|t| t.subject_alt_names.as_slice())
-        .unwrap_or_default();
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| err(e.to_string()))?;
-    let mut config = if sans.is_empty() {
+    let mut config = if tls.subject_alt_names.is_empty() {
         builder.with_root_certificates(roots).with_no_client_auth()
     } else {
         let inner = WebPkiServerVerifier::builder_with_provider(roots, provider)
             .build()
             .map_err(|e| err(e.to_string()))?;
-        let names = sans
-            .iter()
-            .map(|s| {
-                ServerName::try_from(s.clone()).map_err(|_| {
-                    err(format!(
-                        "subjectAltNames: {s:?} is not a valid DNS name or IP"
-                    ))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
         builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(SanVerifier { inner, names }))
+            .with_custom_certificate_verifier(Arc::new(SanVerifier {
+                inner,
+                names: tls.subject_alt_names.clone(),
+            }))
             .with_no_client_auth()
     };
     config.alpn_protocols = if alpn_h2 {
@@ -104,7 +83,7 @@ pub(crate) fn target(
     };
     Ok(TlsTarget {
         connector: TlsConnector::from(Arc::new(config)),
-        server_name,
+        server_name: tls.server_name.clone(),
     })
 }
 

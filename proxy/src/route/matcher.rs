@@ -1,71 +1,7 @@
 //! Request matchers: path, method, headers, query parameters.
 
+pub use cftunnel_config::valid::Pattern;
 use http::{HeaderMap, HeaderName, Method};
-use regex_automata::meta;
-use regex_automata::nfa::thompson::WhichCaptures;
-use regex_syntax::hir::{Hir, Look};
-use std::sync::Arc;
-
-/// An anchored regular expression (`regex` crate syntax) that must span the whole value.
-///
-/// Built on the `regex` crate's own engine with the capture-oriented engines left out: the
-/// proxy only asks "does it match", and leaving them out cuts compile time per pattern by
-/// about four times, which matters for tables with thousands of patterns.
-#[derive(Debug, Clone)]
-pub struct Pattern {
-    re: Arc<meta::Regex>,
-    source: Arc<str>,
-}
-
-/// Bound on a compiled pattern (guards against pathological patterns).
-const PATTERN_SIZE_LIMIT: usize = 1 << 20;
-
-pub(crate) fn pattern_config() -> meta::Config {
-    meta::Config::new()
-        .onepass(false)
-        .backtrack(false)
-        .dfa(false)
-        .which_captures(WhichCaptures::None)
-        .nfa_size_limit(Some(PATTERN_SIZE_LIMIT))
-}
-
-impl Pattern {
-    /// Compiles `source` anchored at both ends.
-    pub fn new(source: &str) -> Result<Self, String> {
-        let hir = anchored(source)?;
-        meta::Regex::builder()
-            .configure(pattern_config())
-            .build_from_hir(&hir)
-            .map(|re| Self {
-                re: Arc::new(re),
-                source: source.into(),
-            })
-            .map_err(|e| e.to_string())
-    }
-
-    pub fn is_match(&self, value: &str) -> bool {
-        self.re.is_match(value)
-    }
-
-    /// The pattern as written.
-    pub fn source(&self) -> &str {
-        &self.source
-    }
-}
-
-/// `source` parsed on its own, then anchored at both ends. Anchoring the parsed pattern, not
-/// its text, keeps the pattern's meaning: `a)|(b` is refused instead of becoming the valid
-/// `^(?:a)|(b)$`, which would match anything containing `b`.
-pub(crate) fn anchored(source: &str) -> Result<Hir, String> {
-    let hir = regex_syntax::Parser::new()
-        .parse(source)
-        .map_err(|e| e.to_string())?;
-    Ok(Hir::concat(vec![
-        Hir::look(Look::Start),
-        hir,
-        Hir::look(Look::End),
-    ]))
-}
 
 /// What a matcher needs to see of a request: borrowed, so matching allocates nothing.
 #[derive(Debug, Clone, Copy)]

@@ -1,6 +1,7 @@
 //! Host-indexed, precedence-sorted rule table.
 
-use super::matcher::{anchored, pattern_config, MatchSpec, PathMatcher, RequestView};
+use super::matcher::{MatchSpec, PathMatcher, RequestView};
+use cftunnel_config::valid::{anchored, engine};
 use regex_automata::{meta, Input, MatchKind, PatternSet};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -262,7 +263,7 @@ impl<R> TableBuilder<R> {
                     .ok()
                     .and_then(|hirs| {
                         meta::Regex::builder()
-                            .configure(pattern_config().match_kind(MatchKind::All))
+                            .configure(engine().match_kind(MatchKind::All))
                             .build_many_from_hir(&hirs)
                             .ok()
                     });

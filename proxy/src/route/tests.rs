@@ -332,65 +332,40 @@ fn a_rule_without_matches_matches_everything_for_its_hosts() {
     assert_eq!(get(&routes, "b.example.com", "/"), None);
 }
 
+/// The contract's refusals (every case is in `cftunnel_config::valid`'s tests) reach the
+/// proxy's compile with the rule's position and name, and the field from the document's root.
 #[test]
-fn invalid_documents_are_refused_with_the_field_named() {
+fn invalid_documents_are_refused_with_the_rule_and_field_named() {
     let metrics = ProxyMetrics::register(&mut Default::default());
-    let check = |doc: serde_json::Value, field: &str| {
+    let refuse = |doc: serde_json::Value| {
         let doc: cftunnel_config::Config = serde_json::from_value(doc).expect("parses");
-        let err = compile(&doc, &metrics, &mut Cache::default()).expect_err("must be refused");
-        let text = err.to_string();
-        assert!(text.starts_with(field), "{text:?} should name {field}");
+        match compile(&doc, &metrics, &mut Cache::default()).expect_err("must be refused") {
+            crate::ConfigError::Refused(r) => r,
+            other => panic!("refused by the contract, not {other:?}"),
+        }
     };
-    check(
-        json!({"rules": [{"matches": [{"path": {"type": "RegularExpression", "value": "(["}}], "backends": []}]}),
-        "rules[0].matches[0].path",
+    let r = refuse(json!({"rules": [
+        {"backends": []},
+        {"name": "team/shop/1", "matches": [{"path": {"type": "RegularExpression", "value": "/\\w{50}"}}], "backends": []}
+    ]}));
+    assert_eq!((r.index, r.name.as_deref()), (1, Some("team/shop/1")));
+    assert_eq!(r.field(), "rules[1].matches[0].path");
+    assert!(
+        r.to_string()
+            .starts_with("rules[1].matches[0].path: regex does not compile"),
+        "{r}"
     );
-    check(
-        json!({"rules": [{"matches": [{"headers": [{"type": "RegularExpression", "name": "x", "value": "(["}]}], "backends": []}]}),
-        "rules[0].matches[0].headers[0].value",
-    );
-    check(
-        json!({"rules": [{"hostnames": ["*"], "backends": []}]}),
-        "rules[0].hostnames[0]",
-    );
-    check(
-        json!({"rules": [{}, {"backends": [{"url": "ftp://x", "weight": 1}]}]}),
-        "rules[1].backends[0].url",
-    );
-    check(
-        json!({"rules": [{"backends": [{"url": "not a url", "weight": 1}]}]}),
-        "rules[0].backends[0].url",
-    );
-    check(
-        json!({"rules": [{"filters": [{"type": "RequestRedirect", "requestRedirect": {"statusCode": 200}}], "backends": []}]}),
-        "rules[0].filters[0].requestRedirect.statusCode",
-    );
-    check(
-        json!({"rules": [{"filters": [{"type": "RequestRedirect", "requestRedirect": {"hostname": "*.example.com"}}], "backends": []}]}),
-        "rules[0].filters[0].requestRedirect.hostname",
-    );
-    check(
-        json!({"rules": [{"filters": [{"type": "RequestRedirect", "requestRedirect": {"port": 0}}], "backends": []}]}),
-        "rules[0].filters[0].requestRedirect.port",
-    );
-    check(
-        json!({"rules": [{"unavailableStatus": 101, "backends": []}]}),
-        "rules[0].unavailableStatus",
-    );
-    check(
-        json!({"rules": [{"backends": [{"url": "http://127.0.0.1:9", "weight": 1, "unavailableStatus": 100}]}]}),
-        "rules[0].backends[0].unavailableStatus",
-    );
-    check(
-        json!({"rules": [{"filters": [{"type": "RequestHeaderModifier"}], "backends": []}]}),
-        "rules[0].filters[0].requestHeaderModifier",
-    );
-    check(
-        json!({"rules": [{"matches": [{"path": {"type": "Exact", "value": "no-slash"}}], "backends": []}]}),
-        "rules[0].matches[0].path",
-    );
-    check(
+    let r = refuse(
         json!({"rules": [{"backends": [{"url": "https://x", "weight": 1, "tls": {"caBundle": "not pem"}}]}]}),
-        "rules[0].backends[0].url",
+    );
+    assert_eq!(r.field(), "rules[0].backends[0].tls.caBundle");
+    assert_eq!(r.name, None);
+    let r = refuse(
+        json!({"rules": [{"backends": [{"url": "http://x", "weight": 1,
+        "filters": [{"type": "RequestMirror", "requestMirror": {"backendUrl": "ftp://m"}}]}]}]}),
+    );
+    assert_eq!(
+        r.field(),
+        "rules[0].backends[0].filters[0].requestMirror.backendUrl"
     );
 }

@@ -1,0 +1,414 @@
+//! The wire types of the config document. Field names are camelCase; unknown fields are
+//! ignored, as the proxy contract requires. What a document must satisfy beyond its shape is
+//! [`crate::valid`]'s.
+
+use crate::Duration;
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// Reads a list that Go may send as `null` (how it encodes a nil slice, e.g. the rules of a
+/// cluster with no routes or the backends of a redirect-only rule) as empty.
+fn null_as_empty<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<Vec<T>>::deserialize(d).map(Option::unwrap_or_default)
+}
+
+/// A whole config document; every push replaces the previous one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Config {
+    /// Monotonic version; 0 means unversioned (always accepted).
+    #[serde(default)]
+    pub version: i64,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub rules: Vec<Rule>,
+    /// Set when any GRPCRoute contributed rules: unmatched gRPC requests then get `grpc-status: 12`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub has_grpc_route: bool,
+}
+
+/// One routing rule: where it applies (hostnames, matches) and what it does (filters, backends).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rule {
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub hostnames: Vec<String>,
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub matches: Vec<Match>,
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub filters: Vec<Filter>,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub backends: Vec<Backend>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeouts: Option<Timeouts>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable_status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<Retry>,
+    /// `<namespace>/<route>/<rule>`, used in logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Timeouts {
+    /// Bounds the whole exchange, retries included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<Duration>,
+    /// Bounds each try against a backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Retry {
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub codes: Vec<u16>,
+    /// Retries after the first try.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<Duration>,
+}
+
+/// Matches are ORed within a rule; the fields inside one match are ANDed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Match {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathMatch>,
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub headers: Vec<ValueMatch>,
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub query_params: Vec<ValueMatch>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PathMatchType {
+    Exact,
+    #[default]
+    PathPrefix,
+    RegularExpression,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PathMatch {
+    #[serde(default, rename = "type")]
+    pub kind: PathMatchType,
+    #[serde(default)]
+    pub value: String,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ValueMatchType {
+    #[default]
+    Exact,
+    RegularExpression,
+}
+
+/// A header or query-parameter match.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ValueMatch {
+    #[serde(default, rename = "type")]
+    pub kind: ValueMatchType,
+    pub name: String,
+    #[serde(default)]
+    pub value: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FilterType {
+    RequestHeaderModifier,
+    ResponseHeaderModifier,
+    RequestRedirect,
+    URLRewrite,
+    RequestMirror,
+    #[serde(rename = "CORS")]
+    Cors,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Filter {
+    #[serde(rename = "type")]
+    pub kind: FilterType,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_header_modifier: Option<HeaderModifier>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_header_modifier: Option<HeaderModifier>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_redirect: Option<RequestRedirect>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_rewrite: Option<UrlRewrite>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_mirror: Option<RequestMirror>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cors: Option<Cors>,
+}
+
+impl Filter {
+    /// A filter of `kind` with no payload; fill the matching field afterwards.
+    pub fn new(kind: FilterType) -> Self {
+        Self {
+            kind,
+            request_header_modifier: None,
+            response_header_modifier: None,
+            request_redirect: None,
+            url_rewrite: None,
+            request_mirror: None,
+            cors: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeaderModifier {
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub set: Vec<Header>,
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub add: Vec<Header>,
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub remove: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Header {
+    pub name: String,
+    #[serde(default)]
+    pub value: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PathModifierType {
+    ReplaceFullPath,
+    ReplacePrefixMatch,
+}
+
+/// Redirect path: `value` carries the replacement for either type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RedirectPath {
+    #[serde(rename = "type")]
+    pub kind: PathModifierType,
+    #[serde(default)]
+    pub value: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestRedirect {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<RedirectPath>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_code: Option<u16>,
+}
+
+/// Rewrite path, in Gateway API shape: the value sits in the field named after the type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RewritePath {
+    #[serde(rename = "type")]
+    pub kind: PathModifierType,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replace_full_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replace_prefix_match: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UrlRewrite {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<RewritePath>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestMirror {
+    pub backend_url: String,
+    /// 0..=100; absent means every request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<u32>,
+    /// How the mirror is spoken to, as a backend's `protocol`: a gRPC or h2c mirror takes
+    /// HTTP/2 only.
+    #[serde(default, skip_serializing_if = "BackendProtocol::is_default")]
+    pub protocol: BackendProtocol,
+    /// As a backend's `publicOnly`: copies go only to public addresses of the URL's host, so a
+    /// name its owner picked cannot send them into the cluster or the node. Absent: false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub public_only: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cors {
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub allow_origins: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_credentials: Option<bool>,
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub allow_methods: Vec<String>,
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub allow_headers: Vec<String>,
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub expose_headers: Vec<String>,
+    /// Seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BackendProtocol {
+    /// HTTP/1.1, or HTTP/2 negotiated by ALPN over TLS.
+    #[default]
+    #[serde(rename = "")]
+    Http1,
+    /// HTTP/2 with prior knowledge over cleartext.
+    #[serde(rename = "h2c")]
+    H2c,
+}
+
+impl BackendProtocol {
+    fn is_default(&self) -> bool {
+        *self == Self::Http1
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Backend {
+    #[serde(default)]
+    pub url: String,
+    /// Relative share of requests; 0 never receives traffic. Absent means 1, as in Gateway API.
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    #[serde(default, skip_serializing_if = "BackendProtocol::is_default")]
+    pub protocol: BackendProtocol,
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub filters: Vec<Filter>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub websocket: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable_status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<BackendTls>,
+    /// Dial only public (global unicast) addresses of the URL's host, checked at every dial: a
+    /// name its owner picked (an ExternalName Service) cannot then reach the cluster or the
+    /// node through a DNS record pointing at a private address. Absent: false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub public_only: bool,
+}
+
+impl Default for Backend {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            weight: default_weight(),
+            protocol: BackendProtocol::default(),
+            filters: Vec::new(),
+            websocket: false,
+            unavailable_status: None,
+            tls: None,
+            public_only: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackendTls {
+    /// PEM bundle of CA certificates; absent: the platform's web roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<String>,
+    /// SNI and the name verified; absent: the URL's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+    /// Names accepted in the certificate instead of `serverName`.
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub subject_alt_names: Vec<String>,
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}

@@ -1,0 +1,101 @@
+//! Every rule a config document must satisfy, written once.
+//!
+//! The proxy compiles a document only through [`rule`] (via [`document`]), and builds its route
+//! table from what it returns; the controller calls [`rule`] on every rule it emits and leaves
+//! out one that fails, reporting why on the route it came from. Neither keeps a copy of these
+//! checks, so they cannot drift apart: a document the controller pushes is one the proxy
+//! accepts.
+//!
+//! A checked [`Rule`] holds its values parsed (header names and values, methods, status codes,
+//! backend URLs and TLS settings) and its regular expressions compiled with the engine and
+//! limits the proxy matches with ([`Pattern`]). The leaf checks ([`hostname`], [`header_name`],
+//! [`header_value`], [`replacement_path`], ...) are public too, for a caller that wants to name
+//! a field in its own terms before it builds a rule (the controller names Gateway API fields).
+//!
+//! Pure: no I/O, no clock. [`Cache`] keeps compiled patterns and parsed targets between calls.
+
+mod cache;
+mod filter;
+mod name;
+mod pattern;
+mod rule;
+mod status;
+mod target;
+
+pub use cache::Cache;
+pub use filter::{
+    Allow, Cors, Filters, HeaderEdits, Mirror, PathEdit, Redirect, RequestEdit, Rewrite,
+};
+pub use name::{
+    absolute_path, exact_hostname, header_name, header_value, hostname, method, replacement_path,
+};
+pub use pattern::{anchored, engine, Pattern, PATTERN_SIZE_LIMIT};
+pub use rule::{rule, Backend, Match, PathMatch, Retry, Rule, ValueMatch};
+pub use status::{final_status, redirect_status, status};
+pub use target::{Target, TargetError, Tls};
+
+use crate::Config;
+
+/// A value that breaks a rule of the contract: the field, relative to the rule
+/// (`matches[0].path`), and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct Invalid {
+    pub field: String,
+    pub message: String,
+}
+
+impl Invalid {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn regex(field: impl Into<String>, message: impl std::fmt::Display) -> Self {
+        Self::new(field, format!("regex does not compile: {message}"))
+    }
+}
+
+/// A rule of a document that [`rule`] refused: where it is, its name, and why.
+///
+/// Displayed as the field from the document's root (`rules[3].matches[0].path: ...`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("rules[{index}].{invalid}")]
+pub struct RuleRefused {
+    /// Position in `rules`.
+    pub index: usize,
+    /// The rule's `name`, when it has one (`<namespace>/<route>/<rule>`).
+    pub name: Option<String>,
+    pub invalid: Invalid,
+}
+
+impl RuleRefused {
+    /// The field from the document's root: `rules[3].matches[0].path`.
+    pub fn field(&self) -> String {
+        format!("rules[{}].{}", self.index, self.invalid.field)
+    }
+}
+
+/// Checks every rule of `config`, in order.
+///
+/// # Errors
+/// The first rule that fails, with its position and name.
+pub fn document(config: &Config, cache: &mut Cache) -> Result<Vec<Rule>, RuleRefused> {
+    config
+        .rules
+        .iter()
+        .enumerate()
+        .map(|(index, r)| {
+            rule(r, cache).map_err(|invalid| RuleRefused {
+                index,
+                name: r.name.clone(),
+                invalid,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

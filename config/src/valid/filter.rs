@@ -1,0 +1,316 @@
+//! Filters, checked: header modifiers, redirect, URL rewrite, mirrors, CORS.
+
+use super::{name, status, Cache, Invalid, Target};
+use crate::document as doc;
+use http::{HeaderName, HeaderValue, StatusCode};
+use std::sync::Arc;
+
+/// The filters of one rule or one backend, in the order they apply.
+#[derive(Debug, Clone, Default)]
+pub struct Filters {
+    /// Request edits in document order.
+    pub request: Vec<RequestEdit>,
+    /// Response header edits in document order.
+    pub response: Vec<HeaderEdits>,
+    pub redirect: Option<Redirect>,
+    pub mirrors: Vec<Mirror>,
+    pub cors: Option<Cors>,
+}
+
+/// A request-side edit.
+#[derive(Debug, Clone)]
+pub enum RequestEdit {
+    Headers(HeaderEdits),
+    Rewrite(Rewrite),
+}
+
+/// `RequestHeaderModifier` / `ResponseHeaderModifier`: set, then add, then remove.
+#[derive(Debug, Clone, Default)]
+pub struct HeaderEdits {
+    pub set: Vec<(HeaderName, HeaderValue)>,
+    pub add: Vec<(HeaderName, HeaderValue)>,
+    pub remove: Vec<HeaderName>,
+}
+
+/// A path a redirect or rewrite writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathEdit {
+    /// The whole path.
+    Full(Box<str>),
+    /// The matched prefix, keeping the rest of the path.
+    Prefix(Box<str>),
+}
+
+/// `URLRewrite`.
+#[derive(Debug, Clone)]
+pub struct Rewrite {
+    /// Exact hostname, as a `Host` value.
+    pub hostname: Option<HeaderValue>,
+    pub path: Option<PathEdit>,
+}
+
+/// `RequestRedirect`.
+#[derive(Debug, Clone)]
+pub struct Redirect {
+    /// `http` or `https`, lower-case.
+    pub scheme: Option<Box<str>>,
+    /// Exact hostname, lower-case.
+    pub hostname: Option<Box<str>>,
+    /// 1 to 65535.
+    pub port: Option<u16>,
+    pub path: Option<PathEdit>,
+    /// 301, 302 (the default), 303, 307 or 308.
+    pub status: StatusCode,
+}
+
+/// `RequestMirror`.
+#[derive(Debug, Clone)]
+pub struct Mirror {
+    pub target: Arc<Target>,
+    /// 0 to 100.
+    pub percent: u32,
+}
+
+/// An allow-list of methods or headers.
+#[derive(Debug, Clone)]
+pub enum Allow {
+    /// Nothing beyond what CORS always allows.
+    Nothing,
+    /// `*`: whatever a preflight asks for.
+    Any,
+    /// The listed values, joined with `, `.
+    List(HeaderValue),
+}
+
+/// `CORS`.
+#[derive(Debug, Clone)]
+pub struct Cors {
+    /// As written: exact origins, `*`-patterns, or `*` alone.
+    pub allow_origins: Vec<Box<str>>,
+    pub allow_credentials: bool,
+    pub allow_methods: Allow,
+    pub allow_headers: Allow,
+    pub expose_headers: Option<HeaderValue>,
+    /// Seconds, as a header value.
+    pub max_age: Option<HeaderValue>,
+}
+
+/// Checks a list of filters; `at` is the list's field (`filters`, `backends[1].filters`).
+pub(super) fn filters(
+    list: &[doc::Filter],
+    at: &str,
+    path_regex: bool,
+    cache: &mut Cache,
+) -> Result<Filters, Invalid> {
+    let mut out = Filters::default();
+    for (k, f) in list.iter().enumerate() {
+        let at = format!("{at}[{k}]");
+        let missing =
+            |field: &str| Invalid::new(format!("{at}.{field}"), "required by the filter type");
+        match f.kind {
+            doc::FilterType::RequestHeaderModifier => {
+                let m = f
+                    .request_header_modifier
+                    .as_ref()
+                    .ok_or_else(|| missing("requestHeaderModifier"))?;
+                out.request.push(RequestEdit::Headers(header_edits(
+                    m,
+                    &format!("{at}.requestHeaderModifier"),
+                )?));
+            }
+            doc::FilterType::ResponseHeaderModifier => {
+                let m = f
+                    .response_header_modifier
+                    .as_ref()
+                    .ok_or_else(|| missing("responseHeaderModifier"))?;
+                out.response
+                    .push(header_edits(m, &format!("{at}.responseHeaderModifier"))?);
+            }
+            doc::FilterType::RequestRedirect => {
+                let r = f
+                    .request_redirect
+                    .as_ref()
+                    .ok_or_else(|| missing("requestRedirect"))?;
+                if out.redirect.is_some() {
+                    return Err(Invalid::new(at, "only one RequestRedirect is allowed"));
+                }
+                out.redirect = Some(redirect(r, &format!("{at}.requestRedirect"), path_regex)?);
+            }
+            doc::FilterType::URLRewrite => {
+                let r = f
+                    .url_rewrite
+                    .as_ref()
+                    .ok_or_else(|| missing("urlRewrite"))?;
+                out.request.push(RequestEdit::Rewrite(rewrite(
+                    r,
+                    &format!("{at}.urlRewrite"),
+                    path_regex,
+                )?));
+            }
+            doc::FilterType::RequestMirror => {
+                let m = f
+                    .request_mirror
+                    .as_ref()
+                    .ok_or_else(|| missing("requestMirror"))?;
+                let at = format!("{at}.requestMirror");
+                let percent = m.percent.unwrap_or(100);
+                if percent > 100 {
+                    return Err(Invalid::new(
+                        format!("{at}.percent"),
+                        "must be between 0 and 100",
+                    ));
+                }
+                let target = cache
+                    .target(&m.backend_url, m.protocol, false, None, m.public_only)
+                    .map_err(|e| Invalid::new(format!("{at}.backendUrl"), e.message))?;
+                out.mirrors.push(Mirror { target, percent });
+            }
+            doc::FilterType::Cors => {
+                let c = f.cors.as_ref().ok_or_else(|| missing("cors"))?;
+                out.cors = Some(cors(c, &format!("{at}.cors"))?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn header_edits(m: &doc::HeaderModifier, at: &str) -> Result<HeaderEdits, Invalid> {
+    let pairs = |list: &[doc::Header], what: &str| {
+        list.iter()
+            .enumerate()
+            .map(|(k, h)| {
+                let at = format!("{at}.{what}[{k}]");
+                let name = name::header_name(&h.name)
+                    .map_err(|m| Invalid::new(format!("{at}.name"), m))?;
+                let value = name::header_value(&h.value)
+                    .map_err(|m| Invalid::new(format!("{at}.value"), m))?;
+                Ok((name, value))
+            })
+            .collect::<Result<Vec<_>, Invalid>>()
+    };
+    let remove = m
+        .remove
+        .iter()
+        .enumerate()
+        .map(|(k, n)| {
+            name::header_name(n).map_err(|m| Invalid::new(format!("{at}.remove[{k}]"), m))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(HeaderEdits {
+        set: pairs(&m.set, "set")?,
+        add: pairs(&m.add, "add")?,
+        remove,
+    })
+}
+
+/// A replacement path. `ReplacePrefixMatch` needs a matched prefix: a rule with a regex path
+/// match has none, so the two together are refused rather than rewriting unpredictably.
+fn path_edit(
+    kind: doc::PathModifierType,
+    value: Option<&str>,
+    at: &str,
+    path_regex: bool,
+) -> Result<PathEdit, Invalid> {
+    let value =
+        name::replacement_path(value.unwrap_or_default()).map_err(|m| Invalid::new(at, m))?;
+    Ok(match kind {
+        doc::PathModifierType::ReplaceFullPath => PathEdit::Full(value.into()),
+        doc::PathModifierType::ReplacePrefixMatch if path_regex => {
+            return Err(Invalid::new(
+                at,
+                "ReplacePrefixMatch needs prefix or exact path matches, not a regular expression",
+            ))
+        }
+        doc::PathModifierType::ReplacePrefixMatch => PathEdit::Prefix(value.into()),
+    })
+}
+
+fn rewrite(r: &doc::UrlRewrite, at: &str, path_regex: bool) -> Result<Rewrite, Invalid> {
+    let hostname = r
+        .hostname
+        .as_deref()
+        .map(|h| {
+            let h = name::exact_hostname(h, "rewrite")
+                .map_err(|m| Invalid::new(format!("{at}.hostname"), m))?;
+            name::header_value(&h).map_err(|m| Invalid::new(format!("{at}.hostname"), m))
+        })
+        .transpose()?;
+    let path = r
+        .path
+        .as_ref()
+        .map(|p| {
+            let value = match p.kind {
+                doc::PathModifierType::ReplaceFullPath => &p.replace_full_path,
+                doc::PathModifierType::ReplacePrefixMatch => &p.replace_prefix_match,
+            };
+            path_edit(p.kind, value.as_deref(), &format!("{at}.path"), path_regex)
+        })
+        .transpose()?;
+    Ok(Rewrite { hostname, path })
+}
+
+fn redirect(r: &doc::RequestRedirect, at: &str, path_regex: bool) -> Result<Redirect, Invalid> {
+    let scheme = match r.scheme.as_deref().map(str::to_ascii_lowercase) {
+        None => None,
+        Some(s) if s == "http" || s == "https" => Some(s.into()),
+        Some(s) => {
+            return Err(Invalid::new(
+                format!("{at}.scheme"),
+                format!("{s:?} is not http or https"),
+            ))
+        }
+    };
+    let hostname = r
+        .hostname
+        .as_deref()
+        .map(|h| name::exact_hostname(h, "redirect"))
+        .transpose()
+        .map_err(|m| Invalid::new(format!("{at}.hostname"), m))?;
+    if r.port == Some(0) {
+        return Err(Invalid::new(format!("{at}.port"), "0 is not a port"));
+    }
+    let status = status::redirect_status(r.status_code.unwrap_or(302))
+        .map_err(|m| Invalid::new(format!("{at}.statusCode"), m))?;
+    let path = r
+        .path
+        .as_ref()
+        .map(|p| path_edit(p.kind, Some(&p.value), &format!("{at}.path"), path_regex))
+        .transpose()?;
+    Ok(Redirect {
+        scheme,
+        hostname,
+        port: r.port,
+        path,
+        status,
+    })
+}
+
+fn cors(c: &doc::Cors, at: &str) -> Result<Cors, Invalid> {
+    let joined = |list: &[String], field: &str| {
+        name::header_value(&list.join(", ")).map_err(|m| Invalid::new(format!("{at}.{field}"), m))
+    };
+    let allow = |list: &[String], field: &str| -> Result<Allow, Invalid> {
+        if list.is_empty() {
+            return Ok(Allow::Nothing);
+        }
+        if list.iter().any(|v| v == "*") {
+            return Ok(Allow::Any);
+        }
+        joined(list, field).map(Allow::List)
+    };
+    // Origins are compared with a request's `Origin`, and the one allowed is echoed back.
+    joined(&c.allow_origins, "allowOrigins")?;
+    let expose_headers = if c.expose_headers.is_empty() {
+        None
+    } else {
+        Some(joined(&c.expose_headers, "exposeHeaders")?)
+    };
+    Ok(Cors {
+        allow_origins: c.allow_origins.iter().map(|o| o.as_str().into()).collect(),
+        allow_credentials: c.allow_credentials.unwrap_or(false),
+        allow_methods: allow(&c.allow_methods, "allowMethods")?,
+        allow_headers: allow(&c.allow_headers, "allowHeaders")?,
+        expose_headers,
+        max_age: c.max_age.map(HeaderValue::from),
+    })
+}

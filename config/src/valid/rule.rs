@@ -1,0 +1,239 @@
+//! A rule, checked: where it applies (hostnames, matches) and what it does (filters,
+//! backends, timeouts, retries).
+
+use super::filter::{self, Filters};
+use super::{name, status, Cache, Invalid, Pattern, Target};
+use crate::document as doc;
+use http::{HeaderName, Method, StatusCode};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A rule that satisfies every rule of the contract, with its values parsed.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    /// `<namespace>/<route>/<rule>`, for logs and for naming the rule in errors.
+    pub name: Option<Box<str>>,
+    /// Lower-case, exact or `*.` wildcard; empty: any host.
+    pub hostnames: Vec<Box<str>>,
+    /// Never empty: a rule without matches matches every request (one `PathPrefix /`).
+    pub matches: Vec<Match>,
+    pub filters: Filters,
+    pub backends: Vec<Backend>,
+    /// Bounds the whole exchange, retries included; `None`: unbounded (absent or zero).
+    pub request_timeout: Option<Duration>,
+    /// Bounds each try; `None`: the proxy's default (absent or zero).
+    pub backend_timeout: Option<Duration>,
+    /// Answer this instead of proxying (fail closed).
+    pub unavailable: Option<StatusCode>,
+    pub retry: Option<Retry>,
+}
+
+/// One entry of a rule's `matches`: every field must hold.
+#[derive(Debug, Clone)]
+pub struct Match {
+    pub path: PathMatch,
+    pub method: Option<Method>,
+    /// Among equal names (any case) only the first entry counts, as Gateway API says.
+    pub headers: Vec<(HeaderName, ValueMatch)>,
+    /// Names compared exactly; among equal names only the first entry counts.
+    pub query: Vec<(Box<str>, ValueMatch)>,
+}
+
+/// A path match. A prefix is stored without its trailing `/` (but `/` itself).
+#[derive(Debug, Clone)]
+pub enum PathMatch {
+    Exact(Box<str>),
+    Prefix(Box<str>),
+    Regex(Pattern),
+}
+
+/// A header or query-parameter value match.
+#[derive(Debug, Clone)]
+pub enum ValueMatch {
+    Exact(Box<str>),
+    Regex(Pattern),
+}
+
+/// A backend, checked.
+#[derive(Debug, Clone)]
+pub struct Backend {
+    /// `None` only when `unavailable` is set and the URL is empty: a backend never dialled.
+    pub target: Option<Arc<Target>>,
+    pub filters: Filters,
+    pub unavailable: Option<StatusCode>,
+    /// 0 never receives traffic.
+    pub weight: u32,
+}
+
+/// Gateway API `retry`.
+#[derive(Debug, Clone)]
+pub struct Retry {
+    /// Statuses that trigger another try (connection errors always do).
+    pub codes: Vec<u16>,
+    /// Tries after the first; absent: 1.
+    pub attempts: u32,
+    pub backoff: Duration,
+}
+
+/// Checks one rule. Fields in the error are relative to the rule (`matches[0].path`).
+///
+/// # Errors
+/// The first value that breaks a rule of the contract.
+pub fn rule(rule: &doc::Rule, cache: &mut Cache) -> Result<Rule, Invalid> {
+    let hostnames = rule
+        .hostnames
+        .iter()
+        .enumerate()
+        .map(|(j, h)| name::hostname(h).map_err(|m| Invalid::new(format!("hostnames[{j}]"), m)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let matches = if rule.matches.is_empty() {
+        vec![Match::every_request()]
+    } else {
+        rule.matches
+            .iter()
+            .enumerate()
+            .map(|(j, m)| match_(m, &format!("matches[{j}]"), cache))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    let path_regex = matches
+        .iter()
+        .any(|m| matches!(m.path, PathMatch::Regex(_)));
+    let filters = filter::filters(&rule.filters, "filters", path_regex, cache)?;
+    let mut backends = Vec::with_capacity(rule.backends.len());
+    for (j, b) in rule.backends.iter().enumerate() {
+        let at = format!("backends[{j}]");
+        let unavailable = b
+            .unavailable_status
+            .map(|s| {
+                status::final_status(s)
+                    .map_err(|m| Invalid::new(format!("{at}.unavailableStatus"), m))
+            })
+            .transpose()?;
+        let target = if b.url.is_empty() && unavailable.is_some() {
+            None
+        } else {
+            let target = cache
+                .target(
+                    &b.url,
+                    b.protocol,
+                    b.websocket,
+                    b.tls.as_ref(),
+                    b.public_only,
+                )
+                .map_err(|e| Invalid::new(format!("{at}.{}", e.field), e.message))?;
+            Some(target)
+        };
+        backends.push(Backend {
+            target,
+            filters: filter::filters(&b.filters, &format!("{at}.filters"), path_regex, cache)?,
+            unavailable,
+            weight: b.weight,
+        });
+    }
+    let timeouts = rule.timeouts.clone().unwrap_or_default();
+    let nonzero = |d: Option<crate::Duration>| d.map(|d| d.0).filter(|d| !d.is_zero());
+    let retry = match &rule.retry {
+        None => None,
+        Some(r) => {
+            for (k, code) in r.codes.iter().enumerate() {
+                status::status(*code).map_err(|m| Invalid::new(format!("retry.codes[{k}]"), m))?;
+            }
+            Some(Retry {
+                codes: r.codes.clone(),
+                attempts: r.attempts.unwrap_or(1),
+                backoff: r.backoff.map(|d| d.0).unwrap_or(Duration::ZERO),
+            })
+        }
+    };
+    Ok(Rule {
+        name: rule.name.as_deref().map(Into::into),
+        hostnames,
+        matches,
+        filters,
+        backends,
+        request_timeout: nonzero(timeouts.request),
+        backend_timeout: nonzero(timeouts.backend),
+        unavailable: rule
+            .unavailable_status
+            .map(|s| status::final_status(s).map_err(|m| Invalid::new("unavailableStatus", m)))
+            .transpose()?,
+        retry,
+    })
+}
+
+impl Match {
+    /// What a rule without matches matches: every request.
+    pub fn every_request() -> Self {
+        Self {
+            path: PathMatch::Prefix("/".into()),
+            method: None,
+            headers: Vec::new(),
+            query: Vec::new(),
+        }
+    }
+}
+
+fn match_(m: &doc::Match, at: &str, cache: &mut Cache) -> Result<Match, Invalid> {
+    let path = match &m.path {
+        None => PathMatch::Prefix("/".into()),
+        Some(p) => {
+            let at = format!("{at}.path");
+            match p.kind {
+                doc::PathMatchType::RegularExpression => {
+                    PathMatch::Regex(cache.pattern(&p.value).map_err(|m| Invalid::regex(at, m))?)
+                }
+                kind => {
+                    let value = name::absolute_path(&p.value).map_err(|m| Invalid::new(at, m))?;
+                    if kind == doc::PathMatchType::Exact {
+                        PathMatch::Exact(value.into())
+                    } else {
+                        let trimmed = value.trim_end_matches('/');
+                        PathMatch::Prefix(if trimmed.is_empty() { "/" } else { trimmed }.into())
+                    }
+                }
+            }
+        }
+    };
+    let method = m
+        .method
+        .as_deref()
+        .map(|s| name::method(s).map_err(|e| Invalid::new(format!("{at}.method"), e)))
+        .transpose()?;
+    let mut headers: Vec<(HeaderName, ValueMatch)> = Vec::with_capacity(m.headers.len());
+    for (k, h) in m.headers.iter().enumerate() {
+        let at = format!("{at}.headers[{k}]");
+        let name = name::header_name(&h.name).map_err(|m| Invalid::new(format!("{at}.name"), m))?;
+        if headers.iter().any(|(n, _)| *n == name) {
+            continue;
+        }
+        headers.push((name, value_match(h, &at, cache)?));
+    }
+    let mut query: Vec<(Box<str>, ValueMatch)> = Vec::with_capacity(m.query_params.len());
+    for (k, q) in m.query_params.iter().enumerate() {
+        let at = format!("{at}.queryParams[{k}]");
+        if q.name.is_empty() {
+            return Err(Invalid::new(format!("{at}.name"), "must not be empty"));
+        }
+        if query.iter().any(|(n, _)| **n == *q.name) {
+            continue;
+        }
+        query.push((q.name.as_str().into(), value_match(q, &at, cache)?));
+    }
+    Ok(Match {
+        path,
+        method,
+        headers,
+        query,
+    })
+}
+
+fn value_match(v: &doc::ValueMatch, at: &str, cache: &mut Cache) -> Result<ValueMatch, Invalid> {
+    Ok(match v.kind {
+        doc::ValueMatchType::Exact => ValueMatch::Exact(v.value.as_str().into()),
+        doc::ValueMatchType::RegularExpression => ValueMatch::Regex(
+            cache
+                .pattern(&v.value)
+                .map_err(|m| Invalid::regex(format!("{at}.value"), m))?,
+        ),
+    })
+}

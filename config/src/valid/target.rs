@@ -1,0 +1,206 @@
+//! Backend and mirror targets: the URL, how it is spoken to, and its TLS settings.
+
+use crate::{BackendProtocol, BackendTls};
+use http::uri::{Authority, Scheme};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName};
+
+/// Where requests to a backend go, parsed: every way the URL or its TLS settings could fail
+/// has failed here, so the proxy only builds a client from it.
+#[derive(Debug, Clone)]
+pub struct Target {
+    key: Box<str>,
+    /// The URL as written.
+    pub url: Box<str>,
+    /// `http` or `https`.
+    pub scheme: Scheme,
+    /// Host and port as written in the URL (what a request with no host of its own carries).
+    pub authority: Authority,
+    /// The host to dial, without the brackets of an IPv6 literal.
+    pub host: Box<str>,
+    /// The URL's port, else the scheme's.
+    pub port: u16,
+    /// The URL's path without its trailing `/`, prepended to request paths; `None` for `/`.
+    pub base_path: Option<Box<str>>,
+    pub protocol: BackendProtocol,
+    /// WebSocket upgrades are expected: a TLS handshake offers HTTP/1.1 only.
+    pub websocket: bool,
+    /// Dial only public addresses of `host` (see [`crate::Backend::public_only`]).
+    pub public_only: bool,
+    /// Present exactly when the scheme is `https`.
+    pub tls: Option<Tls>,
+}
+
+/// TLS to a backend.
+#[derive(Debug, Clone)]
+pub struct Tls {
+    /// The certificates to trust; `None`: the platform's web roots.
+    pub roots: Option<Vec<CertificateDer<'static>>>,
+    /// The name sent as SNI and verified, unless `subject_alt_names` widens the check.
+    pub server_name: ServerName<'static>,
+    /// Names accepted in the certificate instead of `server_name`.
+    pub subject_alt_names: Vec<ServerName<'static>>,
+}
+
+/// Why a target was refused: the field of the backend (or mirror) at fault, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetError {
+    /// `url`, or a field under `tls` (`tls.caBundle`, `tls.serverName`, `tls.subjectAltNames[1]`).
+    pub field: String,
+    pub message: String,
+}
+
+impl TargetError {
+    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn url(message: impl std::fmt::Display) -> Self {
+        Self::new("url", format!("invalid URL: {message}"))
+    }
+}
+
+impl Target {
+    /// Checks a backend's (or mirror's) URL and TLS settings.
+    ///
+    /// # Errors
+    /// A URL that is not absolute `http` or `https` with a host and no user info; TLS settings
+    /// on an `http` URL; a CA bundle with no PEM certificate or one that is not a valid trust
+    /// anchor; a server name or accepted name that is neither a DNS name nor an IP address.
+    pub fn new(
+        url: &str,
+        protocol: BackendProtocol,
+        websocket: bool,
+        tls: Option<&BackendTls>,
+        public_only: bool,
+    ) -> Result<Self, TargetError> {
+        let key = Self::key_of(url, protocol, websocket, tls, public_only);
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| TargetError::url(e.to_string()))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| TargetError::url("missing scheme"))?;
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| TargetError::url("missing host"))?;
+        if authority.as_str().contains('@') {
+            return Err(TargetError::url("user info is not allowed"));
+        }
+        let secure = match scheme.as_str() {
+            "http" => false,
+            "https" => true,
+            other => {
+                return Err(TargetError::new(
+                    "url",
+                    format!("unsupported scheme {other:?} (want http or https)"),
+                ))
+            }
+        };
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        if host.is_empty() {
+            return Err(TargetError::url("missing host"));
+        }
+        let port = authority
+            .port_u16()
+            .unwrap_or(if secure { 443 } else { 80 });
+        let tls = match (secure, tls) {
+            (true, tls) => Some(Tls::new(host, tls)?),
+            (false, Some(_)) => {
+                return Err(TargetError::new("tls", "TLS settings need an https URL"))
+            }
+            (false, None) => None,
+        };
+        let base_path = match uri.path() {
+            "" | "/" => None,
+            p => Some(p.trim_end_matches('/').into()),
+        };
+        Ok(Self {
+            key,
+            url: url.into(),
+            scheme,
+            host: host.into(),
+            authority,
+            port,
+            base_path,
+            protocol,
+            websocket,
+            public_only,
+            tls,
+        })
+    }
+
+    /// What identifies the target: equal keys, equal targets. Lets a caller keep what it
+    /// built for a target (a connection pool) across documents.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub(super) fn key_of(
+        url: &str,
+        protocol: BackendProtocol,
+        websocket: bool,
+        tls: Option<&BackendTls>,
+        public_only: bool,
+    ) -> Box<str> {
+        format!("{url}|{protocol:?}|{websocket}|{tls:?}|{public_only}").into()
+    }
+}
+
+impl Tls {
+    fn new(host: &str, tls: Option<&BackendTls>) -> Result<Self, TargetError> {
+        let roots = match tls.and_then(|t| t.ca_bundle.as_deref()) {
+            None => None,
+            Some(pem) => {
+                let mut certs = Vec::new();
+                for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                    let cert = cert.map_err(|e| TargetError::new("tls.caBundle", e.to_string()))?;
+                    // What a root store does with it: a certificate that is not a valid trust
+                    // anchor is refused here, not when the first request dials.
+                    webpki::anchor_from_trusted_cert(&cert)
+                        .map_err(|e| TargetError::new("tls.caBundle", e.to_string()))?;
+                    certs.push(cert);
+                }
+                if certs.is_empty() {
+                    return Err(TargetError::new("tls.caBundle", "no PEM certificate found"));
+                }
+                Some(certs)
+            }
+        };
+        // Without a server name of its own, the URL's host is the name verified.
+        let (name, field) = match tls.and_then(|t| t.server_name.as_deref()) {
+            Some(name) => (name, "tls.serverName"),
+            None => (host, "url"),
+        };
+        let server_name = ServerName::try_from(name.to_owned()).map_err(|_| {
+            TargetError::new(field, format!("{name:?} is not a valid DNS name or IP"))
+        })?;
+        let subject_alt_names = tls
+            .map(|t| t.subject_alt_names.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                ServerName::try_from(s.clone()).map_err(|_| {
+                    TargetError::new(
+                        format!("tls.subjectAltNames[{i}]"),
+                        format!("{s:?} is not a valid DNS name or IP"),
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            roots,
+            server_name,
+            subject_alt_names,
+        })
+    }
+}

@@ -1,0 +1,320 @@
+use super::*;
+use crate::Config;
+use serde_json::json;
+
+fn doc(value: serde_json::Value) -> Config {
+    serde_json::from_value(value).expect("the document parses")
+}
+
+/// The field a document's first refused rule names, from the document's root.
+fn refused_field(value: serde_json::Value) -> String {
+    document(&doc(value), &mut Cache::default())
+        .expect_err("the document must be refused")
+        .field()
+}
+
+#[test]
+fn a_pattern_over_the_size_limit_is_refused_at_its_field() {
+    // Unicode word characters fifty times over: about 1.5 MB of NFA, over the 1 MiB limit.
+    let err = document(
+        &doc(json!({"rules": [
+            {"backends": []},
+            {"name": "team/shop/0", "matches": [{"path": {"type": "RegularExpression", "value": "/\\w{50}"}}], "backends": []}
+        ]})),
+        &mut Cache::default(),
+    )
+    .expect_err("an oversized pattern is refused");
+    assert_eq!(err.index, 1);
+    assert_eq!(err.name.as_deref(), Some("team/shop/0"));
+    assert_eq!(err.invalid.field, "matches[0].path");
+    assert!(
+        err.invalid.message.starts_with("regex does not compile:"),
+        "{err}"
+    );
+    assert!(
+        err.to_string().starts_with("rules[1].matches[0].path: "),
+        "{err}"
+    );
+    // The same pattern over ASCII word characters is small and passes.
+    assert!(Pattern::new("/(?-u:\\w){50}").is_ok());
+}
+
+#[test]
+fn patterns_are_anchored_as_parsed() {
+    let p = Pattern::new("/v[0-9]+").expect("compiles");
+    assert!(p.is_match("/v12"));
+    assert!(!p.is_match("/v12/x"));
+    assert!(!p.is_match("/x/v12"));
+    // Text-anchoring would turn this into a valid pattern matching anything with a `b`.
+    let err = Pattern::new("a)|(b").expect_err("refused");
+    assert!(!err.contains('\n'), "one line: {err:?}");
+}
+
+#[test]
+fn hostnames_are_checked_and_normalised_once() {
+    assert_eq!(hostname("A.Example.COM").as_deref(), Ok("a.example.com"));
+    assert_eq!(hostname(" a.example.com ").as_deref(), Ok("a.example.com"));
+    assert_eq!(hostname("*.Example.com").as_deref(), Ok("*.example.com"));
+    assert_eq!(hostname("x_y.example").as_deref(), Ok("x_y.example"));
+    for bad in ["", "*.", "*", "a..b", "a b.com", "*.*.com", "exa$mple.com"] {
+        assert!(hostname(bad).is_err(), "{bad:?} must be refused");
+    }
+    assert!(hostname(&format!("{}.com", "a".repeat(64))).is_err());
+    assert!(hostname(&["a"; 130].join(".")).is_err(), "over 253 bytes");
+    assert!(exact_hostname("*.example.com", "redirect").is_err());
+    assert_eq!(
+        exact_hostname("Example.com", "redirect").as_deref(),
+        Ok("example.com")
+    );
+}
+
+#[test]
+fn header_names_values_and_methods() {
+    assert!(header_name("x-ok").is_ok());
+    assert!(header_name("").is_err());
+    assert!(header_name("bad name").is_err());
+    assert!(header_name("bad:name").is_err());
+    assert!(header_value("a b\tc").is_ok());
+    assert!(header_value("line\nbreak").is_err());
+    assert!(header_value("nul\0").is_err());
+    assert_eq!(method("get"), Ok(http::Method::GET));
+    assert!(method("GE T").is_err());
+}
+
+#[test]
+fn replacement_paths_are_absolute_request_paths() {
+    assert_eq!(replacement_path(""), Ok("/"));
+    assert_eq!(replacement_path("/a/b"), Ok("/a/b"));
+    assert!(replacement_path("relative").is_err());
+    assert!(replacement_path("/a b").is_err());
+    assert!(replacement_path("/a?q=1").is_err());
+    assert!(replacement_path("/a#frag").is_err());
+}
+
+#[test]
+fn statuses() {
+    assert!(status(99).is_err());
+    assert!(status(600).is_err());
+    assert!(final_status(101).is_err());
+    assert!(final_status(503).is_ok());
+    assert!(redirect_status(302).is_ok());
+    assert!(redirect_status(200).is_err());
+}
+
+#[test]
+fn targets_parse_everything_a_client_needs() {
+    let t = Target::new(
+        "https://[::1]:8443/base/",
+        crate::BackendProtocol::Http1,
+        false,
+        None,
+        false,
+    )
+    .expect("parses");
+    assert_eq!(&*t.host, "::1");
+    assert_eq!(t.port, 8443);
+    assert_eq!(t.base_path.as_deref(), Some("/base"));
+    assert!(t.tls.as_ref().is_some_and(|tls| tls.roots.is_none()));
+    let plain = Target::new(
+        "http://svc.ns.svc.cluster.local",
+        crate::BackendProtocol::H2c,
+        false,
+        None,
+        false,
+    )
+    .expect("parses");
+    assert_eq!(plain.port, 80);
+    assert!(plain.tls.is_none());
+    assert!(plain.base_path.is_none());
+}
+
+#[test]
+fn invalid_documents_name_the_field_at_fault() {
+    let cases = [
+        (
+            json!({"rules": [{"matches": [{"path": {"type": "RegularExpression", "value": "(["}}]}]}),
+            "rules[0].matches[0].path",
+        ),
+        (
+            json!({"rules": [{"matches": [{"headers": [{"type": "RegularExpression", "name": "x", "value": "(["}]}]}]}),
+            "rules[0].matches[0].headers[0].value",
+        ),
+        (
+            json!({"rules": [{"matches": [{"headers": [{"name": "bad name", "value": "x"}]}]}]}),
+            "rules[0].matches[0].headers[0].name",
+        ),
+        (
+            json!({"rules": [{"matches": [{"queryParams": [{"name": "", "value": "x"}]}]}]}),
+            "rules[0].matches[0].queryParams[0].name",
+        ),
+        (
+            json!({"rules": [{"matches": [{"method": "G E T"}]}]}),
+            "rules[0].matches[0].method",
+        ),
+        (
+            json!({"rules": [{"hostnames": ["*"]}]}),
+            "rules[0].hostnames[0]",
+        ),
+        (
+            json!({"rules": [{}, {"backends": [{"url": "ftp://x", "weight": 1}]}]}),
+            "rules[1].backends[0].url",
+        ),
+        (
+            json!({"rules": [{"backends": [{"url": "not a url", "weight": 1}]}]}),
+            "rules[0].backends[0].url",
+        ),
+        (
+            json!({"rules": [{"backends": [{"url": "http://u:p@x", "weight": 1}]}]}),
+            "rules[0].backends[0].url",
+        ),
+        (
+            json!({"rules": [{"backends": [{"url": "https://x", "weight": 1, "tls": {"caBundle": "not pem"}}]}]}),
+            "rules[0].backends[0].tls.caBundle",
+        ),
+        (
+            json!({"rules": [{"backends": [{"url": "https://x", "weight": 1, "tls": {"serverName": "a b"}}]}]}),
+            "rules[0].backends[0].tls.serverName",
+        ),
+        (
+            json!({"rules": [{"backends": [{"url": "https://x", "weight": 1, "tls": {"subjectAltNames": ["ok", "not ok"]}}]}]}),
+            "rules[0].backends[0].tls.subjectAltNames[1]",
+        ),
+        (
+            json!({"rules": [{"backends": [{"url": "http://x", "weight": 1, "tls": {}}]}]}),
+            "rules[0].backends[0].tls",
+        ),
+        (
+            json!({"rules": [{"filters": [{"type": "RequestRedirect", "requestRedirect": {"statusCode": 200}}]}]}),
+            "rules[0].filters[0].requestRedirect.statusCode",
+        ),
+        (
+            json!({"rules": [{"filters": [{"type": "RequestRedirect", "requestRedirect": {"hostname": "*.example.com"}}]}]}),
+            "rules[0].filters[0].requestRedirect.hostname",
+        ),
+        (
+            json!({"rules": [{"filters": [{"type": "RequestRedirect", "requestRedirect": {"port": 0}}]}]}),
+            "rules[0].filters[0].requestRedirect.port",
+        ),
+        (
+            json!({"rules": [{"filters": [{"type": "RequestRedirect", "requestRedirect": {"scheme": "ftp"}}]}]}),
+            "rules[0].filters[0].requestRedirect.scheme",
+        ),
+        (
+            json!({"rules": [{"filters": [
+                {"type": "RequestRedirect", "requestRedirect": {}},
+                {"type": "RequestRedirect", "requestRedirect": {}}
+            ]}]}),
+            "rules[0].filters[1]",
+        ),
+        (
+            json!({"rules": [{"matches": [{"path": {"type": "RegularExpression", "value": "/a.*"}}],
+                              "filters": [{"type": "URLRewrite", "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/b"}}}]}]}),
+            "rules[0].filters[0].urlRewrite.path",
+        ),
+        (
+            json!({"rules": [{"filters": [{"type": "URLRewrite", "urlRewrite": {"path": {"type": "ReplaceFullPath", "replaceFullPath": "/a b"}}}]}]}),
+            "rules[0].filters[0].urlRewrite.path",
+        ),
+        (
+            json!({"rules": [{"filters": [{"type": "URLRewrite", "urlRewrite": {"hostname": "*.x"}}]}]}),
+            "rules[0].filters[0].urlRewrite.hostname",
+        ),
+        (
+            json!({"rules": [{"filters": [{"type": "RequestMirror", "requestMirror": {"backendUrl": "http://m", "percent": 101}}]}]}),
+            "rules[0].filters[0].requestMirror.percent",
+        ),
+        (
+            json!({"rules": [{"filters": [{"type": "RequestMirror", "requestMirror": {"backendUrl": "m"}}]}]}),
+            "rules[0].filters[0].requestMirror.backendUrl",
+        ),
+        (
+            json!({"rules": [{"filters": [{"type": "RequestHeaderModifier"}]}]}),
+            "rules[0].filters[0].requestHeaderModifier",
+        ),
+        (
+            json!({"rules": [{"filters": [{"type": "ResponseHeaderModifier", "responseHeaderModifier": {"set": [{"name": "x", "value": "a\nb"}]}}]}]}),
+            "rules[0].filters[0].responseHeaderModifier.set[0].value",
+        ),
+        (
+            json!({"rules": [{"filters": [{"type": "CORS", "cors": {"allowMethods": ["GET\n"]}}]}]}),
+            "rules[0].filters[0].cors.allowMethods",
+        ),
+        (
+            json!({"rules": [{"unavailableStatus": 101}]}),
+            "rules[0].unavailableStatus",
+        ),
+        (
+            json!({"rules": [{"backends": [{"url": "http://127.0.0.1:9", "weight": 1, "unavailableStatus": 100}]}]}),
+            "rules[0].backends[0].unavailableStatus",
+        ),
+        (
+            json!({"rules": [{"retry": {"codes": [700]}}]}),
+            "rules[0].retry.codes[0]",
+        ),
+        (
+            json!({"rules": [{"backends": [{"url": "http://x", "weight": 1,
+                   "filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": {"remove": ["a b"]}}]}]}]}),
+            "rules[0].backends[0].filters[0].requestHeaderModifier.remove[0]",
+        ),
+        (
+            json!({"rules": [{"matches": [{"path": {"type": "Exact", "value": "no-slash"}}]}]}),
+            "rules[0].matches[0].path",
+        ),
+    ];
+    for (value, field) in cases {
+        assert_eq!(refused_field(value.clone()), field, "{value}");
+    }
+}
+
+#[test]
+fn a_checked_rule_keeps_gateway_api_semantics() {
+    let rules = document(
+        &doc(json!({"rules": [{
+            "hostnames": ["A.example.com"],
+            "matches": [{"path": {"type": "PathPrefix", "value": "/api/"},
+                         "headers": [{"name": "X-A", "value": "1"}, {"name": "x-a", "value": "2"}],
+                         "queryParams": [{"name": "q", "value": "1"}, {"name": "q", "value": "2"}]}],
+            "backends": [{"url": "http://b", "weight": 3}],
+            "timeouts": {"request": "0s", "backend": "2s"}
+        }, {"backends": [{"url": "", "weight": 1, "unavailableStatus": 500}]}]})),
+        &mut Cache::default(),
+    )
+    .expect("passes");
+    let r = &rules[0];
+    assert_eq!(&*r.hostnames[0], "a.example.com");
+    let m = &r.matches[0];
+    assert!(matches!(&m.path, PathMatch::Prefix(p) if &**p == "/api"));
+    assert_eq!(m.headers.len(), 1, "the first of equal header names counts");
+    assert!(matches!(&m.headers[0].1, ValueMatch::Exact(v) if &**v == "1"));
+    assert_eq!(m.query.len(), 1, "the first of equal parameters counts");
+    assert_eq!(r.request_timeout, None, "zero means no timeout");
+    assert_eq!(r.backend_timeout, Some(std::time::Duration::from_secs(2)));
+    assert_eq!(r.backends[0].weight, 3);
+    assert!(rules[1].backends[0].target.is_none(), "never dialled");
+    assert_eq!(rules[1].matches.len(), 1, "no matches: every request");
+}
+
+#[test]
+fn the_cache_compiles_a_pattern_once_and_keeps_one_document_worth() {
+    let mut cache = Cache::default();
+    let a = cache.pattern("/a.*").expect("compiles");
+    let again = cache.pattern("/a.*").expect("compiles");
+    assert!(std::ptr::eq(a.source(), again.source()), "reused");
+    cache.keep_used();
+    let kept = cache.pattern("/a.*").expect("compiles");
+    assert!(
+        std::ptr::eq(a.source(), kept.source()),
+        "kept across documents"
+    );
+    cache.keep_used();
+    // A document that no longer names it lets it go.
+    cache.keep_used();
+    let fresh = cache.pattern("/a.*").expect("compiles");
+    assert!(!std::ptr::eq(a.source(), fresh.source()), "compiled again");
+    // A refused document's additions are forgotten; the previous generation stays.
+    cache.keep_used();
+    let _ = cache.pattern("/b.*");
+    cache.drop_used();
+    let still = cache.pattern("/a.*").expect("compiles");
+    assert!(std::ptr::eq(fresh.source(), still.source()));
+}
