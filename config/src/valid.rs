@@ -29,7 +29,7 @@ pub use filter::{
 pub use name::{
     absolute_path, exact_hostname, header_name, header_value, hostname, method, replacement_path,
 };
-pub use pattern::{anchored, engine, Pattern, PATTERN_SIZE_LIMIT};
+pub use pattern::{anchored, engine, escape, Pattern, PATTERN_SIZE_LIMIT};
 pub use rule::{rule, Backend, Match, PathMatch, Retry, Rule, ValueMatch};
 pub use status::{final_status, redirect_status, status};
 pub use target::{Target, TargetError, Tls};

@@ -36,7 +36,14 @@ impl Pattern {
                 re: Arc::new(re),
                 source: source.into(),
             })
-            .map_err(|e| one_line(&e.to_string()))
+            .map_err(|e| match e.size_limit() {
+                Some(limit) => format!(
+                    "compiled, it would exceed the size limit of {} KiB (a repetition of a \
+                     large class, such as `\\w{{50}}`, multiplies its size)",
+                    limit / 1024
+                ),
+                None => one_line(&e.to_string()),
+            })
     }
 
     pub fn is_match(&self, value: &str) -> bool {
@@ -75,6 +82,11 @@ pub fn anchored(source: &str) -> Result<Hir, String> {
         hir,
         Hir::look(Look::End),
     ]))
+}
+
+/// `text` with every character that has a meaning in a pattern escaped, so it matches itself.
+pub fn escape(text: &str) -> String {
+    regex_syntax::escape(text)
 }
 
 /// Syntax errors render as several lines (pattern, caret, cause): a field's message keeps the

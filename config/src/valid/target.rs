@@ -109,9 +109,30 @@ impl Target {
         if host.is_empty() {
             return Err(TargetError::url("missing host"));
         }
-        let port = authority
-            .port_u16()
-            .unwrap_or(if secure { 443 } else { 80 });
+        // `Authority::port` reads only ports that fit 16 bits: a larger one would be dropped
+        // and the scheme's port dialled instead, so the text after the host is read here.
+        let port_text = authority
+            .as_str()
+            .rsplit_once(':')
+            .map(|(_, p)| p)
+            .filter(|p| !p.contains(']') && !p.is_empty());
+        let port = match port_text {
+            None => {
+                if secure {
+                    443
+                } else {
+                    80
+                }
+            }
+            Some(text) => match text.parse::<u16>() {
+                Ok(port) if port > 0 => port,
+                _ => {
+                    return Err(TargetError::url(format!(
+                        "port {text} is not between 1 and 65535"
+                    )))
+                }
+            },
+        };
         let tls = match (secure, tls) {
             (true, tls) => Some(Tls::new(host, tls)?),
             (false, Some(_)) => {

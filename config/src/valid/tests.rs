@@ -164,6 +164,14 @@ fn invalid_documents_name_the_field_at_fault() {
             "rules[0].backends[0].url",
         ),
         (
+            json!({"rules": [{"backends": [{"url": "http://x:70000", "weight": 1}]}]}),
+            "rules[0].backends[0].url",
+        ),
+        (
+            json!({"rules": [{"backends": [{"url": "http://x:0", "weight": 1}]}]}),
+            "rules[0].backends[0].url",
+        ),
+        (
             json!({"rules": [{"backends": [{"url": "http://u:p@x", "weight": 1}]}]}),
             "rules[0].backends[0].url",
         ),

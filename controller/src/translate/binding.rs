@@ -5,6 +5,7 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
+use cftunnel_config::valid;
 use gateway_api::experimental::grpcroutes::GrpcRoute;
 use gateway_api::experimental::httproutes::HttpRoute;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -12,7 +13,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::gateway::{selector_matches, AllowedNamespaces, OwnedGateway, OwnedListener};
 use super::scheme::SchemeListeners;
 use super::status::{Condition, ConditionType, ParentRef, Reason, RouteParentStatus};
-use super::validate;
 use super::{
     Attachment, Index, ObjectKey, PlaneKey, Precedence, RouteKey, RouteKind, Snapshot,
     GATEWAY_API_GROUP,
@@ -121,7 +121,7 @@ fn invalid_hostnames(hostnames: Option<&[String]>) -> Option<String> {
         .iter()
         .enumerate()
         .filter_map(|(i, h)| {
-            validate::hostname(h)
+            valid::hostname(h)
                 .err()
                 .map(|e| format!("spec.hostnames[{i}]: {e}"))
         })

@@ -4,6 +4,7 @@
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
+use cftunnel_config::valid;
 use gateway_api::experimental::gatewayclasses::GatewayClass;
 use gateway_api::experimental::gateways::{
     Gateway, GatewayListeners, GatewayListenersAllowedRoutesNamespacesFrom,
@@ -15,7 +16,6 @@ use crate::render::{self, RenderSettings};
 
 use super::bundle_version;
 use super::status::{Condition, ConditionType, GatewayStatus, ListenerStatus, Reason};
-use super::validate;
 use super::{
     ObjectKey, Options, PlaneKey, Precedence, RouteKind, Snapshot, TunnelIdentity,
     GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND,
@@ -387,7 +387,7 @@ fn listener(l: &GatewayListeners, generation: Option<i64>) -> OwnedListener<'_> 
     } else {
         l.hostname
             .as_deref()
-            .and_then(|h| validate::hostname(h).err())
+            .and_then(|h| valid::hostname(h).err())
             .map(|e| (Reason::UnsupportedValue, format!("hostname: {e}")))
     };
     let valid = problem.is_none();

@@ -32,8 +32,10 @@
 //! themselves, follow the spec.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::cmp::Reverse;
 
+use cftunnel_config::valid;
 use cftunnel_config::{BackendProtocol, Match, PathMatch, PathMatchType, Rule};
 use gateway_api::experimental::grpcroutes::{
     GrpcRoute, GrpcRouteRules, GrpcRouteRulesMatches, GrpcRouteRulesMatchesHeadersType,
@@ -53,11 +55,13 @@ pub(super) fn translate_rules(
     grpc: &GrpcRoute,
     index: &Index<'_>,
     options: &Options,
+    contract: &RefCell<valid::Cache>,
 ) -> TranslatedRoute {
     let ctx = RouteContext {
         route,
         index,
         options,
+        contract,
     };
     let rules = grpc.spec.rules.as_deref().unwrap_or_default();
     let mut out = translate_all(
@@ -73,7 +77,7 @@ pub(super) fn translate_rules(
             matches
                 .iter()
                 .enumerate()
-                .map(|(j, m)| convert_match(m, &format!("{field}.matches[{j}]")))
+                .map(|(j, m)| convert_match(m, &format!("{field}.matches[{j}]"), contract))
                 .collect()
         },
         |rule, field| {
@@ -198,7 +202,11 @@ fn match_any() -> Match {
 /// A gRPC method match as a path match: Exact `/S/M`, `PathPrefix /S` for a service alone,
 /// and a regular expression when either part is a regex or the service is omitted; without
 /// a method match, [`match_any`].
-fn convert_match(m: &GrpcRouteRulesMatches, field: &str) -> Result<Match, RuleError> {
+fn convert_match(
+    m: &GrpcRouteRulesMatches,
+    field: &str,
+    contract: &RefCell<valid::Cache>,
+) -> Result<Match, RuleError> {
     let path = match &m.method {
         None => match_any().path,
         Some(method) => {
@@ -226,18 +234,18 @@ fn convert_match(m: &GrpcRouteRulesMatches, field: &str) -> Result<Match, RuleEr
                 },
                 (false, None, Some(n)) => PathMatch {
                     kind: PathMatchType::RegularExpression,
-                    value: format!("/[^/]+/{}", regex::escape(n)),
+                    value: format!("/[^/]+/{}", valid::escape(n)),
                 },
                 (true, s, n) => {
                     if let Some(s) = s {
-                        check_regex(s, &format!("{mfield}.service"))?;
+                        check_regex(contract, s, &format!("{mfield}.service"))?;
                     }
                     if let Some(n) = n {
-                        check_regex(n, &format!("{mfield}.method"))?;
+                        check_regex(contract, n, &format!("{mfield}.method"))?;
                     }
                     let value =
                         format!("/(?:{})/(?:{})", s.unwrap_or("[^/]+"), n.unwrap_or("[^/]+"));
-                    check_regex(&value, &mfield)?;
+                    check_regex(contract, &value, &mfield)?;
                     PathMatch {
                         kind: PathMatchType::RegularExpression,
                         value,
@@ -258,6 +266,7 @@ fn convert_match(m: &GrpcRouteRulesMatches, field: &str) -> Result<Match, RuleEr
             )
         }),
         field,
+        contract,
     )?;
     Ok(Match {
         path,

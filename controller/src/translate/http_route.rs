@@ -2,7 +2,9 @@
 //! retry, rule names, backends; plus the per-route `ResolvedRefs` and dropped-rule accounting.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 
+use cftunnel_config::valid;
 use cftunnel_config::{
     BackendProtocol, Cors, Duration, Filter, FilterType, Header, HeaderModifier, Match, PathMatch,
     PathMatchType, PathModifierType, RedirectPath, RequestMirror, RequestRedirect, Retry,
@@ -19,7 +21,6 @@ use gateway_api::experimental::httproutes::{
 use super::backend::{self, BackendRefError, BackendRefView, WeightedTarget};
 use super::binding::RouteView;
 use super::status::{Condition, ConditionType, Reason};
-use super::validate;
 use super::{Attachment, Index, Options};
 
 /// Why a rule is refused (dropped from the config; the route reports `PartiallyInvalid`, or
@@ -35,6 +36,13 @@ pub enum RuleError {
     },
     #[error("{field}: {message}")]
     UnsupportedValue { field: String, message: String },
+    /// The translated rule breaks a rule of the config contract, which the proxy would refuse
+    /// (`invalid` names the field of the config rule).
+    #[error("{field}: the proxy cannot take this rule: {invalid}")]
+    Refused {
+        field: String,
+        invalid: valid::Invalid,
+    },
 }
 
 impl RuleError {
@@ -135,6 +143,9 @@ pub(super) struct RouteContext<'a, 'b> {
     pub(super) route: &'b RouteView<'a>,
     pub(super) index: &'b Index<'a>,
     pub(super) options: &'b Options,
+    /// The config contract's compiled patterns and parsed targets, shared by every route of a
+    /// translation, so each regex is compiled once.
+    pub(super) contract: &'b RefCell<valid::Cache>,
 }
 
 pub(super) fn translate_rules(
@@ -142,11 +153,13 @@ pub(super) fn translate_rules(
     http: &HttpRoute,
     index: &Index<'_>,
     options: &Options,
+    contract: &RefCell<valid::Cache>,
 ) -> TranslatedRoute {
     let ctx = RouteContext {
         route,
         index,
         options,
+        contract,
     };
     translate_all(
         &ctx,
@@ -157,7 +170,7 @@ pub(super) fn translate_rules(
                 .iter()
                 .flatten()
                 .enumerate()
-                .map(|(j, m)| convert_match(m, &format!("{field}.matches[{j}]")))
+                .map(|(j, m)| convert_match(m, &format!("{field}.matches[{j}]"), contract))
                 .collect()
         },
         |rule, _| Ok(Cow::Borrowed(rule)),
@@ -183,7 +196,16 @@ pub(super) fn translate_all<'r, R>(
                 m
             };
             let http = as_http(rule, &field)?;
-            translate_rule(ctx, i, &http, m, protocol, &field, &mut out.ref_errors)
+            let rule = translate_rule(ctx, i, &http, m, protocol, &field, &mut out.ref_errors)?;
+            // The contract the proxy compiles with: what it would refuse is left out here,
+            // and the route says why, rather than the proxy refusing the plane's document.
+            valid::rule(&rule, &mut ctx.contract.borrow_mut()).map_err(|invalid| {
+                RuleError::Refused {
+                    field: field.clone(),
+                    invalid,
+                }
+            })?;
+            Ok(rule)
         });
         match translated {
             Ok(rule) => out.rules.push(RuleTemplate {
@@ -441,28 +463,28 @@ pub(super) fn reshape<T: serde::Serialize, U: serde::de::DeserializeOwned>(
         .map_err(|e| RuleError::unsupported(field, e.to_string()))
 }
 
-/// Validates a regular expression as the proxy compiles it: `regex` syntax, parsed on its own
-/// (the proxy anchors the parsed pattern, so a pattern that only parses inside `^(?:...)$`,
-/// such as `a)|(b`, is refused).
-pub(super) fn check_regex(pattern: &str, field: &str) -> Result<(), RuleError> {
-    regex::Regex::new(pattern)
+/// Compiles a regular expression as the proxy does (the config contract's [`valid::Pattern`]:
+/// the same syntax, anchoring and size limit), so the condition names the Gateway API field.
+pub(super) fn check_regex(
+    contract: &RefCell<valid::Cache>,
+    pattern: &str,
+    field: &str,
+) -> Result<(), RuleError> {
+    contract
+        .borrow_mut()
+        .pattern(pattern)
         .map(|_| ())
-        .map_err(|e| RuleError::InvalidRegex {
+        .map_err(|message| RuleError::InvalidRegex {
             field: field.to_owned(),
-            // Syntax errors render as several lines (pattern, caret, cause); a condition
-            // message keeps the cause.
-            message: e
-                .to_string()
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or_default()
-                .trim()
-                .to_owned(),
+            message,
         })
 }
 
-fn convert_match(m: &HttpRouteRulesMatches, field: &str) -> Result<Match, RuleError> {
+fn convert_match(
+    m: &HttpRouteRulesMatches,
+    field: &str,
+    contract: &RefCell<valid::Cache>,
+) -> Result<Match, RuleError> {
     let path = match &m.path {
         None => PathMatch {
             kind: PathMatchType::PathPrefix,
@@ -494,7 +516,7 @@ fn convert_match(m: &HttpRouteRulesMatches, field: &str) -> Result<Match, RuleEr
                     }
                 }
                 HttpRouteRulesMatchesPathType::RegularExpression => {
-                    check_regex(&value, &pfield)?;
+                    check_regex(contract, &value, &pfield)?;
                     PathMatch {
                         kind: PathMatchType::RegularExpression,
                         value,
@@ -515,6 +537,7 @@ fn convert_match(m: &HttpRouteRulesMatches, field: &str) -> Result<Match, RuleEr
             )
         }),
         field,
+        contract,
     )?;
     let mut query_params: Vec<ValueMatch> = Vec::new();
     for (k, q) in m.query_params.iter().flatten().enumerate() {
@@ -529,7 +552,7 @@ fn convert_match(m: &HttpRouteRulesMatches, field: &str) -> Result<Match, RuleEr
         }
         let kind = match q.r#type {
             Some(HttpRouteRulesMatchesQueryParamsType::RegularExpression) => {
-                check_regex(&q.value, &format!("{field}.queryParams[{k}]"))?;
+                check_regex(contract, &q.value, &format!("{field}.queryParams[{k}]"))?;
                 ValueMatchType::RegularExpression
             }
             _ => ValueMatchType::Exact,
@@ -551,6 +574,7 @@ fn convert_match(m: &HttpRouteRulesMatches, field: &str) -> Result<Match, RuleEr
 pub(super) fn header_matches(
     headers: impl IntoIterator<Item = (String, String, bool)>,
     field: &str,
+    contract: &RefCell<valid::Cache>,
 ) -> Result<Vec<ValueMatch>, RuleError> {
     let mut out: Vec<ValueMatch> = Vec::new();
     for (k, (name, value, regex)) in headers.into_iter().enumerate() {
@@ -558,9 +582,9 @@ pub(super) fn header_matches(
             continue;
         }
         let hfield = format!("{field}.headers[{k}]");
-        validate::header_name(&name).map_err(|e| RuleError::unsupported(&hfield, e))?;
+        valid::header_name(&name).map_err(|e| RuleError::unsupported(&hfield, e))?;
         if regex {
-            check_regex(&value, &hfield)?;
+            check_regex(contract, &value, &hfield)?;
         }
         out.push(ValueMatch {
             kind: if regex {
@@ -703,12 +727,12 @@ fn convert_filter(
                 }),
             };
             if let Some(h) = &r.hostname {
-                validate::hostname(h).map_err(|e| {
+                valid::exact_hostname(h, "redirect").map_err(|e| {
                     RuleError::unsupported(format!("{field}.requestRedirect.hostname"), e)
                 })?;
             }
             if let Some(p) = &path {
-                validate::replacement_path(&p.value).map_err(|e| {
+                valid::replacement_path(&p.value).map_err(|e| {
                     RuleError::unsupported(format!("{field}.requestRedirect.path"), e)
                 })?;
             }
@@ -754,7 +778,7 @@ fn convert_filter(
                 }),
             };
             if let Some(h) = &r.hostname {
-                validate::hostname(h).map_err(|e| {
+                valid::exact_hostname(h, "rewrite").map_err(|e| {
                     RuleError::unsupported(format!("{field}.urlRewrite.hostname"), e)
                 })?;
             }
@@ -764,7 +788,7 @@ fn convert_filter(
                     .as_deref()
                     .or(p.replace_prefix_match.as_deref())
                     .unwrap_or_default();
-                validate::replacement_path(value)
+                valid::replacement_path(value)
                     .map_err(|e| RuleError::unsupported(format!("{field}.urlRewrite.path"), e))?;
             }
             let mut out = Filter::new(FilterType::URLRewrite);
@@ -852,7 +876,7 @@ fn convert_filter(
                 ("allowHeaders", &c.allow_headers),
                 ("exposeHeaders", &c.expose_headers),
             ] {
-                validate::header_value(&list.as_deref().unwrap_or_default().join(", "))
+                valid::header_value(&list.as_deref().unwrap_or_default().join(", "))
                     .map_err(|e| RuleError::unsupported(format!("{field}.cors.{name}"), e))?;
             }
             let mut out = Filter::new(FilterType::Cors);
@@ -930,8 +954,8 @@ fn header_modifier<'a>(
     field: &str,
 ) -> Result<HeaderModifier, RuleError> {
     let header = |(name, value): (&String, &String)| -> Result<Header, RuleError> {
-        validate::header_name(name)
-            .and_then(|()| validate::header_value(value))
+        valid::header_name(name)
+            .and_then(|_| valid::header_value(value))
             .map_err(|e| RuleError::unsupported(field, e))?;
         Ok(Header {
             name: name.clone(),
@@ -940,7 +964,7 @@ fn header_modifier<'a>(
     };
     let remove = remove.map(<[String]>::to_vec).unwrap_or_default();
     for name in &remove {
-        validate::header_name(name).map_err(|e| RuleError::unsupported(field, e))?;
+        valid::header_name(name).map_err(|e| RuleError::unsupported(field, e))?;
     }
     Ok(HeaderModifier {
         set: set.map(header).collect::<Result<_, _>>()?,

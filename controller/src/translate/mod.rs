@@ -19,16 +19,16 @@ mod grpc_route;
 mod http_route;
 mod scheme;
 mod status;
-mod validate;
 
 #[cfg(test)]
 mod tests;
 
+use std::cell::RefCell;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use cftunnel_config::Config;
+use cftunnel_config::{valid, Config};
 use gateway_api::experimental::gatewayclasses::GatewayClass;
 use gateway_api::experimental::gateways::Gateway;
 use gateway_api::experimental::grpcroutes::GrpcRoute;
@@ -278,6 +278,29 @@ pub struct Output {
 /// (and fails closed in the config where the spec says so), so one bad route cannot stop the
 /// others from being served.
 pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
+    translate_with(snapshot, options, &mut valid::Cache::default())
+}
+
+/// [`translate`] with the config contract's cache of compiled patterns kept by the caller, so
+/// successive translations compile an unchanged regex once. Only what this translation used
+/// is left in it.
+pub fn translate_with(
+    snapshot: &Snapshot,
+    options: &Options,
+    contract: &mut valid::Cache,
+) -> Output {
+    let cell = RefCell::new(std::mem::take(contract));
+    let output = translate_checked(snapshot, options, &cell);
+    *contract = cell.into_inner();
+    contract.keep_used();
+    output
+}
+
+fn translate_checked(
+    snapshot: &Snapshot,
+    options: &Options,
+    contract: &RefCell<valid::Cache>,
+) -> Output {
     let index = Index::new(snapshot);
     let classes = gateway::owned_classes(snapshot, options);
     let crd_versions = bundle_version::check(&snapshot.custom_resource_definitions);
@@ -324,8 +347,12 @@ pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
             continue;
         }
         let translated = match route.source {
-            binding::RouteSource::Http(r) => http_route::translate_rules(route, r, &index, options),
-            binding::RouteSource::Grpc(r) => grpc_route::translate_rules(route, r, &index, options),
+            binding::RouteSource::Http(r) => {
+                http_route::translate_rules(route, r, &index, options, contract)
+            }
+            binding::RouteSource::Grpc(r) => {
+                grpc_route::translate_rules(route, r, &index, options, contract)
+            }
         };
         let route_key = route.key();
         let mut parents = Vec::with_capacity(bound.len());

@@ -1438,6 +1438,74 @@ fn a_regex_that_does_not_compile_drops_its_rule() {
     );
 }
 
+/// A pattern the proxy's engine refuses for its size (Unicode `\w` fifty times over) is left
+/// out with its route saying why, and the plane's document, with every other rule of this
+/// route and of its neighbour, is one the proxy compiles.
+#[test]
+fn a_regex_over_the_proxy_size_limit_drops_its_rule_and_the_plane_still_compiles() {
+    let out = run(&(http_route(
+        "infra",
+        "greedy",
+        "  parentRefs: [{name: gw}]\n  rules:\n  - name: fine\n    matches: [{path: {value: /fine}}]\n    backendRefs: [{name: v2, port: 8080}]\n  - matches: [{path: {type: RegularExpression, value: \"/\\\\w{50}\"}}]\n    backendRefs: [{name: v2, port: 8080}]",
+    ) + &http_route(
+        "infra",
+        "neighbour",
+        "  parentRefs: [{name: gw}]\n  rules: [{matches: [{path: {value: /n}}], backendRefs: [{name: v1, port: 8080}]}]",
+    )));
+    assert_eq!(
+        condition(&out, "infra", "greedy", ConditionType::PartiallyInvalid),
+        (true, Reason::UnsupportedValue)
+    );
+    let message = &route_status(&out, "infra", "greedy")[0]
+        .condition(ConditionType::PartiallyInvalid)
+        .expect("partially invalid")
+        .message;
+    assert!(
+        message.contains("spec.rules[1].matches[0].path: regular expression does not compile"),
+        "{message}"
+    );
+    assert_eq!(
+        condition(&out, "infra", "neighbour", ConditionType::Accepted),
+        (true, Reason::Accepted)
+    );
+    let names: Vec<_> = route_rules(&out)
+        .iter()
+        .filter_map(|r| r.name.as_deref())
+        .collect();
+    assert_eq!(names, ["infra/greedy/fine", "infra/neighbour/0"]);
+    let metrics = cftunnel_proxy::metrics::ProxyMetrics::register(&mut Default::default());
+    for (plane, doc) in &out.configs {
+        cftunnel_proxy::config::compile(doc, &metrics, &mut Default::default())
+            .unwrap_or_else(|e| panic!("the proxy refuses plane {plane}: {e}"));
+    }
+}
+
+/// What only the contract's check of the whole rule catches (a backend port out of range
+/// makes a URL the proxy cannot parse) is refused the same way, naming the rule's field.
+#[test]
+fn a_rule_the_contract_refuses_is_left_out_naming_the_field() {
+    let out = run(&(String::from(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: wide, namespace: infra}\nspec: {type: ExternalName, externalName: api.example.net, ports: [{port: 70000}]}\n---\n",
+    ) + &http_route(
+        "infra",
+        "wide",
+        "  parentRefs: [{name: gw}]\n  rules:\n  - backendRefs: [{name: wide, port: 70000}]\n  - matches: [{path: {value: /ok}}]\n    backendRefs: [{name: v2, port: 8080}]",
+    )));
+    let message = &route_status(&out, "infra", "wide")[0]
+        .condition(ConditionType::PartiallyInvalid)
+        .expect("partially invalid")
+        .message;
+    assert!(
+        message.contains("spec.rules[0]: the proxy cannot take this rule: backends[0].url"),
+        "{message}"
+    );
+    assert_eq!(
+        only_rule(&out).name.as_deref(),
+        Some("infra/wide/1"),
+        "the other rule is served"
+    );
+}
+
 #[test]
 fn filters_timeouts_and_retry_carry_over() {
     let out = run(&http_route(
