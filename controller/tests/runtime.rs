@@ -6,8 +6,6 @@
 
 #[path = "runtime/apiserver.rs"]
 mod apiserver;
-#[path = "runtime/cloudflare_api.rs"]
-mod cloudflare_api;
 mod support;
 
 use std::net::SocketAddr;
@@ -19,8 +17,8 @@ use cftunnel_controller::runtime::stores::ReferenceGrantDiscovery;
 use cftunnel_controller::runtime::{self, RuntimeOptions, SharedPlane, PROXY_CONFIG_PUSHED};
 use cftunnel_controller::translate::{ObjectKey, Options};
 use cftunnel_proxy::{Server, ServerOptions};
+use cftunnel_testkit::cloudflare_api::CloudflareApi;
 use cftunnel_tunnel::Token;
-use cloudflare_api::CloudflareApi;
 use serde_json::{json, Value};
 
 const TUNNEL_ID: &str = "3b1f5c2e-8d4a-4e6b-9f0a-7c2d1e5b4a39";
