@@ -5,3 +5,4 @@
 //! code under test talks to it exactly as it talks to the real thing.
 
 pub mod cloudflare_api;
+pub mod kube_api;
