@@ -3,14 +3,12 @@
 //! the bound for its whole response, a watch once it has waited it for its response head, with
 //! an error naming the call and the bound; a watch whose head came stays open however quiet.
 
-#[path = "runtime/apiserver.rs"]
-mod apiserver;
-
 use std::time::{Duration, Instant};
 
-use apiserver::ApiServer;
 use cftunnel_controller::cli::{Cli, Command};
 use cftunnel_controller::runtime::api_client::{self, Awaited, RequestTimeoutError};
+use cftunnel_controller::runtime::REQUIRED_RBAC;
+use cftunnel_testkit::kube_api::ApiServer;
 use clap::Parser;
 use futures_util::{FutureExt, StreamExt, TryStreamExt};
 use http::Method;
@@ -79,7 +77,11 @@ async fn fails_on_the_bound<T: std::fmt::Debug>(
 
 #[tokio::test]
 async fn a_call_the_api_server_does_not_answer_fails_after_the_bound() {
-    let api = ApiServer::start(SEED).await;
+    let api = ApiServer::builder()
+        .rbac(REQUIRED_RBAC)
+        .seed(SEED)
+        .start()
+        .await;
     let secrets: Api<Secret> = Api::namespaced(client(&api.base_url()), "tenant-a");
     secrets.get("token").await.expect("an answered call");
 
@@ -170,7 +172,11 @@ async fn a_response_whose_body_stops_fails_after_the_bound() {
 /// the bound like any call, naming it; once the API server answers again, a watch starts.
 #[tokio::test]
 async fn a_watch_whose_response_head_does_not_come_fails_after_the_bound() {
-    let api = ApiServer::start(SEED).await;
+    let api = ApiServer::builder()
+        .rbac(REQUIRED_RBAC)
+        .seed(SEED)
+        .start()
+        .await;
     let namespaces: Api<Namespace> = Api::all(client(&api.base_url()));
     let since = api.resource_version().to_string();
     let params = WatchParams::default().timeout(60);
@@ -216,7 +222,11 @@ async fn a_watch_whose_response_head_does_not_come_fails_after_the_bound() {
 /// on it) stays open: the next change arrives on it.
 #[tokio::test]
 async fn a_watch_quiet_for_longer_than_the_bound_stays_open() {
-    let api = ApiServer::start(SEED).await;
+    let api = ApiServer::builder()
+        .rbac(REQUIRED_RBAC)
+        .seed(SEED)
+        .start()
+        .await;
     let client = client(&api.base_url());
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let since = api.resource_version().to_string();

@@ -5,13 +5,11 @@
 //! a give-up on stop that finds the Lease changed hands or is never answered, and durations
 //! that are not whole seconds.
 
-#[path = "runtime/apiserver.rs"]
-mod apiserver;
-
 use std::time::Duration;
 
-use apiserver::{ApiServer, Call};
 use cftunnel_controller::runtime::lease::{self, LeaseOptions};
+use cftunnel_controller::runtime::REQUIRED_RBAC;
+use cftunnel_testkit::kube_api::{ApiServer, Call};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{json, Value};
 use tokio::sync::{oneshot, watch};
@@ -163,7 +161,7 @@ async fn a_renewal_that_hangs_ends_leadership_before_the_lease_can_lapse() {
     // a busy machine to be late in seeing it.
     let duration = Duration::from_secs(5);
     tokio::time::timeout(Duration::from_secs(20), async {
-        let api = ApiServer::start("").await;
+        let api = ApiServer::builder().rbac(REQUIRED_RBAC).start().await;
         // The renewal after the last one that got through starts a renew period later and may
         // wait a renew period before it counts as failed: a leader that stepped down only then
         // would lead 6 s after its last renewal, past the Lease's 5 s.
@@ -222,7 +220,7 @@ async fn a_leader_cut_off_steps_down_before_a_standby_takes_over() {
     let duration = Duration::from_millis(1800);
     let renew = Duration::from_millis(100);
     tokio::time::timeout(Duration::from_secs(20), async {
-        let api = ApiServer::start("").await;
+        let api = ApiServer::builder().rbac(REQUIRED_RBAC).start().await;
         let mut a = Replica::start(&api, "replica-a", duration, renew);
         a.becomes(true, "a leads a free Lease").await;
         let mut b = Replica::start(&api, "replica-b", duration, renew);
@@ -287,7 +285,7 @@ async fn a_leader_cut_off_steps_down_before_a_standby_takes_over() {
 /// later while the other holds the Lease, and stopping a leaves the other's record alone.
 async fn a_lost_race_is_not_leadership(seed: Option<Value>, answer_reason: &str) {
     tokio::time::timeout(Duration::from_secs(20), async {
-        let api = ApiServer::start("").await;
+        let api = ApiServer::builder().rbac(REQUIRED_RBAC).start().await;
         if let Some(seed) = seed {
             api.put(seed);
         }
@@ -332,7 +330,7 @@ async fn a_create_answered_409_already_exists_is_not_leadership() {
 #[tokio::test]
 async fn the_give_up_on_stop_leaves_a_record_written_since_alone() {
     tokio::time::timeout(Duration::from_secs(20), async {
-        let api = ApiServer::start("").await;
+        let api = ApiServer::builder().rbac(REQUIRED_RBAC).start().await;
         let mut a = Replica::start(
             &api,
             "replica-a",
@@ -363,7 +361,7 @@ async fn the_give_up_on_stop_leaves_a_record_written_since_alone() {
 async fn a_give_up_that_is_never_answered_does_not_hold_the_stop_up() {
     let renew = Duration::from_millis(300);
     tokio::time::timeout(Duration::from_secs(20), async {
-        let api = ApiServer::start("").await;
+        let api = ApiServer::builder().rbac(REQUIRED_RBAC).start().await;
         let mut a = Replica::start(&api, "replica-a", Duration::from_secs(2), renew);
         a.becomes(true, "a leads a free Lease").await;
         let hold = api.hold(give_up);
@@ -388,7 +386,7 @@ async fn a_sub_second_duration_is_recorded_as_a_whole_second() {
     let duration = Duration::from_millis(500);
     let renew = Duration::from_millis(100);
     tokio::time::timeout(Duration::from_secs(20), async {
-        let api = ApiServer::start("").await;
+        let api = ApiServer::builder().rbac(REQUIRED_RBAC).start().await;
         let mut a = Replica::start(&api, "replica-a", duration, renew);
         a.becomes(true, "a leads a free Lease").await;
         let taken = lease(&api);

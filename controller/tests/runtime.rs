@@ -4,23 +4,21 @@
 //! reports a sustained push failure on the route, and removes the plane when the Gateway goes
 //! back to the shared one.
 
-#[path = "runtime/apiserver.rs"]
-mod apiserver;
-#[path = "runtime/cloudflare_api.rs"]
-mod cloudflare_api;
 mod support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use apiserver::{ApiServer, GatewayApiCrds};
 use cftunnel_controller::render::RenderSettings;
 use cftunnel_controller::runtime::stores::ReferenceGrantDiscovery;
-use cftunnel_controller::runtime::{self, RuntimeOptions, SharedPlane, PROXY_CONFIG_PUSHED};
+use cftunnel_controller::runtime::{
+    self, RuntimeOptions, SharedPlane, PROXY_CONFIG_PUSHED, REQUIRED_RBAC,
+};
 use cftunnel_controller::translate::{ObjectKey, Options};
 use cftunnel_proxy::{Server, ServerOptions};
+use cftunnel_testkit::cloudflare_api::CloudflareApi;
+use cftunnel_testkit::kube_api::{ApiServer, GatewayApiCrds};
 use cftunnel_tunnel::Token;
-use cloudflare_api::CloudflareApi;
 use serde_json::{json, Value};
 
 const TUNNEL_ID: &str = "3b1f5c2e-8d4a-4e6b-9f0a-7c2d1e5b4a39";
@@ -280,11 +278,14 @@ async fn scenario() {
     )
     .await
     .expect("pool proxy starts");
-    let api = ApiServer::start(
-        &(seed(&token, &third_token, echo.http_addr())
-            + &shared_seed(pool.admin_addr(), echo.http_addr())),
-    )
-    .await;
+    let api = ApiServer::builder()
+        .rbac(REQUIRED_RBAC)
+        .seed(
+            seed(&token, &third_token, echo.http_addr())
+                + &shared_seed(pool.admin_addr(), echo.http_addr()),
+        )
+        .start()
+        .await;
     let cloudflare = CloudflareApi::start().await;
     cloudflare.allow("acct-s", "cf-token-c");
     cloudflare.allow("acct", "cf-token-a");
@@ -929,7 +930,11 @@ async fn only_the_leader_writes_and_another_replica_takes_over() {
         let echo = support::echo("tenant-a", "web-1").await;
         let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
         let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
-        let api = ApiServer::start(&seed(&token, &third, echo.http_addr())).await;
+        let api = ApiServer::builder()
+            .rbac(REQUIRED_RBAC)
+            .seed(seed(&token, &third, echo.http_addr()))
+            .start()
+            .await;
         // The replicas differ in their default image, so the Deployment shows who wrote it.
         let replica = |image: &str, identity: &str| {
             let options = RuntimeOptions {
@@ -1029,7 +1034,11 @@ async fn a_leader_whose_renewals_hang_stops_writing_until_they_are_answered() {
         let echo = support::echo("tenant-a", "web-1").await;
         let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
         let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
-        let api = ApiServer::start(&seed(&token, &third, echo.http_addr())).await;
+        let api = ApiServer::builder()
+            .rbac(REQUIRED_RBAC)
+            .seed(seed(&token, &third, echo.http_addr()))
+            .start()
+            .await;
         let options = RuntimeOptions {
             translate: Options {
                 proxy_image: Some("proxy:a".to_owned()),
@@ -1124,7 +1133,11 @@ async fn the_binary_runs_against_a_kubeconfig_and_stops_on_sigterm() {
     let echo = support::echo("tenant-a", "web-1").await;
     let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
     let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
-    let api = ApiServer::start(&seed(&token, &third, echo.http_addr())).await;
+    let api = ApiServer::builder()
+        .rbac(REQUIRED_RBAC)
+        .seed(seed(&token, &third, echo.http_addr()))
+        .start()
+        .await;
     let dir = std::env::temp_dir().join(format!("cftunnel-controller-bin-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let kubeconfig = dir.join("kubeconfig");
@@ -1272,7 +1285,11 @@ impl Tenant {
         let echo = support::echo("tenant-a", "web-1").await;
         let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
         let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
-        let api = ApiServer::start(&seed(&token, &third, echo.http_addr())).await;
+        let api = ApiServer::builder()
+            .rbac(REQUIRED_RBAC)
+            .seed(seed(&token, &third, echo.http_addr()))
+            .start()
+            .await;
         put_gateway_config(&api, spec);
         before(&api);
         let mut options = RuntimeOptions {
@@ -2080,10 +2097,13 @@ async fn the_gateway_class_reports_its_features_and_whether_the_crds_are_support
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::core::PartialObjectMeta;
     tokio::time::timeout(Duration::from_secs(60), async {
-        let api = ApiServer::start(&format!(
-            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: cloudflare-tunnel}}\nspec: {{controllerName: {CONTROLLER}}}\n"
-        ))
-        .await;
+        let api = ApiServer::builder()
+            .rbac(REQUIRED_RBAC)
+            .seed(format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: cloudflare-tunnel}}\nspec: {{controllerName: {CONTROLLER}}}\n"
+            ))
+            .start()
+            .await;
         let kinds = [
             ("gatewayclasses", "GatewayClass"),
             ("gateways", "Gateway"),
@@ -2569,10 +2589,13 @@ async fn the_controllers_client_gets_only_what_its_rbac_grants() {
     use k8s_openapi::api::apps::v1::Deployment;
     use k8s_openapi::api::core::v1::{Namespace, Secret};
     use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-    let api = ApiServer::start(
-        "apiVersion: v1\nkind: Namespace\nmetadata: {name: tenant-a}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: tenant-a}\nspec: {replicas: 1, selector: {matchLabels: {app: web}}, template: {metadata: {labels: {app: web}}, spec: {containers: [{name: web, image: web:1}]}}}\n",
-    )
-    .await;
+    let api = ApiServer::builder()
+        .rbac(REQUIRED_RBAC)
+        .seed(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: tenant-a}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: tenant-a}\nspec: {replicas: 1, selector: {matchLabels: {app: web}}, template: {metadata: {labels: {app: web}}, spec: {containers: [{name: web, image: web:1}]}}}\n",
+        )
+        .start()
+        .await;
     let refused = |result: Result<(), kube::Error>, verb: &str, resource: &str| match result {
         Err(kube::Error::Api(e)) => {
             assert_eq!((e.code, e.reason.as_str()), (403, "Forbidden"), "{e:?}");

@@ -32,6 +32,7 @@ struct State {
     writes: usize,
 }
 
+/// The running stand-in, on a loopback port of its own. Dropping it stops serving.
 pub struct CloudflareApi {
     addr: SocketAddr,
     state: Arc<Mutex<State>>,
@@ -167,6 +168,12 @@ async fn handle(state: &Mutex<State>, req: Request<Incoming>) -> Response<Full<B
 }
 
 impl CloudflareApi {
+    /// Starts serving on `127.0.0.1:0`, with no account, tunnel or configuration: every
+    /// request is refused until a test [`allow`](Self::allow)s a token.
+    ///
+    /// # Panics
+    ///
+    /// When no loopback port can be bound.
     pub async fn start() -> Self {
         let state = Arc::new(Mutex::new(State::default()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -242,3 +249,6 @@ impl CloudflareApi {
         self.state.lock().expect("state").writes
     }
 }
+
+#[cfg(test)]
+mod tests;

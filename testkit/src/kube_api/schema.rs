@@ -1,0 +1,132 @@
+//! What the API server does to objects of some kinds beyond storing them, as their schemas and
+//! registry strategies say: the fields it defaults, the objects its validation refuses (422
+//! Invalid), and Secrets' `stringData`.
+//!
+//! Simplification: of all the defaults and validation a real server has, only those the
+//! controller meets are here: a Deployment's `spec.replicas` defaults to 1, and a Lease's spec
+//! is validated (`ValidateLeaseSpec`).
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+
+/// Fills in what the objects' schemas default: a Deployment's `spec.replicas`, 1.
+pub(super) fn default_fields(object: &mut Value) {
+    if object.get("kind").and_then(Value::as_str) != Some("Deployment")
+        || object.pointer("/spec/replicas").is_some()
+    {
+        return;
+    }
+    if !object.get("spec").is_some_and(Value::is_object) {
+        object["spec"] = json!({});
+    }
+    object["spec"]["replicas"] = json!(1);
+}
+
+/// Why validation refuses `object` of `kind` in `group` named `name`, as the API server words
+/// it; `None` when it accepts it. Of the kinds here only a Lease's spec is checked: a duration
+/// above 0, no negative transition count.
+pub(super) fn invalid(kind: &str, group: &str, name: &str, object: &Value) -> Option<String> {
+    if kind != "Lease" {
+        return None;
+    }
+    let field = |f: &str| {
+        object
+            .pointer(&format!("/spec/{f}"))
+            .and_then(Value::as_i64)
+    };
+    let (field, value, must) = match (field("leaseDurationSeconds"), field("leaseTransitions")) {
+        (Some(d), _) if d <= 0 => ("leaseDurationSeconds", d, "must be greater than 0"),
+        (_, Some(t)) if t < 0 => ("leaseTransitions", t, "must be greater than or equal to 0"),
+        _ => return None,
+    };
+    Some(format!(
+        "{kind}.{group} \"{name}\" is invalid: spec.{field}: Invalid value: {value}: {must}"
+    ))
+}
+
+/// The API server stores Secrets' `stringData` as base64 `data` and never returns it.
+pub(super) fn normalize_secret(object: &mut Value) {
+    if object.get("kind").and_then(Value::as_str) != Some("Secret") {
+        return;
+    }
+    let Some(string_data) = object.as_object_mut().and_then(|o| o.remove("stringData")) else {
+        return;
+    };
+    let data = object
+        .as_object_mut()
+        .map(|o| o.entry("data").or_insert_with(|| json!({})));
+    if let (Some(Value::Object(data)), Value::Object(strings)) = (data, string_data) {
+        for (k, v) in strings {
+            let text = v.as_str().unwrap_or_default();
+            data.insert(
+                k,
+                base64::engine::general_purpose::STANDARD
+                    .encode(text)
+                    .into(),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deployment_without_replicas_gets_one_and_keeps_any_it_sets() {
+        let mut unset = json!({"kind": "Deployment", "spec": {"selector": {}}});
+        default_fields(&mut unset);
+        assert_eq!(unset["spec"], json!({"selector": {}, "replicas": 1}));
+
+        let mut set = json!({"kind": "Deployment", "spec": {"replicas": 0}});
+        default_fields(&mut set);
+        assert_eq!(set["spec"]["replicas"], 0);
+
+        let mut other = json!({"kind": "StatefulSet", "spec": {}});
+        default_fields(&mut other);
+        assert_eq!(other["spec"], json!({}));
+    }
+
+    #[test]
+    fn a_lease_needs_a_positive_duration_and_no_negative_transitions() {
+        let lease = |spec| json!({"kind": "Lease", "spec": spec});
+        let group = "coordination.k8s.io";
+        assert_eq!(
+            invalid(
+                "Lease",
+                group,
+                "leader",
+                &lease(json!({"leaseDurationSeconds": 0}))
+            ),
+            Some("Lease.coordination.k8s.io \"leader\" is invalid: spec.leaseDurationSeconds: Invalid value: 0: must be greater than 0".to_owned())
+        );
+        assert_eq!(
+            invalid(
+                "Lease",
+                group,
+                "leader",
+                &lease(json!({"leaseDurationSeconds": 15, "leaseTransitions": -1}))
+            ),
+            Some("Lease.coordination.k8s.io \"leader\" is invalid: spec.leaseTransitions: Invalid value: -1: must be greater than or equal to 0".to_owned())
+        );
+        let valid = lease(json!({"leaseDurationSeconds": 15, "leaseTransitions": 0}));
+        assert_eq!(invalid("Lease", group, "leader", &valid), None);
+        let not_a_lease = json!({"spec": {"leaseDurationSeconds": 0}});
+        assert_eq!(invalid("Secret", "", "s", &not_a_lease), None);
+    }
+
+    #[test]
+    fn a_secrets_string_data_is_stored_as_base64_data() {
+        let mut secret = json!({"kind": "Secret", "data": {"kept": "eA=="},
+                                "stringData": {"token": "s3cr3t"}});
+        normalize_secret(&mut secret);
+        assert_eq!(
+            secret,
+            json!({"kind": "Secret", "data": {"kept": "eA==", "token": "czNjcjN0"}})
+        );
+
+        let mut other = json!({"kind": "ConfigMap", "stringData": {"a": "b"}});
+        normalize_secret(&mut other);
+        assert_eq!(other["stringData"], json!({"a": "b"}));
+    }
+}
