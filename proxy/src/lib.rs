@@ -11,6 +11,7 @@ pub mod admin;
 pub mod body;
 pub mod cli;
 pub mod config;
+pub mod conn;
 pub mod error;
 pub mod filter;
 pub mod forward;
@@ -24,7 +25,8 @@ pub mod serve;
 pub mod tunnel;
 
 pub use config::ConfigError;
-pub use proxy::{ClientUpgrade, ConnInfo, Proxy, ProxyOptions, UpgradedIo};
+pub use conn::ConnInfo;
+pub use proxy::{ClientUpgrade, Proxy, ProxyOptions, UpgradedIo};
 
 use anyhow::Context as _;
 use prometheus_client::registry::Registry;

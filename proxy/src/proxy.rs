@@ -19,12 +19,14 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use std::borrow::Cow;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
+
+// Types the handler takes and hands on, at the paths they have always had.
+pub use crate::conn::ConnInfo;
 
 /// Request bodies up to this size are buffered when a retry or a mirror needs to replay them.
 pub const MAX_REPLAY_BODY: u64 = 64 * 1024;
@@ -100,16 +102,6 @@ impl Routes {
                 .get_or_init(|| Arc::new(self.metrics.host(""))),
         }
     }
-}
-
-/// Where a request came from, as the listener or connector saw it.
-#[derive(Debug, Clone, Copy)]
-pub struct ConnInfo {
-    pub peer: Option<SocketAddr>,
-    /// `http` or `https`: the scheme the client used (redirects and `X-Forwarded-Proto`).
-    pub scheme: &'static str,
-    /// The request came through a trusted hop (the tunnel edge) whose forwarding headers stand.
-    pub trusted_forwarding: bool,
 }
 
 /// Settings of the request path that do not change with config pushes.

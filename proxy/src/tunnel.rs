@@ -2,7 +2,8 @@
 //! straight to [`Proxy::handle`], in-process, with no network hop in between.
 
 use crate::body::ResponseBody;
-use crate::proxy::{ClientUpgrade, ConnInfo, Proxy};
+use crate::conn::ConnInfo;
+use crate::proxy::{ClientUpgrade, Proxy};
 use http::{HeaderName, Request, Response};
 use std::convert::Infallible;
 use std::future::Future;
