@@ -1,8 +1,8 @@
 //! Body types at the proxy's seams: one boxed request body type for every source (hyper
 //! server, tunnel streams, buffered replays) and a response body that reports completion.
 
+use crate::completion::Completion;
 use crate::forward::UpstreamBody;
-use crate::proxy::Completion;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;

@@ -10,6 +10,7 @@ pub mod access_log;
 pub mod admin;
 pub mod body;
 pub mod cli;
+mod completion;
 pub mod config;
 pub mod conn;
 pub mod error;

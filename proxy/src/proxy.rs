@@ -4,12 +4,14 @@
 //! every request. It loads the route table once, and everything the request touches after
 //! that comes from that snapshot, so in-flight requests finish on the table they started with.
 
+use crate::access_log::AccessLog;
 use crate::body::{self, BoxError, ProxyBody, ResponseBody};
+use crate::completion::{Completion, Recorder};
 use crate::error::ProxyError;
 use crate::filter::{Cors, Filters};
 use crate::forward::{Upstream, UpstreamBody};
 use crate::headers::{prepare_forward_headers, settle_forwarded_proto, strip_hop_by_hop};
-use crate::metrics::{HostMetrics, ProxyMetrics, StatusClass};
+use crate::metrics::{HostMetrics, ProxyMetrics};
 use crate::route::{RequestView, Table};
 use crate::rule::{Backend, Rule};
 use arc_swap::ArcSwap;
@@ -129,7 +131,7 @@ struct Shared {
     swaps: tokio::sync::watch::Sender<u64>,
     metrics: ProxyMetrics,
     mirrors: Arc<Semaphore>,
-    access_log: Option<crate::access_log::AccessLog>,
+    recorder: Arc<Recorder>,
     header_timeout: Duration,
 }
 
@@ -143,6 +145,10 @@ impl Proxy {
     /// A proxy serving `routes` (usually the empty table until the first push).
     /// Must be called inside a tokio runtime when the access log is on.
     pub fn new(routes: Routes, metrics: ProxyMetrics, options: ProxyOptions) -> Self {
+        let recorder = Recorder::new(
+            metrics.in_flight.clone(),
+            options.access_log.then(AccessLog::spawn),
+        );
         Self {
             shared: Arc::new(Shared {
                 routes: ArcSwap::from_pointee(routes),
@@ -150,7 +156,7 @@ impl Proxy {
                 swaps: tokio::sync::watch::Sender::new(0),
                 metrics,
                 mirrors: Arc::new(Semaphore::new(MAX_MIRRORS_IN_FLIGHT)),
-                access_log: options.access_log.then(crate::access_log::AccessLog::spawn),
+                recorder: Arc::new(recorder),
                 header_timeout: options.backend_header_timeout,
             }),
         }
@@ -192,27 +198,9 @@ impl Proxy {
     {
         let start = Instant::now();
         let routes = self.shared.routes.load_full();
-        let shared = &self.shared;
-        shared.metrics.in_flight.inc();
         let (parts, body) = req.into_parts();
         let grpc = is_grpc(&parts.headers);
-        let mut completion = Completion {
-            shared: self.shared.clone(),
-            bucket: None,
-            host: None,
-            status: 0,
-            bytes: 0,
-            start,
-            log: shared.access_log.as_ref().map(|_| {
-                Box::new(crate::access_log::Fields {
-                    method: parts.method.to_string(),
-                    host: String::new(),
-                    path: parts.uri.path().to_owned(),
-                    route: None,
-                })
-            }),
-            done: false,
-        };
+        let mut completion = Completion::start(&self.shared.recorder, &parts, start);
         let result = self
             .route(&routes, parts, body, conn, &mut completion)
             .await;
@@ -221,7 +209,7 @@ impl Proxy {
             Err(err) => {
                 if let ProxyError::Backend(e) = &err {
                     routes
-                        .host_metrics(completion.bucket)
+                        .host_metrics(completion.bucket())
                         .backend_error(e.label())
                         .inc();
                     tracing::debug!(error = %e, "backend error");
@@ -234,10 +222,9 @@ impl Proxy {
                 response
             }
         };
-        completion.status = response.status().as_u16();
-        if completion.host.is_none() {
-            completion.host = Some(routes.host_metrics(None).clone());
-        }
+        completion.answered(response.status().as_u16(), || {
+            routes.host_metrics(None).clone()
+        });
         response.map(|reply| match reply {
             Reply::Upstream(body, deadline) => ResponseBody::upstream(body, completion, deadline),
             Reply::Local(bytes) => ResponseBody::local(bytes, Some(completion)),
@@ -283,9 +270,7 @@ impl Proxy {
             }
         }
         let host = request_host(&parts);
-        if let Some(log) = completion.log.as_mut() {
-            log.host = host.to_string();
-        }
+        completion.log_host(&host);
         let view = RequestView {
             method: &parts.method,
             path: parts.uri.path(),
@@ -293,12 +278,12 @@ impl Proxy {
             headers: &parts.headers,
         };
         let hit = routes.table.find(&host, &view).ok_or(ProxyError::NoRoute)?;
-        completion.bucket = Some(hit.bucket.id);
-        completion.host = Some(routes.host_metrics(completion.bucket).clone());
+        completion.matched(
+            hit.bucket.id,
+            routes.host_metrics(Some(hit.bucket.id)).clone(),
+        );
         let rule: &Rule = hit.rule;
-        if let Some(log) = completion.log.as_mut() {
-            log.route = rule.name.as_deref().map(str::to_owned);
-        }
+        completion.log_route(rule.name.as_deref());
         if let Some(status) = rule.unavailable {
             return Err(ProxyError::Unavailable(status));
         }
@@ -963,71 +948,4 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
                     .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
             })
         })
-}
-
-/// Records a request's metrics and access-log line once, when its response ends or is dropped.
-#[derive(Debug)]
-pub(crate) struct Completion {
-    shared: Arc<Shared>,
-    bucket: Option<usize>,
-    /// The matched hostname's metrics (the unmatched ones for a request no rule took).
-    host: Option<Arc<HostMetrics>>,
-    status: u16,
-    bytes: u64,
-    start: Instant,
-    log: Option<Box<crate::access_log::Fields>>,
-    done: bool,
-}
-
-impl Completion {
-    /// A response body cut off at its deadline: the backend ran out its time, counted as the
-    /// backend timeout it is, as when the time runs out before the head.
-    pub(crate) fn backend_timed_out(&self) {
-        if let Some(host) = &self.host {
-            host.backend_error("timeout").inc();
-        }
-    }
-
-    pub(crate) fn add_bytes(&mut self, n: usize) {
-        self.bytes += n as u64;
-    }
-
-    pub(crate) fn finish(mut self) {
-        self.record(false);
-    }
-
-    pub(crate) fn abort(mut self) {
-        self.record(true);
-    }
-
-    fn record(&mut self, aborted: bool) {
-        if self.done {
-            return;
-        }
-        self.done = true;
-        let elapsed = self.start.elapsed();
-        self.shared.metrics.in_flight.dec();
-        if let Some(host) = self.host.take() {
-            let class = match (aborted, self.status / 100) {
-                (true, _) => StatusClass::Aborted,
-                (_, 1) => StatusClass::S1xx,
-                (_, 2) => StatusClass::S2xx,
-                (_, 3) => StatusClass::S3xx,
-                (_, 4) => StatusClass::S4xx,
-                _ => StatusClass::S5xx,
-            };
-            host.duration.observe(elapsed.as_secs_f64());
-            host.request(class).inc();
-            host.response_bytes.inc_by(self.bytes);
-        }
-        if let (Some(log), Some(sink)) = (self.log.take(), &self.shared.access_log) {
-            sink.write(&log, self.status, self.bytes, elapsed, aborted);
-        }
-    }
-}
-
-impl Drop for Completion {
-    fn drop(&mut self) {
-        self.record(true);
-    }
 }
