@@ -20,6 +20,7 @@ mod headers;
 pub mod memory;
 pub mod metrics;
 pub mod proxy;
+pub mod response;
 pub mod route;
 pub mod rule;
 pub mod serve;
@@ -28,6 +29,7 @@ pub mod tunnel;
 pub use config::ConfigError;
 pub use conn::ConnInfo;
 pub use proxy::{ClientUpgrade, Proxy, ProxyOptions, UpgradedIo};
+pub use response::ResponseBody;
 
 use anyhow::Context as _;
 use prometheus_client::registry::Registry;

@@ -5,13 +5,14 @@
 //! that comes from that snapshot, so in-flight requests finish on the table they started with.
 
 use crate::access_log::AccessLog;
-use crate::body::{self, BoxError, ProxyBody, ResponseBody};
+use crate::body::{self, BoxError, ProxyBody};
 use crate::completion::{Completion, Recorder};
 use crate::error::ProxyError;
 use crate::filter::{Cors, Filters};
 use crate::forward::{Upstream, UpstreamBody};
 use crate::headers::{prepare_forward_headers, settle_forwarded_proto, strip_hop_by_hop};
 use crate::metrics::{HostMetrics, ProxyMetrics};
+use crate::response::ResponseBody;
 use crate::route::{RequestView, Table};
 use crate::rule::{Backend, Rule};
 use arc_swap::ArcSwap;

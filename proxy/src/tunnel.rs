@@ -1,9 +1,9 @@
 //! Tunnel mode: requests arriving through the native Cloudflare Tunnel connector are handed
 //! straight to [`Proxy::handle`], in-process, with no network hop in between.
 
-use crate::body::ResponseBody;
 use crate::conn::ConnInfo;
 use crate::proxy::{ClientUpgrade, Proxy};
+use crate::response::ResponseBody;
 use http::{HeaderName, Request, Response};
 use std::convert::Infallible;
 use std::future::Future;
