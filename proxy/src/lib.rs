@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod response;
 pub mod route;
+pub mod routes;
 pub mod rule;
 pub mod serve;
 pub mod tunnel;

@@ -13,16 +13,15 @@ use crate::forward::{Upstream, UpstreamBody};
 use crate::headers::{prepare_forward_headers, settle_forwarded_proto, strip_hop_by_hop};
 use crate::metrics::{HostMetrics, ProxyMetrics};
 use crate::response::ResponseBody;
-use crate::route::{RequestView, Table};
+use crate::route::RequestView;
+use crate::routes::{retire, LiveRoutes};
 use crate::rule::{Backend, Rule};
-use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::header;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -30,6 +29,7 @@ use tokio::time::Instant;
 
 // Types the handler takes and hands on, at the paths they have always had.
 pub use crate::conn::ConnInfo;
+pub use crate::routes::Routes;
 
 /// Request bodies up to this size are buffered when a retry or a mirror needs to replay them.
 pub const MAX_REPLAY_BODY: u64 = 64 * 1024;
@@ -39,73 +39,6 @@ pub const MAX_MIRRORS_IN_FLIGHT: usize = 256;
 const MIRROR_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most of a mirror's answer read (and dropped) so its connection can go back to the pool.
 const MIRROR_DRAIN_LIMIT: usize = 1024 * 1024;
-
-/// A compiled config: the route table plus the per-hostname metrics its buckets use.
-#[derive(Debug)]
-pub struct Routes {
-    pub(crate) table: Table<Rule>,
-    /// Hostname label of each bucket, indexed by bucket id.
-    host_labels: Box<[Box<str>]>,
-    /// Metric children of each bucket, fetched on the bucket's first request rather than at
-    /// compile time, so a push of thousands of hostnames stays cheap. Shared, so a response
-    /// still streaming holds its hostname's metrics and not the whole table it started on.
-    hosts: Box<[std::sync::OnceLock<Arc<HostMetrics>>]>,
-    unmatched: std::sync::OnceLock<Arc<HostMetrics>>,
-    metrics: ProxyMetrics,
-    pub(crate) version: i64,
-    pub(crate) has_grpc: bool,
-}
-
-impl Routes {
-    pub(crate) fn new(
-        table: Table<Rule>,
-        host_labels: Vec<Box<str>>,
-        metrics: ProxyMetrics,
-        version: i64,
-        has_grpc: bool,
-    ) -> Self {
-        let hosts = host_labels
-            .iter()
-            .map(|_| std::sync::OnceLock::new())
-            .collect();
-        Self {
-            table,
-            host_labels: host_labels.into_boxed_slice(),
-            hosts,
-            unmatched: std::sync::OnceLock::new(),
-            metrics,
-            version,
-            has_grpc,
-        }
-    }
-
-    pub fn version(&self) -> i64 {
-        self.version
-    }
-
-    pub fn rule_count(&self) -> usize {
-        self.table.rule_count()
-    }
-
-    /// The compiled table, for lookups outside the request path (benchmarks, diagnostics).
-    pub fn table(&self) -> &Table<Rule> {
-        &self.table
-    }
-
-    /// Whether GRPCRoutes contributed to this table.
-    pub fn has_grpc_route(&self) -> bool {
-        self.has_grpc
-    }
-
-    fn host_metrics(&self, bucket: Option<usize>) -> &Arc<HostMetrics> {
-        match bucket.and_then(|b| Some((self.hosts.get(b)?, self.host_labels.get(b)?))) {
-            Some((slot, label)) => slot.get_or_init(|| Arc::new(self.metrics.host(label))),
-            None => self
-                .unmatched
-                .get_or_init(|| Arc::new(self.metrics.host(""))),
-        }
-    }
-}
 
 /// Settings of the request path that do not change with config pushes.
 #[derive(Debug, Clone)]
@@ -126,10 +59,7 @@ impl Default for ProxyOptions {
 
 #[derive(Debug)]
 struct Shared {
-    routes: ArcSwap<Routes>,
-    loaded: AtomicBool,
-    /// Bumped on every swap, for what follows the table (not requests, which load it).
-    swaps: tokio::sync::watch::Sender<u64>,
+    routes: LiveRoutes,
     metrics: ProxyMetrics,
     mirrors: Arc<Semaphore>,
     recorder: Arc<Recorder>,
@@ -152,9 +82,7 @@ impl Proxy {
         );
         Self {
             shared: Arc::new(Shared {
-                routes: ArcSwap::from_pointee(routes),
-                loaded: AtomicBool::new(false),
-                swaps: tokio::sync::watch::Sender::new(0),
+                routes: LiveRoutes::new(routes),
                 metrics,
                 mirrors: Arc::new(Semaphore::new(MAX_MIRRORS_IN_FLIGHT)),
                 recorder: Arc::new(recorder),
@@ -174,21 +102,22 @@ impl Proxy {
 
     /// Whether a config has been loaded since start.
     pub fn is_loaded(&self) -> bool {
-        self.shared.loaded.load(Ordering::Acquire)
+        self.shared.routes.is_loaded()
     }
 
     /// Swaps in a new table; requests already running keep theirs.
     pub fn swap(&self, routes: Routes) {
         self.shared.metrics.config_version.set(routes.version);
-        let old = self.shared.routes.swap(Arc::new(routes));
-        self.shared.loaded.store(true, Ordering::Release);
-        self.shared.swaps.send_modify(|n| *n += 1);
-        retire(old, self.shared.clone());
+        let old = self.shared.routes.swap(routes);
+        let shared = self.shared.clone();
+        retire(old, self.shared.metrics.clone(), move || {
+            shared.routes.load_full()
+        });
     }
 
     /// Changes each time a table is swapped in (once per applied push).
     pub fn swaps(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.shared.swaps.subscribe()
+        self.shared.routes.swaps()
     }
 
     /// Serves one request. Never fails: every error becomes a response here.
@@ -573,44 +502,6 @@ async fn splice(client: &mut Box<dyn UpgradedIo>, backend: impl UpgradedIo) {
 
 /// How long ending a spliced session may take before its connections are simply dropped.
 const SPLICE_SHUTDOWN: Duration = Duration::from_secs(5);
-
-/// How long a retired table may wait for its last in-flight request before it is let go
-/// wherever that request ends.
-const RETIRE_WAIT: Duration = Duration::from_secs(300);
-
-/// Frees a replaced table off the request path. Freeing a large table takes milliseconds, and
-/// without this it would land on whichever request happened to hold the last reference.
-fn retire(old: Arc<Routes>, shared: Arc<Shared>) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    runtime.spawn(async move {
-        let until = Instant::now() + RETIRE_WAIT;
-        while Arc::strong_count(&old) > 1 && Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        if Arc::strong_count(&old) == 1 {
-            // No request routes on it any more, so none can bring a series back through it.
-            forget_hostnames(&old, &shared.routes.load(), &shared.metrics);
-            let _ = tokio::task::spawn_blocking(move || {
-                drop(old);
-                crate::memory::release_freed();
-            })
-            .await;
-        }
-    });
-}
-
-/// Drops the metric series of hostname patterns `old` served and `now` does not (the
-/// unmatched series stays), so `/metrics` does not grow with every hostname ever served.
-fn forget_hostnames(old: &Routes, now: &Routes, metrics: &ProxyMetrics) {
-    let kept: std::collections::HashSet<&str> = now.host_labels.iter().map(AsRef::as_ref).collect();
-    for label in old.host_labels.iter() {
-        if !label.is_empty() && !kept.contains(label.as_ref()) {
-            metrics.forget_host(label);
-        }
-    }
-}
 
 /// A byte stream after an HTTP upgrade.
 pub trait UpgradedIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
