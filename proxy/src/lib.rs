@@ -26,11 +26,13 @@ pub mod routes;
 pub mod rule;
 pub mod serve;
 pub mod tunnel;
+pub mod upgrade;
 
 pub use config::ConfigError;
 pub use conn::ConnInfo;
-pub use proxy::{ClientUpgrade, Proxy, ProxyOptions, UpgradedIo};
+pub use proxy::{Proxy, ProxyOptions};
 pub use response::ResponseBody;
+pub use upgrade::{ClientUpgrade, UpgradedIo};
 
 use anyhow::Context as _;
 use prometheus_client::registry::Registry;

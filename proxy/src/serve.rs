@@ -8,7 +8,8 @@
 //! closed, and an upgraded one keeps its place until its session ends.
 
 use crate::conn::ConnInfo;
-use crate::proxy::{Proxy, SessionHold};
+use crate::proxy::Proxy;
+use crate::upgrade::SessionHold;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::service::service_fn;

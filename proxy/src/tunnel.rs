@@ -2,8 +2,9 @@
 //! straight to [`Proxy::handle`], in-process, with no network hop in between.
 
 use crate::conn::ConnInfo;
-use crate::proxy::{ClientUpgrade, Proxy};
+use crate::proxy::Proxy;
 use crate::response::ResponseBody;
+use crate::upgrade::ClientUpgrade;
 use http::{HeaderName, Request, Response};
 use std::convert::Infallible;
 use std::future::Future;
