@@ -8,7 +8,8 @@
 //! requests that arrive meanwhile wait for that one dial and share its outcome.
 
 use super::connector::{ConnectErrorKind, Connector, Stream};
-use super::{ForwardError, UpstreamBody};
+use super::error::ForwardError;
+use super::UpstreamBody;
 use crate::body::ProxyBody;
 use arc_swap::ArcSwapOption;
 use http::uri::{Authority, Scheme};

@@ -17,8 +17,8 @@
 //! picks HTTP/1.1 again is served from this pool again.
 
 use super::connector::{ConnectErrorKind, Connector, Stream};
+use super::error::ForwardError;
 use super::h2::{Dialed, Exchanged, H2Channel};
-use super::ForwardError;
 use crate::body::ProxyBody;
 use bytes::Bytes;
 use http::uri::{Authority, Scheme};
