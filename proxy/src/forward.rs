@@ -197,7 +197,10 @@ impl Upstream {
         let fut = async {
             match &self.client {
                 Client::Http1(pool) => pool.send(req, &wait).await,
-                Client::H2c(channel) => channel.send(req).await,
+                Client::H2c(channel) => channel
+                    .send(req)
+                    .await
+                    .map(|r| r.map(UpstreamBody::unpooled)),
             }
         };
         tokio::pin!(fut);

@@ -247,7 +247,7 @@ impl H1Pool {
                 },
             };
             match channel.exchange(sender, req).await {
-                Exchanged::Response(resp) => return Ok(resp),
+                Exchanged::Response(resp) => return Ok(resp.map(UpstreamBody::unpooled)),
                 Exchanged::Failed(e) => return Err(e),
                 Exchanged::Unsent(unsent) => req = unsent,
             }
@@ -548,7 +548,7 @@ pin_project_lite::pin_project! {
 
 impl UpstreamBody {
     /// A body whose connection is managed elsewhere.
-    pub(crate) fn unpooled(body: Incoming) -> Self {
+    pub(super) fn unpooled(body: Incoming) -> Self {
         Self { body, lease: None }
     }
 
