@@ -4,15 +4,19 @@
 mod connector;
 mod error;
 mod h2;
+pub mod mirror;
+pub mod payload;
 mod pool;
+pub mod request;
+pub mod retry;
 mod tls;
 
 pub use connector::{ConnectError, ConnectErrorKind};
 pub use error::ForwardError;
+pub use payload::empty_body;
 pub use pool::UpstreamBody;
 
 use crate::body::ProxyBody;
-use bytes::Bytes;
 use cftunnel_config::BackendProtocol;
 use connector::Connector;
 use http::uri::Authority;
@@ -220,9 +224,4 @@ impl Upstream {
             Err(_) => Err(ForwardError::Timeout),
         }
     }
-}
-
-/// An empty request body for mirrors and retries of body-less requests.
-pub fn empty_body() -> ProxyBody {
-    crate::body::full(Bytes::new())
 }

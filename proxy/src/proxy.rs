@@ -1,46 +1,47 @@
-//! The request path: route lookup, filters, backend choice, retries, response rewriting.
+//! The request handler: what happens to a request between its arrival and its response head.
 //!
 //! [`Proxy::handle`] is what both the standalone listener and the tunnel connector call for
 //! every request. It loads the route table once, and everything the request touches after
 //! that comes from that snapshot, so in-flight requests finish on the table they started with.
+//!
+//! In order: host and path made canonical, route lookup, redirects and CORS preflights
+//! answered locally, backend choice, request filters, mirror copies
+//! ([`crate::forward::mirror`]), tries ([`crate::forward::retry`]) and response filters. A
+//! WebSocket `101` goes to [`crate::upgrade`]; the response body ([`crate::response`])
+//! completes the request's accounting ([`crate::completion`]) when it ends. Failures become
+//! responses in [`crate::error`].
 
 use crate::access_log::AccessLog;
-use crate::body::{self, BoxError, ProxyBody};
+use crate::body::{self, BoxError};
 use crate::completion::{Completion, Recorder};
 use crate::error::ProxyError;
 use crate::filter::{Cors, Filters};
-use crate::forward::{Upstream, UpstreamBody};
+use crate::forward::mirror::Mirrors;
+use crate::forward::payload::Payload;
+use crate::forward::retry::{self, TryTimeout};
+use crate::forward::{ForwardError, UpstreamBody};
 use crate::headers::{prepare_forward_headers, settle_forwarded_proto, strip_hop_by_hop};
-use crate::metrics::{HostMetrics, ProxyMetrics};
+use crate::metrics::ProxyMetrics;
 use crate::response::ResponseBody;
 use crate::route::RequestView;
 use crate::routes::{retire, LiveRoutes};
-use crate::rule::{Backend, Rule};
+use crate::rule::Rule;
 use crate::upgrade::Upgrade;
 use bytes::Bytes;
 use http::header;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
-use http_body::{Body, Frame};
-use http_body_util::BodyExt;
+use http_body::Body;
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 // Types the handler takes and hands on, at the paths they have always had.
 pub use crate::conn::ConnInfo;
+pub use crate::forward::mirror::MAX_MIRRORS_IN_FLIGHT;
+pub use crate::forward::payload::MAX_REPLAY_BODY;
 pub use crate::routes::Routes;
 pub use crate::upgrade::{ClientUpgrade, SessionHold, UpgradedIo};
-
-/// Request bodies up to this size are buffered when a retry or a mirror needs to replay them.
-pub const MAX_REPLAY_BODY: u64 = 64 * 1024;
-/// Mirror copies in flight at once; beyond this, copies are dropped (never queued behind).
-pub const MAX_MIRRORS_IN_FLIGHT: usize = 256;
-/// A mirror copy gets this long before it is abandoned.
-const MIRROR_TIMEOUT: Duration = Duration::from_secs(10);
-/// Most of a mirror's answer read (and dropped) so its connection can go back to the pool.
-const MIRROR_DRAIN_LIMIT: usize = 1024 * 1024;
 
 /// Settings of the request path that do not change with config pushes.
 #[derive(Debug, Clone)]
@@ -63,7 +64,7 @@ impl Default for ProxyOptions {
 struct Shared {
     routes: LiveRoutes,
     metrics: ProxyMetrics,
-    mirrors: Arc<Semaphore>,
+    mirrors: Mirrors,
     recorder: Arc<Recorder>,
     header_timeout: Duration,
 }
@@ -78,6 +79,7 @@ impl Proxy {
     /// A proxy serving `routes` (usually the empty table until the first push).
     /// Must be called inside a tokio runtime when the access log is on.
     pub fn new(routes: Routes, metrics: ProxyMetrics, options: ProxyOptions) -> Self {
+        let mirrors = Mirrors::new(metrics.mirrors_dropped.clone());
         let recorder = Recorder::new(
             metrics.in_flight.clone(),
             options.access_log.then(AccessLog::spawn),
@@ -86,7 +88,7 @@ impl Proxy {
             shared: Arc::new(Shared {
                 routes: LiveRoutes::new(routes),
                 metrics,
-                mirrors: Arc::new(Semaphore::new(MAX_MIRRORS_IN_FLIGHT)),
+                mirrors,
                 recorder: Arc::new(recorder),
                 header_timeout: options.backend_header_timeout,
             }),
@@ -267,18 +269,32 @@ impl Proxy {
                 .iter()
                 .chain(backend.filters.mirrors.iter())
             {
-                self.mirror(&mirror.upstream, mirror.percent, &parts, bytes.clone());
+                self.shared
+                    .mirrors
+                    .send(&mirror.upstream, mirror.percent, &parts, bytes.clone());
             }
         } else if !rule.filters.mirrors.is_empty() || !backend.filters.mirrors.is_empty() {
-            self.shared.metrics.mirrors_dropped.inc();
+            self.shared.mirrors.count_dropped();
         }
 
-        let exchange = self.exchange(rule, backend, upstream, parts, body, host_metrics);
+        let timeout = TryTimeout {
+            backend: rule.backend_timeout,
+            header: self.shared.header_timeout,
+        };
+        let exchange = retry::exchange(
+            upstream,
+            parts,
+            body,
+            timeout,
+            rule.retry.as_ref(),
+            || rule.backends.retry_target(backend),
+            host_metrics,
+        );
         let (mut response, try_deadline) = match deadline {
             // Out of time waiting on the backend: a backend timeout, counted as one.
             Some(at) => tokio::time::timeout_at(at, exchange)
                 .await
-                .map_err(|_| ProxyError::Backend(crate::forward::ForwardError::Timeout))??,
+                .map_err(|_| ProxyError::Backend(ForwardError::Timeout))??,
             None => exchange.await?,
         };
 
@@ -309,130 +325,6 @@ impl Proxy {
         }
         .filter(|_| response.status() != StatusCode::SWITCHING_PROTOCOLS);
         Ok(response.map(|body| Reply::Upstream(body, deadline)))
-    }
-
-    /// Tries the backend (and retries as the rule says) until a response head arrives.
-    ///
-    /// With the head comes, when the rule sets a backend timeout, the instant the answering
-    /// try's timeout ends: Gateway API's `backendRequest` covers the exchange "to when the full
-    /// response has been received", so that try's response body must end by then too. The
-    /// proxy's default header timeout bounds the head only, so streams and long downloads of
-    /// rules without one keep working.
-    async fn exchange(
-        &self,
-        rule: &Rule,
-        first: &Backend,
-        upstream: &Arc<Upstream>,
-        mut parts: http::request::Parts,
-        body: Payload,
-        host_metrics: &HostMetrics,
-    ) -> Result<(Response<UpstreamBody>, Option<Instant>), ProxyError> {
-        let per_try = rule.backend_timeout.unwrap_or(self.shared.header_timeout);
-        let explicit = rule.backend_timeout.is_some();
-        let (attempts, backoff) = match (&rule.retry, &body) {
-            (Some(r), Payload::Replayable(_)) => (r.attempts, r.backoff),
-            _ => (0, Duration::ZERO),
-        };
-        let mut body_sent = None;
-        let mut body = Some(body);
-        let mut target = upstream.clone();
-        let mut tries = 0u32;
-        loop {
-            let try_body = match body.as_ref() {
-                Some(Payload::Replayable(bytes)) if tries < attempts => body::full(bytes.clone()),
-                _ => match body.take() {
-                    Some(Payload::Stream(b, sent)) => {
-                        body_sent = Some(sent);
-                        b
-                    }
-                    Some(p) => p.into_body(),
-                    None => return Err(ProxyError::NoBackend),
-                },
-            };
-            // The last try takes the headers; earlier ones copy them.
-            let headers = if tries >= attempts {
-                std::mem::take(&mut parts.headers)
-            } else {
-                parts.headers.clone()
-            };
-            let req = upstream_request(&parts, headers, &target, try_body)?;
-            let result = target.send(req, Some(per_try), body_sent.take()).await;
-            let retryable = match &result {
-                Ok((resp, _)) => rule
-                    .retry
-                    .as_ref()
-                    .is_some_and(|r| r.codes.contains(&resp.status().as_u16())),
-                Err(e) => e.is_retryable(),
-            };
-            if !retryable || tries >= attempts {
-                return match result {
-                    Ok((resp, try_end)) => Ok((resp, try_end.filter(|_| explicit))),
-                    Err(e) => Err(e.into()),
-                };
-            }
-            // A failed try that is retried is counted here; the final one where it is answered.
-            if let Err(e) = &result {
-                host_metrics.backend_error(e.label()).inc();
-            }
-            tries += 1;
-            if !backoff.is_zero() {
-                tokio::time::sleep(backoff).await;
-            }
-            // Another endpoint of the same rule, when that changes nothing else about the request.
-            if first.filters.is_empty() {
-                if let Some(next) = rule.backends.pick() {
-                    if let (Some(up), true, None) =
-                        (&next.upstream, next.filters.is_empty(), next.unavailable)
-                    {
-                        target = up.clone();
-                    }
-                }
-            }
-        }
-    }
-
-    /// Sends a copy of the request to a mirror, never delaying the original.
-    fn mirror(
-        &self,
-        upstream: &Arc<Upstream>,
-        percent: u32,
-        parts: &http::request::Parts,
-        body: Bytes,
-    ) {
-        if percent < 100 && rand::random_range(0..100) >= percent {
-            return;
-        }
-        let Ok(permit) = self.shared.mirrors.clone().try_acquire_owned() else {
-            self.shared.metrics.mirrors_dropped.inc();
-            return;
-        };
-        let Ok(req) = upstream_request(parts, parts.headers.clone(), upstream, body::full(body))
-        else {
-            return;
-        };
-        let upstream = upstream.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            match upstream.send(req, Some(MIRROR_TIMEOUT), None).await {
-                Ok((resp, _)) => {
-                    // Read and dropped frame by frame, so the connection can be reused; a
-                    // mirror answering more than that is cut off rather than held.
-                    let drain = async {
-                        let mut body = resp.into_body();
-                        let mut left = MIRROR_DRAIN_LIMIT;
-                        while let Some(Ok(frame)) = body.frame().await {
-                            let len = frame.data_ref().map_or(0, Bytes::len);
-                            match left.checked_sub(len) {
-                                Some(rest) => left = rest,
-                                None => break,
-                            }
-                        }
-                    };
-                    let _ = tokio::time::timeout(MIRROR_TIMEOUT, drain).await;
-                }
-                Err(e) => tracing::debug!(error = %e, "mirror request failed"),
-            }
-        });
     }
 }
 
@@ -480,123 +372,6 @@ fn answer_locally(
         }
     }
     None
-}
-
-/// The request body as the exchange needs it.
-enum Payload {
-    /// Buffered (or empty): can be sent more than once.
-    Replayable(Bytes),
-    /// Streamed: one try only. The receiver closes once the body has been sent.
-    Stream(ProxyBody, tokio::sync::oneshot::Receiver<()>),
-}
-
-impl Payload {
-    async fn read<B>(body: B, replay_needed: bool) -> Result<Self, ProxyError>
-    where
-        B: Body<Data = Bytes> + Send + 'static,
-        B::Error: Into<BoxError>,
-    {
-        if body.is_end_stream() {
-            return Ok(Self::Replayable(Bytes::new()));
-        }
-        let too_big = body.size_hint().upper().is_none_or(|n| n > MAX_REPLAY_BODY);
-        if !replay_needed || body.size_hint().lower() > MAX_REPLAY_BODY {
-            return Ok(Self::stream(body));
-        }
-        if !too_big {
-            let collected = http_body_util::Limited::new(body, MAX_REPLAY_BODY as usize)
-                .collect()
-                .await
-                .map_err(|_| ProxyError::BadRequest("request body could not be read\n"))?;
-            return Ok(Self::Replayable(collected.to_bytes()));
-        }
-        // Unknown length (chunked, HTTP/2 without content-length): read up to the cap; a body
-        // that ends within it is replayable, a longer one streams on with what was read first.
-        let mut body = Box::pin(body);
-        let mut prefix: std::collections::VecDeque<Frame<Bytes>> =
-            std::collections::VecDeque::new();
-        let mut total = 0u64;
-        loop {
-            match body.frame().await {
-                None => {
-                    let mut all = bytes::BytesMut::with_capacity(total as usize);
-                    for frame in prefix {
-                        if let Some(data) = frame.data_ref() {
-                            all.extend_from_slice(data);
-                        }
-                    }
-                    return Ok(Self::Replayable(all.freeze()));
-                }
-                Some(Err(_)) => {
-                    return Err(ProxyError::BadRequest("request body could not be read\n"))
-                }
-                Some(Ok(frame)) => {
-                    let trailers = frame.is_trailers();
-                    total += frame.data_ref().map_or(0, |d| d.len() as u64);
-                    prefix.push_back(frame);
-                    if trailers || total > MAX_REPLAY_BODY {
-                        return Ok(Self::stream(body::Prefixed::new(prefix, body)));
-                    }
-                }
-            }
-        }
-    }
-
-    fn stream<B>(body: B) -> Self
-    where
-        B: Body<Data = Bytes> + Send + 'static,
-        B::Error: Into<BoxError>,
-    {
-        let (sent, sent_rx) = tokio::sync::oneshot::channel();
-        Self::Stream(body::boxed(body::Notify::new(body, sent)), sent_rx)
-    }
-
-    fn replayable(&self) -> Option<&Bytes> {
-        match self {
-            Self::Replayable(b) => Some(b),
-            Self::Stream(..) => None,
-        }
-    }
-
-    fn into_body(self) -> ProxyBody {
-        match self {
-            Self::Replayable(b) if b.is_empty() => crate::forward::empty_body(),
-            Self::Replayable(b) => body::full(b),
-            Self::Stream(b, _) => b,
-        }
-    }
-}
-
-/// Builds the request for one try against `upstream`.
-fn upstream_request(
-    parts: &http::request::Parts,
-    headers: HeaderMap,
-    upstream: &Upstream,
-    body: ProxyBody,
-) -> Result<Request<ProxyBody>, ProxyError> {
-    let bad = || ProxyError::BadRequest("request target cannot be forwarded\n");
-    let path_and_query = match (upstream.base_path(), parts.uri.path_and_query()) {
-        (None, Some(pq)) => pq.clone(),
-        (None, None) => http::uri::PathAndQuery::from_static("/"),
-        (Some(base), pq) => {
-            let pq = pq.map_or("/", |pq| pq.as_str());
-            http::uri::PathAndQuery::try_from(format!("{base}{pq}")).map_err(|_| bad())?
-        }
-    };
-    // An origin-form target; the client's host travels in the `Host` header, which `route`
-    // has made consistent with what was routed on. Over HTTP/2 it becomes `:authority`.
-    // Connections are chosen without the URI, so a varying host never opens new ones.
-    let uri = Uri::from(path_and_query);
-    let mut req = Request::new(body);
-    *req.method_mut() = parts.method.clone();
-    *req.uri_mut() = uri;
-    *req.headers_mut() = headers;
-    if !req.headers().contains_key(header::HOST) {
-        if let Ok(v) = HeaderValue::from_str(upstream.authority().as_str()) {
-            req.headers_mut().insert(header::HOST, v);
-        }
-    }
-    Ok(req)
 }
 
 /// Removes `.` and `..` segments and merges repeated slashes (RFC 3986 §5.2.4), so a rule on
