@@ -1,5 +1,9 @@
-//! Sending requests to backends: per-backend pooled clients, TLS, and the error kinds the
-//! metrics and the error responses are built from.
+//! Sending requests to backends: per-backend pooled clients and TLS ([`Upstream`]), the
+//! tries a request gets ([`retry`]) with the body they replay ([`payload`]), mirror copies
+//! ([`mirror`]), and the error kinds the metrics and the error responses are built from.
+//!
+//! Nothing here knows routes or rules: the handler passes in what a rule decides (timeouts,
+//! retry policy, another endpoint to retry on).
 
 mod connector;
 mod error;

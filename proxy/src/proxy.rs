@@ -8,7 +8,7 @@
 //! answered locally, backend choice, request filters, mirror copies
 //! ([`crate::forward::mirror`]), tries ([`crate::forward::retry`]) and response filters. A
 //! WebSocket `101` goes to [`crate::upgrade`]; the response body ([`crate::response`])
-//! completes the request's accounting ([`crate::completion`]) when it ends. Failures become
+//! completes the request's accounting (`completion`) when it ends. Failures become
 //! responses in [`crate::error`].
 
 use crate::access_log::AccessLog;
@@ -60,12 +60,16 @@ impl Default for ProxyOptions {
     }
 }
 
+/// What every clone of a [`Proxy`] shares.
 #[derive(Debug)]
 struct Shared {
+    /// The table in service, loaded once per request.
     routes: LiveRoutes,
     metrics: ProxyMetrics,
     mirrors: Mirrors,
+    /// Where each request's completion is recorded.
     recorder: Arc<Recorder>,
+    /// Bounds a try's response head when its rule sets no backend timeout.
     header_timeout: Duration,
 }
 

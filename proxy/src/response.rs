@@ -1,6 +1,6 @@
 //! The body of every response the proxy writes: a backend's, bounded by the rule's
 //! deadlines, or one the proxy answers itself. It counts the bytes the client is sent and
-//! completes the request's accounting ([`Completion`]) when it ends or is dropped, which is
+//! completes the request's accounting (`Completion`) when it ends or is dropped, which is
 //! the only moment a streamed response is known to be over.
 
 use crate::body::BoxError;

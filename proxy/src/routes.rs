@@ -1,5 +1,5 @@
 //! The route table's lifecycle: a compiled config ([`Routes`]) is swapped in whole on each
-//! push ([`LiveRoutes`]) and loaded once per request, so readers never lock and a request
+//! push (`LiveRoutes`) and loaded once per request, so readers never lock and a request
 //! finishes on the table it started with. A replaced table is retired off the request path
 //! once its last request has ended, and the metric series of hostnames that went away with it
 //! are dropped then, so `/metrics` does not grow with every hostname ever served.

@@ -1,7 +1,7 @@
 //! Retries: a request's tries against its backends until one answers, as the rule's retry
 //! policy and timeouts say.
 //!
-//! Only a buffered body (see [`Payload`]) is sent more than once; a streamed one gets one try.
+//! Only a buffered body (see `Payload`) is sent more than once; a streamed one gets one try.
 //! Every try has its own timeout; a retry may go to another endpoint of the same rule when
 //! that changes nothing else about the request.
 
