@@ -1,13 +1,11 @@
-//! Body types at the proxy's seams: one boxed request body type for every source (hyper
-//! server, tunnel streams, buffered replays) and a response body that reports completion.
+//! Request body types at the proxy's seams: one boxed type for every source (hyper server,
+//! tunnel streams, buffered replays) and the wrappers the request path streams it through.
+//! They know nothing of routes or backends, so everything else can build on them.
 
-use crate::forward::UpstreamBody;
-use crate::proxy::Completion;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
-use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -28,136 +26,6 @@ where
     B::Error: Into<BoxError>,
 {
     body.map_err(Into::into).boxed_unsync()
-}
-
-pin_project_lite::pin_project! {
-    #[project = InnerProj]
-    enum Inner {
-        // `deadline`: the rule's request or backend timeout, which bound the response body too.
-        Upstream { #[pin] body: UpstreamBody, deadline: Option<Pin<Box<tokio::time::Sleep>>> },
-        Local { #[pin] body: Full<Bytes> },
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// The body of every response the proxy writes. Counts bytes and, when the body ends or
-    /// is dropped, records the request's metrics and access-log line.
-    pub struct ResponseBody {
-        #[pin]
-        inner: Inner,
-        completion: Option<Completion>,
-    }
-
-    impl PinnedDrop for ResponseBody {
-        fn drop(this: Pin<&mut Self>) {
-            // Servers stop polling once `is_end_stream()` holds, so a body that ended without a
-            // final poll is complete, not aborted.
-            let this = this.project();
-            if let Some(c) = this.completion.take() {
-                let ended = match this.inner.project() {
-                    InnerProj::Upstream { body, .. } => body.is_end_stream(),
-                    InnerProj::Local { body } => body.is_end_stream(),
-                };
-                if ended {
-                    c.finish();
-                } else {
-                    c.abort();
-                }
-            }
-        }
-    }
-}
-
-impl ResponseBody {
-    /// A backend's body; with a `deadline` (the rule's request timeout, which covers the whole
-    /// exchange, or its backend timeout, which covers the answering try up to its last byte) a
-    /// body still streaming then fails, and the client sees it cut off.
-    pub(crate) fn upstream(
-        body: UpstreamBody,
-        completion: Completion,
-        deadline: Option<tokio::time::Instant>,
-    ) -> Self {
-        Self {
-            inner: Inner::Upstream {
-                body,
-                deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
-            },
-            completion: Some(completion),
-        }
-    }
-
-    pub(crate) fn local(bytes: Bytes, completion: Option<Completion>) -> Self {
-        Self {
-            inner: Inner::Local {
-                body: Full::new(bytes),
-            },
-            completion,
-        }
-    }
-}
-
-impl Body for ResponseBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.project();
-        let polled = match this.inner.project() {
-            InnerProj::Upstream { body, deadline } => {
-                // Looked at before the body: one that always has data ready (a fast backend,
-                // a large download) would otherwise never be cut.
-                let expired = deadline
-                    .as_mut()
-                    .is_some_and(|sleep| sleep.as_mut().poll(cx).is_ready());
-                if expired {
-                    if let Some(c) = this.completion.as_ref() {
-                        c.backend_timed_out();
-                    }
-                    Some(Err(BoxError::from("timeout reached mid-response")))
-                } else {
-                    ready!(body.poll_frame(cx)).map(|r| r.map_err(BoxError::from))
-                }
-            }
-            InnerProj::Local { body } => {
-                ready!(body.poll_frame(cx)).map(|r| r.map_err(|never| match never {}))
-            }
-        };
-        match &polled {
-            Some(Ok(frame)) => {
-                if let (Some(data), Some(c)) = (frame.data_ref(), this.completion.as_mut()) {
-                    c.add_bytes(data.len());
-                }
-            }
-            Some(Err(_)) => {
-                if let Some(c) = this.completion.take() {
-                    c.abort();
-                }
-            }
-            None => {
-                if let Some(c) = this.completion.take() {
-                    c.finish();
-                }
-            }
-        }
-        Poll::Ready(polled)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match &self.inner {
-            Inner::Upstream { body, .. } => body.is_end_stream(),
-            Inner::Local { body } => body.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match &self.inner {
-            Inner::Upstream { body, .. } => body.size_hint(),
-            Inner::Local { body } => body.size_hint(),
-        }
-    }
 }
 
 pin_project_lite::pin_project! {

@@ -1,5 +1,8 @@
 //! The one place where request failures become responses.
 
+use crate::forward::payload::UnreadableBody;
+use crate::forward::request::UnforwardableTarget;
+use crate::forward::retry::ExchangeError;
 use crate::forward::ForwardError;
 use http::{header, HeaderValue, StatusCode};
 
@@ -92,6 +95,27 @@ impl ProxyError {
             Self::Backend(ForwardError::Saturated) => "upstream connection limit reached\n",
             Self::Backend(_) => "upstream request failed\n",
             Self::BadRequest(r) => r,
+        }
+    }
+}
+
+impl From<UnreadableBody> for ProxyError {
+    fn from(_: UnreadableBody) -> Self {
+        Self::BadRequest("request body could not be read\n")
+    }
+}
+
+impl From<UnforwardableTarget> for ProxyError {
+    fn from(_: UnforwardableTarget) -> Self {
+        Self::BadRequest("request target cannot be forwarded\n")
+    }
+}
+
+impl From<ExchangeError> for ProxyError {
+    fn from(e: ExchangeError) -> Self {
+        match e {
+            ExchangeError::Backend(e) => Self::Backend(e),
+            ExchangeError::Target(e) => e.into(),
         }
     }
 }

@@ -1,16 +1,27 @@
-//! Sending requests to backends: per-backend pooled clients, TLS, and the error kinds the
-//! metrics and the error responses are built from.
+//! Sending requests to backends: per-backend pooled clients and TLS ([`Upstream`]), the
+//! tries a request gets ([`retry`]) with the body they replay ([`payload`]), mirror copies
+//! ([`mirror`]), and the error kinds the metrics and the error responses are built from.
+//!
+//! Nothing here knows routes or rules: the handler passes in what a rule decides (timeouts,
+//! retry policy, another endpoint to retry on).
 
 mod connector;
+mod error;
 mod h2;
+pub mod mirror;
+pub mod payload;
 mod pool;
+pub mod request;
+pub mod retry;
 mod tls;
 
 pub use connector::{ConnectError, ConnectErrorKind};
+pub use error::ForwardError;
+pub use payload::empty_body;
 pub use pool::UpstreamBody;
+pub use tls::UpstreamError;
 
-use crate::body::{BoxError, ProxyBody};
-use bytes::Bytes;
+use crate::body::ProxyBody;
 use cftunnel_config::{valid, BackendProtocol};
 use connector::Connector;
 use http::uri::Authority;
@@ -27,70 +38,6 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 const POOL_MAX_IDLE: usize = 512;
 /// Default bound on HTTP/1.1 connections open at once to one backend.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
-
-/// Errors of one try against a backend; `label()` is the metrics reason.
-#[derive(Debug, thiserror::Error)]
-pub enum ForwardError {
-    #[error("cannot connect to backend: {0}")]
-    Dial(#[source] ConnectError),
-    #[error("TLS handshake with backend failed: {0}")]
-    Tls(#[source] ConnectError),
-    #[error("backend did not answer in time")]
-    Timeout,
-    /// The pooled connection closed before the request could be sent on it.
-    #[error("backend connection closed before the request was sent")]
-    Canceled,
-    /// The backend had its most connections open, and none came free within the try's
-    /// timeout: the request never reached it.
-    #[error("no backend connection came free in time (connection limit reached)")]
-    Saturated,
-    #[error("backend exchange failed: {0}")]
-    Other(#[source] BoxError),
-}
-
-impl ForwardError {
-    pub fn label(&self) -> &'static str {
-        match self {
-            Self::Dial(_) => "dial",
-            Self::Tls(_) => "tls",
-            // Out of time waiting for a connection: the contract's reasons have no closer one.
-            Self::Timeout | Self::Saturated => "timeout",
-            Self::Canceled => "canceled",
-            Self::Other(_) => "other",
-        }
-    }
-
-    /// Failures a retry may cure: the backend was unreachable, busy, dropped the exchange, or
-    /// did not answer within the per-try timeout. TLS failures are configuration and are not
-    /// retried.
-    pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            Self::Dial(_) | Self::Timeout | Self::Saturated | Self::Canceled | Self::Other(_)
-        )
-    }
-
-    /// The same failure for another request that waited on the same dial (an `Other` source
-    /// becomes its text).
-    fn duplicate(&self) -> Self {
-        match self {
-            Self::Dial(e) => Self::Dial(e.clone()),
-            Self::Tls(e) => Self::Tls(e.clone()),
-            Self::Timeout => Self::Timeout,
-            Self::Saturated => Self::Saturated,
-            Self::Canceled => Self::Canceled,
-            Self::Other(e) => Self::Other(e.to_string().into()),
-        }
-    }
-
-    fn from_hyper(err: hyper::Error) -> Self {
-        if err.is_canceled() {
-            Self::Canceled
-        } else {
-            Self::Other(err.into())
-        }
-    }
-}
 
 /// One backend: a URL turned into a pooled client that always dials that backend.
 #[derive(Debug)]
@@ -109,14 +56,6 @@ enum Client {
     Http1(Arc<pool::H1Pool>),
     /// h2c backends: one multiplexed connection that each request's own host travels over.
     H2c(h2::H2Channel),
-}
-
-/// Why a backend client could not be built. The contract ([`cftunnel_config::valid`]) has
-/// already accepted the target, so only the TLS library's own setup is left to fail.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum UpstreamError {
-    #[error("tls: {0}")]
-    Tls(String),
 }
 
 impl Upstream {
@@ -205,7 +144,10 @@ impl Upstream {
         let fut = async {
             match &self.client {
                 Client::Http1(pool) => pool.send(req, &wait).await,
-                Client::H2c(channel) => channel.send(req).await,
+                Client::H2c(channel) => channel
+                    .send(req)
+                    .await
+                    .map(|r| r.map(UpstreamBody::unpooled)),
             }
         };
         tokio::pin!(fut);
@@ -225,9 +167,4 @@ impl Upstream {
             Err(_) => Err(ForwardError::Timeout),
         }
     }
-}
-
-/// An empty request body for mirrors and retries of body-less requests.
-pub fn empty_body() -> ProxyBody {
-    crate::body::full(Bytes::new())
 }

@@ -5,7 +5,7 @@
 //! hop-by-hop headers, so each first scans the header names once and only then pays for
 //! removals: a removal of an absent name still hashes it.
 
-use crate::proxy::ConnInfo;
+use crate::conn::ConnInfo;
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue};
 use std::net::IpAddr;

@@ -1,116 +1,47 @@
-//! The request path: route lookup, filters, backend choice, retries, response rewriting.
+//! The request handler: what happens to a request between its arrival and its response head.
 //!
 //! [`Proxy::handle`] is what both the standalone listener and the tunnel connector call for
 //! every request. It loads the route table once, and everything the request touches after
 //! that comes from that snapshot, so in-flight requests finish on the table they started with.
+//!
+//! In order: host and path made canonical, route lookup, redirects and CORS preflights
+//! answered locally, backend choice, request filters, mirror copies
+//! ([`crate::forward::mirror`]), tries ([`crate::forward::retry`]) and response filters. A
+//! WebSocket `101` goes to [`crate::upgrade`]; the response body ([`crate::response`])
+//! completes the request's accounting (`completion`) when it ends. Failures become
+//! responses in [`crate::error`].
 
-use crate::body::{self, BoxError, ProxyBody, ResponseBody};
+use crate::access_log::AccessLog;
+use crate::body::{self, BoxError};
+use crate::completion::{Completion, Recorder};
 use crate::error::ProxyError;
 use crate::filter::{Cors, Filters};
-use crate::forward::{Upstream, UpstreamBody};
+use crate::forward::mirror::Mirrors;
+use crate::forward::payload::Payload;
+use crate::forward::retry::{self, TryTimeout};
+use crate::forward::{ForwardError, UpstreamBody};
 use crate::headers::{prepare_forward_headers, settle_forwarded_proto, strip_hop_by_hop};
-use crate::metrics::{HostMetrics, ProxyMetrics, StatusClass};
-use crate::route::{RequestView, Table};
-use crate::rule::{Backend, Rule};
-use arc_swap::ArcSwap;
+use crate::metrics::ProxyMetrics;
+use crate::response::ResponseBody;
+use crate::route::RequestView;
+use crate::routes::{retire, LiveRoutes};
+use crate::rule::Rule;
+use crate::upgrade::Upgrade;
 use bytes::Bytes;
 use http::header;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
-use http_body::{Body, Frame};
-use http_body_util::BodyExt;
+use http_body::Body;
 use std::borrow::Cow;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-/// Request bodies up to this size are buffered when a retry or a mirror needs to replay them.
-pub const MAX_REPLAY_BODY: u64 = 64 * 1024;
-/// Mirror copies in flight at once; beyond this, copies are dropped (never queued behind).
-pub const MAX_MIRRORS_IN_FLIGHT: usize = 256;
-/// A mirror copy gets this long before it is abandoned.
-const MIRROR_TIMEOUT: Duration = Duration::from_secs(10);
-/// Most of a mirror's answer read (and dropped) so its connection can go back to the pool.
-const MIRROR_DRAIN_LIMIT: usize = 1024 * 1024;
-
-/// A compiled config: the route table plus the per-hostname metrics its buckets use.
-#[derive(Debug)]
-pub struct Routes {
-    pub(crate) table: Table<Rule>,
-    /// Hostname label of each bucket, indexed by bucket id.
-    host_labels: Box<[Box<str>]>,
-    /// Metric children of each bucket, fetched on the bucket's first request rather than at
-    /// compile time, so a push of thousands of hostnames stays cheap. Shared, so a response
-    /// still streaming holds its hostname's metrics and not the whole table it started on.
-    hosts: Box<[std::sync::OnceLock<Arc<HostMetrics>>]>,
-    unmatched: std::sync::OnceLock<Arc<HostMetrics>>,
-    metrics: ProxyMetrics,
-    pub(crate) version: i64,
-    pub(crate) has_grpc: bool,
-}
-
-impl Routes {
-    pub(crate) fn new(
-        table: Table<Rule>,
-        host_labels: Vec<Box<str>>,
-        metrics: ProxyMetrics,
-        version: i64,
-        has_grpc: bool,
-    ) -> Self {
-        let hosts = host_labels
-            .iter()
-            .map(|_| std::sync::OnceLock::new())
-            .collect();
-        Self {
-            table,
-            host_labels: host_labels.into_boxed_slice(),
-            hosts,
-            unmatched: std::sync::OnceLock::new(),
-            metrics,
-            version,
-            has_grpc,
-        }
-    }
-
-    pub fn version(&self) -> i64 {
-        self.version
-    }
-
-    pub fn rule_count(&self) -> usize {
-        self.table.rule_count()
-    }
-
-    /// The compiled table, for lookups outside the request path (benchmarks, diagnostics).
-    pub fn table(&self) -> &Table<Rule> {
-        &self.table
-    }
-
-    /// Whether GRPCRoutes contributed to this table.
-    pub fn has_grpc_route(&self) -> bool {
-        self.has_grpc
-    }
-
-    fn host_metrics(&self, bucket: Option<usize>) -> &Arc<HostMetrics> {
-        match bucket.and_then(|b| Some((self.hosts.get(b)?, self.host_labels.get(b)?))) {
-            Some((slot, label)) => slot.get_or_init(|| Arc::new(self.metrics.host(label))),
-            None => self
-                .unmatched
-                .get_or_init(|| Arc::new(self.metrics.host(""))),
-        }
-    }
-}
-
-/// Where a request came from, as the listener or connector saw it.
-#[derive(Debug, Clone, Copy)]
-pub struct ConnInfo {
-    pub peer: Option<SocketAddr>,
-    /// `http` or `https`: the scheme the client used (redirects and `X-Forwarded-Proto`).
-    pub scheme: &'static str,
-    /// The request came through a trusted hop (the tunnel edge) whose forwarding headers stand.
-    pub trusted_forwarding: bool,
-}
+// Types the handler takes and hands on, at the paths they have always had.
+pub use crate::conn::ConnInfo;
+pub use crate::forward::mirror::MAX_MIRRORS_IN_FLIGHT;
+pub use crate::forward::payload::MAX_REPLAY_BODY;
+pub use crate::routes::Routes;
+pub use crate::upgrade::{ClientUpgrade, SessionHold, UpgradedIo};
 
 /// Settings of the request path that do not change with config pushes.
 #[derive(Debug, Clone)]
@@ -129,15 +60,16 @@ impl Default for ProxyOptions {
     }
 }
 
+/// What every clone of a [`Proxy`] shares.
 #[derive(Debug)]
 struct Shared {
-    routes: ArcSwap<Routes>,
-    loaded: AtomicBool,
-    /// Bumped on every swap, for what follows the table (not requests, which load it).
-    swaps: tokio::sync::watch::Sender<u64>,
+    /// The table in service, loaded once per request.
+    routes: LiveRoutes,
     metrics: ProxyMetrics,
-    mirrors: Arc<Semaphore>,
-    access_log: Option<crate::access_log::AccessLog>,
+    mirrors: Mirrors,
+    /// Where each request's completion is recorded.
+    recorder: Arc<Recorder>,
+    /// Bounds a try's response head when its rule sets no backend timeout.
     header_timeout: Duration,
 }
 
@@ -151,14 +83,17 @@ impl Proxy {
     /// A proxy serving `routes` (usually the empty table until the first push).
     /// Must be called inside a tokio runtime when the access log is on.
     pub fn new(routes: Routes, metrics: ProxyMetrics, options: ProxyOptions) -> Self {
+        let mirrors = Mirrors::new(metrics.mirrors_dropped.clone());
+        let recorder = Recorder::new(
+            metrics.in_flight.clone(),
+            options.access_log.then(AccessLog::spawn),
+        );
         Self {
             shared: Arc::new(Shared {
-                routes: ArcSwap::from_pointee(routes),
-                loaded: AtomicBool::new(false),
-                swaps: tokio::sync::watch::Sender::new(0),
+                routes: LiveRoutes::new(routes),
                 metrics,
-                mirrors: Arc::new(Semaphore::new(MAX_MIRRORS_IN_FLIGHT)),
-                access_log: options.access_log.then(crate::access_log::AccessLog::spawn),
+                mirrors,
+                recorder: Arc::new(recorder),
                 header_timeout: options.backend_header_timeout,
             }),
         }
@@ -175,21 +110,22 @@ impl Proxy {
 
     /// Whether a config has been loaded since start.
     pub fn is_loaded(&self) -> bool {
-        self.shared.loaded.load(Ordering::Acquire)
+        self.shared.routes.is_loaded()
     }
 
     /// Swaps in a new table; requests already running keep theirs.
     pub fn swap(&self, routes: Routes) {
         self.shared.metrics.config_version.set(routes.version);
-        let old = self.shared.routes.swap(Arc::new(routes));
-        self.shared.loaded.store(true, Ordering::Release);
-        self.shared.swaps.send_modify(|n| *n += 1);
-        retire(old, self.shared.clone());
+        let old = self.shared.routes.swap(routes);
+        let shared = self.shared.clone();
+        retire(old, self.shared.metrics.clone(), move || {
+            shared.routes.load_full()
+        });
     }
 
     /// Changes each time a table is swapped in (once per applied push).
     pub fn swaps(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.shared.swaps.subscribe()
+        self.shared.routes.swaps()
     }
 
     /// Serves one request. Never fails: every error becomes a response here.
@@ -200,27 +136,9 @@ impl Proxy {
     {
         let start = Instant::now();
         let routes = self.shared.routes.load_full();
-        let shared = &self.shared;
-        shared.metrics.in_flight.inc();
         let (parts, body) = req.into_parts();
         let grpc = is_grpc(&parts.headers);
-        let mut completion = Completion {
-            shared: self.shared.clone(),
-            bucket: None,
-            host: None,
-            status: 0,
-            bytes: 0,
-            start,
-            log: shared.access_log.as_ref().map(|_| {
-                Box::new(crate::access_log::Fields {
-                    method: parts.method.to_string(),
-                    host: String::new(),
-                    path: parts.uri.path().to_owned(),
-                    route: None,
-                })
-            }),
-            done: false,
-        };
+        let mut completion = Completion::start(&self.shared.recorder, &parts, start);
         let result = self
             .route(&routes, parts, body, conn, &mut completion)
             .await;
@@ -229,7 +147,7 @@ impl Proxy {
             Err(err) => {
                 if let ProxyError::Backend(e) = &err {
                     routes
-                        .host_metrics(completion.bucket)
+                        .host_metrics(completion.bucket())
                         .backend_error(e.label())
                         .inc();
                     tracing::debug!(error = %e, "backend error");
@@ -242,10 +160,9 @@ impl Proxy {
                 response
             }
         };
-        completion.status = response.status().as_u16();
-        if completion.host.is_none() {
-            completion.host = Some(routes.host_metrics(None).clone());
-        }
+        completion.answered(response.status().as_u16(), || {
+            routes.host_metrics(None).clone()
+        });
         response.map(|reply| match reply {
             Reply::Upstream(body, deadline) => ResponseBody::upstream(body, completion, deadline),
             Reply::Local(bytes) => ResponseBody::local(bytes, Some(completion)),
@@ -291,9 +208,7 @@ impl Proxy {
             }
         }
         let host = request_host(&parts);
-        if let Some(log) = completion.log.as_mut() {
-            log.host = host.to_string();
-        }
+        completion.log_host(&host);
         let view = RequestView {
             method: &parts.method,
             path: parts.uri.path(),
@@ -301,12 +216,12 @@ impl Proxy {
             headers: &parts.headers,
         };
         let hit = routes.table.find(&host, &view).ok_or(ProxyError::NoRoute)?;
-        completion.bucket = Some(hit.bucket.id);
-        completion.host = Some(routes.host_metrics(completion.bucket).clone());
+        completion.matched(
+            hit.bucket.id,
+            routes.host_metrics(Some(hit.bucket.id)).clone(),
+        );
         let rule: &Rule = hit.rule;
-        if let Some(log) = completion.log.as_mut() {
-            log.route = rule.name.as_deref().map(str::to_owned);
-        }
+        completion.log_route(rule.name.as_deref());
         if let Some(status) = rule.unavailable {
             return Err(ProxyError::Unavailable(status));
         }
@@ -329,19 +244,7 @@ impl Proxy {
         let origin = (rule.filters.cors.is_some() || backend.filters.cors.is_some())
             .then(|| parts.headers.get(header::ORIGIN).cloned())
             .flatten();
-        let upgrade = if is_upgrade(&parts.headers) {
-            let client_side = match parts.extensions.remove::<hyper::upgrade::OnUpgrade>() {
-                Some(on) => Some(ClientSide::Hyper(on)),
-                None => parts
-                    .extensions
-                    .remove::<ClientUpgrade>()
-                    .map(ClientSide::Other),
-            };
-            let hold = parts.extensions.remove::<SessionHold>();
-            client_side.map(|client_side| (client_side, hold))
-        } else {
-            None
-        };
+        let upgrade = Upgrade::take(&mut parts);
         // The client's hop-by-hop headers go before the filters run: a `Connection` header
         // naming a header cannot remove one a filter set.
         prepare_forward_headers(&mut parts.headers, conn, upgrade.is_some());
@@ -370,24 +273,38 @@ impl Proxy {
                 .iter()
                 .chain(backend.filters.mirrors.iter())
             {
-                self.mirror(&mirror.upstream, mirror.percent, &parts, bytes.clone());
+                self.shared
+                    .mirrors
+                    .send(&mirror.upstream, mirror.percent, &parts, bytes.clone());
             }
         } else if !rule.filters.mirrors.is_empty() || !backend.filters.mirrors.is_empty() {
-            self.shared.metrics.mirrors_dropped.inc();
+            self.shared.mirrors.count_dropped();
         }
 
-        let exchange = self.exchange(rule, backend, upstream, parts, body, host_metrics);
+        let timeout = TryTimeout {
+            backend: rule.backend_timeout,
+            header: self.shared.header_timeout,
+        };
+        let exchange = retry::exchange(
+            upstream,
+            parts,
+            body,
+            timeout,
+            rule.retry.as_ref(),
+            || rule.backends.retry_target(backend),
+            host_metrics,
+        );
         let (mut response, try_deadline) = match deadline {
             // Out of time waiting on the backend: a backend timeout, counted as one.
             Some(at) => tokio::time::timeout_at(at, exchange)
                 .await
-                .map_err(|_| ProxyError::Backend(crate::forward::ForwardError::Timeout))??,
+                .map_err(|_| ProxyError::Backend(ForwardError::Timeout))??,
             None => exchange.await?,
         };
 
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-            if let Some((client_side, hold)) = upgrade {
-                self.splice_upgrade(client_side, hold, &mut response);
+            if let Some(upgrade) = upgrade {
+                upgrade.splice(&mut response, &self.shared.metrics.websocket_sessions);
             }
         } else {
             strip_hop_by_hop(response.headers_mut(), false);
@@ -413,295 +330,6 @@ impl Proxy {
         .filter(|_| response.status() != StatusCode::SWITCHING_PROTOCOLS);
         Ok(response.map(|body| Reply::Upstream(body, deadline)))
     }
-
-    /// Tries the backend (and retries as the rule says) until a response head arrives.
-    ///
-    /// With the head comes, when the rule sets a backend timeout, the instant the answering
-    /// try's timeout ends: Gateway API's `backendRequest` covers the exchange "to when the full
-    /// response has been received", so that try's response body must end by then too. The
-    /// proxy's default header timeout bounds the head only, so streams and long downloads of
-    /// rules without one keep working.
-    async fn exchange(
-        &self,
-        rule: &Rule,
-        first: &Backend,
-        upstream: &Arc<Upstream>,
-        mut parts: http::request::Parts,
-        body: Payload,
-        host_metrics: &HostMetrics,
-    ) -> Result<(Response<UpstreamBody>, Option<Instant>), ProxyError> {
-        let per_try = rule.backend_timeout.unwrap_or(self.shared.header_timeout);
-        let explicit = rule.backend_timeout.is_some();
-        let (attempts, backoff) = match (&rule.retry, &body) {
-            (Some(r), Payload::Replayable(_)) => (r.attempts, r.backoff),
-            _ => (0, Duration::ZERO),
-        };
-        let mut body_sent = None;
-        let mut body = Some(body);
-        let mut target = upstream.clone();
-        let mut tries = 0u32;
-        loop {
-            let try_body = match body.as_ref() {
-                Some(Payload::Replayable(bytes)) if tries < attempts => body::full(bytes.clone()),
-                _ => match body.take() {
-                    Some(Payload::Stream(b, sent)) => {
-                        body_sent = Some(sent);
-                        b
-                    }
-                    Some(p) => p.into_body(),
-                    None => return Err(ProxyError::NoBackend),
-                },
-            };
-            // The last try takes the headers; earlier ones copy them.
-            let headers = if tries >= attempts {
-                std::mem::take(&mut parts.headers)
-            } else {
-                parts.headers.clone()
-            };
-            let req = upstream_request(&parts, headers, &target, try_body)?;
-            let result = target.send(req, Some(per_try), body_sent.take()).await;
-            let retryable = match &result {
-                Ok((resp, _)) => rule
-                    .retry
-                    .as_ref()
-                    .is_some_and(|r| r.codes.contains(&resp.status().as_u16())),
-                Err(e) => e.is_retryable(),
-            };
-            if !retryable || tries >= attempts {
-                return match result {
-                    Ok((resp, try_end)) => Ok((resp, try_end.filter(|_| explicit))),
-                    Err(e) => Err(e.into()),
-                };
-            }
-            // A failed try that is retried is counted here; the final one where it is answered.
-            if let Err(e) = &result {
-                host_metrics.backend_error(e.label()).inc();
-            }
-            tries += 1;
-            if !backoff.is_zero() {
-                tokio::time::sleep(backoff).await;
-            }
-            // Another endpoint of the same rule, when that changes nothing else about the request.
-            if first.filters.is_empty() {
-                if let Some(next) = rule.backends.pick() {
-                    if let (Some(up), true, None) =
-                        (&next.upstream, next.filters.is_empty(), next.unavailable)
-                    {
-                        target = up.clone();
-                    }
-                }
-            }
-        }
-    }
-
-    /// Sends a copy of the request to a mirror, never delaying the original.
-    fn mirror(
-        &self,
-        upstream: &Arc<Upstream>,
-        percent: u32,
-        parts: &http::request::Parts,
-        body: Bytes,
-    ) {
-        if percent < 100 && rand::random_range(0..100) >= percent {
-            return;
-        }
-        let Ok(permit) = self.shared.mirrors.clone().try_acquire_owned() else {
-            self.shared.metrics.mirrors_dropped.inc();
-            return;
-        };
-        let Ok(req) = upstream_request(parts, parts.headers.clone(), upstream, body::full(body))
-        else {
-            return;
-        };
-        let upstream = upstream.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            match upstream.send(req, Some(MIRROR_TIMEOUT), None).await {
-                Ok((resp, _)) => {
-                    // Read and dropped frame by frame, so the connection can be reused; a
-                    // mirror answering more than that is cut off rather than held.
-                    let drain = async {
-                        let mut body = resp.into_body();
-                        let mut left = MIRROR_DRAIN_LIMIT;
-                        while let Some(Ok(frame)) = body.frame().await {
-                            let len = frame.data_ref().map_or(0, Bytes::len);
-                            match left.checked_sub(len) {
-                                Some(rest) => left = rest,
-                                None => break,
-                            }
-                        }
-                    };
-                    let _ = tokio::time::timeout(MIRROR_TIMEOUT, drain).await;
-                }
-                Err(e) => tracing::debug!(error = %e, "mirror request failed"),
-            }
-        });
-    }
-
-    /// Joins the client's and the backend's upgraded connections after a `101`; `hold` is
-    /// kept until the session ends.
-    fn splice_upgrade(
-        &self,
-        client_side: ClientSide,
-        hold: Option<SessionHold>,
-        response: &mut Response<UpstreamBody>,
-    ) {
-        let backend_side = hyper::upgrade::on(&mut *response);
-        let gauge = self.shared.metrics.websocket_sessions.clone();
-        tokio::spawn(async move {
-            let _hold = hold;
-            let client = async {
-                match client_side {
-                    ClientSide::Hyper(on) => on
-                        .await
-                        .map(|io| Box::new(hyper_util::rt::TokioIo::new(io)) as Box<dyn UpgradedIo>)
-                        .map_err(BoxError::from),
-                    ClientSide::Other(up) => up.take().await,
-                }
-            };
-            let backend = async { backend_side.await.map_err(BoxError::from) };
-            let (mut client, backend) = match tokio::try_join!(client, backend) {
-                Ok(pair) => pair,
-                Err(e) => {
-                    tracing::debug!(error = %e, "upgrade failed");
-                    return;
-                }
-            };
-            gauge.inc();
-            splice(&mut client, hyper_util::rt::TokioIo::new(backend)).await;
-            gauge.dec();
-        });
-    }
-}
-
-/// Copies both ways until either side ends its half, then ends both connections, as Go's
-/// reverse proxy does (and `cloudflared` for its streams): no half-closed session lingers on
-/// a peer that ignores the other's end of stream.
-async fn splice(client: &mut Box<dyn UpgradedIo>, backend: impl UpgradedIo) {
-    use tokio::io::AsyncWriteExt as _;
-    let (mut client_read, mut client_write) = tokio::io::split(client);
-    let (mut backend_read, mut backend_write) = tokio::io::split(backend);
-    tokio::select! {
-        _ = tokio::io::copy(&mut client_read, &mut backend_write) => {}
-        _ = tokio::io::copy(&mut backend_read, &mut client_write) => {}
-    }
-    // Bounded: a TLS close_notify to a peer that has stopped reading could wait forever.
-    let _ = tokio::time::timeout(
-        SPLICE_SHUTDOWN,
-        futures_util::future::join(client_write.shutdown(), backend_write.shutdown()),
-    )
-    .await;
-}
-
-/// How long ending a spliced session may take before its connections are simply dropped.
-const SPLICE_SHUTDOWN: Duration = Duration::from_secs(5);
-
-/// How long a retired table may wait for its last in-flight request before it is let go
-/// wherever that request ends.
-const RETIRE_WAIT: Duration = Duration::from_secs(300);
-
-/// Frees a replaced table off the request path. Freeing a large table takes milliseconds, and
-/// without this it would land on whichever request happened to hold the last reference.
-fn retire(old: Arc<Routes>, shared: Arc<Shared>) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    runtime.spawn(async move {
-        let until = Instant::now() + RETIRE_WAIT;
-        while Arc::strong_count(&old) > 1 && Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        if Arc::strong_count(&old) == 1 {
-            // No request routes on it any more, so none can bring a series back through it.
-            forget_hostnames(&old, &shared.routes.load(), &shared.metrics);
-            let _ = tokio::task::spawn_blocking(move || {
-                drop(old);
-                crate::memory::release_freed();
-            })
-            .await;
-        }
-    });
-}
-
-/// Drops the metric series of hostname patterns `old` served and `now` does not (the
-/// unmatched series stays), so `/metrics` does not grow with every hostname ever served.
-fn forget_hostnames(old: &Routes, now: &Routes, metrics: &ProxyMetrics) {
-    let kept: std::collections::HashSet<&str> = now.host_labels.iter().map(AsRef::as_ref).collect();
-    for label in old.host_labels.iter() {
-        if !label.is_empty() && !kept.contains(label.as_ref()) {
-            metrics.forget_host(label);
-        }
-    }
-}
-
-/// A byte stream after an HTTP upgrade.
-pub trait UpgradedIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
-
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> UpgradedIo for T {}
-
-type UpgradeFuture = std::pin::Pin<
-    Box<dyn std::future::Future<Output = Result<Box<dyn UpgradedIo>, BoxError>> + Send>,
->;
-
-/// Request extension for upgrades whose client side is not a hyper connection (the tunnel):
-/// resolves to the client's byte stream once the `101` has been delivered to it.
-#[derive(Clone)]
-pub struct ClientUpgrade(Arc<std::sync::Mutex<Option<UpgradeFuture>>>);
-
-impl std::fmt::Debug for ClientUpgrade {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ClientUpgrade")
-    }
-}
-
-impl ClientUpgrade {
-    pub fn new<F, Io, E>(upgrade: F) -> Self
-    where
-        F: std::future::Future<Output = Result<Io, E>> + Send + 'static,
-        Io: UpgradedIo + 'static,
-        E: Into<BoxError>,
-    {
-        let fut: UpgradeFuture = Box::pin(async move {
-            upgrade
-                .await
-                .map(|io| Box::new(io) as Box<dyn UpgradedIo>)
-                .map_err(Into::into)
-        });
-        Self(Arc::new(std::sync::Mutex::new(Some(fut))))
-    }
-
-    async fn take(self) -> Result<Box<dyn UpgradedIo>, BoxError> {
-        let fut = self.0.lock().ok().and_then(|mut slot| slot.take());
-        match fut {
-            Some(fut) => fut.await,
-            None => Err("upgrade already taken".into()),
-        }
-    }
-}
-
-/// Request extension: what the client's connection holds while it is open (its place under the
-/// listener's connection limit). An upgraded session outlives that HTTP connection on the same
-/// socket, so the proxy keeps this until the session's splice ends.
-#[derive(Clone)]
-pub struct SessionHold {
-    _held: Arc<dyn std::any::Any + Send + Sync>,
-}
-
-impl SessionHold {
-    pub fn new<T: Send + Sync + 'static>(held: Arc<T>) -> Self {
-        Self { _held: held }
-    }
-}
-
-impl std::fmt::Debug for SessionHold {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SessionHold")
-    }
-}
-
-enum ClientSide {
-    Hyper(hyper::upgrade::OnUpgrade),
-    Other(ClientUpgrade),
 }
 
 /// A response body before it is wrapped for accounting.
@@ -748,123 +376,6 @@ fn answer_locally(
         }
     }
     None
-}
-
-/// The request body as the exchange needs it.
-enum Payload {
-    /// Buffered (or empty): can be sent more than once.
-    Replayable(Bytes),
-    /// Streamed: one try only. The receiver closes once the body has been sent.
-    Stream(ProxyBody, tokio::sync::oneshot::Receiver<()>),
-}
-
-impl Payload {
-    async fn read<B>(body: B, replay_needed: bool) -> Result<Self, ProxyError>
-    where
-        B: Body<Data = Bytes> + Send + 'static,
-        B::Error: Into<BoxError>,
-    {
-        if body.is_end_stream() {
-            return Ok(Self::Replayable(Bytes::new()));
-        }
-        let too_big = body.size_hint().upper().is_none_or(|n| n > MAX_REPLAY_BODY);
-        if !replay_needed || body.size_hint().lower() > MAX_REPLAY_BODY {
-            return Ok(Self::stream(body));
-        }
-        if !too_big {
-            let collected = http_body_util::Limited::new(body, MAX_REPLAY_BODY as usize)
-                .collect()
-                .await
-                .map_err(|_| ProxyError::BadRequest("request body could not be read\n"))?;
-            return Ok(Self::Replayable(collected.to_bytes()));
-        }
-        // Unknown length (chunked, HTTP/2 without content-length): read up to the cap; a body
-        // that ends within it is replayable, a longer one streams on with what was read first.
-        let mut body = Box::pin(body);
-        let mut prefix: std::collections::VecDeque<Frame<Bytes>> =
-            std::collections::VecDeque::new();
-        let mut total = 0u64;
-        loop {
-            match body.frame().await {
-                None => {
-                    let mut all = bytes::BytesMut::with_capacity(total as usize);
-                    for frame in prefix {
-                        if let Some(data) = frame.data_ref() {
-                            all.extend_from_slice(data);
-                        }
-                    }
-                    return Ok(Self::Replayable(all.freeze()));
-                }
-                Some(Err(_)) => {
-                    return Err(ProxyError::BadRequest("request body could not be read\n"))
-                }
-                Some(Ok(frame)) => {
-                    let trailers = frame.is_trailers();
-                    total += frame.data_ref().map_or(0, |d| d.len() as u64);
-                    prefix.push_back(frame);
-                    if trailers || total > MAX_REPLAY_BODY {
-                        return Ok(Self::stream(body::Prefixed::new(prefix, body)));
-                    }
-                }
-            }
-        }
-    }
-
-    fn stream<B>(body: B) -> Self
-    where
-        B: Body<Data = Bytes> + Send + 'static,
-        B::Error: Into<BoxError>,
-    {
-        let (sent, sent_rx) = tokio::sync::oneshot::channel();
-        Self::Stream(body::boxed(body::Notify::new(body, sent)), sent_rx)
-    }
-
-    fn replayable(&self) -> Option<&Bytes> {
-        match self {
-            Self::Replayable(b) => Some(b),
-            Self::Stream(..) => None,
-        }
-    }
-
-    fn into_body(self) -> ProxyBody {
-        match self {
-            Self::Replayable(b) if b.is_empty() => crate::forward::empty_body(),
-            Self::Replayable(b) => body::full(b),
-            Self::Stream(b, _) => b,
-        }
-    }
-}
-
-/// Builds the request for one try against `upstream`.
-fn upstream_request(
-    parts: &http::request::Parts,
-    headers: HeaderMap,
-    upstream: &Upstream,
-    body: ProxyBody,
-) -> Result<Request<ProxyBody>, ProxyError> {
-    let bad = || ProxyError::BadRequest("request target cannot be forwarded\n");
-    let path_and_query = match (upstream.base_path(), parts.uri.path_and_query()) {
-        (None, Some(pq)) => pq.clone(),
-        (None, None) => http::uri::PathAndQuery::from_static("/"),
-        (Some(base), pq) => {
-            let pq = pq.map_or("/", |pq| pq.as_str());
-            http::uri::PathAndQuery::try_from(format!("{base}{pq}")).map_err(|_| bad())?
-        }
-    };
-    // An origin-form target; the client's host travels in the `Host` header, which `route`
-    // has made consistent with what was routed on. Over HTTP/2 it becomes `:authority`.
-    // Connections are chosen without the URI, so a varying host never opens new ones.
-    let uri = Uri::from(path_and_query);
-    let mut req = Request::new(body);
-    *req.method_mut() = parts.method.clone();
-    *req.uri_mut() = uri;
-    *req.headers_mut() = headers;
-    if !req.headers().contains_key(header::HOST) {
-        if let Ok(v) = HeaderValue::from_str(upstream.authority().as_str()) {
-            req.headers_mut().insert(header::HOST, v);
-        }
-    }
-    Ok(req)
 }
 
 /// Removes `.` and `..` segments and merges repeated slashes (RFC 3986 §5.2.4), so a rule on
@@ -957,85 +468,4 @@ fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
-}
-
-/// A WebSocket upgrade. Other protocols (`h2c`, ...) are never spliced: a raw tunnel past the
-/// router would carry later requests around routing and filters.
-fn is_upgrade(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::UPGRADE)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
-        && headers.get_all(header::CONNECTION).iter().any(|v| {
-            v.to_str().is_ok_and(|v| {
-                v.split(',')
-                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
-            })
-        })
-}
-
-/// Records a request's metrics and access-log line once, when its response ends or is dropped.
-#[derive(Debug)]
-pub(crate) struct Completion {
-    shared: Arc<Shared>,
-    bucket: Option<usize>,
-    /// The matched hostname's metrics (the unmatched ones for a request no rule took).
-    host: Option<Arc<HostMetrics>>,
-    status: u16,
-    bytes: u64,
-    start: Instant,
-    log: Option<Box<crate::access_log::Fields>>,
-    done: bool,
-}
-
-impl Completion {
-    /// A response body cut off at its deadline: the backend ran out its time, counted as the
-    /// backend timeout it is, as when the time runs out before the head.
-    pub(crate) fn backend_timed_out(&self) {
-        if let Some(host) = &self.host {
-            host.backend_error("timeout").inc();
-        }
-    }
-
-    pub(crate) fn add_bytes(&mut self, n: usize) {
-        self.bytes += n as u64;
-    }
-
-    pub(crate) fn finish(mut self) {
-        self.record(false);
-    }
-
-    pub(crate) fn abort(mut self) {
-        self.record(true);
-    }
-
-    fn record(&mut self, aborted: bool) {
-        if self.done {
-            return;
-        }
-        self.done = true;
-        let elapsed = self.start.elapsed();
-        self.shared.metrics.in_flight.dec();
-        if let Some(host) = self.host.take() {
-            let class = match (aborted, self.status / 100) {
-                (true, _) => StatusClass::Aborted,
-                (_, 1) => StatusClass::S1xx,
-                (_, 2) => StatusClass::S2xx,
-                (_, 3) => StatusClass::S3xx,
-                (_, 4) => StatusClass::S4xx,
-                _ => StatusClass::S5xx,
-            };
-            host.duration.observe(elapsed.as_secs_f64());
-            host.request(class).inc();
-            host.response_bytes.inc_by(self.bytes);
-        }
-        if let (Some(log), Some(sink)) = (self.log.take(), &self.shared.access_log) {
-            sink.write(&log, self.status, self.bytes, elapsed, aborted);
-        }
-    }
-}
-
-impl Drop for Completion {
-    fn drop(&mut self) {
-        self.record(true);
-    }
 }

@@ -6,6 +6,9 @@ use http::StatusCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+// Applied by the forwarder, carried by the rule.
+pub use crate::forward::retry::RetryPolicy;
+
 #[derive(Debug)]
 pub struct Rule {
     /// `<ns>/<route>/<rule>`, for logs.
@@ -21,15 +24,6 @@ pub struct Rule {
     /// Fail closed: answer this status instead of proxying.
     pub unavailable: Option<StatusCode>,
     pub retry: Option<RetryPolicy>,
-}
-
-#[derive(Debug, Clone)]
-pub struct RetryPolicy {
-    /// Response statuses that trigger another try; connection errors always do.
-    pub codes: Box<[u16]>,
-    /// Tries after the first.
-    pub attempts: u32,
-    pub backoff: Duration,
 }
 
 #[derive(Debug)]
@@ -69,6 +63,20 @@ impl Backends {
     /// Picks a backend by weight; weight 0 is never picked. `None` when every weight is 0.
     pub fn pick(&self) -> Option<&Backend> {
         self.pick_with(|total| rand::random_range(0..total))
+    }
+
+    /// Another endpoint for a retry of a request first sent to `first`: one picked by weight,
+    /// and only when switching changes nothing else about the request (neither has filters of
+    /// its own, and the one picked can be dialled).
+    pub fn retry_target(&self, first: &Backend) -> Option<&Upstream> {
+        if !first.filters.is_empty() {
+            return None;
+        }
+        let next = self.pick()?;
+        match (&next.upstream, next.filters.is_empty(), next.unavailable) {
+            (Some(up), true, None) => Some(up),
+            _ => None,
+        }
     }
 
     /// Picks with a caller-provided draw in `0..total` (deterministic in tests).

@@ -7,7 +7,9 @@
 //! ([`Limits::header_read_timeout`]) or sits idle too long ([`Limits::idle_timeout`]) is
 //! closed, and an upgraded one keeps its place until its session ends.
 
-use crate::proxy::{ConnInfo, Proxy, SessionHold};
+use crate::conn::ConnInfo;
+use crate::proxy::Proxy;
+use crate::upgrade::SessionHold;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::service::service_fn;

@@ -1,8 +1,10 @@
 //! Tunnel mode: requests arriving through the native Cloudflare Tunnel connector are handed
 //! straight to [`Proxy::handle`], in-process, with no network hop in between.
 
-use crate::body::ResponseBody;
-use crate::proxy::{ClientUpgrade, ConnInfo, Proxy};
+use crate::conn::ConnInfo;
+use crate::proxy::Proxy;
+use crate::response::ResponseBody;
+use crate::upgrade::ClientUpgrade;
 use http::{HeaderName, Request, Response};
 use std::convert::Infallible;
 use std::future::Future;

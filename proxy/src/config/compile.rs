@@ -5,8 +5,8 @@ use crate::filter::{
 };
 use crate::forward::{Upstream, UpstreamError};
 use crate::metrics::ProxyMetrics;
-use crate::proxy::Routes;
 use crate::route::{MatchSpec, PathMatcher, TableBuilder, ValueMatcher};
+use crate::routes::Routes;
 use crate::rule::{Backend, Backends, RetryPolicy, Rule};
 use cftunnel_config::valid;
 use std::collections::HashMap;

@@ -2,8 +2,8 @@
 
 use crate::config::{compile, Cache};
 use crate::metrics::ProxyMetrics;
-use crate::proxy::Routes;
 use crate::route::RequestView;
+use crate::routes::Routes;
 use http::{header, HeaderMap, HeaderValue, Method};
 use serde_json::json;
 use std::sync::Arc;

@@ -8,11 +8,12 @@
 //! requests that arrive meanwhile wait for that one dial and share its outcome.
 
 use super::connector::{ConnectErrorKind, Connector, Stream};
-use super::{ForwardError, UpstreamBody};
+use super::error::ForwardError;
 use crate::body::ProxyBody;
 use arc_swap::ArcSwapOption;
 use http::uri::{Authority, Scheme};
 use http::{header, Request, Response, Uri};
+use hyper::body::Incoming;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -58,7 +59,8 @@ pub(super) enum Dialed {
 
 /// How one exchange on an HTTP/2 connection ended.
 pub(super) enum Exchanged {
-    Response(Response<UpstreamBody>),
+    /// The backend's answer. Its body holds no lease: the connection is shared, not lent.
+    Response(Response<Incoming>),
     /// The connection closed before the request went out: it may be sent on another one.
     Unsent(Request<ProxyBody>),
     Failed(ForwardError),
@@ -82,7 +84,7 @@ impl H2Channel {
     pub(super) async fn send(
         &self,
         mut req: Request<ProxyBody>,
-    ) -> Result<Response<UpstreamBody>, ForwardError> {
+    ) -> Result<Response<Incoming>, ForwardError> {
         for _ in 0..2 {
             let sender = match self.open() {
                 Some(sender) => sender,
@@ -207,7 +209,7 @@ impl H2Channel {
             return Exchanged::Unsent(req);
         }
         match sender.try_send_request(req).await {
-            Ok(resp) => Exchanged::Response(resp.map(UpstreamBody::unpooled)),
+            Ok(resp) => Exchanged::Response(resp),
             Err(mut e) => match e.take_message() {
                 Some(req) => Exchanged::Unsent(req),
                 None => Exchanged::Failed(ForwardError::from_hyper(e.into_error())),

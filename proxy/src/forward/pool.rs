@@ -17,8 +17,8 @@
 //! picks HTTP/1.1 again is served from this pool again.
 
 use super::connector::{ConnectErrorKind, Connector, Stream};
+use super::error::ForwardError;
 use super::h2::{Dialed, Exchanged, H2Channel};
-use super::ForwardError;
 use crate::body::ProxyBody;
 use bytes::Bytes;
 use http::uri::{Authority, Scheme};
@@ -247,7 +247,7 @@ impl H1Pool {
                 },
             };
             match channel.exchange(sender, req).await {
-                Exchanged::Response(resp) => return Ok(resp),
+                Exchanged::Response(resp) => return Ok(resp.map(UpstreamBody::unpooled)),
                 Exchanged::Failed(e) => return Err(e),
                 Exchanged::Unsent(unsent) => req = unsent,
             }
@@ -548,7 +548,7 @@ pin_project_lite::pin_project! {
 
 impl UpstreamBody {
     /// A body whose connection is managed elsewhere.
-    pub(crate) fn unpooled(body: Incoming) -> Self {
+    pub(super) fn unpooled(body: Incoming) -> Self {
         Self { body, lease: None }
     }
 

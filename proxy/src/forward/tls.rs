@@ -1,6 +1,5 @@
 //! Backend TLS: custom CA bundle, SNI override, and accepted subject alternative names.
 
-use super::UpstreamError;
 use cftunnel_config::valid;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
@@ -8,6 +7,14 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use std::sync::Arc;
 use tokio_rustls::TlsConnector;
+
+/// Why a backend client could not be built. The contract ([`cftunnel_config::valid`]) has
+/// already accepted the target, so only the TLS library's own setup is left to fail.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("tls: {0}")]
+    Tls(String),
+}
 
 pub(crate) struct TlsTarget {
     connector: TlsConnector,

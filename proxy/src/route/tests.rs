@@ -3,8 +3,8 @@
 
 use crate::config::{compile, Cache};
 use crate::metrics::ProxyMetrics;
-use crate::proxy::Routes;
 use crate::route::RequestView;
+use crate::routes::Routes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use serde_json::json;
 

@@ -1,0 +1,91 @@
+//! Request mirrors: copies of a request sent to other backends, whose answers are read and
+//! dropped.
+//!
+//! A copy never delays the original: it is sent from a task of its own once the original's
+//! body has been buffered, at most [`MAX_MIRRORS_IN_FLIGHT`] at once, and beyond that it is
+//! dropped and counted rather than queued.
+
+use super::request::upstream_request;
+use super::Upstream;
+use crate::body;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use prometheus_client::metrics::counter::Counter;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// Mirror copies in flight at once; beyond this, copies are dropped (never queued behind).
+pub const MAX_MIRRORS_IN_FLIGHT: usize = 256;
+/// A mirror copy gets this long before it is abandoned.
+const MIRROR_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most of a mirror's answer read (and dropped) so its connection can go back to the pool.
+const MIRROR_DRAIN_LIMIT: usize = 1024 * 1024;
+
+/// Sends the proxy's mirror copies; one per proxy, shared by its requests.
+#[derive(Debug)]
+pub(crate) struct Mirrors {
+    permits: Arc<Semaphore>,
+    /// Copies not sent: too many in flight, or the original's body was streamed.
+    dropped: Counter,
+}
+
+impl Mirrors {
+    pub(crate) fn new(dropped: Counter) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(MAX_MIRRORS_IN_FLIGHT)),
+            dropped,
+        }
+    }
+
+    /// Counts copies that cannot be sent because the original's body was streamed, not
+    /// buffered.
+    pub(crate) fn count_dropped(&self) {
+        self.dropped.inc();
+    }
+
+    /// Sends a copy of the request to a mirror, `percent` of the time, never delaying the
+    /// original.
+    pub(crate) fn send(
+        &self,
+        upstream: &Arc<Upstream>,
+        percent: u32,
+        parts: &http::request::Parts,
+        body: Bytes,
+    ) {
+        if percent < 100 && rand::random_range(0..100) >= percent {
+            return;
+        }
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            self.dropped.inc();
+            return;
+        };
+        let Ok(req) = upstream_request(parts, parts.headers.clone(), upstream, body::full(body))
+        else {
+            return;
+        };
+        let upstream = upstream.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            match upstream.send(req, Some(MIRROR_TIMEOUT), None).await {
+                Ok((resp, _)) => {
+                    // Read and dropped frame by frame, so the connection can be reused; a
+                    // mirror answering more than that is cut off rather than held.
+                    let drain = async {
+                        let mut body = resp.into_body();
+                        let mut left = MIRROR_DRAIN_LIMIT;
+                        while let Some(Ok(frame)) = body.frame().await {
+                            let len = frame.data_ref().map_or(0, Bytes::len);
+                            match left.checked_sub(len) {
+                                Some(rest) => left = rest,
+                                None => break,
+                            }
+                        }
+                    };
+                    let _ = tokio::time::timeout(MIRROR_TIMEOUT, drain).await;
+                }
+                Err(e) => tracing::debug!(error = %e, "mirror request failed"),
+            }
+        });
+    }
+}

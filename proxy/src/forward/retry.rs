@@ -1,0 +1,115 @@
+//! Retries: a request's tries against its backends until one answers, as the rule's retry
+//! policy and timeouts say.
+//!
+//! Only a buffered body (see `Payload`) is sent more than once; a streamed one gets one try.
+//! Every try has its own timeout; a retry may go to another endpoint of the same rule when
+//! that changes nothing else about the request.
+
+use super::error::ForwardError;
+use super::payload::Payload;
+use super::request::{upstream_request, UnforwardableTarget};
+use super::{Upstream, UpstreamBody};
+use crate::body;
+use crate::metrics::HostMetrics;
+use http::Response;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// When a failed try is tried again, how often, and how long after.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Response statuses that trigger another try; connection errors always do.
+    pub codes: Box<[u16]>,
+    /// Tries after the first.
+    pub attempts: u32,
+    pub backoff: Duration,
+}
+
+/// A response head, and the instant the answering try's timeout ends if the rule set one.
+pub(crate) type Answer = (Response<UpstreamBody>, Option<Instant>);
+
+/// What bounds each try.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TryTimeout {
+    /// The rule's backend timeout, which bounds each try up to the end of its response body.
+    pub(crate) backend: Option<Duration>,
+    /// The proxy's default, which bounds the response head only, for rules without one.
+    pub(crate) header: Duration,
+}
+
+/// Why an exchange ended without a response head.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    /// The last try failed.
+    #[error(transparent)]
+    Backend(#[from] ForwardError),
+    #[error(transparent)]
+    Target(#[from] UnforwardableTarget),
+}
+
+/// Tries `upstream` (and retries as `retry` says) until a response head arrives.
+///
+/// With the head comes, when the rule sets a backend timeout, the instant the answering
+/// try's timeout ends: Gateway API's `backendRequest` covers the exchange "to when the full
+/// response has been received", so that try's response body must end by then too. The
+/// proxy's default header timeout bounds the head only, so streams and long downloads of
+/// rules without one keep working.
+///
+/// `another` offers, for each retry, another endpoint to send it to (`None`: the same one).
+pub(crate) async fn exchange<'a>(
+    upstream: &'a Upstream,
+    mut parts: http::request::Parts,
+    body: Payload,
+    timeout: TryTimeout,
+    retry: Option<&RetryPolicy>,
+    mut another: impl FnMut() -> Option<&'a Upstream>,
+    host_metrics: &HostMetrics,
+) -> Result<Answer, ExchangeError> {
+    let per_try = timeout.backend.unwrap_or(timeout.header);
+    let explicit = timeout.backend.is_some();
+    let mut target = upstream;
+    if let (Some(policy), Payload::Replayable(bytes)) = (retry, &body) {
+        // Tries that may be followed by another: each sends a copy of the body and headers.
+        for _ in 0..policy.attempts {
+            let req = upstream_request(
+                &parts,
+                parts.headers.clone(),
+                target,
+                body::full(bytes.clone()),
+            )?;
+            let result = target.send(req, Some(per_try), None).await;
+            let retryable = match &result {
+                Ok((resp, _)) => policy.codes.contains(&resp.status().as_u16()),
+                Err(e) => e.is_retryable(),
+            };
+            if !retryable {
+                return answered(result, explicit);
+            }
+            // A failed try that is retried is counted here; the final one where it is answered.
+            if let Err(e) = &result {
+                host_metrics.backend_error(e.label()).inc();
+            }
+            if !policy.backoff.is_zero() {
+                tokio::time::sleep(policy.backoff).await;
+            }
+            if let Some(next) = another() {
+                target = next;
+            }
+        }
+    }
+    // The last try, or the only one: it takes the body and the headers.
+    let (body, body_sent) = body.into_body();
+    let headers = std::mem::take(&mut parts.headers);
+    let req = upstream_request(&parts, headers, target, body)?;
+    let result = target.send(req, Some(per_try), body_sent).await;
+    answered(result, explicit)
+}
+
+/// The answering try's outcome. The instant its timeout ends stands only for a timeout the
+/// rule set (`explicit`): the proxy's default bounds the response head alone.
+fn answered(result: Result<Answer, ForwardError>, explicit: bool) -> Result<Answer, ExchangeError> {
+    match result {
+        Ok((resp, try_end)) => Ok((resp, try_end.filter(|_| explicit))),
+        Err(e) => Err(e.into()),
+    }
+}

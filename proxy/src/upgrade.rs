@@ -1,0 +1,181 @@
+//! WebSocket upgrades: the client's and the backend's connections, once both have switched
+//! protocols, are joined and their bytes copied both ways until either side ends.
+//!
+//! The client's side is a hyper connection's upgrade (standalone listener) or a
+//! [`ClientUpgrade`] the tunnel connector puts in the request; a [`SessionHold`] keeps the
+//! client connection's place under the listener's limit while the session lasts. Only
+//! WebSocket is spliced: a raw tunnel of another protocol past the router would carry later
+//! requests around routing and filters.
+
+use crate::body::BoxError;
+use crate::forward::UpstreamBody;
+use http::{header, HeaderMap, Response};
+use prometheus_client::metrics::gauge::Gauge;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A byte stream after an HTTP upgrade.
+pub trait UpgradedIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> UpgradedIo for T {}
+
+type UpgradeFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Box<dyn UpgradedIo>, BoxError>> + Send>,
+>;
+
+/// Request extension for upgrades whose client side is not a hyper connection (the tunnel):
+/// resolves to the client's byte stream once the `101` has been delivered to it.
+#[derive(Clone)]
+pub struct ClientUpgrade(Arc<std::sync::Mutex<Option<UpgradeFuture>>>);
+
+impl std::fmt::Debug for ClientUpgrade {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientUpgrade")
+    }
+}
+
+impl ClientUpgrade {
+    pub fn new<F, Io, E>(upgrade: F) -> Self
+    where
+        F: std::future::Future<Output = Result<Io, E>> + Send + 'static,
+        Io: UpgradedIo + 'static,
+        E: Into<BoxError>,
+    {
+        let fut: UpgradeFuture = Box::pin(async move {
+            upgrade
+                .await
+                .map(|io| Box::new(io) as Box<dyn UpgradedIo>)
+                .map_err(Into::into)
+        });
+        Self(Arc::new(std::sync::Mutex::new(Some(fut))))
+    }
+
+    async fn take(self) -> Result<Box<dyn UpgradedIo>, BoxError> {
+        let fut = self.0.lock().ok().and_then(|mut slot| slot.take());
+        match fut {
+            Some(fut) => fut.await,
+            None => Err("upgrade already taken".into()),
+        }
+    }
+}
+
+/// Request extension: what the client's connection holds while it is open (its place under the
+/// listener's connection limit). An upgraded session outlives that HTTP connection on the same
+/// socket, so the proxy keeps this until the session's splice ends.
+#[derive(Clone)]
+pub struct SessionHold {
+    _held: Arc<dyn std::any::Any + Send + Sync>,
+}
+
+impl SessionHold {
+    pub fn new<T: Send + Sync + 'static>(held: Arc<T>) -> Self {
+        Self { _held: held }
+    }
+}
+
+impl std::fmt::Debug for SessionHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionHold")
+    }
+}
+
+/// The client's side of an upgrade: a hyper connection's, or another's (the tunnel's).
+enum ClientSide {
+    Hyper(hyper::upgrade::OnUpgrade),
+    Other(ClientUpgrade),
+}
+
+/// A WebSocket upgrade a request asks for: the client's side of the connection to be, and what
+/// the client's connection holds while the session is open.
+pub(crate) struct Upgrade {
+    client_side: ClientSide,
+    hold: Option<SessionHold>,
+}
+
+impl Upgrade {
+    /// Takes the upgrade out of a request's extensions. `None` for a request that is not a
+    /// WebSocket upgrade, or whose client side cannot be upgraded; it is forwarded as a plain
+    /// request then.
+    pub(crate) fn take(parts: &mut http::request::Parts) -> Option<Self> {
+        if !is_upgrade(&parts.headers) {
+            return None;
+        }
+        let client_side = match parts.extensions.remove::<hyper::upgrade::OnUpgrade>() {
+            Some(on) => Some(ClientSide::Hyper(on)),
+            None => parts
+                .extensions
+                .remove::<ClientUpgrade>()
+                .map(ClientSide::Other),
+        };
+        let hold = parts.extensions.remove::<SessionHold>();
+        client_side.map(|client_side| Self { client_side, hold })
+    }
+
+    /// Joins the client's and the backend's upgraded connections after the backend's `101`,
+    /// counting the session in `sessions` while it is open; the client connection's hold is
+    /// kept until the session ends.
+    pub(crate) fn splice(self, response: &mut Response<UpstreamBody>, sessions: &Gauge) {
+        let Self { client_side, hold } = self;
+        let backend_side = hyper::upgrade::on(&mut *response);
+        let gauge = sessions.clone();
+        tokio::spawn(async move {
+            let _hold = hold;
+            let client = async {
+                match client_side {
+                    ClientSide::Hyper(on) => on
+                        .await
+                        .map(|io| Box::new(hyper_util::rt::TokioIo::new(io)) as Box<dyn UpgradedIo>)
+                        .map_err(BoxError::from),
+                    ClientSide::Other(up) => up.take().await,
+                }
+            };
+            let backend = async { backend_side.await.map_err(BoxError::from) };
+            let (mut client, backend) = match tokio::try_join!(client, backend) {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::debug!(error = %e, "upgrade failed");
+                    return;
+                }
+            };
+            gauge.inc();
+            splice(&mut client, hyper_util::rt::TokioIo::new(backend)).await;
+            gauge.dec();
+        });
+    }
+}
+
+/// Copies both ways until either side ends its half, then ends both connections, as Go's
+/// reverse proxy does (and `cloudflared` for its streams): no half-closed session lingers on
+/// a peer that ignores the other's end of stream.
+async fn splice(client: &mut Box<dyn UpgradedIo>, backend: impl UpgradedIo) {
+    use tokio::io::AsyncWriteExt as _;
+    let (mut client_read, mut client_write) = tokio::io::split(client);
+    let (mut backend_read, mut backend_write) = tokio::io::split(backend);
+    tokio::select! {
+        _ = tokio::io::copy(&mut client_read, &mut backend_write) => {}
+        _ = tokio::io::copy(&mut backend_read, &mut client_write) => {}
+    }
+    // Bounded: a TLS close_notify to a peer that has stopped reading could wait forever.
+    let _ = tokio::time::timeout(
+        SPLICE_SHUTDOWN,
+        futures_util::future::join(client_write.shutdown(), backend_write.shutdown()),
+    )
+    .await;
+}
+
+/// How long ending a spliced session may take before its connections are simply dropped.
+const SPLICE_SHUTDOWN: Duration = Duration::from_secs(5);
+
+/// A WebSocket upgrade. Other protocols (`h2c`, ...) are never spliced: a raw tunnel past the
+/// router would carry later requests around routing and filters.
+fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::UPGRADE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
+        && headers.get_all(header::CONNECTION).iter().any(|v| {
+            v.to_str().is_ok_and(|v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            })
+        })
+}
