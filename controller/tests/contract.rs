@@ -405,6 +405,18 @@ proptest! {
     fn every_document_the_translation_emits_compiles_in_the_proxy(routes in routes()) {
         let out = translated(&routes)?;
         prop_assert!(out.configs.len() >= 2, "the shared and the dedicated plane");
+        // Each rule's owner is known, so a refusal by a proxy can be reported on its route.
+        for (plane, doc) in &out.configs {
+            let owners = &out.owners[plane];
+            prop_assert_eq!(owners.len(), doc.rules.len());
+            for (rule, owner) in doc.rules.iter().zip(owners) {
+                let name = rule.name.as_deref().unwrap_or_default();
+                match owner {
+                    Some(route) => prop_assert!(name.starts_with(&format!("{}/", route.key)), "{name} from {route}"),
+                    None => prop_assert!(name.contains("/listener:"), "{name} has no route"),
+                }
+            }
+        }
         let metrics = cftunnel_proxy::metrics::ProxyMetrics::register(&mut Default::default());
         for (plane, doc) in &out.configs {
             if let Err(e) = cftunnel_proxy::config::compile(doc, &metrics, &mut Default::default()) {

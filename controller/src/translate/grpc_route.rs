@@ -167,8 +167,8 @@ fn split(template: RuleTemplate, rules: &[GrpcRouteRules]) -> Vec<RuleTemplate> 
 
 /// The rules of a document in the order to push them: GRPCRoute rules (those with a
 /// placement) sorted by it, in the places GRPCRoute rules hold; every other rule stays where
-/// it is.
-pub(super) fn order(rules: Vec<(Option<Placement>, Rule)>) -> Vec<Rule> {
+/// it is. `T` is a rule with whatever travels with it.
+pub(super) fn order<T>(rules: Vec<(Option<Placement>, T)>) -> Vec<T> {
     let mut grpc: Vec<(Placement, usize)> = rules
         .iter()
         .enumerate()
@@ -176,10 +176,12 @@ pub(super) fn order(rules: Vec<(Option<Placement>, Rule)>) -> Vec<Rule> {
         .collect();
     let slots: Vec<usize> = grpc.iter().map(|(_, i)| *i).collect();
     grpc.sort();
-    let mut taken: Vec<Option<Rule>> = rules.into_iter().map(|(_, r)| Some(r)).collect();
-    let mut out: Vec<Option<Rule>> = vec![None; taken.len()];
+    let mut taken: Vec<Option<T>> = rules.into_iter().map(|(_, r)| Some(r)).collect();
+    let mut out: Vec<Option<T>> = std::iter::repeat_with(|| None).take(taken.len()).collect();
     for (slot, (_, from)) in slots.into_iter().zip(grpc) {
-        out[slot] = taken[from].take();
+        if let (Some(out), Some(taken)) = (out.get_mut(slot), taken.get_mut(from)) {
+            *out = taken.take();
+        }
     }
     out.into_iter()
         .zip(taken)

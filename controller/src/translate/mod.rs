@@ -265,6 +265,10 @@ pub struct Output {
     /// push removes routes that went away); a dedicated plane exists for each owned Gateway
     /// that asks for one. `version` is 0: the pusher assigns versions.
     pub configs: BTreeMap<PlaneKey, Config>,
+    /// For each plane, the route each rule of its document comes from, by position (`None`
+    /// for a rule of the controller's own, such as a listener's isolation rule): where a
+    /// proxy that refuses a rule is reported.
+    pub owners: BTreeMap<PlaneKey, Vec<Option<RouteKey>>>,
     pub statuses: Statuses,
     /// For each owned Gateway, the plane it is served by: none when it is not accepted, except
     /// a dedicated Gateway whose listeners are all invalid, whose plane serves none of its
@@ -337,7 +341,10 @@ fn translate_checked(
     // Each rule with its placement when it comes from a GRPCRoute (see `grpc_route::order`).
     let mut rules_by_plane: BTreeMap<
         PlaneKey,
-        Vec<(Option<grpc_route::Placement>, cftunnel_config::Rule)>,
+        Vec<(
+            Option<grpc_route::Placement>,
+            (cftunnel_config::Rule, RouteKey),
+        )>,
     > = BTreeMap::new();
     let mut seen_rules: BTreeMap<PlaneKey, BTreeSet<String>> = BTreeMap::new();
     let mut claims = binding::ListenerClaims::default();
@@ -395,7 +402,7 @@ fn translate_checked(
                 l.attached_routes += 1;
             }
         }
-        statuses.routes.insert(route_key, parents);
+        statuses.routes.insert(route_key.clone(), parents);
         // Only accepted parents contribute planes.
         for (plane, attachment) in planes {
             // Every hostname of the route belongs to more specific listeners there.
@@ -417,7 +424,10 @@ fn translate_checked(
                     for rule in rules {
                         // A route on two Gateways of one tunnel must not repeat its rules.
                         if seen.insert(serde_json::to_string(&rule).unwrap_or_default()) {
-                            out.push((template.grpc.map(|rank| rank.placement(position)), rule));
+                            out.push((
+                                template.grpc.map(|rank| rank.placement(position)),
+                                (rule, route_key.clone()),
+                            ));
                         }
                     }
                 }
@@ -449,14 +459,22 @@ fn translate_checked(
             }
         }
     }
+    let mut owners: BTreeMap<PlaneKey, Vec<Option<RouteKey>>> = BTreeMap::new();
     for (plane, config) in &mut configs {
-        config.rules = grpc_route::order(rules_by_plane.remove(plane).unwrap_or_default());
+        let (rules, owned_by): (Vec<_>, Vec<_>) =
+            grpc_route::order(rules_by_plane.remove(plane).unwrap_or_default())
+                .into_iter()
+                .map(|(rule, route)| (rule, Some(route)))
+                .unzip();
+        config.rules = rules;
+        let owned_by = owners.entry(plane.clone()).or_insert(owned_by);
         let listeners = scheme_listeners.get(plane);
         for (hostname, (schemes, rule)) in isolation.remove(plane).unwrap_or_default() {
             config.rules.push(match listeners {
                 Some(listeners) => listeners.scope_isolation(rule, &hostname, &schemes),
                 None => rule,
             });
+            owned_by.push(None);
         }
     }
     for gw in gateways.into_values() {
@@ -464,6 +482,7 @@ fn translate_checked(
     }
     Output {
         configs,
+        owners,
         statuses,
         planes,
     }
