@@ -6,14 +6,20 @@
 //! one plus one and the wall clock in milliseconds: they keep increasing across controller
 //! restarts, and a pod that holds a newer version than ours (from an earlier controller whose
 //! clock ran ahead) moves ours past it instead of refusing us forever.
+//!
+//! A pod that refuses one rule (a proxy of another release than the controller, whose rules
+//! differ) names it in its 400; the rule is left out of the plane's document and the rest is
+//! pushed again in the same round, to every pod, so one route's rule never holds back the
+//! others. The refusal is remembered while the plane runs the same pods, so later rounds push
+//! the document without it at once, and it is reported on the route the rule came from.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_lc_rs::digest;
 use bytes::Bytes;
-use cftunnel_config::Config;
+use cftunnel_config::{Config, Rule};
 use futures_util::StreamExt;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::StatusCode;
@@ -27,6 +33,12 @@ pub const DEFAULT_SUSTAINED_AFTER: u32 = 3;
 const CONCURRENT_PLANES: usize = 32;
 /// Longest answer read from a pod (the proxy answers with small JSON objects).
 const MAX_ANSWER: usize = 64 * 1024;
+/// Pushes of a plane in one round after pods refused rules: each leaves out at least one more
+/// rule; what is left for later rounds is pushed then.
+const MAX_PASSES: usize = 8;
+/// How long a refusal is remembered while the plane's pods stay the same: after it, the whole
+/// document is offered again (a pod may have been replaced by a release that takes the rule).
+const REFUSAL_MEMORY: Duration = Duration::from_secs(600);
 
 /// What happened at one pod in a round.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,12 +51,29 @@ pub enum PodOutcome {
     Failed(String),
 }
 
+/// A rule of the plane's document that a pod refused, left out of what the plane was pushed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedRule {
+    /// Its position in the document the round was given (not in the one pushed).
+    pub rule: usize,
+    /// Its `name` (`<namespace>/<route>/<rule>`).
+    pub name: Option<String>,
+    /// The pod that refused it.
+    pub pod: SocketAddr,
+    /// The pod's reason, naming the field (`rules[3].matches[0].path: ...`, position in the
+    /// document the pod was pushed).
+    pub reason: String,
+}
+
 /// One round of [`Pusher::sync`] for a plane.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlaneOutcome {
     /// The version the plane's pods should now hold.
     pub version: i64,
     pub pods: Vec<(SocketAddr, PodOutcome)>,
+    /// Rules left out because a pod refused them (this round or, while its pods are the same,
+    /// an earlier one).
+    pub refused: Vec<RefusedRule>,
     /// Rounds in a row, this one included, in which some pod failed.
     pub failed_rounds: u32,
     /// `failed_rounds` reached the threshold: report it (`ProxyConfigPushed=False`), a one-off
@@ -72,6 +101,18 @@ struct PlaneState {
     /// rollout replaces them; a pod that refuses the current token is tried with this one,
     /// so a rotation neither leaves old pods without route changes nor reads as a failure.
     previous_token: Option<String>,
+    /// Rules a pod refused, by content, while the plane had these pods.
+    refusals: Vec<Refusal>,
+    refusal_pods: BTreeSet<SocketAddr>,
+}
+
+/// A remembered refusal: the rule as it was pushed, who refused it, why and when.
+#[derive(Debug, Clone)]
+struct Refusal {
+    rule: Rule,
+    pod: SocketAddr,
+    reason: String,
+    at: std::time::Instant,
 }
 
 impl std::fmt::Debug for PlaneState {
@@ -127,6 +168,7 @@ impl Pusher {
             || PlaneOutcome {
                 version: 0,
                 pods: Vec::new(),
+                refused: Vec::new(),
                 failed_rounds: 0,
                 sustained_failure: false,
             },
@@ -192,44 +234,144 @@ async fn sync_plane(
     timeout: Duration,
     sustained_after: u32,
 ) -> (PlaneState, PlaneOutcome) {
-    let digest = config_digest(round.config);
     let mut state = state.unwrap_or_else(|| PlaneState {
         version: now,
-        digest: digest.clone(),
+        digest: Vec::new(),
         failed_rounds: 0,
         token: round.token.to_owned(),
         previous_token: None,
+        refusals: Vec::new(),
+        refusal_pods: BTreeSet::new(),
     });
-    if state.digest != digest {
-        state.version = state.version.saturating_add(1).max(now);
-        state.digest = digest;
-    }
     if state.token != round.token {
         state.previous_token = Some(std::mem::replace(&mut state.token, round.token.to_owned()));
     }
-    let client = Client {
-        token: round.token,
-        previous_token: state.previous_token.as_deref(),
-        timeout,
+    // Refusals hold while the plane runs the same pods, and for a while: a rollout, or time,
+    // may bring a release that takes the rule.
+    let pods_now: BTreeSet<SocketAddr> = round.pods.iter().copied().collect();
+    if state.refusal_pods != pods_now {
+        state.refusals.clear();
+        state.refusal_pods = pods_now;
+    }
+    state.refusals.retain(|r| r.at.elapsed() < REFUSAL_MEMORY);
+    let rules = &round.config.rules;
+    // The rules pushed, by their position in the round's document.
+    let mut kept: Vec<usize> = (0..rules.len())
+        .filter(|&i| !state.refusals.iter().any(|r| r.rule == rules[i]))
+        .collect();
+    let mut passes = 0;
+    let (version, pods, previous_needed) = loop {
+        passes += 1;
+        let doc = Config {
+            version: 0,
+            rules: kept.iter().map(|&i| rules[i].clone()).collect(),
+            has_grpc_route: round.config.has_grpc_route,
+        };
+        let digest = config_digest(&doc);
+        if state.digest != digest {
+            state.version = state.version.saturating_add(1).max(now);
+            state.digest = digest;
+        }
+        let client = Client {
+            token: round.token,
+            previous_token: state.previous_token.as_deref(),
+            timeout,
+        };
+        let (version, outcomes, previous_needed) =
+            push_document(&client, &mut state.version, doc, round.pods).await;
+        let mut left_out = BTreeSet::new();
+        let pods: Vec<(SocketAddr, PodOutcome)> = outcomes
+            .into_iter()
+            .map(|(pod, put)| match put {
+                Put::Current => (pod, PodOutcome::Current),
+                Put::Pushed => (pod, PodOutcome::Pushed),
+                Put::Failed(reason) => (pod, PodOutcome::Failed(reason)),
+                Put::Refused { rule, reason } => {
+                    if passes < MAX_PASSES {
+                        if let Some(&i) = kept.get(rule) {
+                            if left_out.insert(i) {
+                                state.refusals.push(Refusal {
+                                    rule: rules[i].clone(),
+                                    pod,
+                                    reason: reason.clone(),
+                                    at: std::time::Instant::now(),
+                                });
+                            }
+                        }
+                    }
+                    (pod, PodOutcome::Failed(reason))
+                }
+            })
+            .collect();
+        if left_out.is_empty() {
+            break (version, pods, previous_needed);
+        }
+        tracing::warn!(
+            plane = %round.plane,
+            rules = left_out.len(),
+            "proxy pods refused rules; pushing the document without them"
+        );
+        kept.retain(|i| !left_out.contains(i));
     };
-    let pods = round.pods;
+    let refused = state
+        .refusals
+        .iter()
+        .filter_map(|r| {
+            let rule = rules.iter().position(|x| *x == r.rule)?;
+            Some(RefusedRule {
+                rule,
+                name: r.rule.name.clone(),
+                pod: r.pod,
+                reason: r.reason.clone(),
+            })
+        })
+        .collect();
+    let mut outcome = finish(&mut state, sustained_after, version, pods);
+    outcome.refused = refused;
+    // Every pod took the current token: the rollout is over, and the one before is
+    // forgotten rather than offered to whatever answers at a pod's address later.
+    if !previous_needed && outcome.all_current() {
+        state.previous_token = None;
+    }
+    (state, outcome)
+}
+
+/// What one pod did with one push.
+enum Put {
+    Current,
+    Pushed,
+    Failed(String),
+    /// It refused the rule at this position of the document it was pushed.
+    Refused {
+        rule: usize,
+        reason: String,
+    },
+}
+
+/// Pushes `doc` to every pod that lacks it; `version` is raised past any newer one a pod holds.
+/// Returns the version pushed, each pod's answer, and whether a pod still takes only the token
+/// before the last rotation.
+async fn push_document(
+    client: &Client<'_>,
+    version: &mut i64,
+    mut doc: Config,
+    pods: &[SocketAddr],
+) -> (i64, Vec<(SocketAddr, Put)>, bool) {
     let observed =
         futures_util::future::join_all(pods.iter().map(|&pod| client.version(pod))).await;
     // A pod ahead of us holds a push from an earlier controller: go past it.
     if let Some(ahead) = observed
         .iter()
         .filter_map(|v| v.as_ref().ok().map(|(v, _)| *v))
-        .filter(|&v| v > state.version)
+        .filter(|&v| v > *version)
         .max()
     {
-        state.version = ahead.saturating_add(1);
+        *version = ahead.saturating_add(1);
     }
-    // Whether a pod still takes only the token before the last rotation.
     let previous_needed = observed
         .iter()
-        .any(|v| matches!(v, Ok((_, token)) if *token != round.token));
-    let version = state.version;
-    let mut doc = round.config.clone();
+        .any(|v| matches!(v, Ok((_, token)) if *token != client.token));
+    let version = *version;
     doc.version = version;
     let body = match serde_json::to_vec(&doc) {
         Ok(body) => Bytes::from(body),
@@ -237,36 +379,26 @@ async fn sync_plane(
             let reason = format!("encoding the config: {e}");
             let pods = pods
                 .iter()
-                .map(|&p| (p, PodOutcome::Failed(reason.clone())))
+                .map(|&p| (p, Put::Failed(reason.clone())))
                 .collect();
-            let outcome = finish(&mut state, sustained_after, version, pods);
-            return (state, outcome);
+            return (version, pods, previous_needed);
         }
     };
+    let doc = &doc;
     let outcomes =
         futures_util::future::join_all(pods.iter().zip(observed).map(|(&pod, observed)| {
             let body = body.clone();
-            let client = &client;
             async move {
-                let outcome = match observed {
-                    Ok((v, _)) if v == version => PodOutcome::Current,
-                    Ok((_, token)) => match client.put(pod, body, token).await {
-                        Ok(()) => PodOutcome::Pushed,
-                        Err(reason) => PodOutcome::Failed(reason),
-                    },
-                    Err(reason) => PodOutcome::Failed(reason),
+                let put = match observed {
+                    Ok((v, _)) if v == version => Put::Current,
+                    Ok((_, token)) => client.put(pod, body, token, doc).await,
+                    Err(reason) => Put::Failed(reason),
                 };
-                (pod, outcome)
+                (pod, put)
             }
         }))
         .await;
-    let outcome = finish(&mut state, sustained_after, version, outcomes);
-    // Every pod took the current token: the rollout is over, and the one before is
-    // forgotten rather than offered to whatever answers at a pod's address later.
-    if !previous_needed && outcome.all_current() {
-        state.previous_token = None;
-    }
-    (state, outcome)
+    (version, outcomes, previous_needed)
 }
 
 fn finish(
@@ -284,6 +416,7 @@ fn finish(
     PlaneOutcome {
         version,
         pods,
+        refused: Vec::new(),
         failed_rounds: state.failed_rounds,
         sustained_failure: state.failed_rounds >= sustained_after,
     }
@@ -375,12 +508,18 @@ impl<'a> Client<'a> {
             .map_err(|e| format!("GET /config: unreadable answer: {e}"))
     }
 
-    async fn put(&self, pod: SocketAddr, body: Bytes, token: &str) -> Result<(), String> {
-        let (status, answer) = self.call(pod, hyper::Method::PUT, body, token).await?;
-        if status == StatusCode::OK {
-            Ok(())
-        } else {
-            Err(refusal("PUT /config", status, &answer))
+    async fn put(&self, pod: SocketAddr, body: Bytes, token: &str, doc: &Config) -> Put {
+        match self.call(pod, hyper::Method::PUT, body, token).await {
+            Err(reason) => Put::Failed(reason),
+            Ok((StatusCode::OK, _)) => Put::Pushed,
+            Ok((StatusCode::BAD_REQUEST, answer)) => match refused_rule(&answer, doc) {
+                Some((rule, reason)) => Put::Refused {
+                    rule,
+                    reason: format!("PUT /config: {reason}"),
+                },
+                None => Put::Failed(refusal("PUT /config", StatusCode::BAD_REQUEST, &answer)),
+            },
+            Ok((status, answer)) => Put::Failed(refusal("PUT /config", status, &answer)),
         }
     }
 
@@ -426,6 +565,31 @@ impl<'a> Client<'a> {
     }
 }
 
+/// The rule a 400 names, by its position in `doc`, and the pod's reason. The proxy names it
+/// in `rule` (and `name`, checked against the document, so an answer about another document is
+/// not taken for one about this); a proxy of an earlier release, or one that could not read a
+/// rule at all (an unknown filter type), names it only at the start of `error`
+/// (`rules[3].filters[0].type: ...`, possibly after `invalid JSON: `).
+fn refused_rule(answer: &[u8], doc: &Config) -> Option<(usize, String)> {
+    let answer: serde_json::Value = serde_json::from_slice(answer).ok()?;
+    let error = answer.get("error")?.as_str()?.to_owned();
+    let rule = match answer.get("rule").and_then(serde_json::Value::as_u64) {
+        Some(rule) => usize::try_from(rule).ok()?,
+        None => {
+            let field = error.strip_prefix("invalid JSON: ").unwrap_or(&error);
+            let index = field.strip_prefix("rules[")?.split_once(']')?.0;
+            index.parse().ok()?
+        }
+    };
+    let pushed = doc.rules.get(rule)?;
+    if let Some(name) = answer.get("name").and_then(serde_json::Value::as_str) {
+        if pushed.name.as_deref() != Some(name) {
+            return None;
+        }
+    }
+    Some((rule, error))
+}
+
 fn refusal(what: &str, status: StatusCode, body: &[u8]) -> String {
     let text = String::from_utf8_lossy(body);
     let text = text.trim();
@@ -439,6 +603,41 @@ fn refusal(what: &str, status: StatusCode, body: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_names_its_rule_by_position_and_name_or_by_the_field_alone() {
+        let rule = |name: &str| Rule {
+            name: Some(name.to_owned()),
+            ..Rule::default()
+        };
+        let doc = Config {
+            rules: vec![rule("a/r/0"), rule("a/r/1")],
+            ..Config::default()
+        };
+        let named = br#"{"error": "rules[1].matches[0].path: regex does not compile", "field": "rules[1].matches[0].path", "rule": 1, "name": "a/r/1"}"#;
+        assert_eq!(
+            refused_rule(named, &doc),
+            Some((
+                1,
+                "rules[1].matches[0].path: regex does not compile".to_owned()
+            ))
+        );
+        // An answer about another document is not taken for one about this.
+        let other = br#"{"error": "rules[1].x: y", "rule": 1, "name": "b/r/1"}"#;
+        assert_eq!(refused_rule(other, &doc), None);
+        // An earlier release names the rule only in its message, also for a rule it could
+        // not read at all.
+        let older =
+            br#"{"error": "invalid JSON: rules[0].filters[0].type: unknown variant `CORS`"}"#;
+        assert_eq!(refused_rule(older, &doc).map(|(i, _)| i), Some(0));
+        for unnamed in [
+            &br#"{"error": "invalid JSON: expected value at line 1"}"#[..],
+            br#"{"error": "rules[7].x: beyond the document"}"#,
+            br#"not json"#,
+        ] {
+            assert_eq!(refused_rule(unnamed, &doc), None);
+        }
+    }
 
     #[test]
     fn pod_addresses_take_every_pod_but_the_terminating_ones() {

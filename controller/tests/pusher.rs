@@ -368,3 +368,89 @@ async fn pods_that_still_hold_the_token_before_a_rotation_keep_getting_pushes() 
         server.shutdown().await;
     }
 }
+
+/// A plane whose pods run two releases during an upgrade: the older one cannot read a CORS
+/// filter. Its refusal names the rule; the rule is left out and the rest of the document is
+/// pushed in the same round to every pod, so both serve the same routes; later rounds push
+/// the document without it at once, until the plane's pods change.
+#[tokio::test]
+async fn a_rule_an_older_pod_refuses_is_left_out_and_the_rest_is_pushed_in_the_same_round() {
+    use cftunnel_config::{Cors, Filter, FilterType};
+    use cftunnel_controller::push::RefusedRule;
+    use cftunnel_testkit::older_proxy::OlderProxy;
+
+    let backend = echo().await;
+    let (current, behind) = (proxy().await, proxy().await);
+    let older = OlderProxy::start(behind.admin_addr(), "CORS")
+        .await
+        .expect("the older pod starts");
+    let pods = [current.admin_addr(), older.addr()];
+    let rule = |host: &str, name: &str| Rule {
+        name: Some(name.to_owned()),
+        ..config(backend.http_addr(), host).rules.remove(0)
+    };
+    let mut cors = Filter::new(FilterType::Cors);
+    cors.cors = Some(Cors {
+        allow_origins: vec!["https://app.example.com".to_owned()],
+        ..Cors::default()
+    });
+    let doc = Config {
+        rules: vec![
+            rule("one.example.com", "shop/one/0"),
+            Rule {
+                filters: vec![cors],
+                ..rule("cors.example.com", "shop/cors/0")
+            },
+            rule("three.example.com", "shop/three/0"),
+        ],
+        ..Config::default()
+    };
+    let mut pusher = Pusher::default();
+
+    let round = pusher.sync(&plane(), &doc, TOKEN, &pods).await;
+    assert_eq!(round.refused.len(), 1, "{round:?}");
+    let RefusedRule {
+        rule,
+        name,
+        pod,
+        reason,
+    } = &round.refused[0];
+    assert_eq!(
+        (*rule, name.as_deref(), *pod),
+        (1, Some("shop/cors/0"), older.addr())
+    );
+    assert!(
+        reason.contains("rules[1].filters[0].type: unknown variant `CORS`"),
+        "{reason}"
+    );
+    assert!(round.all_current(), "every pod took the rest: {round:?}");
+    assert_eq!(held(&current).await, round.version);
+    assert_eq!(held(&behind).await, round.version, "the older pod too");
+    for server in [&current, &behind] {
+        let data = server.data_addr();
+        assert_eq!(get(data, "/", "one.example.com", None).await.0, 200);
+        assert_eq!(get(data, "/", "three.example.com", None).await.0, 200);
+        assert_eq!(
+            get(data, "/", "cors.example.com", None).await.0,
+            404,
+            "both pods serve the same document"
+        );
+    }
+
+    // The next round pushes nothing and still reports the refusal.
+    let again = pusher.sync(&plane(), &doc, TOKEN, &pods).await;
+    assert_eq!(again.version, round.version);
+    assert!(again.pods.iter().all(|(_, o)| *o == PodOutcome::Current));
+    assert_eq!(again.refused, round.refused);
+
+    // The older pod is gone (the rollout finished): the whole document is offered again.
+    let upgraded = pusher.sync(&plane(), &doc, TOKEN, &pods[..1]).await;
+    assert!(upgraded.refused.is_empty(), "{upgraded:?}");
+    assert!(upgraded.version > round.version);
+    assert_eq!(
+        get(current.data_addr(), "/", "cors.example.com", None)
+            .await
+            .0,
+        200
+    );
+}

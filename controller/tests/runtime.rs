@@ -2822,3 +2822,93 @@ async fn the_shared_pool_serves_a_dedicated_gateway_on_the_class_tunnel_with_no_
     .await
     .expect("in time");
 }
+
+/// During an upgrade the shared pool's pod runs an earlier release that cannot read a CORS
+/// filter. The route whose rule it refuses says so (condition and Warning Event, naming the
+/// rule and the field); every other route keeps updating and is served, including one added
+/// while the refusal lasts.
+#[tokio::test]
+async fn a_rule_an_older_pod_refuses_is_reported_on_its_route_and_the_rest_is_served() {
+    use cftunnel_testkit::older_proxy::OlderProxy;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let echo = support::echo("tenant-s", "web-s").await;
+        let pool = Server::start(
+            ServerOptions {
+                auth_token: Some("pool-secret".to_owned()),
+                ..ServerOptions::default()
+            },
+            None,
+        )
+        .await
+        .expect("pool proxy starts");
+        let older = OlderProxy::start(pool.admin_addr(), "CORS")
+            .await
+            .expect("the older pod starts");
+        let cors_route = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: cors, namespace: tenant-s}\nspec:\n  parentRefs: [{name: public}]\n  rules:\n  - matches: [{path: {value: /cors}}]\n    filters: [{type: CORS, cors: {allowOrigins: ['https://app.example.com']}}]\n    backendRefs: [{name: web, port: 80}]\n";
+        let api = ApiServer::builder()
+            .rbac(REQUIRED_RBAC)
+            .seed(format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: cloudflare-tunnel}}\nspec: {{controllerName: {CONTROLLER}}}\n{}---\n{cors_route}",
+                shared_seed(older.addr(), echo.http_addr())
+            ))
+            .start()
+            .await;
+        let options = RuntimeOptions {
+            resync: Duration::from_millis(100),
+            shared: Some(SharedPlane {
+                service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
+                auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
+                auth_key: "token".to_owned(),
+                tunnel_secret: None,
+            }),
+            ..RuntimeOptions::default()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let health = std::sync::Arc::new(runtime::health::Health::default());
+        let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
+            let _ = stopped.await;
+        }));
+
+        let refused = eventually("ProxyConfigPushed=False on the CORS route", || {
+            route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
+        })
+        .await;
+        assert_eq!((&refused["status"], &refused["reason"]), (&json!("False"), &json!("RuleRefused")));
+        let message = refused["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("rule tenant-s/cors/0")
+                && message.contains("filters[0].type: unknown variant `CORS`"),
+            "{message}"
+        );
+        let accepted = route_condition(&api, "tenant-s", "cors", "Accepted").expect("Accepted");
+        assert_eq!(accepted["status"], "True", "the route itself is valid");
+        let event = eventually("a ProxyRuleRefused Event", || {
+            api.list("Event")
+                .into_iter()
+                .find(|e| e["reason"] == "ProxyRuleRefused")
+        })
+        .await;
+        assert_eq!((&event["type"], &event["regarding"]["name"]), (&json!("Warning"), &json!("cors")));
+
+        // The other route is served, and says nothing of it.
+        let data = pool.data_addr();
+        let by = Instant::now() + Duration::from_secs(20);
+        while get_via(data, "www.example.com").await != 200 {
+            assert!(Instant::now() < by, "the www route is served");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert!(route_condition(&api, "tenant-s", "www", PROXY_CONFIG_PUSHED).is_none());
+
+        // A route added meanwhile reaches the pod in the next round (its redirect answers).
+        api.put(yaml("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: later, namespace: tenant-s}\nspec:\n  parentRefs: [{name: public}]\n  rules:\n  - matches: [{path: {type: Exact, value: /cart}}]\n    filters: [{type: RequestRedirect, requestRedirect: {hostname: shop.example.com}}]\n"));
+        let by = Instant::now() + Duration::from_secs(20);
+        while get_via(data, "www.example.com").await != 302 {
+            assert!(Instant::now() < by, "the added route is served");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let _ = stop.send(());
+        controller.await.expect("task").expect("the controller stops cleanly");
+    })
+    .await
+    .expect("in time");
+}

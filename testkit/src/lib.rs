@@ -6,3 +6,4 @@
 
 pub mod cloudflare_api;
 pub mod kube_api;
+pub mod older_proxy;

@@ -350,6 +350,11 @@ struct Reconciler {
     unreached: HashMap<PlaneKey, String>,
     /// Routes told they share a tunnel, with what they were told: an Event once per change.
     tunnel_shared_told: HashMap<String, String>,
+    /// Per route: why proxy pods refused some of its rules this round (each rule left out of
+    /// its plane's document, the rest pushed).
+    refused_rules: BTreeMap<translate::RouteKey, Vec<String>>,
+    /// Routes told of refused rules, with what they were told: an Event once per change.
+    refused_told: HashMap<String, String>,
     /// Per Gateway uid: the digest of the plane last applied, and when.
     applied: HashMap<String, (Vec<u8>, std::time::Instant)>,
     /// Per dedicated plane: the config every one of its pods last took and the token they
@@ -421,6 +426,8 @@ impl Reconciler {
             tunnel_failures: HashMap::new(),
             unreached: HashMap::new(),
             tunnel_shared_told: HashMap::new(),
+            refused_rules: BTreeMap::new(),
+            refused_told: HashMap::new(),
             applied: HashMap::new(),
         }
     }
@@ -607,6 +614,7 @@ impl Reconciler {
                 }
             }
         }
+        self.refused_rules = refused_rules(&output, &outcomes);
         let mut newly_failed = BTreeSet::new();
         for (plane, outcome) in &outcomes {
             for (pod, result) in &outcome.pods {
@@ -933,6 +941,40 @@ impl Reconciler {
             }
         }
     }
+}
+
+/// Per route, the rules of it that proxy pods refused this round, each with the pod's reason.
+/// A rule of the controller's own (no route) that a pod refuses is a controller bug: logged.
+fn refused_rules(
+    output: &translate::Output,
+    outcomes: &[(PlaneKey, push::PlaneOutcome)],
+) -> BTreeMap<translate::RouteKey, Vec<String>> {
+    let mut out: BTreeMap<translate::RouteKey, Vec<String>> = BTreeMap::new();
+    for (plane, outcome) in outcomes {
+        for refused in &outcome.refused {
+            let owner = output
+                .owners
+                .get(plane)
+                .and_then(|owners| owners.get(refused.rule))
+                .and_then(Option::as_ref);
+            let name = refused.name.as_deref().unwrap_or("without a name");
+            match owner {
+                Some(route) => out.entry(route.clone()).or_default().push(format!(
+                    "proxy pod {} of the {plane} plane refused rule {name}, which is left out \
+                     (the route's other rules are served): {}",
+                    refused.pod, refused.reason
+                )),
+                None => tracing::error!(
+                    %plane,
+                    rule = name,
+                    pod = %refused.pod,
+                    reason = %refused.reason,
+                    "a proxy pod refused a rule of the controller's own"
+                ),
+            }
+        }
+    }
+    out
 }
 
 /// Writes each tunnel's ingress document: one per tunnel, whatever number of planes share it.

@@ -205,6 +205,14 @@ impl Reconciler {
                         message: format!("the proxy pods have not taken the config: {reason}"),
                         observed_generation: meta.generation,
                     });
+                } else if let Some(refused) = self.refused_rules.get(&route_key) {
+                    conditions.push(KubeCondition {
+                        kind: PROXY_CONFIG_PUSHED.to_owned(),
+                        status: Truth::False,
+                        reason: "RuleRefused".to_owned(),
+                        message: refused.join("; "),
+                        observed_generation: meta.generation,
+                    });
                 }
             };
             let value = status::route(&ours, &adjust, controller, existing.as_ref(), &now);
@@ -234,11 +242,29 @@ impl Reconciler {
                         &message,
                     )
                     .await;
-                    self.tunnel_shared_told.insert(told_key, message);
+                    self.tunnel_shared_told.insert(told_key.clone(), message);
                 }
                 Some(_) => {}
                 None => {
                     self.tunnel_shared_told.remove(&told_key);
+                }
+            }
+            let refused = self.refused_rules.get(&route_key).map(|r| r.join("; "));
+            match refused {
+                Some(note) if self.refused_told.get(&told_key) != Some(&note) => {
+                    self.publish(
+                        &regarding,
+                        EventType::Warning,
+                        "ProxyRuleRefused",
+                        "Push",
+                        &note,
+                    )
+                    .await;
+                    self.refused_told.insert(told_key.clone(), note);
+                }
+                Some(_) => {}
+                None => {
+                    self.refused_told.remove(&told_key);
                 }
             }
             if let Some(reason) = failed_now {
@@ -265,6 +291,8 @@ impl Reconciler {
             }
         }
         self.tunnel_shared_told
+            .retain(|route, _| routes_seen.contains(route));
+        self.refused_told
             .retain(|route, _| routes_seen.contains(route));
     }
 

@@ -338,14 +338,10 @@ fn translate_checked(
     let mut routes = binding::collect_routes(snapshot);
     routes.sort_by(|a, b| a.precedence_cmp(b));
 
-    // Each rule with its placement when it comes from a GRPCRoute (see `grpc_route::order`).
-    let mut rules_by_plane: BTreeMap<
-        PlaneKey,
-        Vec<(
-            Option<grpc_route::Placement>,
-            (cftunnel_config::Rule, RouteKey),
-        )>,
-    > = BTreeMap::new();
+    // Each rule with the route it comes from, and its placement when that is a GRPCRoute (see
+    // `grpc_route::order`).
+    type Placed = (Option<grpc_route::Placement>, (cftunnel_config::Rule, RouteKey));
+    let mut rules_by_plane: BTreeMap<PlaneKey, Vec<Placed>> = BTreeMap::new();
     let mut seen_rules: BTreeMap<PlaneKey, BTreeSet<String>> = BTreeMap::new();
     let mut claims = binding::ListenerClaims::default();
     for (position, route) in routes.iter().enumerate() {
