@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cftunnel_loadtest::echo::{EchoIdentity, EchoServer};
-use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_testkit::edge::MockEdge;
 use cftunnel_tunnel::EdgeRefusal;
 use futures_util::{SinkExt, StreamExt};
 use http::{Request, StatusCode};
@@ -324,7 +324,7 @@ async fn serves_through_cloudflared(protocol: &str) {
     let closed_addr = closed.local_addr().unwrap();
     drop(closed);
     match s.edge.open_tcp(closed_addr).await {
-        Err(cftunnel_tunnel::mock_edge::MockEdgeError::Rejected(reason)) => {
+        Err(cftunnel_testkit::edge::MockEdgeError::Rejected(reason)) => {
             eprintln!("cloudflared refused a TCP stream ({protocol}): {reason}");
         }
         other => panic!("a refused dial was not refused back: {other:?}"),

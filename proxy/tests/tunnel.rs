@@ -4,7 +4,7 @@
 
 mod support;
 
-use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_testkit::edge::MockEdge;
 use futures_util::{SinkExt, StreamExt};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

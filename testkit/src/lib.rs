@@ -3,3 +3,15 @@
 //! The product crates take this crate as a dev-dependency only. Each double stands in for
 //! something that cannot run on a test machine and follows its real protocol, so the product
 //! code under test talks to it exactly as it talks to the real thing.
+//!
+//! - [`edge`]: Cloudflare's edge as a connector meets it (QUIC and HTTP/2 over TLS,
+//!   registration RPC, configuration pushes) and as an eyeball meets it (a plain-HTTP
+//!   listener whose requests are forwarded through the tunnel).
+//! - [`pki`]: the generated CA and edge certificate that connectors trust in tests.
+//!
+//! The edge's wire format comes from `cftunnel-tunnel` itself (its stream framing, head
+//! codecs, RPC schema and HTTP/2 adapters), so the double cannot drift from the connector on
+//! what bytes mean; it re-implements only the edge's decisions.
+
+pub mod edge;
+pub mod pki;

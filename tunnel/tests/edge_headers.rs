@@ -10,7 +10,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 
 use bytes::Bytes;
-use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_testkit::edge::MockEdge;
 use cftunnel_tunnel::{Body, ConnectorHandle, Protocol};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, StreamBody};

@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use cftunnel_tunnel::mock_edge::{MockEdge, MockEdgeError};
+use cftunnel_testkit::edge::{MockEdge, MockEdgeError};
 use cftunnel_tunnel::{EdgeRefusal, Protocol, Token, TokenError};
 use http::StatusCode;
 use http_body_util::BodyExt as _;
@@ -891,6 +891,70 @@ async fn requests_during_a_slow_unregistration_are_served(protocol: Protocol) {
 }
 per_transport!(requests_during_a_slow_unregistration_are_served);
 
+/// An edge that completes the handshake but grants no bidirectional stream cannot hold
+/// the attempt: opening the control stream gives up after the RPC timeout, and the
+/// connection dials again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_that_grants_no_control_stream_is_dialed_again() {
+    use bytes::Bytes;
+    use cftunnel_tunnel::{Connector, ConnectorOptions, TunnelMetrics};
+    use http_body_util::Empty;
+    use quinn::VarInt;
+    use std::convert::Infallible;
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let pki = cftunnel_testkit::pki::TestPki::generate().unwrap();
+        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(
+            pki.quic_server(cftunnel_tunnel::tls::provider()).unwrap(),
+        )
+        .unwrap();
+        let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        let mut transport = quinn::TransportConfig::default();
+        transport.max_concurrent_bidi_streams(VarInt::from_u32(0));
+        server.transport_config(Arc::new(transport));
+        let endpoint =
+            quinn::Endpoint::server(server, SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let rpc_timeout = Duration::from_millis(500);
+        let opts = ConnectorOptions {
+            protocol: Protocol::Quic,
+            edges: vec![endpoint.local_addr().unwrap().into()],
+            edge_ca_pem: Some(pki.ca_pem().as_bytes().to_vec()),
+            ha_connections: 1,
+            rpc_timeout,
+            backoff_base: Duration::from_millis(10),
+            ..ConnectorOptions::default()
+        };
+        let token = Token::new("account", vec![7; 32], uuid::Uuid::new_v4());
+        let service = hyper::service::service_fn(|_req| async {
+            Ok::<_, Infallible>(http::Response::new(Empty::<Bytes>::new()))
+        });
+        let mut registry = prometheus_client::registry::Registry::default();
+        let handle = Connector::new(token, opts)
+            .unwrap()
+            .start(service, TunnelMetrics::register(&mut registry))
+            .unwrap();
+        let first = endpoint.accept().await.unwrap().await.unwrap();
+        let accepted = tokio::time::Instant::now();
+        // The first connection stays up (keep-alives are answered) and never gets a stream.
+        let again = tokio::time::timeout(Duration::from_secs(5), endpoint.accept())
+            .await
+            .expect("the connection is dialed again");
+        assert!(again.is_some());
+        let waited = accepted.elapsed();
+        assert!(waited >= rpc_timeout, "gave up after {waited:?}");
+        let reason = first.close_reason();
+        assert!(
+            matches!(&reason, Some(quinn::ConnectionError::ApplicationClosed(c)) if c.error_code == VarInt::from_u32(0)),
+            "the attempt ended with a close: {reason:?}"
+        );
+        assert_eq!(handle.registered(), 0);
+        drop(handle);
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// An edge that completes TLS and then never sends its HTTP/2 preface is given up on after
 /// 10 s (Go's HTTP/2 server, `cloudflared`'s, waits as long), and the connection dials again
 /// instead of waiting forever.
@@ -898,7 +962,7 @@ per_transport!(requests_during_a_slow_unregistration_are_served);
 async fn an_http2_edge_that_never_speaks_is_dialed_again() {
     tokio::time::timeout(LIMIT, async {
         trace_init();
-        let pki = cftunnel_tunnel::tls::TestPki::generate().unwrap();
+        let pki = cftunnel_testkit::pki::TestPki::generate().unwrap();
         let pem = pki.to_pem();
         let certs = rustls_pemfile::certs(&mut pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cftunnel_tunnel::mock_edge::{MockEdge, MockEdgeError};
+use cftunnel_testkit::edge::{MockEdge, MockEdgeError};
 use cftunnel_tunnel::{Body, OnUpgrade, Protocol};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt as _;

@@ -10,7 +10,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use bytes::Bytes;
-use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_testkit::edge::MockEdge;
 use cftunnel_tunnel::{Body, Connector, ConnectorHandle, Protocol, TunnelMetrics};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, StreamBody};
@@ -102,7 +102,7 @@ async fn tcp_streams_are_refused_and_the_connection_keeps_serving(protocol: Prot
     let edge = MockEdge::start().await.unwrap();
     let handle = serving(&edge, protocol).await;
     let refused = edge.open_tcp("127.0.0.1:22".parse().unwrap()).await;
-    let Err(cftunnel_tunnel::mock_edge::MockEdgeError::Rejected(reason)) = refused else {
+    let Err(cftunnel_testkit::edge::MockEdgeError::Rejected(reason)) = refused else {
         panic!("TCP stream not refused ({}): {refused:?}", label(protocol));
     };
     let want = match protocol {

@@ -6,7 +6,7 @@
 mod support;
 
 use bytes::Bytes;
-use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_testkit::edge::MockEdge;
 use cftunnel_tunnel::Protocol;
 use futures_util::future::join_all;
 use http::{Request, StatusCode};

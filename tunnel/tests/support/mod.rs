@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_testkit::edge::MockEdge;
 use cftunnel_tunnel::{
     Body, Connector, ConnectorHandle, ConnectorOptions, EdgeRefusal, OnUpgrade, Protocol, Token,
     TunnelMetrics,

@@ -2,6 +2,7 @@
 //! routing requests to a connection after answering `unregisterConnection`, as Cloudflare's
 //! edge does while an unregistration propagates: the connection must still serve them, and
 //! stay open, idle or not, until the grace period ends.
+#![allow(clippy::unwrap_used)]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -14,14 +15,19 @@ use http_body_util::Full;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use crate::h2io::{H2Reader, H2Writer};
-use crate::rpc::control::{ConnectionDetails, EdgeRefusal};
-use crate::rpc::edge::{serve_registration, RegistrationHooks, RegistrationRecord};
-use crate::rpc::{LocalWorker, RpcStream};
-use crate::stream::http_map::{decode_response_head, encode_request_head, ConnectOutcome};
-use crate::stream::{self, ConnectionType};
-use crate::tls::TestPki;
-use crate::{Connector, ConnectorHandle, ConnectorOptions, Protocol, Token, TunnelMetrics};
+use cftunnel_testkit::edge::rpc::{serve_registration, RegistrationHooks, RegistrationRecord};
+use cftunnel_testkit::pki::TestPki;
+use cftunnel_tunnel::h2io::{H2Reader, H2Writer};
+use cftunnel_tunnel::rpc::{LocalWorker, RpcStream};
+use cftunnel_tunnel::stream::http_map::{
+    decode_response_head, encode_request_head, ConnectOutcome,
+};
+use cftunnel_tunnel::stream::{self, ConnectionType};
+use cftunnel_tunnel::tls;
+use cftunnel_tunnel::{
+    ConnectionDetails, Connector, ConnectorHandle, ConnectorOptions, EdgeRefusal, Protocol, Token,
+    TunnelMetrics,
+};
 
 const GRACE: Duration = Duration::from_secs(4);
 /// How long after the unregistration, with the connection idle meanwhile, the edge still
@@ -108,7 +114,7 @@ async fn quic_requests_routed_after_the_unregistration_are_served_until_the_grac
     tokio::time::timeout(Duration::from_secs(20), async {
         let pki = TestPki::generate().unwrap();
         let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(
-            pki.quic_server(crate::tls::provider()).unwrap(),
+            pki.quic_server(tls::provider()).unwrap(),
         )
         .unwrap();
         let server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
@@ -162,9 +168,8 @@ async fn http2_requests_routed_after_the_unregistration_are_served_until_the_gra
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let handle = start_connector(&pki, listener.local_addr().unwrap(), Protocol::Http2);
         let (tcp, _) = listener.accept().await.unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(
-            pki.tcp_server(crate::tls::provider()).unwrap(),
-        ));
+        let acceptor =
+            tokio_rustls::TlsAcceptor::from(Arc::new(pki.tcp_server(tls::provider()).unwrap()));
         let tls = acceptor.accept(tcp).await.unwrap();
         // The edge is the HTTP/2 client.
         let (send_request, connection) = h2::client::handshake(tls).await.unwrap();
@@ -174,7 +179,7 @@ async fn http2_requests_routed_after_the_unregistration_are_served_until_the_gra
             let _ = closed_tx.send(Instant::now());
         });
         let control = http::Request::get("https://h2.cftunnel.com/")
-            .header(crate::stream::headers::CONNECTION_UPGRADE, "control-stream")
+            .header(stream::headers::CONNECTION_UPGRADE, "control-stream")
             .body(())
             .unwrap();
         let (resp, send) = send_request
