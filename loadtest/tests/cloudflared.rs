@@ -17,7 +17,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use bytes::Bytes;
-use cftunnel_loadtest::echo::{EchoIdentity, EchoServer};
+use cftunnel_testkit::echo::{EchoIdentity, EchoServer};
 use cftunnel_testkit::edge::MockEdge;
 use cftunnel_tunnel::EdgeRefusal;
 use futures_util::{SinkExt, StreamExt};

@@ -8,10 +8,13 @@
 //!   registration RPC, configuration pushes) and as an eyeball meets it (a plain-HTTP
 //!   listener whose requests are forwarded through the tunnel).
 //! - [`pki`]: the generated CA and edge certificate that connectors trust in tests.
+//! - [`echo`]: the Gateway API conformance echo server (`echo-basic`), the backend behind
+//!   the proxy in end-to-end tests and load runs.
 //!
 //! The edge's wire format comes from `cftunnel-tunnel` itself (its stream framing, head
 //! codecs, RPC schema and HTTP/2 adapters), so the double cannot drift from the connector on
 //! what bytes mean; it re-implements only the edge's decisions.
 
+pub mod echo;
 pub mod edge;
 pub mod pki;

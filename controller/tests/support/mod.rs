@@ -67,10 +67,10 @@ endpoints: [{{addresses: ["{ip}"], conditions: {{ready: true}}}}]
 }
 
 /// An echo backend on loopback that answers as pod `pod` of `namespace`.
-pub async fn echo(namespace: &str, pod: &str) -> cftunnel_loadtest::echo::EchoServer {
-    cftunnel_loadtest::echo::EchoServer::spawn(
+pub async fn echo(namespace: &str, pod: &str) -> cftunnel_testkit::echo::EchoServer {
+    cftunnel_testkit::echo::EchoServer::spawn(
         std::net::Ipv4Addr::LOCALHOST.into(),
-        cftunnel_loadtest::echo::EchoIdentity {
+        cftunnel_testkit::echo::EchoIdentity {
             namespace: namespace.to_owned(),
             pod: pod.to_owned(),
         },

@@ -4,7 +4,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use bytes::Bytes;
-use cftunnel_loadtest::echo::{EchoIdentity, EchoServer};
+use cftunnel_testkit::echo::{EchoIdentity, EchoServer};
 use futures_util::{SinkExt, StreamExt};
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
