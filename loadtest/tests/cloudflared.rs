@@ -19,6 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use cftunnel_testkit::echo::{EchoIdentity, EchoServer};
 use cftunnel_testkit::edge::MockEdge;
+use cftunnel_testkit::wait::wait_until;
 use cftunnel_tunnel::EdgeRefusal;
 use futures_util::{SinkExt, StreamExt};
 use http::{Request, StatusCode};
@@ -371,16 +372,12 @@ async fn refusals_reach_cloudflared(protocol: &str) {
     }));
     let dir = tempdir::Dir::new();
     let mut cloudflared = spawn_cloudflared(&edge, &dir, protocol, 1).await;
-    while edge.registrations().is_empty() {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until(|| !edge.registrations().is_empty()).await;
     if protocol == "http2" {
         let exit = cloudflared.wait().await.unwrap();
         assert!(!exit.success(), "{exit}");
     } else {
-        while edge.registrations().len() < 2 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until(|| edge.registrations().len() >= 2).await;
         edge.set_registration_error(None);
         edge.wait_serving(1).await;
     }

@@ -11,10 +11,18 @@
 //! - [`echo`]: the Gateway API conformance echo server (`echo-basic`), the backend behind
 //!   the proxy in end-to-end tests and load runs.
 //!
+//! Helpers the tests of several crates share: [`trace`] (logs), [`wait`] (polling for a
+//! state), [`connector`] (credentials and options for a connector facing the mock edge) and
+//! [`client`] (HTTP/1.1 and h2c clients).
+//!
 //! The edge's wire format comes from `cftunnel-tunnel` itself (its stream framing, head
 //! codecs, RPC schema and HTTP/2 adapters), so the double cannot drift from the connector on
 //! what bytes mean; it re-implements only the edge's decisions.
 
+pub mod client;
+pub mod connector;
 pub mod echo;
 pub mod edge;
 pub mod pki;
+pub mod trace;
+pub mod wait;

@@ -126,11 +126,12 @@ impl TestPki {
         PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.key_der.clone()))
     }
 
-    /// Server config for the QUIC side: TLS 1.3, ALPN `argotunnel`.
+    /// Server config for the QUIC side: TLS 1.3, ALPN `argotunnel`, quinn's default
+    /// transport (set another with `transport_config`).
     pub fn quic_server(
         &self,
         provider: Arc<rustls::crypto::CryptoProvider>,
-    ) -> Result<rustls::ServerConfig, PkiError> {
+    ) -> Result<quinn::ServerConfig, PkiError> {
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| PkiError::Config(e.to_string()))?
@@ -138,7 +139,9 @@ impl TestPki {
             .with_single_cert(vec![self.leaf_der.clone()], self.key())
             .map_err(|e| PkiError::Config(e.to_string()))?;
         cfg.alpn_protocols = vec![tls::QUIC_ALPN.to_vec()];
-        Ok(cfg)
+        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(cfg)
+            .map_err(|e| PkiError::Config(e.to_string()))?;
+        Ok(quinn::ServerConfig::with_crypto(Arc::new(crypto)))
     }
 
     /// Server config for the TLS/TCP side: no ALPN.

@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use capnp_rpc::rpc_capnp::message;
+use cftunnel_testkit::connector::token;
 use cftunnel_testkit::edge::rpc::{serve_registration, RegistrationHooks, RegistrationRecord};
 use cftunnel_testkit::pki::TestPki;
 use cftunnel_tunnel::rpc::{LocalWorker, RpcStream};
 use cftunnel_tunnel::{
-    tls, ConnectionDetails, Connector, ConnectorOptions, EdgeRefusal, Protocol, Token,
-    TunnelMetrics,
+    tls, ConnectionDetails, Connector, ConnectorOptions, EdgeRefusal, Protocol, TunnelMetrics,
 };
 use http_body_util::Empty;
 use tokio::io::{AsyncRead, ReadBuf};
@@ -93,11 +93,7 @@ fn which_discriminant(w: &message::WhichReader<'_>) -> u16 {
 async fn a_refused_registration_aborts_the_session_and_ends_the_stream() {
     tokio::time::timeout(Duration::from_secs(20), async {
         let pki = TestPki::generate().unwrap();
-        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(
-            pki.quic_server(tls::provider()).unwrap(),
-        )
-        .unwrap();
-        let server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        let server = pki.quic_server(tls::provider()).unwrap();
         let endpoint =
             quinn::Endpoint::server(server, SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
         let opts = ConnectorOptions {
@@ -109,12 +105,11 @@ async fn a_refused_registration_aborts_the_session_and_ends_the_stream() {
             backoff_base: Duration::from_secs(30),
             ..ConnectorOptions::default()
         };
-        let token = Token::new("acct", vec![1; 32], uuid::Uuid::new_v4());
         let service = hyper::service::service_fn(|_req| async {
             Ok::<_, Infallible>(http::Response::new(Empty::<Bytes>::new()))
         });
         let mut registry = prometheus_client::registry::Registry::default();
-        let handle = Connector::new(token, opts)
+        let handle = Connector::new(token(), opts)
             .unwrap()
             .start(service, TunnelMetrics::register(&mut registry))
             .unwrap();

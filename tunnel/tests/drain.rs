@@ -15,6 +15,7 @@ use http_body_util::Full;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
+use cftunnel_testkit::connector::token;
 use cftunnel_testkit::edge::rpc::{serve_registration, RegistrationHooks, RegistrationRecord};
 use cftunnel_testkit::pki::TestPki;
 use cftunnel_tunnel::h2io::{H2Reader, H2Writer};
@@ -25,7 +26,7 @@ use cftunnel_tunnel::stream::http_map::{
 use cftunnel_tunnel::stream::{self, ConnectionType};
 use cftunnel_tunnel::tls;
 use cftunnel_tunnel::{
-    ConnectionDetails, Connector, ConnectorHandle, ConnectorOptions, EdgeRefusal, Protocol, Token,
+    ConnectionDetails, Connector, ConnectorHandle, ConnectorOptions, EdgeRefusal, Protocol,
     TunnelMetrics,
 };
 
@@ -71,13 +72,12 @@ fn start_connector(pki: &TestPki, edge: SocketAddr, protocol: Protocol) -> Conne
         backoff_base: Duration::from_millis(50),
         ..ConnectorOptions::default()
     };
-    let token = Token::new("account", vec![7; 32], uuid::Uuid::new_v4());
     let service = hyper::service::service_fn(|_req| async {
         Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"hello"))))
     });
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = TunnelMetrics::register(&mut registry);
-    Connector::new(token, opts)
+    Connector::new(token(), opts)
         .unwrap()
         .start(service, metrics)
         .unwrap()
@@ -113,11 +113,7 @@ fn assert_closed_after_grace(started: Instant, closed: Instant, label: &str) {
 async fn quic_requests_routed_after_the_unregistration_are_served_until_the_grace_period_ends() {
     tokio::time::timeout(Duration::from_secs(20), async {
         let pki = TestPki::generate().unwrap();
-        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(
-            pki.quic_server(tls::provider()).unwrap(),
-        )
-        .unwrap();
-        let server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        let server = pki.quic_server(tls::provider()).unwrap();
         let endpoint =
             quinn::Endpoint::server(server, SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
         let handle = start_connector(&pki, endpoint.local_addr().unwrap(), Protocol::Quic);

@@ -36,7 +36,7 @@ async fn registration_errors_are_retried_then_recover(protocol: Protocol) {
     );
     edge.set_registration_error(None);
     handle.wait_registered(1).await;
-    let (status, _, body) = get(&client(), edge.http_addr(), "/hello").await;
+    let (status, _, body) = get(&pooled(), edge.http_addr(), "/hello").await;
     assert_eq!((status, &body[..]), (StatusCode::OK, &b"hello"[..]));
     assert!(metrics_text(&registry).contains(&format!(
         "cftunnel_tunnel_reconnects_total{{protocol=\"{p}\"}}"
@@ -80,7 +80,7 @@ async fn reconnects_after_edge_restart(protocol: Protocol) {
         .unwrap();
     handle.wait_registered(1).await;
     edge.wait_serving(1).await;
-    let (status, _, _) = get(&client(), edge.http_addr(), "/hello").await;
+    let (status, _, _) = get(&pooled(), edge.http_addr(), "/hello").await;
     assert_eq!(status, StatusCode::OK);
     handle.shutdown().await;
     edge.shutdown().await;
@@ -91,7 +91,7 @@ async fn drain_finishes_in_flight_requests(protocol: Protocol) {
     let edge = MockEdge::start().await.unwrap();
     let handle = serving_connector(&edge, protocol, 2).await;
     let http = edge.http_addr();
-    let in_flight = tokio::spawn(async move { get(&client(), http, "/slow").await });
+    let in_flight = tokio::spawn(async move { get(&pooled(), http, "/slow").await });
     wait_until(|| edge.connections().iter().any(|c| c.requests > 0)).await;
     let drain = tokio::spawn({
         let handle = handle.clone();
@@ -101,7 +101,7 @@ async fn drain_finishes_in_flight_requests(protocol: Protocol) {
     edge.wait_serving(0).await;
     assert_eq!(handle.registered(), 0);
     // With no connection serving, the eyeball gets Cloudflare's 530 (error 1033).
-    let (status, _, body) = get(&client(), http, "/hello").await;
+    let (status, _, body) = get(&pooled(), http, "/hello").await;
     assert_eq!(
         (status.as_u16(), &body[..]),
         (530, &b"error code: 1033\n"[..])
@@ -193,9 +193,9 @@ async fn a_response_head_that_never_comes_is_a_524(protocol: Protocol) {
         .await
         .unwrap();
     let handle = serving_connector(&edge, protocol, 1).await;
-    let (status, _, _) = get(&client(), edge.http_addr(), "/hang").await;
+    let (status, _, _) = get(&pooled(), edge.http_addr(), "/hang").await;
     assert_eq!(status.as_u16(), 524);
-    let (status, _, body) = get(&client(), edge.http_addr(), "/hello").await;
+    let (status, _, body) = get(&pooled(), edge.http_addr(), "/hello").await;
     assert_eq!(
         (status, &body[..]),
         (StatusCode::OK, &b"hello"[..]),
@@ -659,7 +659,7 @@ async fn an_http2_edge_gone_silent_is_dropped_and_redialed() {
             1,
             "a live connection was dropped"
         );
-        let (status, _, _) = get(&client(), edge.http_addr(), "/hello").await;
+        let (status, _, _) = get(&pooled(), edge.http_addr(), "/hello").await;
         assert_eq!(status, StatusCode::OK);
 
         relay.freeze();
@@ -716,7 +716,7 @@ async fn rolling_restart_loses_no_requests(protocol: Protocol) {
     new.wait_registered(2).await;
     edge.wait_serving(4).await;
     let http = edge.http_addr();
-    let client = client();
+    let client = pooled();
     let load = tokio::spawn(async move {
         let mut failures = 0;
         for _ in 0..40 {
@@ -746,7 +746,7 @@ async fn shutdown_cuts_a_drain_short(protocol: Protocol) {
     let http = edge.http_addr();
     let hung = tokio::spawn(async move {
         let req = get_request(http, "/hang");
-        client().request(req).await.map(|r| r.status())
+        pooled().request(req).await.map(|r| r.status())
     });
     wait_until(|| edge.connections().iter().any(|c| c.requests > 0)).await;
     let drain = tokio::spawn({
@@ -773,7 +773,7 @@ async fn mock_edge_admin_api_pushes_config_and_lists_connections() {
     tokio::time::timeout(LIMIT, async {
         let edge = MockEdge::start().await.unwrap();
         let handle = serving_connector(&edge, Protocol::Quic, 1).await;
-        let client = client();
+        let client = pooled();
         let (status, _, body) = get(&client, edge.http_addr(), "/__mock-edge/connections").await;
         assert_eq!(status, StatusCode::OK);
         let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
@@ -836,7 +836,7 @@ async fn a_locally_managed_edge_refuses_config_pushes() {
                 .map_err(|e| match e {}),
         ))
         .unwrap();
-        let resp = client().request(req).await.unwrap();
+        let resp = pooled::<TestBody>().request(req).await.unwrap();
         assert_eq!(resp.status(), StatusCode::CONFLICT);
         let body = http_body_util::BodyExt::collect(resp.into_body())
             .await
@@ -873,7 +873,7 @@ async fn requests_during_a_slow_unregistration_are_served(protocol: Protocol) {
     // The unregistration is on its way once the drain has begun; give it a moment to leave.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let started = tokio::time::Instant::now();
-    let (status, _, _) = get(&client(), edge.http_addr(), "/hello").await;
+    let (status, _, _) = get(&pooled(), edge.http_addr(), "/hello").await;
     let took = started.elapsed();
     assert_eq!(status, StatusCode::OK, "{}", label(protocol));
     assert!(
@@ -896,20 +896,13 @@ per_transport!(requests_during_a_slow_unregistration_are_served);
 /// connection dials again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edge_that_grants_no_control_stream_is_dialed_again() {
-    use bytes::Bytes;
-    use cftunnel_tunnel::{Connector, ConnectorOptions, TunnelMetrics};
-    use http_body_util::Empty;
+    use cftunnel_tunnel::ConnectorOptions;
     use quinn::VarInt;
-    use std::convert::Infallible;
     use std::net::SocketAddr;
     use std::sync::Arc;
     tokio::time::timeout(Duration::from_secs(20), async {
         let pki = cftunnel_testkit::pki::TestPki::generate().unwrap();
-        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(
-            pki.quic_server(cftunnel_tunnel::tls::provider()).unwrap(),
-        )
-        .unwrap();
-        let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        let mut server = pki.quic_server(cftunnel_tunnel::tls::provider()).unwrap();
         let mut transport = quinn::TransportConfig::default();
         transport.max_concurrent_bidi_streams(VarInt::from_u32(0));
         server.transport_config(Arc::new(transport));
@@ -925,15 +918,7 @@ async fn an_edge_that_grants_no_control_stream_is_dialed_again() {
             backoff_base: Duration::from_millis(10),
             ..ConnectorOptions::default()
         };
-        let token = Token::new("account", vec![7; 32], uuid::Uuid::new_v4());
-        let service = hyper::service::service_fn(|_req| async {
-            Ok::<_, Infallible>(http::Response::new(Empty::<Bytes>::new()))
-        });
-        let mut registry = prometheus_client::registry::Registry::default();
-        let handle = Connector::new(token, opts)
-            .unwrap()
-            .start(service, TunnelMetrics::register(&mut registry))
-            .unwrap();
+        let (handle, _metrics, _registry) = start_connector(opts, token());
         let first = endpoint.accept().await.unwrap().await.unwrap();
         let accepted = tokio::time::Instant::now();
         // The first connection stays up (keep-alives are answered) and never gets a stream.

@@ -24,12 +24,7 @@ pub async fn request(
     bearer: Option<&str>,
     body: &str,
 ) -> Option<Answer> {
-    let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .ok()?;
-    tokio::spawn(conn);
+    let (mut sender, _conn) = cftunnel_testkit::client::connect_http1(addr).await.ok()?;
     let mut req = http::Request::builder()
         .method(method)
         .uri(path)

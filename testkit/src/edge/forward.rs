@@ -907,6 +907,8 @@ mod tests {
     use std::convert::Infallible;
 
     use super::*;
+    use crate::connector::{options, token};
+    use crate::wait::wait_until;
 
     #[test]
     fn config_replies_are_read_as_cloudflared_writes_them() {
@@ -1056,9 +1058,7 @@ mod tests {
                 (c.transport.clone(), c.info.protocol)
             })
             .unwrap();
-        while edge.connections().iter().any(|c| c.id == id) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_until(|| edge.connections().iter().all(|c| c.id != id)).await;
         match &transport {
             Transport::Quic(conn) => assert!(conn.close_reason().is_some()),
             Transport::H2(sr) => {
@@ -1081,26 +1081,15 @@ mod tests {
     async fn requests_move_past_a_dead_connection(protocol: cftunnel_tunnel::Protocol) {
         let edge = super::super::MockEdge::start().await.unwrap();
         let opts = cftunnel_tunnel::ConnectorOptions {
-            protocol,
-            edges: vec![edge.edge_addr().into(); 2],
-            edge_ca_pem: Some(edge.ca_pem().as_bytes().to_vec()),
-            ha_connections: 2,
             grace_period: Duration::from_secs(1),
-            rpc_timeout: Duration::from_secs(3),
-            backoff_base: Duration::from_millis(50),
-            ha_backoff_base: Duration::from_millis(50),
-            ha_start_interval: Duration::from_millis(20),
-            handshake_timeout: Duration::from_secs(2),
-            ..cftunnel_tunnel::ConnectorOptions::default()
+            ..options(&edge, protocol, 2)
         };
-        let token =
-            cftunnel_tunnel::Token::new("test-account", vec![7u8; 32], uuid::Uuid::new_v4());
         let service = hyper::service::service_fn(|_req: Request<Body>| async {
             Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
         });
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = cftunnel_tunnel::TunnelMetrics::register(&mut registry);
-        let handle = cftunnel_tunnel::Connector::new(token, opts)
+        let handle = cftunnel_tunnel::Connector::new(token(), opts)
             .unwrap()
             .start(service, metrics)
             .unwrap();

@@ -22,7 +22,7 @@ use cftunnel_tunnel::stream::headers::CONNECTION_UPGRADE;
 
 use super::rpc::serve_registration;
 use super::{EdgeProtocol, Inner, MockEdgeError, Transport};
-use crate::pki::{PkiError, TestPki};
+use crate::pki::TestPki;
 
 /// Pause between a registration error going out and closing the connection, so
 /// the reply reaches the connector first.
@@ -190,9 +190,7 @@ pub(super) fn bind(
     provider: Arc<rustls::crypto::CryptoProvider>,
     quic: bool,
 ) -> Result<(Udp, std::net::TcpListener), MockEdgeError> {
-    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(pki.quic_server(provider)?)
-        .map_err(|e| PkiError::Config(e.to_string()))?;
-    let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    let mut server = pki.quic_server(provider)?;
     server.transport_config(Arc::new(server_transport()));
     let mut last_err = None;
     for _ in 0..16 {
