@@ -9,8 +9,8 @@ use std::time::Duration;
 use cftunnel_config::{Backend, Config, Rule};
 use cftunnel_controller::push::{PodOutcome, Pusher};
 use cftunnel_controller::translate::{ObjectKey, PlaneKey};
-use cftunnel_loadtest::echo::EchoServer;
 use cftunnel_proxy::{Server, ServerOptions};
+use cftunnel_testkit::echo::EchoServer;
 
 const TOKEN: &str = "plane-token";
 

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use cftunnel_controller::manifest;
 use cftunnel_controller::render::{self, RenderSettings};
 use cftunnel_controller::translate::{self, ObjectKey, Options, PlaneKey, Snapshot};
-use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_testkit::edge::MockEdge;
 use cftunnel_tunnel::Token;
 use http_body_util::{BodyExt, Full};
 use k8s_openapi::api::core::v1::Container;

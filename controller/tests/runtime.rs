@@ -1250,7 +1250,7 @@ async fn the_api_token_waits_out_a_rate_limit() {
 /// rendering and applying its plane.
 struct Tenant {
     api: ApiServer,
-    _echo: cftunnel_loadtest::echo::EchoServer,
+    _echo: cftunnel_testkit::echo::EchoServer,
     health: std::sync::Arc<runtime::health::Health>,
     stop: tokio::sync::oneshot::Sender<()>,
     controller: tokio::task::JoinHandle<anyhow::Result<()>>,

@@ -21,7 +21,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::echo::{EchoConfig, EchoIdentity, EchoServer};
+use cftunnel_testkit::echo::{EchoConfig, EchoIdentity, EchoServer};
 use load::LoadSpec;
 use process::{free_port, CpuList, ProcessError, ScratchDir, ServerProcess};
 use procfs::Memory;

@@ -17,8 +17,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use bytes::Bytes;
-use cftunnel_loadtest::echo::{EchoIdentity, EchoServer};
-use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_testkit::echo::{EchoIdentity, EchoServer};
+use cftunnel_testkit::edge::MockEdge;
+use cftunnel_testkit::wait::wait_until;
 use cftunnel_tunnel::EdgeRefusal;
 use futures_util::{SinkExt, StreamExt};
 use http::{Request, StatusCode};
@@ -324,7 +325,7 @@ async fn serves_through_cloudflared(protocol: &str) {
     let closed_addr = closed.local_addr().unwrap();
     drop(closed);
     match s.edge.open_tcp(closed_addr).await {
-        Err(cftunnel_tunnel::mock_edge::MockEdgeError::Rejected(reason)) => {
+        Err(cftunnel_testkit::edge::MockEdgeError::Rejected(reason)) => {
             eprintln!("cloudflared refused a TCP stream ({protocol}): {reason}");
         }
         other => panic!("a refused dial was not refused back: {other:?}"),
@@ -371,16 +372,12 @@ async fn refusals_reach_cloudflared(protocol: &str) {
     }));
     let dir = tempdir::Dir::new();
     let mut cloudflared = spawn_cloudflared(&edge, &dir, protocol, 1).await;
-    while edge.registrations().is_empty() {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until(|| !edge.registrations().is_empty()).await;
     if protocol == "http2" {
         let exit = cloudflared.wait().await.unwrap();
         assert!(!exit.success(), "{exit}");
     } else {
-        while edge.registrations().len() < 2 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until(|| edge.registrations().len() >= 2).await;
         edge.set_registration_error(None);
         edge.wait_serving(1).await;
     }

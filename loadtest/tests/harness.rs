@@ -116,7 +116,7 @@ async fn tunnel_scenarios_without_binaries_are_skipped_with_a_reason() {
     assert!(report.tunnel_overhead.is_empty());
     let table = report.render_table();
     assert!(table.contains("cftunnel-mock-edge not found"), "{table}");
-    assert!(table.contains("-p cftunnel-tunnel"), "{table}");
+    assert!(table.contains("-p cftunnel-testkit"), "{table}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -154,7 +154,7 @@ async fn tunnel_scenarios_measure_the_proxy_behind_the_mock_edge() {
     let Some((proxy_bin, edge_bin)) = built_binaries() else {
         eprintln!(
             "skipped: build cftunnel-proxy and cftunnel-mock-edge first \
-             (cargo build --release -p cftunnel-proxy -p cftunnel-tunnel)"
+             (cargo build --release -p cftunnel-proxy -p cftunnel-testkit)"
         );
         return;
     };

@@ -3,6 +3,7 @@
 mod support;
 
 use bytes::Bytes;
+use cftunnel_testkit::client::{connect_h2c, connect_http1};
 use http::StatusCode;
 use serde_json::json;
 use std::time::Duration;
@@ -307,23 +308,6 @@ async fn read_head(conn: &mut tokio::net::TcpStream) -> Vec<u8> {
     head
 }
 
-/// One keep-alive HTTP/1.1 client connection to `addr`, driven by its own task.
-async fn open_connection(
-    addr: std::net::SocketAddr,
-) -> (
-    hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>,
-    tokio::task::JoinHandle<()>,
-) {
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let (sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
-        .await
-        .expect("handshake");
-    let task = tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    (sender, task)
-}
-
 async fn status_over(
     sender: &mut hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>,
 ) -> StatusCode {
@@ -353,12 +337,12 @@ async fn the_listener_holds_no_more_connections_than_its_limit() {
         // No table yet: every request is answered 404 by the proxy itself.
         let mut open = Vec::new();
         for _ in 0..2 {
-            let (mut sender, task) = open_connection(d).await;
+            let (mut sender, task) = connect_http1(d).await.expect("connect");
             assert_eq!(status_over(&mut sender).await, StatusCode::NOT_FOUND);
             open.push((sender, task));
         }
 
-        let (mut third, _third_task) = open_connection(d).await;
+        let (mut third, _third_task) = connect_http1(d).await.expect("connect");
         let waiting = status_over(&mut third);
         tokio::pin!(waiting);
         assert!(
@@ -380,27 +364,6 @@ async fn the_listener_holds_no_more_connections_than_its_limit() {
     })
     .await
     .expect("test finished in time");
-}
-
-/// One HTTP/2 (prior knowledge) client connection to `addr`, driven by its own task, which
-/// ends when the connection does.
-async fn open_h2(
-    addr: std::net::SocketAddr,
-) -> (
-    hyper::client::conn::http2::SendRequest<http_body_util::Full<Bytes>>,
-    tokio::task::JoinHandle<()>,
-) {
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let (sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .expect("handshake");
-    let task = tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    (sender, task)
 }
 
 fn h2_get(host: &str) -> http::Request<http_body_util::Full<Bytes>> {
@@ -442,7 +405,9 @@ async fn silent_connections_are_closed_and_free_their_places() {
         .await;
         let d = proxy.data_addr();
         let mut silent = tokio::net::TcpStream::connect(d).await.expect("connect");
-        let (_h2, h2_task) = open_h2(d).await;
+        let (_h2, h2_task) = connect_h2c::<http_body_util::Full<Bytes>>(d)
+            .await
+            .expect("connect");
         let mut preface_only = tokio::net::TcpStream::connect(d).await.expect("connect");
         // The preface and an empty SETTINGS frame.
         preface_only
@@ -450,7 +415,7 @@ async fn silent_connections_are_closed_and_free_their_places() {
             .await
             .expect("preface");
 
-        let (mut waiting, _task) = open_connection(d).await;
+        let (mut waiting, _task) = connect_http1(d).await.expect("connect");
         let status = tokio::time::timeout(Duration::from_secs(20), status_over(&mut waiting))
             .await
             .expect("a waiting client is served once silent connections are closed");
@@ -512,13 +477,13 @@ async fn idle_connections_are_closed_and_requests_in_flight_are_not() {
         let d = proxy.data_addr();
 
         // Two connections that served one request each and then sit idle.
-        let (mut idle_h2, idle_h2_task) = open_h2(d).await;
+        let (mut idle_h2, idle_h2_task) = connect_h2c(d).await.expect("connect");
         let r = idle_h2.send_request(h2_get("h")).await.expect("response");
         assert_eq!(r.status(), StatusCode::NOT_FOUND);
-        let (mut idle_h1, idle_h1_task) = open_connection(d).await;
+        let (mut idle_h1, idle_h1_task) = connect_http1(d).await.expect("connect");
         assert_eq!(status_over(&mut idle_h1).await, StatusCode::NOT_FOUND);
         // And one busy for 2 s, longer than either timeout.
-        let (mut busy, _busy_task) = open_h2(d).await;
+        let (mut busy, _busy_task) = connect_h2c(d).await.expect("connect");
         let slow = tokio::spawn(async move {
             let r = busy.send_request(h2_get("slow.example")).await.expect("response");
             let status = r.status();
@@ -526,7 +491,7 @@ async fn idle_connections_are_closed_and_requests_in_flight_are_not() {
             (status, body)
         });
 
-        let (mut waiting, _task) = open_connection(d).await;
+        let (mut waiting, _task) = connect_http1(d).await.expect("connect");
         let status = tokio::time::timeout(Duration::from_secs(20), status_over(&mut waiting))
             .await
             .expect("a waiting client is served once an idle connection is closed");
@@ -576,7 +541,7 @@ async fn a_websocket_session_holds_its_connections_place_until_it_ends() {
         let echoed = ws.next().await.expect("a frame").expect("no error");
         assert_eq!(echoed.into_text().expect("text").as_str(), "hello");
 
-        let (mut second, _task) = open_connection(d).await;
+        let (mut second, _task) = connect_http1(d).await.expect("connect");
         let waiting = status_over(&mut second);
         tokio::pin!(waiting);
         assert!(

@@ -4,7 +4,9 @@
 
 mod support;
 
-use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_testkit::connector;
+use cftunnel_testkit::edge::MockEdge;
+use cftunnel_testkit::wait::wait_until;
 use futures_util::{SinkExt, StreamExt};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -107,8 +109,15 @@ async fn an_auto_tunnel_serving_grpc_dials_http2() {
         for (name, file, pushed, expected) in cases {
             let edge = MockEdge::start().await.expect("mock edge starts");
             let dir = scratch_dir(&format!("grpc-{name}"));
-            let (mut child, admin) =
-                spawn_tunnel_proxy(&edge, &dir, &any_token(), "auto", file, &grace).await;
+            let (mut child, admin) = spawn_tunnel_proxy(
+                &edge,
+                &dir,
+                &connector::token().encode(),
+                "auto",
+                file,
+                &grace,
+            )
+            .await;
             if let Some(doc) = pushed {
                 let pushed_by = Instant::now() + Duration::from_secs(10);
                 while tokio::net::TcpStream::connect(admin).await.is_err()
@@ -138,11 +147,6 @@ async fn an_auto_tunnel_serving_grpc_dials_http2() {
     })
     .await
     .expect("test finished in time");
-}
-
-/// Credentials the mock edge accepts (it accepts any).
-fn any_token() -> String {
-    cftunnel_tunnel::Token::new("account", vec![7u8; 32], uuid::Uuid::new_v4()).encode()
 }
 
 /// A fresh directory for one test's CA file and config.
@@ -178,7 +182,7 @@ async fn rolling_restart_under_load_fails_no_request() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let a = echo("svc-a-1").await;
         let edge = MockEdge::start().await.expect("mock edge starts");
-        let token = any_token();
+        let token = connector::token().encode();
         let dir = std::env::temp_dir().join(format!("cftunnel-rolling-{}", std::process::id()));
         let (d1, d2) = (dir.join("one"), dir.join("two"));
         std::fs::create_dir_all(&d1).expect("dir");
@@ -232,7 +236,7 @@ async fn the_end_of_the_grace_period_closes_the_tunnel_connection() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let a = echo("svc-a-1").await;
         let edge = MockEdge::start().await.expect("mock edge starts");
-        let token = any_token();
+        let token = connector::token().encode();
         let dir = scratch_dir("grace");
         let (mut child, _) = tunnel_proxy_with(
             &edge,
@@ -247,9 +251,7 @@ async fn the_end_of_the_grace_period_closes_the_tunnel_connection() {
         let slow = tokio::spawn(async move {
             get(&client(), entry, "app.example.com", "/slow?delay=8s", &[]).await
         });
-        while !edge.connections().iter().any(|c| c.requests > 0) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until(|| edge.connections().iter().any(|c| c.requests > 0)).await;
         sigterm(&child);
         assert_eq!(wait_exit(&mut child, Duration::from_secs(5)).await, Some(0));
         // The mock edge forgets a connection when it closes; one left to its 10 s idle
@@ -274,7 +276,7 @@ async fn serve_through(protocol: &str) {
     let a = echo("svc-a-1").await;
     let edge = MockEdge::start().await.expect("mock edge starts");
     let dir = scratch_dir(&format!("tunnel-{protocol}"));
-    let token = any_token();
+    let token = connector::token().encode();
     let (mut child, admin) = tunnel_proxy(&edge, &dir, &token, protocol, a.http_addr()).await;
     let http = client();
     assert_eq!(
@@ -389,7 +391,7 @@ async fn post_quantum_setting_reaches_the_edge() {
         let a = echo("svc-a-1").await;
         let edge = MockEdge::start().await.expect("mock edge starts");
         let dir = scratch_dir("pq");
-        let token = any_token();
+        let token = connector::token().encode();
         let (mut child, _) = tunnel_proxy_with(
             &edge,
             &dir,
@@ -480,11 +482,11 @@ async fn the_token_can_come_from_a_file() {
 
         // A non-empty TUNNEL_TOKEN wins over the file.
         let env_edge = MockEdge::start().await.expect("mock edge starts");
-        let env_token = any_token();
+        let env_token = connector::token();
         let (mut child, _admin) = tunnel_proxy_with(
             &env_edge,
             &dir,
-            &env_token,
+            &env_token.encode(),
             "quic",
             a.http_addr(),
             &[("TUNNEL_TOKEN_FILE", file.as_str())],
@@ -495,7 +497,7 @@ async fn the_token_can_come_from_a_file() {
                 .registrations()
                 .first()
                 .map(|r| r.account_tag.clone()),
-            Some("account".to_owned())
+            Some(env_token.account_tag().to_owned())
         );
         let _ = child.kill();
         let _ = child.wait();
@@ -536,7 +538,11 @@ fn a_region_that_cannot_be_used_is_refused_at_start() {
     ));
     for (token, region, problem) in [
         (fed, "us", "token that has an endpoint (\"fed\")"),
-        (any_token(), "us.example.com", "not a DNS label"),
+        (
+            connector::token().encode(),
+            "us.example.com",
+            "not a DNS label",
+        ),
     ] {
         let err = refused_at_start(&[
             ("TUNNEL_TOKEN", token.as_ref()),
@@ -557,7 +563,14 @@ async fn a_departed_visitor_leaves_nothing_in_flight(protocol: &str) {
     let a = echo("svc-a-1").await;
     let edge = MockEdge::start().await.expect("mock edge starts");
     let dir = scratch_dir(&format!("departed-{protocol}"));
-    let (mut child, admin) = tunnel_proxy(&edge, &dir, &any_token(), protocol, a.http_addr()).await;
+    let (mut child, admin) = tunnel_proxy(
+        &edge,
+        &dir,
+        &connector::token().encode(),
+        protocol,
+        a.http_addr(),
+    )
+    .await;
     let http = client();
     let gauge = "cftunnel_proxy_requests_in_flight";
     let mut visitor = tokio::net::TcpStream::connect(edge.http_addr())

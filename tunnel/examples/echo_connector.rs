@@ -2,7 +2,7 @@
 //! host and path. Run against a mock edge:
 //!
 //! ```text
-//! cargo run -p cftunnel-tunnel --bin cftunnel-mock-edge -- --ca-out /tmp/ca.pem
+//! cargo run -p cftunnel-testkit --bin cftunnel-mock-edge -- --ca-out /tmp/ca.pem
 //! TUNNEL_TOKEN=$(...) cargo run -p cftunnel-tunnel --example echo_connector -- \
 //!     127.0.0.1:7844 /tmp/ca.pem quic
 //! curl -H 'Host: app.example.com' http://127.0.0.1:8080/hello

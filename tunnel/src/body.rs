@@ -69,9 +69,10 @@ impl Body {
         Self { kind: Kind::Empty }
     }
 
-    /// A body read from a QUIC stream; dropped unfinished, the stream is
-    /// stopped at once.
-    pub(crate) fn quic(recv: quinn::RecvStream, content_length: Option<u64>) -> Self {
+    /// A body read from a QUIC stream, `content_length` bytes long when known; dropped
+    /// unfinished, the stream is stopped at once. For the edge's side: a response body as
+    /// a connector sends it.
+    pub fn quic(recv: quinn::RecvStream, content_length: Option<u64>) -> Self {
         Self::quic_with_handback(recv, content_length, None)
     }
 
@@ -103,7 +104,9 @@ impl Body {
         }
     }
 
-    pub(crate) fn h2(recv: h2::RecvStream) -> Self {
+    /// A body read from an h2 stream, trailers included. For the edge's side: a response
+    /// body as a connector sends it over HTTP/2.
+    pub fn h2(recv: h2::RecvStream) -> Self {
         let data_done = recv.is_end_stream();
         Self {
             kind: Kind::H2 { recv, data_done },
@@ -229,14 +232,18 @@ enum UpgradedKind {
 }
 
 impl Upgraded {
-    pub(crate) fn quic(send: quinn::SendStream, recv: quinn::RecvStream) -> Self {
+    /// The byte stream of an upgraded exchange over a QUIC stream. For the edge's side of a
+    /// WebSocket or TCP stream.
+    pub fn quic(send: quinn::SendStream, recv: quinn::RecvStream) -> Self {
         Self {
             kind: UpgradedKind::Quic { send, recv },
             _in_flight: None,
         }
     }
 
-    pub(crate) fn h2(io: H2Io) -> Self {
+    /// The byte stream of an upgraded exchange over an h2 stream. For the edge's side of a
+    /// WebSocket or TCP stream.
+    pub fn h2(io: H2Io) -> Self {
         Self {
             kind: UpgradedKind::H2(io),
             _in_flight: None,

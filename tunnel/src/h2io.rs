@@ -1,5 +1,6 @@
 //! Byte-stream adapters over h2 streams (control stream, WebSocket pipes)
-//! and body streaming with h2 flow control.
+//! and body streaming with h2 flow control. Public for the edge's side of the HTTP/2
+//! transport, which carries its RPC sessions and upgraded streams over the same adapters.
 
 use std::io;
 use std::pin::Pin;
@@ -16,13 +17,14 @@ fn h2_io_err(e: h2::Error) -> io::Error {
 }
 
 /// Read half of an h2 stream as `AsyncRead`.
-pub(crate) struct H2Reader {
+pub struct H2Reader {
     recv: h2::RecvStream,
     pending: Bytes,
 }
 
 impl H2Reader {
-    pub(crate) fn new(recv: h2::RecvStream) -> Self {
+    /// Reads `recv`, releasing its flow-control capacity as bytes are taken.
+    pub fn new(recv: h2::RecvStream) -> Self {
         Self {
             recv,
             pending: Bytes::new(),
@@ -58,13 +60,14 @@ impl AsyncRead for H2Reader {
 /// Dropping it ends the stream (END_STREAM) as a shutdown does, where h2 on its own would
 /// reset it: a byte stream (an RPC session, an upgraded connection) that its owner lets go
 /// of has ended, as when a Go handler returns and as quinn finishes a dropped QUIC stream.
-pub(crate) struct H2Writer {
+pub struct H2Writer {
     send: h2::SendStream<Bytes>,
     ended: bool,
 }
 
 impl H2Writer {
-    pub(crate) fn new(send: h2::SendStream<Bytes>) -> Self {
+    /// Writes to `send`.
+    pub fn new(send: h2::SendStream<Bytes>) -> Self {
         Self { send, ended: false }
     }
 
@@ -130,13 +133,14 @@ impl AsyncWrite for H2Writer {
 }
 
 /// Both halves of an h2 stream.
-pub(crate) struct H2Io {
+pub struct H2Io {
     reader: H2Reader,
     writer: H2Writer,
 }
 
 impl H2Io {
-    pub(crate) fn new(recv: h2::RecvStream, send: h2::SendStream<Bytes>) -> Self {
+    /// Joins the two halves of one h2 stream into one byte stream.
+    pub fn new(recv: h2::RecvStream, send: h2::SendStream<Bytes>) -> Self {
         Self {
             reader: H2Reader::new(recv),
             writer: H2Writer::new(send),
@@ -174,7 +178,7 @@ impl AsyncWrite for H2Io {
 
 /// Streams `body` into an h2 stream with flow control: data frames, then
 /// trailers if the body has any, else an empty end-of-stream frame.
-pub(crate) async fn send_body<B>(send: &mut h2::SendStream<Bytes>, body: B) -> io::Result<()>
+pub async fn send_body<B>(send: &mut h2::SendStream<Bytes>, body: B) -> io::Result<()>
 where
     B: HttpBody<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,

@@ -1,5 +1,4 @@
-//! Native Cloudflare Tunnel connector (QUIC and HTTP/2 transports) and a
-//! protocol-faithful mock edge.
+//! Native Cloudflare Tunnel connector (QUIC and HTTP/2 transports).
 //!
 //! The connector dials Cloudflare's edge the way `cloudflared` does, registers
 //! its connections over Cap'n Proto RPC, and hands every request arriving
@@ -91,21 +90,24 @@
 //!   from the edge are acknowledged and exposed through
 //!   [`ConnectorHandle::remote_config`].
 //!
-//! The [`mock_edge`] module plays the edge's side for tests and demos; the
-//! `cftunnel-mock-edge` binary runs it standalone.
+//! # The edge's side
+//!
+//! The crate does not play the edge, but it makes public the pieces an edge shares with a
+//! connector, so that a test edge speaks the same wire format from the same code: stream
+//! framing and head codecs ([`stream`]), the HTTP/2 byte-stream adapters ([`h2io`]), RPC
+//! sessions ([`rpc::LocalWorker`], [`rpc::RpcStream`], the [`tunnelrpc_capnp`] schema),
+//! the UDP socket under QUIC endpoints ([`udp::endpoint`]), HTTP/2 liveness
+//! ([`liveness`]) and the TLS provider and names ([`tls`]).
 
 mod backoff;
 mod body;
 mod connector;
 pub mod discovery;
-#[cfg(test)]
-mod drain_tests;
 pub mod edge;
-mod h2io;
+pub mod h2io;
 mod http2;
-mod liveness;
+pub mod liveness;
 pub mod metrics;
-pub mod mock_edge;
 mod quic;
 pub mod rpc;
 mod service;
@@ -113,12 +115,14 @@ pub mod stream;
 mod tasks;
 pub mod tls;
 pub mod token;
-mod udp;
+pub mod udp;
 
+/// The tunnel's Cap'n Proto schema (`tunnelrpc.capnp`), generated: the registration and
+/// configuration interfaces both ends of an RPC session implement or call.
 #[allow(clippy::all, clippy::unwrap_used, unreachable_pub, dead_code, missing_docs, unused_qualifications)]
 #[rustfmt::skip]
 #[path = "rpc/generated/tunnelrpc_capnp.rs"]
-mod tunnelrpc_capnp;
+pub mod tunnelrpc_capnp;
 #[allow(clippy::all, clippy::unwrap_used, unreachable_pub, dead_code, missing_docs, unused_qualifications)]
 #[rustfmt::skip]
 #[path = "rpc/generated/quic_metadata_protocol_capnp.rs"]

@@ -4,6 +4,7 @@
 //! an HTTP/2 PING after each quiet interval and declares the edge silent when nothing at
 //! all arrives for a further interval while one is outstanding. Any byte read counts as
 //! life, so a PONG queued behind a long upload cannot make a busy connection look dead.
+//! Public for the edge's side, which watches its HTTP/2 connections the same way.
 
 use std::io;
 use std::pin::Pin;
@@ -15,13 +16,14 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Wraps a connection's transport and counts the bytes read from it.
-pub(crate) struct Heard<T> {
+pub struct Heard<T> {
     inner: T,
     read: Arc<AtomicU64>,
 }
 
 impl<T> Heard<T> {
-    pub(crate) fn new(inner: T) -> (Self, Arc<AtomicU64>) {
+    /// Wraps `inner`; the counter returned with it is what [`silent`] watches.
+    pub fn new(inner: T) -> (Self, Arc<AtomicU64>) {
         let read = Arc::new(AtomicU64::new(0));
         (
             Self {
@@ -85,7 +87,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Heard<T> {
 /// resolves while the peer answers, once the connection has failed (its own error ends it),
 /// or without `pings` (h2 hands them out once). The connection must be polled alongside,
 /// or no PING goes out and no PONG is read.
-pub(crate) async fn silent(
+pub async fn silent(
     pings: Option<h2::PingPong>,
     read: Arc<AtomicU64>,
     every: Duration,

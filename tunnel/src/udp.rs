@@ -1,4 +1,5 @@
-//! The UDP socket under every QUIC endpoint (the connector's and the mock edge's).
+//! The UDP socket under every QUIC endpoint (the connector's, and a test edge's through
+//! [`endpoint`]).
 //!
 //! Two system calls per packet are saved against quinn's own tokio socket:
 //!
@@ -29,8 +30,9 @@ use quinn::{AsyncUdpSocket, UdpPoller};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-/// A quinn endpoint over `socket` (bound, non-blocking) with the tokio runtime.
-pub(crate) fn endpoint(
+/// A quinn endpoint over `socket` (bound, non-blocking) with the tokio runtime. Public so
+/// that an edge's endpoint (`server` set) runs on the same socket as the connector's.
+pub fn endpoint(
     config: quinn::EndpointConfig,
     server: Option<quinn::ServerConfig>,
     socket: std::net::UdpSocket,

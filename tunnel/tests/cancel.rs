@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_testkit::edge::MockEdge;
 use cftunnel_tunnel::{Body, Connector, ConnectorHandle, Protocol, TunnelMetrics};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, StreamBody};

@@ -10,7 +10,8 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 
 use bytes::Bytes;
-use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_testkit::client::connect_http1;
+use cftunnel_testkit::edge::MockEdge;
 use cftunnel_tunnel::{Body, ConnectorHandle, Protocol};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, StreamBody};
@@ -67,12 +68,7 @@ async fn serving(edge: &MockEdge, protocol: Protocol) -> ConnectorHandle {
 
 /// One HTTP/1.1 eyeball connection to the mock's listener.
 async fn eyeball(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<TestBody> {
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    sender
+    connect_http1(addr).await.unwrap().0
 }
 
 /// An eyeball request carrying connection-specific headers of every kind. Its

@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use cftunnel_tunnel::mock_edge::{MockEdge, MockEdgeError};
+use cftunnel_testkit::edge::{MockEdge, MockEdgeError};
 use cftunnel_tunnel::{EdgeRefusal, Protocol, Token, TokenError};
 use http::StatusCode;
 use http_body_util::BodyExt as _;
@@ -36,7 +36,7 @@ async fn registration_errors_are_retried_then_recover(protocol: Protocol) {
     );
     edge.set_registration_error(None);
     handle.wait_registered(1).await;
-    let (status, _, body) = get(&client(), edge.http_addr(), "/hello").await;
+    let (status, _, body) = get(&pooled(), edge.http_addr(), "/hello").await;
     assert_eq!((status, &body[..]), (StatusCode::OK, &b"hello"[..]));
     assert!(metrics_text(&registry).contains(&format!(
         "cftunnel_tunnel_reconnects_total{{protocol=\"{p}\"}}"
@@ -80,7 +80,7 @@ async fn reconnects_after_edge_restart(protocol: Protocol) {
         .unwrap();
     handle.wait_registered(1).await;
     edge.wait_serving(1).await;
-    let (status, _, _) = get(&client(), edge.http_addr(), "/hello").await;
+    let (status, _, _) = get(&pooled(), edge.http_addr(), "/hello").await;
     assert_eq!(status, StatusCode::OK);
     handle.shutdown().await;
     edge.shutdown().await;
@@ -91,7 +91,7 @@ async fn drain_finishes_in_flight_requests(protocol: Protocol) {
     let edge = MockEdge::start().await.unwrap();
     let handle = serving_connector(&edge, protocol, 2).await;
     let http = edge.http_addr();
-    let in_flight = tokio::spawn(async move { get(&client(), http, "/slow").await });
+    let in_flight = tokio::spawn(async move { get(&pooled(), http, "/slow").await });
     wait_until(|| edge.connections().iter().any(|c| c.requests > 0)).await;
     let drain = tokio::spawn({
         let handle = handle.clone();
@@ -101,7 +101,7 @@ async fn drain_finishes_in_flight_requests(protocol: Protocol) {
     edge.wait_serving(0).await;
     assert_eq!(handle.registered(), 0);
     // With no connection serving, the eyeball gets Cloudflare's 530 (error 1033).
-    let (status, _, body) = get(&client(), http, "/hello").await;
+    let (status, _, body) = get(&pooled(), http, "/hello").await;
     assert_eq!(
         (status.as_u16(), &body[..]),
         (530, &b"error code: 1033\n"[..])
@@ -193,9 +193,9 @@ async fn a_response_head_that_never_comes_is_a_524(protocol: Protocol) {
         .await
         .unwrap();
     let handle = serving_connector(&edge, protocol, 1).await;
-    let (status, _, _) = get(&client(), edge.http_addr(), "/hang").await;
+    let (status, _, _) = get(&pooled(), edge.http_addr(), "/hang").await;
     assert_eq!(status.as_u16(), 524);
-    let (status, _, body) = get(&client(), edge.http_addr(), "/hello").await;
+    let (status, _, body) = get(&pooled(), edge.http_addr(), "/hello").await;
     assert_eq!(
         (status, &body[..]),
         (StatusCode::OK, &b"hello"[..]),
@@ -659,7 +659,7 @@ async fn an_http2_edge_gone_silent_is_dropped_and_redialed() {
             1,
             "a live connection was dropped"
         );
-        let (status, _, _) = get(&client(), edge.http_addr(), "/hello").await;
+        let (status, _, _) = get(&pooled(), edge.http_addr(), "/hello").await;
         assert_eq!(status, StatusCode::OK);
 
         relay.freeze();
@@ -716,7 +716,7 @@ async fn rolling_restart_loses_no_requests(protocol: Protocol) {
     new.wait_registered(2).await;
     edge.wait_serving(4).await;
     let http = edge.http_addr();
-    let client = client();
+    let client = pooled();
     let load = tokio::spawn(async move {
         let mut failures = 0;
         for _ in 0..40 {
@@ -746,7 +746,7 @@ async fn shutdown_cuts_a_drain_short(protocol: Protocol) {
     let http = edge.http_addr();
     let hung = tokio::spawn(async move {
         let req = get_request(http, "/hang");
-        client().request(req).await.map(|r| r.status())
+        pooled().request(req).await.map(|r| r.status())
     });
     wait_until(|| edge.connections().iter().any(|c| c.requests > 0)).await;
     let drain = tokio::spawn({
@@ -773,7 +773,7 @@ async fn mock_edge_admin_api_pushes_config_and_lists_connections() {
     tokio::time::timeout(LIMIT, async {
         let edge = MockEdge::start().await.unwrap();
         let handle = serving_connector(&edge, Protocol::Quic, 1).await;
-        let client = client();
+        let client = pooled();
         let (status, _, body) = get(&client, edge.http_addr(), "/__mock-edge/connections").await;
         assert_eq!(status, StatusCode::OK);
         let list: serde_json::Value = serde_json::from_slice(&body).unwrap();
@@ -836,7 +836,7 @@ async fn a_locally_managed_edge_refuses_config_pushes() {
                 .map_err(|e| match e {}),
         ))
         .unwrap();
-        let resp = client().request(req).await.unwrap();
+        let resp = pooled::<TestBody>().request(req).await.unwrap();
         assert_eq!(resp.status(), StatusCode::CONFLICT);
         let body = http_body_util::BodyExt::collect(resp.into_body())
             .await
@@ -873,7 +873,7 @@ async fn requests_during_a_slow_unregistration_are_served(protocol: Protocol) {
     // The unregistration is on its way once the drain has begun; give it a moment to leave.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let started = tokio::time::Instant::now();
-    let (status, _, _) = get(&client(), edge.http_addr(), "/hello").await;
+    let (status, _, _) = get(&pooled(), edge.http_addr(), "/hello").await;
     let took = started.elapsed();
     assert_eq!(status, StatusCode::OK, "{}", label(protocol));
     assert!(
@@ -891,6 +891,55 @@ async fn requests_during_a_slow_unregistration_are_served(protocol: Protocol) {
 }
 per_transport!(requests_during_a_slow_unregistration_are_served);
 
+/// An edge that completes the handshake but grants no bidirectional stream cannot hold
+/// the attempt: opening the control stream gives up after the RPC timeout, and the
+/// connection dials again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_that_grants_no_control_stream_is_dialed_again() {
+    use cftunnel_tunnel::ConnectorOptions;
+    use quinn::VarInt;
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let pki = cftunnel_testkit::pki::TestPki::generate().unwrap();
+        let mut server = pki.quic_server(cftunnel_tunnel::tls::provider()).unwrap();
+        let mut transport = quinn::TransportConfig::default();
+        transport.max_concurrent_bidi_streams(VarInt::from_u32(0));
+        server.transport_config(Arc::new(transport));
+        let endpoint =
+            quinn::Endpoint::server(server, SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let rpc_timeout = Duration::from_millis(500);
+        let opts = ConnectorOptions {
+            protocol: Protocol::Quic,
+            edges: vec![endpoint.local_addr().unwrap().into()],
+            edge_ca_pem: Some(pki.ca_pem().as_bytes().to_vec()),
+            ha_connections: 1,
+            rpc_timeout,
+            backoff_base: Duration::from_millis(10),
+            ..ConnectorOptions::default()
+        };
+        let (handle, _metrics, _registry) = start_connector(opts, token());
+        let first = endpoint.accept().await.unwrap().await.unwrap();
+        let accepted = tokio::time::Instant::now();
+        // The first connection stays up (keep-alives are answered) and never gets a stream.
+        let again = tokio::time::timeout(Duration::from_secs(5), endpoint.accept())
+            .await
+            .expect("the connection is dialed again");
+        assert!(again.is_some());
+        let waited = accepted.elapsed();
+        assert!(waited >= rpc_timeout, "gave up after {waited:?}");
+        let reason = first.close_reason();
+        assert!(
+            matches!(&reason, Some(quinn::ConnectionError::ApplicationClosed(c)) if c.error_code == VarInt::from_u32(0)),
+            "the attempt ended with a close: {reason:?}"
+        );
+        assert_eq!(handle.registered(), 0);
+        drop(handle);
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// An edge that completes TLS and then never sends its HTTP/2 preface is given up on after
 /// 10 s (Go's HTTP/2 server, `cloudflared`'s, waits as long), and the connection dials again
 /// instead of waiting forever.
@@ -898,7 +947,7 @@ per_transport!(requests_during_a_slow_unregistration_are_served);
 async fn an_http2_edge_that_never_speaks_is_dialed_again() {
     tokio::time::timeout(LIMIT, async {
         trace_init();
-        let pki = cftunnel_tunnel::tls::TestPki::generate().unwrap();
+        let pki = cftunnel_testkit::pki::TestPki::generate().unwrap();
         let pem = pki.to_pem();
         let certs = rustls_pemfile::certs(&mut pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()

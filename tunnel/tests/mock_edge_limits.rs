@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cftunnel_tunnel::mock_edge::{MockEdge, MockEdgeError};
+use cftunnel_testkit::edge::{MockEdge, MockEdgeError};
 use cftunnel_tunnel::{Body, OnUpgrade, Protocol};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt as _;
@@ -164,7 +164,7 @@ async fn registered_connections_outlive_the_registration_deadline(protocol: Prot
     let before = edge.connections();
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(edge.connections(), before);
-    let (status, _, body) = get(&client(), edge.http_addr(), "/hello").await;
+    let (status, _, body) = get(&pooled(), edge.http_addr(), "/hello").await;
     assert_eq!((status, &body[..]), (StatusCode::OK, &b"hello"[..]));
     handle.shutdown().await;
     edge.shutdown().await;
@@ -223,7 +223,7 @@ async fn one_stream_connectors(
 async fn hold_a_stream(edge: &MockEdge) -> u64 {
     let before = edge.connections();
     let addr = edge.http_addr();
-    tokio::spawn(async move { get(&client(), addr, "/hold").await });
+    tokio::spawn(async move { get(&pooled(), addr, "/hold").await });
     let mut held = None;
     wait_until(|| {
         held = edge
@@ -257,7 +257,7 @@ async fn quic_requests_move_past_a_connection_without_stream_credit() {
     let handle = one_stream_connectors(&edge, release.clone()).await;
     let stuck = hold_a_stream(&edge).await;
 
-    let http = client();
+    let http = pooled();
     for _ in 0..3 {
         let asked = Instant::now();
         let (status, _, body) = tokio::time::timeout(
@@ -457,7 +457,7 @@ async fn http2_connections_that_stop_answering_pings_are_closed() {
     )
     .await
     .expect("the connector registers again");
-    let (status, _, body) = get(&client(), edge.http_addr(), "/hello").await;
+    let (status, _, body) = get(&pooled(), edge.http_addr(), "/hello").await;
     assert_eq!((status, &body[..]), (StatusCode::OK, &b"hello"[..]));
     let records = edge.registrations();
     assert!(
@@ -483,7 +483,7 @@ async fn http2_pings_leave_healthy_connections_alone() {
     let before = edge.connections();
     let start = Instant::now();
     let n = 32 * 1024 * 1024;
-    let (status, _, body) = get(&client(), edge.http_addr(), &format!("/download?n={n}")).await;
+    let (status, _, body) = get(&pooled(), edge.http_addr(), &format!("/download?n={n}")).await;
     assert_eq!((status, body.len()), (StatusCode::OK, n));
     let (status, mut ws) = websocket(edge.http_addr()).await;
     assert_eq!(status, StatusCode::SWITCHING_PROTOCOLS);

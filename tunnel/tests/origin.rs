@@ -10,7 +10,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use bytes::Bytes;
-use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_testkit::edge::MockEdge;
 use cftunnel_tunnel::{Body, Connector, ConnectorHandle, Protocol, TunnelMetrics};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, StreamBody};
@@ -77,7 +77,7 @@ async fn the_service_sees_the_connector_tag_and_no_trace_id(protocol: Protocol) 
         .header("x-kept", "1")
         .body(empty())
         .unwrap();
-    let resp = client().request(req).await.unwrap();
+    let resp = pooled().request(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let seen = resp.into_body().collect().await.unwrap().to_bytes();
     let seen = String::from_utf8(seen.to_vec()).unwrap();
@@ -102,7 +102,7 @@ async fn tcp_streams_are_refused_and_the_connection_keeps_serving(protocol: Prot
     let edge = MockEdge::start().await.unwrap();
     let handle = serving(&edge, protocol).await;
     let refused = edge.open_tcp("127.0.0.1:22".parse().unwrap()).await;
-    let Err(cftunnel_tunnel::mock_edge::MockEdgeError::Rejected(reason)) = refused else {
+    let Err(cftunnel_testkit::edge::MockEdgeError::Rejected(reason)) = refused else {
         panic!("TCP stream not refused ({}): {refused:?}", label(protocol));
     };
     let want = match protocol {
@@ -115,7 +115,7 @@ async fn tcp_streams_are_refused_and_the_connection_keeps_serving(protocol: Prot
             .header("host", "app.example.com")
             .body(empty())
             .unwrap();
-        let resp = client().request(req).await.unwrap();
+        let resp = pooled().request(req).await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK, "{}", label(protocol));
     }
     assert_eq!(edge.serving(), 1);
@@ -132,7 +132,7 @@ async fn a_101_on_a_plain_request_reaches_the_edge_as_200_over_http2() {
     tokio::time::timeout(LIMIT, async {
         let edge = MockEdge::start().await.unwrap();
         let handle = serving(&edge, Protocol::Http2).await;
-        let (status, _, body) = get(&client(), edge.http_addr(), "/switch").await;
+        let (status, _, body) = get(&pooled(), edge.http_addr(), "/switch").await;
         assert_eq!((status, &body[..]), (StatusCode::OK, &b"switched"[..]));
         handle.shutdown().await;
         edge.shutdown().await;

@@ -10,7 +10,7 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_testkit::edge::MockEdge;
 use cftunnel_tunnel::Protocol;
 use support::*;
 use tokio::time::Instant;

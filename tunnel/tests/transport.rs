@@ -6,7 +6,7 @@
 mod support;
 
 use bytes::Bytes;
-use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_testkit::edge::MockEdge;
 use cftunnel_tunnel::Protocol;
 use futures_util::future::join_all;
 use http::{Request, StatusCode};
@@ -47,7 +47,7 @@ async fn serves_requests(protocol: Protocol) {
     idx.sort();
     assert_eq!(idx, vec![0, 1]);
 
-    let client = client();
+    let client = pooled();
     let (status, headers, body) = get(&client, edge.http_addr(), "/hello").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body, "hello");
@@ -102,7 +102,7 @@ async fn streams_large_bodies(protocol: Protocol) {
     let edge = MockEdge::start().await.unwrap();
     let (handle, _m, _r) = start_connector(options(&edge, protocol, 1), token());
     handle.wait_registered(1).await;
-    let client = client();
+    let client = pooled();
     const N: usize = 16 * 1024 * 1024;
     let (status, _, body) = get(&client, edge.http_addr(), &format!("/download?n={N}")).await;
     assert_eq!(status, StatusCode::OK);
@@ -130,7 +130,7 @@ async fn many_concurrent_requests(protocol: Protocol) {
     trace_init();
     let edge = MockEdge::start().await.unwrap();
     let handle = serving_connector(&edge, protocol, 4).await;
-    let client = h2_client();
+    let client = pooled_h2c::<TestBody>();
     let addr = edge.http_addr();
     let results = join_all((0..1000).map(|i| {
         let client = client.clone();
@@ -218,7 +218,7 @@ async fn heads_do_not_wait_for_late_bodies(protocol: Protocol) {
     trace_init();
     let edge = MockEdge::start().await.unwrap();
     let handle = serving_connector(&edge, protocol, 1).await;
-    let client = client();
+    let client = pooled();
     let req = get_request(edge.http_addr(), "/late-body");
     let start = std::time::Instant::now();
     let resp = client.request(req).await.expect("response head");
@@ -246,7 +246,7 @@ async fn responses_end_when_the_body_says_so(protocol: Protocol) {
     let edge = MockEdge::start().await.unwrap();
     let handle = serving_connector(&edge, protocol, 1).await;
     let req = get_request(edge.http_addr(), "/ended-body");
-    let resp = client().request(req).await.unwrap();
+    let resp = pooled().request(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let body = tokio::time::timeout(
         std::time::Duration::from_secs(5),
@@ -270,7 +270,7 @@ async fn cut_off_responses_are_not_completed(protocol: Protocol) {
     let req = get_request(edge.http_addr(), "/cut-body");
     // Depending on how far the response got before the failure, the eyeball sees its
     // request fail, a 502, or a body that breaks off; never a 200 that ends cleanly.
-    let outcome = match client().request(req).await {
+    let outcome = match pooled().request(req).await {
         Err(e) => Err(e.to_string()),
         Ok(resp) => {
             let status = resp.status();
@@ -286,7 +286,7 @@ async fn cut_off_responses_are_not_completed(protocol: Protocol) {
         label(protocol),
     );
     // The connection keeps serving.
-    let (status, _, body) = get(&client(), edge.http_addr(), "/hello").await;
+    let (status, _, body) = get(&pooled(), edge.http_addr(), "/hello").await;
     assert_eq!((status, &body[..]), (StatusCode::OK, &b"hello"[..]));
     handle.shutdown().await;
     edge.shutdown().await;
@@ -355,7 +355,7 @@ async fn the_edge_opens_at_most_the_granted_quic_streams() {
         let handle = connector.start(service, metrics).expect("connector starts");
         handle.wait_registered(1).await;
         edge.wait_serving(1).await;
-        let client = h2_client();
+        let client = pooled_h2c();
         let addr = edge.http_addr();
         let results = join_all((0..6).map(|_| {
             let client = client.clone();
@@ -387,7 +387,7 @@ async fn h2_eyeball_bodies_without_a_length_arrive(protocol: Protocol) {
         .body(http_body_util::StreamBody::new(chunks).boxed_unsync())
         .unwrap();
     assert!(!req.headers().contains_key("content-length"));
-    let resp = h2_client().request(req).await.unwrap();
+    let resp = pooled_h2c().request(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK, "{}", label(protocol));
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(&body[..], b"first second", "{}", label(protocol));
@@ -408,7 +408,7 @@ async fn trailers_reach_the_edge_over_http2() {
             .header("host", "grpc.example.com")
             .body(empty())
             .unwrap();
-        let resp = h2_client().request(req).await.unwrap();
+        let resp = pooled_h2c().request(req).await.unwrap();
         assert_eq!(resp.headers()["content-type"], "application/grpc");
         let collected = resp.into_body().collect().await.unwrap();
         let trailers = collected.trailers().cloned().expect("trailers arrive");
@@ -559,7 +559,7 @@ async fn malformed_quic_streams_reset_only_that_stream() {
         assert!(resp.error.contains("malformed request"), "{resp:?}");
         // The connection keeps serving.
         assert_eq!(handle.registered(), 1);
-        let (status, _, body) = get(&client(), edge.http_addr(), "/hello").await;
+        let (status, _, body) = get(&pooled(), edge.http_addr(), "/hello").await;
         assert_eq!((status, &body[..]), (StatusCode::OK, &b"hello"[..]));
         handle.shutdown().await;
         edge.shutdown().await;

@@ -340,7 +340,10 @@ fn translate_checked(
 
     // Each rule with the route it comes from, and its placement when that is a GRPCRoute (see
     // `grpc_route::order`).
-    type Placed = (Option<grpc_route::Placement>, (cftunnel_config::Rule, RouteKey));
+    type Placed = (
+        Option<grpc_route::Placement>,
+        (cftunnel_config::Rule, RouteKey),
+    );
     let mut rules_by_plane: BTreeMap<PlaneKey, Vec<Placed>> = BTreeMap::new();
     let mut seen_rules: BTreeMap<PlaneKey, BTreeSet<String>> = BTreeMap::new();
     let mut claims = binding::ListenerClaims::default();

@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use anyhow::Context;
 use cftunnel_controller::manifest;
 use cftunnel_controller::translate::Snapshot;
-use cftunnel_loadtest::echo::{EchoIdentity, EchoServer};
+use cftunnel_testkit::echo::{EchoIdentity, EchoServer};
 use serde_json::{json, Value};
 
 use super::case::Case;

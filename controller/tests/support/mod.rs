@@ -24,12 +24,7 @@ pub async fn request(
     bearer: Option<&str>,
     body: &str,
 ) -> Option<Answer> {
-    let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .ok()?;
-    tokio::spawn(conn);
+    let (mut sender, _conn) = cftunnel_testkit::client::connect_http1(addr).await.ok()?;
     let mut req = http::Request::builder()
         .method(method)
         .uri(path)
@@ -67,10 +62,10 @@ endpoints: [{{addresses: ["{ip}"], conditions: {{ready: true}}}}]
 }
 
 /// An echo backend on loopback that answers as pod `pod` of `namespace`.
-pub async fn echo(namespace: &str, pod: &str) -> cftunnel_loadtest::echo::EchoServer {
-    cftunnel_loadtest::echo::EchoServer::spawn(
+pub async fn echo(namespace: &str, pod: &str) -> cftunnel_testkit::echo::EchoServer {
+    cftunnel_testkit::echo::EchoServer::spawn(
         std::net::Ipv4Addr::LOCALHOST.into(),
-        cftunnel_loadtest::echo::EchoIdentity {
+        cftunnel_testkit::echo::EchoIdentity {
             namespace: namespace.to_owned(),
             pod: pod.to_owned(),
         },

@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use cftunnel_loadtest::echo::parse_go_duration;
 use cftunnel_loadtest::harness::process::{find_program, pin_current_process, CpuList};
 use cftunnel_loadtest::harness::report::Outcome;
 use cftunnel_loadtest::harness::scenario::Scenario;
 use cftunnel_loadtest::harness::{self, RunConfig};
+use cftunnel_testkit::echo::parse_go_duration;
 use clap::Parser;
 
 /// mimalloc, as the proxy uses: the load generator (and the in-process mock edge) allocate per request, and glibc's malloc would

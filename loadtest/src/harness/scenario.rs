@@ -196,7 +196,7 @@ pub struct Target {
 
 /// A mock edge running inside the load generator.
 #[derive(Clone)]
-pub struct InProcessEdge(pub std::sync::Arc<cftunnel_tunnel::mock_edge::MockEdge>);
+pub struct InProcessEdge(pub std::sync::Arc<cftunnel_testkit::edge::MockEdge>);
 
 impl std::fmt::Debug for InProcessEdge {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

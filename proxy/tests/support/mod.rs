@@ -2,8 +2,8 @@
 #![allow(dead_code)]
 
 use bytes::Bytes;
-use cftunnel_loadtest::echo::{EchoIdentity, EchoServer};
 use cftunnel_proxy::{Server, ServerOptions};
+use cftunnel_testkit::echo::{EchoIdentity, EchoServer};
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;

@@ -1,6 +1,6 @@
 //! Cap'n Proto RPC: the registration client and configuration server a
-//! connector runs, and the registration server and configuration client a
-//! mock edge runs.
+//! connector runs, and the session plumbing ([`LocalWorker`], [`RpcStream`]) that an
+//! edge's registration server and configuration client run on as well.
 //!
 //! `capnp-rpc`'s `RpcSystem` is `!Send`, so every RPC session runs on one
 //! dedicated thread (`LocalWorker`) inside a `LocalSet`; callers talk to it
@@ -8,7 +8,6 @@
 
 mod backpressure;
 pub(crate) mod control;
-pub(crate) mod edge;
 pub(crate) mod remote_config;
 
 use std::future::Future;
@@ -53,15 +52,15 @@ impl From<std::str::Utf8Error> for RpcError {
     }
 }
 
-/// A thread running `!Send` RPC sessions.
+/// A thread running `!Send` RPC sessions: the connector's, and an edge's.
 #[derive(Clone)]
-pub(crate) struct LocalWorker {
+pub struct LocalWorker {
     tx: mpsc::Sender<Job>,
 }
 
 impl LocalWorker {
     /// Starts the worker thread. It stops once every handle is dropped.
-    pub(crate) fn start(name: &str) -> std::io::Result<Self> {
+    pub fn start(name: &str) -> std::io::Result<Self> {
         let (tx, mut rx) = mpsc::channel::<Job>(256);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -79,8 +78,8 @@ impl LocalWorker {
         Ok(Self { tx })
     }
 
-    /// Runs `f()` on the worker thread.
-    pub(crate) async fn spawn<F, Fut>(&self, f: F) -> Result<(), RpcError>
+    /// Runs `f()` on the worker thread; an `RpcSystem` made inside it runs there.
+    pub async fn spawn<F, Fut>(&self, f: F) -> Result<(), RpcError>
     where
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = ()> + 'static,
@@ -91,9 +90,11 @@ impl LocalWorker {
 }
 
 /// A byte stream pair an RPC session runs over.
-pub(crate) struct RpcStream<R, W> {
-    pub(crate) reader: R,
-    pub(crate) writer: W,
+pub struct RpcStream<R, W> {
+    /// The half the session reads.
+    pub reader: R,
+    /// The half the session writes.
+    pub writer: W,
 }
 
 impl<R, W> RpcStream<R, W>
@@ -101,8 +102,9 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    /// The session's network, as the mock edge runs it.
-    fn network(
+    /// The session's network as an edge runs it: it reads and writes freely, which only
+    /// one end of a session may do (see `gated_network`).
+    pub fn network(
         self,
         side: capnp_rpc::rpc_twoparty_capnp::Side,
     ) -> capnp_rpc::twoparty::VatNetwork<tokio_util::compat::Compat<R>> {

@@ -65,16 +65,22 @@ pub(crate) fn write_canonical(name: &[u8], out: &mut [u8]) {
     }
 }
 
-// The edge's own headers, as constants so a match arm costs nothing (the mock
-// edge sets them by the same names).
-pub(crate) const CDN_LOOP: HeaderName = HeaderName::from_static("cdn-loop");
-pub(crate) const CF_CONNECTING_IP: HeaderName = HeaderName::from_static("cf-connecting-ip");
+// The edge's own headers, as constants so a match arm costs nothing.
+/// `CDN-Loop`, which the edge adds to every proxied request (a test edge sets it by this
+/// name too).
+pub const CDN_LOOP: HeaderName = HeaderName::from_static("cdn-loop");
+/// `Cf-Connecting-Ip`: the eyeball's address, as the edge sets it.
+pub const CF_CONNECTING_IP: HeaderName = HeaderName::from_static("cf-connecting-ip");
 pub(crate) const CF_IPCOUNTRY: HeaderName = HeaderName::from_static("cf-ipcountry");
-pub(crate) const CF_RAY: HeaderName = HeaderName::from_static("cf-ray");
-pub(crate) const CF_VISITOR: HeaderName = HeaderName::from_static("cf-visitor");
+/// `Cf-Ray`: the edge's id of a request.
+pub const CF_RAY: HeaderName = HeaderName::from_static("cf-ray");
+/// `Cf-Visitor`: the eyeball's scheme, as JSON, as the edge sets it.
+pub const CF_VISITOR: HeaderName = HeaderName::from_static("cf-visitor");
 pub(crate) const CF_WARP_TAG_ID: HeaderName = HeaderName::from_static("cf-warp-tag-id");
-pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+/// `X-Forwarded-For`, which the edge extends with the eyeball's address.
+pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// `X-Forwarded-Proto`, which the edge sets to the eyeball's scheme.
+pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 /// The header name for a name as it travels between edge and connector (Go
 /// canonical case). The names every request and response carries are matched

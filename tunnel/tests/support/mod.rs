@@ -1,13 +1,19 @@
-//! Shared fixtures: an echo service, a connector pointed at a mock edge and
-//! an HTTP client for the mock's eyeball listener.
-#![allow(dead_code, clippy::unwrap_used)]
+//! Fixtures of the tunnel's tests: an echo service, a connector pointed at a mock edge
+//! and requests to the mock's eyeball listener. What other crates' tests share as well
+//! (logs, waiting, connector options, clients) comes from `cftunnel_testkit`.
+#![allow(dead_code, unused_imports, clippy::unwrap_used)]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use cftunnel_tunnel::mock_edge::MockEdge;
+use cftunnel_testkit::client::{connect_http1, Pooled};
+pub use cftunnel_testkit::client::{pooled, pooled_h2c};
+pub use cftunnel_testkit::connector::{options, token};
+use cftunnel_testkit::edge::MockEdge;
+pub use cftunnel_testkit::trace::trace_init;
+pub use cftunnel_testkit::wait::wait_until;
 use cftunnel_tunnel::{
     Body, Connector, ConnectorHandle, ConnectorOptions, EdgeRefusal, OnUpgrade, Protocol, Token,
     TunnelMetrics,
@@ -16,29 +22,11 @@ use futures_util::StreamExt as _;
 use http::{Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, Full, StreamBody};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use uuid::Uuid;
+use hyper_util::rt::TokioIo;
 
 pub type TestBody = UnsyncBoxBody<Bytes, cftunnel_tunnel::BoxError>;
 
 pub const LIMIT: Duration = Duration::from_secs(30);
-
-pub fn trace_init() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_test_writer()
-        .try_init();
-}
-
-/// Polls `f` every 10 ms until it holds.
-pub async fn wait_until(mut f: impl FnMut() -> bool) {
-    while !f() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 /// A refusal the connector retries at once.
 pub fn retryable(cause: &str) -> EdgeRefusal {
@@ -47,10 +35,6 @@ pub fn retryable(cause: &str) -> EdgeRefusal {
         retry_after: Duration::ZERO,
         should_retry: true,
     }
-}
-
-pub fn token() -> Token {
-    Token::new("test-account", vec![7u8; 32], Uuid::new_v4())
 }
 
 fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<TestBody> {
@@ -181,23 +165,6 @@ pub async fn echo(mut req: Request<Body>) -> Result<Response<TestBody>, Infallib
     Ok(resp)
 }
 
-pub fn options(edge: &MockEdge, protocol: Protocol, ha: usize) -> ConnectorOptions {
-    ConnectorOptions {
-        protocol,
-        edges: vec![edge.edge_addr().into(); ha],
-        edge_ca_pem: Some(edge.ca_pem().as_bytes().to_vec()),
-        ha_connections: ha,
-        // A drain holds its connections for the whole grace period: kept short here.
-        grace_period: Duration::from_secs(2),
-        rpc_timeout: Duration::from_secs(3),
-        backoff_base: Duration::from_millis(50),
-        ha_backoff_base: Duration::from_millis(50),
-        ha_start_interval: Duration::from_millis(20),
-        handshake_timeout: Duration::from_secs(2),
-        ..ConnectorOptions::default()
-    }
-}
-
 pub fn start_connector(
     opts: ConnectorOptions,
     token: Token,
@@ -230,17 +197,7 @@ pub fn metrics_text(registry: &prometheus_client::registry::Registry) -> String 
     s
 }
 
-pub type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, TestBody>;
-
-pub fn client() -> HttpClient {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-pub fn h2_client() -> HttpClient {
-    Client::builder(TokioExecutor::new())
-        .http2_only(true)
-        .build_http()
-}
+pub type HttpClient = Pooled<TestBody>;
 
 pub fn empty() -> TestBody {
     Full::new(Bytes::new())
@@ -271,11 +228,7 @@ pub async fn get(
 /// A WebSocket upgrade request for `path` over a fresh HTTP/1.1 connection to the mock;
 /// returns the answer as it came.
 pub async fn upgrade_request(addr: SocketAddr, path: &str) -> Response<hyper::body::Incoming> {
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .unwrap();
-    tokio::spawn(conn.with_upgrades());
+    let (mut sender, _conn) = connect_http1(addr).await.unwrap();
     let req = Request::get(path)
         .header("host", "app.example.com")
         .header("upgrade", "websocket")

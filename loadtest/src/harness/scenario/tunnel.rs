@@ -110,7 +110,7 @@ pub(super) async fn start(
 ) -> Result<Target, StartError> {
     for (bin, package) in [
         (env.proxy_bin, "cftunnel-proxy"),
-        (env.edge_bin, "cftunnel-tunnel"),
+        (env.edge_bin, "cftunnel-testkit"),
     ] {
         if !bin.is_file() {
             return Err(StartError::Skipped(format!(
@@ -237,7 +237,7 @@ pub(super) async fn start_in_process(
     };
     let proto = transport.as_str();
     let localhost = SocketAddr::from(([127, 0, 0, 1], 0));
-    let mut builder = cftunnel_tunnel::mock_edge::MockEdge::builder()
+    let mut builder = cftunnel_testkit::edge::MockEdge::builder()
         .edge_addr(free_edge_addr().map_err(StartError::Port)?)
         .http_addr(localhost);
     if transport == Transport::Http2 {

@@ -22,8 +22,11 @@
 //! connection at once while the mock keeps listening.
 
 mod admin;
+mod eyeball;
 mod forward;
+mod key_exchange;
 mod listen;
+pub mod rpc;
 
 pub use forward::STREAM_OPEN_TIMEOUT;
 pub use listen::{H2_PING_INTERVAL, H2_PING_TIMEOUT, REGISTRATION_TIMEOUT};
@@ -40,11 +43,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::rpc::control::{ConnectionDetails, EdgeRefusal};
-use crate::rpc::edge::RegistrationHooks;
-pub use crate::rpc::edge::RegistrationRecord;
-use crate::rpc::{LocalWorker, RpcError};
-use crate::tls::{TestPki, TlsError};
+use cftunnel_tunnel::rpc::{LocalWorker, RpcError};
+use cftunnel_tunnel::{ConnectionDetails, EdgeRefusal, Token};
+
+use crate::pki::{PkiError, TestPki};
+pub use key_exchange::key_exchange_group_by_name;
+use rpc::RegistrationHooks;
+pub use rpc::RegistrationRecord;
 
 /// Mock edge errors.
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +60,7 @@ pub enum MockEdgeError {
     Io(#[from] std::io::Error),
     /// TLS setup failed.
     #[error(transparent)]
-    Tls(#[from] TlsError),
+    Tls(#[from] PkiError),
     /// An RPC to a connector failed.
     #[error(transparent)]
     Rpc(#[from] RpcError),
@@ -194,7 +199,7 @@ pub(crate) struct Inner {
     pub(crate) worker: LocalWorker,
     next_pick: AtomicUsize,
     remotely_managed: bool,
-    credentials: Option<crate::Token>,
+    credentials: Option<Token>,
     pub(crate) cancel: CancellationToken,
     pub(crate) tasks: TaskTracker,
     /// The runtime the mock was started on: registration hooks run on the RPC
@@ -480,7 +485,7 @@ impl RegistrationHooks for ConnHooks {
                     c.client_id = Some(record.client_id.clone());
                 }
                 Ok(ConnectionDetails {
-                    uuid: crate::rpc::edge::new_connection_id(),
+                    uuid: rpc::new_connection_id(),
                     location: forward::LOCATION.into(),
                     remotely_managed: inner.remotely_managed,
                 })
@@ -559,7 +564,7 @@ pub struct MockEdgeBuilder {
     http_addr: SocketAddr,
     pki: Option<TestPki>,
     remotely_managed: bool,
-    credentials: Option<crate::Token>,
+    credentials: Option<Token>,
     quic: bool,
     key_exchange_groups: Option<Vec<rustls::NamedGroup>>,
     response_timeout: Duration,
@@ -615,7 +620,7 @@ impl MockEdgeBuilder {
     }
 
     /// Only accept these credentials; others get `Unauthorized`.
-    pub fn credentials(mut self, token: crate::Token) -> Self {
+    pub fn credentials(mut self, token: Token) -> Self {
         self.credentials = Some(token);
         self
     }
@@ -682,8 +687,8 @@ impl MockEdgeBuilder {
             None => TestPki::generate()?,
         };
         let provider = match &self.key_exchange_groups {
-            Some(groups) => crate::tls::provider_with_groups(groups)?,
-            None => crate::tls::provider(),
+            Some(groups) => key_exchange::provider_with_groups(groups)?,
+            None => cftunnel_tunnel::tls::provider(),
         };
         let (serving, _) = watch::channel(0);
         let (configured, _) = watch::channel(0);
@@ -724,7 +729,7 @@ impl MockEdgeBuilder {
             listen::spawn_quic(&inner, endpoint.clone());
         }
         listen::spawn_tcp(&inner, tcp, &pki, provider)?;
-        forward::spawn_http(&inner, http);
+        eyeball::spawn_http(&inner, http);
         tracing::info!(edge = %edge_addr, http = %http_addr, "mock edge listening");
         Ok(MockEdge {
             inner,
@@ -949,7 +954,7 @@ impl MockEdge {
     pub async fn request<B>(&self, req: http::Request<B>) -> http::Response<EdgeResponseBody>
     where
         B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-        B::Error: Into<crate::body::BoxError> + Send,
+        B::Error: Into<cftunnel_tunnel::BoxError> + Send,
     {
         forward::forward(&self.inner, req, std::net::Ipv4Addr::LOCALHOST.into()).await
     }
@@ -960,7 +965,7 @@ impl MockEdge {
     pub async fn open_tcp(
         &self,
         dest: std::net::SocketAddr,
-    ) -> Result<crate::Upgraded, MockEdgeError> {
+    ) -> Result<cftunnel_tunnel::Upgraded, MockEdgeError> {
         forward::open_tcp(&self.inner, dest).await
     }
 

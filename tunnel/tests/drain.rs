@@ -2,6 +2,7 @@
 //! routing requests to a connection after answering `unregisterConnection`, as Cloudflare's
 //! edge does while an unregistration propagates: the connection must still serve them, and
 //! stay open, idle or not, until the grace period ends.
+#![allow(clippy::unwrap_used)]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -14,14 +15,20 @@ use http_body_util::Full;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use crate::h2io::{H2Reader, H2Writer};
-use crate::rpc::control::{ConnectionDetails, EdgeRefusal};
-use crate::rpc::edge::{serve_registration, RegistrationHooks, RegistrationRecord};
-use crate::rpc::{LocalWorker, RpcStream};
-use crate::stream::http_map::{decode_response_head, encode_request_head, ConnectOutcome};
-use crate::stream::{self, ConnectionType};
-use crate::tls::TestPki;
-use crate::{Connector, ConnectorHandle, ConnectorOptions, Protocol, Token, TunnelMetrics};
+use cftunnel_testkit::connector::token;
+use cftunnel_testkit::edge::rpc::{serve_registration, RegistrationHooks, RegistrationRecord};
+use cftunnel_testkit::pki::TestPki;
+use cftunnel_tunnel::h2io::{H2Reader, H2Writer};
+use cftunnel_tunnel::rpc::{LocalWorker, RpcStream};
+use cftunnel_tunnel::stream::http_map::{
+    decode_response_head, encode_request_head, ConnectOutcome,
+};
+use cftunnel_tunnel::stream::{self, ConnectionType};
+use cftunnel_tunnel::tls;
+use cftunnel_tunnel::{
+    ConnectionDetails, Connector, ConnectorHandle, ConnectorOptions, EdgeRefusal, Protocol,
+    TunnelMetrics,
+};
 
 const GRACE: Duration = Duration::from_secs(4);
 /// How long after the unregistration, with the connection idle meanwhile, the edge still
@@ -65,13 +72,12 @@ fn start_connector(pki: &TestPki, edge: SocketAddr, protocol: Protocol) -> Conne
         backoff_base: Duration::from_millis(50),
         ..ConnectorOptions::default()
     };
-    let token = Token::new("account", vec![7; 32], uuid::Uuid::new_v4());
     let service = hyper::service::service_fn(|_req| async {
         Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"hello"))))
     });
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = TunnelMetrics::register(&mut registry);
-    Connector::new(token, opts)
+    Connector::new(token(), opts)
         .unwrap()
         .start(service, metrics)
         .unwrap()
@@ -107,11 +113,7 @@ fn assert_closed_after_grace(started: Instant, closed: Instant, label: &str) {
 async fn quic_requests_routed_after_the_unregistration_are_served_until_the_grace_period_ends() {
     tokio::time::timeout(Duration::from_secs(20), async {
         let pki = TestPki::generate().unwrap();
-        let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(
-            pki.quic_server(crate::tls::provider()).unwrap(),
-        )
-        .unwrap();
-        let server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        let server = pki.quic_server(tls::provider()).unwrap();
         let endpoint =
             quinn::Endpoint::server(server, SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
         let handle = start_connector(&pki, endpoint.local_addr().unwrap(), Protocol::Quic);
@@ -162,9 +164,8 @@ async fn http2_requests_routed_after_the_unregistration_are_served_until_the_gra
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let handle = start_connector(&pki, listener.local_addr().unwrap(), Protocol::Http2);
         let (tcp, _) = listener.accept().await.unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(
-            pki.tcp_server(crate::tls::provider()).unwrap(),
-        ));
+        let acceptor =
+            tokio_rustls::TlsAcceptor::from(Arc::new(pki.tcp_server(tls::provider()).unwrap()));
         let tls = acceptor.accept(tcp).await.unwrap();
         // The edge is the HTTP/2 client.
         let (send_request, connection) = h2::client::handshake(tls).await.unwrap();
@@ -174,7 +175,7 @@ async fn http2_requests_routed_after_the_unregistration_are_served_until_the_gra
             let _ = closed_tx.send(Instant::now());
         });
         let control = http::Request::get("https://h2.cftunnel.com/")
-            .header(crate::stream::headers::CONNECTION_UPGRADE, "control-stream")
+            .header(stream::headers::CONNECTION_UPGRADE, "control-stream")
             .body(())
             .unwrap();
         let (resp, send) = send_request

@@ -11,7 +11,7 @@ use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
-use super::handler::{text, EchoResponse};
+use super::response::{text, EchoResponse};
 
 /// A WebSocket connection with no traffic for this long is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(120);

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 
 use anyhow::Context;
-use cftunnel_loadtest::echo::{EchoConfig, EchoIdentity, EchoServer};
+use cftunnel_testkit::echo::{EchoConfig, EchoIdentity, EchoServer};
 use clap::Parser;
 
 /// mimalloc, as the proxy uses: the backend allocates per request, and glibc's malloc would

@@ -4,10 +4,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use bytes::Bytes;
+use cftunnel_testkit::client::connect_http1;
 use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::net::TcpStream;
 use tokio::process::Command;
 
 #[tokio::test]
@@ -41,11 +40,7 @@ async fn binary_echoes_its_identity_and_prints_the_request_log() {
             .parse()
             .expect("a socket address");
 
-        let stream = TcpStream::connect(http_addr).await.expect("connect");
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .expect("h1 handshake");
-        tokio::spawn(conn);
+        let (mut sender, _conn) = connect_http1(http_addr).await.expect("h1 connection");
         let req = http::Request::get("/bin?x=1")
             .header("host", "bin.example")
             .body(Empty::<Bytes>::new())

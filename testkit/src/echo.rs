@@ -15,6 +15,7 @@ mod conn_io;
 mod go_duration;
 mod handler;
 mod request_log;
+mod response;
 mod websocket;
 
 use std::convert::Infallible;
@@ -282,9 +283,9 @@ fn echo_service(
     ctx: ConnCtx,
 ) -> impl hyper::service::Service<
     http::Request<hyper::body::Incoming>,
-    Response = handler::EchoResponse,
+    Response = response::EchoResponse,
     Error = Infallible,
-    Future = impl std::future::Future<Output = Result<handler::EchoResponse, Infallible>> + Send,
+    Future = impl std::future::Future<Output = Result<response::EchoResponse, Infallible>> + Send,
 > + Clone {
     let ctx = Arc::new(ctx);
     service_fn(move |req| {
@@ -332,7 +333,7 @@ async fn serve_h2c(mut stream: TcpStream, ctx: ConnCtx) {
             .await;
     } else {
         let reject = service_fn(|_req| async {
-            Ok::<_, Infallible>(handler::text(
+            Ok::<_, Infallible>(response::text(
                 http::StatusCode::BAD_REQUEST,
                 "Expected h2c request",
             ))

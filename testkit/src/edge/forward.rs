@@ -1,9 +1,7 @@
-//! The mock's plain-HTTP listener: eyeball requests forwarded through
-//! registered connector connections, as the edge does.
+//! Eyeball requests forwarded through registered connector connections, as the edge
+//! does, and the edge's other streams to connectors: configuration pushes and TCP streams.
 
-use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,22 +12,23 @@ use http::header::{
 use http::{Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, Full};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use quinn::VarInt;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 
-use super::{Inner, MockEdgeError, Transport};
-use crate::body::{Body, BoxError, Upgraded};
-use crate::h2io::{send_body, H2Io};
-use crate::rpc::edge;
-use crate::rpc::RpcStream;
-use crate::stream::headers::{
+use cftunnel_tunnel::h2io::{send_body, H2Io};
+use cftunnel_tunnel::rpc::RpcStream;
+use cftunnel_tunnel::stream::headers::{
     self, CDN_LOOP, CF_CONNECTING_IP, CF_RAY, CF_VISITOR, CONNECTION_UPGRADE, RESPONSE_HEADERS,
     X_FORWARDED_FOR, X_FORWARDED_PROTO,
 };
-use crate::stream::http_map::{decode_response_head, encode_request_head, ConnectOutcome};
-use crate::stream::{self, ConnectionType, RPC_SIGNATURE};
+use cftunnel_tunnel::stream::http_map::{
+    decode_response_head, encode_request_head, ConnectOutcome,
+};
+use cftunnel_tunnel::stream::{self, ConnectionType, RPC_SIGNATURE};
+use cftunnel_tunnel::{Body, BoxError, Upgraded};
+
+use super::{rpc, Inner, MockEdgeError, Transport};
 
 pub(crate) type EdgeBody = UnsyncBoxBody<Bytes, BoxError>;
 
@@ -67,44 +66,6 @@ pub(super) fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<EdgeB
     );
     *r.status_mut() = status;
     r
-}
-
-pub(super) fn spawn_http(inner: &Arc<Inner>, listener: tokio::net::TcpListener) {
-    let inner2 = inner.clone();
-    inner.tasks.spawn(async move {
-        loop {
-            let accepted =
-                super::listen::accept_next("eyeball http", &inner2.cancel, || listener.accept())
-                    .await;
-            let Some((tcp, peer)) = accepted else { return };
-            let _ = tcp.set_nodelay(true);
-            let inner3 = inner2.clone();
-            let cancel = inner2.cancel.clone();
-            inner2.tasks.spawn(async move {
-                let svc = hyper::service::service_fn(move |req| {
-                    let inner = inner3.clone();
-                    async move { Ok::<_, Infallible>(handle(inner, req, peer.ip()).await) }
-                });
-                let mut builder = hyper_util::server::conn::auto::Builder::new(
-                    hyper_util::rt::TokioExecutor::new(),
-                );
-                // The edge limits a head by size, not by line count (`head_too_large`).
-                builder.http1().max_headers(MAX_HEADER_LINES);
-                builder
-                    .http2()
-                    .max_header_list_size(2 * MAX_HEADERS_TOTAL as u32);
-                let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), svc);
-                tokio::select! {
-                    res = conn => {
-                        if let Err(e) = res {
-                            tracing::debug!(error = %e, "mock edge eyeball connection ended");
-                        }
-                    }
-                    _ = cancel.cancelled() => {}
-                }
-            });
-        }
-    });
 }
 
 fn is_websocket<B>(req: &Request<B>) -> bool {
@@ -182,51 +143,6 @@ fn ray_id(n: u64) -> HeaderValue {
     buf[16] = b'-';
     buf[17..].copy_from_slice(LOCATION.as_bytes());
     HeaderValue::from_bytes(&buf).unwrap_or(HeaderValue::from_static("0000000000000000-MCK"))
-}
-
-async fn handle(inner: Arc<Inner>, req: Request<Incoming>, peer: IpAddr) -> Response<EdgeBody> {
-    if req.uri().path().starts_with(super::admin::PREFIX) {
-        return super::admin::handle(&inner, req).await;
-    }
-    if let Some(mut refused) = head_too_large(&req) {
-        refused
-            .headers_mut()
-            .insert(SERVER, HeaderValue::from_static("cloudflare"));
-        return refused;
-    }
-    forward(&inner, req, peer).await
-}
-
-/// Cloudflare's documented request limits: a URL of at most 16 KB, request headers of at
-/// most 32 KB in all and 16 KB each. No line count is documented; the listener's is set high
-/// enough that only the sizes bind.
-const MAX_URL: usize = 16 * 1024;
-const MAX_HEADERS_TOTAL: usize = 32 * 1024;
-const MAX_HEADER: usize = 16 * 1024;
-const MAX_HEADER_LINES: usize = 2048;
-
-/// The answer to a request over the edge's limits, if it is: 414 for the URL, 400 for the
-/// headers (each header counted as `name: value` and its line end).
-fn head_too_large<B>(req: &Request<B>) -> Option<Response<EdgeBody>> {
-    let url = req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
-    if url > MAX_URL {
-        return Some(full(
-            StatusCode::URI_TOO_LONG,
-            "414 Request-URI Too Large\n",
-        ));
-    }
-    let mut total = 0;
-    for (name, value) in req.headers() {
-        let size = name.as_str().len() + value.len() + 4;
-        total += size;
-        if size > MAX_HEADER || total > MAX_HEADERS_TOTAL {
-            return Some(full(
-                StatusCode::BAD_REQUEST,
-                "400 Request Header Or Cookie Too Large\n",
-            ));
-        }
-    }
-    None
 }
 
 /// Sends one eyeball request through a registered connection, as the edge does.
@@ -893,7 +809,7 @@ async fn push_config_unbounded(
         Transport::Quic(conn) => {
             let (mut send, recv) = open_quic_stream(&conn, inner.stream_open_timeout).await?;
             send.write_all(&RPC_SIGNATURE).await.map_err(stream_err)?;
-            let (latest, err) = edge::push_config(
+            let (latest, err) = rpc::push_config(
                 &inner.worker,
                 RpcStream {
                     reader: recv,
@@ -988,7 +904,11 @@ pub(super) async fn h2_config_push(
 
 #[cfg(test)]
 mod tests {
+    use std::convert::Infallible;
+
     use super::*;
+    use crate::connector::{options, token};
+    use crate::wait::wait_until;
 
     #[test]
     fn config_replies_are_read_as_cloudflared_writes_them() {
@@ -1138,9 +1058,7 @@ mod tests {
                 (c.transport.clone(), c.info.protocol)
             })
             .unwrap();
-        while edge.connections().iter().any(|c| c.id == id) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_until(|| edge.connections().iter().all(|c| c.id != id)).await;
         match &transport {
             Transport::Quic(conn) => assert!(conn.close_reason().is_some()),
             Transport::H2(sr) => {
@@ -1160,28 +1078,18 @@ mod tests {
 
     /// A request whose first connection can no longer open a stream goes through the
     /// next one, and is counted there only.
-    async fn requests_move_past_a_dead_connection(protocol: crate::Protocol) {
+    async fn requests_move_past_a_dead_connection(protocol: cftunnel_tunnel::Protocol) {
         let edge = super::super::MockEdge::start().await.unwrap();
-        let opts = crate::ConnectorOptions {
-            protocol,
-            edges: vec![edge.edge_addr().into(); 2],
-            edge_ca_pem: Some(edge.ca_pem().as_bytes().to_vec()),
-            ha_connections: 2,
+        let opts = cftunnel_tunnel::ConnectorOptions {
             grace_period: Duration::from_secs(1),
-            rpc_timeout: Duration::from_secs(3),
-            backoff_base: Duration::from_millis(50),
-            ha_backoff_base: Duration::from_millis(50),
-            ha_start_interval: Duration::from_millis(20),
-            handshake_timeout: Duration::from_secs(2),
-            ..crate::ConnectorOptions::default()
+            ..options(&edge, protocol, 2)
         };
-        let token = crate::Token::new("test-account", vec![7u8; 32], uuid::Uuid::new_v4());
         let service = hyper::service::service_fn(|_req: Request<Body>| async {
             Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
         });
         let mut registry = prometheus_client::registry::Registry::default();
-        let metrics = crate::TunnelMetrics::register(&mut registry);
-        let handle = crate::Connector::new(token, opts)
+        let metrics = cftunnel_tunnel::TunnelMetrics::register(&mut registry);
+        let handle = cftunnel_tunnel::Connector::new(token(), opts)
             .unwrap()
             .start(service, metrics)
             .unwrap();
@@ -1220,7 +1128,7 @@ mod tests {
     async fn quic_requests_move_past_a_dead_connection() {
         tokio::time::timeout(
             Duration::from_secs(30),
-            requests_move_past_a_dead_connection(crate::Protocol::Quic),
+            requests_move_past_a_dead_connection(cftunnel_tunnel::Protocol::Quic),
         )
         .await
         .unwrap();
@@ -1230,7 +1138,7 @@ mod tests {
     async fn http2_requests_move_past_a_dead_connection() {
         tokio::time::timeout(
             Duration::from_secs(30),
-            requests_move_past_a_dead_connection(crate::Protocol::Http2),
+            requests_move_past_a_dead_connection(cftunnel_tunnel::Protocol::Http2),
         )
         .await
         .unwrap();

@@ -15,13 +15,14 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use cftunnel_tunnel::h2io::{H2Reader, H2Writer};
+use cftunnel_tunnel::liveness::Heard;
+use cftunnel_tunnel::rpc::RpcStream;
+use cftunnel_tunnel::stream::headers::CONNECTION_UPGRADE;
+
+use super::rpc::serve_registration;
 use super::{EdgeProtocol, Inner, MockEdgeError, Transport};
-use crate::h2io::{H2Reader, H2Writer};
-use crate::liveness::Heard;
-use crate::rpc::edge::serve_registration;
-use crate::rpc::RpcStream;
-use crate::stream::headers::CONNECTION_UPGRADE;
-use crate::tls::TestPki;
+use crate::pki::TestPki;
 
 /// Pause between a registration error going out and closing the connection, so
 /// the reply reaches the connector first.
@@ -189,9 +190,7 @@ pub(super) fn bind(
     provider: Arc<rustls::crypto::CryptoProvider>,
     quic: bool,
 ) -> Result<(Udp, std::net::TcpListener), MockEdgeError> {
-    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(pki.quic_server(provider)?)
-        .map_err(|e| crate::tls::TlsError::Config(e.to_string()))?;
-    let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    let mut server = pki.quic_server(provider)?;
     server.transport_config(Arc::new(server_transport()));
     let mut last_err = None;
     for _ in 0..16 {
@@ -204,7 +203,7 @@ pub(super) fn bind(
                 if !quic {
                     return Ok((Udp::Silent(udp), tcp));
                 }
-                let endpoint = crate::udp::endpoint(
+                let endpoint = cftunnel_tunnel::udp::endpoint(
                     quinn::EndpointConfig::default(),
                     Some(server.clone()),
                     udp,
@@ -394,7 +393,7 @@ async fn serve_tcp(
         .handshake::<_, Bytes>(tls)
         .await
         .map_err(|e| stream_err(&e))?;
-    let silent = crate::liveness::silent(
+    let silent = cftunnel_tunnel::liveness::silent(
         connection.ping_pong(),
         read,
         inner.h2_ping_interval,

@@ -16,7 +16,7 @@ use hyper::body::Incoming;
 
 use super::forward::{full, EdgeBody};
 use super::Inner;
-use crate::rpc::control::EdgeRefusal;
+use cftunnel_tunnel::EdgeRefusal;
 
 pub(super) const PREFIX: &str = "/__mock-edge/";
 const MAX_CONFIG: usize = 8 * 1024 * 1024;

@@ -4,11 +4,12 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use bytes::Bytes;
-use cftunnel_loadtest::echo::{EchoIdentity, EchoServer};
+use cftunnel_testkit::client::{connect_h2c, connect_http1};
+use cftunnel_testkit::echo::{EchoIdentity, EchoServer};
 use futures_util::{SinkExt, StreamExt};
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -44,11 +45,7 @@ impl Reply {
 
 /// One request on a fresh HTTP/1.1 connection.
 async fn h1(addr: SocketAddr, req: Request<Full<Bytes>>) -> Reply {
-    let stream = TcpStream::connect(addr).await.expect("connect");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("h1 handshake");
-    tokio::spawn(conn);
+    let (mut sender, _conn) = connect_http1(addr).await.expect("h1 connection");
     let resp = sender.send_request(req).await.expect("h1 response");
     let (parts, body) = resp.into_parts();
     let body = body.collect().await.expect("h1 body").to_bytes();
@@ -269,12 +266,7 @@ async fn h2c_port_serves_http2_prior_knowledge() {
     bounded(async {
         let server = echo().await;
         let addr = server.h2c_addr();
-        let stream = TcpStream::connect(addr).await.expect("connect");
-        let (mut sender, conn) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-                .await
-                .expect("h2 handshake");
-        tokio::spawn(conn);
+        let (mut sender, _conn) = connect_h2c(addr).await.expect("h2 connection");
         let req = Request::get(format!("http://h2c.example:{}/h2?x=1", addr.port()))
             .header("x-echo-set-header", "X-From:h2")
             .body(Empty::<Bytes>::new())
@@ -311,12 +303,7 @@ async fn http_port_also_accepts_http2_prior_knowledge() {
     bounded(async {
         let server = echo().await;
         let addr = server.http_addr();
-        let stream = TcpStream::connect(addr).await.expect("connect");
-        let (mut sender, conn) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-                .await
-                .expect("h2 handshake");
-        tokio::spawn(conn);
+        let (mut sender, _conn) = connect_h2c(addr).await.expect("h2 connection");
         let req = Request::get(format!("http://{addr}/"))
             .body(Empty::<Bytes>::new())
             .expect("valid request");

@@ -14,9 +14,8 @@ use hyper::body::Incoming;
 use serde::Serialize;
 
 use super::conn_io::ConnControl;
+use super::response::{bare, text, EchoResponse};
 use super::{go_duration, websocket, Shared};
-
-pub(crate) type EchoResponse = Response<Full<Bytes>>;
 
 /// Request bodies are read and discarded up to this size; larger bodies end the read early.
 const MAX_BODY: usize = 16 * 1024 * 1024;
@@ -380,22 +379,6 @@ impl QueryParams {
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
     }
-}
-
-pub(crate) fn bare(status: StatusCode) -> EchoResponse {
-    let mut response = Response::new(Full::new(Bytes::new()));
-    *response.status_mut() = status;
-    response
-}
-
-pub(crate) fn text(status: StatusCode, body: &'static str) -> EchoResponse {
-    let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
 }
 
 #[cfg(test)]

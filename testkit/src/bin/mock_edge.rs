@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use cftunnel_tunnel::mock_edge::MockEdge;
-use cftunnel_tunnel::tls::TestPki;
+use cftunnel_testkit::edge::MockEdge;
+use cftunnel_testkit::pki::TestPki;
 use clap::Parser;
 
 /// mimalloc, as the proxy uses: the edge side of every request allocates its metadata and frames, and glibc's malloc would
@@ -50,7 +50,7 @@ struct Args {
 }
 
 fn parse_group(name: &str) -> Result<rustls::NamedGroup, String> {
-    cftunnel_tunnel::tls::key_exchange_group_by_name(name)
+    cftunnel_testkit::edge::key_exchange_group_by_name(name)
         .ok_or_else(|| format!("{name:?} is not a key-exchange group rustls implements"))
 }
 

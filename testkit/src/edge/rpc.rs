@@ -1,6 +1,7 @@
-//! Edge side of the RPC sessions, used by the mock edge: a
-//! `RegistrationServer` on each control stream and a `ConfigurationManager`
-//! client for configuration pushes.
+//! The edge's side of the RPC sessions: a `RegistrationServer` on each control stream and
+//! a `ConfigurationManager` client for configuration pushes. Public so that a test can
+//! stand up a bare edge of its own (one that routes requests after an unregistration, say)
+//! with the registration answered as the mock edge answers it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,9 +12,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::control::{ConnectionDetails, EdgeRefusal};
-use super::{LocalWorker, RpcError, RpcStream};
-use crate::tunnelrpc_capnp::{configuration_manager, registration_server};
+use cftunnel_tunnel::rpc::{LocalWorker, RpcError, RpcStream};
+use cftunnel_tunnel::tunnelrpc_capnp::{configuration_manager, registration_server};
+use cftunnel_tunnel::{ConnectionDetails, EdgeRefusal};
 
 /// What a connector sent in `registerConnection`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,13 +42,16 @@ pub struct RegistrationRecord {
 }
 
 /// Decisions and notifications of an edge-side registration server.
-pub(crate) trait RegistrationHooks: Send + Sync + 'static {
+pub trait RegistrationHooks: Send + Sync + 'static {
+    /// Answers `registerConnection`: the connection's details, or a refusal.
     fn register(&self, record: RegistrationRecord) -> Result<ConnectionDetails, EdgeRefusal>;
+    /// Told of `unregisterConnection`, after [`unregister_delay`](Self::unregister_delay).
     fn unregister(&self);
     /// How long `unregisterConnection` takes before it is acted on and answered.
     fn unregister_delay(&self) -> std::time::Duration {
         std::time::Duration::ZERO
     }
+    /// Given the document of `updateLocalConfiguration`.
     fn local_config(&self, config: Vec<u8>);
 }
 
@@ -131,7 +135,7 @@ impl registration_server::Server for Server {
 
 /// Serves a `RegistrationServer` over a control stream. The returned
 /// receiver fires when the session ends.
-pub(crate) async fn serve_registration<R, W>(
+pub async fn serve_registration<R, W>(
     worker: &LocalWorker,
     stream: RpcStream<R, W>,
     hooks: Arc<dyn RegistrationHooks>,
