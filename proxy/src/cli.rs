@@ -76,6 +76,10 @@ pub struct Args {
     #[arg(long, env = "PROXY_ACCESS_LOG_ENABLED", default_value = "false", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub access_log_enabled: bool,
 
+    /// Log lines on stderr: `json` (one object per line) or `text`.
+    #[arg(long, env = "PROXY_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: cftunnel_telemetry::LogFormat,
+
     /// Config document (the `PUT /config` JSON) to load at start.
     #[arg(long, env = "PROXY_CONFIG_FILE")]
     pub config_file: Option<PathBuf>,

@@ -14,13 +14,10 @@ const TUNNEL_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2)
 fn main() -> std::process::ExitCode {
     cftunnel_proxy::memory::disable_huge_pages();
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    if let Err(e) = cftunnel_telemetry::init_logs(args.log_format) {
+        eprintln!("error: installing the log subscriber: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
     if let Err(e) = args.validate() {
         eprintln!("error: {e}");
         return std::process::ExitCode::from(2);
