@@ -15,7 +15,7 @@ async fn run_with(format: &str) -> String {
     let config = dir.join("config.json");
     std::fs::write(&config, r#"{"version": 7, "rules": []}"#).expect("write config");
     let admin_port = free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
+    let child = Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
         .env_remove("TUNNEL_TOKEN")
         .env_remove("RUST_LOG")
         .env("PROXY_ADDR", format!("127.0.0.1:{}", free_port()))
