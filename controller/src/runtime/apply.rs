@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::gateway_config::DEFAULT_AUTH_TOKEN_KEY;
-use crate::render::{DataPlane, PlaneNames};
+use crate::render::{DataPlane, PlaneNames, RenderError};
 
 /// Whether `meta`'s controlling owner is the object with `uid`.
 fn controlled_by(
@@ -185,6 +185,17 @@ where
         Ok(_) => Ok(false),
         Err(e) => Err(format!("reading {kind} {namespace}/{name}: {e}")),
     }
+}
+
+/// A new config-API token for a generated Secret: 32 bytes of the system random source, hex.
+/// [`crate::render::resolve`] renders with it when the Secret does not exist yet.
+///
+/// # Errors
+/// The random source failed.
+pub fn fresh_token() -> Result<String, RenderError> {
+    let mut bytes = [0u8; 32];
+    aws_lc_rs::rand::fill(&mut bytes).map_err(|_| RenderError::Random)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Creates the generated config-API token Secret when it is missing and never changes an

@@ -19,7 +19,7 @@ mod report;
 pub mod status;
 pub mod stores;
 
-pub use apply::REPLICAS_HANDOVER_MANAGER;
+pub use apply::{fresh_token, REPLICAS_HANDOVER_MANAGER};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
@@ -451,7 +451,7 @@ impl Reconciler {
             let (key, field) = shared.tunnel_secret.as_ref()?;
             let token = secret_text(snapshot, key, field)?;
             token
-                .parse::<cftunnel_tunnel::Token>()
+                .parse::<cftunnel_config::Token>()
                 .ok()
                 .map(|t| TunnelIdentity::of(&t))
         });
@@ -710,7 +710,7 @@ impl Reconciler {
         })?;
         // Objects are owned by the Gateway's uid; one from the API server always has it.
         gw.metadata.uid.as_ref()?;
-        let rendered = render::fresh_token()
+        let rendered = fresh_token()
             .and_then(|fresh| render::resolve(gw, config, &snapshot.secrets, &fresh))
             .and_then(|credentials| {
                 render::render(gw, config, &credentials, &self.options.render)
@@ -1084,7 +1084,7 @@ fn shared_plane(
         .tunnel_secret
         .as_ref()
         .and_then(|(key, field)| secret_text(snapshot, key, field))
-        .and_then(|t| t.parse::<cftunnel_tunnel::Token>().ok());
+        .and_then(|t| t.parse::<cftunnel_config::Token>().ok());
     Some(PlaneInfo {
         address: tunnel
             .as_ref()

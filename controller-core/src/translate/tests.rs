@@ -1667,7 +1667,7 @@ fn replace_prefix_match_needs_prefix_matches() {
 
 /// A GatewayConfig `cfg` in `infra` with the Secret it names.
 fn gateway_config(spec_extra: &str) -> String {
-    let token = cftunnel_tunnel::Token::new(
+    let token = cftunnel_config::Token::new(
         "account",
         b"secret".to_vec(),
         "6ff42ae2-765d-4adf-8112-31c55c1551ef"
@@ -2245,7 +2245,7 @@ fn tenant(ns: &str, name: &str, tunnel: &str) -> String {
 /// [`tenant`], its token holding `secret`.
 fn tenant_with_secret(ns: &str, name: &str, tunnel: &str, secret: &[u8]) -> String {
     let token =
-        cftunnel_tunnel::Token::new("account", secret.to_vec(), tunnel.parse().expect("uuid"))
+        cftunnel_config::Token::new("account", secret.to_vec(), tunnel.parse().expect("uuid"))
             .encode();
     format!(
         r#"apiVersion: v1
@@ -2462,7 +2462,7 @@ fn sharing_the_class_tunnel_or_a_namespace_is_not_flagged() {
         "  parentRefs: [{name: gw}]\n  rules: [{backendRefs: [{name: v1, port: 8080}]}]",
     );
     let options = Options {
-        shared_tunnel: Some(TunnelIdentity::of(&cftunnel_tunnel::Token::new(
+        shared_tunnel: Some(TunnelIdentity::of(&cftunnel_config::Token::new(
             "account",
             b"secret".to_vec(),
             TUNNEL_A.parse().expect("uuid"),
@@ -2902,7 +2902,7 @@ fn a_dedicated_gateway_on_the_class_tunnel_keeps_the_listener_of_an_older_shared
         "2026-02-01T00:00:00Z",
     );
     let class_tunnel = Options {
-        shared_tunnel: Some(TunnelIdentity::of(&cftunnel_tunnel::Token::new(
+        shared_tunnel: Some(TunnelIdentity::of(&cftunnel_config::Token::new(
             "account",
             b"secret".to_vec(),
             TUNNEL_A.parse().expect("uuid"),
@@ -3284,7 +3284,7 @@ fn a_more_specific_listener_of_a_gateway_not_accepted_leaves_the_hostname_to_the
 
     // A dedicated Gateway on the class tunnel, refused for its parameters.
     let class_tunnel = Options {
-        shared_tunnel: Some(TunnelIdentity::of(&cftunnel_tunnel::Token::new(
+        shared_tunnel: Some(TunnelIdentity::of(&cftunnel_config::Token::new(
             "account",
             b"secret".to_vec(),
             TUNNEL_A.parse().expect("uuid"),

@@ -1,4 +1,4 @@
-use cftunnel_tunnel::Token;
+use cftunnel_config::Token;
 use k8s_openapi::api::core::v1::Container;
 
 use super::*;

@@ -13,8 +13,7 @@ mod tests;
 
 use std::collections::BTreeMap;
 
-use aws_lc_rs::digest;
-use cftunnel_tunnel::{Token, TokenError};
+use cftunnel_config::{Token, TokenError};
 use gateway_api::experimental::gateways::Gateway;
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
@@ -36,6 +35,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::ByteString;
+use sha2::{Digest, Sha256};
 
 use crate::gateway_config::{
     GatewayConfig, SecretKeyRef, DEFAULT_AUTH_TOKEN_KEY, DEFAULT_TUNNEL_TOKEN_KEY,
@@ -182,7 +182,8 @@ impl Credentials {
 /// Reads the Secrets `config` names out of `secrets` (the Secrets of the Gateway's namespace).
 ///
 /// Without `authTokenSecretRef`, the token is taken from the generated Secret when it already
-/// exists (it is never rotated) and is `fresh_token` (see [`fresh_token`]) otherwise.
+/// exists (it is never rotated) and is `fresh_token` otherwise: a new random token the caller
+/// draws, as this crate has no random source.
 ///
 /// # Errors
 /// A named Secret or key that is missing, a value that is not text, a malformed connector token.
@@ -289,17 +290,6 @@ pub fn resolve(
     })
 }
 
-/// A new config-API token: 32 random bytes, hex. [`resolve`] uses it for the generated Secret's
-/// first render.
-///
-/// # Errors
-/// The operating system's random source failed.
-pub fn fresh_token() -> Result<String, RenderError> {
-    let mut bytes = [0u8; 32];
-    aws_lc_rs::rand::fill(&mut bytes).map_err(|_| RenderError::Random)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
-}
-
 /// The text of key `key` of Secret `namespace/name` in `secrets`, as a pod reads a token from it.
 pub fn secret_text(secrets: &[Secret], namespace: &str, name: &str, key: &str) -> Option<String> {
     let secret = secrets.iter().find(|s| {
@@ -330,16 +320,12 @@ fn text_value(value: &[u8]) -> Option<String> {
 }
 
 fn credentials_digest(tunnel_token: &str, auth_token: &str) -> String {
-    let mut ctx = digest::Context::new(&digest::SHA256);
+    let mut ctx = Sha256::new();
     for part in [tunnel_token, auth_token] {
-        ctx.update(&(part.len() as u64).to_be_bytes());
+        ctx.update((part.len() as u64).to_be_bytes());
         ctx.update(part.as_bytes());
     }
-    ctx.finish()
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    ctx.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The objects of one dedicated data plane, ready to apply in the Gateway's namespace.

@@ -38,6 +38,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Serialize, Serializer};
+use sha2::{Digest, Sha256};
 
 use crate::gateway_config::GatewayConfig;
 
@@ -338,14 +339,13 @@ fn translate_checked(
     let mut routes = binding::collect_routes(snapshot);
     routes.sort_by(|a, b| a.precedence_cmp(b));
 
-    // Each rule with its placement when it comes from a GRPCRoute (see `grpc_route::order`).
-    let mut rules_by_plane: BTreeMap<
-        PlaneKey,
-        Vec<(
-            Option<grpc_route::Placement>,
-            (cftunnel_config::Rule, RouteKey),
-        )>,
-    > = BTreeMap::new();
+    // Each rule with the route it comes from, and its placement when that is a GRPCRoute (see
+    // `grpc_route::order`).
+    type Placed = (
+        Option<grpc_route::Placement>,
+        (cftunnel_config::Rule, RouteKey),
+    );
+    let mut rules_by_plane: BTreeMap<PlaneKey, Vec<Placed>> = BTreeMap::new();
     let mut seen_rules: BTreeMap<PlaneKey, BTreeSet<String>> = BTreeMap::new();
     let mut claims = binding::ListenerClaims::default();
     for (position, route) in routes.iter().enumerate() {
@@ -499,13 +499,10 @@ pub struct TunnelIdentity {
 
 impl TunnelIdentity {
     /// The identity of the tunnel a connector token opens.
-    pub fn of(token: &cftunnel_tunnel::Token) -> Self {
-        let mut secret = [0u8; 32];
-        let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, token.tunnel_secret());
-        secret.copy_from_slice(digest.as_ref());
+    pub fn of(token: &cftunnel_config::Token) -> Self {
         Self {
             id: token.tunnel_id(),
-            secret,
+            secret: Sha256::digest(token.tunnel_secret()).into(),
         }
     }
 }

@@ -1,0 +1,19 @@
+//! The controller's pure core: what it decides, with nothing that could do I/O.
+//!
+//! [`translate`] turns Gateway API objects into one proxy config document per data plane and
+//! the status every owned object should carry. [`render`] turns a Gateway and its
+//! [`gateway_config::GatewayConfig`] into the objects of its dedicated data plane.
+//! [`manifest`] parses multi-document YAML into a [`translate::Snapshot`], the input of both.
+//!
+//! What it leaves out: the cluster, the clock, the network and the random source. The
+//! controller's runtime watches the cluster, draws the config-API tokens generated Secrets get,
+//! applies what is rendered, pushes the configs and writes the statuses; its CLI reads
+//! manifests from files. This crate cannot reach any of that by accident: its normal
+//! dependencies are the config contract (`cftunnel-config`), the Gateway API and Kubernetes
+//! types, and small pure crates, and `tests/boundary.rs` fails the build's tests when an async
+//! runtime, a network or TLS stack, native crypto or the CLI parser joins them.
+
+pub mod gateway_config;
+pub mod manifest;
+pub mod render;
+pub mod translate;
