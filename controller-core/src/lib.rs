@@ -1,9 +1,13 @@
 //! The controller's pure core: what it decides, with nothing that could do I/O.
 //!
-//! [`translate`] turns Gateway API objects into one proxy config document per data plane and
-//! the status every owned object should carry. [`render`] turns a Gateway and its
-//! [`gateway_config::GatewayConfig`] into the objects of its dedicated data plane.
-//! [`manifest`] parses multi-document YAML into a [`translate::Snapshot`], the input of both.
+//! The input is a [`snapshot::Snapshot`] of the objects the controller watches ([`manifest`]
+//! parses one from multi-document YAML). [`render`] turns a Gateway and its
+//! [`gateway_config::GatewayConfig`] into the objects of its dedicated data plane;
+//! [`render::plan`] does so for every dedicated plane of a snapshot, once. [`translate`] turns
+//! the snapshot and those plans into one proxy config document per data plane and the status
+//! every owned object should carry: a dedicated Gateway is accepted by the render that is
+//! applied, not by one of its own. The modules import one way: `snapshot` and
+//! `gateway_config`, then `render`, then `translate`.
 //!
 //! What it leaves out: the cluster, the clock, the network and the random source. The
 //! controller's runtime watches the cluster, draws the config-API tokens generated Secrets get,
@@ -16,4 +20,5 @@
 pub mod gateway_config;
 pub mod manifest;
 pub mod render;
+pub mod snapshot;
 pub mod translate;

@@ -7,7 +7,10 @@
 //!
 //! What it leaves out: talking to the API server, pushing configs and writing status (with
 //! `lastTransitionTime`), which belong to the runtime, and the objects of dedicated data planes,
-//! which [`crate::render`] produces.
+//! which [`crate::render`] produces. A dedicated Gateway is accepted, and gets its tunnel, by
+//! the render of its plane ([`render::plan`]): the caller renders once and passes the plans to
+//! [`translate_with`], and applies those same planes; [`translate`] renders them itself, for
+//! callers that apply nothing.
 
 mod backend;
 mod binding;
@@ -29,19 +32,18 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use cftunnel_config::{valid, Config};
-use gateway_api::experimental::gatewayclasses::GatewayClass;
-use gateway_api::experimental::gateways::Gateway;
-use gateway_api::experimental::grpcroutes::GrpcRoute;
-use gateway_api::experimental::httproutes::HttpRoute;
 use gateway_api::experimental::referencegrants::ReferenceGrant;
-use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
-use crate::gateway_config::GatewayConfig;
+use crate::render::{self, Plans, RenderSettings};
 
+pub use crate::snapshot::{
+    ObjectKey, Snapshot, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND,
+};
 pub use backend::BackendRefError;
 pub use external_name::ExternalNameBackends;
 pub use features::SUPPORTED_FEATURES;
@@ -51,41 +53,10 @@ pub use status::{
     Statuses,
 };
 
-/// The API group of every Gateway API kind.
-pub const GATEWAY_API_GROUP: &str = "gateway.networking.k8s.io";
-/// The API group of `GatewayConfig`, the per-Gateway data-plane parameters.
-pub const GATEWAY_CONFIG_GROUP: &str = "cf.k8s.lex.la";
-/// The kind a Gateway's `infrastructure.parametersRef` names to get a dedicated data plane.
-pub const GATEWAY_CONFIG_KIND: &str = "GatewayConfig";
 /// The `controllerName` this controller answers for unless configured otherwise.
 pub const DEFAULT_CONTROLLER_NAME: &str = "cf.k8s.lex.la/tunnel-controller";
 /// The default cluster DNS domain.
 pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
-
-/// Everything the translation reads: the objects as the API server returns them.
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot {
-    pub gateway_classes: Vec<GatewayClass>,
-    pub gateways: Vec<Gateway>,
-    pub http_routes: Vec<HttpRoute>,
-    pub grpc_routes: Vec<GrpcRoute>,
-    pub reference_grants: Vec<ReferenceGrant>,
-    pub namespaces: Vec<Namespace>,
-    pub services: Vec<Service>,
-    pub endpoint_slices: Vec<EndpointSlice>,
-    /// Read by [`crate::render`], not by the translation.
-    pub gateway_configs: Vec<GatewayConfig>,
-    /// Read by [`crate::render`] for the tokens a `GatewayConfig` names.
-    pub secrets: Vec<Secret>,
-    /// The metadata of the cluster's CustomResourceDefinitions: the Gateway API ones' names and
-    /// bundle-version annotations make the GatewayClass condition `SupportedVersion` (see
-    /// [`bundle_version`]); others are ignored.
-    ///
-    /// `None`: they cannot be read (yet), as when the runtime's CRD watch has not listed them
-    /// (its RBAC rule is missing, or the list is slow); the condition says so. `Some` of an
-    /// empty list is a snapshot without CRDs, such as manifests that leave them out.
-    pub custom_resource_definitions: Option<Vec<ObjectMeta>>,
-}
 
 /// Which Gateways are ours and how cluster names are spelled.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,6 +73,8 @@ pub struct Options {
     pub external_name_backends: ExternalNameBackends,
     /// The proxy image of dedicated data planes whose `GatewayConfig` names none
     /// (`--proxy-image`). Without either, such a Gateway is not accepted (`InvalidParameters`).
+    /// Read by [`translate`], which renders the planes itself; [`translate_with`] takes them
+    /// rendered, with the image of the caller's [`RenderSettings`].
     pub proxy_image: Option<String>,
     /// The tunnel of the shared plane (the class tunnel), when known. A dedicated Gateway on
     /// the same tunnel shares it with the shared plane, the documented migration path.
@@ -118,34 +91,6 @@ impl Default for Options {
             proxy_image: None,
             shared_tunnel: None,
         }
-    }
-}
-
-/// Namespace and name of a namespaced object.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ObjectKey {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl ObjectKey {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self {
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-}
-
-impl fmt::Display for ObjectKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-impl Serialize for ObjectKey {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
     }
 }
 
@@ -277,25 +222,39 @@ pub struct Output {
     pub planes: BTreeMap<ObjectKey, PlaneKey>,
 }
 
-/// Translates a snapshot into proxy configs and statuses.
+/// Translates a snapshot into proxy configs and statuses, for callers that apply no data
+/// plane (the `translate` command, tests): the dedicated planes are rendered here, with
+/// `options.proxy_image` and the default settings otherwise, which decide nothing else the
+/// translation reads.
 ///
 /// Never fails as a whole: every problem with an object is reported in that object's status
 /// (and fails closed in the config where the spec says so), so one bad route cannot stop the
 /// others from being served.
 pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
-    translate_with(snapshot, options, &mut valid::Cache::default())
+    let settings = RenderSettings {
+        proxy_image: options.proxy_image.clone(),
+        ..RenderSettings::default()
+    };
+    let plans = render::plan_unapplied(snapshot, &settings);
+    translate_with(snapshot, options, &plans, &mut valid::Cache::default())
 }
 
-/// [`translate`] with the config contract's cache of compiled patterns kept by the caller, so
+/// [`translate`] with the dedicated planes already rendered, by [`render::plan`] from the same
+/// snapshot: a dedicated Gateway is accepted when its plane rendered, with the tunnel its
+/// token names, and otherwise refused with the render's error (`InvalidParameters`). A
+/// Gateway missing from `plans` is refused too. `options.proxy_image` is not read.
+///
+/// `contract` is the config contract's cache of compiled patterns, kept by the caller so that
 /// successive translations compile an unchanged regex once. Only what this translation used
 /// is left in it.
 pub fn translate_with(
     snapshot: &Snapshot,
     options: &Options,
+    plans: &Plans,
     contract: &mut valid::Cache,
 ) -> Output {
     let cell = RefCell::new(std::mem::take(contract));
-    let output = translate_checked(snapshot, options, &cell);
+    let output = translate_checked(snapshot, options, plans, &cell);
     *contract = cell.into_inner();
     contract.keep_used();
     output
@@ -304,6 +263,7 @@ pub fn translate_with(
 fn translate_checked(
     snapshot: &Snapshot,
     options: &Options,
+    plans: &Plans,
     contract: &RefCell<valid::Cache>,
 ) -> Output {
     let index = Index::new(snapshot);
@@ -322,7 +282,7 @@ fn translate_checked(
         ..Statuses::default()
     };
 
-    let mut gateways = gateway::owned_gateways(snapshot, &classes, options);
+    let mut gateways = gateway::owned_gateways(snapshot, &classes, options, plans);
     let mut configs: BTreeMap<PlaneKey, Config> = BTreeMap::new();
     configs.insert(PlaneKey::Shared, Config::default());
     let mut planes = BTreeMap::new();

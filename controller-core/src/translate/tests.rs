@@ -1766,6 +1766,84 @@ spec:
     );
 }
 
+/// The dedicated Gateway `tenant` of `infra`, on GatewayConfig `cfg` (see [`gateway_config`]).
+const TENANT: &str = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: tenant, namespace: infra}
+spec:
+  gatewayClassName: cf
+  infrastructure: {parametersRef: {group: cf.k8s.lex.la, kind: GatewayConfig, name: cfg}}
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+"#;
+
+#[test]
+fn a_dedicated_gateway_is_judged_by_the_plane_the_caller_rendered_not_by_rendering_it_again() {
+    let snapshot = snapshot(&format!("{}{TENANT}", gateway_config("")));
+    let key = ObjectKey::new("infra", "tenant");
+    let fresh = BTreeMap::from([(key.clone(), "fresh".to_owned())]);
+    let accepted = |out: &Output| {
+        let status = &out.statuses.gateways[&key];
+        let accepted = status
+            .conditions
+            .iter()
+            .find(|c| c.kind == ConditionType::Accepted)
+            .expect("Accepted");
+        (accepted.status, accepted.reason, accepted.message.clone())
+    };
+
+    // Rendered without an image and translated with one: the render decides, and its error is
+    // the condition's message.
+    let without_image = render::plan(&snapshot, &RenderSettings::default(), &fresh);
+    let out = translate_with(
+        &snapshot,
+        &with_image(),
+        &without_image,
+        &mut valid::Cache::default(),
+    );
+    let error = without_image[&key].as_ref().expect_err("no image");
+    assert_eq!(
+        accepted(&out),
+        (false, Reason::InvalidParameters, error.to_string())
+    );
+    assert_eq!(out.planes.get(&key), None);
+
+    // Rendered with an image and translated without one: accepted, on its own plane.
+    let settings = RenderSettings {
+        proxy_image: Some("cftunnel-proxy:1".to_owned()),
+        ..RenderSettings::default()
+    };
+    let planned = render::plan(&snapshot, &settings, &fresh);
+    let out = translate_with(
+        &snapshot,
+        &Options::default(),
+        &planned,
+        &mut valid::Cache::default(),
+    );
+    assert!(accepted(&out).0, "accepted");
+    assert_eq!(
+        out.planes.get(&key),
+        Some(&PlaneKey::Dedicated(key.clone()))
+    );
+    // `translate` renders the planes itself, with the options' image: the same outcome.
+    assert_eq!(translate(&snapshot, &with_image()), out);
+
+    // Not rendered at all (plans of another snapshot): refused, saying so.
+    let out = translate_with(
+        &snapshot,
+        &with_image(),
+        &render::Plans::new(),
+        &mut valid::Cache::default(),
+    );
+    assert_eq!(
+        accepted(&out),
+        (
+            false,
+            Reason::InvalidParameters,
+            "GatewayConfig infra/cfg (infrastructure.parametersRef) was not rendered".to_owned()
+        )
+    );
+}
+
 #[test]
 fn listener_problems_are_reported_on_the_listener() {
     let out = run(r#"apiVersion: gateway.networking.k8s.io/v1
