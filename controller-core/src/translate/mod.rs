@@ -19,7 +19,10 @@ pub mod external_name;
 mod features;
 mod gateway;
 mod grpc_route;
+mod hostname;
 mod http_route;
+mod route;
+mod rule;
 mod scheme;
 mod status;
 
@@ -47,7 +50,7 @@ pub use crate::snapshot::{
 pub use backend::BackendRefError;
 pub use external_name::ExternalNameBackends;
 pub use features::SUPPORTED_FEATURES;
-pub use http_route::RuleError;
+pub use rule::RuleError;
 pub use status::{
     Condition, ConditionType, GatewayStatus, ListenerStatus, ParentRef, Reason, RouteParentStatus,
     Statuses,
@@ -296,15 +299,12 @@ fn translate_checked(
     let tunnels = Tunnels::new(&gateways, options.shared_tunnel);
     let scheme_listeners = scheme_listeners(&gateways, &tunnels);
 
-    let mut routes = binding::collect_routes(snapshot);
+    let mut routes = route::collect_routes(snapshot);
     routes.sort_by(|a, b| a.precedence_cmp(b));
 
     // Each rule with the route it comes from, and its placement when that is a GRPCRoute (see
     // `grpc_route::order`).
-    type Placed = (
-        Option<grpc_route::Placement>,
-        (cftunnel_config::Rule, RouteKey),
-    );
+    type Placed = (Option<rule::Placement>, (cftunnel_config::Rule, RouteKey));
     let mut rules_by_plane: BTreeMap<PlaneKey, Vec<Placed>> = BTreeMap::new();
     let mut seen_rules: BTreeMap<PlaneKey, BTreeSet<String>> = BTreeMap::new();
     let mut claims = binding::ListenerClaims::default();
@@ -314,10 +314,10 @@ fn translate_checked(
             continue;
         }
         let translated = match route.source {
-            binding::RouteSource::Http(r) => {
+            route::RouteSource::Http(r) => {
                 http_route::translate_rules(route, r, &index, options, contract)
             }
-            binding::RouteSource::Grpc(r) => {
+            route::RouteSource::Grpc(r) => {
                 grpc_route::translate_rules(route, r, &index, options, contract)
             }
         };

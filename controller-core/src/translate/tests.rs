@@ -1,6 +1,6 @@
 use cftunnel_config::{Backend, BackendProtocol, Config, FilterType, PathMatchType, Rule};
 
-use super::binding::{intersect, Hosts};
+use super::hostname::{intersect, Hosts};
 use super::*;
 use crate::manifest;
 
