@@ -8,15 +8,21 @@
 //! same function on each rule it emits and leaves out what fails, so a document it pushes is
 //! one the proxy accepts.
 //!
+//! The connector token ([`Token`]) is the other document both sides read: the proxy's
+//! connector registers with it, and the controller takes a dedicated plane's tunnel identity
+//! and address from it, so its format is parsed in one place too.
+//!
 //! What it leaves out: anything that does I/O or needs a runtime (dialling backends, serving
-//! requests) belongs to the proxy.
+//! requests, connecting to the edge) belongs to the proxy and the tunnel connector.
 
 mod document;
 mod duration;
+mod token;
 pub mod valid;
 
 pub use document::*;
 pub use duration::{Duration, ParseDurationError};
+pub use token::{Token, TokenError};
 
 #[cfg(test)]
 mod tests;

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use anyhow::{bail, Context};
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::CustomResourceExt;
@@ -65,7 +66,7 @@ pub struct ClassArgs {
     #[arg(
         long,
         env = "EXTERNAL_NAME_BACKENDS",
-        value_enum,
+        value_parser = external_name_backends(),
         default_value_t = ExternalNameBackends::External
     )]
     pub external_name_backends: ExternalNameBackends,
@@ -73,6 +74,29 @@ pub struct ClassArgs {
     /// either, such a Gateway is not accepted.
     #[arg(long, env = "PROXY_IMAGE")]
     pub proxy_image: Option<String>,
+}
+
+/// `--external-name-backends`: the values' spellings with what each admits, for the help.
+fn external_name_backends() -> impl TypedValueParser<Value = ExternalNameBackends> {
+    let values = ExternalNameBackends::ALL.map(|value| {
+        PossibleValue::new(value.as_str()).help(match value {
+            ExternalNameBackends::Deny => {
+                "None: every backendRef to an ExternalName Service is refused"
+            }
+            ExternalNameBackends::External => {
+                "Names that do not mean the cluster as written, dialled as absolute names so \
+                 that the proxy pod's search domains never apply; names under the cluster \
+                 domain or `clusterset.local`, IP addresses, single labels and `localhost` are \
+                 refused, and the proxy dials only public addresses of the rest (`publicOnly`)"
+            }
+            ExternalNameBackends::Any => {
+                "Any name, dialled as written (search domains apply): a route can reach any \
+                 Service of the cluster through one"
+            }
+        })
+    });
+    // Only the spellings above get past the first parser, and each parses.
+    PossibleValuesParser::new(values).try_map(|s| s.parse::<ExternalNameBackends>())
 }
 
 #[derive(Debug, Args)]
@@ -457,7 +481,7 @@ pub struct TranslateArgs {
     /// The shared plane's connector token (the class tunnel), to see which dedicated Gateways
     /// share it.
     #[arg(long, env = "SHARED_TUNNEL_TOKEN", hide_env_values = true)]
-    pub shared_tunnel_token: Option<cftunnel_tunnel::Token>,
+    pub shared_tunnel_token: Option<cftunnel_config::Token>,
 }
 
 /// `NAMESPACE/NAME` of a Gateway.
@@ -593,7 +617,12 @@ pub fn run_render(
             key.namespace
         );
     };
-    let credentials = render::resolve(gateway, config, &snapshot.secrets, &render::fresh_token()?)?;
+    let credentials = render::resolve(
+        gateway,
+        config,
+        &snapshot.secrets,
+        &crate::runtime::fresh_token()?,
+    )?;
     let settings = render_settings(PlaneFlags {
         proxy_image: &args.proxy_image,
         controller_namespace: &args.controller_namespace,

@@ -252,7 +252,7 @@ async fn write(
         let claimed = digest::digest(&digest::SHA256, secret).as_ref().to_vec();
         if verified != Some(claimed.as_slice()) {
             let real = api.tunnel_token(target).await?;
-            let real = real.parse::<cftunnel_tunnel::Token>().map_err(|e| {
+            let real = real.parse::<cftunnel_config::Token>().map_err(|e| {
                 format!(
                     "the Cloudflare API's token for tunnel {}: {e}",
                     target.tunnel

@@ -1,17 +1,20 @@
 //! Gateway API controller for Cloudflare Tunnel data planes.
 //!
-//! [`translate`] is the pure core: Gateway API objects in, proxy config documents and statuses
-//! out, with no I/O. [`manifest`] parses multi-document YAML into a [`translate::Snapshot`].
-//! [`render`] is the other pure core: a Gateway and its [`gateway_config::GatewayConfig`] in,
-//! the objects of its dedicated data plane out. [`push`] brings a plane's pods to its config.
-//! [`runtime`] is the I/O shell that runs them against a cluster. [`cli`] is the command line
+//! The decisions are made in the pure core, the `cftunnel-controller-core` crate, re-exported
+//! here under the same paths: [`translate`] (Gateway API objects in, proxy config documents
+//! and statuses out), [`render`] (a Gateway and its [`gateway_config::GatewayConfig`] in, the
+//! objects of its dedicated data plane out) and [`manifest`] (multi-document YAML into a
+//! [`translate::Snapshot`]). That crate depends on no runtime, network or random source, and a
+//! test of its dependency tree keeps it so.
+//!
+//! This crate is the I/O around it: [`runtime`] watches the cluster, runs the core on what it
+//! sees, applies the rendered planes and writes statuses; [`push`] brings a plane's pods to its
+//! config; [`cloudflare`] writes the tunnels' ingress documents; [`cli`] is the command line
 //! (`run`, `translate`, `render`, `crd`).
 
 pub mod cli;
 pub mod cloudflare;
-pub mod gateway_config;
-pub mod manifest;
 pub mod push;
-pub mod render;
 pub mod runtime;
-pub mod translate;
+
+pub use cftunnel_controller_core::{gateway_config, manifest, render, translate};

@@ -1373,6 +1373,71 @@ impl Tenant {
     }
 }
 
+/// Each plane is rendered once a round, and that one render both decides the Gateway's
+/// acceptance and is what gets applied: the settings the runtime renders with decide both,
+/// whatever the translation's own options say. A second render for the translation, with
+/// other inputs, would accept what is not applied or apply what is not accepted.
+#[tokio::test]
+async fn a_gateway_is_accepted_by_the_render_that_is_applied() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let accepted = |api: &ApiServer| {
+            api.get(
+                "gateway.networking.k8s.io/v1",
+                "Gateway",
+                "tenant-a",
+                "edge",
+            )
+            .and_then(|g| condition(g.pointer("/status/conditions")?, "Accepted").cloned())
+        };
+        let image = |api: &ApiServer| {
+            api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+                .and_then(|d| d.pointer("/spec/template/spec/containers/0/image").cloned())
+        };
+
+        // Only the render settings name an image: accepted, and applied with it.
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |_| {},
+            ApiServer::client,
+            |options| {
+                options.translate.proxy_image = None;
+                options.render.proxy_image = Some("proxy:rendered".to_owned());
+            },
+        )
+        .await;
+        let applied = eventually("the Deployment", || image(&t.api)).await;
+        assert_eq!(applied, json!("proxy:rendered"));
+        let status = eventually("Accepted", || accepted(&t.api)).await;
+        assert_eq!(status["status"], "True", "{status}");
+        t.stop().await;
+
+        // Only the translation's options name one: nothing to apply, so not accepted, with the
+        // render's reason.
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |_| {},
+            ApiServer::client,
+            |options| {
+                options.translate.proxy_image = Some("proxy:1".to_owned());
+                options.render.proxy_image = None;
+            },
+        )
+        .await;
+        let status = eventually("Accepted", || accepted(&t.api)).await;
+        assert_eq!(
+            (&status["status"], &status["reason"]),
+            (&json!("False"), &json!("InvalidParameters")),
+            "{status}"
+        );
+        let message = status["message"].as_str().unwrap_or_default();
+        assert!(message.contains("--proxy-image"), "{message}");
+        assert_eq!(image(&t.api), None, "nothing is applied");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// A status write the API server never answers fails once it has waited the client's bound
 /// (`runtime::api_client`), as any failed API call: the round goes on, later rounds apply
 /// later changes, and once the API server answers the status is written.

@@ -114,7 +114,10 @@ mod service;
 pub mod stream;
 mod tasks;
 pub mod tls;
-pub mod token;
+/// The connector token, whose format lives with the config contract in `cftunnel-config`.
+pub mod token {
+    pub use cftunnel_config::{Token, TokenError};
+}
 pub mod udp;
 
 /// The tunnel's Cap'n Proto schema (`tunnelrpc.capnp`), generated: the registration and
@@ -129,6 +132,7 @@ pub mod tunnelrpc_capnp;
 mod quic_metadata_protocol_capnp;
 
 pub use body::{Body, BodyError, BoxError, OnUpgrade, UpgradeError, Upgraded};
+pub use cftunnel_config::{Token, TokenError};
 pub use connector::{
     Connector, ConnectorError, ConnectorHandle, ConnectorOptions, Protocol, ProtocolError,
     DEFAULT_CLIENT_VERSION, FEATURES, FEATURE_POST_QUANTUM,
@@ -138,4 +142,3 @@ pub use metrics::TunnelMetrics;
 pub use quic::DEFAULT_QUIC_MAX_STREAMS;
 pub use rpc::control::{ConnectionDetails, EdgeRefusal};
 pub use rpc::remote_config::RemoteConfig;
-pub use token::{Token, TokenError};

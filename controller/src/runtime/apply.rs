@@ -15,7 +15,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::gateway_config::DEFAULT_AUTH_TOKEN_KEY;
-use crate::render::{DataPlane, PlaneNames};
+use crate::render::{self, DataPlane, PlaneNames, RenderError};
+use crate::translate::{ObjectKey, Snapshot};
 
 /// Whether `meta`'s controlling owner is the object with `uid`.
 fn controlled_by(
@@ -185,6 +186,35 @@ where
         Ok(_) => Ok(false),
         Err(e) => Err(format!("reading {kind} {namespace}/{name}: {e}")),
     }
+}
+
+/// A new config-API token for a generated Secret: 32 bytes of the system random source, hex.
+/// [`render::resolve`] renders with it when the Secret does not exist yet.
+///
+/// # Errors
+/// The random source failed.
+pub fn fresh_token() -> Result<String, RenderError> {
+    let mut bytes = [0u8; 32];
+    aws_lc_rs::rand::fill(&mut bytes).map_err(|_| RenderError::Random)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A fresh token for each Gateway of `snapshot` that names a `GatewayConfig`, for
+/// [`render::plan`]: only those whose generated Secret does not exist yet use theirs. A Gateway
+/// the random source gave none is left out (its plan then says why, if it needed one).
+pub fn fresh_tokens(snapshot: &Snapshot) -> BTreeMap<ObjectKey, String> {
+    snapshot
+        .gateways
+        .iter()
+        .filter(|gw| render::config_name(gw).is_some())
+        .filter_map(|gw| {
+            let key = ObjectKey::new(
+                gw.metadata.namespace.as_deref()?,
+                gw.metadata.name.as_deref()?,
+            );
+            Some((key, fresh_token().ok()?))
+        })
+        .collect()
 }
 
 /// Creates the generated config-API token Secret when it is missing and never changes an

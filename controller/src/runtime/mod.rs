@@ -19,7 +19,7 @@ mod report;
 pub mod status;
 pub mod stores;
 
-pub use apply::REPLICAS_HANDOVER_MANAGER;
+pub use apply::{fresh_token, REPLICAS_HANDOVER_MANAGER};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
@@ -37,7 +37,7 @@ use tokio::task::JoinSet;
 use crate::cloudflare::{self, TunnelApi, TunnelSync, TunnelTarget};
 use crate::gateway_config::DEFAULT_API_TOKEN_KEY;
 use crate::push::{self, PlaneRound, PodOutcome, Pusher};
-use crate::render::{self, PlaneNames, RenderSettings, GATEWAY_LABEL};
+use crate::render::{self, PlaneNames, RenderError, RenderSettings, Rendered, GATEWAY_LABEL};
 use crate::translate::{self, ObjectKey, Options, PlaneKey, Snapshot, TunnelIdentity};
 use stores::{PlaneObject, PlaneObjects, Stores};
 
@@ -155,6 +155,8 @@ pub struct SharedPlane {
 /// How the controller runs.
 #[derive(Debug, Clone)]
 pub struct RuntimeOptions {
+    /// Its `proxy_image` is not read: the planes the translation judges are those rendered
+    /// with `render`, once a round.
     pub translate: Options,
     pub render: RenderSettings,
     pub shared: Option<SharedPlane>,
@@ -458,11 +460,23 @@ impl Reconciler {
             let (key, field) = shared.tunnel_secret.as_ref()?;
             let token = secret_text(snapshot, key, field)?;
             token
-                .parse::<cftunnel_tunnel::Token>()
+                .parse::<cftunnel_config::Token>()
                 .ok()
                 .map(|t| TunnelIdentity::of(&t))
         });
-        let mut output = translate::translate(snapshot, &translate_options);
+        // Each dedicated plane is rendered once a round: the translation accepts its Gateway by
+        // this render, and the same render is applied below.
+        let mut plans = render::plan(
+            snapshot,
+            &self.options.render,
+            &apply::fresh_tokens(snapshot),
+        );
+        let mut output = translate::translate_with(
+            snapshot,
+            &translate_options,
+            &plans,
+            &mut cftunnel_config::valid::Cache::default(),
+        );
         let mut planes: BTreeMap<PlaneKey, PlaneInfo> = BTreeMap::new();
         let mut broken = Vec::new();
 
@@ -475,8 +489,9 @@ impl Reconciler {
             let ours = output.statuses.gateways.contains_key(&key);
             match output.planes.get(&key) {
                 Some(PlaneKey::Dedicated(_)) => {
+                    let plan = plans.remove(&key);
                     if let Some(info) = self
-                        .dedicated(gw, &key, snapshot, deployments, watched)
+                        .dedicated(gw, &key, plan, snapshot, deployments, watched)
                         .await
                     {
                         planes.insert(PlaneKey::Dedicated(key), info);
@@ -697,11 +712,13 @@ impl Reconciler {
         self.unreached = unreached;
     }
 
-    /// Renders and applies a dedicated plane; `None` when it could not be applied.
+    /// Applies a dedicated plane as the round rendered it (`plan`); `None` when it could not be
+    /// applied.
     async fn dedicated(
         &mut self,
         gw: &Gateway,
         key: &ObjectKey,
+        plan: Option<Result<Rendered, RenderError>>,
         snapshot: &Snapshot,
         deployments: &[Deployment],
         watched: &PlaneObjects,
@@ -718,12 +735,7 @@ impl Reconciler {
         })?;
         // Objects are owned by the Gateway's uid; one from the API server always has it.
         gw.metadata.uid.as_ref()?;
-        let rendered = render::fresh_token()
-            .and_then(|fresh| render::resolve(gw, config, &snapshot.secrets, &fresh))
-            .and_then(|credentials| {
-                render::render(gw, config, &credentials, &self.options.render)
-                    .map(|plane| (credentials, plane))
-            });
+        let rendered = plan?.map(|r| (r.credentials, r.plane));
         let applied = match rendered {
             Ok((credentials, plane)) => {
                 let live = deployments.iter().find(|d| {
@@ -871,6 +883,10 @@ impl Reconciler {
                 if held == credentials.auth_token {
                     (credentials, plane)
                 } else {
+                    // The one render of a plane a round repeats: the Secret holds another token
+                    // than the watch cache showed (it lags, or another replica created the
+                    // Secret), and the pods read that one. The translation's decision stands:
+                    // acceptance and tunnel do not depend on the config-API token.
                     let credentials = credentials.with_auth_token(held);
                     let plane = render::render(gw, config, &credentials, &self.options.render)
                         .map_err(|e| e.to_string())?;
@@ -1126,7 +1142,7 @@ fn shared_plane(
         .tunnel_secret
         .as_ref()
         .and_then(|(key, field)| secret_text(snapshot, key, field))
-        .and_then(|t| t.parse::<cftunnel_tunnel::Token>().ok());
+        .and_then(|t| t.parse::<cftunnel_config::Token>().ok());
     Some(PlaneInfo {
         address: tunnel
             .as_ref()

@@ -12,7 +12,7 @@ use gateway_api::experimental::gateways::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::render::{self, RenderSettings};
+use crate::render::Plans;
 
 use super::bundle_version;
 use super::status::{Condition, ConditionType, GatewayStatus, ListenerStatus, Reason};
@@ -265,6 +265,7 @@ pub(super) fn owned_gateways<'a>(
     snapshot: &'a Snapshot,
     classes: &BTreeMap<String, Option<&GatewayClass>>,
     options: &Options,
+    plans: &Plans,
 ) -> BTreeMap<ObjectKey, OwnedGateway<'a>> {
     let mut out = BTreeMap::new();
     for gw in &snapshot.gateways {
@@ -278,7 +279,7 @@ pub(super) fn owned_gateways<'a>(
             continue;
         };
         let key = ObjectKey::new(ns, name);
-        out.insert(key.clone(), owned_gateway(key, gw, snapshot, options));
+        out.insert(key.clone(), owned_gateway(key, gw, options, plans));
     }
     mark_shared_plane_conflicts(&mut out);
     // The Gateways whose routes each tunnel serves: what a plane kept without routes of its
@@ -296,38 +297,24 @@ pub(super) fn owned_gateways<'a>(
 }
 
 /// The tunnel of the data plane the GatewayConfig `name` (in the Gateway's namespace) makes,
-/// or why it cannot make one: missing, or failing to resolve or render as the runtime would.
-fn dedicated_tunnel(
-    gw: &Gateway,
-    namespace: &str,
-    name: &str,
-    snapshot: &Snapshot,
-    options: &Options,
-) -> Result<TunnelIdentity, String> {
-    let Some(config) = snapshot.gateway_configs.iter().find(|c| {
-        c.metadata.namespace.as_deref() == Some(namespace)
-            && c.metadata.name.as_deref() == Some(name)
-    }) else {
-        return Err(format!(
-            "{GATEWAY_CONFIG_KIND} {namespace}/{name} (infrastructure.parametersRef) not found"
-        ));
-    };
-    let settings = RenderSettings {
-        proxy_image: options.proxy_image.clone(),
-        ..RenderSettings::default()
-    };
-    // The generated token's value does not decide whether a plane can be rendered.
-    let credentials =
-        render::resolve(gw, config, &snapshot.secrets, "").map_err(|e| e.to_string())?;
-    render::render(gw, config, &credentials, &settings).map_err(|e| e.to_string())?;
-    Ok(TunnelIdentity::of(&credentials.tunnel))
+/// or why it cannot make one: missing, or failing to resolve or render. Read from the render
+/// the caller applies, not rendered again.
+fn dedicated_tunnel(key: &ObjectKey, name: &str, plans: &Plans) -> Result<TunnelIdentity, String> {
+    match plans.get(key) {
+        Some(Ok(rendered)) => Ok(TunnelIdentity::of(&rendered.credentials.tunnel)),
+        Some(Err(e)) => Err(e.to_string()),
+        None => Err(format!(
+            "{GATEWAY_CONFIG_KIND} {}/{name} (infrastructure.parametersRef) was not rendered",
+            key.namespace
+        )),
+    }
 }
 
 fn owned_gateway<'a>(
     key: ObjectKey,
     gw: &'a Gateway,
-    snapshot: &Snapshot,
     options: &Options,
+    plans: &Plans,
 ) -> OwnedGateway<'a> {
     let generation = gw.metadata.generation;
     let mut listeners: Vec<OwnedListener<'_>> = gw
@@ -346,7 +333,7 @@ fn owned_gateway<'a>(
     let (plane, tunnel, refused) = match parameters {
         None => (Some(PlaneKey::Shared), options.shared_tunnel, None),
         Some(p) if p.group == GATEWAY_CONFIG_GROUP && p.kind == GATEWAY_CONFIG_KIND => {
-            match dedicated_tunnel(gw, &key.namespace, &p.name, snapshot, options) {
+            match dedicated_tunnel(&key, &p.name, plans) {
                 Ok(id) => (Some(PlaneKey::Dedicated(key.clone())), Some(id), None),
                 Err(problem) => (None, None, Some((Reason::InvalidParameters, problem))),
             }

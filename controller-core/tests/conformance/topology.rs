@@ -5,8 +5,8 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use anyhow::Context;
-use cftunnel_controller::manifest;
-use cftunnel_controller::translate::Snapshot;
+use cftunnel_controller_core::manifest;
+use cftunnel_controller_core::translate::Snapshot;
 use cftunnel_testkit::echo::{EchoIdentity, EchoServer};
 use serde_json::{json, Value};
 
@@ -251,7 +251,7 @@ pub fn snapshot(
         }));
         // Each Gateway's own data plane, as an operator sets one up: its GatewayConfig and the
         // Secret with its tunnel's connector token.
-        let token = cftunnel_tunnel::Token::new(
+        let token = cftunnel_config::Token::new(
             "conformance",
             gw.name.as_bytes().to_vec(),
             uuid::Uuid::from_u128(i as u128 + 1),

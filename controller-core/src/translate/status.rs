@@ -132,9 +132,10 @@ impl Condition {
 }
 
 impl Condition {
-    /// An `Accepted=True` condition, for tests of code that only carries conditions along.
-    #[cfg(test)]
-    pub(crate) fn new_for_tests() -> Self {
+    /// An `Accepted=True` condition, for tests of code that only carries conditions along (the
+    /// controller's status writer, with the `test-util` feature).
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn new_for_tests() -> Self {
         Self::new(ConditionType::Accepted, true, Reason::Accepted, "", Some(1))
     }
 }

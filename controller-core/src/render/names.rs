@@ -2,8 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use aws_lc_rs::digest;
 use gateway_api::experimental::gateways::Gateway;
+
+use sha2::{Digest, Sha256};
 
 use super::{RenderError, GATEWAY_LABEL};
 
@@ -145,7 +146,7 @@ fn is_dns_label(s: &str) -> bool {
 }
 
 fn short_hash(name: &str) -> String {
-    digest::digest(&digest::SHA256, name.as_bytes()).as_ref()[..4]
+    Sha256::digest(name.as_bytes())[..4]
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()

@@ -33,7 +33,6 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::cmp::Reverse;
 
 use cftunnel_config::valid;
 use cftunnel_config::{BackendProtocol, Match, PathMatch, PathMatchType, Rule};
@@ -43,11 +42,9 @@ use gateway_api::experimental::grpcroutes::{
 };
 use gateway_api::experimental::httproutes::HttpRouteRules;
 
-use super::binding::RouteView;
-use super::http_route::{
-    check_regex, header_matches, reshape, translate_all, RouteContext, RuleError, RuleTemplate,
-    TranslatedRoute,
-};
+use super::http_route::{check_regex, header_matches, reshape, translate_all, RouteContext};
+use super::route::RouteView;
+use super::rule::{MatchRank, Placement, RuleError, RuleTemplate, TranslatedRoute};
 use super::{Index, Options};
 
 pub(super) fn translate_rules(
@@ -94,55 +91,18 @@ pub(super) fn translate_rules(
     out
 }
 
-/// Where a GRPCRoute match ranks among the matches of other rules for the same hostname.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct MatchRank {
-    /// Characters of the service (pattern) the match names; 0 without one.
-    service: usize,
-    /// Characters of the method (pattern) the match names; 0 without one.
-    method: usize,
-    headers: usize,
-    /// Position of the rule in the route, and of the match in the rule.
-    rule: usize,
-    matched: usize,
-}
-
-impl MatchRank {
-    fn of(m: Option<&GrpcRouteRulesMatches>, rule: usize, matched: usize) -> Self {
-        let method = m.and_then(|m| m.method.as_ref());
-        let chars = |s: Option<&String>| s.map_or(0, String::len);
-        Self {
-            service: chars(method.and_then(|m| m.service.as_ref())),
-            method: chars(method.and_then(|m| m.method.as_ref())),
-            headers: m.and_then(|m| m.headers.as_ref()).map_or(0, Vec::len),
-            rule,
-            matched,
-        }
-    }
-
-    /// The document position key of the match, for a route at `route` in route precedence
-    /// order: smaller comes first.
-    pub(super) fn placement(self, route: usize) -> Placement {
-        (
-            Reverse(self.service),
-            Reverse(self.method),
-            Reverse(self.headers),
-            route,
-            self.rule,
-            self.matched,
-        )
+/// Where match `m` (the `matched`th of rule `rule`) ranks: see the module's Precedence.
+fn rank(m: Option<&GrpcRouteRulesMatches>, rule: usize, matched: usize) -> MatchRank {
+    let method = m.and_then(|m| m.method.as_ref());
+    let chars = |s: Option<&String>| s.map_or(0, String::len);
+    MatchRank {
+        service: chars(method.and_then(|m| m.service.as_ref())),
+        method: chars(method.and_then(|m| m.method.as_ref())),
+        headers: m.and_then(|m| m.headers.as_ref()).map_or(0, Vec::len),
+        rule,
+        matched,
     }
 }
-
-/// See [`MatchRank::placement`].
-pub(super) type Placement = (
-    Reverse<usize>,
-    Reverse<usize>,
-    Reverse<usize>,
-    usize,
-    usize,
-    usize,
-);
 
 /// One template per match of a translated GRPCRoute rule, each ranked by its match.
 fn split(template: RuleTemplate, rules: &[GrpcRouteRules]) -> Vec<RuleTemplate> {
@@ -160,7 +120,7 @@ fn split(template: RuleTemplate, rules: &[GrpcRouteRules]) -> Vec<RuleTemplate> 
                 ..rule.clone()
             },
             index,
-            grpc: Some(MatchRank::of(spec.get(j), index, j)),
+            grpc: Some(rank(spec.get(j), index, j)),
         })
         .collect()
 }

@@ -21,9 +21,11 @@
 //! addresses the proxy can reach.
 
 use std::fmt;
+use std::str::FromStr;
 
-/// Which ExternalName Services are admitted as backends (`--external-name-backends`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+/// Which ExternalName Services are admitted as backends (`--external-name-backends`), spelled
+/// `deny`, `external` or `any` ([`Self::as_str`], [`FromStr`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ExternalNameBackends {
     /// None: every backendRef to an ExternalName Service is refused.
     Deny,
@@ -39,6 +41,9 @@ pub enum ExternalNameBackends {
 }
 
 impl ExternalNameBackends {
+    /// Every value, in the order the flag's help lists them.
+    pub const ALL: [Self; 3] = [Self::Deny, Self::External, Self::Any];
+
     /// The flag's spelling of the value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -52,6 +57,23 @@ impl ExternalNameBackends {
 impl fmt::Display for ExternalNameBackends {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// A spelling of [`ExternalNameBackends`] that names none of its values.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not one of deny, external, any")]
+pub struct ParseExternalNameBackendsError(pub String);
+
+impl FromStr for ExternalNameBackends {
+    type Err = ParseExternalNameBackendsError;
+
+    /// The flag's spellings, exactly (no other case, no surrounding space).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|v| v.as_str() == s)
+            .ok_or_else(|| ParseExternalNameBackendsError(s.to_owned()))
     }
 }
 
@@ -172,5 +194,24 @@ fn is_ipv4_part(label: &str) -> bool {
         label.bytes().all(|b| b.is_ascii_digit())
     } else {
         digits.bytes().all(|b| b.is_ascii_hexdigit())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_value_parses_from_its_flag_spelling_and_nothing_else_does() {
+        for value in ExternalNameBackends::ALL {
+            assert_eq!(value.to_string().parse(), Ok(value));
+        }
+        for other in ["", "Deny", " any", "external.", "all"] {
+            assert_eq!(
+                other.parse::<ExternalNameBackends>(),
+                Err(ParseExternalNameBackendsError(other.to_owned())),
+                "{other:?}"
+            );
+        }
     }
 }

@@ -6,7 +6,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_yaml_ng::Value;
 
-use crate::translate::{Snapshot, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND};
+use crate::snapshot::{Snapshot, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND};
 
 /// Why a manifest could not be read.
 #[derive(Debug, thiserror::Error)]

@@ -4,8 +4,8 @@
 //! every filter with arbitrary values), are translated, and every plane's document is compiled
 //! with the proxy's code; a rule the contract refuses is left out and its route says why.
 
-use cftunnel_controller::manifest;
-use cftunnel_controller::translate::{
+use cftunnel_controller_core::manifest;
+use cftunnel_controller_core::translate::{
     translate, ConditionType, Options, Output, RouteKey, RouteKind, Snapshot,
 };
 use proptest::prelude::*;
@@ -447,7 +447,7 @@ fn an_oversized_regex_leaves_the_shared_plane_updating() {
     let out = translated(&routes).expect("valid routes");
     let greedy = &out.statuses.routes[&RouteKey {
         kind: RouteKind::Http,
-        key: cftunnel_controller::translate::ObjectKey::new("infra", "greedy"),
+        key: cftunnel_controller_core::translate::ObjectKey::new("infra", "greedy"),
     }][0];
     let accepted = greedy
         .condition(ConditionType::Accepted)
@@ -461,7 +461,7 @@ fn an_oversized_regex_leaves_the_shared_plane_updating() {
         accepted.message
     );
     let metrics = cftunnel_proxy::metrics::ProxyMetrics::register(&mut Default::default());
-    let shared = &out.configs[&cftunnel_controller::translate::PlaneKey::Shared];
+    let shared = &out.configs[&cftunnel_controller_core::translate::PlaneKey::Shared];
     cftunnel_proxy::config::compile(shared, &metrics, &mut Default::default())
         .expect("the shared plane's document compiles");
     assert!(shared

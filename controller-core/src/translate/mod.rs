@@ -7,7 +7,10 @@
 //!
 //! What it leaves out: talking to the API server, pushing configs and writing status (with
 //! `lastTransitionTime`), which belong to the runtime, and the objects of dedicated data planes,
-//! which [`crate::render`] produces.
+//! which [`crate::render`] produces. A dedicated Gateway is accepted, and gets its tunnel, by
+//! the render of its plane ([`render::plan`]): the caller renders once and passes the plans to
+//! [`translate_with`], and applies those same planes; [`translate`] renders them itself, for
+//! callers that apply nothing.
 
 mod backend;
 mod binding;
@@ -16,7 +19,10 @@ pub mod external_name;
 mod features;
 mod gateway;
 mod grpc_route;
+mod hostname;
 mod http_route;
+mod route;
+mod rule;
 mod scheme;
 mod status;
 
@@ -29,62 +35,31 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use cftunnel_config::{valid, Config};
-use gateway_api::experimental::gatewayclasses::GatewayClass;
-use gateway_api::experimental::gateways::Gateway;
-use gateway_api::experimental::grpcroutes::GrpcRoute;
-use gateway_api::experimental::httproutes::HttpRoute;
 use gateway_api::experimental::referencegrants::ReferenceGrant;
-use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Serialize, Serializer};
+use sha2::{Digest, Sha256};
 
-use crate::gateway_config::GatewayConfig;
+use crate::render::{self, Plans, RenderSettings};
 
+pub use crate::snapshot::{
+    ObjectKey, Snapshot, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND,
+};
 pub use backend::BackendRefError;
 pub use external_name::ExternalNameBackends;
 pub use features::SUPPORTED_FEATURES;
-pub use http_route::RuleError;
+pub use rule::RuleError;
 pub use status::{
     Condition, ConditionType, GatewayStatus, ListenerStatus, ParentRef, Reason, RouteParentStatus,
     Statuses,
 };
 
-/// The API group of every Gateway API kind.
-pub const GATEWAY_API_GROUP: &str = "gateway.networking.k8s.io";
-/// The API group of `GatewayConfig`, the per-Gateway data-plane parameters.
-pub const GATEWAY_CONFIG_GROUP: &str = "cf.k8s.lex.la";
-/// The kind a Gateway's `infrastructure.parametersRef` names to get a dedicated data plane.
-pub const GATEWAY_CONFIG_KIND: &str = "GatewayConfig";
 /// The `controllerName` this controller answers for unless configured otherwise.
 pub const DEFAULT_CONTROLLER_NAME: &str = "cf.k8s.lex.la/tunnel-controller";
 /// The default cluster DNS domain.
 pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
-
-/// Everything the translation reads: the objects as the API server returns them.
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot {
-    pub gateway_classes: Vec<GatewayClass>,
-    pub gateways: Vec<Gateway>,
-    pub http_routes: Vec<HttpRoute>,
-    pub grpc_routes: Vec<GrpcRoute>,
-    pub reference_grants: Vec<ReferenceGrant>,
-    pub namespaces: Vec<Namespace>,
-    pub services: Vec<Service>,
-    pub endpoint_slices: Vec<EndpointSlice>,
-    /// Read by [`crate::render`], not by the translation.
-    pub gateway_configs: Vec<GatewayConfig>,
-    /// Read by [`crate::render`] for the tokens a `GatewayConfig` names.
-    pub secrets: Vec<Secret>,
-    /// The metadata of the cluster's CustomResourceDefinitions: the Gateway API ones' names and
-    /// bundle-version annotations make the GatewayClass condition `SupportedVersion` (see
-    /// [`bundle_version`]); others are ignored.
-    ///
-    /// `None`: they cannot be read (yet), as when the runtime's CRD watch has not listed them
-    /// (its RBAC rule is missing, or the list is slow); the condition says so. `Some` of an
-    /// empty list is a snapshot without CRDs, such as manifests that leave them out.
-    pub custom_resource_definitions: Option<Vec<ObjectMeta>>,
-}
 
 /// Which Gateways are ours and how cluster names are spelled.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +76,8 @@ pub struct Options {
     pub external_name_backends: ExternalNameBackends,
     /// The proxy image of dedicated data planes whose `GatewayConfig` names none
     /// (`--proxy-image`). Without either, such a Gateway is not accepted (`InvalidParameters`).
+    /// Read by [`translate`], which renders the planes itself; [`translate_with`] takes them
+    /// rendered, with the image of the caller's [`RenderSettings`].
     pub proxy_image: Option<String>,
     /// The tunnel of the shared plane (the class tunnel), when known. A dedicated Gateway on
     /// the same tunnel shares it with the shared plane, the documented migration path.
@@ -117,34 +94,6 @@ impl Default for Options {
             proxy_image: None,
             shared_tunnel: None,
         }
-    }
-}
-
-/// Namespace and name of a namespaced object.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ObjectKey {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl ObjectKey {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self {
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-}
-
-impl fmt::Display for ObjectKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-impl Serialize for ObjectKey {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
     }
 }
 
@@ -276,25 +225,39 @@ pub struct Output {
     pub planes: BTreeMap<ObjectKey, PlaneKey>,
 }
 
-/// Translates a snapshot into proxy configs and statuses.
+/// Translates a snapshot into proxy configs and statuses, for callers that apply no data
+/// plane (the `translate` command, tests): the dedicated planes are rendered here, with
+/// `options.proxy_image` and the default settings otherwise, which decide nothing else the
+/// translation reads.
 ///
 /// Never fails as a whole: every problem with an object is reported in that object's status
 /// (and fails closed in the config where the spec says so), so one bad route cannot stop the
 /// others from being served.
 pub fn translate(snapshot: &Snapshot, options: &Options) -> Output {
-    translate_with(snapshot, options, &mut valid::Cache::default())
+    let settings = RenderSettings {
+        proxy_image: options.proxy_image.clone(),
+        ..RenderSettings::default()
+    };
+    let plans = render::plan_unapplied(snapshot, &settings);
+    translate_with(snapshot, options, &plans, &mut valid::Cache::default())
 }
 
-/// [`translate`] with the config contract's cache of compiled patterns kept by the caller, so
+/// [`translate`] with the dedicated planes already rendered, by [`render::plan`] from the same
+/// snapshot: a dedicated Gateway is accepted when its plane rendered, with the tunnel its
+/// token names, and otherwise refused with the render's error (`InvalidParameters`). A
+/// Gateway missing from `plans` is refused too. `options.proxy_image` is not read.
+///
+/// `contract` is the config contract's cache of compiled patterns, kept by the caller so that
 /// successive translations compile an unchanged regex once. Only what this translation used
 /// is left in it.
 pub fn translate_with(
     snapshot: &Snapshot,
     options: &Options,
+    plans: &Plans,
     contract: &mut valid::Cache,
 ) -> Output {
     let cell = RefCell::new(std::mem::take(contract));
-    let output = translate_checked(snapshot, options, &cell);
+    let output = translate_checked(snapshot, options, plans, &cell);
     *contract = cell.into_inner();
     contract.keep_used();
     output
@@ -303,6 +266,7 @@ pub fn translate_with(
 fn translate_checked(
     snapshot: &Snapshot,
     options: &Options,
+    plans: &Plans,
     contract: &RefCell<valid::Cache>,
 ) -> Output {
     let index = Index::new(snapshot);
@@ -321,7 +285,7 @@ fn translate_checked(
         ..Statuses::default()
     };
 
-    let mut gateways = gateway::owned_gateways(snapshot, &classes, options);
+    let mut gateways = gateway::owned_gateways(snapshot, &classes, options, plans);
     let mut configs: BTreeMap<PlaneKey, Config> = BTreeMap::new();
     configs.insert(PlaneKey::Shared, Config::default());
     let mut planes = BTreeMap::new();
@@ -335,15 +299,12 @@ fn translate_checked(
     let tunnels = Tunnels::new(&gateways, options.shared_tunnel);
     let scheme_listeners = scheme_listeners(&gateways, &tunnels);
 
-    let mut routes = binding::collect_routes(snapshot);
+    let mut routes = route::collect_routes(snapshot);
     routes.sort_by(|a, b| a.precedence_cmp(b));
 
     // Each rule with the route it comes from, and its placement when that is a GRPCRoute (see
     // `grpc_route::order`).
-    type Placed = (
-        Option<grpc_route::Placement>,
-        (cftunnel_config::Rule, RouteKey),
-    );
+    type Placed = (Option<rule::Placement>, (cftunnel_config::Rule, RouteKey));
     let mut rules_by_plane: BTreeMap<PlaneKey, Vec<Placed>> = BTreeMap::new();
     let mut seen_rules: BTreeMap<PlaneKey, BTreeSet<String>> = BTreeMap::new();
     let mut claims = binding::ListenerClaims::default();
@@ -353,10 +314,10 @@ fn translate_checked(
             continue;
         }
         let translated = match route.source {
-            binding::RouteSource::Http(r) => {
+            route::RouteSource::Http(r) => {
                 http_route::translate_rules(route, r, &index, options, contract)
             }
-            binding::RouteSource::Grpc(r) => {
+            route::RouteSource::Grpc(r) => {
                 grpc_route::translate_rules(route, r, &index, options, contract)
             }
         };
@@ -498,13 +459,10 @@ pub struct TunnelIdentity {
 
 impl TunnelIdentity {
     /// The identity of the tunnel a connector token opens.
-    pub fn of(token: &cftunnel_tunnel::Token) -> Self {
-        let mut secret = [0u8; 32];
-        let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, token.tunnel_secret());
-        secret.copy_from_slice(digest.as_ref());
+    pub fn of(token: &cftunnel_config::Token) -> Self {
         Self {
             id: token.tunnel_id(),
-            secret,
+            secret: Sha256::digest(token.tunnel_secret()).into(),
         }
     }
 }

@@ -1,9 +1,9 @@
-use cftunnel_tunnel::Token;
+use cftunnel_config::Token;
 use k8s_openapi::api::core::v1::Container;
 
 use super::*;
 use crate::manifest;
-use crate::translate::Snapshot;
+use crate::snapshot::{ObjectKey, Snapshot};
 
 const TUNNEL_ID: &str = "6ff42ae2-765d-4adf-8112-31c55c1551ef";
 
@@ -538,6 +538,108 @@ fn the_generated_token_is_never_rotated() {
         resolve(&s.gateways[0], &s.gateway_configs[0], &s.secrets, "fresh").expect("resolves");
     assert_eq!(credentials.auth_token, "kept");
     assert!(credentials.auth_generated, "still the controller's Secret");
+}
+
+#[test]
+fn a_plan_renders_each_gateway_naming_a_gateway_config_once_with_its_own_fresh_token() {
+    let others = r#"---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: lost, namespace: tenant-a}
+spec:
+  gatewayClassName: cloudflare-tunnel
+  infrastructure: {parametersRef: {group: cf.k8s.lex.la, kind: GatewayConfig, name: gone}}
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: shared, namespace: tenant-a}
+spec:
+  gatewayClassName: cloudflare-tunnel
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: elsewhere, namespace: tenant-a}
+spec:
+  gatewayClassName: cloudflare-tunnel
+  infrastructure: {parametersRef: {group: example.com, kind: Other, name: edge-config}}
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+"#;
+    let s = snapshot(BASIC, others);
+    let edge = ObjectKey::new("tenant-a", "edge");
+    let lost = ObjectKey::new("tenant-a", "lost");
+    let fresh = BTreeMap::from([
+        (edge.clone(), "fresh for edge".to_owned()),
+        (lost.clone(), "fresh for lost".to_owned()),
+    ]);
+    let plans = plan(&s, &settings(), &fresh);
+    assert_eq!(
+        plans.keys().collect::<Vec<_>>(),
+        vec![&edge, &lost],
+        "only the Gateways naming a GatewayConfig"
+    );
+    let rendered = plans[&edge].as_ref().expect("edge renders");
+    assert_eq!(rendered.credentials.auth_token, "fresh for edge");
+    // The same objects resolve and render give with that token.
+    let credentials = resolve(
+        &s.gateways[0],
+        &s.gateway_configs[0],
+        &s.secrets,
+        "fresh for edge",
+    )
+    .expect("resolves");
+    assert_eq!(rendered.credentials, credentials);
+    assert_eq!(
+        Ok(&rendered.plane),
+        plane_with_token(&s, "fresh for edge").as_ref()
+    );
+    assert_eq!(
+        plans[&lost]
+            .as_ref()
+            .map(|_| ())
+            .map_err(ToString::to_string),
+        Err("GatewayConfig tenant-a/gone (infrastructure.parametersRef) not found".to_owned())
+    );
+}
+
+fn plane_with_token(s: &Snapshot, fresh: &str) -> Result<DataPlane, RenderError> {
+    let credentials = resolve(&s.gateways[0], &s.gateway_configs[0], &s.secrets, fresh)?;
+    render(
+        &s.gateways[0],
+        &s.gateway_configs[0],
+        &credentials,
+        &settings(),
+    )
+}
+
+#[test]
+fn a_plan_needs_a_fresh_token_only_for_a_generated_secret_that_does_not_exist_yet() {
+    let edge = ObjectKey::new("tenant-a", "edge");
+    let none = BTreeMap::new();
+    let missing = plan(&snapshot(BASIC, ""), &settings(), &none);
+    assert_eq!(missing[&edge], Err(RenderError::Random));
+
+    let existing = "---\napiVersion: v1\nkind: Secret\nmetadata: {name: cf-proxy-edge-auth, namespace: tenant-a}\nstringData: {token: kept}\n";
+    let kept = plan(&snapshot(BASIC, existing), &settings(), &none);
+    let rendered = kept[&edge]
+        .as_ref()
+        .expect("renders with the Secret's token");
+    assert_eq!(rendered.credentials.auth_token, "kept");
+
+    let byo = "---\napiVersion: v1\nkind: Secret\nmetadata: {name: api, namespace: tenant-a}\nstringData: {token: mine}\n";
+    let own = plan(
+        &snapshot(
+            "{tunnelTokenSecretRef: {name: edge-tunnel-token}, authTokenSecretRef: {name: api}}",
+            byo,
+        ),
+        &settings(),
+        &none,
+    );
+    let rendered = own[&edge]
+        .as_ref()
+        .expect("renders with the operator's token");
+    assert_eq!(rendered.credentials.auth_token, "mine");
 }
 
 #[test]

@@ -1,6 +1,6 @@
 use cftunnel_config::{Backend, BackendProtocol, Config, FilterType, PathMatchType, Rule};
 
-use super::binding::{intersect, Hosts};
+use super::hostname::{intersect, Hosts};
 use super::*;
 use crate::manifest;
 
@@ -1667,7 +1667,7 @@ fn replace_prefix_match_needs_prefix_matches() {
 
 /// A GatewayConfig `cfg` in `infra` with the Secret it names.
 fn gateway_config(spec_extra: &str) -> String {
-    let token = cftunnel_tunnel::Token::new(
+    let token = cftunnel_config::Token::new(
         "account",
         b"secret".to_vec(),
         "6ff42ae2-765d-4adf-8112-31c55c1551ef"
@@ -1763,6 +1763,84 @@ spec:
             .condition(ConditionType::Accepted)
             .map(|c| c.status),
         Some(false)
+    );
+}
+
+/// The dedicated Gateway `tenant` of `infra`, on GatewayConfig `cfg` (see [`gateway_config`]).
+const TENANT: &str = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: tenant, namespace: infra}
+spec:
+  gatewayClassName: cf
+  infrastructure: {parametersRef: {group: cf.k8s.lex.la, kind: GatewayConfig, name: cfg}}
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+"#;
+
+#[test]
+fn a_dedicated_gateway_is_judged_by_the_plane_the_caller_rendered_not_by_rendering_it_again() {
+    let snapshot = snapshot(&format!("{}{TENANT}", gateway_config("")));
+    let key = ObjectKey::new("infra", "tenant");
+    let fresh = BTreeMap::from([(key.clone(), "fresh".to_owned())]);
+    let accepted = |out: &Output| {
+        let status = &out.statuses.gateways[&key];
+        let accepted = status
+            .conditions
+            .iter()
+            .find(|c| c.kind == ConditionType::Accepted)
+            .expect("Accepted");
+        (accepted.status, accepted.reason, accepted.message.clone())
+    };
+
+    // Rendered without an image and translated with one: the render decides, and its error is
+    // the condition's message.
+    let without_image = render::plan(&snapshot, &RenderSettings::default(), &fresh);
+    let out = translate_with(
+        &snapshot,
+        &with_image(),
+        &without_image,
+        &mut valid::Cache::default(),
+    );
+    let error = without_image[&key].as_ref().expect_err("no image");
+    assert_eq!(
+        accepted(&out),
+        (false, Reason::InvalidParameters, error.to_string())
+    );
+    assert_eq!(out.planes.get(&key), None);
+
+    // Rendered with an image and translated without one: accepted, on its own plane.
+    let settings = RenderSettings {
+        proxy_image: Some("cftunnel-proxy:1".to_owned()),
+        ..RenderSettings::default()
+    };
+    let planned = render::plan(&snapshot, &settings, &fresh);
+    let out = translate_with(
+        &snapshot,
+        &Options::default(),
+        &planned,
+        &mut valid::Cache::default(),
+    );
+    assert!(accepted(&out).0, "accepted");
+    assert_eq!(
+        out.planes.get(&key),
+        Some(&PlaneKey::Dedicated(key.clone()))
+    );
+    // `translate` renders the planes itself, with the options' image: the same outcome.
+    assert_eq!(translate(&snapshot, &with_image()), out);
+
+    // Not rendered at all (plans of another snapshot): refused, saying so.
+    let out = translate_with(
+        &snapshot,
+        &with_image(),
+        &render::Plans::new(),
+        &mut valid::Cache::default(),
+    );
+    assert_eq!(
+        accepted(&out),
+        (
+            false,
+            Reason::InvalidParameters,
+            "GatewayConfig infra/cfg (infrastructure.parametersRef) was not rendered".to_owned()
+        )
     );
 }
 
@@ -2245,7 +2323,7 @@ fn tenant(ns: &str, name: &str, tunnel: &str) -> String {
 /// [`tenant`], its token holding `secret`.
 fn tenant_with_secret(ns: &str, name: &str, tunnel: &str, secret: &[u8]) -> String {
     let token =
-        cftunnel_tunnel::Token::new("account", secret.to_vec(), tunnel.parse().expect("uuid"))
+        cftunnel_config::Token::new("account", secret.to_vec(), tunnel.parse().expect("uuid"))
             .encode();
     format!(
         r#"apiVersion: v1
@@ -2462,7 +2540,7 @@ fn sharing_the_class_tunnel_or_a_namespace_is_not_flagged() {
         "  parentRefs: [{name: gw}]\n  rules: [{backendRefs: [{name: v1, port: 8080}]}]",
     );
     let options = Options {
-        shared_tunnel: Some(TunnelIdentity::of(&cftunnel_tunnel::Token::new(
+        shared_tunnel: Some(TunnelIdentity::of(&cftunnel_config::Token::new(
             "account",
             b"secret".to_vec(),
             TUNNEL_A.parse().expect("uuid"),
@@ -2902,7 +2980,7 @@ fn a_dedicated_gateway_on_the_class_tunnel_keeps_the_listener_of_an_older_shared
         "2026-02-01T00:00:00Z",
     );
     let class_tunnel = Options {
-        shared_tunnel: Some(TunnelIdentity::of(&cftunnel_tunnel::Token::new(
+        shared_tunnel: Some(TunnelIdentity::of(&cftunnel_config::Token::new(
             "account",
             b"secret".to_vec(),
             TUNNEL_A.parse().expect("uuid"),
@@ -3284,7 +3362,7 @@ fn a_more_specific_listener_of_a_gateway_not_accepted_leaves_the_hostname_to_the
 
     // A dedicated Gateway on the class tunnel, refused for its parameters.
     let class_tunnel = Options {
-        shared_tunnel: Some(TunnelIdentity::of(&cftunnel_tunnel::Token::new(
+        shared_tunnel: Some(TunnelIdentity::of(&cftunnel_config::Token::new(
             "account",
             b"secret".to_vec(),
             TUNNEL_A.parse().expect("uuid"),

@@ -2,19 +2,21 @@
 //! Service, the config-API NetworkPolicy, the autoscaler and the generated config-API token.
 //!
 //! [`resolve`] reads the Secrets a `GatewayConfig` names; [`render`] turns a Gateway, its
-//! `GatewayConfig` and those values into the objects to apply. Neither does I/O or reads a
-//! clock: the caller supplies the Secrets it listed and a fresh token in case one must be
-//! generated, so the same inputs always render the same objects. Applying them, with the
-//! ownership guards that keep the controller off objects it did not create, is the runtime's.
+//! `GatewayConfig` and those values into the objects to apply; [`plan()`] does both for every
+//! dedicated plane of a snapshot, once, for the translation and the runtime to share. None of
+//! them does I/O or reads a clock: the caller supplies the Secrets it listed and a fresh token
+//! in case one must be generated, so the same inputs always render the same objects. Applying
+//! them, with the ownership guards that keep the controller off objects it did not create, is
+//! the runtime's.
 
 mod names;
+mod plan;
 #[cfg(test)]
 mod tests;
 
 use std::collections::BTreeMap;
 
-use aws_lc_rs::digest;
-use cftunnel_tunnel::{Token, TokenError};
+use cftunnel_config::{Token, TokenError};
 use gateway_api::experimental::gateways::Gateway;
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
@@ -36,11 +38,14 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::ByteString;
+use sha2::{Digest, Sha256};
 
 use crate::gateway_config::{
     GatewayConfig, SecretKeyRef, DEFAULT_AUTH_TOKEN_KEY, DEFAULT_TUNNEL_TOKEN_KEY,
 };
 pub use names::PlaneNames;
+pub(crate) use plan::plan_unapplied;
+pub use plan::{config_name, plan, Plans, Rendered};
 
 /// Label on every rendered object, valued with the Gateway's name (or its hashed short form).
 pub const GATEWAY_LABEL: &str = "cf.k8s.lex.la/gateway";
@@ -106,6 +111,8 @@ impl Default for RenderSettings {
 /// `Accepted=False` (`InvalidParameters`) condition: it names what to fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RenderError {
+    #[error("GatewayConfig {namespace}/{name} (infrastructure.parametersRef) not found")]
+    ConfigNotFound { namespace: String, name: String },
     #[error("no proxy image: set spec.image of GatewayConfig {config} or the controller's --proxy-image")]
     NoImage { config: String },
     #[error("Secret {namespace}/{name} (spec.{field} of GatewayConfig {config}) does not exist")]
@@ -144,6 +151,8 @@ pub enum RenderError {
     AutoscalingBounds { config: String, min: i32, max: i32 },
     #[error("spec.replicas of GatewayConfig {config} is negative ({replicas})")]
     NegativeReplicas { config: String, replicas: i32 },
+    /// A generated token Secret does not exist yet and no fresh token was given for it: the
+    /// caller's random source failed.
     #[error("the system random source failed")]
     Random,
     #[error("Gateway has no {0}")]
@@ -182,7 +191,8 @@ impl Credentials {
 /// Reads the Secrets `config` names out of `secrets` (the Secrets of the Gateway's namespace).
 ///
 /// Without `authTokenSecretRef`, the token is taken from the generated Secret when it already
-/// exists (it is never rotated) and is `fresh_token` (see [`fresh_token`]) otherwise.
+/// exists (it is never rotated) and is `fresh_token` otherwise: a new random token the caller
+/// draws, as this crate has no random source.
 ///
 /// # Errors
 /// A named Secret or key that is missing, a value that is not text, a malformed connector token.
@@ -191,6 +201,17 @@ pub fn resolve(
     config: &GatewayConfig,
     secrets: &[Secret],
     fresh_token: &str,
+) -> Result<Credentials, RenderError> {
+    resolve_with(gateway, config, secrets, Some(fresh_token))
+}
+
+/// [`resolve`], failing with [`RenderError::Random`] when a token must be generated and
+/// `fresh_token` is `None`.
+fn resolve_with(
+    gateway: &Gateway,
+    config: &GatewayConfig,
+    secrets: &[Secret],
+    fresh_token: Option<&str>,
 ) -> Result<Credentials, RenderError> {
     let namespace = gateway
         .metadata
@@ -267,7 +288,9 @@ pub fn resolve(
                 .ok()
                 .map(|(text, _)| text)
                 .filter(|t| !t.is_empty());
-            let token = existing.unwrap_or_else(|| fresh_token.to_owned());
+            let token = existing
+                .or_else(|| fresh_token.map(str::to_owned))
+                .ok_or(RenderError::Random)?;
             let selector = SecretKeySelector {
                 name: names.auth_secret.clone(),
                 key: DEFAULT_AUTH_TOKEN_KEY.to_owned(),
@@ -287,17 +310,6 @@ pub fn resolve(
         tunnel_text,
         digest,
     })
-}
-
-/// A new config-API token: 32 random bytes, hex. [`resolve`] uses it for the generated Secret's
-/// first render.
-///
-/// # Errors
-/// The operating system's random source failed.
-pub fn fresh_token() -> Result<String, RenderError> {
-    let mut bytes = [0u8; 32];
-    aws_lc_rs::rand::fill(&mut bytes).map_err(|_| RenderError::Random)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// The text of key `key` of Secret `namespace/name` in `secrets`, as a pod reads a token from it.
@@ -330,16 +342,12 @@ fn text_value(value: &[u8]) -> Option<String> {
 }
 
 fn credentials_digest(tunnel_token: &str, auth_token: &str) -> String {
-    let mut ctx = digest::Context::new(&digest::SHA256);
+    let mut ctx = Sha256::new();
     for part in [tunnel_token, auth_token] {
-        ctx.update(&(part.len() as u64).to_be_bytes());
+        ctx.update((part.len() as u64).to_be_bytes());
         ctx.update(part.as_bytes());
     }
-    ctx.finish()
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    ctx.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The objects of one dedicated data plane, ready to apply in the Gateway's namespace.

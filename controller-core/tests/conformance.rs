@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use cftunnel_controller::translate::{
+use cftunnel_controller_core::translate::{
     self, ObjectKey, Options, Output, RouteKey, RouteKind, Snapshot,
 };
 use cftunnel_proxy::{Server, ServerOptions};

@@ -1,141 +1,16 @@
 //! Route attachment: `parentRefs` against listeners (sectionName, port), `allowedRoutes`
-//! (kinds, namespaces) and listener/route hostname intersection (Gateway API HTTPRoute
-//! `spec.hostnames`, Listener `hostname`).
+//! (kinds, namespaces) and listener/route hostnames ([`super::hostname`]), and the status each
+//! parent gets once the route's rules are translated.
 
-use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
-use cftunnel_config::valid;
-use gateway_api::experimental::grpcroutes::GrpcRoute;
-use gateway_api::experimental::httproutes::HttpRoute;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-
 use super::gateway::{selector_matches, AllowedNamespaces, OwnedGateway, OwnedListener};
+use super::hostname::{covered, intersect, Hosts};
+use super::route::{ParentRefView, RouteView};
+use super::rule::TranslatedRoute;
 use super::scheme::SchemeListeners;
 use super::status::{Condition, ConditionType, ParentRef, Reason, RouteParentStatus};
-use super::{
-    Attachment, Index, ObjectKey, PlaneKey, Precedence, RouteKey, RouteKind, Snapshot,
-    GATEWAY_API_GROUP,
-};
-
-#[derive(Debug, Clone, Copy)]
-pub(super) enum RouteSource<'a> {
-    Http(&'a HttpRoute),
-    Grpc(&'a GrpcRoute),
-}
-
-/// One `parentRefs` entry, whichever the route kind.
-#[derive(Debug, Clone)]
-pub(super) struct ParentRefView<'a> {
-    group: Option<&'a str>,
-    kind: Option<&'a str>,
-    namespace: Option<&'a str>,
-    name: &'a str,
-    section_name: Option<&'a str>,
-    port: Option<i32>,
-}
-
-/// The kind-independent part of a route.
-#[derive(Debug, Clone)]
-pub(super) struct RouteView<'a> {
-    pub(super) kind: RouteKind,
-    pub(super) namespace: &'a str,
-    pub(super) name: &'a str,
-    pub(super) created: Option<&'a Time>,
-    pub(super) generation: Option<i64>,
-    pub(super) hostnames: Vec<String>,
-    /// Set when a route hostname cannot be served; the route is then refused on every parent
-    /// (dropping the name would widen the route to more hosts).
-    invalid_hostnames: Option<String>,
-    parent_refs: Vec<ParentRefView<'a>>,
-    pub(super) source: RouteSource<'a>,
-}
-
-impl<'a> RouteView<'a> {
-    pub(super) fn key(&self) -> RouteKey {
-        RouteKey {
-            kind: self.kind,
-            key: ObjectKey::new(self.namespace, self.name),
-        }
-    }
-
-    /// Gateway API precedence across routes (see [`Precedence`]); the kind breaks the last tie
-    /// so the order is total.
-    pub(super) fn precedence_cmp(&self, other: &Self) -> Ordering {
-        Precedence::new(self.created, self.namespace, self.name)
-            .cmp(&Precedence::new(other.created, other.namespace, other.name))
-            .then_with(|| self.kind.cmp(&other.kind))
-    }
-}
-
-/// Builds the view of a route of either kind: the generated HTTPRoute and GRPCRoute types
-/// share these field names but not a type.
-macro_rules! route_view {
-    ($route:expr, $kind:expr, $source:expr) => {{
-        let r = $route;
-        match (r.metadata.namespace.as_deref(), r.metadata.name.as_deref()) {
-            (Some(namespace), Some(name)) => Some(RouteView {
-                kind: $kind,
-                namespace,
-                name,
-                created: r.metadata.creation_timestamp.as_ref(),
-                generation: r.metadata.generation,
-                hostnames: lower(r.spec.hostnames.as_deref()),
-                invalid_hostnames: invalid_hostnames(r.spec.hostnames.as_deref()),
-                parent_refs: r
-                    .spec
-                    .parent_refs
-                    .iter()
-                    .flatten()
-                    .map(|p| ParentRefView {
-                        group: p.group.as_deref(),
-                        kind: p.kind.as_deref(),
-                        namespace: p.namespace.as_deref(),
-                        name: &p.name,
-                        section_name: p.section_name.as_deref(),
-                        port: p.port,
-                    })
-                    .collect(),
-                source: $source(r),
-            }),
-            _ => None,
-        }
-    }};
-}
-
-pub(super) fn collect_routes(snapshot: &Snapshot) -> Vec<RouteView<'_>> {
-    let http = snapshot
-        .http_routes
-        .iter()
-        .filter_map(|r| route_view!(r, RouteKind::Http, RouteSource::Http));
-    let grpc = snapshot
-        .grpc_routes
-        .iter()
-        .filter_map(|r| route_view!(r, RouteKind::Grpc, RouteSource::Grpc));
-    http.chain(grpc).collect()
-}
-
-fn invalid_hostnames(hostnames: Option<&[String]>) -> Option<String> {
-    let problems: Vec<String> = hostnames
-        .unwrap_or_default()
-        .iter()
-        .enumerate()
-        .filter_map(|(i, h)| {
-            valid::hostname(h)
-                .err()
-                .map(|e| format!("spec.hostnames[{i}]: {e}"))
-        })
-        .collect();
-    (!problems.is_empty()).then(|| problems.join("; "))
-}
-
-fn lower(hostnames: Option<&[String]>) -> Vec<String> {
-    hostnames
-        .unwrap_or_default()
-        .iter()
-        .map(|h| h.to_ascii_lowercase())
-        .collect()
-}
+use super::{Attachment, Index, ObjectKey, PlaneKey, RouteKey, RouteKind, GATEWAY_API_GROUP};
 
 /// One listener a parentRef attaches a route to.
 #[derive(Debug, Clone)]
@@ -220,7 +95,7 @@ impl ParentBinding {
     /// The route's status towards this parent and, when it is accepted there, where.
     pub(super) fn into_status(
         self,
-        translated: &super::http_route::TranslatedRoute,
+        translated: &TranslatedRoute,
         generation: Option<i64>,
     ) -> (RouteParentStatus, Option<Accepted>) {
         let mut conditions = Vec::with_capacity(3);
@@ -304,7 +179,7 @@ impl ListenerClaims {
         self.claims
             .get(listener)?
             .iter()
-            .find(|(route, held)| route.kind != kind && hosts_intersect(held, hosts))
+            .find(|(route, held)| route.kind != kind && held.intersects(hosts))
             .map(|(route, _)| route)
     }
 
@@ -313,16 +188,6 @@ impl ListenerClaims {
             .entry(listener)
             .or_default()
             .push((route.clone(), hosts));
-    }
-}
-
-fn hosts_intersect(a: &Hosts, b: &Hosts) -> bool {
-    match (a, b) {
-        (Hosts::Any, Hosts::Any) => true,
-        (Hosts::Any, Hosts::Some(list)) | (Hosts::Some(list), Hosts::Any) => !list.is_empty(),
-        (Hosts::Some(a), Hosts::Some(b)) => a
-            .iter()
-            .any(|x| b.iter().any(|y| intersect_one(x, y).is_some())),
     }
 }
 
@@ -465,11 +330,6 @@ fn attach(
     Ok((plane, attached))
 }
 
-/// Every host `name` matches is also matched by `pattern`.
-pub(super) fn covered(name: &str, pattern: &str) -> bool {
-    intersect_one(pattern, name).as_deref() == Some(name)
-}
-
 fn namespace_allowed(
     allowed: &AllowedNamespaces<'_>,
     gateway_namespace: &str,
@@ -483,52 +343,4 @@ fn namespace_allowed(
             selector_matches(sel, index.namespace_labels(route_namespace))
         }
     }
-}
-
-/// The hosts a route serves through one listener.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Hosts {
-    Any,
-    Some(Vec<String>),
-}
-
-/// Intersects a listener hostname with route hostnames (both lower-cased); `None` when they
-/// share no host. The more specific of two intersecting names is kept.
-pub(super) fn intersect(listener: Option<&str>, route: &[String]) -> Option<Hosts> {
-    match (listener, route.is_empty()) {
-        (None, true) => Some(Hosts::Any),
-        (None, false) => Some(Hosts::Some(route.to_vec())),
-        (Some(l), true) => Some(Hosts::Some(vec![l.to_owned()])),
-        (Some(l), false) => {
-            let hosts: Vec<String> = route.iter().filter_map(|r| intersect_one(l, r)).collect();
-            (!hosts.is_empty()).then_some(Hosts::Some(hosts))
-        }
-    }
-}
-
-pub(super) fn intersect_one(listener: &str, route: &str) -> Option<String> {
-    if listener == route {
-        return Some(route.to_owned());
-    }
-    match (listener.strip_prefix("*."), route.strip_prefix("*.")) {
-        (Some(l), Some(r)) => {
-            if is_subdomain(r, l) {
-                Some(route.to_owned())
-            } else if is_subdomain(l, r) {
-                Some(listener.to_owned())
-            } else {
-                None
-            }
-        }
-        (Some(l), None) => is_subdomain(route, l).then(|| route.to_owned()),
-        (None, Some(r)) => is_subdomain(listener, r).then(|| listener.to_owned()),
-        (None, None) => None,
-    }
-}
-
-/// `name` is a strict subdomain of `parent` (at least one more label).
-fn is_subdomain(name: &str, parent: &str) -> bool {
-    name.len() > parent.len() + 1
-        && name.ends_with(parent)
-        && name.as_bytes().get(name.len() - parent.len() - 1) == Some(&b'.')
 }

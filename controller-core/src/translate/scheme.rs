@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use cftunnel_config::{Match, Rule, ValueMatch, ValueMatchType};
 
-use super::binding;
+use super::hostname;
 
 /// The header carrying the scheme a request reached the edge with.
 const FORWARDED_PROTO: &str = "X-Forwarded-Proto";
@@ -48,7 +48,7 @@ impl SchemeListeners {
             .any(|listener| match (listener.as_deref(), host) {
                 (None, _) => true,
                 (Some(_), None) => false,
-                (Some(l), Some(h)) => binding::intersect_one(l, h).is_some(),
+                (Some(l), Some(h)) => hostname::intersect_one(l, h).is_some(),
             })
     }
 
@@ -92,7 +92,7 @@ impl SchemeListeners {
             .filter_map(Option::as_deref)
             .filter(move |h| match hostname {
                 None => true,
-                Some(mine) => *h != mine && binding::covered(h, mine),
+                Some(mine) => *h != mine && hostname::covered(h, mine),
             })
     }
 

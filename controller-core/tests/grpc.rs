@@ -5,8 +5,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use cftunnel_controller::manifest;
-use cftunnel_controller::translate::{self, ObjectKey, Options, Snapshot};
+use cftunnel_controller_core::manifest;
+use cftunnel_controller_core::translate::{self, ObjectKey, Options, Snapshot};
 use cftunnel_proxy::{Server, ServerOptions};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;

@@ -1,0 +1,114 @@
+//! Every dedicated data plane of a snapshot, rendered once.
+//!
+//! A round of the controller renders each plane here, first; the translation then accepts a
+//! Gateway, and takes its tunnel, from this render ([`crate::translate::translate_with`]), and
+//! the runtime applies the same objects. Rendering once is what keeps the two from disagreeing:
+//! a plane the translation accepts is the plane that is applied, with the same settings and
+//! the same token.
+
+use std::collections::BTreeMap;
+
+use gateway_api::experimental::gateways::Gateway;
+
+use super::{render, resolve_with, Credentials, DataPlane, RenderError, RenderSettings};
+use crate::snapshot::{ObjectKey, Snapshot, GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND};
+
+/// A Gateway's dedicated data plane as rendered from one snapshot: the credentials it was
+/// rendered with and its objects.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rendered {
+    pub credentials: Credentials,
+    pub plane: DataPlane,
+}
+
+/// The dedicated data planes of one snapshot, by Gateway: every Gateway whose
+/// `infrastructure.parametersRef` names a `GatewayConfig`, rendered or with why it cannot be.
+pub type Plans = BTreeMap<ObjectKey, Result<Rendered, RenderError>>;
+
+/// Renders the dedicated data plane of every Gateway in `snapshot` whose
+/// `infrastructure.parametersRef` names a `GatewayConfig`, with `settings`, each once.
+///
+/// `fresh_tokens` holds a new config-API token per Gateway, drawn by the caller (this crate has
+/// no random source); it is used where the generated token Secret does not exist yet.
+///
+/// Gateways of classes the controller does not own are rendered too when they name a
+/// `GatewayConfig` (nothing reads those renders); that keeps this free of the ownership rules,
+/// which are the translation's.
+///
+/// # Errors
+/// Per Gateway, in its entry: the `GatewayConfig` is not in the snapshot, or [`resolve`] or
+/// [`render`] fails; a Gateway missing from `fresh_tokens` whose generated token Secret does
+/// not exist yet fails with [`RenderError::Random`] (the caller's random source gave none).
+///
+/// [`resolve`]: super::resolve
+pub fn plan(
+    snapshot: &Snapshot,
+    settings: &RenderSettings,
+    fresh_tokens: &BTreeMap<ObjectKey, String>,
+) -> Plans {
+    plan_by(snapshot, settings, |key| {
+        fresh_tokens.get(key).map(String::as_str)
+    })
+}
+
+/// [`plan`] for planes that are looked at, never applied (the offline translation): a
+/// generated token Secret that does not exist yet is rendered with an empty token, whose value
+/// decides nothing the translation reads.
+pub(crate) fn plan_unapplied(snapshot: &Snapshot, settings: &RenderSettings) -> Plans {
+    plan_by(snapshot, settings, |_| Some(""))
+}
+
+fn plan_by<'t>(
+    snapshot: &Snapshot,
+    settings: &RenderSettings,
+    fresh_token: impl Fn(&ObjectKey) -> Option<&'t str>,
+) -> Plans {
+    snapshot
+        .gateways
+        .iter()
+        .filter_map(|gw| {
+            let key = ObjectKey::new(
+                gw.metadata.namespace.as_deref()?,
+                gw.metadata.name.as_deref()?,
+            );
+            let config = config_name(gw)?;
+            let rendered = plan_one(gw, &key, config, snapshot, settings, fresh_token(&key));
+            Some((key, rendered))
+        })
+        .collect()
+}
+
+/// The `GatewayConfig` a Gateway's `infrastructure.parametersRef` names, if it names one.
+pub fn config_name(gateway: &Gateway) -> Option<&str> {
+    gateway
+        .spec
+        .infrastructure
+        .as_ref()
+        .and_then(|i| i.parameters_ref.as_ref())
+        .filter(|r| r.group == GATEWAY_CONFIG_GROUP && r.kind == GATEWAY_CONFIG_KIND)
+        .map(|r| r.name.as_str())
+}
+
+fn plan_one(
+    gateway: &Gateway,
+    key: &ObjectKey,
+    config_name: &str,
+    snapshot: &Snapshot,
+    settings: &RenderSettings,
+    fresh_token: Option<&str>,
+) -> Result<Rendered, RenderError> {
+    let config = snapshot
+        .gateway_configs
+        .iter()
+        .find(|c| {
+            c.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+                && c.metadata.name.as_deref() == Some(config_name)
+        })
+        .ok_or_else(|| RenderError::ConfigNotFound {
+            namespace: key.namespace.clone(),
+            name: config_name.to_owned(),
+        })?;
+    let credentials = resolve_with(gateway, config, &snapshot.secrets, fresh_token)?;
+    let plane = render(gateway, config, &credentials, settings)?;
+    Ok(Rendered { credentials, plane })
+}

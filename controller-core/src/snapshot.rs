@@ -1,0 +1,78 @@
+//! The input of the core: a snapshot of the objects the controller watches, as the API server
+//! returns them (or as manifests hold them, see [`crate::manifest`]), and how objects are named.
+//! [`crate::render::plan`] renders the dedicated data planes it asks for and
+//! [`crate::translate`] translates it.
+
+use std::fmt;
+
+use gateway_api::experimental::gatewayclasses::GatewayClass;
+use gateway_api::experimental::gateways::Gateway;
+use gateway_api::experimental::grpcroutes::GrpcRoute;
+use gateway_api::experimental::httproutes::HttpRoute;
+use gateway_api::experimental::referencegrants::ReferenceGrant;
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Serialize, Serializer};
+
+use crate::gateway_config::GatewayConfig;
+
+/// The API group of every Gateway API kind.
+pub const GATEWAY_API_GROUP: &str = "gateway.networking.k8s.io";
+/// The API group of `GatewayConfig`, the per-Gateway data-plane parameters.
+pub const GATEWAY_CONFIG_GROUP: &str = "cf.k8s.lex.la";
+/// The kind a Gateway's `infrastructure.parametersRef` names to get a dedicated data plane.
+pub const GATEWAY_CONFIG_KIND: &str = "GatewayConfig";
+
+/// Everything the core reads: the objects as the API server returns them.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub gateway_classes: Vec<GatewayClass>,
+    pub gateways: Vec<Gateway>,
+    pub http_routes: Vec<HttpRoute>,
+    pub grpc_routes: Vec<GrpcRoute>,
+    pub reference_grants: Vec<ReferenceGrant>,
+    pub namespaces: Vec<Namespace>,
+    pub services: Vec<Service>,
+    pub endpoint_slices: Vec<EndpointSlice>,
+    /// Read by [`crate::render::plan`]; the translation sees them through its plans.
+    pub gateway_configs: Vec<GatewayConfig>,
+    /// Read by [`crate::render::plan`] for the tokens a `GatewayConfig` names.
+    pub secrets: Vec<Secret>,
+    /// The metadata of the cluster's CustomResourceDefinitions: the Gateway API ones' names and
+    /// bundle-version annotations make the GatewayClass condition `SupportedVersion` (see
+    /// [`crate::translate::bundle_version`]); others are ignored.
+    ///
+    /// `None`: they cannot be read (yet), as when the runtime's CRD watch has not listed them
+    /// (its RBAC rule is missing, or the list is slow); the condition says so. `Some` of an
+    /// empty list is a snapshot without CRDs, such as manifests that leave them out.
+    pub custom_resource_definitions: Option<Vec<ObjectMeta>>,
+}
+
+/// Namespace and name of a namespaced object.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl Serialize for ObjectKey {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}

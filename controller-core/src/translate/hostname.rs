@@ -1,0 +1,72 @@
+//! Hostname intersection (Gateway API Listener `hostname` and HTTPRoute/GRPCRoute
+//! `spec.hostnames`): which hosts a route serves through a listener, and whether two sets of
+//! hosts share one. Names are lower-cased; a wildcard `*.example.com` matches names with one or
+//! more labels before `example.com`, never `example.com` itself.
+
+/// The hosts a route serves through one listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Hosts {
+    Any,
+    Some(Vec<String>),
+}
+
+impl Hosts {
+    /// Whether the two share a host.
+    pub(super) fn intersects(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Any, Self::Any) => true,
+            (Self::Any, Self::Some(list)) | (Self::Some(list), Self::Any) => !list.is_empty(),
+            (Self::Some(a), Self::Some(b)) => a
+                .iter()
+                .any(|x| b.iter().any(|y| intersect_one(x, y).is_some())),
+        }
+    }
+}
+
+/// Intersects a listener hostname with route hostnames (both lower-cased); `None` when they
+/// share no host. The more specific of two intersecting names is kept.
+pub(super) fn intersect(listener: Option<&str>, route: &[String]) -> Option<Hosts> {
+    match (listener, route.is_empty()) {
+        (None, true) => Some(Hosts::Any),
+        (None, false) => Some(Hosts::Some(route.to_vec())),
+        (Some(l), true) => Some(Hosts::Some(vec![l.to_owned()])),
+        (Some(l), false) => {
+            let hosts: Vec<String> = route.iter().filter_map(|r| intersect_one(l, r)).collect();
+            (!hosts.is_empty()).then_some(Hosts::Some(hosts))
+        }
+    }
+}
+
+/// The more specific of two hostnames when one matches every host of the other (wildcards
+/// included); `None` when they share no host.
+pub(super) fn intersect_one(listener: &str, route: &str) -> Option<String> {
+    if listener == route {
+        return Some(route.to_owned());
+    }
+    match (listener.strip_prefix("*."), route.strip_prefix("*.")) {
+        (Some(l), Some(r)) => {
+            if is_subdomain(r, l) {
+                Some(route.to_owned())
+            } else if is_subdomain(l, r) {
+                Some(listener.to_owned())
+            } else {
+                None
+            }
+        }
+        (Some(l), None) => is_subdomain(route, l).then(|| route.to_owned()),
+        (None, Some(r)) => is_subdomain(listener, r).then(|| listener.to_owned()),
+        (None, None) => None,
+    }
+}
+
+/// Every host `name` matches is also matched by `pattern`.
+pub(super) fn covered(name: &str, pattern: &str) -> bool {
+    intersect_one(pattern, name).as_deref() == Some(name)
+}
+
+/// `name` is a strict subdomain of `parent` (at least one more label).
+fn is_subdomain(name: &str, parent: &str) -> bool {
+    name.len() > parent.len() + 1
+        && name.ends_with(parent)
+        && name.as_bytes().get(name.len() - parent.len() - 1) == Some(&b'.')
+}

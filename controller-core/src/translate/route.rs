@@ -1,0 +1,132 @@
+//! A route of either kind as the translation reads it: its identity, precedence, hostnames and
+//! `parentRefs`, collected from the snapshot once. Attachment ([`super::binding`]) and the
+//! translation of its rules ([`super::http_route`], [`super::grpc_route`]) both start here.
+
+use std::cmp::Ordering;
+
+use cftunnel_config::valid;
+use gateway_api::experimental::grpcroutes::GrpcRoute;
+use gateway_api::experimental::httproutes::HttpRoute;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::{ObjectKey, Precedence, RouteKey, RouteKind, Snapshot};
+
+/// The route object itself, by kind.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum RouteSource<'a> {
+    Http(&'a HttpRoute),
+    Grpc(&'a GrpcRoute),
+}
+
+/// One `parentRefs` entry, whichever the route kind.
+#[derive(Debug, Clone)]
+pub(super) struct ParentRefView<'a> {
+    pub(super) group: Option<&'a str>,
+    pub(super) kind: Option<&'a str>,
+    pub(super) namespace: Option<&'a str>,
+    pub(super) name: &'a str,
+    pub(super) section_name: Option<&'a str>,
+    pub(super) port: Option<i32>,
+}
+
+/// The kind-independent part of a route.
+#[derive(Debug, Clone)]
+pub(super) struct RouteView<'a> {
+    pub(super) kind: RouteKind,
+    pub(super) namespace: &'a str,
+    pub(super) name: &'a str,
+    pub(super) created: Option<&'a Time>,
+    pub(super) generation: Option<i64>,
+    pub(super) hostnames: Vec<String>,
+    /// Set when a route hostname cannot be served; the route is then refused on every parent
+    /// (dropping the name would widen the route to more hosts).
+    pub(super) invalid_hostnames: Option<String>,
+    pub(super) parent_refs: Vec<ParentRefView<'a>>,
+    pub(super) source: RouteSource<'a>,
+}
+
+impl<'a> RouteView<'a> {
+    pub(super) fn key(&self) -> RouteKey {
+        RouteKey {
+            kind: self.kind,
+            key: ObjectKey::new(self.namespace, self.name),
+        }
+    }
+
+    /// Gateway API precedence across routes (see [`Precedence`]); the kind breaks the last tie
+    /// so the order is total.
+    pub(super) fn precedence_cmp(&self, other: &Self) -> Ordering {
+        Precedence::new(self.created, self.namespace, self.name)
+            .cmp(&Precedence::new(other.created, other.namespace, other.name))
+            .then_with(|| self.kind.cmp(&other.kind))
+    }
+}
+
+/// Builds the view of a route of either kind: the generated HTTPRoute and GRPCRoute types
+/// share these field names but not a type.
+macro_rules! route_view {
+    ($route:expr, $kind:expr, $source:expr) => {{
+        let r = $route;
+        match (r.metadata.namespace.as_deref(), r.metadata.name.as_deref()) {
+            (Some(namespace), Some(name)) => Some(RouteView {
+                kind: $kind,
+                namespace,
+                name,
+                created: r.metadata.creation_timestamp.as_ref(),
+                generation: r.metadata.generation,
+                hostnames: lower(r.spec.hostnames.as_deref()),
+                invalid_hostnames: invalid_hostnames(r.spec.hostnames.as_deref()),
+                parent_refs: r
+                    .spec
+                    .parent_refs
+                    .iter()
+                    .flatten()
+                    .map(|p| ParentRefView {
+                        group: p.group.as_deref(),
+                        kind: p.kind.as_deref(),
+                        namespace: p.namespace.as_deref(),
+                        name: &p.name,
+                        section_name: p.section_name.as_deref(),
+                        port: p.port,
+                    })
+                    .collect(),
+                source: $source(r),
+            }),
+            _ => None,
+        }
+    }};
+}
+
+pub(super) fn collect_routes(snapshot: &Snapshot) -> Vec<RouteView<'_>> {
+    let http = snapshot
+        .http_routes
+        .iter()
+        .filter_map(|r| route_view!(r, RouteKind::Http, RouteSource::Http));
+    let grpc = snapshot
+        .grpc_routes
+        .iter()
+        .filter_map(|r| route_view!(r, RouteKind::Grpc, RouteSource::Grpc));
+    http.chain(grpc).collect()
+}
+
+fn invalid_hostnames(hostnames: Option<&[String]>) -> Option<String> {
+    let problems: Vec<String> = hostnames
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, h)| {
+            valid::hostname(h)
+                .err()
+                .map(|e| format!("spec.hostnames[{i}]: {e}"))
+        })
+        .collect();
+    (!problems.is_empty()).then(|| problems.join("; "))
+}
+
+fn lower(hostnames: Option<&[String]>) -> Vec<String> {
+    hostnames
+        .unwrap_or_default()
+        .iter()
+        .map(|h| h.to_ascii_lowercase())
+        .collect()
+}

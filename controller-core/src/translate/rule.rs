@@ -1,0 +1,167 @@
+//! What the translation of a route's rules yields, whichever its kind: the rule templates
+//! placed into planes, the rules refused and why, and where a GRPCRoute match ranks. The
+//! HTTPRoute and GRPCRoute translations produce these ([`super::http_route`],
+//! [`super::grpc_route`]); attachment and the planes read them.
+
+use std::cmp::Reverse;
+
+use cftunnel_config::{valid, Rule};
+
+use super::backend::BackendRefError;
+use super::status::{Condition, ConditionType, Reason};
+use super::Attachment;
+
+/// Why a rule is refused (dropped from the config; the route reports `PartiallyInvalid`, or
+/// `Accepted=False` when no rule is left).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    #[error("{field}: regular expression does not compile: {message}")]
+    InvalidRegex { field: String, message: String },
+    #[error("{field}: invalid duration: {source}")]
+    InvalidDuration {
+        field: String,
+        source: cftunnel_config::ParseDurationError,
+    },
+    #[error("{field}: {message}")]
+    UnsupportedValue { field: String, message: String },
+    /// The translated rule breaks a rule of the config contract, which the proxy would refuse
+    /// (`invalid` names the field of the config rule).
+    #[error("{field}: the proxy cannot take this rule: {invalid}")]
+    Refused {
+        field: String,
+        invalid: valid::Invalid,
+    },
+}
+
+impl RuleError {
+    pub(super) fn unsupported(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::UnsupportedValue {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A translated rule before it is placed in a plane: hostnames and listener-derived redirect
+/// ports are filled per attachment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RuleTemplate {
+    pub(super) rule: Rule,
+    /// Position of the rule in the route's `spec.rules`.
+    pub(super) index: usize,
+    /// Set for GRPCRoute rules, which hold one match each: where the match ranks in the
+    /// GRPCRoute precedence order (see [`super::grpc_route`]).
+    pub(super) grpc: Option<MatchRank>,
+}
+
+impl RuleTemplate {
+    pub(super) fn for_attachment(&self, attachment: &Attachment) -> Rule {
+        let mut rule = self.rule.clone();
+        if !attachment.any_host {
+            rule.hostnames = attachment.hostnames.iter().cloned().collect();
+        }
+        // Gateway API RequestRedirect: with neither scheme nor port, the port is the
+        // listener's, and it SHOULD NOT appear in `Location` when it is the well-known port of
+        // the listener's protocol. Such a redirect keeps its port unset: the proxy then keeps
+        // the request's scheme and adds no port. That matters here, since every request
+        // arrives through the tunnel as https: port 80 would give `https://host:80/`. A
+        // redirect that sets a scheme but no port also stays unset, and the proxy uses that
+        // scheme's well-known port. Other listener ports are filled in, when every attached
+        // listener agrees on one.
+        if let (Some(&Some(port)), 1) = (
+            attachment.redirect_ports.first(),
+            attachment.redirect_ports.len(),
+        ) {
+            let port = Some(port);
+            let all = rule
+                .filters
+                .iter_mut()
+                .chain(rule.backends.iter_mut().flat_map(|b| b.filters.iter_mut()));
+            for filter in all {
+                if let Some(redirect) = filter.request_redirect.as_mut() {
+                    if redirect.port.is_none() && redirect.scheme.is_none() {
+                        redirect.port = port;
+                    }
+                }
+            }
+        }
+        rule
+    }
+}
+
+/// The rules of one route and what went wrong translating them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct TranslatedRoute {
+    pub(crate) rules: Vec<RuleTemplate>,
+    pub(crate) dropped: Vec<RuleError>,
+    pub(crate) ref_errors: Vec<BackendRefError>,
+}
+
+impl TranslatedRoute {
+    pub(super) fn dropped_message(&self) -> String {
+        let parts: Vec<String> = self.dropped.iter().map(ToString::to_string).collect();
+        format!("dropped rules: {}", parts.join("; "))
+    }
+
+    pub(super) fn resolved_refs(&self, generation: Option<i64>) -> Condition {
+        match self.ref_errors.first() {
+            None => Condition::new(
+                ConditionType::ResolvedRefs,
+                true,
+                Reason::ResolvedRefs,
+                "",
+                generation,
+            ),
+            Some(first) => {
+                let parts: Vec<String> = self.ref_errors.iter().map(ToString::to_string).collect();
+                Condition::new(
+                    ConditionType::ResolvedRefs,
+                    false,
+                    first.reason(),
+                    parts.join("; "),
+                    generation,
+                )
+            }
+        }
+    }
+}
+
+/// Where a GRPCRoute match ranks among the matches of other rules for the same hostname
+/// (GRPCRoute precedence, see [`super::grpc_route`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MatchRank {
+    /// Characters of the service (pattern) the match names; 0 without one.
+    pub(super) service: usize,
+    /// Characters of the method (pattern) the match names; 0 without one.
+    pub(super) method: usize,
+    /// Header matches.
+    pub(super) headers: usize,
+    /// Position of the rule in the route, and of the match in the rule.
+    pub(super) rule: usize,
+    pub(super) matched: usize,
+}
+
+impl MatchRank {
+    /// The document position key of the match, for a route at `route` in route precedence
+    /// order: smaller comes first.
+    pub(super) fn placement(self, route: usize) -> Placement {
+        (
+            Reverse(self.service),
+            Reverse(self.method),
+            Reverse(self.headers),
+            route,
+            self.rule,
+            self.matched,
+        )
+    }
+}
+
+/// See [`MatchRank::placement`].
+pub(super) type Placement = (
+    Reverse<usize>,
+    Reverse<usize>,
+    Reverse<usize>,
+    usize,
+    usize,
+    usize,
+);
