@@ -131,15 +131,6 @@ impl Condition {
     }
 }
 
-impl Condition {
-    /// An `Accepted=True` condition, for tests of code that only carries conditions along (the
-    /// controller's status writer, with the `test-util` feature).
-    #[cfg(any(test, feature = "test-util"))]
-    pub fn new_for_tests() -> Self {
-        Self::new(ConditionType::Accepted, true, Reason::Accepted, "", Some(1))
-    }
-}
-
 impl fmt::Display for Condition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let status = if self.status { "True" } else { "False" };

@@ -312,7 +312,7 @@ mod tests {
 
     #[test]
     fn our_parents_are_updated_in_place_between_other_controllers_entries() {
-        use crate::translate::{Condition, ParentRef};
+        use crate::translate::{Condition, ConditionType, ParentRef, Reason};
         let ours = |name: &str| RouteParentStatus {
             parent_ref: ParentRef {
                 namespace: "a".to_owned(),
@@ -320,7 +320,13 @@ mod tests {
                 section_name: None,
                 port: None,
             },
-            conditions: vec![Condition::new_for_tests()],
+            conditions: vec![Condition {
+                kind: ConditionType::Accepted,
+                status: true,
+                reason: Reason::Accepted,
+                message: String::new(),
+                observed_generation: Some(1),
+            }],
         };
         let existing = json!({"parents": [
             {"parentRef": {"name": "mine", "namespace": "a"}, "controllerName": "cf", "conditions": []},
@@ -363,7 +369,13 @@ mod tests {
     #[test]
     fn a_gateway_class_status_lists_its_features_as_named_entries() {
         let out = gateway_class(
-            &[crate::translate::Condition::new_for_tests()],
+            &[crate::translate::Condition {
+                kind: crate::translate::ConditionType::Accepted,
+                status: true,
+                reason: crate::translate::Reason::Accepted,
+                message: String::new(),
+                observed_generation: Some(1),
+            }],
             &["Gateway", "HTTPRoute"],
             None,
             "T",
