@@ -349,32 +349,17 @@ async fn websocket_and_h2c_backends_work_end_to_end() {
 /// A TLS acceptor for `backend.internal` offering `alpn`, with a certificate signed by a new
 /// private CA, and that CA as PEM.
 fn backend_tls(alpn: &[&[&[u8]]]) -> (Vec<tokio_rustls::TlsAcceptor>, String) {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
-    let ca_key = KeyPair::generate().expect("key");
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).expect("ca");
-    let key = KeyPair::generate().expect("key");
-    let leaf = CertificateParams::new(vec!["backend.internal".to_owned()])
-        .expect("params")
-        .signed_by(&key, &ca, &ca_key)
-        .expect("leaf");
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let pki = cftunnel_testkit::pki::TestPki::for_names(&["backend.internal"]).expect("PKI");
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let acceptors = alpn
         .iter()
         .map(|protocols| {
-            let mut config = rustls::ServerConfig::builder()
-                .with_no_client_auth()
-                .with_single_cert(
-                    vec![leaf.der().clone()],
-                    rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-                )
-                .expect("server config");
+            let mut config = pki.tcp_server(provider.clone()).expect("server config");
             config.alpn_protocols = protocols.iter().map(|p| p.to_vec()).collect();
             tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config))
         })
         .collect();
-    (acceptors, ca.pem())
+    (acceptors, pki.ca_pem().to_owned())
 }
 
 /// A TLS backend with a certificate for `backend.internal` signed by a private CA.

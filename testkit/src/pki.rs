@@ -37,7 +37,7 @@ fn encode_pem(tag: &str, der: &[u8]) -> String {
     out
 }
 
-/// A generated CA and an edge leaf certificate for
+/// A generated CA and a leaf certificate it signed: by default the edge's, for
 /// `quic.cftunnel.com`, `h2.cftunnel.com` and `probe.cftunnel.com`.
 #[derive(Clone)]
 pub struct TestPki {
@@ -53,8 +53,18 @@ impl std::fmt::Debug for TestPki {
 }
 
 impl TestPki {
-    /// Generates a fresh CA and leaf.
+    /// Generates a fresh CA and an edge leaf.
     pub fn generate() -> Result<Self, PkiError> {
+        Self::for_names(&[
+            tls::QUIC_SERVER_NAME,
+            tls::H2_SERVER_NAME,
+            tls::PROBE_SERVER_NAME,
+        ])
+    }
+
+    /// Generates a fresh CA and a leaf for `names` (DNS names or IP addresses), as a backend
+    /// with a private CA has.
+    pub fn for_names(names: &[&str]) -> Result<Self, PkiError> {
         let gen = |e: rcgen::Error| PkiError::Generate(e.to_string());
         let ca_key = rcgen::KeyPair::generate().map_err(gen)?;
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(gen)?;
@@ -64,11 +74,9 @@ impl TestPki {
             .push(rcgen::DnType::CommonName, "cftunnel mock edge CA");
         let ca = ca_params.self_signed(&ca_key).map_err(gen)?;
         let leaf_key = rcgen::KeyPair::generate().map_err(gen)?;
-        let leaf_params = rcgen::CertificateParams::new(vec![
-            tls::QUIC_SERVER_NAME.to_owned(),
-            tls::H2_SERVER_NAME.to_owned(),
-            tls::PROBE_SERVER_NAME.to_owned(),
-        ])
+        let leaf_params = rcgen::CertificateParams::new(
+            names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>(),
+        )
         .map_err(gen)?;
         let leaf = leaf_params
             .signed_by(&leaf_key, &ca, &ca_key)
