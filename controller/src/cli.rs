@@ -103,6 +103,9 @@ fn external_name_backends() -> impl TypedValueParser<Value = ExternalNameBackend
 pub struct RunArgs {
     #[command(flatten)]
     pub class: ClassArgs,
+    /// Log lines on stderr: `json` (one object per line) or `text`.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: cftunnel_telemetry::LogFormat,
     /// The controller's namespace, where the data planes' config API admits the controller's
     /// pods.
     #[arg(long, env = "POD_NAMESPACE", default_value = "cftunnel-system")]

@@ -32,12 +32,8 @@ fn main() -> ExitCode {
 
 /// The controller's main job: until SIGTERM or SIGINT.
 fn run(args: &RunArgs) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    cftunnel_telemetry::init_logs(args.log_format)
+        .map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))?;
     // One TLS provider for every client in the process (the API server's, Cloudflare's).
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let options = args.options()?;

@@ -1160,8 +1160,10 @@ async fn the_binary_runs_against_a_kubeconfig_and_stops_on_sigterm() {
         .env("POD_NAMESPACE", "cftunnel-system")
         .env("POD_NAME", "controller-0")
         .env_remove("CLOUDFLARE_API_TOKEN")
+        .env_remove("RUST_LOG")
+        .env("LOG_FORMAT", "json")
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("stderr")).expect("log file"))
         .spawn()
         .expect("the controller starts");
     let by = Instant::now() + Duration::from_secs(30);
@@ -1211,6 +1213,21 @@ async fn the_binary_runs_against_a_kubeconfig_and_stops_on_sigterm() {
     };
     assert!(status.success(), "{status}");
     assert_eq!(holder(), None, "the Lease was given up");
+    // Its log: one JSON object per line, the plane or Gateway a line is about as a field.
+    let logs = std::fs::read_to_string(dir.join("stderr")).expect("the log");
+    let lines: Vec<Value> = logs
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?} is not JSON: {e}")))
+        .collect();
+    let line = |message: &str| {
+        lines
+            .iter()
+            .find(|l| l["message"] == message)
+            .unwrap_or_else(|| panic!("no {message:?} line in {logs}"))
+    };
+    assert_eq!(line("applied the data plane")["gateway"], "tenant-a/edge");
+    assert_eq!(line("leading: reconciling")["level"], "INFO");
+    assert!(!logs.contains('\u{1b}'), "no colour codes");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

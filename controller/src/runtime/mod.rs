@@ -632,6 +632,14 @@ impl Reconciler {
         self.refused_rules = refused_rules(&output, &outcomes);
         let mut newly_failed = BTreeSet::new();
         for (plane, outcome) in &outcomes {
+            let pushed = outcome
+                .pods
+                .iter()
+                .filter(|(_, o)| *o == PodOutcome::Pushed)
+                .count();
+            if pushed > 0 {
+                tracing::info!(%plane, version = outcome.version, pods = pushed, "config pushed");
+            }
             for (pod, result) in &outcome.pods {
                 if let PodOutcome::Failed(reason) = result {
                     tracing::warn!(%plane, %pod, %reason, "config push failed");
@@ -790,6 +798,7 @@ impl Reconciler {
                 "rendered Deployment {}, Service {} and NetworkPolicy {}",
                 plane.names.deployment, plane.names.service, plane.names.network_policy
             );
+            tracing::info!(gateway = %key, "applied the data plane");
             self.publish(
                 &gw.object_ref(&()),
                 EventType::Normal,
