@@ -1,17 +1,8 @@
 //! Config pushes to the proxy pods of a data plane (`PUT /config` on each pod's config port).
-//!
-//! Each pod is asked for its version first (`GET /config`) and pushed to only when it lacks the
-//! plane's current one, so a container that restarted in place (same address, empty table) gets
-//! the config again while pods that have it are left alone. Versions are the later of the last
-//! one plus one and the wall clock in milliseconds: they keep increasing across controller
-//! restarts, and a pod that holds a newer version than ours (from an earlier controller whose
-//! clock ran ahead) moves ours past it instead of refusing us forever.
-//!
-//! A pod that refuses one rule (a proxy of another release than the controller, whose rules
-//! differ) names it in its 400; the rule is left out of the plane's document and the rest is
-//! pushed again in the same round, to every pod, so one route's rule never holds back the
-//! others. The refusal is remembered while the plane runs the same pods, so later rounds push
-//! the document without it at once, and it is reported on the route the rule came from.
+//! A pod is pushed to only when it lacks the plane's current version; versions keep increasing
+//! across controller restarts; a rotated token's predecessor is kept for pods not yet rolled;
+//! a rule a pod refuses is left out and the rest pushed in the same round.
+//! See docs/design/config-pushes.md.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;

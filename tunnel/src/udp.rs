@@ -1,21 +1,7 @@
 //! The UDP socket under every QUIC endpoint (the connector's, and a test edge's through
-//! [`endpoint`]).
-//!
-//! Two system calls per packet are saved against quinn's own tokio socket:
-//!
-//! - **Receiving.** quinn's socket reads until the kernel answers `EAGAIN`, so every wake-up
-//!   costs one `recvmmsg` that returns nothing: about one wasted call per request on a
-//!   tunnel carrying one request per packet. A batch shorter than the buffers offered means
-//!   the receive queue was empty when the call returned, so this socket marks itself not
-//!   readable then, as tokio does for a short read on a TCP stream. A datagram that arrives
-//!   afterwards raises a new readiness event, which a stale clear cannot erase (tokio
-//!   clears only the event it handed out), so nothing is missed.
-//! - **Sending.** A UDP socket reports itself writable again each time the kernel frees a
-//!   sent datagram, which on loopback and most NICs is once per send: a socket registered
-//!   for writability wakes the reactor after every packet for nothing. This socket is
-//!   registered for reading only and sends straight away; only after a send finds the buffer
-//!   full does it register a duplicate descriptor for writability, which pollers wait on
-//!   until a send goes out again and drops it.
+//! [`endpoint`]). It saves two system calls per packet against quinn's own tokio socket: a
+//! short receive batch marks the socket drained, and it is registered for writability only
+//! after a send finds the buffer full. See docs/design/quic-udp-socket.md.
 
 use std::fmt;
 use std::future::Future;
@@ -171,6 +157,8 @@ impl AsyncUdpSocket for Socket {
             else {
                 continue;
             };
+            // A short batch means the queue was empty; a datagram arriving since raises a
+            // new readiness event, which this clear (of the event handed out) cannot erase.
             if let Ok(msgs) = result {
                 if msgs < bufs.len().min(meta.len()).min(quinn::udp::BATCH_SIZE) {
                     guard.clear_ready();

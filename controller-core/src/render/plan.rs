@@ -1,10 +1,7 @@
-//! Every dedicated data plane of a snapshot, rendered once.
-//!
-//! A round of the controller renders each plane here, first; the translation then accepts a
-//! Gateway, and takes its tunnel, from this render ([`crate::translate::translate_with`]), and
-//! the runtime applies the same objects. Rendering once is what keeps the two from disagreeing:
-//! a plane the translation accepts is the plane that is applied, with the same settings and
-//! the same token.
+//! Every dedicated data plane of a snapshot, rendered once: the translation accepts a Gateway,
+//! and takes its tunnel, from this render ([`crate::translate::translate_with`]), and the
+//! runtime applies the same objects, so the two cannot disagree.
+//! See docs/design/one-render-per-round.md.
 
 use std::collections::BTreeMap;
 
@@ -32,8 +29,7 @@ pub type Plans = BTreeMap<ObjectKey, Result<Rendered, RenderError>>;
 /// no random source); it is used where the generated token Secret does not exist yet.
 ///
 /// Gateways of classes the controller does not own are rendered too when they name a
-/// `GatewayConfig` (nothing reads those renders); that keeps this free of the ownership rules,
-/// which are the translation's.
+/// `GatewayConfig` (nothing reads those renders): ownership is the translation's to judge.
 ///
 /// # Errors
 /// Per Gateway, in its entry: the `GatewayConfig` is not in the snapshot, or [`resolve`] or

@@ -1,24 +1,8 @@
-//! Which ExternalName Services a route may use as backends, and the host the proxy dials for
-//! them.
-//!
-//! An ExternalName Service is a DNS alias whose target its owner picks freely. Dialled as
-//! written, from the proxy's pod, it reaches whatever that name resolves to there: `svc.team-b`
-//! goes through the pod's search domains to Service `svc` of namespace `team-b`, and
-//! `svc.team-b.svc.cluster.local` or `10.0.0.7` reach in-cluster addresses directly, all
-//! without the ReferenceGrant a cross-namespace backendRef needs (CVE-2021-25740 is this
-//! class). Gateway API leaves ExternalName backends implementation-specific and advises
-//! against them, so what is admitted is the operator's choice (`--external-name-backends`).
-//!
-//! `external` judges the name as written here: no lookup happens in the controller. It refuses
-//! the names that mean the cluster whatever DNS says (the cluster domain, `clusterset.local`,
-//! IP literals, single labels, `localhost`) and stops search-domain completion. Where a name
-//! resolves is the proxy's to check, at dial time: the backend carries `publicOnly`, so a
-//! public name whose record points at a loopback, private, link-local, CGNAT or other
-//! non-public address (`10-96-12-34.sslip.io`, `169.254.169.254.nip.io`, a tenant's own
-//! domain) is refused there, whenever the record changes. Targets on private networks need
-//! `any`. Request mirrors to such a Service carry `publicOnly` too. Where route authors are
-//! not trusted, `deny` and an egress NetworkPolicy on the proxy pods still bound which public
-//! addresses the proxy can reach.
+//! Which ExternalName Services a route may use as backends (`--external-name-backends`), and
+//! the host the proxy dials for them. Dialled as written, a name its owner picks reaches
+//! Services of other namespaces without a ReferenceGrant (the CVE-2021-25740 class), so names
+//! are judged as written here and the proxy checks where they resolve (`publicOnly`).
+//! See docs/design/external-name-backends.md.
 
 use std::fmt;
 use std::str::FromStr;

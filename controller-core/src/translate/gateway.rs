@@ -509,30 +509,10 @@ fn mark_conflicts(listeners: &mut [OwnedListener<'_>], specs: &[GatewayListeners
     }
 }
 
-/// Listeners of Gateways on the shared plane ([`PlaneKey::Shared`]) conflict when they have
-/// the same scheme and the same hostname (both without one included). Every Gateway without
-/// `infrastructure.parametersRef` is served by the shared plane, which merges their routes with
-/// no warning at all. Ports mean nothing behind a tunnel: every request arrives through it, so
-/// such listeners would take the same requests, their routes would be merged into one host,
-/// and one tenant's more specific rules would catch another's traffic.
-///
-/// The oldest Gateway keeps the listener (creationTimestamp, then `namespace/name` as one
-/// string, as for routes); the others' listeners of that scheme and hostname are conflicted
-/// (`HostnameConflict`) as within one Gateway, so they serve nothing and count towards the
-/// Gateway's validity the same way. Precedence decides, not who came first: editing an older
-/// Gateway to add a listener another Gateway already serves takes the hostname from it, so
-/// tenants sharing the plane need admission policy on their Gateways' listeners. Listeners
-/// that already serve nothing (invalid, or conflicted within their Gateway) do not take part.
-/// Listeners of the other scheme are kept apart by [`super::scheme`], distinct hostnames (a
-/// wildcard and a name under it included) by the host lookup and listener isolation (see
-/// [`super::scheme::SchemeListeners::more_specific_than`]): none of them conflict.
-///
-/// Gateways on dedicated planes never conflict across Gateways, not even when their planes
-/// share a tunnel with each other or with the shared plane, nor with a shared-plane Gateway:
-/// the planes of a tunnel serve the union of its routes, which stay accepted, and dedicated
-/// Gateways of different namespaces on one tunnel are flagged `TunnelShared` (the isolation
-/// guide's "Sharing a tunnel"). A conflict there would drop a Gateway migrating onto the class
-/// tunnel, and a dedicated Gateway left with no listener would serve no routes at all.
+/// Conflicts (`HostnameConflict`) each listener of a shared-plane ([`PlaneKey::Shared`]) Gateway
+/// whose scheme and hostname (both without one included) an older Gateway's usable listener
+/// holds: behind a tunnel ports mean nothing, so both would take the same requests. Gateways on
+/// dedicated planes never conflict across Gateways. See docs/design/listeners-and-schemes.md.
 fn mark_shared_plane_conflicts(gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'_>>) {
     let mut order: Vec<&OwnedGateway<'_>> = gateways
         .values()

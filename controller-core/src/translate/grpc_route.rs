@@ -1,35 +1,8 @@
 //! GRPCRoute rules to config rules: `service`/`method` matches become path matches on
-//! `/<service>/<method>`, header matches and filters carry over, backends speak h2c.
-//!
-//! # Precedence
-//!
-//! Gateway API ranks GRPCRoute matches of one hostname by the characters of a matching
-//! service, then of a matching method, then the number of header matches; then the oldest
-//! route, the first route by `{namespace}/{name}`, and the first rule and match. The proxy
-//! ranks Exact paths, then the longest prefix, then regular expressions, and within each
-//! (having no method or query matches to compare for gRPC) the number of header matches, then
-//! document order. So matches become:
-//!
-//! * service and method, Exact: the Exact path `/S/M`;
-//! * service alone, Exact: the prefix `/S` (only `/S/...` paths share it);
-//! * method alone, or either part a RegularExpression: a regular expression;
-//! * no method match (headers only, or a rule without matches): the regular expression `.*`,
-//!   so it ranks below a method match instead of above it as the prefix `/` would.
-//!
-//! Each rule is split into one config rule per match, and the GRPCRoute rules of a document
-//! are put in spec order ([`order`]), so the proxy's document-order tie-break follows the
-//! spec. A RegularExpression part counts the characters of its pattern. What the proxy can
-//! still order differently:
-//!
-//! * an Exact `/S/M` or a service-alone match outranks every regular-expression match, even a
-//!   RegularExpression match that its pattern lengths would rank higher;
-//! * among regular-expression matches the proxy compares header-match counts before document
-//!   order, so a match with more header matches outranks one with more service or method
-//!   characters (a headers-only match with one header beats a method-alone match without
-//!   headers, where the spec prefers the method match).
-//!
-//! Matches of equal header-match counts, and all Exact and service-alone matches among
-//! themselves, follow the spec.
+//! `/<service>/<method>`, header matches and filters carry over, backends speak h2c. Each match
+//! becomes a rule of its own and GRPCRoute rules are put in spec precedence order ([`order`]),
+//! so the proxy's ranking follows Gateway API's but for two corner cases.
+//! See docs/design/grpc-routes.md.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -91,7 +64,7 @@ pub(super) fn translate_rules(
     out
 }
 
-/// Where match `m` (the `matched`th of rule `rule`) ranks: see the module's Precedence.
+/// Where match `m` (the `matched`th of rule `rule`) ranks: see docs/design/grpc-routes.md.
 fn rank(m: Option<&GrpcRouteRulesMatches>, rule: usize, matched: usize) -> MatchRank {
     let method = m.and_then(|m| m.method.as_ref());
     let chars = |s: Option<&String>| s.map_or(0, String::len);

@@ -1,18 +1,7 @@
-//! HTTP and HTTPS listeners behind one tunnel.
-//!
-//! Every request reaches the proxy through the tunnel, whatever the listener: the scheme the
-//! edge received it with arrives as `X-Forwarded-Proto`. Where listeners of both schemes could
-//! take a request for the same host, a rule also requires its listeners' scheme there, so an
-//! HTTP listener's redirect to https never catches the HTTPS listener's requests. Nowhere
-//! else: a host only one scheme's listeners serve is served whatever scheme the edge used (with
-//! Cloudflare's "Always Use HTTPS" every request arrives as https).
-//!
-//! A rule for any host (from a listener and route without hostnames) is contested only by a
-//! listener of the other scheme without hostname either: a listener with a hostname takes its
-//! requests in that hostname's own bucket first, where its rules and its listener-isolation
-//! rule require its scheme, so a request of the other scheme falls through to the rule for any
-//! host. Rules contested on one host are contested on it for both schemes, so every rule of a
-//! host's bucket carries the same number of header matches and no precedence shifts.
+//! HTTP and HTTPS listeners behind one tunnel, whose scheme reaches the proxy only as
+//! `X-Forwarded-Proto`: where listeners of both schemes could take a request for the same host,
+//! a rule also requires its listeners' scheme there, so an HTTP listener's redirect to https
+//! never catches the HTTPS listener's requests. See docs/design/listeners-and-schemes.md.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -53,33 +42,10 @@ impl SchemeListeners {
     }
 
     /// The hostnames of the plane's listeners of `scheme` more specific than `hostname`, a
-    /// listener's hostname (`None`: any host).
-    ///
-    /// Listener isolation (Gateway API `GatewayHTTPListenerIsolation`) across the route table:
-    /// a request whose host matches a listener hostname is served only by that listener's
-    /// routes, and the most specific listener hostname takes it. Within one Gateway the spec
-    /// compares listeners on one port; behind a tunnel ports mean nothing, and the listeners of
-    /// every Gateway whose routes reach the table (the shared plane, or the planes of one
-    /// tunnel, which serve the union of its routes) take the same requests, so a listener
-    /// yields to all usable listeners of its scheme in its table, of any Gateway and port, that
-    /// are more specific than its own: a listener without hostname to every hostname. A route
-    /// hostname inside one of them is left out of the rules of routes attached through the less
-    /// specific listener (a wildcard, or none), so another tenant's route naming
-    /// `app.example.com` on a `*.example.com` listener cannot place rules under a host an
-    /// `app.example.com` listener serves. An equal hostname is not more specific: on the shared
-    /// plane only one Gateway keeps it (see `super::gateway::mark_shared_plane_conflicts`), and
-    /// on planes sharing a tunnel the routes of every listener with that hostname are served
-    /// together. Listeners of the other scheme are not compared: [`Self::scope`] keeps them
-    /// apart by `X-Forwarded-Proto`. A Gateway without a plane serves nothing and takes part in
-    /// nothing; the listeners are gathered once the Gateways are settled, so one that is not
-    /// accepted (refused for its parameters, or left with no usable listener) takes no hostname
-    /// from another's listeners.
-    ///
-    /// Route status does not change: a route whose hostnames are all taken this way stays
-    /// Accepted on its listener, as when a more specific listener of its own Gateway takes
-    /// them. Gateway API accepts a route by the intersection of its hostnames with its parent
-    /// listener's alone, and isolation only decides which listener serves a request; the
-    /// route's rules just do not cover those hosts.
+    /// listener's hostname (`None`: any host; an equal hostname is not more specific). Listener
+    /// isolation across the route table, of any Gateway and port: route hostnames inside them
+    /// are left out of the rules of routes attached through that listener, so another tenant's
+    /// route cannot place rules under them. See docs/design/listeners-and-schemes.md.
     pub(super) fn more_specific_than<'a>(
         &'a self,
         scheme: &str,

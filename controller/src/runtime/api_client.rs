@@ -1,29 +1,8 @@
 //! The controller's Kubernetes API client: kube's own stack, as `kube::Client::try_default`
-//! builds it (the current kubeconfig or the pod's service account, with their auth and token
-//! refresh, base URI, TLS, tracing), plus one layer that bounds how long each request waits
-//! for its whole response, or, for a watch, for its response head: a watch's body stays open
-//! however quiet it is.
-//!
-//! Why: kube sets no read timeout by default (one would also cut watches that are quiet for a
-//! while; kube-runtime's watcher guards those with its own idle timeout). Without a bound, an
-//! API server connection that goes silent (the API server's pod gone behind a load balancer
-//! that sends no RST, a NAT entry dropped) leaves a write, a get or an Event post waiting
-//! forever, and the round that made it with it, while the Lease elector renews on another
-//! connection: the stuck replica would stay leader and nothing would be reconciled. Bounded,
-//! such a call fails like any other API error, the round goes on, and its connection is
-//! dropped rather than reused.
-//!
-//! Watches need the bound on their head: the watcher's idle timeout only starts once
-//! `Api::watch` has returned the response head, and each watch restarts (about every 290 s)
-//! on whatever pooled connection is free. One that went silent would leave the watch waiting
-//! for its head until TCP gives up (some 15 minutes), its cache stale all that time. The API
-//! server sends a watch's head as soon as the watch is set up, before any event, so a head
-//! later than the bound means the connection is gone; the watch fails, and the watcher starts
-//! it again after its backoff, on a new connection.
-//!
-//! Not recognised as long-lived, so bounded like any call: a follow of a pod's log and the
-//! deprecated `/watch/` paths, neither of which the controller uses. The head of an
-//! upgraded connection (exec, attach) is bounded; the upgraded stream is not.
+//! builds it, plus one layer that bounds how long each request waits for its whole response,
+//! or, for a watch, for its response head, so a call on an API server connection that went
+//! silent fails instead of stalling a round while the Lease is still renewed.
+//! See docs/design/api-calls-and-timeouts.md.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -123,13 +102,9 @@ impl<S> Layer<S> for RequestTimeoutLayer {
 /// streaming then yields that error as its next frame. For a watch (see [`is_watch`]) only the
 /// head is bounded; its body streams on unbounded.
 ///
-/// The clock starts in `call`, before the layers inside (kube's: token refresh, connecting,
-/// TLS) have run, so the bound covers a connection or a token that is slow to come. Time a
-/// request spends queued in the `tower::Buffer` kube's `Client` puts in front of the stack is
-/// not counted.
-///
-/// The inner service's futures and bodies must be `Unpin`, as those of kube's boxed stack
-/// are.
+/// The clock starts in `call`, before kube's inner layers (token refresh, connecting, TLS);
+/// time queued in kube's `tower::Buffer` is not counted. The inner service's futures and
+/// bodies must be `Unpin`, as those of kube's boxed stack are.
 #[derive(Debug, Clone)]
 pub struct RequestTimeout<S> {
     inner: S,

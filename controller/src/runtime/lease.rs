@@ -1,21 +1,8 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease, so several controller replicas can run
-//! and only one writes.
-//!
-//! A task of its own renews the Lease every `renew` period, whatever the reconciler is doing,
-//! and publishes whether this replica leads. Every write names the resourceVersion it read, so
-//! two replicas racing for a free Lease cannot both win. As in client-go, another holder's
-//! Lease counts as expired only when this replica has seen the same record, unchanged, for the
-//! Lease's whole duration on its own monotonic clock: node clocks that disagree cannot make two
-//! leaders. A holder stops leading 80 % of the duration after the start of its last successful
-//! renewal, even when that renewal is still waiting for the API server, before any other
-//! replica can take over. The Lease records the duration in whole seconds, rounded up, so
-//! other replicas never count it out sooner than this one stops.
-//!
-//! A write answered 409 Conflict (another replica wrote the Lease since it was read) or 409
-//! AlreadyExists (another created it first) is a lost race: this replica does not lead, and
-//! reads the Lease afresh on its next tick. Giving the Lease up on stop is such a write too,
-//! so it never clears another holder's record; it waits for the API server no longer than a
-//! renewal would, and a Lease not given up lapses on its own.
+//! and only one writes. A task of its own renews the Lease; every write is a compare-and-swap
+//! on the resourceVersion read, another holder's Lease expires only by this replica's monotonic
+//! clock, and a holder stops leading before anyone else may take over.
+//! See docs/design/leader-election.md.
 
 use std::time::Duration;
 

@@ -1,20 +1,8 @@
-//! Keep-alive HTTP/1.1 connections to one backend, plain or TLS.
-//!
-//! The generic pooled client costs, per request, a pool-key hash, a pool lock, a spawned task
-//! that waits for the connection to become reusable, and several large future moves. A backend
-//! here is one fixed address, so a connection is simply checked out, used for one exchange, and
-//! put back when the response body has been read to the end, from the body itself: no task and
-//! no key. Connections are reused last-in first-out, so connections left over from a burst sit
-//! at the bottom of the stack; they are closed once idle longer than the pool's idle timeout,
-//! when a connection is put back and, with no traffic at all, by a timer of the pool's own.
-//!
-//! Each open HTTP/1.1 connection holds one of the pool's permits until it closes, so a flood
-//! cannot open unbounded connections to one backend. A request that finds none idle and none
-//! left to open waits, within its try's timeout, for one to come back to the pool or to close.
-//!
-//! A TLS backend offered `h2` through ALPN may pick it on any new connection. Its requests then
-//! go over that one multiplexed connection ([`H2Channel`]) until it closes; a backend that
-//! picks HTTP/1.1 again is served from this pool again.
+//! Keep-alive HTTP/1.1 connections to one backend, plain or TLS: a connection is checked out
+//! for one exchange and put back by the response body once read to the end (no task, no pool
+//! key), reused last in first out, closed once idle past the timeout, and at most a fixed
+//! number are open at once. A TLS backend that picks `h2` through ALPN is served over one
+//! [`H2Channel`] instead. See docs/design/backend-connection-pools.md.
 
 use super::connector::{ConnectErrorKind, Connector, Stream};
 use super::error::ForwardError;

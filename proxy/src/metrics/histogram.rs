@@ -5,6 +5,7 @@
 //! keeps the same state in atomics, a copy per worker thread, and encodes through the same
 //! `MetricEncoder::encode_histogram`, so `/metrics` reads byte for byte as prometheus-client's
 //! for the same observations (proxy contract, Metrics: the names and shape are fixed).
+//! See docs/design/latency-histograms.md.
 
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::{MetricType, TypedMetric};
@@ -63,27 +64,10 @@ impl Shards {
 ///   prometheus-client's, from several threads it differs only by the order of the rounding.
 ///
 /// # Concurrency
-/// Each thread observes into one of the [`Shards`] copies of the counters, and a scrape adds
-/// the copies up. Threads are numbered in the order they first observe and thread `i` takes
-/// copy `i mod shards`, so with a copy per worker (the proxy sizes them from its worker
-/// count, and only its workers observe) no two workers share one. One copy shared by
-/// several threads is slower than prometheus-client's lock when they observe back to back:
-/// every observation moves the copy's cache line between cores and may retry its
-/// compare-exchange, while the lock tends to let the thread holding it observe again before
-/// the line moves (`benches/benches/histogram.rs`: `atomic_1_shard` against
-/// `prometheus_client` with 2 threads). Copies remove that.
-///
-/// `observe` is one compare-exchange loop on the sum and one `fetch_add` on a bucket, both in
-/// the thread's copy. `_count` is not stored: a scrape adds up the buckets and the NaN/`+Inf`
-/// tally, so it is the `+Inf` bucket plus the NaN and `+Inf` observations (none for request
-/// durations), consistent with the buckets of the same scrape even while requests complete.
-/// `_sum` may run ahead: each observation adds to the sum before its bucket (release) and the
-/// scrape reads every bucket (acquire) before any sum, so a racing scrape can include in
-/// `_sum` the few observations in progress that its buckets lack, never the reverse. Go's
-/// client avoids even that with hot/cold counters, at the price of another atomic per
-/// observation and a scrape that waits for observers. Not worth it here: the skew is at most
-/// one observation per worker thread for one scrape, every series stays monotonic, and
-/// `rate(_sum) / rate(_count)` over any window absorbs it.
+/// Each thread observes into one of the [`Shards`] copies of the counters (thread `i`, numbered
+/// as threads first observe, into copy `i mod shards`) and a scrape adds the copies up. `_count`
+/// is the buckets' total plus the NaN/`+Inf` tally; a racing scrape's `_sum` may include a few
+/// observations in progress that its buckets lack, never the reverse.
 ///
 /// # Panics
 /// None: neither `observe` nor encoding indexes or unwraps.
@@ -98,12 +82,8 @@ pub struct AtomicHistogram {
 #[derive(Debug)]
 struct Counts {
     /// `shards` copies of `[sum, one count per bound]`, each `lines_per_shard` lines long.
-    /// The sum sits beside the buckets of fast requests, so an observation writes one line.
-    ///
-    /// The sum is f64 bits, updated by compare-exchange. Integer nanoseconds would allow a
-    /// plain `fetch_add`, but u64 nanoseconds overflow after 584 years of summed latency
-    /// (weeks at 10k req/s of 0.5 s), hold no NaN, and would print a different `_sum` than
-    /// the f64 sum.
+    /// The sum sits beside the buckets of fast requests, so an observation writes one line;
+    /// it is f64 bits, updated by compare-exchange, to print prometheus-client's `_sum`.
     lines: Box<[Line]>,
     lines_per_shard: usize,
     shards: NonZeroUsize,

@@ -1,18 +1,8 @@
-//! A bound on what an RPC session holds for a peer that stops reading.
-//!
-//! `capnp-rpc` queues every outgoing message in memory, with no bound. A peer
-//! that keeps sending calls but never reads the answers would make that queue
-//! (and the table of answers kept for it) grow for as long as it sends. So
-//! while a write waits for the peer, the session reads nothing more: the
-//! peer's further calls then wait in its own send buffer, held back by the
-//! transport's flow control, as they would on any stream that is not read.
-//! Over QUIC a write also waits while the connection's whole send buffer is
-//! full (large answers on request streams); reading then pauses as well, and
-//! goes on as soon as the write does.
-//!
-//! Only the connector's end of a session is gated. The edge's end must keep
-//! reading: two ends that both stopped reading while their writes waited
-//! would wait for each other.
+//! A bound on what an RPC session holds for a peer that stops reading: `capnp-rpc` queues
+//! outgoing messages without bound, so while a write waits for the peer the session reads
+//! nothing more, leaving the peer's further calls to the transport's flow control. Only the
+//! connector's end is gated: two gated ends could wait for each other.
+//! See docs/design/rpc-backpressure.md.
 
 use std::io;
 use std::pin::Pin;

@@ -1,23 +1,8 @@
-//! The request and response heads as edge and connector send them, read
-//! straight from the frame's bytes and written straight into them: one
-//! segment, no far pointers, the metadata an inline-composite list of
-//! `key`/`val` text structs. Handled this way a text costs a few dozen
-//! instructions; the generic Cap'n Proto reader and builder spend a few
-//! hundred.
-//!
-//! [`Flat`] reads only heads whose texts are all ASCII. For any other message
-//! it answers `None` and the caller decodes it with `capnp`, which accepts it
-//! or names the fault; so whatever this reader returns, `capnp` reads the
-//! same from the same bytes. Reads count against the traversal limit `capnp`
-//! enforces, so pointers that share one large text cannot make this path do
-//! more work than the generic one allows.
-//!
-//! [`Writer`] lays a message out as `capnp`'s builder does (objects in the
-//! order they are set, texts NUL-terminated and padded to words), so its
-//! frames are the builder's, byte for byte.
-//!
-//! Unit tests in `http_map` and the `stream_preamble` fuzz target compare both
-//! directions with the `capnp` paths.
+//! The request and response heads as edge and connector send them (one segment, no far
+//! pointers, ASCII texts), read straight from the frame's bytes and written straight into them:
+//! a few dozen instructions per text where the generic Cap'n Proto reader and builder spend a
+//! few hundred. Any other message is left to `capnp`, and both read and write the same bytes.
+//! See docs/design/stream-head-codec.md.
 
 /// Pointer kinds and list element sizes of the encoding.
 const STRUCT: u64 = 0;
