@@ -19,6 +19,7 @@ pub mod forward;
 mod headers;
 pub mod memory;
 pub mod metrics;
+pub mod process;
 pub mod proxy;
 pub mod response;
 pub mod route;

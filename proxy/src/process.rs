@@ -1,0 +1,265 @@
+//! The proxy as a process: settings in, serving (on its listener or through the tunnel) until
+//! told to stop, then drained. `main` parses the settings and builds the runtime; everything
+//! after that is here, so the same lifecycle can run inside another program (a demo).
+
+use crate::cli::Args;
+use crate::{Server, ServerOptions};
+use anyhow::Context as _;
+use std::future::Future;
+
+/// How long the tunnel connections get to close (code 0) once the grace period is over.
+const TUNNEL_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Where the requests to stop come from: the first drains, a second ends the process at once.
+pub trait Stop: Send + 'static {
+    /// Resolves at the next request to stop.
+    fn next(&mut self) -> impl Future<Output = ()> + Send;
+}
+
+/// Runs the proxy as `args` say until `stop` asks it to stop, then drains it. `worker_threads`
+/// is the runtime's, which sizes per-worker metric shards.
+///
+/// # Errors
+/// A setting that cannot be used (each message names it), a listener that cannot be bound, or
+/// a tunnel connector that cannot start; all before serving begins.
+pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> anyhow::Result<()> {
+    let initial = match &args.config_file {
+        Some(path) => {
+            let text = tokio::fs::read(path)
+                .await
+                .with_context(|| format!("reading {}", path.display()))?;
+            let doc: cftunnel_config::Config = serde_json::from_slice(&text)
+                .with_context(|| format!("parsing {}", path.display()))?;
+            Some(doc)
+        }
+        None => None,
+    };
+    if args.check {
+        let metrics = crate::metrics::ProxyMetrics::register(&mut Default::default());
+        let doc = initial.unwrap_or_default();
+        crate::config::compile(&doc, &metrics, &mut Default::default())
+            .context("config is invalid")?;
+        println!(
+            "config is valid: {} rules, version {}",
+            doc.rules.len(),
+            doc.version
+        );
+        return Ok(());
+    }
+    // Tunnel settings are checked before any socket is bound.
+    let connector = match tunnel_token(&args).await? {
+        Some((setting, raw)) => Some(connector(&args, setting, &raw).await?),
+        None => None,
+    };
+    if args.auth_token.is_none() {
+        tracing::warn!(
+            "PROXY_AUTH_TOKEN is not set: the config API accepts unauthenticated pushes"
+        );
+    }
+    let mut registry = prometheus_client::registry::Registry::default();
+    let tunnel_metrics = cftunnel_tunnel::TunnelMetrics::register(&mut registry);
+    let options = ServerOptions {
+        // In tunnel mode requests arrive only through the connector.
+        data_addr: connector.is_none().then_some(args.addr.0),
+        admin_addr: args.config_addr.0,
+        // A token read from a Secret file often ends in a newline, which no client can send.
+        auth_token: args.auth_token.as_deref().map(|t| t.trim().to_owned()),
+        grace: args.grace_period.0,
+        access_log: args.access_log_enabled,
+        metrics_enabled: args.metrics_enabled,
+        backend_header_timeout: args.backend_header_timeout.0,
+        backend_max_connections: args.backend_max_connections as usize,
+        limits: crate::serve::Limits {
+            max_connections: args.max_connections as usize,
+            ..Default::default()
+        },
+        worker_threads,
+    };
+    let server = Server::start_with_registry(options, initial, registry).await?;
+    let tunnel = match connector {
+        Some(mut connector) => {
+            use crate::tunnel::{
+                await_first_table, transport_for, warn_on_grpc_without_http2, FIRST_CONFIG_WAIT,
+            };
+            if connector.protocol() == cftunnel_tunnel::Protocol::Auto {
+                // Whether the table serves gRPC decides the transport: wait for it to arrive.
+                tokio::select! {
+                    _ = await_first_table(server.proxy(), FIRST_CONFIG_WAIT) => {}
+                    _ = signals.next() => {
+                        tracing::info!("signal before the tunnel started: exiting");
+                        server.begin_drain();
+                        server.shutdown_by(tokio::time::Instant::now() + args.grace_period.0).await;
+                        return Ok(());
+                    }
+                }
+                let serves_grpc = server.proxy().routes().has_grpc_route();
+                let protocol = transport_for(connector.protocol(), serves_grpc);
+                if protocol != connector.protocol() {
+                    tracing::info!(
+                        "the table serves a GRPCRoute: the tunnel dials HTTP/2, which carries \
+                         the trailers gRPC needs (QUIC does not)"
+                    );
+                }
+                connector.set_protocol(protocol);
+            }
+            tokio::spawn(warn_on_grpc_without_http2(
+                server.proxy().clone(),
+                connector.protocol(),
+            ));
+            let service = crate::tunnel::TunnelService::new(server.proxy().clone());
+            let handle = connector
+                .start(service, tunnel_metrics)
+                .context("starting the tunnel connector")?;
+            let registered = handle.clone();
+            server
+                .health()
+                .track_tunnel(move || registered.registered());
+            tracing::info!(admin = %server.admin_addr(), "proxy serving through the tunnel");
+            Some(handle)
+        }
+        None => {
+            tracing::info!(data = %server.data_addr(), admin = %server.admin_addr(), "proxy serving");
+            None
+        }
+    };
+
+    signals.next().await;
+    tracing::info!(grace = ?args.grace_period.0, "draining");
+    // One deadline for the whole drain: unregistering, in-flight requests, connections.
+    let deadline = tokio::time::Instant::now() + args.grace_period.0;
+    server.begin_drain();
+    // A second signal ends the process at once.
+    tokio::spawn(async move {
+        signals.next().await;
+        tracing::warn!("second signal: exiting now");
+        std::process::exit(130);
+    });
+    if let Some(tunnel) = &tunnel {
+        // The edge stops sending new requests here; the connections serve what still comes
+        // for the grace period, as cloudflared's do, and close themselves (code 0) at its end:
+        // they get that long to do so before they are closed from here.
+        if tokio::time::timeout_at(deadline + TUNNEL_CLOSE_WAIT, tunnel.drain())
+            .await
+            .is_err()
+        {
+            tracing::warn!("grace period over before the tunnel connections drained");
+            // Close them with code 0 now rather than drop them with the runtime.
+            if tokio::time::timeout(TUNNEL_CLOSE_WAIT, tunnel.shutdown())
+                .await
+                .is_err()
+            {
+                tracing::warn!("tunnel connections did not close in time");
+            }
+        }
+    }
+    if !server.shutdown_by(deadline).await {
+        tracing::warn!("grace period over with requests still in flight");
+    }
+    tracing::info!("drained");
+    Ok(())
+}
+
+/// The connector token and the setting it came from, as `cloudflared` picks it: a
+/// non-empty `TUNNEL_TOKEN`, else the contents of `TUNNEL_TOKEN_FILE`; `None` is
+/// standalone mode. A set but empty `TUNNEL_TOKEN` with no file is kept, to be refused.
+async fn tunnel_token(args: &Args) -> anyhow::Result<Option<(String, String)>> {
+    let from_env = args
+        .tunnel_token
+        .as_ref()
+        .map(|t| ("TUNNEL_TOKEN".to_owned(), t.clone()));
+    if from_env.as_ref().is_some_and(|(_, t)| !t.trim().is_empty()) {
+        return Ok(from_env);
+    }
+    let Some(path) = &args.tunnel_token_file else {
+        return Ok(from_env);
+    };
+    let setting = format!("TUNNEL_TOKEN_FILE ({})", path.display());
+    let bytes = tokio::fs::read(path)
+        .await
+        .with_context(|| format!("{setting}: reading the token"))?;
+    let raw = String::from_utf8(bytes)
+        .map_err(|_| anyhow::anyhow!("{setting}: the token is not UTF-8 text"))?;
+    if raw.trim().is_empty() {
+        anyhow::bail!("{setting}: the file is empty");
+    }
+    Ok(Some((setting, raw)))
+}
+
+/// Parses the token and the connector settings; every error names the setting.
+async fn connector(
+    args: &Args,
+    setting: String,
+    raw: &str,
+) -> anyhow::Result<cftunnel_tunnel::Connector> {
+    let token: cftunnel_tunnel::Token = raw
+        .trim()
+        .parse()
+        .map_err(|e| anyhow::anyhow!("{setting}: {e}"))?;
+    let edges = args
+        .edge
+        .iter()
+        .map(|e| e.parse::<cftunnel_tunnel::EdgeAddr>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow::anyhow!("TUNNEL_EDGE: {e}"))?;
+    let edge_ca_pem = match &args.edge_ca_file {
+        Some(path) => Some(
+            tokio::fs::read(path)
+                .await
+                .with_context(|| format!("TUNNEL_CACERT: reading {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let protocol = match args.tunnel_protocol {
+        crate::cli::TunnelProtocol::Auto => cftunnel_tunnel::Protocol::Auto,
+        crate::cli::TunnelProtocol::Quic => cftunnel_tunnel::Protocol::Quic,
+        crate::cli::TunnelProtocol::Http2 => cftunnel_tunnel::Protocol::Http2,
+    };
+    let options = cftunnel_tunnel::ConnectorOptions {
+        protocol,
+        edges,
+        edge_ca_pem,
+        edge_ip_version: args.edge_ip_version,
+        region: args.region.clone(),
+        grace_period: args.grace_period.0,
+        post_quantum: args.tunnel_post_quantum,
+        quic_max_streams: args.tunnel_quic_max_streams,
+        ..Default::default()
+    };
+    cftunnel_tunnel::Connector::new(token, options).map_err(|e| match e {
+        cftunnel_tunnel::ConnectorError::RegionWithEndpoint { .. }
+        | cftunnel_tunnel::ConnectorError::Region(_) => anyhow::anyhow!("TUNNEL_REGION: {e}"),
+        e => anyhow::Error::new(e).context("tunnel connector settings"),
+    })
+}
+
+/// SIGTERM or SIGINT, whichever comes.
+#[derive(Debug)]
+pub struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers: install them before anything can take long, so a signal always
+    /// drains.
+    ///
+    /// # Errors
+    /// The handlers cannot be installed.
+    pub fn new() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+        })
+    }
+
+}
+
+impl Stop for Signals {
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
+}
