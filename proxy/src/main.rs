@@ -53,4 +53,3 @@ fn main() -> std::process::ExitCode {
         }
     }
 }
-

@@ -252,7 +252,6 @@ impl Signals {
             int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
         })
     }
-
 }
 
 impl Stop for Signals {
