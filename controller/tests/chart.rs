@@ -14,6 +14,8 @@
 mod controller;
 #[path = "chart/files.rs"]
 mod files;
+#[path = "chart/pods.rs"]
+mod pods;
 #[path = "chart/pool.rs"]
 mod pool;
 #[path = "chart/rendering.rs"]

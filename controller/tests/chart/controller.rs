@@ -6,6 +6,7 @@ use cftunnel_controller::runtime::REQUIRED_RBAC;
 use cftunnel_controller::translate::ExternalNameBackends;
 use clap::ValueEnum;
 use gateway_api::experimental::gatewayclasses::GatewayClass;
+use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 
 #[test]
@@ -56,7 +57,7 @@ fn the_roles_grant_exactly_the_calls_the_runtime_makes_to_the_controllers_accoun
             "{file}: the chart grants more than the controller calls: {extra:?}"
         );
 
-        // Granted to the account the controller runs as.
+        // Granted to the account the controller runs as, created when the values ask.
         let controller: Deployment = rendered.one("Deployment", &controller_name(RELEASE));
         let account = pod_spec(&controller)
             .service_account_name
@@ -107,6 +108,25 @@ fn the_roles_grant_exactly_the_calls_the_runtime_makes_to_the_controllers_accoun
                 bound,
                 [("ServiceAccount", account.as_str(), Some(NAMESPACE))],
                 "{file}: {kind} {name}"
+            );
+        }
+        let values = values(&file, "");
+        let create = at(&values, "controller.serviceAccount.create").as_bool() == Some(true);
+        let created = rendered.get::<ServiceAccount>("ServiceAccount", &account);
+        assert_eq!(
+            created.is_some(),
+            create,
+            "{file}: ServiceAccount {account}"
+        );
+        let named = string(&values, "controller.serviceAccount.name");
+        if !named.is_empty() {
+            assert_eq!(account, named, "{file}");
+        }
+        if let Some(created) = created {
+            assert_eq!(
+                created.metadata.annotations.unwrap_or_default(),
+                label_map(at(&values, "controller.serviceAccount.annotations")),
+                "{file}"
             );
         }
     }
@@ -222,6 +242,16 @@ fn the_controller_takes_the_arguments_the_chart_passes_as_the_values_mean_them()
             "{file}"
         );
         assert_eq!(
+            options.resync.as_secs().to_string(),
+            string(&values, "controller.resyncSeconds"),
+            "{file}"
+        );
+        assert_eq!(
+            run.api_request_timeout_seconds.to_string(),
+            string(&values, "controller.apiRequestTimeoutSeconds"),
+            "{file}"
+        );
+        assert_eq!(
             main.env
                 .iter()
                 .flatten()
@@ -319,9 +349,10 @@ fn the_shared_pools_config_port_admits_the_controllers_pods_not_its_namespace() 
 }
 
 #[test]
-fn the_monitoring_is_admitted_to_the_pools_and_planes_config_port() {
-    let Some(tools) = tools("the_monitoring_is_admitted_to_the_pools_and_planes_config_port")
-    else {
+fn the_monitoring_is_admitted_to_the_pools_and_planes_config_port_and_the_controllers_metrics() {
+    let Some(tools) = tools(
+        "the_monitoring_is_admitted_to_the_pools_and_planes_config_port_and_the_controllers_metrics",
+    ) else {
         return;
     };
     let file = "protection-values.yaml";
@@ -383,8 +414,32 @@ fn the_monitoring_is_admitted_to_the_pools_and_planes_config_port() {
         expected
     );
 
-    // Without monitoring selectors: no peer, no flag.
-    let rendered = render(tools, "default-values.yaml", "");
+    // The controller's own policy admits the monitoring, only, to its health port.
+    let policy: NetworkPolicy = rendered.one("NetworkPolicy", &controller_name(RELEASE));
+    let spec = policy.spec.as_ref().expect("spec");
+    assert_eq!(
+        spec.pod_selector,
+        Some(LabelSelector {
+            match_labels: Some(selector_labels(&controller)),
+            match_expressions: None,
+        })
+    );
+    assert_eq!(
+        spec.policy_types.as_deref(),
+        Some(&["Ingress".to_owned()][..])
+    );
+    let run = controller_run(&controller);
+    assert_eq!(
+        ingress_peers(&policy, i32::from(run.health_addr.port())),
+        monitoring
+    );
+
+    // Without monitoring selectors: no peer, no flag, and the controller admits nobody.
+    let rendered = render(
+        tools,
+        "default-values.yaml",
+        "controller: {networkPolicy: {enabled: true}}",
+    );
     let controller: Deployment = rendered.one("Deployment", &controller_name(RELEASE));
     let without = options(&controller_run(&controller));
     assert_eq!(without.render.monitoring_pod_selector, None);
@@ -394,4 +449,6 @@ fn the_monitoring_is_admitted_to_the_pools_and_planes_config_port() {
         ingress_peers(&pool_policy, config_port(&rendered)),
         expected[..1]
     );
+    let policy: NetworkPolicy = rendered.one("NetworkPolicy", &controller_name(RELEASE));
+    assert_eq!(policy.spec.and_then(|s| s.ingress), Some(Vec::new()));
 }
