@@ -33,6 +33,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- end -}}
 
+{{- /* The Secret with the class tunnel's connector token: the operator's, or the chart's when
+the token is given as a value. Exactly one of the two. */ -}}
+{{- define "cftunnel.proxyTunnelSecret" -}}
+{{- $token := .Values.proxy.tunnelToken -}}
+{{- if $token.existingSecret -}}
+{{- if $token.value -}}
+{{- fail "proxy.tunnelToken: set existingSecret or value, not both" -}}
+{{- end -}}
+{{- $token.existingSecret -}}
+{{- else if $token.value -}}
+{{- printf "%s-proxy-tunnel" (include "cftunnel.fullname" .) -}}
+{{- else -}}
+{{- fail "proxy.tunnelToken: existingSecret (a Secret with the class tunnel's connector token) or value (the token) is required" -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "cftunnel.proxyAuthSecret" -}}
 {{- .Values.proxy.authToken.existingSecret | default (printf "%s-proxy-auth" (include "cftunnel.fullname" .)) -}}
 {{- end -}}

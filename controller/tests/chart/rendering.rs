@@ -176,6 +176,9 @@ fn the_schema_refuses_unknown_and_mistyped_values_with_either_helm() {
     for (overrides, named) in [
         ("proxy: {replcas: 3}", "replcas"),
         ("controller: {replicas: two}", "replicas"),
+        ("proxy: {tunnel: {protocol: h3}}", "protocol"),
+        ("proxy: {tunnel: {quicMaxStreams: 0}}", "quicMaxStreams"),
+        ("proxy: {backend: {headerTimeout: 60}}", "headerTimeout"),
         ("proxy: {gracePeriodSeconds: 600}", "gracePeriodSeconds"),
         (
             "proxy: {networkPolicy: {monitoringPodSelector: {matchExpressions: [{key: app, operator: Exists}]}}}",
