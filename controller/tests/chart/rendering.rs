@@ -1,5 +1,5 @@
 //! What Helm makes of the chart: lint, the objects valid for the Kubernetes releases supported,
-//! the same objects from the oldest and the newest Helm, the schema's refusals.
+//! the same objects from the oldest and the newest Helm, the schema's refusals, the notes.
 
 use super::*;
 use cftunnel_controller::gateway_config::GatewayConfig;
@@ -146,6 +146,39 @@ fn the_oldest_helm_renders_what_the_newest_does() {
             deterministic(Rendered::parse(&text))
         });
         assert_eq!(old, new, "{file}");
+    }
+}
+
+#[test]
+fn the_install_notes_name_the_class_and_the_tunnel_secret() {
+    let Some(tools) = tools("the_install_notes_name_the_class_and_the_tunnel_secret") else {
+        return;
+    };
+    let (_, newest) = kube_versions();
+    for file in values_files() {
+        let notes = tools
+            .helm
+            .notes(
+                &chart(),
+                &Release {
+                    name: RELEASE,
+                    namespace: NAMESPACE,
+                    values_files: vec![chart().join("ci").join(&file)],
+                    values: "",
+                    kube_version: &newest,
+                },
+            )
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        let rendered = render(tools, &file, "");
+        let pool: Deployment = rendered.one("Deployment", &pool_name(RELEASE));
+        let (tunnel_secret, _) = secret_key(container(&pool), "TUNNEL_TOKEN");
+        let class = string(&values(&file, ""), "gatewayClass.name");
+        for expected in [&tunnel_secret, &class, &pool_name(RELEASE)] {
+            assert!(
+                notes.contains(expected.as_str()),
+                "{file}: {expected} in\n{notes}"
+            );
+        }
     }
 }
 

@@ -173,6 +173,24 @@ impl Helm {
         run(&self.path, &args, release.values)
     }
 
+    /// The notes an install prints (`helm install --dry-run=client`, for the Kubernetes
+    /// release this Helm assumes: `install` takes no other).
+    pub fn notes(&self, chart: &Path, release: &Release<'_>) -> Result<String, String> {
+        let mut args = vec![
+            "install",
+            release.name,
+            chart.to_str().expect("a UTF-8 path"),
+            "--namespace",
+            release.namespace,
+            "--dry-run=client",
+        ];
+        Self::values_args(release, &mut args);
+        let out = run(&self.path, &args, release.values)?;
+        out.split_once("\nNOTES:\n")
+            .map(|(_, notes)| notes.to_owned())
+            .ok_or_else(|| format!("no NOTES in:\n{out}"))
+    }
+
     /// `helm lint --strict` of `chart` (warnings fail), and against `kube_version` where this
     /// Helm can lint for one (3.15 and later).
     pub fn lint(
