@@ -29,7 +29,7 @@ pub fn tools(test: &str) -> Option<&'static Tools> {
     static TOOLS: OnceLock<Result<Tools, String>> = OnceLock::new();
     match TOOLS.get_or_init(locate) {
         Ok(tools) => Some(tools),
-        Err(why) if std::env::var_os("CFTUNNEL_REQUIRE_TOOLS").is_some() => {
+        Err(why) if std::env::var_os("CFTUNNEL_REQUIRE_TOOLS").is_some_and(|v| !v.is_empty()) => {
             panic!("{test}: {why}; `.ci/chart-tools` installs the chart's tools")
         }
         Err(why) => {
