@@ -17,8 +17,48 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{ .Values.image.proxy.repository }}:{{ .Values.image.proxy.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{- define "cftunnel.controllerServiceAccount" -}}
+{{- if .Values.controller.serviceAccount.create -}}
+{{- .Values.controller.serviceAccount.name | default (printf "%s-controller" (include "cftunnel.fullname" .)) -}}
+{{- else -}}
+{{- .Values.controller.serviceAccount.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "cftunnel.proxyServiceAccount" -}}
+{{- if .Values.proxy.serviceAccount.create -}}
+{{- .Values.proxy.serviceAccount.name | default (printf "%s-proxy" (include "cftunnel.fullname" .)) -}}
+{{- else -}}
+{{- .Values.proxy.serviceAccount.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* The Secret with the class tunnel's connector token: the operator's, or the chart's when
+the token is given as a value. Exactly one of the two. */ -}}
+{{- define "cftunnel.proxyTunnelSecret" -}}
+{{- $token := .Values.proxy.tunnelToken -}}
+{{- if $token.existingSecret -}}
+{{- if $token.value -}}
+{{- fail "proxy.tunnelToken: set existingSecret or value, not both" -}}
+{{- end -}}
+{{- $token.existingSecret -}}
+{{- else if $token.value -}}
+{{- printf "%s-proxy-tunnel" (include "cftunnel.fullname" .) -}}
+{{- else -}}
+{{- fail "proxy.tunnelToken: existingSecret (a Secret with the class tunnel's connector token) or value (the token) is required" -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "cftunnel.proxyAuthSecret" -}}
 {{- .Values.proxy.authToken.existingSecret | default (printf "%s-proxy-auth" (include "cftunnel.fullname" .)) -}}
+{{- end -}}
+
+{{- /* Probe timings from a component's values (`readinessProbe`, `livenessProbe`). */ -}}
+{{- define "cftunnel.probeTimings" -}}
+initialDelaySeconds: {{ .initialDelaySeconds }}
+periodSeconds: {{ .periodSeconds }}
+timeoutSeconds: {{ .timeoutSeconds }}
+failureThreshold: {{ .failureThreshold }}
 {{- end -}}
 
 {{- /* Pod scheduling from a component's values (proxy or controller): priority, nodes,
@@ -56,5 +96,32 @@ topologySpreadConstraints:
       matchLabels:
         {{- toYaml $.selector | nindent 8 }}
   {{- end }}
+{{- end }}
+{{- end -}}
+
+{{- /* The labels of proxy.networkPolicy's monitoring selectors (YAML maps; matchLabels only,
+which values.schema.json enforces: the controller's flags carry labels, not expressions). */ -}}
+{{- define "cftunnel.monitoringNamespaceLabels" -}}
+{{- index .Values.proxy.networkPolicy.monitoringNamespaceSelector "matchLabels" | default dict | toYaml -}}
+{{- end -}}
+
+{{- define "cftunnel.monitoringPodLabels" -}}
+{{- index .Values.proxy.networkPolicy.monitoringPodSelector "matchLabels" | default dict | toYaml -}}
+{{- end -}}
+
+{{- /* NetworkPolicy peers of the monitoring: its pods in the release namespace, its namespaces. */ -}}
+{{- define "cftunnel.monitoringPeers" -}}
+{{- with index .Values.proxy.networkPolicy.monitoringPodSelector "matchLabels" }}
+- namespaceSelector:
+    matchLabels:
+      kubernetes.io/metadata.name: {{ $.Release.Namespace | quote }}
+  podSelector:
+    matchLabels:
+      {{- toYaml . | nindent 6 }}
+{{- end }}
+{{- with index .Values.proxy.networkPolicy.monitoringNamespaceSelector "matchLabels" }}
+- namespaceSelector:
+    matchLabels:
+      {{- toYaml . | nindent 6 }}
 {{- end }}
 {{- end -}}

@@ -1,0 +1,160 @@
+//! What both Deployments take from the values: pod overrides, service accounts, budgets.
+
+use super::*;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+
+#[test]
+fn the_budgets_cover_their_deployments_pods() {
+    let Some(tools) = tools("the_budgets_cover_their_deployments_pods") else {
+        return;
+    };
+    for file in values_files() {
+        let values = values(&file, "");
+        let rendered = render(tools, &file, "");
+        for (component, name) in [
+            ("controller", controller_name(RELEASE)),
+            ("proxy", pool_name(RELEASE)),
+        ] {
+            let deployment: Deployment = rendered.one("Deployment", &name);
+            let budget = rendered.get::<PodDisruptionBudget>("PodDisruptionBudget", &name);
+            let enabled = at(&values, &format!("{component}.podDisruptionBudget.enabled"));
+            assert_eq!(
+                budget.is_some(),
+                enabled.as_bool() == Some(true),
+                "{file}: {name}"
+            );
+            let Some(budget) = budget else { continue };
+            let spec = budget.spec.expect("spec");
+            assert_eq!(
+                spec.selector.and_then(|s| s.match_labels),
+                Some(selector_labels(&deployment)),
+                "{file}: {name}"
+            );
+            assert_eq!(
+                spec.max_unavailable.map(|m| match m {
+                    IntOrString::Int(n) => n.to_string(),
+                    IntOrString::String(s) => s,
+                }),
+                Some(string(
+                    &values,
+                    &format!("{component}.podDisruptionBudget.maxUnavailable")
+                )),
+                "{file}: {name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_pod_overrides_reach_both_deployments() {
+    let Some(tools) = tools("the_pod_overrides_reach_both_deployments") else {
+        return;
+    };
+    for file in values_files() {
+        let values = values(&file, "");
+        let rendered = render(tools, &file, "");
+        for (component, name) in [
+            ("controller", controller_name(RELEASE)),
+            ("proxy", pool_name(RELEASE)),
+        ] {
+            let value = |key: &str| at(&values, &format!("{component}.{key}")).clone();
+            let deployment = rendered.raw("Deployment", &name);
+            let pod = &deployment["spec"]["template"];
+            let spec = &pod["spec"];
+            let main = &spec["containers"][0];
+            // The pod's labels: the values' and the chart's, which win a clash.
+            let labels = label_map(&pod["metadata"]["labels"]);
+            for (k, v) in label_map(&value("podLabels")) {
+                assert!(labels.contains_key(&k), "{file}: {name} label {k}");
+                if !selector_labels(&rendered.one("Deployment", &name)).contains_key(&k) {
+                    assert_eq!(labels[&k], v, "{file}: {name} label {k}");
+                }
+            }
+            let annotations = label_map(&pod["metadata"]["annotations"]);
+            for (k, v) in label_map(&value("podAnnotations")) {
+                assert_eq!(
+                    annotations.get(&k),
+                    Some(&v),
+                    "{file}: {name} annotation {k}"
+                );
+            }
+            let or_null = |v: Value| match v {
+                Value::Mapping(m) if m.is_empty() => Value::Null,
+                Value::Sequence(s) if s.is_empty() => Value::Null,
+                Value::String(s) if s.is_empty() => Value::Null,
+                v => v,
+            };
+            for (key, rendered_value) in [
+                ("podSecurityContext", &spec["securityContext"]),
+                ("securityContext", &main["securityContext"]),
+                ("priorityClassName", &spec["priorityClassName"]),
+                ("nodeSelector", &spec["nodeSelector"]),
+                ("tolerations", &spec["tolerations"]),
+                ("affinity", &spec["affinity"]),
+            ] {
+                assert_eq!(rendered_value, &or_null(value(key)), "{file}: {name} {key}");
+            }
+            assert_eq!(
+                or_null(main["resources"].clone()),
+                or_null(value("resources")),
+                "{file}: {name} resources"
+            );
+            assert_eq!(
+                spec["imagePullSecrets"],
+                or_null(at(&values, "imagePullSecrets").clone()),
+                "{file}: {name}"
+            );
+            for probe in ["readinessProbe", "livenessProbe"] {
+                for (timing, v) in value(probe).as_mapping().expect("timings") {
+                    assert_eq!(&main[probe][timing], v, "{file}: {name} {probe}.{timing:?}");
+                }
+            }
+            // Spread: the values' constraints, else one per node and zone on the pods' own
+            // labels, else none.
+            let spread = &spec["topologySpreadConstraints"];
+            let own = or_null(value("topologySpreadConstraints"));
+            if !own.is_null() {
+                assert_eq!(spread, &own, "{file}: {name}");
+            } else if value("spreadAcrossNodes").as_bool() == Some(true) {
+                let constraints = spread.as_sequence().expect("constraints");
+                assert_eq!(constraints.len(), 2, "{file}: {name}");
+                for c in constraints {
+                    assert_eq!(
+                        label_map(&c["labelSelector"]["matchLabels"]),
+                        selector_labels(&rendered.one("Deployment", &name))
+                    );
+                }
+            } else {
+                assert!(spread.is_null(), "{file}: {name}");
+            }
+            // The service account: the chart's or the values'; the pool never mounts a token.
+            let account = spec["serviceAccountName"].as_str().expect("an account");
+            let create = value("serviceAccount")
+                .get("create")
+                .and_then(Value::as_bool)
+                == Some(true);
+            let named = string(&values, &format!("{component}.serviceAccount.name"));
+            let expected = match (create, named.is_empty()) {
+                (_, false) => named,
+                (true, true) => name.clone(),
+                (false, true) => "default".to_owned(),
+            };
+            assert_eq!(account, expected, "{file}: {name}");
+            let created = rendered.get::<ServiceAccount>("ServiceAccount", account);
+            assert_eq!(created.is_some(), create, "{file}: {name}");
+            if let Some(created) = created {
+                assert_eq!(
+                    created.metadata.annotations.unwrap_or_default(),
+                    label_map(at(
+                        &values,
+                        &format!("{component}.serviceAccount.annotations")
+                    )),
+                );
+            }
+            if component == "proxy" {
+                assert_eq!(spec["automountServiceAccountToken"], Value::Bool(false));
+            }
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! What Helm makes of the chart: lint, the objects valid for the Kubernetes releases supported,
+//! the same objects from the oldest and the newest Helm, the schema's refusals, the notes.
+
+use super::*;
+use cftunnel_controller::gateway_config::GatewayConfig;
+use kube::CustomResourceExt;
+
+#[test]
+fn every_values_file_lints_strictly_with_the_oldest_and_newest_helm() {
+    let Some(tools) = tools("every_values_file_lints_strictly_with_the_oldest_and_newest_helm")
+    else {
+        return;
+    };
+    let (oldest, newest) = kube_versions();
+    for file in values_files() {
+        let path = chart().join("ci").join(&file);
+        for kube in [&oldest, &newest] {
+            tools
+                .helm
+                .lint(&chart(), &path, Some(kube))
+                .unwrap_or_else(|e| panic!("{file}, Kubernetes {kube}: {e}"));
+        }
+        // Helm 3.9 lints for one Kubernetes release of its own.
+        tools
+            .helm_oldest
+            .lint(&chart(), &path, None)
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+    }
+}
+
+#[test]
+fn the_oldest_helm_is_the_minimum_chart_yaml_states() {
+    let Some(tools) = tools("the_oldest_helm_is_the_minimum_chart_yaml_states") else {
+        return;
+    };
+    let meta = yaml(&chart().join("Chart.yaml"));
+    assert_eq!(
+        meta["annotations"]["cf.k8s.lex.la/minimum-helm-version"].as_str(),
+        Some(tools.helm_oldest.minor().as_str()),
+        "the chart is tested with Helm {}",
+        tools.helm_oldest.version
+    );
+}
+
+#[test]
+fn every_values_file_renders_objects_valid_for_the_oldest_and_newest_kubernetes() {
+    let Some(tools) =
+        tools("every_values_file_renders_objects_valid_for_the_oldest_and_newest_kubernetes")
+    else {
+        return;
+    };
+    let (oldest, newest) = kube_versions();
+    for file in values_files() {
+        for kube in [&oldest, &newest] {
+            let text = tools
+                .helm
+                .template(
+                    &chart(),
+                    &Release {
+                        name: RELEASE,
+                        namespace: NAMESPACE,
+                        values_files: vec![chart().join("ci").join(&file)],
+                        values: "",
+                        kube_version: kube,
+                    },
+                )
+                .unwrap_or_else(|e| panic!("{file}: {e}"));
+            let unknown = tools
+                .validate(&text, kube)
+                .unwrap_or_else(|e| panic!("{file}: {e}"));
+            for kind in unknown {
+                let api_version = kind.split_once(' ').map(|(_, v)| v).unwrap_or_default();
+                assert!(
+                    CRD_GROUPS.iter().any(|g| api_version.starts_with(g)),
+                    "{file}: no Kubernetes {kube} schema for {kind}"
+                );
+            }
+            // Every object is namespaced in the release namespace, or cluster-wide.
+            for doc in Rendered::parse(&text).docs {
+                let namespace = doc["metadata"]["namespace"].as_str();
+                let kind = doc["kind"].as_str().unwrap_or_default();
+                let cluster_wide = matches!(
+                    kind,
+                    "ClusterRole"
+                        | "ClusterRoleBinding"
+                        | "CustomResourceDefinition"
+                        | "GatewayClass"
+                );
+                assert_eq!(
+                    namespace,
+                    (!cluster_wide).then_some(NAMESPACE),
+                    "{file}: {kind}"
+                );
+            }
+        }
+    }
+}
+
+/// The rendered objects with what differs between two renders dropped: a generated token and
+/// its digest.
+fn deterministic(mut rendered: Rendered) -> BTreeMap<String, Value> {
+    let mut out = BTreeMap::new();
+    for doc in &mut rendered.docs {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
+        let name = doc["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if let Some(m) = doc.as_mapping_mut() {
+            if kind == "Secret" {
+                m.remove("data");
+            }
+        }
+        if let Some(annotations) = doc
+            .get_mut("spec")
+            .and_then(|s| s.get_mut("template"))
+            .and_then(|t| t.get_mut("metadata"))
+            .and_then(|m| m.get_mut("annotations"))
+            .and_then(Value::as_mapping_mut)
+        {
+            annotations.remove("checksum/config-api-token");
+        }
+        out.insert(format!("{kind} {name}"), doc.clone());
+    }
+    out
+}
+
+#[test]
+fn the_oldest_helm_renders_what_the_newest_does() {
+    let Some(tools) = tools("the_oldest_helm_renders_what_the_newest_does") else {
+        return;
+    };
+    let (oldest, _) = kube_versions();
+    for file in values_files() {
+        let release = Release {
+            name: RELEASE,
+            namespace: NAMESPACE,
+            values_files: vec![chart().join("ci").join(&file)],
+            values: "",
+            kube_version: &oldest,
+        };
+        let [old, new] = [&tools.helm_oldest, &tools.helm].map(|helm| {
+            let text = helm
+                .template(&chart(), &release)
+                .unwrap_or_else(|e| panic!("{file}, Helm {}: {e}", helm.version));
+            deterministic(Rendered::parse(&text))
+        });
+        assert_eq!(old, new, "{file}");
+    }
+}
+
+#[test]
+fn the_install_notes_name_the_class_and_the_tunnel_secret() {
+    let Some(tools) = tools("the_install_notes_name_the_class_and_the_tunnel_secret") else {
+        return;
+    };
+    let (_, newest) = kube_versions();
+    for file in values_files() {
+        let notes = tools
+            .helm
+            .notes(
+                &chart(),
+                &Release {
+                    name: RELEASE,
+                    namespace: NAMESPACE,
+                    values_files: vec![chart().join("ci").join(&file)],
+                    values: "",
+                    kube_version: &newest,
+                },
+            )
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        let rendered = render(tools, &file, "");
+        let pool: Deployment = rendered.one("Deployment", &pool_name(RELEASE));
+        let (tunnel_secret, _) = secret_key(container(&pool), "TUNNEL_TOKEN");
+        let class = string(&values(&file, ""), "gatewayClass.name");
+        for expected in [&tunnel_secret, &class, &pool_name(RELEASE)] {
+            assert!(
+                notes.contains(expected.as_str()),
+                "{file}: {expected} in\n{notes}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_rendered_crd_is_the_one_the_controller_defines() {
+    let Some(tools) = tools("the_rendered_crd_is_the_one_the_controller_defines") else {
+        return;
+    };
+    let generated: Value = serde_yaml_ng::to_value(GatewayConfig::crd()).expect("the CRD encodes");
+    let name = generated["metadata"]["name"].as_str().expect("a name");
+    for file in values_files() {
+        let rendered = render(tools, &file, "");
+        assert_eq!(
+            rendered.raw("CustomResourceDefinition", name),
+            &generated,
+            "{file}"
+        );
+    }
+}
+
+#[test]
+fn the_schema_refuses_unknown_and_mistyped_values_with_either_helm() {
+    let Some(tools) = tools("the_schema_refuses_unknown_and_mistyped_values_with_either_helm")
+    else {
+        return;
+    };
+    let (oldest, _) = kube_versions();
+    for (overrides, named) in [
+        ("proxy: {replcas: 3}", "replcas"),
+        ("controller: {replicas: two}", "replicas"),
+        ("proxy: {tunnel: {protocol: h3}}", "protocol"),
+        ("proxy: {tunnel: {quicMaxStreams: 0}}", "quicMaxStreams"),
+        ("proxy: {backend: {headerTimeout: 60}}", "headerTimeout"),
+        ("proxy: {gracePeriodSeconds: 600}", "gracePeriodSeconds"),
+        (
+            "proxy: {networkPolicy: {monitoringPodSelector: {matchExpressions: [{key: app, operator: Exists}]}}}",
+            "matchExpressions",
+        ),
+        (
+            "proxy: {networkPolicy: {monitoringNamespaceSelector: {matchExpressions: [{key: app, operator: Exists}]}}}",
+            "matchExpressions",
+        ),
+    ] {
+        for helm in [&tools.helm, &tools.helm_oldest] {
+            let err = helm
+                .template(
+                    &chart(),
+                    &Release {
+                        name: RELEASE,
+                        namespace: NAMESPACE,
+                        values_files: vec![chart().join("ci/default-values.yaml")],
+                        values: overrides,
+                        kube_version: &oldest,
+                    },
+                )
+                .err()
+                .unwrap_or_else(|| panic!("Helm {} takes {overrides}", helm.version));
+            assert!(err.contains(named), "Helm {}, {overrides}: {err}", helm.version);
+        }
+    }
+}
+
+#[test]
+fn an_all_digit_release_name_stays_a_string_in_selectors_and_labels() {
+    let Some(tools) = tools("an_all_digit_release_name_stays_a_string_in_selectors_and_labels")
+    else {
+        return;
+    };
+    // In every label and selector the templates write (`labels`, `matchLabels`, a Service's
+    // `selector`, a ServiceMonitor's `matchNames`) the release's name and namespace are
+    // strings: YAML would read `123` as a number, which no label or selector takes.
+    fn check(value: &Value, found: &mut usize) {
+        let expected = |key: &str| match key {
+            "app.kubernetes.io/instance" => Some("123"),
+            "kubernetes.io/metadata.name" | "matchNames" => Some("456"),
+            _ => None,
+        };
+        match value {
+            Value::Mapping(m) => {
+                for (k, v) in m {
+                    let key = k.as_str().unwrap_or_default();
+                    if let Some(want) = expected(key) {
+                        let got = v.as_sequence().map_or(v, |s| &s[0]);
+                        assert!(got.is_string(), "{key} in {m:?}");
+                        if got.as_str() == Some(want) {
+                            *found += 1;
+                        }
+                    }
+                    check(v, found);
+                }
+            }
+            Value::Sequence(s) => s.iter().for_each(|v| check(v, found)),
+            _ => {}
+        }
+    }
+    let mut found = 0;
+    for file in values_files() {
+        let rendered = render_as(tools, "123", "456", &file, "").expect("renders");
+        for doc in &rendered.docs {
+            check(doc, &mut found);
+        }
+        // The controller's flag carries the name as it is: the pods it admits are its
+        // selector's.
+        let deployment: Deployment = rendered.one("Deployment", "123-controller");
+        let run = controller_run(&deployment);
+        assert_eq!(
+            options(&run).render.controller_pod_labels,
+            selector_labels(&deployment)
+        );
+    }
+    assert!(found >= 20, "{found} label and selector values checked");
+}
