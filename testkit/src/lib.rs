@@ -16,7 +16,8 @@
 //! - [`older_proxy`]: a proxy of an earlier release, whose config API refuses what that
 //!   release cannot read.
 //!
-//! Helpers the tests of several crates share: [`trace`] (logs), [`wait`] (polling for a
+//! Helpers the tests of several crates share: [`tools`] (the real tools some tests run),
+//! [`trace`] (logs), [`wait`] (polling for a
 //! state), [`connector`] (credentials and options for a connector facing the mock edge) and
 //! [`client`] (HTTP/1.1 and h2c clients).
 //!
@@ -32,5 +33,6 @@ pub mod edge;
 pub mod kube_api;
 pub mod older_proxy;
 pub mod pki;
+pub mod tools;
 pub mod trace;
 pub mod wait;

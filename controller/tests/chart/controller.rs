@@ -4,7 +4,6 @@
 use super::*;
 use cftunnel_controller::runtime::REQUIRED_RBAC;
 use cftunnel_controller::translate::ExternalNameBackends;
-use clap::ValueEnum;
 use gateway_api::experimental::gatewayclasses::GatewayClass;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -229,11 +228,9 @@ fn the_controller_takes_the_arguments_the_chart_passes_as_the_values_mean_them()
         );
         assert_eq!(
             Some(options.translate.external_name_backends),
-            ExternalNameBackends::from_str(
-                &string(&values, "controller.externalNameBackends"),
-                false
-            )
-            .ok(),
+            string(&values, "controller.externalNameBackends")
+                .parse::<ExternalNameBackends>()
+                .ok(),
             "{file}"
         );
         assert_eq!(
@@ -278,12 +275,8 @@ fn a_value_the_controller_does_not_know_stops_it_naming_the_flag() {
     .err()
     .expect("the schema refuses it");
     assert!(err.contains("externalNameBackends"), "{err}");
-    for value in ExternalNameBackends::value_variants() {
-        let name = value
-            .to_possible_value()
-            .expect("a name")
-            .get_name()
-            .to_owned();
+    for value in &ExternalNameBackends::ALL {
+        let name = value.as_str();
         let rendered = render(
             tools,
             "default-values.yaml",

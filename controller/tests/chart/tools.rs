@@ -1,11 +1,7 @@
 //! The tools the chart's tests run: Helm, the newest release the chart supports and the oldest,
 //! and `kubernetes-validate` (the Kubernetes OpenAPI schemas).
 //!
-//! `.ci/chart-tools` installs them and prints `CFTUNNEL_HELM`, `CFTUNNEL_HELM_OLDEST` and
-//! `CFTUNNEL_KUBERNETES_VALIDATE`; where a variable is unset, the tests look where that script
-//! installs (`$CFTUNNEL_TOOLS_DIR`, else `${XDG_CACHE_HOME:-~/.cache}/cftunnel/chart-tools`).
-//! A missing tool skips the tests that need it, saying so on stderr, unless
-//! `CFTUNNEL_REQUIRE_TOOLS` is set (CI sets it): then they fail.
+//! Found and required as [`cftunnel_testkit::tools`] says (`.ci/tools` installs them).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -27,27 +23,14 @@ pub struct Tools {
 /// When a tool is missing and `CFTUNNEL_REQUIRE_TOOLS` is set.
 pub fn tools(test: &str) -> Option<&'static Tools> {
     static TOOLS: OnceLock<Result<Tools, String>> = OnceLock::new();
-    match TOOLS.get_or_init(locate) {
-        Ok(tools) => Some(tools),
-        Err(why) if std::env::var_os("CFTUNNEL_REQUIRE_TOOLS").is_some_and(|v| !v.is_empty()) => {
-            panic!("{test}: {why}; `.ci/chart-tools` installs the chart's tools")
-        }
-        Err(why) => {
-            report(&format!(
-                "{test} skipped: {why}; run `eval \"$(.ci/chart-tools)\"` to install the chart's tools\n"
-            ));
-            None
-        }
-    }
-}
-
-/// Written past the test harness's capture, so a skip shows in a plain `cargo test`.
-pub fn report(text: &str) {
-    let mut err = std::io::stderr().lock();
-    let _ = err.write_all(text.as_bytes());
+    cftunnel_testkit::tools::required(
+        test,
+        TOOLS.get_or_init(locate).as_ref().map_err(Clone::clone),
+    )
 }
 
 fn locate() -> Result<Tools, String> {
+    use cftunnel_testkit::tools::find;
     Ok(Tools {
         helm: Helm::new(find("CFTUNNEL_HELM", "helm-4/helm")?)?,
         helm_oldest: Helm::new(find("CFTUNNEL_HELM_OLDEST", "helm-3.9/helm")?)?,
@@ -56,36 +39,6 @@ fn locate() -> Result<Tools, String> {
             "venv/bin/kubernetes-validate",
         )?,
     })
-}
-
-fn install_dir() -> Option<PathBuf> {
-    let env = |name| std::env::var_os(name).filter(|v| !v.is_empty());
-    env("CFTUNNEL_TOOLS_DIR").map(PathBuf::from).or_else(|| {
-        env("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| env("HOME").map(|home| Path::new(&home).join(".cache")))
-            .map(|cache| cache.join("cftunnel/chart-tools"))
-    })
-}
-
-/// The tool `var` names, else `installed` under the install directory.
-fn find(var: &str, installed: &str) -> Result<PathBuf, String> {
-    if let Some(path) = std::env::var_os(var).filter(|v| !v.is_empty()) {
-        let path = PathBuf::from(path);
-        return if path.is_file() {
-            Ok(path)
-        } else {
-            Err(format!("{var}={} is not a file", path.display()))
-        };
-    }
-    let path = install_dir()
-        .map(|dir| dir.join(installed))
-        .ok_or_else(|| format!("{var} is unset and there is no HOME to look in"))?;
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(format!("{var} is unset and {} is absent", path.display()))
-    }
 }
 
 /// Runs `program` with `args`, `stdin` on its standard input; its stdout, or what it said

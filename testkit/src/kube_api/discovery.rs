@@ -66,13 +66,17 @@ fn api_resource_list(crds: GatewayApiCrds, group: &str, version: &str) -> Option
         .iter()
         .filter(|s| s.group == group && s.versions(crds).contains(&version))
     {
-        resources.push(json!({
+        let mut resource = json!({
             "name": s.plural,
             "singularName": s.kind.to_lowercase(),
             "namespaced": s.namespaced,
             "kind": s.kind,
             "verbs": VERBS,
-        }));
+        });
+        if let Some(short) = super::served::short_names(s.plural) {
+            resource["shortNames"] = json!(short);
+        }
+        resources.push(resource);
         for sub in s.subresources {
             let mut resource = json!({
                 "name": format!("{}/{sub}", s.plural),

@@ -93,7 +93,7 @@ pub(super) fn forbidden(target: &Target, params: &Params, method: &Method) -> Re
     );
     let message = format!(
         "{resource}{object} is forbidden: User \"{SERVICE_ACCOUNT}\" cannot {verb} resource {:?} in API group {:?} {scope}",
-        target.plural, target.group
+        resource_of(target), target.group
     );
     let mut details = json!({"group": target.group, "kind": target.plural});
     if let Some(name) = &target.name {

@@ -11,10 +11,10 @@ use super::cluster::Cluster;
 use super::partial_metadata::{as_partial_metadata, wants_metadata, META_API_VERSION};
 use super::request::Req;
 use super::response::{respond, Reply};
-use super::selector::selects;
+use super::selector::Selection;
 
 pub(super) fn list(cluster: &Cluster, req: &Req<'_>) -> Reply {
-    let selector = req.params.get("labelSelector").cloned().unwrap_or_default();
+    let selection = Selection::of(req.params);
     let metadata_only = wants_metadata(req.accept, true);
     let store = cluster.lock();
     let items: Vec<Value> = store
@@ -23,7 +23,7 @@ pub(super) fn list(cluster: &Cluster, req: &Req<'_>) -> Reply {
             *g == req.target.group
                 && *p == req.target.plural
                 && req.target.namespace.as_ref().is_none_or(|t| t == ns)
-                && selects(&selector, v)
+                && selection.selects(v)
         })
         .map(|(_, v)| {
             if metadata_only {

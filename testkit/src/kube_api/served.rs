@@ -99,6 +99,23 @@ pub(super) fn api_version(group: &str, version: &str) -> String {
     }
 }
 
+/// The short names a real API server lists for `plural` in discovery (`kubectl get crd`).
+pub(super) fn short_names(plural: &str) -> Option<&'static [&'static str]> {
+    Some(match plural {
+        "customresourcedefinitions" => &["crd", "crds"],
+        "deployments" => &["deploy"],
+        "services" => &["svc"],
+        "namespaces" => &["ns"],
+        "networkpolicies" => &["netpol"],
+        "horizontalpodautoscalers" => &["hpa"],
+        "events" => &["ev"],
+        "gatewayclasses" => &["gc"],
+        "gateways" => &["gtw"],
+        "gatewayconfigs" => &["gwconfig"],
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,9 +4,10 @@
 //! from the API server's watch cache. As on a real API server, a watch of a version no longer
 //! served ends once the CRDs change (and watching it again is 404).
 //!
-//! Simplifications: watches never expire (no 410 Gone) and send no bookmarks; a watch from
-//! resourceVersion 0 (or none) replays every write since the start, where a real server
-//! sends the objects as they are, as ADDED.
+//! A watch from resourceVersion 0 (or none) starts with the selected objects as they are, as
+//! ADDED, then sends what comes after, as a real server does.
+//!
+//! Simplifications: watches never expire (no 410 Gone) and send no bookmarks.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -22,17 +23,17 @@ use super::cluster::Cluster;
 use super::partial_metadata::{as_partial_metadata, wants_metadata};
 use super::request::Req;
 use super::response::Reply;
-use super::selector::selects;
+use super::selector::Selection;
 use super::served::serves;
 use super::store::{Entry, Event};
 
-/// How a watch with `selector` sees a write: the event it is sent as, with the object; `None`
-/// when the watch does not see it.
-fn seen(entry: &Entry, selector: &str) -> Option<(Event, Value)> {
+/// How a watch that selects what `selects` does sees a write: the event it is sent as, with the
+/// object; `None` when the watch does not see it.
+fn seen(entry: &Entry, selects: impl Fn(&Value) -> bool) -> Option<(Event, Value)> {
     // As the API server's watch cache: a modification that moves an object out of (into) the
     // selection is its deletion (addition).
-    let now = selects(selector, &entry.object);
-    let before = entry.previous.as_ref().map(|p| selects(selector, p));
+    let now = selects(&entry.object);
+    let before = entry.previous.as_ref().map(&selects);
     let event = match (entry.event, before, now) {
         (Event::Added | Event::Deleted, _, true) => entry.event,
         (Event::Modified, Some(false), true) => Event::Added,
@@ -60,7 +61,7 @@ pub(super) fn watch(cluster: &Arc<Cluster>, req: &Req<'_>) -> Reply {
         .get("timeoutSeconds")
         .and_then(|v| v.parse().ok())
         .unwrap_or(60u64);
-    let selector = req.params.get("labelSelector").cloned().unwrap_or_default();
+    let selection = Selection::of(req.params);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(64);
     let cluster = Arc::clone(cluster);
     let group = req.target.group.clone();
@@ -73,6 +74,29 @@ pub(super) fn watch(cluster: &Arc<Cluster>, req: &Req<'_>) -> Reply {
     tokio::spawn(async move {
         let mut changed = cluster.subscribe();
         let mut sent = since;
+        // Without a resourceVersion to start from, the selected objects as they are come first.
+        let mut initial: Vec<(Event, Value, u64)> = Vec::new();
+        if since == 0 {
+            let store = cluster.lock();
+            initial = store
+                .objects()
+                .filter(|((g, p, ns, _), v)| {
+                    *g == group
+                        && *p == plural
+                        && namespace.as_ref().is_none_or(|n| n == ns)
+                        && selection.selects(v)
+                })
+                .map(|(_, v)| {
+                    let rv = v
+                        .pointer("/metadata/resourceVersion")
+                        .and_then(Value::as_str)
+                        .and_then(|rv| rv.parse().ok())
+                        .unwrap_or(0);
+                    (Event::Added, v.clone(), rv)
+                })
+                .collect();
+            sent = store.resource_version();
+        }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
         loop {
             // Marked seen before the log is read: a write after the read wakes the loop again.
@@ -83,7 +107,7 @@ pub(super) fn watch(cluster: &Arc<Cluster>, req: &Req<'_>) -> Reply {
             }
             let (events, latest): (Vec<String>, u64) = {
                 let store = cluster.lock();
-                let events = store
+                let logged = store
                     .writes_since(sent)
                     .filter(|e| {
                         e.group == group
@@ -91,11 +115,17 @@ pub(super) fn watch(cluster: &Arc<Cluster>, req: &Req<'_>) -> Reply {
                             && namespace.as_ref().is_none_or(|n| *n == e.namespace)
                     })
                     .filter_map(|e| {
-                        let (event, mut object) = seen(e, &selector)?;
+                        let (event, object) = seen(e, |o| selection.selects(o))?;
+                        Some((event, object, e.rv))
+                    });
+                let events = std::mem::take(&mut initial)
+                    .into_iter()
+                    .chain(logged)
+                    .map(|(event, mut object, rv)| {
                         if let Some(meta) =
                             object.get_mut("metadata").and_then(Value::as_object_mut)
                         {
-                            meta.insert("resourceVersion".into(), e.rv.to_string().into());
+                            meta.insert("resourceVersion".into(), rv.to_string().into());
                         }
                         if metadata_only {
                             object = as_partial_metadata(&object);
@@ -103,10 +133,7 @@ pub(super) fn watch(cluster: &Arc<Cluster>, req: &Req<'_>) -> Reply {
                             o.insert("apiVersion".into(), api_version.clone().into());
                             o.insert("kind".into(), kind.into());
                         }
-                        Some(format!(
-                            "{}\n",
-                            json!({"type": event.as_str(), "object": object})
-                        ))
+                        format!("{}\n", json!({"type": event.as_str(), "object": object}))
                     })
                     .collect();
                 (events, store.resource_version())
@@ -135,6 +162,7 @@ pub(super) fn watch(cluster: &Arc<Cluster>, req: &Req<'_>) -> Reply {
 
 #[cfg(test)]
 mod tests {
+    use super::super::selector::selects;
     use super::*;
 
     fn labelled(app: &str, generation: u64) -> Value {
@@ -156,19 +184,22 @@ mod tests {
     #[test]
     fn an_unselected_watch_sees_every_write_as_it_was() {
         let added = entry(Event::Added, labelled("web", 1), None);
-        assert_eq!(seen(&added, ""), Some((Event::Added, labelled("web", 1))));
+        assert_eq!(
+            seen(&added, |_| true),
+            Some((Event::Added, labelled("web", 1)))
+        );
         let modified = entry(
             Event::Modified,
             labelled("api", 2),
             Some(labelled("web", 1)),
         );
         assert_eq!(
-            seen(&modified, ""),
+            seen(&modified, |_| true),
             Some((Event::Modified, labelled("api", 2)))
         );
         let deleted = entry(Event::Deleted, labelled("web", 1), None);
         assert_eq!(
-            seen(&deleted, ""),
+            seen(&deleted, |_| true),
             Some((Event::Deleted, labelled("web", 1)))
         );
     }
@@ -181,7 +212,7 @@ mod tests {
             Some(labelled("web", 1)),
         );
         assert_eq!(
-            seen(&left, "app=web"),
+            seen(&left, |o| selects("app=web", o)),
             Some((Event::Deleted, labelled("web", 1)))
         );
     }
@@ -194,7 +225,7 @@ mod tests {
             Some(labelled("api", 1)),
         );
         assert_eq!(
-            seen(&entered, "app=web"),
+            seen(&entered, |o| selects("app=web", o)),
             Some((Event::Added, labelled("web", 2)))
         );
     }
@@ -203,22 +234,22 @@ mod tests {
     fn writes_outside_the_selection_are_not_seen() {
         let selector = "app=web";
         let added = entry(Event::Added, labelled("api", 1), None);
-        assert_eq!(seen(&added, selector), None);
+        assert_eq!(seen(&added, |o| selects(selector, o)), None);
         let modified = entry(
             Event::Modified,
             labelled("api", 2),
             Some(labelled("api", 1)),
         );
-        assert_eq!(seen(&modified, selector), None);
+        assert_eq!(seen(&modified, |o| selects(selector, o)), None);
         let deleted = entry(Event::Deleted, labelled("api", 1), None);
-        assert_eq!(seen(&deleted, selector), None);
+        assert_eq!(seen(&deleted, |o| selects(selector, o)), None);
         let stayed = entry(
             Event::Modified,
             labelled("web", 2),
             Some(labelled("web", 1)),
         );
         assert_eq!(
-            seen(&stayed, selector),
+            seen(&stayed, |o| selects(selector, o)),
             Some((Event::Modified, labelled("web", 2)))
         );
     }
