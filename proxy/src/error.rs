@@ -11,6 +11,9 @@ use http::{header, HeaderValue, StatusCode};
 pub enum ProxyError {
     #[error("no route matches")]
     NoRoute,
+    /// No config has been loaded since start, so no route can match yet.
+    #[error("no config loaded")]
+    NoConfig,
     #[error("route is unavailable")]
     Unavailable(StatusCode),
     #[error("no backend can take the request")]
@@ -27,6 +30,7 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::NoRoute => StatusCode::NOT_FOUND,
+            Self::NoConfig => StatusCode::BAD_GATEWAY,
             Self::Unavailable(s) => *s,
             Self::NoBackend => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Backend(ForwardError::Timeout) | Self::RequestTimeout => {
@@ -54,7 +58,7 @@ impl ProxyError {
             Self::Unavailable(s) if *s == StatusCode::NOT_FOUND => "12",
             Self::Backend(ForwardError::Timeout) | Self::RequestTimeout => "4",
             Self::Backend(_) => "14",
-            Self::Unavailable(_) | Self::NoBackend => "14",
+            Self::Unavailable(_) | Self::NoBackend | Self::NoConfig => "14",
             Self::BadRequest(_) => "3",
         }
     }
@@ -83,6 +87,7 @@ impl ProxyError {
     fn reason(&self) -> &'static str {
         match self {
             Self::NoRoute => "no route matches this request\n",
+            Self::NoConfig => "the proxy has not been given its routes yet\n",
             Self::Unavailable(s) if *s == StatusCode::NOT_FOUND => {
                 "no route matches this request\n"
             }

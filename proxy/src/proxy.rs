@@ -215,7 +215,15 @@ impl Proxy {
             query: parts.uri.query(),
             headers: &parts.headers,
         };
-        let hit = routes.table.find(&host, &view).ok_or(ProxyError::NoRoute)?;
+        let hit = routes.table.find(&host, &view).ok_or_else(|| {
+            // A pod that has never been given a config cannot know the route yet: not "no
+            // route" (404), but a gateway that cannot serve it.
+            if self.is_loaded() {
+                ProxyError::NoRoute
+            } else {
+                ProxyError::NoConfig
+            }
+        })?;
         completion.matched(
             hit.bucket.id,
             routes.host_metrics(Some(hit.bucket.id)).clone(),

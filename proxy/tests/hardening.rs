@@ -334,11 +334,11 @@ async fn the_listener_holds_no_more_connections_than_its_limit() {
         })
         .await;
         let d = proxy.data_addr();
-        // No table yet: every request is answered 404 by the proxy itself.
+        // No table yet: every request is answered 502 by the proxy itself.
         let mut open = Vec::new();
         for _ in 0..2 {
             let (mut sender, task) = connect_http1(d).await.expect("connect");
-            assert_eq!(status_over(&mut sender).await, StatusCode::NOT_FOUND);
+            assert_eq!(status_over(&mut sender).await, StatusCode::BAD_GATEWAY);
             open.push((sender, task));
         }
 
@@ -360,7 +360,7 @@ async fn the_listener_holds_no_more_connections_than_its_limit() {
         let status = tokio::time::timeout(Duration::from_secs(10), waiting)
             .await
             .expect("served once a connection closed");
-        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(status, StatusCode::BAD_GATEWAY);
     })
     .await
     .expect("test finished in time");
@@ -419,7 +419,11 @@ async fn silent_connections_are_closed_and_free_their_places() {
         let status = tokio::time::timeout(Duration::from_secs(20), status_over(&mut waiting))
             .await
             .expect("a waiting client is served once silent connections are closed");
-        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(
+            status,
+            StatusCode::BAD_GATEWAY,
+            "answered by the proxy, which has no table"
+        );
         assert!(
             closed_within(&mut silent, Duration::from_secs(20)).await,
             "a connection that sends nothing is closed"

@@ -281,3 +281,46 @@ async fn metrics_of_hostnames_no_longer_served_are_dropped() {
     .await
     .expect("test finished in time");
 }
+
+/// A proxy that has not yet been given a config cannot know any route: it answers 502 (gRPC:
+/// UNAVAILABLE), not the 404 of a table where nothing matches, which it answers once a config
+/// is loaded, even an empty one.
+#[tokio::test]
+async fn before_its_first_config_the_proxy_answers_502_and_after_it_404() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let proxy = proxy().await;
+        let http = client();
+        let d = proxy.data_addr();
+        let r = get(&http, d, "shop.example.com", "/", &[]).await;
+        assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(
+            &r.body[..],
+            &b"the proxy has not been given its routes yet\n"[..]
+        );
+        let grpc = get(
+            &http,
+            d,
+            "shop.example.com",
+            "/pkg.Svc/Call",
+            &[("content-type", "application/grpc")],
+        )
+        .await;
+        assert_eq!(grpc.header("grpc-status"), Some("14"), "{:?}", grpc.headers);
+        assert_eq!(
+            push(
+                &http,
+                proxy.admin_addr(),
+                &json!({"version": 1, "rules": []})
+            )
+            .await
+            .status,
+            StatusCode::OK
+        );
+        assert_eq!(
+            get(&http, d, "shop.example.com", "/", &[]).await.status,
+            StatusCode::NOT_FOUND
+        );
+    })
+    .await
+    .expect("test finished in time");
+}
