@@ -145,6 +145,11 @@ fn the_controller_takes_the_arguments_the_chart_passes_as_the_values_mean_them()
         let run = controller_run(&controller);
         let options = options(&run);
         let main = container(&controller);
+        assert_eq!(
+            format!("{:?}", run.log_format).to_lowercase(),
+            string(&values, "controller.logFormat"),
+            "{file}"
+        );
 
         // The probes reach the port the controller serves them on.
         let health = main
