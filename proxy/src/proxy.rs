@@ -150,7 +150,11 @@ impl Proxy {
                         .host_metrics(completion.bucket())
                         .backend_error(e.label())
                         .inc();
-                    tracing::debug!(error = %e, "backend error");
+                    tracing::debug!(
+                        hostname = routes.host_label(completion.bucket()),
+                        error = %e,
+                        "backend error"
+                    );
                 }
                 let (status, headers, reason) = err.head(grpc);
                 let mut response =

@@ -71,6 +71,14 @@ impl Routes {
         self.has_grpc
     }
 
+    /// The hostname pattern a bucket serves (`*` for rules without hostnames), as the metrics
+    /// label it; empty for no bucket.
+    pub(crate) fn host_label(&self, bucket: Option<usize>) -> &str {
+        bucket
+            .and_then(|b| self.host_labels.get(b))
+            .map_or("", |l| l)
+    }
+
     pub(crate) fn host_metrics(&self, bucket: Option<usize>) -> &Arc<HostMetrics> {
         match bucket.and_then(|b| Some((self.hosts.get(b)?, self.host_labels.get(b)?))) {
             Some((slot, label)) => slot.get_or_init(|| Arc::new(self.metrics.host(label))),
