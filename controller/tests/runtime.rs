@@ -3000,3 +3000,91 @@ async fn a_rule_an_older_pod_refuses_is_reported_on_its_route_and_the_rest_is_se
     .await
     .expect("in time");
 }
+
+/// Condition `kind` of GatewayConfig `edge-config`'s status, and its `observedGeneration`.
+fn config_condition(api: &ApiServer, kind: &str) -> Option<(Value, Value)> {
+    let config = api.get(
+        "cf.k8s.lex.la/v1alpha1",
+        "GatewayConfig",
+        "tenant-a",
+        "edge-config",
+    )?;
+    let condition = condition(config.pointer("/status/conditions")?, kind)?.clone();
+    Some((
+        condition,
+        config.pointer("/status/observedGeneration")?.clone(),
+    ))
+}
+
+/// A GatewayConfig says, through its status subresource, which Gateways use it and whether
+/// their planes render from it: when one does not, with the very message the Gateway's
+/// `Accepted=False` (`InvalidParameters`) carries. The status is written when that changes,
+/// not every round.
+#[tokio::test]
+async fn a_gateway_config_reports_the_gateways_using_it_and_whether_it_renders() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        let status_is = |kind: &'static str, status: &'static str| {
+            let api = &t.api;
+            move || config_condition(api, kind).filter(|(c, _)| c["status"] == status)
+        };
+        let (in_use, observed) = eventually("InUse=True", status_is("InUse", "True")).await;
+        assert_eq!(
+            (&in_use["reason"], &in_use["message"]),
+            (&json!("Referenced"), &json!("used by Gateway edge"))
+        );
+        let generation = t
+            .api
+            .get("cf.k8s.lex.la/v1alpha1", "GatewayConfig", "tenant-a", "edge-config")
+            .and_then(|c| c.pointer("/metadata/generation").cloned());
+        assert_eq!(Some(&observed), generation.as_ref());
+        let (rendered, _) = eventually("Rendered=True", status_is("Rendered", "True")).await;
+        assert_eq!(
+            rendered["message"],
+            json!("the data plane of Gateway edge renders")
+        );
+        // Rounds go on (every 100 ms here); the status is not written again.
+        let rv = t.api.resource_version();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let rewritten: Vec<String> = t
+            .api
+            .writes_since(rv)
+            .into_iter()
+            .filter(|w| w.contains("gatewayconfigs"))
+            .collect();
+        assert_eq!(rewritten, Vec::<String>::new());
+
+        // Its config-API token Secret is missing: not rendered, saying what the Gateway says.
+        t.api.put(yaml("apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: edge-config, namespace: tenant-a}\nspec: {tunnelTokenSecretRef: {name: edge-tunnel-token}, authTokenSecretRef: {name: missing}}\n"));
+        let (broken, observed) =
+            eventually("Rendered=False", status_is("Rendered", "False")).await;
+        let generation = t
+            .api
+            .get("cf.k8s.lex.la/v1alpha1", "GatewayConfig", "tenant-a", "edge-config")
+            .and_then(|c| c.pointer("/metadata/generation").cloned());
+        assert_eq!(broken["reason"], "InvalidParameters");
+        let accepted = eventually("the Gateway's InvalidParameters", || {
+            t.api
+                .get("gateway.networking.k8s.io/v1", "Gateway", "tenant-a", "edge")
+                .and_then(|g| condition(g.pointer("/status/conditions")?, "Accepted").cloned())
+                .filter(|c| c["reason"] == "InvalidParameters")
+        })
+        .await;
+        assert_eq!(broken["message"], accepted["message"]);
+        assert!(
+            broken["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("Secret tenant-a/missing")),
+            "{broken}"
+        );
+        assert_eq!(Some(observed), generation, "the generation edited");
+
+        // Back on the shared plane: no Gateway uses it.
+        t.api.put(yaml(&gateway(false)));
+        let (unused, _) = eventually("InUse=False", status_is("InUse", "False")).await;
+        assert_eq!(unused["reason"], "NotReferenced");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}

@@ -85,6 +85,7 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     ("gateway.networking.k8s.io", "httproutes/status", &["patch"]),
     ("gateway.networking.k8s.io", "grpcroutes/status", &["patch"]),
     ("cf.k8s.lex.la", "gatewayconfigs", &["list", "watch"]),
+    ("cf.k8s.lex.la", "gatewayconfigs/status", &["patch"]),
     // Their metadata: the bundle version of Gateway API's (GatewayClass `SupportedVersion`).
     (
         "apiextensions.k8s.io",
