@@ -10,6 +10,8 @@
 //! The tools are found as `chart/tools.rs` says; without them the tests that need them skip,
 //! saying so, except under CI.
 
+#[path = "chart/alerts.rs"]
+mod alerts;
 #[path = "chart/controller.rs"]
 mod controller;
 #[path = "chart/files.rs"]
