@@ -16,6 +16,8 @@ mod alerts;
 mod controller;
 #[path = "chart/files.rs"]
 mod files;
+#[path = "chart/ownership.rs"]
+mod ownership;
 #[path = "chart/pods.rs"]
 mod pods;
 #[path = "chart/pool.rs"]

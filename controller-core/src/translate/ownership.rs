@@ -22,11 +22,13 @@ pub const LABEL_PREFIX: &str = "hostnames.cf.k8s.lex.la/";
 pub const LABEL_VALUE: &str = "true";
 
 /// The CEL expression the chart's ValidatingAdmissionPolicy evaluates on an HTTPRoute or
-/// GRPCRoute: [`permitted`], for every hostname of `spec.hostnames`, with the labels of the
-/// route's namespace.
+/// GRPCRoute: [`permitted`], for every hostname of `spec.hostnames` (lower-case, as the
+/// Gateway API CRDs require), with the labels of the route's namespace. The chart carries it
+/// as text; its tests compare the two and evaluate the rendered one against [`permitted`].
 pub const ADMISSION_EXPRESSION: &str = "!has(object.spec.hostnames) || \
-object.spec.hostnames.all(h, namespaceObject.metadata.labels.exists(k, \
-k.startsWith('hostnames.cf.k8s.lex.la/') && namespaceObject.metadata.labels[k] == 'true' && \
+object.spec.hostnames.all(h, has(namespaceObject.metadata.labels) && \
+namespaceObject.metadata.labels.exists(k, k.startsWith('hostnames.cf.k8s.lex.la/') && \
+namespaceObject.metadata.labels[k] == 'true' && \
 (h == k.substring(24) || h.endsWith('.' + k.substring(24)))))";
 
 /// Whether a namespace with `labels` may publish `host` (a hostname or a wildcard, any case).
