@@ -3504,3 +3504,46 @@ async fn an_unchanged_plane_costs_no_api_calls_per_round() {
     .await
     .expect("in time");
 }
+
+/// A route that repeats an older route's match on the same host is accepted but never serves
+/// it: it says so (`cf.k8s.lex.la/RouteShadowed`) and a Warning Event tells its owner, once.
+#[tokio::test]
+async fn a_route_an_older_route_shadows_is_told_so() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        t.api.put(yaml("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: shop-copy, namespace: tenant-a}\nspec:\n  parentRefs: [{name: edge}]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n"));
+        let shadowed = eventually("shop-copy: RouteShadowed", || {
+            route_condition(&t.api, "tenant-a", "shop-copy", "cf.k8s.lex.la/RouteShadowed")
+        })
+        .await;
+        assert_eq!(
+            (&shadowed["status"], &shadowed["reason"]),
+            (&json!("True"), &json!("OlderRouteMatches"))
+        );
+        let message = shadowed["message"].as_str().unwrap_or_default();
+        assert!(message.contains("HTTPRoute tenant-a/shop serves"), "{message}");
+        assert!(
+            route_condition(&t.api, "tenant-a", "shop", "cf.k8s.lex.la/RouteShadowed").is_none(),
+            "the older route is not shadowed"
+        );
+        let events = || {
+            t.api
+                .list("Event")
+                .into_iter()
+                .filter(|e| {
+                    e["reason"] == "RouteShadowed"
+                        && e.pointer("/regarding/name") == Some(&json!("shop-copy"))
+                })
+                // A repeated Event is one object with a series count.
+                .map(|e| e.pointer("/series/count").and_then(Value::as_u64).unwrap_or(1))
+                .sum::<u64>()
+        };
+        eventually("a RouteShadowed Event", || (events() > 0).then_some(())).await;
+        // Rounds go on (every 100 ms here); the Event is not repeated.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(events(), 1);
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}

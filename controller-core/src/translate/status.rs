@@ -22,6 +22,8 @@ pub enum ConditionType {
     /// `cf.k8s.lex.la/TunnelShared`: the route's Gateway shares its tunnel with dedicated
     /// Gateways of other namespaces.
     TunnelShared,
+    /// `cf.k8s.lex.la/RouteShadowed`: an older route serves some of the route's matches.
+    RouteShadowed,
 }
 
 impl ConditionType {
@@ -35,6 +37,7 @@ impl ConditionType {
             Self::PartiallyInvalid => "PartiallyInvalid",
             Self::SupportedVersion => "SupportedVersion",
             Self::TunnelShared => "cf.k8s.lex.la/TunnelShared",
+            Self::RouteShadowed => "cf.k8s.lex.la/RouteShadowed",
         }
     }
 }
@@ -70,6 +73,8 @@ pub enum Reason {
     SupportedVersion,
     UnsupportedVersion,
     TunnelShared,
+    /// `cf.k8s.lex.la/RouteShadowed`: the older route matches first.
+    OlderRouteMatches,
 }
 
 impl Reason {
@@ -98,6 +103,7 @@ impl Reason {
             Self::SupportedVersion => "SupportedVersion",
             Self::UnsupportedVersion => "UnsupportedVersion",
             Self::TunnelShared => "TunnelShared",
+            Self::OlderRouteMatches => "OlderRouteMatches",
         }
     }
 }

@@ -3575,3 +3575,42 @@ spec:
         );
     }
 }
+
+#[test]
+fn a_route_whose_matches_an_older_route_takes_is_told_it_is_shadowed() {
+    let route = |name: &str, created: &str, rules: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: infra, creationTimestamp: \"{created}\"}}\nspec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [shop.example.com]\n  rules:\n{rules}---\n"
+        )
+    };
+    let cart = "  - {matches: [{path: {type: PathPrefix, value: /cart}}], backendRefs: [{name: v2, port: 8080}]}\n";
+    let other = "  - {matches: [{path: {type: PathPrefix, value: /other}}], backendRefs: [{name: v2, port: 8080}]}\n";
+    let out = run(&[
+        route("first", "2024-01-01T00:00:00Z", cart),
+        route("second", "2024-02-01T00:00:00Z", &format!("{other}{cart}")),
+        route("third", "2024-03-01T00:00:00Z", other),
+    ]
+    .concat());
+    let shadowed = |name: &str| {
+        route_status(&out, "infra", name)
+            .first()
+            .and_then(|p| p.condition(ConditionType::RouteShadowed))
+            .map(|c| (c.status, c.reason, c.message.clone()))
+    };
+    assert_eq!(shadowed("first"), None);
+    let (status, reason, message) = shadowed("second").expect("second is shadowed");
+    assert!(status);
+    assert_eq!(reason, Reason::OlderRouteMatches);
+    assert!(
+        message.contains("HTTPRoute infra/first serves the same matches first on shop.example.com (rules 1 of this route)"),
+        "{message}"
+    );
+    // The third repeats only second's /other, which second serves: shadowed by second.
+    let (_, _, message) = shadowed("third").expect("third is shadowed");
+    assert!(message.contains("HTTPRoute infra/second"), "{message}");
+    // Shadowed routes stay accepted: some of their matches may still be theirs.
+    assert_eq!(
+        condition(&out, "infra", "second", ConditionType::Accepted),
+        (true, Reason::Accepted)
+    );
+}

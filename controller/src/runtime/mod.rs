@@ -364,8 +364,9 @@ struct Reconciler {
     /// no config-API token). No push fails then, so without this nothing would say the config
     /// is nowhere.
     unreached: HashMap<PlaneKey, String>,
-    /// Routes told they share a tunnel, with what they were told: an Event once per change.
-    tunnel_shared_told: HashMap<String, String>,
+    /// Per route and warning condition (TunnelShared, RouteShadowed): the message told in an
+    /// Event, so one goes out only when the condition appears or changes.
+    condition_told: HashMap<(String, &'static str), String>,
     /// Per route: why proxy pods refused some of its rules this round (each rule left out of
     /// its plane's document, the rest pushed).
     refused_rules: BTreeMap<translate::RouteKey, Vec<String>>,
@@ -455,7 +456,7 @@ impl Reconciler {
             tunnel_sync: TunnelSync::default(),
             tunnel_failures: HashMap::new(),
             unreached: HashMap::new(),
-            tunnel_shared_told: HashMap::new(),
+            condition_told: HashMap::new(),
             refused_rules: BTreeMap::new(),
             refused_told: HashMap::new(),
             applied: HashMap::new(),
