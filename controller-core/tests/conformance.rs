@@ -50,10 +50,7 @@ use compare::{compare, expected_path, with_request_id, Sent};
 use topology::Fleet;
 
 const CASES_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/gwapi/cases");
-const GRPC_CASES_DIR: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/gwapi/grpc-cases"
-);
+const GRPC_CASES_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/gwapi/grpc-cases");
 /// Cases that need TLS listeners or listeners on several ports: listed, never run.
 const DEFERRED_DIR: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -659,7 +656,7 @@ async fn run_grpc_case(case: &GrpcCase, fleet: &Fleet) -> anyhow::Result<(usize,
     let mut result = Ok(());
     for item in &case.requests {
         let run = match gateways.addr(&item.request.gateway) {
-            Ok(addr) => grpc::run_item(item, addr).await,
+            Ok(addr) => grpc::run_item(case, item, addr).await,
             Err(e) => Err(e),
         };
         match run {
@@ -878,10 +875,7 @@ fn check_statuses<R>(case: &Case<R>, output: &Output) -> anyhow::Result<()> {
                     None => parent.to_owned(),
                 };
                 if entries.is_empty() {
-                    bail!(
-                        "{kind} {} has no status for parent {towards}",
-                        check.name
-                    );
+                    bail!("{kind} {} has no status for parent {towards}", check.name);
                 }
                 let wanted = check
                     .condition

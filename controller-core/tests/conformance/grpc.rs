@@ -54,7 +54,10 @@ pub fn check_row(case: &GrpcCase, item: &GrpcItem) -> anyhow::Result<()> {
         );
     }
     if r.scheme != "http" {
-        bail!("scheme {:?}: the replay sends gRPC over cleartext h2c only", r.scheme);
+        bail!(
+            "scheme {:?}: the replay sends gRPC over cleartext h2c only",
+            r.scheme
+        );
     }
     let path = format!("/{}/{}", r.service, r.method);
     if r.path != path {
@@ -66,7 +69,11 @@ pub fn check_row(case: &GrpcCase, item: &GrpcItem) -> anyhow::Result<()> {
     super::check_gateway_port(&case.gateway, &r.gateway, r.port)?;
     let code = Code::from_i32(e.code);
     if code as i32 != e.code || code_name(code) != e.code_name {
-        bail!("code {} does not go with the name {:?}", e.code, e.code_name);
+        bail!(
+            "code {} does not go with the name {:?}",
+            e.code,
+            e.code_name
+        );
     }
     let ok = code == Code::Ok;
     for (field, set) in [
@@ -74,11 +81,20 @@ pub fn check_row(case: &GrpcCase, item: &GrpcItem) -> anyhow::Result<()> {
         ("fully_qualified_method", e.fully_qualified_method.is_some()),
     ] {
         if set != ok {
-            bail!("code {}: {field} is checked on OK rows only, and every OK row checks it", e.code_name);
+            bail!(
+                "code {}: {field} is checked on OK rows only, and every OK row checks it",
+                e.code_name
+            );
         }
     }
+    if let Some(derived) = &item.derived_not_upstream {
+        rule_backends(case, derived.matched_rule)?;
+    }
     if !ok && (item.derived_not_upstream.is_some() || item.distribution.is_some()) {
-        bail!("derived or distribution checks on a row that expects {}", e.code_name);
+        bail!(
+            "derived or distribution checks on a row that expects {}",
+            e.code_name
+        );
     }
     Ok(())
 }
@@ -93,8 +109,11 @@ pub fn authority(r: &GrpcRequest, addr: SocketAddr) -> String {
 
 /// The call of a row with `extra` metadata and the deadline left.
 fn call(r: &GrpcRequest, authority: &str, extra: &[(String, String)], timeout: Duration) -> Call {
-    let mut metadata: Vec<(String, String)> =
-        r.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut metadata: Vec<(String, String)> = r
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     metadata.extend(extra.iter().cloned());
     Call {
         authority: authority.to_owned(),
@@ -105,7 +124,10 @@ fn call(r: &GrpcRequest, authority: &str, extra: &[(String, String)], timeout: D
 }
 
 fn assertions(outcome: &Outcome) -> Option<&Assertions> {
-    outcome.response.as_ref().and_then(|r| r.assertions.as_ref())
+    outcome
+        .response
+        .as_ref()
+        .and_then(|r| r.assertions.as_ref())
 }
 
 /// Rules 2 and 3: the code exactly; on OK, the fully qualified method, the namespace and the
@@ -146,11 +168,58 @@ pub fn compare(expect: &GrpcExpect, outcome: &Outcome) -> Result<(), String> {
     Ok(())
 }
 
-/// Rule 6, the manifest's implications the upstream test does not assert: the metadata the
-/// backend saw, each key's values (case-insensitive) joined with `,`, and the keys it must
-/// not have seen. The rule a row matched shows through the backend (rule 3) and these.
-pub fn check_derived(derived: &Derived, outcome: &Outcome) -> Result<(), String> {
-    let headers = assertions(outcome).map(|a| a.headers.as_slice()).unwrap_or_default();
+/// The Services the backends of rule `index` of the case's route name: where a call that
+/// matched that rule lands. A derived check needs the case to hold exactly one route.
+pub fn rule_backends(case: &GrpcCase, index: usize) -> anyhow::Result<Vec<String>> {
+    let [route] = &case.routes[..] else {
+        bail!(
+            "matched_rule needs exactly one route in the case, it has {}",
+            case.routes.len()
+        );
+    };
+    let rule = route
+        .get("spec")
+        .and_then(|s| s.get("rules"))
+        .and_then(|r| r.get(index))
+        .with_context(|| format!("matched_rule {index}: the route has no such rule"))?;
+    let backends: Vec<String> = rule
+        .get("backendRefs")
+        .and_then(serde_yaml_ng::Value::as_sequence)
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b.get("name").and_then(serde_yaml_ng::Value::as_str))
+        .map(str::to_owned)
+        .collect();
+    if backends.is_empty() {
+        bail!("matched_rule {index}: the rule has no backendRefs to tell it by");
+    }
+    Ok(backends)
+}
+
+/// Rule 6, the manifest's implications the upstream test does not assert: the call was served
+/// by a backend of the rule it should have matched (`rule_backends`), the metadata the backend
+/// saw, each key's values (case-insensitive) joined with `,`, and the keys it must not have
+/// seen. Where several rules share a backend, the metadata tells their filters apart.
+pub fn check_derived(
+    derived: &Derived,
+    rule_backends: &[String],
+    outcome: &Outcome,
+) -> Result<(), String> {
+    let pod = assertions(outcome)
+        .and_then(|a| a.context.as_ref())
+        .map_or("", |c| c.pod.as_str());
+    if !rule_backends
+        .iter()
+        .any(|svc| pod.starts_with(svc.as_str()))
+    {
+        return Err(format!(
+            "served by pod {pod:?}, not by a backend of rule {} ({rule_backends:?})",
+            derived.matched_rule
+        ));
+    }
+    let headers = assertions(outcome)
+        .map(|a| a.headers.as_slice())
+        .unwrap_or_default();
     let values = |key: &str| -> Vec<&str> {
         headers
             .iter()
@@ -185,8 +254,16 @@ pub type DerivedVerdict = Option<Result<(), String>>;
 /// Runs one row: rule 1 (eventually consistent, three passes in a row) over one connection,
 /// redialled after an INTERNAL result as the Go test does, every call with the deadline left
 /// of the row's 30 s; then the derived check on the last passing call, and the distribution.
-pub async fn run_item(item: &GrpcItem, addr: SocketAddr) -> anyhow::Result<DerivedVerdict> {
+pub async fn run_item(
+    case: &GrpcCase,
+    item: &GrpcItem,
+    addr: SocketAddr,
+) -> anyhow::Result<DerivedVerdict> {
     let r = &item.request;
+    let matched = match &item.derived_not_upstream {
+        Some(derived) => rule_backends(case, derived.matched_rule)?,
+        None => Vec::new(),
+    };
     let authority = authority(r, addr);
     let started = Instant::now();
     let state = tokio::sync::Mutex::new((Client::new(addr), None::<Outcome>));
@@ -210,7 +287,7 @@ pub async fn run_item(item: &GrpcItem, addr: SocketAddr) -> anyhow::Result<Deriv
     let derived = item.derived_not_upstream.as_ref().map(|derived| {
         last.as_ref()
             .ok_or_else(|| "no passing call".to_owned())
-            .and_then(|outcome| check_derived(derived, outcome))
+            .and_then(|outcome| check_derived(derived, &matched, outcome))
     });
     if let Some(d) = &item.distribution {
         super::distribution(d, || async {
@@ -233,4 +310,73 @@ pub async fn run_item(item: &GrpcItem, addr: SocketAddr) -> anyhow::Result<Deriv
         .context("distribution")?;
     }
     Ok(derived)
+}
+
+#[cfg(test)]
+mod tests {
+    use cftunnel_testkit::grpc_echo::proto::{Context, EchoResponse, Header};
+
+    use super::*;
+
+    fn served(pod: &str, headers: &[(&str, &str)]) -> Outcome {
+        Outcome {
+            code: Code::Ok,
+            message: String::new(),
+            response: Some(EchoResponse {
+                assertions: Some(Assertions {
+                    headers: headers
+                        .iter()
+                        .map(|(k, v)| Header {
+                            key: (*k).to_owned(),
+                            value: (*v).to_owned(),
+                        })
+                        .collect(),
+                    context: Some(Context {
+                        pod: pod.to_owned(),
+                        ..Context::default()
+                    }),
+                    ..Assertions::default()
+                }),
+                request: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_derived_check_reads_the_rules_backend_and_the_metadata_seen() {
+        let case: GrpcCase = serde_yaml_ng::from_str(
+            r"
+name: c
+features: []
+gateway: []
+routes:
+- spec:
+    rules:
+    - backendRefs: [{name: grpc-infra-backend-v1, port: 8080}]
+    - backendRefs: [{name: grpc-infra-backend-v2, port: 8080}]
+requests: []
+",
+        )
+        .expect("a case");
+        let derived = Derived {
+            matched_rule: 1,
+            request_metadata_seen: [("x-add".to_owned(), "a,b".to_owned())].into(),
+            absent_metadata: vec!["x-removed".to_owned()],
+        };
+        let backends = rule_backends(&case, 1).expect("rule 1 exists");
+        assert_eq!(backends, ["grpc-infra-backend-v2"]);
+        assert!(rule_backends(&case, 2).is_err());
+
+        let v2 = "grpc-infra-backend-v2-5d8f7c9b4-k7x7q0";
+        let check = |outcome: Outcome| check_derived(&derived, &backends, &outcome);
+        assert_eq!(check(served(v2, &[("X-Add", "a"), ("x-add", "b")])), Ok(()));
+        assert!(check(served(
+            "grpc-infra-backend-v1-5d8f7c9b4-k7x6q0",
+            &[("x-add", "a,b")]
+        ))
+        .is_err());
+        assert!(check(served(v2, &[("x-add", "b"), ("x-add", "a")])).is_err());
+        assert!(check(served(v2, &[("x-add", "a,b"), ("x-removed", "1")])).is_err());
+        assert!(check(served(v2, &[])).is_err());
+    }
 }

@@ -14,9 +14,11 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body::Frame;
+use http_body_util::{BodyExt, Limited, StreamBody};
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use percent_encoding::percent_decode;
 use prost::Message as _;
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
@@ -67,7 +69,7 @@ impl Outcome {
 
 /// One HTTP/2 connection, driven by a task of its own; calls on it share it.
 pub struct Connection {
-    sender: http2::SendRequest<Full<Bytes>>,
+    sender: http2::SendRequest<RequestBody>,
     driver: JoinHandle<()>,
 }
 
@@ -178,9 +180,13 @@ pub async fn call_once(addr: SocketAddr, call: &Call) -> Outcome {
     Client::new(addr).unary(call).await
 }
 
+/// A request body of one DATA frame whose size is not announced: a body of known size would
+/// make hyper add a `content-length`, which grpc-go does not send.
+type RequestBody = StreamBody<tokio_stream::Once<Result<Frame<Bytes>, std::convert::Infallible>>>;
+
 /// The HTTP/2 request of a call: `POST`, `:scheme http`, then the headers grpc-go writes and
 /// the metadata, and one DATA frame with the empty `EchoRequest`.
-fn request(call: &Call) -> Result<http::Request<Full<Bytes>>, http::Error> {
+fn request(call: &Call) -> Result<http::Request<RequestBody>, http::Error> {
     let mut builder = http::Request::post(format!("http://{}{}", call.authority, call.path))
         .header(http::header::CONTENT_TYPE, "application/grpc")
         .header(http::header::TE, "trailers")
@@ -189,7 +195,8 @@ fn request(call: &Call) -> Result<http::Request<Full<Bytes>>, http::Error> {
     for (key, value) in &call.metadata {
         builder = builder.header(key.to_ascii_lowercase(), value.as_str());
     }
-    builder.body(Full::new(frame(&EchoRequest {})))
+    let message = Frame::data(frame(&EchoRequest {}));
+    builder.body(StreamBody::new(tokio_stream::once(Ok(message))))
 }
 
 /// A message as one gRPC frame: not compressed, 4-byte big-endian length, the message.
@@ -316,7 +323,12 @@ pub fn outcome(
     };
     let message = status_from
         .get("grpc-message")
-        .map(|v| percent_decode(v.as_bytes()))
+        // Percent-encoded (gRPC over HTTP/2, "Responses").
+        .map(|v| {
+            percent_decode(v.as_bytes())
+                .decode_utf8_lossy()
+                .into_owned()
+        })
         .unwrap_or_default();
     if code != Code::Ok {
         return Outcome {
@@ -362,27 +374,6 @@ fn single_message(body: &[u8]) -> Result<EchoResponse, String> {
         .map_err(|e| format!("grpc: failed to unmarshal the received message: {e}"))
 }
 
-/// `grpc-message` is percent-encoded (gRPC over HTTP/2, "Responses").
-fn percent_decode(value: &[u8]) -> String {
-    let hex = |b: u8| (b as char).to_digit(16);
-    let mut out = Vec::with_capacity(value.len());
-    let mut i = 0;
-    while let Some(&b) = value.get(i) {
-        if b == b'%' {
-            let hi = value.get(i + 1).and_then(|b| hex(*b));
-            let lo = value.get(i + 2).and_then(|b| hex(*b));
-            if let (Some(hi), Some(lo)) = (hi, lo) {
-                out.push((hi * 16 + lo) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,10 +401,16 @@ mod tests {
     #[test]
     fn a_timeout_is_encoded_in_the_smallest_unit_that_fits_eight_digits() {
         assert_eq!(encode_timeout(Duration::ZERO), "0n");
-        assert_eq!(encode_timeout(Duration::from_nanos(99_999_999)), "99999999n");
+        assert_eq!(
+            encode_timeout(Duration::from_nanos(99_999_999)),
+            "99999999n"
+        );
         assert_eq!(encode_timeout(Duration::from_millis(100)), "100000u");
         assert_eq!(encode_timeout(Duration::from_secs(30)), "30000000u");
-        assert_eq!(encode_timeout(Duration::from_nanos(29_999_999_001)), "30000000u");
+        assert_eq!(
+            encode_timeout(Duration::from_nanos(29_999_999_001)),
+            "30000000u"
+        );
         assert_eq!(encode_timeout(Duration::from_secs(100_000)), "100000S");
         assert_eq!(encode_timeout(Duration::from_secs(1 << 40)), "99999999H");
     }
@@ -471,7 +468,12 @@ mod tests {
 
         let got = outcome(StatusCode::OK, &headers, &ok_body(), None);
         assert_eq!(got.code, Code::Internal, "no trailers at all");
-        let got = outcome(StatusCode::OK, &headers, &ok_body(), Some(&grpc_headers(&[])));
+        let got = outcome(
+            StatusCode::OK,
+            &headers,
+            &ok_body(),
+            Some(&grpc_headers(&[])),
+        );
         assert_eq!(got.code, Code::Unknown, "trailers without grpc-status");
         let bad = grpc_headers(&[("grpc-status", "zero")]);
         let got = outcome(StatusCode::OK, &headers, &ok_body(), Some(&bad));
@@ -485,12 +487,20 @@ mod tests {
         let code = |body: &[u8]| outcome(StatusCode::OK, &headers, body, Some(&trailers)).code;
         assert_eq!(code(&ok_body()), Code::Ok);
         assert_eq!(code(b""), Code::Internal, "no message");
-        assert_eq!(code(&[ok_body(), ok_body()].concat()), Code::Internal, "two");
+        assert_eq!(
+            code(&[ok_body(), ok_body()].concat()),
+            Code::Internal,
+            "two"
+        );
         assert_eq!(code(&ok_body()[..6]), Code::Internal, "truncated");
         let mut compressed = ok_body().to_vec();
         compressed[0] = 1;
         assert_eq!(code(&compressed), Code::Internal, "compressed");
-        assert_eq!(code(&[0, 0, 0, 0, 2, 0xFF, 0xFF]), Code::Internal, "garbage");
+        assert_eq!(
+            code(&[0, 0, 0, 0, 2, 0xFF, 0xFF]),
+            Code::Internal,
+            "garbage"
+        );
     }
 
     #[test]
@@ -536,11 +546,5 @@ mod tests {
                 ("some-other-header", "one"),
             ]
         );
-    }
-
-    #[test]
-    fn grpc_messages_are_percent_decoded() {
-        assert_eq!(percent_decode(b"a%20b%2"), "a b%2");
-        assert_eq!(percent_decode(b"%E2%9C%93"), "\u{2713}");
     }
 }

@@ -72,7 +72,10 @@ pub(super) fn is_grpc_content_type(headers: &HeaderMap) -> bool {
 }
 
 /// Answers one request.
-pub(super) async fn handle<B>(req: http::Request<B>, identity: &EchoIdentity) -> http::Response<Body>
+pub(super) async fn handle<B>(
+    req: http::Request<B>,
+    identity: &EchoIdentity,
+) -> http::Response<Body>
 where
     B: http_body::Body + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send,
@@ -102,10 +105,8 @@ where
         Route::EchoThree => Err(Status::unimplemented("method EchoThree not implemented")),
         // grpc-go answers these without reading the request.
         Route::UnknownMethod(method) => {
-            return Status::unimplemented(format!(
-                "unknown method {method} for service {SERVICE}"
-            ))
-            .into_http()
+            return Status::unimplemented(format!("unknown method {method} for service {SERVICE}"))
+                .into_http()
         }
         Route::UnknownService(service) => {
             return Status::unimplemented(format!("unknown service {service}")).into_http()
@@ -201,10 +202,7 @@ mod tests {
     #[test]
     fn paths_lead_to_the_methods_of_the_service() {
         assert_eq!(route(super::super::proto::ECHO), Route::Echo("Echo"));
-        assert_eq!(
-            route(super::super::proto::ECHO_TWO),
-            Route::Echo("EchoTwo")
-        );
+        assert_eq!(route(super::super::proto::ECHO_TWO), Route::Echo("EchoTwo"));
         assert_eq!(route(super::super::proto::ECHO_THREE), Route::EchoThree);
         assert_eq!(
             route("/gateway_api_conformance.echo_basic.grpcecho.GrpcEcho/EchoFour"),
