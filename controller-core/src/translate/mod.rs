@@ -21,6 +21,7 @@ mod gateway;
 mod grpc_route;
 mod hostname;
 mod http_route;
+pub mod ownership;
 mod route;
 mod rule;
 mod scheme;
@@ -82,6 +83,9 @@ pub struct Options {
     /// The tunnel of the shared plane (the class tunnel), when known. A dedicated Gateway on
     /// the same tunnel shares it with the shared plane, the documented migration path.
     pub shared_tunnel: Option<TunnelIdentity>,
+    /// Routes publish only hostnames their namespace is labelled for (`--hostname-ownership`,
+    /// see [`ownership`]).
+    pub hostname_ownership: bool,
 }
 
 impl Default for Options {
@@ -93,6 +97,7 @@ impl Default for Options {
             external_name_backends: ExternalNameBackends::default(),
             proxy_image: None,
             shared_tunnel: None,
+            hostname_ownership: false,
         }
     }
 }
@@ -309,7 +314,13 @@ fn translate_checked(
     let mut seen_rules: BTreeMap<PlaneKey, BTreeSet<String>> = BTreeMap::new();
     let mut claims = binding::ListenerClaims::default();
     for (position, route) in routes.iter().enumerate() {
-        let bound = binding::bind(route, &gateways, &scheme_listeners, &index);
+        let bound = binding::bind(
+            route,
+            &gateways,
+            &scheme_listeners,
+            &index,
+            options.hostname_ownership,
+        );
         if bound.is_empty() {
             continue;
         }

@@ -60,6 +60,9 @@ pub enum Reason {
     NoMatchingParent,
     NotAllowedByListeners,
     NoMatchingListenerHostname,
+    /// The route's namespace may not publish a hostname the route would serve (hostname
+    /// ownership).
+    HostnameNotPermitted,
     BackendNotFound,
     InvalidKind,
     RefNotPermitted,
@@ -87,6 +90,7 @@ impl Reason {
             Self::NoMatchingParent => "NoMatchingParent",
             Self::NotAllowedByListeners => "NotAllowedByListeners",
             Self::NoMatchingListenerHostname => "NoMatchingListenerHostname",
+            Self::HostnameNotPermitted => "HostnameNotPermitted",
             Self::BackendNotFound => "BackendNotFound",
             Self::InvalidKind => "InvalidKind",
             Self::RefNotPermitted => "RefNotPermitted",
