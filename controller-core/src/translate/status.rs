@@ -22,6 +22,8 @@ pub enum ConditionType {
     /// `cf.k8s.lex.la/TunnelShared`: the route's Gateway shares its tunnel with dedicated
     /// Gateways of other namespaces.
     TunnelShared,
+    /// `cf.k8s.lex.la/RouteShadowed`: an older route serves some of the route's matches.
+    RouteShadowed,
 }
 
 impl ConditionType {
@@ -35,6 +37,7 @@ impl ConditionType {
             Self::PartiallyInvalid => "PartiallyInvalid",
             Self::SupportedVersion => "SupportedVersion",
             Self::TunnelShared => "cf.k8s.lex.la/TunnelShared",
+            Self::RouteShadowed => "cf.k8s.lex.la/RouteShadowed",
         }
     }
 }
@@ -60,6 +63,9 @@ pub enum Reason {
     NoMatchingParent,
     NotAllowedByListeners,
     NoMatchingListenerHostname,
+    /// The route's namespace may not publish a hostname the route would serve (hostname
+    /// ownership).
+    HostnameNotPermitted,
     BackendNotFound,
     InvalidKind,
     RefNotPermitted,
@@ -75,6 +81,8 @@ pub enum Reason {
     NoValidCACertificate,
     /// BackendTLSPolicy `Accepted`: another policy takes precedence for the same target.
     Conflicted,
+    /// `cf.k8s.lex.la/RouteShadowed`: the older route matches first.
+    OlderRouteMatches,
 }
 
 impl Reason {
@@ -95,6 +103,7 @@ impl Reason {
             Self::NoMatchingParent => "NoMatchingParent",
             Self::NotAllowedByListeners => "NotAllowedByListeners",
             Self::NoMatchingListenerHostname => "NoMatchingListenerHostname",
+            Self::HostnameNotPermitted => "HostnameNotPermitted",
             Self::BackendNotFound => "BackendNotFound",
             Self::InvalidKind => "InvalidKind",
             Self::RefNotPermitted => "RefNotPermitted",
@@ -106,6 +115,7 @@ impl Reason {
             Self::InvalidCACertificateRef => "InvalidCACertificateRef",
             Self::NoValidCACertificate => "NoValidCACertificate",
             Self::Conflicted => "Conflicted",
+            Self::OlderRouteMatches => "OlderRouteMatches",
         }
     }
 }
