@@ -24,6 +24,7 @@ mod status;
 mod target;
 
 pub use cache::Cache;
+pub use client_certificate::ClientIdentity;
 pub use filter::{
     Allow, Cors, Filters, HeaderEdits, Mirror, PathEdit, Redirect, RequestEdit, Rewrite,
 };
@@ -33,7 +34,6 @@ pub use name::{
 pub use pattern::{anchored, engine, escape, Pattern, PATTERN_SIZE_LIMIT};
 pub use rule::{rule, Backend, Match, PathMatch, Retry, Rule, ValueMatch};
 pub use status::{final_status, redirect_status, status};
-pub use client_certificate::ClientIdentity;
 pub use target::{ca_bundle, SubjectAltName, Target, TargetError, Tls};
 
 use crate::Config;

@@ -113,13 +113,12 @@ impl TestPki {
         .map_err(gen)?;
         for uri in names.iter().filter(|n| n.contains("://")) {
             let uri = rcgen::Ia5String::try_from(*uri).map_err(gen)?;
-            leaf_params
-                .subject_alt_names
-                .push(rcgen::SanType::URI(uri));
+            leaf_params.subject_alt_names.push(rcgen::SanType::URI(uri));
         }
-        leaf_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, names.first().copied().unwrap_or("leaf"));
+        leaf_params.distinguished_name.push(
+            rcgen::DnType::CommonName,
+            names.first().copied().unwrap_or("leaf"),
+        );
         let leaf = leaf_params
             .signed_by(&leaf_key, &ca.0, &ca.1)
             .map_err(gen)?;
@@ -220,10 +219,12 @@ impl TestPki {
                 .add(cert.map_err(|e| PkiError::Pem(e.to_string()))?)
                 .map_err(|e| config(&e))?;
         }
-        let verifier =
-            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                .build()
-                .map_err(|e| config(&e))?;
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| config(&e))?;
         rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| config(&e))?

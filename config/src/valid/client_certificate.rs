@@ -161,9 +161,7 @@ fn pkcs8(der: &[u8]) -> ASN1Result<Option<Vec<u8>>> {
             let inner = r.next().read_bytes()?;
             r.read_optional(|r| r.read_tagged_implicit(Tag::context(0), |r| r.read_der()))?;
             let public = r.read_optional(|r| {
-                r.read_tagged_implicit(Tag::context(1), |r| {
-                    r.read_bitvec_bytes().map(|(b, _)| b)
-                })
+                r.read_tagged_implicit(Tag::context(1), |r| r.read_bitvec_bytes().map(|(b, _)| b))
             })?;
             Ok((oid_of(algorithm), parameters, inner, public))
         })

@@ -79,7 +79,10 @@ fn pem(tag: &str, der: &[u8]) -> String {
         .chunks(64)
         .map(|l| std::str::from_utf8(l).unwrap_or_default())
         .collect();
-    format!("-----BEGIN {tag}-----\n{}\n-----END {tag}-----\n", lines.join("\n"))
+    format!(
+        "-----BEGIN {tag}-----\n{}\n-----END {tag}-----\n",
+        lines.join("\n")
+    )
 }
 
 #[test]
