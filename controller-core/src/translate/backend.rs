@@ -405,7 +405,6 @@ pub(super) fn expand(targets: Vec<WeightedTarget>) -> Vec<Backend> {
                 filters: t.filters,
                 unavailable_status: Some(NO_ENDPOINTS_STATUS),
                 tls: r.tls,
-                ..Backend::default()
             }),
             Ok(r) => {
                 let n = r.urls.len() as u64;

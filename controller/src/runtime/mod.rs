@@ -560,7 +560,7 @@ impl Reconciler {
             let uid = snapshot
                 .gateways
                 .iter()
-                .find(|g| object_key(g).as_ref() == Some(key))
+                .find(|g| object_key(*g).as_ref() == Some(key))
                 .and_then(|g| g.metadata.uid.as_deref());
             let Some(last) = self
                 .last_good
@@ -646,7 +646,7 @@ impl Reconciler {
                 snapshot
                     .gateways
                     .iter()
-                    .find(|g| object_key(g).as_ref() == Some(key)),
+                    .find(|g| object_key(*g).as_ref() == Some(key)),
             ) else {
                 continue;
             };
