@@ -396,13 +396,42 @@ pub struct BackendTls {
     /// SNI and the name verified; absent: the URL's host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_name: Option<String>,
-    /// Names accepted in the certificate instead of `serverName`.
+    /// Names accepted in the certificate instead of `serverName`: DNS names, IP addresses, or
+    /// URIs (`spiffe://cluster.local/ns/shop/sa/api`), an entry that is neither a DNS name nor
+    /// an IP address being read as a URI. The certificate must carry one of them as a subject
+    /// alternative name of that type.
     #[serde(
         default,
         deserialize_with = "null_as_empty",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub subject_alt_names: Vec<String>,
+    /// The certificate presented when the backend asks for one (mutual TLS); absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificate: Option<ClientCertificate>,
+}
+
+/// A client certificate and its private key, both PEM.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientCertificate {
+    /// The certificate, then any intermediates it needs (`tls.crt` of a `kubernetes.io/tls`
+    /// Secret).
+    #[serde(default)]
+    pub certificate_chain: String,
+    /// The private key of the first certificate: PKCS#8, PKCS#1 (RSA) or SEC1 (EC) (`tls.key`).
+    #[serde(default)]
+    pub private_key: String,
+}
+
+/// The key is left out: documents are logged at debug level.
+impl std::fmt::Debug for ClientCertificate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientCertificate")
+            .field("certificate_chain", &self.certificate_chain)
+            .field("private_key", &"<redacted>")
+            .finish()
+    }
 }
 
 fn default_weight() -> u32 {

@@ -124,6 +124,16 @@ fn add_value(
                 .grpc_routes
                 .push(object(value, source_name, document, &kind, &name)?)
         }
+        (_, "BackendTLSPolicy") if gw => {
+            snapshot
+                .backend_tls_policies
+                .push(object(value, source_name, document, &kind, &name)?)
+        }
+        ("", "ConfigMap") => {
+            snapshot
+                .config_maps
+                .push(object(value, source_name, document, &kind, &name)?)
+        }
         (_, "ReferenceGrant") if gw => {
             snapshot
                 .reference_grants

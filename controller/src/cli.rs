@@ -715,6 +715,7 @@ pub fn write_statuses(w: &mut impl Write, output: &Output) -> std::io::Result<()
         gateway_classes,
         gateways,
         routes,
+        backend_tls_policies,
     } = &output.statuses;
     let join = |conditions: &[translate::Condition]| {
         conditions
@@ -746,6 +747,15 @@ pub fn write_statuses(w: &mut impl Write, output: &Output) -> std::io::Result<()
         writeln!(w, "{key}")?;
         for p in parents {
             writeln!(w, "  parent {}: {}", p.parent_ref, join(&p.conditions))?;
+        }
+    }
+    for (key, ancestors) in backend_tls_policies {
+        if ancestors.is_empty() {
+            continue;
+        }
+        writeln!(w, "BackendTLSPolicy {key}")?;
+        for a in ancestors {
+            writeln!(w, "  ancestor {}: {}", a.ancestor_ref, join(&a.conditions))?;
         }
     }
     Ok(())

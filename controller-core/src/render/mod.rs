@@ -362,7 +362,8 @@ pub fn secret_text(secrets: &[Secret], namespace: &str, name: &str, key: &str) -
     text_value(&secret_value(secret, key)?)
 }
 
-fn secret_value(secret: &Secret, key: &str) -> Option<Vec<u8>> {
+/// The bytes of `key` in a Secret: `stringData` (as manifests carry it) over `data`.
+pub(crate) fn secret_value(secret: &Secret, key: &str) -> Option<Vec<u8>> {
     // `stringData` is write-only on the API server, but manifests carry it; it wins over `data`
     // as it does when the API server merges the two.
     if let Some(v) = secret.string_data.as_ref().and_then(|d| d.get(key)) {

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
+use std::collections::BTreeSet;
 
 use cftunnel_config::valid;
 use cftunnel_config::{
@@ -19,6 +20,7 @@ use gateway_api::experimental::httproutes::{
 };
 
 use super::backend::{self, BackendRefError, BackendRefView, WeightedTarget};
+use super::backend_tls::PortKey;
 use super::route::RouteView;
 use super::rule::{RuleError, RuleTemplate, TranslatedRoute};
 use super::{Index, Options};
@@ -31,6 +33,9 @@ pub(super) struct RouteContext<'a, 'b> {
     /// The config contract's compiled patterns and parsed targets, shared by every route of a
     /// translation, so each regex is compiled once.
     pub(super) contract: &'b RefCell<valid::Cache>,
+    /// The Service ports the route's backends use (for the status of the BackendTLSPolicies
+    /// covering them).
+    pub(super) ports: RefCell<BTreeSet<PortKey>>,
 }
 
 pub(super) fn translate_rules(
@@ -45,6 +50,7 @@ pub(super) fn translate_rules(
         index,
         options,
         contract,
+        ports: RefCell::default(),
     };
     translate_all(
         &ctx,
@@ -101,6 +107,7 @@ pub(super) fn translate_all<'r, R>(
             Err(e) => out.dropped.push(e),
         }
     }
+    out.ports = ctx.ports.take();
     out
 }
 
@@ -290,8 +297,16 @@ fn convert_backend(
         ctx.index,
         ctx.options,
     ) {
-        Ok(r) if !fail_closed => Ok(r),
-        Ok(r) => Err(r.service_url),
+        Ok(r) => {
+            ctx.ports.borrow_mut().extend(r.port.clone());
+            // A BackendTLSPolicy that cannot be used fails its backends closed (spec: the
+            // client gets a 5xx), as an invalid reference does.
+            if fail_closed || r.tls_refused {
+                Err(r.service_url)
+            } else {
+                Ok(r)
+            }
+        }
         Err(e) => {
             let url = placeholder_url(view, ctx);
             ref_errors.push(e);
@@ -731,6 +746,10 @@ fn convert_filter(
                 Err(e) => {
                     ref_errors.push(e);
                     return Ok(FilterOutcome::Skip);
+                }
+                // Mirrors are sent in clear text: a backend dialled over TLS gets no copies.
+                Ok(resolved) if resolved.tls.is_some() || resolved.tls_refused => {
+                    return Ok(FilterOutcome::Skip)
                 }
                 Ok(resolved) => match backend::mirror_url(&resolved) {
                     None => return Ok(FilterOutcome::Skip),

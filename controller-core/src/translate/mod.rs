@@ -13,8 +13,10 @@
 //! callers that apply nothing.
 
 mod backend;
+mod backend_tls;
 mod binding;
 pub mod bundle_version;
+mod client_certificate;
 pub mod external_name;
 mod features;
 mod gateway;
@@ -38,7 +40,7 @@ use std::fmt;
 
 use cftunnel_config::{valid, Config};
 use gateway_api::experimental::referencegrants::ReferenceGrant;
-use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Serialize, Serializer};
@@ -54,8 +56,8 @@ pub use external_name::ExternalNameBackends;
 pub use features::SUPPORTED_FEATURES;
 pub use rule::RuleError;
 pub use status::{
-    Condition, ConditionType, GatewayStatus, ListenerStatus, ParentRef, Reason, RouteParentStatus,
-    Statuses,
+    Condition, ConditionType, GatewayStatus, ListenerStatus, ParentRef, PolicyAncestorStatus,
+    Reason, RouteParentStatus, Statuses,
 };
 
 /// The `controllerName` this controller answers for unless configured otherwise.
@@ -291,7 +293,15 @@ fn translate_checked(
         ..Statuses::default()
     };
 
-    let mut gateways = gateway::owned_gateways(snapshot, &classes, options, plans);
+    let mut gateways = gateway::owned_gateways(snapshot, &classes, options, plans, &index);
+    // The client certificates Gateways present to TLS backends, by the Secret they come from.
+    let client_certificates: BTreeMap<ObjectKey, cftunnel_config::ClientCertificate> = gateways
+        .values()
+        .filter_map(|gw| gw.backend_certificate())
+        .map(|c| (c.secret.clone(), c.certificate.clone()))
+        .collect();
+    // Which Gateways' routes use each Service port: the ancestors of the BackendTLSPolicies.
+    let mut port_users: BTreeMap<backend_tls::PortKey, BTreeSet<ParentRef>> = BTreeMap::new();
     let mut configs: BTreeMap<PlaneKey, Config> = BTreeMap::new();
     configs.insert(PlaneKey::Shared, Config::default());
     let mut planes = BTreeMap::new();
@@ -336,7 +346,8 @@ fn translate_checked(
         };
         let route_key = route.key();
         let mut parents = Vec::with_capacity(bound.len());
-        let mut planes: BTreeMap<PlaneKey, Attachment> = BTreeMap::new();
+        // By plane and the Secret of the client certificate the Gateway presents to backends.
+        let mut planes: BTreeMap<(PlaneKey, Option<ObjectKey>), Attachment> = BTreeMap::new();
         // Gateway API attachedRoutes: each route once per listener, and only where accepted,
         // however many of its parentRefs select that listener.
         let mut listeners = BTreeSet::new();
@@ -362,8 +373,23 @@ fn translate_checked(
                 claims.claim(&route_key, listener.clone(), hosts);
                 listeners.insert(listener);
             }
+            for port in &translated.ports {
+                port_users
+                    .entry(port.clone())
+                    .or_default()
+                    .insert(ParentRef {
+                        namespace: gateway.namespace.clone(),
+                        name: gateway.name.clone(),
+                        section_name: None,
+                        port: None,
+                    });
+            }
+            let certificate = gateways
+                .get(&gateway)
+                .and_then(|gw| gw.backend_certificate())
+                .map(|c| c.secret.clone());
             planes
-                .entry(accepted.plane)
+                .entry((accepted.plane, certificate))
                 .or_default()
                 .merge(accepted.attachment);
         }
@@ -378,7 +404,8 @@ fn translate_checked(
         statuses.routes.insert(route_key.clone(), parents);
         let mut shadowed = shadow::Shadowed::default();
         // Only accepted parents contribute planes.
-        for (plane, attachment) in planes {
+        for ((plane, certificate), attachment) in planes {
+            let certificate = certificate.and_then(|c| client_certificates.get(&c));
             // Every hostname of the route belongs to more specific listeners there.
             if !attachment.any_host && attachment.hostnames.is_empty() {
                 continue;
@@ -390,7 +417,10 @@ fn translate_checked(
                 let seen = seen_rules.entry(target.clone()).or_default();
                 let listeners = scheme_listeners.get(&target);
                 for template in &translated.rules {
-                    let rule = template.for_attachment(&attachment);
+                    let mut rule = template.for_attachment(&attachment);
+                    if let Some(certificate) = certificate {
+                        present_client_certificate(&mut rule, certificate);
+                    }
                     let rules = match listeners {
                         Some(listeners) => listeners.scope(rule, &attachment.schemes),
                         None => vec![rule],
@@ -472,11 +502,25 @@ fn translate_checked(
     for gw in gateways.into_values() {
         statuses.gateways.insert(gw.key.clone(), gw.into_status());
     }
+    statuses.backend_tls_policies = index
+        .policies
+        .statuses(&snapshot.backend_tls_policies, &port_users);
     Output {
         configs,
         owners,
         statuses,
         planes,
+    }
+}
+
+/// Gives every backend of `rule` dialled over TLS the Gateway's client certificate, presented
+/// when the backend asks for one (Gateway API `spec.tls.backend.clientCertificateRef`).
+fn present_client_certificate(
+    rule: &mut cftunnel_config::Rule,
+    certificate: &cftunnel_config::ClientCertificate,
+) {
+    for tls in rule.backends.iter_mut().filter_map(|b| b.tls.as_mut()) {
+        tls.client_certificate = Some(certificate.clone());
     }
 }
 
@@ -603,6 +647,20 @@ pub(crate) struct Index<'a> {
     /// EndpointSlices by (namespace, `kubernetes.io/service-name`).
     slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
     grants: Vec<&'a ReferenceGrant>,
+    secrets: BTreeMap<(&'a str, &'a str), &'a Secret>,
+    /// The BackendTLSPolicies, judged, and which covers each Service port.
+    policies: backend_tls::Policies,
+}
+
+/// Objects of a namespaced kind by (namespace, name).
+fn by_key<T: kube::Resource>(objects: &[T]) -> BTreeMap<(&str, &str), &T> {
+    objects
+        .iter()
+        .filter_map(|o| {
+            let meta = o.meta();
+            Some(((meta.namespace.as_deref()?, meta.name.as_deref()?), o))
+        })
+        .collect()
 }
 
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -640,11 +698,22 @@ impl<'a> Index<'a> {
         for list in slices.values_mut() {
             list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         }
+        let secrets = by_key(&snapshot.secrets);
+        let config_maps: BTreeMap<(&str, &str), &ConfigMap> = by_key(&snapshot.config_maps);
+        let policies = backend_tls::Policies::new(
+            &snapshot.backend_tls_policies,
+            &backend_tls::CaSources {
+                config_maps: &config_maps,
+                secrets: &secrets,
+            },
+        );
         Self {
             namespaces,
             services,
             slices,
             grants: snapshot.reference_grants.iter().collect(),
+            secrets,
+            policies,
         }
     }
 

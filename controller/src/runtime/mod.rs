@@ -77,6 +77,11 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     ),
     (
         "gateway.networking.k8s.io",
+        "backendtlspolicies",
+        &["list", "watch"],
+    ),
+    (
+        "gateway.networking.k8s.io",
         "gatewayclasses/status",
         &["patch"],
     ),
@@ -91,6 +96,11 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     ),
     ("gateway.networking.k8s.io", "httproutes/status", &["patch"]),
     ("gateway.networking.k8s.io", "grpcroutes/status", &["patch"]),
+    (
+        "gateway.networking.k8s.io",
+        "backendtlspolicies/status",
+        &["patch"],
+    ),
     ("cf.k8s.lex.la", "gatewayconfigs", &["list", "watch"]),
     ("cf.k8s.lex.la", "gatewayconfigs/status", &["patch"]),
     // Their metadata: the bundle version of Gateway API's (GatewayClass `SupportedVersion`).
@@ -100,6 +110,8 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
         &["list", "watch"],
     ),
     ("", "namespaces", &["list", "watch"]),
+    // The CA certificates BackendTLSPolicies name.
+    ("", "configmaps", &["list", "watch"]),
     (
         "",
         "services",
@@ -548,7 +560,7 @@ impl Reconciler {
             let uid = snapshot
                 .gateways
                 .iter()
-                .find(|g| object_key(g).as_ref() == Some(key))
+                .find(|g| object_key(*g).as_ref() == Some(key))
                 .and_then(|g| g.metadata.uid.as_deref());
             let Some(last) = self
                 .last_good
@@ -634,7 +646,7 @@ impl Reconciler {
                 snapshot
                     .gateways
                     .iter()
-                    .find(|g| object_key(g).as_ref() == Some(key)),
+                    .find(|g| object_key(*g).as_ref() == Some(key)),
             ) else {
                 continue;
             };
@@ -1168,11 +1180,9 @@ fn from_endpoint_controller(slice: &k8s_openapi::api::discovery::v1::EndpointSli
         .is_some_and(|m| m == "endpointslice-controller.k8s.io")
 }
 
-fn object_key(gw: &Gateway) -> Option<ObjectKey> {
-    Some(ObjectKey::new(
-        gw.metadata.namespace.clone()?,
-        gw.metadata.name.clone()?,
-    ))
+fn object_key<K: kube::Resource>(object: &K) -> Option<ObjectKey> {
+    let meta = object.meta();
+    Some(ObjectKey::new(meta.namespace.clone()?, meta.name.clone()?))
 }
 
 /// A Secret key's text, trimmed as the proxy trims tokens.
