@@ -15,6 +15,8 @@
 //!   documents, tunnel tokens).
 //! - [`older_proxy`]: a proxy of an earlier release, whose config API refuses what that
 //!   release cannot read.
+//! - [`otlp`]: an OpenTelemetry collector's trace receiver (OTLP over HTTP and gRPC), which
+//!   records the spans exported to it.
 //!
 //! Helpers the tests of several crates share: [`tools`] (the real tools some tests run),
 //! [`trace`] (logs), [`wait`] (polling for a
@@ -32,6 +34,7 @@ pub mod echo;
 pub mod edge;
 pub mod kube_api;
 pub mod older_proxy;
+pub mod otlp;
 pub mod pki;
 pub mod tools;
 pub mod trace;
