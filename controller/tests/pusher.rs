@@ -122,13 +122,14 @@ async fn each_pod_gets_the_config_once_and_again_after_restarting_in_place() {
         200
     );
 
-    // Pod a restarts in place: same address, empty table. Only it is pushed to.
+    // Pod a restarts in place: same address, no table yet (it answers 502
+    // until configured). Only it is pushed to.
     let admin = a.admin_addr();
     a.shutdown().await;
     let a = restarted_at(admin).await;
     assert_eq!(
         get(a.data_addr(), "/", "two.example.com", None).await.0,
-        404
+        502
     );
     let round = pusher.sync(&plane(), &second, TOKEN, &pods).await;
     assert_eq!(round.version, v2);

@@ -540,7 +540,7 @@ async fn scenario() {
     assert!(theirs.pointer("/metadata/ownerReferences").is_none());
 
     // The endpoint controller lists the pod (not ready yet: it has no config): it gets pushed to.
-    assert_eq!(get_via(pod.data_addr(), "shop.example.com").await, 404);
+    assert_eq!(get_via(pod.data_addr(), "shop.example.com").await, 502);
     api.put(yaml(&format!(
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: cf-proxy-edge-config-x1, namespace: tenant-a, labels: {{kubernetes.io/service-name: cf-proxy-edge-config, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: false}}}}]\n",
         pod.admin_addr().port()
@@ -1232,11 +1232,12 @@ async fn the_binary_runs_against_a_kubeconfig_and_stops_on_sigterm() {
             .find(|l| l["message"] == message)
             .unwrap_or_else(|| panic!("no {message:?} line in {logs}"))
     };
+    // Planes are applied in no set order: the seed's other ones log theirs too.
     assert!(
         lines
             .iter()
             .any(|l| l["message"] == "applied the data plane" && l["gateway"] == "tenant-a/edge"),
-        "{logs}"
+        "no \"applied the data plane\" line for tenant-a/edge in {logs}"
     );
     assert_eq!(line("leading: reconciling")["level"], "INFO");
     assert!(!logs.contains('\u{1b}'), "no colour codes");
@@ -3002,6 +3003,402 @@ async fn a_rule_an_older_pod_refuses_is_reported_on_its_route_and_the_rest_is_se
         }
         let _ = stop.send(());
         controller.await.expect("task").expect("the controller stops cleanly");
+    })
+    .await
+    .expect("in time");
+}
+
+/// Condition `kind` of GatewayConfig `edge-config`'s status, and its `observedGeneration`.
+fn config_condition(api: &ApiServer, kind: &str) -> Option<(Value, Value)> {
+    let config = api.get(
+        "cf.k8s.lex.la/v1alpha1",
+        "GatewayConfig",
+        "tenant-a",
+        "edge-config",
+    )?;
+    let condition = condition(config.pointer("/status/conditions")?, kind)?.clone();
+    Some((
+        condition,
+        config.pointer("/status/observedGeneration")?.clone(),
+    ))
+}
+
+/// A GatewayConfig says, through its status subresource, which Gateways use it and whether
+/// their planes render from it: when one does not, with the very message the Gateway's
+/// `Accepted=False` (`InvalidParameters`) carries. The status is written when that changes,
+/// not every round.
+#[tokio::test]
+async fn a_gateway_config_reports_the_gateways_using_it_and_whether_it_renders() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        let status_is = |kind: &'static str, status: &'static str| {
+            let api = &t.api;
+            move || config_condition(api, kind).filter(|(c, _)| c["status"] == status)
+        };
+        let (in_use, observed) = eventually("InUse=True", status_is("InUse", "True")).await;
+        assert_eq!(
+            (&in_use["reason"], &in_use["message"]),
+            (&json!("Referenced"), &json!("used by Gateway edge"))
+        );
+        let generation = t
+            .api
+            .get("cf.k8s.lex.la/v1alpha1", "GatewayConfig", "tenant-a", "edge-config")
+            .and_then(|c| c.pointer("/metadata/generation").cloned());
+        assert_eq!(Some(&observed), generation.as_ref());
+        let (rendered, _) = eventually("Rendered=True", status_is("Rendered", "True")).await;
+        assert_eq!(
+            rendered["message"],
+            json!("the data plane of Gateway edge renders")
+        );
+        // Rounds go on (every 100 ms here); the status is not written again.
+        let rv = t.api.resource_version();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let rewritten: Vec<String> = t
+            .api
+            .writes_since(rv)
+            .into_iter()
+            .filter(|w| w.contains("gatewayconfigs"))
+            .collect();
+        assert_eq!(rewritten, Vec::<String>::new());
+
+        // Its config-API token Secret is missing: not rendered, saying what the Gateway says.
+        t.api.put(yaml("apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: edge-config, namespace: tenant-a}\nspec: {tunnelTokenSecretRef: {name: edge-tunnel-token}, authTokenSecretRef: {name: missing}}\n"));
+        let (broken, observed) =
+            eventually("Rendered=False", status_is("Rendered", "False")).await;
+        let generation = t
+            .api
+            .get("cf.k8s.lex.la/v1alpha1", "GatewayConfig", "tenant-a", "edge-config")
+            .and_then(|c| c.pointer("/metadata/generation").cloned());
+        assert_eq!(broken["reason"], "InvalidParameters");
+        let accepted = eventually("the Gateway's InvalidParameters", || {
+            t.api
+                .get("gateway.networking.k8s.io/v1", "Gateway", "tenant-a", "edge")
+                .and_then(|g| condition(g.pointer("/status/conditions")?, "Accepted").cloned())
+                .filter(|c| c["reason"] == "InvalidParameters")
+        })
+        .await;
+        assert_eq!(broken["message"], accepted["message"]);
+        assert!(
+            broken["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("Secret tenant-a/missing")),
+            "{broken}"
+        );
+        assert_eq!(Some(observed), generation, "the generation edited");
+
+        // Back on the shared plane: no Gateway uses it.
+        t.api.put(yaml(&gateway(false)));
+        let (unused, _) = eventually("InUse=False", status_is("InUse", "False")).await;
+        assert_eq!(unused["reason"], "NotReferenced");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The objects the Go controller of the same API group rendered for a Gateway, shaped as its
+/// renderer makes them: its selector and labels, its port names, its NetworkPolicy under
+/// `-netpol`, its autoscaler on the metric its GatewayConfig names, its generated Secret with
+/// the token under `auth-token`; each controlled by the Gateway `uid`.
+fn go_controller_plane(uid: &str) -> Vec<Value> {
+    let owner = format!(
+        "[{{apiVersion: gateway.networking.k8s.io/v1, kind: Gateway, name: edge, uid: {uid}, controller: true, blockOwnerDeletion: true}}]"
+    );
+    let labels = "{app.kubernetes.io/name: cloudflare-tunnel-gateway-proxy, cf.k8s.lex.la/gateway: edge, app.kubernetes.io/component: proxy, app.kubernetes.io/managed-by: cloudflare-tunnel-gateway-controller, gateway.networking.k8s.io/gateway-name: edge, gateway.networking.k8s.io/gateway-class-name: cloudflare-tunnel}";
+    let selector =
+        "{app.kubernetes.io/name: cloudflare-tunnel-gateway-proxy, cf.k8s.lex.la/gateway: edge}";
+    let meta = |name: &str| {
+        format!("{{name: {name}, namespace: tenant-a, labels: {labels}, ownerReferences: {owner}}}")
+    };
+    [
+        format!(
+            r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {meta}
+spec:
+  replicas: 3
+  selector: {{matchLabels: {selector}}}
+  strategy: {{type: RollingUpdate, rollingUpdate: {{maxUnavailable: 25%, maxSurge: 25%}}}}
+  revisionHistoryLimit: 10
+  progressDeadlineSeconds: 600
+  template:
+    metadata:
+      labels: {labels}
+      annotations: {{cf.k8s.lex.la/tunnel-token-hash: aa, cf.k8s.lex.la/auth-token-hash: bb}}
+    spec:
+      terminationGracePeriodSeconds: 45
+      automountServiceAccountToken: false
+      securityContext: {{runAsNonRoot: true, runAsUser: 65534, seccompProfile: {{type: RuntimeDefault}}}}
+      containers:
+      - name: proxy
+        image: ghcr.io/lexfrei/cloudflare-tunnel-gateway-controller-proxy:v1
+        imagePullPolicy: IfNotPresent
+        env:
+        - {{name: TUNNEL_TOKEN, valueFrom: {{secretKeyRef: {{name: edge-tunnel-token, key: tunnel-token}}}}}}
+        - {{name: PROXY_AUTH_TOKEN, valueFrom: {{secretKeyRef: {{name: cf-proxy-edge-auth, key: auth-token}}}}}}
+        ports:
+        - {{name: config-api, containerPort: 8081, protocol: TCP}}
+        - {{name: proxy, containerPort: 8080, protocol: TCP}}
+        startupProbe: {{httpGet: {{path: /healthz, port: config-api, scheme: HTTP}}, periodSeconds: 5, timeoutSeconds: 3, failureThreshold: 30, successThreshold: 1}}
+"#,
+            meta = meta("cf-proxy-edge")
+        ),
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {meta}\nspec:\n  type: ClusterIP\n  clusterIP: None\n  publishNotReadyAddresses: true\n  selector: {selector}\n  ports: [{{name: config-api, port: 8081, targetPort: config-api, protocol: TCP}}]\n",
+            meta = meta("cf-proxy-edge-config")
+        ),
+        format!(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {meta}\nspec:\n  podSelector: {{matchLabels: {selector}}}\n  policyTypes: [Ingress]\n  ingress: [{{from: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: cftunnel-system}}}}}}], ports: [{{protocol: TCP, port: 8081}}]}}]\n",
+            meta = meta("cf-proxy-edge-netpol")
+        ),
+        format!(
+            "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata: {meta}\nspec:\n  scaleTargetRef: {{apiVersion: apps/v1, kind: Deployment, name: cf-proxy-edge}}\n  minReplicas: 2\n  maxReplicas: 4\n  metrics: [{{type: Pods, pods: {{metric: {{name: go_inflight}}, target: {{type: AverageValue, averageValue: '20'}}}}}}]\n",
+            meta = meta("cf-proxy-edge")
+        ),
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: cf-proxy-edge-auth, namespace: tenant-a, ownerReferences: {owner}}}\nstringData: {{auth-token: go-token}}\n"
+        ),
+    ]
+    .iter()
+    .map(|text| yaml(text))
+    .collect()
+}
+
+/// Moving from the Go controller, with its GatewayConfig and the plane it rendered left as
+/// they are: its Service, autoscaler and token Secret are taken over in place (the token kept,
+/// under its `auth-token` key, which the pods now read), its Deployment, whose selector cannot
+/// change into ours, is replaced at the count its autoscaler had reached, and its NetworkPolicy,
+/// under a name ours does not share and admitting every pod of the controller's namespace,
+/// goes once ours is in place. The autoscaler keeps the metric the GatewayConfig names. No
+/// step fails the render.
+#[tokio::test]
+async fn a_plane_the_go_controller_rendered_is_taken_over_as_it_is() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut go_uids = Vec::new();
+        let t = Tenant::start_with("replicas: 1", |api| {
+            api.put(yaml("apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: edge-config, namespace: tenant-a}\nspec:\n  tunnelTokenSecretRef: {name: edge-tunnel-token}\n  autoscaling: {maxReplicas: 4, targetInflightPerPod: 20, metricName: go_inflight}\n"));
+            let gateway = api
+                .get("gateway.networking.k8s.io/v1", "Gateway", "tenant-a", "edge")
+                .expect("the Gateway");
+            let uid = gateway["metadata"]["uid"].as_str().expect("a uid").to_owned();
+            for object in go_controller_plane(&uid) {
+                let stored = api.put(object);
+                go_uids.push((
+                    stored["kind"].as_str().unwrap_or_default().to_owned(),
+                    stored["metadata"]["uid"].clone(),
+                ));
+            }
+        })
+        .await;
+        let go_uid = |kind: &str| {
+            go_uids
+                .iter()
+                .find(|(k, _)| k == kind)
+                .map(|(_, uid)| uid.clone())
+                .expect("seeded")
+        };
+        let get = |api_version: &str, kind: &str, name: &str| {
+            t.api.get(api_version, kind, "tenant-a", name)
+        };
+
+        let deployment = eventually("the Deployment replaced", || {
+            get("apps/v1", "Deployment", "cf-proxy-edge")
+                .filter(|d| d["metadata"]["uid"] != go_uid("Deployment"))
+        })
+        .await;
+        assert_eq!(
+            deployment.pointer("/spec/selector/matchLabels/app.kubernetes.io~1name"),
+            Some(&json!("cftunnel-proxy"))
+        );
+        assert_eq!(
+            deployment.pointer("/spec/replicas"),
+            Some(&json!(3)),
+            "the count the autoscaler had reached"
+        );
+        let auth = deployment
+            .pointer("/spec/template/spec/containers/0/env")
+            .and_then(Value::as_array)
+            .and_then(|env| env.iter().find(|e| e["name"] == "PROXY_AUTH_TOKEN"))
+            .map(|e| e["valueFrom"]["secretKeyRef"].clone());
+        assert_eq!(
+            auth,
+            Some(json!({"name": "cf-proxy-edge-auth", "key": "auth-token"}))
+        );
+        let ports = deployment.pointer("/spec/template/spec/containers/0/ports");
+        assert_eq!(
+            ports,
+            Some(&json!([{"name": "config", "containerPort": 8081, "protocol": "TCP"}]))
+        );
+
+        eventually("the Go controller's NetworkPolicy gone", || {
+            get("networking.k8s.io/v1", "NetworkPolicy", "cf-proxy-edge-netpol")
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        assert!(get("networking.k8s.io/v1", "NetworkPolicy", "cf-proxy-edge").is_some());
+
+        let service = get("v1", "Service", "cf-proxy-edge-config").expect("the Service");
+        assert_eq!(service["metadata"]["uid"], go_uid("Service"), "taken over");
+        assert_eq!(service.pointer("/spec/ports/0/name"), Some(&json!("config")));
+        assert_eq!(
+            service.pointer("/spec/selector/app.kubernetes.io~1name"),
+            Some(&json!("cftunnel-proxy"))
+        );
+        let autoscaler = get("autoscaling/v2", "HorizontalPodAutoscaler", "cf-proxy-edge")
+            .expect("the autoscaler");
+        assert_eq!(autoscaler["metadata"]["uid"], go_uid("HorizontalPodAutoscaler"));
+        assert_eq!(
+            autoscaler.pointer("/spec/metrics/0/pods/metric/name"),
+            Some(&json!("go_inflight"))
+        );
+        let secret = get("v1", "Secret", "cf-proxy-edge-auth").expect("the Secret");
+        assert_eq!(secret["metadata"]["uid"], go_uid("Secret"));
+        assert_eq!(secret["data"], json!({"auth-token": "Z28tdG9rZW4="}), "its token kept");
+
+        let accepted = eventually("Accepted", || {
+            get("gateway.networking.k8s.io/v1", "Gateway", "edge")
+                .and_then(|g| condition(g.pointer("/status/conditions")?, "Accepted").cloned())
+        })
+        .await;
+        assert_eq!(accepted["status"], "True", "{accepted}");
+        assert!(
+            !t.api
+                .list("Event")
+                .iter()
+                .any(|e| e["reason"] == "RenderFailed" && e["regarding"]["name"] == "edge"),
+            "no render failed"
+        );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// Waits at most `seconds` for `check` to give a value.
+async fn within<T>(seconds: u64, what: &str, check: impl FnMut() -> Option<T>) -> T {
+    tokio::time::timeout(Duration::from_secs(seconds), eventually(what, check))
+        .await
+        .unwrap_or_else(|_| panic!("{what} within {seconds} s"))
+}
+
+/// A user opens the rendered NetworkPolicy to every namespace on the config port, and changes
+/// the Deployment's image: each edit is restored within seconds by the round its watch event
+/// starts, with no resync due (it is a minute here) and no periodic re-apply.
+#[tokio::test]
+async fn edits_that_depart_from_the_render_are_restored_within_seconds() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start_tuned(
+            "replicas: 2",
+            |_| {},
+            ApiServer::client,
+            |options| options.resync = Duration::from_secs(60),
+        )
+        .await;
+        let policy_spec = || {
+            t.api
+                .get(
+                    "networking.k8s.io/v1",
+                    "NetworkPolicy",
+                    "tenant-a",
+                    "cf-proxy-edge",
+                )
+                .and_then(|p| p.get("spec").cloned())
+        };
+        let image = || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+                .and_then(|d| d.pointer("/spec/template/spec/containers/0/image").cloned())
+        };
+        let rendered = eventually("the NetworkPolicy", policy_spec).await;
+        eventually("the Deployment", image).await;
+
+        let as_user = PatchParams {
+            field_manager: Some("kubectl-edit".to_owned()),
+            ..PatchParams::default()
+        };
+        let policies: Api<NetworkPolicy> = Api::namespaced(t.api.user_client(), "tenant-a");
+        let opened = json!({"spec": {"ingress": [{
+            "from": [{"namespaceSelector": {}}],
+            "ports": [{"port": 8081, "protocol": "TCP"}],
+        }]}});
+        policies
+            .patch("cf-proxy-edge", &as_user, &Patch::Merge(&opened))
+            .await
+            .expect("opened");
+        within(5, "the NetworkPolicy restored", || {
+            policy_spec().filter(|spec| *spec == rendered)
+        })
+        .await;
+
+        let deployments: Api<Deployment> = Api::namespaced(t.api.user_client(), "tenant-a");
+        let mut edited = deployments.get("cf-proxy-edge").await.expect("read");
+        if let Some(container) = edited
+            .spec
+            .as_mut()
+            .and_then(|s| s.template.spec.as_mut())
+            .and_then(|p| p.containers.first_mut())
+        {
+            container.image = Some("someone-else:1".to_owned());
+        }
+        deployments
+            .replace("cf-proxy-edge", &PostParams::default(), &edited)
+            .await
+            .expect("edited");
+        within(5, "the image restored", || {
+            image().filter(|i| *i == json!("proxy:1"))
+        })
+        .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// Once a plane is applied and nothing changes, a round costs no API call for it: the watch
+/// caches hold what was applied, so nothing is read and nothing written, round after round.
+#[tokio::test]
+async fn an_unchanged_plane_costs_no_api_calls_per_round() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        // Without the Deployment of someone else's that fails the seed's other plane every
+        // round: that plane is applied as well.
+        let t = Tenant::start_with("autoscaling: {minReplicas: 2, maxReplicas: 4}", |api| {
+            api.delete("apps/v1", "Deployment", "tenant-b", "cf-proxy-other");
+        })
+        .await;
+        eventually("the autoscaler", || {
+            t.api.get(
+                "autoscaling/v2",
+                "HorizontalPodAutoscaler",
+                "tenant-a",
+                "cf-proxy-edge",
+            )
+        })
+        .await;
+        // Settled: no write for half a second (rounds run every 100 ms).
+        loop {
+            let rv = t.api.resource_version();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if t.api.writes_since(rv).is_empty() {
+                break;
+            }
+        }
+        let kinds = [
+            "Deployment",
+            "Service",
+            "NetworkPolicy",
+            "HorizontalPodAutoscaler",
+            "Secret",
+        ];
+        let reads = || kinds.map(|k| t.api.accepts(k).len());
+        let (before, rv) = (reads(), t.api.resource_version());
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(reads(), before, "no reads of {kinds:?}");
+        assert_eq!(t.api.writes_since(rv), Vec::<String>::new(), "no writes");
+        t.stop().await;
     })
     .await
     .expect("in time");

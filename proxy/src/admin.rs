@@ -16,8 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
-/// Largest config document accepted by `PUT /config`.
-pub const MAX_CONFIG_BYTES: usize = 8 * 1024 * 1024;
+/// Largest config document `PUT /config` accepts unless configured otherwise: room for a
+/// 50,000-rule document (about 9 MB as the controller writes it) several times over.
+pub const DEFAULT_MAX_CONFIG_BYTES: usize = 32 * 1024 * 1024;
 
 /// What `/readyz` reports.
 #[derive(Default)]
@@ -70,6 +71,8 @@ pub struct Admin {
     pub health: Arc<Health>,
     /// `None`: the config API is open (the operator was warned at start).
     pub auth_token: Option<String>,
+    /// Largest config document accepted; larger pushes get 413.
+    pub max_config_bytes: usize,
 }
 
 type AdminResponse = Response<Full<Bytes>>;
@@ -224,23 +227,21 @@ impl Admin {
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > MAX_CONFIG_BYTES as u64) {
+        let limit = self.max_config_bytes;
+        if declared.is_some_and(|n| n > limit as u64) {
             return json_error(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                format!("config larger than {MAX_CONFIG_BYTES} bytes"),
+                format!("config larger than {limit} bytes"),
             );
         }
-        let body = match Limited::new(req.into_body(), MAX_CONFIG_BYTES)
-            .collect()
-            .await
-        {
+        let body = match Limited::new(req.into_body(), limit).collect().await {
             Ok(b) => b.to_bytes(),
             Err(e) => {
                 let e: BoxError = e;
                 if e.is::<http_body_util::LengthLimitError>() {
                     return json_error(
                         StatusCode::PAYLOAD_TOO_LARGE,
-                        format!("config larger than {MAX_CONFIG_BYTES} bytes"),
+                        format!("config larger than {limit} bytes"),
                     );
                 }
                 return json_error(StatusCode::BAD_REQUEST, format!("reading body: {e}"));

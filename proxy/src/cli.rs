@@ -89,6 +89,11 @@ pub struct Args {
     #[arg(long, env = "PROXY_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: cftunnel_telemetry::LogFormat,
 
+    /// Largest config document `PUT /config` accepts, in bytes (1 KiB to 1 GiB); larger pushes
+    /// get 413.
+    #[arg(long, env = "PROXY_MAX_CONFIG_BYTES", default_value_t = crate::admin::DEFAULT_MAX_CONFIG_BYTES as u64, value_parser = clap::value_parser!(u64).range(1024..=1 << 30))]
+    pub max_config_bytes: u64,
+
     /// Config document (the `PUT /config` JSON) to load at start.
     #[arg(long, env = "PROXY_CONFIG_FILE")]
     pub config_file: Option<PathBuf>,

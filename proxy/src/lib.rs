@@ -62,6 +62,8 @@ pub struct ServerOptions {
     pub backend_header_timeout: Duration,
     /// HTTP/1.1 connections open at once to one backend; requests beyond wait for one.
     pub backend_max_connections: usize,
+    /// Largest config document `PUT /config` accepts.
+    pub max_config_bytes: usize,
     pub limits: serve::Limits,
     /// Worker threads of the runtime serving requests; sizes the per-thread copies of the
     /// duration histograms (see [`metrics::histogram::Shards`]).
@@ -81,6 +83,7 @@ impl Default for ServerOptions {
             metrics_enabled: true,
             backend_header_timeout: Duration::from_secs(60),
             backend_max_connections: forward::DEFAULT_MAX_CONNECTIONS,
+            max_config_bytes: admin::DEFAULT_MAX_CONFIG_BYTES,
             limits: serve::Limits::default(),
             worker_threads: 1,
         }
@@ -162,6 +165,7 @@ impl Server {
             registry: options.metrics_enabled.then(|| Arc::new(registry)),
             health: health.clone(),
             auth_token: options.auth_token.clone(),
+            max_config_bytes: options.max_config_bytes,
         });
         let admin_task = tokio::spawn(admin::serve(admin_listener, admin));
         let timer_anchor = tokio::spawn(anchor_timers());

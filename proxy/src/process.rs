@@ -96,6 +96,7 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
         metrics_enabled: args.metrics_enabled,
         backend_header_timeout: args.backend_header_timeout.0,
         backend_max_connections: args.backend_max_connections as usize,
+        max_config_bytes: args.max_config_bytes as usize,
         limits: crate::serve::Limits {
             max_connections: args.max_connections as usize,
             ..Default::default()

@@ -91,3 +91,43 @@ async fn fifty_pushes_under_load_fail_no_request_and_never_mix_tables() {
     .await
     .expect("test finished in time");
 }
+
+/// The config API's body cap is a setting: a document over it is refused with 413 and the table
+/// stays; by default a 50,000-rule document, what a large cluster pushes, fits and is applied.
+#[tokio::test]
+async fn the_body_cap_is_a_setting_and_the_default_takes_fifty_thousand_rules() {
+    tokio::time::timeout(TEST_TIMEOUT * 4, async {
+        let http = client();
+        let small = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            max_config_bytes: 4096,
+            ..cftunnel_proxy::ServerOptions::default()
+        })
+        .await;
+        let rules = |n: usize| -> Vec<serde_json::Value> {
+            (0..n)
+                .map(|i| serde_json::json!({
+                    "name": format!("ns/route{i}/0"),
+                    "hostnames": [format!("app{i}.example.com")],
+                    "matches": [{"path": {"type": "PathPrefix", "value": format!("/svc{i}")}}],
+                    // Loopback addresses where nothing listens: a request is refused at once.
+                    "backends": [{"url": format!("http://127.{}.{}.{}:9", (i >> 16) & 255, (i >> 8) & 255, i & 255), "weight": 1}]
+                }))
+                .collect()
+        };
+        let over = serde_json::json!({"version": 2, "rules": rules(40)});
+        assert!(over.to_string().len() > 4096);
+        assert_eq!(push(&http, small.admin_addr(), &over).await.status, http::StatusCode::PAYLOAD_TOO_LARGE);
+        let under = serde_json::json!({"version": 1, "rules": rules(2)});
+        assert_eq!(push(&http, small.admin_addr(), &under).await.status, http::StatusCode::OK);
+
+        let large = proxy().await;
+        let doc = serde_json::json!({"version": 7, "rules": rules(50_000)});
+        assert!(doc.to_string().len() > 8 * 1024 * 1024, "larger than the former cap");
+        let r = push(&http, large.admin_addr(), &doc).await;
+        assert_eq!(r.status, http::StatusCode::OK, "{:?}", r.body);
+        assert_eq!(get(&http, large.data_addr(), "app49999.example.com", "/svc49999/x", &[]).await.status, http::StatusCode::BAD_GATEWAY, "routed to its backend, where nothing listens");
+    })
+    .await
+    .expect("test finished in time");
+}

@@ -144,7 +144,7 @@ async fn bad_pushes_are_refused_with_the_reason_and_the_old_table_keeps_serving(
         let trailing = json!({"version": 5, "rules": []}).to_string() + " {}";
         let r = push_raw(&http, admin, Some(TOKEN), "application/json", trailing.into()).await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "a document with something after it is refused: {:?}", r.body);
-        let huge = Bytes::from(vec![b' '; 9 * 1024 * 1024]);
+        let huge = Bytes::from(vec![b' '; cftunnel_proxy::admin::DEFAULT_MAX_CONFIG_BYTES + 1]);
         assert_eq!(push_raw(&http, admin, Some(TOKEN), "application/json", huge).await.status, StatusCode::PAYLOAD_TOO_LARGE);
         let bad_regex = json!({"version": 6, "rules": [{"matches": [{"path": {"type": "RegularExpression", "value": "(["}}], "backends": []}]});
         let r = push(&http, admin, &bad_regex).await;

@@ -5,9 +5,9 @@
 //! (`PartialObjectMetadata`) for a client that asks for them, as kube's metadata-only `Api`
 //! does. Errors are `Status` objects with the real codes (404 NotFound, 409 AlreadyExists,
 //! 409 Conflict for a write naming a resourceVersion that is no longer current or an apply
-//! that conflicts, 422 Invalid for a Lease the API server's validation refuses, 403 Forbidden
-//! for a request RBAC or a test refuses). It runs no controllers: a test plays the Deployment
-//! and EndpointSlice controllers itself.
+//! that conflicts, 422 Invalid for a Lease the API server's validation refuses or a change of a
+//! Deployment's immutable `spec.selector`, 403 Forbidden for a request RBAC or a test refuses).
+//! It runs no controllers: a test plays the Deployment and EndpointSlice controllers itself.
 //!
 //! A test builds the server with the RBAC rules its client is held to and the objects it
 //! starts with, and can then act as a user or another controller, change the Gateway API CRDs

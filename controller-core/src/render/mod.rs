@@ -10,6 +10,7 @@
 //! the runtime's.
 
 mod names;
+mod owned;
 mod plan;
 #[cfg(test)]
 mod tests;
@@ -42,8 +43,10 @@ use sha2::{Digest, Sha256};
 
 use crate::gateway_config::{
     GatewayConfig, SecretKeyRef, DEFAULT_AUTH_TOKEN_KEY, DEFAULT_TUNNEL_TOKEN_KEY,
+    LEGACY_AUTH_TOKEN_KEY,
 };
-pub use names::PlaneNames;
+pub use names::{GoControllerNames, PlaneNames};
+pub use owned::owned_fields;
 pub(crate) use plan::plan_unapplied;
 pub use plan::{config_name, plan, Plans, Rendered};
 
@@ -52,7 +55,7 @@ pub const GATEWAY_LABEL: &str = "cf.k8s.lex.la/gateway";
 /// Pod-template annotation: a digest of the tokens the pods read at start, so that rotating
 /// either Secret rolls the pods.
 pub const CREDENTIALS_HASH_ANNOTATION: &str = "cf.k8s.lex.la/credentials-hash";
-/// The metric the rendered autoscaler scales on.
+/// The metric the rendered autoscaler scales on unless `autoscaling.metricName` names another.
 pub const IN_FLIGHT_METRIC: &str = "cftunnel_proxy_requests_in_flight";
 /// The proxy's config API, health and metrics port (proxy contract).
 pub const CONFIG_PORT: i32 = 8081;
@@ -132,6 +135,16 @@ pub enum RenderError {
         field: &'static str,
         config: String,
     },
+    /// A config-API token Secret referenced without a key holds neither the default key nor
+    /// the Go controller's.
+    #[error(
+        "Secret {namespace}/{name} has neither key {DEFAULT_AUTH_TOKEN_KEY:?} nor {LEGACY_AUTH_TOKEN_KEY:?} (spec.authTokenSecretRef of GatewayConfig {config})"
+    )]
+    AuthTokenKeyMissing {
+        namespace: String,
+        name: String,
+        config: String,
+    },
     #[error("key {key:?} of Secret {namespace}/{name} is empty or not UTF-8 text")]
     SecretNotText {
         namespace: String,
@@ -177,12 +190,17 @@ pub struct Credentials {
 }
 
 impl Credentials {
-    /// The same credentials with another config-API token: the one the generated Secret holds
-    /// in the cluster, when the caller's view of it was stale.
-    pub fn with_auth_token(&self, auth_token: String) -> Self {
+    /// The same credentials with another config-API token, read from `key` of the same Secret:
+    /// the one the generated Secret holds in the cluster, when the caller's view of it was
+    /// stale.
+    pub fn with_auth_token(&self, auth_token: String, key: &str) -> Self {
         Self {
             digest: credentials_digest(&self.tunnel_text, &auth_token),
             auth_token,
+            auth_ref: SecretKeySelector {
+                key: key.to_owned(),
+                ..self.auth_ref.clone()
+            },
             ..self.clone()
         }
     }
@@ -223,8 +241,8 @@ fn resolve_with(
         "{namespace}/{}",
         config.metadata.name.as_deref().unwrap_or_default()
     );
-    let lookup = |r: &SecretKeyRef, default_key: &str, field: &'static str| {
-        let key = r.key_or(default_key).to_owned();
+    // The key a reference names, else the first of `default_keys` the Secret holds.
+    let lookup = |r: &SecretKeyRef, default_keys: &[&str], field: &'static str| {
         let secret = secrets
             .iter()
             .find(|s| {
@@ -237,13 +255,31 @@ fn resolve_with(
                 field,
                 config: config_name.clone(),
             })?;
-        let value = secret_value(secret, &key).ok_or_else(|| RenderError::SecretKeyMissing {
-            namespace: namespace.to_owned(),
-            name: r.name.clone(),
-            key: key.clone(),
-            field,
-            config: config_name.clone(),
-        })?;
+        let named;
+        let candidates: &[&str] = match r.key.as_deref().filter(|k| !k.is_empty()) {
+            Some(key) => {
+                named = [key];
+                &named
+            }
+            None => default_keys,
+        };
+        let (key, value) = candidates
+            .iter()
+            .find_map(|k| Some(((*k).to_owned(), secret_value(secret, k)?)))
+            .ok_or_else(|| match candidates {
+                [_, _, ..] => RenderError::AuthTokenKeyMissing {
+                    namespace: namespace.to_owned(),
+                    name: r.name.clone(),
+                    config: config_name.clone(),
+                },
+                _ => RenderError::SecretKeyMissing {
+                    namespace: namespace.to_owned(),
+                    name: r.name.clone(),
+                    key: candidates.first().copied().unwrap_or_default().to_owned(),
+                    field,
+                    config: config_name.clone(),
+                },
+            })?;
         let text = text_value(&value).ok_or_else(|| RenderError::SecretNotText {
             namespace: namespace.to_owned(),
             name: r.name.clone(),
@@ -262,9 +298,12 @@ fn resolve_with(
     let tunnel_spec = &config.spec.tunnel_token_secret_ref;
     let (tunnel_text, tunnel_ref) = lookup(
         tunnel_spec,
-        DEFAULT_TUNNEL_TOKEN_KEY,
+        &[DEFAULT_TUNNEL_TOKEN_KEY],
         "tunnelTokenSecretRef",
     )?;
+    // Where no key is named, the config-API token is read from `token`, else from the key the
+    // Go controller used, so the Secrets it generated or was given serve unchanged.
+    let auth_keys = [DEFAULT_AUTH_TOKEN_KEY, LEGACY_AUTH_TOKEN_KEY];
     let tunnel: Token = tunnel_text
         .parse()
         .map_err(|error| RenderError::BadTunnelToken {
@@ -276,7 +315,7 @@ fn resolve_with(
 
     let (auth_token, auth_ref, auth_generated) = match &config.spec.auth_token_secret_ref {
         Some(r) => {
-            let (text, selector) = lookup(r, DEFAULT_AUTH_TOKEN_KEY, "authTokenSecretRef")?;
+            let (text, selector) = lookup(r, &auth_keys, "authTokenSecretRef")?;
             (text, selector, false)
         }
         None => {
@@ -284,17 +323,19 @@ fn resolve_with(
                 name: names.auth_secret.clone(),
                 key: None,
             };
-            let existing = lookup(&generated, DEFAULT_AUTH_TOKEN_KEY, "authTokenSecretRef")
+            let existing = lookup(&generated, &auth_keys, "authTokenSecretRef")
                 .ok()
-                .map(|(text, _)| text)
-                .filter(|t| !t.is_empty());
-            let token = existing
-                .or_else(|| fresh_token.map(str::to_owned))
-                .ok_or(RenderError::Random)?;
-            let selector = SecretKeySelector {
-                name: names.auth_secret.clone(),
-                key: DEFAULT_AUTH_TOKEN_KEY.to_owned(),
-                optional: None,
+                .filter(|(text, _)| !text.is_empty());
+            let (token, selector) = match existing {
+                Some(found) => found,
+                None => (
+                    fresh_token.map(str::to_owned).ok_or(RenderError::Random)?,
+                    SecretKeySelector {
+                        name: names.auth_secret.clone(),
+                        key: DEFAULT_AUTH_TOKEN_KEY.to_owned(),
+                        optional: None,
+                    },
+                ),
             };
             (token, selector, true)
         }
@@ -417,6 +458,10 @@ pub fn render(
                 min,
                 a.max_replicas,
                 a.target_inflight_per_pod.unwrap_or(DEFAULT_TARGET_INFLIGHT),
+                a.metric_name
+                    .clone()
+                    .filter(|m| !m.is_empty())
+                    .unwrap_or_else(|| IN_FLIGHT_METRIC.to_owned()),
             ))
         }
     };
@@ -557,7 +602,7 @@ pub fn render(
         }),
     };
 
-    let autoscaler = autoscaling.map(|(min, max, target)| HorizontalPodAutoscaler {
+    let autoscaler = autoscaling.map(|(min, max, target, metric)| HorizontalPodAutoscaler {
         metadata: meta(&names.autoscaler),
         spec: HorizontalPodAutoscalerSpec {
             scale_target_ref: CrossVersionObjectReference {
@@ -571,7 +616,7 @@ pub fn render(
                 type_: "Pods".to_owned(),
                 pods: Some(PodsMetricSource {
                     metric: MetricIdentifier {
-                        name: IN_FLIGHT_METRIC.to_owned(),
+                        name: metric,
                         selector: None,
                     },
                     target: MetricTarget {
@@ -591,7 +636,7 @@ pub fn render(
         metadata: meta(&names.auth_secret),
         type_: Some("Opaque".to_owned()),
         data: Some(BTreeMap::from([(
-            DEFAULT_AUTH_TOKEN_KEY.to_owned(),
+            credentials.auth_ref.key.clone(),
             ByteString(credentials.auth_token.as_bytes().to_vec()),
         )])),
         ..Secret::default()

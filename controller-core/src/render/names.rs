@@ -121,6 +121,90 @@ impl PlaneNames {
     }
 }
 
+/// The names the Go controller of the same API group gives a Gateway's data-plane objects, so
+/// that a plane it rendered can be taken over or removed.
+///
+/// Its rule: the name (`cf-proxy-<gateway>`, with `-config` for the Service, `-netpol` for the
+/// NetworkPolicy, `-auth` for the generated Secret; the autoscaler shares the Deployment's) is
+/// kept when it is already a valid DNS label that does not end like a hash suffix (`-` and
+/// eight lower-case hex digits); otherwise it is lower-cased, each other character made `-`,
+/// cut to 54 characters, trimmed of `-` at both ends, and given `-` and the first eight hex
+/// digits of the SHA-256 of the full name. For most Gateways only the NetworkPolicy's name
+/// differs from ours.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GoControllerNames {
+    pub deployment: String,
+    pub service: String,
+    pub network_policy: String,
+    pub autoscaler: String,
+    pub auth_secret: String,
+}
+
+impl GoControllerNames {
+    /// # Errors
+    /// The Gateway has no name.
+    pub fn for_gateway(gateway: &Gateway) -> Result<Self, RenderError> {
+        let name = gateway
+            .metadata
+            .name
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .ok_or(RenderError::GatewayMetadata("name"))?;
+        Ok(Self::for_name(name))
+    }
+
+    fn for_name(name: &str) -> Self {
+        let deployment = go_object_name(&format!("{PREFIX}{name}"));
+        Self {
+            service: go_object_name(&format!("{PREFIX}{name}{SERVICE_SUFFIX}")),
+            network_policy: go_object_name(&format!("{PREFIX}{name}-netpol")),
+            auth_secret: go_object_name(&format!("{PREFIX}{name}-auth")),
+            autoscaler: deployment.clone(),
+            deployment,
+        }
+    }
+}
+
+/// An object name by the Go controller's rule ([`GoControllerNames`]).
+fn go_object_name(name: &str) -> String {
+    const HASH_HEX: usize = 8;
+    let sanitized: String = name
+        .to_lowercase()
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '-' => c,
+            _ => '-',
+        })
+        .collect();
+    let b = name.as_bytes();
+    let alphanumeric = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let hash_shaped = b.len() > HASH_HEX
+        && b[b.len() - HASH_HEX - 1] == b'-'
+        && b[b.len() - HASH_HEX..]
+            .iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c));
+    if sanitized == name
+        && b.len() <= MAX_LABEL
+        && b.first().is_some_and(|c| alphanumeric(*c))
+        && b.last().is_some_and(|c| alphanumeric(*c))
+        && !hash_shaped
+    {
+        return name.to_owned();
+    }
+    let hash: String = Sha256::digest(name.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .take(HASH_HEX / 2)
+        .collect();
+    let body: String = sanitized.chars().take(MAX_LABEL - HASH_HEX - 1).collect();
+    let body = body.trim_matches('-');
+    if body.is_empty() {
+        hash
+    } else {
+        format!("{body}-{hash}")
+    }
+}
+
 /// A label value as Kubernetes checks it: at most 63 characters, alphanumerics, `-`, `_` and
 /// `.`, starting and ending with an alphanumeric.
 fn is_label_value(s: &str) -> bool {
@@ -181,6 +265,51 @@ mod tests {
         // The longest plain name that still fits is used as it is.
         let fits = "b".repeat(MAX_LABEL - PREFIX.len() - SERVICE_SUFFIX.len());
         assert_eq!(PlaneNames::for_name(&fits).gateway_label, fits);
+    }
+
+    /// The Go controller's names: ours but for the NetworkPolicy's for a plain name; hashed
+    /// its own way for a name that is no DNS label or ends like its hash suffix.
+    #[test]
+    fn the_go_controllers_names_follow_its_rule() {
+        assert_eq!(
+            GoControllerNames::for_name("edge"),
+            GoControllerNames {
+                deployment: "cf-proxy-edge".to_owned(),
+                service: "cf-proxy-edge-config".to_owned(),
+                network_policy: "cf-proxy-edge-netpol".to_owned(),
+                autoscaler: "cf-proxy-edge".to_owned(),
+                auth_secret: "cf-proxy-edge-auth".to_owned(),
+            }
+        );
+        let dotted = GoControllerNames::for_name("edge.example.com");
+        let hash = |s: &str| -> String {
+            Sha256::digest(s.as_bytes())[..4]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect()
+        };
+        assert_eq!(
+            dotted.deployment,
+            format!(
+                "cf-proxy-edge-example-com-{}",
+                hash("cf-proxy-edge.example.com")
+            )
+        );
+        assert_eq!(
+            dotted.service,
+            format!(
+                "cf-proxy-edge-example-com-config-{}",
+                hash("cf-proxy-edge.example.com-config")
+            )
+        );
+        let shaped = GoControllerNames::for_name("edge-deadbeef");
+        assert_eq!(
+            shaped.deployment,
+            format!("cf-proxy-edge-deadbeef-{}", hash("cf-proxy-edge-deadbeef"))
+        );
+        let long = GoControllerNames::for_name(&"a".repeat(70));
+        assert_eq!(long.deployment.len(), MAX_LABEL);
+        assert!(long.deployment.starts_with("cf-proxy-aaa"));
     }
 
     /// Gateway API's well-known labels name the Gateway and its class as they are; the

@@ -540,6 +540,77 @@ fn the_generated_token_is_never_rotated() {
     assert!(credentials.auth_generated, "still the controller's Secret");
 }
 
+/// The Go controller's config-API tokens are read where they are: the Secret it generated
+/// holds the token under `auth-token`, which is also its default key for a bring-your-own
+/// Secret. The pods then read that key, and the token is not replaced.
+#[test]
+fn the_go_controllers_auth_token_key_is_read_where_no_key_is_named() {
+    let generated = "---\napiVersion: v1\nkind: Secret\nmetadata: {name: cf-proxy-edge-auth, namespace: tenant-a}\nstringData: {auth-token: from-go}\n";
+    let s = snapshot(BASIC, generated);
+    let credentials =
+        resolve(&s.gateways[0], &s.gateway_configs[0], &s.secrets, "fresh").expect("resolves");
+    assert_eq!(credentials.auth_token, "from-go");
+    assert!(credentials.auth_generated);
+    let p = render(
+        &s.gateways[0],
+        &s.gateway_configs[0],
+        &credentials,
+        &settings(),
+    )
+    .expect("renders");
+    assert_eq!(
+        env_secret(container(&p), "PROXY_AUTH_TOKEN"),
+        ("cf-proxy-edge-auth".to_owned(), "auth-token".to_owned())
+    );
+    let data = p.auth_secret.and_then(|s| s.data).unwrap_or_default();
+    assert_eq!(data.keys().collect::<Vec<_>>(), ["auth-token"]);
+
+    // A bring-your-own Secret: `token` first, then `auth-token`; a key named is the only one.
+    let byo = |data: &str, key: &str| {
+        let config = format!(
+            "{{tunnelTokenSecretRef: {{name: edge-tunnel-token}}, authTokenSecretRef: {{name: api{key}}}}}"
+        );
+        let extra = format!("---\napiVersion: v1\nkind: Secret\nmetadata: {{name: api, namespace: tenant-a}}\nstringData: {data}\n");
+        let s = snapshot(&config, &extra);
+        resolve(&s.gateways[0], &s.gateway_configs[0], &s.secrets, "fresh")
+            .map(|c| (c.auth_token, c.auth_ref.key))
+    };
+    assert_eq!(
+        byo("{auth-token: old}", ""),
+        Ok(("old".to_owned(), "auth-token".to_owned()))
+    );
+    assert_eq!(
+        byo("{auth-token: old, token: new}", ""),
+        Ok(("new".to_owned(), "token".to_owned()))
+    );
+    let named = byo("{auth-token: old}", ", key: token").expect_err("only the named key");
+    assert!(
+        matches!(named, RenderError::SecretKeyMissing { .. }),
+        "{named}"
+    );
+    assert_eq!(
+        byo("{other: x}", "").expect_err("neither key").to_string(),
+        "Secret tenant-a/api has neither key \"token\" nor \"auth-token\" (spec.authTokenSecretRef of GatewayConfig tenant-a/edge-config)"
+    );
+}
+
+/// `autoscaling.metricName`, a field of the Go controller's GatewayConfig, names the metric the
+/// autoscaler reads.
+#[test]
+fn the_autoscaler_reads_the_metric_the_gateway_config_names() {
+    let hpa = plane(
+        "{tunnelTokenSecretRef: {name: edge-tunnel-token}, autoscaling: {maxReplicas: 4, targetInflightPerPod: 20, metricName: proxy_inflight}}",
+        "",
+    )
+    .autoscaler
+    .expect("an autoscaler");
+    let metric = &hpa.spec.metrics.expect("metrics")[0];
+    assert_eq!(
+        metric.pods.as_ref().map(|p| p.metric.name.as_str()),
+        Some("proxy_inflight")
+    );
+}
+
 #[test]
 fn a_plan_renders_each_gateway_naming_a_gateway_config_once_with_its_own_fresh_token() {
     let others = r#"---

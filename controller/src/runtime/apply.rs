@@ -1,5 +1,10 @@
 //! Applying and removing a Gateway's rendered objects, never touching one the Gateway does not
 //! control: an object of the same name that someone else created is reported, not taken over.
+//!
+//! Objects the Gateway controls are taken over whoever rendered them, the Go controller of the
+//! same API group included: server-side apply makes the rendered fields ours, a Deployment whose
+//! selector (which the API server does not let change) is not ours is deleted and created anew,
+//! and that controller's objects whose names ours do not share (its NetworkPolicy) go.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -14,8 +19,8 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::gateway_config::DEFAULT_AUTH_TOKEN_KEY;
-use crate::render::{self, DataPlane, PlaneNames, RenderError};
+use crate::gateway_config::{DEFAULT_AUTH_TOKEN_KEY, LEGACY_AUTH_TOKEN_KEY};
+use crate::render::{self, DataPlane, GoControllerNames, PlaneNames, RenderError};
 use crate::translate::{ObjectKey, Snapshot};
 
 /// Whether `meta`'s controlling owner is the object with `uid`.
@@ -28,15 +33,47 @@ fn controlled_by(
         .any(|o| o.controller == Some(true) && o.uid == uid)
 }
 
+/// The object named as `obj` is, if it exists.
+async fn read<K>(client: &Client, obj: &K) -> Result<Option<K>, String>
+where
+    K: Resource<Scope = NamespaceResourceScope> + Clone + Debug + DeserializeOwned,
+    K::DynamicType: Default,
+{
+    let namespace = obj.namespace().unwrap_or_default();
+    let name = obj.name_any();
+    let kind = K::kind(&K::DynamicType::default()).into_owned();
+    let api: Api<K> = Api::namespaced(client.clone(), &namespace);
+    api.get_opt(&name)
+        .await
+        .map_err(|e| format!("reading {kind} {namespace}/{name}: {e}"))
+}
+
+/// Refuses an existing object that `uid` does not control.
+fn refuse_foreign<K>(existing: Option<&K>, uid: &str) -> Result<(), String>
+where
+    K: Resource,
+    K::DynamicType: Default,
+{
+    match existing {
+        Some(e) if !controlled_by(e.owner_references(), uid) => Err(format!(
+            "{} {}/{} exists and is not owned by this Gateway; rename or remove it",
+            K::kind(&K::DynamicType::default()),
+            e.namespace().unwrap_or_default(),
+            e.name_any()
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Applies one object (server-side apply, forced: the controller owns every field it sets)
-/// unless an object of that name exists that `uid` does not control. Returns whether the
-/// object was created or changed.
-async fn apply_one<K>(
+/// over `existing`, the object as read before. Returns whether the object was created or
+/// changed, and the object as the API server holds it now.
+async fn apply_over<K>(
     client: &Client,
     obj: &K,
-    uid: &str,
+    existing: Option<&K>,
     field_manager: &str,
-) -> Result<bool, String>
+) -> Result<(bool, K), String>
 where
     K: Resource<Scope = NamespaceResourceScope> + Clone + Debug + DeserializeOwned + Serialize,
     K::DynamicType: Default,
@@ -45,17 +82,6 @@ where
     let name = obj.name_any();
     let kind = K::kind(&K::DynamicType::default()).into_owned();
     let api: Api<K> = Api::namespaced(client.clone(), &namespace);
-    let existing = api
-        .get_opt(&name)
-        .await
-        .map_err(|e| format!("reading {kind} {namespace}/{name}: {e}"))?;
-    if let Some(existing) = &existing {
-        if !controlled_by(existing.owner_references(), uid) {
-            return Err(format!(
-                "{kind} {namespace}/{name} exists and is not owned by this Gateway; rename or remove it"
-            ));
-        }
-    }
     let applied = api
         .patch(
             &name,
@@ -64,7 +90,25 @@ where
         )
         .await
         .map_err(|e| format!("applying {kind} {namespace}/{name}: {e}"))?;
-    Ok(existing.and_then(|e| e.resource_version()) != applied.resource_version())
+    let changed = existing.and_then(|e| e.resource_version()) != applied.resource_version();
+    Ok((changed, applied))
+}
+
+/// Applies one object ([`apply_over`]) unless an object of that name exists that `uid` does
+/// not control.
+async fn apply_one<K>(
+    client: &Client,
+    obj: &K,
+    uid: &str,
+    field_manager: &str,
+) -> Result<(bool, K), String>
+where
+    K: Resource<Scope = NamespaceResourceScope> + Clone + Debug + DeserializeOwned + Serialize,
+    K::DynamicType: Default,
+{
+    let existing = read(client, obj).await?;
+    refuse_foreign(existing.as_ref(), uid)?;
+    apply_over(client, obj, existing.as_ref(), field_manager).await
 }
 
 /// Field manager that holds a Deployment's `spec.replicas` between the controller letting go
@@ -105,30 +149,23 @@ enum Count {
 /// controller still owns the live count, the hand-over manager applies that same count, so it
 /// stays when the controller drops the field. A conflict means another writer holds the field
 /// already: nothing to hand over. A count of zero is not handed over: an autoscaler leaves a
-/// Deployment at zero alone, while the default of one lets it scale to its floor.
+/// Deployment at zero alone, while the default of one lets it scale to its floor. `live` is the
+/// Deployment as read before, `uid`'s.
 async fn hand_replicas_over(
     client: &Client,
     deployment: &Deployment,
+    live: Option<&Deployment>,
     floor: i32,
-    uid: &str,
     field_manager: &str,
 ) -> Result<Count, String> {
     let namespace = deployment.namespace().unwrap_or_default();
     let name = deployment.name_any();
     let api: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
-    let live = api
-        .get_opt(&name)
-        .await
-        .map_err(|e| format!("reading Deployment {namespace}/{name}: {e}"))?;
     let Some(live) = live else {
         return Ok(Count::Start(floor));
     };
     let replicas = live.spec.as_ref().and_then(|s| s.replicas);
-    let (Some(replicas @ 1..), true, true) = (
-        replicas,
-        controlled_by(live.owner_references(), uid),
-        applies_replicas(&live, field_manager),
-    ) else {
+    let (Some(replicas @ 1..), true) = (replicas, applies_replicas(live, field_manager)) else {
         return Ok(Count::Left);
     };
     let count = serde_json::json!({
@@ -155,6 +192,58 @@ async fn hand_replicas_over(
     }
 }
 
+/// Reads the live Deployment `rendered` replaces. One `uid` controls whose selector is not the
+/// rendered one (the Go controller's, or one of an earlier release) cannot be changed into it
+/// (the API server refuses a new selector), so it is deleted, to be created anew: its pods go
+/// and the new ones start. Returns the live Deployment left, and the replicas of the one
+/// deleted, if one was.
+async fn live_deployment(
+    client: &Client,
+    rendered: &Deployment,
+    uid: &str,
+) -> Result<(Option<Deployment>, Option<i32>), String> {
+    let live = read(client, rendered).await?;
+    refuse_foreign(live.as_ref(), uid)?;
+    let selector = |d: &Deployment| d.spec.as_ref().map(|s| s.selector.clone());
+    match live {
+        Some(old) if selector(&old) != selector(rendered) => {
+            let namespace = old.namespace().unwrap_or_default();
+            let name = old.name_any();
+            tracing::info!(
+                deployment = %format!("{namespace}/{name}"),
+                "replacing a Deployment of this Gateway's whose selector is not the rendered one"
+            );
+            delete_exactly(client, &old).await?;
+            let replicas = old.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+            Ok((None, Some(replicas)))
+        }
+        live => Ok((live, None)),
+    }
+}
+
+/// Deletes `existing`, and no object created under its name meanwhile.
+async fn delete_exactly<K>(client: &Client, existing: &K) -> Result<(), String>
+where
+    K: Resource<Scope = NamespaceResourceScope> + Clone + Debug + DeserializeOwned,
+    K::DynamicType: Default,
+{
+    let namespace = existing.namespace().unwrap_or_default();
+    let name = existing.name_any();
+    let kind = K::kind(&K::DynamicType::default()).into_owned();
+    let api: Api<K> = Api::namespaced(client.clone(), &namespace);
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: existing.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    api.delete(&name, &params)
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("deleting {kind} {namespace}/{name}: {e}"))
+}
+
 /// Deletes the object `name` if `uid` controls it. Returns whether it deleted.
 async fn delete_owned<K>(
     client: &Client,
@@ -170,22 +259,43 @@ where
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
     match api.get_opt(name).await {
         Ok(Some(existing)) if controlled_by(existing.owner_references(), uid) => {
-            // Only the object read: not one created under the same name meanwhile.
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: existing.uid(),
-                    resource_version: None,
-                }),
-                ..DeleteParams::background()
-            };
-            api.delete(name, &params)
-                .await
-                .map(|_| true)
-                .map_err(|e| format!("deleting {kind} {namespace}/{name}: {e}"))
+            delete_exactly(client, &existing).await.map(|()| true)
         }
         Ok(_) => Ok(false),
         Err(e) => Err(format!("reading {kind} {namespace}/{name}: {e}")),
     }
+}
+
+/// Deletes the objects of `uid`'s plane the Go controller rendered under names ours do not
+/// share: for most Gateways its NetworkPolicy alone, which admits every pod of the
+/// controller's namespace to the config port and so would widen the rendered one. Returns
+/// whether it deleted any.
+async fn remove_go_controller_objects(
+    client: &Client,
+    names: &PlaneNames,
+    go: &GoControllerNames,
+    namespace: &str,
+    uid: &str,
+) -> Result<bool, String> {
+    let mut deleted = false;
+    if go.network_policy != names.network_policy {
+        deleted |=
+            delete_owned::<NetworkPolicy>(client, namespace, &go.network_policy, uid).await?;
+    }
+    if go.autoscaler != names.autoscaler {
+        deleted |=
+            delete_owned::<HorizontalPodAutoscaler>(client, namespace, &go.autoscaler, uid).await?;
+    }
+    if go.service != names.service {
+        deleted |= delete_owned::<Service>(client, namespace, &go.service, uid).await?;
+    }
+    if go.auth_secret != names.auth_secret {
+        deleted |= delete_owned::<Secret>(client, namespace, &go.auth_secret, uid).await?;
+    }
+    if go.deployment != names.deployment {
+        deleted |= delete_owned::<Deployment>(client, namespace, &go.deployment, uid).await?;
+    }
+    Ok(deleted)
 }
 
 /// A new config-API token for a generated Secret: 32 bytes of the system random source, hex.
@@ -219,23 +329,29 @@ pub fn fresh_tokens(snapshot: &Snapshot) -> BTreeMap<ObjectKey, String> {
 
 /// Creates the generated config-API token Secret when it is missing and never changes an
 /// existing one: the token is never rotated, even when the caller's cached view of the Secret
-/// lags and it rendered a fresh token. Returns the token the cluster's Secret holds.
+/// lags and it rendered a fresh token. Returns the token the cluster's Secret holds and its
+/// key: `token`, or `auth-token` in a Secret the Go controller generated.
 pub async fn ensure_auth_secret(
     client: &Client,
     secret: &Secret,
     uid: &str,
-) -> Result<String, String> {
+) -> Result<(String, String), String> {
     let namespace = secret.namespace().unwrap_or_default();
     let name = secret.name_any();
     let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let held = |s: &Secret| {
-        s.data
-            .as_ref()
-            .and_then(|d| d.get(DEFAULT_AUTH_TOKEN_KEY))
-            .and_then(|b| std::str::from_utf8(&b.0).ok())
-            .map(|t| t.trim().to_owned())
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| format!("Secret {namespace}/{name} holds no {DEFAULT_AUTH_TOKEN_KEY:?}"))
+        [DEFAULT_AUTH_TOKEN_KEY, LEGACY_AUTH_TOKEN_KEY]
+            .iter()
+            .find_map(|key| {
+                let value = s.data.as_ref()?.get(*key)?;
+                let token = std::str::from_utf8(&value.0).ok()?.trim();
+                (!token.is_empty()).then(|| (token.to_owned(), (*key).to_owned()))
+            })
+            .ok_or_else(|| {
+                format!(
+                    "Secret {namespace}/{name} holds neither {DEFAULT_AUTH_TOKEN_KEY:?} nor {LEGACY_AUTH_TOKEN_KEY:?}"
+                )
+            })
     };
     let existing = match api.get_opt(&name).await {
         Ok(existing) => existing,
@@ -291,22 +407,39 @@ pub async fn ensure_auth_secret(
     held(&existing)
 }
 
+/// A plane's objects as the API server returned them from their applies.
+pub struct Applied {
+    /// Whether any was created, changed or deleted.
+    pub changed: bool,
+    pub deployment: Deployment,
+    pub service: Service,
+    pub network_policy: NetworkPolicy,
+    pub autoscaler: Option<HorizontalPodAutoscaler>,
+}
+
 /// Applies a rendered plane in dependency order (the Service before the Deployment that uses
 /// it, the autoscaler after its target). An autoscaler the plane no longer has goes before
 /// the Deployment takes its count back, so it cannot write a count of its own in between.
 /// A Deployment whose count passes to the autoscaler keeps its running count meanwhile, and a
-/// new one starts at the autoscaler's floor. The generated token Secret is
-/// [`ensure_auth_secret`]'s. Returns whether anything changed.
+/// new one starts at the autoscaler's floor. A Deployment of the Gateway's whose selector is
+/// not the rendered one is replaced ([`live_deployment`]), and the Go controller's objects
+/// under other names go once the rendered NetworkPolicy is in place
+/// ([`remove_go_controller_objects`]). The generated token Secret is [`ensure_auth_secret`]'s.
 pub async fn apply_plane(
     client: &Client,
     plane: &DataPlane,
+    go: &GoControllerNames,
     namespace: &str,
     uid: &str,
     field_manager: &str,
-) -> Result<bool, String> {
-    let mut changed = false;
-    changed |= apply_one(client, &plane.service, uid, field_manager).await?;
-    changed |= apply_one(client, &plane.network_policy, uid, field_manager).await?;
+) -> Result<Applied, String> {
+    let (mut changed, service) = apply_one(client, &plane.service, uid, field_manager).await?;
+    let (policy_changed, network_policy) =
+        apply_one(client, &plane.network_policy, uid, field_manager).await?;
+    changed |= policy_changed;
+    changed |= remove_go_controller_objects(client, &plane.names, go, namespace, uid).await?;
+    let (live, replaced) = live_deployment(client, &plane.deployment, uid).await?;
+    changed |= replaced.is_some();
     let Some(hpa) = &plane.autoscaler else {
         changed |= delete_owned::<HorizontalPodAutoscaler>(
             client,
@@ -315,8 +448,15 @@ pub async fn apply_plane(
             uid,
         )
         .await?;
-        changed |= apply_one(client, &plane.deployment, uid, field_manager).await?;
-        return Ok(changed);
+        let (applied, deployment) =
+            apply_over(client, &plane.deployment, live.as_ref(), field_manager).await?;
+        return Ok(Applied {
+            changed: changed | applied,
+            deployment,
+            service,
+            network_policy,
+            autoscaler: None,
+        });
     };
     let uncounted = plane
         .deployment
@@ -324,38 +464,62 @@ pub async fn apply_plane(
         .as_ref()
         .is_some_and(|s| s.replicas.is_none());
     let count = if uncounted {
-        let floor = hpa.spec.min_replicas.unwrap_or(1);
-        hand_replicas_over(client, &plane.deployment, floor, uid, field_manager).await?
+        // A Deployment replaced starts where its predecessor ran, if above the floor: the
+        // autoscaler had scaled it there.
+        let floor = hpa
+            .spec
+            .min_replicas
+            .unwrap_or(1)
+            .max(replaced.unwrap_or(0));
+        hand_replicas_over(
+            client,
+            &plane.deployment,
+            live.as_ref(),
+            floor,
+            field_manager,
+        )
+        .await?
     } else {
         Count::Left
     };
-    changed |= match count {
+    let (applied, deployment) = match count {
         Count::Start(floor) => {
             let mut first = plane.deployment.clone();
             if let Some(spec) = first.spec.as_mut() {
                 spec.replicas = Some(floor);
             }
-            apply_one(client, &first, uid, field_manager).await?
+            apply_over(client, &first, live.as_ref(), field_manager).await?
         }
         Count::HandedOver(handed) => {
-            handed | apply_one(client, &plane.deployment, uid, field_manager).await?
+            let (applied, deployment) =
+                apply_over(client, &plane.deployment, live.as_ref(), field_manager).await?;
+            (handed | applied, deployment)
         }
-        Count::Left => apply_one(client, &plane.deployment, uid, field_manager).await?,
+        Count::Left => apply_over(client, &plane.deployment, live.as_ref(), field_manager).await?,
     };
-    changed |= apply_one(client, hpa, uid, field_manager).await?;
-    Ok(changed)
+    changed |= applied;
+    let (applied, autoscaler) = apply_one(client, hpa, uid, field_manager).await?;
+    Ok(Applied {
+        changed: changed | applied,
+        deployment,
+        service,
+        network_policy,
+        autoscaler: Some(autoscaler),
+    })
 }
 
 /// Removes every object of a Gateway's plane that the Gateway controls (its `parametersRef` is
-/// gone: it is back on the shared plane). Returns whether anything was deleted.
+/// gone: it is back on the shared plane), the Go controller's under other names included.
+/// Returns whether anything was deleted.
 pub async fn remove_plane(
     client: &Client,
     names: &PlaneNames,
+    go: &GoControllerNames,
     namespace: &str,
     uid: &str,
 ) -> Result<bool, String> {
     // The Deployment last: it is what tells the next round a plane is left to remove.
-    let mut deleted = false;
+    let mut deleted = remove_go_controller_objects(client, names, go, namespace, uid).await?;
     deleted |=
         delete_owned::<HorizontalPodAutoscaler>(client, namespace, &names.autoscaler, uid).await?;
     deleted |= delete_owned::<NetworkPolicy>(client, namespace, &names.network_policy, uid).await?;

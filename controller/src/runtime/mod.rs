@@ -13,6 +13,7 @@
 
 pub mod api_client;
 mod apply;
+mod drift;
 pub mod health;
 pub mod lease;
 mod report;
@@ -37,8 +38,11 @@ use tokio::task::JoinSet;
 use crate::cloudflare::{self, TunnelApi, TunnelSync, TunnelTarget};
 use crate::gateway_config::DEFAULT_API_TOKEN_KEY;
 use crate::push::{self, PlaneRound, PodOutcome, Pusher};
-use crate::render::{self, PlaneNames, RenderError, RenderSettings, Rendered, GATEWAY_LABEL};
+use crate::render::{
+    self, GoControllerNames, PlaneNames, RenderError, RenderSettings, Rendered, GATEWAY_LABEL,
+};
 use crate::translate::{self, ObjectKey, Options, PlaneKey, Snapshot, TunnelIdentity};
+use drift::{LivePlane, OwnedFields};
 use stores::{PlaneObject, PlaneObjects, Stores};
 
 /// The API calls the runtime makes, as RBAC rules: (API group, resource, verbs). The chart's
@@ -85,6 +89,7 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     ("gateway.networking.k8s.io", "httproutes/status", &["patch"]),
     ("gateway.networking.k8s.io", "grpcroutes/status", &["patch"]),
     ("cf.k8s.lex.la", "gatewayconfigs", &["list", "watch"]),
+    ("cf.k8s.lex.la", "gatewayconfigs/status", &["patch"]),
     // Their metadata: the bundle version of Gateway API's (GatewayClass `SupportedVersion`).
     (
         "apiextensions.k8s.io",
@@ -136,8 +141,8 @@ pub const PROXY_CONFIG_PUSHED: &str = "cf.k8s.lex.la/ProxyConfigPushed";
 const CONFIG_PORT_NAME: &str = "config";
 /// Changes arriving together are handled in one round.
 const DEBOUNCE: Duration = Duration::from_millis(100);
-/// An unchanged plane is applied again this often, to heal changes the watches do not show
-/// (to the autoscaler, or to fields other than the pod template's image and token digest).
+/// An unchanged plane is applied again this often, besides whenever the watches show one of
+/// its objects departing from what was applied ([`drift`]).
 const REAPPLY_AFTER: Duration = Duration::from_secs(300);
 
 /// The chart-deployed proxy pool that serves every Gateway without a GatewayConfig.
@@ -357,12 +362,21 @@ struct Reconciler {
     refused_rules: BTreeMap<translate::RouteKey, Vec<String>>,
     /// Routes told of refused rules, with what they were told: an Event once per change.
     refused_told: HashMap<String, String>,
-    /// Per Gateway uid: the digest of the plane last applied, and when.
-    applied: HashMap<String, (Vec<u8>, std::time::Instant)>,
+    /// Per Gateway uid: the plane last applied.
+    applied: HashMap<String, AppliedPlane>,
     /// Per dedicated plane: the config every one of its pods last took and the token they
     /// take. A plane whose GatewayConfig stops resolving keeps serving this, pods that start
     /// meanwhile included, until it resolves again or the Gateway goes.
     last_good: HashMap<ObjectKey, LastGood>,
+}
+
+/// A plane as last applied: see [`Reconciler::applied`].
+struct AppliedPlane {
+    /// Of the render applied.
+    digest: Vec<u8>,
+    at: std::time::Instant,
+    /// What the applies returned of the fields the render sets ([`drift`]).
+    fields: OwnedFields,
 }
 
 /// What a dedicated plane last served: see [`Reconciler::last_good`].
@@ -746,30 +760,29 @@ impl Reconciler {
         let rendered = plan?.map(|r| (r.credentials, r.plane));
         let applied = match rendered {
             Ok((credentials, plane)) => {
-                let live = deployments.iter().find(|d| {
-                    d.metadata.namespace.as_deref() == Some(key.namespace.as_str())
-                        && d.metadata.name.as_deref() == Some(plane.names.deployment.as_str())
-                });
-                // The objects whose loss would matter at once are watched: the Deployment,
-                // the Service (pushes go through it), the NetworkPolicy (the lock on 8081) and
-                // the autoscaler (without it the count stays wherever it was).
-                let intact = live.is_some_and(|d| {
-                    d.metadata.deletion_timestamp.is_none() && same_template(d, &plane.deployment)
-                }) && watched.has(
-                    PlaneObject::NetworkPolicy,
-                    &key.namespace,
-                    &plane.names.network_policy,
-                ) && (plane.autoscaler.is_none()
-                    || watched.has(
-                        PlaneObject::Autoscaler,
-                        &key.namespace,
-                        &plane.names.autoscaler,
-                    ))
-                    && snapshot.services.iter().any(|s| {
-                        s.metadata.namespace.as_deref() == Some(key.namespace.as_str())
-                            && s.metadata.name.as_deref() == Some(plane.names.service.as_str())
-                    });
-                self.apply_dedicated(gw, config, credentials, plane, intact)
+                // Every object of the plane is watched, so an edit or a deletion starts a round
+                // that puts it back (see `drift`).
+                let ns = key.namespace.as_str();
+                let here = |meta: &kube::api::ObjectMeta, name: &str| {
+                    meta.namespace.as_deref() == Some(ns) && meta.name.as_deref() == Some(name)
+                };
+                let names = &plane.names;
+                let live = LivePlane {
+                    deployment: deployments
+                        .iter()
+                        .find(|d| here(&d.metadata, &names.deployment)),
+                    service: snapshot
+                        .services
+                        .iter()
+                        .find(|s| here(&s.metadata, &names.service)),
+                    network_policy: watched.network_policy(ns, &names.network_policy),
+                    autoscaler: watched.autoscaler(ns, &names.autoscaler),
+                    auth_secret: snapshot
+                        .secrets
+                        .iter()
+                        .find(|s| here(&s.metadata, &names.auth_secret)),
+                };
+                self.apply_dedicated(gw, config, credentials, plane, &live)
                     .await
             }
             Err(e) => Err(e.to_string()),
@@ -864,39 +877,43 @@ impl Reconciler {
         })
     }
 
-    /// Applies a rendered plane; with a generated token, first makes sure its Secret exists and
-    /// renders again with the token the cluster holds if the cache's view of it was stale.
+    /// Applies a rendered plane unless it was applied lately and `live`, the watch caches'
+    /// view of its objects, still holds what was applied ([`drift`]); with a generated token,
+    /// first makes sure its Secret exists and renders again with the token the cluster holds
+    /// if the cache's view of it was stale.
     async fn apply_dedicated(
         &mut self,
         gw: &Gateway,
         config: &crate::gateway_config::GatewayConfig,
         credentials: render::Credentials,
         plane: render::DataPlane,
-        intact: bool,
+        live: &LivePlane<'_>,
     ) -> Result<(render::Credentials, render::DataPlane, bool), String> {
         let namespace = plane.deployment.namespace().unwrap_or_default();
         let uid = gw.metadata.uid.clone().unwrap_or_default();
-        // An unchanged render that was applied lately, and whose watched objects are intact, is
-        // not applied again: that would be ten requests per Gateway per round.
+        // An unchanged render that was applied lately, and whose objects still hold what was
+        // applied, is not applied again: that would be ten requests per Gateway per round.
         let digest = rendered_digest(&plane);
-        let recent = self
-            .applied
-            .get(&uid)
-            .is_some_and(|(d, at)| *d == digest && at.elapsed() < REAPPLY_AFTER);
-        if recent && intact {
+        let intact = self.applied.get(&uid).is_some_and(|applied| {
+            applied.digest == digest
+                && applied.at.elapsed() < REAPPLY_AFTER
+                && applied.fields == OwnedFields::of(&plane, live)
+                && drift::secret_intact(&plane, live)
+        });
+        if intact {
             return Ok((credentials, plane, false));
         }
         let (credentials, plane) = match &plane.auth_secret {
             Some(secret) => {
-                let held = apply::ensure_auth_secret(&self.client, secret, &uid).await?;
-                if held == credentials.auth_token {
+                let (held, key) = apply::ensure_auth_secret(&self.client, secret, &uid).await?;
+                if held == credentials.auth_token && key == credentials.auth_ref.key {
                     (credentials, plane)
                 } else {
                     // The one render of a plane a round repeats: the Secret holds another token
                     // than the watch cache showed (it lags, or another replica created the
                     // Secret), and the pods read that one. The translation's decision stands:
                     // acceptance and tunnel do not depend on the config-API token.
-                    let credentials = credentials.with_auth_token(held);
+                    let credentials = credentials.with_auth_token(held, &key);
                     let plane = render::render(gw, config, &credentials, &self.options.render)
                         .map_err(|e| e.to_string())?;
                     (credentials, plane)
@@ -904,11 +921,18 @@ impl Reconciler {
             }
             None => (credentials, plane),
         };
-        let changed =
-            apply::apply_plane(&self.client, &plane, &namespace, &uid, FIELD_MANAGER).await?;
-        self.applied
-            .insert(uid, (rendered_digest(&plane), std::time::Instant::now()));
-        Ok((credentials, plane, changed))
+        let go = GoControllerNames::for_gateway(gw).map_err(|e| e.to_string())?;
+        let applied =
+            apply::apply_plane(&self.client, &plane, &go, &namespace, &uid, FIELD_MANAGER).await?;
+        self.applied.insert(
+            uid,
+            AppliedPlane {
+                digest: rendered_digest(&plane),
+                at: std::time::Instant::now(),
+                fields: OwnedFields::applied(&plane, &applied),
+            },
+        );
+        Ok((credentials, plane, applied.changed))
     }
 
     /// Removes what is left of a Gateway's dedicated plane. The watched caches say whether
@@ -922,8 +946,11 @@ impl Reconciler {
         deployments: &[Deployment],
         watched: &PlaneObjects,
     ) {
-        let (Some(uid), Ok(names)) = (gw.metadata.uid.as_deref(), PlaneNames::for_gateway(gw))
-        else {
+        let (Some(uid), Ok(names), Ok(go)) = (
+            gw.metadata.uid.as_deref(),
+            PlaneNames::for_gateway(gw),
+            GoControllerNames::for_gateway(gw),
+        ) else {
             return;
         };
         let here = |meta: &kube::api::ObjectMeta, name: &str| {
@@ -958,7 +985,7 @@ impl Reconciler {
             return;
         }
         self.applied.remove(uid);
-        match apply::remove_plane(&self.client, &names, &key.namespace, uid).await {
+        match apply::remove_plane(&self.client, &names, &go, &key.namespace, uid).await {
             Ok(true) => tracing::info!(gateway = %key, "removed the dedicated data plane"),
             Ok(false) => {}
             Err(reason) => {
@@ -1068,27 +1095,6 @@ fn rendered_digest(plane: &render::DataPlane) -> Vec<u8> {
     aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, objects.to_string().as_bytes())
         .as_ref()
         .to_vec()
-}
-
-/// Whether the live Deployment still runs the rendered pod template (same image and tokens).
-fn same_template(live: &Deployment, rendered: &Deployment) -> bool {
-    let template = |d: &Deployment| {
-        d.spec.as_ref().map(|s| {
-            (
-                s.template
-                    .metadata
-                    .as_ref()
-                    .and_then(|m| m.annotations.as_ref())
-                    .and_then(|a| a.get(render::CREDENTIALS_HASH_ANNOTATION).cloned()),
-                s.template
-                    .spec
-                    .as_ref()
-                    .and_then(|p| p.containers.first())
-                    .and_then(|c| c.image.clone()),
-            )
-        })
-    };
-    template(live) == template(rendered)
 }
 
 /// Whether `slice` lists the pods of Service `service` in `namespace`.

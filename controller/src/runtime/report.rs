@@ -1,5 +1,5 @@
 //! What a round reports: statuses (merge patches of the status subresources, written only when
-//! they differ) and Events.
+//! they differ) of GatewayClasses, Gateways, GatewayConfigs and routes, and Events.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -13,9 +13,11 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{json, Value};
 
-use super::status::{self, set_programmed_pending, KubeCondition, Truth};
+use super::status::{self, set_programmed_pending, ConfigUser, KubeCondition, Truth};
 use super::{object_key, PlaneInfo, Reconciler, PROXY_CONFIG_PUSHED};
-use crate::translate::{self, ConditionType, ObjectKey, PlaneKey, RouteKind, Snapshot};
+use crate::gateway_config::GatewayConfig;
+use crate::render;
+use crate::translate::{self, ConditionType, ObjectKey, PlaneKey, Reason, RouteKind, Snapshot};
 
 impl Reconciler {
     pub(super) async fn publish(
@@ -129,6 +131,9 @@ impl Reconciler {
             )
             .await;
         }
+
+        self.write_gateway_config_statuses(snapshot, output, &now)
+            .await;
 
         let route_objects = snapshot
             .http_routes
@@ -294,6 +299,66 @@ impl Reconciler {
             .retain(|route, _| routes_seen.contains(route));
         self.refused_told
             .retain(|route, _| routes_seen.contains(route));
+    }
+
+    /// Writes each GatewayConfig's status: which Gateways of the controller name it, and
+    /// whether their planes render from it, with the message of their `InvalidParameters`.
+    async fn write_gateway_config_statuses(
+        &self,
+        snapshot: &Snapshot,
+        output: &translate::Output,
+        now: &str,
+    ) {
+        for config in &snapshot.gateway_configs {
+            let (Some(namespace), Some(name)) = (
+                config.metadata.namespace.as_deref(),
+                config.metadata.name.as_deref(),
+            ) else {
+                continue;
+            };
+            let users: Vec<ConfigUser> = snapshot
+                .gateways
+                .iter()
+                .filter(|gw| {
+                    gw.metadata.namespace.as_deref() == Some(namespace)
+                        && gw.metadata.deletion_timestamp.is_none()
+                        && render::config_name(gw) == Some(name)
+                })
+                .filter_map(|gw| {
+                    let key = object_key(gw)?;
+                    // Only the controller's Gateways: another class's are not its to judge.
+                    let status = output.statuses.gateways.get(&key)?;
+                    let render_error = status
+                        .conditions
+                        .iter()
+                        .find(|c| {
+                            c.kind == ConditionType::Accepted
+                                && !c.status
+                                && c.reason == Reason::InvalidParameters
+                        })
+                        .map(|c| c.message.clone());
+                    Some(ConfigUser {
+                        gateway: key.name,
+                        render_error,
+                    })
+                })
+                .collect();
+            let existing = config
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok());
+            let desired =
+                status::gateway_config(config.metadata.generation, &users, existing.as_ref(), now);
+            let api: Api<GatewayConfig> = Api::namespaced(self.client.clone(), namespace);
+            Self::patch_status(
+                api,
+                name,
+                config.resource_version(),
+                existing.as_ref(),
+                desired,
+            )
+            .await;
+        }
     }
 
     /// Writes `desired` as the object's status (a merge patch of the status subresource)

@@ -267,6 +267,106 @@ pub fn gateway_class(
     })
 }
 
+/// A Gateway that names a GatewayConfig, as its status says: its name, and the message of its
+/// `Accepted=False` (`InvalidParameters`) condition when the GatewayConfig does not render.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigUser {
+    pub gateway: String,
+    pub render_error: Option<String>,
+}
+
+/// A GatewayConfig's status: the generation observed, `InUse` (which Gateways name it) and
+/// `Rendered` (whether their planes render from it; if not, the error their `Accepted`
+/// condition carries, as it is when one Gateway or all say the same, else each prefixed with
+/// its Gateway). `users` are in the order to name them.
+pub fn gateway_config(
+    generation: Option<i64>,
+    users: &[ConfigUser],
+    existing: Option<&Value>,
+    now: &str,
+) -> Value {
+    use crate::gateway_config::{IN_USE_CONDITION, RENDERED_CONDITION};
+    let condition = |kind: &str, status: Truth, reason: &str, message: String| KubeCondition {
+        kind: kind.to_owned(),
+        status,
+        reason: reason.to_owned(),
+        message,
+        observed_generation: generation,
+    };
+    let named = |users: &[&ConfigUser]| {
+        let names: Vec<&str> = users.iter().map(|u| u.gateway.as_str()).collect();
+        match names.as_slice() {
+            [one] => format!("Gateway {one}"),
+            many => format!("Gateways {}", many.join(", ")),
+        }
+    };
+    let all: Vec<&ConfigUser> = users.iter().collect();
+    let failing: Vec<&ConfigUser> = users.iter().filter(|u| u.render_error.is_some()).collect();
+    let wanted = if users.is_empty() {
+        vec![
+            condition(
+                IN_USE_CONDITION,
+                Truth::False,
+                "NotReferenced",
+                "no Gateway of this controller names it in spec.infrastructure.parametersRef"
+                    .to_owned(),
+            ),
+            condition(
+                RENDERED_CONDITION,
+                Truth::Unknown,
+                "NotReferenced",
+                "nothing is rendered from it until a Gateway names it".to_owned(),
+            ),
+        ]
+    } else {
+        let in_use = condition(
+            IN_USE_CONDITION,
+            Truth::True,
+            "Referenced",
+            format!("used by {}", named(&all)),
+        );
+        let errors: Vec<&str> = failing
+            .iter()
+            .filter_map(|u| u.render_error.as_deref())
+            .collect();
+        let rendered = match errors.as_slice() {
+            [] => condition(
+                RENDERED_CONDITION,
+                Truth::True,
+                "Rendered",
+                format!("the data plane of {} renders", named(&all)),
+            ),
+            [first, rest @ ..] if rest.iter().all(|e| e == first) => condition(
+                RENDERED_CONDITION,
+                Truth::False,
+                "InvalidParameters",
+                (*first).to_owned(),
+            ),
+            _ => condition(
+                RENDERED_CONDITION,
+                Truth::False,
+                "InvalidParameters",
+                failing
+                    .iter()
+                    .filter_map(|u| {
+                        Some(format!(
+                            "Gateway {}: {}",
+                            u.gateway,
+                            u.render_error.as_ref()?
+                        ))
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ),
+        };
+        vec![in_use, rendered]
+    };
+    json!({
+        "observedGeneration": generation,
+        "conditions": conditions(&wanted, existing.and_then(|s| s.get("conditions")), now),
+    })
+}
+
 /// Whether `existing` already says everything `desired` says (fields only in `existing`, such as
 /// other controllers' additions, do not count).
 pub fn contains(existing: Option<&Value>, desired: &Value) -> bool {
@@ -385,6 +485,94 @@ mod tests {
             json!([{"name": "Gateway"}, {"name": "HTTPRoute"}])
         );
         assert_eq!(out["conditions"][0]["type"], "Accepted");
+    }
+
+    #[test]
+    fn a_gateway_config_status_names_its_gateways_and_their_render_error() {
+        let user = |gateway: &str, error: Option<&str>| ConfigUser {
+            gateway: gateway.to_owned(),
+            render_error: error.map(str::to_owned),
+        };
+        let summary = |status: &Value| -> Vec<(String, String, String)> {
+            status["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| {
+                    (
+                        format!(
+                            "{}={}",
+                            c["type"].as_str().unwrap_or_default(),
+                            c["status"].as_str().unwrap_or_default()
+                        ),
+                        c["reason"].as_str().unwrap_or_default().to_owned(),
+                        c["message"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect()
+        };
+        let triple = |a: &str, b: &str, c: &str| (a.to_owned(), b.to_owned(), c.to_owned());
+
+        let unused = gateway_config(Some(4), &[], None, "T1");
+        assert_eq!(unused["observedGeneration"], 4);
+        assert_eq!(unused["conditions"][0]["observedGeneration"], 4);
+        assert_eq!(
+            summary(&unused),
+            [
+                triple(
+                    "InUse=False",
+                    "NotReferenced",
+                    "no Gateway of this controller names it in spec.infrastructure.parametersRef"
+                ),
+                triple(
+                    "Rendered=Unknown",
+                    "NotReferenced",
+                    "nothing is rendered from it until a Gateway names it"
+                ),
+            ]
+        );
+
+        let used = gateway_config(
+            Some(4),
+            &[user("a", None), user("b", None)],
+            Some(&unused),
+            "T2",
+        );
+        assert_eq!(
+            summary(&used),
+            [
+                triple("InUse=True", "Referenced", "used by Gateways a, b"),
+                triple(
+                    "Rendered=True",
+                    "Rendered",
+                    "the data plane of Gateways a, b renders"
+                ),
+            ]
+        );
+        assert_eq!(used["conditions"][0]["lastTransitionTime"], "T2");
+
+        // One error, or the same one for all: as the Gateways carry it.
+        let broken = gateway_config(
+            Some(5),
+            &[user("a", Some("no image")), user("b", Some("no image"))],
+            Some(&used),
+            "T3",
+        );
+        assert_eq!(
+            summary(&broken)[1],
+            triple("Rendered=False", "InvalidParameters", "no image")
+        );
+        assert_eq!(
+            broken["conditions"][0]["lastTransitionTime"], "T2",
+            "still in use"
+        );
+        let mixed = gateway_config(
+            Some(5),
+            &[user("a", None), user("b", Some("x")), user("c", Some("y"))],
+            None,
+            "T",
+        );
+        assert_eq!(summary(&mixed)[1].2, "Gateway b: x; Gateway c: y");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! because the version watched is not served (CRDs installed or upgraded since), the watch
 //! then moving to the version served; the cache holds `v1` objects either way.
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
@@ -369,17 +370,18 @@ pub struct Stores {
     pub endpoint_slices: Store<EndpointSlice>,
     pub gateway_configs: Store<GatewayConfig>,
     pub secrets: Store<Secret>,
-    /// The rendered proxy Deployments (their ready replicas gate `Programmed`).
+    /// The rendered proxy Deployments (their ready replicas gate `Programmed`; one deleted or
+    /// edited away from its render is put back at once).
     pub deployments: Store<Deployment>,
-    /// The rendered NetworkPolicies (a deleted one is put back at once).
+    /// The rendered NetworkPolicies (likewise put back).
     pub network_policies: Store<NetworkPolicy>,
-    /// The rendered autoscalers (likewise).
+    /// The rendered autoscalers (likewise put back).
     pub autoscalers: Store<HorizontalPodAutoscaler>,
     /// Gateway API's CustomResourceDefinitions, metadata only (their bundle versions).
     pub gateway_api_crds: Store<PartialObjectMeta<CustomResourceDefinition>>,
 }
 
-/// A kind of rendered object whose loss the controller repairs at once.
+/// A kind of rendered object that only a label-selected watch caches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum PlaneObject {
     NetworkPolicy,
@@ -388,12 +390,30 @@ pub enum PlaneObject {
 
 /// The rendered NetworkPolicies and autoscalers there are now, by namespace and name.
 #[derive(Debug, Default)]
-pub struct PlaneObjects(std::collections::BTreeSet<(PlaneObject, String, String)>);
+pub struct PlaneObjects {
+    network_policies: BTreeMap<(String, String), Arc<NetworkPolicy>>,
+    autoscalers: BTreeMap<(String, String), Arc<HorizontalPodAutoscaler>>,
+}
 
 impl PlaneObjects {
     pub fn has(&self, kind: PlaneObject, namespace: &str, name: &str) -> bool {
-        self.0
-            .contains(&(kind, namespace.to_owned(), name.to_owned()))
+        let key = (namespace.to_owned(), name.to_owned());
+        match kind {
+            PlaneObject::NetworkPolicy => self.network_policies.contains_key(&key),
+            PlaneObject::Autoscaler => self.autoscalers.contains_key(&key),
+        }
+    }
+
+    pub fn network_policy(&self, namespace: &str, name: &str) -> Option<&NetworkPolicy> {
+        self.network_policies
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .map(|p| &**p)
+    }
+
+    pub fn autoscaler(&self, namespace: &str, name: &str) -> Option<&HorizontalPodAutoscaler> {
+        self.autoscalers
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .map(|a| &**a)
     }
 }
 
@@ -530,22 +550,19 @@ impl Stores {
 
     /// The rendered NetworkPolicies and autoscalers the caches hold now.
     pub fn plane_objects(&self) -> PlaneObjects {
-        fn key<K: Resource>(kind: PlaneObject, o: &K) -> Option<(PlaneObject, String, String)> {
-            Some((kind, o.meta().namespace.clone()?, o.meta().name.clone()?))
+        fn by_key<K: Resource>(objects: Vec<Arc<K>>) -> BTreeMap<(String, String), Arc<K>> {
+            objects
+                .into_iter()
+                .filter_map(|o| {
+                    let key = (o.meta().namespace.clone()?, o.meta().name.clone()?);
+                    Some((key, o))
+                })
+                .collect()
         }
-        PlaneObjects(
-            self.network_policies
-                .state()
-                .iter()
-                .filter_map(|p| key(PlaneObject::NetworkPolicy, &**p))
-                .chain(
-                    self.autoscalers
-                        .state()
-                        .iter()
-                        .filter_map(|a| key(PlaneObject::Autoscaler, &**a)),
-                )
-                .collect(),
-        )
+        PlaneObjects {
+            network_policies: by_key(self.network_policies.state()),
+            autoscalers: by_key(self.autoscalers.state()),
+        }
     }
 
     /// Waits for the first full list of every cache but the CRDs', then at most `crd_wait` for

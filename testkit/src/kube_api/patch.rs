@@ -90,7 +90,7 @@ pub(super) fn patch(cluster: &Cluster, req: &Req<'_>, content_type: &str, body: 
         }
     };
     default_fields(&mut updated);
-    if let Some(invalid) = req.invalid(&name, &updated) {
+    if let Some(invalid) = req.invalid(&name, &updated, existing.as_ref()) {
         return invalid;
     }
     if let Some(existing) = &existing {
@@ -210,6 +210,32 @@ mod tests {
         assert_eq!(object["metadata"]["managedFields"][0]["manager"], "ctl");
         let status = format!("{}/status?fieldManager=ctl", WEB.replace("web", "api"));
         assert_eq!(patched(&cluster, &status, APPLY, &applied).await.0, 404);
+    }
+
+    /// A Deployment's selector is immutable: a merge patch or an apply that changes it is
+    /// refused with 422 Invalid and changes nothing; one that keeps it goes through.
+    #[tokio::test]
+    async fn a_change_of_a_deployments_selector_is_invalid() {
+        let mut web = deployment(1);
+        web["spec"]["selector"] = json!({"matchLabels": {"app": "web"}});
+        let cluster = cluster_with(&[web]);
+        let other = json!({"spec": {"selector": {"matchLabels": {"app": "other"}}}});
+        let (code, refused) = patched(&cluster, WEB, MERGE, &other).await;
+        assert_eq!((code, &refused["reason"]), (422, &json!("Invalid")));
+        let message = refused["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with("Deployment.apps \"web\" is invalid: spec.selector:")
+                && message.ends_with("field is immutable"),
+            "{message}"
+        );
+        let mut applied = deployment(1);
+        applied["spec"]["selector"] = json!({"matchLabels": {"app": "other"}});
+        let apply = format!("{WEB}?fieldManager=ctl&force=true");
+        assert_eq!(patched(&cluster, &apply, APPLY, &applied).await.0, 422);
+        assert_eq!(cluster.lock().resource_version(), 1, "nothing stored");
+
+        let same = json!({"spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}}}});
+        assert_eq!(patched(&cluster, WEB, MERGE, &same).await.0, 200);
     }
 
     #[tokio::test]

@@ -68,9 +68,15 @@ impl Req<'_> {
         )
     }
 
-    /// The 422 the API server's validation answers an object it refuses ([`schema::invalid`]).
-    pub(super) fn invalid(&self, name: &str, object: &Value) -> Option<Reply> {
-        let message = schema::invalid(self.kind, &self.target.group, name, object)?;
+    /// The 422 the API server's validation answers an object it refuses ([`schema::invalid`]),
+    /// replacing `existing` if it is an update.
+    pub(super) fn invalid(
+        &self,
+        name: &str,
+        object: &Value,
+        existing: Option<&Value>,
+    ) -> Option<Reply> {
+        let message = schema::invalid(self.kind, &self.target.group, name, object, existing)?;
         Some(status(
             StatusCode::UNPROCESSABLE_ENTITY,
             "Invalid",

@@ -3,8 +3,9 @@
 //! Invalid), and Secrets' `stringData`.
 //!
 //! Simplification: of all the defaults and validation a real server has, only those the
-//! controller meets are here: a Deployment's `spec.replicas` defaults to 1, and a Lease's spec
-//! is validated (`ValidateLeaseSpec`).
+//! controller meets are here: a Deployment's `spec.replicas` defaults to 1, its `spec.selector`
+//! cannot change once created (`ValidateDeploymentUpdate`), and a Lease's spec is validated
+//! (`ValidateLeaseSpec`).
 
 use base64::Engine as _;
 use serde_json::{json, Value};
@@ -22,13 +23,34 @@ pub(super) fn default_fields(object: &mut Value) {
     object["spec"]["replicas"] = json!(1);
 }
 
-/// Why validation refuses `object` of `kind` in `group` named `name`, as the API server words
-/// it; `None` when it accepts it. Of the kinds here only a Lease's spec is checked: a duration
-/// above 0, no negative transition count.
-pub(super) fn invalid(kind: &str, group: &str, name: &str, object: &Value) -> Option<String> {
-    if kind != "Lease" {
-        return None;
+/// Why validation refuses `object` of `kind` in `group` named `name`, replacing `existing` if
+/// it is an update, as the API server words it; `None` when it accepts it. Of the kinds here a
+/// Lease's spec is checked (a duration above 0, no negative transition count), and a
+/// Deployment's `spec.selector` may not change.
+pub(super) fn invalid(
+    kind: &str,
+    group: &str,
+    name: &str,
+    object: &Value,
+    existing: Option<&Value>,
+) -> Option<String> {
+    match kind {
+        "Lease" => invalid_lease(kind, group, name, object),
+        "Deployment" => {
+            let selector = |o: &Value| o.pointer("/spec/selector").cloned();
+            let (was, now) = (selector(existing?), selector(object));
+            (was != now).then(|| {
+                format!(
+                    "{kind}.{group} \"{name}\" is invalid: spec.selector: Invalid value: {}: field is immutable",
+                    now.unwrap_or_default()
+                )
+            })
+        }
+        _ => None,
     }
+}
+
+fn invalid_lease(kind: &str, group: &str, name: &str, object: &Value) -> Option<String> {
     let field = |f: &str| {
         object
             .pointer(&format!("/spec/{f}"))
@@ -96,7 +118,8 @@ mod tests {
                 "Lease",
                 group,
                 "leader",
-                &lease(json!({"leaseDurationSeconds": 0}))
+                &lease(json!({"leaseDurationSeconds": 0})),
+                None
             ),
             Some("Lease.coordination.k8s.io \"leader\" is invalid: spec.leaseDurationSeconds: Invalid value: 0: must be greater than 0".to_owned())
         );
@@ -105,14 +128,42 @@ mod tests {
                 "Lease",
                 group,
                 "leader",
-                &lease(json!({"leaseDurationSeconds": 15, "leaseTransitions": -1}))
+                &lease(json!({"leaseDurationSeconds": 15, "leaseTransitions": -1})),
+                None
             ),
             Some("Lease.coordination.k8s.io \"leader\" is invalid: spec.leaseTransitions: Invalid value: -1: must be greater than or equal to 0".to_owned())
         );
         let valid = lease(json!({"leaseDurationSeconds": 15, "leaseTransitions": 0}));
-        assert_eq!(invalid("Lease", group, "leader", &valid), None);
+        assert_eq!(invalid("Lease", group, "leader", &valid, None), None);
         let not_a_lease = json!({"spec": {"leaseDurationSeconds": 0}});
-        assert_eq!(invalid("Secret", "", "s", &not_a_lease), None);
+        assert_eq!(invalid("Secret", "", "s", &not_a_lease, None), None);
+    }
+
+    #[test]
+    fn a_deployments_selector_cannot_change_once_created() {
+        let deployment = |app: &str, image: &str| {
+            json!({"kind": "Deployment", "spec": {
+                "selector": {"matchLabels": {"app": app}},
+                "template": {"spec": {"containers": [{"name": "c", "image": image}]}},
+            }})
+        };
+        let created = deployment("web", "web:1");
+        assert_eq!(invalid("Deployment", "apps", "web", &created, None), None);
+        assert_eq!(
+            invalid(
+                "Deployment",
+                "apps",
+                "web",
+                &deployment("web", "web:2"),
+                Some(&created)
+            ),
+            None,
+            "the rest of the spec may change"
+        );
+        assert_eq!(
+            invalid("Deployment", "apps", "web", &deployment("other", "web:1"), Some(&created)),
+            Some("Deployment.apps \"web\" is invalid: spec.selector: Invalid value: {\"matchLabels\":{\"app\":\"other\"}}: field is immutable".to_owned())
+        );
     }
 
     #[test]

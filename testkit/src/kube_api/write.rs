@@ -31,7 +31,7 @@ pub(super) fn create(cluster: &Cluster, req: &Req<'_>, body: &[u8]) -> Reply {
             "metadata.name: Required value",
         );
     }
-    if let Some(invalid) = req.invalid(&name, &object) {
+    if let Some(invalid) = req.invalid(&name, &object, None) {
         return invalid;
     }
     let key = req.key(&name);
@@ -68,7 +68,7 @@ pub(super) fn replace(cluster: &Cluster, req: &Req<'_>, body: &[u8]) -> Reply {
             return req.stale(&name);
         }
     }
-    if let Some(invalid) = req.invalid(&name, &object) {
+    if let Some(invalid) = req.invalid(&name, &object, Some(&existing)) {
         return invalid;
     }
     if let (Some(meta), Some(old)) = (
