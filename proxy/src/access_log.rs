@@ -153,7 +153,11 @@ impl AccessLog {
     /// Whether the request now starting is one whose line is written whatever its outcome.
     pub(crate) fn sample(&self) -> bool {
         let every = u64::from(self.options.sample_every);
-        every <= 1 || self.seen.fetch_add(1, Ordering::Relaxed) % every == 0
+        every <= 1
+            || self
+                .seen
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(every)
     }
 
     /// Writes the line of a request that ended as `outcome`, if it was sampled or failed.

@@ -11,7 +11,7 @@ use cftunnel_proxy::{Server, ServerOptions};
 use cftunnel_telemetry::{TraceArgs, Traces};
 use cftunnel_testkit::otlp::{OtlpReceiver, RecordedSpan, SpanKind, SpanStatus};
 use serde_json::json;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use support::*;
 
 const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -334,6 +334,9 @@ async fn a_sampling_ratio_of_zero_exports_nothing_but_still_propagates() {
     .expect("test finished in time");
 }
 
+/// A collector that is down or never answers costs the requests nothing: spans go to a
+/// bounded queue and are dropped once it is full. Each export may wait as long as the whole
+/// test may take, so a request that waited on one would never finish in time.
 #[tokio::test]
 async fn a_collector_that_is_down_or_hangs_neither_slows_nor_fails_requests() {
     tokio::time::timeout(TEST_TIMEOUT, async {
@@ -348,6 +351,7 @@ async fn a_collector_that_is_down_or_hangs_neither_slows_nor_fails_requests() {
         ] {
             let args = TraceArgs {
                 protocol: Some(protocol.into()),
+                timeout: Some(TEST_TIMEOUT.as_millis().to_string()),
                 // A small queue fills at once: spans beyond it are dropped, never waited for.
                 max_queue_size: Some("8".into()),
                 ..trace_args(&endpoint)
@@ -360,26 +364,17 @@ async fn a_collector_that_is_down_or_hangs_neither_slows_nor_fails_requests() {
                 &json!({"rules": [{"backends": [{"url": url(backend.http_addr()), "weight": 1}]}]}),
             )
             .await;
-            let started = Instant::now();
             for _ in 0..200 {
                 let r = get(&http, proxy.data_addr(), "h", "/", &[]).await;
                 assert_eq!(r.status, 200, "{name}");
             }
-            // 200 requests on loopback take well under a second; a request waiting on the
-            // collector would wait its 2 s export timeout.
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "{name}: {:?}",
-                started.elapsed()
-            );
-            // The drain's flush gives up at its deadline.
-            let flush = Instant::now();
-            assert!(!traces.shutdown(Duration::from_millis(500)).await, "{name}");
-            assert!(flush.elapsed() < Duration::from_secs(3), "{name}");
+            // The drain's flush gives up at its deadline rather than wait on the collector.
+            traces.shutdown(Duration::from_millis(500)).await;
         }
+        assert!(stalled.spans().is_empty());
     })
     .await
-    .expect("test finished in time");
+    .expect("test finished in time: no request waited on the collector");
 }
 
 #[tokio::test]
@@ -412,6 +407,102 @@ async fn spans_reach_a_grpc_collector_too() {
             Some("test")
         );
         traces.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// The binary, configured by the standard variables alone, serving through the tunnel: its
+/// server span carries the edge's ray id and the eyeball's address, and the access log line
+/// names the same trace and span, the ray and the client.
+#[tokio::test]
+async fn the_binary_traces_tunnel_requests_with_the_edges_ray_and_logs_their_ids() {
+    use cftunnel_testkit::edge::MockEdge;
+    use tokio::io::AsyncBufReadExt as _;
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let receiver = OtlpReceiver::start().await.expect("receiver starts");
+        let backend = echo("svc-a-1").await;
+        let edge = MockEdge::start().await.expect("mock edge starts");
+        let dir = std::env::temp_dir().join(format!("cftunnel-trace-tunnel-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let ca = dir.join("edge-ca.pem");
+        edge.write_ca_pem(&ca).await.expect("CA written");
+        let config = dir.join("config.json");
+        let doc = json!({"version": 1, "rules": [{"name": "ns/app/0", "hostnames": ["app.example.com"],
+            "backends": [{"url": url(backend.http_addr()), "weight": 1}]}]});
+        std::fs::write(&config, doc.to_string()).expect("write config");
+        let admin_port = free_port();
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
+            .env("TUNNEL_TOKEN", cftunnel_testkit::connector::token().encode())
+            .env("TUNNEL_EDGE", edge.edge_addr().to_string())
+            .env("TUNNEL_CACERT", &ca)
+            .env("PROXY_TUNNEL_PROTOCOL", "http2")
+            .env("PROXY_CONFIG_ADDR", format!("127.0.0.1:{admin_port}"))
+            .env("PROXY_AUTH_TOKEN", TOKEN)
+            .env("PROXY_GRACE_PERIOD", "0s")
+            .env("PROXY_ACCESS_LOG_ENABLED", "true")
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
+            .env("OTEL_SERVICE_NAME", "edge-proxy")
+            .env("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment.name=test")
+            .env("OTEL_BSP_SCHEDULE_DELAY", "50")
+            .arg("--config-file")
+            .arg(&config)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("proxy binary starts");
+        let admin: std::net::SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
+        let http = client();
+        loop {
+            let up = tokio::net::TcpStream::connect(admin).await.is_ok();
+            if up && get(&http, admin, "a", "/readyz", &[]).await.status == 200 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let caller = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
+        let r = get(
+            &http,
+            edge.http_addr(),
+            "app.example.com",
+            "/via/edge",
+            &[("traceparent", caller.as_str()), ("user-agent", "eyeball/1")],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        let ray = r.seen_header("cf-ray").expect("the edge's ray reached the backend");
+        let spans = receiver.wait_for(2, SPANS_WAIT).await;
+        let server = by_kind(&spans, SpanKind::Server);
+        assert_eq!(server.len(), 1, "{spans:#?}");
+        let server = server[0];
+        assert_eq!(server.trace_id, CALLER_TRACE);
+        assert_eq!(server.parent_span_id, CALLER_SPAN);
+        assert_eq!(server.str("cloudflare.ray_id"), Some(ray.as_str()));
+        assert_eq!(server.str("client.address"), Some("127.0.0.1"));
+        assert_eq!(server.str("url.scheme"), Some("https"));
+        assert_eq!(server.resource_str("service.name"), Some("edge-proxy"));
+        assert_eq!(
+            server.resource_str("deployment.environment.name"),
+            Some("test")
+        );
+
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let line = lines
+            .next_line()
+            .await
+            .expect("stdout readable")
+            .expect("an access log line");
+        let line: serde_json::Value = serde_json::from_str(&line).expect("JSON");
+        assert_eq!(line["path"], "/via/edge");
+        assert_eq!(line["trace_id"], CALLER_TRACE);
+        assert_eq!(line["span_id"], server.span_id.as_str());
+        assert_eq!(line["cf_ray"], ray.as_str());
+        assert_eq!(line["client_ip"], "127.0.0.1");
+        assert_eq!(line["user_agent"], "eyeball/1");
+        let _ = child.kill().await;
+        let _ = std::fs::remove_dir_all(&dir);
     })
     .await
     .expect("test finished in time");

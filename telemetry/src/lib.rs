@@ -13,7 +13,7 @@
 
 pub mod traces;
 
-pub use traces::{TraceArgs, TraceSettings, Traces};
+pub use traces::{StartError, TraceArgs, TraceSettings, Traces};
 
 use std::io::IsTerminal as _;
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -81,6 +81,9 @@ pub fn init_logs_and_spans(
         layers.push(
             tracing_opentelemetry::layer()
                 .with_tracer(spans.traces.tracer(spans.scope))
+                // Time spent polled and idle, and the thread: not what these spans are about.
+                .with_tracked_inactivity(false)
+                .with_threads(false)
                 .with_filter(tracing_subscriber::filter::filter_fn(move |meta| {
                     (meta.is_span() || *meta.level() <= tracing::Level::INFO)
                         && targets.iter().any(|t| meta.target().starts_with(t))

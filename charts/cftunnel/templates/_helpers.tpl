@@ -125,3 +125,35 @@ which values.schema.json enforces: the controller's flags carry labels, not expr
       {{- toYaml . | nindent 6 }}
 {{- end }}
 {{- end -}}
+
+{{- /* The OTEL_* variables of tracing.* for a container; none while tracing.endpoint is empty.
+Resource attribute values are URL-encoded, as OTEL_RESOURCE_ATTRIBUTES requires. */ -}}
+{{- define "cftunnel.tracingEnv" -}}
+{{- with .Values.tracing }}
+{{- if .endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ .endpoint | quote }}
+- name: OTEL_EXPORTER_OTLP_PROTOCOL
+  value: {{ .protocol | quote }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ .sampler | quote }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ .ratio | toString | quote }}
+{{- with .resourceAttributes }}
+{{- $pairs := list }}
+{{- range $key, $value := . }}
+{{- $pairs = append $pairs (printf "%s=%s" $key (urlquery $value | replace "+" "%20")) }}
+{{- end }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ join "," $pairs | quote }}
+{{- end }}
+{{- with .headers.existingSecret }}
+- name: OTEL_EXPORTER_OTLP_HEADERS
+  valueFrom:
+    secretKeyRef:
+      name: {{ . | quote }}
+      key: {{ $.Values.tracing.headers.key | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}

@@ -331,33 +331,17 @@ pub(crate) fn pairs(
         if key.is_empty() {
             return Err(bad(setting, format!("{item:?} has no key")));
         }
-        let val = percent_decode(val.trim()).ok_or_else(|| {
-            bad(
-                setting,
-                format!("{item:?}: the value is not URL-encoded UTF-8"),
-            )
-        })?;
-        out.push((key.to_owned(), val));
+        let val = percent_encoding::percent_decode_str(val.trim())
+            .decode_utf8()
+            .map_err(|_| {
+                bad(
+                    setting,
+                    format!("{item:?}: the value is not URL-encoded UTF-8"),
+                )
+            })?;
+        out.push((key.to_owned(), val.into_owned()));
     }
     Ok(out)
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes.get(i + 1..i + 3)?;
-            let hex = std::str::from_utf8(hex).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 impl TraceArgs {
@@ -477,6 +461,37 @@ impl TraceArgs {
             resource_attributes,
             batch,
         }))
+    }
+
+    /// The settings as the variables that set them, for the proxies a program starts or
+    /// renders, so they trace as it does; empty while tracing is off. The export headers are
+    /// left out (they may hold a credential, which a variable's value would show to whoever
+    /// reads the pod), and so is the service name (each program has its own).
+    pub fn to_env(&self) -> Vec<(&'static str, String)> {
+        if !matches!(self.settings("-"), Ok(Some(_))) {
+            return Vec::new();
+        }
+        [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &self.endpoint),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &self.traces_endpoint),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", &self.protocol),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", &self.traces_protocol),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", &self.timeout),
+            ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", &self.traces_timeout),
+            ("OTEL_TRACES_SAMPLER", &self.sampler),
+            ("OTEL_TRACES_SAMPLER_ARG", &self.sampler_arg),
+            ("OTEL_RESOURCE_ATTRIBUTES", &self.resource_attributes),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", &self.max_queue_size),
+            (
+                "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+                &self.max_export_batch_size,
+            ),
+            ("OTEL_BSP_SCHEDULE_DELAY", &self.schedule_delay),
+            ("OTEL_BSP_EXPORT_TIMEOUT", &self.export_timeout),
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| set(value).map(|v| (name, v.to_owned())))
+        .collect()
     }
 
     fn sampler(&self) -> Result<Sampler, SettingError> {

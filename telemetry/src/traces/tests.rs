@@ -220,3 +220,41 @@ fn the_exporter_needs_a_runtime() {
     let s = on(&["--otel-endpoint", "http://127.0.0.1:9"]);
     assert!(matches!(Traces::start(&s), Err(StartError::NoRuntime)));
 }
+
+#[test]
+fn the_settings_pass_on_as_variables_without_headers_or_service_name() {
+    let args = |flags: &[&str]| {
+        Cli::try_parse_from(std::iter::once("prog").chain(flags.iter().copied()))
+            .expect("flags parse")
+            .traces
+    };
+    assert!(
+        args(&["--otel-protocol", "grpc"]).to_env().is_empty(),
+        "off"
+    );
+    let on = args(&[
+        "--otel-endpoint",
+        "http://c:4317",
+        "--otel-protocol",
+        "grpc",
+        "--otel-traces-sampler-arg",
+        "0.5",
+        "--otel-headers",
+        "api-key=secret",
+        "--otel-service-name",
+        "mine",
+    ]);
+    assert_eq!(
+        on.to_env(),
+        [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317".to_owned()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc".to_owned()),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.5".to_owned()),
+        ]
+    );
+    assert!(
+        args(&["--otel-endpoint", "http://c", "--otel-sdk-disabled"])
+            .to_env()
+            .is_empty()
+    );
+}
