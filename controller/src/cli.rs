@@ -183,7 +183,20 @@ pub struct RunArgs {
     /// alone where IPv6 is off).
     #[arg(long, default_value = "[::]:8082")]
     pub health_addr: std::net::SocketAddr,
+    #[command(flatten)]
+    pub traces: cftunnel_telemetry::TraceArgs,
 }
+
+/// The `service.name` of the controller's spans unless `OTEL_SERVICE_NAME` says otherwise.
+pub const SERVICE_NAME: &str = "cftunnel-controller";
+
+/// The modules whose spans the controller exports: a round's sync of configs, its
+/// Cloudflare API calls and its config pushes.
+pub const TRACED_TARGETS: &[&str] = &[
+    "cftunnel_controller::runtime",
+    "cftunnel_controller::cloudflare",
+    "cftunnel_controller::push",
+];
 
 /// `NAMESPACE/NAME[:KEY]` of a Secret key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -246,6 +259,15 @@ impl RunArgs {
                 monitoring_namespace_label: &self.monitoring_namespace_label,
                 monitoring_pod_label: &self.monitoring_pod_label,
                 grace_period_seconds: self.grace_period_seconds,
+            })
+            .map(|render| RenderSettings {
+                proxy_env: self
+                    .traces
+                    .to_env()
+                    .into_iter()
+                    .map(|(name, value)| (name.to_owned(), value))
+                    .collect(),
+                ..render
             })?,
             shared,
             resync: std::time::Duration::from_secs(self.resync_seconds.max(1)),
@@ -315,6 +337,7 @@ fn render_settings(flags: PlaneFlags<'_>) -> anyhow::Result<RenderSettings> {
             flags.monitoring_pod_label,
         )?,
         grace_period_seconds: flags.grace_period_seconds,
+        proxy_env: Vec::new(),
     })
 }
 

@@ -76,6 +76,15 @@ pub struct Args {
     #[arg(long, env = "PROXY_ACCESS_LOG_ENABLED", default_value = "false", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub access_log_enabled: bool,
 
+    /// Access log lines carry the query string (`query`); it may hold tokens or personal data.
+    #[arg(long, env = "PROXY_ACCESS_LOG_QUERY", default_value = "false", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub access_log_query: bool,
+
+    /// Write the access log line of one request in N; failures (5xx, answers the proxy gave
+    /// because it could not serve the request, responses cut off) are always written.
+    #[arg(long, env = "PROXY_ACCESS_LOG_SAMPLE", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub access_log_sample: u32,
+
     /// Log lines on stderr: `json` (one object per line) or `text`.
     #[arg(long, env = "PROXY_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: cftunnel_telemetry::LogFormat,
@@ -127,7 +136,13 @@ pub struct Args {
     /// Validate the config file and exit.
     #[arg(long)]
     pub check: bool,
+
+    #[command(flatten)]
+    pub traces: cftunnel_telemetry::TraceArgs,
 }
+
+/// The `service.name` of the proxy's spans unless `OTEL_SERVICE_NAME` says otherwise.
+pub const SERVICE_NAME: &str = "cftunnel-proxy";
 
 impl Args {
     /// Cross-field checks that clap cannot express.
@@ -142,6 +157,9 @@ impl Args {
         if self.check && self.config_file.is_none() {
             return Err("--check needs --config-file".into());
         }
+        self.traces
+            .settings(SERVICE_NAME)
+            .map_err(|e| e.to_string())?;
         Ok(())
     }
 }
@@ -285,5 +303,46 @@ mod tests {
         assert!(parse(&["--addr", "nonsense"]).is_err());
         let empty = parse(&["--auth-token", ""]).expect("parses");
         assert!(empty.validate().is_err(), "empty token is refused");
+        assert_eq!(a.access_log_sample, 1);
+        assert!(!a.access_log_query);
+        assert!(parse(&["--access-log-sample", "0"]).is_err());
+        let sampled = parse(&["--access-log-sample", "100", "--access-log-query"])
+            .expect("access log settings");
+        assert_eq!(
+            (sampled.access_log_sample, sampled.access_log_query),
+            (100, true)
+        );
+    }
+
+    #[test]
+    fn trace_settings_are_checked_with_the_rest() {
+        let off = parse(&[]).expect("parses");
+        assert_eq!(off.traces.settings(SERVICE_NAME), Ok(None));
+        let on = parse(&[
+            "--otel-endpoint",
+            "http://collector:4318",
+            "--otel-traces-sampler",
+            "parentbased_traceidratio",
+            "--otel-traces-sampler-arg",
+            "0.1",
+        ])
+        .expect("parses");
+        on.validate().expect("valid");
+        let settings = on
+            .traces
+            .settings(SERVICE_NAME)
+            .expect("valid")
+            .expect("on");
+        assert_eq!(settings.service_name, "cftunnel-proxy");
+        assert_eq!(settings.endpoint, "http://collector:4318/v1/traces");
+        let bad = parse(&[
+            "--otel-endpoint",
+            "http://c",
+            "--otel-traces-sampler-arg",
+            "x",
+        ])
+        .expect("parses");
+        let err = bad.validate().expect_err("refused");
+        assert!(err.starts_with("OTEL_TRACES_SAMPLER_ARG: "), "{err}");
     }
 }

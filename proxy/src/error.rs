@@ -27,6 +27,20 @@ pub enum ProxyError {
 }
 
 impl ProxyError {
+    /// A stable name for the failure (`error.type` on spans, `error` in the access log): the
+    /// backend error's label for a backend failure (`dial`, `timeout`, ...).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::NoRoute => "no_route",
+            Self::NoConfig => "no_config",
+            Self::Unavailable(_) => "unavailable",
+            Self::NoBackend => "no_backend",
+            Self::Backend(e) => e.label(),
+            Self::RequestTimeout => "request_timeout",
+            Self::BadRequest(_) => "bad_request",
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             Self::NoRoute => StatusCode::NOT_FOUND,

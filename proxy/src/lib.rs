@@ -26,6 +26,7 @@ pub mod route;
 pub mod routes;
 pub mod rule;
 pub mod serve;
+pub mod trace;
 pub mod tunnel;
 pub mod upgrade;
 
@@ -53,6 +54,10 @@ pub struct ServerOptions {
     /// Drain window after the first shutdown signal.
     pub grace: Duration,
     pub access_log: bool,
+    /// What the access log's lines carry and how many are written.
+    pub access_log_options: access_log::AccessLogOptions,
+    /// Starts each request's spans; `None`: tracing is off.
+    pub tracer: Option<trace::RequestTracer>,
     pub metrics_enabled: bool,
     pub backend_header_timeout: Duration,
     /// HTTP/1.1 connections open at once to one backend; requests beyond wait for one.
@@ -73,6 +78,8 @@ impl Default for ServerOptions {
             auth_token: None,
             grace: Duration::from_secs(30),
             access_log: false,
+            access_log_options: access_log::AccessLogOptions::default(),
+            tracer: None,
             metrics_enabled: true,
             backend_header_timeout: Duration::from_secs(60),
             backend_max_connections: forward::DEFAULT_MAX_CONNECTIONS,
@@ -124,6 +131,8 @@ impl Server {
             ProxyOptions {
                 backend_header_timeout: options.backend_header_timeout,
                 access_log: options.access_log,
+                access_log_options: options.access_log_options,
+                tracer: options.tracer.clone(),
             },
         );
         let reloader = Arc::new(config::Reloader::with_cache(

@@ -17,6 +17,8 @@
 //!   documents, tunnel tokens).
 //! - [`older_proxy`]: a proxy of an earlier release, whose config API refuses what that
 //!   release cannot read.
+//! - [`otlp`]: an OpenTelemetry collector's trace receiver (OTLP over HTTP and gRPC), which
+//!   records the spans exported to it.
 //!
 //! Helpers the tests of several crates share: [`tools`] (the real tools some tests run),
 //! [`trace`] (logs), [`wait`] (polling for a
@@ -35,6 +37,7 @@ pub mod edge;
 pub mod grpc_echo;
 pub mod kube_api;
 pub mod older_proxy;
+pub mod otlp;
 pub mod pki;
 pub mod tools;
 pub mod trace;

@@ -92,6 +92,9 @@ pub struct RenderSettings {
     pub monitoring_pod_selector: Option<LabelSelector>,
     /// The proxy's drain window after SIGTERM (`PROXY_GRACE_PERIOD`), in seconds.
     pub grace_period_seconds: u32,
+    /// More environment of every plane's proxy: the controller's own tracing settings
+    /// (`OTEL_*`), so the planes trace to the same collector.
+    pub proxy_env: Vec<(String, String)>,
 }
 
 impl Default for RenderSettings {
@@ -106,6 +109,7 @@ impl Default for RenderSettings {
             monitoring_namespace_selector: None,
             monitoring_pod_selector: None,
             grace_period_seconds: 30,
+            proxy_env: Vec::new(),
         }
     }
 }
@@ -523,7 +527,13 @@ pub fn render(
                     annotations: Some(pod_annotations),
                     ..ObjectMeta::default()
                 }),
-                spec: Some(pod_spec(image, credentials, config, grace)),
+                spec: Some(pod_spec(
+                    image,
+                    credentials,
+                    config,
+                    grace,
+                    &settings.proxy_env,
+                )),
             },
             ..DeploymentSpec::default()
         }),
@@ -659,6 +669,7 @@ fn pod_spec(
     credentials: &Credentials,
     config: &GatewayConfig,
     grace: u32,
+    extra_env: &[(String, String)],
 ) -> PodSpec {
     let env = |name: &str, value: &str| EnvVar {
         name: name.to_owned(),
@@ -702,12 +713,17 @@ fn pod_spec(
         containers: vec![Container {
             name: "proxy".to_owned(),
             image: Some(image),
-            env: Some(vec![
-                from_secret("TUNNEL_TOKEN", &credentials.tunnel_ref),
-                from_secret("PROXY_AUTH_TOKEN", &credentials.auth_ref),
-                env("PROXY_GRACE_PERIOD", &format!("{grace}s")),
-                env("PROXY_CONFIG_ADDR", &format!(":{CONFIG_PORT}")),
-            ]),
+            env: Some(
+                [
+                    from_secret("TUNNEL_TOKEN", &credentials.tunnel_ref),
+                    from_secret("PROXY_AUTH_TOKEN", &credentials.auth_ref),
+                    env("PROXY_GRACE_PERIOD", &format!("{grace}s")),
+                    env("PROXY_CONFIG_ADDR", &format!(":{CONFIG_PORT}")),
+                ]
+                .into_iter()
+                .chain(extra_env.iter().map(|(name, value)| env(name, value)))
+                .collect(),
+            ),
             ports: Some(vec![ContainerPort {
                 name: Some("config".to_owned()),
                 container_port: CONFIG_PORT,

@@ -37,6 +37,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
+use tracing::Instrument as _;
 
 use crate::cloudflare::{self, TunnelApi, TunnelSync, TunnelTarget};
 use crate::gateway_config::DEFAULT_API_TOKEN_KEY;
@@ -621,16 +622,25 @@ impl Reconciler {
                 })
             })
             .collect();
-        // Tunnel documents and pushes at once: a slow Cloudflare call holds up no push.
-        let (tunnel_failures, outcomes) = tokio::join!(
-            sync_tunnels(
-                self.tunnel_api.as_ref(),
-                &mut self.tunnel_sync,
-                &output,
-                &planes
-            ),
-            self.pusher.sync_all(rounds),
+        // Tunnel documents and pushes at once: a slow Cloudflare call holds up no push. One
+        // span holds them, so a round's Cloudflare calls and pushes are one trace.
+        let span = tracing::info_span!(
+            "config.sync",
+            cftunnel.planes = i64::try_from(rounds.len()).unwrap_or(i64::MAX)
         );
+        let (tunnel_failures, outcomes) = async {
+            tokio::join!(
+                sync_tunnels(
+                    self.tunnel_api.as_ref(),
+                    &mut self.tunnel_sync,
+                    &output,
+                    &planes
+                ),
+                self.pusher.sync_all(rounds),
+            )
+        }
+        .instrument(span)
+        .await;
         self.tunnel_failures = tunnel_failures;
         // What every pod of a plane now holds is what it serves if its configuration breaks.
         for (plane, outcome) in &outcomes {
