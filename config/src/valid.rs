@@ -14,6 +14,7 @@
 //!
 //! Pure: no I/O, no clock. [`Cache`] keeps compiled patterns and parsed targets between calls.
 
+mod access;
 mod cache;
 mod filter;
 mod name;
@@ -22,6 +23,7 @@ mod rule;
 mod status;
 mod target;
 
+pub use access::{access, audience, team_name, Access, MAX_AUDIENCES, MAX_AUDIENCE_LEN};
 pub use cache::Cache;
 pub use filter::{
     Allow, Cors, Filters, HeaderEdits, Mirror, PathEdit, Redirect, RequestEdit, Rewrite,

@@ -226,6 +226,7 @@ fn translate_rule(
         timeouts,
         unavailable_status: unavailable,
         retry,
+        access: None,
         name: Some(format!(
             "{}/{}/{}",
             ctx.route.namespace, ctx.route.name, rule_name
