@@ -331,7 +331,9 @@ fn the_cache_compiles_a_pattern_once_and_keeps_one_document_worth() {
 fn an_access_requirement_is_checked_at_its_fields() {
     let rule = |access: serde_json::Value| json!({"rules": [{"backends": [], "access": access}]});
     let checked = document(
-        &doc(rule(json!({"teamName": "Acme-1", "audiences": ["aud1", "aud2", "aud1"]}))),
+        &doc(rule(
+            json!({"teamName": "Acme-1", "audiences": ["aud1", "aud2", "aud1"]}),
+        )),
         &mut Cache::default(),
     )
     .expect("a team and audiences pass");
