@@ -42,6 +42,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
+use crate::access_policy::AccessPolicySpec;
 use crate::render::{self, Plans, RenderSettings};
 
 pub use crate::snapshot::{
@@ -296,6 +297,18 @@ fn translate_checked(
         }
     }
 
+    // The Access requirement of each dedicated plane's Gateway (its GatewayConfig's), carried
+    // by every rule of its routes that names none of its own, on every plane they are copied to.
+    let gateway_access: BTreeMap<PlaneKey, cftunnel_config::Access> = gateways
+        .values()
+        .filter_map(|gw| match &gw.plane {
+            Some(plane @ PlaneKey::Dedicated(key)) => {
+                let access = plans.get(key)?.as_ref().ok()?.access.clone()?;
+                Some((plane.clone(), access))
+            }
+            _ => None,
+        })
+        .collect();
     let tunnels = Tunnels::new(&gateways, options.shared_tunnel);
     let scheme_listeners = scheme_listeners(&gateways, &tunnels);
 
@@ -376,7 +389,10 @@ fn translate_checked(
                 let seen = seen_rules.entry(target.clone()).or_default();
                 let listeners = scheme_listeners.get(&target);
                 for template in &translated.rules {
-                    let rule = template.for_attachment(&attachment);
+                    let mut rule = template.for_attachment(&attachment);
+                    if rule.access.is_none() {
+                        rule.access = gateway_access.get(&plane).cloned();
+                    }
                     let rules = match listeners {
                         Some(listeners) => listeners.scope(rule, &attachment.schemes),
                         None => vec![rule],
@@ -571,6 +587,7 @@ pub(crate) struct Index<'a> {
     /// EndpointSlices by (namespace, `kubernetes.io/service-name`).
     slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
     grants: Vec<&'a ReferenceGrant>,
+    access_policies: BTreeMap<(&'a str, &'a str), &'a AccessPolicySpec>,
 }
 
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -608,12 +625,29 @@ impl<'a> Index<'a> {
         for list in slices.values_mut() {
             list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         }
+        let access_policies = snapshot
+            .access_policies
+            .iter()
+            .filter_map(|p| {
+                let key = (
+                    p.metadata.namespace.as_deref()?,
+                    p.metadata.name.as_deref()?,
+                );
+                Some((key, &p.spec))
+            })
+            .collect();
         Self {
             namespaces,
             services,
             slices,
             grants: snapshot.reference_grants.iter().collect(),
+            access_policies,
         }
+    }
+
+    /// The spec of the AccessPolicy `namespace/name`.
+    fn access_policy(&self, namespace: &str, name: &str) -> Option<&'a AccessPolicySpec> {
+        self.access_policies.get(&(namespace, name)).copied()
     }
 
     fn namespace_labels(&self, name: &str) -> Option<&'a BTreeMap<String, String>> {

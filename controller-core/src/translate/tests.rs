@@ -3463,3 +3463,5 @@ fn an_owned_class_is_accepted_and_told_whether_the_crds_are_supported() {
         "no CRD in the snapshot: versions unknown"
     );
 }
+
+mod access;

@@ -90,6 +90,7 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     ("gateway.networking.k8s.io", "grpcroutes/status", &["patch"]),
     ("cf.k8s.lex.la", "gatewayconfigs", &["list", "watch"]),
     ("cf.k8s.lex.la", "gatewayconfigs/status", &["patch"]),
+    ("cf.k8s.lex.la", "accesspolicies", &["list", "watch"]),
     // Their metadata: the bundle version of Gateway API's (GatewayClass `SupportedVersion`).
     (
         "apiextensions.k8s.io",
