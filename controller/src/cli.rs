@@ -692,7 +692,7 @@ pub fn run_render(
 ///
 /// # Errors
 /// Only if `out` cannot be written.
-pub fn run_crd(args: CrdArgs, out: &mut impl Write) -> anyhow::Result<()> {
+pub fn run_crd(args: &CrdArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let kinds = match args.kind {
         Some(kind) => vec![kind],
         None => vec![CrdKind::GatewayConfig, CrdKind::AccessPolicy],
