@@ -59,6 +59,10 @@ pub struct Rule {
     pub unavailable_status: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<Retry>,
+    /// Requests must carry a valid Cloudflare Access token for this team and one of these
+    /// audiences; others are answered 403 and never forwarded. Absent: no check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<Access>,
     /// `<namespace>/<route>/<rule>`, used in logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -89,6 +93,20 @@ pub struct Retry {
     pub attempts: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff: Option<Duration>,
+}
+
+/// A Cloudflare Access requirement (as cloudflared's `originRequest.access`): the request's
+/// `Cf-Access-Jwt-Assertion` header must hold a token signed by the team's keys, issued by the
+/// team's domain, unexpired, whose `aud` names one of `audiences` (application AUD tags).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Access {
+    /// The Zero Trust team name: `<teamName>.cloudflareaccess.com` is the team domain.
+    #[serde(default)]
+    pub team_name: String,
+    /// Application audience (AUD) tags; a token for any of them is accepted.
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub audiences: Vec<String>,
 }
 
 /// Matches are ORed within a rule; the fields inside one match are ANDed.

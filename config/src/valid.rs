@@ -14,6 +14,7 @@
 //!
 //! Pure: no I/O, no clock. [`Cache`] keeps compiled patterns and parsed targets between calls.
 
+mod access;
 mod cache;
 mod client_certificate;
 mod filter;
@@ -23,6 +24,7 @@ mod rule;
 mod status;
 mod target;
 
+pub use access::{access, audience, team_name, Access, MAX_AUDIENCES, MAX_AUDIENCE_LEN};
 pub use cache::Cache;
 pub use client_certificate::ClientIdentity;
 pub use filter::{

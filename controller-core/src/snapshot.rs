@@ -16,6 +16,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Serialize, Serializer};
 
+use crate::access_policy::AccessPolicy;
 use crate::gateway_config::GatewayConfig;
 
 /// The API group of every Gateway API kind.
@@ -46,6 +47,8 @@ pub struct Snapshot {
     /// Read by [`crate::render::plan`] for the tokens a `GatewayConfig` names, and by the
     /// translation for Gateways' backend client certificates and BackendTLSPolicies' CAs.
     pub secrets: Vec<Secret>,
+    /// The Cloudflare Access requirements route rules name through ExtensionRef filters.
+    pub access_policies: Vec<AccessPolicy>,
     /// The metadata of the cluster's CustomResourceDefinitions: the Gateway API ones' names and
     /// bundle-version annotations make the GatewayClass condition `SupportedVersion` (see
     /// [`crate::translate::bundle_version`]); others are ignored.

@@ -23,7 +23,7 @@ fn main() -> ExitCode {
             &mut std::io::stdout().lock(),
             &mut std::io::stderr().lock(),
         ),
-        Command::Crd => run_crd(&mut std::io::stdout().lock()),
+        Command::Crd(args) => run_crd(args, &mut std::io::stdout().lock()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -192,9 +192,10 @@ impl Pusher {
                         cftunnel.pods_failed = tracing::field::Empty,
                     );
                     let started = std::time::Instant::now();
-                    let (state, mut outcome) = sync_plane(state, &round, now, timeout, sustained_after)
-                        .instrument(span.clone())
-                        .await;
+                    let (state, mut outcome) =
+                        sync_plane(state, &round, now, timeout, sustained_after)
+                            .instrument(span.clone())
+                            .await;
                     outcome.duration = started.elapsed();
                     record_outcome(&span, &outcome);
                     (round.plane, state, outcome)

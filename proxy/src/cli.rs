@@ -111,6 +111,21 @@ pub struct Args {
     #[arg(long, env = "PROXY_BACKEND_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub backend_max_connections: u32,
 
+    /// Cloudflare Access team domain, `{team}` standing for a rule's team name: the issuer its
+    /// tokens must name, and where its signing keys are fetched
+    /// (`<domain>/cdn-cgi/access/certs`).
+    #[arg(long, env = "PROXY_ACCESS_TEAM_DOMAIN", default_value = crate::access::DEFAULT_TEAM_DOMAIN)]
+    pub access_team_domain: String,
+
+    /// How often a Cloudflare Access team's signing keys are fetched again.
+    #[arg(long, env = "PROXY_ACCESS_KEYS_REFRESH", default_value = "5m")]
+    pub access_keys_refresh: GoDuration,
+
+    /// How long a team's last fetched keys keep serving while fetching them fails; after
+    /// that, requests to its rules are refused (403) until a fetch succeeds.
+    #[arg(long, env = "PROXY_ACCESS_KEYS_MAX_STALE", default_value = "24h")]
+    pub access_keys_max_stale: GoDuration,
+
     /// Static edge address for the tunnel (repeatable); default: discovered via DNS.
     #[arg(long = "edge", env = "TUNNEL_EDGE", value_delimiter = ',')]
     pub edge: Vec<String>,
@@ -154,6 +169,12 @@ impl Args {
         {
             return Err("PROXY_AUTH_TOKEN is set but empty: set a token or unset it".into());
         }
+        self.access_settings()
+            .check()
+            .map_err(|e| format!("PROXY_ACCESS_TEAM_DOMAIN: {e}"))?;
+        if self.access_keys_refresh.0.is_zero() {
+            return Err("PROXY_ACCESS_KEYS_REFRESH must be above 0".into());
+        }
         if self.check && self.config_file.is_none() {
             return Err("--check needs --config-file".into());
         }
@@ -161,6 +182,18 @@ impl Args {
             .settings(SERVICE_NAME)
             .map_err(|e| e.to_string())?;
         Ok(())
+    }
+}
+
+impl Args {
+    /// How Cloudflare Access keys are fetched and kept, as the settings say.
+    pub fn access_settings(&self) -> crate::access::AccessSettings {
+        crate::access::AccessSettings {
+            team_domain: self.access_team_domain.clone(),
+            refresh: self.access_keys_refresh.0,
+            max_stale: self.access_keys_max_stale.0,
+            ..crate::access::AccessSettings::default()
+        }
     }
 }
 

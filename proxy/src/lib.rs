@@ -6,6 +6,7 @@
 //! the tunnel connector, both through [`Proxy::handle`]. The admin port ([`admin`]) carries the
 //! config API, health and metrics. The proxy contract fixes ports, environment and metric names.
 
+pub mod access;
 pub mod access_log;
 pub mod admin;
 pub mod body;
@@ -64,6 +65,8 @@ pub struct ServerOptions {
     pub backend_max_connections: usize,
     /// Largest config document `PUT /config` accepts.
     pub max_config_bytes: usize,
+    /// How the keys of Cloudflare Access teams that rules name are fetched and kept.
+    pub access: access::AccessSettings,
     pub limits: serve::Limits,
     /// Worker threads of the runtime serving requests; sizes the per-thread copies of the
     /// duration histograms (see [`metrics::histogram::Shards`]).
@@ -84,6 +87,7 @@ impl Default for ServerOptions {
             backend_header_timeout: Duration::from_secs(60),
             backend_max_connections: forward::DEFAULT_MAX_CONNECTIONS,
             max_config_bytes: admin::DEFAULT_MAX_CONFIG_BYTES,
+            access: access::AccessSettings::default(),
             limits: serve::Limits::default(),
             worker_threads: 1,
         }
@@ -137,7 +141,8 @@ impl Server {
         );
         let reloader = Arc::new(config::Reloader::with_cache(
             proxy.clone(),
-            config::Cache::with_max_connections(options.backend_max_connections),
+            config::Cache::with_max_connections(options.backend_max_connections)
+                .with_access(options.access.clone()),
         ));
         if let Some(doc) = initial {
             reloader.apply(doc).await.context("initial config")?;

@@ -4,7 +4,8 @@
 //! every request. It loads the route table once, and everything the request touches after
 //! that comes from that snapshot, so in-flight requests finish on the table they started with.
 //!
-//! In order: host and path made canonical, route lookup, redirects and CORS preflights
+//! In order: host and path made canonical, route lookup, the rule's Cloudflare Access check
+//! ([`crate::access`]), redirects and CORS preflights
 //! answered locally, backend choice, request filters, mirror copies
 //! ([`crate::forward::mirror`]), tries ([`crate::forward::retry`]) and response filters. A
 //! WebSocket `101` goes to [`crate::upgrade`]; the response body ([`crate::response`])
@@ -245,6 +246,12 @@ impl Proxy {
         );
         let rule: &Rule = hit.rule;
         completion.log_route(rule.name.as_deref(), routes.host_label(Some(hit.bucket.id)));
+        if let Some(access) = &rule.access {
+            access
+                .check(&parts.headers)
+                .await
+                .map_err(ProxyError::AccessDenied)?;
+        }
         if let Some(status) = rule.unavailable {
             return Err(ProxyError::Unavailable(status));
         }

@@ -13,6 +13,8 @@
 //! - [`grpc_echo`]: the conformance suite's gRPC echo (`GrpcEcho`), the backend of the
 //!   GRPCRoute cases, with a client that reads responses as grpc-go does.
 //! - [`kube_api`]: a Kubernetes API server in memory, speaking the real REST protocol.
+//! - [`cloudflare_access`]: a Cloudflare Access team's key endpoint (JWKS) and the tokens
+//!   Access issues, signed with keys the test holds.
 //! - [`cloudflare_api`]: the Cloudflare API calls the controller makes (tunnel ingress
 //!   documents, tunnel tokens).
 //! - [`older_proxy`]: a proxy of an earlier release, whose config API refuses what that
@@ -30,6 +32,7 @@
 //! what bytes mean; it re-implements only the edge's decisions.
 
 pub mod client;
+pub mod cloudflare_access;
 pub mod cloudflare_api;
 pub mod connector;
 pub mod echo;

@@ -402,3 +402,55 @@ fn the_cache_compiles_a_pattern_once_and_keeps_one_document_worth() {
     let still = cache.pattern("/a.*").expect("compiles");
     assert!(std::ptr::eq(fresh.source(), still.source()));
 }
+
+#[test]
+fn an_access_requirement_is_checked_at_its_fields() {
+    let rule = |access: serde_json::Value| json!({"rules": [{"backends": [], "access": access}]});
+    let checked = document(
+        &doc(rule(
+            json!({"teamName": "Acme-1", "audiences": ["aud1", "aud2", "aud1"]}),
+        )),
+        &mut Cache::default(),
+    )
+    .expect("a team and audiences pass");
+    assert_eq!(
+        checked[0].access,
+        Some(Access {
+            team: "acme-1".into(),
+            audiences: vec!["aud1".into(), "aud2".into()],
+        })
+    );
+    for (access, field) in [
+        (json!({"audiences": ["a"]}), "rules[0].access.teamName"),
+        (
+            json!({"teamName": "acme.example", "audiences": ["a"]}),
+            "rules[0].access.teamName",
+        ),
+        (
+            json!({"teamName": "-acme", "audiences": ["a"]}),
+            "rules[0].access.teamName",
+        ),
+        (json!({"teamName": "acme"}), "rules[0].access.audiences"),
+        (
+            json!({"teamName": "acme", "audiences": []}),
+            "rules[0].access.audiences",
+        ),
+        (
+            json!({"teamName": "acme", "audiences": ["ok", ""]}),
+            "rules[0].access.audiences[1]",
+        ),
+        (
+            json!({"teamName": "acme", "audiences": ["has space"]}),
+            "rules[0].access.audiences[0]",
+        ),
+    ] {
+        assert_eq!(refused_field(rule(access.clone())), field, "{access}");
+    }
+    // Without the field, no requirement.
+    let plain = document(
+        &doc(json!({"rules": [{"backends": []}]})),
+        &mut Cache::default(),
+    )
+    .expect("passes");
+    assert_eq!(plain[0].access, None);
+}

@@ -166,6 +166,12 @@ pub enum RenderError {
         "spec.autoscaling of GatewayConfig {config}: minReplicas {min} is above maxReplicas {max}"
     )]
     AutoscalingBounds { config: String, min: i32, max: i32 },
+    #[error("spec.access.{field} of GatewayConfig {config}: {message}")]
+    InvalidAccess {
+        config: String,
+        field: String,
+        message: String,
+    },
     #[error("spec.replicas of GatewayConfig {config} is negative ({replicas})")]
     NegativeReplicas { config: String, replicas: i32 },
     /// A generated token Secret does not exist yet and no fresh token was given for it: the

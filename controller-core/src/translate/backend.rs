@@ -71,6 +71,14 @@ pub enum BackendRefError {
     },
     #[error("{field}: filter {kind} is not supported")]
     UnsupportedFilter { field: String, kind: &'static str },
+    #[error("{field}: AccessPolicy {namespace}/{name} not found")]
+    AccessPolicyNotFound {
+        field: String,
+        namespace: String,
+        name: String,
+    },
+    #[error("{field}: {message}")]
+    AccessPolicyUnusable { field: String, message: String },
     #[error("{field}: Service {namespace}/{name} of type ExternalName is refused: {refusal}")]
     ExternalNameRefused {
         field: String,
@@ -89,9 +97,13 @@ impl BackendRefError {
             Self::InvalidKind { .. }
             | Self::UnsupportedFilter { .. }
             | Self::ExternalNameRefused { .. } => Reason::InvalidKind,
-            Self::NotFound { .. } | Self::PortNotFound { .. } | Self::MissingPort { .. } => {
-                Reason::BackendNotFound
-            }
+            // Gateway API's reason for "a reference to a resource that does not exist"; an
+            // AccessPolicy that cannot be used is no policy for the data plane either.
+            Self::NotFound { .. }
+            | Self::PortNotFound { .. }
+            | Self::MissingPort { .. }
+            | Self::AccessPolicyNotFound { .. }
+            | Self::AccessPolicyUnusable { .. } => Reason::BackendNotFound,
             Self::RefNotPermitted { .. } => Reason::RefNotPermitted,
         }
     }

@@ -46,6 +46,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
+use crate::access_policy::AccessPolicySpec;
 use crate::render::{self, Plans, RenderSettings};
 
 pub use crate::snapshot::{
@@ -312,6 +313,18 @@ fn translate_checked(
         }
     }
 
+    // The Access requirement of each dedicated plane's Gateway (its GatewayConfig's), carried
+    // by every rule of its routes that names none of its own, on every plane they are copied to.
+    let gateway_access: BTreeMap<PlaneKey, cftunnel_config::Access> = gateways
+        .values()
+        .filter_map(|gw| match &gw.plane {
+            Some(plane @ PlaneKey::Dedicated(key)) => {
+                let access = plans.get(key)?.as_ref().ok()?.access.clone()?;
+                Some((plane.clone(), access))
+            }
+            _ => None,
+        })
+        .collect();
     let tunnels = Tunnels::new(&gateways, options.shared_tunnel);
     let scheme_listeners = scheme_listeners(&gateways, &tunnels);
 
@@ -420,6 +433,9 @@ fn translate_checked(
                     let mut rule = template.for_attachment(&attachment);
                     if let Some(certificate) = certificate {
                         present_client_certificate(&mut rule, certificate);
+                    }
+                    if rule.access.is_none() {
+                        rule.access = gateway_access.get(&plane).cloned();
                     }
                     let rules = match listeners {
                         Some(listeners) => listeners.scope(rule, &attachment.schemes),
@@ -650,6 +666,7 @@ pub(crate) struct Index<'a> {
     secrets: BTreeMap<(&'a str, &'a str), &'a Secret>,
     /// The BackendTLSPolicies, judged, and which covers each Service port.
     policies: backend_tls::Policies,
+    access_policies: BTreeMap<(&'a str, &'a str), &'a AccessPolicySpec>,
 }
 
 /// Objects of a namespaced kind by (namespace, name).
@@ -707,6 +724,17 @@ impl<'a> Index<'a> {
                 secrets: &secrets,
             },
         );
+        let access_policies = snapshot
+            .access_policies
+            .iter()
+            .filter_map(|p| {
+                let key = (
+                    p.metadata.namespace.as_deref()?,
+                    p.metadata.name.as_deref()?,
+                );
+                Some((key, &p.spec))
+            })
+            .collect();
         Self {
             namespaces,
             services,
@@ -714,7 +742,13 @@ impl<'a> Index<'a> {
             grants: snapshot.reference_grants.iter().collect(),
             secrets,
             policies,
+            access_policies,
         }
+    }
+
+    /// The spec of the AccessPolicy `namespace/name`.
+    fn access_policy(&self, namespace: &str, name: &str) -> Option<&'a AccessPolicySpec> {
+        self.access_policies.get(&(namespace, name)).copied()
     }
 
     fn namespace_labels(&self, name: &str) -> Option<&'a BTreeMap<String, String>> {

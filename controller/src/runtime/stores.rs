@@ -37,6 +37,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::access_policy::AccessPolicy;
 use crate::gateway_config::GatewayConfig;
 use crate::translate::bundle_version::{is_gateway_api_crd, CRD_ACCESS};
 use crate::translate::{Snapshot, GATEWAY_API_GROUP};
@@ -376,6 +377,9 @@ pub struct Stores {
     pub services: Store<Service>,
     pub endpoint_slices: Store<EndpointSlice>,
     pub gateway_configs: Store<GatewayConfig>,
+    /// The AccessPolicies route rules name; gates readiness for `crd_wait` at most, as a
+    /// cluster upgraded without its CRD has none to list.
+    pub access_policies: Store<AccessPolicy>,
     pub secrets: Store<Secret>,
     /// The rendered proxy Deployments (their ready replicas gate `Programmed`; one deleted or
     /// edited away from its render is put back at once).
@@ -526,6 +530,7 @@ impl Stores {
             services: watch(Api::all(client.clone()), all(), &changed, tasks),
             endpoint_slices: watch(Api::all(client.clone()), all(), &changed, tasks),
             gateway_configs: watch(Api::all(client.clone()), all(), &changed, tasks),
+            access_policies: watch(Api::all(client.clone()), all(), &changed, tasks),
             secrets: watch(Api::all(client.clone()), all(), &changed, tasks),
             deployments: watch(
                 Api::all(client.clone()),
@@ -644,6 +649,16 @@ impl Stores {
                  SupportedVersion=False until they are (the controller's RBAC must grant `needs`)"
             );
         }
+        let policies =
+            tokio::time::timeout(crd_wait, self.access_policies.wait_until_ready()).await;
+        if !matches!(policies, Ok(Ok(()))) {
+            tracing::warn!(
+                waited = ?crd_wait,
+                "AccessPolicies not listed in time (is the accesspolicies.cf.k8s.lex.la CRD \
+                 installed, and may the controller list and watch them?); reconciling without \
+                 them: rules naming one answer 500 until they are listed"
+            );
+        }
         true
     }
 
@@ -667,6 +682,7 @@ impl Stores {
             services: cloned(&self.services),
             endpoint_slices: cloned(&self.endpoint_slices),
             gateway_configs: cloned(&self.gateway_configs),
+            access_policies: cloned(&self.access_policies),
             secrets: cloned(&self.secrets),
             custom_resource_definitions: crds_listed.then(|| {
                 self.gateway_api_crds
