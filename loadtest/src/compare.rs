@@ -363,7 +363,12 @@ pub async fn run(
             }
         }
     }
-    let steps = plan(&cfg.rows, &cfg.connections, cfg.rounds);
+    let running: Vec<Row> = states
+        .iter()
+        .filter(|(_, state)| matches!(state, RowState::Running(_)))
+        .map(|(row, _)| *row)
+        .collect();
+    let steps = plan(&running, &cfg.connections, cfg.rounds);
     let mut measured: Vec<(Step, Result<RoundResult, String>)> = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         let Some((_, RowState::Running(target))) = states.iter().find(|(r, _)| *r == step.row)

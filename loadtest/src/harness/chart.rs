@@ -207,7 +207,7 @@ fn draw_latency<DB: DrawingBackend>(
     } else {
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(SeriesLabelPosition::LowerRight)
             .background_style(WHITE.mix(0.9))
             .border_style(RGBColor(0xaa, 0xaa, 0xaa))
             .label_font((FONT, 13))
@@ -299,7 +299,7 @@ fn draw_throughput<DB: DrawingBackend>(
                 s.outcome.as_str(),
                 s.reason
                     .as_deref()
-                    .map_or(String::new(), |r| format!(" ({})", first_line(r, 60)))
+                    .map_or(String::new(), |r| format!(" ({})", first_line(r, 40)))
             ),
         };
         let style =
