@@ -70,6 +70,11 @@ pub struct ClassArgs {
         default_value_t = ExternalNameBackends::External
     )]
     pub external_name_backends: ExternalNameBackends,
+    /// Routes publish only hostnames under the suffixes their namespace is labelled for
+    /// (`hostnames.cf.k8s.lex.la/<suffix>: "true"`); others are refused
+    /// (`Accepted=False`, `HostnameNotPermitted`).
+    #[arg(long, env = "HOSTNAME_OWNERSHIP", default_value_t = false, action = clap::ArgAction::Set)]
+    pub hostname_ownership: bool,
     /// The proxy image of dedicated data planes whose GatewayConfig names none. Without
     /// either, such a Gateway is not accepted.
     #[arg(long, env = "PROXY_IMAGE")]
@@ -232,6 +237,7 @@ impl RunArgs {
                 proxy_image: self.class.proxy_image.clone(),
                 // Read from the shared tunnel's Secret every round.
                 shared_tunnel: None,
+                hostname_ownership: self.class.hostname_ownership,
             },
             render: render_settings(PlaneFlags {
                 proxy_image: &self.class.proxy_image,
@@ -556,6 +562,7 @@ pub fn run_translate(
         external_name_backends: args.class.external_name_backends,
         proxy_image: args.class.proxy_image.clone(),
         shared_tunnel: args.shared_tunnel_token.as_ref().map(TunnelIdentity::of),
+        hostname_ownership: args.class.hostname_ownership,
     };
     let output = translate::translate(&snapshot, &options);
     write_statuses(err, &output)?;

@@ -70,6 +70,8 @@ pub struct PlaneOutcome {
     /// `failed_rounds` reached the threshold: report it (`ProxyConfigPushed=False`), a one-off
     /// blip does not.
     pub sustained_failure: bool,
+    /// How long the plane's pushes took this round, all pods and re-pushes included.
+    pub duration: std::time::Duration,
 }
 
 impl PlaneOutcome {
@@ -162,6 +164,7 @@ impl Pusher {
                 refused: Vec::new(),
                 failed_rounds: 0,
                 sustained_failure: false,
+                duration: std::time::Duration::ZERO,
             },
             |(_, outcome)| outcome,
         )
@@ -177,8 +180,10 @@ impl Pusher {
                 let state = self.planes.remove(&round.plane);
                 let (timeout, sustained_after) = (self.timeout, self.sustained_after);
                 async move {
-                    let (state, outcome) =
+                    let started = std::time::Instant::now();
+                    let (state, mut outcome) =
                         sync_plane(state, &round, now, timeout, sustained_after).await;
+                    outcome.duration = started.elapsed();
                     (round.plane, state, outcome)
                 }
             })
@@ -201,6 +206,11 @@ impl Pusher {
                 (plane, outcome)
             })
             .collect()
+    }
+
+    /// The planes pushed to so far and not yet dropped by [`Pusher::retain`].
+    pub fn planes(&self) -> impl Iterator<Item = &PlaneKey> {
+        self.planes.keys()
     }
 
     /// Keeps what is known of the planes `keep` accepts, drops the rest (planes that went away).
@@ -410,6 +420,7 @@ fn finish(
         refused: Vec::new(),
         failed_rounds: state.failed_rounds,
         sustained_failure: state.failed_rounds >= sustained_after,
+        duration: std::time::Duration::ZERO,
     }
 }
 

@@ -10,6 +10,8 @@
 //! - [`pki`]: the generated CA and edge certificate that connectors trust in tests.
 //! - [`echo`]: the Gateway API conformance echo server (`echo-basic`), the backend behind
 //!   the proxy in end-to-end tests and load runs.
+//! - [`grpc_echo`]: the conformance suite's gRPC echo (`GrpcEcho`), the backend of the
+//!   GRPCRoute cases, with a client that reads responses as grpc-go does.
 //! - [`kube_api`]: a Kubernetes API server in memory, speaking the real REST protocol.
 //! - [`cloudflare_api`]: the Cloudflare API calls the controller makes (tunnel ingress
 //!   documents, tunnel tokens).
@@ -30,6 +32,7 @@ pub mod cloudflare_api;
 pub mod connector;
 pub mod echo;
 pub mod edge;
+pub mod grpc_echo;
 pub mod kube_api;
 pub mod older_proxy;
 pub mod pki;

@@ -125,3 +125,12 @@ which values.schema.json enforces: the controller's flags carry labels, not expr
       {{- toYaml . | nindent 6 }}
 {{- end }}
 {{- end -}}
+
+{{/*
+The hostname ownership rule as CEL, for the ValidatingAdmissionPolicy: the controller's
+`ownership::ADMISSION_EXPRESSION` (controller-core/src/translate/ownership.rs), character for
+character; the chart's tests check that and evaluate it against the controller's rule.
+*/}}
+{{- define "cftunnel.hostnameOwnershipExpression" -}}
+!has(object.spec.hostnames) || object.spec.hostnames.all(h, has(namespaceObject.metadata.labels) && namespaceObject.metadata.labels.exists(k, k.startsWith('hostnames.cf.k8s.lex.la/') && namespaceObject.metadata.labels[k] == 'true' && (h == k.substring(24) || h.endsWith('.' + k.substring(24)))))
+{{- end -}}

@@ -21,9 +21,11 @@ mod gateway;
 mod grpc_route;
 mod hostname;
 mod http_route;
+pub mod ownership;
 mod route;
 mod rule;
 mod scheme;
+mod shadow;
 mod status;
 
 #[cfg(test)]
@@ -82,6 +84,9 @@ pub struct Options {
     /// The tunnel of the shared plane (the class tunnel), when known. A dedicated Gateway on
     /// the same tunnel shares it with the shared plane, the documented migration path.
     pub shared_tunnel: Option<TunnelIdentity>,
+    /// Routes publish only hostnames their namespace is labelled for (`--hostname-ownership`,
+    /// see [`ownership`]).
+    pub hostname_ownership: bool,
 }
 
 impl Default for Options {
@@ -93,6 +98,7 @@ impl Default for Options {
             external_name_backends: ExternalNameBackends::default(),
             proxy_image: None,
             shared_tunnel: None,
+            hostname_ownership: false,
         }
     }
 }
@@ -308,8 +314,15 @@ fn translate_checked(
     let mut rules_by_plane: BTreeMap<PlaneKey, Vec<Placed>> = BTreeMap::new();
     let mut seen_rules: BTreeMap<PlaneKey, BTreeSet<String>> = BTreeMap::new();
     let mut claims = binding::ListenerClaims::default();
+    let mut first_claims = shadow::FirstClaims::default();
     for (position, route) in routes.iter().enumerate() {
-        let bound = binding::bind(route, &gateways, &scheme_listeners, &index);
+        let bound = binding::bind(
+            route,
+            &gateways,
+            &scheme_listeners,
+            &index,
+            options.hostname_ownership,
+        );
         if bound.is_empty() {
             continue;
         }
@@ -363,6 +376,7 @@ fn translate_checked(
             }
         }
         statuses.routes.insert(route_key.clone(), parents);
+        let mut shadowed = shadow::Shadowed::default();
         // Only accepted parents contribute planes.
         for (plane, attachment) in planes {
             // Every hostname of the route belongs to more specific listeners there.
@@ -384,6 +398,7 @@ fn translate_checked(
                     for rule in rules {
                         // A route on two Gateways of one tunnel must not repeat its rules.
                         if seen.insert(serde_json::to_string(&rule).unwrap_or_default()) {
+                            first_claims.place(&target, &rule, &route_key, &mut shadowed);
                             out.push((
                                 template.grpc.map(|rank| rank.placement(position)),
                                 (rule, route_key.clone()),
@@ -395,6 +410,23 @@ fn translate_checked(
                     if let Some(config) = configs.get_mut(&target) {
                         config.has_grpc_route = true;
                     }
+                }
+            }
+        }
+        if !shadowed.is_empty() {
+            let message = shadowed.message();
+            for parent in statuses.routes.get_mut(&route_key).into_iter().flatten() {
+                if parent
+                    .condition(ConditionType::Accepted)
+                    .is_some_and(|c| c.status)
+                {
+                    parent.conditions.push(Condition::new(
+                        ConditionType::RouteShadowed,
+                        true,
+                        Reason::OlderRouteMatches,
+                        message.clone(),
+                        route.generation,
+                    ));
                 }
             }
         }

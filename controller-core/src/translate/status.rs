@@ -22,6 +22,8 @@ pub enum ConditionType {
     /// `cf.k8s.lex.la/TunnelShared`: the route's Gateway shares its tunnel with dedicated
     /// Gateways of other namespaces.
     TunnelShared,
+    /// `cf.k8s.lex.la/RouteShadowed`: an older route serves some of the route's matches.
+    RouteShadowed,
 }
 
 impl ConditionType {
@@ -35,6 +37,7 @@ impl ConditionType {
             Self::PartiallyInvalid => "PartiallyInvalid",
             Self::SupportedVersion => "SupportedVersion",
             Self::TunnelShared => "cf.k8s.lex.la/TunnelShared",
+            Self::RouteShadowed => "cf.k8s.lex.la/RouteShadowed",
         }
     }
 }
@@ -60,6 +63,9 @@ pub enum Reason {
     NoMatchingParent,
     NotAllowedByListeners,
     NoMatchingListenerHostname,
+    /// The route's namespace may not publish a hostname the route would serve (hostname
+    /// ownership).
+    HostnameNotPermitted,
     BackendNotFound,
     InvalidKind,
     RefNotPermitted,
@@ -67,6 +73,8 @@ pub enum Reason {
     SupportedVersion,
     UnsupportedVersion,
     TunnelShared,
+    /// `cf.k8s.lex.la/RouteShadowed`: the older route matches first.
+    OlderRouteMatches,
 }
 
 impl Reason {
@@ -87,6 +95,7 @@ impl Reason {
             Self::NoMatchingParent => "NoMatchingParent",
             Self::NotAllowedByListeners => "NotAllowedByListeners",
             Self::NoMatchingListenerHostname => "NoMatchingListenerHostname",
+            Self::HostnameNotPermitted => "HostnameNotPermitted",
             Self::BackendNotFound => "BackendNotFound",
             Self::InvalidKind => "InvalidKind",
             Self::RefNotPermitted => "RefNotPermitted",
@@ -94,6 +103,7 @@ impl Reason {
             Self::SupportedVersion => "SupportedVersion",
             Self::UnsupportedVersion => "UnsupportedVersion",
             Self::TunnelShared => "TunnelShared",
+            Self::OlderRouteMatches => "OlderRouteMatches",
         }
     }
 }

@@ -31,6 +31,9 @@ use gateway_api::experimental::gateways::Gateway;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -297,7 +300,7 @@ pub async fn run(
             None => {
                 tracing::info!("leading: reconciling");
                 pending = true;
-                reconciler.insert(Reconciler::new(client.clone(), options.clone()))
+                reconciler.insert(Reconciler::new(client.clone(), options.clone(), &health))
             }
         };
         let due = last_round.is_none_or(|at| at.elapsed() >= options.resync);
@@ -314,6 +317,12 @@ pub async fn run(
             .collect();
         let snapshot = stores.snapshot();
         let watched = stores.plane_objects();
+        for (kind, count) in stores.counts() {
+            health
+                .watched_objects
+                .get_or_create(&health::KindLabel { kind })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
         let mut lost = leading.clone();
         let started = tokio::time::Instant::now();
         tokio::select! {
@@ -355,8 +364,9 @@ struct Reconciler {
     /// no config-API token). No push fails then, so without this nothing would say the config
     /// is nowhere.
     unreached: HashMap<PlaneKey, String>,
-    /// Routes told they share a tunnel, with what they were told: an Event once per change.
-    tunnel_shared_told: HashMap<String, String>,
+    /// Per route and warning condition (TunnelShared, RouteShadowed): the message told in an
+    /// Event, so one goes out only when the condition appears or changes.
+    condition_told: HashMap<(String, &'static str), String>,
     /// Per route: why proxy pods refused some of its rules this round (each rule left out of
     /// its plane's document, the rest pushed).
     refused_rules: BTreeMap<translate::RouteKey, Vec<String>>,
@@ -364,6 +374,9 @@ struct Reconciler {
     refused_told: HashMap<String, String>,
     /// Per Gateway uid: the plane last applied.
     applied: HashMap<String, AppliedPlane>,
+    /// `/metrics`' push series, per plane.
+    push_seconds: Family<health::PlaneLabel, Histogram, fn() -> Histogram>,
+    push_failure_counts: Family<health::PlaneLabel, Counter>,
     /// Per dedicated plane: the config every one of its pods last took and the token they
     /// take. A plane whose GatewayConfig stops resolving keeps serving this, pods that start
     /// meanwhile included, until it resolves again or the Gateway goes.
@@ -404,7 +417,7 @@ struct PlaneInfo {
 }
 
 impl Reconciler {
-    fn new(client: Client, options: RuntimeOptions) -> Self {
+    fn new(client: Client, options: RuntimeOptions, health: &health::Health) -> Self {
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -416,7 +429,7 @@ impl Reconciler {
             &options.cloudflare_api_base,
             options.push_timeout * 2,
         ) {
-            Ok(api) => Some(api),
+            Ok(api) => Some(api.counted(health.api_calls.clone())),
             Err(e) => {
                 tracing::error!(error = %e, "no Cloudflare API client: tunnel ingress documents are not written");
                 None
@@ -430,6 +443,8 @@ impl Reconciler {
             );
         }
         Self {
+            push_seconds: health.push_seconds.clone(),
+            push_failure_counts: health.push_failures.clone(),
             pusher: Pusher::new(options.push_timeout, options.sustained_after),
             client,
             options,
@@ -441,7 +456,7 @@ impl Reconciler {
             tunnel_sync: TunnelSync::default(),
             tunnel_failures: HashMap::new(),
             unreached: HashMap::new(),
-            tunnel_shared_told: HashMap::new(),
+            condition_told: HashMap::new(),
             refused_rules: BTreeMap::new(),
             refused_told: HashMap::new(),
             applied: HashMap::new(),
@@ -654,10 +669,23 @@ impl Reconciler {
             if pushed > 0 {
                 tracing::info!(%plane, version = outcome.version, pods = pushed, "config pushed");
             }
+            let label = plane_label(plane);
+            let mut failed: u64 = 0;
             for (pod, result) in &outcome.pods {
                 if let PodOutcome::Failed(reason) = result {
                     tracing::warn!(%plane, %pod, %reason, "config push failed");
+                    failed += 1;
                 }
+            }
+            if pushed > 0 || failed > 0 {
+                self.push_seconds
+                    .get_or_create(&label)
+                    .observe(outcome.duration.as_secs_f64());
+            }
+            if failed > 0 {
+                self.push_failure_counts
+                    .get_or_create(&label)
+                    .inc_by(failed);
             }
             if outcome.sustained_failure {
                 let reason = outcome
@@ -673,6 +701,14 @@ impl Reconciler {
                 }
             } else if outcome.all_current() {
                 self.push_failures.remove(plane);
+            }
+        }
+        // Series of planes that went away go with them.
+        for plane in self.pusher.planes() {
+            if !output.configs.contains_key(plane) {
+                let label = plane_label(plane);
+                self.push_seconds.remove(&label);
+                self.push_failure_counts.remove(&label);
             }
         }
         self.pusher
@@ -1084,6 +1120,16 @@ async fn sync_tunnels(
 }
 
 /// The identity of a rendered plane's objects.
+/// A plane's `plane` label on `/metrics`: `shared`, or the Gateway's `namespace/name`.
+fn plane_label(plane: &PlaneKey) -> health::PlaneLabel {
+    health::PlaneLabel {
+        plane: match plane {
+            PlaneKey::Shared => "shared".to_owned(),
+            PlaneKey::Dedicated(gateway) => gateway.to_string(),
+        },
+    }
+}
+
 fn rendered_digest(plane: &render::DataPlane) -> Vec<u8> {
     let objects = json!([
         plane.deployment,

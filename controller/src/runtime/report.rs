@@ -230,28 +230,28 @@ impl Reconciler {
                     .filter(|p| newly_failed.contains(*p))
                     .and_then(|p| self.push_failures.get(p))
             });
-            let shared_tunnel = ours.iter().find_map(|parent| {
-                parent
-                    .condition(ConditionType::TunnelShared)
-                    .map(|c| c.message.clone())
-            });
             let told_key = route_key.to_string();
             routes_seen.insert(told_key.clone());
-            match shared_tunnel {
-                Some(message) if self.tunnel_shared_told.get(&told_key) != Some(&message) => {
-                    self.publish(
-                        &regarding,
-                        EventType::Warning,
-                        "TunnelShared",
-                        "Route",
-                        &message,
-                    )
-                    .await;
-                    self.tunnel_shared_told.insert(told_key.clone(), message);
-                }
-                Some(_) => {}
-                None => {
-                    self.tunnel_shared_told.remove(&told_key);
+            // Conditions that warn the route's owner: an Event when one appears or its message
+            // changes.
+            for (kind, reason) in [
+                (ConditionType::TunnelShared, "TunnelShared"),
+                (ConditionType::RouteShadowed, "RouteShadowed"),
+            ] {
+                let message = ours
+                    .iter()
+                    .find_map(|parent| parent.condition(kind).map(|c| c.message.clone()));
+                let key = (told_key.clone(), reason);
+                match message {
+                    Some(message) if self.condition_told.get(&key) != Some(&message) => {
+                        self.publish(&regarding, EventType::Warning, reason, "Route", &message)
+                            .await;
+                        self.condition_told.insert(key, message);
+                    }
+                    Some(_) => {}
+                    None => {
+                        self.condition_told.remove(&key);
+                    }
                 }
             }
             let refused = self.refused_rules.get(&route_key).map(|r| r.join("; "));
@@ -295,8 +295,8 @@ impl Reconciler {
                 }
             }
         }
-        self.tunnel_shared_told
-            .retain(|route, _| routes_seen.contains(route));
+        self.condition_told
+            .retain(|(route, _), _| routes_seen.contains(route));
         self.refused_told
             .retain(|route, _| routes_seen.contains(route));
     }

@@ -548,6 +548,29 @@ impl Stores {
         }
     }
 
+    /// How many objects each cache holds, by kind (for `/metrics`).
+    pub fn counts(&self) -> [(&'static str, usize); 14] {
+        [
+            ("GatewayClass", self.gateway_classes.state().len()),
+            ("Gateway", self.gateways.state().len()),
+            ("HTTPRoute", self.http_routes.state().len()),
+            ("GRPCRoute", self.grpc_routes.state().len()),
+            ("ReferenceGrant", self.reference_grants.state().len()),
+            ("Namespace", self.namespaces.state().len()),
+            ("Service", self.services.state().len()),
+            ("EndpointSlice", self.endpoint_slices.state().len()),
+            ("GatewayConfig", self.gateway_configs.state().len()),
+            ("Secret", self.secrets.state().len()),
+            ("Deployment", self.deployments.state().len()),
+            ("NetworkPolicy", self.network_policies.state().len()),
+            ("HorizontalPodAutoscaler", self.autoscalers.state().len()),
+            (
+                "CustomResourceDefinition",
+                self.gateway_api_crds.state().len(),
+            ),
+        ]
+    }
+
     /// The rendered NetworkPolicies and autoscalers the caches hold now.
     pub fn plane_objects(&self) -> PlaneObjects {
         fn by_key<K: Resource>(objects: Vec<Arc<K>>) -> BTreeMap<(String, String), Arc<K>> {
