@@ -255,7 +255,7 @@ struct RoundResult {
 
 /// A row's state through the run.
 enum RowState {
-    Running(Target),
+    Running(Box<Target>),
     Skipped(String),
     Failed(String),
 }
@@ -330,7 +330,7 @@ pub async fn run(
                         .and_then(|s| s.pid())
                         .map_or(String::new(), |p| format!(" (pid {p})"))
                 ));
-                RowState::Running(target)
+                RowState::Running(Box::new(target))
             }
             Err(e) if e.is_skip() => {
                 progress.line(&format!("{}: skipped: {e}", row.name()));

@@ -81,12 +81,15 @@ fn a_dry_run_prints_the_documented_comparison() {
     );
 }
 
+fn taskset_installed() -> bool {
+    ["/usr/bin/taskset", "/bin/taskset"]
+        .iter()
+        .any(|p| Path::new(p).is_file())
+}
+
 #[test]
 fn a_dry_run_pins_wrk_and_the_proxies_and_adds_the_tunnel_rows_on_request() {
-    let taskset = ["/usr/bin/taskset", "/bin/taskset"]
-        .iter()
-        .any(|p| Path::new(p).is_file());
-    if !taskset {
+    if !taskset_installed() {
         eprintln!("skipped: taskset is not installed");
         return;
     }
@@ -140,6 +143,9 @@ fn bad_arguments_are_refused_with_the_flag_named() {
         ),
         (&["--server-cpus", "4096"][..], "--server-cpus 4096"),
     ] {
+        if args[0] == "--server-cpus" && !taskset_installed() {
+            continue; // only checked when pinning
+        }
         let out = compare_sh(&[&["--dry-run"][..], args].concat());
         assert!(!out.status.success(), "{args:?} accepted");
         let stderr = text(&out.stderr);

@@ -85,6 +85,16 @@ fn round(rps_requests: u64, p99_us: u64, cpu: Option<f64>) -> Result<RoundResult
     })
 }
 
+fn running() -> RowState {
+    RowState::Running(Box::new(Target {
+        addr: "127.0.0.1:1".parse().expect("addr"),
+        host: String::new(),
+        server: None,
+        helpers: Vec::new(),
+        edge: None,
+    }))
+}
+
 fn step(round: usize, row: Row) -> Step {
     Step {
         round,
@@ -103,15 +113,6 @@ fn each_row_reports_its_median_round_with_every_round_kept() {
         (step(2, Row::Haproxy), Err("wrk exited".to_owned())),
         (step(3, Row::Haproxy), round(32_000, 3200, Some(31.0))),
     ];
-    let running = || {
-        RowState::Running(Target {
-            addr: "127.0.0.1:1".parse().expect("addr"),
-            host: String::new(),
-            server: None,
-            helpers: Vec::new(),
-            edge: None,
-        })
-    };
     let nginx = series(Row::Nginx, &running(), 64, &measured);
     let m = nginx.measured.as_ref().expect("measured");
     assert_eq!(
@@ -144,15 +145,6 @@ fn each_row_reports_its_median_round_with_every_round_kept() {
 
 #[test]
 fn the_table_gives_ratios_against_nginx_and_names_skipped_rows() {
-    let running = || {
-        RowState::Running(Target {
-            addr: "127.0.0.1:1".parse().expect("addr"),
-            host: String::new(),
-            server: None,
-            helpers: Vec::new(),
-            edge: None,
-        })
-    };
     let measured = vec![
         (step(1, Row::CftunnelProxy), round(44_000, 1500, Some(20.0))),
         (step(1, Row::Nginx), round(40_000, 2000, Some(25.0))),
