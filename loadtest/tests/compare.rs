@@ -269,5 +269,17 @@ fn one_short_round_measures_every_installed_row_and_writes_its_report() {
     assert_eq!(group.baseline.as_deref(), Some("nginx"));
     let svg = std::fs::read_to_string(json.with_extension("svg")).expect("a chart beside it");
     assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(80)]);
+    // `chart` draws the same picture again from the file alone.
+    std::fs::remove_file(json.with_extension("svg")).expect("remove the chart");
+    let redraw = Command::new(BIN)
+        .arg("chart")
+        .arg(&json)
+        .output()
+        .expect("runs");
+    assert!(redraw.status.success(), "{}", text(&redraw.stderr));
+    assert_eq!(
+        std::fs::read_to_string(json.with_extension("svg")).expect("drawn again"),
+        svg
+    );
     let _ = std::fs::remove_dir_all(&reports);
 }

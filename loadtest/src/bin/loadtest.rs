@@ -47,6 +47,8 @@ struct Args {
 }
 
 #[derive(Subcommand, Debug)]
+// Parsed once at start; the size of the larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Side by side with wrk: the nginx backend direct and through cftunnel-proxy, nginx
     /// and HAProxy (one worker each, alone on --server-cpus), wrk and the backend on
@@ -54,6 +56,12 @@ enum Command {
     /// behind cftunnel-mock-edge. Rounds rotate the order; each row reports its median
     /// round and its ratios against nginx.
     Compare(CompareArgs),
+    /// Draws a results file's chart again, as an SVG beside it (e.g. after a change to the
+    /// chart, or for a file from another machine).
+    Chart {
+        /// A results JSON written by this binary.
+        results: PathBuf,
+    },
 }
 
 /// Where the results file and the chart go.
@@ -243,8 +251,18 @@ fn main() -> anyhow::Result<()> {
     let Args { command, run } = Args::parse();
     match command {
         Some(Command::Compare(args)) => run_compare(args),
+        Some(Command::Chart { results }) => redraw_chart(&results),
         None => run_harness(run),
     }
+}
+
+fn redraw_chart(path: &Path) -> anyhow::Result<()> {
+    let results = Results::read(path)?;
+    let svg = path.with_extension("svg");
+    let text = harness::chart::render_svg(&results).context("drawing the chart")?;
+    std::fs::write(&svg, text).with_context(|| format!("writing {}", svg.display()))?;
+    eprintln!("chart: {}", svg.display());
+    Ok(())
 }
 
 /// The command line as typed, for the results file.
