@@ -22,6 +22,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 /// The Cloudflare API's base URL.
@@ -171,6 +172,7 @@ impl TunnelApi {
             .call(
                 "tunnel_token",
                 hyper::Method::GET,
+                "/accounts/{account_id}/cfd_tunnel/{tunnel_id}/token",
                 &uri,
                 target,
                 Bytes::new(),
@@ -202,6 +204,7 @@ impl TunnelApi {
             .call(
                 "put_configuration",
                 hyper::Method::PUT,
+                "/accounts/{account_id}/cfd_tunnel/{tunnel_id}/configurations",
                 &uri,
                 target,
                 Bytes::from(body),
@@ -210,14 +213,48 @@ impl TunnelApi {
         Ok(envelope["result"]["version"].as_i64().unwrap_or(0))
     }
 
-    /// One API call; the envelope of a successful answer, else the API's errors.
+    /// One API call (`route`: its path with the ids left as names), traced as a client span;
+    /// the envelope of a successful answer, else the API's errors.
     async fn call(
+        &self,
+        name: &'static str,
+        method: hyper::Method,
+        route: &'static str,
+        uri: &str,
+        target: &TunnelTarget,
+        body: Bytes,
+    ) -> Result<Value, String> {
+        let span = tracing::info_span!(
+            "cloudflare.api",
+            otel.name = %format_args!("{method} {route}"),
+            otel.kind = "client",
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+            http.request.method = %method,
+            url.full = uri,
+            url.template = route,
+            cloudflare.tunnel_id = %target.tunnel,
+            http.response.status_code = tracing::field::Empty,
+        );
+        let result = self
+            .exchange(name, method, uri, target, body, &span)
+            .instrument(span.clone())
+            .await;
+        if let Err(reason) = &result {
+            span.record("otel.status_code", "error");
+            span.record("otel.status_description", reason.as_str());
+        }
+        result
+    }
+
+    async fn exchange(
         &self,
         name: &'static str,
         method: hyper::Method,
         uri: &str,
         target: &TunnelTarget,
         body: Bytes,
+        span: &tracing::Span,
     ) -> Result<Value, String> {
         let token_key = digest::digest(&digest::SHA256, target.api_token.as_bytes())
             .as_ref()
@@ -253,6 +290,7 @@ impl TunnelApi {
                 .await
                 .map_err(|e| format!("{method} {uri}: {e}"))?;
             let status = res.status();
+            span.record("http.response.status_code", i64::from(status.as_u16()));
             if status == hyper::StatusCode::TOO_MANY_REQUESTS {
                 let wait = res
                     .headers()

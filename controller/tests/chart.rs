@@ -28,6 +28,8 @@ mod rendering;
 mod text;
 #[path = "chart/tools.rs"]
 mod tools;
+#[path = "chart/tracing.rs"]
+mod tracing;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

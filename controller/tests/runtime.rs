@@ -3505,6 +3505,124 @@ async fn an_unchanged_plane_costs_no_api_calls_per_round() {
     .expect("in time");
 }
 
+/// Our entry for Gateway tenant-a/edge in the ancestors of BackendTLSPolicy `name`.
+fn policy_ancestor(api: &ApiServer, name: &str) -> Option<Value> {
+    let policy = api.get(
+        "gateway.networking.k8s.io/v1",
+        "BackendTLSPolicy",
+        "tenant-a",
+        name,
+    )?;
+    policy
+        .pointer("/status/ancestors")?
+        .as_array()?
+        .iter()
+        .find(|a| a["controllerName"] == CONTROLLER)
+        .cloned()
+}
+
+fn backend_tls_policy(name: &str, service: &str) -> Value {
+    yaml(&format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: BackendTLSPolicy\nmetadata: {{name: {name}, namespace: tenant-a}}\nspec:\n  targetRefs: [{{group: \"\", kind: Service, name: {service}}}]\n  validation: {{caCertificateRefs: [{{group: \"\", kind: ConfigMap, name: web-ca}}], hostname: web.tenant-a.internal}}\n"
+    ))
+}
+
+/// A BackendTLSPolicy on the Service the tenant's route uses gets the Gateway as its ancestor,
+/// with conditions that follow its CA ConfigMap; a second policy on the same Service is
+/// `Conflicted`; another controller's ancestor entry stays; and when the route no longer uses
+/// the Service, our entry goes.
+#[tokio::test]
+async fn a_backend_tls_policy_gets_its_gateway_as_ancestor() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let ca = cftunnel_testkit::pki::TestPki::for_names(&["web"]).expect("pki");
+        let t = Tenant::start_with("replicas: 1", |api| {
+            let mut first = backend_tls_policy("a-first", "web");
+            first["status"] = json!({"ancestors": [{
+                "ancestorRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": "tenant-a", "name": "edge"},
+                "controllerName": "example.com/other",
+                "conditions": [],
+            }]});
+            api.put(first);
+        })
+        .await;
+        let state = |name: &str| {
+            let ancestor = policy_ancestor(&t.api, name)?;
+            let accepted = condition(&ancestor["conditions"], "Accepted")?;
+            let resolved = condition(&ancestor["conditions"], "ResolvedRefs")?;
+            Some((
+                ancestor["ancestorRef"]["name"].as_str()?.to_owned(),
+                accepted["reason"].as_str()?.to_owned(),
+                resolved["reason"].as_str()?.to_owned(),
+            ))
+        };
+        let triple = |a: &str, b: &str, c: &str| (a.to_owned(), b.to_owned(), c.to_owned());
+
+        // The CA ConfigMap is missing: the policy cannot be used.
+        let got = eventually("the policy's ancestor", || {
+            state("a-first").filter(|s| s.1 == "NoValidCACertificate")
+        })
+        .await;
+        assert_eq!(
+            got,
+            triple("edge", "NoValidCACertificate", "InvalidCACertificateRef")
+        );
+        let message = policy_ancestor(&t.api, "a-first")
+            .and_then(|a| condition(&a["conditions"], "ResolvedRefs").cloned())
+            .map(|c| c["message"].clone());
+        assert_eq!(
+            message,
+            Some(json!(
+                "spec.validation.caCertificateRefs[0]: ConfigMap tenant-a/web-ca not found"
+            ))
+        );
+
+        let ca_pem: String = ca.ca_pem().lines().map(|l| format!("    {l}\n")).collect();
+        t.api.put(yaml(&format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: web-ca, namespace: tenant-a}}\ndata:\n  ca.crt: |\n{ca_pem}"
+        )));
+        t.api.put(backend_tls_policy("b-second", "web"));
+        eventually("accepted once the ConfigMap exists", || {
+            state("a-first").filter(|s| *s == triple("edge", "Accepted", "ResolvedRefs"))
+        })
+        .await;
+        eventually("the second policy conflicted", || {
+            state("b-second").filter(|s| s.1 == "Conflicted")
+        })
+        .await;
+        let policy = t
+            .api
+            .get(
+                "gateway.networking.k8s.io/v1",
+                "BackendTLSPolicy",
+                "tenant-a",
+                "a-first",
+            )
+            .expect("policy");
+        let controllers: Vec<&str> = policy
+            .pointer("/status/ancestors")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a["controllerName"].as_str())
+            .collect();
+        assert_eq!(controllers, ["example.com/other", CONTROLLER]);
+
+        // The route moves to another Service: the policies apply to no Gateway of ours.
+        t.api.put(yaml(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: shop, namespace: tenant-a}\nspec:\n  parentRefs: [{name: edge}]\n  rules: [{backendRefs: [{name: elsewhere, port: 80}]}]\n",
+        ));
+        eventually("our ancestor entries removed", || {
+            (policy_ancestor(&t.api, "a-first").is_none()
+                && policy_ancestor(&t.api, "b-second").is_none())
+            .then_some(())
+        })
+        .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// A route that repeats an older route's match on the same host is accepted but never serves
 /// it: it says so (`cf.k8s.lex.la/RouteShadowed`) and a Warning Event tells its owner, once.
 #[tokio::test]

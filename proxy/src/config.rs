@@ -26,6 +26,8 @@ pub struct Cache {
     pub(crate) checked: valid::Cache,
     /// Bound on HTTP/1.1 connections open at once to each new backend client.
     pub(crate) max_connections: usize,
+    /// The keys of each Cloudflare Access team the table names, kept across pushes.
+    pub(crate) access: crate::access::Teams,
 }
 
 impl Default for Cache {
@@ -42,7 +44,14 @@ impl Cache {
             upstreams: HashMap::new(),
             checked: valid::Cache::default(),
             max_connections,
+            access: crate::access::Teams::default(),
         }
+    }
+
+    /// The same cache, fetching Cloudflare Access keys as `settings` say.
+    pub fn with_access(mut self, settings: crate::access::AccessSettings) -> Self {
+        self.access = crate::access::Teams::new(settings);
+        self
     }
 }
 
@@ -120,6 +129,7 @@ impl Reloader {
         .map_err(|_| ConfigError::Internal("compiler task failed"))?;
         let (compiled, cache) = result;
         state.cache = cache;
+        state.cache.access.start();
         match compiled {
             Ok(routes) => {
                 let version = routes.version();

@@ -694,9 +694,14 @@ fn app_protocol_dns_fallback_and_external_name_shape_the_backend() {
         rules[3].backends,
         vec![Backend {
             public_only: true,
-            ..backend("http://api.example.net.:443", 1)
+            tls: Some(cftunnel_config::BackendTls {
+                server_name: Some("api.example.net".to_owned()),
+                ..cftunnel_config::BackendTls::default()
+            }),
+            ..backend("https://api.example.net.:443", 1)
         }],
-        "an ExternalName outside the cluster is dialled as an absolute name, at public addresses"
+        "an ExternalName outside the cluster is dialled as an absolute name, at public \
+         addresses, over TLS on port 443, checked for its name against the web roots"
     );
     assert_eq!(
         rules[4].backends,
@@ -3614,3 +3619,6 @@ fn a_route_whose_matches_an_older_route_takes_is_told_it_is_shadowed() {
         (true, Reason::Accepted)
     );
 }
+
+mod access;
+mod backend_tls;

@@ -37,6 +37,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
+use tracing::Instrument as _;
 
 use crate::cloudflare::{self, TunnelApi, TunnelSync, TunnelTarget};
 use crate::gateway_config::DEFAULT_API_TOKEN_KEY;
@@ -77,6 +78,11 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     ),
     (
         "gateway.networking.k8s.io",
+        "backendtlspolicies",
+        &["list", "watch"],
+    ),
+    (
+        "gateway.networking.k8s.io",
         "gatewayclasses/status",
         &["patch"],
     ),
@@ -91,8 +97,14 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     ),
     ("gateway.networking.k8s.io", "httproutes/status", &["patch"]),
     ("gateway.networking.k8s.io", "grpcroutes/status", &["patch"]),
+    (
+        "gateway.networking.k8s.io",
+        "backendtlspolicies/status",
+        &["patch"],
+    ),
     ("cf.k8s.lex.la", "gatewayconfigs", &["list", "watch"]),
     ("cf.k8s.lex.la", "gatewayconfigs/status", &["patch"]),
+    ("cf.k8s.lex.la", "accesspolicies", &["list", "watch"]),
     // Their metadata: the bundle version of Gateway API's (GatewayClass `SupportedVersion`).
     (
         "apiextensions.k8s.io",
@@ -100,6 +112,8 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
         &["list", "watch"],
     ),
     ("", "namespaces", &["list", "watch"]),
+    // The CA certificates BackendTLSPolicies name.
+    ("", "configmaps", &["list", "watch"]),
     (
         "",
         "services",
@@ -548,7 +562,7 @@ impl Reconciler {
             let uid = snapshot
                 .gateways
                 .iter()
-                .find(|g| object_key(g).as_ref() == Some(key))
+                .find(|g| object_key(*g).as_ref() == Some(key))
                 .and_then(|g| g.metadata.uid.as_deref());
             let Some(last) = self
                 .last_good
@@ -609,16 +623,25 @@ impl Reconciler {
                 })
             })
             .collect();
-        // Tunnel documents and pushes at once: a slow Cloudflare call holds up no push.
-        let (tunnel_failures, outcomes) = tokio::join!(
-            sync_tunnels(
-                self.tunnel_api.as_ref(),
-                &mut self.tunnel_sync,
-                &output,
-                &planes
-            ),
-            self.pusher.sync_all(rounds),
+        // Tunnel documents and pushes at once: a slow Cloudflare call holds up no push. One
+        // span holds them, so a round's Cloudflare calls and pushes are one trace.
+        let span = tracing::info_span!(
+            "config.sync",
+            cftunnel.planes = i64::try_from(rounds.len()).unwrap_or(i64::MAX)
         );
+        let (tunnel_failures, outcomes) = async {
+            tokio::join!(
+                sync_tunnels(
+                    self.tunnel_api.as_ref(),
+                    &mut self.tunnel_sync,
+                    &output,
+                    &planes
+                ),
+                self.pusher.sync_all(rounds),
+            )
+        }
+        .instrument(span)
+        .await;
         self.tunnel_failures = tunnel_failures;
         // What every pod of a plane now holds is what it serves if its configuration breaks.
         for (plane, outcome) in &outcomes {
@@ -634,7 +657,7 @@ impl Reconciler {
                 snapshot
                     .gateways
                     .iter()
-                    .find(|g| object_key(g).as_ref() == Some(key)),
+                    .find(|g| object_key(*g).as_ref() == Some(key)),
             ) else {
                 continue;
             };
@@ -1168,11 +1191,9 @@ fn from_endpoint_controller(slice: &k8s_openapi::api::discovery::v1::EndpointSli
         .is_some_and(|m| m == "endpointslice-controller.k8s.io")
 }
 
-fn object_key(gw: &Gateway) -> Option<ObjectKey> {
-    Some(ObjectKey::new(
-        gw.metadata.namespace.clone()?,
-        gw.metadata.name.clone()?,
-    ))
+fn object_key<K: kube::Resource>(object: &K) -> Option<ObjectKey> {
+    let meta = object.meta();
+    Some(ObjectKey::new(meta.namespace.clone()?, meta.name.clone()?))
 }
 
 /// A Secret key's text, trimmed as the proxy trims tokens.

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use gateway_api::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::experimental::gatewayclasses::GatewayClass;
 use gateway_api::experimental::gateways::Gateway;
 use gateway_api::experimental::grpcroutes::GrpcRoute;
@@ -133,6 +134,8 @@ impl Reconciler {
         }
 
         self.write_gateway_config_statuses(snapshot, output, &now)
+            .await;
+        self.write_backend_tls_policy_statuses(snapshot, output, &now)
             .await;
 
         let route_objects = snapshot
@@ -354,6 +357,56 @@ impl Reconciler {
                 api,
                 name,
                 config.resource_version(),
+                existing.as_ref(),
+                desired,
+            )
+            .await;
+        }
+    }
+
+    /// Writes each BackendTLSPolicy's ancestors: ours (one per Gateway of the controller whose
+    /// routes use a port the policy targets), beside other controllers' entries. A policy that
+    /// applies to none of our Gateways loses the entries we wrote before, and is not written
+    /// when it has none.
+    async fn write_backend_tls_policy_statuses(
+        &self,
+        snapshot: &Snapshot,
+        output: &translate::Output,
+        now: &str,
+    ) {
+        let controller = &self.options.translate.controller_name;
+        for policy in &snapshot.backend_tls_policies {
+            let Some(key) = object_key(policy) else {
+                continue;
+            };
+            let ours = output
+                .statuses
+                .backend_tls_policies
+                .get(&key)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let existing = policy
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok());
+            let had_ours = existing
+                .as_ref()
+                .and_then(|s| s.get("ancestors"))
+                .and_then(Value::as_array)
+                .is_some_and(|a| {
+                    a.iter().any(|a| {
+                        a.get("controllerName").and_then(Value::as_str) == Some(controller.as_str())
+                    })
+                });
+            if ours.is_empty() && !had_ours {
+                continue;
+            }
+            let desired = status::policy(ours, controller, existing.as_ref(), now);
+            let api: Api<BackendTlsPolicy> = Api::namespaced(self.client.clone(), &key.namespace);
+            Self::patch_status(
+                api,
+                &key.name,
+                policy.resource_version(),
                 existing.as_ref(),
                 desired,
             )

@@ -41,6 +41,7 @@ fn build(
         old: &cache.upstreams,
         used: &mut used,
     };
+    let mut teams = HashMap::new();
     let mut builder = TableBuilder::default();
     for (index, rule) in config.rules.iter().enumerate() {
         let refused = |invalid| {
@@ -63,7 +64,13 @@ fn build(
                     .map_err(|(field, e)| refused(valid::Invalid::new(field, e.to_string())))?,
             );
         }
+        let access = checked
+            .access
+            .map(|a| cache.access.check(a, &mut teams))
+            .transpose()
+            .map_err(|e| refused(valid::Invalid::new("access.teamName", e)))?;
         let compiled = Rule {
+            access,
             name: checked.name,
             filters: filters(checked.filters, &mut upstreams)
                 .map_err(built("filters".to_owned()))?,
@@ -87,6 +94,7 @@ fn build(
         }
     }
     cache.upstreams = used;
+    cache.access.replace(teams);
     Ok(Routes::new(
         table,
         host_labels,
