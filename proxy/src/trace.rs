@@ -11,18 +11,19 @@
 //! Off, there is no [`RequestTracer`]: the handler's one check is whether it has one, and
 //! nothing below it does tracing work; every function here takes an `Option` the caller
 //! already holds as `None`. On, a request whose trace is not sampled still costs the context
-//! extraction, two ids and the injected header, but no span data and no export.
+//! extraction, the server span's ids and the injected header, but no client span, no span data
+//! and no export: its backend requests carry the server span as their parent, which nothing
+//! records either.
 
 use crate::conn::ConnInfo;
 use crate::forward::Upstream;
 use http::{HeaderMap, HeaderValue, Method, Version};
 use opentelemetry::propagation::TextMapPropagator as _;
 use opentelemetry::trace::{Span as _, SpanContext, SpanKind, Status, TraceContextExt as _};
-use opentelemetry::trace::{SpanId, TraceId, Tracer as _};
+use opentelemetry::trace::{SpanId, TraceId, TraceState, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SdkTracer, Span};
-use std::io::Write as _;
 
 /// Parsed once: a `&str` key is re-validated as a header name on every lookup.
 static TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
@@ -79,7 +80,12 @@ impl RequestTracer {
                 }
             }
         }
-        let children = Context::new().with_remote_span_context(server.span_context().clone());
+        // Client spans only for a trace that is recorded: an unsampled one's backend requests
+        // name the server span as their parent.
+        let children = server
+            .span_context()
+            .is_sampled()
+            .then(|| Context::new().with_remote_span_context(server.span_context().clone()));
         Box::new(RequestTrace {
             tracer: self.tracer.clone(),
             server,
@@ -96,8 +102,9 @@ impl RequestTracer {
 pub(crate) struct RequestTrace {
     tracer: SdkTracer,
     server: Span,
-    /// Where client spans are started: under the server span.
-    children: Context,
+    /// Where client spans are started, under the server span; `None`: the trace is not
+    /// sampled, and tries get no span of their own.
+    children: Option<Context>,
     answering: Option<Span>,
     /// Why the proxy answered itself (`error.type`), when it did.
     failure: Option<&'static str>,
@@ -144,7 +151,7 @@ impl RequestTrace {
         resend: u32,
     ) -> TrySpan {
         let mut span = self.client_span(req, upstream);
-        if resend > 0 && span.is_recording() {
+        if let Some(span) = span.as_mut().filter(|_| resend > 0) {
             span.set_attribute(KeyValue::new(
                 "http.request.resend_count",
                 i64::from(resend),
@@ -161,23 +168,29 @@ impl RequestTrace {
         upstream: &Upstream,
     ) -> TrySpan {
         let mut span = self.client_span(req, upstream);
-        if span.is_recording() {
+        if let Some(span) = span.as_mut() {
             span.set_attribute(KeyValue::new("cftunnel.mirror", true));
         }
         TrySpan(span)
     }
 
+    /// The client span of a backend request, when the trace is recorded; the request carries
+    /// its `traceparent` (else the server span's).
     fn client_span(
         &self,
         req: &mut http::Request<crate::body::ProxyBody>,
         upstream: &Upstream,
-    ) -> Span {
+    ) -> Option<Span> {
+        let Some(children) = &self.children else {
+            inject(self.server.span_context(), req.headers_mut());
+            return None;
+        };
         let (name, method) = method_attributes(req.method());
         let mut span = self
             .tracer
             .span_builder(name)
             .with_kind(SpanKind::Client)
-            .start_with_context(&self.tracer, &self.children);
+            .start_with_context(&self.tracer, children);
         if span.is_recording() {
             let backend = upstream.name();
             let path = req.uri().path();
@@ -193,12 +206,12 @@ impl RequestTrace {
             ]);
         }
         inject(span.span_context(), req.headers_mut());
-        span
+        Some(span)
     }
 
     /// Keeps the answering try's span, to end with the response.
     pub(crate) fn answered_by(&mut self, span: TrySpan) {
-        self.answering = Some(span.0);
+        self.answering = span.0;
     }
 
     /// Ends the request's spans: its response ended (`aborted`: before its last byte) with
@@ -235,37 +248,41 @@ impl RequestTrace {
     }
 }
 
-/// A try's (or a mirror copy's) client span, ended by what became of it.
+/// A try's (or a mirror copy's) client span, ended by what became of it; empty when the
+/// trace is not sampled.
 #[derive(Debug)]
-pub(crate) struct TrySpan(Span);
+pub(crate) struct TrySpan(Option<Span>);
 
 impl TrySpan {
     /// The backend answered with `status`; the span goes on until the response ends.
     pub(crate) fn answered(&mut self, status: u16) {
-        if self.0.is_recording() {
-            self.0.set_attribute(KeyValue::new(
+        if let Some(span) = self.0.as_mut().filter(|s| s.is_recording()) {
+            span.set_attribute(KeyValue::new(
                 "http.response.status_code",
                 i64::from(status),
             ));
             if status >= 400 {
-                self.0
-                    .set_attribute(KeyValue::new("error.type", status_text(status)));
-                self.0.set_status(Status::error(""));
+                span.set_attribute(KeyValue::new("error.type", status_text(status)));
+                span.set_status(Status::error(""));
             }
         }
     }
 
     /// The try got no answer: `reason` is the error's label (`dial`, `timeout`, ...).
-    pub(crate) fn failed(mut self, reason: &'static str) {
-        if self.0.is_recording() {
-            self.0.set_attribute(KeyValue::new("error.type", reason));
-            self.0.set_status(Status::error(reason));
+    pub(crate) fn failed(self, reason: &'static str) {
+        if let Some(mut span) = self.0 {
+            if span.is_recording() {
+                span.set_attribute(KeyValue::new("error.type", reason));
+                span.set_status(Status::error(reason));
+            }
+            span.end();
         }
-        self.0.end();
     }
 
-    pub(crate) fn end(mut self) {
-        self.0.end();
+    pub(crate) fn end(self) {
+        if let Some(mut span) = self.0 {
+            span.end();
+        }
     }
 }
 
@@ -275,30 +292,36 @@ fn inject(sc: &SpanContext, headers: &mut HeaderMap) {
     if !sc.is_valid() {
         return;
     }
-    let mut buf = [0u8; 55];
-    let mut w = &mut buf[..];
-    if write!(
-        w,
-        "00-{}-{}-{:02x}",
-        sc.trace_id(),
-        sc.span_id(),
-        sc.trace_flags().to_u8() & 1
-    )
-    .is_err()
-    {
-        return;
-    }
+    // `00-{trace id}-{span id}-{flags}`, written by hand: `core::fmt` would cost more than
+    // the rest of an unsampled request's tracing.
+    let mut buf = *b"00-00000000000000000000000000000000-0000000000000000-00";
+    hex_into(&mut buf[3..35], &sc.trace_id().to_bytes());
+    hex_into(&mut buf[36..52], &sc.span_id().to_bytes());
+    hex_into(&mut buf[53..55], &[sc.trace_flags().to_u8() & 1]);
     if let Ok(v) = HeaderValue::from_bytes(&buf) {
         headers.insert(&TRACEPARENT, v);
     }
-    let state = sc.trace_state().header();
-    match HeaderValue::try_from(state) {
+    let state = sc.trace_state();
+    if *state == TraceState::NONE {
+        headers.remove(&TRACESTATE);
+        return;
+    }
+    match HeaderValue::try_from(state.header()) {
         Ok(v) if !v.is_empty() => {
             headers.insert(&TRACESTATE, v);
         }
         _ => {
             headers.remove(&TRACESTATE);
         }
+    }
+}
+
+/// Lower-case hex of `bytes` into `out`, two digits a byte.
+fn hex_into(out: &mut [u8], bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0xf)];
     }
 }
 
@@ -354,7 +377,7 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &http::HeaderName) -> Option<&'a
 #[cfg(test)]
 mod tests {
     use super::*;
-    use opentelemetry::trace::{TraceFlags, TraceState};
+    use opentelemetry::trace::TraceFlags;
 
     #[test]
     fn the_injected_traceparent_names_the_span_and_its_sampling() {
