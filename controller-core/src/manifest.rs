@@ -7,7 +7,10 @@ use serde::Deserialize;
 use serde_yaml_ng::Value;
 
 use crate::access_policy::ACCESS_POLICY_KIND;
-use crate::snapshot::{Snapshot, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND};
+use crate::snapshot::{
+    Snapshot, EXPERIMENTAL_GATEWAY_API_GROUP, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP,
+    GATEWAY_CONFIG_KIND,
+};
 
 /// Why a manifest could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +141,16 @@ fn add_value(
         (_, "ReferenceGrant") if gw => {
             snapshot
                 .reference_grants
+                .push(object(value, source_name, document, &kind, &name)?)
+        }
+        (_, "ListenerSet") if gw => {
+            snapshot
+                .listener_sets
+                .push(object(value, source_name, document, &kind, &name)?)
+        }
+        (EXPERIMENTAL_GATEWAY_API_GROUP, "XListenerSet") => {
+            snapshot
+                .listener_sets
                 .push(object(value, source_name, document, &kind, &name)?)
         }
         ("", "Namespace") => {

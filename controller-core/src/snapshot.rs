@@ -10,6 +10,7 @@ use gateway_api::experimental::gatewayclasses::GatewayClass;
 use gateway_api::experimental::gateways::Gateway;
 use gateway_api::experimental::grpcroutes::GrpcRoute;
 use gateway_api::experimental::httproutes::HttpRoute;
+use gateway_api::experimental::listenersets::ListenerSet;
 use gateway_api::experimental::referencegrants::ReferenceGrant;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -25,6 +26,9 @@ pub const GATEWAY_API_GROUP: &str = "gateway.networking.k8s.io";
 pub const GATEWAY_CONFIG_GROUP: &str = "cf.k8s.lex.la";
 /// The kind a Gateway's `infrastructure.parametersRef` names to get a dedicated data plane.
 pub const GATEWAY_CONFIG_KIND: &str = "GatewayConfig";
+/// The API group of the experimental `XListenerSet`, the `ListenerSet` of Gateway API CRDs
+/// before v1.5.
+pub const EXPERIMENTAL_GATEWAY_API_GROUP: &str = "gateway.networking.x-k8s.io";
 
 /// Everything the core reads: the objects as the API server returns them.
 #[derive(Debug, Clone, Default)]
@@ -34,6 +38,9 @@ pub struct Snapshot {
     pub http_routes: Vec<HttpRoute>,
     pub grpc_routes: Vec<GrpcRoute>,
     pub reference_grants: Vec<ReferenceGrant>,
+    /// Listeners attached to Gateways from outside them (`ListenerSet`, or the experimental
+    /// `XListenerSet` read as one: see [`crate::translate`]'s listener sets).
+    pub listener_sets: Vec<ListenerSet>,
     /// TLS from the data plane to the Service ports they target (see
     /// [`crate::translate`]'s backend TLS).
     pub backend_tls_policies: Vec<BackendTlsPolicy>,

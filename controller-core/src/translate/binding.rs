@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 
 use super::gateway::{selector_matches, AllowedNamespaces, OwnedGateway, OwnedListener};
 use super::hostname::{covered, intersect, Hosts};
+use super::listener_set::ListenerSets;
 use super::ownership;
 use super::route::{ParentRefView, RouteView};
 use super::rule::TranslatedRoute;
 use super::scheme::SchemeListeners;
-use super::status::{Condition, ConditionType, ParentRef, Reason, RouteParentStatus};
+use super::status::{Condition, ConditionType, ParentKind, ParentRef, Reason, RouteParentStatus};
 use super::{Attachment, Index, ObjectKey, PlaneKey, RouteKey, RouteKind, GATEWAY_API_GROUP};
 
 /// One listener a parentRef attaches a route to.
@@ -55,6 +56,11 @@ pub(super) struct Accepted {
 }
 
 impl ParentBinding {
+    /// The Gateway of the parent: the one named, or the ListenerSet's.
+    pub(super) fn gateway(&self) -> &ObjectKey {
+        &self.gateway
+    }
+
     /// Leaves out the listeners where a route of the other kind with intersecting hostnames
     /// is already accepted; with none left, the route is refused on this parent. Routes are
     /// bound in precedence order (oldest, then `{namespace}/{name}`), so the route holding a
@@ -200,30 +206,43 @@ impl ListenerClaims {
 pub(super) fn bind(
     route: &RouteView<'_>,
     gateways: &BTreeMap<ObjectKey, OwnedGateway<'_>>,
+    listener_sets: &ListenerSets,
     scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners>,
     index: &Index<'_>,
     hostname_ownership: bool,
 ) -> Vec<ParentBinding> {
     let mut parents = Vec::new();
     for p in &route.parent_refs {
-        if p.group.unwrap_or(GATEWAY_API_GROUP) != GATEWAY_API_GROUP
-            || p.kind.unwrap_or("Gateway") != "Gateway"
-        {
+        if p.group.unwrap_or(GATEWAY_API_GROUP) != GATEWAY_API_GROUP {
             continue;
         }
         let key = ObjectKey::new(p.namespace.unwrap_or(route.namespace), p.name);
-        let Some(gw) = gateways.get(&key) else {
-            continue;
+        // The Gateway, and for a ListenerSet which one's listeners, or why it has none.
+        let (kind, gateway_key, set) = match p.kind.unwrap_or("Gateway") {
+            "Gateway" => (ParentKind::Gateway, key.clone(), Ok(None)),
+            "ListenerSet" => match listener_sets.gateway_of(&key) {
+                None => continue,
+                Some(Ok(gateway)) => (ParentKind::ListenerSet, gateway.clone(), Ok(Some(&key))),
+                Some(Err(why)) => (ParentKind::ListenerSet, key.clone(), Err(why)),
+            },
+            _ => continue,
         };
+        let gw = gateways.get(&gateway_key);
+        if gw.is_none() && set.is_ok() {
+            continue;
+        }
         let parent_ref = ParentRef {
+            kind,
             namespace: key.namespace.clone(),
             name: key.name.clone(),
             section_name: p.section_name.map(str::to_owned),
             port: p.port,
         };
-        let outcome = match &route.invalid_hostnames {
-            Some(problem) => Err((Reason::UnsupportedValue, problem.clone())),
-            None => attach(route, p, gw, scheme_listeners, index),
+        let outcome = match (&route.invalid_hostnames, set, gw) {
+            (Some(problem), _, _) => Err((Reason::UnsupportedValue, problem.clone())),
+            (None, Err(why), _) => Err((Reason::NoMatchingParent, why)),
+            (None, Ok(set), Some(gw)) => attach(route, p, gw, set, scheme_listeners, index),
+            (None, Ok(_), None) => continue,
         };
         let outcome = outcome.and_then(|(plane, attached)| {
             if hostname_ownership {
@@ -244,17 +263,20 @@ pub(super) fn bind(
         });
         parents.push(ParentBinding {
             parent_ref,
-            gateway: key,
+            gateway: gateway_key,
             outcome,
         });
     }
     parents
 }
 
+/// Attaches a route to the listeners of `gw` a parentRef selects: the Gateway's own, or with
+/// `set` those of that ListenerSet.
 fn attach(
     route: &RouteView<'_>,
     p: &ParentRefView<'_>,
     gw: &OwnedGateway<'_>,
+    set: Option<&ObjectKey>,
     scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners>,
     index: &Index<'_>,
 ) -> Result<(PlaneKey, Vec<ListenerAttachment>), (Reason, String)> {
@@ -262,6 +284,7 @@ fn attach(
         .listeners
         .iter()
         .enumerate()
+        .filter(|(_, l)| l.set.as_ref().map(|e| &e.set) == set)
         .filter(|(_, l)| p.section_name.is_none_or(|s| s == l.name))
         .filter(|(_, l)| p.port.is_none_or(|port| port == l.port))
         .collect();
@@ -275,7 +298,9 @@ fn attach(
         .into_iter()
         .filter(|(_, l)| l.kinds.contains(&route.kind))
         .filter(|(_, l)| {
-            namespace_allowed(&l.namespaces, &gw.key.namespace, route.namespace, index)
+            // `Same` is the namespace of the object the listener is written in.
+            let home = l.set.as_ref().map_or(&gw.key, |e| &e.set);
+            namespace_allowed(&l.namespaces, &home.namespace, route.namespace, index)
         })
         .collect();
     if allowed.is_empty() {

@@ -16,6 +16,7 @@ use crate::render::Plans;
 
 use super::bundle_version;
 use super::client_certificate;
+use super::listener_set;
 use super::status::{Condition, ConditionType, GatewayStatus, ListenerStatus, Reason};
 use super::{
     Index, ObjectKey, Options, PlaneKey, Precedence, RouteKind, Snapshot, TunnelIdentity,
@@ -77,6 +78,8 @@ pub(super) enum AllowedNamespaces<'a> {
 pub(super) struct OwnedListener<'a> {
     pub(super) name: &'a str,
     pub(super) port: i32,
+    /// As written (`HTTP`, `HTTPS`, or one we do not serve).
+    pub(super) protocol: &'a str,
     /// `port` is the well-known port of the listener's protocol (HTTP 80, HTTPS 443).
     pub(super) well_known_port: bool,
     /// The scheme the listener's clients use: `https` for an HTTPS listener, else `http`.
@@ -88,21 +91,36 @@ pub(super) struct OwnedListener<'a> {
     pub(super) kinds: BTreeSet<RouteKind>,
     pub(super) namespaces: AllowedNamespaces<'a>,
     pub(super) attached_routes: i32,
+    /// The ListenerSet the listener comes from; `None` for the Gateway's own.
+    pub(super) set: Option<listener_set::Entry>,
     /// Why the listener conflicts with another one, until it is reported as `Conflicted`.
-    conflict: Option<(Reason, String)>,
-    conditions: Vec<Condition>,
+    pub(super) conflict: Option<(Reason, String)>,
+    pub(super) conditions: Vec<Condition>,
 }
 
 impl OwnedListener<'_> {
     /// Marks the listener conflicted: it serves nothing. The first conflict found is the one
     /// reported.
-    fn conflicts(&mut self, reason: Reason, message: String) {
+    pub(super) fn conflicts(&mut self, reason: Reason, message: String) {
         self.usable = false;
         self.conflict.get_or_insert((reason, message));
     }
 
+    /// The listener's status as computed so far.
+    pub(super) fn status(&self) -> ListenerStatus {
+        ListenerStatus {
+            name: self.name.to_owned(),
+            attached_routes: self.attached_routes,
+            supported_kinds: self.kinds.iter().map(|k| k.as_str().to_owned()).collect(),
+            conditions: self.conditions.clone(),
+        }
+    }
+
     /// Adds the conditions that wait for every conflict to be known: Conflicted, Programmed.
     fn settle(&mut self, generation: Option<i64>) {
+        if self.set.is_some() {
+            return listener_set::settle_entry(self);
+        }
         self.conditions.push(match self.conflict.take() {
             Some((reason, message)) => {
                 Condition::new(ConditionType::Conflicted, true, reason, message, generation)
@@ -155,13 +173,24 @@ impl OwnedGateway<'_> {
     /// Whether the Gateway is accepted, and if not why; final once every listener conflict is
     /// known.
     fn acceptance(&self) -> Result<(), (Reason, String)> {
+        let mut own = self.own_listeners().peekable();
         match &self.refused {
             Some(refused) => Err(refused.clone()),
-            None if !self.listeners.is_empty() && self.listeners.iter().all(|l| !l.usable) => {
+            None if own.peek().is_some() && own.all(|l| !l.usable) => {
                 Err((Reason::ListenersNotValid, "no listener is valid".to_owned()))
             }
             None => Ok(()),
         }
+    }
+
+    /// Whether the Gateway is accepted; final once every listener conflict is known.
+    pub(super) fn accepted(&self) -> bool {
+        self.acceptance().is_ok()
+    }
+
+    /// The Gateway's own listeners, without those of its ListenerSets.
+    fn own_listeners(&self) -> impl Iterator<Item = &OwnedListener<'_>> {
+        self.listeners.iter().filter(|l| l.set.is_none())
     }
 
     /// Settles the status once every listener conflict is known, within the Gateway and, on
@@ -181,8 +210,7 @@ impl OwnedGateway<'_> {
         // Gateway API: ListenersNotValid may come with Accepted=True when the Gateway still
         // serves its valid listeners.
         let invalid: Vec<&str> = self
-            .listeners
-            .iter()
+            .own_listeners()
             .filter(|l| !l.usable)
             .map(|l| l.name)
             .collect();
@@ -261,30 +289,25 @@ impl OwnedGateway<'_> {
             .and_then(|r| r.as_ref().ok())
     }
 
-    pub(super) fn into_status(self) -> GatewayStatus {
-        let listeners = self
-            .listeners
-            .into_iter()
-            .map(|l| ListenerStatus {
-                name: l.name.to_owned(),
-                attached_routes: l.attached_routes,
-                supported_kinds: l.kinds.iter().map(|k| k.as_str().to_owned()).collect(),
-                conditions: l.conditions,
-            })
-            .collect();
+    /// The Gateway's status, with `attached_listener_sets` ListenerSets attached.
+    pub(super) fn into_status(self, attached_listener_sets: i32) -> GatewayStatus {
+        let listeners = self.own_listeners().map(OwnedListener::status).collect();
         GatewayStatus {
             conditions: self.conditions,
             listeners,
+            attached_listener_sets,
         }
     }
 }
 
+/// Our Gateways, each with the listeners of the ListenerSets in `sets` it admits after its own.
 pub(super) fn owned_gateways<'a>(
     snapshot: &'a Snapshot,
     classes: &BTreeMap<String, Option<&GatewayClass>>,
     options: &Options,
     plans: &Plans,
     index: &Index<'_>,
+    sets: &'a listener_set::ListenerSets,
 ) -> BTreeMap<ObjectKey, OwnedGateway<'a>> {
     let mut out = BTreeMap::new();
     for gw in &snapshot.gateways {
@@ -300,6 +323,7 @@ pub(super) fn owned_gateways<'a>(
         let key = ObjectKey::new(ns, name);
         let mut owned = owned_gateway(key.clone(), gw, options, plans);
         owned.client_certificate = client_certificate::resolve(gw, ns, index);
+        sets.extend(&mut owned);
         out.insert(key, owned);
     }
     mark_shared_plane_conflicts(&mut out);
@@ -384,7 +408,7 @@ fn owned_gateway<'a>(
     }
 }
 
-fn listener(l: &GatewayListeners, generation: Option<i64>) -> OwnedListener<'_> {
+pub(super) fn listener(l: &GatewayListeners, generation: Option<i64>) -> OwnedListener<'_> {
     let mut conditions = Vec::new();
     // TLS terminates at the Cloudflare edge: the data plane sees HTTPS listeners as HTTP.
     let supported_protocol = matches!(l.protocol.as_str(), "HTTP" | "HTTPS");
@@ -476,6 +500,7 @@ fn listener(l: &GatewayListeners, generation: Option<i64>) -> OwnedListener<'_> 
     OwnedListener {
         name: &l.name,
         port: l.port,
+        protocol: &l.protocol,
         well_known_port: matches!((l.protocol.as_str(), l.port), ("HTTP", 80) | ("HTTPS", 443)),
         scheme: if l.protocol == "HTTPS" {
             "https"
@@ -487,6 +512,7 @@ fn listener(l: &GatewayListeners, generation: Option<i64>) -> OwnedListener<'_> 
         kinds,
         namespaces,
         attached_routes: 0,
+        set: None,
         conflict: None,
         conditions,
     }
@@ -613,7 +639,10 @@ pub(super) fn listener_isolation_rules(
                     ..cftunnel_config::Match::default()
                 }],
                 unavailable_status: Some(NO_ROUTE_STATUS),
-                name: Some(format!("{}/listener:{}", gw.key, l.name)),
+                name: Some(match &l.set {
+                    None => format!("{}/listener:{}", gw.key, l.name),
+                    Some(entry) => format!("{}/listenerset-listener:{}", entry.set, l.name),
+                }),
                 ..cftunnel_config::Rule::default()
             };
             Some((hostname, l.scheme, rule))

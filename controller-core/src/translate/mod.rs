@@ -23,6 +23,7 @@ mod gateway;
 mod grpc_route;
 mod hostname;
 mod http_route;
+mod listener_set;
 pub mod ownership;
 mod route;
 mod rule;
@@ -57,8 +58,8 @@ pub use external_name::ExternalNameBackends;
 pub use features::SUPPORTED_FEATURES;
 pub use rule::RuleError;
 pub use status::{
-    Condition, ConditionType, GatewayStatus, ListenerStatus, ParentRef, PolicyAncestorStatus,
-    Reason, RouteParentStatus, Statuses,
+    Condition, ConditionType, GatewayStatus, ListenerSetStatus, ListenerStatus, ParentKind,
+    ParentRef, PolicyAncestorStatus, Reason, RouteParentStatus, Statuses,
 };
 
 /// The `controllerName` this controller answers for unless configured otherwise.
@@ -294,7 +295,9 @@ fn translate_checked(
         ..Statuses::default()
     };
 
-    let mut gateways = gateway::owned_gateways(snapshot, &classes, options, plans, &index);
+    let listener_sets = listener_set::ListenerSets::new(snapshot, &classes, &index);
+    let mut gateways =
+        gateway::owned_gateways(snapshot, &classes, options, plans, &index, &listener_sets);
     // The client certificates Gateways present to TLS backends, by the Secret they come from.
     let client_certificates: BTreeMap<ObjectKey, cftunnel_config::ClientCertificate> = gateways
         .values()
@@ -342,6 +345,7 @@ fn translate_checked(
         let bound = binding::bind(
             route,
             &gateways,
+            &listener_sets,
             &scheme_listeners,
             &index,
             options.hostname_ownership,
@@ -366,8 +370,8 @@ fn translate_checked(
         let mut listeners = BTreeSet::new();
         for mut parent in bound {
             parent.yield_to_other_kind(route.kind, &claims);
+            let gateway = parent.gateway().clone();
             let (mut status, accepted) = parent.into_status(&translated, route.generation);
-            let gateway = ObjectKey::new(&status.parent_ref.namespace, &status.parent_ref.name);
             let Some(accepted) = accepted else {
                 parents.push(status);
                 continue;
@@ -391,6 +395,7 @@ fn translate_checked(
                     .entry(port.clone())
                     .or_default()
                     .insert(ParentRef {
+                        kind: ParentKind::Gateway,
                         namespace: gateway.namespace.clone(),
                         name: gateway.name.clone(),
                         section_name: None,
@@ -515,8 +520,13 @@ fn translate_checked(
             owned_by.push(None);
         }
     }
+    let (set_statuses, attached_sets) = listener_sets.statuses(&gateways);
+    statuses.listener_sets = set_statuses;
     for gw in gateways.into_values() {
-        statuses.gateways.insert(gw.key.clone(), gw.into_status());
+        let attached = attached_sets.get(&gw.key).copied().unwrap_or_default();
+        statuses
+            .gateways
+            .insert(gw.key.clone(), gw.into_status(attached));
     }
     statuses.backend_tls_policies = index
         .policies

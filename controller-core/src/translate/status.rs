@@ -83,6 +83,11 @@ pub enum Reason {
     Conflicted,
     /// `cf.k8s.lex.la/RouteShadowed`: the older route matches first.
     OlderRouteMatches,
+    /// ListenerSet `Accepted`: its parent Gateway's `allowedListeners` does not admit its
+    /// namespace.
+    NotAllowed,
+    /// ListenerSet `Accepted`: its parent Gateway is not accepted.
+    ParentNotAccepted,
 }
 
 impl Reason {
@@ -116,6 +121,8 @@ impl Reason {
             Self::NoValidCACertificate => "NoValidCACertificate",
             Self::Conflicted => "Conflicted",
             Self::OlderRouteMatches => "OlderRouteMatches",
+            Self::NotAllowed => "NotAllowed",
+            Self::ParentNotAccepted => "ParentNotAccepted",
         }
     }
 }
@@ -187,12 +194,50 @@ pub struct ListenerStatus {
 pub struct GatewayStatus {
     pub conditions: Vec<Condition>,
     pub listeners: Vec<ListenerStatus>,
+    /// How many ListenerSets are attached and accepted (`status.attachedListenerSets`).
+    pub attached_listener_sets: i32,
+}
+
+/// Status of one ListenerSet whose parent is one of our Gateways.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerSetStatus {
+    /// The parent Gateway.
+    pub gateway: ObjectKey,
+    pub conditions: Vec<Condition>,
+    /// Its listeners' statuses; none when the Gateway does not admit it.
+    pub listeners: Vec<ListenerStatus>,
+}
+
+/// What a route parent, or policy ancestor, is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum ParentKind {
+    #[default]
+    Gateway,
+    ListenerSet,
+}
+
+impl ParentKind {
+    /// The Kubernetes kind.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Gateway => "Gateway",
+            Self::ListenerSet => "ListenerSet",
+        }
+    }
+
+    fn is_gateway(&self) -> bool {
+        *self == Self::Gateway
+    }
 }
 
 /// The parent a route status entry is about, as written in the route's `parentRefs`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ParentRef {
+    /// A Gateway, or a ListenerSet attached to one of our Gateways.
+    #[serde(default, skip_serializing_if = "ParentKind::is_gateway")]
+    pub kind: ParentKind,
     pub namespace: String,
     pub name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -203,6 +248,9 @@ pub struct ParentRef {
 
 impl fmt::Display for ParentRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.kind != ParentKind::Gateway {
+            write!(f, "{} ", self.kind.as_str())?;
+        }
         write!(f, "{}/{}", self.namespace, self.name)?;
         if let Some(section) = &self.section_name {
             write!(f, "/{section}")?;
@@ -258,4 +306,17 @@ pub struct Statuses {
     /// routes use a Service port it covers (empty when there is none, so a writer can drop
     /// entries it wrote before).
     pub backend_tls_policies: BTreeMap<ObjectKey, Vec<PolicyAncestorStatus>>,
+    /// Every ListenerSet whose parent is one of our Gateways.
+    pub listener_sets: BTreeMap<ObjectKey, ListenerSetStatus>,
+}
+
+impl Statuses {
+    /// The Gateway a route parent belongs to: the Gateway itself, or a ListenerSet's parent.
+    pub fn parent_gateway(&self, parent: &ParentRef) -> Option<ObjectKey> {
+        let key = ObjectKey::new(&parent.namespace, &parent.name);
+        match parent.kind {
+            ParentKind::Gateway => Some(key),
+            ParentKind::ListenerSet => self.listener_sets.get(&key).map(|s| s.gateway.clone()),
+        }
+    }
 }

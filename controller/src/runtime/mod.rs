@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use gateway_api::experimental::gateways::Gateway;
 use k8s_openapi::api::apps::v1::Deployment;
+use kube::core::ApiResource;
 use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use prometheus_client::metrics::counter::Counter;
@@ -87,6 +88,27 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
         &["patch"],
     ),
     ("gateway.networking.k8s.io", "gateways/status", &["patch"]),
+    // ListenerSets, read at whichever of the two is served.
+    (
+        "gateway.networking.k8s.io",
+        "listenersets",
+        &["list", "watch"],
+    ),
+    (
+        "gateway.networking.k8s.io",
+        "listenersets/status",
+        &["patch"],
+    ),
+    (
+        "gateway.networking.x-k8s.io",
+        "xlistenersets",
+        &["list", "watch"],
+    ),
+    (
+        "gateway.networking.x-k8s.io",
+        "xlistenersets/status",
+        &["patch"],
+    ),
     // Rendered objects block their Gateway's deletion until they are gone
     // (`blockOwnerDeletion`); where the OwnerReferencesPermissionEnforcement admission plugin
     // runs (OpenShift), setting that takes `update` on the owner's finalizers.
@@ -240,12 +262,17 @@ pub async fn run(
         version = stores::reference_grant_version(&client, &discovery) => version,
         () = &mut shutdown => return Ok(()),
     };
+    let listener_set_resource = tokio::select! {
+        resource = stores::listener_set_resource(&client) => resource,
+        () = &mut shutdown => return Ok(()),
+    };
     let changed = Arc::new(Notify::new());
     let mut tasks = JoinSet::new();
     let stores = Stores::start(
         &client,
         reference_grants,
         discovery,
+        listener_set_resource.as_ref(),
         Arc::clone(&changed),
         &mut tasks,
     );
@@ -314,7 +341,12 @@ pub async fn run(
             None => {
                 tracing::info!("leading: reconciling");
                 pending = true;
-                reconciler.insert(Reconciler::new(client.clone(), options.clone(), &health))
+                reconciler.insert(Reconciler::new(
+                    client.clone(),
+                    options.clone(),
+                    &health,
+                    listener_set_resource.clone(),
+                ))
             }
         };
         let due = last_round.is_none_or(|at| at.elapsed() >= options.resync);
@@ -363,6 +395,8 @@ pub async fn run(
 /// What a round needs to remember of the previous ones.
 struct Reconciler {
     client: Client,
+    /// Where ListenerSet statuses are written ([`stores::listener_set_resource`]).
+    listener_set_resource: Option<ApiResource>,
     options: RuntimeOptions,
     pusher: Pusher,
     recorder: Recorder,
@@ -431,7 +465,12 @@ struct PlaneInfo {
 }
 
 impl Reconciler {
-    fn new(client: Client, options: RuntimeOptions, health: &health::Health) -> Self {
+    fn new(
+        client: Client,
+        options: RuntimeOptions,
+        health: &health::Health,
+        listener_set_resource: Option<ApiResource>,
+    ) -> Self {
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -465,6 +504,7 @@ impl Reconciler {
             recorder,
             push_failures: HashMap::new(),
             render_failures: HashMap::new(),
+            listener_set_resource,
             last_good: HashMap::new(),
             tunnel_api,
             tunnel_sync: TunnelSync::default(),

@@ -10,6 +10,7 @@ use gateway_api::experimental::grpcroutes::GrpcRoute;
 use gateway_api::experimental::httproutes::HttpRoute;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Patch, PatchParams};
+use kube::core::DynamicObject;
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{json, Value};
@@ -75,6 +76,8 @@ impl Reconciler {
             .get(&PlaneKey::Shared)
             .map(|p| p.address.clone())
             .filter(|a| !a.is_empty());
+        // Why each Gateway is not programmed yet, when it is pending: its ListenerSets wait too.
+        let mut pending_gateways: BTreeMap<ObjectKey, String> = BTreeMap::new();
         for gw in &snapshot.gateways {
             let Some(key) = object_key(gw) else { continue };
             let Some(desired) = output.statuses.gateways.get(&key) else {
@@ -121,6 +124,11 @@ impl Reconciler {
                 .status
                 .as_ref()
                 .and_then(|s| serde_json::to_value(s).ok());
+            if let Some(pending) = conditions.iter().find(|c| {
+                c.kind == "Programmed" && c.status == Truth::False && c.reason == "Pending"
+            }) {
+                pending_gateways.insert(key.clone(), pending.message.clone());
+            }
             let value = status::gateway(desired, &conditions, &addresses, existing.as_ref(), &now);
             let api: Api<Gateway> = Api::namespaced(self.client.clone(), &key.namespace);
             Self::patch_status(
@@ -133,6 +141,8 @@ impl Reconciler {
             .await;
         }
 
+        self.write_listener_set_statuses(snapshot, output, &pending_gateways, &now)
+            .await;
         self.write_gateway_config_statuses(snapshot, output, &now)
             .await;
         self.write_backend_tls_policy_statuses(snapshot, output, &now)
@@ -192,8 +202,11 @@ impl Reconciler {
                 if !accepted {
                     return;
                 }
-                let gateway = ObjectKey::new(&parent.parent_ref.namespace, &parent.parent_ref.name);
-                let Some(plane) = output.planes.get(&gateway) else {
+                let Some(plane) = output
+                    .statuses
+                    .parent_gateway(&parent.parent_ref)
+                    .and_then(|gateway| output.planes.get(&gateway))
+                else {
                     return;
                 };
                 // Only this Gateway's tunnel failed: its routes are pending, no one else's.
@@ -226,7 +239,7 @@ impl Reconciler {
             let value = status::route(&ours, &adjust, controller, existing.as_ref(), &now);
             // The Event mirrors the condition, once per run of failures.
             let failed_now = ours.iter().find_map(|parent| {
-                let gateway = ObjectKey::new(&parent.parent_ref.namespace, &parent.parent_ref.name);
+                let gateway = output.statuses.parent_gateway(&parent.parent_ref)?;
                 output
                     .planes
                     .get(&gateway)
@@ -302,6 +315,51 @@ impl Reconciler {
             .retain(|(route, _), _| routes_seen.contains(route));
         self.refused_told
             .retain(|route, _| routes_seen.contains(route));
+    }
+
+    /// Writes the status of each ListenerSet whose parent is one of our Gateways, at the
+    /// version it is read at (`ListenerSet`, or the experimental `XListenerSet`).
+    async fn write_listener_set_statuses(
+        &self,
+        snapshot: &Snapshot,
+        output: &translate::Output,
+        pending: &BTreeMap<ObjectKey, String>,
+        now: &str,
+    ) {
+        let Some(resource) = self.listener_set_resource.as_ref() else {
+            return;
+        };
+        for set in &snapshot.listener_sets {
+            let Some(key) = object_key(set) else { continue };
+            let Some(desired) = output.statuses.listener_sets.get(&key) else {
+                continue;
+            };
+            let existing = set
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok());
+            let mut value = status::listener_set(
+                desired,
+                pending.get(&desired.gateway).map(String::as_str),
+                existing.as_ref(),
+                now,
+            );
+            if resource.kind == "XListenerSet" {
+                // The experimental kind requires each listener's port in its status.
+                status::add_listener_ports(&mut value, &set.spec.listeners);
+            }
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(self.client.clone(), &key.namespace, resource);
+            Self::patch_status_of(
+                &resource.kind,
+                api,
+                &key.name,
+                set.resource_version(),
+                existing.as_ref(),
+                value,
+            )
+            .await;
+        }
     }
 
     /// Writes each GatewayConfig's status: which Gateways of the controller name it, and
@@ -428,6 +486,21 @@ impl Reconciler {
         K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
         K::DynamicType: Default,
     {
+        let kind = K::kind(&K::DynamicType::default()).into_owned();
+        Self::patch_status_of(&kind, api, name, resource_version, existing, desired).await;
+    }
+
+    /// [`Self::patch_status`] for an object of `kind`, through `api` of any resource.
+    async fn patch_status_of<K>(
+        kind: &str,
+        api: Api<K>,
+        name: &str,
+        resource_version: Option<String>,
+        existing: Option<&Value>,
+        desired: Value,
+    ) where
+        K: Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    {
         if status::contains(existing, &desired) {
             return;
         }
@@ -447,7 +520,6 @@ impl Reconciler {
                 );
             }
             Err(e) => {
-                let kind = K::kind(&K::DynamicType::default()).into_owned();
                 tracing::warn!(%kind, name, error = %e, "writing status failed");
             }
         }

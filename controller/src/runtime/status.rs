@@ -4,10 +4,12 @@
 //! keeping `lastTransitionTime` of every condition whose status did not change, so an unchanged
 //! object compares equal and is not written.
 
+use gateway_api::experimental::listenersets::ListenerSetListeners;
 use serde_json::{json, Map, Value};
 
 use crate::translate::{
-    Condition, GatewayStatus, ParentRef, PolicyAncestorStatus, RouteParentStatus, GATEWAY_API_GROUP,
+    Condition, GatewayStatus, ListenerSetStatus, ListenerStatus, ParentRef, PolicyAncestorStatus,
+    RouteParentStatus, GATEWAY_API_GROUP,
 };
 
 /// A condition's status.
@@ -103,36 +105,11 @@ pub fn gateway(
     existing: Option<&Value>,
     now: &str,
 ) -> Value {
-    let existing_listener = |name: &str| {
-        existing
-            .and_then(|s| s.get("listeners"))
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .find(|l| l.get("name").and_then(Value::as_str) == Some(name))
-    };
     let pending = gateway_conditions
         .iter()
         .find(|c| c.kind == "Programmed" && c.status == Truth::False && c.reason == "Pending")
         .map(|c| c.message.clone());
-    let listeners: Vec<Value> = desired
-        .listeners
-        .iter()
-        .map(|l| {
-            let mut kinds: Vec<KubeCondition> =
-                l.conditions.iter().map(KubeCondition::from).collect();
-            // A listener is programmed no sooner than its Gateway.
-            if let Some(pending) = &pending {
-                set_programmed_pending(&mut kinds, pending);
-            }
-            json!({
-                "name": l.name,
-                "attachedRoutes": l.attached_routes,
-                "supportedKinds": l.supported_kinds.iter().map(|k| json!({"group": GATEWAY_API_GROUP, "kind": k})).collect::<Vec<_>>(),
-                "conditions": conditions(&kinds, existing_listener(&l.name).and_then(|e| e.get("conditions")), now),
-            })
-        })
-        .collect();
+    let listeners = listener_statuses(&desired.listeners, pending.as_deref(), existing, now);
     let mut out = Map::new();
     out.insert(
         "conditions".into(),
@@ -143,6 +120,10 @@ pub fn gateway(
         ),
     );
     out.insert("listeners".into(), Value::Array(listeners));
+    out.insert(
+        "attachedListenerSets".into(),
+        desired.attached_listener_sets.into(),
+    );
     // `null` removes addresses a merge patch would otherwise keep from an earlier write.
     out.insert(
         "addresses".into(),
@@ -158,6 +139,76 @@ pub fn gateway(
         },
     );
     Value::Object(out)
+}
+
+/// The `listeners` of a Gateway's or ListenerSet's status; `pending`, when set, is why the
+/// Gateway is not programmed yet: a listener is programmed no sooner than its Gateway.
+fn listener_statuses(
+    desired: &[ListenerStatus],
+    pending: Option<&str>,
+    existing: Option<&Value>,
+    now: &str,
+) -> Vec<Value> {
+    let existing_listener = |name: &str| {
+        existing
+            .and_then(|s| s.get("listeners"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find(|l| l.get("name").and_then(Value::as_str) == Some(name))
+    };
+    desired
+        .iter()
+        .map(|l| {
+            let mut kinds: Vec<KubeCondition> =
+                l.conditions.iter().map(KubeCondition::from).collect();
+            if let Some(pending) = pending {
+                set_programmed_pending(&mut kinds, pending);
+            }
+            json!({
+                "name": l.name,
+                "attachedRoutes": l.attached_routes,
+                "supportedKinds": l.supported_kinds.iter().map(|k| json!({"group": GATEWAY_API_GROUP, "kind": k})).collect::<Vec<_>>(),
+                "conditions": conditions(&kinds, existing_listener(&l.name).and_then(|e| e.get("conditions")), now),
+            })
+        })
+        .collect()
+}
+
+/// A ListenerSet's status: its conditions and its listeners'. `pending`, when set, is why its
+/// Gateway is not programmed yet: neither are the ListenerSet and its listeners.
+pub fn listener_set(
+    desired: &ListenerSetStatus,
+    pending: Option<&str>,
+    existing: Option<&Value>,
+    now: &str,
+) -> Value {
+    let mut own: Vec<KubeCondition> = desired.conditions.iter().map(KubeCondition::from).collect();
+    if let Some(pending) = pending {
+        set_programmed_pending(&mut own, pending);
+    }
+    json!({
+        "conditions": conditions(&own, existing.and_then(|s| s.get("conditions")), now),
+        "listeners": listener_statuses(&desired.listeners, pending, existing, now),
+    })
+}
+
+/// Adds to each listener of a ListenerSet status the `port` of the listener of that name.
+pub fn add_listener_ports(status: &mut Value, listeners: &[ListenerSetListeners]) {
+    let entries = status
+        .get_mut("listeners")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten();
+    for entry in entries {
+        let port = listeners
+            .iter()
+            .find(|l| entry.get("name").and_then(Value::as_str) == Some(l.name.as_str()))
+            .map(|l| l.port);
+        if let (Some(port), Some(entry)) = (port, entry.as_object_mut()) {
+            entry.insert("port".into(), port.into());
+        }
+    }
 }
 
 /// A route's status. Other controllers' parents stay where they are, untouched; ours are
@@ -218,11 +269,11 @@ pub fn policy(
     )
 }
 
-/// A reference to a Gateway as route parents and policy ancestors spell it.
+/// A reference to a Gateway or ListenerSet as route parents and policy ancestors spell it.
 fn gateway_ref(r: &ParentRef) -> Value {
     let mut parent_ref = Map::new();
     parent_ref.insert("group".into(), GATEWAY_API_GROUP.into());
-    parent_ref.insert("kind".into(), "Gateway".into());
+    parent_ref.insert("kind".into(), r.kind.as_str().into());
     parent_ref.insert("namespace".into(), r.namespace.clone().into());
     parent_ref.insert("name".into(), r.name.clone().into());
     if let Some(section) = &r.section_name {
@@ -479,6 +530,7 @@ mod tests {
         use crate::translate::{Condition, ConditionType, ParentRef, Reason};
         let ours = |name: &str| RouteParentStatus {
             parent_ref: ParentRef {
+                kind: crate::translate::ParentKind::Gateway,
                 namespace: "a".to_owned(),
                 name: name.to_owned(),
                 section_name: None,
@@ -517,6 +569,7 @@ mod tests {
         use crate::translate::{Condition, ConditionType, ParentRef, Reason};
         let ours = PolicyAncestorStatus {
             ancestor_ref: ParentRef {
+                kind: crate::translate::ParentKind::Gateway,
                 namespace: "a".to_owned(),
                 name: "gw".to_owned(),
                 section_name: None,

@@ -21,6 +21,7 @@ use gateway_api::experimental::gatewayclasses::GatewayClass;
 use gateway_api::experimental::gateways::Gateway;
 use gateway_api::experimental::grpcroutes::GrpcRoute;
 use gateway_api::experimental::httproutes::HttpRoute;
+use gateway_api::experimental::listenersets::{ListenerSet, ListenerSetSpec, ListenerSetStatus};
 use gateway_api::experimental::referencegrants::{ReferenceGrant, ReferenceGrantSpec};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
@@ -40,7 +41,7 @@ use tokio::time::Instant;
 use crate::access_policy::AccessPolicy;
 use crate::gateway_config::GatewayConfig;
 use crate::translate::bundle_version::{is_gateway_api_crd, CRD_ACCESS};
-use crate::translate::{Snapshot, GATEWAY_API_GROUP};
+use crate::translate::{Snapshot, EXPERIMENTAL_GATEWAY_API_GROUP, GATEWAY_API_GROUP};
 
 /// How long the Gateway API CRDs' first list may lag the other caches' before the controller
 /// reconciles without it. It feeds only GatewayClass `SupportedVersion` and needs an RBAC rule
@@ -359,6 +360,131 @@ fn reference_grants_v1beta1(
     .try_filter_map(|event| future::ready(Ok(reference_grant_v1(event))))
 }
 
+/// Where ListenerSets are read: `ListenerSet` at `gateway.networking.k8s.io/v1` (Gateway API
+/// CRDs from v1.5 on), else the experimental `XListenerSet` at
+/// `gateway.networking.x-k8s.io/v1alpha1` (experimental CRDs before v1.5), whose spec is the
+/// same; `None` when neither is served. API discovery decides, once at start-up: CRDs
+/// installed later are read after a restart.
+pub async fn listener_set_resource(client: &Client) -> Option<ApiResource> {
+    let candidates = [
+        (GATEWAY_API_GROUP, "v1", "ListenerSet", "listenersets"),
+        (
+            EXPERIMENTAL_GATEWAY_API_GROUP,
+            "v1alpha1",
+            "XListenerSet",
+            "xlistenersets",
+        ),
+    ];
+    for (group, version, kind, plural) in candidates {
+        match client
+            .list_api_group_resources(&format!("{group}/{version}"))
+            .await
+        {
+            Ok(list) if list.resources.iter().any(|r| r.name == plural) => {
+                tracing::info!("reading ListenerSets as {kind} at {group}/{version}");
+                let gvk = GroupVersionKind::gvk(group, version, kind);
+                return Some(ApiResource::from_gvk_with_plural(&gvk, plural));
+            }
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => {
+                // A ListenerSet CRD may well be installed: watch the standard one, whose
+                // watch retries, rather than ignoring every ListenerSet.
+                tracing::warn!(
+                    error = %e,
+                    "API discovery of {group}/{version} failed; reading ListenerSets at \
+                     {GATEWAY_API_GROUP}/v1"
+                );
+                let gvk = GroupVersionKind::gvk(GATEWAY_API_GROUP, "v1", "ListenerSet");
+                return Some(ApiResource::from_gvk_with_plural(&gvk, "listenersets"));
+            }
+        }
+    }
+    tracing::info!(
+        "no ListenerSet is served (neither listenersets.{GATEWAY_API_GROUP}/v1 nor \
+         xlistenersets.{EXPERIMENTAL_GATEWAY_API_GROUP}/v1alpha1): Gateways take no \
+         ListenerSet until the CRD is installed and the controller restarted"
+    );
+    None
+}
+
+/// A ListenerSet event of either kind (see [`listener_set_resource`]) as the `v1` type. An
+/// object that cannot be read so is logged and left out.
+fn listener_set_v1(event: watcher::Event<DynamicObject>) -> Option<watcher::Event<ListenerSet>> {
+    fn read(mut object: DynamicObject) -> Option<ListenerSet> {
+        let mut take = |field: &str| {
+            object
+                .data
+                .get_mut(field)
+                .map(serde_json::Value::take)
+                .unwrap_or_default()
+        };
+        let (spec, status) = (take("spec"), take("status"));
+        let spec: Result<ListenerSetSpec, _> = serde_json::from_value(spec);
+        match spec {
+            Ok(spec) => Some(ListenerSet {
+                metadata: object.metadata,
+                spec,
+                status: serde_json::from_value::<Option<ListenerSetStatus>>(status)
+                    .ok()
+                    .flatten(),
+            }),
+            Err(e) => {
+                tracing::warn!(
+                    namespace = object.metadata.namespace.as_deref().unwrap_or_default(),
+                    name = object.metadata.name.as_deref().unwrap_or_default(),
+                    error = %e,
+                    "ListenerSet spec unreadable; it attaches no listener"
+                );
+                None
+            }
+        }
+    }
+    fn gone(object: DynamicObject) -> watcher::Event<ListenerSet> {
+        watcher::Event::Delete(ListenerSet {
+            metadata: object.metadata,
+            spec: ListenerSetSpec::default(),
+            status: None,
+        })
+    }
+    Some(match event {
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(read(o)?),
+        watcher::Event::Apply(o) => {
+            let meta = o.metadata.clone();
+            match read(o) {
+                Some(set) => watcher::Event::Apply(set),
+                None => gone(DynamicObject {
+                    types: None,
+                    metadata: meta,
+                    data: serde_json::Value::Null,
+                }),
+            }
+        }
+        watcher::Event::Delete(o) => gone(o),
+    })
+}
+
+/// The watch events of ListenerSets at `resource`, read as the `v1` type; with none, a cache
+/// that lists nothing.
+fn listener_sets(
+    client: &Client,
+    resource: Option<&ApiResource>,
+) -> BoxStream<'static, Result<watcher::Event<ListenerSet>, watcher::Error>> {
+    match resource {
+        Some(resource) => watcher(
+            Api::<DynamicObject>::all_with(client.clone(), resource),
+            watcher::Config::default(),
+        )
+        .try_filter_map(|event| future::ready(Ok(listener_set_v1(event))))
+        .boxed(),
+        None => stream::iter([Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)])
+            .chain(stream::pending())
+            .boxed(),
+    }
+}
+
 /// Read-only views of the watch caches.
 #[derive(Clone)]
 pub struct Stores {
@@ -367,6 +493,8 @@ pub struct Stores {
     pub http_routes: Store<HttpRoute>,
     pub grpc_routes: Store<GrpcRoute>,
     pub reference_grants: Store<ReferenceGrant>,
+    /// ListenerSets, of whichever kind is served ([`listener_set_resource`]).
+    pub listener_sets: Store<ListenerSet>,
     /// Served from Gateway API v1.4 on: like the CRDs, its first list gates rounds for at most
     /// [`CRD_WAIT`], so a cluster whose CRDs predate it (or an RBAC rule missing for it) does
     /// not keep the controller from serving.
@@ -448,6 +576,7 @@ impl Stores {
         client: &Client,
         reference_grants: ReferenceGrantVersion,
         discovery: ReferenceGrantDiscovery,
+        listener_set_resource: Option<&ApiResource>,
         changed: Arc<Notify>,
         tasks: &mut JoinSet<()>,
     ) -> Self {
@@ -524,6 +653,11 @@ impl Stores {
                 &changed,
                 tasks,
             ),
+            listener_sets: cache(
+                self::listener_sets(client, listener_set_resource),
+                &changed,
+                tasks,
+            ),
             backend_tls_policies: watch(Api::all(client.clone()), all(), &changed, tasks),
             config_maps: watch(Api::all(client.clone()), all(), &changed, tasks),
             namespaces: watch(Api::all(client.clone()), all(), &changed, tasks),
@@ -563,13 +697,14 @@ impl Stores {
     }
 
     /// How many objects each cache holds, by kind (for `/metrics`).
-    pub fn counts(&self) -> [(&'static str, usize); 14] {
+    pub fn counts(&self) -> [(&'static str, usize); 15] {
         [
             ("GatewayClass", self.gateway_classes.state().len()),
             ("Gateway", self.gateways.state().len()),
             ("HTTPRoute", self.http_routes.state().len()),
             ("GRPCRoute", self.grpc_routes.state().len()),
             ("ReferenceGrant", self.reference_grants.state().len()),
+            ("ListenerSet", self.listener_sets.state().len()),
             ("Namespace", self.namespaces.state().len()),
             ("Service", self.services.state().len()),
             ("EndpointSlice", self.endpoint_slices.state().len()),
@@ -616,6 +751,7 @@ impl Stores {
             self.http_routes.wait_until_ready().await,
             self.grpc_routes.wait_until_ready().await,
             self.reference_grants.wait_until_ready().await,
+            self.listener_sets.wait_until_ready().await,
             self.config_maps.wait_until_ready().await,
             self.namespaces.wait_until_ready().await,
             self.services.wait_until_ready().await,
@@ -676,6 +812,7 @@ impl Stores {
             http_routes: cloned(&self.http_routes),
             grpc_routes: cloned(&self.grpc_routes),
             reference_grants: cloned(&self.reference_grants),
+            listener_sets: cloned(&self.listener_sets),
             backend_tls_policies: cloned(&self.backend_tls_policies),
             config_maps: cloned(&self.config_maps),
             namespaces: cloned(&self.namespaces),

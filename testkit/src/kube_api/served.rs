@@ -26,6 +26,8 @@ pub(super) const SERVED: &[Served] = &[
     Served { kind: "HTTPRoute", group: "gateway.networking.k8s.io", versions: &["v1", "v1beta1"], plural: "httproutes", namespaced: true, subresources: &["status"] },
     Served { kind: "GRPCRoute", group: "gateway.networking.k8s.io", versions: &["v1"], plural: "grpcroutes", namespaced: true, subresources: &["status"] },
     Served { kind: "ReferenceGrant", group: "gateway.networking.k8s.io", versions: &["v1", "v1beta1"], plural: "referencegrants", namespaced: true, subresources: &[] },
+    Served { kind: "ListenerSet", group: "gateway.networking.k8s.io", versions: &["v1"], plural: "listenersets", namespaced: true, subresources: &["status"] },
+    Served { kind: "XListenerSet", group: "gateway.networking.x-k8s.io", versions: &["v1alpha1"], plural: "xlistenersets", namespaced: true, subresources: &["status"] },
     Served { kind: "BackendTLSPolicy", group: "gateway.networking.k8s.io", versions: &["v1"], plural: "backendtlspolicies", namespaced: true, subresources: &["status"] },
     Served { kind: "Namespace", group: "", versions: &["v1"], plural: "namespaces", namespaced: false, subresources: &["finalize", "status"] },
     Served { kind: "ConfigMap", group: "", versions: &["v1"], plural: "configmaps", namespaced: true, subresources: &[] },
@@ -44,13 +46,15 @@ pub(super) const SERVED: &[Served] = &[
 ];
 
 /// Which Gateway API CRD release the server has installed, as far as the versions it serves
-/// ReferenceGrant at go (every other kind is served as in both).
+/// ReferenceGrant at go, and ListenerSet: `ListenerSet` from v1.5, the experimental
+/// `XListenerSet` before (every other kind is served as in all).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum GatewayApiCrds {
     /// v1.5 on: ReferenceGrant at `v1` and `v1beta1`.
     #[default]
     V1_5,
-    /// v1.1 to v1.4: ReferenceGrant at `v1beta1` only.
+    /// v1.1 to v1.4 (experimental channel): ReferenceGrant at `v1beta1` only, `XListenerSet`
+    /// instead of `ListenerSet`.
     V1_4,
     /// Every kind but ReferenceGrant, whose CRD is not installed.
     WithoutReferenceGrant,
@@ -66,6 +70,9 @@ impl Served {
             ("ReferenceGrant", GatewayApiCrds::V1_4) => &["v1beta1"],
             ("ReferenceGrant", GatewayApiCrds::WithoutReferenceGrant) => &[],
             ("ReferenceGrant", GatewayApiCrds::V1Only) => &["v1"],
+            ("ListenerSet", GatewayApiCrds::V1_4) => &[],
+            ("XListenerSet", GatewayApiCrds::V1_4) => self.versions,
+            ("XListenerSet", _) => &[],
             _ => self.versions,
         }
     }
@@ -152,6 +159,30 @@ mod tests {
             assert!(serves(crds, GATEWAY_API, "v1", "grpcroutes"));
             assert!(!serves(crds, GATEWAY_API, "v1beta1", "grpcroutes"));
         }
+    }
+
+    #[test]
+    fn listener_sets_are_experimental_before_v1_5() {
+        let x = "gateway.networking.x-k8s.io";
+        assert!(serves(
+            GatewayApiCrds::V1_5,
+            GATEWAY_API,
+            "v1",
+            "listenersets"
+        ));
+        assert!(!serves(
+            GatewayApiCrds::V1_5,
+            x,
+            "v1alpha1",
+            "xlistenersets"
+        ));
+        assert!(!serves(
+            GatewayApiCrds::V1_4,
+            GATEWAY_API,
+            "v1",
+            "listenersets"
+        ));
+        assert!(serves(GatewayApiCrds::V1_4, x, "v1alpha1", "xlistenersets"));
     }
 
     #[test]

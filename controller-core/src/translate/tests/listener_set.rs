@@ -1,0 +1,451 @@
+//! ListenerSets: which a Gateway admits (`allowedListeners`), routes attached through them,
+//! their status and the Gateway's `attachedListenerSets`, and conflicts with the Gateway's
+//! listeners and older ListenerSets. The cases follow Gateway API's ListenerSet conformance
+//! tests (default not allowed, allowed namespaces, hostname and protocol conflicts, section
+//! names of the Gateway that a ListenerSet's listener does not answer to).
+
+use super::*;
+
+/// Gateway `infra/hub` with one listener, admitting ListenerSets as `allowed` says (YAML flow
+/// mapping of `allowedListeners`, or empty for none).
+fn hub(allowed: &str) -> String {
+    let allowed = if allowed.is_empty() {
+        String::new()
+    } else {
+        format!("  allowedListeners: {allowed}\n")
+    };
+    format!(
+        r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: hub, namespace: infra}}
+spec:
+  gatewayClassName: cf
+{allowed}  listeners:
+  - {{name: main, port: 80, protocol: HTTP, hostname: main.example.com, allowedRoutes: {{namespaces: {{from: All}}}}}}
+---
+"#
+    )
+}
+
+/// ListenerSet `ns/name` on Gateway `infra/hub` with `listeners` (YAML flow sequence items).
+fn listener_set(ns: &str, name: &str, listeners: &[&str]) -> String {
+    format!(
+        r#"apiVersion: gateway.networking.k8s.io/v1
+kind: ListenerSet
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  parentRef: {{name: hub, namespace: infra}}
+  listeners: [{}]
+---
+"#,
+        listeners.join(", ")
+    )
+}
+
+/// An HTTPRoute of `ns` on ListenerSet `set_ns/set` to Service infra/v2 (with a grant where
+/// needed the test adds).
+fn route_on_set(ns: &str, name: &str, set_ns: &str, set: &str, section: Option<&str>) -> String {
+    let section = section
+        .map(|s| format!(", sectionName: {s}"))
+        .unwrap_or_default();
+    http_route(
+        ns,
+        name,
+        &format!(
+            "  parentRefs: [{{group: gateway.networking.k8s.io, kind: ListenerSet, name: {set}, namespace: {set_ns}{section}}}]\n  rules: [{{backendRefs: [{{name: v2, namespace: infra, port: 8080}}]}}]"
+        ),
+    )
+}
+
+const GRANT_ALL: &str = r#"apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: {name: all, namespace: infra}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: apps}, {group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: web}]
+  to: [{group: "", kind: Service}]
+---
+"#;
+
+fn set_status<'a>(out: &'a Output, ns: &str, name: &str) -> &'a ListenerSetStatus {
+    out.statuses
+        .listener_sets
+        .get(&ObjectKey::new(ns, name))
+        .expect("the ListenerSet has a status")
+}
+
+fn set_condition(out: &Output, ns: &str, name: &str, kind: ConditionType) -> (bool, Reason) {
+    let c = set_status(out, ns, name)
+        .conditions
+        .iter()
+        .find(|c| c.kind == kind)
+        .expect("condition present");
+    (c.status, c.reason)
+}
+
+/// The (status, reason) of each condition of listener `listener` of ListenerSet `ns/name`.
+fn entry(
+    out: &Output,
+    ns: &str,
+    name: &str,
+    listener: &str,
+) -> BTreeMap<ConditionType, (bool, Reason)> {
+    set_status(out, ns, name)
+        .listeners
+        .iter()
+        .find(|l| l.name == listener)
+        .expect("listener present")
+        .conditions
+        .iter()
+        .map(|c| (c.kind, (c.status, c.reason)))
+        .collect()
+}
+
+fn hub_status(out: &Output) -> &GatewayStatus {
+    &out.statuses.gateways[&ObjectKey::new("infra", "hub")]
+}
+
+/// Hostnames of the shared plane's route rules (listener isolation rules left out).
+fn routed_hostnames(out: &Output) -> BTreeSet<String> {
+    shared(out)
+        .rules
+        .iter()
+        .filter(|r| r.unavailable_status.is_none())
+        .flat_map(|r| r.hostnames.iter().cloned())
+        .collect()
+}
+
+#[test]
+fn a_gateway_admits_no_listener_set_by_default() {
+    let out = run(&format!(
+        "{}{}{}",
+        hub(""),
+        listener_set(
+            "infra",
+            "team",
+            &["{name: team, port: 80, protocol: HTTP, hostname: team.example.com}"]
+        ),
+        route_on_set("infra", "app", "infra", "team", None),
+    ));
+    for kind in [ConditionType::Accepted, ConditionType::Programmed] {
+        assert_eq!(
+            set_condition(&out, "infra", "team", kind),
+            (false, Reason::NotAllowed)
+        );
+    }
+    assert!(set_status(&out, "infra", "team").listeners.is_empty());
+    assert_eq!(hub_status(&out).attached_listener_sets, 0);
+    assert_eq!(
+        condition(&out, "infra", "app", ConditionType::Accepted),
+        (false, Reason::NoMatchingParent)
+    );
+    assert!(routed_hostnames(&out).is_empty());
+}
+
+#[test]
+fn a_route_on_an_admitted_listener_set_serves_its_listeners_hostname() {
+    let out = run(&format!(
+        "{}{}{}",
+        hub("{namespaces: {from: Same}}"),
+        listener_set(
+            "infra",
+            "team",
+            &["{name: team, port: 80, protocol: HTTP, hostname: team.example.com}"]
+        ),
+        route_on_set("infra", "app", "infra", "team", Some("team")),
+    ));
+    assert_eq!(
+        set_condition(&out, "infra", "team", ConditionType::Accepted),
+        (true, Reason::Accepted)
+    );
+    assert_eq!(
+        set_condition(&out, "infra", "team", ConditionType::Programmed),
+        (true, Reason::Programmed)
+    );
+    let team = entry(&out, "infra", "team", "team");
+    assert_eq!(team[&ConditionType::Accepted], (true, Reason::Accepted));
+    assert_eq!(
+        team[&ConditionType::Conflicted],
+        (false, Reason::NoConflicts)
+    );
+    assert_eq!(team[&ConditionType::Programmed], (true, Reason::Programmed));
+    assert_eq!(
+        set_status(&out, "infra", "team").listeners[0].attached_routes,
+        1
+    );
+    assert_eq!(
+        set_status(&out, "infra", "team").gateway,
+        ObjectKey::new("infra", "hub")
+    );
+
+    // The Gateway counts the set, and lists only its own listeners.
+    let gw = hub_status(&out);
+    assert_eq!(gw.attached_listener_sets, 1);
+    let names: Vec<&str> = gw.listeners.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(names, ["main"]);
+
+    // The route is accepted on the ListenerSet and served on its listener's hostname.
+    let parents = route_status(&out, "infra", "app");
+    assert_eq!(parents[0].parent_ref.kind, ParentKind::ListenerSet);
+    assert_eq!(parents[0].parent_ref.name, "team");
+    assert_eq!(
+        condition(&out, "infra", "app", ConditionType::Accepted),
+        (true, Reason::Accepted)
+    );
+    assert_eq!(
+        routed_hostnames(&out),
+        BTreeSet::from(["team.example.com".to_owned()])
+    );
+    // The listener gets an isolation rule like the Gateway's own.
+    assert!(shared(&out).rules.iter().any(|r| r.name.as_deref()
+        == Some("infra/team/listenerset-listener:team")
+        && r.hostnames == ["team.example.com"]));
+    assert_eq!(
+        out.statuses.parent_gateway(&parents[0].parent_ref),
+        Some(ObjectKey::new("infra", "hub"))
+    );
+}
+
+#[test]
+fn allowed_listeners_admit_namespaces_as_from_says() {
+    let set = |ns: &str| {
+        listener_set(
+            ns,
+            "team",
+            &["{name: team, port: 80, protocol: HTTP, hostname: team.example.com}"],
+        )
+    };
+    let accepted = |allowed: &str, ns: &str| {
+        let out = run(&format!("{}{}", hub(allowed), set(ns)));
+        set_condition(&out, ns, "team", ConditionType::Accepted)
+    };
+    assert_eq!(
+        accepted("{namespaces: {from: Same}}", "infra"),
+        (true, Reason::Accepted)
+    );
+    assert_eq!(
+        accepted("{namespaces: {from: Same}}", "apps"),
+        (false, Reason::NotAllowed)
+    );
+    assert_eq!(
+        accepted("{namespaces: {from: None}}", "infra"),
+        (false, Reason::NotAllowed)
+    );
+    assert_eq!(
+        accepted("{namespaces: {from: All}}", "apps"),
+        (true, Reason::Accepted)
+    );
+    let selector = "{namespaces: {from: Selector, selector: {matchLabels: {role: backend}}}}";
+    assert_eq!(accepted(selector, "apps"), (true, Reason::Accepted));
+    assert_eq!(accepted(selector, "web"), (false, Reason::NotAllowed));
+}
+
+#[test]
+fn a_listener_sets_allowed_routes_same_means_its_own_namespace() {
+    let out = run(&format!(
+        "{}{}{}{}{}",
+        hub("{namespaces: {from: All}}"),
+        listener_set("apps", "team", &["{name: team, port: 80, protocol: HTTP, hostname: team.example.com, allowedRoutes: {namespaces: {from: Same}}}"]),
+        route_on_set("apps", "mine", "apps", "team", None),
+        route_on_set("infra", "theirs", "apps", "team", None),
+        GRANT_ALL,
+    ));
+    assert_eq!(
+        condition(&out, "apps", "mine", ConditionType::Accepted),
+        (true, Reason::Accepted)
+    );
+    assert_eq!(
+        condition(&out, "infra", "theirs", ConditionType::Accepted),
+        (false, Reason::NotAllowedByListeners)
+    );
+}
+
+#[test]
+fn a_gateway_parent_ref_does_not_reach_a_listener_sets_listeners() {
+    let gateway_route = |name: &str, section: &str| {
+        http_route(
+            "infra",
+            name,
+            &format!("  parentRefs: [{{name: hub{section}}}]\n  rules: [{{backendRefs: [{{name: v2, port: 8080}}]}}]"),
+        )
+    };
+    let out = run(&format!(
+        "{}{}{}{}",
+        hub("{namespaces: {from: Same}}"),
+        listener_set(
+            "infra",
+            "team",
+            &["{name: team, port: 80, protocol: HTTP, hostname: team.example.com}"]
+        ),
+        gateway_route("by-section", ", sectionName: team"),
+        gateway_route("whole", ""),
+    ));
+    assert_eq!(
+        condition(&out, "infra", "by-section", ConditionType::Accepted),
+        (false, Reason::NoMatchingParent)
+    );
+    assert_eq!(
+        condition(&out, "infra", "whole", ConditionType::Accepted),
+        (true, Reason::Accepted)
+    );
+    assert_eq!(
+        routed_hostnames(&out),
+        BTreeSet::from(["main.example.com".to_owned()])
+    );
+    assert_eq!(
+        set_status(&out, "infra", "team").listeners[0].attached_routes,
+        0
+    );
+}
+
+#[test]
+fn the_gateways_listeners_win_conflicts_then_older_listener_sets() {
+    let at = |manifest: String, time: &str| created(manifest, "infra", time);
+    let out = run(&format!(
+        "{}{}{}{}",
+        hub("{namespaces: {from: Same}}").replace(
+            "  listeners:\n",
+            "  listeners:\n  - {name: conflict-gw, port: 80, protocol: HTTP, hostname: b.example.com}\n"
+        ),
+        at(listener_set("infra", "first", &[
+            "{name: own, port: 80, protocol: HTTP, hostname: c.example.com}",
+            "{name: conflict-gw, port: 80, protocol: HTTP, hostname: b.example.com}",
+            "{name: conflict-set, port: 80, protocol: HTTP, hostname: d.example.com}",
+        ]), "2024-01-01T00:00:00Z"),
+        at(listener_set("infra", "second", &[
+            "{name: conflict-gw, port: 80, protocol: HTTP, hostname: b.example.com}",
+        ]), "2024-01-02T00:00:00Z"),
+        at(listener_set("infra", "third", &[
+            "{name: own, port: 80, protocol: HTTP, hostname: e.example.com}",
+            "{name: conflict-set, port: 80, protocol: HTTP, hostname: d.example.com}",
+        ]), "2024-01-03T00:00:00Z"),
+    ));
+    let conflicted = BTreeMap::from([
+        (ConditionType::Accepted, (false, Reason::HostnameConflict)),
+        (ConditionType::ResolvedRefs, (true, Reason::ResolvedRefs)),
+        (ConditionType::Conflicted, (true, Reason::HostnameConflict)),
+        (ConditionType::Programmed, (false, Reason::HostnameConflict)),
+    ]);
+    let fine = BTreeMap::from([
+        (ConditionType::Accepted, (true, Reason::Accepted)),
+        (ConditionType::ResolvedRefs, (true, Reason::ResolvedRefs)),
+        (ConditionType::Conflicted, (false, Reason::NoConflicts)),
+        (ConditionType::Programmed, (true, Reason::Programmed)),
+    ]);
+    // The Gateway's own listeners are untouched.
+    for l in &hub_status(&out).listeners {
+        let programmed = l
+            .conditions
+            .iter()
+            .find(|c| c.kind == ConditionType::Programmed);
+        assert!(programmed.is_some_and(|c| c.status), "{}", l.name);
+    }
+    assert_eq!(entry(&out, "infra", "first", "own"), fine);
+    assert_eq!(entry(&out, "infra", "first", "conflict-gw"), conflicted);
+    assert_eq!(entry(&out, "infra", "first", "conflict-set"), fine);
+    assert_eq!(
+        set_condition(&out, "infra", "first", ConditionType::Accepted).0,
+        true
+    );
+    assert_eq!(
+        set_condition(&out, "infra", "first", ConditionType::Programmed),
+        (true, Reason::Programmed)
+    );
+    assert_eq!(entry(&out, "infra", "second", "conflict-gw"), conflicted);
+    for kind in [ConditionType::Accepted, ConditionType::Programmed] {
+        assert_eq!(
+            set_condition(&out, "infra", "second", kind),
+            (false, Reason::ListenersNotValid)
+        );
+    }
+    assert_eq!(entry(&out, "infra", "third", "own"), fine);
+    assert_eq!(entry(&out, "infra", "third", "conflict-set"), conflicted);
+    assert_eq!(
+        set_condition(&out, "infra", "third", ConditionType::Accepted).0,
+        true
+    );
+    assert_eq!(hub_status(&out).attached_listener_sets, 2);
+}
+
+#[test]
+fn a_listener_on_a_gateways_port_with_another_protocol_conflicts() {
+    let out = run(&format!(
+        "{}{}",
+        hub("{namespaces: {from: Same}}"),
+        listener_set(
+            "infra",
+            "team",
+            &[
+                "{name: tls, port: 80, protocol: HTTPS, hostname: team.example.com}",
+                "{name: web, port: 8080, protocol: HTTP, hostname: team.example.com}",
+            ]
+        ),
+    ));
+    let tls = entry(&out, "infra", "team", "tls");
+    assert_eq!(
+        tls[&ConditionType::Conflicted],
+        (true, Reason::ProtocolConflict)
+    );
+    assert_eq!(
+        tls[&ConditionType::Accepted],
+        (false, Reason::ProtocolConflict)
+    );
+    let web = entry(&out, "infra", "team", "web");
+    assert_eq!(web[&ConditionType::Programmed], (true, Reason::Programmed));
+}
+
+#[test]
+fn a_listener_set_of_a_gateway_that_is_not_accepted_is_not_either() {
+    let out = run(&format!(
+        "{}{}",
+        hub("{namespaces: {from: Same}}").replace(
+            "  listeners:\n",
+            "  infrastructure: {parametersRef: {group: example.com, kind: Other, name: x}}\n  listeners:\n"
+        ),
+        listener_set("infra", "team", &["{name: team, port: 80, protocol: HTTP, hostname: team.example.com}"]),
+    ));
+    assert_eq!(
+        set_condition(&out, "infra", "team", ConditionType::Accepted),
+        (false, Reason::ParentNotAccepted)
+    );
+}
+
+#[test]
+fn listener_sets_of_other_controllers_gateways_are_left_alone() {
+    let out = run(&format!(
+        "{}{}",
+        hub("{namespaces: {from: Same}}")
+            .replace("gatewayClassName: cf", "gatewayClassName: someone-else"),
+        listener_set(
+            "infra",
+            "team",
+            &["{name: team, port: 80, protocol: HTTP, hostname: team.example.com}"]
+        ),
+    ));
+    assert!(out.statuses.listener_sets.is_empty());
+}
+
+#[test]
+fn an_experimental_xlistenerset_is_read_as_a_listener_set() {
+    let out = run(&format!(
+        "{}{}{}",
+        hub("{namespaces: {from: Same}}"),
+        listener_set(
+            "infra",
+            "team",
+            &["{name: team, port: 80, protocol: HTTP, hostname: team.example.com}"]
+        )
+        .replace(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: ListenerSet",
+            "apiVersion: gateway.networking.x-k8s.io/v1alpha1\nkind: XListenerSet"
+        ),
+        route_on_set("infra", "app", "infra", "team", None),
+    ));
+    assert_eq!(
+        condition(&out, "infra", "app", ConditionType::Accepted),
+        (true, Reason::Accepted)
+    );
+    assert_eq!(
+        routed_hostnames(&out),
+        BTreeSet::from(["team.example.com".to_owned()])
+    );
+}
