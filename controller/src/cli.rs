@@ -781,6 +781,7 @@ pub fn write_statuses(w: &mut impl Write, output: &Output) -> std::io::Result<()
         gateways,
         routes,
         backend_tls_policies,
+        listener_sets,
     } = &output.statuses;
     let join = |conditions: &[translate::Condition]| {
         conditions
@@ -798,6 +799,23 @@ pub fn write_statuses(w: &mut impl Write, output: &Output) -> std::io::Result<()
             .get(key)
             .map_or_else(|| "no plane".to_owned(), ToString::to_string);
         writeln!(w, "Gateway {key} ({plane}): {}", join(&status.conditions))?;
+        for l in &status.listeners {
+            writeln!(
+                w,
+                "  listener {}: attachedRoutes={}; {}",
+                l.name,
+                l.attached_routes,
+                join(&l.conditions)
+            )?;
+        }
+    }
+    for (key, status) in listener_sets {
+        writeln!(
+            w,
+            "ListenerSet {key} (Gateway {}): {}",
+            status.gateway,
+            join(&status.conditions)
+        )?;
         for l in &status.listeners {
             writeln!(
                 w,

@@ -3665,3 +3665,224 @@ async fn a_route_an_older_route_shadows_is_told_so() {
     .await
     .expect("in time");
 }
+
+/// Gateway edge of tenant-a (on its dedicated plane) admitting ListenerSets of its namespace,
+/// the ListenerSet `team` there with listener `team.example.com`, and the ListenerSet
+/// `outsider` of tenant-b on the same Gateway with `outsider.example.com`, each with a route.
+fn listener_sets(set_kind: &str) -> Vec<Value> {
+    let (api_version, kind) = match set_kind {
+        "XListenerSet" => ("gateway.networking.x-k8s.io/v1alpha1", "XListenerSet"),
+        _ => ("gateway.networking.k8s.io/v1", "ListenerSet"),
+    };
+    let set = |namespace: &str, name: &str, hostname: &str| {
+        yaml(&format!(
+            "apiVersion: {api_version}\nkind: {kind}\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec:\n  parentRef: {{name: edge, namespace: tenant-a}}\n  listeners: [{{name: web, port: 80, protocol: HTTP, hostname: {hostname}}}]\n"
+        ))
+    };
+    let route = |namespace: &str, name: &str, set: &str| {
+        yaml(&format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec:\n  parentRefs: [{{group: gateway.networking.k8s.io, kind: ListenerSet, name: {set}, sectionName: web}}]\n  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]\n"
+        ))
+    };
+    vec![
+        yaml(&gateway(true).replace(
+            "  listeners:",
+            "  allowedListeners: {namespaces: {from: Same}}\n  listeners:",
+        )),
+        set("tenant-a", "team", "team.example.com"),
+        route("tenant-a", "team-app", "team"),
+        set("tenant-b", "outsider", "outsider.example.com"),
+        route("tenant-b", "outsider-app", "outsider"),
+    ]
+}
+
+/// The ListenerSet's condition `kind`, once its status has one.
+fn listener_set_condition(
+    api: &ApiServer,
+    api_version: &str,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    condition_kind: &str,
+) -> Option<Value> {
+    let set = api.get(api_version, kind, namespace, name)?;
+    condition(&set["status"]["conditions"], condition_kind).cloned()
+}
+
+/// A route attached to a ListenerSet the Gateway admits is served by the Gateway's plane (a
+/// real proxy) on the ListenerSet listener's hostname, which the tunnel's ingress document
+/// publishes beside the Gateway's own; a ListenerSet the Gateway does not admit (another
+/// namespace, `from: Same`) serves and publishes nothing, and both say so in their status.
+#[tokio::test]
+async fn a_route_on_an_admitted_listener_set_is_served_and_published() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let cloudflare = CloudflareApi::start().await;
+        cloudflare.allow("acct", "cf-token-a");
+        let edge = Server::start(
+            ServerOptions {
+                auth_token: Some("s3cr3t".to_owned()),
+                ..ServerOptions::default()
+            },
+            None,
+        )
+        .await
+        .expect("the plane's proxy starts");
+        let outsider_echo = support::echo("tenant-b", "web-b").await;
+        let t = Tenant::start_tuned(
+            "replicas: 1, cloudflareCredentialsSecretRef: {name: edge-cf}",
+            |api| {
+                api.put(yaml(&format!(
+                    "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: edge-x1, namespace: tenant-a, labels: {{kubernetes.io/service-name: cf-proxy-edge-config, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: true}}}}]\n",
+                    edge.admin_addr().port()
+                )));
+                for doc in support::web_service("tenant-b", outsider_echo.http_addr()).split("---") {
+                    if !doc.trim().is_empty() {
+                        api.put(yaml(doc));
+                    }
+                }
+                for object in listener_sets("ListenerSet") {
+                    api.put(object);
+                }
+            },
+            ApiServer::client,
+            |options| {
+                options.cloudflare_api_base = cloudflare.base();
+                options.cloudflare_api_token = Some("cf-token-a".to_owned());
+            },
+        )
+        .await;
+        let serves = |host: &'static str, status: u16| {
+            let data = edge.data_addr();
+            async move {
+                let by = Instant::now() + Duration::from_secs(20);
+                loop {
+                    let got = get_via(data, host).await;
+                    if got == status {
+                        return;
+                    }
+                    assert!(Instant::now() < by, "{host}: {got}, not {status}");
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+            }
+        };
+        serves("team.example.com", 200).await;
+        serves("shop.example.com", 200).await;
+        let want = json!({"ingress": [
+            {"hostname": "shop.example.com", "service": "http://localhost:8080"},
+            {"hostname": "team.example.com", "service": "http://localhost:8080"},
+            {"service": "http_status:404"},
+        ]});
+        eventually("the tunnel's document lists the ListenerSet's hostname", || {
+            cloudflare
+                .config("acct", TUNNEL_ID)
+                .filter(|(_, d)| *d == want)
+        })
+        .await;
+        // Not admitted: nothing served on its hostname.
+        assert_eq!(get_via(edge.data_addr(), "outsider.example.com").await, 404);
+
+        const V1: &str = "gateway.networking.k8s.io/v1";
+        let accepted = eventually("team Accepted", || {
+            listener_set_condition(&t.api, V1, "ListenerSet", "tenant-a", "team", "Accepted")
+                .filter(|c| c["status"] == "True")
+        })
+        .await;
+        assert_eq!(accepted["reason"], "Accepted");
+        let refused = eventually("outsider refused", || {
+            listener_set_condition(&t.api, V1, "ListenerSet", "tenant-b", "outsider", "Accepted")
+        })
+        .await;
+        assert_eq!((refused["status"].as_str(), refused["reason"].as_str()), (Some("False"), Some("NotAllowed")));
+        let team = t.api.get(V1, "ListenerSet", "tenant-a", "team").expect("team");
+        assert_eq!(team.pointer("/status/listeners/0/attachedRoutes"), Some(&json!(1)));
+        let edge_gateway = eventually("attachedListenerSets", || {
+            t.api
+                .get(V1, "Gateway", "tenant-a", "edge")
+                .filter(|g| g.pointer("/status/attachedListenerSets").is_some())
+        })
+        .await;
+        assert_eq!(edge_gateway["status"]["attachedListenerSets"], 1);
+        let parent = eventually("team-app's parent", || {
+            route_parent(&t.api, "tenant-a", "team-app")
+        })
+        .await;
+        assert_eq!(parent["parentRef"]["kind"], "ListenerSet");
+        assert_eq!(
+            condition(&parent["conditions"], "Accepted").map(|c| c["status"].clone()),
+            Some(json!("True"))
+        );
+        let parent = eventually("outsider-app's parent", || {
+            route_parent(&t.api, "tenant-b", "outsider-app")
+        })
+        .await;
+        assert_eq!(
+            condition(&parent["conditions"], "Accepted").map(|c| c["reason"].clone()),
+            Some(json!("NoMatchingParent"))
+        );
+
+        // The Gateway admits every namespace: the outsider is served and published too.
+        t.api.put(yaml(&gateway(true).replace(
+            "  listeners:",
+            "  allowedListeners: {namespaces: {from: All}}\n  listeners:",
+        )));
+        serves("outsider.example.com", 200).await;
+        let want = json!({"ingress": [
+            {"hostname": "outsider.example.com", "service": "http://localhost:8080"},
+            {"hostname": "shop.example.com", "service": "http://localhost:8080"},
+            {"hostname": "team.example.com", "service": "http://localhost:8080"},
+            {"service": "http_status:404"},
+        ]});
+        eventually("the document lists the admitted outsider", || {
+            cloudflare
+                .config("acct", TUNNEL_ID)
+                .filter(|(_, d)| *d == want)
+        })
+        .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// Where the Gateway API CRDs predate v1.5, ListenerSets are the experimental `XListenerSet`:
+/// discovery finds it, its listeners serve, and its status is written there, with each
+/// listener's port as that version requires.
+#[tokio::test]
+async fn an_experimental_xlistenerset_is_read_and_reported_where_no_listener_set_is_served() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        const X: &str = "gateway.networking.x-k8s.io/v1alpha1";
+        let t = Tenant::start_with("replicas: 1", |api| {
+            api.serve_gateway_api_crds(GatewayApiCrds::V1_4);
+            for object in listener_sets("XListenerSet") {
+                api.put(object);
+            }
+        })
+        .await;
+        let accepted = eventually("team Accepted", || {
+            listener_set_condition(&t.api, X, "XListenerSet", "tenant-a", "team", "Accepted")
+                .filter(|c| c["status"] == "True")
+        })
+        .await;
+        assert_eq!(accepted["reason"], "Accepted");
+        let team = t
+            .api
+            .get(X, "XListenerSet", "tenant-a", "team")
+            .expect("team");
+        assert_eq!(team.pointer("/status/listeners/0/port"), Some(&json!(80)));
+        assert_eq!(
+            team.pointer("/status/listeners/0/attachedRoutes"),
+            Some(&json!(1))
+        );
+        let route = eventually("team-app's parent", || {
+            route_parent(&t.api, "tenant-a", "team-app")
+        })
+        .await;
+        assert_eq!(
+            condition(&route["conditions"], "Accepted").map(|c| c["status"].clone()),
+            Some(json!("True"))
+        );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}

@@ -51,7 +51,8 @@ use crate::access_policy::AccessPolicySpec;
 use crate::render::{self, Plans, RenderSettings};
 
 pub use crate::snapshot::{
-    ObjectKey, Snapshot, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND,
+    ObjectKey, Snapshot, EXPERIMENTAL_GATEWAY_API_GROUP, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP,
+    GATEWAY_CONFIG_KIND,
 };
 pub use backend::BackendRefError;
 pub use external_name::ExternalNameBackends;
