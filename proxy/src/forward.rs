@@ -47,6 +47,8 @@ pub struct Upstream {
     authority: Authority,
     /// Path of the backend URL (`https://api.example.com/base`), prepended to request paths.
     base_path: Option<Box<str>>,
+    /// Query of the backend URL, merged into every request's.
+    base_query: Option<Box<str>>,
     name: BackendName,
 }
 
@@ -104,6 +106,7 @@ impl Upstream {
         });
         let connector = Connector::new(host, port, tls, CONNECT_TIMEOUT, public_only);
         let base_path = target.base_path.clone();
+        let base_query = target.base_query.clone();
         let name = BackendName {
             url: Arc::from(&*target.url),
             host: Arc::from(host),
@@ -131,6 +134,7 @@ impl Upstream {
             client,
             authority,
             base_path,
+            base_query,
             name,
         })
     }
@@ -146,6 +150,10 @@ impl Upstream {
 
     pub fn base_path(&self) -> Option<&str> {
         self.base_path.as_deref()
+    }
+
+    pub fn base_query(&self) -> Option<&str> {
+        self.base_query.as_deref()
     }
 
     /// One try: sends the request and waits for the response head, bounded by `timeout`.

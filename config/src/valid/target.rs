@@ -23,6 +23,9 @@ pub struct Target {
     pub port: u16,
     /// The URL's path without its trailing `/`, prepended to request paths; `None` for `/`.
     pub base_path: Option<Box<str>>,
+    /// The URL's query, merged into every request's (the request's parameters win a name
+    /// both have); `None` when it has none.
+    pub base_query: Option<Box<str>>,
     pub protocol: BackendProtocol,
     /// WebSocket upgrades are expected: a TLS handshake offers HTTP/1.1 only.
     pub websocket: bool,
@@ -185,6 +188,7 @@ impl Target {
             "" | "/" => None,
             p => Some(p.trim_end_matches('/').into()),
         };
+        let base_query = uri.query().filter(|q| !q.is_empty()).map(Into::into);
         Ok(Self {
             key,
             url: url.into(),
@@ -193,6 +197,7 @@ impl Target {
             authority,
             port,
             base_path,
+            base_query,
             protocol,
             websocket,
             public_only,

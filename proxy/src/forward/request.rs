@@ -10,6 +10,33 @@ use http::{header, HeaderMap, HeaderValue, Request, Uri};
 #[error("request target cannot be forwarded")]
 pub struct UnforwardableTarget;
 
+/// The query of a request to a backend whose URL has the query `base`: the request's own
+/// parameters, then those of `base` whose name the request does not use (the request's win).
+/// Names are compared as written (percent-encoded).
+fn merge_query(own: Option<&str>, base: &str) -> String {
+    let own = own.filter(|q| !q.is_empty());
+    let mut out = String::with_capacity(own.map_or(0, str::len) + base.len() + 1);
+    if let Some(own) = own {
+        out.push_str(own);
+    }
+    for pair in base.split('&').filter(|p| !p.is_empty()) {
+        let key = param_name(pair);
+        let taken = own.is_some_and(|own| own.split('&').any(|p| param_name(p) == key));
+        if !taken {
+            if !out.is_empty() {
+                out.push('&');
+            }
+            out.push_str(pair);
+        }
+    }
+    out
+}
+
+/// The name of a `name=value` query parameter.
+fn param_name(pair: &str) -> &str {
+    pair.split_once('=').map_or(pair, |(name, _)| name)
+}
+
 /// Builds the request for one try (or one mirror copy) against `upstream`.
 pub(crate) fn upstream_request(
     parts: &http::request::Parts,
@@ -17,12 +44,19 @@ pub(crate) fn upstream_request(
     upstream: &Upstream,
     body: ProxyBody,
 ) -> Result<Request<ProxyBody>, UnforwardableTarget> {
-    let path_and_query = match (upstream.base_path(), parts.uri.path_and_query()) {
-        (None, Some(pq)) => pq.clone(),
-        (None, None) => http::uri::PathAndQuery::from_static("/"),
-        (Some(base), pq) => {
+    let pq = parts.uri.path_and_query();
+    let path_and_query = match (upstream.base_path(), upstream.base_query(), pq) {
+        (None, None, Some(pq)) => pq.clone(),
+        (None, None, None) => http::uri::PathAndQuery::from_static("/"),
+        (base, None, pq) => {
             let pq = pq.map_or("/", |pq| pq.as_str());
-            http::uri::PathAndQuery::try_from(format!("{base}{pq}"))
+            http::uri::PathAndQuery::try_from(format!("{}{pq}", base.unwrap_or("")))
+                .map_err(|_| UnforwardableTarget)?
+        }
+        (base, Some(base_query), pq) => {
+            let path = pq.map_or("/", |pq| pq.path());
+            let query = merge_query(pq.and_then(|pq| pq.query()), base_query);
+            http::uri::PathAndQuery::try_from(format!("{}{path}?{query}", base.unwrap_or("")))
                 .map_err(|_| UnforwardableTarget)?
         }
     };
@@ -40,4 +74,23 @@ pub(crate) fn upstream_request(
         }
     }
     Ok(req)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_query;
+
+    #[test]
+    fn the_backends_query_fills_in_parameters_the_request_does_not_set() {
+        assert_eq!(merge_query(None, "token=abc"), "token=abc");
+        assert_eq!(merge_query(Some(""), "token=abc"), "token=abc");
+        assert_eq!(merge_query(Some("q=1"), "token=abc"), "q=1&token=abc");
+        assert_eq!(
+            merge_query(Some("token=mine&q=1"), "token=abc&v=2"),
+            "token=mine&q=1&v=2"
+        );
+        // A name without a value counts as set.
+        assert_eq!(merge_query(Some("token"), "token=abc"), "token");
+        assert_eq!(merge_query(Some("tok=1"), "token=abc"), "tok=1&token=abc");
+    }
 }
