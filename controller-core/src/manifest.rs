@@ -7,6 +7,7 @@ use serde::Deserialize;
 use serde_yaml_ng::Value;
 
 use crate::access_policy::ACCESS_POLICY_KIND;
+use crate::external_backend::EXTERNAL_BACKEND_KIND;
 use crate::snapshot::{
     Snapshot, EXPERIMENTAL_GATEWAY_API_GROUP, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP,
     GATEWAY_CONFIG_KIND,
@@ -171,6 +172,11 @@ fn add_value(
         (GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND) => {
             snapshot
                 .gateway_configs
+                .push(object(value, source_name, document, &kind, &name)?)
+        }
+        (GATEWAY_CONFIG_GROUP, EXTERNAL_BACKEND_KIND) => {
+            snapshot
+                .external_backends
                 .push(object(value, source_name, document, &kind, &name)?)
         }
         (GATEWAY_CONFIG_GROUP, ACCESS_POLICY_KIND) => {

@@ -18,6 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Serialize, Serializer};
 
 use crate::access_policy::AccessPolicy;
+use crate::external_backend::ExternalBackend;
 use crate::gateway_config::GatewayConfig;
 
 /// The API group of every Gateway API kind.
@@ -54,6 +55,8 @@ pub struct Snapshot {
     /// Read by [`crate::render::plan`] for the tokens a `GatewayConfig` names, and by the
     /// translation for Gateways' backend client certificates and BackendTLSPolicies' CAs.
     pub secrets: Vec<Secret>,
+    /// Origins outside the cluster that route backendRefs name.
+    pub external_backends: Vec<ExternalBackend>,
     /// The Cloudflare Access requirements route rules name through ExtensionRef filters.
     pub access_policies: Vec<AccessPolicy>,
     /// The metadata of the cluster's CustomResourceDefinitions: the Gateway API ones' names and

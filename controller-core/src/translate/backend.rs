@@ -12,7 +12,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::backend_tls::PortKey;
 use super::external_name::{self, ExternalNameBackends, Refusal};
 use super::status::Reason;
-use super::{Index, Options, RouteKind};
+use super::{Index, Options, RouteKind, GATEWAY_CONFIG_GROUP};
+use crate::external_backend::EXTERNAL_BACKEND_KIND;
 
 /// `appProtocol` values with a meaning for the data plane (Gateway API GEP-1911).
 const APP_PROTOCOL_H2C: &str = "kubernetes.io/h2c";
@@ -79,6 +80,15 @@ pub enum BackendRefError {
     },
     #[error("{field}: {message}")]
     AccessPolicyUnusable { field: String, message: String },
+    /// An ExternalBackend that cannot be used ([`super::external_backend`]).
+    #[error("{field}: ExternalBackend {namespace}/{name} {message}")]
+    ExternalBackend {
+        field: String,
+        namespace: String,
+        name: String,
+        reason: Reason,
+        message: String,
+    },
     #[error("{field}: Service {namespace}/{name} of type ExternalName is refused: {refusal}")]
     ExternalNameRefused {
         field: String,
@@ -105,6 +115,7 @@ impl BackendRefError {
             | Self::AccessPolicyNotFound { .. }
             | Self::AccessPolicyUnusable { .. } => Reason::BackendNotFound,
             Self::RefNotPermitted { .. } => Reason::RefNotPermitted,
+            Self::ExternalBackend { reason, .. } => *reason,
         }
     }
 }
@@ -140,6 +151,9 @@ pub(super) fn resolve(
 ) -> Result<Resolved, BackendRefError> {
     let group = r.group.unwrap_or("");
     let kind = r.kind.unwrap_or("Service");
+    if group == GATEWAY_CONFIG_GROUP && kind == EXTERNAL_BACKEND_KIND {
+        return super::external_backend::resolve(r, from, from_namespace, field, index, options);
+    }
     if !group.is_empty() || kind != "Service" {
         return Err(BackendRefError::InvalidKind {
             field: field.to_owned(),

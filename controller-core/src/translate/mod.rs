@@ -17,6 +17,7 @@ mod backend_tls;
 mod binding;
 pub mod bundle_version;
 mod client_certificate;
+mod external_backend;
 pub mod external_name;
 mod features;
 mod gateway;
@@ -48,6 +49,7 @@ use serde::{Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
 use crate::access_policy::AccessPolicySpec;
+use crate::external_backend::ExternalBackend;
 use crate::render::{self, Plans, RenderSettings};
 
 pub use crate::snapshot::{
@@ -678,6 +680,7 @@ pub(crate) struct Index<'a> {
     /// The BackendTLSPolicies, judged, and which covers each Service port.
     policies: backend_tls::Policies,
     access_policies: BTreeMap<(&'a str, &'a str), &'a AccessPolicySpec>,
+    external_backends: BTreeMap<(&'a str, &'a str), &'a ExternalBackend>,
 }
 
 /// Objects of a namespaced kind by (namespace, name).
@@ -747,6 +750,7 @@ impl<'a> Index<'a> {
             })
             .collect();
         Self {
+            external_backends: by_key(&snapshot.external_backends),
             namespaces,
             services,
             slices,

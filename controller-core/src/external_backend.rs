@@ -1,0 +1,176 @@
+//! `ExternalBackend` (`cf.k8s.lex.la/v1alpha1`): an origin outside the cluster, reached over
+//! `http` or `https`, that an HTTPRoute or GRPCRoute names as a backendRef (group
+//! `cf.k8s.lex.la`, kind `ExternalBackend`) instead of standing up an ExternalName Service.
+//! The fields are those of the Go implementation's kind of the same group, so its objects apply
+//! unchanged. `path` is a base path put before every request's path, and may carry a query
+//! whose parameters are added to every request's (the request's own win a name both use).
+//!
+//! Its host is its owner's to point anywhere, as an ExternalName Service's name is, so it is
+//! judged the same way (`--external-name-backends`, see
+//! [`crate::translate::external_name`]): refused under `deny`, dialled only at public addresses
+//! under `external`, as written under `any`.
+
+use cftunnel_config::{valid, BackendProtocol};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub const EXTERNAL_BACKEND_KIND: &str = "ExternalBackend";
+
+/// The protocol an external backend is dialled with.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ExternalBackendScheme {
+    #[default]
+    Http,
+    Https,
+}
+
+#[derive(
+    CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema,
+)]
+#[kube(
+    group = "cf.k8s.lex.la",
+    version = "v1alpha1",
+    kind = "ExternalBackend",
+    namespaced,
+    shortname = "extbackend",
+    printcolumn = r#"{"name": "Scheme", "type": "string", "jsonPath": ".spec.scheme"}"#,
+    printcolumn = r#"{"name": "Host", "type": "string", "jsonPath": ".spec.host"}"#,
+    printcolumn = r#"{"name": "Port", "type": "integer", "jsonPath": ".spec.port"}"#,
+    printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#,
+    doc = "An HTTP(S) origin outside the cluster that HTTPRoute and GRPCRoute backendRefs may name."
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ExternalBackendSpec {
+    /// `http` or `https` (verified against the platform's web roots).
+    pub scheme: ExternalBackendScheme,
+    /// Hostname or IP address, without scheme, port or path; IPv6 literals bracketed
+    /// (`[2001:db8::1]`).
+    #[schemars(length(min = 1, max = 253), pattern(r"^[a-zA-Z0-9._:\[\]-]+$"))]
+    pub host: String,
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// Base path put before every request's path (`/v1`); it may end with a query
+    /// (`/v1?token=abc`) whose parameters are added to every request's, the request's own
+    /// winning a name both use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^/.*$"))]
+    pub path: Option<String>,
+}
+
+impl ExternalBackendSpec {
+    /// The backend URL the proxy dials, or why there is none (the field named).
+    ///
+    /// # Errors
+    /// A port out of range, a path not starting with `/`, or a host that does not make a
+    /// URL with them (one with a port or scheme of its own, an unbracketed IPv6 literal).
+    pub fn url(&self) -> Result<String, String> {
+        if !(1..=65535).contains(&self.port) {
+            return Err(format!("port: {} is not between 1 and 65535", self.port));
+        }
+        let path = self.path.as_deref().unwrap_or_default();
+        if !path.is_empty() && !path.starts_with('/') {
+            return Err(format!("path: {path:?} does not start with /"));
+        }
+        let valid_host = !self.host.is_empty()
+            && self.host.chars().all(|c| {
+                c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']')
+            });
+        let scheme = match self.scheme {
+            ExternalBackendScheme::Http => "http",
+            ExternalBackendScheme::Https => "https",
+        };
+        let url = format!("{scheme}://{}:{}{path}", self.host, self.port);
+        // The config contract's reading of the URL: the host must come back as written.
+        let target = valid::Target::new(&url, BackendProtocol::Http1, false, None, false).ok();
+        let read_back =
+            target.is_some_and(|t| &*t.host == self.dial_host() && i32::from(t.port) == self.port);
+        if !valid_host || !read_back {
+            return Err(format!(
+                "host: {:?} is not a hostname or IP address (no scheme, port or path; IPv6 bracketed)",
+                self.host
+            ));
+        }
+        Ok(url)
+    }
+
+    /// The host dialled, without the brackets of an IPv6 literal.
+    pub fn dial_host(&self) -> &str {
+        self.host.trim_start_matches('[').trim_end_matches(']')
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(
+        scheme: ExternalBackendScheme,
+        host: &str,
+        port: i32,
+        path: Option<&str>,
+    ) -> ExternalBackendSpec {
+        ExternalBackendSpec {
+            scheme,
+            host: host.to_owned(),
+            port,
+            path: path.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_spec_makes_the_url_the_proxy_dials() {
+        use ExternalBackendScheme::{Http, Https};
+        assert_eq!(
+            spec(Https, "api.example.com", 443, None).url().as_deref(),
+            Ok("https://api.example.com:443")
+        );
+        assert_eq!(
+            spec(Http, "api.example.com", 8080, Some("/v1?token=abc"))
+                .url()
+                .as_deref(),
+            Ok("http://api.example.com:8080/v1?token=abc")
+        );
+        assert_eq!(
+            spec(Http, "[2001:db8::1]", 80, None).url().as_deref(),
+            Ok("http://[2001:db8::1]:80")
+        );
+        assert_eq!(
+            spec(Http, "[2001:db8::1]", 80, None).dial_host(),
+            "2001:db8::1"
+        );
+    }
+
+    #[test]
+    fn a_spec_that_makes_no_url_names_its_field() {
+        use ExternalBackendScheme::Http;
+        for (s, field) in [
+            (spec(Http, "api.example.com", 0, None), "port:"),
+            (spec(Http, "api.example.com", 70000, None), "port:"),
+            (spec(Http, "api.example.com", 80, Some("v1")), "path:"),
+            (spec(Http, "api.example.com:8080", 80, None), "host:"),
+            (spec(Http, "2001:db8::1", 80, None), "host:"),
+            (spec(Http, "", 80, None), "host:"),
+            (spec(Http, "http://x", 80, None), "host:"),
+        ] {
+            let e = s.url().expect_err("refused");
+            assert!(e.starts_with(field), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_go_implementations_objects_read_unchanged() {
+        let object: ExternalBackend = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cf.k8s.lex.la/v1alpha1",
+            "kind": "ExternalBackend",
+            "metadata": {"name": "legacy", "namespace": "shop"},
+            "spec": {"scheme": "https", "host": "legacy.example.com", "port": 8443, "path": "/api"}
+        }))
+        .expect("reads");
+        assert_eq!(
+            object.spec.url().as_deref(),
+            Ok("https://legacy.example.com:8443/api")
+        );
+    }
+}
