@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::CustomResourceExt;
 
 use crate::access_policy::AccessPolicy;
+use crate::external_backend::ExternalBackend;
 use crate::gateway_config::GatewayConfig;
 use crate::manifest;
 use crate::render::{self, RenderSettings};
@@ -43,7 +44,7 @@ pub enum Command {
     /// Print the objects of a Gateway's dedicated data plane (stdout, multi-document YAML, in
     /// apply order) and its status address (stderr).
     Render(RenderArgs),
-    /// Print the CustomResourceDefinitions of GatewayConfig and AccessPolicy (multi-document
+    /// Print the CustomResourceDefinitions of GatewayConfig, AccessPolicy and ExternalBackend (multi-document
     /// YAML), or of the one kind named.
     Crd(CrdArgs),
 }
@@ -63,6 +64,8 @@ pub enum CrdKind {
     GatewayConfig,
     #[value(name = "AccessPolicy")]
     AccessPolicy,
+    #[value(name = "ExternalBackend")]
+    ExternalBackend,
 }
 
 impl CrdKind {
@@ -74,6 +77,7 @@ impl CrdKind {
         let crd = match self {
             Self::GatewayConfig => GatewayConfig::crd(),
             Self::AccessPolicy => AccessPolicy::crd(),
+            Self::ExternalBackend => ExternalBackend::crd(),
         };
         serde_yaml_ng::to_string(&crd).context("encoding the CRD")
     }
@@ -725,7 +729,11 @@ pub fn run_render(
 pub fn run_crd(args: &CrdArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let kinds = match args.kind {
         Some(kind) => vec![kind],
-        None => vec![CrdKind::GatewayConfig, CrdKind::AccessPolicy],
+        None => vec![
+            CrdKind::GatewayConfig,
+            CrdKind::AccessPolicy,
+            CrdKind::ExternalBackend,
+        ],
     };
     for (i, kind) in kinds.into_iter().enumerate() {
         if i > 0 {

@@ -127,6 +127,7 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     ("cf.k8s.lex.la", "gatewayconfigs", &["list", "watch"]),
     ("cf.k8s.lex.la", "gatewayconfigs/status", &["patch"]),
     ("cf.k8s.lex.la", "accesspolicies", &["list", "watch"]),
+    ("cf.k8s.lex.la", "externalbackends", &["list", "watch"]),
     // Their metadata: the bundle version of Gateway API's (GatewayClass `SupportedVersion`).
     (
         "apiextensions.k8s.io",

@@ -39,6 +39,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::access_policy::AccessPolicy;
+use crate::external_backend::ExternalBackend;
 use crate::gateway_config::GatewayConfig;
 use crate::translate::bundle_version::{is_gateway_api_crd, CRD_ACCESS};
 use crate::translate::{Snapshot, EXPERIMENTAL_GATEWAY_API_GROUP, GATEWAY_API_GROUP};
@@ -508,6 +509,9 @@ pub struct Stores {
     /// The AccessPolicies route rules name; gates readiness for `crd_wait` at most, as a
     /// cluster upgraded without its CRD has none to list.
     pub access_policies: Store<AccessPolicy>,
+    /// The ExternalBackends routes name; gates readiness for `crd_wait` at most, as
+    /// AccessPolicies do.
+    pub external_backends: Store<ExternalBackend>,
     pub secrets: Store<Secret>,
     /// The rendered proxy Deployments (their ready replicas gate `Programmed`; one deleted or
     /// edited away from its render is put back at once).
@@ -665,6 +669,7 @@ impl Stores {
             endpoint_slices: watch(Api::all(client.clone()), all(), &changed, tasks),
             gateway_configs: watch(Api::all(client.clone()), all(), &changed, tasks),
             access_policies: watch(Api::all(client.clone()), all(), &changed, tasks),
+            external_backends: watch(Api::all(client.clone()), all(), &changed, tasks),
             secrets: watch(Api::all(client.clone()), all(), &changed, tasks),
             deployments: watch(
                 Api::all(client.clone()),
@@ -785,6 +790,16 @@ impl Stores {
                  SupportedVersion=False until they are (the controller's RBAC must grant `needs`)"
             );
         }
+        let backends =
+            tokio::time::timeout(crd_wait, self.external_backends.wait_until_ready()).await;
+        if !matches!(backends, Ok(Ok(()))) {
+            tracing::warn!(
+                waited = ?crd_wait,
+                "ExternalBackends not listed in time (is the externalbackends.cf.k8s.lex.la CRD \
+                 installed, and may the controller list and watch them?); reconciling without \
+                 them: backendRefs naming one resolve to nothing (500) until they are listed"
+            );
+        }
         let policies =
             tokio::time::timeout(crd_wait, self.access_policies.wait_until_ready()).await;
         if !matches!(policies, Ok(Ok(()))) {
@@ -820,6 +835,7 @@ impl Stores {
             endpoint_slices: cloned(&self.endpoint_slices),
             gateway_configs: cloned(&self.gateway_configs),
             access_policies: cloned(&self.access_policies),
+            external_backends: cloned(&self.external_backends),
             secrets: cloned(&self.secrets),
             custom_resource_definitions: crds_listed.then(|| {
                 self.gateway_api_crds

@@ -34,6 +34,7 @@ pub(super) const SERVED: &[Served] = &[
     Served { kind: "Service", group: "", versions: &["v1"], plural: "services", namespaced: true, subresources: &["status"] },
     Served { kind: "EndpointSlice", group: "discovery.k8s.io", versions: &["v1"], plural: "endpointslices", namespaced: true, subresources: &[] },
     Served { kind: "GatewayConfig", group: "cf.k8s.lex.la", versions: &["v1alpha1"], plural: "gatewayconfigs", namespaced: true, subresources: &["status"] },
+    Served { kind: "ExternalBackend", group: "cf.k8s.lex.la", versions: &["v1alpha1"], plural: "externalbackends", namespaced: true, subresources: &[] },
     Served { kind: "AccessPolicy", group: "cf.k8s.lex.la", versions: &["v1alpha1"], plural: "accesspolicies", namespaced: true, subresources: &[] },
     Served { kind: "Secret", group: "", versions: &["v1"], plural: "secrets", namespaced: true, subresources: &[] },
     Served { kind: "Deployment", group: "apps", versions: &["v1"], plural: "deployments", namespaced: true, subresources: &["scale", "status"] },

@@ -1,0 +1,145 @@
+//! ExternalBackends end to end: an ExternalBackend with a base path and a query is translated,
+//! the document applied to an in-process proxy, and requests go through it over real sockets
+//! to an echo backend on loopback. Under `--external-name-backends=any` the backend gets the
+//! base path before the request's path and the ExternalBackend's query parameters beside the
+//! request's (which win a name both use); under `external`, the default, the proxy refuses to
+//! dial the loopback address, as it does for an ExternalName Service's.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cftunnel_controller_core::manifest;
+use cftunnel_controller_core::translate::{
+    self, ConditionType, ExternalNameBackends, ObjectKey, Options, PlaneKey, Reason, RouteKey,
+    RouteKind, Snapshot,
+};
+use cftunnel_proxy::{Server, ServerOptions};
+use cftunnel_testkit::echo::{EchoConfig, EchoIdentity, EchoServer};
+use http_body_util::{BodyExt, Empty};
+
+fn manifests(backend: SocketAddr) -> String {
+    format!(
+        r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: cf}}
+spec: {{controllerName: cf.k8s.lex.la/tunnel-controller}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: edge, namespace: shop}}
+spec:
+  gatewayClassName: cf
+  listeners: [{{name: http, port: 80, protocol: HTTP}}]
+---
+apiVersion: cf.k8s.lex.la/v1alpha1
+kind: ExternalBackend
+metadata: {{name: legacy, namespace: shop}}
+spec: {{scheme: http, host: "{ip}", port: {port}, path: "/v1?token=abc&region=eu"}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: shop, namespace: shop}}
+spec:
+  parentRefs: [{{name: edge}}]
+  rules: [{{backendRefs: [{{group: cf.k8s.lex.la, kind: ExternalBackend, name: legacy}}]}}]
+"#,
+        ip = backend.ip(),
+        port = backend.port()
+    )
+}
+
+fn config(manifests: &str, mode: ExternalNameBackends) -> cftunnel_config::Config {
+    let mut snapshot = Snapshot::default();
+    manifest::load_into(&mut snapshot, manifests, "external-backend.yaml").expect("parses");
+    let output = translate::translate(
+        &snapshot,
+        &Options {
+            external_name_backends: mode,
+            ..Options::default()
+        },
+    );
+    let parents = &output.statuses.routes[&RouteKey {
+        kind: RouteKind::Http,
+        key: ObjectKey::new("shop", "shop"),
+    }];
+    let resolved = parents[0]
+        .condition(ConditionType::ResolvedRefs)
+        .expect("ResolvedRefs");
+    assert_eq!(
+        (resolved.status, resolved.reason),
+        (true, Reason::ResolvedRefs)
+    );
+    output.configs[&PlaneKey::Shared].clone()
+}
+
+async fn get(proxy: SocketAddr, path: &str) -> (u16, serde_json::Value) {
+    let client = cftunnel_testkit::client::pooled::<Empty<Bytes>>();
+    let request = http::Request::get(format!("http://{proxy}{path}"))
+        .header("host", "shop.example.com")
+        .body(Empty::new())
+        .expect("request");
+    let response = client.request(request).await.expect("the proxy answers");
+    let status = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    (
+        status,
+        serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+#[tokio::test]
+async fn an_external_backend_gets_its_base_path_and_query_and_is_dialled_only_where_admitted() {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let echo = EchoServer::start(EchoConfig {
+            http_addr: "127.0.0.1:0".parse().expect("address"),
+            h2c_addr: "127.0.0.1:0".parse().expect("address"),
+            identity: EchoIdentity {
+                namespace: "legacy".to_owned(),
+                pod: "legacy-1".to_owned(),
+            },
+            record_log: true,
+            print_log: false,
+        })
+        .await
+        .expect("echo starts");
+        let manifests = manifests(echo.http_addr());
+
+        let proxy = Server::start(
+            ServerOptions::default(),
+            Some(config(&manifests, ExternalNameBackends::Any)),
+        )
+        .await
+        .expect("the proxy starts with the translated document");
+        let (status, body) = get(proxy.data_addr(), "/orders?q=1").await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(echo.count_echoed("/v1/orders?q=1&token=abc&region=eu"), 1);
+        // The request's own parameter wins the name both use.
+        let (status, _) = get(proxy.data_addr(), "/orders?token=mine").await;
+        assert_eq!(status, 200);
+        assert_eq!(echo.count_echoed("/v1/orders?token=mine&region=eu"), 1);
+        let (status, _) = get(proxy.data_addr(), "/").await;
+        assert_eq!(status, 200);
+        assert_eq!(echo.count_echoed("/v1/?token=abc&region=eu"), 1);
+
+        // `external`: the loopback address is not public; the proxy does not dial it.
+        let before = echo.log_lines().len();
+        let refusing = Server::start(
+            ServerOptions::default(),
+            Some(config(&manifests, ExternalNameBackends::External)),
+        )
+        .await
+        .expect("the proxy starts");
+        let (status, _) = get(refusing.data_addr(), "/orders").await;
+        assert!(status >= 500, "refused, not proxied: {status}");
+        assert_eq!(echo.log_lines().len(), before, "the backend saw nothing");
+    })
+    .await
+    .expect("in time");
+}
