@@ -342,10 +342,7 @@ fn the_gateways_listeners_win_conflicts_then_older_listener_sets() {
     assert_eq!(entry(&out, "infra", "first", "own"), fine);
     assert_eq!(entry(&out, "infra", "first", "conflict-gw"), conflicted);
     assert_eq!(entry(&out, "infra", "first", "conflict-set"), fine);
-    assert_eq!(
-        set_condition(&out, "infra", "first", ConditionType::Accepted).0,
-        true
-    );
+    assert!(set_condition(&out, "infra", "first", ConditionType::Accepted).0);
     assert_eq!(
         set_condition(&out, "infra", "first", ConditionType::Programmed),
         (true, Reason::Programmed)
@@ -359,10 +356,7 @@ fn the_gateways_listeners_win_conflicts_then_older_listener_sets() {
     }
     assert_eq!(entry(&out, "infra", "third", "own"), fine);
     assert_eq!(entry(&out, "infra", "third", "conflict-set"), conflicted);
-    assert_eq!(
-        set_condition(&out, "infra", "third", ConditionType::Accepted).0,
-        true
-    );
+    assert!(set_condition(&out, "infra", "third", ConditionType::Accepted).0);
     assert_eq!(hub_status(&out).attached_listener_sets, 2);
 }
 
