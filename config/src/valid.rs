@@ -14,6 +14,7 @@
 //!
 //! Pure: no I/O, no clock. [`Cache`] keeps compiled patterns and parsed targets between calls.
 
+mod at;
 mod cache;
 mod filter;
 mod name;
@@ -35,6 +36,7 @@ pub use status::{final_status, redirect_status, status};
 pub use target::{Target, TargetError, Tls};
 
 use crate::Config;
+use at::At;
 
 /// A value that breaks a rule of the contract: the field, relative to the rule
 /// (`matches[0].path`), and why.

@@ -7,25 +7,52 @@
 
 mod compile;
 mod error;
+mod reuse;
 
 pub use compile::compile;
 pub use error::ConfigError;
 
 use crate::forward::Upstream;
 use crate::proxy::Proxy;
+use crate::route::RegexSets;
 use cftunnel_config::{valid, Config};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// What one compile hands to the next: backend clients, by their target's key (so connection
-/// pools survive a reload), and the contract's compiled patterns and parsed targets (so an
-/// unchanged regex is not compiled again).
+/// What one compile hands to the next: backend clients, by their target (so connection pools
+/// survive a reload), the contract's compiled patterns and parsed targets and the table's
+/// multi-pattern automatons (so an unchanged regex is not compiled again), and the compiled
+/// rules (so an unchanged rule is neither checked nor built again).
 #[derive(Debug)]
 pub struct Cache {
-    pub(crate) upstreams: HashMap<Box<str>, Arc<Upstream>>,
+    pub(crate) upstreams: HashMap<TargetId, Arc<Upstream>>,
     pub(crate) checked: valid::Cache,
+    /// The route table's multi-pattern automatons.
+    pub(crate) regex_sets: RegexSets,
+    /// The compiled rules of the table in service.
+    pub(crate) rules: reuse::Rules,
     /// Bound on HTTP/1.1 connections open at once to each new backend client.
     pub(crate) max_connections: usize,
+}
+
+/// A checked target, compared by identity: the contract's cache hands out the same `Arc` for an
+/// unchanged target push after push, so finding its client costs no string hashing. Holding
+/// the `Arc` keeps its address from being reused by another target.
+#[derive(Debug, Clone)]
+pub(crate) struct TargetId(pub(crate) Arc<valid::Target>);
+
+impl PartialEq for TargetId {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for TargetId {}
+
+impl std::hash::Hash for TargetId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(Arc::as_ptr(&self.0), state);
+    }
 }
 
 impl Default for Cache {
@@ -41,6 +68,8 @@ impl Cache {
         Self {
             upstreams: HashMap::new(),
             checked: valid::Cache::default(),
+            regex_sets: RegexSets::default(),
+            rules: reuse::Rules::default(),
             max_connections,
         }
     }

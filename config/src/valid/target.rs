@@ -9,7 +9,6 @@ use rustls_pki_types::{CertificateDer, ServerName};
 /// has failed here, so the proxy only builds a client from it.
 #[derive(Debug, Clone)]
 pub struct Target {
-    key: Box<str>,
     /// The URL as written.
     pub url: Box<str>,
     /// `http` or `https`.
@@ -29,6 +28,8 @@ pub struct Target {
     pub public_only: bool,
     /// Present exactly when the scheme is `https`.
     pub tls: Option<Tls>,
+    /// The TLS settings as written, which with the fields above identify the target.
+    tls_settings: Option<BackendTls>,
 }
 
 /// TLS to a backend.
@@ -77,7 +78,6 @@ impl Target {
         tls: Option<&BackendTls>,
         public_only: bool,
     ) -> Result<Self, TargetError> {
-        let key = Self::key_of(url, protocol, websocket, tls, public_only);
         let uri: http::Uri = url
             .parse()
             .map_err(|e: http::uri::InvalidUri| TargetError::url(e.to_string()))?;
@@ -133,6 +133,7 @@ impl Target {
                 }
             },
         };
+        let tls_settings = tls.cloned();
         let tls = match (secure, tls) {
             (true, tls) => Some(Tls::new(host, tls)?),
             (false, Some(_)) => {
@@ -145,7 +146,6 @@ impl Target {
             p => Some(p.trim_end_matches('/').into()),
         };
         Ok(Self {
-            key,
             url: url.into(),
             scheme,
             host: host.into(),
@@ -156,23 +156,23 @@ impl Target {
             websocket,
             public_only,
             tls,
+            tls_settings,
         })
     }
 
-    /// What identifies the target: equal keys, equal targets. Lets a caller keep what it
-    /// built for a target (a connection pool) across documents.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
-    pub(super) fn key_of(
-        url: &str,
+    /// Whether this is the target [`Target::new`] makes of these settings (the URL compared by
+    /// the caller).
+    pub(super) fn made_of(
+        &self,
         protocol: BackendProtocol,
         websocket: bool,
         tls: Option<&BackendTls>,
         public_only: bool,
-    ) -> Box<str> {
-        format!("{url}|{protocol:?}|{websocket}|{tls:?}|{public_only}").into()
+    ) -> bool {
+        self.protocol == protocol
+            && self.websocket == websocket
+            && self.public_only == public_only
+            && self.tls_settings.as_ref() == tls
     }
 }
 

@@ -268,6 +268,24 @@ fn invalid_documents_name_the_field_at_fault() {
             json!({"rules": [{"matches": [{"path": {"type": "Exact", "value": "no-slash"}}]}]}),
             "rules[0].matches[0].path",
         ),
+        // Positions past the first, at every depth.
+        (
+            json!({"rules": [{}, {}, {"matches": [{}, {"queryParams": [
+                {"name": "a", "value": "x"},
+                {"type": "RegularExpression", "name": "b", "value": "(["}
+            ]}]}]}),
+            "rules[2].matches[1].queryParams[1].value",
+        ),
+        (
+            json!({"rules": [{"backends": [
+                {"url": "http://x", "weight": 1},
+                {"url": "http://y", "weight": 1, "filters": [
+                    {"type": "ResponseHeaderModifier", "responseHeaderModifier": {"add": [{"name": "a", "value": "b"}]}},
+                    {"type": "ResponseHeaderModifier", "responseHeaderModifier": {"add": [{"name": "a", "value": "b"}, {"name": "c d", "value": "e"}]}}
+                ]}
+            ]}]}),
+            "rules[0].backends[1].filters[1].responseHeaderModifier.add[1].name",
+        ),
     ];
     for (value, field) in cases {
         assert_eq!(refused_field(value.clone()), field, "{value}");

@@ -1,4 +1,5 @@
-use super::{Cache, ConfigError};
+use super::reuse::Compiled;
+use super::{Cache, ConfigError, TargetId};
 use crate::filter::{
     Cors, Filters, HeaderModifier, Mirror, OriginPattern, PathModifier, Redirect, RequestEdit,
     Rewrite,
@@ -15,8 +16,9 @@ use std::sync::Arc;
 /// Compiles a config document into a route table: every rule is checked by the contract
 /// ([`valid::rule`]), the one set of rules the controller checks its documents with too, then
 /// built into the table. Pure apart from building (not dialling) backend clients; reuses the
-/// clients and compiled patterns in `cache` and, when the document compiles, leaves only the
-/// ones it uses there.
+/// clients, compiled patterns and compiled rules in `cache` (a rule pushed again unchanged is
+/// shared with the table in service, see [`super::reuse`]) and, when the document compiles,
+/// leaves only the ones it uses there.
 pub fn compile(
     config: &cftunnel_config::Config,
     metrics: &ProxyMetrics,
@@ -24,8 +26,14 @@ pub fn compile(
 ) -> Result<Routes, ConfigError> {
     let result = build(config, metrics, cache);
     match &result {
-        Ok(_) => cache.checked.keep_used(),
-        Err(_) => cache.checked.drop_used(),
+        Ok(_) => {
+            cache.checked.keep_used();
+            cache.rules.keep_used();
+        }
+        Err(_) => {
+            cache.checked.drop_used();
+            cache.rules.drop_used();
+        }
     }
     result
 }
@@ -35,51 +43,49 @@ fn build(
     metrics: &ProxyMetrics,
     cache: &mut Cache,
 ) -> Result<Routes, ConfigError> {
-    let mut used = HashMap::new();
+    let mut used = HashMap::with_capacity(cache.upstreams.len());
     let mut upstreams = Upstreams {
         max_connections: cache.max_connections,
         old: &cache.upstreams,
         used: &mut used,
+        taken: Vec::new(),
     };
     let mut builder = TableBuilder::default();
     for (index, rule) in config.rules.iter().enumerate() {
-        let refused = |invalid| {
-            ConfigError::Refused(valid::RuleRefused {
-                index,
-                name: rule.name.clone(),
-                invalid,
-            })
+        let fingerprint = cache.rules.fingerprint(rule);
+        let compiled = match cache.rules.get(fingerprint) {
+            Some(compiled) => {
+                // Still in use: keep what it holds in the caches it came from.
+                for (target, upstream) in compiled.targets.iter() {
+                    upstreams.keep(target, upstream);
+                    cache.checked.keep_target(target);
+                }
+                for pattern in compiled.patterns.iter() {
+                    cache.checked.keep_pattern(pattern);
+                }
+                compiled
+            }
+            None => {
+                let compiled = Arc::new(
+                    compile_rule(rule, &mut cache.checked, &mut upstreams).map_err(|invalid| {
+                        ConfigError::Refused(valid::RuleRefused {
+                            index,
+                            name: rule.name.clone(),
+                            invalid,
+                        })
+                    })?,
+                );
+                cache.rules.insert(fingerprint, compiled.clone());
+                compiled
+            }
         };
-        let checked = valid::rule(rule, &mut cache.checked).map_err(refused)?;
-        let hostnames = checked.hostnames;
-        let matches = checked.matches.into_iter().map(match_spec).collect();
-        let built = |field: String| {
-            move |e: UpstreamError| refused(valid::Invalid::new(field, e.to_string()))
-        };
-        let mut backends = Vec::with_capacity(checked.backends.len());
-        for (j, b) in checked.backends.into_iter().enumerate() {
-            backends.push(
-                backend(b, &mut upstreams, &format!("backends[{j}]"))
-                    .map_err(|(field, e)| refused(valid::Invalid::new(field, e.to_string())))?,
-            );
-        }
-        let compiled = Rule {
-            name: checked.name,
-            filters: filters(checked.filters, &mut upstreams)
-                .map_err(built("filters".to_owned()))?,
-            backends: Backends::new(backends),
-            request_timeout: checked.request_timeout,
-            backend_timeout: checked.backend_timeout,
-            unavailable: checked.unavailable,
-            retry: checked.retry.map(|r| RetryPolicy {
-                codes: r.codes.into_boxed_slice(),
-                attempts: r.attempts,
-                backoff: r.backoff,
-            }),
-        };
-        builder.push(&hostnames, matches, compiled);
+        builder.push_shared(
+            &compiled.hostnames,
+            compiled.matches.clone(),
+            compiled.rule.clone(),
+        );
     }
-    let table = builder.build();
+    let table = builder.build_with(&mut cache.regex_sets);
     let mut host_labels = vec![Box::<str>::from(""); table.bucket_count()];
     for bucket in table.buckets() {
         if let Some(slot) = host_labels.get_mut(bucket.id) {
@@ -96,43 +102,100 @@ fn build(
     ))
 }
 
+/// Checks one rule and builds it; a failure names the field relative to the rule.
+fn compile_rule(
+    rule: &cftunnel_config::Rule,
+    checked: &mut valid::Cache,
+    upstreams: &mut Upstreams<'_>,
+) -> Result<Compiled, valid::Invalid> {
+    let rule = valid::rule(rule, checked)?;
+    let patterns = rule
+        .matches
+        .iter()
+        .flat_map(valid::Match::patterns)
+        .cloned()
+        .collect();
+    let matches = rule.matches.into_iter().map(match_spec).collect();
+    let mut backends = Vec::with_capacity(rule.backends.len());
+    for (j, b) in rule.backends.into_iter().enumerate() {
+        backends.push(backend(b, upstreams).map_err(|(field, e)| {
+            valid::Invalid::new(format!("backends[{j}].{field}"), e.to_string())
+        })?);
+    }
+    let filters = filters(rule.filters, upstreams)
+        .map_err(|e| valid::Invalid::new("filters", e.to_string()))?;
+    Ok(Compiled {
+        hostnames: rule.hostnames.into_boxed_slice(),
+        matches,
+        rule: Arc::new(Rule {
+            name: rule.name,
+            filters,
+            backends: Backends::new(backends),
+            request_timeout: rule.request_timeout,
+            backend_timeout: rule.backend_timeout,
+            unavailable: rule.unavailable,
+            retry: rule.retry.map(|r| RetryPolicy {
+                codes: r.codes.into_boxed_slice(),
+                attempts: r.attempts,
+                backoff: r.backoff,
+            }),
+        }),
+        targets: std::mem::take(&mut upstreams.taken).into_boxed_slice(),
+        patterns,
+    })
+}
+
 /// Backend clients of the previous table, reused when their target is unchanged (so
 /// connection pools survive a reload), and the ones this table uses.
 struct Upstreams<'c> {
     max_connections: usize,
-    old: &'c HashMap<Box<str>, Arc<Upstream>>,
-    used: &'c mut HashMap<Box<str>, Arc<Upstream>>,
+    old: &'c HashMap<TargetId, Arc<Upstream>>,
+    used: &'c mut HashMap<TargetId, Arc<Upstream>>,
+    /// What the rule being compiled took, for [`Compiled::targets`].
+    taken: Vec<(Arc<valid::Target>, Arc<Upstream>)>,
 }
 
 impl Upstreams<'_> {
-    fn get(&mut self, target: &valid::Target) -> Result<Arc<Upstream>, UpstreamError> {
-        if let Some(u) = self.used.get(target.key()) {
-            return Ok(u.clone());
-        }
-        let upstream = match self.old.get(target.key()) {
+    fn get(&mut self, target: Arc<valid::Target>) -> Result<Arc<Upstream>, UpstreamError> {
+        let id = TargetId(target);
+        let upstream = match self.used.get(&id) {
             Some(u) => u.clone(),
-            None => Arc::new(Upstream::new(target, self.max_connections)?),
+            None => {
+                let upstream = match self.old.get(&id) {
+                    Some(u) => u.clone(),
+                    None => Arc::new(Upstream::new(&id.0, self.max_connections)?),
+                };
+                self.used.insert(id.clone(), upstream.clone());
+                upstream
+            }
         };
-        self.used.insert(target.key().into(), upstream.clone());
+        self.taken.push((id.0, upstream.clone()));
         Ok(upstream)
+    }
+
+    /// Keeps the client of a rule compiled before.
+    fn keep(&mut self, target: &Arc<valid::Target>, upstream: &Arc<Upstream>) {
+        let id = TargetId(target.clone());
+        if !self.used.contains_key(&id) {
+            self.used.insert(id, upstream.clone());
+        }
     }
 }
 
-/// Builds a checked backend; a failure names the field (`backends[1].url`). Only the TLS setup
-/// of a client can fail once the contract has accepted a rule.
+/// Builds a checked backend; a failure names the field of the backend (`url`). Only the TLS
+/// setup of a client can fail once the contract has accepted a rule.
 fn backend(
     b: valid::Backend,
     upstreams: &mut Upstreams<'_>,
-    at: &str,
-) -> Result<Backend, (String, UpstreamError)> {
+) -> Result<Backend, (&'static str, UpstreamError)> {
     let upstream = b
         .target
-        .map(|t| upstreams.get(&t))
+        .map(|t| upstreams.get(t))
         .transpose()
-        .map_err(|e| (format!("{at}.url"), e))?;
+        .map_err(|e| ("url", e))?;
     Ok(Backend {
         upstream,
-        filters: filters(b.filters, upstreams).map_err(|e| (format!("{at}.filters"), e))?,
+        filters: filters(b.filters, upstreams).map_err(|e| ("filters", e))?,
         unavailable: b.unavailable,
         weight: b.weight,
     })
@@ -156,11 +219,14 @@ fn match_spec(m: valid::Match) -> MatchSpec {
 }
 
 fn filters(f: valid::Filters, upstreams: &mut Upstreams<'_>) -> Result<Filters, UpstreamError> {
+    if f.is_empty() {
+        return Ok(Filters::default());
+    }
     let mirrors = f
         .mirrors
         .into_iter()
         .map(|m| {
-            upstreams.get(&m.target).map(|upstream| Mirror {
+            upstreams.get(m.target).map(|upstream| Mirror {
                 upstream,
                 percent: m.percent,
             })
@@ -179,25 +245,29 @@ fn filters(f: valid::Filters, upstreams: &mut Upstreams<'_>) -> Result<Filters, 
             })
             .collect(),
         response: f.response.into_iter().map(header_modifier).collect(),
-        redirect: f.redirect.map(|r| Redirect {
-            scheme: r.scheme,
-            hostname: r.hostname,
-            port: r.port,
-            path: r.path.map(path_modifier),
-            status: r.status,
+        redirect: f.redirect.map(|r| {
+            Box::new(Redirect {
+                scheme: r.scheme,
+                hostname: r.hostname,
+                port: r.port,
+                path: r.path.map(path_modifier),
+                status: r.status,
+            })
         }),
         mirrors: mirrors.into_boxed_slice(),
-        cors: f.cors.map(|c| Cors {
-            allow_origins: c
-                .allow_origins
-                .iter()
-                .map(|o| OriginPattern::parse(o))
-                .collect(),
-            allow_credentials: c.allow_credentials,
-            allow_methods: c.allow_methods,
-            allow_headers: c.allow_headers,
-            expose_headers: c.expose_headers,
-            max_age: c.max_age,
+        cors: f.cors.map(|c| {
+            Box::new(Cors {
+                allow_origins: c
+                    .allow_origins
+                    .iter()
+                    .map(|o| OriginPattern::parse(o))
+                    .collect(),
+                allow_credentials: c.allow_credentials,
+                allow_methods: c.allow_methods,
+                allow_headers: c.allow_headers,
+                expose_headers: c.expose_headers,
+                max_age: c.max_age,
+            })
         }),
     })
 }

@@ -48,10 +48,11 @@ impl Bucket {
     }
 }
 
-/// A rule as the table sees it: its matches plus an opaque payload.
+/// A rule as the table sees it: its matches plus an opaque payload, both shared with the next
+/// table when the rule is pushed again unchanged.
 #[derive(Debug)]
 struct Routed<R> {
-    matches: Box<[MatchSpec]>,
+    matches: Arc<[MatchSpec]>,
     value: Arc<R>,
 }
 
@@ -179,6 +180,28 @@ impl<R> Table<R> {
     }
 }
 
+/// The multi-pattern automatons of the last table, by the patterns they match, so a push that
+/// leaves a bucket's regular expressions as they were reuses its automaton instead of parsing
+/// and compiling every pattern again.
+#[derive(Debug, Default)]
+pub struct RegexSets {
+    sets: HashMap<String, meta::Regex>,
+}
+
+impl RegexSets {
+    /// The identity of a set: its patterns in order, each prefixed with its length so no two
+    /// lists give the same key.
+    fn key<'p>(patterns: impl Iterator<Item = &'p str>) -> String {
+        let mut key = String::new();
+        for p in patterns {
+            key.push_str(&p.len().to_string());
+            key.push(':');
+            key.push_str(p);
+        }
+        key
+    }
+}
+
 /// Collects rules in document order, then sorts each bucket once.
 #[derive(Debug)]
 pub struct TableBuilder<R> {
@@ -202,76 +225,113 @@ impl<R> TableBuilder<R> {
     /// Adds a rule. `hostnames` must be validated and lower-case (`a.b`, `*.b`); empty means any host.
     /// A rule without matches must be given one match-all [`MatchSpec`].
     pub fn push(&mut self, hostnames: &[Box<str>], matches: Vec<MatchSpec>, value: R) {
+        self.push_shared(hostnames, matches.into(), Arc::new(value));
+    }
+
+    /// [`TableBuilder::push`] of a rule this table shares with another (an earlier table that
+    /// had the same rule).
+    pub fn push_shared(
+        &mut self,
+        hostnames: &[Box<str>],
+        matches: Arc<[MatchSpec]>,
+        value: Arc<R>,
+    ) {
         let t = &mut self.table;
         let idx = t.rules.len() as u32;
-        let entries = (0..matches.len() as u32).map(|m| (idx, m));
+        let entries = || (0..matches.len() as u32).map(|m| (idx, m));
         if hostnames.is_empty() {
-            t.default.entries.extend(entries);
+            t.default.entries.extend(entries());
         } else {
-            let entries: Vec<_> = entries.collect();
-            let mut next_id = 1 + t.exact.len() + t.wildcard.len();
             for host in hostnames {
+                let next_id = 1 + t.exact.len() + t.wildcard.len();
                 let (map, key) = match host.strip_prefix('*') {
                     Some(suffix) => (&mut t.wildcard, suffix),
                     None => (&mut t.exact, &**host),
                 };
-                let bucket = map.entry(key.into()).or_insert_with(|| {
-                    next_id += 1;
-                    Bucket::new(next_id - 1, host.clone())
-                });
+                // Looked up before inserting, so a known host costs no key allocation.
+                let bucket = match map.get_mut(key) {
+                    Some(bucket) => bucket,
+                    None => map
+                        .entry(key.into())
+                        .or_insert_with(|| Bucket::new(next_id, host.clone())),
+                };
                 // A rule naming the same host twice is routed once.
                 if bucket.entries.last().map(|e| e.0) != Some(idx) {
-                    bucket.entries.extend_from_slice(&entries);
+                    bucket.entries.extend(entries());
                 }
             }
         }
-        t.rules.push(Routed {
-            matches: matches.into_boxed_slice(),
-            value: Arc::new(value),
-        });
+        t.rules.push(Routed { matches, value });
     }
 
     /// Sorts and indexes every bucket.
-    pub fn build(mut self) -> Table<R> {
+    pub fn build(self) -> Table<R> {
+        self.build_with(&mut RegexSets::default())
+    }
+
+    /// [`TableBuilder::build`], taking the multi-pattern automatons from `sets` where a bucket
+    /// has the same regular expressions as one of the last table, and leaving this table's
+    /// there.
+    pub fn build_with(mut self, sets: &mut RegexSets) -> Table<R> {
         let rules = &self.table.rules;
-        let index = |bucket: &mut Bucket| {
+        let mut old = std::mem::take(&mut sets.sets);
+        let used = &mut sets.sets;
+        let mut index = |bucket: &mut Bucket| {
             let mut entries = std::mem::take(&mut bucket.entries);
             // Stable: equal precedence keeps document order (rule, then match).
             entries
                 .sort_by_cached_key(|&(r, m)| rules[r as usize].matches[m as usize].precedence());
-            let mut regex_hirs = Vec::new();
             for (r, m) in entries {
                 match &rules[r as usize].matches[m as usize].path {
-                    PathMatcher::Exact(p) => {
-                        bucket.exact.entry(p.clone()).or_default().push((r, m))
-                    }
-                    PathMatcher::Prefix(p) => {
-                        bucket.prefix.entry(p.clone()).or_default().push((r, m))
-                    }
-                    PathMatcher::Regex(p) => {
-                        bucket.regex.push((r, m));
-                        regex_hirs.push(anchored(p.source()));
-                    }
+                    PathMatcher::Exact(p) => push(&mut bucket.exact, p, (r, m)),
+                    PathMatcher::Prefix(p) => push(&mut bucket.prefix, p, (r, m)),
+                    PathMatcher::Regex(_) => bucket.regex.push((r, m)),
                 }
             }
-            if regex_hirs.len() >= REGEX_SET_MIN {
-                // Each pattern already compiled on its own, so the set can only fail on size;
-                // then the bucket falls back to one pattern at a time.
-                bucket.regex_set = regex_hirs
-                    .into_iter()
-                    .collect::<Result<Vec<_>, _>>()
-                    .ok()
-                    .and_then(|hirs| {
-                        meta::Regex::builder()
-                            .configure(engine().match_kind(MatchKind::All))
-                            .build_many_from_hir(&hirs)
-                            .ok()
-                    });
+            if bucket.regex.len() >= REGEX_SET_MIN {
+                let patterns = || {
+                    bucket.regex.iter().filter_map(|&(r, m)| {
+                        match &rules[r as usize].matches[m as usize].path {
+                            PathMatcher::Regex(p) => Some(p.source()),
+                            _ => None,
+                        }
+                    })
+                };
+                let key = RegexSets::key(patterns());
+                let set = match old.remove(&key).or_else(|| used.get(&key).cloned()) {
+                    Some(set) => Some(set),
+                    // Each pattern already compiled on its own, so the set can only fail on
+                    // size; then the bucket falls back to one pattern at a time.
+                    None => patterns()
+                        .map(anchored)
+                        .collect::<Result<Vec<_>, _>>()
+                        .ok()
+                        .and_then(|hirs| {
+                            meta::Regex::builder()
+                                .configure(engine().match_kind(MatchKind::All))
+                                .build_many_from_hir(&hirs)
+                                .ok()
+                        }),
+                };
+                if let Some(set) = &set {
+                    used.insert(key, set.clone());
+                }
+                bucket.regex_set = set;
             }
         };
         index(&mut self.table.default);
-        self.table.exact.values_mut().for_each(index);
-        self.table.wildcard.values_mut().for_each(index);
+        self.table.exact.values_mut().for_each(&mut index);
+        self.table.wildcard.values_mut().for_each(&mut index);
         self.table
+    }
+}
+
+/// Adds `entry` under `path`, allocating a key only for a path not seen before.
+fn push(map: &mut HashMap<Box<str>, Vec<Entry>>, path: &str, entry: Entry) {
+    match map.get_mut(path) {
+        Some(entries) => entries.push(entry),
+        None => {
+            map.insert(path.into(), vec![entry]);
+        }
     }
 }
