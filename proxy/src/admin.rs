@@ -246,17 +246,7 @@ impl Admin {
                 return json_error(StatusCode::BAD_REQUEST, format!("reading body: {e}"));
             }
         };
-        let parsed = parse_config(&body);
-        // The text is not needed once parsed: free it before the table is compiled.
-        drop(body);
-        let doc: cftunnel_config::Config = match parsed {
-            Ok(d) => d,
-            Err(e) => {
-                self.reloader.proxy().metrics().reload("rejected");
-                return json_error(StatusCode::BAD_REQUEST, ConfigError::Json(e));
-            }
-        };
-        match self.reloader.apply(doc).await {
+        match self.reloader.apply_json(body).await {
             Ok(version) => respond(
                 StatusCode::OK,
                 "application/json",
@@ -283,15 +273,6 @@ async fn read_body(body: Incoming, limit: usize, declared: Option<u64>) -> Resul
         }
     }
     Ok(buf.freeze())
-}
-
-/// One document and nothing after it but whitespace, as the config file is read; an error
-/// names the field at fault.
-fn parse_config(text: &[u8]) -> Result<cftunnel_config::Config, String> {
-    let mut de = serde_json::Deserializer::from_slice(text);
-    serde_path_to_error::deserialize(&mut de)
-        .map_err(|e| e.to_string())
-        .and_then(|d| de.end().map(|()| d).map_err(|e| e.to_string()))
 }
 
 /// Serves the admin endpoints until the process exits.

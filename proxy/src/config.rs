@@ -8,6 +8,7 @@
 mod compile;
 mod error;
 mod reuse;
+mod stream;
 
 pub use compile::compile;
 pub use error::ConfigError;
@@ -15,6 +16,8 @@ pub use error::ConfigError;
 use crate::forward::Upstream;
 use crate::proxy::Proxy;
 use crate::route::RegexSets;
+use crate::routes::Routes;
+use bytes::Bytes;
 use cftunnel_config::{valid, Config};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,6 +34,10 @@ pub struct Cache {
     pub(crate) regex_sets: RegexSets,
     /// The compiled rules of the table in service.
     pub(crate) rules: reuse::Rules,
+    /// Rules, and exact and wildcard hostnames, of the table in service: about as many as the
+    /// next one has.
+    pub(crate) last_rules: usize,
+    pub(crate) last_hosts: (usize, usize),
     /// Bound on HTTP/1.1 connections open at once to each new backend client.
     pub(crate) max_connections: usize,
 }
@@ -70,6 +77,8 @@ impl Cache {
             checked: valid::Cache::default(),
             regex_sets: RegexSets::default(),
             rules: reuse::Rules::default(),
+            last_rules: 0,
+            last_hosts: (0, 0),
             max_connections,
         }
     }
@@ -91,9 +100,10 @@ struct State {
     cache: Cache,
 }
 
-/// Documents with more rules than this give the memory they were parsed into back to the
-/// system once compiled.
+/// Documents with more rules than this (or, as text, more bytes) give the memory they were
+/// parsed into back to the system once compiled.
 const LARGE_DOCUMENT_RULES: usize = 500;
+const LARGE_DOCUMENT_BYTES: usize = 100 * 1024;
 
 impl Reloader {
     pub fn new(proxy: Proxy) -> Self {
@@ -149,6 +159,55 @@ impl Reloader {
         .map_err(|_| ConfigError::Internal("compiler task failed"))?;
         let (compiled, cache) = result;
         state.cache = cache;
+        self.swap_in(&mut state, compiled)
+    }
+
+    /// [`Reloader::apply`] of a document's JSON text, read and compiled together off the async
+    /// workers: each rule is compiled as soon as it is read and dropped, so a push never holds
+    /// the whole parsed document beside the table being built.
+    ///
+    /// # Errors
+    /// As [`Reloader::apply`], and first [`ConfigError::Json`] for text that is not one config
+    /// document: a malformed document is refused as such, whatever its version or rules.
+    pub async fn apply_json(&self, text: Bytes) -> Result<i64, ConfigError> {
+        let mut state = self.state.lock().await;
+        let current = state.version;
+        let metrics = self.proxy.metrics().clone();
+        let cache = std::mem::take(&mut state.cache);
+        let big = text.len() > LARGE_DOCUMENT_BYTES;
+        let result = tokio::task::spawn_blocking(move || {
+            let mut cache = cache;
+            let r = compile::compile_json(&text, current, &metrics, &mut cache);
+            if big {
+                // The text was as large as a fifth of the table; give its memory back now.
+                drop(text);
+                crate::memory::release_freed();
+            }
+            (r, cache)
+        })
+        .await
+        .map_err(|_| ConfigError::Internal("compiler task failed"))?;
+        let (compiled, cache) = result;
+        state.cache = cache;
+        match compiled {
+            Err(e @ ConfigError::Stale { .. }) => {
+                self.proxy.metrics().reload("stale");
+                Err(e)
+            }
+            Err(e @ ConfigError::Json(_)) => {
+                self.proxy.metrics().reload("rejected");
+                Err(e)
+            }
+            compiled => self.swap_in(&mut state, compiled),
+        }
+    }
+
+    /// Serves a compiled table, or counts and logs why there is none.
+    fn swap_in(
+        &self,
+        state: &mut State,
+        compiled: Result<Routes, ConfigError>,
+    ) -> Result<i64, ConfigError> {
         match compiled {
             Ok(routes) => {
                 let version = routes.version();

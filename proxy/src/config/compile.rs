@@ -24,40 +24,89 @@ pub fn compile(
     metrics: &ProxyMetrics,
     cache: &mut Cache,
 ) -> Result<Routes, ConfigError> {
-    let result = build(config, metrics, cache);
-    match &result {
-        Ok(_) => {
-            cache.checked.keep_used();
-            cache.rules.keep_used();
-        }
-        Err(_) => {
-            cache.checked.drop_used();
-            cache.rules.drop_used();
-        }
+    let mut compiler = Compiler::new(cache, Some(config.rules.len()));
+    for rule in &config.rules {
+        compiler.push(rule);
     }
-    result
+    compiler.finish(metrics, config.version, config.has_grpc_route)
 }
 
-fn build(
-    config: &cftunnel_config::Config,
+/// [`compile`] of a document's JSON text, each rule compiled as it is read
+/// ([`super::stream`]). `current` is the version in service: a document with an older one is
+/// stale.
+///
+/// # Errors
+/// In this order: text that is not one config document ([`ConfigError::Json`]), a stale
+/// version, a refused rule.
+pub(crate) fn compile_json(
+    text: &[u8],
+    current: i64,
     metrics: &ProxyMetrics,
     cache: &mut Cache,
 ) -> Result<Routes, ConfigError> {
-    let mut used = HashMap::with_capacity(cache.upstreams.len());
-    let mut upstreams = Upstreams {
-        max_connections: cache.max_connections,
-        old: &cache.upstreams,
-        used: &mut used,
-        taken: Vec::new(),
-    };
-    let mut builder = TableBuilder::default();
-    for (index, rule) in config.rules.iter().enumerate() {
+    let mut compiler = Compiler::new(cache, None);
+    let header = super::stream::read(text, &mut compiler).map_err(ConfigError::Json)?;
+    if header.version > 0 && header.version < current {
+        return Err(ConfigError::Stale {
+            pushed: header.version,
+            current,
+        });
+    }
+    compiler.finish(metrics, header.version, header.has_grpc_route)
+}
+
+/// A table being compiled, one rule at a time, as [`compile`] does for a whole document: a
+/// document read from JSON text is compiled as its rules are read, without holding them all.
+///
+/// Dropped unfinished (a refused document), it leaves `cache` as it found it.
+pub(crate) struct Compiler<'c> {
+    cache: &'c mut Cache,
+    upstreams: Upstreams,
+    builder: TableBuilder<Rule>,
+    /// Position of the next rule.
+    next: usize,
+    /// The first rule refused; the rules after it are not compiled.
+    refused: Option<valid::RuleRefused>,
+    finished: bool,
+}
+
+impl<'c> Compiler<'c> {
+    /// `rules`: how many rules the document has, if known, to size the table's maps (else as
+    /// many as the table in service).
+    pub(crate) fn new(cache: &'c mut Cache, rules: Option<usize>) -> Self {
+        let old = std::mem::take(&mut cache.upstreams);
+        let upstreams = Upstreams {
+            max_connections: cache.max_connections,
+            used: HashMap::with_capacity(old.len()),
+            old,
+            taken: Vec::new(),
+        };
+        let builder =
+            TableBuilder::with_capacity(rules.unwrap_or(cache.last_rules), cache.last_hosts);
+        Self {
+            cache,
+            upstreams,
+            builder,
+            next: 0,
+            refused: None,
+            finished: false,
+        }
+    }
+
+    /// Adds the next rule of the document.
+    pub(crate) fn push(&mut self, rule: &cftunnel_config::Rule) {
+        let index = self.next;
+        self.next += 1;
+        if self.refused.is_some() {
+            return;
+        }
+        let cache = &mut *self.cache;
         let fingerprint = cache.rules.fingerprint(rule);
         let compiled = match cache.rules.get(fingerprint) {
             Some(compiled) => {
                 // Still in use: keep what it holds in the caches it came from.
                 for (target, upstream) in compiled.targets.iter() {
-                    upstreams.keep(target, upstream);
+                    self.upstreams.keep(target, upstream);
                     cache.checked.keep_target(target);
                 }
                 for pattern in compiled.patterns.iter() {
@@ -65,48 +114,67 @@ fn build(
                 }
                 compiled
             }
-            None => {
-                let compiled = Arc::new(
-                    compile_rule(rule, &mut cache.checked, &mut upstreams).map_err(|invalid| {
-                        ConfigError::Refused(valid::RuleRefused {
-                            index,
-                            name: rule.name.clone(),
-                            invalid,
-                        })
-                    })?,
-                );
-                cache.rules.insert(fingerprint, compiled.clone());
-                compiled
-            }
+            None => match compile_rule(rule, &mut cache.checked, &mut self.upstreams) {
+                Ok(compiled) => {
+                    let compiled = Arc::new(compiled);
+                    cache.rules.insert(fingerprint, compiled.clone());
+                    compiled
+                }
+                Err(invalid) => {
+                    self.refused = Some(valid::RuleRefused {
+                        index,
+                        name: rule.name.clone(),
+                        invalid,
+                    });
+                    return;
+                }
+            },
         };
-        builder.push_shared(
+        self.builder.push_shared(
             &compiled.hostnames,
             compiled.matches.clone(),
             compiled.rule.clone(),
         );
     }
-    let table = builder.build_with(&mut cache.regex_sets);
-    let mut host_labels = vec![Box::<str>::from(""); table.bucket_count()];
-    for bucket in table.buckets() {
-        if let Some(slot) = host_labels.get_mut(bucket.id) {
-            *slot = bucket.pattern.clone();
+
+    /// The table, unless a rule was refused; either way `cache` is left holding what the
+    /// table in service uses.
+    pub(crate) fn finish(
+        mut self,
+        metrics: &ProxyMetrics,
+        version: i64,
+        has_grpc_route: bool,
+    ) -> Result<Routes, ConfigError> {
+        if let Some(refused) = self.refused.take() {
+            return Err(ConfigError::Refused(refused));
+        }
+        self.finished = true;
+        let cache = &mut *self.cache;
+        let table = std::mem::take(&mut self.builder).build_with(&mut cache.regex_sets);
+        cache.upstreams = std::mem::take(&mut self.upstreams.used);
+        cache.last_rules = table.rule_count();
+        cache.last_hosts = table.host_buckets();
+        cache.checked.keep_used();
+        cache.rules.keep_used();
+        Ok(Routes::new(table, metrics.clone(), version, has_grpc_route))
+    }
+}
+
+impl Drop for Compiler<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.cache.upstreams = std::mem::take(&mut self.upstreams.old);
+            self.cache.checked.drop_used();
+            self.cache.rules.drop_used();
         }
     }
-    cache.upstreams = used;
-    Ok(Routes::new(
-        table,
-        host_labels,
-        metrics.clone(),
-        config.version,
-        config.has_grpc_route,
-    ))
 }
 
 /// Checks one rule and builds it; a failure names the field relative to the rule.
 fn compile_rule(
     rule: &cftunnel_config::Rule,
     checked: &mut valid::Cache,
-    upstreams: &mut Upstreams<'_>,
+    upstreams: &mut Upstreams,
 ) -> Result<Compiled, valid::Invalid> {
     let rule = valid::rule(rule, checked)?;
     let patterns = rule
@@ -147,15 +215,15 @@ fn compile_rule(
 
 /// Backend clients of the previous table, reused when their target is unchanged (so
 /// connection pools survive a reload), and the ones this table uses.
-struct Upstreams<'c> {
+struct Upstreams {
     max_connections: usize,
-    old: &'c HashMap<TargetId, Arc<Upstream>>,
-    used: &'c mut HashMap<TargetId, Arc<Upstream>>,
+    old: HashMap<TargetId, Arc<Upstream>>,
+    used: HashMap<TargetId, Arc<Upstream>>,
     /// What the rule being compiled took, for [`Compiled::targets`].
     taken: Vec<(Arc<valid::Target>, Arc<Upstream>)>,
 }
 
-impl Upstreams<'_> {
+impl Upstreams {
     fn get(&mut self, target: Arc<valid::Target>) -> Result<Arc<Upstream>, UpstreamError> {
         let id = TargetId(target);
         let upstream = match self.used.get(&id) {
@@ -186,7 +254,7 @@ impl Upstreams<'_> {
 /// setup of a client can fail once the contract has accepted a rule.
 fn backend(
     b: valid::Backend,
-    upstreams: &mut Upstreams<'_>,
+    upstreams: &mut Upstreams,
 ) -> Result<Backend, (&'static str, UpstreamError)> {
     let upstream = b
         .target
@@ -218,7 +286,7 @@ fn match_spec(m: valid::Match) -> MatchSpec {
     }
 }
 
-fn filters(f: valid::Filters, upstreams: &mut Upstreams<'_>) -> Result<Filters, UpstreamError> {
+fn filters(f: valid::Filters, upstreams: &mut Upstreams) -> Result<Filters, UpstreamError> {
     if f.is_empty() {
         return Ok(Filters::default());
     }
