@@ -59,6 +59,10 @@ pub struct Rule {
     pub unavailable_status: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<Retry>,
+    /// Requests must carry a valid Cloudflare Access token for this team and one of these
+    /// audiences; others are answered 403 and never forwarded. Absent: no check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<Access>,
     /// `<namespace>/<route>/<rule>`, used in logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -89,6 +93,20 @@ pub struct Retry {
     pub attempts: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff: Option<Duration>,
+}
+
+/// A Cloudflare Access requirement (as cloudflared's `originRequest.access`): the request's
+/// `Cf-Access-Jwt-Assertion` header must hold a token signed by the team's keys, issued by the
+/// team's domain, unexpired, whose `aud` names one of `audiences` (application AUD tags).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Access {
+    /// The Zero Trust team name: `<teamName>.cloudflareaccess.com` is the team domain.
+    #[serde(default)]
+    pub team_name: String,
+    /// Application audience (AUD) tags; a token for any of them is accepted.
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub audiences: Vec<String>,
 }
 
 /// Matches are ORed within a rule; the fields inside one match are ANDed.
@@ -396,13 +414,42 @@ pub struct BackendTls {
     /// SNI and the name verified; absent: the URL's host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_name: Option<String>,
-    /// Names accepted in the certificate instead of `serverName`.
+    /// Names accepted in the certificate instead of `serverName`: DNS names, IP addresses, or
+    /// URIs (`spiffe://cluster.local/ns/shop/sa/api`), an entry that is neither a DNS name nor
+    /// an IP address being read as a URI. The certificate must carry one of them as a subject
+    /// alternative name of that type.
     #[serde(
         default,
         deserialize_with = "null_as_empty",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub subject_alt_names: Vec<String>,
+    /// The certificate presented when the backend asks for one (mutual TLS); absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificate: Option<ClientCertificate>,
+}
+
+/// A client certificate and its private key, both PEM.
+#[derive(Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientCertificate {
+    /// The certificate, then any intermediates it needs (`tls.crt` of a `kubernetes.io/tls`
+    /// Secret).
+    #[serde(default)]
+    pub certificate_chain: String,
+    /// The private key of the first certificate: PKCS#8, PKCS#1 (RSA) or SEC1 (EC) (`tls.key`).
+    #[serde(default)]
+    pub private_key: String,
+}
+
+/// The key is left out: documents are logged at debug level.
+impl std::fmt::Debug for ClientCertificate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientCertificate")
+            .field("certificate_chain", &self.certificate_chain)
+            .field("private_key", &"<redacted>")
+            .finish()
+    }
 }
 
 fn default_weight() -> u32 {

@@ -14,8 +14,10 @@
 //!
 //! Pure: no I/O, no clock. [`Cache`] keeps compiled patterns and parsed targets between calls.
 
+mod access;
 mod at;
 mod cache;
+mod client_certificate;
 mod filter;
 mod name;
 mod pattern;
@@ -23,7 +25,9 @@ mod rule;
 mod status;
 mod target;
 
+pub use access::{access, audience, team_name, Access, MAX_AUDIENCES, MAX_AUDIENCE_LEN};
 pub use cache::Cache;
+pub use client_certificate::ClientIdentity;
 pub use filter::{
     Allow, Cors, Filters, HeaderEdits, Mirror, PathEdit, Redirect, RequestEdit, Rewrite,
 };
@@ -33,7 +37,7 @@ pub use name::{
 pub use pattern::{anchored, engine, escape, Pattern, PATTERN_SIZE_LIMIT};
 pub use rule::{rule, Backend, Match, PathMatch, Retry, Rule, ValueMatch};
 pub use status::{final_status, redirect_status, status};
-pub use target::{Target, TargetError, Tls};
+pub use target::{ca_bundle, SubjectAltName, Target, TargetError, Tls};
 
 use crate::Config;
 use at::At;

@@ -17,6 +17,8 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
+
+use crate::access_policy::AccessPolicySpec;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -108,6 +110,12 @@ pub struct GatewayConfigSpec {
     /// Priority class of the proxy pods, so the data path is not the first preempted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
+    /// Require a Cloudflare Access token (as cloudflared's `originRequest.access`) on every
+    /// request this Gateway's routes serve: requests without a valid token of `teamName` for
+    /// one of `audiences` are answered 403 and never reach a backend. A rule that names an
+    /// `AccessPolicy` through an ExtensionRef filter takes that policy instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<AccessPolicySpec>,
 }
 
 /// A key of a Secret in the referencing object's namespace.

@@ -17,6 +17,7 @@
 //! types, and small pure crates, and `tests/boundary.rs` fails the build's tests when an async
 //! runtime, a network or TLS stack, native crypto or the CLI parser joins them.
 
+pub mod access_policy;
 pub mod gateway_config;
 pub mod manifest;
 pub mod render;

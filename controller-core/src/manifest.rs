@@ -6,6 +6,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_yaml_ng::Value;
 
+use crate::access_policy::ACCESS_POLICY_KIND;
 use crate::snapshot::{Snapshot, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND};
 
 /// Why a manifest could not be read.
@@ -124,6 +125,16 @@ fn add_value(
                 .grpc_routes
                 .push(object(value, source_name, document, &kind, &name)?)
         }
+        (_, "BackendTLSPolicy") if gw => {
+            snapshot
+                .backend_tls_policies
+                .push(object(value, source_name, document, &kind, &name)?)
+        }
+        ("", "ConfigMap") => {
+            snapshot
+                .config_maps
+                .push(object(value, source_name, document, &kind, &name)?)
+        }
         (_, "ReferenceGrant") if gw => {
             snapshot
                 .reference_grants
@@ -147,6 +158,11 @@ fn add_value(
         (GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND) => {
             snapshot
                 .gateway_configs
+                .push(object(value, source_name, document, &kind, &name)?)
+        }
+        (GATEWAY_CONFIG_GROUP, ACCESS_POLICY_KIND) => {
+            snapshot
+                .access_policies
                 .push(object(value, source_name, document, &kind, &name)?)
         }
         ("discovery.k8s.io", "EndpointSlice") => {

@@ -5,16 +5,18 @@
 
 use std::fmt;
 
+use gateway_api::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::experimental::gatewayclasses::GatewayClass;
 use gateway_api::experimental::gateways::Gateway;
 use gateway_api::experimental::grpcroutes::GrpcRoute;
 use gateway_api::experimental::httproutes::HttpRoute;
 use gateway_api::experimental::referencegrants::ReferenceGrant;
-use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Serialize, Serializer};
 
+use crate::access_policy::AccessPolicy;
 use crate::gateway_config::GatewayConfig;
 
 /// The API group of every Gateway API kind.
@@ -32,13 +34,21 @@ pub struct Snapshot {
     pub http_routes: Vec<HttpRoute>,
     pub grpc_routes: Vec<GrpcRoute>,
     pub reference_grants: Vec<ReferenceGrant>,
+    /// TLS from the data plane to the Service ports they target (see
+    /// [`crate::translate`]'s backend TLS).
+    pub backend_tls_policies: Vec<BackendTlsPolicy>,
+    /// Read for the CA certificates BackendTLSPolicies name (`ca.crt`).
+    pub config_maps: Vec<ConfigMap>,
     pub namespaces: Vec<Namespace>,
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
     /// Read by [`crate::render::plan`]; the translation sees them through its plans.
     pub gateway_configs: Vec<GatewayConfig>,
-    /// Read by [`crate::render::plan`] for the tokens a `GatewayConfig` names.
+    /// Read by [`crate::render::plan`] for the tokens a `GatewayConfig` names, and by the
+    /// translation for Gateways' backend client certificates and BackendTLSPolicies' CAs.
     pub secrets: Vec<Secret>,
+    /// The Cloudflare Access requirements route rules name through ExtensionRef filters.
+    pub access_policies: Vec<AccessPolicy>,
     /// The metadata of the cluster's CustomResourceDefinitions: the Gateway API ones' names and
     /// bundle-version annotations make the GatewayClass condition `SupportedVersion` (see
     /// [`crate::translate::bundle_version`]); others are ignored.

@@ -1,8 +1,9 @@
-//! Replays the transcribed Gateway API HTTPRoute conformance cases (`shared/gwapi/cases`)
-//! against the real pipeline: the case's objects plus the base topology are translated, one
-//! in-process proxy per Gateway is started with the result, every request is sent with a real
-//! client to echo backends on distinct loopback addresses, and the README's comparison rules
-//! decide. Cases run in parallel, a few at a time.
+//! Replays the transcribed Gateway API HTTPRoute and GRPCRoute conformance cases
+//! (`shared/gwapi/cases`, `shared/gwapi/grpc-cases`) against the real pipeline: the case's
+//! objects plus the base topology are translated, one in-process proxy per Gateway is started
+//! with the result, every request is sent with a real client (HTTP/1.1, h2c, WebSocket, or a
+//! gRPC client over h2c) to echo backends on distinct loopback addresses, and the README's
+//! comparison rules decide. Cases run in parallel, a few at a time.
 //!
 //! Every Gateway of a case gets its own data plane: a GatewayConfig with its own tunnel token
 //! (`topology.rs`). A Gateway's address is its tunnel; Gateways without a GatewayConfig share
@@ -22,6 +23,8 @@ mod case;
 mod client;
 #[path = "conformance/compare.rs"]
 mod compare;
+#[path = "conformance/grpc.rs"]
+mod grpc;
 #[path = "conformance/topology.rs"]
 mod topology;
 
@@ -42,11 +45,12 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use case::{Case, Item, RequestItem};
+use case::{Case, CaseGateway, GrpcCase, Item, RequestItem};
 use compare::{compare, expected_path, with_request_id, Sent};
 use topology::Fleet;
 
 const CASES_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/gwapi/cases");
+const GRPC_CASES_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/gwapi/grpc-cases");
 /// Cases that need TLS listeners or listeners on several ports: listed, never run.
 const DEFERRED_DIR: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -104,8 +108,24 @@ fn conformance_replay() {
         .enable_all()
         .build()
         .expect("the test runtime starts");
-    let files = case_files(dir);
+    let mut files: Vec<(Suite, PathBuf)> = case_files(dir)
+        .into_iter()
+        .map(|path| (Suite::Http, path))
+        .collect();
     assert!(!files.is_empty(), "no case in {}", dir.display());
+    let grpc_dir = Path::new(GRPC_CASES_DIR);
+    if grpc_dir.is_dir() {
+        files.extend(
+            case_files(grpc_dir)
+                .into_iter()
+                .map(|path| (Suite::Grpc, path)),
+        );
+    } else {
+        report(&format!(
+            "GRPCRoute cases skipped: {} is absent\n",
+            grpc_dir.display()
+        ));
+    }
     let deferred_dir = Path::new(DEFERRED_DIR);
     let deferred: Vec<(String, usize, Vec<String>, String)> = if deferred_dir.is_dir() {
         case_files(deferred_dir)
@@ -117,19 +137,25 @@ fn conformance_replay() {
     };
     let results = runtime.block_on(run_all(files));
     let mut failed = Vec::new();
+    let mut derived_failed = Vec::new();
     let mut lines = String::new();
-    let mut passed = 0;
-    for (name, result) in &results {
+    // Per suite: cases passed, cases run, requests of the cases run.
+    let mut tally: BTreeMap<Suite, (usize, usize, usize)> = BTreeMap::new();
+    for (suite, name, result) in &results {
         let skip = SKIP.iter().find(|(n, _)| n == name).map(|(_, why)| *why);
+        let counts = tally.entry(*suite).or_default();
+        counts.1 += 1;
         match (result, skip) {
-            (Ok(summary), None) => {
-                passed += 1;
-                lines.push_str(&format!("PASS {name} ({summary})\n"));
+            (Ok(ran), None) => {
+                counts.0 += 1;
+                counts.2 += ran.requests;
+                lines.push_str(&format!("PASS {name} ({ran})\n"));
             }
-            (Ok(summary), Some(_)) => {
-                passed += 1;
+            (Ok(ran), Some(_)) => {
+                counts.0 += 1;
+                counts.2 += ran.requests;
                 lines.push_str(&format!(
-                    "PASS {name} ({summary}; on the skip list: remove it)\n"
+                    "PASS {name} ({ran}; on the skip list: remove it)\n"
                 ));
             }
             (Err(e), None) => {
@@ -138,6 +164,13 @@ fn conformance_replay() {
             }
             (Err(e), Some(why)) => lines.push_str(&format!("SKIP {name}: {why} (now: {e:#})\n")),
         }
+        if let Ok(ran) = result {
+            for (id, verdict) in &ran.derived {
+                if let Err(why) = verdict {
+                    derived_failed.push(format!("{name} request {id}: {why}"));
+                }
+            }
+        }
     }
     for (name, requests, requires, why) in &deferred {
         lines.push_str(&format!(
@@ -145,9 +178,15 @@ fn conformance_replay() {
             requires.join(", ")
         ));
     }
+    let passed: Vec<String> = tally
+        .iter()
+        .map(|(suite, (passed, run, requests))| {
+            format!("{passed}/{run} {suite} cases pass ({requests} requests)")
+        })
+        .collect();
     lines.push_str(&format!(
-        "conformance replay: {passed}/{} cases pass; {} deferred cases ({} requests) not run; skip list ({}):\n",
-        results.len(),
+        "conformance replay: {}; {} deferred cases ({} requests) not run; skip list ({}):\n",
+        passed.join(", "),
         deferred.len(),
         deferred.iter().map(|d| d.1).sum::<usize>(),
         SKIP.len()
@@ -155,8 +194,66 @@ fn conformance_replay() {
     for (name, why) in SKIP {
         lines.push_str(&format!("  - {name}: {why}\n"));
     }
+    let derived: usize = results
+        .iter()
+        .filter_map(|(_, _, r)| r.as_ref().ok())
+        .map(|ran| ran.derived.len())
+        .sum();
+    if derived > 0 {
+        lines.push_str(&format!(
+            "derived checks (implied by the manifests, not asserted upstream): {}/{derived} hold\n",
+            derived - derived_failed.len()
+        ));
+        for failure in &derived_failed {
+            lines.push_str(&format!("  - {failure}\n"));
+        }
+    }
     report(&lines);
     assert!(failed.is_empty(), "conformance cases failed: {failed:?}");
+    assert!(
+        derived_failed.is_empty(),
+        "derived checks failed: {derived_failed:?}"
+    );
+}
+
+/// Which suite a case comes from, and so how its rows are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Suite {
+    Http,
+    Grpc,
+}
+
+impl std::fmt::Display for Suite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Http => "HTTPRoute",
+            Self::Grpc => "GRPCRoute",
+        })
+    }
+}
+
+/// What a case that passed ran.
+struct Ran {
+    requests: usize,
+    took: Duration,
+    /// The derived checks of its rows (gRPC rule 6), by row id.
+    derived: Vec<(usize, Result<(), String>)>,
+}
+
+impl std::fmt::Display for Ran {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} requests, {} ms",
+            self.requests,
+            self.took.as_millis()
+        )?;
+        if !self.derived.is_empty() {
+            let held = self.derived.iter().filter(|(_, v)| v.is_ok()).count();
+            write!(f, "; derived checks {held}/{} hold", self.derived.len())?;
+        }
+        Ok(())
+    }
 }
 
 /// Features a case in `cases/` lists without exercising them, so they count neither way, with
@@ -167,9 +264,8 @@ const LISTED_NOT_EXERCISED: &[(&str, &str, u16)] =
     &[("HTTPRouteRedirectPortAndScheme", "GatewayPort8080", 8080)];
 
 /// The features a GatewayClass publishes (`translate::SUPPORTED_FEATURES`) are exactly those of
-/// the cases this replay runs: a case using a feature the list lacks fails it, and so does a
-/// listed feature that no case exercises but cases on the skip list. `GRPCRoute` is the
-/// exception: no case here is a GRPCRoute test, `tests/grpc.rs` covers it.
+/// the cases this replay runs, HTTPRoute and GRPCRoute: a case using a feature the list lacks
+/// fails it, and so does a listed feature that no case exercises but cases on the skip list.
 #[test]
 fn supported_features_are_the_ones_the_replayed_cases_exercise() {
     let dir = Path::new(CASES_DIR);
@@ -207,11 +303,26 @@ fn supported_features_are_the_ones_the_replayed_cases_exercise() {
                 .push(case.name.clone());
         }
     }
-    let published: BTreeSet<&str> = translate::SUPPORTED_FEATURES
-        .iter()
-        .copied()
-        .filter(|f| *f != "GRPCRoute")
-        .collect();
+    let grpc_dir = Path::new(GRPC_CASES_DIR);
+    let grpc_files = if grpc_dir.is_dir() {
+        case_files(grpc_dir)
+    } else {
+        Vec::new()
+    };
+    for path in grpc_files {
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let case: GrpcCase =
+            serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let on_skip_list = SKIP.iter().any(|(n, _)| *n == case.name);
+        for feature in &case.features {
+            let by = if on_skip_list { &mut skipped } else { &mut run };
+            by.entry(feature.clone())
+                .or_default()
+                .push(case.name.clone());
+        }
+    }
+    let published: BTreeSet<&str> = translate::SUPPORTED_FEATURES.iter().copied().collect();
     let unpublished: Vec<String> = run
         .iter()
         .filter(|(f, _)| !published.contains(f.as_str()))
@@ -317,46 +428,74 @@ fn report(text: &str) {
     let _ = err.flush();
 }
 
-async fn run_all(files: Vec<PathBuf>) -> Vec<(String, anyhow::Result<String>)> {
+async fn run_all(files: Vec<(Suite, PathBuf)>) -> Vec<(Suite, String, anyhow::Result<Ran>)> {
     let limit = Arc::new(Semaphore::new(PARALLEL));
     let mut tasks = JoinSet::new();
-    for (slot, path) in files.into_iter().enumerate() {
+    let mut names = BTreeMap::new();
+    for (slot, (suite, path)) in files.into_iter().enumerate() {
         let limit = limit.clone();
         let name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
-        tasks.spawn(async move {
+        let task = tasks.spawn(async move {
             let _permit = limit.acquire_owned().await;
             let started = Instant::now();
-            let result = match tokio::time::timeout(CASE_TIMEOUT, run_file(&path, slot)).await {
-                Ok(r) => r,
-                Err(_) => Err(anyhow!("case did not finish within {CASE_TIMEOUT:?}")),
-            };
             let result =
-                result.map(|n| format!("{n} requests, {} ms", started.elapsed().as_millis()));
-            (name, result)
+                match tokio::time::timeout(CASE_TIMEOUT, run_file(suite, &path, slot)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(anyhow!("case did not finish within {CASE_TIMEOUT:?}")),
+                };
+            result.map(|(requests, derived)| Ran {
+                requests,
+                took: started.elapsed(),
+                derived,
+            })
         });
+        names.insert(task.id(), (suite, name));
     }
     let mut results = Vec::new();
-    while let Some(r) = tasks.join_next().await {
-        match r {
-            Ok(r) => results.push(r),
-            Err(e) => results.push(("<panicked case>".to_owned(), Err(anyhow!("{e}")))),
-        }
+    while let Some(r) = tasks.join_next_with_id().await {
+        let (id, result) = match r {
+            Ok((id, result)) => (id, result),
+            Err(e) => (e.id(), Err(anyhow!("the case panicked: {e}"))),
+        };
+        let (suite, name) = names
+            .remove(&id)
+            .unwrap_or((Suite::Http, "<unknown case>".to_owned()));
+        results.push((suite, name, result));
     }
-    results.sort_by(|a, b| a.0.cmp(&b.0));
+    results.sort_by(|a, b| a.1.cmp(&b.1));
     results
 }
 
-async fn run_file(path: &Path, slot: usize) -> anyhow::Result<usize> {
+/// The derived checks of a case's rows, by row id.
+type DerivedChecks = Vec<(usize, Result<(), String>)>;
+
+/// Runs one case file; the requests it sent and its derived checks.
+async fn run_file(
+    suite: Suite,
+    path: &Path,
+    slot: usize,
+) -> anyhow::Result<(usize, DerivedChecks)> {
     let text = tokio::fs::read_to_string(path).await?;
-    let case: Case = serde_yaml_ng::from_str(&text).context("parsing the case")?;
     let slot = u8::try_from(slot).context("too many cases for the address plan")?;
-    let fleet = Fleet::spawn(slot).await?;
-    let result = run_case(&case, &fleet).await;
-    fleet.shutdown().await;
-    result
+    match suite {
+        Suite::Http => {
+            let case: Case = serde_yaml_ng::from_str(&text).context("parsing the case")?;
+            let fleet = Fleet::spawn(slot).await?;
+            let result = run_case(&case, &fleet).await;
+            fleet.shutdown().await;
+            result.map(|n| (n, Vec::new()))
+        }
+        Suite::Grpc => {
+            let case: GrpcCase = serde_yaml_ng::from_str(&text).context("parsing the case")?;
+            let fleet = Fleet::spawn(slot).await?;
+            let result = run_grpc_case(&case, &fleet).await;
+            fleet.shutdown().await;
+            result
+        }
+    }
 }
 
 fn options() -> Options {
@@ -368,8 +507,8 @@ fn options() -> Options {
 }
 
 /// The config of each of the case's Gateways, keyed `namespace/name`.
-fn gateway_configs(
-    case: &Case,
+fn gateway_configs<R>(
+    case: &Case<R>,
     output: &Output,
 ) -> anyhow::Result<BTreeMap<String, cftunnel_config::Config>> {
     let mut out = BTreeMap::new();
@@ -444,8 +583,8 @@ impl Gateways {
     }
 }
 
-fn translate_case(
-    case: &Case,
+fn translate_case<R>(
+    case: &Case<R>,
     fleet: &Fleet,
     deleted: &[(String, String, String)],
 ) -> anyhow::Result<(Snapshot, Output)> {
@@ -504,6 +643,35 @@ async fn run_case(case: &Case, fleet: &Fleet) -> anyhow::Result<usize> {
     result.map(|()| count)
 }
 
+/// Runs a GRPCRoute case: its rows in order, each on its own connection (rule 4).
+async fn run_grpc_case(case: &GrpcCase, fleet: &Fleet) -> anyhow::Result<(usize, DerivedChecks)> {
+    for item in &case.requests {
+        grpc::check_row(case, item)
+            .with_context(|| format!("request {} cannot be replayed as written", item.id))?;
+    }
+    let (_, output) = translate_case(case, fleet, &[])?;
+    check_statuses(case, &output)?;
+    let gateways = Gateways::start(gateway_configs(case, &output)?).await?;
+    let mut derived = Vec::new();
+    let mut result = Ok(());
+    for item in &case.requests {
+        let run = match gateways.addr(&item.request.gateway) {
+            Ok(addr) => grpc::run_item(case, item, addr).await,
+            Err(e) => Err(e),
+        };
+        match run {
+            Ok(verdict) => derived.extend(verdict.map(|v| (item.id, v))),
+            Err(e) => {
+                let label = item.name.as_deref().unwrap_or_default();
+                result = Err(e.context(format!("request {} {label}", item.id)));
+                break;
+            }
+        }
+    }
+    gateways.shutdown().await;
+    result.map(|()| (case.requests.len(), derived))
+}
+
 /// Protocols the client speaks: HTTP/1.1, HTTP/2 with prior knowledge (cleartext) and a
 /// WebSocket upgrade over HTTP/1.1.
 const HTTP1: &str = "HTTP/1.1";
@@ -535,48 +703,7 @@ fn check_row(case: &Case, item: &RequestItem) -> anyhow::Result<()> {
     if r.tls.is_some() {
         bail!("the row asks for TLS; the replay client sends cleartext only");
     }
-    let (ns, name) = r
-        .gateway
-        .split_once('/')
-        .context("request.gateway is not <namespace>/<name>")?;
-    let gateway = case
-        .gateway
-        .iter()
-        .find(|g| g.namespace == ns && g.name == name)
-        .with_context(|| format!("Gateway {} is not one of the case's", r.gateway))?;
-    let mut ports = Vec::new();
-    for listener in &gateway.listeners {
-        let port = listener
-            .get("port")
-            .and_then(serde_yaml_ng::Value::as_u64)
-            .context("a listener without a port")?;
-        let protocol = listener
-            .get("protocol")
-            .and_then(serde_yaml_ng::Value::as_str)
-            .unwrap_or_default();
-        if protocol != "HTTP" {
-            bail!(
-                "Gateway {} has a {protocol:?} listener; the replay serves plain HTTP listeners only",
-                r.gateway
-            );
-        }
-        if !ports.contains(&port) {
-            ports.push(port);
-        }
-    }
-    let [mapped] = ports[..] else {
-        bail!(
-            "Gateway {} listens on ports {ports:?}; the replay maps one listener port to the Gateway's proxy",
-            r.gateway
-        );
-    };
-    let port = r.port.unwrap_or(80);
-    if u64::from(port) != mapped {
-        bail!(
-            "port {port}: Gateway {} listens on {mapped}, the only port the replay maps",
-            r.gateway
-        );
-    }
+    check_gateway_port(&case.gateway, &r.gateway, r.port)?;
     if r.protocol == WEBSOCKET {
         if r.method != "GET" {
             bail!("a WebSocket handshake is a GET, the row says {}", r.method);
@@ -660,22 +787,74 @@ fn check_row(case: &Case, item: &RequestItem) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Refuses a row sent to a Gateway that is not one of the case's, that has a listener other
+/// than plain HTTP or listeners on several ports (the replay maps one listener port to each
+/// Gateway's proxy), or to a port (absent: 80) other than that one.
+fn check_gateway_port(
+    gateways: &[CaseGateway],
+    gateway: &str,
+    port: Option<u16>,
+) -> anyhow::Result<()> {
+    let (ns, name) = gateway
+        .split_once('/')
+        .context("request.gateway is not <namespace>/<name>")?;
+    let listeners = &gateways
+        .iter()
+        .find(|g| g.namespace == ns && g.name == name)
+        .with_context(|| format!("Gateway {gateway} is not one of the case's"))?
+        .listeners;
+    let mut ports = Vec::new();
+    for listener in listeners {
+        let listens_on = listener
+            .get("port")
+            .and_then(serde_yaml_ng::Value::as_u64)
+            .context("a listener without a port")?;
+        let protocol = listener
+            .get("protocol")
+            .and_then(serde_yaml_ng::Value::as_str)
+            .unwrap_or_default();
+        if protocol != "HTTP" {
+            bail!(
+                "Gateway {gateway} has a {protocol:?} listener; the replay serves plain HTTP listeners only"
+            );
+        }
+        if !ports.contains(&listens_on) {
+            ports.push(listens_on);
+        }
+    }
+    let [mapped] = ports[..] else {
+        bail!(
+            "Gateway {gateway} listens on ports {ports:?}; the replay maps one listener port to the Gateway's proxy"
+        );
+    };
+    let port = port.unwrap_or(80);
+    if u64::from(port) != mapped {
+        bail!("port {port}: Gateway {gateway} listens on {mapped}, the only port the replay maps");
+    }
+    Ok(())
+}
+
 /// The statuses the Go test asserts before sending traffic.
-fn check_statuses(case: &Case, output: &Output) -> anyhow::Result<()> {
+fn check_statuses<R>(case: &Case<R>, output: &Output) -> anyhow::Result<()> {
     let as_bool = |s: &str| s == "True";
     for check in &case.status_checks {
         let (ns, name) = check.name.split_once('/').context("status check name")?;
         let key = ObjectKey::new(ns, name);
         match check.kind.as_str() {
-            "HTTPRoute" => {
+            kind @ ("HTTPRoute" | "GRPCRoute") => {
+                let route_kind = if kind == "HTTPRoute" {
+                    RouteKind::Http
+                } else {
+                    RouteKind::Grpc
+                };
                 let parents = output
                     .statuses
                     .routes
                     .get(&RouteKey {
-                        kind: RouteKind::Http,
+                        kind: route_kind,
                         key,
                     })
-                    .with_context(|| format!("no status for HTTPRoute {}", check.name))?;
+                    .with_context(|| format!("no status for {kind} {}", check.name))?;
                 let parent = check
                     .parent
                     .as_deref()
@@ -696,10 +875,7 @@ fn check_statuses(case: &Case, output: &Output) -> anyhow::Result<()> {
                     None => parent.to_owned(),
                 };
                 if entries.is_empty() {
-                    bail!(
-                        "HTTPRoute {} has no status for parent {towards}",
-                        check.name
-                    );
+                    bail!("{kind} {} has no status for parent {towards}", check.name);
                 }
                 let wanted = check
                     .condition
@@ -717,13 +893,13 @@ fn check_statuses(case: &Case, output: &Output) -> anyhow::Result<()> {
                         .find(|c| c.kind.as_str() == wanted)
                         .with_context(|| {
                             format!(
-                                "HTTPRoute {} parent {}: no {wanted} condition",
+                                "{kind} {} parent {}: no {wanted} condition",
                                 check.name, entry.parent_ref
                             )
                         })?;
                     if got.status != status || got.reason.as_str() != reason {
                         bail!(
-                            "HTTPRoute {} parent {}: {got}, expected {wanted}={status} ({reason})",
+                            "{kind} {} parent {}: {got}, expected {wanted}={status} ({reason})",
                             check.name,
                             entry.parent_ref
                         );
@@ -1060,7 +1236,10 @@ async fn run_item(
                 let path = &path;
                 let clock = &clock;
                 async move {
-                    let logged = || pods.iter().any(|p| p.echo.count_echoed(path) > 0);
+                    let logged = || {
+                        pods.iter()
+                            .any(|p| p.echo().is_some_and(|e| e.count_echoed(path) > 0))
+                    };
                     await_mirror_log(clock, logged).await.map_err(|waited| {
                         anyhow!(
                             "no mirrored request {path} logged by {} within {waited:?}",
@@ -1073,7 +1252,12 @@ async fn run_item(
     tokio::try_join!(mirrors, requests)?;
 
     if let Some(d) = &item.distribution {
-        distribution(item, d, addr).await?;
+        distribution(d, || async {
+            let resp = probe(item, addr, None, &jitter()).await?;
+            // A response that is not echo JSON has no pod, as in Go.
+            Ok(resp.echo.map(|e| e.pod).unwrap_or_default())
+        })
+        .await?;
     }
     if let Some(m) = &item.mirror_distribution {
         mirror_distribution(item, m, addr, fleet).await?;
@@ -1186,13 +1370,14 @@ fn judge_distribution(
     }
 }
 
-/// The weighted-distribution check: up to `max_attempts` batches; a batch fails as an attempt,
-/// whether a request failed (round trip or comparison) or the distribution is off.
-async fn distribution(
-    item: &RequestItem,
-    d: &case::Distribution,
-    addr: SocketAddr,
-) -> anyhow::Result<()> {
+/// The weighted-distribution check: up to `max_attempts` batches of `sample`, which sends one
+/// request and names the pod that served it; a batch fails as an attempt, whether a request
+/// failed (round trip or comparison) or the distribution is off.
+async fn distribution<F, Fut>(d: &case::Distribution, sample: F) -> anyhow::Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<String>>,
+{
     let weights: BTreeMap<String, f64> = d
         .expected_fraction
         .iter()
@@ -1205,12 +1390,7 @@ async fn distribution(
         .collect();
     let mut last = anyhow!("no attempt");
     for attempt in 1..=d.max_attempts {
-        let outcomes = batch(d.requests, d.concurrency, || async {
-            let resp = probe(item, addr, None, &jitter()).await?;
-            // A response that is not echo JSON has no pod, as in Go.
-            Ok(resp.echo.map(|e| e.pod).unwrap_or_default())
-        })
-        .await;
+        let outcomes = batch(d.requests, d.concurrency, &sample).await;
         let verdict = match outcomes
             .into_iter()
             .collect::<anyhow::Result<Vec<String>>>()
@@ -1257,7 +1437,11 @@ async fn mirror_distribution(
         let deadline = Instant::now() + Duration::from_secs(3);
         while Instant::now() < deadline && stable_since.elapsed() < Duration::from_millis(300) {
             tokio::time::sleep(Duration::from_millis(50)).await;
-            let now: usize = pods.iter().map(|p| p.echo.count_echoed(&path)).sum();
+            let now: usize = pods
+                .iter()
+                .filter_map(|p| p.echo())
+                .map(|e| e.count_echoed(&path))
+                .sum();
             if now != count {
                 count = now;
                 stable_since = Instant::now();

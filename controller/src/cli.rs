@@ -1,6 +1,6 @@
 //! The command line: `cftunnel-controller translate` prints the proxy config a cluster state
 //! would produce, `render` the objects of a Gateway's dedicated data plane, `crd` the
-//! `GatewayConfig` CustomResourceDefinition; none needs a cluster.
+//! CustomResourceDefinitions of the `cf.k8s.lex.la` kinds; none needs a cluster.
 
 use std::fmt;
 use std::io::Write;
@@ -13,6 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::CustomResourceExt;
 
+use crate::access_policy::AccessPolicy;
 use crate::gateway_config::GatewayConfig;
 use crate::manifest;
 use crate::render::{self, RenderSettings};
@@ -42,8 +43,40 @@ pub enum Command {
     /// Print the objects of a Gateway's dedicated data plane (stdout, multi-document YAML, in
     /// apply order) and its status address (stderr).
     Render(RenderArgs),
-    /// Print the GatewayConfig CustomResourceDefinition (YAML).
-    Crd,
+    /// Print the CustomResourceDefinitions of GatewayConfig and AccessPolicy (multi-document
+    /// YAML), or of the one kind named.
+    Crd(CrdArgs),
+}
+
+/// Which CustomResourceDefinitions `crd` prints.
+#[derive(Debug, Args)]
+pub struct CrdArgs {
+    /// Only this kind's (as each file of the chart's `crds/` holds one).
+    #[arg(value_enum)]
+    pub kind: Option<CrdKind>,
+}
+
+/// The kinds of the `cf.k8s.lex.la` API group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CrdKind {
+    #[value(name = "GatewayConfig")]
+    GatewayConfig,
+    #[value(name = "AccessPolicy")]
+    AccessPolicy,
+}
+
+impl CrdKind {
+    /// The kind's CustomResourceDefinition as YAML.
+    ///
+    /// # Errors
+    /// Only if it cannot be encoded.
+    pub fn yaml(self) -> anyhow::Result<String> {
+        let crd = match self {
+            Self::GatewayConfig => GatewayConfig::crd(),
+            Self::AccessPolicy => AccessPolicy::crd(),
+        };
+        serde_yaml_ng::to_string(&crd).context("encoding the CRD")
+    }
 }
 
 /// What `run` and `translate` share: which Gateways are ours and what their planes run.
@@ -70,6 +103,11 @@ pub struct ClassArgs {
         default_value_t = ExternalNameBackends::External
     )]
     pub external_name_backends: ExternalNameBackends,
+    /// Routes publish only hostnames under the suffixes their namespace is labelled for
+    /// (`hostnames.cf.k8s.lex.la/<suffix>: "true"`); others are refused
+    /// (`Accepted=False`, `HostnameNotPermitted`).
+    #[arg(long, env = "HOSTNAME_OWNERSHIP", default_value_t = false, action = clap::ArgAction::Set)]
+    pub hostname_ownership: bool,
     /// The proxy image of dedicated data planes whose GatewayConfig names none. Without
     /// either, such a Gateway is not accepted.
     #[arg(long, env = "PROXY_IMAGE")]
@@ -178,7 +216,20 @@ pub struct RunArgs {
     /// alone where IPv6 is off).
     #[arg(long, default_value = "[::]:8082")]
     pub health_addr: std::net::SocketAddr,
+    #[command(flatten)]
+    pub traces: cftunnel_telemetry::TraceArgs,
 }
+
+/// The `service.name` of the controller's spans unless `OTEL_SERVICE_NAME` says otherwise.
+pub const SERVICE_NAME: &str = "cftunnel-controller";
+
+/// The modules whose spans the controller exports: a round's sync of configs, its
+/// Cloudflare API calls and its config pushes.
+pub const TRACED_TARGETS: &[&str] = &[
+    "cftunnel_controller::runtime",
+    "cftunnel_controller::cloudflare",
+    "cftunnel_controller::push",
+];
 
 /// `NAMESPACE/NAME[:KEY]` of a Secret key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -232,6 +283,7 @@ impl RunArgs {
                 proxy_image: self.class.proxy_image.clone(),
                 // Read from the shared tunnel's Secret every round.
                 shared_tunnel: None,
+                hostname_ownership: self.class.hostname_ownership,
             },
             render: render_settings(PlaneFlags {
                 proxy_image: &self.class.proxy_image,
@@ -240,6 +292,15 @@ impl RunArgs {
                 monitoring_namespace_label: &self.monitoring_namespace_label,
                 monitoring_pod_label: &self.monitoring_pod_label,
                 grace_period_seconds: self.grace_period_seconds,
+            })
+            .map(|render| RenderSettings {
+                proxy_env: self
+                    .traces
+                    .to_env()
+                    .into_iter()
+                    .map(|(name, value)| (name.to_owned(), value))
+                    .collect(),
+                ..render
             })?,
             shared,
             resync: std::time::Duration::from_secs(self.resync_seconds.max(1)),
@@ -309,6 +370,7 @@ fn render_settings(flags: PlaneFlags<'_>) -> anyhow::Result<RenderSettings> {
             flags.monitoring_pod_label,
         )?,
         grace_period_seconds: flags.grace_period_seconds,
+        proxy_env: Vec::new(),
     })
 }
 
@@ -556,6 +618,7 @@ pub fn run_translate(
         external_name_backends: args.class.external_name_backends,
         proxy_image: args.class.proxy_image.clone(),
         shared_tunnel: args.shared_tunnel_token.as_ref().map(TunnelIdentity::of),
+        hostname_ownership: args.class.hostname_ownership,
     };
     let output = translate::translate(&snapshot, &options);
     write_statuses(err, &output)?;
@@ -655,13 +718,22 @@ pub fn run_render(
     Ok(())
 }
 
-/// Runs `crd`: the GatewayConfig CustomResourceDefinition as YAML.
+/// Runs `crd`: the CustomResourceDefinitions `args` asks for, as YAML documents.
 ///
 /// # Errors
 /// Only if `out` cannot be written.
-pub fn run_crd(out: &mut impl Write) -> anyhow::Result<()> {
-    let crd = serde_yaml_ng::to_string(&GatewayConfig::crd()).context("encoding the CRD")?;
-    out.write_all(crd.as_bytes()).context("writing the CRD")?;
+pub fn run_crd(args: &CrdArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let kinds = match args.kind {
+        Some(kind) => vec![kind],
+        None => vec![CrdKind::GatewayConfig, CrdKind::AccessPolicy],
+    };
+    for (i, kind) in kinds.into_iter().enumerate() {
+        if i > 0 {
+            out.write_all(b"---\n").context("writing the CRD")?;
+        }
+        out.write_all(kind.yaml()?.as_bytes())
+            .context("writing the CRD")?;
+    }
     Ok(())
 }
 
@@ -708,6 +780,7 @@ pub fn write_statuses(w: &mut impl Write, output: &Output) -> std::io::Result<()
         gateway_classes,
         gateways,
         routes,
+        backend_tls_policies,
     } = &output.statuses;
     let join = |conditions: &[translate::Condition]| {
         conditions
@@ -739,6 +812,15 @@ pub fn write_statuses(w: &mut impl Write, output: &Output) -> std::io::Result<()
         writeln!(w, "{key}")?;
         for p in parents {
             writeln!(w, "  parent {}: {}", p.parent_ref, join(&p.conditions))?;
+        }
+    }
+    for (key, ancestors) in backend_tls_policies {
+        if ancestors.is_empty() {
+            continue;
+        }
+        writeln!(w, "BackendTLSPolicy {key}")?;
+        for a in ancestors {
+            writeln!(w, "  ancestor {}: {}", a.ancestor_ref, join(&a.conditions))?;
         }
     }
     Ok(())

@@ -17,7 +17,12 @@ use futures_util::StreamExt;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 /// The Cloudflare API's base URL.
@@ -61,12 +66,58 @@ pub struct TunnelTarget {
     pub verify_secret: Option<Vec<u8>>,
 }
 
+/// Counts of the calls made to the Cloudflare API, for `/metrics`: by call and by the HTTP
+/// status answered (`unreachable` or `timeout` when there was no answer; `rate_limited` for
+/// calls not sent while a 429's `Retry-After` runs).
+#[derive(Clone, Default)]
+pub struct ApiCalls {
+    requests: Family<CallLabels, Counter>,
+    errors: Family<CallLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    call: &'static str,
+    status: String,
+}
+
+impl ApiCalls {
+    /// Registers the counters (`cloudflare_api_requests`, `cloudflare_api_errors`).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "cloudflare_api_requests",
+            "Calls sent to the Cloudflare API, by call and HTTP status (unreachable, timeout)",
+            self.requests.clone(),
+        );
+        registry.register(
+            "cloudflare_api_errors",
+            "Cloudflare API calls that failed, by call and HTTP status (unreachable, timeout, \
+             rate_limited: not sent while a 429 lasts)",
+            self.errors.clone(),
+        );
+    }
+
+    fn count(&self, call: &'static str, status: &str, sent: bool, failed: bool) {
+        let labels = CallLabels {
+            call,
+            status: status.to_owned(),
+        };
+        if sent {
+            self.requests.get_or_create(&labels).inc();
+        }
+        if failed {
+            self.errors.get_or_create(&labels).inc();
+        }
+    }
+}
+
 /// A Cloudflare API client for tunnel configurations.
 #[derive(Clone)]
 pub struct TunnelApi {
     base: String,
     client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
     timeout: Duration,
+    calls: ApiCalls,
     /// Per API token (by digest): no calls before this, after the API answered 429. The limit
     /// is the token's, whichever tunnel it writes.
     limited: std::sync::Arc<std::sync::Mutex<HashMap<Vec<u8>, tokio::time::Instant>>>,
@@ -95,8 +146,16 @@ impl TunnelApi {
             base: base.trim_end_matches('/').to_owned(),
             client: Client::builder(hyper_util::rt::TokioExecutor::new()).build(https),
             timeout,
+            calls: ApiCalls::default(),
             limited: std::sync::Arc::default(),
         })
+    }
+
+    /// Counts this client's calls in `calls`.
+    #[must_use]
+    pub fn counted(mut self, calls: ApiCalls) -> Self {
+        self.calls = calls;
+        self
     }
 
     /// The tunnel's connector token, as the API hands it to the tunnel's owner
@@ -110,7 +169,14 @@ impl TunnelApi {
             self.base, target.account, target.tunnel
         );
         let envelope = self
-            .call(hyper::Method::GET, &uri, target, Bytes::new())
+            .call(
+                "tunnel_token",
+                hyper::Method::GET,
+                "/accounts/{account_id}/cfd_tunnel/{tunnel_id}/token",
+                &uri,
+                target,
+                Bytes::new(),
+            )
             .await?;
         envelope["result"]
             .as_str()
@@ -135,18 +201,60 @@ impl TunnelApi {
         let body = serde_json::to_vec(&json!({ "config": document }))
             .map_err(|e| format!("encoding the document: {e}"))?;
         let envelope = self
-            .call(hyper::Method::PUT, &uri, target, Bytes::from(body))
+            .call(
+                "put_configuration",
+                hyper::Method::PUT,
+                "/accounts/{account_id}/cfd_tunnel/{tunnel_id}/configurations",
+                &uri,
+                target,
+                Bytes::from(body),
+            )
             .await?;
         Ok(envelope["result"]["version"].as_i64().unwrap_or(0))
     }
 
-    /// One API call; the envelope of a successful answer, else the API's errors.
+    /// One API call (`route`: its path with the ids left as names), traced as a client span;
+    /// the envelope of a successful answer, else the API's errors.
     async fn call(
         &self,
+        name: &'static str,
+        method: hyper::Method,
+        route: &'static str,
+        uri: &str,
+        target: &TunnelTarget,
+        body: Bytes,
+    ) -> Result<Value, String> {
+        let span = tracing::info_span!(
+            "cloudflare.api",
+            otel.name = %format_args!("{method} {route}"),
+            otel.kind = "client",
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+            http.request.method = %method,
+            url.full = uri,
+            url.template = route,
+            cloudflare.tunnel_id = %target.tunnel,
+            http.response.status_code = tracing::field::Empty,
+        );
+        let result = self
+            .exchange(name, method, uri, target, body, &span)
+            .instrument(span.clone())
+            .await;
+        if let Err(reason) = &result {
+            span.record("otel.status_code", "error");
+            span.record("otel.status_description", reason.as_str());
+        }
+        result
+    }
+
+    async fn exchange(
+        &self,
+        name: &'static str,
         method: hyper::Method,
         uri: &str,
         target: &TunnelTarget,
         body: Bytes,
+        span: &tracing::Span,
     ) -> Result<Value, String> {
         let token_key = digest::digest(&digest::SHA256, target.api_token.as_bytes())
             .as_ref()
@@ -159,6 +267,7 @@ impl TunnelApi {
             .and_then(|l| l.get(&token_key).copied())
             .filter(|until| *until > now);
         if let Some(until) = waiting {
+            self.calls.count(name, "rate_limited", false, true);
             return Err(format!(
                 "waiting {}s more for the Cloudflare API's rate limit (it answered 429)",
                 until.duration_since(now).as_secs().max(1)
@@ -181,6 +290,7 @@ impl TunnelApi {
                 .await
                 .map_err(|e| format!("{method} {uri}: {e}"))?;
             let status = res.status();
+            span.record("http.response.status_code", i64::from(status.as_u16()));
             if status == hyper::StatusCode::TOO_MANY_REQUESTS {
                 let wait = res
                     .headers()
@@ -199,12 +309,29 @@ impl TunnelApi {
                 .to_bytes();
             Ok::<_, String>((status, body))
         };
-        let (status, body) = tokio::time::timeout(self.timeout, exchange)
-            .await
-            .map_err(|_| format!("{method} {uri}: no answer within {:?}", self.timeout))??;
-        let envelope: Value = serde_json::from_slice(&body)
-            .map_err(|_| format!("the Cloudflare API answered {status} without a JSON body"))?;
-        if status.is_success() && envelope["success"] == true {
+        let (status, body) = match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => {
+                self.calls.count(name, "unreachable", true, true);
+                return Err(e);
+            }
+            Err(_) => {
+                self.calls.count(name, "timeout", true, true);
+                return Err(format!(
+                    "{method} {uri}: no answer within {:?}",
+                    self.timeout
+                ));
+            }
+        };
+        let envelope = serde_json::from_slice::<Value>(&body).ok();
+        let succeeded = status.is_success()
+            && envelope
+                .as_ref()
+                .is_some_and(|e| e["success"] == Value::Bool(true));
+        self.calls.count(name, status.as_str(), true, !succeeded);
+        let envelope = envelope
+            .ok_or_else(|| format!("the Cloudflare API answered {status} without a JSON body"))?;
+        if succeeded {
             return Ok(envelope);
         }
         let errors: Vec<String> = envelope["errors"]

@@ -17,4 +17,4 @@ pub mod cloudflare;
 pub mod push;
 pub mod runtime;
 
-pub use cftunnel_controller_core::{gateway_config, manifest, render, translate};
+pub use cftunnel_controller_core::{access_policy, gateway_config, manifest, render, translate};

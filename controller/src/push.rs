@@ -15,6 +15,7 @@ use futures_util::StreamExt;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::StatusCode;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use tracing::Instrument as _;
 
 use crate::translate::PlaneKey;
 
@@ -70,6 +71,8 @@ pub struct PlaneOutcome {
     /// `failed_rounds` reached the threshold: report it (`ProxyConfigPushed=False`), a one-off
     /// blip does not.
     pub sustained_failure: bool,
+    /// How long the plane's pushes took this round, all pods and re-pushes included.
+    pub duration: std::time::Duration,
 }
 
 impl PlaneOutcome {
@@ -162,6 +165,7 @@ impl Pusher {
                 refused: Vec::new(),
                 failed_rounds: 0,
                 sustained_failure: false,
+                duration: std::time::Duration::ZERO,
             },
             |(_, outcome)| outcome,
         )
@@ -177,8 +181,23 @@ impl Pusher {
                 let state = self.planes.remove(&round.plane);
                 let (timeout, sustained_after) = (self.timeout, self.sustained_after);
                 async move {
-                    let (state, outcome) =
-                        sync_plane(state, &round, now, timeout, sustained_after).await;
+                    let span = tracing::info_span!(
+                        "config.push",
+                        otel.status_code = tracing::field::Empty,
+                        otel.status_description = tracing::field::Empty,
+                        cftunnel.plane = %round.plane,
+                        cftunnel.pods = count(round.pods.len()),
+                        cftunnel.config_version = tracing::field::Empty,
+                        cftunnel.pods_pushed = tracing::field::Empty,
+                        cftunnel.pods_failed = tracing::field::Empty,
+                    );
+                    let started = std::time::Instant::now();
+                    let (state, mut outcome) =
+                        sync_plane(state, &round, now, timeout, sustained_after)
+                            .instrument(span.clone())
+                            .await;
+                    outcome.duration = started.elapsed();
+                    record_outcome(&span, &outcome);
                     (round.plane, state, outcome)
                 }
             })
@@ -203,10 +222,40 @@ impl Pusher {
             .collect()
     }
 
+    /// The planes pushed to so far and not yet dropped by [`Pusher::retain`].
+    pub fn planes(&self) -> impl Iterator<Item = &PlaneKey> {
+        self.planes.keys()
+    }
+
     /// Keeps what is known of the planes `keep` accepts, drops the rest (planes that went away).
     pub fn retain(&mut self, keep: impl Fn(&PlaneKey) -> bool) {
         self.planes.retain(|plane, _| keep(plane));
     }
+}
+
+/// What a plane's round came to, on its span: the version, the pods pushed and failed, and
+/// an error status naming the first failure.
+fn record_outcome(span: &tracing::Span, outcome: &PlaneOutcome) {
+    let pods =
+        |f: fn(&PodOutcome) -> bool| count(outcome.pods.iter().filter(|(_, o)| f(o)).count());
+    span.record("cftunnel.config_version", outcome.version);
+    span.record("cftunnel.pods_pushed", pods(|o| *o == PodOutcome::Pushed));
+    span.record(
+        "cftunnel.pods_failed",
+        pods(|o| matches!(o, PodOutcome::Failed(_))),
+    );
+    if let Some((pod, reason)) = outcome.pods.iter().find_map(|(pod, o)| match o {
+        PodOutcome::Failed(reason) => Some((pod, reason)),
+        _ => None,
+    }) {
+        span.record("otel.status_code", "error");
+        span.record("otel.status_description", format!("{pod}: {reason}"));
+    }
+}
+
+/// A count as a span attribute: OpenTelemetry's integers are signed.
+fn count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// One plane's push: what [`Pusher::sync_all`] takes per plane.
@@ -410,6 +459,7 @@ fn finish(
         refused: Vec::new(),
         failed_rounds: state.failed_rounds,
         sustained_failure: state.failed_rounds >= sustained_after,
+        duration: std::time::Duration::ZERO,
     }
 }
 
@@ -515,6 +565,43 @@ impl<'a> Client<'a> {
     }
 
     async fn call(
+        &self,
+        pod: SocketAddr,
+        method: hyper::Method,
+        body: Bytes,
+        token: &str,
+    ) -> Result<(StatusCode, Bytes), String> {
+        let span = tracing::info_span!(
+            "config.api",
+            otel.name = %format_args!("{method} /config"),
+            otel.kind = "client",
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+            http.request.method = %method,
+            server.address = %pod.ip(),
+            server.port = i64::from(pod.port()),
+            http.response.status_code = tracing::field::Empty,
+        );
+        let result = self
+            .exchange(pod, method, body, token)
+            .instrument(span.clone())
+            .await;
+        match &result {
+            Ok((status, _)) => {
+                span.record("http.response.status_code", i64::from(status.as_u16()));
+                if status.as_u16() >= 400 {
+                    span.record("otel.status_code", "error");
+                }
+            }
+            Err(reason) => {
+                span.record("otel.status_code", "error");
+                span.record("otel.status_description", reason.as_str());
+            }
+        }
+        result
+    }
+
+    async fn exchange(
         &self,
         pod: SocketAddr,
         method: hyper::Method,

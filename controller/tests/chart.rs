@@ -10,10 +10,14 @@
 //! The tools are found as `chart/tools.rs` says; without them the tests that need them skip,
 //! saying so, except under CI.
 
+#[path = "chart/alerts.rs"]
+mod alerts;
 #[path = "chart/controller.rs"]
 mod controller;
 #[path = "chart/files.rs"]
 mod files;
+#[path = "chart/ownership.rs"]
+mod ownership;
 #[path = "chart/pods.rs"]
 mod pods;
 #[path = "chart/pool.rs"]
@@ -24,6 +28,8 @@ mod rendering;
 mod text;
 #[path = "chart/tools.rs"]
 mod tools;
+#[path = "chart/tracing.rs"]
+mod tracing;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -607,9 +607,36 @@ fn label_flags_take_kubernetes_label_syntax_and_name_the_flag_and_the_bad_part()
 
 #[test]
 fn crd_prints_the_gateway_config_definition() {
-    let out = controller(&["crd"]);
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use serde::Deserialize;
+    // Every kind of the group by default, one document each.
+    let all = controller(&["crd"]);
+    assert!(all.status.success());
+    let text = String::from_utf8_lossy(&all.stdout).into_owned();
+    let names: Vec<String> = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| {
+            CustomResourceDefinition::deserialize(doc)
+                .expect("a CustomResourceDefinition")
+                .metadata
+                .name
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "gatewayconfigs.cf.k8s.lex.la",
+            "accesspolicies.cf.k8s.lex.la"
+        ]
+    );
+    let policy: CustomResourceDefinition =
+        serde_yaml_ng::from_slice(&controller(&["crd", "AccessPolicy"]).stdout)
+            .expect("a CustomResourceDefinition");
+    assert_eq!(policy.spec.names.kind, "AccessPolicy");
+
+    let out = controller(&["crd", "GatewayConfig"]);
     assert!(out.status.success());
-    let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
+    let crd: CustomResourceDefinition =
         serde_yaml_ng::from_slice(&out.stdout).expect("a CustomResourceDefinition");
     assert_eq!(
         crd.metadata.name.as_deref(),
@@ -642,6 +669,7 @@ fn crd_prints_the_gateway_config_definition() {
         "authTokenSecretRef",
         "cloudflareCredentialsSecretRef",
         "resources",
+        "access",
     ] {
         assert!(fields.iter().any(|f| *f == field), "{field} in {fields:?}");
     }

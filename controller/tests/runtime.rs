@@ -651,6 +651,26 @@ async fn scenario() {
     assert!(message.contains("connecting to 127.0.0.1"), "{message}");
     // And a Warning Event on the route tells it.
     let event = eventually("a ProxyConfigPushFailed Event", push_failed).await;
+    // `/metrics` counts the failed pushes against the plane, and says it is failing.
+    let by = Instant::now() + Duration::from_secs(20);
+    loop {
+        let metrics = health_body("/metrics")
+            .await
+            .map(|a| a.1)
+            .unwrap_or_default();
+        let failures = metrics.lines().find_map(|l| {
+            l.strip_prefix("cftunnel_controller_push_failures_total{plane=\"tenant-a/edge\"} ")?
+                .parse::<u64>()
+                .ok()
+        });
+        if failures.is_some_and(|n| n >= 3)
+            && metrics.contains("cftunnel_controller_push_failing_planes 1\n")
+        {
+            break;
+        }
+        assert!(Instant::now() < by, "failed pushes counted: {metrics}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     assert_eq!(event["apiVersion"], "events.k8s.io/v1");
     assert_eq!(event["type"], "Warning");
     let regarding = &event["regarding"];
@@ -1250,7 +1270,12 @@ async fn the_api_token_waits_out_a_rate_limit() {
     use cftunnel_controller::cloudflare::{TunnelApi, TunnelTarget};
     let cloudflare = CloudflareApi::start().await;
     cloudflare.allow("acct", "controller-token");
-    let api = TunnelApi::new(&cloudflare.base(), Duration::from_secs(5)).expect("client");
+    let calls = cftunnel_controller::cloudflare::ApiCalls::default();
+    let mut registry = prometheus_client::registry::Registry::with_prefix("cftunnel_controller");
+    calls.register(&mut registry);
+    let api = TunnelApi::new(&cloudflare.base(), Duration::from_secs(5))
+        .expect("client")
+        .counted(calls.clone());
     let target = TunnelTarget {
         account: "acct".to_owned(),
         tunnel: uuid_of(TUNNEL_ID),
@@ -1273,6 +1298,59 @@ async fn the_api_token_waits_out_a_rate_limit() {
     assert_eq!(cloudflare.requests(), sent, "no request while waiting");
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(api.put_configuration(&target, &document).await, Ok(1));
+
+    // A token the API refuses, and an API nobody answers for.
+    let refused = TunnelTarget {
+        api_token: "stolen".to_owned(),
+        ..target.clone()
+    };
+    assert!(api.put_configuration(&refused, &document).await.is_err());
+    let gone = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr")
+    };
+    let unreachable = TunnelApi::new(&format!("http://{gone}"), Duration::from_secs(5))
+        .expect("client")
+        .counted(calls);
+    assert!(unreachable.tunnel_token(&target).await.is_err());
+
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+    for (series, n) in [
+        (
+            "requests_total{call=\"put_configuration\",status=\"429\"}",
+            1,
+        ),
+        (
+            "requests_total{call=\"put_configuration\",status=\"200\"}",
+            1,
+        ),
+        (
+            "requests_total{call=\"put_configuration\",status=\"403\"}",
+            1,
+        ),
+        (
+            "requests_total{call=\"tunnel_token\",status=\"unreachable\"}",
+            1,
+        ),
+        ("errors_total{call=\"put_configuration\",status=\"429\"}", 1),
+        (
+            "errors_total{call=\"put_configuration\",status=\"rate_limited\"}",
+            1,
+        ),
+        ("errors_total{call=\"put_configuration\",status=\"403\"}", 1),
+        (
+            "errors_total{call=\"tunnel_token\",status=\"unreachable\"}",
+            1,
+        ),
+    ] {
+        let line = format!("cftunnel_controller_cloudflare_api_{series} {n}\n");
+        assert!(text.contains(&line), "{line} in:\n{text}");
+    }
+    assert!(
+        !text.contains("errors_total{call=\"put_configuration\",status=\"200\"}"),
+        "a success is no error:\n{text}"
+    );
 }
 
 /// The seed's tenant-a Gateway, its GatewayConfig's spec set by [`Tenant::configure`], on an
@@ -2889,6 +2967,23 @@ async fn the_shared_pool_serves_a_dedicated_gateway_on_the_class_tunnel_with_no_
         serves(edge.data_addr(), 200, "the plane serves its route").await;
         serves(pool.data_addr(), 200, "the pool on its tunnel serves it too").await;
         document(TUNNEL_ID, &["shop.example.com"]).await;
+        // `/metrics` names each plane pushed to, the API calls made, and what is watched.
+        let metrics = t.health.metrics_text().expect("encodes");
+        for series in [
+            "cftunnel_controller_push_duration_seconds_count{plane=\"shared\"} ",
+            "cftunnel_controller_push_duration_seconds_count{plane=\"tenant-a/edge\"} ",
+            "cftunnel_controller_cloudflare_api_requests_total{call=\"put_configuration\",status=\"200\"} ",
+            "cftunnel_controller_watched_objects{kind=\"Gateway\"} ",
+        ] {
+            let count = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(series)?.parse::<f64>().ok());
+            assert!(count.is_some_and(|n| n >= 1.0), "{series} in:\n{metrics}");
+        }
+        assert!(
+            !metrics.contains("cftunnel_controller_push_failures_total{"),
+            "no push failed:\n{metrics}"
+        );
 
         // A tunnel of its own: the pool no longer gets the route, the documents follow.
         move_to(&own_token);
@@ -2909,6 +3004,12 @@ async fn the_shared_pool_serves_a_dedicated_gateway_on_the_class_tunnel_with_no_
         ));
         serves(pool.data_addr(), 404, "the pool after the Gateway went").await;
         document(TUNNEL_ID, &[]).await;
+        // The plane went, and its series with it.
+        eventually("the plane's series gone", || {
+            let metrics = t.health.metrics_text().ok()?;
+            (!metrics.contains("plane=\"tenant-a/edge\"")).then_some(())
+        })
+        .await;
 
         t.stop().await;
         edge.shutdown().await;
@@ -3398,6 +3499,167 @@ async fn an_unchanged_plane_costs_no_api_calls_per_round() {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_eq!(reads(), before, "no reads of {kinds:?}");
         assert_eq!(t.api.writes_since(rv), Vec::<String>::new(), "no writes");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// Our entry for Gateway tenant-a/edge in the ancestors of BackendTLSPolicy `name`.
+fn policy_ancestor(api: &ApiServer, name: &str) -> Option<Value> {
+    let policy = api.get(
+        "gateway.networking.k8s.io/v1",
+        "BackendTLSPolicy",
+        "tenant-a",
+        name,
+    )?;
+    policy
+        .pointer("/status/ancestors")?
+        .as_array()?
+        .iter()
+        .find(|a| a["controllerName"] == CONTROLLER)
+        .cloned()
+}
+
+fn backend_tls_policy(name: &str, service: &str) -> Value {
+    yaml(&format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: BackendTLSPolicy\nmetadata: {{name: {name}, namespace: tenant-a}}\nspec:\n  targetRefs: [{{group: \"\", kind: Service, name: {service}}}]\n  validation: {{caCertificateRefs: [{{group: \"\", kind: ConfigMap, name: web-ca}}], hostname: web.tenant-a.internal}}\n"
+    ))
+}
+
+/// A BackendTLSPolicy on the Service the tenant's route uses gets the Gateway as its ancestor,
+/// with conditions that follow its CA ConfigMap; a second policy on the same Service is
+/// `Conflicted`; another controller's ancestor entry stays; and when the route no longer uses
+/// the Service, our entry goes.
+#[tokio::test]
+async fn a_backend_tls_policy_gets_its_gateway_as_ancestor() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let ca = cftunnel_testkit::pki::TestPki::for_names(&["web"]).expect("pki");
+        let t = Tenant::start_with("replicas: 1", |api| {
+            let mut first = backend_tls_policy("a-first", "web");
+            first["status"] = json!({"ancestors": [{
+                "ancestorRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": "tenant-a", "name": "edge"},
+                "controllerName": "example.com/other",
+                "conditions": [],
+            }]});
+            api.put(first);
+        })
+        .await;
+        let state = |name: &str| {
+            let ancestor = policy_ancestor(&t.api, name)?;
+            let accepted = condition(&ancestor["conditions"], "Accepted")?;
+            let resolved = condition(&ancestor["conditions"], "ResolvedRefs")?;
+            Some((
+                ancestor["ancestorRef"]["name"].as_str()?.to_owned(),
+                accepted["reason"].as_str()?.to_owned(),
+                resolved["reason"].as_str()?.to_owned(),
+            ))
+        };
+        let triple = |a: &str, b: &str, c: &str| (a.to_owned(), b.to_owned(), c.to_owned());
+
+        // The CA ConfigMap is missing: the policy cannot be used.
+        let got = eventually("the policy's ancestor", || {
+            state("a-first").filter(|s| s.1 == "NoValidCACertificate")
+        })
+        .await;
+        assert_eq!(
+            got,
+            triple("edge", "NoValidCACertificate", "InvalidCACertificateRef")
+        );
+        let message = policy_ancestor(&t.api, "a-first")
+            .and_then(|a| condition(&a["conditions"], "ResolvedRefs").cloned())
+            .map(|c| c["message"].clone());
+        assert_eq!(
+            message,
+            Some(json!(
+                "spec.validation.caCertificateRefs[0]: ConfigMap tenant-a/web-ca not found"
+            ))
+        );
+
+        let ca_pem: String = ca.ca_pem().lines().map(|l| format!("    {l}\n")).collect();
+        t.api.put(yaml(&format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: web-ca, namespace: tenant-a}}\ndata:\n  ca.crt: |\n{ca_pem}"
+        )));
+        t.api.put(backend_tls_policy("b-second", "web"));
+        eventually("accepted once the ConfigMap exists", || {
+            state("a-first").filter(|s| *s == triple("edge", "Accepted", "ResolvedRefs"))
+        })
+        .await;
+        eventually("the second policy conflicted", || {
+            state("b-second").filter(|s| s.1 == "Conflicted")
+        })
+        .await;
+        let policy = t
+            .api
+            .get(
+                "gateway.networking.k8s.io/v1",
+                "BackendTLSPolicy",
+                "tenant-a",
+                "a-first",
+            )
+            .expect("policy");
+        let controllers: Vec<&str> = policy
+            .pointer("/status/ancestors")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a["controllerName"].as_str())
+            .collect();
+        assert_eq!(controllers, ["example.com/other", CONTROLLER]);
+
+        // The route moves to another Service: the policies apply to no Gateway of ours.
+        t.api.put(yaml(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: shop, namespace: tenant-a}\nspec:\n  parentRefs: [{name: edge}]\n  rules: [{backendRefs: [{name: elsewhere, port: 80}]}]\n",
+        ));
+        eventually("our ancestor entries removed", || {
+            (policy_ancestor(&t.api, "a-first").is_none()
+                && policy_ancestor(&t.api, "b-second").is_none())
+            .then_some(())
+        })
+        .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A route that repeats an older route's match on the same host is accepted but never serves
+/// it: it says so (`cf.k8s.lex.la/RouteShadowed`) and a Warning Event tells its owner, once.
+#[tokio::test]
+async fn a_route_an_older_route_shadows_is_told_so() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        t.api.put(yaml("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: shop-copy, namespace: tenant-a}\nspec:\n  parentRefs: [{name: edge}]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n"));
+        let shadowed = eventually("shop-copy: RouteShadowed", || {
+            route_condition(&t.api, "tenant-a", "shop-copy", "cf.k8s.lex.la/RouteShadowed")
+        })
+        .await;
+        assert_eq!(
+            (&shadowed["status"], &shadowed["reason"]),
+            (&json!("True"), &json!("OlderRouteMatches"))
+        );
+        let message = shadowed["message"].as_str().unwrap_or_default();
+        assert!(message.contains("HTTPRoute tenant-a/shop serves"), "{message}");
+        assert!(
+            route_condition(&t.api, "tenant-a", "shop", "cf.k8s.lex.la/RouteShadowed").is_none(),
+            "the older route is not shadowed"
+        );
+        let events = || {
+            t.api
+                .list("Event")
+                .into_iter()
+                .filter(|e| {
+                    e["reason"] == "RouteShadowed"
+                        && e.pointer("/regarding/name") == Some(&json!("shop-copy"))
+                })
+                // A repeated Event is one object with a series count.
+                .map(|e| e.pointer("/series/count").and_then(Value::as_u64).unwrap_or(1))
+                .sum::<u64>()
+        };
+        eventually("a RouteShadowed Event", || (events() > 0).then_some(())).await;
+        // Rounds go on (every 100 ms here); the Event is not repeated.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(events(), 1);
         t.stop().await;
     })
     .await

@@ -9,22 +9,29 @@
 //! CPU of its own. In the tunnel scenarios the mock edge plays Cloudflare's network, so it
 //! runs with the load generator on `load_cpus`, and only the proxy is on `server_cpus`.
 
+pub mod chart;
 pub mod load;
+pub mod machine;
 pub mod memory;
 pub mod process;
 pub mod procfs;
+pub mod progress;
 pub mod report;
+pub mod results;
 pub mod scenario;
 pub mod stats;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cftunnel_testkit::echo::{EchoConfig, EchoIdentity, EchoServer};
 use load::LoadSpec;
 use process::{free_port, CpuList, ProcessError, ScratchDir, ServerProcess};
 use procfs::Memory;
+use progress::{status_line, Progress, RateMeter};
 use report::{Outcome, Report, ScenarioReport, ServerCpu, Settings};
 use scenario::{Scenario, ScenarioEnv, LOAD_HOST};
 
@@ -153,11 +160,12 @@ async fn start_echo(cfg: &RunConfig, scratch: &ScratchDir) -> Result<EchoBackend
     Ok(EchoBackend::Process(process, http))
 }
 
-/// Runs every configured scenario in order. `progress` receives one line per step.
-pub async fn run(cfg: &RunConfig, progress: &dyn Fn(&str)) -> Result<Report, RunError> {
+/// Runs every configured scenario in order. `progress` gets one line per step and, on a
+/// terminal, a live status line while the load runs.
+pub async fn run(cfg: &RunConfig, progress: &Progress) -> Result<Report, RunError> {
     let scratch = ScratchDir::create(cfg.keep_scratch).map_err(RunError::Scratch)?;
     let echo = start_echo(cfg, &scratch).await?;
-    progress(&format!(
+    progress.line(&format!(
         "echo backend on {} ({})",
         echo.addr(),
         match &echo {
@@ -166,7 +174,7 @@ pub async fn run(cfg: &RunConfig, progress: &dyn Fn(&str)) -> Result<Report, Run
         }
     ));
     if cfg.keep_scratch {
-        progress(&format!("configs and logs in {}", scratch.path().display()));
+        progress.line(&format!("configs and logs in {}", scratch.path().display()));
     }
     let env = ScenarioEnv {
         echo_addr: echo.addr(),
@@ -193,13 +201,19 @@ pub async fn run(cfg: &RunConfig, progress: &dyn Fn(&str)) -> Result<Report, Run
                 continue;
             }
             let name = scenario.name();
-            progress(&format!("{name}: starting (round {round}/{total})"));
-            let report = run_scenario(scenario, &env, cfg).await;
+            progress.status(&format!("{name}: starting (round {round}/{total})"));
+            let label = format!("round {round}/{total} · {name}");
+            let report = run_scenario(scenario, &env, cfg, progress, &label).await;
             match (&report.outcome, &report.reason, &report.load) {
                 (Outcome::Ok, _, Some(load)) => {
-                    progress(&format!("{name}: {:.0} req/s", load.rps));
+                    progress.line(&format!(
+                        "{label}: {} req/s, p50 {:.3} ms, p99 {:.3} ms",
+                        stats::format_thousands(load.rps),
+                        load.p50_us as f64 / 1000.0,
+                        load.p99_us as f64 / 1000.0
+                    ));
                 }
-                (outcome, reason, _) => progress(&format!(
+                (outcome, reason, _) => progress.line(&format!(
                     "{name}: {}: {}",
                     outcome.as_str(),
                     reason.as_deref().unwrap_or("")
@@ -208,6 +222,7 @@ pub async fn run(cfg: &RunConfig, progress: &dyn Fn(&str)) -> Result<Report, Run
             rounds[i].push(report);
         }
     }
+    progress.clear();
     echo.stop().await;
     let scenarios = rounds
         .into_iter()
@@ -238,6 +253,8 @@ async fn run_scenario(
     scenario: Scenario,
     env: &ScenarioEnv<'_>,
     cfg: &RunConfig,
+    progress: &Progress,
+    label: &str,
 ) -> ScenarioReport {
     let mut report = ScenarioReport::new(scenario);
     let target = match scenario.start(env).await {
@@ -269,6 +286,7 @@ async fn run_scenario(
         duration: cfg.duration,
         rate: cfg.rate,
         edge: target.edge.clone(),
+        answered: Arc::new(AtomicU64::new(0)),
     };
     match load::send_one(&spec).await {
         Ok((status, body)) if status == http::StatusCode::OK => {
@@ -286,12 +304,18 @@ async fn run_scenario(
     }
     report.memory_idle = read_memory(pid).await;
     let load_cpus = cfg.load_cpus.as_ref().map(CpuList::cpus);
-    let (load, cpu, edge_cpu, load_cpus_busy) = tokio::join!(
-        load::run(&spec),
-        server_cpu_in_window(pid, cfg.warmup, cfg.duration),
-        server_cpu_in_window(edge_pid, cfg.warmup, cfg.duration),
-        cpus_busy_in_window(load_cpus.as_deref(), cfg.warmup, cfg.duration)
-    );
+    let measured = async {
+        tokio::join!(
+            load::run(&spec),
+            server_cpu_in_window(pid, cfg.warmup, cfg.duration),
+            server_cpu_in_window(edge_pid, cfg.warmup, cfg.duration),
+            cpus_busy_in_window(load_cpus.as_deref(), cfg.warmup, cfg.duration)
+        )
+    };
+    let (load, cpu, edge_cpu, load_cpus_busy) = tokio::select! {
+        done = measured => done,
+        never = show_live_rate(progress, label, &spec.answered, cfg.warmup + cfg.duration) => match never {},
+    };
     report.server_cpu = cpu.map(|cpu| ServerCpu::new(cpu, cfg.duration, load.requests));
     report.edge_cpu = edge_cpu.map(|cpu| ServerCpu::new(cpu, cfg.duration, load.requests));
     report.load_cpus_busy = load_cpus_busy;
@@ -300,6 +324,25 @@ async fn run_scenario(
     report.outcome = Outcome::Ok;
     target.stop().await;
     report
+}
+
+/// Redraws the status line with the elapsed time and the live rate until dropped.
+async fn show_live_rate(
+    progress: &Progress,
+    label: &str,
+    answered: &AtomicU64,
+    total: Duration,
+) -> std::convert::Infallible {
+    let started = std::time::Instant::now();
+    let mut meter = RateMeter::default();
+    loop {
+        let now = std::time::Instant::now();
+        let rps = meter.sample(now, answered.load(Ordering::Relaxed));
+        if progress.is_live() {
+            progress.status(&status_line(label, now - started, total, rps));
+        }
+        tokio::time::sleep(progress::REDRAW).await;
+    }
 }
 
 /// The header names in an echo backend's answer (`{"headers": {"Name": [...]}}`), lower-cased

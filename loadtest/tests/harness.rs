@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use cftunnel_loadtest::harness::progress::Progress;
 use cftunnel_loadtest::harness::report::Outcome;
+use cftunnel_loadtest::harness::results::{Machine, Results};
 use cftunnel_loadtest::harness::scenario::Scenario;
 use cftunnel_loadtest::harness::{run, RunConfig};
 
@@ -45,13 +47,22 @@ fn config(scenarios: Vec<Scenario>) -> RunConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_scenario_measures_the_echo_backend() {
+    let progress = Progress::collect();
     let report = tokio::time::timeout(
         Duration::from_secs(20),
-        run(&config(vec![Scenario::Direct]), &|_| {}),
+        run(&config(vec![Scenario::Direct]), &progress),
     )
     .await
     .expect("run finishes within its bound")
     .expect("run starts");
+    // One step line per scenario round, with its rate and latency.
+    let lines = progress.lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("round 1/1 · direct: ") && l.contains(" req/s, p50 ")),
+        "{lines:?}"
+    );
     assert_eq!(report.scenarios.len(), 1);
     let direct = &report.scenarios[0];
     assert_eq!(direct.outcome, Outcome::Ok, "{:?}", direct.reason);
@@ -62,13 +73,47 @@ async fn direct_scenario_measures_the_echo_backend() {
     assert!(report.comparisons.is_empty());
     // The origin got the headers a tunnel path would have added, and no others.
     assert_eq!(direct.origin_headers, TUNNEL_ORIGIN_HEADERS);
+    // The results file carries the measured curve and reads back equal, chart beside it.
+    let results = Results::from_harness(
+        &report,
+        Machine::default(),
+        "cftunnel-loadtest --scenarios direct".to_owned(),
+        "2026-10-20T13:40:05Z".to_owned(),
+    );
+    let series = &results.groups[0].series[0];
+    let measured = series.measured.as_ref().expect("measured");
+    assert_eq!(series.name, "direct");
+    assert_eq!(measured.requests, load.requests);
+    assert_eq!(measured.percentiles.len(), 11);
+    assert!(measured
+        .percentiles
+        .windows(2)
+        .all(|w| w[0].latency_us <= w[1].latency_us));
+    assert!(results.details.is_some(), "the full report is kept");
+    let dir = std::env::temp_dir().join(format!("cftunnel-harness-report-{}", std::process::id()));
+    let files = results.write(&dir, "harness-test").expect("written");
+    // Measured rates are arbitrary floats: compared to the last bit only where JSON keeps
+    // them exactly (the unit tests), here to within rounding.
+    let back = Results::read(&files.json).expect("reads back");
+    let back_measured = back.groups[0].series[0]
+        .measured
+        .as_ref()
+        .expect("measured");
+    assert_eq!(back_measured.percentiles, measured.percentiles);
+    assert_eq!(back_measured.requests, measured.requests);
+    assert!((back_measured.rps - measured.rps).abs() <= measured.rps * 1e-12);
+    assert_eq!(back.command, results.command);
+    assert!(std::fs::read_to_string(&files.svg)
+        .expect("chart")
+        .contains("direct  p50 "));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bare_requests_carry_only_the_host() {
     let mut cfg = config(vec![Scenario::Direct]);
     cfg.bare_requests = true;
-    let report = tokio::time::timeout(Duration::from_secs(20), run(&cfg, &|_| {}))
+    let report = tokio::time::timeout(Duration::from_secs(20), run(&cfg, &Progress::collect()))
         .await
         .expect("run finishes within its bound")
         .expect("run starts");
@@ -87,7 +132,10 @@ async fn bare_requests_carry_only_the_host() {
 async fn missing_servers_are_skipped_with_a_reason() {
     let report = tokio::time::timeout(
         Duration::from_secs(20),
-        run(&config(vec![Scenario::Proxy, Scenario::Nginx]), &|_| {}),
+        run(
+            &config(vec![Scenario::Proxy, Scenario::Nginx]),
+            &Progress::collect(),
+        ),
     )
     .await
     .expect("run finishes within its bound")
@@ -105,7 +153,7 @@ async fn missing_servers_are_skipped_with_a_reason() {
 async fn tunnel_scenarios_without_binaries_are_skipped_with_a_reason() {
     let mut cfg = config(vec![Scenario::TunnelQuic, Scenario::TunnelHttp2]);
     cfg.proxy_bin = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
-    let report = tokio::time::timeout(Duration::from_secs(20), run(&cfg, &|_| {}))
+    let report = tokio::time::timeout(Duration::from_secs(20), run(&cfg, &Progress::collect()))
         .await
         .expect("run finishes within its bound")
         .expect("run starts");
@@ -125,7 +173,7 @@ async fn cloudflared_scenarios_without_a_binary_are_skipped_with_a_reason() {
         Scenario::CloudflaredQuicEdge,
         Scenario::CloudflaredHttp2Edge,
     ]);
-    let report = tokio::time::timeout(Duration::from_secs(20), run(&cfg, &|_| {}))
+    let report = tokio::time::timeout(Duration::from_secs(20), run(&cfg, &Progress::collect()))
         .await
         .expect("run finishes within its bound")
         .expect("run starts");
@@ -167,7 +215,7 @@ async fn tunnel_scenarios_measure_the_proxy_behind_the_mock_edge() {
     ]);
     cfg.proxy_bin = proxy_bin;
     cfg.edge_bin = edge_bin;
-    let report = tokio::time::timeout(Duration::from_secs(120), run(&cfg, &|_| {}))
+    let report = tokio::time::timeout(Duration::from_secs(120), run(&cfg, &Progress::collect()))
         .await
         .expect("run finishes within its bound")
         .expect("run starts");

@@ -1,6 +1,14 @@
 //! The opt-in JSON access log: one line per request on stdout, written by its own task so a
 //! slow terminal never blocks a request. Lines are dropped, and counted, when the queue is full.
+//!
+//! With sampling (`1 in N`), one request in N is written whatever its outcome, and every
+//! failure is written too: a 5xx, an answer the proxy gave itself because it could not serve
+//! the request (no route, a backend that failed, a request it refused), and a response cut off
+//! before its last byte. Fields are gathered for every request while the log is on, since a
+//! failure is known only at the end; only the line's encoding and writing are sampled.
 
+use opentelemetry::trace::{SpanId, TraceId};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,18 +17,67 @@ use tokio::sync::mpsc;
 
 const QUEUE: usize = 8192;
 
+/// What a request's line says beyond its status, size and duration; filled in as the
+/// handler learns it.
 #[derive(Debug)]
 pub(crate) struct Fields {
-    pub method: String,
+    pub method: http::Method,
     pub host: String,
-    pub path: String,
+    /// The target as the client sent it.
+    pub uri: http::Uri,
     pub route: Option<String>,
+    pub user_agent: Option<http::HeaderValue>,
+    /// The edge's request id (tunnel mode only).
+    pub cf_ray: Option<http::HeaderValue>,
+    /// The client's address: the edge's `Cf-Connecting-Ip` in tunnel mode, else the peer.
+    pub client_ip: Option<IpAddr>,
+    /// The backend of the last try, as its URL was written.
+    pub backend: Option<Arc<str>>,
+    pub tries: u32,
+    /// From the first try sent to the answering response head (or the last failure).
+    pub upstream: Option<Duration>,
+    /// Why the proxy answered itself, when it did.
+    pub error: Option<&'static str>,
+    /// Written whatever the outcome (every request, or one in N).
+    pub sampled: bool,
+}
+
+/// How a request ended, as its line reports it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Outcome {
+    pub status: u16,
+    pub bytes: u64,
+    pub elapsed: Duration,
+    pub aborted: bool,
+    /// The request's trace and server span, when its trace is sampled.
+    pub trace: Option<(TraceId, SpanId)>,
+}
+
+/// What the access log writes, beyond the fields every line has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AccessLogOptions {
+    /// Write the query string (it may carry tokens or personal data).
+    pub query: bool,
+    /// Write one line in this many (1: every request); failures always.
+    pub sample_every: u32,
+}
+
+impl Default for AccessLogOptions {
+    fn default() -> Self {
+        Self {
+            query: false,
+            sample_every: 1,
+        }
+    }
 }
 
 #[derive(Debug)]
 pub(crate) struct AccessLog {
     tx: mpsc::Sender<String>,
     dropped: Arc<AtomicU64>,
+    options: AccessLogOptions,
+    /// Requests seen, for one-in-N sampling; untouched when every request is written.
+    seen: AtomicU64,
 }
 
 #[derive(serde::Serialize)]
@@ -30,16 +87,48 @@ struct Line<'a> {
     method: &'a str,
     host: &'a str,
     path: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    query: Option<&'a str>,
     status: u16,
     bytes: u64,
     duration_ms: f64,
     route: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_ip: Option<IpAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user_agent: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cf_ray: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backend: Option<&'a str>,
+    #[serde(skip_serializing_if = "is_zero")]
+    tries: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trace_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    span_id: Option<String>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     aborted: bool,
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn header(value: Option<&http::HeaderValue>) -> Option<&str> {
+    value.and_then(|v| v.to_str().ok())
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
 impl AccessLog {
-    pub(crate) fn spawn() -> Self {
+    pub(crate) fn spawn(options: AccessLogOptions) -> Self {
         let (tx, mut rx) = mpsc::channel::<String>(QUEUE);
         let dropped = Arc::new(AtomicU64::new(0));
         tokio::spawn(async move {
@@ -53,30 +142,53 @@ impl AccessLog {
                 }
             }
         });
-        Self { tx, dropped }
+        Self {
+            tx,
+            dropped,
+            options,
+            seen: AtomicU64::new(0),
+        }
     }
 
-    pub(crate) fn write(
-        &self,
-        f: &Fields,
-        status: u16,
-        bytes: u64,
-        elapsed: Duration,
-        aborted: bool,
-    ) {
+    /// Whether the request now starting is one whose line is written whatever its outcome.
+    pub(crate) fn sample(&self) -> bool {
+        let every = u64::from(self.options.sample_every);
+        every <= 1
+            || self
+                .seen
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(every)
+    }
+
+    /// Writes the line of a request that ended as `outcome`, if it was sampled or failed.
+    pub(crate) fn write(&self, f: &Fields, outcome: Outcome) {
+        let failed = outcome.status >= 500 || f.error.is_some() || outcome.aborted;
+        if !(f.sampled || failed) {
+            return;
+        }
         let now = time::OffsetDateTime::now_utc()
             .format(&time::format_description::well_known::Rfc3339)
             .unwrap_or_default();
         let line = Line {
             time: &now,
-            method: &f.method,
+            method: f.method.as_str(),
             host: &f.host,
-            path: &f.path,
-            status,
-            bytes,
-            duration_ms: elapsed.as_secs_f64() * 1000.0,
+            path: f.uri.path(),
+            query: f.uri.query().filter(|_| self.options.query),
+            status: outcome.status,
+            bytes: outcome.bytes,
+            duration_ms: millis(outcome.elapsed),
             route: f.route.as_deref(),
-            aborted,
+            client_ip: f.client_ip,
+            user_agent: header(f.user_agent.as_ref()),
+            cf_ray: header(f.cf_ray.as_ref()),
+            backend: f.backend.as_deref(),
+            tries: f.tries,
+            upstream_ms: f.upstream.map(millis),
+            error: f.error,
+            trace_id: outcome.trace.map(|(t, _)| t.to_string()),
+            span_id: outcome.trace.map(|(_, s)| s.to_string()),
+            aborted: outcome.aborted,
         };
         let Ok(mut text) = serde_json::to_string(&line) else {
             return;

@@ -76,6 +76,15 @@ pub struct Args {
     #[arg(long, env = "PROXY_ACCESS_LOG_ENABLED", default_value = "false", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub access_log_enabled: bool,
 
+    /// Access log lines carry the query string (`query`); it may hold tokens or personal data.
+    #[arg(long, env = "PROXY_ACCESS_LOG_QUERY", default_value = "false", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub access_log_query: bool,
+
+    /// Write the access log line of one request in N; failures (5xx, answers the proxy gave
+    /// because it could not serve the request, responses cut off) are always written.
+    #[arg(long, env = "PROXY_ACCESS_LOG_SAMPLE", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub access_log_sample: u32,
+
     /// Log lines on stderr: `json` (one object per line) or `text`.
     #[arg(long, env = "PROXY_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: cftunnel_telemetry::LogFormat,
@@ -103,6 +112,21 @@ pub struct Args {
     #[arg(long, env = "PROXY_BACKEND_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub backend_max_connections: u32,
 
+    /// Cloudflare Access team domain, `{team}` standing for a rule's team name: the issuer its
+    /// tokens must name, and where its signing keys are fetched
+    /// (`<domain>/cdn-cgi/access/certs`).
+    #[arg(long, env = "PROXY_ACCESS_TEAM_DOMAIN", default_value = crate::access::DEFAULT_TEAM_DOMAIN)]
+    pub access_team_domain: String,
+
+    /// How often a Cloudflare Access team's signing keys are fetched again.
+    #[arg(long, env = "PROXY_ACCESS_KEYS_REFRESH", default_value = "5m")]
+    pub access_keys_refresh: GoDuration,
+
+    /// How long a team's last fetched keys keep serving while fetching them fails; after
+    /// that, requests to its rules are refused (403) until a fetch succeeds.
+    #[arg(long, env = "PROXY_ACCESS_KEYS_MAX_STALE", default_value = "24h")]
+    pub access_keys_max_stale: GoDuration,
+
     /// Static edge address for the tunnel (repeatable); default: discovered via DNS.
     #[arg(long = "edge", env = "TUNNEL_EDGE", value_delimiter = ',')]
     pub edge: Vec<String>,
@@ -128,7 +152,13 @@ pub struct Args {
     /// Validate the config file and exit.
     #[arg(long)]
     pub check: bool,
+
+    #[command(flatten)]
+    pub traces: cftunnel_telemetry::TraceArgs,
 }
+
+/// The `service.name` of the proxy's spans unless `OTEL_SERVICE_NAME` says otherwise.
+pub const SERVICE_NAME: &str = "cftunnel-proxy";
 
 impl Args {
     /// Cross-field checks that clap cannot express.
@@ -140,10 +170,31 @@ impl Args {
         {
             return Err("PROXY_AUTH_TOKEN is set but empty: set a token or unset it".into());
         }
+        self.access_settings()
+            .check()
+            .map_err(|e| format!("PROXY_ACCESS_TEAM_DOMAIN: {e}"))?;
+        if self.access_keys_refresh.0.is_zero() {
+            return Err("PROXY_ACCESS_KEYS_REFRESH must be above 0".into());
+        }
         if self.check && self.config_file.is_none() {
             return Err("--check needs --config-file".into());
         }
+        self.traces
+            .settings(SERVICE_NAME)
+            .map_err(|e| e.to_string())?;
         Ok(())
+    }
+}
+
+impl Args {
+    /// How Cloudflare Access keys are fetched and kept, as the settings say.
+    pub fn access_settings(&self) -> crate::access::AccessSettings {
+        crate::access::AccessSettings {
+            team_domain: self.access_team_domain.clone(),
+            refresh: self.access_keys_refresh.0,
+            max_stale: self.access_keys_max_stale.0,
+            ..crate::access::AccessSettings::default()
+        }
     }
 }
 
@@ -286,5 +337,46 @@ mod tests {
         assert!(parse(&["--addr", "nonsense"]).is_err());
         let empty = parse(&["--auth-token", ""]).expect("parses");
         assert!(empty.validate().is_err(), "empty token is refused");
+        assert_eq!(a.access_log_sample, 1);
+        assert!(!a.access_log_query);
+        assert!(parse(&["--access-log-sample", "0"]).is_err());
+        let sampled = parse(&["--access-log-sample", "100", "--access-log-query"])
+            .expect("access log settings");
+        assert_eq!(
+            (sampled.access_log_sample, sampled.access_log_query),
+            (100, true)
+        );
+    }
+
+    #[test]
+    fn trace_settings_are_checked_with_the_rest() {
+        let off = parse(&[]).expect("parses");
+        assert_eq!(off.traces.settings(SERVICE_NAME), Ok(None));
+        let on = parse(&[
+            "--otel-endpoint",
+            "http://collector:4318",
+            "--otel-traces-sampler",
+            "parentbased_traceidratio",
+            "--otel-traces-sampler-arg",
+            "0.1",
+        ])
+        .expect("parses");
+        on.validate().expect("valid");
+        let settings = on
+            .traces
+            .settings(SERVICE_NAME)
+            .expect("valid")
+            .expect("on");
+        assert_eq!(settings.service_name, "cftunnel-proxy");
+        assert_eq!(settings.endpoint, "http://collector:4318/v1/traces");
+        let bad = parse(&[
+            "--otel-endpoint",
+            "http://c",
+            "--otel-traces-sampler-arg",
+            "x",
+        ])
+        .expect("parses");
+        let err = bad.validate().expect_err("refused");
+        assert!(err.starts_with("OTEL_TRACES_SAMPLER_ARG: "), "{err}");
     }
 }

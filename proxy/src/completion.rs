@@ -1,16 +1,25 @@
 //! Completion accounting: what a request records once, when its response ends or is dropped.
 //!
-//! The in-flight gauge, the hostname's duration, status-class and response-byte series, and
-//! the access-log line are all written here, so a request is counted exactly once however it
-//! ends: body read through, cut off by a deadline, or dropped by a client that went away. The
-//! handler starts a [`Completion`] when a request arrives and fills in what it learns; the
-//! response body carries it to the end.
+//! The in-flight gauge, the hostname's duration, status-class and response-byte series, the
+//! access-log line and the request's spans are all written here, so a request is counted
+//! exactly once however it ends: body read through, cut off by a deadline, or dropped by a
+//! client that went away. The handler starts a [`Completion`] when a request arrives and fills
+//! in what it learns; the response body carries it to the end.
+//!
+//! The access log and tracing are each decided once, in [`Completion::start`]: off, the
+//! completion holds `None` for them and every later step is a branch on that `None`.
 
-use crate::access_log::{AccessLog, Fields};
+use crate::access_log::{AccessLog, Fields, Outcome};
+use crate::conn::ConnInfo;
+use crate::forward::retry::Tries;
 use crate::metrics::{HostMetrics, StatusClass};
+use crate::trace::{RequestTrace, RequestTracer};
 use prometheus_client::metrics::gauge::Gauge;
 use std::sync::Arc;
 use tokio::time::Instant;
+
+/// Parsed once: a `&str` key is re-validated as a header name on every lookup.
+static CF_RAY: http::HeaderName = http::HeaderName::from_static("cf-ray");
 
 /// What every request's completion is recorded into; one per proxy, shared by its requests.
 #[derive(Debug)]
@@ -18,13 +27,20 @@ pub(crate) struct Recorder {
     /// Requests being served now: raised when a completion starts, lowered when it is recorded.
     in_flight: Gauge,
     access_log: Option<AccessLog>,
+    /// Present exactly when tracing is on.
+    tracer: Option<RequestTracer>,
 }
 
 impl Recorder {
-    pub(crate) fn new(in_flight: Gauge, access_log: Option<AccessLog>) -> Self {
+    pub(crate) fn new(
+        in_flight: Gauge,
+        access_log: Option<AccessLog>,
+        tracer: Option<RequestTracer>,
+    ) -> Self {
         Self {
             in_flight,
             access_log,
+            tracer,
         }
     }
 }
@@ -40,15 +56,18 @@ pub(crate) struct Completion {
     bytes: u64,
     start: Instant,
     log: Option<Box<Fields>>,
+    trace: Option<Box<RequestTrace>>,
     done: bool,
 }
 
 impl Completion {
-    /// Starts the accounting of a request that arrived at `start`: counts it in flight and,
-    /// with the access log on, notes its method and path for the log line.
+    /// Starts the accounting of a request that arrived at `start` over `conn`: counts it in
+    /// flight, notes what its log line needs when the access log is on, and starts its server
+    /// span when tracing is.
     pub(crate) fn start(
         recorder: &Arc<Recorder>,
         parts: &http::request::Parts,
+        conn: &ConnInfo,
         start: Instant,
     ) -> Self {
         recorder.in_flight.inc();
@@ -59,30 +78,82 @@ impl Completion {
             status: 0,
             bytes: 0,
             start,
-            log: recorder.access_log.as_ref().map(|_| {
+            log: recorder.access_log.as_ref().map(|log| {
                 Box::new(Fields {
-                    method: parts.method.to_string(),
+                    method: parts.method.clone(),
                     host: String::new(),
-                    path: parts.uri.path().to_owned(),
+                    uri: parts.uri.clone(),
                     route: None,
+                    user_agent: parts.headers.get(http::header::USER_AGENT).cloned(),
+                    // The edge's id; on the proxy's own listener a client could send anything.
+                    cf_ray: conn
+                        .trusted_forwarding
+                        .then(|| parts.headers.get(&CF_RAY).cloned())
+                        .flatten(),
+                    client_ip: conn.peer.map(|p| p.ip()),
+                    backend: None,
+                    tries: 0,
+                    upstream: None,
+                    error: None,
+                    sampled: log.sample(),
                 })
             }),
+            trace: recorder.tracer.as_ref().map(|t| t.start(parts, conn)),
             done: false,
         }
     }
 
-    /// The request's host, for the log line.
+    /// The request's host, for the log line and the span.
     pub(crate) fn log_host(&mut self, host: &str) {
         if let Some(log) = self.log.as_mut() {
             log.host = host.to_string();
         }
+        if let Some(trace) = self.trace.as_mut() {
+            trace.host(host);
+        }
     }
 
-    /// The matched rule's name, for the log line.
-    pub(crate) fn log_route(&mut self, route: Option<&str>) {
+    /// The matched rule's name and hostname pattern, for the log line and the span.
+    pub(crate) fn log_route(&mut self, route: Option<&str>, hostname: &str) {
         if let Some(log) = self.log.as_mut() {
             log.route = route.map(str::to_owned);
         }
+        if let Some(trace) = self.trace.as_mut() {
+            trace.matched(route, hostname);
+        }
+    }
+
+    /// Whether the access log is on (and the exchange's timing is wanted).
+    pub(crate) fn logging(&self) -> bool {
+        self.log.is_some()
+    }
+
+    /// The tries sent to backends, and when the first left, for the log line.
+    pub(crate) fn log_tries(&mut self, tries: &Tries<'_>, sent: Option<Instant>) {
+        if let Some(log) = self.log.as_mut() {
+            log.tries = tries.count;
+            log.backend = tries.last.map(|u| u.name().url.clone());
+            log.upstream = sent.map(|at| at.elapsed());
+        }
+    }
+
+    /// The proxy answers the request itself because it could not serve it, for `reason`.
+    pub(crate) fn failed(&mut self, reason: &'static str) {
+        if let Some(log) = self.log.as_mut() {
+            log.error = Some(reason);
+        }
+        if let Some(trace) = self.trace.as_mut() {
+            trace.failed(reason);
+        }
+    }
+
+    /// The request's spans, when it is traced.
+    pub(crate) fn trace(&self) -> Option<&RequestTrace> {
+        self.trace.as_deref()
+    }
+
+    pub(crate) fn trace_mut(&mut self) -> Option<&mut RequestTrace> {
+        self.trace.as_deref_mut()
     }
 
     /// A rule matched: the request counts under its hostname bucket's metrics.
@@ -144,8 +215,21 @@ impl Completion {
             host.request(class).inc();
             host.response_bytes.inc_by(self.bytes);
         }
+        let trace = self.trace.take();
         if let (Some(log), Some(sink)) = (self.log.take(), &self.recorder.access_log) {
-            sink.write(&log, self.status, self.bytes, elapsed, aborted);
+            sink.write(
+                &log,
+                Outcome {
+                    status: self.status,
+                    bytes: self.bytes,
+                    elapsed,
+                    aborted,
+                    trace: trace.as_ref().and_then(|t| t.ids()),
+                },
+            );
+        }
+        if let Some(trace) = trace {
+            trace.end(self.status, aborted);
         }
     }
 }

@@ -40,6 +40,8 @@ pub struct Cache {
     pub(crate) last_hosts: (usize, usize),
     /// Bound on HTTP/1.1 connections open at once to each new backend client.
     pub(crate) max_connections: usize,
+    /// The keys of each Cloudflare Access team the table names, kept across pushes.
+    pub(crate) access: crate::access::Teams,
 }
 
 /// A checked target, compared by identity: the contract's cache hands out the same `Arc` for an
@@ -80,7 +82,14 @@ impl Cache {
             last_rules: 0,
             last_hosts: (0, 0),
             max_connections,
+            access: crate::access::Teams::default(),
         }
+    }
+
+    /// The same cache, fetching Cloudflare Access keys as `settings` say.
+    pub fn with_access(mut self, settings: crate::access::AccessSettings) -> Self {
+        self.access = crate::access::Teams::new(settings);
+        self
     }
 }
 
@@ -208,6 +217,7 @@ impl Reloader {
         state: &mut State,
         compiled: Result<Routes, ConfigError>,
     ) -> Result<i64, ConfigError> {
+        state.cache.access.start();
         match compiled {
             Ok(routes) => {
                 let version = routes.version();

@@ -1,5 +1,6 @@
 //! The one place where request failures become responses.
 
+use crate::access::AccessError;
 use crate::forward::payload::UnreadableBody;
 use crate::forward::request::UnforwardableTarget;
 use crate::forward::retry::ExchangeError;
@@ -24,9 +25,27 @@ pub enum ProxyError {
     RequestTimeout,
     #[error("request could not be forwarded: {0}")]
     BadRequest(&'static str),
+    /// The rule requires a Cloudflare Access token and the request has no valid one.
+    #[error("access denied: {0}")]
+    AccessDenied(AccessError),
 }
 
 impl ProxyError {
+    /// A stable name for the failure (`error.type` on spans, `error` in the access log): the
+    /// backend error's label for a backend failure (`dial`, `timeout`, ...).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::NoRoute => "no_route",
+            Self::NoConfig => "no_config",
+            Self::Unavailable(_) => "unavailable",
+            Self::NoBackend => "no_backend",
+            Self::Backend(e) => e.label(),
+            Self::RequestTimeout => "request_timeout",
+            Self::BadRequest(_) => "bad_request",
+            Self::AccessDenied(_) => "access_denied",
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             Self::NoRoute => StatusCode::NOT_FOUND,
@@ -46,6 +65,7 @@ impl ProxyError {
             Self::Backend(ForwardError::Saturated) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Backend(_) => StatusCode::BAD_GATEWAY,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::AccessDenied(_) => StatusCode::FORBIDDEN,
         }
     }
 
@@ -60,6 +80,7 @@ impl ProxyError {
             Self::Backend(_) => "14",
             Self::Unavailable(_) | Self::NoBackend | Self::NoConfig => "14",
             Self::BadRequest(_) => "3",
+            Self::AccessDenied(_) => "7",
         }
     }
 
@@ -100,6 +121,8 @@ impl ProxyError {
             Self::Backend(ForwardError::Saturated) => "upstream connection limit reached\n",
             Self::Backend(_) => "upstream request failed\n",
             Self::BadRequest(r) => r,
+            // Why exactly is for the operator's log, not for the client.
+            Self::AccessDenied(_) => "a valid Cloudflare Access token is required\n",
         }
     }
 }

@@ -47,6 +47,20 @@ pub struct Upstream {
     authority: Authority,
     /// Path of the backend URL (`https://api.example.com/base`), prepended to request paths.
     base_path: Option<Box<str>>,
+    name: BackendName,
+}
+
+/// A backend as the access log and spans name it, made once per push so a request only
+/// copies pointers.
+#[derive(Debug, Clone)]
+pub struct BackendName {
+    /// The URL as the config wrote it.
+    pub url: Arc<str>,
+    /// The host dialed (an IPv6 literal without brackets).
+    pub host: Arc<str>,
+    pub port: u16,
+    /// `scheme://host:port`: a request's `url.full` is this and its path.
+    pub origin: Arc<str>,
 }
 
 /// How requests reach one backend.
@@ -90,6 +104,12 @@ impl Upstream {
         });
         let connector = Connector::new(host, port, tls, CONNECT_TIMEOUT, public_only);
         let base_path = target.base_path.clone();
+        let name = BackendName {
+            url: Arc::from(&*target.url),
+            host: Arc::from(host),
+            port,
+            origin: Arc::from(format!("{}://{}", target.scheme, target.authority)),
+        };
         let client = if h2 {
             Client::H2c(h2::H2Channel::new(connector, scheme, authority.clone()))
         } else {
@@ -111,11 +131,17 @@ impl Upstream {
             client,
             authority,
             base_path,
+            name,
         })
     }
 
     pub fn authority(&self) -> &Authority {
         &self.authority
+    }
+
+    /// How logs and spans name this backend.
+    pub fn name(&self) -> &BackendName {
+        &self.name
     }
 
     pub fn base_path(&self) -> Option<&str> {

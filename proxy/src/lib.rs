@@ -6,6 +6,7 @@
 //! the tunnel connector, both through [`Proxy::handle`]. The admin port ([`admin`]) carries the
 //! config API, health and metrics. The proxy contract fixes ports, environment and metric names.
 
+pub mod access;
 pub mod access_log;
 pub mod admin;
 pub mod body;
@@ -26,6 +27,7 @@ pub mod route;
 pub mod routes;
 pub mod rule;
 pub mod serve;
+pub mod trace;
 pub mod tunnel;
 pub mod upgrade;
 
@@ -53,12 +55,18 @@ pub struct ServerOptions {
     /// Drain window after the first shutdown signal.
     pub grace: Duration,
     pub access_log: bool,
+    /// What the access log's lines carry and how many are written.
+    pub access_log_options: access_log::AccessLogOptions,
+    /// Starts each request's spans; `None`: tracing is off.
+    pub tracer: Option<trace::RequestTracer>,
     pub metrics_enabled: bool,
     pub backend_header_timeout: Duration,
     /// HTTP/1.1 connections open at once to one backend; requests beyond wait for one.
     pub backend_max_connections: usize,
     /// Largest config document `PUT /config` accepts.
     pub max_config_bytes: usize,
+    /// How the keys of Cloudflare Access teams that rules name are fetched and kept.
+    pub access: access::AccessSettings,
     pub limits: serve::Limits,
     /// Worker threads of the runtime serving requests; sizes the per-thread copies of the
     /// duration histograms (see [`metrics::histogram::Shards`]).
@@ -73,10 +81,13 @@ impl Default for ServerOptions {
             auth_token: None,
             grace: Duration::from_secs(30),
             access_log: false,
+            access_log_options: access_log::AccessLogOptions::default(),
+            tracer: None,
             metrics_enabled: true,
             backend_header_timeout: Duration::from_secs(60),
             backend_max_connections: forward::DEFAULT_MAX_CONNECTIONS,
             max_config_bytes: admin::DEFAULT_MAX_CONFIG_BYTES,
+            access: access::AccessSettings::default(),
             limits: serve::Limits::default(),
             worker_threads: 1,
         }
@@ -124,11 +135,14 @@ impl Server {
             ProxyOptions {
                 backend_header_timeout: options.backend_header_timeout,
                 access_log: options.access_log,
+                access_log_options: options.access_log_options,
+                tracer: options.tracer.clone(),
             },
         );
         let reloader = Arc::new(config::Reloader::with_cache(
             proxy.clone(),
-            config::Cache::with_max_connections(options.backend_max_connections),
+            config::Cache::with_max_connections(options.backend_max_connections)
+                .with_access(options.access.clone()),
         ));
         if let Some(doc) = initial {
             reloader.apply(doc).await.context("initial config")?;

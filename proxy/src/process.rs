@@ -9,6 +9,8 @@ use std::future::Future;
 
 /// How long the tunnel connections get to close (code 0) once the grace period is over.
 const TUNNEL_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long the spans still queued at the end of the drain get to reach the collector.
+const TRACE_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Where the requests to stop come from: the first drains, a second ends the process at once.
 pub trait Stop: Send + 'static {
@@ -64,6 +66,24 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
             "PROXY_AUTH_TOKEN is not set: the config API accepts unauthenticated pushes"
         );
     }
+    let traces = match args
+        .traces
+        .settings(crate::cli::SERVICE_NAME)
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+    {
+        Some(settings) => {
+            let traces = cftunnel_telemetry::Traces::start(&settings)
+                .context("starting the trace exporter")?;
+            tracing::info!(
+                endpoint = %settings.endpoint,
+                protocol = ?settings.protocol,
+                sampler = ?settings.sampler,
+                "tracing requests"
+            );
+            Some(traces)
+        }
+        None => None,
+    };
     let mut registry = prometheus_client::registry::Registry::default();
     let tunnel_metrics = cftunnel_tunnel::TunnelMetrics::register(&mut registry);
     let options = ServerOptions {
@@ -74,8 +94,16 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
         auth_token: args.auth_token.as_deref().map(|t| t.trim().to_owned()),
         grace: args.grace_period.0,
         access_log: args.access_log_enabled,
+        access_log_options: crate::access_log::AccessLogOptions {
+            query: args.access_log_query,
+            sample_every: args.access_log_sample,
+        },
+        tracer: traces
+            .as_ref()
+            .map(|t| crate::trace::RequestTracer::new(t.tracer(crate::cli::SERVICE_NAME))),
         metrics_enabled: args.metrics_enabled,
         backend_header_timeout: args.backend_header_timeout.0,
+        access: args.access_settings(),
         backend_max_connections: args.backend_max_connections as usize,
         max_config_bytes: args.max_config_bytes as usize,
         limits: crate::serve::Limits {
@@ -98,6 +126,9 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
                         tracing::info!("signal before the tunnel started: exiting");
                         server.begin_drain();
                         server.shutdown_by(tokio::time::Instant::now() + args.grace_period.0).await;
+                        if let Some(traces) = traces {
+                            traces.shutdown(TRACE_FLUSH_WAIT).await;
+                        }
                         return Ok(());
                     }
                 }
@@ -172,6 +203,10 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
     }
     if !server.shutdown_by(deadline).await {
         tracing::warn!("grace period over with requests still in flight");
+    }
+    // The spans of the last requests, queued for export: sent now, within a bound.
+    if let Some(traces) = traces {
+        traces.shutdown(TRACE_FLUSH_WAIT).await;
     }
     tracing::info!("drained");
     Ok(())

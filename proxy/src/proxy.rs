@@ -4,21 +4,22 @@
 //! every request. It loads the route table once, and everything the request touches after
 //! that comes from that snapshot, so in-flight requests finish on the table they started with.
 //!
-//! In order: host and path made canonical, route lookup, redirects and CORS preflights
+//! In order: host and path made canonical, route lookup, the rule's Cloudflare Access check
+//! ([`crate::access`]), redirects and CORS preflights
 //! answered locally, backend choice, request filters, mirror copies
 //! ([`crate::forward::mirror`]), tries ([`crate::forward::retry`]) and response filters. A
 //! WebSocket `101` goes to [`crate::upgrade`]; the response body ([`crate::response`])
 //! completes the request's accounting (`completion`) when it ends. Failures become
 //! responses in [`crate::error`].
 
-use crate::access_log::AccessLog;
+use crate::access_log::{AccessLog, AccessLogOptions};
 use crate::body::{self, BoxError};
 use crate::completion::{Completion, Recorder};
 use crate::error::ProxyError;
 use crate::filter::{Cors, Filters};
 use crate::forward::mirror::Mirrors;
 use crate::forward::payload::Payload;
-use crate::forward::retry::{self, TryTimeout};
+use crate::forward::retry::{self, Tries, TryTimeout};
 use crate::forward::{ForwardError, UpstreamBody};
 use crate::headers::{prepare_forward_headers, settle_forwarded_proto, strip_hop_by_hop};
 use crate::metrics::ProxyMetrics;
@@ -26,6 +27,7 @@ use crate::response::ResponseBody;
 use crate::route::RequestView;
 use crate::routes::{retire, LiveRoutes};
 use crate::rule::Rule;
+use crate::trace::RequestTracer;
 use crate::upgrade::Upgrade;
 use bytes::Bytes;
 use http::header;
@@ -49,6 +51,10 @@ pub struct ProxyOptions {
     /// Wait for a backend's response head when the rule sets no backend timeout.
     pub backend_header_timeout: Duration,
     pub access_log: bool,
+    /// What the access log's lines carry and how many are written.
+    pub access_log_options: AccessLogOptions,
+    /// Starts each request's spans; `None`: tracing is off.
+    pub tracer: Option<RequestTracer>,
 }
 
 impl Default for ProxyOptions {
@@ -56,6 +62,8 @@ impl Default for ProxyOptions {
         Self {
             backend_header_timeout: Duration::from_secs(60),
             access_log: false,
+            access_log_options: AccessLogOptions::default(),
+            tracer: None,
         }
     }
 }
@@ -86,7 +94,10 @@ impl Proxy {
         let mirrors = Mirrors::new(metrics.mirrors_dropped.clone());
         let recorder = Recorder::new(
             metrics.in_flight.clone(),
-            options.access_log.then(AccessLog::spawn),
+            options
+                .access_log
+                .then(|| AccessLog::spawn(options.access_log_options)),
+            options.tracer,
         );
         Self {
             shared: Arc::new(Shared {
@@ -138,13 +149,14 @@ impl Proxy {
         let routes = self.shared.routes.load_full();
         let (parts, body) = req.into_parts();
         let grpc = is_grpc(&parts.headers);
-        let mut completion = Completion::start(&self.shared.recorder, &parts, start);
+        let mut completion = Completion::start(&self.shared.recorder, &parts, &conn, start);
         let result = self
             .route(&routes, parts, body, conn, &mut completion)
             .await;
         let response = match result {
             Ok(response) => response,
             Err(err) => {
+                completion.failed(err.label());
                 if let ProxyError::Backend(e) = &err {
                     routes
                         .host_metrics(completion.bucket())
@@ -233,7 +245,13 @@ impl Proxy {
             routes.host_metrics(Some(hit.bucket.id)).clone(),
         );
         let rule: &Rule = hit.rule;
-        completion.log_route(rule.name.as_deref());
+        completion.log_route(rule.name.as_deref(), routes.host_label(Some(hit.bucket.id)));
+        if let Some(access) = &rule.access {
+            access
+                .check(&parts.headers)
+                .await
+                .map_err(ProxyError::AccessDenied)?;
+        }
         if let Some(status) = rule.unavailable {
             return Err(ProxyError::Unavailable(status));
         }
@@ -285,9 +303,13 @@ impl Proxy {
                 .iter()
                 .chain(backend.filters.mirrors.iter())
             {
-                self.shared
-                    .mirrors
-                    .send(&mirror.upstream, mirror.percent, &parts, bytes.clone());
+                self.shared.mirrors.send(
+                    &mirror.upstream,
+                    mirror.percent,
+                    &parts,
+                    bytes.clone(),
+                    completion.trace(),
+                );
             }
         } else if !rule.filters.mirrors.is_empty() || !backend.filters.mirrors.is_empty() {
             self.shared.mirrors.count_dropped();
@@ -297,6 +319,8 @@ impl Proxy {
             backend: rule.backend_timeout,
             header: self.shared.header_timeout,
         };
+        let sent = completion.logging().then(Instant::now);
+        let mut tries = Tries::default();
         let exchange = retry::exchange(
             upstream,
             parts,
@@ -305,14 +329,18 @@ impl Proxy {
             rule.retry.as_ref(),
             || rule.backends.retry_target(backend),
             host_metrics,
+            &mut tries,
+            completion.trace_mut(),
         );
-        let (mut response, try_deadline) = match deadline {
+        let answer = match deadline {
             // Out of time waiting on the backend: a backend timeout, counted as one.
             Some(at) => tokio::time::timeout_at(at, exchange)
                 .await
-                .map_err(|_| ProxyError::Backend(ForwardError::Timeout))??,
-            None => exchange.await?,
+                .unwrap_or(Err(ForwardError::Timeout.into())),
+            None => exchange.await,
         };
+        completion.log_tries(&tries, sent);
+        let (mut response, try_deadline) = answer?;
 
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
             if let Some(upgrade) = upgrade {

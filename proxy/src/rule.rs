@@ -1,5 +1,6 @@
 //! What a matched rule does: filters, weighted backends, timeouts, retries.
 
+use crate::access::AccessCheck;
 use crate::filter::Filters;
 use crate::forward::Upstream;
 use http::StatusCode;
@@ -24,6 +25,8 @@ pub struct Rule {
     /// Fail closed: answer this status instead of proxying.
     pub unavailable: Option<StatusCode>,
     pub retry: Option<RetryPolicy>,
+    /// The Cloudflare Access token every request must carry; `None`: no check.
+    pub access: Option<AccessCheck>,
 }
 
 #[derive(Debug)]

@@ -9,7 +9,12 @@
 //! client (<remote addr>)`. Special routes: `/health`, `/status/NNN`, `/ws` (WebSocket echo)
 //! and `/retry/...` (per-UUID failure simulator, by status code or TCP RST).
 //!
-//! Not implemented: the TLS port and the `Upgrade: h2c` path of the h2c port.
+//! A TLS port ([`EchoServer::start_tls`]) serves the same routes over TLS (HTTP/1.1, or HTTP/2
+//! by ALPN) and echoes the session as echo-basic does: `sni`, and `tls` with the version, the
+//! SNI, the ALPN protocol, the cipher suite and the client's certificates as PEM. Whether it
+//! asks for (or requires) a client certificate is the given server config's choice.
+//!
+//! Not implemented: the `Upgrade: h2c` path of the h2c port.
 
 mod conn_io;
 mod go_duration;
@@ -74,6 +79,7 @@ pub struct EchoConfig {
 pub struct EchoServer {
     http_addr: SocketAddr,
     h2c_addr: SocketAddr,
+    tls_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -104,10 +110,11 @@ impl Shared {
     }
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Port {
     Http,
     H2c,
+    Tls(tokio_rustls::TlsAcceptor),
 }
 
 impl EchoServer {
@@ -128,6 +135,31 @@ impl EchoServer {
 
     /// Binds both listeners as configured and starts serving.
     pub async fn start(config: EchoConfig) -> std::io::Result<EchoServer> {
+        Self::start_with(config, None).await
+    }
+
+    /// [`EchoServer::start`], plus a TLS listener on `config.http_addr`'s IP, port 0, with the
+    /// server config given (its certificate, ALPN and client-certificate policy; without ALPN
+    /// protocols it offers `h2` and `http/1.1`). A handshake that fails closes the connection.
+    pub async fn start_tls(
+        config: EchoConfig,
+        tls: Arc<rustls::ServerConfig>,
+    ) -> std::io::Result<EchoServer> {
+        Self::start_with(config, Some(tls)).await
+    }
+
+    async fn start_with(
+        config: EchoConfig,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> std::io::Result<EchoServer> {
+        let tls_listener = match &tls {
+            Some(_) => Some(TcpListener::bind(SocketAddr::new(config.http_addr.ip(), 0)).await?),
+            None => None,
+        };
+        let tls_addr = tls_listener
+            .as_ref()
+            .map(TcpListener::local_addr)
+            .transpose()?;
         let http = TcpListener::bind(config.http_addr).await?;
         let h2c = TcpListener::bind(config.h2c_addr).await?;
         let http_addr = http.local_addr()?;
@@ -155,6 +187,19 @@ impl EchoServer {
             shared.clone(),
             stop_rx.clone(),
         )));
+        if let (Some(listener), Some(tls)) = (tls_listener, tls) {
+            let mut tls = Arc::unwrap_or_clone(tls);
+            if tls.alpn_protocols.is_empty() {
+                tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+            }
+            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+            tasks.push(tokio::spawn(accept_loop(
+                listener,
+                Port::Tls(acceptor),
+                shared.clone(),
+                stop_rx.clone(),
+            )));
+        }
         tasks.push(tokio::spawn(accept_loop(
             h2c,
             Port::H2c,
@@ -164,6 +209,7 @@ impl EchoServer {
         Ok(EchoServer {
             http_addr,
             h2c_addr,
+            tls_addr,
             shared,
             stop,
             tasks,
@@ -178,6 +224,11 @@ impl EchoServer {
     /// Address of the h2c-only listener.
     pub fn h2c_addr(&self) -> SocketAddr {
         self.h2c_addr
+    }
+
+    /// Address of the TLS listener, when started with [`EchoServer::start_tls`].
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_addr
     }
 
     /// Every `Echoing back request made to <RequestURI> to client (<remote addr>)` line so
@@ -256,8 +307,9 @@ async fn accept_loop(
             remote,
             control: Arc::new(ConnControl::default()),
             stop: stop.clone(),
+            tls: None,
         };
-        conns.spawn(serve_connection(stream, port, ctx));
+        conns.spawn(serve_connection(stream, port.clone(), ctx));
     }
     conns.shutdown().await;
 }
@@ -269,6 +321,7 @@ async fn serve_connection(stream: TcpStream, port: Port, ctx: ConnCtx) {
         match port {
             Port::Http => serve_http(stream, ctx).await,
             Port::H2c => serve_h2c(stream, ctx).await,
+            Port::Tls(acceptor) => serve_tls(stream, &acceptor, ctx).await,
         }
     };
     tokio::select! {
@@ -301,6 +354,42 @@ async fn serve_http(stream: TcpStream, ctx: ConnCtx) {
     builder.http1().title_case_headers(true);
     let _ = builder
         .serve_connection_with_upgrades(io, echo_service(ctx))
+        .await;
+}
+
+async fn serve_tls(stream: TcpStream, acceptor: &tokio_rustls::TlsAcceptor, mut ctx: ConnCtx) {
+    let io = ConnIo::new(Bytes::new(), stream, ctx.control.clone());
+    let Ok(Ok(tls)) = tokio::time::timeout(SNIFF_TIMEOUT, acceptor.accept(io)).await else {
+        return;
+    };
+    let (_, session) = tls.get_ref();
+    ctx.tls = Some(handler::TlsInfo {
+        version: match session.protocol_version() {
+            Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3".to_owned(),
+            Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2".to_owned(),
+            Some(other) => format!("{other:?}"),
+            None => String::new(),
+        },
+        server_name: session.server_name().unwrap_or_default().to_owned(),
+        negotiated_protocol: session
+            .alpn_protocol()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .unwrap_or_default(),
+        cipher_suite: session
+            .negotiated_cipher_suite()
+            .map(|s| format!("{:?}", s.suite()))
+            .unwrap_or_default(),
+        peer_certificates: session
+            .peer_certificates()
+            .unwrap_or_default()
+            .iter()
+            .map(|c| crate::pki::encode_pem("CERTIFICATE", c))
+            .collect(),
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().title_case_headers(true);
+    let _ = builder
+        .serve_connection_with_upgrades(TokioIo::new(tls), echo_service(ctx))
         .await;
 }
 

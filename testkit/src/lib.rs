@@ -10,11 +10,17 @@
 //! - [`pki`]: the generated CA and edge certificate that connectors trust in tests.
 //! - [`echo`]: the Gateway API conformance echo server (`echo-basic`), the backend behind
 //!   the proxy in end-to-end tests and load runs.
+//! - [`grpc_echo`]: the conformance suite's gRPC echo (`GrpcEcho`), the backend of the
+//!   GRPCRoute cases, with a client that reads responses as grpc-go does.
 //! - [`kube_api`]: a Kubernetes API server in memory, speaking the real REST protocol.
+//! - [`cloudflare_access`]: a Cloudflare Access team's key endpoint (JWKS) and the tokens
+//!   Access issues, signed with keys the test holds.
 //! - [`cloudflare_api`]: the Cloudflare API calls the controller makes (tunnel ingress
 //!   documents, tunnel tokens).
 //! - [`older_proxy`]: a proxy of an earlier release, whose config API refuses what that
 //!   release cannot read.
+//! - [`otlp`]: an OpenTelemetry collector's trace receiver (OTLP over HTTP and gRPC), which
+//!   records the spans exported to it.
 //!
 //! Helpers the tests of several crates share: [`tools`] (the real tools some tests run),
 //! [`trace`] (logs), [`wait`] (polling for a
@@ -26,12 +32,15 @@
 //! what bytes mean; it re-implements only the edge's decisions.
 
 pub mod client;
+pub mod cloudflare_access;
 pub mod cloudflare_api;
 pub mod connector;
 pub mod echo;
 pub mod edge;
+pub mod grpc_echo;
 pub mod kube_api;
 pub mod older_proxy;
+pub mod otlp;
 pub mod pki;
 pub mod tools;
 pub mod trace;

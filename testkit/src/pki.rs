@@ -25,7 +25,8 @@ pub enum PkiError {
     Config(String),
 }
 
-fn encode_pem(tag: &str, der: &[u8]) -> String {
+/// `der` as a PEM block of `tag`.
+pub(crate) fn encode_pem(tag: &str, der: &[u8]) -> String {
     use base64::Engine as _;
     let b64 = base64::engine::general_purpose::STANDARD.encode(der);
     let mut out = format!("-----BEGIN {tag}-----\n");
@@ -44,6 +45,9 @@ pub struct TestPki {
     ca_pem: String,
     leaf_der: CertificateDer<'static>,
     key_der: Vec<u8>,
+    /// The CA's certificate and key, to sign more leaves ([`TestPki::issue`]); absent when
+    /// read back with [`TestPki::from_pem`].
+    ca: Option<Arc<(rcgen::Certificate, rcgen::KeyPair)>>,
 }
 
 impl std::fmt::Debug for TestPki {
@@ -62,8 +66,9 @@ impl TestPki {
         ])
     }
 
-    /// Generates a fresh CA and a leaf for `names` (DNS names or IP addresses), as a backend
-    /// with a private CA has.
+    /// Generates a fresh CA and a leaf for `names` (DNS names or IP addresses, and URIs such
+    /// as `spiffe://cluster.local/ns/a/sa/b`: a name with `://` is a URI subject alternative
+    /// name), as a backend with a private CA has.
     pub fn for_names(names: &[&str]) -> Result<Self, PkiError> {
         let gen = |e: rcgen::Error| PkiError::Generate(e.to_string());
         let ca_key = rcgen::KeyPair::generate().map_err(gen)?;
@@ -73,19 +78,66 @@ impl TestPki {
             .distinguished_name
             .push(rcgen::DnType::CommonName, "cftunnel mock edge CA");
         let ca = ca_params.self_signed(&ca_key).map_err(gen)?;
+        let ca = Arc::new((ca, ca_key));
+        let mut pki = Self {
+            ca_pem: ca.0.pem(),
+            leaf_der: CertificateDer::from(Vec::new()),
+            key_der: Vec::new(),
+            ca: Some(ca),
+        };
+        pki = pki.issue(names)?;
+        Ok(pki)
+    }
+
+    /// Another leaf for `names` (as [`TestPki::for_names`] reads them), signed by the same CA:
+    /// a rotated certificate, or a client certificate the same CA vouches for.
+    ///
+    /// # Errors
+    /// [`PkiError::Generate`] when this CA was read back with [`TestPki::from_pem`] (its key is
+    /// not kept) or signing fails.
+    pub fn issue(&self, names: &[&str]) -> Result<Self, PkiError> {
+        let gen = |e: rcgen::Error| PkiError::Generate(e.to_string());
+        let Some(ca) = &self.ca else {
+            return Err(PkiError::Generate(
+                "the CA key is not kept once read from PEM".into(),
+            ));
+        };
         let leaf_key = rcgen::KeyPair::generate().map_err(gen)?;
-        let leaf_params = rcgen::CertificateParams::new(
-            names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>(),
+        let mut leaf_params = rcgen::CertificateParams::new(
+            names
+                .iter()
+                .filter(|n| !n.contains("://"))
+                .map(|n| (*n).to_owned())
+                .collect::<Vec<_>>(),
         )
         .map_err(gen)?;
+        for uri in names.iter().filter(|n| n.contains("://")) {
+            let uri = rcgen::Ia5String::try_from(*uri).map_err(gen)?;
+            leaf_params.subject_alt_names.push(rcgen::SanType::URI(uri));
+        }
+        leaf_params.distinguished_name.push(
+            rcgen::DnType::CommonName,
+            names.first().copied().unwrap_or("leaf"),
+        );
         let leaf = leaf_params
-            .signed_by(&leaf_key, &ca, &ca_key)
+            .signed_by(&leaf_key, &ca.0, &ca.1)
             .map_err(gen)?;
         Ok(Self {
-            ca_pem: ca.pem(),
+            ca_pem: self.ca_pem.clone(),
             leaf_der: leaf.der().clone(),
             key_der: leaf_key.serialize_der(),
+            ca: self.ca.clone(),
         })
+    }
+
+    /// The leaf certificate as PEM (`tls.crt` of a `kubernetes.io/tls` Secret).
+    pub fn leaf_pem(&self) -> String {
+        encode_pem("CERTIFICATE", &self.leaf_der)
+    }
+
+    /// The leaf's key as PKCS#8 PEM (`tls.key`).
+    pub fn key_pem(&self) -> String {
+        encode_pem("PRIVATE KEY", &self.key_der)
     }
 
     /// The CA certificate, the edge certificate and its key as one PEM
@@ -119,6 +171,7 @@ impl TestPki {
             ca_pem: encode_pem("CERTIFICATE", &ca),
             leaf_der: leaf,
             key_der: key.secret_pkcs8_der().to_vec(),
+            ca: None,
         };
         // Fails early on a key that does not match the certificate.
         pki.tcp_server(tls::provider())?;
@@ -150,6 +203,34 @@ impl TestPki {
         let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(cfg)
             .map_err(|e| PkiError::Config(e.to_string()))?;
         Ok(quinn::ServerConfig::with_crypto(Arc::new(crypto)))
+    }
+
+    /// Server config for the TLS/TCP side that requires a client certificate signed by the CA
+    /// of `clients` (PEM): a client without one fails the handshake. No ALPN.
+    pub fn tcp_server_requiring_clients(
+        &self,
+        provider: Arc<rustls::crypto::CryptoProvider>,
+        clients: &str,
+    ) -> Result<rustls::ServerConfig, PkiError> {
+        let config = |e: &dyn std::fmt::Display| PkiError::Config(e.to_string());
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_pemfile::certs(&mut clients.as_bytes()) {
+            roots
+                .add(cert.map_err(|e| PkiError::Pem(e.to_string()))?)
+                .map_err(|e| config(&e))?;
+        }
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| config(&e))?;
+        rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| config(&e))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(vec![self.leaf_der.clone()], self.key())
+            .map_err(|e| config(&e))
     }
 
     /// Server config for the TLS/TCP side: no ALPN.

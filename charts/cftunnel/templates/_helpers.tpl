@@ -125,3 +125,44 @@ which values.schema.json enforces: the controller's flags carry labels, not expr
       {{- toYaml . | nindent 6 }}
 {{- end }}
 {{- end -}}
+
+{{/*
+The hostname ownership rule as CEL, for the ValidatingAdmissionPolicy: the controller's
+`ownership::ADMISSION_EXPRESSION` (controller-core/src/translate/ownership.rs), character for
+character; the chart's tests check that and evaluate it against the controller's rule.
+*/}}
+{{- define "cftunnel.hostnameOwnershipExpression" -}}
+!has(object.spec.hostnames) || object.spec.hostnames.all(h, has(namespaceObject.metadata.labels) && namespaceObject.metadata.labels.exists(k, k.startsWith('hostnames.cf.k8s.lex.la/') && namespaceObject.metadata.labels[k] == 'true' && (h == k.substring(24) || h.endsWith('.' + k.substring(24)))))
+{{- end -}}
+
+{{- /* The OTEL_* variables of tracing.* for a container; none while tracing.endpoint is empty.
+Resource attribute values are URL-encoded, as OTEL_RESOURCE_ATTRIBUTES requires. */ -}}
+{{- define "cftunnel.tracingEnv" -}}
+{{- with .Values.tracing }}
+{{- if .endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ .endpoint | quote }}
+- name: OTEL_EXPORTER_OTLP_PROTOCOL
+  value: {{ .protocol | quote }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ .sampler | quote }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ .ratio | toString | quote }}
+{{- with .resourceAttributes }}
+{{- $pairs := list }}
+{{- range $key, $value := . }}
+{{- $pairs = append $pairs (printf "%s=%s" $key (urlquery $value | replace "+" "%20")) }}
+{{- end }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ join "," $pairs | quote }}
+{{- end }}
+{{- with .headers.existingSecret }}
+- name: OTEL_EXPORTER_OTLP_HEADERS
+  valueFrom:
+    secretKeyRef:
+      name: {{ . | quote }}
+      key: {{ $.Values.tracing.headers.key | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}

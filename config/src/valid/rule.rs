@@ -2,7 +2,7 @@
 //! backends, timeouts, retries).
 
 use super::filter::{self, Filters};
-use super::{name, status, At, Cache, Invalid, Pattern, Target};
+use super::{access, name, status, Access, At, Cache, Invalid, Pattern, Target};
 use crate::document as doc;
 use http::{HeaderName, Method, StatusCode};
 use std::sync::Arc;
@@ -26,6 +26,8 @@ pub struct Rule {
     /// Answer this instead of proxying (fail closed).
     pub unavailable: Option<StatusCode>,
     pub retry: Option<Retry>,
+    /// A Cloudflare Access token every request must carry; `None`: no check.
+    pub access: Option<Access>,
 }
 
 /// One entry of a rule's `matches`: every field must hold.
@@ -163,6 +165,7 @@ pub fn rule(rule: &doc::Rule, cache: &mut Cache) -> Result<Rule, Invalid> {
             .map(|s| status::final_status(s).map_err(|m| Invalid::new("unavailableStatus", m)))
             .transpose()?,
         retry,
+        access: rule.access.as_ref().map(access::access).transpose()?,
     })
 }
 

@@ -1,5 +1,6 @@
 //! Backend and mirror targets: the URL, how it is spoken to, and its TLS settings.
 
+use super::client_certificate::ClientIdentity;
 use crate::{BackendProtocol, BackendTls};
 use http::uri::{Authority, Scheme};
 use rustls_pki_types::pem::PemObject;
@@ -7,7 +8,7 @@ use rustls_pki_types::{CertificateDer, ServerName};
 
 /// Where requests to a backend go, parsed: every way the URL or its TLS settings could fail
 /// has failed here, so the proxy only builds a client from it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Target {
     /// The URL as written.
     pub url: Box<str>,
@@ -32,15 +33,55 @@ pub struct Target {
     tls_settings: Option<BackendTls>,
 }
 
+/// The key (which holds a client certificate's private key) is left out.
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("url", &self.url)
+            .field("protocol", &self.protocol)
+            .field("websocket", &self.websocket)
+            .field("public_only", &self.public_only)
+            .field("tls", &self.tls)
+            .finish_non_exhaustive()
+    }
+}
+
 /// TLS to a backend.
 #[derive(Debug, Clone)]
 pub struct Tls {
     /// The certificates to trust; `None`: the platform's web roots.
     pub roots: Option<Vec<CertificateDer<'static>>>,
-    /// The name sent as SNI and verified, unless `subject_alt_names` widens the check.
+    /// The name sent as SNI and verified, unless `subject_alt_names` replaces the check.
     pub server_name: ServerName<'static>,
-    /// Names accepted in the certificate instead of `server_name`.
-    pub subject_alt_names: Vec<ServerName<'static>>,
+    /// Names accepted in the certificate instead of `server_name`: it must carry one of them.
+    pub subject_alt_names: Vec<SubjectAltName>,
+    /// Presented when the backend asks for a client certificate.
+    pub client_identity: Option<ClientIdentity>,
+}
+
+/// A name a backend's certificate may carry as a subject alternative name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubjectAltName {
+    /// A DNS name or an IP address.
+    Name(ServerName<'static>),
+    /// A URI (`spiffe://cluster.local/ns/shop/sa/api`), compared as written.
+    Uri(Box<str>),
+}
+
+impl SubjectAltName {
+    /// A DNS name or IP address, else a URI (`scheme:rest`, RFC 3986 scheme, no spaces).
+    fn parse(s: &str) -> Option<Self> {
+        if let Ok(name) = ServerName::try_from(s.to_owned()) {
+            return Some(Self::Name(name));
+        }
+        let (scheme, rest) = s.split_once(':')?;
+        let scheme_ok = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+        let rest_ok = !rest.is_empty() && rest.chars().all(|c| c.is_ascii_graphic());
+        (scheme_ok && rest_ok).then(|| Self::Uri(s.into()))
+    }
 }
 
 /// Why a target was refused: the field of the backend (or mirror) at fault, and why.
@@ -52,7 +93,7 @@ pub struct TargetError {
 }
 
 impl TargetError {
-    fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(super) fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             field: field.into(),
             message: message.into(),
@@ -178,24 +219,11 @@ impl Target {
 
 impl Tls {
     fn new(host: &str, tls: Option<&BackendTls>) -> Result<Self, TargetError> {
-        let roots = match tls.and_then(|t| t.ca_bundle.as_deref()) {
-            None => None,
-            Some(pem) => {
-                let mut certs = Vec::new();
-                for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-                    let cert = cert.map_err(|e| TargetError::new("tls.caBundle", e.to_string()))?;
-                    // What a root store does with it: a certificate that is not a valid trust
-                    // anchor is refused here, not when the first request dials.
-                    webpki::anchor_from_trusted_cert(&cert)
-                        .map_err(|e| TargetError::new("tls.caBundle", e.to_string()))?;
-                    certs.push(cert);
-                }
-                if certs.is_empty() {
-                    return Err(TargetError::new("tls.caBundle", "no PEM certificate found"));
-                }
-                Some(certs)
-            }
-        };
+        let roots = tls
+            .and_then(|t| t.ca_bundle.as_deref())
+            .map(ca_bundle)
+            .transpose()
+            .map_err(|e| TargetError::new("tls.caBundle", e))?;
         // Without a server name of its own, the URL's host is the name verified.
         let (name, field) = match tls.and_then(|t| t.server_name.as_deref()) {
             Some(name) => (name, "tls.serverName"),
@@ -210,18 +238,41 @@ impl Tls {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                ServerName::try_from(s.clone()).map_err(|_| {
+                SubjectAltName::parse(s).ok_or_else(|| {
                     TargetError::new(
                         format!("tls.subjectAltNames[{i}]"),
-                        format!("{s:?} is not a valid DNS name or IP"),
+                        format!("{s:?} is not a valid DNS name, IP or URI"),
                     )
                 })
             })
             .collect::<Result<_, _>>()?;
+        let client_identity = tls
+            .and_then(|t| t.client_certificate.as_ref())
+            .map(ClientIdentity::new)
+            .transpose()?;
         Ok(Self {
             roots,
             server_name,
             subject_alt_names,
+            client_identity,
         })
     }
+}
+
+/// The certificates of a PEM CA bundle, each checked as a trust anchor (what a root store does
+/// with it, done here rather than when the first request dials).
+///
+/// # Errors
+/// PEM that does not parse, a certificate that is not a valid trust anchor, or no certificate.
+pub fn ca_bundle(pem: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let mut certs = Vec::new();
+    for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+        let cert = cert.map_err(|e| e.to_string())?;
+        webpki::anchor_from_trusted_cert(&cert).map_err(|e| e.to_string())?;
+        certs.push(cert);
+    }
+    if certs.is_empty() {
+        return Err("no PEM certificate found".to_owned());
+    }
+    Ok(certs)
 }

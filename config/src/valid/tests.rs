@@ -129,6 +129,75 @@ fn targets_parse_everything_a_client_needs() {
 }
 
 #[test]
+fn subject_alt_names_are_dns_names_ip_addresses_or_uris() {
+    use super::SubjectAltName;
+    let tls = crate::BackendTls {
+        subject_alt_names: vec![
+            "api.example.com".to_owned(),
+            "fe80::1".to_owned(),
+            "spiffe://cluster.local/ns/shop/sa/api".to_owned(),
+            "urn:example:backend".to_owned(),
+        ],
+        ..crate::BackendTls::default()
+    };
+    let t = Target::new(
+        "https://x",
+        crate::BackendProtocol::Http1,
+        false,
+        Some(&tls),
+        false,
+    )
+    .expect("parses");
+    let names = t.tls.expect("tls").subject_alt_names;
+    assert!(matches!(&names[0], SubjectAltName::Name(n) if n.to_str() == "api.example.com"));
+    assert!(matches!(&names[1], SubjectAltName::Name(_)));
+    assert_eq!(
+        names[2..],
+        [
+            SubjectAltName::Uri("spiffe://cluster.local/ns/shop/sa/api".into()),
+            SubjectAltName::Uri("urn:example:backend".into()),
+        ]
+    );
+}
+
+#[test]
+fn a_changed_client_key_makes_another_target() {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec!["client.test".to_owned()])
+        .expect("params")
+        .self_signed(&key)
+        .expect("certificate");
+    let tls = |private_key: String| crate::BackendTls {
+        client_certificate: Some(crate::ClientCertificate {
+            certificate_chain: cert.pem(),
+            private_key,
+        }),
+        ..crate::BackendTls::default()
+    };
+    let mut cache = Cache::default();
+    let mut target = |tls: &crate::BackendTls| {
+        cache.target(
+            "https://x",
+            crate::BackendProtocol::Http1,
+            false,
+            Some(tls),
+            false,
+        )
+    };
+    let first = target(&tls(key.serialize_pem())).expect("matching key");
+    // The same certificate with a key of another encoding is checked again, not taken from
+    // the cache as the same target.
+    let other = rcgen::KeyPair::generate().expect("key");
+    let err = target(&tls(other.serialize_pem())).expect_err("a key of another certificate");
+    assert_eq!(err.field, "tls.clientCertificate.privateKey");
+    let again = target(&tls(key.serialize_pem())).expect("again");
+    assert!(
+        std::sync::Arc::ptr_eq(&again, &first),
+        "the same settings, the same target"
+    );
+}
+
+#[test]
 fn invalid_documents_name_the_field_at_fault() {
     let cases = [
         (
@@ -186,6 +255,14 @@ fn invalid_documents_name_the_field_at_fault() {
         (
             json!({"rules": [{"backends": [{"url": "https://x", "weight": 1, "tls": {"subjectAltNames": ["ok", "not ok"]}}]}]}),
             "rules[0].backends[0].tls.subjectAltNames[1]",
+        ),
+        (
+            json!({"rules": [{"backends": [{"url": "https://x", "weight": 1, "tls": {"subjectAltNames": ["spiffe://a/b", "1scheme:x"]}}]}]}),
+            "rules[0].backends[0].tls.subjectAltNames[1]",
+        ),
+        (
+            json!({"rules": [{"backends": [{"url": "https://x", "weight": 1, "tls": {"clientCertificate": {"certificateChain": "", "privateKey": ""}}}]}]}),
+            "rules[0].backends[0].tls.clientCertificate.certificateChain",
         ),
         (
             json!({"rules": [{"backends": [{"url": "http://x", "weight": 1, "tls": {}}]}]}),
@@ -343,4 +420,56 @@ fn the_cache_compiles_a_pattern_once_and_keeps_one_document_worth() {
     cache.drop_used();
     let still = cache.pattern("/a.*").expect("compiles");
     assert!(std::ptr::eq(fresh.source(), still.source()));
+}
+
+#[test]
+fn an_access_requirement_is_checked_at_its_fields() {
+    let rule = |access: serde_json::Value| json!({"rules": [{"backends": [], "access": access}]});
+    let checked = document(
+        &doc(rule(
+            json!({"teamName": "Acme-1", "audiences": ["aud1", "aud2", "aud1"]}),
+        )),
+        &mut Cache::default(),
+    )
+    .expect("a team and audiences pass");
+    assert_eq!(
+        checked[0].access,
+        Some(Access {
+            team: "acme-1".into(),
+            audiences: vec!["aud1".into(), "aud2".into()],
+        })
+    );
+    for (access, field) in [
+        (json!({"audiences": ["a"]}), "rules[0].access.teamName"),
+        (
+            json!({"teamName": "acme.example", "audiences": ["a"]}),
+            "rules[0].access.teamName",
+        ),
+        (
+            json!({"teamName": "-acme", "audiences": ["a"]}),
+            "rules[0].access.teamName",
+        ),
+        (json!({"teamName": "acme"}), "rules[0].access.audiences"),
+        (
+            json!({"teamName": "acme", "audiences": []}),
+            "rules[0].access.audiences",
+        ),
+        (
+            json!({"teamName": "acme", "audiences": ["ok", ""]}),
+            "rules[0].access.audiences[1]",
+        ),
+        (
+            json!({"teamName": "acme", "audiences": ["has space"]}),
+            "rules[0].access.audiences[0]",
+        ),
+    ] {
+        assert_eq!(refused_field(rule(access.clone())), field, "{access}");
+    }
+    // Without the field, no requirement.
+    let plain = document(
+        &doc(json!({"rules": [{"backends": []}]})),
+        &mut Cache::default(),
+    )
+    .expect("passes");
+    assert_eq!(plain[0].access, None);
 }

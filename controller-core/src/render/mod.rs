@@ -92,6 +92,9 @@ pub struct RenderSettings {
     pub monitoring_pod_selector: Option<LabelSelector>,
     /// The proxy's drain window after SIGTERM (`PROXY_GRACE_PERIOD`), in seconds.
     pub grace_period_seconds: u32,
+    /// More environment of every plane's proxy: the controller's own tracing settings
+    /// (`OTEL_*`), so the planes trace to the same collector.
+    pub proxy_env: Vec<(String, String)>,
 }
 
 impl Default for RenderSettings {
@@ -106,6 +109,7 @@ impl Default for RenderSettings {
             monitoring_namespace_selector: None,
             monitoring_pod_selector: None,
             grace_period_seconds: 30,
+            proxy_env: Vec::new(),
         }
     }
 }
@@ -162,6 +166,12 @@ pub enum RenderError {
         "spec.autoscaling of GatewayConfig {config}: minReplicas {min} is above maxReplicas {max}"
     )]
     AutoscalingBounds { config: String, min: i32, max: i32 },
+    #[error("spec.access.{field} of GatewayConfig {config}: {message}")]
+    InvalidAccess {
+        config: String,
+        field: String,
+        message: String,
+    },
     #[error("spec.replicas of GatewayConfig {config} is negative ({replicas})")]
     NegativeReplicas { config: String, replicas: i32 },
     /// A generated token Secret does not exist yet and no fresh token was given for it: the
@@ -362,7 +372,8 @@ pub fn secret_text(secrets: &[Secret], namespace: &str, name: &str, key: &str) -
     text_value(&secret_value(secret, key)?)
 }
 
-fn secret_value(secret: &Secret, key: &str) -> Option<Vec<u8>> {
+/// The bytes of `key` in a Secret: `stringData` (as manifests carry it) over `data`.
+pub(crate) fn secret_value(secret: &Secret, key: &str) -> Option<Vec<u8>> {
     // `stringData` is write-only on the API server, but manifests carry it; it wins over `data`
     // as it does when the API server merges the two.
     if let Some(v) = secret.string_data.as_ref().and_then(|d| d.get(key)) {
@@ -522,7 +533,13 @@ pub fn render(
                     annotations: Some(pod_annotations),
                     ..ObjectMeta::default()
                 }),
-                spec: Some(pod_spec(image, credentials, config, grace)),
+                spec: Some(pod_spec(
+                    image,
+                    credentials,
+                    config,
+                    grace,
+                    &settings.proxy_env,
+                )),
             },
             ..DeploymentSpec::default()
         }),
@@ -658,6 +675,7 @@ fn pod_spec(
     credentials: &Credentials,
     config: &GatewayConfig,
     grace: u32,
+    extra_env: &[(String, String)],
 ) -> PodSpec {
     let env = |name: &str, value: &str| EnvVar {
         name: name.to_owned(),
@@ -701,12 +719,17 @@ fn pod_spec(
         containers: vec![Container {
             name: "proxy".to_owned(),
             image: Some(image),
-            env: Some(vec![
-                from_secret("TUNNEL_TOKEN", &credentials.tunnel_ref),
-                from_secret("PROXY_AUTH_TOKEN", &credentials.auth_ref),
-                env("PROXY_GRACE_PERIOD", &format!("{grace}s")),
-                env("PROXY_CONFIG_ADDR", &format!(":{CONFIG_PORT}")),
-            ]),
+            env: Some(
+                [
+                    from_secret("TUNNEL_TOKEN", &credentials.tunnel_ref),
+                    from_secret("PROXY_AUTH_TOKEN", &credentials.auth_ref),
+                    env("PROXY_GRACE_PERIOD", &format!("{grace}s")),
+                    env("PROXY_CONFIG_ADDR", &format!(":{CONFIG_PORT}")),
+                ]
+                .into_iter()
+                .chain(extra_env.iter().map(|(name, value)| env(name, value)))
+                .collect(),
+            ),
             ports: Some(vec![ContainerPort {
                 name: Some("config".to_owned()),
                 container_port: CONFIG_PORT,

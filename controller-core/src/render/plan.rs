@@ -16,6 +16,9 @@ use crate::snapshot::{ObjectKey, Snapshot, GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_
 pub struct Rendered {
     pub credentials: Credentials,
     pub plane: DataPlane,
+    /// `spec.access` of the GatewayConfig, checked: the requirement every rule of the
+    /// Gateway's routes carries unless the rule names its own.
+    pub access: Option<cftunnel_config::Access>,
 }
 
 /// The dedicated data planes of one snapshot, by Gateway: every Gateway whose
@@ -104,7 +107,24 @@ fn plan_one(
             namespace: key.namespace.clone(),
             name: config_name.to_owned(),
         })?;
+    let access = config
+        .spec
+        .access
+        .as_ref()
+        .map(|a| {
+            a.to_document()
+                .map_err(|invalid| RenderError::InvalidAccess {
+                    config: format!("{}/{config_name}", key.namespace),
+                    field: invalid.field,
+                    message: invalid.message,
+                })
+        })
+        .transpose()?;
     let credentials = resolve_with(gateway, config, &snapshot.secrets, fresh_token)?;
     let plane = render(gateway, config, &credentials, settings)?;
-    Ok(Rendered { credentials, plane })
+    Ok(Rendered {
+        credentials,
+        plane,
+        access,
+    })
 }

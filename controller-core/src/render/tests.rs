@@ -61,6 +61,7 @@ fn settings() -> RenderSettings {
         monitoring_namespace_selector: None,
         monitoring_pod_selector: None,
         grace_period_seconds: 30,
+        proxy_env: Vec::new(),
     }
 }
 
@@ -243,6 +244,51 @@ fn the_pod_runs_the_proxy_as_the_contract_configures_it() {
         p.deployment.spec.as_ref().and_then(|s| s.replicas),
         Some(DEFAULT_REPLICAS)
     );
+}
+
+#[test]
+fn the_controllers_tracing_settings_reach_every_planes_proxy() {
+    let names = |p: &DataPlane| -> Vec<String> {
+        container(p)
+            .env
+            .iter()
+            .flatten()
+            .map(|e| e.name.clone())
+            .collect()
+    };
+    let plain = plane(BASIC, "");
+    assert!(
+        !names(&plain).iter().any(|n| n.starts_with("OTEL_")),
+        "none while the controller does not trace"
+    );
+    let traced = plane_with(
+        &snapshot(BASIC, ""),
+        &RenderSettings {
+            proxy_env: vec![
+                (
+                    "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
+                    "http://c:4318".to_owned(),
+                ),
+                ("OTEL_TRACES_SAMPLER_ARG".to_owned(), "0.1".to_owned()),
+            ],
+            ..settings()
+        },
+    )
+    .expect("renders");
+    let c = container(&traced);
+    let value = |name: &str| {
+        c.env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    };
+    assert_eq!(
+        value("OTEL_EXPORTER_OTLP_ENDPOINT").as_deref(),
+        Some("http://c:4318")
+    );
+    assert_eq!(value("OTEL_TRACES_SAMPLER_ARG").as_deref(), Some("0.1"));
+    assert_eq!(names(&traced)[..names(&plain).len()], names(&plain)[..]);
 }
 
 #[test]

@@ -1,13 +1,15 @@
 //! Backend references: Service lookup, cross-namespace ReferenceGrant checks, endpoint
-//! resolution from EndpointSlices, ExternalName admission (see [`super::external_name`]), and
-//! the even split of a Service's weight across its ready endpoints.
+//! resolution from EndpointSlices, ExternalName admission (see [`super::external_name`]), TLS
+//! to the backend (a BackendTLSPolicy, see [`super::backend_tls`], or a port that asks for it),
+//! and the even split of a Service's weight across its ready endpoints.
 
 use std::collections::BTreeSet;
 
-use cftunnel_config::{Backend, BackendProtocol, Filter};
-use k8s_openapi::api::core::v1::ServicePort;
+use cftunnel_config::{Backend, BackendProtocol, BackendTls, Filter};
+use k8s_openapi::api::core::v1::ServicePort as KubeServicePort;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::backend_tls::PortKey;
 use super::external_name::{self, ExternalNameBackends, Refusal};
 use super::status::Reason;
 use super::{Index, Options, RouteKind};
@@ -15,6 +17,11 @@ use super::{Index, Options, RouteKind};
 /// `appProtocol` values with a meaning for the data plane (Gateway API GEP-1911).
 const APP_PROTOCOL_H2C: &str = "kubernetes.io/h2c";
 const APP_PROTOCOL_WS: &str = "kubernetes.io/ws";
+const APP_PROTOCOL_WSS: &str = "kubernetes.io/wss";
+/// `appProtocol` of a port that speaks HTTPS (an IANA service name, as Kubernetes allows).
+const APP_PROTOCOL_HTTPS: &str = "https";
+/// A Service port this number is dialled over TLS even without `appProtocol`.
+const HTTPS_PORT: i32 = 443;
 
 /// Above this many distinct endpoint counts' least common multiple, weights are rounded
 /// instead of split exactly.
@@ -64,6 +71,14 @@ pub enum BackendRefError {
     },
     #[error("{field}: filter {kind} is not supported")]
     UnsupportedFilter { field: String, kind: &'static str },
+    #[error("{field}: AccessPolicy {namespace}/{name} not found")]
+    AccessPolicyNotFound {
+        field: String,
+        namespace: String,
+        name: String,
+    },
+    #[error("{field}: {message}")]
+    AccessPolicyUnusable { field: String, message: String },
     #[error("{field}: Service {namespace}/{name} of type ExternalName is refused: {refusal}")]
     ExternalNameRefused {
         field: String,
@@ -82,9 +97,13 @@ impl BackendRefError {
             Self::InvalidKind { .. }
             | Self::UnsupportedFilter { .. }
             | Self::ExternalNameRefused { .. } => Reason::InvalidKind,
-            Self::NotFound { .. } | Self::PortNotFound { .. } | Self::MissingPort { .. } => {
-                Reason::BackendNotFound
-            }
+            // Gateway API's reason for "a reference to a resource that does not exist"; an
+            // AccessPolicy that cannot be used is no policy for the data plane either.
+            Self::NotFound { .. }
+            | Self::PortNotFound { .. }
+            | Self::MissingPort { .. }
+            | Self::AccessPolicyNotFound { .. }
+            | Self::AccessPolicyUnusable { .. } => Reason::BackendNotFound,
             Self::RefNotPermitted { .. } => Reason::RefNotPermitted,
         }
     }
@@ -102,6 +121,12 @@ pub(super) struct Resolved {
     /// The proxy dials only public addresses: set for ExternalName Services under
     /// `--external-name-backends=external`, whose name is the Service owner's to point anywhere.
     pub(super) public_only: bool,
+    /// TLS to the backend (the URLs are then `https`).
+    pub(super) tls: Option<BackendTls>,
+    /// The BackendTLSPolicy covering the port cannot be used: the backend fails closed.
+    pub(super) tls_refused: bool,
+    /// The Service port, as BackendTLSPolicies target it (for their status).
+    pub(super) port: Option<PortKey>,
 }
 
 /// Resolves a backendRef of a route of `from` kind in `from_namespace`.
@@ -167,13 +192,27 @@ pub(super) fn resolve(
             name: r.name.to_owned(),
             refusal,
         })?;
-        let url = format!("http://{host}:{port}");
+        let service_port = spec
+            .and_then(|s| s.ports.as_ref())
+            .and_then(|ports| ports.iter().find(|p| p.port == port));
+        let tls = Tls::of(
+            namespace,
+            r.name,
+            port,
+            service_port,
+            host.trim_end_matches('.'),
+            index,
+        );
+        let url = tls.url(&format!("{host}:{port}"));
         return Ok(Resolved {
             urls: vec![url.clone()],
             service_url: url,
             protocol: BackendProtocol::Http1,
             websocket: false,
             public_only: options.external_name_backends == ExternalNameBackends::External,
+            tls: tls.settings,
+            tls_refused: tls.refused,
+            port: Some(tls.port),
         });
     }
     let Some(service_port) = spec
@@ -194,13 +233,22 @@ pub(super) fn resolve(
         (Some(IntOrString::Int(target)), true) => *target,
         _ => port,
     };
-    let service_url = format!(
-        "http://{}.{}.svc.{}:{}",
-        r.name, namespace, options.cluster_domain, dns_port
+    let dns_name = format!("{}.{}.svc.{}", r.name, namespace, options.cluster_domain);
+    let tls = Tls::of(
+        namespace,
+        r.name,
+        port,
+        Some(service_port),
+        &dns_name,
+        index,
     );
+    let service_url = tls.url(&format!("{dns_name}:{dns_port}"));
     let urls = match index.slices.get(&(namespace, r.name)) {
         None => vec![service_url.clone()],
-        Some(slices) => endpoint_urls(service_port, slices),
+        Some(slices) => endpoint_urls(service_port, slices)
+            .into_iter()
+            .map(|authority| tls.url(&authority))
+            .collect(),
     };
     Ok(Resolved {
         urls,
@@ -210,14 +258,75 @@ pub(super) fn resolve(
         } else {
             BackendProtocol::Http1
         },
-        websocket: app_protocol == Some(APP_PROTOCOL_WS),
+        websocket: matches!(app_protocol, Some(APP_PROTOCOL_WS | APP_PROTOCOL_WSS)),
         public_only: false,
+        tls: tls.settings,
+        tls_refused: tls.refused,
+        port: Some(tls.port),
     })
 }
 
-/// Ready endpoints of `service_port`, as sorted, de-duplicated URLs.
+/// How a Service port is dialled: over TLS when a BackendTLSPolicy covers it (with the
+/// policy's settings), or when the port asks for TLS itself (`appProtocol` `https` or
+/// `kubernetes.io/wss`, or port 443), then verified against the platform's web roots for
+/// `host` (the name a client of the Service would check).
+struct Tls {
+    settings: Option<BackendTls>,
+    refused: bool,
+    port: PortKey,
+}
+
+impl Tls {
+    fn of(
+        namespace: &str,
+        service: &str,
+        port: i32,
+        service_port: Option<&KubeServicePort>,
+        host: &str,
+        index: &Index<'_>,
+    ) -> Self {
+        let port_name = service_port.and_then(|p| p.name.as_deref());
+        let key = (
+            namespace.to_owned(),
+            service.to_owned(),
+            port_name.map(str::to_owned),
+        );
+        let asks = port == HTTPS_PORT
+            || matches!(
+                service_port.and_then(|p| p.app_protocol.as_deref()),
+                Some(APP_PROTOCOL_HTTPS | APP_PROTOCOL_WSS)
+            );
+        match index.policies.covering(namespace, service, port_name) {
+            Some(covered) => Self {
+                settings: covered.tls.cloned(),
+                refused: covered.tls.is_none(),
+                port: key,
+            },
+            None => Self {
+                settings: asks.then(|| BackendTls {
+                    server_name: Some(host.to_owned()),
+                    ..BackendTls::default()
+                }),
+                refused: false,
+                port: key,
+            },
+        }
+    }
+
+    /// The URL of `authority` (`host:port`) in the scheme this port is dialled with.
+    fn url(&self, authority: &str) -> String {
+        let scheme = if self.settings.is_some() || self.refused {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{authority}")
+    }
+}
+
+/// Ready endpoints of `service_port`, as sorted, de-duplicated `host:port` authorities.
 fn endpoint_urls(
-    service_port: &ServicePort,
+    service_port: &KubeServicePort,
     slices: &[&k8s_openapi::api::discovery::v1::EndpointSlice],
 ) -> Vec<String> {
     let wanted = service_port.name.as_deref().unwrap_or("");
@@ -246,9 +355,9 @@ fn endpoint_urls(
                 continue;
             }
             let url = if v6 || address.contains(':') {
-                format!("http://[{address}]:{target}")
+                format!("[{address}]:{target}")
             } else {
-                format!("http://{address}:{target}")
+                format!("{address}:{target}")
             };
             urls.insert(url);
         }
@@ -307,7 +416,7 @@ pub(super) fn expand(targets: Vec<WeightedTarget>) -> Vec<Backend> {
                 public_only: r.public_only,
                 filters: t.filters,
                 unavailable_status: Some(NO_ENDPOINTS_STATUS),
-                ..Backend::default()
+                tls: r.tls,
             }),
             Ok(r) => {
                 let n = r.urls.len() as u64;
@@ -319,6 +428,7 @@ pub(super) fn expand(targets: Vec<WeightedTarget>) -> Vec<Backend> {
                         websocket: r.websocket,
                         public_only: r.public_only,
                         filters: t.filters.clone(),
+                        tls: r.tls.clone(),
                         ..Backend::default()
                     });
                 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use super::gateway::{selector_matches, AllowedNamespaces, OwnedGateway, OwnedListener};
 use super::hostname::{covered, intersect, Hosts};
+use super::ownership;
 use super::route::{ParentRefView, RouteView};
 use super::rule::TranslatedRoute;
 use super::scheme::SchemeListeners;
@@ -194,12 +195,14 @@ impl ListenerClaims {
 /// Attaches a route to our Gateways: one entry per parentRef that names one of them. Nothing
 /// is counted on the listeners yet; that waits until the route's rules are translated and it
 /// is known to be accepted. `scheme_listeners` holds each plane's listeners, for listener
-/// isolation across its route table.
+/// isolation across its route table. With `hostname_ownership`, a parent whose listeners would
+/// have the route serve a host its namespace may not publish refuses it ([`ownership`]).
 pub(super) fn bind(
     route: &RouteView<'_>,
     gateways: &BTreeMap<ObjectKey, OwnedGateway<'_>>,
     scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners>,
     index: &Index<'_>,
+    hostname_ownership: bool,
 ) -> Vec<ParentBinding> {
     let mut parents = Vec::new();
     for p in &route.parent_refs {
@@ -222,6 +225,23 @@ pub(super) fn bind(
             Some(problem) => Err((Reason::UnsupportedValue, problem.clone())),
             None => attach(route, p, gw, scheme_listeners, index),
         };
+        let outcome = outcome.and_then(|(plane, attached)| {
+            if hostname_ownership {
+                let labels = index.namespace_labels(route.namespace);
+                if let Some(why) =
+                    ownership::names_refusal(&route.hostnames, route.namespace, labels).or_else(
+                        || {
+                            attached
+                                .iter()
+                                .find_map(|a| ownership::refusal(&a.hosts, route.namespace, labels))
+                        },
+                    )
+                {
+                    return Err((Reason::HostnameNotPermitted, why));
+                }
+            }
+            Ok((plane, attached))
+        });
         parents.push(ParentBinding {
             parent_ref,
             gateway: key,

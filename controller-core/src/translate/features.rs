@@ -3,11 +3,9 @@
 //!
 //! Conformance runners read that list to decide which tests to run, so it claims only what we
 //! demonstrate: the features of the cases the conformance replay (`tests/conformance.rs`) runs
-//! and passes, whose `supported_features_are_the_ones_the_replayed_cases_exercise` test holds
-//! this list equal to them, plus `GRPCRoute`, which `tests/grpc.rs` exercises with a real gRPC
-//! client and server through the proxy (method matching; header matching, listener hostnames
-//! and weights go through the same translation and proxy paths as HTTPRoute's, which the
-//! replay covers).
+//! and passes, HTTPRoute and GRPCRoute cases alike, whose
+//! `supported_features_are_the_ones_the_replayed_cases_exercise` test holds this list equal to
+//! them.
 
 /// Feature names exactly as the Go conformance suite spells them (`pkg/features` at
 /// `kubernetes-sigs/gateway-api` `4564255ac2c3`, the commit the replayed cases come from; those
@@ -22,6 +20,8 @@
 /// and SNI, which terminate at Cloudflare's edge).
 pub const SUPPORTED_FEATURES: &[&str] = &[
     "GRPCRoute",
+    "GRPCRouteNamedRouteRule",
+    "GRPCRouteRequestHeaderModifier",
     "Gateway",
     "GatewayHTTPListenerIsolation",
     "HTTPRoute",

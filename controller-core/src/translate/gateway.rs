@@ -15,9 +15,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use crate::render::Plans;
 
 use super::bundle_version;
+use super::client_certificate;
 use super::status::{Condition, ConditionType, GatewayStatus, ListenerStatus, Reason};
 use super::{
-    ObjectKey, Options, PlaneKey, Precedence, RouteKind, Snapshot, TunnelIdentity,
+    Index, ObjectKey, Options, PlaneKey, Precedence, RouteKind, Snapshot, TunnelIdentity,
     GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND,
 };
 
@@ -143,6 +144,10 @@ pub(super) struct OwnedGateway<'a> {
     pub(super) listeners: Vec<OwnedListener<'a>>,
     /// Why `infrastructure.parametersRef` makes no plane.
     refused: Option<(Reason, String)>,
+    /// `spec.tls.backend.clientCertificateRef`, when set: the certificate, or why it cannot
+    /// be used (the Gateway's `ResolvedRefs`; it stays accepted either way).
+    pub(super) client_certificate:
+        Option<Result<client_certificate::GatewayClientCertificate, (Reason, String)>>,
     conditions: Vec<Condition>,
 }
 
@@ -241,6 +246,19 @@ impl OwnedGateway<'_> {
                 ]
             }
         };
+        if let Some(resolved) = &self.client_certificate {
+            self.conditions
+                .push(client_certificate::condition(resolved, generation));
+        }
+    }
+
+    /// The client certificate the Gateway presents to backends, when it names a usable one.
+    pub(super) fn backend_certificate(
+        &self,
+    ) -> Option<&client_certificate::GatewayClientCertificate> {
+        self.client_certificate
+            .as_ref()
+            .and_then(|r| r.as_ref().ok())
     }
 
     pub(super) fn into_status(self) -> GatewayStatus {
@@ -266,6 +284,7 @@ pub(super) fn owned_gateways<'a>(
     classes: &BTreeMap<String, Option<&GatewayClass>>,
     options: &Options,
     plans: &Plans,
+    index: &Index<'_>,
 ) -> BTreeMap<ObjectKey, OwnedGateway<'a>> {
     let mut out = BTreeMap::new();
     for gw in &snapshot.gateways {
@@ -279,7 +298,9 @@ pub(super) fn owned_gateways<'a>(
             continue;
         };
         let key = ObjectKey::new(ns, name);
-        out.insert(key.clone(), owned_gateway(key, gw, options, plans));
+        let mut owned = owned_gateway(key.clone(), gw, options, plans);
+        owned.client_certificate = client_certificate::resolve(gw, ns, index);
+        out.insert(key, owned);
     }
     mark_shared_plane_conflicts(&mut out);
     // The Gateways whose routes each tunnel serves: what a plane kept without routes of its
@@ -358,6 +379,7 @@ fn owned_gateway<'a>(
         tunnel,
         listeners,
         refused,
+        client_certificate: None,
         conditions: Vec::new(),
     }
 }

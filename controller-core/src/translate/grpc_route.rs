@@ -32,6 +32,7 @@ pub(super) fn translate_rules(
         index,
         options,
         contract,
+        ports: std::cell::RefCell::default(),
     };
     let rules = grpc.spec.rules.as_deref().unwrap_or_default();
     let mut out = translate_all(

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
+use std::collections::BTreeSet;
 
 use cftunnel_config::valid;
 use cftunnel_config::{
@@ -19,9 +20,11 @@ use gateway_api::experimental::httproutes::{
 };
 
 use super::backend::{self, BackendRefError, BackendRefView, WeightedTarget};
+use super::backend_tls::PortKey;
 use super::route::RouteView;
 use super::rule::{RuleError, RuleTemplate, TranslatedRoute};
-use super::{Index, Options};
+use super::{Index, Options, GATEWAY_CONFIG_GROUP};
+use crate::access_policy::ACCESS_POLICY_KIND;
 
 /// Context shared by the rules of one route.
 pub(super) struct RouteContext<'a, 'b> {
@@ -31,6 +34,9 @@ pub(super) struct RouteContext<'a, 'b> {
     /// The config contract's compiled patterns and parsed targets, shared by every route of a
     /// translation, so each regex is compiled once.
     pub(super) contract: &'b RefCell<valid::Cache>,
+    /// The Service ports the route's backends use (for the status of the BackendTLSPolicies
+    /// covering them).
+    pub(super) ports: RefCell<BTreeSet<PortKey>>,
 }
 
 pub(super) fn translate_rules(
@@ -45,6 +51,7 @@ pub(super) fn translate_rules(
         index,
         options,
         contract,
+        ports: RefCell::default(),
     };
     translate_all(
         &ctx,
@@ -101,6 +108,7 @@ pub(super) fn translate_all<'r, R>(
             Err(e) => out.dropped.push(e),
         }
     }
+    out.ports = ctx.ports.take();
     out
 }
 
@@ -134,6 +142,7 @@ fn translate_rule(
     let mut unavailable = None;
     let mut filters = Vec::new();
     let mut redirects = false;
+    let mut access = None;
     check_filter_kinds(
         rule.filters.as_deref().unwrap_or_default(),
         &format!("{field}.filters"),
@@ -144,6 +153,15 @@ fn translate_rule(
             FilterOutcome::Filter(f) => {
                 redirects |= f.kind == FilterType::RequestRedirect;
                 filters.push(*f);
+            }
+            FilterOutcome::Access(a) if access.is_none() => access = Some(a),
+            FilterOutcome::Access(_) => {
+                // Which of two policies would win is not the route's to leave open.
+                ref_errors.push(BackendRefError::AccessPolicyUnusable {
+                    field: ffield,
+                    message: "a rule may name one AccessPolicy".to_owned(),
+                });
+                unavailable = Some(backend::INVALID_REF_STATUS);
             }
             FilterOutcome::Skip => {}
             FilterOutcome::FailClosed => unavailable = Some(backend::INVALID_REF_STATUS),
@@ -226,6 +244,7 @@ fn translate_rule(
         timeouts,
         unavailable_status: unavailable,
         retry,
+        access,
         name: Some(format!(
             "{}/{}/{}",
             ctx.route.namespace, ctx.route.name, rule_name
@@ -273,6 +292,14 @@ fn convert_backend(
             FilterOutcome::Filter(f) => filters.push(*f),
             FilterOutcome::Skip => {}
             FilterOutcome::FailClosed => fail_closed = true,
+            FilterOutcome::Access(_) => {
+                // The check runs before a backend is chosen, so it belongs to the rule.
+                ref_errors.push(BackendRefError::AccessPolicyUnusable {
+                    field: ffield,
+                    message: "an AccessPolicy applies to a whole rule: name it in the rule's filters, not a backendRef's".to_owned(),
+                });
+                fail_closed = true;
+            }
         }
     }
     let view = BackendRefView {
@@ -290,8 +317,16 @@ fn convert_backend(
         ctx.index,
         ctx.options,
     ) {
-        Ok(r) if !fail_closed => Ok(r),
-        Ok(r) => Err(r.service_url),
+        Ok(r) => {
+            ctx.ports.borrow_mut().extend(r.port.clone());
+            // A BackendTLSPolicy that cannot be used fails its backends closed (spec: the
+            // client gets a 5xx), as an invalid reference does.
+            if fail_closed || r.tls_refused {
+                Err(r.service_url)
+            } else {
+                Ok(r)
+            }
+        }
         Err(e) => {
             let url = placeholder_url(view, ctx);
             ref_errors.push(e);
@@ -508,6 +543,8 @@ fn method_name(m: &HttpRouteRulesMatchesMethod) -> &'static str {
 
 enum FilterOutcome {
     Filter(Box<Filter>),
+    /// An ExtensionRef to an AccessPolicy: the rule's Cloudflare Access requirement.
+    Access(cftunnel_config::Access),
     /// Nothing to do in the data plane (e.g. a mirror whose target has no endpoint).
     Skip,
     /// The filter cannot be honoured: requests it would process get 500 (Gateway API: an
@@ -732,6 +769,10 @@ fn convert_filter(
                     ref_errors.push(e);
                     return Ok(FilterOutcome::Skip);
                 }
+                // Mirrors are sent in clear text: a backend dialled over TLS gets no copies.
+                Ok(resolved) if resolved.tls.is_some() || resolved.tls_refused => {
+                    return Ok(FilterOutcome::Skip)
+                }
                 Ok(resolved) => match backend::mirror_url(&resolved) {
                     None => return Ok(FilterOutcome::Skip),
                     Some(backend_url) => {
@@ -776,11 +817,7 @@ fn convert_filter(
             out
         }
         HttpRouteRulesFiltersType::ExtensionRef => {
-            ref_errors.push(BackendRefError::UnsupportedFilter {
-                field: field.to_owned(),
-                kind: "ExtensionRef",
-            });
-            return Ok(FilterOutcome::FailClosed);
+            return Ok(extension_ref(ctx, f, field, ref_errors));
         }
         HttpRouteRulesFiltersType::ExternalAuth => {
             ref_errors.push(BackendRefError::UnsupportedFilter {
@@ -791,6 +828,51 @@ fn convert_filter(
         }
     };
     Ok(FilterOutcome::Filter(Box::new(filter)))
+}
+
+/// An ExtensionRef filter: an `AccessPolicy` of the route's namespace becomes the rule's
+/// Access requirement. Any other kind, or a policy that is missing or unusable, fails the
+/// rule closed (Gateway API: a filter that cannot be resolved must not be skipped; requests
+/// it would process get 500) and sets `ResolvedRefs=False`.
+fn extension_ref(
+    ctx: &RouteContext<'_, '_>,
+    f: &HttpRouteRulesFilters,
+    field: &str,
+    ref_errors: &mut Vec<BackendRefError>,
+) -> FilterOutcome {
+    let Some(r) = f.extension_ref.as_ref() else {
+        ref_errors.push(BackendRefError::AccessPolicyUnusable {
+            field: field.to_owned(),
+            message: "extensionRef is required".to_owned(),
+        });
+        return FilterOutcome::FailClosed;
+    };
+    if r.group != GATEWAY_CONFIG_GROUP || r.kind != ACCESS_POLICY_KIND {
+        ref_errors.push(BackendRefError::UnsupportedFilter {
+            field: field.to_owned(),
+            kind: "ExtensionRef",
+        });
+        return FilterOutcome::FailClosed;
+    }
+    let namespace = ctx.route.namespace;
+    let Some(policy) = ctx.index.access_policy(namespace, &r.name) else {
+        ref_errors.push(BackendRefError::AccessPolicyNotFound {
+            field: format!("{field}.extensionRef"),
+            namespace: namespace.to_owned(),
+            name: r.name.clone(),
+        });
+        return FilterOutcome::FailClosed;
+    };
+    match policy.to_document() {
+        Ok(access) => FilterOutcome::Access(access),
+        Err(invalid) => {
+            ref_errors.push(BackendRefError::AccessPolicyUnusable {
+                field: format!("{field}.extensionRef"),
+                message: format!("AccessPolicy {namespace}/{}: spec.{invalid}", r.name),
+            });
+            FilterOutcome::FailClosed
+        }
+    }
 }
 
 /// Gateway API: each filter type but RequestMirror and ExtensionRef appears at most once in a

@@ -13,17 +13,21 @@
 //! callers that apply nothing.
 
 mod backend;
+mod backend_tls;
 mod binding;
 pub mod bundle_version;
+mod client_certificate;
 pub mod external_name;
 mod features;
 mod gateway;
 mod grpc_route;
 mod hostname;
 mod http_route;
+pub mod ownership;
 mod route;
 mod rule;
 mod scheme;
+mod shadow;
 mod status;
 
 #[cfg(test)]
@@ -36,12 +40,13 @@ use std::fmt;
 
 use cftunnel_config::{valid, Config};
 use gateway_api::experimental::referencegrants::ReferenceGrant;
-use k8s_openapi::api::core::v1::{Namespace, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Serialize, Serializer};
 use sha2::{Digest, Sha256};
 
+use crate::access_policy::AccessPolicySpec;
 use crate::render::{self, Plans, RenderSettings};
 
 pub use crate::snapshot::{
@@ -52,8 +57,8 @@ pub use external_name::ExternalNameBackends;
 pub use features::SUPPORTED_FEATURES;
 pub use rule::RuleError;
 pub use status::{
-    Condition, ConditionType, GatewayStatus, ListenerStatus, ParentRef, Reason, RouteParentStatus,
-    Statuses,
+    Condition, ConditionType, GatewayStatus, ListenerStatus, ParentRef, PolicyAncestorStatus,
+    Reason, RouteParentStatus, Statuses,
 };
 
 /// The `controllerName` this controller answers for unless configured otherwise.
@@ -82,6 +87,9 @@ pub struct Options {
     /// The tunnel of the shared plane (the class tunnel), when known. A dedicated Gateway on
     /// the same tunnel shares it with the shared plane, the documented migration path.
     pub shared_tunnel: Option<TunnelIdentity>,
+    /// Routes publish only hostnames their namespace is labelled for (`--hostname-ownership`,
+    /// see [`ownership`]).
+    pub hostname_ownership: bool,
 }
 
 impl Default for Options {
@@ -93,6 +101,7 @@ impl Default for Options {
             external_name_backends: ExternalNameBackends::default(),
             proxy_image: None,
             shared_tunnel: None,
+            hostname_ownership: false,
         }
     }
 }
@@ -285,7 +294,15 @@ fn translate_checked(
         ..Statuses::default()
     };
 
-    let mut gateways = gateway::owned_gateways(snapshot, &classes, options, plans);
+    let mut gateways = gateway::owned_gateways(snapshot, &classes, options, plans, &index);
+    // The client certificates Gateways present to TLS backends, by the Secret they come from.
+    let client_certificates: BTreeMap<ObjectKey, cftunnel_config::ClientCertificate> = gateways
+        .values()
+        .filter_map(|gw| gw.backend_certificate())
+        .map(|c| (c.secret.clone(), c.certificate.clone()))
+        .collect();
+    // Which Gateways' routes use each Service port: the ancestors of the BackendTLSPolicies.
+    let mut port_users: BTreeMap<backend_tls::PortKey, BTreeSet<ParentRef>> = BTreeMap::new();
     let mut configs: BTreeMap<PlaneKey, Config> = BTreeMap::new();
     configs.insert(PlaneKey::Shared, Config::default());
     let mut planes = BTreeMap::new();
@@ -296,6 +313,18 @@ fn translate_checked(
         }
     }
 
+    // The Access requirement of each dedicated plane's Gateway (its GatewayConfig's), carried
+    // by every rule of its routes that names none of its own, on every plane they are copied to.
+    let gateway_access: BTreeMap<PlaneKey, cftunnel_config::Access> = gateways
+        .values()
+        .filter_map(|gw| match &gw.plane {
+            Some(plane @ PlaneKey::Dedicated(key)) => {
+                let access = plans.get(key)?.as_ref().ok()?.access.clone()?;
+                Some((plane.clone(), access))
+            }
+            _ => None,
+        })
+        .collect();
     let tunnels = Tunnels::new(&gateways, options.shared_tunnel);
     let scheme_listeners = scheme_listeners(&gateways, &tunnels);
 
@@ -308,8 +337,15 @@ fn translate_checked(
     let mut rules_by_plane: BTreeMap<PlaneKey, Vec<Placed>> = BTreeMap::new();
     let mut seen_rules: BTreeMap<PlaneKey, BTreeSet<String>> = BTreeMap::new();
     let mut claims = binding::ListenerClaims::default();
+    let mut first_claims = shadow::FirstClaims::default();
     for (position, route) in routes.iter().enumerate() {
-        let bound = binding::bind(route, &gateways, &scheme_listeners, &index);
+        let bound = binding::bind(
+            route,
+            &gateways,
+            &scheme_listeners,
+            &index,
+            options.hostname_ownership,
+        );
         if bound.is_empty() {
             continue;
         }
@@ -323,7 +359,8 @@ fn translate_checked(
         };
         let route_key = route.key();
         let mut parents = Vec::with_capacity(bound.len());
-        let mut planes: BTreeMap<PlaneKey, Attachment> = BTreeMap::new();
+        // By plane and the Secret of the client certificate the Gateway presents to backends.
+        let mut planes: BTreeMap<(PlaneKey, Option<ObjectKey>), Attachment> = BTreeMap::new();
         // Gateway API attachedRoutes: each route once per listener, and only where accepted,
         // however many of its parentRefs select that listener.
         let mut listeners = BTreeSet::new();
@@ -349,8 +386,23 @@ fn translate_checked(
                 claims.claim(&route_key, listener.clone(), hosts);
                 listeners.insert(listener);
             }
+            for port in &translated.ports {
+                port_users
+                    .entry(port.clone())
+                    .or_default()
+                    .insert(ParentRef {
+                        namespace: gateway.namespace.clone(),
+                        name: gateway.name.clone(),
+                        section_name: None,
+                        port: None,
+                    });
+            }
+            let certificate = gateways
+                .get(&gateway)
+                .and_then(|gw| gw.backend_certificate())
+                .map(|c| c.secret.clone());
             planes
-                .entry(accepted.plane)
+                .entry((accepted.plane, certificate))
                 .or_default()
                 .merge(accepted.attachment);
         }
@@ -363,8 +415,10 @@ fn translate_checked(
             }
         }
         statuses.routes.insert(route_key.clone(), parents);
+        let mut shadowed = shadow::Shadowed::default();
         // Only accepted parents contribute planes.
-        for (plane, attachment) in planes {
+        for ((plane, certificate), attachment) in planes {
+            let certificate = certificate.and_then(|c| client_certificates.get(&c));
             // Every hostname of the route belongs to more specific listeners there.
             if !attachment.any_host && attachment.hostnames.is_empty() {
                 continue;
@@ -376,7 +430,13 @@ fn translate_checked(
                 let seen = seen_rules.entry(target.clone()).or_default();
                 let listeners = scheme_listeners.get(&target);
                 for template in &translated.rules {
-                    let rule = template.for_attachment(&attachment);
+                    let mut rule = template.for_attachment(&attachment);
+                    if let Some(certificate) = certificate {
+                        present_client_certificate(&mut rule, certificate);
+                    }
+                    if rule.access.is_none() {
+                        rule.access = gateway_access.get(&plane).cloned();
+                    }
                     let rules = match listeners {
                         Some(listeners) => listeners.scope(rule, &attachment.schemes),
                         None => vec![rule],
@@ -384,6 +444,7 @@ fn translate_checked(
                     for rule in rules {
                         // A route on two Gateways of one tunnel must not repeat its rules.
                         if seen.insert(serde_json::to_string(&rule).unwrap_or_default()) {
+                            first_claims.place(&target, &rule, &route_key, &mut shadowed);
                             out.push((
                                 template.grpc.map(|rank| rank.placement(position)),
                                 (rule, route_key.clone()),
@@ -395,6 +456,23 @@ fn translate_checked(
                     if let Some(config) = configs.get_mut(&target) {
                         config.has_grpc_route = true;
                     }
+                }
+            }
+        }
+        if !shadowed.is_empty() {
+            let message = shadowed.message();
+            for parent in statuses.routes.get_mut(&route_key).into_iter().flatten() {
+                if parent
+                    .condition(ConditionType::Accepted)
+                    .is_some_and(|c| c.status)
+                {
+                    parent.conditions.push(Condition::new(
+                        ConditionType::RouteShadowed,
+                        true,
+                        Reason::OlderRouteMatches,
+                        message.clone(),
+                        route.generation,
+                    ));
                 }
             }
         }
@@ -440,11 +518,25 @@ fn translate_checked(
     for gw in gateways.into_values() {
         statuses.gateways.insert(gw.key.clone(), gw.into_status());
     }
+    statuses.backend_tls_policies = index
+        .policies
+        .statuses(&snapshot.backend_tls_policies, &port_users);
     Output {
         configs,
         owners,
         statuses,
         planes,
+    }
+}
+
+/// Gives every backend of `rule` dialled over TLS the Gateway's client certificate, presented
+/// when the backend asks for one (Gateway API `spec.tls.backend.clientCertificateRef`).
+fn present_client_certificate(
+    rule: &mut cftunnel_config::Rule,
+    certificate: &cftunnel_config::ClientCertificate,
+) {
+    for tls in rule.backends.iter_mut().filter_map(|b| b.tls.as_mut()) {
+        tls.client_certificate = Some(certificate.clone());
     }
 }
 
@@ -571,6 +663,21 @@ pub(crate) struct Index<'a> {
     /// EndpointSlices by (namespace, `kubernetes.io/service-name`).
     slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
     grants: Vec<&'a ReferenceGrant>,
+    secrets: BTreeMap<(&'a str, &'a str), &'a Secret>,
+    /// The BackendTLSPolicies, judged, and which covers each Service port.
+    policies: backend_tls::Policies,
+    access_policies: BTreeMap<(&'a str, &'a str), &'a AccessPolicySpec>,
+}
+
+/// Objects of a namespaced kind by (namespace, name).
+fn by_key<T: kube::Resource>(objects: &[T]) -> BTreeMap<(&str, &str), &T> {
+    objects
+        .iter()
+        .filter_map(|o| {
+            let meta = o.meta();
+            Some(((meta.namespace.as_deref()?, meta.name.as_deref()?), o))
+        })
+        .collect()
 }
 
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -608,12 +715,40 @@ impl<'a> Index<'a> {
         for list in slices.values_mut() {
             list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         }
+        let secrets = by_key(&snapshot.secrets);
+        let config_maps: BTreeMap<(&str, &str), &ConfigMap> = by_key(&snapshot.config_maps);
+        let policies = backend_tls::Policies::new(
+            &snapshot.backend_tls_policies,
+            &backend_tls::CaSources {
+                config_maps: &config_maps,
+                secrets: &secrets,
+            },
+        );
+        let access_policies = snapshot
+            .access_policies
+            .iter()
+            .filter_map(|p| {
+                let key = (
+                    p.metadata.namespace.as_deref()?,
+                    p.metadata.name.as_deref()?,
+                );
+                Some((key, &p.spec))
+            })
+            .collect();
         Self {
             namespaces,
             services,
             slices,
             grants: snapshot.reference_grants.iter().collect(),
+            secrets,
+            policies,
+            access_policies,
         }
+    }
+
+    /// The spec of the AccessPolicy `namespace/name`.
+    fn access_policy(&self, namespace: &str, name: &str) -> Option<&'a AccessPolicySpec> {
+        self.access_policies.get(&(namespace, name)).copied()
     }
 
     fn namespace_labels(&self, name: &str) -> Option<&'a BTreeMap<String, String>> {

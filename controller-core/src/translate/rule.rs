@@ -4,10 +4,12 @@
 //! [`super::grpc_route`]); attachment and the planes read them.
 
 use std::cmp::Reverse;
+use std::collections::BTreeSet;
 
 use cftunnel_config::{valid, Rule};
 
 use super::backend::BackendRefError;
+use super::backend_tls::PortKey;
 use super::status::{Condition, ConditionType, Reason};
 use super::Attachment;
 
@@ -95,6 +97,8 @@ pub(crate) struct TranslatedRoute {
     pub(crate) rules: Vec<RuleTemplate>,
     pub(crate) dropped: Vec<RuleError>,
     pub(crate) ref_errors: Vec<BackendRefError>,
+    /// The Service ports its backends use.
+    pub(crate) ports: BTreeSet<PortKey>,
 }
 
 impl TranslatedRoute {

@@ -22,6 +22,8 @@ pub enum ConditionType {
     /// `cf.k8s.lex.la/TunnelShared`: the route's Gateway shares its tunnel with dedicated
     /// Gateways of other namespaces.
     TunnelShared,
+    /// `cf.k8s.lex.la/RouteShadowed`: an older route serves some of the route's matches.
+    RouteShadowed,
 }
 
 impl ConditionType {
@@ -35,6 +37,7 @@ impl ConditionType {
             Self::PartiallyInvalid => "PartiallyInvalid",
             Self::SupportedVersion => "SupportedVersion",
             Self::TunnelShared => "cf.k8s.lex.la/TunnelShared",
+            Self::RouteShadowed => "cf.k8s.lex.la/RouteShadowed",
         }
     }
 }
@@ -60,6 +63,9 @@ pub enum Reason {
     NoMatchingParent,
     NotAllowedByListeners,
     NoMatchingListenerHostname,
+    /// The route's namespace may not publish a hostname the route would serve (hostname
+    /// ownership).
+    HostnameNotPermitted,
     BackendNotFound,
     InvalidKind,
     RefNotPermitted,
@@ -67,6 +73,16 @@ pub enum Reason {
     SupportedVersion,
     UnsupportedVersion,
     TunnelShared,
+    /// Gateway `ResolvedRefs`: `spec.tls.backend.clientCertificateRef` cannot be used.
+    InvalidClientCertificateRef,
+    /// BackendTLSPolicy `ResolvedRefs`: a `caCertificateRefs` entry cannot be used.
+    InvalidCACertificateRef,
+    /// BackendTLSPolicy `Accepted`: no `caCertificateRefs` entry can be used.
+    NoValidCACertificate,
+    /// BackendTLSPolicy `Accepted`: another policy takes precedence for the same target.
+    Conflicted,
+    /// `cf.k8s.lex.la/RouteShadowed`: the older route matches first.
+    OlderRouteMatches,
 }
 
 impl Reason {
@@ -87,6 +103,7 @@ impl Reason {
             Self::NoMatchingParent => "NoMatchingParent",
             Self::NotAllowedByListeners => "NotAllowedByListeners",
             Self::NoMatchingListenerHostname => "NoMatchingListenerHostname",
+            Self::HostnameNotPermitted => "HostnameNotPermitted",
             Self::BackendNotFound => "BackendNotFound",
             Self::InvalidKind => "InvalidKind",
             Self::RefNotPermitted => "RefNotPermitted",
@@ -94,6 +111,11 @@ impl Reason {
             Self::SupportedVersion => "SupportedVersion",
             Self::UnsupportedVersion => "UnsupportedVersion",
             Self::TunnelShared => "TunnelShared",
+            Self::InvalidClientCertificateRef => "InvalidClientCertificateRef",
+            Self::InvalidCACertificateRef => "InvalidCACertificateRef",
+            Self::NoValidCACertificate => "NoValidCACertificate",
+            Self::Conflicted => "Conflicted",
+            Self::OlderRouteMatches => "OlderRouteMatches",
         }
     }
 }
@@ -207,6 +229,23 @@ impl RouteParentStatus {
     }
 }
 
+/// Status of a policy towards one Gateway whose routes it applies to (`status.ancestors[]`,
+/// Gateway API `PolicyAncestorStatus`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyAncestorStatus {
+    /// The Gateway (`sectionName` and `port` unset).
+    pub ancestor_ref: ParentRef,
+    pub conditions: Vec<Condition>,
+}
+
+impl PolicyAncestorStatus {
+    /// The condition of `kind`, if computed.
+    pub fn condition(&self, kind: ConditionType) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.kind == kind)
+    }
+}
+
 /// Every status the translation computed, keyed by object.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -215,4 +254,8 @@ pub struct Statuses {
     pub gateways: BTreeMap<ObjectKey, GatewayStatus>,
     /// Only parents that belong to a Gateway of ours appear here.
     pub routes: BTreeMap<RouteKey, Vec<RouteParentStatus>>,
+    /// Every BackendTLSPolicy of the snapshot, with one entry per Gateway of ours whose
+    /// routes use a Service port it covers (empty when there is none, so a writer can drop
+    /// entries it wrote before).
+    pub backend_tls_policies: BTreeMap<ObjectKey, Vec<PolicyAncestorStatus>>,
 }

@@ -694,9 +694,14 @@ fn app_protocol_dns_fallback_and_external_name_shape_the_backend() {
         rules[3].backends,
         vec![Backend {
             public_only: true,
-            ..backend("http://api.example.net.:443", 1)
+            tls: Some(cftunnel_config::BackendTls {
+                server_name: Some("api.example.net".to_owned()),
+                ..cftunnel_config::BackendTls::default()
+            }),
+            ..backend("https://api.example.net.:443", 1)
         }],
-        "an ExternalName outside the cluster is dialled as an absolute name, at public addresses"
+        "an ExternalName outside the cluster is dialled as an absolute name, at public \
+         addresses, over TLS on port 443, checked for its name against the web roots"
     );
     assert_eq!(
         rules[4].backends,
@@ -3463,3 +3468,157 @@ fn an_owned_class_is_accepted_and_told_whether_the_crds_are_supported() {
         "no CRD in the snapshot: versions unknown"
     );
 }
+
+#[test]
+fn with_hostname_ownership_a_route_publishes_only_what_its_namespace_is_labelled_for() {
+    let gateway = r#"apiVersion: v1
+kind: Namespace
+metadata: {name: team-a, labels: {"hostnames.cf.k8s.lex.la/team-a.example.com": "true"}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-b}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: open, namespace: infra}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: any, port: 80, protocol: HTTP, hostname: "*.example.com", allowedRoutes: {namespaces: {from: All}}}
+---
+"#;
+    let route = |ns: &str, name: &str, hostnames: &str| {
+        http_route(
+            ns,
+            name,
+            &format!("  parentRefs: [{{name: open, namespace: infra}}]\n{hostnames}  rules: [{{backendRefs: [{{name: svc, port: 8080}}]}}]"),
+        )
+    };
+    let service = |ns: &str| {
+        format!("apiVersion: v1\nkind: Service\nmetadata: {{name: svc, namespace: {ns}}}\nspec: {{ports: [{{port: 8080}}]}}\n---\n")
+    };
+    let manifests = [
+        gateway.to_owned(),
+        service("team-a"),
+        service("team-b"),
+        route(
+            "team-a",
+            "own",
+            "  hostnames: [shop.team-a.example.com, \"*.api.team-a.example.com\"]\n",
+        ),
+        route(
+            "team-a",
+            "theft",
+            "  hostnames: [shop.team-b.example.com]\n",
+        ),
+        route(
+            "team-a",
+            "mixed",
+            "  hostnames: [x.team-a.example.com, y.other.net]\n",
+        ),
+        route("team-a", "everything", ""),
+        route(
+            "team-b",
+            "unlabelled",
+            "  hostnames: [www.team-b.example.com]\n",
+        ),
+    ]
+    .concat();
+    let owned = Options {
+        hostname_ownership: true,
+        ..Options::default()
+    };
+    let out = translate(&snapshot(&manifests), &owned);
+    assert_eq!(
+        condition(&out, "team-a", "own", ConditionType::Accepted),
+        (true, Reason::Accepted)
+    );
+    for (ns, name, says) in [
+        ("team-a", "theft", "may not publish shop.team-b.example.com"),
+        ("team-a", "mixed", "may not publish y.other.net"),
+        ("team-a", "everything", "may not publish *.example.com"),
+        (
+            "team-b",
+            "unlabelled",
+            "may not publish www.team-b.example.com",
+        ),
+    ] {
+        assert_eq!(
+            condition(&out, ns, name, ConditionType::Accepted),
+            (false, Reason::HostnameNotPermitted),
+            "{ns}/{name}"
+        );
+        let message = route_status(&out, ns, name)
+            .first()
+            .and_then(|p| p.condition(ConditionType::Accepted))
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        assert!(message.contains(says), "{ns}/{name}: {message}");
+    }
+    // Only the permitted route is published, and a refused route takes no host from it.
+    let published: BTreeSet<&str> = route_rules(&out)
+        .into_iter()
+        .flat_map(|r| r.hostnames.iter().map(String::as_str))
+        .collect();
+    assert_eq!(
+        published,
+        BTreeSet::from(["shop.team-a.example.com", "*.api.team-a.example.com"])
+    );
+
+    // Off (the default), the same routes are all accepted.
+    let out = translate(&snapshot(&manifests), &Options::default());
+    for (ns, name) in [
+        ("team-a", "theft"),
+        ("team-a", "everything"),
+        ("team-b", "unlabelled"),
+    ] {
+        assert_eq!(
+            condition(&out, ns, name, ConditionType::Accepted),
+            (true, Reason::Accepted),
+            "{ns}/{name}"
+        );
+    }
+}
+
+#[test]
+fn a_route_whose_matches_an_older_route_takes_is_told_it_is_shadowed() {
+    let route = |name: &str, created: &str, rules: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: infra, creationTimestamp: \"{created}\"}}\nspec:\n  parentRefs: [{{name: gw}}]\n  hostnames: [shop.example.com]\n  rules:\n{rules}---\n"
+        )
+    };
+    let cart = "  - {matches: [{path: {type: PathPrefix, value: /cart}}], backendRefs: [{name: v2, port: 8080}]}\n";
+    let other = "  - {matches: [{path: {type: PathPrefix, value: /other}}], backendRefs: [{name: v2, port: 8080}]}\n";
+    let out = run(&[
+        route("first", "2024-01-01T00:00:00Z", cart),
+        route("second", "2024-02-01T00:00:00Z", &format!("{other}{cart}")),
+        route("third", "2024-03-01T00:00:00Z", other),
+    ]
+    .concat());
+    let shadowed = |name: &str| {
+        route_status(&out, "infra", name)
+            .first()
+            .and_then(|p| p.condition(ConditionType::RouteShadowed))
+            .map(|c| (c.status, c.reason, c.message.clone()))
+    };
+    assert_eq!(shadowed("first"), None);
+    let (status, reason, message) = shadowed("second").expect("second is shadowed");
+    assert!(status);
+    assert_eq!(reason, Reason::OlderRouteMatches);
+    assert!(
+        message.contains("HTTPRoute infra/first serves the same matches first on shop.example.com (rules 1 of this route)"),
+        "{message}"
+    );
+    // The third repeats only second's /other, which second serves: shadowed by second.
+    let (_, _, message) = shadowed("third").expect("third is shadowed");
+    assert!(message.contains("HTTPRoute infra/second"), "{message}");
+    // Shadowed routes stay accepted: some of their matches may still be theirs.
+    assert_eq!(
+        condition(&out, "infra", "second", ConditionType::Accepted),
+        (true, Reason::Accepted)
+    );
+}
+
+mod access;
+mod backend_tls;

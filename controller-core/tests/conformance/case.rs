@@ -1,12 +1,14 @@
-//! The transcribed conformance case format (`shared/gwapi/README.md`, "Case file format").
+//! The transcribed conformance case format (`shared/gwapi/README.md`, "Case file format", and
+//! "GRPCRoute cases" for the rows of `grpc-cases/`).
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_yaml_ng::Value;
 
+/// A case whose rows are `R`: HTTP rows and steps ([`Item`]) or gRPC rows ([`GrpcItem`]).
 #[derive(Debug, Deserialize)]
-pub struct Case {
+pub struct Case<R = Item> {
     pub name: String,
     /// The Gateway API features the Go test lists (`SupportedFeature` names, verbatim).
     pub features: Vec<String>,
@@ -20,8 +22,11 @@ pub struct Case {
     pub extra_objects: Vec<Value>,
     #[serde(default)]
     pub status_checks: Vec<StatusCheck>,
-    pub requests: Vec<Item>,
+    pub requests: Vec<R>,
 }
+
+/// A GRPCRoute case.
+pub type GrpcCase = Case<GrpcItem>;
 
 /// A status the Go test asserts: a route condition towards a parent, or a listener's
 /// attached-route count and conditions.
@@ -220,4 +225,57 @@ pub struct MirrorDistribution {
 #[derive(Debug, Clone, Deserialize)]
 pub struct Repeat {
     pub count: usize,
+}
+
+/// One row of a GRPCRoute case: a unary call.
+#[derive(Debug, Deserialize)]
+pub struct GrpcItem {
+    pub id: usize,
+    #[serde(default)]
+    pub name: Option<String>,
+    pub request: GrpcRequest,
+    pub expect: GrpcExpect,
+    /// What the manifest implies beyond the upstream assertions (README rule 6).
+    #[serde(default)]
+    pub derived_not_upstream: Option<Derived>,
+    #[serde(default)]
+    pub distribution: Option<Distribution>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct GrpcRequest {
+    pub gateway: String,
+    #[serde(default)]
+    pub port: Option<u16>,
+    pub scheme: String,
+    pub protocol: String,
+    /// `:authority`; `None` = the Gateway address as dialled, `IP:port`.
+    pub authority: Option<String>,
+    pub service: String,
+    pub method: String,
+    pub path: String,
+    /// The request message: `EchoRequest` has no fields, so it must be empty.
+    #[serde(default)]
+    pub message: BTreeMap<String, Value>,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct GrpcExpect {
+    pub code: i32,
+    pub code_name: String,
+    #[serde(default)]
+    pub backend: Option<String>,
+    #[serde(default)]
+    pub fully_qualified_method: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Derived {
+    pub matched_rule: usize,
+    #[serde(default)]
+    pub request_metadata_seen: BTreeMap<String, String>,
+    #[serde(default)]
+    pub absent_metadata: Vec<String>,
 }

@@ -1,6 +1,7 @@
 //! The base topology of the conformance suite (`conformance/base/manifests.yaml`, as tabled in
 //! `shared/gwapi/README.md`), with every pod played by an in-process echo server on its own
-//! loopback address, and the snapshot a case translates.
+//! loopback address (the HTTP echo, or the gRPC echo for the `grpc-infra-backend-*`
+//! Deployments), and the snapshot a case translates.
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -8,6 +9,7 @@ use anyhow::Context;
 use cftunnel_controller_core::manifest;
 use cftunnel_controller_core::translate::Snapshot;
 use cftunnel_testkit::echo::{EchoIdentity, EchoServer};
+use cftunnel_testkit::grpc_echo::GrpcEchoServer;
 use serde_json::{json, Value};
 
 use super::case::Case;
@@ -22,17 +24,23 @@ const H2C_TARGET_PORT: i64 = 3001;
 struct BaseService {
     namespace: &'static str,
     name: &'static str,
+    /// The echo-basic mode of its pods: the gRPC echo (`GRPC_ECHO_SERVER` set) or HTTP.
+    grpc: bool,
     replicas: u8,
     /// (port name, port, targetPort, appProtocol)
     ports: &'static [(Option<&'static str>, i64, i64, Option<&'static str>)],
 }
 
 const SINGLE_PORT: &[(Option<&str>, i64, i64, Option<&str>)] = &[(None, 8080, 3000, None)];
+/// The gRPC echo's port, which the gateway must speak h2c to.
+const GRPC_PORT: &[(Option<&str>, i64, i64, Option<&str>)] =
+    &[(None, 8080, 3000, Some("kubernetes.io/h2c"))];
 
 const BASE_SERVICES: &[BaseService] = &[
     BaseService {
         namespace: INFRA,
         name: "infra-backend-v1",
+        grpc: false,
         replicas: 2,
         ports: &[
             (Some("first-port"), 8080, 3000, None),
@@ -43,32 +51,59 @@ const BASE_SERVICES: &[BaseService] = &[
     BaseService {
         namespace: INFRA,
         name: "infra-backend-v2",
+        grpc: false,
         replicas: 2,
         ports: SINGLE_PORT,
     },
     BaseService {
         namespace: INFRA,
         name: "infra-backend-v3",
+        grpc: false,
         replicas: 1,
         ports: SINGLE_PORT,
     },
     BaseService {
         namespace: APP,
         name: "app-backend-v1",
+        grpc: false,
         replicas: 2,
         ports: SINGLE_PORT,
     },
     BaseService {
         namespace: APP,
         name: "app-backend-v2",
+        grpc: false,
         replicas: 2,
         ports: SINGLE_PORT,
     },
     BaseService {
         namespace: WEB,
         name: "web-backend",
+        grpc: false,
         replicas: 2,
         ports: SINGLE_PORT,
+    },
+    // Unlike infra-backend-v3, grpc-infra-backend-v3 has two replicas.
+    BaseService {
+        namespace: INFRA,
+        name: "grpc-infra-backend-v1",
+        grpc: true,
+        replicas: 2,
+        ports: GRPC_PORT,
+    },
+    BaseService {
+        namespace: INFRA,
+        name: "grpc-infra-backend-v2",
+        grpc: true,
+        replicas: 2,
+        ports: GRPC_PORT,
+    },
+    BaseService {
+        namespace: INFRA,
+        name: "grpc-infra-backend-v3",
+        grpc: true,
+        replicas: 2,
+        ports: GRPC_PORT,
     },
 ];
 
@@ -79,7 +114,33 @@ pub struct Pod {
     pub app: &'static str,
     pub name: String,
     pub ip: IpAddr,
-    pub echo: EchoServer,
+    pub server: PodServer,
+}
+
+/// The echo a pod runs.
+pub enum PodServer {
+    Http(EchoServer),
+    Grpc(GrpcEchoServer),
+}
+
+impl Pod {
+    /// The HTTP echo, whose request log the mirror checks read; `None` for a gRPC pod.
+    pub fn echo(&self) -> Option<&EchoServer> {
+        match &self.server {
+            PodServer::Http(echo) => Some(echo),
+            PodServer::Grpc(_) => None,
+        }
+    }
+
+    /// The port a Service `targetPort` lands on: 3001 is the HTTP echo's h2c port, any
+    /// other its HTTP port; the gRPC echo has one port.
+    fn port(&self, target: i64) -> u16 {
+        match &self.server {
+            PodServer::Http(echo) if target == H2C_TARGET_PORT => echo.h2c_addr().port(),
+            PodServer::Http(echo) => echo.http_addr().port(),
+            PodServer::Grpc(echo) => echo.addr().port(),
+        }
+    }
 }
 
 /// Every pod of the base topology, for one case.
@@ -100,21 +161,24 @@ impl Fleet {
                 let ip = IpAddr::V4(Ipv4Addr::new(127, second, service_octet, r + 1));
                 // Deployment pod naming: <deployment>-<replicaset hash>-<pod hash>.
                 let name = format!("{}-5d8f7c9b4-{}x{}q{}", svc.name, "k7", s, r);
-                let echo = EchoServer::spawn(
-                    ip,
-                    EchoIdentity {
-                        namespace: svc.namespace.to_owned(),
-                        pod: name.clone(),
-                    },
-                )
-                .await
+                let identity = EchoIdentity {
+                    namespace: svc.namespace.to_owned(),
+                    pod: name.clone(),
+                };
+                let server = if svc.grpc {
+                    GrpcEchoServer::spawn(ip, identity)
+                        .await
+                        .map(PodServer::Grpc)
+                } else {
+                    EchoServer::spawn(ip, identity).await.map(PodServer::Http)
+                }
                 .with_context(|| format!("starting echo {name} on {ip}"))?;
                 pods.push(Pod {
                     namespace: svc.namespace,
                     app: svc.name,
                     name,
                     ip,
-                    echo,
+                    server,
                 });
             }
         }
@@ -132,7 +196,10 @@ impl Fleet {
 
     pub async fn shutdown(self) {
         for pod in self.pods {
-            pod.echo.shutdown().await;
+            match pod.server {
+                PodServer::Http(echo) => echo.shutdown().await,
+                PodServer::Grpc(echo) => echo.shutdown().await,
+            }
         }
     }
 }
@@ -150,12 +217,7 @@ fn pod_slices(
             let ports: Vec<Value> = ports
                 .iter()
                 .map(|(name, target)| {
-                    let port = if *target == H2C_TARGET_PORT {
-                        pod.echo.h2c_addr().port()
-                    } else {
-                        pod.echo.http_addr().port()
-                    };
-                    json!({"name": name, "port": port, "protocol": "TCP"})
+                    json!({"name": name, "port": pod.port(*target), "protocol": "TCP"})
                 })
                 .collect();
             let suffix = pod.name.rsplit('-').next().unwrap_or("pod");
@@ -191,8 +253,8 @@ const EPOCH: &str = "2026-01-01T00:00:";
 
 /// The snapshot of a case: base objects, the case's Gateways (each with its own data plane,
 /// since the suite gives every Gateway its own address), routes and extra objects.
-pub fn snapshot(
-    case: &Case,
+pub fn snapshot<R>(
+    case: &Case<R>,
     fleet: &Fleet,
     class: &str,
     controller: &str,

@@ -9,10 +9,32 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+use crate::cloudflare::ApiCalls;
+
+/// A data plane, as `/metrics` names it: `shared`, or the Gateway's `namespace/name`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct PlaneLabel {
+    pub(super) plane: String,
+}
+
+/// A kind of object the controller watches.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct KindLabel {
+    pub(super) kind: &'static str,
+}
+
+fn push_histogram() -> Histogram {
+    Histogram::new([
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ])
+}
 
 /// What the runtime reports about itself.
 pub struct Health {
@@ -30,6 +52,14 @@ pub struct Health {
     /// Planes some Gateway depends on that no config push reaches: no proxy pod listed, or no
     /// config-API token.
     pub(super) unreached_planes: Gauge,
+    /// Calls to the Cloudflare API.
+    pub(super) api_calls: ApiCalls,
+    /// Per plane: how long a round's pushes to its pods took, when some pod was pushed to.
+    pub(super) push_seconds: Family<PlaneLabel, Histogram, fn() -> Histogram>,
+    /// Per plane: pushes to a pod that failed.
+    pub(super) push_failures: Family<PlaneLabel, Counter>,
+    /// Objects in the watch caches, by kind.
+    pub(super) watched_objects: Family<KindLabel, Gauge>,
 }
 
 impl Default for Health {
@@ -74,9 +104,35 @@ impl Default for Health {
              listed, or no config-API token",
             unreached_planes.clone(),
         );
+        let api_calls = ApiCalls::default();
+        api_calls.register(&mut registry);
+        let push_seconds: Family<PlaneLabel, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(push_histogram);
+        registry.register(
+            "push_duration_seconds",
+            "Time a round's config pushes to a plane's pods took, by plane (shared, or the \
+             Gateway's namespace/name); rounds with nothing to push are not observed",
+            push_seconds.clone(),
+        );
+        let push_failures = Family::<PlaneLabel, Counter>::default();
+        registry.register(
+            "push_failures",
+            "Config pushes to a proxy pod that failed, by plane",
+            push_failures.clone(),
+        );
+        let watched_objects = Family::<KindLabel, Gauge>::default();
+        registry.register(
+            "watched_objects",
+            "Objects in the controller's watch caches, by kind",
+            watched_objects.clone(),
+        );
         Self {
             ready: AtomicBool::new(false),
             registry,
+            api_calls,
+            push_seconds,
+            push_failures,
+            watched_objects,
             rounds,
             round_seconds,
             leading,
@@ -89,6 +145,16 @@ impl Default for Health {
 }
 
 impl Health {
+    /// `/metrics`' body: every metric, as OpenMetrics text.
+    ///
+    /// # Errors
+    /// A metric could not be encoded.
+    pub fn metrics_text(&self) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+
     pub(super) fn set_ready(&self) {
         self.ready.store(true, Ordering::Release);
     }
@@ -104,21 +170,18 @@ impl Health {
                 "text/plain",
                 "watch caches are not filled yet\n".to_owned(),
             ),
-            "/metrics" => {
-                let mut text = String::new();
-                match encode(&mut text, &self.registry) {
-                    Ok(()) => (
-                        StatusCode::OK,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        text,
-                    ),
-                    Err(e) => (
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "text/plain",
-                        format!("encoding metrics: {e}\n"),
-                    ),
-                }
-            }
+            "/metrics" => match self.metrics_text() {
+                Ok(text) => (
+                    StatusCode::OK,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    text,
+                ),
+                Err(e) => (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "text/plain",
+                    format!("encoding metrics: {e}\n"),
+                ),
+            },
             _ => (
                 StatusCode::NOT_FOUND,
                 "text/plain",

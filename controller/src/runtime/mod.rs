@@ -31,9 +31,13 @@ use gateway_api::experimental::gateways::Gateway;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
+use tracing::Instrument as _;
 
 use crate::cloudflare::{self, TunnelApi, TunnelSync, TunnelTarget};
 use crate::gateway_config::DEFAULT_API_TOKEN_KEY;
@@ -74,6 +78,11 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     ),
     (
         "gateway.networking.k8s.io",
+        "backendtlspolicies",
+        &["list", "watch"],
+    ),
+    (
+        "gateway.networking.k8s.io",
         "gatewayclasses/status",
         &["patch"],
     ),
@@ -88,8 +97,14 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     ),
     ("gateway.networking.k8s.io", "httproutes/status", &["patch"]),
     ("gateway.networking.k8s.io", "grpcroutes/status", &["patch"]),
+    (
+        "gateway.networking.k8s.io",
+        "backendtlspolicies/status",
+        &["patch"],
+    ),
     ("cf.k8s.lex.la", "gatewayconfigs", &["list", "watch"]),
     ("cf.k8s.lex.la", "gatewayconfigs/status", &["patch"]),
+    ("cf.k8s.lex.la", "accesspolicies", &["list", "watch"]),
     // Their metadata: the bundle version of Gateway API's (GatewayClass `SupportedVersion`).
     (
         "apiextensions.k8s.io",
@@ -97,6 +112,8 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
         &["list", "watch"],
     ),
     ("", "namespaces", &["list", "watch"]),
+    // The CA certificates BackendTLSPolicies name.
+    ("", "configmaps", &["list", "watch"]),
     (
         "",
         "services",
@@ -297,7 +314,7 @@ pub async fn run(
             None => {
                 tracing::info!("leading: reconciling");
                 pending = true;
-                reconciler.insert(Reconciler::new(client.clone(), options.clone()))
+                reconciler.insert(Reconciler::new(client.clone(), options.clone(), &health))
             }
         };
         let due = last_round.is_none_or(|at| at.elapsed() >= options.resync);
@@ -314,6 +331,12 @@ pub async fn run(
             .collect();
         let snapshot = stores.snapshot();
         let watched = stores.plane_objects();
+        for (kind, count) in stores.counts() {
+            health
+                .watched_objects
+                .get_or_create(&health::KindLabel { kind })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
         let mut lost = leading.clone();
         let started = tokio::time::Instant::now();
         tokio::select! {
@@ -355,8 +378,9 @@ struct Reconciler {
     /// no config-API token). No push fails then, so without this nothing would say the config
     /// is nowhere.
     unreached: HashMap<PlaneKey, String>,
-    /// Routes told they share a tunnel, with what they were told: an Event once per change.
-    tunnel_shared_told: HashMap<String, String>,
+    /// Per route and warning condition (TunnelShared, RouteShadowed): the message told in an
+    /// Event, so one goes out only when the condition appears or changes.
+    condition_told: HashMap<(String, &'static str), String>,
     /// Per route: why proxy pods refused some of its rules this round (each rule left out of
     /// its plane's document, the rest pushed).
     refused_rules: BTreeMap<translate::RouteKey, Vec<String>>,
@@ -364,6 +388,9 @@ struct Reconciler {
     refused_told: HashMap<String, String>,
     /// Per Gateway uid: the plane last applied.
     applied: HashMap<String, AppliedPlane>,
+    /// `/metrics`' push series, per plane.
+    push_seconds: Family<health::PlaneLabel, Histogram, fn() -> Histogram>,
+    push_failure_counts: Family<health::PlaneLabel, Counter>,
     /// Per dedicated plane: the config every one of its pods last took and the token they
     /// take. A plane whose GatewayConfig stops resolving keeps serving this, pods that start
     /// meanwhile included, until it resolves again or the Gateway goes.
@@ -404,7 +431,7 @@ struct PlaneInfo {
 }
 
 impl Reconciler {
-    fn new(client: Client, options: RuntimeOptions) -> Self {
+    fn new(client: Client, options: RuntimeOptions, health: &health::Health) -> Self {
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -416,7 +443,7 @@ impl Reconciler {
             &options.cloudflare_api_base,
             options.push_timeout * 2,
         ) {
-            Ok(api) => Some(api),
+            Ok(api) => Some(api.counted(health.api_calls.clone())),
             Err(e) => {
                 tracing::error!(error = %e, "no Cloudflare API client: tunnel ingress documents are not written");
                 None
@@ -430,6 +457,8 @@ impl Reconciler {
             );
         }
         Self {
+            push_seconds: health.push_seconds.clone(),
+            push_failure_counts: health.push_failures.clone(),
             pusher: Pusher::new(options.push_timeout, options.sustained_after),
             client,
             options,
@@ -441,7 +470,7 @@ impl Reconciler {
             tunnel_sync: TunnelSync::default(),
             tunnel_failures: HashMap::new(),
             unreached: HashMap::new(),
-            tunnel_shared_told: HashMap::new(),
+            condition_told: HashMap::new(),
             refused_rules: BTreeMap::new(),
             refused_told: HashMap::new(),
             applied: HashMap::new(),
@@ -533,7 +562,7 @@ impl Reconciler {
             let uid = snapshot
                 .gateways
                 .iter()
-                .find(|g| object_key(g).as_ref() == Some(key))
+                .find(|g| object_key(*g).as_ref() == Some(key))
                 .and_then(|g| g.metadata.uid.as_deref());
             let Some(last) = self
                 .last_good
@@ -594,16 +623,25 @@ impl Reconciler {
                 })
             })
             .collect();
-        // Tunnel documents and pushes at once: a slow Cloudflare call holds up no push.
-        let (tunnel_failures, outcomes) = tokio::join!(
-            sync_tunnels(
-                self.tunnel_api.as_ref(),
-                &mut self.tunnel_sync,
-                &output,
-                &planes
-            ),
-            self.pusher.sync_all(rounds),
+        // Tunnel documents and pushes at once: a slow Cloudflare call holds up no push. One
+        // span holds them, so a round's Cloudflare calls and pushes are one trace.
+        let span = tracing::info_span!(
+            "config.sync",
+            cftunnel.planes = i64::try_from(rounds.len()).unwrap_or(i64::MAX)
         );
+        let (tunnel_failures, outcomes) = async {
+            tokio::join!(
+                sync_tunnels(
+                    self.tunnel_api.as_ref(),
+                    &mut self.tunnel_sync,
+                    &output,
+                    &planes
+                ),
+                self.pusher.sync_all(rounds),
+            )
+        }
+        .instrument(span)
+        .await;
         self.tunnel_failures = tunnel_failures;
         // What every pod of a plane now holds is what it serves if its configuration breaks.
         for (plane, outcome) in &outcomes {
@@ -619,7 +657,7 @@ impl Reconciler {
                 snapshot
                     .gateways
                     .iter()
-                    .find(|g| object_key(g).as_ref() == Some(key)),
+                    .find(|g| object_key(*g).as_ref() == Some(key)),
             ) else {
                 continue;
             };
@@ -654,10 +692,23 @@ impl Reconciler {
             if pushed > 0 {
                 tracing::info!(%plane, version = outcome.version, pods = pushed, "config pushed");
             }
+            let label = plane_label(plane);
+            let mut failed: u64 = 0;
             for (pod, result) in &outcome.pods {
                 if let PodOutcome::Failed(reason) = result {
                     tracing::warn!(%plane, %pod, %reason, "config push failed");
+                    failed += 1;
                 }
+            }
+            if pushed > 0 || failed > 0 {
+                self.push_seconds
+                    .get_or_create(&label)
+                    .observe(outcome.duration.as_secs_f64());
+            }
+            if failed > 0 {
+                self.push_failure_counts
+                    .get_or_create(&label)
+                    .inc_by(failed);
             }
             if outcome.sustained_failure {
                 let reason = outcome
@@ -673,6 +724,14 @@ impl Reconciler {
                 }
             } else if outcome.all_current() {
                 self.push_failures.remove(plane);
+            }
+        }
+        // Series of planes that went away go with them.
+        for plane in self.pusher.planes() {
+            if !output.configs.contains_key(plane) {
+                let label = plane_label(plane);
+                self.push_seconds.remove(&label);
+                self.push_failure_counts.remove(&label);
             }
         }
         self.pusher
@@ -1084,6 +1143,16 @@ async fn sync_tunnels(
 }
 
 /// The identity of a rendered plane's objects.
+/// A plane's `plane` label on `/metrics`: `shared`, or the Gateway's `namespace/name`.
+fn plane_label(plane: &PlaneKey) -> health::PlaneLabel {
+    health::PlaneLabel {
+        plane: match plane {
+            PlaneKey::Shared => "shared".to_owned(),
+            PlaneKey::Dedicated(gateway) => gateway.to_string(),
+        },
+    }
+}
+
 fn rendered_digest(plane: &render::DataPlane) -> Vec<u8> {
     let objects = json!([
         plane.deployment,
@@ -1122,11 +1191,9 @@ fn from_endpoint_controller(slice: &k8s_openapi::api::discovery::v1::EndpointSli
         .is_some_and(|m| m == "endpointslice-controller.k8s.io")
 }
 
-fn object_key(gw: &Gateway) -> Option<ObjectKey> {
-    Some(ObjectKey::new(
-        gw.metadata.namespace.clone()?,
-        gw.metadata.name.clone()?,
-    ))
+fn object_key<K: kube::Resource>(object: &K) -> Option<ObjectKey> {
+    let meta = object.meta();
+    Some(ObjectKey::new(meta.namespace.clone()?, meta.name.clone()?))
 }
 
 /// A Secret key's text, trimmed as the proxy trims tokens.

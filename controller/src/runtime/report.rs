@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use gateway_api::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::experimental::gatewayclasses::GatewayClass;
 use gateway_api::experimental::gateways::Gateway;
 use gateway_api::experimental::grpcroutes::GrpcRoute;
@@ -134,6 +135,8 @@ impl Reconciler {
 
         self.write_gateway_config_statuses(snapshot, output, &now)
             .await;
+        self.write_backend_tls_policy_statuses(snapshot, output, &now)
+            .await;
 
         let route_objects = snapshot
             .http_routes
@@ -230,28 +233,28 @@ impl Reconciler {
                     .filter(|p| newly_failed.contains(*p))
                     .and_then(|p| self.push_failures.get(p))
             });
-            let shared_tunnel = ours.iter().find_map(|parent| {
-                parent
-                    .condition(ConditionType::TunnelShared)
-                    .map(|c| c.message.clone())
-            });
             let told_key = route_key.to_string();
             routes_seen.insert(told_key.clone());
-            match shared_tunnel {
-                Some(message) if self.tunnel_shared_told.get(&told_key) != Some(&message) => {
-                    self.publish(
-                        &regarding,
-                        EventType::Warning,
-                        "TunnelShared",
-                        "Route",
-                        &message,
-                    )
-                    .await;
-                    self.tunnel_shared_told.insert(told_key.clone(), message);
-                }
-                Some(_) => {}
-                None => {
-                    self.tunnel_shared_told.remove(&told_key);
+            // Conditions that warn the route's owner: an Event when one appears or its message
+            // changes.
+            for (kind, reason) in [
+                (ConditionType::TunnelShared, "TunnelShared"),
+                (ConditionType::RouteShadowed, "RouteShadowed"),
+            ] {
+                let message = ours
+                    .iter()
+                    .find_map(|parent| parent.condition(kind).map(|c| c.message.clone()));
+                let key = (told_key.clone(), reason);
+                match message {
+                    Some(message) if self.condition_told.get(&key) != Some(&message) => {
+                        self.publish(&regarding, EventType::Warning, reason, "Route", &message)
+                            .await;
+                        self.condition_told.insert(key, message);
+                    }
+                    Some(_) => {}
+                    None => {
+                        self.condition_told.remove(&key);
+                    }
                 }
             }
             let refused = self.refused_rules.get(&route_key).map(|r| r.join("; "));
@@ -295,8 +298,8 @@ impl Reconciler {
                 }
             }
         }
-        self.tunnel_shared_told
-            .retain(|route, _| routes_seen.contains(route));
+        self.condition_told
+            .retain(|(route, _), _| routes_seen.contains(route));
         self.refused_told
             .retain(|route, _| routes_seen.contains(route));
     }
@@ -354,6 +357,56 @@ impl Reconciler {
                 api,
                 name,
                 config.resource_version(),
+                existing.as_ref(),
+                desired,
+            )
+            .await;
+        }
+    }
+
+    /// Writes each BackendTLSPolicy's ancestors: ours (one per Gateway of the controller whose
+    /// routes use a port the policy targets), beside other controllers' entries. A policy that
+    /// applies to none of our Gateways loses the entries we wrote before, and is not written
+    /// when it has none.
+    async fn write_backend_tls_policy_statuses(
+        &self,
+        snapshot: &Snapshot,
+        output: &translate::Output,
+        now: &str,
+    ) {
+        let controller = &self.options.translate.controller_name;
+        for policy in &snapshot.backend_tls_policies {
+            let Some(key) = object_key(policy) else {
+                continue;
+            };
+            let ours = output
+                .statuses
+                .backend_tls_policies
+                .get(&key)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let existing = policy
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok());
+            let had_ours = existing
+                .as_ref()
+                .and_then(|s| s.get("ancestors"))
+                .and_then(Value::as_array)
+                .is_some_and(|a| {
+                    a.iter().any(|a| {
+                        a.get("controllerName").and_then(Value::as_str) == Some(controller.as_str())
+                    })
+                });
+            if ours.is_empty() && !had_ours {
+                continue;
+            }
+            let desired = status::policy(ours, controller, existing.as_ref(), now);
+            let api: Api<BackendTlsPolicy> = Api::namespaced(self.client.clone(), &key.namespace);
+            Self::patch_status(
+                api,
+                &key.name,
+                policy.resource_version(),
                 existing.as_ref(),
                 desired,
             )

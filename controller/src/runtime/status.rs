@@ -6,7 +6,9 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::translate::{Condition, GatewayStatus, RouteParentStatus, GATEWAY_API_GROUP};
+use crate::translate::{
+    Condition, GatewayStatus, ParentRef, PolicyAncestorStatus, RouteParentStatus, GATEWAY_API_GROUP,
+};
 
 /// A condition's status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,60 +171,122 @@ pub fn route(
     existing: Option<&Value>,
     now: &str,
 ) -> Value {
-    let existing_parents: Vec<&Value> = existing
-        .and_then(|s| s.get("parents"))
+    let desired = ours
+        .iter()
+        .enumerate()
+        .map(|(i, parent)| {
+            let mut wanted: Vec<KubeCondition> =
+                parent.conditions.iter().map(KubeCondition::from).collect();
+            adjust(i, &mut wanted);
+            (gateway_ref(&parent.parent_ref), wanted)
+        })
+        .collect();
+    owned_entries(
+        "parents",
+        "parentRef",
+        desired,
+        controller_name,
+        existing,
+        now,
+    )
+}
+
+/// A policy's status (Gateway API `PolicyStatus`): its `ancestors`, ours kept apart from other
+/// controllers' as [`route`] keeps parents.
+pub fn policy(
+    ours: &[PolicyAncestorStatus],
+    controller_name: &str,
+    existing: Option<&Value>,
+    now: &str,
+) -> Value {
+    let desired = ours
+        .iter()
+        .map(|a| {
+            (
+                gateway_ref(&a.ancestor_ref),
+                a.conditions.iter().map(KubeCondition::from).collect(),
+            )
+        })
+        .collect();
+    owned_entries(
+        "ancestors",
+        "ancestorRef",
+        desired,
+        controller_name,
+        existing,
+        now,
+    )
+}
+
+/// A reference to a Gateway as route parents and policy ancestors spell it.
+fn gateway_ref(r: &ParentRef) -> Value {
+    let mut parent_ref = Map::new();
+    parent_ref.insert("group".into(), GATEWAY_API_GROUP.into());
+    parent_ref.insert("kind".into(), "Gateway".into());
+    parent_ref.insert("namespace".into(), r.namespace.clone().into());
+    parent_ref.insert("name".into(), r.name.clone().into());
+    if let Some(section) = &r.section_name {
+        parent_ref.insert("sectionName".into(), section.clone().into());
+    }
+    if let Some(port) = r.port {
+        parent_ref.insert("port".into(), port.into());
+    }
+    Value::Object(parent_ref)
+}
+
+/// The `list` of a status whose entries each name a Gateway under `reference` and carry a
+/// `controllerName`: other controllers' entries stay where they are; ours are updated in
+/// place, dropped when not `desired`, and new ones appended.
+fn owned_entries(
+    list: &str,
+    reference: &str,
+    desired: Vec<(Value, Vec<KubeCondition>)>,
+    controller_name: &str,
+    existing: Option<&Value>,
+    now: &str,
+) -> Value {
+    let existing_entries: Vec<&Value> = existing
+        .and_then(|s| s.get(list))
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
         .collect();
     let is_ours =
         |p: &Value| p.get("controllerName").and_then(Value::as_str) == Some(controller_name);
-    let mut desired: Vec<Option<Value>> = ours
-        .iter()
-        .enumerate()
-        .map(|(i, parent)| {
-            let r = &parent.parent_ref;
-            let mut parent_ref = Map::new();
-            parent_ref.insert("group".into(), GATEWAY_API_GROUP.into());
-            parent_ref.insert("kind".into(), "Gateway".into());
-            parent_ref.insert("namespace".into(), r.namespace.clone().into());
-            parent_ref.insert("name".into(), r.name.clone().into());
-            if let Some(section) = &r.section_name {
-                parent_ref.insert("sectionName".into(), section.clone().into());
-            }
-            if let Some(port) = r.port {
-                parent_ref.insert("port".into(), port.into());
-            }
-            let parent_ref = Value::Object(parent_ref);
-            let previous = existing_parents
+    let mut desired: Vec<Option<Value>> = desired
+        .into_iter()
+        .map(|(target, wanted)| {
+            let previous = existing_entries
                 .iter()
-                .find(|p| is_ours(p) && same_ref(p.get("parentRef"), &parent_ref));
-            let mut wanted: Vec<KubeCondition> =
-                parent.conditions.iter().map(KubeCondition::from).collect();
-            adjust(i, &mut wanted);
-            Some(json!({
-                "parentRef": parent_ref,
-                "controllerName": controller_name,
-                "conditions": conditions(&wanted, previous.and_then(|p| p.get("conditions")), now),
-            }))
+                .find(|p| is_ours(p) && same_ref(p.get(reference), &target));
+            let mut entry = Map::new();
+            entry.insert(reference.into(), target);
+            entry.insert("controllerName".into(), controller_name.into());
+            entry.insert(
+                "conditions".into(),
+                conditions(&wanted, previous.and_then(|p| p.get("conditions")), now),
+            );
+            Some(Value::Object(entry))
         })
         .collect();
-    let mut parents = Vec::with_capacity(existing_parents.len().max(desired.len()));
-    for p in &existing_parents {
+    let mut entries = Vec::with_capacity(existing_entries.len().max(desired.len()));
+    for p in &existing_entries {
         if !is_ours(p) {
-            parents.push((*p).clone());
+            entries.push((*p).clone());
             continue;
         }
         let replacement = desired.iter_mut().find(|d| {
             d.as_ref()
-                .is_some_and(|d| same_ref(p.get("parentRef"), &d["parentRef"]))
+                .is_some_and(|d| same_ref(p.get(reference), &d[reference]))
         });
         if let Some(slot) = replacement {
-            parents.extend(slot.take());
+            entries.extend(slot.take());
         }
     }
-    parents.extend(desired.into_iter().flatten());
-    json!({ "parents": parents })
+    entries.extend(desired.into_iter().flatten());
+    let mut out = Map::new();
+    out.insert(list.into(), Value::Array(entries));
+    Value::Object(out)
 }
 
 /// Parent references are equal when the fields that identify them are (the API server fills
@@ -446,6 +510,47 @@ mod tests {
             .map(|p| p["parentRef"]["name"].as_str().unwrap_or_default())
             .collect();
         assert_eq!(names, ["mine", "theirs", "new"]);
+    }
+
+    #[test]
+    fn policy_ancestors_keep_other_controllers_entries_and_drop_our_stale_ones() {
+        use crate::translate::{Condition, ConditionType, ParentRef, Reason};
+        let ours = PolicyAncestorStatus {
+            ancestor_ref: ParentRef {
+                namespace: "a".to_owned(),
+                name: "gw".to_owned(),
+                section_name: None,
+                port: None,
+            },
+            conditions: vec![Condition {
+                kind: ConditionType::Accepted,
+                status: false,
+                reason: Reason::Conflicted,
+                message: "m".to_owned(),
+                observed_generation: Some(3),
+            }],
+        };
+        let existing = json!({"ancestors": [
+            {"ancestorRef": {"name": "gone", "namespace": "a"}, "controllerName": "cf", "conditions": []},
+            {"ancestorRef": {"name": "gw", "namespace": "a"}, "controllerName": "example.com/other", "conditions": []},
+        ]});
+        let out = policy(&[ours], "cf", Some(&existing), "T");
+        let ancestors = out["ancestors"].as_array().expect("ancestors");
+        assert_eq!(ancestors.len(), 2, "{out}");
+        assert_eq!(ancestors[0]["controllerName"], "example.com/other");
+        assert_eq!(ancestors[1]["controllerName"], "cf");
+        assert_eq!(
+            ancestors[1]["ancestorRef"],
+            json!({"group": GATEWAY_API_GROUP, "kind": "Gateway", "namespace": "a", "name": "gw"})
+        );
+        assert_eq!(ancestors[1]["conditions"][0]["reason"], "Conflicted");
+        assert_eq!(ancestors[1]["conditions"][0]["observedGeneration"], 3);
+        assert_eq!(
+            policy(&[], "cf", Some(&existing), "T")["ancestors"]
+                .as_array()
+                .map(Vec::len),
+            Some(1)
+        );
     }
 
     #[test]

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use futures_util::stream::BoxStream;
 use futures_util::{future, stream, FutureExt, Stream, StreamExt, TryStreamExt};
+use gateway_api::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::experimental::gatewayclasses::GatewayClass;
 use gateway_api::experimental::gateways::Gateway;
 use gateway_api::experimental::grpcroutes::GrpcRoute;
@@ -23,7 +24,7 @@ use gateway_api::experimental::httproutes::HttpRoute;
 use gateway_api::experimental::referencegrants::{ReferenceGrant, ReferenceGrantSpec};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -36,6 +37,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::access_policy::AccessPolicy;
 use crate::gateway_config::GatewayConfig;
 use crate::translate::bundle_version::{is_gateway_api_crd, CRD_ACCESS};
 use crate::translate::{Snapshot, GATEWAY_API_GROUP};
@@ -365,10 +367,19 @@ pub struct Stores {
     pub http_routes: Store<HttpRoute>,
     pub grpc_routes: Store<GrpcRoute>,
     pub reference_grants: Store<ReferenceGrant>,
+    /// Served from Gateway API v1.4 on: like the CRDs, its first list gates rounds for at most
+    /// [`CRD_WAIT`], so a cluster whose CRDs predate it (or an RBAC rule missing for it) does
+    /// not keep the controller from serving.
+    pub backend_tls_policies: Store<BackendTlsPolicy>,
+    /// For the CA certificates BackendTLSPolicies name.
+    pub config_maps: Store<ConfigMap>,
     pub namespaces: Store<Namespace>,
     pub services: Store<Service>,
     pub endpoint_slices: Store<EndpointSlice>,
     pub gateway_configs: Store<GatewayConfig>,
+    /// The AccessPolicies route rules name; gates readiness for `crd_wait` at most, as a
+    /// cluster upgraded without its CRD has none to list.
+    pub access_policies: Store<AccessPolicy>,
     pub secrets: Store<Secret>,
     /// The rendered proxy Deployments (their ready replicas gate `Programmed`; one deleted or
     /// edited away from its render is put back at once).
@@ -513,10 +524,13 @@ impl Stores {
                 &changed,
                 tasks,
             ),
+            backend_tls_policies: watch(Api::all(client.clone()), all(), &changed, tasks),
+            config_maps: watch(Api::all(client.clone()), all(), &changed, tasks),
             namespaces: watch(Api::all(client.clone()), all(), &changed, tasks),
             services: watch(Api::all(client.clone()), all(), &changed, tasks),
             endpoint_slices: watch(Api::all(client.clone()), all(), &changed, tasks),
             gateway_configs: watch(Api::all(client.clone()), all(), &changed, tasks),
+            access_policies: watch(Api::all(client.clone()), all(), &changed, tasks),
             secrets: watch(Api::all(client.clone()), all(), &changed, tasks),
             deployments: watch(
                 Api::all(client.clone()),
@@ -546,6 +560,29 @@ impl Stores {
                 tasks,
             ),
         }
+    }
+
+    /// How many objects each cache holds, by kind (for `/metrics`).
+    pub fn counts(&self) -> [(&'static str, usize); 14] {
+        [
+            ("GatewayClass", self.gateway_classes.state().len()),
+            ("Gateway", self.gateways.state().len()),
+            ("HTTPRoute", self.http_routes.state().len()),
+            ("GRPCRoute", self.grpc_routes.state().len()),
+            ("ReferenceGrant", self.reference_grants.state().len()),
+            ("Namespace", self.namespaces.state().len()),
+            ("Service", self.services.state().len()),
+            ("EndpointSlice", self.endpoint_slices.state().len()),
+            ("GatewayConfig", self.gateway_configs.state().len()),
+            ("Secret", self.secrets.state().len()),
+            ("Deployment", self.deployments.state().len()),
+            ("NetworkPolicy", self.network_policies.state().len()),
+            ("HorizontalPodAutoscaler", self.autoscalers.state().len()),
+            (
+                "CustomResourceDefinition",
+                self.gateway_api_crds.state().len(),
+            ),
+        ]
     }
 
     /// The rendered NetworkPolicies and autoscalers the caches hold now.
@@ -579,6 +616,7 @@ impl Stores {
             self.http_routes.wait_until_ready().await,
             self.grpc_routes.wait_until_ready().await,
             self.reference_grants.wait_until_ready().await,
+            self.config_maps.wait_until_ready().await,
             self.namespaces.wait_until_ready().await,
             self.services.wait_until_ready().await,
             self.endpoint_slices.wait_until_ready().await,
@@ -591,6 +629,17 @@ impl Stores {
         if !results.iter().all(Result::is_ok) {
             return false;
         }
+        let policies =
+            tokio::time::timeout(crd_wait, self.backend_tls_policies.wait_until_ready()).await;
+        if !matches!(policies, Ok(Ok(()))) {
+            tracing::warn!(
+                waited = ?crd_wait,
+                "BackendTLSPolicies not listed in time (the CRD is served from Gateway API v1.4 \
+                 on, and the controller's RBAC must let it list and watch them); reconciling \
+                 without them until they are: backends they cover are dialled as their Service \
+                 ports say"
+            );
+        }
         let crds = tokio::time::timeout(crd_wait, self.gateway_api_crds.wait_until_ready()).await;
         if !matches!(crds, Ok(Ok(()))) {
             tracing::warn!(
@@ -598,6 +647,16 @@ impl Stores {
                 needs = CRD_ACCESS,
                 "Gateway API CRDs not listed in time; reconciling without them, GatewayClass \
                  SupportedVersion=False until they are (the controller's RBAC must grant `needs`)"
+            );
+        }
+        let policies =
+            tokio::time::timeout(crd_wait, self.access_policies.wait_until_ready()).await;
+        if !matches!(policies, Ok(Ok(()))) {
+            tracing::warn!(
+                waited = ?crd_wait,
+                "AccessPolicies not listed in time (is the accesspolicies.cf.k8s.lex.la CRD \
+                 installed, and may the controller list and watch them?); reconciling without \
+                 them: rules naming one answer 500 until they are listed"
             );
         }
         true
@@ -617,10 +676,13 @@ impl Stores {
             http_routes: cloned(&self.http_routes),
             grpc_routes: cloned(&self.grpc_routes),
             reference_grants: cloned(&self.reference_grants),
+            backend_tls_policies: cloned(&self.backend_tls_policies),
+            config_maps: cloned(&self.config_maps),
             namespaces: cloned(&self.namespaces),
             services: cloned(&self.services),
             endpoint_slices: cloned(&self.endpoint_slices),
             gateway_configs: cloned(&self.gateway_configs),
+            access_policies: cloned(&self.access_policies),
             secrets: cloned(&self.secrets),
             custom_resource_definitions: crds_listed.then(|| {
                 self.gateway_api_crds

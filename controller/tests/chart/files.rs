@@ -2,27 +2,48 @@
 //! the schema and the README.
 
 use super::*;
-use cftunnel_controller::gateway_config::GatewayConfig;
-use kube::CustomResourceExt;
+use cftunnel_controller::cli::CrdKind;
+
+/// Each CRD file of the chart and the kind whose definition it holds.
+const CRD_FILES: &[(&str, CrdKind)] = &[
+    ("gatewayconfigs.cf.k8s.lex.la.yaml", CrdKind::GatewayConfig),
+    ("accesspolicies.cf.k8s.lex.la.yaml", CrdKind::AccessPolicy),
+];
 
 #[test]
-fn the_charts_crd_file_is_the_one_the_controller_defines() {
-    let generated = serde_yaml_ng::to_string(&GatewayConfig::crd()).expect("CRD encodes");
-    let shipped = read(&chart().join("crds/gatewayconfigs.cf.k8s.lex.la.yaml"));
-    assert_eq!(
-        shipped, generated,
-        "regenerate with: cftunnel-controller crd > charts/cftunnel/crds/gatewayconfigs.cf.k8s.lex.la.yaml"
-    );
+fn the_charts_crd_files_are_the_ones_the_controller_defines() {
+    for (file, kind) in CRD_FILES {
+        let generated = kind.yaml().expect("CRD encodes");
+        let shipped = read(&chart().join("crds").join(file));
+        assert_eq!(
+            shipped, generated,
+            "regenerate with: cftunnel-controller crd {kind:?} > charts/cftunnel/crds/{file}"
+        );
+    }
+    let mut files: Vec<String> = std::fs::read_dir(chart().join("crds"))
+        .expect("crds/ lists")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    let mut expected: Vec<String> = CRD_FILES.iter().map(|(f, _)| (*f).to_owned()).collect();
+    expected.sort();
+    assert_eq!(files, expected, "every CRD file is generated");
 }
 
 #[test]
-fn the_crd_schema_is_structural() {
-    let crd = yaml(&chart().join("crds/gatewayconfigs.cf.k8s.lex.la.yaml"));
-    let versions = crd["spec"]["versions"].as_sequence().expect("versions");
-    assert!(!versions.is_empty());
-    for version in versions {
-        let faults = text::structural_faults(&version["schema"]["openAPIV3Schema"]);
-        assert!(faults.is_empty(), "{:?}: {faults:#?}", version["name"]);
+fn the_crd_schemas_are_structural() {
+    for (file, _) in CRD_FILES {
+        let crd = yaml(&chart().join("crds").join(file));
+        let versions = crd["spec"]["versions"].as_sequence().expect("versions");
+        assert!(!versions.is_empty());
+        for version in versions {
+            let faults = text::structural_faults(&version["schema"]["openAPIV3Schema"]);
+            assert!(
+                faults.is_empty(),
+                "{file} {:?}: {faults:#?}",
+                version["name"]
+            );
+        }
     }
 }
 

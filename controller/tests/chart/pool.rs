@@ -13,8 +13,9 @@ fn proxy_flags(container: &Container) -> Vec<String> {
     let command = cftunnel_proxy::cli::Args::command();
     let mut flags = Vec::new();
     for var in container.env.iter().flatten() {
-        // The log filter's, not a flag (the test compares it on its own).
-        if var.name == "RUST_LOG" {
+        // The log filter's, not a flag (the test compares it on its own); the tracing
+        // variables are compared in `tracing.rs`.
+        if var.name == "RUST_LOG" || var.name.starts_with("OTEL_") {
             continue;
         }
         let arg = command
@@ -46,6 +47,8 @@ fn the_proxy_settings_reach_the_pools_proxy_as_the_values_mean_them() {
     // Each setting's value and the proxy flag it means.
     let settings = [
         ("proxy.accessLog.enabled", "access-log-enabled"),
+        ("proxy.accessLog.query", "access-log-query"),
+        ("proxy.accessLog.sampleEvery", "access-log-sample"),
         ("proxy.metrics.enabled", "metrics-enabled"),
         ("proxy.tunnel.protocol", "tunnel-protocol"),
         ("proxy.tunnel.postQuantum", "tunnel-post-quantum"),

@@ -85,6 +85,8 @@ fn every_values_file_renders_objects_valid_for_the_oldest_and_newest_kubernetes(
                         | "ClusterRoleBinding"
                         | "CustomResourceDefinition"
                         | "GatewayClass"
+                        | "ValidatingAdmissionPolicy"
+                        | "ValidatingAdmissionPolicyBinding"
                 );
                 assert_eq!(
                     namespace,

@@ -10,6 +10,7 @@
 //! A sleeping thread releases each send within tens of microseconds of its slot.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,6 +58,8 @@ pub struct LoadSpec {
     pub rate: Option<f64>,
     /// Hand requests to this in-process mock edge instead of connecting to `target`.
     pub edge: Option<super::scenario::InProcessEdge>,
+    /// Answers received so far, warm-up included, for the live rate on the progress line.
+    pub answered: Arc<AtomicU64>,
 }
 
 /// Time between two requests on one connection when `rate` requests per second are spread
@@ -296,7 +299,11 @@ async fn drive_connection(
                 Some(status)
             })
             .await;
-            result.record(measuring, outcome.ok().flatten(), sent.elapsed());
+            let outcome = outcome.ok().flatten();
+            result.record(measuring, outcome, sent.elapsed());
+            if outcome.is_some() {
+                spec.answered.fetch_add(1, Ordering::Relaxed);
+            }
             continue;
         }
         let mut conn = match sender.take() {
@@ -323,6 +330,7 @@ async fn drive_connection(
         .flatten();
         result.record(measuring, outcome, sent.elapsed());
         if outcome.is_some() {
+            spec.answered.fetch_add(1, Ordering::Relaxed);
             // A connection the server closed is noticed by `is_closed` on the next turn.
             sender = Some(conn);
         }

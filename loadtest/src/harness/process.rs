@@ -6,7 +6,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
@@ -236,23 +236,45 @@ impl ServerProcess {
 
 /// One `GET` on a fresh connection; returns the status code.
 pub async fn probe(addr: std::net::SocketAddr, host: &str, path: &str) -> Result<u16, String> {
+    exchange(addr, http::Method::GET, host, path, None)
+        .await
+        .map(|(status, _)| status)
+}
+
+/// One request on a fresh connection, with a JSON body when `json` is given; returns the
+/// status code and the body. Bounded by a 2 s timeout.
+pub async fn exchange(
+    addr: std::net::SocketAddr,
+    method: http::Method,
+    host: &str,
+    path: &str,
+    json: Option<String>,
+) -> Result<(u16, Bytes), String> {
     let attempt = async {
         let stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| e.to_string())?;
         tokio::spawn(conn);
-        let req = http::Request::get(path)
-            .header(http::header::HOST, host)
-            .body(Empty::<Bytes>::new())
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::HOST, host);
+        if json.is_some() {
+            req = req.header(http::header::CONTENT_TYPE, "application/json");
+        }
+        let req = req
+            .body(Full::new(Bytes::from(json.unwrap_or_default())))
             .map_err(|e| e.to_string())?;
         let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
         let status = resp.status().as_u16();
-        resp.into_body()
+        let body = resp
+            .into_body()
             .collect()
             .await
-            .map_err(|e| e.to_string())?;
-        Ok(status)
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((status, body))
     };
     tokio::time::timeout(Duration::from_secs(2), attempt)
         .await

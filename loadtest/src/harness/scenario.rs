@@ -5,7 +5,7 @@
 mod direct;
 mod nginx;
 mod proxy;
-mod tunnel;
+pub mod tunnel;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -103,8 +103,12 @@ impl Scenario {
             Self::Direct => direct::start(env).await,
             Self::Proxy => proxy::start(env).await,
             Self::Nginx => nginx::start(env).await,
-            Self::TunnelQuic => tunnel::start(env, tunnel::Transport::Quic).await,
-            Self::TunnelHttp2 => tunnel::start(env, tunnel::Transport::Http2).await,
+            Self::TunnelQuic => {
+                tunnel::start(env, tunnel::Transport::Quic, tunnel::Connector::Proxy).await
+            }
+            Self::TunnelHttp2 => {
+                tunnel::start(env, tunnel::Transport::Http2, tunnel::Connector::Proxy).await
+            }
             Self::TunnelQuicEdge => {
                 tunnel::start_in_process(env, tunnel::Transport::Quic, tunnel::Connector::Proxy)
                     .await

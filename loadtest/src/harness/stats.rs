@@ -6,6 +6,8 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use super::results::{Percentile, CURVE_PERCENTILES};
+
 /// Latencies are recorded in microseconds, from 1 µs to 60 s, with 3 significant digits.
 pub const LATENCY_MAX_US: u64 = 60_000_000;
 
@@ -37,6 +39,8 @@ pub struct LoadSummary {
     pub p99_us: u64,
     pub max_us: u64,
     pub mean_us: f64,
+    /// The latency curve at [`CURVE_PERCENTILES`]; empty without requests.
+    pub percentiles: Vec<Percentile>,
 }
 
 impl LoadSummary {
@@ -60,8 +64,35 @@ impl LoadSummary {
             p99_us: q(0.99),
             max_us: if empty { 0 } else { hist.max() },
             mean_us: if empty { 0.0 } else { hist.mean() },
+            percentiles: if empty {
+                Vec::new()
+            } else {
+                CURVE_PERCENTILES
+                    .iter()
+                    .map(|&p| Percentile {
+                        percentile: p,
+                        latency_us: hist.value_at_percentile(p),
+                    })
+                    .collect()
+            },
         }
     }
+}
+
+/// A count with thousands separated by commas: `41,230`; rounded to a whole number.
+pub fn format_thousands(value: f64) -> String {
+    let whole = format!("{:.0}", value.abs());
+    let mut out = String::with_capacity(whole.len() + whole.len() / 3 + 1);
+    if value < 0.0 && whole != "0" {
+        out.push('-');
+    }
+    for (i, digit) in whole.chars().enumerate() {
+        if i > 0 && (whole.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
 }
 
 /// `value / baseline`, or `None` when the baseline is zero (or either is not finite).
@@ -269,12 +300,33 @@ mod tests {
         assert!(close(s.p99_us, 99_000), "p99 {}", s.p99_us);
         assert!(close(s.max_us, 100_000), "max {}", s.max_us);
         assert!((s.mean_us - 50_500.0).abs() < 100.0, "mean {}", s.mean_us);
+        let curve: Vec<(f64, u64)> = s
+            .percentiles
+            .iter()
+            .map(|p| (p.percentile, p.latency_us))
+            .collect();
+        assert_eq!(curve.len(), CURVE_PERCENTILES.len());
+        assert!(curve.windows(2).all(|w| w[0].1 <= w[1].1), "{curve:?}");
+        let at = |q: f64| curve.iter().find(|(p, _)| *p == q).map(|(_, us)| *us);
+        assert!(at(50.0).is_some_and(|us| close(us, 50_000)), "{curve:?}");
+        assert!(at(10.0).is_some_and(|us| close(us, 10_000)), "{curve:?}");
+    }
+
+    #[test]
+    fn counts_are_grouped_by_thousands() {
+        assert_eq!(format_thousands(0.0), "0");
+        assert_eq!(format_thousands(999.4), "999");
+        assert_eq!(format_thousands(1000.0), "1,000");
+        assert_eq!(format_thousands(41_230.6), "41,231");
+        assert_eq!(format_thousands(1_234_567.0), "1,234,567");
+        assert_eq!(format_thousands(-12_000.0), "-12,000");
     }
 
     #[test]
     fn empty_run_has_zero_percentiles_and_no_ratios() {
         let s = LoadSummary::from_histogram(&latency_histogram(), 7, Duration::from_secs(1));
         assert_eq!((s.requests, s.rps, s.p50_us, s.p99_us), (0, 0.0, 0, 0));
+        assert!(s.percentiles.is_empty());
         let c = Comparison::between("proxy", &s, "direct", &s);
         assert_eq!((c.rps, c.p50, c.p99), (None, None, None));
     }
@@ -300,6 +352,7 @@ mod tests {
             p99_us: p50_us,
             max_us: p50_us,
             mean_us: p50_us as f64,
+            percentiles: Vec::new(),
         }
     }
 
@@ -498,6 +551,7 @@ mod tests {
             p99_us,
             max_us: 0,
             mean_us: 0.0,
+            percentiles: Vec::new(),
         };
         let c = Comparison::between(
             "proxy",

@@ -1,5 +1,6 @@
 use super::reuse::Compiled;
 use super::{Cache, ConfigError, TargetId};
+use crate::access::{TeamKeys, Teams};
 use crate::filter::{
     Cors, Filters, HeaderModifier, Mirror, OriginPattern, PathModifier, Redirect, RequestEdit,
     Rewrite,
@@ -67,6 +68,8 @@ pub(crate) struct Compiler<'c> {
     next: usize,
     /// The first rule refused; the rules after it are not compiled.
     refused: Option<valid::RuleRefused>,
+    /// The Cloudflare Access teams the rules so far name.
+    teams: HashMap<Box<str>, Arc<TeamKeys>>,
     finished: bool,
 }
 
@@ -89,6 +92,7 @@ impl<'c> Compiler<'c> {
             builder,
             next: 0,
             refused: None,
+            teams: HashMap::new(),
             finished: false,
         }
     }
@@ -112,9 +116,12 @@ impl<'c> Compiler<'c> {
                 for pattern in compiled.patterns.iter() {
                     cache.checked.keep_pattern(pattern);
                 }
+                if let Some(access) = &compiled.rule.access {
+                    Teams::keep(access, &mut self.teams);
+                }
                 compiled
             }
-            None => match compile_rule(rule, &mut cache.checked, &mut self.upstreams) {
+            None => match compile_rule(rule, cache, &mut self.upstreams, &mut self.teams) {
                 Ok(compiled) => {
                     let compiled = Arc::new(compiled);
                     cache.rules.insert(fingerprint, compiled.clone());
@@ -156,6 +163,7 @@ impl<'c> Compiler<'c> {
         cache.last_hosts = table.host_buckets();
         cache.checked.keep_used();
         cache.rules.keep_used();
+        cache.access.replace(std::mem::take(&mut self.teams));
         Ok(Routes::new(table, metrics.clone(), version, has_grpc_route))
     }
 }
@@ -173,10 +181,16 @@ impl Drop for Compiler<'_> {
 /// Checks one rule and builds it; a failure names the field relative to the rule.
 fn compile_rule(
     rule: &cftunnel_config::Rule,
-    checked: &mut valid::Cache,
+    cache: &mut Cache,
     upstreams: &mut Upstreams,
+    teams: &mut HashMap<Box<str>, Arc<TeamKeys>>,
 ) -> Result<Compiled, valid::Invalid> {
-    let rule = valid::rule(rule, checked)?;
+    let rule = valid::rule(rule, &mut cache.checked)?;
+    let access = rule
+        .access
+        .map(|a| cache.access.check(a, teams))
+        .transpose()
+        .map_err(|e| valid::Invalid::new("access.teamName", e))?;
     let patterns = rule
         .matches
         .iter()
@@ -196,6 +210,7 @@ fn compile_rule(
         hostnames: rule.hostnames.into_boxed_slice(),
         matches,
         rule: Arc::new(Rule {
+            access,
             name: rule.name,
             filters,
             backends: Backends::new(backends),

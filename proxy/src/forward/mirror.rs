@@ -8,6 +8,7 @@
 use super::request::upstream_request;
 use super::Upstream;
 use crate::body;
+use crate::trace::RequestTrace;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use prometheus_client::metrics::counter::Counter;
@@ -45,13 +46,14 @@ impl Mirrors {
     }
 
     /// Sends a copy of the request to a mirror, `percent` of the time, never delaying the
-    /// original.
+    /// original; with `trace`, the copy gets a client span of its own under the request's.
     pub(crate) fn send(
         &self,
         upstream: &Arc<Upstream>,
         percent: u32,
         parts: &http::request::Parts,
         body: Bytes,
+        trace: Option<&RequestTrace>,
     ) {
         if percent < 100 && rand::random_range(0..100) >= percent {
             return;
@@ -60,15 +62,21 @@ impl Mirrors {
             self.dropped.inc();
             return;
         };
-        let Ok(req) = upstream_request(parts, parts.headers.clone(), upstream, body::full(body))
+        let Ok(mut req) =
+            upstream_request(parts, parts.headers.clone(), upstream, body::full(body))
         else {
             return;
         };
+        let span = trace.map(|t| t.start_mirror(&mut req, upstream));
         let upstream = upstream.clone();
         tokio::spawn(async move {
             let _permit = permit;
             match upstream.send(req, Some(MIRROR_TIMEOUT), None).await {
                 Ok((resp, _)) => {
+                    let span = span.map(|mut span| {
+                        span.answered(resp.status().as_u16());
+                        span
+                    });
                     // Read and dropped frame by frame, so the connection can be reused; a
                     // mirror answering more than that is cut off rather than held.
                     let drain = async {
@@ -83,8 +91,16 @@ impl Mirrors {
                         }
                     };
                     let _ = tokio::time::timeout(MIRROR_TIMEOUT, drain).await;
+                    if let Some(span) = span {
+                        span.end();
+                    }
                 }
-                Err(e) => tracing::debug!(error = %e, "mirror request failed"),
+                Err(e) => {
+                    if let Some(span) = span {
+                        span.failed(e.label());
+                    }
+                    tracing::debug!(error = %e, "mirror request failed");
+                }
             }
         });
     }

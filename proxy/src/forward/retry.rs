@@ -11,6 +11,7 @@ use super::request::{upstream_request, UnforwardableTarget};
 use super::{Upstream, UpstreamBody};
 use crate::body;
 use crate::metrics::HostMetrics;
+use crate::trace::{RequestTrace, TrySpan};
 use http::Response;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -47,6 +48,13 @@ pub enum ExchangeError {
     Target(#[from] UnforwardableTarget),
 }
 
+/// What the tries of an exchange were: how many were sent, and where the last went.
+#[derive(Debug, Default)]
+pub(crate) struct Tries<'a> {
+    pub(crate) count: u32,
+    pub(crate) last: Option<&'a Upstream>,
+}
+
 /// Tries `upstream` (and retries as `retry` says) until a response head arrives.
 ///
 /// With the head comes, when the rule sets a backend timeout, the instant the answering
@@ -56,6 +64,10 @@ pub enum ExchangeError {
 /// rules without one keep working.
 ///
 /// `another` offers, for each retry, another endpoint to send it to (`None`: the same one).
+/// `tries` counts the tries as they are sent, whatever the outcome. With `trace`, every try
+/// gets a client span and carries its `traceparent`; the answering try's span is handed to
+/// the trace, to end with the response.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn exchange<'a>(
     upstream: &'a Upstream,
     mut parts: http::request::Parts,
@@ -64,6 +76,8 @@ pub(crate) async fn exchange<'a>(
     retry: Option<&RetryPolicy>,
     mut another: impl FnMut() -> Option<&'a Upstream>,
     host_metrics: &HostMetrics,
+    tries: &mut Tries<'a>,
+    trace: Option<&mut RequestTrace>,
 ) -> Result<Answer, ExchangeError> {
     let per_try = timeout.backend.unwrap_or(timeout.header);
     let explicit = timeout.backend.is_some();
@@ -71,23 +85,39 @@ pub(crate) async fn exchange<'a>(
     if let (Some(policy), Payload::Replayable(bytes)) = (retry, &body) {
         // Tries that may be followed by another: each sends a copy of the body and headers.
         for _ in 0..policy.attempts {
-            let req = upstream_request(
+            let mut req = upstream_request(
                 &parts,
                 parts.headers.clone(),
                 target,
                 body::full(bytes.clone()),
             )?;
+            let span = trace
+                .as_deref()
+                .map(|t| t.start_try(&mut req, target, tries.count));
+            tries.count += 1;
+            tries.last = Some(target);
             let result = target.send(req, Some(per_try), None).await;
             let retryable = match &result {
                 Ok((resp, _)) => policy.codes.contains(&resp.status().as_u16()),
                 Err(e) => e.is_retryable(),
             };
             if !retryable {
-                return answered(result, explicit);
+                return answered(result, explicit, span, trace);
             }
             // A failed try that is retried is counted here; the final one where it is answered.
-            if let Err(e) = &result {
-                host_metrics.backend_error(e.label()).inc();
+            match &result {
+                Err(e) => {
+                    host_metrics.backend_error(e.label()).inc();
+                    if let Some(span) = span {
+                        span.failed(e.label());
+                    }
+                }
+                Ok((resp, _)) => {
+                    if let Some(mut span) = span {
+                        span.answered(resp.status().as_u16());
+                        span.end();
+                    }
+                }
             }
             if !policy.backoff.is_zero() {
                 tokio::time::sleep(policy.backoff).await;
@@ -100,16 +130,39 @@ pub(crate) async fn exchange<'a>(
     // The last try, or the only one: it takes the body and the headers.
     let (body, body_sent) = body.into_body();
     let headers = std::mem::take(&mut parts.headers);
-    let req = upstream_request(&parts, headers, target, body)?;
+    let mut req = upstream_request(&parts, headers, target, body)?;
+    let span = trace
+        .as_deref()
+        .map(|t| t.start_try(&mut req, target, tries.count));
+    tries.count += 1;
+    tries.last = Some(target);
     let result = target.send(req, Some(per_try), body_sent).await;
-    answered(result, explicit)
+    answered(result, explicit, span, trace)
 }
 
 /// The answering try's outcome. The instant its timeout ends stands only for a timeout the
 /// rule set (`explicit`): the proxy's default bounds the response head alone.
-fn answered(result: Result<Answer, ForwardError>, explicit: bool) -> Result<Answer, ExchangeError> {
+/// The answering try's span goes to the trace, to end with the response; a failed one ends
+/// here.
+fn answered(
+    result: Result<Answer, ForwardError>,
+    explicit: bool,
+    span: Option<TrySpan>,
+    trace: Option<&mut RequestTrace>,
+) -> Result<Answer, ExchangeError> {
     match result {
-        Ok((resp, try_end)) => Ok((resp, try_end.filter(|_| explicit))),
-        Err(e) => Err(e.into()),
+        Ok((resp, try_end)) => {
+            if let (Some(mut span), Some(trace)) = (span, trace) {
+                span.answered(resp.status().as_u16());
+                trace.answered_by(span);
+            }
+            Ok((resp, try_end.filter(|_| explicit)))
+        }
+        Err(e) => {
+            if let Some(span) = span {
+                span.failed(e.label());
+            }
+            Err(e.into())
+        }
     }
 }

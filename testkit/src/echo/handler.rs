@@ -32,6 +32,21 @@ pub(crate) struct ConnCtx {
     pub(crate) remote: SocketAddr,
     pub(crate) control: Arc<ConnControl>,
     pub(crate) stop: tokio::sync::watch::Receiver<bool>,
+    /// The TLS session, on the TLS port.
+    pub(crate) tls: Option<TlsInfo>,
+}
+
+/// What echo-basic's TLS port echoes as `tls` (its `TLSAssertions`).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct TlsInfo {
+    pub(crate) version: String,
+    /// The SNI the client sent; empty without one.
+    pub(crate) server_name: String,
+    pub(crate) negotiated_protocol: String,
+    pub(crate) cipher_suite: String,
+    /// The client's certificate chain, each as PEM (`CERTIFICATE`); empty without one.
+    pub(crate) peer_certificates: Vec<String>,
 }
 
 /// Attempt counters of the `/retry/` handler, keyed by the `uuid` query parameter.
@@ -71,8 +86,10 @@ struct EchoBody<'a> {
     pod: &'a str,
     #[serde(rename = "httpPort")]
     http_port: &'a str,
-    /// Only filled on echo-basic's TLS port, which this server does not have.
+    /// The SNI the client sent, on the TLS port.
     sni: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls: Option<&'a TlsInfo>,
 }
 
 pub(crate) async fn handle(mut req: Request<Incoming>, ctx: &ConnCtx) -> EchoResponse {
@@ -221,7 +238,8 @@ async fn echo(
         service: "",
         pod: &shared.identity.pod,
         http_port: &shared.http_port,
-        sni: "",
+        sni: ctx.tls.as_ref().map_or("", |t| t.server_name.as_str()),
+        tls: ctx.tls.as_ref(),
     };
     let json = match encode_indented(&body) {
         Ok(json) => json,

@@ -26,10 +26,13 @@ pub(super) const SERVED: &[Served] = &[
     Served { kind: "HTTPRoute", group: "gateway.networking.k8s.io", versions: &["v1", "v1beta1"], plural: "httproutes", namespaced: true, subresources: &["status"] },
     Served { kind: "GRPCRoute", group: "gateway.networking.k8s.io", versions: &["v1"], plural: "grpcroutes", namespaced: true, subresources: &["status"] },
     Served { kind: "ReferenceGrant", group: "gateway.networking.k8s.io", versions: &["v1", "v1beta1"], plural: "referencegrants", namespaced: true, subresources: &[] },
+    Served { kind: "BackendTLSPolicy", group: "gateway.networking.k8s.io", versions: &["v1"], plural: "backendtlspolicies", namespaced: true, subresources: &["status"] },
     Served { kind: "Namespace", group: "", versions: &["v1"], plural: "namespaces", namespaced: false, subresources: &["finalize", "status"] },
+    Served { kind: "ConfigMap", group: "", versions: &["v1"], plural: "configmaps", namespaced: true, subresources: &[] },
     Served { kind: "Service", group: "", versions: &["v1"], plural: "services", namespaced: true, subresources: &["status"] },
     Served { kind: "EndpointSlice", group: "discovery.k8s.io", versions: &["v1"], plural: "endpointslices", namespaced: true, subresources: &[] },
     Served { kind: "GatewayConfig", group: "cf.k8s.lex.la", versions: &["v1alpha1"], plural: "gatewayconfigs", namespaced: true, subresources: &["status"] },
+    Served { kind: "AccessPolicy", group: "cf.k8s.lex.la", versions: &["v1alpha1"], plural: "accesspolicies", namespaced: true, subresources: &[] },
     Served { kind: "Secret", group: "", versions: &["v1"], plural: "secrets", namespaced: true, subresources: &[] },
     Served { kind: "Deployment", group: "apps", versions: &["v1"], plural: "deployments", namespaced: true, subresources: &["scale", "status"] },
     Served { kind: "NetworkPolicy", group: "networking.k8s.io", versions: &["v1"], plural: "networkpolicies", namespaced: true, subresources: &[] },
@@ -112,6 +115,7 @@ pub(super) fn short_names(plural: &str) -> Option<&'static [&'static str]> {
         "gatewayclasses" => &["gc"],
         "gateways" => &["gtw"],
         "gatewayconfigs" => &["gwconfig"],
+        "accesspolicies" => &["cfaccess"],
         _ => return None,
     })
 }

@@ -15,6 +15,7 @@ fn measured(scenario: Scenario, rps: f64, p50_us: u64) -> ScenarioReport {
         p99_us: p50_us * 2,
         max_us: p50_us * 3,
         mean_us: p50_us as f64,
+        percentiles: Vec::new(),
     });
     r
 }

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use super::super::process::{free_port, CpuList, ServerProcess};
+use super::super::process::{exchange, free_port, CpuList, ServerProcess};
 use super::{ScenarioEnv, StartError, Target, LOAD_HOST};
 
 const EDGE_READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -22,19 +22,22 @@ const CA_POLL: Duration = Duration::from_millis(20);
 const EDGE_PORT_ATTEMPTS: usize = 20;
 /// Mock edge admin path that answers 200 as soon as its HTTP listener is up.
 const EDGE_ADMIN_PATH: &str = "/__mock-edge/connections";
+/// Mock edge admin path that makes a JSON body the tunnel's configuration (`cloudflared`'s
+/// ingress), pushed to every connection as it registers.
+const EDGE_CONFIG_PATH: &str = "/__mock-edge/config?version=1";
 /// Echo backend path that answers 200; used to see a request cross the whole chain.
 const ECHO_HEALTH_PATH: &str = "/health";
 
 /// The tunnel transport between the mock edge and the proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Transport {
+pub enum Transport {
     Quic,
     Http2,
 }
 
 impl Transport {
     /// The value of `PROXY_TUNNEL_PROTOCOL`.
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Quic => "quic",
             Self::Http2 => "http2",
@@ -104,14 +107,23 @@ pub(crate) fn proxy_env(
     ]
 }
 
-pub(super) async fn start(
+/// The mock edge as a child process with its plain-HTTP listener in front, and `connector`
+/// (the proxy in tunnel mode, or `cloudflared` with the one-rule ingress pushed through the
+/// edge's admin API) behind it; load goes to the returned address.
+pub async fn start(
     env: &ScenarioEnv<'_>,
     transport: Transport,
+    connector: Connector,
 ) -> Result<Target, StartError> {
-    for (bin, package) in [
-        (env.proxy_bin, "cftunnel-proxy"),
-        (env.edge_bin, "cftunnel-testkit"),
-    ] {
+    let cloudflared = match connector {
+        Connector::Proxy => None,
+        Connector::Cloudflared => Some(require_cloudflared(env)?),
+    };
+    let mut needed = vec![(env.edge_bin, "cftunnel-testkit")];
+    if cloudflared.is_none() {
+        needed.push((env.proxy_bin, "cftunnel-proxy"));
+    }
+    for (bin, package) in needed {
         if !bin.is_file() {
             return Err(StartError::Skipped(format!(
                 "{} not found (cargo build --release -p {package})",
@@ -171,7 +183,30 @@ pub(super) async fn start(
         return Err(e);
     }
 
-    let proxy = start_proxy(env, transport, edge_addr, &ca_path, &config_path).await;
+    let proxy = match cloudflared {
+        None => start_proxy(env, transport, edge_addr, &ca_path, &config_path).await,
+        Some(bin) => {
+            let body = cloudflared_ingress(env.echo_addr).to_string();
+            match exchange(
+                edge_http,
+                http::Method::PUT,
+                &edge_http.to_string(),
+                EDGE_CONFIG_PATH,
+                Some(body),
+            )
+            .await
+            {
+                Ok((200, _)) => start_cloudflared(env, bin, transport, edge_addr, &ca_path),
+                Ok((status, body)) => Err(StartError::NotReady(format!(
+                    "the mock edge answered {status} to the configuration push: {}",
+                    String::from_utf8_lossy(&body).trim()
+                ))),
+                Err(e) => Err(StartError::NotReady(format!(
+                    "pushing the configuration to the mock edge: {e}"
+                ))),
+            }
+        }
+    };
     let proxy = match proxy {
         Ok(proxy) => proxy,
         Err(e) => {
@@ -193,7 +228,7 @@ pub(super) async fn start(
         proxy.stop().await;
         edge.stop().await;
         return Err(StartError::NotReady(format!(
-            "no answer through the {proto} tunnel: {e}\nproxy log:\n{proxy_log}"
+            "no answer through the {proto} tunnel: {e}\nconnector log:\n{proxy_log}"
         )));
     }
     Ok(Target {
@@ -207,7 +242,7 @@ pub(super) async fn start(
 
 /// Who answers the tunnel connections of the in-process mock edge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Connector {
+pub enum Connector {
     /// `cftunnel-proxy` in tunnel mode, with the one-rule config of `proxy`.
     Proxy,
     /// `cloudflared`, with one catch-all ingress rule to the echo backend, pushed by the
@@ -228,12 +263,7 @@ pub(super) async fn start_in_process(
             super::proxy::require_proxy(env)?;
             None
         }
-        Connector::Cloudflared => Some(env.cloudflared_bin.ok_or_else(|| {
-            StartError::Skipped(
-                "no cloudflared binary (--cloudflared-bin, $CLOUDFLARED or cloudflared on PATH)"
-                    .to_owned(),
-            )
-        })?),
+        Connector::Cloudflared => Some(require_cloudflared(env)?),
     };
     let proto = transport.as_str();
     let localhost = SocketAddr::from(([127, 0, 0, 1], 0));
@@ -314,6 +344,16 @@ pub(super) async fn start_in_process(
         server: Some(server),
         helpers: Vec::new(),
         edge: Some(super::InProcessEdge(edge)),
+    })
+}
+
+/// The `cloudflared` binary, or why the scenario is skipped.
+fn require_cloudflared<'a>(env: &ScenarioEnv<'a>) -> Result<&'a Path, StartError> {
+    env.cloudflared_bin.ok_or_else(|| {
+        StartError::Skipped(
+            "no cloudflared binary (--cloudflared-bin, $CLOUDFLARED or cloudflared on PATH)"
+                .to_owned(),
+        )
     })
 }
 

@@ -1,0 +1,215 @@
+//! The client certificate a backend may ask for (mutual TLS): its chain and key parsed, and
+//! the key checked against the first certificate, here rather than at the first handshake.
+//!
+//! Pure: the key is matched by the public key it carries (RSA keys always do; EC and Ed25519
+//! keys usually), compared with the certificate's, so no crypto library is needed. A key that
+//! carries no public key cannot be matched here; the proxy's TLS library matches it when it
+//! builds the backend's client, and refuses the document then.
+
+use std::sync::Arc;
+
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use yasna::models::ObjectIdentifier;
+use yasna::{ASN1Result, DERWriter, Tag};
+
+use super::target::TargetError;
+use crate::ClientCertificate;
+
+const CHAIN: &str = "tls.clientCertificate.certificateChain";
+const KEY: &str = "tls.clientCertificate.privateKey";
+
+/// `rsaEncryption` (RFC 8017).
+const RSA: &[u64] = &[1, 2, 840, 113_549, 1, 1, 1];
+/// `id-ecPublicKey` (RFC 5480).
+const EC: &[u64] = &[1, 2, 840, 10_045, 2, 1];
+
+/// A client certificate chain and its key, checked.
+#[derive(Clone)]
+pub struct ClientIdentity {
+    /// The certificate first, then its intermediates.
+    pub chain: Vec<CertificateDer<'static>>,
+    key: Arc<PrivateKeyDer<'static>>,
+}
+
+/// The key is left out.
+impl std::fmt::Debug for ClientIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientIdentity")
+            .field("chain", &self.chain.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientIdentity {
+    /// Parses and checks a client certificate.
+    ///
+    /// # Errors
+    /// A chain with no PEM certificate, or one that is not an X.509 certificate; a key that is
+    /// not one PEM private key (PKCS#8, PKCS#1 or SEC1), or whose public key is not the first
+    /// certificate's.
+    pub fn new(c: &ClientCertificate) -> Result<Self, TargetError> {
+        let mut chain = Vec::new();
+        for (i, cert) in CertificateDer::pem_slice_iter(c.certificate_chain.as_bytes()).enumerate()
+        {
+            let cert = cert.map_err(|e| TargetError::new(CHAIN, e.to_string()))?;
+            webpki::EndEntityCert::try_from(&cert).map_err(|e| {
+                TargetError::new(CHAIN, format!("certificate {i} is not valid X.509: {e}"))
+            })?;
+            chain.push(cert);
+        }
+        let Some(leaf) = chain.first() else {
+            return Err(TargetError::new(CHAIN, "no PEM certificate found"));
+        };
+        let key = PrivateKeyDer::from_pem_slice(c.private_key.as_bytes())
+            .map_err(|e| TargetError::new(KEY, format!("no PEM private key: {e}")))?;
+        let carried = public_key(&key).map_err(|e| {
+            TargetError::new(KEY, format!("not a valid PKCS#8, PKCS#1 or SEC1 key: {e}"))
+        })?;
+        if let Some(spki) = carried {
+            let leaf = webpki::EndEntityCert::try_from(leaf)
+                .map_err(|e| TargetError::new(CHAIN, e.to_string()))?;
+            if *leaf.subject_public_key_info() != *spki {
+                return Err(TargetError::new(
+                    KEY,
+                    format!("the key does not belong to the first certificate of {CHAIN}"),
+                ));
+            }
+        }
+        Ok(Self {
+            chain,
+            key: Arc::new(key),
+        })
+    }
+
+    /// The private key.
+    pub fn key(&self) -> PrivateKeyDer<'static> {
+        self.key.clone_key()
+    }
+}
+
+/// The SubjectPublicKeyInfo (DER) of the public key `key` carries; `None` when it carries none.
+fn public_key(key: &PrivateKeyDer<'_>) -> ASN1Result<Option<Vec<u8>>> {
+    match key {
+        PrivateKeyDer::Pkcs1(k) => rsa(k.secret_pkcs1_der()).map(Some),
+        PrivateKeyDer::Sec1(k) => {
+            let (curve, point) = sec1(k.secret_sec1_der())?;
+            Ok(curve.zip(point).map(|(curve, point)| ec(&curve, &point)))
+        }
+        PrivateKeyDer::Pkcs8(k) => pkcs8(k.secret_pkcs8_der()),
+        _ => Ok(None),
+    }
+}
+
+/// An RSA key's SubjectPublicKeyInfo, from its PKCS#1 `RSAPrivateKey` (RFC 8017 A.1.2).
+fn rsa(der: &[u8]) -> ASN1Result<Vec<u8>> {
+    let (modulus, exponent) = yasna::parse_der(der, |r| {
+        r.read_sequence(|r| {
+            r.next().read_der()?; // version
+            let modulus = r.next().read_der()?;
+            let exponent = r.next().read_der()?;
+            for _ in 0..6 {
+                r.next().read_der()?;
+            }
+            r.read_optional(|r| r.read_der())?; // otherPrimeInfos
+            Ok((modulus, exponent))
+        })
+    })?;
+    let public = yasna::construct_der(|w| {
+        w.write_sequence(|w| {
+            w.next().write_der(&modulus);
+            w.next().write_der(&exponent);
+        });
+    });
+    Ok(spki(
+        |w| {
+            w.next().write_oid(&ObjectIdentifier::from_slice(RSA));
+            w.next().write_null();
+        },
+        &public,
+    ))
+}
+
+/// An EC key's curve and public point (a BIT STRING's bytes), from its SEC1 `ECPrivateKey`
+/// (RFC 5915); either may be absent.
+fn sec1(der: &[u8]) -> ASN1Result<(Option<ObjectIdentifier>, Option<Vec<u8>>)> {
+    yasna::parse_der(der, |r| {
+        r.read_sequence(|r| {
+            r.next().read_der()?; // version
+            r.next().read_bytes()?; // privateKey
+            let curve = r.read_optional(|r| r.read_tagged(Tag::context(0), |r| r.read_oid()))?;
+            let point = r.read_optional(|r| {
+                r.read_tagged(Tag::context(1), |r| r.read_bitvec_bytes().map(|(b, _)| b))
+            })?;
+            Ok((curve, point))
+        })
+    })
+}
+
+/// The public key of a PKCS#8 `OneAsymmetricKey` (RFC 5958): RSA from its inner key, EC from
+/// its inner key's point (with the curve of either), any other algorithm from its optional
+/// `publicKey`.
+fn pkcs8(der: &[u8]) -> ASN1Result<Option<Vec<u8>>> {
+    let (algorithm, parameters, inner, public) = yasna::parse_der(der, |r| {
+        r.read_sequence(|r| {
+            r.next().read_der()?; // version
+            let (algorithm, parameters) = r.next().read_sequence(|r| {
+                let oid = r.next().read_oid()?;
+                let parameters = r.read_optional(|r| r.read_der())?;
+                Ok((oid, parameters))
+            })?;
+            let inner = r.next().read_bytes()?;
+            r.read_optional(|r| r.read_tagged_implicit(Tag::context(0), |r| r.read_der()))?;
+            let public = r.read_optional(|r| {
+                r.read_tagged_implicit(Tag::context(1), |r| r.read_bitvec_bytes().map(|(b, _)| b))
+            })?;
+            Ok((oid_of(algorithm), parameters, inner, public))
+        })
+    })?;
+    match algorithm.as_slice() {
+        RSA => rsa(&inner).map(Some),
+        EC => {
+            let (curve, point) = sec1(&inner)?;
+            let curve = match (curve, parameters) {
+                (Some(curve), _) => Some(curve),
+                (None, Some(p)) => Some(yasna::parse_der(&p, |r| r.read_oid())?),
+                (None, None) => None,
+            };
+            Ok(curve
+                .zip(point.or(public))
+                .map(|(curve, point)| ec(&curve, &point)))
+        }
+        other => Ok(public.map(|point| {
+            let oid = ObjectIdentifier::from_slice(other);
+            spki(|w| w.next().write_oid(&oid), &point)
+        })),
+    }
+}
+
+fn oid_of(oid: ObjectIdentifier) -> Vec<u64> {
+    oid.components().clone()
+}
+
+fn ec(curve: &ObjectIdentifier, point: &[u8]) -> Vec<u8> {
+    spki(
+        |w| {
+            w.next().write_oid(&ObjectIdentifier::from_slice(EC));
+            w.next().write_oid(curve);
+        },
+        point,
+    )
+}
+
+/// `SubjectPublicKeyInfo ::= SEQUENCE { algorithm AlgorithmIdentifier, subjectPublicKey BIT
+/// STRING }` (RFC 5280), the algorithm's fields written by `algorithm`.
+fn spki(algorithm: impl FnOnce(&mut yasna::DERWriterSeq<'_>), key: &[u8]) -> Vec<u8> {
+    yasna::construct_der(|w: DERWriter<'_>| {
+        w.write_sequence(|w| {
+            w.next().write_sequence(algorithm);
+            w.next().write_bitvec_bytes(key, key.len() * 8);
+        });
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,161 @@
+//! The PrometheusRule: Prometheus' own `promtool` accepts its rules, and its unit tests show the
+//! alerts fire on the series the controller, the proxies and the connectors serve, with the
+//! thresholds the values set, and stay quiet below them.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use super::{render, tools};
+
+/// `promtool`, or `None` (the test skips) where it is missing and CI does not require it.
+fn promtool(test: &str) -> Option<PathBuf> {
+    use cftunnel_testkit::tools::{find, required};
+    required(test, find("CFTUNNEL_PROMTOOL", "promtool/promtool"))
+}
+
+fn promtool_run(promtool: &PathBuf, args: &[&str], dir: &std::path::Path) -> String {
+    let out = Command::new(promtool)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("promtool runs");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool {}: {said}", args.join(" "));
+    said
+}
+
+/// Unit tests in promtool's format: one minute per sample. The values file sets
+/// `targetInflightPerPod: 80`, so in-flight alerts fire above 0.8 * 80 = 64.
+const UNIT_TESTS: &str = r#"
+rule_files: [rules.yaml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'cftunnel_controller_leading{pod="controller-1"}'
+        values: '1x30'
+      - series: 'cftunnel_controller_rounds_total{pod="controller-1"}'
+        values: '0+2x30'
+      - series: 'cftunnel_controller_push_failing_planes{pod="controller-1"}'
+        values: '0 0 1x28'
+      - series: 'cftunnel_controller_push_failures_total{pod="controller-1",plane="tenant-a/edge"}'
+        values: '0+3x30'
+      - series: 'cftunnel_controller_push_failures_total{pod="controller-1",plane="shared"}'
+        values: '5x30'
+      - series: 'cftunnel_tunnel_connections{namespace="tenant-a",pod="edge-1",cf_k8s_lex_la_gateway="edge",protocol="quic"}'
+        values: '4 4 0x28'
+      - series: 'cftunnel_tunnel_connections{namespace="tenant-b",pod="api-1",cf_k8s_lex_la_gateway="api",protocol="quic"}'
+        values: '4x30'
+      - series: 'cftunnel_proxy_requests_in_flight{namespace="tenant-a",pod="edge-1",cf_k8s_lex_la_gateway="edge"}'
+        values: '70x30'
+      - series: 'cftunnel_proxy_requests_in_flight{namespace="tenant-b",pod="api-1",cf_k8s_lex_la_gateway="api"}'
+        values: '60x30'
+      # shop: 1 of 11 requests a second answered 5xx; api: 1 of 101.
+      - series: 'cftunnel_proxy_requests_total{namespace="tenant-a",pod="edge-1",hostname="shop.example.com",status_class="5xx"}'
+        values: '0+60x30'
+      - series: 'cftunnel_proxy_requests_total{namespace="tenant-a",pod="edge-1",hostname="shop.example.com",status_class="2xx"}'
+        values: '0+600x30'
+      - series: 'cftunnel_proxy_requests_total{namespace="tenant-b",pod="api-1",hostname="api.example.com",status_class="5xx"}'
+        values: '0+60x30'
+      - series: 'cftunnel_proxy_requests_total{namespace="tenant-b",pod="api-1",hostname="api.example.com",status_class="2xx"}'
+        values: '0+6000x30'
+    alert_rule_test:
+      - eval_time: 5m
+        alertname: CftunnelConfigPushFailing
+        exp_alerts: []
+      - eval_time: 10m
+        alertname: CftunnelConfigPushFailing
+        exp_alerts:
+          - exp_labels: {severity: warning, team: edge}
+            exp_annotations:
+              summary: "1 data plane(s) have not taken their config; see routes with ProxyConfigPushed=False."
+      - eval_time: 25m
+        alertname: CftunnelConfigPushErrors
+        exp_alerts:
+          - exp_labels: {severity: warning, team: edge, plane: tenant-a/edge}
+            exp_annotations:
+              summary: "Config pushes to pods of plane tenant-a/edge keep failing."
+      - eval_time: 10m
+        alertname: CftunnelNoLeader
+        exp_alerts: []
+      - eval_time: 6m
+        alertname: CftunnelPlaneNotConnected
+        exp_alerts:
+          - exp_labels: {severity: critical, team: edge, namespace: tenant-a, cf_k8s_lex_la_gateway: edge}
+            exp_annotations:
+              summary: "No pod of the plane in tenant-a (edge) is connected to its tunnel: its hostnames are down."
+      - eval_time: 6m
+        alertname: CftunnelProxyNotConnected
+        exp_alerts:
+          - exp_labels: {severity: warning, team: edge, namespace: tenant-a, pod: edge-1}
+            exp_annotations:
+              summary: "tenant-a/edge-1 has no registered tunnel connection."
+      - eval_time: 20m
+        alertname: CftunnelReconcileStalled
+        exp_alerts: []
+      - eval_time: 20m
+        alertname: CftunnelTunnelDegraded
+        exp_alerts:
+          - exp_labels: {severity: warning, team: edge, namespace: tenant-a, pod: edge-1}
+            exp_annotations:
+              summary: "tenant-a/edge-1 holds fewer than its 4 tunnel connections."
+      - eval_time: 20m
+        alertname: CftunnelInFlightNearTarget
+        exp_alerts:
+          - exp_labels: {severity: warning, team: edge, namespace: tenant-a, cf_k8s_lex_la_gateway: edge}
+            exp_annotations:
+              summary: "Proxies in tenant-a (edge) average 70 requests in flight, near the autoscaling target."
+      - eval_time: 20m
+        alertname: CftunnelHigh5xxRatio
+        exp_alerts:
+          - exp_labels: {severity: warning, team: edge, namespace: tenant-a, hostname: shop.example.com}
+            exp_annotations:
+              summary: "shop.example.com: more than 5% of requests answered 5xx; cftunnel_proxy_backend_errors_total{reason} says why."
+"#;
+
+#[test]
+fn the_alerts_are_rules_prometheus_accepts_and_fire_as_documented() {
+    let test = "the_alerts_are_rules_prometheus_accepts_and_fire_as_documented";
+    let (Some(tools), Some(promtool)) = (tools(test), promtool(test)) else {
+        return;
+    };
+    let rendered = render(tools, "autoscaling-values.yaml", "");
+    let rule = rendered.raw("PrometheusRule", super::RELEASE);
+    assert_eq!(
+        rule["apiVersion"].as_str(),
+        Some("monitoring.coreos.com/v1")
+    );
+    assert_eq!(
+        rule["metadata"]["labels"]["release"].as_str(),
+        Some("kube-prometheus-stack")
+    );
+    let dir = std::env::temp_dir().join(format!("cftunnel-alerts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let rules = serde_yaml_ng::to_string(&rule["spec"]).expect("YAML");
+    std::fs::write(dir.join("rules.yaml"), rules).expect("rules written");
+    std::fs::write(dir.join("tests.yaml"), UNIT_TESTS).expect("tests written");
+    let checked = promtool_run(&promtool, &["check", "rules", "rules.yaml"], &dir);
+    assert!(checked.contains("SUCCESS"), "{checked}");
+    promtool_run(&promtool, &["test", "rules", "tests.yaml"], &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn no_rule_is_rendered_unless_asked_for() {
+    let Some(tools) = tools("no_rule_is_rendered_unless_asked_for") else {
+        return;
+    };
+    let rendered = render(tools, "default-values.yaml", "");
+    assert!(
+        rendered
+            .names()
+            .iter()
+            .all(|n| !n.starts_with("PrometheusRule ")),
+        "{:?}",
+        rendered.names()
+    );
+}

@@ -1,0 +1,348 @@
+//! Cloudflare Access enforced at the origin: a rule with an `access` requirement passes only
+//! requests whose `Cf-Access-Jwt-Assertion` verifies against the team's keys, fetched from a
+//! key endpoint the test controls. Everything runs through a real proxy to a real echo
+//! backend, which must never see a refused request.
+
+mod support;
+
+use cftunnel_proxy::access::AccessSettings;
+use cftunnel_proxy::{Server, ServerOptions};
+use cftunnel_testkit::cloudflare_access::{claims, JwksServer, SigningKey, TOKEN_HEADER};
+use cftunnel_testkit::echo::EchoServer;
+use cftunnel_testkit::wait::wait_until;
+use http::StatusCode;
+use serde_json::json;
+use std::time::Duration;
+use support::*;
+
+const TEAM: &str = "acme";
+const AUD: &str = "4714c1358e65fe4b408ad6d432a5f878f08194bdb4752441fd56faefa9b2b6f2";
+const DENIED: &str = "a valid Cloudflare Access token is required\n";
+
+struct Setup {
+    jwks: JwksServer,
+    proxy: Server,
+    backend: EchoServer,
+    http: TestClient,
+}
+
+/// A proxy whose `app.example.com` requires tokens of team `acme` for [`AUD`] (or another
+/// audience), and whose `open.example.com` requires nothing; keys come from a local endpoint.
+async fn setup(keys: &[&SigningKey], settings: impl FnOnce(&mut AccessSettings)) -> Setup {
+    let jwks = JwksServer::start().await.expect("key endpoint starts");
+    jwks.publish(keys);
+    let mut access = AccessSettings {
+        team_domain: jwks.team_domain(),
+        min_refetch: Duration::ZERO,
+        ..AccessSettings::default()
+    };
+    settings(&mut access);
+    let proxy = proxy_with(ServerOptions {
+        auth_token: Some(TOKEN.into()),
+        access,
+        ..ServerOptions::default()
+    })
+    .await;
+    let backend = echo("backend").await;
+    let http = client();
+    let doc = json!({"rules": [
+        {"hostnames": ["app.example.com"], "name": "team/app/0",
+         "backends": [{"url": url(backend.http_addr())}],
+         "access": {"teamName": TEAM, "audiences": ["another-app", AUD]}},
+        {"hostnames": ["open.example.com"], "backends": [{"url": url(backend.http_addr())}]},
+    ]});
+    assert_eq!(
+        push(&http, proxy.admin_addr(), &doc).await.status,
+        StatusCode::OK
+    );
+    Setup {
+        jwks,
+        proxy,
+        backend,
+        http,
+    }
+}
+
+impl Setup {
+    async fn call(&self, path: &str, token: Option<&str>) -> Reply {
+        let headers: Vec<(&str, &str)> = token.map(|t| (TOKEN_HEADER, t)).into_iter().collect();
+        get(
+            &self.http,
+            self.proxy.data_addr(),
+            "app.example.com",
+            path,
+            &headers,
+        )
+        .await
+    }
+
+    fn issuer(&self) -> String {
+        self.jwks.issuer(TEAM)
+    }
+
+    /// A token of the team for [`AUD`], valid for an hour.
+    fn token(&self, key: &SigningKey) -> String {
+        key.sign(&claims(&self.issuer(), &[AUD], -10, 3600))
+    }
+}
+
+fn assert_denied(reply: &Reply, case: &str) {
+    assert_eq!(
+        (reply.status, String::from_utf8_lossy(&reply.body).as_ref()),
+        (StatusCode::FORBIDDEN, DENIED),
+        "{case}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valid_rs256_and_es256_tokens_reach_the_backend_with_the_token() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let rsa = SigningKey::rs256("rsa-1");
+        let ec = SigningKey::es256("ec-1");
+        let s = setup(&[&rsa, &ec], |_| {}).await;
+        for (key, path) in [(&rsa, "/rs256"), (&ec, "/es256")] {
+            let token = s.token(key);
+            let reply = s.call(path, Some(&token)).await;
+            assert_eq!(reply.status, StatusCode::OK, "{}", key.alg());
+            // The backend gets the token, as behind cloudflared, to read the identity from.
+            assert_eq!(
+                reply.seen_header(TOKEN_HEADER).as_deref(),
+                Some(token.as_str())
+            );
+            // Once verified it is remembered: the same token passes again.
+            assert_eq!(s.call(path, Some(&token)).await.status, StatusCode::OK);
+            assert_eq!(s.backend.count_echoed(path), 2, "{}", key.alg());
+        }
+        // A token whose `aud` is a single string, for the rule's other audience.
+        let single = json!({"aud": "another-app"});
+        let mut c = claims(&s.issuer(), &[], -10, 3600);
+        c["aud"] = single["aud"].clone();
+        assert_eq!(
+            s.call("/single-aud", Some(&rsa.sign(&c))).await.status,
+            StatusCode::OK
+        );
+        // A rule without a requirement needs no token.
+        let open = get(
+            &s.http,
+            s.proxy.data_addr(),
+            "open.example.com",
+            "/open",
+            &[],
+        )
+        .await;
+        assert_eq!(open.status, StatusCode::OK);
+    })
+    .await
+    .expect("test finishes in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_failing_a_check_get_403_and_never_reach_the_backend() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let key = SigningKey::rs256("current");
+        let s = setup(&[&key], |_| {}).await;
+        let issuer = s.issuer();
+        // Same key id as the published key, other key material: a forged signature.
+        let impostor = SigningKey::rs256("current");
+        let unpublished = SigningKey::es256("unpublished");
+        let hs256 = {
+            let real = s.token(&key);
+            let mut parts = real.splitn(2, '.');
+            let _ = parts.next();
+            // `{"alg":"HS256","kid":"current"}` over the real claims and signature.
+            format!(
+                "eyJhbGciOiJIUzI1NiIsImtpZCI6ImN1cnJlbnQifQ.{}",
+                parts.next().unwrap_or("")
+            )
+        };
+        let cases: Vec<(&str, Option<String>)> = vec![
+            ("/missing", None),
+            ("/empty", Some(String::new())),
+            ("/garbage", Some("not-a-jwt".to_owned())),
+            (
+                "/expired",
+                Some(key.sign(&claims(&issuer, &[AUD], -7200, -600))),
+            ),
+            (
+                "/not-yet-valid",
+                Some(key.sign(&claims(&issuer, &[AUD], 600, 7200))),
+            ),
+            (
+                "/wrong-audience",
+                Some(key.sign(&claims(&issuer, &["other"], -10, 3600))),
+            ),
+            (
+                "/wrong-issuer",
+                Some(key.sign(&claims(
+                    "https://evil.cloudflareaccess.com",
+                    &[AUD],
+                    -10,
+                    3600,
+                ))),
+            ),
+            (
+                "/wrong-key",
+                Some(impostor.sign(&claims(&issuer, &[AUD], -10, 3600))),
+            ),
+            (
+                "/unknown-key",
+                Some(unpublished.sign(&claims(&issuer, &[AUD], -10, 3600))),
+            ),
+            ("/hs256", Some(hs256)),
+        ];
+        for (path, token) in &cases {
+            let reply = s.call(path, token.as_deref()).await;
+            assert_denied(&reply, path);
+        }
+        // Refused twice over: a refused token is not remembered as good.
+        for (path, token) in &cases {
+            assert_denied(&s.call(path, token.as_deref()).await, path);
+        }
+        for (path, _) in &cases {
+            assert_eq!(
+                s.backend.count_echoed(path),
+                0,
+                "{path} reached the backend"
+            );
+        }
+        // The real key still passes: nothing above disturbed the team's keys.
+        assert_eq!(
+            s.call("/ok", Some(&s.token(&key))).await.status,
+            StatusCode::OK
+        );
+    })
+    .await
+    .expect("test finishes in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_key_id_is_fetched_and_a_removed_key_stops_passing() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let old = SigningKey::rs256("old");
+        let new = SigningKey::es256("new");
+        let s = setup(&[&old], |_| {}).await;
+        let old_token = s.token(&old);
+        assert_eq!(
+            s.call("/before", Some(&old_token)).await.status,
+            StatusCode::OK
+        );
+        let fetched = s.jwks.fetches();
+
+        // Rotation: the endpoint lists a new key; a token naming it makes the proxy fetch the
+        // set at once (the refresh period is minutes), and passes.
+        s.jwks.publish(&[&old, &new]);
+        assert_eq!(
+            s.call("/rotated", Some(&s.token(&new))).await.status,
+            StatusCode::OK
+        );
+        assert!(s.jwks.fetches() > fetched, "the set was fetched again");
+        assert_eq!(
+            s.call("/old-still", Some(&old_token)).await.status,
+            StatusCode::OK
+        );
+
+        // The old key is withdrawn. Once the proxy has the new set, the old key's token, which
+        // it had verified before, is refused: remembered tokens do not outlive their key.
+        s.jwks.publish(&[&new]);
+        let probe = SigningKey::rs256("probe");
+        // A token naming an unknown key makes the proxy fetch the set again.
+        assert_denied(&s.call("/probe", Some(&s.token(&probe))).await, "probe");
+        assert_denied(
+            &s.call("/withdrawn", Some(&old_token)).await,
+            "withdrawn key",
+        );
+        assert_eq!(s.backend.count_echoed("/withdrawn"), 0);
+        assert_eq!(
+            s.call("/after", Some(&s.token(&new))).await.status,
+            StatusCode::OK
+        );
+    })
+    .await
+    .expect("test finishes in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_key_endpoint_down_cached_keys_serve_until_the_stale_period_ends() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let key = SigningKey::es256("k");
+        let s = setup(&[&key], |a| {
+            a.refresh = Duration::from_millis(100);
+            a.max_stale = Duration::from_secs(3);
+        })
+        .await;
+        assert_eq!(
+            s.call("/up", Some(&s.token(&key))).await.status,
+            StatusCode::OK
+        );
+
+        s.jwks.set_down(true);
+        let before = s.jwks.fetches();
+        wait_until(|| s.jwks.fetches() > before + 1).await;
+        // Fetches fail now, yet a token never seen before verifies against the cached keys.
+        let fresh = key.sign(&claims(&s.issuer(), &[AUD], -5, 3000));
+        assert_eq!(s.call("/down", Some(&fresh)).await.status, StatusCode::OK);
+
+        // Past the stale period every request is refused, remembered tokens too.
+        let denied = loop {
+            let reply = s.call("/stale", Some(&fresh)).await;
+            if reply.status != StatusCode::OK {
+                break reply;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_denied(&denied, "stale keys");
+        let served = s.backend.count_echoed("/stale");
+        assert_denied(&s.call("/stale", Some(&fresh)).await, "stale keys");
+        assert_eq!(s.backend.count_echoed("/stale"), served);
+
+        // The endpoint comes back: the next fetch restores service.
+        s.jwks.set_down(false);
+        loop {
+            if s.call("/back", Some(&fresh)).await.status == StatusCode::OK {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("test finishes in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_whose_keys_were_never_fetched_fails_closed() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let key = SigningKey::rs256("k");
+        let s = setup(&[&key], |a| a.fetch_timeout = Duration::from_secs(2)).await;
+        // Another proxy whose team domain answers nothing useful: no keys, ever.
+        let down = JwksServer::start().await.expect("starts");
+        down.set_down(true);
+        let proxy = proxy_with(ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            access: AccessSettings {
+                team_domain: down.team_domain(),
+                ..AccessSettings::default()
+            },
+            ..ServerOptions::default()
+        })
+        .await;
+        let doc = json!({"rules": [{"backends": [{"url": url(s.backend.http_addr())}],
+            "access": {"teamName": TEAM, "audiences": [AUD]}}]});
+        assert_eq!(
+            push(&s.http, proxy.admin_addr(), &doc).await.status,
+            StatusCode::OK
+        );
+        let token = key.sign(&claims(&down.issuer(TEAM), &[AUD], -10, 3600));
+        let reply = get(
+            &s.http,
+            proxy.data_addr(),
+            "any.example.com",
+            "/never",
+            &[(TOKEN_HEADER, &token)],
+        )
+        .await;
+        assert_denied(&reply, "no keys");
+        assert_eq!(s.backend.count_echoed("/never"), 0);
+    })
+    .await
+    .expect("test finishes in time");
+}

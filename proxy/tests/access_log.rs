@@ -1,0 +1,218 @@
+//! The access log of the real binary, read from its stdout: what a line says about the
+//! request, the backend and its tries, the opt-in query string, and one-in-N sampling that
+//! still writes every failure.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use support::*;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout};
+
+/// A proxy binary with its access log on, serving `doc`, with `env` on top.
+struct LoggingProxy {
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+    data: std::net::SocketAddr,
+    dir: std::path::PathBuf,
+}
+
+impl LoggingProxy {
+    async fn start(name: &str, doc: &Value, env: &[(&str, &str)]) -> Self {
+        let dir = std::env::temp_dir().join(format!("cftunnel-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let config = dir.join("config.json");
+        std::fs::write(&config, doc.to_string()).expect("write config");
+        let (data_port, admin_port) = (free_port(), free_port());
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
+            .env_remove("TUNNEL_TOKEN")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .env("PROXY_ADDR", format!("127.0.0.1:{data_port}"))
+            .env("PROXY_CONFIG_ADDR", format!("127.0.0.1:{admin_port}"))
+            .env("PROXY_ACCESS_LOG_ENABLED", "true")
+            .env("PROXY_AUTH_TOKEN", TOKEN)
+            .envs(env.iter().copied())
+            .arg("--config-file")
+            .arg(&config)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("proxy binary starts");
+        let admin: std::net::SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
+        let http = client();
+        let ready_by = Instant::now() + Duration::from_secs(10);
+        loop {
+            let up = tokio::net::TcpStream::connect(admin).await.is_ok();
+            if up && get(&http, admin, "a", "/readyz", &[]).await.status == 200 {
+                break;
+            }
+            assert!(Instant::now() < ready_by, "proxy became ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let stdout = child.stdout.take().expect("stdout");
+        Self {
+            child,
+            lines: BufReader::new(stdout).lines(),
+            data: format!("127.0.0.1:{data_port}").parse().expect("addr"),
+            dir,
+        }
+    }
+
+    /// The next line written, as JSON.
+    async fn next(&mut self) -> Value {
+        let line = tokio::time::timeout(Duration::from_secs(10), self.lines.next_line())
+            .await
+            .expect("a log line in time")
+            .expect("stdout readable")
+            .expect("one more line");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?} is not JSON: {e}"))
+    }
+
+    /// Every line up to and including the first whose path is `last`: the log is written in
+    /// the order requests end, so sending `last` after the others and reading to it reads
+    /// everything they wrote.
+    async fn until(&mut self, last: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        loop {
+            let line = self.next().await;
+            let done = line["path"] == last;
+            out.push(line);
+            if done {
+                return out;
+            }
+        }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.child.kill().await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test]
+async fn a_line_names_the_client_the_backend_its_tries_and_the_query_when_asked() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let backend = echo("svc-a-1").await;
+        let closed = format!("http://127.0.0.1:{}", free_port());
+        let doc = json!({"version": 1, "rules": [
+            {"name": "ns/retry/0", "matches": [{"path": {"type": "PathPrefix", "value": "/retry"}}],
+             "retry": {"codes": [500], "attempts": 2, "backoff": "1ms"},
+             "backends": [{"url": url(backend.http_addr()), "weight": 1}]},
+            {"name": "ns/down/0", "matches": [{"path": {"type": "PathPrefix", "value": "/down"}}],
+             "backends": [{"url": closed, "weight": 1}]},
+        ]});
+        let mut proxy =
+            LoggingProxy::start("access-fields", &doc, &[("PROXY_ACCESS_LOG_QUERY", "true")]).await;
+        let http = client();
+        let r = get(
+            &http,
+            proxy.data,
+            "app.example",
+            "/retry/a?responseCode=500&succeedAfter=2&uuid=log-retry",
+            &[
+                ("user-agent", "log-test/2"),
+                // A client of the proxy's own listener is not the edge: its ray is not taken.
+                ("cf-ray", "0123456789abcdef-FAKE"),
+            ],
+        )
+        .await;
+        assert_eq!(r.status, 200, "the third try answers");
+        let line = proxy.next().await;
+        assert_eq!(line["path"], "/retry/a");
+        assert_eq!(
+            line["query"],
+            "responseCode=500&succeedAfter=2&uuid=log-retry"
+        );
+        assert_eq!(line["status"], 200);
+        assert_eq!(line["route"], "ns/retry/0");
+        assert_eq!(line["user_agent"], "log-test/2");
+        assert_eq!(line["client_ip"], "127.0.0.1");
+        assert_eq!(line["backend"], url(backend.http_addr()));
+        assert_eq!(line["tries"], 3);
+        let upstream = line["upstream_ms"].as_f64().expect("upstream_ms");
+        let total = line["duration_ms"].as_f64().expect("duration_ms");
+        assert!(upstream > 0.0 && upstream <= total, "{line}");
+        for absent in ["cf_ray", "error", "trace_id", "span_id", "aborted"] {
+            assert!(line.get(absent).is_none(), "{absent} in {line}");
+        }
+
+        // A backend that cannot be dialled: one try, and why the proxy answered itself.
+        let r = get(&http, proxy.data, "app.example", "/down", &[]).await;
+        assert_eq!(r.status, 502);
+        let line = proxy.next().await;
+        assert_eq!(line["status"], 502);
+        assert_eq!(line["error"], "dial");
+        assert_eq!(line["tries"], 1);
+        assert_eq!(line["backend"], closed);
+        assert!(line.get("query").is_none(), "no query string: {line}");
+
+        // No route: no backend, no tries.
+        let r = get(&http, proxy.data, "app.example", "/nowhere", &[]).await;
+        assert_eq!(r.status, 404);
+        let line = proxy.next().await;
+        assert_eq!(line["error"], "no_route");
+        assert!(
+            line.get("backend").is_none() && line.get("tries").is_none(),
+            "{line}"
+        );
+        proxy.stop().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn one_request_in_n_is_written_and_every_failure_and_no_query_unless_asked() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let backend = echo("svc-a-1").await;
+        let doc = json!({"version": 1, "rules": [
+            {"backends": [{"url": url(backend.http_addr()), "weight": 1}]},
+        ]});
+        let mut proxy =
+            LoggingProxy::start("access-sampled", &doc, &[("PROXY_ACCESS_LOG_SAMPLE", "5")]).await;
+        let http = client();
+        // Requests 0..10 succeed; 10..13 fail; one in five is written whatever its outcome.
+        for i in 0..10 {
+            let r = get(&http, proxy.data, "h", &format!("/ok/{i}?secret=1"), &[]).await;
+            assert_eq!(r.status, 200);
+        }
+        for _ in 0..3 {
+            let r = get(&http, proxy.data, "h", "/status/503", &[]).await;
+            assert_eq!(r.status, 503);
+        }
+        let last = "/status/500";
+        assert_eq!(get(&http, proxy.data, "h", last, &[]).await.status, 500);
+        let lines = proxy.until(last).await;
+        let written: Vec<(&str, u64)> = lines
+            .iter()
+            .map(|l| {
+                (
+                    l["path"].as_str().unwrap_or_default(),
+                    l["status"].as_u64().unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            written,
+            [
+                ("/ok/0", 200),
+                ("/ok/5", 200),
+                ("/status/503", 503),
+                ("/status/503", 503),
+                ("/status/503", 503),
+                (last, 500),
+            ]
+        );
+        assert!(
+            lines.iter().all(|l| l.get("query").is_none()),
+            "the query string is left out by default: {lines:?}"
+        );
+        proxy.stop().await;
+    })
+    .await
+    .expect("test finished in time");
+}
