@@ -259,9 +259,7 @@ impl Upstreams {
     /// Keeps the client of a rule compiled before.
     fn keep(&mut self, target: &Arc<valid::Target>, upstream: &Arc<Upstream>) {
         let id = TargetId(target.clone());
-        if !self.used.contains_key(&id) {
-            self.used.insert(id, upstream.clone());
-        }
+        self.used.entry(id).or_insert_with(|| upstream.clone());
     }
 }
 

@@ -43,6 +43,9 @@ pub struct Bucket {
 enum Paths {
     /// Grouped by path, in precedence order inside a group.
     Few(Box<[(Box<str>, Entry)]>),
+    /// Boxed: most buckets are `Few`, and a bare map would make every `Paths` three words
+    /// larger, times two per bucket, times every hostname.
+    #[allow(clippy::box_collection)]
     Many(Box<HashMap<Box<str>, Box<[Entry]>>>),
 }
 
