@@ -129,7 +129,7 @@ async fn scenario() {
     })
     .await;
     assert!(
-        document.pointer("/config/ingress").is_some(),
+        document.pointer("/ingress").is_some(),
         "an ingress document: {document}"
     );
     let config = || {
