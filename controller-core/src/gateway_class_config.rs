@@ -68,11 +68,7 @@ pub struct GatewayClassConfigSpec {
     pub account_id: Option<String>,
     /// The class tunnel's UUID. Default: the tunnel of the connector token; when both are set
     /// they must agree.
-    #[serde(
-        default,
-        rename = "tunnelID",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, rename = "tunnelID", skip_serializing_if = "Option::is_none")]
     #[schemars(regex(
         pattern = r"^[a-f0-9]{8}-[a-f0-9]{4}-[a-f0-9]{4}-[a-f0-9]{4}-[a-f0-9]{12}$"
     ))]
@@ -356,7 +352,11 @@ fn resolve(
             .as_deref()
             .filter(|n| !n.is_empty())
             .unwrap_or(&defaults.namespace);
-        let key = r.key.as_deref().filter(|k| !k.is_empty()).unwrap_or(default_key);
+        let key = r
+            .key
+            .as_deref()
+            .filter(|k| !k.is_empty())
+            .unwrap_or(default_key);
         let exists = secrets.iter().any(|s| {
             s.metadata.namespace.as_deref() == Some(namespace)
                 && s.metadata.name.as_deref() == Some(r.name.as_str())
@@ -376,8 +376,8 @@ fn resolve(
         None
     };
     let credentials = spec.cloudflare_credentials_secret_ref.as_ref();
-    let api_token = credentials
-        .and_then(|r| read("cloudflareCredentialsSecretRef", r, DEFAULT_API_TOKEN_KEY));
+    let api_token =
+        credentials.and_then(|r| read("cloudflareCredentialsSecretRef", r, DEFAULT_API_TOKEN_KEY));
     let tunnel_text = spec
         .tunnel_token_secret_ref
         .as_ref()

@@ -165,11 +165,9 @@ fn add_value(
                 .gateway_configs
                 .push(object(value, source_name, document, &kind, &name)?)
         }
-        (GATEWAY_CONFIG_GROUP, GATEWAY_CLASS_CONFIG_KIND) => {
-            snapshot
-                .gateway_class_configs
-                .push(object(value, source_name, document, &kind, &name)?)
-        }
+        (GATEWAY_CONFIG_GROUP, GATEWAY_CLASS_CONFIG_KIND) => snapshot
+            .gateway_class_configs
+            .push(object(value, source_name, document, &kind, &name)?),
         (MULTICLUSTER_GROUP, SERVICE_IMPORT_KIND) => snapshot
             .service_imports
             .get_or_insert_with(Vec::new)

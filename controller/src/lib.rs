@@ -18,5 +18,6 @@ pub mod push;
 pub mod runtime;
 
 pub use cftunnel_controller_core::{
-    access_policy, gateway_class_config, gateway_config, manifest, render, service_import, translate,
+    access_policy, gateway_class_config, gateway_config, manifest, render, service_import,
+    translate,
 };

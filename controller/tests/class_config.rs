@@ -138,17 +138,17 @@ async fn scenario() {
     };
     let valid = eventually("the config's conditions", || {
         let c = config();
-        Some((
-            condition(&c, "SecretsResolved")?,
-            condition(&c, "Valid")?,
-        ))
+        Some((condition(&c, "SecretsResolved")?, condition(&c, "Valid")?))
     })
     .await;
     assert_eq!(
         (valid.0 .0.as_str(), valid.0 .1.as_str()),
         ("True", "SecretsFound")
     );
-    assert_eq!((valid.1 .0.as_str(), valid.1 .1.as_str()), ("True", "Valid"));
+    assert_eq!(
+        (valid.1 .0.as_str(), valid.1 .1.as_str()),
+        ("True", "Valid")
+    );
     assert_eq!(valid.1 .3, Some(1), "observedGeneration");
     let class = || {
         api.get(
@@ -160,7 +160,10 @@ async fn scenario() {
         .expect("the GatewayClass exists")
     };
     let accepted = eventually("the class accepted", || condition(&class(), "Accepted")).await;
-    assert_eq!((accepted.0.as_str(), accepted.1.as_str()), ("True", "Accepted"));
+    assert_eq!(
+        (accepted.0.as_str(), accepted.1.as_str()),
+        ("True", "Accepted")
+    );
 
     // The config now names a Secret that is not there: invalid, and the class not accepted.
     let mut changed = config();
@@ -180,7 +183,10 @@ async fn scenario() {
     );
     assert_eq!(missing.3, Some(2), "observedGeneration");
     let invalid = condition(&config(), "Valid").expect("Valid");
-    assert_eq!((invalid.0.as_str(), invalid.1.as_str()), ("False", "Invalid"));
+    assert_eq!(
+        (invalid.0.as_str(), invalid.1.as_str()),
+        ("False", "Invalid")
+    );
     let refused = eventually("the class refused", || {
         condition(&class(), "Accepted").filter(|c| c.0 == "False")
     })

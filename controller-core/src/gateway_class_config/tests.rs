@@ -67,7 +67,10 @@ fn without_a_class_config_the_flags_decide() {
     assert!(out.refused.is_empty());
     assert_eq!(out.shared.config, None);
     assert_eq!(out.shared.api_token.as_deref(), Some("flag-api-token"));
-    assert_eq!(out.shared.tunnel_id, Some(FLAG_TUNNEL.parse().expect("uuid")));
+    assert_eq!(
+        out.shared.tunnel_id,
+        Some(FLAG_TUNNEL.parse().expect("uuid"))
+    );
     assert_eq!(out.shared.account_id.as_deref(), Some(ACCOUNT));
     assert_eq!(out.shared.held, None);
 }
@@ -93,7 +96,10 @@ fn a_go_controller_object_overrides_the_credentials_and_names_the_tunnel() {
     assert!(out.refused.is_empty(), "{:?}", out.refused);
     assert_eq!(out.shared.config.as_deref(), Some("main"));
     assert_eq!(out.shared.api_token.as_deref(), Some("class-api-token"));
-    assert_eq!(out.shared.tunnel_id, Some(FLAG_TUNNEL.parse().expect("uuid")));
+    assert_eq!(
+        out.shared.tunnel_id,
+        Some(FLAG_TUNNEL.parse().expect("uuid"))
+    );
     assert_eq!(
         out.shared.account_id.as_deref(),
         Some(ACCOUNT),
@@ -131,7 +137,10 @@ fn a_class_config_can_name_its_own_tunnel_token_key_and_account() {
     let out = settle_text(&text);
     assert!(out.refused.is_empty(), "{:?}", out.refused);
     let token = out.shared.tunnel_token.as_ref().expect("the class token");
-    assert_eq!(token.tunnel_id(), TUNNEL.parse::<uuid::Uuid>().expect("uuid"));
+    assert_eq!(
+        token.tunnel_id(),
+        TUNNEL.parse::<uuid::Uuid>().expect("uuid")
+    );
     assert_eq!(out.shared.tunnel_id, Some(token.tunnel_id()));
     assert_eq!(out.shared.account_id.as_deref(), Some(other_account));
     assert_eq!(out.shared.api_token.as_deref(), Some("edge-token"));
@@ -151,16 +160,35 @@ fn missing_secrets_make_the_config_invalid_and_the_class_not_accepted() {
     let out = settle_text(&text);
     let [secrets, valid] = out.configs["main"].conditions();
     assert_eq!((secrets.1, secrets.2), (false, "SecretsMissing"));
-    assert!(secrets.3.contains("Secret cftunnel-system/keyless has no key \"api-token\""), "{}", secrets.3);
-    assert!(secrets.3.contains("Secret cftunnel-system/absent not found"), "{}", secrets.3);
+    assert!(
+        secrets
+            .3
+            .contains("Secret cftunnel-system/keyless has no key \"api-token\""),
+        "{}",
+        secrets.3
+    );
+    assert!(
+        secrets
+            .3
+            .contains("Secret cftunnel-system/absent not found"),
+        "{}",
+        secrets.3
+    );
     assert_eq!((valid.1, valid.2), (false, "Invalid"));
     assert!(valid.3.ends_with("(and 1 more errors)"), "{}", valid.3);
     let why = &out.refused["cf"];
-    assert!(why.contains("GatewayClassConfig main (spec.parametersRef) is not valid"), "{why}");
+    assert!(
+        why.contains("GatewayClassConfig main (spec.parametersRef) is not valid"),
+        "{why}"
+    );
     // Nothing falls back to the flags' tunnel or token.
     assert_eq!(out.shared.api_token, None);
     assert_eq!(out.shared.tunnel_id, None);
-    assert!(out.shared.held.as_deref().is_some_and(|h| h.contains("not valid")));
+    assert!(out
+        .shared
+        .held
+        .as_deref()
+        .is_some_and(|h| h.contains("not valid")));
 }
 
 #[test]
@@ -176,7 +204,9 @@ fn disagreeing_tunnel_ids_and_accounts_are_invalid() {
     let out = settle_text(&text);
     let problems = &out.configs["main"].problems;
     assert_eq!(problems.len(), 2, "{problems:?}");
-    assert!(problems[0].contains(&format!("spec.tunnelID {TUNNEL} is not the tunnel of the connector token ({FLAG_TUNNEL})")));
+    assert!(problems[0].contains(&format!(
+        "spec.tunnelID {TUNNEL} is not the tunnel of the connector token ({FLAG_TUNNEL})"
+    )));
     assert!(problems[1].contains("is not that of the connector token"));
 }
 
@@ -230,13 +260,21 @@ fn a_missing_config_or_a_foreign_kind_refuses_the_class() {
             ),
         ])
     );
-    assert!(out.shared.held.as_deref().is_some_and(|h| h.contains("not found")));
+    assert!(out
+        .shared
+        .held
+        .as_deref()
+        .is_some_and(|h| h.contains("not found")));
 }
 
 #[test]
 fn classes_of_one_controller_must_name_the_same_config() {
     let text = [
-        class("younger", "2024-02-01T00:00:00Z", &REF.replace("main", "second")),
+        class(
+            "younger",
+            "2024-02-01T00:00:00Z",
+            &REF.replace("main", "second"),
+        ),
         class("older", "2024-01-01T00:00:00Z", REF),
         class("same", "2024-03-01T00:00:00Z", REF),
         class("none", "2024-03-01T00:00:00Z", ""),
@@ -247,7 +285,8 @@ fn classes_of_one_controller_must_name_the_same_config() {
     .concat();
     let out = settle_text(&text);
     assert_eq!(out.refused.keys().collect::<Vec<_>>(), ["younger"]);
-    assert!(out.refused["younger"].contains("takes its settings from main, named by GatewayClass older"));
+    assert!(out.refused["younger"]
+        .contains("takes its settings from main, named by GatewayClass older"));
     assert_eq!(out.shared.api_token.as_deref(), Some("main-token"));
     // Both configs are judged, in use or not.
     assert!(out.configs["second"].problems.is_empty());

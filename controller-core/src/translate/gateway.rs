@@ -324,7 +324,12 @@ pub(super) fn owned_gateways<'a>(
         };
         let key = ObjectKey::new(ns, name);
         let mut owned = owned_gateway(key.clone(), gw, options, plans);
-        for (position, (l, spec)) in owned.listeners.iter_mut().zip(&gw.spec.listeners).enumerate() {
+        for (position, (l, spec)) in owned
+            .listeners
+            .iter_mut()
+            .zip(&gw.spec.listeners)
+            .enumerate()
+        {
             if let Some((reason, message)) = listener_tls::problem(spec, position, ns, index) {
                 l.refs_unresolved(reason, message);
             }

@@ -109,7 +109,11 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     ("cf.k8s.lex.la", "gatewayclassconfigs", &["list", "watch"]),
     ("cf.k8s.lex.la", "gatewayclassconfigs/status", &["patch"]),
     // Backends of kind ServiceImport, where the Multi-Cluster Services API is served.
-    ("multicluster.x-k8s.io", "serviceimports", &["list", "watch"]),
+    (
+        "multicluster.x-k8s.io",
+        "serviceimports",
+        &["list", "watch"],
+    ),
     // Their metadata: the bundle version of Gateway API's (GatewayClass `SupportedVersion`).
     (
         "apiextensions.k8s.io",
@@ -534,11 +538,8 @@ impl Reconciler {
                 tracing::warn!(%reason, "the class tunnel's ingress document is not written");
             }
         }
-        translate_options.shared_tunnel = class
-            .shared
-            .tunnel_token
-            .as_ref()
-            .map(TunnelIdentity::of);
+        translate_options.shared_tunnel =
+            class.shared.tunnel_token.as_ref().map(TunnelIdentity::of);
         translate_options.refused_classes = class.refused;
         self.class = class.shared;
         self.class_configs = class.configs;
@@ -1267,7 +1268,12 @@ fn shared_plane(
         (None, Some(id)) => Some(TunnelIdentity::named(id)),
         (None, None) => None,
     };
-    let tunnel = match (&class.held, class.tunnel_id, &class.account_id, &class.api_token) {
+    let tunnel = match (
+        &class.held,
+        class.tunnel_id,
+        &class.account_id,
+        &class.api_token,
+    ) {
         (Some(reason), ..) => Some(Err(reason.clone())),
         (None, Some(id), Some(account), Some(api_token)) => Some(Ok(TunnelTarget {
             account: account.clone(),

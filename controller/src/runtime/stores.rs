@@ -208,7 +208,9 @@ pub async fn service_imports_served(client: &Client) -> bool {
     let plural = ServiceImport::plural(&());
     match client.list_api_group_resources(&group_version).await {
         Ok(list) if list.resources.iter().any(|r| r.name == plural) => {
-            tracing::info!("watching ServiceImports ({group_version}): routes may use them as backends");
+            tracing::info!(
+                "watching ServiceImports ({group_version}): routes may use them as backends"
+            );
             true
         }
         Ok(_) => false,

@@ -32,7 +32,12 @@ fn gateway_with_certificate(reference: &str) -> String {
             &format!("  parentRefs: [{{name: edge, sectionName: {section}}}]\n  rules:\n  - backendRefs: [{{name: v2, port: 8080}}]"),
         )
     };
-    [gateway, route("to-plain", "plain"), route("to-secure", "secure")].concat()
+    [
+        gateway,
+        route("to-plain", "plain"),
+        route("to-secure", "secure"),
+    ]
+    .concat()
 }
 
 #[test]
@@ -46,8 +51,20 @@ fn listener_certificates_must_resolve_or_the_listener_is_not_programmed() {
         secret("apps", "granted", tls, &pki.leaf_pem(), &pki.key_pem()),
         secret("apps", "ungranted", tls, &pki.leaf_pem(), &pki.key_pem()),
         secret("infra", "opaque", "Opaque", &pki.leaf_pem(), &pki.key_pem()),
-        secret("infra", "malformed", tls, "not a certificate", &pki.key_pem()),
-        secret("infra", "mismatched", tls, &pki.leaf_pem(), &other.key_pem()),
+        secret(
+            "infra",
+            "malformed",
+            tls,
+            "not a certificate",
+            &pki.key_pem(),
+        ),
+        secret(
+            "infra",
+            "mismatched",
+            tls,
+            &pki.leaf_pem(),
+            &other.key_pem(),
+        ),
         grant.to_owned(),
     ]
     .concat();
@@ -70,9 +87,21 @@ fn listener_certificates_must_resolve_or_the_listener_is_not_programmed() {
             "unsupported kind example.com/Secret",
         ),
         ("{kind: ConfigMap, name: own}", invalid, "unsupported kind"),
-        ("{name: opaque}", invalid, "is not of type kubernetes.io/tls"),
-        ("{name: malformed}", invalid, "tls.crt of Secret infra/malformed"),
-        ("{name: mismatched}", invalid, "tls.key of Secret infra/mismatched"),
+        (
+            "{name: opaque}",
+            invalid,
+            "is not of type kubernetes.io/tls",
+        ),
+        (
+            "{name: malformed}",
+            invalid,
+            "tls.crt of Secret infra/malformed",
+        ),
+        (
+            "{name: mismatched}",
+            invalid,
+            "tls.key of Secret infra/mismatched",
+        ),
         (
             "{name: ungranted, namespace: apps}",
             Some((false, Reason::RefNotPermitted)),

@@ -44,9 +44,24 @@ fn resolved_refs(out: &Output) -> (bool, Reason, String) {
 #[test]
 fn a_service_import_is_dialled_at_its_cluster_set_name() {
     let cases = [
-        (", port: 8080", "http://shop.infra.svc.clusterset.local:8080", BackendProtocol::Http1, false),
-        (", port: 9090", "http://shop.infra.svc.clusterset.local:9090", BackendProtocol::H2c, false),
-        (", port: 443", "https://shop.infra.svc.clusterset.local:443", BackendProtocol::Http1, true),
+        (
+            ", port: 8080",
+            "http://shop.infra.svc.clusterset.local:8080",
+            BackendProtocol::Http1,
+            false,
+        ),
+        (
+            ", port: 9090",
+            "http://shop.infra.svc.clusterset.local:9090",
+            BackendProtocol::H2c,
+            false,
+        ),
+        (
+            ", port: 443",
+            "https://shop.infra.svc.clusterset.local:443",
+            BackendProtocol::Http1,
+            true,
+        ),
     ];
     for (rest, url, protocol, tls) in cases {
         let out = run(&[IMPORTS.to_owned(), route_to(&import_ref("shop", rest))].concat());
@@ -74,25 +89,37 @@ fn service_import_references_that_do_not_resolve_fail_closed_with_the_spec_reaso
             "not served",
             route_to(&import_ref("shop", ", port: 8080")),
             "",
-            Some((Reason::InvalidKind, "does not serve multicluster.x-k8s.io/v1alpha1")),
+            Some((
+                Reason::InvalidKind,
+                "does not serve multicluster.x-k8s.io/v1alpha1",
+            )),
         ),
         (
             "absent",
             route_to(&import_ref("absent", ", port: 8080")),
             IMPORTS,
-            Some((Reason::BackendNotFound, "ServiceImport infra/absent not found")),
+            Some((
+                Reason::BackendNotFound,
+                "ServiceImport infra/absent not found",
+            )),
         ),
         (
             "port not exported",
             route_to(&import_ref("shop", ", port: 8081")),
             IMPORTS,
-            Some((Reason::BackendNotFound, "ServiceImport infra/shop not found exporting port 8081")),
+            Some((
+                Reason::BackendNotFound,
+                "ServiceImport infra/shop not found exporting port 8081",
+            )),
         ),
         (
             "no grant",
             route_to(&import_ref("billing", ", namespace: apps, port: 8080")),
             IMPORTS,
-            Some((Reason::RefNotPermitted, "reference to ServiceImport apps/billing is not permitted")),
+            Some((
+                Reason::RefNotPermitted,
+                "reference to ServiceImport apps/billing is not permitted",
+            )),
         ),
         (
             "a grant to Services is not one to ServiceImports",
@@ -129,6 +156,10 @@ fn service_import_references_that_do_not_resolve_fail_closed_with_the_spec_reaso
 #[test]
 fn manifests_with_the_service_import_crd_serve_the_api() {
     let crd = "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: serviceimports.multicluster.x-k8s.io}\n---\n";
-    let out = run(&[crd.to_owned(), route_to(&import_ref("absent", ", port: 80"))].concat());
+    let out = run(&[
+        crd.to_owned(),
+        route_to(&import_ref("absent", ", port: 80")),
+    ]
+    .concat());
     assert_eq!(resolved_refs(&out).1, Reason::BackendNotFound);
 }
