@@ -179,6 +179,12 @@ pub struct RunArgs {
     /// The proxy's drain window after SIGTERM, in seconds (at most 180).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=180))]
     pub grace_period_seconds: u32,
+    /// Give every dedicated plane a NetworkPolicy admitting only the controller's (and the
+    /// monitoring's) pods to its config port. `false` where the CNI enforces no NetworkPolicy or
+    /// you write the planes' policies yourself: none is rendered, and the ones rendered before
+    /// are removed.
+    #[arg(long, env = "PLANE_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
+    pub plane_network_policy: bool,
     /// The shared proxy pool's headless Service (NAMESPACE/NAME); without it only dedicated
     /// planes get configs.
     #[arg(long)]
@@ -191,6 +197,11 @@ pub struct RunArgs {
     /// connector token, for the shared Gateways' addresses.
     #[arg(long, requires = "shared_service")]
     pub shared_tunnel_secret: Option<SecretArg>,
+    /// The shared pool's Deployment (NAMESPACE/NAME). Its pod template is kept stamped with
+    /// the SHA-256 of the token in `--shared-tunnel-secret`, so a new token there rolls the
+    /// pool (its pods read the token at start).
+    #[arg(long, requires = "shared_tunnel_secret")]
+    pub shared_deployment: Option<GatewayName>,
     /// Seconds between rounds when nothing changes.
     #[arg(long, default_value_t = 30)]
     pub resync_seconds: u64,
@@ -276,6 +287,10 @@ impl RunArgs {
                         t.key.clone().unwrap_or_else(|| "tunnel-token".to_owned()),
                     )
                 }),
+                deployment: self
+                    .shared_deployment
+                    .as_ref()
+                    .map(|GatewayName(key)| key.clone()),
             }),
         };
         Ok(RuntimeOptions {
@@ -298,6 +313,7 @@ impl RunArgs {
                 monitoring_namespace_label: &self.monitoring_namespace_label,
                 monitoring_pod_label: &self.monitoring_pod_label,
                 grace_period_seconds: self.grace_period_seconds,
+                network_policy: self.plane_network_policy,
             })
             .map(|render| RenderSettings {
                 proxy_env: self
@@ -359,6 +375,7 @@ struct PlaneFlags<'a> {
     monitoring_namespace_label: &'a [(String, String)],
     monitoring_pod_label: &'a [(String, String)],
     grace_period_seconds: u32,
+    network_policy: bool,
 }
 
 /// The render settings those flags give.
@@ -377,6 +394,7 @@ fn render_settings(flags: PlaneFlags<'_>) -> anyhow::Result<RenderSettings> {
         )?,
         grace_period_seconds: flags.grace_period_seconds,
         proxy_env: Vec::new(),
+        network_policy: flags.network_policy,
     })
 }
 
@@ -437,6 +455,9 @@ pub struct RenderArgs {
     /// The proxy's drain window after SIGTERM, in seconds (at most 180).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=180))]
     pub grace_period_seconds: u32,
+    /// Render the plane's config-port NetworkPolicy (`false`: none, as `run` then applies).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub plane_network_policy: bool,
 }
 
 /// A `KEY=VALUE` label of a selector, in Kubernetes' label syntax: the API server would refuse
@@ -719,6 +740,7 @@ pub fn run_render(
         monitoring_namespace_label: &args.monitoring_namespace_label,
         monitoring_pod_label: &args.monitoring_pod_label,
         grace_period_seconds: args.grace_period_seconds,
+        network_policy: args.plane_network_policy,
     })?;
     let plane = render::render(gateway, config, &credentials, &settings)?;
     let mut documents = Vec::new();
@@ -726,7 +748,9 @@ pub fn run_render(
         documents.push(serde_yaml_ng::to_string(secret)?);
     }
     documents.push(serde_yaml_ng::to_string(&plane.service)?);
-    documents.push(serde_yaml_ng::to_string(&plane.network_policy)?);
+    if let Some(policy) = &plane.network_policy {
+        documents.push(serde_yaml_ng::to_string(policy)?);
+    }
     documents.push(serde_yaml_ng::to_string(&plane.deployment)?);
     if let Some(autoscaler) = &plane.autoscaler {
         documents.push(serde_yaml_ng::to_string(autoscaler)?);

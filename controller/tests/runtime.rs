@@ -315,6 +315,7 @@ async fn scenario() {
         },
         resync: Duration::from_millis(150),
         shared: Some(SharedPlane {
+            deployment: None,
             service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
             auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
             auth_key: "token".to_owned(),
@@ -1400,18 +1401,7 @@ impl Tenant {
             .await;
         put_gateway_config(&api, spec);
         before(&api);
-        let mut options = RuntimeOptions {
-            translate: Options {
-                proxy_image: Some("proxy:1".to_owned()),
-                ..Options::default()
-            },
-            render: RenderSettings {
-                proxy_image: Some("proxy:1".to_owned()),
-                ..RenderSettings::default()
-            },
-            resync: Duration::from_millis(100),
-            ..RuntimeOptions::default()
-        };
+        let mut options = Self::options();
         tune(&mut options);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let health = std::sync::Arc::new(runtime::health::Health::default());
@@ -1425,6 +1415,43 @@ impl Tenant {
             stop,
             controller,
         }
+    }
+
+    /// The controller's options before a test tunes them.
+    fn options() -> RuntimeOptions {
+        RuntimeOptions {
+            translate: Options {
+                proxy_image: Some("proxy:1".to_owned()),
+                ..Options::default()
+            },
+            render: RenderSettings {
+                proxy_image: Some("proxy:1".to_owned()),
+                ..RenderSettings::default()
+            },
+            resync: Duration::from_millis(100),
+            ..RuntimeOptions::default()
+        }
+    }
+
+    /// Stops the controller and starts another on the same API server, as a changed flag
+    /// restarts its pod, `tune` changing its options.
+    async fn restart(&mut self, tune: impl FnOnce(&mut RuntimeOptions)) {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let _ = std::mem::replace(&mut self.stop, stop).send(());
+        let old = std::mem::replace(&mut self.controller, tokio::spawn(async { Ok(()) }));
+        old.await
+            .expect("task")
+            .expect("the controller stops cleanly");
+        let mut options = Self::options();
+        tune(&mut options);
+        self.controller = tokio::spawn(runtime::run(
+            self.api.client(),
+            options,
+            self.health.clone(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
     }
 
     /// Replaces the GatewayConfig's spec (besides its token Secrets) with `spec`.
@@ -1779,6 +1806,61 @@ async fn a_plane_object_that_loses_its_label_is_applied_again() {
     .expect("in time");
 }
 
+/// The planes' NetworkPolicy switched off (`--plane-network-policy=false`, a restart): the
+/// controller removes the one it rendered, writes no NetworkPolicy at all (the API server
+/// refuses it any, as the chart's role then does) while the rest of the plane is still applied,
+/// and leaves alone a policy of that name someone else wrote. Switched on again, it renders
+/// the policy anew.
+#[tokio::test]
+async fn the_planes_network_policy_goes_when_switched_off_and_comes_back_when_on() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut t = Tenant::start("replicas: 1").await;
+        let policy = |api: &ApiServer| {
+            api.get("networking.k8s.io/v1", "NetworkPolicy", "tenant-a", "cf-proxy-edge")
+        };
+        let owner = |p: &Value| p.pointer("/metadata/ownerReferences/0/kind").cloned();
+        let rendered = eventually("the NetworkPolicy", || policy(&t.api)).await;
+        assert_eq!(owner(&rendered), Some(json!("Gateway")));
+
+        let no_writes = t.api.forbid(|call| {
+            call.kind == "NetworkPolicy" && matches!(call.method, "POST" | "PUT" | "PATCH")
+        });
+        t.restart(|options| options.render.network_policy = false)
+            .await;
+        eventually("the NetworkPolicy removed", || {
+            policy(&t.api).is_none().then_some(())
+        })
+        .await;
+        // The rest of the plane is still applied: a new spec reaches the Deployment.
+        t.configure("replicas: 2");
+        t.replicas_become(2).await;
+        assert!(policy(&t.api).is_none(), "not rendered again");
+
+        // A policy of the operator's own under that name is not the controller's to remove.
+        let own = yaml(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: cf-proxy-edge, namespace: tenant-a}\nspec:\n  podSelector: {}\n  policyTypes: [Ingress]\n",
+        );
+        t.api.put(own);
+        t.configure("replicas: 3");
+        t.replicas_become(3).await;
+        let kept = policy(&t.api).expect("the operator's policy stays");
+        assert_eq!(owner(&kept), None);
+
+        t.api
+            .delete("networking.k8s.io/v1", "NetworkPolicy", "tenant-a", "cf-proxy-edge");
+        drop(no_writes);
+        t.restart(|_| {}).await;
+        let again = eventually("the NetworkPolicy rendered again", || {
+            policy(&t.api).filter(|p| owner(p).is_some())
+        })
+        .await;
+        assert_eq!(again.get("spec"), rendered.get("spec"));
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// A Deployment of someone else's holds the plane's name, so the plane stops short of it with
 /// its Service and NetworkPolicy applied. Removing the Gateway's parametersRef removes those
 /// two as well, though no Deployment of the plane ever existed, and leaves the other
@@ -2004,6 +2086,7 @@ async fn a_plane_no_push_reaches_leaves_its_gateways_unprogrammed_saying_why() {
                     auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
                     auth_key: "token".to_owned(),
                     tunnel_secret: None,
+                    deployment: None,
                 });
             },
         )
@@ -2150,6 +2233,7 @@ async fn an_idle_shared_pool_is_not_counted_as_unreached() {
             |options| {
                 // Neither Secret exists yet: no config-API token, no class tunnel.
                 options.shared = Some(SharedPlane {
+                    deployment: None,
                     service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
                     auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
                     auth_key: "token".to_owned(),
@@ -2917,6 +3001,7 @@ async fn the_shared_pool_serves_a_dedicated_gateway_on_the_class_tunnel_with_no_
             ApiServer::client,
             |options| {
                 options.shared = Some(SharedPlane {
+                    deployment: None,
                     service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
                     auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
                     auth_key: "token".to_owned(),
@@ -3056,6 +3141,7 @@ async fn a_rule_an_older_pod_refuses_is_reported_on_its_route_and_the_rest_is_se
                 auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
                 auth_key: "token".to_owned(),
                 tunnel_secret: None,
+                deployment: None,
             }),
             ..RuntimeOptions::default()
         };
@@ -3660,6 +3746,105 @@ async fn a_route_an_older_route_shadows_is_told_so() {
         // Rounds go on (every 100 ms here); the Event is not repeated.
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(events(), 1);
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The shared pool's tunnel token is rotated in its Secret (by hand or by a secrets operator):
+/// the controller stamps the SHA-256 of the new token on the pool Deployment's pod template,
+/// which rolls the pool onto it, and touches nothing else of the chart's Deployment. The
+/// annotation never holds the token. A token that does not parse is not rolled to.
+#[tokio::test]
+async fn a_new_token_in_the_shared_pools_secret_rolls_the_pool() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        const ANNOTATION: &str = "cf.k8s.lex.la/tunnel-token-hash";
+        let token = |secret: &[u8]| {
+            Token::new("acct-s", secret.to_vec(), uuid_of(SHARED_TUNNEL_ID)).encode()
+        };
+        let tunnel_secret = |token: &str| {
+            yaml(&format!(
+                "apiVersion: v1\nkind: Secret\nmetadata: {{name: class-tunnel, namespace: cftunnel-system}}\nstringData: {{tunnel-token: \"{token}\\n\"}}\n"
+            ))
+        };
+        // As the chart renders it, without the annotation (`helm template` has no lookup).
+        let pool = yaml(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: cftunnel-proxy, namespace: cftunnel-system, labels: {app.kubernetes.io/managed-by: Helm}}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app.kubernetes.io/name: cftunnel-proxy}}\n  template:\n    metadata:\n      labels: {app.kubernetes.io/name: cftunnel-proxy}\n      annotations: {checksum/config-api-token: abc}\n    spec: {containers: [{name: proxy, image: cftunnel-proxy:1}]}\n",
+        );
+        let first = token(b"first secret");
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                api.put(pool);
+                api.put(tunnel_secret(&first));
+            },
+            ApiServer::client,
+            |options| {
+                options.shared = Some(SharedPlane {
+                    service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
+                    auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
+                    auth_key: "token".to_owned(),
+                    tunnel_secret: Some((
+                        ObjectKey::new("cftunnel-system", "class-tunnel"),
+                        "tunnel-token".to_owned(),
+                    )),
+                    deployment: Some(ObjectKey::new("cftunnel-system", "cftunnel-proxy")),
+                });
+            },
+        )
+        .await;
+        let sha256 = |token: &str| {
+            aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, token.as_bytes())
+                .as_ref()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        };
+        let template = || {
+            t.api
+                .get("apps/v1", "Deployment", "cftunnel-system", "cftunnel-proxy")
+                .and_then(|d| d.pointer("/spec/template").cloned())
+                .expect("the pool's Deployment")
+        };
+        let stamped = |digest: String| {
+            move || {
+                let template = template();
+                (template["metadata"]["annotations"][ANNOTATION] == json!(digest))
+                    .then_some(template)
+            }
+        };
+        let before = template();
+        let after = eventually("the first token's digest", stamped(sha256(&first))).await;
+        let annotation = after["metadata"]["annotations"][ANNOTATION].to_string();
+        assert!(!annotation.contains(&first) && !annotation.contains("first secret"));
+        // Nothing else of the chart's Deployment is changed.
+        let mut unstamped = after.clone();
+        if let Some(a) = unstamped["metadata"]["annotations"].as_object_mut() {
+            a.remove(ANNOTATION);
+        }
+        assert_eq!(unstamped, before);
+        let replicas = || {
+            t.api
+                .get("apps/v1", "Deployment", "cftunnel-system", "cftunnel-proxy")
+                .and_then(|d| d.pointer("/spec/replicas").cloned())
+        };
+        assert_eq!(replicas(), Some(json!(2)));
+
+        // Rotated: the new token's digest, so new pods.
+        let second = token(b"second secret");
+        t.api.put(tunnel_secret(&second));
+        eventually("the second token's digest", stamped(sha256(&second))).await;
+
+        // Not a token: the pool keeps its pods. (Rounds after it: the Gateway's plane takes
+        // two new specs, one after the other.)
+        t.api.put(tunnel_secret("not-a-token"));
+        t.configure("replicas: 2");
+        t.replicas_become(2).await;
+        t.configure("replicas: 3");
+        t.replicas_become(3).await;
+        let held = template()["metadata"]["annotations"][ANNOTATION].clone();
+        assert_eq!(held, json!(sha256(&second)), "not rolled to a bad token");
         t.stop().await;
     })
     .await

@@ -32,6 +32,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::metrics::AccessMetrics;
 pub use keys::TeamKeys;
 
 /// The header Cloudflare Access puts the application token in (cloudflared reads this one).
@@ -131,6 +132,26 @@ pub enum AccessError {
 }
 
 impl AccessError {
+    /// Every reason, in [`AccessError::index`] order: the label values of
+    /// `cftunnel_proxy_access_refusals_total`.
+    pub const ALL: [Self; 10] = [
+        Self::Missing,
+        Self::Malformed,
+        Self::UnsupportedAlgorithm,
+        Self::UnknownKey,
+        Self::KeysUnavailable,
+        Self::BadSignature,
+        Self::Expired,
+        Self::NotYetValid,
+        Self::WrongIssuer,
+        Self::WrongAudience,
+    ];
+
+    /// The position in [`AccessError::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// A stable label for logs and metrics.
     pub fn label(self) -> &'static str {
         match self {
@@ -160,20 +181,15 @@ impl AccessCheck {
     /// fetch already due (the team's first, or one an unknown key id asked for), up to
     /// [`AccessSettings::fetch_timeout`].
     pub async fn check(&self, headers: &HeaderMap) -> Result<(), AccessError> {
-        let token = match headers.get(TOKEN_HEADER).map(|v| v.to_str()) {
-            Some(Ok(t)) if !t.trim().is_empty() => t.trim(),
-            Some(Ok(_)) | None => {
-                tracing::debug!(
-                    team = self.team.team(),
-                    reason = "missing",
-                    "Access token refused"
-                );
-                return Err(AccessError::Missing);
+        let verdict = match headers.get(TOKEN_HEADER).map(|v| v.to_str()) {
+            Some(Ok(t)) if !t.trim().is_empty() => {
+                self.team.verify(t.trim(), &self.audiences).await
             }
-            Some(Err(_)) => return Err(AccessError::Malformed),
+            Some(Ok(_)) | None => Err(AccessError::Missing),
+            Some(Err(_)) => Err(AccessError::Malformed),
         };
-        let verdict = self.team.verify(token, &self.audiences).await;
         if let Err(e) = verdict {
+            self.team.refused(e);
             tracing::debug!(
                 team = self.team.team(),
                 reason = e.label(),
@@ -195,6 +211,7 @@ impl AccessCheck {
 pub struct Teams {
     settings: Arc<AccessSettings>,
     teams: HashMap<Box<str>, Arc<TeamKeys>>,
+    metrics: AccessMetrics,
 }
 
 impl Teams {
@@ -202,7 +219,14 @@ impl Teams {
         Self {
             settings: Arc::new(settings),
             teams: HashMap::new(),
+            metrics: AccessMetrics::default(),
         }
+    }
+
+    /// The same teams, counting in `metrics` (the proxy's registered ones).
+    pub fn with_metrics(mut self, metrics: AccessMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// The check of a rule's requirement, reusing the team's keys of `self` when it has them.
@@ -217,7 +241,11 @@ impl Teams {
             .or_else(|| self.teams.get(&access.team))
         {
             Some(t) => t.clone(),
-            None => Arc::new(TeamKeys::new(&access.team, self.settings.clone())?),
+            None => Arc::new(TeamKeys::new(
+                &access.team,
+                self.settings.clone(),
+                &self.metrics,
+            )?),
         };
         used.insert(access.team, team.clone());
         Ok(AccessCheck {

@@ -48,9 +48,14 @@ impl Cache {
         }
     }
 
-    /// The same cache, fetching Cloudflare Access keys as `settings` say.
-    pub fn with_access(mut self, settings: crate::access::AccessSettings) -> Self {
-        self.access = crate::access::Teams::new(settings);
+    /// The same cache, fetching Cloudflare Access keys as `settings` say and counting checks
+    /// and fetches in `metrics`.
+    pub fn with_access(
+        mut self,
+        settings: crate::access::AccessSettings,
+        metrics: crate::metrics::AccessMetrics,
+    ) -> Self {
+        self.access = crate::access::Teams::new(settings).with_metrics(metrics);
         self
     }
 }

@@ -129,6 +129,7 @@ impl Server {
         let mut empty = config::Cache::default();
         let routes = config::compile(&cftunnel_config::Config::default(), &metrics, &mut empty)
             .context("compiling the empty table")?;
+        let access_metrics = metrics.access.clone();
         let proxy = Proxy::new(
             routes,
             metrics,
@@ -142,7 +143,7 @@ impl Server {
         let reloader = Arc::new(config::Reloader::with_cache(
             proxy.clone(),
             config::Cache::with_max_connections(options.backend_max_connections)
-                .with_access(options.access.clone()),
+                .with_access(options.access.clone(), access_metrics),
         ));
         if let Some(doc) = initial {
             reloader.apply(doc).await.context("initial config")?;

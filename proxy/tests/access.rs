@@ -346,3 +346,97 @@ async fn a_team_whose_keys_were_never_fetched_fails_closed() {
     .await
     .expect("test finishes in time");
 }
+
+/// `/metrics` counts each refused request under its reason, the team's key fetches by
+/// outcome, and the age of the team's keys: zero after a fetch, growing while fetches fail,
+/// until the stale keys stop serving and requests are refused as `keys_unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_key_fetches_and_key_age_are_on_metrics() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let key = SigningKey::rs256("current");
+        let s = setup(&[&key], |a| {
+            a.refresh = Duration::from_millis(200);
+            a.max_stale = Duration::from_secs(2);
+        })
+        .await;
+        let issuer = s.issuer();
+        let admin = s.proxy.admin_addr();
+        let refusals = |reason: &str| {
+            let series = format!("cftunnel_proxy_access_refusals_total{{reason=\"{reason}\"}}");
+            let http = s.http.clone();
+            async move { metric(&http, admin, &series).await }
+        };
+        let fetches = |outcome: &str| {
+            let series = format!(
+                "cftunnel_proxy_access_key_fetches_total{{team=\"{TEAM}\",outcome=\"{outcome}\"}}"
+            );
+            let http = s.http.clone();
+            async move { metric(&http, admin, &series).await }
+        };
+        let age_series = format!("cftunnel_proxy_access_keys_age_seconds{{team=\"{TEAM}\"}}");
+        // Every reason is listed from the start, at zero.
+        assert_eq!(refusals("expired").await, Some(0.0));
+
+        assert_eq!(
+            s.call("/ok", Some(&s.token(&key))).await.status,
+            StatusCode::OK
+        );
+        let impostor = SigningKey::rs256("current");
+        let cases: [(&str, Option<String>, &str); 5] = [
+            ("/missing", None, "missing"),
+            ("/garbage", Some("not-a-jwt".to_owned()), "malformed"),
+            (
+                "/expired",
+                Some(key.sign(&claims(&issuer, &[AUD], -7200, -600))),
+                "expired",
+            ),
+            (
+                "/audience",
+                Some(key.sign(&claims(&issuer, &["other"], -10, 3600))),
+                "audience",
+            ),
+            (
+                "/forged",
+                Some(impostor.sign(&claims(&issuer, &[AUD], -10, 3600))),
+                "signature",
+            ),
+        ];
+        for (path, token, _) in &cases {
+            assert_denied(&s.call(path, token.as_deref()).await, path);
+        }
+        // The audience refusal twice: the second from the remembered verdict, counted too.
+        assert_denied(&s.call("/audience", cases[3].1.as_deref()).await, "again");
+        for (path, _, reason) in &cases {
+            let times = if *path == "/audience" { 2.0 } else { 1.0 };
+            assert_eq!(refusals(reason).await, Some(times), "{reason}");
+        }
+        assert_eq!(refusals("keys_unavailable").await, Some(0.0));
+        assert!(fetches("ok").await.is_some_and(|n| n >= 1.0));
+        assert_eq!(fetches("error").await, Some(0.0));
+        assert_eq!(metric(&s.http, admin, &age_series).await, Some(0.0));
+
+        // The key endpoint goes down: failed fetches are counted and the keys age.
+        s.jwks.set_down(true);
+        loop {
+            let failed = fetches("error").await.unwrap_or(0.0);
+            let age = metric(&s.http, admin, &age_series).await.unwrap_or(0.0);
+            if failed >= 1.0 && age > 0.0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Past the stale period the team's requests are refused as keys_unavailable.
+        let fresh = key.sign(&claims(&issuer, &[AUD], -5, 3000));
+        loop {
+            if s.call("/stale", Some(&fresh)).await.status == StatusCode::FORBIDDEN {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(refusals("keys_unavailable").await.is_some_and(|n| n >= 1.0));
+        let age = metric(&s.http, admin, &age_series).await;
+        assert!(age.is_some_and(|a| a >= 1.0), "{age:?}");
+    })
+    .await
+    .expect("test finishes in time");
+}

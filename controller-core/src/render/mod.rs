@@ -55,6 +55,11 @@ pub const GATEWAY_LABEL: &str = "cf.k8s.lex.la/gateway";
 /// Pod-template annotation: a digest of the tokens the pods read at start, so that rotating
 /// either Secret rolls the pods.
 pub const CREDENTIALS_HASH_ANNOTATION: &str = "cf.k8s.lex.la/credentials-hash";
+/// Pod-template annotation of the shared pool's Deployment: the SHA-256 (hex) of the class
+/// tunnel's connector token the pods read at start ([`token_digest`]). The chart writes it at
+/// install and upgrade, the controller whenever the token's Secret changes: either rolls the
+/// pool onto the new token.
+pub const TUNNEL_TOKEN_HASH_ANNOTATION: &str = "cf.k8s.lex.la/tunnel-token-hash";
 /// The metric the rendered autoscaler scales on unless `autoscaling.metricName` names another.
 pub const IN_FLIGHT_METRIC: &str = "cftunnel_proxy_requests_in_flight";
 /// The proxy's config API, health and metrics port (proxy contract).
@@ -95,6 +100,10 @@ pub struct RenderSettings {
     /// More environment of every plane's proxy: the controller's own tracing settings
     /// (`OTEL_*`), so the planes trace to the same collector.
     pub proxy_env: Vec<(String, String)>,
+    /// Whether every plane gets its config-port NetworkPolicy. Off where the CNI enforces no
+    /// NetworkPolicy or the operator writes the planes' policies: the plane then has none, and
+    /// one rendered earlier is removed.
+    pub network_policy: bool,
 }
 
 impl Default for RenderSettings {
@@ -110,6 +119,7 @@ impl Default for RenderSettings {
             monitoring_pod_selector: None,
             grace_period_seconds: 30,
             proxy_env: Vec::new(),
+            network_policy: true,
         }
     }
 }
@@ -393,6 +403,16 @@ fn text_value(value: &[u8]) -> Option<String> {
     (!text.is_empty()).then(|| text.to_owned())
 }
 
+/// The SHA-256 of a token as the pods read it (trimmed), in hex: what Helm's `sha256sum` of
+/// the same text gives, so that the chart and the controller stamp the same value. Never the
+/// token itself: the digest of a random token does not give it away.
+pub fn token_digest(token: &str) -> String {
+    Sha256::digest(token.trim().as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 fn credentials_digest(tunnel_token: &str, auth_token: &str) -> String {
     let mut ctx = Sha256::new();
     for part in [tunnel_token, auth_token] {
@@ -411,7 +431,8 @@ pub struct DataPlane {
     pub deployment: Deployment,
     /// Headless: the controller pushes config to each pod's address.
     pub service: Service,
-    pub network_policy: NetworkPolicy,
+    /// Present unless [`RenderSettings::network_policy`] is off.
+    pub network_policy: Option<NetworkPolicy>,
     /// Present when the GatewayConfig asks for autoscaling.
     pub autoscaler: Option<HorizontalPodAutoscaler>,
     /// Present when the controller generates the config-API token.
@@ -597,7 +618,7 @@ pub fn render(
             ..NetworkPolicyPeer::default()
         });
     }
-    let network_policy = NetworkPolicy {
+    let network_policy = settings.network_policy.then(|| NetworkPolicy {
         metadata: meta(&names.network_policy),
         spec: Some(NetworkPolicySpec {
             pod_selector: Some(LabelSelector {
@@ -617,7 +638,7 @@ pub fn render(
             }]),
             egress: None,
         }),
-    };
+    });
 
     let autoscaler = autoscaling.map(|(min, max, target, metric)| HorizontalPodAutoscaler {
         metadata: meta(&names.autoscaler),

@@ -62,6 +62,7 @@ fn settings() -> RenderSettings {
         monitoring_pod_selector: None,
         grace_period_seconds: 30,
         proxy_env: Vec::new(),
+        network_policy: true,
     }
 }
 
@@ -132,7 +133,7 @@ fn the_documented_example_renders_the_documented_objects() {
     let metas = [
         &p.deployment.metadata,
         &p.service.metadata,
-        &p.network_policy.metadata,
+        &p.network_policy.as_ref().expect("a NetworkPolicy").metadata,
         &secret.metadata,
     ];
     for m in metas {
@@ -180,8 +181,8 @@ fn the_documented_example_renders_the_documented_objects() {
     );
     assert_eq!(
         p.network_policy
-            .spec
             .as_ref()
+            .and_then(|n| n.spec.as_ref())
             .and_then(|s| s.pod_selector.as_ref())
             .and_then(|s| s.match_labels.clone()),
         Some(selector.clone())
@@ -303,7 +304,10 @@ fn the_service_is_headless_and_reaches_pods_before_they_are_ready() {
 
 #[test]
 fn the_config_api_admits_only_the_controller_and_the_data_port_nothing() {
-    let spec = plane(BASIC, "").network_policy.spec.expect("spec");
+    let spec = plane(BASIC, "")
+        .network_policy
+        .and_then(|n| n.spec)
+        .expect("spec");
     assert_eq!(spec.policy_types, Some(vec!["Ingress".to_owned()]));
     let rules = spec.ingress.expect("ingress rules");
     assert_eq!(rules.len(), 1, "one rule: no other port is admitted");
@@ -343,7 +347,7 @@ fn the_config_api_admits_only_the_controller_and_the_data_port_nothing() {
     let p = plane_with(&snapshot(BASIC, ""), &with_monitoring).expect("renders");
     let rules = p
         .network_policy
-        .spec
+        .and_then(|n| n.spec)
         .and_then(|s| s.ingress)
         .expect("rules");
     let from = rules[0].from.as_ref().expect("peers");
@@ -376,7 +380,7 @@ fn the_config_api_admits_only_the_controller_and_the_data_port_nothing() {
         let p = plane_with(&snapshot(BASIC, ""), settings).expect("renders");
         let mut rules = p
             .network_policy
-            .spec
+            .and_then(|n| n.spec)
             .and_then(|s| s.ingress)
             .expect("rules");
         assert_eq!(rules.len(), 1);
@@ -406,7 +410,7 @@ fn without_configured_labels_the_config_api_admits_the_pods_the_chart_labels_as_
     .expect("renders");
     let rules = p
         .network_policy
-        .spec
+        .and_then(|n| n.spec)
         .and_then(|s| s.ingress)
         .expect("rules");
     let peer = &rules[0].from.as_ref().expect("peers")[0];
@@ -874,4 +878,40 @@ fn pull_secrets_and_placement_reach_the_pod() {
     assert!(pod.image_pull_secrets.is_none() && pod.node_selector.is_none());
     assert!(pod.tolerations.is_none() && pod.affinity.is_none());
     assert!(pod.priority_class_name.is_none());
+}
+
+/// With the planes' NetworkPolicy switched off the plane has none, and nothing else of it
+/// changes: the pods, their Service and their token are rendered alike.
+#[test]
+fn without_the_network_policy_switch_a_plane_has_no_policy_and_nothing_else_changes() {
+    let on = plane(BASIC, "");
+    assert!(on.network_policy.is_some(), "on by default");
+    let off = plane_with(
+        &snapshot(BASIC, ""),
+        &RenderSettings {
+            network_policy: false,
+            ..settings()
+        },
+    )
+    .expect("renders");
+    assert_eq!(off.network_policy, None);
+    assert_eq!(
+        DataPlane {
+            network_policy: None,
+            ..on
+        },
+        off
+    );
+}
+
+/// The shared pool's token digest is plain SHA-256 of the trimmed token, as Helm's
+/// `sha256sum` writes it (the digest of "abc" is the standard test vector).
+#[test]
+fn the_token_digest_is_the_sha256_of_the_trimmed_token() {
+    assert_eq!(
+        token_digest("abc\n"),
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
+    assert_eq!(token_digest(" abc"), token_digest("abc"));
+    assert_ne!(token_digest("abd"), token_digest("abc"));
 }

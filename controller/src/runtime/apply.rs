@@ -413,7 +413,8 @@ pub struct Applied {
     pub changed: bool,
     pub deployment: Deployment,
     pub service: Service,
-    pub network_policy: NetworkPolicy,
+    /// `None` when the plane has none (it is switched off, and one applied before is gone).
+    pub network_policy: Option<NetworkPolicy>,
     pub autoscaler: Option<HorizontalPodAutoscaler>,
 }
 
@@ -424,7 +425,9 @@ pub struct Applied {
 /// new one starts at the autoscaler's floor. A Deployment of the Gateway's whose selector is
 /// not the rendered one is replaced ([`live_deployment`]), and the Go controller's objects
 /// under other names go once the rendered NetworkPolicy is in place
-/// ([`remove_go_controller_objects`]). The generated token Secret is [`ensure_auth_secret`]'s.
+/// ([`remove_go_controller_objects`]). A plane rendered without a NetworkPolicy loses the one
+/// the Gateway controls, so switching the policies off leaves none behind. The generated token
+/// Secret is [`ensure_auth_secret`]'s.
 pub async fn apply_plane(
     client: &Client,
     plane: &DataPlane,
@@ -434,9 +437,19 @@ pub async fn apply_plane(
     field_manager: &str,
 ) -> Result<Applied, String> {
     let (mut changed, service) = apply_one(client, &plane.service, uid, field_manager).await?;
-    let (policy_changed, network_policy) =
-        apply_one(client, &plane.network_policy, uid, field_manager).await?;
-    changed |= policy_changed;
+    let network_policy = match &plane.network_policy {
+        Some(policy) => {
+            let (policy_changed, applied) = apply_one(client, policy, uid, field_manager).await?;
+            changed |= policy_changed;
+            Some(applied)
+        }
+        None => {
+            changed |=
+                delete_owned::<NetworkPolicy>(client, namespace, &plane.names.network_policy, uid)
+                    .await?;
+            None
+        }
+    };
     changed |= remove_go_controller_objects(client, &plane.names, go, namespace, uid).await?;
     let (live, replaced) = live_deployment(client, &plane.deployment, uid).await?;
     changed |= replaced.is_some();
@@ -527,4 +540,47 @@ pub async fn remove_plane(
     deleted |= delete_owned::<Secret>(client, namespace, &names.auth_secret, uid).await?;
     deleted |= delete_owned::<Deployment>(client, namespace, &names.deployment, uid).await?;
     Ok(deleted)
+}
+
+/// Sets pod-template annotation `key` of Deployment `deployment` to `value` unless it holds it
+/// already, which rolls its pods. A merge patch of that one field, as `kubectl rollout restart`
+/// writes its own: the Deployment is the chart's, and Helm keeps an annotation it did not set.
+/// Returns whether it changed the Deployment; a missing Deployment is left for a later round.
+pub async fn stamp_pod_template(
+    client: &Client,
+    deployment: &ObjectKey,
+    key: &str,
+    value: &str,
+) -> Result<bool, String> {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), &deployment.namespace);
+    let live = api
+        .get_opt(&deployment.name)
+        .await
+        .map_err(|e| format!("reading Deployment {deployment}: {e}"))?;
+    let Some(live) = live else {
+        return Ok(false);
+    };
+    let held = live
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(key));
+    if held.map(String::as_str) == Some(value) {
+        return Ok(false);
+    }
+    let patch = serde_json::json!({
+        "spec": {"template": {"metadata": {"annotations": {key: value}}}},
+    });
+    api.patch(
+        &deployment.name,
+        &PatchParams {
+            field_manager: Some(super::FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        },
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map_err(|e| format!("patching Deployment {deployment}: {e}"))?;
+    Ok(true)
 }

@@ -23,7 +23,8 @@ use super::apply::Applied;
 use crate::render::{self, DataPlane};
 
 /// The objects of a plane as the watch caches hold them; `None` for one they lack or that is
-/// being deleted.
+/// being deleted. Without a rendered NetworkPolicy, `network_policy` is one the Gateway
+/// controls, left from before the policies were switched off.
 #[derive(Default)]
 pub(super) struct LivePlane<'a> {
     pub(super) deployment: Option<&'a Deployment>,
@@ -56,17 +57,23 @@ impl OwnedFields {
             deployment.map(value),
         );
         add("Service", value(&plane.service), live.service.map(value));
-        add(
-            "NetworkPolicy",
-            value(&plane.network_policy),
-            live.network_policy.map(value),
-        );
+        if let Some(policy) = &plane.network_policy {
+            add(
+                "NetworkPolicy",
+                value(policy),
+                live.network_policy.map(value),
+            );
+        }
         if let Some(autoscaler) = &plane.autoscaler {
             add(
                 "HorizontalPodAutoscaler",
                 value(autoscaler),
                 live.autoscaler.map(value),
             );
+        }
+        // Switched off, yet one is there: unlike the plane applied, which removed it.
+        if plane.network_policy.is_none() && live.network_policy.is_some() {
+            fields.insert("NetworkPolicy", Value::Bool(true));
         }
         Self(fields)
     }
@@ -78,7 +85,7 @@ impl OwnedFields {
             &LivePlane {
                 deployment: Some(&applied.deployment),
                 service: Some(&applied.service),
-                network_policy: Some(&applied.network_policy),
+                network_policy: applied.network_policy.as_ref(),
                 autoscaler: applied.autoscaler.as_ref(),
                 auth_secret: None,
             },

@@ -159,6 +159,24 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     ),
 ];
 
+/// The verbs on NetworkPolicies a controller that renders none needs
+/// ([`RenderSettings::network_policy`] off): finding and removing the ones it rendered before.
+pub const NETWORK_POLICY_CLEANUP: &[&str] = &["list", "watch", "get", "delete"];
+
+/// [`REQUIRED_RBAC`] for a controller that renders the planes' NetworkPolicies
+/// (`network_policy`) or not: then it only cleans them up ([`NETWORK_POLICY_CLEANUP`]).
+pub fn required_rbac(
+    network_policy: bool,
+) -> Vec<(&'static str, &'static str, &'static [&'static str])> {
+    REQUIRED_RBAC
+        .iter()
+        .map(|&(group, resource, verbs)| match resource {
+            "networkpolicies" if !network_policy => (group, resource, NETWORK_POLICY_CLEANUP),
+            _ => (group, resource, verbs),
+        })
+        .collect()
+}
+
 /// The field manager of the controller's server-side applies, and its Events' reporter.
 pub const FIELD_MANAGER: &str = "cftunnel-controller";
 /// Route condition set while a plane's pods have not taken its config for a sustained run.
@@ -181,6 +199,9 @@ pub struct SharedPlane {
     pub auth_key: String,
     /// The Secret and key holding the class tunnel's connector token, for Gateway addresses.
     pub tunnel_secret: Option<(ObjectKey, String)>,
+    /// Its Deployment, whose pod template the controller stamps with the digest of that token
+    /// ([`render::TUNNEL_TOKEN_HASH_ANNOTATION`]) so that a new one rolls the pool.
+    pub deployment: Option<ObjectKey>,
 }
 
 /// How the controller runs.
@@ -402,6 +423,9 @@ struct Reconciler {
     refused_told: HashMap<String, String>,
     /// Per Gateway uid: the plane last applied.
     applied: HashMap<String, AppliedPlane>,
+    /// The token digest the shared pool's Deployment was last seen stamped with, and when:
+    /// checked again when the token changes, and every [`REAPPLY_AFTER`] besides.
+    pool_stamp: Option<(String, std::time::Instant)>,
     /// `/metrics`' push series, per plane.
     push_seconds: Family<health::PlaneLabel, Histogram, fn() -> Histogram>,
     push_failure_counts: Family<health::PlaneLabel, Counter>,
@@ -494,6 +518,7 @@ impl Reconciler {
             applied: HashMap::new(),
             class: ClassSettings::default(),
             class_configs: BTreeMap::new(),
+            pool_stamp: None,
         }
     }
 
@@ -642,6 +667,7 @@ impl Reconciler {
                 planes.insert(PlaneKey::Shared, info);
             }
         }
+        self.stamp_shared_pool(snapshot).await;
         self.note_unreached(&planes, &output.planes, translate_options.shared_tunnel);
 
         let rounds: Vec<PlaneRound<'_>> = output
@@ -868,7 +894,17 @@ impl Reconciler {
                         .services
                         .iter()
                         .find(|s| here(&s.metadata, &names.service)),
-                    network_policy: watched.network_policy(ns, &names.network_policy),
+                    // Without one rendered, only one the Gateway controls is left over to
+                    // remove: someone else's of that name is no reason to apply again.
+                    network_policy: watched
+                        .network_policy(ns, &names.network_policy)
+                        .filter(|p| {
+                            plane.network_policy.is_some()
+                                || p.metadata.owner_references.iter().flatten().any(|o| {
+                                    o.controller == Some(true)
+                                        && gw.metadata.uid.as_ref() == Some(&o.uid)
+                                })
+                        }),
                     autoscaler: watched.autoscaler(ns, &names.autoscaler),
                     auth_secret: snapshot
                         .secrets
@@ -900,10 +936,16 @@ impl Reconciler {
         };
         self.render_failures.remove(key);
         if changed {
-            let note = format!(
-                "rendered Deployment {}, Service {} and NetworkPolicy {}",
-                plane.names.deployment, plane.names.service, plane.names.network_policy
-            );
+            let note = match &plane.network_policy {
+                Some(_) => format!(
+                    "rendered Deployment {}, Service {} and NetworkPolicy {}",
+                    plane.names.deployment, plane.names.service, plane.names.network_policy
+                ),
+                None => format!(
+                    "rendered Deployment {} and Service {}",
+                    plane.names.deployment, plane.names.service
+                ),
+            };
             tracing::info!(gateway = %key, "applied the data plane");
             self.publish(
                 &gw.object_ref(&()),
@@ -1033,6 +1075,57 @@ impl Reconciler {
             },
         );
         Ok((credentials, plane, applied.changed))
+    }
+
+    /// Keeps the shared pool's pod template stamped with the digest of the connector token its
+    /// Secret holds: the pods read the token at start, so a new one (rotated by hand or by a
+    /// secrets operator) rolls them. A token that does not parse is not rolled to: the running
+    /// pods keep the one they have rather than new pods failing on it.
+    async fn stamp_shared_pool(&mut self, snapshot: &Snapshot) {
+        let Some(shared) = &self.options.shared else {
+            return;
+        };
+        let (Some(deployment), Some((secret, key))) = (&shared.deployment, &shared.tunnel_secret)
+        else {
+            return;
+        };
+        let Some(token) = secret_text(snapshot, secret, key) else {
+            return;
+        };
+        if let Err(error) = token.parse::<cftunnel_config::Token>() {
+            if self.pool_stamp.as_ref().is_none_or(|(d, _)| !d.is_empty()) {
+                tracing::warn!(%secret, %key, %error, "the shared pool's tunnel token does not parse; the pool is not rolled to it");
+            }
+            // Remembered as no digest, so the warning is not repeated every round.
+            self.pool_stamp = Some((String::new(), std::time::Instant::now()));
+            return;
+        }
+        let digest = render::token_digest(&token);
+        let fresh = self
+            .pool_stamp
+            .as_ref()
+            .is_some_and(|(d, at)| *d == digest && at.elapsed() < REAPPLY_AFTER);
+        if fresh {
+            return;
+        }
+        match apply::stamp_pod_template(
+            &self.client,
+            deployment,
+            render::TUNNEL_TOKEN_HASH_ANNOTATION,
+            &digest,
+        )
+        .await
+        {
+            Ok(stamped) => {
+                if stamped {
+                    tracing::info!(%deployment, %secret, "the shared pool's tunnel token changed: rolling the pool");
+                }
+                self.pool_stamp = Some((digest, std::time::Instant::now()));
+            }
+            Err(reason) => {
+                tracing::warn!(%deployment, %reason, "stamping the shared pool's token digest failed")
+            }
+        }
     }
 
     /// Removes what is left of a Gateway's dedicated plane. The watched caches say whether

@@ -2,7 +2,7 @@
 //! NetworkPolicies it and the chart render admit.
 
 use super::*;
-use cftunnel_controller::runtime::REQUIRED_RBAC;
+use cftunnel_controller::runtime::required_rbac;
 use cftunnel_controller::translate::ExternalNameBackends;
 use gateway_api::experimental::gatewayclasses::GatewayClass;
 use k8s_openapi::api::core::v1::ServiceAccount;
@@ -15,16 +15,19 @@ fn the_roles_grant_exactly_the_calls_the_runtime_makes_to_the_controllers_accoun
     else {
         return;
     };
-    let required: BTreeSet<(String, String, String)> = REQUIRED_RBAC
-        .iter()
-        .flat_map(|(g, r, verbs)| {
-            verbs
-                .iter()
-                .map(|v| ((*g).to_owned(), (*r).to_owned(), (*v).to_owned()))
-        })
-        .collect();
     for file in values_files() {
         let rendered = render(tools, &file, "");
+        // What the controller the chart runs calls, with the switches the chart gives it.
+        let controller: Deployment = rendered.one("Deployment", &controller_name(RELEASE));
+        let network_policy = options(&controller_run(&controller)).render.network_policy;
+        let required: BTreeSet<(String, String, String)> = required_rbac(network_policy)
+            .iter()
+            .flat_map(|(g, r, verbs)| {
+                verbs
+                    .iter()
+                    .map(|v| ((*g).to_owned(), (*r).to_owned(), (*v).to_owned()))
+            })
+            .collect();
         let mut granted = BTreeSet::new();
         let rules = rendered
             .all::<ClusterRole>("ClusterRole")
@@ -57,7 +60,6 @@ fn the_roles_grant_exactly_the_calls_the_runtime_makes_to_the_controllers_accoun
         );
 
         // Granted to the account the controller runs as, created when the values ask.
-        let controller: Deployment = rendered.one("Deployment", &controller_name(RELEASE));
         let account = pod_spec(&controller)
             .service_account_name
             .clone()
@@ -201,6 +203,15 @@ fn the_controller_takes_the_arguments_the_chart_passes_as_the_values_mean_them()
         for secret in [&shared.auth_secret, &tunnel] {
             assert_eq!(secret.namespace, NAMESPACE, "{file}");
         }
+        // The pool a new token in that Secret rolls is the chart's.
+        assert_eq!(
+            shared
+                .deployment
+                .as_ref()
+                .map(|d| (d.namespace.as_str(), d.name.as_str())),
+            Some((NAMESPACE, pool.metadata.name.as_deref().expect("a name"))),
+            "{file}"
+        );
         // Dedicated planes run the pool's image and drain as long.
         assert_eq!(options.render.proxy_image, proxy.image, "{file}");
         let grace = env(proxy, "PROXY_GRACE_PERIOD").and_then(|e| e.value.clone());
@@ -241,6 +252,17 @@ fn the_controller_takes_the_arguments_the_chart_passes_as_the_values_mean_them()
         assert_eq!(
             options.lease.is_some(),
             at(&values, "controller.leaderElection").as_bool() == Some(true),
+            "{file}"
+        );
+        assert_eq!(
+            Some(options.render.network_policy),
+            at(&values, "controller.planeNetworkPolicy.enabled").as_bool(),
+            "{file}"
+        );
+        // The planes it renders get a NetworkPolicy exactly when the value says so.
+        assert_eq!(
+            plane(&options).network_policy.is_some(),
+            options.render.network_policy,
             "{file}"
         );
         assert_eq!(
@@ -341,7 +363,10 @@ fn the_shared_pools_config_port_admits_the_controllers_pods_not_its_namespace() 
     );
     // The same peers as every dedicated plane's.
     assert_eq!(
-        ingress_peers(&plane(&options).network_policy, config_port(&rendered)),
+        ingress_peers(
+            plane(&options).network_policy.as_ref().expect("a policy"),
+            config_port(&rendered)
+        ),
         [controller_peer]
     );
 }
@@ -408,7 +433,10 @@ fn the_monitoring_is_admitted_to_the_pools_and_planes_config_port_and_the_contro
         expected
     );
     assert_eq!(
-        ingress_peers(&plane(&with).network_policy, config_port(&rendered)),
+        ingress_peers(
+            plane(&with).network_policy.as_ref().expect("a policy"),
+            config_port(&rendered)
+        ),
         expected
     );
 

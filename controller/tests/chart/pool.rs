@@ -149,7 +149,8 @@ fn a_tunnel_token_given_as_a_value_is_the_secret_both_read_and_a_new_one_rolls_t
     assert!(!token.is_empty(), "{file} gives the token");
     let checksum = |rendered: &Rendered| {
         let pool = rendered.raw("Deployment", &pool_name(RELEASE));
-        pool["spec"]["template"]["metadata"]["annotations"]["checksum/tunnel-token"].clone()
+        pool["spec"]["template"]["metadata"]["annotations"]["cf.k8s.lex.la/tunnel-token-hash"]
+            .clone()
     };
     let rendered = render(tools, file, "");
     let pool: Deployment = rendered.one("Deployment", &pool_name(RELEASE));
@@ -166,8 +167,20 @@ fn a_tunnel_token_given_as_a_value_is_the_secret_both_read_and_a_new_one_rolls_t
         shared.tunnel_secret.map(|(s, k)| (s.name, k)),
         Some((name, key))
     );
-    // The same token, the same pods; another token, new pods.
-    assert!(checksum(&rendered).is_string());
+    // The same token, the same pods; another token, new pods. The digest is the one the
+    // controller stamps when the Secret changes between upgrades, and never the token.
+    assert_eq!(
+        checksum(&rendered),
+        Value::String(render::token_digest(&token))
+    );
+    assert!(!checksum(&rendered)
+        .as_str()
+        .is_some_and(|digest| digest.contains(&token)));
+    assert_eq!(
+        shared.deployment.as_ref().map(|d| d.name.clone()),
+        pool.metadata.name.clone(),
+        "the controller keeps the chart's pool stamped"
+    );
     assert_eq!(checksum(&render(tools, file, "")), checksum(&rendered));
     let rotated = render(
         tools,
@@ -175,7 +188,8 @@ fn a_tunnel_token_given_as_a_value_is_the_secret_both_read_and_a_new_one_rolls_t
         &format!("proxy: {{tunnelToken: {{value: {token}x}}}}"),
     );
     assert_ne!(checksum(&rotated), checksum(&rendered));
-    // An existing Secret: no checksum to keep (the README says how to roll the pool).
+    // An existing Secret with no cluster to read it from (`helm template`): no digest; the
+    // controller stamps it.
     assert!(checksum(&render(tools, "default-values.yaml", "")).is_null());
 
     // One of the two, not both, not neither.

@@ -5,12 +5,15 @@
 use super::token::{self, Candidate, Verified, VerifiedCache};
 use super::{AccessError, AccessSettings, CERTS_PATH};
 use crate::forward::{empty_body, Upstream};
+use crate::metrics::{AccessMetrics, TeamLabels, TeamOutcomeLabels};
 use arc_swap::ArcSwapOption;
 use cftunnel_config::{valid, BackendProtocol};
 use http::{header, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, KeyAlgorithm, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,12 +45,51 @@ pub(super) struct KeySet {
     fetched: Instant,
 }
 
-/// The keys of one team and the task keeping them fresh. Dropping it ends the task.
+/// The keys of one team and the task keeping them fresh. Dropping it ends the task and
+/// removes the team's series from `/metrics`.
 #[derive(Debug)]
 pub struct TeamKeys {
     team: Box<str>,
     shared: Arc<Shared>,
+    metrics: AccessMetrics,
 }
+
+/// The team's series, fetched once when the team is first named: the refresh task only
+/// touches atomics.
+#[derive(Debug)]
+struct TeamMetrics {
+    fetched: Counter,
+    failed: Counter,
+    age: Gauge<f64, AtomicU64>,
+}
+
+impl TeamMetrics {
+    fn new(team: &str, metrics: &AccessMetrics) -> Self {
+        let fetches = |outcome| {
+            metrics
+                .key_fetches
+                .get_or_create(&TeamOutcomeLabels {
+                    team: team.to_owned(),
+                    outcome,
+                })
+                .clone()
+        };
+        Self {
+            fetched: fetches(FETCH_OK),
+            failed: fetches(FETCH_ERROR),
+            age: metrics
+                .keys_age
+                .get_or_create(&TeamLabels {
+                    team: team.to_owned(),
+                })
+                .clone(),
+        }
+    }
+}
+
+/// The `outcome` label values of `cftunnel_proxy_access_key_fetches_total`.
+const FETCH_OK: &str = "ok";
+const FETCH_ERROR: &str = "error";
 
 #[derive(Debug)]
 struct Shared {
@@ -65,6 +107,7 @@ struct Shared {
     closed: AtomicBool,
     verified: VerifiedCache,
     validations: token::Validations,
+    metrics: TeamMetrics,
 }
 
 impl TeamKeys {
@@ -72,7 +115,11 @@ impl TeamKeys {
     ///
     /// # Errors
     /// The team domain is not a URL a client can be built for.
-    pub fn new(team: &str, settings: Arc<AccessSettings>) -> Result<Self, String> {
+    pub fn new(
+        team: &str,
+        settings: Arc<AccessSettings>,
+        metrics: &AccessMetrics,
+    ) -> Result<Self, String> {
         let domain = settings.domain_of(team);
         let target = valid::Target::new(&domain, BackendProtocol::Http1, false, None, false)
             .map_err(|e| format!("team domain {domain:?}: {}", e.message))?;
@@ -94,12 +141,19 @@ impl TeamKeys {
                 started: AtomicBool::new(false),
                 closed: AtomicBool::new(false),
                 verified: VerifiedCache::default(),
+                metrics: TeamMetrics::new(team, metrics),
             }),
+            metrics: metrics.clone(),
         })
     }
 
     pub fn team(&self) -> &str {
         &self.team
+    }
+
+    /// Counts a request this team's requirement refused.
+    pub(super) fn refused(&self, reason: AccessError) {
+        self.metrics.refused(reason);
     }
 
     /// Starts the refresh task, once; without a tokio runtime it does nothing (a later call
@@ -197,6 +251,14 @@ impl Drop for TeamKeys {
     fn drop(&mut self) {
         self.shared.closed.store(true, Ordering::Release);
         self.shared.wake.notify_one();
+        let team = self.team.to_string();
+        for outcome in [FETCH_OK, FETCH_ERROR] {
+            self.metrics.key_fetches.remove(&TeamOutcomeLabels {
+                team: team.clone(),
+                outcome,
+            });
+        }
+        self.metrics.keys_age.remove(&TeamLabels { team });
     }
 }
 
@@ -232,6 +294,8 @@ async fn refresh(shared: Arc<Shared>, team: Box<str>) {
                     tracing::info!(team = %team, failures, "Access keys fetched again");
                 }
                 failures = 0;
+                shared.metrics.fetched.inc();
+                shared.metrics.age.set(0.0);
                 shared.keys.store(Some(Arc::new(KeySet {
                     keys,
                     version: if same {
@@ -245,11 +309,13 @@ async fn refresh(shared: Arc<Shared>, team: Box<str>) {
             }
             Err(error) => {
                 failures = failures.saturating_add(1);
-                let fresh_until = shared
-                    .keys
-                    .load()
-                    .as_ref()
-                    .map(|set| set.fetched + shared.settings.max_stale);
+                let fetched = shared.keys.load().as_ref().map(|set| set.fetched);
+                shared.metrics.failed.inc();
+                shared
+                    .metrics
+                    .age
+                    .set(fetched.unwrap_or(shared.epoch).elapsed().as_secs_f64());
+                let fresh_until = fetched.map(|at| at + shared.settings.max_stale);
                 // Logged on the first failure of a run and then at each doubling, so a long
                 // outage does not flood the log.
                 if failures.is_power_of_two() {
