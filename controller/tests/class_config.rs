@@ -112,6 +112,7 @@ async fn scenario() {
                 ObjectKey::new("cftunnel-system", "shared-tunnel"),
                 "tunnel-token".to_owned(),
             )),
+            deployment: None,
         }),
         cloudflare_api_base: cloudflare.base(),
         cloudflare_api_token: Some("flag-api-token".to_owned()),

@@ -65,7 +65,7 @@ fn a_service_import_is_dialled_at_its_cluster_set_name() {
     ];
     for (rest, url, protocol, tls) in cases {
         let out = run(&[IMPORTS.to_owned(), route_to(&import_ref("shop", rest))].concat());
-        assert_eq!(resolved_refs(&out).0, true, "{rest}");
+        assert!(resolved_refs(&out).0, "{rest}");
         let rule = only_rule(&out);
         assert_eq!(rule.backends.len(), 1);
         let backend = &rule.backends[0];
@@ -84,7 +84,9 @@ fn a_service_import_is_dialled_at_its_cluster_set_name() {
 fn service_import_references_that_do_not_resolve_fail_closed_with_the_spec_reason() {
     let grant = "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {name: imports, namespace: apps}\nspec:\n  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: infra}]\n  to: [{group: multicluster.x-k8s.io, kind: ServiceImport}]\n---\n";
     let service_grant = "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {name: services, namespace: apps}\nspec:\n  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: infra}]\n  to: [{group: \"\", kind: Service}]\n---\n";
-    let cases: [(&str, String, &str, Option<(Reason, &str)>); 6] = [
+    /// Name, route, extra manifests, and the expected failure (none: resolves).
+    type Case<'a> = (&'a str, String, &'a str, Option<(Reason, &'a str)>);
+    let cases: [Case<'_>; 6] = [
         (
             "not served",
             route_to(&import_ref("shop", ", port: 8080")),
