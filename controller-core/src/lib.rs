@@ -18,8 +18,10 @@
 //! runtime, a network or TLS stack, native crypto or the CLI parser joins them.
 
 pub mod access_policy;
+pub mod gateway_class_config;
 pub mod gateway_config;
 pub mod manifest;
 pub mod render;
+pub mod service_import;
 pub mod snapshot;
 pub mod translate;

@@ -17,4 +17,7 @@ pub mod cloudflare;
 pub mod push;
 pub mod runtime;
 
-pub use cftunnel_controller_core::{access_policy, gateway_config, manifest, render, translate};
+pub use cftunnel_controller_core::{
+    access_policy, gateway_class_config, gateway_config, manifest, render, service_import,
+    translate,
+};

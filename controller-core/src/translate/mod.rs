@@ -23,10 +23,12 @@ mod gateway;
 mod grpc_route;
 mod hostname;
 mod http_route;
+mod listener_tls;
 pub mod ownership;
 mod route;
 mod rule;
 mod scheme;
+mod service_import;
 mod shadow;
 mod status;
 
@@ -48,6 +50,7 @@ use sha2::{Digest, Sha256};
 
 use crate::access_policy::AccessPolicySpec;
 use crate::render::{self, Plans, RenderSettings};
+use crate::service_import::ServiceImport;
 
 pub use crate::snapshot::{
     ObjectKey, Snapshot, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND,
@@ -90,6 +93,10 @@ pub struct Options {
     /// Routes publish only hostnames their namespace is labelled for (`--hostname-ownership`,
     /// see [`ownership`]).
     pub hostname_ownership: bool,
+    /// Owned GatewayClasses whose `parametersRef` cannot be used, with why: `Accepted=False`
+    /// (`InvalidParameters`). Settled by [`crate::gateway_class_config::settle`], whose
+    /// settings the caller runs the shared plane with.
+    pub refused_classes: BTreeMap<String, String>,
 }
 
 impl Default for Options {
@@ -102,6 +109,7 @@ impl Default for Options {
             proxy_image: None,
             shared_tunnel: None,
             hostname_ownership: false,
+            refused_classes: BTreeMap::new(),
         }
     }
 }
@@ -287,7 +295,11 @@ fn translate_checked(
             .map(|(name, class)| {
                 (
                     name.clone(),
-                    gateway::class_conditions(class.as_deref(), &crd_versions),
+                    gateway::class_conditions(
+                        class.as_deref(),
+                        options.refused_classes.get(name).map(String::as_str),
+                        &crd_versions,
+                    ),
                 )
             })
             .collect(),
@@ -557,6 +569,15 @@ impl TunnelIdentity {
             secret: Sha256::digest(token.tunnel_secret()).into(),
         }
     }
+
+    /// A tunnel known by its id alone (a GatewayClassConfig's `tunnelID` without a connector
+    /// token): no plane holding a token shares it, as none can be shown to hold its secret.
+    pub fn named(id: uuid::Uuid) -> Self {
+        Self {
+            id,
+            secret: [0; 32],
+        }
+    }
 }
 
 /// Which planes share a tunnel. The edge spreads a tunnel's requests over all its connectors,
@@ -667,6 +688,8 @@ pub(crate) struct Index<'a> {
     /// The BackendTLSPolicies, judged, and which covers each Service port.
     policies: backend_tls::Policies,
     access_policies: BTreeMap<(&'a str, &'a str), &'a AccessPolicySpec>,
+    /// `None` where the Multi-Cluster Services API is not served.
+    service_imports: Option<BTreeMap<(&'a str, &'a str), &'a ServiceImport>>,
 }
 
 /// Objects of a namespaced kind by (namespace, name).
@@ -743,6 +766,7 @@ impl<'a> Index<'a> {
             secrets,
             policies,
             access_policies,
+            service_imports: snapshot.service_imports.as_deref().map(by_key),
         }
     }
 

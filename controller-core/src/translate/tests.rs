@@ -3622,3 +3622,5 @@ fn a_route_whose_matches_an_older_route_takes_is_told_it_is_shadowed() {
 
 mod access;
 mod backend_tls;
+mod listener_tls;
+mod service_import;

@@ -8,6 +8,10 @@ use cftunnel_controller::cli::CrdKind;
 const CRD_FILES: &[(&str, CrdKind)] = &[
     ("gatewayconfigs.cf.k8s.lex.la.yaml", CrdKind::GatewayConfig),
     ("accesspolicies.cf.k8s.lex.la.yaml", CrdKind::AccessPolicy),
+    (
+        "gatewayclassconfigs.cf.k8s.lex.la.yaml",
+        CrdKind::GatewayClassConfig,
+    ),
 ];
 
 #[test]
