@@ -1,4 +1,7 @@
-//! Fixtures for the proxy benchmarks: synthetic config documents of a given size.
+//! Fixtures for the benchmarks: synthetic config documents of a given size for the proxy, and a
+//! synthetic cluster ([`cluster`]) for the controller.
+
+pub mod cluster;
 
 use cftunnel_config::Config;
 use serde_json::json;

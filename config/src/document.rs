@@ -16,7 +16,7 @@ where
 }
 
 /// A whole config document; every push replaces the previous one.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Config {
     /// Monotonic version; 0 means unversioned (always accepted).
@@ -30,7 +30,7 @@ pub struct Config {
 }
 
 /// One routing rule: where it applies (hostnames, matches) and what it does (filters, backends).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Rule {
     #[serde(
@@ -68,7 +68,7 @@ pub struct Rule {
     pub name: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Timeouts {
     /// Bounds the whole exchange, retries included.
@@ -79,7 +79,7 @@ pub struct Timeouts {
     pub backend: Option<Duration>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Retry {
     #[serde(
@@ -98,7 +98,7 @@ pub struct Retry {
 /// A Cloudflare Access requirement (as cloudflared's `originRequest.access`): the request's
 /// `Cf-Access-Jwt-Assertion` header must hold a token signed by the team's keys, issued by the
 /// team's domain, unexpired, whose `aud` names one of `audiences` (application AUD tags).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Access {
     /// The Zero Trust team name: `<teamName>.cloudflareaccess.com` is the team domain.
@@ -110,7 +110,7 @@ pub struct Access {
 }
 
 /// Matches are ORed within a rule; the fields inside one match are ANDed.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Match {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -131,7 +131,7 @@ pub struct Match {
     pub method: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum PathMatchType {
     Exact,
     #[default]
@@ -139,7 +139,7 @@ pub enum PathMatchType {
     RegularExpression,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PathMatch {
     #[serde(default, rename = "type")]
@@ -148,7 +148,7 @@ pub struct PathMatch {
     pub value: String,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ValueMatchType {
     #[default]
     Exact,
@@ -156,7 +156,7 @@ pub enum ValueMatchType {
 }
 
 /// A header or query-parameter match.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ValueMatch {
     #[serde(default, rename = "type")]
@@ -166,7 +166,7 @@ pub struct ValueMatch {
     pub value: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum FilterType {
     RequestHeaderModifier,
     ResponseHeaderModifier,
@@ -177,7 +177,7 @@ pub enum FilterType {
     Cors,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Filter {
     #[serde(rename = "type")]
@@ -211,7 +211,7 @@ impl Filter {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HeaderModifier {
     #[serde(
@@ -234,21 +234,21 @@ pub struct HeaderModifier {
     pub remove: Vec<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Header {
     pub name: String,
     #[serde(default)]
     pub value: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum PathModifierType {
     ReplaceFullPath,
     ReplacePrefixMatch,
 }
 
 /// Redirect path: `value` carries the replacement for either type.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RedirectPath {
     #[serde(rename = "type")]
@@ -257,7 +257,7 @@ pub struct RedirectPath {
     pub value: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RequestRedirect {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -273,7 +273,7 @@ pub struct RequestRedirect {
 }
 
 /// Rewrite path, in Gateway API shape: the value sits in the field named after the type.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RewritePath {
     #[serde(rename = "type")]
@@ -284,7 +284,7 @@ pub struct RewritePath {
     pub replace_prefix_match: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UrlRewrite {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -293,7 +293,7 @@ pub struct UrlRewrite {
     pub path: Option<RewritePath>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RequestMirror {
     pub backend_url: String,
@@ -310,7 +310,7 @@ pub struct RequestMirror {
     pub public_only: bool,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Cors {
     #[serde(
@@ -344,7 +344,7 @@ pub struct Cors {
     pub max_age: Option<u32>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum BackendProtocol {
     /// HTTP/1.1, or HTTP/2 negotiated by ALPN over TLS.
     #[default]
@@ -361,7 +361,7 @@ impl BackendProtocol {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Backend {
     #[serde(default)]
@@ -405,7 +405,7 @@ impl Default for Backend {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BackendTls {
     /// PEM bundle of CA certificates; absent: the platform's web roots.
@@ -430,7 +430,7 @@ pub struct BackendTls {
 }
 
 /// A client certificate and its private key, both PEM.
-#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClientCertificate {
     /// The certificate, then any intermediates it needs (`tls.crt` of a `kubernetes.io/tls`

@@ -15,6 +15,7 @@
 //! Pure: no I/O, no clock. [`Cache`] keeps compiled patterns and parsed targets between calls.
 
 mod access;
+mod at;
 mod cache;
 mod client_certificate;
 mod filter;
@@ -39,6 +40,7 @@ pub use status::{final_status, redirect_status, status};
 pub use target::{ca_bundle, SubjectAltName, Target, TargetError, Tls};
 
 use crate::Config;
+use at::At;
 
 /// A value that breaks a rule of the contract: the field, relative to the rule
 /// (`matches[0].path`), and why.

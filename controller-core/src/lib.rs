@@ -19,8 +19,10 @@
 
 pub mod access_policy;
 pub mod external_backend;
+pub mod gateway_class_config;
 pub mod gateway_config;
 pub mod manifest;
 pub mod render;
+pub mod service_import;
 pub mod snapshot;
 pub mod translate;

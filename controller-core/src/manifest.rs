@@ -8,10 +8,15 @@ use serde_yaml_ng::Value;
 
 use crate::access_policy::ACCESS_POLICY_KIND;
 use crate::external_backend::EXTERNAL_BACKEND_KIND;
+use crate::gateway_class_config::GATEWAY_CLASS_CONFIG_KIND;
+use crate::service_import::{MULTICLUSTER_GROUP, SERVICE_IMPORT_KIND};
 use crate::snapshot::{
     Snapshot, EXPERIMENTAL_GATEWAY_API_GROUP, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP,
     GATEWAY_CONFIG_KIND,
 };
+
+/// The CustomResourceDefinition of ServiceImport.
+const SERVICE_IMPORTS_CRD: &str = "serviceimports.multicluster.x-k8s.io";
 
 /// Why a manifest could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -179,6 +184,13 @@ fn add_value(
                 .external_backends
                 .push(object(value, source_name, document, &kind, &name)?)
         }
+        (GATEWAY_CONFIG_GROUP, GATEWAY_CLASS_CONFIG_KIND) => snapshot
+            .gateway_class_configs
+            .push(object(value, source_name, document, &kind, &name)?),
+        (MULTICLUSTER_GROUP, SERVICE_IMPORT_KIND) => snapshot
+            .service_imports
+            .get_or_insert_with(Vec::new)
+            .push(object(value, source_name, document, &kind, &name)?),
         (GATEWAY_CONFIG_GROUP, ACCESS_POLICY_KIND) => {
             snapshot
                 .access_policies
@@ -191,6 +203,10 @@ fn add_value(
         }
         // Only the metadata is read (the bundle version of Gateway API's CRDs).
         ("apiextensions.k8s.io", "CustomResourceDefinition") => {
+            // Manifests holding the ServiceImport CRD serve that API.
+            if name == SERVICE_IMPORTS_CRD {
+                snapshot.service_imports.get_or_insert_with(Vec::new);
+            }
             let metadata = value.get("metadata").cloned().unwrap_or(Value::Null);
             snapshot
                 .custom_resource_definitions

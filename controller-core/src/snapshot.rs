@@ -19,7 +19,9 @@ use serde::{Serialize, Serializer};
 
 use crate::access_policy::AccessPolicy;
 use crate::external_backend::ExternalBackend;
+use crate::gateway_class_config::GatewayClassConfig;
 use crate::gateway_config::GatewayConfig;
+use crate::service_import::ServiceImport;
 
 /// The API group of every Gateway API kind.
 pub const GATEWAY_API_GROUP: &str = "gateway.networking.k8s.io";
@@ -50,8 +52,14 @@ pub struct Snapshot {
     pub namespaces: Vec<Namespace>,
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
+    /// The cluster set's Services (`multicluster.x-k8s.io` ServiceImports) backendRefs may
+    /// name; `None` where the API server does not serve that API, whose backendRefs are then
+    /// of a kind not supported (`InvalidKind`).
+    pub service_imports: Option<Vec<ServiceImport>>,
     /// Read by [`crate::render::plan`]; the translation sees them through its plans.
     pub gateway_configs: Vec<GatewayConfig>,
+    /// The class-level settings GatewayClasses name ([`crate::gateway_class_config`]).
+    pub gateway_class_configs: Vec<GatewayClassConfig>,
     /// Read by [`crate::render::plan`] for the tokens a `GatewayConfig` names, and by the
     /// translation for Gateways' backend client certificates and BackendTLSPolicies' CAs.
     pub secrets: Vec<Secret>,

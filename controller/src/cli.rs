@@ -15,6 +15,7 @@ use kube::CustomResourceExt;
 
 use crate::access_policy::AccessPolicy;
 use crate::external_backend::ExternalBackend;
+use crate::gateway_class_config::{self, ClassDefaults, GatewayClassConfig};
 use crate::gateway_config::GatewayConfig;
 use crate::manifest;
 use crate::render::{self, RenderSettings};
@@ -44,8 +45,8 @@ pub enum Command {
     /// Print the objects of a Gateway's dedicated data plane (stdout, multi-document YAML, in
     /// apply order) and its status address (stderr).
     Render(RenderArgs),
-    /// Print the CustomResourceDefinitions of GatewayConfig, AccessPolicy and ExternalBackend (multi-document
-    /// YAML), or of the one kind named.
+    /// Print the CustomResourceDefinitions of GatewayConfig, AccessPolicy, ExternalBackend and
+    /// GatewayClassConfig (multi-document YAML), or of the one kind named.
     Crd(CrdArgs),
 }
 
@@ -66,6 +67,8 @@ pub enum CrdKind {
     AccessPolicy,
     #[value(name = "ExternalBackend")]
     ExternalBackend,
+    #[value(name = "GatewayClassConfig")]
+    GatewayClassConfig,
 }
 
 impl CrdKind {
@@ -78,6 +81,7 @@ impl CrdKind {
             Self::GatewayConfig => GatewayConfig::crd(),
             Self::AccessPolicy => AccessPolicy::crd(),
             Self::ExternalBackend => ExternalBackend::crd(),
+            Self::GatewayClassConfig => GatewayClassConfig::crd(),
         };
         serde_yaml_ng::to_string(&crd).context("encoding the CRD")
     }
@@ -303,6 +307,8 @@ impl RunArgs {
                 // Read from the shared tunnel's Secret every round.
                 shared_tunnel: None,
                 hostname_ownership: self.class.hostname_ownership,
+                // Settled from the GatewayClassConfigs every round.
+                refused_classes: std::collections::BTreeMap::new(),
             },
             render: render_settings(PlaneFlags {
                 proxy_image: &self.class.proxy_image,
@@ -569,9 +575,12 @@ pub struct TranslateArgs {
     #[command(flatten)]
     pub class: ClassArgs,
     /// The shared plane's connector token (the class tunnel), to see which dedicated Gateways
-    /// share it.
+    /// share it; a GatewayClassConfig's connector token in the manifests overrides it.
     #[arg(long, env = "SHARED_TUNNEL_TOKEN", hide_env_values = true)]
     pub shared_tunnel_token: Option<cftunnel_config::Token>,
+    /// Where the Secrets a GatewayClassConfig names without a namespace are.
+    #[arg(long, default_value = "cftunnel-system")]
+    pub controller_namespace: String,
 }
 
 /// `NAMESPACE/NAME` of a Gateway.
@@ -636,14 +645,28 @@ pub fn run_translate(
         );
     }
 
+    let parameters = gateway_class_config::settle(
+        &snapshot,
+        &args.class.controller_name,
+        &ClassDefaults {
+            namespace: args.controller_namespace.clone(),
+            ..ClassDefaults::default()
+        },
+    );
     let options = Options {
         controller_name: args.class.controller_name.clone(),
         gateway_class_name: class,
         cluster_domain: args.class.cluster_domain.clone(),
         external_name_backends: args.class.external_name_backends,
         proxy_image: args.class.proxy_image.clone(),
-        shared_tunnel: args.shared_tunnel_token.as_ref().map(TunnelIdentity::of),
+        shared_tunnel: parameters
+            .shared
+            .tunnel_token
+            .as_ref()
+            .or(args.shared_tunnel_token.as_ref())
+            .map(TunnelIdentity::of),
         hostname_ownership: args.class.hostname_ownership,
+        refused_classes: parameters.refused,
     };
     let output = translate::translate(&snapshot, &options);
     write_statuses(err, &output)?;
@@ -757,6 +780,7 @@ pub fn run_crd(args: &CrdArgs, out: &mut impl Write) -> anyhow::Result<()> {
             CrdKind::GatewayConfig,
             CrdKind::AccessPolicy,
             CrdKind::ExternalBackend,
+            CrdKind::GatewayClassConfig,
         ],
     };
     for (i, kind) in kinds.into_iter().enumerate() {

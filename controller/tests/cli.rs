@@ -627,7 +627,8 @@ fn crd_prints_the_gateway_config_definition() {
         [
             "gatewayconfigs.cf.k8s.lex.la",
             "accesspolicies.cf.k8s.lex.la",
-            "externalbackends.cf.k8s.lex.la"
+            "externalbackends.cf.k8s.lex.la",
+            "gatewayclassconfigs.cf.k8s.lex.la"
         ]
     );
     let policy: CustomResourceDefinition =

@@ -254,6 +254,13 @@ impl Teams {
         })
     }
 
+    /// Counts the team of a rule compiled for an earlier table as used by the new one.
+    pub(crate) fn keep(check: &AccessCheck, used: &mut HashMap<Box<str>, Arc<TeamKeys>>) {
+        if !used.contains_key(check.team.team()) {
+            used.insert(check.team.team().into(), check.team.clone());
+        }
+    }
+
     /// Replaces the teams with those the new table uses; the others' refresh tasks end.
     pub(crate) fn replace(&mut self, used: HashMap<Box<str>, Arc<TeamKeys>>) {
         self.teams = used;

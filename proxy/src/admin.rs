@@ -234,10 +234,9 @@ impl Admin {
                 format!("config larger than {limit} bytes"),
             );
         }
-        let body = match Limited::new(req.into_body(), limit).collect().await {
-            Ok(b) => b.to_bytes(),
+        let body = match read_body(req.into_body(), limit, declared).await {
+            Ok(body) => body,
             Err(e) => {
-                let e: BoxError = e;
                 if e.is::<http_body_util::LengthLimitError>() {
                     return json_error(
                         StatusCode::PAYLOAD_TOO_LARGE,
@@ -247,19 +246,7 @@ impl Admin {
                 return json_error(StatusCode::BAD_REQUEST, format!("reading body: {e}"));
             }
         };
-        let mut de = serde_json::Deserializer::from_slice(&body);
-        // One document and nothing after it but whitespace, as the config file is read.
-        let parsed = serde_path_to_error::deserialize(&mut de)
-            .map_err(|e| e.to_string())
-            .and_then(|d| de.end().map(|()| d).map_err(|e| e.to_string()));
-        let doc: cftunnel_config::Config = match parsed {
-            Ok(d) => d,
-            Err(e) => {
-                self.reloader.proxy().metrics().reload("rejected");
-                return json_error(StatusCode::BAD_REQUEST, ConfigError::Json(e));
-            }
-        };
-        match self.reloader.apply(doc).await {
+        match self.reloader.apply_json(body).await {
             Ok(version) => respond(
                 StatusCode::OK,
                 "application/json",
@@ -271,6 +258,21 @@ impl Admin {
             Err(e) => json_error(StatusCode::BAD_REQUEST, e),
         }
     }
+}
+
+/// Reads a body of at most `limit` bytes into one buffer, sized up front by its declared
+/// length: chunks are copied in as they arrive and freed, so a large config is held once, not
+/// once in chunks and again joined.
+async fn read_body(body: Incoming, limit: usize, declared: Option<u64>) -> Result<Bytes, BoxError> {
+    let capacity = declared.map_or(0, |n| usize::try_from(n).unwrap_or(limit).min(limit));
+    let mut buf = bytes::BytesMut::with_capacity(capacity);
+    let mut body = Limited::new(body, limit);
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf.freeze())
 }
 
 /// Serves the admin endpoints until the process exits.

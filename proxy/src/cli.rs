@@ -98,7 +98,8 @@ pub struct Args {
     #[arg(long, env = "PROXY_CONFIG_FILE")]
     pub config_file: Option<PathBuf>,
 
-    /// Runtime worker threads (default: one per CPU).
+    /// Runtime worker threads (default: one per CPU the process may use, its affinity capped by
+    /// its cgroup CPU quota).
     #[arg(long, env = "PROXY_WORKER_THREADS")]
     pub worker_threads: Option<NonZeroUsize>,
 

@@ -7,27 +7,61 @@
 
 mod compile;
 mod error;
+mod reuse;
+mod stream;
 
 pub use compile::compile;
 pub use error::ConfigError;
 
 use crate::forward::Upstream;
 use crate::proxy::Proxy;
+use crate::route::RegexSets;
+use crate::routes::Routes;
+use bytes::Bytes;
 use cftunnel_config::{valid, Config};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// What one compile hands to the next: backend clients, by their target's key (so connection
-/// pools survive a reload), and the contract's compiled patterns and parsed targets (so an
-/// unchanged regex is not compiled again).
+/// What one compile hands to the next: backend clients, by their target (so connection pools
+/// survive a reload), the contract's compiled patterns and parsed targets and the table's
+/// multi-pattern automatons (so an unchanged regex is not compiled again), and the compiled
+/// rules (so an unchanged rule is neither checked nor built again).
 #[derive(Debug)]
 pub struct Cache {
-    pub(crate) upstreams: HashMap<Box<str>, Arc<Upstream>>,
+    pub(crate) upstreams: HashMap<TargetId, Arc<Upstream>>,
     pub(crate) checked: valid::Cache,
+    /// The route table's multi-pattern automatons.
+    pub(crate) regex_sets: RegexSets,
+    /// The compiled rules of the table in service.
+    pub(crate) rules: reuse::Rules,
+    /// Rules, and exact and wildcard hostnames, of the table in service: about as many as the
+    /// next one has.
+    pub(crate) last_rules: usize,
+    pub(crate) last_hosts: (usize, usize),
     /// Bound on HTTP/1.1 connections open at once to each new backend client.
     pub(crate) max_connections: usize,
     /// The keys of each Cloudflare Access team the table names, kept across pushes.
     pub(crate) access: crate::access::Teams,
+}
+
+/// A checked target, compared by identity: the contract's cache hands out the same `Arc` for an
+/// unchanged target push after push, so finding its client costs no string hashing. Holding
+/// the `Arc` keeps its address from being reused by another target.
+#[derive(Debug, Clone)]
+pub(crate) struct TargetId(pub(crate) Arc<valid::Target>);
+
+impl PartialEq for TargetId {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for TargetId {}
+
+impl std::hash::Hash for TargetId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(Arc::as_ptr(&self.0), state);
+    }
 }
 
 impl Default for Cache {
@@ -43,6 +77,10 @@ impl Cache {
         Self {
             upstreams: HashMap::new(),
             checked: valid::Cache::default(),
+            regex_sets: RegexSets::default(),
+            rules: reuse::Rules::default(),
+            last_rules: 0,
+            last_hosts: (0, 0),
             max_connections,
             access: crate::access::Teams::default(),
         }
@@ -76,9 +114,10 @@ struct State {
     cache: Cache,
 }
 
-/// Documents with more rules than this give the memory they were parsed into back to the
-/// system once compiled.
+/// Documents with more rules than this (or, as text, more bytes) give the memory they were
+/// parsed into back to the system once compiled.
 const LARGE_DOCUMENT_RULES: usize = 500;
+const LARGE_DOCUMENT_BYTES: usize = 100 * 1024;
 
 impl Reloader {
     pub fn new(proxy: Proxy) -> Self {
@@ -134,6 +173,55 @@ impl Reloader {
         .map_err(|_| ConfigError::Internal("compiler task failed"))?;
         let (compiled, cache) = result;
         state.cache = cache;
+        self.swap_in(&mut state, compiled)
+    }
+
+    /// [`Reloader::apply`] of a document's JSON text, read and compiled together off the async
+    /// workers: each rule is compiled as soon as it is read and dropped, so a push never holds
+    /// the whole parsed document beside the table being built.
+    ///
+    /// # Errors
+    /// As [`Reloader::apply`], and first [`ConfigError::Json`] for text that is not one config
+    /// document: a malformed document is refused as such, whatever its version or rules.
+    pub async fn apply_json(&self, text: Bytes) -> Result<i64, ConfigError> {
+        let mut state = self.state.lock().await;
+        let current = state.version;
+        let metrics = self.proxy.metrics().clone();
+        let cache = std::mem::take(&mut state.cache);
+        let big = text.len() > LARGE_DOCUMENT_BYTES;
+        let result = tokio::task::spawn_blocking(move || {
+            let mut cache = cache;
+            let r = compile::compile_json(&text, current, &metrics, &mut cache);
+            if big {
+                // The text was as large as a fifth of the table; give its memory back now.
+                drop(text);
+                crate::memory::release_freed();
+            }
+            (r, cache)
+        })
+        .await
+        .map_err(|_| ConfigError::Internal("compiler task failed"))?;
+        let (compiled, cache) = result;
+        state.cache = cache;
+        match compiled {
+            Err(e @ ConfigError::Stale { .. }) => {
+                self.proxy.metrics().reload("stale");
+                Err(e)
+            }
+            Err(e @ ConfigError::Json(_)) => {
+                self.proxy.metrics().reload("rejected");
+                Err(e)
+            }
+            compiled => self.swap_in(&mut state, compiled),
+        }
+    }
+
+    /// Serves a compiled table, or counts and logs why there is none.
+    fn swap_in(
+        &self,
+        state: &mut State,
+        compiled: Result<Routes, ConfigError>,
+    ) -> Result<i64, ConfigError> {
         state.cache.access.start();
         match compiled {
             Ok(routes) => {

@@ -15,37 +15,57 @@ static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection"
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
-/// Headers that are always hop-by-hop, apart from those `Connection` lists.
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    name == header::CONNECTION
-        || name == header::UPGRADE
-        || name == header::TRANSFER_ENCODING
-        || name == header::TE
-        || name == header::TRAILER
-        || name == header::PROXY_AUTHORIZATION
-        || name == KEEP_ALIVE
-        || name == PROXY_CONNECTION
+/// The headers that are always hop-by-hop, apart from those `Connection` lists, each with its
+/// bit in the set [`present`] returns.
+const HOP_BY_HOP: [&HeaderName; 8] = [
+    &header::CONNECTION,
+    &header::UPGRADE,
+    &header::TRANSFER_ENCODING,
+    &header::TE,
+    &header::TRAILER,
+    &header::PROXY_AUTHORIZATION,
+    &KEEP_ALIVE,
+    &PROXY_CONNECTION,
+];
+const CONNECTION_BIT: u8 = 1;
+const UPGRADE_BIT: u8 = 1 << 1;
+const TE_BIT: u8 = 1 << 3;
+
+/// Which of [`HOP_BY_HOP`] the map holds, found in one pass over its names (a lookup of an
+/// absent name still hashes it).
+fn present(headers: &HeaderMap) -> u8 {
+    let mut set = 0;
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| *h == name) {
+            set |= 1 << i;
+        }
+    }
+    set
 }
 
 /// Removes hop-by-hop headers, keeping `Upgrade` (and the names `Connection` lists, bar
 /// `Upgrade`) when the request is being upgraded; the caller then sets `Connection: upgrade`.
 /// `TE: trailers` is end-to-end for gRPC and stays; other `TE` values go.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    if !headers.keys().any(is_hop_by_hop) {
+    let set = present(headers);
+    if set == 0 {
         return;
     }
-    if headers.contains_key(header::CONNECTION) {
+    if set & CONNECTION_BIT != 0 {
         // Values are reference-counted; holding them frees the map for the removals below.
-        let listed: Vec<HeaderValue> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .cloned()
-            .collect();
+        // Almost always one value (a backend's `keep-alive`), held without a `Vec`.
+        let mut values = headers.get_all(header::CONNECTION).iter();
+        let first = values.next().cloned();
+        let rest: Vec<HeaderValue> = values.cloned().collect();
         headers.remove(header::CONNECTION);
-        for value in &listed {
+        for value in first.iter().chain(&rest) {
             let Ok(value) = value.to_str() else { continue };
             for token in value.split(',').map(str::trim) {
-                if keep_upgrade && token.eq_ignore_ascii_case("upgrade") {
+                // Connection options, not header names; `keep-alive` goes below if present.
+                if token.eq_ignore_ascii_case("keep-alive")
+                    || token.eq_ignore_ascii_case("close")
+                    || (keep_upgrade && token.eq_ignore_ascii_case("upgrade"))
+                {
                     continue;
                 }
                 // A token that is not a valid header name matches nothing.
@@ -53,25 +73,22 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
             }
         }
     }
-    if !keep_upgrade {
+    if set & UPGRADE_BIT != 0 && !keep_upgrade {
         headers.remove(header::UPGRADE);
     }
-    for name in [
-        &KEEP_ALIVE,
-        &PROXY_CONNECTION,
-        &header::PROXY_AUTHORIZATION,
-        &header::TRAILER,
-        &header::TRANSFER_ENCODING,
-    ] {
-        if headers.contains_key(name) {
-            headers.remove(name);
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        let bit = 1 << i;
+        if set & bit != 0 && bit & (CONNECTION_BIT | UPGRADE_BIT | TE_BIT) == 0 {
+            headers.remove(*name);
         }
     }
-    let te_trailers = headers
-        .get(header::TE)
-        .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
-    if !te_trailers {
-        headers.remove(header::TE);
+    if set & TE_BIT != 0 {
+        let te_trailers = headers
+            .get(header::TE)
+            .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+        if !te_trailers {
+            headers.remove(header::TE);
+        }
     }
 }
 
@@ -231,6 +248,25 @@ mod tests {
         ]);
         strip_hop_by_hop(&mut h, false);
         assert_eq!(names(&h), ["host", "x-kept"]);
+    }
+
+    #[test]
+    fn connection_options_go_with_the_connection_header() {
+        for value in ["keep-alive", "close", "Keep-Alive, x-hop", "close, upgrade"] {
+            let mut h = map(&[
+                ("connection", value),
+                ("x-hop", "1"),
+                ("upgrade", "h2c"),
+                ("x-kept", "k"),
+            ]);
+            strip_hop_by_hop(&mut h, false);
+            let kept = if value.contains("x-hop") {
+                vec!["x-kept"]
+            } else {
+                vec!["x-hop", "x-kept"]
+            };
+            assert_eq!(names(&h), kept, "{value}");
+        }
     }
 
     #[test]

@@ -20,15 +20,16 @@ fn main() -> std::process::ExitCode {
     if let Some(asked) = args.grace_period.1 {
         tracing::warn!(asked = ?asked, capped = ?args.grace_period.0, "grace period capped at its maximum");
     }
+    let workers = args
+        .worker_threads
+        .map_or_else(cftunnel_proxy::process::default_worker_threads, |n| n.get());
     // One worker: a current-thread runtime, which skips the work-stealing machinery entirely.
-    let mut runtime = match args.worker_threads.map(|n| n.get()) {
-        Some(1) => tokio::runtime::Builder::new_current_thread(),
-        Some(n) => {
-            let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(n);
-            b
-        }
-        None => tokio::runtime::Builder::new_multi_thread(),
+    let mut runtime = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(workers);
+        b
     };
     runtime.enable_all();
     let runtime = match runtime.build() {
@@ -38,8 +39,8 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    // What the runtime settled on: `--worker-threads`, or tokio's default of one per CPU the
-    // process may use (the whole node's when the pod has no CPU limit).
+    // What the runtime settled on: `--worker-threads`, or one per CPU the process may use (the
+    // whole node's when the pod has neither a CPU limit nor a cpuset).
     let worker_threads = runtime.metrics().num_workers();
     let run = async {
         let signals = cftunnel_proxy::process::Signals::new()?;

@@ -18,6 +18,14 @@ pub trait Stop: Send + 'static {
     fn next(&mut self) -> impl Future<Output = ()> + Send;
 }
 
+/// Runtime worker threads when `PROXY_WORKER_THREADS` is not set: one per CPU the process may
+/// use, which on Linux is its CPU affinity (`taskset`, a cpuset) capped by its cgroup CPU quota
+/// (a Kubernetes CPU limit, `cpu.max`; rounded down), and at least one. A pod limited to one CPU
+/// on a large node gets one worker, not one per node CPU contending for its quota.
+pub fn default_worker_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
 /// Runs the proxy as `args` say until `stop` asks it to stop, then drains it. `worker_threads`
 /// is the runtime's, which sizes per-worker metric shards.
 ///
@@ -146,11 +154,20 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
             server
                 .health()
                 .track_tunnel(move || registered.registered());
-            tracing::info!(admin = %server.admin_addr(), "proxy serving through the tunnel");
+            tracing::info!(
+                admin = %server.admin_addr(),
+                workers = worker_threads,
+                "proxy serving through the tunnel"
+            );
             Some(handle)
         }
         None => {
-            tracing::info!(data = %server.data_addr(), admin = %server.admin_addr(), "proxy serving");
+            tracing::info!(
+                data = %server.data_addr(),
+                admin = %server.admin_addr(),
+                workers = worker_threads,
+                "proxy serving"
+            );
             None
         }
     };

@@ -9,7 +9,7 @@ mod matcher;
 mod table;
 
 pub use matcher::{MatchSpec, PathMatcher, Pattern, RequestView, ValueMatcher};
-pub use table::{Bucket, Hit, Table, TableBuilder};
+pub use table::{Bucket, Hit, RegexSets, Table, TableBuilder};
 
 #[cfg(test)]
 mod tests;

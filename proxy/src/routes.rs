@@ -18,8 +18,6 @@ use tokio::time::Instant;
 #[derive(Debug)]
 pub struct Routes {
     pub(crate) table: Table<Rule>,
-    /// Hostname label of each bucket, indexed by bucket id.
-    host_labels: Box<[Box<str>]>,
     /// Metric children of each bucket, fetched on the bucket's first request rather than at
     /// compile time, so a push of thousands of hostnames stays cheap. Shared, so a response
     /// still streaming holds its hostname's metrics and not the whole table it started on.
@@ -33,18 +31,16 @@ pub struct Routes {
 impl Routes {
     pub(crate) fn new(
         table: Table<Rule>,
-        host_labels: Vec<Box<str>>,
         metrics: ProxyMetrics,
         version: i64,
         has_grpc: bool,
     ) -> Self {
-        let hosts = host_labels
-            .iter()
+        let hosts = table
+            .buckets()
             .map(|_| std::sync::OnceLock::new())
             .collect();
         Self {
             table,
-            host_labels: host_labels.into_boxed_slice(),
             hosts,
             unmatched: std::sync::OnceLock::new(),
             metrics,
@@ -75,13 +71,13 @@ impl Routes {
     /// label it; empty for no bucket.
     pub(crate) fn host_label(&self, bucket: Option<usize>) -> &str {
         bucket
-            .and_then(|b| self.host_labels.get(b))
-            .map_or("", |l| l)
+            .and_then(|b| self.table.bucket(b))
+            .map_or("", |b| &b.pattern)
     }
 
     pub(crate) fn host_metrics(&self, bucket: Option<usize>) -> &Arc<HostMetrics> {
-        match bucket.and_then(|b| Some((self.hosts.get(b)?, self.host_labels.get(b)?))) {
-            Some((slot, label)) => slot.get_or_init(|| Arc::new(self.metrics.host(label))),
+        match bucket.and_then(|b| Some((self.hosts.get(b)?, self.table.bucket(b)?))) {
+            Some((slot, b)) => slot.get_or_init(|| Arc::new(self.metrics.host(&b.pattern))),
             None => self
                 .unmatched
                 .get_or_init(|| Arc::new(self.metrics.host(""))),
@@ -169,9 +165,9 @@ pub(crate) fn retire(
 /// Drops the metric series of hostname patterns `old` served and `now` does not (the
 /// unmatched series stays), so `/metrics` does not grow with every hostname ever served.
 fn forget_hostnames(old: &Routes, now: &Routes, metrics: &ProxyMetrics) {
-    let kept: std::collections::HashSet<&str> = now.host_labels.iter().map(AsRef::as_ref).collect();
-    for label in old.host_labels.iter() {
-        if !label.is_empty() && !kept.contains(label.as_ref()) {
+    let kept: std::collections::HashSet<&str> = now.table.buckets().map(|b| &*b.pattern).collect();
+    for label in old.table.buckets().map(|b| &*b.pattern) {
+        if !label.is_empty() && !kept.contains(label) {
             metrics.forget_host(label);
         }
     }

@@ -12,6 +12,7 @@ use crate::proxy::Proxy;
 use crate::upgrade::SessionHold;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -68,22 +69,72 @@ impl Default for Limits {
     }
 }
 
-fn builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Some(limits.header_read_timeout))
-        .max_headers(limits.max_headers)
-        .max_buf_size(limits.max_header_bytes.max(8192))
-        .keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(limits.max_header_bytes as u32)
-        .max_concurrent_streams(limits.max_concurrent_streams)
-        .keep_alive_interval(Some(Duration::from_secs(30)));
-    builder
+/// The connection builders of a listener. A connection whose first bytes settle its protocol
+/// (nearly all: a client's first read holds its whole first request) is served by that
+/// protocol's own builder; only one whose first bytes are a part of the HTTP/2 preface goes
+/// through `auto`, which reads on until it can tell. `auto` costs its wrapper on every poll
+/// of the connection for the life of it, for a choice made once.
+struct Builders {
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+    auto: auto::Builder<TokioExecutor>,
+}
+
+impl Builders {
+    fn new(limits: &Limits) -> Self {
+        let mut auto = auto::Builder::new(TokioExecutor::new());
+        let mut http1 = http1::Builder::new();
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(Some(limits.header_read_timeout))
+            .max_headers(limits.max_headers)
+            // The buffer bound is only checked while a head is incomplete: a large head read
+            // whole in one go would pass it. This one is checked on every head.
+            .max_header_size(limits.max_header_bytes)
+            .max_buf_size(limits.max_header_bytes.max(8192))
+            .keep_alive(true);
+        auto.http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(Some(limits.header_read_timeout))
+            .max_headers(limits.max_headers)
+            .max_buf_size(limits.max_header_bytes.max(8192))
+            .keep_alive(true);
+        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        http2
+            .timer(TokioTimer::new())
+            .max_header_list_size(limits.max_header_bytes as u32)
+            .max_concurrent_streams(limits.max_concurrent_streams)
+            .keep_alive_interval(Some(Duration::from_secs(30)));
+        auto.http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size(limits.max_header_bytes as u32)
+            .max_concurrent_streams(limits.max_concurrent_streams)
+            .keep_alive_interval(Some(Duration::from_secs(30)));
+        Self { http1, http2, auto }
+    }
+}
+
+/// The HTTP/2 connection preface (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// What a connection's first bytes say it speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    Http2,
+    /// Only part of the preface so far.
+    Unknown,
+}
+
+fn protocol_of(first: &[u8]) -> Protocol {
+    let n = first.len().min(H2_PREFACE.len());
+    if first[..n] != H2_PREFACE[..n] {
+        Protocol::Http1
+    } else if n == H2_PREFACE.len() {
+        Protocol::Http2
+    } else {
+        Protocol::Unknown
+    }
 }
 
 /// The data listener's open connections, for the drain.
@@ -112,7 +163,7 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
 ) -> Connections {
     let (close, _) = watch::channel(false);
-    let builder = builder(&limits);
+    let builders = Arc::new(Builders::new(&limits));
     let permits = Arc::new(Semaphore::new(
         limits.max_connections.clamp(1, Semaphore::MAX_PERMITS),
     ));
@@ -180,15 +231,48 @@ pub async fn serve(
                 }
             })
         };
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
-            .into_owned();
         let close = close.subscribe();
+        let builders = builders.clone();
         let (head_timeout, idle_timeout) = (limits.header_read_timeout, limits.idle_timeout);
         tokio::spawn(async move {
-            let conn = std::pin::pin!(conn);
-            let closes = |conn: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(conn);
-            let ended = drive(conn, closes, &activity, close, head_timeout, idle_timeout).await;
+            let mut first = [0u8; H2_PREFACE.len()];
+            // A client that sends nothing in time is dropped with its connection.
+            let protocol = match tokio::time::timeout(head_timeout, stream.peek(&mut first)).await {
+                Ok(Ok(0)) | Err(_) => return,
+                Ok(Ok(n)) => protocol_of(&first[..n]),
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, %peer, "connection ended with error");
+                    return;
+                }
+            };
+            let io = TokioIo::new(stream);
+            let ended = match protocol {
+                Protocol::Http1 => {
+                    let conn = builders.http1.serve_connection(io, service).with_upgrades();
+                    let conn = std::pin::pin!(conn);
+                    let closes = |conn: Pin<&mut _>| {
+                        http1::UpgradeableConnection::graceful_shutdown(conn);
+                    };
+                    drive(conn, closes, &activity, close, head_timeout, idle_timeout)
+                        .await
+                        .map(|r| r.map_err(Box::<dyn std::error::Error + Send + Sync>::from))
+                }
+                Protocol::Http2 => {
+                    let conn = builders.http2.serve_connection(io, service);
+                    let conn = std::pin::pin!(conn);
+                    let closes = |conn: Pin<&mut _>| http2::Connection::graceful_shutdown(conn);
+                    drive(conn, closes, &activity, close, head_timeout, idle_timeout)
+                        .await
+                        .map(|r| r.map_err(Box::<dyn std::error::Error + Send + Sync>::from))
+                }
+                Protocol::Unknown => {
+                    let conn = builders.auto.serve_connection_with_upgrades(io, service);
+                    let conn = std::pin::pin!(conn);
+                    let closes =
+                        |conn: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(conn);
+                    drive(conn, closes, &activity, close, head_timeout, idle_timeout).await
+                }
+            };
             if let Some(Err(e)) = ended {
                 tracing::debug!(error = %e, %peer, "connection ended with error");
             }
@@ -347,5 +431,20 @@ impl<B: Body> Body for InFlight<B> {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{protocol_of, Protocol, H2_PREFACE};
+
+    #[test]
+    fn the_first_bytes_settle_the_protocol() {
+        assert_eq!(protocol_of(b"GET / HTTP/1.1\r\n"), Protocol::Http1);
+        assert_eq!(protocol_of(b"PUT"), Protocol::Http1);
+        assert_eq!(protocol_of(b"PRI * HTTP/1.1"), Protocol::Http1);
+        assert_eq!(protocol_of(H2_PREFACE), Protocol::Http2);
+        assert_eq!(protocol_of(b"P"), Protocol::Unknown);
+        assert_eq!(protocol_of(b"PRI * HTTP/2.0\r\n"), Protocol::Unknown);
     }
 }

@@ -851,6 +851,49 @@ async fn backend_connections_are_reused_and_stale_ones_replaced() {
     .expect("test finished in time");
 }
 
+/// A backend keeps one client, and so one pool of connections, across pushes: an unchanged rule
+/// pushed again, a new rule naming the same backend beside it, and later rules naming it after
+/// the first is gone all send their requests over the connection the first request opened.
+#[tokio::test]
+async fn a_backend_keeps_its_connections_across_pushes_whichever_rules_name_it() {
+    use std::sync::atomic::Ordering;
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let http = client();
+        let (backend, connections) = counting_backend(false).await;
+        let proxy = proxy().await;
+        let to = |path: &str| {
+            rule(
+                path,
+                json!({"backends": [{"url": url(backend), "weight": 1}]}),
+            )
+        };
+        let pushes: [&[&str]; 5] = [&["/a"], &["/a"], &["/a", "/b"], &["/b"], &["/c", "/b"]];
+        for (i, paths) in pushes.iter().enumerate() {
+            let doc = json!({"rules": paths.iter().map(|p| to(p)).collect::<Vec<_>>()});
+            assert_eq!(
+                push(&http, proxy.admin_addr(), &doc).await.status,
+                StatusCode::OK,
+                "push {i}"
+            );
+            for path in paths.iter() {
+                let r = get(&http, proxy.data_addr(), "h", path, &[]).await;
+                assert_eq!(
+                    (r.status, &r.body[..]),
+                    (StatusCode::OK, &b"ok"[..]),
+                    "push {i}, {path}"
+                );
+            }
+            assert_eq!(
+                connections.load(Ordering::SeqCst),
+                1,
+                "push {i}: every request went over the first connection"
+            );
+        }
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// `timeouts.request` bounds the whole exchange, the response body included (as Envoy's route
 /// timeout does): a backend that sends its head at once and then stalls its body has the body
 /// cut off at the deadline, instead of holding the client for as long as it likes.

@@ -565,3 +565,50 @@ async fn a_websocket_session_holds_its_connections_place_until_it_ends() {
     .await
     .expect("test finished in time");
 }
+
+/// A client's first bytes may come in pieces: a split HTTP/2 preface is still served as
+/// HTTP/2, and an HTTP/1.1 request sent a byte at first as HTTP/1.1.
+#[tokio::test]
+async fn a_connection_s_protocol_is_told_from_first_bytes_sent_in_pieces() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let proxy = proxy().await;
+        let http = client();
+        push(
+            &http,
+            proxy.admin_addr(),
+            &json!({"rules": [{"backends": [{"url": url(a.http_addr()), "weight": 1}]}]}),
+        )
+        .await;
+        let d = proxy.data_addr();
+
+        let mut s = tokio::net::TcpStream::connect(d).await.expect("connect");
+        s.write_all(b"PRI * HTTP/2.0\r\n").await.expect("write");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The rest of the preface, then an empty SETTINGS frame.
+        s.write_all(b"\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            .await
+            .expect("write");
+        let mut head = [0u8; 9];
+        s.read_exact(&mut head)
+            .await
+            .expect("the server's first frame");
+        assert_eq!(head[3], 0x04, "an HTTP/2 SETTINGS frame: {head:?}");
+
+        let mut s = tokio::net::TcpStream::connect(d).await.expect("connect");
+        s.write_all(b"G").await.expect("write");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        s.write_all(b"ET / HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n")
+            .await
+            .expect("write");
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer).await.expect("read");
+        assert!(
+            answer.starts_with(b"HTTP/1.1 200"),
+            "{:?}",
+            String::from_utf8_lossy(&answer[..answer.len().min(40)])
+        );
+    })
+    .await
+    .expect("test finished in time");
+}

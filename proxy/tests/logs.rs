@@ -10,12 +10,23 @@ use support::*;
 /// Runs the proxy with `format` until it has applied its config file, then stops it; returns
 /// what it wrote to stderr.
 async fn run_with(format: &str) -> String {
-    let dir = std::env::temp_dir().join(format!("cftunnel-logs-{format}-{}", std::process::id()));
+    run(format, Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))).await
+}
+
+/// [`run_with`] of `command`, which runs the proxy binary (directly, or through a program such
+/// as `taskset` that executes it).
+async fn run(format: &str, mut command: Command) -> String {
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!(
+        "cftunnel-logs-{format}-{}-{run}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let config = dir.join("config.json");
     std::fs::write(&config, r#"{"version": 7, "rules": []}"#).expect("write config");
     let admin_port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
+    let child = command
         .env_remove("TUNNEL_TOKEN")
         .env_remove("RUST_LOG")
         .env("PROXY_ADDR", format!("127.0.0.1:{}", free_port()))
@@ -79,4 +90,45 @@ async fn text_logs_carry_no_colour_codes_off_a_terminal() {
         .expect("in time");
     assert!(logs.contains("config applied"), "{logs}");
     assert!(!logs.contains('\u{1b}'), "no escape codes: {logs:?}");
+}
+
+/// The `workers` field of the `proxy serving` line of JSON logs.
+fn workers(logs: &str) -> u64 {
+    logs.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|l| l["message"] == "proxy serving")
+        .and_then(|l| l["workers"].as_u64())
+        .unwrap_or_else(|| panic!("no `proxy serving` line naming its workers in {logs}"))
+}
+
+/// Without `PROXY_WORKER_THREADS` the proxy runs one worker per CPU it may use: pinned to one
+/// CPU (as a cpuset or a one-CPU limit leaves a pod), one worker, however many the machine has.
+#[tokio::test]
+async fn the_default_worker_count_is_the_cpus_the_process_may_use() {
+    let proxy = env!("CARGO_BIN_EXE_cftunnel-proxy");
+    let mut pinned = Command::new("taskset");
+    pinned
+        .args(["-c", "0", proxy])
+        .env_remove("PROXY_WORKER_THREADS");
+    let logs = tokio::time::timeout(TEST_TIMEOUT, run("json", pinned))
+        .await
+        .expect("in time");
+    assert_eq!(workers(&logs), 1, "pinned to one CPU");
+
+    let mut free = Command::new(proxy);
+    free.env_remove("PROXY_WORKER_THREADS");
+    let logs = tokio::time::timeout(TEST_TIMEOUT, run("json", free))
+        .await
+        .expect("in time");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(workers(&logs), cpus as u64, "one per CPU this test may use");
+
+    // The setting wins over the CPU count.
+    let mut set = Command::new("taskset");
+    set.args(["-c", "0", proxy])
+        .env("PROXY_WORKER_THREADS", "3");
+    let logs = tokio::time::timeout(TEST_TIMEOUT, run("json", set))
+        .await
+        .expect("in time");
+    assert_eq!(workers(&logs), 3, "PROXY_WORKER_THREADS=3");
 }

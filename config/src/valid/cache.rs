@@ -16,7 +16,8 @@ use std::sync::Arc;
 #[derive(Debug, Default)]
 pub struct Cache {
     patterns: Generations<Box<str>, Pattern>,
-    targets: Generations<Box<str>, Arc<Target>>,
+    /// By URL, then by the rest of the settings (almost always one target per URL).
+    targets: Generations<Box<str>, Vec<Arc<Target>>>,
 }
 
 #[derive(Debug)]
@@ -46,9 +47,14 @@ impl<V: Clone> Generations<Box<str>, V> {
         self.used.insert(key.into(), v.clone());
         Ok(v)
     }
+}
 
+impl<K, V> Generations<K, V> {
+    /// The entries used become the old generation; the emptied map keeps its capacity for the
+    /// next document, which usually names as many.
     fn keep_used(&mut self) {
-        self.old = std::mem::take(&mut self.used);
+        std::mem::swap(&mut self.old, &mut self.used);
+        self.used.clear();
     }
 
     fn drop_used(&mut self) {
@@ -77,10 +83,51 @@ impl Cache {
         tls: Option<&BackendTls>,
         public_only: bool,
     ) -> Result<Arc<Target>, TargetError> {
-        let key = Target::key_of(url, protocol, websocket, tls, public_only);
-        self.targets.get_or_try(&key, || {
-            Target::new(url, protocol, websocket, tls, public_only).map(Arc::new)
-        })
+        let find = |list: Option<&Vec<Arc<Target>>>| {
+            list.into_iter()
+                .flatten()
+                .find(|t| t.made_of(protocol, websocket, tls, public_only))
+                .cloned()
+        };
+        let targets = &mut self.targets;
+        if let Some(t) = find(targets.used.get(url)) {
+            return Ok(t);
+        }
+        let target = match find(targets.old.get(url)) {
+            Some(t) => t,
+            None => Arc::new(Target::new(url, protocol, websocket, tls, public_only)?),
+        };
+        match targets.used.get_mut(url) {
+            Some(list) => list.push(target.clone()),
+            None => {
+                targets.used.insert(url.into(), vec![target.clone()]);
+            }
+        }
+        Ok(target)
+    }
+
+    /// Counts `pattern`, held by a rule checked before, as used: kept by the next
+    /// [`Cache::keep_used`] as if a check had asked for it.
+    pub fn keep_pattern(&mut self, pattern: &Pattern) {
+        let used = &mut self.patterns.used;
+        if !used.contains_key(pattern.source()) {
+            used.insert(pattern.source().into(), pattern.clone());
+        }
+    }
+
+    /// Counts `target`, held by a rule checked before, as used (see [`Cache::keep_pattern`]).
+    pub fn keep_target(&mut self, target: &Arc<Target>) {
+        let used = &mut self.targets.used;
+        match used.get_mut(&*target.url) {
+            Some(list) => {
+                if !list.iter().any(|t| Arc::ptr_eq(t, target)) {
+                    list.push(target.clone());
+                }
+            }
+            None => {
+                used.insert(target.url.clone(), vec![target.clone()]);
+            }
+        }
     }
 
     /// Keeps what the checks since the last call used and forgets the rest: call it once a

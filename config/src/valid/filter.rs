@@ -1,6 +1,6 @@
 //! Filters, checked: header modifiers, redirect, URL rewrite, mirrors, CORS.
 
-use super::{name, status, Cache, Invalid, Target};
+use super::{name, status, At, Cache, Invalid, Target};
 use crate::document as doc;
 use http::{HeaderName, HeaderValue, StatusCode};
 use std::sync::Arc;
@@ -12,9 +12,20 @@ pub struct Filters {
     pub request: Vec<RequestEdit>,
     /// Response header edits in document order.
     pub response: Vec<HeaderEdits>,
-    pub redirect: Option<Redirect>,
+    pub redirect: Option<Box<Redirect>>,
     pub mirrors: Vec<Mirror>,
-    pub cors: Option<Cors>,
+    pub cors: Option<Box<Cors>>,
+}
+
+impl Filters {
+    /// No filter at all: what most rules and backends have.
+    pub fn is_empty(&self) -> bool {
+        self.request.is_empty()
+            && self.response.is_empty()
+            && self.redirect.is_none()
+            && self.mirrors.is_empty()
+            && self.cors.is_none()
+    }
 }
 
 /// A request-side edit.
@@ -98,15 +109,17 @@ pub struct Cors {
 /// Checks a list of filters; `at` is the list's field (`filters`, `backends[1].filters`).
 pub(super) fn filters(
     list: &[doc::Filter],
-    at: &str,
+    at: &At<'_>,
     path_regex: bool,
     cache: &mut Cache,
 ) -> Result<Filters, Invalid> {
     let mut out = Filters::default();
+    if list.is_empty() {
+        return Ok(out);
+    }
     for (k, f) in list.iter().enumerate() {
-        let at = format!("{at}[{k}]");
-        let missing =
-            |field: &str| Invalid::new(format!("{at}.{field}"), "required by the filter type");
+        let at = at.index(k);
+        let missing = |field: &str| Invalid::new(at.field(field), "required by the filter type");
         match f.kind {
             doc::FilterType::RequestHeaderModifier => {
                 let m = f
@@ -115,7 +128,7 @@ pub(super) fn filters(
                     .ok_or_else(|| missing("requestHeaderModifier"))?;
                 out.request.push(RequestEdit::Headers(header_edits(
                     m,
-                    &format!("{at}.requestHeaderModifier"),
+                    &at.field("requestHeaderModifier"),
                 )?));
             }
             doc::FilterType::ResponseHeaderModifier => {
@@ -124,7 +137,7 @@ pub(super) fn filters(
                     .as_ref()
                     .ok_or_else(|| missing("responseHeaderModifier"))?;
                 out.response
-                    .push(header_edits(m, &format!("{at}.responseHeaderModifier"))?);
+                    .push(header_edits(m, &at.field("responseHeaderModifier"))?);
             }
             doc::FilterType::RequestRedirect => {
                 let r = f
@@ -134,7 +147,11 @@ pub(super) fn filters(
                 if out.redirect.is_some() {
                     return Err(Invalid::new(at, "only one RequestRedirect is allowed"));
                 }
-                out.redirect = Some(redirect(r, &format!("{at}.requestRedirect"), path_regex)?);
+                out.redirect = Some(Box::new(redirect(
+                    r,
+                    &at.field("requestRedirect"),
+                    path_regex,
+                )?));
             }
             doc::FilterType::URLRewrite => {
                 let r = f
@@ -143,7 +160,7 @@ pub(super) fn filters(
                     .ok_or_else(|| missing("urlRewrite"))?;
                 out.request.push(RequestEdit::Rewrite(rewrite(
                     r,
-                    &format!("{at}.urlRewrite"),
+                    &at.field("urlRewrite"),
                     path_regex,
                 )?));
             }
@@ -152,38 +169,39 @@ pub(super) fn filters(
                     .request_mirror
                     .as_ref()
                     .ok_or_else(|| missing("requestMirror"))?;
-                let at = format!("{at}.requestMirror");
+                let at = at.field("requestMirror");
                 let percent = m.percent.unwrap_or(100);
                 if percent > 100 {
                     return Err(Invalid::new(
-                        format!("{at}.percent"),
+                        at.field("percent"),
                         "must be between 0 and 100",
                     ));
                 }
                 let target = cache
                     .target(&m.backend_url, m.protocol, false, None, m.public_only)
-                    .map_err(|e| Invalid::new(format!("{at}.backendUrl"), e.message))?;
+                    .map_err(|e| Invalid::new(at.field("backendUrl"), e.message))?;
                 out.mirrors.push(Mirror { target, percent });
             }
             doc::FilterType::Cors => {
                 let c = f.cors.as_ref().ok_or_else(|| missing("cors"))?;
-                out.cors = Some(cors(c, &format!("{at}.cors"))?);
+                out.cors = Some(Box::new(cors(c, &at.field("cors"))?));
             }
         }
     }
     Ok(out)
 }
 
-fn header_edits(m: &doc::HeaderModifier, at: &str) -> Result<HeaderEdits, Invalid> {
+fn header_edits(m: &doc::HeaderModifier, at: &At<'_>) -> Result<HeaderEdits, Invalid> {
     let pairs = |list: &[doc::Header], what: &str| {
+        let list_at = at.field(what);
         list.iter()
             .enumerate()
             .map(|(k, h)| {
-                let at = format!("{at}.{what}[{k}]");
-                let name = name::header_name(&h.name)
-                    .map_err(|m| Invalid::new(format!("{at}.name"), m))?;
-                let value = name::header_value(&h.value)
-                    .map_err(|m| Invalid::new(format!("{at}.value"), m))?;
+                let at = list_at.index(k);
+                let name =
+                    name::header_name(&h.name).map_err(|m| Invalid::new(at.field("name"), m))?;
+                let value =
+                    name::header_value(&h.value).map_err(|m| Invalid::new(at.field("value"), m))?;
                 Ok((name, value))
             })
             .collect::<Result<Vec<_>, Invalid>>()
@@ -193,7 +211,7 @@ fn header_edits(m: &doc::HeaderModifier, at: &str) -> Result<HeaderEdits, Invali
         .iter()
         .enumerate()
         .map(|(k, n)| {
-            name::header_name(n).map_err(|m| Invalid::new(format!("{at}.remove[{k}]"), m))
+            name::header_name(n).map_err(|m| Invalid::new(at.field("remove").index(k), m))
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(HeaderEdits {
@@ -208,7 +226,7 @@ fn header_edits(m: &doc::HeaderModifier, at: &str) -> Result<HeaderEdits, Invali
 fn path_edit(
     kind: doc::PathModifierType,
     value: Option<&str>,
-    at: &str,
+    at: &At<'_>,
     path_regex: bool,
 ) -> Result<PathEdit, Invalid> {
     let value =
@@ -225,14 +243,14 @@ fn path_edit(
     })
 }
 
-fn rewrite(r: &doc::UrlRewrite, at: &str, path_regex: bool) -> Result<Rewrite, Invalid> {
+fn rewrite(r: &doc::UrlRewrite, at: &At<'_>, path_regex: bool) -> Result<Rewrite, Invalid> {
     let hostname = r
         .hostname
         .as_deref()
         .map(|h| {
             let h = name::exact_hostname(h, "rewrite")
-                .map_err(|m| Invalid::new(format!("{at}.hostname"), m))?;
-            name::header_value(&h).map_err(|m| Invalid::new(format!("{at}.hostname"), m))
+                .map_err(|m| Invalid::new(at.field("hostname"), m))?;
+            name::header_value(&h).map_err(|m| Invalid::new(at.field("hostname"), m))
         })
         .transpose()?;
     let path = r
@@ -243,19 +261,19 @@ fn rewrite(r: &doc::UrlRewrite, at: &str, path_regex: bool) -> Result<Rewrite, I
                 doc::PathModifierType::ReplaceFullPath => &p.replace_full_path,
                 doc::PathModifierType::ReplacePrefixMatch => &p.replace_prefix_match,
             };
-            path_edit(p.kind, value.as_deref(), &format!("{at}.path"), path_regex)
+            path_edit(p.kind, value.as_deref(), &at.field("path"), path_regex)
         })
         .transpose()?;
     Ok(Rewrite { hostname, path })
 }
 
-fn redirect(r: &doc::RequestRedirect, at: &str, path_regex: bool) -> Result<Redirect, Invalid> {
+fn redirect(r: &doc::RequestRedirect, at: &At<'_>, path_regex: bool) -> Result<Redirect, Invalid> {
     let scheme = match r.scheme.as_deref().map(str::to_ascii_lowercase) {
         None => None,
         Some(s) if s == "http" || s == "https" => Some(s.into()),
         Some(s) => {
             return Err(Invalid::new(
-                format!("{at}.scheme"),
+                at.field("scheme"),
                 format!("{s:?} is not http or https"),
             ))
         }
@@ -265,16 +283,16 @@ fn redirect(r: &doc::RequestRedirect, at: &str, path_regex: bool) -> Result<Redi
         .as_deref()
         .map(|h| name::exact_hostname(h, "redirect"))
         .transpose()
-        .map_err(|m| Invalid::new(format!("{at}.hostname"), m))?;
+        .map_err(|m| Invalid::new(at.field("hostname"), m))?;
     if r.port == Some(0) {
-        return Err(Invalid::new(format!("{at}.port"), "0 is not a port"));
+        return Err(Invalid::new(at.field("port"), "0 is not a port"));
     }
     let status = status::redirect_status(r.status_code.unwrap_or(302))
-        .map_err(|m| Invalid::new(format!("{at}.statusCode"), m))?;
+        .map_err(|m| Invalid::new(at.field("statusCode"), m))?;
     let path = r
         .path
         .as_ref()
-        .map(|p| path_edit(p.kind, Some(&p.value), &format!("{at}.path"), path_regex))
+        .map(|p| path_edit(p.kind, Some(&p.value), &at.field("path"), path_regex))
         .transpose()?;
     Ok(Redirect {
         scheme,
@@ -285,9 +303,9 @@ fn redirect(r: &doc::RequestRedirect, at: &str, path_regex: bool) -> Result<Redi
     })
 }
 
-fn cors(c: &doc::Cors, at: &str) -> Result<Cors, Invalid> {
+fn cors(c: &doc::Cors, at: &At<'_>) -> Result<Cors, Invalid> {
     let joined = |list: &[String], field: &str| {
-        name::header_value(&list.join(", ")).map_err(|m| Invalid::new(format!("{at}.{field}"), m))
+        name::header_value(&list.join(", ")).map_err(|m| Invalid::new(at.field(field), m))
     };
     let allow = |list: &[String], field: &str| -> Result<Allow, Invalid> {
         if list.is_empty() {

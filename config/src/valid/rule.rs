@@ -2,7 +2,7 @@
 //! backends, timeouts, retries).
 
 use super::filter::{self, Filters};
-use super::{access, name, status, Access, Cache, Invalid, Pattern, Target};
+use super::{access, name, status, Access, At, Cache, Invalid, Pattern, Target};
 use crate::document as doc;
 use http::{HeaderName, Method, StatusCode};
 use std::sync::Arc;
@@ -82,33 +82,34 @@ pub struct Retry {
 /// # Errors
 /// The first value that breaks a rule of the contract.
 pub fn rule(rule: &doc::Rule, cache: &mut Cache) -> Result<Rule, Invalid> {
-    let hostnames = rule
-        .hostnames
-        .iter()
-        .enumerate()
-        .map(|(j, h)| name::hostname(h).map_err(|m| Invalid::new(format!("hostnames[{j}]"), m)))
-        .collect::<Result<Vec<_>, _>>()?;
+    let at = At::Rule;
+    let mut hostnames = Vec::with_capacity(rule.hostnames.len());
+    for (j, h) in rule.hostnames.iter().enumerate() {
+        hostnames
+            .push(name::hostname(h).map_err(|m| Invalid::new(at.field("hostnames").index(j), m))?);
+    }
     let matches = if rule.matches.is_empty() {
         vec![Match::every_request()]
     } else {
-        rule.matches
-            .iter()
-            .enumerate()
-            .map(|(j, m)| match_(m, &format!("matches[{j}]"), cache))
-            .collect::<Result<Vec<_>, _>>()?
+        let list = at.field("matches");
+        let mut matches = Vec::with_capacity(rule.matches.len());
+        for (j, m) in rule.matches.iter().enumerate() {
+            matches.push(match_(m, &list.index(j), cache)?);
+        }
+        matches
     };
     let path_regex = matches
         .iter()
         .any(|m| matches!(m.path, PathMatch::Regex(_)));
-    let filters = filter::filters(&rule.filters, "filters", path_regex, cache)?;
+    let filters = filter::filters(&rule.filters, &at.field("filters"), path_regex, cache)?;
+    let list = at.field("backends");
     let mut backends = Vec::with_capacity(rule.backends.len());
     for (j, b) in rule.backends.iter().enumerate() {
-        let at = format!("backends[{j}]");
+        let at = list.index(j);
         let unavailable = b
             .unavailable_status
             .map(|s| {
-                status::final_status(s)
-                    .map_err(|m| Invalid::new(format!("{at}.unavailableStatus"), m))
+                status::final_status(s).map_err(|m| Invalid::new(at.field("unavailableStatus"), m))
             })
             .transpose()?;
         let target = if b.url.is_empty() && unavailable.is_some() {
@@ -122,23 +123,27 @@ pub fn rule(rule: &doc::Rule, cache: &mut Cache) -> Result<Rule, Invalid> {
                     b.tls.as_ref(),
                     b.public_only,
                 )
-                .map_err(|e| Invalid::new(format!("{at}.{}", e.field), e.message))?;
+                .map_err(|e| Invalid::new(at.field(&e.field), e.message))?;
             Some(target)
         };
         backends.push(Backend {
             target,
-            filters: filter::filters(&b.filters, &format!("{at}.filters"), path_regex, cache)?,
+            filters: filter::filters(&b.filters, &at.field("filters"), path_regex, cache)?,
             unavailable,
             weight: b.weight,
         });
     }
-    let timeouts = rule.timeouts.clone().unwrap_or_default();
     let nonzero = |d: Option<crate::Duration>| d.map(|d| d.0).filter(|d| !d.is_zero());
+    let (request_timeout, backend_timeout) = match &rule.timeouts {
+        Some(t) => (nonzero(t.request), nonzero(t.backend)),
+        None => (None, None),
+    };
     let retry = match &rule.retry {
         None => None,
         Some(r) => {
             for (k, code) in r.codes.iter().enumerate() {
-                status::status(*code).map_err(|m| Invalid::new(format!("retry.codes[{k}]"), m))?;
+                status::status(*code)
+                    .map_err(|m| Invalid::new(at.field("retry").field("codes").index(k), m))?;
             }
             Some(Retry {
                 codes: r.codes.clone(),
@@ -153,8 +158,8 @@ pub fn rule(rule: &doc::Rule, cache: &mut Cache) -> Result<Rule, Invalid> {
         matches,
         filters,
         backends,
-        request_timeout: nonzero(timeouts.request),
-        backend_timeout: nonzero(timeouts.backend),
+        request_timeout,
+        backend_timeout,
         unavailable: rule
             .unavailable_status
             .map(|s| status::final_status(s).map_err(|m| Invalid::new("unavailableStatus", m)))
@@ -165,6 +170,23 @@ pub fn rule(rule: &doc::Rule, cache: &mut Cache) -> Result<Rule, Invalid> {
 }
 
 impl Match {
+    /// The regular expressions of this match: of its path, header and query values.
+    pub fn patterns(&self) -> impl Iterator<Item = &Pattern> {
+        let path = match &self.path {
+            PathMatch::Regex(p) => Some(p),
+            _ => None,
+        };
+        fn value(v: &ValueMatch) -> Option<&Pattern> {
+            match v {
+                ValueMatch::Regex(p) => Some(p),
+                ValueMatch::Exact(_) => None,
+            }
+        }
+        path.into_iter()
+            .chain(self.headers.iter().filter_map(|(_, v)| value(v)))
+            .chain(self.query.iter().filter_map(|(_, v)| value(v)))
+    }
+
     /// What a rule without matches matches: every request.
     pub fn every_request() -> Self {
         Self {
@@ -176,11 +198,11 @@ impl Match {
     }
 }
 
-fn match_(m: &doc::Match, at: &str, cache: &mut Cache) -> Result<Match, Invalid> {
+fn match_(m: &doc::Match, at: &At<'_>, cache: &mut Cache) -> Result<Match, Invalid> {
     let path = match &m.path {
         None => PathMatch::Prefix("/".into()),
         Some(p) => {
-            let at = format!("{at}.path");
+            let at = at.field("path");
             match p.kind {
                 doc::PathMatchType::RegularExpression => {
                     PathMatch::Regex(cache.pattern(&p.value).map_err(|m| Invalid::regex(at, m))?)
@@ -200,22 +222,24 @@ fn match_(m: &doc::Match, at: &str, cache: &mut Cache) -> Result<Match, Invalid>
     let method = m
         .method
         .as_deref()
-        .map(|s| name::method(s).map_err(|e| Invalid::new(format!("{at}.method"), e)))
+        .map(|s| name::method(s).map_err(|e| Invalid::new(at.field("method"), e)))
         .transpose()?;
+    let list = at.field("headers");
     let mut headers: Vec<(HeaderName, ValueMatch)> = Vec::with_capacity(m.headers.len());
     for (k, h) in m.headers.iter().enumerate() {
-        let at = format!("{at}.headers[{k}]");
-        let name = name::header_name(&h.name).map_err(|m| Invalid::new(format!("{at}.name"), m))?;
+        let at = list.index(k);
+        let name = name::header_name(&h.name).map_err(|m| Invalid::new(at.field("name"), m))?;
         if headers.iter().any(|(n, _)| *n == name) {
             continue;
         }
         headers.push((name, value_match(h, &at, cache)?));
     }
+    let list = at.field("queryParams");
     let mut query: Vec<(Box<str>, ValueMatch)> = Vec::with_capacity(m.query_params.len());
     for (k, q) in m.query_params.iter().enumerate() {
-        let at = format!("{at}.queryParams[{k}]");
+        let at = list.index(k);
         if q.name.is_empty() {
-            return Err(Invalid::new(format!("{at}.name"), "must not be empty"));
+            return Err(Invalid::new(at.field("name"), "must not be empty"));
         }
         if query.iter().any(|(n, _)| **n == *q.name) {
             continue;
@@ -230,13 +254,13 @@ fn match_(m: &doc::Match, at: &str, cache: &mut Cache) -> Result<Match, Invalid>
     })
 }
 
-fn value_match(v: &doc::ValueMatch, at: &str, cache: &mut Cache) -> Result<ValueMatch, Invalid> {
+fn value_match(v: &doc::ValueMatch, at: &At<'_>, cache: &mut Cache) -> Result<ValueMatch, Invalid> {
     Ok(match v.kind {
         doc::ValueMatchType::Exact => ValueMatch::Exact(v.value.as_str().into()),
         doc::ValueMatchType::RegularExpression => ValueMatch::Regex(
             cache
                 .pattern(&v.value)
-                .map_err(|m| Invalid::regex(format!("{at}.value"), m))?,
+                .map_err(|m| Invalid::regex(at.field("value"), m))?,
         ),
     })
 }

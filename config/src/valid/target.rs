@@ -10,7 +10,6 @@ use rustls_pki_types::{CertificateDer, ServerName};
 /// has failed here, so the proxy only builds a client from it.
 #[derive(Clone)]
 pub struct Target {
-    key: Box<str>,
     /// The URL as written.
     pub url: Box<str>,
     /// `http` or `https`.
@@ -33,6 +32,8 @@ pub struct Target {
     pub public_only: bool,
     /// Present exactly when the scheme is `https`.
     pub tls: Option<Tls>,
+    /// The TLS settings as written, which with the fields above identify the target.
+    tls_settings: Option<BackendTls>,
 }
 
 /// The key (which holds a client certificate's private key) is left out.
@@ -121,7 +122,6 @@ impl Target {
         tls: Option<&BackendTls>,
         public_only: bool,
     ) -> Result<Self, TargetError> {
-        let key = Self::key_of(url, protocol, websocket, tls, public_only);
         let uri: http::Uri = url
             .parse()
             .map_err(|e: http::uri::InvalidUri| TargetError::url(e.to_string()))?;
@@ -177,6 +177,7 @@ impl Target {
                 }
             },
         };
+        let tls_settings = tls.cloned();
         let tls = match (secure, tls) {
             (true, tls) => Some(Tls::new(host, tls)?),
             (false, Some(_)) => {
@@ -190,7 +191,6 @@ impl Target {
         };
         let base_query = uri.query().filter(|q| !q.is_empty()).map(Into::into);
         Ok(Self {
-            key,
             url: url.into(),
             scheme,
             host: host.into(),
@@ -202,28 +202,23 @@ impl Target {
             websocket,
             public_only,
             tls,
+            tls_settings,
         })
     }
 
-    /// What identifies the target: equal keys, equal targets. Lets a caller keep what it
-    /// built for a target (a connection pool) across documents.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
-    /// Holds every setting, the client key too (which `BackendTls`'s `Debug` leaves out): a
-    /// rotated certificate or key makes another target, and so another client.
-    pub(super) fn key_of(
-        url: &str,
+    /// Whether this is the target [`Target::new`] makes of these settings (the URL compared by
+    /// the caller).
+    pub(super) fn made_of(
+        &self,
         protocol: BackendProtocol,
         websocket: bool,
         tls: Option<&BackendTls>,
         public_only: bool,
-    ) -> Box<str> {
-        let key = tls
-            .and_then(|t| t.client_certificate.as_ref())
-            .map_or("", |c| c.private_key.as_str());
-        format!("{url}|{protocol:?}|{websocket}|{tls:?}|{key}|{public_only}").into()
+    ) -> bool {
+        self.protocol == protocol
+            && self.websocket == websocket
+            && self.public_only == public_only
+            && self.tls_settings.as_ref() == tls
     }
 }
 

@@ -1,7 +1,8 @@
 //! Backend references: Service lookup, cross-namespace ReferenceGrant checks, endpoint
 //! resolution from EndpointSlices, ExternalName admission (see [`super::external_name`]), TLS
 //! to the backend (a BackendTLSPolicy, see [`super::backend_tls`], or a port that asks for it),
-//! and the even split of a Service's weight across its ready endpoints.
+//! and the even split of a Service's weight across its ready endpoints. ServiceImports have a
+//! module of their own ([`super::service_import`]).
 
 use std::collections::BTreeSet;
 
@@ -11,18 +12,19 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::backend_tls::PortKey;
 use super::external_name::{self, ExternalNameBackends, Refusal};
+use super::service_import;
 use super::status::Reason;
 use super::{Index, Options, RouteKind, GATEWAY_CONFIG_GROUP};
 use crate::external_backend::EXTERNAL_BACKEND_KIND;
 
 /// `appProtocol` values with a meaning for the data plane (Gateway API GEP-1911).
-const APP_PROTOCOL_H2C: &str = "kubernetes.io/h2c";
-const APP_PROTOCOL_WS: &str = "kubernetes.io/ws";
-const APP_PROTOCOL_WSS: &str = "kubernetes.io/wss";
+pub(super) const APP_PROTOCOL_H2C: &str = "kubernetes.io/h2c";
+pub(super) const APP_PROTOCOL_WS: &str = "kubernetes.io/ws";
+pub(super) const APP_PROTOCOL_WSS: &str = "kubernetes.io/wss";
 /// `appProtocol` of a port that speaks HTTPS (an IANA service name, as Kubernetes allows).
-const APP_PROTOCOL_HTTPS: &str = "https";
+pub(super) const APP_PROTOCOL_HTTPS: &str = "https";
 /// A Service port this number is dialled over TLS even without `appProtocol`.
-const HTTPS_PORT: i32 = 443;
+pub(super) const HTTPS_PORT: i32 = 443;
 
 /// Above this many distinct endpoint counts' least common multiple, weights are rounded
 /// instead of split exactly.
@@ -70,6 +72,21 @@ pub enum BackendRefError {
         namespace: String,
         name: String,
     },
+    #[error(
+        "{field}: reference to ServiceImport {namespace}/{name} is not permitted by a ReferenceGrant"
+    )]
+    ServiceImportRefNotPermitted {
+        field: String,
+        namespace: String,
+        name: String,
+    },
+    #[error("{field}: ServiceImport {namespace}/{name} not found{}", port.map(|p| format!(" exporting port {p}")).unwrap_or_default())]
+    ServiceImportNotFound {
+        field: String,
+        namespace: String,
+        name: String,
+        port: Option<i32>,
+    },
     #[error("{field}: filter {kind} is not supported")]
     UnsupportedFilter { field: String, kind: &'static str },
     #[error("{field}: AccessPolicy {namespace}/{name} not found")]
@@ -112,10 +129,13 @@ impl BackendRefError {
             Self::NotFound { .. }
             | Self::PortNotFound { .. }
             | Self::MissingPort { .. }
+            | Self::ServiceImportNotFound { .. }
             | Self::AccessPolicyNotFound { .. }
             | Self::AccessPolicyUnusable { .. } => Reason::BackendNotFound,
-            Self::RefNotPermitted { .. } => Reason::RefNotPermitted,
             Self::ExternalBackend { reason, .. } => *reason,
+            Self::RefNotPermitted { .. } | Self::ServiceImportRefNotPermitted { .. } => {
+                Reason::RefNotPermitted
+            }
         }
     }
 }
@@ -149,6 +169,9 @@ pub(super) fn resolve(
     index: &Index<'_>,
     options: &Options,
 ) -> Result<Resolved, BackendRefError> {
+    if service_import::is_service_import(&r) {
+        return service_import::resolve(r, from, from_namespace, field, index);
+    }
     let group = r.group.unwrap_or("");
     let kind = r.kind.unwrap_or("Service");
     if group == GATEWAY_CONFIG_GROUP && kind == EXTERNAL_BACKEND_KIND {

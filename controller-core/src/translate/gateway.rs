@@ -17,6 +17,7 @@ use crate::render::Plans;
 use super::bundle_version;
 use super::client_certificate;
 use super::listener_set;
+use super::listener_tls;
 use super::status::{Condition, ConditionType, GatewayStatus, ListenerStatus, Reason};
 use super::{
     Index, ObjectKey, Options, PlaneKey, Precedence, RouteKind, Snapshot, TunnelIdentity,
@@ -46,24 +47,33 @@ pub(super) fn owned_classes<'a>(
     classes
 }
 
-/// An owned class's conditions: always `Accepted`, and with it `SupportedVersion`, which the
-/// spec requires whenever a class is accepted. Unsupported CRD versions leave the class
-/// accepted: we serve them on a best-effort basis (see [`bundle_version`]).
+/// An owned class's conditions: `Accepted` (False with `InvalidParameters` when its
+/// `parametersRef` cannot be used, `refused`), and with it `SupportedVersion`, which the spec
+/// requires whenever a class is accepted. Unsupported CRD versions leave the class accepted:
+/// we serve them on a best-effort basis (see [`bundle_version`]).
 pub(super) fn class_conditions(
     class: Option<&GatewayClass>,
+    refused: Option<&str>,
     crd_versions: &bundle_version::CrdVersions,
 ) -> Vec<Condition> {
     let generation = class.and_then(|c| c.metadata.generation);
-    vec![
-        Condition::new(
+    let accepted = match refused {
+        None => Condition::new(
             ConditionType::Accepted,
             true,
             Reason::Accepted,
             "",
             generation,
         ),
-        crd_versions.condition(generation),
-    ]
+        Some(why) => Condition::new(
+            ConditionType::Accepted,
+            false,
+            Reason::InvalidParameters,
+            why,
+            generation,
+        ),
+    };
+    vec![accepted, crd_versions.condition(generation)]
 }
 
 /// Which namespaces a listener admits routes from.
@@ -113,6 +123,21 @@ impl OwnedListener<'_> {
             attached_routes: self.attached_routes,
             supported_kinds: self.kinds.iter().map(|k| k.as_str().to_owned()).collect(),
             conditions: self.conditions.clone(),
+        }
+    }
+
+    /// Marks the listener's references unresolved (its certificates, see [`listener_tls`]): it
+    /// serves nothing. A route-kinds problem already reported keeps its place.
+    fn refs_unresolved(&mut self, reason: Reason, message: String) {
+        self.usable = false;
+        if let Some(c) = self
+            .conditions
+            .iter_mut()
+            .find(|c| c.kind == ConditionType::ResolvedRefs && c.status)
+        {
+            c.status = false;
+            c.reason = reason;
+            c.message = message;
         }
     }
 
@@ -322,6 +347,16 @@ pub(super) fn owned_gateways<'a>(
         };
         let key = ObjectKey::new(ns, name);
         let mut owned = owned_gateway(key.clone(), gw, options, plans);
+        for (position, (l, spec)) in owned
+            .listeners
+            .iter_mut()
+            .zip(&gw.spec.listeners)
+            .enumerate()
+        {
+            if let Some((reason, message)) = listener_tls::problem(spec, position, ns, index) {
+                l.refs_unresolved(reason, message);
+            }
+        }
         owned.client_certificate = client_certificate::resolve(gw, ns, index);
         sets.extend(&mut owned);
         out.insert(key, owned);

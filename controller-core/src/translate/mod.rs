@@ -25,10 +25,12 @@ mod grpc_route;
 mod hostname;
 mod http_route;
 mod listener_set;
+mod listener_tls;
 pub mod ownership;
 mod route;
 mod rule;
 mod scheme;
+mod service_import;
 mod shadow;
 mod status;
 
@@ -51,6 +53,7 @@ use sha2::{Digest, Sha256};
 use crate::access_policy::AccessPolicySpec;
 use crate::external_backend::ExternalBackend;
 use crate::render::{self, Plans, RenderSettings};
+use crate::service_import::ServiceImport;
 
 pub use crate::snapshot::{
     ObjectKey, Snapshot, EXPERIMENTAL_GATEWAY_API_GROUP, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP,
@@ -94,6 +97,10 @@ pub struct Options {
     /// Routes publish only hostnames their namespace is labelled for (`--hostname-ownership`,
     /// see [`ownership`]).
     pub hostname_ownership: bool,
+    /// Owned GatewayClasses whose `parametersRef` cannot be used, with why: `Accepted=False`
+    /// (`InvalidParameters`). Settled by [`crate::gateway_class_config::settle`], whose
+    /// settings the caller runs the shared plane with.
+    pub refused_classes: BTreeMap<String, String>,
 }
 
 impl Default for Options {
@@ -106,6 +113,7 @@ impl Default for Options {
             proxy_image: None,
             shared_tunnel: None,
             hostname_ownership: false,
+            refused_classes: BTreeMap::new(),
         }
     }
 }
@@ -291,7 +299,11 @@ fn translate_checked(
             .map(|(name, class)| {
                 (
                     name.clone(),
-                    gateway::class_conditions(class.as_deref(), &crd_versions),
+                    gateway::class_conditions(
+                        class.as_deref(),
+                        options.refused_classes.get(name).map(String::as_str),
+                        &crd_versions,
+                    ),
                 )
             })
             .collect(),
@@ -570,6 +582,15 @@ impl TunnelIdentity {
             secret: Sha256::digest(token.tunnel_secret()).into(),
         }
     }
+
+    /// A tunnel known by its id alone (a GatewayClassConfig's `tunnelID` without a connector
+    /// token): no plane holding a token shares it, as none can be shown to hold its secret.
+    pub fn named(id: uuid::Uuid) -> Self {
+        Self {
+            id,
+            secret: [0; 32],
+        }
+    }
 }
 
 /// Which planes share a tunnel. The edge spreads a tunnel's requests over all its connectors,
@@ -681,6 +702,8 @@ pub(crate) struct Index<'a> {
     policies: backend_tls::Policies,
     access_policies: BTreeMap<(&'a str, &'a str), &'a AccessPolicySpec>,
     external_backends: BTreeMap<(&'a str, &'a str), &'a ExternalBackend>,
+    /// `None` where the Multi-Cluster Services API is not served.
+    service_imports: Option<BTreeMap<(&'a str, &'a str), &'a ServiceImport>>,
 }
 
 /// Objects of a namespaced kind by (namespace, name).
@@ -758,6 +781,7 @@ impl<'a> Index<'a> {
             secrets,
             policies,
             access_policies,
+            service_imports: snapshot.service_imports.as_deref().map(by_key),
         }
     }
 

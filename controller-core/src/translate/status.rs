@@ -75,6 +75,8 @@ pub enum Reason {
     TunnelShared,
     /// Gateway `ResolvedRefs`: `spec.tls.backend.clientCertificateRef` cannot be used.
     InvalidClientCertificateRef,
+    /// Listener `ResolvedRefs`: a `tls.certificateRefs` entry cannot be used.
+    InvalidCertificateRef,
     /// BackendTLSPolicy `ResolvedRefs`: a `caCertificateRefs` entry cannot be used.
     InvalidCACertificateRef,
     /// BackendTLSPolicy `Accepted`: no `caCertificateRefs` entry can be used.
@@ -117,6 +119,7 @@ impl Reason {
             Self::UnsupportedVersion => "UnsupportedVersion",
             Self::TunnelShared => "TunnelShared",
             Self::InvalidClientCertificateRef => "InvalidClientCertificateRef",
+            Self::InvalidCertificateRef => "InvalidCertificateRef",
             Self::InvalidCACertificateRef => "InvalidCACertificateRef",
             Self::NoValidCACertificate => "NoValidCACertificate",
             Self::Conflicted => "Conflicted",

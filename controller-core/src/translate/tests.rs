@@ -3624,3 +3624,5 @@ mod access;
 mod backend_tls;
 mod external_backend;
 mod listener_set;
+mod listener_tls;
+mod service_import;

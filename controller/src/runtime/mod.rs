@@ -41,6 +41,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument as _;
 
 use crate::cloudflare::{self, TunnelApi, TunnelSync, TunnelTarget};
+use crate::gateway_class_config::{self, ClassDefaults, ClassSettings, ConfigVerdict};
 use crate::gateway_config::DEFAULT_API_TOKEN_KEY;
 use crate::push::{self, PlaneRound, PodOutcome, Pusher};
 use crate::render::{
@@ -128,6 +129,14 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     ("cf.k8s.lex.la", "gatewayconfigs/status", &["patch"]),
     ("cf.k8s.lex.la", "accesspolicies", &["list", "watch"]),
     ("cf.k8s.lex.la", "externalbackends", &["list", "watch"]),
+    ("cf.k8s.lex.la", "gatewayclassconfigs", &["list", "watch"]),
+    ("cf.k8s.lex.la", "gatewayclassconfigs/status", &["patch"]),
+    // Backends of kind ServiceImport, where the Multi-Cluster Services API is served.
+    (
+        "multicluster.x-k8s.io",
+        "serviceimports",
+        &["list", "watch"],
+    ),
     // Their metadata: the bundle version of Gateway API's (GatewayClass `SupportedVersion`).
     (
         "apiextensions.k8s.io",
@@ -288,6 +297,10 @@ pub async fn run(
         resource = stores::listener_set_resource(&client) => resource,
         () = &mut shutdown => return Ok(()),
     };
+    let service_imports = tokio::select! {
+        served = stores::service_imports_served(&client) => served,
+        () = &mut shutdown => return Ok(()),
+    };
     let changed = Arc::new(Notify::new());
     let mut tasks = JoinSet::new();
     let stores = Stores::start(
@@ -295,6 +308,7 @@ pub async fn run(
         reference_grants,
         discovery,
         listener_set_resource.as_ref(),
+        service_imports,
         Arc::clone(&changed),
         &mut tasks,
     );
@@ -450,6 +464,10 @@ struct Reconciler {
     /// `/metrics`' push series, per plane.
     push_seconds: Family<health::PlaneLabel, Histogram, fn() -> Histogram>,
     push_failure_counts: Family<health::PlaneLabel, Counter>,
+    /// The class tunnel and credentials this round runs with ([`gateway_class_config`]).
+    class: ClassSettings,
+    /// Per GatewayClassConfig: its verdict this round, for its status.
+    class_configs: BTreeMap<String, ConfigVerdict>,
     /// Per dedicated plane: the config every one of its pods last took and the token they
     /// take. A plane whose GatewayConfig stops resolving keeps serving this, pods that start
     /// meanwhile included, until it resolves again or the Gateway goes.
@@ -539,6 +557,8 @@ impl Reconciler {
             refused_rules: BTreeMap::new(),
             refused_told: HashMap::new(),
             applied: HashMap::new(),
+            class: ClassSettings::default(),
+            class_configs: BTreeMap::new(),
             pool_stamp: None,
         }
     }
@@ -565,14 +585,30 @@ impl Reconciler {
         watched: &PlaneObjects,
     ) {
         let mut translate_options = self.options.translate.clone();
-        translate_options.shared_tunnel = self.options.shared.as_ref().and_then(|shared| {
-            let (key, field) = shared.tunnel_secret.as_ref()?;
-            let token = secret_text(snapshot, key, field)?;
-            token
-                .parse::<cftunnel_config::Token>()
-                .ok()
-                .map(|t| TunnelIdentity::of(&t))
-        });
+        // The flags, overridden by the GatewayClassConfig the controller's classes name.
+        let class = gateway_class_config::settle(
+            snapshot,
+            &translate_options.controller_name,
+            &ClassDefaults {
+                namespace: self.options.render.controller_namespace.clone(),
+                tunnel_secret: self
+                    .options
+                    .shared
+                    .as_ref()
+                    .and_then(|s| s.tunnel_secret.clone()),
+                api_token: self.options.cloudflare_api_token.clone(),
+            },
+        );
+        if class.shared.held != self.class.held {
+            if let Some(reason) = &class.shared.held {
+                tracing::warn!(%reason, "the class tunnel's ingress document is not written");
+            }
+        }
+        translate_options.shared_tunnel =
+            class.shared.tunnel_token.as_ref().map(TunnelIdentity::of);
+        translate_options.refused_classes = class.refused;
+        self.class = class.shared;
+        self.class_configs = class.configs;
         // Each dedicated plane is rendered once a round: the translation accepts its Gateway by
         // this render, and the same render is applied below.
         let mut plans = render::plan(
@@ -668,9 +704,7 @@ impl Reconciler {
             .collect();
         self.applied.retain(|uid, _| uids.contains(uid.as_str()));
         if let Some(shared) = &self.options.shared {
-            if let Some(info) =
-                shared_plane(shared, snapshot, self.options.cloudflare_api_token.as_ref())
-            {
+            if let Some(info) = shared_plane(shared, snapshot, &self.class) {
                 planes.insert(PlaneKey::Shared, info);
             }
         }
@@ -991,12 +1025,19 @@ impl Reconciler {
                         )
                     })
             }
-            // The controller's own token reaches tunnels the tenant may not own: prove it does.
-            None => Ok(self
-                .options
-                .cloudflare_api_token
-                .clone()
-                .map(|token| (token, Some(credentials.tunnel.tunnel_secret().to_vec())))),
+            // The class's token (the controller's own by default) reaches tunnels the tenant
+            // may not own: prove it does. While the class config does not resolve, none.
+            None => match &self.class.held {
+                Some(reason) => Err(format!(
+                    "no Cloudflare API token: GatewayConfig {}/{config_name} names none, and the class's: {reason}",
+                    key.namespace
+                )),
+                None => Ok(self
+                    .class
+                    .api_token
+                    .clone()
+                    .map(|token| (token, Some(credentials.tunnel.tunnel_secret().to_vec())))),
+            },
         };
         let tunnel = match api_token {
             Ok(Some((api_token, verify_secret))) => Some(Ok(TunnelTarget {
@@ -1338,7 +1379,7 @@ fn secret_text(snapshot: &Snapshot, key: &ObjectKey, field: &str) -> Option<Stri
 fn shared_plane(
     shared: &SharedPlane,
     snapshot: &Snapshot,
-    api_token: Option<&String>,
+    class: &ClassSettings,
 ) -> Option<PlaneInfo> {
     let Some(token) = secret_text(snapshot, &shared.auth_secret, &shared.auth_key) else {
         tracing::warn!(secret = %shared.auth_secret, key = %shared.auth_key, "the shared plane's config-API token is missing; not pushing to it");
@@ -1354,29 +1395,39 @@ fn shared_plane(
         })
         .cloned()
         .collect();
-    let tunnel = shared
-        .tunnel_secret
-        .as_ref()
-        .and_then(|(key, field)| secret_text(snapshot, key, field))
-        .and_then(|t| t.parse::<cftunnel_config::Token>().ok());
+    // A class config may name the tunnel by id alone: its document is still written, and no
+    // other plane is taken to share it.
+    let identity = match (&class.tunnel_token, class.tunnel_id) {
+        (Some(token), _) => Some(TunnelIdentity::of(token)),
+        (None, Some(id)) => Some(TunnelIdentity::named(id)),
+        (None, None) => None,
+    };
+    let tunnel = match (
+        &class.held,
+        class.tunnel_id,
+        &class.account_id,
+        &class.api_token,
+    ) {
+        (Some(reason), ..) => Some(Err(reason.clone())),
+        (None, Some(id), Some(account), Some(api_token)) => Some(Ok(TunnelTarget {
+            account: account.clone(),
+            tunnel: id,
+            api_token: api_token.clone(),
+            // The operator named this tunnel for the controller.
+            verify_secret: None,
+        })),
+        _ => None,
+    };
     Some(PlaneInfo {
-        address: tunnel
-            .as_ref()
-            .map(|t| format!("{}.cfargotunnel.com", t.tunnel_id()))
+        address: class
+            .tunnel_id
+            .map(|id| format!("{id}.cfargotunnel.com"))
             .unwrap_or_default(),
-        identity: tunnel.as_ref().map(TunnelIdentity::of),
+        identity,
         ready: true,
         token,
         pods: push::pod_addresses(&slices, CONFIG_PORT_NAME),
         service: shared.service.clone(),
-        tunnel: tunnel.zip(api_token).map(|(t, api_token)| {
-            Ok(TunnelTarget {
-                account: t.account_tag().to_owned(),
-                tunnel: t.tunnel_id(),
-                api_token: api_token.clone(),
-                // The operator named this tunnel for the controller.
-                verify_secret: None,
-            })
-        }),
+        tunnel,
     })
 }

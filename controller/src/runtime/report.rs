@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 
 use super::status::{self, set_programmed_pending, ConfigUser, KubeCondition, Truth};
 use super::{object_key, PlaneInfo, Reconciler, PROXY_CONFIG_PUSHED};
+use crate::gateway_class_config::GatewayClassConfig;
 use crate::gateway_config::GatewayConfig;
 use crate::render;
 use crate::translate::{self, ConditionType, ObjectKey, PlaneKey, Reason, RouteKind, Snapshot};
@@ -144,6 +145,8 @@ impl Reconciler {
         self.write_listener_set_statuses(snapshot, output, &pending_gateways, &now)
             .await;
         self.write_gateway_config_statuses(snapshot, output, &now)
+            .await;
+        self.write_gateway_class_config_statuses(snapshot, &now)
             .await;
         self.write_backend_tls_policy_statuses(snapshot, output, &now)
             .await;
@@ -411,6 +414,50 @@ impl Reconciler {
             let desired =
                 status::gateway_config(config.metadata.generation, &users, existing.as_ref(), now);
             let api: Api<GatewayConfig> = Api::namespaced(self.client.clone(), namespace);
+            Self::patch_status(
+                api,
+                name,
+                config.resource_version(),
+                existing.as_ref(),
+                desired,
+            )
+            .await;
+        }
+    }
+
+    /// Writes each GatewayClassConfig's `SecretsResolved` and `Valid`, as this round judged it
+    /// ([`crate::gateway_class_config::settle`]), whether or not a class names it.
+    async fn write_gateway_class_config_statuses(&self, snapshot: &Snapshot, now: &str) {
+        for config in &snapshot.gateway_class_configs {
+            let Some(name) = config.metadata.name.as_deref() else {
+                continue;
+            };
+            let Some(verdict) = self.class_configs.get(name) else {
+                continue;
+            };
+            let wanted: Vec<KubeCondition> = verdict
+                .conditions()
+                .into_iter()
+                .map(|(kind, status, reason, message)| KubeCondition {
+                    kind: kind.to_owned(),
+                    status: if status { Truth::True } else { Truth::False },
+                    reason: reason.to_owned(),
+                    message,
+                    observed_generation: verdict.generation,
+                })
+                .collect();
+            let existing = config
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok());
+            let desired = json!({
+                "conditions": status::conditions(
+                    &wanted,
+                    existing.as_ref().and_then(|s| s.get("conditions")),
+                    now,
+                ),
+            });
+            let api: Api<GatewayClassConfig> = Api::all(self.client.clone());
             Self::patch_status(
                 api,
                 name,

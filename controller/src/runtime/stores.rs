@@ -40,7 +40,9 @@ use tokio::time::Instant;
 
 use crate::access_policy::AccessPolicy;
 use crate::external_backend::ExternalBackend;
+use crate::gateway_class_config::GatewayClassConfig;
 use crate::gateway_config::GatewayConfig;
+use crate::service_import::{ServiceImport, MULTICLUSTER_GROUP};
 use crate::translate::bundle_version::{is_gateway_api_crd, CRD_ACCESS};
 use crate::translate::{Snapshot, EXPERIMENTAL_GATEWAY_API_GROUP, GATEWAY_API_GROUP};
 
@@ -195,6 +197,32 @@ pub async fn reference_grant_version(
                  installed later are found with no restart"
             );
             ReferenceGrantVersion::V1
+        }
+    }
+}
+
+/// Whether the API server serves ServiceImport (`multicluster.x-k8s.io/v1alpha1`), asked of API
+/// discovery once at start-up: where it does, ServiceImports are watched and backendRefs may
+/// name them. A failed discovery is logged and taken as not served; installing the
+/// Multi-Cluster Services API later takes a restart of the controller to be seen.
+pub async fn service_imports_served(client: &Client) -> bool {
+    let group_version = format!("{MULTICLUSTER_GROUP}/v1alpha1");
+    let plural = ServiceImport::plural(&());
+    match client.list_api_group_resources(&group_version).await {
+        Ok(list) if list.resources.iter().any(|r| r.name == plural) => {
+            tracing::info!(
+                "watching ServiceImports ({group_version}): routes may use them as backends"
+            );
+            true
+        }
+        Ok(_) => false,
+        Err(e) if is_not_found(&e) => false,
+        Err(e) => {
+            tracing::warn!(
+                error = %e,
+                "API discovery of {group_version} failed: ServiceImport backends are refused (InvalidKind) until the controller restarts"
+            );
+            false
         }
     }
 }
@@ -506,6 +534,10 @@ pub struct Stores {
     pub services: Store<Service>,
     pub endpoint_slices: Store<EndpointSlice>,
     pub gateway_configs: Store<GatewayConfig>,
+    /// Gates readiness for `crd_wait` at most, as a cluster upgraded without its CRD has none.
+    pub gateway_class_configs: Store<GatewayClassConfig>,
+    /// `None` where the API server does not serve ServiceImport ([`service_imports_served`]).
+    pub service_imports: Option<Store<ServiceImport>>,
     /// The AccessPolicies route rules name; gates readiness for `crd_wait` at most, as a
     /// cluster upgraded without its CRD has none to list.
     pub access_policies: Store<AccessPolicy>,
@@ -581,6 +613,7 @@ impl Stores {
         reference_grants: ReferenceGrantVersion,
         discovery: ReferenceGrantDiscovery,
         listener_set_resource: Option<&ApiResource>,
+        service_imports: bool,
         changed: Arc<Notify>,
         tasks: &mut JoinSet<()>,
     ) -> Self {
@@ -668,6 +701,9 @@ impl Stores {
             services: watch(Api::all(client.clone()), all(), &changed, tasks),
             endpoint_slices: watch(Api::all(client.clone()), all(), &changed, tasks),
             gateway_configs: watch(Api::all(client.clone()), all(), &changed, tasks),
+            gateway_class_configs: watch(Api::all(client.clone()), all(), &changed, tasks),
+            service_imports: service_imports
+                .then(|| watch(Api::all(client.clone()), all(), &changed, tasks)),
             access_policies: watch(Api::all(client.clone()), all(), &changed, tasks),
             external_backends: watch(Api::all(client.clone()), all(), &changed, tasks),
             secrets: watch(Api::all(client.clone()), all(), &changed, tasks),
@@ -800,6 +836,16 @@ impl Stores {
                  them: backendRefs naming one resolve to nothing (500) until they are listed"
             );
         }
+        let configs =
+            tokio::time::timeout(crd_wait, self.gateway_class_configs.wait_until_ready()).await;
+        if !matches!(configs, Ok(Ok(()))) {
+            tracing::warn!(
+                waited = ?crd_wait,
+                "GatewayClassConfigs not listed in time (is the gatewayclassconfigs.cf.k8s.lex.la \
+                 CRD installed, and may the controller list and watch them?); reconciling \
+                 without them: a GatewayClass naming one is not accepted until they are"
+            );
+        }
         let policies =
             tokio::time::timeout(crd_wait, self.access_policies.wait_until_ready()).await;
         if !matches!(policies, Ok(Ok(()))) {
@@ -834,6 +880,8 @@ impl Stores {
             services: cloned(&self.services),
             endpoint_slices: cloned(&self.endpoint_slices),
             gateway_configs: cloned(&self.gateway_configs),
+            gateway_class_configs: cloned(&self.gateway_class_configs),
+            service_imports: self.service_imports.as_ref().map(cloned),
             access_policies: cloned(&self.access_policies),
             external_backends: cloned(&self.external_backends),
             secrets: cloned(&self.secrets),

@@ -12,6 +12,10 @@ const CRD_FILES: &[(&str, CrdKind)] = &[
         "externalbackends.cf.k8s.lex.la.yaml",
         CrdKind::ExternalBackend,
     ),
+    (
+        "gatewayclassconfigs.cf.k8s.lex.la.yaml",
+        CrdKind::GatewayClassConfig,
+    ),
 ];
 
 #[test]

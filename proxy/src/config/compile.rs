@@ -1,4 +1,6 @@
-use super::{Cache, ConfigError};
+use super::reuse::Compiled;
+use super::{Cache, ConfigError, TargetId};
+use crate::access::{TeamKeys, Teams};
 use crate::filter::{
     Cors, Filters, HeaderModifier, Mirror, OriginPattern, PathModifier, Redirect, RequestEdit,
     Rewrite,
@@ -15,132 +17,266 @@ use std::sync::Arc;
 /// Compiles a config document into a route table: every rule is checked by the contract
 /// ([`valid::rule`]), the one set of rules the controller checks its documents with too, then
 /// built into the table. Pure apart from building (not dialling) backend clients; reuses the
-/// clients and compiled patterns in `cache` and, when the document compiles, leaves only the
-/// ones it uses there.
+/// clients, compiled patterns and compiled rules in `cache` (a rule pushed again unchanged is
+/// shared with the table in service, see [`super::reuse`]) and, when the document compiles,
+/// leaves only the ones it uses there.
 pub fn compile(
     config: &cftunnel_config::Config,
     metrics: &ProxyMetrics,
     cache: &mut Cache,
 ) -> Result<Routes, ConfigError> {
-    let result = build(config, metrics, cache);
-    match &result {
-        Ok(_) => cache.checked.keep_used(),
-        Err(_) => cache.checked.drop_used(),
+    let mut compiler = Compiler::new(cache, Some(config.rules.len()));
+    for rule in &config.rules {
+        compiler.push(rule);
     }
-    result
+    compiler.finish(metrics, config.version, config.has_grpc_route)
 }
 
-fn build(
-    config: &cftunnel_config::Config,
+/// [`compile`] of a document's JSON text, each rule compiled as it is read
+/// ([`super::stream`]). `current` is the version in service: a document with an older one is
+/// stale.
+///
+/// # Errors
+/// In this order: text that is not one config document ([`ConfigError::Json`]), a stale
+/// version, a refused rule.
+pub(crate) fn compile_json(
+    text: &[u8],
+    current: i64,
     metrics: &ProxyMetrics,
     cache: &mut Cache,
 ) -> Result<Routes, ConfigError> {
-    let mut used = HashMap::new();
-    let mut upstreams = Upstreams {
-        max_connections: cache.max_connections,
-        old: &cache.upstreams,
-        used: &mut used,
-    };
-    let mut teams = HashMap::new();
-    let mut builder = TableBuilder::default();
-    for (index, rule) in config.rules.iter().enumerate() {
-        let refused = |invalid| {
-            ConfigError::Refused(valid::RuleRefused {
-                index,
-                name: rule.name.clone(),
-                invalid,
-            })
+    let mut compiler = Compiler::new(cache, None);
+    let header = super::stream::read(text, &mut compiler).map_err(ConfigError::Json)?;
+    if header.version > 0 && header.version < current {
+        return Err(ConfigError::Stale {
+            pushed: header.version,
+            current,
+        });
+    }
+    compiler.finish(metrics, header.version, header.has_grpc_route)
+}
+
+/// A table being compiled, one rule at a time, as [`compile`] does for a whole document: a
+/// document read from JSON text is compiled as its rules are read, without holding them all.
+///
+/// Dropped unfinished (a refused document), it leaves `cache` as it found it.
+pub(crate) struct Compiler<'c> {
+    cache: &'c mut Cache,
+    upstreams: Upstreams,
+    builder: TableBuilder<Rule>,
+    /// Position of the next rule.
+    next: usize,
+    /// The first rule refused; the rules after it are not compiled.
+    refused: Option<valid::RuleRefused>,
+    /// The Cloudflare Access teams the rules so far name.
+    teams: HashMap<Box<str>, Arc<TeamKeys>>,
+    finished: bool,
+}
+
+impl<'c> Compiler<'c> {
+    /// `rules`: how many rules the document has, if known, to size the table's maps (else as
+    /// many as the table in service).
+    pub(crate) fn new(cache: &'c mut Cache, rules: Option<usize>) -> Self {
+        let old = std::mem::take(&mut cache.upstreams);
+        let upstreams = Upstreams {
+            max_connections: cache.max_connections,
+            used: HashMap::with_capacity(old.len()),
+            old,
+            taken: Vec::new(),
         };
-        let checked = valid::rule(rule, &mut cache.checked).map_err(refused)?;
-        let hostnames = checked.hostnames;
-        let matches = checked.matches.into_iter().map(match_spec).collect();
-        let built = |field: String| {
-            move |e: UpstreamError| refused(valid::Invalid::new(field, e.to_string()))
-        };
-        let mut backends = Vec::with_capacity(checked.backends.len());
-        for (j, b) in checked.backends.into_iter().enumerate() {
-            backends.push(
-                backend(b, &mut upstreams, &format!("backends[{j}]"))
-                    .map_err(|(field, e)| refused(valid::Invalid::new(field, e.to_string())))?,
-            );
+        let builder =
+            TableBuilder::with_capacity(rules.unwrap_or(cache.last_rules), cache.last_hosts);
+        Self {
+            cache,
+            upstreams,
+            builder,
+            next: 0,
+            refused: None,
+            teams: HashMap::new(),
+            finished: false,
         }
-        let access = checked
-            .access
-            .map(|a| cache.access.check(a, &mut teams))
-            .transpose()
-            .map_err(|e| refused(valid::Invalid::new("access.teamName", e)))?;
-        let compiled = Rule {
+    }
+
+    /// Adds the next rule of the document.
+    pub(crate) fn push(&mut self, rule: &cftunnel_config::Rule) {
+        let index = self.next;
+        self.next += 1;
+        if self.refused.is_some() {
+            return;
+        }
+        let cache = &mut *self.cache;
+        let fingerprint = cache.rules.fingerprint(rule);
+        let compiled = match cache.rules.get(fingerprint) {
+            Some(compiled) => {
+                // Still in use: keep what it holds in the caches it came from.
+                for (target, upstream) in compiled.targets.iter() {
+                    self.upstreams.keep(target, upstream);
+                    cache.checked.keep_target(target);
+                }
+                for pattern in compiled.patterns.iter() {
+                    cache.checked.keep_pattern(pattern);
+                }
+                if let Some(access) = &compiled.rule.access {
+                    Teams::keep(access, &mut self.teams);
+                }
+                compiled
+            }
+            None => match compile_rule(rule, cache, &mut self.upstreams, &mut self.teams) {
+                Ok(compiled) => {
+                    let compiled = Arc::new(compiled);
+                    cache.rules.insert(fingerprint, compiled.clone());
+                    compiled
+                }
+                Err(invalid) => {
+                    self.refused = Some(valid::RuleRefused {
+                        index,
+                        name: rule.name.clone(),
+                        invalid,
+                    });
+                    return;
+                }
+            },
+        };
+        self.builder.push_shared(
+            &compiled.hostnames,
+            compiled.matches.clone(),
+            compiled.rule.clone(),
+        );
+    }
+
+    /// The table, unless a rule was refused; either way `cache` is left holding what the
+    /// table in service uses.
+    pub(crate) fn finish(
+        mut self,
+        metrics: &ProxyMetrics,
+        version: i64,
+        has_grpc_route: bool,
+    ) -> Result<Routes, ConfigError> {
+        if let Some(refused) = self.refused.take() {
+            return Err(ConfigError::Refused(refused));
+        }
+        self.finished = true;
+        let cache = &mut *self.cache;
+        let table = std::mem::take(&mut self.builder).build_with(&mut cache.regex_sets);
+        cache.upstreams = std::mem::take(&mut self.upstreams.used);
+        cache.last_rules = table.rule_count();
+        cache.last_hosts = table.host_buckets();
+        cache.checked.keep_used();
+        cache.rules.keep_used();
+        cache.access.replace(std::mem::take(&mut self.teams));
+        Ok(Routes::new(table, metrics.clone(), version, has_grpc_route))
+    }
+}
+
+impl Drop for Compiler<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.cache.upstreams = std::mem::take(&mut self.upstreams.old);
+            self.cache.checked.drop_used();
+            self.cache.rules.drop_used();
+        }
+    }
+}
+
+/// Checks one rule and builds it; a failure names the field relative to the rule.
+fn compile_rule(
+    rule: &cftunnel_config::Rule,
+    cache: &mut Cache,
+    upstreams: &mut Upstreams,
+    teams: &mut HashMap<Box<str>, Arc<TeamKeys>>,
+) -> Result<Compiled, valid::Invalid> {
+    let rule = valid::rule(rule, &mut cache.checked)?;
+    let access = rule
+        .access
+        .map(|a| cache.access.check(a, teams))
+        .transpose()
+        .map_err(|e| valid::Invalid::new("access.teamName", e))?;
+    let patterns = rule
+        .matches
+        .iter()
+        .flat_map(valid::Match::patterns)
+        .cloned()
+        .collect();
+    let matches = rule.matches.into_iter().map(match_spec).collect();
+    let mut backends = Vec::with_capacity(rule.backends.len());
+    for (j, b) in rule.backends.into_iter().enumerate() {
+        backends.push(backend(b, upstreams).map_err(|(field, e)| {
+            valid::Invalid::new(format!("backends[{j}].{field}"), e.to_string())
+        })?);
+    }
+    let filters = filters(rule.filters, upstreams)
+        .map_err(|e| valid::Invalid::new("filters", e.to_string()))?;
+    Ok(Compiled {
+        hostnames: rule.hostnames.into_boxed_slice(),
+        matches,
+        rule: Arc::new(Rule {
             access,
-            name: checked.name,
-            filters: filters(checked.filters, &mut upstreams)
-                .map_err(built("filters".to_owned()))?,
+            name: rule.name,
+            filters,
             backends: Backends::new(backends),
-            request_timeout: checked.request_timeout,
-            backend_timeout: checked.backend_timeout,
-            unavailable: checked.unavailable,
-            retry: checked.retry.map(|r| RetryPolicy {
+            request_timeout: rule.request_timeout,
+            backend_timeout: rule.backend_timeout,
+            unavailable: rule.unavailable,
+            retry: rule.retry.map(|r| RetryPolicy {
                 codes: r.codes.into_boxed_slice(),
                 attempts: r.attempts,
                 backoff: r.backoff,
             }),
-        };
-        builder.push(&hostnames, matches, compiled);
-    }
-    let table = builder.build();
-    let mut host_labels = vec![Box::<str>::from(""); table.bucket_count()];
-    for bucket in table.buckets() {
-        if let Some(slot) = host_labels.get_mut(bucket.id) {
-            *slot = bucket.pattern.clone();
-        }
-    }
-    cache.upstreams = used;
-    cache.access.replace(teams);
-    Ok(Routes::new(
-        table,
-        host_labels,
-        metrics.clone(),
-        config.version,
-        config.has_grpc_route,
-    ))
+        }),
+        targets: std::mem::take(&mut upstreams.taken).into_boxed_slice(),
+        patterns,
+    })
 }
 
 /// Backend clients of the previous table, reused when their target is unchanged (so
 /// connection pools survive a reload), and the ones this table uses.
-struct Upstreams<'c> {
+struct Upstreams {
     max_connections: usize,
-    old: &'c HashMap<Box<str>, Arc<Upstream>>,
-    used: &'c mut HashMap<Box<str>, Arc<Upstream>>,
+    old: HashMap<TargetId, Arc<Upstream>>,
+    used: HashMap<TargetId, Arc<Upstream>>,
+    /// What the rule being compiled took, for [`Compiled::targets`].
+    taken: Vec<(Arc<valid::Target>, Arc<Upstream>)>,
 }
 
-impl Upstreams<'_> {
-    fn get(&mut self, target: &valid::Target) -> Result<Arc<Upstream>, UpstreamError> {
-        if let Some(u) = self.used.get(target.key()) {
-            return Ok(u.clone());
-        }
-        let upstream = match self.old.get(target.key()) {
+impl Upstreams {
+    fn get(&mut self, target: Arc<valid::Target>) -> Result<Arc<Upstream>, UpstreamError> {
+        let id = TargetId(target);
+        let upstream = match self.used.get(&id) {
             Some(u) => u.clone(),
-            None => Arc::new(Upstream::new(target, self.max_connections)?),
+            None => {
+                let upstream = match self.old.get(&id) {
+                    Some(u) => u.clone(),
+                    None => Arc::new(Upstream::new(&id.0, self.max_connections)?),
+                };
+                self.used.insert(id.clone(), upstream.clone());
+                upstream
+            }
         };
-        self.used.insert(target.key().into(), upstream.clone());
+        self.taken.push((id.0, upstream.clone()));
         Ok(upstream)
+    }
+
+    /// Keeps the client of a rule compiled before.
+    fn keep(&mut self, target: &Arc<valid::Target>, upstream: &Arc<Upstream>) {
+        let id = TargetId(target.clone());
+        self.used.entry(id).or_insert_with(|| upstream.clone());
     }
 }
 
-/// Builds a checked backend; a failure names the field (`backends[1].url`). Only the TLS setup
-/// of a client can fail once the contract has accepted a rule.
+/// Builds a checked backend; a failure names the field of the backend (`url`). Only the TLS
+/// setup of a client can fail once the contract has accepted a rule.
 fn backend(
     b: valid::Backend,
-    upstreams: &mut Upstreams<'_>,
-    at: &str,
-) -> Result<Backend, (String, UpstreamError)> {
+    upstreams: &mut Upstreams,
+) -> Result<Backend, (&'static str, UpstreamError)> {
     let upstream = b
         .target
-        .map(|t| upstreams.get(&t))
+        .map(|t| upstreams.get(t))
         .transpose()
-        .map_err(|e| (format!("{at}.url"), e))?;
+        .map_err(|e| ("url", e))?;
     Ok(Backend {
         upstream,
-        filters: filters(b.filters, upstreams).map_err(|e| (format!("{at}.filters"), e))?,
+        filters: filters(b.filters, upstreams).map_err(|e| ("filters", e))?,
         unavailable: b.unavailable,
         weight: b.weight,
     })
@@ -163,12 +299,15 @@ fn match_spec(m: valid::Match) -> MatchSpec {
     }
 }
 
-fn filters(f: valid::Filters, upstreams: &mut Upstreams<'_>) -> Result<Filters, UpstreamError> {
+fn filters(f: valid::Filters, upstreams: &mut Upstreams) -> Result<Filters, UpstreamError> {
+    if f.is_empty() {
+        return Ok(Filters::default());
+    }
     let mirrors = f
         .mirrors
         .into_iter()
         .map(|m| {
-            upstreams.get(&m.target).map(|upstream| Mirror {
+            upstreams.get(m.target).map(|upstream| Mirror {
                 upstream,
                 percent: m.percent,
             })
@@ -187,25 +326,29 @@ fn filters(f: valid::Filters, upstreams: &mut Upstreams<'_>) -> Result<Filters, 
             })
             .collect(),
         response: f.response.into_iter().map(header_modifier).collect(),
-        redirect: f.redirect.map(|r| Redirect {
-            scheme: r.scheme,
-            hostname: r.hostname,
-            port: r.port,
-            path: r.path.map(path_modifier),
-            status: r.status,
+        redirect: f.redirect.map(|r| {
+            Box::new(Redirect {
+                scheme: r.scheme,
+                hostname: r.hostname,
+                port: r.port,
+                path: r.path.map(path_modifier),
+                status: r.status,
+            })
         }),
         mirrors: mirrors.into_boxed_slice(),
-        cors: f.cors.map(|c| Cors {
-            allow_origins: c
-                .allow_origins
-                .iter()
-                .map(|o| OriginPattern::parse(o))
-                .collect(),
-            allow_credentials: c.allow_credentials,
-            allow_methods: c.allow_methods,
-            allow_headers: c.allow_headers,
-            expose_headers: c.expose_headers,
-            max_age: c.max_age,
+        cors: f.cors.map(|c| {
+            Box::new(Cors {
+                allow_origins: c
+                    .allow_origins
+                    .iter()
+                    .map(|o| OriginPattern::parse(o))
+                    .collect(),
+                allow_credentials: c.allow_credentials,
+                allow_methods: c.allow_methods,
+                allow_headers: c.allow_headers,
+                expose_headers: c.expose_headers,
+                max_age: c.max_age,
+            })
         }),
     })
 }

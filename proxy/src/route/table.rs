@@ -13,45 +13,104 @@ type Entry = (u32, u32);
 /// automaton instead of one pattern at a time.
 const REGEX_SET_MIN: usize = 16;
 
+/// Up to this many distinct paths of one kind, a bucket compares them in turn; past it, it
+/// looks them up in a hash map.
+const FEW_PATHS: usize = 8;
+
 /// The rules that apply to one hostname pattern, indexed by path.
 ///
-/// Exact paths and prefixes are hash lookups (a prefix lookup tries each `/` boundary of the
-/// request path, longest first), so lookup cost grows with the path's depth, not the rule
-/// count. Entries under one key are sorted by the rest of the precedence key.
+/// Exact paths and prefixes are looked up by path (a prefix lookup tries each `/` boundary of
+/// the request path, longest first), so lookup cost grows with the path's depth, not the rule
+/// count. Entries under one path are sorted by the rest of the precedence key. Most buckets
+/// (one per hostname) hold a rule or two, so they keep their paths in a short list rather than
+/// a hash map.
 #[derive(Debug)]
 pub struct Bucket {
     /// Dense id of this bucket, used to index per-hostname metrics.
     pub id: usize,
     /// The hostname pattern as written (`a.example.com`, `*.example.com`, or `*` for host-less rules).
     pub pattern: Box<str>,
-    /// Every entry, in document order until `build` indexes them.
-    entries: Vec<Entry>,
-    exact: HashMap<Box<str>, Vec<Entry>>,
-    prefix: HashMap<Box<str>, Vec<Entry>>,
+    exact: Paths,
+    prefix: Paths,
     /// Regex-path entries in precedence order.
-    regex: Vec<Entry>,
+    regex: Box<[Entry]>,
     /// All of `regex`'s path patterns, pattern `i` being `regex[i]`'s.
-    regex_set: Option<meta::Regex>,
+    regex_set: Option<Box<meta::Regex>>,
 }
 
-impl Bucket {
-    fn new(id: usize, pattern: Box<str>) -> Self {
-        Self {
-            id,
-            pattern,
-            entries: Vec::new(),
-            exact: HashMap::new(),
-            prefix: HashMap::new(),
-            regex: Vec::new(),
-            regex_set: None,
+/// The entries of one path kind of a bucket, by path.
+#[derive(Debug)]
+enum Paths {
+    /// Grouped by path, in precedence order inside a group.
+    Few(Box<[(Box<str>, Entry)]>),
+    /// Boxed: most buckets are `Few`, and a bare map would make every `Paths` three words
+    /// larger, times two per bucket, times every hostname.
+    #[allow(clippy::box_collection)]
+    Many(Box<HashMap<Box<str>, Box<[Entry]>>>),
+}
+
+impl Paths {
+    /// Indexes `entries`, given in precedence order, by the path each one's match names.
+    fn new(entries: &[(&str, Entry)]) -> Self {
+        let mut groups: Vec<(&str, Vec<Entry>)> = Vec::new();
+        let mut many: HashMap<&str, usize> = HashMap::new();
+        for &(path, entry) in entries {
+            let group = if groups.len() < FEW_PATHS {
+                groups.iter().position(|(p, _)| *p == path)
+            } else {
+                if many.is_empty() {
+                    many.extend(groups.iter().enumerate().map(|(i, (p, _))| (*p, i)));
+                }
+                many.get(path).copied()
+            };
+            match group {
+                Some(i) => groups[i].1.push(entry),
+                None => {
+                    if !many.is_empty() {
+                        many.insert(path, groups.len());
+                    }
+                    groups.push((path, vec![entry]));
+                }
+            }
         }
+        if groups.len() <= FEW_PATHS {
+            Self::Few(
+                groups
+                    .into_iter()
+                    .flat_map(|(path, list)| list.into_iter().map(move |e| (path.into(), e)))
+                    .collect(),
+            )
+        } else {
+            Self::Many(Box::new(
+                groups
+                    .into_iter()
+                    .map(|(path, list)| (path.into(), list.into_boxed_slice()))
+                    .collect(),
+            ))
+        }
+    }
+
+    /// The first of the entries under `path` that `f` accepts.
+    fn find<T>(&self, path: &str, mut f: impl FnMut(Entry) -> Option<T>) -> Option<T> {
+        match self {
+            Self::Few(list) => list
+                .iter()
+                .filter(|(p, _)| **p == *path)
+                .find_map(|&(_, e)| f(e)),
+            Self::Many(map) => map.get(path)?.iter().find_map(|&e| f(e)),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        matches!(self, Self::Few(list) if list.is_empty())
     }
 }
 
-/// A rule as the table sees it: its matches plus an opaque payload.
+/// A rule as the table sees it: its matches plus an opaque payload, both shared with the next
+/// table when the rule is pushed again unchanged.
 #[derive(Debug)]
 struct Routed<R> {
-    matches: Box<[MatchSpec]>,
+    matches: Arc<[MatchSpec]>,
     value: Arc<R>,
 }
 
@@ -59,10 +118,11 @@ struct Routed<R> {
 #[derive(Debug)]
 pub struct Table<R> {
     rules: Vec<Routed<R>>,
-    exact: HashMap<Box<str>, Bucket>,
+    /// Indexed by [`Bucket::id`]; the first is the bucket of rules without hostnames.
+    buckets: Box<[Bucket]>,
+    exact: HashMap<Box<str>, u32>,
     /// Keyed by the suffix after `*`, leading dot included (`.example.com`).
-    wildcard: HashMap<Box<str>, Bucket>,
-    default: Bucket,
+    wildcard: HashMap<Box<str>, u32>,
 }
 
 /// A lookup result: the rule, which of its matches hit, and the bucket it was found in.
@@ -76,8 +136,8 @@ pub struct Hit<'t, R> {
 impl<R> Table<R> {
     /// Finds the rule for a request. `host` must already be lower-case with any port removed.
     pub fn find(&self, host: &str, req: &RequestView<'_>) -> Option<Hit<'_, R>> {
-        if let Some(bucket) = self.exact.get(host) {
-            if let Some(hit) = self.scan(bucket, req) {
+        if let Some(&b) = self.exact.get(host) {
+            if let Some(hit) = self.scan(b, req) {
                 return Some(hit);
             }
         }
@@ -87,23 +147,36 @@ impl<R> Table<R> {
                 if i == 0 {
                     continue;
                 }
-                if let Some(bucket) = self.wildcard.get(&host[i..]) {
-                    if let Some(hit) = self.scan(bucket, req) {
+                if let Some(&b) = self.wildcard.get(&host[i..]) {
+                    if let Some(hit) = self.scan(b, req) {
                         return Some(hit);
                     }
                 }
             }
         }
-        self.scan(&self.default, req)
+        self.scan(0, req)
     }
 
-    fn scan<'t>(&'t self, bucket: &'t Bucket, req: &RequestView<'_>) -> Option<Hit<'t, R>> {
+    fn scan<'t>(&'t self, bucket: u32, req: &RequestView<'_>) -> Option<Hit<'t, R>> {
+        let bucket = self.buckets.get(bucket as usize)?;
         let path = req.path;
+        let hit = |(r, m): Entry, whole: bool| {
+            let rule = self.rules.get(r as usize)?;
+            let spec = rule.matches.get(m as usize)?;
+            let matched = if whole {
+                spec.matches(req)
+            } else {
+                spec.matches_besides_path(req)
+            };
+            matched.then_some(Hit {
+                rule: &rule.value,
+                matched: spec,
+                bucket,
+            })
+        };
         // 1. Exact paths.
-        if let Some(entries) = bucket.exact.get(path) {
-            if let Some(hit) = self.first(bucket, entries, req) {
-                return Some(hit);
-            }
+        if let Some(hit) = bucket.exact.find(path, |e| hit(e, true)) {
+            return Some(hit);
         }
         // 2. Prefixes, longest first: the path itself, then each `/` boundary, then `/`.
         if !bucket.prefix.is_empty() {
@@ -112,10 +185,8 @@ impl<R> Table<R> {
                 if candidate.is_empty() {
                     candidate = "/";
                 }
-                if let Some(entries) = bucket.prefix.get(candidate) {
-                    if let Some(hit) = self.first(bucket, entries, req) {
-                        return Some(hit);
-                    }
+                if let Some(hit) = bucket.prefix.find(candidate, |e| hit(e, true)) {
+                    return Some(hit);
                 }
                 if candidate == "/" {
                     break;
@@ -131,47 +202,31 @@ impl<R> Table<R> {
             Some(set) => {
                 let mut hits = PatternSet::new(set.pattern_len());
                 set.which_overlapping_matches(&Input::new(path), &mut hits);
-                hits.iter().find_map(|p| {
-                    let &(r, m) = bucket.regex.get(p.as_usize())?;
-                    let rule = self.rules.get(r as usize)?;
-                    let spec = rule.matches.get(m as usize)?;
-                    spec.matches_besides_path(req).then_some(Hit {
-                        rule: &rule.value,
-                        matched: spec,
-                        bucket,
-                    })
-                })
+                hits.iter()
+                    .find_map(|p| hit(*bucket.regex.get(p.as_usize())?, false))
             }
-            None => self.first(bucket, &bucket.regex, req),
+            None => bucket.regex.iter().find_map(|&e| hit(e, true)),
         }
-    }
-
-    fn first<'t>(
-        &'t self,
-        bucket: &'t Bucket,
-        entries: &[Entry],
-        req: &RequestView<'_>,
-    ) -> Option<Hit<'t, R>> {
-        entries.iter().find_map(|&(r, m)| {
-            let rule = self.rules.get(r as usize)?;
-            let spec = rule.matches.get(m as usize)?;
-            spec.matches(req).then_some(Hit {
-                rule: &rule.value,
-                matched: spec,
-                bucket,
-            })
-        })
     }
 
     /// Every bucket, for building per-hostname state indexed by [`Bucket::id`].
     pub fn buckets(&self) -> impl Iterator<Item = &Bucket> {
-        std::iter::once(&self.default)
-            .chain(self.exact.values())
-            .chain(self.wildcard.values())
+        self.buckets.iter()
+    }
+
+    /// The bucket with this [`Bucket::id`].
+    pub fn bucket(&self, id: usize) -> Option<&Bucket> {
+        self.buckets.get(id)
     }
 
     pub fn bucket_count(&self) -> usize {
-        1 + self.exact.len() + self.wildcard.len()
+        self.buckets.len()
+    }
+
+    /// Buckets of exact and of wildcard hostnames: what [`TableBuilder::with_capacity`] takes
+    /// to build a table like this one.
+    pub fn host_buckets(&self) -> (usize, usize) {
+        (self.exact.len(), self.wildcard.len())
     }
 
     pub fn rule_count(&self) -> usize {
@@ -179,99 +234,185 @@ impl<R> Table<R> {
     }
 }
 
+/// The multi-pattern automatons of the last table, by the patterns they match, so a push that
+/// leaves a bucket's regular expressions as they were reuses its automaton instead of parsing
+/// and compiling every pattern again.
+#[derive(Debug, Default)]
+pub struct RegexSets {
+    sets: HashMap<String, Box<meta::Regex>>,
+}
+
+impl RegexSets {
+    /// The identity of a set: its patterns in order, each prefixed with its length so no two
+    /// lists give the same key.
+    fn key<'p>(patterns: impl Iterator<Item = &'p str>) -> String {
+        let mut key = String::new();
+        for p in patterns {
+            key.push_str(&p.len().to_string());
+            key.push(':');
+            key.push_str(p);
+        }
+        key
+    }
+}
+
 /// Collects rules in document order, then sorts each bucket once.
 #[derive(Debug)]
 pub struct TableBuilder<R> {
-    table: Table<R>,
+    rules: Vec<Routed<R>>,
+    /// Each bucket's hostname pattern and entries, in document order; the first is the
+    /// bucket of rules without hostnames.
+    buckets: Vec<(Box<str>, Vec<Entry>)>,
+    exact: HashMap<Box<str>, u32>,
+    wildcard: HashMap<Box<str>, u32>,
 }
 
 impl<R> Default for TableBuilder<R> {
     fn default() -> Self {
         Self {
-            table: Table {
-                rules: Vec::new(),
-                exact: HashMap::new(),
-                wildcard: HashMap::new(),
-                default: Bucket::new(0, "*".into()),
-            },
+            rules: Vec::new(),
+            buckets: vec![("*".into(), Vec::new())],
+            exact: HashMap::new(),
+            wildcard: HashMap::new(),
         }
     }
 }
 
 impl<R> TableBuilder<R> {
+    /// A builder for about `rules` rules in about `hosts` hostname buckets (exact, wildcard),
+    /// as the last table had, so its maps are allocated once.
+    pub fn with_capacity(rules: usize, hosts: (usize, usize)) -> Self {
+        let mut builder = Self::default();
+        builder.rules.reserve(rules);
+        builder.buckets.reserve(hosts.0 + hosts.1);
+        builder.exact.reserve(hosts.0);
+        builder.wildcard.reserve(hosts.1);
+        builder
+    }
+
     /// Adds a rule. `hostnames` must be validated and lower-case (`a.b`, `*.b`); empty means any host.
     /// A rule without matches must be given one match-all [`MatchSpec`].
     pub fn push(&mut self, hostnames: &[Box<str>], matches: Vec<MatchSpec>, value: R) {
-        let t = &mut self.table;
-        let idx = t.rules.len() as u32;
-        let entries = (0..matches.len() as u32).map(|m| (idx, m));
+        self.push_shared(hostnames, matches.into(), Arc::new(value));
+    }
+
+    /// [`TableBuilder::push`] of a rule this table shares with another (an earlier table that
+    /// had the same rule).
+    pub fn push_shared(
+        &mut self,
+        hostnames: &[Box<str>],
+        matches: Arc<[MatchSpec]>,
+        value: Arc<R>,
+    ) {
+        let idx = self.rules.len() as u32;
+        let entries = || (0..matches.len() as u32).map(|m| (idx, m));
         if hostnames.is_empty() {
-            t.default.entries.extend(entries);
-        } else {
-            let entries: Vec<_> = entries.collect();
-            let mut next_id = 1 + t.exact.len() + t.wildcard.len();
-            for host in hostnames {
-                let (map, key) = match host.strip_prefix('*') {
-                    Some(suffix) => (&mut t.wildcard, suffix),
-                    None => (&mut t.exact, &**host),
-                };
-                let bucket = map.entry(key.into()).or_insert_with(|| {
-                    next_id += 1;
-                    Bucket::new(next_id - 1, host.clone())
-                });
-                // A rule naming the same host twice is routed once.
-                if bucket.entries.last().map(|e| e.0) != Some(idx) {
-                    bucket.entries.extend_from_slice(&entries);
+            self.buckets[0].1.extend(entries());
+        }
+        for host in hostnames {
+            let next = self.buckets.len() as u32;
+            let (map, key) = match host.strip_prefix('*') {
+                Some(suffix) => (&mut self.wildcard, suffix),
+                None => (&mut self.exact, &**host),
+            };
+            // Looked up before inserting, so a known host costs no key allocation.
+            let b = match map.get(key) {
+                Some(&b) => b,
+                None => {
+                    map.insert(key.into(), next);
+                    self.buckets.push((host.clone(), Vec::new()));
+                    next
                 }
+            };
+            let bucket = &mut self.buckets[b as usize].1;
+            // A rule naming the same host twice is routed once.
+            if bucket.last().map(|e| e.0) != Some(idx) {
+                bucket.extend(entries());
             }
         }
-        t.rules.push(Routed {
-            matches: matches.into_boxed_slice(),
-            value: Arc::new(value),
-        });
+        self.rules.push(Routed { matches, value });
     }
 
     /// Sorts and indexes every bucket.
-    pub fn build(mut self) -> Table<R> {
-        let rules = &self.table.rules;
-        let index = |bucket: &mut Bucket| {
-            let mut entries = std::mem::take(&mut bucket.entries);
-            // Stable: equal precedence keeps document order (rule, then match).
-            entries
-                .sort_by_cached_key(|&(r, m)| rules[r as usize].matches[m as usize].precedence());
-            let mut regex_hirs = Vec::new();
-            for (r, m) in entries {
-                match &rules[r as usize].matches[m as usize].path {
-                    PathMatcher::Exact(p) => {
-                        bucket.exact.entry(p.clone()).or_default().push((r, m))
-                    }
-                    PathMatcher::Prefix(p) => {
-                        bucket.prefix.entry(p.clone()).or_default().push((r, m))
-                    }
-                    PathMatcher::Regex(p) => {
-                        bucket.regex.push((r, m));
-                        regex_hirs.push(anchored(p.source()));
+    pub fn build(self) -> Table<R> {
+        self.build_with(&mut RegexSets::default())
+    }
+
+    /// [`TableBuilder::build`], taking the multi-pattern automatons from `sets` where a bucket
+    /// has the same regular expressions as one of the last table, and leaving this table's
+    /// there.
+    pub fn build_with(self, sets: &mut RegexSets) -> Table<R> {
+        let rules = &self.rules;
+        let mut old = std::mem::take(&mut sets.sets);
+        let used = &mut sets.sets;
+        let mut exact = Vec::new();
+        let mut prefix = Vec::new();
+        let buckets = self
+            .buckets
+            .into_iter()
+            .enumerate()
+            .map(|(id, (pattern, mut entries))| {
+                let spec = |(r, m): Entry| &rules[r as usize].matches[m as usize];
+                // Stable: equal precedence keeps document order (rule, then match).
+                if entries.len() > 1 {
+                    entries.sort_by_cached_key(|&e| spec(e).precedence());
+                }
+                exact.clear();
+                prefix.clear();
+                let mut regex = Vec::new();
+                for e in entries {
+                    match &spec(e).path {
+                        PathMatcher::Exact(p) => exact.push((&**p, e)),
+                        PathMatcher::Prefix(p) => prefix.push((&**p, e)),
+                        PathMatcher::Regex(_) => regex.push(e),
                     }
                 }
-            }
-            if regex_hirs.len() >= REGEX_SET_MIN {
-                // Each pattern already compiled on its own, so the set can only fail on size;
-                // then the bucket falls back to one pattern at a time.
-                bucket.regex_set = regex_hirs
-                    .into_iter()
-                    .collect::<Result<Vec<_>, _>>()
-                    .ok()
-                    .and_then(|hirs| {
-                        meta::Regex::builder()
-                            .configure(engine().match_kind(MatchKind::All))
-                            .build_many_from_hir(&hirs)
-                            .ok()
-                    });
-            }
-        };
-        index(&mut self.table.default);
-        self.table.exact.values_mut().for_each(index);
-        self.table.wildcard.values_mut().for_each(index);
-        self.table
+                let regex_set = (regex.len() >= REGEX_SET_MIN)
+                    .then(|| {
+                        let patterns = || {
+                            regex.iter().filter_map(|&e| match &spec(e).path {
+                                PathMatcher::Regex(p) => Some(p.source()),
+                                _ => None,
+                            })
+                        };
+                        let key = RegexSets::key(patterns());
+                        let set = match old.remove(&key).or_else(|| used.get(&key).cloned()) {
+                            Some(set) => Some(set),
+                            // Each pattern already compiled on its own, so the set can only
+                            // fail on size; then the bucket falls back to one pattern at a time.
+                            None => patterns()
+                                .map(anchored)
+                                .collect::<Result<Vec<_>, _>>()
+                                .ok()
+                                .and_then(|hirs| {
+                                    meta::Regex::builder()
+                                        .configure(engine().match_kind(MatchKind::All))
+                                        .build_many_from_hir(&hirs)
+                                        .ok()
+                                })
+                                .map(Box::new),
+                        };
+                        if let Some(set) = &set {
+                            used.insert(key, set.clone());
+                        }
+                        set
+                    })
+                    .flatten();
+                Bucket {
+                    id,
+                    pattern,
+                    exact: Paths::new(&exact),
+                    prefix: Paths::new(&prefix),
+                    regex: regex.into_boxed_slice(),
+                    regex_set,
+                }
+            })
+            .collect();
+        Table {
+            rules: self.rules,
+            buckets,
+            exact: self.exact,
+            wildcard: self.wildcard,
+        }
     }
 }

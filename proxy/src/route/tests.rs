@@ -156,6 +156,52 @@ fn path_precedence_is_exact_then_longest_prefix_then_regex() {
     );
 }
 
+/// A host with a few paths compares them in turn and one with many looks them up in a map:
+/// both keep exact before longest prefix, method before none, and document order among equals.
+#[test]
+fn precedence_holds_for_hosts_with_few_and_with_many_paths() {
+    for fillers in [0, 3, 20] {
+        let mut rules: Vec<_> = (0..fillers)
+            .flat_map(|i| {
+                [
+                    rule(&format!("exact{i}"), json!({"matches": [{"path": {"type": "Exact", "value": format!("/filler{i}")}}]})),
+                    rule(&format!("prefix{i}"), json!({"matches": [{"path": {"type": "PathPrefix", "value": format!("/filler{i}/p")}}]})),
+                ]
+            })
+            .collect();
+        rules.extend([
+            rule("prefix-short", json!({"matches": [{"path": {"type": "PathPrefix", "value": "/foo"}}]})),
+            rule("prefix-long", json!({"matches": [{"path": {"type": "PathPrefix", "value": "/foo/bar"}}]})),
+            rule("exact", json!({"matches": [{"path": {"type": "Exact", "value": "/foo/bar"}}]})),
+            rule("exact-again", json!({"matches": [{"path": {"type": "Exact", "value": "/foo/bar"}}]})),
+            rule("post", json!({"matches": [{"path": {"type": "Exact", "value": "/foo/bar"}, "method": "POST"}]})),
+        ]);
+        let routes = compile_doc(json!({ "rules": rules }));
+        let at = |method: &str, path: &str| find(&routes, method, "h", path, &[]);
+        assert_eq!(at("GET", "/foo/bar").as_deref(), Some("exact"), "{fillers}");
+        assert_eq!(at("POST", "/foo/bar").as_deref(), Some("post"), "{fillers}");
+        assert_eq!(
+            at("GET", "/foo/bar/baz").as_deref(),
+            Some("prefix-long"),
+            "{fillers}"
+        );
+        assert_eq!(
+            at("GET", "/foo/x").as_deref(),
+            Some("prefix-short"),
+            "{fillers}"
+        );
+        assert_eq!(at("GET", "/foobar"), None, "{fillers}");
+        for i in 0..fillers {
+            assert_eq!(at("GET", &format!("/filler{i}")), Some(format!("exact{i}")));
+            assert_eq!(
+                at("GET", &format!("/filler{i}/p/q")),
+                Some(format!("prefix{i}"))
+            );
+            assert_eq!(at("GET", &format!("/filler{i}/q")), None);
+        }
+    }
+}
+
 #[test]
 fn prefix_match_is_segment_aware_and_ignores_a_trailing_slash() {
     let routes = compile_doc(json!({"rules": [

@@ -181,6 +181,7 @@ mod tests {
                 "events.k8s.io",
                 "coordination.k8s.io",
                 "apiextensions.k8s.io",
+                "multicluster.x-k8s.io",
             ]
         );
         let autoscaling = &groups[5];

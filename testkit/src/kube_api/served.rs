@@ -36,6 +36,7 @@ pub(super) const SERVED: &[Served] = &[
     Served { kind: "GatewayConfig", group: "cf.k8s.lex.la", versions: &["v1alpha1"], plural: "gatewayconfigs", namespaced: true, subresources: &["status"] },
     Served { kind: "ExternalBackend", group: "cf.k8s.lex.la", versions: &["v1alpha1"], plural: "externalbackends", namespaced: true, subresources: &[] },
     Served { kind: "AccessPolicy", group: "cf.k8s.lex.la", versions: &["v1alpha1"], plural: "accesspolicies", namespaced: true, subresources: &[] },
+    Served { kind: "GatewayClassConfig", group: "cf.k8s.lex.la", versions: &["v1alpha1"], plural: "gatewayclassconfigs", namespaced: false, subresources: &["status"] },
     Served { kind: "Secret", group: "", versions: &["v1"], plural: "secrets", namespaced: true, subresources: &[] },
     Served { kind: "Deployment", group: "apps", versions: &["v1"], plural: "deployments", namespaced: true, subresources: &["scale", "status"] },
     Served { kind: "NetworkPolicy", group: "networking.k8s.io", versions: &["v1"], plural: "networkpolicies", namespaced: true, subresources: &[] },
@@ -44,6 +45,7 @@ pub(super) const SERVED: &[Served] = &[
     Served { kind: "Event", group: "events.k8s.io", versions: &["v1"], plural: "events", namespaced: true, subresources: &[] },
     Served { kind: "Lease", group: "coordination.k8s.io", versions: &["v1"], plural: "leases", namespaced: true, subresources: &[] },
     Served { kind: "CustomResourceDefinition", group: "apiextensions.k8s.io", versions: &["v1"], plural: "customresourcedefinitions", namespaced: false, subresources: &["status"] },
+    Served { kind: "ServiceImport", group: "multicluster.x-k8s.io", versions: &["v1alpha1"], plural: "serviceimports", namespaced: true, subresources: &[] },
 ];
 
 /// Which Gateway API CRD release the server has installed, as far as the versions it serves

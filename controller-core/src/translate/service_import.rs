@@ -1,0 +1,108 @@
+//! Backends of kind `ServiceImport` (`multicluster.x-k8s.io`): dialled at the import's
+//! cluster-set name, `name.namespace.svc.clusterset.local`, on the port the backendRef names,
+//! which the import must export, as the Go controller does. Where the API server does not
+//! serve the Multi-Cluster Services API the kind is not supported (`InvalidKind`), and a
+//! reference from another namespace needs a ReferenceGrant to `ServiceImport` objects, as
+//! one to a Service does.
+//!
+//! Ports speak HTTPS, HTTP/2 or WebSocket as a Service's do (their `appProtocol`, or port
+//! 443); BackendTLSPolicies target Services, so none applies here.
+
+use cftunnel_config::{BackendProtocol, BackendTls};
+
+use super::backend::{BackendRefError, BackendRefView, Resolved};
+use super::{Index, RouteKind};
+use crate::service_import::{CLUSTERSET_DOMAIN, MULTICLUSTER_GROUP, SERVICE_IMPORT_KIND};
+
+/// Whether a backendRef names a ServiceImport.
+pub(super) fn is_service_import(r: &BackendRefView<'_>) -> bool {
+    r.group == Some(MULTICLUSTER_GROUP) && r.kind == Some(SERVICE_IMPORT_KIND)
+}
+
+/// Resolves a backendRef naming a ServiceImport, of a route of `from` kind in
+/// `from_namespace`.
+pub(super) fn resolve(
+    r: BackendRefView<'_>,
+    from: RouteKind,
+    from_namespace: &str,
+    field: &str,
+    index: &Index<'_>,
+) -> Result<Resolved, BackendRefError> {
+    let Some(imports) = &index.service_imports else {
+        return Err(BackendRefError::InvalidKind {
+            field: field.to_owned(),
+            group: MULTICLUSTER_GROUP.to_owned(),
+            kind: format!(
+                "{SERVICE_IMPORT_KIND} (the API server does not serve {MULTICLUSTER_GROUP}/v1alpha1)"
+            ),
+        });
+    };
+    let namespace = r.namespace.unwrap_or(from_namespace);
+    if namespace != from_namespace
+        && !index.reference_granted(
+            from.as_str(),
+            from_namespace,
+            MULTICLUSTER_GROUP,
+            SERVICE_IMPORT_KIND,
+            namespace,
+            r.name,
+        )
+    {
+        return Err(BackendRefError::ServiceImportRefNotPermitted {
+            field: field.to_owned(),
+            namespace: namespace.to_owned(),
+            name: r.name.to_owned(),
+        });
+    }
+    let Some(import) = imports.get(&(namespace, r.name)).copied() else {
+        return Err(BackendRefError::ServiceImportNotFound {
+            field: field.to_owned(),
+            namespace: namespace.to_owned(),
+            name: r.name.to_owned(),
+            port: None,
+        });
+    };
+    let Some(port) = r.port else {
+        return Err(BackendRefError::MissingPort {
+            field: field.to_owned(),
+        });
+    };
+    let Some(exported) = import.spec.ports.iter().find(|p| p.port == port) else {
+        return Err(BackendRefError::ServiceImportNotFound {
+            field: field.to_owned(),
+            namespace: namespace.to_owned(),
+            name: r.name.to_owned(),
+            port: Some(port),
+        });
+    };
+    let host = format!("{}.{namespace}.svc.{CLUSTERSET_DOMAIN}", r.name);
+    let app_protocol = exported.app_protocol.as_deref();
+    let tls = (port == super::backend::HTTPS_PORT
+        || matches!(
+            app_protocol,
+            Some(super::backend::APP_PROTOCOL_HTTPS | super::backend::APP_PROTOCOL_WSS)
+        ))
+    .then(|| BackendTls {
+        server_name: Some(host.clone()),
+        ..BackendTls::default()
+    });
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://{host}:{port}");
+    Ok(Resolved {
+        urls: vec![url.clone()],
+        service_url: url,
+        protocol: if app_protocol == Some(super::backend::APP_PROTOCOL_H2C) {
+            BackendProtocol::H2c
+        } else {
+            BackendProtocol::Http1
+        },
+        websocket: matches!(
+            app_protocol,
+            Some(super::backend::APP_PROTOCOL_WS | super::backend::APP_PROTOCOL_WSS)
+        ),
+        public_only: false,
+        tls,
+        tls_refused: false,
+        port: None,
+    })
+}

@@ -1,0 +1,207 @@
+//! The controller against an API server with a GatewayClassConfig: the class's credentials
+//! Secret, not the controller's flag, writes the class tunnel's ingress document (the fake
+//! Cloudflare API accepts only the class's token); the config's `SecretsResolved` and `Valid`
+//! and the class's `Accepted` follow it, and say `InvalidParameters` when it stops resolving.
+
+use std::time::{Duration, Instant};
+
+use cftunnel_controller::runtime::{self, RuntimeOptions, SharedPlane, REQUIRED_RBAC};
+use cftunnel_controller::translate::ObjectKey;
+use cftunnel_testkit::cloudflare_api::CloudflareApi;
+use cftunnel_testkit::kube_api::ApiServer;
+use cftunnel_tunnel::Token;
+use serde_json::{json, Value};
+
+const SHARED_TUNNEL_ID: &str = "c4a1e7d2-9b36-4f08-a5c3-6e2b8d0f1a97";
+const ACCOUNT: &str = "0123456789abcdef0123456789abcdef";
+
+fn seed() -> String {
+    let token = Token::new(
+        ACCOUNT,
+        b"class secret".to_vec(),
+        SHARED_TUNNEL_ID.parse().expect("uuid"),
+    )
+    .encode();
+    format!(
+        r#"
+apiVersion: v1
+kind: Namespace
+metadata: {{name: cftunnel-system}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: shared-auth, namespace: cftunnel-system}}
+stringData: {{token: pool-secret}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: shared-tunnel, namespace: cftunnel-system}}
+stringData: {{tunnel-token: "{token}"}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: class-credentials, namespace: cftunnel-system}}
+stringData: {{api-token: class-api-token}}
+---
+apiVersion: cf.k8s.lex.la/v1alpha1
+kind: GatewayClassConfig
+metadata: {{name: main}}
+spec:
+  tunnelID: "{SHARED_TUNNEL_ID}"
+  cloudflareCredentialsSecretRef: {{name: class-credentials}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: cloudflare-tunnel}}
+spec:
+  controllerName: cf.k8s.lex.la/tunnel-controller
+  parametersRef: {{group: cf.k8s.lex.la, kind: GatewayClassConfig, name: main}}
+"#
+    )
+}
+
+async fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let by = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(Instant::now() < by, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// `(status, reason, message, observedGeneration)` of condition `kind` in `conditions`.
+fn condition(object: &Value, kind: &str) -> Option<(String, String, String, Option<i64>)> {
+    let c = object
+        .pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)?;
+    Some((
+        c["status"].as_str()?.to_owned(),
+        c["reason"].as_str()?.to_owned(),
+        c["message"].as_str().unwrap_or_default().to_owned(),
+        c["observedGeneration"].as_i64(),
+    ))
+}
+
+#[tokio::test]
+async fn a_gateway_class_config_supplies_the_credentials_and_its_status_says_whether_it_resolves() {
+    tokio::time::timeout(Duration::from_secs(60), scenario())
+        .await
+        .expect("the scenario finishes in time");
+}
+
+async fn scenario() {
+    let api = ApiServer::builder()
+        .rbac(REQUIRED_RBAC)
+        .seed(seed())
+        .start()
+        .await;
+    let cloudflare = CloudflareApi::start().await;
+    // Only the class's token may write the account's tunnels: the flag's would be refused.
+    cloudflare.allow(ACCOUNT, "class-api-token");
+    let options = RuntimeOptions {
+        resync: Duration::from_millis(150),
+        shared: Some(SharedPlane {
+            service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
+            auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
+            auth_key: "token".to_owned(),
+            tunnel_secret: Some((
+                ObjectKey::new("cftunnel-system", "shared-tunnel"),
+                "tunnel-token".to_owned(),
+            )),
+            deployment: None,
+        }),
+        cloudflare_api_base: cloudflare.base(),
+        cloudflare_api_token: Some("flag-api-token".to_owned()),
+        push_timeout: Duration::from_secs(2),
+        ..RuntimeOptions::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let health = std::sync::Arc::new(runtime::health::Health::default());
+    let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
+        let _ = stopped.await;
+    }));
+
+    let (_, document) = eventually("the class tunnel's ingress document", || {
+        cloudflare.config(ACCOUNT, SHARED_TUNNEL_ID)
+    })
+    .await;
+    assert!(
+        document.pointer("/ingress").is_some(),
+        "an ingress document: {document}"
+    );
+    let config = || {
+        api.get("cf.k8s.lex.la/v1alpha1", "GatewayClassConfig", "", "main")
+            .expect("the GatewayClassConfig exists")
+    };
+    let valid = eventually("the config's conditions", || {
+        let c = config();
+        Some((condition(&c, "SecretsResolved")?, condition(&c, "Valid")?))
+    })
+    .await;
+    assert_eq!(
+        (valid.0 .0.as_str(), valid.0 .1.as_str()),
+        ("True", "SecretsFound")
+    );
+    assert_eq!(
+        (valid.1 .0.as_str(), valid.1 .1.as_str()),
+        ("True", "Valid")
+    );
+    assert_eq!(valid.1 .3, Some(1), "observedGeneration");
+    let class = || {
+        api.get(
+            "gateway.networking.k8s.io/v1",
+            "GatewayClass",
+            "",
+            "cloudflare-tunnel",
+        )
+        .expect("the GatewayClass exists")
+    };
+    let accepted = eventually("the class accepted", || condition(&class(), "Accepted")).await;
+    assert_eq!(
+        (accepted.0.as_str(), accepted.1.as_str()),
+        ("True", "Accepted")
+    );
+
+    // The config now names a Secret that is not there: invalid, and the class not accepted.
+    let mut changed = config();
+    changed["spec"]["cloudflareCredentialsSecretRef"] = json!({"name": "absent"});
+    api.put(changed);
+    let missing = eventually("SecretsMissing", || {
+        condition(&config(), "SecretsResolved").filter(|c| c.0 == "False")
+    })
+    .await;
+    assert_eq!(missing.1, "SecretsMissing");
+    assert!(
+        missing
+            .2
+            .contains("Secret cftunnel-system/absent not found"),
+        "{}",
+        missing.2
+    );
+    assert_eq!(missing.3, Some(2), "observedGeneration");
+    let invalid = condition(&config(), "Valid").expect("Valid");
+    assert_eq!(
+        (invalid.0.as_str(), invalid.1.as_str()),
+        ("False", "Invalid")
+    );
+    let refused = eventually("the class refused", || {
+        condition(&class(), "Accepted").filter(|c| c.0 == "False")
+    })
+    .await;
+    assert_eq!(refused.1, "InvalidParameters");
+    assert!(
+        refused.2.contains("GatewayClassConfig main"),
+        "{}",
+        refused.2
+    );
+
+    let _ = stop.send(());
+    controller
+        .await
+        .expect("the controller task ends")
+        .expect("the controller stops cleanly");
+}
