@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::gateway::{selector_matches, AllowedNamespaces, OwnedGateway, OwnedListener};
-use super::hostname::{covered, intersect, Hosts};
+use super::hostname::{intersect, Hosts};
 use super::listener_set::ListenerSets;
 use super::ownership;
 use super::route::{ParentRefView, RouteView};
@@ -331,18 +331,15 @@ fn attach(
         if let Some(hosts) = intersect(l.hostname.as_deref(), &route.hostnames) {
             // Listener isolation: hostnames inside a more specific listener of the route
             // table are left to it; the route stays accepted (see
-            // `SchemeListeners::more_specific_than`).
+            // `SchemeListeners::taken_by_more_specific`).
             let hosts = match (hosts, table) {
-                (Hosts::Some(list), Some(table)) => {
-                    let taken: Vec<&str> = table
-                        .more_specific_than(l.scheme, l.hostname.as_deref())
-                        .collect();
-                    Hosts::Some(
-                        list.into_iter()
-                            .filter(|h| !taken.iter().any(|s| covered(h, s)))
-                            .collect(),
-                    )
-                }
+                (Hosts::Some(list), Some(table)) => Hosts::Some(
+                    list.into_iter()
+                        .filter(|h| {
+                            !table.taken_by_more_specific(l.scheme, l.hostname.as_deref(), h)
+                        })
+                        .collect(),
+                ),
                 (hosts, _) => hosts,
             };
             let redirect_port = if l.well_known_port {

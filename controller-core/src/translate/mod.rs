@@ -39,7 +39,7 @@ mod tests;
 
 use std::cell::RefCell;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 
 use cftunnel_config::{valid, Config};
@@ -353,7 +353,7 @@ fn translate_checked(
     // `grpc_route::order`).
     type Placed = (Option<rule::Placement>, (cftunnel_config::Rule, RouteKey));
     let mut rules_by_plane: BTreeMap<PlaneKey, Vec<Placed>> = BTreeMap::new();
-    let mut seen_rules: BTreeMap<PlaneKey, BTreeSet<String>> = BTreeMap::new();
+    let mut seen_rules: BTreeMap<PlaneKey, HashSet<cftunnel_config::Rule>> = BTreeMap::new();
     let mut claims = binding::ListenerClaims::default();
     let mut first_claims = shadow::FirstClaims::default();
     for (position, route) in routes.iter().enumerate() {
@@ -463,7 +463,8 @@ fn translate_checked(
                     };
                     for rule in rules {
                         // A route on two Gateways of one tunnel must not repeat its rules.
-                        if seen.insert(serde_json::to_string(&rule).unwrap_or_default()) {
+                        if !seen.contains(&rule) {
+                            seen.insert(rule.clone());
                             first_claims.place(&target, &rule, &route_key, &mut shadowed);
                             out.push((
                                 template.grpc.map(|rank| rank.placement(position)),
@@ -671,7 +672,7 @@ impl Tunnels {
 /// routes the plane gets, so the planes of one tunnel, which serve the union of its routes,
 /// hold the same listeners, those of their route table. They keep the schemes apart (see
 /// [`scheme`]) and give listener isolation across the table
-/// ([`scheme::SchemeListeners::more_specific_than`]). Built from the settled Gateways: one
+/// ([`scheme::SchemeListeners::taken_by_more_specific`]). Built from the settled Gateways: one
 /// without a plane, or a conflicted listener, contributes nothing.
 fn scheme_listeners(
     gateways: &BTreeMap<ObjectKey, gateway::OwnedGateway<'_>>,

@@ -3,7 +3,7 @@
 //! a rule also requires its listeners' scheme there, so an HTTP listener's redirect to https
 //! never catches the HTTPS listener's requests. See docs/design/listeners-and-schemes.md.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use cftunnel_config::{Match, Rule, ValueMatch, ValueMatchType};
 
@@ -17,49 +17,125 @@ const FORWARDED_PROTO: &str = "X-Forwarded-Proto";
 /// own Gateways and those of the other planes on its tunnel, which serve the union of the
 /// tunnel's routes (see `super::scheme_listeners`), so planes on one tunnel hold the same
 /// listeners, those of their route table.
+///
+/// Asked once per route hostname and listener, so answers come from hash lookups over the
+/// labels of the name asked about, not a scan of every listener: a plane may hold thousands.
 #[derive(Debug, Default)]
 pub(super) struct SchemeListeners {
-    hosts: BTreeMap<&'static str, Vec<Option<String>>>,
+    schemes: BTreeMap<&'static str, Listeners>,
+}
+
+/// The hostnames of one scheme's listeners, indexed.
+#[derive(Debug, Default)]
+struct Listeners {
+    /// A listener without a hostname: it takes every host.
+    any: bool,
+    /// Names without a wildcard.
+    exact: HashSet<String>,
+    /// `example.com` for each `*.example.com`.
+    wildcard: HashSet<String>,
+    /// Every domain an exact name is a strict subdomain of.
+    exact_parents: HashSet<String>,
+    /// Every domain a wildcard's domain is a strict subdomain of.
+    wildcard_parents: HashSet<String>,
+}
+
+/// The domains `name` is a strict subdomain of (one label or more shorter), longest first.
+fn parents(name: &str) -> impl Iterator<Item = &str> {
+    name.match_indices('.')
+        .filter(|(i, _)| *i >= 1)
+        .map(move |(i, _)| &name[i + 1..])
+}
+
+impl Listeners {
+    fn add(&mut self, hostname: Option<String>) {
+        let Some(name) = hostname else {
+            self.any = true;
+            return;
+        };
+        match name.strip_prefix("*.") {
+            Some(domain) => {
+                self.wildcard_parents
+                    .extend(parents(domain).map(str::to_owned));
+                self.wildcard.insert(domain.to_owned());
+            }
+            None => {
+                self.exact_parents.extend(parents(&name).map(str::to_owned));
+                self.exact.insert(name);
+            }
+        }
+    }
+
+    /// Whether a listener could take a request for `host` (`None`: a rule for any host), as
+    /// [`hostname::intersect_one`] decides for each listener.
+    fn intersect(&self, host: Option<&str>) -> bool {
+        if self.any {
+            return true;
+        }
+        let Some(host) = host else { return false };
+        match host.strip_prefix("*.") {
+            None => self.exact.contains(host) || parents(host).any(|p| self.wildcard.contains(p)),
+            Some(domain) => {
+                self.exact_parents.contains(domain)
+                    || self.wildcard.contains(domain)
+                    || self.wildcard_parents.contains(domain)
+                    || parents(domain).any(|p| self.wildcard.contains(p))
+            }
+        }
+    }
+
+    /// The listener hostnames that match every host of `host` ([`hostname::covered`]).
+    fn covering<'a>(&'a self, host: &'a str) -> impl Iterator<Item = String> + 'a {
+        let (exact, domain) = match host.strip_prefix("*.") {
+            None => (self.exact.contains(host), host),
+            Some(domain) => (false, domain),
+        };
+        let own = host
+            .strip_prefix("*.")
+            .filter(|d| self.wildcard.contains(*d))
+            .map(|_| host.to_owned());
+        exact.then(|| host.to_owned()).into_iter().chain(own).chain(
+            parents(domain)
+                .filter(|p| self.wildcard.contains(*p))
+                .map(|p| format!("*.{p}")),
+        )
+    }
 }
 
 impl SchemeListeners {
     pub(super) fn add(&mut self, scheme: &'static str, hostname: Option<String>) {
-        self.hosts.entry(scheme).or_default().push(hostname);
+        self.schemes.entry(scheme).or_default().add(hostname);
     }
 
     /// Whether a listener of another scheme than `scheme` could take a request for `host`
     /// (`None`: a rule for any host).
     fn contested(&self, scheme: &str, host: Option<&str>) -> bool {
-        self.hosts
+        self.schemes
             .iter()
             .filter(|(s, _)| **s != scheme)
-            .flat_map(|(_, listeners)| listeners)
-            .any(|listener| match (listener.as_deref(), host) {
-                (None, _) => true,
-                (Some(_), None) => false,
-                (Some(l), Some(h)) => hostname::intersect_one(l, h).is_some(),
-            })
+            .any(|(_, listeners)| listeners.intersect(host))
     }
 
-    /// The hostnames of the plane's listeners of `scheme` more specific than `hostname`, a
-    /// listener's hostname (`None`: any host; an equal hostname is not more specific). Listener
-    /// isolation across the route table, of any Gateway and port: route hostnames inside them
-    /// are left out of the rules of routes attached through that listener, so another tenant's
-    /// route cannot place rules under them. See docs/design/listeners-and-schemes.md.
-    pub(super) fn more_specific_than<'a>(
-        &'a self,
+    /// Whether `host`, served through a listener of `scheme` with `hostname` (`None`: any
+    /// host), is left to a more specific listener of the plane: one of `scheme` whose hostname
+    /// matches every host of `host` and is itself more specific than `hostname` (an equal
+    /// hostname is not). Listener isolation across the route table, of any Gateway and port:
+    /// such hostnames are left out of the rules of routes attached through the less specific
+    /// listener, so another tenant's route cannot place rules under them. See
+    /// docs/design/listeners-and-schemes.md.
+    pub(super) fn taken_by_more_specific(
+        &self,
         scheme: &str,
-        hostname: Option<&'a str>,
-    ) -> impl Iterator<Item = &'a str> + 'a {
-        self.hosts
-            .get(scheme)
-            .into_iter()
-            .flatten()
-            .filter_map(Option::as_deref)
-            .filter(move |h| match hostname {
-                None => true,
-                Some(mine) => *h != mine && hostname::covered(h, mine),
-            })
+        hostname: Option<&str>,
+        host: &str,
+    ) -> bool {
+        let Some(listeners) = self.schemes.get(scheme) else {
+            return false;
+        };
+        listeners.covering(host).any(|s| match hostname {
+            None => true,
+            Some(mine) => s != mine && hostname::covered(&s, mine),
+        })
     }
 
     /// `rule`, served through listeners of `schemes`, as the plane serves it: split by host
@@ -127,5 +203,82 @@ fn require(rule: &mut Rule, schemes: &BTreeSet<&'static str>) {
     }
     for m in &mut rule.matches {
         m.headers.push(header.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{hostname, SchemeListeners};
+    use proptest::prelude::*;
+
+    /// Hostnames from a few labels, so that generated names often nest and coincide.
+    fn name() -> impl Strategy<Value = String> {
+        (
+            any::<bool>(),
+            proptest::collection::vec(prop_oneof!["a", "b", "c"], 1..4),
+        )
+            .prop_map(|(wild, labels)| {
+                let name = labels.join(".");
+                if wild {
+                    format!("*.{name}")
+                } else {
+                    name
+                }
+            })
+    }
+
+    fn listeners() -> impl Strategy<Value = Vec<(bool, Option<String>)>> {
+        proptest::collection::vec(
+            (any::<bool>(), proptest::option::weighted(0.9, name())),
+            0..8,
+        )
+    }
+
+    fn scheme(https: bool) -> &'static str {
+        if https {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    proptest! {
+        /// The index answers exactly as asking every listener would.
+        #[test]
+        fn the_index_answers_as_a_scan_of_every_listener(
+            listed in listeners(),
+            host in proptest::option::weighted(0.9, name()),
+            mine in proptest::option::weighted(0.8, name()),
+            https in any::<bool>(),
+        ) {
+            let mut table = SchemeListeners::default();
+            for (s, h) in &listed {
+                table.add(scheme(*s), h.clone());
+            }
+            let asked = scheme(https);
+            let contested = listed.iter().filter(|(s, _)| scheme(*s) != asked).any(|(_, l)| {
+                match (l.as_deref(), host.as_deref()) {
+                    (None, _) => true,
+                    (Some(_), None) => false,
+                    (Some(l), Some(h)) => hostname::intersect_one(l, h).is_some(),
+                }
+            });
+            prop_assert_eq!(table.contested(asked, host.as_deref()), contested);
+            if let Some(host) = &host {
+                let taken = listed
+                    .iter()
+                    .filter(|(s, _)| scheme(*s) == asked)
+                    .filter_map(|(_, l)| l.as_deref())
+                    .filter(|l| match mine.as_deref() {
+                        None => true,
+                        Some(m) => *l != m && hostname::covered(l, m),
+                    })
+                    .any(|l| hostname::covered(host, l));
+                prop_assert_eq!(
+                    table.taken_by_more_specific(asked, mine.as_deref(), host),
+                    taken
+                );
+            }
+        }
     }
 }
