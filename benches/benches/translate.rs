@@ -6,6 +6,10 @@ use cftunnel_config::valid;
 use cftunnel_controller_core::render::Plans;
 use cftunnel_controller_core::translate::{translate_with, Options, PlaneKey};
 use criterion::{criterion_group, criterion_main, Criterion};
+
+/// The allocator the controller binary uses, so the numbers are the binary's.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::hint::black_box;
 
 fn translate_large(c: &mut Criterion) {

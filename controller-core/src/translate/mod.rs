@@ -37,9 +37,10 @@ mod status;
 #[cfg(test)]
 mod tests;
 
+use rustc_hash::FxHashSet;
 use std::cell::RefCell;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use cftunnel_config::{valid, Config};
@@ -353,7 +354,9 @@ fn translate_checked(
     // `grpc_route::order`).
     type Placed = (Option<rule::Placement>, (cftunnel_config::Rule, RouteKey));
     let mut rules_by_plane: BTreeMap<PlaneKey, Vec<Placed>> = BTreeMap::new();
-    let mut seen_rules: BTreeMap<PlaneKey, HashSet<cftunnel_config::Rule>> = BTreeMap::new();
+    // Fx: hashed twice per rule, the whole rule each time; SipHash's flooding resistance buys
+    // nothing for the controller's own output.
+    let mut seen_rules: BTreeMap<PlaneKey, FxHashSet<cftunnel_config::Rule>> = BTreeMap::new();
     let mut claims = binding::ListenerClaims::default();
     let mut first_claims = shadow::FirstClaims::default();
     for (position, route) in routes.iter().enumerate() {
