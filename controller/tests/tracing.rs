@@ -151,7 +151,8 @@ async fn the_controller_traces_its_cloudflare_calls_and_config_pushes() {
         .spawn()
         .expect("the controller starts");
 
-    // Until the document is written and the pod pushed to, and both are exported.
+    // Until the document is written and the pod pushed to, and both are exported with the
+    // spans they ran under: a parent ends after its children, so it may come in a later batch.
     let by = Instant::now() + Duration::from_secs(45);
     let spans = loop {
         let spans = receiver.spans();
@@ -161,7 +162,13 @@ async fn the_controller_traces_its_cloudflare_calls_and_config_pushes() {
         let pushed = spans
             .iter()
             .any(|s| s.name == "PUT /config" && s.int("http.response.status_code") == Some(200));
-        if written && pushed {
+        let parents_in = spans
+            .iter()
+            .filter(|s| {
+                [PUT_CONFIGURATION, "PUT /config", "config.push"].contains(&s.name.as_str())
+            })
+            .all(|s| parent_of(&spans, s).is_some());
+        if written && pushed && parents_in {
             break spans;
         }
         assert!(
