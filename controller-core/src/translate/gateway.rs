@@ -146,18 +146,34 @@ impl OwnedListener<'_> {
         if self.set.is_some() {
             return listener_set::settle_entry(self);
         }
-        self.conditions.push(match self.conflict.take() {
+        match self.conflict.take() {
             Some((reason, message)) => {
-                Condition::new(ConditionType::Conflicted, true, reason, message, generation)
+                self.conditions.push(Condition::new(
+                    ConditionType::Conflicted,
+                    true,
+                    reason,
+                    message,
+                    generation,
+                ));
+                self.push_programmed(generation);
             }
-            None => Condition::new(
-                ConditionType::Conflicted,
-                false,
-                Reason::NoConflicts,
-                "",
-                generation,
-            ),
-        });
+            None => self.push_unconflicted(generation),
+        }
+    }
+
+    /// Conflicted=False, then Programmed as the listener's usability says.
+    pub(super) fn push_unconflicted(&mut self, generation: Option<i64>) {
+        self.conditions.push(Condition::new(
+            ConditionType::Conflicted,
+            false,
+            Reason::NoConflicts,
+            "",
+            generation,
+        ));
+        self.push_programmed(generation);
+    }
+
+    fn push_programmed(&mut self, generation: Option<i64>) {
         let programmed = self.usable;
         self.conditions.push(Condition::new(
             ConditionType::Programmed,

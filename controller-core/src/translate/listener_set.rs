@@ -352,26 +352,6 @@ pub(super) fn settle_entry(l: &mut OwnedListener<'_>) {
                 generation,
             ));
         }
-        None => {
-            l.conditions.push(Condition::new(
-                ConditionType::Conflicted,
-                false,
-                Reason::NoConflicts,
-                "",
-                generation,
-            ));
-            let programmed = l.usable;
-            l.conditions.push(Condition::new(
-                ConditionType::Programmed,
-                programmed,
-                if programmed {
-                    Reason::Programmed
-                } else {
-                    Reason::Invalid
-                },
-                "",
-                generation,
-            ));
-        }
+        None => l.push_unconflicted(generation),
     }
 }
