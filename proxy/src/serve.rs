@@ -82,34 +82,34 @@ struct Builders {
 
 impl Builders {
     fn new(limits: &Limits) -> Self {
+        // hyper's builders and hyper-util's `auto` ones share these settings' names, not a
+        // trait: each list is written once and applied to both.
+        macro_rules! http1_limits {
+            ($b:expr) => {
+                $b.timer(TokioTimer::new())
+                    .header_read_timeout(Some(limits.header_read_timeout))
+                    .max_headers(limits.max_headers)
+                    .max_buf_size(limits.max_header_bytes.max(8192))
+                    .keep_alive(true)
+            };
+        }
+        macro_rules! http2_limits {
+            ($b:expr) => {
+                $b.timer(TokioTimer::new())
+                    .max_header_list_size(limits.max_header_bytes as u32)
+                    .max_concurrent_streams(limits.max_concurrent_streams)
+                    .keep_alive_interval(Some(Duration::from_secs(30)))
+            };
+        }
         let mut auto = auto::Builder::new(TokioExecutor::new());
+        http1_limits!(auto.http1());
+        http2_limits!(auto.http2());
         let mut http1 = http1::Builder::new();
-        http1
-            .timer(TokioTimer::new())
-            .header_read_timeout(Some(limits.header_read_timeout))
-            .max_headers(limits.max_headers)
-            // The buffer bound is only checked while a head is incomplete: a large head read
-            // whole in one go would pass it. This one is checked on every head.
-            .max_header_size(limits.max_header_bytes)
-            .max_buf_size(limits.max_header_bytes.max(8192))
-            .keep_alive(true);
-        auto.http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(Some(limits.header_read_timeout))
-            .max_headers(limits.max_headers)
-            .max_buf_size(limits.max_header_bytes.max(8192))
-            .keep_alive(true);
+        // The buffer bound is only checked while a head is incomplete: a large head read
+        // whole in one go would pass it. This one is checked on every head.
+        http1_limits!(http1).max_header_size(limits.max_header_bytes);
         let mut http2 = http2::Builder::new(TokioExecutor::new());
-        http2
-            .timer(TokioTimer::new())
-            .max_header_list_size(limits.max_header_bytes as u32)
-            .max_concurrent_streams(limits.max_concurrent_streams)
-            .keep_alive_interval(Some(Duration::from_secs(30)));
-        auto.http2()
-            .timer(TokioTimer::new())
-            .max_header_list_size(limits.max_header_bytes as u32)
-            .max_concurrent_streams(limits.max_concurrent_streams)
-            .keep_alive_interval(Some(Duration::from_secs(30)));
+        http2_limits!(http2);
         Self { http1, http2, auto }
     }
 }
