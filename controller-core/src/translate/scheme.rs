@@ -86,15 +86,12 @@ impl Listeners {
 
     /// The listener hostnames that match every host of `host` ([`hostname::covered`]).
     fn covering<'a>(&'a self, host: &'a str) -> impl Iterator<Item = String> + 'a {
-        let (exact, domain) = match host.strip_prefix("*.") {
+        // `host` itself, as an exact name or as a wildcard.
+        let (own, domain) = match host.strip_prefix("*.") {
             None => (self.exact.contains(host), host),
-            Some(domain) => (false, domain),
+            Some(domain) => (self.wildcard.contains(domain), domain),
         };
-        let own = host
-            .strip_prefix("*.")
-            .filter(|d| self.wildcard.contains(*d))
-            .map(|_| host.to_owned());
-        exact.then(|| host.to_owned()).into_iter().chain(own).chain(
+        own.then(|| host.to_owned()).into_iter().chain(
             parents(domain)
                 .filter(|p| self.wildcard.contains(*p))
                 .map(|p| format!("*.{p}")),
