@@ -354,8 +354,8 @@ fn translate_checked(
     // `grpc_route::order`).
     type Placed = (Option<rule::Placement>, (cftunnel_config::Rule, RouteKey));
     let mut rules_by_plane: BTreeMap<PlaneKey, Vec<Placed>> = BTreeMap::new();
-    // Fx: hashed twice per rule, the whole rule each time; SipHash's flooding resistance buys
-    // nothing for the controller's own output.
+    // Fx: the whole rule is hashed; SipHash's flooding resistance buys nothing for the
+    // controller's own output.
     let mut seen_rules: BTreeMap<PlaneKey, FxHashSet<cftunnel_config::Rule>> = BTreeMap::new();
     let mut claims = binding::ListenerClaims::default();
     let mut first_claims = shadow::FirstClaims::default();
@@ -466,8 +466,7 @@ fn translate_checked(
                     };
                     for rule in rules {
                         // A route on two Gateways of one tunnel must not repeat its rules.
-                        if !seen.contains(&rule) {
-                            seen.insert(rule.clone());
+                        if seen.insert(rule.clone()) {
                             first_claims.place(&target, &rule, &route_key, &mut shadowed);
                             out.push((
                                 template.grpc.map(|rank| rank.placement(position)),
