@@ -9,6 +9,12 @@
 //! judged the same way (`--external-name-backends`, see
 //! [`crate::translate::external_name`]): refused under `deny`, dialled only at public addresses
 //! under `external`, as written under `any`.
+//!
+//! `tls` (an addition of ours, absent from the Go kind) says how an `https` one is verified,
+//! with BackendTLSPolicy's vocabulary: CA certificates from ConfigMaps or Secrets of its own
+//! namespace (key `ca.crt`) instead of the web roots, the name sent as SNI and verified, and
+//! subject alternative names accepted instead of it. There is no way to skip verification: a
+//! CA reference is how a private origin is trusted.
 
 use cftunnel_config::{valid, BackendProtocol};
 use kube::CustomResource;
@@ -43,7 +49,7 @@ pub enum ExternalBackendScheme {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ExternalBackendSpec {
-    /// `http` or `https` (verified against the platform's web roots).
+    /// `http` or `https` (verified against the platform's web roots, or as `tls` says).
     pub scheme: ExternalBackendScheme,
     /// Hostname or IP address, without scheme, port or path; IPv6 literals bracketed
     /// (`[2001:db8::1]`).
@@ -57,6 +63,84 @@ pub struct ExternalBackendSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(r"^/.*$"))]
     pub path: Option<String>,
+    /// How an `https` backend's certificate is verified (refused with `http`). Absent: against
+    /// the platform's web roots, for `host`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ExternalBackendTls>,
+}
+
+/// TLS verification of an `https` ExternalBackend, as a BackendTLSPolicy's `validation` says
+/// it for a Service.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExternalBackendTls {
+    /// ConfigMaps or Secrets of this namespace whose `ca.crt` holds PEM CA certificates; the
+    /// certificate must chain to one of them. Absent or empty: the platform's web roots. One
+    /// that is missing or holds no usable certificate makes the backend unusable (its share of
+    /// requests gets 500), never a fallback to the web roots.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub ca_certificate_refs: Vec<CaCertificateRef>,
+    /// The name sent as SNI and verified in the certificate. Absent: `host`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub hostname: Option<String>,
+    /// Names accepted in the certificate instead of `hostname` (which is then the SNI only):
+    /// the certificate must carry one of them as a subject alternative name of its type.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 5))]
+    pub subject_alt_names: Vec<SubjectAltName>,
+}
+
+/// A ConfigMap or Secret of the ExternalBackend's namespace, as BackendTLSPolicy's
+/// `caCertificateRefs` name them.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CaCertificateRef {
+    /// The core group: empty.
+    #[serde(default)]
+    #[schemars(pattern(r"^$"))]
+    pub group: String,
+    /// `ConfigMap` or `Secret`.
+    #[schemars(pattern(r"^(ConfigMap|Secret)$"))]
+    pub kind: String,
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// A subject alternative name, as BackendTLSPolicy's `subjectAltNames` write one: `type`
+/// `Hostname` with `hostname`, or `URI` with `uri`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SubjectAltName {
+    #[serde(rename = "type")]
+    pub kind: SubjectAltNameType,
+    /// With `type: Hostname`: a DNS name (a wildcard `*.` first label allowed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub hostname: Option<String>,
+    /// With `type: URI`: an absolute URI (`spiffe://cluster.local/ns/shop/sa/api`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^(([^:/?#]+):)(//([^/?#]*))([^?#]*)(\?([^#]*))?(#(.*))?")
+    )]
+    pub uri: Option<String>,
+}
+
+/// Which kind of subject alternative name a [`SubjectAltName`] is.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum SubjectAltNameType {
+    #[default]
+    Hostname,
+    #[serde(rename = "URI")]
+    Uri,
 }
 
 impl ExternalBackendSpec {
@@ -116,6 +200,7 @@ mod tests {
             host: host.to_owned(),
             port,
             path: path.map(str::to_owned),
+            tls: None,
         }
     }
 

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use cftunnel_config::{valid, BackendProtocol, BackendTls};
 use gateway_api::backendtlspolicies::{
-    BackendTlsPolicy, BackendTlsPolicyValidation, BackendTlsPolicyValidationSubjectAltNamesType,
+    BackendTlsPolicy, BackendTlsPolicyValidationSubjectAltNamesType,
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
@@ -216,7 +216,17 @@ fn judge(policy: &BackendTlsPolicy, namespace: &str, sources: &CaSources<'_>) ->
         .map(|t| (namespace.to_owned(), t.name.clone(), t.section_name.clone()))
         .collect();
     let v = &policy.spec.validation;
-    let cas = ca_certificates(v, namespace, sources);
+    let refs = v.ca_certificate_refs.iter().flatten().map(|r| CaRef {
+        group: &r.group,
+        kind: &r.kind,
+        name: &r.name,
+    });
+    let cas = ca_certificates(
+        "spec.validation.caCertificateRefs",
+        refs,
+        namespace,
+        sources,
+    );
     let resolved_refs = match cas.problems.first() {
         None => Condition::new(
             ConditionType::ResolvedRefs,
@@ -283,47 +293,23 @@ fn judge(policy: &BackendTlsPolicy, namespace: &str, sources: &CaSources<'_>) ->
         }
         (true, None) => Some(cas.bundle),
     };
-    let mut subject_alt_names = Vec::new();
-    for (i, san) in v.subject_alt_names.iter().flatten().enumerate() {
-        let value = match san.r#type {
+    let subject_alt_names = v
+        .subject_alt_names
+        .iter()
+        .flatten()
+        .map(|san| match san.r#type {
             BackendTlsPolicyValidationSubjectAltNamesType::Hostname => san.hostname.as_deref(),
             BackendTlsPolicyValidationSubjectAltNamesType::Uri => san.uri.as_deref(),
-        };
-        match value.filter(|v| !v.is_empty()) {
-            Some(value) => subject_alt_names.push(value.to_owned()),
-            None => {
-                return refused(
-                    Reason::Invalid,
-                    format!(
-                        "spec.validation.subjectAltNames[{i}]: the value of its type is missing"
-                    ),
-                )
-            }
-        }
-    }
-    if let Err(e) = valid::exact_hostname(&v.hostname, "BackendTLSPolicy hostname") {
-        return refused(Reason::Invalid, format!("spec.validation.hostname: {e}"));
-    }
-    let tls = BackendTls {
+        });
+    let tls = match settings(
+        "spec.validation",
         ca_bundle,
-        server_name: Some(v.hostname.to_ascii_lowercase()),
+        Some(&v.hostname),
         subject_alt_names,
-        client_certificate: None,
-    };
-    // The contract the proxy dials with: what it would refuse is refused here, on the policy.
-    if let Err(e) = valid::Target::new(
-        "https://policy.invalid",
-        BackendProtocol::Http1,
-        false,
-        Some(&tls),
-        false,
     ) {
-        let field = match e.field.as_str() {
-            "tls.serverName" => "spec.validation.hostname".to_owned(),
-            f => f.replace("tls.", "spec.validation."),
-        };
-        return refused(Reason::Invalid, format!("{field}: {}", e.message));
-    }
+        Ok(tls) => tls,
+        Err(message) => return refused(Reason::Invalid, message),
+    };
     Judged {
         tls: Some(tls),
         accepted: Condition::new(ConditionType::Accepted, true, Reason::Accepted, "", None),
@@ -332,15 +318,74 @@ fn judge(policy: &BackendTlsPolicy, namespace: &str, sources: &CaSources<'_>) ->
     }
 }
 
-/// The usable CA certificates of a policy's `caCertificateRefs`, as one PEM bundle, and why
-/// the others cannot be used.
-struct CaCertificates {
-    bundle: String,
-    problems: Vec<(Reason, String)>,
+/// TLS settings from the fields of a `validation` (BackendTLSPolicy's, or an ExternalBackend's
+/// `tls`), checked with the contract the proxy dials with: what it would refuse is refused
+/// here, the field under `field` named. `subject_alt_names` are each entry's value of its
+/// type (`None`: missing); without `hostname` the URL's host is the server name.
+pub(super) fn settings<'v>(
+    field: &str,
+    ca_bundle: Option<String>,
+    hostname: Option<&str>,
+    subject_alt_names: impl IntoIterator<Item = Option<&'v str>>,
+) -> Result<BackendTls, String> {
+    let mut names = Vec::new();
+    for (i, value) in subject_alt_names.into_iter().enumerate() {
+        match value.filter(|v| !v.is_empty()) {
+            Some(value) => names.push(value.to_owned()),
+            None => {
+                return Err(format!(
+                    "{field}.subjectAltNames[{i}]: the value of its type is missing"
+                ))
+            }
+        }
+    }
+    if let Some(hostname) = hostname {
+        valid::exact_hostname(hostname, "TLS hostname")
+            .map_err(|e| format!("{field}.hostname: {e}"))?;
+    }
+    let tls = BackendTls {
+        ca_bundle,
+        server_name: hostname.map(str::to_ascii_lowercase),
+        subject_alt_names: names,
+        client_certificate: None,
+    };
+    valid::Target::new(
+        "https://policy.invalid",
+        BackendProtocol::Http1,
+        false,
+        Some(&tls),
+        false,
+    )
+    .map_err(|e| {
+        let at = match e.field.as_str() {
+            "tls.serverName" => format!("{field}.hostname"),
+            f => f.replacen("tls", field, 1),
+        };
+        format!("{at}: {}", e.message)
+    })?;
+    Ok(tls)
 }
 
-fn ca_certificates(
-    v: &BackendTlsPolicyValidation,
+/// One entry of a `caCertificateRefs` list.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CaRef<'r> {
+    pub(super) group: &'r str,
+    pub(super) kind: &'r str,
+    pub(super) name: &'r str,
+}
+
+/// The usable CA certificates of a `caCertificateRefs` list (BackendTLSPolicy's, or an
+/// ExternalBackend's), as one PEM bundle, and why the others cannot be used.
+pub(super) struct CaCertificates {
+    pub(super) bundle: String,
+    pub(super) problems: Vec<(Reason, String)>,
+}
+
+/// Reads each ConfigMap or Secret of `namespace` that `refs` (the list at `field`) names, and
+/// keeps the `ca.crt` the config contract reads as CA certificates.
+pub(super) fn ca_certificates<'r>(
+    field: &str,
+    refs: impl IntoIterator<Item = CaRef<'r>>,
     namespace: &str,
     sources: &CaSources<'_>,
 ) -> CaCertificates {
@@ -348,10 +393,10 @@ fn ca_certificates(
         bundle: String::new(),
         problems: Vec::new(),
     };
-    for (i, r) in v.ca_certificate_refs.iter().flatten().enumerate() {
-        let field = format!("spec.validation.caCertificateRefs[{i}]");
-        let pem = match (r.group.as_str(), r.kind.as_str()) {
-            ("", "ConfigMap") => match sources.config_maps.get(&(namespace, r.name.as_str())) {
+    for (i, r) in refs.into_iter().enumerate() {
+        let field = format!("{field}[{i}]");
+        let pem = match (r.group, r.kind) {
+            ("", "ConfigMap") => match sources.config_maps.get(&(namespace, r.name)) {
                 None => Err(format!("ConfigMap {namespace}/{} not found", r.name)),
                 Some(cm) => cm
                     .data
@@ -360,7 +405,7 @@ fn ca_certificates(
                     .cloned()
                     .ok_or_else(|| format!("ConfigMap {namespace}/{} has no key {CA_KEY}", r.name)),
             },
-            ("", "Secret") => match sources.secrets.get(&(namespace, r.name.as_str())) {
+            ("", "Secret") => match sources.secrets.get(&(namespace, r.name)) {
                 None => Err(format!("Secret {namespace}/{} not found", r.name)),
                 Some(secret) => crate::render::secret_value(secret, CA_KEY)
                     .map(|b| String::from_utf8_lossy(&b).into_owned())

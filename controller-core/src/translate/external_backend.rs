@@ -3,14 +3,25 @@
 //! under `external` a name that means the cluster is refused ([`external_name::dial_host`]) and
 //! the proxy dials only public addresses (`publicOnly`, also for IP literals); under `any`
 //! dialled as written. Another namespace's needs a ReferenceGrant there.
+//!
+//! An `https` one's `tls` is read with BackendTLSPolicy's code ([`backend_tls::settings`],
+//! [`backend_tls::ca_certificates`]), with one difference: any CA reference that cannot be
+//! used refuses the backendRef (the route's `ResolvedRefs` says why; requests get 500) rather
+//! than the usable ones being kept, as nothing else reports on an ExternalBackend.
+//!
+//! A GRPCRoute's backends are all dialled over HTTP/2, this kind's too (the route forces the
+//! protocol): h2c for `http`, HTTP/2 by ALPN for `https`.
 
 use cftunnel_config::{BackendProtocol, BackendTls};
 
 use super::backend::{BackendRefError, BackendRefView, Resolved};
+use super::backend_tls::{self, CaRef};
 use super::external_name::{self, ExternalNameBackends};
 use super::status::Reason;
 use super::{Index, Options, RouteKind, GATEWAY_CONFIG_GROUP};
-use crate::external_backend::{ExternalBackendScheme, EXTERNAL_BACKEND_KIND};
+use crate::external_backend::{
+    ExternalBackendScheme, ExternalBackendTls, SubjectAltNameType, EXTERNAL_BACKEND_KIND,
+};
 
 pub(super) fn resolve(
     r: BackendRefView<'_>,
@@ -70,13 +81,27 @@ pub(super) fn resolve(
         }
         _ => url,
     };
-    // An absolute name keeps its trailing dot out of SNI and the name verified.
-    let tls = (spec.scheme == ExternalBackendScheme::Https
-        && url.contains(&format!("://{host}.:")))
-    .then(|| BackendTls {
-        server_name: Some(host.to_owned()),
-        ..BackendTls::default()
-    });
+    let tls = match (spec.scheme, &spec.tls) {
+        (ExternalBackendScheme::Http, None) => None,
+        (ExternalBackendScheme::Http, Some(_)) => {
+            return Err(refuse(
+                Reason::InvalidKind,
+                "cannot be used: spec.tls: TLS settings need scheme https".to_owned(),
+            ))
+        }
+        (ExternalBackendScheme::Https, settings) => {
+            let mut tls = match settings {
+                None => BackendTls::default(),
+                Some(settings) => verification(settings, namespace, index)
+                    .map_err(|(reason, message)| refuse(reason, message))?,
+            };
+            // An absolute name keeps its trailing dot out of SNI and the name verified.
+            if tls.server_name.is_none() && url.contains(&format!("://{host}.:")) {
+                tls.server_name = Some(host.to_owned());
+            }
+            (tls != BackendTls::default()).then_some(tls)
+        }
+    };
     Ok(Resolved {
         urls: vec![url.clone()],
         service_url: url,
@@ -87,4 +112,39 @@ pub(super) fn resolve(
         tls_refused: false,
         port: None,
     })
+}
+
+/// The TLS settings `spec.tls` gives, or the reason and message refusing the backendRef.
+fn verification(
+    settings: &ExternalBackendTls,
+    namespace: &str,
+    index: &Index<'_>,
+) -> Result<BackendTls, (Reason, String)> {
+    let refs = settings.ca_certificate_refs.iter().map(|r| CaRef {
+        group: &r.group,
+        kind: &r.kind,
+        name: &r.name,
+    });
+    let cas = backend_tls::ca_certificates(
+        "spec.tls.caCertificateRefs",
+        refs,
+        namespace,
+        &index.ca_sources(),
+    );
+    if let Some((reason, _)) = cas.problems.first() {
+        let problems: Vec<&str> = cas.problems.iter().map(|(_, m)| m.as_str()).collect();
+        return Err((*reason, format!("cannot be used: {}", problems.join("; "))));
+    }
+    let ca_bundle = (!settings.ca_certificate_refs.is_empty()).then_some(cas.bundle);
+    let subject_alt_names = settings.subject_alt_names.iter().map(|san| match san.kind {
+        SubjectAltNameType::Hostname => san.hostname.as_deref(),
+        SubjectAltNameType::Uri => san.uri.as_deref(),
+    });
+    backend_tls::settings(
+        "spec.tls",
+        ca_bundle,
+        settings.hostname.as_deref(),
+        subject_alt_names,
+    )
+    .map_err(|message| (Reason::InvalidKind, format!("cannot be used: {message}")))
 }

@@ -701,6 +701,8 @@ pub(crate) struct Index<'a> {
     slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
     grants: Vec<&'a ReferenceGrant>,
     secrets: BTreeMap<(&'a str, &'a str), &'a Secret>,
+    /// ConfigMaps, for the CA certificates TLS settings name.
+    config_maps: BTreeMap<(&'a str, &'a str), &'a ConfigMap>,
     /// The BackendTLSPolicies, judged, and which covers each Service port.
     policies: backend_tls::Policies,
     access_policies: BTreeMap<(&'a str, &'a str), &'a AccessPolicySpec>,
@@ -782,9 +784,18 @@ impl<'a> Index<'a> {
             slices,
             grants: snapshot.reference_grants.iter().collect(),
             secrets,
+            config_maps,
             policies,
             access_policies,
             service_imports: snapshot.service_imports.as_deref().map(by_key),
+        }
+    }
+
+    /// Where `caCertificateRefs` are looked up.
+    fn ca_sources(&self) -> backend_tls::CaSources<'_> {
+        backend_tls::CaSources {
+            config_maps: &self.config_maps,
+            secrets: &self.secrets,
         }
     }
 

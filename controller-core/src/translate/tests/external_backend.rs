@@ -2,6 +2,8 @@
 //! admitted as ExternalName Services are (`--external-name-backends`), and ReferenceGrants for
 //! another namespace's.
 
+use cftunnel_testkit::pki::TestPki;
+
 use super::*;
 
 fn external_backend(ns: &str, name: &str, spec: &str) -> String {
@@ -179,4 +181,213 @@ fn another_namespaces_external_backend_needs_a_reference_grant() {
         condition(&out, "infra", "app", ConditionType::ResolvedRefs),
         (true, Reason::ResolvedRefs)
     );
+}
+
+fn indent(text: &str, by: usize) -> String {
+    text.lines()
+        .map(|l| format!("{}{l}\n", " ".repeat(by)))
+        .collect()
+}
+
+/// A ConfigMap and a Secret of `infra` holding `ca` under `ca.crt`, and a ConfigMap without
+/// the key.
+fn ca_objects(ca: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: origin-ca, namespace: infra}}\ndata:\n  ca.crt: |\n{pem}---\napiVersion: v1\nkind: Secret\nmetadata: {{name: origin-ca-secret, namespace: infra}}\nstringData:\n  ca.crt: |\n{pem}---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: no-key, namespace: infra}}\ndata: {{other: x}}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: not-pem, namespace: infra}}\ndata: {{ca.crt: nothing here}}\n---\n",
+        pem = indent(ca, 4)
+    )
+}
+
+/// The route's backend and its `ResolvedRefs` (status, reason, message) for an https
+/// ExternalBackend with `tls`.
+fn with_tls(scheme: &str, tls: &str, ca: &str) -> (Backend, (bool, Reason, String)) {
+    let out = run(&format!(
+        "{}{}{}",
+        ca_objects(ca),
+        external_backend(
+            "infra",
+            "api",
+            &format!("{{scheme: {scheme}, host: api.example.com, port: 443, tls: {tls}}}")
+        ),
+        route_to("infra", None)
+    ));
+    let resolved = route_status(&out, "infra", "app")[0]
+        .condition(ConditionType::ResolvedRefs)
+        .expect("ResolvedRefs");
+    let backends = app_backends(&out);
+    assert_eq!(backends.len(), 1);
+    (
+        backends[0].clone(),
+        (resolved.status, resolved.reason, resolved.message.clone()),
+    )
+}
+
+#[test]
+fn an_external_backends_tls_trusts_its_ca_refs_and_checks_its_hostname_and_names() {
+    let pki = TestPki::for_names(&["origin.internal"]).expect("pki");
+    let ca = pki.ca_pem();
+    for kind_and_name in [
+        "{kind: ConfigMap, name: origin-ca}",
+        "{group: \"\", kind: Secret, name: origin-ca-secret}",
+    ] {
+        let (backend, resolved) = with_tls(
+            "https",
+            &format!(
+                "{{caCertificateRefs: [{kind_and_name}], hostname: origin.internal, subjectAltNames: [{{type: Hostname, hostname: alt.internal}}, {{type: URI, uri: \"spiffe://shop/api\"}}]}}"
+            ),
+            ca,
+        );
+        assert_eq!(resolved, (true, Reason::ResolvedRefs, String::new()));
+        assert_eq!(backend.url, "https://api.example.com.:443");
+        assert_eq!(backend.unavailable_status, None);
+        let tls = backend.tls.expect("TLS settings");
+        assert_eq!(
+            tls.ca_bundle.as_deref().map(str::trim_end),
+            Some(ca.trim_end())
+        );
+        assert_eq!(tls.server_name.as_deref(), Some("origin.internal"));
+        assert_eq!(tls.subject_alt_names, ["alt.internal", "spiffe://shop/api"]);
+    }
+    // Without CA refs: the web roots, and the host (no absolute dot) as the server name.
+    let (backend, resolved) = with_tls(
+        "https",
+        "{subjectAltNames: [{type: Hostname, hostname: alt.internal}]}",
+        ca,
+    );
+    assert!(resolved.0);
+    let tls = backend.tls.expect("TLS settings");
+    assert_eq!(tls.ca_bundle, None);
+    assert_eq!(tls.server_name.as_deref(), Some("api.example.com"));
+    assert_eq!(tls.subject_alt_names, ["alt.internal"]);
+}
+
+#[test]
+fn an_external_backends_unusable_tls_refuses_the_backend_ref_naming_the_field() {
+    let pki = TestPki::for_names(&["origin.internal"]).expect("pki");
+    let ca = pki.ca_pem();
+    let cm = |name: &str| format!("{{kind: ConfigMap, name: {name}}}");
+    for (tls, reason, message) in [
+        (
+            format!(
+                "{{caCertificateRefs: [{}, {}]}}",
+                cm("origin-ca"),
+                cm("absent")
+            ),
+            Reason::InvalidCACertificateRef,
+            "spec.tls.caCertificateRefs[1]: ConfigMap infra/absent not found".to_owned(),
+        ),
+        (
+            "{caCertificateRefs: [{kind: Secret, name: absent}]}".to_owned(),
+            Reason::InvalidCACertificateRef,
+            "spec.tls.caCertificateRefs[0]: Secret infra/absent not found".to_owned(),
+        ),
+        (
+            format!("{{caCertificateRefs: [{}]}}", cm("no-key")),
+            Reason::InvalidCACertificateRef,
+            "spec.tls.caCertificateRefs[0]: ConfigMap infra/no-key has no key ca.crt".to_owned(),
+        ),
+        (
+            format!("{{caCertificateRefs: [{}]}}", cm("not-pem")),
+            Reason::InvalidCACertificateRef,
+            "spec.tls.caCertificateRefs[0]: ca.crt of not-pem:".to_owned(),
+        ),
+        (
+            "{caCertificateRefs: [{group: apps, kind: Deployment, name: origin-ca}]}".to_owned(),
+            Reason::InvalidKind,
+            "spec.tls.caCertificateRefs[0]: unsupported kind apps/Deployment".to_owned(),
+        ),
+        (
+            "{hostname: \"*.example.com\"}".to_owned(),
+            Reason::InvalidKind,
+            "spec.tls.hostname:".to_owned(),
+        ),
+        (
+            "{subjectAltNames: [{type: URI, hostname: a.example.com}]}".to_owned(),
+            Reason::InvalidKind,
+            "spec.tls.subjectAltNames[0]: the value of its type is missing".to_owned(),
+        ),
+    ] {
+        let (backend, (status, got_reason, got)) = with_tls("https", &tls, ca);
+        assert!(!status, "{tls}");
+        assert_eq!(got_reason, reason, "{tls}: {got}");
+        assert!(
+            got.contains(&format!(
+                "ExternalBackend infra/api cannot be used: {message}"
+            )),
+            "{tls}: {got}"
+        );
+        assert_eq!(backend.unavailable_status, Some(500), "{tls}: fails closed");
+        assert_eq!(backend.tls, None, "{tls}");
+    }
+    let (backend, (status, reason, message)) = with_tls("http", "{hostname: origin.internal}", ca);
+    assert_eq!((status, reason), (false, Reason::InvalidKind));
+    assert!(
+        message.contains("spec.tls: TLS settings need scheme https"),
+        "{message}"
+    );
+    assert_eq!(backend.unavailable_status, Some(500));
+}
+
+#[test]
+fn an_unusable_external_backend_leaves_other_routes_alone() {
+    let objects = format!(
+        "{}{}{}{}",
+        external_backend(
+            "infra",
+            "api",
+            "{scheme: https, host: api.example.com, port: 443, tls: {caCertificateRefs: [{kind: ConfigMap, name: absent}]}}"
+        ),
+        external_backend("infra", "fine", "{scheme: https, host: fine.example.com, port: 443}"),
+        route_to("infra", None),
+        http_route(
+            "infra",
+            "other",
+            "  parentRefs: [{name: gw, namespace: infra}]\n  hostnames: [other.example.com]\n  rules: [{backendRefs: [{group: cf.k8s.lex.la, kind: ExternalBackend, name: fine}]}]"
+        ),
+    );
+    let out = run(&objects);
+    assert!(!condition(&out, "infra", "app", ConditionType::ResolvedRefs).0);
+    assert_eq!(
+        condition(&out, "infra", "other", ConditionType::ResolvedRefs),
+        (true, Reason::ResolvedRefs)
+    );
+    let other: Vec<&Backend> = shared(&out)
+        .rules
+        .iter()
+        .filter(|r| {
+            r.name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("infra/other"))
+        })
+        .flat_map(|r| &r.backends)
+        .collect();
+    assert_eq!(other.len(), 1);
+    assert_eq!(other[0].url, "https://fine.example.com.:443");
+    assert_eq!(other[0].unavailable_status, None);
+}
+
+#[test]
+fn a_grpc_routes_external_backend_is_dialled_over_http2() {
+    let out = run(&format!(
+        "{}{}",
+        external_backend("infra", "api", "{scheme: http, host: api.example.com, port: 50051}"),
+        grpc_route(
+            "infra",
+            "app",
+            "  parentRefs: [{name: gw, namespace: infra}]\n  rules: [{backendRefs: [{group: cf.k8s.lex.la, kind: ExternalBackend, name: api}]}]"
+        )
+    ));
+    let backends: Vec<&Backend> = shared(&out)
+        .rules
+        .iter()
+        .filter(|r| {
+            r.name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("infra/app"))
+        })
+        .flat_map(|r| &r.backends)
+        .collect();
+    assert_eq!(backends.len(), 1);
+    assert_eq!(backends[0].url, "http://api.example.com.:50051");
+    assert_eq!(backends[0].protocol, BackendProtocol::H2c);
 }
