@@ -116,6 +116,7 @@ pub struct CaCertificateRef {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SubjectAltName {
+    /// `Hostname` or `URI`: which of the fields below holds the name.
     #[serde(rename = "type")]
     pub kind: SubjectAltNameType,
     /// With `type: Hostname`: a DNS name (a wildcard `*.` first label allowed).
@@ -134,7 +135,7 @@ pub struct SubjectAltName {
     pub uri: Option<String>,
 }
 
-/// Which kind of subject alternative name a [`SubjectAltName`] is.
+/// Which kind of subject alternative name one is: a DNS name or a URI.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum SubjectAltNameType {
     #[default]

@@ -15,7 +15,10 @@
 //! [`client`] is a unary client that behaves as grpc-go's does where the conformance suite's
 //! verdicts depend on it (how a response becomes a status code, the default `:authority`).
 //!
-//! Not implemented: the TLS port (its `tls_assertions`), server reflection, and the log line
+//! [`GrpcEchoServer::bind_tls`] serves the same over TLS (HTTP/2 by ALPN `h2`), for proxies
+//! that dial their backends over TLS; its `tls_assertions` are not filled in.
+//!
+//! Not implemented: server reflection, and the log line
 //! per call (`Received over plaintext: ...`), which nothing reads.
 
 pub mod client;
@@ -30,7 +33,7 @@ use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -54,10 +57,32 @@ impl GrpcEchoServer {
 
     /// Listens on `addr` (port 0 picks one) and serves.
     pub async fn bind(addr: SocketAddr, identity: EchoIdentity) -> io::Result<Self> {
+        Self::bind_with(addr, identity, None).await
+    }
+
+    /// [`GrpcEchoServer::bind`] over TLS with `tls` (its certificate and client-certificate
+    /// policy; its ALPN protocols are replaced by `h2`). A handshake that fails closes the
+    /// connection.
+    pub async fn bind_tls(
+        addr: SocketAddr,
+        identity: EchoIdentity,
+        tls: Arc<rustls::ServerConfig>,
+    ) -> io::Result<Self> {
+        let mut tls = Arc::unwrap_or_clone(tls);
+        tls.alpn_protocols = vec![b"h2".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        Self::bind_with(addr, identity, Some(acceptor)).await
+    }
+
+    async fn bind_with(
+        addr: SocketAddr,
+        identity: EchoIdentity,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let (stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(accept_loop(listener, Arc::new(identity), stop_rx));
+        let task = tokio::spawn(accept_loop(listener, Arc::new(identity), tls, stop_rx));
         Ok(Self {
             addr,
             stop,
@@ -92,6 +117,7 @@ impl Drop for GrpcEchoServer {
 async fn accept_loop(
     listener: TcpListener,
     identity: Arc<EchoIdentity>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut conns = JoinSet::new();
@@ -107,14 +133,25 @@ async fn accept_loop(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        conns.spawn(serve_connection(stream, identity.clone()));
+        let identity = identity.clone();
+        match tls.clone() {
+            None => conns.spawn(serve_connection(stream, identity)),
+            Some(acceptor) => conns.spawn(async move {
+                if let Ok(stream) = acceptor.accept(stream).await {
+                    serve_connection(stream, identity).await;
+                }
+            }),
+        };
     }
     conns.shutdown().await;
 }
 
 /// Serves one connection as HTTP/2 with prior knowledge; anything else fails the preface and
 /// ends the connection.
-async fn serve_connection(stream: TcpStream, identity: Arc<EchoIdentity>) {
+async fn serve_connection<S>(stream: S, identity: Arc<EchoIdentity>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let service = service_fn(move |req| {
         let identity = identity.clone();
         async move { Ok::<_, Infallible>(handler::handle(req, &identity).await) }

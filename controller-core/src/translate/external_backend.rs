@@ -99,7 +99,7 @@ pub(super) fn resolve(
             if tls.server_name.is_none() && url.contains(&format!("://{host}.:")) {
                 tls.server_name = Some(host.to_owned());
             }
-            (tls != BackendTls::default()).then_some(tls)
+            Some(tls)
         }
     };
     Ok(Resolved {
