@@ -213,7 +213,7 @@ mod tests {
 
     #[test]
     fn reference_grant_is_served_at_the_versions_of_the_installed_crds() {
-        let at = |crds| {
+        let at = |crds: GatewayApiCrds| {
             ["v1", "v1beta1"]
                 .into_iter()
                 .filter(|v| serves(&crds.into(), GATEWAY_API, v, "referencegrants"))

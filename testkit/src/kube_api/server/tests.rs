@@ -353,7 +353,7 @@ async fn a_crd_removed_and_installed_again_decides_whether_its_resource_is_serve
     api.put(json!({"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceImport",
                    "metadata": {"name": "web", "namespace": "tenant-a"}, "spec": {"ports": [{"port": 80}]}}));
     let watch = imports
-        .watch(&WatchParams::default(), "0")
+        .watch(&WatchParams::default(), &api.resource_version().to_string())
         .await
         .expect("served");
 
