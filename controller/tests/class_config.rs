@@ -342,7 +342,11 @@ async fn pool_scenario() {
         condition(&config(), "SecretsResolved").filter(|c| c.0 == "False")
     })
     .await;
-    assert!(resolved.2.contains("cftunnel-system/absent"), "{}", resolved.2);
+    assert!(
+        resolved.2.contains("cftunnel-system/absent"),
+        "{}",
+        resolved.2
+    );
     // Rounds go on (the class's status is written each one): the pool is left alone.
     eventually("the class refused", || {
         let class = api.get(

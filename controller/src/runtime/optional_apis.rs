@@ -454,7 +454,7 @@ async fn discover_until_answered<K>(
     let mut failures: u32 = 0;
     let mut warned: Option<Instant> = None;
     loop {
-        match served_candidate(&client, api.candidates).await {
+        match served_candidate(client, api.candidates).await {
             Ok(served) => return served,
             Err(e) => {
                 failures = failures.saturating_add(1);
