@@ -115,6 +115,10 @@ pub struct ClassDefaults {
     pub tunnel_secret: Option<(ObjectKey, String)>,
     /// `--cloudflare-api-token`.
     pub api_token: Option<String>,
+    /// The namespace of the shared pool the controller points at the class tunnel's token
+    /// Secret (`--shared-deployment`): its pods read only Secrets of their own namespace, so a
+    /// `tunnelTokenSecretRef` elsewhere cannot be used.
+    pub pool_namespace: Option<String>,
 }
 
 /// The class tunnel and credentials the shared plane runs with.
@@ -124,6 +128,10 @@ pub struct ClassSettings {
     pub config: Option<String>,
     /// The class tunnel's connector token: its identity and the shared Gateways' address.
     pub tunnel_token: Option<Token>,
+    /// The Secret and key that token is read from: the class config's
+    /// `tunnelTokenSecretRef`, else `--shared-tunnel-secret`. The shared pool's pods read
+    /// their token there.
+    pub tunnel_secret: Option<(ObjectKey, String)>,
     /// The class tunnel, from `tunnelID` or the token.
     pub tunnel_id: Option<uuid::Uuid>,
     /// Its account, from `accountId`, the credentials Secret or the token.
@@ -282,6 +290,7 @@ pub fn settle(
 
     let shared = match chosen {
         None => ClassSettings {
+            tunnel_secret: defaults.tunnel_secret.clone(),
             tunnel_token: defaults
                 .tunnel_secret
                 .as_ref()
@@ -383,6 +392,33 @@ fn resolve(
         .as_ref()
         .and_then(|r| read("tunnelTokenSecretRef", r, DEFAULT_TUNNEL_TOKEN_KEY));
     problems.extend(secret_problems.iter().cloned());
+    let tunnel_secret = match &spec.tunnel_token_secret_ref {
+        Some(r) => {
+            let namespace = r
+                .namespace
+                .as_deref()
+                .filter(|n| !n.is_empty())
+                .unwrap_or(&defaults.namespace);
+            let key = r
+                .key
+                .as_deref()
+                .filter(|k| !k.is_empty())
+                .unwrap_or(DEFAULT_TUNNEL_TOKEN_KEY);
+            if let Some(pool) = defaults
+                .pool_namespace
+                .as_deref()
+                .filter(|p| *p != namespace)
+            {
+                problems.push(format!(
+                    "spec.tunnelTokenSecretRef: Secret {namespace}/{} is not in namespace {pool}, \
+                     whose Secrets alone the shared proxy pool's pods can read",
+                    r.name
+                ));
+            }
+            Some((ObjectKey::new(namespace, &r.name), key.to_owned()))
+        }
+        None => defaults.tunnel_secret.clone(),
+    };
     let secret_account = credentials.and_then(|r| {
         let namespace = r
             .namespace
@@ -442,6 +478,7 @@ fn resolve(
     let settings = ClassSettings {
         config: config.metadata.name.clone(),
         tunnel_token,
+        tunnel_secret,
         tunnel_id,
         account_id,
         api_token: api_token.or_else(|| {

@@ -205,3 +205,164 @@ async fn scenario() {
         .expect("the controller task ends")
         .expect("the controller stops cleanly");
 }
+
+/// The SHA-256 of `token`, in hex, as the pool's pod template carries it.
+fn sha256(token: &str) -> String {
+    aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, token.as_bytes())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The shared pool runs on the class tunnel's token, flag < class config: without a
+/// `tunnelTokenSecretRef` its token variable reads the flag's Secret; once the class config
+/// names one, the controller points the variable there and stamps the token's digest, which
+/// rolls the pool; a new token in that Secret rolls it again. When the Secret named is missing,
+/// the config says `SecretsResolved=False` and the pool keeps running on its last token.
+#[tokio::test]
+async fn the_class_configs_tunnel_token_moves_the_shared_pool() {
+    tokio::time::timeout(Duration::from_secs(60), pool_scenario())
+        .await
+        .expect("the scenario finishes in time");
+}
+
+async fn pool_scenario() {
+    const ANNOTATION: &str = "cf.k8s.lex.la/tunnel-token-hash";
+    let class_token = |secret: &[u8]| {
+        Token::new(
+            ACCOUNT,
+            secret.to_vec(),
+            SHARED_TUNNEL_ID.parse().expect("uuid"),
+        )
+        .encode()
+    };
+    let flag_token = class_token(b"class secret");
+    let api = ApiServer::builder()
+        .rbac(REQUIRED_RBAC)
+        .seed(seed())
+        .start()
+        .await;
+    // As the chart renders the pool.
+    api.put(serde_yaml_ng::from_str(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: cftunnel-proxy, namespace: cftunnel-system, labels: {app.kubernetes.io/managed-by: Helm}}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app.kubernetes.io/name: cftunnel-proxy}}\n  template:\n    metadata: {labels: {app.kubernetes.io/name: cftunnel-proxy}}\n    spec:\n      containers:\n      - name: proxy\n        image: cftunnel-proxy:1\n        env:\n        - {name: TUNNEL_TOKEN, valueFrom: {secretKeyRef: {name: shared-tunnel, key: tunnel-token}}}\n        - {name: PROXY_AUTH_TOKEN, valueFrom: {secretKeyRef: {name: shared-auth, key: token}}}\n",
+    ).expect("YAML"));
+    let cloudflare = CloudflareApi::start().await;
+    cloudflare.allow(ACCOUNT, "class-api-token");
+    let options = RuntimeOptions {
+        resync: Duration::from_millis(150),
+        shared: Some(SharedPlane {
+            service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
+            auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
+            auth_key: "token".to_owned(),
+            tunnel_secret: Some((
+                ObjectKey::new("cftunnel-system", "shared-tunnel"),
+                "tunnel-token".to_owned(),
+            )),
+            deployment: Some(ObjectKey::new("cftunnel-system", "cftunnel-proxy")),
+        }),
+        cloudflare_api_base: cloudflare.base(),
+        push_timeout: Duration::from_secs(2),
+        ..RuntimeOptions::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let health = std::sync::Arc::new(runtime::health::Health::default());
+    let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
+        let _ = stopped.await;
+    }));
+    let template = || {
+        api.get("apps/v1", "Deployment", "cftunnel-system", "cftunnel-proxy")
+            .and_then(|d| d.pointer("/spec/template").cloned())
+            .expect("the pool's Deployment")
+    };
+    // The Secret and key the token variable reads, and the digest stamped.
+    let pool = || {
+        let t = template();
+        let env = t
+            .pointer("/spec/containers/0/env")
+            .and_then(Value::as_array)
+            .and_then(|env| env.iter().find(|v| v["name"] == "TUNNEL_TOKEN").cloned())
+            .expect("TUNNEL_TOKEN");
+        let source = env.pointer("/valueFrom/secretKeyRef").cloned();
+        (source, t["metadata"]["annotations"][ANNOTATION].clone())
+    };
+    let becomes = |secret: &'static str, token: String| {
+        let want = (
+            Some(json!({"name": secret, "key": "tunnel-token"})),
+            json!(sha256(&token)),
+        );
+        let pool = &pool;
+        async move {
+            eventually(&format!("the pool on {secret}"), || {
+                let now = pool();
+                (now == want).then_some(())
+            })
+            .await;
+        }
+    };
+    // No tunnelTokenSecretRef: the flag's Secret.
+    becomes("shared-tunnel", flag_token.clone()).await;
+
+    let config = || {
+        api.get("cf.k8s.lex.la/v1alpha1", "GatewayClassConfig", "", "main")
+            .expect("the GatewayClassConfig exists")
+    };
+    let put_class_tunnel = |token: &str| {
+        api.put(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "class-tunnel", "namespace": "cftunnel-system"},
+            "stringData": {"tunnel-token": token}}));
+    };
+    let first = class_token(b"first class secret");
+    put_class_tunnel(&first);
+    let mut named = config();
+    named["spec"]["tunnelTokenSecretRef"] = json!({"name": "class-tunnel"});
+    api.put(named);
+    becomes("class-tunnel", first).await;
+    // The other containers' variables, and the rest of the Deployment, are as the chart wrote.
+    let auth = template()
+        .pointer("/spec/containers/0/env/1/valueFrom/secretKeyRef/name")
+        .cloned();
+    assert_eq!(auth, Some(json!("shared-auth")));
+    assert_eq!(
+        template().pointer("/spec/containers/0/image"),
+        Some(&json!("cftunnel-proxy:1"))
+    );
+
+    // Rotated in the class config's Secret: rolled to the new token.
+    let second = class_token(b"second class secret");
+    put_class_tunnel(&second);
+    becomes("class-tunnel", second).await;
+
+    // The Secret named is missing: the config says so, and the pool stays on its token.
+    let before = template();
+    let mut missing = config();
+    missing["spec"]["tunnelTokenSecretRef"] = json!({"name": "absent"});
+    api.put(missing);
+    let resolved = eventually("SecretsMissing", || {
+        condition(&config(), "SecretsResolved").filter(|c| c.0 == "False")
+    })
+    .await;
+    assert!(
+        resolved.2.contains("cftunnel-system/absent"),
+        "{}",
+        resolved.2
+    );
+    // Rounds go on (the class's status is written each one): the pool is left alone.
+    eventually("the class refused", || {
+        let class = api.get(
+            "gateway.networking.k8s.io/v1",
+            "GatewayClass",
+            "",
+            "cloudflare-tunnel",
+        )?;
+        condition(&class, "Accepted").filter(|c| c.0 == "False")
+    })
+    .await;
+    assert_eq!(template(), before, "the pool keeps its last token");
+
+    let _ = stop.send(());
+    controller
+        .await
+        .expect("the controller task ends")
+        .expect("the controller stops cleanly");
+}

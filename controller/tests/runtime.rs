@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use cftunnel_controller::render::RenderSettings;
-use cftunnel_controller::runtime::stores::ReferenceGrantDiscovery;
+use cftunnel_controller::runtime::optional_apis::ApiDiscovery;
 use cftunnel_controller::runtime::{
     self, RuntimeOptions, SharedPlane, PROXY_CONFIG_PUSHED, REQUIRED_RBAC,
 };
@@ -2710,7 +2710,7 @@ async fn reference_grants_are_read_at_v1beta1_where_the_crds_serve_no_v1() {
 /// 50 ms (up to 200 ms), a watch failing as not served re-checked after 1 s: longer than the
 /// watch's first retry (800 ms), so the re-check spans failed attempts, as it does in production.
 fn quick_discovery(options: &mut RuntimeOptions) {
-    options.reference_grant_discovery = ReferenceGrantDiscovery {
+    options.api_discovery = ApiDiscovery {
         retry_min: Duration::from_millis(50),
         retry_max: Duration::from_millis(200),
         recheck_after: Duration::from_secs(1),

@@ -33,7 +33,8 @@
 //! - `server`: [`ApiServer`] and its builder, the test's side.
 //! - `front`: the HTTP front that authorizes and routes each request.
 //! - `served`, `discovery`: the resources served at which versions ([`GatewayApiCrds`]), and
-//!   the discovery documents that list them (one stored version per resource).
+//!   the discovery documents that list them (one stored version per resource); a CRD a test
+//!   installs or removes ([`ApiServer::install_crd`]) decides for its resource.
 //! - `rbac`: the service account's rules ([`Rule`]) and the verbs requests map to (no
 //!   namespaces told apart).
 //! - `store`, `cluster`: objects, resourceVersions and the write log; the state the handlers
@@ -76,5 +77,5 @@ pub use call::Call;
 pub use hold::Hold;
 pub use rbac::Rule;
 pub use refusal::Forbid;
-pub use served::GatewayApiCrds;
+pub use served::{crd, GatewayApiCrds};
 pub use server::{ApiServer, ApiServerBuilder};

@@ -17,6 +17,7 @@
 //!   Access issues, signed with keys the test holds.
 //! - [`cloudflare_api`]: the Cloudflare API calls the controller makes (tunnel ingress
 //!   documents, tunnel tokens).
+//! - [`config_tap`]: a real proxy's config API, keeping each document pushed to it.
 //! - [`older_proxy`]: a proxy of an earlier release, whose config API refuses what that
 //!   release cannot read.
 //! - [`otlp`]: an OpenTelemetry collector's trace receiver (OTLP over HTTP and gRPC), which
@@ -34,6 +35,7 @@
 pub mod client;
 pub mod cloudflare_access;
 pub mod cloudflare_api;
+pub mod config_tap;
 pub mod connector;
 pub mod echo;
 pub mod edge;

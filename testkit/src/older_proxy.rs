@@ -112,7 +112,8 @@ fn unreadable(doc: &Value, unknown_filter: &str) -> Option<String> {
     })
 }
 
-async fn forward(
+/// Sends a request on to the config API at `current`, and its answer back.
+pub(crate) async fn forward(
     parts: http::request::Parts,
     body: Bytes,
     current: SocketAddr,
@@ -131,7 +132,7 @@ async fn forward(
     Ok(Response::from_parts(parts, Full::new(body)))
 }
 
-fn respond(status: StatusCode, error: impl std::fmt::Display) -> Response<Full<Bytes>> {
+pub(crate) fn respond(status: StatusCode, error: impl std::fmt::Display) -> Response<Full<Bytes>> {
     let body = serde_json::json!({ "error": error.to_string() }).to_string();
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;

@@ -43,6 +43,7 @@ fn defaults() -> ClassDefaults {
             "tunnel-token".to_owned(),
         )),
         api_token: Some("flag-api-token".to_owned()),
+        pool_namespace: None,
     }
 }
 
@@ -73,6 +74,14 @@ fn without_a_class_config_the_flags_decide() {
     );
     assert_eq!(out.shared.account_id.as_deref(), Some(ACCOUNT));
     assert_eq!(out.shared.held, None);
+    assert_eq!(
+        out.shared.tunnel_secret,
+        Some((
+            ObjectKey::new("cftunnel-system", "flag-tunnel"),
+            "tunnel-token".to_owned()
+        )),
+        "the pool reads the flag's Secret"
+    );
 }
 
 #[test]
@@ -144,6 +153,57 @@ fn a_class_config_can_name_its_own_tunnel_token_key_and_account() {
     assert_eq!(out.shared.tunnel_id, Some(token.tunnel_id()));
     assert_eq!(out.shared.account_id.as_deref(), Some(other_account));
     assert_eq!(out.shared.api_token.as_deref(), Some("edge-token"));
+    assert_eq!(
+        out.shared.tunnel_secret,
+        Some((ObjectKey::new("edge", "class-tunnel"), "token".to_owned())),
+        "the class config's Secret takes precedence over the flag's"
+    );
+}
+
+#[test]
+fn a_tunnel_token_secret_the_shared_pool_cannot_read_is_invalid() {
+    let text = [
+        secret(
+            "cftunnel-system",
+            "flag-tunnel",
+            &[("tunnel-token", &token(ACCOUNT, FLAG_TUNNEL))],
+        ),
+        class("cf", "2024-01-01T00:00:00Z", REF),
+        config(
+            "main",
+            "{tunnelTokenSecretRef: {name: class-tunnel, namespace: edge}}",
+        ),
+        secret(
+            "edge",
+            "class-tunnel",
+            &[("tunnel-token", &token(ACCOUNT, TUNNEL))],
+        ),
+    ]
+    .concat();
+    let settle_with = |pool: Option<&str>| {
+        settle(
+            &snapshot(&text),
+            "cf.k8s.lex.la/tunnel-controller",
+            &ClassDefaults {
+                pool_namespace: pool.map(str::to_owned),
+                ..defaults()
+            },
+        )
+    };
+    // No pool the controller points at the Secret: any namespace will do.
+    assert!(settle_with(None).refused.is_empty());
+    let out = settle_with(Some("cftunnel-system"));
+    assert!(
+        out.refused["cf"].contains("whose Secrets alone the shared proxy pool's pods can read"),
+        "{:?}",
+        out.refused
+    );
+    assert_eq!(
+        out.shared.tunnel_secret, None,
+        "the pool is left as it runs"
+    );
+    assert!(out.shared.held.is_some());
+    assert!(settle_with(Some("edge")).refused.is_empty());
 }
 
 #[test]

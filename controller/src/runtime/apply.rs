@@ -11,7 +11,7 @@ use std::fmt::Debug;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{EnvVarSource, Secret, SecretKeySelector, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
@@ -542,15 +542,26 @@ pub async fn remove_plane(
     Ok(deleted)
 }
 
-/// Sets pod-template annotation `key` of Deployment `deployment` to `value` unless it holds it
-/// already, which rolls its pods. A merge patch of that one field, as `kubectl rollout restart`
-/// writes its own: the Deployment is the chart's, and Helm keeps an annotation it did not set.
+/// The environment variable the proxy reads its connector token from.
+pub const TUNNEL_TOKEN_ENV: &str = "TUNNEL_TOKEN";
+
+/// Points the shared pool's Deployment `deployment` at a connector token: sets pod-template
+/// annotation `key` to `value` (the token's digest), and, where `secret` is given, makes each
+/// container's [`TUNNEL_TOKEN_ENV`] read key `secret.1` of Secret `secret.0` (which must be in
+/// the Deployment's namespace). Either change rolls its pods; nothing is written when it holds
+/// both already.
+///
+/// A merge patch, as `kubectl rollout restart` writes its annotation: the Deployment is the
+/// chart's, and Helm keeps an annotation it did not set. A merge patch replaces lists whole, so
+/// the containers are written back as read, only that variable changed, on the condition that
+/// the Deployment is still as read (its resourceVersion; else 409, tried again next round).
 /// Returns whether it changed the Deployment; a missing Deployment is left for a later round.
-pub async fn stamp_pod_template(
+pub async fn point_pool_at_token(
     client: &Client,
     deployment: &ObjectKey,
     key: &str,
     value: &str,
+    secret: Option<&(ObjectKey, String)>,
 ) -> Result<bool, String> {
     let api: Api<Deployment> = Api::namespaced(client.clone(), &deployment.namespace);
     let live = api
@@ -560,18 +571,51 @@ pub async fn stamp_pod_template(
     let Some(live) = live else {
         return Ok(false);
     };
-    let held = live
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.metadata.as_ref())
+    let template = live.spec.as_ref().map(|s| &s.template);
+    let held = template
+        .and_then(|t| t.metadata.as_ref())
         .and_then(|m| m.annotations.as_ref())
         .and_then(|a| a.get(key));
-    if held.map(String::as_str) == Some(value) {
+    let mut containers = template
+        .and_then(|t| t.spec.as_ref())
+        .map(|s| s.containers.clone())
+        .unwrap_or_default();
+    let mut repointed = false;
+    if let Some((secret, secret_key)) = secret {
+        for var in containers
+            .iter_mut()
+            .flat_map(|c| c.env.iter_mut().flatten())
+            .filter(|v| v.name == TUNNEL_TOKEN_ENV)
+        {
+            let current = var
+                .value_from
+                .as_ref()
+                .and_then(|f| f.secret_key_ref.as_ref());
+            if current.is_some_and(|r| r.name == secret.name && r.key == *secret_key) {
+                continue;
+            }
+            var.value = None;
+            var.value_from = Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret.name.clone(),
+                    key: secret_key.clone(),
+                    optional: None,
+                }),
+                ..EnvVarSource::default()
+            });
+            repointed = true;
+        }
+    }
+    if held.map(String::as_str) == Some(value) && !repointed {
         return Ok(false);
     }
-    let patch = serde_json::json!({
+    let mut patch = serde_json::json!({
         "spec": {"template": {"metadata": {"annotations": {key: value}}}},
     });
+    if repointed {
+        patch["metadata"] = serde_json::json!({"resourceVersion": live.metadata.resource_version});
+        patch["spec"]["template"]["spec"] = serde_json::json!({"containers": containers});
+    }
     api.patch(
         &deployment.name,
         &PatchParams {

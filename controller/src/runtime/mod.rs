@@ -16,6 +16,7 @@ mod apply;
 mod drift;
 pub mod health;
 pub mod lease;
+pub mod optional_apis;
 mod report;
 pub mod status;
 pub mod stores;
@@ -29,7 +30,6 @@ use std::time::Duration;
 
 use gateway_api::experimental::gateways::Gateway;
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::core::ApiResource;
 use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use prometheus_client::metrics::counter::Counter;
@@ -54,8 +54,8 @@ use stores::{PlaneObject, PlaneObjects, Stores};
 /// The API calls the runtime makes, as RBAC rules: (API group, resource, verbs). The chart's
 /// roles grant exactly these (a test holds them equal). `create` on the rendered kinds is for
 /// server-side apply's first write of an object. Leases are only in the controller's namespace.
-/// API discovery (at which version ReferenceGrant is served) takes no rule: every
-/// authenticated client may read it (`system:discovery`).
+/// API discovery (which of the optional APIs are served, and how: [`optional_apis`]) takes no
+/// rule: every authenticated client may read it (`system:discovery`).
 pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
     (
         "gateway.networking.k8s.io",
@@ -137,7 +137,9 @@ pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[
         "serviceimports",
         &["list", "watch"],
     ),
-    // Their metadata: the bundle version of Gateway API's (GatewayClass `SupportedVersion`).
+    // Their metadata: the bundle version of Gateway API's (GatewayClass `SupportedVersion`),
+    // and when those of ReferenceGrant, ListenerSet and ServiceImport change (discovery is
+    // then asked again what is served).
     (
         "apiextensions.k8s.io",
         "customresourcedefinitions",
@@ -222,8 +224,10 @@ pub struct SharedPlane {
     pub auth_key: String,
     /// The Secret and key holding the class tunnel's connector token, for Gateway addresses.
     pub tunnel_secret: Option<(ObjectKey, String)>,
-    /// Its Deployment, whose pod template the controller stamps with the digest of that token
-    /// ([`render::TUNNEL_TOKEN_HASH_ANNOTATION`]) so that a new one rolls the pool.
+    /// Its Deployment, whose token variable the controller points at the Secret the class
+    /// settles on (a GatewayClassConfig's `tunnelTokenSecretRef` over `tunnel_secret`), and
+    /// whose pod template it stamps with the digest of that token
+    /// ([`render::TUNNEL_TOKEN_HASH_ANNOTATION`]), so that a new one rolls the pool.
     pub deployment: Option<ObjectKey>,
 }
 
@@ -252,9 +256,9 @@ pub struct RuntimeOptions {
     /// How long, once the other watch caches are filled, to wait for the Gateway API CRDs'
     /// first list before reconciling without them ([`stores::CRD_WAIT`]).
     pub crd_wait: Duration,
-    /// How API discovery tells the version ReferenceGrant is watched at, at start-up and
-    /// while its watch fails as not served.
-    pub reference_grant_discovery: stores::ReferenceGrantDiscovery,
+    /// How API discovery tells where ReferenceGrant, ListenerSet and ServiceImport are
+    /// served: at start-up, when their CRDs change, and while a watch fails as not served.
+    pub api_discovery: optional_apis::ApiDiscovery,
 }
 
 impl Default for RuntimeOptions {
@@ -271,7 +275,7 @@ impl Default for RuntimeOptions {
             cloudflare_api_token: None,
             lease: None,
             crd_wait: stores::CRD_WAIT,
-            reference_grant_discovery: stores::ReferenceGrantDiscovery::default(),
+            api_discovery: optional_apis::ApiDiscovery::default(),
         }
     }
 }
@@ -288,27 +292,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let mut shutdown = std::pin::pin!(shutdown);
-    let discovery = options.reference_grant_discovery;
-    let reference_grants = tokio::select! {
-        version = stores::reference_grant_version(&client, &discovery) => version,
-        () = &mut shutdown => return Ok(()),
-    };
-    let listener_set_resource = tokio::select! {
-        resource = stores::listener_set_resource(&client) => resource,
-        () = &mut shutdown => return Ok(()),
-    };
-    let service_imports = tokio::select! {
-        served = stores::service_imports_served(&client) => served,
-        () = &mut shutdown => return Ok(()),
-    };
     let changed = Arc::new(Notify::new());
     let mut tasks = JoinSet::new();
     let stores = Stores::start(
         &client,
-        reference_grants,
-        discovery,
-        listener_set_resource.as_ref(),
-        service_imports,
+        options.api_discovery,
         Arc::clone(&changed),
         &mut tasks,
     );
@@ -381,7 +369,7 @@ pub async fn run(
                     client.clone(),
                     options.clone(),
                     &health,
-                    listener_set_resource.clone(),
+                    stores.listener_set_resource.clone(),
                 ))
             }
         };
@@ -431,8 +419,8 @@ pub async fn run(
 /// What a round needs to remember of the previous ones.
 struct Reconciler {
     client: Client,
-    /// Where ListenerSet statuses are written ([`stores::listener_set_resource`]).
-    listener_set_resource: Option<ApiResource>,
+    /// Where ListenerSet statuses are written: the resource served now.
+    listener_set_resource: optional_apis::Served,
     options: RuntimeOptions,
     pusher: Pusher,
     recorder: Recorder,
@@ -512,7 +500,7 @@ impl Reconciler {
         client: Client,
         options: RuntimeOptions,
         health: &health::Health,
-        listener_set_resource: Option<ApiResource>,
+        listener_set_resource: optional_apis::Served,
     ) -> Self {
         let recorder = Recorder::new(
             client.clone(),
@@ -597,6 +585,12 @@ impl Reconciler {
                     .as_ref()
                     .and_then(|s| s.tunnel_secret.clone()),
                 api_token: self.options.cloudflare_api_token.clone(),
+                pool_namespace: self
+                    .options
+                    .shared
+                    .as_ref()
+                    .and_then(|s| s.deployment.as_ref())
+                    .map(|d| d.namespace.clone()),
             },
         );
         if class.shared.held != self.class.held {
@@ -1118,18 +1112,28 @@ impl Reconciler {
         Ok((credentials, plane, applied.changed))
     }
 
-    /// Keeps the shared pool's pod template stamped with the digest of the connector token its
-    /// Secret holds: the pods read the token at start, so a new one (rotated by hand or by a
-    /// secrets operator) rolls them. A token that does not parse is not rolled to: the running
-    /// pods keep the one they have rather than new pods failing on it.
+    /// Keeps the shared pool on the class tunnel's connector token: its pods' token variable
+    /// reads the Secret the class settles on (the GatewayClassConfig's `tunnelTokenSecretRef`,
+    /// else `--shared-tunnel-secret`), and its pod template is stamped with the digest of the
+    /// token that Secret holds. The pods read the token at start, so a new Secret or a new
+    /// token in it (rotated by hand or by a secrets operator) rolls them. While the class
+    /// config does not resolve (its Secret missing, say), or the token does not parse, the
+    /// pool is left on the token it runs with rather than new pods failing.
     async fn stamp_shared_pool(&mut self, snapshot: &Snapshot) {
         let Some(shared) = &self.options.shared else {
             return;
         };
-        let (Some(deployment), Some((secret, key))) = (&shared.deployment, &shared.tunnel_secret)
-        else {
+        let Some(deployment) = &shared.deployment else {
             return;
         };
+        if self.class.held.is_some() {
+            // Told once a round already: the class config does not resolve.
+            return;
+        }
+        let Some(source) = self.class.tunnel_secret.clone() else {
+            return;
+        };
+        let (secret, key) = &source;
         let Some(token) = secret_text(snapshot, secret, key) else {
             return;
         };
@@ -1141,30 +1145,34 @@ impl Reconciler {
             self.pool_stamp = Some((String::new(), std::time::Instant::now()));
             return;
         }
+        // The Secret named is part of what was stamped: another one holding the same token
+        // still repoints the pods.
         let digest = render::token_digest(&token);
+        let stamp = format!("{digest} {secret}:{key}");
         let fresh = self
             .pool_stamp
             .as_ref()
-            .is_some_and(|(d, at)| *d == digest && at.elapsed() < REAPPLY_AFTER);
+            .is_some_and(|(d, at)| *d == stamp && at.elapsed() < REAPPLY_AFTER);
         if fresh {
             return;
         }
-        match apply::stamp_pod_template(
+        match apply::point_pool_at_token(
             &self.client,
             deployment,
             render::TUNNEL_TOKEN_HASH_ANNOTATION,
             &digest,
+            Some(&source),
         )
         .await
         {
             Ok(stamped) => {
                 if stamped {
-                    tracing::info!(%deployment, %secret, "the shared pool's tunnel token changed: rolling the pool");
+                    tracing::info!(%deployment, %secret, %key, "the shared pool's tunnel token changed: rolling the pool");
                 }
-                self.pool_stamp = Some((digest, std::time::Instant::now()));
+                self.pool_stamp = Some((stamp, std::time::Instant::now()));
             }
             Err(reason) => {
-                tracing::warn!(%deployment, %reason, "stamping the shared pool's token digest failed")
+                tracing::warn!(%deployment, %reason, "pointing the shared pool at its tunnel token failed")
             }
         }
     }

@@ -329,7 +329,7 @@ impl Reconciler {
         pending: &BTreeMap<ObjectKey, String>,
         now: &str,
     ) {
-        let Some(resource) = self.listener_set_resource.as_ref() else {
+        let Some(resource) = self.listener_set_resource.borrow().clone() else {
             return;
         };
         for set in &snapshot.listener_sets {
@@ -352,7 +352,7 @@ impl Reconciler {
                 status::add_listener_ports(&mut value, &set.spec.listeners);
             }
             let api: Api<DynamicObject> =
-                Api::namespaced_with(self.client.clone(), &key.namespace, resource);
+                Api::namespaced_with(self.client.clone(), &key.namespace, &resource);
             Self::patch_status_of(
                 &resource.kind,
                 api,

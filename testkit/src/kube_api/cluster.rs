@@ -7,14 +7,14 @@ use std::sync::{Mutex, MutexGuard};
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::served::GatewayApiCrds;
+use super::served::{GatewayApiCrds, Installed};
 use super::store::{Event, Key, Store};
 
 pub(super) struct Cluster {
     store: Mutex<Store>,
     /// The resourceVersion of the last write; also sent when the CRDs change.
     changed: watch::Sender<u64>,
-    crds: Mutex<GatewayApiCrds>,
+    crds: Mutex<Installed>,
 }
 
 impl Cluster {
@@ -22,7 +22,7 @@ impl Cluster {
         Self {
             store: Mutex::new(Store::default()),
             changed: watch::channel(0).0,
-            crds: Mutex::new(GatewayApiCrds::default()),
+            crds: Mutex::new(Installed::default()),
         }
     }
 
@@ -44,13 +44,23 @@ impl Cluster {
         self.changed.subscribe()
     }
 
-    pub(super) fn crds(&self) -> GatewayApiCrds {
-        *self.crds.lock().expect("the CRDs' lock")
+    pub(super) fn crds(&self) -> Installed {
+        self.crds.lock().expect("the CRDs' lock").clone()
     }
 
     /// Installs `crds`, and wakes the watches: those of a version no longer served end.
     pub(super) fn set_crds(&self, crds: GatewayApiCrds) {
-        *self.crds.lock().expect("the CRDs' lock") = crds;
+        self.crds.lock().expect("the CRDs' lock").gateway_api = crds;
+        self.changed.send_modify(|_| {});
+    }
+
+    /// Serves the resource of CRD `name` at `versions` (none: not at all), and wakes the
+    /// watches: those of a version no longer served end.
+    pub(super) fn set_crd(&self, name: &str, versions: Vec<String>) {
+        self.crds
+            .lock()
+            .expect("the CRDs' lock")
+            .set_crd(name, versions);
         self.changed.send_modify(|_| {});
     }
 }
@@ -76,6 +86,6 @@ mod tests {
 
         cluster.set_crds(GatewayApiCrds::V1_4);
         assert!(woken.has_changed().expect("the sender lives"));
-        assert_eq!(cluster.crds(), GatewayApiCrds::V1_4);
+        assert_eq!(cluster.crds(), GatewayApiCrds::V1_4.into());
     }
 }

@@ -6,15 +6,15 @@
 
 use serde_json::{json, Value};
 
-use super::served::{api_version, GatewayApiCrds, SERVED};
+use super::served::{api_version, Installed, SERVED};
 
 /// The versions of `group` any resource is served at, the preferred one first ([`SERVED`]
 /// lists each group's resources' versions in the API server's order of preference).
-fn group_versions(crds: GatewayApiCrds, group: &str) -> Vec<&'static str> {
+fn group_versions(crds: &Installed, group: &str) -> Vec<&'static str> {
     let mut versions: Vec<&'static str> = Vec::new();
     for s in SERVED.iter().filter(|s| s.group == group) {
-        for v in s.versions(crds) {
-            if !versions.contains(v) {
+        for v in crds.versions(s) {
+            if !versions.contains(&v) {
                 versions.push(v);
             }
         }
@@ -23,10 +23,10 @@ fn group_versions(crds: GatewayApiCrds, group: &str) -> Vec<&'static str> {
 }
 
 /// The groups served (the core group is not one), in order of first appearance.
-fn groups(crds: GatewayApiCrds) -> Vec<&'static str> {
+fn groups(crds: &Installed) -> Vec<&'static str> {
     let mut groups: Vec<&'static str> = Vec::new();
     for s in SERVED {
-        if !s.group.is_empty() && !groups.contains(&s.group) && !s.versions(crds).is_empty() {
+        if !s.group.is_empty() && !groups.contains(&s.group) && !crds.versions(s).is_empty() {
             groups.push(s.group);
         }
     }
@@ -39,7 +39,7 @@ fn group_version(group: &str, version: &str) -> Value {
 }
 
 /// An `APIGroup`, as in an `APIGroupList` (without `kind` and `apiVersion`) or alone.
-fn api_group(crds: GatewayApiCrds, group: &str) -> Value {
+fn api_group(crds: &Installed, group: &str) -> Value {
     let versions = group_versions(crds, group);
     json!({
         "name": group,
@@ -50,7 +50,7 @@ fn api_group(crds: GatewayApiCrds, group: &str) -> Value {
 
 /// The `APIResourceList` of `group/version` (`version` alone for the core group); `None` when
 /// nothing is served there.
-fn api_resource_list(crds: GatewayApiCrds, group: &str, version: &str) -> Option<Value> {
+fn api_resource_list(crds: &Installed, group: &str, version: &str) -> Option<Value> {
     const VERBS: [&str; 8] = [
         "create",
         "delete",
@@ -64,7 +64,7 @@ fn api_resource_list(crds: GatewayApiCrds, group: &str, version: &str) -> Option
     let mut resources = Vec::new();
     for s in SERVED
         .iter()
-        .filter(|s| s.group == group && s.versions(crds).contains(&version))
+        .filter(|s| s.group == group && crds.versions(s).contains(&version))
     {
         let mut resource = json!({
             "name": s.plural,
@@ -106,7 +106,7 @@ fn api_resource_list(crds: GatewayApiCrds, group: &str, version: &str) -> Option
 
 /// The discovery document a path names, by kind: `Some((kind, None))` for a path of that
 /// shape naming nothing served (404); `None` for a path that is not discovery's.
-pub(super) fn discovery(crds: GatewayApiCrds, path: &str) -> Option<(&'static str, Option<Value>)> {
+pub(super) fn discovery(crds: &Installed, path: &str) -> Option<(&'static str, Option<Value>)> {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     Some(match segments.as_slice() {
         ["api"] => (
@@ -137,11 +137,12 @@ pub(super) fn discovery(crds: GatewayApiCrds, path: &str) -> Option<(&'static st
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kube_api::GatewayApiCrds;
 
     const GATEWAY_API: &str = "gateway.networking.k8s.io";
 
     fn document(crds: GatewayApiCrds, path: &str) -> (&'static str, Option<Value>) {
-        discovery(crds, path).expect("a discovery path")
+        discovery(&crds.into(), path).expect("a discovery path")
     }
 
     /// The resource names an `APIResourceList` lists.
@@ -156,10 +157,10 @@ mod tests {
 
     #[test]
     fn paths_below_a_group_version_are_not_discovery() {
-        let crds = GatewayApiCrds::default();
-        assert!(discovery(crds, "/api/v1/namespaces").is_none());
-        assert!(discovery(crds, "/apis/apps/v1/deployments").is_none());
-        assert!(discovery(crds, "/healthz").is_none());
+        let crds = Installed::default();
+        assert!(discovery(&crds, "/api/v1/namespaces").is_none());
+        assert!(discovery(&crds, "/apis/apps/v1/deployments").is_none());
+        assert!(discovery(&crds, "/healthz").is_none());
     }
 
     #[test]

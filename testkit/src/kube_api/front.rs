@@ -99,7 +99,7 @@ impl Front {
         };
         let accept = header(hyper::header::ACCEPT);
         let method = req.method().clone();
-        if let Some((kind, document)) = discovery(crds, req.uri().path()) {
+        if let Some((kind, document)) = discovery(&crds, req.uri().path()) {
             let path = req.uri().path().to_owned();
             if method == Method::GET {
                 self.accepted(kind, accept);
@@ -136,7 +136,7 @@ impl Front {
                 &format!("resource {} is not served", target.plural),
             );
         };
-        if !serves(crds, &target.group, &target.version, &target.plural) {
+        if !serves(&crds, &target.group, &target.version, &target.plural) {
             return not_served();
         }
         let api_version = api_version(&target.group, &target.version);

@@ -6,6 +6,8 @@
 //! Simplification: one stored version per resource, served as is under each version it is
 //! served at (no conversion between versions).
 
+use std::collections::BTreeMap;
+
 /// A resource the server serves, as its discovery documents describe it.
 pub(super) struct Served {
     pub(super) kind: &'static str,
@@ -65,10 +67,83 @@ pub enum GatewayApiCrds {
     V1Only,
 }
 
+/// What is installed: a Gateway API CRD release, and the CRDs a test installed or removed
+/// since ([`Installed::set_crd`]), which take precedence for their resource.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Installed {
+    pub(super) gateway_api: GatewayApiCrds,
+    /// By CRD name (`PLURAL.GROUP`): the versions its CRD serves (none: removed).
+    crds: BTreeMap<String, Vec<String>>,
+}
+
+impl From<GatewayApiCrds> for Installed {
+    fn from(gateway_api: GatewayApiCrds) -> Self {
+        Self {
+            gateway_api,
+            crds: BTreeMap::new(),
+        }
+    }
+}
+
+impl Installed {
+    /// The versions `s` is served at, the preferred one first; none when its CRD is not
+    /// installed.
+    pub(super) fn versions(&self, s: &Served) -> Vec<&'static str> {
+        match self.crds.get(&format!("{}.{}", s.plural, s.group)) {
+            Some(served) => s
+                .versions
+                .iter()
+                .filter(|v| served.iter().any(|w| w == *v))
+                .copied()
+                .collect(),
+            None => s.versions(self.gateway_api).to_vec(),
+        }
+    }
+
+    /// From now on the resource of CRD `name` is served at `versions` (none: it is removed).
+    pub(super) fn set_crd(&mut self, name: &str, versions: Vec<String>) {
+        self.crds.insert(name.to_owned(), versions);
+    }
+}
+
+/// The resource a CRD named `PLURAL.GROUP` serves, if the server knows it.
+pub(super) fn served_by_crd(name: &str) -> Option<&'static Served> {
+    SERVED
+        .iter()
+        .find(|s| !s.group.is_empty() && name == format!("{}.{}", s.plural, s.group))
+}
+
+/// A CustomResourceDefinition of `kind` (of `group`) serving `versions`, the first stored, as
+/// `kubectl apply` would install it; its plural and scope are the server's.
+///
+/// # Panics
+///
+/// When the server serves no `kind` in `group`.
+pub fn crd(group: &str, kind: &str, versions: &[&str]) -> serde_json::Value {
+    let s = SERVED
+        .iter()
+        .find(|s| s.group == group && s.kind == kind)
+        .unwrap_or_else(|| panic!("no {kind} in {group} is known"));
+    serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{}.{}", s.plural, s.group)},
+        "spec": {
+            "group": s.group,
+            "names": {"kind": s.kind, "plural": s.plural},
+            "scope": if s.namespaced { "Namespaced" } else { "Cluster" },
+            "versions": versions.iter().enumerate().map(|(i, v)| serde_json::json!({
+                "name": v, "served": true, "storage": i == 0,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+            })).collect::<Vec<_>>(),
+        },
+    })
+}
+
 impl Served {
     /// The versions it is served at with `crds` installed, the preferred one first; none when
     /// its CRD is not installed.
-    pub(super) fn versions(&self, crds: GatewayApiCrds) -> &'static [&'static str] {
+    fn versions(&self, crds: GatewayApiCrds) -> &'static [&'static str] {
         match (self.kind, crds) {
             ("ReferenceGrant", GatewayApiCrds::V1_4) => &["v1beta1"],
             ("ReferenceGrant", GatewayApiCrds::WithoutReferenceGrant) => &[],
@@ -91,11 +166,11 @@ pub(super) fn plural_of(kind: &str) -> Option<&'static str> {
     SERVED.iter().find(|s| s.kind == kind).map(|s| s.plural)
 }
 
-/// Whether `group/version` serves `plural` with `crds` installed.
-pub(super) fn serves(crds: GatewayApiCrds, group: &str, version: &str, plural: &str) -> bool {
+/// Whether `group/version` serves `plural` with `installed`.
+pub(super) fn serves(installed: &Installed, group: &str, version: &str, plural: &str) -> bool {
     SERVED
         .iter()
-        .any(|s| s.group == group && s.plural == plural && s.versions(crds).contains(&version))
+        .any(|s| s.group == group && s.plural == plural && installed.versions(s).contains(&version))
 }
 
 /// The group of an `apiVersion`: empty for the core group's `v1`.
@@ -138,10 +213,10 @@ mod tests {
 
     #[test]
     fn reference_grant_is_served_at_the_versions_of_the_installed_crds() {
-        let at = |crds| {
+        let at = |crds: GatewayApiCrds| {
             ["v1", "v1beta1"]
                 .into_iter()
-                .filter(|v| serves(crds, GATEWAY_API, v, "referencegrants"))
+                .filter(|v| serves(&crds.into(), GATEWAY_API, v, "referencegrants"))
                 .collect::<Vec<_>>()
         };
         assert_eq!(at(GatewayApiCrds::V1_5), ["v1", "v1beta1"]);
@@ -158,9 +233,10 @@ mod tests {
             GatewayApiCrds::WithoutReferenceGrant,
             GatewayApiCrds::V1Only,
         ] {
-            assert!(serves(crds, GATEWAY_API, "v1beta1", "httproutes"));
-            assert!(serves(crds, GATEWAY_API, "v1", "grpcroutes"));
-            assert!(!serves(crds, GATEWAY_API, "v1beta1", "grpcroutes"));
+            let crds = crds.into();
+            assert!(serves(&crds, GATEWAY_API, "v1beta1", "httproutes"));
+            assert!(serves(&crds, GATEWAY_API, "v1", "grpcroutes"));
+            assert!(!serves(&crds, GATEWAY_API, "v1beta1", "grpcroutes"));
         }
     }
 
@@ -168,34 +244,78 @@ mod tests {
     fn listener_sets_are_experimental_before_v1_5() {
         let x = "gateway.networking.x-k8s.io";
         assert!(serves(
-            GatewayApiCrds::V1_5,
+            &GatewayApiCrds::V1_5.into(),
             GATEWAY_API,
             "v1",
             "listenersets"
         ));
         assert!(!serves(
-            GatewayApiCrds::V1_5,
+            &GatewayApiCrds::V1_5.into(),
             x,
             "v1alpha1",
             "xlistenersets"
         ));
         assert!(!serves(
-            GatewayApiCrds::V1_4,
+            &GatewayApiCrds::V1_4.into(),
             GATEWAY_API,
             "v1",
             "listenersets"
         ));
-        assert!(serves(GatewayApiCrds::V1_4, x, "v1alpha1", "xlistenersets"));
+        assert!(serves(
+            &GatewayApiCrds::V1_4.into(),
+            x,
+            "v1alpha1",
+            "xlistenersets"
+        ));
     }
 
     #[test]
     fn a_resource_is_served_in_its_own_group_only() {
-        let crds = GatewayApiCrds::default();
-        assert!(serves(crds, "apps", "v1", "deployments"));
-        assert!(!serves(crds, "", "v1", "deployments"));
-        assert!(serves(crds, "", "v1", "events"));
-        assert!(serves(crds, "events.k8s.io", "v1", "events"));
-        assert!(!serves(crds, "apps", "v2", "deployments"));
+        let crds = Installed::default();
+        assert!(serves(&crds, "apps", "v1", "deployments"));
+        assert!(!serves(&crds, "", "v1", "deployments"));
+        assert!(serves(&crds, "", "v1", "events"));
+        assert!(serves(&crds, "events.k8s.io", "v1", "events"));
+        assert!(!serves(&crds, "apps", "v2", "deployments"));
+    }
+
+    #[test]
+    fn a_crd_installed_or_removed_takes_precedence_for_its_resource() {
+        let mut installed = Installed::default();
+        let imports = "serviceimports.multicluster.x-k8s.io";
+        assert!(serves(
+            &installed,
+            "multicluster.x-k8s.io",
+            "v1alpha1",
+            "serviceimports"
+        ));
+        installed.set_crd(imports, Vec::new());
+        assert!(!serves(
+            &installed,
+            "multicluster.x-k8s.io",
+            "v1alpha1",
+            "serviceimports"
+        ));
+        installed.set_crd(imports, vec!["v1alpha1".to_owned()]);
+        assert!(serves(
+            &installed,
+            "multicluster.x-k8s.io",
+            "v1alpha1",
+            "serviceimports"
+        ));
+        // Only versions the server knows are served.
+        installed.set_crd(
+            "httproutes.gateway.networking.k8s.io",
+            vec!["v1".to_owned(), "v2".to_owned()],
+        );
+        assert!(serves(&installed, GATEWAY_API, "v1", "httproutes"));
+        assert!(!serves(&installed, GATEWAY_API, "v1beta1", "httproutes"));
+        assert!(!serves(&installed, GATEWAY_API, "v2", "httproutes"));
+        assert_eq!(
+            served_by_crd(imports).map(|s| s.kind),
+            Some("ServiceImport")
+        );
+        assert!(served_by_crd("events.").is_none());
     }
 
     #[test]

@@ -17,8 +17,8 @@ use super::merge::merge_patch;
 use super::rbac::{Rule, USER_TOKEN};
 use super::refusal::Forbid;
 use super::schema::{default_fields, normalize_secret};
-use super::served::{plural_of, GatewayApiCrds};
-use super::store::{key_for, key_of, Event};
+use super::served::{plural_of, served_by_crd, GatewayApiCrds};
+use super::store::{key_for, key_of, Event, Key};
 
 /// The field manager of the objects a test writes itself ([`ApiServer::put`]).
 const TEST_MANAGER: &str = "test";
@@ -161,6 +161,65 @@ impl ApiServer {
     /// watches of a version no longer served end.
     pub fn serve_gateway_api_crds(&self, crds: GatewayApiCrds) {
         self.front.cluster.set_crds(crds);
+    }
+
+    /// Installs (or replaces) a CustomResourceDefinition, as `kubectl apply` would: stores it
+    /// and, from now on, serves its resource at the versions it marks `served` (those the
+    /// server knows); the watches of a version no longer served end. [`crd`](super::crd)
+    /// writes one.
+    ///
+    /// # Panics
+    ///
+    /// When it names a resource the server does not know.
+    pub fn install_crd(&self, crd: Value) -> Value {
+        let name = crd
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        assert!(
+            served_by_crd(&name).is_some(),
+            "CRD {name} serves no resource the server knows"
+        );
+        let versions = crd
+            .pointer("/spec/versions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|v| v["served"] == true)
+            .filter_map(|v| v["name"].as_str().map(str::to_owned))
+            .collect();
+        let stored = self.put(crd);
+        self.front.cluster.set_crd(&name, versions);
+        stored
+    }
+
+    /// Removes CustomResourceDefinition `name` (`PLURAL.GROUP`, installed or not), as deleting
+    /// it does: its resource is no longer served (its watches end) and its objects go.
+    ///
+    /// # Panics
+    ///
+    /// When it names a resource the server does not know.
+    pub fn remove_crd(&self, name: &str) {
+        let served = served_by_crd(name)
+            .unwrap_or_else(|| panic!("CRD {name} serves no resource the server knows"));
+        self.front.cluster.set_crd(name, Vec::new());
+        self.delete(
+            "apiextensions.k8s.io/v1",
+            "CustomResourceDefinition",
+            "",
+            name,
+        );
+        let cluster = &self.front.cluster;
+        let mut store = cluster.lock();
+        let gone: Vec<(Key, Value)> = store
+            .objects()
+            .filter(|(k, _)| k.0 == served.group && k.1 == served.plural)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (key, object) in gone {
+            cluster.write(&mut store, key, object, Event::Deleted);
+        }
     }
 
     /// Deletes an object, as a user or another controller would; whether it was there.

@@ -102,7 +102,7 @@ pub(super) fn watch(cluster: &Arc<Cluster>, req: &Req<'_>) -> Reply {
             // Marked seen before the log is read: a write after the read wakes the loop again.
             changed.borrow_and_update();
             // The version is no longer served (the CRDs changed): the watch ends.
-            if !serves(cluster.crds(), &group, &version, &plural) {
+            if !serves(&cluster.crds(), &group, &version, &plural) {
                 return;
             }
             let (events, latest): (Vec<String>, u64) = {

@@ -337,3 +337,52 @@ async fn a_version_the_crds_no_longer_serve_is_not_found_and_its_watch_ends() {
         .await
         .expect("v1beta1 is served");
 }
+
+#[tokio::test]
+async fn a_crd_removed_and_installed_again_decides_whether_its_resource_is_served() {
+    const NAME: &str = "serviceimports.multicluster.x-k8s.io";
+    let api = ApiServer::builder().start().await;
+    let gvk = GroupVersionKind::gvk("multicluster.x-k8s.io", "v1alpha1", "ServiceImport");
+    let imports = Api::<DynamicObject>::all_with(api.user_client(), &ApiResource::from_gvk(&gvk));
+    let discovered = || async {
+        api.user_client()
+            .list_api_group_resources("multicluster.x-k8s.io/v1alpha1")
+            .await
+            .map(|list| list.resources.iter().any(|r| r.name == "serviceimports"))
+    };
+    api.put(json!({"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceImport",
+                   "metadata": {"name": "web", "namespace": "tenant-a"}, "spec": {"ports": [{"port": 80}]}}));
+    let watch = imports
+        .watch(&WatchParams::default(), &api.resource_version().to_string())
+        .await
+        .expect("served");
+
+    api.remove_crd(NAME);
+    let ended = tokio::time::timeout(PATIENCE, watch.boxed().count())
+        .await
+        .expect("the watch ends");
+    assert_eq!(ended, 0);
+    assert_eq!(api_code(imports.list(&ListParams::default()).await).0, 404);
+    assert!(discovered().await.is_err(), "nothing served in the group");
+
+    let installed = api.install_crd(super::super::crd(
+        "multicluster.x-k8s.io",
+        "ServiceImport",
+        &["v1alpha1"],
+    ));
+    assert_eq!(installed["metadata"]["name"], NAME);
+    assert!(discovered().await.expect("discovery"));
+    let listed = imports
+        .list(&ListParams::default())
+        .await
+        .expect("served again");
+    assert!(listed.items.is_empty(), "its objects went with the CRD");
+
+    // A CRD that stops serving its version.
+    api.install_crd(super::super::crd(
+        "multicluster.x-k8s.io",
+        "ServiceImport",
+        &["v1beta1"],
+    ));
+    assert_eq!(api_code(imports.list(&ListParams::default()).await).0, 404);
+}
