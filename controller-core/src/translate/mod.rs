@@ -27,6 +27,7 @@ mod http_route;
 mod listener_set;
 mod listener_tls;
 pub mod ownership;
+mod plane_rules;
 mod route;
 mod rule;
 mod scheme;
@@ -37,7 +38,6 @@ mod status;
 #[cfg(test)]
 mod tests;
 
-use rustc_hash::FxHashSet;
 use std::cell::RefCell;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
@@ -350,13 +350,7 @@ fn translate_checked(
     let mut routes = route::collect_routes(snapshot);
     routes.sort_by(|a, b| a.precedence_cmp(b));
 
-    // Each rule with the route it comes from, and its placement when that is a GRPCRoute (see
-    // `grpc_route::order`).
-    type Placed = (Option<rule::Placement>, (cftunnel_config::Rule, RouteKey));
-    let mut rules_by_plane: BTreeMap<PlaneKey, Vec<Placed>> = BTreeMap::new();
-    // Fx: the whole rule is hashed; SipHash's flooding resistance buys nothing for the
-    // controller's own output.
-    let mut seen_rules: BTreeMap<PlaneKey, FxHashSet<cftunnel_config::Rule>> = BTreeMap::new();
+    let mut rules_by_plane: BTreeMap<PlaneKey, plane_rules::PlaneRules> = BTreeMap::new();
     let mut claims = binding::ListenerClaims::default();
     let mut first_claims = shadow::FirstClaims::default();
     for (position, route) in routes.iter().enumerate() {
@@ -450,7 +444,6 @@ fn translate_checked(
             // of the tunnel's connectors.
             for target in tunnels.planes_with(&plane) {
                 let out = rules_by_plane.entry(target.clone()).or_default();
-                let seen = seen_rules.entry(target.clone()).or_default();
                 let listeners = scheme_listeners.get(&target);
                 for template in &translated.rules {
                     let mut rule = template.for_attachment(&attachment);
@@ -465,13 +458,9 @@ fn translate_checked(
                         None => vec![rule],
                     };
                     for rule in rules {
-                        // A route on two Gateways of one tunnel must not repeat its rules.
-                        if seen.insert(rule.clone()) {
-                            first_claims.place(&target, &rule, &route_key, &mut shadowed);
-                            out.push((
-                                template.grpc.map(|rank| rank.placement(position)),
-                                (rule, route_key.clone()),
-                            ));
+                        let placement = template.grpc.map(|rank| rank.placement(position));
+                        if let Some(rule) = out.place(placement, rule, &route_key) {
+                            first_claims.place(&target, rule, &route_key, &mut shadowed);
                         }
                     }
                 }
@@ -522,11 +511,15 @@ fn translate_checked(
     }
     let mut owners: BTreeMap<PlaneKey, Vec<Option<RouteKey>>> = BTreeMap::new();
     for (plane, config) in &mut configs {
-        let (rules, owned_by): (Vec<_>, Vec<_>) =
-            grpc_route::order(rules_by_plane.remove(plane).unwrap_or_default())
-                .into_iter()
-                .map(|(rule, route)| (rule, Some(route)))
-                .unzip();
+        let (rules, owned_by): (Vec<_>, Vec<_>) = grpc_route::order(
+            rules_by_plane
+                .remove(plane)
+                .map(plane_rules::PlaneRules::into_placed)
+                .unwrap_or_default(),
+        )
+        .into_iter()
+        .map(|(rule, route)| (rule, Some(route)))
+        .unzip();
         config.rules = rules;
         let owned_by = owners.entry(plane.clone()).or_insert(owned_by);
         let listeners = scheme_listeners.get(plane);
