@@ -38,6 +38,7 @@ mod status;
 #[cfg(test)]
 mod tests;
 
+use rustc_hash::FxHashMap;
 use std::cell::RefCell;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
@@ -687,11 +688,14 @@ fn scheme_listeners(
 }
 
 /// Lookups over the snapshot, built once per translation.
+///
+/// The maps every route looks in, each as large as the cluster, are hash maps: they are only
+/// looked up, never iterated, so their order cannot reach the output.
 pub(crate) struct Index<'a> {
-    namespaces: BTreeMap<&'a str, &'a Namespace>,
-    services: BTreeMap<(&'a str, &'a str), &'a Service>,
+    namespaces: FxHashMap<&'a str, &'a Namespace>,
+    services: FxHashMap<(&'a str, &'a str), &'a Service>,
     /// EndpointSlices by (namespace, `kubernetes.io/service-name`).
-    slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
+    slices: FxHashMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
     grants: Vec<&'a ReferenceGrant>,
     secrets: BTreeMap<(&'a str, &'a str), &'a Secret>,
     /// The BackendTLSPolicies, judged, and which covers each Service port.
@@ -717,13 +721,13 @@ const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 impl<'a> Index<'a> {
     fn new(snapshot: &'a Snapshot) -> Self {
-        let mut namespaces = BTreeMap::new();
+        let mut namespaces = FxHashMap::default();
         for ns in &snapshot.namespaces {
             if let Some(name) = ns.metadata.name.as_deref() {
                 namespaces.insert(name, ns);
             }
         }
-        let mut services = BTreeMap::new();
+        let mut services = FxHashMap::default();
         for svc in &snapshot.services {
             if let (Some(ns), Some(name)) = (
                 svc.metadata.namespace.as_deref(),
@@ -732,7 +736,7 @@ impl<'a> Index<'a> {
                 services.insert((ns, name), svc);
             }
         }
-        let mut slices: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
+        let mut slices: FxHashMap<(&str, &str), Vec<&EndpointSlice>> = FxHashMap::default();
         for slice in &snapshot.endpoint_slices {
             let ns = slice.metadata.namespace.as_deref();
             let svc = slice
