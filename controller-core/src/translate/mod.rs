@@ -352,7 +352,7 @@ fn translate_checked(
     routes.sort_by(|a, b| a.precedence_cmp(b));
 
     let mut rules_by_plane: BTreeMap<PlaneKey, plane_rules::PlaneRules> = BTreeMap::new();
-    let mut claims = binding::ListenerClaims::default();
+    let mut claims = binding::ListenerClaims::new(&routes);
     let mut first_claims = shadow::FirstClaims::default();
     for (position, route) in routes.iter().enumerate() {
         let bound = binding::bind(
@@ -400,10 +400,16 @@ fn translate_checked(
             }
             parents.push(status);
             for (listener, hosts) in accepted.listeners {
-                claims.claim(&route_key, listener.clone(), hosts);
+                claims.claim(&route_key, &listener, hosts);
                 listeners.insert(listener);
             }
-            for port in &translated.ports {
+            // With no BackendTLSPolicy, no Service port has ancestors to report.
+            let ports = if snapshot.backend_tls_policies.is_empty() {
+                None
+            } else {
+                Some(&translated.ports)
+            };
+            for port in ports.into_iter().flatten() {
                 port_users
                     .entry(port.clone())
                     .or_default()
