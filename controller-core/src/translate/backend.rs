@@ -270,7 +270,8 @@ pub(super) fn resolve(
         (Some(IntOrString::Int(target)), true) => *target,
         _ => port,
     };
-    let dns_name = format!("{}.{}.svc.{}", r.name, namespace, options.cluster_domain);
+    // Every rule resolves its backends: these names are joined, not formatted.
+    let dns_name = [r.name, ".", namespace, ".svc.", &options.cluster_domain].concat();
     let tls = Tls::of(
         namespace,
         r.name,
@@ -279,13 +280,10 @@ pub(super) fn resolve(
         &dns_name,
         index,
     );
-    let service_url = tls.url(&format!("{dns_name}:{dns_port}"));
+    let service_url = [tls.scheme(), "://", &dns_name, ":", &dns_port.to_string()].concat();
     let urls = match index.slices.get(&(namespace, r.name)) {
         None => vec![service_url.clone()],
-        Some(slices) => endpoint_urls(service_port, slices)
-            .into_iter()
-            .map(|authority| tls.url(&authority))
-            .collect(),
+        Some(slices) => endpoint_urls(tls.scheme(), service_port, slices),
     };
     Ok(Resolved {
         urls,
@@ -350,19 +348,24 @@ impl Tls {
         }
     }
 
-    /// The URL of `authority` (`host:port`) in the scheme this port is dialled with.
-    fn url(&self, authority: &str) -> String {
-        let scheme = if self.settings.is_some() || self.refused {
+    /// The scheme this port is dialled with.
+    fn scheme(&self) -> &'static str {
+        if self.settings.is_some() || self.refused {
             "https"
         } else {
             "http"
-        };
-        format!("{scheme}://{authority}")
+        }
+    }
+
+    /// The URL of `authority` (`host:port`) in the scheme this port is dialled with.
+    fn url(&self, authority: &str) -> String {
+        [self.scheme(), "://", authority].concat()
     }
 }
 
-/// Ready endpoints of `service_port`, as sorted, de-duplicated `host:port` authorities.
+/// Ready endpoints of `service_port`, as sorted, de-duplicated `scheme://host:port` URLs.
 fn endpoint_urls(
+    scheme: &str,
     service_port: &KubeServicePort,
     slices: &[&k8s_openapi::api::discovery::v1::EndpointSlice],
 ) -> Vec<String> {
@@ -378,6 +381,7 @@ fn endpoint_urls(
         else {
             continue;
         };
+        let target = target.to_string();
         let v6 = slice.address_type == "IPv6";
         for endpoint in slice.endpoints.iter().flatten() {
             let ready = endpoint
@@ -392,9 +396,9 @@ fn endpoint_urls(
                 continue;
             }
             let url = if v6 || address.contains(':') {
-                format!("[{address}]:{target}")
+                [scheme, "://[", address, "]:", &target].concat()
             } else {
-                format!("{address}:{target}")
+                [scheme, "://", address, ":", &target].concat()
             };
             urls.insert(url);
         }

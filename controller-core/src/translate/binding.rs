@@ -67,6 +67,9 @@ impl ParentBinding {
     /// listener first is the one the spec accepts. A route keeps the listeners of this
     /// parentRef that are free of such a conflict.
     pub(super) fn yield_to_other_kind(&mut self, kind: RouteKind, claims: &ListenerClaims) {
+        if !claims.kept {
+            return;
+        }
         let gateway = &self.gateway;
         let Ok((_, attached)) = &mut self.outcome else {
             return;
@@ -174,12 +177,25 @@ impl ParentBinding {
 /// The routes accepted so far on each listener, with the hosts they serve there: Gateway API
 /// requires an HTTPRoute and a GRPCRoute whose hostnames intersect on one listener not to be
 /// merged; exactly one of them is accepted.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct ListenerClaims {
+    /// Whether routes of both kinds are bound: with one kind, no route can conflict, and
+    /// nothing is kept or looked up.
+    kept: bool,
     claims: BTreeMap<ListenerKey, Vec<(RouteKey, Hosts)>>,
 }
 
 impl ListenerClaims {
+    /// The claims of `routes`, the routes to be bound.
+    pub(super) fn new(routes: &[RouteView<'_>]) -> Self {
+        let kept = routes.iter().any(|r| r.kind == RouteKind::Http)
+            && routes.iter().any(|r| r.kind == RouteKind::Grpc);
+        Self {
+            kept,
+            claims: BTreeMap::new(),
+        }
+    }
+
     /// A route of the other kind than `kind` accepted on `listener` whose hosts there
     /// intersect `hosts`.
     fn holder(&self, listener: &ListenerKey, kind: RouteKind, hosts: &Hosts) -> Option<&RouteKey> {
@@ -190,9 +206,12 @@ impl ListenerClaims {
             .map(|(route, _)| route)
     }
 
-    pub(super) fn claim(&mut self, route: &RouteKey, listener: ListenerKey, hosts: Hosts) {
+    pub(super) fn claim(&mut self, route: &RouteKey, listener: &ListenerKey, hosts: Hosts) {
+        if !self.kept {
+            return;
+        }
         self.claims
-            .entry(listener)
+            .entry(listener.clone())
             .or_default()
             .push((route.clone(), hosts));
     }

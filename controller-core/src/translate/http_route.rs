@@ -143,10 +143,7 @@ fn translate_rule(
     let mut filters = Vec::new();
     let mut redirects = false;
     let mut access = None;
-    check_filter_kinds(
-        rule.filters.as_deref().unwrap_or_default(),
-        &format!("{field}.filters"),
-    )?;
+    check_filter_kinds(rule.filters.as_deref().unwrap_or_default(), field)?;
     for (j, f) in rule.filters.iter().flatten().enumerate() {
         let ffield = format!("{field}.filters[{j}]");
         match convert_filter(ctx, f, all_prefix, protocol, &ffield, ref_errors)? {
@@ -235,7 +232,14 @@ fn translate_rule(
             })
         }
     };
-    let rule_name = rule.name.clone().unwrap_or_else(|| i.to_string());
+    let index;
+    let rule_name = match &rule.name {
+        Some(name) => name.as_str(),
+        None => {
+            index = i.to_string();
+            &index
+        }
+    };
     Ok(Rule {
         hostnames: Vec::new(),
         matches,
@@ -245,10 +249,7 @@ fn translate_rule(
         unavailable_status: unavailable,
         retry,
         access,
-        name: Some(format!(
-            "{}/{}/{}",
-            ctx.route.namespace, ctx.route.name, rule_name
-        )),
+        name: Some([ctx.route.namespace, "/", ctx.route.name, "/", rule_name].concat()),
     })
 }
 
@@ -285,7 +286,7 @@ fn convert_backend(
         .enumerate()
         .map(|(k, f)| reshape(f, &format!("{field}.filters[{k}]")))
         .collect::<Result<_, _>>()?;
-    check_filter_kinds(&specs, &format!("{field}.filters"))?;
+    check_filter_kinds(&specs, field)?;
     for (k, f) in specs.iter().enumerate() {
         let ffield = format!("{field}.filters[{k}]");
         match convert_filter(ctx, f, all_prefix, protocol, &ffield, ref_errors)? {
@@ -877,8 +878,11 @@ fn extension_ref(
 
 /// Gateway API: each filter type but RequestMirror and ExtensionRef appears at most once in a
 /// list, and RequestRedirect excludes URLRewrite.
-fn check_filter_kinds(filters: &[HttpRouteRulesFilters], field: &str) -> Result<(), RuleError> {
+/// Checks the filter kinds of the object at `parent`, whose `filters` they are (the field is
+/// written out only for an error).
+fn check_filter_kinds(filters: &[HttpRouteRulesFilters], parent: &str) -> Result<(), RuleError> {
     use HttpRouteRulesFiltersType as T;
+    let field = || format!("{parent}.filters");
     let count = |kind: T| filters.iter().filter(|f| f.r#type == kind).count();
     for (kind, name) in [
         (T::RequestHeaderModifier, "RequestHeaderModifier"),
@@ -889,14 +893,14 @@ fn check_filter_kinds(filters: &[HttpRouteRulesFilters], field: &str) -> Result<
     ] {
         if count(kind) > 1 {
             return Err(RuleError::unsupported(
-                field,
+                field(),
                 format!("{name} may appear only once"),
             ));
         }
     }
     if count(T::RequestRedirect) > 0 && count(T::UrlRewrite) > 0 {
         return Err(RuleError::unsupported(
-            field,
+            field(),
             "RequestRedirect and URLRewrite cannot be combined",
         ));
     }

@@ -27,6 +27,7 @@ mod http_route;
 mod listener_set;
 mod listener_tls;
 pub mod ownership;
+mod plane_rules;
 mod route;
 mod rule;
 mod scheme;
@@ -37,7 +38,7 @@ mod status;
 #[cfg(test)]
 mod tests;
 
-use rustc_hash::FxHashSet;
+use rustc_hash::FxHashMap;
 use std::cell::RefCell;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
@@ -350,14 +351,8 @@ fn translate_checked(
     let mut routes = route::collect_routes(snapshot);
     routes.sort_by(|a, b| a.precedence_cmp(b));
 
-    // Each rule with the route it comes from, and its placement when that is a GRPCRoute (see
-    // `grpc_route::order`).
-    type Placed = (Option<rule::Placement>, (cftunnel_config::Rule, RouteKey));
-    let mut rules_by_plane: BTreeMap<PlaneKey, Vec<Placed>> = BTreeMap::new();
-    // Fx: the whole rule is hashed; SipHash's flooding resistance buys nothing for the
-    // controller's own output.
-    let mut seen_rules: BTreeMap<PlaneKey, FxHashSet<cftunnel_config::Rule>> = BTreeMap::new();
-    let mut claims = binding::ListenerClaims::default();
+    let mut rules_by_plane: BTreeMap<PlaneKey, plane_rules::PlaneRules> = BTreeMap::new();
+    let mut claims = binding::ListenerClaims::new(&routes);
     let mut first_claims = shadow::FirstClaims::default();
     for (position, route) in routes.iter().enumerate() {
         let bound = binding::bind(
@@ -405,10 +400,16 @@ fn translate_checked(
             }
             parents.push(status);
             for (listener, hosts) in accepted.listeners {
-                claims.claim(&route_key, listener.clone(), hosts);
+                claims.claim(&route_key, &listener, hosts);
                 listeners.insert(listener);
             }
-            for port in &translated.ports {
+            // With no BackendTLSPolicy, no Service port has ancestors to report.
+            let ports = if snapshot.backend_tls_policies.is_empty() {
+                None
+            } else {
+                Some(&translated.ports)
+            };
+            for port in ports.into_iter().flatten() {
                 port_users
                     .entry(port.clone())
                     .or_default()
@@ -450,7 +451,6 @@ fn translate_checked(
             // of the tunnel's connectors.
             for target in tunnels.planes_with(&plane) {
                 let out = rules_by_plane.entry(target.clone()).or_default();
-                let seen = seen_rules.entry(target.clone()).or_default();
                 let listeners = scheme_listeners.get(&target);
                 for template in &translated.rules {
                     let mut rule = template.for_attachment(&attachment);
@@ -465,13 +465,9 @@ fn translate_checked(
                         None => vec![rule],
                     };
                     for rule in rules {
-                        // A route on two Gateways of one tunnel must not repeat its rules.
-                        if seen.insert(rule.clone()) {
-                            first_claims.place(&target, &rule, &route_key, &mut shadowed);
-                            out.push((
-                                template.grpc.map(|rank| rank.placement(position)),
-                                (rule, route_key.clone()),
-                            ));
+                        let placement = template.grpc.map(|rank| rank.placement(position));
+                        if let Some(rule) = out.place(placement, rule, &route_key) {
+                            first_claims.place(&target, rule, &route_key, &mut shadowed);
                         }
                     }
                 }
@@ -522,11 +518,15 @@ fn translate_checked(
     }
     let mut owners: BTreeMap<PlaneKey, Vec<Option<RouteKey>>> = BTreeMap::new();
     for (plane, config) in &mut configs {
-        let (rules, owned_by): (Vec<_>, Vec<_>) =
-            grpc_route::order(rules_by_plane.remove(plane).unwrap_or_default())
-                .into_iter()
-                .map(|(rule, route)| (rule, Some(route)))
-                .unzip();
+        let (rules, owned_by): (Vec<_>, Vec<_>) = grpc_route::order(
+            rules_by_plane
+                .remove(plane)
+                .map(plane_rules::PlaneRules::into_placed)
+                .unwrap_or_default(),
+        )
+        .into_iter()
+        .map(|(rule, route)| (rule, Some(route)))
+        .unzip();
         config.rules = rules;
         let owned_by = owners.entry(plane.clone()).or_insert(owned_by);
         let listeners = scheme_listeners.get(plane);
@@ -694,11 +694,14 @@ fn scheme_listeners(
 }
 
 /// Lookups over the snapshot, built once per translation.
+///
+/// The maps every route looks in, each as large as the cluster, are hash maps: they are only
+/// looked up, never iterated, so their order cannot reach the output.
 pub(crate) struct Index<'a> {
-    namespaces: BTreeMap<&'a str, &'a Namespace>,
-    services: BTreeMap<(&'a str, &'a str), &'a Service>,
+    namespaces: FxHashMap<&'a str, &'a Namespace>,
+    services: FxHashMap<(&'a str, &'a str), &'a Service>,
     /// EndpointSlices by (namespace, `kubernetes.io/service-name`).
-    slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
+    slices: FxHashMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
     grants: Vec<&'a ReferenceGrant>,
     secrets: BTreeMap<(&'a str, &'a str), &'a Secret>,
     /// ConfigMaps, for the CA certificates TLS settings name.
@@ -726,13 +729,13 @@ const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 impl<'a> Index<'a> {
     fn new(snapshot: &'a Snapshot) -> Self {
-        let mut namespaces = BTreeMap::new();
+        let mut namespaces = FxHashMap::default();
         for ns in &snapshot.namespaces {
             if let Some(name) = ns.metadata.name.as_deref() {
                 namespaces.insert(name, ns);
             }
         }
-        let mut services = BTreeMap::new();
+        let mut services = FxHashMap::default();
         for svc in &snapshot.services {
             if let (Some(ns), Some(name)) = (
                 svc.metadata.namespace.as_deref(),
@@ -741,7 +744,7 @@ impl<'a> Index<'a> {
                 services.insert((ns, name), svc);
             }
         }
-        let mut slices: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
+        let mut slices: FxHashMap<(&str, &str), Vec<&EndpointSlice>> = FxHashMap::default();
         for slice in &snapshot.endpoint_slices {
             let ns = slice.metadata.namespace.as_deref();
             let svc = slice

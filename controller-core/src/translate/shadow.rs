@@ -7,16 +7,26 @@
 //! same hostname or wildcard): a match that differs in any field may still be served, so
 //! claiming it is shadowed would be a guess.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
-use cftunnel_config::Rule;
+use cftunnel_config::{Match, Rule};
+use rustc_hash::FxHashMap;
 
 use super::RouteKey;
 
-/// Per plane: the route that first placed each (host, match).
+/// Per plane and host: the route that first placed each match there.
 #[derive(Debug, Default)]
 pub(super) struct FirstClaims {
-    planes: BTreeMap<super::PlaneKey, HashMap<(String, String), RouteKey>>,
+    planes: BTreeMap<super::PlaneKey, FxHashMap<String, HostClaims>>,
+}
+
+/// The matches placed on one host (or `*`, for rules of any host), keyed by the match itself:
+/// every rule is placed, so its matches are hashed as they are rather than encoded first.
+#[derive(Debug, Default)]
+struct HostClaims {
+    /// The route that placed a rule without matches.
+    matchless: Option<RouteKey>,
+    matches: FxHashMap<Match, RouteKey>,
 }
 
 /// What one route lost: per older route, the hosts and rules whose matches it holds.
@@ -35,14 +45,11 @@ impl FirstClaims {
         route: &RouteKey,
         shadowed: &mut Shadowed,
     ) {
-        let claims = self.planes.entry(plane.clone()).or_default();
-        let matches: Vec<String> = if rule.matches.is_empty() {
-            vec![String::new()]
-        } else {
-            rule.matches
-                .iter()
-                .map(|m| serde_json::to_string(m).unwrap_or_default())
-                .collect()
+        if !self.planes.contains_key(plane) {
+            self.planes.insert(plane.clone(), FxHashMap::default());
+        }
+        let Some(claims) = self.planes.get_mut(plane) else {
+            return;
         };
         let any = [String::from("*")];
         let hosts = if rule.hostnames.is_empty() {
@@ -51,18 +58,25 @@ impl FirstClaims {
             &rule.hostnames[..]
         };
         for host in hosts {
-            for m in &matches {
-                match claims.get(&(host.clone(), m.clone())) {
-                    Some(first) if first != route => {
-                        let (lost_hosts, rules) = shadowed.by.entry(first.clone()).or_default();
-                        lost_hosts.insert(host.clone());
-                        if let Some(name) = rule_number(rule) {
-                            rules.insert(name.to_owned());
-                        }
-                    }
+            if !claims.contains_key(host) {
+                claims.insert(host.clone(), HostClaims::default());
+            }
+            let Some(on_host) = claims.get_mut(host) else {
+                continue;
+            };
+            if rule.matches.is_empty() {
+                match &on_host.matchless {
+                    Some(first) if first != route => shadowed.lost(first, host, rule),
+                    Some(_) => {}
+                    None => on_host.matchless = Some(route.clone()),
+                }
+            }
+            for m in &rule.matches {
+                match on_host.matches.get(m) {
+                    Some(first) if first != route => shadowed.lost(first, host, rule),
                     Some(_) => {}
                     None => {
-                        claims.insert((host.clone(), m.clone()), route.clone());
+                        on_host.matches.insert(m.clone(), route.clone());
                     }
                 }
             }
@@ -76,6 +90,15 @@ fn rule_number(rule: &Rule) -> Option<&str> {
 }
 
 impl Shadowed {
+    /// Notes that `first` placed a match of `rule` on `host` before this route.
+    fn lost(&mut self, first: &RouteKey, host: &str, rule: &Rule) {
+        let (lost_hosts, rules) = self.by.entry(first.clone()).or_default();
+        lost_hosts.insert(host.to_owned());
+        if let Some(name) = rule_number(rule) {
+            rules.insert(name.to_owned());
+        }
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.by.is_empty()
     }
