@@ -28,7 +28,7 @@ mod tests;
 
 use cftunnel_config::valid;
 use http::HeaderMap;
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 use std::time::Duration;
 

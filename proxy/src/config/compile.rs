@@ -11,7 +11,7 @@ use crate::route::{MatchSpec, PathMatcher, TableBuilder, ValueMatcher};
 use crate::routes::Routes;
 use crate::rule::{Backend, Backends, RetryPolicy, Rule};
 use cftunnel_config::valid;
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 
 /// Compiles a config document into a route table: every rule is checked by the contract
@@ -289,8 +289,8 @@ fn match_spec(m: valid::Match) -> MatchSpec {
     };
     MatchSpec {
         path: match m.path {
-            valid::PathMatch::Exact(p) => PathMatcher::Exact(p),
-            valid::PathMatch::Prefix(p) => PathMatcher::Prefix(p),
+            valid::PathMatch::Exact(p) => PathMatcher::Exact(p.into()),
+            valid::PathMatch::Prefix(p) => PathMatcher::Prefix(p.into()),
             valid::PathMatch::Regex(p) => PathMatcher::Regex(p),
         },
         method: m.method,
