@@ -10,7 +10,7 @@ mod error;
 mod reuse;
 mod stream;
 
-pub use compile::compile;
+pub use compile::{compile, compile_json};
 pub use error::ConfigError;
 
 use crate::forward::Upstream;

@@ -2,8 +2,8 @@
 
 use super::matcher::{MatchSpec, PathMatcher, RequestView};
 use cftunnel_config::valid::{anchored, engine};
-use regex_automata::{meta, Input, MatchKind, PatternSet};
 use foldhash::{HashMap, HashMapExt};
+use regex_automata::{meta, Input, MatchKind, PatternSet};
 use std::sync::Arc;
 
 /// A (rule index, match index) pair.
