@@ -27,8 +27,8 @@ mod token;
 mod tests;
 
 use cftunnel_config::valid;
+use foldhash::{HashMap, HashMapExt};
 use http::HeaderMap;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -10,7 +10,7 @@ mod error;
 mod reuse;
 mod stream;
 
-pub use compile::compile;
+pub use compile::{compile, compile_json};
 pub use error::ConfigError;
 
 use crate::forward::Upstream;
@@ -19,7 +19,7 @@ use crate::route::RegexSets;
 use crate::routes::Routes;
 use bytes::Bytes;
 use cftunnel_config::{valid, Config};
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 
 /// What one compile hands to the next: backend clients, by their target (so connection pools

@@ -3,7 +3,7 @@
 use super::pattern::Pattern;
 use super::target::{Target, TargetError};
 use crate::{BackendProtocol, BackendTls};
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 
 /// Compiled patterns and parsed targets, reused when a later document names them again, so an

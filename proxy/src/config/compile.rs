@@ -11,7 +11,7 @@ use crate::route::{MatchSpec, PathMatcher, TableBuilder, ValueMatcher};
 use crate::routes::Routes;
 use crate::rule::{Backend, Backends, RetryPolicy, Rule};
 use cftunnel_config::valid;
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 
 /// Compiles a config document into a route table: every rule is checked by the contract
@@ -39,7 +39,7 @@ pub fn compile(
 /// # Errors
 /// In this order: text that is not one config document ([`ConfigError::Json`]), a stale
 /// version, a refused rule.
-pub(crate) fn compile_json(
+pub fn compile_json(
     text: &[u8],
     current: i64,
     metrics: &ProxyMetrics,
@@ -99,44 +99,77 @@ impl<'c> Compiler<'c> {
 
     /// Adds the next rule of the document.
     pub(crate) fn push(&mut self, rule: &cftunnel_config::Rule) {
+        let Some(index) = self.next_index() else {
+            return;
+        };
+        let fingerprint = self.cache.rules.fingerprint(rule);
+        match self.cache.rules.get(fingerprint) {
+            Some(compiled) => self.share(&compiled),
+            None => self.compile_new(index, fingerprint, rule),
+        }
+    }
+
+    /// [`Compiler::push`] of a rule's JSON text. A rule pushed before with this very text is
+    /// shared without being parsed; any other is read into the config type first.
+    ///
+    /// # Errors
+    /// Text that is not a rule; also after a refused rule, when nothing more is compiled.
+    pub(crate) fn push_text(&mut self, text: &str) -> Result<(), serde_json::Error> {
+        let Some(index) = self.next_index() else {
+            serde_json::from_str::<cftunnel_config::Rule>(text)?;
+            return Ok(());
+        };
+        let fingerprint = self.cache.rules.fingerprint_text(text);
+        match self.cache.rules.get(fingerprint) {
+            Some(compiled) => self.share(&compiled),
+            None => self.compile_new(index, fingerprint, &serde_json::from_str(text)?),
+        }
+        Ok(())
+    }
+
+    /// The position of the rule being added, or `None` once one was refused: the rules after
+    /// it are not compiled.
+    fn next_index(&mut self) -> Option<usize> {
         let index = self.next;
         self.next += 1;
-        if self.refused.is_some() {
-            return;
-        }
+        self.refused.is_none().then_some(index)
+    }
+
+    /// Adds a rule compiled before, keeping what it holds in the caches it came from.
+    fn share(&mut self, compiled: &Arc<Compiled>) {
         let cache = &mut *self.cache;
-        let fingerprint = cache.rules.fingerprint(rule);
-        let compiled = match cache.rules.get(fingerprint) {
-            Some(compiled) => {
-                // Still in use: keep what it holds in the caches it came from.
-                for (target, upstream) in compiled.targets.iter() {
-                    self.upstreams.keep(target, upstream);
-                    cache.checked.keep_target(target);
-                }
-                for pattern in compiled.patterns.iter() {
-                    cache.checked.keep_pattern(pattern);
-                }
-                if let Some(access) = &compiled.rule.access {
-                    Teams::keep(access, &mut self.teams);
-                }
-                compiled
+        for (target, upstream) in compiled.targets.iter() {
+            self.upstreams.keep(target, upstream);
+            cache.checked.keep_target(target);
+        }
+        for pattern in compiled.patterns.iter() {
+            cache.checked.keep_pattern(pattern);
+        }
+        if let Some(access) = &compiled.rule.access {
+            Teams::keep(access, &mut self.teams);
+        }
+        self.add(compiled);
+    }
+
+    /// Checks and builds a rule not seen before, remembering it under `fingerprint`.
+    fn compile_new(&mut self, index: usize, fingerprint: u128, rule: &cftunnel_config::Rule) {
+        match compile_rule(rule, self.cache, &mut self.upstreams, &mut self.teams) {
+            Ok(compiled) => {
+                let compiled = Arc::new(compiled);
+                self.cache.rules.insert(fingerprint, compiled.clone());
+                self.add(&compiled);
             }
-            None => match compile_rule(rule, cache, &mut self.upstreams, &mut self.teams) {
-                Ok(compiled) => {
-                    let compiled = Arc::new(compiled);
-                    cache.rules.insert(fingerprint, compiled.clone());
-                    compiled
-                }
-                Err(invalid) => {
-                    self.refused = Some(valid::RuleRefused {
-                        index,
-                        name: rule.name.clone(),
-                        invalid,
-                    });
-                    return;
-                }
-            },
-        };
+            Err(invalid) => {
+                self.refused = Some(valid::RuleRefused {
+                    index,
+                    name: rule.name.clone(),
+                    invalid,
+                });
+            }
+        }
+    }
+
+    fn add(&mut self, compiled: &Compiled) {
         self.builder.push_shared(
             &compiled.hostnames,
             compiled.matches.clone(),
@@ -289,8 +322,8 @@ fn match_spec(m: valid::Match) -> MatchSpec {
     };
     MatchSpec {
         path: match m.path {
-            valid::PathMatch::Exact(p) => PathMatcher::Exact(p),
-            valid::PathMatch::Prefix(p) => PathMatcher::Prefix(p),
+            valid::PathMatch::Exact(p) => PathMatcher::Exact(p.into()),
+            valid::PathMatch::Prefix(p) => PathMatcher::Prefix(p.into()),
             valid::PathMatch::Regex(p) => PathMatcher::Regex(p),
         },
         method: m.method,

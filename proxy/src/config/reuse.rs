@@ -59,6 +59,16 @@ impl Rules {
         hasher.finish128().as_u128()
     }
 
+    /// The fingerprint of a rule's JSON text. Equal text is an equal rule; text that differs
+    /// only in spacing or field order is another text, and its rule is just compiled again.
+    pub(crate) fn fingerprint_text(&self, text: &str) -> u128 {
+        let mut hasher = SipHasher13::new_with_keys(self.keys.0, self.keys.1);
+        // Kept apart from the fingerprints of parsed rules.
+        hasher.write(b"json:");
+        hasher.write(text.as_bytes());
+        hasher.finish128().as_u128()
+    }
+
     /// The rule compiled under `fingerprint` by this compile or by the one of the table in
     /// service, now counted as used.
     pub(crate) fn get(&mut self, fingerprint: u128) -> Option<Arc<Compiled>> {

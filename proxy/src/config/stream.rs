@@ -5,10 +5,18 @@
 //! The document is read exactly as [`cftunnel_config::Config`]'s own deserializer reads it
 //! (same fields, defaults, `null` rules, unknown fields ignored, same errors), with the path of
 //! a malformed value named as `serde_path_to_error` names it.
+//!
+//! Each rule is first taken as its JSON text: a controller pushes the whole document on every
+//! change, so nearly every rule is one the table in service holds, recognised by its text
+//! ([`Compiler::push_text`]) and never parsed again. Only a rule not seen before is read into
+//! the config type. A document that turns out malformed is read a second time, each rule typed
+//! as it comes, for the error the config type's own reader gives (the first pass can only
+//! name a fault as deep as the rule, and the position inside it).
 
 use super::compile::Compiler;
 use cftunnel_config::Rule;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
 use std::fmt;
 
 /// What a document says besides its rules.
@@ -24,6 +32,15 @@ pub(crate) struct Header {
 /// Text that is not one config document (and nothing after it but white space); the message
 /// names the path of the value at fault (`rules[2].backends[0].weight: ...`).
 pub(crate) fn read(text: &[u8], compiler: &mut Compiler<'_>) -> Result<Header, String> {
+    read_with(text, Some(compiler)).map_err(|first| match read_with(text, None) {
+        Err(precise) => precise,
+        Ok(_) => first,
+    })
+}
+
+/// One pass over the document: rules handed to `compiler` as their text, or, without one,
+/// each read into the config type and dropped.
+fn read_with(text: &[u8], compiler: Option<&mut Compiler<'_>>) -> Result<Header, String> {
     let mut de = serde_json::Deserializer::from_slice(text);
     let mut track = serde_path_to_error::Track::new();
     let header = Document { compiler }
@@ -34,7 +51,7 @@ pub(crate) fn read(text: &[u8], compiler: &mut Compiler<'_>) -> Result<Header, S
 }
 
 struct Document<'a, 'c> {
-    compiler: &'a mut Compiler<'c>,
+    compiler: Option<&'a mut Compiler<'c>>,
 }
 
 const FIELDS: &[&str] = &["version", "rules", "hasGrpcRoute"];
@@ -66,7 +83,7 @@ impl<'de> Visitor<'de> for Document<'_, '_> {
         })
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Header, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Header, A::Error> {
         let mut version = None;
         let mut rules = false;
         let mut has_grpc_route = None;
@@ -84,7 +101,7 @@ impl<'de> Visitor<'de> for Document<'_, '_> {
                     }
                     rules = true;
                     map.next_value_seed(Rules {
-                        compiler: &mut *self.compiler,
+                        compiler: self.compiler.as_deref_mut(),
                     })?;
                 }
                 Field::HasGrpcRoute => {
@@ -152,7 +169,7 @@ impl Visitor<'_> for FieldVisitor {
 
 /// `rules`: a list, or `null` for none (as Go encodes an empty slice).
 struct Rules<'a, 'c> {
-    compiler: &'a mut Compiler<'c>,
+    compiler: Option<&'a mut Compiler<'c>>,
 }
 
 impl<'de> DeserializeSeed<'de> for Rules<'_, '_> {
@@ -186,7 +203,7 @@ impl<'de> Visitor<'de> for Rules<'_, '_> {
 }
 
 struct List<'a, 'c> {
-    compiler: &'a mut Compiler<'c>,
+    compiler: Option<&'a mut Compiler<'c>>,
 }
 
 impl<'de> Visitor<'de> for List<'_, '_> {
@@ -197,8 +214,13 @@ impl<'de> Visitor<'de> for List<'_, '_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while let Some(rule) = seq.next_element::<Rule>()? {
-            self.compiler.push(&rule);
+        match self.compiler {
+            Some(compiler) => {
+                while let Some(text) = seq.next_element::<&RawValue>()? {
+                    compiler.push_text(text.get()).map_err(de::Error::custom)?;
+                }
+            }
+            None => while seq.next_element::<Rule>()?.is_some() {},
         }
         Ok(())
     }
@@ -267,6 +289,50 @@ mod tests {
         for text in &cases {
             assert_eq!(streamed(text), whole(text), "{text}");
         }
+    }
+
+    /// The rule a request to `host` finds, by address: equal addresses are one shared rule.
+    fn rule_at(routes: &crate::routes::Routes, host: &str) -> *const crate::rule::Rule {
+        let headers = http::HeaderMap::new();
+        let view = crate::route::RequestView {
+            method: &http::Method::GET,
+            path: "/",
+            query: None,
+            headers: &headers,
+        };
+        routes
+            .table
+            .find(host, &view)
+            .map_or(std::ptr::null(), |hit| std::sync::Arc::as_ptr(hit.rule))
+    }
+
+    /// A push read from text shares each rule whose text the table in service was built from,
+    /// compiles the others, and reads a rule spelled differently as the same rule.
+    #[test]
+    fn a_rule_pushed_again_with_the_same_text_is_shared_not_parsed_again() {
+        let metrics = ProxyMetrics::register(&mut Default::default());
+        let mut cache = Cache::default();
+        let rule = |host: &str, port: u16| {
+            format!(
+                r#"{{"hostnames": ["{host}"], "backends": [{{"url": "http://127.0.0.1:{port}", "weight": 1}}]}}"#
+            )
+        };
+        let doc = |rules: &[String]| format!(r#"{{"version": 1, "rules": [{}]}}"#, rules.join(","));
+        let mut push = |text: String| {
+            super::super::compile::compile_json(text.as_bytes(), 0, &metrics, &mut cache)
+                .expect("compiles")
+        };
+        let first = push(doc(&[rule("a.test", 1), rule("b.test", 2)]));
+        let second = push(doc(&[rule("a.test", 1), rule("b.test", 3)]));
+        assert_eq!(rule_at(&first, "a.test"), rule_at(&second, "a.test"));
+        assert_ne!(rule_at(&first, "b.test"), rule_at(&second, "b.test"));
+        assert!(!rule_at(&second, "b.test").is_null());
+        // The same rule with other spacing: compiled again, and served the same.
+        let spaced = rule("a.test", 1).replace("\": ", "\" :  ");
+        let third = push(doc(&[spaced, rule("b.test", 3)]));
+        assert_ne!(rule_at(&second, "a.test"), rule_at(&third, "a.test"));
+        assert!(!rule_at(&third, "a.test").is_null());
+        assert_eq!(rule_at(&second, "b.test"), rule_at(&third, "b.test"));
     }
 
     /// A stale version is refused as stale, before any rule is looked at.

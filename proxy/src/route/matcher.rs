@@ -2,6 +2,7 @@
 
 pub use cftunnel_config::valid::Pattern;
 use http::{HeaderMap, HeaderName, Method};
+use std::sync::Arc;
 
 /// What a matcher needs to see of a request: borrowed, so matching allocates nothing.
 #[derive(Debug, Clone, Copy)]
@@ -15,8 +16,9 @@ pub struct RequestView<'a> {
 /// A path matcher. Prefixes are segment-aware and stored without a trailing slash (except `/`).
 #[derive(Debug, Clone)]
 pub enum PathMatcher {
-    Exact(Box<str>),
-    Prefix(Box<str>),
+    /// Shared with the table's path index, which keys on the same text.
+    Exact(Arc<str>),
+    Prefix(Arc<str>),
     /// Anchored: the pattern must span the whole path.
     Regex(Pattern),
 }

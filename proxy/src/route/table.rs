@@ -2,8 +2,8 @@
 
 use super::matcher::{MatchSpec, PathMatcher, RequestView};
 use cftunnel_config::valid::{anchored, engine};
+use foldhash::{HashMap, HashMapExt};
 use regex_automata::{meta, Input, MatchKind, PatternSet};
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// A (rule index, match index) pair.
@@ -41,33 +41,34 @@ pub struct Bucket {
 /// The entries of one path kind of a bucket, by path.
 #[derive(Debug)]
 enum Paths {
-    /// Grouped by path, in precedence order inside a group.
-    Few(Box<[(Box<str>, Entry)]>),
+    /// Grouped by path, in precedence order inside a group. Paths are the matchers' own text,
+    /// shared, so a table built again (every push) copies no strings.
+    Few(Box<[(Arc<str>, Entry)]>),
     /// Boxed: most buckets are `Few`, and a bare map would make every `Paths` three words
     /// larger, times two per bucket, times every hostname.
     #[allow(clippy::box_collection)]
-    Many(Box<HashMap<Box<str>, Box<[Entry]>>>),
+    Many(Box<HashMap<Arc<str>, Box<[Entry]>>>),
 }
 
 impl Paths {
     /// Indexes `entries`, given in precedence order, by the path each one's match names.
-    fn new(entries: &[(&str, Entry)]) -> Self {
-        let mut groups: Vec<(&str, Vec<Entry>)> = Vec::new();
+    fn new(entries: &[(&Arc<str>, Entry)]) -> Self {
+        let mut groups: Vec<(&Arc<str>, Vec<Entry>)> = Vec::new();
         let mut many: HashMap<&str, usize> = HashMap::new();
         for &(path, entry) in entries {
             let group = if groups.len() < FEW_PATHS {
-                groups.iter().position(|(p, _)| *p == path)
+                groups.iter().position(|(p, _)| **p == *path)
             } else {
                 if many.is_empty() {
-                    many.extend(groups.iter().enumerate().map(|(i, (p, _))| (*p, i)));
+                    many.extend(groups.iter().enumerate().map(|(i, (p, _))| (&***p, i)));
                 }
-                many.get(path).copied()
+                many.get(&**path).copied()
             };
             match group {
                 Some(i) => groups[i].1.push(entry),
                 None => {
                     if !many.is_empty() {
-                        many.insert(path, groups.len());
+                        many.insert(&**path, groups.len());
                     }
                     groups.push((path, vec![entry]));
                 }
@@ -77,14 +78,14 @@ impl Paths {
             Self::Few(
                 groups
                     .into_iter()
-                    .flat_map(|(path, list)| list.into_iter().map(move |e| (path.into(), e)))
+                    .flat_map(|(path, list)| list.into_iter().map(move |e| (path.clone(), e)))
                     .collect(),
             )
         } else {
             Self::Many(Box::new(
                 groups
                     .into_iter()
-                    .map(|(path, list)| (path.into(), list.into_boxed_slice()))
+                    .map(|(path, list)| (path.clone(), list.into_boxed_slice()))
                     .collect(),
             ))
         }
@@ -362,8 +363,8 @@ impl<R> TableBuilder<R> {
                 let mut regex = Vec::new();
                 for e in entries {
                     match &spec(e).path {
-                        PathMatcher::Exact(p) => exact.push((&**p, e)),
-                        PathMatcher::Prefix(p) => prefix.push((&**p, e)),
+                        PathMatcher::Exact(p) => exact.push((p, e)),
+                        PathMatcher::Prefix(p) => prefix.push((p, e)),
                         PathMatcher::Regex(_) => regex.push(e),
                     }
                 }
