@@ -53,6 +53,12 @@ enum Paths {
 impl Paths {
     /// Indexes `entries`, given in precedence order, by the path each one's match names.
     fn new(entries: &[(&Arc<str>, Entry)]) -> Self {
+        // Most buckets hold no path of a kind, or one: nothing to group.
+        match entries {
+            [] => return Self::Few(Box::default()),
+            [(path, entry)] => return Self::Few(Box::new([(Arc::clone(path), *entry)])),
+            _ => {}
+        }
         let mut groups: Vec<(&Arc<str>, Vec<Entry>)> = Vec::new();
         let mut many: HashMap<&str, usize> = HashMap::new();
         for &(path, entry) in entries {
