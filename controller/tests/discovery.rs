@@ -5,6 +5,8 @@
 
 mod support;
 
+use support::{condition, eventually, yaml};
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -25,26 +27,6 @@ const CONTROLLER: &str = "cf.k8s.lex.la/tunnel-controller";
 const SERVICE_IMPORTS_CRD: &str = "serviceimports.multicluster.x-k8s.io";
 const LISTENER_SETS_CRD: &str = "listenersets.gateway.networking.k8s.io";
 const V1: &str = "gateway.networking.k8s.io/v1";
-
-fn yaml(text: &str) -> Value {
-    serde_yaml_ng::from_str(text).expect("YAML")
-}
-
-/// Polls `check` until it gives a value.
-async fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let by = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(Instant::now() < by, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
-fn condition<'a>(conditions: &'a Value, kind: &str) -> Option<&'a Value> {
-    conditions.as_array()?.iter().find(|c| c["type"] == kind)
-}
 
 /// Condition `kind` of our parent's entry in the status of HTTPRoute `tenant-a/name`.
 fn route_condition(api: &ApiServer, name: &str, kind: &str) -> Option<Value> {

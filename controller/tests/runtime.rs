@@ -6,6 +6,8 @@
 
 mod support;
 
+use support::{condition, eventually, yaml};
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -199,26 +201,6 @@ fn gateway(dedicated: bool) -> String {
     format!(
         "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: edge, namespace: tenant-a}}\nspec:\n  gatewayClassName: cloudflare-tunnel\n{infrastructure}  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: shop.example.com}}]\n"
     )
-}
-
-fn yaml(text: &str) -> Value {
-    serde_yaml_ng::from_str(text).expect("YAML")
-}
-
-/// Polls `check` until it gives a value.
-async fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let by = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(Instant::now() < by, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
-fn condition<'a>(conditions: &'a Value, kind: &str) -> Option<&'a Value> {
-    conditions.as_array()?.iter().find(|c| c["type"] == kind)
 }
 
 /// Our parent's entry in the status of HTTPRoute `namespace/name`.

@@ -1,5 +1,6 @@
 //! What several controller test binaries share: one HTTP/1.1 exchange with a server on
-//! loopback, on a connection of its own, an echo backend, and manifests of a backend Service.
+//! loopback, on a connection of its own, an echo backend, manifests of a backend Service, and
+//! the polling and status reading of the tests that run the controller.
 
 #![allow(dead_code)]
 
@@ -72,4 +73,32 @@ pub async fn echo(namespace: &str, pod: &str) -> cftunnel_testkit::echo::EchoSer
     )
     .await
     .expect("the echo backend starts")
+}
+
+/// A YAML manifest as JSON.
+pub fn yaml(text: &str) -> serde_json::Value {
+    serde_yaml_ng::from_str(text).expect("YAML")
+}
+
+/// Polls `check` until it gives a value.
+pub async fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let by = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < by,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+}
+
+/// Condition `kind` in a list of status conditions.
+pub fn condition<'a>(
+    conditions: &'a serde_json::Value,
+    kind: &str,
+) -> Option<&'a serde_json::Value> {
+    conditions.as_array()?.iter().find(|c| c["type"] == kind)
 }
