@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use bytes::Bytes;
 use cftunnel_controller_core::manifest;
 use cftunnel_controller_core::translate::{
     self, ConditionType, ObjectKey, Options, Output, PlaneKey, Reason, Snapshot,
@@ -18,7 +17,6 @@ use cftunnel_controller_core::translate::{
 use cftunnel_proxy::{Server, ServerOptions};
 use cftunnel_testkit::echo::{EchoConfig, EchoIdentity, EchoServer};
 use cftunnel_testkit::pki::TestPki;
-use http_body_util::{BodyExt, Empty};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 const BACKEND_NAME: &str = "api.shop.internal";
@@ -164,23 +162,7 @@ fn translated(manifests: &str) -> (Output, cftunnel_config::Config) {
 
 /// Status and JSON body (`Null` when not JSON) of `GET path` through the proxy.
 async fn get(proxy: SocketAddr, path: &str) -> (u16, serde_json::Value) {
-    let client = cftunnel_testkit::client::pooled::<Empty<Bytes>>();
-    let request = http::Request::get(format!("http://{proxy}{path}"))
-        .header("host", "shop.example.com")
-        .body(Empty::new())
-        .expect("request");
-    let response = client.request(request).await.expect("the proxy answers");
-    let status = response.status().as_u16();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    (
-        status,
-        serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
-    )
+    cftunnel_testkit::client::get_json(proxy, "shop.example.com", path).await
 }
 
 fn policy_conditions(output: &Output, name: &str) -> Vec<(ConditionType, bool, Reason)> {

@@ -8,7 +8,6 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::Bytes;
 use cftunnel_controller_core::manifest;
 use cftunnel_controller_core::translate::{
     self, ConditionType, ExternalNameBackends, ObjectKey, Options, PlaneKey, Reason, RouteKey,
@@ -16,7 +15,6 @@ use cftunnel_controller_core::translate::{
 };
 use cftunnel_proxy::{Server, ServerOptions};
 use cftunnel_testkit::echo::{EchoConfig, EchoIdentity, EchoServer};
-use http_body_util::{BodyExt, Empty};
 
 fn manifests(backend: SocketAddr) -> String {
     format!(
@@ -75,23 +73,7 @@ fn config(manifests: &str, mode: ExternalNameBackends) -> cftunnel_config::Confi
 }
 
 async fn get(proxy: SocketAddr, path: &str) -> (u16, serde_json::Value) {
-    let client = cftunnel_testkit::client::pooled::<Empty<Bytes>>();
-    let request = http::Request::get(format!("http://{proxy}{path}"))
-        .header("host", "shop.example.com")
-        .body(Empty::new())
-        .expect("request");
-    let response = client.request(request).await.expect("the proxy answers");
-    let status = response.status().as_u16();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    (
-        status,
-        serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
-    )
+    cftunnel_testkit::client::get_json(proxy, "shop.example.com", path).await
 }
 
 #[tokio::test]

@@ -11,7 +11,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use cftunnel_controller_core::manifest;
 use cftunnel_controller_core::translate::{
     self, ConditionType, ExternalNameBackends, ObjectKey, Options, Output, PlaneKey, Reason,
@@ -22,7 +21,6 @@ use cftunnel_testkit::echo::{EchoConfig, EchoIdentity, EchoServer};
 use cftunnel_testkit::grpc_echo::client::{call_once, Call};
 use cftunnel_testkit::grpc_echo::{proto, GrpcEchoServer};
 use cftunnel_testkit::pki::TestPki;
-use http_body_util::{BodyExt, Empty};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 const ORIGIN_NAME: &str = "origin.shop.internal";
@@ -116,23 +114,7 @@ fn resolved_refs(output: &Output, kind: RouteKind, name: &str) -> (bool, Reason,
 }
 
 async fn get(proxy: SocketAddr, host: &str, path: &str) -> (u16, serde_json::Value) {
-    let client = cftunnel_testkit::client::pooled::<Empty<Bytes>>();
-    let request = http::Request::get(format!("http://{proxy}{path}"))
-        .header("host", host)
-        .body(Empty::new())
-        .expect("request");
-    let response = client.request(request).await.expect("the proxy answers");
-    let status = response.status().as_u16();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    (
-        status,
-        serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
-    )
+    cftunnel_testkit::client::get_json(proxy, host, path).await
 }
 
 fn identity(pod: &str) -> EchoIdentity {

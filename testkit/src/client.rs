@@ -24,6 +24,31 @@ where
     Client::builder(TokioExecutor::new()).build_http()
 }
 
+/// `GET path` from `addr` with a `Host` header: the status and the body read as JSON (`null`
+/// when it is not JSON, as a proxy's own error answers are not).
+///
+/// # Panics
+/// When `addr` does not answer.
+pub async fn get_json(addr: SocketAddr, host: &str, path: &str) -> (u16, serde_json::Value) {
+    use http_body_util::{BodyExt, Empty};
+    let request = http::Request::get(format!("http://{addr}{path}"))
+        .header("host", host)
+        .body(Empty::<Bytes>::new())
+        .expect("request");
+    let response = pooled().request(request).await.expect("the server answers");
+    let status = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    (
+        status,
+        serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
+    )
+}
+
 /// A pooled client speaking only HTTP/2 with prior knowledge (h2c).
 pub fn pooled_h2c<B>() -> Pooled<B>
 where
