@@ -546,8 +546,8 @@ pub async fn remove_plane(
 pub const TUNNEL_TOKEN_ENV: &str = "TUNNEL_TOKEN";
 
 /// Points the shared pool's Deployment `deployment` at a connector token: sets pod-template
-/// annotation `key` to `value` (the token's digest), and, where `secret` is given, makes each
-/// container's [`TUNNEL_TOKEN_ENV`] read key `secret.1` of Secret `secret.0` (which must be in
+/// annotation `key` to `value` (the token's digest), and makes each container's
+/// [`TUNNEL_TOKEN_ENV`] read key `secret.1` of Secret `secret.0` (which must be in
 /// the Deployment's namespace). Either change rolls its pods; nothing is written when it holds
 /// both already.
 ///
@@ -561,7 +561,7 @@ pub async fn point_pool_at_token(
     deployment: &ObjectKey,
     key: &str,
     value: &str,
-    secret: Option<&(ObjectKey, String)>,
+    (secret, secret_key): &(ObjectKey, String),
 ) -> Result<bool, String> {
     let api: Api<Deployment> = Api::namespaced(client.clone(), &deployment.namespace);
     let live = api
@@ -581,30 +581,28 @@ pub async fn point_pool_at_token(
         .map(|s| s.containers.clone())
         .unwrap_or_default();
     let mut repointed = false;
-    if let Some((secret, secret_key)) = secret {
-        for var in containers
-            .iter_mut()
-            .flat_map(|c| c.env.iter_mut().flatten())
-            .filter(|v| v.name == TUNNEL_TOKEN_ENV)
-        {
-            let current = var
-                .value_from
-                .as_ref()
-                .and_then(|f| f.secret_key_ref.as_ref());
-            if current.is_some_and(|r| r.name == secret.name && r.key == *secret_key) {
-                continue;
-            }
-            var.value = None;
-            var.value_from = Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: secret.name.clone(),
-                    key: secret_key.clone(),
-                    optional: None,
-                }),
-                ..EnvVarSource::default()
-            });
-            repointed = true;
+    for var in containers
+        .iter_mut()
+        .flat_map(|c| c.env.iter_mut().flatten())
+        .filter(|v| v.name == TUNNEL_TOKEN_ENV)
+    {
+        let current = var
+            .value_from
+            .as_ref()
+            .and_then(|f| f.secret_key_ref.as_ref());
+        if current.is_some_and(|r| r.name == secret.name && r.key == *secret_key) {
+            continue;
         }
+        var.value = None;
+        var.value_from = Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.name.clone(),
+                key: secret_key.clone(),
+                optional: None,
+            }),
+            ..EnvVarSource::default()
+        });
+        repointed = true;
     }
     if held.map(String::as_str) == Some(value) && !repointed {
         return Ok(false);

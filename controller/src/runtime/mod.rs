@@ -1161,7 +1161,7 @@ impl Reconciler {
             deployment,
             render::TUNNEL_TOKEN_HASH_ANNOTATION,
             &digest,
-            Some(&source),
+            &source,
         )
         .await
         {
