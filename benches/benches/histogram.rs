@@ -12,7 +12,7 @@
 
 /// The allocator the proxy binary uses, so the numbers are the binary's.
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: cftunnel_alloc::Mimalloc = cftunnel_alloc::Mimalloc;
 
 use cftunnel_proxy::metrics::histogram::{AtomicHistogram, Shards};
 use cftunnel_proxy::metrics::DURATION_BUCKETS;

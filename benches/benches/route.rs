@@ -4,7 +4,7 @@ use cftunnel_benches::{config, probes};
 
 /// The allocator the proxy binary uses, so the numbers are the binary's.
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: cftunnel_alloc::Mimalloc = cftunnel_alloc::Mimalloc;
 
 use cftunnel_proxy::config::{compile, Cache};
 use cftunnel_proxy::metrics::ProxyMetrics;

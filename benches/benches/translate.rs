@@ -9,7 +9,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 
 /// The allocator the controller binary uses, so the numbers are the binary's.
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: cftunnel_alloc::Mimalloc = cftunnel_alloc::Mimalloc;
 use std::hint::black_box;
 
 fn translate_large(c: &mut Criterion) {

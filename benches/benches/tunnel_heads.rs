@@ -9,7 +9,7 @@ use std::hint::black_box;
 
 /// The allocator the proxy binary uses, so the numbers are the binary's.
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: cftunnel_alloc::Mimalloc = cftunnel_alloc::Mimalloc;
 
 /// An eyeball GET as the edge forwards it: the client's headers plus the edge's own.
 fn eyeball_request() -> http::request::Parts {

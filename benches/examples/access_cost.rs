@@ -18,7 +18,7 @@ use http_body_util::{BodyExt, Empty};
 use std::time::{Duration, Instant};
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: cftunnel_alloc::Mimalloc = cftunnel_alloc::Mimalloc;
 
 const ROUNDS: usize = 7;
 

@@ -15,9 +15,9 @@ use std::time::Instant;
 /// The allocator the proxy binary uses, so the numbers are the binary's, counting the bytes
 /// allocated and not yet freed.
 #[global_allocator]
-static ALLOC: Counting = Counting(mimalloc::MiMalloc);
+static ALLOC: Counting = Counting(cftunnel_alloc::Mimalloc);
 
-struct Counting(mimalloc::MiMalloc);
+struct Counting(cftunnel_alloc::Mimalloc);
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);

@@ -12,7 +12,7 @@ use cftunnel_telemetry::{ExportedSpans, Traces};
 /// mimalloc: a translation allocates and frees hundreds of thousands of small objects (rules,
 /// hostnames, conditions) every round; with glibc's malloc that alone was half its time.
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: cftunnel_alloc::Mimalloc = cftunnel_alloc::Mimalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -4,7 +4,7 @@ use clap::Parser;
 /// mimalloc: a config push allocates and frees tens of thousands of small objects, and the
 /// request path allocates per connection; both are several times cheaper than with glibc's malloc.
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: cftunnel_alloc::Mimalloc = cftunnel_alloc::Mimalloc;
 
 fn main() -> std::process::ExitCode {
     cftunnel_proxy::memory::disable_huge_pages();

@@ -20,6 +20,5 @@ pub fn disable_huge_pages() {
 /// Returns memory freed so far to the OS now instead of after the allocator's purge delay.
 /// Called after a large table has been dropped; costs a few milliseconds, off the request path.
 pub fn release_freed() {
-    // SAFETY: mi_collect has no preconditions; it only walks the allocator's own structures.
-    unsafe { libmimalloc_sys::mi_collect(true) }
+    cftunnel_alloc::release_freed();
 }

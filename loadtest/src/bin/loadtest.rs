@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 /// mimalloc, as the proxy uses: the load generator (and the in-process mock edge) allocate per request, and glibc's malloc would
 /// cost several times more there, on the same cores as the server under test.
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: cftunnel_alloc::Mimalloc = cftunnel_alloc::Mimalloc;
 
 /// Load harness: echo backend direct vs. through cftunnel-proxy (standalone or behind the mock
 /// edge's tunnel) vs. through nginx, or through cloudflared behind the same mock edge.

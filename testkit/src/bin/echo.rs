@@ -9,7 +9,7 @@ use clap::Parser;
 /// mimalloc, as the proxy uses: the backend allocates per request, and glibc's malloc would
 /// cost several times more there, on the same cores as the server under test.
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: cftunnel_alloc::Mimalloc = cftunnel_alloc::Mimalloc;
 
 /// Gateway API conformance echo backend (echo-basic compatible).
 #[derive(Parser, Debug)]

@@ -15,7 +15,7 @@ use clap::Parser;
 /// mimalloc, as the proxy uses: the edge side of every request allocates its metadata and frames, and glibc's malloc would
 /// cost several times more there, on the same cores as the server under test.
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: cftunnel_alloc::Mimalloc = cftunnel_alloc::Mimalloc;
 
 /// Mock Cloudflare Tunnel edge for tests, load tests and local demos.
 #[derive(Debug, Parser)]
