@@ -39,22 +39,19 @@ impl Pattern {
         let hir = anchored(source)?;
         // The NFAs the engine compiles, forward and (for its lazy DFA) reverse: the sizes it
         // checks. The reverse one is the larger for Unicode classes.
-        [nfa(), nfa().reverse(true)]
-            .into_iter()
-            .try_for_each(|config| {
-                thompson::Compiler::new()
-                    .configure(config)
-                    .build_from_hir(&hir)
-                    .map(drop)
-            })
-            .map_err(|e| match e.size_limit() {
-                Some(limit) => format!(
-                    "compiled, it would exceed the size limit of {} KiB (a repetition of a \
-                     large class, such as `\\w{{50}}`, multiplies its size)",
-                    limit / 1024
-                ),
-                None => one_line(&e.to_string()),
-            })?;
+        for config in [nfa(), nfa().reverse(true)] {
+            thompson::Compiler::new()
+                .configure(config)
+                .build_from_hir(&hir)
+                .map_err(|e| match e.size_limit() {
+                    Some(limit) => format!(
+                        "compiled, it would exceed the size limit of {} KiB (a repetition of a \
+                         large class, such as `\\w{{50}}`, multiplies its size)",
+                        limit / 1024
+                    ),
+                    None => one_line(&e.to_string()),
+                })?;
+        }
         Ok(Self(Arc::new(Lazy {
             source: source.into(),
             re: OnceLock::new(),
