@@ -2,9 +2,9 @@
 //! compiled with the engine and size limit of the proxy's matcher.
 
 use regex_automata::meta;
-use regex_automata::nfa::thompson::WhichCaptures;
+use regex_automata::nfa::thompson::{self, WhichCaptures};
 use regex_syntax::hir::{Hir, Look};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Bound on a compiled pattern's NFA: a pattern such as `\w{50}` (Unicode word characters, 50
 /// times) is over it and refused, rather than costing megabytes per copy in every table.
@@ -12,48 +12,81 @@ pub const PATTERN_SIZE_LIMIT: usize = 1 << 20;
 
 /// An anchored regular expression (`regex` crate syntax) that must span the whole value.
 ///
-/// Built on the `regex` crate's own engine with the capture-oriented engines left out: a
-/// matcher only asks "does it match", and leaving them out cuts compile time per pattern by
-/// about four times, which matters for tables with thousands of patterns.
+/// Checked when made: parsed, and its NFAs compiled under [`PATTERN_SIZE_LIMIT`], so a pattern
+/// the engine would refuse is refused then. The matcher itself (the `regex` crate's own
+/// engine, with the capture-oriented engines left out) is built when the pattern is first
+/// matched: checking costs about three quarters of building, only the patterns requests
+/// reach hold a matcher's memory, and a pattern only checked (as the controller's are) is
+/// never built at all. Clones share the one matcher.
 #[derive(Debug, Clone)]
-pub struct Pattern {
-    re: Arc<meta::Regex>,
-    source: Arc<str>,
+pub struct Pattern(Arc<Lazy>);
+
+#[derive(Debug)]
+struct Lazy {
+    source: Box<str>,
+    /// `None` only if the engine refused a pattern whose NFAs passed the check, which it does
+    /// not; such a pattern would match nothing.
+    re: OnceLock<Option<meta::Regex>>,
 }
 
 impl Pattern {
-    /// Compiles `source` anchored at both ends.
+    /// Checks `source` anchored at both ends; the matcher is built on first use.
     ///
     /// # Errors
     /// A pattern that does not parse on its own, or whose compiled form exceeds
     /// [`PATTERN_SIZE_LIMIT`]; the message is the engine's, on one line.
     pub fn new(source: &str) -> Result<Self, String> {
         let hir = anchored(source)?;
-        meta::Regex::builder()
-            .configure(engine())
-            .build_from_hir(&hir)
-            .map(|re| Self {
-                re: Arc::new(re),
-                source: source.into(),
-            })
-            .map_err(|e| match e.size_limit() {
-                Some(limit) => format!(
-                    "compiled, it would exceed the size limit of {} KiB (a repetition of a \
-                     large class, such as `\\w{{50}}`, multiplies its size)",
-                    limit / 1024
-                ),
-                None => one_line(&e.to_string()),
-            })
+        // The NFAs the engine compiles, forward and (for its lazy DFA) reverse: the sizes it
+        // checks. The reverse one is the larger for Unicode classes.
+        for config in [nfa(), nfa().reverse(true)] {
+            thompson::Compiler::new()
+                .configure(config)
+                .build_from_hir(&hir)
+                .map_err(|e| match e.size_limit() {
+                    Some(limit) => format!(
+                        "compiled, it would exceed the size limit of {} KiB (a repetition of a \
+                         large class, such as `\\w{{50}}`, multiplies its size)",
+                        limit / 1024
+                    ),
+                    None => one_line(&e.to_string()),
+                })?;
+        }
+        Ok(Self(Arc::new(Lazy {
+            source: source.into(),
+            re: OnceLock::new(),
+        })))
     }
 
     pub fn is_match(&self, value: &str) -> bool {
-        self.re.is_match(value)
+        self.0
+            .re
+            .get_or_init(|| build(&self.0.source))
+            .as_ref()
+            .is_some_and(|re| re.is_match(value))
     }
 
     /// The pattern as written.
     pub fn source(&self) -> &str {
-        &self.source
+        &self.0.source
     }
+}
+
+/// The matcher of a checked pattern.
+fn build(source: &str) -> Option<meta::Regex> {
+    let hir = anchored(source).ok()?;
+    meta::Regex::builder()
+        .configure(engine())
+        .build_from_hir(&hir)
+        .ok()
+}
+
+/// The NFA configuration [`engine`] compiles a pattern with.
+fn nfa() -> thompson::Config {
+    thompson::Config::new()
+        .nfa_size_limit(Some(PATTERN_SIZE_LIMIT))
+        .shrink(false)
+        .which_captures(WhichCaptures::None)
 }
 
 /// The engine configuration every pattern is compiled with; a caller that compiles several

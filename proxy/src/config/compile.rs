@@ -1,4 +1,4 @@
-use super::reuse::Compiled;
+use super::reuse::{Compiled, Key};
 use super::{Cache, ConfigError, TargetId};
 use crate::access::{TeamKeys, Teams};
 use crate::filter::{
@@ -102,10 +102,10 @@ impl<'c> Compiler<'c> {
         let Some(index) = self.next_index() else {
             return;
         };
-        let fingerprint = self.cache.rules.fingerprint(rule);
-        match self.cache.rules.get(fingerprint) {
+        let key = Key::Parsed(self.cache.rules.fingerprint(rule));
+        match self.cache.rules.get(key) {
             Some(compiled) => self.share(&compiled),
-            None => self.compile_new(index, fingerprint, rule),
+            None => self.compile_new(index, key, rule),
         }
     }
 
@@ -119,10 +119,10 @@ impl<'c> Compiler<'c> {
             serde_json::from_str::<cftunnel_config::Rule>(text)?;
             return Ok(());
         };
-        let fingerprint = self.cache.rules.fingerprint_text(text);
-        match self.cache.rules.get(fingerprint) {
+        let key = Key::Text(text);
+        match self.cache.rules.get(key) {
             Some(compiled) => self.share(&compiled),
-            None => self.compile_new(index, fingerprint, &serde_json::from_str(text)?),
+            None => self.compile_new(index, key, &serde_json::from_str(text)?),
         }
         Ok(())
     }
@@ -151,12 +151,12 @@ impl<'c> Compiler<'c> {
         self.add(compiled);
     }
 
-    /// Checks and builds a rule not seen before, remembering it under `fingerprint`.
-    fn compile_new(&mut self, index: usize, fingerprint: u128, rule: &cftunnel_config::Rule) {
+    /// Checks and builds a rule not seen before, remembering it under `key`.
+    fn compile_new(&mut self, index: usize, key: Key<'_>, rule: &cftunnel_config::Rule) {
         match compile_rule(rule, self.cache, &mut self.upstreams, &mut self.teams) {
             Ok(compiled) => {
                 let compiled = Arc::new(compiled);
-                self.cache.rules.insert(fingerprint, compiled.clone());
+                self.cache.rules.insert(key, compiled.clone());
                 self.add(&compiled);
             }
             Err(invalid) => {

@@ -1,11 +1,15 @@
 //! Rules compiled by an earlier push, shared with the next table when pushed again unchanged.
 //!
 //! A controller pushes the whole document on every change, so almost every rule of a push is
-//! one the table in service already holds. Such a rule is recognised by a keyed 128-bit hash of
-//! its wire form, every field included (SipHash-1-3, keys drawn when the proxy starts, so no
-//! document can be crafted to make two different rules collide), and the new table shares its
-//! compiled matches and payload instead of checking and building it again: a push costs the
-//! work of the rules it changes, and the memory of a rule both tables hold is held once.
+//! one the table in service already holds, and the new table shares its compiled matches and
+//! payload instead of checking and building it again: a push costs the work of the rules it
+//! changes, and the memory of a rule both tables hold is held once.
+//!
+//! A rule read from JSON text is recognised by its text, compared whole (the map hashes it
+//! with foldhash first), so nothing but the very same text can be taken for it. A parsed rule
+//! is recognised by a keyed 128-bit hash of its wire form, every field included (SipHash-1-3,
+//! keys drawn when the proxy starts, so no document can be crafted to make two different
+//! rules collide).
 
 use crate::forward::Upstream;
 use crate::route::{MatchSpec, Pattern};
@@ -30,16 +34,32 @@ pub(crate) struct Compiled {
     pub(crate) patterns: Box<[Pattern]>,
 }
 
-/// The compiled rules of the table in service and of the table being compiled, by fingerprint.
+/// The compiled rules of the table in service and of the table being compiled, by
+/// fingerprint (parsed rules) and by text (rules read from JSON).
 #[derive(Debug)]
 pub(crate) struct Rules {
     keys: (u64, u64),
     old: Map,
     used: Map,
+    old_text: TextMap,
+    used_text: TextMap,
+}
+
+/// What a rule is recognised by.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Key<'t> {
+    /// [`Rules::fingerprint`] of a parsed rule.
+    Parsed(u128),
+    /// A rule's JSON text. Equal text is an equal rule; text that differs only in spacing or
+    /// field order is another text, and its rule is just compiled again.
+    Text(&'t str),
 }
 
 /// Fingerprints are uniformly distributed already: the map uses them as they are.
 type Map = HashMap<u128, Arc<Compiled>, BuildHasherDefault<Fingerprint>>;
+
+/// The text is shared by both generations' maps, not copied.
+type TextMap = foldhash::HashMap<Arc<str>, Arc<Compiled>>;
 
 impl Default for Rules {
     fn default() -> Self {
@@ -47,6 +67,8 @@ impl Default for Rules {
             keys: (rand::random(), rand::random()),
             old: Map::default(),
             used: Map::default(),
+            old_text: TextMap::default(),
+            used_text: TextMap::default(),
         }
     }
 }
@@ -59,40 +81,53 @@ impl Rules {
         hasher.finish128().as_u128()
     }
 
-    /// The fingerprint of a rule's JSON text. Equal text is an equal rule; text that differs
-    /// only in spacing or field order is another text, and its rule is just compiled again.
-    pub(crate) fn fingerprint_text(&self, text: &str) -> u128 {
-        let mut hasher = SipHasher13::new_with_keys(self.keys.0, self.keys.1);
-        // Kept apart from the fingerprints of parsed rules.
-        hasher.write(b"json:");
-        hasher.write(text.as_bytes());
-        hasher.finish128().as_u128()
-    }
-
-    /// The rule compiled under `fingerprint` by this compile or by the one of the table in
-    /// service, now counted as used.
-    pub(crate) fn get(&mut self, fingerprint: u128) -> Option<Arc<Compiled>> {
-        if let Some(c) = self.used.get(&fingerprint) {
-            return Some(c.clone());
+    /// The rule compiled under `key` by this compile or by the one of the table in service,
+    /// now counted as used.
+    pub(crate) fn get(&mut self, key: Key<'_>) -> Option<Arc<Compiled>> {
+        match key {
+            Key::Parsed(fingerprint) => {
+                if let Some(c) = self.used.get(&fingerprint) {
+                    return Some(c.clone());
+                }
+                let c = self.old.get(&fingerprint)?.clone();
+                self.used.insert(fingerprint, c.clone());
+                Some(c)
+            }
+            Key::Text(text) => {
+                if let Some(c) = self.used_text.get(text) {
+                    return Some(c.clone());
+                }
+                let (text, c) = self.old_text.get_key_value(text)?;
+                let c = c.clone();
+                self.used_text.insert(text.clone(), c.clone());
+                Some(c)
+            }
         }
-        let c = self.old.get(&fingerprint)?.clone();
-        self.used.insert(fingerprint, c.clone());
-        Some(c)
     }
 
-    pub(crate) fn insert(&mut self, fingerprint: u128, compiled: Arc<Compiled>) {
-        self.used.insert(fingerprint, compiled);
+    pub(crate) fn insert(&mut self, key: Key<'_>, compiled: Arc<Compiled>) {
+        match key {
+            Key::Parsed(fingerprint) => {
+                self.used.insert(fingerprint, compiled);
+            }
+            Key::Text(text) => {
+                self.used_text.insert(text.into(), compiled);
+            }
+        }
     }
 
     /// The rules used since the last call are the ones in service: keep them, forget the rest.
     pub(crate) fn keep_used(&mut self) {
         std::mem::swap(&mut self.old, &mut self.used);
         self.used.clear();
+        std::mem::swap(&mut self.old_text, &mut self.used_text);
+        self.used_text.clear();
     }
 
     /// The document was refused: forget what it compiled.
     pub(crate) fn drop_used(&mut self) {
         self.used.clear();
+        self.used_text.clear();
     }
 }
 

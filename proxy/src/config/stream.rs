@@ -40,12 +40,36 @@ pub(crate) fn read(text: &[u8], compiler: &mut Compiler<'_>) -> Result<Header, S
 
 /// One pass over the document: rules handed to `compiler` as their text, or, without one,
 /// each read into the config type and dropped.
+///
+/// Text that is UTF-8 (as any document is) is checked as such once, whole, rather than value
+/// by value as each rule's text is taken; other text is read as bytes, for the reader's own
+/// error.
 fn read_with(text: &[u8], compiler: Option<&mut Compiler<'_>>) -> Result<Header, String> {
-    let mut de = serde_json::Deserializer::from_slice(text);
-    let mut track = serde_path_to_error::Track::new();
-    let header = Document { compiler }
-        .deserialize(serde_path_to_error::Deserializer::new(&mut de, &mut track))
-        .map_err(|e| serde_path_to_error::Error::new(track.path(), e).to_string())?;
+    match std::str::from_utf8(text) {
+        Ok(text) => read_from(serde_json::Deserializer::from_str(text), compiler),
+        Err(_) => read_from(serde_json::Deserializer::from_slice(text), compiler),
+    }
+}
+
+/// Only the second pass tracks the path of each value: the first, over a well-formed
+/// document (nearly every push), need not pay for it.
+fn read_from<'de, R: serde_json::de::Read<'de>>(
+    mut de: serde_json::Deserializer<R>,
+    compiler: Option<&mut Compiler<'_>>,
+) -> Result<Header, String> {
+    let header = match compiler {
+        Some(compiler) => Document {
+            compiler: Some(compiler),
+        }
+        .deserialize(&mut de)
+        .map_err(|e| e.to_string())?,
+        None => {
+            let mut track = serde_path_to_error::Track::new();
+            Document { compiler: None }
+                .deserialize(serde_path_to_error::Deserializer::new(&mut de, &mut track))
+                .map_err(|e| serde_path_to_error::Error::new(track.path(), e).to_string())?
+        }
+    };
     de.end().map_err(|e| e.to_string())?;
     Ok(header)
 }
@@ -289,6 +313,22 @@ mod tests {
         for text in &cases {
             assert_eq!(streamed(text), whole(text), "{text}");
         }
+    }
+
+    /// Bytes that are not UTF-8 are refused with the reader's own message and position.
+    #[test]
+    fn text_that_is_not_utf8_is_refused_as_the_config_type_refuses_it() {
+        let text = b"{\"rules\": [{\"name\": \"a\xffb\"}]}";
+        let mut cache = Cache::default();
+        let mut compiler = Compiler::new(&mut cache, None);
+        let refused = read(text, &mut compiler).expect_err("refused");
+        let whole = serde_path_to_error::deserialize::<_, cftunnel_config::Config>(
+            &mut serde_json::Deserializer::from_slice(text),
+        )
+        .expect_err("refused")
+        .to_string();
+        assert_eq!(refused, whole);
+        assert!(refused.starts_with("rules[0].name: "), "{refused}");
     }
 
     /// The rule a request to `host` finds, by address: equal addresses are one shared rule.
