@@ -4,8 +4,6 @@
 //! and the even split of a Service's weight across its ready endpoints. ServiceImports have a
 //! module of their own ([`super::service_import`]).
 
-use std::collections::BTreeSet;
-
 use cftunnel_config::{Backend, BackendProtocol, BackendTls, Filter};
 use k8s_openapi::api::core::v1::ServicePort as KubeServicePort;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -375,7 +373,7 @@ fn endpoint_urls(
     slices: &[&k8s_openapi::api::discovery::v1::EndpointSlice],
 ) -> Vec<String> {
     let wanted = service_port.name.as_deref().unwrap_or("");
-    let mut urls = BTreeSet::new();
+    let mut urls = Vec::new();
     for slice in slices {
         let Some(target) = slice
             .ports
@@ -405,10 +403,12 @@ fn endpoint_urls(
             } else {
                 [scheme, "://", address, ":", &target].concat()
             };
-            urls.insert(url);
+            urls.push(url);
         }
     }
-    urls.into_iter().collect()
+    urls.sort_unstable();
+    urls.dedup();
+    urls
 }
 
 /// One backendRef of a rule, resolved or not, with its weight and filters.

@@ -355,6 +355,8 @@ fn translate_checked(
     let mut rules_by_plane: BTreeMap<PlaneKey, plane_rules::PlaneRules> = BTreeMap::new();
     let mut claims = binding::ListenerClaims::new(&routes);
     let mut first_claims = shadow::FirstClaims::default();
+    let mut route_statuses: Vec<(RouteKey, Vec<RouteParentStatus>)> =
+        Vec::with_capacity(routes.len());
     for (position, route) in routes.iter().enumerate() {
         let bound = binding::bind(
             route,
@@ -438,7 +440,6 @@ fn translate_checked(
                 l.attached_routes += 1;
             }
         }
-        statuses.routes.insert(route_key.clone(), parents);
         let mut shadowed = shadow::Shadowed::default();
         // Only accepted parents contribute planes.
         for ((plane, certificate), attachment) in planes {
@@ -480,7 +481,7 @@ fn translate_checked(
         }
         if !shadowed.is_empty() {
             let message = shadowed.message();
-            for parent in statuses.routes.get_mut(&route_key).into_iter().flatten() {
+            for parent in &mut parents {
                 if parent
                     .condition(ConditionType::Accepted)
                     .is_some_and(|c| c.status)
@@ -495,7 +496,11 @@ fn translate_checked(
                 }
             }
         }
+        route_statuses.push((route_key, parents));
     }
+    // Built at once rather than inserted route by route: routes come in precedence order,
+    // close to key order, so sorting them costs little against a search per insertion.
+    statuses.routes = route_statuses.into_iter().collect();
 
     // One isolation rule per listener hostname and plane, after every route rule, with the
     // schemes of the listeners of that hostname.

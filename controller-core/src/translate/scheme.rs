@@ -192,14 +192,23 @@ fn require(rule: &mut Rule, schemes: &BTreeSet<&'static str>) {
         _ => ValueMatch {
             kind: ValueMatchType::RegularExpression,
             name: FORWARDED_PROTO.to_owned(),
-            value: schemes.iter().copied().collect::<Vec<_>>().join("|"),
+            value: schemes.iter().fold(String::new(), |mut value, scheme| {
+                if !value.is_empty() {
+                    value.push('|');
+                }
+                value.push_str(scheme);
+                value
+            }),
         },
     };
     if rule.matches.is_empty() {
         rule.matches.push(Match::default());
     }
-    for m in &mut rule.matches {
-        m.headers.push(header.clone());
+    if let Some((last, others)) = rule.matches.split_last_mut() {
+        for m in others {
+            m.headers.push(header.clone());
+        }
+        last.headers.push(header);
     }
 }
 
