@@ -38,8 +38,9 @@ const LIMIT_WARN_INTERVAL: Duration = Duration::from_secs(60);
 pub struct Limits {
     /// Time a client gets to send a complete request head (slowloris guard). It also bounds
     /// the wait for a new connection's first request, whatever its protocol, and the time a
-    /// connection asked to close may take once nothing is in flight on it. hyper restarts it
-    /// whenever an HTTP/1.1 connection goes idle, which makes it that protocol's keep-alive.
+    /// connection asked to close may take once nothing is in flight on it. An HTTP/1.1
+    /// connection reads the next head as soon as it goes idle, so this is also that
+    /// protocol's keep-alive when it is shorter than [`Self::idle_timeout`].
     pub header_read_timeout: Duration,
     /// Most header lines in one HTTP/1.1 request.
     pub max_headers: usize,
@@ -86,9 +87,7 @@ impl Builders {
         // trait: each list is written once and applied to both.
         macro_rules! http1_limits {
             ($b:expr) => {
-                $b.timer(TokioTimer::new())
-                    .header_read_timeout(Some(limits.header_read_timeout))
-                    .max_headers(limits.max_headers)
+                $b.max_headers(limits.max_headers)
                     .max_buf_size(limits.max_header_bytes.max(8192))
                     .keep_alive(true)
             };
@@ -102,7 +101,12 @@ impl Builders {
             };
         }
         let mut auto = auto::Builder::new(TokioExecutor::new());
-        http1_limits!(auto.http1());
+        // Which protocol an `auto` connection speaks is not known to `drive`, so hyper keeps
+        // the head deadline of its HTTP/1.1 side. A connection known to speak HTTP/1.1 has
+        // it kept by `drive` instead: hyper's arms a boxed timer for every request.
+        http1_limits!(auto.http1())
+            .timer(TokioTimer::new())
+            .header_read_timeout(Some(limits.header_read_timeout));
         http2_limits!(auto.http2());
         let mut http1 = http1::Builder::new();
         // The buffer bound is only checked while a head is incomplete: a large head read
@@ -233,7 +237,12 @@ pub async fn serve(
         };
         let close = close.subscribe();
         let builders = builders.clone();
-        let (head_timeout, idle_timeout) = (limits.header_read_timeout, limits.idle_timeout);
+        let head_timeout = limits.header_read_timeout;
+        let deadlines = Deadlines {
+            head: head_timeout,
+            idle: limits.idle_timeout,
+            drop_unserved: false,
+        };
         tokio::spawn(async move {
             let mut first = [0u8; H2_PREFACE.len()];
             // A client that sends nothing in time is dropped with its connection.
@@ -253,7 +262,7 @@ pub async fn serve(
                     let closes = |conn: Pin<&mut _>| {
                         http1::UpgradeableConnection::graceful_shutdown(conn);
                     };
-                    drive(conn, closes, &activity, close, head_timeout, idle_timeout)
+                    drive(conn, closes, &activity, close, deadlines.http1())
                         .await
                         .map(|r| r.map_err(Box::<dyn std::error::Error + Send + Sync>::from))
                 }
@@ -261,7 +270,7 @@ pub async fn serve(
                     let conn = builders.http2.serve_connection(io, service);
                     let conn = std::pin::pin!(conn);
                     let closes = |conn: Pin<&mut _>| http2::Connection::graceful_shutdown(conn);
-                    drive(conn, closes, &activity, close, head_timeout, idle_timeout)
+                    drive(conn, closes, &activity, close, deadlines)
                         .await
                         .map(|r| r.map_err(Box::<dyn std::error::Error + Send + Sync>::from))
                 }
@@ -270,7 +279,7 @@ pub async fn serve(
                     let conn = std::pin::pin!(conn);
                     let closes =
                         |conn: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(conn);
-                    drive(conn, closes, &activity, close, head_timeout, idle_timeout).await
+                    drive(conn, closes, &activity, close, deadlines).await
                 }
             };
             if let Some(Err(e)) = ended {
@@ -282,27 +291,57 @@ pub async fn serve(
     Connections { close }
 }
 
+/// How long a client connection may go with nothing in flight.
+#[derive(Debug, Clone, Copy)]
+struct Deadlines {
+    /// For the first request, and for a connection asked to close to finish.
+    head: Duration,
+    /// After a request has ended.
+    idle: Duration,
+    /// A connection with no request by `head` is dropped rather than asked to close.
+    drop_unserved: bool,
+}
+
+impl Deadlines {
+    /// HTTP/1.1 reads the next head as soon as a connection goes idle, so the head deadline
+    /// bounds the idle time too; and one that has not sent a whole first head has been sent
+    /// nothing, so it loses nothing by being dropped (a slow head, too, is not let to run on
+    /// for another head timeout).
+    fn http1(self) -> Self {
+        Self {
+            head: self.head,
+            idle: self.idle.min(self.head),
+            drop_unserved: true,
+        }
+    }
+}
+
 /// Runs a client connection until it ends, asking it to close (`closes`: HTTP/2 GOAWAY, or
 /// no keep-alive after the current response) when `close` flips or when it has nothing in
 /// flight past its deadline, and dropping it (`None`) if it is still open with nothing in
-/// flight `head_timeout` after that.
+/// flight `deadlines.head` after that.
+///
+/// One timer per connection keeps every deadline: it is moved when it fires, never armed per
+/// request.
 async fn drive<C, E>(
     mut conn: Pin<&mut C>,
     closes: impl Fn(Pin<&mut C>),
     activity: &Activity,
     mut close: watch::Receiver<bool>,
-    head_timeout: Duration,
-    idle_timeout: Duration,
+    deadlines: Deadlines,
 ) -> Option<Result<(), E>>
 where
     C: Future<Output = Result<(), E>>,
 {
+    let head_timeout = deadlines.head;
     let check = tokio::time::sleep_until(activity.opened + head_timeout);
     tokio::pin!(check);
     // Since when the connection has been asked to close.
     let mut closing: Option<Instant> = None;
     loop {
         tokio::select! {
+            // The connection first: it is what nearly every wake-up is for.
+            biased;
             ended = conn.as_mut() => return Some(ended),
             // A dropped handle closes connections too.
             _ = close.changed(), if closing.is_none() => {
@@ -313,15 +352,16 @@ where
             }
             () = &mut check => {
                 let now = Instant::now();
-                match activity.quiet_until(head_timeout, idle_timeout, closing) {
+                match activity.quiet_until(deadlines, closing) {
                     // Busy: looked at again later (a request that ends meanwhile moves the
                     // deadline to its end).
                     None if closing.is_some() => check.as_mut().reset(now + head_timeout),
-                    None => check.as_mut().reset(now + idle_timeout),
+                    None => check.as_mut().reset(now + deadlines.idle),
                     Some(at) if at > now => check.as_mut().reset(at),
                     // Asked to close and still open with nothing in flight: a peer that never
                     // acknowledges a GOAWAY, or never finishes a head, cannot keep it.
                     Some(_) if closing.is_some() => return None,
+                    Some(_) if deadlines.drop_unserved && activity.unserved() => return None,
                     Some(_) => {
                         closes(conn.as_mut());
                         closing = Some(now);
@@ -356,15 +396,17 @@ impl Activity {
         }
     }
 
+    /// No request has come yet.
+    fn unserved(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0 && self.idle_since.load(Ordering::Relaxed) == 0
+    }
+
     /// Until when the connection may stay open with nothing in flight: its first request
-    /// must come within `head_timeout`, later ones within `idle_timeout` of the last end,
-    /// and once `closing` it gets `head_timeout` to finish. `None` while a request is in flight.
-    fn quiet_until(
-        &self,
-        head_timeout: Duration,
-        idle_timeout: Duration,
-        closing: Option<Instant>,
-    ) -> Option<Instant> {
+    /// must come within `deadlines.head`, later ones within `deadlines.idle` of the last end,
+    /// and once `closing` it gets `deadlines.head` to finish. `None` while a request is in
+    /// flight.
+    fn quiet_until(&self, deadlines: Deadlines, closing: Option<Instant>) -> Option<Instant> {
+        let (head_timeout, idle_timeout) = (deadlines.head, deadlines.idle);
         if self.in_flight.load(Ordering::Acquire) > 0 {
             return None;
         }

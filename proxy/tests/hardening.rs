@@ -441,9 +441,50 @@ async fn silent_connections_are_closed_and_free_their_places() {
     .expect("test finished in time");
 }
 
+/// The head timeout bounds every head on a keep-alive HTTP/1.1 connection, not only the
+/// first: a client that has been served once and then drips its next head gets no longer than
+/// the head timeout, although the idle timeout is far longer.
+#[tokio::test]
+async fn a_slow_head_on_a_reused_connection_is_cut_off_at_the_head_timeout() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            limits: cftunnel_proxy::serve::Limits {
+                header_read_timeout: Duration::from_millis(300),
+                idle_timeout: Duration::from_secs(120),
+                ..Default::default()
+            },
+            ..cftunnel_proxy::ServerOptions::default()
+        })
+        .await;
+        let mut conn = tokio::net::TcpStream::connect(proxy.data_addr())
+            .await
+            .expect("connect");
+        conn.write_all(b"GET / HTTP/1.1\r\nhost: h\r\n\r\n")
+            .await
+            .expect("request");
+        let head = read_head(&mut conn).await;
+        assert!(
+            head.starts_with(b"HTTP/1.1 502"),
+            "answered by the proxy, which has no table: {:?}",
+            String::from_utf8_lossy(&head)
+        );
+        // Half of the next head, then nothing.
+        conn.write_all(b"GET / HTTP/1.1\r\nhost:")
+            .await
+            .expect("part of a head");
+        assert!(
+            closed_within(&mut conn, Duration::from_secs(5)).await,
+            "the connection is closed long before the idle timeout"
+        );
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// Once it has served a request, a connection with none in flight is closed after the idle
-/// timeout (HTTP/2 with a GOAWAY; HTTP/1.1 keep-alive after the head timeout, which restarts
-/// when a connection goes idle). A request whose answer is slow to start and slow to stream
+/// timeout (HTTP/2 with a GOAWAY; HTTP/1.1 keep-alive after the head timeout when that is
+/// shorter, as the next head is awaited from the moment a connection goes idle). A request whose answer is slow to start and slow to stream
 /// is in flight throughout and is not cut.
 #[tokio::test]
 async fn idle_connections_are_closed_and_requests_in_flight_are_not() {
