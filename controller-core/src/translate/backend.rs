@@ -4,14 +4,13 @@
 //! and the even split of a Service's weight across its ready endpoints. ServiceImports have a
 //! module of their own ([`super::service_import`]).
 
-use std::collections::BTreeSet;
-
 use cftunnel_config::{Backend, BackendProtocol, BackendTls, Filter};
 use k8s_openapi::api::core::v1::ServicePort as KubeServicePort;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::backend_tls::PortKey;
 use super::external_name::{self, ExternalNameBackends, Refusal};
+use super::field::Field;
 use super::service_import;
 use super::status::Reason;
 use super::{Index, Options, RouteKind, GATEWAY_CONFIG_GROUP};
@@ -156,7 +155,8 @@ pub(super) struct Resolved {
     pub(super) tls: Option<BackendTls>,
     /// The BackendTLSPolicy covering the port cannot be used: the backend fails closed.
     pub(super) tls_refused: bool,
-    /// The Service port, as BackendTLSPolicies target it (for their status).
+    /// The Service port, as BackendTLSPolicies target it (for their status); `None` in a
+    /// cluster without BackendTLSPolicies, where no status needs it.
     pub(super) port: Option<PortKey>,
 }
 
@@ -165,7 +165,7 @@ pub(super) fn resolve(
     r: BackendRefView<'_>,
     from: RouteKind,
     from_namespace: &str,
-    field: &str,
+    field: Field<'_>,
     index: &Index<'_>,
     options: &Options,
 ) -> Result<Resolved, BackendRefError> {
@@ -179,7 +179,7 @@ pub(super) fn resolve(
     }
     if !group.is_empty() || kind != "Service" {
         return Err(BackendRefError::InvalidKind {
-            field: field.to_owned(),
+            field: field.to_string(),
             group: group.to_owned(),
             kind: kind.to_owned(),
         });
@@ -196,21 +196,21 @@ pub(super) fn resolve(
         )
     {
         return Err(BackendRefError::RefNotPermitted {
-            field: field.to_owned(),
+            field: field.to_string(),
             namespace: namespace.to_owned(),
             name: r.name.to_owned(),
         });
     }
     let Some(service) = index.services.get(&(namespace, r.name)).copied() else {
         return Err(BackendRefError::NotFound {
-            field: field.to_owned(),
+            field: field.to_string(),
             namespace: namespace.to_owned(),
             name: r.name.to_owned(),
         });
     };
     let Some(port) = r.port else {
         return Err(BackendRefError::MissingPort {
-            field: field.to_owned(),
+            field: field.to_string(),
         });
     };
     let spec = service.spec.as_ref();
@@ -224,7 +224,7 @@ pub(super) fn resolve(
             &options.cluster_domain,
         )
         .map_err(|refusal| BackendRefError::ExternalNameRefused {
-            field: field.to_owned(),
+            field: field.to_string(),
             namespace: namespace.to_owned(),
             name: r.name.to_owned(),
             refusal,
@@ -249,7 +249,7 @@ pub(super) fn resolve(
             public_only: options.external_name_backends == ExternalNameBackends::External,
             tls: tls.settings,
             tls_refused: tls.refused,
-            port: Some(tls.port),
+            port: tls.port,
         });
     }
     let Some(service_port) = spec
@@ -257,7 +257,7 @@ pub(super) fn resolve(
         .and_then(|ports| ports.iter().find(|p| p.port == port))
     else {
         return Err(BackendRefError::PortNotFound {
-            field: field.to_owned(),
+            field: field.to_string(),
             namespace: namespace.to_owned(),
             name: r.name.to_owned(),
             port,
@@ -297,7 +297,7 @@ pub(super) fn resolve(
         public_only: false,
         tls: tls.settings,
         tls_refused: tls.refused,
-        port: Some(tls.port),
+        port: tls.port,
     })
 }
 
@@ -308,7 +308,8 @@ pub(super) fn resolve(
 struct Tls {
     settings: Option<BackendTls>,
     refused: bool,
-    port: PortKey,
+    /// Only where BackendTLSPolicies exist (see [`Resolved::port`]).
+    port: Option<PortKey>,
 }
 
 impl Tls {
@@ -321,11 +322,13 @@ impl Tls {
         index: &Index<'_>,
     ) -> Self {
         let port_name = service_port.and_then(|p| p.name.as_deref());
-        let key = (
-            namespace.to_owned(),
-            service.to_owned(),
-            port_name.map(str::to_owned),
-        );
+        let key = index.tls_policies.then(|| {
+            (
+                namespace.to_owned(),
+                service.to_owned(),
+                port_name.map(str::to_owned),
+            )
+        });
         let asks = port == HTTPS_PORT
             || matches!(
                 service_port.and_then(|p| p.app_protocol.as_deref()),
@@ -370,7 +373,7 @@ fn endpoint_urls(
     slices: &[&k8s_openapi::api::discovery::v1::EndpointSlice],
 ) -> Vec<String> {
     let wanted = service_port.name.as_deref().unwrap_or("");
-    let mut urls = BTreeSet::new();
+    let mut urls = Vec::new();
     for slice in slices {
         let Some(target) = slice
             .ports
@@ -400,10 +403,12 @@ fn endpoint_urls(
             } else {
                 [scheme, "://", address, ":", &target].concat()
             };
-            urls.insert(url);
+            urls.push(url);
         }
     }
-    urls.into_iter().collect()
+    urls.sort_unstable();
+    urls.dedup();
+    urls
 }
 
 /// One backendRef of a rule, resolved or not, with its weight and filters.

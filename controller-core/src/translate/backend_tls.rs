@@ -117,6 +117,10 @@ impl Policies {
         service: &str,
         port_name: Option<&str>,
     ) -> Option<Covered<'_>> {
+        // Every backend of every rule asks: with no policy, no key is built to look up.
+        if self.winners.is_empty() {
+            return None;
+        }
         let target = |section: Option<&str>| {
             (
                 namespace.to_owned(),

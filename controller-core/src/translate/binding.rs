@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use super::gateway::{selector_matches, AllowedNamespaces, OwnedGateway, OwnedListener};
+use super::gateway::{
+    selector_matches, AllowedNamespaces, OwnedGateway, OwnedGateways, OwnedListener,
+};
 use super::hostname::{intersect, Hosts};
 use super::listener_set::ListenerSets;
 use super::ownership;
@@ -30,9 +32,10 @@ pub(super) struct ListenerAttachment {
 }
 
 /// A listener of one of our Gateways.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct ListenerKey {
-    pub(super) gateway: ObjectKey,
+    /// The Gateway's position in [`OwnedGateways`].
+    pub(super) gateway: usize,
     pub(super) index: usize,
 }
 
@@ -40,7 +43,9 @@ pub(super) struct ListenerKey {
 #[derive(Debug)]
 pub(super) struct ParentBinding {
     parent_ref: ParentRef,
-    gateway: ObjectKey,
+    /// The Gateway's position in [`OwnedGateways`]; `None` for a ListenerSet that is not
+    /// attached to one (the parent is then refused).
+    gateway: Option<usize>,
     /// The plane serving the Gateway and the listeners the route attaches to there.
     outcome: Result<(PlaneKey, Vec<ListenerAttachment>), (Reason, String)>,
 }
@@ -56,9 +61,10 @@ pub(super) struct Accepted {
 }
 
 impl ParentBinding {
-    /// The Gateway of the parent: the one named, or the ListenerSet's.
-    pub(super) fn gateway(&self) -> &ObjectKey {
-        &self.gateway
+    /// The Gateway of the parent, the one named or the ListenerSet's: its position in
+    /// [`OwnedGateways`].
+    pub(super) fn gateway(&self) -> Option<usize> {
+        self.gateway
     }
 
     /// Leaves out the listeners where a route of the other kind with intersecting hostnames
@@ -70,14 +76,13 @@ impl ParentBinding {
         if !claims.kept {
             return;
         }
-        let gateway = &self.gateway;
-        let Ok((_, attached)) = &mut self.outcome else {
+        let (Some(gateway), Ok((_, attached))) = (self.gateway, &mut self.outcome) else {
             return;
         };
         let mut conflicts = Vec::new();
         attached.retain(|l| {
             let key = ListenerKey {
-                gateway: gateway.clone(),
+                gateway,
                 index: l.index,
             };
             match claims.holder(&key, kind, &l.hosts) {
@@ -136,6 +141,8 @@ impl ParentBinding {
                 ));
                 let mut attachment = Attachment::default();
                 let mut listeners = Vec::with_capacity(attached.len());
+                // An attached parent is always one of our Gateways.
+                let gateway = self.gateway.unwrap_or_default();
                 for l in attached {
                     attachment.redirect_ports.insert(l.redirect_port);
                     attachment.schemes.insert(l.scheme);
@@ -144,7 +151,7 @@ impl ParentBinding {
                         Hosts::Some(list) => attachment.hostnames.extend(list.iter().cloned()),
                     }
                     let key = ListenerKey {
-                        gateway: self.gateway.clone(),
+                        gateway,
                         index: l.index,
                     };
                     listeners.push((key, l.hosts));
@@ -211,7 +218,7 @@ impl ListenerClaims {
             return;
         }
         self.claims
-            .entry(listener.clone())
+            .entry(*listener)
             .or_default()
             .push((route.clone(), hosts));
     }
@@ -224,7 +231,7 @@ impl ListenerClaims {
 /// have the route serve a host its namespace may not publish refuses it ([`ownership`]).
 pub(super) fn bind(
     route: &RouteView<'_>,
-    gateways: &BTreeMap<ObjectKey, OwnedGateway<'_>>,
+    gateways: &OwnedGateways<'_>,
     listener_sets: &ListenerSets,
     scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners>,
     index: &Index<'_>,
@@ -235,25 +242,37 @@ pub(super) fn bind(
         if p.group.unwrap_or(GATEWAY_API_GROUP) != GATEWAY_API_GROUP {
             continue;
         }
-        let key = ObjectKey::new(p.namespace.unwrap_or(route.namespace), p.name);
+        let namespace = p.namespace.unwrap_or(route.namespace);
+        let set_key;
         // The Gateway, and for a ListenerSet which one's listeners, or why it has none.
-        let (kind, gateway_key, set) = match p.kind.unwrap_or("Gateway") {
-            "Gateway" => (ParentKind::Gateway, key.clone(), Ok(None)),
-            "ListenerSet" => match listener_sets.gateway_of(&key) {
-                None => continue,
-                Some(Ok(gateway)) => (ParentKind::ListenerSet, gateway.clone(), Ok(Some(&key))),
-                Some(Err(why)) => (ParentKind::ListenerSet, key.clone(), Err(why)),
-            },
+        let (kind, position, set) = match p.kind.unwrap_or("Gateway") {
+            "Gateway" => (
+                ParentKind::Gateway,
+                gateways.position(namespace, p.name),
+                Ok(None),
+            ),
+            "ListenerSet" => {
+                set_key = ObjectKey::new(namespace, p.name);
+                match listener_sets.gateway_of(&set_key) {
+                    None => continue,
+                    Some(Ok(gateway)) => (
+                        ParentKind::ListenerSet,
+                        gateways.position(&gateway.namespace, &gateway.name),
+                        Ok(Some(&set_key)),
+                    ),
+                    Some(Err(why)) => (ParentKind::ListenerSet, None, Err(why)),
+                }
+            }
             _ => continue,
         };
-        let gw = gateways.get(&gateway_key);
+        let gw = position.and_then(|i| gateways.at(i));
         if gw.is_none() && set.is_ok() {
             continue;
         }
         let parent_ref = ParentRef {
             kind,
-            namespace: key.namespace.clone(),
-            name: key.name.clone(),
+            namespace: namespace.to_owned(),
+            name: p.name.to_owned(),
             section_name: p.section_name.map(str::to_owned),
             port: p.port,
         };
@@ -282,7 +301,7 @@ pub(super) fn bind(
         });
         parents.push(ParentBinding {
             parent_ref,
-            gateway: gateway_key,
+            gateway: position,
             outcome,
         });
     }

@@ -17,6 +17,7 @@ use cftunnel_config::{BackendProtocol, BackendTls};
 use super::backend::{BackendRefError, BackendRefView, Resolved};
 use super::backend_tls::{self, CaRef};
 use super::external_name::{self, ExternalNameBackends};
+use super::field::Field;
 use super::status::Reason;
 use super::{Index, Options, RouteKind, GATEWAY_CONFIG_GROUP};
 use crate::external_backend::{
@@ -27,13 +28,13 @@ pub(super) fn resolve(
     r: BackendRefView<'_>,
     from: RouteKind,
     from_namespace: &str,
-    field: &str,
+    field: Field<'_>,
     index: &Index<'_>,
     options: &Options,
 ) -> Result<Resolved, BackendRefError> {
     let namespace = r.namespace.unwrap_or(from_namespace);
     let refuse = |reason: Reason, message: String| BackendRefError::ExternalBackend {
-        field: field.to_owned(),
+        field: field.to_string(),
         namespace: namespace.to_owned(),
         name: r.name.to_owned(),
         reason,

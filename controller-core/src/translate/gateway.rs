@@ -3,6 +3,7 @@
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::BuildHasher;
 
 use cftunnel_config::valid;
 use gateway_api::experimental::gatewayclasses::GatewayClass;
@@ -10,7 +11,9 @@ use gateway_api::experimental::gateways::{
     Gateway, GatewayListeners, GatewayListenersAllowedRoutesNamespacesFrom,
     GatewayListenersAllowedRoutesNamespacesSelector,
 };
+use hashbrown::HashTable;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use rustc_hash::FxBuildHasher;
 
 use crate::render::Plans;
 
@@ -341,6 +344,66 @@ impl OwnedGateway<'_> {
     }
 }
 
+/// Our Gateways in `{namespace}/{name}` order, each also found by hash: every route looks up
+/// the Gateways of its parentRefs, and an ordered map would compare their keys as strings at
+/// every level. A Gateway's position in the order identifies it for the rest of a translation.
+pub(super) struct OwnedGateways<'a> {
+    list: Vec<OwnedGateway<'a>>,
+    /// Positions in `list` by the hash of the key.
+    positions: HashTable<usize>,
+}
+
+fn key_hash(namespace: &str, name: &str) -> u64 {
+    FxBuildHasher.hash_one((namespace, name))
+}
+
+impl<'a> OwnedGateways<'a> {
+    fn new(gateways: BTreeMap<ObjectKey, OwnedGateway<'a>>) -> Self {
+        let list: Vec<OwnedGateway<'a>> = gateways.into_values().collect();
+        let mut positions = HashTable::with_capacity(list.len());
+        for (i, gw) in list.iter().enumerate() {
+            positions.insert_unique(key_hash(&gw.key.namespace, &gw.key.name), i, |&j| {
+                let key = &list[j].key;
+                key_hash(&key.namespace, &key.name)
+            });
+        }
+        Self { list, positions }
+    }
+
+    /// The position of Gateway `namespace/name`, when it is ours.
+    pub(super) fn position(&self, namespace: &str, name: &str) -> Option<usize> {
+        self.positions
+            .find(key_hash(namespace, name), |&i| {
+                let key = &self.list[i].key;
+                key.namespace == namespace && key.name == name
+            })
+            .copied()
+    }
+
+    pub(super) fn get(&self, key: &ObjectKey) -> Option<&OwnedGateway<'a>> {
+        self.position(&key.namespace, &key.name)
+            .map(|i| &self.list[i])
+    }
+
+    /// The Gateway at `position`.
+    pub(super) fn at(&self, position: usize) -> Option<&OwnedGateway<'a>> {
+        self.list.get(position)
+    }
+
+    pub(super) fn at_mut(&mut self, position: usize) -> Option<&mut OwnedGateway<'a>> {
+        self.list.get_mut(position)
+    }
+
+    /// In `{namespace}/{name}` order.
+    pub(super) fn values(&self) -> std::slice::Iter<'_, OwnedGateway<'a>> {
+        self.list.iter()
+    }
+
+    pub(super) fn into_values(self) -> std::vec::IntoIter<OwnedGateway<'a>> {
+        self.list.into_iter()
+    }
+}
+
 /// Our Gateways, each with the listeners of the ListenerSets in `sets` it admits after its own.
 pub(super) fn owned_gateways<'a>(
     snapshot: &'a Snapshot,
@@ -349,7 +412,7 @@ pub(super) fn owned_gateways<'a>(
     plans: &Plans,
     index: &Index<'_>,
     sets: &'a listener_set::ListenerSets,
-) -> BTreeMap<ObjectKey, OwnedGateway<'a>> {
+) -> OwnedGateways<'a> {
     let mut out = BTreeMap::new();
     for gw in &snapshot.gateways {
         if !classes.contains_key(&gw.spec.gateway_class_name) {
@@ -389,7 +452,7 @@ pub(super) fn owned_gateways<'a>(
     for gw in out.values_mut() {
         gw.settle(&serving);
     }
-    out
+    OwnedGateways::new(out)
 }
 
 /// The tunnel of the data plane the GatewayConfig `name` (in the Gateway's namespace) makes,

@@ -15,6 +15,7 @@ use gateway_api::experimental::grpcroutes::{
 };
 use gateway_api::experimental::httproutes::HttpRouteRules;
 
+use super::field::Field;
 use super::http_route::{check_regex, header_matches, reshape, translate_all, RouteContext};
 use super::route::RouteView;
 use super::rule::{MatchRank, Placement, RuleError, RuleTemplate, TranslatedRoute};
@@ -48,7 +49,7 @@ pub(super) fn translate_rules(
             matches
                 .iter()
                 .enumerate()
-                .map(|(j, m)| convert_match(m, &format!("{field}.matches[{j}]"), contract))
+                .map(|(j, m)| convert_match(m, field.item("matches", j), contract))
                 .collect()
         },
         |rule, field| {
@@ -140,13 +141,13 @@ fn match_any() -> Match {
 /// a method match, [`match_any`].
 fn convert_match(
     m: &GrpcRouteRulesMatches,
-    field: &str,
+    field: Field<'_>,
     contract: &RefCell<valid::Cache>,
 ) -> Result<Match, RuleError> {
     let path = match &m.method {
         None => match_any().path,
         Some(method) => {
-            let mfield = format!("{field}.method");
+            let mfield = field.child("method");
             let service = method.service.as_deref().filter(|s| !s.is_empty());
             let name = method.method.as_deref().filter(|s| !s.is_empty());
             let regex = matches!(
@@ -156,7 +157,7 @@ fn convert_match(
             Some(match (regex, service, name) {
                 (_, None, None) => {
                     return Err(RuleError::UnsupportedValue {
-                        field: mfield,
+                        field: mfield.to_string(),
                         message: "one of service or method is required".to_owned(),
                     })
                 }
@@ -174,14 +175,14 @@ fn convert_match(
                 },
                 (true, s, n) => {
                     if let Some(s) = s {
-                        check_regex(contract, s, &format!("{mfield}.service"))?;
+                        check_regex(contract, s, mfield.child("service"))?;
                     }
                     if let Some(n) = n {
-                        check_regex(contract, n, &format!("{mfield}.method"))?;
+                        check_regex(contract, n, mfield.child("method"))?;
                     }
                     let value =
                         format!("/(?:{})/(?:{})", s.unwrap_or("[^/]+"), n.unwrap_or("[^/]+"));
-                    check_regex(contract, &value, &mfield)?;
+                    check_regex(contract, &value, mfield)?;
                     PathMatch {
                         kind: PathMatchType::RegularExpression,
                         value,

@@ -21,6 +21,7 @@ use gateway_api::experimental::httproutes::{
 
 use super::backend::{self, BackendRefError, BackendRefView, WeightedTarget};
 use super::backend_tls::PortKey;
+use super::field::Field;
 use super::route::RouteView;
 use super::rule::{RuleError, RuleTemplate, TranslatedRoute};
 use super::{Index, Options, GATEWAY_CONFIG_GROUP};
@@ -62,7 +63,7 @@ pub(super) fn translate_rules(
                 .iter()
                 .flatten()
                 .enumerate()
-                .map(|(j, m)| convert_match(m, &format!("{field}.matches[{j}]"), contract))
+                .map(|(j, m)| convert_match(m, field.item("matches", j), contract))
                 .collect()
         },
         |rule, _| Ok(Cow::Borrowed(rule)),
@@ -75,25 +76,26 @@ pub(super) fn translate_all<'r, R>(
     ctx: &RouteContext<'_, '_>,
     rules: &'r [R],
     protocol: Option<BackendProtocol>,
-    matches: impl Fn(&R, &str) -> Result<Vec<Match>, RuleError>,
-    as_http: impl Fn(&'r R, &str) -> Result<Cow<'r, HttpRouteRules>, RuleError>,
+    matches: impl Fn(&R, Field<'_>) -> Result<Vec<Match>, RuleError>,
+    as_http: impl Fn(&'r R, Field<'_>) -> Result<Cow<'r, HttpRouteRules>, RuleError>,
 ) -> TranslatedRoute {
     let mut out = TranslatedRoute::default();
+    let spec = Field::Root("spec");
     for (i, rule) in rules.iter().enumerate() {
-        let field = format!("spec.rules[{i}]");
-        let translated = matches(rule, &field).and_then(|m| {
+        let field = spec.item("rules", i);
+        let translated = matches(rule, field).and_then(|m| {
             let m = if m.is_empty() {
                 vec![default_match()]
             } else {
                 m
             };
-            let http = as_http(rule, &field)?;
-            let rule = translate_rule(ctx, i, &http, m, protocol, &field, &mut out.ref_errors)?;
+            let http = as_http(rule, field)?;
+            let rule = translate_rule(ctx, i, &http, m, protocol, field, &mut out.ref_errors)?;
             // The contract the proxy compiles with: what it would refuse is left out here,
             // and the route says why, rather than the proxy refusing the plane's document.
             valid::rule(&rule, &mut ctx.contract.borrow_mut()).map_err(|invalid| {
                 RuleError::Refused {
-                    field: field.clone(),
+                    field: field.to_string(),
                     invalid,
                 }
             })?;
@@ -131,7 +133,7 @@ fn translate_rule(
     rule: &HttpRouteRules,
     matches: Vec<Match>,
     protocol: Option<BackendProtocol>,
-    field: &str,
+    field: Field<'_>,
     ref_errors: &mut Vec<BackendRefError>,
 ) -> Result<Rule, RuleError> {
     let all_prefix = matches.iter().all(|m| {
@@ -145,8 +147,8 @@ fn translate_rule(
     let mut access = None;
     check_filter_kinds(rule.filters.as_deref().unwrap_or_default(), field)?;
     for (j, f) in rule.filters.iter().flatten().enumerate() {
-        let ffield = format!("{field}.filters[{j}]");
-        match convert_filter(ctx, f, all_prefix, protocol, &ffield, ref_errors)? {
+        let ffield = field.item("filters", j);
+        match convert_filter(ctx, f, all_prefix, protocol, ffield, ref_errors)? {
             FilterOutcome::Filter(f) => {
                 redirects |= f.kind == FilterType::RequestRedirect;
                 filters.push(*f);
@@ -155,7 +157,7 @@ fn translate_rule(
             FilterOutcome::Access(_) => {
                 // Which of two policies would win is not the route's to leave open.
                 ref_errors.push(BackendRefError::AccessPolicyUnusable {
-                    field: ffield,
+                    field: ffield.to_string(),
                     message: "a rule may name one AccessPolicy".to_owned(),
                 });
                 unavailable = Some(backend::INVALID_REF_STATUS);
@@ -167,9 +169,9 @@ fn translate_rule(
 
     let mut targets = Vec::new();
     for (j, b) in rule.backend_refs.iter().flatten().enumerate() {
-        let bfield = format!("{field}.backendRefs[{j}]");
+        let bfield = field.item("backendRefs", j);
         targets.push(convert_backend(
-            ctx, b, protocol, &bfield, all_prefix, ref_errors,
+            ctx, b, protocol, bfield, all_prefix, ref_errors,
         )?);
     }
     let backends = backend::expand(targets);
@@ -181,11 +183,11 @@ fn translate_rule(
     let timeouts = match &rule.timeouts {
         None => None,
         Some(t) => {
-            let request =
-                gateway_duration(t.request.as_deref(), &format!("{field}.timeouts.request"))?;
+            let timeouts = field.child("timeouts");
+            let request = gateway_duration(t.request.as_deref(), timeouts.child("request"))?;
             let backend = gateway_duration(
                 t.backend_request.as_deref(),
-                &format!("{field}.timeouts.backendRequest"),
+                timeouts.child("backendRequest"),
             )?;
             (request.is_some() || backend.is_some()).then_some(Timeouts { request, backend })
         }
@@ -254,14 +256,14 @@ fn translate_rule(
 }
 
 /// A Gateway API duration; `0s` disables the timeout.
-fn gateway_duration(value: Option<&str>, field: &str) -> Result<Option<Duration>, RuleError> {
+fn gateway_duration(value: Option<&str>, field: Field<'_>) -> Result<Option<Duration>, RuleError> {
     let Some(value) = value else {
         return Ok(None);
     };
     let d = value
         .parse::<Duration>()
         .map_err(|source| RuleError::InvalidDuration {
-            field: field.to_owned(),
+            field: field.to_string(),
             source,
         })?;
     Ok((!d.0.is_zero()).then_some(d))
@@ -271,7 +273,7 @@ fn convert_backend(
     ctx: &RouteContext<'_, '_>,
     b: &HttpRouteRulesBackendRefs,
     protocol: Option<BackendProtocol>,
-    field: &str,
+    field: Field<'_>,
     all_prefix: bool,
     ref_errors: &mut Vec<BackendRefError>,
 ) -> Result<WeightedTarget, RuleError> {
@@ -284,19 +286,19 @@ fn convert_backend(
         .iter()
         .flatten()
         .enumerate()
-        .map(|(k, f)| reshape(f, &format!("{field}.filters[{k}]")))
+        .map(|(k, f)| reshape(f, field.item("filters", k)))
         .collect::<Result<_, _>>()?;
     check_filter_kinds(&specs, field)?;
     for (k, f) in specs.iter().enumerate() {
-        let ffield = format!("{field}.filters[{k}]");
-        match convert_filter(ctx, f, all_prefix, protocol, &ffield, ref_errors)? {
+        let ffield = field.item("filters", k);
+        match convert_filter(ctx, f, all_prefix, protocol, ffield, ref_errors)? {
             FilterOutcome::Filter(f) => filters.push(*f),
             FilterOutcome::Skip => {}
             FilterOutcome::FailClosed => fail_closed = true,
             FilterOutcome::Access(_) => {
                 // The check runs before a backend is chosen, so it belongs to the rule.
                 ref_errors.push(BackendRefError::AccessPolicyUnusable {
-                    field: ffield,
+                    field: ffield.to_string(),
                     message: "an AccessPolicy applies to a whole rule: name it in the rule's filters, not a backendRef's".to_owned(),
                 });
                 fail_closed = true;
@@ -318,8 +320,8 @@ fn convert_backend(
         ctx.index,
         ctx.options,
     ) {
-        Ok(r) => {
-            ctx.ports.borrow_mut().extend(r.port.clone());
+        Ok(mut r) => {
+            ctx.ports.borrow_mut().extend(r.port.take());
             // A BackendTLSPolicy that cannot be used fails its backends closed (spec: the
             // client gets a 5xx), as an invalid reference does.
             if fail_closed || r.tls_refused {
@@ -377,7 +379,7 @@ fn sanitize_label(s: &str) -> String {
 /// generate per position (rule vs backendRef, HTTPRoute vs GRPCRoute).
 pub(super) fn reshape<T: serde::Serialize, U: serde::de::DeserializeOwned>(
     value: &T,
-    field: &str,
+    field: Field<'_>,
 ) -> Result<U, RuleError> {
     serde_json::to_value(value)
         .and_then(serde_json::from_value)
@@ -389,21 +391,21 @@ pub(super) fn reshape<T: serde::Serialize, U: serde::de::DeserializeOwned>(
 pub(super) fn check_regex(
     contract: &RefCell<valid::Cache>,
     pattern: &str,
-    field: &str,
+    field: Field<'_>,
 ) -> Result<(), RuleError> {
     contract
         .borrow_mut()
         .pattern(pattern)
         .map(|_| ())
         .map_err(|message| RuleError::InvalidRegex {
-            field: field.to_owned(),
+            field: field.to_string(),
             message,
         })
 }
 
 fn convert_match(
     m: &HttpRouteRulesMatches,
-    field: &str,
+    field: Field<'_>,
     contract: &RefCell<valid::Cache>,
 ) -> Result<Match, RuleError> {
     let path = match &m.path {
@@ -413,21 +415,21 @@ fn convert_match(
         },
         Some(p) => {
             let value = p.value.clone().unwrap_or_else(|| "/".to_owned());
-            let pfield = format!("{field}.path");
+            let pfield = field.child("path");
             match p
                 .r#type
                 .as_ref()
                 .unwrap_or(&HttpRouteRulesMatchesPathType::PathPrefix)
             {
                 HttpRouteRulesMatchesPathType::Exact => {
-                    require_absolute(&value, &pfield)?;
+                    require_absolute(&value, pfield)?;
                     PathMatch {
                         kind: PathMatchType::Exact,
                         value,
                     }
                 }
                 HttpRouteRulesMatchesPathType::PathPrefix => {
-                    require_absolute(&value, &pfield)?;
+                    require_absolute(&value, pfield)?;
                     // Gateway API: a trailing `/` is ignored for prefix matching.
                     let trimmed = value.trim_end_matches('/');
                     let value = if trimmed.is_empty() { "/" } else { trimmed }.to_owned();
@@ -437,7 +439,7 @@ fn convert_match(
                     }
                 }
                 HttpRouteRulesMatchesPathType::RegularExpression => {
-                    check_regex(contract, &value, &pfield)?;
+                    check_regex(contract, &value, pfield)?;
                     PathMatch {
                         kind: PathMatchType::RegularExpression,
                         value,
@@ -473,7 +475,7 @@ fn convert_match(
         }
         let kind = match q.r#type {
             Some(HttpRouteRulesMatchesQueryParamsType::RegularExpression) => {
-                check_regex(contract, &q.value, &format!("{field}.queryParams[{k}]"))?;
+                check_regex(contract, &q.value, field.item("queryParams", k))?;
                 ValueMatchType::RegularExpression
             }
             _ => ValueMatchType::Exact,
@@ -494,7 +496,7 @@ fn convert_match(
 
 pub(super) fn header_matches(
     headers: impl IntoIterator<Item = (String, String, bool)>,
-    field: &str,
+    field: Field<'_>,
     contract: &RefCell<valid::Cache>,
 ) -> Result<Vec<ValueMatch>, RuleError> {
     let mut out: Vec<ValueMatch> = Vec::new();
@@ -502,10 +504,10 @@ pub(super) fn header_matches(
         if out.iter().any(|x| x.name.eq_ignore_ascii_case(&name)) {
             continue;
         }
-        let hfield = format!("{field}.headers[{k}]");
-        valid::header_name(&name).map_err(|e| RuleError::unsupported(&hfield, e))?;
+        let hfield = field.item("headers", k);
+        valid::header_name(&name).map_err(|e| RuleError::unsupported(hfield, e))?;
         if regex {
-            check_regex(contract, &value, &hfield)?;
+            check_regex(contract, &value, hfield)?;
         }
         out.push(ValueMatch {
             kind: if regex {
@@ -520,7 +522,7 @@ pub(super) fn header_matches(
     Ok(out)
 }
 
-fn require_absolute(value: &str, field: &str) -> Result<(), RuleError> {
+fn require_absolute(value: &str, field: Field<'_>) -> Result<(), RuleError> {
     if value.starts_with('/') {
         Ok(())
     } else {
@@ -560,7 +562,7 @@ fn convert_filter(
     f: &HttpRouteRulesFilters,
     all_prefix: bool,
     protocol: Option<BackendProtocol>,
-    field: &str,
+    field: Field<'_>,
     ref_errors: &mut Vec<BackendRefError>,
 ) -> Result<FilterOutcome, RuleError> {
     let missing = |what: &str| RuleError::unsupported(field, format!("{what} is required"));
@@ -575,7 +577,7 @@ fn convert_filter(
                 m.set.iter().flatten().map(|h| (&h.name, &h.value)),
                 m.add.iter().flatten().map(|h| (&h.name, &h.value)),
                 m.remove.as_deref(),
-                &format!("{field}.requestHeaderModifier"),
+                field.child("requestHeaderModifier"),
             )?);
             out
         }
@@ -589,7 +591,7 @@ fn convert_filter(
                 m.set.iter().flatten().map(|h| (&h.name, &h.value)),
                 m.add.iter().flatten().map(|h| (&h.name, &h.value)),
                 m.remove.as_deref(),
-                &format!("{field}.responseHeaderModifier"),
+                field.child("responseHeaderModifier"),
             )?);
             out
         }
@@ -757,12 +759,13 @@ fn convert_filter(
                 namespace: b.namespace.as_deref(),
                 port: b.port,
             };
-            let mfield = format!("{field}.requestMirror.backendRef");
+            let mirror = field.child("requestMirror");
+            let mfield = mirror.child("backendRef");
             match backend::resolve(
                 view,
                 ctx.route.kind,
                 ctx.route.namespace,
-                &mfield,
+                mfield,
                 ctx.index,
                 ctx.options,
             ) {
@@ -822,7 +825,7 @@ fn convert_filter(
         }
         HttpRouteRulesFiltersType::ExternalAuth => {
             ref_errors.push(BackendRefError::UnsupportedFilter {
-                field: field.to_owned(),
+                field: field.to_string(),
                 kind: "ExternalAuth",
             });
             return Ok(FilterOutcome::FailClosed);
@@ -838,19 +841,19 @@ fn convert_filter(
 fn extension_ref(
     ctx: &RouteContext<'_, '_>,
     f: &HttpRouteRulesFilters,
-    field: &str,
+    field: Field<'_>,
     ref_errors: &mut Vec<BackendRefError>,
 ) -> FilterOutcome {
     let Some(r) = f.extension_ref.as_ref() else {
         ref_errors.push(BackendRefError::AccessPolicyUnusable {
-            field: field.to_owned(),
+            field: field.to_string(),
             message: "extensionRef is required".to_owned(),
         });
         return FilterOutcome::FailClosed;
     };
     if r.group != GATEWAY_CONFIG_GROUP || r.kind != ACCESS_POLICY_KIND {
         ref_errors.push(BackendRefError::UnsupportedFilter {
-            field: field.to_owned(),
+            field: field.to_string(),
             kind: "ExtensionRef",
         });
         return FilterOutcome::FailClosed;
@@ -880,7 +883,10 @@ fn extension_ref(
 /// list, and RequestRedirect excludes URLRewrite.
 /// Checks the filter kinds of the object at `parent`, whose `filters` they are (the field is
 /// written out only for an error).
-fn check_filter_kinds(filters: &[HttpRouteRulesFilters], parent: &str) -> Result<(), RuleError> {
+fn check_filter_kinds(
+    filters: &[HttpRouteRulesFilters],
+    parent: Field<'_>,
+) -> Result<(), RuleError> {
     use HttpRouteRulesFiltersType as T;
     let field = || format!("{parent}.filters");
     let count = |kind: T| filters.iter().filter(|f| f.r#type == kind).count();
@@ -907,7 +913,7 @@ fn check_filter_kinds(filters: &[HttpRouteRulesFilters], parent: &str) -> Result
     Ok(())
 }
 
-fn require_prefix(all_prefix: bool, field: &str) -> Result<(), RuleError> {
+fn require_prefix(all_prefix: bool, field: Field<'_>) -> Result<(), RuleError> {
     if all_prefix {
         Ok(())
     } else {
@@ -922,7 +928,7 @@ fn header_modifier<'a>(
     set: impl Iterator<Item = (&'a String, &'a String)>,
     add: impl Iterator<Item = (&'a String, &'a String)>,
     remove: Option<&[String]>,
-    field: &str,
+    field: Field<'_>,
 ) -> Result<HeaderModifier, RuleError> {
     let header = |(name, value): (&String, &String)| -> Result<Header, RuleError> {
         valid::header_name(name)

@@ -22,7 +22,7 @@ use gateway_api::experimental::gateways::{
 use gateway_api::experimental::listenersets::ListenerSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::gateway::{selector_matches, OwnedGateway, OwnedListener};
+use super::gateway::{selector_matches, OwnedGateway, OwnedGateways, OwnedListener};
 use super::status::{Condition, ConditionType, ListenerSetStatus, Reason};
 use super::{Index, ObjectKey, Precedence, Snapshot, GATEWAY_API_GROUP};
 
@@ -146,7 +146,7 @@ impl ListenerSets {
     /// accepted (`attachedListenerSets`). Read once routes are counted on the listeners.
     pub(super) fn statuses(
         &self,
-        gateways: &BTreeMap<ObjectKey, OwnedGateway<'_>>,
+        gateways: &OwnedGateways<'_>,
     ) -> (
         BTreeMap<ObjectKey, ListenerSetStatus>,
         BTreeMap<ObjectKey, i32>,

@@ -20,6 +20,7 @@ mod client_certificate;
 mod external_backend;
 pub mod external_name;
 mod features;
+mod field;
 mod gateway;
 mod grpc_route;
 mod hostname;
@@ -354,6 +355,8 @@ fn translate_checked(
     let mut rules_by_plane: BTreeMap<PlaneKey, plane_rules::PlaneRules> = BTreeMap::new();
     let mut claims = binding::ListenerClaims::new(&routes);
     let mut first_claims = shadow::FirstClaims::default();
+    let mut route_statuses: Vec<(RouteKey, Vec<RouteParentStatus>)> =
+        Vec::with_capacity(routes.len());
     for (position, route) in routes.iter().enumerate() {
         let bound = binding::bind(
             route,
@@ -383,13 +386,15 @@ fn translate_checked(
         let mut listeners = BTreeSet::new();
         for mut parent in bound {
             parent.yield_to_other_kind(route.kind, &claims);
-            let gateway = parent.gateway().clone();
+            let position = parent.gateway();
             let (mut status, accepted) = parent.into_status(&translated, route.generation);
-            let Some(accepted) = accepted else {
+            let (Some(accepted), Some(gw)) = (accepted, position.and_then(|i| gateways.at(i)))
+            else {
                 parents.push(status);
                 continue;
             };
-            if let Some(message) = tunnels.shared_with(&gateway) {
+            let gateway = &gw.key;
+            if let Some(message) = tunnels.shared_with(gateway) {
                 status.conditions.push(Condition::new(
                     ConditionType::TunnelShared,
                     true,
@@ -404,7 +409,7 @@ fn translate_checked(
                 listeners.insert(listener);
             }
             // With no BackendTLSPolicy, no Service port has ancestors to report.
-            let ports = if snapshot.backend_tls_policies.is_empty() {
+            let ports = if !index.tls_policies {
                 None
             } else {
                 Some(&translated.ports)
@@ -421,10 +426,7 @@ fn translate_checked(
                         port: None,
                     });
             }
-            let certificate = gateways
-                .get(&gateway)
-                .and_then(|gw| gw.backend_certificate())
-                .map(|c| c.secret.clone());
+            let certificate = gw.backend_certificate().map(|c| c.secret.clone());
             planes
                 .entry((accepted.plane, certificate))
                 .or_default()
@@ -432,13 +434,12 @@ fn translate_checked(
         }
         for listener in listeners {
             if let Some(l) = gateways
-                .get_mut(&listener.gateway)
+                .at_mut(listener.gateway)
                 .and_then(|gw| gw.listeners.get_mut(listener.index))
             {
                 l.attached_routes += 1;
             }
         }
-        statuses.routes.insert(route_key.clone(), parents);
         let mut shadowed = shadow::Shadowed::default();
         // Only accepted parents contribute planes.
         for ((plane, certificate), attachment) in planes {
@@ -480,7 +481,7 @@ fn translate_checked(
         }
         if !shadowed.is_empty() {
             let message = shadowed.message();
-            for parent in statuses.routes.get_mut(&route_key).into_iter().flatten() {
+            for parent in &mut parents {
                 if parent
                     .condition(ConditionType::Accepted)
                     .is_some_and(|c| c.status)
@@ -495,7 +496,11 @@ fn translate_checked(
                 }
             }
         }
+        route_statuses.push((route_key, parents));
     }
+    // Built at once rather than inserted route by route: routes come in precedence order,
+    // close to key order, so sorting them costs little against a search per insertion.
+    statuses.routes = route_statuses.into_iter().collect();
 
     // One isolation rule per listener hostname and plane, after every route rule, with the
     // schemes of the listeners of that hostname.
@@ -608,10 +613,7 @@ struct Tunnels {
 impl Tunnels {
     /// `shared_tunnel` puts the shared pool on the class tunnel whether or not a Gateway is
     /// served by it: its connectors take a share of the tunnel's requests either way.
-    fn new(
-        gateways: &BTreeMap<ObjectKey, gateway::OwnedGateway<'_>>,
-        shared_tunnel: Option<TunnelIdentity>,
-    ) -> Self {
+    fn new(gateways: &gateway::OwnedGateways<'_>, shared_tunnel: Option<TunnelIdentity>) -> Self {
         let mut planes: BTreeMap<PlaneKey, TunnelIdentity> = shared_tunnel
             .map(|tunnel| (PlaneKey::Shared, tunnel))
             .into_iter()
@@ -677,7 +679,7 @@ impl Tunnels {
 /// ([`scheme::SchemeListeners::taken_by_more_specific`]). Built from the settled Gateways: one
 /// without a plane, or a conflicted listener, contributes nothing.
 fn scheme_listeners(
-    gateways: &BTreeMap<ObjectKey, gateway::OwnedGateway<'_>>,
+    gateways: &gateway::OwnedGateways<'_>,
     tunnels: &Tunnels,
 ) -> BTreeMap<PlaneKey, scheme::SchemeListeners> {
     let mut planes: BTreeMap<PlaneKey, scheme::SchemeListeners> = BTreeMap::new();
@@ -708,6 +710,9 @@ pub(crate) struct Index<'a> {
     config_maps: BTreeMap<(&'a str, &'a str), &'a ConfigMap>,
     /// The BackendTLSPolicies, judged, and which covers each Service port.
     policies: backend_tls::Policies,
+    /// Whether the snapshot holds BackendTLSPolicies: without, no Service port's users are
+    /// collected for their status.
+    tls_policies: bool,
     access_policies: BTreeMap<(&'a str, &'a str), &'a AccessPolicySpec>,
     external_backends: BTreeMap<(&'a str, &'a str), &'a ExternalBackend>,
     /// `None` where the Multi-Cluster Services API is not served.
@@ -789,6 +794,7 @@ impl<'a> Index<'a> {
             secrets,
             config_maps,
             policies,
+            tls_policies: !snapshot.backend_tls_policies.is_empty(),
             access_policies,
             service_imports: snapshot.service_imports.as_deref().map(by_key),
         }

@@ -3,9 +3,10 @@
 //! a rule also requires its listeners' scheme there, so an HTTP listener's redirect to https
 //! never catches the HTTPS listener's requests. See docs/design/listeners-and-schemes.md.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use cftunnel_config::{Match, Rule, ValueMatch, ValueMatchType};
+use rustc_hash::FxHashSet;
 
 use super::hostname;
 
@@ -31,13 +32,13 @@ struct Listeners {
     /// A listener without a hostname: it takes every host.
     any: bool,
     /// Names without a wildcard.
-    exact: HashSet<String>,
+    exact: FxHashSet<String>,
     /// `example.com` for each `*.example.com`.
-    wildcard: HashSet<String>,
+    wildcard: FxHashSet<String>,
     /// Every domain an exact name is a strict subdomain of.
-    exact_parents: HashSet<String>,
+    exact_parents: FxHashSet<String>,
     /// Every domain a wildcard's domain is a strict subdomain of.
-    wildcard_parents: HashSet<String>,
+    wildcard_parents: FxHashSet<String>,
 }
 
 /// The domains `name` is a strict subdomain of (one label or more shorter), longest first.
@@ -148,15 +149,14 @@ impl SchemeListeners {
             }
             return vec![rule];
         }
-        let (contested, free): (Vec<String>, Vec<String>) = rule
-            .hostnames
-            .iter()
-            .cloned()
+        let mut scoped = rule;
+        let (contested, free): (Vec<String>, Vec<String>) = std::mem::take(&mut scoped.hostnames)
+            .into_iter()
             .partition(|h| contested(Some(h)));
         if contested.is_empty() {
-            return vec![rule];
+            scoped.hostnames = free;
+            return vec![scoped];
         }
-        let mut scoped = rule;
         let rest = (!free.is_empty()).then(|| Rule {
             hostnames: free,
             ..scoped.clone()
@@ -192,14 +192,23 @@ fn require(rule: &mut Rule, schemes: &BTreeSet<&'static str>) {
         _ => ValueMatch {
             kind: ValueMatchType::RegularExpression,
             name: FORWARDED_PROTO.to_owned(),
-            value: schemes.iter().copied().collect::<Vec<_>>().join("|"),
+            value: schemes.iter().fold(String::new(), |mut value, scheme| {
+                if !value.is_empty() {
+                    value.push('|');
+                }
+                value.push_str(scheme);
+                value
+            }),
         },
     };
     if rule.matches.is_empty() {
         rule.matches.push(Match::default());
     }
-    for m in &mut rule.matches {
-        m.headers.push(header.clone());
+    if let Some((last, others)) = rule.matches.split_last_mut() {
+        for m in others {
+            m.headers.push(header.clone());
+        }
+        last.headers.push(header);
     }
 }
 

@@ -11,6 +11,7 @@
 use cftunnel_config::{BackendProtocol, BackendTls};
 
 use super::backend::{BackendRefError, BackendRefView, Resolved};
+use super::field::Field;
 use super::{Index, RouteKind};
 use crate::service_import::{CLUSTERSET_DOMAIN, MULTICLUSTER_GROUP, SERVICE_IMPORT_KIND};
 
@@ -25,12 +26,12 @@ pub(super) fn resolve(
     r: BackendRefView<'_>,
     from: RouteKind,
     from_namespace: &str,
-    field: &str,
+    field: Field<'_>,
     index: &Index<'_>,
 ) -> Result<Resolved, BackendRefError> {
     let Some(imports) = &index.service_imports else {
         return Err(BackendRefError::InvalidKind {
-            field: field.to_owned(),
+            field: field.to_string(),
             group: MULTICLUSTER_GROUP.to_owned(),
             kind: format!(
                 "{SERVICE_IMPORT_KIND} (the API server does not serve {MULTICLUSTER_GROUP}/v1alpha1)"
@@ -49,14 +50,14 @@ pub(super) fn resolve(
         )
     {
         return Err(BackendRefError::ServiceImportRefNotPermitted {
-            field: field.to_owned(),
+            field: field.to_string(),
             namespace: namespace.to_owned(),
             name: r.name.to_owned(),
         });
     }
     let Some(import) = imports.get(&(namespace, r.name)).copied() else {
         return Err(BackendRefError::ServiceImportNotFound {
-            field: field.to_owned(),
+            field: field.to_string(),
             namespace: namespace.to_owned(),
             name: r.name.to_owned(),
             port: None,
@@ -64,12 +65,12 @@ pub(super) fn resolve(
     };
     let Some(port) = r.port else {
         return Err(BackendRefError::MissingPort {
-            field: field.to_owned(),
+            field: field.to_string(),
         });
     };
     let Some(exported) = import.spec.ports.iter().find(|p| p.port == port) else {
         return Err(BackendRefError::ServiceImportNotFound {
-            field: field.to_owned(),
+            field: field.to_string(),
             namespace: namespace.to_owned(),
             name: r.name.to_owned(),
             port: Some(port),
