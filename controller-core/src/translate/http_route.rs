@@ -386,8 +386,9 @@ pub(super) fn reshape<T: serde::Serialize, U: serde::de::DeserializeOwned>(
         .map_err(|e| RuleError::unsupported(field, e.to_string()))
 }
 
-/// Compiles a regular expression as the proxy does (the config contract's [`valid::Pattern`]:
-/// the same syntax, anchoring and size limit), so the condition names the Gateway API field.
+/// Checks a regular expression as the proxy checks it at push (the config contract's
+/// [`valid::Pattern`]: the same syntax, anchoring and size limit), so the condition names the
+/// Gateway API field.
 pub(super) fn check_regex(
     contract: &RefCell<valid::Cache>,
     pattern: &str,
