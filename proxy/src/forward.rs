@@ -24,6 +24,7 @@ pub use tls::UpstreamError;
 use crate::body::ProxyBody;
 use cftunnel_config::{valid, BackendProtocol};
 use connector::Connector;
+use futures_util::future::{Either, FutureExt};
 use http::uri::Authority;
 use http::{Request, Response};
 use std::sync::Arc;
@@ -175,14 +176,14 @@ impl Upstream {
     ) -> Result<(Response<UpstreamBody>, Option<Instant>), ForwardError> {
         let start_deadline = timeout.map(|t| Instant::now() + t);
         let wait = pool::Wait::until(start_deadline);
-        let fut = async {
-            match &self.client {
-                Client::Http1(pool) => pool.send(req, &wait).await,
-                Client::H2c(channel) => channel
+        // The client's own future, not a block around it that would carry `req` once more.
+        let fut = match &self.client {
+            Client::Http1(pool) => Either::Left(pool.send(req, &wait)),
+            Client::H2c(channel) => Either::Right(
+                channel
                     .send(req)
-                    .await
-                    .map(|r| r.map(UpstreamBody::unpooled)),
-            }
+                    .map(|sent| sent.map(|r| r.map(UpstreamBody::unpooled))),
+            ),
         };
         tokio::pin!(fut);
         let (Some(timeout), Some(mut deadline)) = (timeout, start_deadline) else {

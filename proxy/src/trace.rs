@@ -105,7 +105,7 @@ pub(crate) struct RequestTrace {
     /// Where client spans are started, under the server span; `None`: the trace is not
     /// sampled, and tries get no span of their own.
     children: Option<Context>,
-    answering: Option<Span>,
+    answering: Option<Box<Span>>,
     /// Why the proxy answered itself (`error.type`), when it did.
     failure: Option<&'static str>,
 }
@@ -157,7 +157,7 @@ impl RequestTrace {
                 i64::from(resend),
             ));
         }
-        TrySpan(span)
+        TrySpan(span.map(Box::new))
     }
 
     /// Starts the client span of a mirror copy sent to `upstream` and puts its `traceparent`
@@ -171,7 +171,7 @@ impl RequestTrace {
         if let Some(span) = span.as_mut() {
             span.set_attribute(KeyValue::new("cftunnel.mirror", true));
         }
-        TrySpan(span)
+        TrySpan(span.map(Box::new))
     }
 
     /// The client span of a backend request, when the trace is recorded; the request carries
@@ -249,9 +249,9 @@ impl RequestTrace {
 }
 
 /// A try's (or a mirror copy's) client span, ended by what became of it; empty when the
-/// trace is not sampled.
+/// trace is not sampled. Boxed: a try's future carries it whether or not the trace is.
 #[derive(Debug)]
-pub(crate) struct TrySpan(Option<Span>);
+pub(crate) struct TrySpan(Option<Box<Span>>);
 
 impl TrySpan {
     /// The backend answered with `status`; the span goes on until the response ends.

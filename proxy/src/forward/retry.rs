@@ -13,6 +13,9 @@ use crate::body;
 use crate::metrics::HostMetrics;
 use crate::trace::{RequestTrace, TrySpan};
 use http::Response;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -67,23 +70,92 @@ pub(crate) struct Tries<'a> {
 /// `tries` counts the tries as they are sent, whatever the outcome. With `trace`, every try
 /// gets a client span and carries its `traceparent`; the answering try's span is handed to
 /// the trace, to end with the response.
+///
+/// The request of a single try is built before the returned future first runs, so that
+/// future holds the try and nothing else; it is moved whole wherever the request's future
+/// goes. Retries, which hold the request's parts for the next try, are boxed.
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn exchange<'a>(
+pub(crate) fn exchange<'a: 'f, 'f, A>(
     upstream: &'a Upstream,
-    mut parts: http::request::Parts,
+    parts: http::request::Parts,
     body: Payload,
     timeout: TryTimeout,
-    retry: Option<&RetryPolicy>,
+    retry: Option<&'f RetryPolicy>,
+    another: A,
+    host_metrics: &'f HostMetrics,
+    tries: &'f mut Tries<'a>,
+    trace: Option<&'f mut RequestTrace>,
+) -> Exchange<'f, impl Future<Output = Result<Answer, ForwardError>> + Send + use<'a, A>>
+where
+    A: FnMut() -> Option<&'a Upstream> + Send + 'f,
+{
+    match (retry, &body) {
+        (Some(policy), Payload::Replayable(_)) => Exchange::Retrying {
+            tries: Box::pin(with_retries(
+                upstream,
+                parts,
+                body,
+                timeout,
+                policy,
+                another,
+                host_metrics,
+                tries,
+                trace,
+            )),
+        },
+        _ => match last_try(upstream, parts, body, timeout, tries, trace) {
+            Ok(once) => Exchange::Once { once },
+            Err(e) => Exchange::Refused {
+                error: Some(e.into()),
+            },
+        },
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// What [`exchange`] returns: one try, tries with retries, or a request that could not
+    /// be built.
+    #[project = ExchangeProj]
+    pub(crate) enum Exchange<'a, F> {
+        Once { #[pin] once: Answering<'a, F> },
+        Retrying { tries: Pin<Box<dyn Future<Output = Result<Answer, ExchangeError>> + Send + 'a>> },
+        Refused { error: Option<ExchangeError> },
+    }
+}
+
+impl<F: Future<Output = Result<Answer, ForwardError>>> Future for Exchange<'_, F> {
+    type Output = Result<Answer, ExchangeError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            ExchangeProj::Once { once } => once.poll(cx),
+            ExchangeProj::Retrying { tries } => tries.as_mut().poll(cx),
+            ExchangeProj::Refused { error } => match error.take() {
+                Some(e) => Poll::Ready(Err(e)),
+                None => Poll::Pending,
+            },
+        }
+    }
+}
+
+/// The tries of a request with a retry policy and a buffered body: each but the last sends
+/// a copy of the body and headers.
+#[allow(clippy::too_many_arguments)]
+async fn with_retries<'a: 'f, 'f>(
+    upstream: &'a Upstream,
+    parts: http::request::Parts,
+    body: Payload,
+    timeout: TryTimeout,
+    policy: &RetryPolicy,
     mut another: impl FnMut() -> Option<&'a Upstream>,
     host_metrics: &HostMetrics,
-    tries: &mut Tries<'a>,
-    trace: Option<&mut RequestTrace>,
+    tries: &'f mut Tries<'a>,
+    mut trace: Option<&'f mut RequestTrace>,
 ) -> Result<Answer, ExchangeError> {
     let per_try = timeout.backend.unwrap_or(timeout.header);
     let explicit = timeout.backend.is_some();
     let mut target = upstream;
-    if let (Some(policy), Payload::Replayable(bytes)) = (retry, &body) {
-        // Tries that may be followed by another: each sends a copy of the body and headers.
+    if let Payload::Replayable(bytes) = &body {
         for _ in 0..policy.attempts {
             let mut req = upstream_request(
                 &parts,
@@ -102,7 +174,7 @@ pub(crate) async fn exchange<'a>(
                 Err(e) => e.is_retryable(),
             };
             if !retryable {
-                return answered(result, explicit, span, trace);
+                return answered(result, explicit, span, trace.as_deref_mut());
             }
             // A failed try that is retried is counted here; the final one where it is answered.
             match &result {
@@ -127,7 +199,22 @@ pub(crate) async fn exchange<'a>(
             }
         }
     }
-    // The last try, or the only one: it takes the body and the headers.
+    last_try(target, parts, body, timeout, tries, trace)?.await
+}
+
+/// The last try, or the only one: it takes the body and the headers.
+fn last_try<'a: 'f, 'f>(
+    target: &'a Upstream,
+    mut parts: http::request::Parts,
+    body: Payload,
+    timeout: TryTimeout,
+    tries: &mut Tries<'a>,
+    trace: Option<&'f mut RequestTrace>,
+) -> Result<
+    Answering<'f, impl Future<Output = Result<Answer, ForwardError>> + Send + 'a>,
+    UnforwardableTarget,
+> {
+    let per_try = timeout.backend.unwrap_or(timeout.header);
     let (body, body_sent) = body.into_body();
     let headers = std::mem::take(&mut parts.headers);
     let mut req = upstream_request(&parts, headers, target, body)?;
@@ -136,8 +223,38 @@ pub(crate) async fn exchange<'a>(
         .map(|t| t.start_try(&mut req, target, tries.count));
     tries.count += 1;
     tries.last = Some(target);
-    let result = target.send(req, Some(per_try), body_sent).await;
-    answered(result, explicit, span, trace)
+    Ok(Answering {
+        send: target.send(req, Some(per_try), body_sent),
+        explicit: timeout.backend.is_some(),
+        span,
+        trace,
+    })
+}
+
+pin_project_lite::pin_project! {
+    /// A try that may be the answering one: its outcome goes through [`answered`].
+    pub(crate) struct Answering<'a, F> {
+        #[pin]
+        send: F,
+        explicit: bool,
+        span: Option<TrySpan>,
+        trace: Option<&'a mut RequestTrace>,
+    }
+}
+
+impl<F: Future<Output = Result<Answer, ForwardError>>> Future for Answering<'_, F> {
+    type Output = Result<Answer, ExchangeError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let result = ready!(this.send.poll(cx));
+        Poll::Ready(answered(
+            result,
+            *this.explicit,
+            this.span.take(),
+            this.trace.as_deref_mut(),
+        ))
+    }
 }
 
 /// The answering try's outcome. The instant its timeout ends stands only for a timeout the
