@@ -69,6 +69,35 @@ fn hostnames_are_checked_and_normalised_once() {
 }
 
 #[test]
+fn a_hostname_is_checked_alone_as_it_is_when_built() {
+    let long_label = format!("{}.com", "a".repeat(63));
+    let too_long = ["a"; 127].join(".");
+    let samples = [
+        "a.example.com",
+        " A.Example.COM ",
+        "*.Example.com",
+        "x_y.example",
+        "",
+        "*.",
+        "*",
+        "a..b",
+        "a.",
+        ".a",
+        "a b.com",
+        "*.*.com",
+        "exa$mple.com",
+        "é.com",
+        long_label.as_str(),
+        too_long.as_str(),
+    ];
+    for h in samples {
+        assert_eq!(check_hostname(h), hostname(h).map(drop), "{h:?}");
+    }
+    assert!(check_hostname(&long_label).is_ok(), "63 bytes is a label");
+    assert!(check_hostname("a.").is_err(), "an empty last label");
+}
+
+#[test]
 fn header_names_values_and_methods() {
     assert!(header_name("x-ok").is_ok());
     assert!(header_name("").is_err());

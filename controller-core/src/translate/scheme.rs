@@ -85,17 +85,18 @@ impl Listeners {
         }
     }
 
-    /// The listener hostnames that match every host of `host` ([`hostname::covered`]).
-    fn covering<'a>(&'a self, host: &'a str) -> impl Iterator<Item = String> + 'a {
+    /// The listener hostnames that match every host of `host` ([`hostname::covered`]): `host`
+    /// itself, then the wildcards `*.<domain>` over it, each given as its domain.
+    fn covering<'a>(&'a self, host: &'a str) -> impl Iterator<Item = Covering<'a>> + 'a {
         // `host` itself, as an exact name or as a wildcard.
         let (own, domain) = match host.strip_prefix("*.") {
             None => (self.exact.contains(host), host),
             Some(domain) => (self.wildcard.contains(domain), domain),
         };
-        own.then(|| host.to_owned()).into_iter().chain(
+        own.then_some(Covering::Itself(host)).into_iter().chain(
             parents(domain)
                 .filter(|p| self.wildcard.contains(*p))
-                .map(|p| format!("*.{p}")),
+                .map(Covering::Wildcard),
         )
     }
 }
@@ -132,7 +133,7 @@ impl SchemeListeners {
         };
         listeners.covering(host).any(|s| match hostname {
             None => true,
-            Some(mine) => s != mine && hostname::covered(&s, mine),
+            Some(mine) => s.more_specific_than(mine),
         })
     }
 
@@ -177,6 +178,31 @@ impl SchemeListeners {
             require(&mut rule, schemes);
         }
         rule
+    }
+}
+
+/// A listener hostname that covers a name ([`Listeners::covering`]), without writing out the
+/// wildcard: asked once per route hostname and listener.
+#[derive(Debug, Clone, Copy)]
+enum Covering<'a> {
+    /// The name itself.
+    Itself(&'a str),
+    /// `*.<domain>`.
+    Wildcard(&'a str),
+}
+
+impl Covering<'_> {
+    /// Whether this hostname differs from `mine` and matches only hosts `mine` matches
+    /// ([`hostname::covered`]).
+    fn more_specific_than(self, mine: &str) -> bool {
+        match self {
+            Self::Itself(name) => name != mine && hostname::covered(name, mine),
+            // `*.<domain>` is covered by another name only when that is a wildcard over a
+            // strict parent of `domain`.
+            Self::Wildcard(domain) => mine
+                .strip_prefix("*.")
+                .is_some_and(|parent| hostname::is_subdomain(domain, parent)),
+        }
     }
 }
 
