@@ -452,6 +452,33 @@ fn the_cache_compiles_a_pattern_once_and_keeps_one_document_worth() {
 }
 
 #[test]
+fn the_cache_keeps_a_target_across_documents_and_a_refused_one_gives_it_back() {
+    let mut cache = Cache::default();
+    let url = "http://10.0.0.1:3000";
+    let target = |cache: &mut Cache| {
+        cache
+            .target(url, crate::BackendProtocol::Http1, false, None, false)
+            .expect("parses")
+    };
+    let first = target(&mut cache);
+    cache.keep_used();
+    let kept = target(&mut cache);
+    assert!(std::sync::Arc::ptr_eq(&first, &kept), "kept across documents");
+    let h2c = cache
+        .target(url, crate::BackendProtocol::H2c, false, None, false)
+        .expect("parses");
+    assert!(!std::sync::Arc::ptr_eq(&first, &h2c), "other settings, another target");
+    // A refused document's additions are forgotten; what it reused stays.
+    cache.drop_used();
+    let again = target(&mut cache);
+    assert!(std::sync::Arc::ptr_eq(&first, &again));
+    cache.keep_used();
+    cache.keep_used();
+    let fresh = target(&mut cache);
+    assert!(!std::sync::Arc::ptr_eq(&first, &fresh), "parsed again once unused");
+}
+
+#[test]
 fn an_access_requirement_is_checked_at_its_fields() {
     let rule = |access: serde_json::Value| json!({"rules": [{"backends": [], "access": access}]});
     let checked = document(

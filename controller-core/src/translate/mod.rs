@@ -485,13 +485,11 @@ fn translate_checked(
                     if rule.access.is_none() {
                         rule.access = gateway_access.get(&plane).cloned();
                     }
-                    let rules = match listeners {
-                        Some(listeners) => listeners.scope(rule, &attachment.schemes),
-                        None => vec![rule],
-                    };
-                    for rule in rules {
-                        let placement = grpc.map(|rank| rank.placement(position));
-                        out.place(placement, rule, &route_key, &mut shadowed);
+                    let placement = grpc.map(|rank| rank.placement(position));
+                    let mut place = |rule| out.place(placement, rule, &route_key, &mut shadowed);
+                    match listeners {
+                        Some(listeners) => listeners.scope(rule, &attachment.schemes, place),
+                        None => place(rule),
                     }
                 }
                 if route.kind == RouteKind::Grpc && has_rules {

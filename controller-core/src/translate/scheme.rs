@@ -141,30 +141,38 @@ impl SchemeListeners {
     /// into the part no other scheme contests, as it is, and the part another does, which
     /// requires its listeners' scheme (either, for a route on listeners of both, which keeps
     /// its header count in step with the rules it shares those hosts with).
-    pub(super) fn scope(&self, rule: Rule, schemes: &BTreeSet<&'static str>) -> Vec<Rule> {
+    /// Each part is handed to `place`, the uncontested one first.
+    pub(super) fn scope(
+        &self,
+        mut rule: Rule,
+        schemes: &BTreeSet<&'static str>,
+        mut place: impl FnMut(Rule),
+    ) {
         let contested = |host: Option<&str>| schemes.iter().any(|s| self.contested(s, host));
-        if rule.hostnames.is_empty() {
-            let mut rule = rule;
+        let Some((first, others)) = rule.hostnames.split_first() else {
             if contested(None) {
                 require(&mut rule, schemes);
             }
-            return vec![rule];
+            return place(rule);
+        };
+        // Almost always every host is contested, or none is: the rule stays whole.
+        let first = contested(Some(first));
+        if others.iter().all(|h| contested(Some(h)) == first) {
+            if first {
+                require(&mut rule, schemes);
+            }
+            return place(rule);
         }
-        let mut scoped = rule;
-        let (contested, free): (Vec<String>, Vec<String>) = std::mem::take(&mut scoped.hostnames)
+        let (contested, free): (Vec<String>, Vec<String>) = std::mem::take(&mut rule.hostnames)
             .into_iter()
             .partition(|h| contested(Some(h)));
-        if contested.is_empty() {
-            scoped.hostnames = free;
-            return vec![scoped];
-        }
-        let rest = (!free.is_empty()).then(|| Rule {
+        place(Rule {
             hostnames: free,
-            ..scoped.clone()
+            ..rule.clone()
         });
-        scoped.hostnames = contested;
-        require(&mut scoped, schemes);
-        rest.into_iter().chain([scoped]).collect()
+        rule.hostnames = contested;
+        require(&mut rule, schemes);
+        place(rule);
     }
 
     /// The listener-isolation rule of `hostname`, whose listeners there have `schemes`.
@@ -218,13 +226,16 @@ fn require(rule: &mut Rule, schemes: &BTreeSet<&'static str>) {
         _ => ValueMatch {
             kind: ValueMatchType::RegularExpression,
             name: FORWARDED_PROTO.to_owned(),
-            value: schemes.iter().fold(String::new(), |mut value, scheme| {
-                if !value.is_empty() {
-                    value.push('|');
+            value: {
+                let mut value = String::with_capacity(schemes.iter().map(|s| s.len() + 1).sum());
+                for scheme in schemes {
+                    if !value.is_empty() {
+                        value.push('|');
+                    }
+                    value.push_str(scheme);
                 }
-                value.push_str(scheme);
                 value
-            }),
+            },
         },
     };
     if rule.matches.is_empty() {
