@@ -22,8 +22,24 @@ pub struct Cache {
 
 #[derive(Debug)]
 struct Generations<K, V> {
-    old: HashMap<K, V>,
-    used: HashMap<K, V>,
+    old: HashMap<K, Entry<V>>,
+    used: HashMap<K, Entry<V>>,
+}
+
+/// A value and how much of it the used generation took from the old one: an entry asked for
+/// again is moved across with its key rather than copied, and [`Generations::drop_used`] puts
+/// that part back.
+#[derive(Debug)]
+struct Entry<V> {
+    value: V,
+    /// For a list, its first `from_old` items; for one value, 1 when it came from `old`.
+    from_old: usize,
+}
+
+impl<V> Entry<V> {
+    fn new(value: V) -> Self {
+        Self { value, from_old: 0 }
+    }
 }
 
 impl<K, V> Default for Generations<K, V> {
@@ -37,19 +53,22 @@ impl<K, V> Default for Generations<K, V> {
 
 impl<V: Clone> Generations<Box<str>, V> {
     fn get_or_try<E>(&mut self, key: &str, make: impl FnOnce() -> Result<V, E>) -> Result<V, E> {
-        if let Some(v) = self.used.get(key) {
-            return Ok(v.clone());
+        if let Some(e) = self.used.get(key) {
+            return Ok(e.value.clone());
         }
-        let v = match self.old.get(key) {
-            Some(v) => v.clone(),
-            None => make()?,
-        };
-        self.used.insert(key.into(), v.clone());
-        Ok(v)
+        if let Some((key, mut e)) = self.old.remove_entry(key) {
+            let value = e.value.clone();
+            e.from_old = 1;
+            self.used.insert(key, e);
+            return Ok(value);
+        }
+        let value = make()?;
+        self.used.insert(key.into(), Entry::new(value.clone()));
+        Ok(value)
     }
 }
 
-impl<K, V> Generations<K, V> {
+impl<K: Eq + std::hash::Hash, V> Generations<K, V> {
     /// The entries used become the old generation; the emptied map keeps its capacity for the
     /// next document, which usually names as many.
     fn keep_used(&mut self) {
@@ -57,8 +76,15 @@ impl<K, V> Generations<K, V> {
         self.used.clear();
     }
 
-    fn drop_used(&mut self) {
-        self.used.clear();
+    /// Forgets what was added since [`Generations::keep_used`]: what was moved from the old
+    /// generation goes back there, cut by `restore` to the part that came from it.
+    fn drop_used(&mut self, restore: impl Fn(&mut V, usize)) {
+        for (key, mut e) in self.used.drain() {
+            if e.from_old > 0 {
+                restore(&mut e.value, e.from_old);
+                self.old.insert(key, e);
+            }
+        }
     }
 }
 
@@ -83,24 +109,34 @@ impl Cache {
         tls: Option<&BackendTls>,
         public_only: bool,
     ) -> Result<Arc<Target>, TargetError> {
-        let find = |list: Option<&Vec<Arc<Target>>>| {
-            list.into_iter()
-                .flatten()
-                .find(|t| t.made_of(protocol, websocket, tls, public_only))
-                .cloned()
-        };
+        let made_of = |t: &&Arc<Target>| t.made_of(protocol, websocket, tls, public_only);
         let targets = &mut self.targets;
-        if let Some(t) = find(targets.used.get(url)) {
-            return Ok(t);
+        let used = targets.used.get(url);
+        if let Some(t) = used.and_then(|e| e.value.iter().find(made_of)) {
+            return Ok(t.clone());
         }
-        let target = match find(targets.old.get(url)) {
-            Some(t) => t,
+        // A URL of one target, that target (almost every URL): moved to the used generation
+        // with its key, not copied.
+        let single = |e: &Entry<Vec<Arc<Target>>>| matches!(&e.value[..], [t] if made_of(&t));
+        if used.is_none() && targets.old.get(url).is_some_and(single) {
+            if let Some((key, mut e)) = targets.old.remove_entry(url) {
+                let target = e.value[0].clone();
+                e.from_old = 1;
+                targets.used.insert(key, e);
+                return Ok(target);
+            }
+        }
+        let old = targets.old.get(url);
+        let target = match old.and_then(|e| e.value.iter().find(made_of)) {
+            Some(t) => t.clone(),
             None => Arc::new(Target::new(url, protocol, websocket, tls, public_only)?),
         };
         match targets.used.get_mut(url) {
-            Some(list) => list.push(target.clone()),
+            Some(e) => e.value.push(target.clone()),
             None => {
-                targets.used.insert(url.into(), vec![target.clone()]);
+                targets
+                    .used
+                    .insert(url.into(), Entry::new(vec![target.clone()]));
             }
         }
         Ok(target)
@@ -111,7 +147,7 @@ impl Cache {
     pub fn keep_pattern(&mut self, pattern: &Pattern) {
         let used = &mut self.patterns.used;
         if !used.contains_key(pattern.source()) {
-            used.insert(pattern.source().into(), pattern.clone());
+            used.insert(pattern.source().into(), Entry::new(pattern.clone()));
         }
     }
 
@@ -119,13 +155,13 @@ impl Cache {
     pub fn keep_target(&mut self, target: &Arc<Target>) {
         let used = &mut self.targets.used;
         match used.get_mut(&*target.url) {
-            Some(list) => {
-                if !list.iter().any(|t| Arc::ptr_eq(t, target)) {
-                    list.push(target.clone());
+            Some(e) => {
+                if !e.value.iter().any(|t| Arc::ptr_eq(t, target)) {
+                    e.value.push(target.clone());
                 }
             }
             None => {
-                used.insert(target.url.clone(), vec![target.clone()]);
+                used.insert(target.url.clone(), Entry::new(vec![target.clone()]));
             }
         }
     }
@@ -139,7 +175,7 @@ impl Cache {
 
     /// Forgets what the checks since the last call added: call it when a document was refused.
     pub fn drop_used(&mut self) {
-        self.patterns.drop_used();
-        self.targets.drop_used();
+        self.patterns.drop_used(|_, _| {});
+        self.targets.drop_used(|list, from_old| list.truncate(from_old));
     }
 }

@@ -8,10 +8,22 @@ use http::{HeaderName, HeaderValue, Method};
 /// digits, `-` and `_`, each 1 to 63 bytes, 253 in all.
 ///
 /// # Errors
-/// Anything else, with a message naming the value.
+/// Anything else, with a message naming the value (see [`check_hostname`]).
 pub fn hostname(h: &str) -> Result<Box<str>, String> {
-    let lower = h.trim().to_ascii_lowercase();
-    let name = lower.strip_prefix("*.").unwrap_or(&lower);
+    check_hostname(h)?;
+    Ok(h.trim().to_ascii_lowercase().into())
+}
+
+/// Whether [`hostname`] takes `h`, without building the name: for a caller that keeps its own
+/// copy (the controller checks every route hostname each round).
+///
+/// # Errors
+/// As [`hostname`].
+pub fn check_hostname(h: &str) -> Result<(), String> {
+    let trimmed = h.trim();
+    // Lower-casing changes neither `*`, `.` nor which bytes are letters, so the name is
+    // checked as written.
+    let name = trimmed.strip_prefix("*.").unwrap_or(trimmed);
     if name.is_empty() {
         return Err(format!(
             "{h:?} is not a hostname (a wildcard needs a domain after `*.`)"
@@ -20,17 +32,23 @@ pub fn hostname(h: &str) -> Result<Box<str>, String> {
     if name.len() > 253 {
         return Err(format!("{h:?} is longer than 253 characters"));
     }
-    let valid = name.split('.').all(|label| {
-        !label.is_empty()
-            && label.len() <= 63
-            && label
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    });
-    if !valid {
+    // Labels: 1 to 63 bytes each, of letters, digits, `-` and `_`.
+    let mut label = 0usize;
+    let mut valid = true;
+    for &b in name.as_bytes() {
+        if b == b'.' {
+            valid &= label > 0;
+            label = 0;
+        } else {
+            valid &= b.is_ascii_alphanumeric() || b == b'-' || b == b'_';
+            label += 1;
+            valid &= label <= 63;
+        }
+    }
+    if !valid || label == 0 {
         return Err(format!("{h:?} is not a valid hostname"));
     }
-    Ok(lower.into())
+    Ok(())
 }
 
 /// A hostname a redirect or rewrite sends requests to: [`hostname`] without a wildcard.

@@ -69,6 +69,35 @@ fn hostnames_are_checked_and_normalised_once() {
 }
 
 #[test]
+fn a_hostname_is_checked_alone_as_it_is_when_built() {
+    let long_label = format!("{}.com", "a".repeat(63));
+    let too_long = ["a"; 127].join(".");
+    let samples = [
+        "a.example.com",
+        " A.Example.COM ",
+        "*.Example.com",
+        "x_y.example",
+        "",
+        "*.",
+        "*",
+        "a..b",
+        "a.",
+        ".a",
+        "a b.com",
+        "*.*.com",
+        "exa$mple.com",
+        "é.com",
+        long_label.as_str(),
+        too_long.as_str(),
+    ];
+    for h in samples {
+        assert_eq!(check_hostname(h), hostname(h).map(drop), "{h:?}");
+    }
+    assert!(check_hostname(&long_label).is_ok(), "63 bytes is a label");
+    assert!(check_hostname("a.").is_err(), "an empty last label");
+}
+
+#[test]
 fn header_names_values_and_methods() {
     assert!(header_name("x-ok").is_ok());
     assert!(header_name("").is_err());
@@ -420,6 +449,33 @@ fn the_cache_compiles_a_pattern_once_and_keeps_one_document_worth() {
     cache.drop_used();
     let still = cache.pattern("/a.*").expect("compiles");
     assert!(std::ptr::eq(fresh.source(), still.source()));
+}
+
+#[test]
+fn the_cache_keeps_a_target_across_documents_and_a_refused_one_gives_it_back() {
+    let mut cache = Cache::default();
+    let url = "http://10.0.0.1:3000";
+    let target = |cache: &mut Cache| {
+        cache
+            .target(url, crate::BackendProtocol::Http1, false, None, false)
+            .expect("parses")
+    };
+    let first = target(&mut cache);
+    cache.keep_used();
+    let kept = target(&mut cache);
+    assert!(std::sync::Arc::ptr_eq(&first, &kept), "kept across documents");
+    let h2c = cache
+        .target(url, crate::BackendProtocol::H2c, false, None, false)
+        .expect("parses");
+    assert!(!std::sync::Arc::ptr_eq(&first, &h2c), "other settings, another target");
+    // A refused document's additions are forgotten; what it reused stays.
+    cache.drop_used();
+    let again = target(&mut cache);
+    assert!(std::sync::Arc::ptr_eq(&first, &again));
+    cache.keep_used();
+    cache.keep_used();
+    let fresh = target(&mut cache);
+    assert!(!std::sync::Arc::ptr_eq(&first, &fresh), "parsed again once unused");
 }
 
 #[test]

@@ -280,7 +280,14 @@ pub(super) fn resolve(
         &dns_name,
         index,
     );
-    let service_url = [tls.scheme(), "://", &dns_name, ":", &dns_port.to_string()].concat();
+    let service_url = [
+        tls.scheme(),
+        "://",
+        &dns_name,
+        ":",
+        itoa::Buffer::new().format(dns_port),
+    ]
+    .concat();
     let urls = match index.slices.get(&(namespace, r.name)) {
         None => vec![service_url.clone()],
         Some(slices) => endpoint_urls(tls.scheme(), service_port, slices),
@@ -384,7 +391,8 @@ fn endpoint_urls(
         else {
             continue;
         };
-        let target = target.to_string();
+        let mut port = itoa::Buffer::new();
+        let target = port.format(target);
         let v6 = slice.address_type == "IPv6";
         for endpoint in slice.endpoints.iter().flatten() {
             let ready = endpoint
@@ -399,9 +407,9 @@ fn endpoint_urls(
                 continue;
             }
             let url = if v6 || address.contains(':') {
-                [scheme, "://[", address, "]:", &target].concat()
+                [scheme, "://[", address, "]:", target].concat()
             } else {
-                [scheme, "://", address, ":", &target].concat()
+                [scheme, "://", address, ":", target].concat()
             };
             urls.push(url);
         }

@@ -534,7 +534,7 @@ pub(super) fn listener(l: &GatewayListeners, generation: Option<i64>) -> OwnedLi
     } else {
         l.hostname
             .as_deref()
-            .and_then(|h| valid::hostname(h).err())
+            .and_then(|h| valid::check_hostname(h).err())
             .map(|e| (Reason::UnsupportedValue, format!("hostname: {e}")))
     };
     let valid = problem.is_none();

@@ -59,14 +59,55 @@ pub(super) fn intersect_one(listener: &str, route: &str) -> Option<String> {
     }
 }
 
-/// Every host `name` matches is also matched by `pattern`.
+/// Every host `name` matches is also matched by `pattern`: what [`intersect_one`] keeps of the
+/// two is `name` itself. Asked once per route hostname and listener, so it copies nothing.
 pub(super) fn covered(name: &str, pattern: &str) -> bool {
-    intersect_one(pattern, name).as_deref() == Some(name)
+    if name == pattern {
+        return true;
+    }
+    match pattern.strip_prefix("*.") {
+        // A wildcard covers the names (wildcards included) strictly under its domain.
+        Some(domain) => is_subdomain(name.strip_prefix("*.").unwrap_or(name), domain),
+        None => false,
+    }
 }
 
 /// `name` is a strict subdomain of `parent` (at least one more label).
-fn is_subdomain(name: &str, parent: &str) -> bool {
+pub(super) fn is_subdomain(name: &str, parent: &str) -> bool {
     name.len() > parent.len() + 1
         && name.ends_with(parent)
         && name.as_bytes().get(name.len() - parent.len() - 1) == Some(&b'.')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{covered, intersect_one};
+    use proptest::prelude::*;
+
+    /// Hostnames from a few labels, so that generated names often nest and coincide.
+    fn name() -> impl Strategy<Value = String> {
+        (
+            any::<bool>(),
+            proptest::collection::vec(prop_oneof!["a", "b", "ab"], 1..4),
+        )
+            .prop_map(|(wild, labels)| {
+                let name = labels.join(".");
+                if wild {
+                    format!("*.{name}")
+                } else {
+                    name
+                }
+            })
+    }
+
+    proptest! {
+        /// A name is covered exactly when intersecting it with the pattern keeps the name.
+        #[test]
+        fn covered_is_what_the_intersection_keeps(name in name(), pattern in name()) {
+            prop_assert_eq!(
+                covered(&name, &pattern),
+                intersect_one(&pattern, &name).as_deref() == Some(name.as_str())
+            );
+        }
+    }
 }

@@ -234,13 +234,10 @@ fn translate_rule(
             })
         }
     };
-    let index;
+    let mut index = itoa::Buffer::new();
     let rule_name = match &rule.name {
         Some(name) => name.as_str(),
-        None => {
-            index = i.to_string();
-            &index
-        }
+        None => index.format(i),
     };
     Ok(Rule {
         hostnames: Vec::new(),

@@ -354,7 +354,6 @@ fn translate_checked(
 
     let mut rules_by_plane: BTreeMap<PlaneKey, plane_rules::PlaneRules> = BTreeMap::new();
     let mut claims = binding::ListenerClaims::new(&routes);
-    let mut first_claims = shadow::FirstClaims::default();
     let mut route_statuses: Vec<(RouteKey, Vec<RouteParentStatus>)> =
         Vec::with_capacity(routes.len());
     for (position, route) in routes.iter().enumerate() {
@@ -369,7 +368,7 @@ fn translate_checked(
         if bound.is_empty() {
             continue;
         }
-        let translated = match route.source {
+        let mut translated = match route.source {
             route::RouteSource::Http(r) => {
                 http_route::translate_rules(route, r, &index, options, contract)
             }
@@ -441,38 +440,59 @@ fn translate_checked(
             }
         }
         let mut shadowed = shadow::Shadowed::default();
-        // Only accepted parents contribute planes.
-        for ((plane, certificate), attachment) in planes {
+        // Only accepted parents contribute planes; where every hostname of the route belongs
+        // to more specific listeners, the plane gets none of its rules. Every plane on the
+        // tunnel gets the route: the edge may hand its requests to any of the tunnel's
+        // connectors.
+        let planes: Vec<_> = planes
+            .into_iter()
+            .filter(|(_, attachment)| attachment.any_host || !attachment.hostnames.is_empty())
+            .map(|(plane, attachment)| {
+                let targets = tunnels.planes_with(&plane.0);
+                (plane, attachment, targets)
+            })
+            .collect();
+        // The templates are copied into each plane but the last, which takes them.
+        let mut uses_left: usize = planes.iter().map(|(_, _, targets)| targets.len()).sum();
+        let has_rules = !translated.rules.is_empty();
+        let mut templates = std::mem::take(&mut translated.rules);
+        for ((plane, certificate), attachment, targets) in planes {
             let certificate = certificate.and_then(|c| client_certificates.get(&c));
-            // Every hostname of the route belongs to more specific listeners there.
-            if !attachment.any_host && attachment.hostnames.is_empty() {
-                continue;
-            }
-            // Every plane on the tunnel gets the route: the edge may hand its requests to any
-            // of the tunnel's connectors.
-            for target in tunnels.planes_with(&plane) {
+            for target in targets {
+                uses_left -= 1;
+                let owned = if uses_left == 0 {
+                    std::mem::take(&mut templates)
+                } else {
+                    Vec::new()
+                };
                 let out = rules_by_plane.entry(target.clone()).or_default();
                 let listeners = scheme_listeners.get(&target);
-                for template in &translated.rules {
-                    let mut rule = template.for_attachment(&attachment);
+                let attached = templates
+                    .iter()
+                    .map(|t| (t.for_attachment(&attachment), t.grpc))
+                    .chain(
+                        owned
+                            .into_iter()
+                            .map(|t| {
+                                let grpc = t.grpc;
+                                (t.into_attachment(&attachment), grpc)
+                            }),
+                    );
+                for (mut rule, grpc) in attached {
                     if let Some(certificate) = certificate {
                         present_client_certificate(&mut rule, certificate);
                     }
                     if rule.access.is_none() {
                         rule.access = gateway_access.get(&plane).cloned();
                     }
-                    let rules = match listeners {
-                        Some(listeners) => listeners.scope(rule, &attachment.schemes),
-                        None => vec![rule],
-                    };
-                    for rule in rules {
-                        let placement = template.grpc.map(|rank| rank.placement(position));
-                        if let Some(rule) = out.place(placement, rule, &route_key) {
-                            first_claims.place(&target, rule, &route_key, &mut shadowed);
-                        }
+                    let placement = grpc.map(|rank| rank.placement(position));
+                    let mut place = |rule| out.place(placement, rule, &route_key, &mut shadowed);
+                    match listeners {
+                        Some(listeners) => listeners.scope(rule, &attachment.schemes, place),
+                        None => place(rule),
                     }
                 }
-                if route.kind == RouteKind::Grpc && !translated.rules.is_empty() {
+                if route.kind == RouteKind::Grpc && has_rules {
                     if let Some(config) = configs.get_mut(&target) {
                         config.has_grpc_route = true;
                     }

@@ -8,6 +8,7 @@ use hashbrown::HashTable;
 use rustc_hash::FxBuildHasher;
 
 use super::rule::Placement;
+use super::shadow::{FirstClaims, Shadowed};
 use super::RouteKey;
 
 /// Each rule with the route it comes from, and its placement when that is a GRPCRoute (see
@@ -17,31 +18,41 @@ pub(super) type Placed = (Option<Placement>, (Rule, RouteKey));
 #[derive(Debug, Default)]
 pub(super) struct PlaneRules {
     placed: Vec<Placed>,
-    /// Positions in `placed` by the hash of their rule, so a repeated rule is found by
-    /// comparing it with the one already placed, with no copy of every rule kept to look it up.
+    /// Positions in `placed` with the hash of their rule, so a repeated rule is found by
+    /// comparing it with the one already placed, with no copy of every rule kept to look it
+    /// up, and the table grows without hashing every rule again.
     /// Fx: SipHash's flooding resistance buys nothing for the controller's own output.
-    positions: HashTable<usize>,
+    positions: HashTable<(u64, usize)>,
+    /// Which route placed each match on each host first.
+    claims: FirstClaims,
 }
 
 impl PlaneRules {
-    /// Places `rule` of `route` unless an equal rule is placed already; the rule placed, if it
-    /// is.
+    /// Places `rule` of `route` unless an equal rule is placed already, noting in `shadowed`
+    /// each of its matches another route placed on one of its hosts first.
     pub(super) fn place(
         &mut self,
         placement: Option<Placement>,
         rule: Rule,
         route: &RouteKey,
-    ) -> Option<&Rule> {
+        shadowed: &mut Shadowed,
+    ) {
         let hash = FxBuildHasher.hash_one(&rule);
-        let Self { placed, positions } = self;
-        if positions.find(hash, |&i| placed[i].1 .0 == rule).is_some() {
-            return None;
+        let Self {
+            placed,
+            positions,
+            claims,
+        } = self;
+        if positions
+            .find(hash, |&(h, i)| h == hash && placed[i].1 .0 == rule)
+            .is_some()
+        {
+            return;
         }
         placed.push((placement, (rule, route.clone())));
-        positions.insert_unique(hash, placed.len() - 1, |&i| {
-            FxBuildHasher.hash_one(&placed[i].1 .0)
-        });
-        placed.last().map(|(_, (rule, _))| rule)
+        let at = placed.len() - 1;
+        positions.insert_unique(hash, (hash, at), |&(h, _)| h);
+        claims.place(placed, at, shadowed);
     }
 
     /// The rules, in the order they were placed.

@@ -115,7 +115,7 @@ fn invalid_hostnames(hostnames: Option<&[String]>) -> Option<String> {
         .iter()
         .enumerate()
         .filter_map(|(i, h)| {
-            valid::hostname(h)
+            valid::check_hostname(h)
                 .err()
                 .map(|e| format!("spec.hostnames[{i}]: {e}"))
         })

@@ -58,37 +58,47 @@ pub(crate) struct RuleTemplate {
 
 impl RuleTemplate {
     pub(super) fn for_attachment(&self, attachment: &Attachment) -> Rule {
-        let mut rule = self.rule.clone();
-        if !attachment.any_host {
-            rule.hostnames = attachment.hostnames.iter().cloned().collect();
-        }
-        // Gateway API RequestRedirect: with neither scheme nor port, the port is the
-        // listener's, and it SHOULD NOT appear in `Location` when it is the well-known port of
-        // the listener's protocol. Such a redirect keeps its port unset: the proxy then keeps
-        // the request's scheme and adds no port. That matters here, since every request
-        // arrives through the tunnel as https: port 80 would give `https://host:80/`. A
-        // redirect that sets a scheme but no port also stays unset, and the proxy uses that
-        // scheme's well-known port. Other listener ports are filled in, when every attached
-        // listener agrees on one.
-        if let (Some(&Some(port)), 1) = (
-            attachment.redirect_ports.first(),
-            attachment.redirect_ports.len(),
-        ) {
-            let port = Some(port);
-            let all = rule
-                .filters
-                .iter_mut()
-                .chain(rule.backends.iter_mut().flat_map(|b| b.filters.iter_mut()));
-            for filter in all {
-                if let Some(redirect) = filter.request_redirect.as_mut() {
-                    if redirect.port.is_none() && redirect.scheme.is_none() {
-                        redirect.port = port;
-                    }
+        attach(self.rule.clone(), attachment)
+    }
+
+    /// [`RuleTemplate::for_attachment`] for the template's last use: the rule is moved, not
+    /// copied.
+    pub(super) fn into_attachment(self, attachment: &Attachment) -> Rule {
+        attach(self.rule, attachment)
+    }
+}
+
+/// `rule` as `attachment` places it: its hostnames, and redirect ports from its listeners.
+fn attach(mut rule: Rule, attachment: &Attachment) -> Rule {
+    if !attachment.any_host {
+        rule.hostnames = attachment.hostnames.iter().cloned().collect();
+    }
+    // Gateway API RequestRedirect: with neither scheme nor port, the port is the
+    // listener's, and it SHOULD NOT appear in `Location` when it is the well-known port of
+    // the listener's protocol. Such a redirect keeps its port unset: the proxy then keeps
+    // the request's scheme and adds no port. That matters here, since every request
+    // arrives through the tunnel as https: port 80 would give `https://host:80/`. A
+    // redirect that sets a scheme but no port also stays unset, and the proxy uses that
+    // scheme's well-known port. Other listener ports are filled in, when every attached
+    // listener agrees on one.
+    if let (Some(&Some(port)), 1) = (
+        attachment.redirect_ports.first(),
+        attachment.redirect_ports.len(),
+    ) {
+        let port = Some(port);
+        let all = rule
+            .filters
+            .iter_mut()
+            .chain(rule.backends.iter_mut().flat_map(|b| b.filters.iter_mut()));
+        for filter in all {
+            if let Some(redirect) = filter.request_redirect.as_mut() {
+                if redirect.port.is_none() && redirect.scheme.is_none() {
+                    redirect.port = port;
                 }
             }
         }
-        rule
     }
+    rule
 }
 
 /// The rules of one route and what went wrong translating them.

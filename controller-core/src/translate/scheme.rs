@@ -85,17 +85,18 @@ impl Listeners {
         }
     }
 
-    /// The listener hostnames that match every host of `host` ([`hostname::covered`]).
-    fn covering<'a>(&'a self, host: &'a str) -> impl Iterator<Item = String> + 'a {
+    /// The listener hostnames that match every host of `host` ([`hostname::covered`]): `host`
+    /// itself, then the wildcards `*.<domain>` over it, each given as its domain.
+    fn covering<'a>(&'a self, host: &'a str) -> impl Iterator<Item = Covering<'a>> + 'a {
         // `host` itself, as an exact name or as a wildcard.
         let (own, domain) = match host.strip_prefix("*.") {
             None => (self.exact.contains(host), host),
             Some(domain) => (self.wildcard.contains(domain), domain),
         };
-        own.then(|| host.to_owned()).into_iter().chain(
+        own.then_some(Covering::Itself(host)).into_iter().chain(
             parents(domain)
                 .filter(|p| self.wildcard.contains(*p))
-                .map(|p| format!("*.{p}")),
+                .map(Covering::Wildcard),
         )
     }
 }
@@ -132,7 +133,7 @@ impl SchemeListeners {
         };
         listeners.covering(host).any(|s| match hostname {
             None => true,
-            Some(mine) => s != mine && hostname::covered(&s, mine),
+            Some(mine) => s.more_specific_than(mine),
         })
     }
 
@@ -140,30 +141,38 @@ impl SchemeListeners {
     /// into the part no other scheme contests, as it is, and the part another does, which
     /// requires its listeners' scheme (either, for a route on listeners of both, which keeps
     /// its header count in step with the rules it shares those hosts with).
-    pub(super) fn scope(&self, rule: Rule, schemes: &BTreeSet<&'static str>) -> Vec<Rule> {
+    /// Each part is handed to `place`, the uncontested one first.
+    pub(super) fn scope(
+        &self,
+        mut rule: Rule,
+        schemes: &BTreeSet<&'static str>,
+        mut place: impl FnMut(Rule),
+    ) {
         let contested = |host: Option<&str>| schemes.iter().any(|s| self.contested(s, host));
-        if rule.hostnames.is_empty() {
-            let mut rule = rule;
+        let Some((first, others)) = rule.hostnames.split_first() else {
             if contested(None) {
                 require(&mut rule, schemes);
             }
-            return vec![rule];
+            return place(rule);
+        };
+        // Almost always every host is contested, or none is: the rule stays whole.
+        let first = contested(Some(first));
+        if others.iter().all(|h| contested(Some(h)) == first) {
+            if first {
+                require(&mut rule, schemes);
+            }
+            return place(rule);
         }
-        let mut scoped = rule;
-        let (contested, free): (Vec<String>, Vec<String>) = std::mem::take(&mut scoped.hostnames)
+        let (contested, free): (Vec<String>, Vec<String>) = std::mem::take(&mut rule.hostnames)
             .into_iter()
             .partition(|h| contested(Some(h)));
-        if contested.is_empty() {
-            scoped.hostnames = free;
-            return vec![scoped];
-        }
-        let rest = (!free.is_empty()).then(|| Rule {
+        place(Rule {
             hostnames: free,
-            ..scoped.clone()
+            ..rule.clone()
         });
-        scoped.hostnames = contested;
-        require(&mut scoped, schemes);
-        rest.into_iter().chain([scoped]).collect()
+        rule.hostnames = contested;
+        require(&mut rule, schemes);
+        place(rule);
     }
 
     /// The listener-isolation rule of `hostname`, whose listeners there have `schemes`.
@@ -180,6 +189,31 @@ impl SchemeListeners {
     }
 }
 
+/// A listener hostname that covers a name ([`Listeners::covering`]), without writing out the
+/// wildcard: asked once per route hostname and listener.
+#[derive(Debug, Clone, Copy)]
+enum Covering<'a> {
+    /// The name itself.
+    Itself(&'a str),
+    /// `*.<domain>`.
+    Wildcard(&'a str),
+}
+
+impl Covering<'_> {
+    /// Whether this hostname differs from `mine` and matches only hosts `mine` matches
+    /// ([`hostname::covered`]).
+    fn more_specific_than(self, mine: &str) -> bool {
+        match self {
+            Self::Itself(name) => name != mine && hostname::covered(name, mine),
+            // `*.<domain>` is covered by another name only when that is a wildcard over a
+            // strict parent of `domain`.
+            Self::Wildcard(domain) => mine
+                .strip_prefix("*.")
+                .is_some_and(|parent| hostname::is_subdomain(domain, parent)),
+        }
+    }
+}
+
 /// Adds to each of `rule`'s matches (to a match-all rule, one match) `X-Forwarded-Proto`
 /// matching one of `schemes`.
 fn require(rule: &mut Rule, schemes: &BTreeSet<&'static str>) {
@@ -192,13 +226,16 @@ fn require(rule: &mut Rule, schemes: &BTreeSet<&'static str>) {
         _ => ValueMatch {
             kind: ValueMatchType::RegularExpression,
             name: FORWARDED_PROTO.to_owned(),
-            value: schemes.iter().fold(String::new(), |mut value, scheme| {
-                if !value.is_empty() {
-                    value.push('|');
+            value: {
+                let mut value = String::with_capacity(schemes.iter().map(|s| s.len() + 1).sum());
+                for scheme in schemes {
+                    if !value.is_empty() {
+                        value.push('|');
+                    }
+                    value.push_str(scheme);
                 }
-                value.push_str(scheme);
                 value
-            }),
+            },
         },
     };
     if rule.matches.is_empty() {

@@ -8,25 +8,47 @@
 //! claiming it is shadowed would be a guess.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::BuildHasher;
 
-use cftunnel_config::{Match, Rule};
-use rustc_hash::FxHashMap;
+use cftunnel_config::Rule;
+use hashbrown::hash_table::Entry;
+use hashbrown::HashTable;
+use rustc_hash::FxBuildHasher;
 
+use super::plane_rules::Placed;
 use super::RouteKey;
 
-/// Per plane and host: the route that first placed each match there.
+/// The host a rule of any host is placed on.
+const ANY_HOST: &str = "*";
+
+/// Per host of one plane (or `*`, for rules of any host): the route that first placed each
+/// match there. Every rule stays placed, so claims refer to the plane's placed rules by
+/// position: no host, match or route key is copied to claim it.
 #[derive(Debug, Default)]
 pub(super) struct FirstClaims {
-    planes: BTreeMap<super::PlaneKey, FxHashMap<String, HostClaims>>,
+    hosts: HashTable<HostClaims>,
 }
 
-/// The matches placed on one host (or `*`, for rules of any host), keyed by the match itself:
-/// every rule is placed, so its matches are hashed as they are rather than encoded first.
-#[derive(Debug, Default)]
+/// The matches placed on one host, by the placed rule and match that claimed each first.
+#[derive(Debug)]
 struct HostClaims {
-    /// The route that placed a rule without matches.
-    matchless: Option<RouteKey>,
-    matches: FxHashMap<Match, RouteKey>,
+    hash: u64,
+    /// Where the host is written: the first rule placed on it and the host's position among
+    /// that rule's hostnames (`None`: `*`).
+    rule: usize,
+    host: Option<usize>,
+    /// The placed rule without matches that came first.
+    matchless: Option<usize>,
+    /// The hash of each match, the placed rule it is in and its position there.
+    matches: HashTable<(u64, usize, usize)>,
+}
+
+/// What an entry of [`HostClaims`] refers to: host `host` of placed rule `rule`.
+fn host_of(placed: &[Placed], rule: usize, host: Option<usize>) -> &str {
+    match host {
+        None => ANY_HOST,
+        Some(h) => placed[rule].1 .0.hostnames[h].as_str(),
+    }
 }
 
 /// What one route lost: per older route, the hosts and rules whose matches it holds.
@@ -36,47 +58,55 @@ pub(super) struct Shadowed {
 }
 
 impl FirstClaims {
-    /// Records `rule` of `route` on `plane`, noting in `shadowed` each of its (host, match)
-    /// pairs another route placed there first.
-    pub(super) fn place(
-        &mut self,
-        plane: &super::PlaneKey,
-        rule: &Rule,
-        route: &RouteKey,
-        shadowed: &mut Shadowed,
-    ) {
-        if !self.planes.contains_key(plane) {
-            self.planes.insert(plane.clone(), FxHashMap::default());
-        }
-        let Some(claims) = self.planes.get_mut(plane) else {
-            return;
-        };
-        let any = [String::from("*")];
-        let hosts = if rule.hostnames.is_empty() {
-            &any[..]
-        } else {
-            &rule.hostnames[..]
-        };
-        for host in hosts {
-            if !claims.contains_key(host) {
-                claims.insert(host.clone(), HostClaims::default());
-            }
-            let Some(on_host) = claims.get_mut(host) else {
-                continue;
-            };
+    /// Records the rule placed at `at` in `placed`, noting in `shadowed` each of its (host,
+    /// match) pairs another route placed there first.
+    pub(super) fn place(&mut self, placed: &[Placed], at: usize, shadowed: &mut Shadowed) {
+        let (rule, route) = &placed[at].1;
+        let any = rule.hostnames.is_empty();
+        for h in 0..rule.hostnames.len().max(1) {
+            let host_at = (!any).then_some(h);
+            let host = host_of(placed, at, host_at);
+            let hash = FxBuildHasher.hash_one(host);
+            let on_host = self
+                .hosts
+                .entry(
+                    hash,
+                    |c| c.hash == hash && host_of(placed, c.rule, c.host) == host,
+                    |c| c.hash,
+                )
+                .or_insert_with(|| HostClaims {
+                    hash,
+                    rule: at,
+                    host: host_at,
+                    matchless: None,
+                    matches: HashTable::new(),
+                })
+                .into_mut();
             if rule.matches.is_empty() {
-                match &on_host.matchless {
-                    Some(first) if first != route => shadowed.lost(first, host, rule),
+                match on_host.matchless {
+                    Some(first) if placed[first].1 .1 != *route => {
+                        shadowed.lost(&placed[first].1 .1, host, rule);
+                    }
                     Some(_) => {}
-                    None => on_host.matchless = Some(route.clone()),
+                    None => on_host.matchless = Some(at),
                 }
             }
-            for m in &rule.matches {
-                match on_host.matches.get(m) {
-                    Some(first) if first != route => shadowed.lost(first, host, rule),
-                    Some(_) => {}
-                    None => {
-                        on_host.matches.insert(m.clone(), route.clone());
+            for (j, m) in rule.matches.iter().enumerate() {
+                let hash = FxBuildHasher.hash_one(m);
+                let claim = on_host.matches.entry(
+                    hash,
+                    |&(h, r, k)| h == hash && placed[r].1 .0.matches[k] == *m,
+                    |&(h, _, _)| h,
+                );
+                match claim {
+                    Entry::Occupied(first) => {
+                        let first = &placed[first.get().1].1 .1;
+                        if first != route {
+                            shadowed.lost(first, host, rule);
+                        }
+                    }
+                    Entry::Vacant(free) => {
+                        free.insert((hash, at, j));
                     }
                 }
             }
