@@ -32,7 +32,8 @@ pub use filter::{
     Allow, Cors, Filters, HeaderEdits, Mirror, PathEdit, Redirect, RequestEdit, Rewrite,
 };
 pub use name::{
-    absolute_path, check_hostname, exact_hostname, header_name, header_value, hostname, method, replacement_path,
+    absolute_path, check_hostname, exact_hostname, header_name, header_value, hostname, method,
+    replacement_path,
 };
 pub use pattern::{anchored, engine, escape, Pattern, PATTERN_SIZE_LIMIT};
 pub use rule::{rule, Backend, Match, PathMatch, Retry, Rule, ValueMatch};

@@ -176,6 +176,7 @@ impl Cache {
     /// Forgets what the checks since the last call added: call it when a document was refused.
     pub fn drop_used(&mut self) {
         self.patterns.drop_used(|_, _| {});
-        self.targets.drop_used(|list, from_old| list.truncate(from_old));
+        self.targets
+            .drop_used(|list, from_old| list.truncate(from_old));
     }
 }

@@ -463,11 +463,17 @@ fn the_cache_keeps_a_target_across_documents_and_a_refused_one_gives_it_back() {
     let first = target(&mut cache);
     cache.keep_used();
     let kept = target(&mut cache);
-    assert!(std::sync::Arc::ptr_eq(&first, &kept), "kept across documents");
+    assert!(
+        std::sync::Arc::ptr_eq(&first, &kept),
+        "kept across documents"
+    );
     let h2c = cache
         .target(url, crate::BackendProtocol::H2c, false, None, false)
         .expect("parses");
-    assert!(!std::sync::Arc::ptr_eq(&first, &h2c), "other settings, another target");
+    assert!(
+        !std::sync::Arc::ptr_eq(&first, &h2c),
+        "other settings, another target"
+    );
     // A refused document's additions are forgotten; what it reused stays.
     cache.drop_used();
     let again = target(&mut cache);
@@ -475,7 +481,10 @@ fn the_cache_keeps_a_target_across_documents_and_a_refused_one_gives_it_back() {
     cache.keep_used();
     cache.keep_used();
     let fresh = target(&mut cache);
-    assert!(!std::sync::Arc::ptr_eq(&first, &fresh), "parsed again once unused");
+    assert!(
+        !std::sync::Arc::ptr_eq(&first, &fresh),
+        "parsed again once unused"
+    );
 }
 
 #[test]

@@ -470,14 +470,10 @@ fn translate_checked(
                 let attached = templates
                     .iter()
                     .map(|t| (t.for_attachment(&attachment), t.grpc))
-                    .chain(
-                        owned
-                            .into_iter()
-                            .map(|t| {
-                                let grpc = t.grpc;
-                                (t.into_attachment(&attachment), grpc)
-                            }),
-                    );
+                    .chain(owned.into_iter().map(|t| {
+                        let grpc = t.grpc;
+                        (t.into_attachment(&attachment), grpc)
+                    }));
                 for (mut rule, grpc) in attached {
                     if let Some(certificate) = certificate {
                         present_client_certificate(&mut rule, certificate);
