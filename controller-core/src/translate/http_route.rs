@@ -167,7 +167,7 @@ fn translate_rule(
         }
     }
 
-    let mut targets = Vec::new();
+    let mut targets = Vec::with_capacity(rule.backend_refs.as_ref().map_or(0, Vec::len));
     for (j, b) in rule.backend_refs.iter().flatten().enumerate() {
         let bfield = field.item("backendRefs", j);
         targets.push(convert_backend(

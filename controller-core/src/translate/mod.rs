@@ -142,6 +142,19 @@ impl<'a> Precedence<'a> {
         }
     }
 
+    /// `{namespace}/{name}` compared as that one string. Routes are sorted by it, thousands
+    /// of times a translation: namespaces that differ before either ends, or are equal, decide
+    /// (or leave it to the names) without walking the joined bytes.
+    fn cmp_joined(&self, other: &Self) -> Ordering {
+        let (a, b) = (self.namespace.as_bytes(), other.namespace.as_bytes());
+        let n = a.len().min(b.len());
+        match a[..n].cmp(&b[..n]) {
+            Ordering::Equal if a.len() == b.len() => self.name.cmp(other.name),
+            Ordering::Equal => self.joined().cmp(other.joined()),
+            unequal => unequal,
+        }
+    }
+
     fn joined(&self) -> impl Iterator<Item = u8> + 'a {
         self.namespace
             .bytes()
@@ -154,7 +167,7 @@ impl Ord for Precedence<'_> {
     fn cmp(&self, other: &Self) -> Ordering {
         (self.created.is_none(), self.created)
             .cmp(&(other.created.is_none(), other.created))
-            .then_with(|| self.joined().cmp(other.joined()))
+            .then_with(|| self.cmp_joined(other))
     }
 }
 
@@ -470,14 +483,10 @@ fn translate_checked(
                 let attached = templates
                     .iter()
                     .map(|t| (t.for_attachment(&attachment), t.grpc))
-                    .chain(
-                        owned
-                            .into_iter()
-                            .map(|t| {
-                                let grpc = t.grpc;
-                                (t.into_attachment(&attachment), grpc)
-                            }),
-                    );
+                    .chain(owned.into_iter().map(|t| {
+                        let grpc = t.grpc;
+                        (t.into_attachment(&attachment), grpc)
+                    }));
                 for (mut rule, grpc) in attached {
                     if let Some(certificate) = certificate {
                         present_client_certificate(&mut rule, certificate);
@@ -721,9 +730,8 @@ fn scheme_listeners(
 /// looked up, never iterated, so their order cannot reach the output.
 pub(crate) struct Index<'a> {
     namespaces: FxHashMap<&'a str, &'a Namespace>,
-    services: FxHashMap<(&'a str, &'a str), &'a Service>,
-    /// EndpointSlices by (namespace, `kubernetes.io/service-name`).
-    slices: FxHashMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
+    /// Services and their EndpointSlices, by (namespace, name): one lookup finds both.
+    services: FxHashMap<(&'a str, &'a str), ServiceObjects<'a>>,
     grants: Vec<&'a ReferenceGrant>,
     secrets: BTreeMap<(&'a str, &'a str), &'a Secret>,
     /// ConfigMaps, for the CA certificates TLS settings name.
@@ -737,6 +745,15 @@ pub(crate) struct Index<'a> {
     external_backends: BTreeMap<(&'a str, &'a str), &'a ExternalBackend>,
     /// `None` where the Multi-Cluster Services API is not served.
     service_imports: Option<BTreeMap<(&'a str, &'a str), &'a ServiceImport>>,
+}
+
+/// A Service and its EndpointSlices (by `kubernetes.io/service-name`), either of which may be
+/// missing.
+#[derive(Debug, Default)]
+pub(crate) struct ServiceObjects<'a> {
+    service: Option<&'a Service>,
+    /// Sorted by name; empty: no slice names the Service.
+    slices: Vec<&'a EndpointSlice>,
 }
 
 /// Objects of a namespaced kind by (namespace, name).
@@ -754,22 +771,23 @@ const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 impl<'a> Index<'a> {
     fn new(snapshot: &'a Snapshot) -> Self {
-        let mut namespaces = FxHashMap::default();
+        let mut namespaces =
+            FxHashMap::with_capacity_and_hasher(snapshot.namespaces.len(), Default::default());
         for ns in &snapshot.namespaces {
             if let Some(name) = ns.metadata.name.as_deref() {
                 namespaces.insert(name, ns);
             }
         }
-        let mut services = FxHashMap::default();
+        let mut services: FxHashMap<(&str, &str), ServiceObjects<'_>> =
+            FxHashMap::with_capacity_and_hasher(snapshot.services.len(), Default::default());
         for svc in &snapshot.services {
             if let (Some(ns), Some(name)) = (
                 svc.metadata.namespace.as_deref(),
                 svc.metadata.name.as_deref(),
             ) {
-                services.insert((ns, name), svc);
+                services.entry((ns, name)).or_default().service = Some(svc);
             }
         }
-        let mut slices: FxHashMap<(&str, &str), Vec<&EndpointSlice>> = FxHashMap::default();
         for slice in &snapshot.endpoint_slices {
             let ns = slice.metadata.namespace.as_deref();
             let svc = slice
@@ -779,11 +797,13 @@ impl<'a> Index<'a> {
                 .and_then(|l| l.get(SERVICE_NAME_LABEL))
                 .map(String::as_str);
             if let (Some(ns), Some(svc)) = (ns, svc) {
-                slices.entry((ns, svc)).or_default().push(slice);
+                services.entry((ns, svc)).or_default().slices.push(slice);
             }
         }
-        for list in slices.values_mut() {
-            list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        for objects in services.values_mut() {
+            objects
+                .slices
+                .sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         }
         let secrets = by_key(&snapshot.secrets);
         let config_maps: BTreeMap<(&str, &str), &ConfigMap> = by_key(&snapshot.config_maps);
@@ -809,7 +829,6 @@ impl<'a> Index<'a> {
             external_backends: by_key(&snapshot.external_backends),
             namespaces,
             services,
-            slices,
             grants: snapshot.reference_grants.iter().collect(),
             secrets,
             config_maps,
@@ -883,10 +902,19 @@ pub(crate) struct Attachment {
 }
 
 impl Attachment {
+    /// Adds `other`'s hosts, ports and schemes; into an empty set they are moved, not copied
+    /// (most routes have one attachment per plane).
     fn merge(&mut self, other: Self) {
+        fn union<T: Ord>(into: &mut BTreeSet<T>, from: BTreeSet<T>) {
+            if into.is_empty() {
+                *into = from;
+            } else {
+                into.extend(from);
+            }
+        }
         self.any_host |= other.any_host;
-        self.hostnames.extend(other.hostnames);
-        self.redirect_ports.extend(other.redirect_ports);
-        self.schemes.extend(other.schemes);
+        union(&mut self.hostnames, other.hostnames);
+        union(&mut self.redirect_ports, other.redirect_ports);
+        union(&mut self.schemes, other.schemes);
     }
 }
