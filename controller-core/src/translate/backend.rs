@@ -272,7 +272,7 @@ pub(super) fn resolve(
         _ => port,
     };
     // Every rule resolves its backends: these names are joined, not formatted.
-    let dns_name = [r.name, ".", namespace, ".svc.", &options.cluster_domain].concat();
+    let dns_name = super::joined([r.name, ".", namespace, ".svc.", &options.cluster_domain]);
     let tls = Tls::of(
         namespace,
         r.name,
@@ -281,14 +281,13 @@ pub(super) fn resolve(
         &dns_name,
         index,
     );
-    let service_url = [
+    let service_url = super::joined([
         tls.scheme(),
         "://",
         &dns_name,
         ":",
         itoa::Buffer::new().format(dns_port),
-    ]
-    .concat();
+    ]);
     let urls = match objects.map(|o| o.slices.as_slice()) {
         None | Some([]) => vec![service_url.clone()],
         Some(slices) => endpoint_urls(tls.scheme(), service_port, slices),
@@ -413,9 +412,9 @@ fn endpoint_urls(
                 continue;
             }
             let url = if v6 || address.contains(':') {
-                [scheme, "://[", address, "]:", target].concat()
+                super::joined([scheme, "://[", address, "]:", target])
             } else {
-                [scheme, "://", address, ":", target].concat()
+                super::joined([scheme, "://", address, ":", target])
             };
             urls.push(url);
         }

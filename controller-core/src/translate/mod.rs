@@ -747,6 +747,18 @@ pub(crate) struct Index<'a> {
     service_imports: Option<BTreeMap<(&'a str, &'a str), &'a ServiceImport>>,
 }
 
+/// `parts` written one after another, into a string allocated once at their length. Each
+/// rule's name and backend URLs are joined so, without the separator handling of `concat`'s
+/// general join.
+#[inline]
+pub(crate) fn joined<const N: usize>(parts: [&str; N]) -> String {
+    let mut out = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for part in parts {
+        out.push_str(part);
+    }
+    out
+}
+
 /// A Service and its EndpointSlices (by `kubernetes.io/service-name`), either of which may be
 /// missing.
 #[derive(Debug, Default)]
