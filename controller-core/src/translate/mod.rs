@@ -552,19 +552,24 @@ fn translate_checked(
     }
     let mut owners: BTreeMap<PlaneKey, Vec<Option<RouteKey>>> = BTreeMap::new();
     for (plane, config) in &mut configs {
-        let (rules, owned_by): (Vec<_>, Vec<_>) = grpc_route::order(
+        let placed = grpc_route::order(
             rules_by_plane
                 .remove(plane)
                 .map(plane_rules::PlaneRules::into_placed)
                 .unwrap_or_default(),
-        )
-        .into_iter()
-        .map(|(rule, route)| (rule, Some(route)))
-        .unzip();
+        );
+        let isolated = isolation.remove(plane).unwrap_or_default();
+        // Room for the isolation rules too: the document is not copied again to take them.
+        let mut rules = Vec::with_capacity(placed.len() + isolated.len());
+        let mut owned_by = Vec::with_capacity(placed.len() + isolated.len());
+        for (rule, route) in placed {
+            rules.push(rule);
+            owned_by.push(Some(route));
+        }
         config.rules = rules;
         let owned_by = owners.entry(plane.clone()).or_insert(owned_by);
         let listeners = scheme_listeners.get(plane);
-        for (hostname, (schemes, rule)) in isolation.remove(plane).unwrap_or_default() {
+        for (hostname, (schemes, rule)) in isolated {
             config.rules.push(match listeners {
                 Some(listeners) => listeners.scope_isolation(rule, &hostname, &schemes),
                 None => rule,
