@@ -754,8 +754,9 @@ pub(crate) struct Index<'a> {
 
 /// `parts` written one after another, into a string allocated once at their length. Each
 /// rule's name and backend URLs are joined so, without the separator handling of `concat`'s
-/// general join.
-#[inline]
+/// general join. Always inlined: the parts are then of known number, and literal ones of known
+/// length, so they are copied without a call each.
+#[inline(always)]
 pub(crate) fn joined<const N: usize>(parts: [&str; N]) -> String {
     let mut out = String::with_capacity(parts.iter().map(|p| p.len()).sum());
     for part in parts {
