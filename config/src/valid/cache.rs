@@ -117,13 +117,18 @@ impl Cache {
         }
         // A URL of one target, that target (almost every URL): moved to the used generation
         // with its key, not copied.
-        let single = |e: &Entry<Vec<Arc<Target>>>| matches!(&e.value[..], [t] if made_of(&t));
-        if used.is_none() && targets.old.get(url).is_some_and(single) {
+        if used.is_none() {
             if let Some((key, mut e)) = targets.old.remove_entry(url) {
-                let target = e.value[0].clone();
-                e.from_old = 1;
-                targets.used.insert(key, e);
-                return Ok(target);
+                if let [target] = &e.value[..] {
+                    if made_of(&target) {
+                        let target = target.clone();
+                        e.from_old = 1;
+                        targets.used.insert(key, e);
+                        return Ok(target);
+                    }
+                }
+                // Put back: a URL of several targets, or one of other settings.
+                targets.old.insert(key, e);
             }
         }
         let old = targets.old.get(url);

@@ -201,7 +201,8 @@ pub(super) fn resolve(
             name: r.name.to_owned(),
         });
     }
-    let Some(service) = index.services.get(&(namespace, r.name)).copied() else {
+    let objects = index.services.get(&(namespace, r.name));
+    let Some(service) = objects.and_then(|o| o.service) else {
         return Err(BackendRefError::NotFound {
             field: field.to_string(),
             namespace: namespace.to_owned(),
@@ -271,7 +272,7 @@ pub(super) fn resolve(
         _ => port,
     };
     // Every rule resolves its backends: these names are joined, not formatted.
-    let dns_name = [r.name, ".", namespace, ".svc.", &options.cluster_domain].concat();
+    let dns_name = super::joined([r.name, ".", namespace, ".svc.", &options.cluster_domain]);
     let tls = Tls::of(
         namespace,
         r.name,
@@ -280,16 +281,15 @@ pub(super) fn resolve(
         &dns_name,
         index,
     );
-    let service_url = [
+    let service_url = super::joined([
         tls.scheme(),
         "://",
         &dns_name,
         ":",
         itoa::Buffer::new().format(dns_port),
-    ]
-    .concat();
-    let urls = match index.slices.get(&(namespace, r.name)) {
-        None => vec![service_url.clone()],
+    ]);
+    let urls = match objects.map(|o| o.slices.as_slice()) {
+        None | Some([]) => vec![service_url.clone()],
         Some(slices) => endpoint_urls(tls.scheme(), service_port, slices),
     };
     Ok(Resolved {
@@ -380,7 +380,12 @@ fn endpoint_urls(
     slices: &[&k8s_openapi::api::discovery::v1::EndpointSlice],
 ) -> Vec<String> {
     let wanted = service_port.name.as_deref().unwrap_or("");
-    let mut urls = Vec::new();
+    let mut urls = Vec::with_capacity(
+        slices
+            .iter()
+            .map(|s| s.endpoints.as_ref().map_or(0, Vec::len))
+            .sum(),
+    );
     for slice in slices {
         let Some(target) = slice
             .ports
@@ -407,9 +412,9 @@ fn endpoint_urls(
                 continue;
             }
             let url = if v6 || address.contains(':') {
-                [scheme, "://[", address, "]:", target].concat()
+                super::joined([scheme, "://[", address, "]:", target])
             } else {
-                [scheme, "://", address, ":", target].concat()
+                super::joined([scheme, "://", address, ":", target])
             };
             urls.push(url);
         }
@@ -452,7 +457,15 @@ pub(super) fn expand(targets: Vec<WeightedTarget>) -> Vec<Backend> {
         let w = (u64::from(weight) * scale + n / 2) / n;
         u32::try_from(w).unwrap_or(u32::MAX)
     };
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(
+        targets
+            .iter()
+            .map(|t| match &t.target {
+                Ok(r) => r.urls.len().max(1),
+                Err(_) => 1,
+            })
+            .sum(),
+    );
     for t in targets {
         match t.target {
             Err(url) => out.push(Backend {

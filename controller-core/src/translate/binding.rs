@@ -18,10 +18,10 @@ use super::{Attachment, Index, ObjectKey, PlaneKey, RouteKey, RouteKind, GATEWAY
 
 /// One listener a parentRef attaches a route to.
 #[derive(Debug, Clone)]
-pub(super) struct ListenerAttachment {
+pub(super) struct ListenerAttachment<'a> {
     /// Position of the listener in its Gateway's `listeners`.
     index: usize,
-    name: String,
+    name: &'a str,
     /// The hosts the route serves through this listener.
     hosts: Hosts,
     /// The port a `RequestRedirect` that sets neither scheme nor port carries (see
@@ -41,13 +41,13 @@ pub(super) struct ListenerKey {
 
 /// The outcome of attaching a route to one of our Gateways.
 #[derive(Debug)]
-pub(super) struct ParentBinding {
+pub(super) struct ParentBinding<'a> {
     parent_ref: ParentRef,
     /// The Gateway's position in [`OwnedGateways`]; `None` for a ListenerSet that is not
     /// attached to one (the parent is then refused).
     gateway: Option<usize>,
     /// The plane serving the Gateway and the listeners the route attaches to there.
-    outcome: Result<(PlaneKey, Vec<ListenerAttachment>), (Reason, String)>,
+    outcome: Result<(PlaneKey, Vec<ListenerAttachment<'a>>), (Reason, String)>,
 }
 
 /// Where a route is accepted through one parentRef.
@@ -60,7 +60,7 @@ pub(super) struct Accepted {
     pub(super) attachment: Attachment,
 }
 
-impl ParentBinding {
+impl ParentBinding<'_> {
     /// The Gateway of the parent, the one named or the ListenerSet's: its position in
     /// [`OwnedGateways`].
     pub(super) fn gateway(&self) -> Option<usize> {
@@ -148,7 +148,14 @@ impl ParentBinding {
                     attachment.schemes.insert(l.scheme);
                     match &l.hosts {
                         Hosts::Any => attachment.any_host = true,
-                        Hosts::Some(list) => attachment.hostnames.extend(list.iter().cloned()),
+                        // A host two listeners share is copied once.
+                        Hosts::Some(list) => {
+                            for host in list {
+                                if !attachment.hostnames.contains(host) {
+                                    attachment.hostnames.insert(host.clone());
+                                }
+                            }
+                        }
                     }
                     let key = ListenerKey {
                         gateway,
@@ -229,14 +236,14 @@ impl ListenerClaims {
 /// is known to be accepted. `scheme_listeners` holds each plane's listeners, for listener
 /// isolation across its route table. With `hostname_ownership`, a parent whose listeners would
 /// have the route serve a host its namespace may not publish refuses it ([`ownership`]).
-pub(super) fn bind(
+pub(super) fn bind<'a>(
     route: &RouteView<'_>,
-    gateways: &OwnedGateways<'_>,
+    gateways: &OwnedGateways<'a>,
     listener_sets: &ListenerSets,
     scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners>,
     index: &Index<'_>,
     hostname_ownership: bool,
-) -> Vec<ParentBinding> {
+) -> Vec<ParentBinding<'a>> {
     let mut parents = Vec::new();
     for p in &route.parent_refs {
         if p.group.unwrap_or(GATEWAY_API_GROUP) != GATEWAY_API_GROUP {
@@ -310,15 +317,15 @@ pub(super) fn bind(
 
 /// Attaches a route to the listeners of `gw` a parentRef selects: the Gateway's own, or with
 /// `set` those of that ListenerSet.
-fn attach(
+fn attach<'a>(
     route: &RouteView<'_>,
     p: &ParentRefView<'_>,
-    gw: &OwnedGateway<'_>,
+    gw: &OwnedGateway<'a>,
     set: Option<&ObjectKey>,
     scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners>,
     index: &Index<'_>,
-) -> Result<(PlaneKey, Vec<ListenerAttachment>), (Reason, String)> {
-    let candidates: Vec<(usize, &OwnedListener<'_>)> = gw
+) -> Result<(PlaneKey, Vec<ListenerAttachment<'a>>), (Reason, String)> {
+    let candidates: Vec<(usize, &OwnedListener<'a>)> = gw
         .listeners
         .iter()
         .enumerate()
@@ -387,7 +394,7 @@ fn attach(
             };
             attached.push(ListenerAttachment {
                 index: i,
-                name: l.name.to_owned(),
+                name: l.name,
                 hosts,
                 redirect_port,
                 scheme: l.scheme,

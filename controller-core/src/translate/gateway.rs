@@ -1,7 +1,7 @@
 //! Which GatewayClasses and Gateways are ours, listener validation and conflicts, and the
 //! Gateway/listener status (Gateway API `GatewayConditionType`, `ListenerConditionType`).
 
-use std::collections::btree_map::Entry;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::BuildHasher;
 
@@ -13,7 +13,7 @@ use gateway_api::experimental::gateways::{
 };
 use hashbrown::HashTable;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use rustc_hash::FxBuildHasher;
+use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use crate::render::Plans;
 
@@ -687,8 +687,9 @@ fn mark_shared_plane_conflicts(gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'
             &b.key.name,
         ))
     });
-    // Per scheme and hostname: the Gateway and listener keeping them.
-    let mut holders: BTreeMap<(&str, Option<&str>), (&ObjectKey, &str)> = BTreeMap::new();
+    // Per scheme and hostname: the Gateway and listener keeping them. Only looked up, never
+    // iterated, so a hash map: its order cannot reach the output.
+    let mut holders: FxHashMap<(&str, Option<&str>), (&ObjectKey, &str)> = FxHashMap::default();
     let mut conflicts = Vec::new();
     for gw in order {
         for (index, l) in gw.listeners.iter().enumerate().filter(|(_, l)| l.usable) {

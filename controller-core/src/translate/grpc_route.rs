@@ -109,6 +109,10 @@ pub(super) fn order<T>(rules: Vec<(Option<Placement>, T)>) -> Vec<T> {
         .enumerate()
         .filter_map(|(i, (placement, _))| placement.map(|p| (p, i)))
         .collect();
+    // A plane without GRPCRoute rules keeps its order: its rules are moved once, not thrice.
+    if grpc.is_empty() {
+        return rules.into_iter().map(|(_, r)| r).collect();
+    }
     let slots: Vec<usize> = grpc.iter().map(|(_, i)| *i).collect();
     grpc.sort();
     let mut taken: Vec<Option<T>> = rules.into_iter().map(|(_, r)| Some(r)).collect();

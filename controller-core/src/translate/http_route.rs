@@ -79,7 +79,10 @@ pub(super) fn translate_all<'r, R>(
     matches: impl Fn(&R, Field<'_>) -> Result<Vec<Match>, RuleError>,
     as_http: impl Fn(&'r R, Field<'_>) -> Result<Cow<'r, HttpRouteRules>, RuleError>,
 ) -> TranslatedRoute {
-    let mut out = TranslatedRoute::default();
+    let mut out = TranslatedRoute {
+        rules: Vec::with_capacity(rules.len()),
+        ..TranslatedRoute::default()
+    };
     let spec = Field::Root("spec");
     for (i, rule) in rules.iter().enumerate() {
         let field = spec.item("rules", i);
@@ -167,7 +170,7 @@ fn translate_rule(
         }
     }
 
-    let mut targets = Vec::new();
+    let mut targets = Vec::with_capacity(rule.backend_refs.as_ref().map_or(0, Vec::len));
     for (j, b) in rule.backend_refs.iter().flatten().enumerate() {
         let bfield = field.item("backendRefs", j);
         targets.push(convert_backend(
@@ -248,7 +251,13 @@ fn translate_rule(
         unavailable_status: unavailable,
         retry,
         access,
-        name: Some([ctx.route.namespace, "/", ctx.route.name, "/", rule_name].concat()),
+        name: Some(super::joined([
+            ctx.route.namespace,
+            "/",
+            ctx.route.name,
+            "/",
+            rule_name,
+        ])),
     })
 }
 

@@ -142,6 +142,19 @@ impl<'a> Precedence<'a> {
         }
     }
 
+    /// `{namespace}/{name}` compared as that one string. Routes are sorted by it, thousands
+    /// of times a translation: namespaces that differ before either ends, or are equal, decide
+    /// (or leave it to the names) without walking the joined bytes.
+    fn cmp_joined(&self, other: &Self) -> Ordering {
+        let (a, b) = (self.namespace.as_bytes(), other.namespace.as_bytes());
+        let n = a.len().min(b.len());
+        match a[..n].cmp(&b[..n]) {
+            Ordering::Equal if a.len() == b.len() => self.name.cmp(other.name),
+            Ordering::Equal => self.joined().cmp(other.joined()),
+            unequal => unequal,
+        }
+    }
+
     fn joined(&self) -> impl Iterator<Item = u8> + 'a {
         self.namespace
             .bytes()
@@ -154,7 +167,7 @@ impl Ord for Precedence<'_> {
     fn cmp(&self, other: &Self) -> Ordering {
         (self.created.is_none(), self.created)
             .cmp(&(other.created.is_none(), other.created))
-            .then_with(|| self.joined().cmp(other.joined()))
+            .then_with(|| self.cmp_joined(other))
     }
 }
 
@@ -539,19 +552,24 @@ fn translate_checked(
     }
     let mut owners: BTreeMap<PlaneKey, Vec<Option<RouteKey>>> = BTreeMap::new();
     for (plane, config) in &mut configs {
-        let (rules, owned_by): (Vec<_>, Vec<_>) = grpc_route::order(
+        let placed = grpc_route::order(
             rules_by_plane
                 .remove(plane)
                 .map(plane_rules::PlaneRules::into_placed)
                 .unwrap_or_default(),
-        )
-        .into_iter()
-        .map(|(rule, route)| (rule, Some(route)))
-        .unzip();
+        );
+        let isolated = isolation.remove(plane).unwrap_or_default();
+        // Room for the isolation rules too: the document is not copied again to take them.
+        let mut rules = Vec::with_capacity(placed.len() + isolated.len());
+        let mut owned_by = Vec::with_capacity(placed.len() + isolated.len());
+        for (rule, route) in placed {
+            rules.push(rule);
+            owned_by.push(Some(route));
+        }
         config.rules = rules;
         let owned_by = owners.entry(plane.clone()).or_insert(owned_by);
         let listeners = scheme_listeners.get(plane);
-        for (hostname, (schemes, rule)) in isolation.remove(plane).unwrap_or_default() {
+        for (hostname, (schemes, rule)) in isolated {
             config.rules.push(match listeners {
                 Some(listeners) => listeners.scope_isolation(rule, &hostname, &schemes),
                 None => rule,
@@ -717,9 +735,8 @@ fn scheme_listeners(
 /// looked up, never iterated, so their order cannot reach the output.
 pub(crate) struct Index<'a> {
     namespaces: FxHashMap<&'a str, &'a Namespace>,
-    services: FxHashMap<(&'a str, &'a str), &'a Service>,
-    /// EndpointSlices by (namespace, `kubernetes.io/service-name`).
-    slices: FxHashMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
+    /// Services and their EndpointSlices, by (namespace, name): one lookup finds both.
+    services: FxHashMap<(&'a str, &'a str), ServiceObjects<'a>>,
     grants: Vec<&'a ReferenceGrant>,
     secrets: BTreeMap<(&'a str, &'a str), &'a Secret>,
     /// ConfigMaps, for the CA certificates TLS settings name.
@@ -733,6 +750,28 @@ pub(crate) struct Index<'a> {
     external_backends: BTreeMap<(&'a str, &'a str), &'a ExternalBackend>,
     /// `None` where the Multi-Cluster Services API is not served.
     service_imports: Option<BTreeMap<(&'a str, &'a str), &'a ServiceImport>>,
+}
+
+/// `parts` written one after another, into a string allocated once at their length. Each
+/// rule's name and backend URLs are joined so, without the separator handling of `concat`'s
+/// general join. Always inlined: the parts are then of known number, and literal ones of known
+/// length, so they are copied without a call each.
+#[inline(always)]
+pub(crate) fn joined<const N: usize>(parts: [&str; N]) -> String {
+    let mut out = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for part in parts {
+        out.push_str(part);
+    }
+    out
+}
+
+/// A Service and its EndpointSlices (by `kubernetes.io/service-name`), either of which may be
+/// missing.
+#[derive(Debug, Default)]
+pub(crate) struct ServiceObjects<'a> {
+    service: Option<&'a Service>,
+    /// Sorted by name; empty: no slice names the Service.
+    slices: Vec<&'a EndpointSlice>,
 }
 
 /// Objects of a namespaced kind by (namespace, name).
@@ -750,22 +789,23 @@ const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 impl<'a> Index<'a> {
     fn new(snapshot: &'a Snapshot) -> Self {
-        let mut namespaces = FxHashMap::default();
+        let mut namespaces =
+            FxHashMap::with_capacity_and_hasher(snapshot.namespaces.len(), Default::default());
         for ns in &snapshot.namespaces {
             if let Some(name) = ns.metadata.name.as_deref() {
                 namespaces.insert(name, ns);
             }
         }
-        let mut services = FxHashMap::default();
+        let mut services: FxHashMap<(&str, &str), ServiceObjects<'_>> =
+            FxHashMap::with_capacity_and_hasher(snapshot.services.len(), Default::default());
         for svc in &snapshot.services {
             if let (Some(ns), Some(name)) = (
                 svc.metadata.namespace.as_deref(),
                 svc.metadata.name.as_deref(),
             ) {
-                services.insert((ns, name), svc);
+                services.entry((ns, name)).or_default().service = Some(svc);
             }
         }
-        let mut slices: FxHashMap<(&str, &str), Vec<&EndpointSlice>> = FxHashMap::default();
         for slice in &snapshot.endpoint_slices {
             let ns = slice.metadata.namespace.as_deref();
             let svc = slice
@@ -775,11 +815,13 @@ impl<'a> Index<'a> {
                 .and_then(|l| l.get(SERVICE_NAME_LABEL))
                 .map(String::as_str);
             if let (Some(ns), Some(svc)) = (ns, svc) {
-                slices.entry((ns, svc)).or_default().push(slice);
+                services.entry((ns, svc)).or_default().slices.push(slice);
             }
         }
-        for list in slices.values_mut() {
-            list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        for objects in services.values_mut() {
+            objects
+                .slices
+                .sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         }
         let secrets = by_key(&snapshot.secrets);
         let config_maps: BTreeMap<(&str, &str), &ConfigMap> = by_key(&snapshot.config_maps);
@@ -805,7 +847,6 @@ impl<'a> Index<'a> {
             external_backends: by_key(&snapshot.external_backends),
             namespaces,
             services,
-            slices,
             grants: snapshot.reference_grants.iter().collect(),
             secrets,
             config_maps,
@@ -879,10 +920,19 @@ pub(crate) struct Attachment {
 }
 
 impl Attachment {
+    /// Adds `other`'s hosts, ports and schemes; into an empty set they are moved, not copied
+    /// (most routes have one attachment per plane).
     fn merge(&mut self, other: Self) {
+        fn union<T: Ord>(into: &mut BTreeSet<T>, from: BTreeSet<T>) {
+            if into.is_empty() {
+                *into = from;
+            } else {
+                into.extend(from);
+            }
+        }
         self.any_host |= other.any_host;
-        self.hostnames.extend(other.hostnames);
-        self.redirect_ports.extend(other.redirect_ports);
-        self.schemes.extend(other.schemes);
+        union(&mut self.hostnames, other.hostnames);
+        union(&mut self.redirect_ports, other.redirect_ports);
+        union(&mut self.schemes, other.schemes);
     }
 }

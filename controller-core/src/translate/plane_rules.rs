@@ -37,7 +37,10 @@ impl PlaneRules {
         route: &RouteKey,
         shadowed: &mut Shadowed,
     ) {
-        let hash = FxBuildHasher.hash_one(&rule);
+        // Of where the rule applies, not of all of it: equal rules still hash equal, and a
+        // rule's backends, hashed every placement, rarely tell two rules apart that its name,
+        // hosts and matches do not.
+        let hash = FxBuildHasher.hash_one((&rule.name, &rule.hostnames, &rule.matches));
         let Self {
             placed,
             positions,

@@ -106,7 +106,9 @@ pub(super) fn collect_routes(snapshot: &Snapshot) -> Vec<RouteView<'_>> {
         .grpc_routes
         .iter()
         .filter_map(|r| route_view!(r, RouteKind::Grpc, RouteSource::Grpc));
-    http.chain(grpc).collect()
+    let mut routes = Vec::with_capacity(snapshot.http_routes.len() + snapshot.grpc_routes.len());
+    routes.extend(http.chain(grpc));
+    routes
 }
 
 fn invalid_hostnames(hostnames: Option<&[String]>) -> Option<String> {

@@ -43,8 +43,12 @@ struct Listeners {
 
 /// The domains `name` is a strict subdomain of (one label or more shorter), longest first.
 fn parents(name: &str) -> impl Iterator<Item = &str> {
-    name.match_indices('.')
-        .filter(|(i, _)| *i >= 1)
+    // A byte scan: `.` is ASCII, so every `.` byte is a whole character (and a short name is
+    // scanned faster this way than by the general substring search).
+    name.bytes()
+        .enumerate()
+        .skip(1)
+        .filter(|&(_, b)| b == b'.')
         .map(move |(i, _)| &name[i + 1..])
 }
 

@@ -3626,3 +3626,16 @@ mod external_backend;
 mod listener_set;
 mod listener_tls;
 mod service_import;
+
+proptest::proptest! {
+    /// Precedence compares `{namespace}/{name}` as that one string, whichever way the names
+    /// split it.
+    #[test]
+    fn precedence_compares_the_joined_names(
+        a in "[a-c/-]{0,4}", b in "[a-c/-]{0,4}", c in "[a-c/-]{0,4}", d in "[a-c/-]{0,4}",
+    ) {
+        let left = Precedence::new(None, &a, &b);
+        let right = Precedence::new(None, &c, &d);
+        proptest::prop_assert_eq!(left.cmp(&right), format!("{a}/{b}").cmp(&format!("{c}/{d}")));
+    }
+}
