@@ -80,15 +80,18 @@ pub(super) fn is_subdomain(name: &str, parent: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::{covered, intersect_one};
     use proptest::prelude::*;
 
-    /// Hostnames from a few labels, so that generated names often nest and coincide.
-    fn name() -> impl Strategy<Value = String> {
+    /// Hostnames, wildcards among them, of one to three labels drawn from `labels`: few
+    /// labels, so that generated names often nest and coincide.
+    pub(in crate::translate) fn names(
+        labels: &'static [&'static str],
+    ) -> impl Strategy<Value = String> {
         (
             any::<bool>(),
-            proptest::collection::vec(prop_oneof!["a", "b", "ab"], 1..4),
+            proptest::collection::vec(proptest::sample::select(labels), 1..4),
         )
             .prop_map(|(wild, labels)| {
                 let name = labels.join(".");
@@ -98,6 +101,10 @@ mod tests {
                     name
                 }
             })
+    }
+
+    fn name() -> impl Strategy<Value = String> {
+        names(&["a", "b", "ab"])
     }
 
     proptest! {

@@ -256,22 +256,11 @@ fn require(rule: &mut Rule, schemes: &BTreeSet<&'static str>) {
 #[cfg(test)]
 mod tests {
     use super::{hostname, SchemeListeners};
+    use crate::translate::hostname::tests::names;
     use proptest::prelude::*;
 
-    /// Hostnames from a few labels, so that generated names often nest and coincide.
     fn name() -> impl Strategy<Value = String> {
-        (
-            any::<bool>(),
-            proptest::collection::vec(prop_oneof!["a", "b", "c"], 1..4),
-        )
-            .prop_map(|(wild, labels)| {
-                let name = labels.join(".");
-                if wild {
-                    format!("*.{name}")
-                } else {
-                    name
-                }
-            })
+        names(&["a", "b", "c"])
     }
 
     fn listeners() -> impl Strategy<Value = Vec<(bool, Option<String>)>> {
