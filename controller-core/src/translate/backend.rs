@@ -369,7 +369,7 @@ impl Tls {
 
     /// The URL of `authority` (`host:port`) in the scheme this port is dialled with.
     fn url(&self, authority: &str) -> String {
-        [self.scheme(), "://", authority].concat()
+        super::joined([self.scheme(), "://", authority])
     }
 }
 
@@ -442,12 +442,14 @@ pub(super) const NO_ENDPOINTS_STATUS: u16 = 503;
 /// Expands targets into weighted backends: a Service's weight is split evenly across its
 /// ready endpoints, scaled so that the ratio between Services is kept exactly.
 pub(super) fn expand(targets: Vec<WeightedTarget>) -> Vec<Backend> {
+    // Backends a target becomes: one per ready endpoint, or one answering in its place.
+    let backends = |t: &WeightedTarget| match &t.target {
+        Ok(r) => r.urls.len().max(1),
+        Err(_) => 1,
+    };
     let scale = targets
         .iter()
-        .map(|t| match &t.target {
-            Ok(r) if !r.urls.is_empty() => r.urls.len() as u64,
-            _ => 1,
-        })
+        .map(|t| backends(t) as u64)
         .try_fold(1u64, |acc, n| {
             let l = lcm(acc, n);
             (l <= MAX_WEIGHT_SCALE).then_some(l)
@@ -457,15 +459,7 @@ pub(super) fn expand(targets: Vec<WeightedTarget>) -> Vec<Backend> {
         let w = (u64::from(weight) * scale + n / 2) / n;
         u32::try_from(w).unwrap_or(u32::MAX)
     };
-    let mut out = Vec::with_capacity(
-        targets
-            .iter()
-            .map(|t| match &t.target {
-                Ok(r) => r.urls.len().max(1),
-                Err(_) => 1,
-            })
-            .sum(),
-    );
+    let mut out = Vec::with_capacity(targets.iter().map(backends).sum());
     for t in targets {
         match t.target {
             Err(url) => out.push(Backend {
