@@ -54,8 +54,22 @@ fn parse_group(name: &str) -> Result<rustls::NamedGroup, String> {
         .ok_or_else(|| format!("{name:?} is not a key-exchange group rustls implements"))
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// On one CPU (affinity or cgroup quota) the current-thread runtime: the edge shares the load
+/// CPU with the load generator and the backend in the comparisons, and a multi-thread runtime's
+/// hand-offs cost that CPU more for no parallelism.
+fn main() -> anyhow::Result<()> {
+    let mut runtime = match std::thread::available_parallelism().map_or(1, usize::from) {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    runtime
+        .enable_all()
+        .build()
+        .context("building the runtime")?
+        .block_on(serve())
+}
+
+async fn serve() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
