@@ -12,6 +12,8 @@ use super::stats::format_thousands;
 
 const WIDTH: u32 = 1280;
 const GROUP_HEIGHT: u32 = 400;
+/// Left margin plus the latency chart's y label area: where its plot, and its legend, start.
+const PLOT_LEFT: i32 = 12 + 64;
 const LINE: u32 = 18;
 /// Share of the width the latency chart takes; the throughput bars get the rest.
 const LATENCY_SHARE: f64 = 0.62;
@@ -63,20 +65,30 @@ fn colour(index: usize) -> RGBColor {
 pub fn render_svg(results: &Results) -> Result<String, ChartError> {
     let header_lines = 3 + results.setup.len() as u32;
     let header = 16 + LINE * header_lines + 8;
-    let groups = results.groups.len().max(1) as u32;
-    let height = header + GROUP_HEIGHT * groups;
+    let height = header
+        + results
+            .groups
+            .iter()
+            .map(|g| GROUP_HEIGHT + legend_height(g))
+            .sum::<u32>()
+            .max(GROUP_HEIGHT);
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
         root.fill(&WHITE).map_err(chart_err)?;
         let (top, body) = root.split_vertically(header);
         draw_heading(&top, results)?;
-        let rows = body.split_evenly((groups as usize, 1));
-        for (row, group) in rows.iter().zip(&results.groups) {
+        let mut rest = body;
+        for group in &results.groups {
+            let (row, below) = rest.split_vertically(GROUP_HEIGHT + legend_height(group));
+            rest = below;
             let split = (f64::from(WIDTH) * LATENCY_SHARE) as u32;
             let (left, right) = row.split_horizontally(split);
-            draw_latency(&left, group)?;
-            draw_throughput(&right, group)?;
+            let (plot, legend) = left.split_vertically(GROUP_HEIGHT);
+            draw_latency(&plot, group)?;
+            draw_legend(&legend, group)?;
+            let (bars, _) = right.split_vertically(GROUP_HEIGHT);
+            draw_throughput(&bars, group)?;
         }
         root.present().map_err(chart_err)?;
     }
@@ -184,14 +196,12 @@ fn draw_latency<DB: DrawingBackend>(
         .light_line_style(RGBColor(0xee, 0xee, 0xee))
         .draw()
         .map_err(chart_err)?;
-    for (i, s, m) in &series {
+    for (i, _, m) in &series {
         let c = colour(*i);
         let points = curve(m);
         chart
             .draw_series(LineSeries::new(points.clone(), c.stroke_width(2)))
-            .map_err(chart_err)?
-            .label(legend_label(s, m))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(3)));
+            .map_err(chart_err)?;
         chart
             .draw_series(points.into_iter().map(|p| Circle::new(p, 3, c.filled())))
             .map_err(chart_err)?;
@@ -204,14 +214,41 @@ fn draw_latency<DB: DrawingBackend>(
                 (FONT, 14),
             )))
             .map_err(chart_err)?;
-    } else {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.9))
-            .border_style(RGBColor(0xaa, 0xaa, 0xaa))
-            .label_font((FONT, 13))
-            .draw()
+    }
+    Ok(())
+}
+
+/// Legend entries per row under a latency chart.
+const LEGEND_COLUMNS: usize = 2;
+
+/// Height of the legend under a group's latency chart: a row per two measured series.
+fn legend_height(group: &Group) -> u32 {
+    let entries = measured(group).len();
+    if entries == 0 {
+        return 0;
+    }
+    (entries.div_ceil(LEGEND_COLUMNS) as u32) * LINE + 8
+}
+
+/// The latency chart's legend, below its plot rather than on it, so that no curve's tail is
+/// hidden: a swatch and `name  p50 ..  p99 ..` per measured series, in columns.
+fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    group: &Group,
+) -> Result<(), ChartError> {
+    let (width, _) = area.dim_in_pixel();
+    let column = (width as i32 - PLOT_LEFT - 12) / LEGEND_COLUMNS as i32;
+    let style = (FONT, 13).into_text_style(area);
+    for (n, (i, s, m)) in measured(group).into_iter().enumerate() {
+        let x = PLOT_LEFT + column * (n % LEGEND_COLUMNS) as i32;
+        let y = 4 + LINE as i32 * (n / LEGEND_COLUMNS) as i32;
+        let c = colour(i);
+        area.draw(&PathElement::new(
+            vec![(x, y + 7), (x + 18, y + 7)],
+            c.stroke_width(3),
+        ))
+        .map_err(chart_err)?;
+        area.draw(&Text::new(legend_label(s, m), (x + 24, y), style.clone()))
             .map_err(chart_err)?;
     }
     Ok(())

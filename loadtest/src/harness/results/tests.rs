@@ -213,6 +213,38 @@ fn the_chart_is_well_formed_svg_with_a_curve_and_a_bar_per_series() {
         rects >= 3 * 2 * 2,
         "a filled and an outlined bar per measured series: {rects}"
     );
+    // Each group's legend lies under its curves and above the next group's: no curve's
+    // tail is hidden behind it.
+    let curve_ys: Vec<(f64, f64)> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("polyline"))
+        .filter_map(|n| n.attribute("points"))
+        .filter(|p| p.split_whitespace().count() == CURVE_PERCENTILES.len())
+        .map(|p| {
+            let ys = p
+                .split_whitespace()
+                .filter_map(|xy| xy.split(',').nth(1)?.parse::<f64>().ok());
+            ys.fold((f64::INFINITY, 0f64), |(lo, hi), y| (lo.min(y), hi.max(y)))
+        })
+        .collect();
+    let legend_ys: Vec<f64> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .filter(|n| n.text().is_some_and(|t| t.contains("  p50 ")))
+        .filter_map(|n| n.attribute("y")?.parse().ok())
+        .collect();
+    assert_eq!((curve_ys.len(), legend_ys.len()), (6, 6));
+    let lowest = |curves: &[(f64, f64)]| curves.iter().map(|c| c.1).fold(0f64, f64::max);
+    let highest = |curves: &[(f64, f64)]| curves.iter().map(|c| c.0).fold(f64::INFINITY, f64::min);
+    for y in &legend_ys[..3] {
+        assert!(
+            *y > lowest(&curve_ys[..3]) && *y < highest(&curve_ys[3..]),
+            "{y} {curve_ys:?}"
+        );
+    }
+    for y in &legend_ys[3..] {
+        assert!(*y > lowest(&curve_ys[3..]), "{y} {curve_ys:?}");
+    }
 }
 
 #[test]
