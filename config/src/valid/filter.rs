@@ -106,17 +106,30 @@ pub struct Cors {
     pub max_age: Option<HeaderValue>,
 }
 
-/// Checks a list of filters; `at` is the list's field (`filters`, `backends[1].filters`).
-pub(super) fn filters(
+/// Checks a list of filters; `at` is the list's field (`filters`, `backends[1].filters`). With
+/// `BUILD` unset, nothing is kept (see [`super::check`]). Inlined for the empty list most rules
+/// and backends have, which then costs its caller nothing to make or drop.
+#[inline(always)]
+pub(super) fn filters<const BUILD: bool>(
+    list: &[doc::Filter],
+    at: &At<'_>,
+    path_regex: bool,
+    cache: &mut Cache,
+) -> Result<Filters, Invalid> {
+    if list.is_empty() {
+        return Ok(Filters::default());
+    }
+    some_filters::<BUILD>(list, at, path_regex, cache)
+}
+
+fn some_filters<const BUILD: bool>(
     list: &[doc::Filter],
     at: &At<'_>,
     path_regex: bool,
     cache: &mut Cache,
 ) -> Result<Filters, Invalid> {
     let mut out = Filters::default();
-    if list.is_empty() {
-        return Ok(out);
-    }
+    let mut redirected = false;
     for (k, f) in list.iter().enumerate() {
         let at = at.index(k);
         let missing = |field: &str| Invalid::new(at.field(field), "required by the filter type");
@@ -126,43 +139,44 @@ pub(super) fn filters(
                     .request_header_modifier
                     .as_ref()
                     .ok_or_else(|| missing("requestHeaderModifier"))?;
-                out.request.push(RequestEdit::Headers(header_edits(
-                    m,
-                    &at.field("requestHeaderModifier"),
-                )?));
+                let edits = header_edits(m, &at.field("requestHeaderModifier"))?;
+                if BUILD {
+                    out.request.push(RequestEdit::Headers(edits));
+                }
             }
             doc::FilterType::ResponseHeaderModifier => {
                 let m = f
                     .response_header_modifier
                     .as_ref()
                     .ok_or_else(|| missing("responseHeaderModifier"))?;
-                out.response
-                    .push(header_edits(m, &at.field("responseHeaderModifier"))?);
+                let edits = header_edits(m, &at.field("responseHeaderModifier"))?;
+                if BUILD {
+                    out.response.push(edits);
+                }
             }
             doc::FilterType::RequestRedirect => {
                 let r = f
                     .request_redirect
                     .as_ref()
                     .ok_or_else(|| missing("requestRedirect"))?;
-                if out.redirect.is_some() {
+                if redirected {
                     return Err(Invalid::new(at, "only one RequestRedirect is allowed"));
                 }
-                out.redirect = Some(Box::new(redirect(
-                    r,
-                    &at.field("requestRedirect"),
-                    path_regex,
-                )?));
+                redirected = true;
+                let redirect = redirect(r, &at.field("requestRedirect"), path_regex)?;
+                if BUILD {
+                    out.redirect = Some(Box::new(redirect));
+                }
             }
             doc::FilterType::URLRewrite => {
                 let r = f
                     .url_rewrite
                     .as_ref()
                     .ok_or_else(|| missing("urlRewrite"))?;
-                out.request.push(RequestEdit::Rewrite(rewrite(
-                    r,
-                    &at.field("urlRewrite"),
-                    path_regex,
-                )?));
+                let rewrite = rewrite(r, &at.field("urlRewrite"), path_regex)?;
+                if BUILD {
+                    out.request.push(RequestEdit::Rewrite(rewrite));
+                }
             }
             doc::FilterType::RequestMirror => {
                 let m = f
@@ -178,13 +192,21 @@ pub(super) fn filters(
                     ));
                 }
                 let target = cache
-                    .target(&m.backend_url, m.protocol, false, None, m.public_only)
+                    .target_ref(&m.backend_url, m.protocol, false, None, m.public_only)
                     .map_err(|e| Invalid::new(at.field("backendUrl"), e.message))?;
-                out.mirrors.push(Mirror { target, percent });
+                if BUILD {
+                    out.mirrors.push(Mirror {
+                        target: target.clone(),
+                        percent,
+                    });
+                }
             }
             doc::FilterType::Cors => {
                 let c = f.cors.as_ref().ok_or_else(|| missing("cors"))?;
-                out.cors = Some(Box::new(cors(c, &at.field("cors"))?));
+                let cors = cors(c, &at.field("cors"))?;
+                if BUILD {
+                    out.cors = Some(Box::new(cors));
+                }
             }
         }
     }
