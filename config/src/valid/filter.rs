@@ -1,5 +1,6 @@
 //! Filters, checked: header modifiers, redirect, URL rewrite, mirrors, CORS.
 
+use super::rule::Form;
 use super::{name, status, At, Cache, Invalid, Target};
 use crate::document as doc;
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -106,28 +107,28 @@ pub struct Cors {
     pub max_age: Option<HeaderValue>,
 }
 
-/// Checks a list of filters; `at` is the list's field (`filters`, `backends[1].filters`). With
-/// `BUILD` unset, nothing is kept (see [`super::check`]). Inlined for the empty list most rules
-/// and backends have, which then costs its caller nothing to make or drop.
+/// Checks a list of filters; `at` is the list's field (`filters`, `backends[1].filters`).
+/// `None` where nothing is kept ([`Form`]). Inlined for the empty list most rules and backends
+/// have, which then costs its caller nothing to make or drop.
 #[inline(always)]
-pub(super) fn filters<const BUILD: bool>(
+pub(super) fn filters<F: Form>(
     list: &[doc::Filter],
     at: &At<'_>,
     path_regex: bool,
     cache: &mut Cache,
-) -> Result<Filters, Invalid> {
+) -> Result<Option<Filters>, Invalid> {
     if list.is_empty() {
-        return Ok(Filters::default());
+        return Ok(F::BUILD.then(Filters::default));
     }
-    some_filters::<BUILD>(list, at, path_regex, cache)
+    some_filters::<F>(list, at, path_regex, cache)
 }
 
-fn some_filters<const BUILD: bool>(
+fn some_filters<F: Form>(
     list: &[doc::Filter],
     at: &At<'_>,
     path_regex: bool,
     cache: &mut Cache,
-) -> Result<Filters, Invalid> {
+) -> Result<Option<Filters>, Invalid> {
     let mut out = Filters::default();
     let mut redirected = false;
     for (k, f) in list.iter().enumerate() {
@@ -140,7 +141,7 @@ fn some_filters<const BUILD: bool>(
                     .as_ref()
                     .ok_or_else(|| missing("requestHeaderModifier"))?;
                 let edits = header_edits(m, &at.field("requestHeaderModifier"))?;
-                if BUILD {
+                if F::BUILD {
                     out.request.push(RequestEdit::Headers(edits));
                 }
             }
@@ -150,7 +151,7 @@ fn some_filters<const BUILD: bool>(
                     .as_ref()
                     .ok_or_else(|| missing("responseHeaderModifier"))?;
                 let edits = header_edits(m, &at.field("responseHeaderModifier"))?;
-                if BUILD {
+                if F::BUILD {
                     out.response.push(edits);
                 }
             }
@@ -164,7 +165,7 @@ fn some_filters<const BUILD: bool>(
                 }
                 redirected = true;
                 let redirect = redirect(r, &at.field("requestRedirect"), path_regex)?;
-                if BUILD {
+                if F::BUILD {
                     out.redirect = Some(Box::new(redirect));
                 }
             }
@@ -174,7 +175,7 @@ fn some_filters<const BUILD: bool>(
                     .as_ref()
                     .ok_or_else(|| missing("urlRewrite"))?;
                 let rewrite = rewrite(r, &at.field("urlRewrite"), path_regex)?;
-                if BUILD {
+                if F::BUILD {
                     out.request.push(RequestEdit::Rewrite(rewrite));
                 }
             }
@@ -194,7 +195,7 @@ fn some_filters<const BUILD: bool>(
                 let target = cache
                     .target_ref(&m.backend_url, m.protocol, false, None, m.public_only)
                     .map_err(|e| Invalid::new(at.field("backendUrl"), e.message))?;
-                if BUILD {
+                if F::BUILD {
                     out.mirrors.push(Mirror {
                         target: target.clone(),
                         percent,
@@ -204,13 +205,13 @@ fn some_filters<const BUILD: bool>(
             doc::FilterType::Cors => {
                 let c = f.cors.as_ref().ok_or_else(|| missing("cors"))?;
                 let cors = cors(c, &at.field("cors"))?;
-                if BUILD {
+                if F::BUILD {
                     out.cors = Some(Box::new(cors));
                 }
             }
         }
     }
-    Ok(out)
+    Ok(F::BUILD.then_some(out))
 }
 
 fn header_edits(m: &doc::HeaderModifier, at: &At<'_>) -> Result<HeaderEdits, Invalid> {

@@ -83,7 +83,7 @@ pub struct Retry {
 /// # Errors
 /// The first value that breaks a rule of the contract.
 pub fn rule(rule: &doc::Rule, cache: &mut Cache) -> Result<Rule, Invalid> {
-    checked::<true>(rule, cache)
+    checked(rule, cache)
 }
 
 /// [`rule`]'s verdict alone, for a caller that keeps its own copy of the rule (the controller
@@ -93,25 +93,44 @@ pub fn rule(rule: &doc::Rule, cache: &mut Cache) -> Result<Rule, Invalid> {
 /// # Errors
 /// As [`rule`].
 pub fn check(rule: &doc::Rule, cache: &mut Cache) -> Result<(), Invalid> {
-    checked::<false>(rule, cache).map(drop)
+    checked(rule, cache)
 }
 
-/// The one body of checks behind [`rule`] and [`check`], so the two cannot drift apart. With
-/// `BUILD` unset, only what is built from a value that passed is left out: the rule returned
-/// is then an empty shell. A value whose parse is its check (a header name, a compiled pattern)
-/// is parsed either way.
-fn checked<const BUILD: bool>(rule: &doc::Rule, cache: &mut Cache) -> Result<Rule, Invalid> {
+/// What the checks return: the rule built ([`rule`]) or nothing ([`check`]). One body of
+/// checks, [`checked`], serves both, so they cannot drift apart: where nothing is built, only
+/// what is built from a value that passed is left out. A value whose parse is its check (a
+/// header name, a compiled pattern) is parsed either way.
+pub(super) trait Form: Sized {
+    /// Whether the checked values are kept: a constant, so the form that keeps nothing
+    /// compiles without the code that builds.
+    const BUILD: bool;
+    fn of(make: impl FnOnce() -> Rule) -> Self;
+}
+
+impl Form for Rule {
+    const BUILD: bool = true;
+    fn of(make: impl FnOnce() -> Rule) -> Self {
+        make()
+    }
+}
+
+impl Form for () {
+    const BUILD: bool = false;
+    fn of(_: impl FnOnce() -> Rule) {}
+}
+
+fn checked<F: Form>(rule: &doc::Rule, cache: &mut Cache) -> Result<F, Invalid> {
     let at = At::Rule;
-    let capacity = |n: usize| if BUILD { n } else { 0 };
+    let capacity = |n: usize| if F::BUILD { n } else { 0 };
     let mut hostnames = Vec::with_capacity(capacity(rule.hostnames.len()));
     for (j, h) in rule.hostnames.iter().enumerate() {
         name::check_hostname(h).map_err(|m| Invalid::new(at.field("hostnames").index(j), m))?;
-        if BUILD {
+        if F::BUILD {
             hostnames.push(name::lower_hostname(h));
         }
     }
     let matches = if rule.matches.is_empty() {
-        if BUILD {
+        if F::BUILD {
             vec![Match::every_request()]
         } else {
             Vec::new()
@@ -120,7 +139,7 @@ fn checked<const BUILD: bool>(rule: &doc::Rule, cache: &mut Cache) -> Result<Rul
         let list = at.field("matches");
         let mut matches = Vec::with_capacity(capacity(rule.matches.len()));
         for (j, m) in rule.matches.iter().enumerate() {
-            matches.extend(match_::<BUILD>(m, &list.index(j), cache)?);
+            matches.extend(match_::<F>(m, &list.index(j), cache)?);
         }
         matches
     };
@@ -129,7 +148,7 @@ fn checked<const BUILD: bool>(rule: &doc::Rule, cache: &mut Cache) -> Result<Rul
             .as_ref()
             .is_some_and(|p| p.kind == doc::PathMatchType::RegularExpression)
     });
-    let filters = filter::filters::<BUILD>(&rule.filters, &at.field("filters"), path_regex, cache)?;
+    let filters = filter::filters::<F>(&rule.filters, &at.field("filters"), path_regex, cache)?;
     let list = at.field("backends");
     let mut backends = Vec::with_capacity(capacity(rule.backends.len()));
     for (j, b) in rule.backends.iter().enumerate() {
@@ -152,14 +171,13 @@ fn checked<const BUILD: bool>(rule: &doc::Rule, cache: &mut Cache) -> Result<Rul
                     b.public_only,
                 )
                 .map_err(|e| Invalid::new(at.field(&e.field), e.message))?;
-            BUILD.then(|| target.clone())
+            F::BUILD.then(|| target.clone())
         };
-        let filters =
-            filter::filters::<BUILD>(&b.filters, &at.field("filters"), path_regex, cache)?;
-        if BUILD {
+        let filters = filter::filters::<F>(&b.filters, &at.field("filters"), path_regex, cache)?;
+        if F::BUILD {
             backends.push(Backend {
                 target,
-                filters,
+                filters: filters.unwrap_or_default(),
                 unavailable,
                 weight: b.weight,
             });
@@ -177,7 +195,7 @@ fn checked<const BUILD: bool>(rule: &doc::Rule, cache: &mut Cache) -> Result<Rul
                 status::status(*code)
                     .map_err(|m| Invalid::new(at.field("retry").field("codes").index(k), m))?;
             }
-            BUILD.then(|| Retry {
+            F::BUILD.then(|| Retry {
                 codes: r.codes.clone(),
                 attempts: r.attempts.unwrap_or(1),
                 backoff: r.backoff.map(|d| d.0).unwrap_or(Duration::ZERO),
@@ -189,20 +207,18 @@ fn checked<const BUILD: bool>(rule: &doc::Rule, cache: &mut Cache) -> Result<Rul
         .map(|s| status::final_status(s).map_err(|m| Invalid::new("unavailableStatus", m)))
         .transpose()?;
     let access = rule.access.as_ref().map(access::access).transpose()?;
-    Ok(Rule {
-        name: BUILD
-            .then(|| rule.name.as_deref().map(Into::into))
-            .flatten(),
+    Ok(F::of(|| Rule {
+        name: rule.name.as_deref().map(Into::into),
         hostnames,
         matches,
-        filters,
+        filters: filters.unwrap_or_default(),
         backends,
         request_timeout,
         backend_timeout,
         unavailable,
         retry,
         access,
-    })
+    }))
 }
 
 impl Match {
@@ -234,24 +250,24 @@ impl Match {
     }
 }
 
-/// A match, checked; `None` where nothing is built (see [`checked`]).
-fn match_<const BUILD: bool>(
+/// A match, checked; `None` where nothing is built (see [`Form`]).
+fn match_<F: Form>(
     m: &doc::Match,
     at: &At<'_>,
     cache: &mut Cache,
 ) -> Result<Option<Match>, Invalid> {
     let path = match &m.path {
-        None => BUILD.then(|| PathMatch::Prefix("/".into())),
+        None => F::BUILD.then(|| PathMatch::Prefix("/".into())),
         Some(p) => {
             let at = at.field("path");
             match p.kind {
                 doc::PathMatchType::RegularExpression => {
                     let pattern = cache.pattern(&p.value).map_err(|m| Invalid::regex(at, m))?;
-                    BUILD.then(|| PathMatch::Regex(pattern))
+                    F::BUILD.then(|| PathMatch::Regex(pattern))
                 }
                 kind => {
                     let value = name::absolute_path(&p.value).map_err(|m| Invalid::new(at, m))?;
-                    BUILD.then(|| {
+                    F::BUILD.then(|| {
                         if kind == doc::PathMatchType::Exact {
                             PathMatch::Exact(value.into())
                         } else {
@@ -268,7 +284,7 @@ fn match_<const BUILD: bool>(
         .as_deref()
         .map(|s| name::method(s).map_err(|e| Invalid::new(at.field("method"), e)))
         .transpose()?;
-    let capacity = |n: usize| if BUILD { n } else { 0 };
+    let capacity = |n: usize| if F::BUILD { n } else { 0 };
     let list = at.field("headers");
     let mut headers: Vec<(HeaderName, ValueMatch)> = Vec::with_capacity(capacity(m.headers.len()));
     for (k, h) in m.headers.iter().enumerate() {
@@ -282,7 +298,7 @@ fn match_<const BUILD: bool>(
         {
             continue;
         }
-        if let Some(value) = value_match::<BUILD>(h, &at, cache)? {
+        if let Some(value) = value_match::<F>(h, &at, cache)? {
             headers.push((name, value));
         }
     }
@@ -299,7 +315,7 @@ fn match_<const BUILD: bool>(
         {
             continue;
         }
-        if let Some(value) = value_match::<BUILD>(q, &at, cache)? {
+        if let Some(value) = value_match::<F>(q, &at, cache)? {
             query.push((q.name.as_str().into(), value));
         }
     }
@@ -311,18 +327,18 @@ fn match_<const BUILD: bool>(
     }))
 }
 
-fn value_match<const BUILD: bool>(
+fn value_match<F: Form>(
     v: &doc::ValueMatch,
     at: &At<'_>,
     cache: &mut Cache,
 ) -> Result<Option<ValueMatch>, Invalid> {
     Ok(match v.kind {
-        doc::ValueMatchType::Exact => BUILD.then(|| ValueMatch::Exact(v.value.as_str().into())),
+        doc::ValueMatchType::Exact => F::BUILD.then(|| ValueMatch::Exact(v.value.as_str().into())),
         doc::ValueMatchType::RegularExpression => {
             let pattern = cache
                 .pattern(&v.value)
                 .map_err(|m| Invalid::regex(at.field("value"), m))?;
-            BUILD.then(|| ValueMatch::Regex(pattern))
+            F::BUILD.then(|| ValueMatch::Regex(pattern))
         }
     })
 }
