@@ -366,6 +366,13 @@ fn translate_checked(
     routes.sort_by(|a, b| a.precedence_cmp(b));
 
     let mut rules_by_plane: BTreeMap<PlaneKey, plane_rules::PlaneRules> = BTreeMap::new();
+    // The shared plane, which most routes reach, has room for every route's rules from the
+    // start: growing it moved every rule placed so far, a dozen times over.
+    let route_rules = routes.iter().map(route::RouteView::rule_count).sum();
+    rules_by_plane.insert(
+        PlaneKey::Shared,
+        plane_rules::PlaneRules::with_capacity(route_rules),
+    );
     let mut claims = binding::ListenerClaims::new(&routes);
     let mut route_statuses: Vec<(RouteKey, Vec<RouteParentStatus>)> =
         Vec::with_capacity(routes.len());
@@ -563,19 +570,24 @@ fn translate_checked(
     }
     let mut owners: BTreeMap<PlaneKey, Vec<Option<RouteKey>>> = BTreeMap::new();
     for (plane, config) in &mut configs {
-        let placed = grpc_route::order(
-            rules_by_plane
-                .remove(plane)
-                .map(plane_rules::PlaneRules::into_placed)
-                .unwrap_or_default(),
-        );
+        let placed = rules_by_plane
+            .remove(plane)
+            .map(plane_rules::PlaneRules::into_placed)
+            .unwrap_or_default();
         let isolated = isolation.remove(plane).unwrap_or_default();
         // Room for the isolation rules too: the document is not copied again to take them.
         let mut rules = Vec::with_capacity(placed.len() + isolated.len());
         let mut owned_by = Vec::with_capacity(placed.len() + isolated.len());
-        for (rule, route) in placed {
+        let mut put = |(rule, route)| {
             rules.push(rule);
             owned_by.push(Some(route));
+        };
+        // A plane without GRPCRoute rules keeps its order: its rules are moved once more,
+        // into the document.
+        if placed.iter().any(|(placement, _)| placement.is_some()) {
+            grpc_route::order(placed).into_iter().for_each(put);
+        } else {
+            placed.into_iter().for_each(|(_, placed)| put(placed));
         }
         config.rules = rules;
         let owned_by = owners.entry(plane.clone()).or_insert(owned_by);

@@ -55,6 +55,14 @@ impl<'a> RouteView<'a> {
         }
     }
 
+    /// How many rules the route writes.
+    pub(super) fn rule_count(&self) -> usize {
+        match self.source {
+            RouteSource::Http(r) => r.spec.rules.as_ref().map_or(0, Vec::len),
+            RouteSource::Grpc(r) => r.spec.rules.as_ref().map_or(0, Vec::len),
+        }
+    }
+
     /// Gateway API precedence across routes (see [`Precedence`]); the kind breaks the last tie
     /// so the order is total.
     pub(super) fn precedence_cmp(&self, other: &Self) -> Ordering {
