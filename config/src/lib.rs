@@ -4,9 +4,9 @@
 //! API objects. Both depend on this crate so that the contract between them is written once:
 //! the wire types ([`Config`] and what it holds) and, in [`valid`], every rule a document must
 //! satisfy, with the regex engine and limits the proxy matches with. The proxy's compile calls
-//! [`valid::rule`] on each rule and builds its table from the result; the controller calls the
-//! same function on each rule it emits and leaves out what fails, so a document it pushes is
-//! one the proxy accepts.
+//! [`valid::rule`] on each rule and builds its table from the result; the controller runs the
+//! same checks ([`valid::check`], which builds nothing) on each rule it emits and leaves out
+//! what fails, so a document it pushes is one the proxy accepts.
 //!
 //! The connector token ([`Token`]) is the other document both sides read: the proxy's
 //! connector registers with it, and the controller takes a dedicated plane's tunnel identity

@@ -1,10 +1,10 @@
 //! Every rule a config document must satisfy, written once.
 //!
 //! The proxy compiles a document only through [`rule`] (via [`document`]), and builds its route
-//! table from what it returns; the controller calls [`rule`] on every rule it emits and leaves
-//! out one that fails, reporting why on the route it came from. Neither keeps a copy of these
-//! checks, so they cannot drift apart: a document the controller pushes is one the proxy
-//! accepts.
+//! table from what it returns; the controller calls [`check`], the same checks building
+//! nothing, on every rule it emits and leaves out one that fails, reporting why on the route it
+//! came from. Neither keeps a copy of these checks, so they cannot drift apart: a document the
+//! controller pushes is one the proxy accepts.
 //!
 //! A checked [`Rule`] holds its values parsed (header names and values, methods, status codes,
 //! backend URLs and TLS settings) and its regular expressions compiled with the engine and
@@ -36,7 +36,7 @@ pub use name::{
     replacement_path,
 };
 pub use pattern::{anchored, engine, escape, Pattern, PATTERN_SIZE_LIMIT};
-pub use rule::{rule, Backend, Match, PathMatch, Retry, Rule, ValueMatch};
+pub use rule::{check, rule, Backend, Match, PathMatch, Retry, Rule, ValueMatch};
 pub use status::{final_status, redirect_status, status};
 pub use target::{ca_bundle, SubjectAltName, Target, TargetError, Tls};
 

@@ -1,5 +1,6 @@
 //! Filters, checked: header modifiers, redirect, URL rewrite, mirrors, CORS.
 
+use super::rule::Form;
 use super::{name, status, At, Cache, Invalid, Target};
 use crate::document as doc;
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -107,16 +108,29 @@ pub struct Cors {
 }
 
 /// Checks a list of filters; `at` is the list's field (`filters`, `backends[1].filters`).
-pub(super) fn filters(
+/// `None` where nothing is kept ([`Form`]). Inlined for the empty list most rules and backends
+/// have, which then costs its caller nothing to make or drop.
+#[inline(always)]
+pub(super) fn filters<F: Form>(
     list: &[doc::Filter],
     at: &At<'_>,
     path_regex: bool,
     cache: &mut Cache,
-) -> Result<Filters, Invalid> {
-    let mut out = Filters::default();
+) -> Result<Option<Filters>, Invalid> {
     if list.is_empty() {
-        return Ok(out);
+        return Ok(F::BUILD.then(Filters::default));
     }
+    some_filters::<F>(list, at, path_regex, cache)
+}
+
+fn some_filters<F: Form>(
+    list: &[doc::Filter],
+    at: &At<'_>,
+    path_regex: bool,
+    cache: &mut Cache,
+) -> Result<Option<Filters>, Invalid> {
+    let mut out = Filters::default();
+    let mut redirected = false;
     for (k, f) in list.iter().enumerate() {
         let at = at.index(k);
         let missing = |field: &str| Invalid::new(at.field(field), "required by the filter type");
@@ -126,43 +140,44 @@ pub(super) fn filters(
                     .request_header_modifier
                     .as_ref()
                     .ok_or_else(|| missing("requestHeaderModifier"))?;
-                out.request.push(RequestEdit::Headers(header_edits(
-                    m,
-                    &at.field("requestHeaderModifier"),
-                )?));
+                let edits = header_edits(m, &at.field("requestHeaderModifier"))?;
+                if F::BUILD {
+                    out.request.push(RequestEdit::Headers(edits));
+                }
             }
             doc::FilterType::ResponseHeaderModifier => {
                 let m = f
                     .response_header_modifier
                     .as_ref()
                     .ok_or_else(|| missing("responseHeaderModifier"))?;
-                out.response
-                    .push(header_edits(m, &at.field("responseHeaderModifier"))?);
+                let edits = header_edits(m, &at.field("responseHeaderModifier"))?;
+                if F::BUILD {
+                    out.response.push(edits);
+                }
             }
             doc::FilterType::RequestRedirect => {
                 let r = f
                     .request_redirect
                     .as_ref()
                     .ok_or_else(|| missing("requestRedirect"))?;
-                if out.redirect.is_some() {
+                if redirected {
                     return Err(Invalid::new(at, "only one RequestRedirect is allowed"));
                 }
-                out.redirect = Some(Box::new(redirect(
-                    r,
-                    &at.field("requestRedirect"),
-                    path_regex,
-                )?));
+                redirected = true;
+                let redirect = redirect(r, &at.field("requestRedirect"), path_regex)?;
+                if F::BUILD {
+                    out.redirect = Some(Box::new(redirect));
+                }
             }
             doc::FilterType::URLRewrite => {
                 let r = f
                     .url_rewrite
                     .as_ref()
                     .ok_or_else(|| missing("urlRewrite"))?;
-                out.request.push(RequestEdit::Rewrite(rewrite(
-                    r,
-                    &at.field("urlRewrite"),
-                    path_regex,
-                )?));
+                let rewrite = rewrite(r, &at.field("urlRewrite"), path_regex)?;
+                if F::BUILD {
+                    out.request.push(RequestEdit::Rewrite(rewrite));
+                }
             }
             doc::FilterType::RequestMirror => {
                 let m = f
@@ -178,17 +193,25 @@ pub(super) fn filters(
                     ));
                 }
                 let target = cache
-                    .target(&m.backend_url, m.protocol, false, None, m.public_only)
+                    .target_ref(&m.backend_url, m.protocol, false, None, m.public_only)
                     .map_err(|e| Invalid::new(at.field("backendUrl"), e.message))?;
-                out.mirrors.push(Mirror { target, percent });
+                if F::BUILD {
+                    out.mirrors.push(Mirror {
+                        target: target.clone(),
+                        percent,
+                    });
+                }
             }
             doc::FilterType::Cors => {
                 let c = f.cors.as_ref().ok_or_else(|| missing("cors"))?;
-                out.cors = Some(Box::new(cors(c, &at.field("cors"))?));
+                let cors = cors(c, &at.field("cors"))?;
+                if F::BUILD {
+                    out.cors = Some(Box::new(cors));
+                }
             }
         }
     }
-    Ok(out)
+    Ok(F::BUILD.then_some(out))
 }
 
 fn header_edits(m: &doc::HeaderModifier, at: &At<'_>) -> Result<HeaderEdits, Invalid> {

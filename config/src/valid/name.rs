@@ -11,7 +11,12 @@ use http::{HeaderName, HeaderValue, Method};
 /// Anything else, with a message naming the value (see [`check_hostname`]).
 pub fn hostname(h: &str) -> Result<Box<str>, String> {
     check_hostname(h)?;
-    Ok(h.trim().to_ascii_lowercase().into())
+    Ok(lower_hostname(h))
+}
+
+/// A hostname [`check_hostname`] took, as [`hostname`] returns it.
+pub(super) fn lower_hostname(h: &str) -> Box<str> {
+    h.trim().to_ascii_lowercase().into()
 }
 
 /// The bytes a hostname label may hold: letters, digits, `-` and `_`. A table, since every

@@ -77,33 +77,80 @@ pub struct Retry {
     pub backoff: Duration,
 }
 
-/// Checks one rule. Fields in the error are relative to the rule (`matches[0].path`).
+/// Checks one rule and returns it parsed, for a caller that builds from it (the proxy). Fields
+/// in the error are relative to the rule (`matches[0].path`).
 ///
 /// # Errors
 /// The first value that breaks a rule of the contract.
 pub fn rule(rule: &doc::Rule, cache: &mut Cache) -> Result<Rule, Invalid> {
+    checked(rule, cache)
+}
+
+/// [`rule`]'s verdict alone, for a caller that keeps its own copy of the rule (the controller
+/// checks every rule it emits, each round): the same checks in the same order, counting the
+/// same patterns and targets as used, with nothing of the rule built.
+///
+/// # Errors
+/// As [`rule`].
+pub fn check(rule: &doc::Rule, cache: &mut Cache) -> Result<(), Invalid> {
+    checked(rule, cache)
+}
+
+/// What the checks return: the rule built ([`rule`]) or nothing ([`check`]). One body of
+/// checks, [`checked`], serves both, so they cannot drift apart: where nothing is built, only
+/// what is built from a value that passed is left out. A value whose parse is its check (a
+/// header name, a compiled pattern) is parsed either way.
+pub(super) trait Form: Sized {
+    /// Whether the checked values are kept: a constant, so the form that keeps nothing
+    /// compiles without the code that builds.
+    const BUILD: bool;
+    fn of(make: impl FnOnce() -> Rule) -> Self;
+}
+
+impl Form for Rule {
+    const BUILD: bool = true;
+    fn of(make: impl FnOnce() -> Rule) -> Self {
+        make()
+    }
+}
+
+impl Form for () {
+    const BUILD: bool = false;
+    fn of(_: impl FnOnce() -> Rule) {}
+}
+
+fn checked<F: Form>(rule: &doc::Rule, cache: &mut Cache) -> Result<F, Invalid> {
     let at = At::Rule;
-    let mut hostnames = Vec::with_capacity(rule.hostnames.len());
+    let capacity = |n: usize| if F::BUILD { n } else { 0 };
+    let mut hostnames = Vec::with_capacity(capacity(rule.hostnames.len()));
     for (j, h) in rule.hostnames.iter().enumerate() {
-        hostnames
-            .push(name::hostname(h).map_err(|m| Invalid::new(at.field("hostnames").index(j), m))?);
+        name::check_hostname(h).map_err(|m| Invalid::new(at.field("hostnames").index(j), m))?;
+        if F::BUILD {
+            hostnames.push(name::lower_hostname(h));
+        }
     }
     let matches = if rule.matches.is_empty() {
-        vec![Match::every_request()]
+        if F::BUILD {
+            vec![Match::every_request()]
+        } else {
+            Vec::new()
+        }
     } else {
         let list = at.field("matches");
-        let mut matches = Vec::with_capacity(rule.matches.len());
+        let mut matches = Vec::with_capacity(capacity(rule.matches.len()));
         for (j, m) in rule.matches.iter().enumerate() {
-            matches.push(match_(m, &list.index(j), cache)?);
+            matches.extend(match_::<F>(m, &list.index(j), cache)?);
         }
         matches
     };
-    let path_regex = matches
-        .iter()
-        .any(|m| matches!(m.path, PathMatch::Regex(_)));
-    let filters = filter::filters(&rule.filters, &at.field("filters"), path_regex, cache)?;
+    let path_regex = rule.matches.iter().any(|m| {
+        m.path
+            .as_ref()
+            .is_some_and(|p| p.kind == doc::PathMatchType::RegularExpression)
+    });
+    let filters = filter::filters::<F>(&rule.filters, &at.field("filters"), path_regex, cache)?;
     let list = at.field("backends");
-    let mut backends = Vec::with_capacity(rule.backends.len());
+    let mut backends = Vec::with_capacity(capacity(rule.backends.len()));
     for (j, b) in rule.backends.iter().enumerate() {
         let at = list.index(j);
         let unavailable = b
@@ -116,7 +163,7 @@ pub fn rule(rule: &doc::Rule, cache: &mut Cache) -> Result<Rule, Invalid> {
             None
         } else {
             let target = cache
-                .target(
+                .target_ref(
                     &b.url,
                     b.protocol,
                     b.websocket,
@@ -124,14 +171,17 @@ pub fn rule(rule: &doc::Rule, cache: &mut Cache) -> Result<Rule, Invalid> {
                     b.public_only,
                 )
                 .map_err(|e| Invalid::new(at.field(&e.field), e.message))?;
-            Some(target)
+            F::BUILD.then(|| target.clone())
         };
-        backends.push(Backend {
-            target,
-            filters: filter::filters(&b.filters, &at.field("filters"), path_regex, cache)?,
-            unavailable,
-            weight: b.weight,
-        });
+        let filters = filter::filters::<F>(&b.filters, &at.field("filters"), path_regex, cache)?;
+        if F::BUILD {
+            backends.push(Backend {
+                target,
+                filters: filters.unwrap_or_default(),
+                unavailable,
+                weight: b.weight,
+            });
+        }
     }
     let nonzero = |d: Option<crate::Duration>| d.map(|d| d.0).filter(|d| !d.is_zero());
     let (request_timeout, backend_timeout) = match &rule.timeouts {
@@ -145,28 +195,30 @@ pub fn rule(rule: &doc::Rule, cache: &mut Cache) -> Result<Rule, Invalid> {
                 status::status(*code)
                     .map_err(|m| Invalid::new(at.field("retry").field("codes").index(k), m))?;
             }
-            Some(Retry {
+            F::BUILD.then(|| Retry {
                 codes: r.codes.clone(),
                 attempts: r.attempts.unwrap_or(1),
                 backoff: r.backoff.map(|d| d.0).unwrap_or(Duration::ZERO),
             })
         }
     };
-    Ok(Rule {
+    let unavailable = rule
+        .unavailable_status
+        .map(|s| status::final_status(s).map_err(|m| Invalid::new("unavailableStatus", m)))
+        .transpose()?;
+    let access = rule.access.as_ref().map(access::access).transpose()?;
+    Ok(F::of(|| Rule {
         name: rule.name.as_deref().map(Into::into),
         hostnames,
         matches,
-        filters,
+        filters: filters.unwrap_or_default(),
         backends,
         request_timeout,
         backend_timeout,
-        unavailable: rule
-            .unavailable_status
-            .map(|s| status::final_status(s).map_err(|m| Invalid::new("unavailableStatus", m)))
-            .transpose()?,
+        unavailable,
         retry,
-        access: rule.access.as_ref().map(access::access).transpose()?,
-    })
+        access,
+    }))
 }
 
 impl Match {
@@ -198,23 +250,31 @@ impl Match {
     }
 }
 
-fn match_(m: &doc::Match, at: &At<'_>, cache: &mut Cache) -> Result<Match, Invalid> {
+/// A match, checked; `None` where nothing is built (see [`Form`]).
+fn match_<F: Form>(
+    m: &doc::Match,
+    at: &At<'_>,
+    cache: &mut Cache,
+) -> Result<Option<Match>, Invalid> {
     let path = match &m.path {
-        None => PathMatch::Prefix("/".into()),
+        None => F::BUILD.then(|| PathMatch::Prefix("/".into())),
         Some(p) => {
             let at = at.field("path");
             match p.kind {
                 doc::PathMatchType::RegularExpression => {
-                    PathMatch::Regex(cache.pattern(&p.value).map_err(|m| Invalid::regex(at, m))?)
+                    let pattern = cache.pattern(&p.value).map_err(|m| Invalid::regex(at, m))?;
+                    F::BUILD.then(|| PathMatch::Regex(pattern))
                 }
                 kind => {
                     let value = name::absolute_path(&p.value).map_err(|m| Invalid::new(at, m))?;
-                    if kind == doc::PathMatchType::Exact {
-                        PathMatch::Exact(value.into())
-                    } else {
-                        let trimmed = value.trim_end_matches('/');
-                        PathMatch::Prefix(if trimmed.is_empty() { "/" } else { trimmed }.into())
-                    }
+                    F::BUILD.then(|| {
+                        if kind == doc::PathMatchType::Exact {
+                            PathMatch::Exact(value.into())
+                        } else {
+                            let trimmed = value.trim_end_matches('/');
+                            PathMatch::Prefix(if trimmed.is_empty() { "/" } else { trimmed }.into())
+                        }
+                    })
                 }
             }
         }
@@ -224,43 +284,61 @@ fn match_(m: &doc::Match, at: &At<'_>, cache: &mut Cache) -> Result<Match, Inval
         .as_deref()
         .map(|s| name::method(s).map_err(|e| Invalid::new(at.field("method"), e)))
         .transpose()?;
+    let capacity = |n: usize| if F::BUILD { n } else { 0 };
     let list = at.field("headers");
-    let mut headers: Vec<(HeaderName, ValueMatch)> = Vec::with_capacity(m.headers.len());
+    let mut headers: Vec<(HeaderName, ValueMatch)> = Vec::with_capacity(capacity(m.headers.len()));
     for (k, h) in m.headers.iter().enumerate() {
         let at = list.index(k);
         let name = name::header_name(&h.name).map_err(|m| Invalid::new(at.field("name"), m))?;
-        if headers.iter().any(|(n, _)| *n == name) {
+        // Header names are tokens, compared in any case: the entries before passed, so a
+        // name equal to one of theirs ignoring case is the same header name.
+        if m.headers[..k]
+            .iter()
+            .any(|earlier| earlier.name.eq_ignore_ascii_case(&h.name))
+        {
             continue;
         }
-        headers.push((name, value_match(h, &at, cache)?));
+        if let Some(value) = value_match::<F>(h, &at, cache)? {
+            headers.push((name, value));
+        }
     }
     let list = at.field("queryParams");
-    let mut query: Vec<(Box<str>, ValueMatch)> = Vec::with_capacity(m.query_params.len());
+    let mut query: Vec<(Box<str>, ValueMatch)> = Vec::with_capacity(capacity(m.query_params.len()));
     for (k, q) in m.query_params.iter().enumerate() {
         let at = list.index(k);
         if q.name.is_empty() {
             return Err(Invalid::new(at.field("name"), "must not be empty"));
         }
-        if query.iter().any(|(n, _)| **n == *q.name) {
+        if m.query_params[..k]
+            .iter()
+            .any(|earlier| earlier.name == q.name)
+        {
             continue;
         }
-        query.push((q.name.as_str().into(), value_match(q, &at, cache)?));
+        if let Some(value) = value_match::<F>(q, &at, cache)? {
+            query.push((q.name.as_str().into(), value));
+        }
     }
-    Ok(Match {
+    Ok(path.map(|path| Match {
         path,
         method,
         headers,
         query,
-    })
+    }))
 }
 
-fn value_match(v: &doc::ValueMatch, at: &At<'_>, cache: &mut Cache) -> Result<ValueMatch, Invalid> {
+fn value_match<F: Form>(
+    v: &doc::ValueMatch,
+    at: &At<'_>,
+    cache: &mut Cache,
+) -> Result<Option<ValueMatch>, Invalid> {
     Ok(match v.kind {
-        doc::ValueMatchType::Exact => ValueMatch::Exact(v.value.as_str().into()),
-        doc::ValueMatchType::RegularExpression => ValueMatch::Regex(
-            cache
+        doc::ValueMatchType::Exact => F::BUILD.then(|| ValueMatch::Exact(v.value.as_str().into())),
+        doc::ValueMatchType::RegularExpression => {
+            let pattern = cache
                 .pattern(&v.value)
-                .map_err(|m| Invalid::regex(at.field("value"), m))?,
-        ),
+                .map_err(|m| Invalid::regex(at.field("value"), m))?;
+            F::BUILD.then(|| ValueMatch::Regex(pattern))
+        }
     })
 }

@@ -395,7 +395,46 @@ fn invalid_documents_name_the_field_at_fault() {
     ];
     for (value, field) in cases {
         assert_eq!(refused_field(value.clone()), field, "{value}");
+        assert_same_verdict(&doc(value));
     }
+}
+
+/// [`check`] refuses exactly the rules [`rule`] refuses, naming the same field and reason.
+fn assert_same_verdict(config: &Config) {
+    for r in &config.rules {
+        let built = rule(r, &mut Cache::default()).map(drop);
+        assert_eq!(check(r, &mut Cache::default()), built, "{r:?}");
+    }
+}
+
+#[test]
+fn a_check_alone_gives_the_verdict_of_the_built_rule() {
+    let accepted = doc(json!({"rules": [{
+        "hostnames": ["A.example.com"],
+        "matches": [{"path": {"type": "PathPrefix", "value": "/api/"},
+                     "headers": [{"name": "X-A", "value": "1"}, {"name": "x-a", "type": "RegularExpression", "value": "("}],
+                     "queryParams": [{"name": "q", "value": "1"}, {"name": "q", "type": "RegularExpression", "value": "("}]}],
+        "filters": [{"type": "RequestRedirect", "requestRedirect": {"scheme": "https"}}],
+        "backends": [{"url": "http://b", "weight": 3}]
+    }]}));
+    assert!(
+        check(&accepted.rules[0], &mut Cache::default()).is_ok(),
+        "a later equal name is not checked"
+    );
+    assert_same_verdict(&accepted);
+    let refused = doc(json!({"rules": [
+        {"matches": [{"headers": [{"name": "x-a", "value": "1"}, {"name": "X-B", "type": "RegularExpression", "value": "("}]}]},
+        {"filters": [
+            {"type": "RequestRedirect", "requestRedirect": {"scheme": "https"}},
+            {"type": "RequestRedirect", "requestRedirect": {"scheme": "http"}}
+        ]},
+        {"matches": [{"path": {"type": "RegularExpression", "value": "/a.*"}}],
+         "filters": [{"type": "URLRewrite", "urlRewrite": {"path": {"type": "ReplacePrefixMatch", "replacePrefixMatch": "/b"}}}]}
+    ]}));
+    for r in &refused.rules {
+        assert!(check(r, &mut Cache::default()).is_err(), "{r:?}");
+    }
+    assert_same_verdict(&refused);
 }
 
 #[test]

@@ -12,23 +12,23 @@ use super::listener_set::ListenerSets;
 use super::ownership;
 use super::route::{ParentRefView, RouteView};
 use super::rule::TranslatedRoute;
-use super::scheme::SchemeListeners;
+use super::scheme::{Scheme, SchemeListeners};
 use super::status::{Condition, ConditionType, ParentKind, ParentRef, Reason, RouteParentStatus};
 use super::{Attachment, Index, ObjectKey, PlaneKey, RouteKey, RouteKind, GATEWAY_API_GROUP};
 
 /// One listener a parentRef attaches a route to.
 #[derive(Debug, Clone)]
-pub(super) struct ListenerAttachment<'a> {
+pub(super) struct ListenerAttachment<'h> {
     /// Position of the listener in its Gateway's `listeners`.
     index: usize,
-    name: &'a str,
+    name: &'h str,
     /// The hosts the route serves through this listener.
-    hosts: Hosts,
+    hosts: Hosts<'h>,
     /// The port a `RequestRedirect` that sets neither scheme nor port carries (see
     /// [`Attachment::redirect_ports`]).
     redirect_port: Option<u16>,
     /// The listener's scheme (see [`Attachment::schemes`]).
-    scheme: &'static str,
+    scheme: Scheme,
 }
 
 /// A listener of one of our Gateways.
@@ -41,26 +41,26 @@ pub(super) struct ListenerKey {
 
 /// The outcome of attaching a route to one of our Gateways.
 #[derive(Debug)]
-pub(super) struct ParentBinding<'a> {
+pub(super) struct ParentBinding<'h> {
     parent_ref: ParentRef,
     /// The Gateway's position in [`OwnedGateways`]; `None` for a ListenerSet that is not
     /// attached to one (the parent is then refused).
     gateway: Option<usize>,
     /// The plane serving the Gateway and the listeners the route attaches to there.
-    outcome: Result<(PlaneKey, Vec<ListenerAttachment<'a>>), (Reason, String)>,
+    outcome: Result<(PlaneKey, Vec<ListenerAttachment<'h>>), (Reason, String)>,
 }
 
 /// Where a route is accepted through one parentRef.
 #[derive(Debug)]
-pub(super) struct Accepted {
+pub(super) struct Accepted<'h> {
     pub(super) plane: PlaneKey,
     /// The listeners the route is attached to, with the hosts it serves through each.
-    pub(super) listeners: Vec<(ListenerKey, Hosts)>,
+    pub(super) listeners: Vec<(ListenerKey, Hosts<'h>)>,
     /// What the route serves on `plane` through them.
-    pub(super) attachment: Attachment,
+    pub(super) attachment: Attachment<'h>,
 }
 
-impl ParentBinding<'_> {
+impl<'h> ParentBinding<'h> {
     /// The Gateway of the parent, the one named or the ListenerSet's: its position in
     /// [`OwnedGateways`].
     pub(super) fn gateway(&self) -> Option<usize> {
@@ -72,7 +72,7 @@ impl ParentBinding<'_> {
     /// bound in precedence order (oldest, then `{namespace}/{name}`), so the route holding a
     /// listener first is the one the spec accepts. A route keeps the listeners of this
     /// parentRef that are free of such a conflict.
-    pub(super) fn yield_to_other_kind(&mut self, kind: RouteKind, claims: &ListenerClaims) {
+    pub(super) fn yield_to_other_kind(&mut self, kind: RouteKind, claims: &ListenerClaims<'_>) {
         if !claims.kept {
             return;
         }
@@ -112,7 +112,7 @@ impl ParentBinding<'_> {
         self,
         translated: &TranslatedRoute,
         generation: Option<i64>,
-    ) -> (RouteParentStatus, Option<Accepted>) {
+    ) -> (RouteParentStatus, Option<Accepted<'h>>) {
         let mut conditions = Vec::with_capacity(3);
         let mut accepted = None;
         match self.outcome {
@@ -148,14 +148,7 @@ impl ParentBinding<'_> {
                     attachment.schemes.insert(l.scheme);
                     match &l.hosts {
                         Hosts::Any => attachment.any_host = true,
-                        // A host two listeners share is copied once.
-                        Hosts::Some(list) => {
-                            for host in list {
-                                if !attachment.hostnames.contains(host) {
-                                    attachment.hostnames.insert(host.clone());
-                                }
-                            }
-                        }
+                        Hosts::Some(list) => attachment.hostnames.extend_from_slice(list),
                     }
                     let key = ListenerKey {
                         gateway,
@@ -192,14 +185,14 @@ impl ParentBinding<'_> {
 /// requires an HTTPRoute and a GRPCRoute whose hostnames intersect on one listener not to be
 /// merged; exactly one of them is accepted.
 #[derive(Debug)]
-pub(super) struct ListenerClaims {
+pub(super) struct ListenerClaims<'h> {
     /// Whether routes of both kinds are bound: with one kind, no route can conflict, and
     /// nothing is kept or looked up.
     kept: bool,
-    claims: BTreeMap<ListenerKey, Vec<(RouteKey, Hosts)>>,
+    claims: BTreeMap<ListenerKey, Vec<(RouteKey, Hosts<'h>)>>,
 }
 
-impl ListenerClaims {
+impl<'h> ListenerClaims<'h> {
     /// The claims of `routes`, the routes to be bound.
     pub(super) fn new(routes: &[RouteView<'_>]) -> Self {
         let kept = routes.iter().any(|r| r.kind == RouteKind::Http)
@@ -212,7 +205,12 @@ impl ListenerClaims {
 
     /// A route of the other kind than `kind` accepted on `listener` whose hosts there
     /// intersect `hosts`.
-    fn holder(&self, listener: &ListenerKey, kind: RouteKind, hosts: &Hosts) -> Option<&RouteKey> {
+    fn holder(
+        &self,
+        listener: &ListenerKey,
+        kind: RouteKind,
+        hosts: &Hosts<'_>,
+    ) -> Option<&RouteKey> {
         self.claims
             .get(listener)?
             .iter()
@@ -220,7 +218,7 @@ impl ListenerClaims {
             .map(|(route, _)| route)
     }
 
-    pub(super) fn claim(&mut self, route: &RouteKey, listener: &ListenerKey, hosts: Hosts) {
+    pub(super) fn claim(&mut self, route: &RouteKey, listener: &ListenerKey, hosts: Hosts<'h>) {
         if !self.kept {
             return;
         }
@@ -236,15 +234,15 @@ impl ListenerClaims {
 /// is known to be accepted. `scheme_listeners` holds each plane's listeners, for listener
 /// isolation across its route table. With `hostname_ownership`, a parent whose listeners would
 /// have the route serve a host its namespace may not publish refuses it ([`ownership`]).
-pub(super) fn bind<'a>(
-    route: &RouteView<'_>,
-    gateways: &OwnedGateways<'a>,
+pub(super) fn bind<'h>(
+    route: &'h RouteView<'_>,
+    gateways: &'h OwnedGateways<'_>,
     listener_sets: &ListenerSets,
     scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners>,
     index: &Index<'_>,
     hostname_ownership: bool,
-) -> Vec<ParentBinding<'a>> {
-    let mut parents = Vec::new();
+) -> Vec<ParentBinding<'h>> {
+    let mut parents = Vec::with_capacity(route.parent_refs.len());
     for p in &route.parent_refs {
         if p.group.unwrap_or(GATEWAY_API_GROUP) != GATEWAY_API_GROUP {
             continue;
@@ -317,62 +315,47 @@ pub(super) fn bind<'a>(
 
 /// Attaches a route to the listeners of `gw` a parentRef selects: the Gateway's own, or with
 /// `set` those of that ListenerSet.
-fn attach<'a>(
-    route: &RouteView<'_>,
+fn attach<'h>(
+    route: &'h RouteView<'_>,
     p: &ParentRefView<'_>,
-    gw: &OwnedGateway<'a>,
+    gw: &'h OwnedGateway<'_>,
     set: Option<&ObjectKey>,
     scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners>,
     index: &Index<'_>,
-) -> Result<(PlaneKey, Vec<ListenerAttachment<'a>>), (Reason, String)> {
-    let candidates: Vec<(usize, &OwnedListener<'a>)> = gw
-        .listeners
-        .iter()
-        .enumerate()
-        .filter(|(_, l)| l.set.as_ref().map(|e| &e.set) == set)
-        .filter(|(_, l)| p.section_name.is_none_or(|s| s == l.name))
-        .filter(|(_, l)| p.port.is_none_or(|port| port == l.port))
-        .collect();
-    if candidates.is_empty() {
-        return Err((
-            Reason::NoMatchingParent,
-            "no listener matches the parentRef sectionName/port".to_owned(),
-        ));
-    }
-    let allowed: Vec<(usize, &OwnedListener<'_>)> = candidates
-        .into_iter()
-        .filter(|(_, l)| l.kinds.contains(&route.kind))
-        .filter(|(_, l)| {
-            // `Same` is the namespace of the object the listener is written in.
-            let home = l.set.as_ref().map_or(&gw.key, |e| &e.set);
-            namespace_allowed(&l.namespaces, &home.namespace, route.namespace, index)
-        })
-        .collect();
-    if allowed.is_empty() {
-        return Err((
-            Reason::NotAllowedByListeners,
-            format!(
-                "no listener allows {} from namespace {}",
-                route.kind.as_str(),
-                route.namespace
-            ),
-        ));
-    }
-    let allowed: Vec<(usize, &OwnedListener<'_>)> =
-        allowed.into_iter().filter(|(_, l)| l.usable).collect();
-    if allowed.is_empty() {
-        return Err((
-            Reason::NoMatchingParent,
-            "the matching listeners are not valid".to_owned(),
-        ));
-    }
+) -> Result<(PlaneKey, Vec<ListenerAttachment<'h>>), (Reason, String)> {
+    // The listeners the parentRef selects, those of them that allow the route, and those of
+    // these that are usable: the first stage left empty says why the route is refused.
+    let selected = |l: &OwnedListener<'_>| {
+        l.set.as_ref().map(|e| &e.set) == set
+            && p.section_name.is_none_or(|s| s == l.name)
+            && p.port.is_none_or(|port| port == l.port)
+    };
+    let allows = |l: &OwnedListener<'_>| {
+        // `Same` is the namespace of the object the listener is written in.
+        let home = l.set.as_ref().map_or(&gw.key, |e| &e.set);
+        l.kinds.contains(&route.kind)
+            && namespace_allowed(&l.namespaces, &home.namespace, route.namespace, index)
+    };
+    let (mut any_selected, mut any_allowed, mut any_usable) = (false, false, false);
     // A Gateway without a plane serves nothing (refused below) and has no route table.
     let table = gw
         .plane
         .as_ref()
         .and_then(|plane| scheme_listeners.get(plane));
     let mut attached = Vec::new();
-    for (i, l) in allowed {
+    for (i, l) in gw.listeners.iter().enumerate() {
+        if !selected(l) {
+            continue;
+        }
+        any_selected = true;
+        if !allows(l) {
+            continue;
+        }
+        any_allowed = true;
+        if !l.usable {
+            continue;
+        }
+        any_usable = true;
         if let Some(hosts) = intersect(l.hostname.as_deref(), &route.hostnames) {
             // Listener isolation: hostnames inside a more specific listener of the route
             // table are left to it; the route stays accepted (see
@@ -400,6 +383,28 @@ fn attach<'a>(
                 scheme: l.scheme,
             });
         }
+    }
+    if !any_selected {
+        return Err((
+            Reason::NoMatchingParent,
+            "no listener matches the parentRef sectionName/port".to_owned(),
+        ));
+    }
+    if !any_allowed {
+        return Err((
+            Reason::NotAllowedByListeners,
+            format!(
+                "no listener allows {} from namespace {}",
+                route.kind.as_str(),
+                route.namespace
+            ),
+        ));
+    }
+    if !any_usable {
+        return Err((
+            Reason::NoMatchingParent,
+            "the matching listeners are not valid".to_owned(),
+        ));
     }
     if attached.is_empty() {
         return Err((

@@ -21,6 +21,7 @@ use super::bundle_version;
 use super::client_certificate;
 use super::listener_set;
 use super::listener_tls;
+use super::scheme::Scheme;
 use super::status::{Condition, ConditionType, GatewayStatus, ListenerStatus, Reason};
 use super::{
     Index, ObjectKey, Options, PlaneKey, Precedence, RouteKind, Snapshot, TunnelIdentity,
@@ -96,7 +97,7 @@ pub(super) struct OwnedListener<'a> {
     /// `port` is the well-known port of the listener's protocol (HTTP 80, HTTPS 443).
     pub(super) well_known_port: bool,
     /// The scheme the listener's clients use: `https` for an HTTPS listener, else `http`.
-    pub(super) scheme: &'static str,
+    pub(super) scheme: Scheme,
     /// Lower-cased.
     pub(super) hostname: Option<String>,
     /// Valid, unconflicted and of a supported protocol: routes may attach.
@@ -617,9 +618,9 @@ pub(super) fn listener(l: &GatewayListeners, generation: Option<i64>) -> OwnedLi
         protocol: &l.protocol,
         well_known_port: matches!((l.protocol.as_str(), l.port), ("HTTP", 80) | ("HTTPS", 443)),
         scheme: if l.protocol == "HTTPS" {
-            "https"
+            Scheme::Https
         } else {
-            "http"
+            Scheme::Http
         },
         hostname: l.hostname.as_deref().map(str::to_ascii_lowercase),
         usable: valid,
@@ -689,7 +690,7 @@ fn mark_shared_plane_conflicts(gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'
     });
     // Per scheme and hostname: the Gateway and listener keeping them. Only looked up, never
     // iterated, so a hash map: its order cannot reach the output.
-    let mut holders: FxHashMap<(&str, Option<&str>), (&ObjectKey, &str)> = FxHashMap::default();
+    let mut holders: FxHashMap<(Scheme, Option<&str>), (&ObjectKey, &str)> = FxHashMap::default();
     let mut conflicts = Vec::new();
     for gw in order {
         for (index, l) in gw.listeners.iter().enumerate().filter(|(_, l)| l.usable) {
@@ -738,7 +739,7 @@ pub(super) const NO_ROUTE_STATUS: u16 = 404;
 /// hostname outranks it. Each comes with its listener's scheme.
 pub(super) fn listener_isolation_rules(
     gw: &OwnedGateway<'_>,
-) -> Vec<(String, &'static str, cftunnel_config::Rule)> {
+) -> Vec<(String, Scheme, cftunnel_config::Rule)> {
     gw.listeners
         .iter()
         .filter(|l| l.usable)

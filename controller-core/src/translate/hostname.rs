@@ -3,14 +3,15 @@
 //! hosts share one. Names are lower-cased; a wildcard `*.example.com` matches names with one or
 //! more labels before `example.com`, never `example.com` itself.
 
-/// The hosts a route serves through one listener.
+/// The hosts a route serves through one listener, borrowed from the route's hostnames or the
+/// listener's: a route's rules copy them once, into each rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Hosts {
+pub(super) enum Hosts<'h> {
     Any,
-    Some(Vec<String>),
+    Some(Vec<&'h str>),
 }
 
-impl Hosts {
+impl Hosts<'_> {
     /// Whether the two share a host.
     pub(super) fn intersects(&self, other: &Self) -> bool {
         match (self, other) {
@@ -25,13 +26,19 @@ impl Hosts {
 
 /// Intersects a listener hostname with route hostnames (both lower-cased); `None` when they
 /// share no host. The more specific of two intersecting names is kept.
-pub(super) fn intersect(listener: Option<&str>, route: &[String]) -> Option<Hosts> {
+pub(super) fn intersect<'h, S: AsRef<str>>(
+    listener: Option<&'h str>,
+    route: &'h [S],
+) -> Option<Hosts<'h>> {
     match (listener, route.is_empty()) {
         (None, true) => Some(Hosts::Any),
-        (None, false) => Some(Hosts::Some(route.to_vec())),
-        (Some(l), true) => Some(Hosts::Some(vec![l.to_owned()])),
+        (None, false) => Some(Hosts::Some(route.iter().map(AsRef::as_ref).collect())),
+        (Some(l), true) => Some(Hosts::Some(vec![l])),
         (Some(l), false) => {
-            let hosts: Vec<String> = route.iter().filter_map(|r| intersect_one(l, r)).collect();
+            let hosts: Vec<&str> = route
+                .iter()
+                .filter_map(|r| intersect_one(l, r.as_ref()))
+                .collect();
             (!hosts.is_empty()).then_some(Hosts::Some(hosts))
         }
     }
@@ -39,22 +46,22 @@ pub(super) fn intersect(listener: Option<&str>, route: &[String]) -> Option<Host
 
 /// The more specific of two hostnames when one matches every host of the other (wildcards
 /// included); `None` when they share no host.
-pub(super) fn intersect_one(listener: &str, route: &str) -> Option<String> {
+pub(super) fn intersect_one<'h>(listener: &'h str, route: &'h str) -> Option<&'h str> {
     if listener == route {
-        return Some(route.to_owned());
+        return Some(route);
     }
     match (listener.strip_prefix("*."), route.strip_prefix("*.")) {
         (Some(l), Some(r)) => {
             if is_subdomain(r, l) {
-                Some(route.to_owned())
+                Some(route)
             } else if is_subdomain(l, r) {
-                Some(listener.to_owned())
+                Some(listener)
             } else {
                 None
             }
         }
-        (Some(l), None) => is_subdomain(route, l).then(|| route.to_owned()),
-        (None, Some(r)) => is_subdomain(listener, r).then(|| listener.to_owned()),
+        (Some(l), None) => is_subdomain(route, l).then_some(route),
+        (None, Some(r)) => is_subdomain(listener, r).then_some(listener),
         (None, None) => None,
     }
 }
@@ -113,7 +120,7 @@ pub(super) mod tests {
         fn covered_is_what_the_intersection_keeps(name in name(), pattern in name()) {
             prop_assert_eq!(
                 covered(&name, &pattern),
-                intersect_one(&pattern, &name).as_deref() == Some(name.as_str())
+                intersect_one(&pattern, &name) == Some(name.as_str())
             );
         }
     }

@@ -96,7 +96,7 @@ pub(super) fn translate_all<'r, R>(
             let rule = translate_rule(ctx, i, &http, m, protocol, field, &mut out.ref_errors)?;
             // The contract the proxy compiles with: what it would refuse is left out here,
             // and the route says why, rather than the proxy refusing the plane's document.
-            valid::rule(&rule, &mut ctx.contract.borrow_mut()).map_err(|invalid| {
+            valid::check(&rule, &mut ctx.contract.borrow_mut()).map_err(|invalid| {
                 RuleError::Refused {
                     field: field.to_string(),
                     invalid,

@@ -366,9 +366,20 @@ fn translate_checked(
     routes.sort_by(|a, b| a.precedence_cmp(b));
 
     let mut rules_by_plane: BTreeMap<PlaneKey, plane_rules::PlaneRules> = BTreeMap::new();
+    // The shared plane, which most routes reach, has room for every route's rules from the
+    // start: growing it moved every rule placed so far, a dozen times over.
+    let route_rules = routes.iter().map(route::RouteView::rule_count).sum();
+    rules_by_plane.insert(
+        PlaneKey::Shared,
+        plane_rules::PlaneRules::with_capacity(route_rules),
+    );
     let mut claims = binding::ListenerClaims::new(&routes);
     let mut route_statuses: Vec<(RouteKey, Vec<RouteParentStatus>)> =
         Vec::with_capacity(routes.len());
+    // Gateway API attachedRoutes: each route once per listener, and only where accepted,
+    // however many of its parentRefs select that listener. Counted once every route is bound,
+    // so that the routes' attachments may borrow the listeners' hostnames meanwhile.
+    let mut attached_routes: Vec<binding::ListenerKey> = Vec::with_capacity(routes.len());
     for (position, route) in routes.iter().enumerate() {
         let bound = binding::bind(
             route,
@@ -391,11 +402,10 @@ fn translate_checked(
         };
         let route_key = route.key();
         let mut parents = Vec::with_capacity(bound.len());
-        // By plane and the Secret of the client certificate the Gateway presents to backends.
-        let mut planes: BTreeMap<(PlaneKey, Option<ObjectKey>), Attachment> = BTreeMap::new();
-        // Gateway API attachedRoutes: each route once per listener, and only where accepted,
-        // however many of its parentRefs select that listener.
-        let mut listeners = BTreeSet::new();
+        // By plane and the Secret of the client certificate the Gateway presents to backends,
+        // in that order once settled: a route reaches few.
+        let mut planes: Vec<((PlaneKey, Option<ObjectKey>), Attachment<'_>)> = Vec::new();
+        let listeners_from = attached_routes.len();
         for mut parent in bound {
             parent.yield_to_other_kind(route.kind, &claims);
             let position = parent.gateway();
@@ -418,7 +428,7 @@ fn translate_checked(
             parents.push(status);
             for (listener, hosts) in accepted.listeners {
                 claims.claim(&route_key, &listener, hosts);
-                listeners.insert(listener);
+                attached_routes.push(listener);
             }
             // With no BackendTLSPolicy, no Service port has ancestors to report.
             let ports = if !index.tls_policies {
@@ -439,19 +449,18 @@ fn translate_checked(
                     });
             }
             let certificate = gw.backend_certificate().map(|c| c.secret.clone());
-            planes
-                .entry((accepted.plane, certificate))
-                .or_default()
-                .merge(accepted.attachment);
-        }
-        for listener in listeners {
-            if let Some(l) = gateways
-                .at_mut(listener.gateway)
-                .and_then(|gw| gw.listeners.get_mut(listener.index))
-            {
-                l.attached_routes += 1;
+            let key = (accepted.plane, certificate);
+            match planes.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, attachment)) => attachment.merge(accepted.attachment),
+                None => planes.push((key, accepted.attachment)),
             }
         }
+        // Each listener once for this route.
+        let counted = &mut attached_routes[listeners_from..];
+        counted.sort_unstable();
+        let distinct = listeners_from + partition_dedup(counted);
+        attached_routes.truncate(distinct);
+        planes.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
         let mut shadowed = shadow::Shadowed::default();
         // Only accepted parents contribute planes; where every hostname of the route belongs
         // to more specific listeners, the plane gets none of its rules. Every plane on the
@@ -460,7 +469,8 @@ fn translate_checked(
         let planes: Vec<_> = planes
             .into_iter()
             .filter(|(_, attachment)| attachment.any_host || !attachment.hostnames.is_empty())
-            .map(|(plane, attachment)| {
+            .map(|(plane, mut attachment)| {
+                attachment.settle();
                 let targets = tunnels.planes_with(&plane.0);
                 (plane, attachment, targets)
             })
@@ -497,7 +507,7 @@ fn translate_checked(
                     let placement = grpc.map(|rank| rank.placement(position));
                     let mut place = |rule| out.place(placement, rule, &route_key, &mut shadowed);
                     match listeners {
-                        Some(listeners) => listeners.scope(rule, &attachment.schemes, place),
+                        Some(listeners) => listeners.scope(rule, attachment.schemes, place),
                         None => place(rule),
                     }
                 }
@@ -530,10 +540,18 @@ fn translate_checked(
     // Built at once rather than inserted route by route: routes come in precedence order,
     // close to key order, so sorting them costs little against a search per insertion.
     statuses.routes = route_statuses.into_iter().collect();
+    for listener in attached_routes {
+        if let Some(l) = gateways
+            .at_mut(listener.gateway)
+            .and_then(|gw| gw.listeners.get_mut(listener.index))
+        {
+            l.attached_routes += 1;
+        }
+    }
 
     // One isolation rule per listener hostname and plane, after every route rule, with the
     // schemes of the listeners of that hostname.
-    type Isolation = BTreeMap<String, (BTreeSet<&'static str>, cftunnel_config::Rule)>;
+    type Isolation = BTreeMap<String, (scheme::Schemes, cftunnel_config::Rule)>;
     let mut isolation: BTreeMap<PlaneKey, Isolation> = BTreeMap::new();
     for gw in gateways.values() {
         let Some(plane) = &gw.plane else {
@@ -544,7 +562,7 @@ fn translate_checked(
             for (hostname, scheme, rule) in gateway::listener_isolation_rules(gw) {
                 hosts
                     .entry(hostname)
-                    .or_insert_with(|| (BTreeSet::new(), rule))
+                    .or_insert_with(|| (scheme::Schemes::default(), rule))
                     .0
                     .insert(scheme);
             }
@@ -552,26 +570,31 @@ fn translate_checked(
     }
     let mut owners: BTreeMap<PlaneKey, Vec<Option<RouteKey>>> = BTreeMap::new();
     for (plane, config) in &mut configs {
-        let placed = grpc_route::order(
-            rules_by_plane
-                .remove(plane)
-                .map(plane_rules::PlaneRules::into_placed)
-                .unwrap_or_default(),
-        );
+        let placed = rules_by_plane
+            .remove(plane)
+            .map(plane_rules::PlaneRules::into_placed)
+            .unwrap_or_default();
         let isolated = isolation.remove(plane).unwrap_or_default();
         // Room for the isolation rules too: the document is not copied again to take them.
         let mut rules = Vec::with_capacity(placed.len() + isolated.len());
         let mut owned_by = Vec::with_capacity(placed.len() + isolated.len());
-        for (rule, route) in placed {
+        let mut put = |(rule, route)| {
             rules.push(rule);
             owned_by.push(Some(route));
+        };
+        // A plane without GRPCRoute rules keeps its order: its rules are moved once more,
+        // into the document.
+        if placed.iter().any(|(placement, _)| placement.is_some()) {
+            grpc_route::order(placed).into_iter().for_each(put);
+        } else {
+            placed.into_iter().for_each(|(_, placed)| put(placed));
         }
         config.rules = rules;
         let owned_by = owners.entry(plane.clone()).or_insert(owned_by);
         let listeners = scheme_listeners.get(plane);
         for (hostname, (schemes, rule)) in isolated {
             config.rules.push(match listeners {
-                Some(listeners) => listeners.scope_isolation(rule, &hostname, &schemes),
+                Some(listeners) => listeners.scope_isolation(rule, &hostname, schemes),
                 None => rule,
             });
             owned_by.push(None);
@@ -594,6 +617,19 @@ fn translate_checked(
         statuses,
         planes,
     }
+}
+
+/// Moves the distinct values of the sorted `values` to its front, in order, and returns how
+/// many there are.
+fn partition_dedup<T: PartialEq + Copy>(values: &mut [T]) -> usize {
+    let mut distinct = 0;
+    for i in 0..values.len() {
+        if distinct == 0 || values[i] != values[distinct - 1] {
+            values[distinct] = values[i];
+            distinct += 1;
+        }
+    }
+    distinct
 }
 
 /// Gives every backend of `rule` dialled over TLS the Gateway's client certificate, presented
@@ -906,33 +942,74 @@ impl<'a> Index<'a> {
 /// How a route is attached within one data plane: the hostnames it serves there and the
 /// redirect ports of the listeners it is attached to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Attachment {
+pub(crate) struct Attachment<'h> {
     /// Set when one attachment serves any host; `hostnames` is then irrelevant.
     pub(crate) any_host: bool,
-    pub(crate) hostnames: BTreeSet<String>,
-    /// For each attached listener, the port a `RequestRedirect` that sets neither scheme nor
-    /// port carries: the listener's, or `None` when that is the well-known port of the
-    /// listener's protocol (left out of `Location`).
-    pub(crate) redirect_ports: BTreeSet<Option<u16>>,
+    /// Borrowed from the route's hostnames or its listeners'; in order and each once after
+    /// [`Attachment::settle`].
+    pub(crate) hostnames: Vec<&'h str>,
+    pub(crate) redirect_ports: RedirectPorts,
     /// The schemes of the attached listeners (`http`, `https`): where listeners of the other
     /// scheme could take the same requests, they tell them apart (see [`scheme`]).
-    pub(crate) schemes: BTreeSet<&'static str>,
+    pub(crate) schemes: scheme::Schemes,
 }
 
-impl Attachment {
-    /// Adds `other`'s hosts, ports and schemes; into an empty set they are moved, not copied
-    /// (most routes have one attachment per plane).
+impl Attachment<'_> {
+    /// Adds `other`'s hosts, ports and schemes.
     fn merge(&mut self, other: Self) {
-        fn union<T: Ord>(into: &mut BTreeSet<T>, from: BTreeSet<T>) {
-            if into.is_empty() {
-                *into = from;
-            } else {
-                into.extend(from);
-            }
-        }
         self.any_host |= other.any_host;
-        union(&mut self.hostnames, other.hostnames);
-        union(&mut self.redirect_ports, other.redirect_ports);
-        union(&mut self.schemes, other.schemes);
+        if self.hostnames.is_empty() {
+            self.hostnames = other.hostnames;
+        } else {
+            self.hostnames.extend(other.hostnames);
+        }
+        self.redirect_ports.merge(other.redirect_ports);
+        self.schemes.union(other.schemes);
+    }
+
+    /// Puts the hostnames in order, each once, as the rules carry them.
+    fn settle(&mut self) {
+        self.hostnames.sort_unstable();
+        self.hostnames.dedup();
+    }
+}
+
+/// For each listener a route is attached through on a plane, the port a `RequestRedirect` that
+/// sets neither scheme nor port carries: the listener's, or `None` when that is the well-known
+/// port of the listener's protocol (left out of `Location`). Only whether they all agree on one
+/// port is needed ([`rule::RuleTemplate::for_attachment`]), so that is all that is kept.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum RedirectPorts {
+    #[default]
+    None,
+    /// Every listener so far carries this one.
+    One(Option<u16>),
+    /// They differ.
+    Several,
+}
+
+impl RedirectPorts {
+    fn insert(&mut self, port: Option<u16>) {
+        *self = match *self {
+            Self::None => Self::One(port),
+            Self::One(one) if one == port => Self::One(one),
+            _ => Self::Several,
+        };
+    }
+
+    fn merge(&mut self, other: Self) {
+        match other {
+            Self::None => {}
+            Self::One(port) => self.insert(port),
+            Self::Several => *self = Self::Several,
+        }
+    }
+
+    /// The port every listener carries, when they agree on one that is not left out.
+    pub(crate) fn shared(self) -> Option<u16> {
+        match self {
+            Self::One(port) => port,
+            _ => None,
+        }
     }
 }

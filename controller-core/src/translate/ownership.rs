@@ -54,7 +54,7 @@ fn suffixes(labels: Option<&BTreeMap<String, String>>) -> impl Iterator<Item = &
 
 /// Why a route in a namespace with `labels` may not serve `hosts`; `None` when it may.
 pub(super) fn refusal(
-    hosts: &Hosts,
+    hosts: &Hosts<'_>,
     namespace: &str,
     labels: Option<&BTreeMap<String, String>>,
 ) -> Option<String> {
@@ -70,17 +70,21 @@ pub(super) fn refusal(
 
 /// Why a route in a namespace with `labels` may not claim `names` (its `spec.hostnames`,
 /// served or not); `None` when it may.
-pub(super) fn names_refusal(
-    names: &[String],
+pub(super) fn names_refusal<S: AsRef<str>>(
+    names: &[S],
     namespace: &str,
     labels: Option<&BTreeMap<String, String>>,
 ) -> Option<String> {
-    names.iter().find(|h| !permitted(h, labels)).map(|h| {
-        format!(
-            "namespace {namespace} may not publish {h}: it carries no label \
+    names
+        .iter()
+        .map(AsRef::as_ref)
+        .find(|h| !permitted(h, labels))
+        .map(|h| {
+            format!(
+                "namespace {namespace} may not publish {h}: it carries no label \
              {LABEL_PREFIX}<suffix>: \"true\" for {h} or a domain above it"
-        )
-    })
+            )
+        })
 }
 
 #[cfg(test)]
@@ -130,15 +134,11 @@ mod tests {
     #[test]
     fn the_refusal_names_the_first_host_not_permitted_and_every_host_is_never_permitted() {
         let ns = labels(&[("hostnames.cf.k8s.lex.la/example.com", "true")]);
-        let hosts = Hosts::Some(vec!["a.example.com".to_owned(), "b.other.net".to_owned()]);
+        let hosts = Hosts::Some(vec!["a.example.com", "b.other.net"]);
         let why = refusal(&hosts, "team-a", Some(&ns)).unwrap_or_default();
         assert!(why.contains("may not publish b.other.net"), "{why}");
         assert_eq!(
-            refusal(
-                &Hosts::Some(vec!["a.example.com".to_owned()]),
-                "team-a",
-                Some(&ns)
-            ),
+            refusal(&Hosts::Some(vec!["a.example.com"]), "team-a", Some(&ns)),
             None
         );
         assert!(refusal(&Hosts::Any, "team-a", Some(&ns)).is_some());

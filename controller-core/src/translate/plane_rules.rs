@@ -28,6 +28,14 @@ pub(super) struct PlaneRules {
 }
 
 impl PlaneRules {
+    /// Room for `rules` rules.
+    pub(super) fn with_capacity(rules: usize) -> Self {
+        Self {
+            placed: Vec::with_capacity(rules),
+            ..Self::default()
+        }
+    }
+
     /// Places `rule` of `route` unless an equal rule is placed already, noting in `shadowed`
     /// each of its matches another route placed on one of its hosts first.
     pub(super) fn place(

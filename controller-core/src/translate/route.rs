@@ -2,6 +2,7 @@
 //! `parentRefs`, collected from the snapshot once. Attachment ([`super::binding`]) and the
 //! translation of its rules ([`super::http_route`], [`super::grpc_route`]) both start here.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 
 use cftunnel_config::valid;
@@ -37,7 +38,8 @@ pub(super) struct RouteView<'a> {
     pub(super) name: &'a str,
     pub(super) created: Option<&'a Time>,
     pub(super) generation: Option<i64>,
-    pub(super) hostnames: Vec<String>,
+    /// Lower-cased: borrowed where the route wrote them so, as it almost always does.
+    pub(super) hostnames: Vec<Cow<'a, str>>,
     /// Set when a route hostname cannot be served; the route is then refused on every parent
     /// (dropping the name would widen the route to more hosts).
     pub(super) invalid_hostnames: Option<String>,
@@ -50,6 +52,14 @@ impl<'a> RouteView<'a> {
         RouteKey {
             kind: self.kind,
             key: ObjectKey::new(self.namespace, self.name),
+        }
+    }
+
+    /// How many rules the route writes.
+    pub(super) fn rule_count(&self) -> usize {
+        match self.source {
+            RouteSource::Http(r) => r.spec.rules.as_ref().map_or(0, Vec::len),
+            RouteSource::Grpc(r) => r.spec.rules.as_ref().map_or(0, Vec::len),
         }
     }
 
@@ -125,10 +135,16 @@ fn invalid_hostnames(hostnames: Option<&[String]>) -> Option<String> {
     (!problems.is_empty()).then(|| problems.join("; "))
 }
 
-fn lower(hostnames: Option<&[String]>) -> Vec<String> {
+fn lower(hostnames: Option<&[String]>) -> Vec<Cow<'_, str>> {
     hostnames
         .unwrap_or_default()
         .iter()
-        .map(|h| h.to_ascii_lowercase())
+        .map(|h| {
+            if h.bytes().any(|b| b.is_ascii_uppercase()) {
+                Cow::Owned(h.to_ascii_lowercase())
+            } else {
+                Cow::Borrowed(h.as_str())
+            }
+        })
         .collect()
 }

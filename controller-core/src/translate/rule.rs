@@ -57,21 +57,25 @@ pub(crate) struct RuleTemplate {
 }
 
 impl RuleTemplate {
-    pub(super) fn for_attachment(&self, attachment: &Attachment) -> Rule {
+    pub(super) fn for_attachment(&self, attachment: &Attachment<'_>) -> Rule {
         attach(self.rule.clone(), attachment)
     }
 
     /// [`RuleTemplate::for_attachment`] for the template's last use: the rule is moved, not
     /// copied.
-    pub(super) fn into_attachment(self, attachment: &Attachment) -> Rule {
+    pub(super) fn into_attachment(self, attachment: &Attachment<'_>) -> Rule {
         attach(self.rule, attachment)
     }
 }
 
 /// `rule` as `attachment` places it: its hostnames, and redirect ports from its listeners.
-fn attach(mut rule: Rule, attachment: &Attachment) -> Rule {
+fn attach(mut rule: Rule, attachment: &Attachment<'_>) -> Rule {
     if !attachment.any_host {
-        rule.hostnames = attachment.hostnames.iter().cloned().collect();
+        rule.hostnames = attachment
+            .hostnames
+            .iter()
+            .map(|h| (*h).to_owned())
+            .collect();
     }
     // Gateway API RequestRedirect: with neither scheme nor port, the port is the
     // listener's, and it SHOULD NOT appear in `Location` when it is the well-known port of
@@ -81,10 +85,7 @@ fn attach(mut rule: Rule, attachment: &Attachment) -> Rule {
     // redirect that sets a scheme but no port also stays unset, and the proxy uses that
     // scheme's well-known port. Other listener ports are filled in, when every attached
     // listener agrees on one.
-    if let (Some(&Some(port)), 1) = (
-        attachment.redirect_ports.first(),
-        attachment.redirect_ports.len(),
-    ) {
+    if let Some(port) = attachment.redirect_ports.shared() {
         let port = Some(port);
         let all = rule
             .filters

@@ -3,7 +3,7 @@
 //! a rule also requires its listeners' scheme there, so an HTTP listener's redirect to https
 //! never catches the HTTPS listener's requests. See docs/design/listeners-and-schemes.md.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 
 use cftunnel_config::{Match, Rule, ValueMatch, ValueMatchType};
 use rustc_hash::FxHashSet;
@@ -12,6 +12,61 @@ use super::hostname;
 
 /// The header carrying the scheme a request reached the edge with.
 const FORWARDED_PROTO: &str = "X-Forwarded-Proto";
+
+/// The scheme a listener's clients use: `https` for an HTTPS listener, else `http`. Ordered as
+/// their names are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) enum Scheme {
+    Http,
+    Https,
+}
+
+impl Scheme {
+    const ALL: [Self; 2] = [Self::Http, Self::Https];
+
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Self::Http => "http",
+            Self::Https => "https",
+        }
+    }
+
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+impl fmt::Display for Scheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A set of schemes, iterated in their order: those of the listeners a route is attached
+/// through on a plane, or of the listeners of one hostname. Two bits, where an ordered set
+/// cost an allocation per route.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Schemes(u8);
+
+impl Schemes {
+    pub(super) fn insert(&mut self, scheme: Scheme) {
+        self.0 |= scheme.bit();
+    }
+
+    pub(super) fn union(&mut self, other: Self) {
+        self.0 |= other.0;
+    }
+
+    pub(super) fn iter(self) -> impl Iterator<Item = Scheme> {
+        Scheme::ALL
+            .into_iter()
+            .filter(move |s| self.0 & s.bit() != 0)
+    }
+
+    fn len(self) -> u32 {
+        self.0.count_ones()
+    }
+}
 
 /// The listeners of each scheme on one data plane: their hostnames, `None` for a listener
 /// without one. A plane gets the usable listeners of every Gateway whose routes it serves: its
@@ -23,7 +78,8 @@ const FORWARDED_PROTO: &str = "X-Forwarded-Proto";
 /// labels of the name asked about, not a scan of every listener: a plane may hold thousands.
 #[derive(Debug, Default)]
 pub(super) struct SchemeListeners {
-    schemes: BTreeMap<&'static str, Listeners>,
+    /// By [`Scheme`]; empty where a scheme has no listener.
+    schemes: [Listeners; 2],
 }
 
 /// The hostnames of one scheme's listeners, indexed.
@@ -106,17 +162,21 @@ impl Listeners {
 }
 
 impl SchemeListeners {
-    pub(super) fn add(&mut self, scheme: &'static str, hostname: Option<String>) {
-        self.schemes.entry(scheme).or_default().add(hostname);
+    pub(super) fn add(&mut self, scheme: Scheme, hostname: Option<String>) {
+        self.schemes[scheme as usize].add(hostname);
+    }
+
+    fn of(&self, scheme: Scheme) -> &Listeners {
+        &self.schemes[scheme as usize]
     }
 
     /// Whether a listener of another scheme than `scheme` could take a request for `host`
     /// (`None`: a rule for any host).
-    fn contested(&self, scheme: &str, host: Option<&str>) -> bool {
-        self.schemes
-            .iter()
-            .filter(|(s, _)| **s != scheme)
-            .any(|(_, listeners)| listeners.intersect(host))
+    fn contested(&self, scheme: Scheme, host: Option<&str>) -> bool {
+        Scheme::ALL
+            .into_iter()
+            .filter(|s| *s != scheme)
+            .any(|s| self.of(s).intersect(host))
     }
 
     /// Whether `host`, served through a listener of `scheme` with `hostname` (`None`: any
@@ -128,14 +188,11 @@ impl SchemeListeners {
     /// docs/design/listeners-and-schemes.md.
     pub(super) fn taken_by_more_specific(
         &self,
-        scheme: &str,
+        scheme: Scheme,
         hostname: Option<&str>,
         host: &str,
     ) -> bool {
-        let Some(listeners) = self.schemes.get(scheme) else {
-            return false;
-        };
-        listeners.covering(host).any(|s| match hostname {
+        self.of(scheme).covering(host).any(|s| match hostname {
             None => true,
             Some(mine) => s.more_specific_than(mine),
         })
@@ -146,12 +203,7 @@ impl SchemeListeners {
     /// requires its listeners' scheme (either, for a route on listeners of both, which keeps
     /// its header count in step with the rules it shares those hosts with).
     /// Each part is handed to `place`, the uncontested one first.
-    pub(super) fn scope(
-        &self,
-        mut rule: Rule,
-        schemes: &BTreeSet<&'static str>,
-        mut place: impl FnMut(Rule),
-    ) {
+    pub(super) fn scope(&self, mut rule: Rule, schemes: Schemes, mut place: impl FnMut(Rule)) {
         let contested = |host: Option<&str>| schemes.iter().any(|s| self.contested(s, host));
         let Some((first, others)) = rule.hostnames.split_first() else {
             if contested(None) {
@@ -180,12 +232,7 @@ impl SchemeListeners {
     }
 
     /// The listener-isolation rule of `hostname`, whose listeners there have `schemes`.
-    pub(super) fn scope_isolation(
-        &self,
-        mut rule: Rule,
-        hostname: &str,
-        schemes: &BTreeSet<&'static str>,
-    ) -> Rule {
+    pub(super) fn scope_isolation(&self, mut rule: Rule, hostname: &str, schemes: Schemes) -> Rule {
         if schemes.iter().any(|s| self.contested(s, Some(hostname))) {
             require(&mut rule, schemes);
         }
@@ -220,23 +267,24 @@ impl Covering<'_> {
 
 /// Adds to each of `rule`'s matches (to a match-all rule, one match) `X-Forwarded-Proto`
 /// matching one of `schemes`.
-fn require(rule: &mut Rule, schemes: &BTreeSet<&'static str>) {
-    let header = match (schemes.len(), schemes.first()) {
+fn require(rule: &mut Rule, schemes: Schemes) {
+    let header = match (schemes.len(), schemes.iter().next()) {
         (1, Some(scheme)) => ValueMatch {
             kind: ValueMatchType::Exact,
             name: FORWARDED_PROTO.to_owned(),
-            value: (*scheme).to_owned(),
+            value: scheme.as_str().to_owned(),
         },
         _ => ValueMatch {
             kind: ValueMatchType::RegularExpression,
             name: FORWARDED_PROTO.to_owned(),
             value: {
-                let mut value = String::with_capacity(schemes.iter().map(|s| s.len() + 1).sum());
-                for scheme in schemes {
+                let mut value =
+                    String::with_capacity(schemes.iter().map(|s| s.as_str().len() + 1).sum());
+                for scheme in schemes.iter() {
                     if !value.is_empty() {
                         value.push('|');
                     }
-                    value.push_str(scheme);
+                    value.push_str(scheme.as_str());
                 }
                 value
             },
@@ -255,7 +303,7 @@ fn require(rule: &mut Rule, schemes: &BTreeSet<&'static str>) {
 
 #[cfg(test)]
 mod tests {
-    use super::{hostname, SchemeListeners};
+    use super::{hostname, Scheme, SchemeListeners};
     use crate::translate::hostname::tests::names;
     use proptest::prelude::*;
 
@@ -270,11 +318,11 @@ mod tests {
         )
     }
 
-    fn scheme(https: bool) -> &'static str {
+    fn scheme(https: bool) -> Scheme {
         if https {
-            "https"
+            Scheme::Https
         } else {
-            "http"
+            Scheme::Http
         }
     }
 

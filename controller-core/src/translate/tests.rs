@@ -216,7 +216,7 @@ fn only_rule(out: &Output) -> &Rule {
 
 #[test]
 fn hostname_intersection_keeps_the_more_specific_name() {
-    let hosts = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let hosts = |v: &[&'static str]| v.to_vec();
     let cases: &[(Option<&str>, &[&str], Option<Hosts>)] = &[
         (None, &[], Some(Hosts::Any)),
         (None, &["a.com"], Some(Hosts::Some(hosts(&["a.com"])))),
