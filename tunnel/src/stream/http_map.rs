@@ -172,7 +172,7 @@ pub(super) fn map_request<'a>(
             headers.try_append(name, value).map_err(too_many)?;
         }
     }
-    let dest = parse_dest(dest)?;
+    let dest = parse_dest(frame, dest)?;
     // Entries are text, so the host is too.
     let host = host
         .and_then(|h| std::str::from_utf8(h).ok())
@@ -180,7 +180,7 @@ pub(super) fn map_request<'a>(
         .or_else(|| dest.authority().map(|a| a.as_str()))
         .filter(|h| !h.is_empty());
     let host_value = match host {
-        Some(h) => Some(HeaderValue::from_str(h).map_err(|_| MapError::Header("host".into()))?),
+        Some(h) => Some(host_value(frame, h).ok_or_else(|| MapError::Header("host".into()))?),
         None => None,
     };
     let uri = match host {
@@ -219,6 +219,41 @@ pub(super) fn map_request<'a>(
     Ok((req, has_body))
 }
 
+/// The `Host` value for `host`: visible ASCII only, as [`HeaderValue::from_str`] takes it,
+/// sharing the received message's bytes when `host` lies in `frame`.
+fn host_value(frame: &Bytes, host: &str) -> Option<HeaderValue> {
+    if !host
+        .bytes()
+        .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+    {
+        return None;
+    }
+    match frame_range(frame, host.as_bytes()) {
+        Some(range) => HeaderValue::from_maybe_shared(frame.slice(range)).ok(),
+        None => HeaderValue::from_str(host).ok(),
+    }
+}
+
+/// Whether `dest` is parsed as it came: printable ASCII with none of the bytes
+/// [`parse_dest_copied`] may have to encode or cut (a space, `<`, `>`, `"`, a backtick, `#`), which
+/// is what the edge sends. Any other `dest` takes the long way, which gives the same
+/// result for this one.
+fn plain_dest(dest: &[u8]) -> bool {
+    dest.iter()
+        .all(|&b| (b'!'..=b'~').contains(&b) && !matches!(b, b'<' | b'>' | b'"' | b'`' | b'#'))
+}
+
+/// `dest` as a URI, sharing the received message's bytes when `dest` lies in `frame` and
+/// needs no encoding; see [`parse_dest_copied`].
+fn parse_dest(frame: &Bytes, dest: &[u8]) -> Result<Uri, MapError> {
+    if plain_dest(dest) {
+        if let Some(range) = frame_range(frame, dest) {
+            return Uri::from_maybe_shared(frame.slice(range)).map_err(|_| MapError::Dest);
+        }
+    }
+    parse_dest_copied(dest)
+}
+
 /// `dest` as a URI. `cloudflared` builds the request with Go's URL parser, which takes bytes
 /// in a path or query that [`Uri`] refuses: a space, `<`, `>` and a backtick in the path, a
 /// space, `"`, `<` and `>` in the query, and bytes that are not UTF-8. Those bytes are
@@ -226,7 +261,7 @@ pub(super) fn map_request<'a>(
 /// kept as it came (a fragment, which the request does not carry, is dropped). Control
 /// characters are refused, as Go refuses them ("invalid control character in URL"). Only a
 /// `dest` that needs encoding is copied.
-fn parse_dest(dest: &[u8]) -> Result<Uri, MapError> {
+fn parse_dest_copied(dest: &[u8]) -> Result<Uri, MapError> {
     if dest.iter().any(|&b| b < 0x20 || b == 0x7f) {
         return Err(MapError::Dest);
     }
@@ -353,10 +388,36 @@ pub fn decode_request_head(frame: &Bytes) -> Result<Result<RequestHead, MapError
     Ok(mapped.map(|(head, body)| (head, body, kind)))
 }
 
+/// [`decode_request_head`] for a single-segment message of which `segment` holds the
+/// segment alone, as the connector reads it off a stream (the segment table read apart).
+pub fn decode_request_segment(
+    segment: &Bytes,
+) -> Result<Result<RequestHead, MapError>, FrameError> {
+    if let Some(mapped) = Flat::segment(segment, super::TRAVERSAL_LIMIT_WORDS)
+        .and_then(|flat| decode_plain_request(flat, segment))
+    {
+        return Ok(mapped);
+    }
+    // Any other message goes to `capnp`, its segment table put back.
+    let words = u32::try_from(segment.len() / 8).map_err(|_| FrameError::TooLarge)?;
+    let mut frame = Vec::with_capacity(8 + segment.len());
+    frame.extend_from_slice(&0u32.to_le_bytes());
+    frame.extend_from_slice(&words.to_le_bytes());
+    frame.extend_from_slice(segment);
+    decode_request_head(&Bytes::from(frame))
+}
+
 /// [`decode_request_head`] for the plain messages [`flat`] reads; `None` for
 /// any other message.
 fn decode_plain_request_head(frame: &Bytes) -> Option<Result<RequestHead, MapError>> {
-    let mut flat = Flat::new(frame, super::TRAVERSAL_LIMIT_WORDS)?;
+    decode_plain_request(Flat::new(frame, super::TRAVERSAL_LIMIT_WORDS)?, frame)
+}
+
+/// The request head a plain message holds; its texts lie in `frame`.
+fn decode_plain_request(
+    mut flat: Flat<'_>,
+    frame: &Bytes,
+) -> Option<Result<RequestHead, MapError>> {
     let root = flat.root()?;
     let kind = proto::ConnectionType::try_from(flat.u16_field(root)?)
         .ok()?
@@ -698,10 +759,35 @@ mod tests {
             (b"https://a.example", "https://a.example/"),
         ];
         for (dest, expected) in cases {
-            let uri = parse_dest(dest);
+            let uri = parse_dest(&Bytes::new(), dest);
             assert_eq!(
                 uri.map(|u| u.to_string()),
                 Ok(expected.to_owned()),
+                "{}",
+                String::from_utf8_lossy(dest)
+            );
+        }
+    }
+
+    /// A `dest` read where it lies in the received message parses as a copied one does.
+    #[test]
+    fn dest_in_the_message_parses_as_a_copied_one() {
+        for dest in [
+            &b"https://a.example/p?q=1"[..],
+            b"/p?q=1",
+            b"https://a.example",
+            b"https://a.example/j/{\"k\":1}|^\\?{|}^",
+            b"https://a.example/a b?c",
+            b"https://a.example/a#frag",
+            b"https://a.example/a\x01b",
+            b"https://a.ex ample/",
+            b"http://[::1]:8080/x",
+            b"",
+        ] {
+            let frame = Bytes::copy_from_slice(dest);
+            assert_eq!(
+                parse_dest(&frame, &frame).map(|u| u.to_string()),
+                parse_dest_copied(dest).map(|u| u.to_string()),
                 "{}",
                 String::from_utf8_lossy(dest)
             );
@@ -724,7 +810,7 @@ mod tests {
             b"",
         ] {
             assert_eq!(
-                parse_dest(dest).map(|u| u.to_string()),
+                parse_dest(&Bytes::new(), dest).map(|u| u.to_string()),
                 Err(MapError::Dest),
                 "{}",
                 String::from_utf8_lossy(dest)
