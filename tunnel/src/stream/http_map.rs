@@ -55,22 +55,6 @@ fn header_key(key: &[u8]) -> Option<&[u8]> {
         .filter(|name| !name.contains(&b':'))
 }
 
-/// The header name of a request's metadata key: `None` for a key that names
-/// no header, an error for an `HttpHeader:` key that does not split into two
-/// parts on `:` (which `cloudflared` refuses as malformed).
-fn request_header_key(key: &[u8]) -> Result<Option<&[u8]>, MapError> {
-    let Some(name) = key
-        .strip_prefix(HEADER_PREFIX.as_bytes())
-        .and_then(|k| k.strip_prefix(b":"))
-    else {
-        return Ok(None);
-    };
-    if name.contains(&b':') {
-        return Err(MapError::Header(String::from_utf8_lossy(key).into_owned()));
-    }
-    Ok(Some(name))
-}
-
 /// A `Content-Length` value as the service will be given it: decimal digits
 /// only.
 pub(crate) fn parse_content_length(val: &[u8]) -> Option<u64> {
@@ -86,12 +70,22 @@ fn parse_header(
     frame: &Bytes,
     count: &mut usize,
 ) -> Result<(HeaderName, HeaderValue), MapError> {
+    parse_parsed_header(header_name(name), name, val, frame, count)
+}
+
+/// [`parse_header`] with the name already parsed (`parsed`).
+fn parse_parsed_header(
+    parsed: Result<HeaderName, http::header::InvalidHeaderName>,
+    name: &[u8],
+    val: &[u8],
+    frame: &Bytes,
+    count: &mut usize,
+) -> Result<(HeaderName, HeaderValue), MapError> {
     *count += 1;
     if *count > MAX_HEADERS {
         return Err(MapError::TooManyHeaders);
     }
-    let name = header_name(name)
-        .map_err(|_| MapError::Header(String::from_utf8_lossy(name).into_owned()))?;
+    let name = parsed.map_err(|_| MapError::Header(String::from_utf8_lossy(name).into_owned()))?;
     let value = match frame_range(frame, val) {
         Some(range) => HeaderValue::from_maybe_shared(frame.slice(range)),
         None => HeaderValue::from_bytes(val),
@@ -138,12 +132,10 @@ pub(super) fn map_request<'a>(
     }
     let mut method = None;
     let mut host = None;
-    let mut builder = Request::builder();
     let mut has_body = false;
     let mut count = 0usize;
-    let headers = builder.headers_mut().ok_or(MapError::Dest)?;
     // Sized once for the usual head instead of grown and rehashed as entries arrive.
-    *headers = http::HeaderMap::with_capacity(metadata.size_hint().0.min(64));
+    let mut headers = http::HeaderMap::with_capacity(metadata.size_hint().0.min(64));
     for entry in metadata {
         let (key, val) = entry?;
         if key == METHOD.as_bytes() {
@@ -152,8 +144,18 @@ pub(super) fn map_request<'a>(
             }
         } else if key == HOST_KEY.as_bytes() {
             host = Some(val);
-        } else if let Some(name) = request_header_key(key)? {
-            let (name, value) = parse_header(name, val, frame, &mut count)?;
+        } else if let Some(name) = key
+            .strip_prefix(HEADER_PREFIX.as_bytes())
+            .and_then(|k| k.strip_prefix(b":"))
+        {
+            let parsed = header_name(name);
+            // A key that does not split into two parts on `:` is refused as malformed, as
+            // `cloudflared` refuses it. No header name holds a `:`, so only a name that
+            // does not parse is searched for one.
+            if parsed.is_err() && name.contains(&b':') {
+                return Err(MapError::Header(String::from_utf8_lossy(key).into_owned()));
+            }
+            let (name, value) = parse_parsed_header(parsed, name, val, frame, &mut count)?;
             if name == HOST {
                 continue;
             }
@@ -207,15 +209,15 @@ pub(super) fn map_request<'a>(
         headers.try_insert(HOST, v).map_err(too_many)?;
     }
     if kind == ConnectionType::Websocket {
-        super::origin::try_add_websocket_headers(headers).map_err(too_many)?;
+        super::origin::try_add_websocket_headers(&mut headers).map_err(too_many)?;
         has_body = false;
     }
+    // Set in place: `Request::builder` moves the whole head through every step.
+    let mut req = Request::new(());
     // No method is a GET, as Go's `http.NewRequest` reads an empty one.
-    let req = builder
-        .method(method.unwrap_or(Method::GET))
-        .uri(uri)
-        .body(())
-        .map_err(|_| MapError::Dest)?;
+    *req.method_mut() = method.unwrap_or(Method::GET);
+    *req.uri_mut() = uri;
+    *req.headers_mut() = headers;
     Ok((req, has_body))
 }
 
