@@ -201,8 +201,16 @@ impl Proxy {
         // The host routed on is the host the backend sees: an absolute-form target or an
         // HTTP/2 `:authority` wins over a `Host` header (RFC 9112 §3.2.2).
         if let Some(authority) = parts.uri.authority() {
-            if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
-                parts.headers.insert(header::HOST, v);
+            // A tunnelled request comes with the one `Host` its URI names: nothing to replace.
+            let mut hosts = parts.headers.get_all(header::HOST).iter();
+            let named = hosts
+                .next()
+                .is_some_and(|h| h.as_bytes() == authority.as_str().as_bytes())
+                && hosts.next().is_none();
+            if !named {
+                if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
+                    parts.headers.insert(header::HOST, v);
+                }
             }
         } else if parts.headers.get_all(header::HOST).iter().nth(1).is_some() {
             // Routed on one, a backend might read the other (RFC 9112 §3.2: answer 400).

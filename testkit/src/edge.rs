@@ -912,6 +912,38 @@ impl MockEdge {
             .map_err(|e| MockEdgeError::Stream(e.to_string()))
     }
 
+    /// [`send_raw_quic_stream`](Self::send_raw_quic_stream) with the bytes written in
+    /// `pieces`, `gap` apart, so that each arrives in a packet of its own.
+    pub async fn send_raw_quic_stream_in_pieces(
+        &self,
+        pieces: &[&[u8]],
+        gap: Duration,
+    ) -> Result<Vec<u8>, MockEdgeError> {
+        let conn = self
+            .inner
+            .pick()
+            .into_iter()
+            .find_map(|(_, t)| match t {
+                Transport::Quic(c) => Some(c),
+                Transport::H2(_) => None,
+            })
+            .ok_or_else(|| MockEdgeError::Stream("no serving QUIC connection".into()))?;
+        let (mut send, mut recv) =
+            forward::open_quic_stream(&conn, self.inner.stream_open_timeout).await?;
+        for (i, piece) in pieces.iter().enumerate() {
+            if i > 0 {
+                tokio::time::sleep(gap).await;
+            }
+            send.write_all(piece)
+                .await
+                .map_err(|e| MockEdgeError::Stream(e.to_string()))?;
+        }
+        let _ = send.finish();
+        recv.read_to_end(1024 * 1024)
+            .await
+            .map_err(|e| MockEdgeError::Stream(e.to_string()))
+    }
+
     /// Sends `body` verbatim as a configuration push over a serving HTTP/2
     /// connection and returns the connector's answer. For negative tests.
     pub async fn send_raw_config_push(

@@ -13,6 +13,7 @@ use http::{Request, StatusCode};
 use http_body::Body as _;
 use http_body_util::BodyExt as _;
 use quinn::VarInt;
+use tokio::io::AsyncReadExt as _;
 use tokio::sync::oneshot;
 
 use crate::body::{Body, OnUpgrade, Upgraded};
@@ -21,10 +22,15 @@ use crate::metrics::ProtocolLabel;
 use crate::rpc::control::{self, RegisterOutcome, RegisterParams};
 use crate::rpc::{remote_config, RpcStream};
 use crate::service::ResponseBody;
-use crate::stream::http_map::{decode_request_head, encode_response_head, MapError};
-use crate::stream::{self, ConnectResponse, ConnectionType, StreamKind};
+use crate::stream::http_map::{
+    decode_request_head, decode_request_segment, encode_response_head, MapError, RequestHead,
+};
+use crate::stream::{self, ConnectResponse, ConnectionType, FrameError, StreamKind};
 use crate::tasks::{InFlight, StreamTasks};
 use crate::tls::QUIC_SERVER_NAME;
+
+/// Length of a stream's signature.
+const DATA_SIGNATURE_LEN: usize = stream::DATA_SIGNATURE.len();
 
 /// Time allowed for an edge-opened stream to deliver its preamble.
 pub(crate) const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -296,6 +302,59 @@ async fn serve(
     Ok(Ended::Stopped)
 }
 
+/// Bytes a data stream starts with before its `ConnectRequest`'s segment: signature,
+/// version, segment count and the first segment's size, which give the length of a
+/// single-segment message (what edges send).
+const STREAM_START: usize = 16;
+
+/// The first bytes of an edge-opened stream: as many as had arrived together, up to
+/// [`STREAM_START`].
+struct StreamStart {
+    bytes: [u8; STREAM_START],
+    len: usize,
+}
+
+impl StreamStart {
+    fn new() -> Self {
+        Self {
+            bytes: [0; STREAM_START],
+            len: 0,
+        }
+    }
+
+    /// Reads until at least `want` bytes are held, taking what else has arrived up to
+    /// [`STREAM_START`] in the same read: every read of a QUIC stream takes the
+    /// connection's lock, and the edge sends a request's preamble at once.
+    async fn fill(&mut self, recv: &mut quinn::RecvStream, want: usize) -> Result<(), FrameError> {
+        while self.len < want {
+            match recv.read(&mut self.bytes[self.len..]).await {
+                Ok(Some(n)) => self.len += n,
+                Ok(None) => return Err(FrameError::Truncated),
+                Err(e) => return Err(FrameError::Io(e.to_string())),
+            }
+        }
+        Ok(())
+    }
+
+    fn kind(&self) -> Result<StreamKind, FrameError> {
+        let [a, b, c, d, e, f, ..] = self.bytes;
+        stream::classify(&[a, b, c, d, e, f])
+    }
+}
+
+/// `fut`, given at most `limit` once it has to wait. A stream's preamble has usually all
+/// arrived when the stream is accepted, and is then read with no timer set up.
+async fn within<F: Future>(
+    limit: Duration,
+    fut: F,
+) -> Result<F::Output, tokio::time::error::Elapsed> {
+    let mut fut = std::pin::pin!(fut);
+    if let Poll::Ready(out) = poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await {
+        return Ok(out);
+    }
+    tokio::time::timeout(limit, fut).await
+}
+
 async fn handle_stream(
     shared: Arc<Shared>,
     mut send: quinn::SendStream,
@@ -303,11 +362,18 @@ async fn handle_stream(
     budget: stream::PreambleBudget,
     in_flight: InFlight,
 ) {
-    let kind = tokio::time::timeout(PREAMBLE_TIMEOUT, stream::read_signature(&mut recv)).await;
+    let mut start = StreamStart::new();
+    let kind = within(PREAMBLE_TIMEOUT, async {
+        start.fill(&mut recv, DATA_SIGNATURE_LEN).await?;
+        start.kind()
+    })
+    .await;
     match kind {
         Ok(Ok(StreamKind::Rpc)) => {
+            // The session's first bytes may have come with the signature.
+            let early = start.bytes[DATA_SIGNATURE_LEN..start.len].to_vec();
             let stream = RpcStream {
-                reader: recv,
+                reader: std::io::Cursor::new(early).chain(recv),
                 writer: send,
             };
             if let Err(e) = remote_config::serve(
@@ -321,7 +387,9 @@ async fn handle_stream(
                 tracing::debug!(error = %e, "edge rpc stream ended");
             }
         }
-        Ok(Ok(StreamKind::Data)) => serve_data(&shared, send, recv, &budget, in_flight).await,
+        Ok(Ok(StreamKind::Data)) => {
+            serve_data(&shared, send, recv, start, &budget, in_flight).await
+        }
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "resetting stream with a bad preamble");
             let _ = send.reset(VarInt::from_u32(0));
@@ -375,6 +443,7 @@ async fn serve_data(
     shared: &Shared,
     send: quinn::SendStream,
     recv: quinn::RecvStream,
+    start: StreamStart,
     budget: &stream::PreambleBudget,
     in_flight: InFlight,
 ) {
@@ -382,7 +451,7 @@ async fn serve_data(
     let Some(send) = stream.0.as_mut() else {
         return;
     };
-    match serve_exchange(shared, send, recv, budget).await {
+    match serve_exchange(shared, send, recv, start, budget).await {
         Exchange::Closed => {
             stream.0 = None;
         }
@@ -395,17 +464,58 @@ async fn serve_data(
     }
 }
 
+/// Reads and decodes the rest of a data stream's preamble: the version and the framed
+/// `ConnectRequest`. A single-segment message whose segment came in one piece (as the
+/// edge sends it) is decoded where quinn holds it, with no copy: with the signature, the
+/// whole preamble takes two reads of the stream.
+async fn read_request_head(
+    recv: &mut quinn::RecvStream,
+    mut start: StreamStart,
+    budget: &stream::PreambleBudget,
+) -> Result<Result<RequestHead, MapError>, FrameError> {
+    start.fill(recv, STREAM_START).await?;
+    let [_, _, _, _, _, _, v0, v1, table @ ..] = start.bytes;
+    if [v0, v1] != stream::DATA_VERSION {
+        return Err(FrameError::UnsupportedVersion);
+    }
+    let Some(total) = stream::framed_len(&table)? else {
+        // More than one segment: their sizes follow.
+        let (frame, _share) = stream::read_frame_rest(recv, table.to_vec(), Some(budget)).await?;
+        return decode_request_head(&Bytes::from(frame));
+    };
+    // The frame's share of the budget goes back once it is decoded.
+    let _share = stream::BudgetShare::reserve(Some(budget), total).await;
+    let len = total - table.len();
+    let segment = match len {
+        0 => Bytes::new(),
+        _ => match recv.read_chunk(len, true).await {
+            Ok(Some(chunk)) => chunk.bytes,
+            Ok(None) => return Err(FrameError::Truncated),
+            Err(e) => return Err(FrameError::Io(e.to_string())),
+        },
+    };
+    if segment.len() == len {
+        return decode_request_segment(&segment);
+    }
+    // It came in pieces: gathered into one buffer.
+    let mut buf = Vec::with_capacity(table.len() + segment.len());
+    buf.extend_from_slice(&table);
+    buf.extend_from_slice(&segment);
+    let frame = stream::read_frame_tail(recv, buf, total).await?;
+    decode_request_head(&Bytes::from(frame))
+}
+
 async fn serve_exchange(
     shared: &Shared,
     send: &mut quinn::SendStream,
     mut recv: quinn::RecvStream,
+    start: StreamStart,
     budget: &stream::PreambleBudget,
 ) -> Exchange {
-    let preamble = tokio::time::timeout(PREAMBLE_TIMEOUT, async {
-        // The frame's share of the budget goes back once it is decoded.
-        let (frame, _share) = stream::read_data_preamble_within(&mut recv, Some(budget)).await?;
-        decode_request_head(&bytes::Bytes::from(frame))
-    })
+    let preamble = within(
+        PREAMBLE_TIMEOUT,
+        read_request_head(&mut recv, start, budget),
+    )
     .await;
     let mapped = match preamble {
         Ok(Ok(mapped)) => mapped,

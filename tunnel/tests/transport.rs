@@ -500,6 +500,68 @@ async fn request_urls_go_accepts_are_served() {
     .expect("test finished in time");
 }
 
+/// A request whose preamble and body arrive in pieces, cut anywhere (in the signature,
+/// the version, the segment table, the message, or between the message and the body), is
+/// served as one that arrives at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_arriving_in_pieces_is_served_whole() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::start().await.unwrap();
+        let handle = serving_connector(&edge, Protocol::Quic, 1).await;
+        let mut bytes = cftunnel_tunnel::stream::encode_connect_request(
+            &cftunnel_tunnel::stream::ConnectRequest {
+                dest: "https://a.example/echo".into(),
+                kind: cftunnel_tunnel::stream::ConnectionType::Http,
+                metadata: vec![
+                    cftunnel_tunnel::stream::Metadata::new("HttpMethod", "POST"),
+                    cftunnel_tunnel::stream::Metadata::new("HttpHeader:Content-Length", "10"),
+                ],
+            },
+        );
+        let head = bytes.len();
+        bytes.extend_from_slice(b"0123456789");
+        let cuts: [&[usize]; 7] = [
+            &[3],
+            &[6],
+            &[10],
+            &[20],
+            &[head],
+            &[head + 4],
+            &[1, 7, 12, 15, 16, 30, head - 1, head + 1],
+        ];
+        for cut in cuts {
+            let mut pieces = Vec::new();
+            let mut from = 0;
+            for &to in cut.iter().chain([&bytes.len()]) {
+                pieces.push(&bytes[from..to]);
+                from = to;
+            }
+            let reply = edge
+                .send_raw_quic_stream_in_pieces(&pieces, std::time::Duration::from_millis(20))
+                .await
+                .unwrap();
+            let mut rest = &reply[..];
+            let resp = cftunnel_tunnel::stream::read_response_preamble(&mut rest)
+                .await
+                .unwrap();
+            assert_eq!(resp.error, "", "{cut:?}");
+            assert!(
+                resp.metadata
+                    .iter()
+                    .any(|m| m.key == "HttpStatus" && m.val == "200"),
+                "{cut:?}: {resp:?}"
+            );
+            assert_eq!(rest, b"0123456789", "{cut:?}");
+        }
+        assert_eq!(handle.registered(), 1);
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_quic_streams_reset_only_that_stream() {
     trace_init();

@@ -34,8 +34,15 @@ impl<'a> Flat<'a> {
             return None;
         }
         let words = u32::from_le_bytes(frame.get(4..8)?.try_into().ok()?) as usize;
-        let segment = frame.get(8..8usize.checked_add(words.checked_mul(8)?)?)?;
-        if segment.is_empty() {
+        Self::segment(
+            frame.get(8..8usize.checked_add(words.checked_mul(8)?)?)?,
+            budget,
+        )
+    }
+
+    /// A single-segment frame's segment without its segment table.
+    pub(super) fn segment(segment: &'a [u8], budget: u64) -> Option<Self> {
+        if segment.is_empty() || !segment.len().is_multiple_of(8) {
             return None;
         }
         Some(Self { segment, budget })

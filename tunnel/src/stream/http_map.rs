@@ -55,22 +55,6 @@ fn header_key(key: &[u8]) -> Option<&[u8]> {
         .filter(|name| !name.contains(&b':'))
 }
 
-/// The header name of a request's metadata key: `None` for a key that names
-/// no header, an error for an `HttpHeader:` key that does not split into two
-/// parts on `:` (which `cloudflared` refuses as malformed).
-fn request_header_key(key: &[u8]) -> Result<Option<&[u8]>, MapError> {
-    let Some(name) = key
-        .strip_prefix(HEADER_PREFIX.as_bytes())
-        .and_then(|k| k.strip_prefix(b":"))
-    else {
-        return Ok(None);
-    };
-    if name.contains(&b':') {
-        return Err(MapError::Header(String::from_utf8_lossy(key).into_owned()));
-    }
-    Ok(Some(name))
-}
-
 /// A `Content-Length` value as the service will be given it: decimal digits
 /// only.
 pub(crate) fn parse_content_length(val: &[u8]) -> Option<u64> {
@@ -86,12 +70,22 @@ fn parse_header(
     frame: &Bytes,
     count: &mut usize,
 ) -> Result<(HeaderName, HeaderValue), MapError> {
+    parse_parsed_header(header_name(name), name, val, frame, count)
+}
+
+/// [`parse_header`] with the name already parsed (`parsed`).
+fn parse_parsed_header(
+    parsed: Result<HeaderName, http::header::InvalidHeaderName>,
+    name: &[u8],
+    val: &[u8],
+    frame: &Bytes,
+    count: &mut usize,
+) -> Result<(HeaderName, HeaderValue), MapError> {
     *count += 1;
     if *count > MAX_HEADERS {
         return Err(MapError::TooManyHeaders);
     }
-    let name = header_name(name)
-        .map_err(|_| MapError::Header(String::from_utf8_lossy(name).into_owned()))?;
+    let name = parsed.map_err(|_| MapError::Header(String::from_utf8_lossy(name).into_owned()))?;
     let value = match frame_range(frame, val) {
         Some(range) => HeaderValue::from_maybe_shared(frame.slice(range)),
         None => HeaderValue::from_bytes(val),
@@ -138,12 +132,10 @@ pub(super) fn map_request<'a>(
     }
     let mut method = None;
     let mut host = None;
-    let mut builder = Request::builder();
     let mut has_body = false;
     let mut count = 0usize;
-    let headers = builder.headers_mut().ok_or(MapError::Dest)?;
     // Sized once for the usual head instead of grown and rehashed as entries arrive.
-    *headers = http::HeaderMap::with_capacity(metadata.size_hint().0.min(64));
+    let mut headers = http::HeaderMap::with_capacity(metadata.size_hint().0.min(64));
     for entry in metadata {
         let (key, val) = entry?;
         if key == METHOD.as_bytes() {
@@ -152,8 +144,18 @@ pub(super) fn map_request<'a>(
             }
         } else if key == HOST_KEY.as_bytes() {
             host = Some(val);
-        } else if let Some(name) = request_header_key(key)? {
-            let (name, value) = parse_header(name, val, frame, &mut count)?;
+        } else if let Some(name) = key
+            .strip_prefix(HEADER_PREFIX.as_bytes())
+            .and_then(|k| k.strip_prefix(b":"))
+        {
+            let parsed = header_name(name);
+            // A key that does not split into two parts on `:` is refused as malformed, as
+            // `cloudflared` refuses it. No header name holds a `:`, so only a name that
+            // does not parse is searched for one.
+            if parsed.is_err() && name.contains(&b':') {
+                return Err(MapError::Header(String::from_utf8_lossy(key).into_owned()));
+            }
+            let (name, value) = parse_parsed_header(parsed, name, val, frame, &mut count)?;
             if name == HOST {
                 continue;
             }
@@ -172,7 +174,7 @@ pub(super) fn map_request<'a>(
             headers.try_append(name, value).map_err(too_many)?;
         }
     }
-    let dest = parse_dest(dest)?;
+    let dest = parse_dest(frame, dest)?;
     // Entries are text, so the host is too.
     let host = host
         .and_then(|h| std::str::from_utf8(h).ok())
@@ -180,7 +182,7 @@ pub(super) fn map_request<'a>(
         .or_else(|| dest.authority().map(|a| a.as_str()))
         .filter(|h| !h.is_empty());
     let host_value = match host {
-        Some(h) => Some(HeaderValue::from_str(h).map_err(|_| MapError::Header("host".into()))?),
+        Some(h) => Some(host_value(frame, h).ok_or_else(|| MapError::Header("host".into()))?),
         None => None,
     };
     let uri = match host {
@@ -207,16 +209,51 @@ pub(super) fn map_request<'a>(
         headers.try_insert(HOST, v).map_err(too_many)?;
     }
     if kind == ConnectionType::Websocket {
-        super::origin::try_add_websocket_headers(headers).map_err(too_many)?;
+        super::origin::try_add_websocket_headers(&mut headers).map_err(too_many)?;
         has_body = false;
     }
+    // Set in place: `Request::builder` moves the whole head through every step.
+    let mut req = Request::new(());
     // No method is a GET, as Go's `http.NewRequest` reads an empty one.
-    let req = builder
-        .method(method.unwrap_or(Method::GET))
-        .uri(uri)
-        .body(())
-        .map_err(|_| MapError::Dest)?;
+    *req.method_mut() = method.unwrap_or(Method::GET);
+    *req.uri_mut() = uri;
+    *req.headers_mut() = headers;
     Ok((req, has_body))
+}
+
+/// The `Host` value for `host`: visible ASCII only, as [`HeaderValue::from_str`] takes it,
+/// sharing the received message's bytes when `host` lies in `frame`.
+fn host_value(frame: &Bytes, host: &str) -> Option<HeaderValue> {
+    if !host
+        .bytes()
+        .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+    {
+        return None;
+    }
+    match frame_range(frame, host.as_bytes()) {
+        Some(range) => HeaderValue::from_maybe_shared(frame.slice(range)).ok(),
+        None => HeaderValue::from_str(host).ok(),
+    }
+}
+
+/// Whether `dest` is parsed as it came: printable ASCII with none of the bytes
+/// [`parse_dest_copied`] may have to encode or cut (a space, `<`, `>`, `"`, a backtick, `#`), which
+/// is what the edge sends. Any other `dest` takes the long way, which gives the same
+/// result for this one.
+fn plain_dest(dest: &[u8]) -> bool {
+    dest.iter()
+        .all(|&b| (b'!'..=b'~').contains(&b) && !matches!(b, b'<' | b'>' | b'"' | b'`' | b'#'))
+}
+
+/// `dest` as a URI, sharing the received message's bytes when `dest` lies in `frame` and
+/// needs no encoding; see [`parse_dest_copied`].
+fn parse_dest(frame: &Bytes, dest: &[u8]) -> Result<Uri, MapError> {
+    if plain_dest(dest) {
+        if let Some(range) = frame_range(frame, dest) {
+            return Uri::from_maybe_shared(frame.slice(range)).map_err(|_| MapError::Dest);
+        }
+    }
+    parse_dest_copied(dest)
 }
 
 /// `dest` as a URI. `cloudflared` builds the request with Go's URL parser, which takes bytes
@@ -226,7 +263,7 @@ pub(super) fn map_request<'a>(
 /// kept as it came (a fragment, which the request does not carry, is dropped). Control
 /// characters are refused, as Go refuses them ("invalid control character in URL"). Only a
 /// `dest` that needs encoding is copied.
-fn parse_dest(dest: &[u8]) -> Result<Uri, MapError> {
+fn parse_dest_copied(dest: &[u8]) -> Result<Uri, MapError> {
     if dest.iter().any(|&b| b < 0x20 || b == 0x7f) {
         return Err(MapError::Dest);
     }
@@ -353,10 +390,36 @@ pub fn decode_request_head(frame: &Bytes) -> Result<Result<RequestHead, MapError
     Ok(mapped.map(|(head, body)| (head, body, kind)))
 }
 
+/// [`decode_request_head`] for a single-segment message of which `segment` holds the
+/// segment alone, as the connector reads it off a stream (the segment table read apart).
+pub fn decode_request_segment(
+    segment: &Bytes,
+) -> Result<Result<RequestHead, MapError>, FrameError> {
+    if let Some(mapped) = Flat::segment(segment, super::TRAVERSAL_LIMIT_WORDS)
+        .and_then(|flat| decode_plain_request(flat, segment))
+    {
+        return Ok(mapped);
+    }
+    // Any other message goes to `capnp`, its segment table put back.
+    let words = u32::try_from(segment.len() / 8).map_err(|_| FrameError::TooLarge)?;
+    let mut frame = Vec::with_capacity(8 + segment.len());
+    frame.extend_from_slice(&0u32.to_le_bytes());
+    frame.extend_from_slice(&words.to_le_bytes());
+    frame.extend_from_slice(segment);
+    decode_request_head(&Bytes::from(frame))
+}
+
 /// [`decode_request_head`] for the plain messages [`flat`] reads; `None` for
 /// any other message.
 fn decode_plain_request_head(frame: &Bytes) -> Option<Result<RequestHead, MapError>> {
-    let mut flat = Flat::new(frame, super::TRAVERSAL_LIMIT_WORDS)?;
+    decode_plain_request(Flat::new(frame, super::TRAVERSAL_LIMIT_WORDS)?, frame)
+}
+
+/// The request head a plain message holds; its texts lie in `frame`.
+fn decode_plain_request(
+    mut flat: Flat<'_>,
+    frame: &Bytes,
+) -> Option<Result<RequestHead, MapError>> {
     let root = flat.root()?;
     let kind = proto::ConnectionType::try_from(flat.u16_field(root)?)
         .ok()?
@@ -698,10 +761,35 @@ mod tests {
             (b"https://a.example", "https://a.example/"),
         ];
         for (dest, expected) in cases {
-            let uri = parse_dest(dest);
+            let uri = parse_dest(&Bytes::new(), dest);
             assert_eq!(
                 uri.map(|u| u.to_string()),
                 Ok(expected.to_owned()),
+                "{}",
+                String::from_utf8_lossy(dest)
+            );
+        }
+    }
+
+    /// A `dest` read where it lies in the received message parses as a copied one does.
+    #[test]
+    fn dest_in_the_message_parses_as_a_copied_one() {
+        for dest in [
+            &b"https://a.example/p?q=1"[..],
+            b"/p?q=1",
+            b"https://a.example",
+            b"https://a.example/j/{\"k\":1}|^\\?{|}^",
+            b"https://a.example/a b?c",
+            b"https://a.example/a#frag",
+            b"https://a.example/a\x01b",
+            b"https://a.ex ample/",
+            b"http://[::1]:8080/x",
+            b"",
+        ] {
+            let frame = Bytes::copy_from_slice(dest);
+            assert_eq!(
+                parse_dest(&frame, &frame).map(|u| u.to_string()),
+                parse_dest_copied(dest).map(|u| u.to_string()),
                 "{}",
                 String::from_utf8_lossy(dest)
             );
@@ -724,7 +812,7 @@ mod tests {
             b"",
         ] {
             assert_eq!(
-                parse_dest(dest).map(|u| u.to_string()),
+                parse_dest(&Bytes::new(), dest).map(|u| u.to_string()),
                 Err(MapError::Dest),
                 "{}",
                 String::from_utf8_lossy(dest)

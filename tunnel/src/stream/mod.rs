@@ -425,7 +425,7 @@ pub async fn read_data_preamble_within<R: AsyncRead + Unpin>(
 
 /// Completes a framed message of which `buf` holds the first bytes (at least
 /// the segment count, at most the segment table), within `budget` when one is given.
-async fn read_frame_rest<R: AsyncRead + Unpin>(
+pub(crate) async fn read_frame_rest<R: AsyncRead + Unpin>(
     r: &mut R,
     mut buf: Vec<u8>,
     budget: Option<&PreambleBudget>,
@@ -445,6 +445,16 @@ async fn read_frame_rest<R: AsyncRead + Unpin>(
     }
     let total = framed_len(&buf)?.ok_or(FrameError::Framing)?;
     let share = BudgetShare::reserve(budget, total).await;
+    Ok((read_frame_tail(r, buf, total).await?, share))
+}
+
+/// Completes a framed message `total` bytes long of which `buf` holds the first bytes,
+/// its share of the budget already reserved.
+pub(crate) async fn read_frame_tail<R: AsyncRead + Unpin>(
+    r: &mut R,
+    mut buf: Vec<u8>,
+    total: usize,
+) -> Result<Vec<u8>, FrameError> {
     // Memory follows the bytes that arrive: a frame header announcing a large
     // message commits at most twice what has come (and one first step),
     // not the whole cap, while the rest is awaited. A usual head takes one read.
@@ -454,7 +464,7 @@ async fn read_frame_rest<R: AsyncRead + Unpin>(
         buf.resize(next, 0);
         r.read_exact(&mut buf[have..]).await.map_err(io_err)?;
     }
-    Ok((buf, share))
+    Ok(buf)
 }
 
 /// Memory one connection's request preambles may hold between them while they
@@ -491,7 +501,7 @@ pub struct BudgetShare {
 
 impl BudgetShare {
     /// Reserves `bytes` of `budget`, waiting while it is spent; nothing without a budget.
-    async fn reserve(budget: Option<&PreambleBudget>, bytes: usize) -> Self {
+    pub(crate) async fn reserve(budget: Option<&PreambleBudget>, bytes: usize) -> Self {
         let Some(budget) = budget else {
             return Self { _permit: None };
         };
