@@ -892,24 +892,8 @@ impl MockEdge {
     /// verbatim, finishes, and returns what the connector sent back (at most
     /// 1 MiB), or an error if it reset the stream. For negative tests.
     pub async fn send_raw_quic_stream(&self, bytes: &[u8]) -> Result<Vec<u8>, MockEdgeError> {
-        let conn = self
-            .inner
-            .pick()
-            .into_iter()
-            .find_map(|(_, t)| match t {
-                Transport::Quic(c) => Some(c),
-                Transport::H2(_) => None,
-            })
-            .ok_or_else(|| MockEdgeError::Stream("no serving QUIC connection".into()))?;
-        let (mut send, mut recv) =
-            forward::open_quic_stream(&conn, self.inner.stream_open_timeout).await?;
-        send.write_all(bytes)
+        self.send_raw_quic_stream_in_pieces(&[bytes], Duration::ZERO)
             .await
-            .map_err(|e| MockEdgeError::Stream(e.to_string()))?;
-        let _ = send.finish();
-        recv.read_to_end(1024 * 1024)
-            .await
-            .map_err(|e| MockEdgeError::Stream(e.to_string()))
     }
 
     /// [`send_raw_quic_stream`](Self::send_raw_quic_stream) with the bytes written in

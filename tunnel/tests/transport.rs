@@ -469,17 +469,7 @@ async fn request_urls_go_accepts_are_served() {
         ];
         for (dest, expected) in cases {
             let reply = edge.send_raw_quic_stream(&request(dest)).await.unwrap();
-            let mut rest = &reply[..];
-            let resp = cftunnel_tunnel::stream::read_response_preamble(&mut rest)
-                .await
-                .unwrap();
-            assert_eq!(resp.error, "", "{dest}");
-            assert!(
-                resp.metadata
-                    .iter()
-                    .any(|m| m.key == "HttpStatus" && m.val == "200"),
-                "{dest}: {resp:?}"
-            );
+            let rest = body_of_200(&reply, dest).await;
             assert_eq!(String::from_utf8_lossy(rest), expected, "{dest}");
         }
         for dest in [
@@ -498,6 +488,23 @@ async fn request_urls_go_accepts_are_served() {
     })
     .await
     .expect("test finished in time");
+}
+
+/// The body of a raw stream's reply, which must be a `200` with no error; `case` names the
+/// request in a failure.
+async fn body_of_200<'a>(reply: &'a [u8], case: &str) -> &'a [u8] {
+    let mut rest = reply;
+    let resp = cftunnel_tunnel::stream::read_response_preamble(&mut rest)
+        .await
+        .unwrap();
+    assert_eq!(resp.error, "", "{case}");
+    assert!(
+        resp.metadata
+            .iter()
+            .any(|m| m.key == "HttpStatus" && m.val == "200"),
+        "{case}: {resp:?}"
+    );
+    rest
 }
 
 /// A request whose preamble and body arrive in pieces, cut anywhere (in the signature,
@@ -541,17 +548,7 @@ async fn a_request_arriving_in_pieces_is_served_whole() {
                 .send_raw_quic_stream_in_pieces(&pieces, std::time::Duration::from_millis(20))
                 .await
                 .unwrap();
-            let mut rest = &reply[..];
-            let resp = cftunnel_tunnel::stream::read_response_preamble(&mut rest)
-                .await
-                .unwrap();
-            assert_eq!(resp.error, "", "{cut:?}");
-            assert!(
-                resp.metadata
-                    .iter()
-                    .any(|m| m.key == "HttpStatus" && m.val == "200"),
-                "{cut:?}: {resp:?}"
-            );
+            let rest = body_of_200(&reply, &format!("{cut:?}")).await;
             assert_eq!(rest, b"0123456789", "{cut:?}");
         }
         assert_eq!(handle.registered(), 1);
