@@ -490,6 +490,18 @@ async fn request_urls_go_accepts_are_served() {
     .expect("test finished in time");
 }
 
+/// The preamble of a `POST /echo` announcing a body of ten bytes.
+fn post_echo_of_ten() -> Vec<u8> {
+    cftunnel_tunnel::stream::encode_connect_request(&cftunnel_tunnel::stream::ConnectRequest {
+        dest: "https://a.example/echo".into(),
+        kind: cftunnel_tunnel::stream::ConnectionType::Http,
+        metadata: vec![
+            cftunnel_tunnel::stream::Metadata::new("HttpMethod", "POST"),
+            cftunnel_tunnel::stream::Metadata::new("HttpHeader:Content-Length", "10"),
+        ],
+    })
+}
+
 /// The body of a raw stream's reply, which must be a `200` with no error; `case` names the
 /// request in a failure.
 async fn body_of_200<'a>(reply: &'a [u8], case: &str) -> &'a [u8] {
@@ -516,16 +528,7 @@ async fn a_request_arriving_in_pieces_is_served_whole() {
     tokio::time::timeout(LIMIT, async {
         let edge = MockEdge::start().await.unwrap();
         let handle = serving_connector(&edge, Protocol::Quic, 1).await;
-        let mut bytes = cftunnel_tunnel::stream::encode_connect_request(
-            &cftunnel_tunnel::stream::ConnectRequest {
-                dest: "https://a.example/echo".into(),
-                kind: cftunnel_tunnel::stream::ConnectionType::Http,
-                metadata: vec![
-                    cftunnel_tunnel::stream::Metadata::new("HttpMethod", "POST"),
-                    cftunnel_tunnel::stream::Metadata::new("HttpHeader:Content-Length", "10"),
-                ],
-            },
-        );
+        let mut bytes = post_echo_of_ten();
         let head = bytes.len();
         bytes.extend_from_slice(b"0123456789");
         let cuts: [&[usize]; 7] = [
@@ -587,16 +590,7 @@ async fn malformed_quic_streams_reset_only_that_stream() {
         }
         // A body that ends before its Content-Length is an error for the service, which
         // here streams it back: the response is reset instead of finished short.
-        let mut short = cftunnel_tunnel::stream::encode_connect_request(
-            &cftunnel_tunnel::stream::ConnectRequest {
-                dest: "https://a.example/echo".into(),
-                kind: cftunnel_tunnel::stream::ConnectionType::Http,
-                metadata: vec![
-                    cftunnel_tunnel::stream::Metadata::new("HttpMethod", "POST"),
-                    cftunnel_tunnel::stream::Metadata::new("HttpHeader:Content-Length", "10"),
-                ],
-            },
-        );
+        let mut short = post_echo_of_ten();
         short.extend_from_slice(b"abc");
         let cut = edge.send_raw_quic_stream(&short).await;
         assert!(cut.is_err(), "short body echoed as complete: {cut:?}");
