@@ -100,18 +100,20 @@ fn split(template: RuleTemplate, rules: &[GrpcRouteRules]) -> Vec<RuleTemplate> 
         .collect()
 }
 
-/// The rules of a document in the order to push them: GRPCRoute rules (those with a
-/// placement) sorted by it, in the places GRPCRoute rules hold; every other rule stays where
-/// it is. `T` is a rule with whatever travels with it.
-pub(super) fn order<T>(rules: Vec<(Option<Placement>, T)>) -> Vec<T> {
+/// The rules of a document in the order to push them, each handed to `put`: GRPCRoute rules
+/// (those with a placement) sorted by it, in the places GRPCRoute rules hold; every other rule
+/// stays where it is. `T` is a rule with whatever travels with it. Handed over rather than
+/// collected, so a plane's rules move once more, into its document.
+pub(super) fn order<T>(rules: Vec<(Option<Placement>, T)>, put: impl FnMut(T)) {
     let mut grpc: Vec<(Placement, usize)> = rules
         .iter()
         .enumerate()
         .filter_map(|(i, (placement, _))| placement.map(|p| (p, i)))
         .collect();
-    // A plane without GRPCRoute rules keeps its order: its rules are moved once, not thrice.
+    // A plane without GRPCRoute rules keeps its order.
     if grpc.is_empty() {
-        return rules.into_iter().map(|(_, r)| r).collect();
+        rules.into_iter().map(|(_, r)| r).for_each(put);
+        return;
     }
     let slots: Vec<usize> = grpc.iter().map(|(_, i)| *i).collect();
     grpc.sort();
@@ -125,7 +127,7 @@ pub(super) fn order<T>(rules: Vec<(Option<Placement>, T)>) -> Vec<T> {
     out.into_iter()
         .zip(taken)
         .filter_map(|(sorted, kept)| sorted.or(kept))
-        .collect()
+        .for_each(put);
 }
 
 /// The path match of a GRPCRoute match without a method: every request, ranked after the

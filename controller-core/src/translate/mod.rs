@@ -578,17 +578,10 @@ fn translate_checked(
         // Room for the isolation rules too: the document is not copied again to take them.
         let mut rules = Vec::with_capacity(placed.len() + isolated.len());
         let mut owned_by = Vec::with_capacity(placed.len() + isolated.len());
-        let mut put = |(rule, route)| {
+        grpc_route::order(placed, |(rule, route)| {
             rules.push(rule);
             owned_by.push(Some(route));
-        };
-        // A plane without GRPCRoute rules keeps its order: its rules are moved once more,
-        // into the document.
-        if placed.iter().any(|(placement, _)| placement.is_some()) {
-            grpc_route::order(placed).into_iter().for_each(put);
-        } else {
-            placed.into_iter().for_each(|(_, placed)| put(placed));
-        }
+        });
         config.rules = rules;
         let owned_by = owners.entry(plane.clone()).or_insert(owned_by);
         let listeners = scheme_listeners.get(plane);

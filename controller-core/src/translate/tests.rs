@@ -2123,10 +2123,8 @@ fn grpc_rules_are_sorted_within_the_places_grpc_rules_hold() {
         (None, named("http-b")),
         (Some(service), named("grpc-service")),
     ];
-    let names: Vec<_> = super::grpc_route::order(rules)
-        .into_iter()
-        .filter_map(|r| r.name)
-        .collect();
+    let mut names = Vec::new();
+    super::grpc_route::order(rules, |r| names.extend(r.name));
     assert_eq!(names, ["http-a", "grpc-service", "http-b", "grpc-method"]);
 }
 
