@@ -221,15 +221,9 @@ pub(super) fn map_request<'a>(
     Ok((req, has_body))
 }
 
-/// The `Host` value for `host`: visible ASCII only, as [`HeaderValue::from_str`] takes it,
-/// sharing the received message's bytes when `host` lies in `frame`.
+/// The `Host` value for `host`, sharing the received message's bytes when `host` lies in
+/// `frame`; either way `http`'s own check of a value decides what is taken.
 fn host_value(frame: &Bytes, host: &str) -> Option<HeaderValue> {
-    if !host
-        .bytes()
-        .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
-    {
-        return None;
-    }
     match frame_range(frame, host.as_bytes()) {
         Some(range) => HeaderValue::from_maybe_shared(frame.slice(range)).ok(),
         None => HeaderValue::from_str(host).ok(),
@@ -768,6 +762,30 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(dest)
             );
+        }
+    }
+
+    /// A `Host` read where it lies in the received message is taken and refused as
+    /// [`HeaderValue::from_str`] takes and refuses it.
+    #[test]
+    fn host_in_the_message_is_taken_as_from_str_takes_it() {
+        for host in [
+            "a.example",
+            "a.example:8443",
+            "a\tb",
+            "a b",
+            "a\x01b",
+            "a\x7fb",
+            "é.example",
+            "",
+        ] {
+            let frame = Bytes::copy_from_slice(host.as_bytes());
+            let Ok(in_frame) = std::str::from_utf8(&frame) else {
+                unreachable!("copied from a str")
+            };
+            let expected = HeaderValue::from_str(host).ok();
+            assert_eq!(host_value(&frame, in_frame), expected, "{host:?}");
+            assert_eq!(host_value(&Bytes::new(), host), expected, "{host:?}");
         }
     }
 
