@@ -130,6 +130,10 @@ fn bind_endpoint(shared: &Shared, idx: u8, peer: SocketAddr) -> std::io::Result<
 /// in `max_udp_payload_size` (quinn's default is 1472).
 const MAX_UDP_PAYLOAD: u16 = 1452;
 
+/// How long a closed control session's last messages (Release, Abort) may take to be
+/// acknowledged before the connection is closed regardless.
+const CLOSE_DELIVERY: Duration = Duration::from_secs(1);
+
 fn endpoint_config() -> quinn::EndpointConfig {
     let mut config = quinn::EndpointConfig::default();
     // In range (1200..=65527), so this cannot fail; the default stays if it ever did.
@@ -187,6 +191,10 @@ async fn serve(
         .map_err(ConnError::control_stream)?;
     // Over QUIC `cloudflared` reports the edge's address as `originLocalIp`.
     let params = register_params(shared, idx, addr.ip(), attempt);
+    // Resolves once the edge has acknowledged all the control stream sent after it ended.
+    // Closing the connection discards stream data still in flight, so a session closed
+    // by a refusal waits for this before the connection goes.
+    let delivered = send.stopped();
     let (session, outcome) = control::register(
         &shared.worker,
         RpcStream {
@@ -199,7 +207,10 @@ async fn serve(
     .await?;
     let details = match outcome {
         RegisterOutcome::Registered(d) => d,
-        RegisterOutcome::Refused(r) => return Err(ConnError::Refused(r)),
+        RegisterOutcome::Refused(r) => {
+            let _ = tokio::time::timeout(CLOSE_DELIVERY, delivered).await;
+            return Err(ConnError::Refused(r));
+        }
     };
     tracing::info!(
         conn_index = idx,
