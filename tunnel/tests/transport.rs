@@ -562,6 +562,48 @@ async fn a_request_arriving_in_pieces_is_served_whole() {
     .expect("test finished in time");
 }
 
+/// Request heads arriving on one connection hold a bounded amount of memory between them
+/// (16 MiB): while heads announcing all of it are still arriving, a further request waits
+/// for their share instead of being read, and is served once they are done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_heads_on_one_connection_share_a_bounded_budget() {
+    use cftunnel_tunnel::stream::{DATA_SIGNATURE, DATA_VERSION, MAX_MESSAGE_BYTES};
+    use std::time::{Duration, Instant};
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::start().await.unwrap();
+        let handle = serving_connector(&edge, Protocol::Quic, 1).await;
+        // Sixteen heads of the largest size: signature, version and a segment table
+        // announcing a 1 MiB message go out at once, the message itself `gap` later.
+        let mut announced = [&DATA_SIGNATURE[..], &DATA_VERSION].concat();
+        announced.extend_from_slice(&0u32.to_le_bytes());
+        announced.extend_from_slice(&(((MAX_MESSAGE_BYTES - 8) / 8) as u32).to_le_bytes());
+        let message = vec![0u8; MAX_MESSAGE_BYTES - 8];
+        let gap = Duration::from_secs(5);
+        let started = Instant::now();
+        let pieces = [&announced[..], &message[..]];
+        let slow = join_all((0..16).map(|_| edge.send_raw_quic_stream_in_pieces(&pieces, gap)));
+        let mut request = post_echo_of_ten();
+        request.extend_from_slice(b"0123456789");
+        let late = async {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let reply = edge.send_raw_quic_stream(&request).await.unwrap();
+            (started.elapsed(), reply)
+        };
+        let (_, (served_after, reply)) = tokio::join!(slow, late);
+        assert_eq!(body_of_200(&reply, "late request").await, b"0123456789");
+        assert!(
+            served_after >= gap,
+            "a request was read past the connection's budget after {served_after:?}"
+        );
+        assert_eq!(handle.registered(), 1);
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_quic_streams_reset_only_that_stream() {
     trace_init();

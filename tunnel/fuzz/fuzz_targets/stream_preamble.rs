@@ -134,7 +134,7 @@ fn check_request_stream(data: &[u8]) {
         assert_eq!(*used, data.len() - r.len(), "consumed lengths differ");
     }
 
-    // The connector's two-read preamble reader agrees on every well-formed
+    // The two-read data preamble reader agrees on every well-formed
     // stream (on a broken one it may name the fault differently).
     if let Ok((req, used)) = &parsed {
         let mut r = data;

@@ -405,22 +405,13 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Vec<u8>, Fram
 /// reads, where [`read_version`] and [`read_frame`] take four; every read of a
 /// QUIC stream takes the connection's lock.
 pub async fn read_data_preamble<R: AsyncRead + Unpin>(r: &mut R) -> Result<Vec<u8>, FrameError> {
-    Ok(read_data_preamble_within(r, None).await?.0)
-}
-
-/// [`read_data_preamble`], holding the frame's buffer within `budget` when one is given:
-/// the returned share of it goes back when dropped.
-pub async fn read_data_preamble_within<R: AsyncRead + Unpin>(
-    r: &mut R,
-    budget: Option<&PreambleBudget>,
-) -> Result<(Vec<u8>, BudgetShare), FrameError> {
     // Version, segment count, first segment's size.
     let mut head = [0u8; 10];
     r.read_exact(&mut head).await.map_err(io_err)?;
     if head[..2] != DATA_VERSION {
         return Err(FrameError::UnsupportedVersion);
     }
-    read_frame_rest(r, head[2..].to_vec(), budget).await
+    Ok(read_frame_rest(r, head[2..].to_vec(), None).await?.0)
 }
 
 /// Completes a framed message of which `buf` holds the first bytes (at least

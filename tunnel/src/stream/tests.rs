@@ -184,17 +184,15 @@ fn large_messages_are_written_as_one_segment() {
     assert_eq!(parse_request_preamble(&bytes), Ok((req, bytes.len())));
 }
 
-/// A framed single-segment message header announcing `words` words, after the
-/// data stream's version.
+/// The segment table of a single-segment message announcing `words` words.
 fn announced(words: u32) -> Vec<u8> {
-    let mut bytes = DATA_VERSION.to_vec();
-    bytes.extend_from_slice(&0u32.to_le_bytes());
+    let mut bytes = 0u32.to_le_bytes().to_vec();
     bytes.extend_from_slice(&words.to_le_bytes());
     bytes
 }
 
 #[test]
-fn preambles_on_one_connection_share_a_bounded_budget() {
+fn frames_read_within_a_budget_hold_their_announced_size_until_dropped() {
     use std::time::Duration;
     use tokio::io::AsyncWriteExt;
 
@@ -212,12 +210,9 @@ fn preambles_on_one_connection_share_a_bounded_budget() {
         let (mut slow_tx, mut slow_rx) = tokio::io::duplex(64 * 1024);
         let slow_budget = budget.clone();
         let slow = tokio::spawn(async move {
-            read_data_preamble_within(&mut slow_rx, Some(&slow_budget)).await
+            let table = announced((600 * 1024 / 8) as u32);
+            read_frame_rest(&mut slow_rx, table, Some(&slow_budget)).await
         });
-        slow_tx
-            .write_all(&announced((600 * 1024 / 8) as u32))
-            .await
-            .unwrap();
         slow_tx.write_all(&vec![0u8; 200 * 1024]).await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(budget.available(), MAX_MESSAGE_BYTES - slow_len);
@@ -226,18 +221,14 @@ fn preambles_on_one_connection_share_a_bounded_budget() {
         // instead of going past the budget.
         let (mut big_tx, mut big_rx) = tokio::io::duplex(2 * MAX_MESSAGE_BYTES);
         big_tx
-            .write_all(&announced(((MAX_MESSAGE_BYTES - 8) / 8) as u32))
-            .await
-            .unwrap();
-        big_tx
             .write_all(&vec![0u8; MAX_MESSAGE_BYTES - 8])
             .await
             .unwrap();
         let big_budget = budget.clone();
-        let mut big =
-            tokio::spawn(
-                async move { read_data_preamble_within(&mut big_rx, Some(&big_budget)).await },
-            );
+        let mut big = tokio::spawn(async move {
+            let table = announced(((MAX_MESSAGE_BYTES - 8) / 8) as u32);
+            read_frame_rest(&mut big_rx, table, Some(&big_budget)).await
+        });
         assert!(
             tokio::time::timeout(Duration::from_millis(300), &mut big)
                 .await
