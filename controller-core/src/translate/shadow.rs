@@ -58,9 +58,15 @@ pub(super) struct Shadowed {
 }
 
 impl FirstClaims {
-    /// Records the rule placed at `at` in `placed`, noting in `shadowed` each of its (host,
-    /// match) pairs another route placed there first.
-    pub(super) fn place(&mut self, placed: &[Placed], at: usize, shadowed: &mut Shadowed) {
+    /// Records the rule placed at `at` in `placed`, whose matches hash to `match_hashes`,
+    /// noting in `shadowed` each of its (host, match) pairs another route placed there first.
+    pub(super) fn place(
+        &mut self,
+        placed: &[Placed],
+        at: usize,
+        match_hashes: &[u64],
+        shadowed: &mut Shadowed,
+    ) {
         let (rule, route) = &placed[at].1;
         let any = rule.hostnames.is_empty();
         for h in 0..rule.hostnames.len().max(1) {
@@ -91,8 +97,7 @@ impl FirstClaims {
                     None => on_host.matchless = Some(at),
                 }
             }
-            for (j, m) in rule.matches.iter().enumerate() {
-                let hash = FxBuildHasher.hash_one(m);
+            for (j, (m, &hash)) in rule.matches.iter().zip(match_hashes).enumerate() {
                 let claim = on_host.matches.entry(
                     hash,
                     |&(h, r, k)| h == hash && placed[r].1 .0.matches[k] == *m,
