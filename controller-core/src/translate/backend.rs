@@ -141,11 +141,11 @@ impl BackendRefError {
 
 /// A resolved Service port.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Resolved {
+pub(super) struct Resolved<'a> {
     /// Backend URLs: one per ready endpoint, or the single DNS name.
     pub(super) urls: Vec<String>,
     /// The URL naming the Service itself (for messages and fail-closed backends).
-    pub(super) service_url: String,
+    pub(super) service_url: ServiceUrl<'a>,
     pub(super) protocol: BackendProtocol,
     pub(super) websocket: bool,
     /// The proxy dials only public addresses: set for ExternalName Services under
@@ -160,15 +160,61 @@ pub(super) struct Resolved {
     pub(super) port: Option<PortKey>,
 }
 
+/// The URL naming a resolved Service. A cluster Service's is kept as its parts and joined
+/// only where it is used: one with ready endpoints is dialled at those, and few rules name the
+/// Service itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ServiceUrl<'a> {
+    /// The one URL of [`Resolved::urls`]: the Service is dialled at its name.
+    Dialled,
+    Cluster(ClusterUrl<'a>),
+}
+
+/// `<scheme>://<name>.<namespace>.svc.<domain>:<port>`, unwritten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ClusterUrl<'a> {
+    scheme: &'static str,
+    name: &'a str,
+    namespace: &'a str,
+    domain: &'a str,
+    port: i32,
+}
+
+impl ClusterUrl<'_> {
+    fn written(self) -> String {
+        super::joined([
+            self.scheme,
+            "://",
+            self.name,
+            ".",
+            self.namespace,
+            ".svc.",
+            self.domain,
+            ":",
+            itoa::Buffer::new().format(self.port),
+        ])
+    }
+}
+
+impl Resolved<'_> {
+    /// The URL naming the Service itself.
+    pub(super) fn into_service_url(mut self) -> String {
+        match self.service_url {
+            ServiceUrl::Dialled => self.urls.pop().unwrap_or_default(),
+            ServiceUrl::Cluster(url) => url.written(),
+        }
+    }
+}
+
 /// Resolves a backendRef of a route of `from` kind in `from_namespace`.
-pub(super) fn resolve(
-    r: BackendRefView<'_>,
+pub(super) fn resolve<'a>(
+    r: BackendRefView<'a>,
     from: RouteKind,
-    from_namespace: &str,
+    from_namespace: &'a str,
     field: Field<'_>,
     index: &Index<'_>,
-    options: &Options,
-) -> Result<Resolved, BackendRefError> {
+    options: &'a Options,
+) -> Result<Resolved<'a>, BackendRefError> {
     if service_import::is_service_import(&r) {
         return service_import::resolve(r, from, from_namespace, field, index);
     }
@@ -233,18 +279,13 @@ pub(super) fn resolve(
         let service_port = spec
             .and_then(|s| s.ports.as_ref())
             .and_then(|ports| ports.iter().find(|p| p.port == port));
-        let tls = Tls::of(
-            namespace,
-            r.name,
-            port,
-            service_port,
-            host.trim_end_matches('.'),
-            index,
-        );
+        let tls = Tls::of(namespace, r.name, port, service_port, index, || {
+            host.trim_end_matches('.').to_owned()
+        });
         let url = tls.url(&format!("{host}:{port}"));
         return Ok(Resolved {
-            urls: vec![url.clone()],
-            service_url: url,
+            urls: vec![url],
+            service_url: ServiceUrl::Dialled,
             protocol: BackendProtocol::Http1,
             websocket: false,
             public_only: options.external_name_backends == ExternalNameBackends::External,
@@ -271,26 +312,24 @@ pub(super) fn resolve(
         (Some(IntOrString::Int(target)), true) => *target,
         _ => port,
     };
-    // Every rule resolves its backends: these names are joined, not formatted.
-    let dns_name = super::joined([r.name, ".", namespace, ".svc.", &options.cluster_domain]);
-    let tls = Tls::of(
+    // Every rule resolves its backends: the Service's own name is joined only where a TLS
+    // check or a URL needs it.
+    let dns_name = || super::joined([r.name, ".", namespace, ".svc.", &options.cluster_domain]);
+    let tls = Tls::of(namespace, r.name, port, Some(service_port), index, dns_name);
+    let service_url = ClusterUrl {
+        scheme: tls.scheme(),
+        name: r.name,
         namespace,
-        r.name,
-        port,
-        Some(service_port),
-        &dns_name,
-        index,
-    );
-    let service_url = super::joined([
-        tls.scheme(),
-        "://",
-        &dns_name,
-        ":",
-        itoa::Buffer::new().format(dns_port),
-    ]);
-    let urls = match objects.map(|o| o.slices.as_slice()) {
-        None | Some([]) => vec![service_url.clone()],
-        Some(slices) => endpoint_urls(tls.scheme(), service_port, slices),
+        domain: &options.cluster_domain,
+        port: dns_port,
+    };
+    let (urls, service_url) = match objects.map(|o| o.slices.as_slice()) {
+        // Without EndpointSlices the Service is dialled at its name.
+        None | Some([]) => (vec![service_url.written()], ServiceUrl::Dialled),
+        Some(slices) => (
+            endpoint_urls(tls.scheme(), service_port, slices),
+            ServiceUrl::Cluster(service_url),
+        ),
     };
     Ok(Resolved {
         urls,
@@ -325,8 +364,8 @@ impl Tls {
         service: &str,
         port: i32,
         service_port: Option<&KubeServicePort>,
-        host: &str,
         index: &Index<'_>,
+        host: impl FnOnce() -> String,
     ) -> Self {
         let port_name = service_port.and_then(|p| p.name.as_deref());
         let key = index.tls_policies.then(|| {
@@ -349,7 +388,7 @@ impl Tls {
             },
             None => Self {
                 settings: asks.then(|| BackendTls {
-                    server_name: Some(host.to_owned()),
+                    server_name: Some(host()),
                     ..BackendTls::default()
                 }),
                 refused: false,
@@ -419,16 +458,19 @@ fn endpoint_urls(
             urls.push(url);
         }
     }
-    urls.sort_unstable();
-    urls.dedup();
+    // Slices list their endpoints in a stable order, most often already sorted and distinct.
+    if !urls.is_sorted_by(|a, b| a < b) {
+        urls.sort_unstable();
+        urls.dedup();
+    }
     urls
 }
 
 /// One backendRef of a rule, resolved or not, with its weight and filters.
 #[derive(Debug, Clone)]
-pub(super) struct WeightedTarget {
+pub(super) struct WeightedTarget<'a> {
     pub(super) weight: u32,
-    pub(super) target: Result<Resolved, String>,
+    pub(super) target: Result<Resolved<'a>, String>,
     pub(super) filters: Vec<Filter>,
     /// Forces the protocol (GRPCRoute backends speak HTTP/2).
     pub(super) protocol: Option<BackendProtocol>,
@@ -441,7 +483,7 @@ pub(super) const NO_ENDPOINTS_STATUS: u16 = 503;
 
 /// Expands targets into weighted backends: a Service's weight is split evenly across its
 /// ready endpoints, scaled so that the ratio between Services is kept exactly.
-pub(super) fn expand(targets: Vec<WeightedTarget>) -> Vec<Backend> {
+pub(super) fn expand(targets: Vec<WeightedTarget<'_>>) -> Vec<Backend> {
     // Backends a target becomes: one per ready endpoint, or one answering in its place.
     let backends = |t: &WeightedTarget| match &t.target {
         Ok(r) => r.urls.len().max(1),
@@ -469,15 +511,15 @@ pub(super) fn expand(targets: Vec<WeightedTarget>) -> Vec<Backend> {
                 unavailable_status: Some(INVALID_REF_STATUS),
                 ..Backend::default()
             }),
-            Ok(r) if r.urls.is_empty() => out.push(Backend {
-                url: r.service_url,
+            Ok(mut r) if r.urls.is_empty() => out.push(Backend {
                 weight: scaled(t.weight, 1),
                 protocol: t.protocol.unwrap_or(r.protocol),
                 websocket: r.websocket,
                 public_only: r.public_only,
                 filters: t.filters,
                 unavailable_status: Some(NO_ENDPOINTS_STATUS),
-                tls: r.tls,
+                tls: r.tls.take(),
+                url: r.into_service_url(),
             }),
             Ok(r) => {
                 let n = r.urls.len() as u64;
@@ -516,6 +558,6 @@ fn lcm(a: u64, b: u64) -> u64 {
 
 /// The URL a mirror filter sends copies to: the first ready endpoint (the mirror filter takes
 /// one URL), or the Service DNS name; `None` when the Service has no ready endpoint.
-pub(super) fn mirror_url(resolved: &Resolved) -> Option<String> {
+pub(super) fn mirror_url(resolved: &Resolved<'_>) -> Option<String> {
     resolved.urls.first().cloned()
 }

@@ -14,7 +14,7 @@
 
 use cftunnel_config::{BackendProtocol, BackendTls};
 
-use super::backend::{BackendRefError, BackendRefView, Resolved};
+use super::backend::{BackendRefError, BackendRefView, Resolved, ServiceUrl};
 use super::backend_tls::{self, CaRef};
 use super::external_name::{self, ExternalNameBackends};
 use super::field::Field;
@@ -31,7 +31,7 @@ pub(super) fn resolve(
     field: Field<'_>,
     index: &Index<'_>,
     options: &Options,
-) -> Result<Resolved, BackendRefError> {
+) -> Result<Resolved<'static>, BackendRefError> {
     let namespace = r.namespace.unwrap_or(from_namespace);
     let refuse = |reason: Reason, message: String| BackendRefError::ExternalBackend {
         field: field.to_string(),
@@ -104,8 +104,8 @@ pub(super) fn resolve(
         }
     };
     Ok(Resolved {
-        urls: vec![url.clone()],
-        service_url: url,
+        urls: vec![url],
+        service_url: ServiceUrl::Dialled,
         protocol: BackendProtocol::Http1,
         websocket: false,
         public_only: mode == ExternalNameBackends::External,

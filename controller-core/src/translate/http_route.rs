@@ -275,14 +275,14 @@ fn gateway_duration(value: Option<&str>, field: Field<'_>) -> Result<Option<Dura
     Ok((!d.0.is_zero()).then_some(d))
 }
 
-fn convert_backend(
-    ctx: &RouteContext<'_, '_>,
-    b: &HttpRouteRulesBackendRefs,
+fn convert_backend<'t>(
+    ctx: &'t RouteContext<'_, '_>,
+    b: &'t HttpRouteRulesBackendRefs,
     protocol: Option<BackendProtocol>,
     field: Field<'_>,
     all_prefix: bool,
     ref_errors: &mut Vec<BackendRefError>,
-) -> Result<WeightedTarget, RuleError> {
+) -> Result<WeightedTarget<'t>, RuleError> {
     let weight = u32::try_from(b.weight.unwrap_or(1))
         .map_err(|_| RuleError::unsupported(format!("{field}.weight"), "must be 0 or more"))?;
     let mut filters = Vec::new();
@@ -331,7 +331,7 @@ fn convert_backend(
             // A BackendTLSPolicy that cannot be used fails its backends closed (spec: the
             // client gets a 5xx), as an invalid reference does.
             if fail_closed || r.tls_refused {
-                Err(r.service_url)
+                Err(r.into_service_url())
             } else {
                 Ok(r)
             }
@@ -421,7 +421,8 @@ fn convert_match(
             value: "/".to_owned(),
         },
         Some(p) => {
-            let value = p.value.clone().unwrap_or_else(|| "/".to_owned());
+            // Copied once, as the match keeps it.
+            let value = p.value.as_deref().unwrap_or("/");
             let pfield = field.child("path");
             match p
                 .r#type
@@ -429,14 +430,14 @@ fn convert_match(
                 .unwrap_or(&HttpRouteRulesMatchesPathType::PathPrefix)
             {
                 HttpRouteRulesMatchesPathType::Exact => {
-                    require_absolute(&value, pfield)?;
+                    require_absolute(value, pfield)?;
                     PathMatch {
                         kind: PathMatchType::Exact,
-                        value,
+                        value: value.to_owned(),
                     }
                 }
                 HttpRouteRulesMatchesPathType::PathPrefix => {
-                    require_absolute(&value, pfield)?;
+                    require_absolute(value, pfield)?;
                     // Gateway API: a trailing `/` is ignored for prefix matching.
                     let trimmed = value.trim_end_matches('/');
                     let value = if trimmed.is_empty() { "/" } else { trimmed }.to_owned();
@@ -446,10 +447,10 @@ fn convert_match(
                     }
                 }
                 HttpRouteRulesMatchesPathType::RegularExpression => {
-                    check_regex(contract, &value, pfield)?;
+                    check_regex(contract, value, pfield)?;
                     PathMatch {
                         kind: PathMatchType::RegularExpression,
-                        value,
+                        value: value.to_owned(),
                     }
                 }
             }

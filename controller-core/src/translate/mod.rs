@@ -466,22 +466,25 @@ fn translate_checked(
         // to more specific listeners, the plane gets none of its rules. Every plane on the
         // tunnel gets the route: the edge may hand its requests to any of the tunnel's
         // connectors.
+        // Kept in place: the list is only filtered.
         let planes: Vec<_> = planes
             .into_iter()
             .filter(|(_, attachment)| attachment.any_host || !attachment.hostnames.is_empty())
             .map(|(plane, mut attachment)| {
                 attachment.settle();
-                let targets = tunnels.planes_with(&plane.0);
-                (plane, attachment, targets)
+                (plane, attachment)
             })
             .collect();
         // The templates are copied into each plane but the last, which takes them.
-        let mut uses_left: usize = planes.iter().map(|(_, _, targets)| targets.len()).sum();
+        let mut uses_left: usize = planes
+            .iter()
+            .map(|((plane, _), _)| tunnels.planes_with(plane).count())
+            .sum();
         let has_rules = !translated.rules.is_empty();
         let mut templates = std::mem::take(&mut translated.rules);
-        for ((plane, certificate), attachment, targets) in planes {
+        for ((plane, certificate), attachment) in planes {
             let certificate = certificate.and_then(|c| client_certificates.get(&c));
-            for target in targets {
+            for target in tunnels.planes_with(&plane) {
                 uses_left -= 1;
                 let owned = if uses_left == 0 {
                     std::mem::take(&mut templates)
@@ -489,7 +492,7 @@ fn translate_checked(
                     Vec::new()
                 };
                 let out = rules_by_plane.entry(target.clone()).or_default();
-                let listeners = scheme_listeners.get(&target);
+                let listeners = scheme_listeners.get(target);
                 let attached = templates
                     .iter()
                     .map(|t| (t.for_attachment(&attachment), t.grpc))
@@ -512,7 +515,7 @@ fn translate_checked(
                     }
                 }
                 if route.kind == RouteKind::Grpc && has_rules {
-                    if let Some(config) = configs.get_mut(&target) {
+                    if let Some(config) = configs.get_mut(target) {
                         config.has_grpc_route = true;
                     }
                 }
@@ -558,7 +561,7 @@ fn translate_checked(
             continue;
         };
         for target in tunnels.planes_with(plane) {
-            let hosts = isolation.entry(target).or_default();
+            let hosts = isolation.entry(target.clone()).or_default();
             for (hostname, scheme, rule) in gateway::listener_isolation_rules(gw) {
                 hosts
                     .entry(hostname)
@@ -716,17 +719,18 @@ impl Tunnels {
         Self { planes, shared }
     }
 
-    /// `plane` and every other plane on its tunnel.
-    fn planes_with(&self, plane: &PlaneKey) -> Vec<PlaneKey> {
-        match self.planes.get(plane) {
-            None => vec![plane.clone()],
-            Some(tunnel) => self
-                .planes
+    /// `plane` and every other plane on its tunnel, in order. Asked for every route: nothing
+    /// is collected.
+    fn planes_with<'s>(&'s self, plane: &'s PlaneKey) -> impl Iterator<Item = &'s PlaneKey> + 's {
+        let tunnel = self.planes.get(plane);
+        let alone = tunnel.is_none().then_some(plane);
+        let on_tunnel = tunnel.into_iter().flat_map(move |tunnel| {
+            self.planes
                 .iter()
-                .filter(|(_, t)| *t == tunnel)
-                .map(|(p, _)| p.clone())
-                .collect(),
-        }
+                .filter(move |(_, t)| *t == tunnel)
+                .map(|(p, _)| p)
+        });
+        alone.into_iter().chain(on_tunnel)
     }
 
     /// Why `gateway` is flagged as sharing its tunnel, if it is.
@@ -749,7 +753,7 @@ fn scheme_listeners(
     for gw in gateways.values() {
         let Some(plane) = &gw.plane else { continue };
         for target in tunnels.planes_with(plane) {
-            let listeners = planes.entry(target).or_default();
+            let listeners = planes.entry(target.clone()).or_default();
             for l in gw.listeners.iter().filter(|l| l.usable) {
                 listeners.add(l.scheme, l.hostname.clone());
             }

@@ -25,6 +25,9 @@ pub(super) struct PlaneRules {
     positions: HashTable<(u64, usize)>,
     /// Which route placed each match on each host first.
     claims: FirstClaims,
+    /// The hash of each match of the rule being placed: hashed once, for both the rule's
+    /// hash and its claims. Kept between placements for its room.
+    match_hashes: Vec<u64>,
 }
 
 impl PlaneRules {
@@ -45,15 +48,18 @@ impl PlaneRules {
         route: &RouteKey,
         shadowed: &mut Shadowed,
     ) {
-        // Of where the rule applies, not of all of it: equal rules still hash equal, and a
-        // rule's backends, hashed every placement, rarely tell two rules apart that its name,
-        // hosts and matches do not.
-        let hash = FxBuildHasher.hash_one((&rule.name, &rule.hostnames, &rule.matches));
         let Self {
             placed,
             positions,
             claims,
+            match_hashes,
         } = self;
+        match_hashes.clear();
+        match_hashes.extend(rule.matches.iter().map(|m| FxBuildHasher.hash_one(m)));
+        // Of where the rule applies, not of all of it: equal rules still hash equal, and a
+        // rule's backends, hashed every placement, rarely tell two rules apart that its name,
+        // hosts and matches do not. Its matches by their hashes, each hashed once.
+        let hash = FxBuildHasher.hash_one((&rule.name, &rule.hostnames, &*match_hashes));
         if positions
             .find(hash, |&(h, i)| h == hash && placed[i].1 .0 == rule)
             .is_some()
@@ -63,7 +69,7 @@ impl PlaneRules {
         placed.push((placement, (rule, route.clone())));
         let at = placed.len() - 1;
         positions.insert_unique(hash, (hash, at), |&(h, _)| h);
-        claims.place(placed, at, shadowed);
+        claims.place(placed, at, match_hashes, shadowed);
     }
 
     /// The rules, in the order they were placed.

@@ -146,15 +146,22 @@ impl Listeners {
     }
 
     /// The listener hostnames that match every host of `host` ([`hostname::covered`]): `host`
-    /// itself, then the wildcards `*.<domain>` over it, each given as its domain.
-    fn covering<'a>(&'a self, host: &'a str) -> impl Iterator<Item = Covering<'a>> + 'a {
+    /// itself, then the wildcards `*.<domain>` over it, each given as its domain, of those
+    /// domains only the ones at least `shortest` bytes long (no shorter one is looked up).
+    fn covering<'a>(
+        &'a self,
+        host: &'a str,
+        shortest: usize,
+    ) -> impl Iterator<Item = Covering<'a>> + 'a {
         // `host` itself, as an exact name or as a wildcard.
         let (own, domain) = match host.strip_prefix("*.") {
             None => (self.exact.contains(host), host),
             Some(domain) => (self.wildcard.contains(domain), domain),
         };
         own.then_some(Covering::Itself(host)).into_iter().chain(
+            // Longest first: past the first too short, every one is.
             parents(domain)
+                .take_while(move |p| p.len() >= shortest)
                 .filter(|p| self.wildcard.contains(*p))
                 .map(Covering::Wildcard),
         )
@@ -192,10 +199,20 @@ impl SchemeListeners {
         hostname: Option<&str>,
         host: &str,
     ) -> bool {
-        self.of(scheme).covering(host).any(|s| match hostname {
-            None => true,
-            Some(mine) => s.more_specific_than(mine),
-        })
+        // Only a wildcard over a strict subdomain of a wildcard `hostname`'s domain can be
+        // more specific than it, and none than an exact `hostname`: shorter domains are not
+        // looked up (a route hostname has a few parents, asked about on every listener).
+        let shortest = match hostname.map(|mine| mine.strip_prefix("*.")) {
+            None => 0,
+            Some(Some(parent)) => parent.len() + 2,
+            Some(None) => usize::MAX,
+        };
+        self.of(scheme)
+            .covering(host, shortest)
+            .any(|s| match hostname {
+                None => true,
+                Some(mine) => s.more_specific_than(mine),
+            })
     }
 
     /// `rule`, served through listeners of `schemes`, as the plane serves it: split by host

@@ -10,7 +10,7 @@
 
 use cftunnel_config::{BackendProtocol, BackendTls};
 
-use super::backend::{BackendRefError, BackendRefView, Resolved};
+use super::backend::{BackendRefError, BackendRefView, Resolved, ServiceUrl};
 use super::field::Field;
 use super::{Index, RouteKind};
 use crate::service_import::{CLUSTERSET_DOMAIN, MULTICLUSTER_GROUP, SERVICE_IMPORT_KIND};
@@ -28,7 +28,7 @@ pub(super) fn resolve(
     from_namespace: &str,
     field: Field<'_>,
     index: &Index<'_>,
-) -> Result<Resolved, BackendRefError> {
+) -> Result<Resolved<'static>, BackendRefError> {
     let Some(imports) = &index.service_imports else {
         return Err(BackendRefError::InvalidKind {
             field: field.to_string(),
@@ -90,8 +90,8 @@ pub(super) fn resolve(
     let scheme = if tls.is_some() { "https" } else { "http" };
     let url = format!("{scheme}://{host}:{port}");
     Ok(Resolved {
-        urls: vec![url.clone()],
-        service_url: url,
+        urls: vec![url],
+        service_url: ServiceUrl::Dialled,
         protocol: if app_protocol == Some(super::backend::APP_PROTOCOL_H2C) {
             BackendProtocol::H2c
         } else {

@@ -27,20 +27,34 @@ const ANY_HOST: &str = "*";
 #[derive(Debug, Default)]
 pub(super) struct FirstClaims {
     hosts: HashTable<HostClaims>,
+    /// The matches placed on every host, by the placed rule and match that claimed each
+    /// first: one table for the plane, where most hosts hold a match or two and a table each
+    /// cost an allocation per host.
+    matches: HashTable<MatchClaim>,
 }
 
-/// The matches placed on one host, by the placed rule and match that claimed each first.
+/// The host of one plane a rule was placed on.
 #[derive(Debug)]
 struct HostClaims {
     hash: u64,
+    /// The host's number on the plane, which its matches' claims carry.
+    id: usize,
     /// Where the host is written: the first rule placed on it and the host's position among
     /// that rule's hostnames (`None`: `*`).
     rule: usize,
     host: Option<usize>,
     /// The placed rule without matches that came first.
     matchless: Option<usize>,
-    /// The hash of each match, the placed rule it is in and its position there.
-    matches: HashTable<(u64, usize, usize)>,
+}
+
+/// A match claimed on a host: the host's number, the placed rule the match is in and its
+/// position there, and the hash of the host's number and the match.
+#[derive(Debug)]
+struct MatchClaim {
+    hash: u64,
+    host: usize,
+    rule: usize,
+    matched: usize,
 }
 
 /// What an entry of [`HostClaims`] refers to: host `host` of placed rule `rule`.
@@ -58,17 +72,24 @@ pub(super) struct Shadowed {
 }
 
 impl FirstClaims {
-    /// Records the rule placed at `at` in `placed`, noting in `shadowed` each of its (host,
-    /// match) pairs another route placed there first.
-    pub(super) fn place(&mut self, placed: &[Placed], at: usize, shadowed: &mut Shadowed) {
+    /// Records the rule placed at `at` in `placed`, whose matches hash to `match_hashes`,
+    /// noting in `shadowed` each of its (host, match) pairs another route placed there first.
+    pub(super) fn place(
+        &mut self,
+        placed: &[Placed],
+        at: usize,
+        match_hashes: &[u64],
+        shadowed: &mut Shadowed,
+    ) {
         let (rule, route) = &placed[at].1;
+        let Self { hosts, matches } = self;
         let any = rule.hostnames.is_empty();
         for h in 0..rule.hostnames.len().max(1) {
             let host_at = (!any).then_some(h);
             let host = host_of(placed, at, host_at);
             let hash = FxBuildHasher.hash_one(host);
-            let on_host = self
-                .hosts
+            let id = hosts.len();
+            let on_host = hosts
                 .entry(
                     hash,
                     |c| c.hash == hash && host_of(placed, c.rule, c.host) == host,
@@ -76,10 +97,10 @@ impl FirstClaims {
                 )
                 .or_insert_with(|| HostClaims {
                     hash,
+                    id,
                     rule: at,
                     host: host_at,
                     matchless: None,
-                    matches: HashTable::new(),
                 })
                 .into_mut();
             if rule.matches.is_empty() {
@@ -91,22 +112,32 @@ impl FirstClaims {
                     None => on_host.matchless = Some(at),
                 }
             }
-            for (j, m) in rule.matches.iter().enumerate() {
-                let hash = FxBuildHasher.hash_one(m);
-                let claim = on_host.matches.entry(
+            let id = on_host.id;
+            for (j, (m, &match_hash)) in rule.matches.iter().zip(match_hashes).enumerate() {
+                let hash = FxBuildHasher.hash_one((id, match_hash));
+                let claim = matches.entry(
                     hash,
-                    |&(h, r, k)| h == hash && placed[r].1 .0.matches[k] == *m,
-                    |&(h, _, _)| h,
+                    |c| {
+                        c.hash == hash
+                            && c.host == id
+                            && placed[c.rule].1 .0.matches[c.matched] == *m
+                    },
+                    |c| c.hash,
                 );
                 match claim {
                     Entry::Occupied(first) => {
-                        let first = &placed[first.get().1].1 .1;
+                        let first = &placed[first.get().rule].1 .1;
                         if first != route {
                             shadowed.lost(first, host, rule);
                         }
                     }
                     Entry::Vacant(free) => {
-                        free.insert((hash, at, j));
+                        free.insert(MatchClaim {
+                            hash,
+                            host: id,
+                            rule: at,
+                            matched: j,
+                        });
                     }
                 }
             }
