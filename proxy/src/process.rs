@@ -148,7 +148,7 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
             ));
             let service = crate::tunnel::TunnelService::new(server.proxy().clone());
             let handle = connector
-                .start(service, tunnel_metrics)
+                .start_handler(service, tunnel_metrics)
                 .context("starting the tunnel connector")?;
             let registered = handle.clone();
             server

@@ -3,13 +3,10 @@
 
 use crate::conn::ConnInfo;
 use crate::proxy::Proxy;
-use crate::response::ResponseBody;
 use crate::upgrade::ClientUpgrade;
-use http::{HeaderName, Request, Response};
-use std::convert::Infallible;
-use std::future::Future;
+use http::{HeaderName, Request};
+use http_body_util::BodyExt;
 use std::net::{IpAddr, SocketAddr};
-use std::pin::Pin;
 use std::time::Duration;
 
 use cftunnel_tunnel::Protocol;
@@ -68,7 +65,8 @@ pub async fn warn_on_grpc_without_http2(proxy: Proxy, dialed: Protocol) {
 /// Parsed once: a `&str` key is re-validated as a header name on every lookup.
 static CF_CONNECTING_IP: HeaderName = HeaderName::from_static("cf-connecting-ip");
 
-/// The connector's view of the proxy: a `hyper` service over tunnel request bodies.
+/// The connector's view of the proxy: each request's future is boxed once, where the
+/// connector takes it.
 #[derive(Debug, Clone)]
 pub struct TunnelService {
     proxy: Proxy,
@@ -80,12 +78,8 @@ impl TunnelService {
     }
 }
 
-impl hyper::service::Service<Request<cftunnel_tunnel::Body>> for TunnelService {
-    type Response = Response<ResponseBody>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, Infallible>> + Send>>;
-
-    fn call(&self, mut req: Request<cftunnel_tunnel::Body>) -> Self::Future {
+impl cftunnel_tunnel::Handler for TunnelService {
+    fn call(&self, mut req: Request<cftunnel_tunnel::Body>) -> cftunnel_tunnel::HandlerFuture {
         if let Some(on_upgrade) = req.extensions_mut().remove::<cftunnel_tunnel::OnUpgrade>() {
             req.extensions_mut().insert(ClientUpgrade::new(on_upgrade));
         }
@@ -103,7 +97,10 @@ impl hyper::service::Service<Request<cftunnel_tunnel::Body>> for TunnelService {
             trusted_forwarding: true,
         };
         let proxy = self.proxy.clone();
-        Box::pin(async move { Ok(proxy.handle(req, info).await) })
+        Box::pin(async move {
+            let response = proxy.handle(req, info).await;
+            Ok(response.map(BodyExt::boxed_unsync))
+        })
     }
 }
 

@@ -437,6 +437,16 @@ impl Connector {
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
+        self.start_handler(ServiceHandler(service), metrics)
+    }
+
+    /// [`start`](Self::start) with a [`Handler`], whose future the connector takes as it
+    /// is: one box per request where a `hyper` service's future is boxed once more.
+    pub fn start_handler<H: Handler>(
+        self,
+        handler: H,
+        metrics: TunnelMetrics,
+    ) -> Result<ConnectorHandle, ConnectorError> {
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|_| ConnectorError::NoRuntime)?;
         let worker = LocalWorker::start("cftunnel-rpc").map_err(ConnectorError::Worker)?;
@@ -448,7 +458,7 @@ impl Connector {
         let ha = self.opts.ha_connections;
         let ha_backoff = SharedBackoff::new(self.opts.ha_backoff_base, self.opts.retries);
         let shared = Arc::new(Shared {
-            handler: Arc::new(ServiceHandler(service)),
+            handler: Arc::new(handler),
             worker,
             remote_config: remote_config.clone(),
             metrics,

@@ -142,3 +142,4 @@ pub use metrics::TunnelMetrics;
 pub use quic::DEFAULT_QUIC_MAX_STREAMS;
 pub use rpc::control::{ConnectionDetails, EdgeRefusal};
 pub use rpc::remote_config::RemoteConfig;
+pub use service::{Handler, HandlerFuture, ResponseBody};
