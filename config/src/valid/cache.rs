@@ -93,25 +93,12 @@ impl Cache {
         Ok(pattern)
     }
 
-    /// A target parsed as [`Target::new`] parses it.
+    /// A target parsed as [`Target::new`] parses it, lent: a check that keeps nothing takes
+    /// no reference, and one that keeps it clones the `Arc`.
     ///
     /// # Errors
     /// As [`Target::new`].
-    pub fn target(
-        &mut self,
-        url: &str,
-        protocol: BackendProtocol,
-        websocket: bool,
-        tls: Option<&BackendTls>,
-        public_only: bool,
-    ) -> Result<Arc<Target>, TargetError> {
-        self.target_ref(url, protocol, websocket, tls, public_only)
-            .cloned()
-    }
-
-    /// [`Cache::target`], lent rather than shared: a check that keeps nothing takes no
-    /// reference.
-    pub(super) fn target_ref(
+    pub(super) fn target(
         &mut self,
         url: &str,
         protocol: BackendProtocol,

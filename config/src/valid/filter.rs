@@ -193,7 +193,7 @@ fn some_filters<F: Form>(
                     ));
                 }
                 let target = cache
-                    .target_ref(&m.backend_url, m.protocol, false, None, m.public_only)
+                    .target(&m.backend_url, m.protocol, false, None, m.public_only)
                     .map_err(|e| Invalid::new(at.field("backendUrl"), e.message))?;
                 if F::BUILD {
                     out.mirrors.push(Mirror {

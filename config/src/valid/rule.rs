@@ -163,7 +163,7 @@ fn checked<F: Form>(rule: &doc::Rule, cache: &mut Cache) -> Result<F, Invalid> {
             None
         } else {
             let target = cache
-                .target_ref(
+                .target(
                     &b.url,
                     b.protocol,
                     b.websocket,

@@ -205,13 +205,15 @@ fn a_changed_client_key_makes_another_target() {
     };
     let mut cache = Cache::default();
     let mut target = |tls: &crate::BackendTls| {
-        cache.target(
-            "https://x",
-            crate::BackendProtocol::Http1,
-            false,
-            Some(tls),
-            false,
-        )
+        cache
+            .target(
+                "https://x",
+                crate::BackendProtocol::Http1,
+                false,
+                Some(tls),
+                false,
+            )
+            .cloned()
     };
     let first = target(&tls(key.serialize_pem())).expect("matching key");
     // The same certificate with a key of another encoding is checked again, not taken from
@@ -497,6 +499,7 @@ fn the_cache_keeps_a_target_across_documents_and_a_refused_one_gives_it_back() {
     let target = |cache: &mut Cache| {
         cache
             .target(url, crate::BackendProtocol::Http1, false, None, false)
+            .cloned()
             .expect("parses")
     };
     let first = target(&mut cache);
@@ -508,6 +511,7 @@ fn the_cache_keeps_a_target_across_documents_and_a_refused_one_gives_it_back() {
     );
     let h2c = cache
         .target(url, crate::BackendProtocol::H2c, false, None, false)
+        .cloned()
         .expect("parses");
     assert!(
         !std::sync::Arc::ptr_eq(&first, &h2c),
