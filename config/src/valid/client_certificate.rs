@@ -13,7 +13,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use yasna::models::ObjectIdentifier;
 use yasna::{ASN1Result, DERWriter, Tag};
 
-use super::target::TargetError;
+use super::Invalid;
 use crate::ClientCertificate;
 
 const CHAIN: &str = "tls.clientCertificate.certificateChain";
@@ -48,29 +48,29 @@ impl ClientIdentity {
     /// A chain with no PEM certificate, or one that is not an X.509 certificate; a key that is
     /// not one PEM private key (PKCS#8, PKCS#1 or SEC1), or whose public key is not the first
     /// certificate's.
-    pub fn new(c: &ClientCertificate) -> Result<Self, TargetError> {
+    pub fn new(c: &ClientCertificate) -> Result<Self, Invalid> {
         let mut chain = Vec::new();
         for (i, cert) in CertificateDer::pem_slice_iter(c.certificate_chain.as_bytes()).enumerate()
         {
-            let cert = cert.map_err(|e| TargetError::new(CHAIN, e.to_string()))?;
+            let cert = cert.map_err(|e| Invalid::new(CHAIN, e.to_string()))?;
             webpki::EndEntityCert::try_from(&cert).map_err(|e| {
-                TargetError::new(CHAIN, format!("certificate {i} is not valid X.509: {e}"))
+                Invalid::new(CHAIN, format!("certificate {i} is not valid X.509: {e}"))
             })?;
             chain.push(cert);
         }
         let Some(leaf) = chain.first() else {
-            return Err(TargetError::new(CHAIN, "no PEM certificate found"));
+            return Err(Invalid::new(CHAIN, "no PEM certificate found"));
         };
         let key = PrivateKeyDer::from_pem_slice(c.private_key.as_bytes())
-            .map_err(|e| TargetError::new(KEY, format!("no PEM private key: {e}")))?;
+            .map_err(|e| Invalid::new(KEY, format!("no PEM private key: {e}")))?;
         let carried = public_key(&key).map_err(|e| {
-            TargetError::new(KEY, format!("not a valid PKCS#8, PKCS#1 or SEC1 key: {e}"))
+            Invalid::new(KEY, format!("not a valid PKCS#8, PKCS#1 or SEC1 key: {e}"))
         })?;
         if let Some(spki) = carried {
             let leaf = webpki::EndEntityCert::try_from(leaf)
-                .map_err(|e| TargetError::new(CHAIN, e.to_string()))?;
+                .map_err(|e| Invalid::new(CHAIN, e.to_string()))?;
             if *leaf.subject_public_key_info() != *spki {
-                return Err(TargetError::new(
+                return Err(Invalid::new(
                     KEY,
                     format!("the key does not belong to the first certificate of {CHAIN}"),
                 ));

@@ -1,6 +1,7 @@
 //! Backend and mirror targets: the URL, how it is spoken to, and its TLS settings.
 
 use super::client_certificate::ClientIdentity;
+use super::Invalid;
 use crate::{BackendProtocol, BackendTls};
 use http::uri::{Authority, Scheme};
 use rustls_pki_types::pem::PemObject;
@@ -93,6 +94,16 @@ pub struct TargetError {
     /// `url`, or a field under `tls` (`tls.caBundle`, `tls.serverName`, `tls.subjectAltNames[1]`).
     pub field: String,
     pub message: String,
+}
+
+/// A client certificate's fault, named under the backend's `tls`.
+impl From<Invalid> for TargetError {
+    fn from(e: Invalid) -> Self {
+        Self {
+            field: e.field,
+            message: e.message,
+        }
+    }
 }
 
 impl TargetError {

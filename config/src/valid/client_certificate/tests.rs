@@ -10,7 +10,7 @@ fn pair(alg: &'static rcgen::SignatureAlgorithm) -> (String, rcgen::KeyPair) {
     (cert.pem(), key)
 }
 
-fn identity(chain: &str, key: &str) -> Result<ClientIdentity, TargetError> {
+fn identity(chain: &str, key: &str) -> Result<ClientIdentity, Invalid> {
     ClientIdentity::new(&ClientCertificate {
         certificate_chain: chain.to_owned(),
         private_key: key.to_owned(),
