@@ -43,6 +43,16 @@ pub use target::{ca_bundle, SubjectAltName, Target, TargetError, Tls};
 use crate::Config;
 use at::At;
 
+/// Whether a check keeps the values it parses ([`rule`]) or only checks them ([`check`]): a
+/// constant, so the form that keeps nothing compiles without the code that builds.
+trait Keep {
+    const BUILD: bool;
+}
+
+impl Keep for () {
+    const BUILD: bool = false;
+}
+
 /// A value that breaks a rule of the contract: the field, relative to the rule
 /// (`matches[0].path`), and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

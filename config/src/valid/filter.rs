@@ -1,7 +1,6 @@
 //! Filters, checked: header modifiers, redirect, URL rewrite, mirrors, CORS.
 
-use super::rule::Form;
-use super::{name, status, At, Cache, Invalid, Target};
+use super::{name, status, At, Cache, Invalid, Keep, Target};
 use crate::document as doc;
 use http::{HeaderName, HeaderValue, StatusCode};
 use std::sync::Arc;
@@ -108,10 +107,10 @@ pub struct Cors {
 }
 
 /// Checks a list of filters; `at` is the list's field (`filters`, `backends[1].filters`).
-/// `None` where nothing is kept ([`Form`]). Inlined for the empty list most rules and backends
+/// `None` where nothing is kept ([`Keep`]). Inlined for the empty list most rules and backends
 /// have, which then costs its caller nothing to make or drop.
 #[inline(always)]
-pub(super) fn filters<F: Form>(
+pub(super) fn filters<F: Keep>(
     list: &[doc::Filter],
     at: &At<'_>,
     path_regex: bool,
@@ -123,7 +122,7 @@ pub(super) fn filters<F: Form>(
     some_filters::<F>(list, at, path_regex, cache)
 }
 
-fn some_filters<F: Form>(
+fn some_filters<F: Keep>(
     list: &[doc::Filter],
     at: &At<'_>,
     path_regex: bool,

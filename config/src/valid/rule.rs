@@ -2,7 +2,7 @@
 //! backends, timeouts, retries).
 
 use super::filter::{self, Filters};
-use super::{access, name, status, Access, At, Cache, Invalid, Pattern, Target};
+use super::{access, name, status, Access, At, Cache, Invalid, Keep, Pattern, Target};
 use crate::document as doc;
 use http::{HeaderName, Method, StatusCode};
 use std::sync::Arc;
@@ -100,22 +100,21 @@ pub fn check(rule: &doc::Rule, cache: &mut Cache) -> Result<(), Invalid> {
 /// checks, [`checked`], serves both, so they cannot drift apart: where nothing is built, only
 /// what is built from a value that passed is left out. A value whose parse is its check (a
 /// header name, a compiled pattern) is parsed either way.
-pub(super) trait Form: Sized {
-    /// Whether the checked values are kept: a constant, so the form that keeps nothing
-    /// compiles without the code that builds.
-    const BUILD: bool;
+pub(super) trait Form: Keep + Sized {
     fn of(make: impl FnOnce() -> Rule) -> Self;
 }
 
-impl Form for Rule {
+impl Keep for Rule {
     const BUILD: bool = true;
+}
+
+impl Form for Rule {
     fn of(make: impl FnOnce() -> Rule) -> Self {
         make()
     }
 }
 
 impl Form for () {
-    const BUILD: bool = false;
     fn of(_: impl FnOnce() -> Rule) {}
 }
 
