@@ -671,6 +671,8 @@ impl TunnelIdentity {
 /// so every plane on a tunnel must serve the union of the tunnel's routes.
 struct Tunnels {
     planes: BTreeMap<PlaneKey, TunnelIdentity>,
+    /// The planes of each tunnel, in order: asked for every route's planes.
+    on_tunnel: BTreeMap<TunnelIdentity, Vec<PlaneKey>>,
     /// Dedicated Gateways on a tunnel that dedicated Gateways of another namespace also use
     /// (isolation the tenants expect but do not have), with the message naming the others.
     shared: BTreeMap<ObjectKey, String>,
@@ -716,21 +718,24 @@ impl Tunnels {
                 );
             }
         }
-        Self { planes, shared }
+        let mut on_tunnel: BTreeMap<TunnelIdentity, Vec<PlaneKey>> = BTreeMap::new();
+        for (plane, tunnel) in &planes {
+            on_tunnel.entry(*tunnel).or_default().push(plane.clone());
+        }
+        Self {
+            planes,
+            on_tunnel,
+            shared,
+        }
     }
 
-    /// `plane` and every other plane on its tunnel, in order. Asked for every route: nothing
-    /// is collected.
+    /// `plane` and every other plane on its tunnel, in order.
     fn planes_with<'s>(&'s self, plane: &'s PlaneKey) -> impl Iterator<Item = &'s PlaneKey> + 's {
-        let tunnel = self.planes.get(plane);
-        let alone = tunnel.is_none().then_some(plane);
-        let on_tunnel = tunnel.into_iter().flat_map(move |tunnel| {
-            self.planes
-                .iter()
-                .filter(move |(_, t)| *t == tunnel)
-                .map(|(p, _)| p)
-        });
-        alone.into_iter().chain(on_tunnel)
+        self.planes
+            .get(plane)
+            .and_then(|tunnel| self.on_tunnel.get(tunnel))
+            .map_or(std::slice::from_ref(plane), Vec::as_slice)
+            .iter()
     }
 
     /// Why `gateway` is flagged as sharing its tunnel, if it is.
