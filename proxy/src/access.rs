@@ -21,6 +21,7 @@
 //! compares its audiences with the rule's.
 
 pub(crate) mod keys;
+mod metrics;
 mod token;
 
 #[cfg(test)]
@@ -32,8 +33,8 @@ use http::HeaderMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::metrics::AccessMetrics;
 pub use keys::TeamKeys;
+pub use metrics::AccessMetrics;
 
 /// The header Cloudflare Access puts the application token in (cloudflared reads this one).
 pub const TOKEN_HEADER: &str = "cf-access-jwt-assertion";

@@ -91,7 +91,7 @@ impl Cache {
     pub fn with_access(
         mut self,
         settings: crate::access::AccessSettings,
-        metrics: crate::metrics::AccessMetrics,
+        metrics: crate::access::AccessMetrics,
     ) -> Self {
         self.access = crate::access::Teams::new(settings).with_metrics(metrics);
         self

@@ -17,9 +17,8 @@ use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::fmt::Write as _;
-use std::sync::atomic::AtomicU64;
 
-use crate::access::AccessError;
+use crate::access::AccessMetrics;
 
 /// Latency buckets in seconds: 1 ms to 30 s, covering in-cluster hops to slow backends.
 pub const DURATION_BUCKETS: [f64; 14] = [
@@ -99,61 +98,6 @@ impl MetricConstructor<AtomicHistogram> for DurationHistogram {
     }
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct AccessReasonLabels {
-    reason: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct TeamLabels {
-    pub(crate) team: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct TeamOutcomeLabels {
-    pub(crate) team: String,
-    pub(crate) outcome: &'static str,
-}
-
-/// Cloudflare Access: refusals by reason (one child per [`AccessError`], created up front, so a
-/// refused request only bumps an atomic) and, per team the served table names, its key
-/// fetches and the age of its keys. A team's series are created when a compile first names
-/// it and removed when a table stops naming it.
-///
-/// [`AccessError`]: crate::access::AccessError
-#[derive(Clone, Debug)]
-pub struct AccessMetrics {
-    refusals: [Counter; AccessError::ALL.len()],
-    pub(crate) key_fetches: Family<TeamOutcomeLabels, Counter>,
-    pub(crate) keys_age: Family<TeamLabels, Gauge<f64, AtomicU64>>,
-}
-
-impl Default for AccessMetrics {
-    /// Unregistered: counted, never exposed (a proxy whose metrics are off, tests).
-    fn default() -> Self {
-        Self::new(&Family::default())
-    }
-}
-
-impl AccessMetrics {
-    fn new(refusals: &Family<AccessReasonLabels, Counter>) -> Self {
-        Self {
-            refusals: AccessError::ALL.map(|e| {
-                refusals
-                    .get_or_create(&AccessReasonLabels { reason: e.label() })
-                    .clone()
-            }),
-            key_fetches: Family::default(),
-            keys_age: Family::default(),
-        }
-    }
-
-    /// Counts a refused request.
-    pub fn refused(&self, reason: AccessError) {
-        self.refusals[reason.index()].inc();
-    }
-}
-
 #[derive(Clone, Debug)]
 pub struct ProxyMetrics {
     pub in_flight: Gauge,
@@ -208,7 +152,6 @@ impl ProxyMetrics {
     /// duration histogram keeps a copy of its counters per worker, up to
     /// [`histogram::MAX_SHARDS`] (see [`Shards`] for the memory this takes).
     pub fn register_for_workers(registry: &mut Registry, worker_threads: usize) -> Self {
-        let refusals = Family::<AccessReasonLabels, Counter>::default();
         let m = Self {
             in_flight: Gauge::default(),
             websocket_sessions: Gauge::default(),
@@ -222,7 +165,7 @@ impl ProxyMetrics {
             config_version: Gauge::default(),
             reloads: Family::default(),
             mirrors_dropped: Counter::default(),
-            access: AccessMetrics::new(&refusals),
+            access: AccessMetrics::default(),
         };
         let r = registry.sub_registry_with_prefix("cftunnel_proxy");
         r.register(
@@ -275,24 +218,7 @@ impl ProxyMetrics {
             "Mirror copies not sent because the mirror queue was full or the body was streamed",
             m.mirrors_dropped.clone(),
         );
-        r.register(
-            "access_refusals",
-            "Requests refused by a Cloudflare Access requirement, by reason",
-            refusals,
-        );
-        r.register(
-            "access_key_fetches",
-            "Fetches of a Cloudflare Access team's signing keys, by outcome (ok, error)",
-            m.access.key_fetches.clone(),
-        );
-        r.register_with_unit(
-            "access_keys_age",
-            "Age of the Cloudflare Access team's signing keys in use (since their last successful \
-             fetch; since the team was first named while none succeeded), as of the last fetch \
-             attempt",
-            prometheus_client::registry::Unit::Seconds,
-            m.access.keys_age.clone(),
-        );
+        m.access.register(r);
         m
     }
 

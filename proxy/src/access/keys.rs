@@ -2,10 +2,10 @@
 //! whole, read by requests without a lock. Requests never fetch; the first request of a team,
 //! and one naming a key the set lacks, wake the task and wait (bounded) for its next fetch.
 
-use super::token::{self, Candidate, Verified, VerifiedCache};
+use super::metrics::{AccessMetrics, TeamLabels, TeamOutcomeLabels};
+use super::token::{self, Candidate, Key, Verified, VerifiedCache};
 use super::{AccessError, AccessSettings, CERTS_PATH};
 use crate::forward::{empty_body, Upstream};
-use crate::metrics::{AccessMetrics, TeamLabels, TeamOutcomeLabels};
 use arc_swap::ArcSwapOption;
 use cftunnel_config::{valid, BackendProtocol};
 use http::{header, HeaderValue, Request, StatusCode};
@@ -24,14 +24,6 @@ use tokio::time::Instant;
 const MAX_JWKS_BYTES: usize = 1 << 20;
 /// Wait before the first retry of a failed fetch; doubled per failure up to the refresh period.
 const FIRST_RETRY: Duration = Duration::from_secs(1);
-
-/// One usable key of a set.
-#[derive(Debug)]
-pub(super) struct Key {
-    pub(super) kid: Option<Box<str>>,
-    pub(super) alg: Algorithm,
-    pub(super) key: DecodingKey,
-}
 
 /// The keys of one successful fetch.
 #[derive(Debug)]

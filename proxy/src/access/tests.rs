@@ -6,12 +6,12 @@ use serde_json::json;
 
 const ISSUER: &str = "https://acme.cloudflareaccess.com";
 
-fn set(keys: &[&SigningKey]) -> Vec<keys::Key> {
+fn set(keys: &[&SigningKey]) -> Vec<token::Key> {
     let doc = json!({"keys": keys.iter().map(|k| k.jwk()).collect::<Vec<_>>()});
     parse(doc.to_string().as_bytes()).expect("the set parses").0
 }
 
-fn check(keys: &[keys::Key], token: &str) -> Result<Box<[Box<str>]>, AccessError> {
+fn check(keys: &[token::Key], token: &str) -> Result<Box<[Box<str>]>, AccessError> {
     let header = token::header(token)?;
     let claims = token::verify(
         token,

@@ -3,14 +3,21 @@
 //! rule. Pure but for the system clock `jsonwebtoken` reads `exp` and `nbf` against. Also the
 //! memory of tokens that passed ([`VerifiedCache`]).
 
-use super::keys::Key;
 use super::{AccessError, LEEWAY};
 use jsonwebtoken::errors::ErrorKind;
-use jsonwebtoken::{Algorithm, Header, Validation};
+use jsonwebtoken::{Algorithm, DecodingKey, Header, Validation};
 use std::collections::HashMap;
 use std::sync::{PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
+
+/// One usable key of a team's set: what a token's header picks by algorithm and key id.
+#[derive(Debug)]
+pub(super) struct Key {
+    pub(super) kid: Option<Box<str>>,
+    pub(super) alg: Algorithm,
+    pub(super) key: DecodingKey,
+}
 
 /// The longest a verified token is remembered, whatever its `exp`.
 pub(super) const REMEMBER: Duration = Duration::from_secs(300);
