@@ -201,6 +201,13 @@ impl<'c> Compiler<'c> {
     }
 }
 
+/// The reader hands a document's rules over as it reads them.
+impl super::stream::RuleSink for Compiler<'_> {
+    fn push_text(&mut self, text: &str) -> Result<(), serde_json::Error> {
+        Compiler::push_text(self, text)
+    }
+}
+
 impl Drop for Compiler<'_> {
     fn drop(&mut self) {
         if !self.finished {
