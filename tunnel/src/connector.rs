@@ -1,11 +1,9 @@
-//! The connector: options, start-up, HA supervision and the handle the
+//! The connector: start-up, HA supervision and the handle the
 //! proxy uses for readiness and drain.
 
 use std::net::SocketAddr;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -16,151 +14,15 @@ use uuid::Uuid;
 
 use crate::backoff::{next_transport, Backoff, DialFailures, SharedBackoff, Transport};
 use crate::body::{Body, BoxError};
+use crate::connection::{ConnError, Ended, RunState, Shared};
 use crate::edge::{EdgeAddr, EdgeIpVersion, EdgePool, EDGE_PORT, REGION_HOSTS};
-use crate::metrics::{FailureCause, ProtocolLabel, TunnelMetrics};
-use crate::rpc::control::EdgeRefusal;
+use crate::metrics::{ProtocolLabel, TunnelMetrics};
+use crate::options::{ConnectorOptions, Protocol};
 use crate::rpc::remote_config::{RemoteConfig, RemoteConfigState};
-use crate::rpc::{LocalWorker, RpcError};
+use crate::rpc::LocalWorker;
 use crate::service::{Handler, ServiceHandler};
 use crate::tls::{self, TlsError};
 use crate::token::Token;
-
-/// Version string sent in `ClientInfo.version` unless overridden.
-pub const DEFAULT_CLIENT_VERSION: &str = "2026.8.2";
-
-/// Features advertised in `ClientInfo.features`: only what this connector
-/// implements (no datagrams, no management logs).
-pub const FEATURES: &[&str] = &[
-    "allow_remote_config",
-    "serialized_headers",
-    "support_quic_eof",
-];
-
-/// Feature added to `ClientInfo.features` in strict post-quantum mode
-/// ([`ConnectorOptions::post_quantum`]), as `cloudflared --post-quantum` does.
-pub const FEATURE_POST_QUANTUM: &str = "postquantum";
-
-/// `PROXY_TUNNEL_PROTOCOL`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Protocol {
-    /// QUIC first; a connection moves to HTTP/2 when QUIC keeps failing and
-    /// no connection ever registered over QUIC, and back to QUIC after an
-    /// HTTP/2 connection that registered is lost.
-    #[default]
-    Auto,
-    /// QUIC only.
-    Quic,
-    /// HTTP/2 only.
-    Http2,
-}
-
-/// A protocol name other than `auto`, `quic` or `http2`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("tunnel protocol {0:?} is not one of auto, quic, http2")]
-pub struct ProtocolError(pub String);
-
-impl FromStr for Protocol {
-    type Err = ProtocolError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "quic" => Ok(Self::Quic),
-            "http2" => Ok(Self::Http2),
-            other => Err(ProtocolError(other.to_owned())),
-        }
-    }
-}
-
-/// Connector settings. `Default` gives `cloudflared`'s defaults.
-#[derive(Debug, Clone)]
-pub struct ConnectorOptions {
-    /// Transport choice.
-    pub protocol: Protocol,
-    /// Static edges (`--edge`, `TUNNEL_EDGE`); repeat an entry for more HA
-    /// connections to one listener. Empty: SRV discovery (region from the
-    /// `region` or the token's `e`), then, for the global edge, the well-known region hosts.
-    pub edges: Vec<EdgeAddr>,
-    /// PEM roots replacing all others (`--edge-ca-file`, `TUNNEL_CACERT`).
-    pub edge_ca_pem: Option<Vec<u8>>,
-    /// Edge region to discover (`cloudflared --region`, `TUNNEL_REGION`; `us`
-    /// is Cloudflare's US-only edge): SRV discovery asks for
-    /// `_<region>-v2-origintunneld` as it does for a token's endpoint. `None`
-    /// or empty: the token's endpoint, else the global edge. Refused with a
-    /// token that has an endpoint, as in `cloudflared`.
-    pub region: Option<String>,
-    /// Address family of discovered edges (`--edge-ip-version`,
-    /// `TUNNEL_EDGE_IP_VERSION`; default `auto`). Static edges are used as
-    /// given, as in `cloudflared`.
-    pub edge_ip_version: EdgeIpVersion,
-    /// HA connections (default 4), capped at the number of edge entries.
-    pub ha_connections: usize,
-    /// How long a drain holds each connection open, from the start of the
-    /// drain, unregistering included (default 30 s, `cloudflared`'s
-    /// `--grace-period`).
-    pub grace_period: Duration,
-    /// Per-call RPC timeout (default 5 s).
-    pub rpc_timeout: Duration,
-    /// Backoff exponent cap (default 5: waits up to 32 s, and up to 320 s
-    /// more for connections other than the first).
-    pub retries: u32,
-    /// Backoff base (default 1 s).
-    pub backoff_base: Duration,
-    /// Base of the backoff shared by connections other than the first, which
-    /// they wait out after their own before restarting (default 10 s, as in
-    /// `cloudflared`).
-    pub ha_backoff_base: Duration,
-    /// Delay between starting HA connections once the first registered
-    /// (default 1 s).
-    pub ha_start_interval: Duration,
-    /// QUIC handshake timeout (default 10 s, as `cloudflared`'s; a handshake
-    /// that hears nothing from the edge ends after the 5 s idle timeout).
-    pub handshake_timeout: Duration,
-    /// `ClientInfo.version`.
-    pub client_version: String,
-    /// Strict post-quantum key exchange (`cloudflared --post-quantum`): TLS
-    /// offers only X25519MLKEM768, so an edge without it fails the handshake,
-    /// and registration adds the `postquantum` feature. Default (false):
-    /// X25519MLKEM768 preferred, P-256 as the fallback; see
-    /// [`tls::edge_key_exchange_groups`].
-    pub post_quantum: bool,
-    /// Concurrent request streams the edge may open on one QUIC connection
-    /// (default [`DEFAULT_QUIC_MAX_STREAMS`](crate::DEFAULT_QUIC_MAX_STREAMS);
-    /// at least 1). Further requests wait at the edge for a stream to finish.
-    /// Memory grows with it: each stream of credit a connection has used keeps
-    /// about 480 bytes, so 16,384 comes to about 7.4 MiB per connection under
-    /// sustained load. HTTP/2 connections are not limited, as in `cloudflared`.
-    pub quic_max_streams: u32,
-    /// HTTP/2 liveness (default 15 s): a PING goes to the edge after this long, and a
-    /// connection that then hears nothing at all for as long again is dropped and redialed,
-    /// as QUIC's idle timeout does. `cloudflared` relies on TCP keep-alive alone (150 s, or
-    /// as long as retransmission takes when data is in flight). At least 1 ms.
-    pub http2_keepalive: Duration,
-}
-
-impl Default for ConnectorOptions {
-    fn default() -> Self {
-        Self {
-            protocol: Protocol::Auto,
-            edges: Vec::new(),
-            edge_ca_pem: None,
-            region: None,
-            edge_ip_version: EdgeIpVersion::Auto,
-            ha_connections: 4,
-            grace_period: Duration::from_secs(30),
-            rpc_timeout: Duration::from_secs(5),
-            retries: 5,
-            backoff_base: Duration::from_secs(1),
-            ha_backoff_base: Duration::from_secs(10),
-            ha_start_interval: Duration::from_secs(1),
-            handshake_timeout: Duration::from_secs(10),
-            client_version: DEFAULT_CLIENT_VERSION.to_owned(),
-            post_quantum: false,
-            quic_max_streams: crate::quic::DEFAULT_QUIC_MAX_STREAMS,
-            http2_keepalive: Duration::from_secs(15),
-        }
-    }
-}
 
 /// Start-up errors of the connector.
 #[derive(Debug, thiserror::Error)]
@@ -188,187 +50,6 @@ pub enum ConnectorError {
     /// [`Connector::start`] was called outside a Tokio runtime.
     #[error("the connector must be started inside a Tokio runtime")]
     NoRuntime,
-}
-
-/// Drain state shared with every connection task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RunState {
-    Running,
-    Draining,
-    Shutdown,
-}
-
-/// Per-connector state shared by connection tasks.
-pub(crate) struct Shared {
-    pub(crate) handler: Arc<dyn Handler>,
-    pub(crate) worker: LocalWorker,
-    pub(crate) remote_config: Arc<RemoteConfigState>,
-    pub(crate) metrics: TunnelMetrics,
-    pub(crate) token: Token,
-    pub(crate) client_id: Uuid,
-    /// `Cf-Warp-Tag-Id` for every request towards the service: the client id.
-    pub(crate) warp_tag: http::HeaderValue,
-    pub(crate) opts: ConnectorOptions,
-    pub(crate) quic_client: quinn::ClientConfig,
-    pub(crate) h2_client: Arc<rustls::ClientConfig>,
-    pub(crate) registered: watch::Sender<usize>,
-    pub(crate) state: watch::Receiver<RunState>,
-    pub(crate) quic_ever_registered: AtomicBool,
-    /// The first connection is on HTTP/2: the others start on the protocol it is on,
-    /// as in `cloudflared`.
-    pub(crate) first_on_http2: AtomicBool,
-    pub(crate) local_ports: Mutex<Vec<u16>>,
-    pub(crate) ha_backoff: SharedBackoff,
-}
-
-impl Shared {
-    pub(crate) fn run_state(&self) -> RunState {
-        *self.state.borrow()
-    }
-
-    /// `ClientInfo.arch` for this build (see [`go_arch`]).
-    pub(crate) fn arch() -> String {
-        go_arch(
-            std::env::consts::OS,
-            std::env::consts::ARCH,
-            cfg!(target_endian = "little"),
-        )
-    }
-
-    /// `ClientInfo.features` for these options.
-    pub(crate) fn features(&self) -> Vec<String> {
-        let mut features: Vec<String> = FEATURES.iter().map(|f| (*f).to_owned()).collect();
-        if self.opts.post_quantum {
-            features.push(FEATURE_POST_QUANTUM.to_owned());
-        }
-        features
-    }
-}
-
-/// `ClientInfo.arch` as `cloudflared` sends it: Go's `GOOS_GOARCH` (`linux_amd64`,
-/// `darwin_arm64`, ...), from Rust's target OS and architecture names and the byte order
-/// (Go names little-endian MIPS and POWER variants apart). Names Go has no other
-/// spelling for pass through.
-fn go_arch(os: &str, arch: &str, little_endian: bool) -> String {
-    let os = match os {
-        "macos" => "darwin",
-        other => other,
-    };
-    let arch = match (arch, little_endian) {
-        ("x86_64", _) => "amd64",
-        ("x86", _) => "386",
-        ("aarch64", _) => "arm64",
-        ("loongarch64", _) => "loong64",
-        ("powerpc64", true) => "ppc64le",
-        ("powerpc64", false) => "ppc64",
-        ("mips", true) => "mipsle",
-        ("mips64", true) => "mips64le",
-        ("wasm32", _) => "wasm",
-        (other, _) => other,
-    };
-    format!("{os}_{arch}")
-}
-
-/// Counts one registered connection until dropped.
-pub(crate) struct RegisteredGuard {
-    shared: Arc<Shared>,
-    protocol: ProtocolLabel,
-    active: bool,
-}
-
-impl RegisteredGuard {
-    pub(crate) fn new(shared: &Arc<Shared>, protocol: ProtocolLabel, idx: u8) -> Self {
-        if idx != 0 {
-            shared
-                .ha_backoff
-                .registered(tokio::time::Instant::now(), rand::random());
-        }
-        shared.metrics.connections(protocol).inc();
-        shared.metrics.registered(protocol);
-        if protocol == ProtocolLabel::Quic {
-            shared.quic_ever_registered.store(true, Ordering::Relaxed);
-        }
-        // Readiness last, so observers of the count see consistent metrics.
-        shared.registered.send_modify(|n| *n += 1);
-        Self {
-            shared: shared.clone(),
-            protocol,
-            active: true,
-        }
-    }
-
-    /// Stops counting (the connection unregistered or was lost).
-    pub(crate) fn release(&mut self) {
-        if std::mem::take(&mut self.active) {
-            self.shared.metrics.connections(self.protocol).dec();
-            self.shared
-                .registered
-                .send_modify(|n| *n = n.saturating_sub(1));
-        }
-    }
-}
-
-impl Drop for RegisteredGuard {
-    fn drop(&mut self) {
-        self.release();
-    }
-}
-
-/// How a registered connection ended.
-#[derive(Debug)]
-pub(crate) enum Ended {
-    /// Drained or shut down on request: do not reconnect.
-    Stopped,
-    /// Lost after registering: reconnect.
-    Lost {
-        /// The edge went silent (QUIC idle timeout, HTTP/2 unanswered PING). Logged
-        /// only: the connection reconnects to the same address, as `cloudflared` does.
-        /// Its address rotation on a QUIC idle timeout matches the bare idle-timeout
-        /// error only, which a connection that registered never reports: its loss
-        /// reaches the address logic as a stream-listener error, which keeps the address.
-        idle_timeout: bool,
-    },
-}
-
-/// Why a connection attempt failed before registering.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ConnError {
-    /// The edge could not be reached: socket, TCP, TLS or QUIC handshake.
-    /// `unanswered`: the QUIC handshake heard nothing from the edge within its
-    /// idle timeout, which `cloudflared` takes for QUIC being blocked.
-    #[error("dial failed: {reason}")]
-    Dial { reason: String, unanswered: bool },
-    /// The transport came up but the control stream did not.
-    #[error("control stream failed: {0}")]
-    ControlStream(String),
-    #[error("edge refused registration: {}", .0.cause)]
-    Refused(EdgeRefusal),
-    #[error(transparent)]
-    Rpc(#[from] RpcError),
-}
-
-impl ConnError {
-    pub(crate) fn dial(reason: impl std::fmt::Display) -> Self {
-        Self::Dial {
-            reason: reason.to_string(),
-            unanswered: false,
-        }
-    }
-
-    pub(crate) fn control_stream(reason: impl std::fmt::Display) -> Self {
-        Self::ControlStream(reason.to_string())
-    }
-
-    fn cause(&self) -> FailureCause {
-        match self {
-            Self::Dial { .. } => FailureCause::Dial,
-            Self::ControlStream(_) => FailureCause::Rpc,
-            Self::Refused(r) if r.is_duplicate() => FailureCause::Duplicate,
-            Self::Refused(r) if r.cause.contains("Unauthorized") => FailureCause::Unauthorized,
-            Self::Refused(_) => FailureCause::ServerError,
-            Self::Rpc(_) => FailureCause::Rpc,
-        }
-    }
 }
 
 /// A native tunnel connector, built from a token and options.
@@ -907,35 +588,6 @@ mod tests {
         let (found, asked) = fallback(Some("fed")).await;
         assert!(found.is_empty());
         assert!(asked.is_empty(), "looked up {asked:?}");
-    }
-
-    #[test]
-    fn arch_is_named_as_go_names_it() {
-        let cases = [
-            ("linux", "x86_64", true, "linux_amd64"),
-            ("linux", "x86", true, "linux_386"),
-            ("linux", "aarch64", true, "linux_arm64"),
-            ("linux", "arm", true, "linux_arm"),
-            ("linux", "riscv64", true, "linux_riscv64"),
-            ("linux", "s390x", false, "linux_s390x"),
-            ("linux", "loongarch64", true, "linux_loong64"),
-            ("linux", "powerpc64", true, "linux_ppc64le"),
-            ("linux", "powerpc64", false, "linux_ppc64"),
-            ("linux", "mips", false, "linux_mips"),
-            ("linux", "mips", true, "linux_mipsle"),
-            ("linux", "mips64", false, "linux_mips64"),
-            ("linux", "mips64", true, "linux_mips64le"),
-            ("macos", "aarch64", true, "darwin_arm64"),
-            ("macos", "x86_64", true, "darwin_amd64"),
-            ("windows", "x86_64", true, "windows_amd64"),
-            ("freebsd", "x86_64", true, "freebsd_amd64"),
-            ("illumos", "x86_64", true, "illumos_amd64"),
-        ];
-        for (os, arch, little, expected) in cases {
-            assert_eq!(go_arch(os, arch, little), expected, "{os} {arch}");
-        }
-        #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-        assert_eq!(Shared::arch(), "linux_amd64");
     }
 
     #[test]

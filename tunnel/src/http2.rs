@@ -18,11 +18,11 @@ use http_body_util::{BodyExt as _, Limited};
 use tokio::sync::{oneshot, watch};
 
 use crate::body::{Body, OnUpgrade, Upgraded};
-use crate::connector::{ConnError, Ended, RegisteredGuard, RunState, Shared};
+use crate::connection::{register_params, ConnError, Ended, RegisteredGuard, RunState, Shared};
 use crate::h2io::{send_body, H2Io, H2Reader, H2Writer};
 use crate::liveness::{self, Heard};
 use crate::metrics::ProtocolLabel;
-use crate::quic::register_params;
+
 use crate::rpc::control::{self, RegisterOutcome};
 use crate::rpc::RpcStream;
 use crate::stream::headers::{

@@ -101,6 +101,7 @@
 
 mod backoff;
 mod body;
+mod connection;
 mod connector;
 pub mod discovery;
 pub mod edge;
@@ -108,6 +109,7 @@ pub mod h2io;
 mod http2;
 pub mod liveness;
 pub mod metrics;
+mod options;
 mod quic;
 pub mod rpc;
 mod service;
@@ -133,13 +135,13 @@ mod quic_metadata_protocol_capnp;
 
 pub use body::{Body, BodyError, BoxError, OnUpgrade, UpgradeError, Upgraded};
 pub use cftunnel_config::{Token, TokenError};
-pub use connector::{
-    Connector, ConnectorError, ConnectorHandle, ConnectorOptions, Protocol, ProtocolError,
-    DEFAULT_CLIENT_VERSION, FEATURES, FEATURE_POST_QUANTUM,
-};
+pub use connector::{Connector, ConnectorError, ConnectorHandle};
 pub use edge::{EdgeAddr, EdgeAddrError, EdgeIpVersion, EdgeIpVersionError};
 pub use metrics::TunnelMetrics;
-pub use quic::DEFAULT_QUIC_MAX_STREAMS;
+pub use options::{
+    ConnectorOptions, Protocol, ProtocolError, DEFAULT_CLIENT_VERSION, DEFAULT_QUIC_MAX_STREAMS,
+    FEATURES, FEATURE_POST_QUANTUM,
+};
 pub use rpc::control::{ConnectionDetails, EdgeRefusal};
 pub use rpc::remote_config::RemoteConfig;
 pub use service::{Handler, HandlerFuture, ResponseBody};

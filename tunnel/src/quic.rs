@@ -17,9 +17,10 @@ use tokio::io::AsyncReadExt as _;
 use tokio::sync::oneshot;
 
 use crate::body::{Body, OnUpgrade, Upgraded};
-use crate::connector::{ConnError, ConnectorOptions, Ended, RegisteredGuard, RunState, Shared};
+use crate::connection::{register_params, ConnError, Ended, RegisteredGuard, RunState, Shared};
 use crate::metrics::ProtocolLabel;
-use crate::rpc::control::{self, RegisterOutcome, RegisterParams};
+use crate::options::ConnectorOptions;
+use crate::rpc::control::{self, RegisterOutcome};
 use crate::rpc::{remote_config, RpcStream};
 use crate::service::ResponseBody;
 use crate::stream::http_map::{
@@ -41,20 +42,13 @@ pub(crate) const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// limits, slowly, on many streams, ever waits for it.
 const PREAMBLE_BUDGET_BYTES: usize = 16 * 1024 * 1024;
 
-/// Default for [`ConnectorOptions::quic_max_streams`]: concurrent edge-opened
-/// request streams allowed per connection. `cloudflared` advertises 2^60;
-/// quinn keeps state for every stream the credit allows (a few hundred bytes
-/// each once used), so the limit is a large practical number instead. The
-/// credit is renewed as streams finish.
-pub const DEFAULT_QUIC_MAX_STREAMS: u32 = 16_384;
-
 /// Congestion window a connection starts with, in packets of the initial size, as
 /// `cloudflared`'s QUIC stack (quic-go) starts it.
 const INITIAL_WINDOW_PACKETS: u64 = 32;
 
 /// Transport parameters `cloudflared` uses: 5 s idle timeout, 1 s keep-alive,
 /// datagrams on, 6 MiB stream / 30 MiB connection windows, initial packet
-/// size 1232 (IPv4) / 1252 (IPv6); see [`DEFAULT_QUIC_MAX_STREAMS`].
+/// size 1232 (IPv4) / 1252 (IPv6); see [`DEFAULT_QUIC_MAX_STREAMS`](crate::DEFAULT_QUIC_MAX_STREAMS).
 pub(crate) fn client_transport(opts: &ConnectorOptions, ipv6: bool) -> quinn::TransportConfig {
     let initial_mtu = if ipv6 { 1252 } else { 1232 };
     let mut t = quinn::TransportConfig::default();
@@ -72,33 +66,6 @@ pub(crate) fn client_transport(opts: &ConnectorOptions, ipv6: bool) -> quinn::Tr
     cubic.initial_window(INITIAL_WINDOW_PACKETS * u64::from(initial_mtu));
     t.congestion_controller_factory(Arc::new(cubic));
     t
-}
-
-/// Registration parameters. `origin_ip` is sent as `originLocalIp` in the
-/// 16-byte form Go's `net.IP` has (an IPv4 address IPv4-mapped), as
-/// `cloudflared` sends it.
-pub(crate) fn register_params(
-    shared: &Shared,
-    idx: u8,
-    origin_ip: IpAddr,
-    attempt: u8,
-) -> RegisterParams {
-    let origin_local_ip = match origin_ip {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
-    };
-    RegisterParams {
-        account_tag: shared.token.account_tag().to_owned(),
-        tunnel_secret: shared.token.tunnel_secret().to_vec(),
-        tunnel_id: shared.token.tunnel_id(),
-        conn_index: idx,
-        client_id: shared.client_id,
-        features: shared.features(),
-        version: shared.opts.client_version.clone(),
-        arch: Shared::arch(),
-        origin_local_ip,
-        num_previous_attempts: attempt,
-    }
 }
 
 /// Binds this index's UDP socket, reusing its previous local port when free.

@@ -1,0 +1,261 @@
+//! What every edge connection, QUIC or HTTP/2, shares with the connector that supervises it:
+//! the connector's state, the count of registered connections, how a connection ended or why
+//! it failed, and the registration it sends.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use crate::backoff::SharedBackoff;
+use crate::metrics::{FailureCause, ProtocolLabel, TunnelMetrics};
+use crate::options::{ConnectorOptions, FEATURES, FEATURE_POST_QUANTUM};
+use crate::rpc::control::{EdgeRefusal, RegisterParams};
+use crate::rpc::remote_config::RemoteConfigState;
+use crate::rpc::{LocalWorker, RpcError};
+use crate::service::Handler;
+use crate::token::Token;
+
+/// Drain state shared with every connection task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunState {
+    Running,
+    Draining,
+    Shutdown,
+}
+
+/// Per-connector state shared by connection tasks.
+pub(crate) struct Shared {
+    pub(crate) handler: Arc<dyn Handler>,
+    pub(crate) worker: LocalWorker,
+    pub(crate) remote_config: Arc<RemoteConfigState>,
+    pub(crate) metrics: TunnelMetrics,
+    pub(crate) token: Token,
+    pub(crate) client_id: Uuid,
+    /// `Cf-Warp-Tag-Id` for every request towards the service: the client id.
+    pub(crate) warp_tag: http::HeaderValue,
+    pub(crate) opts: ConnectorOptions,
+    pub(crate) quic_client: quinn::ClientConfig,
+    pub(crate) h2_client: Arc<rustls::ClientConfig>,
+    pub(crate) registered: watch::Sender<usize>,
+    pub(crate) state: watch::Receiver<RunState>,
+    pub(crate) quic_ever_registered: AtomicBool,
+    /// The first connection is on HTTP/2: the others start on the protocol it is on,
+    /// as in `cloudflared`.
+    pub(crate) first_on_http2: AtomicBool,
+    pub(crate) local_ports: Mutex<Vec<u16>>,
+    pub(crate) ha_backoff: SharedBackoff,
+}
+
+impl Shared {
+    pub(crate) fn run_state(&self) -> RunState {
+        *self.state.borrow()
+    }
+
+    /// `ClientInfo.arch` for this build (see [`go_arch`]).
+    pub(crate) fn arch() -> String {
+        go_arch(
+            std::env::consts::OS,
+            std::env::consts::ARCH,
+            cfg!(target_endian = "little"),
+        )
+    }
+
+    /// `ClientInfo.features` for these options.
+    pub(crate) fn features(&self) -> Vec<String> {
+        let mut features: Vec<String> = FEATURES.iter().map(|f| (*f).to_owned()).collect();
+        if self.opts.post_quantum {
+            features.push(FEATURE_POST_QUANTUM.to_owned());
+        }
+        features
+    }
+}
+
+/// `ClientInfo.arch` as `cloudflared` sends it: Go's `GOOS_GOARCH` (`linux_amd64`,
+/// `darwin_arm64`, ...), from Rust's target OS and architecture names and the byte order
+/// (Go names little-endian MIPS and POWER variants apart). Names Go has no other
+/// spelling for pass through.
+fn go_arch(os: &str, arch: &str, little_endian: bool) -> String {
+    let os = match os {
+        "macos" => "darwin",
+        other => other,
+    };
+    let arch = match (arch, little_endian) {
+        ("x86_64", _) => "amd64",
+        ("x86", _) => "386",
+        ("aarch64", _) => "arm64",
+        ("loongarch64", _) => "loong64",
+        ("powerpc64", true) => "ppc64le",
+        ("powerpc64", false) => "ppc64",
+        ("mips", true) => "mipsle",
+        ("mips64", true) => "mips64le",
+        ("wasm32", _) => "wasm",
+        (other, _) => other,
+    };
+    format!("{os}_{arch}")
+}
+
+/// Counts one registered connection until dropped.
+pub(crate) struct RegisteredGuard {
+    shared: Arc<Shared>,
+    protocol: ProtocolLabel,
+    active: bool,
+}
+
+impl RegisteredGuard {
+    pub(crate) fn new(shared: &Arc<Shared>, protocol: ProtocolLabel, idx: u8) -> Self {
+        if idx != 0 {
+            shared
+                .ha_backoff
+                .registered(tokio::time::Instant::now(), rand::random());
+        }
+        shared.metrics.connections(protocol).inc();
+        shared.metrics.registered(protocol);
+        if protocol == ProtocolLabel::Quic {
+            shared.quic_ever_registered.store(true, Ordering::Relaxed);
+        }
+        // Readiness last, so observers of the count see consistent metrics.
+        shared.registered.send_modify(|n| *n += 1);
+        Self {
+            shared: shared.clone(),
+            protocol,
+            active: true,
+        }
+    }
+
+    /// Stops counting (the connection unregistered or was lost).
+    pub(crate) fn release(&mut self) {
+        if std::mem::take(&mut self.active) {
+            self.shared.metrics.connections(self.protocol).dec();
+            self.shared
+                .registered
+                .send_modify(|n| *n = n.saturating_sub(1));
+        }
+    }
+}
+
+impl Drop for RegisteredGuard {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// How a registered connection ended.
+#[derive(Debug)]
+pub(crate) enum Ended {
+    /// Drained or shut down on request: do not reconnect.
+    Stopped,
+    /// Lost after registering: reconnect.
+    Lost {
+        /// The edge went silent (QUIC idle timeout, HTTP/2 unanswered PING). Logged
+        /// only: the connection reconnects to the same address, as `cloudflared` does.
+        /// Its address rotation on a QUIC idle timeout matches the bare idle-timeout
+        /// error only, which a connection that registered never reports: its loss
+        /// reaches the address logic as a stream-listener error, which keeps the address.
+        idle_timeout: bool,
+    },
+}
+
+/// Why a connection attempt failed before registering.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConnError {
+    /// The edge could not be reached: socket, TCP, TLS or QUIC handshake.
+    /// `unanswered`: the QUIC handshake heard nothing from the edge within its
+    /// idle timeout, which `cloudflared` takes for QUIC being blocked.
+    #[error("dial failed: {reason}")]
+    Dial { reason: String, unanswered: bool },
+    /// The transport came up but the control stream did not.
+    #[error("control stream failed: {0}")]
+    ControlStream(String),
+    #[error("edge refused registration: {}", .0.cause)]
+    Refused(EdgeRefusal),
+    #[error(transparent)]
+    Rpc(#[from] RpcError),
+}
+
+impl ConnError {
+    pub(crate) fn dial(reason: impl std::fmt::Display) -> Self {
+        Self::Dial {
+            reason: reason.to_string(),
+            unanswered: false,
+        }
+    }
+
+    pub(crate) fn control_stream(reason: impl std::fmt::Display) -> Self {
+        Self::ControlStream(reason.to_string())
+    }
+
+    pub(crate) fn cause(&self) -> FailureCause {
+        match self {
+            Self::Dial { .. } => FailureCause::Dial,
+            Self::ControlStream(_) => FailureCause::Rpc,
+            Self::Refused(r) if r.is_duplicate() => FailureCause::Duplicate,
+            Self::Refused(r) if r.cause.contains("Unauthorized") => FailureCause::Unauthorized,
+            Self::Refused(_) => FailureCause::ServerError,
+            Self::Rpc(_) => FailureCause::Rpc,
+        }
+    }
+}
+
+/// Registration parameters. `origin_ip` is sent as `originLocalIp` in the
+/// 16-byte form Go's `net.IP` has (an IPv4 address IPv4-mapped), as
+/// `cloudflared` sends it.
+pub(crate) fn register_params(
+    shared: &Shared,
+    idx: u8,
+    origin_ip: IpAddr,
+    attempt: u8,
+) -> RegisterParams {
+    let origin_local_ip = match origin_ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    };
+    RegisterParams {
+        account_tag: shared.token.account_tag().to_owned(),
+        tunnel_secret: shared.token.tunnel_secret().to_vec(),
+        tunnel_id: shared.token.tunnel_id(),
+        conn_index: idx,
+        client_id: shared.client_id,
+        features: shared.features(),
+        version: shared.opts.client_version.clone(),
+        arch: Shared::arch(),
+        origin_local_ip,
+        num_previous_attempts: attempt,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arch_is_named_as_go_names_it() {
+        let cases = [
+            ("linux", "x86_64", true, "linux_amd64"),
+            ("linux", "x86", true, "linux_386"),
+            ("linux", "aarch64", true, "linux_arm64"),
+            ("linux", "arm", true, "linux_arm"),
+            ("linux", "riscv64", true, "linux_riscv64"),
+            ("linux", "s390x", false, "linux_s390x"),
+            ("linux", "loongarch64", true, "linux_loong64"),
+            ("linux", "powerpc64", true, "linux_ppc64le"),
+            ("linux", "powerpc64", false, "linux_ppc64"),
+            ("linux", "mips", false, "linux_mips"),
+            ("linux", "mips", true, "linux_mipsle"),
+            ("linux", "mips64", false, "linux_mips64"),
+            ("linux", "mips64", true, "linux_mips64le"),
+            ("macos", "aarch64", true, "darwin_arm64"),
+            ("macos", "x86_64", true, "darwin_amd64"),
+            ("windows", "x86_64", true, "windows_amd64"),
+            ("freebsd", "x86_64", true, "freebsd_amd64"),
+            ("illumos", "x86_64", true, "illumos_amd64"),
+        ];
+        for (os, arch, little, expected) in cases {
+            assert_eq!(go_arch(os, arch, little), expected, "{os} {arch}");
+        }
+        #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+        assert_eq!(Shared::arch(), "linux_amd64");
+    }
+}

@@ -1,0 +1,151 @@
+//! What a connector is built with: its transport, edges, timeouts and what it tells the edge
+//! about itself. `Default` gives `cloudflared`'s defaults.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::edge::{EdgeAddr, EdgeIpVersion};
+
+/// Version string sent in `ClientInfo.version` unless overridden.
+pub const DEFAULT_CLIENT_VERSION: &str = "2026.8.2";
+
+/// Features advertised in `ClientInfo.features`: only what this connector
+/// implements (no datagrams, no management logs).
+pub const FEATURES: &[&str] = &[
+    "allow_remote_config",
+    "serialized_headers",
+    "support_quic_eof",
+];
+
+/// Feature added to `ClientInfo.features` in strict post-quantum mode
+/// ([`ConnectorOptions::post_quantum`]), as `cloudflared --post-quantum` does.
+pub const FEATURE_POST_QUANTUM: &str = "postquantum";
+
+/// `PROXY_TUNNEL_PROTOCOL`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    /// QUIC first; a connection moves to HTTP/2 when QUIC keeps failing and
+    /// no connection ever registered over QUIC, and back to QUIC after an
+    /// HTTP/2 connection that registered is lost.
+    #[default]
+    Auto,
+    /// QUIC only.
+    Quic,
+    /// HTTP/2 only.
+    Http2,
+}
+
+/// A protocol name other than `auto`, `quic` or `http2`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("tunnel protocol {0:?} is not one of auto, quic, http2")]
+pub struct ProtocolError(pub String);
+
+impl FromStr for Protocol {
+    type Err = ProtocolError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "quic" => Ok(Self::Quic),
+            "http2" => Ok(Self::Http2),
+            other => Err(ProtocolError(other.to_owned())),
+        }
+    }
+}
+
+/// Connector settings. `Default` gives `cloudflared`'s defaults.
+#[derive(Debug, Clone)]
+pub struct ConnectorOptions {
+    /// Transport choice.
+    pub protocol: Protocol,
+    /// Static edges (`--edge`, `TUNNEL_EDGE`); repeat an entry for more HA
+    /// connections to one listener. Empty: SRV discovery (region from the
+    /// `region` or the token's `e`), then, for the global edge, the well-known region hosts.
+    pub edges: Vec<EdgeAddr>,
+    /// PEM roots replacing all others (`--edge-ca-file`, `TUNNEL_CACERT`).
+    pub edge_ca_pem: Option<Vec<u8>>,
+    /// Edge region to discover (`cloudflared --region`, `TUNNEL_REGION`; `us`
+    /// is Cloudflare's US-only edge): SRV discovery asks for
+    /// `_<region>-v2-origintunneld` as it does for a token's endpoint. `None`
+    /// or empty: the token's endpoint, else the global edge. Refused with a
+    /// token that has an endpoint, as in `cloudflared`.
+    pub region: Option<String>,
+    /// Address family of discovered edges (`--edge-ip-version`,
+    /// `TUNNEL_EDGE_IP_VERSION`; default `auto`). Static edges are used as
+    /// given, as in `cloudflared`.
+    pub edge_ip_version: EdgeIpVersion,
+    /// HA connections (default 4), capped at the number of edge entries.
+    pub ha_connections: usize,
+    /// How long a drain holds each connection open, from the start of the
+    /// drain, unregistering included (default 30 s, `cloudflared`'s
+    /// `--grace-period`).
+    pub grace_period: Duration,
+    /// Per-call RPC timeout (default 5 s).
+    pub rpc_timeout: Duration,
+    /// Backoff exponent cap (default 5: waits up to 32 s, and up to 320 s
+    /// more for connections other than the first).
+    pub retries: u32,
+    /// Backoff base (default 1 s).
+    pub backoff_base: Duration,
+    /// Base of the backoff shared by connections other than the first, which
+    /// they wait out after their own before restarting (default 10 s, as in
+    /// `cloudflared`).
+    pub ha_backoff_base: Duration,
+    /// Delay between starting HA connections once the first registered
+    /// (default 1 s).
+    pub ha_start_interval: Duration,
+    /// QUIC handshake timeout (default 10 s, as `cloudflared`'s; a handshake
+    /// that hears nothing from the edge ends after the 5 s idle timeout).
+    pub handshake_timeout: Duration,
+    /// `ClientInfo.version`.
+    pub client_version: String,
+    /// Strict post-quantum key exchange (`cloudflared --post-quantum`): TLS
+    /// offers only X25519MLKEM768, so an edge without it fails the handshake,
+    /// and registration adds the `postquantum` feature. Default (false):
+    /// X25519MLKEM768 preferred, P-256 as the fallback; see
+    /// [`edge_key_exchange_groups`](crate::tls::edge_key_exchange_groups).
+    pub post_quantum: bool,
+    /// Concurrent request streams the edge may open on one QUIC connection
+    /// (default [`DEFAULT_QUIC_MAX_STREAMS`](crate::DEFAULT_QUIC_MAX_STREAMS);
+    /// at least 1). Further requests wait at the edge for a stream to finish.
+    /// Memory grows with it: each stream of credit a connection has used keeps
+    /// about 480 bytes, so 16,384 comes to about 7.4 MiB per connection under
+    /// sustained load. HTTP/2 connections are not limited, as in `cloudflared`.
+    pub quic_max_streams: u32,
+    /// HTTP/2 liveness (default 15 s): a PING goes to the edge after this long, and a
+    /// connection that then hears nothing at all for as long again is dropped and redialed,
+    /// as QUIC's idle timeout does. `cloudflared` relies on TCP keep-alive alone (150 s, or
+    /// as long as retransmission takes when data is in flight). At least 1 ms.
+    pub http2_keepalive: Duration,
+}
+
+impl Default for ConnectorOptions {
+    fn default() -> Self {
+        Self {
+            protocol: Protocol::Auto,
+            edges: Vec::new(),
+            edge_ca_pem: None,
+            region: None,
+            edge_ip_version: EdgeIpVersion::Auto,
+            ha_connections: 4,
+            grace_period: Duration::from_secs(30),
+            rpc_timeout: Duration::from_secs(5),
+            retries: 5,
+            backoff_base: Duration::from_secs(1),
+            ha_backoff_base: Duration::from_secs(10),
+            ha_start_interval: Duration::from_secs(1),
+            handshake_timeout: Duration::from_secs(10),
+            client_version: DEFAULT_CLIENT_VERSION.to_owned(),
+            post_quantum: false,
+            quic_max_streams: DEFAULT_QUIC_MAX_STREAMS,
+            http2_keepalive: Duration::from_secs(15),
+        }
+    }
+}
+
+/// Default for [`ConnectorOptions::quic_max_streams`]: concurrent edge-opened
+/// request streams allowed per connection. `cloudflared` advertises 2^60;
+/// quinn keeps state for every stream the credit allows (a few hundred bytes
+/// each once used), so the limit is a large practical number instead. The
+/// credit is renewed as streams finish.
+pub const DEFAULT_QUIC_MAX_STREAMS: u32 = 16_384;
