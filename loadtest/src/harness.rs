@@ -17,6 +17,7 @@ pub mod process;
 pub mod procfs;
 pub mod progress;
 pub mod report;
+pub mod report_files;
 pub mod results;
 pub mod scenario;
 pub mod stats;
@@ -32,7 +33,8 @@ use load::LoadSpec;
 use process::{free_port, CpuList, ProcessError, ScratchDir, ServerProcess};
 use procfs::Memory;
 use progress::{status_line, Progress, RateMeter};
-use report::{Outcome, Report, ScenarioReport, ServerCpu, Settings};
+use report::{Report, ScenarioReport, ServerCpu, Settings};
+use results::Outcome;
 use scenario::{Scenario, ScenarioEnv, LOAD_HOST};
 
 const ECHO_READY_TIMEOUT: Duration = Duration::from_secs(10);

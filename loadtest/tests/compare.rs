@@ -5,8 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cftunnel_loadtest::harness::report::Outcome;
-use cftunnel_loadtest::harness::results::Results;
+use cftunnel_loadtest::harness::results::{Outcome, Results};
 
 const BIN: &str = env!("CARGO_BIN_EXE_cftunnel-loadtest");
 

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use cftunnel_loadtest::harness::progress::Progress;
-use cftunnel_loadtest::harness::report::Outcome;
-use cftunnel_loadtest::harness::results::{Machine, Results};
+use cftunnel_loadtest::harness::report_files;
+use cftunnel_loadtest::harness::results::{Machine, Outcome, Results};
 use cftunnel_loadtest::harness::scenario::Scenario;
 use cftunnel_loadtest::harness::{run, RunConfig};
 
@@ -74,8 +74,7 @@ async fn direct_scenario_measures_the_echo_backend() {
     // The origin got the headers a tunnel path would have added, and no others.
     assert_eq!(direct.origin_headers, TUNNEL_ORIGIN_HEADERS);
     // The results file carries the measured curve and reads back equal, chart beside it.
-    let results = Results::from_harness(
-        &report,
+    let results = report.results(
         Machine::default(),
         "cftunnel-loadtest --scenarios direct".to_owned(),
         "2026-10-20T13:40:05Z".to_owned(),
@@ -91,7 +90,7 @@ async fn direct_scenario_measures_the_echo_backend() {
         .all(|w| w[0].latency_us <= w[1].latency_us));
     assert!(results.details.is_some(), "the full report is kept");
     let dir = std::env::temp_dir().join(format!("cftunnel-harness-report-{}", std::process::id()));
-    let files = results.write(&dir, "harness-test").expect("written");
+    let files = report_files::write(&results, &dir, "harness-test").expect("written");
     // Measured rates are arbitrary floats: compared to the last bit only where JSON keeps
     // them exactly (the unit tests), here to within rounding.
     let back = Results::read(&files.json).expect("reads back");

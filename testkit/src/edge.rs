@@ -22,6 +22,7 @@
 //! connection at once while the mock keeps listening.
 
 mod admin;
+mod answer;
 mod eyeball;
 mod forward;
 mod key_exchange;
@@ -742,7 +743,7 @@ impl MockEdgeBuilder {
 }
 
 /// The body of a response forwarded by [`MockEdge::request`].
-pub type EdgeResponseBody = forward::EdgeBody;
+pub type EdgeResponseBody = answer::EdgeBody;
 
 /// A running mock edge. Dropping it does not stop it; call
 /// [`shutdown`](Self::shutdown).

@@ -11,8 +11,8 @@ use anyhow::{bail, Context};
 use cftunnel_loadtest::compare::{self, CompareConfig, Row};
 use cftunnel_loadtest::harness::process::{find_program, pin_current_process, CpuList};
 use cftunnel_loadtest::harness::progress::Progress;
-use cftunnel_loadtest::harness::report::Outcome;
-use cftunnel_loadtest::harness::results::{self, Results};
+use cftunnel_loadtest::harness::report_files;
+use cftunnel_loadtest::harness::results::{self, Outcome, Results};
 use cftunnel_loadtest::harness::scenario::Scenario;
 use cftunnel_loadtest::harness::{self, machine, RunConfig};
 use cftunnel_testkit::echo::parse_go_duration;
@@ -285,9 +285,8 @@ fn write_report(results: &Results, report: &ReportArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let stem = results::file_stem(&results.kind, &results.generated_at);
-    let files = results
-        .write(&report.report_dir, &stem)
-        .context("writing the report")?;
+    let files =
+        report_files::write(results, &report.report_dir, &stem).context("writing the report")?;
     eprintln!(
         "results: {}\nchart:   {}",
         files.json.display(),
@@ -590,8 +589,7 @@ fn run_harness(args: RunArgs) -> anyhow::Result<()> {
         print!("{}", outcome.render_table());
     }
     if let Some(machine) = machine {
-        let results =
-            Results::from_harness(&outcome, machine, command_line(), results::now_rfc3339());
+        let results = outcome.results(machine, command_line(), results::now_rfc3339());
         write_report(&results, &report)?;
     }
     let report = outcome;

@@ -1,5 +1,5 @@
 use super::*;
-use crate::harness::results::Percentile;
+use crate::harness::stats::Percentile;
 
 #[test]
 fn rounds_rotate_the_row_order_and_cover_every_connection_count() {

@@ -10,7 +10,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::harness::results::{Measured, Percentile, CURVE_PERCENTILES};
+use crate::harness::results::Measured;
+use crate::harness::stats::{Percentile, CURVE_PERCENTILES};
 
 /// Prefix of every line the hook prints.
 const MARK: &str = "cftunnel-loadtest";

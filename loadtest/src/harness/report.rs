@@ -2,9 +2,10 @@
 
 use std::fmt::Write as _;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::procfs::Memory;
+use super::results::{Group, Machine, Measured, Outcome, Results, Series, SCHEMA};
 use super::scenario::Scenario;
 use super::stats::ratio;
 use super::stats::{Comparison, LoadSummary, TunnelOverhead, TUNNEL_P50_TARGET};
@@ -30,24 +31,6 @@ pub struct Settings {
     pub load_cpus: Option<String>,
     pub server_cpus: Option<String>,
     pub echo_cpus: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Outcome {
-    Ok,
-    Skipped,
-    Failed,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Ok => "ok",
-            Self::Skipped => "skipped",
-            Self::Failed => "failed",
-        }
-    }
 }
 
 /// One scenario's result.
@@ -181,6 +164,72 @@ fn compared(scenario: Scenario, base: Scenario) -> bool {
 }
 
 impl Report {
+    /// The report as a results file: one group, a series per scenario, ratios
+    /// against `nginx` when it was measured, and the full report in `details`.
+    pub fn results(&self, machine: Machine, command: String, at: String) -> Results {
+        let s = &self.settings;
+        let load = match s.rate {
+            Some(r) => format!("{} connections paced at {r:.0} req/s", s.connections),
+            None => format!("{} connections, closed loop", s.connections),
+        };
+        let series = self
+            .scenarios
+            .iter()
+            .map(|r| Series {
+                name: r.scenario.name().to_owned(),
+                outcome: r.outcome,
+                reason: r.reason.clone(),
+                measured: r
+                    .load
+                    .as_ref()
+                    .filter(|_| r.outcome == Outcome::Ok)
+                    .map(|l| Measured {
+                        requests: l.requests,
+                        errors: l.errors,
+                        seconds: l.seconds,
+                        rps: l.rps,
+                        p50_us: l.p50_us,
+                        p99_us: l.p99_us,
+                        max_us: l.max_us,
+                        percentiles: l.percentiles.clone(),
+                        rounds_rps: r.rounds_rps.clone(),
+                        rounds_p99_us: Vec::new(),
+                        server_cpu_us_per_request: r.server_cpu.and_then(|c| c.us_per_request),
+                        vs_baseline: None,
+                    }),
+            })
+            .collect();
+        let cpus = |c: &Option<String>| c.clone().unwrap_or_else(|| "any".to_owned());
+        Results {
+            schema: SCHEMA.to_owned(),
+            kind: "harness".to_owned(),
+            title: format!("cftunnel-loadtest: {load}"),
+            generated_at: at,
+            command,
+            machine,
+            setup: vec![
+                format!(
+                    "load: the harness's HTTP/1.1 client, {load}, GET {}, {:.1} s measured after {:.1} s warm-up, median of {} round(s)",
+                    s.path, s.duration_s, s.warmup_s, s.rounds
+                ),
+                format!(
+                    "CPUs: load {}, server under test {}, echo backend {}; {} worker(s)",
+                    cpus(&s.load_cpus),
+                    cpus(&s.server_cpus),
+                    cpus(&s.echo_cpus),
+                    s.workers
+                ),
+            ],
+            groups: vec![Group {
+                name: load,
+                baseline: None,
+                series,
+            }
+            .with_baseline("nginx")],
+            details: serde_json::to_value(self).ok(),
+        }
+    }
+
     pub fn new(settings: Settings, scenarios: Vec<ScenarioReport>) -> Self {
         let measured = |s: Scenario| {
             scenarios

@@ -12,25 +12,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::chart;
-use super::report::{Outcome, Report};
-use super::stats::ratio;
+use super::stats::{ratio, Percentile};
 
 /// The `schema` value of files this version writes; bumped when a field changes meaning.
 pub const SCHEMA: &str = "cftunnel-loadtest.results/1";
-
-/// Percentiles every latency curve is sampled at, from the bulk to the far tail.
-pub const CURVE_PERCENTILES: [f64; 11] = [
-    1.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.99,
-];
-
-/// One point of a latency curve.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Percentile {
-    /// 0 to 100.
-    pub percentile: f64,
-    pub latency_us: u64,
-}
 
 /// A whole run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -82,6 +67,25 @@ pub struct Group {
     pub series: Vec<Series>,
 }
 
+/// How a series (a harness scenario, a compare row) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Ok,
+    Skipped,
+    Failed,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Skipped => "skipped",
+            Self::Failed => "failed",
+        }
+    }
+}
+
 /// One server arrangement under one load.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Series {
@@ -104,7 +108,7 @@ pub struct Measured {
     pub p50_us: u64,
     pub p99_us: u64,
     pub max_us: u64,
-    /// The latency curve at [`CURVE_PERCENTILES`].
+    /// The latency curve at [`CURVE_PERCENTILES`](super::stats::CURVE_PERCENTILES).
     pub percentiles: Vec<Percentile>,
     /// Every round's req/s, in run order.
     pub rounds_rps: Vec<f64>,
@@ -158,87 +162,6 @@ impl Group {
 }
 
 impl Results {
-    /// The harness's report as a results file: one group, a series per scenario, ratios
-    /// against `nginx` when it was measured, and the full report in `details`.
-    pub fn from_harness(report: &Report, machine: Machine, command: String, at: String) -> Self {
-        let s = &report.settings;
-        let load = match s.rate {
-            Some(r) => format!("{} connections paced at {r:.0} req/s", s.connections),
-            None => format!("{} connections, closed loop", s.connections),
-        };
-        let series = report
-            .scenarios
-            .iter()
-            .map(|r| Series {
-                name: r.scenario.name().to_owned(),
-                outcome: r.outcome,
-                reason: r.reason.clone(),
-                measured: r
-                    .load
-                    .as_ref()
-                    .filter(|_| r.outcome == Outcome::Ok)
-                    .map(|l| Measured {
-                        requests: l.requests,
-                        errors: l.errors,
-                        seconds: l.seconds,
-                        rps: l.rps,
-                        p50_us: l.p50_us,
-                        p99_us: l.p99_us,
-                        max_us: l.max_us,
-                        percentiles: l.percentiles.clone(),
-                        rounds_rps: r.rounds_rps.clone(),
-                        rounds_p99_us: Vec::new(),
-                        server_cpu_us_per_request: r.server_cpu.and_then(|c| c.us_per_request),
-                        vs_baseline: None,
-                    }),
-            })
-            .collect();
-        let cpus = |c: &Option<String>| c.clone().unwrap_or_else(|| "any".to_owned());
-        Self {
-            schema: SCHEMA.to_owned(),
-            kind: "harness".to_owned(),
-            title: format!("cftunnel-loadtest: {load}"),
-            generated_at: at,
-            command,
-            machine,
-            setup: vec![
-                format!(
-                    "load: the harness's HTTP/1.1 client, {load}, GET {}, {:.1} s measured after {:.1} s warm-up, median of {} round(s)",
-                    s.path, s.duration_s, s.warmup_s, s.rounds
-                ),
-                format!(
-                    "CPUs: load {}, server under test {}, echo backend {}; {} worker(s)",
-                    cpus(&s.load_cpus),
-                    cpus(&s.server_cpus),
-                    cpus(&s.echo_cpus),
-                    s.workers
-                ),
-            ],
-            groups: vec![Group {
-                name: load,
-                baseline: None,
-                series,
-            }
-            .with_baseline("nginx")],
-            details: serde_json::to_value(report).ok(),
-        }
-    }
-
-    /// Writes `<dir>/<stem>.json` and `<dir>/<stem>.svg` (the chart), creating `dir`.
-    pub fn write(&self, dir: &Path, stem: &str) -> Result<ReportFiles, WriteError> {
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| WriteError::Io { path, source }
-        };
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
-        let json = dir.join(format!("{stem}.json"));
-        let svg = dir.join(format!("{stem}.svg"));
-        let text = serde_json::to_string_pretty(self).map_err(WriteError::Encode)?;
-        std::fs::write(&json, text + "\n").map_err(io(&json))?;
-        std::fs::write(&svg, chart::render_svg(self)?).map_err(io(&svg))?;
-        Ok(ReportFiles { json, svg })
-    }
-
     /// Reads a results file back, refusing another schema.
     pub fn read(path: &Path) -> Result<Self, ReadError> {
         let text = std::fs::read_to_string(path).map_err(|source| ReadError::Io {
@@ -257,26 +180,6 @@ impl Results {
         }
         Ok(results)
     }
-}
-
-/// Where a report was written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReportFiles {
-    pub json: PathBuf,
-    pub svg: PathBuf,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum WriteError {
-    #[error("writing {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("encoding the results: {0}")]
-    Encode(serde_json::Error),
-    #[error("drawing the chart: {0}")]
-    Chart(#[from] chart::ChartError),
 }
 
 #[derive(Debug, thiserror::Error)]

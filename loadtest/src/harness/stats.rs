@@ -4,9 +4,20 @@
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::results::{Percentile, CURVE_PERCENTILES};
+/// Percentiles every latency curve is sampled at, from the bulk to the far tail.
+pub const CURVE_PERCENTILES: [f64; 11] = [
+    1.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.99,
+];
+
+/// One point of a latency curve.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Percentile {
+    /// 0 to 100.
+    pub percentile: f64,
+    pub latency_us: u64,
+}
 
 /// Latencies are recorded in microseconds, from 1 µs to 60 s, with 3 significant digits.
 pub const LATENCY_MAX_US: u64 = 60_000_000;

@@ -14,7 +14,8 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt as _, Limited};
 use hyper::body::Incoming;
 
-use super::forward::{full, EdgeBody};
+use super::answer::EdgeBody;
+use super::forward::full;
 use super::Inner;
 use cftunnel_tunnel::EdgeRefusal;
 

@@ -11,7 +11,8 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
-use super::forward::{forward, full, EdgeBody};
+use super::answer::EdgeBody;
+use super::forward::{forward, full};
 use super::listen::accept_next;
 use super::{admin, Inner};
 

@@ -10,7 +10,6 @@ use http::header::{
     TRANSFER_ENCODING, UPGRADE,
 };
 use http::{Request, Response, StatusCode};
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::rt::TokioIo;
 use quinn::VarInt;
@@ -28,9 +27,8 @@ use cftunnel_tunnel::stream::http_map::{
 use cftunnel_tunnel::stream::{self, ConnectionType, RPC_SIGNATURE};
 use cftunnel_tunnel::{Body, BoxError, Upgraded};
 
+use super::answer::{self, EdgeBody};
 use super::{rpc, Inner, MockEdgeError, Transport};
-
-pub(crate) type EdgeBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// How long the edge waits for a connector's response head by default:
 /// Cloudflare's proxy read timeout, after which it answers 524.
@@ -59,11 +57,11 @@ pub(super) async fn open_quic_stream(
 }
 
 pub(super) fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<EdgeBody> {
-    let mut r = Response::new(
+    let mut r = Response::new(EdgeBody::boxed(
         Full::new(body.into())
             .map_err(|e| match e {})
             .boxed_unsync(),
-    );
+    ));
     *r.status_mut() = status;
     r
 }
@@ -456,7 +454,10 @@ where
                 let _ = send.finish();
             });
         }
-        let head = match read_response_head(&mut recv, wait).await? {
+        let (head, body) = tokio::time::timeout(wait, answer::read(recv))
+            .await
+            .map_err(|_| MockEdgeError::Timeout)??;
+        let head = match head {
             ConnectOutcome::Head(head) => head,
             ConnectOutcome::Refused(error) => {
                 return Ok(full(StatusCode::BAD_GATEWAY, format!("{error}\n")))
@@ -464,10 +465,7 @@ where
         };
         let (mut parts, ()) = head.into_parts();
         strip_response_headers(&mut parts.headers, false);
-        return Ok(Response::from_parts(
-            parts,
-            Body::quic(recv, None).map_err(Into::into).boxed_unsync(),
-        ));
+        return Ok(Response::from_parts(parts, EdgeBody::quic(body)));
     }
     let head = match read_response_head(&mut recv, wait).await? {
         ConnectOutcome::Head(head) => head,
@@ -482,16 +480,11 @@ where
         if let Some(on_upgrade) = on_upgrade {
             tokio::spawn(pipe(on_upgrade, TunnelStream::Quic(send, recv)));
         }
-        return Ok(Response::from_parts(
-            parts,
-            Full::new(Bytes::new())
-                .map_err(|e| match e {})
-                .boxed_unsync(),
-        ));
+        return Ok(Response::from_parts(parts, ().into_edge_body()));
     }
     Ok(Response::from_parts(
         parts,
-        Body::quic(recv, None).map_err(Into::into).boxed_unsync(),
+        EdgeBody::boxed(Body::quic(recv, None).map_err(Into::into).boxed_unsync()),
     ))
 }
 
@@ -770,15 +763,17 @@ trait IntoEdgeBody {
 
 impl IntoEdgeBody for () {
     fn into_edge_body(self) -> EdgeBody {
-        Full::new(Bytes::new())
-            .map_err(|e| match e {})
-            .boxed_unsync()
+        EdgeBody::boxed(
+            Full::new(Bytes::new())
+                .map_err(|e| match e {})
+                .boxed_unsync(),
+        )
     }
 }
 
 impl IntoEdgeBody for h2::RecvStream {
     fn into_edge_body(self) -> EdgeBody {
-        Body::h2(self).map_err(Into::into).boxed_unsync()
+        EdgeBody::boxed(Body::h2(self).map_err(Into::into).boxed_unsync())
     }
 }
 

@@ -1,6 +1,9 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::harness::chart;
+use crate::harness::report_files;
+use crate::harness::stats::{Percentile, CURVE_PERCENTILES};
 
 fn curve(scale: u64) -> Vec<Percentile> {
     CURVE_PERCENTILES
@@ -123,9 +126,7 @@ fn ratios_are_taken_against_the_baseline_of_each_group() {
 fn a_written_results_file_reads_back_equal() {
     let dir = std::env::temp_dir().join(format!("cftunnel-results-{}", std::process::id()));
     let results = sample();
-    let files = results
-        .write(&dir, "compare-20261020T134005Z")
-        .expect("written");
+    let files = report_files::write(&results, &dir, "compare-20261020T134005Z").expect("written");
     assert_eq!(files.json, dir.join("compare-20261020T134005Z.json"));
     let back = Results::read(&files.json).expect("read back");
     assert_eq!(back, results);
