@@ -3219,7 +3219,22 @@ async fn a_gateway_config_reports_the_gateways_using_it_and_whether_it_renders()
             rendered["message"],
             json!("the data plane of Gateway edge renders")
         );
-        // Rounds go on (every 100 ms here); the status is not written again.
+        // Rounds go on (every 100 ms here); no GatewayConfig's status is written again. The
+        // other tenants' are written after this one's in the same round: counted from there.
+        eventually("every GatewayConfig's Rendered", || {
+            [
+                ("tenant-a", "edge-config"),
+                ("tenant-b", "other-config"),
+                ("tenant-c", "third-config"),
+            ]
+            .iter()
+            .map(|(namespace, name)| {
+                let config = t.api.get("cf.k8s.lex.la/v1alpha1", "GatewayConfig", namespace, name)?;
+                condition(config.pointer("/status/conditions")?, "Rendered").map(|_| ())
+            })
+            .collect::<Option<Vec<()>>>()
+        })
+        .await;
         let rv = t.api.resource_version();
         tokio::time::sleep(Duration::from_millis(600)).await;
         let rewritten: Vec<String> = t
