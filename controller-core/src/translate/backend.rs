@@ -450,7 +450,8 @@ fn endpoint_urls(
             if !ready {
                 continue;
             }
-            let url = if v6 || address.contains(':') {
+            // Addresses are short: a plain scan beats a call to `memchr`.
+            let url = if v6 || address.bytes().any(|b| b == b':') {
                 super::joined([scheme, "://[", address, "]:", target])
             } else {
                 super::joined([scheme, "://", address, ":", target])
@@ -521,19 +522,25 @@ pub(super) fn expand(targets: Vec<WeightedTarget<'_>>) -> Vec<Backend> {
                 tls: r.tls.take(),
                 url: r.into_service_url(),
             }),
-            Ok(r) => {
+            Ok(mut r) => {
                 let n = r.urls.len() as u64;
-                for url in r.urls {
-                    out.push(Backend {
-                        url,
-                        weight: scaled(t.weight, n),
-                        protocol: t.protocol.unwrap_or(r.protocol),
-                        websocket: r.websocket,
-                        public_only: r.public_only,
-                        filters: t.filters.clone(),
-                        tls: r.tls.clone(),
-                        ..Backend::default()
-                    });
+                let backend = |url, filters, tls| Backend {
+                    url,
+                    weight: scaled(t.weight, n),
+                    protocol: t.protocol.unwrap_or(r.protocol),
+                    websocket: r.websocket,
+                    public_only: r.public_only,
+                    filters,
+                    tls,
+                    ..Backend::default()
+                };
+                // The last endpoint takes the filters and TLS settings; the others copy them.
+                let last = r.urls.pop();
+                for url in r.urls.drain(..) {
+                    out.push(backend(url, t.filters.clone(), r.tls.clone()));
+                }
+                if let Some(url) = last {
+                    out.push(backend(url, t.filters, r.tls.take()));
                 }
             }
         }

@@ -737,33 +737,51 @@ pub(super) const NO_ROUTE_STATUS: u16 = 404;
 /// last-resort rule that answers 404 instead of falling through to other listeners. It is a
 /// regular expression match placed after every route rule, so any route rule of the same
 /// hostname outranks it. Each comes with its listener's scheme.
-pub(super) fn listener_isolation_rules(
-    gw: &OwnedGateway<'_>,
-) -> Vec<(String, Scheme, cftunnel_config::Rule)> {
+///
+/// These are the listeners of `gw` that get one, with their hostnames: one rule serves a
+/// hostname for every listener of it on a plane, so the caller builds it
+/// ([`listener_isolation_rule`]) only for the first.
+pub(super) fn isolated_listeners<'g, 'a>(
+    gw: &'g OwnedGateway<'a>,
+) -> impl Iterator<Item = (&'g str, &'g OwnedListener<'a>)> + 'g {
     gw.listeners
         .iter()
         .filter(|l| l.usable)
-        .filter_map(|l| {
-            let hostname = l.hostname.clone()?;
-            let rule = cftunnel_config::Rule {
-                hostnames: vec![hostname.clone()],
-                matches: vec![cftunnel_config::Match {
-                    path: Some(cftunnel_config::PathMatch {
-                        kind: cftunnel_config::PathMatchType::RegularExpression,
-                        value: ".*".to_owned(),
-                    }),
-                    ..cftunnel_config::Match::default()
-                }],
-                unavailable_status: Some(NO_ROUTE_STATUS),
-                name: Some(match &l.set {
-                    None => format!("{}/listener:{}", gw.key, l.name),
-                    Some(entry) => format!("{}/listenerset-listener:{}", entry.set, l.name),
-                }),
-                ..cftunnel_config::Rule::default()
-            };
-            Some((hostname, l.scheme, rule))
-        })
-        .collect()
+        .filter_map(|l| Some((l.hostname.as_deref()?, l)))
+}
+
+/// The listener-isolation rule of `hostname`, named after listener `l` of `gw` (see
+/// [`isolated_listeners`]).
+pub(super) fn listener_isolation_rule(
+    gw: &OwnedGateway<'_>,
+    l: &OwnedListener<'_>,
+    hostname: &str,
+) -> cftunnel_config::Rule {
+    // `<namespace>/<name>/listener:<listener>`, or the ListenerSet's key and
+    // `listenerset-listener:` for one of its listeners.
+    let (owner, kind) = match &l.set {
+        None => (&gw.key, "/listener:"),
+        Some(entry) => (&entry.set, "/listenerset-listener:"),
+    };
+    cftunnel_config::Rule {
+        hostnames: vec![hostname.to_owned()],
+        matches: vec![cftunnel_config::Match {
+            path: Some(cftunnel_config::PathMatch {
+                kind: cftunnel_config::PathMatchType::RegularExpression,
+                value: ".*".to_owned(),
+            }),
+            ..cftunnel_config::Match::default()
+        }],
+        unavailable_status: Some(NO_ROUTE_STATUS),
+        name: Some(super::joined([
+            &owner.namespace,
+            "/",
+            &owner.name,
+            kind,
+            l.name,
+        ])),
+        ..cftunnel_config::Rule::default()
+    }
 }
 
 /// Whether a label selector matches `labels` (matchLabels and matchExpressions ANDed).
