@@ -13,6 +13,7 @@
 //! callers that apply nothing.
 
 mod backend;
+mod backend_ref;
 mod backend_tls;
 mod binding;
 pub mod bundle_version;
@@ -62,7 +63,7 @@ pub use crate::snapshot::{
     ObjectKey, Snapshot, EXPERIMENTAL_GATEWAY_API_GROUP, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP,
     GATEWAY_CONFIG_KIND,
 };
-pub use backend::BackendRefError;
+pub use backend_ref::BackendRefError;
 pub use external_name::ExternalNameBackends;
 pub use features::SUPPORTED_FEATURES;
 pub use rule::RuleError;

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use cftunnel_config::{valid, Rule};
 
-use super::backend::BackendRefError;
+use super::backend_ref::BackendRefError;
 use super::backend_tls::PortKey;
 use super::status::{Condition, ConditionType, Reason};
 use super::Attachment;
