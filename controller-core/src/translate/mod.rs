@@ -102,7 +102,7 @@ pub struct Options {
     /// see [`ownership`]).
     pub hostname_ownership: bool,
     /// Owned GatewayClasses whose `parametersRef` cannot be used, with why: `Accepted=False`
-    /// (`InvalidParameters`). Settled by [`crate::gateway_class_config::settle`], whose
+    /// (`InvalidParameters`). Settled by [`crate::class_parameters::settle`], whose
     /// settings the caller runs the shared plane with.
     pub refused_classes: BTreeMap<String, String>,
 }
