@@ -4,10 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use super::gateway::{
-    selector_matches, AllowedNamespaces, OwnedGateway, OwnedGateways, OwnedListener,
-};
+use super::gateway::{OwnedGateway, OwnedGateways};
 use super::hostname::{intersect, Hosts};
+use super::listener::{selector_matches, AllowedNamespaces, OwnedListener};
 use super::listener_set::ListenerSets;
 use super::ownership;
 use super::route::{ParentRefView, RouteView};

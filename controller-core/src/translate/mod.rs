@@ -26,6 +26,7 @@ mod gateway;
 mod grpc_route;
 mod hostname;
 mod http_route;
+mod listener;
 mod listener_set;
 mod listener_tls;
 pub mod ownership;
@@ -637,7 +638,10 @@ fn translate_checked(
             owned_by.push(None);
         }
     }
-    let (set_statuses, attached_sets) = listener_sets.statuses(&gateways);
+    let (set_statuses, attached_sets) = listener_sets.statuses(|key| {
+        let gw = gateways.get(key)?;
+        Some((gw.accepted(), gw.listeners.as_slice()))
+    });
     statuses.listener_sets = set_statuses;
     for gw in gateways.into_values() {
         let attached = attached_sets.get(&gw.key).copied().unwrap_or_default();
