@@ -18,6 +18,7 @@
 //! runtime, a network or TLS stack, native crypto or the CLI parser joins them.
 
 pub mod access_policy;
+pub mod class_parameters;
 pub mod external_backend;
 pub mod gateway_class_config;
 pub mod gateway_config;

@@ -14,8 +14,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::CustomResourceExt;
 
 use crate::access_policy::AccessPolicy;
+use crate::class_parameters::{self, ClassDefaults};
 use crate::external_backend::ExternalBackend;
-use crate::gateway_class_config::{self, ClassDefaults, GatewayClassConfig};
+use crate::gateway_class_config::GatewayClassConfig;
 use crate::gateway_config::GatewayConfig;
 use crate::manifest;
 use crate::render::{self, RenderSettings};
@@ -645,7 +646,7 @@ pub fn run_translate(
         );
     }
 
-    let parameters = gateway_class_config::settle(
+    let parameters = class_parameters::settle(
         &snapshot,
         &args.class.controller_name,
         &ClassDefaults {

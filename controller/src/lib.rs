@@ -18,6 +18,6 @@ pub mod push;
 pub mod runtime;
 
 pub use cftunnel_controller_core::{
-    access_policy, external_backend, gateway_class_config, gateway_config, manifest, render,
-    service_import, translate,
+    access_policy, class_parameters, external_backend, gateway_class_config, gateway_config,
+    manifest, render, service_import, translate,
 };

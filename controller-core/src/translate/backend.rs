@@ -1,210 +1,28 @@
 //! Backend references: Service lookup, cross-namespace ReferenceGrant checks, endpoint
 //! resolution from EndpointSlices, ExternalName admission (see [`super::external_name`]), TLS
 //! to the backend (a BackendTLSPolicy, see [`super::backend_tls`], or a port that asks for it),
-//! and the even split of a Service's weight across its ready endpoints. ServiceImports have a
-//! module of their own ([`super::service_import`]).
+//! and the even split of a Service's weight across its ready endpoints. ServiceImports and
+//! ExternalBackends have modules of their own ([`super::service_import`],
+//! [`super::external_backend`]); what they all yield is [`super::backend_ref`]'s.
 
 use cftunnel_config::{Backend, BackendProtocol, BackendTls, Filter};
 use k8s_openapi::api::core::v1::ServicePort as KubeServicePort;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::backend_ref::{
+    BackendRefError, BackendRefView, ClusterUrl, Resolved, ServiceUrl, APP_PROTOCOL_H2C,
+    APP_PROTOCOL_HTTPS, APP_PROTOCOL_WS, APP_PROTOCOL_WSS, HTTPS_PORT,
+};
 use super::backend_tls::PortKey;
-use super::external_name::{self, ExternalNameBackends, Refusal};
+use super::external_name::{self, ExternalNameBackends};
 use super::field::Field;
 use super::service_import;
-use super::status::Reason;
 use super::{Index, Options, RouteKind, GATEWAY_CONFIG_GROUP};
 use crate::external_backend::EXTERNAL_BACKEND_KIND;
-
-/// `appProtocol` values with a meaning for the data plane (Gateway API GEP-1911).
-pub(super) const APP_PROTOCOL_H2C: &str = "kubernetes.io/h2c";
-pub(super) const APP_PROTOCOL_WS: &str = "kubernetes.io/ws";
-pub(super) const APP_PROTOCOL_WSS: &str = "kubernetes.io/wss";
-/// `appProtocol` of a port that speaks HTTPS (an IANA service name, as Kubernetes allows).
-pub(super) const APP_PROTOCOL_HTTPS: &str = "https";
-/// A Service port this number is dialled over TLS even without `appProtocol`.
-pub(super) const HTTPS_PORT: i32 = 443;
 
 /// Above this many distinct endpoint counts' least common multiple, weights are rounded
 /// instead of split exactly.
 const MAX_WEIGHT_SCALE: u64 = 10_000;
-
-/// A `backendRef` (or a mirror's `backendRef`), whichever the route kind.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct BackendRefView<'a> {
-    pub(super) group: Option<&'a str>,
-    pub(super) kind: Option<&'a str>,
-    pub(super) name: &'a str,
-    pub(super) namespace: Option<&'a str>,
-    pub(super) port: Option<i32>,
-}
-
-/// Why a backendRef cannot be resolved; each maps to a `ResolvedRefs=False` reason.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BackendRefError {
-    #[error("{field}: unsupported backend kind {group}/{kind}")]
-    InvalidKind {
-        field: String,
-        group: String,
-        kind: String,
-    },
-    #[error("{field}: Service {namespace}/{name} not found")]
-    NotFound {
-        field: String,
-        namespace: String,
-        name: String,
-    },
-    #[error("{field}: Service {namespace}/{name} has no port {port}")]
-    PortNotFound {
-        field: String,
-        namespace: String,
-        name: String,
-        port: i32,
-    },
-    #[error("{field}: a port is required for a Service backend")]
-    MissingPort { field: String },
-    #[error(
-        "{field}: reference to Service {namespace}/{name} is not permitted by a ReferenceGrant"
-    )]
-    RefNotPermitted {
-        field: String,
-        namespace: String,
-        name: String,
-    },
-    #[error(
-        "{field}: reference to ServiceImport {namespace}/{name} is not permitted by a ReferenceGrant"
-    )]
-    ServiceImportRefNotPermitted {
-        field: String,
-        namespace: String,
-        name: String,
-    },
-    #[error("{field}: ServiceImport {namespace}/{name} not found{}", port.map(|p| format!(" exporting port {p}")).unwrap_or_default())]
-    ServiceImportNotFound {
-        field: String,
-        namespace: String,
-        name: String,
-        port: Option<i32>,
-    },
-    #[error("{field}: filter {kind} is not supported")]
-    UnsupportedFilter { field: String, kind: &'static str },
-    #[error("{field}: AccessPolicy {namespace}/{name} not found")]
-    AccessPolicyNotFound {
-        field: String,
-        namespace: String,
-        name: String,
-    },
-    #[error("{field}: {message}")]
-    AccessPolicyUnusable { field: String, message: String },
-    /// An ExternalBackend that cannot be used ([`super::external_backend`]).
-    #[error("{field}: ExternalBackend {namespace}/{name} {message}")]
-    ExternalBackend {
-        field: String,
-        namespace: String,
-        name: String,
-        reason: Reason,
-        message: String,
-    },
-    #[error("{field}: Service {namespace}/{name} of type ExternalName is refused: {refusal}")]
-    ExternalNameRefused {
-        field: String,
-        namespace: String,
-        name: String,
-        refusal: Refusal,
-    },
-}
-
-impl BackendRefError {
-    /// The `ResolvedRefs` reason the spec assigns to this failure.
-    pub fn reason(&self) -> Reason {
-        match self {
-            // Gateway API's `kind` support levels set ExternalName Services apart: refusing one
-            // is refusing an unsupported kind of backend.
-            Self::InvalidKind { .. }
-            | Self::UnsupportedFilter { .. }
-            | Self::ExternalNameRefused { .. } => Reason::InvalidKind,
-            // Gateway API's reason for "a reference to a resource that does not exist"; an
-            // AccessPolicy that cannot be used is no policy for the data plane either.
-            Self::NotFound { .. }
-            | Self::PortNotFound { .. }
-            | Self::MissingPort { .. }
-            | Self::ServiceImportNotFound { .. }
-            | Self::AccessPolicyNotFound { .. }
-            | Self::AccessPolicyUnusable { .. } => Reason::BackendNotFound,
-            Self::ExternalBackend { reason, .. } => *reason,
-            Self::RefNotPermitted { .. } | Self::ServiceImportRefNotPermitted { .. } => {
-                Reason::RefNotPermitted
-            }
-        }
-    }
-}
-
-/// A resolved Service port.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Resolved<'a> {
-    /// Backend URLs: one per ready endpoint, or the single DNS name.
-    pub(super) urls: Vec<String>,
-    /// The URL naming the Service itself (for messages and fail-closed backends).
-    pub(super) service_url: ServiceUrl<'a>,
-    pub(super) protocol: BackendProtocol,
-    pub(super) websocket: bool,
-    /// The proxy dials only public addresses: set for ExternalName Services under
-    /// `--external-name-backends=external`, whose name is the Service owner's to point anywhere.
-    pub(super) public_only: bool,
-    /// TLS to the backend (the URLs are then `https`).
-    pub(super) tls: Option<BackendTls>,
-    /// The BackendTLSPolicy covering the port cannot be used: the backend fails closed.
-    pub(super) tls_refused: bool,
-    /// The Service port, as BackendTLSPolicies target it (for their status); `None` in a
-    /// cluster without BackendTLSPolicies, where no status needs it.
-    pub(super) port: Option<PortKey>,
-}
-
-/// The URL naming a resolved Service. A cluster Service's is kept as its parts and joined
-/// only where it is used: one with ready endpoints is dialled at those, and few rules name the
-/// Service itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum ServiceUrl<'a> {
-    /// The one URL of [`Resolved::urls`]: the Service is dialled at its name.
-    Dialled,
-    Cluster(ClusterUrl<'a>),
-}
-
-/// `<scheme>://<name>.<namespace>.svc.<domain>:<port>`, unwritten.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct ClusterUrl<'a> {
-    scheme: &'static str,
-    name: &'a str,
-    namespace: &'a str,
-    domain: &'a str,
-    port: i32,
-}
-
-impl ClusterUrl<'_> {
-    fn written(self) -> String {
-        super::joined([
-            self.scheme,
-            "://",
-            self.name,
-            ".",
-            self.namespace,
-            ".svc.",
-            self.domain,
-            ":",
-            itoa::Buffer::new().format(self.port),
-        ])
-    }
-}
-
-impl Resolved<'_> {
-    /// The URL naming the Service itself.
-    pub(super) fn into_service_url(mut self) -> String {
-        match self.service_url {
-            ServiceUrl::Dialled => self.urls.pop().unwrap_or_default(),
-            ServiceUrl::Cluster(url) => url.written(),
-        }
-    }
-}
 
 /// Resolves a backendRef of a route of `from` kind in `from_namespace`.
 pub(super) fn resolve<'a>(
@@ -450,7 +268,8 @@ fn endpoint_urls(
             if !ready {
                 continue;
             }
-            let url = if v6 || address.contains(':') {
+            // Addresses are short: a plain scan beats a call to `memchr`.
+            let url = if v6 || address.bytes().any(|b| b == b':') {
                 super::joined([scheme, "://[", address, "]:", target])
             } else {
                 super::joined([scheme, "://", address, ":", target])
@@ -521,19 +340,25 @@ pub(super) fn expand(targets: Vec<WeightedTarget<'_>>) -> Vec<Backend> {
                 tls: r.tls.take(),
                 url: r.into_service_url(),
             }),
-            Ok(r) => {
+            Ok(mut r) => {
                 let n = r.urls.len() as u64;
-                for url in r.urls {
-                    out.push(Backend {
-                        url,
-                        weight: scaled(t.weight, n),
-                        protocol: t.protocol.unwrap_or(r.protocol),
-                        websocket: r.websocket,
-                        public_only: r.public_only,
-                        filters: t.filters.clone(),
-                        tls: r.tls.clone(),
-                        ..Backend::default()
-                    });
+                let backend = |url, filters, tls| Backend {
+                    url,
+                    weight: scaled(t.weight, n),
+                    protocol: t.protocol.unwrap_or(r.protocol),
+                    websocket: r.websocket,
+                    public_only: r.public_only,
+                    filters,
+                    tls,
+                    ..Backend::default()
+                };
+                // The last endpoint takes the filters and TLS settings; the others copy them.
+                let last = r.urls.pop();
+                for url in r.urls.drain(..) {
+                    out.push(backend(url, t.filters.clone(), r.tls.clone()));
+                }
+                if let Some(url) = last {
+                    out.push(backend(url, t.filters, r.tls.take()));
                 }
             }
         }

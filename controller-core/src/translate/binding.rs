@@ -4,10 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use super::gateway::{
-    selector_matches, AllowedNamespaces, OwnedGateway, OwnedGateways, OwnedListener,
-};
+use super::gateway::{OwnedGateway, OwnedGateways};
 use super::hostname::{intersect, Hosts};
+use super::listener::{selector_matches, AllowedNamespaces, OwnedListener};
 use super::listener_set::ListenerSets;
 use super::ownership;
 use super::route::{ParentRefView, RouteView};
@@ -55,9 +54,31 @@ pub(super) struct ParentBinding<'h> {
 pub(super) struct Accepted<'h> {
     pub(super) plane: PlaneKey,
     /// The listeners the route is attached to, with the hosts it serves through each.
-    pub(super) listeners: Vec<(ListenerKey, Hosts<'h>)>,
+    pub(super) listeners: AttachedListeners<'h>,
     /// What the route serves on `plane` through them.
     pub(super) attachment: Attachment<'h>,
+}
+
+/// The listeners of one Gateway a route is accepted on: the attachments found for it, kept
+/// as they are (no list of keys is built per route).
+#[derive(Debug)]
+pub(super) struct AttachedListeners<'h> {
+    gateway: usize,
+    attached: Vec<ListenerAttachment<'h>>,
+}
+
+impl<'h> AttachedListeners<'h> {
+    /// Each listener with the hosts the route serves through it.
+    pub(super) fn into_keyed(self) -> impl Iterator<Item = (ListenerKey, Hosts<'h>)> {
+        let gateway = self.gateway;
+        self.attached.into_iter().map(move |l| {
+            let key = ListenerKey {
+                gateway,
+                index: l.index,
+            };
+            (key, l.hosts)
+        })
+    }
 }
 
 impl<'h> ParentBinding<'h> {
@@ -140,25 +161,21 @@ impl<'h> ParentBinding<'h> {
                     generation,
                 ));
                 let mut attachment = Attachment::default();
-                let mut listeners = Vec::with_capacity(attached.len());
-                // An attached parent is always one of our Gateways.
-                let gateway = self.gateway.unwrap_or_default();
-                for l in attached {
+                for l in &attached {
                     attachment.redirect_ports.insert(l.redirect_port);
                     attachment.schemes.insert(l.scheme);
-                    match &l.hosts {
-                        Hosts::Any => attachment.any_host = true,
-                        Hosts::Some(list) => attachment.hostnames.extend_from_slice(list),
+                    match l.hosts.names() {
+                        None => attachment.any_host = true,
+                        Some(names) => attachment.hostnames.extend_from_slice(names),
                     }
-                    let key = ListenerKey {
-                        gateway,
-                        index: l.index,
-                    };
-                    listeners.push((key, l.hosts));
                 }
                 accepted = Some(Accepted {
                     plane,
-                    listeners,
+                    listeners: AttachedListeners {
+                        // An attached parent is always one of our Gateways.
+                        gateway: self.gateway.unwrap_or_default(),
+                        attached,
+                    },
                     attachment,
                 });
             }
@@ -229,7 +246,8 @@ impl<'h> ListenerClaims<'h> {
     }
 }
 
-/// Attaches a route to our Gateways: one entry per parentRef that names one of them. Nothing
+/// Attaches a route to our Gateways: one entry per parentRef that names one of them, in
+/// `parents`, which it empties first (a list kept for every route's parents). Nothing
 /// is counted on the listeners yet; that waits until the route's rules are translated and it
 /// is known to be accepted. `scheme_listeners` holds each plane's listeners, for listener
 /// isolation across its route table. With `hostname_ownership`, a parent whose listeners would
@@ -241,8 +259,9 @@ pub(super) fn bind<'h>(
     scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners>,
     index: &Index<'_>,
     hostname_ownership: bool,
-) -> Vec<ParentBinding<'h>> {
-    let mut parents = Vec::with_capacity(route.parent_refs.len());
+    parents: &mut Vec<ParentBinding<'h>>,
+) {
+    parents.clear();
     for p in &route.parent_refs {
         if p.group.unwrap_or(GATEWAY_API_GROUP) != GATEWAY_API_GROUP {
             continue;
@@ -310,7 +329,6 @@ pub(super) fn bind<'h>(
             outcome,
         });
     }
-    parents
 }
 
 /// Attaches a route to the listeners of `gw` a parentRef selects: the Gateway's own, or with
@@ -342,7 +360,7 @@ fn attach<'h>(
         .plane
         .as_ref()
         .and_then(|plane| scheme_listeners.get(plane));
-    let mut attached = Vec::new();
+    let mut attached = Vec::with_capacity(gw.listeners.len());
     for (i, l) in gw.listeners.iter().enumerate() {
         if !selected(l) {
             continue;
@@ -360,15 +378,13 @@ fn attach<'h>(
             // Listener isolation: hostnames inside a more specific listener of the route
             // table are left to it; the route stays accepted (see
             // `SchemeListeners::taken_by_more_specific`).
-            let hosts = match (hosts, table) {
-                (Hosts::Some(list), Some(table)) => Hosts::Some(
-                    list.into_iter()
-                        .filter(|h| {
-                            !table.taken_by_more_specific(l.scheme, l.hostname.as_deref(), h)
-                        })
-                        .collect(),
-                ),
-                (hosts, _) => hosts,
+            let taken = |h: &str| {
+                table.is_some_and(|t| t.taken_by_more_specific(l.scheme, l.hostname.as_deref(), h))
+            };
+            let hosts = match hosts {
+                Hosts::One(h) if taken(h) => Hosts::Some(Vec::new()),
+                Hosts::Some(list) => Hosts::Some(list.into_iter().filter(|h| !taken(h)).collect()),
+                hosts => hosts,
             };
             let redirect_port = if l.well_known_port {
                 None

@@ -14,7 +14,7 @@
 
 use cftunnel_config::{BackendProtocol, BackendTls};
 
-use super::backend::{BackendRefError, BackendRefView, Resolved, ServiceUrl};
+use super::backend_ref::{BackendRefError, BackendRefView, Resolved, ServiceUrl};
 use super::backend_tls::{self, CaRef};
 use super::external_name::{self, ExternalNameBackends};
 use super::field::Field;

@@ -1,16 +1,14 @@
-//! Which GatewayClasses and Gateways are ours, listener validation and conflicts, and the
-//! Gateway/listener status (Gateway API `GatewayConditionType`, `ListenerConditionType`).
+//! Which GatewayClasses and Gateways are ours, the conflicts between their listeners (within a
+//! Gateway and across the shared plane), and the Gateway status (Gateway API
+//! `GatewayConditionType`). A listener itself, its validation and status
+//! (`ListenerConditionType`), is [`super::listener`]'s.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::hash::BuildHasher;
 
-use cftunnel_config::valid;
 use gateway_api::experimental::gatewayclasses::GatewayClass;
-use gateway_api::experimental::gateways::{
-    Gateway, GatewayListeners, GatewayListenersAllowedRoutesNamespacesFrom,
-    GatewayListenersAllowedRoutesNamespacesSelector,
-};
+use gateway_api::experimental::gateways::{Gateway, GatewayListeners};
 use hashbrown::HashTable;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use rustc_hash::{FxBuildHasher, FxHashMap};
@@ -19,13 +17,14 @@ use crate::render::Plans;
 
 use super::bundle_version;
 use super::client_certificate;
+use super::listener::{listener, OwnedListener};
 use super::listener_set;
 use super::listener_tls;
 use super::scheme::Scheme;
-use super::status::{Condition, ConditionType, GatewayStatus, ListenerStatus, Reason};
+use super::status::{Condition, ConditionType, GatewayStatus, Reason};
 use super::{
-    Index, ObjectKey, Options, PlaneKey, Precedence, RouteKind, Snapshot, TunnelIdentity,
-    GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND,
+    Index, ObjectKey, Options, PlaneKey, Precedence, Snapshot, TunnelIdentity,
+    GATEWAY_CONFIG_GROUP, GATEWAY_CONFIG_KIND,
 };
 
 /// The owned classes by name; `None` when the class is owned by name only (`--gateway-class-name`)
@@ -78,119 +77,6 @@ pub(super) fn class_conditions(
         ),
     };
     vec![accepted, crd_versions.condition(generation)]
-}
-
-/// Which namespaces a listener admits routes from.
-#[derive(Debug, Clone)]
-pub(super) enum AllowedNamespaces<'a> {
-    Same,
-    All,
-    Selector(&'a GatewayListenersAllowedRoutesNamespacesSelector),
-}
-
-#[derive(Debug)]
-pub(super) struct OwnedListener<'a> {
-    pub(super) name: &'a str,
-    pub(super) port: i32,
-    /// As written (`HTTP`, `HTTPS`, or one we do not serve).
-    pub(super) protocol: &'a str,
-    /// `port` is the well-known port of the listener's protocol (HTTP 80, HTTPS 443).
-    pub(super) well_known_port: bool,
-    /// The scheme the listener's clients use: `https` for an HTTPS listener, else `http`.
-    pub(super) scheme: Scheme,
-    /// Lower-cased.
-    pub(super) hostname: Option<String>,
-    /// Valid, unconflicted and of a supported protocol: routes may attach.
-    pub(super) usable: bool,
-    pub(super) kinds: BTreeSet<RouteKind>,
-    pub(super) namespaces: AllowedNamespaces<'a>,
-    pub(super) attached_routes: i32,
-    /// The ListenerSet the listener comes from; `None` for the Gateway's own.
-    pub(super) set: Option<listener_set::Entry>,
-    /// Why the listener conflicts with another one, until it is reported as `Conflicted`.
-    pub(super) conflict: Option<(Reason, String)>,
-    pub(super) conditions: Vec<Condition>,
-}
-
-impl OwnedListener<'_> {
-    /// Marks the listener conflicted: it serves nothing. The first conflict found is the one
-    /// reported.
-    pub(super) fn conflicts(&mut self, reason: Reason, message: String) {
-        self.usable = false;
-        self.conflict.get_or_insert((reason, message));
-    }
-
-    /// The listener's status as computed so far.
-    pub(super) fn status(&self) -> ListenerStatus {
-        ListenerStatus {
-            name: self.name.to_owned(),
-            attached_routes: self.attached_routes,
-            supported_kinds: self.kinds.iter().map(|k| k.as_str().to_owned()).collect(),
-            conditions: self.conditions.clone(),
-        }
-    }
-
-    /// Marks the listener's references unresolved (its certificates, see [`listener_tls`]): it
-    /// serves nothing. A route-kinds problem already reported keeps its place.
-    fn refs_unresolved(&mut self, reason: Reason, message: String) {
-        self.usable = false;
-        if let Some(c) = self
-            .conditions
-            .iter_mut()
-            .find(|c| c.kind == ConditionType::ResolvedRefs && c.status)
-        {
-            c.status = false;
-            c.reason = reason;
-            c.message = message;
-        }
-    }
-
-    /// Adds the conditions that wait for every conflict to be known: Conflicted, Programmed.
-    fn settle(&mut self, generation: Option<i64>) {
-        if self.set.is_some() {
-            return listener_set::settle_entry(self);
-        }
-        match self.conflict.take() {
-            Some((reason, message)) => {
-                self.conditions.push(Condition::new(
-                    ConditionType::Conflicted,
-                    true,
-                    reason,
-                    message,
-                    generation,
-                ));
-                self.push_programmed(generation);
-            }
-            None => self.push_unconflicted(generation),
-        }
-    }
-
-    /// Conflicted=False, then Programmed as the listener's usability says.
-    pub(super) fn push_unconflicted(&mut self, generation: Option<i64>) {
-        self.conditions.push(Condition::new(
-            ConditionType::Conflicted,
-            false,
-            Reason::NoConflicts,
-            "",
-            generation,
-        ));
-        self.push_programmed(generation);
-    }
-
-    fn push_programmed(&mut self, generation: Option<i64>) {
-        let programmed = self.usable;
-        self.conditions.push(Condition::new(
-            ConditionType::Programmed,
-            programmed,
-            if programmed {
-                Reason::Programmed
-            } else {
-                Reason::Invalid
-            },
-            "",
-            generation,
-        ));
-    }
 }
 
 #[derive(Debug)]
@@ -438,7 +324,7 @@ pub(super) fn owned_gateways<'a>(
             }
         }
         owned.client_certificate = client_certificate::resolve(gw, ns, index);
-        sets.extend(&mut owned);
+        sets.extend(&owned.key, &mut owned.listeners);
         out.insert(key, owned);
     }
     mark_shared_plane_conflicts(&mut out);
@@ -520,116 +406,6 @@ fn owned_gateway<'a>(
         refused,
         client_certificate: None,
         conditions: Vec::new(),
-    }
-}
-
-pub(super) fn listener(l: &GatewayListeners, generation: Option<i64>) -> OwnedListener<'_> {
-    let mut conditions = Vec::new();
-    // TLS terminates at the Cloudflare edge: the data plane sees HTTPS listeners as HTTP.
-    let supported_protocol = matches!(l.protocol.as_str(), "HTTP" | "HTTPS");
-    let problem = if !supported_protocol {
-        Some((
-            Reason::UnsupportedProtocol,
-            format!("protocol {} is not supported (HTTP, HTTPS)", l.protocol),
-        ))
-    } else {
-        l.hostname
-            .as_deref()
-            .and_then(|h| valid::check_hostname(h).err())
-            .map(|e| (Reason::UnsupportedValue, format!("hostname: {e}")))
-    };
-    let valid = problem.is_none();
-    match problem {
-        None => conditions.push(Condition::new(
-            ConditionType::Accepted,
-            true,
-            Reason::Accepted,
-            "",
-            generation,
-        )),
-        Some((reason, message)) => conditions.push(Condition::new(
-            ConditionType::Accepted,
-            false,
-            reason,
-            message,
-            generation,
-        )),
-    }
-
-    let allowed = l.allowed_routes.as_ref();
-    let mut kinds = BTreeSet::new();
-    let mut invalid_kinds = Vec::new();
-    match allowed.and_then(|a| a.kinds.as_ref()) {
-        Some(requested) if !requested.is_empty() => {
-            for k in requested {
-                let group_ok = k.group.as_deref().unwrap_or(GATEWAY_API_GROUP) == GATEWAY_API_GROUP;
-                match (group_ok, k.kind.as_str()) {
-                    (true, "HTTPRoute") => {
-                        kinds.insert(RouteKind::Http);
-                    }
-                    (true, "GRPCRoute") => {
-                        kinds.insert(RouteKind::Grpc);
-                    }
-                    _ => invalid_kinds.push(k.kind.clone()),
-                }
-            }
-        }
-        _ => {
-            kinds.insert(RouteKind::Http);
-            kinds.insert(RouteKind::Grpc);
-        }
-    }
-    if invalid_kinds.is_empty() {
-        conditions.push(Condition::new(
-            ConditionType::ResolvedRefs,
-            true,
-            Reason::ResolvedRefs,
-            "",
-            generation,
-        ));
-    } else {
-        conditions.push(Condition::new(
-            ConditionType::ResolvedRefs,
-            false,
-            Reason::InvalidRouteKinds,
-            format!("unsupported route kinds: {}", invalid_kinds.join(", ")),
-            generation,
-        ));
-    }
-
-    let namespaces = match allowed.and_then(|a| a.namespaces.as_ref()) {
-        None => AllowedNamespaces::Same,
-        Some(ns) => match (&ns.from, &ns.selector) {
-            (Some(GatewayListenersAllowedRoutesNamespacesFrom::All), _) => AllowedNamespaces::All,
-            (Some(GatewayListenersAllowedRoutesNamespacesFrom::Selector), Some(sel)) => {
-                AllowedNamespaces::Selector(sel)
-            }
-            _ => AllowedNamespaces::Same,
-        },
-    };
-
-    if !supported_protocol {
-        // The listener serves no route kind of ours (e.g. TLS passthrough wants TLSRoute).
-        kinds.clear();
-    }
-    OwnedListener {
-        name: &l.name,
-        port: l.port,
-        protocol: &l.protocol,
-        well_known_port: matches!((l.protocol.as_str(), l.port), ("HTTP", 80) | ("HTTPS", 443)),
-        scheme: if l.protocol == "HTTPS" {
-            Scheme::Https
-        } else {
-            Scheme::Http
-        },
-        hostname: l.hostname.as_deref().map(str::to_ascii_lowercase),
-        usable: valid,
-        kinds,
-        namespaces,
-        attached_routes: 0,
-        set: None,
-        conflict: None,
-        conditions,
     }
 }
 
@@ -737,55 +513,49 @@ pub(super) const NO_ROUTE_STATUS: u16 = 404;
 /// last-resort rule that answers 404 instead of falling through to other listeners. It is a
 /// regular expression match placed after every route rule, so any route rule of the same
 /// hostname outranks it. Each comes with its listener's scheme.
-pub(super) fn listener_isolation_rules(
-    gw: &OwnedGateway<'_>,
-) -> Vec<(String, Scheme, cftunnel_config::Rule)> {
+///
+/// These are the listeners of `gw` that get one, with their hostnames: one rule serves a
+/// hostname for every listener of it on a plane, so the caller builds it
+/// ([`listener_isolation_rule`]) only for the first.
+pub(super) fn isolated_listeners<'g, 'a>(
+    gw: &'g OwnedGateway<'a>,
+) -> impl Iterator<Item = (&'g str, &'g OwnedListener<'a>)> + 'g {
     gw.listeners
         .iter()
         .filter(|l| l.usable)
-        .filter_map(|l| {
-            let hostname = l.hostname.clone()?;
-            let rule = cftunnel_config::Rule {
-                hostnames: vec![hostname.clone()],
-                matches: vec![cftunnel_config::Match {
-                    path: Some(cftunnel_config::PathMatch {
-                        kind: cftunnel_config::PathMatchType::RegularExpression,
-                        value: ".*".to_owned(),
-                    }),
-                    ..cftunnel_config::Match::default()
-                }],
-                unavailable_status: Some(NO_ROUTE_STATUS),
-                name: Some(match &l.set {
-                    None => format!("{}/listener:{}", gw.key, l.name),
-                    Some(entry) => format!("{}/listenerset-listener:{}", entry.set, l.name),
-                }),
-                ..cftunnel_config::Rule::default()
-            };
-            Some((hostname, l.scheme, rule))
-        })
-        .collect()
+        .filter_map(|l| Some((l.hostname.as_deref()?, l)))
 }
 
-/// Whether a label selector matches `labels` (matchLabels and matchExpressions ANDed).
-pub(super) fn selector_matches(
-    selector: &GatewayListenersAllowedRoutesNamespacesSelector,
-    labels: Option<&BTreeMap<String, String>>,
-) -> bool {
-    let get = |k: &str| labels.and_then(|l| l.get(k));
-    let labels_ok = selector
-        .match_labels
-        .iter()
-        .flatten()
-        .all(|(k, v)| get(k) == Some(v));
-    let expressions_ok = selector.match_expressions.iter().flatten().all(|e| {
-        let values = e.values.as_deref().unwrap_or_default();
-        match e.operator.as_str() {
-            "In" => get(&e.key).is_some_and(|v| values.contains(v)),
-            "NotIn" => get(&e.key).is_none_or(|v| !values.contains(v)),
-            "Exists" => get(&e.key).is_some(),
-            "DoesNotExist" => get(&e.key).is_none(),
-            _ => false,
-        }
-    });
-    labels_ok && expressions_ok
+/// The listener-isolation rule of `hostname`, named after listener `l` of `gw` (see
+/// [`isolated_listeners`]).
+pub(super) fn listener_isolation_rule(
+    gw: &OwnedGateway<'_>,
+    l: &OwnedListener<'_>,
+    hostname: &str,
+) -> cftunnel_config::Rule {
+    // `<namespace>/<name>/listener:<listener>`, or the ListenerSet's key and
+    // `listenerset-listener:` for one of its listeners.
+    let (owner, kind) = match &l.set {
+        None => (&gw.key, "/listener:"),
+        Some(entry) => (&entry.set, "/listenerset-listener:"),
+    };
+    cftunnel_config::Rule {
+        hostnames: vec![hostname.to_owned()],
+        matches: vec![cftunnel_config::Match {
+            path: Some(cftunnel_config::PathMatch {
+                kind: cftunnel_config::PathMatchType::RegularExpression,
+                value: ".*".to_owned(),
+            }),
+            ..cftunnel_config::Match::default()
+        }],
+        unavailable_status: Some(NO_ROUTE_STATUS),
+        name: Some(super::joined([
+            &owner.namespace,
+            "/",
+            &owner.name,
+            kind,
+            l.name,
+        ])),
+        ..cftunnel_config::Rule::default()
+    }
 }

@@ -5,19 +5,39 @@
 
 /// The hosts a route serves through one listener, borrowed from the route's hostnames or the
 /// listener's: a route's rules copy them once, into each rule.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(super) enum Hosts<'h> {
     Any,
+    /// One host: most routes name one hostname, which then takes no list.
+    One(&'h str),
     Some(Vec<&'h str>),
 }
 
-impl Hosts<'_> {
+/// The same hosts, however they are held.
+impl PartialEq for Hosts<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.names() == other.names()
+    }
+}
+
+impl Eq for Hosts<'_> {}
+
+impl<'h> Hosts<'h> {
+    /// The hosts; `None` for any host.
+    pub(super) fn names(&self) -> Option<&[&'h str]> {
+        match self {
+            Self::Any => None,
+            Self::One(name) => Some(std::slice::from_ref(name)),
+            Self::Some(list) => Some(list),
+        }
+    }
+
     /// Whether the two share a host.
     pub(super) fn intersects(&self, other: &Self) -> bool {
-        match (self, other) {
-            (Self::Any, Self::Any) => true,
-            (Self::Any, Self::Some(list)) | (Self::Some(list), Self::Any) => !list.is_empty(),
-            (Self::Some(a), Self::Some(b)) => a
+        match (self.names(), other.names()) {
+            (None, None) => true,
+            (None, Some(list)) | (Some(list), None) => !list.is_empty(),
+            (Some(a), Some(b)) => a
                 .iter()
                 .any(|x| b.iter().any(|y| intersect_one(x, y).is_some())),
         }
@@ -30,11 +50,13 @@ pub(super) fn intersect<'h, S: AsRef<str>>(
     listener: Option<&'h str>,
     route: &'h [S],
 ) -> Option<Hosts<'h>> {
-    match (listener, route.is_empty()) {
-        (None, true) => Some(Hosts::Any),
-        (None, false) => Some(Hosts::Some(route.iter().map(AsRef::as_ref).collect())),
-        (Some(l), true) => Some(Hosts::Some(vec![l])),
-        (Some(l), false) => {
+    match (listener, route) {
+        (None, []) => Some(Hosts::Any),
+        (None, [one]) => Some(Hosts::One(one.as_ref())),
+        (None, _) => Some(Hosts::Some(route.iter().map(AsRef::as_ref).collect())),
+        (Some(l), []) => Some(Hosts::One(l)),
+        (Some(l), [one]) => intersect_one(l, one.as_ref()).map(Hosts::One),
+        (Some(l), _) => {
             let hosts: Vec<&str> = route
                 .iter()
                 .filter_map(|r| intersect_one(l, r.as_ref()))

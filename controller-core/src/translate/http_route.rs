@@ -19,7 +19,8 @@ use gateway_api::experimental::httproutes::{
     HttpRouteRulesMatchesQueryParamsType,
 };
 
-use super::backend::{self, BackendRefError, BackendRefView, WeightedTarget};
+use super::backend::{self, WeightedTarget};
+use super::backend_ref::{BackendRefError, BackendRefView};
 use super::backend_tls::PortKey;
 use super::field::Field;
 use super::route::RouteView;

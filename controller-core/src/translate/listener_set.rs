@@ -22,16 +22,9 @@ use gateway_api::experimental::gateways::{
 use gateway_api::experimental::listenersets::ListenerSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::gateway::{selector_matches, OwnedGateway, OwnedGateways, OwnedListener};
+use super::listener::{self, selector_matches, Entry, OwnedListener};
 use super::status::{Condition, ConditionType, ListenerSetStatus, Reason};
 use super::{Index, ObjectKey, Precedence, Snapshot, GATEWAY_API_GROUP};
-
-/// Where a listener of a Gateway comes from when a ListenerSet brought it.
-#[derive(Debug, Clone)]
-pub(super) struct Entry {
-    pub(super) set: ObjectKey,
-    generation: Option<i64>,
-}
 
 /// One ListenerSet whose parent is one of our Gateways, judged against it.
 #[derive(Debug)]
@@ -121,32 +114,33 @@ impl ListenerSets {
         })
     }
 
-    /// Appends to `gw`'s listeners those of the ListenerSets it admits, in precedence order,
-    /// marking each that conflicts with a listener before it.
-    pub(super) fn extend<'a>(&'a self, gw: &mut OwnedGateway<'a>) {
-        for set in self.sets.iter().filter(|s| s.gateway == gw.key) {
+    /// Appends to `owned`, the listeners of Gateway `gateway`, those of the ListenerSets it
+    /// admits, in precedence order, marking each that conflicts with a listener before it.
+    pub(super) fn extend<'a>(&'a self, gateway: &ObjectKey, owned: &mut Vec<OwnedListener<'a>>) {
+        for set in self.sets.iter().filter(|s| s.gateway == *gateway) {
             let Ok(listeners) = &set.listeners else {
                 continue;
             };
             for spec in listeners {
-                let mut l = super::gateway::listener(spec, set.generation);
+                let mut l = listener::listener(spec, set.generation);
                 l.set = Some(Entry {
                     set: set.key.clone(),
                     generation: set.generation,
                 });
-                if let Some((reason, message)) = conflict(&gw.listeners, &l) {
+                if let Some((reason, message)) = conflict(owned, &l) {
                     l.conflicts(reason, message);
                 }
-                gw.listeners.push(l);
+                owned.push(l);
             }
         }
     }
 
     /// Each ListenerSet's status, and for each Gateway how many of its ListenerSets are
-    /// accepted (`attachedListenerSets`). Read once routes are counted on the listeners.
-    pub(super) fn statuses(
+    /// accepted (`attachedListenerSets`). Read once routes are counted on the listeners:
+    /// `gateway` gives each of our Gateways' acceptance and listeners, by key.
+    pub(super) fn statuses<'g>(
         &self,
-        gateways: &OwnedGateways<'_>,
+        gateway: impl Fn(&ObjectKey) -> Option<(bool, &'g [OwnedListener<'g>])>,
     ) -> (
         BTreeMap<ObjectKey, ListenerSetStatus>,
         BTreeMap<ObjectKey, i32>,
@@ -154,12 +148,11 @@ impl ListenerSets {
         let mut statuses = BTreeMap::new();
         let mut attached: BTreeMap<ObjectKey, i32> = BTreeMap::new();
         for set in &self.sets {
-            let Some(gw) = gateways.get(&set.gateway) else {
+            let Some((gateway_accepted, gateway_listeners)) = gateway(&set.gateway) else {
                 continue;
             };
             let listeners: Vec<&OwnedListener<'_>> = match &set.listeners {
-                Ok(_) => gw
-                    .listeners
+                Ok(_) => gateway_listeners
                     .iter()
                     .filter(|l| l.set.as_ref().is_some_and(|e| e.set == set.key))
                     .collect(),
@@ -167,9 +160,9 @@ impl ListenerSets {
             };
             let refused = match &set.listeners {
                 Err(refused) => Some(refused.clone()),
-                Ok(_) if !gw.accepted() => Some((
+                Ok(_) if !gateway_accepted => Some((
                     Reason::ParentNotAccepted,
-                    format!("Gateway {} is not accepted", gw.key),
+                    format!("Gateway {} is not accepted", set.gateway),
                 )),
                 Ok(_) if listeners.iter().all(|l| !l.usable) => {
                     Some((Reason::ListenersNotValid, "no listener is valid".to_owned()))
@@ -316,42 +309,4 @@ fn conflict(before: &[OwnedListener<'_>], l: &OwnedListener<'_>) -> Option<(Reas
                 None
             }
         })
-}
-
-/// Adds a ListenerSet listener's conditions that wait for every conflict to be known. A
-/// conflicted one is not accepted either, and says why in each condition.
-pub(super) fn settle_entry(l: &mut OwnedListener<'_>) {
-    let generation = l.set.as_ref().and_then(|e| e.generation);
-    match l.conflict.take() {
-        Some((reason, message)) => {
-            for c in l
-                .conditions
-                .iter_mut()
-                .filter(|c| c.kind == ConditionType::Accepted)
-            {
-                *c = Condition::new(
-                    ConditionType::Accepted,
-                    false,
-                    reason,
-                    message.clone(),
-                    generation,
-                );
-            }
-            l.conditions.push(Condition::new(
-                ConditionType::Conflicted,
-                true,
-                reason,
-                message.clone(),
-                generation,
-            ));
-            l.conditions.push(Condition::new(
-                ConditionType::Programmed,
-                false,
-                reason,
-                message,
-                generation,
-            ));
-        }
-        None => l.push_unconflicted(generation),
-    }
 }

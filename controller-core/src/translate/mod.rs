@@ -13,6 +13,7 @@
 //! callers that apply nothing.
 
 mod backend;
+mod backend_ref;
 mod backend_tls;
 mod binding;
 pub mod bundle_version;
@@ -25,6 +26,7 @@ mod gateway;
 mod grpc_route;
 mod hostname;
 mod http_route;
+mod listener;
 mod listener_set;
 mod listener_tls;
 pub mod ownership;
@@ -62,7 +64,7 @@ pub use crate::snapshot::{
     ObjectKey, Snapshot, EXPERIMENTAL_GATEWAY_API_GROUP, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP,
     GATEWAY_CONFIG_KIND,
 };
-pub use backend::BackendRefError;
+pub use backend_ref::BackendRefError;
 pub use external_name::ExternalNameBackends;
 pub use features::SUPPORTED_FEATURES;
 pub use rule::RuleError;
@@ -101,7 +103,7 @@ pub struct Options {
     /// see [`ownership`]).
     pub hostname_ownership: bool,
     /// Owned GatewayClasses whose `parametersRef` cannot be used, with why: `Accepted=False`
-    /// (`InvalidParameters`). Settled by [`crate::gateway_class_config::settle`], whose
+    /// (`InvalidParameters`). Settled by [`crate::class_parameters::settle`], whose
     /// settings the caller runs the shared plane with.
     pub refused_classes: BTreeMap<String, String>,
 }
@@ -131,6 +133,8 @@ struct Precedence<'a> {
     created: Option<&'a Time>,
     namespace: &'a str,
     name: &'a str,
+    /// See [`Precedence::keyed`].
+    leading: Option<u64>,
 }
 
 impl<'a> Precedence<'a> {
@@ -139,6 +143,26 @@ impl<'a> Precedence<'a> {
             created,
             namespace,
             name,
+            leading: None,
+        }
+    }
+
+    /// [`Precedence::new`] for an object compared many times (routes are sorted by it): the
+    /// first eight bytes of `{namespace}/{name}`, zero-padded, are kept as one number. Where
+    /// two such numbers differ, they order the objects as the joined strings do, in one
+    /// comparison instead of a walk of the names; where they are equal, the names decide.
+    fn keyed(created: Option<&'a Time>, namespace: &'a str, name: &'a str) -> Self {
+        let mut leading = [0u8; 8];
+        let joined = namespace
+            .bytes()
+            .chain(std::iter::once(b'/'))
+            .chain(name.bytes());
+        for (slot, b) in leading.iter_mut().zip(joined) {
+            *slot = b;
+        }
+        Self {
+            leading: Some(u64::from_be_bytes(leading)),
+            ..Self::new(created, namespace, name)
         }
     }
 
@@ -167,7 +191,12 @@ impl Ord for Precedence<'_> {
     fn cmp(&self, other: &Self) -> Ordering {
         (self.created.is_none(), self.created)
             .cmp(&(other.created.is_none(), other.created))
-            .then_with(|| self.cmp_joined(other))
+            .then_with(|| match (self.leading, other.leading) {
+                // A byte that differs within the first eight decides as it does in the joined
+                // strings (a string that ended there has the lesser, zero, byte).
+                (Some(a), Some(b)) if a != b => a.cmp(&b),
+                _ => self.cmp_joined(other),
+            })
     }
 }
 
@@ -362,8 +391,11 @@ fn translate_checked(
     let tunnels = Tunnels::new(&gateways, options.shared_tunnel);
     let scheme_listeners = scheme_listeners(&gateways, &tunnels);
 
-    let mut routes = route::collect_routes(snapshot);
-    routes.sort_by(|a, b| a.precedence_cmp(b));
+    let routes = route::collect_routes(snapshot);
+    // In precedence order, by reference: sorting the views themselves moved each, a couple of
+    // hundred bytes, a dozen times.
+    let mut ordered: Vec<&route::RouteView<'_>> = routes.iter().collect();
+    ordered.sort_by(|a, b| a.precedence_cmp(b));
 
     let mut rules_by_plane: BTreeMap<PlaneKey, plane_rules::PlaneRules> = BTreeMap::new();
     // The shared plane, which most routes reach, has room for every route's rules from the
@@ -380,14 +412,24 @@ fn translate_checked(
     // however many of its parentRefs select that listener. Counted once every route is bound,
     // so that the routes' attachments may borrow the listeners' hostnames meanwhile.
     let mut attached_routes: Vec<binding::ListenerKey> = Vec::with_capacity(routes.len());
-    for (position, route) in routes.iter().enumerate() {
-        let bound = binding::bind(
+    // Each route's planes, by plane and the Secret of the client certificate the Gateway
+    // presents to backends, in that order once settled: a route reaches few. One list for
+    // every route, emptied by each.
+    let mut route_planes: Vec<((PlaneKey, Option<ObjectKey>), Attachment<'_>)> = Vec::new();
+    // Each route's parents, as bound: one list for every route, emptied by each.
+    let mut bound = Vec::new();
+    // What each route lost to older ones; left empty by each route (most lose nothing, and
+    // dropping an empty one per route cost more than keeping one).
+    let mut shadowed = shadow::Shadowed::default();
+    for (position, route) in ordered.into_iter().enumerate() {
+        binding::bind(
             route,
             &gateways,
             &listener_sets,
             &scheme_listeners,
             &index,
             options.hostname_ownership,
+            &mut bound,
         );
         if bound.is_empty() {
             continue;
@@ -402,11 +444,9 @@ fn translate_checked(
         };
         let route_key = route.key();
         let mut parents = Vec::with_capacity(bound.len());
-        // By plane and the Secret of the client certificate the Gateway presents to backends,
-        // in that order once settled: a route reaches few.
-        let mut planes: Vec<((PlaneKey, Option<ObjectKey>), Attachment<'_>)> = Vec::new();
+        route_planes.clear();
         let listeners_from = attached_routes.len();
-        for mut parent in bound {
+        for mut parent in bound.drain(..) {
             parent.yield_to_other_kind(route.kind, &claims);
             let position = parent.gateway();
             let (mut status, accepted) = parent.into_status(&translated, route.generation);
@@ -426,7 +466,7 @@ fn translate_checked(
                 ));
             }
             parents.push(status);
-            for (listener, hosts) in accepted.listeners {
+            for (listener, hosts) in accepted.listeners.into_keyed() {
                 claims.claim(&route_key, &listener, hosts);
                 attached_routes.push(listener);
             }
@@ -450,9 +490,9 @@ fn translate_checked(
             }
             let certificate = gw.backend_certificate().map(|c| c.secret.clone());
             let key = (accepted.plane, certificate);
-            match planes.iter_mut().find(|(k, _)| *k == key) {
+            match route_planes.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, attachment)) => attachment.merge(accepted.attachment),
-                None => planes.push((key, accepted.attachment)),
+                None => route_planes.push((key, accepted.attachment)),
             }
         }
         // Each listener once for this route.
@@ -460,29 +500,26 @@ fn translate_checked(
         counted.sort_unstable();
         let distinct = listeners_from + partition_dedup(counted);
         attached_routes.truncate(distinct);
-        planes.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
-        let mut shadowed = shadow::Shadowed::default();
+        route_planes.sort_unstable_by(|(a, _), (b, _)| a.cmp(b));
         // Only accepted parents contribute planes; where every hostname of the route belongs
         // to more specific listeners, the plane gets none of its rules. Every plane on the
         // tunnel gets the route: the edge may hand its requests to any of the tunnel's
         // connectors.
-        // Kept in place: the list is only filtered.
-        let planes: Vec<_> = planes
-            .into_iter()
-            .filter(|(_, attachment)| attachment.any_host || !attachment.hostnames.is_empty())
-            .map(|(plane, mut attachment)| {
+        route_planes.retain_mut(|(_, attachment)| {
+            let serves = attachment.any_host || !attachment.hostnames.is_empty();
+            if serves {
                 attachment.settle();
-                (plane, attachment)
-            })
-            .collect();
+            }
+            serves
+        });
         // The templates are copied into each plane but the last, which takes them.
-        let mut uses_left: usize = planes
+        let mut uses_left: usize = route_planes
             .iter()
             .map(|((plane, _), _)| tunnels.planes_with(plane).count())
             .sum();
         let has_rules = !translated.rules.is_empty();
         let mut templates = std::mem::take(&mut translated.rules);
-        for ((plane, certificate), attachment) in planes {
+        for ((plane, certificate), attachment) in route_planes.drain(..) {
             let certificate = certificate.and_then(|c| client_certificates.get(&c));
             for target in tunnels.planes_with(&plane) {
                 uses_left -= 1;
@@ -523,6 +560,7 @@ fn translate_checked(
         }
         if !shadowed.is_empty() {
             let message = shadowed.message();
+            shadowed = shadow::Shadowed::default();
             for parent in &mut parents {
                 if parent
                     .condition(ConditionType::Accepted)
@@ -554,20 +592,24 @@ fn translate_checked(
 
     // One isolation rule per listener hostname and plane, after every route rule, with the
     // schemes of the listeners of that hostname.
-    type Isolation = BTreeMap<String, (scheme::Schemes, cftunnel_config::Rule)>;
-    let mut isolation: BTreeMap<PlaneKey, Isolation> = BTreeMap::new();
+    // The rule of a hostname is built for its first listener; the others add their schemes.
+    type Isolation<'g> = BTreeMap<&'g str, (scheme::Schemes, cftunnel_config::Rule)>;
+    let mut isolation: BTreeMap<PlaneKey, Isolation<'_>> = BTreeMap::new();
     for gw in gateways.values() {
         let Some(plane) = &gw.plane else {
             continue;
         };
         for target in tunnels.planes_with(plane) {
             let hosts = isolation.entry(target.clone()).or_default();
-            for (hostname, scheme, rule) in gateway::listener_isolation_rules(gw) {
+            for (hostname, l) in gateway::isolated_listeners(gw) {
                 hosts
                     .entry(hostname)
-                    .or_insert_with(|| (scheme::Schemes::default(), rule))
+                    .or_insert_with(|| {
+                        let rule = gateway::listener_isolation_rule(gw, l, hostname);
+                        (scheme::Schemes::default(), rule)
+                    })
                     .0
-                    .insert(scheme);
+                    .insert(l.scheme);
             }
         }
     }
@@ -590,13 +632,16 @@ fn translate_checked(
         let listeners = scheme_listeners.get(plane);
         for (hostname, (schemes, rule)) in isolated {
             config.rules.push(match listeners {
-                Some(listeners) => listeners.scope_isolation(rule, &hostname, schemes),
+                Some(listeners) => listeners.scope_isolation(rule, hostname, schemes),
                 None => rule,
             });
             owned_by.push(None);
         }
     }
-    let (set_statuses, attached_sets) = listener_sets.statuses(&gateways);
+    let (set_statuses, attached_sets) = listener_sets.statuses(|key| {
+        let gw = gateways.get(key)?;
+        Some((gw.accepted(), gw.listeners.as_slice()))
+    });
     statuses.listener_sets = set_statuses;
     for gw in gateways.into_values() {
         let attached = attached_sets.get(&gw.key).copied().unwrap_or_default();
@@ -853,7 +898,13 @@ impl<'a> Index<'a> {
                 .and_then(|l| l.get(SERVICE_NAME_LABEL))
                 .map(String::as_str);
             if let (Some(ns), Some(svc)) = (ns, svc) {
-                services.entry((ns, svc)).or_default().slices.push(slice);
+                let slices = &mut services.entry((ns, svc)).or_default().slices;
+                // Most Services have one slice: a list of one, without the growth path.
+                if slices.is_empty() {
+                    *slices = vec![slice];
+                } else {
+                    slices.push(slice);
+                }
             }
         }
         for objects in services.values_mut() {

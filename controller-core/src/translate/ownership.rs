@@ -64,6 +64,7 @@ pub(super) fn refusal(
              for ({LABEL_PREFIX}<suffix>: \"true\"), and this route would serve every host: \
              give it spec.hostnames"
         )),
+        Hosts::One(name) => names_refusal(&[name], namespace, labels),
         Hosts::Some(list) => names_refusal(list, namespace, labels),
     }
 }

@@ -7,13 +7,9 @@ use cftunnel_config::Rule;
 use hashbrown::HashTable;
 use rustc_hash::FxBuildHasher;
 
-use super::rule::Placement;
+use super::rule::{Placed, Placement};
 use super::shadow::{FirstClaims, Shadowed};
 use super::RouteKey;
-
-/// Each rule with the route it comes from, and its placement when that is a GRPCRoute (see
-/// [`super::grpc_route::order`]).
-pub(super) type Placed = (Option<Placement>, (Rule, RouteKey));
 
 #[derive(Debug, Default)]
 pub(super) struct PlaneRules {

@@ -8,7 +8,6 @@ use std::cmp::Ordering;
 use cftunnel_config::valid;
 use gateway_api::experimental::grpcroutes::GrpcRoute;
 use gateway_api::experimental::httproutes::HttpRoute;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::{ObjectKey, Precedence, RouteKey, RouteKind, Snapshot};
 
@@ -36,7 +35,8 @@ pub(super) struct RouteView<'a> {
     pub(super) kind: RouteKind,
     pub(super) namespace: &'a str,
     pub(super) name: &'a str,
-    pub(super) created: Option<&'a Time>,
+    /// Its place in precedence, kept for the sort of every route.
+    precedence: Precedence<'a>,
     pub(super) generation: Option<i64>,
     /// Lower-cased: borrowed where the route wrote them so, as it almost always does.
     pub(super) hostnames: Vec<Cow<'a, str>>,
@@ -66,8 +66,8 @@ impl<'a> RouteView<'a> {
     /// Gateway API precedence across routes (see [`Precedence`]); the kind breaks the last tie
     /// so the order is total.
     pub(super) fn precedence_cmp(&self, other: &Self) -> Ordering {
-        Precedence::new(self.created, self.namespace, self.name)
-            .cmp(&Precedence::new(other.created, other.namespace, other.name))
+        self.precedence
+            .cmp(&other.precedence)
             .then_with(|| self.kind.cmp(&other.kind))
     }
 }
@@ -82,7 +82,11 @@ macro_rules! route_view {
                 kind: $kind,
                 namespace,
                 name,
-                created: r.metadata.creation_timestamp.as_ref(),
+                precedence: Precedence::keyed(
+                    r.metadata.creation_timestamp.as_ref(),
+                    namespace,
+                    name,
+                ),
                 generation: r.metadata.generation,
                 hostnames: lower(r.spec.hostnames.as_deref()),
                 invalid_hostnames: invalid_hostnames(r.spec.hostnames.as_deref()),

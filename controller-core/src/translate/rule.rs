@@ -8,10 +8,10 @@ use std::collections::BTreeSet;
 
 use cftunnel_config::{valid, Rule};
 
-use super::backend::BackendRefError;
+use super::backend_ref::BackendRefError;
 use super::backend_tls::PortKey;
 use super::status::{Condition, ConditionType, Reason};
-use super::Attachment;
+use super::{Attachment, RouteKey};
 
 /// Why a rule is refused (dropped from the config; the route reports `PartiallyInvalid`, or
 /// `Accepted=False` when no rule is left).
@@ -180,3 +180,9 @@ pub(super) type Placement = (
     usize,
     usize,
 );
+
+/// A rule placed on a plane, with the route it comes from, and its placement when that is a
+/// GRPCRoute (see [`super::grpc_route::order`]). A plane keeps them in the order they were
+/// placed ([`super::plane_rules`]); the shadowing claims refer to them by position
+/// ([`super::shadow`]).
+pub(super) type Placed = (Option<Placement>, (Rule, RouteKey));

@@ -312,9 +312,19 @@ fn require(rule: &mut Rule, schemes: Schemes) {
     }
     if let Some((last, others)) = rule.matches.split_last_mut() {
         for m in others {
-            m.headers.push(header.clone());
+            add_header(&mut m.headers, header.clone());
         }
-        last.headers.push(header);
+        add_header(&mut last.headers, header);
+    }
+}
+
+/// Pushes `header`; to a match without headers, most of them, as a list of one, without the
+/// growth path.
+fn add_header(headers: &mut Vec<ValueMatch>, header: ValueMatch) {
+    if headers.is_empty() {
+        *headers = vec![header];
+    } else {
+        headers.push(header);
     }
 }
 

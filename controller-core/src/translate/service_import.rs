@@ -10,7 +10,7 @@
 
 use cftunnel_config::{BackendProtocol, BackendTls};
 
-use super::backend::{BackendRefError, BackendRefView, Resolved, ServiceUrl};
+use super::backend_ref::{BackendRefError, BackendRefView, Resolved, ServiceUrl};
 use super::field::Field;
 use super::{Index, RouteKind};
 use crate::service_import::{CLUSTERSET_DOMAIN, MULTICLUSTER_GROUP, SERVICE_IMPORT_KIND};
@@ -78,10 +78,10 @@ pub(super) fn resolve(
     };
     let host = format!("{}.{namespace}.svc.{CLUSTERSET_DOMAIN}", r.name);
     let app_protocol = exported.app_protocol.as_deref();
-    let tls = (port == super::backend::HTTPS_PORT
+    let tls = (port == super::backend_ref::HTTPS_PORT
         || matches!(
             app_protocol,
-            Some(super::backend::APP_PROTOCOL_HTTPS | super::backend::APP_PROTOCOL_WSS)
+            Some(super::backend_ref::APP_PROTOCOL_HTTPS | super::backend_ref::APP_PROTOCOL_WSS)
         ))
     .then(|| BackendTls {
         server_name: Some(host.clone()),
@@ -92,14 +92,14 @@ pub(super) fn resolve(
     Ok(Resolved {
         urls: vec![url],
         service_url: ServiceUrl::Dialled,
-        protocol: if app_protocol == Some(super::backend::APP_PROTOCOL_H2C) {
+        protocol: if app_protocol == Some(super::backend_ref::APP_PROTOCOL_H2C) {
             BackendProtocol::H2c
         } else {
             BackendProtocol::Http1
         },
         websocket: matches!(
             app_protocol,
-            Some(super::backend::APP_PROTOCOL_WS | super::backend::APP_PROTOCOL_WSS)
+            Some(super::backend_ref::APP_PROTOCOL_WS | super::backend_ref::APP_PROTOCOL_WSS)
         ),
         public_only: false,
         tls,

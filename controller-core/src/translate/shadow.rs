@@ -15,7 +15,7 @@ use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
 use rustc_hash::FxBuildHasher;
 
-use super::plane_rules::Placed;
+use super::rule::Placed;
 use super::RouteKey;
 
 /// The host a rule of any host is placed on.

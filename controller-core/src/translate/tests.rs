@@ -3636,4 +3636,16 @@ proptest::proptest! {
         let right = Precedence::new(None, &c, &d);
         proptest::prop_assert_eq!(left.cmp(&right), format!("{a}/{b}").cmp(&format!("{c}/{d}")));
     }
+
+    /// The leading bytes kept for routes order them as the joined names do, including names
+    /// longer than those bytes, that end within them, or that hold a zero byte.
+    #[test]
+    fn keyed_precedence_compares_the_joined_names(
+        a in "[a\\x00/-]{0,6}", b in "[a\\x00/-]{0,6}", c in "[a\\x00/-]{0,6}", d in "[a\\x00/-]{0,6}",
+    ) {
+        let left = Precedence::keyed(None, &a, &b);
+        let right = Precedence::keyed(None, &c, &d);
+        proptest::prop_assert_eq!(left.cmp(&right), format!("{a}/{b}").cmp(&format!("{c}/{d}")));
+        proptest::prop_assert_eq!(left.cmp(&Precedence::new(None, &c, &d)), left.cmp(&right));
+    }
 }

@@ -40,8 +40,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tracing::Instrument as _;
 
+use crate::class_parameters::{self, ClassDefaults, ClassSettings, ConfigVerdict};
 use crate::cloudflare::{self, TunnelApi, TunnelSync, TunnelTarget};
-use crate::gateway_class_config::{self, ClassDefaults, ClassSettings, ConfigVerdict};
 use crate::gateway_config::DEFAULT_API_TOKEN_KEY;
 use crate::push::{self, PlaneRound, PodOutcome, Pusher};
 use crate::render::{
@@ -452,7 +452,7 @@ struct Reconciler {
     /// `/metrics`' push series, per plane.
     push_seconds: Family<health::PlaneLabel, Histogram, fn() -> Histogram>,
     push_failure_counts: Family<health::PlaneLabel, Counter>,
-    /// The class tunnel and credentials this round runs with ([`gateway_class_config`]).
+    /// The class tunnel and credentials this round runs with ([`class_parameters`]).
     class: ClassSettings,
     /// Per GatewayClassConfig: its verdict this round, for its status.
     class_configs: BTreeMap<String, ConfigVerdict>,
@@ -574,7 +574,7 @@ impl Reconciler {
     ) {
         let mut translate_options = self.options.translate.clone();
         // The flags, overridden by the GatewayClassConfig the controller's classes name.
-        let class = gateway_class_config::settle(
+        let class = class_parameters::settle(
             snapshot,
             &translate_options.controller_name,
             &ClassDefaults {

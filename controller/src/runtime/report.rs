@@ -426,7 +426,7 @@ impl Reconciler {
     }
 
     /// Writes each GatewayClassConfig's `SecretsResolved` and `Valid`, as this round judged it
-    /// ([`crate::gateway_class_config::settle`]), whether or not a class names it.
+    /// ([`crate::class_parameters::settle`]), whether or not a class names it.
     async fn write_gateway_class_config_statuses(&self, snapshot: &Snapshot, now: &str) {
         for config in &snapshot.gateway_class_configs {
             let Some(name) = config.metadata.name.as_deref() else {

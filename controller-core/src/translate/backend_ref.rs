@@ -1,0 +1,197 @@
+//! A backendRef and what resolving one yields, whichever kind it names (a Service, a
+//! ServiceImport, an ExternalBackend): the reference as routes write it, why it cannot be
+//! resolved, and the resolved port with the URLs it is dialled at. The resolution of each kind
+//! ([`super::backend`], [`super::service_import`], [`super::external_backend`]) speaks this
+//! vocabulary, and the rule translation reads it.
+
+use cftunnel_config::{BackendProtocol, BackendTls};
+
+use super::backend_tls::PortKey;
+use super::external_name::Refusal;
+use super::status::Reason;
+
+/// `appProtocol` values with a meaning for the data plane (Gateway API GEP-1911).
+pub(super) const APP_PROTOCOL_H2C: &str = "kubernetes.io/h2c";
+pub(super) const APP_PROTOCOL_WS: &str = "kubernetes.io/ws";
+pub(super) const APP_PROTOCOL_WSS: &str = "kubernetes.io/wss";
+/// `appProtocol` of a port that speaks HTTPS (an IANA service name, as Kubernetes allows).
+pub(super) const APP_PROTOCOL_HTTPS: &str = "https";
+/// A Service port this number is dialled over TLS even without `appProtocol`.
+pub(super) const HTTPS_PORT: i32 = 443;
+
+/// A `backendRef` (or a mirror's `backendRef`), whichever the route kind.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BackendRefView<'a> {
+    pub(super) group: Option<&'a str>,
+    pub(super) kind: Option<&'a str>,
+    pub(super) name: &'a str,
+    pub(super) namespace: Option<&'a str>,
+    pub(super) port: Option<i32>,
+}
+
+/// Why a backendRef cannot be resolved; each maps to a `ResolvedRefs=False` reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendRefError {
+    #[error("{field}: unsupported backend kind {group}/{kind}")]
+    InvalidKind {
+        field: String,
+        group: String,
+        kind: String,
+    },
+    #[error("{field}: Service {namespace}/{name} not found")]
+    NotFound {
+        field: String,
+        namespace: String,
+        name: String,
+    },
+    #[error("{field}: Service {namespace}/{name} has no port {port}")]
+    PortNotFound {
+        field: String,
+        namespace: String,
+        name: String,
+        port: i32,
+    },
+    #[error("{field}: a port is required for a Service backend")]
+    MissingPort { field: String },
+    #[error(
+        "{field}: reference to Service {namespace}/{name} is not permitted by a ReferenceGrant"
+    )]
+    RefNotPermitted {
+        field: String,
+        namespace: String,
+        name: String,
+    },
+    #[error(
+        "{field}: reference to ServiceImport {namespace}/{name} is not permitted by a ReferenceGrant"
+    )]
+    ServiceImportRefNotPermitted {
+        field: String,
+        namespace: String,
+        name: String,
+    },
+    #[error("{field}: ServiceImport {namespace}/{name} not found{}", port.map(|p| format!(" exporting port {p}")).unwrap_or_default())]
+    ServiceImportNotFound {
+        field: String,
+        namespace: String,
+        name: String,
+        port: Option<i32>,
+    },
+    #[error("{field}: filter {kind} is not supported")]
+    UnsupportedFilter { field: String, kind: &'static str },
+    #[error("{field}: AccessPolicy {namespace}/{name} not found")]
+    AccessPolicyNotFound {
+        field: String,
+        namespace: String,
+        name: String,
+    },
+    #[error("{field}: {message}")]
+    AccessPolicyUnusable { field: String, message: String },
+    /// An ExternalBackend that cannot be used ([`super::external_backend`]).
+    #[error("{field}: ExternalBackend {namespace}/{name} {message}")]
+    ExternalBackend {
+        field: String,
+        namespace: String,
+        name: String,
+        reason: Reason,
+        message: String,
+    },
+    #[error("{field}: Service {namespace}/{name} of type ExternalName is refused: {refusal}")]
+    ExternalNameRefused {
+        field: String,
+        namespace: String,
+        name: String,
+        refusal: Refusal,
+    },
+}
+
+impl BackendRefError {
+    /// The `ResolvedRefs` reason the spec assigns to this failure.
+    pub fn reason(&self) -> Reason {
+        match self {
+            // Gateway API's `kind` support levels set ExternalName Services apart: refusing one
+            // is refusing an unsupported kind of backend.
+            Self::InvalidKind { .. }
+            | Self::UnsupportedFilter { .. }
+            | Self::ExternalNameRefused { .. } => Reason::InvalidKind,
+            // Gateway API's reason for "a reference to a resource that does not exist"; an
+            // AccessPolicy that cannot be used is no policy for the data plane either.
+            Self::NotFound { .. }
+            | Self::PortNotFound { .. }
+            | Self::MissingPort { .. }
+            | Self::ServiceImportNotFound { .. }
+            | Self::AccessPolicyNotFound { .. }
+            | Self::AccessPolicyUnusable { .. } => Reason::BackendNotFound,
+            Self::ExternalBackend { reason, .. } => *reason,
+            Self::RefNotPermitted { .. } | Self::ServiceImportRefNotPermitted { .. } => {
+                Reason::RefNotPermitted
+            }
+        }
+    }
+}
+
+/// A resolved Service port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Resolved<'a> {
+    /// Backend URLs: one per ready endpoint, or the single DNS name.
+    pub(super) urls: Vec<String>,
+    /// The URL naming the Service itself (for messages and fail-closed backends).
+    pub(super) service_url: ServiceUrl<'a>,
+    pub(super) protocol: BackendProtocol,
+    pub(super) websocket: bool,
+    /// The proxy dials only public addresses: set for ExternalName Services under
+    /// `--external-name-backends=external`, whose name is the Service owner's to point anywhere.
+    pub(super) public_only: bool,
+    /// TLS to the backend (the URLs are then `https`).
+    pub(super) tls: Option<BackendTls>,
+    /// The BackendTLSPolicy covering the port cannot be used: the backend fails closed.
+    pub(super) tls_refused: bool,
+    /// The Service port, as BackendTLSPolicies target it (for their status); `None` in a
+    /// cluster without BackendTLSPolicies, where no status needs it.
+    pub(super) port: Option<PortKey>,
+}
+
+/// The URL naming a resolved Service. A cluster Service's is kept as its parts and joined
+/// only where it is used: one with ready endpoints is dialled at those, and few rules name the
+/// Service itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ServiceUrl<'a> {
+    /// The one URL of [`Resolved::urls`]: the Service is dialled at its name.
+    Dialled,
+    Cluster(ClusterUrl<'a>),
+}
+
+/// `<scheme>://<name>.<namespace>.svc.<domain>:<port>`, unwritten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ClusterUrl<'a> {
+    pub(super) scheme: &'static str,
+    pub(super) name: &'a str,
+    pub(super) namespace: &'a str,
+    pub(super) domain: &'a str,
+    pub(super) port: i32,
+}
+
+impl ClusterUrl<'_> {
+    pub(super) fn written(self) -> String {
+        super::joined([
+            self.scheme,
+            "://",
+            self.name,
+            ".",
+            self.namespace,
+            ".svc.",
+            self.domain,
+            ":",
+            itoa::Buffer::new().format(self.port),
+        ])
+    }
+}
+
+impl Resolved<'_> {
+    /// The URL naming the Service itself.
+    pub(super) fn into_service_url(mut self) -> String {
+        match self.service_url {
+            ServiceUrl::Dialled => self.urls.pop().unwrap_or_default(),
+            ServiceUrl::Cluster(url) => url.written(),
+        }
+    }
+}
