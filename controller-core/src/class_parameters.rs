@@ -260,6 +260,26 @@ fn secret_text(secrets: &[Secret], key: &ObjectKey, field: &str) -> Option<Strin
     crate::render::secret_text(secrets, &key.namespace, &key.name, field)
 }
 
+/// Where a Secret reference points: its namespace (the class default when unset or empty) and
+/// its key (`default_key` when unset or empty).
+fn located<'a>(
+    r: &'a SecretReference,
+    defaults: &'a ClassDefaults,
+    default_key: &'a str,
+) -> (&'a str, &'a str) {
+    let namespace = r
+        .namespace
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .unwrap_or(&defaults.namespace);
+    let key = r
+        .key
+        .as_deref()
+        .filter(|k| !k.is_empty())
+        .unwrap_or(default_key);
+    (namespace, key)
+}
+
 /// One config's verdict, and the settings it gives over `defaults` when valid.
 fn resolve(
     config: &GatewayClassConfig,
@@ -270,16 +290,7 @@ fn resolve(
     let mut secret_problems = Vec::new();
     let mut problems = Vec::new();
     let mut read = |field: &str, r: &SecretReference, default_key: &str| -> Option<String> {
-        let namespace = r
-            .namespace
-            .as_deref()
-            .filter(|n| !n.is_empty())
-            .unwrap_or(&defaults.namespace);
-        let key = r
-            .key
-            .as_deref()
-            .filter(|k| !k.is_empty())
-            .unwrap_or(default_key);
+        let (namespace, key) = located(r, defaults, default_key);
         let exists = secrets.iter().any(|s| {
             s.metadata.namespace.as_deref() == Some(namespace)
                 && s.metadata.name.as_deref() == Some(r.name.as_str())
@@ -308,16 +319,7 @@ fn resolve(
     problems.extend(secret_problems.iter().cloned());
     let tunnel_secret = match &spec.tunnel_token_secret_ref {
         Some(r) => {
-            let namespace = r
-                .namespace
-                .as_deref()
-                .filter(|n| !n.is_empty())
-                .unwrap_or(&defaults.namespace);
-            let key = r
-                .key
-                .as_deref()
-                .filter(|k| !k.is_empty())
-                .unwrap_or(DEFAULT_TUNNEL_TOKEN_KEY);
+            let (namespace, key) = located(r, defaults, DEFAULT_TUNNEL_TOKEN_KEY);
             if let Some(pool) = defaults
                 .pool_namespace
                 .as_deref()
@@ -334,11 +336,7 @@ fn resolve(
         None => defaults.tunnel_secret.clone(),
     };
     let secret_account = credentials.and_then(|r| {
-        let namespace = r
-            .namespace
-            .as_deref()
-            .filter(|n| !n.is_empty())
-            .unwrap_or(&defaults.namespace);
+        let (namespace, _) = located(r, defaults, ACCOUNT_ID_KEY);
         secret_text(secrets, &ObjectKey::new(namespace, &r.name), ACCOUNT_ID_KEY)
     });
     let tunnel_token = match tunnel_text.map(|t| t.parse::<Token>()) {
