@@ -14,7 +14,7 @@ use http_body::Frame;
 use http_body_util::combinators::UnsyncBoxBody;
 
 use cftunnel_tunnel::stream::http_map::{decode_response_head, ConnectOutcome};
-use cftunnel_tunnel::stream::{framed_len, FrameError, DATA_SIGNATURE, DATA_VERSION};
+use cftunnel_tunnel::stream::{data_preamble_len, FrameError, DATA_SIGNATURE, DATA_VERSION};
 use cftunnel_tunnel::BoxError;
 
 use super::MockEdgeError;
@@ -48,7 +48,7 @@ pub(super) async fn read(
                     joined.freeze()
                 }
             };
-            let Some(end) = preamble_end(&bytes)? else {
+            let Some(end) = data_preamble_len(&bytes).map_err(frame_err)? else {
                 held = Some(
                     bytes
                         .try_into_mut()
@@ -72,26 +72,6 @@ pub(super) async fn read(
             ));
         }
     }
-}
-
-/// Where the preamble at the start of `bytes` ends, once all of it is there; an error as
-/// soon as its signature, version or framing is wrong.
-fn preamble_end(bytes: &[u8]) -> Result<Option<usize>, MockEdgeError> {
-    let signature = &bytes[..bytes.len().min(DATA_SIGNATURE.len())];
-    if signature != &DATA_SIGNATURE[..signature.len()] {
-        return Err(frame_err(FrameError::UnknownSignature));
-    }
-    let Some(version) = bytes.get(DATA_SIGNATURE.len()..PREFIX) else {
-        return Ok(None);
-    };
-    if version != DATA_VERSION {
-        return Err(frame_err(FrameError::UnsupportedVersion));
-    }
-    let Some(total) = framed_len(&bytes[PREFIX..]).map_err(frame_err)? else {
-        return Ok(None);
-    };
-    let end = PREFIX + total;
-    Ok((bytes.len() >= end).then_some(end))
 }
 
 /// Chunks read from the stream and not yet passed on, in order.
@@ -239,39 +219,5 @@ impl http_body::Body for EdgeBody {
             Kind::Quic(b) => b.size_hint(),
             Kind::Boxed(b) => b.size_hint(),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_preamble_is_complete_once_its_frame_is() {
-        // Signature, version, one segment of one word.
-        let mut preamble = DATA_SIGNATURE.to_vec();
-        preamble.extend_from_slice(&DATA_VERSION);
-        preamble.extend_from_slice(&[0, 0, 0, 0, 1, 0, 0, 0]);
-        preamble.extend_from_slice(&[0; 8]);
-        let end = preamble.len();
-        for cut in 0..end {
-            assert_eq!(preamble_end(&preamble[..cut]).unwrap(), None, "{cut} bytes");
-        }
-        assert_eq!(preamble_end(&preamble).unwrap(), Some(end));
-        preamble.extend_from_slice(b"body");
-        assert_eq!(preamble_end(&preamble).unwrap(), Some(end));
-    }
-
-    #[test]
-    fn a_wrong_signature_or_version_fails_as_soon_as_it_is_seen() {
-        let e = preamble_end(&[0x0A, 0x37]).unwrap_err();
-        assert!(e.to_string().contains("unknown stream signature"), "{e}");
-        let mut bytes = DATA_SIGNATURE.to_vec();
-        bytes.extend_from_slice(b"02");
-        let e = preamble_end(&bytes).unwrap_err();
-        assert!(
-            e.to_string().contains("unsupported data stream version"),
-            "{e}"
-        );
     }
 }

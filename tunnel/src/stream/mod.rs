@@ -348,6 +348,26 @@ fn preamble() -> [u8; 8] {
     p
 }
 
+/// Where the data-stream preamble (signature, version, one framed message) at the start
+/// of `buf` ends, or `Ok(None)` while more bytes are needed. A wrong signature, version or
+/// framing fails as soon as its bytes are there.
+pub fn data_preamble_len(buf: &[u8]) -> Result<Option<usize>, FrameError> {
+    let signature = &buf[..buf.len().min(DATA_SIGNATURE.len())];
+    if signature != &DATA_SIGNATURE[..signature.len()] {
+        return Err(FrameError::UnknownSignature);
+    }
+    let Some(version) = buf.get(DATA_SIGNATURE.len()..8) else {
+        return Ok(None);
+    };
+    if version != DATA_VERSION {
+        return Err(FrameError::UnsupportedVersion);
+    }
+    let Some(len) = framed_len(&buf[8..])? else {
+        return Ok(None);
+    };
+    Ok((buf.len() >= 8 + len).then_some(8 + len))
+}
+
 /// Parses a complete data-stream preamble held in memory: signature,
 /// version, one framed `ConnectRequest`. Returns the request and the number
 /// of bytes consumed (body bytes follow).
@@ -359,13 +379,8 @@ pub fn parse_request_preamble(buf: &[u8]) -> Result<(ConnectRequest, usize), Fra
     if classify(&sig)? != StreamKind::Data {
         return Err(FrameError::UnknownSignature);
     }
-    if buf.get(6..8).ok_or(FrameError::Truncated)? != DATA_VERSION {
-        return Err(FrameError::UnsupportedVersion);
-    }
-    let rest = buf.get(8..).ok_or(FrameError::Truncated)?;
-    let len = framed_len(rest)?.ok_or(FrameError::Truncated)?;
-    let msg = rest.get(..len).ok_or(FrameError::Truncated)?;
-    Ok((decode_connect_request(msg)?, 8 + len))
+    let end = data_preamble_len(buf)?.ok_or(FrameError::Truncated)?;
+    Ok((decode_connect_request(&buf[8..end])?, end))
 }
 
 fn io_err(e: std::io::Error) -> FrameError {

@@ -257,3 +257,33 @@ fn frames_read_within_a_budget_hold_their_announced_size_until_dropped() {
         assert_eq!(budget.available(), MAX_MESSAGE_BYTES);
     });
 }
+
+#[test]
+fn a_data_preamble_is_complete_once_its_frame_is() {
+    // Signature, version, one segment of one word.
+    let mut preamble = DATA_SIGNATURE.to_vec();
+    preamble.extend_from_slice(&DATA_VERSION);
+    preamble.extend_from_slice(&[0, 0, 0, 0, 1, 0, 0, 0]);
+    preamble.extend_from_slice(&[0; 8]);
+    let end = preamble.len();
+    for cut in 0..end {
+        assert_eq!(data_preamble_len(&preamble[..cut]), Ok(None), "{cut} bytes");
+    }
+    assert_eq!(data_preamble_len(&preamble), Ok(Some(end)));
+    preamble.extend_from_slice(b"body");
+    assert_eq!(data_preamble_len(&preamble), Ok(Some(end)));
+}
+
+#[test]
+fn a_wrong_signature_or_version_fails_as_soon_as_it_is_seen() {
+    assert_eq!(
+        data_preamble_len(&[0x0A, 0x37]),
+        Err(FrameError::UnknownSignature)
+    );
+    let mut bytes = DATA_SIGNATURE.to_vec();
+    bytes.extend_from_slice(b"02");
+    assert_eq!(
+        data_preamble_len(&bytes),
+        Err(FrameError::UnsupportedVersion)
+    );
+}
