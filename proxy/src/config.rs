@@ -99,10 +99,15 @@ impl Cache {
 }
 
 /// Applies config documents to a [`Proxy`], one at a time.
+///
+/// A push runs to its end once its document is in: the compile, the swap and the cache it
+/// leaves for the next push belong to a blocking task that holds the state, not to the caller's
+/// future, so a pusher that hangs up mid-compile (its own timeout) costs nothing: the next push
+/// waits for this one and finds the cache, and the settings in it, as this one left them.
 #[derive(Debug)]
 pub struct Reloader {
     proxy: Proxy,
-    state: tokio::sync::Mutex<State>,
+    state: Arc<tokio::sync::Mutex<State>>,
 }
 
 #[derive(Debug, Default)]
@@ -128,7 +133,7 @@ impl Reloader {
     pub fn with_cache(proxy: Proxy, cache: Cache) -> Self {
         Self {
             proxy,
-            state: tokio::sync::Mutex::new(State { version: 0, cache }),
+            state: Arc::new(tokio::sync::Mutex::new(State { version: 0, cache })),
         }
     }
 
@@ -146,7 +151,7 @@ impl Reloader {
     /// Versions: `0 < version < current` is stale (409); `version == current` is re-applied;
     /// version 0 is always accepted.
     pub async fn apply(&self, doc: Config) -> Result<i64, ConfigError> {
-        let mut state = self.state.lock().await;
+        let state = self.state.clone().lock_owned().await;
         if doc.version > 0 && doc.version < state.version {
             self.proxy.metrics().reload("stale");
             return Err(ConfigError::Stale {
@@ -154,26 +159,20 @@ impl Reloader {
                 current: state.version,
             });
         }
-        let metrics = self.proxy.metrics().clone();
-        let cache = std::mem::take(&mut state.cache);
+        let proxy = self.proxy.clone();
         // Off the async workers whatever its size: a few hundred patterns take tens of
         // milliseconds to compile, which requests on this worker would otherwise wait out.
         let big = doc.rules.len() > LARGE_DOCUMENT_RULES;
-        let result = tokio::task::spawn_blocking(move || {
-            let mut cache = cache;
-            let r = compile(&doc, &metrics, &mut cache);
+        run_to_end(state, move |state| {
+            let compiled = compile(&doc, proxy.metrics(), &mut state.cache);
             if big {
                 // The parsed document is as large as the table; give its memory back now.
                 drop(doc);
                 crate::memory::release_freed();
             }
-            (r, cache)
+            swap_in(&proxy, state, compiled)
         })
         .await
-        .map_err(|_| ConfigError::Internal("compiler task failed"))?;
-        let (compiled, cache) = result;
-        state.cache = cache;
-        self.swap_in(&mut state, compiled)
     }
 
     /// [`Reloader::apply`] of a document's JSON text, read and compiled together off the async
@@ -184,60 +183,68 @@ impl Reloader {
     /// As [`Reloader::apply`], and first [`ConfigError::Json`] for text that is not one config
     /// document: a malformed document is refused as such, whatever its version or rules.
     pub async fn apply_json(&self, text: Bytes) -> Result<i64, ConfigError> {
-        let mut state = self.state.lock().await;
-        let current = state.version;
-        let metrics = self.proxy.metrics().clone();
-        let cache = std::mem::take(&mut state.cache);
+        let state = self.state.clone().lock_owned().await;
+        let proxy = self.proxy.clone();
         let big = text.len() > LARGE_DOCUMENT_BYTES;
-        let result = tokio::task::spawn_blocking(move || {
-            let mut cache = cache;
-            let r = compile::compile_json(&text, current, &metrics, &mut cache);
+        run_to_end(state, move |state| {
+            let compiled =
+                compile::compile_json(&text, state.version, proxy.metrics(), &mut state.cache);
             if big {
                 // The text was as large as a fifth of the table; give its memory back now.
                 drop(text);
                 crate::memory::release_freed();
             }
-            (r, cache)
+            match compiled {
+                Err(e @ ConfigError::Stale { .. }) => {
+                    proxy.metrics().reload("stale");
+                    Err(e)
+                }
+                Err(e @ ConfigError::Json(_)) => {
+                    proxy.metrics().reload("rejected");
+                    Err(e)
+                }
+                compiled => swap_in(&proxy, state, compiled),
+            }
         })
         .await
-        .map_err(|_| ConfigError::Internal("compiler task failed"))?;
-        let (compiled, cache) = result;
-        state.cache = cache;
-        match compiled {
-            Err(e @ ConfigError::Stale { .. }) => {
-                self.proxy.metrics().reload("stale");
-                Err(e)
-            }
-            Err(e @ ConfigError::Json(_)) => {
-                self.proxy.metrics().reload("rejected");
-                Err(e)
-            }
-            compiled => self.swap_in(&mut state, compiled),
-        }
     }
+}
 
-    /// Serves a compiled table, or counts and logs why there is none.
-    fn swap_in(
-        &self,
-        state: &mut State,
-        compiled: Result<Routes, ConfigError>,
-    ) -> Result<i64, ConfigError> {
-        state.cache.access.start();
-        match compiled {
-            Ok(routes) => {
-                let version = routes.version();
-                let rules = routes.rule_count();
-                self.proxy.swap(routes);
-                state.version = version;
-                self.proxy.metrics().reload("success");
-                tracing::info!(version, rules, "config applied");
-                Ok(version)
-            }
-            Err(e) => {
-                self.proxy.metrics().reload("rejected");
-                tracing::warn!(error = %e, "config rejected");
-                Err(e)
-            }
+/// Runs `push` on the blocking pool with the state it holds, to its end even if the caller
+/// stops waiting.
+async fn run_to_end<F>(
+    mut state: tokio::sync::OwnedMutexGuard<State>,
+    push: F,
+) -> Result<i64, ConfigError>
+where
+    F: FnOnce(&mut State) -> Result<i64, ConfigError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(move || push(&mut state))
+        .await
+        .map_err(|_| ConfigError::Internal("compiler task failed"))?
+}
+
+/// Serves a compiled table, or counts and logs why there is none.
+fn swap_in(
+    proxy: &Proxy,
+    state: &mut State,
+    compiled: Result<Routes, ConfigError>,
+) -> Result<i64, ConfigError> {
+    state.cache.access.start();
+    match compiled {
+        Ok(routes) => {
+            let version = routes.version();
+            let rules = routes.rule_count();
+            proxy.swap(routes);
+            state.version = version;
+            proxy.metrics().reload("success");
+            tracing::info!(version, rules, "config applied");
+            Ok(version)
+        }
+        Err(e) => {
+            proxy.metrics().reload("rejected");
+            tracing::warn!(error = %e, "config rejected");
+            Err(e)
         }
     }
 }

@@ -1098,6 +1098,67 @@ async fn a_backend_at_its_connection_limit_gets_no_more_and_requests_wait_for_on
     .expect("test finished in time");
 }
 
+/// A push whose pusher hangs up mid-compile (a pusher's own timeout) is still applied to its
+/// end, and leaves the proxy's settings as they were: the next push waits for it and keeps
+/// `PROXY_BACKEND_MAX_CONNECTIONS`.
+#[tokio::test]
+async fn a_push_abandoned_mid_compile_keeps_the_proxys_settings() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let backend = HoldingBackend::start().await;
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            backend_max_connections: 1,
+            ..cftunnel_proxy::ServerOptions::default()
+        })
+        .await;
+        let http = client();
+        let admin = proxy.admin_addr();
+
+        // A document large enough that its compile is still running when the pusher leaves.
+        let rules: Vec<_> = (0..10_000)
+            .map(|i| {
+                json!({"hostnames": [format!("h{i}.example.com")],
+                       "matches": [{"path": {"type": "PathPrefix", "value": format!("/p{i}")}}],
+                       "backends": [{"url": format!("http://10.0.{}.{}:80", i / 250, i % 250), "weight": 1}]})
+            })
+            .collect();
+        let body = json!({"rules": rules}).to_string();
+        let mut pusher = tokio::net::TcpStream::connect(admin).await.expect("connect");
+        let head = format!(
+            "PUT /config HTTP/1.1\r\nhost: admin\r\nauthorization: Bearer {TOKEN}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        pusher.write_all(head.as_bytes()).await.expect("write head");
+        pusher.write_all(body.as_bytes()).await.expect("write body");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(pusher);
+
+        let doc = json!({"rules": [rule("/", json!({"backends": [{"url": url(backend.addr), "weight": 1}]}))]});
+        assert_eq!(push(&http, admin, &doc).await.status, StatusCode::OK);
+        let success = "cftunnel_proxy_config_reloads_total{result=\"success\"}";
+        assert_eq!(metric(&http, admin, success).await, Some(2.0), "both pushes applied");
+
+        let d = proxy.data_addr();
+        let requests: Vec<_> = (0..2)
+            .map(|_| {
+                let http = http.clone();
+                tokio::spawn(async move { get(&http, d, "h", "/", &[]).await })
+            })
+            .collect();
+        assert_eq!(backend.received(1, Duration::from_secs(10)).await, 1);
+        assert_eq!(backend.received(2, Duration::from_millis(500)).await, 1, "the second request waits");
+        assert_eq!(backend.accepted(), 1, "the connection limit still holds");
+        backend.release.add_permits(2);
+        for request in requests {
+            let r = request.await.expect("request task");
+            assert_eq!((r.status, &r.body[..]), (StatusCode::OK, &b"ok"[..]));
+        }
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// A request that waits out its backend timeout at the connection limit gets 503 (the backend is
 /// there, but busy), counted as a backend timeout; the backend never sees it.
 #[tokio::test]
