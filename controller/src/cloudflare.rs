@@ -126,6 +126,11 @@ pub struct TunnelApi {
 /// How long to wait after a 429 that names no `Retry-After`.
 const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(60);
 
+/// The longest a 429 stops a token's calls: the API's limits run over five-minute windows, and
+/// an answer naming more (a misbehaving proxy in between, a typo) must neither overflow the
+/// clock nor stop every write with the token until the controller restarts.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(600);
+
 impl TunnelApi {
     /// A client for the API at `base` (HTTPS, Mozilla's roots; plain HTTP only if `base` says
     /// so, for test doubles).
@@ -297,7 +302,9 @@ impl TunnelApi {
                     .get(hyper::header::RETRY_AFTER)
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.trim().parse::<u64>().ok())
-                    .map_or(DEFAULT_RETRY_AFTER, Duration::from_secs);
+                    .map_or(DEFAULT_RETRY_AFTER, |s| {
+                        Duration::from_secs(s).min(MAX_RETRY_AFTER)
+                    });
                 if let Ok(mut limited) = self.limited.lock() {
                     limited.insert(token_key.clone(), tokio::time::Instant::now() + wait);
                 }

@@ -1282,6 +1282,24 @@ async fn the_api_token_waits_out_a_rate_limit() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(api.put_configuration(&target, &document).await, Ok(1));
 
+    // A wait longer than any the API sets is cut to ten minutes.
+    cloudflare.rate_limit_next(u64::MAX);
+    let err = api
+        .put_configuration(&target, &document)
+        .await
+        .expect_err("rate-limited");
+    assert!(err.contains("429"), "{err}");
+    let err = api
+        .put_configuration(&target, &document)
+        .await
+        .expect_err("still waiting");
+    let waiting: u64 = err
+        .split_once("waiting ")
+        .and_then(|(_, rest)| rest.split_once("s more"))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("a wait in seconds: {err}"));
+    assert!((590..=600).contains(&waiting), "{err}");
+
     // A token the API refuses, and an API nobody answers for.
     let refused = TunnelTarget {
         api_token: "stolen".to_owned(),
@@ -1302,7 +1320,7 @@ async fn the_api_token_waits_out_a_rate_limit() {
     for (series, n) in [
         (
             "requests_total{call=\"put_configuration\",status=\"429\"}",
-            1,
+            2,
         ),
         (
             "requests_total{call=\"put_configuration\",status=\"200\"}",
@@ -1316,10 +1334,10 @@ async fn the_api_token_waits_out_a_rate_limit() {
             "requests_total{call=\"tunnel_token\",status=\"unreachable\"}",
             1,
         ),
-        ("errors_total{call=\"put_configuration\",status=\"429\"}", 1),
+        ("errors_total{call=\"put_configuration\",status=\"429\"}", 2),
         (
             "errors_total{call=\"put_configuration\",status=\"rate_limited\"}",
-            1,
+            2,
         ),
         ("errors_total{call=\"put_configuration\",status=\"403\"}", 1),
         (
