@@ -12,11 +12,15 @@
 //! connector registers with it, and the controller takes a dedicated plane's tunnel identity
 //! and address from it, so its format is parsed in one place too.
 //!
+//! Which headers stop at each hop ([`hop_by_hop`]) is the rule the proxy and the connector
+//! both apply to what they pass on.
+//!
 //! What it leaves out: anything that does I/O or needs a runtime (dialling backends, serving
 //! requests, connecting to the edge) belongs to the proxy and the tunnel connector.
 
 mod document;
 mod duration;
+pub mod hop_by_hop;
 mod token;
 pub mod valid;
 

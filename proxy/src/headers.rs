@@ -6,34 +6,21 @@
 //! removals: a removal of an absent name still hashes it.
 
 use crate::conn::ConnInfo;
+use cftunnel_config::hop_by_hop::{self, HOP_BY_HOP};
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue};
 use std::net::IpAddr;
 
-static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
-/// The headers that are always hop-by-hop, apart from those `Connection` lists, each with its
-/// bit in the set [`present`] returns.
-const HOP_BY_HOP: [&HeaderName; 8] = [
-    &header::CONNECTION,
-    &header::UPGRADE,
-    &header::TRANSFER_ENCODING,
-    &header::TE,
-    &header::TRAILER,
-    &header::PROXY_AUTHORIZATION,
-    &KEEP_ALIVE,
-    &PROXY_CONNECTION,
-];
-const CONNECTION_BIT: u8 = 1;
-const UPGRADE_BIT: u8 = 1 << 1;
-const TE_BIT: u8 = 1 << 3;
+const CONNECTION_BIT: u16 = 1 << hop_by_hop::CONNECTION;
+const UPGRADE_BIT: u16 = 1 << hop_by_hop::UPGRADE;
+const TE_BIT: u16 = 1 << hop_by_hop::TE;
 
 /// Which of [`HOP_BY_HOP`] the map holds, found in one pass over its names (a lookup of an
 /// absent name still hashes it).
-fn present(headers: &HeaderMap) -> u8 {
+fn present(headers: &HeaderMap) -> u16 {
     let mut set = 0;
     for name in headers.keys() {
         if let Some(i) = HOP_BY_HOP.iter().position(|h| *h == name) {
@@ -79,7 +66,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     for (i, name) in HOP_BY_HOP.iter().enumerate() {
         let bit = 1 << i;
         if set & bit != 0 && bit & (CONNECTION_BIT | UPGRADE_BIT | TE_BIT) == 0 {
-            headers.remove(*name);
+            headers.remove(name);
         }
     }
     if set & TE_BIT != 0 {
@@ -238,6 +225,7 @@ mod tests {
             ("keep-alive", "timeout=5"),
             ("proxy-connection", "keep-alive"),
             ("proxy-authorization", "Basic x"),
+            ("proxy-authenticate", "Basic realm=\"x\""),
             ("transfer-encoding", "chunked"),
             ("trailer", "x-sum"),
             ("upgrade", "websocket"),

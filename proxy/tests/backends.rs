@@ -732,6 +732,36 @@ async fn abusive_clients_get_4xx_and_slow_ones_are_cut_off() {
     .expect("test finished in time");
 }
 
+/// A backend's hop-by-hop response headers stop at the proxy, as the tunnel connector stops
+/// them: the fixed ones, the legacy ones and those its `Connection` lists.
+#[tokio::test]
+async fn a_backends_hop_by_hop_headers_do_not_reach_the_client() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let backend = scripted_backend(|mut s| async move {
+            let mut buf = Vec::new();
+            while next_request_head(&mut s, &mut buf).await {
+                let answer = "HTTP/1.1 200 OK\r\nconnection: keep-alive, x-hop\r\n\
+                              keep-alive: timeout=5\r\nproxy-authenticate: Basic realm=\"backend\"\r\n\
+                              x-hop: 1\r\nx-kept: k\r\ncontent-length: 2\r\n\r\nok";
+                if s.write_all(answer.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+        let http = client();
+        let proxy = proxy_to(&http, backend).await;
+        let r = get(&http, proxy.data_addr(), "h", "/", &[]).await;
+        assert_eq!((r.status, &r.body[..]), (StatusCode::OK, &b"ok"[..]));
+        for name in ["proxy-authenticate", "keep-alive", "x-hop"] {
+            assert_eq!(r.header(name), None, "{name}");
+        }
+        assert_eq!(r.header("x-kept"), Some("k"));
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// A keep-alive HTTP/1.1 backend that counts the connections it accepts and answers `ok`.
 /// With `close_after_each`, it closes every connection silently right after its first
 /// response, as a backend whose idle timeout is shorter than the proxy's does.

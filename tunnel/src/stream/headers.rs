@@ -2,6 +2,7 @@
 //! (`b64(name) ":" b64(value)` pairs joined by `;`, standard alphabet without
 //! padding, Go canonical names, one pair per value) and Go header-name case.
 
+use cftunnel_config::hop_by_hop::is_hop_by_hop;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 /// Name of the response header carrying the serialised origin headers.
@@ -118,21 +119,6 @@ pub(crate) fn header_name(name: &[u8]) -> Result<HeaderName, http::header::Inval
         b"X-Forwarded-Proto" => X_FORWARDED_PROTO,
         _ => return HeaderName::from_bytes(name),
     })
-}
-
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-    )
 }
 
 fn is_internal(name: &HeaderName) -> bool {

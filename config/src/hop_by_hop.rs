@@ -1,0 +1,70 @@
+//! The headers whose meaning ends at the next hop, which neither the proxy nor the tunnel
+//! connector passes on: RFC 9110 §7.6.1's, those `Connection` lists aside, plus the legacy
+//! names proxies have always dropped (`Keep-Alive`, `Proxy-Connection`, `Proxy-Authenticate`,
+//! `Proxy-Authorization`), as the Go reverse proxy and `cloudflared` drop them.
+
+use http::header::{self, HeaderName};
+
+/// Always hop-by-hop. The order is part of the contract: `Connection`, `Upgrade` and `TE`,
+/// which a proxy treats apart, stand at [`CONNECTION`], [`UPGRADE`] and [`TE`], so a caller
+/// may keep the names a message holds as bits of a set.
+pub static HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    header::UPGRADE,
+    header::TRANSFER_ENCODING,
+    header::TE,
+    header::TRAILER,
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+];
+
+/// Where `Connection` stands in [`HOP_BY_HOP`].
+pub const CONNECTION: usize = 0;
+/// Where `Upgrade` stands in [`HOP_BY_HOP`].
+pub const UPGRADE: usize = 1;
+/// Where `TE` stands in [`HOP_BY_HOP`].
+pub const TE: usize = 3;
+
+/// Whether `name` is always hop-by-hop.
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_named_positions_hold_their_headers() {
+        assert_eq!(HOP_BY_HOP[CONNECTION], header::CONNECTION);
+        assert_eq!(HOP_BY_HOP[UPGRADE], header::UPGRADE);
+        assert_eq!(HOP_BY_HOP[TE], header::TE);
+    }
+
+    #[test]
+    fn hop_by_hop_names_are_told_from_end_to_end_ones() {
+        for name in [
+            "connection",
+            "Keep-Alive",
+            "PROXY-AUTHENTICATE",
+            "te",
+            "trailer",
+            "upgrade",
+        ] {
+            let name = HeaderName::from_bytes(name.as_bytes()).expect("a header name");
+            assert!(is_hop_by_hop(&name), "{name}");
+        }
+        for name in [
+            "content-length",
+            "host",
+            "trailers",
+            "x-forwarded-for",
+            "authorization",
+        ] {
+            let name = HeaderName::from_bytes(name.as_bytes()).expect("a header name");
+            assert!(!is_hop_by_hop(&name), "{name}");
+        }
+    }
+}
