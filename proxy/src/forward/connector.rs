@@ -120,8 +120,9 @@ async fn dial(t: &Target) -> io::Result<TcpStream> {
 }
 
 /// Whether `ip` is a public (global unicast) address: not loopback, private, link-local,
-/// CGNAT, multicast, reserved or unspecified, nor an IPv6 form embedding such an IPv4 address
-/// (mapped, compatible or NAT64), which would reach it all the same.
+/// CGNAT, multicast, reserved or unspecified, nor an IPv6 form that reaches an IPv4 address
+/// (mapped, compatible, SIIT, NAT64, 6to4) unless that address is public, nor a prefix that
+/// tunnels or translates to places this check cannot see (local-use NAT64, Teredo).
 pub(crate) fn is_public(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => is_public_v4(v4),
@@ -150,12 +151,23 @@ fn is_public_v6(ip: Ipv6Addr) -> bool {
     if s[..5] == [0; 5] && (s[5] == 0 || s[5] == 0xffff) {
         return is_public_v4(embedded([s[6], s[7]]));
     }
+    // SIIT, ::ffff:0:a.b.c.d.
+    if s[..4] == [0; 4] && s[4] == 0xffff && s[5] == 0 {
+        return is_public_v4(embedded([s[6], s[7]]));
+    }
     // NAT64, 64:ff9b::/96: the translator dials the embedded IPv4 address.
     if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
         return is_public_v4(embedded([s[6], s[7]]));
     }
-    !((s[0] & 0xfe00) == 0xfc00 // unique local, fc00::/7
+    // 6to4, 2002:a.b.c.d::/48: relayed to the embedded IPv4 address.
+    if s[0] == 0x2002 {
+        return is_public_v4(embedded([s[1], s[2]]));
+    }
+    !((s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1) // local-use NAT64, 64:ff9b:1::/48
+        || (s[0] == 0x2001 && s[1] == 0) // Teredo, 2001::/32
+        || (s[0] & 0xfe00) == 0xfc00 // unique local, fc00::/7
         || (s[0] & 0xffc0) == 0xfe80 // link-local, fe80::/10
+        || (s[0] & 0xffc0) == 0xfec0 // site-local (deprecated, still routed inside sites), fec0::/10
         || (s[0] & 0xff00) == 0xff00) // multicast, ff00::/8
 }
 
@@ -284,6 +296,16 @@ mod tests {
             "::127.0.0.1",
             "64:ff9b::a9fe:a9fe",
             "64:ff9b::192.168.0.1",
+            // SIIT and 6to4 forms of private addresses, and prefixes that lead past the check.
+            "::ffff:0:10.0.0.1",
+            "::ffff:0:169.254.169.254",
+            "2002:a00:1::1",
+            "2002:7f00:1::",
+            "64:ff9b:1::a00:1",
+            "64:ff9b:1:ffff::1",
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+            "fec0::1",
+            "feff::1",
         ] {
             assert!(!public(ip), "{ip} is not public");
         }
@@ -309,7 +331,9 @@ mod tests {
             "2001:4860:4860::8888",
             "2606:4700::1111",
             "fbff::1",
-            "fec0::1",
+            "::ffff:0:8.8.8.8",
+            "2002:808:808::1",
+            "2001:1::1",
             "::ffff:8.8.8.8",
             "64:ff9b::808:808",
         ] {
