@@ -51,6 +51,8 @@ pub struct Upstream {
     /// Query of the backend URL, merged into every request's.
     base_query: Option<Box<str>>,
     name: BackendName,
+    /// The retries its requests may take, kept with the client across pushes.
+    pub(crate) retry_budget: retry::RetryBudget,
 }
 
 /// A backend as the access log and spans name it, made once per push so a request only
@@ -137,6 +139,7 @@ impl Upstream {
             base_path,
             base_query,
             name,
+            retry_budget: retry::RetryBudget::new(),
         })
     }
 

@@ -118,6 +118,50 @@ async fn retries_follow_codes_and_attempts_and_connection_errors() {
     .expect("test finished in time");
 }
 
+/// A rule asking for more retries than its backend's budget holds gets the budget's: against a
+/// backend that fails every try, a thousand retries a request do not become a thousand tries.
+#[tokio::test]
+async fn retries_stop_at_the_backends_budget() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let tries = std::sync::Arc::new(AtomicUsize::new(0));
+        let seen = tries.clone();
+        let backend = scripted_backend(move |mut s| {
+            let seen = seen.clone();
+            async move {
+                let mut buf = Vec::new();
+                while next_request_head(&mut s, &mut buf).await {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    let answer =
+                        b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\nbusy";
+                    if s.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        })
+        .await;
+        let proxy = proxy().await;
+        let http = client();
+        let doc = json!({"rules": [rule("/", json!({"retry": {"codes": [503], "attempts": 1000},
+            "backends": [{"url": url(backend), "weight": 1}]}))]});
+        assert_eq!(
+            push(&http, proxy.admin_addr(), &doc).await.status,
+            StatusCode::OK
+        );
+        let r = get(&http, proxy.data_addr(), "h", "/", &[]).await;
+        assert_eq!(
+            (r.status, &r.body[..]),
+            (StatusCode::SERVICE_UNAVAILABLE, &b"busy"[..])
+        );
+        let n = tries.load(Ordering::SeqCst);
+        // One try and the budget's ten retries, and the few that time adds while they run.
+        assert!((11..=30).contains(&n), "{n} tries");
+    })
+    .await
+    .expect("test finished in time");
+}
+
 #[tokio::test]
 async fn mirrors_get_a_copy_and_weights_split_traffic() {
     tokio::time::timeout(TEST_TIMEOUT, async {

@@ -15,6 +15,7 @@ use crate::trace::{RequestTrace, TrySpan};
 use http::Response;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -27,6 +28,79 @@ pub struct RetryPolicy {
     /// Tries after the first.
     pub attempts: u32,
     pub backoff: Duration,
+}
+
+/// The retries a backend's requests may take between them: a fifth of the requests sent to it
+/// under a retry policy, plus ten a second whatever the traffic, banked up to a hundred. A
+/// policy's `attempts` is a most: against a backend that fails every try, a rule asking for
+/// thousands of retries a request adds a fifth to its load rather than a thousandfold (the
+/// budget Finagle and Linkerd give retries, for the same reason).
+#[derive(Debug)]
+pub(crate) struct RetryBudget {
+    /// Thousandths of a retry.
+    balance: AtomicI64,
+    /// When the ten a second were last added, in milliseconds since `epoch`.
+    refilled: AtomicU64,
+    epoch: std::time::Instant,
+}
+
+impl RetryBudget {
+    const RETRY: i64 = 1000;
+    const PER_REQUEST: i64 = Self::RETRY / 5;
+    const PER_SECOND: i64 = 10 * Self::RETRY;
+    const MOST: i64 = 100 * Self::RETRY;
+
+    /// A budget holding one second's retries, so a new backend's first failures are retried.
+    pub(crate) fn new() -> Self {
+        Self {
+            balance: AtomicI64::new(Self::PER_SECOND),
+            refilled: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
+        }
+    }
+
+    /// A request that may be retried was sent.
+    pub(crate) fn deposit(&self) {
+        self.add(Self::PER_REQUEST);
+    }
+
+    /// Takes one retry from the budget, if it holds one.
+    pub(crate) fn withdraw(&self) -> bool {
+        self.withdraw_at(u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX))
+    }
+
+    /// [`Self::withdraw`] `now` milliseconds after the budget was made.
+    fn withdraw_at(&self, now: u64) -> bool {
+        let last = self.refilled.load(Ordering::Relaxed);
+        if now > last
+            && self
+                .refilled
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let ms = i64::try_from(now - last).unwrap_or(i64::MAX);
+            self.add(ms.saturating_mul(Self::PER_SECOND / 1000));
+        }
+        self.balance
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                (b >= Self::RETRY).then_some(b - Self::RETRY)
+            })
+            .is_ok()
+    }
+
+    fn add(&self, amount: i64) {
+        let _ = self
+            .balance
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                Some(b.saturating_add(amount).min(Self::MOST))
+            });
+    }
+}
+
+impl Default for RetryBudget {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// A response head, and the instant the answering try's timeout ends if the rule set one.
@@ -155,6 +229,7 @@ async fn with_retries<'a: 'f, 'f>(
     let per_try = timeout.backend.unwrap_or(timeout.header);
     let explicit = timeout.backend.is_some();
     let mut target = upstream;
+    upstream.retry_budget.deposit();
     if let Payload::Replayable(bytes) = &body {
         for _ in 0..policy.attempts {
             let mut req = upstream_request(
@@ -173,7 +248,8 @@ async fn with_retries<'a: 'f, 'f>(
                 Ok((resp, _)) => policy.codes.contains(&resp.status().as_u16()),
                 Err(e) => e.is_retryable(),
             };
-            if !retryable {
+            // A retry the budget does not cover makes this try the answering one.
+            if !retryable || !upstream.retry_budget.withdraw() {
                 return answered(result, explicit, span, trace.as_deref_mut());
             }
             // A failed try that is retried is counted here; the final one where it is answered.
@@ -281,5 +357,43 @@ fn answered(
             }
             Err(e.into())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RetryBudget;
+
+    fn taken(budget: &RetryBudget, now: u64, n: usize) -> usize {
+        (0..n).filter(|_| budget.withdraw_at(now)).count()
+    }
+
+    #[test]
+    fn a_new_budget_holds_one_seconds_retries() {
+        let budget = RetryBudget::new();
+        assert_eq!(taken(&budget, 0, 50), 10);
+    }
+
+    #[test]
+    fn requests_earn_a_fifth_of_a_retry_each() {
+        let budget = RetryBudget::new();
+        assert_eq!(taken(&budget, 0, 50), 10);
+        for _ in 0..25 {
+            budget.deposit();
+        }
+        assert_eq!(taken(&budget, 0, 50), 5);
+    }
+
+    #[test]
+    fn ten_retries_a_second_come_whatever_the_traffic_up_to_a_hundred() {
+        let budget = RetryBudget::new();
+        assert_eq!(taken(&budget, 0, 50), 10);
+        assert_eq!(taken(&budget, 500, 50), 5, "half a second");
+        assert_eq!(taken(&budget, 500, 50), 0, "counted once");
+        assert_eq!(
+            taken(&budget, 60_500, 500),
+            100,
+            "a quiet minute banks a hundred"
+        );
     }
 }
