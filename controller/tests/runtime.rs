@@ -2706,6 +2706,43 @@ async fn reference_grants_are_read_at_v1beta1_where_the_crds_serve_no_v1() {
     .expect("in time");
 }
 
+/// A route this build cannot read (a filter type from a newer Gateway API bundle) is left
+/// out on its own: another tenant's routes, listed with it and written after it, are served
+/// and reported as before.
+#[tokio::test]
+async fn a_route_the_controller_cannot_read_stops_no_other_route() {
+    tokio::time::timeout(Duration::from_secs(40), async {
+        let route = |namespace: &str, name: &str, parent: &str, filters: &str| {
+            yaml(&format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec:\n  parentRefs: [{{name: {parent}}}]\n  rules: [{{filters: [{filters}], backendRefs: [{{name: web, port: 80}}]}}]\n"
+            ))
+        };
+        let t = Tenant::start_with("replicas: 1", |api| {
+            api.put(route("tenant-c", "from-the-future", "third", "{type: TimeTravel}"));
+        })
+        .await;
+        let accepted = |api: &ApiServer, namespace: &str, name: &str| {
+            route_condition(api, namespace, name, "Accepted").filter(|c| c["status"] == "True")
+        };
+        eventually("the listed routes accepted", || accepted(&t.api, "tenant-a", "shop")).await;
+        eventually("the third tenant's own route accepted", || {
+            accepted(&t.api, "tenant-c", "blog")
+        })
+        .await;
+
+        // Written after it, while it stands: seen, served and reported.
+        t.api.put(route("tenant-c", "also-from-the-future", "third", "{type: Teleport}"));
+        t.api.put(route("tenant-a", "late", "edge", ""));
+        eventually("a route written later accepted", || accepted(&t.api, "tenant-a", "late")).await;
+        for name in ["from-the-future", "also-from-the-future"] {
+            assert_eq!(route_parent(&t.api, "tenant-c", name), None, "{name} is left out");
+        }
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// ReferenceGrant's version is asked again, quickly, for the tests: discovery retried after
 /// 50 ms (up to 200 ms), a watch failing as not served re-checked after 1 s: longer than the
 /// watch's first retry (800 ms), so the re-check spans failed attempts, as it does in production.

@@ -26,10 +26,11 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::core::PartialObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::{ApiResource, DynamicObject, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -136,6 +137,52 @@ impl PlaneObjects {
     }
 }
 
+/// A watch event of `K`'s dynamic form, read as `K`. An object that does not read so is
+/// logged and left out: skipped in a list, and gone from the cache when it changes to such a
+/// form (its status is then left as it was).
+fn readable<K>(event: watcher::Event<DynamicObject>) -> Option<watcher::Event<K>>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Default,
+{
+    fn read<K>(object: DynamicObject) -> Option<K>
+    where
+        K: Resource<DynamicType = ()> + DeserializeOwned,
+    {
+        let (namespace, name) = (object.namespace(), object.name_any());
+        object
+            .try_parse::<K>()
+            .map_err(|e| {
+                tracing::warn!(
+                    kind = %K::kind(&()),
+                    namespace = namespace.unwrap_or_default(),
+                    name,
+                    error = %e,
+                    "object unreadable by this build; left out"
+                );
+            })
+            .ok()
+    }
+    /// The cache forgets an object by its name: nothing else of it is needed.
+    fn gone<K: Resource + Default>(metadata: ObjectMeta) -> watcher::Event<K> {
+        let mut object = K::default();
+        *object.meta_mut() = metadata;
+        watcher::Event::Delete(object)
+    }
+    Some(match event {
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(read(o)?),
+        watcher::Event::Apply(o) => {
+            let metadata = o.metadata.clone();
+            match read(o) {
+                Some(object) => watcher::Event::Apply(object),
+                None => gone(metadata),
+            }
+        }
+        watcher::Event::Delete(o) => gone(o.metadata),
+    })
+}
+
 fn cloned<K>(store: &Store<K>) -> Vec<K>
 where
     K: Resource + Clone + 'static,
@@ -169,6 +216,26 @@ impl Stores {
             K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
         {
             cache(watcher(api, config), changed, tasks)
+        }
+        /// [`watch`] of a Gateway API kind, read object by object: one object this build
+        /// cannot read (a value its types do not know, from a newer bundle than it was
+        /// generated from) is left out, logged, instead of failing the list and the watch of
+        /// every object of the kind (each tenant's routes would stop being seen).
+        fn watch_each<K>(
+            client: &Client,
+            config: watcher::Config,
+            changed: &Arc<Notify>,
+            tasks: &mut JoinSet<()>,
+        ) -> Store<K>
+        where
+            K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Default + Debug,
+            K: Send + Sync + 'static,
+        {
+            let resource = ApiResource::erase::<K>(&());
+            let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+            let events =
+                watcher(api, config).try_filter_map(|event| future::ready(Ok(readable(event))));
+            cache(events, changed, tasks)
         }
         /// Caches `events` (retrying a failed watch with backoff).
         fn cache<K>(
@@ -234,14 +301,14 @@ impl Stores {
                 })
             });
         Self {
-            gateway_classes: watch(Api::all(client.clone()), all(), &changed, tasks),
-            gateways: watch(Api::all(client.clone()), all(), &changed, tasks),
-            http_routes: watch(Api::all(client.clone()), all(), &changed, tasks),
-            grpc_routes: watch(Api::all(client.clone()), all(), &changed, tasks),
+            gateway_classes: watch_each(client, all(), &changed, tasks),
+            gateways: watch_each(client, all(), &changed, tasks),
+            http_routes: watch_each(client, all(), &changed, tasks),
+            grpc_routes: watch_each(client, all(), &changed, tasks),
             reference_grants: cache(reference_grants, &changed, tasks),
             listener_sets: cache(listener_sets, &changed, tasks),
             listener_set_resource,
-            backend_tls_policies: watch(Api::all(client.clone()), all(), &changed, tasks),
+            backend_tls_policies: watch_each(client, all(), &changed, tasks),
             config_maps: watch(Api::all(client.clone()), all(), &changed, tasks),
             namespaces: watch(Api::all(client.clone()), all(), &changed, tasks),
             services: watch(Api::all(client.clone()), all(), &changed, tasks),
