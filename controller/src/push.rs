@@ -95,9 +95,8 @@ struct PlaneState {
     /// rollout replaces them; a pod that refuses the current token is tried with this one,
     /// so a rotation neither leaves old pods without route changes nor reads as a failure.
     previous_token: Option<String>,
-    /// Rules a pod refused, by content, while the plane had these pods.
+    /// Rules a pod refused, by content, while that pod is one of the plane's.
     refusals: Vec<Refusal>,
-    refusal_pods: BTreeSet<SocketAddr>,
 }
 
 /// A remembered refusal: the rule as it was pushed, who refused it, why and when.
@@ -281,19 +280,16 @@ async fn sync_plane(
         token: round.token.to_owned(),
         previous_token: None,
         refusals: Vec::new(),
-        refusal_pods: BTreeSet::new(),
     });
     if state.token != round.token {
         state.previous_token = Some(std::mem::replace(&mut state.token, round.token.to_owned()));
     }
-    // Refusals hold while the plane runs the same pods, and for a while: a rollout, or time,
-    // may bring a release that takes the rule.
-    let pods_now: BTreeSet<SocketAddr> = round.pods.iter().copied().collect();
-    if state.refusal_pods != pods_now {
-        state.refusals.clear();
-        state.refusal_pods = pods_now;
-    }
-    state.refusals.retain(|r| r.at.elapsed() < REFUSAL_MEMORY);
+    // A refusal holds while the pod that refused stays, and for a while: a rollout (which
+    // replaces that pod), or time, may bring a release that takes the rule. Pods that come and
+    // go beside it (an autoscaler at work) do not make the plane find it out again.
+    state
+        .refusals
+        .retain(|r| round.pods.contains(&r.pod) && r.at.elapsed() < REFUSAL_MEMORY);
     let rules = &round.config.rules;
     // The rules pushed, by their position in the round's document.
     let mut kept: Vec<usize> = (0..rules.len())

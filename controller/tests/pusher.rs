@@ -373,7 +373,8 @@ async fn pods_that_still_hold_the_token_before_a_rotation_keep_getting_pushes() 
 /// A plane whose pods run two releases during an upgrade: the older one cannot read a CORS
 /// filter. Its refusal names the rule; the rule is left out and the rest of the document is
 /// pushed in the same round to every pod, so both serve the same routes; later rounds push
-/// the document without it at once, until the plane's pods change.
+/// the document without it at once, pods joining beside them too, until the pod that refused
+/// is gone.
 #[tokio::test]
 async fn a_rule_an_older_pod_refuses_is_left_out_and_the_rest_is_pushed_in_the_same_round() {
     use cftunnel_config::{Cors, Filter, FilterType};
@@ -443,6 +444,16 @@ async fn a_rule_an_older_pod_refuses_is_left_out_and_the_rest_is_pushed_in_the_s
     assert_eq!(again.version, round.version);
     assert!(again.pods.iter().all(|(_, o)| *o == PodOutcome::Current));
     assert_eq!(again.refused, round.refused);
+
+    // A pod that joins beside them (the autoscaler at work) does not make the plane find the
+    // refusal out again: it gets the same document, at the same version.
+    let joined = proxy().await;
+    let scaled_pods = [pods[0], pods[1], joined.admin_addr()];
+    let scaled = pusher.sync(&plane(), &doc, TOKEN, &scaled_pods).await;
+    assert_eq!(scaled.version, round.version, "{scaled:?}");
+    assert_eq!(scaled.refused, round.refused);
+    assert!(scaled.all_current(), "{scaled:?}");
+    assert_eq!(held(&joined).await, round.version);
 
     // The older pod is gone (the rollout finished): the whole document is offered again.
     let upgraded = pusher.sync(&plane(), &doc, TOKEN, &pods[..1]).await;
