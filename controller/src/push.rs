@@ -28,8 +28,9 @@ const MAX_ANSWER: usize = 64 * 1024;
 /// Pushes of a plane in one round after pods refused rules: each leaves out at least one more
 /// rule; what is left for later rounds is pushed then.
 const MAX_PASSES: usize = 8;
-/// How long a refusal is remembered while the plane's pods stay the same: after it, the whole
-/// document is offered again (a pod may have been replaced by a release that takes the rule).
+/// How long a refusal is remembered while the pod that refused stays: after it, the whole
+/// document is offered again (the pod may have been upgraded in place to a release that takes
+/// the rule).
 const REFUSAL_MEMORY: Duration = Duration::from_secs(600);
 
 /// What happened at one pod in a round.
