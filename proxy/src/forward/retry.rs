@@ -30,11 +30,13 @@ pub struct RetryPolicy {
     pub backoff: Duration,
 }
 
-/// The retries a backend's requests may take between them: a fifth of the requests sent to it
+/// The retries a backend's requests may take between them: one for each request sent to it
 /// under a retry policy, plus ten a second whatever the traffic, banked up to a hundred. A
 /// policy's `attempts` is a most: against a backend that fails every try, a rule asking for
-/// thousands of retries a request adds a fifth to its load rather than a thousandfold (the
-/// budget Finagle and Linkerd give retries, for the same reason).
+/// thousands of retries a request about doubles its load rather than multiplying it a
+/// thousandfold (Finagle and Linkerd budget retries for the same reason, at a fifth of the
+/// requests; a whole retry a request lets every request that needs one have it, as Gateway
+/// API's conformance probes do, several retries apiece for a while).
 #[derive(Debug)]
 pub(crate) struct RetryBudget {
     /// Thousandths of a retry.
@@ -46,14 +48,14 @@ pub(crate) struct RetryBudget {
 
 impl RetryBudget {
     const RETRY: i64 = 1000;
-    const PER_REQUEST: i64 = Self::RETRY / 5;
+    const PER_REQUEST: i64 = Self::RETRY;
     const PER_SECOND: i64 = 10 * Self::RETRY;
     const MOST: i64 = 100 * Self::RETRY;
 
-    /// A budget holding one second's retries, so a new backend's first failures are retried.
+    /// A budget that starts full, so a new backend's first failures are retried.
     pub(crate) fn new() -> Self {
         Self {
-            balance: AtomicI64::new(Self::PER_SECOND),
+            balance: AtomicI64::new(Self::MOST),
             refilled: AtomicU64::new(0),
             epoch: std::time::Instant::now(),
         }
@@ -369,25 +371,25 @@ mod tests {
     }
 
     #[test]
-    fn a_new_budget_holds_one_seconds_retries() {
+    fn a_new_budget_starts_full() {
         let budget = RetryBudget::new();
-        assert_eq!(taken(&budget, 0, 50), 10);
+        assert_eq!(taken(&budget, 0, 500), 100);
     }
 
     #[test]
-    fn requests_earn_a_fifth_of_a_retry_each() {
+    fn each_request_earns_a_retry() {
         let budget = RetryBudget::new();
-        assert_eq!(taken(&budget, 0, 50), 10);
+        assert_eq!(taken(&budget, 0, 500), 100);
         for _ in 0..25 {
             budget.deposit();
         }
-        assert_eq!(taken(&budget, 0, 50), 5);
+        assert_eq!(taken(&budget, 0, 50), 25);
     }
 
     #[test]
     fn ten_retries_a_second_come_whatever_the_traffic_up_to_a_hundred() {
         let budget = RetryBudget::new();
-        assert_eq!(taken(&budget, 0, 50), 10);
+        assert_eq!(taken(&budget, 0, 500), 100);
         assert_eq!(taken(&budget, 500, 50), 5, "half a second");
         assert_eq!(taken(&budget, 500, 50), 0, "counted once");
         assert_eq!(
