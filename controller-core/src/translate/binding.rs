@@ -166,6 +166,9 @@ impl<'h> ParentBinding<'h> {
                     attachment.schemes.insert(l.scheme);
                     match l.hosts.names() {
                         None => attachment.any_host = true,
+                        // The route's listeners of both schemes most often give it the same
+                        // hosts, which the attachment would only drop again when it settles.
+                        Some(names) if attachment.hostnames == names => {}
                         Some(names) => attachment.hostnames.extend_from_slice(names),
                     }
                 }

@@ -107,7 +107,7 @@ pub(super) fn translate_all<'r, R>(
         });
         match translated {
             Ok(rule) => out.rules.push(RuleTemplate {
-                rule,
+                rule: Box::new(rule),
                 index: i,
                 grpc: None,
             }),
@@ -328,7 +328,7 @@ fn convert_backend<'t>(
         ctx.options,
     ) {
         Ok(mut r) => {
-            ctx.ports.borrow_mut().extend(r.port.take());
+            ctx.ports.borrow_mut().extend(r.port.take().map(|p| *p));
             // A BackendTLSPolicy that cannot be used fails its backends closed (spec: the
             // client gets a 5xx), as an invalid reference does.
             if fail_closed || r.tls_refused {

@@ -220,7 +220,12 @@ impl SchemeListeners {
     /// requires its listeners' scheme (either, for a route on listeners of both, which keeps
     /// its header count in step with the rules it shares those hosts with).
     /// Each part is handed to `place`, the uncontested one first.
-    pub(super) fn scope(&self, mut rule: Rule, schemes: Schemes, mut place: impl FnMut(Rule)) {
+    pub(super) fn scope(
+        &self,
+        mut rule: Box<Rule>,
+        schemes: Schemes,
+        mut place: impl FnMut(Box<Rule>),
+    ) {
         let contested = |host: Option<&str>| schemes.iter().any(|s| self.contested(s, host));
         let Some((first, others)) = rule.hostnames.split_first() else {
             if contested(None) {
@@ -239,10 +244,10 @@ impl SchemeListeners {
         let (contested, free): (Vec<String>, Vec<String>) = std::mem::take(&mut rule.hostnames)
             .into_iter()
             .partition(|h| contested(Some(h)));
-        place(Rule {
+        place(Box::new(Rule {
             hostnames: free,
-            ..rule.clone()
-        });
+            ..Rule::clone(&rule)
+        }));
         rule.hostnames = contested;
         require(&mut rule, schemes);
         place(rule);
