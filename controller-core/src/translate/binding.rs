@@ -169,6 +169,10 @@ impl<'h> ParentBinding<'h> {
                         // The route's listeners of both schemes most often give it the same
                         // hosts, which the attachment would only drop again when it settles.
                         Some(names) if attachment.hostnames == names => {}
+                        // Allocated at its length, without the growth path.
+                        Some(names) if attachment.hostnames.is_empty() => {
+                            attachment.hostnames = names.to_vec();
+                        }
                         Some(names) => attachment.hostnames.extend_from_slice(names),
                     }
                 }

@@ -288,14 +288,19 @@ fn convert_backend<'t>(
         .map_err(|_| RuleError::unsupported(format!("{field}.weight"), "must be 0 or more"))?;
     let mut filters = Vec::new();
     let mut fail_closed = false;
-    let specs: Vec<HttpRouteRulesFilters> = b
-        .filters
-        .iter()
-        .flatten()
-        .enumerate()
-        .map(|(k, f)| reshape(f, field.item("filters", k)))
-        .collect::<Result<_, _>>()?;
-    check_filter_kinds(&specs, field)?;
+    // Most backendRefs have no filters: nothing to reshape or check then.
+    let specs: Vec<HttpRouteRulesFilters> = match b.filters.as_deref() {
+        None | Some([]) => Vec::new(),
+        Some(list) => {
+            let specs = list
+                .iter()
+                .enumerate()
+                .map(|(k, f)| reshape(f, field.item("filters", k)))
+                .collect::<Result<Vec<_>, _>>()?;
+            check_filter_kinds(&specs, field)?;
+            specs
+        }
+    };
     for (k, f) in specs.iter().enumerate() {
         let ffield = field.item("filters", k);
         match convert_filter(ctx, f, all_prefix, protocol, ffield, ref_errors)? {

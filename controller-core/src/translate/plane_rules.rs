@@ -35,11 +35,14 @@ pub(super) struct PlaneRules {
 }
 
 impl PlaneRules {
-    /// Room for `rules` rules.
+    /// Room for `rules` rules, and their hashes and claims: the tables grew from empty
+    /// every round, rehashing every entry at each doubling.
     pub(super) fn with_capacity(rules: usize) -> Self {
         Self {
             rules: Vec::with_capacity(rules),
             routes: Vec::with_capacity(rules),
+            positions: HashTable::with_capacity(rules),
+            claims: FirstClaims::with_capacity(rules),
             ..Self::default()
         }
     }

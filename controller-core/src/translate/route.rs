@@ -126,8 +126,12 @@ pub(super) fn collect_routes(snapshot: &Snapshot) -> Vec<RouteView<'_>> {
 }
 
 fn invalid_hostnames(hostnames: Option<&[String]>) -> Option<String> {
+    let hostnames = hostnames.unwrap_or_default();
+    // Almost always every hostname is valid: then nothing is collected.
+    if hostnames.iter().all(|h| valid::check_hostname(h).is_ok()) {
+        return None;
+    }
     let problems: Vec<String> = hostnames
-        .unwrap_or_default()
         .iter()
         .enumerate()
         .filter_map(|(i, h)| {

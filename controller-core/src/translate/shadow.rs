@@ -71,6 +71,14 @@ pub(super) struct Shadowed {
 }
 
 impl FirstClaims {
+    /// Room for the claims of `rules` rules of a host and a match or so each.
+    pub(super) fn with_capacity(rules: usize) -> Self {
+        Self {
+            hosts: HashTable::with_capacity(rules),
+            matches: HashTable::with_capacity(rules),
+        }
+    }
+
     /// Records the rule placed at `at` in `rules`, from the route at `at` in `routes`, whose
     /// matches hash to `match_hashes`, noting in `shadowed` each of its (host, match) pairs
     /// another route placed there first.
