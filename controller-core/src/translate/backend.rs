@@ -270,8 +270,9 @@ fn endpoint_urls(
             if !ready {
                 continue;
             }
-            // Addresses are short: a plain scan beats a call to `memchr`.
-            let url = if v6 || address.bytes().any(|b| b == b':') {
+            // Addresses are short: a plain scan beats a call to `memchr`, and one without a
+            // branch per byte (an IPv4 address has no `:` to stop at) beats that.
+            let url = if v6 || address.bytes().fold(false, |colon, b| colon | (b == b':')) {
                 super::joined([scheme, "://[", address, "]:", target])
             } else {
                 super::joined([scheme, "://", address, ":", target])

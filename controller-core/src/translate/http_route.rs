@@ -107,7 +107,7 @@ pub(super) fn translate_all<'r, R>(
         });
         match translated {
             Ok(rule) => out.rules.push(RuleTemplate {
-                rule: Box::new(rule),
+                rule,
                 index: i,
                 grpc: None,
             }),
@@ -130,7 +130,8 @@ fn default_match() -> Match {
 }
 
 /// Translates one rule given its already-converted matches. `protocol` forces the backend
-/// protocol (GRPCRoute).
+/// protocol (GRPCRoute). Boxed where it is built, as its template keeps it
+/// ([`RuleTemplate::rule`]).
 fn translate_rule(
     ctx: &RouteContext<'_, '_>,
     i: usize,
@@ -139,7 +140,7 @@ fn translate_rule(
     protocol: Option<BackendProtocol>,
     field: Field<'_>,
     ref_errors: &mut Vec<BackendRefError>,
-) -> Result<Rule, RuleError> {
+) -> Result<Box<Rule>, RuleError> {
     let all_prefix = matches.iter().all(|m| {
         m.path
             .as_ref()
@@ -243,7 +244,7 @@ fn translate_rule(
         Some(name) => name.as_str(),
         None => index.format(i),
     };
-    Ok(Rule {
+    Ok(Box::new(Rule {
         hostnames: Vec::new(),
         matches,
         filters,
@@ -259,7 +260,7 @@ fn translate_rule(
             "/",
             rule_name,
         ])),
-    })
+    }))
 }
 
 /// A Gateway API duration; `0s` disables the timeout.
@@ -333,7 +334,9 @@ fn convert_backend<'t>(
         ctx.options,
     ) {
         Ok(mut r) => {
-            ctx.ports.borrow_mut().extend(r.port.take().map(|p| *p));
+            if let Some(port) = r.port.take() {
+                ctx.ports.borrow_mut().insert(*port);
+            }
             // A BackendTLSPolicy that cannot be used fails its backends closed (spec: the
             // client gets a 5xx), as an invalid reference does.
             if fail_closed || r.tls_refused {

@@ -368,13 +368,15 @@ fn translate_checked(
     let mut port_users: BTreeMap<backend_tls::PortKey, BTreeSet<ParentRef>> = BTreeMap::new();
     let mut configs: BTreeMap<PlaneKey, Config> = BTreeMap::new();
     configs.insert(PlaneKey::Shared, Config::default());
-    let mut planes = BTreeMap::new();
-    for gw in gateways.values() {
-        if let Some(plane) = &gw.plane {
-            configs.entry(plane.clone()).or_default();
-            planes.insert(gw.key.clone(), plane.clone());
-        }
+    for plane in gateways.values().filter_map(|gw| gw.plane.as_ref()) {
+        configs.entry(plane.clone()).or_default();
     }
+    // Collected at once: the Gateways come in key order, so the map is built without a
+    // search per Gateway.
+    let planes: BTreeMap<ObjectKey, PlaneKey> = gateways
+        .values()
+        .filter_map(|gw| Some((gw.key.clone(), gw.plane.clone()?)))
+        .collect();
 
     // The Access requirement of each dedicated plane's Gateway (its GatewayConfig's), carried
     // by every rule of its routes that names none of its own, on every plane they are copied to.
