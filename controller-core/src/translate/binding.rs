@@ -263,7 +263,7 @@ pub(super) fn bind<'h>(
     route: &'h RouteView<'_>,
     gateways: &'h OwnedGateways<'_>,
     listener_sets: &ListenerSets,
-    scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners>,
+    scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners<'_>>,
     index: &Index<'_>,
     hostname_ownership: bool,
     parents: &mut Vec<ParentBinding<'h>>,
@@ -345,7 +345,7 @@ fn attach<'h>(
     p: &ParentRefView<'_>,
     gw: &'h OwnedGateway<'_>,
     set: Option<&ObjectKey>,
-    scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners>,
+    scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners<'_>>,
     index: &Index<'_>,
 ) -> Result<(PlaneKey, Vec<ListenerAttachment<'h>>), (Reason, String)> {
     // The listeners the parentRef selects, those of them that allow the route, and those of

@@ -816,17 +816,17 @@ impl Tunnels {
 /// [`scheme`]) and give listener isolation across the table
 /// ([`scheme::SchemeListeners::taken_by_more_specific`]). Built from the settled Gateways: one
 /// without a plane, or a conflicted listener, contributes nothing.
-fn scheme_listeners(
-    gateways: &gateway::OwnedGateways<'_>,
+fn scheme_listeners<'g>(
+    gateways: &'g gateway::OwnedGateways<'_>,
     tunnels: &Tunnels,
-) -> BTreeMap<PlaneKey, scheme::SchemeListeners> {
-    let mut planes: BTreeMap<PlaneKey, scheme::SchemeListeners> = BTreeMap::new();
+) -> BTreeMap<PlaneKey, scheme::SchemeListeners<'g>> {
+    let mut planes: BTreeMap<PlaneKey, scheme::SchemeListeners<'g>> = BTreeMap::new();
     for gw in gateways.values() {
         let Some(plane) = &gw.plane else { continue };
         for target in tunnels.planes_with(plane) {
             let listeners = planes.entry(target.clone()).or_default();
             for l in gw.listeners.iter().filter(|l| l.usable) {
-                listeners.add(l.scheme, l.hostname.clone());
+                listeners.add(l.scheme, l.hostname.as_deref());
             }
         }
     }
