@@ -49,7 +49,8 @@ pub(super) fn resolve<'a>(
         });
     }
     let namespace = r.namespace.unwrap_or(from_namespace);
-    if namespace != from_namespace
+    // Most backendRefs leave the namespace out: no string to compare then.
+    if r.namespace.is_some_and(|ns| ns != from_namespace)
         && !index.reference_granted(
             from.as_str(),
             from_namespace,

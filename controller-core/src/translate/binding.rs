@@ -270,7 +270,8 @@ pub(super) fn bind<'h>(
 ) {
     parents.clear();
     for p in &route.parent_refs {
-        if p.group.unwrap_or(GATEWAY_API_GROUP) != GATEWAY_API_GROUP {
+        // Most parentRefs leave the group out: no string to compare then.
+        if p.group.is_some_and(|group| group != GATEWAY_API_GROUP) {
             continue;
         }
         let namespace = p.namespace.unwrap_or(route.namespace);
