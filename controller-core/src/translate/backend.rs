@@ -49,7 +49,8 @@ pub(super) fn resolve<'a>(
         });
     }
     let namespace = r.namespace.unwrap_or(from_namespace);
-    if namespace != from_namespace
+    // Most backendRefs leave the namespace out: no string to compare then.
+    if r.namespace.is_some_and(|ns| ns != from_namespace)
         && !index.reference_granted(
             from.as_str(),
             from_namespace,
@@ -170,10 +171,10 @@ pub(super) fn resolve<'a>(
 /// `kubernetes.io/wss`, or port 443), then verified against the platform's web roots for
 /// `host` (the name a client of the Service would check).
 struct Tls {
-    settings: Option<BackendTls>,
+    settings: Option<Box<BackendTls>>,
     refused: bool,
     /// Only where BackendTLSPolicies exist (see [`Resolved::port`]).
-    port: Option<PortKey>,
+    port: Option<Box<PortKey>>,
 }
 
 impl Tls {
@@ -187,11 +188,11 @@ impl Tls {
     ) -> Self {
         let port_name = service_port.and_then(|p| p.name.as_deref());
         let key = index.tls_policies.then(|| {
-            (
+            Box::new((
                 namespace.to_owned(),
                 service.to_owned(),
                 port_name.map(str::to_owned),
-            )
+            ))
         });
         let asks = port == HTTPS_PORT
             || matches!(
@@ -200,14 +201,16 @@ impl Tls {
             );
         match index.policies.covering(namespace, service, port_name) {
             Some(covered) => Self {
-                settings: covered.tls.cloned(),
+                settings: covered.tls.cloned().map(Box::new),
                 refused: covered.tls.is_none(),
                 port: key,
             },
             None => Self {
-                settings: asks.then(|| BackendTls {
-                    server_name: Some(host()),
-                    ..BackendTls::default()
+                settings: asks.then(|| {
+                    Box::new(BackendTls {
+                        server_name: Some(host()),
+                        ..BackendTls::default()
+                    })
                 }),
                 refused: false,
                 port: key,
@@ -268,8 +271,9 @@ fn endpoint_urls(
             if !ready {
                 continue;
             }
-            // Addresses are short: a plain scan beats a call to `memchr`.
-            let url = if v6 || address.bytes().any(|b| b == b':') {
+            // Addresses are short: a plain scan beats a call to `memchr`, and one without a
+            // branch per byte (an IPv4 address has no `:` to stop at) beats that.
+            let url = if v6 || address.bytes().fold(false, |colon, b| colon | (b == b':')) {
                 super::joined([scheme, "://[", address, "]:", target])
             } else {
                 super::joined([scheme, "://", address, ":", target])
@@ -337,7 +341,7 @@ pub(super) fn expand(targets: Vec<WeightedTarget<'_>>) -> Vec<Backend> {
                 public_only: r.public_only,
                 filters: t.filters,
                 unavailable_status: Some(NO_ENDPOINTS_STATUS),
-                tls: r.tls.take(),
+                tls: r.tls.take().map(|t| *t),
                 url: r.into_service_url(),
             }),
             Ok(mut r) => {
@@ -355,10 +359,10 @@ pub(super) fn expand(targets: Vec<WeightedTarget<'_>>) -> Vec<Backend> {
                 // The last endpoint takes the filters and TLS settings; the others copy them.
                 let last = r.urls.pop();
                 for url in r.urls.drain(..) {
-                    out.push(backend(url, t.filters.clone(), r.tls.clone()));
+                    out.push(backend(url, t.filters.clone(), r.tls.as_deref().cloned()));
                 }
                 if let Some(url) = last {
-                    out.push(backend(url, t.filters, r.tls.take()));
+                    out.push(backend(url, t.filters, r.tls.take().map(|t| *t)));
                 }
             }
         }

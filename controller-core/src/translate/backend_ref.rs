@@ -141,13 +141,14 @@ pub(super) struct Resolved<'a> {
     /// The proxy dials only public addresses: set for ExternalName Services under
     /// `--external-name-backends=external`, whose name is the Service owner's to point anywhere.
     pub(super) public_only: bool,
-    /// TLS to the backend (the URLs are then `https`).
-    pub(super) tls: Option<BackendTls>,
+    /// TLS to the backend (the URLs are then `https`). Boxed, as is `port`: most backends
+    /// have neither, and a resolved backend is moved a few times before it is written out.
+    pub(super) tls: Option<Box<BackendTls>>,
     /// The BackendTLSPolicy covering the port cannot be used: the backend fails closed.
     pub(super) tls_refused: bool,
     /// The Service port, as BackendTLSPolicies target it (for their status); `None` in a
     /// cluster without BackendTLSPolicies, where no status needs it.
-    pub(super) port: Option<PortKey>,
+    pub(super) port: Option<Box<PortKey>>,
 }
 
 /// The URL naming a resolved Service. A cluster Service's is kept as its parts and joined

@@ -166,6 +166,13 @@ impl<'h> ParentBinding<'h> {
                     attachment.schemes.insert(l.scheme);
                     match l.hosts.names() {
                         None => attachment.any_host = true,
+                        // The route's listeners of both schemes most often give it the same
+                        // hosts, which the attachment would only drop again when it settles.
+                        Some(names) if attachment.hostnames == names => {}
+                        // Allocated at its length, without the growth path.
+                        Some(names) if attachment.hostnames.is_empty() => {
+                            attachment.hostnames = names.to_vec();
+                        }
                         Some(names) => attachment.hostnames.extend_from_slice(names),
                     }
                 }
@@ -256,14 +263,15 @@ pub(super) fn bind<'h>(
     route: &'h RouteView<'_>,
     gateways: &'h OwnedGateways<'_>,
     listener_sets: &ListenerSets,
-    scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners>,
+    scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners<'_>>,
     index: &Index<'_>,
     hostname_ownership: bool,
     parents: &mut Vec<ParentBinding<'h>>,
 ) {
     parents.clear();
     for p in &route.parent_refs {
-        if p.group.unwrap_or(GATEWAY_API_GROUP) != GATEWAY_API_GROUP {
+        // Most parentRefs leave the group out: no string to compare then.
+        if p.group.is_some_and(|group| group != GATEWAY_API_GROUP) {
             continue;
         }
         let namespace = p.namespace.unwrap_or(route.namespace);
@@ -338,7 +346,7 @@ fn attach<'h>(
     p: &ParentRefView<'_>,
     gw: &'h OwnedGateway<'_>,
     set: Option<&ObjectKey>,
-    scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners>,
+    scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners<'_>>,
     index: &Index<'_>,
 ) -> Result<(PlaneKey, Vec<ListenerAttachment<'h>>), (Reason, String)> {
     // The listeners the parentRef selects, those of them that allow the route, and those of

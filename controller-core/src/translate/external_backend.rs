@@ -100,7 +100,7 @@ pub(super) fn resolve(
             if tls.server_name.is_none() && url.contains(&format!("://{host}.:")) {
                 tls.server_name = Some(host.to_owned());
             }
-            Some(tls)
+            Some(Box::new(tls))
         }
     };
     Ok(Resolved {

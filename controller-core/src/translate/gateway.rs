@@ -465,8 +465,13 @@ fn mark_shared_plane_conflicts(gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'
         ))
     });
     // Per scheme and hostname: the Gateway and listener keeping them. Only looked up, never
-    // iterated, so a hash map: its order cannot reach the output.
-    let mut holders: FxHashMap<(Scheme, Option<&str>), (&ObjectKey, &str)> = FxHashMap::default();
+    // iterated, so a hash map: its order cannot reach the output. Sized for every listener,
+    // where growing it rehashed every entry at each doubling.
+    let mut holders: FxHashMap<(Scheme, Option<&str>), (&ObjectKey, &str)> =
+        FxHashMap::with_capacity_and_hasher(
+            order.iter().map(|gw| gw.listeners.len()).sum(),
+            Default::default(),
+        );
     let mut conflicts = Vec::new();
     for gw in order {
         for (index, l) in gw.listeners.iter().enumerate().filter(|(_, l)| l.usable) {

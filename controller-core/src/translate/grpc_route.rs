@@ -90,44 +90,45 @@ fn split(template: RuleTemplate, rules: &[GrpcRouteRules]) -> Vec<RuleTemplate> 
         .iter()
         .enumerate()
         .map(|(j, m)| RuleTemplate {
-            rule: Rule {
+            rule: Box::new(Rule {
                 matches: vec![m.clone()],
-                ..rule.clone()
-            },
+                ..Rule::clone(&rule)
+            }),
             index,
             grpc: Some(rank(spec.get(j), index, j)),
         })
         .collect()
 }
 
-/// The rules of a document in the order to push them, each handed to `put`: GRPCRoute rules
-/// (those with a placement) sorted by it, in the places GRPCRoute rules hold; every other rule
-/// stays where it is. `T` is a rule with whatever travels with it. Handed over rather than
-/// collected, so a plane's rules move once more, into its document.
-pub(super) fn order<T>(rules: Vec<(Option<Placement>, T)>, put: impl FnMut(T)) {
-    let mut grpc: Vec<(Placement, usize)> = rules
-        .iter()
-        .enumerate()
-        .filter_map(|(i, (placement, _))| placement.map(|p| (p, i)))
-        .collect();
-    // A plane without GRPCRoute rules keeps its order.
+/// Puts the rules of a document in the order to push them: GRPCRoute rules, at the positions
+/// `grpc` gives with their placements (in increasing position), sorted by placement in the
+/// places GRPCRoute rules hold; every other rule stays where it is. `swap` swaps the rules at
+/// two positions, so only GRPCRoute rules move, and each at most once.
+pub(super) fn order(mut grpc: Vec<(Placement, usize)>, mut swap: impl FnMut(usize, usize)) {
     if grpc.is_empty() {
-        rules.into_iter().map(|(_, r)| r).for_each(put);
         return;
     }
-    let slots: Vec<usize> = grpc.iter().map(|(_, i)| *i).collect();
-    grpc.sort();
-    let mut taken: Vec<Option<T>> = rules.into_iter().map(|(_, r)| Some(r)).collect();
-    let mut out: Vec<Option<T>> = std::iter::repeat_with(|| None).take(taken.len()).collect();
-    for (slot, (_, from)) in slots.into_iter().zip(grpc) {
-        if let (Some(out), Some(taken)) = (out.get_mut(slot), taken.get_mut(from)) {
-            *out = taken.take();
+    let slots: Vec<usize> = grpc.iter().map(|&(_, at)| at).collect();
+    grpc.sort_unstable();
+    // The `k`th place takes the rule of the `from[k]`th: a permutation, followed cycle by
+    // cycle.
+    let from: Vec<usize> = grpc
+        .iter()
+        .map(|&(_, at)| slots.binary_search(&at).unwrap_or_default())
+        .collect();
+    let mut done = vec![false; from.len()];
+    for start in 0..from.len() {
+        let mut k = start;
+        while !done[k] {
+            done[k] = true;
+            let next = from[k];
+            if next == start {
+                break;
+            }
+            swap(slots[k], slots[next]);
+            k = next;
         }
     }
-    out.into_iter()
-        .zip(taken)
-        .filter_map(|(sorted, kept)| sorted.or(kept))
-        .for_each(put);
 }
 
 /// The path match of a GRPCRoute match without a method: every request, ranked after the

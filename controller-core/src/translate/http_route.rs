@@ -130,7 +130,8 @@ fn default_match() -> Match {
 }
 
 /// Translates one rule given its already-converted matches. `protocol` forces the backend
-/// protocol (GRPCRoute).
+/// protocol (GRPCRoute). Boxed where it is built, as its template keeps it
+/// ([`RuleTemplate::rule`]).
 fn translate_rule(
     ctx: &RouteContext<'_, '_>,
     i: usize,
@@ -139,7 +140,7 @@ fn translate_rule(
     protocol: Option<BackendProtocol>,
     field: Field<'_>,
     ref_errors: &mut Vec<BackendRefError>,
-) -> Result<Rule, RuleError> {
+) -> Result<Box<Rule>, RuleError> {
     let all_prefix = matches.iter().all(|m| {
         m.path
             .as_ref()
@@ -243,7 +244,7 @@ fn translate_rule(
         Some(name) => name.as_str(),
         None => index.format(i),
     };
-    Ok(Rule {
+    Ok(Box::new(Rule {
         hostnames: Vec::new(),
         matches,
         filters,
@@ -259,7 +260,7 @@ fn translate_rule(
             "/",
             rule_name,
         ])),
-    })
+    }))
 }
 
 /// A Gateway API duration; `0s` disables the timeout.
@@ -288,14 +289,19 @@ fn convert_backend<'t>(
         .map_err(|_| RuleError::unsupported(format!("{field}.weight"), "must be 0 or more"))?;
     let mut filters = Vec::new();
     let mut fail_closed = false;
-    let specs: Vec<HttpRouteRulesFilters> = b
-        .filters
-        .iter()
-        .flatten()
-        .enumerate()
-        .map(|(k, f)| reshape(f, field.item("filters", k)))
-        .collect::<Result<_, _>>()?;
-    check_filter_kinds(&specs, field)?;
+    // Most backendRefs have no filters: nothing to reshape or check then.
+    let specs: Vec<HttpRouteRulesFilters> = match b.filters.as_deref() {
+        None | Some([]) => Vec::new(),
+        Some(list) => {
+            let specs = list
+                .iter()
+                .enumerate()
+                .map(|(k, f)| reshape(f, field.item("filters", k)))
+                .collect::<Result<Vec<_>, _>>()?;
+            check_filter_kinds(&specs, field)?;
+            specs
+        }
+    };
     for (k, f) in specs.iter().enumerate() {
         let ffield = field.item("filters", k);
         match convert_filter(ctx, f, all_prefix, protocol, ffield, ref_errors)? {
@@ -328,7 +334,9 @@ fn convert_backend<'t>(
         ctx.options,
     ) {
         Ok(mut r) => {
-            ctx.ports.borrow_mut().extend(r.port.take());
+            if let Some(port) = r.port.take() {
+                ctx.ports.borrow_mut().insert(*port);
+            }
             // A BackendTLSPolicy that cannot be used fails its backends closed (spec: the
             // client gets a 5xx), as an invalid reference does.
             if fail_closed || r.tls_refused {

@@ -368,13 +368,15 @@ fn translate_checked(
     let mut port_users: BTreeMap<backend_tls::PortKey, BTreeSet<ParentRef>> = BTreeMap::new();
     let mut configs: BTreeMap<PlaneKey, Config> = BTreeMap::new();
     configs.insert(PlaneKey::Shared, Config::default());
-    let mut planes = BTreeMap::new();
-    for gw in gateways.values() {
-        if let Some(plane) = &gw.plane {
-            configs.entry(plane.clone()).or_default();
-            planes.insert(gw.key.clone(), plane.clone());
-        }
+    for plane in gateways.values().filter_map(|gw| gw.plane.as_ref()) {
+        configs.entry(plane.clone()).or_default();
     }
+    // Collected at once: the Gateways come in key order, so the map is built without a
+    // search per Gateway.
+    let planes: BTreeMap<ObjectKey, PlaneKey> = gateways
+        .values()
+        .filter_map(|gw| Some((gw.key.clone(), gw.plane.clone()?)))
+        .collect();
 
     // The Access requirement of each dedicated plane's Gateway (its GatewayConfig's), carried
     // by every rule of its routes that names none of its own, on every plane they are copied to.
@@ -397,13 +399,45 @@ fn translate_checked(
     let mut ordered: Vec<&route::RouteView<'_>> = routes.iter().collect();
     ordered.sort_by(|a, b| a.precedence_cmp(b));
 
+    // One isolation rule per listener hostname and plane, after every route rule, in hostname
+    // order, with the schemes of the listeners of that hostname, named after its first
+    // listener. A plane's listeners are collected in Gateway order and sorted by hostname
+    // once (stably: Gateways come close to their hostnames' order), where an ordered map
+    // looked up each hostname among a thousand sharing their first bytes.
+    type Isolated<'g, 'a> = Vec<(
+        &'g str,
+        &'g gateway::OwnedGateway<'a>,
+        &'g listener::OwnedListener<'a>,
+    )>;
+    let mut isolation: BTreeMap<PlaneKey, Isolated<'_, '_>> = BTreeMap::new();
+    for gw in gateways.values() {
+        let Some(plane) = &gw.plane else {
+            continue;
+        };
+        for target in tunnels.planes_with(plane) {
+            isolation
+                .entry(target.clone())
+                .or_default()
+                .extend(gateway::isolated_listeners(gw).map(|(hostname, l)| (hostname, gw, l)));
+        }
+    }
+    for listeners in isolation.values_mut() {
+        listeners.sort_by(|a, b| a.0.cmp(b.0));
+    }
+    let isolated_hostnames =
+        |listeners: &Isolated<'_, '_>| listeners.chunk_by(|a, b| a.0 == b.0).count();
+
     let mut rules_by_plane: BTreeMap<PlaneKey, plane_rules::PlaneRules> = BTreeMap::new();
     // The shared plane, which most routes reach, has room for every route's rules from the
-    // start: growing it moved every rule placed so far, a dozen times over.
-    let route_rules = routes.iter().map(route::RouteView::rule_count).sum();
+    // start (growing it moved every rule placed so far, a dozen times over), and for its
+    // isolation rules, so that its document is the list its rules were placed in.
+    let route_rules: usize = routes.iter().map(route::RouteView::rule_count).sum();
+    let shared_isolation = isolation
+        .get(&PlaneKey::Shared)
+        .map_or(0, isolated_hostnames);
     rules_by_plane.insert(
         PlaneKey::Shared,
-        plane_rules::PlaneRules::with_capacity(route_rules),
+        plane_rules::PlaneRules::with_capacity(route_rules + shared_isolation),
     );
     let mut claims = binding::ListenerClaims::new(&routes);
     let mut route_statuses: Vec<(RouteKey, Vec<RouteParentStatus>)> =
@@ -581,6 +615,38 @@ fn translate_checked(
     // Built at once rather than inserted route by route: routes come in precedence order,
     // close to key order, so sorting them costs little against a search per insertion.
     statuses.routes = route_statuses.into_iter().collect();
+    let mut owners: BTreeMap<PlaneKey, Vec<Option<RouteKey>>> = BTreeMap::new();
+    for (plane, config) in &mut configs {
+        let (mut rules, routes) = rules_by_plane
+            .remove(plane)
+            .map(plane_rules::PlaneRules::into_ordered)
+            .unwrap_or_default();
+        let isolated = isolation.remove(plane).unwrap_or_default();
+        // Room for the isolation rules too (the shared plane's list has it already): the
+        // document is not copied again to take them.
+        let more = isolated_hostnames(&isolated);
+        rules.reserve_exact(more);
+        let mut owned_by = Vec::with_capacity(routes.len() + more);
+        owned_by.extend(routes.into_iter().map(Some));
+        let listeners = scheme_listeners.get(plane);
+        for listeners_of in isolated.chunk_by(|a, b| a.0 == b.0) {
+            let Some(&(hostname, gw, l)) = listeners_of.first() else {
+                continue;
+            };
+            let mut schemes = scheme::Schemes::default();
+            for (_, _, l) in listeners_of {
+                schemes.insert(l.scheme);
+            }
+            let rule = gateway::listener_isolation_rule(gw, l, hostname);
+            rules.push(match listeners {
+                Some(listeners) => listeners.scope_isolation(rule, hostname, schemes),
+                None => rule,
+            });
+            owned_by.push(None);
+        }
+        config.rules = rules;
+        owners.insert(plane.clone(), owned_by);
+    }
     for listener in attached_routes {
         if let Some(l) = gateways
             .at_mut(listener.gateway)
@@ -590,65 +656,20 @@ fn translate_checked(
         }
     }
 
-    // One isolation rule per listener hostname and plane, after every route rule, with the
-    // schemes of the listeners of that hostname.
-    // The rule of a hostname is built for its first listener; the others add their schemes.
-    type Isolation<'g> = BTreeMap<&'g str, (scheme::Schemes, cftunnel_config::Rule)>;
-    let mut isolation: BTreeMap<PlaneKey, Isolation<'_>> = BTreeMap::new();
-    for gw in gateways.values() {
-        let Some(plane) = &gw.plane else {
-            continue;
-        };
-        for target in tunnels.planes_with(plane) {
-            let hosts = isolation.entry(target.clone()).or_default();
-            for (hostname, l) in gateway::isolated_listeners(gw) {
-                hosts
-                    .entry(hostname)
-                    .or_insert_with(|| {
-                        let rule = gateway::listener_isolation_rule(gw, l, hostname);
-                        (scheme::Schemes::default(), rule)
-                    })
-                    .0
-                    .insert(l.scheme);
-            }
-        }
-    }
-    let mut owners: BTreeMap<PlaneKey, Vec<Option<RouteKey>>> = BTreeMap::new();
-    for (plane, config) in &mut configs {
-        let placed = rules_by_plane
-            .remove(plane)
-            .map(plane_rules::PlaneRules::into_placed)
-            .unwrap_or_default();
-        let isolated = isolation.remove(plane).unwrap_or_default();
-        // Room for the isolation rules too: the document is not copied again to take them.
-        let mut rules = Vec::with_capacity(placed.len() + isolated.len());
-        let mut owned_by = Vec::with_capacity(placed.len() + isolated.len());
-        grpc_route::order(placed, |(rule, route)| {
-            rules.push(rule);
-            owned_by.push(Some(route));
-        });
-        config.rules = rules;
-        let owned_by = owners.entry(plane.clone()).or_insert(owned_by);
-        let listeners = scheme_listeners.get(plane);
-        for (hostname, (schemes, rule)) in isolated {
-            config.rules.push(match listeners {
-                Some(listeners) => listeners.scope_isolation(rule, hostname, schemes),
-                None => rule,
-            });
-            owned_by.push(None);
-        }
-    }
     let (set_statuses, attached_sets) = listener_sets.statuses(|key| {
         let gw = gateways.get(key)?;
         Some((gw.accepted(), gw.listeners.as_slice()))
     });
     statuses.listener_sets = set_statuses;
-    for gw in gateways.into_values() {
-        let attached = attached_sets.get(&gw.key).copied().unwrap_or_default();
-        statuses
-            .gateways
-            .insert(gw.key.clone(), gw.into_status(attached));
-    }
+    // Built at once: the Gateways come in key order, so the map is built without a search per
+    // Gateway.
+    statuses.gateways = gateways
+        .into_values()
+        .map(|gw| {
+            let attached = attached_sets.get(&gw.key).copied().unwrap_or_default();
+            (gw.key.clone(), gw.into_status(attached))
+        })
+        .collect();
     statuses.backend_tls_policies = index
         .policies
         .statuses(&snapshot.backend_tls_policies, &port_users);
@@ -795,17 +816,17 @@ impl Tunnels {
 /// [`scheme`]) and give listener isolation across the table
 /// ([`scheme::SchemeListeners::taken_by_more_specific`]). Built from the settled Gateways: one
 /// without a plane, or a conflicted listener, contributes nothing.
-fn scheme_listeners(
-    gateways: &gateway::OwnedGateways<'_>,
+fn scheme_listeners<'g>(
+    gateways: &'g gateway::OwnedGateways<'_>,
     tunnels: &Tunnels,
-) -> BTreeMap<PlaneKey, scheme::SchemeListeners> {
-    let mut planes: BTreeMap<PlaneKey, scheme::SchemeListeners> = BTreeMap::new();
+) -> BTreeMap<PlaneKey, scheme::SchemeListeners<'g>> {
+    let mut planes: BTreeMap<PlaneKey, scheme::SchemeListeners<'g>> = BTreeMap::new();
     for gw in gateways.values() {
         let Some(plane) = &gw.plane else { continue };
         for target in tunnels.planes_with(plane) {
             let listeners = planes.entry(target.clone()).or_default();
             for l in gw.listeners.iter().filter(|l| l.usable) {
-                listeners.add(l.scheme, l.hostname.clone());
+                listeners.add(l.scheme, l.hostname.as_deref());
             }
         }
     }

@@ -7,14 +7,22 @@ use cftunnel_config::Rule;
 use hashbrown::HashTable;
 use rustc_hash::FxBuildHasher;
 
-use super::rule::{Placed, Placement};
+use super::grpc_route;
+use super::rule::Placement;
 use super::shadow::{FirstClaims, Shadowed};
 use super::RouteKey;
 
 #[derive(Debug, Default)]
 pub(super) struct PlaneRules {
-    placed: Vec<Placed>,
-    /// Positions in `placed` with the hash of their rule, so a repeated rule is found by
+    /// The rules, in the order they were placed: the list the plane's document takes. The
+    /// shadowing claims refer to them by position ([`super::shadow`]).
+    rules: Vec<Rule>,
+    /// The route each rule comes from.
+    routes: Vec<RouteKey>,
+    /// The placement of each GRPCRoute rule, with its position in `rules`: only those move
+    /// when the document is ordered ([`grpc_route::order`]).
+    grpc: Vec<(Placement, usize)>,
+    /// Positions in `rules` with the hash of their rule, so a repeated rule is found by
     /// comparing it with the one already placed, with no copy of every rule kept to look it
     /// up, and the table grows without hashing every rule again.
     /// Fx: SipHash's flooding resistance buys nothing for the controller's own output.
@@ -27,10 +35,14 @@ pub(super) struct PlaneRules {
 }
 
 impl PlaneRules {
-    /// Room for `rules` rules.
+    /// Room for `rules` rules, and their hashes and claims: the tables grew from empty
+    /// every round, rehashing every entry at each doubling.
     pub(super) fn with_capacity(rules: usize) -> Self {
         Self {
-            placed: Vec::with_capacity(rules),
+            rules: Vec::with_capacity(rules),
+            routes: Vec::with_capacity(rules),
+            positions: HashTable::with_capacity(rules),
+            claims: FirstClaims::with_capacity(rules),
             ..Self::default()
         }
     }
@@ -40,12 +52,14 @@ impl PlaneRules {
     pub(super) fn place(
         &mut self,
         placement: Option<Placement>,
-        rule: Rule,
+        rule: Box<Rule>,
         route: &RouteKey,
         shadowed: &mut Shadowed,
     ) {
         let Self {
-            placed,
+            rules,
+            routes,
+            grpc,
             positions,
             claims,
             match_hashes,
@@ -57,19 +71,34 @@ impl PlaneRules {
         // hosts and matches do not. Its matches by their hashes, each hashed once.
         let hash = FxBuildHasher.hash_one((&rule.name, &rule.hostnames, &*match_hashes));
         if positions
-            .find(hash, |&(h, i)| h == hash && placed[i].1 .0 == rule)
+            .find(hash, |&(h, i)| h == hash && rules[i] == *rule)
             .is_some()
         {
             return;
         }
-        placed.push((placement, (rule, route.clone())));
-        let at = placed.len() - 1;
+        let at = rules.len();
+        rules.push(*rule);
+        routes.push(route.clone());
+        if let Some(placement) = placement {
+            grpc.push((placement, at));
+        }
         positions.insert_unique(hash, (hash, at), |&(h, _)| h);
-        claims.place(placed, at, match_hashes, shadowed);
+        claims.place(rules, routes, at, match_hashes, shadowed);
     }
 
-    /// The rules, in the order they were placed.
-    pub(super) fn into_placed(self) -> Vec<Placed> {
-        self.placed
+    /// The rules in the order of the document ([`grpc_route::order`]), each with the route it
+    /// comes from.
+    pub(super) fn into_ordered(self) -> (Vec<Rule>, Vec<RouteKey>) {
+        let Self {
+            mut rules,
+            mut routes,
+            grpc,
+            ..
+        } = self;
+        grpc_route::order(grpc, |a, b| {
+            rules.swap(a, b);
+            routes.swap(a, b);
+        });
+        (rules, routes)
     }
 }

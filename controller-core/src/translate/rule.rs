@@ -11,7 +11,7 @@ use cftunnel_config::{valid, Rule};
 use super::backend_ref::BackendRefError;
 use super::backend_tls::PortKey;
 use super::status::{Condition, ConditionType, Reason};
-use super::{Attachment, RouteKey};
+use super::Attachment;
 
 /// Why a rule is refused (dropped from the config; the route reports `PartiallyInvalid`, or
 /// `Accepted=False` when no rule is left).
@@ -48,7 +48,9 @@ impl RuleError {
 /// ports are filled per attachment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RuleTemplate {
-    pub(super) rule: Rule,
+    /// Boxed from here until it is placed in a plane's list: a rule is a few hundred bytes,
+    /// and each step between (attachment, the scheme split, placement) moved it whole.
+    pub(super) rule: Box<Rule>,
     /// Position of the rule in the route's `spec.rules`.
     pub(super) index: usize,
     /// Set for GRPCRoute rules, which hold one match each: where the match ranks in the
@@ -57,19 +59,23 @@ pub(crate) struct RuleTemplate {
 }
 
 impl RuleTemplate {
-    pub(super) fn for_attachment(&self, attachment: &Attachment<'_>) -> Rule {
-        attach(self.rule.clone(), attachment)
+    pub(super) fn for_attachment(&self, attachment: &Attachment<'_>) -> Box<Rule> {
+        let mut rule = self.rule.clone();
+        attach(&mut rule, attachment);
+        rule
     }
 
     /// [`RuleTemplate::for_attachment`] for the template's last use: the rule is moved, not
     /// copied.
-    pub(super) fn into_attachment(self, attachment: &Attachment<'_>) -> Rule {
-        attach(self.rule, attachment)
+    pub(super) fn into_attachment(self, attachment: &Attachment<'_>) -> Box<Rule> {
+        let mut rule = self.rule;
+        attach(&mut rule, attachment);
+        rule
     }
 }
 
 /// `rule` as `attachment` places it: its hostnames, and redirect ports from its listeners.
-fn attach(mut rule: Rule, attachment: &Attachment<'_>) -> Rule {
+fn attach(rule: &mut Rule, attachment: &Attachment<'_>) {
     if !attachment.any_host {
         rule.hostnames = attachment
             .hostnames
@@ -99,7 +105,6 @@ fn attach(mut rule: Rule, attachment: &Attachment<'_>) -> Rule {
             }
         }
     }
-    rule
 }
 
 /// The rules of one route and what went wrong translating them.
@@ -180,9 +185,3 @@ pub(super) type Placement = (
     usize,
     usize,
 );
-
-/// A rule placed on a plane, with the route it comes from, and its placement when that is a
-/// GRPCRoute (see [`super::grpc_route::order`]). A plane keeps them in the order they were
-/// placed ([`super::plane_rules`]); the shadowing claims refer to them by position
-/// ([`super::shadow`]).
-pub(super) type Placed = (Option<Placement>, (Rule, RouteKey));

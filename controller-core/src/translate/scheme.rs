@@ -76,25 +76,28 @@ impl Schemes {
 ///
 /// Asked once per route hostname and listener, so answers come from hash lookups over the
 /// labels of the name asked about, not a scan of every listener: a plane may hold thousands.
+///
+/// The names are borrowed from the listeners: copying each name and each of its parent domains
+/// cost an allocation apiece, per listener and round.
 #[derive(Debug, Default)]
-pub(super) struct SchemeListeners {
+pub(super) struct SchemeListeners<'g> {
     /// By [`Scheme`]; empty where a scheme has no listener.
-    schemes: [Listeners; 2],
+    schemes: [Listeners<'g>; 2],
 }
 
 /// The hostnames of one scheme's listeners, indexed.
 #[derive(Debug, Default)]
-struct Listeners {
+struct Listeners<'g> {
     /// A listener without a hostname: it takes every host.
     any: bool,
     /// Names without a wildcard.
-    exact: FxHashSet<String>,
+    exact: FxHashSet<&'g str>,
     /// `example.com` for each `*.example.com`.
-    wildcard: FxHashSet<String>,
+    wildcard: FxHashSet<&'g str>,
     /// Every domain an exact name is a strict subdomain of.
-    exact_parents: FxHashSet<String>,
+    exact_parents: FxHashSet<&'g str>,
     /// Every domain a wildcard's domain is a strict subdomain of.
-    wildcard_parents: FxHashSet<String>,
+    wildcard_parents: FxHashSet<&'g str>,
 }
 
 /// The domains `name` is a strict subdomain of (one label or more shorter), longest first.
@@ -108,20 +111,19 @@ fn parents(name: &str) -> impl Iterator<Item = &str> {
         .map(move |(i, _)| &name[i + 1..])
 }
 
-impl Listeners {
-    fn add(&mut self, hostname: Option<String>) {
+impl<'g> Listeners<'g> {
+    fn add(&mut self, hostname: Option<&'g str>) {
         let Some(name) = hostname else {
             self.any = true;
             return;
         };
         match name.strip_prefix("*.") {
             Some(domain) => {
-                self.wildcard_parents
-                    .extend(parents(domain).map(str::to_owned));
-                self.wildcard.insert(domain.to_owned());
+                self.wildcard_parents.extend(parents(domain));
+                self.wildcard.insert(domain);
             }
             None => {
-                self.exact_parents.extend(parents(&name).map(str::to_owned));
+                self.exact_parents.extend(parents(name));
                 self.exact.insert(name);
             }
         }
@@ -168,12 +170,12 @@ impl Listeners {
     }
 }
 
-impl SchemeListeners {
-    pub(super) fn add(&mut self, scheme: Scheme, hostname: Option<String>) {
+impl<'g> SchemeListeners<'g> {
+    pub(super) fn add(&mut self, scheme: Scheme, hostname: Option<&'g str>) {
         self.schemes[scheme as usize].add(hostname);
     }
 
-    fn of(&self, scheme: Scheme) -> &Listeners {
+    fn of(&self, scheme: Scheme) -> &Listeners<'g> {
         &self.schemes[scheme as usize]
     }
 
@@ -220,7 +222,12 @@ impl SchemeListeners {
     /// requires its listeners' scheme (either, for a route on listeners of both, which keeps
     /// its header count in step with the rules it shares those hosts with).
     /// Each part is handed to `place`, the uncontested one first.
-    pub(super) fn scope(&self, mut rule: Rule, schemes: Schemes, mut place: impl FnMut(Rule)) {
+    pub(super) fn scope(
+        &self,
+        mut rule: Box<Rule>,
+        schemes: Schemes,
+        mut place: impl FnMut(Box<Rule>),
+    ) {
         let contested = |host: Option<&str>| schemes.iter().any(|s| self.contested(s, host));
         let Some((first, others)) = rule.hostnames.split_first() else {
             if contested(None) {
@@ -239,10 +246,10 @@ impl SchemeListeners {
         let (contested, free): (Vec<String>, Vec<String>) = std::mem::take(&mut rule.hostnames)
             .into_iter()
             .partition(|h| contested(Some(h)));
-        place(Rule {
+        place(Box::new(Rule {
             hostnames: free,
-            ..rule.clone()
-        });
+            ..Rule::clone(&rule)
+        }));
         rule.hostnames = contested;
         require(&mut rule, schemes);
         place(rule);
@@ -364,7 +371,7 @@ mod tests {
         ) {
             let mut table = SchemeListeners::default();
             for (s, h) in &listed {
-                table.add(scheme(*s), h.clone());
+                table.add(scheme(*s), h.as_deref());
             }
             let asked = scheme(https);
             let contested = listed.iter().filter(|(s, _)| scheme(*s) != asked).any(|(_, l)| {

@@ -83,9 +83,11 @@ pub(super) fn resolve(
             app_protocol,
             Some(super::backend_ref::APP_PROTOCOL_HTTPS | super::backend_ref::APP_PROTOCOL_WSS)
         ))
-    .then(|| BackendTls {
-        server_name: Some(host.clone()),
-        ..BackendTls::default()
+    .then(|| {
+        Box::new(BackendTls {
+            server_name: Some(host.clone()),
+            ..BackendTls::default()
+        })
     });
     let scheme = if tls.is_some() { "https" } else { "http" };
     let url = format!("{scheme}://{host}:{port}");

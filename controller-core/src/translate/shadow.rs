@@ -15,7 +15,6 @@ use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
 use rustc_hash::FxBuildHasher;
 
-use super::rule::Placed;
 use super::RouteKey;
 
 /// The host a rule of any host is placed on.
@@ -58,10 +57,10 @@ struct MatchClaim {
 }
 
 /// What an entry of [`HostClaims`] refers to: host `host` of placed rule `rule`.
-fn host_of(placed: &[Placed], rule: usize, host: Option<usize>) -> &str {
+fn host_of(rules: &[Rule], rule: usize, host: Option<usize>) -> &str {
     match host {
         None => ANY_HOST,
-        Some(h) => placed[rule].1 .0.hostnames[h].as_str(),
+        Some(h) => rules[rule].hostnames[h].as_str(),
     }
 }
 
@@ -72,27 +71,37 @@ pub(super) struct Shadowed {
 }
 
 impl FirstClaims {
-    /// Records the rule placed at `at` in `placed`, whose matches hash to `match_hashes`,
-    /// noting in `shadowed` each of its (host, match) pairs another route placed there first.
+    /// Room for the claims of `rules` rules of a host and a match or so each.
+    pub(super) fn with_capacity(rules: usize) -> Self {
+        Self {
+            hosts: HashTable::with_capacity(rules),
+            matches: HashTable::with_capacity(rules),
+        }
+    }
+
+    /// Records the rule placed at `at` in `rules`, from the route at `at` in `routes`, whose
+    /// matches hash to `match_hashes`, noting in `shadowed` each of its (host, match) pairs
+    /// another route placed there first.
     pub(super) fn place(
         &mut self,
-        placed: &[Placed],
+        rules: &[Rule],
+        routes: &[RouteKey],
         at: usize,
         match_hashes: &[u64],
         shadowed: &mut Shadowed,
     ) {
-        let (rule, route) = &placed[at].1;
+        let (rule, route) = (&rules[at], &routes[at]);
         let Self { hosts, matches } = self;
         let any = rule.hostnames.is_empty();
         for h in 0..rule.hostnames.len().max(1) {
             let host_at = (!any).then_some(h);
-            let host = host_of(placed, at, host_at);
+            let host = host_of(rules, at, host_at);
             let hash = FxBuildHasher.hash_one(host);
             let id = hosts.len();
             let on_host = hosts
                 .entry(
                     hash,
-                    |c| c.hash == hash && host_of(placed, c.rule, c.host) == host,
+                    |c| c.hash == hash && host_of(rules, c.rule, c.host) == host,
                     |c| c.hash,
                 )
                 .or_insert_with(|| HostClaims {
@@ -105,8 +114,8 @@ impl FirstClaims {
                 .into_mut();
             if rule.matches.is_empty() {
                 match on_host.matchless {
-                    Some(first) if placed[first].1 .1 != *route => {
-                        shadowed.lost(&placed[first].1 .1, host, rule);
+                    Some(first) if routes[first] != *route => {
+                        shadowed.lost(&routes[first], host, rule);
                     }
                     Some(_) => {}
                     None => on_host.matchless = Some(at),
@@ -117,16 +126,12 @@ impl FirstClaims {
                 let hash = FxBuildHasher.hash_one((id, match_hash));
                 let claim = matches.entry(
                     hash,
-                    |c| {
-                        c.hash == hash
-                            && c.host == id
-                            && placed[c.rule].1 .0.matches[c.matched] == *m
-                    },
+                    |c| c.hash == hash && c.host == id && rules[c.rule].matches[c.matched] == *m,
                     |c| c.hash,
                 );
                 match claim {
                     Entry::Occupied(first) => {
-                        let first = &placed[first.get().rule].1 .1;
+                        let first = &routes[first.get().rule];
                         if first != route {
                             shadowed.lost(first, host, rule);
                         }

@@ -2110,22 +2110,22 @@ fn grpc_matches_rank_by_service_then_method_characters_through_the_proxy() {
 #[test]
 fn grpc_rules_are_sorted_within_the_places_grpc_rules_hold() {
     use std::cmp::Reverse;
-    let named = |name: &str| Rule {
-        name: Some(name.to_owned()),
-        ..Rule::default()
-    };
     // (service, method, headers, route, rule, match)
     let method_only = (Reverse(0), Reverse(5), Reverse(0), 0, 0, 0);
     let service = (Reverse(9), Reverse(0), Reverse(0), 1, 0, 0);
-    let rules = vec![
-        (None, named("http-a")),
-        (Some(method_only), named("grpc-method")),
-        (None, named("http-b")),
-        (Some(service), named("grpc-service")),
-    ];
-    let mut names = Vec::new();
-    super::grpc_route::order(rules, |r| names.extend(r.name));
+    let mut names = ["http-a", "grpc-method", "http-b", "grpc-service"];
+    super::grpc_route::order(vec![(method_only, 1), (service, 3)], |a, b| {
+        names.swap(a, b)
+    });
     assert_eq!(names, ["http-a", "grpc-service", "http-b", "grpc-method"]);
+
+    // Three GRPCRoute rules, each in another's place.
+    let rank = |route| (Reverse(0), Reverse(0), Reverse(0), route, 0, 0);
+    let mut names = ["second", "http", "third", "first", "http"];
+    super::grpc_route::order(vec![(rank(1), 0), (rank(2), 2), (rank(0), 3)], |a, b| {
+        names.swap(a, b);
+    });
+    assert_eq!(names, ["first", "http", "second", "third", "http"]);
 }
 
 #[test]
