@@ -117,9 +117,10 @@ impl ProxyError {
             Self::Backend(ForwardError::Timeout) | Self::RequestTimeout => "upstream timed out\n",
             Self::Backend(ForwardError::Tls(_)) => "upstream TLS handshake failed\n",
             Self::Backend(ForwardError::Dial(_)) => "upstream connection failed\n",
-            Self::Backend(ForwardError::Other(_)) => "upstream reset or closed the connection\n",
+            Self::Backend(ForwardError::Other(_) | ForwardError::Canceled) => {
+                "upstream reset or closed the connection\n"
+            }
             Self::Backend(ForwardError::Saturated) => "upstream connection limit reached\n",
-            Self::Backend(_) => "upstream request failed\n",
             Self::BadRequest(r) => r,
             // Why exactly is for the operator's log, not for the client.
             Self::AccessDenied(_) => "a valid Cloudflare Access token is required\n",
