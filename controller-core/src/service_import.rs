@@ -21,7 +21,8 @@ pub const CLUSTERSET_DOMAIN: &str = "clusterset.local";
     group = "multicluster.x-k8s.io",
     version = "v1alpha1",
     kind = "ServiceImport",
-    namespaced
+    namespaced,
+    derive = "Default"
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceImportSpec {

@@ -26,9 +26,11 @@ use futures_util::{future, stream, Stream, StreamExt, TryStreamExt};
 use gateway_api::experimental::listenersets::{ListenerSet, ListenerSetSpec, ListenerSetStatus};
 use gateway_api::experimental::referencegrants::{ReferenceGrant, ReferenceGrantSpec};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta};
 use kube::runtime::watcher;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 use tokio::sync::{watch as signal, Notify};
 use tokio::time::Instant;
 
@@ -159,7 +161,7 @@ pub static SERVICE_IMPORTS: OptionalApi<ServiceImport> = OptionalApi {
     required: false,
     install_hint: "backendRefs naming one are refused (InvalidKind) until the Multi-Cluster \
                    Services API is installed",
-    read: service_import,
+    read: readable::<ServiceImport>,
 };
 
 /// The resource an optional API's cache holds the objects of now: `None` while none is served.
@@ -484,22 +486,36 @@ fn crd_names<K>(api: &OptionalApi<K>) -> String {
     names.join(" or ")
 }
 
-/// A ServiceImport event, read from its dynamic form. An object that cannot be read is logged
-/// and left out (removed from the cache when it changes to such a form).
-fn service_import(event: watcher::Event<DynamicObject>) -> Option<watcher::Event<ServiceImport>> {
-    fn read(object: DynamicObject) -> Option<ServiceImport> {
+/// A watch event of `K`'s dynamic form, read as `K`. An object that does not read so is
+/// logged and left out: skipped in a list, and gone from the cache when it changes to such a
+/// form (its status is then left as it was).
+pub(super) fn readable<K>(event: watcher::Event<DynamicObject>) -> Option<watcher::Event<K>>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Default,
+{
+    fn read<K>(object: DynamicObject) -> Option<K>
+    where
+        K: Resource<DynamicType = ()> + DeserializeOwned,
+    {
         let (namespace, name) = (object.namespace(), object.name_any());
         object
-            .try_parse::<ServiceImport>()
+            .try_parse::<K>()
             .map_err(|e| {
                 tracing::warn!(
+                    kind = %K::kind(&()),
                     namespace = namespace.unwrap_or_default(),
                     name,
                     error = %e,
-                    "ServiceImport unreadable; left out"
+                    "object unreadable by this build; left out"
                 );
             })
             .ok()
+    }
+    /// The cache forgets an object by its name: nothing else of it is needed.
+    fn gone<K: Resource + Default>(metadata: ObjectMeta) -> watcher::Event<K> {
+        let mut object = K::default();
+        *object.meta_mut() = metadata;
+        watcher::Event::Delete(object)
     }
     Some(match event {
         watcher::Event::Init => watcher::Event::Init,
@@ -508,18 +524,11 @@ fn service_import(event: watcher::Event<DynamicObject>) -> Option<watcher::Event
         watcher::Event::Apply(o) => {
             let metadata = o.metadata.clone();
             match read(o) {
-                Some(import) => watcher::Event::Apply(import),
-                // The cache forgets it by its name.
-                None => watcher::Event::Delete(ServiceImport {
-                    metadata,
-                    spec: Default::default(),
-                }),
+                Some(object) => watcher::Event::Apply(object),
+                None => gone(metadata),
             }
         }
-        watcher::Event::Delete(o) => watcher::Event::Delete(ServiceImport {
-            metadata: o.metadata,
-            spec: Default::default(),
-        }),
+        watcher::Event::Delete(o) => gone(o.metadata),
     })
 }
 

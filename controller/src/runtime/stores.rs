@@ -26,11 +26,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::{ApiResource, DynamicObject, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -43,7 +42,7 @@ use crate::service_import::ServiceImport;
 use crate::translate::bundle_version::{is_gateway_api_crd, CRD_ACCESS};
 use crate::translate::Snapshot;
 
-use super::optional_apis::{self, ApiDiscovery, CrdTriggers, Served};
+use super::optional_apis::{self, readable, ApiDiscovery, CrdTriggers, Served};
 
 /// How long the Gateway API CRDs' first list may lag the other caches' before the controller
 /// reconciles without it. It feeds only GatewayClass `SupportedVersion` and needs an RBAC rule
@@ -135,52 +134,6 @@ impl PlaneObjects {
             .get(&(namespace.to_owned(), name.to_owned()))
             .map(|a| &**a)
     }
-}
-
-/// A watch event of `K`'s dynamic form, read as `K`. An object that does not read so is
-/// logged and left out: skipped in a list, and gone from the cache when it changes to such a
-/// form (its status is then left as it was).
-fn readable<K>(event: watcher::Event<DynamicObject>) -> Option<watcher::Event<K>>
-where
-    K: Resource<DynamicType = ()> + DeserializeOwned + Default,
-{
-    fn read<K>(object: DynamicObject) -> Option<K>
-    where
-        K: Resource<DynamicType = ()> + DeserializeOwned,
-    {
-        let (namespace, name) = (object.namespace(), object.name_any());
-        object
-            .try_parse::<K>()
-            .map_err(|e| {
-                tracing::warn!(
-                    kind = %K::kind(&()),
-                    namespace = namespace.unwrap_or_default(),
-                    name,
-                    error = %e,
-                    "object unreadable by this build; left out"
-                );
-            })
-            .ok()
-    }
-    /// The cache forgets an object by its name: nothing else of it is needed.
-    fn gone<K: Resource + Default>(metadata: ObjectMeta) -> watcher::Event<K> {
-        let mut object = K::default();
-        *object.meta_mut() = metadata;
-        watcher::Event::Delete(object)
-    }
-    Some(match event {
-        watcher::Event::Init => watcher::Event::Init,
-        watcher::Event::InitDone => watcher::Event::InitDone,
-        watcher::Event::InitApply(o) => watcher::Event::InitApply(read(o)?),
-        watcher::Event::Apply(o) => {
-            let metadata = o.metadata.clone();
-            match read(o) {
-                Some(object) => watcher::Event::Apply(object),
-                None => gone(metadata),
-            }
-        }
-        watcher::Event::Delete(o) => gone(o.metadata),
-    })
 }
 
 fn cloned<K>(store: &Store<K>) -> Vec<K>
