@@ -1131,29 +1131,43 @@ impl HoldingBackend {
     }
 }
 
+/// A proxy that opens at most `max` connections to each backend.
+async fn limited_proxy(max: usize) -> cftunnel_proxy::Server {
+    proxy_with(cftunnel_proxy::ServerOptions {
+        auth_token: Some(TOKEN.into()),
+        backend_max_connections: max,
+        ..cftunnel_proxy::ServerOptions::default()
+    })
+    .await
+}
+
+/// `n` concurrent `GET /` with host `h`, each on its own task.
+fn spawn_gets(
+    http: &TestClient,
+    data: std::net::SocketAddr,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<Reply>> {
+    (0..n)
+        .map(|_| {
+            let http = http.clone();
+            tokio::spawn(async move { get(&http, data, "h", "/", &[]).await })
+        })
+        .collect()
+}
+
 /// `PROXY_BACKEND_MAX_CONNECTIONS` bounds the connections open to one backend: a request that
 /// finds them all busy does not open another but waits for one to come back to the pool.
 #[tokio::test]
 async fn a_backend_at_its_connection_limit_gets_no_more_and_requests_wait_for_one() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let backend = HoldingBackend::start().await;
-        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
-            auth_token: Some(TOKEN.into()),
-            backend_max_connections: 2,
-            ..cftunnel_proxy::ServerOptions::default()
-        })
-        .await;
+        let proxy = limited_proxy(2).await;
         let http = client();
         let doc = json!({"rules": [rule("/", json!({"backends": [{"url": url(backend.addr), "weight": 1}]}))]});
         assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
         let d = proxy.data_addr();
 
-        let requests: Vec<_> = (0..3)
-            .map(|_| {
-                let http = http.clone();
-                tokio::spawn(async move { get(&http, d, "h", "/", &[]).await })
-            })
-            .collect();
+        let requests = spawn_gets(&http, d, 3);
         assert_eq!(backend.received(2, Duration::from_secs(10)).await, 2, "two requests reach the backend");
         // Given time to open a third connection, the proxy does not.
         assert_eq!(backend.received(3, Duration::from_millis(500)).await, 2, "the third request waits");
@@ -1180,12 +1194,7 @@ async fn a_backend_at_its_connection_limit_gets_no_more_and_requests_wait_for_on
 async fn a_push_abandoned_mid_compile_keeps_the_proxys_settings() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let backend = HoldingBackend::start().await;
-        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
-            auth_token: Some(TOKEN.into()),
-            backend_max_connections: 1,
-            ..cftunnel_proxy::ServerOptions::default()
-        })
-        .await;
+        let proxy = limited_proxy(1).await;
         let http = client();
         let admin = proxy.admin_addr();
 
@@ -1215,12 +1224,7 @@ async fn a_push_abandoned_mid_compile_keeps_the_proxys_settings() {
         assert_eq!(metric(&http, admin, success).await, Some(2.0), "both pushes applied");
 
         let d = proxy.data_addr();
-        let requests: Vec<_> = (0..2)
-            .map(|_| {
-                let http = http.clone();
-                tokio::spawn(async move { get(&http, d, "h", "/", &[]).await })
-            })
-            .collect();
+        let requests = spawn_gets(&http, d, 2);
         assert_eq!(backend.received(1, Duration::from_secs(10)).await, 1);
         assert_eq!(backend.received(2, Duration::from_millis(500)).await, 1, "the second request waits");
         assert_eq!(backend.accepted(), 1, "the connection limit still holds");
@@ -1240,12 +1244,7 @@ async fn a_push_abandoned_mid_compile_keeps_the_proxys_settings() {
 async fn a_request_that_finds_no_connection_free_in_time_gets_503() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let backend = HoldingBackend::start().await;
-        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
-            auth_token: Some(TOKEN.into()),
-            backend_max_connections: 1,
-            ..cftunnel_proxy::ServerOptions::default()
-        })
-        .await;
+        let proxy = limited_proxy(1).await;
         let http = client();
         let doc = json!({"rules": [
             rule("/held", json!({"timeouts": {"backend": "30s"}, "backends": [{"url": url(backend.addr), "weight": 1}]})),
