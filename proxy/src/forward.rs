@@ -5,6 +5,7 @@
 //! Nothing here knows routes or rules: the handler passes in what a rule decides (timeouts,
 //! retry policy, another endpoint to retry on).
 
+mod budget;
 mod connector;
 mod error;
 mod h2;
@@ -52,7 +53,7 @@ pub struct Upstream {
     base_query: Option<Box<str>>,
     name: BackendName,
     /// The retries its requests may take, kept with the client across pushes.
-    pub(crate) retry_budget: retry::RetryBudget,
+    pub(crate) retry_budget: budget::RetryBudget,
 }
 
 /// A backend as the access log and spans name it, made once per push so a request only
@@ -139,7 +140,7 @@ impl Upstream {
             base_path,
             base_query,
             name,
-            retry_budget: retry::RetryBudget::new(),
+            retry_budget: budget::RetryBudget::new(),
         })
     }
 
