@@ -110,6 +110,9 @@ pub struct ProxyMetrics {
     pub config_version: Gauge,
     reloads: Family<ResultLabels, Counter>,
     pub mirrors_dropped: Counter,
+    /// One for the whole process: per hostname it would add a series of zeros for every
+    /// hostname without a retry policy.
+    retries_over_budget: Counter,
     pub access: AccessMetrics,
 }
 
@@ -122,6 +125,8 @@ pub struct HostMetrics {
     backend_errors: [Counter; 5],
     pub request_bytes: Counter,
     pub response_bytes: Counter,
+    /// The process's count of retries the backends' budgets refused.
+    pub retries_over_budget: Counter,
 }
 
 impl HostMetrics {
@@ -165,6 +170,7 @@ impl ProxyMetrics {
             config_version: Gauge::default(),
             reloads: Family::default(),
             mirrors_dropped: Counter::default(),
+            retries_over_budget: Counter::default(),
             access: AccessMetrics::default(),
         };
         let r = registry.sub_registry_with_prefix("cftunnel_proxy");
@@ -218,6 +224,11 @@ impl ProxyMetrics {
             "Mirror copies not sent because the mirror queue was full or the body was streamed",
             m.mirrors_dropped.clone(),
         );
+        r.register(
+            "retries_over_budget",
+            "Retries a rule's policy asked for that the backend's retry budget did not cover (the failed try was the answer)",
+            m.retries_over_budget.clone(),
+        );
         m.access.register(r);
         m
     }
@@ -247,6 +258,7 @@ impl ProxyMetrics {
             }),
             request_bytes: self.request_bytes.get_or_create(&h).clone(),
             response_bytes: self.response_bytes.get_or_create(&h).clone(),
+            retries_over_budget: self.retries_over_budget.clone(),
         }
     }
 

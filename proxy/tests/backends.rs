@@ -158,6 +158,8 @@ async fn retries_stop_at_the_backends_budget() {
         // One try and the hundred retries a new backend's full budget holds, and the few that
         // time adds while they run.
         assert!((101..=130).contains(&n), "{n} tries");
+        let over = "cftunnel_proxy_retries_over_budget_total";
+        assert_eq!(metric(&http, proxy.admin_addr(), over).await, Some(1.0));
     })
     .await
     .expect("test finished in time");

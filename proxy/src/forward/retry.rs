@@ -174,8 +174,12 @@ async fn with_retries<'a: 'f, 'f>(
                 Ok((resp, _)) => policy.codes.contains(&resp.status().as_u16()),
                 Err(e) => e.is_retryable(),
             };
+            if !retryable {
+                return answered(result, explicit, span, trace.as_deref_mut());
+            }
             // A retry the budget does not cover makes this try the answering one.
-            if !retryable || !upstream.retry_budget.withdraw() {
+            if !upstream.retry_budget.withdraw() {
+                host_metrics.retries_over_budget.inc();
                 return answered(result, explicit, span, trace.as_deref_mut());
             }
             // A failed try that is retried is counted here; the final one where it is answered.
