@@ -155,9 +155,10 @@ async fn retries_stop_at_the_backends_budget() {
             (StatusCode::SERVICE_UNAVAILABLE, &b"busy"[..])
         );
         let n = tries.load(Ordering::SeqCst);
-        // One try and the hundred retries a new backend's full budget holds, and the few that
-        // time adds while they run.
-        assert!((101..=130).contains(&n), "{n} tries");
+        // One try and the hundred retries a new backend's full budget holds, and the ten a
+        // second that time adds while they run (a loaded machine may take seconds over them):
+        // far from the thousand and one the rule asks for.
+        assert!((101..=400).contains(&n), "{n} tries");
         let over = "cftunnel_proxy_retries_over_budget_total";
         assert_eq!(metric(&http, proxy.admin_addr(), over).await, Some(1.0));
     })
