@@ -71,12 +71,6 @@ impl RetryBudget {
     }
 }
 
-impl Default for RetryBudget {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::RetryBudget;
