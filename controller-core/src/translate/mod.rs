@@ -920,12 +920,8 @@ impl<'a> Index<'a> {
                 .map(String::as_str);
             if let (Some(ns), Some(svc)) = (ns, svc) {
                 let slices = &mut services.entry((ns, svc)).or_default().slices;
-                // Most Services have one slice: a list of one, without the growth path.
-                if slices.is_empty() {
-                    *slices = vec![slice];
-                } else {
-                    slices.push(slice);
-                }
+                // Most Services have one slice: a list of one.
+                push_first_alone(slices, slice);
             }
         }
         for objects in services.values_mut() {
@@ -1085,5 +1081,15 @@ impl RedirectPorts {
             Self::One(port) => port,
             _ => None,
         }
+    }
+}
+
+/// Pushes `item`, as a list of exactly one when `list` is empty: where most lists stay at one
+/// item, `push`'s growth path would allocate room for four.
+fn push_first_alone<T>(list: &mut Vec<T>, item: T) {
+    if list.is_empty() {
+        *list = vec![item];
+    } else {
+        list.push(item);
     }
 }

@@ -325,14 +325,9 @@ fn require(rule: &mut Rule, schemes: Schemes) {
     }
 }
 
-/// Pushes `header`; to a match without headers, most of them, as a list of one, without the
-/// growth path.
+/// Pushes `header`; to a match without headers, most of them, as a list of one.
 fn add_header(headers: &mut Vec<ValueMatch>, header: ValueMatch) {
-    if headers.is_empty() {
-        *headers = vec![header];
-    } else {
-        headers.push(header);
-    }
+    super::push_first_alone(headers, header);
 }
 
 #[cfg(test)]
