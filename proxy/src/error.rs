@@ -154,6 +154,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_connection_closed_before_the_request_answers_as_a_reset_one() {
+        let closed = ProxyError::Backend(ForwardError::Canceled).head(false);
+        let reset = ProxyError::Backend(ForwardError::Other("reset".into())).head(false);
+        assert_eq!(
+            (closed.0, closed.2),
+            (StatusCode::SERVICE_UNAVAILABLE, reset.2)
+        );
+        assert_eq!(reset.2, "upstream reset or closed the connection\n");
+    }
+
+    #[test]
     fn grpc_clients_read_a_404_rule_as_unimplemented() {
         let status = |e: ProxyError| {
             let (code, headers, _) = e.head(true);
