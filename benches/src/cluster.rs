@@ -4,6 +4,7 @@
 use cftunnel_controller_core::snapshot::Snapshot;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 /// `gateways` tenants, each a namespace `t<g>` holding Gateway `gw` (an HTTP and an HTTPS
 /// listener for `*.t<g>.example.com`, routes from the same namespace) and `routes` HTTPRoutes
@@ -89,6 +90,6 @@ pub fn snapshot(gateways: usize, routes: usize) -> Snapshot {
 ///
 /// # Panics
 /// When the fixture writes an object that does not match its schema: a bug in the fixture.
-fn object<T: DeserializeOwned>(value: Value) -> T {
-    serde_json::from_value(value).expect("fixture objects match their schema")
+fn object<T: DeserializeOwned>(value: Value) -> Arc<T> {
+    Arc::new(serde_json::from_value(value).expect("fixture objects match their schema"))
 }

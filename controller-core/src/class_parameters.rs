@@ -8,6 +8,7 @@
 //! class naming a config picks it; one naming another is refused.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use cftunnel_config::Token;
 use gateway_api::experimental::gatewayclasses::GatewayClass;
@@ -126,6 +127,7 @@ pub fn settle(
     let configs: BTreeMap<&str, &GatewayClassConfig> = snapshot
         .gateway_class_configs
         .iter()
+        .map(Arc::as_ref)
         .filter_map(|c| Some((c.metadata.name.as_deref()?, c)))
         .collect();
     let resolved: BTreeMap<&str, (ConfigVerdict, ClassSettings)> = configs
@@ -136,6 +138,7 @@ pub fn settle(
     let mut classes: Vec<&GatewayClass> = snapshot
         .gateway_classes
         .iter()
+        .map(Arc::as_ref)
         .filter(|c| c.spec.controller_name == controller_name && c.metadata.name.is_some())
         .collect();
     classes.sort_by(|a, b| {
@@ -256,7 +259,7 @@ impl ClassSettings {
 }
 
 /// A Secret key's text, trimmed as tokens are.
-fn secret_text(secrets: &[Secret], key: &ObjectKey, field: &str) -> Option<String> {
+fn secret_text(secrets: &[Arc<Secret>], key: &ObjectKey, field: &str) -> Option<String> {
     crate::render::secret_text(secrets, &key.namespace, &key.name, field)
 }
 
@@ -283,7 +286,7 @@ fn located<'a>(
 /// One config's verdict, and the settings it gives over `defaults` when valid.
 fn resolve(
     config: &GatewayClassConfig,
-    secrets: &[Secret],
+    secrets: &[Arc<Secret>],
     defaults: &ClassDefaults,
 ) -> (ConfigVerdict, ClassSettings) {
     let spec = &config.spec;

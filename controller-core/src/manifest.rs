@@ -2,6 +2,8 @@
 //! [`Snapshot`]. Kinds the translation does not read are skipped; so are documents that are
 //! empty. Parsing is pure: reading files is the caller's business.
 
+use std::sync::Arc;
+
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_yaml_ng::Value;
@@ -94,14 +96,16 @@ fn add_value(
         document: usize,
         kind: &str,
         name: &str,
-    ) -> Result<T, ManifestError> {
-        serde_yaml_ng::from_value(value).map_err(|error| ManifestError::Object {
-            source_name: source_name.to_owned(),
-            document,
-            kind: kind.to_owned(),
-            name: name.to_owned(),
-            error,
-        })
+    ) -> Result<Arc<T>, ManifestError> {
+        serde_yaml_ng::from_value(value)
+            .map(Arc::new)
+            .map_err(|error| ManifestError::Object {
+                source_name: source_name.to_owned(),
+                document,
+                kind: kind.to_owned(),
+                name: name.to_owned(),
+                error,
+            })
     }
     let gw = group == GATEWAY_API_GROUP;
     match (group, kind.as_str()) {
@@ -211,7 +215,13 @@ fn add_value(
             snapshot
                 .custom_resource_definitions
                 .get_or_insert_with(Vec::new)
-                .push(object(metadata, source_name, document, &kind, &name)?)
+                .push(Arc::unwrap_or_clone(object(
+                    metadata,
+                    source_name,
+                    document,
+                    &kind,
+                    &name,
+                )?))
         }
         _ => return Ok(0),
     }

@@ -4,6 +4,7 @@
 //! [`crate::translate`] translates it.
 
 use std::fmt;
+use std::sync::Arc;
 
 use gateway_api::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::experimental::gatewayclasses::GatewayClass;
@@ -33,40 +34,41 @@ pub const GATEWAY_CONFIG_KIND: &str = "GatewayConfig";
 /// before v1.5.
 pub const EXPERIMENTAL_GATEWAY_API_GROUP: &str = "gateway.networking.x-k8s.io";
 
-/// Everything the core reads: the objects as the API server returns them.
+/// Everything the core reads: the objects as the API server returns them, shared with the
+/// watch caches that hold them (a round copies none).
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
-    pub gateway_classes: Vec<GatewayClass>,
-    pub gateways: Vec<Gateway>,
-    pub http_routes: Vec<HttpRoute>,
-    pub grpc_routes: Vec<GrpcRoute>,
-    pub reference_grants: Vec<ReferenceGrant>,
+    pub gateway_classes: Vec<Arc<GatewayClass>>,
+    pub gateways: Vec<Arc<Gateway>>,
+    pub http_routes: Vec<Arc<HttpRoute>>,
+    pub grpc_routes: Vec<Arc<GrpcRoute>>,
+    pub reference_grants: Vec<Arc<ReferenceGrant>>,
     /// Listeners attached to Gateways from outside them (`ListenerSet`, or the experimental
     /// `XListenerSet` read as one: see [`crate::translate`]'s listener sets).
-    pub listener_sets: Vec<ListenerSet>,
+    pub listener_sets: Vec<Arc<ListenerSet>>,
     /// TLS from the data plane to the Service ports they target (see
     /// [`crate::translate`]'s backend TLS).
-    pub backend_tls_policies: Vec<BackendTlsPolicy>,
+    pub backend_tls_policies: Vec<Arc<BackendTlsPolicy>>,
     /// Read for the CA certificates BackendTLSPolicies name (`ca.crt`).
-    pub config_maps: Vec<ConfigMap>,
-    pub namespaces: Vec<Namespace>,
-    pub services: Vec<Service>,
-    pub endpoint_slices: Vec<EndpointSlice>,
+    pub config_maps: Vec<Arc<ConfigMap>>,
+    pub namespaces: Vec<Arc<Namespace>>,
+    pub services: Vec<Arc<Service>>,
+    pub endpoint_slices: Vec<Arc<EndpointSlice>>,
     /// The cluster set's Services (`multicluster.x-k8s.io` ServiceImports) backendRefs may
     /// name; `None` where the API server does not serve that API, whose backendRefs are then
     /// of a kind not supported (`InvalidKind`).
-    pub service_imports: Option<Vec<ServiceImport>>,
+    pub service_imports: Option<Vec<Arc<ServiceImport>>>,
     /// Read by [`crate::render::plan`]; the translation sees them through its plans.
-    pub gateway_configs: Vec<GatewayConfig>,
+    pub gateway_configs: Vec<Arc<GatewayConfig>>,
     /// The class-level settings GatewayClasses name ([`crate::gateway_class_config`]).
-    pub gateway_class_configs: Vec<GatewayClassConfig>,
+    pub gateway_class_configs: Vec<Arc<GatewayClassConfig>>,
     /// Read by [`crate::render::plan`] for the tokens a `GatewayConfig` names, and by the
     /// translation for Gateways' backend client certificates and BackendTLSPolicies' CAs.
-    pub secrets: Vec<Secret>,
+    pub secrets: Vec<Arc<Secret>>,
     /// Origins outside the cluster that route backendRefs name.
-    pub external_backends: Vec<ExternalBackend>,
+    pub external_backends: Vec<Arc<ExternalBackend>>,
     /// The Cloudflare Access requirements route rules name through ExtensionRef filters.
-    pub access_policies: Vec<AccessPolicy>,
+    pub access_policies: Vec<Arc<AccessPolicy>>,
     /// The metadata of the cluster's CustomResourceDefinitions: the Gateway API ones' names and
     /// bundle-version annotations make the GatewayClass condition `SupportedVersion` (see
     /// [`crate::translate::bundle_version`]); others are ignored.

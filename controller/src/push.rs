@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_lc_rs::digest;
@@ -477,7 +478,7 @@ fn wall_clock_ms() -> i64 {
 /// The config-API addresses of a plane's pods, from the EndpointSlices of its headless Service:
 /// ready or not (a pod becomes ready only once it has a config), but not terminating (a
 /// draining pod needs no new routes, and counting it would report a rollout as a failure).
-pub fn pod_addresses(slices: &[EndpointSlice], port_name: &str) -> Vec<SocketAddr> {
+pub fn pod_addresses(slices: &[Arc<EndpointSlice>], port_name: &str) -> Vec<SocketAddr> {
     let mut out = Vec::new();
     for slice in slices {
         let Some(port) = slice
@@ -737,6 +738,7 @@ mod tests {
 "#,
         )
         .expect("slices parse");
+        let slices: Vec<Arc<EndpointSlice>> = slices.into_iter().map(Arc::new).collect();
         let got: Vec<String> = pod_addresses(&slices, "config")
             .iter()
             .map(ToString::to_string)

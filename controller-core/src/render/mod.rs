@@ -16,6 +16,7 @@ mod plan;
 mod tests;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use cftunnel_config::{Token, TokenError};
 use gateway_api::experimental::gateways::Gateway;
@@ -237,7 +238,7 @@ impl Credentials {
 pub fn resolve(
     gateway: &Gateway,
     config: &GatewayConfig,
-    secrets: &[Secret],
+    secrets: &[Arc<Secret>],
     fresh_token: &str,
 ) -> Result<Credentials, RenderError> {
     resolve_with(gateway, config, secrets, Some(fresh_token))
@@ -248,7 +249,7 @@ pub fn resolve(
 fn resolve_with(
     gateway: &Gateway,
     config: &GatewayConfig,
-    secrets: &[Secret],
+    secrets: &[Arc<Secret>],
     fresh_token: Option<&str>,
 ) -> Result<Credentials, RenderError> {
     let namespace = gateway
@@ -374,7 +375,12 @@ fn resolve_with(
 }
 
 /// The text of key `key` of Secret `namespace/name` in `secrets`, as a pod reads a token from it.
-pub fn secret_text(secrets: &[Secret], namespace: &str, name: &str, key: &str) -> Option<String> {
+pub fn secret_text(
+    secrets: &[Arc<Secret>],
+    namespace: &str,
+    name: &str,
+    key: &str,
+) -> Option<String> {
     let secret = secrets.iter().find(|s| {
         s.metadata.namespace.as_deref() == Some(namespace)
             && s.metadata.name.as_deref() == Some(name)

@@ -823,7 +823,7 @@ fn rotating_a_token_rolls_the_pods_and_nothing_else_does() {
 #[test]
 fn a_gateway_read_from_a_manifest_renders_without_an_owner() {
     let mut s = snapshot(BASIC, "");
-    s.gateways[0].metadata.uid = None;
+    Arc::make_mut(&mut s.gateways[0]).metadata.uid = None;
     let p = plane_with(&s, &settings()).expect("renders");
     assert!(p.deployment.metadata.owner_references.is_none());
 }

@@ -16,6 +16,7 @@
 //! `options` are implementation-specific and none is defined here: they are ignored.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use cftunnel_config::{valid, BackendProtocol, BackendTls};
 use gateway_api::backendtlspolicies::{
@@ -71,9 +72,10 @@ pub(crate) struct CaSources<'a> {
 }
 
 impl Policies {
-    pub(crate) fn new(policies: &[BackendTlsPolicy], sources: &CaSources<'_>) -> Self {
+    pub(crate) fn new(policies: &[Arc<BackendTlsPolicy>], sources: &CaSources<'_>) -> Self {
         let mut ordered: Vec<(&BackendTlsPolicy, &str, &str)> = policies
             .iter()
+            .map(Arc::as_ref)
             .filter_map(|p| {
                 Some((
                     p,
@@ -142,7 +144,7 @@ impl Policies {
     /// Policies that apply to no Gateway of ours get an empty list.
     pub(super) fn statuses(
         &self,
-        policies: &[BackendTlsPolicy],
+        policies: &[Arc<BackendTlsPolicy>],
         users: &BTreeMap<PortKey, BTreeSet<ParentRef>>,
     ) -> BTreeMap<ObjectKey, Vec<PolicyAncestorStatus>> {
         let mut out = BTreeMap::new();

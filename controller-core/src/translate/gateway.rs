@@ -6,6 +6,7 @@
 use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
 use std::hash::BuildHasher;
+use std::sync::Arc;
 
 use gateway_api::experimental::gatewayclasses::GatewayClass;
 use gateway_api::experimental::gateways::{Gateway, GatewayListeners};
@@ -34,7 +35,7 @@ pub(super) fn owned_classes<'a>(
     options: &Options,
 ) -> BTreeMap<String, Option<&'a GatewayClass>> {
     let mut classes = BTreeMap::new();
-    for class in &snapshot.gateway_classes {
+    for class in snapshot.gateway_classes.iter().map(Arc::as_ref) {
         let Some(name) = class.metadata.name.as_deref() else {
             continue;
         };

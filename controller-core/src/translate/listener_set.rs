@@ -13,6 +13,7 @@
 //! `Same` means the ListenerSet's namespace.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use gateway_api::experimental::gatewayclasses::GatewayClass;
 use gateway_api::experimental::gateways::{
@@ -53,6 +54,7 @@ impl ListenerSets {
         let gateways: BTreeMap<(&str, &str), &Gateway> = snapshot
             .gateways
             .iter()
+            .map(Arc::as_ref)
             .filter(|gw| classes.contains_key(&gw.spec.gateway_class_name))
             .filter_map(|gw| {
                 let meta = &gw.metadata;

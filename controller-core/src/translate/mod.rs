@@ -46,6 +46,7 @@ use std::cell::RefCell;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::Arc;
 
 use cftunnel_config::{valid, Config};
 use gateway_api::experimental::referencegrants::ReferenceGrant;
@@ -879,9 +880,10 @@ pub(crate) struct ServiceObjects<'a> {
 }
 
 /// Objects of a namespaced kind by (namespace, name).
-fn by_key<T: kube::Resource>(objects: &[T]) -> BTreeMap<(&str, &str), &T> {
+fn by_key<T: kube::Resource>(objects: &[Arc<T>]) -> BTreeMap<(&str, &str), &T> {
     objects
         .iter()
+        .map(Arc::as_ref)
         .filter_map(|o| {
             let meta = o.meta();
             Some(((meta.namespace.as_deref()?, meta.name.as_deref()?), o))
@@ -895,14 +897,14 @@ impl<'a> Index<'a> {
     fn new(snapshot: &'a Snapshot) -> Self {
         let mut namespaces =
             FxHashMap::with_capacity_and_hasher(snapshot.namespaces.len(), Default::default());
-        for ns in &snapshot.namespaces {
+        for ns in snapshot.namespaces.iter().map(Arc::as_ref) {
             if let Some(name) = ns.metadata.name.as_deref() {
                 namespaces.insert(name, ns);
             }
         }
         let mut services: FxHashMap<(&str, &str), ServiceObjects<'_>> =
             FxHashMap::with_capacity_and_hasher(snapshot.services.len(), Default::default());
-        for svc in &snapshot.services {
+        for svc in snapshot.services.iter().map(Arc::as_ref) {
             if let (Some(ns), Some(name)) = (
                 svc.metadata.namespace.as_deref(),
                 svc.metadata.name.as_deref(),
@@ -910,7 +912,7 @@ impl<'a> Index<'a> {
                 services.entry((ns, name)).or_default().service = Some(svc);
             }
         }
-        for slice in &snapshot.endpoint_slices {
+        for slice in snapshot.endpoint_slices.iter().map(Arc::as_ref) {
             let ns = slice.metadata.namespace.as_deref();
             let svc = slice
                 .metadata
@@ -953,7 +955,7 @@ impl<'a> Index<'a> {
             external_backends: by_key(&snapshot.external_backends),
             namespaces,
             services,
-            grants: snapshot.reference_grants.iter().collect(),
+            grants: snapshot.reference_grants.iter().map(Arc::as_ref).collect(),
             secrets,
             config_maps,
             policies,

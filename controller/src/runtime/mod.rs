@@ -928,6 +928,7 @@ impl Reconciler {
                     service: snapshot
                         .services
                         .iter()
+                        .map(Arc::as_ref)
                         .find(|s| here(&s.metadata, &names.service)),
                     // Without one rendered, only one the Gateway controls is left over to
                     // remove: someone else's of that name is no reason to apply again.
@@ -944,6 +945,7 @@ impl Reconciler {
                     auth_secret: snapshot
                         .secrets
                         .iter()
+                        .map(Arc::as_ref)
                         .find(|s| here(&s.metadata, &names.auth_secret)),
                 };
                 self.apply_dedicated(gw, config, credentials, plane, &live)
@@ -1374,7 +1376,7 @@ fn from_endpoint_controller(slice: &k8s_openapi::api::discovery::v1::EndpointSli
         .is_some_and(|m| m == "endpointslice-controller.k8s.io")
 }
 
-fn object_key<K: kube::Resource>(object: &K) -> Option<ObjectKey> {
+fn object_key<K: kube::Resource>(object: &Arc<K>) -> Option<ObjectKey> {
     let meta = object.meta();
     Some(ObjectKey::new(meta.namespace.clone()?, meta.name.clone()?))
 }

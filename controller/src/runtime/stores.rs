@@ -136,16 +136,19 @@ impl PlaneObjects {
     }
 }
 
-fn cloned<K>(store: &Store<K>) -> Vec<K>
+/// Drops what the API server keeps of each writer's fields: often the bulk of an object, and
+/// read by nothing but the apply of the controller's own objects.
+fn without_managed_fields<K: Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
+}
+
+/// The objects `store` holds now, shared with it: a round copies no object.
+fn cloned<K>(store: &Store<K>) -> Vec<Arc<K>>
 where
     K: Resource + Clone + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
-    store
-        .state()
-        .iter()
-        .map(|o| Arc::unwrap_or_clone(Arc::clone(o)))
-        .collect()
+    store.state()
 }
 
 impl Stores {
@@ -159,6 +162,24 @@ impl Stores {
         tasks: &mut JoinSet<()>,
     ) -> Self {
         fn watch<K>(
+            api: Api<K>,
+            config: watcher::Config,
+            changed: &Arc<Notify>,
+            tasks: &mut JoinSet<()>,
+        ) -> Store<K>
+        where
+            K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+            K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+        {
+            cache(
+                watcher(api, config).modify(without_managed_fields),
+                changed,
+                tasks,
+            )
+        }
+        /// [`watch`] of the objects the controller applies, with their managed fields: who
+        /// owns a Deployment's `spec.replicas` is read from them.
+        fn watch_applied<K>(
             api: Api<K>,
             config: watcher::Config,
             changed: &Arc<Notify>,
@@ -241,6 +262,7 @@ impl Stores {
         // name only, and Gateway API's carry no common label): filtered here, once the optional
         // APIs are told of changes to theirs.
         let crds = watcher(Api::all(client.clone()), all())
+            .modify(without_managed_fields)
             .inspect_ok(move |event| triggers.crd_event(event))
             .try_filter(|event| {
                 let keep = |crd: &PartialObjectMeta<CustomResourceDefinition>| {
@@ -258,8 +280,16 @@ impl Stores {
             gateways: watch_each(client, all(), &changed, tasks),
             http_routes: watch_each(client, all(), &changed, tasks),
             grpc_routes: watch_each(client, all(), &changed, tasks),
-            reference_grants: cache(reference_grants, &changed, tasks),
-            listener_sets: cache(listener_sets, &changed, tasks),
+            reference_grants: cache(
+                reference_grants.modify(without_managed_fields),
+                &changed,
+                tasks,
+            ),
+            listener_sets: cache(
+                listener_sets.modify(without_managed_fields),
+                &changed,
+                tasks,
+            ),
             listener_set_resource,
             backend_tls_policies: watch_each(client, all(), &changed, tasks),
             config_maps: watch(Api::all(client.clone()), all(), &changed, tasks),
@@ -273,19 +303,19 @@ impl Stores {
             access_policies: watch(Api::all(client.clone()), all(), &changed, tasks),
             external_backends: watch(Api::all(client.clone()), all(), &changed, tasks),
             secrets: watch(Api::all(client.clone()), all(), &changed, tasks),
-            deployments: watch(
+            deployments: watch_applied(
                 Api::all(client.clone()),
                 all().labels(MANAGED_BY_SELECTOR),
                 &changed,
                 tasks,
             ),
-            network_policies: watch(
+            network_policies: watch_applied(
                 Api::all(client.clone()),
                 all().labels(MANAGED_BY_SELECTOR),
                 &changed,
                 tasks,
             ),
-            autoscalers: watch(
+            autoscalers: watch_applied(
                 Api::all(client.clone()),
                 all().labels(MANAGED_BY_SELECTOR),
                 &changed,
