@@ -115,23 +115,26 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
     let server = Server::start_with_registry(options, initial, registry).await?;
     let tunnel = match connector {
         Some(mut connector) => {
-            use crate::tunnel::{
-                await_first_table, transport_for, warn_on_grpc_without_http2, FIRST_CONFIG_WAIT,
-            };
-            if connector.protocol() == cftunnel_tunnel::Protocol::Auto {
-                // Whether the table serves gRPC decides the transport: wait for it to arrive.
-                tokio::select! {
-                    _ = await_first_table(server.proxy(), FIRST_CONFIG_WAIT) => {}
-                    _ = signals.next() => {
-                        tracing::info!("signal before the tunnel started: exiting");
-                        server.begin_drain();
-                        server.shutdown_by(tokio::time::Instant::now() + args.grace_period.0).await;
-                        if let Some(traces) = traces {
-                            traces.shutdown(TRACE_FLUSH_WAIT).await;
-                        }
-                        return Ok(());
+            use crate::tunnel::{await_first_table, transport_for, warn_on_grpc_without_http2};
+            if !server.proxy().is_loaded() {
+                tracing::info!(
+                    "the tunnel registers with the edge once the proxy has its first config"
+                );
+            }
+            tokio::select! {
+                _ = await_first_table(server.proxy()) => {}
+                _ = signals.next() => {
+                    tracing::info!("signal before the tunnel started: exiting");
+                    server.begin_drain();
+                    server.shutdown_by(tokio::time::Instant::now() + args.grace_period.0).await;
+                    if let Some(traces) = traces {
+                        traces.shutdown(TRACE_FLUSH_WAIT).await;
                     }
+                    return Ok(());
                 }
+            }
+            if connector.protocol() == cftunnel_tunnel::Protocol::Auto {
+                // Whether the table serves gRPC decides the transport.
                 let serves_grpc = server.proxy().routes().has_grpc_route();
                 let protocol = transport_for(connector.protocol(), serves_grpc);
                 if protocol != connector.protocol() {

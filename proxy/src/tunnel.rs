@@ -7,13 +7,8 @@ use crate::upgrade::ClientUpgrade;
 use http::{HeaderName, Request};
 use http_body_util::BodyExt;
 use std::net::{IpAddr, SocketAddr};
-use std::time::Duration;
 
 use cftunnel_tunnel::Protocol;
-
-/// How long an `auto` tunnel waits at start for its first table, to learn whether it serves
-/// gRPC before it dials.
-pub const FIRST_CONFIG_WAIT: Duration = Duration::from_secs(10);
 
 /// The transport to dial: an `auto` tunnel whose table serves a GRPCRoute goes over HTTP/2,
 /// because the edge carries no trailers over QUIC and gRPC's status is a trailer; a transport
@@ -25,17 +20,16 @@ pub fn transport_for(configured: Protocol, serves_grpc: bool) -> Protocol {
     }
 }
 
-/// Waits until a table is loaded (from the config file or the first push), at most `wait`.
-pub async fn await_first_table(proxy: &Proxy, wait: Duration) {
+/// Waits until a table is loaded (from the config file or the first push). The connector
+/// registers only then: the edge sends a registered connection its share of the tunnel's
+/// requests at once, and a proxy without routes could only answer them 502.
+pub async fn await_first_table(proxy: &Proxy) {
     let mut swaps = proxy.swaps();
-    let loaded = async {
-        while !proxy.is_loaded() {
-            if swaps.changed().await.is_err() {
-                return;
-            }
+    while !proxy.is_loaded() {
+        if swaps.changed().await.is_err() {
+            return;
         }
-    };
-    let _ = tokio::time::timeout(wait, loaded).await;
+    }
 }
 
 /// Warns, once, when a table that serves gRPC arrives while the tunnel runs over a transport

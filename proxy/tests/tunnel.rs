@@ -149,6 +149,55 @@ async fn an_auto_tunnel_serving_grpc_dials_http2() {
     .expect("test finished in time");
 }
 
+/// The connector registers with the edge only once the proxy has its first table, whatever
+/// the transport: the edge sends a registered connection its share of the tunnel's requests at
+/// once, and a proxy without routes would answer them 502 until its first push.
+#[tokio::test]
+async fn the_tunnel_registers_only_once_the_proxy_has_its_routes() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let doc = serde_json::json!({"version": 1, "rules": [
+            {"hostnames": ["app.example.com"], "backends": [{"url": url(a.http_addr()), "weight": 1}]}
+        ]});
+        let http = client();
+        for protocol in ["quic", "http2"] {
+            let edge = MockEdge::start().await.expect("mock edge starts");
+            let dir = scratch_dir(&format!("first-table-{protocol}"));
+            let (mut child, admin) = spawn_tunnel_proxy(
+                &edge,
+                &dir,
+                &connector::token().encode(),
+                protocol,
+                None,
+                &[("PROXY_GRACE_PERIOD", "1s")],
+            )
+            .await;
+            let up_by = Instant::now() + Duration::from_secs(10);
+            while tokio::net::TcpStream::connect(admin).await.is_err() {
+                assert!(Instant::now() < up_by, "{protocol}: the config API listens");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // Long enough for a connector that does not wait to have registered.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            assert!(
+                edge.connections().is_empty(),
+                "{protocol}: no connection before the first table"
+            );
+            assert_eq!(push(&http, admin, &doc).await.status, 200);
+            tokio::time::timeout(Duration::from_secs(10), edge.wait_serving(1))
+                .await
+                .expect("registers once the table is in");
+            let r = get(&http, edge.http_addr(), "app.example.com", "/", &[]).await;
+            assert_eq!(r.status, 200, "{protocol}: {:?}", r.body);
+            sigterm(&child);
+            assert_eq!(wait_exit(&mut child, Duration::from_secs(15)).await, Some(0));
+            edge.shutdown().await;
+        }
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// A fresh directory for one test's CA file and config.
 fn scratch_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("cftunnel-{name}-{}", std::process::id()));
