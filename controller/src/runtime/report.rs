@@ -22,6 +22,18 @@ use crate::gateway_config::GatewayConfig;
 use crate::render;
 use crate::translate::{self, ConditionType, ObjectKey, PlaneKey, Reason, RouteKind, Snapshot};
 
+/// The events API refuses a note longer than this many bytes (bytes, not characters).
+const NOTE_LIMIT: usize = 1024;
+
+/// `note` cut to [`NOTE_LIMIT`] bytes, at a character boundary.
+fn clipped(note: &str) -> &str {
+    let mut end = note.len().min(NOTE_LIMIT);
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    &note[..end]
+}
+
 impl Reconciler {
     pub(super) async fn publish(
         &self,
@@ -34,7 +46,7 @@ impl Reconciler {
         let event = Event {
             type_,
             reason: reason.to_owned(),
-            note: Some(note.chars().take(1024).collect()),
+            note: Some(clipped(note).to_owned()),
             action: action.to_owned(),
             secondary: None,
         };
@@ -570,5 +582,22 @@ impl Reconciler {
                 tracing::warn!(%kind, name, error = %e, "writing status failed");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_note_is_cut_to_the_byte_limit_at_a_character_boundary() {
+        assert_eq!(clipped("short"), "short");
+        let long = format!("{}{}", "a".repeat(1020), "é".repeat(10));
+        let note = clipped(&long);
+        assert!(note.len() <= NOTE_LIMIT, "{} bytes", note.len());
+        assert_eq!(note.len(), 1024);
+        assert!(note.ends_with("éé"));
+        let odd = format!("{}{}", "a".repeat(1023), "é");
+        assert_eq!(clipped(&odd), "a".repeat(1023));
     }
 }
