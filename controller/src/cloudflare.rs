@@ -118,10 +118,13 @@ pub struct TunnelApi {
     client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
     timeout: Duration,
     calls: ApiCalls,
-    /// Per API token (by digest): no calls before this, after the API answered 429. The limit
-    /// is the token's, whichever tunnel it writes.
-    limited: std::sync::Arc<std::sync::Mutex<HashMap<Vec<u8>, tokio::time::Instant>>>,
+    /// Per API token (by digest): no calls before this, after the API answered 429, and the
+    /// wait it asked for. The limit is the token's, whichever tunnel it writes.
+    limited: std::sync::Arc<std::sync::Mutex<RateLimits>>,
 }
+
+/// See [`TunnelApi`]'s `limited`.
+type RateLimits = HashMap<Vec<u8>, (tokio::time::Instant, Duration)>;
 
 /// How long to wait after a 429 that names no `Retry-After`.
 const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(60);
@@ -270,12 +273,14 @@ impl TunnelApi {
             .lock()
             .ok()
             .and_then(|l| l.get(&token_key).copied())
-            .filter(|until| *until > now);
-        if let Some(until) = waiting {
+            .filter(|(until, _)| *until > now);
+        if let Some((_, wait)) = waiting {
             self.calls.count(name, "rate_limited", false, true);
+            // The same text for the whole wait: it reaches route conditions, and a countdown
+            // would rewrite them every round.
             return Err(format!(
-                "waiting {}s more for the Cloudflare API's rate limit (it answered 429)",
-                until.duration_since(now).as_secs().max(1)
+                "the Cloudflare API answered 429 (its rate limit): no call with this token for {}s",
+                wait.as_secs()
             ));
         }
         let req = hyper::Request::builder()
@@ -306,7 +311,10 @@ impl TunnelApi {
                         Duration::from_secs(s).min(MAX_RETRY_AFTER)
                     });
                 if let Ok(mut limited) = self.limited.lock() {
-                    limited.insert(token_key.clone(), tokio::time::Instant::now() + wait);
+                    limited.insert(
+                        token_key.clone(),
+                        (tokio::time::Instant::now() + wait, wait),
+                    );
                 }
             }
             let body = Limited::new(res.into_body(), MAX_ANSWER)
