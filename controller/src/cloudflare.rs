@@ -413,14 +413,41 @@ async fn write(
     Ok(newly_verified)
 }
 
-/// Writes each tunnel's document when it changes, and again after a failure.
-#[derive(Default)]
+/// Writes each tunnel's document when it changes, and again after a failure: at once when the
+/// document or the writer's credentials change, else after a wait that doubles with each
+/// failure in a row. Rounds come with every change in the cluster, and a write that fails at
+/// each (a tunnel deleted in the dashboard) would spend the API token's rate limit, which the
+/// other tunnels it writes share.
 pub struct TunnelSync {
     /// Per tunnel and writer (account, token, claimed secret): the last document written. A
     /// second writer naming the same tunnel (a forged or stale token) cannot erase the first's.
     written: HashMap<(Uuid, Vec<u8>), Vec<u8>>,
     /// Tunnels whose real token was seen to hold a given secret (by digest).
     verified: HashMap<Uuid, Vec<u8>>,
+    /// Per tunnel and writer: the write that failed last, answered from here until its wait
+    /// is over.
+    failed: HashMap<(Uuid, Vec<u8>), Failure>,
+    /// The wait after a first failure, and the longest.
+    retry: (Duration, Duration),
+}
+
+/// A failed write: of which document, with what error, and when it may be tried again.
+struct Failure {
+    digest: Vec<u8>,
+    error: String,
+    wait: Duration,
+    until: tokio::time::Instant,
+}
+
+/// The wait before a failed write is tried again, doubled with each failure in a row.
+pub const RETRY_FIRST: Duration = Duration::from_secs(5);
+/// The longest wait before a failed write is tried again.
+pub const RETRY_MAX: Duration = Duration::from_secs(300);
+
+impl Default for TunnelSync {
+    fn default() -> Self {
+        Self::with_retry(RETRY_FIRST, RETRY_MAX)
+    }
 }
 
 /// Tunnel writes in flight at once: a new leader writes every tunnel, and the API rate-limits.
@@ -441,6 +468,16 @@ fn writer_key(target: &TunnelTarget) -> (Uuid, Vec<u8>) {
 }
 
 impl TunnelSync {
+    /// Tries a failed write again after `first`, doubling up to `max`.
+    pub fn with_retry(first: Duration, max: Duration) -> Self {
+        Self {
+            written: HashMap::new(),
+            verified: HashMap::new(),
+            failed: HashMap::new(),
+            retry: (first, max.max(first)),
+        }
+    }
+
     /// Brings the tunnel of `target` to `document`; `Ok(true)` when it wrote. A new API token
     /// writes again, so a rotated credential is proven at once rather than at the next change.
     ///
@@ -465,20 +502,32 @@ impl TunnelSync {
         api: &TunnelApi,
         work: Vec<(TunnelTarget, Value)>,
     ) -> Vec<Result<bool, String>> {
+        let now = tokio::time::Instant::now();
         let calls: Vec<_> = work
             .into_iter()
             .map(|(target, document)| {
                 let digest = sync_digest(&target, &document);
-                let written = self.written.get(&writer_key(&target)) == Some(&digest);
+                let key = writer_key(&target);
+                let written = self.written.get(&key) == Some(&digest);
+                // The same error, word for word, until the wait is over: it reaches route
+                // conditions, which would otherwise be rewritten.
+                let held = self
+                    .failed
+                    .get(&key)
+                    .filter(|f| f.digest == digest && f.until > now)
+                    .map(|f| f.error.clone());
                 let verified = self.verified.get(&target.tunnel).cloned();
                 async move {
                     if written {
-                        return (target, None, None, Ok(false));
+                        return (target, digest, None, Ok(false), false);
+                    }
+                    if let Some(error) = held {
+                        return (target, digest, None, Err(error), false);
                     }
                     let result = write(api, &target, &document, verified.as_deref()).await;
                     match result {
-                        Ok(verified) => (target, Some(digest), verified, Ok(true)),
-                        Err(e) => (target, None, None, Err(e)),
+                        Ok(verified) => (target, digest, verified, Ok(true), true),
+                        Err(e) => (target, digest, None, Err(e), true),
                     }
                 }
             })
@@ -496,14 +545,32 @@ impl TunnelSync {
         .await;
         done.sort_by_key(|(i, _)| *i);
         let done = done.into_iter().map(|(_, d)| d);
+        let (first, max) = self.retry;
         done.into_iter()
-            .map(|(target, digest, verified, result)| {
-                match (&result, digest) {
-                    (Ok(true), Some(digest)) => {
-                        self.written.insert(writer_key(&target), digest);
+            .map(|(target, digest, verified, result, tried)| {
+                let key = writer_key(&target);
+                match &result {
+                    Ok(true) => {
+                        self.failed.remove(&key);
+                        self.written.insert(key, digest);
                     }
-                    (Err(_), _) => {
-                        self.written.remove(&writer_key(&target));
+                    Err(error) if tried => {
+                        self.written.remove(&key);
+                        let wait = self
+                            .failed
+                            .get(&key)
+                            .map_or(first, |f| f.wait.saturating_mul(2).min(max));
+                        let until = tokio::time::Instant::now() + wait;
+                        let error = error.clone();
+                        self.failed.insert(
+                            key,
+                            Failure {
+                                digest,
+                                error,
+                                wait,
+                                until,
+                            },
+                        );
                     }
                     _ => {}
                 }
@@ -519,6 +586,7 @@ impl TunnelSync {
     pub fn retain(&mut self, keep: impl Fn(&Uuid) -> bool) {
         self.written.retain(|(t, _), _| keep(t));
         self.verified.retain(|t, _| keep(t));
+        self.failed.retain(|(t, _), _| keep(t));
     }
 }
 

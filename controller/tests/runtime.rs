@@ -924,6 +924,61 @@ async fn the_controllers_token_writes_only_for_tunnels_the_tenant_can_open() {
     );
 }
 
+/// A tunnel write that fails is not sent again at every round (rounds follow every change in
+/// the cluster, and each call spends the API token's rate limit, shared with its other
+/// tunnels): until its wait is over it fails with the same error and no call; a changed
+/// document is tried at once; the wait doubles with each failure in a row.
+#[tokio::test]
+async fn a_failing_tunnel_write_waits_before_it_is_sent_again() {
+    use cftunnel_controller::cloudflare::{TunnelApi, TunnelSync, TunnelTarget};
+    let cloudflare = CloudflareApi::start().await;
+    cloudflare.allow("acct", "controller-token");
+    let api = TunnelApi::new(&cloudflare.base(), Duration::from_secs(5)).expect("client");
+    // The tunnel is not there (deleted in the dashboard): its token cannot be read.
+    let target = TunnelTarget {
+        account: "acct".to_owned(),
+        tunnel: uuid_of(TUNNEL_ID),
+        api_token: "controller-token".to_owned(),
+        verify_secret: Some(b"the real secret".to_vec()),
+    };
+    let document = json!({"ingress": [{"service": "http_status:404"}]});
+    let mut sync = TunnelSync::with_retry(Duration::from_millis(400), Duration::from_secs(60));
+    let first = sync
+        .sync(&api, &target, &document)
+        .await
+        .expect_err("no such tunnel");
+    let sent = cloudflare.requests();
+    for _ in 0..20 {
+        assert_eq!(
+            sync.sync(&api, &target, &document).await,
+            Err(first.clone())
+        );
+    }
+    assert_eq!(cloudflare.requests(), sent, "no call while the wait lasts");
+
+    let changed = json!({"ingress": [{"hostname": "a.example.com", "service": "http://localhost:8080"}, {"service": "http_status:404"}]});
+    assert!(sync.sync(&api, &target, &changed).await.is_err());
+    assert_eq!(
+        cloudflare.requests(),
+        sent + 1,
+        "a changed document is tried at once"
+    );
+
+    let real = Token::new("acct", b"the real secret".to_vec(), uuid_of(TUNNEL_ID));
+    cloudflare.add_tunnel("acct", TUNNEL_ID, &real.encode());
+    assert!(
+        sync.sync(&api, &target, &changed).await.is_err(),
+        "the second failure waits twice as long"
+    );
+    assert_eq!(cloudflare.requests(), sent + 1);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(sync.sync(&api, &target, &changed).await, Ok(true));
+    assert_eq!(
+        cloudflare.config("acct", TUNNEL_ID).map(|(_, d)| d),
+        Some(changed)
+    );
+}
+
 /// Replicas: a Lease left by a dead holder is taken once it has gone unrenewed for its
 /// duration; only the holder writes; a holder that stops gives it up to another at once.
 #[tokio::test]
