@@ -211,6 +211,8 @@ fn the_schema_refuses_unknown_and_mistyped_values_with_either_helm() {
     for (overrides, named) in [
         ("proxy: {replcas: 3}", "replcas"),
         ("controller: {replicas: two}", "replicas"),
+        // Without leader election every replica would write.
+        ("controller: {leaderElection: false, replicas: 2}", "replicas"),
         ("proxy: {tunnel: {protocol: h3}}", "protocol"),
         ("proxy: {tunnel: {quicMaxStreams: 0}}", "quicMaxStreams"),
         ("proxy: {backend: {headerTimeout: 60}}", "headerTimeout"),
