@@ -4074,6 +4074,21 @@ async fn an_experimental_xlistenerset_is_read_and_reported_where_no_listener_set
             team.pointer("/status/listeners/0/attachedRoutes"),
             Some(&json!(1))
         );
+        // Written once: later rounds find it as they would write it.
+        let rv = t.api.resource_version();
+        for i in 0..3 {
+            t.api.put(yaml(&format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: unrelated, namespace: tenant-a}}\ndata: {{round: \"{i}\"}}\n"
+            )));
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let rewrites: Vec<String> = t
+            .api
+            .writes_since(rv)
+            .into_iter()
+            .filter(|w| w.contains("xlistenersets"))
+            .collect();
+        assert_eq!(rewrites, Vec::<String>::new(), "no status rewritten");
         let route = eventually("team-app's parent", || {
             route_parent(&t.api, "tenant-a", "team-app")
         })
