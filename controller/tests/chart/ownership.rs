@@ -134,6 +134,48 @@ fn the_controller_enforces_ownership_and_admission_enforces_the_same_rule() {
         }
     }
     assert!(refused > 0 && refused < namespaces.len() * hosts.len());
+
+    // Updates are judged only when they set the hostnames: a route stored before the rule
+    // refused its hostnames can still be relabelled and lose its finalizers.
+    let condition = policy["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap_or_default();
+    let condition = env.compile(condition).expect("the condition compiles");
+    let judged = |operation: &str, old: Option<&[&str]>, new: Option<&[&str]>| {
+        let spec = |h: Option<&[&str]>| match h {
+            Some(h) => json!({ "spec": { "hostnames": h, "rules": [] } }),
+            None => json!({ "spec": { "rules": [] } }),
+        };
+        let mut context = cel::Context::with_env(Arc::clone(&env));
+        context
+            .add_variable("request", json!({ "operation": operation }))
+            .expect("request");
+        context.add_variable("object", spec(new)).expect("object");
+        let previous = if operation == "UPDATE" {
+            spec(old)
+        } else {
+            serde_json::Value::Null
+        };
+        context
+            .add_variable("oldObject", previous)
+            .expect("oldObject");
+        match condition.execute(&context) {
+            Ok(value) => value == cel::Value::Bool(true),
+            Err(e) => panic!("{operation} {old:?} -> {new:?}: {e}"),
+        }
+    };
+    let a: &[&str] = &["a.example.com"];
+    let b: &[&str] = &["b.example.com"];
+    assert!(judged("CREATE", None, Some(a)));
+    assert!(judged("CREATE", None, None));
+    assert!(
+        !judged("UPDATE", Some(a), Some(a)),
+        "hostnames as they were"
+    );
+    assert!(!judged("UPDATE", None, None));
+    assert!(judged("UPDATE", Some(a), Some(b)));
+    assert!(judged("UPDATE", None, Some(a)));
+    assert!(judged("UPDATE", Some(a), None));
 }
 
 #[test]
