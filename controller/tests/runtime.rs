@@ -1689,6 +1689,55 @@ fn put_gateway_config(api: &ApiServer, spec: &str) {
     )));
 }
 
+/// Configs that another controller's GatewayClasses or Gateways name are that controller's to
+/// judge: two installations writing their own `InUse` or `Valid` would overwrite each other at
+/// every round. A GatewayConfig no Gateway names is still reported as not in use.
+#[tokio::test]
+async fn configs_named_by_another_controller_are_left_to_it() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        const CF: &str = "cf.k8s.lex.la/v1alpha1";
+        let t = Tenant::start_with("replicas: 1", |api| {
+            for object in [
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: elsewhere}\nspec:\n  controllerName: example.com/another-controller\n  parametersRef: {group: cf.k8s.lex.la, kind: GatewayClassConfig, name: their-params}\n",
+                "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayClassConfig\nmetadata: {name: their-params}\nspec: {tunnelTokenSecretRef: {name: nowhere, namespace: their-system}}\n",
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: theirs, namespace: tenant-a}\nspec:\n  gatewayClassName: elsewhere\n  infrastructure: {parametersRef: {group: cf.k8s.lex.la, kind: GatewayConfig, name: their-config}}\n  listeners: [{name: http, port: 80, protocol: HTTP}]\n",
+                "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: their-config, namespace: tenant-a}\nspec: {tunnelTokenSecretRef: {name: edge-tunnel-token}}\n",
+                "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: spare-config, namespace: tenant-a}\nspec: {tunnelTokenSecretRef: {name: edge-tunnel-token}}\n",
+            ] {
+                api.put(yaml(object));
+            }
+        })
+        .await;
+        let in_use = |name: &str| {
+            t.api
+                .get(CF, "GatewayConfig", "tenant-a", name)
+                .and_then(|c| condition(&c["status"]["conditions"], "InUse").cloned())
+        };
+        let spare = eventually("spare-config's InUse", || in_use("spare-config")).await;
+        assert_eq!(spare["reason"], "NotReferenced");
+        eventually("edge-config's InUse", || {
+            in_use("edge-config").filter(|c| c["status"] == "True")
+        })
+        .await;
+        // Rounds come with every change; none writes the other controller's configs.
+        for i in 0..3 {
+            t.api.put(yaml(&format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: unrelated, namespace: tenant-a}}\ndata: {{round: \"{i}\"}}\n"
+            )));
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        assert_eq!(in_use("their-config"), None);
+        let params = t
+            .api
+            .get(CF, "GatewayClassConfig", "", "their-params")
+            .expect("their-params");
+        assert_eq!(params.pointer("/status/conditions"), None, "{params}");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// Autoscaling switched on for a running plane: the Deployment keeps its replicas until the
 /// autoscaler writes the count (server-side apply would otherwise drop the field and the
 /// Deployment would fall to the default of one replica), later applies leave the

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use super::status::{self, set_programmed_pending, ConfigUser, KubeCondition, Truth};
 use super::{object_key, PlaneInfo, Reconciler, PROXY_CONFIG_PUSHED};
-use crate::gateway_class_config::GatewayClassConfig;
+use crate::gateway_class_config::{GatewayClassConfig, GATEWAY_CLASS_CONFIG_KIND};
 use crate::gateway_config::GatewayConfig;
 use crate::render;
 use crate::translate::{self, ConditionType, ObjectKey, PlaneKey, Reason, RouteKind, Snapshot};
@@ -425,6 +425,16 @@ impl Reconciler {
                     })
                 })
                 .collect();
+            // Named by Gateways of other classes only: theirs to judge. Two controllers each
+            // writing their own `InUse` would overwrite each other at every round.
+            let named_by_others = snapshot.gateways.iter().any(|gw| {
+                gw.metadata.namespace.as_deref() == Some(namespace)
+                    && gw.metadata.deletion_timestamp.is_none()
+                    && render::config_name(gw) == Some(name)
+            });
+            if users.is_empty() && named_by_others {
+                continue;
+            }
             let existing = config
                 .status
                 .as_ref()
@@ -446,10 +456,27 @@ impl Reconciler {
     /// Writes each GatewayClassConfig's `SecretsResolved` and `Valid`, as this round judged it
     /// ([`crate::class_parameters::settle`]), whether or not a class names it.
     async fn write_gateway_class_config_statuses(&self, snapshot: &Snapshot, now: &str) {
+        // Which controllers' GatewayClasses name each config: one named only by another
+        // controller's classes is its to judge (the verdict depends on each controller's own
+        // namespace, and two writing theirs would overwrite each other at every round).
+        let controller = &self.options.translate.controller_name;
+        let mut named: BTreeMap<&str, bool> = BTreeMap::new();
+        for class in &snapshot.gateway_classes {
+            let Some(p) = &class.spec.parameters_ref else {
+                continue;
+            };
+            if p.group == translate::GATEWAY_CONFIG_GROUP && p.kind == GATEWAY_CLASS_CONFIG_KIND {
+                *named.entry(p.name.as_str()).or_default() |=
+                    class.spec.controller_name == *controller;
+            }
+        }
         for config in &snapshot.gateway_class_configs {
             let Some(name) = config.metadata.name.as_deref() else {
                 continue;
             };
+            if named.get(name) == Some(&false) {
+                continue;
+            }
             let Some(verdict) = self.class_configs.get(name) else {
                 continue;
             };
