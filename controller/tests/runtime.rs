@@ -9,6 +9,7 @@ mod support;
 use support::{condition, eventually, yaml};
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cftunnel_controller::render::RenderSettings;
@@ -1687,6 +1688,57 @@ fn put_gateway_config(api: &ApiServer, spec: &str) {
     api.put(yaml(&format!(
         "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {{name: edge-config, namespace: tenant-a}}\nspec: {{tunnelTokenSecretRef: {{name: edge-tunnel-token}}, authTokenSecretRef: {{name: edge-api, key: bearer}}, {spec}}}\n"
     )));
+}
+
+/// A plane whose apply fails (an admission webhook refusing it, the API server failing) is not
+/// applied again at every round: applies run ahead of every push and status of the round, and
+/// one failing at each would hold up every tenant. It is applied again after a wait, or at once
+/// when its render changes, and the plane comes up once the cause is gone.
+#[tokio::test]
+async fn a_failing_apply_waits_before_it_is_sent_again() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        let deployment = || t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge");
+        eventually("the plane's Deployment", deployment).await;
+
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&attempts);
+        let failing = t.api.fail(500, move |c| {
+            let ours = c.method == "PATCH"
+                && c.kind == "Deployment"
+                && c.body.pointer("/metadata/namespace") == Some(&json!("tenant-a"));
+            if ours {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+            ours
+        });
+        t.configure("replicas: 2");
+        eventually("an apply of the new render", || {
+            (attempts.load(Ordering::SeqCst) > 0).then_some(())
+        })
+        .await;
+        // Rounds every 100 ms (and at each change) meanwhile: none applies it again.
+        for i in 0..3 {
+            t.api.put(yaml(&format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: unrelated, namespace: tenant-a}}\ndata: {{round: \"{i}\"}}\n"
+            )));
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert_eq!(attempts.load(Ordering::SeqCst), 1, "applied once");
+
+        // A changed render is applied at once; the cause gone, the plane comes up.
+        t.configure("replicas: 3");
+        eventually("an apply of the changed render", || {
+            (attempts.load(Ordering::SeqCst) > 1).then_some(())
+        })
+        .await;
+        drop(failing);
+        t.replicas_become(3).await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
 }
 
 /// Configs that another controller's GatewayClasses or Gateways name are that controller's to

@@ -211,8 +211,28 @@ const CONFIG_PORT_NAME: &str = "config";
 /// Changes arriving together are handled in one round.
 const DEBOUNCE: Duration = Duration::from_millis(100);
 /// An unchanged plane is applied again this often, besides whenever the watches show one of
-/// its objects departing from what was applied ([`drift`]).
+/// its objects departing from what was applied ([`drift`]), plus up to [`REAPPLY_SPREAD`] by
+/// its Gateway's uid, so that planes applied together are not all applied again together.
 const REAPPLY_AFTER: Duration = Duration::from_secs(300);
+/// See [`REAPPLY_AFTER`].
+const REAPPLY_SPREAD: Duration = Duration::from_secs(60);
+/// The wait before a render whose apply failed is applied again, doubled at each failure in a
+/// row up to [`APPLY_RETRY_MAX`]; a changed render is applied at once. Applies run one plane
+/// at a time ahead of every push and status of the round, and each takes up to the API
+/// timeout when the API server (or an admission webhook) hangs: one plane failing at every
+/// round would hold up every tenant's.
+const APPLY_RETRY_FIRST: Duration = Duration::from_secs(5);
+/// See [`APPLY_RETRY_FIRST`].
+const APPLY_RETRY_MAX: Duration = Duration::from_secs(300);
+
+/// When the plane of Gateway `uid` is applied again though unchanged: [`REAPPLY_AFTER`] and a
+/// share of [`REAPPLY_SPREAD`] the uid picks.
+fn reapply_after(uid: &str) -> Duration {
+    let spread = uid
+        .bytes()
+        .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+    REAPPLY_AFTER + Duration::from_millis(spread % (REAPPLY_SPREAD.as_millis() as u64 + 1))
+}
 
 /// The chart-deployed proxy pool that serves every Gateway without a GatewayConfig.
 #[derive(Debug, Clone)]
@@ -446,6 +466,9 @@ struct Reconciler {
     refused_told: HashMap<String, String>,
     /// Per Gateway uid: the plane last applied.
     applied: HashMap<String, AppliedPlane>,
+    /// Per Gateway uid: the render whose apply failed last, answered with its error until the
+    /// wait is over ([`APPLY_RETRY_FIRST`]).
+    apply_failures: HashMap<String, ApplyFailure>,
     /// The token digest the shared pool's Deployment was last seen stamped with, and when:
     /// checked again when the token changes, and every [`REAPPLY_AFTER`] besides.
     pool_stamp: Option<(String, std::time::Instant)>,
@@ -469,6 +492,14 @@ struct AppliedPlane {
     at: std::time::Instant,
     /// What the applies returned of the fields the render sets ([`drift`]).
     fields: OwnedFields,
+}
+
+/// A failed apply: see [`Reconciler::apply_failures`].
+struct ApplyFailure {
+    digest: Vec<u8>,
+    error: String,
+    wait: Duration,
+    until: std::time::Instant,
 }
 
 /// What a dedicated plane last served: see [`Reconciler::last_good`].
@@ -545,6 +576,7 @@ impl Reconciler {
             refused_rules: BTreeMap::new(),
             refused_told: HashMap::new(),
             applied: HashMap::new(),
+            apply_failures: HashMap::new(),
             class: ClassSettings::default(),
             class_configs: BTreeMap::new(),
             pool_stamp: None,
@@ -697,6 +729,8 @@ impl Reconciler {
             .filter_map(|g| g.metadata.uid.as_deref())
             .collect();
         self.applied.retain(|uid, _| uids.contains(uid.as_str()));
+        self.apply_failures
+            .retain(|uid, _| uids.contains(uid.as_str()));
         if let Some(shared) = &self.options.shared {
             if let Some(info) = shared_plane(shared, snapshot, &self.class) {
                 planes.insert(PlaneKey::Shared, info);
@@ -1075,16 +1109,63 @@ impl Reconciler {
         let digest = rendered_digest(&plane);
         let intact = self.applied.get(&uid).is_some_and(|applied| {
             applied.digest == digest
-                && applied.at.elapsed() < REAPPLY_AFTER
+                && applied.at.elapsed() < reapply_after(&uid)
                 && applied.fields == OwnedFields::of(&plane, live)
                 && drift::secret_intact(&plane, live)
         });
         if intact {
             return Ok((credentials, plane, false));
         }
+        let now = std::time::Instant::now();
+        if let Some(failed) = self
+            .apply_failures
+            .get(&uid)
+            .filter(|f| f.digest == digest && f.until > now)
+        {
+            return Err(failed.error.clone());
+        }
+        let result = self
+            .apply_now(gw, config, credentials, plane, &namespace, &uid)
+            .await;
+        match &result {
+            Ok(_) => {
+                self.apply_failures.remove(&uid);
+            }
+            Err(error) => {
+                let wait = self
+                    .apply_failures
+                    .get(&uid)
+                    .map_or(APPLY_RETRY_FIRST, |f| {
+                        f.wait.saturating_mul(2).min(APPLY_RETRY_MAX)
+                    });
+                let until = std::time::Instant::now() + wait;
+                self.apply_failures.insert(
+                    uid,
+                    ApplyFailure {
+                        digest,
+                        error: error.clone(),
+                        wait,
+                        until,
+                    },
+                );
+            }
+        }
+        result
+    }
+
+    /// [`Reconciler::apply_dedicated`]'s writes.
+    async fn apply_now(
+        &mut self,
+        gw: &Gateway,
+        config: &crate::gateway_config::GatewayConfig,
+        credentials: render::Credentials,
+        plane: render::DataPlane,
+        namespace: &str,
+        uid: &str,
+    ) -> Result<(render::Credentials, render::DataPlane, bool), String> {
         let (credentials, plane) = match &plane.auth_secret {
             Some(secret) => {
-                let (held, key) = apply::ensure_auth_secret(&self.client, secret, &uid).await?;
+                let (held, key) = apply::ensure_auth_secret(&self.client, secret, uid).await?;
                 if held == credentials.auth_token && key == credentials.auth_ref.key {
                     (credentials, plane)
                 } else {
@@ -1102,9 +1183,9 @@ impl Reconciler {
         };
         let go = GoControllerNames::for_gateway(gw).map_err(|e| e.to_string())?;
         let applied =
-            apply::apply_plane(&self.client, &plane, &go, &namespace, &uid, FIELD_MANAGER).await?;
+            apply::apply_plane(&self.client, &plane, &go, namespace, uid, FIELD_MANAGER).await?;
         self.applied.insert(
-            uid,
+            uid.to_owned(),
             AppliedPlane {
                 digest: rendered_digest(&plane),
                 at: std::time::Instant::now(),
