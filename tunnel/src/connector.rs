@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -371,11 +372,85 @@ where
     out
 }
 
+/// Whether a lookup found every address it looks for: each `TUNNEL_EDGE` host, or both
+/// regions of discovery.
+fn complete(shared: &Shared, entries: &[(SocketAddr, u8)]) -> bool {
+    if shared.opts.edges.is_empty() {
+        [0, 1].iter().all(|r| entries.iter().any(|(_, e)| e == r))
+    } else {
+        entries.len() == shared.opts.edges.len()
+    }
+}
+
+/// The wait before the edge is looked up again for addresses a lookup left out, doubled after
+/// each lookup that still leaves some out, up to [`REFILL_MAX`].
+const REFILL_FIRST: Duration = Duration::from_secs(10);
+/// See [`REFILL_FIRST`].
+const REFILL_MAX: Duration = Duration::from_secs(300);
+
+/// Looks the edge up again while the lookup at start left addresses out (a discovery region
+/// or a `TUNNEL_EDGE` host that did not resolve, a passing DNS failure) and fewer than
+/// `wanted` connections run for want of them: after `first`, then after twice the wait each
+/// time, until a lookup is complete. What is found joins the pool, and `start` starts a
+/// connection index for each new address, up to `wanted`. Returns then, or when the
+/// connector stops running.
+async fn refill<F, Fut>(
+    pool: &EdgePool,
+    wanted: usize,
+    mut running: usize,
+    first: Duration,
+    state: &mut watch::Receiver<RunState>,
+    mut resolve: F,
+    mut start: impl FnMut(u8),
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = (Vec<(SocketAddr, u8)>, bool)>,
+{
+    let mut wait = first;
+    while running < wanted {
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = wait_state_change(state) => return,
+        }
+        let (found, complete) = tokio::select! {
+            found = resolve() => found,
+            _ = wait_state_change(state) => return,
+        };
+        if pool.extend(found) > 0 {
+            let more = wanted.saturating_sub(running).min(pool.available());
+            for idx in running..running + more {
+                let idx = u8::try_from(idx).unwrap_or(u8::MAX);
+                // Held from now, so the next lookup counts it taken.
+                let _ = pool.address(idx);
+                start(idx);
+            }
+            if more > 0 {
+                tracing::info!(
+                    connections = running + more,
+                    "more edge addresses resolved: more HA connections start"
+                );
+            }
+            running += more;
+        }
+        if complete {
+            return;
+        }
+        wait = wait.saturating_mul(2).min(REFILL_MAX);
+    }
+}
+
 async fn run_all(shared: Arc<Shared>, done: watch::Sender<bool>) {
     let mut state = shared.state.clone();
     let mut backoff = Backoff::new(shared.opts.backoff_base, shared.opts.retries);
     let entries = loop {
-        let entries = resolve_edges(&shared).await;
+        // A drain or shutdown does not wait for a lookup (DNS may take its timeouts).
+        let entries = tokio::select! {
+            entries = resolve_edges(&shared) => entries,
+            _ = wait_state_change(&mut state) => {
+                let _ = done.send(true);
+                return;
+            }
+        };
         if !entries.is_empty() {
             break entries;
         }
@@ -389,6 +464,7 @@ async fn run_all(shared: Arc<Shared>, done: watch::Sender<bool>) {
         }
     };
     tracing::debug!(edges = entries.len(), "edge addresses resolved");
+    let incomplete = !complete(&shared, &entries);
     let pool = Arc::new(EdgePool::new(entries));
     let ha = shared.opts.ha_connections.min(pool.available()).max(1);
     if ha < shared.opts.ha_connections {
@@ -416,7 +492,21 @@ async fn run_all(shared: Arc<Shared>, done: watch::Sender<bool>) {
             }
         }
     }
-    while set.join_next().await.is_some() {}
+    let wanted = shared.opts.ha_connections;
+    let more = async {
+        let mut extra = JoinSet::new();
+        if incomplete && ha < wanted {
+            let resolve = || async {
+                let found = resolve_edges(&shared).await;
+                let complete = complete(&shared, &found);
+                (found, complete)
+            };
+            let start = |idx| spawn_index(&mut extra, &shared, &pool, idx);
+            refill(&pool, wanted, ha, REFILL_FIRST, &mut state, resolve, start).await;
+        }
+        while extra.join_next().await.is_some() {}
+    };
+    tokio::join!(async { while set.join_next().await.is_some() {} }, more);
     let _ = done.send(true);
 }
 
@@ -611,5 +701,75 @@ mod tests {
             crate::discovery::srv_name(edge_region(Some("us"), None).ok().flatten()),
             "_us-v2-origintunneld._tcp.argotunnel.com."
         );
+    }
+
+    fn sa(port: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    #[tokio::test]
+    async fn addresses_found_later_start_the_connections_they_were_missing_for() {
+        let pool = EdgePool::new(vec![(sa(1), 0)]);
+        assert_eq!(pool.address(0), Some(sa(1)));
+        let (_tx, mut state) = watch::channel(RunState::Running);
+        // A lookup that still fails, one that finds a host of the other region, one complete.
+        let answers = std::sync::Mutex::new(vec![
+            (vec![(sa(1), 0), (sa(2), 1), (sa(3), 1)], true),
+            (vec![(sa(1), 0), (sa(2), 1)], false),
+            (vec![], false),
+        ]);
+        let lookups = std::sync::atomic::AtomicUsize::new(0);
+        let resolve = || {
+            lookups.fetch_add(1, Ordering::SeqCst);
+            let answer = answers.lock().ok().and_then(|mut a| a.pop());
+            async move { answer.unwrap_or_default() }
+        };
+        let mut started = Vec::new();
+        refill(
+            &pool,
+            4,
+            1,
+            Duration::from_millis(5),
+            &mut state,
+            resolve,
+            |idx| started.push(idx),
+        )
+        .await;
+        assert_eq!(started, [1, 2]);
+        assert_eq!(
+            lookups.load(Ordering::SeqCst),
+            3,
+            "until a lookup is complete"
+        );
+        assert_eq!(pool.available(), 0, "each new entry held by its index");
+        let mut held = [pool.address(1), pool.address(2)];
+        held.sort();
+        assert_eq!(held, [Some(sa(2)), Some(sa(3))]);
+    }
+
+    #[tokio::test]
+    async fn looking_up_missing_addresses_stops_with_the_connector() {
+        let pool = EdgePool::new(vec![(sa(1), 0)]);
+        let (tx, mut state) = watch::channel(RunState::Running);
+        let stop = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let _ = tx.send(RunState::Draining);
+        };
+        // Lookups that never answer, as DNS that does not: the drain does not wait for them.
+        let resolve = || std::future::pending::<(Vec<(SocketAddr, u8)>, bool)>();
+        let looking = refill(
+            &pool,
+            4,
+            1,
+            Duration::from_millis(5),
+            &mut state,
+            resolve,
+            |_| {},
+        );
+        tokio::time::timeout(Duration::from_secs(5), async {
+            tokio::join!(looking, stop)
+        })
+        .await
+        .expect("stops at the drain");
     }
 }

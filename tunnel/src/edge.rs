@@ -225,6 +225,31 @@ impl EdgePool {
         }
     }
 
+    /// Adds the entries of `found` the pool lacks (a region or a host that did not resolve
+    /// before); returns how many. A region's family state is kept.
+    pub(crate) fn extend(&self, found: Vec<(SocketAddr, u8)>) -> usize {
+        let Ok(mut s) = self.inner.lock() else {
+            return 0;
+        };
+        let before = s.entries.len();
+        for entry in found {
+            if !s.entries.contains(&entry) {
+                s.entries.push(entry);
+                s.owner.push(None);
+            }
+        }
+        let added = s.entries.len() - before;
+        if added > 0 {
+            for (r, tag) in [(0, 0u8), (1, 1u8)] {
+                let mut region = Region::new(&s.entries, tag);
+                region.secondary_active = s.regions[r].secondary_active;
+                region.secondary_until = s.regions[r].secondary_until;
+                s.regions[r] = region;
+            }
+        }
+        added
+    }
+
     /// Unused entries of the regions' active families.
     pub(crate) fn available(&self) -> usize {
         self.inner
@@ -322,6 +347,22 @@ mod tests {
 
     fn v6(n: u16) -> SocketAddr {
         SocketAddr::from(([0x2606, 0x4700, 0xa0, 0, 0, 0, 0, n], 7844))
+    }
+
+    #[test]
+    fn entries_found_later_join_the_pool_once_each() {
+        let pool = EdgePool::new(vec![(sa(1), 0)]);
+        assert_eq!(pool.address(0), Some(sa(1)));
+        assert_eq!(pool.available(), 0);
+        // The other region, found on a later lookup, with the entry already held.
+        assert_eq!(pool.extend(vec![(sa(1), 0), (sa(2), 1), (sa(3), 1)]), 2);
+        assert_eq!(pool.extend(vec![(sa(2), 1)]), 0, "no entry twice");
+        assert_eq!(pool.available(), 2);
+        assert_eq!(pool.address(0), Some(sa(1)), "held entries stay");
+        let mut taken = [pool.address(1), pool.address(2)];
+        taken.sort();
+        assert_eq!(taken, [Some(sa(2)), Some(sa(3))]);
+        assert_eq!(pool.available(), 0);
     }
 
     fn v4(n: u8) -> SocketAddr {
