@@ -1518,6 +1518,17 @@ impl Tenant {
         ));
     }
 
+    /// Changes an object no translation reads `n` times, `gap` apart: each change starts a
+    /// round.
+    async fn rounds(&self, n: usize, gap: Duration) {
+        for i in 0..n {
+            self.api.put(yaml(&format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: unrelated, namespace: tenant-a}}\ndata: {{round: \"{i}\"}}\n"
+            )));
+            tokio::time::sleep(gap).await;
+        }
+    }
+
     /// Replaces the GatewayConfig's spec (besides its token Secrets) with `spec`.
     fn configure(&self, spec: &str) {
         put_gateway_config(&self.api, spec);
@@ -1699,7 +1710,10 @@ async fn a_failing_apply_waits_before_it_is_sent_again() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     tokio::time::timeout(Duration::from_secs(60), async {
         let t = Tenant::start("replicas: 1").await;
-        let deployment = || t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge");
+        let deployment = || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+        };
         eventually("the plane's Deployment", deployment).await;
 
         let attempts = Arc::new(AtomicUsize::new(0));
@@ -1719,12 +1733,7 @@ async fn a_failing_apply_waits_before_it_is_sent_again() {
         })
         .await;
         // Rounds every 100 ms (and at each change) meanwhile: none applies it again.
-        for i in 0..3 {
-            t.api.put(yaml(&format!(
-                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: unrelated, namespace: tenant-a}}\ndata: {{round: \"{i}\"}}\n"
-            )));
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        t.rounds(3, Duration::from_millis(500)).await;
         assert_eq!(attempts.load(Ordering::SeqCst), 1, "applied once");
 
         // A changed render is applied at once; the cause gone, the plane comes up.
@@ -1772,12 +1781,7 @@ async fn configs_named_by_another_controller_are_left_to_it() {
         })
         .await;
         // Rounds come with every change; none writes the other controller's configs.
-        for i in 0..3 {
-            t.api.put(yaml(&format!(
-                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: unrelated, namespace: tenant-a}}\ndata: {{round: \"{i}\"}}\n"
-            )));
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
+        t.rounds(3, Duration::from_millis(300)).await;
         assert_eq!(in_use("their-config"), None);
         let params = t
             .api
@@ -4177,12 +4181,7 @@ async fn an_experimental_xlistenerset_is_read_and_reported_where_no_listener_set
         );
         // Written once: later rounds find it as they would write it.
         let rv = t.api.resource_version();
-        for i in 0..3 {
-            t.api.put(yaml(&format!(
-                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: unrelated, namespace: tenant-a}}\ndata: {{round: \"{i}\"}}\n"
-            )));
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
+        t.rounds(3, Duration::from_millis(300)).await;
         let rewrites: Vec<String> = t
             .api
             .writes_since(rv)
