@@ -1,7 +1,8 @@
 //! The watch caches behind every round, read through the stand-in API server: they hold
 //! objects without the managed fields the API server keeps of each writer (often most of an
 //! object), but for the controller's own Deployments, whose `spec.replicas` owner is read from
-//! them; and a round's snapshot shares the cached objects rather than copying them.
+//! them, and no Helm release records; and a round's snapshot shares the cached objects rather
+//! than copying them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +30,12 @@ apiVersion: v1
 kind: Secret
 metadata: {name: token, namespace: tenant-a}
 stringData: {token: abc}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: sh.helm.release.v1.web.v1, namespace: tenant-a}
+type: helm.sh/release.v1
+stringData: {release: H4sIAAAAAAAA}
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
@@ -92,7 +99,9 @@ async fn the_caches_keep_managed_fields_only_for_the_controllers_own_objects() {
     assert!(!managed(snapshot.http_routes[0].meta()));
     assert_eq!(snapshot.services.len(), 1);
     assert!(!managed(snapshot.services[0].meta()));
+    // Helm's release records are not watched.
     assert_eq!(snapshot.secrets.len(), 1);
+    assert_eq!(snapshot.secrets[0].meta().name.as_deref(), Some("token"));
     assert!(!managed(snapshot.secrets[0].meta()));
     assert_eq!(snapshot.namespaces.len(), 1);
     assert!(!managed(snapshot.namespaces[0].meta()));

@@ -53,6 +53,11 @@ pub const CRD_WAIT: Duration = Duration::from_secs(5);
 /// The label every rendered object carries; only such Deployments are watched.
 pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=cftunnel-controller";
 
+/// Secrets of every type but Helm's release records, which no Gateway, GatewayConfig or
+/// policy names and which hold a release's whole manifest each (up to 1 MiB, one per
+/// revision): in a cluster of Helm releases most of the Secrets' bytes.
+pub const NOT_HELM_RELEASES: &str = "type!=helm.sh/release.v1";
+
 /// Read-only views of the watch caches.
 #[derive(Clone)]
 pub struct Stores {
@@ -302,7 +307,12 @@ impl Stores {
             service_imports_served,
             access_policies: watch(Api::all(client.clone()), all(), &changed, tasks),
             external_backends: watch(Api::all(client.clone()), all(), &changed, tasks),
-            secrets: watch(Api::all(client.clone()), all(), &changed, tasks),
+            secrets: watch(
+                Api::all(client.clone()),
+                all().fields(NOT_HELM_RELEASES),
+                &changed,
+                tasks,
+            ),
             deployments: watch_applied(
                 Api::all(client.clone()),
                 all().labels(MANAGED_BY_SELECTOR),

@@ -3,7 +3,7 @@
 //!
 //! Simplifications: equality-based label terms only (`a=b`, `a==b`, `a!=b`, `a`, `!a`), not
 //! the set-based ones (`a in (b, c)`, `a notin (b)`); fields `metadata.name` and
-//! `metadata.namespace` only, the two every resource supports.
+//! `metadata.namespace`, the two every resource supports, and a Secret's `type`.
 
 use serde_json::Value;
 
@@ -39,13 +39,15 @@ pub(super) fn fields_select(selector: &str, object: &Value) -> bool {
                 None => return false,
             },
         };
+        let text = |pointer| object.pointer(pointer).and_then(Value::as_str);
+        let secret = text("/kind") == Some("Secret");
         let actual = match field.trim() {
-            "metadata.name" => object.pointer("/metadata/name"),
-            "metadata.namespace" => object.pointer("/metadata/namespace"),
+            "metadata.name" => text("/metadata/name").unwrap_or_default(),
+            "metadata.namespace" => text("/metadata/namespace").unwrap_or_default(),
+            // The API server defaults a Secret's type to `Opaque`.
+            "type" if secret => text("/type").unwrap_or("Opaque"),
             _ => return false,
-        }
-        .and_then(Value::as_str)
-        .unwrap_or_default();
+        };
         (actual == value.trim()) == equal
     })
 }
@@ -123,9 +125,15 @@ mod tests {
             ("metadata.name=edge,metadata.namespace=a", true),
             ("metadata.name=edge,metadata.namespace=b", false),
             ("spec.nodeName=x", false),
+            ("type=Opaque", false),
         ];
         for (selector, selected) in cases {
             assert_eq!(fields_select(selector, &object), selected, "{selector:?}");
         }
+        let helm = json!({"kind": "Secret", "metadata": {"name": "sh.helm.release.v1.app.v1"}, "type": "helm.sh/release.v1"});
+        let plain = json!({"kind": "Secret", "metadata": {"name": "token"}});
+        assert!(!fields_select("type!=helm.sh/release.v1", &helm));
+        assert!(fields_select("type!=helm.sh/release.v1", &plain));
+        assert!(fields_select("type=Opaque", &plain));
     }
 }
