@@ -1750,6 +1750,73 @@ async fn a_failing_apply_waits_before_it_is_sent_again() {
     .expect("in time");
 }
 
+/// While an apply of a plane fails, the plane as last applied keeps getting its routes: its
+/// pods run as they were, and a failing webhook or API server is no reason for a tenant's route
+/// changes to stop reaching them. The Gateway says the plane could not be applied.
+#[tokio::test]
+async fn a_plane_whose_apply_fails_still_gets_its_routes() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let edge = Server::start(
+            ServerOptions {
+                auth_token: Some("s3cr3t".to_owned()),
+                ..ServerOptions::default()
+            },
+            None,
+        )
+        .await
+        .expect("the plane's proxy starts");
+        let t = Tenant::start_with("replicas: 1", |api| {
+            api.put(yaml(&format!(
+                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: cf-proxy-edge-config-x1, namespace: tenant-a, labels: {{kubernetes.io/service-name: cf-proxy-edge-config, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: true}}}}]\n",
+                edge.admin_addr().port()
+            )));
+        })
+        .await;
+        let serves = |status: u16| {
+            let data = edge.data_addr();
+            async move {
+                let by = Instant::now() + Duration::from_secs(20);
+                loop {
+                    let got = get_via(data, "shop.example.com").await;
+                    if got == status {
+                        return;
+                    }
+                    assert!(Instant::now() < by, "{got}, not {status}");
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+            }
+        };
+        serves(200).await;
+
+        let failing = t.api.fail(500, |c| {
+            c.method == "PATCH"
+                && c.kind == "Deployment"
+                && c.body.pointer("/metadata/namespace") == Some(&json!("tenant-a"))
+        });
+        t.configure("replicas: 2");
+        let programmed = || {
+            t.api
+                .get("gateway.networking.k8s.io/v1", "Gateway", "tenant-a", "edge")
+                .and_then(|g| condition(&g["status"]["conditions"], "Programmed").cloned())
+        };
+        eventually("the failed apply reported", || {
+            programmed().filter(|c| {
+                c["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("the data plane could not be applied"))
+            })
+        })
+        .await;
+        t.api
+            .delete("gateway.networking.k8s.io/v1", "HTTPRoute", "tenant-a", "shop");
+        serves(404).await;
+        drop(failing);
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// Configs that another controller's GatewayClasses or Gateways name are that controller's to
 /// judge: two installations writing their own `InUse` or `Valid` would overwrite each other at
 /// every round. A GatewayConfig no Gateway names is still reported as not in use.

@@ -946,8 +946,20 @@ impl Reconciler {
         // Objects are owned by the Gateway's uid; one from the API server always has it.
         gw.metadata.uid.as_ref()?;
         let rendered = plan?.map(|r| (r.credentials, r.plane));
+        // A plane applied before keeps getting its routes while an apply fails (its pods run
+        // as last applied; an admission webhook or the API server failing is no reason for a
+        // tenant's route changes to stop reaching them).
+        let mut as_applied = None;
         let applied = match rendered {
             Ok((credentials, plane)) => {
+                if gw
+                    .metadata
+                    .uid
+                    .as_ref()
+                    .is_some_and(|uid| self.applied.contains_key(uid))
+                {
+                    as_applied = Some((credentials.clone(), plane.clone()));
+                }
                 // Every object of the plane is watched, so an edit or a deletion starts a round
                 // that puts it back (see `drift`).
                 let ns = key.namespace.as_str();
@@ -988,7 +1000,10 @@ impl Reconciler {
             Err(e) => Err(e.to_string()),
         };
         let (credentials, plane, changed) = match applied {
-            Ok(done) => done,
+            Ok(done) => {
+                self.render_failures.remove(key);
+                done
+            }
             Err(reason) => {
                 tracing::warn!(gateway = %key, %reason, "rendering the data plane failed");
                 if self.render_failures.get(key) != Some(&reason) {
@@ -1002,10 +1017,10 @@ impl Reconciler {
                     .await;
                     self.render_failures.insert(key.clone(), reason);
                 }
-                return None;
+                let (credentials, plane) = as_applied?;
+                (credentials, plane, false)
             }
         };
-        self.render_failures.remove(key);
         if changed {
             let note = match &plane.network_policy {
                 Some(_) => format!(

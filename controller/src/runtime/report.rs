@@ -103,7 +103,14 @@ impl Reconciler {
                 Some(plane @ PlaneKey::Dedicated(_)) => match planes.get(plane) {
                     Some(info) => {
                         addresses.push(info.address.clone());
-                        // The more specific reason first: the first one set stays.
+                        // The more specific reason first: the first one set stays. A plane
+                        // applied before is pushed to while a new apply of it fails.
+                        if let Some(reason) = self.render_failures.get(&key) {
+                            set_programmed_pending(
+                                &mut conditions,
+                                &format!("the data plane could not be applied: {reason}"),
+                            );
+                        }
                         if let Some(reason) = self.unreached.get(plane) {
                             set_programmed_pending(&mut conditions, reason);
                         }
