@@ -13,7 +13,10 @@ use super::route::{ParentRefView, RouteView};
 use super::rule::TranslatedRoute;
 use super::scheme::{Scheme, SchemeListeners};
 use super::status::{Condition, ConditionType, ParentKind, ParentRef, Reason, RouteParentStatus};
-use super::{Attachment, Index, ObjectKey, PlaneKey, RouteKey, RouteKind, GATEWAY_API_GROUP};
+use super::{
+    Attachment, Index, ObjectKey, PlaneKey, RouteKey, RouteKind, EXPERIMENTAL_GATEWAY_API_GROUP,
+    GATEWAY_API_GROUP,
+};
 
 /// One listener a parentRef attaches a route to.
 #[derive(Debug, Clone)]
@@ -271,28 +274,36 @@ pub(super) fn bind<'h>(
     parents.clear();
     for p in &route.parent_refs {
         // Most parentRefs leave the group out: no string to compare then.
-        if p.group.is_some_and(|group| group != GATEWAY_API_GROUP) {
-            continue;
-        }
+        let experimental = match p.group {
+            None => false,
+            Some(group) if group == GATEWAY_API_GROUP => false,
+            Some(group) if group == EXPERIMENTAL_GATEWAY_API_GROUP => true,
+            Some(_) => continue,
+        };
         let namespace = p.namespace.unwrap_or(route.namespace);
         let set_key;
         // The Gateway, and for a ListenerSet which one's listeners, or why it has none.
-        let (kind, position, set) = match p.kind.unwrap_or("Gateway") {
-            "Gateway" => (
+        let (kind, position, set) = match (experimental, p.kind.unwrap_or("Gateway")) {
+            (false, "Gateway") => (
                 ParentKind::Gateway,
                 gateways.position(namespace, p.name),
                 Ok(None),
             ),
-            "ListenerSet" => {
+            (false, "ListenerSet") | (true, "XListenerSet") => {
+                let kind = if experimental {
+                    ParentKind::XListenerSet
+                } else {
+                    ParentKind::ListenerSet
+                };
                 set_key = ObjectKey::new(namespace, p.name);
                 match listener_sets.gateway_of(&set_key) {
                     None => continue,
                     Some(Ok(gateway)) => (
-                        ParentKind::ListenerSet,
+                        kind,
                         gateways.position(&gateway.namespace, &gateway.name),
                         Ok(Some(&set_key)),
                     ),
-                    Some(Err(why)) => (ParentKind::ListenerSet, None, Err(why)),
+                    Some(Err(why)) => (kind, None, Err(why)),
                 }
             }
             _ => continue,

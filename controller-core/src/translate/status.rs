@@ -218,6 +218,10 @@ pub enum ParentKind {
     #[default]
     Gateway,
     ListenerSet,
+    /// A ListenerSet named the experimental way (`gateway.networking.x-k8s.io`
+    /// `XListenerSet`), as routes on Gateway API CRDs before v1.5 name it: its status entry
+    /// names it so too.
+    XListenerSet,
 }
 
 impl ParentKind {
@@ -226,6 +230,15 @@ impl ParentKind {
         match self {
             Self::Gateway => "Gateway",
             Self::ListenerSet => "ListenerSet",
+            Self::XListenerSet => "XListenerSet",
+        }
+    }
+
+    /// The API group of the kind.
+    pub fn group(self) -> &'static str {
+        match self {
+            Self::Gateway | Self::ListenerSet => crate::snapshot::GATEWAY_API_GROUP,
+            Self::XListenerSet => crate::snapshot::EXPERIMENTAL_GATEWAY_API_GROUP,
         }
     }
 
@@ -319,7 +332,9 @@ impl Statuses {
         let key = ObjectKey::new(&parent.namespace, &parent.name);
         match parent.kind {
             ParentKind::Gateway => Some(key),
-            ParentKind::ListenerSet => self.listener_sets.get(&key).map(|s| s.gateway.clone()),
+            ParentKind::ListenerSet | ParentKind::XListenerSet => {
+                self.listener_sets.get(&key).map(|s| s.gateway.clone())
+            }
         }
     }
 }

@@ -272,7 +272,7 @@ pub fn policy(
 /// A reference to a Gateway or ListenerSet as route parents and policy ancestors spell it.
 fn gateway_ref(r: &ParentRef) -> Value {
     let mut parent_ref = Map::new();
-    parent_ref.insert("group".into(), GATEWAY_API_GROUP.into());
+    parent_ref.insert("group".into(), r.kind.group().into());
     parent_ref.insert("kind".into(), r.kind.as_str().into());
     parent_ref.insert("namespace".into(), r.namespace.clone().into());
     parent_ref.insert("name".into(), r.name.clone().into());

@@ -443,3 +443,39 @@ fn an_experimental_xlistenerset_is_read_as_a_listener_set() {
         BTreeSet::from(["team.example.com".to_owned()])
     );
 }
+
+#[test]
+fn a_route_naming_an_xlistenerset_parent_the_experimental_way_attaches() {
+    let set = listener_set(
+        "infra",
+        "team",
+        &["{name: team, port: 80, protocol: HTTP, hostname: team.example.com}"],
+    )
+    .replace(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: ListenerSet",
+        "apiVersion: gateway.networking.x-k8s.io/v1alpha1\nkind: XListenerSet",
+    );
+    let route = route_on_set("infra", "app", "infra", "team", None).replace(
+        "group: gateway.networking.k8s.io, kind: ListenerSet",
+        "group: gateway.networking.x-k8s.io, kind: XListenerSet",
+    );
+    let out = run(&format!(
+        "{}{set}{route}",
+        hub("{namespaces: {from: Same}}")
+    ));
+    assert_eq!(
+        condition(&out, "infra", "app", ConditionType::Accepted),
+        (true, Reason::Accepted)
+    );
+    assert_eq!(
+        routed_hostnames(&out),
+        BTreeSet::from(["team.example.com".to_owned()])
+    );
+    // The status entry names the parent as the route does.
+    let parents = route_status(&out, "infra", "app");
+    assert_eq!(parents[0].parent_ref.kind, ParentKind::XListenerSet);
+    assert_eq!(
+        parents[0].parent_ref.kind.group(),
+        "gateway.networking.x-k8s.io"
+    );
+}
