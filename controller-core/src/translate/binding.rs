@@ -447,14 +447,16 @@ fn attach<'h>(
             "no route hostname intersects a listener hostname".to_owned(),
         ));
     }
-    // Listener problems are reported first; a Gateway refused for its parameters serves nothing.
-    let Some(plane) = gw.plane.clone() else {
-        return Err((
+    // Listener problems are reported first; a Gateway refused for its parameters serves nothing,
+    // and one not accepted takes no route, through a ListenerSet's listeners either (a
+    // dedicated Gateway whose own listeners are all invalid keeps its plane, serving none).
+    match gw.plane.clone() {
+        Some(plane) if gw.accepted() => Ok((plane, attached)),
+        _ => Err((
             Reason::NoMatchingParent,
             format!("Gateway {} is not accepted", gw.key),
-        ));
-    };
-    Ok((plane, attached))
+        )),
+    }
 }
 
 fn namespace_allowed(

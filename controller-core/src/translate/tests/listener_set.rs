@@ -479,3 +479,49 @@ fn a_route_naming_an_xlistenerset_parent_the_experimental_way_attaches() {
         "gateway.networking.x-k8s.io"
     );
 }
+
+#[test]
+fn a_dedicated_gateway_that_is_not_accepted_takes_no_route_through_a_listener_set() {
+    let gateway = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: tenant, namespace: infra}
+spec:
+  gatewayClassName: cf
+  infrastructure: {parametersRef: {group: cf.k8s.lex.la, kind: GatewayConfig, name: cfg}}
+  allowedListeners: {namespaces: {from: Same}}
+  listeners: [{name: tcp, port: 9000, protocol: TCP}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: ListenerSet
+metadata: {name: team, namespace: infra}
+spec:
+  parentRef: {name: tenant}
+  listeners: [{name: team, port: 80, protocol: HTTP, hostname: team.example.com}]
+---
+"#;
+    let route = http_route(
+        "infra",
+        "app",
+        "  parentRefs: [{group: gateway.networking.k8s.io, kind: ListenerSet, name: team}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]",
+    );
+    let out = translate(
+        &snapshot(&format!("{}{gateway}{route}", gateway_config(""))),
+        &with_image(),
+    );
+    let key = ObjectKey::new("infra", "tenant");
+    let accepted = out.statuses.gateways[&key]
+        .conditions
+        .iter()
+        .find(|c| c.kind == ConditionType::Accepted)
+        .expect("Accepted");
+    assert!(!accepted.status, "no valid listener of its own");
+    assert_eq!(
+        condition(&out, "infra", "app", ConditionType::Accepted),
+        (false, Reason::NoMatchingParent)
+    );
+    let plane = PlaneKey::Dedicated(key);
+    assert!(out.configs.get(&plane).is_none_or(|c| c
+        .rules
+        .iter()
+        .all(|r| r.name.as_deref() != Some("infra/app/0"))));
+}
