@@ -279,18 +279,38 @@ fn as_gateway_listeners(set: &ListenerSet) -> Result<Vec<GatewayListeners>, (Rea
 }
 
 /// Why listener `l` of a ListenerSet conflicts with one before it in its Gateway's list, if it
-/// does: the same port and either the same hostname or another protocol. ListenerSet
-/// listeners already conflicted do not count: they serve nothing.
+/// does: the same port and either the same hostname or another protocol; or, on another port,
+/// the same scheme and hostname as a listener written elsewhere (the Gateway or another
+/// ListenerSet): behind a tunnel ports do not tell listeners apart, and the set's routes would
+/// take requests that listener's `allowedRoutes` keeps to others. ListenerSet listeners
+/// already conflicted do not count: they serve nothing.
 fn conflict(before: &[OwnedListener<'_>], l: &OwnedListener<'_>) -> Option<(Reason, String)> {
     before
         .iter()
-        .filter(|b| b.port == l.port)
         .filter(|b| b.set.is_none() || b.usable)
         .find_map(|b| {
             let owner = match &b.set {
                 None => "of the Gateway".to_owned(),
                 Some(entry) => format!("of ListenerSet {}", entry.set),
             };
+            if b.port != l.port {
+                let same = b.scheme == l.scheme
+                    && b.hostname == l.hostname
+                    && b.set.as_ref().map(|e| &e.set) != l.set.as_ref().map(|e| &e.set);
+                return same.then(|| {
+                    let what = match l.hostname.as_deref() {
+                        Some(hostname) => format!("{}://{hostname}", l.scheme),
+                        None => format!("{} for any host", l.scheme),
+                    };
+                    (
+                        Reason::HostnameConflict,
+                        format!(
+                            "listener {} {owner} serves {what} on port {}; ports do not tell listeners apart behind a tunnel",
+                            b.name, b.port
+                        ),
+                    )
+                });
+            }
             if b.protocol != l.protocol {
                 Some((
                     Reason::ProtocolConflict,

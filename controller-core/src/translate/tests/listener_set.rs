@@ -525,3 +525,30 @@ spec:
         .iter()
         .all(|r| r.name.as_deref() != Some("infra/app/0"))));
 }
+
+#[test]
+fn a_listener_set_cannot_take_a_hostname_of_the_gateway_on_another_port() {
+    let gateway = hub("{namespaces: {from: All}}").replace(
+        "allowedRoutes: {namespaces: {from: All}}",
+        "allowedRoutes: {namespaces: {from: Same}}",
+    );
+    let out = run(&format!(
+        "{gateway}{}{}{GRANT_ALL}",
+        listener_set(
+            "web",
+            "team",
+            &[
+                "{name: alt, port: 8080, protocol: HTTP, hostname: main.example.com, allowedRoutes: {namespaces: {from: Same}}}",
+                "{name: tls, port: 443, protocol: HTTPS, hostname: main.example.com, tls: {mode: Terminate, certificateRefs: [{name: cert}]}, allowedRoutes: {namespaces: {from: Same}}}",
+            ]
+        ),
+        route_on_set("web", "steal", "web", "team", Some("alt")),
+    ));
+    assert_eq!(
+        entry(&out, "web", "team", "alt")[&ConditionType::Conflicted],
+        (true, Reason::HostnameConflict)
+    );
+    // Another scheme is another listener behind the tunnel.
+    assert!(!entry(&out, "web", "team", "tls")[&ConditionType::Conflicted].0);
+    assert!(!routed_hostnames(&out).contains("main.example.com"));
+}
