@@ -45,6 +45,7 @@ pub(super) fn resolve(
     Some(resolve_tls_secret(
         &SecretRef {
             field: "spec.tls.backend.clientCertificateRef",
+            from_kind: "Gateway",
             group: r.group.as_deref(),
             kind: r.kind.as_deref(),
             name: &r.name,
@@ -62,6 +63,9 @@ pub(super) fn resolve(
 pub(super) struct SecretRef<'a> {
     /// Where the reference is written, for messages.
     pub(super) field: &'a str,
+    /// The kind of the object it is written in (`Gateway`, `ListenerSet`), as ReferenceGrants
+    /// name where a reference comes from.
+    pub(super) from_kind: &'a str,
     pub(super) group: Option<&'a str>,
     pub(super) kind: Option<&'a str>,
     pub(super) name: &'a str,
@@ -94,7 +98,7 @@ pub(super) fn resolve_tls_secret(
     }
     let target_ns = r.namespace.unwrap_or(namespace);
     if target_ns != namespace
-        && !index.reference_granted("Gateway", namespace, "", "Secret", target_ns, r.name)
+        && !index.reference_granted(r.from_kind, namespace, "", "Secret", target_ns, r.name)
     {
         return Err((
             Reason::RefNotPermitted,

@@ -320,7 +320,9 @@ pub(super) fn owned_gateways<'a>(
             .zip(&gw.spec.listeners)
             .enumerate()
         {
-            if let Some((reason, message)) = listener_tls::problem(spec, position, ns, index) {
+            if let Some((reason, message)) =
+                listener_tls::problem(spec, position, ns, "Gateway", index)
+            {
                 l.refs_unresolved(reason, message);
             }
         }

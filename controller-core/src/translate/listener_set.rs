@@ -24,6 +24,7 @@ use gateway_api::experimental::listenersets::ListenerSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::listener::{self, selector_matches, Entry, OwnedListener};
+use super::listener_tls;
 use super::status::{Condition, ConditionType, ListenerSetStatus, Reason};
 use super::{Index, ObjectKey, Precedence, Snapshot, GATEWAY_API_GROUP};
 
@@ -35,6 +36,9 @@ struct Judged {
     generation: Option<i64>,
     /// Its listeners, read as a Gateway's; or why the Gateway does not take them.
     listeners: Result<Vec<GatewayListeners>, (Reason, String)>,
+    /// Per listener, why its `tls.certificateRefs` cannot be used, as for a Gateway's (a
+    /// Secret of another namespace needs a ReferenceGrant from ListenerSets of its own).
+    tls: Vec<Option<(Reason, String)>>,
 }
 
 /// The ListenerSets of our Gateways, in precedence order.
@@ -81,6 +85,18 @@ impl ListenerSets {
             };
             let listeners = admits(gw, parent_namespace, namespace, index)
                 .and_then(|()| as_gateway_listeners(set));
+            let tls = listeners.as_ref().map_or_else(
+                |_| Vec::new(),
+                |specs| {
+                    specs
+                        .iter()
+                        .enumerate()
+                        .map(|(i, spec)| {
+                            listener_tls::problem(spec, i, namespace, "ListenerSet", index)
+                        })
+                        .collect()
+                },
+            );
             sets.push((
                 set.metadata.creation_timestamp.as_ref(),
                 Judged {
@@ -88,6 +104,7 @@ impl ListenerSets {
                     gateway: ObjectKey::new(parent_namespace, &parent.name),
                     generation: set.metadata.generation,
                     listeners,
+                    tls,
                 },
             ));
         }
@@ -123,12 +140,15 @@ impl ListenerSets {
             let Ok(listeners) = &set.listeners else {
                 continue;
             };
-            for spec in listeners {
+            for (i, spec) in listeners.iter().enumerate() {
                 let mut l = listener::listener(spec, set.generation);
                 l.set = Some(Entry {
                     set: set.key.clone(),
                     generation: set.generation,
                 });
+                if let Some((reason, message)) = set.tls.get(i).cloned().flatten() {
+                    l.refs_unresolved(reason, message);
+                }
                 if let Some((reason, message)) = conflict(owned, &l) {
                     l.conflicts(reason, message);
                 }

@@ -15,13 +15,15 @@ use super::client_certificate::{self, SecretRef};
 use super::status::Reason;
 use super::Index;
 
-/// Why the listener at `position` of a Gateway in `namespace` cannot use its certificates:
-/// the first reference that does not resolve, with the `ResolvedRefs` reason. `None` when all
-/// resolve, or when it names none (as an HTTP listener does).
+/// Why the listener at `position` of a Gateway or ListenerSet (`from_kind`) in `namespace`
+/// cannot use its certificates: the first reference that does not resolve, with the
+/// `ResolvedRefs` reason. `None` when all resolve, or when it names none (as an HTTP listener
+/// does).
 pub(super) fn problem(
     listener: &GatewayListeners,
     position: usize,
     namespace: &str,
+    from_kind: &str,
     index: &Index<'_>,
 ) -> Option<(Reason, String)> {
     let refs = listener.tls.as_ref()?.certificate_refs.as_ref()?;
@@ -30,6 +32,7 @@ pub(super) fn problem(
         client_certificate::resolve_tls_secret(
             &SecretRef {
                 field: &field,
+                from_kind,
                 group: r.group.as_deref(),
                 kind: r.kind.as_deref(),
                 name: &r.name,

@@ -552,3 +552,45 @@ fn a_listener_set_cannot_take_a_hostname_of_the_gateway_on_another_port() {
     assert!(!entry(&out, "web", "team", "tls")[&ConditionType::Conflicted].0);
     assert!(!routed_hostnames(&out).contains("main.example.com"));
 }
+
+#[test]
+fn a_listener_sets_certificate_in_another_namespace_needs_a_reference_grant() {
+    let set = listener_set(
+        "web",
+        "team",
+        &["{name: tls, port: 443, protocol: HTTPS, hostname: team.example.com, tls: {mode: Terminate, certificateRefs: [{name: cert, namespace: infra}]}}"],
+    );
+    let out = run(&format!("{}{set}", hub("{namespaces: {from: All}}")));
+    let tls = entry(&out, "web", "team", "tls");
+    assert_eq!(
+        tls[&ConditionType::ResolvedRefs],
+        (false, Reason::RefNotPermitted)
+    );
+    assert!(!tls[&ConditionType::Programmed].0);
+
+    // A grant from ListenerSets of the set's namespace permits it (the Secret is then looked
+    // for, and is not there); one from Gateways does not.
+    let grant = |kind: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {{name: certs-{kind}, namespace: infra}}\nspec:\n  from: [{{group: gateway.networking.k8s.io, kind: {kind}, namespace: web}}]\n  to: [{{group: \"\", kind: Secret}}]\n---\n"
+        )
+    };
+    let out = run(&format!(
+        "{}{set}{}",
+        hub("{namespaces: {from: All}}"),
+        grant("Gateway")
+    ));
+    assert_eq!(
+        entry(&out, "web", "team", "tls")[&ConditionType::ResolvedRefs],
+        (false, Reason::RefNotPermitted)
+    );
+    let out = run(&format!(
+        "{}{set}{}",
+        hub("{namespaces: {from: All}}"),
+        grant("ListenerSet")
+    ));
+    assert_eq!(
+        entry(&out, "web", "team", "tls")[&ConditionType::ResolvedRefs],
+        (false, Reason::InvalidCertificateRef)
+    );
+}
