@@ -227,6 +227,72 @@ async fn mirrors_get_a_copy_and_weights_split_traffic() {
     .expect("test finished in time");
 }
 
+/// A streaming request on a rule that mirrors or retries (a bidirectional call, a chunked
+/// upload that waits for the answer) reaches its backend while its body is still open: the
+/// body is read for a copy only until it pauses, then streams on, sent once and not mirrored.
+#[tokio::test]
+async fn a_streaming_body_on_a_mirrored_or_retried_rule_is_not_held_back() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let m = echo("mirror-1").await;
+        // Answers as soon as it has the request's head, as a streaming server does.
+        let backend = scripted_backend(|mut conn: tokio::net::TcpStream| async move {
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await;
+            let _ = conn.read(&mut buf).await;
+        })
+        .await;
+        let proxy = proxy().await;
+        let http = client();
+        let doc = json!({"rules": [
+            rule("/mirrored", json!({"filters": [{"type": "RequestMirror", "requestMirror": {"backendUrl": url(m.http_addr())}}],
+                "backends": [{"url": url(backend), "weight": 1}]})),
+            rule("/retried", json!({"retry": {"codes": [503], "attempts": 2},
+                "backends": [{"url": url(backend), "weight": 1}]})),
+        ]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, 200);
+        for path in ["/mirrored", "/retried"] {
+            let mut s = tokio::net::TcpStream::connect(proxy.data_addr())
+                .await
+                .expect("connect");
+            // One chunk, and the body left open.
+            s.write_all(
+                format!("POST {path} HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n4\r\nping\r\n")
+                    .as_bytes(),
+            )
+            .await
+            .expect("write");
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            let answered = tokio::time::timeout(Duration::from_secs(3), async {
+                while !String::from_utf8_lossy(&got).contains("ok") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+            })
+            .await;
+            let text = String::from_utf8_lossy(&got);
+            assert!(
+                answered.is_ok() && text.starts_with("HTTP/1.1 200"),
+                "{path}: {text:?}"
+            );
+        }
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// A mirror that answers without end is read only so far and then cut off, instead of being
 /// held in memory until the mirror's timeout.
 #[tokio::test]

@@ -14,6 +14,12 @@ use tokio::sync::oneshot;
 /// Request bodies up to this size are buffered when a retry or a mirror needs to replay them.
 pub const MAX_REPLAY_BODY: u64 = 64 * 1024;
 
+/// How long a body of unknown length may pause, while it is read for a replay, before it is
+/// streamed on instead: a streaming client (a bidirectional gRPC call, a chunked upload that
+/// waits for the answer) sends part of its body and waits for the backend, which would
+/// otherwise never see the request. Such a request is then sent once, not mirrored.
+pub const REPLAY_LULL: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// The client's request body failed while it was being read for a replay.
 #[derive(Debug, thiserror::Error)]
 #[error("request body could not be read")]
@@ -51,13 +57,17 @@ impl Payload {
             return Ok(Self::Replayable(collected.to_bytes()));
         }
         // Unknown length (chunked, HTTP/2 without content-length): read up to the cap; a body
-        // that ends within it is replayable, a longer one streams on with what was read first.
+        // that ends within it is replayable, a longer one, or one that pauses for
+        // [`REPLAY_LULL`], streams on with what was read first.
         let mut body = Box::pin(body);
         let mut prefix: std::collections::VecDeque<Frame<Bytes>> =
             std::collections::VecDeque::new();
         let mut total = 0u64;
         loop {
-            match body.frame().await {
+            let Ok(frame) = tokio::time::timeout(REPLAY_LULL, body.frame()).await else {
+                return Ok(Self::stream(body::Prefixed::new(prefix, body)));
+            };
+            match frame {
                 None => {
                     let mut all = bytes::BytesMut::with_capacity(total as usize);
                     for frame in prefix {
