@@ -176,6 +176,18 @@ impl Args {
         if self.access_keys_refresh.0.is_zero() {
             return Err("PROXY_ACCESS_KEYS_REFRESH must be above 0".into());
         }
+        if self.access_keys_max_stale.0.is_zero() {
+            return Err(
+                "PROXY_ACCESS_KEYS_MAX_STALE must be above 0 (at 0 no Access token would be accepted)"
+                    .into(),
+            );
+        }
+        if self.backend_header_timeout.0.is_zero() {
+            return Err(
+                "PROXY_BACKEND_HEADER_TIMEOUT must be above 0 (at 0 every request would time out)"
+                    .into(),
+            );
+        }
         if self.check && self.config_file.is_none() {
             return Err("--check needs --config-file".into());
         }

@@ -101,6 +101,15 @@ fn start_up_refuses_bad_settings_with_a_clear_message() {
     let (code, err) = run(&[("PROXY_AUTH_TOKEN", "")], &[]);
     assert_ne!(code, Some(0));
     assert!(err.contains("PROXY_AUTH_TOKEN"), "{err}");
+    // A zero that would fail every request or every Access token.
+    for name in [
+        "PROXY_BACKEND_HEADER_TIMEOUT",
+        "PROXY_ACCESS_KEYS_MAX_STALE",
+    ] {
+        let (code, err) = run(&[(name, "0s")], &[]);
+        assert_ne!(code, Some(0), "{name}");
+        assert!(err.contains(name), "{err}");
+    }
     // A grace period over 3m is capped, not refused (see the CLI's unit test); one that is not
     // a duration is refused.
     let (code, err) = run(&[("PROXY_GRACE_PERIOD", "ten")], &[]);
