@@ -212,9 +212,20 @@ impl Proxy {
                     parts.headers.insert(header::HOST, v);
                 }
             }
-        } else if parts.headers.get_all(header::HOST).iter().nth(1).is_some() {
-            // Routed on one, a backend might read the other (RFC 9112 §3.2: answer 400).
-            return Err(ProxyError::BadRequest("more than one Host header\n"));
+        } else {
+            let mut hosts = parts.headers.get_all(header::HOST).iter();
+            match (hosts.next(), hosts.next()) {
+                // Routed on one, a backend might read the other (RFC 9112 §3.2: answer 400).
+                (Some(_), Some(_)) => {
+                    return Err(ProxyError::BadRequest("more than one Host header\n"));
+                }
+                // An HTTP/1.1 request must name its host (RFC 9112 §3.2: answer 400); the
+                // backend would see its own address instead.
+                (None, _) if parts.version == http::Version::HTTP_11 => {
+                    return Err(ProxyError::BadRequest("no Host header\n"));
+                }
+                _ => {}
+            }
         }
         if parts.uri.path() != "*" {
             if let Some(normal) = normalize_path(parts.uri.path()) {

@@ -91,6 +91,12 @@ async fn only_websocket_upgrades_are_spliced_and_absolute_form_hosts_are_consist
         )
         .await;
         assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+        // None (RFC 9112 §3.2): a backend would see its own address instead.
+        let r = raw(d, b"GET /none HTTP/1.1\r\nconnection: close\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+        // HTTP/1.0 needs none: routed (to no rule of a host here), not refused.
+        let r = raw(d, b"GET /old HTTP/1.0\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.0 404"), "{r}");
     })
     .await
     .expect("test finished in time");
