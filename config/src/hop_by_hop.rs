@@ -1,7 +1,8 @@
 //! The headers whose meaning ends at the next hop, which neither the proxy nor the tunnel
 //! connector passes on: RFC 9110 §7.6.1's, those `Connection` lists aside, plus the legacy
 //! names proxies have always dropped (`Keep-Alive`, `Proxy-Connection`, `Proxy-Authenticate`,
-//! `Proxy-Authorization`), as the Go reverse proxy and `cloudflared` drop them.
+//! `Proxy-Authorization`), as the Go reverse proxy and `cloudflared` drop them. The proxy keeps
+//! `Trailer` ([`TRAILER`]), as Go's reverse proxy announces forwarded trailers again.
 
 use http::header::{self, HeaderName};
 
@@ -26,6 +27,9 @@ pub const CONNECTION: usize = 0;
 pub const UPGRADE: usize = 1;
 /// Where `TE` stands in [`HOP_BY_HOP`].
 pub const TE: usize = 3;
+/// Where `Trailer` stands in [`HOP_BY_HOP`]: dropped as Go's reverse proxy drops it, which then
+/// announces the trailers it forwards again; a proxy that forwards trailers keeps it.
+pub const TRAILER: usize = 4;
 
 /// Whether `name` is always hop-by-hop.
 pub fn is_hop_by_hop(name: &HeaderName) -> bool {
@@ -41,6 +45,7 @@ mod tests {
         assert_eq!(HOP_BY_HOP[CONNECTION], header::CONNECTION);
         assert_eq!(HOP_BY_HOP[UPGRADE], header::UPGRADE);
         assert_eq!(HOP_BY_HOP[TE], header::TE);
+        assert_eq!(HOP_BY_HOP[TRAILER], header::TRAILER);
     }
 
     #[test]

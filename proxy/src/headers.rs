@@ -17,6 +17,7 @@ static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-prot
 const CONNECTION_BIT: u16 = 1 << hop_by_hop::CONNECTION;
 const UPGRADE_BIT: u16 = 1 << hop_by_hop::UPGRADE;
 const TE_BIT: u16 = 1 << hop_by_hop::TE;
+const TRAILER_BIT: u16 = 1 << hop_by_hop::TRAILER;
 
 /// Which of [`HOP_BY_HOP`] the map holds, found in one pass over its names (a lookup of an
 /// absent name still hashes it).
@@ -32,7 +33,9 @@ fn present(headers: &HeaderMap) -> u16 {
 
 /// Removes hop-by-hop headers, keeping `Upgrade` (and the names `Connection` lists, bar
 /// `Upgrade`) when the request is being upgraded; the caller then sets `Connection: upgrade`.
-/// `TE: trailers` is end-to-end for gRPC and stays; other `TE` values go.
+/// `TE: trailers` is end-to-end for gRPC and stays; other `TE` values go. `Trailer` stays: an
+/// HTTP/1.1 encoder writes only the trailers a message announces, and Go's reverse proxy,
+/// which drops the header, announces them again.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     let set = present(headers);
     if set == 0 {
@@ -65,7 +68,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
     for (i, name) in HOP_BY_HOP.iter().enumerate() {
         let bit = 1 << i;
-        if set & bit != 0 && bit & (CONNECTION_BIT | UPGRADE_BIT | TE_BIT) == 0 {
+        if set & bit != 0 && bit & (CONNECTION_BIT | UPGRADE_BIT | TE_BIT | TRAILER_BIT) == 0 {
             headers.remove(name);
         }
     }
@@ -235,7 +238,8 @@ mod tests {
             ("x-kept", "k"),
         ]);
         strip_hop_by_hop(&mut h, false);
-        assert_eq!(names(&h), ["host", "x-kept"]);
+        // The announcement of the trailers the message ends with stays.
+        assert_eq!(names(&h), ["host", "trailer", "x-kept"]);
     }
 
     #[test]
