@@ -226,15 +226,18 @@ impl EdgePool {
     }
 
     /// Adds the entries of `found` the pool lacks (a region or a host that did not resolve
-    /// before); returns how many. A region's family state is kept.
+    /// before), each as many times as `found` lists it (a static edge listed twice is two
+    /// entries); returns how many. A region's family state is kept.
     pub(crate) fn extend(&self, found: Vec<(SocketAddr, u8)>) -> usize {
         let Ok(mut s) = self.inner.lock() else {
             return 0;
         };
         let before = s.entries.len();
-        for entry in found {
-            if !s.entries.contains(&entry) {
-                s.entries.push(entry);
+        for entry in &found {
+            let listed = found.iter().filter(|e| *e == entry).count();
+            let held = s.entries.iter().filter(|e| *e == entry).count();
+            if held < listed {
+                s.entries.push(*entry);
                 s.owner.push(None);
             }
         }
@@ -350,18 +353,20 @@ mod tests {
     }
 
     #[test]
-    fn entries_found_later_join_the_pool_once_each() {
+    fn entries_found_later_join_the_pool_as_often_as_listed() {
         let pool = EdgePool::new(vec![(sa(1), 0)]);
         assert_eq!(pool.address(0), Some(sa(1)));
         assert_eq!(pool.available(), 0);
         // The other region, found on a later lookup, with the entry already held.
         assert_eq!(pool.extend(vec![(sa(1), 0), (sa(2), 1), (sa(3), 1)]), 2);
-        assert_eq!(pool.extend(vec![(sa(2), 1)]), 0, "no entry twice");
-        assert_eq!(pool.available(), 2);
+        assert_eq!(pool.extend(vec![(sa(2), 1)]), 0, "none held twice over");
+        // An address listed twice (two connections to one listener) is two entries.
+        assert_eq!(pool.extend(vec![(sa(1), 0), (sa(1), 0)]), 1);
+        assert_eq!(pool.available(), 3);
         assert_eq!(pool.address(0), Some(sa(1)), "held entries stay");
-        let mut taken = [pool.address(1), pool.address(2)];
+        let mut taken = [pool.address(1), pool.address(2), pool.address(3)];
         taken.sort();
-        assert_eq!(taken, [Some(sa(2)), Some(sa(3))]);
+        assert_eq!(taken, [Some(sa(1)), Some(sa(2)), Some(sa(3))]);
         assert_eq!(pool.available(), 0);
     }
 
