@@ -235,22 +235,7 @@ async fn a_streaming_body_on_a_mirrored_or_retried_rule_is_not_held_back() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     tokio::time::timeout(TEST_TIMEOUT, async {
         let m = echo("mirror-1").await;
-        // Answers as soon as it has the request's head, as a streaming server does.
-        let backend = scripted_backend(|mut conn: tokio::net::TcpStream| async move {
-            let mut head = Vec::new();
-            let mut buf = [0u8; 4096];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                match conn.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => head.extend_from_slice(&buf[..n]),
-                }
-            }
-            let _ = conn
-                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                .await;
-            let _ = conn.read(&mut buf).await;
-        })
-        .await;
+        let backend = answering_backend(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
         let proxy = proxy().await;
         let http = client();
         let doc = json!({"rules": [

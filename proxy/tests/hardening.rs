@@ -665,23 +665,8 @@ async fn a_connection_s_protocol_is_told_from_first_bytes_sent_in_pieces() {
 /// announces them again the same way).
 #[tokio::test]
 async fn trailers_of_a_chunked_response_reach_the_client() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     tokio::time::timeout(TEST_TIMEOUT, async {
-        let backend = scripted_backend(|mut conn: tokio::net::TcpStream| async move {
-            let mut head = Vec::new();
-            let mut buf = [0u8; 4096];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                match conn.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => head.extend_from_slice(&buf[..n]),
-                }
-            }
-            let _ = conn
-                .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-checksum\r\n\r\n5\r\nhello\r\n0\r\nx-checksum: abc\r\n\r\n")
-                .await;
-            let _ = conn.read(&mut buf).await;
-        })
-        .await;
+        let backend = answering_backend(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-checksum\r\n\r\n5\r\nhello\r\n0\r\nx-checksum: abc\r\n\r\n").await;
         let http = client();
         let proxy = proxy_to(&http, backend).await;
         let r = raw(

@@ -193,6 +193,26 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// A backend that answers each connection's first request with `answer` as soon as it has
+/// read the request's head, without waiting for its body (as a streaming server does), then
+/// waits for the client to go.
+pub async fn answering_backend(answer: &'static [u8]) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    scripted_backend(move |mut conn: tokio::net::TcpStream| async move {
+        let mut head = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+        let _ = conn.write_all(answer).await;
+        let _ = conn.read(&mut buf).await;
+    })
+    .await
+}
+
 /// A backend on 127.0.0.1 that hands every connection it accepts to `serve`, each on its own
 /// task; returns the address it listens on.
 pub async fn scripted_backend<F, Fut>(serve: F) -> SocketAddr

@@ -575,22 +575,19 @@ fn a_listener_sets_certificate_in_another_namespace_needs_a_reference_grant() {
             "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {{name: certs-{kind}, namespace: infra}}\nspec:\n  from: [{{group: gateway.networking.k8s.io, kind: {kind}, namespace: web}}]\n  to: [{{group: \"\", kind: Secret}}]\n---\n"
         )
     };
-    let out = run(&format!(
-        "{}{set}{}",
-        hub("{namespaces: {from: All}}"),
-        grant("Gateway")
-    ));
-    assert_eq!(
-        entry(&out, "web", "team", "tls")[&ConditionType::ResolvedRefs],
-        (false, Reason::RefNotPermitted)
-    );
-    let out = run(&format!(
-        "{}{set}{}",
-        hub("{namespaces: {from: All}}"),
-        grant("ListenerSet")
-    ));
-    assert_eq!(
-        entry(&out, "web", "team", "tls")[&ConditionType::ResolvedRefs],
-        (false, Reason::InvalidCertificateRef)
-    );
+    for (from, reason) in [
+        ("Gateway", Reason::RefNotPermitted),
+        ("ListenerSet", Reason::InvalidCertificateRef),
+    ] {
+        let out = run(&format!(
+            "{}{set}{}",
+            hub("{namespaces: {from: All}}"),
+            grant(from)
+        ));
+        assert_eq!(
+            entry(&out, "web", "team", "tls")[&ConditionType::ResolvedRefs],
+            (false, reason),
+            "a grant from {from}"
+        );
+    }
 }
