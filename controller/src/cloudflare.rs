@@ -25,6 +25,8 @@ use serde_json::{json, Value};
 use tracing::Instrument as _;
 use uuid::Uuid;
 
+use crate::held::Held;
+
 /// The Cloudflare API's base URL.
 pub const DEFAULT_API_BASE: &str = "https://api.cloudflare.com/client/v4";
 /// Where the document sends a served hostname: the proxy's data port, next to the connector.
@@ -426,17 +428,7 @@ pub struct TunnelSync {
     verified: HashMap<Uuid, Vec<u8>>,
     /// Per tunnel and writer: the write that failed last, answered from here until its wait
     /// is over.
-    failed: HashMap<(Uuid, Vec<u8>), Failure>,
-    /// The wait after a first failure, and the longest.
-    retry: (Duration, Duration),
-}
-
-/// A failed write: of which document, with what error, and when it may be tried again.
-struct Failure {
-    digest: Vec<u8>,
-    error: String,
-    wait: Duration,
-    until: tokio::time::Instant,
+    failed: Held<(Uuid, Vec<u8>)>,
 }
 
 /// The wait before a failed write is tried again, doubled with each failure in a row.
@@ -473,8 +465,7 @@ impl TunnelSync {
         Self {
             written: HashMap::new(),
             verified: HashMap::new(),
-            failed: HashMap::new(),
-            retry: (first, max.max(first)),
+            failed: Held::new(first, max),
         }
     }
 
@@ -502,7 +493,6 @@ impl TunnelSync {
         api: &TunnelApi,
         work: Vec<(TunnelTarget, Value)>,
     ) -> Vec<Result<bool, String>> {
-        let now = tokio::time::Instant::now();
         let calls: Vec<_> = work
             .into_iter()
             .map(|(target, document)| {
@@ -511,11 +501,7 @@ impl TunnelSync {
                 let written = self.written.get(&key) == Some(&digest);
                 // The same error, word for word, until the wait is over: it reaches route
                 // conditions, which would otherwise be rewritten.
-                let held = self
-                    .failed
-                    .get(&key)
-                    .filter(|f| f.digest == digest && f.until > now)
-                    .map(|f| f.error.clone());
+                let held = self.failed.error(&key, &digest).map(str::to_owned);
                 let verified = self.verified.get(&target.tunnel).cloned();
                 async move {
                     if written {
@@ -545,32 +531,17 @@ impl TunnelSync {
         .await;
         done.sort_by_key(|(i, _)| *i);
         let done = done.into_iter().map(|(_, d)| d);
-        let (first, max) = self.retry;
         done.into_iter()
             .map(|(target, digest, verified, result, tried)| {
                 let key = writer_key(&target);
                 match &result {
                     Ok(true) => {
-                        self.failed.remove(&key);
+                        self.failed.succeeded(&key);
                         self.written.insert(key, digest);
                     }
                     Err(error) if tried => {
                         self.written.remove(&key);
-                        let wait = self
-                            .failed
-                            .get(&key)
-                            .map_or(first, |f| f.wait.saturating_mul(2).min(max));
-                        let until = tokio::time::Instant::now() + wait;
-                        let error = error.clone();
-                        self.failed.insert(
-                            key,
-                            Failure {
-                                digest,
-                                error,
-                                wait,
-                                until,
-                            },
-                        );
+                        self.failed.failed(key, digest, error.clone());
                     }
                     _ => {}
                 }
@@ -586,7 +557,7 @@ impl TunnelSync {
     pub fn retain(&mut self, keep: impl Fn(&Uuid) -> bool) {
         self.written.retain(|(t, _), _| keep(t));
         self.verified.retain(|t, _| keep(t));
-        self.failed.retain(|(t, _), _| keep(t));
+        self.failed.retain(|(t, _)| keep(t));
     }
 }
 

@@ -43,6 +43,7 @@ use tracing::Instrument as _;
 use crate::class_parameters::{self, ClassDefaults, ClassSettings, ConfigVerdict};
 use crate::cloudflare::{self, TunnelApi, TunnelSync, TunnelTarget};
 use crate::gateway_config::DEFAULT_API_TOKEN_KEY;
+use crate::held::Held;
 use crate::push::{self, PlaneRound, PodOutcome, Pusher};
 use crate::render::{
     self, GoControllerNames, PlaneNames, RenderError, RenderSettings, Rendered, GATEWAY_LABEL,
@@ -468,7 +469,7 @@ struct Reconciler {
     applied: HashMap<String, AppliedPlane>,
     /// Per Gateway uid: the render whose apply failed last, answered with its error until the
     /// wait is over ([`APPLY_RETRY_FIRST`]).
-    apply_failures: HashMap<String, ApplyFailure>,
+    apply_failures: Held<String>,
     /// The token digest the shared pool's Deployment was last seen stamped with, and when:
     /// checked again when the token changes, and every [`REAPPLY_AFTER`] besides.
     pool_stamp: Option<(String, std::time::Instant)>,
@@ -494,12 +495,14 @@ struct AppliedPlane {
     fields: OwnedFields,
 }
 
-/// A failed apply: see [`Reconciler::apply_failures`].
-struct ApplyFailure {
-    digest: Vec<u8>,
-    error: String,
-    wait: Duration,
-    until: std::time::Instant,
+/// A plane's credentials and objects as rendered, and whether its apply changed anything.
+type Applied = (render::Credentials, render::DataPlane, bool);
+
+/// Why a plane was not applied, with its render when the plane was applied before: its pods
+/// run as last applied and still take their routes.
+struct NotApplied {
+    reason: String,
+    as_applied: Option<(render::Credentials, render::DataPlane)>,
 }
 
 /// What a dedicated plane last served: see [`Reconciler::last_good`].
@@ -576,7 +579,7 @@ impl Reconciler {
             refused_rules: BTreeMap::new(),
             refused_told: HashMap::new(),
             applied: HashMap::new(),
-            apply_failures: HashMap::new(),
+            apply_failures: Held::new(APPLY_RETRY_FIRST, APPLY_RETRY_MAX),
             class: ClassSettings::default(),
             class_configs: BTreeMap::new(),
             pool_stamp: None,
@@ -730,7 +733,7 @@ impl Reconciler {
             .collect();
         self.applied.retain(|uid, _| uids.contains(uid.as_str()));
         self.apply_failures
-            .retain(|uid, _| uids.contains(uid.as_str()));
+            .retain(|uid| uids.contains(uid.as_str()));
         if let Some(shared) = &self.options.shared {
             if let Some(info) = shared_plane(shared, snapshot, &self.class) {
                 planes.insert(PlaneKey::Shared, info);
@@ -946,20 +949,8 @@ impl Reconciler {
         // Objects are owned by the Gateway's uid; one from the API server always has it.
         gw.metadata.uid.as_ref()?;
         let rendered = plan?.map(|r| (r.credentials, r.plane));
-        // A plane applied before keeps getting its routes while an apply fails (its pods run
-        // as last applied; an admission webhook or the API server failing is no reason for a
-        // tenant's route changes to stop reaching them).
-        let mut as_applied = None;
         let applied = match rendered {
             Ok((credentials, plane)) => {
-                if gw
-                    .metadata
-                    .uid
-                    .as_ref()
-                    .is_some_and(|uid| self.applied.contains_key(uid))
-                {
-                    as_applied = Some((credentials.clone(), plane.clone()));
-                }
                 // Every object of the plane is watched, so an edit or a deletion starts a round
                 // that puts it back (see `drift`).
                 let ns = key.namespace.as_str();
@@ -997,14 +988,17 @@ impl Reconciler {
                 self.apply_dedicated(gw, config, credentials, plane, &live)
                     .await
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(NotApplied {
+                reason: e.to_string(),
+                as_applied: None,
+            }),
         };
         let (credentials, plane, changed) = match applied {
             Ok(done) => {
                 self.render_failures.remove(key);
                 done
             }
-            Err(reason) => {
+            Err(NotApplied { reason, as_applied }) => {
                 tracing::warn!(gateway = %key, %reason, "rendering the data plane failed");
                 if self.render_failures.get(key) != Some(&reason) {
                     self.publish(
@@ -1017,6 +1011,8 @@ impl Reconciler {
                     .await;
                     self.render_failures.insert(key.clone(), reason);
                 }
+                // A plane applied before keeps getting its routes: an admission webhook or the
+                // API server failing is no reason for its tenant's route changes to stop.
                 let (credentials, plane) = as_applied?;
                 (credentials, plane, false)
             }
@@ -1108,7 +1104,8 @@ impl Reconciler {
     /// Applies a rendered plane unless it was applied lately and `live`, the watch caches'
     /// view of its objects, still holds what was applied ([`drift`]); with a generated token,
     /// first makes sure its Secret exists and renders again with the token the cluster holds
-    /// if the cache's view of it was stale.
+    /// if the cache's view of it was stale. A render whose apply failed is held back for a
+    /// while ([`Held`]).
     async fn apply_dedicated(
         &mut self,
         gw: &Gateway,
@@ -1116,7 +1113,7 @@ impl Reconciler {
         credentials: render::Credentials,
         plane: render::DataPlane,
         live: &LivePlane<'_>,
-    ) -> Result<(render::Credentials, render::DataPlane, bool), String> {
+    ) -> Result<Applied, NotApplied> {
         let namespace = plane.deployment.namespace().unwrap_or_default();
         let uid = gw.metadata.uid.clone().unwrap_or_default();
         // An unchanged render that was applied lately, and whose objects still hold what was
@@ -1131,41 +1128,28 @@ impl Reconciler {
         if intact {
             return Ok((credentials, plane, false));
         }
-        let now = std::time::Instant::now();
-        if let Some(failed) = self
-            .apply_failures
-            .get(&uid)
-            .filter(|f| f.digest == digest && f.until > now)
-        {
-            return Err(failed.error.clone());
+        let applied_before = self.applied.contains_key(&uid);
+        if let Some(error) = self.apply_failures.error(&uid, &digest) {
+            return Err(NotApplied {
+                reason: error.to_owned(),
+                as_applied: applied_before.then_some((credentials, plane)),
+            });
         }
-        let result = self
+        // Kept only to be handed back if the apply fails.
+        let as_applied = applied_before.then(|| (credentials.clone(), plane.clone()));
+        match self
             .apply_now(gw, config, credentials, plane, &namespace, &uid)
-            .await;
-        match &result {
-            Ok(_) => {
-                self.apply_failures.remove(&uid);
+            .await
+        {
+            Ok(done) => {
+                self.apply_failures.succeeded(&uid);
+                Ok(done)
             }
-            Err(error) => {
-                let wait = self
-                    .apply_failures
-                    .get(&uid)
-                    .map_or(APPLY_RETRY_FIRST, |f| {
-                        f.wait.saturating_mul(2).min(APPLY_RETRY_MAX)
-                    });
-                let until = std::time::Instant::now() + wait;
-                self.apply_failures.insert(
-                    uid,
-                    ApplyFailure {
-                        digest,
-                        error: error.clone(),
-                        wait,
-                        until,
-                    },
-                );
+            Err(reason) => {
+                self.apply_failures.failed(uid, digest, reason.clone());
+                Err(NotApplied { reason, as_applied })
             }
         }
-        result
     }
 
     /// [`Reconciler::apply_dedicated`]'s writes.
@@ -1177,7 +1161,7 @@ impl Reconciler {
         plane: render::DataPlane,
         namespace: &str,
         uid: &str,
-    ) -> Result<(render::Credentials, render::DataPlane, bool), String> {
+    ) -> Result<Applied, String> {
         let (credentials, plane) = match &plane.auth_secret {
             Some(secret) => {
                 let (held, key) = apply::ensure_auth_secret(&self.client, secret, uid).await?;
