@@ -493,12 +493,10 @@ pub(super) fn readable<K>(event: watcher::Event<DynamicObject>) -> Option<watche
 where
     K: Resource<DynamicType = ()> + DeserializeOwned + Default,
 {
-    fn read<K>(mut object: DynamicObject) -> Option<K>
+    fn read<K>(object: DynamicObject) -> Option<K>
     where
         K: Resource<DynamicType = ()> + DeserializeOwned,
     {
-        // Nothing reads them, and they are often most of an object (one copy per writer).
-        object.metadata.managed_fields = None;
         let (namespace, name) = (object.namespace(), object.name_any());
         object
             .try_parse::<K>()

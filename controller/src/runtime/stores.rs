@@ -141,19 +141,15 @@ impl PlaneObjects {
     }
 }
 
-/// Drops what the API server keeps of each writer's fields: often the bulk of an object, and
-/// read by nothing but the apply of the controller's own objects.
-fn without_managed_fields<K: Resource>(object: &mut K) {
-    object.meta_mut().managed_fields = None;
-}
-
-/// The objects `store` holds now, shared with it: a round copies no object.
-fn cloned<K>(store: &Store<K>) -> Vec<Arc<K>>
-where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    store.state()
+/// What a cache keeps of its objects' metadata.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kept {
+    /// All but the fields the API server keeps of each writer: often the bulk of an object,
+    /// and read by nothing but the apply of the controller's own objects.
+    Read,
+    /// Everything, managed fields included: the objects the controller applies, whose
+    /// `spec.replicas` owner is read from them.
+    Applied,
 }
 
 impl Stores {
@@ -169,6 +165,7 @@ impl Stores {
         fn watch<K>(
             api: Api<K>,
             config: watcher::Config,
+            kept: Kept,
             changed: &Arc<Notify>,
             tasks: &mut JoinSet<()>,
         ) -> Store<K>
@@ -176,25 +173,7 @@ impl Stores {
             K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
             K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
         {
-            cache(
-                watcher(api, config).modify(without_managed_fields),
-                changed,
-                tasks,
-            )
-        }
-        /// [`watch`] of the objects the controller applies, with their managed fields: who
-        /// owns a Deployment's `spec.replicas` is read from them.
-        fn watch_applied<K>(
-            api: Api<K>,
-            config: watcher::Config,
-            changed: &Arc<Notify>,
-            tasks: &mut JoinSet<()>,
-        ) -> Store<K>
-        where
-            K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-            K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-        {
-            cache(watcher(api, config), changed, tasks)
+            cache(watcher(api, config), kept, changed, tasks)
         }
         /// [`watch`] of a Gateway API kind, read object by object: one object this build
         /// cannot read (a value its types do not know, from a newer bundle than it was
@@ -214,11 +193,13 @@ impl Stores {
             let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
             let events =
                 watcher(api, config).try_filter_map(|event| future::ready(Ok(readable(event))));
-            cache(events, changed, tasks)
+            cache(events, Kept::Read, changed, tasks)
         }
-        /// Caches `events` (retrying a failed watch with backoff).
+        /// Caches `events`, keeping what `kept` says of them (retrying a failed watch with
+        /// backoff).
         fn cache<K>(
             events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+            kept: Kept,
             changed: &Arc<Notify>,
             tasks: &mut JoinSet<()>,
         ) -> Store<K>
@@ -228,7 +209,14 @@ impl Stores {
         {
             let (store, writer) = reflector::store();
             let changed = Arc::clone(changed);
-            let stream = events.default_backoff().reflect(writer);
+            let stream = events
+                .modify(move |object: &mut K| {
+                    if kept == Kept::Read {
+                        object.meta_mut().managed_fields = None;
+                    }
+                })
+                .default_backoff()
+                .reflect(writer);
             tasks.spawn(async move {
                 let mut stream = std::pin::pin!(stream);
                 while let Some(event) = stream.next().await {
@@ -267,7 +255,6 @@ impl Stores {
         // name only, and Gateway API's carry no common label): filtered here, once the optional
         // APIs are told of changes to theirs.
         let crds = watcher(Api::all(client.clone()), all())
-            .modify(without_managed_fields)
             .inspect_ok(move |event| triggers.crd_event(event))
             .try_filter(|event| {
                 let keep = |crd: &PartialObjectMeta<CustomResourceDefinition>| {
@@ -285,53 +272,55 @@ impl Stores {
             gateways: watch_each(client, all(), &changed, tasks),
             http_routes: watch_each(client, all(), &changed, tasks),
             grpc_routes: watch_each(client, all(), &changed, tasks),
-            reference_grants: cache(
-                reference_grants.modify(without_managed_fields),
-                &changed,
-                tasks,
-            ),
-            listener_sets: cache(
-                listener_sets.modify(without_managed_fields),
-                &changed,
-                tasks,
-            ),
+            reference_grants: cache(reference_grants, Kept::Read, &changed, tasks),
+            listener_sets: cache(listener_sets, Kept::Read, &changed, tasks),
             listener_set_resource,
             backend_tls_policies: watch_each(client, all(), &changed, tasks),
-            config_maps: watch(Api::all(client.clone()), all(), &changed, tasks),
-            namespaces: watch(Api::all(client.clone()), all(), &changed, tasks),
-            services: watch(Api::all(client.clone()), all(), &changed, tasks),
-            endpoint_slices: watch(Api::all(client.clone()), all(), &changed, tasks),
-            gateway_configs: watch(Api::all(client.clone()), all(), &changed, tasks),
-            gateway_class_configs: watch(Api::all(client.clone()), all(), &changed, tasks),
-            service_imports: cache(service_imports, &changed, tasks),
+            config_maps: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
+            namespaces: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
+            services: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
+            endpoint_slices: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
+            gateway_configs: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
+            gateway_class_configs: watch(
+                Api::all(client.clone()),
+                all(),
+                Kept::Read,
+                &changed,
+                tasks,
+            ),
+            service_imports: cache(service_imports, Kept::Read, &changed, tasks),
             service_imports_served,
-            access_policies: watch(Api::all(client.clone()), all(), &changed, tasks),
-            external_backends: watch(Api::all(client.clone()), all(), &changed, tasks),
+            access_policies: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
+            external_backends: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
             secrets: watch(
                 Api::all(client.clone()),
                 all().fields(NOT_HELM_RELEASES),
+                Kept::Read,
                 &changed,
                 tasks,
             ),
-            deployments: watch_applied(
+            deployments: watch(
                 Api::all(client.clone()),
                 all().labels(MANAGED_BY_SELECTOR),
+                Kept::Applied,
                 &changed,
                 tasks,
             ),
-            network_policies: watch_applied(
+            network_policies: watch(
                 Api::all(client.clone()),
                 all().labels(MANAGED_BY_SELECTOR),
+                Kept::Applied,
                 &changed,
                 tasks,
             ),
-            autoscalers: watch_applied(
+            autoscalers: watch(
                 Api::all(client.clone()),
                 all().labels(MANAGED_BY_SELECTOR),
+                Kept::Applied,
                 &changed,
                 tasks,
             ),
-            gateway_api_crds: cache(crds, &changed, tasks),
+            gateway_api_crds: cache(crds, Kept::Read, &changed, tasks),
         }
     }
 
@@ -475,27 +464,27 @@ impl Stores {
             .now_or_never()
             .is_some_and(|ready| ready.is_ok());
         Snapshot {
-            gateway_classes: cloned(&self.gateway_classes),
-            gateways: cloned(&self.gateways),
-            http_routes: cloned(&self.http_routes),
-            grpc_routes: cloned(&self.grpc_routes),
-            reference_grants: cloned(&self.reference_grants),
-            listener_sets: cloned(&self.listener_sets),
-            backend_tls_policies: cloned(&self.backend_tls_policies),
-            config_maps: cloned(&self.config_maps),
-            namespaces: cloned(&self.namespaces),
-            services: cloned(&self.services),
-            endpoint_slices: cloned(&self.endpoint_slices),
-            gateway_configs: cloned(&self.gateway_configs),
-            gateway_class_configs: cloned(&self.gateway_class_configs),
+            gateway_classes: self.gateway_classes.state(),
+            gateways: self.gateways.state(),
+            http_routes: self.http_routes.state(),
+            grpc_routes: self.grpc_routes.state(),
+            reference_grants: self.reference_grants.state(),
+            listener_sets: self.listener_sets.state(),
+            backend_tls_policies: self.backend_tls_policies.state(),
+            config_maps: self.config_maps.state(),
+            namespaces: self.namespaces.state(),
+            services: self.services.state(),
+            endpoint_slices: self.endpoint_slices.state(),
+            gateway_configs: self.gateway_configs.state(),
+            gateway_class_configs: self.gateway_class_configs.state(),
             service_imports: self
                 .service_imports_served
                 .borrow()
                 .is_some()
-                .then(|| cloned(&self.service_imports)),
-            access_policies: cloned(&self.access_policies),
-            external_backends: cloned(&self.external_backends),
-            secrets: cloned(&self.secrets),
+                .then(|| self.service_imports.state()),
+            access_policies: self.access_policies.state(),
+            external_backends: self.external_backends.state(),
+            secrets: self.secrets.state(),
             custom_resource_definitions: crds_listed.then(|| {
                 self.gateway_api_crds
                     .state()
