@@ -2,6 +2,7 @@
 //! they differ) of GatewayClasses, Gateways, GatewayConfigs and routes, and Events.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use gateway_api::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::experimental::gatewayclasses::GatewayClass;
@@ -27,11 +28,7 @@ const NOTE_LIMIT: usize = 1024;
 
 /// `note` cut to [`NOTE_LIMIT`] bytes, at a character boundary.
 fn clipped(note: &str) -> &str {
-    let mut end = note.len().min(NOTE_LIMIT);
-    while !note.is_char_boundary(end) {
-        end -= 1;
-    }
-    &note[..end]
+    &note[..note.floor_char_boundary(NOTE_LIMIT)]
 }
 
 impl Reconciler {
@@ -405,7 +402,7 @@ impl Reconciler {
             ) else {
                 continue;
             };
-            let users: Vec<ConfigUser> = snapshot
+            let naming: Vec<&Arc<Gateway>> = snapshot
                 .gateways
                 .iter()
                 .filter(|gw| {
@@ -413,6 +410,9 @@ impl Reconciler {
                         && gw.metadata.deletion_timestamp.is_none()
                         && render::config_name(gw) == Some(name)
                 })
+                .collect();
+            let users: Vec<ConfigUser> = naming
+                .iter()
                 .filter_map(|gw| {
                     let key = object_key(gw)?;
                     // Only the controller's Gateways: another class's are not its to judge.
@@ -434,12 +434,7 @@ impl Reconciler {
                 .collect();
             // Named by Gateways of other classes only: theirs to judge. Two controllers each
             // writing their own `InUse` would overwrite each other at every round.
-            let named_by_others = snapshot.gateways.iter().any(|gw| {
-                gw.metadata.namespace.as_deref() == Some(namespace)
-                    && gw.metadata.deletion_timestamp.is_none()
-                    && render::config_name(gw) == Some(name)
-            });
-            if users.is_empty() && named_by_others {
+            if users.is_empty() && !naming.is_empty() {
                 continue;
             }
             let existing = config
