@@ -327,7 +327,7 @@ pub(super) fn owned_gateways<'a>(
             }
         }
         owned.client_certificate = client_certificate::resolve(gw, ns, index);
-        sets.extend(&owned.key, &mut owned.listeners);
+        sets.extend(&owned.key, &mut owned.listeners, index);
         out.insert(key, owned);
     }
     mark_shared_plane_conflicts(&mut out);
@@ -486,10 +486,7 @@ fn mark_shared_plane_conflicts(gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'
                 Entry::Occupied(entry) if *entry.get().0 == gw.key => {}
                 Entry::Occupied(entry) => {
                     let (holder, listener) = *entry.get();
-                    let what = match l.hostname.as_deref() {
-                        Some(hostname) => format!("{}://{hostname}", l.scheme),
-                        None => format!("{} for any host", l.scheme),
-                    };
+                    let what = l.serves();
                     conflicts.push((
                         gw.key.clone(),
                         index,

@@ -49,6 +49,15 @@ pub(super) struct OwnedListener<'a> {
 }
 
 impl OwnedListener<'_> {
+    /// What the listener takes behind a tunnel, for conflict messages: `scheme://hostname`, or
+    /// the scheme for any host.
+    pub(super) fn serves(&self) -> String {
+        match self.hostname.as_deref() {
+            Some(hostname) => format!("{}://{hostname}", self.scheme),
+            None => format!("{} for any host", self.scheme),
+        }
+    }
+
     /// Marks the listener conflicted: it serves nothing. The first conflict found is the one
     /// reported.
     pub(super) fn conflicts(&mut self, reason: Reason, message: String) {

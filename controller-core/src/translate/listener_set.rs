@@ -36,9 +36,6 @@ struct Judged {
     generation: Option<i64>,
     /// Its listeners, read as a Gateway's; or why the Gateway does not take them.
     listeners: Result<Vec<GatewayListeners>, (Reason, String)>,
-    /// Per listener, why its `tls.certificateRefs` cannot be used, as for a Gateway's (a
-    /// Secret of another namespace needs a ReferenceGrant from ListenerSets of its own).
-    tls: Vec<Option<(Reason, String)>>,
 }
 
 /// The ListenerSets of our Gateways, in precedence order.
@@ -85,18 +82,6 @@ impl ListenerSets {
             };
             let listeners = admits(gw, parent_namespace, namespace, index)
                 .and_then(|()| as_gateway_listeners(set));
-            let tls = listeners.as_ref().map_or_else(
-                |_| Vec::new(),
-                |specs| {
-                    specs
-                        .iter()
-                        .enumerate()
-                        .map(|(i, spec)| {
-                            listener_tls::problem(spec, i, namespace, "ListenerSet", index)
-                        })
-                        .collect()
-                },
-            );
             sets.push((
                 set.metadata.creation_timestamp.as_ref(),
                 Judged {
@@ -104,7 +89,6 @@ impl ListenerSets {
                     gateway: ObjectKey::new(parent_namespace, &parent.name),
                     generation: set.metadata.generation,
                     listeners,
-                    tls,
                 },
             ));
         }
@@ -134,8 +118,14 @@ impl ListenerSets {
     }
 
     /// Appends to `owned`, the listeners of Gateway `gateway`, those of the ListenerSets it
-    /// admits, in precedence order, marking each that conflicts with a listener before it.
-    pub(super) fn extend<'a>(&'a self, gateway: &ObjectKey, owned: &mut Vec<OwnedListener<'a>>) {
+    /// admits, in precedence order, marking each whose certificates cannot be used and each
+    /// that conflicts with a listener before it.
+    pub(super) fn extend<'a>(
+        &'a self,
+        gateway: &ObjectKey,
+        owned: &mut Vec<OwnedListener<'a>>,
+        index: &Index<'_>,
+    ) {
         for set in self.sets.iter().filter(|s| s.gateway == *gateway) {
             let Ok(listeners) = &set.listeners else {
                 continue;
@@ -146,7 +136,11 @@ impl ListenerSets {
                     set: set.key.clone(),
                     generation: set.generation,
                 });
-                if let Some((reason, message)) = set.tls.get(i).cloned().flatten() {
+                // Certificates resolve as a Gateway listener's do, a Secret of another namespace
+                // granted to ListenerSets of the set's.
+                if let Some((reason, message)) =
+                    listener_tls::problem(spec, i, &set.key.namespace, "ListenerSet", index)
+                {
                     l.refs_unresolved(reason, message);
                 }
                 if let Some((reason, message)) = conflict(owned, &l) {
@@ -318,10 +312,7 @@ fn conflict(before: &[OwnedListener<'_>], l: &OwnedListener<'_>) -> Option<(Reas
                     && b.hostname == l.hostname
                     && b.set.as_ref().map(|e| &e.set) != l.set.as_ref().map(|e| &e.set);
                 return same.then(|| {
-                    let what = match l.hostname.as_deref() {
-                        Some(hostname) => format!("{}://{hostname}", l.scheme),
-                        None => format!("{} for any host", l.scheme),
-                    };
+                    let what = l.serves();
                     (
                         Reason::HostnameConflict,
                         format!(
