@@ -252,15 +252,7 @@ async fn scenario() {
     )
     .encode();
     // The shared pool: one real proxy with the pool's token.
-    let pool = Server::start(
-        ServerOptions {
-            auth_token: Some("pool-secret".to_owned()),
-            ..ServerOptions::default()
-        },
-        None,
-    )
-    .await
-    .expect("pool proxy starts");
+    let pool = proxy_pod("pool-secret").await;
     let api = ApiServer::builder()
         .rbac(REQUIRED_RBAC)
         .seed(
@@ -276,15 +268,7 @@ async fn scenario() {
     cloudflare.add_tunnel("acct", TUNNEL_ID, &token);
     cloudflare.add_tunnel("acct-c", THIRD_TUNNEL_ID, &third_token);
     // The plane's pod: a real proxy with the token the Deployment will hand it.
-    let pod = Server::start(
-        ServerOptions {
-            auth_token: Some("s3cr3t".to_owned()),
-            ..ServerOptions::default()
-        },
-        None,
-    )
-    .await
-    .expect("proxy starts");
+    let pod = proxy_pod("s3cr3t").await;
 
     let image = "cftunnel-proxy:test".to_owned();
     let options = RuntimeOptions {
@@ -525,10 +509,12 @@ async fn scenario() {
 
     // The endpoint controller lists the pod (not ready yet: it has no config): it gets pushed to.
     assert_eq!(get_via(pod.data_addr(), "shop.example.com").await, 502);
-    api.put(yaml(&format!(
-        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: cf-proxy-edge-config-x1, namespace: tenant-a, labels: {{kubernetes.io/service-name: cf-proxy-edge-config, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: false}}}}]\n",
-        pod.admin_addr().port()
-    )));
+    api.put(config_slice(
+        "tenant-a",
+        "cf-proxy-edge-config",
+        pod.admin_addr().port(),
+        false,
+    ));
     let by = Instant::now() + Duration::from_secs(20);
     while get_via(pod.data_addr(), "shop.example.com").await != 200 {
         assert!(
@@ -620,11 +606,7 @@ async fn scenario() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
         l.local_addr().expect("addr").port()
     };
-    let slice = |port: u16| {
-        yaml(&format!(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: cf-proxy-edge-config-x1, namespace: tenant-a, labels: {{kubernetes.io/service-name: cf-proxy-edge-config, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {port}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: true}}}}]\n"
-        ))
-    };
+    let slice = |port: u16| config_slice("tenant-a", "cf-proxy-edge-config", port, true);
     api.put(slice(closed));
     let failed = eventually("ProxyConfigPushed=False", || {
         route_condition(&api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
@@ -1418,6 +1400,27 @@ async fn the_api_token_waits_out_a_rate_limit() {
     );
 }
 
+/// A real proxy standing for a pod of a plane, its config API behind `token`.
+async fn proxy_pod(token: &str) -> Server {
+    Server::start(
+        ServerOptions {
+            auth_token: Some(token.to_owned()),
+            ..ServerOptions::default()
+        },
+        None,
+    )
+    .await
+    .expect("a proxy starts")
+}
+
+/// The EndpointSlice of Service `namespace/service` as the endpoint slice controller writes
+/// it: one pod on 127.0.0.1 with its config port `port`, `ready` or not.
+fn config_slice(namespace: &str, service: &str, port: u16, ready: bool) -> Value {
+    yaml(&format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {service}-x1, namespace: {namespace}, labels: {{kubernetes.io/service-name: {service}, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {port}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: {ready}}}}}]\n"
+    ))
+}
+
 /// The seed's tenant-a Gateway, its GatewayConfig's spec set by [`Tenant::configure`], on an
 /// API server of its own, and a controller without a shared pool, Lease or Cloudflare API
 /// rendering and applying its plane.
@@ -1756,20 +1759,14 @@ async fn a_failing_apply_waits_before_it_is_sent_again() {
 #[tokio::test]
 async fn a_plane_whose_apply_fails_still_gets_its_routes() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let edge = Server::start(
-            ServerOptions {
-                auth_token: Some("s3cr3t".to_owned()),
-                ..ServerOptions::default()
-            },
-            None,
-        )
-        .await
-        .expect("the plane's proxy starts");
+        let edge = proxy_pod("s3cr3t").await;
         let t = Tenant::start_with("replicas: 1", |api| {
-            api.put(yaml(&format!(
-                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: cf-proxy-edge-config-x1, namespace: tenant-a, labels: {{kubernetes.io/service-name: cf-proxy-edge-config, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: true}}}}]\n",
-                edge.admin_addr().port()
-            )));
+            api.put(config_slice(
+                "tenant-a",
+                "cf-proxy-edge-config",
+                edge.admin_addr().port(),
+                true,
+            ));
         })
         .await;
         let serves = |status: u16| {
@@ -1796,7 +1793,12 @@ async fn a_plane_whose_apply_fails_still_gets_its_routes() {
         t.configure("replicas: 2");
         let programmed = || {
             t.api
-                .get("gateway.networking.k8s.io/v1", "Gateway", "tenant-a", "edge")
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-a",
+                    "edge",
+                )
                 .and_then(|g| condition(&g["status"]["conditions"], "Programmed").cloned())
         };
         eventually("the failed apply reported", || {
@@ -1807,8 +1809,12 @@ async fn a_plane_whose_apply_fails_still_gets_its_routes() {
             })
         })
         .await;
-        t.api
-            .delete("gateway.networking.k8s.io/v1", "HTTPRoute", "tenant-a", "shop");
+        t.api.delete(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "tenant-a",
+            "shop",
+        );
         serves(404).await;
         drop(failing);
         t.stop().await;
@@ -2179,22 +2185,8 @@ async fn the_generated_token_secret_follows_the_infrastructure_labels() {
 async fn a_plane_whose_config_stops_resolving_keeps_serving_its_last_config() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let t = Tenant::start("replicas: 1").await;
-        let pod = || async {
-            Server::start(
-                ServerOptions {
-                    auth_token: Some("s3cr3t".to_owned()),
-                    ..ServerOptions::default()
-                },
-                None,
-            )
-            .await
-            .expect("proxy starts")
-        };
-        let slice = |port: u16| {
-            yaml(&format!(
-                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: cf-proxy-edge-config-x1, namespace: tenant-a, labels: {{kubernetes.io/service-name: cf-proxy-edge-config, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {port}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: false}}}}]\n"
-            ))
-        };
+        let pod = || proxy_pod("s3cr3t");
+        let slice = |port: u16| config_slice("tenant-a", "cf-proxy-edge-config", port, false);
         let served = |data: SocketAddr| async move {
             let by = Instant::now() + Duration::from_secs(20);
             while get_via(data, "shop.example.com").await != 200 {
@@ -2207,10 +2199,17 @@ async fn a_plane_whose_config_stops_resolving_keeps_serving_its_last_config() {
         served(first.data_addr()).await;
 
         // The ref now names a GatewayConfig that does not exist.
-        t.api.put(yaml(&gateway(true).replace("name: edge-config", "name: gone")));
+        t.api.put(yaml(
+            &gateway(true).replace("name: edge-config", "name: gone"),
+        ));
         eventually("the Gateway refused", || {
             t.api
-                .get("gateway.networking.k8s.io/v1", "Gateway", "tenant-a", "edge")
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-a",
+                    "edge",
+                )
                 .and_then(|g| condition(&g["status"]["conditions"], "Accepted").cloned())
                 .filter(|c| c["reason"] == "InvalidParameters")
         })
@@ -2239,19 +2238,13 @@ async fn a_plane_whose_config_stops_resolving_keeps_serving_its_last_config() {
 async fn a_plane_whose_listeners_all_turn_invalid_stops_serving_its_routes() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let t = Tenant::start("replicas: 1").await;
-        let pod = Server::start(
-            ServerOptions {
-                auth_token: Some("s3cr3t".to_owned()),
-                ..ServerOptions::default()
-            },
-            None,
-        )
-        .await
-        .expect("proxy starts");
-        t.api.put(yaml(&format!(
-            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: cf-proxy-edge-config-x1, namespace: tenant-a, labels: {{kubernetes.io/service-name: cf-proxy-edge-config, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: false}}}}]\n",
-            pod.admin_addr().port()
-        )));
+        let pod = proxy_pod("s3cr3t").await;
+        t.api.put(config_slice(
+            "tenant-a",
+            "cf-proxy-edge-config",
+            pod.admin_addr().port(),
+            false,
+        ));
         let answers = |status: u16| {
             let data = pod.data_addr();
             async move {
@@ -2264,12 +2257,18 @@ async fn a_plane_whose_listeners_all_turn_invalid_stops_serving_its_routes() {
         };
         answers(200).await;
 
-        t.api
-            .put(yaml(&gateway(true).replace("protocol: HTTP", "protocol: TCP")));
+        t.api.put(yaml(
+            &gateway(true).replace("protocol: HTTP", "protocol: TCP"),
+        ));
         answers(404).await;
         let conditions = eventually("the Gateway not accepted", || {
             t.api
-                .get("gateway.networking.k8s.io/v1", "Gateway", "tenant-a", "edge")
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-a",
+                    "edge",
+                )
                 .map(|g| g["status"]["conditions"].clone())
                 .filter(|c| {
                     condition(c, "Accepted").is_some_and(|a| a["reason"] == "ListenersNotValid")
@@ -2384,23 +2383,9 @@ async fn a_plane_no_push_reaches_leaves_its_gateways_unprogrammed_saying_why() {
         unreached(3).await;
 
         // A pod of each plane is listed: pushes reach them.
-        let pod = |token: &str| {
-            Server::start(
-                ServerOptions {
-                    auth_token: Some(token.to_owned()),
-                    ..ServerOptions::default()
-                },
-                None,
-            )
-        };
-        let (edge, pool) = (
-            pod("s3cr3t").await.expect("proxy starts"),
-            pod("pool-secret").await.expect("proxy starts"),
-        );
+        let (edge, pool) = (proxy_pod("s3cr3t").await, proxy_pod("pool-secret").await);
         let slice = |namespace: &str, service: &str, port: u16| {
-            yaml(&format!(
-                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {service}-x1, namespace: {namespace}, labels: {{kubernetes.io/service-name: {service}, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {port}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: false}}}}]\n"
-            ))
+            config_slice(namespace, service, port, false)
         };
         t.api.put(slice(
             "tenant-a",
@@ -3242,21 +3227,10 @@ async fn the_shared_pool_serves_a_dedicated_gateway_on_the_class_tunnel_with_no_
             Token::new("acct", b"own secret".to_vec(), uuid_of(OWN_TUNNEL_ID)).encode();
         let cloudflare = CloudflareApi::start().await;
         cloudflare.allow("acct", "cf-token-a");
-        let proxy = |token: &'static str| {
-            Server::start(
-                ServerOptions {
-                    auth_token: Some(token.to_owned()),
-                    ..ServerOptions::default()
-                },
-                None,
-            )
-        };
-        let pool = proxy("pool-secret").await.expect("the pool's proxy starts");
-        let edge = proxy("s3cr3t").await.expect("the plane's proxy starts");
+        let pool = proxy_pod("pool-secret").await;
+        let edge = proxy_pod("s3cr3t").await;
         let slice = |namespace: &str, service: &str, port: u16| {
-            yaml(&format!(
-                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {service}-x1, namespace: {namespace}, labels: {{kubernetes.io/service-name: {service}, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {port}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: true}}}}]\n"
-            ))
+            config_slice(namespace, service, port, true)
         };
         let t = Tenant::start_tuned(
             "replicas: 1, cloudflareCredentialsSecretRef: {name: edge-cf}",
@@ -3385,15 +3359,7 @@ async fn a_rule_an_older_pod_refuses_is_reported_on_its_route_and_the_rest_is_se
     use cftunnel_testkit::older_proxy::OlderProxy;
     tokio::time::timeout(Duration::from_secs(60), async {
         let echo = support::echo("tenant-s", "web-s").await;
-        let pool = Server::start(
-            ServerOptions {
-                auth_token: Some("pool-secret".to_owned()),
-                ..ServerOptions::default()
-            },
-            None,
-        )
-        .await
-        .expect("pool proxy starts");
+        let pool = proxy_pod("pool-secret").await;
         let older = OlderProxy::start(pool.admin_addr(), "CORS")
             .await
             .expect("the older pod starts");
@@ -4091,24 +4057,19 @@ async fn a_route_on_an_admitted_listener_set_is_served_and_published() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let cloudflare = CloudflareApi::start().await;
         cloudflare.allow("acct", "cf-token-a");
-        let edge = Server::start(
-            ServerOptions {
-                auth_token: Some("s3cr3t".to_owned()),
-                ..ServerOptions::default()
-            },
-            None,
-        )
-        .await
-        .expect("the plane's proxy starts");
+        let edge = proxy_pod("s3cr3t").await;
         let outsider_echo = support::echo("tenant-b", "web-b").await;
         let t = Tenant::start_tuned(
             "replicas: 1, cloudflareCredentialsSecretRef: {name: edge-cf}",
             |api| {
-                api.put(yaml(&format!(
-                    "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: edge-x1, namespace: tenant-a, labels: {{kubernetes.io/service-name: cf-proxy-edge-config, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: true}}}}]\n",
-                    edge.admin_addr().port()
-                )));
-                for doc in support::web_service("tenant-b", outsider_echo.http_addr()).split("---") {
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    edge.admin_addr().port(),
+                    true,
+                ));
+                for doc in support::web_service("tenant-b", outsider_echo.http_addr()).split("---")
+                {
                     if !doc.trim().is_empty() {
                         api.put(yaml(doc));
                     }
@@ -4145,11 +4106,14 @@ async fn a_route_on_an_admitted_listener_set_is_served_and_published() {
             {"hostname": "team.example.com", "service": "http://localhost:8080"},
             {"service": "http_status:404"},
         ]});
-        eventually("the tunnel's document lists the ListenerSet's hostname", || {
-            cloudflare
-                .config("acct", TUNNEL_ID)
-                .filter(|(_, d)| *d == want)
-        })
+        eventually(
+            "the tunnel's document lists the ListenerSet's hostname",
+            || {
+                cloudflare
+                    .config("acct", TUNNEL_ID)
+                    .filter(|(_, d)| *d == want)
+            },
+        )
         .await;
         // Not admitted: nothing served on its hostname.
         assert_eq!(get_via(edge.data_addr(), "outsider.example.com").await, 404);
@@ -4162,12 +4126,28 @@ async fn a_route_on_an_admitted_listener_set_is_served_and_published() {
         .await;
         assert_eq!(accepted["reason"], "Accepted");
         let refused = eventually("outsider refused", || {
-            listener_set_condition(&t.api, V1, "ListenerSet", "tenant-b", "outsider", "Accepted")
+            listener_set_condition(
+                &t.api,
+                V1,
+                "ListenerSet",
+                "tenant-b",
+                "outsider",
+                "Accepted",
+            )
         })
         .await;
-        assert_eq!((refused["status"].as_str(), refused["reason"].as_str()), (Some("False"), Some("NotAllowed")));
-        let team = t.api.get(V1, "ListenerSet", "tenant-a", "team").expect("team");
-        assert_eq!(team.pointer("/status/listeners/0/attachedRoutes"), Some(&json!(1)));
+        assert_eq!(
+            (refused["status"].as_str(), refused["reason"].as_str()),
+            (Some("False"), Some("NotAllowed"))
+        );
+        let team = t
+            .api
+            .get(V1, "ListenerSet", "tenant-a", "team")
+            .expect("team");
+        assert_eq!(
+            team.pointer("/status/listeners/0/attachedRoutes"),
+            Some(&json!(1))
+        );
         let edge_gateway = eventually("attachedListenerSets", || {
             t.api
                 .get(V1, "Gateway", "tenant-a", "edge")
