@@ -1823,6 +1823,83 @@ async fn a_plane_whose_apply_fails_still_gets_its_routes() {
     .expect("in time");
 }
 
+/// An apply that hangs (an admission webhook that never answers, up to the API timeout) holds
+/// up nothing else: the plane as last applied still gets its routes, another tenant's plane is
+/// applied meanwhile, and a changed render is applied without waiting for the hung one.
+#[tokio::test]
+async fn an_apply_that_hangs_holds_up_no_push_and_no_other_plane() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let edge = proxy_pod("s3cr3t").await;
+        let t = Tenant::start_with("replicas: 1", |api| {
+            api.put(config_slice(
+                "tenant-a",
+                "cf-proxy-edge-config",
+                edge.admin_addr().port(),
+                true,
+            ));
+        })
+        .await;
+        let serves = |status: u16| {
+            let data = edge.data_addr();
+            async move {
+                let by = Instant::now() + Duration::from_secs(20);
+                loop {
+                    let got = get_via(data, "shop.example.com").await;
+                    if got == status {
+                        return;
+                    }
+                    assert!(Instant::now() < by, "{got}, not {status}");
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+            }
+        };
+        serves(200).await;
+        let replicas = |namespace: &str, name: &str| {
+            t.api
+                .get("apps/v1", "Deployment", namespace, name)
+                .and_then(|d| d.pointer("/spec/replicas").cloned())
+        };
+        eventually("the third tenant's plane", || replicas("tenant-c", "cf-proxy-third")).await;
+
+        // The test's API client waits far longer than the test: only the apply of tenant-a's
+        // render with two replicas hangs.
+        let hung = t.api.hold(|c| {
+            c.method == "PATCH"
+                && c.kind == "Deployment"
+                && c.body.pointer("/metadata/namespace") == Some(&json!("tenant-a"))
+                && c.body.pointer("/spec/replicas") == Some(&json!(2))
+        });
+        t.configure("replicas: 2");
+        tokio::time::timeout(Duration::from_secs(20), hung.arrived(1))
+            .await
+            .expect("the apply reached the API server");
+
+        // Its own route change reaches its pods.
+        t.api.delete(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "tenant-a",
+            "shop",
+        );
+        serves(404).await;
+        // Another tenant's plane is applied.
+        t.api.put(yaml(
+            "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: third-config, namespace: tenant-c}\nspec: {tunnelTokenSecretRef: {name: third-tunnel-token}, replicas: 3}\n",
+        ));
+        eventually("the third tenant's new render applied", || {
+            replicas("tenant-c", "cf-proxy-third").filter(|r| *r == json!(3))
+        })
+        .await;
+        // A changed render supersedes the hung apply.
+        t.configure("replicas: 4");
+        t.replicas_become(4).await;
+        hung.release();
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// Configs that another controller's GatewayClasses or Gateways name are that controller's to
 /// judge: two installations writing their own `InUse` or `Valid` would overwrite each other at
 /// every round. A GatewayConfig no Gateway names is still reported as not in use.
@@ -4226,7 +4303,13 @@ async fn an_experimental_xlistenerset_is_read_and_reported_where_no_listener_set
             team.pointer("/status/listeners/0/attachedRoutes"),
             Some(&json!(1))
         );
-        // Written once: later rounds find it as they would write it.
+        // Written once the plane is applied: later rounds find it as they would write it.
+        eventually("the plane applied", || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+        })
+        .await;
+        t.rounds(2, Duration::from_millis(300)).await;
         let rv = t.api.resource_version();
         t.rounds(3, Duration::from_millis(300)).await;
         let rewrites: Vec<String> = t

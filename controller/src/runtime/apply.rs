@@ -23,8 +23,8 @@ use crate::gateway_config::{DEFAULT_AUTH_TOKEN_KEY, LEGACY_AUTH_TOKEN_KEY};
 use crate::render::{self, DataPlane, GoControllerNames, PlaneNames, RenderError};
 use crate::translate::{ObjectKey, Snapshot};
 
-/// Whether `meta`'s controlling owner is the object with `uid`.
-fn controlled_by(
+/// Whether `owners` name the object with `uid` as controlling owner.
+pub(super) fn controlled_by(
     owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
     uid: &str,
 ) -> bool {

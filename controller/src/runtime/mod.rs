@@ -7,11 +7,13 @@
 //! when the cluster already holds what a round computed.
 //!
 //! Here: the run loop and the round (planes, pushes, tunnel documents). `apply` writes and
-//! removes a plane's objects, `report` writes statuses and Events ([`status`] builds them),
+//! removes a plane's objects, in tasks of their own (`applies`) that no round waits for,
+//! `report` writes statuses and Events ([`status`] builds them),
 //! [`lease`] elects the one replica that acts, [`health`] serves the controller's endpoint,
 //! [`api_client`] builds the Kubernetes client, whose calls but watches are bounded in time.
 
 pub mod api_client;
+mod applies;
 mod apply;
 mod drift;
 pub mod health;
@@ -49,6 +51,7 @@ use crate::render::{
     self, GoControllerNames, PlaneNames, RenderError, RenderSettings, Rendered, GATEWAY_LABEL,
 };
 use crate::translate::{self, ObjectKey, Options, PlaneKey, Snapshot, TunnelIdentity};
+use applies::Applies;
 use drift::{LivePlane, OwnedFields};
 use stores::{PlaneObject, PlaneObjects, Stores};
 
@@ -218,10 +221,9 @@ const REAPPLY_AFTER: Duration = Duration::from_secs(300);
 /// See [`REAPPLY_AFTER`].
 const REAPPLY_SPREAD: Duration = Duration::from_secs(60);
 /// The wait before a render whose apply failed is applied again, doubled at each failure in a
-/// row up to [`APPLY_RETRY_MAX`]; a changed render is applied at once. Applies run one plane
-/// at a time ahead of every push and status of the round, and each takes up to the API
-/// timeout when the API server (or an admission webhook) hangs: one plane failing at every
-/// round would hold up every tenant's.
+/// row up to [`APPLY_RETRY_MAX`]; a changed render is applied at once. Rounds come with every
+/// change in the cluster: a plane failing at each would keep the API server (or the admission
+/// webhook that refuses it) busy with the same writes.
 const APPLY_RETRY_FIRST: Duration = Duration::from_secs(5);
 /// See [`APPLY_RETRY_FIRST`].
 const APPLY_RETRY_MAX: Duration = Duration::from_secs(300);
@@ -391,6 +393,7 @@ pub async fn run(
                     options.clone(),
                     &health,
                     stores.listener_set_resource.clone(),
+                    Arc::clone(&changed),
                 ))
             }
         };
@@ -425,10 +428,13 @@ pub async fn run(
             // Another replica may take over once the Lease lapses: stop writing at once.
             _ = lost.wait_for(|l| !*l) => {
                 tracing::warn!("the leader Lease lapsed during a round; the rest of it is dropped");
+                reconciler.applies.abort_all();
             }
             () = &mut shutdown => break,
         }
     }
+    // Its applies in flight stop before the Lease is given up.
+    drop(reconciler);
     let _ = stop_elector.send(());
     if let Some(elector) = &mut elector {
         let _ = elector.await;
@@ -470,6 +476,11 @@ struct Reconciler {
     /// Per Gateway uid: the render whose apply failed last, answered with its error until the
     /// wait is over ([`APPLY_RETRY_FIRST`]).
     apply_failures: Held<String>,
+    /// Per Gateway uid: the apply running.
+    applies: Applies<Finished>,
+    /// Gateways whose plane, never applied, is being applied (or waits for a free apply),
+    /// with the address it will have.
+    applying_first: BTreeMap<ObjectKey, String>,
     /// The token digest the shared pool's Deployment was last seen stamped with, and when:
     /// checked again when the token changes, and every [`REAPPLY_AFTER`] besides.
     pool_stamp: Option<(String, std::time::Instant)>,
@@ -495,14 +506,32 @@ struct AppliedPlane {
     fields: OwnedFields,
 }
 
-/// A plane's credentials and objects as rendered, and whether its apply changed anything.
-type Applied = (render::Credentials, render::DataPlane, bool);
+/// Where a plane's apply stands in a round.
+enum Applying {
+    /// Applied lately, and its objects still hold what was applied.
+    Intact(render::Credentials, render::DataPlane),
+    /// Being applied, or waiting for a free apply; with its render when the plane was applied
+    /// before: its pods run as last applied and still take their routes.
+    Pending(Option<(render::Credentials, render::DataPlane)>),
+    /// Not applied: see [`NotApplied`].
+    Failed(NotApplied),
+}
 
-/// Why a plane was not applied, with its render when the plane was applied before: its pods
-/// run as last applied and still take their routes.
+/// Why a plane was not applied, with its render when the plane was applied before (as in
+/// [`Applying::Pending`]).
 struct NotApplied {
     reason: String,
     as_applied: Option<(render::Credentials, render::DataPlane)>,
+}
+
+/// An apply as its task hands it back.
+struct Finished {
+    key: ObjectKey,
+    gateway: k8s_openapi::api::core::v1::ObjectReference,
+    /// The Event's note, when the apply changed something.
+    note: String,
+    /// Whether the apply changed anything, and what it applied.
+    result: Result<(bool, AppliedPlane), String>,
 }
 
 /// What a dedicated plane last served: see [`Reconciler::last_good`].
@@ -535,6 +564,7 @@ impl Reconciler {
         options: RuntimeOptions,
         health: &health::Health,
         listener_set_resource: optional_apis::Served,
+        wake: Arc<Notify>,
     ) -> Self {
         let recorder = Recorder::new(
             client.clone(),
@@ -580,6 +610,8 @@ impl Reconciler {
             refused_told: HashMap::new(),
             applied: HashMap::new(),
             apply_failures: Held::new(APPLY_RETRY_FIRST, APPLY_RETRY_MAX),
+            applies: Applies::new(applies::AT_ONCE, wake),
+            applying_first: BTreeMap::new(),
             class: ClassSettings::default(),
             class_configs: BTreeMap::new(),
             pool_stamp: None,
@@ -607,6 +639,8 @@ impl Reconciler {
         deployments: &[Deployment],
         watched: &PlaneObjects,
     ) {
+        self.take_finished_applies().await;
+        self.applying_first.clear();
         let mut translate_options = self.options.translate.clone();
         // The flags, overridden by the GatewayClassConfig the controller's classes name.
         let class = class_parameters::settle(
@@ -658,6 +692,9 @@ impl Reconciler {
             let Some(key) = object_key(gw) else { continue };
             // Being deleted: the garbage collector removes its plane; re-applying would fight it.
             if gw.metadata.deletion_timestamp.is_some() {
+                if let Some(uid) = &gw.metadata.uid {
+                    self.applies.abort(uid);
+                }
                 continue;
             }
             let ours = output.statuses.gateways.contains_key(&key);
@@ -734,6 +771,7 @@ impl Reconciler {
         self.applied.retain(|uid, _| uids.contains(uid.as_str()));
         self.apply_failures
             .retain(|uid| uids.contains(uid.as_str()));
+        self.applies.retain(|uid| uids.contains(uid));
         if let Some(shared) = &self.options.shared {
             if let Some(info) = shared_plane(shared, snapshot, &self.class) {
                 planes.insert(PlaneKey::Shared, info);
@@ -949,8 +987,10 @@ impl Reconciler {
         // Objects are owned by the Gateway's uid; one from the API server always has it.
         gw.metadata.uid.as_ref()?;
         let rendered = plan?.map(|r| (r.credentials, r.plane));
+        let mut address = String::new();
         let applied = match rendered {
             Ok((credentials, plane)) => {
+                address.clone_from(&plane.address);
                 // Every object of the plane is watched, so an edit or a deletion starts a round
                 // that puts it back (see `drift`).
                 let ns = key.namespace.as_str();
@@ -973,9 +1013,11 @@ impl Reconciler {
                         .network_policy(ns, &names.network_policy)
                         .filter(|p| {
                             plane.network_policy.is_some()
-                                || p.metadata.owner_references.iter().flatten().any(|o| {
-                                    o.controller == Some(true)
-                                        && gw.metadata.uid.as_ref() == Some(&o.uid)
+                                || gw.metadata.uid.as_deref().is_some_and(|uid| {
+                                    apply::controlled_by(
+                                        p.metadata.owner_references.as_deref().unwrap_or_default(),
+                                        uid,
+                                    )
                                 })
                         }),
                     autoscaler: watched.autoscaler(ns, &names.autoscaler),
@@ -986,58 +1028,29 @@ impl Reconciler {
                         .find(|s| here(&s.metadata, &names.auth_secret)),
                 };
                 self.apply_dedicated(gw, config, credentials, plane, &live)
-                    .await
             }
-            Err(e) => Err(NotApplied {
+            Err(e) => Applying::Failed(NotApplied {
                 reason: e.to_string(),
                 as_applied: None,
             }),
         };
-        let (credentials, plane, changed) = match applied {
-            Ok(done) => {
+        let (credentials, plane) = match applied {
+            Applying::Intact(credentials, plane) => {
                 self.render_failures.remove(key);
-                done
+                (credentials, plane)
             }
-            Err(NotApplied { reason, as_applied }) => {
-                tracing::warn!(gateway = %key, %reason, "rendering the data plane failed");
-                if self.render_failures.get(key) != Some(&reason) {
-                    self.publish(
-                        &gw.object_ref(&()),
-                        EventType::Warning,
-                        "RenderFailed",
-                        "Render",
-                        &reason,
-                    )
-                    .await;
-                    self.render_failures.insert(key.clone(), reason);
-                }
+            Applying::Pending(Some(as_applied)) => as_applied,
+            Applying::Pending(None) => {
+                self.applying_first.insert(key.clone(), address);
+                return None;
+            }
+            Applying::Failed(NotApplied { reason, as_applied }) => {
+                self.apply_failed(&gw.object_ref(&()), key, reason).await;
                 // A plane applied before keeps getting its routes: an admission webhook or the
                 // API server failing is no reason for its tenant's route changes to stop.
-                let (credentials, plane) = as_applied?;
-                (credentials, plane, false)
+                as_applied?
             }
         };
-        if changed {
-            let note = match &plane.network_policy {
-                Some(_) => format!(
-                    "rendered Deployment {}, Service {} and NetworkPolicy {}",
-                    plane.names.deployment, plane.names.service, plane.names.network_policy
-                ),
-                None => format!(
-                    "rendered Deployment {} and Service {}",
-                    plane.names.deployment, plane.names.service
-                ),
-            };
-            tracing::info!(gateway = %key, "applied the data plane");
-            self.publish(
-                &gw.object_ref(&()),
-                EventType::Normal,
-                "ProxyProvisioned",
-                "Render",
-                &note,
-            )
-            .await;
-        }
         let ready = deployments
             .iter()
             .find(|d| {
@@ -1101,20 +1114,17 @@ impl Reconciler {
         })
     }
 
-    /// Applies a rendered plane unless it was applied lately and `live`, the watch caches'
-    /// view of its objects, still holds what was applied ([`drift`]); with a generated token,
-    /// first makes sure its Secret exists and renders again with the token the cluster holds
-    /// if the cache's view of it was stale. A render whose apply failed is held back for a
-    /// while ([`Held`]).
-    async fn apply_dedicated(
+    /// Starts applying a rendered plane unless it was applied lately and `live`, the watch
+    /// caches' view of its objects, still holds what was applied ([`drift`]), or an apply of
+    /// this render runs. A render whose apply failed is held back for a while ([`Held`]).
+    fn apply_dedicated(
         &mut self,
         gw: &Gateway,
         config: &crate::gateway_config::GatewayConfig,
         credentials: render::Credentials,
         plane: render::DataPlane,
         live: &LivePlane<'_>,
-    ) -> Result<Applied, NotApplied> {
-        let namespace = plane.deployment.namespace().unwrap_or_default();
+    ) -> Applying {
         let uid = gw.metadata.uid.clone().unwrap_or_default();
         // An unchanged render that was applied lately, and whose objects still hold what was
         // applied, is not applied again: that would be ten requests per Gateway per round.
@@ -1126,72 +1136,115 @@ impl Reconciler {
                 && drift::secret_intact(&plane, live)
         });
         if intact {
-            return Ok((credentials, plane, false));
+            return Applying::Intact(credentials, plane);
         }
-        let applied_before = self.applied.contains_key(&uid);
+        // A plane running before this replica led (a restart, a new leader) was applied
+        // before too: its pods take their routes while it is applied again.
+        let applied_before = self.applied.contains_key(&uid)
+            || live.deployment.is_some_and(|d| {
+                apply::controlled_by(
+                    d.metadata.owner_references.as_deref().unwrap_or_default(),
+                    &uid,
+                )
+            });
         if let Some(error) = self.apply_failures.error(&uid, &digest) {
-            return Err(NotApplied {
+            return Applying::Failed(NotApplied {
                 reason: error.to_owned(),
                 as_applied: applied_before.then_some((credentials, plane)),
             });
         }
-        // Kept only to be handed back if the apply fails.
+        let running = self.applies.running(&uid);
+        // One of an earlier render is superseded, so it takes no room of its own.
+        let start =
+            running != Some(digest.as_slice()) && (running.is_some() || !self.applies.is_full());
+        if !start {
+            return Applying::Pending(applied_before.then_some((credentials, plane)));
+        }
         let as_applied = applied_before.then(|| (credentials.clone(), plane.clone()));
-        match self
-            .apply_now(gw, config, credentials, plane, &namespace, &uid)
-            .await
-        {
-            Ok(done) => {
-                self.apply_failures.succeeded(&uid);
-                Ok(done)
+        let key = ObjectKey::new(
+            gw.metadata.namespace.as_deref().unwrap_or_default(),
+            gw.name_any(),
+        );
+        let note = match &plane.network_policy {
+            Some(_) => format!(
+                "rendered Deployment {}, Service {} and NetworkPolicy {}",
+                plane.names.deployment, plane.names.service, plane.names.network_policy
+            ),
+            None => format!(
+                "rendered Deployment {} and Service {}",
+                plane.names.deployment, plane.names.service
+            ),
+        };
+        let gateway = gw.object_ref(&());
+        let apply = apply_now(
+            self.client.clone(),
+            self.options.render.clone(),
+            gw.clone(),
+            config.clone(),
+            credentials,
+            plane,
+            uid.clone(),
+        );
+        self.applies.start(uid, digest, async move {
+            Finished {
+                key,
+                gateway,
+                note,
+                result: apply.await,
             }
-            Err(reason) => {
-                self.apply_failures.failed(uid, digest, reason.clone());
-                Err(NotApplied { reason, as_applied })
+        });
+        Applying::Pending(as_applied)
+    }
+
+    /// Takes in the applies finished since the last round: the planes applied, and the
+    /// failures, held back until their wait is over.
+    async fn take_finished_applies(&mut self) {
+        for (uid, digest, done) in self.applies.finished() {
+            match done.result {
+                Ok((changed, applied)) => {
+                    self.applied.insert(uid.clone(), applied);
+                    self.apply_failures.succeeded(&uid);
+                    self.render_failures.remove(&done.key);
+                    if changed {
+                        tracing::info!(gateway = %done.key, "applied the data plane");
+                        self.publish(
+                            &done.gateway,
+                            EventType::Normal,
+                            "ProxyProvisioned",
+                            "Render",
+                            &done.note,
+                        )
+                        .await;
+                    }
+                }
+                Err(reason) => {
+                    self.apply_failures.failed(uid, digest, reason.clone());
+                    self.apply_failed(&done.gateway, &done.key, reason).await;
+                }
             }
         }
     }
 
-    /// [`Reconciler::apply_dedicated`]'s writes.
-    async fn apply_now(
+    /// Logs why a Gateway's plane could not be rendered or applied, and tells it in an Event
+    /// when the reason is new; its `Programmed` condition says it while it lasts.
+    async fn apply_failed(
         &mut self,
-        gw: &Gateway,
-        config: &crate::gateway_config::GatewayConfig,
-        credentials: render::Credentials,
-        plane: render::DataPlane,
-        namespace: &str,
-        uid: &str,
-    ) -> Result<Applied, String> {
-        let (credentials, plane) = match &plane.auth_secret {
-            Some(secret) => {
-                let (held, key) = apply::ensure_auth_secret(&self.client, secret, uid).await?;
-                if held == credentials.auth_token && key == credentials.auth_ref.key {
-                    (credentials, plane)
-                } else {
-                    // The one render of a plane a round repeats: the Secret holds another token
-                    // than the watch cache showed (it lags, or another replica created the
-                    // Secret), and the pods read that one. The translation's decision stands:
-                    // acceptance and tunnel do not depend on the config-API token.
-                    let credentials = credentials.with_auth_token(held, &key);
-                    let plane = render::render(gw, config, &credentials, &self.options.render)
-                        .map_err(|e| e.to_string())?;
-                    (credentials, plane)
-                }
-            }
-            None => (credentials, plane),
-        };
-        let go = GoControllerNames::for_gateway(gw).map_err(|e| e.to_string())?;
-        let applied =
-            apply::apply_plane(&self.client, &plane, &go, namespace, uid, FIELD_MANAGER).await?;
-        self.applied.insert(
-            uid.to_owned(),
-            AppliedPlane {
-                digest: rendered_digest(&plane),
-                at: std::time::Instant::now(),
-                fields: OwnedFields::applied(&plane, &applied),
-            },
-        );
-        Ok((credentials, plane, applied.changed))
+        gateway: &k8s_openapi::api::core::v1::ObjectReference,
+        key: &ObjectKey,
+        reason: String,
+    ) {
+        tracing::warn!(gateway = %key, %reason, "rendering the data plane failed");
+        if self.render_failures.get(key) != Some(&reason) {
+            self.publish(
+                gateway,
+                EventType::Warning,
+                "RenderFailed",
+                "Render",
+                &reason,
+            )
+            .await;
+            self.render_failures.insert(key.clone(), reason);
+        }
     }
 
     /// Keeps the shared pool on the class tunnel's connector token: its pods' token variable
@@ -1277,17 +1330,15 @@ impl Reconciler {
         ) else {
             return;
         };
+        // An apply still running would put back what is removed.
+        self.applies.abort(uid);
         let here = |meta: &kube::api::ObjectMeta, name: &str| {
             meta.namespace.as_deref() == Some(key.namespace.as_str())
                 && meta.name.as_deref() == Some(name)
         };
         let owned = |meta: &kube::api::ObjectMeta, name: &str| {
             here(meta, name)
-                && meta
-                    .owner_references
-                    .iter()
-                    .flatten()
-                    .any(|o| o.controller == Some(true) && o.uid == uid)
+                && apply::controlled_by(meta.owner_references.as_deref().unwrap_or_default(), uid)
         };
         let had_plane = deployments.iter().any(|d| {
             d.metadata.namespace.as_deref() == Some(key.namespace.as_str())
@@ -1317,6 +1368,48 @@ impl Reconciler {
             }
         }
     }
+}
+
+/// Applies a plane rendered for Gateway `gw` ([`Reconciler::apply_dedicated`]): with a
+/// generated token, first makes sure its Secret exists, and renders again with the token the
+/// cluster holds if the watch cache's view of it was stale. Whether the apply changed
+/// anything, and what it applied.
+async fn apply_now(
+    client: Client,
+    settings: RenderSettings,
+    gw: Gateway,
+    config: crate::gateway_config::GatewayConfig,
+    credentials: render::Credentials,
+    plane: render::DataPlane,
+    uid: String,
+) -> Result<(bool, AppliedPlane), String> {
+    let plane = match &plane.auth_secret {
+        Some(secret) => {
+            let (held, key) = apply::ensure_auth_secret(&client, secret, &uid).await?;
+            if held == credentials.auth_token && key == credentials.auth_ref.key {
+                plane
+            } else {
+                // The one render of a plane a round repeats: the Secret holds another token
+                // than the watch cache showed (it lags, or another replica created the
+                // Secret), and the pods read that one. The translation's decision stands:
+                // acceptance and tunnel do not depend on the config-API token.
+                let credentials = credentials.with_auth_token(held, &key);
+                render::render(&gw, &config, &credentials, &settings).map_err(|e| e.to_string())?
+            }
+        }
+        None => plane,
+    };
+    let namespace = plane.deployment.namespace().unwrap_or_default();
+    let go = GoControllerNames::for_gateway(&gw).map_err(|e| e.to_string())?;
+    let applied = apply::apply_plane(&client, &plane, &go, &namespace, &uid, FIELD_MANAGER).await?;
+    Ok((
+        applied.changed,
+        AppliedPlane {
+            digest: rendered_digest(&plane),
+            at: std::time::Instant::now(),
+            fields: OwnedFields::applied(&plane, &applied),
+        },
+    ))
 }
 
 /// Per route, the rules of it that proxy pods refused this round, each with the pod's reason.

@@ -118,16 +118,25 @@ impl Reconciler {
                             );
                         }
                     }
-                    // Events expire: the reason stays in the condition.
-                    None => set_programmed_pending(
-                        &mut conditions,
-                        &match self.render_failures.get(&key) {
-                            Some(reason) => {
-                                format!("the data plane could not be applied: {reason}")
-                            }
-                            None => "the data plane could not be applied".to_owned(),
-                        },
-                    ),
+                    None => match self.applying_first.get(&key) {
+                        Some(address) => {
+                            addresses.push(address.clone());
+                            set_programmed_pending(
+                                &mut conditions,
+                                "the data plane is being applied",
+                            );
+                        }
+                        // Events expire: the reason stays in the condition.
+                        None => set_programmed_pending(
+                            &mut conditions,
+                            &match self.render_failures.get(&key) {
+                                Some(reason) => {
+                                    format!("the data plane could not be applied: {reason}")
+                                }
+                                None => "the data plane could not be applied".to_owned(),
+                            },
+                        ),
+                    },
                 },
                 Some(PlaneKey::Shared) => {
                     addresses.extend(shared_address.clone());
