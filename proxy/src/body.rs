@@ -6,8 +6,12 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -88,6 +92,109 @@ impl<B: Body<Data = Bytes>> Body for Counted<B> {
             }
         }
         Poll::Ready(polled)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// What a [`Quiet`]-bounded body and its request share: whether the response head has come
+/// (no bound after it) and whether the bound ended the body.
+#[derive(Debug, Default)]
+pub struct QuietState {
+    answered: AtomicBool,
+    expired: AtomicBool,
+}
+
+impl QuietState {
+    /// The response head has come: from now on the body may pause as long as it likes (a
+    /// bidirectional stream waits on its peer).
+    pub fn answered(&self) {
+        self.answered.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the body was ended for sending nothing for too long.
+    pub fn expired(&self) -> bool {
+        self.expired.load(Ordering::Relaxed)
+    }
+}
+
+/// A request body sent nothing for the proxy's body timeout before any response came.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body sent nothing for {0:?}")]
+pub struct BodyIdle(Duration);
+
+pin_project_lite::pin_project! {
+    /// Ends a request body with [`BodyIdle`] once it has sent nothing for `timeout` while no
+    /// response head has come: a client that stops mid-upload, or vanishes without a word,
+    /// would otherwise hold its connection, a backend connection and the backend's handler
+    /// for good. Without a state (a body that had ended before it started), a pass-through.
+    /// The timer is armed only when the body first makes the request wait.
+    pub struct Quiet<B> {
+        #[pin]
+        inner: B,
+        timeout: Duration,
+        timer: Option<Pin<Box<tokio::time::Sleep>>>,
+        state: Option<Arc<QuietState>>,
+    }
+}
+
+impl<B> Quiet<B> {
+    pub fn new(inner: B, timeout: Duration, state: Option<Arc<QuietState>>) -> Self {
+        Self {
+            inner,
+            timeout,
+            timer: None,
+            state,
+        }
+    }
+}
+
+impl<B> Body for Quiet<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        if let Poll::Ready(polled) = this.inner.poll_frame(cx) {
+            if let Some(timer) = this.timer {
+                timer
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + *this.timeout);
+            }
+            return Poll::Ready(polled.map(|r| r.map_err(Into::into)));
+        }
+        let Some(state) = this.state else {
+            return Poll::Pending;
+        };
+        if state.answered.load(Ordering::Relaxed) {
+            *this.timer = None;
+            return Poll::Pending;
+        }
+        let timeout = *this.timeout;
+        let timer = this
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        ready!(timer.as_mut().poll(cx));
+        // Checked again: the head may have come while the timer ran.
+        if state.answered.load(Ordering::Relaxed) {
+            *this.timer = None;
+            return Poll::Pending;
+        }
+        state.expired.store(true, Ordering::Relaxed);
+        Poll::Ready(Some(Err(Box::new(BodyIdle(timeout)))))
     }
 
     fn is_end_stream(&self) -> bool {

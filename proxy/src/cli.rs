@@ -107,6 +107,11 @@ pub struct Args {
     #[arg(long, env = "PROXY_BACKEND_HEADER_TIMEOUT", default_value = "60s")]
     pub backend_header_timeout: GoDuration,
 
+    /// How long a request body may send nothing, while no response has come, before the
+    /// request is answered 408: a client that stalls mid-upload frees what it holds.
+    #[arg(long, env = "PROXY_REQUEST_BODY_TIMEOUT", default_value = "60s")]
+    pub request_body_timeout: GoDuration,
+
     /// HTTP/1.1 connections open at once to one backend; a request that finds them all busy
     /// waits for one within its backend timeout, then gets 503.
     #[arg(long, env = "PROXY_BACKEND_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
@@ -185,6 +190,12 @@ impl Args {
         if self.backend_header_timeout.0.is_zero() {
             return Err(
                 "PROXY_BACKEND_HEADER_TIMEOUT must be above 0 (at 0 every request would time out)"
+                    .into(),
+            );
+        }
+        if self.request_body_timeout.0.is_zero() {
+            return Err(
+                "PROXY_REQUEST_BODY_TIMEOUT must be above 0 (at 0 every request with a body would time out)"
                     .into(),
             );
         }

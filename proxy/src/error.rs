@@ -23,6 +23,9 @@ pub enum ProxyError {
     Backend(#[from] ForwardError),
     #[error("request timed out")]
     RequestTimeout,
+    /// The client sent no request body for the proxy's body timeout before any response.
+    #[error("request body timed out")]
+    BodyTimeout,
     #[error("request could not be forwarded: {0}")]
     BadRequest(&'static str),
     /// The rule requires a Cloudflare Access token and the request has no valid one.
@@ -41,6 +44,7 @@ impl ProxyError {
             Self::NoBackend => "no_backend",
             Self::Backend(e) => e.label(),
             Self::RequestTimeout => "request_timeout",
+            Self::BodyTimeout => "body_timeout",
             Self::BadRequest(_) => "bad_request",
             Self::AccessDenied(_) => "access_denied",
         }
@@ -64,6 +68,7 @@ impl ProxyError {
             // now (as Envoy answers a full connection pool).
             Self::Backend(ForwardError::Saturated) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Backend(_) => StatusCode::BAD_GATEWAY,
+            Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::AccessDenied(_) => StatusCode::FORBIDDEN,
         }
@@ -76,7 +81,7 @@ impl ProxyError {
             // own routes): gRPC's UNIMPLEMENTED, as for no match at all.
             Self::NoRoute => "12",
             Self::Unavailable(s) if *s == StatusCode::NOT_FOUND => "12",
-            Self::Backend(ForwardError::Timeout) | Self::RequestTimeout => "4",
+            Self::Backend(ForwardError::Timeout) | Self::RequestTimeout | Self::BodyTimeout => "4",
             Self::Backend(_) => "14",
             Self::Unavailable(_) | Self::NoBackend | Self::NoConfig => "14",
             Self::BadRequest(_) => "3",
@@ -115,6 +120,7 @@ impl ProxyError {
             Self::Unavailable(_) => "route backend is unavailable\n",
             Self::NoBackend => "no backend is available for this route\n",
             Self::Backend(ForwardError::Timeout) | Self::RequestTimeout => "upstream timed out\n",
+            Self::BodyTimeout => "the request body stopped arriving\n",
             Self::Backend(ForwardError::Tls(_)) => "upstream TLS handshake failed\n",
             Self::Backend(ForwardError::Dial(_)) => "upstream connection failed\n",
             Self::Backend(ForwardError::Other(_) | ForwardError::Canceled) => {

@@ -61,6 +61,8 @@ pub struct ServerOptions {
     pub tracer: Option<trace::RequestTracer>,
     pub metrics_enabled: bool,
     pub backend_header_timeout: Duration,
+    /// How long a request body may send nothing before any response comes.
+    pub request_body_timeout: Duration,
     /// HTTP/1.1 connections open at once to one backend; requests beyond wait for one.
     pub backend_max_connections: usize,
     /// Largest config document `PUT /config` accepts.
@@ -85,6 +87,7 @@ impl Default for ServerOptions {
             tracer: None,
             metrics_enabled: true,
             backend_header_timeout: Duration::from_secs(60),
+            request_body_timeout: Duration::from_secs(60),
             backend_max_connections: forward::DEFAULT_MAX_CONNECTIONS,
             max_config_bytes: admin::DEFAULT_MAX_CONFIG_BYTES,
             access: access::AccessSettings::default(),
@@ -135,6 +138,7 @@ impl Server {
             metrics,
             ProxyOptions {
                 backend_header_timeout: options.backend_header_timeout,
+                request_body_timeout: options.request_body_timeout,
                 access_log: options.access_log,
                 access_log_options: options.access_log_options,
                 tracer: options.tracer.clone(),
@@ -272,9 +276,20 @@ async fn anchor_timers() {
     }
 }
 
+/// TCP keep-alive for the data plane's connections, clients' and backends': a peer that
+/// vanishes (a phone leaving coverage, a node losing power) from a connection that waits on
+/// it (a WebSocket, a stalled upload, a response body) is found out within about two
+/// minutes, instead of the connection and what it holds staying for good.
+pub(crate) fn tcp_keepalive() -> socket2::TcpKeepalive {
+    socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(60))
+        .with_interval(Duration::from_secs(15))
+        .with_retries(4)
+}
+
 /// Binds a listener. The IPv6 wildcard (what `:PORT` means) takes both families, as Go's
 /// listeners do, whatever the host's `bindv6only` default; on a host without IPv6 it falls
-/// back to IPv4's wildcard.
+/// back to IPv4's wildcard. Accepted connections inherit its keep-alive ([`tcp_keepalive`]).
 fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     use socket2::{Domain, Protocol, Socket, Type};
     let open = |addr: SocketAddr| -> std::io::Result<TcpListener> {
@@ -283,6 +298,7 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
             socket.set_only_v6(false)?;
         }
         socket.set_reuse_address(true)?;
+        socket.set_tcp_keepalive(&tcp_keepalive())?;
         socket.set_nonblocking(true)?;
         socket.bind(&addr.into())?;
         socket.listen(1024)?;

@@ -103,6 +103,7 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
             .map(|t| crate::trace::RequestTracer::new(t.tracer(crate::cli::SERVICE_NAME))),
         metrics_enabled: args.metrics_enabled,
         backend_header_timeout: args.backend_header_timeout.0,
+        request_body_timeout: args.request_body_timeout.0,
         access: args.access_settings(),
         backend_max_connections: args.backend_max_connections as usize,
         max_config_bytes: args.max_config_bytes as usize,

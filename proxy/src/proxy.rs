@@ -50,6 +50,8 @@ pub use crate::upgrade::{ClientUpgrade, SessionHold, UpgradedIo};
 pub struct ProxyOptions {
     /// Wait for a backend's response head when the rule sets no backend timeout.
     pub backend_header_timeout: Duration,
+    /// How long a request body may send nothing before any response comes ([`body::Quiet`]).
+    pub request_body_timeout: Duration,
     pub access_log: bool,
     /// What the access log's lines carry and how many are written.
     pub access_log_options: AccessLogOptions,
@@ -61,6 +63,7 @@ impl Default for ProxyOptions {
     fn default() -> Self {
         Self {
             backend_header_timeout: Duration::from_secs(60),
+            request_body_timeout: Duration::from_secs(60),
             access_log: false,
             access_log_options: AccessLogOptions::default(),
             tracer: None,
@@ -79,6 +82,7 @@ struct Shared {
     recorder: Arc<Recorder>,
     /// Bounds a try's response head when its rule sets no backend timeout.
     header_timeout: Duration,
+    body_timeout: Duration,
 }
 
 /// The proxy's request handler; cheap to clone.
@@ -106,6 +110,7 @@ impl Proxy {
                 mirrors,
                 recorder: Arc::new(recorder),
                 header_timeout: options.backend_header_timeout,
+                body_timeout: options.request_body_timeout,
             }),
         }
     }
@@ -302,17 +307,25 @@ impl Proxy {
 
         let host_metrics = routes.host_metrics(Some(hit.bucket.id));
         let counted = body::Counted::new(body, host_metrics.request_bytes.clone());
+        let quiet = (!counted.is_end_stream()).then(|| Arc::new(body::QuietState::default()));
+        let counted = body::Quiet::new(counted, self.shared.body_timeout, quiet.clone());
+        let stalled = || quiet.as_ref().is_some_and(|q| q.expired());
         let replay_needed = rule.retry.is_some()
             || !rule.filters.mirrors.is_empty()
             || !backend.filters.mirrors.is_empty();
         // The request timeout bounds reading a buffered body too.
         let deadline = rule.request_timeout.map(|t| Instant::now() + t);
         let read = Payload::read(counted, replay_needed);
-        let body = match deadline {
+        let read = match deadline {
             Some(at) => tokio::time::timeout_at(at, read)
                 .await
-                .map_err(|_| ProxyError::RequestTimeout)??,
-            None => read.await?,
+                .map_err(|_| ProxyError::RequestTimeout)?,
+            None => read.await,
+        };
+        let body = match read {
+            Ok(body) => body,
+            Err(_) if stalled() => return Err(ProxyError::BodyTimeout),
+            Err(e) => return Err(e.into()),
         };
 
         if let Some(bytes) = body.replayable() {
@@ -359,7 +372,14 @@ impl Proxy {
             None => exchange.await,
         };
         completion.log_tries(&tries, sent);
-        let (mut response, try_deadline) = answer?;
+        let (mut response, try_deadline) = match answer {
+            Ok(answer) => answer,
+            Err(_) if stalled() => return Err(ProxyError::BodyTimeout),
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(quiet) = &quiet {
+            quiet.answered();
+        }
 
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
             if let Some(upgrade) = upgrade {

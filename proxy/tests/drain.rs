@@ -104,6 +104,7 @@ fn start_up_refuses_bad_settings_with_a_clear_message() {
     // A zero that would fail every request or every Access token.
     for name in [
         "PROXY_BACKEND_HEADER_TIMEOUT",
+        "PROXY_REQUEST_BODY_TIMEOUT",
         "PROXY_ACCESS_KEYS_MAX_STALE",
     ] {
         let (code, err) = run(&[(name, "0s")], &[]);

@@ -3,6 +3,7 @@
 mod support;
 
 use bytes::Bytes;
+use cftunnel_proxy::ServerOptions;
 use cftunnel_testkit::client::{connect_h2c, connect_http1};
 use http::StatusCode;
 use serde_json::json;
@@ -676,6 +677,200 @@ async fn trailers_of_a_chunked_response_reach_the_client() {
         .await;
         assert!(r.starts_with("HTTP/1.1 200"), "{r}");
         assert!(r.to_ascii_lowercase().contains("x-checksum: abc"), "{r}");
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// Reads a response head (and whatever came with it) until `want` shows, or `wait` passes.
+async fn read_until(s: &mut tokio::net::TcpStream, want: &str, wait: Duration) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let _ = tokio::time::timeout(wait, async {
+        while !String::from_utf8_lossy(&got).contains(want) {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// A client that stops sending its request body, before any response, is answered 408 once
+/// the body timeout passes, and the backend connection it held is let go: a streamed body (the
+/// backend already reading it) and one read first for a retry alike. Without the bound, each
+/// such upload held a client connection, a backend connection and the backend's handler for
+/// good.
+#[tokio::test]
+async fn a_stalled_upload_is_answered_408_and_lets_the_backend_go() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let (gone_tx, mut gone) = tokio::sync::mpsc::unbounded_channel();
+        // Reads the request and its body as they come, answering nothing: a handler that
+        // waits for the whole upload. Says when the proxy drops the connection.
+        let backend = scripted_backend(move |mut conn: tokio::net::TcpStream| {
+            let gone_tx = gone_tx.clone();
+            async move {
+                let mut buf = [0u8; 4096];
+                while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {}
+                let _ = gone_tx.send(());
+            }
+        })
+        .await;
+        let proxy = proxy_with(ServerOptions {
+            request_body_timeout: Duration::from_millis(300),
+            ..ServerOptions::default()
+        })
+        .await;
+        let http = client();
+        let doc = json!({"rules": [
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/retried"}}],
+             "retry": {"codes": [503], "attempts": 2},
+             "backends": [{"url": url(backend), "weight": 1}]},
+            {"backends": [{"url": url(backend), "weight": 1}]},
+        ]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, 200);
+        for (path, length) in [("/streamed", 100_000), ("/retried", 1_000)] {
+            let mut s = tokio::net::TcpStream::connect(proxy.data_addr())
+                .await
+                .expect("connect");
+            s.write_all(
+                format!("POST {path} HTTP/1.1\r\nhost: h\r\ncontent-length: {length}\r\n\r\nfirst bytes")
+                    .as_bytes(),
+            )
+            .await
+            .expect("write");
+            let text = read_until(&mut s, "\r\n\r\n", Duration::from_secs(5)).await;
+            assert!(text.starts_with("HTTP/1.1 408"), "{path}: {text:?}");
+        }
+        // The streamed upload had reached the backend; its connection is closed.
+        tokio::time::timeout(Duration::from_secs(5), gone.recv())
+            .await
+            .expect("the backend connection is let go");
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// Once the response head has come, the request body may pause as long as it likes: a
+/// bidirectional stream waits on its peer. Its later bytes still reach the backend.
+#[tokio::test]
+async fn a_request_body_may_pause_once_the_response_has_come() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // Answers at the head, then sends back each piece of the body as it comes.
+        let backend = scripted_backend(|mut conn: tokio::net::TcpStream| async move {
+            let mut buf = [0u8; 4096];
+            let Ok(n) = conn.read(&mut buf).await else {
+                return;
+            };
+            let mut head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+            if let Some(at) = buf[..n].windows(4).position(|w| w == b"\r\n\r\n") {
+                let rest = &buf[at + 4..n];
+                if !rest.is_empty() {
+                    head.extend_from_slice(format!("{:x}\r\n", rest.len()).as_bytes());
+                    head.extend_from_slice(rest);
+                    head.extend_from_slice(b"\r\n");
+                }
+            }
+            if conn.write_all(&head).await.is_err() {
+                return;
+            }
+            while let Ok(n @ 1..) = conn.read(&mut buf).await {
+                let mut chunk = format!("{n:x}\r\n").into_bytes();
+                chunk.extend_from_slice(&buf[..n]);
+                chunk.extend_from_slice(b"\r\n");
+                if conn.write_all(&chunk).await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+        let proxy = proxy_with(ServerOptions {
+            request_body_timeout: Duration::from_millis(300),
+            ..ServerOptions::default()
+        })
+        .await;
+        let http = client();
+        let doc = json!({"rules": [{"backends": [{"url": url(backend), "weight": 1}]}]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, 200);
+        let mut s = tokio::net::TcpStream::connect(proxy.data_addr())
+            .await
+            .expect("connect");
+        s.write_all(
+            b"POST / HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n4\r\nping\r\n",
+        )
+        .await
+        .expect("write");
+        let first = read_until(&mut s, "ping", Duration::from_secs(5)).await;
+        assert!(
+            first.starts_with("HTTP/1.1 200") && first.contains("ping"),
+            "{first:?}"
+        );
+        // Three times the body timeout without a byte.
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        s.write_all(b"4\r\npong\r\n").await.expect("write");
+        let later = read_until(&mut s, "pong", Duration::from_secs(5)).await;
+        assert!(later.contains("pong"), "{later:?}");
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// The kernel's view of this host's IPv4 TCP sockets: for each (local port, remote port), its
+/// timer kind (`tr` in /proc/net/tcp: 2 is keep-alive).
+fn tcp_timers() -> Vec<(u16, u16, u8)> {
+    let text = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    let port = |addr: &str| {
+        addr.split(':')
+            .nth(1)
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+            .unwrap_or(0)
+    };
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let timer = f.get(5)?.split(':').next()?.parse().ok()?;
+            Some((port(f.get(1)?), port(f.get(2)?), timer))
+        })
+        .collect()
+}
+
+/// The proxy's idle connections, to a client and to a backend, carry TCP keep-alive: a peer
+/// that vanishes without a word is found out rather than held for good.
+#[tokio::test]
+async fn idle_client_and_backend_connections_carry_tcp_keepalive() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let http = client();
+        let proxy = proxy_to(&http, a.http_addr()).await;
+        let mut s = tokio::net::TcpStream::connect(proxy.data_addr())
+            .await
+            .expect("connect");
+        s.write_all(b"GET / HTTP/1.1\r\nhost: h\r\n\r\n")
+            .await
+            .expect("write");
+        let text = read_until(&mut s, "\r\n\r\n", Duration::from_secs(5)).await;
+        assert!(text.starts_with("HTTP/1.1 200"), "{text:?}");
+        let mine = s.local_addr().expect("addr").port();
+        let data = proxy.data_addr().port();
+        let backend = a.http_addr().port();
+        let timers = tcp_timers();
+        // The proxy's end of the client's connection: its port to the client's.
+        assert!(
+            timers.contains(&(data, mine, 2)),
+            "the client connection: {:?}",
+            timers.iter().filter(|t| t.0 == data).collect::<Vec<_>>()
+        );
+        // The proxy's pooled connection to the backend: some port to the backend's.
+        assert!(
+            timers
+                .iter()
+                .any(|&(_, remote, timer)| remote == backend && timer == 2),
+            "the backend connection: {:?}",
+            timers.iter().filter(|t| t.1 == backend).collect::<Vec<_>>()
+        );
     })
     .await
     .expect("test finished in time");

@@ -57,6 +57,7 @@ fn the_proxy_settings_reach_the_pools_proxy_as_the_values_mean_them() {
         ("proxy.tunnel.quicMaxStreams", "tunnel-quic-max-streams"),
         ("proxy.backend.maxConnections", "backend-max-connections"),
         ("proxy.backend.headerTimeout", "backend-header-timeout"),
+        ("proxy.requestBodyTimeout", "request-body-timeout"),
         ("proxy.logFormat", "log-format"),
     ];
     for file in values_files() {

@@ -216,6 +216,10 @@ fn the_schema_refuses_unknown_and_mistyped_values_with_either_helm() {
         ("proxy: {tunnel: {protocol: h3}}", "protocol"),
         ("proxy: {tunnel: {quicMaxStreams: 0}}", "quicMaxStreams"),
         ("proxy: {backend: {headerTimeout: 60}}", "headerTimeout"),
+        // The proxy refuses a zero at start: every pod would crash-loop.
+        ("proxy: {backend: {headerTimeout: 0s}}", "headerTimeout"),
+        ("proxy: {requestBodyTimeout: 0m0s}", "requestBodyTimeout"),
+        ("proxy: {requestBodyTimeout: 1x}", "requestBodyTimeout"),
         ("proxy: {gracePeriodSeconds: 600}", "gracePeriodSeconds"),
         (
             "proxy: {networkPolicy: {monitoringPodSelector: {matchExpressions: [{key: app, operator: Exists}]}}}",

@@ -84,6 +84,7 @@ async fn connect(t: &Target) -> Result<Stream, ConnectError> {
         .map_err(|_| err(ConnectErrorKind::Timeout, "connect timed out".into()))?
         .map_err(|e| err(ConnectErrorKind::Dial, e.to_string()))?;
     let _ = tcp.set_nodelay(true);
+    let _ = socket2::SockRef::from(&tcp).set_tcp_keepalive(&crate::tcp_keepalive());
     let Some(tls) = &t.tls else {
         return Ok(Stream::Plain(tcp));
     };
