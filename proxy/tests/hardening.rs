@@ -205,6 +205,11 @@ async fn versions_are_measured_against_the_version_served_and_json_errors_name_t
         assert_eq!(push(&http, admin, &json!({"version": 6, "rules": []})).await.status, StatusCode::OK);
         assert_eq!(push(&http, admin, &json!({"version": 5, "rules": []})).await.status, StatusCode::CONFLICT);
         assert_eq!(push(&http, admin, &json!({"version": 6, "rules": []})).await.status, StatusCode::OK, "equal is re-applied");
+        // A negative version is refused, naming the field; version 6 stays in service.
+        let r = push(&http, admin, &json!({"version": -1, "rules": []})).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST);
+        assert!(r.json()["error"].as_str().unwrap_or_default().starts_with("version:"), "{:?}", r.body);
+        assert_eq!(push(&http, admin, &json!({"version": 5, "rules": []})).await.status, StatusCode::CONFLICT);
         let r = push_raw(&http, admin, Some(TOKEN), "application/json", Bytes::from_static(br#"{"rules":[{"backends":[{"url":"http://x","weight":"heavy"}]}]}"#)).await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST);
         assert!(r.json()["error"].as_str().unwrap_or_default().contains("rules[0].backends[0].weight"), "{:?}", r.body);

@@ -136,6 +136,16 @@ impl Connector {
         let (registered_tx, registered_rx) = watch::channel(0usize);
         let (done_tx, done_rx) = watch::channel(false);
         let remote_config = RemoteConfigState::new(metrics.config_version.clone());
+        // A connector that never registers (its edge unreachable, its dials refused) says so
+        // at 0, rather than by a series that does not exist and no alert can match.
+        let protocols: &[ProtocolLabel] = match self.opts.protocol {
+            Protocol::Auto => &[ProtocolLabel::Quic, ProtocolLabel::Http2],
+            Protocol::Quic => &[ProtocolLabel::Quic],
+            Protocol::Http2 => &[ProtocolLabel::Http2],
+        };
+        for &protocol in protocols {
+            metrics.connections(protocol);
+        }
         let client_id = Uuid::new_v4();
         let ha = self.opts.ha_connections;
         let ha_backoff = SharedBackoff::new(self.opts.ha_backoff_base, self.opts.retries);

@@ -56,9 +56,17 @@ async fn wrong_credentials_are_refused(protocol: Protocol) {
     wait_until(|| edge.registrations().len() >= 2).await;
     assert_eq!(handle.registered(), 0);
     let p = label(protocol);
-    assert!(metrics_text(&registry).contains(&format!(
+    let text = metrics_text(&registry);
+    assert!(text.contains(&format!(
         "cftunnel_tunnel_registration_failures_total{{protocol=\"{p}\",cause=\"unauthorized\"}}"
     )));
+    // Never connected, and it says so: the not-connected alerts match a 0, not a missing series.
+    assert!(
+        text.contains(&format!(
+            "cftunnel_tunnel_connections{{protocol=\"{p}\"}} 0"
+        )),
+        "{text}"
+    );
     handle.shutdown().await;
     edge.shutdown().await;
 }

@@ -50,6 +50,11 @@ tests:
         values: '4 4 0x28'
       - series: 'cftunnel_tunnel_connections{namespace="tenant-b",pod="api-1",cf_k8s_lex_la_gateway="api",protocol="quic"}'
         values: '4x30'
+      # A pod that never connected (its edge unreachable): each protocol it may use at 0.
+      - series: 'cftunnel_tunnel_connections{namespace="tenant-c",pod="third-1",cf_k8s_lex_la_gateway="third",protocol="quic"}'
+        values: '0x30'
+      - series: 'cftunnel_tunnel_connections{namespace="tenant-c",pod="third-1",cf_k8s_lex_la_gateway="third",protocol="http2"}'
+        values: '0x30'
       - series: 'cftunnel_proxy_requests_in_flight{namespace="tenant-a",pod="edge-1",cf_k8s_lex_la_gateway="edge"}'
         values: '70x30'
       - series: 'cftunnel_proxy_requests_in_flight{namespace="tenant-b",pod="api-1",cf_k8s_lex_la_gateway="api"}'
@@ -88,12 +93,18 @@ tests:
           - exp_labels: {severity: critical, team: edge, namespace: tenant-a, cf_k8s_lex_la_gateway: edge}
             exp_annotations:
               summary: "No pod of the plane in tenant-a (edge) is connected to its tunnel: its hostnames are down."
+          - exp_labels: {severity: critical, team: edge, namespace: tenant-c, cf_k8s_lex_la_gateway: third}
+            exp_annotations:
+              summary: "No pod of the plane in tenant-c (third) is connected to its tunnel: its hostnames are down."
       - eval_time: 6m
         alertname: CftunnelProxyNotConnected
         exp_alerts:
           - exp_labels: {severity: warning, team: edge, namespace: tenant-a, pod: edge-1}
             exp_annotations:
               summary: "tenant-a/edge-1 has no registered tunnel connection."
+          - exp_labels: {severity: warning, team: edge, namespace: tenant-c, pod: third-1}
+            exp_annotations:
+              summary: "tenant-c/third-1 has no registered tunnel connection."
       - eval_time: 20m
         alertname: CftunnelReconcileStalled
         exp_alerts: []
@@ -103,6 +114,9 @@ tests:
           - exp_labels: {severity: warning, team: edge, namespace: tenant-a, pod: edge-1}
             exp_annotations:
               summary: "tenant-a/edge-1 holds fewer than its 4 tunnel connections."
+          - exp_labels: {severity: warning, team: edge, namespace: tenant-c, pod: third-1}
+            exp_annotations:
+              summary: "tenant-c/third-1 holds fewer than its 4 tunnel connections."
       - eval_time: 20m
         alertname: CftunnelInFlightNearTarget
         exp_alerts:

@@ -236,6 +236,17 @@ fn the_controller_takes_the_arguments_the_chart_passes_as_the_values_mean_them()
                 class.metadata.name.clone().unwrap_or_default(),
                 string(&values, "gatewayClass.name")
             );
+            // Helm leaves it in place when the release stops rendering it.
+            assert_eq!(
+                class
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("helm.sh/resource-policy"))
+                    .map(String::as_str),
+                Some("keep"),
+                "{file}"
+            );
         }
         assert_eq!(
             options.translate.cluster_domain,

@@ -185,6 +185,9 @@ impl<'c> Compiler<'c> {
         version: i64,
         has_grpc_route: bool,
     ) -> Result<Routes, ConfigError> {
+        if version < 0 {
+            return Err(ConfigError::NegativeVersion(version));
+        }
         if let Some(refused) = self.refused.take() {
             return Err(ConfigError::Refused(refused));
         }

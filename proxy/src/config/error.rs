@@ -9,6 +9,9 @@ pub enum ConfigError {
     Refused(RuleRefused),
     #[error("stale version {pushed}: version {current} is already applied")]
     Stale { pushed: i64, current: i64 },
+    /// Versions grow from 1; 0 is a document without one.
+    #[error("version: {0} is below 0 (0 is unversioned; versions start at 1)")]
+    NegativeVersion(i64),
     /// The document is not the config JSON; the message names the path (`rules[2].backends[0].weight`).
     #[error("invalid JSON: {0}")]
     Json(String),
