@@ -60,6 +60,20 @@ spec:
     )
 }
 
+/// The shared pool, on the class tunnel of the seed's Secret.
+fn shared_plane() -> SharedPlane {
+    SharedPlane {
+        service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
+        auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
+        auth_key: "token".to_owned(),
+        tunnel_secret: Some((
+            ObjectKey::new("cftunnel-system", "shared-tunnel"),
+            "tunnel-token".to_owned(),
+        )),
+        deployment: None,
+    }
+}
+
 async fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
     let by = Instant::now() + Duration::from_secs(20);
     loop {
@@ -104,16 +118,7 @@ async fn scenario() {
     cloudflare.allow(ACCOUNT, "class-api-token");
     let options = RuntimeOptions {
         resync: Duration::from_millis(150),
-        shared: Some(SharedPlane {
-            service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
-            auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
-            auth_key: "token".to_owned(),
-            tunnel_secret: Some((
-                ObjectKey::new("cftunnel-system", "shared-tunnel"),
-                "tunnel-token".to_owned(),
-            )),
-            deployment: None,
-        }),
+        shared: Some(shared_plane()),
         cloudflare_api_base: cloudflare.base(),
         cloudflare_api_token: Some("flag-api-token".to_owned()),
         push_timeout: Duration::from_secs(2),
@@ -365,4 +370,146 @@ async fn pool_scenario() {
         .await
         .expect("the controller task ends")
         .expect("the controller stops cleanly");
+}
+
+const TENANT_TUNNEL_ID: &str = "5d0f3a2b-7c41-4e96-b8a2-1f6e9c3d7b05";
+
+/// A tenant's dedicated Gateway on a tunnel of its own, in the class's account, whose
+/// GatewayConfig names no API token: the class's writes its ingress document. Route `name`
+/// with `hostname` on it.
+fn tenant_seed() -> String {
+    let token = Token::new(
+        ACCOUNT,
+        b"tenant secret".to_vec(),
+        TENANT_TUNNEL_ID.parse().expect("uuid"),
+    )
+    .encode();
+    format!(
+        r#"
+apiVersion: v1
+kind: Namespace
+metadata: {{name: tenant-a, labels: {{kubernetes.io/metadata.name: tenant-a}}}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: edge-tunnel-token, namespace: tenant-a}}
+stringData: {{tunnel-token: "{token}"}}
+---
+apiVersion: cf.k8s.lex.la/v1alpha1
+kind: GatewayConfig
+metadata: {{name: edge-config, namespace: tenant-a}}
+spec: {{tunnelTokenSecretRef: {{name: edge-tunnel-token}}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: edge, namespace: tenant-a}}
+spec:
+  gatewayClassName: cloudflare-tunnel
+  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: edge-config}}}}
+  listeners: [{{name: http, port: 80, protocol: HTTP}}]
+"#
+    )
+}
+
+fn tenant_route(name: &str, hostname: &str) -> Value {
+    serde_yaml_ng::from_str(&format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: tenant-a}}\nspec: {{parentRefs: [{{name: edge}}], hostnames: [{hostname}], rules: [{{}}]}}\n"
+    ))
+    .expect("a route")
+}
+
+/// The operator's class config breaking (its credentials Secret gone) holds up the class
+/// tunnel, not the tenants: a dedicated plane whose GatewayConfig names no token keeps its
+/// ingress document written with the token the class last gave, and its routes stay accepted.
+#[tokio::test]
+async fn a_broken_class_config_holds_up_no_tenants_tunnel() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let api = ApiServer::builder()
+            .rbac(REQUIRED_RBAC)
+            .seed(format!("{}---{}", seed(), tenant_seed()))
+            .start()
+            .await;
+        api.put(tenant_route("shop", "shop.example.com"));
+        let cloudflare = CloudflareApi::start().await;
+        cloudflare.allow(ACCOUNT, "class-api-token");
+        let tenant_token = Token::new(
+            ACCOUNT,
+            b"tenant secret".to_vec(),
+            TENANT_TUNNEL_ID.parse().expect("uuid"),
+        );
+        cloudflare.add_tunnel(ACCOUNT, TENANT_TUNNEL_ID, &tenant_token.encode());
+        let options = RuntimeOptions {
+            resync: Duration::from_millis(150),
+            translate: cftunnel_controller::translate::Options {
+                proxy_image: Some("proxy:1".to_owned()),
+                ..Default::default()
+            },
+            render: cftunnel_controller::render::RenderSettings {
+                proxy_image: Some("proxy:1".to_owned()),
+                ..Default::default()
+            },
+            shared: Some(shared_plane()),
+            cloudflare_api_base: cloudflare.base(),
+            push_timeout: Duration::from_secs(2),
+            ..RuntimeOptions::default()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let health = std::sync::Arc::new(runtime::health::Health::default());
+        let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
+            let _ = stopped.await;
+        }));
+        let lists = |hostname: &'static str| {
+            let cloudflare = &cloudflare;
+            move || {
+                cloudflare
+                    .config(ACCOUNT, TENANT_TUNNEL_ID)
+                    .filter(|(_, d)| d.to_string().contains(hostname))
+            }
+        };
+        eventually("the tenant's document", lists("shop.example.com")).await;
+
+        // The class config stops resolving.
+        let mut config = api
+            .get("cf.k8s.lex.la/v1alpha1", "GatewayClassConfig", "", "main")
+            .expect("the GatewayClassConfig");
+        config["spec"]["cloudflareCredentialsSecretRef"] = json!({"name": "absent"});
+        api.put(config);
+        let class = || {
+            api.get(
+                "gateway.networking.k8s.io/v1",
+                "GatewayClass",
+                "",
+                "cloudflare-tunnel",
+            )
+            .expect("the GatewayClass")
+        };
+        eventually("the class refused", || {
+            condition(&class(), "Accepted").filter(|c| c.0 == "False")
+        })
+        .await;
+
+        // The tenant's new route still reaches its tunnel, and is accepted.
+        api.put(tenant_route("blog", "blog.example.com"));
+        eventually("the tenant's new hostname", lists("blog.example.com")).await;
+        let accepted = eventually("the new route's status", || {
+            let route = api.get(
+                "gateway.networking.k8s.io/v1",
+                "HTTPRoute",
+                "tenant-a",
+                "blog",
+            )?;
+            let parent = route.pointer("/status/parents/0")?.clone();
+            condition(&json!({"status": parent}), "Accepted")
+        })
+        .await;
+        assert_eq!(accepted.0, "True", "{accepted:?}");
+
+        let _ = stop.send(());
+        controller
+            .await
+            .expect("the controller task ends")
+            .expect("the controller stops cleanly");
+    })
+    .await
+    .expect("in time");
 }

@@ -489,6 +489,11 @@ struct Reconciler {
     push_failure_counts: Family<health::PlaneLabel, Counter>,
     /// The class tunnel and credentials this round runs with ([`class_parameters`]).
     class: ClassSettings,
+    /// The class's API token as of the last round its config resolved (`Some(None)`: it
+    /// named none). While the class config does not resolve, dedicated planes without a token
+    /// of their own keep writing with it: the operator's broken class config is no reason for
+    /// every tenant's routes to go pending.
+    class_api_token: Option<Option<String>>,
     /// Per GatewayClassConfig: its verdict this round, for its status.
     class_configs: BTreeMap<String, ConfigVerdict>,
     /// Per dedicated plane: the config every one of its pods last took and the token they
@@ -613,6 +618,7 @@ impl Reconciler {
             applies: Applies::new(applies::AT_ONCE, wake),
             applying_first: BTreeMap::new(),
             class: ClassSettings::default(),
+            class_api_token: None,
             class_configs: BTreeMap::new(),
             pool_stamp: None,
         }
@@ -671,6 +677,9 @@ impl Reconciler {
             class.shared.tunnel_token.as_ref().map(TunnelIdentity::of);
         translate_options.refused_classes = class.refused;
         self.class = class.shared;
+        if self.class.held.is_none() {
+            self.class_api_token = Some(self.class.api_token.clone());
+        }
         self.class_configs = class.configs;
         // Each dedicated plane is rendered once a round: the translation accepts its Gateway by
         // this render, and the same render is applied below.
@@ -1080,17 +1089,17 @@ impl Reconciler {
                     })
             }
             // The class's token (the controller's own by default) reaches tunnels the tenant
-            // may not own: prove it does. While the class config does not resolve, none.
-            None => match &self.class.held {
-                Some(reason) => Err(format!(
-                    "no Cloudflare API token: GatewayConfig {}/{config_name} names none, and the class's: {reason}",
-                    key.namespace
-                )),
-                None => Ok(self
-                    .class
-                    .api_token
+            // may not own: prove it does. While the class config does not resolve, the one it
+            // last gave; none if it has not resolved since this replica leads.
+            None => match &self.class_api_token {
+                Some(token) => Ok(token
                     .clone()
                     .map(|token| (token, Some(credentials.tunnel.tunnel_secret().to_vec())))),
+                None => Err(format!(
+                    "no Cloudflare API token: GatewayConfig {}/{config_name} names none, and the class's: {}",
+                    key.namespace,
+                    self.class.held.as_deref().unwrap_or("the class config does not resolve")
+                )),
             },
         };
         let tunnel = match api_token {
