@@ -308,6 +308,9 @@ pub struct RequestMirror {
     /// name its owner picked cannot send them into the cluster or the node. Absent: false.
     #[serde(default, skip_serializing_if = "is_false")]
     pub public_only: bool,
+    /// As a backend's `tls`, for an `https` mirror; absent: the platform's web roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<BackendTls>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -405,8 +408,11 @@ impl Default for Backend {
     }
 }
 
+/// Read also in the Go implementation's spelling, which its controller pushes: URI names in
+/// `subjectAltNameUris`, and the client certificate as `clientCertPem` and `clientKeyPem`
+/// (PEM, base64 as JSON carries bytes). Written in this crate's own.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", try_from = "BackendTlsWire")]
 pub struct BackendTls {
     /// PEM bundle of CA certificates; absent: the platform's web roots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -443,6 +449,66 @@ pub struct ClientCertificate {
 }
 
 /// The key is left out: documents are logged at debug level.
+/// [`BackendTls`] as either implementation writes it.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BackendTlsWire {
+    #[serde(default)]
+    ca_bundle: Option<String>,
+    #[serde(default)]
+    server_name: Option<String>,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    subject_alt_names: Vec<String>,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    subject_alt_name_uris: Vec<String>,
+    #[serde(default)]
+    client_certificate: Option<ClientCertificate>,
+    #[serde(default)]
+    client_cert_pem: Option<String>,
+    #[serde(default)]
+    client_key_pem: Option<String>,
+}
+
+impl TryFrom<BackendTlsWire> for BackendTls {
+    type Error = String;
+
+    fn try_from(w: BackendTlsWire) -> Result<Self, String> {
+        use base64::Engine as _;
+        let pem = |field: &str, text: &str| {
+            base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .ok()
+                .and_then(|bytes| String::from_utf8(bytes).ok())
+                .ok_or_else(|| format!("{field}: not base64-encoded PEM"))
+        };
+        let go_pair = match (&w.client_cert_pem, &w.client_key_pem) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some(ClientCertificate {
+                certificate_chain: pem("clientCertPem", cert)?,
+                private_key: pem("clientKeyPem", key)?,
+            }),
+            _ => return Err("clientCertPem and clientKeyPem: set both or neither".to_owned()),
+        };
+        let client_certificate = match (w.client_certificate, go_pair) {
+            (Some(_), Some(_)) => {
+                return Err(
+                    "clientCertificate and clientCertPem: one client certificate, not two"
+                        .to_owned(),
+                )
+            }
+            (ours, go) => ours.or(go),
+        };
+        let mut subject_alt_names = w.subject_alt_names;
+        subject_alt_names.extend(w.subject_alt_name_uris);
+        Ok(Self {
+            ca_bundle: w.ca_bundle,
+            server_name: w.server_name,
+            subject_alt_names,
+            client_certificate,
+        })
+    }
+}
+
 impl std::fmt::Debug for ClientCertificate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientCertificate")

@@ -95,3 +95,70 @@ fn mirror_public_only_defaults_to_false_and_is_written_only_when_set() {
     let text = serde_json::to_string(&set).unwrap();
     assert!(text.contains(r#""publicOnly":true"#), "{text}");
 }
+
+/// The Go implementation's spelling of backend TLS (URI names apart, the client certificate as
+/// base64 PEM bytes), which its controller pushes, reads as this crate's; a half pair or two
+/// certificates are refused, naming the fields.
+#[test]
+fn backend_tls_reads_the_go_spelling_too() {
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let tls = |value: serde_json::Value| serde_json::from_value::<BackendTls>(value);
+    let go = tls(serde_json::json!({
+        "caBundle": "CA", "serverName": "api.internal",
+        "subjectAltNames": ["api.internal"],
+        "subjectAltNameUris": ["spiffe://cluster.local/ns/shop/sa/api"],
+        "clientCertPem": b64("CERT"), "clientKeyPem": b64("KEY"),
+    }))
+    .expect("the Go spelling reads");
+    let ours = tls(serde_json::json!({
+        "caBundle": "CA", "serverName": "api.internal",
+        "subjectAltNames": ["api.internal", "spiffe://cluster.local/ns/shop/sa/api"],
+        "clientCertificate": {"certificateChain": "CERT", "privateKey": "KEY"},
+    }))
+    .expect("this crate's spelling reads");
+    assert_eq!(go, ours);
+    // Written in this crate's spelling, and read back the same.
+    let written = serde_json::to_value(&go).expect("writes");
+    assert!(written.get("clientCertPem").is_none(), "{written}");
+    assert_eq!(tls(written).expect("reads back"), ours);
+
+    for (value, named) in [
+        (
+            serde_json::json!({"clientCertPem": b64("CERT")}),
+            "clientKeyPem",
+        ),
+        (
+            serde_json::json!({"clientCertPem": "not base64!", "clientKeyPem": b64("KEY")}),
+            "clientCertPem",
+        ),
+        (
+            serde_json::json!({"clientCertPem": b64("C"), "clientKeyPem": b64("K"),
+                "clientCertificate": {"certificateChain": "C", "privateKey": "K"}}),
+            "clientCertificate",
+        ),
+    ] {
+        let err = tls(value).expect_err("refused").to_string();
+        assert!(err.contains(named), "{err}");
+    }
+}
+
+/// A mirror's TLS settings, as a backend's: read when set, written only then.
+#[test]
+fn mirror_tls_is_read_and_written_only_when_set() {
+    let plain: RequestMirror =
+        serde_json::from_value(serde_json::json!({"backendUrl": "http://m"})).expect("reads");
+    assert_eq!(plain.tls, None);
+    assert!(serde_json::to_value(&plain)
+        .expect("writes")
+        .get("tls")
+        .is_none());
+    let secure: RequestMirror = serde_json::from_value(serde_json::json!({
+        "backendUrl": "https://m", "tls": {"serverName": "m.internal"}
+    }))
+    .expect("reads");
+    assert_eq!(
+        secure.tls.and_then(|t| t.server_name).as_deref(),
+        Some("m.internal")
+    );
+}

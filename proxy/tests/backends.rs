@@ -1474,3 +1474,68 @@ async fn public_only_mirrors_send_no_copy_to_addresses_that_are_not_public() {
     .await
     .expect("test finished in time");
 }
+
+/// A mirror dialled over TLS checks the mirror's certificate as a backend's would (its CA and
+/// server name) and gets its copies; one whose name does not match gets none.
+#[tokio::test]
+async fn a_tls_mirror_gets_its_copies_over_verified_tls() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let (acceptors, ca) = backend_tls(&[&[]]);
+        let acceptor = acceptors[0].clone();
+        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let mirror = scripted_backend(move |tcp| {
+            let acceptor = acceptor.clone();
+            let seen_tx = seen_tx.clone();
+            async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut buf = vec![0u8; 4096];
+                let Ok(n) = tls.read(&mut buf).await else {
+                    return;
+                };
+                let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let _ = seen_tx.send(head.split_whitespace().nth(1).unwrap_or("").to_owned());
+                let _ = tls
+                    .write_all(b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n")
+                    .await;
+                let _ = tls.shutdown().await;
+            }
+        })
+        .await;
+        let a = echo("svc-a-1").await;
+        let proxy = proxy().await;
+        let http = client();
+        let https = format!("https://127.0.0.1:{}", mirror.port());
+        let mirrored = |name: &str| {
+            json!({"filters": [{"type": "RequestMirror", "requestMirror": {"backendUrl": https,
+                "tls": {"caBundle": ca, "serverName": name}}}],
+                "backends": [{"url": url(a.http_addr()), "weight": 1}]})
+        };
+        let doc = json!({"rules": [
+            rule("/impostor", mirrored("impostor.internal")),
+            rule("/copied", mirrored("backend.internal")),
+        ]});
+        let r = push(&http, proxy.admin_addr(), &doc).await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        let d = proxy.data_addr();
+        assert_eq!(
+            get(&http, d, "h", "/impostor", &[]).await.status,
+            StatusCode::OK
+        );
+        assert_eq!(
+            get(&http, d, "h", "/copied", &[]).await.status,
+            StatusCode::OK
+        );
+        let path = tokio::time::timeout(Duration::from_secs(5), seen.recv())
+            .await
+            .expect("a copy")
+            .expect("the mirror runs");
+        assert_eq!(
+            path, "/copied",
+            "only the mirror whose name matches is sent a copy"
+        );
+    })
+    .await
+    .expect("test finished in time");
+}

@@ -192,8 +192,20 @@ fn some_filters<F: Keep>(
                     ));
                 }
                 let target = cache
-                    .target(&m.backend_url, m.protocol, false, None, m.public_only)
-                    .map_err(|e| Invalid::new(at.field("backendUrl"), e.message))?;
+                    .target(
+                        &m.backend_url,
+                        m.protocol,
+                        false,
+                        m.tls.as_ref(),
+                        m.public_only,
+                    )
+                    .map_err(|e| {
+                        let field = match e.field.as_str() {
+                            "url" => "backendUrl",
+                            tls => tls,
+                        };
+                        Invalid::new(at.field(field), e.message)
+                    })?;
                 if F::BUILD {
                     out.mirrors.push(Mirror {
                         target: target.clone(),

@@ -790,10 +790,8 @@ fn convert_filter(
                     ref_errors.push(e);
                     return Ok(FilterOutcome::Skip);
                 }
-                // Mirrors are sent in clear text: a backend dialled over TLS gets no copies.
-                Ok(resolved) if resolved.tls.is_some() || resolved.tls_refused => {
-                    return Ok(FilterOutcome::Skip)
-                }
+                // A BackendTLSPolicy that cannot be used fails the backend closed: no copies.
+                Ok(resolved) if resolved.tls_refused => return Ok(FilterOutcome::Skip),
                 Ok(resolved) => match backend::mirror_url(&resolved) {
                     None => return Ok(FilterOutcome::Skip),
                     Some(backend_url) => {
@@ -803,6 +801,8 @@ fn convert_filter(
                             percent,
                             protocol: protocol.unwrap_or(resolved.protocol),
                             public_only: resolved.public_only,
+                            // Copies go over TLS as the backend's requests do.
+                            tls: resolved.tls.map(|tls| *tls),
                         });
                         out
                     }

@@ -695,13 +695,24 @@ fn partition_dedup<T: PartialEq + Copy>(values: &mut [T]) -> usize {
     distinct
 }
 
-/// Gives every backend of `rule` dialled over TLS the Gateway's client certificate, presented
-/// when the backend asks for one (Gateway API `spec.tls.backend.clientCertificateRef`).
+/// Gives every backend of `rule` dialled over TLS, and every mirror, the Gateway's client
+/// certificate, presented when the backend asks for one (Gateway API
+/// `spec.tls.backend.clientCertificateRef`).
 fn present_client_certificate(
     rule: &mut cftunnel_config::Rule,
     certificate: &cftunnel_config::ClientCertificate,
 ) {
-    for tls in rule.backends.iter_mut().filter_map(|b| b.tls.as_mut()) {
+    fn mirror_tls(f: &mut cftunnel_config::Filter) -> Option<&mut cftunnel_config::BackendTls> {
+        f.request_mirror.as_mut()?.tls.as_mut()
+    }
+    let rule_mirrors = rule.filters.iter_mut().filter_map(mirror_tls);
+    let backends = rule.backends.iter_mut().flat_map(|b| {
+        b.filters
+            .iter_mut()
+            .filter_map(mirror_tls)
+            .chain(b.tls.as_mut())
+    });
+    for tls in rule_mirrors.chain(backends) {
         tls.client_certificate = Some(certificate.clone());
     }
 }

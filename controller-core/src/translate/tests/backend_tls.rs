@@ -589,3 +589,51 @@ fn a_gateway_presents_its_client_certificate_to_its_tls_backends_only() {
         .collect();
     assert_eq!(names, ["gw", "mtls"]);
 }
+
+/// A mirror to a Service port dialled over TLS gets its copies over TLS with the backend's
+/// settings: the policy's name, and the Gateway's client certificate.
+#[test]
+fn a_mirror_to_a_tls_backend_is_sent_over_tls_with_the_gateways_certificate() {
+    let client = TestPki::for_names(&["client"]).expect("pki");
+    let extra = [
+        SECURE.to_owned(),
+        gateway_with_client_cert("{name: own}"),
+        tls_secret("infra", "own", &client),
+        policy(
+            "p",
+            "2024-01-01T00:00:00Z",
+            "{group: \"\", kind: Service, name: secure}",
+            "{wellKnownCACertificates: System, hostname: a.internal}",
+        ),
+        http_route(
+            "infra",
+            "copied",
+            "  parentRefs: [{name: mtls}]\n  rules:\n  - filters: [{type: RequestMirror, requestMirror: {backendRef: {name: secure, port: 8443}}}]\n    backendRefs: [{name: v2, port: 8080}]",
+        ),
+    ]
+    .concat();
+    let out = run(&extra);
+    let rule = shared(&out)
+        .rules
+        .iter()
+        .find(|r| r.name.as_deref() == Some("infra/copied/0"))
+        .expect("the route's rule");
+    let mirror = rule
+        .filters
+        .iter()
+        .find_map(|f| f.request_mirror.as_ref())
+        .expect("the mirror is kept");
+    assert!(
+        mirror.backend_url.starts_with("https://"),
+        "{}",
+        mirror.backend_url
+    );
+    let tls = mirror.tls.as_ref().expect("the mirror's TLS settings");
+    assert_eq!(tls.server_name.as_deref(), Some("a.internal"));
+    assert_eq!(
+        tls.client_certificate
+            .as_ref()
+            .map(|c| c.certificate_chain.as_str()),
+        Some(client.leaf_pem().as_str())
+    );
+}
