@@ -1900,6 +1900,69 @@ async fn an_apply_that_hangs_holds_up_no_push_and_no_other_plane() {
     .expect("in time");
 }
 
+/// A plane whose new render fails to apply is reported as it runs, not as the render would
+/// make it: with its connector token moved to another tunnel and the apply failing, its pods
+/// are still on the old tunnel, and its Gateway's address stays there until the apply lands.
+#[tokio::test]
+async fn a_plane_whose_apply_fails_is_reported_on_the_tunnel_its_pods_are_on() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        let address = || {
+            t.api
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-a",
+                    "edge",
+                )
+                .and_then(|g| g.pointer("/status/addresses/0/value").cloned())
+        };
+        let on = |id: &str| json!(format!("{id}.cfargotunnel.com"));
+        eventually("the plane applied", || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+        })
+        .await;
+        eventually("the address", || address().filter(|a| *a == on(TUNNEL_ID))).await;
+
+        let failing = t.api.fail(500, |c| {
+            c.method == "PATCH"
+                && c.kind == "Deployment"
+                && c.body.pointer("/metadata/namespace") == Some(&json!("tenant-a"))
+        });
+        let moved = Token::new("acct", b"moved secret".to_vec(), uuid_of(OTHER_TUNNEL_ID)).encode();
+        t.api.put(yaml(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: edge-tunnel-token, namespace: tenant-a}}\nstringData: {{tunnel-token: \"{moved}\"}}\n"
+        )));
+        eventually("the failed apply reported", || {
+            t.api
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-a",
+                    "edge",
+                )
+                .and_then(|g| condition(&g["status"]["conditions"], "Programmed").cloned())
+                .filter(|c| {
+                    c["message"]
+                        .as_str()
+                        .is_some_and(|m| m.starts_with("the data plane could not be applied"))
+                })
+        })
+        .await;
+        assert_eq!(address(), Some(on(TUNNEL_ID)), "still where the pods are");
+
+        drop(failing);
+        eventually("the address once applied", || {
+            address().filter(|a| *a == on(OTHER_TUNNEL_ID))
+        })
+        .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// Configs that another controller's GatewayClasses or Gateways name are that controller's to
 /// judge: two installations writing their own `InUse` or `Valid` would overwrite each other at
 /// every round. A GatewayConfig no Gateway names is still reported as not in use.

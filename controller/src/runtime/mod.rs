@@ -509,24 +509,47 @@ struct AppliedPlane {
     at: std::time::Instant,
     /// What the applies returned of the fields the render sets ([`drift`]).
     fields: OwnedFields,
+    /// What its pods were applied with.
+    served: Served,
+}
+
+/// What a plane's pods run with, as far as its round needs: the tokens (connector and config
+/// API) and the names of its objects. A plane whose new render is not applied yet, or failed
+/// to apply, is pushed to and documented as it runs, not as it would after the apply: with a
+/// changed tunnel token, say, its pods are still on the old tunnel.
+#[derive(Clone)]
+struct Served {
+    credentials: render::Credentials,
+    names: PlaneNames,
+    address: String,
+}
+
+impl Served {
+    fn of(credentials: render::Credentials, plane: &render::DataPlane) -> Self {
+        Self {
+            credentials,
+            names: plane.names.clone(),
+            address: plane.address.clone(),
+        }
+    }
 }
 
 /// Where a plane's apply stands in a round.
 enum Applying {
     /// Applied lately, and its objects still hold what was applied.
-    Intact(render::Credentials, render::DataPlane),
-    /// Being applied, or waiting for a free apply; with its render when the plane was applied
-    /// before: its pods run as last applied and still take their routes.
-    Pending(Option<(render::Credentials, render::DataPlane)>),
+    Intact(Served),
+    /// Being applied, or waiting for a free apply; with what its pods run with when the plane
+    /// was applied before: they still take their routes.
+    Pending(Option<Served>),
     /// Not applied: see [`NotApplied`].
     Failed(NotApplied),
 }
 
-/// Why a plane was not applied, with its render when the plane was applied before (as in
-/// [`Applying::Pending`]).
+/// Why a plane was not applied, with what its pods run with when the plane was applied before
+/// (as in [`Applying::Pending`]).
 struct NotApplied {
     reason: String,
-    as_applied: Option<(render::Credentials, render::DataPlane)>,
+    as_applied: Option<Served>,
 }
 
 /// An apply as its task hands it back.
@@ -1043,10 +1066,14 @@ impl Reconciler {
                 as_applied: None,
             }),
         };
-        let (credentials, plane) = match applied {
-            Applying::Intact(credentials, plane) => {
+        let Served {
+            credentials,
+            names,
+            address,
+        } = match applied {
+            Applying::Intact(served) => {
                 self.render_failures.remove(key);
-                (credentials, plane)
+                served
             }
             Applying::Pending(Some(as_applied)) => as_applied,
             Applying::Pending(None) => {
@@ -1064,7 +1091,7 @@ impl Reconciler {
             .iter()
             .find(|d| {
                 d.metadata.namespace.as_deref() == Some(key.namespace.as_str())
-                    && d.metadata.name.as_deref() == Some(plane.names.deployment.as_str())
+                    && d.metadata.name.as_deref() == Some(names.deployment.as_str())
             })
             .and_then(|d| d.status.as_ref())
             .and_then(|s| s.ready_replicas)
@@ -1073,7 +1100,7 @@ impl Reconciler {
         let slices: Vec<_> = snapshot
             .endpoint_slices
             .iter()
-            .filter(|s| serves(s, &key.namespace, &plane.names.service))
+            .filter(|s| serves(s, &key.namespace, &names.service))
             .cloned()
             .collect();
         let api_token = match &config.spec.cloudflare_credentials_secret_ref {
@@ -1113,11 +1140,11 @@ impl Reconciler {
             Err(reason) => Some(Err(reason)),
         };
         Some(PlaneInfo {
-            address: plane.address,
+            address,
             ready,
             token: credentials.auth_token,
             pods: push::pod_addresses(&slices, CONFIG_PORT_NAME),
-            service: ObjectKey::new(&key.namespace, &plane.names.service),
+            service: ObjectKey::new(&key.namespace, &names.service),
             identity: Some(TunnelIdentity::of(&credentials.tunnel)),
             tunnel,
         })
@@ -1145,21 +1172,27 @@ impl Reconciler {
                 && drift::secret_intact(&plane, live)
         });
         if intact {
-            return Applying::Intact(credentials, plane);
+            return Applying::Intact(Served::of(credentials, &plane));
         }
-        // A plane running before this replica led (a restart, a new leader) was applied
-        // before too: its pods take their routes while it is applied again.
-        let applied_before = self.applied.contains_key(&uid)
-            || live.deployment.is_some_and(|d| {
-                apply::controlled_by(
-                    d.metadata.owner_references.as_deref().unwrap_or_default(),
-                    &uid,
-                )
-            });
+        // As applied by this replica; else a plane running before this replica led (a
+        // restart, a new leader), whose pods run with what this render says as far as the
+        // caches tell: its pods take their routes while it is applied again.
+        let as_applied = match self.applied.get(&uid) {
+            Some(applied) => Some(applied.served.clone()),
+            None => live
+                .deployment
+                .is_some_and(|d| {
+                    apply::controlled_by(
+                        d.metadata.owner_references.as_deref().unwrap_or_default(),
+                        &uid,
+                    )
+                })
+                .then(|| Served::of(credentials.clone(), &plane)),
+        };
         if let Some(error) = self.apply_failures.error(&uid, &digest) {
             return Applying::Failed(NotApplied {
                 reason: error.to_owned(),
-                as_applied: applied_before.then_some((credentials, plane)),
+                as_applied,
             });
         }
         let running = self.applies.running(&uid);
@@ -1167,9 +1200,8 @@ impl Reconciler {
         let start =
             running != Some(digest.as_slice()) && (running.is_some() || !self.applies.is_full());
         if !start {
-            return Applying::Pending(applied_before.then_some((credentials, plane)));
+            return Applying::Pending(as_applied);
         }
-        let as_applied = applied_before.then(|| (credentials.clone(), plane.clone()));
         let key = ObjectKey::new(
             gw.metadata.namespace.as_deref().unwrap_or_default(),
             gw.name_any(),
@@ -1392,21 +1424,23 @@ async fn apply_now(
     plane: render::DataPlane,
     uid: String,
 ) -> Result<(bool, AppliedPlane), String> {
-    let plane = match &plane.auth_secret {
+    let (credentials, plane) = match &plane.auth_secret {
         Some(secret) => {
             let (held, key) = apply::ensure_auth_secret(&client, secret, &uid).await?;
             if held == credentials.auth_token && key == credentials.auth_ref.key {
-                plane
+                (credentials, plane)
             } else {
                 // The one render of a plane a round repeats: the Secret holds another token
                 // than the watch cache showed (it lags, or another replica created the
                 // Secret), and the pods read that one. The translation's decision stands:
                 // acceptance and tunnel do not depend on the config-API token.
                 let credentials = credentials.with_auth_token(held, &key);
-                render::render(&gw, &config, &credentials, &settings).map_err(|e| e.to_string())?
+                let plane = render::render(&gw, &config, &credentials, &settings)
+                    .map_err(|e| e.to_string())?;
+                (credentials, plane)
             }
         }
-        None => plane,
+        None => (credentials, plane),
     };
     let namespace = plane.deployment.namespace().unwrap_or_default();
     let go = GoControllerNames::for_gateway(&gw).map_err(|e| e.to_string())?;
@@ -1417,6 +1451,7 @@ async fn apply_now(
             digest: rendered_digest(&plane),
             at: std::time::Instant::now(),
             fields: OwnedFields::applied(&plane, &applied),
+            served: Served::of(credentials, &plane),
         },
     ))
 }
