@@ -1963,6 +1963,64 @@ async fn a_plane_whose_apply_fails_is_reported_on_the_tunnel_its_pods_are_on() {
     .expect("in time");
 }
 
+/// A generated token Secret that cannot be created (a quota, an admission policy) fails the
+/// apply, which waits before it is tried again like any failed apply: the token drawn for the
+/// Secret is kept from round to round, so the render, and the wait held under it, stay the
+/// same. The Gateway says why.
+#[tokio::test]
+async fn a_token_secret_that_cannot_be_created_waits_before_it_is_tried_again() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&attempts);
+        let mut refused = None;
+        let t = Tenant::start_with("replicas: 1", |api| {
+            // Without authTokenSecretRef: the controller generates the token Secret.
+            api.put(yaml(
+                "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: edge-config, namespace: tenant-a}\nspec: {tunnelTokenSecretRef: {name: edge-tunnel-token}}\n",
+            ));
+            refused = Some(api.forbid(move |c| {
+                let ours = c.method == "POST"
+                    && c.kind == "Secret"
+                    && c.body.pointer("/metadata/name") == Some(&json!("cf-proxy-edge-auth"));
+                if ours {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                }
+                ours
+            }));
+        })
+        .await;
+        let refused = refused.expect("Secret creation refused");
+        eventually("an apply", || {
+            (attempts.load(Ordering::SeqCst) > 0).then_some(())
+        })
+        .await;
+        // Rounds every 100 ms (and at each change) meanwhile: none creates it again.
+        t.rounds(3, Duration::from_millis(500)).await;
+        assert_eq!(attempts.load(Ordering::SeqCst), 1, "tried once");
+        let programmed = t
+            .api
+            .get(
+                "gateway.networking.k8s.io/v1",
+                "Gateway",
+                "tenant-a",
+                "edge",
+            )
+            .and_then(|g| condition(&g["status"]["conditions"], "Programmed").cloned())
+            .expect("Programmed");
+        assert!(
+            programmed["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("the data plane could not be applied")),
+            "{programmed}"
+        );
+        drop(refused);
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// Configs that another controller's GatewayClasses or Gateways name are that controller's to
 /// judge: two installations writing their own `InUse` or `Valid` would overwrite each other at
 /// every round. A GatewayConfig no Gateway names is still reported as not in use.

@@ -10,7 +10,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use tokio::sync::Notify;
-use tokio::task::{AbortHandle, JoinSet};
+use tokio::task::{AbortHandle, Id, JoinSet};
 
 /// Applies at once, at most. Each is a few requests in a row, so this many keep the API server
 /// busy enough at start without a burst its priority and fairness limits would queue.
@@ -20,6 +20,9 @@ pub const AT_ONCE: usize = 16;
 pub struct Applies<T> {
     tasks: JoinSet<(String, T)>,
     running: HashMap<String, Running>,
+    /// Applies of earlier renders, dropped for a later one: one that had already finished still
+    /// wrote its render, and its outcome is still read.
+    superseded: HashMap<Id, Vec<u8>>,
     wake: Arc<Notify>,
     limit: usize,
 }
@@ -35,6 +38,7 @@ impl<T: Send + 'static> Applies<T> {
         Self {
             tasks: JoinSet::new(),
             running: HashMap::new(),
+            superseded: HashMap::new(),
             wake,
             limit: limit.max(1),
         }
@@ -51,14 +55,18 @@ impl<T: Send + 'static> Applies<T> {
     }
 
     /// Starts `apply`, of the render `digest`, under `uid`. An apply of an earlier render under
-    /// it is dropped: what it was writing is superseded.
+    /// it is dropped: what it was writing is superseded. (One that finished meanwhile is read
+    /// all the same: its render is what the plane runs until this one lands.)
     pub fn start(
         &mut self,
         uid: String,
         digest: Vec<u8>,
         apply: impl Future<Output = T> + Send + 'static,
     ) {
-        self.abort(&uid);
+        if let Some(earlier) = self.running.remove(&uid) {
+            earlier.task.abort();
+            self.superseded.insert(earlier.task.id(), earlier.digest);
+        }
         let wake = Arc::clone(&self.wake);
         let key = uid.clone();
         let task = self.tasks.spawn(async move {
@@ -69,7 +77,7 @@ impl<T: Send + 'static> Applies<T> {
         self.running.insert(uid, Running { digest, task });
     }
 
-    /// Drops the apply under `uid`, if one runs.
+    /// Drops the apply under `uid`, if one runs, and its outcome.
     pub fn abort(&mut self, uid: &str) {
         if let Some(running) = self.running.remove(uid) {
             running.task.abort();
@@ -90,20 +98,29 @@ impl<T: Send + 'static> Applies<T> {
     /// Drops every apply running.
     pub fn abort_all(&mut self) {
         self.running.clear();
+        self.superseded.clear();
         self.tasks.abort_all();
     }
 
-    /// The applies finished since the last call, each with its uid and the digest it applied.
-    /// One dropped, or superseded after it finished, is not among them.
+    /// The applies finished since the last call, each with its uid and the digest it applied,
+    /// in the order they finished. One dropped is not among them; one superseded is, if it
+    /// finished before it was dropped.
     pub fn finished(&mut self) -> Vec<(String, Vec<u8>, T)> {
         let mut done = Vec::new();
         while let Some(joined) = self.tasks.try_join_next_with_id() {
-            // Aborted ones end cancelled; a panic is the apply's bug, and its plane is applied
-            // again by a later round.
-            let Ok((id, (uid, outcome))) = joined else {
-                continue;
+            let (id, uid, outcome) = match joined {
+                Ok((id, (uid, outcome))) => (id, uid, outcome),
+                // Aborted, or a panic (the apply's bug): its render is applied again by a
+                // later round, and its place is free.
+                Err(e) => {
+                    self.superseded.remove(&e.id());
+                    self.running.retain(|_, r| r.task.id() != e.id());
+                    continue;
+                }
             };
-            if self.running.get(&uid).is_some_and(|r| r.task.id() == id) {
+            if let Some(digest) = self.superseded.remove(&id) {
+                done.push((uid, digest, outcome));
+            } else if self.running.get(&uid).is_some_and(|r| r.task.id() == id) {
                 if let Some(running) = self.running.remove(&uid) {
                     done.push((uid, running.digest, outcome));
                 }
@@ -143,7 +160,8 @@ mod tests {
     #[tokio::test]
     async fn a_new_render_supersedes_the_apply_of_the_old_one() {
         let mut applies = Applies::new(4, Arc::new(Notify::new()));
-        // The old render's apply finishes before the new one starts: its outcome is stale.
+        // The old render's apply finishes before the new one starts: it was written, and its
+        // outcome is read, before the new one's.
         applies.start("a".into(), vec![1], async { "old" });
         tokio::time::sleep(Duration::from_millis(10)).await;
         let (release, released) = tokio::sync::oneshot::channel::<()>();
@@ -151,13 +169,32 @@ mod tests {
             let _ = released.await;
             "new"
         });
-        assert!(settle(&mut applies).await.is_empty(), "the old outcome");
+        assert_eq!(
+            settle(&mut applies).await,
+            vec![("a".to_owned(), vec![1], "old")]
+        );
         assert_eq!(applies.running("a"), Some(&[2u8][..]));
+        // One still running when superseded is dropped, outcome and all.
+        applies.start("a".into(), vec![3], async { "newest" });
         let _ = release.send(());
         assert_eq!(
             settle(&mut applies).await,
-            vec![("a".to_owned(), vec![2], "new")]
+            vec![("a".to_owned(), vec![3], "newest")]
         );
+    }
+
+    #[tokio::test]
+    async fn a_panicking_apply_frees_its_place() {
+        let mut applies = Applies::new(1, Arc::new(Notify::new()));
+        applies.start("a".into(), vec![1], async {
+            panic!("a bug in an apply");
+            #[allow(unreachable_code)]
+            "never"
+        });
+        assert!(applies.is_full());
+        assert!(settle(&mut applies).await.is_empty());
+        assert!(!applies.is_full());
+        assert_eq!(applies.running("a"), None, "applied again by a later round");
     }
 
     #[tokio::test]

@@ -6,7 +6,7 @@
 //! selector (which the API server does not let change) is not ours is deleted and created anew,
 //! and that controller's objects whose names ours do not share (its NetworkPolicy) go.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -309,22 +309,33 @@ pub fn fresh_token() -> Result<String, RenderError> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// A fresh token for each Gateway of `snapshot` that names a `GatewayConfig`, for
-/// [`render::plan`]: only those whose generated Secret does not exist yet use theirs. A Gateway
-/// the random source gave none is left out (its plan then says why, if it needed one).
-pub fn fresh_tokens(snapshot: &Snapshot) -> BTreeMap<ObjectKey, String> {
-    snapshot
+/// Keeps in `tokens` a fresh token for each Gateway of `snapshot` that names a `GatewayConfig`,
+/// for [`render::plan`]: only those whose generated Secret does not exist yet use theirs. A
+/// Gateway keeps the token drawn for it from one round to the next, so that while its Secret
+/// is missing (being created, or its creation refused) its render stays the same: a failed
+/// apply is held back by its render's digest, and a new token each round would make every
+/// round's render a new one, applied at once. A Gateway the random source gave none is left
+/// out (its plan then says why, if it needed one).
+pub fn keep_fresh_tokens(snapshot: &Snapshot, tokens: &mut BTreeMap<ObjectKey, String>) {
+    let wanted: BTreeSet<ObjectKey> = snapshot
         .gateways
         .iter()
         .filter(|gw| render::config_name(gw).is_some())
         .filter_map(|gw| {
-            let key = ObjectKey::new(
+            Some(ObjectKey::new(
                 gw.metadata.namespace.as_deref()?,
                 gw.metadata.name.as_deref()?,
-            );
-            Some((key, fresh_token().ok()?))
+            ))
         })
-        .collect()
+        .collect();
+    tokens.retain(|key, _| wanted.contains(key));
+    for key in wanted {
+        if let std::collections::btree_map::Entry::Vacant(entry) = tokens.entry(key) {
+            if let Ok(token) = fresh_token() {
+                entry.insert(token);
+            }
+        }
+    }
 }
 
 /// Creates the generated config-API token Secret when it is missing and never changes an

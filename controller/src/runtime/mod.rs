@@ -478,6 +478,9 @@ struct Reconciler {
     apply_failures: Held<String>,
     /// Per Gateway uid: the apply running.
     applies: Applies<Finished>,
+    /// Per Gateway naming a GatewayConfig: the config-API token its plane is rendered with
+    /// until its generated Secret exists ([`apply::keep_fresh_tokens`]).
+    fresh_tokens: BTreeMap<ObjectKey, String>,
     /// Gateways whose plane, never applied, is being applied (or waits for a free apply),
     /// with the address it will have.
     applying_first: BTreeMap<ObjectKey, String>,
@@ -639,6 +642,7 @@ impl Reconciler {
             applied: HashMap::new(),
             apply_failures: Held::new(APPLY_RETRY_FIRST, APPLY_RETRY_MAX),
             applies: Applies::new(applies::AT_ONCE, wake),
+            fresh_tokens: BTreeMap::new(),
             applying_first: BTreeMap::new(),
             class: ClassSettings::default(),
             class_api_token: None,
@@ -706,11 +710,10 @@ impl Reconciler {
         self.class_configs = class.configs;
         // Each dedicated plane is rendered once a round: the translation accepts its Gateway by
         // this render, and the same render is applied below.
-        let mut plans = render::plan(
-            snapshot,
-            &self.options.render,
-            &apply::fresh_tokens(snapshot),
-        );
+        let mut plans = render::plan(snapshot, &self.options.render, {
+            apply::keep_fresh_tokens(snapshot, &mut self.fresh_tokens);
+            &self.fresh_tokens
+        });
         let mut output = translate::translate_with(
             snapshot,
             &translate_options,
@@ -1172,6 +1175,14 @@ impl Reconciler {
                 && drift::secret_intact(&plane, live)
         });
         if intact {
+            // Back to the render applied: an apply of another one would undo it.
+            if self
+                .applies
+                .running(&uid)
+                .is_some_and(|running| running != digest.as_slice())
+            {
+                self.applies.abort(&uid);
+            }
             return Applying::Intact(Served::of(credentials, &plane));
         }
         // As applied by this replica; else a plane running before this replica led (a

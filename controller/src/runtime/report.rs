@@ -118,23 +118,26 @@ impl Reconciler {
                             );
                         }
                     }
-                    None => match self.applying_first.get(&key) {
-                        Some(address) => {
+                    // Events expire: the reason stays in the condition, also while the plane
+                    // is applied again.
+                    None => match (
+                        self.render_failures.get(&key),
+                        self.applying_first.get(&key),
+                    ) {
+                        (Some(reason), _) => set_programmed_pending(
+                            &mut conditions,
+                            &format!("the data plane could not be applied: {reason}"),
+                        ),
+                        (None, Some(address)) => {
                             addresses.push(address.clone());
                             set_programmed_pending(
                                 &mut conditions,
                                 "the data plane is being applied",
                             );
                         }
-                        // Events expire: the reason stays in the condition.
-                        None => set_programmed_pending(
+                        (None, None) => set_programmed_pending(
                             &mut conditions,
-                            &match self.render_failures.get(&key) {
-                                Some(reason) => {
-                                    format!("the data plane could not be applied: {reason}")
-                                }
-                                None => "the data plane could not be applied".to_owned(),
-                            },
+                            "the data plane could not be applied",
                         ),
                     },
                 },
