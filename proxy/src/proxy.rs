@@ -307,7 +307,10 @@ impl Proxy {
 
         let host_metrics = routes.host_metrics(Some(hit.bucket.id));
         let counted = body::Counted::new(body, host_metrics.request_bytes.clone());
-        let quiet = (!counted.is_end_stream()).then(|| Arc::new(body::QuietState::default()));
+        // gRPC streams are left alone: a call's messages come when its peer has something to
+        // say, and many servers send their response headers only with their first message.
+        let quiet = (!counted.is_end_stream() && !is_grpc(&parts.headers))
+            .then(|| Arc::new(body::QuietState::default()));
         let counted = body::Quiet::new(counted, self.shared.body_timeout, quiet.clone());
         let stalled = || quiet.as_ref().is_some_and(|q| q.expired());
         let replay_needed = rule.retry.is_some()

@@ -880,3 +880,47 @@ async fn idle_client_and_backend_connections_carry_tcp_keepalive() {
     .await
     .expect("test finished in time");
 }
+
+/// A gRPC call's body is not bounded by the body timeout: its messages come when the client
+/// has something to say, and many servers send their response headers only with their first
+/// message, so a quiet stream is not a stalled upload.
+#[tokio::test]
+async fn a_grpc_request_body_may_pause_before_the_response() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // Answers once it has read the whole body.
+        let backend = scripted_backend(|mut conn: tokio::net::TcpStream| async move {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !String::from_utf8_lossy(&got).ends_with("second") {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await;
+        })
+        .await;
+        let proxy = proxy_with(ServerOptions {
+            request_body_timeout: Duration::from_millis(300),
+            ..ServerOptions::default()
+        })
+        .await;
+        let http = client();
+        let doc = json!({"rules": [{"backends": [{"url": url(backend), "weight": 1}]}]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, 200);
+        let mut s = tokio::net::TcpStream::connect(proxy.data_addr())
+            .await
+            .expect("connect");
+        s.write_all(b"POST /pkg.Svc/Call HTTP/1.1\r\nhost: h\r\ncontent-type: application/grpc\r\ncontent-length: 11\r\n\r\nfirst")
+            .await
+            .expect("write");
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        s.write_all(b"second").await.expect("write");
+        let text = read_until(&mut s, "ok", Duration::from_secs(5)).await;
+        assert!(text.starts_with("HTTP/1.1 200"), "{text:?}");
+    })
+    .await
+    .expect("test finished in time");
+}
