@@ -1413,6 +1413,19 @@ async fn proxy_pod(token: &str) -> Server {
     .expect("a proxy starts")
 }
 
+/// Waits until `pod` answers `shop.example.com` with `status`.
+async fn shop_serves(pod: &Server, status: u16) {
+    let by = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = get_via(pod.data_addr(), "shop.example.com").await;
+        if got == status {
+            return;
+        }
+        assert!(Instant::now() < by, "{got}, not {status}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 /// The EndpointSlice of Service `namespace/service` as the endpoint slice controller writes
 /// it: one pod on 127.0.0.1 with its config port `port`, `ready` or not.
 fn config_slice(namespace: &str, service: &str, port: u16, ready: bool) -> Value {
@@ -1573,6 +1586,42 @@ impl Tenant {
                         .cloned()
                 })
                 .filter(|m| *m == json!(memory))
+        })
+        .await;
+    }
+
+    /// [`Tenant::start`], with one proxy pod of its plane listed in the plane's config
+    /// EndpointSlice.
+    async fn with_pod(spec: &str) -> (Self, Server) {
+        let edge = proxy_pod("s3cr3t").await;
+        let t = Self::start_with(spec, |api| {
+            api.put(config_slice(
+                "tenant-a",
+                "cf-proxy-edge-config",
+                edge.admin_addr().port(),
+                true,
+            ));
+        })
+        .await;
+        (t, edge)
+    }
+
+    /// Waits until the Gateway's `Programmed` says its plane could not be applied.
+    async fn apply_failure_reported(&self) {
+        eventually("the failed apply reported", || {
+            self.api
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-a",
+                    "edge",
+                )
+                .and_then(|g| condition(&g["status"]["conditions"], "Programmed").cloned())
+                .filter(|c| {
+                    c["message"]
+                        .as_str()
+                        .is_some_and(|m| m.starts_with("the data plane could not be applied"))
+                })
         })
         .await;
     }
@@ -1759,31 +1808,8 @@ async fn a_failing_apply_waits_before_it_is_sent_again() {
 #[tokio::test]
 async fn a_plane_whose_apply_fails_still_gets_its_routes() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let edge = proxy_pod("s3cr3t").await;
-        let t = Tenant::start_with("replicas: 1", |api| {
-            api.put(config_slice(
-                "tenant-a",
-                "cf-proxy-edge-config",
-                edge.admin_addr().port(),
-                true,
-            ));
-        })
-        .await;
-        let serves = |status: u16| {
-            let data = edge.data_addr();
-            async move {
-                let by = Instant::now() + Duration::from_secs(20);
-                loop {
-                    let got = get_via(data, "shop.example.com").await;
-                    if got == status {
-                        return;
-                    }
-                    assert!(Instant::now() < by, "{got}, not {status}");
-                    tokio::time::sleep(Duration::from_millis(25)).await;
-                }
-            }
-        };
-        serves(200).await;
+        let (t, edge) = Tenant::with_pod("replicas: 1").await;
+        shop_serves(&edge, 200).await;
 
         let failing = t.api.fail(500, |c| {
             c.method == "PATCH"
@@ -1791,31 +1817,14 @@ async fn a_plane_whose_apply_fails_still_gets_its_routes() {
                 && c.body.pointer("/metadata/namespace") == Some(&json!("tenant-a"))
         });
         t.configure("replicas: 2");
-        let programmed = || {
-            t.api
-                .get(
-                    "gateway.networking.k8s.io/v1",
-                    "Gateway",
-                    "tenant-a",
-                    "edge",
-                )
-                .and_then(|g| condition(&g["status"]["conditions"], "Programmed").cloned())
-        };
-        eventually("the failed apply reported", || {
-            programmed().filter(|c| {
-                c["message"]
-                    .as_str()
-                    .is_some_and(|m| m.starts_with("the data plane could not be applied"))
-            })
-        })
-        .await;
+        t.apply_failure_reported().await;
         t.api.delete(
             "gateway.networking.k8s.io/v1",
             "HTTPRoute",
             "tenant-a",
             "shop",
         );
-        serves(404).await;
+        shop_serves(&edge, 404).await;
         drop(failing);
         t.stop().await;
     })
@@ -1829,31 +1838,8 @@ async fn a_plane_whose_apply_fails_still_gets_its_routes() {
 #[tokio::test]
 async fn an_apply_that_hangs_holds_up_no_push_and_no_other_plane() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let edge = proxy_pod("s3cr3t").await;
-        let t = Tenant::start_with("replicas: 1", |api| {
-            api.put(config_slice(
-                "tenant-a",
-                "cf-proxy-edge-config",
-                edge.admin_addr().port(),
-                true,
-            ));
-        })
-        .await;
-        let serves = |status: u16| {
-            let data = edge.data_addr();
-            async move {
-                let by = Instant::now() + Duration::from_secs(20);
-                loop {
-                    let got = get_via(data, "shop.example.com").await;
-                    if got == status {
-                        return;
-                    }
-                    assert!(Instant::now() < by, "{got}, not {status}");
-                    tokio::time::sleep(Duration::from_millis(25)).await;
-                }
-            }
-        };
-        serves(200).await;
+        let (t, edge) = Tenant::with_pod("replicas: 1").await;
+        shop_serves(&edge, 200).await;
         let replicas = |namespace: &str, name: &str| {
             t.api
                 .get("apps/v1", "Deployment", namespace, name)
@@ -1881,7 +1867,7 @@ async fn an_apply_that_hangs_holds_up_no_push_and_no_other_plane() {
             "tenant-a",
             "shop",
         );
-        serves(404).await;
+        shop_serves(&edge, 404).await;
         // Another tenant's plane is applied.
         t.api.put(yaml(
             "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: third-config, namespace: tenant-c}\nspec: {tunnelTokenSecretRef: {name: third-tunnel-token}, replicas: 3}\n",
@@ -1934,22 +1920,7 @@ async fn a_plane_whose_apply_fails_is_reported_on_the_tunnel_its_pods_are_on() {
         t.api.put(yaml(&format!(
             "apiVersion: v1\nkind: Secret\nmetadata: {{name: edge-tunnel-token, namespace: tenant-a}}\nstringData: {{tunnel-token: \"{moved}\"}}\n"
         )));
-        eventually("the failed apply reported", || {
-            t.api
-                .get(
-                    "gateway.networking.k8s.io/v1",
-                    "Gateway",
-                    "tenant-a",
-                    "edge",
-                )
-                .and_then(|g| condition(&g["status"]["conditions"], "Programmed").cloned())
-                .filter(|c| {
-                    c["message"]
-                        .as_str()
-                        .is_some_and(|m| m.starts_with("the data plane could not be applied"))
-                })
-        })
-        .await;
+        t.apply_failure_reported().await;
         assert_eq!(address(), Some(on(TUNNEL_ID)), "still where the pods are");
 
         drop(failing);
@@ -1998,22 +1969,7 @@ async fn a_token_secret_that_cannot_be_created_waits_before_it_is_tried_again() 
         // Rounds every 100 ms (and at each change) meanwhile: none creates it again.
         t.rounds(3, Duration::from_millis(500)).await;
         assert_eq!(attempts.load(Ordering::SeqCst), 1, "tried once");
-        let programmed = t
-            .api
-            .get(
-                "gateway.networking.k8s.io/v1",
-                "Gateway",
-                "tenant-a",
-                "edge",
-            )
-            .and_then(|g| condition(&g["status"]["conditions"], "Programmed").cloned())
-            .expect("Programmed");
-        assert!(
-            programmed["message"]
-                .as_str()
-                .is_some_and(|m| m.starts_with("the data plane could not be applied")),
-            "{programmed}"
-        );
+        t.apply_failure_reported().await;
         drop(refused);
         t.stop().await;
     })

@@ -703,6 +703,18 @@ async fn read_until(s: &mut tokio::net::TcpStream, want: &str, wait: Duration) -
     String::from_utf8_lossy(&got).into_owned()
 }
 
+/// A proxy whose request body timeout is 300 ms, serving one host-less rule to `backend`.
+async fn impatient_proxy_to(backend: std::net::SocketAddr) -> cftunnel_proxy::Server {
+    let proxy = proxy_with(ServerOptions {
+        request_body_timeout: Duration::from_millis(300),
+        ..ServerOptions::default()
+    })
+    .await;
+    let doc = json!({"rules": [{"backends": [{"url": url(backend), "weight": 1}]}]});
+    assert_eq!(push(&client(), proxy.admin_addr(), &doc).await.status, 200);
+    proxy
+}
+
 /// A client that stops sending its request body, before any response, is answered 408 once
 /// the body timeout passes, and the backend connection it held is let go: a streamed body (the
 /// backend already reading it) and one read first for a retry alike. Without the bound, each
@@ -791,14 +803,7 @@ async fn a_request_body_may_pause_once_the_response_has_come() {
             }
         })
         .await;
-        let proxy = proxy_with(ServerOptions {
-            request_body_timeout: Duration::from_millis(300),
-            ..ServerOptions::default()
-        })
-        .await;
-        let http = client();
-        let doc = json!({"rules": [{"backends": [{"url": url(backend), "weight": 1}]}]});
-        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, 200);
+        let proxy = impatient_proxy_to(backend).await;
         let mut s = tokio::net::TcpStream::connect(proxy.data_addr())
             .await
             .expect("connect");
@@ -902,14 +907,7 @@ async fn a_grpc_request_body_may_pause_before_the_response() {
                 .await;
         })
         .await;
-        let proxy = proxy_with(ServerOptions {
-            request_body_timeout: Duration::from_millis(300),
-            ..ServerOptions::default()
-        })
-        .await;
-        let http = client();
-        let doc = json!({"rules": [{"backends": [{"url": url(backend), "weight": 1}]}]});
-        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, 200);
+        let proxy = impatient_proxy_to(backend).await;
         let mut s = tokio::net::TcpStream::connect(proxy.data_addr())
             .await
             .expect("connect");
