@@ -374,16 +374,19 @@ async fn pool_scenario() {
 
 const TENANT_TUNNEL_ID: &str = "5d0f3a2b-7c41-4e96-b8a2-1f6e9c3d7b05";
 
-/// A tenant's dedicated Gateway on a tunnel of its own, in the class's account, whose
-/// GatewayConfig names no API token: the class's writes its ingress document. Route `name`
-/// with `hostname` on it.
-fn tenant_seed() -> String {
-    let token = Token::new(
+/// The connector token of the tenant's own tunnel, in the class's account.
+fn tenant_token() -> Token {
+    Token::new(
         ACCOUNT,
         b"tenant secret".to_vec(),
         TENANT_TUNNEL_ID.parse().expect("uuid"),
     )
-    .encode();
+}
+
+/// A tenant's dedicated Gateway on its own tunnel ([`tenant_token`]), whose GatewayConfig names
+/// no API token: the class's writes its ingress document.
+fn tenant_seed() -> String {
+    let token = tenant_token().encode();
     format!(
         r#"
 apiVersion: v1
@@ -432,12 +435,7 @@ async fn a_broken_class_config_holds_up_no_tenants_tunnel() {
         api.put(tenant_route("shop", "shop.example.com"));
         let cloudflare = CloudflareApi::start().await;
         cloudflare.allow(ACCOUNT, "class-api-token");
-        let tenant_token = Token::new(
-            ACCOUNT,
-            b"tenant secret".to_vec(),
-            TENANT_TUNNEL_ID.parse().expect("uuid"),
-        );
-        cloudflare.add_tunnel(ACCOUNT, TENANT_TUNNEL_ID, &tenant_token.encode());
+        cloudflare.add_tunnel(ACCOUNT, TENANT_TUNNEL_ID, &tenant_token().encode());
         let options = RuntimeOptions {
             resync: Duration::from_millis(150),
             translate: cftunnel_controller::translate::Options {
