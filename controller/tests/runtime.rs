@@ -3470,6 +3470,17 @@ async fn the_shared_pool_serves_a_dedicated_gateway_on_the_class_tunnel_with_no_
             "no push failed:\n{metrics}"
         );
 
+        // The class tunnel's token unreadable for a while (its Secret gone): the pool's pods
+        // run on the token they started with, on the class tunnel, and keep the route.
+        let class_secret = t
+            .api
+            .get("v1", "Secret", "cftunnel-system", "class-tunnel")
+            .expect("the class tunnel's Secret");
+        assert!(t.api.delete("v1", "Secret", "cftunnel-system", "class-tunnel"));
+        t.rounds(3, Duration::from_millis(300)).await;
+        serves(pool.data_addr(), 200, "the pool while the class token is unreadable").await;
+        t.api.put(class_secret);
+
         // A tunnel of its own: the pool no longer gets the route, the documents follow.
         move_to(&own_token);
         serves(pool.data_addr(), 404, "the pool on another tunnel").await;

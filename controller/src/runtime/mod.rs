@@ -497,6 +497,8 @@ struct Reconciler {
     /// of their own keep writing with it: the operator's broken class config is no reason for
     /// every tenant's routes to go pending.
     class_api_token: Option<Option<String>>,
+    /// The class tunnel as last read, for the rounds its token cannot be read.
+    class_tunnel: Option<TunnelIdentity>,
     /// Per GatewayClassConfig: its verdict this round, for its status.
     class_configs: BTreeMap<String, ConfigVerdict>,
     /// Per dedicated plane: the config every one of its pods last took and the token they
@@ -646,6 +648,7 @@ impl Reconciler {
             applying_first: BTreeMap::new(),
             class: ClassSettings::default(),
             class_api_token: None,
+            class_tunnel: None,
             class_configs: BTreeMap::new(),
             pool_stamp: None,
         }
@@ -700,8 +703,17 @@ impl Reconciler {
                 tracing::warn!(%reason, "the class tunnel's ingress document is not written");
             }
         }
-        translate_options.shared_tunnel =
-            class.shared.tunnel_token.as_ref().map(TunnelIdentity::of);
+        // While the class tunnel's token cannot be read (the class config not resolving, its
+        // Secret gone for a while), the pool runs on the token it started with (see
+        // `stamp_shared_pool`): the tunnel last read stands, and with it the one set of routes
+        // that tunnel's connectors all serve.
+        let read = class.shared.tunnel_token.as_ref().map(TunnelIdentity::of);
+        let unreadable =
+            class.shared.held.is_some() || (class.shared.tunnel_secret.is_some() && read.is_none());
+        if !unreadable {
+            self.class_tunnel = read;
+        }
+        translate_options.shared_tunnel = if unreadable { self.class_tunnel } else { read };
         translate_options.refused_classes = class.refused;
         self.class = class.shared;
         if self.class.held.is_none() {
@@ -808,7 +820,12 @@ impl Reconciler {
             .retain(|uid| uids.contains(uid.as_str()));
         self.applies.retain(|uid| uids.contains(uid));
         if let Some(shared) = &self.options.shared {
-            if let Some(info) = shared_plane(shared, snapshot, &self.class) {
+            if let Some(info) = shared_plane(
+                shared,
+                snapshot,
+                &self.class,
+                translate_options.shared_tunnel,
+            ) {
                 planes.insert(PlaneKey::Shared, info);
             }
         }
@@ -1618,6 +1635,7 @@ fn shared_plane(
     shared: &SharedPlane,
     snapshot: &Snapshot,
     class: &ClassSettings,
+    class_tunnel: Option<TunnelIdentity>,
 ) -> Option<PlaneInfo> {
     let Some(token) = secret_text(snapshot, &shared.auth_secret, &shared.auth_key) else {
         tracing::warn!(secret = %shared.auth_secret, key = %shared.auth_key, "the shared plane's config-API token is missing; not pushing to it");
@@ -1635,11 +1653,7 @@ fn shared_plane(
         .collect();
     // A class config may name the tunnel by id alone: its document is still written, and no
     // other plane is taken to share it.
-    let identity = match (&class.tunnel_token, class.tunnel_id) {
-        (Some(token), _) => Some(TunnelIdentity::of(token)),
-        (None, Some(id)) => Some(TunnelIdentity::named(id)),
-        (None, None) => None,
-    };
+    let identity = class_tunnel.or_else(|| class.tunnel_id.map(TunnelIdentity::named));
     let tunnel = match (
         &class.held,
         class.tunnel_id,
