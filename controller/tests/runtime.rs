@@ -2651,7 +2651,17 @@ async fn an_idle_shared_pool_is_not_counted_as_unreached() {
             "apiVersion: v1\nkind: Secret\nmetadata: {{name: class-tunnel, namespace: cftunnel-system}}\nstringData: {{tunnel-token: \"{token}\"}}\n"
         )));
         metric_becomes(health, UNREACHED, 3).await;
-        assert!(t.api.delete("v1", "Secret", "cftunnel-system", "class-tunnel"));
+        // The class tunnel another one: no Gateway is on it. (A Secret merely gone would leave
+        // the pool on the tunnel it started with.)
+        let token = Token::new(
+            "acct",
+            b"pool only".to_vec(),
+            uuid_of("7c0d2e4f-3a1b-4c5d-9e8f-a0b1c2d3e4f5"),
+        )
+        .encode();
+        t.api.put(yaml(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: class-tunnel, namespace: cftunnel-system}}\nstringData: {{tunnel-token: \"{token}\"}}\n"
+        )));
         metric_becomes(health, UNREACHED, 2).await;
 
         // A Gateway served by the pool.
