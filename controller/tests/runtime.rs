@@ -1891,8 +1891,27 @@ async fn an_apply_that_hangs_holds_up_no_push_and_no_other_plane() {
 /// are still on the old tunnel, and its Gateway's address stays there until the apply lands.
 #[tokio::test]
 async fn a_plane_whose_apply_fails_is_reported_on_the_tunnel_its_pods_are_on() {
+    tunnel_moves_while("replicas: 1", "Deployment", TUNNEL_ID).await;
+}
+
+/// An apply that fails after it has written the Deployment (its autoscaler refused) has moved
+/// the pods to the new tunnel already: the address follows them at once.
+#[tokio::test]
+async fn a_plane_whose_apply_fails_after_its_deployment_is_reported_on_the_new_tunnel() {
+    tunnel_moves_while(
+        "autoscaling: {minReplicas: 1, maxReplicas: 3}",
+        "HorizontalPodAutoscaler",
+        OTHER_TUNNEL_ID,
+    )
+    .await;
+}
+
+/// Moves tenant-a's connector token to another tunnel while PATCHes of `failing` kind fail:
+/// its Gateway's address is on tunnel `meanwhile` then, and on the new tunnel once the failure
+/// is gone.
+async fn tunnel_moves_while(spec: &str, failing: &'static str, meanwhile: &str) {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let t = Tenant::start("replicas: 1").await;
+        let t = Tenant::start(spec).await;
         let address = || {
             t.api
                 .get(
@@ -1911,9 +1930,9 @@ async fn a_plane_whose_apply_fails_is_reported_on_the_tunnel_its_pods_are_on() {
         .await;
         eventually("the address", || address().filter(|a| *a == on(TUNNEL_ID))).await;
 
-        let failing = t.api.fail(500, |c| {
+        let failing = t.api.fail(500, move |c| {
             c.method == "PATCH"
-                && c.kind == "Deployment"
+                && c.kind == failing
                 && c.body.pointer("/metadata/namespace") == Some(&json!("tenant-a"))
         });
         let moved = Token::new("acct", b"moved secret".to_vec(), uuid_of(OTHER_TUNNEL_ID)).encode();
@@ -1921,7 +1940,8 @@ async fn a_plane_whose_apply_fails_is_reported_on_the_tunnel_its_pods_are_on() {
             "apiVersion: v1\nkind: Secret\nmetadata: {{name: edge-tunnel-token, namespace: tenant-a}}\nstringData: {{tunnel-token: \"{moved}\"}}\n"
         )));
         t.apply_failure_reported().await;
-        assert_eq!(address(), Some(on(TUNNEL_ID)), "still where the pods are");
+        t.rounds(2, Duration::from_millis(300)).await;
+        assert_eq!(address(), Some(on(meanwhile)), "where the pods are");
 
         drop(failing);
         eventually("the address once applied", || {
@@ -1970,7 +1990,20 @@ async fn a_token_secret_that_cannot_be_created_waits_before_it_is_tried_again() 
         t.rounds(3, Duration::from_millis(500)).await;
         assert_eq!(attempts.load(Ordering::SeqCst), 1, "tried once");
         t.apply_failure_reported().await;
+
+        // Once it can be, the Secret is created; deleted (to rotate the token), it is created
+        // again with another token.
         drop(refused);
+        let token = || {
+            t.api
+                .get("v1", "Secret", "tenant-a", "cf-proxy-edge-auth")
+                .and_then(|s| s.get("data").or_else(|| s.get("stringData")).cloned())
+        };
+        let first = eventually("the Secret created", token).await;
+        t.rounds(2, Duration::from_millis(300)).await;
+        assert!(t.api.delete("v1", "Secret", "tenant-a", "cf-proxy-edge-auth"));
+        let second = eventually("the Secret created again", token).await;
+        assert_ne!(first, second, "a new token");
         t.stop().await;
     })
     .await

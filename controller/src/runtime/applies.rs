@@ -103,26 +103,30 @@ impl<T: Send + 'static> Applies<T> {
     }
 
     /// The applies finished since the last call, each with its uid and the digest it applied,
-    /// in the order they finished. One dropped is not among them; one superseded is, if it
-    /// finished before it was dropped.
-    pub fn finished(&mut self) -> Vec<(String, Vec<u8>, T)> {
+    /// in the order they finished; `None` for one that panicked (the apply's bug). One dropped
+    /// is not among them; one superseded is, if it finished before it was dropped.
+    pub fn finished(&mut self) -> Vec<(String, Vec<u8>, Option<T>)> {
         let mut done = Vec::new();
         while let Some(joined) = self.tasks.try_join_next_with_id() {
             let (id, uid, outcome) = match joined {
                 Ok((id, (uid, outcome))) => (id, uid, outcome),
-                // Aborted, or a panic (the apply's bug): its render is applied again by a
-                // later round, and its place is free.
                 Err(e) => {
                     self.superseded.remove(&e.id());
-                    self.running.retain(|_, r| r.task.id() != e.id());
+                    let running = self.running.iter().find(|(_, r)| r.task.id() == e.id());
+                    let uid = running.map(|(uid, _)| uid.clone());
+                    if let Some(running) = uid.and_then(|uid| self.running.remove_entry(&uid)) {
+                        if e.is_panic() {
+                            done.push((running.0, running.1.digest, None));
+                        }
+                    }
                     continue;
                 }
             };
             if let Some(digest) = self.superseded.remove(&id) {
-                done.push((uid, digest, outcome));
+                done.push((uid, digest, Some(outcome)));
             } else if self.running.get(&uid).is_some_and(|r| r.task.id() == id) {
                 if let Some(running) = self.running.remove(&uid) {
-                    done.push((uid, running.digest, outcome));
+                    done.push((uid, running.digest, Some(outcome)));
                 }
             }
         }
@@ -135,7 +139,9 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    async fn settle<T: Send + 'static>(applies: &mut Applies<T>) -> Vec<(String, Vec<u8>, T)> {
+    async fn settle<T: Send + 'static>(
+        applies: &mut Applies<T>,
+    ) -> Vec<(String, Vec<u8>, Option<T>)> {
         tokio::time::sleep(Duration::from_millis(10)).await;
         applies.finished()
     }
@@ -151,7 +157,7 @@ mod tests {
             .expect("woken");
         assert_eq!(
             settle(&mut applies).await,
-            vec![("a".to_owned(), vec![1], "done")]
+            vec![("a".to_owned(), vec![1], Some("done"))]
         );
         assert_eq!(applies.running("a"), None);
         assert!(applies.finished().is_empty());
@@ -171,7 +177,7 @@ mod tests {
         });
         assert_eq!(
             settle(&mut applies).await,
-            vec![("a".to_owned(), vec![1], "old")]
+            vec![("a".to_owned(), vec![1], Some("old"))]
         );
         assert_eq!(applies.running("a"), Some(&[2u8][..]));
         // One still running when superseded is dropped, outcome and all.
@@ -179,7 +185,7 @@ mod tests {
         let _ = release.send(());
         assert_eq!(
             settle(&mut applies).await,
-            vec![("a".to_owned(), vec![3], "newest")]
+            vec![("a".to_owned(), vec![3], Some("newest"))]
         );
     }
 
@@ -192,9 +198,13 @@ mod tests {
             "never"
         });
         assert!(applies.is_full());
-        assert!(settle(&mut applies).await.is_empty());
+        assert_eq!(
+            settle(&mut applies).await,
+            vec![("a".to_owned(), vec![1], None)],
+            "told as a failure of its render"
+        );
         assert!(!applies.is_full());
-        assert_eq!(applies.running("a"), None, "applied again by a later round");
+        assert_eq!(applies.running("a"), None);
     }
 
     #[tokio::test]

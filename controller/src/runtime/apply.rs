@@ -309,23 +309,33 @@ pub fn fresh_token() -> Result<String, RenderError> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Keeps in `tokens` a fresh token for each Gateway of `snapshot` that names a `GatewayConfig`,
-/// for [`render::plan`]: only those whose generated Secret does not exist yet use theirs. A
-/// Gateway keeps the token drawn for it from one round to the next, so that while its Secret
-/// is missing (being created, or its creation refused) its render stays the same: a failed
-/// apply is held back by its render's digest, and a new token each round would make every
-/// round's render a new one, applied at once. A Gateway the random source gave none is left
+/// Keeps in `tokens` a fresh token for each Gateway of `snapshot` that names a `GatewayConfig`
+/// and whose generated Secret holds no token yet, for [`render::plan`]. A Gateway keeps the
+/// token drawn for it from one round to the next while its Secret is missing (being created, or
+/// its creation refused), so its render stays the same: a failed apply is held back by its
+/// render's digest, and a new token each round would make every round's render a new one,
+/// applied at once. Once the Secret holds a token the drawn one is dropped, so a Secret deleted
+/// later (to rotate the token) gets a new one. A Gateway the random source gave none is left
 /// out (its plan then says why, if it needed one).
 pub fn keep_fresh_tokens(snapshot: &Snapshot, tokens: &mut BTreeMap<ObjectKey, String>) {
+    let generated = |gw: &gateway_api::experimental::gateways::Gateway, namespace: &str| {
+        render::PlaneNames::for_gateway(gw).is_ok_and(|names| {
+            [DEFAULT_AUTH_TOKEN_KEY, LEGACY_AUTH_TOKEN_KEY]
+                .iter()
+                .any(|key| {
+                    render::secret_text(&snapshot.secrets, namespace, &names.auth_secret, key)
+                        .is_some_and(|token| !token.is_empty())
+                })
+        })
+    };
     let wanted: BTreeSet<ObjectKey> = snapshot
         .gateways
         .iter()
         .filter(|gw| render::config_name(gw).is_some())
         .filter_map(|gw| {
-            Some(ObjectKey::new(
-                gw.metadata.namespace.as_deref()?,
-                gw.metadata.name.as_deref()?,
-            ))
+            let namespace = gw.metadata.namespace.as_deref()?;
+            let name = gw.metadata.name.as_deref()?;
+            (!generated(gw, namespace)).then(|| ObjectKey::new(namespace, name))
         })
         .collect();
     tokens.retain(|key, _| wanted.contains(key));

@@ -1202,20 +1202,24 @@ impl Reconciler {
             }
             return Applying::Intact(Served::of(credentials, &plane));
         }
-        // As applied by this replica; else a plane running before this replica led (a
-        // restart, a new leader), whose pods run with what this render says as far as the
-        // caches tell: its pods take their routes while it is applied again.
+        // What its pods run with: this render's credentials where the live Deployment's pod
+        // template already carries them (an apply that wrote the Deployment and failed after
+        // it); else as applied by this replica; else, for a plane running before this replica
+        // led (a restart, a new leader), this render's, as far as the caches tell. Its pods
+        // take their routes while it is applied again.
+        let controlled = live.deployment.filter(|d| {
+            apply::controlled_by(
+                d.metadata.owner_references.as_deref().unwrap_or_default(),
+                &uid,
+            )
+        });
+        let on_this_render = controlled.is_some_and(|d| {
+            credentials_hash(d).is_some()
+                && credentials_hash(d) == credentials_hash(&plane.deployment)
+        });
         let as_applied = match self.applied.get(&uid) {
-            Some(applied) => Some(applied.served.clone()),
-            None => live
-                .deployment
-                .is_some_and(|d| {
-                    apply::controlled_by(
-                        d.metadata.owner_references.as_deref().unwrap_or_default(),
-                        &uid,
-                    )
-                })
-                .then(|| Served::of(credentials.clone(), &plane)),
+            Some(applied) if !on_this_render => Some(applied.served.clone()),
+            _ => controlled.map(|_| Served::of(credentials.clone(), &plane)),
         };
         if let Some(error) = self.apply_failures.error(&uid, &digest) {
             return Applying::Failed(NotApplied {
@@ -1269,6 +1273,17 @@ impl Reconciler {
     /// failures, held back until their wait is over.
     async fn take_finished_applies(&mut self) {
         for (uid, digest, done) in self.applies.finished() {
+            let Some(done) = done else {
+                // A bug in the apply: held back as a failure of its render, not tried at once
+                // again.
+                tracing::error!(%uid, "applying a data plane panicked");
+                self.apply_failures.failed(
+                    uid,
+                    digest,
+                    "applying the data plane panicked".to_owned(),
+                );
+                continue;
+            };
             match done.result {
                 Ok((changed, applied)) => {
                     self.applied.insert(uid.clone(), applied);
@@ -1482,6 +1497,21 @@ async fn apply_now(
             served: Served::of(credentials, &plane),
         },
     ))
+}
+
+/// The digest of the credentials a Deployment's pod template carries
+/// ([`render::CREDENTIALS_HASH_ANNOTATION`]).
+fn credentials_hash(deployment: &Deployment) -> Option<&str> {
+    deployment
+        .spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(render::CREDENTIALS_HASH_ANNOTATION)
+        .map(String::as_str)
 }
 
 /// Per route, the rules of it that proxy pods refused this round, each with the pod's reason.
