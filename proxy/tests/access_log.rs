@@ -43,10 +43,13 @@ impl LoggingProxy {
             .spawn()
             .expect("proxy binary starts");
         let admin: std::net::SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
+        let data: std::net::SocketAddr = format!("127.0.0.1:{data_port}").parse().expect("addr");
         let http = client();
         let ready_by = Instant::now() + Duration::from_secs(10);
         loop {
-            let up = tokio::net::TcpStream::connect(admin).await.is_ok();
+            // Both listeners: ready on one says nothing of the other's bind.
+            let up = tokio::net::TcpStream::connect(admin).await.is_ok()
+                && tokio::net::TcpStream::connect(data).await.is_ok();
             if up && get(&http, admin, "a", "/readyz", &[]).await.status == 200 {
                 break;
             }
@@ -57,7 +60,7 @@ impl LoggingProxy {
         Self {
             child,
             lines: BufReader::new(stdout).lines(),
-            data: format!("127.0.0.1:{data_port}").parse().expect("addr"),
+            data,
             dir,
         }
     }
