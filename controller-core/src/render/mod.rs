@@ -241,16 +241,16 @@ pub fn resolve(
     secrets: &[Arc<Secret>],
     fresh_token: &str,
 ) -> Result<Credentials, RenderError> {
-    resolve_with(gateway, config, secrets, Some(fresh_token))
+    resolve_with(gateway, config, secrets, || Some(fresh_token.to_owned()))
 }
 
-/// [`resolve`], failing with [`RenderError::Random`] when a token must be generated and
-/// `fresh_token` is `None`.
+/// [`resolve`], with `fresh_token` asked only when a token must be generated (the generated
+/// Secret holds none yet), failing with [`RenderError::Random`] when it gives none.
 fn resolve_with(
     gateway: &Gateway,
     config: &GatewayConfig,
     secrets: &[Arc<Secret>],
-    fresh_token: Option<&str>,
+    fresh_token: impl FnOnce() -> Option<String>,
 ) -> Result<Credentials, RenderError> {
     let namespace = gateway
         .metadata
@@ -350,7 +350,7 @@ fn resolve_with(
             let (token, selector) = match existing {
                 Some(found) => found,
                 None => (
-                    fresh_token.map(str::to_owned).ok_or(RenderError::Random)?,
+                    fresh_token().ok_or(RenderError::Random)?,
                     SecretKeySelector {
                         name: names.auth_secret.clone(),
                         key: DEFAULT_AUTH_TOKEN_KEY.to_owned(),

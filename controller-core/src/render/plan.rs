@@ -28,39 +28,38 @@ pub type Plans = BTreeMap<ObjectKey, Result<Rendered, RenderError>>;
 /// Renders the dedicated data plane of every Gateway in `snapshot` whose
 /// `infrastructure.parametersRef` names a `GatewayConfig`, with `settings`, each once.
 ///
-/// `fresh_tokens` holds a new config-API token per Gateway, drawn by the caller (this crate has
-/// no random source); it is used where the generated token Secret does not exist yet.
+/// `fresh_token` gives a new config-API token for a Gateway, drawn by the caller (this crate
+/// has no random source); it is asked only for a Gateway whose generated token Secret holds no
+/// token yet, so what it is asked for says which those are.
 ///
 /// Gateways of classes the controller does not own are rendered too when they name a
 /// `GatewayConfig` (nothing reads those renders): ownership is the translation's to judge.
 ///
 /// # Errors
 /// Per Gateway, in its entry: the `GatewayConfig` is not in the snapshot, or [`resolve`] or
-/// [`render`] fails; a Gateway missing from `fresh_tokens` whose generated token Secret does
-/// not exist yet fails with [`RenderError::Random`] (the caller's random source gave none).
+/// [`render`] fails; a Gateway whose generated token Secret does not exist yet, and for which
+/// `fresh_token` gives none, fails with [`RenderError::Random`].
 ///
 /// [`resolve`]: super::resolve
 pub fn plan(
     snapshot: &Snapshot,
     settings: &RenderSettings,
-    fresh_tokens: &BTreeMap<ObjectKey, String>,
+    fresh_token: impl FnMut(&ObjectKey) -> Option<String>,
 ) -> Plans {
-    plan_by(snapshot, settings, |key| {
-        fresh_tokens.get(key).map(String::as_str)
-    })
+    plan_by(snapshot, settings, fresh_token)
 }
 
 /// [`plan`] for planes that are looked at, never applied (the offline translation): a
 /// generated token Secret that does not exist yet is rendered with an empty token, whose value
 /// decides nothing the translation reads.
 pub(crate) fn plan_unapplied(snapshot: &Snapshot, settings: &RenderSettings) -> Plans {
-    plan_by(snapshot, settings, |_| Some(""))
+    plan_by(snapshot, settings, |_| Some(String::new()))
 }
 
-fn plan_by<'t>(
+fn plan_by(
     snapshot: &Snapshot,
     settings: &RenderSettings,
-    fresh_token: impl Fn(&ObjectKey) -> Option<&'t str>,
+    mut fresh_token: impl FnMut(&ObjectKey) -> Option<String>,
 ) -> Plans {
     snapshot
         .gateways
@@ -71,7 +70,7 @@ fn plan_by<'t>(
                 gw.metadata.name.as_deref()?,
             );
             let config = config_name(gw)?;
-            let rendered = plan_one(gw, &key, config, snapshot, settings, fresh_token(&key));
+            let rendered = plan_one(gw, &key, config, snapshot, settings, || fresh_token(&key));
             Some((key, rendered))
         })
         .collect()
@@ -94,7 +93,7 @@ fn plan_one(
     config_name: &str,
     snapshot: &Snapshot,
     settings: &RenderSettings,
-    fresh_token: Option<&str>,
+    fresh_token: impl FnOnce() -> Option<String>,
 ) -> Result<Rendered, RenderError> {
     let config = snapshot
         .gateway_configs

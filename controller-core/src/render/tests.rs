@@ -694,7 +694,7 @@ spec:
         (edge.clone(), "fresh for edge".to_owned()),
         (lost.clone(), "fresh for lost".to_owned()),
     ]);
-    let plans = plan(&s, &settings(), &fresh);
+    let plans = plan(&s, &settings(), |k| fresh.get(k).cloned());
     assert_eq!(
         plans.keys().collect::<Vec<_>>(),
         vec![&edge, &lost],
@@ -737,12 +737,17 @@ fn plane_with_token(s: &Snapshot, fresh: &str) -> Result<DataPlane, RenderError>
 #[test]
 fn a_plan_needs_a_fresh_token_only_for_a_generated_secret_that_does_not_exist_yet() {
     let edge = ObjectKey::new("tenant-a", "edge");
-    let none = BTreeMap::new();
-    let missing = plan(&snapshot(BASIC, ""), &settings(), &none);
+    // Asked only where the token must be generated: what it is asked for says which those are.
+    let mut asked = Vec::new();
+    let mut none = |key: &ObjectKey| {
+        asked.push(key.clone());
+        None
+    };
+    let missing = plan(&snapshot(BASIC, ""), &settings(), &mut none);
     assert_eq!(missing[&edge], Err(RenderError::Random));
 
     let existing = "---\napiVersion: v1\nkind: Secret\nmetadata: {name: cf-proxy-edge-auth, namespace: tenant-a}\nstringData: {token: kept}\n";
-    let kept = plan(&snapshot(BASIC, existing), &settings(), &none);
+    let kept = plan(&snapshot(BASIC, existing), &settings(), &mut none);
     let rendered = kept[&edge]
         .as_ref()
         .expect("renders with the Secret's token");
@@ -755,7 +760,12 @@ fn a_plan_needs_a_fresh_token_only_for_a_generated_secret_that_does_not_exist_ye
             byo,
         ),
         &settings(),
-        &none,
+        &mut none,
+    );
+    assert_eq!(
+        asked,
+        std::slice::from_ref(&edge),
+        "asked for the missing Secret only"
     );
     let rendered = own[&edge]
         .as_ref()

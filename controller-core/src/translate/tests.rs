@@ -1798,7 +1798,9 @@ fn a_dedicated_gateway_is_judged_by_the_plane_the_caller_rendered_not_by_renderi
 
     // Rendered without an image and translated with one: the render decides, and its error is
     // the condition's message.
-    let without_image = render::plan(&snapshot, &RenderSettings::default(), &fresh);
+    let without_image = render::plan(&snapshot, &RenderSettings::default(), |k| {
+        fresh.get(k).cloned()
+    });
     let out = translate_with(
         &snapshot,
         &with_image(),
@@ -1817,7 +1819,7 @@ fn a_dedicated_gateway_is_judged_by_the_plane_the_caller_rendered_not_by_renderi
         proxy_image: Some("cftunnel-proxy:1".to_owned()),
         ..RenderSettings::default()
     };
-    let planned = render::plan(&snapshot, &settings, &fresh);
+    let planned = render::plan(&snapshot, &settings, |k| fresh.get(k).cloned());
     let out = translate_with(
         &snapshot,
         &Options::default(),

@@ -6,7 +6,7 @@
 //! selector (which the API server does not let change) is not ours is deleted and created anew,
 //! and that controller's objects whose names ours do not share (its NetworkPolicy) go.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -20,8 +20,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::gateway_config::{DEFAULT_AUTH_TOKEN_KEY, LEGACY_AUTH_TOKEN_KEY};
-use crate::render::{self, DataPlane, GoControllerNames, PlaneNames, RenderError};
-use crate::translate::{ObjectKey, Snapshot};
+use crate::render::{DataPlane, GoControllerNames, PlaneNames, RenderError};
+use crate::translate::ObjectKey;
 
 /// Whether `owners` name the object with `uid` as controlling owner.
 pub(super) fn controlled_by(
@@ -307,45 +307,6 @@ pub fn fresh_token() -> Result<String, RenderError> {
     let mut bytes = [0u8; 32];
     aws_lc_rs::rand::fill(&mut bytes).map_err(|_| RenderError::Random)?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// Keeps in `tokens` a fresh token for each Gateway of `snapshot` that names a `GatewayConfig`
-/// and whose generated Secret holds no token yet, for [`render::plan`]. A Gateway keeps the
-/// token drawn for it from one round to the next while its Secret is missing (being created, or
-/// its creation refused), so its render stays the same: a failed apply is held back by its
-/// render's digest, and a new token each round would make every round's render a new one,
-/// applied at once. Once the Secret holds a token the drawn one is dropped, so a Secret deleted
-/// later (to rotate the token) gets a new one. A Gateway the random source gave none is left
-/// out (its plan then says why, if it needed one).
-pub fn keep_fresh_tokens(snapshot: &Snapshot, tokens: &mut BTreeMap<ObjectKey, String>) {
-    let generated = |gw: &gateway_api::experimental::gateways::Gateway, namespace: &str| {
-        render::PlaneNames::for_gateway(gw).is_ok_and(|names| {
-            [DEFAULT_AUTH_TOKEN_KEY, LEGACY_AUTH_TOKEN_KEY]
-                .iter()
-                .any(|key| {
-                    render::secret_text(&snapshot.secrets, namespace, &names.auth_secret, key)
-                        .is_some_and(|token| !token.is_empty())
-                })
-        })
-    };
-    let wanted: BTreeSet<ObjectKey> = snapshot
-        .gateways
-        .iter()
-        .filter(|gw| render::config_name(gw).is_some())
-        .filter_map(|gw| {
-            let namespace = gw.metadata.namespace.as_deref()?;
-            let name = gw.metadata.name.as_deref()?;
-            (!generated(gw, namespace)).then(|| ObjectKey::new(namespace, name))
-        })
-        .collect();
-    tokens.retain(|key, _| wanted.contains(key));
-    for key in wanted {
-        if let std::collections::btree_map::Entry::Vacant(entry) = tokens.entry(key) {
-            if let Ok(token) = fresh_token() {
-                entry.insert(token);
-            }
-        }
-    }
 }
 
 /// Creates the generated config-API token Secret when it is missing and never changes an

@@ -478,8 +478,8 @@ struct Reconciler {
     apply_failures: Held<String>,
     /// Per Gateway uid: the apply running.
     applies: Applies<Finished>,
-    /// Per Gateway naming a GatewayConfig: the config-API token its plane is rendered with
-    /// until its generated Secret exists ([`apply::keep_fresh_tokens`]).
+    /// Per Gateway whose generated token Secret holds no token yet: the config-API token its
+    /// plane is rendered with (see the round).
     fresh_tokens: BTreeMap<ObjectKey, String>,
     /// Gateways whose plane, never applied, is being applied (or waits for a free apply),
     /// with the address it will have.
@@ -543,15 +543,28 @@ impl Served {
 enum Applying {
     /// Applied lately, and its objects still hold what was applied.
     Intact(Served),
-    /// Being applied, or waiting for a free apply; with what its pods run with when the plane
-    /// was applied before: they still take their routes.
-    Pending(Option<Served>),
+    /// Being applied again, or waiting for a free apply, with what its pods run with: they
+    /// still take their routes.
+    Pending(Served),
+    /// Never applied, being applied or waiting for a free apply: the address it will have.
+    First(String),
     /// Not applied: see [`NotApplied`].
     Failed(NotApplied),
 }
 
+impl Applying {
+    /// A plane whose apply runs or waits for room: pending with what its pods run with, or
+    /// applied for the first time.
+    fn waiting(as_applied: Option<Served>, plane: &render::DataPlane) -> Self {
+        match as_applied {
+            Some(served) => Self::Pending(served),
+            None => Self::First(plane.address.clone()),
+        }
+    }
+}
+
 /// Why a plane was not applied, with what its pods run with when the plane was applied before
-/// (as in [`Applying::Pending`]).
+/// (as in [`Applying::Pending`]; `None` as for [`Applying::First`]).
 struct NotApplied {
     reason: String,
     as_applied: Option<Served>,
@@ -722,9 +735,19 @@ impl Reconciler {
         self.class_configs = class.configs;
         // Each dedicated plane is rendered once a round: the translation accepts its Gateway by
         // this render, and the same render is applied below.
-        let mut plans = render::plan(snapshot, &self.options.render, {
-            apply::keep_fresh_tokens(snapshot, &mut self.fresh_tokens);
-            &self.fresh_tokens
+        // A Gateway whose generated token Secret holds no token yet (being created, or its
+        // creation refused) keeps the token drawn for it from round to round, so its render
+        // stays the same: a failed apply is held back by its render's digest. Once the Secret
+        // holds one, the render asks for none and the drawn token is dropped, so a Secret
+        // deleted later (to rotate the token) gets a new one.
+        let mut drawn = std::mem::take(&mut self.fresh_tokens);
+        let mut plans = render::plan(snapshot, &self.options.render, |key| {
+            let token = match drawn.remove(key) {
+                Some(token) => token,
+                None => apply::fresh_token().ok()?,
+            };
+            self.fresh_tokens.insert(key.clone(), token.clone());
+            Some(token)
         });
         let mut output = translate::translate_with(
             snapshot,
@@ -1039,10 +1062,8 @@ impl Reconciler {
         // Objects are owned by the Gateway's uid; one from the API server always has it.
         gw.metadata.uid.as_ref()?;
         let rendered = plan?.map(|r| (r.credentials, r.plane));
-        let mut address = String::new();
         let applied = match rendered {
             Ok((credentials, plane)) => {
-                address.clone_from(&plane.address);
                 // Every object of the plane is watched, so an edit or a deletion starts a round
                 // that puts it back (see `drift`).
                 let ns = key.namespace.as_str();
@@ -1066,10 +1087,7 @@ impl Reconciler {
                         .filter(|p| {
                             plane.network_policy.is_some()
                                 || gw.metadata.uid.as_deref().is_some_and(|uid| {
-                                    apply::controlled_by(
-                                        p.metadata.owner_references.as_deref().unwrap_or_default(),
-                                        uid,
-                                    )
+                                    apply::controlled_by(p.owner_references(), uid)
                                 })
                         }),
                     autoscaler: watched.autoscaler(ns, &names.autoscaler),
@@ -1079,7 +1097,7 @@ impl Reconciler {
                         .map(Arc::as_ref)
                         .find(|s| here(&s.metadata, &names.auth_secret)),
                 };
-                self.apply_dedicated(gw, config, credentials, plane, &live)
+                self.apply_dedicated(gw, key, config, credentials, plane, &live)
             }
             Err(e) => Applying::Failed(NotApplied {
                 reason: e.to_string(),
@@ -1095,8 +1113,8 @@ impl Reconciler {
                 self.render_failures.remove(key);
                 served
             }
-            Applying::Pending(Some(as_applied)) => as_applied,
-            Applying::Pending(None) => {
+            Applying::Pending(as_applied) => as_applied,
+            Applying::First(address) => {
                 self.applying_first.insert(key.clone(), address);
                 return None;
             }
@@ -1176,6 +1194,7 @@ impl Reconciler {
     fn apply_dedicated(
         &mut self,
         gw: &Gateway,
+        key: &ObjectKey,
         config: &crate::gateway_config::GatewayConfig,
         credentials: render::Credentials,
         plane: render::DataPlane,
@@ -1207,12 +1226,9 @@ impl Reconciler {
         // it); else as applied by this replica; else, for a plane running before this replica
         // led (a restart, a new leader), this render's, as far as the caches tell. Its pods
         // take their routes while it is applied again.
-        let controlled = live.deployment.filter(|d| {
-            apply::controlled_by(
-                d.metadata.owner_references.as_deref().unwrap_or_default(),
-                &uid,
-            )
-        });
+        let controlled = live
+            .deployment
+            .filter(|d| apply::controlled_by(d.owner_references(), &uid));
         let on_this_render = controlled.is_some_and(|d| {
             credentials_hash(d).is_some()
                 && credentials_hash(d) == credentials_hash(&plane.deployment)
@@ -1232,12 +1248,10 @@ impl Reconciler {
         let start =
             running != Some(digest.as_slice()) && (running.is_some() || !self.applies.is_full());
         if !start {
-            return Applying::Pending(as_applied);
+            return Applying::waiting(as_applied, &plane);
         }
-        let key = ObjectKey::new(
-            gw.metadata.namespace.as_deref().unwrap_or_default(),
-            gw.name_any(),
-        );
+        let waiting = Applying::waiting(as_applied, &plane);
+        let key = key.clone();
         let note = match &plane.network_policy {
             Some(_) => format!(
                 "rendered Deployment {}, Service {} and NetworkPolicy {}",
@@ -1266,7 +1280,7 @@ impl Reconciler {
                 result: apply.await,
             }
         });
-        Applying::Pending(as_applied)
+        waiting
     }
 
     /// Takes in the applies finished since the last round: the planes applied, and the
