@@ -461,12 +461,19 @@ fn backend_tls(alpn: &[&[&[u8]]]) -> (Vec<tokio_rustls::TlsAcceptor>, String) {
     (acceptors, pki.ca_pem().to_owned())
 }
 
-/// A TLS backend with a certificate for `backend.internal` signed by a private CA.
-async fn tls_backend() -> (std::net::SocketAddr, String) {
+/// A TLS backend with a certificate for `backend.internal` signed by a private CA, and the
+/// path of every request it is sent, as it reads them.
+async fn tls_backend() -> (
+    std::net::SocketAddr,
+    String,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
     let (acceptors, ca) = backend_tls(&[&[]]);
     let acceptor = acceptors[0].clone();
+    let (seen_tx, seen) = tokio::sync::mpsc::unbounded_channel::<String>();
     let addr = scripted_backend(move |tcp| {
         let acceptor = acceptor.clone();
+        let seen_tx = seen_tx.clone();
         async move {
             let Ok(mut tls) = acceptor.accept(tcp).await else {
                 return;
@@ -477,6 +484,7 @@ async fn tls_backend() -> (std::net::SocketAddr, String) {
             };
             let head = String::from_utf8_lossy(&buf[..n]).into_owned();
             let path = head.split_whitespace().nth(1).unwrap_or("").to_owned();
+            let _ = seen_tx.send(path.clone());
             let body = format!("{{\"path\":\"{path}\",\"pod\":\"tls-1\"}}");
             let resp = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
             let _ = tls.write_all(resp.as_bytes()).await;
@@ -484,13 +492,13 @@ async fn tls_backend() -> (std::net::SocketAddr, String) {
         }
     })
     .await;
-    (addr, ca)
+    (addr, ca, seen)
 }
 
 #[tokio::test]
 async fn tls_backends_verify_against_the_configured_ca_and_names() {
     tokio::time::timeout(TEST_TIMEOUT, async {
-        let (addr, ca) = tls_backend().await;
+        let (addr, ca, _) = tls_backend().await;
         let proxy = proxy().await;
         let http = client();
         let https = format!("https://127.0.0.1:{}", addr.port());
@@ -1480,29 +1488,7 @@ async fn public_only_mirrors_send_no_copy_to_addresses_that_are_not_public() {
 #[tokio::test]
 async fn a_tls_mirror_gets_its_copies_over_verified_tls() {
     tokio::time::timeout(TEST_TIMEOUT, async {
-        let (acceptors, ca) = backend_tls(&[&[]]);
-        let acceptor = acceptors[0].clone();
-        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel::<String>();
-        let mirror = scripted_backend(move |tcp| {
-            let acceptor = acceptor.clone();
-            let seen_tx = seen_tx.clone();
-            async move {
-                let Ok(mut tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let mut buf = vec![0u8; 4096];
-                let Ok(n) = tls.read(&mut buf).await else {
-                    return;
-                };
-                let head = String::from_utf8_lossy(&buf[..n]).into_owned();
-                let _ = seen_tx.send(head.split_whitespace().nth(1).unwrap_or("").to_owned());
-                let _ = tls
-                    .write_all(b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n")
-                    .await;
-                let _ = tls.shutdown().await;
-            }
-        })
-        .await;
+        let (mirror, ca, mut seen) = tls_backend().await;
         let a = echo("svc-a-1").await;
         let proxy = proxy().await;
         let http = client();

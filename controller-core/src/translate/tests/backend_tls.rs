@@ -524,6 +524,23 @@ fn a_gateway_client_certificate_must_resolve_or_the_gateway_says_why() {
     );
 }
 
+/// Gateway `mtls` presenting `client`'s certificate, and Service `secure` under a policy
+/// naming `a.internal`.
+fn mtls_gateway(client: &TestPki) -> String {
+    [
+        SECURE.to_owned(),
+        gateway_with_client_cert("{name: own}"),
+        tls_secret("infra", "own", client),
+        policy(
+            "p",
+            "2024-01-01T00:00:00Z",
+            "{group: \"\", kind: Service, name: secure}",
+            "{wellKnownCACertificates: System, hostname: a.internal}",
+        ),
+    ]
+    .concat()
+}
+
 #[test]
 fn a_gateway_presents_its_client_certificate_to_its_tls_backends_only() {
     let client = TestPki::for_names(&["client"]).expect("pki");
@@ -535,15 +552,7 @@ fn a_gateway_presents_its_client_certificate_to_its_tls_backends_only() {
         )
     };
     let extra = [
-        SECURE.to_owned(),
-        gateway_with_client_cert("{name: own}"),
-        tls_secret("infra", "own", &client),
-        policy(
-            "p",
-            "2024-01-01T00:00:00Z",
-            "{group: \"\", kind: Service, name: secure}",
-            "{wellKnownCACertificates: System, hostname: a.internal}",
-        ),
+        mtls_gateway(&client),
         route("through-mtls", "mtls"),
         route("through-gw", "gw"),
     ]
@@ -596,15 +605,7 @@ fn a_gateway_presents_its_client_certificate_to_its_tls_backends_only() {
 fn a_mirror_to_a_tls_backend_is_sent_over_tls_with_the_gateways_certificate() {
     let client = TestPki::for_names(&["client"]).expect("pki");
     let extra = [
-        SECURE.to_owned(),
-        gateway_with_client_cert("{name: own}"),
-        tls_secret("infra", "own", &client),
-        policy(
-            "p",
-            "2024-01-01T00:00:00Z",
-            "{group: \"\", kind: Service, name: secure}",
-            "{wellKnownCACertificates: System, hostname: a.internal}",
-        ),
+        mtls_gateway(&client),
         http_route(
             "infra",
             "copied",
