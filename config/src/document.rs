@@ -293,6 +293,14 @@ pub struct UrlRewrite {
     pub path: Option<RewritePath>,
 }
 
+/// `numerator` in `denominator`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Fraction {
+    pub numerator: u32,
+    pub denominator: u32,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RequestMirror {
@@ -300,6 +308,11 @@ pub struct RequestMirror {
     /// 0..=100; absent means every request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub percent: Option<u32>,
+    /// The share of requests copied, finer than `percent` (Gateway API's `fraction`: 1 in
+    /// 1,000 is no whole percent); it takes precedence. Proxies that predate it read
+    /// `percent`, which a controller sets beside it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<Fraction>,
     /// How the mirror is spoken to, as a backend's `protocol`: a gRPC or h2c mirror takes
     /// HTTP/2 only.
     #[serde(default, skip_serializing_if = "BackendProtocol::is_default")]

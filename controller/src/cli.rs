@@ -307,6 +307,8 @@ impl RunArgs {
                 proxy_image: self.class.proxy_image.clone(),
                 // Read from the shared tunnel's Secret every round.
                 shared_tunnel: None,
+                // Read from the planes' Deployments every round.
+                running_tunnels: std::collections::BTreeMap::new(),
                 hostname_ownership: self.class.hostname_ownership,
                 // Settled from the GatewayClassConfigs every round.
                 refused_classes: std::collections::BTreeMap::new(),
@@ -666,6 +668,8 @@ pub fn run_translate(
             .as_ref()
             .or(args.shared_tunnel_token.as_ref())
             .map(TunnelIdentity::of),
+        // Offline, planes are taken as rendered.
+        running_tunnels: std::collections::BTreeMap::new(),
         hostname_ownership: args.class.hostname_ownership,
         refused_classes: parameters.refused,
     };

@@ -1415,13 +1415,18 @@ async fn proxy_pod(token: &str) -> Server {
 
 /// Waits until `pod` answers `shop.example.com` with `status`.
 async fn shop_serves(pod: &Server, status: u16) {
+    host_serves(pod, "shop.example.com", status).await;
+}
+
+/// Waits until `pod` answers `host` with `status`.
+async fn host_serves(pod: &Server, host: &str, status: u16) {
     let by = Instant::now() + Duration::from_secs(20);
     loop {
-        let got = get_via(pod.data_addr(), "shop.example.com").await;
+        let got = get_via(pod.data_addr(), host).await;
         if got == status {
             return;
         }
-        assert!(Instant::now() < by, "{got}, not {status}");
+        assert!(Instant::now() < by, "{host}: {got}, not {status}");
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
@@ -1948,6 +1953,59 @@ async fn tunnel_moves_while(spec: &str, failing: &'static str, meanwhile: &str) 
             address().filter(|a| *a == on(OTHER_TUNNEL_ID))
         })
         .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The edge spreads a tunnel's requests over every connector on it, so the planes on one
+/// tunnel serve the union of their routes. A plane whose connector token moves to another
+/// tunnel, while the move fails to apply, still has its pods on the old tunnel: the planes of
+/// the new one do not take its routes until the move lands, and then they do.
+#[tokio::test]
+async fn a_plane_joins_another_tunnels_routes_once_its_move_is_applied() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let third = proxy_pod("c3cr3t").await;
+        let t = Tenant::start_with("replicas: 1", |api| {
+            api.put(yaml(
+                "apiVersion: v1\nkind: Secret\nmetadata: {name: third-api, namespace: tenant-c}\nstringData: {token: c3cr3t}\n",
+            ));
+            api.put(yaml(
+                "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: third-config, namespace: tenant-c}\nspec: {tunnelTokenSecretRef: {name: third-tunnel-token}, authTokenSecretRef: {name: third-api}}\n",
+            ));
+            api.put(config_slice(
+                "tenant-c",
+                "cf-proxy-third-config",
+                third.admin_addr().port(),
+                true,
+            ));
+        })
+        .await;
+        host_serves(&third, "blog.example.com", 200).await;
+        shop_serves(&third, 404).await;
+
+        let failing = t.api.fail(500, |c| {
+            c.method == "PATCH"
+                && c.kind == "Deployment"
+                && c.body.pointer("/metadata/namespace") == Some(&json!("tenant-a"))
+        });
+        // tenant-a's token now opens tenant-c's tunnel.
+        let moved = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
+        t.api.put(yaml(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: edge-tunnel-token, namespace: tenant-a}}\nstringData: {{tunnel-token: \"{moved}\"}}\n"
+        )));
+        t.apply_failure_reported().await;
+        t.rounds(3, Duration::from_millis(300)).await;
+        assert_eq!(
+            get_via(third.data_addr(), "shop.example.com").await,
+            404,
+            "tenant-a's pods are not on tenant-c's tunnel yet"
+        );
+
+        drop(failing);
+        shop_serves(&third, 200).await;
+        host_serves(&third, "blog.example.com", 200).await;
         t.stop().await;
     })
     .await

@@ -29,8 +29,8 @@ pub enum RequestEdit {
 #[derive(Debug)]
 pub struct Mirror {
     pub upstream: Arc<Upstream>,
-    /// 0..=100.
-    pub percent: u32,
+    /// The share of requests copied (see [`cftunnel_config::Fraction`]).
+    pub share: cftunnel_config::Fraction,
 }
 
 /// The filters of one rule or one backend. Every rule and backend has one and most have none

@@ -309,8 +309,9 @@ impl Proxy {
         let counted = body::Counted::new(body, host_metrics.request_bytes.clone());
         // gRPC streams are left alone: a call's messages come when its peer has something to
         // say, and many servers send their response headers only with their first message.
-        let quiet = (!counted.is_end_stream() && !is_grpc(&parts.headers))
-            .then(|| Arc::new(body::QuietState::default()));
+        let grpc = is_grpc(&parts.headers);
+        let quiet =
+            (!counted.is_end_stream() && !grpc).then(|| Arc::new(body::QuietState::default()));
         let counted = body::Quiet::new(counted, self.shared.body_timeout, quiet.clone());
         let stalled = || quiet.as_ref().is_some_and(|q| q.expired());
         let replay_needed = rule.retry.is_some()
@@ -340,7 +341,7 @@ impl Proxy {
             {
                 self.shared.mirrors.send(
                     &mirror.upstream,
-                    mirror.percent,
+                    mirror.share,
                     &parts,
                     bytes.clone(),
                     completion.trace(),
@@ -350,10 +351,7 @@ impl Proxy {
             self.shared.mirrors.count_dropped();
         }
 
-        let timeout = TryTimeout {
-            backend: rule.backend_timeout,
-            header: self.shared.header_timeout,
-        };
+        let timeout = TryTimeout::of(rule, self.shared.header_timeout, grpc);
         let sent = completion.logging().then(Instant::now);
         let mut tries = Tries::default();
         let exchange = retry::exchange(

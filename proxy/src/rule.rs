@@ -22,6 +22,8 @@ pub struct Rule {
     /// when a streamed request body has been sent). `None`: the proxy's default, which bounds
     /// the response head only.
     pub backend_timeout: Option<Duration>,
+    /// A timeout of the rule is `0s`: no default bound on the response head either.
+    pub timeouts_off: bool,
     /// Fail closed: answer this status instead of proxying.
     pub unavailable: Option<StatusCode>,
     pub retry: Option<RetryPolicy>,

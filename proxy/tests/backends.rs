@@ -181,6 +181,9 @@ async fn mirrors_get_a_copy_and_weights_split_traffic() {
                 "backends": [{"url": url(a.http_addr()), "weight": 1}]})),
             rule("/weighted", json!({"backends": [
                 {"url": url(a.http_addr()), "weight": 1}, {"url": url(b.http_addr()), "weight": 3}]})),
+            // `fraction` takes precedence over the `percent` written for older proxies.
+            rule("/quarter", json!({"filters": [{"type": "RequestMirror", "requestMirror": {"backendUrl": url(m.http_addr()), "percent": 100, "fraction": {"numerator": 1, "denominator": 4}}}],
+                "backends": [{"url": url(a.http_addr()), "weight": 1}]})),
         ]});
         push(&http, proxy.admin_addr(), &doc).await;
         let d = proxy.data_addr();
@@ -222,6 +225,22 @@ async fn mirrors_get_a_copy_and_weights_split_traffic() {
         }
         let share = to_b as f64 / N as f64;
         assert!((share - 0.75).abs() < 0.08, "weight 3 of 4 got {share}");
+
+        for _ in 0..N {
+            get(&http, d, "h", "/quarter", &[]).await;
+        }
+        // Copies arrive after the answers: counted once the count stops moving.
+        let mut copies = m.count_echoed("/quarter");
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let now = m.count_echoed("/quarter");
+            if now == copies {
+                break;
+            }
+            copies = now;
+        }
+        // 100 expected; the bounds are six standard deviations off.
+        assert!((50..=160).contains(&copies), "1 in 4 of {N} copied: {copies}");
     })
     .await
     .expect("test finished in time");
@@ -1128,6 +1147,62 @@ async fn the_backend_timeout_also_bounds_the_response_body() {
         let r = get(&http, d, "h", "/open", &[]).await;
         assert_eq!((r.status, r.body.len()), (StatusCode::OK, 30));
         assert_eq!(metric(&http, proxy.admin_addr(), timeouts).await, Some(1.0));
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// The proxy's default wait for a response head (500 ms here) never cuts a request shorter
+/// than its rule allows: a rule's request timeout stretches it, a `0s` timeout (Gateway API:
+/// disabled) turns it off, and gRPC calls, whose first message may be long in coming, carry
+/// their own deadline instead.
+#[tokio::test]
+async fn the_default_head_timeout_yields_to_the_rules_timeouts_and_to_grpc() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            backend_header_timeout: Duration::from_millis(500),
+            ..cftunnel_proxy::ServerOptions::default()
+        })
+        .await;
+        let http = client();
+        let to = |extra: serde_json::Value| {
+            let mut r = json!({"backends": [{"url": url(a.http_addr()), "weight": 1}]});
+            if let (Some(r), Some(extra)) = (r.as_object_mut(), extra.as_object()) {
+                r.extend(extra.clone());
+            }
+            r
+        };
+        let doc = json!({"rules": [
+            rule("/default", to(json!({}))),
+            rule("/long-request", to(json!({"timeouts": {"request": "5s"}}))),
+            rule("/backend-off", to(json!({"timeouts": {"backend": "0s"}}))),
+            rule("/request-off", to(json!({"timeouts": {"request": "0s"}}))),
+        ]});
+        assert_eq!(
+            push(&http, proxy.admin_addr(), &doc).await.status,
+            StatusCode::OK
+        );
+        let d = proxy.data_addr();
+        assert_eq!(
+            get(&http, d, "h", "/default?delay=1s", &[]).await.status,
+            StatusCode::GATEWAY_TIMEOUT
+        );
+        for path in ["/long-request", "/backend-off", "/request-off"] {
+            let r = get(&http, d, "h", &format!("{path}?delay=1s"), &[]).await;
+            assert_eq!(r.status, StatusCode::OK, "{path}");
+        }
+        let grpc = Request::post(format!("http://{d}/default?delay=1s"))
+            .header("host", "h")
+            .header("content-type", "application/grpc")
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        assert_eq!(
+            send(&http, grpc).await.status,
+            StatusCode::OK,
+            "a gRPC call waits"
+        );
     })
     .await
     .expect("test finished in time");

@@ -78,8 +78,8 @@ pub struct Redirect {
 #[derive(Debug, Clone)]
 pub struct Mirror {
     pub target: Arc<Target>,
-    /// 0 to 100.
-    pub percent: u32,
+    /// The share of requests copied: `numerator` in `denominator` (never 0), at most all.
+    pub share: doc::Fraction,
 }
 
 /// An allow-list of methods or headers.
@@ -184,13 +184,34 @@ fn some_filters<F: Keep>(
                     .as_ref()
                     .ok_or_else(|| missing("requestMirror"))?;
                 let at = at.field("requestMirror");
-                let percent = m.percent.unwrap_or(100);
-                if percent > 100 {
-                    return Err(Invalid::new(
-                        at.field("percent"),
-                        "must be between 0 and 100",
-                    ));
-                }
+                let share = match m.fraction {
+                    Some(f) if f.denominator == 0 => {
+                        return Err(Invalid::new(
+                            at.field("fraction").field("denominator"),
+                            "must be more than 0",
+                        ))
+                    }
+                    Some(f) if f.numerator > f.denominator => {
+                        return Err(Invalid::new(
+                            at.field("fraction").field("numerator"),
+                            "must be at most the denominator",
+                        ))
+                    }
+                    Some(f) => f,
+                    None => {
+                        let percent = m.percent.unwrap_or(100);
+                        if percent > 100 {
+                            return Err(Invalid::new(
+                                at.field("percent"),
+                                "must be between 0 and 100",
+                            ));
+                        }
+                        doc::Fraction {
+                            numerator: percent,
+                            denominator: 100,
+                        }
+                    }
+                };
                 let target = cache
                     .target(
                         &m.backend_url,
@@ -209,7 +230,7 @@ fn some_filters<F: Keep>(
                 if F::BUILD {
                     out.mirrors.push(Mirror {
                         target: target.clone(),
-                        percent,
+                        share,
                     });
                 }
             }

@@ -23,6 +23,9 @@ pub struct Rule {
     pub request_timeout: Option<Duration>,
     /// Bounds each try; `None`: the proxy's default (absent or zero).
     pub backend_timeout: Option<Duration>,
+    /// One of the timeouts is zero: Gateway API's `0s` turns the timeout off, and with it
+    /// the proxy's default wait for the response head.
+    pub timeouts_off: bool,
     /// Answer this instead of proxying (fail closed).
     pub unavailable: Option<StatusCode>,
     pub retry: Option<Retry>,
@@ -187,6 +190,11 @@ fn checked<F: Form>(rule: &doc::Rule, cache: &mut Cache) -> Result<F, Invalid> {
         Some(t) => (nonzero(t.request), nonzero(t.backend)),
         None => (None, None),
     };
+    let zero = |d: Option<crate::Duration>| d.is_some_and(|d| d.0.is_zero());
+    let timeouts_off = rule
+        .timeouts
+        .as_ref()
+        .is_some_and(|t| zero(t.request) || zero(t.backend));
     let retry = match &rule.retry {
         None => None,
         Some(r) => {
@@ -214,6 +222,7 @@ fn checked<F: Form>(rule: &doc::Rule, cache: &mut Cache) -> Result<F, Invalid> {
         backends,
         request_timeout,
         backend_timeout,
+        timeouts_off,
         unavailable,
         retry,
         access,

@@ -340,6 +340,14 @@ fn invalid_documents_name_the_field_at_fault() {
             "rules[0].filters[0].requestMirror.percent",
         ),
         (
+            json!({"rules": [{"filters": [{"type": "RequestMirror", "requestMirror": {"backendUrl": "http://m", "fraction": {"numerator": 1, "denominator": 0}}}]}]}),
+            "rules[0].filters[0].requestMirror.fraction.denominator",
+        ),
+        (
+            json!({"rules": [{"filters": [{"type": "RequestMirror", "requestMirror": {"backendUrl": "http://m", "fraction": {"numerator": 3, "denominator": 2}}}]}]}),
+            "rules[0].filters[0].requestMirror.fraction.numerator",
+        ),
+        (
             json!({"rules": [{"filters": [{"type": "RequestMirror", "requestMirror": {"backendUrl": "m"}}]}]}),
             "rules[0].filters[0].requestMirror.backendUrl",
         ),

@@ -50,6 +50,11 @@ pub(super) struct ParentBinding<'h> {
     gateway: Option<usize>,
     /// The plane serving the Gateway and the listeners the route attaches to there.
     outcome: Result<(PlaneKey, Vec<ListenerAttachment<'h>>), (Reason, String)>,
+    /// Listeners (positions in the Gateway's) that select and allow the route, with a hostname
+    /// it shares, but cannot serve it: not valid, or of a Gateway not accepted. Gateway API
+    /// counts the route in their `attachedRoutes` all the same: the count tells an operator
+    /// what such a listener takes down.
+    unserved: Vec<usize>,
 }
 
 /// Where a route is accepted through one parentRef.
@@ -89,6 +94,15 @@ impl<'h> ParentBinding<'h> {
     /// [`OwnedGateways`].
     pub(super) fn gateway(&self) -> Option<usize> {
         self.gateway
+    }
+
+    /// The listeners the route is attached to without being served there (see
+    /// [`ParentBinding::unserved`](Self)), taken out.
+    pub(super) fn take_unserved(&mut self) -> impl Iterator<Item = ListenerKey> + '_ {
+        let gateway = self.gateway;
+        self.unserved
+            .drain(..)
+            .filter_map(move |index| gateway.map(|gateway| ListenerKey { gateway, index }))
     }
 
     /// Leaves out the listeners where a route of the other kind with intersecting hostnames
@@ -319,10 +333,13 @@ pub(super) fn bind<'h>(
             section_name: p.section_name.map(str::to_owned),
             port: p.port,
         };
+        let mut unserved = Vec::new();
         let outcome = match (&route.invalid_hostnames, set, gw) {
             (Some(problem), _, _) => Err((Reason::UnsupportedValue, problem.clone())),
             (None, Err(why), _) => Err((Reason::NoMatchingParent, why)),
-            (None, Ok(set), Some(gw)) => attach(route, p, gw, set, scheme_listeners, index),
+            (None, Ok(set), Some(gw)) => {
+                attach(route, p, gw, set, scheme_listeners, index, &mut unserved)
+            }
             (None, Ok(_), None) => continue,
         };
         let outcome = outcome.and_then(|(plane, attached)| {
@@ -346,12 +363,14 @@ pub(super) fn bind<'h>(
             parent_ref,
             gateway: position,
             outcome,
+            unserved,
         });
     }
 }
 
 /// Attaches a route to the listeners of `gw` a parentRef selects: the Gateway's own, or with
-/// `set` those of that ListenerSet.
+/// `set` those of that ListenerSet. Listeners it is attached to but not served by go to
+/// `unserved` (see [`ParentBinding::unserved`](ParentBinding)).
 fn attach<'h>(
     route: &'h RouteView<'_>,
     p: &ParentRefView<'_>,
@@ -359,6 +378,7 @@ fn attach<'h>(
     set: Option<&ObjectKey>,
     scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners<'_>>,
     index: &Index<'_>,
+    unserved: &mut Vec<usize>,
 ) -> Result<(PlaneKey, Vec<ListenerAttachment<'h>>), (Reason, String)> {
     // The listeners the parentRef selects, those of them that allow the route, and those of
     // these that are usable: the first stage left empty says why the route is refused.
@@ -390,6 +410,9 @@ fn attach<'h>(
         }
         any_allowed = true;
         if !l.usable {
+            if intersect(l.hostname.as_deref(), &route.hostnames).is_some() {
+                unserved.push(i);
+            }
             continue;
         }
         any_usable = true;
@@ -452,10 +475,13 @@ fn attach<'h>(
     // dedicated Gateway whose own listeners are all invalid keeps its plane, serving none).
     match gw.plane.clone() {
         Some(plane) if gw.accepted() => Ok((plane, attached)),
-        _ => Err((
-            Reason::NoMatchingParent,
-            format!("Gateway {} is not accepted", gw.key),
-        )),
+        _ => {
+            unserved.extend(attached.iter().map(|l| l.index));
+            Err((
+                Reason::NoMatchingParent,
+                format!("Gateway {} is not accepted", gw.key),
+            ))
+        }
     }
 }
 

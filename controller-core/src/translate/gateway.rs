@@ -172,6 +172,18 @@ impl OwnedGateway<'_> {
                 ),
             ],
             Err((reason, message)) => {
+                // A listener of a Gateway that is not accepted serves nothing, however valid,
+                // its ListenerSets' included.
+                for c in self
+                    .listeners
+                    .iter_mut()
+                    .flat_map(|l| l.conditions.iter_mut())
+                    .filter(|c| c.kind == ConditionType::Programmed && c.status)
+                {
+                    c.status = false;
+                    c.reason = Reason::Invalid;
+                    c.message = "the Gateway is not accepted".to_owned();
+                }
                 let keeps_plane = reason == Reason::ListenersNotValid
                     && matches!(self.plane, Some(PlaneKey::Dedicated(_)));
                 let sharing = self
@@ -383,7 +395,10 @@ fn owned_gateway<'a>(
         None => (Some(PlaneKey::Shared), options.shared_tunnel, None),
         Some(p) if p.group == GATEWAY_CONFIG_GROUP && p.kind == GATEWAY_CONFIG_KIND => {
             match dedicated_tunnel(&key, &p.name, plans) {
-                Ok(id) => (Some(PlaneKey::Dedicated(key.clone())), Some(id), None),
+                Ok(id) => {
+                    let running = options.running_tunnels.get(&key).copied();
+                    (Some(PlaneKey::Dedicated(key.clone())), running.or(Some(id)), None)
+                }
                 Err(problem) => (None, None, Some((Reason::InvalidParameters, problem))),
             }
         }
@@ -456,9 +471,11 @@ fn mark_conflicts(listeners: &mut [OwnedListener<'_>], specs: &[GatewayListeners
 /// holds: behind a tunnel ports mean nothing, so both would take the same requests. Gateways on
 /// dedicated planes never conflict across Gateways. See docs/design/listeners-and-schemes.md.
 fn mark_shared_plane_conflicts(gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'_>>) {
+    // A Gateway that will not be accepted (every listener of its own invalid) serves nothing,
+    // so its listeners, its ListenerSets' included, take no hostname from another.
     let mut order: Vec<&OwnedGateway<'_>> = gateways
         .values()
-        .filter(|gw| gw.plane == Some(PlaneKey::Shared))
+        .filter(|gw| gw.plane == Some(PlaneKey::Shared) && gw.accepted())
         .collect();
     order.sort_by(|a, b| {
         Precedence::new(a.created, &a.key.namespace, &a.key.name).cmp(&Precedence::new(

@@ -263,7 +263,15 @@ fn translate_rule(
     }))
 }
 
-/// A Gateway API duration; `0s` disables the timeout.
+fn fraction_refused(field: Field<'_>) -> RuleError {
+    RuleError::unsupported(
+        format!("{field}.requestMirror.fraction"),
+        "numerator must be between 0 and a positive denominator",
+    )
+}
+
+/// A Gateway API duration; `0s` disables the timeout, and is passed on as such (the proxy's
+/// default wait for a response head goes with it).
 fn gateway_duration(value: Option<&str>, field: Field<'_>) -> Result<Option<Duration>, RuleError> {
     let Some(value) = value else {
         return Ok(None);
@@ -274,7 +282,7 @@ fn gateway_duration(value: Option<&str>, field: Field<'_>) -> Result<Option<Dura
             field: field.to_string(),
             source,
         })?;
-    Ok((!d.0.is_zero()).then_some(d))
+    Ok(Some(d))
 }
 
 fn convert_backend<'t>(
@@ -745,28 +753,44 @@ fn convert_filter(
                 .request_mirror
                 .as_ref()
                 .ok_or_else(|| missing("requestMirror"))?;
-            let percent = match (&m.percent, &m.fraction) {
-                (Some(p), _) => Some(u32::try_from(*p).ok().filter(|p| *p <= 100).ok_or_else(
-                    || {
-                        RuleError::unsupported(
-                            format!("{field}.requestMirror.percent"),
-                            "must be 0..100",
-                        )
-                    },
-                )?),
+            let (percent, fraction) = match (&m.percent, &m.fraction) {
+                (Some(p), _) => {
+                    let percent =
+                        u32::try_from(*p)
+                            .ok()
+                            .filter(|p| *p <= 100)
+                            .ok_or_else(|| {
+                                RuleError::unsupported(
+                                    format!("{field}.requestMirror.percent"),
+                                    "must be 0..100",
+                                )
+                            })?;
+                    (Some(percent), None)
+                }
                 (None, Some(fr)) => {
                     let den = fr.denominator.unwrap_or(100);
-                    if den <= 0 || fr.numerator < 0 || fr.numerator > den {
-                        return Err(RuleError::unsupported(
-                            format!("{field}.requestMirror.fraction"),
-                            "numerator must be between 0 and a positive denominator",
-                        ));
+                    let (Ok(numerator), Ok(denominator)) =
+                        (u32::try_from(fr.numerator), u32::try_from(den))
+                    else {
+                        return Err(fraction_refused(field));
+                    };
+                    if denominator == 0 || numerator > denominator {
+                        return Err(fraction_refused(field));
                     }
-                    let den = i64::from(den);
-                    let pct = (i64::from(fr.numerator) * 100 + den / 2) / den;
-                    u32::try_from(pct).ok()
+                    // Proxies that predate `fraction` read the nearest whole percent, at
+                    // least 1 where anything is copied.
+                    let nearest = (u64::from(numerator) * 100 + u64::from(denominator) / 2)
+                        / u64::from(denominator);
+                    let percent = u32::try_from(nearest)
+                        .unwrap_or(100)
+                        .max(u32::from(numerator > 0));
+                    let fraction = cftunnel_config::Fraction {
+                        numerator,
+                        denominator,
+                    };
+                    (Some(percent), Some(fraction))
                 }
-                (None, None) => None,
+                (None, None) => (None, None),
             };
             let b = &m.backend_ref;
             let view = BackendRefView {
@@ -799,6 +823,7 @@ fn convert_filter(
                         out.request_mirror = Some(RequestMirror {
                             backend_url,
                             percent,
+                            fraction,
                             protocol: protocol.unwrap_or(resolved.protocol),
                             public_only: resolved.public_only,
                             // Copies go over TLS as the backend's requests do.

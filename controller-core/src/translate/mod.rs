@@ -100,6 +100,10 @@ pub struct Options {
     /// The tunnel of the shared plane (the class tunnel), when known. A dedicated Gateway on
     /// the same tunnel shares it with the shared plane, the documented migration path.
     pub shared_tunnel: Option<TunnelIdentity>,
+    /// The tunnel a dedicated plane's pods run on, where it is not the one its render names:
+    /// its connector token moved and the move is not applied yet. The plane serves with that
+    /// tunnel's planes until the move lands, since its connectors are still there.
+    pub running_tunnels: BTreeMap<ObjectKey, TunnelIdentity>,
     /// Routes publish only hostnames their namespace is labelled for (`--hostname-ownership`,
     /// see [`ownership`]).
     pub hostname_ownership: bool,
@@ -118,6 +122,7 @@ impl Default for Options {
             external_name_backends: ExternalNameBackends::default(),
             proxy_image: None,
             shared_tunnel: None,
+            running_tunnels: BTreeMap::new(),
             hostname_ownership: false,
             refused_classes: BTreeMap::new(),
         }
@@ -443,8 +448,9 @@ fn translate_checked(
     let mut claims = binding::ListenerClaims::new(&routes);
     let mut route_statuses: Vec<(RouteKey, Vec<RouteParentStatus>)> =
         Vec::with_capacity(routes.len());
-    // Gateway API attachedRoutes: each route once per listener, and only where accepted,
-    // however many of its parentRefs select that listener. Counted once every route is bound,
+    // Gateway API attachedRoutes: each route once per listener, where accepted or where only
+    // the listener (or its Gateway) keeps it from being served, however many of its parentRefs
+    // select that listener. Counted once every route is bound,
     // so that the routes' attachments may borrow the listeners' hostnames meanwhile.
     let mut attached_routes: Vec<binding::ListenerKey> = Vec::with_capacity(routes.len());
     // Each route's planes, by plane and the Secret of the client certificate the Gateway
@@ -483,6 +489,7 @@ fn translate_checked(
         let listeners_from = attached_routes.len();
         for mut parent in bound.drain(..) {
             parent.yield_to_other_kind(route.kind, &claims);
+            attached_routes.extend(parent.take_unserved());
             let position = parent.gateway();
             let (mut status, accepted) = parent.into_status(&translated, route.generation);
             let (Some(accepted), Some(gw)) = (accepted, position.and_then(|i| gateways.at(i)))
@@ -572,6 +579,22 @@ fn translate_checked(
                         let grpc = t.grpc;
                         (t.into_attachment(&attachment), grpc)
                     }));
+                // A route on a listener for any host and on listeners with hostnames serves
+                // those hostnames too, whose requests go to their listeners' rules alone
+                // (listener isolation): its rules are placed under them as well.
+                let named = attachment.any_host && !attachment.hostnames.is_empty();
+                let attached = attached.flat_map(|(rule, grpc)| {
+                    let copy = named.then(|| {
+                        let mut copy = rule.clone();
+                        copy.hostnames = attachment
+                            .hostnames
+                            .iter()
+                            .map(|h| (*h).to_owned())
+                            .collect();
+                        (copy, grpc)
+                    });
+                    std::iter::once((rule, grpc)).chain(copy)
+                });
                 for (mut rule, grpc) in attached {
                     if let Some(certificate) = certificate {
                         present_client_certificate(&mut rule, certificate);
@@ -1026,7 +1049,8 @@ impl<'a> Index<'a> {
 /// redirect ports of the listeners it is attached to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Attachment<'h> {
-    /// Set when one attachment serves any host; `hostnames` is then irrelevant.
+    /// Set when one attachment serves any host. `hostnames` still counts then: the hosts of
+    /// more specific listeners are served by their listeners' rules alone.
     pub(crate) any_host: bool,
     /// Borrowed from the route's hostnames or its listeners'; in order and each once after
     /// [`Attachment::settle`].

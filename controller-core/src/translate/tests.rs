@@ -1553,8 +1553,15 @@ fn filters_timeouts_and_retry_carry_over() {
     );
     let mirror = r.filters[2].request_mirror.as_ref().expect("mirror");
     assert_eq!(
-        (mirror.backend_url.as_str(), mirror.percent),
-        ("http://10.0.1.1:3000", Some(50))
+        (mirror.backend_url.as_str(), mirror.percent, mirror.fraction),
+        (
+            "http://10.0.1.1:3000",
+            Some(50),
+            Some(cftunnel_config::Fraction {
+                numerator: 25,
+                denominator: 50
+            })
+        )
     );
     assert_eq!(r.filters[3].cors.as_ref().and_then(|c| c.max_age), Some(60));
     assert_eq!(
@@ -1563,7 +1570,11 @@ fn filters_timeouts_and_retry_carry_over() {
     );
     let timeouts = r.timeouts.as_ref().expect("timeouts");
     assert_eq!(timeouts.request, Some("10s".parse().expect("duration")));
-    assert_eq!(timeouts.backend, None, "0s disables the timeout");
+    assert_eq!(
+        timeouts.backend,
+        Some("0s".parse().expect("duration")),
+        "0s disables the timeout, and is passed on so that the proxy's default goes too"
+    );
     let retry = r.retry.as_ref().expect("retry");
     assert_eq!(
         (retry.attempts, retry.codes.clone()),
@@ -2718,7 +2729,8 @@ fn an_older_gateway_keeps_a_hostname_on_the_shared_plane_and_the_newer_ones_list
         listener_condition(lost, ConditionType::Programmed),
         (false, Reason::Invalid)
     );
-    assert_eq!(lost.attached_routes, 0);
+    // The route on it is counted, not served: the count says what the conflict takes down.
+    assert_eq!(lost.attached_routes, 1);
     let newer_gateway = &out.statuses.gateways[&ObjectKey::new("web", "site")];
     assert_eq!(
         described(&newer_gateway.conditions[0]),

@@ -570,6 +570,18 @@ struct NotApplied {
     as_applied: Option<Served>,
 }
 
+/// What a plane's pods run with while its render is not applied.
+enum RunsWith<'a> {
+    /// No pods: the plane was never applied, as far as this replica and the caches tell.
+    Nothing,
+    /// The render's credentials: its live Deployment's pod template carries them already (an
+    /// apply that wrote the Deployment and failed after it), or the plane ran before this
+    /// replica led (a restart, a new leader) and nothing tells otherwise.
+    ThisRender,
+    /// As this replica last applied it.
+    AsApplied(&'a Served),
+}
+
 /// An apply as its task hands it back.
 struct Finished {
     key: ObjectKey,
@@ -749,6 +761,8 @@ impl Reconciler {
             self.fresh_tokens.insert(key.clone(), token.clone());
             Some(token)
         });
+        // A plane whose tunnel move is not applied yet serves with its old tunnel's planes.
+        translate_options.running_tunnels = self.running_tunnels(snapshot, &plans, deployments);
         let mut output = translate::translate_with(
             snapshot,
             &translate_options,
@@ -1188,6 +1202,57 @@ impl Reconciler {
         })
     }
 
+    /// What the pods of a plane (of the Gateway `uid`) run with while `plane`, its render, is
+    /// not applied, by `deployment`, its live Deployment (see [`RunsWith`]).
+    fn runs_with(
+        &self,
+        uid: &str,
+        plane: &render::DataPlane,
+        deployment: Option<&Deployment>,
+    ) -> RunsWith<'_> {
+        let controlled = deployment.filter(|d| apply::controlled_by(d.owner_references(), uid));
+        let on_this_render = controlled.is_some_and(|d| {
+            credentials_hash(d).is_some()
+                && credentials_hash(d) == credentials_hash(&plane.deployment)
+        });
+        match self.applied.get(uid) {
+            Some(applied) if !on_this_render => RunsWith::AsApplied(&applied.served),
+            _ if controlled.is_some() => RunsWith::ThisRender,
+            _ => RunsWith::Nothing,
+        }
+    }
+
+    /// The dedicated planes whose pods run on another tunnel than their render names: see
+    /// [`Options::running_tunnels`].
+    fn running_tunnels(
+        &self,
+        snapshot: &Snapshot,
+        plans: &render::Plans,
+        deployments: &[Deployment],
+    ) -> BTreeMap<ObjectKey, TunnelIdentity> {
+        snapshot
+            .gateways
+            .iter()
+            .filter_map(|gw| {
+                let key = object_key(gw)?;
+                let uid = gw.metadata.uid.as_deref()?;
+                let rendered = plans.get(&key)?.as_ref().ok()?;
+                let deployment = deployments.iter().find(|d| {
+                    d.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+                        && d.metadata.name.as_deref()
+                            == Some(rendered.plane.names.deployment.as_str())
+                });
+                let RunsWith::AsApplied(served) = self.runs_with(uid, &rendered.plane, deployment)
+                else {
+                    return None;
+                };
+                let running = TunnelIdentity::of(&served.credentials.tunnel);
+                (running != TunnelIdentity::of(&rendered.credentials.tunnel))
+                    .then_some((key, running))
+            })
+            .collect()
+    }
+
     /// Starts applying a rendered plane unless it was applied lately and `live`, the watch
     /// caches' view of its objects, still holds what was applied ([`drift`]), or an apply of
     /// this render runs. A render whose apply failed is held back for a while ([`Held`]).
@@ -1221,21 +1286,11 @@ impl Reconciler {
             }
             return Applying::Intact(Served::of(credentials, &plane));
         }
-        // What its pods run with: this render's credentials where the live Deployment's pod
-        // template already carries them (an apply that wrote the Deployment and failed after
-        // it); else as applied by this replica; else, for a plane running before this replica
-        // led (a restart, a new leader), this render's, as far as the caches tell. Its pods
-        // take their routes while it is applied again.
-        let controlled = live
-            .deployment
-            .filter(|d| apply::controlled_by(d.owner_references(), &uid));
-        let on_this_render = controlled.is_some_and(|d| {
-            credentials_hash(d).is_some()
-                && credentials_hash(d) == credentials_hash(&plane.deployment)
-        });
-        let as_applied = match self.applied.get(&uid) {
-            Some(applied) if !on_this_render => Some(applied.served.clone()),
-            _ => controlled.map(|_| Served::of(credentials.clone(), &plane)),
+        // What its pods run with: they take their routes while it is applied again.
+        let as_applied = match self.runs_with(&uid, &plane, live.deployment) {
+            RunsWith::Nothing => None,
+            RunsWith::ThisRender => Some(Served::of(credentials.clone(), &plane)),
+            RunsWith::AsApplied(served) => Some(served.clone()),
         };
         if let Some(error) = self.apply_failures.error(&uid, &digest) {
             return Applying::Failed(NotApplied {

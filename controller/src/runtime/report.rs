@@ -467,12 +467,14 @@ impl Reconciler {
         }
     }
 
-    /// Writes each GatewayClassConfig's `SecretsResolved` and `Valid`, as this round judged it
-    /// ([`crate::class_parameters::settle`]), whether or not a class names it.
+    /// Writes the `SecretsResolved` and `Valid` of each GatewayClassConfig one of the
+    /// controller's classes names, as this round judged it
+    /// ([`crate::class_parameters::settle`]).
     async fn write_gateway_class_config_statuses(&self, snapshot: &Snapshot, now: &str) {
-        // Which controllers' GatewayClasses name each config: one named only by another
-        // controller's classes is its to judge (the verdict depends on each controller's own
-        // namespace, and two writing theirs would overwrite each other at every round).
+        // Which controllers' GatewayClasses name each config: one named by none of ours is not
+        // ours to judge. The verdict depends on each controller's own namespace, so two
+        // installations writing theirs on a config no class names (yet, or any more) would
+        // overwrite each other at every round.
         let controller = &self.options.translate.controller_name;
         let mut named: BTreeMap<&str, bool> = BTreeMap::new();
         for class in &snapshot.gateway_classes {
@@ -488,7 +490,7 @@ impl Reconciler {
             let Some(name) = config.metadata.name.as_deref() else {
                 continue;
             };
-            if named.get(name) == Some(&false) {
+            if named.get(name) != Some(&true) {
                 continue;
             }
             let Some(verdict) = self.class_configs.get(name) else {

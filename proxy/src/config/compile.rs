@@ -259,6 +259,7 @@ fn compile_rule(
             backends: Backends::new(backends),
             request_timeout: rule.request_timeout,
             backend_timeout: rule.backend_timeout,
+            timeouts_off: rule.timeouts_off,
             unavailable: rule.unavailable,
             retry: rule.retry.map(|r| RetryPolicy {
                 codes: r.codes.into_boxed_slice(),
@@ -352,7 +353,7 @@ fn filters(f: valid::Filters, upstreams: &mut Upstreams) -> Result<Filters, Upst
         .map(|m| {
             upstreams.get(m.target).map(|upstream| Mirror {
                 upstream,
-                percent: m.percent,
+                share: m.share,
             })
         })
         .collect::<Result<Vec<_>, _>>()?;

@@ -45,17 +45,19 @@ impl Mirrors {
         self.dropped.inc();
     }
 
-    /// Sends a copy of the request to a mirror, `percent` of the time, never delaying the
+    /// Sends a copy of the request to a mirror, its `share` of the time, never delaying the
     /// original; with `trace`, the copy gets a client span of its own under the request's.
     pub(crate) fn send(
         &self,
         upstream: &Arc<Upstream>,
-        percent: u32,
+        share: cftunnel_config::Fraction,
         parts: &http::request::Parts,
         body: Bytes,
         trace: Option<&RequestTrace>,
     ) {
-        if percent < 100 && rand::random_range(0..100) >= percent {
+        if share.numerator < share.denominator
+            && rand::random_range(0..share.denominator) >= share.numerator
+        {
             return;
         }
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {

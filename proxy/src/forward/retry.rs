@@ -37,8 +37,33 @@ pub(crate) type Answer = (Response<UpstreamBody>, Option<Instant>);
 pub(crate) struct TryTimeout {
     /// The rule's backend timeout, which bounds each try up to the end of its response body.
     pub(crate) backend: Option<Duration>,
-    /// The proxy's default, which bounds the response head only, for rules without one.
-    pub(crate) header: Duration,
+    /// For rules without one, the bound on the response head alone; `None`: none.
+    pub(crate) header: Option<Duration>,
+}
+
+impl TryTimeout {
+    /// The bounds of a try of `rule`, the proxy's default wait for a response head being
+    /// `header`. That default never cuts a request shorter than the rule allows: it is
+    /// stretched to the rule's request timeout, and off where a rule's timeout is `0s`
+    /// (Gateway API: the timeout is disabled) or for gRPC, whose servers may send their
+    /// response headers only with a first message that can be long in coming (a watch); a
+    /// gRPC call carries its own deadline.
+    pub(crate) fn of(rule: &crate::rule::Rule, header: Duration, grpc: bool) -> Self {
+        let header = match rule.request_timeout {
+            _ if grpc || rule.timeouts_off => None,
+            Some(request) => Some(header.max(request)),
+            None => Some(header),
+        };
+        Self {
+            backend: rule.backend_timeout,
+            header,
+        }
+    }
+
+    /// What bounds a try: the rule's backend timeout, or the wait for the head.
+    fn per_try(self) -> Option<Duration> {
+        self.backend.or(self.header)
+    }
 }
 
 /// Why an exchange ended without a response head.
@@ -152,7 +177,7 @@ async fn with_retries<'a: 'f, 'f>(
     tries: &'f mut Tries<'a>,
     mut trace: Option<&'f mut RequestTrace>,
 ) -> Result<Answer, ExchangeError> {
-    let per_try = timeout.backend.unwrap_or(timeout.header);
+    let per_try = timeout.per_try();
     let explicit = timeout.backend.is_some();
     let mut target = upstream;
     upstream.retry_budget.deposit();
@@ -169,7 +194,7 @@ async fn with_retries<'a: 'f, 'f>(
                 .map(|t| t.start_try(&mut req, target, tries.count));
             tries.count += 1;
             tries.last = Some(target);
-            let result = target.send(req, Some(per_try), None).await;
+            let result = target.send(req, per_try, None).await;
             let retryable = match &result {
                 Ok((resp, _)) => policy.codes.contains(&resp.status().as_u16()),
                 Err(e) => e.is_retryable(),
@@ -220,7 +245,7 @@ fn last_try<'a: 'f, 'f>(
     Answering<'f, impl Future<Output = Result<Answer, ForwardError>> + Send + 'a>,
     UnforwardableTarget,
 > {
-    let per_try = timeout.backend.unwrap_or(timeout.header);
+    let per_try = timeout.per_try();
     let (body, body_sent) = body.into_body();
     let headers = std::mem::take(&mut parts.headers);
     let mut req = upstream_request(&parts, headers, target, body)?;
@@ -230,7 +255,7 @@ fn last_try<'a: 'f, 'f>(
     tries.count += 1;
     tries.last = Some(target);
     Ok(Answering {
-        send: target.send(req, Some(per_try), body_sent),
+        send: target.send(req, per_try, body_sent),
         explicit: timeout.backend.is_some(),
         span,
         trace,

@@ -591,3 +591,52 @@ fn a_listener_sets_certificate_in_another_namespace_needs_a_reference_grant() {
         );
     }
 }
+
+/// A Gateway that is not accepted (its one listener names a certificate that does not exist)
+/// serves nothing, so the listeners of its ListenerSets take no hostname from another Gateway
+/// on the shared plane: the newer Gateway's listener for it is not conflicted.
+#[test]
+fn the_listener_sets_of_a_gateway_not_accepted_take_no_hostname() {
+    let broken = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: hub, namespace: infra, creationTimestamp: "2020-01-01T00:00:00Z"}
+spec:
+  gatewayClassName: cf
+  allowedListeners: {namespaces: {from: Same}}
+  listeners:
+  - {name: main, port: 443, protocol: HTTPS, hostname: main.example.com, tls: {certificateRefs: [{name: not-issued-yet}]}}
+---
+"#;
+    let late = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: late, namespace: infra, creationTimestamp: "2021-01-01T00:00:00Z"}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: b, port: 80, protocol: HTTP, hostname: b.example.com}
+---
+"#;
+    let set = listener_set(
+        "infra",
+        "extra",
+        &["{name: b, port: 80, protocol: HTTP, hostname: b.example.com}"],
+    );
+    let route = http_route(
+        "infra",
+        "on-late",
+        "  parentRefs: [{name: late}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]",
+    );
+    let out = run(&[broken, late, set.as_str(), route.as_str()].concat());
+    let b = listener_status(&out, "infra", "late", "b");
+    assert_eq!(
+        listener_condition(b, ConditionType::Conflicted),
+        (false, Reason::NoConflicts)
+    );
+    assert_eq!(
+        condition(&out, "infra", "on-late", ConditionType::Accepted),
+        (true, Reason::Accepted)
+    );
+    assert!(route_rules(&out)
+        .iter()
+        .any(|r| r.name.as_deref() == Some("infra/on-late/0") && r.hostnames == ["b.example.com"]));
+}

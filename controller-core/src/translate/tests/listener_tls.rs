@@ -155,7 +155,8 @@ fn listener_certificates_must_resolve_or_the_listener_is_not_programmed() {
             },
             "{reference}"
         );
-        assert_eq!(secure.attached_routes, i32::from(ok), "{reference}");
+        // Attached either way: the count says what the listener takes down.
+        assert_eq!(secure.attached_routes, 1, "{reference}");
         let served: Vec<&str> = route_rules(&out)
             .iter()
             .filter(|r| r.name.as_deref() == Some("infra/to-secure/0"))
@@ -190,6 +191,61 @@ fn listener_certificates_must_resolve_or_the_listener_is_not_programmed() {
             "{reference}"
         );
     }
+}
+
+/// Gateway API's GatewayWithAttachedRoutes: a Gateway whose one listener names a Secret that
+/// does not exist is not accepted, and the listener counts the route attached to it all the
+/// same; the route's own missing backend shows in its ResolvedRefs.
+#[test]
+fn a_listener_with_unresolved_refs_counts_the_routes_attached_to_it() {
+    let gateway = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: unresolved, namespace: infra}\nspec:\n  gatewayClassName: cf\n  listeners:\n  - {name: tls, port: 443, protocol: HTTPS, allowedRoutes: {kinds: [{kind: HTTPRoute}], namespaces: {from: Same}}, tls: {certificateRefs: [{group: \"\", kind: Secret, name: does-not-exist}], mode: Terminate}}\n---\n";
+    let route = http_route(
+        "infra",
+        "http-route-4",
+        "  parentRefs: [{kind: Gateway, name: unresolved, namespace: infra, sectionName: tls}]\n  rules:\n  - backendRefs: [{name: does-not-exist, port: 8080}]",
+    );
+    let out = run(&[gateway, route.as_str()].concat());
+    let tls = listener_status(&out, "infra", "unresolved", "tls");
+    assert_eq!(tls.attached_routes, 1);
+    assert!(!listener_condition(tls, ConditionType::Programmed).0);
+    assert!(!listener_condition(tls, ConditionType::ResolvedRefs).0);
+    assert!(!condition(&out, "infra", "http-route-4", ConditionType::ResolvedRefs).0);
+    assert!(route_rules(&out)
+        .iter()
+        .all(|r| r.name.as_deref() != Some("infra/http-route-4/0")));
+}
+
+/// A Gateway that is not accepted serves nothing: its listeners, valid as they are, are not
+/// programmed, and the routes on them are counted but not served.
+#[test]
+fn the_listeners_of_a_gateway_not_accepted_are_not_programmed() {
+    let gateway = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: refused, namespace: infra}\nspec:\n  gatewayClassName: cf\n  infrastructure: {parametersRef: {group: example.com, kind: Unknown, name: nothing}}\n  listeners:\n  - {name: http, port: 80, protocol: HTTP, hostname: refused.example.com}\n---\n";
+    let route = http_route(
+        "infra",
+        "on-refused",
+        "  parentRefs: [{name: refused}]\n  rules:\n  - backendRefs: [{name: v2, port: 8080}]",
+    );
+    let out = run(&[gateway, route.as_str()].concat());
+    let gw = &out.statuses.gateways[&ObjectKey::new("infra", "refused")];
+    let accepted = gw
+        .conditions
+        .iter()
+        .find(|c| c.kind == ConditionType::Accepted)
+        .expect("Accepted");
+    assert_eq!(
+        (accepted.status, accepted.reason),
+        (false, Reason::InvalidParameters)
+    );
+    let http = listener_status(&out, "infra", "refused", "http");
+    assert_eq!(
+        listener_condition(http, ConditionType::Programmed),
+        (false, Reason::Invalid)
+    );
+    assert_eq!(http.attached_routes, 1);
+    assert_eq!(
+        condition(&out, "infra", "on-refused", ConditionType::Accepted),
+        (false, Reason::NoMatchingParent)
+    );
 }
 
 #[test]

@@ -1,0 +1,122 @@
+//! Listener isolation end to end: a Gateway with a listener for any host and listeners with
+//! hostnames, translated and served by an in-process proxy, and real HTTP/1.1 requests to it.
+//! A hostname belongs to its most specific listener: routes attached only to a less specific
+//! one do not serve it, and a route attached to that listener (among others) does.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cftunnel_controller_core::manifest;
+use cftunnel_controller_core::translate::{self, ObjectKey, Options, Snapshot};
+use cftunnel_proxy::{Server, ServerOptions};
+use cftunnel_testkit::echo::{EchoIdentity, EchoServer};
+use http_body_util::{BodyExt, Empty};
+
+fn manifests(backend: SocketAddr) -> String {
+    format!(
+        r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: cf}}
+spec: {{controllerName: cf.k8s.lex.la/tunnel-controller}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: edge, namespace: web}}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {{name: any, port: 80, protocol: HTTP}}
+  - {{name: app, port: 80, protocol: HTTP, hostname: app.example.com}}
+  - {{name: wild, port: 80, protocol: HTTP, hostname: "*.example.org"}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: web}}
+spec: {{ports: [{{name: http, port: 80, targetPort: {port}}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: web-a, namespace: web, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv4
+ports: [{{name: http, port: {port}}}]
+endpoints: [{{addresses: ["{ip}"]}}]
+---
+# Attached to every listener of the Gateway: it serves every host.
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: everywhere, namespace: web}}
+spec:
+  parentRefs: [{{name: edge}}]
+  rules: [{{matches: [{{path: {{type: PathPrefix, value: /everywhere}}}}], backendRefs: [{{name: web, port: 80}}]}}]
+---
+# Attached to the listener for any host alone: the hosts of the others are not its.
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: any-only, namespace: web}}
+spec:
+  parentRefs: [{{name: edge, sectionName: any}}]
+  rules: [{{matches: [{{path: {{type: PathPrefix, value: /any-only}}}}], backendRefs: [{{name: web, port: 80}}]}}]
+"#,
+        ip = backend.ip(),
+        port = backend.port(),
+    )
+}
+
+async fn status(proxy: SocketAddr, host: &str, path: &str) -> u16 {
+    let (mut sender, _conn) = cftunnel_testkit::client::connect_http1(proxy)
+        .await
+        .expect("connect to the proxy");
+    let req = http::Request::builder()
+        .uri(path)
+        .header("host", host)
+        .body(Empty::<Bytes>::new())
+        .expect("request");
+    let res = sender.send_request(req).await.expect("an answer");
+    let status = res.status().as_u16();
+    let _ = res.into_body().collect().await;
+    status
+}
+
+#[tokio::test]
+async fn a_route_on_every_listener_serves_the_hosts_of_the_specific_ones_too() {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let backend = EchoServer::spawn(
+            std::net::Ipv4Addr::LOCALHOST.into(),
+            EchoIdentity {
+                namespace: "web".to_owned(),
+                pod: "web-a".to_owned(),
+            },
+        )
+        .await
+        .expect("the echo backend starts");
+        let mut snapshot = Snapshot::default();
+        manifest::load_into(&mut snapshot, &manifests(backend.http_addr()), "web.yaml")
+            .expect("manifests parse");
+        let output = translate::translate(&snapshot, &Options::default());
+        let gateway = ObjectKey::new("web", "edge");
+        let plane = &output.planes[&gateway];
+        let config = output.configs[plane].clone();
+        let attached: Vec<_> = output.statuses.gateways[&gateway]
+            .listeners
+            .iter()
+            .map(|l| l.attached_routes)
+            .collect();
+        assert_eq!(attached, vec![2, 1, 1], "any, app, wild");
+
+        let proxy = Server::start(ServerOptions::default(), Some(config))
+            .await
+            .expect("the proxy starts");
+        let at = proxy.data_addr();
+        for host in ["app.example.com", "a.example.org", "other.test"] {
+            assert_eq!(status(at, host, "/everywhere").await, 200, "{host}");
+        }
+        assert_eq!(status(at, "other.test", "/any-only").await, 200);
+        for host in ["app.example.com", "a.example.org"] {
+            assert_eq!(status(at, host, "/any-only").await, 404, "{host}");
+        }
+    })
+    .await
+    .expect("in time");
+}
