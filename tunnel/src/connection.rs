@@ -73,6 +73,23 @@ impl Shared {
     }
 }
 
+/// Runs the steps of a connection attempt up to its registration, unless the connector stops
+/// running first: `None` then, and the attempt is dropped, its dial, handshake or
+/// registration call with it. A drain or shutdown thus neither waits for an attempt in
+/// progress (a silent edge holds one for its timeouts) nor lets it register afterwards,
+/// which would have the edge route new requests to a connector on its way out.
+pub(crate) async fn unless_stopped<F: std::future::Future>(
+    shared: &Shared,
+    steps: F,
+) -> Option<F::Output> {
+    let mut state = shared.state.clone();
+    tokio::select! {
+        biased;
+        _ = state.wait_for(|s| *s != RunState::Running) => None,
+        out = steps => Some(out),
+    }
+}
+
 /// `ClientInfo.arch` as `cloudflared` sends it: Go's `GOOS_GOARCH` (`linux_amd64`,
 /// `darwin_arm64`, ...), from Rust's target OS and architecture names and the byte order
 /// (Go names little-endian MIPS and POWER variants apart). Names Go has no other

@@ -16,6 +16,7 @@ use uuid::Uuid;
 use crate::backoff::{next_transport, Backoff, DialFailures, SharedBackoff, Transport};
 use crate::body::{Body, BoxError};
 use crate::connection::{ConnError, Ended, RunState, Shared};
+use crate::discovery::DiscoveryError;
 use crate::edge::{EdgeAddr, EdgeIpVersion, EdgePool, EDGE_PORT, REGION_HOSTS};
 use crate::metrics::{ProtocolLabel, TunnelMetrics};
 use crate::options::{ConnectorOptions, Protocol};
@@ -129,6 +130,18 @@ impl Connector {
         handler: H,
         metrics: TunnelMetrics,
     ) -> Result<ConnectorHandle, ConnectorError> {
+        self.start_with(handler, metrics, SystemResolver, REFILL_FIRST)
+    }
+
+    /// [`start_handler`](Self::start_handler) with the edge looked up through `resolver`,
+    /// and looked up again `refill_first` after a lookup that left addresses out.
+    fn start_with<H: Handler, R: EdgeResolver>(
+        self,
+        handler: H,
+        metrics: TunnelMetrics,
+        resolver: R,
+        refill_first: Duration,
+    ) -> Result<ConnectorHandle, ConnectorError> {
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|_| ConnectorError::NoRuntime)?;
         let worker = LocalWorker::start("cftunnel-rpc").map_err(ConnectorError::Worker)?;
@@ -168,7 +181,7 @@ impl Connector {
             ha_backoff,
         });
         tracing::info!(connector_id = %client_id, "starting tunnel connector");
-        runtime.spawn(run_all(shared, done_tx));
+        runtime.spawn(run_all(shared, done_tx, resolver, refill_first));
         Ok(ConnectorHandle {
             registered: registered_rx,
             state: state_tx,
@@ -243,8 +256,9 @@ impl ConnectorHandle {
     /// open for the whole grace period, idle or not, serving in-flight
     /// requests and any the edge still routes to it; then connections close
     /// with code 0. Returns when all connections have ended, so at the end of
-    /// the grace period. [`shutdown`](Self::shutdown) cuts it short.
-    /// Idempotent.
+    /// the grace period. [`shutdown`](Self::shutdown) cuts it short. A
+    /// connection still dialing or waiting for its registration is abandoned,
+    /// never registered. Idempotent.
     pub async fn drain(&self) {
         self.state.send_if_modified(|s| {
             if *s == RunState::Running {
@@ -258,7 +272,8 @@ impl ConnectorHandle {
     }
 
     /// Immediate shutdown: connections close now, in-flight streams are
-    /// reset. Returns when all connections have ended.
+    /// reset, attempts in progress are abandoned. Returns when all
+    /// connections have ended.
     pub async fn shutdown(&self) {
         self.state.send_replace(RunState::Shutdown);
         self.closed().await;
@@ -275,14 +290,46 @@ async fn wait_state_change(state: &mut watch::Receiver<RunState>) {
     let _ = state.wait_for(|s| *s != RunState::Running).await;
 }
 
-async fn resolve_edges(shared: &Shared) -> Vec<(SocketAddr, u8)> {
+/// Where edge addresses come from: SRV discovery, and host names resolved (`TUNNEL_EDGE`
+/// hosts, the region hosts). A seam, so that lookups failing at start and answering later
+/// can be exercised without DNS.
+pub(crate) trait EdgeResolver: Send + Sync + 'static {
+    /// The discovered edge of `region`, tagged with the region (0 or 1) of each address.
+    fn discover(
+        &self,
+        region: Option<&str>,
+    ) -> impl std::future::Future<Output = Result<Vec<(SocketAddr, u8)>, DiscoveryError>> + Send;
+    /// The addresses of `edge`.
+    fn resolve(
+        &self,
+        edge: &EdgeAddr,
+    ) -> impl std::future::Future<Output = std::io::Result<Vec<SocketAddr>>> + Send;
+}
+
+/// The system's DNS (and DNS-over-TLS for discovery, see [`crate::discovery`]).
+struct SystemResolver;
+
+impl EdgeResolver for SystemResolver {
+    async fn discover(
+        &self,
+        region: Option<&str>,
+    ) -> Result<Vec<(SocketAddr, u8)>, DiscoveryError> {
+        crate::discovery::discover(region).await
+    }
+
+    async fn resolve(&self, edge: &EdgeAddr) -> std::io::Result<Vec<SocketAddr>> {
+        edge.resolve().await
+    }
+}
+
+async fn resolve_edges(shared: &Shared, resolver: &impl EdgeResolver) -> Vec<(SocketAddr, u8)> {
     let mut out = Vec::new();
     if shared.opts.edges.is_empty() {
         let version = shared.opts.edge_ip_version;
         // Checked by `Connector::new`.
         let endpoint =
             edge_region(shared.opts.region.as_deref(), shared.token.endpoint()).unwrap_or_default();
-        match crate::discovery::discover(endpoint).await {
+        match resolver.discover(endpoint).await {
             Ok(mut found) => {
                 found.retain(|(a, _)| version.allows(a.ip()));
                 if !found.is_empty() {
@@ -296,12 +343,12 @@ async fn resolve_edges(shared: &Shared) -> Vec<(SocketAddr, u8)> {
             Err(e) => tracing::warn!(error = %e, "edge discovery failed"),
         }
         return region_host_fallback(endpoint, version, |host| async move {
-            EdgeAddr::new(host, EDGE_PORT).resolve().await
+            resolver.resolve(&EdgeAddr::new(host, EDGE_PORT)).await
         })
         .await;
     }
     for (i, edge) in shared.opts.edges.iter().enumerate() {
-        match edge.resolve().await {
+        match resolver.resolve(edge).await {
             Ok(addrs) => {
                 if let Some(a) = crate::edge::static_choice(&addrs) {
                     out.push((a, (i % 2) as u8));
@@ -399,25 +446,25 @@ const REFILL_FIRST: Duration = Duration::from_secs(10);
 const REFILL_MAX: Duration = Duration::from_secs(300);
 
 /// Looks the edge up again while the lookup at start left addresses out (a discovery region
-/// or a `TUNNEL_EDGE` host that did not resolve, a passing DNS failure) and fewer than
-/// `wanted` connections run for want of them: after `first`, then after twice the wait each
-/// time, until a lookup is complete. What is found joins the pool, and `start` starts a
-/// connection index for each new address, up to `wanted`. Returns then, or when the
-/// connector stops running.
+/// or a `TUNNEL_EDGE` host that did not resolve, a passing DNS failure): after `first`, then
+/// after twice the wait each time, up to [`REFILL_MAX`], until a lookup is complete. It does
+/// so whether or not every connection runs: what is found joins the pool, where a connection
+/// moving on after a dial failure or a duplicate refusal finds it (the region left out may be
+/// the one still up when the other fails), and raises `target`, the connections to run, up to
+/// `wanted`. Returns then, or when the connector stops running.
 async fn refill<F, Fut>(
     pool: &EdgePool,
     wanted: usize,
-    mut running: usize,
+    target: &watch::Sender<usize>,
     first: Duration,
     state: &mut watch::Receiver<RunState>,
     mut resolve: F,
-    mut start: impl FnMut(u8),
 ) where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = (Vec<(SocketAddr, u8)>, bool)>,
 {
     let mut wait = first;
-    while running < wanted {
+    loop {
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = wait_state_change(state) => return,
@@ -426,21 +473,21 @@ async fn refill<F, Fut>(
             found = resolve() => found,
             _ = wait_state_change(state) => return,
         };
-        if pool.extend(found) > 0 {
-            let more = wanted.saturating_sub(running).min(pool.available());
-            for idx in running..running + more {
-                let idx = u8::try_from(idx).unwrap_or(u8::MAX);
-                // Held from now, so the next lookup counts it taken.
-                let _ = pool.address(idx);
-                start(idx);
-            }
-            if more > 0 {
-                tracing::info!(
-                    connections = running + more,
-                    "more edge addresses resolved: more HA connections start"
-                );
-            }
-            running += more;
+        let added = pool.extend(found);
+        if added > 0 {
+            let usable = pool.usable().min(wanted);
+            target.send_if_modified(|t| {
+                let raise = usable > *t;
+                if raise {
+                    *t = usable;
+                }
+                raise
+            });
+            tracing::info!(
+                added,
+                connections = *target.borrow(),
+                "a later edge lookup found more addresses"
+            );
         }
         if complete {
             return;
@@ -449,13 +496,18 @@ async fn refill<F, Fut>(
     }
 }
 
-async fn run_all(shared: Arc<Shared>, done: watch::Sender<bool>) {
+async fn run_all<R: EdgeResolver>(
+    shared: Arc<Shared>,
+    done: watch::Sender<bool>,
+    resolver: R,
+    refill_first: Duration,
+) {
     let mut state = shared.state.clone();
     let mut backoff = Backoff::new(shared.opts.backoff_base, shared.opts.retries);
     let entries = loop {
         // A drain or shutdown does not wait for a lookup (DNS may take its timeouts).
         let entries = tokio::select! {
-            entries = resolve_edges(&shared) => entries,
+            entries = resolve_edges(&shared, &resolver) => entries,
             _ = wait_state_change(&mut state) => {
                 let _ = done.send(true);
                 return;
@@ -484,40 +536,73 @@ async fn run_all(shared: Arc<Shared>, done: watch::Sender<bool>) {
             "fewer edge addresses than HA connections"
         );
     }
-    let mut set = JoinSet::new();
-    spawn_index(&mut set, &shared, &pool, 0);
-    if ha > 1 {
-        let mut registered = shared.registered.subscribe();
-        let started = tokio::select! {
-            r = registered.wait_for(|n| *n >= 1) => r.is_ok(),
-            _ = wait_state_change(&mut state) => false,
-        };
-        if started {
-            for idx in 1..ha {
-                tokio::select! {
-                    _ = tokio::time::sleep(shared.opts.ha_start_interval) => {}
-                    _ = wait_state_change(&mut state) => break,
-                }
-                spawn_index(&mut set, &shared, &pool, idx as u8);
-            }
-        }
-    }
-    let wanted = shared.opts.ha_connections;
-    let more = async {
-        let mut extra = JoinSet::new();
-        if incomplete && ha < wanted {
+    let (target_tx, target) = watch::channel(ha);
+    // Looked up again from the start, not once a connection registers: the addresses left
+    // out may be the only ones that answer.
+    let lookups = async {
+        if incomplete {
             let resolve = || async {
-                let found = resolve_edges(&shared).await;
+                let found = resolve_edges(&shared, &resolver).await;
                 let complete = complete(&shared, &found);
                 (found, complete)
             };
-            let start = |idx| spawn_index(&mut extra, &shared, &pool, idx);
-            refill(&pool, wanted, ha, REFILL_FIRST, &mut state, resolve, start).await;
+            let wanted = shared.opts.ha_connections;
+            let mut state = shared.state.clone();
+            refill(&pool, wanted, &target_tx, refill_first, &mut state, resolve).await;
         }
-        while extra.join_next().await.is_some() {}
+        // The connections to run are settled.
+        drop(target_tx);
     };
-    tokio::join!(async { while set.join_next().await.is_some() {} }, more);
+    tokio::join!(lookups, run_indexes(&shared, &pool, target));
     let _ = done.send(true);
+}
+
+/// Runs connection index 0 and, once it has registered (as `cloudflared` starts its HA
+/// connections), the others up to `target` one [`ha_start_interval`] apart, and more as
+/// `target` rises. Returns when every connection has ended.
+///
+/// [`ha_start_interval`]: ConnectorOptions::ha_start_interval
+async fn run_indexes(
+    shared: &Arc<Shared>,
+    pool: &Arc<EdgePool>,
+    mut target: watch::Receiver<usize>,
+) {
+    let mut state = shared.state.clone();
+    let mut set = JoinSet::new();
+    spawn_index(&mut set, shared, pool, 0);
+    let mut registered = shared.registered.subscribe();
+    let first = tokio::select! {
+        r = registered.wait_for(|n| *n >= 1) => r.is_ok(),
+        _ = wait_state_change(&mut state) => false,
+    };
+    let mut started = 1;
+    'start: loop {
+        if !first {
+            break;
+        }
+        let wanted = *target.borrow_and_update();
+        while started < wanted {
+            tokio::select! {
+                _ = tokio::time::sleep(shared.opts.ha_start_interval) => {}
+                _ = wait_state_change(&mut state) => break 'start,
+            }
+            spawn_index(
+                &mut set,
+                shared,
+                pool,
+                u8::try_from(started).unwrap_or(u8::MAX),
+            );
+            started += 1;
+        }
+        tokio::select! {
+            // Closed once the lookups are over; a last raise is still seen first.
+            changed = target.changed() => if changed.is_err() {
+                break;
+            },
+            _ = wait_state_change(&mut state) => break,
+        }
+    }
+    while set.join_next().await.is_some() {}
 }
 
 fn spawn_index(set: &mut JoinSet<()>, shared: &Arc<Shared>, pool: &Arc<EdgePool>, idx: u8) {
@@ -659,127 +744,4 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    async fn fallback(endpoint: Option<&str>) -> (Vec<(SocketAddr, u8)>, Vec<&'static str>) {
-        let asked = Mutex::new(Vec::new());
-        let found = region_host_fallback(endpoint, EdgeIpVersion::Auto, |host| {
-            asked.lock().unwrap().push(host);
-            async { Ok(vec![SocketAddr::from(([192, 0, 2, 1], EDGE_PORT))]) }
-        })
-        .await;
-        (found, asked.into_inner().unwrap())
-    }
-
-    #[tokio::test]
-    async fn the_global_edge_falls_back_to_its_region_hosts() {
-        for endpoint in [None, Some("")] {
-            let (found, asked) = fallback(endpoint).await;
-            assert_eq!(asked, REGION_HOSTS);
-            let regions: Vec<u8> = found.iter().map(|(_, r)| *r).collect();
-            assert_eq!(regions, [0, 1]);
-        }
-    }
-
-    /// A FedRAMP (or other endpoint) tunnel never looks up the global hosts.
-    #[tokio::test]
-    async fn an_endpoint_token_never_falls_back_to_the_global_edge() {
-        let (found, asked) = fallback(Some("fed")).await;
-        assert!(found.is_empty());
-        assert!(asked.is_empty(), "looked up {asked:?}");
-    }
-
-    #[test]
-    fn a_region_stands_where_a_token_endpoint_would() {
-        assert_eq!(edge_region(None, None).ok(), Some(None));
-        assert_eq!(edge_region(Some(""), Some("")).ok(), Some(None));
-        assert_eq!(edge_region(Some("us"), None).ok(), Some(Some("us")));
-        assert_eq!(edge_region(Some(""), Some("fed")).ok(), Some(Some("fed")));
-        assert_eq!(edge_region(None, Some("fed")).ok(), Some(Some("fed")));
-        assert!(matches!(
-            edge_region(Some("us"), Some("fed")),
-            Err(ConnectorError::RegionWithEndpoint { endpoint }) if endpoint == "fed"
-        ));
-        for bad in ["us.evil", "-us", "us-", "u s", "ü"] {
-            assert!(
-                matches!(edge_region(Some(bad), None), Err(ConnectorError::Region(r)) if r == bad),
-                "{bad}"
-            );
-        }
-        assert_eq!(
-            crate::discovery::srv_name(edge_region(Some("us"), None).ok().flatten()),
-            "_us-v2-origintunneld._tcp.argotunnel.com."
-        );
-    }
-
-    fn sa(port: u16) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], port))
-    }
-
-    #[tokio::test]
-    async fn addresses_found_later_start_the_connections_they_were_missing_for() {
-        let pool = EdgePool::new(vec![(sa(1), 0)]);
-        assert_eq!(pool.address(0), Some(sa(1)));
-        let (_tx, mut state) = watch::channel(RunState::Running);
-        // A lookup that still fails, one that finds a host of the other region, one complete.
-        let answers = std::sync::Mutex::new(vec![
-            (vec![(sa(1), 0), (sa(2), 1), (sa(3), 1)], true),
-            (vec![(sa(1), 0), (sa(2), 1)], false),
-            (vec![], false),
-        ]);
-        let lookups = std::sync::atomic::AtomicUsize::new(0);
-        let resolve = || {
-            lookups.fetch_add(1, Ordering::SeqCst);
-            let answer = answers.lock().ok().and_then(|mut a| a.pop());
-            async move { answer.unwrap_or_default() }
-        };
-        let mut started = Vec::new();
-        refill(
-            &pool,
-            4,
-            1,
-            Duration::from_millis(5),
-            &mut state,
-            resolve,
-            |idx| started.push(idx),
-        )
-        .await;
-        assert_eq!(started, [1, 2]);
-        assert_eq!(
-            lookups.load(Ordering::SeqCst),
-            3,
-            "until a lookup is complete"
-        );
-        assert_eq!(pool.available(), 0, "each new entry held by its index");
-        let mut held = [pool.address(1), pool.address(2)];
-        held.sort();
-        assert_eq!(held, [Some(sa(2)), Some(sa(3))]);
-    }
-
-    #[tokio::test]
-    async fn looking_up_missing_addresses_stops_with_the_connector() {
-        let pool = EdgePool::new(vec![(sa(1), 0)]);
-        let (tx, mut state) = watch::channel(RunState::Running);
-        let stop = async {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            let _ = tx.send(RunState::Draining);
-        };
-        // Lookups that never answer, as DNS that does not: the drain does not wait for them.
-        let resolve = || std::future::pending::<(Vec<(SocketAddr, u8)>, bool)>();
-        let looking = refill(
-            &pool,
-            4,
-            1,
-            Duration::from_millis(5),
-            &mut state,
-            resolve,
-            |_| {},
-        );
-        tokio::time::timeout(Duration::from_secs(5), async {
-            tokio::join!(looking, stop)
-        })
-        .await
-        .expect("stops at the drain");
-    }
-}
+mod tests;

@@ -261,6 +261,15 @@ impl EdgePool {
             .unwrap_or(0)
     }
 
+    /// Entries of the regions' active families, free or held: how many connections the
+    /// pool has addresses for.
+    pub(crate) fn usable(&self) -> usize {
+        self.inner
+            .lock()
+            .map(|s| s.regions.iter().map(|r| r.active().len()).sum())
+            .unwrap_or(0)
+    }
+
     /// The entry held by `idx`, taking a free one if it holds none.
     pub(crate) fn address(&self, idx: u8) -> Option<SocketAddr> {
         let mut s = self.inner.lock().ok()?;

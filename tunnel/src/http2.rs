@@ -18,7 +18,9 @@ use http_body_util::{BodyExt as _, Limited};
 use tokio::sync::{oneshot, watch};
 
 use crate::body::{Body, OnUpgrade, Upgraded};
-use crate::connection::{register_params, ConnError, Ended, RegisteredGuard, RunState, Shared};
+use crate::connection::{
+    register_params, unless_stopped, ConnError, Ended, RegisteredGuard, RunState, Shared,
+};
 use crate::h2io::{send_body, H2Io, H2Reader, H2Writer};
 use crate::liveness::{self, Heard};
 use crate::metrics::ProtocolLabel;
@@ -69,24 +71,33 @@ pub(crate) async fn connect(
     addr: SocketAddr,
     attempt: u8,
 ) -> Result<Ended, ConnError> {
-    let tcp = dial_tcp(addr).await?;
-    let local_ip = tcp.local_addr().map_err(ConnError::dial)?.ip();
-    let name = rustls::pki_types::ServerName::try_from(H2_SERVER_NAME).map_err(ConnError::dial)?;
-    let tls = tokio::time::timeout(
-        DIAL_TIMEOUT,
-        tokio_rustls::TlsConnector::from(shared.h2_client.clone()).connect(name, tcp),
-    )
-    .await
-    .map_err(|_| ConnError::dial("tls handshake timed out"))?
-    .map_err(ConnError::dial)?;
-    let (tls, read) = Heard::new(tls);
-    // The edge speaks first over HTTP/2 (its connection preface); one that never does would
-    // hold this connection forever. Go's HTTP/2 server, `cloudflared`'s, waits 10 s for it.
-    let mut conn =
-        tokio::time::timeout(PREFACE_TIMEOUT, server_builder().handshake::<_, Bytes>(tls))
-            .await
-            .map_err(|_| ConnError::control_stream("edge sent no HTTP/2 preface"))?
-            .map_err(ConnError::control_stream)?;
+    let dialing = async {
+        let tcp = dial_tcp(addr).await?;
+        let local_ip = tcp.local_addr().map_err(ConnError::dial)?.ip();
+        let name =
+            rustls::pki_types::ServerName::try_from(H2_SERVER_NAME).map_err(ConnError::dial)?;
+        let tls = tokio::time::timeout(
+            DIAL_TIMEOUT,
+            tokio_rustls::TlsConnector::from(shared.h2_client.clone()).connect(name, tcp),
+        )
+        .await
+        .map_err(|_| ConnError::dial("tls handshake timed out"))?
+        .map_err(ConnError::dial)?;
+        let (tls, read) = Heard::new(tls);
+        // The edge speaks first over HTTP/2 (its connection preface); one that never does
+        // would hold this connection forever. Go's HTTP/2 server, `cloudflared`'s, waits 10 s
+        // for it.
+        let conn =
+            tokio::time::timeout(PREFACE_TIMEOUT, server_builder().handshake::<_, Bytes>(tls))
+                .await
+                .map_err(|_| ConnError::control_stream("edge sent no HTTP/2 preface"))?
+                .map_err(ConnError::control_stream)?;
+        Ok::<_, ConnError>((conn, read, local_ip))
+    };
+    let Some(dialed) = unless_stopped(shared, dialing).await else {
+        return Ok(Ended::Stopped);
+    };
+    let (mut conn, read, local_ip) = dialed?;
     let interval = keepalive(shared);
     let silent = liveness::silent(conn.ping_pong(), read, interval, interval);
 
@@ -166,29 +177,39 @@ async fn serve(
     control_rx: oneshot::Receiver<Accepted>,
     accept_task: &mut tokio::task::JoinHandle<Closed>,
 ) -> Result<Ended, ConnError> {
-    let (req, mut respond) = tokio::time::timeout(shared.opts.rpc_timeout * 2, control_rx)
-        .await
-        .map_err(|_| ConnError::control_stream("edge opened no control stream"))?
-        .map_err(|_| ConnError::control_stream("connection closed before the control stream"))?;
-    let resp = Response::builder()
-        .status(StatusCode::OK)
-        .header(CONTENT_TYPE, "application/octet-stream")
-        .body(())
-        .map_err(ConnError::control_stream)?;
-    let send = respond
-        .send_response(resp, false)
-        .map_err(ConnError::control_stream)?;
-    let params = register_params(shared, idx, local_ip, attempt);
-    let (session, outcome) = control::register(
-        &shared.worker,
-        RpcStream {
-            reader: H2Reader::new(req.into_body()),
-            writer: H2Writer::new(send),
-        },
-        params,
-        shared.opts.rpc_timeout,
-    )
-    .await?;
+    let registering = async {
+        let (req, mut respond) = tokio::time::timeout(shared.opts.rpc_timeout * 2, control_rx)
+            .await
+            .map_err(|_| ConnError::control_stream("edge opened no control stream"))?
+            .map_err(|_| {
+                ConnError::control_stream("connection closed before the control stream")
+            })?;
+        let resp = Response::builder()
+            .status(StatusCode::OK)
+            .header(CONTENT_TYPE, "application/octet-stream")
+            .body(())
+            .map_err(ConnError::control_stream)?;
+        let send = respond
+            .send_response(resp, false)
+            .map_err(ConnError::control_stream)?;
+        let params = register_params(shared, idx, local_ip, attempt);
+        Ok::<_, ConnError>(
+            control::register(
+                &shared.worker,
+                RpcStream {
+                    reader: H2Reader::new(req.into_body()),
+                    writer: H2Writer::new(send),
+                },
+                params,
+                shared.opts.rpc_timeout,
+            )
+            .await?,
+        )
+    };
+    let Some(registered) = unless_stopped(shared, registering).await else {
+        return Ok(Ended::Stopped);
+    };
+    let (session, outcome) = registered?;
     let details = match outcome {
         RegisterOutcome::Registered(d) => d,
         RegisterOutcome::Refused(r) => {

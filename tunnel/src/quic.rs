@@ -17,7 +17,9 @@ use tokio::io::AsyncReadExt as _;
 use tokio::sync::oneshot;
 
 use crate::body::{Body, OnUpgrade, Upgraded};
-use crate::connection::{register_params, ConnError, Ended, RegisteredGuard, RunState, Shared};
+use crate::connection::{
+    register_params, unless_stopped, ConnError, Ended, RegisteredGuard, RunState, Shared,
+};
 use crate::metrics::ProtocolLabel;
 use crate::options::ConnectorOptions;
 use crate::rpc::control::{self, RegisterOutcome};
@@ -125,17 +127,21 @@ pub(crate) async fn connect(
     // quinn's 5 s idle timeout ends a handshake that hears nothing from the edge, as
     // quic-go's handshake idle timeout does for `cloudflared`; the overall limit is
     // `handshake_timeout`.
-    let conn = match tokio::time::timeout(shared.opts.handshake_timeout, connecting).await {
-        Ok(Ok(c)) => c,
-        Ok(Err(quinn::ConnectionError::TimedOut)) => {
-            return Err(ConnError::Dial {
+    let handshake = async {
+        match tokio::time::timeout(shared.opts.handshake_timeout, connecting).await {
+            Ok(Ok(c)) => Ok(c),
+            Ok(Err(quinn::ConnectionError::TimedOut)) => Err(ConnError::Dial {
                 reason: "no answer from the edge to the QUIC handshake".into(),
                 unanswered: true,
-            })
+            }),
+            Err(_) => Err(ConnError::dial("QUIC handshake timed out")),
+            Ok(Err(e)) => Err(ConnError::dial(e)),
         }
-        Err(_) => return Err(ConnError::dial("QUIC handshake timed out")),
-        Ok(Err(e)) => return Err(ConnError::dial(e)),
     };
+    let Some(conn) = unless_stopped(shared, handshake).await else {
+        return Ok(Ended::Stopped);
+    };
+    let conn = conn?;
     tracing::debug!(edge = %addr, "QUIC handshake complete");
     let result = serve(shared, idx, addr, &conn, attempt).await;
     conn.close(VarInt::from_u32(0), b"");
@@ -150,28 +156,35 @@ async fn serve(
     conn: &quinn::Connection,
     attempt: u8,
 ) -> Result<Ended, ConnError> {
-    // Opening waits for stream credit from the edge; one that grants none would hold the
-    // attempt forever, so opening is bounded as the registration call is.
-    let (send, recv) = tokio::time::timeout(shared.opts.rpc_timeout, conn.open_bi())
-        .await
-        .map_err(|_| ConnError::control_stream("the edge allowed no control stream in time"))?
-        .map_err(ConnError::control_stream)?;
-    // Over QUIC `cloudflared` reports the edge's address as `originLocalIp`.
-    let params = register_params(shared, idx, addr.ip(), attempt);
-    // Resolves once the edge has acknowledged all the control stream sent after it ended.
-    // Closing the connection discards stream data still in flight, so a session closed
-    // by a refusal waits for this before the connection goes.
-    let delivered = send.stopped();
-    let (session, outcome) = control::register(
-        &shared.worker,
-        RpcStream {
-            reader: recv,
-            writer: send,
-        },
-        params,
-        shared.opts.rpc_timeout,
-    )
-    .await?;
+    let registering = async {
+        // Opening waits for stream credit from the edge; one that grants none would hold the
+        // attempt forever, so opening is bounded as the registration call is.
+        let (send, recv) = tokio::time::timeout(shared.opts.rpc_timeout, conn.open_bi())
+            .await
+            .map_err(|_| ConnError::control_stream("the edge allowed no control stream in time"))?
+            .map_err(ConnError::control_stream)?;
+        // Over QUIC `cloudflared` reports the edge's address as `originLocalIp`.
+        let params = register_params(shared, idx, addr.ip(), attempt);
+        // Resolves once the edge has acknowledged all the control stream sent after it ended.
+        // Closing the connection discards stream data still in flight, so a session closed
+        // by a refusal waits for this before the connection goes.
+        let delivered = send.stopped();
+        let registered = control::register(
+            &shared.worker,
+            RpcStream {
+                reader: recv,
+                writer: send,
+            },
+            params,
+            shared.opts.rpc_timeout,
+        )
+        .await?;
+        Ok::<_, ConnError>((registered, delivered))
+    };
+    let Some(registered) = unless_stopped(shared, registering).await else {
+        return Ok(Ended::Stopped);
+    };
+    let ((session, outcome), delivered) = registered?;
     let details = match outcome {
         RegisterOutcome::Registered(d) => d,
         RegisterOutcome::Refused(r) => {

@@ -1,7 +1,8 @@
 //! Drain over real sockets against a bare test edge. Unlike the mock edge, this edge keeps
 //! routing requests to a connection after answering `unregisterConnection`, as Cloudflare's
 //! edge does while an unregistration propagates: the connection must still serve them, and
-//! stay open, idle or not, until the grace period ends.
+//! stay open, idle or not, until the grace period ends. A connection attempt still in
+//! progress when a drain or shutdown begins is abandoned instead.
 #![allow(clippy::unwrap_used)]
 
 use std::convert::Infallible;
@@ -223,6 +224,99 @@ async fn http2_requests_routed_after_the_unregistration_are_served_until_the_gra
         let closed = closed_rx.await.unwrap();
         assert_closed_after_grace(started, closed, "http2");
         drained.await.unwrap();
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// Longest, with slack for a loaded machine, a drain or shutdown may take to end a connection
+/// attempt the edge does not answer: the attempt is dropped at once, and a QUIC connection
+/// that got as far as its handshake waits at most 1 s for its close to be delivered. The
+/// attempts below would otherwise hold on for 5 s or more (QUIC's idle timeout, the 15 s
+/// TLS handshake timeout, the 20 s RPC timeout).
+const PROMPT: Duration = Duration::from_secs(3);
+
+/// A connector to `edge` with timeouts long enough that only a drain or shutdown can end an
+/// attempt the edge does not answer within a test.
+fn start_patient_connector(pki: &TestPki, edge: SocketAddr, protocol: Protocol) -> ConnectorHandle {
+    let opts = ConnectorOptions {
+        protocol,
+        edges: vec![edge.into()],
+        edge_ca_pem: Some(pki.ca_pem().as_bytes().to_vec()),
+        ha_connections: 1,
+        grace_period: GRACE,
+        rpc_timeout: Duration::from_secs(20),
+        handshake_timeout: Duration::from_secs(20),
+        ..ConnectorOptions::default()
+    };
+    let service = hyper::service::service_fn(|_req| async {
+        Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"hello"))))
+    });
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = TunnelMetrics::register(&mut registry);
+    Connector::new(token(), opts)
+        .unwrap()
+        .start(service, metrics)
+        .unwrap()
+}
+
+/// A shutdown begun while the connection's dial is in progress (the edge address takes
+/// the packets or the TCP connection and never answers) ends it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_does_not_wait_for_a_dial_the_edge_does_not_answer() {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let pki = TestPki::generate().unwrap();
+
+        let silent = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let handle = start_patient_connector(&pki, silent.local_addr().unwrap(), Protocol::Quic);
+        let mut packet = [0u8; 2048];
+        silent.recv_from(&mut packet).await.unwrap();
+        tokio::time::timeout(PROMPT, handle.shutdown())
+            .await
+            .expect("quic: the shutdown ends the handshake in progress");
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let handle = start_patient_connector(&pki, listener.local_addr().unwrap(), Protocol::Http2);
+        let (_held, _) = listener.accept().await.unwrap();
+        tokio::time::timeout(PROMPT, handle.shutdown())
+            .await
+            .expect("http2: the shutdown ends the TLS handshake in progress");
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// A drain begun while the edge has not answered the registration abandons it: the
+/// connection closes without registering, so the edge cannot route new requests to a
+/// connector on its way out, and the drain does not wait for the RPC timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_abandons_a_registration_the_edge_has_not_answered() {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let pki = TestPki::generate().unwrap();
+        let server = pki.quic_server(tls::provider()).unwrap();
+        let endpoint =
+            quinn::Endpoint::server(server, SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let handle = start_patient_connector(&pki, endpoint.local_addr().unwrap(), Protocol::Quic);
+        let registered = handle.subscribe_registered();
+        let conn = endpoint.accept().await.unwrap().await.unwrap();
+        // The control stream and the registration on it arrive, and stay unanswered.
+        let (_send, mut recv) = conn.accept_bi().await.unwrap();
+        let mut first = [0u8; 1];
+        recv.read_exact(&mut first).await.unwrap();
+
+        let (started, drained) = drain(&handle);
+        tokio::time::timeout(PROMPT, conn.closed())
+            .await
+            .expect("the connector closes the connection");
+        tokio::time::timeout(PROMPT.saturating_sub(started.elapsed()), drained)
+            .await
+            .expect("the drain ends with the attempt")
+            .unwrap();
+        assert!(
+            !registered.has_changed().unwrap_or(true),
+            "the connection never counted as registered"
+        );
+        assert_eq!(handle.registered(), 0);
     })
     .await
     .expect("test finished in time");
