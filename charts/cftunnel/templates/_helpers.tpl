@@ -1,5 +1,22 @@
+{{- /* The prefix of every object's name: fullnameOverride, else the release name. The pool's
+Service is named after it, and a Service's name must be a DNS-1035 label (a lowercase letter
+first, no dots), which a release name need not be: such a name fails here, before anything is
+installed, rather than at the Service halfway through. */ -}}
 {{- define "cftunnel.fullname" -}}
-{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- $name := .Values.fullnameOverride | default .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $name) -}}
+{{- if .Values.fullnameOverride -}}
+{{- fail (printf "fullnameOverride %q cannot name the chart's Services (%q): a Service name must be a DNS-1035 label, a lowercase letter first, then only lowercase letters, digits and '-'" .Values.fullnameOverride (printf "%s-proxy" $name)) -}}
+{{- else -}}
+{{- fail (printf "release name %q cannot name the chart's Services (%q): a Service name must be a DNS-1035 label, a lowercase letter first, then only lowercase letters, digits and '-'. Install under such a name, or set fullnameOverride to one" .Release.Name (printf "%s-proxy" $name)) -}}
+{{- end -}}
+{{- end -}}
+{{- $name -}}
+{{- end -}}
+
+{{- /* The controller's leader-election Lease: its flag and its Role name it alike. */ -}}
+{{- define "cftunnel.leaseName" -}}
+{{- include "cftunnel.fullname" . }}-controller
 {{- end -}}
 
 {{- define "cftunnel.labels" -}}

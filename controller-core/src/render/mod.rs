@@ -73,8 +73,6 @@ pub const DEFAULT_TARGET_INFLIGHT: i32 = 50;
 const SHUTDOWN_MARGIN_SECONDS: i64 = 15;
 /// The proxy's drain window cap (proxy contract).
 const MAX_GRACE_SECONDS: u32 = 180;
-/// User the proxy container runs as when the image does not say otherwise.
-const PROXY_UID: i64 = 65532;
 /// The controller pods' label (`KEY=VALUE`) the config API admits when none is configured: the
 /// one the chart gives them.
 pub const DEFAULT_CONTROLLER_POD_LABEL: &str = "app.kubernetes.io/name=cftunnel-controller";
@@ -733,10 +731,11 @@ fn pod_spec(
         // The proxy never talks to the API server; the controller pushes to it.
         automount_service_account_token: Some(false),
         termination_grace_period_seconds: Some(i64::from(grace) + SHUTDOWN_MARGIN_SECONDS),
+        // The image's own non-root user (a numeric USER, which the kubelet checks against
+        // runAsNonRoot), with no UID or GID of ours: OpenShift's restricted-v2 SCC refuses pods
+        // asking for one outside the namespace's range and assigns its own.
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),
-            run_as_user: Some(PROXY_UID),
-            run_as_group: Some(PROXY_UID),
             seccomp_profile: Some(SeccompProfile {
                 type_: "RuntimeDefault".to_owned(),
                 localhost_profile: None,

@@ -247,6 +247,43 @@ fn the_pod_runs_the_proxy_as_the_contract_configures_it() {
     );
 }
 
+/// The pod runs as the image's numeric non-root user: it names no UID or GID, which OpenShift's
+/// `restricted-v2` SCC (MustRunAsRange) refuses outside the namespace's range, and still
+/// passes the `restricted` Pod Security Standard.
+#[test]
+fn the_pod_runs_as_the_images_non_root_user_and_asks_for_no_uid() {
+    let p = plane(BASIC, "");
+    let pod = p
+        .deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("pod");
+    assert_eq!(
+        pod.security_context,
+        Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_owned(),
+                localhost_profile: None,
+            }),
+            ..PodSecurityContext::default()
+        })
+    );
+    assert_eq!(
+        container(&p).security_context,
+        Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_owned()]),
+                add: None,
+            }),
+            ..SecurityContext::default()
+        })
+    );
+}
+
 #[test]
 fn the_controllers_tracing_settings_reach_every_planes_proxy() {
     let names = |p: &DataPlane| -> Vec<String> {

@@ -57,7 +57,9 @@ use stores::{PlaneObject, PlaneObjects, Stores};
 
 /// The API calls the runtime makes, as RBAC rules: (API group, resource, verbs). The chart's
 /// roles grant exactly these (a test holds them equal). `create` on the rendered kinds is for
-/// server-side apply's first write of an object. Leases are only in the controller's namespace.
+/// server-side apply's first write of an object. The Lease calls touch only the controller's own
+/// Lease (`--leader-election-id`, in its namespace): the chart holds `get` and `update` to that
+/// name (a `create` names no object yet, so RBAC cannot hold it to one).
 /// API discovery (which of the optional APIs are served, and how: [`optional_apis`]) takes no
 /// rule: every authenticated client may read it (`system:discovery`).
 pub const REQUIRED_RBAC: &[(&str, &str, &[&str])] = &[

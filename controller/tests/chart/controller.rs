@@ -29,6 +29,8 @@ fn the_roles_grant_exactly_the_calls_the_runtime_makes_to_the_controllers_accoun
             })
             .collect();
         let mut granted = BTreeSet::new();
+        // What is granted on named objects only, with their names.
+        let mut named = BTreeSet::new();
         let rules = rendered
             .all::<ClusterRole>("ClusterRole")
             .into_iter()
@@ -40,14 +42,39 @@ fn the_roles_grant_exactly_the_calls_the_runtime_makes_to_the_controllers_accoun
                     .flat_map(|r| r.rules.unwrap_or_default()),
             );
         for rule in rules {
+            let names = rule.resource_names.clone().unwrap_or_default();
             for group in rule.api_groups.iter().flatten() {
                 for resource in rule.resources.iter().flatten() {
                     for verb in &rule.verbs {
                         granted.insert((group.clone(), resource.clone(), verb.clone()));
+                        if !names.is_empty() {
+                            named.insert((
+                                group.clone(),
+                                resource.clone(),
+                                verb.clone(),
+                                names.clone(),
+                            ));
+                        }
                     }
                 }
             }
         }
+        // The Lease calls name the controller's own Lease (its `--leader-election-id`), and the
+        // roles hold them to it; a create names no object yet, so it cannot be held to a name.
+        let lease = controller_run(&controller).leader_election_id;
+        let lease_calls = ["get", "update"].map(|verb| {
+            (
+                "coordination.k8s.io".to_owned(),
+                "leases".to_owned(),
+                verb.to_owned(),
+                vec![lease.clone()],
+            )
+        });
+        assert_eq!(
+            named,
+            BTreeSet::from(lease_calls),
+            "{file}: calls held to names"
+        );
         let missing: Vec<_> = required.difference(&granted).collect();
         let extra: Vec<_> = granted.difference(&required).collect();
         assert!(

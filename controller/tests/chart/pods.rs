@@ -158,3 +158,53 @@ fn the_pod_overrides_reach_both_deployments() {
         }
     }
 }
+
+/// By default both Deployments run as the images' own non-root user and name no UID or GID:
+/// OpenShift's `restricted-v2` SCC refuses a pod asking for a UID outside the namespace's
+/// range. `runAsNonRoot` holds because each image's `USER` is numeric and not root (the
+/// kubelet cannot check a user name).
+#[test]
+fn by_default_both_deployments_run_as_the_images_non_root_user_and_name_no_uid() {
+    let Some(tools) =
+        tools("by_default_both_deployments_run_as_the_images_non_root_user_and_name_no_uid")
+    else {
+        return;
+    };
+    let rendered = render(tools, "default-values.yaml", "");
+    for name in [controller_name(RELEASE), pool_name(RELEASE)] {
+        let deployment: Deployment = rendered.one("Deployment", &name);
+        let context = pod_spec(&deployment)
+            .security_context
+            .clone()
+            .expect("a pod security context");
+        assert_eq!(context.run_as_non_root, Some(true), "{name}");
+        assert_eq!(
+            (context.run_as_user, context.run_as_group, context.fs_group),
+            (None, None, None),
+            "{name}"
+        );
+        let container = container(&deployment)
+            .security_context
+            .clone()
+            .expect("a container security context");
+        assert_eq!(
+            (container.run_as_user, container.run_as_group),
+            (None, None),
+            "{name}"
+        );
+    }
+    let dockerfile = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../Dockerfile"));
+    let users: Vec<&str> = dockerfile
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("USER "))
+        .collect();
+    assert_eq!(users.len(), 2, "a USER for each image: {users:?}");
+    for user in users {
+        let ids: Vec<u32> = user
+            .trim()
+            .split(':')
+            .map(|id| id.parse().unwrap_or_else(|e| panic!("USER {user}: {e}")))
+            .collect();
+        assert!(ids.first().is_some_and(|&uid| uid != 0), "USER {user}");
+    }
+}

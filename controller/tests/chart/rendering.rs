@@ -249,18 +249,81 @@ fn the_schema_refuses_unknown_and_mistyped_values_with_either_helm() {
     }
 }
 
+/// Whether `name` is a DNS-1035 label, as a Service's name must be.
+fn is_dns1035_label(name: &str) -> bool {
+    let re = regex::Regex::new("^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$").expect("regex");
+    re.is_match(name)
+}
+
 #[test]
-fn an_all_digit_release_name_stays_a_string_in_selectors_and_labels() {
-    let Some(tools) = tools("an_all_digit_release_name_stays_a_string_in_selectors_and_labels")
+fn a_release_name_no_service_may_carry_fails_the_render_naming_the_fix() {
+    let Some(tools) = tools("a_release_name_no_service_may_carry_fails_the_render_naming_the_fix")
     else {
+        return;
+    };
+    // Helm takes these names (DNS-1123 subdomains), the API server refuses `<name>-proxy` as a
+    // Service name: the install would stop halfway.
+    let (oldest, _) = kube_versions();
+    for (release, overrides, named) in [
+        ("123", "", r#"release name "123""#),
+        ("2edge", "", r#"release name "2edge""#),
+        ("edge.prod", "", r#"release name "edge.prod""#),
+        // An override that cannot name a Service either is refused the same way.
+        (
+            "edge",
+            "fullnameOverride: 2edge",
+            r#"fullnameOverride "2edge""#,
+        ),
+        (
+            "edge",
+            "fullnameOverride: Edge",
+            r#"fullnameOverride "Edge""#,
+        ),
+    ] {
+        for helm in [&tools.helm, &tools.helm_oldest] {
+            let err = helm
+                .template(
+                    &chart(),
+                    &Release {
+                        name: release,
+                        namespace: NAMESPACE,
+                        values_files: vec![chart().join("ci/default-values.yaml")],
+                        values: overrides,
+                        kube_version: &oldest,
+                    },
+                )
+                .err()
+                .unwrap_or_else(|| panic!("Helm {} renders {release} {overrides:?}", helm.version));
+            for expected in [named, "DNS-1035 label", "a lowercase letter first"] {
+                assert!(
+                    err.contains(expected),
+                    "Helm {}, {release} {overrides:?}: {expected} in {err}",
+                    helm.version
+                );
+            }
+            assert_eq!(
+                overrides.is_empty(),
+                err.contains("set fullnameOverride"),
+                "Helm {}, {release}: the fix named in {err}",
+                helm.version
+            );
+        }
+    }
+}
+
+#[test]
+fn under_a_valid_fullname_override_any_release_name_renders_and_stays_a_string_in_labels() {
+    let Some(tools) = tools(
+        "under_a_valid_fullname_override_any_release_name_renders_and_stays_a_string_in_labels",
+    ) else {
         return;
     };
     // In every label and selector the templates write (`labels`, `matchLabels`, a Service's
     // `selector`, a ServiceMonitor's `matchNames`) the release's name and namespace are
     // strings: YAML would read `123` as a number, which no label or selector takes.
-    fn check(value: &Value, found: &mut usize) {
+    fn check(value: &Value, release: &str, found: &mut usize) {
         let expected = |key: &str| match key {
-            "app.kubernetes.io/instance" => Some("123"),
+            "app.kubernetes.io/instance" => Some(release),
             "kubernetes.io/metadata.name" | "matchNames" => Some("456"),
             _ => None,
         };
@@ -275,27 +338,38 @@ fn an_all_digit_release_name_stays_a_string_in_selectors_and_labels() {
                             *found += 1;
                         }
                     }
-                    check(v, found);
+                    check(v, release, found);
                 }
             }
-            Value::Sequence(s) => s.iter().for_each(|v| check(v, found)),
+            Value::Sequence(s) => s.iter().for_each(|v| check(v, release, found)),
             _ => {}
         }
     }
-    let mut found = 0;
-    for file in values_files() {
-        let rendered = render_as(tools, "123", "456", &file, "").expect("renders");
-        for doc in &rendered.docs {
-            check(doc, &mut found);
+    for release in ["123", "edge.prod"] {
+        let mut found = 0;
+        for file in values_files() {
+            let rendered = render_as(tools, release, "456", &file, "fullnameOverride: edge")
+                .unwrap_or_else(|e| panic!("{release}, {file}: {e}"));
+            for doc in &rendered.docs {
+                check(doc, release, &mut found);
+            }
+            for service in rendered.all::<Service>("Service") {
+                let name = service.metadata.name.expect("a name");
+                assert!(is_dns1035_label(&name), "{release}, {file}: Service {name}");
+            }
+            // The objects are named after the override; the controller's flag carries the
+            // release name as it is: the pods it admits are its selector's.
+            let deployment: Deployment = rendered.one("Deployment", &controller_name("edge"));
+            let run = controller_run(&deployment);
+            assert_eq!(
+                options(&run).render.controller_pod_labels,
+                selector_labels(&deployment)
+            );
+            rendered.one::<Deployment>("Deployment", &pool_name("edge"));
         }
-        // The controller's flag carries the name as it is: the pods it admits are its
-        // selector's.
-        let deployment: Deployment = rendered.one("Deployment", "123-controller");
-        let run = controller_run(&deployment);
-        assert_eq!(
-            options(&run).render.controller_pod_labels,
-            selector_labels(&deployment)
+        assert!(
+            found >= 20,
+            "{release}: {found} label and selector values checked"
         );
     }
-    assert!(found >= 20, "{found} label and selector values checked");
 }
