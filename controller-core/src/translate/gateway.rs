@@ -94,6 +94,8 @@ pub(super) struct OwnedGateway<'a> {
     pub(super) listeners: Vec<OwnedListener<'a>>,
     /// Why `infrastructure.parametersRef` makes no plane.
     refused: Option<(Reason, String)>,
+    /// `spec.addresses`, as `(type, value)`.
+    requested: Vec<(&'a str, &'a str)>,
     /// `spec.tls.backend.clientCertificateRef`, when set: the certificate, or why it cannot
     /// be used (the Gateway's `ResolvedRefs`; it stays accepted either way).
     pub(super) client_certificate:
@@ -113,6 +115,39 @@ impl OwnedGateway<'_> {
             }
             None => Ok(()),
         }
+    }
+
+    /// Why `spec.addresses` is not what the Gateway gets, if it is not: Gateway API requires
+    /// an address asked for and not assigned to show in the conditions. A Gateway is reached
+    /// at its tunnel's hostname alone, so the one address it can be given is that `Hostname`
+    /// (asked for by value, or by type alone).
+    fn unassigned_addresses(&self) -> Option<String> {
+        if self.requested.is_empty() {
+            return None;
+        }
+        let ours = self.tunnel.map(|t| format!("{}.cfargotunnel.com", t.id));
+        let unassigned: Vec<String> = self
+            .requested
+            .iter()
+            .filter(|(kind, value)| {
+                *kind != "Hostname" || !(value.is_empty() || Some(*value) == ours.as_deref())
+            })
+            .map(|(kind, value)| match *value {
+                "" => format!("an address of type {kind}"),
+                value => format!("{kind} {value}"),
+            })
+            .collect();
+        if unassigned.is_empty() {
+            return None;
+        }
+        let at = match &ours {
+            Some(ours) => format!("its tunnel's hostname, {ours}"),
+            None => "its tunnel's hostname".to_owned(),
+        };
+        Some(format!(
+            "spec.addresses asks for {}: a Gateway is reached at {at}, alone",
+            unassigned.join(", ")
+        ))
     }
 
     /// Whether the Gateway is accepted; final once every listener conflict is known.
@@ -163,13 +198,22 @@ impl OwnedGateway<'_> {
                     accepted_message,
                     generation,
                 ),
-                Condition::new(
-                    ConditionType::Programmed,
-                    true,
-                    Reason::Programmed,
-                    "",
-                    generation,
-                ),
+                match self.unassigned_addresses() {
+                    None => Condition::new(
+                        ConditionType::Programmed,
+                        true,
+                        Reason::Programmed,
+                        "",
+                        generation,
+                    ),
+                    Some(why) => Condition::new(
+                        ConditionType::Programmed,
+                        false,
+                        Reason::AddressNotAssigned,
+                        why,
+                        generation,
+                    ),
+                },
             ],
             Err((reason, message)) => {
                 // A listener of a Gateway that is not accepted serves nothing, however valid,
@@ -422,6 +466,18 @@ fn owned_gateway<'a>(
         tunnel,
         listeners,
         refused,
+        requested: gw
+            .spec
+            .addresses
+            .iter()
+            .flatten()
+            .map(|a| {
+                (
+                    a.r#type.as_deref().unwrap_or("IPAddress"),
+                    a.value.as_deref().unwrap_or_default(),
+                )
+            })
+            .collect(),
         client_certificate: None,
         conditions: Vec::new(),
     }

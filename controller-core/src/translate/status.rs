@@ -51,6 +51,8 @@ pub enum Reason {
     Invalid,
     InvalidParameters,
     ListenersNotValid,
+    /// `Programmed=False`: an address `spec.addresses` asks for is not the Gateway's.
+    AddressNotAssigned,
     UnsupportedProtocol,
     InvalidRouteKinds,
     NoConflicts,
@@ -102,6 +104,7 @@ impl Reason {
             Self::Invalid => "Invalid",
             Self::InvalidParameters => "InvalidParameters",
             Self::ListenersNotValid => "ListenersNotValid",
+            Self::AddressNotAssigned => "AddressNotAssigned",
             Self::UnsupportedProtocol => "UnsupportedProtocol",
             Self::InvalidRouteKinds => "InvalidRouteKinds",
             Self::NoConflicts => "NoConflicts",

@@ -3663,3 +3663,57 @@ proptest::proptest! {
         proptest::prop_assert_eq!(left.cmp(&Precedence::new(None, &c, &d)), left.cmp(&right));
     }
 }
+
+/// Gateway API: an address `spec.addresses` asks for and the Gateway does not get shows in
+/// its conditions. A Gateway is reached at its tunnel's hostname alone: that one, by value or
+/// by type, is assigned; anything else is not (the Gateway still serves, at its tunnel).
+#[test]
+fn addresses_other_than_the_tunnels_hostname_are_not_assigned() {
+    let id = "3b1f5c2e-8d4a-4e6b-9f0a-7c2d1e5b4a39";
+    let options = Options {
+        shared_tunnel: Some(TunnelIdentity::named(id.parse().expect("uuid"))),
+        ..Options::default()
+    };
+    let cases = [
+        ("[{type: Hostname, value: \"ID.cfargotunnel.com\"}]", None),
+        ("[{type: Hostname}]", None),
+        (
+            "[{type: IPAddress, value: 203.0.113.10}]",
+            Some("spec.addresses asks for IPAddress 203.0.113.10: a Gateway is reached at its tunnel's hostname, ID.cfargotunnel.com, alone"),
+        ),
+        (
+            "[{value: 203.0.113.10}, {type: Hostname, value: edge.example.com}]",
+            Some("spec.addresses asks for IPAddress 203.0.113.10, Hostname edge.example.com: a Gateway is reached at its tunnel's hostname, ID.cfargotunnel.com, alone"),
+        ),
+    ];
+    for (addresses, unassigned) in cases {
+        let addresses = addresses.replace("ID", id);
+        let gateway = format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: asks, namespace: infra}}\nspec:\n  gatewayClassName: cf\n  addresses: {addresses}\n  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: asks.example.com}}]\n---\n"
+        );
+        let out = translate(&snapshot(&gateway), &options);
+        let gw = &out.statuses.gateways[&ObjectKey::new("infra", "asks")];
+        let programmed = gw
+            .conditions
+            .iter()
+            .find(|c| c.kind == ConditionType::Programmed)
+            .expect("Programmed");
+        match unassigned {
+            None => assert!(programmed.status, "{addresses}: {}", programmed.message),
+            Some(message) => assert_eq!(
+                described(programmed),
+                (
+                    ConditionType::Programmed,
+                    false,
+                    Reason::AddressNotAssigned,
+                    message.replace("ID", id).as_str()
+                ),
+                "{addresses}"
+            ),
+        }
+        assert!(
+            out.planes.contains_key(&ObjectKey::new("infra", "asks")),
+            "still served"
+        );
+    }
+}
