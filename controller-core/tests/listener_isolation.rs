@@ -120,3 +120,119 @@ async fn a_route_on_every_listener_serves_the_hosts_of_the_specific_ones_too() {
     .await
     .expect("in time");
 }
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("    {l}\n")).collect()
+}
+
+/// The copies of a route's rules under a specific listener's hostname serve that listener's
+/// scheme alone: over the other scheme the hostname is the listener for any host's, where a
+/// more specific route attached only there (a redirect of logins to https) comes first. (The
+/// proxy's own listener is plain HTTP; over the tunnel the edge says the scheme.)
+#[tokio::test]
+async fn the_copies_under_a_listeners_hostname_keep_to_its_scheme() {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let backend = EchoServer::spawn(
+            std::net::Ipv4Addr::LOCALHOST.into(),
+            EchoIdentity {
+                namespace: "web".to_owned(),
+                pod: "web-a".to_owned(),
+            },
+        )
+        .await
+        .expect("the echo backend starts");
+        let pki = cftunnel_testkit::pki::TestPki::for_names(&["foo.example.com"]).expect("pki");
+        let (ip, port) = (backend.http_addr().ip(), backend.http_addr().port());
+        let manifests = format!(
+            r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: cf}}
+spec: {{controllerName: cf.k8s.lex.la/tunnel-controller}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: foo-cert, namespace: web}}
+type: kubernetes.io/tls
+stringData:
+  tls.crt: |
+{crt}  tls.key: |
+{key}---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: edge, namespace: web}}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {{name: plain, port: 80, protocol: HTTP}}
+  - {{name: secure, port: 443, protocol: HTTPS, hostname: foo.example.com, tls: {{certificateRefs: [{{name: foo-cert}}]}}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: web}}
+spec: {{ports: [{{name: http, port: 80, targetPort: {port}}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: web-a, namespace: web, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv4
+ports: [{{name: http, port: {port}}}]
+endpoints: [{{addresses: ["{ip}"]}}]
+---
+# On the plain listener alone: plain HTTP logins go to https.
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: upgrade, namespace: web}}
+spec:
+  parentRefs: [{{name: edge, sectionName: plain}}]
+  rules: [{{matches: [{{path: {{type: PathPrefix, value: /login}}}}], filters: [{{type: RequestRedirect, requestRedirect: {{scheme: https, statusCode: 301}}}}]}}]
+---
+# On both listeners, for every path.
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: app, namespace: web}}
+spec:
+  parentRefs: [{{name: edge}}]
+  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
+"#,
+            crt = indent(&pki.leaf_pem()),
+            key = indent(&pki.key_pem()),
+        );
+        let mut snapshot = Snapshot::default();
+        manifest::load_into(&mut snapshot, &manifests, "web.yaml").expect("manifests parse");
+        let output = translate::translate(&snapshot, &Options::default());
+        let plane = &output.planes[&ObjectKey::new("web", "edge")];
+        // The copy under the secure listener's hostname asks for its scheme alone.
+        let copy = output.configs[plane]
+            .rules
+            .iter()
+            .find(|r| r.name.as_deref() == Some("web/app/0") && !r.hostnames.is_empty())
+            .expect("the copy under foo.example.com");
+        let header = copy.matches[0].headers.first().expect("the scheme's header");
+        assert_eq!(
+            (header.name.as_str(), header.value.as_str()),
+            ("X-Forwarded-Proto", "https")
+        );
+        let proxy = Server::start(ServerOptions::default(), Some(output.configs[plane].clone()))
+            .await
+            .expect("the proxy starts");
+        let at = proxy.data_addr();
+        let over = |proto: &'static str| async move {
+            let (mut sender, _conn) = cftunnel_testkit::client::connect_http1(at)
+                .await
+                .expect("connect to the proxy");
+            let req = http::Request::builder()
+                .uri("/login")
+                .header("host", "foo.example.com")
+                .header("x-forwarded-proto", proto)
+                .body(Empty::<Bytes>::new())
+                .expect("request");
+            let res = sender.send_request(req).await.expect("an answer");
+            res.status().as_u16()
+        };
+        // A plain listener's request: the proxy sets its scheme, whatever the client says.
+        assert_eq!(over("https").await, 301, "the plain listener's route");
+    })
+    .await
+    .expect("in time");
+}

@@ -249,9 +249,10 @@ async fn pool_scenario() {
         .start()
         .await;
     // As the chart renders the pool.
-    api.put(serde_yaml_ng::from_str(
+    let chart_pool: Value = serde_yaml_ng::from_str(
         "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: cftunnel-proxy, namespace: cftunnel-system, labels: {app.kubernetes.io/managed-by: Helm}}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app.kubernetes.io/name: cftunnel-proxy}}\n  template:\n    metadata: {labels: {app.kubernetes.io/name: cftunnel-proxy}}\n    spec:\n      containers:\n      - name: proxy\n        image: cftunnel-proxy:1\n        env:\n        - {name: TUNNEL_TOKEN, valueFrom: {secretKeyRef: {name: shared-tunnel, key: tunnel-token}}}\n        - {name: PROXY_AUTH_TOKEN, valueFrom: {secretKeyRef: {name: shared-auth, key: token}}}\n",
-    ).expect("YAML"));
+    ).expect("YAML");
+    api.put(chart_pool.clone());
     let cloudflare = CloudflareApi::start().await;
     cloudflare.allow(ACCOUNT, "class-api-token");
     let options = RuntimeOptions {
@@ -336,6 +337,11 @@ async fn pool_scenario() {
     // Rotated in the class config's Secret: rolled to the new token.
     let second = class_token(b"second class secret");
     put_class_tunnel(&second);
+    becomes("class-tunnel", second.clone()).await;
+
+    // A `helm upgrade` writes the chart's Deployment back, on the chart's token: pointed again
+    // at once, not when the pool's stamp is next due (minutes).
+    api.put(chart_pool);
     becomes("class-tunnel", second).await;
 
     // The Secret named is missing: the config says so, and the pool stays on its token.

@@ -80,6 +80,7 @@ async fn the_caches_keep_managed_fields_only_for_the_controllers_own_objects() {
     let stores = Stores::start(
         &api.client(),
         ApiDiscovery::default(),
+        None,
         Arc::new(Notify::new()),
         &mut tasks,
     );

@@ -52,6 +52,8 @@ pub struct Upstream {
     /// Query of the backend URL, merged into every request's.
     base_query: Option<Box<str>>,
     name: BackendName,
+    /// Whether the backend is spoken to over HTTP/2 (`h2c`, or over TLS), as gRPC is.
+    http2: bool,
     /// The retries its requests may take, kept with the client across pushes.
     pub(crate) retry_budget: budget::RetryBudget,
 }
@@ -140,6 +142,7 @@ impl Upstream {
             base_path,
             base_query,
             name,
+            http2: protocol == BackendProtocol::H2c,
             retry_budget: budget::RetryBudget::new(),
         })
     }
@@ -155,6 +158,11 @@ impl Upstream {
 
     pub fn base_path(&self) -> Option<&str> {
         self.base_path.as_deref()
+    }
+
+    /// Whether the backend is spoken to over HTTP/2, as a gRPC backend is.
+    pub fn http2(&self) -> bool {
+        self.http2
     }
 
     pub fn base_query(&self) -> Option<&str> {

@@ -351,7 +351,8 @@ impl Proxy {
             self.shared.mirrors.count_dropped();
         }
 
-        let timeout = TryTimeout::of(rule, self.shared.header_timeout, grpc);
+        let grpc_deadline = (grpc && upstream.http2()).then(|| grpc_timeout(&parts.headers));
+        let timeout = TryTimeout::of(rule, self.shared.header_timeout, grpc_deadline);
         let sent = completion.logging().then(Instant::now);
         let mut tries = Tries::default();
         let exchange = retry::exchange(
@@ -542,6 +543,26 @@ pub(crate) fn request_host(parts: &http::request::Parts) -> Cow<'_, str> {
     } else {
         Cow::Borrowed(host)
     }
+}
+
+/// A gRPC call's deadline, from its `grpc-timeout` header (`<up to 8 digits><unit>`, the
+/// unit one of `H`, `M`, `S`, `m`, `u`, `n`); `None` when it sets none or one unreadable.
+fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.as_bytes();
+    let (&unit, digits) = value.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit {
+        b'H' => Duration::from_secs(n.saturating_mul(3600)),
+        b'M' => Duration::from_secs(n.saturating_mul(60)),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 fn is_grpc(headers: &HeaderMap) -> bool {

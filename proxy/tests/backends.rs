@@ -1154,8 +1154,8 @@ async fn the_backend_timeout_also_bounds_the_response_body() {
 
 /// The proxy's default wait for a response head (500 ms here) never cuts a request shorter
 /// than its rule allows: a rule's request timeout stretches it, a `0s` timeout (Gateway API:
-/// disabled) turns it off, and gRPC calls, whose first message may be long in coming, carry
-/// their own deadline instead.
+/// disabled) turns it off, and a gRPC call to an HTTP/2 backend, whose first message may be
+/// long in coming, is bounded by its own deadline instead.
 #[tokio::test]
 async fn the_default_head_timeout_yields_to_the_rules_timeouts_and_to_grpc() {
     tokio::time::timeout(TEST_TIMEOUT, async {
@@ -1179,6 +1179,7 @@ async fn the_default_head_timeout_yields_to_the_rules_timeouts_and_to_grpc() {
             rule("/long-request", to(json!({"timeouts": {"request": "5s"}}))),
             rule("/backend-off", to(json!({"timeouts": {"backend": "0s"}}))),
             rule("/request-off", to(json!({"timeouts": {"request": "0s"}}))),
+            rule("/h2c", json!({"backends": [{"url": url(a.h2c_addr()), "protocol": "h2c", "weight": 1}]})),
         ]});
         assert_eq!(
             push(&http, proxy.admin_addr(), &doc).await.status,
@@ -1193,16 +1194,26 @@ async fn the_default_head_timeout_yields_to_the_rules_timeouts_and_to_grpc() {
             let r = get(&http, d, "h", &format!("{path}?delay=1s"), &[]).await;
             assert_eq!(r.status, StatusCode::OK, "{path}");
         }
-        let grpc = Request::post(format!("http://{d}/default?delay=1s"))
-            .header("host", "h")
-            .header("content-type", "application/grpc")
-            .body(Full::new(Bytes::new()))
-            .expect("request");
-        assert_eq!(
-            send(&http, grpc).await.status,
-            StatusCode::OK,
-            "a gRPC call waits"
-        );
+        // A gRPC call to an HTTP/2 backend: bounded by its own deadline, if it sets one.
+        let grpc = |path: &str, deadline: Option<&str>| {
+            let mut req = Request::post(format!("http://{d}{path}?delay=1s"))
+                .header("host", "h")
+                .header("content-type", "application/grpc");
+            if let Some(deadline) = deadline {
+                req = req.header("grpc-timeout", deadline);
+            }
+            req.body(Full::new(Bytes::new())).expect("request")
+        };
+        // The proxy's own gRPC answers carry the code in `grpc-status` (4: DEADLINE_EXCEEDED);
+        // the echo backend's sets none.
+        let code = |req| async { send(&http, req).await.header("grpc-status").map(str::to_owned) };
+        assert_eq!(code(grpc("/h2c", None)).await, None, "no deadline");
+        assert_eq!(code(grpc("/h2c", Some("3S"))).await, None, "a later one");
+        let earlier = code(grpc("/h2c", Some("200m"))).await;
+        assert_eq!(earlier.as_deref(), Some("4"), "an earlier one");
+        // Saying gRPC to an HTTP/1.1 backend lifts no bound.
+        let h1 = code(grpc("/default", None)).await;
+        assert_eq!(h1.as_deref(), Some("4"));
     })
     .await
     .expect("test finished in time");

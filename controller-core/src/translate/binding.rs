@@ -181,6 +181,9 @@ impl<'h> ParentBinding<'h> {
                 for l in &attached {
                     attachment.redirect_ports.insert(l.redirect_port);
                     attachment.schemes.insert(l.scheme);
+                    if l.hosts.names().is_some() {
+                        attachment.named_schemes.insert(l.scheme);
+                    }
                     match l.hosts.names() {
                         None => attachment.any_host = true,
                         // The route's listeners of both schemes most often give it the same

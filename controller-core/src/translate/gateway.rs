@@ -12,7 +12,7 @@ use gateway_api::experimental::gatewayclasses::GatewayClass;
 use gateway_api::experimental::gateways::{Gateway, GatewayListeners};
 use hashbrown::HashTable;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use rustc_hash::{FxBuildHasher, FxHashMap};
+use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
 
 use crate::render::Plans;
 
@@ -129,8 +129,11 @@ impl OwnedGateway<'_> {
         let unassigned: Vec<String> = self
             .requested
             .iter()
+            // A tunnel not known here (named by its ID alone, or its token unreadable for
+            // now) may well have the hostname asked for.
             .filter(|(kind, value)| {
-                *kind != "Hostname" || !(value.is_empty() || Some(*value) == ours.as_deref())
+                *kind != "Hostname"
+                    || !(value.is_empty() || ours.is_none() || Some(*value) == ours.as_deref())
             })
             .map(|(kind, value)| match *value {
                 "" => format!("an address of type {kind}"),
@@ -540,6 +543,46 @@ fn mark_shared_plane_conflicts(gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'
             &b.key.name,
         ))
     });
+    // Nor does one whose own listeners all lose here: the pass is run again without the first
+    // such (the later ones may have lost to it), and its listeners keep the conflicts they lost
+    // by.
+    let mut carried = Vec::new();
+    let conflicts = loop {
+        let conflicts = shared_plane_conflicts(&order);
+        let lost: FxHashSet<(&ObjectKey, usize)> = conflicts
+            .iter()
+            .map(|(key, index, _)| (key, *index))
+            .collect();
+        let first_out = order.iter().position(|gw| {
+            let mut own = gw
+                .listeners
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.set.is_none())
+                .peekable();
+            own.peek().is_some()
+                && own.all(|(index, l)| !l.usable || lost.contains(&(&gw.key, index)))
+        });
+        let Some(first_out) = first_out else {
+            break conflicts;
+        };
+        let out = order.remove(first_out);
+        carried.extend(conflicts.into_iter().filter(|(key, _, _)| *key == out.key));
+    };
+    for (key, index, message) in conflicts.into_iter().chain(carried) {
+        if let Some(l) = gateways
+            .get_mut(&key)
+            .and_then(|gw| gw.listeners.get_mut(index))
+        {
+            l.conflicts(Reason::HostnameConflict, message);
+        }
+    }
+}
+
+/// The listeners of the Gateways in `order` (precedence order) that an earlier one's usable
+/// listener of the same scheme and hostname holds, with why: `(Gateway, listener position,
+/// message)`.
+fn shared_plane_conflicts(order: &[&OwnedGateway<'_>]) -> Vec<(ObjectKey, usize, String)> {
     // Per scheme and hostname: the Gateway and listener keeping them. Only looked up, never
     // iterated, so a hash map: its order cannot reach the output. Sized for every listener,
     // where growing it rehashed every entry at each doubling.
@@ -571,14 +614,7 @@ fn mark_shared_plane_conflicts(gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'
             }
         }
     }
-    for (key, index, message) in conflicts {
-        if let Some(l) = gateways
-            .get_mut(&key)
-            .and_then(|gw| gw.listeners.get_mut(index))
-        {
-            l.conflicts(Reason::HostnameConflict, message);
-        }
-    }
+    conflicts
 }
 
 /// Status of a request no route of its listener matches.

@@ -581,7 +581,8 @@ fn translate_checked(
                     }));
                 // A route on a listener for any host and on listeners with hostnames serves
                 // those hostnames too, whose requests go to their listeners' rules alone
-                // (listener isolation): its rules are placed under them as well.
+                // (listener isolation): its rules are placed under them as well, for the
+                // schemes of those listeners only.
                 let named = attachment.any_host && !attachment.hostnames.is_empty();
                 let attached = attached.flat_map(|(rule, grpc)| {
                     let copy = named.then(|| {
@@ -591,11 +592,11 @@ fn translate_checked(
                             .iter()
                             .map(|h| (*h).to_owned())
                             .collect();
-                        (copy, grpc)
+                        (copy, grpc, attachment.named_schemes)
                     });
-                    std::iter::once((rule, grpc)).chain(copy)
+                    std::iter::once((rule, grpc, attachment.schemes)).chain(copy)
                 });
-                for (mut rule, grpc) in attached {
+                for (mut rule, grpc, schemes) in attached {
                     if let Some(certificate) = certificate {
                         present_client_certificate(&mut rule, certificate);
                     }
@@ -605,7 +606,7 @@ fn translate_checked(
                     let placement = grpc.map(|rank| rank.placement(position));
                     let mut place = |rule| out.place(placement, rule, &route_key, &mut shadowed);
                     match listeners {
-                        Some(listeners) => listeners.scope(rule, attachment.schemes, place),
+                        Some(listeners) => listeners.scope(rule, schemes, place),
                         None => place(rule),
                     }
                 }
@@ -1059,6 +1060,8 @@ pub(crate) struct Attachment<'h> {
     /// The schemes of the attached listeners (`http`, `https`): where listeners of the other
     /// scheme could take the same requests, they tell them apart (see [`scheme`]).
     pub(crate) schemes: scheme::Schemes,
+    /// The schemes of the attached listeners that have hostnames.
+    pub(crate) named_schemes: scheme::Schemes,
 }
 
 impl Attachment<'_> {
@@ -1072,6 +1075,7 @@ impl Attachment<'_> {
         }
         self.redirect_ports.merge(other.redirect_ports);
         self.schemes.union(other.schemes);
+        self.named_schemes.union(other.named_schemes);
     }
 
     /// Puts the hostnames in order, each once, as the rules carry them.

@@ -3716,4 +3716,26 @@ fn addresses_other_than_the_tunnels_hostname_are_not_assigned() {
             "still served"
         );
     }
+    // A class tunnel known by no token here: a Hostname may be its, an IP address is not.
+    let unknown = |addresses: &str| {
+        let gateway = format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: asks, namespace: infra}}\nspec:\n  gatewayClassName: cf\n  addresses: {addresses}\n  listeners: [{{name: http, port: 80, protocol: HTTP}}]\n---\n"
+        );
+        let out = run(&gateway);
+        let gw = &out.statuses.gateways[&ObjectKey::new("infra", "asks")];
+        let programmed = gw
+            .conditions
+            .iter()
+            .find(|c| c.kind == ConditionType::Programmed)
+            .expect("Programmed");
+        (programmed.status, programmed.reason)
+    };
+    assert_eq!(
+        unknown("[{type: Hostname, value: x.cfargotunnel.com}]"),
+        (true, Reason::Programmed)
+    );
+    assert_eq!(
+        unknown("[{type: IPAddress, value: 203.0.113.10}]"),
+        (false, Reason::AddressNotAssigned)
+    );
 }

@@ -527,6 +527,42 @@ pub async fn remove_plane(
 /// The environment variable the proxy reads its connector token from.
 pub const TUNNEL_TOKEN_ENV: &str = "TUNNEL_TOKEN";
 
+/// Whether the pods of `live`, the shared pool's Deployment, take the connector token of
+/// Secret `secret.0` key `secret.1` whose digest is `value`: its pod-template annotation `key`
+/// holds the digest and every [`TUNNEL_TOKEN_ENV`] reads that key. A `helm upgrade` writes the
+/// chart's own back, so the round checks the live Deployment with this.
+pub fn pool_takes_token(
+    live: &Deployment,
+    key: &str,
+    value: &str,
+    secret: &(ObjectKey, String),
+) -> bool {
+    let template = live.spec.as_ref().map(|s| &s.template);
+    let held = template
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(key));
+    held.map(String::as_str) == Some(value)
+        && template
+            .and_then(|t| t.spec.as_ref())
+            .into_iter()
+            .flat_map(|s| &s.containers)
+            .flat_map(|c| c.env.iter().flatten())
+            .filter(|v| v.name == TUNNEL_TOKEN_ENV)
+            .all(|v| reads_token(v, secret))
+}
+
+/// Whether `var` reads key `secret.1` of Secret `secret.0`.
+fn reads_token(
+    var: &k8s_openapi::api::core::v1::EnvVar,
+    (secret, key): &(ObjectKey, String),
+) -> bool {
+    var.value_from
+        .as_ref()
+        .and_then(|f| f.secret_key_ref.as_ref())
+        .is_some_and(|r| r.name == secret.name && r.key == *key)
+}
+
 /// Points the shared pool's Deployment `deployment` at a connector token: sets pod-template
 /// annotation `key` to `value` (the token's digest), and makes each container's
 /// [`TUNNEL_TOKEN_ENV`] read key `secret.1` of Secret `secret.0` (which must be in
@@ -543,8 +579,9 @@ pub async fn point_pool_at_token(
     deployment: &ObjectKey,
     key: &str,
     value: &str,
-    (secret, secret_key): &(ObjectKey, String),
+    source: &(ObjectKey, String),
 ) -> Result<bool, String> {
+    let (secret, secret_key) = source;
     let api: Api<Deployment> = Api::namespaced(client.clone(), &deployment.namespace);
     let live = api
         .get_opt(&deployment.name)
@@ -553,11 +590,10 @@ pub async fn point_pool_at_token(
     let Some(live) = live else {
         return Ok(false);
     };
+    if pool_takes_token(&live, key, value, source) {
+        return Ok(false);
+    }
     let template = live.spec.as_ref().map(|s| &s.template);
-    let held = template
-        .and_then(|t| t.metadata.as_ref())
-        .and_then(|m| m.annotations.as_ref())
-        .and_then(|a| a.get(key));
     let mut containers = template
         .and_then(|t| t.spec.as_ref())
         .map(|s| s.containers.clone())
@@ -568,11 +604,7 @@ pub async fn point_pool_at_token(
         .flat_map(|c| c.env.iter_mut().flatten())
         .filter(|v| v.name == TUNNEL_TOKEN_ENV)
     {
-        let current = var
-            .value_from
-            .as_ref()
-            .and_then(|f| f.secret_key_ref.as_ref());
-        if current.is_some_and(|r| r.name == secret.name && r.key == *secret_key) {
+        if reads_token(var, source) {
             continue;
         }
         var.value = None;
@@ -585,9 +617,6 @@ pub async fn point_pool_at_token(
             ..EnvVarSource::default()
         });
         repointed = true;
-    }
-    if held.map(String::as_str) == Some(value) && !repointed {
-        return Ok(false);
     }
     let mut patch = serde_json::json!({
         "spec": {"template": {"metadata": {"annotations": {key: value}}}},

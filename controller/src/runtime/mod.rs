@@ -319,9 +319,11 @@ pub async fn run(
     let mut shutdown = std::pin::pin!(shutdown);
     let changed = Arc::new(Notify::new());
     let mut tasks = JoinSet::new();
+    let pool = options.shared.as_ref().and_then(|s| s.deployment.as_ref());
     let stores = Stores::start(
         &client,
         options.api_discovery,
+        pool,
         Arc::clone(&changed),
         &mut tasks,
     );
@@ -413,6 +415,10 @@ pub async fn run(
             .collect();
         let snapshot = stores.snapshot();
         let watched = stores.plane_objects();
+        let pool = stores
+            .pool
+            .as_ref()
+            .and_then(|p| p.state().into_iter().next());
         for (kind, count) in stores.counts() {
             health
                 .watched_objects
@@ -422,7 +428,7 @@ pub async fn run(
         let mut lost = leading.clone();
         let started = tokio::time::Instant::now();
         tokio::select! {
-            () = reconciler.round(&snapshot, &deployments, &watched) => {
+            () = reconciler.round(&snapshot, &deployments, pool.as_deref(), &watched) => {
                 health.rounds.inc();
                 health.round_seconds.observe(started.elapsed().as_secs_f64());
                 reconciler.report(&health);
@@ -696,10 +702,13 @@ impl Reconciler {
         health.unreached_planes.set(count(self.unreached.len()));
     }
 
+    /// `pool` is the shared pool's Deployment as watched, when the controller points it at
+    /// the class tunnel's token.
     async fn round(
         &mut self,
         snapshot: &Snapshot,
         deployments: &[Deployment],
+        pool: Option<&Deployment>,
         watched: &PlaneObjects,
     ) {
         self.take_finished_applies().await;
@@ -868,7 +877,7 @@ impl Reconciler {
                 planes.insert(PlaneKey::Shared, info);
             }
         }
-        self.stamp_shared_pool(snapshot).await;
+        self.stamp_shared_pool(snapshot, pool).await;
         self.note_unreached(&planes, &output.planes, translate_options.shared_tunnel);
 
         let rounds: Vec<PlaneRound<'_>> = output
@@ -1409,7 +1418,7 @@ impl Reconciler {
     /// token in it (rotated by hand or by a secrets operator) rolls them. While the class
     /// config does not resolve (its Secret missing, say), or the token does not parse, the
     /// pool is left on the token it runs with rather than new pods failing.
-    async fn stamp_shared_pool(&mut self, snapshot: &Snapshot) {
+    async fn stamp_shared_pool(&mut self, snapshot: &Snapshot, pool: Option<&Deployment>) {
         let Some(shared) = &self.options.shared else {
             return;
         };
@@ -1439,10 +1448,20 @@ impl Reconciler {
         // still repoints the pods.
         let digest = render::token_digest(&token);
         let stamp = format!("{digest} {secret}:{key}");
+        // A pool that no longer takes it (a `helm upgrade` wrote the chart's token back) is
+        // pointed again at once, not when the stamp is due.
         let fresh = self
             .pool_stamp
             .as_ref()
-            .is_some_and(|(d, at)| *d == stamp && at.elapsed() < REAPPLY_AFTER);
+            .is_some_and(|(d, at)| *d == stamp && at.elapsed() < REAPPLY_AFTER)
+            && pool.is_none_or(|live| {
+                apply::pool_takes_token(
+                    live,
+                    render::TUNNEL_TOKEN_HASH_ANNOTATION,
+                    &digest,
+                    &source,
+                )
+            });
         if fresh {
             return;
         }

@@ -40,7 +40,7 @@ use crate::gateway_class_config::GatewayClassConfig;
 use crate::gateway_config::GatewayConfig;
 use crate::service_import::ServiceImport;
 use crate::translate::bundle_version::{is_gateway_api_crd, CRD_ACCESS};
-use crate::translate::Snapshot;
+use crate::translate::{ObjectKey, Snapshot};
 
 use super::optional_apis::{self, readable, ApiDiscovery, CrdTriggers, Served};
 
@@ -97,6 +97,10 @@ pub struct Stores {
     /// The rendered proxy Deployments (their ready replicas gate `Programmed`; one deleted or
     /// edited away from its render is put back at once).
     pub deployments: Store<Deployment>,
+    /// The shared pool's Deployment (the chart's, so no label selects it), when the controller
+    /// points it at the class tunnel's token: a `helm upgrade` that writes the chart's token
+    /// back starts a round that points it again.
+    pub pool: Option<Store<Deployment>>,
     /// The rendered NetworkPolicies (likewise put back).
     pub network_policies: Store<NetworkPolicy>,
     /// The rendered autoscalers (likewise put back).
@@ -159,6 +163,7 @@ impl Stores {
     pub fn start(
         client: &Client,
         discovery: ApiDiscovery,
+        pool: Option<&ObjectKey>,
         changed: Arc<Notify>,
         tasks: &mut JoinSet<()>,
     ) -> Self {
@@ -306,6 +311,15 @@ impl Stores {
                 &changed,
                 tasks,
             ),
+            pool: pool.map(|pool| {
+                watch(
+                    Api::namespaced(client.clone(), &pool.namespace),
+                    all().fields(&format!("metadata.name={}", pool.name)),
+                    Kept::Read,
+                    &changed,
+                    tasks,
+                )
+            }),
             network_policies: watch(
                 Api::all(client.clone()),
                 all().labels(MANAGED_BY_SELECTOR),

@@ -45,14 +45,20 @@ impl TryTimeout {
     /// The bounds of a try of `rule`, the proxy's default wait for a response head being
     /// `header`. That default never cuts a request shorter than the rule allows: it is
     /// stretched to the rule's request timeout, and off where a rule's timeout is `0s`
-    /// (Gateway API: the timeout is disabled) or for gRPC, whose servers may send their
-    /// response headers only with a first message that can be long in coming (a watch); a
-    /// gRPC call carries its own deadline.
-    pub(crate) fn of(rule: &crate::rule::Rule, header: Duration, grpc: bool) -> Self {
-        let header = match rule.request_timeout {
-            _ if grpc || rule.timeouts_off => None,
-            Some(request) => Some(header.max(request)),
-            None => Some(header),
+    /// (Gateway API: the timeout is disabled). A gRPC call to an HTTP/2 backend (`grpc`) may
+    /// get its response head only with a first message that can be long in coming (a watch):
+    /// the call's own deadline (`grpc-timeout`) bounds the wait instead, and without one the
+    /// client waits as long as it chose to.
+    pub(crate) fn of(
+        rule: &crate::rule::Rule,
+        header: Duration,
+        grpc: Option<Option<Duration>>,
+    ) -> Self {
+        let header = match (grpc, rule.request_timeout) {
+            _ if rule.timeouts_off => None,
+            (Some(deadline), _) => deadline,
+            (None, Some(request)) => Some(header.max(request)),
+            (None, None) => Some(header),
         };
         Self {
             backend: rule.backend_timeout,

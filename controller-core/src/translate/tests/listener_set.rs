@@ -640,3 +640,71 @@ spec:
         .iter()
         .any(|r| r.name.as_deref() == Some("infra/on-late/0") && r.hostnames == ["b.example.com"]));
 }
+
+/// Likewise a Gateway whose own listeners all lose to an older Gateway's on the shared plane:
+/// not accepted, its ListenerSets' listeners take no hostname from a newer Gateway.
+#[test]
+fn the_listener_sets_of_a_gateway_that_loses_its_own_listeners_take_no_hostname() {
+    let gateway = |name: &str, at: &str, allowed: &str, listeners: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: {name}, namespace: infra, creationTimestamp: \"{at}\"}}\nspec:\n  gatewayClassName: cf\n{allowed}  listeners: [{listeners}]\n---\n"
+        )
+    };
+    let oldest = gateway(
+        "hub",
+        "2020-01-01T00:00:00Z",
+        "",
+        "{name: http, port: 80, protocol: HTTP}",
+    );
+    let loser = gateway(
+        "loser",
+        "2020-06-01T00:00:00Z",
+        "  allowedListeners: {namespaces: {from: Same}}\n",
+        "{name: http, port: 80, protocol: HTTP}",
+    );
+    let newest = gateway(
+        "late",
+        "2021-01-01T00:00:00Z",
+        "",
+        "{name: shop, port: 80, protocol: HTTP, hostname: shop.example.com}",
+    );
+    let set = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: ListenerSet
+metadata: {name: extra, namespace: infra}
+spec:
+  parentRef: {name: loser, namespace: infra}
+  listeners: [{name: shop, port: 80, protocol: HTTP, hostname: shop.example.com}]
+---
+"#;
+    let route = http_route(
+        "infra",
+        "on-late",
+        "  parentRefs: [{name: late}]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]",
+    );
+    let out = run(&[oldest, loser, newest, set.to_owned(), route].concat());
+    let loser = &out.statuses.gateways[&ObjectKey::new("infra", "loser")];
+    assert!(
+        loser
+            .conditions
+            .iter()
+            .any(|c| c.kind == ConditionType::Accepted && !c.status),
+        "{:?}",
+        loser.conditions
+    );
+    assert_eq!(
+        listener_condition(
+            listener_status(&out, "infra", "loser", "http"),
+            ConditionType::Conflicted
+        ),
+        (true, Reason::HostnameConflict),
+        "the loser's own listener keeps its conflict"
+    );
+    let shop = listener_status(&out, "infra", "late", "shop");
+    assert_eq!(
+        listener_condition(shop, ConditionType::Conflicted),
+        (false, Reason::NoConflicts)
+    );
+    assert!(route_rules(&out).iter().any(
+        |r| r.name.as_deref() == Some("infra/on-late/0") && r.hostnames == ["shop.example.com"]
+    ));
+}
