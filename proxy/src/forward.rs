@@ -142,7 +142,8 @@ impl Upstream {
             base_path,
             base_query,
             name,
-            http2: protocol == BackendProtocol::H2c,
+            // A TLS backend offered HTTP/2 speaks it when it picks it, as a gRPC server does.
+            http2: protocol == BackendProtocol::H2c || alpn_h2,
             retry_budget: budget::RetryBudget::new(),
         })
     }

@@ -309,7 +309,9 @@ impl Proxy {
         let counted = body::Counted::new(body, host_metrics.request_bytes.clone());
         // gRPC streams are left alone: a call's messages come when its peer has something to
         // say, and many servers send their response headers only with their first message.
-        let grpc = is_grpc(&parts.headers);
+        // A gRPC call, to a backend that can take one: the client's word alone must not lift
+        // a bound on a request to an HTTP/1.1 backend.
+        let grpc = is_grpc(&parts.headers) && upstream.http2();
         let quiet =
             (!counted.is_end_stream() && !grpc).then(|| Arc::new(body::QuietState::default()));
         let counted = body::Quiet::new(counted, self.shared.body_timeout, quiet.clone());
@@ -351,7 +353,7 @@ impl Proxy {
             self.shared.mirrors.count_dropped();
         }
 
-        let grpc_deadline = (grpc && upstream.http2()).then(|| grpc_timeout(&parts.headers));
+        let grpc_deadline = grpc.then(|| grpc_timeout(&parts.headers));
         let timeout = TryTimeout::of(rule, self.shared.header_timeout, grpc_deadline);
         let sent = completion.logging().then(Instant::now);
         let mut tries = Tries::default();

@@ -805,6 +805,17 @@ impl MockEdge {
         self.inner.with_state(|s| s.registration_error = error);
     }
 
+    /// Refuse every following registration with a retryable `cause`, retried at once: the
+    /// connector's own unit tests link another copy of the tunnel crate than this one, so
+    /// they cannot hand over an [`EdgeRefusal`].
+    pub fn refuse_registrations(&self, cause: &str) {
+        self.set_registration_error(Some(EdgeRefusal {
+            cause: cause.into(),
+            retry_after: Duration::ZERO,
+            should_retry: true,
+        }));
+    }
+
     /// Hold every following `unregisterConnection` for `delay` before acting on it (the
     /// connection keeps getting requests meanwhile) and answering: a slow edge.
     pub fn set_unregister_delay(&self, delay: Duration) {

@@ -558,8 +558,10 @@ async fn run_all<R: EdgeResolver>(
 }
 
 /// Runs connection index 0 and, once it has registered (as `cloudflared` starts its HA
-/// connections), the others up to `target` one [`ha_start_interval`] apart, and more as
-/// `target` rises. Returns when every connection has ended.
+/// connections), the others the lookup at start found addresses for, one
+/// [`ha_start_interval`] apart. Those `target` rises to later (a later lookup found more
+/// addresses) start without waiting for a registration: the addresses found at start may be
+/// the ones that never register. Returns when every connection has ended.
 ///
 /// [`ha_start_interval`]: ConnectorOptions::ha_start_interval
 async fn run_indexes(
@@ -571,20 +573,15 @@ async fn run_indexes(
     let mut set = JoinSet::new();
     spawn_index(&mut set, shared, pool, 0);
     let mut registered = shared.registered.subscribe();
-    let first = tokio::select! {
-        r = registered.wait_for(|n| *n >= 1) => r.is_ok(),
-        _ = wait_state_change(&mut state) => false,
-    };
+    let initial = *target.borrow_and_update();
+    let (mut first_registered, mut lookups_over) = (false, false);
     let mut started = 1;
-    'start: loop {
-        if !first {
-            break;
-        }
-        let wanted = *target.borrow_and_update();
-        while started < wanted {
+    loop {
+        let may_start = first_registered || started >= initial;
+        if may_start && started < *target.borrow() {
             tokio::select! {
                 _ = tokio::time::sleep(shared.opts.ha_start_interval) => {}
-                _ = wait_state_change(&mut state) => break 'start,
+                _ = wait_state_change(&mut state) => break,
             }
             spawn_index(
                 &mut set,
@@ -593,11 +590,20 @@ async fn run_indexes(
                 u8::try_from(started).unwrap_or(u8::MAX),
             );
             started += 1;
+            continue;
+        }
+        // Nothing more can start: the lookups are over and none waits for a registration.
+        if lookups_over && may_start {
+            break;
         }
         tokio::select! {
+            r = registered.wait_for(|n| *n >= 1), if !first_registered => match r {
+                Ok(_) => first_registered = true,
+                Err(_) => break,
+            },
             // Closed once the lookups are over; a last raise is still seen first.
-            changed = target.changed() => if changed.is_err() {
-                break;
+            changed = target.changed(), if !lookups_over => if changed.is_err() {
+                lookups_over = true;
             },
             _ = wait_state_change(&mut state) => break,
         }

@@ -321,3 +321,44 @@ async fn a_host_left_out_is_looked_up_again_before_any_connection_registers() {
     .await
     .expect("test finished in time");
 }
+
+/// The one `TUNNEL_EDGE` host that resolves at start answers but refuses every registration
+/// (a retryable refusal, which keeps the connection on its address); the other resolves
+/// later, and a connection starts there at once, without waiting for the first to register.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_found_later_gets_a_connection_while_the_first_cannot_register() {
+    cftunnel_testkit::trace::trace_init();
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let refusing = cftunnel_testkit::edge::MockEdge::start().await.unwrap();
+        refusing.refuse_registrations("server busy");
+        let answering = cftunnel_testkit::edge::MockEdge::builder()
+            .pki(refusing.pki().clone())
+            .start()
+            .await
+            .unwrap();
+        let dns = FakeDns::default();
+        dns.with(|a| {
+            a.hosts
+                .insert("a.edge.test:7844".to_owned(), refusing.edge_addr())
+        });
+        let edges = ["a.edge.test:7844", "b.edge.test:7844"]
+            .iter()
+            .map(|e| e.parse().unwrap())
+            .collect();
+        let handle = start_with_dns(&refusing, edges, 2, &dns);
+        while dns.with(|a| a.resolved) < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        dns.with(|a| {
+            a.hosts
+                .insert("b.edge.test:7844".to_owned(), answering.edge_addr())
+        });
+        handle.wait_registered(1).await;
+        answering.wait_serving(1).await;
+        handle.shutdown().await;
+        refusing.shutdown().await;
+        answering.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
