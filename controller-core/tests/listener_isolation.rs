@@ -13,23 +13,14 @@ use cftunnel_proxy::{Server, ServerOptions};
 use cftunnel_testkit::echo::{EchoIdentity, EchoServer};
 use http_body_util::{BodyExt, Empty};
 
-fn manifests(backend: SocketAddr) -> String {
+/// The class, and Service `web/web` whose one endpoint is `backend`; ends with `---`.
+fn class_and_backend(backend: SocketAddr) -> String {
     format!(
         r#"
 apiVersion: gateway.networking.k8s.io/v1
 kind: GatewayClass
 metadata: {{name: cf}}
 spec: {{controllerName: cf.k8s.lex.la/tunnel-controller}}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{name: edge, namespace: web}}
-spec:
-  gatewayClassName: cf
-  listeners:
-  - {{name: any, port: 80, protocol: HTTP}}
-  - {{name: app, port: 80, protocol: HTTP, hostname: app.example.com}}
-  - {{name: wild, port: 80, protocol: HTTP, hostname: "*.example.org"}}
 ---
 apiVersion: v1
 kind: Service
@@ -42,6 +33,37 @@ metadata: {{name: web-a, namespace: web, labels: {{kubernetes.io/service-name: w
 addressType: IPv4
 ports: [{{name: http, port: {port}}}]
 endpoints: [{{addresses: ["{ip}"]}}]
+---
+"#,
+        ip = backend.ip(),
+        port = backend.port(),
+    )
+}
+
+async fn web_backend() -> EchoServer {
+    EchoServer::spawn(
+        std::net::Ipv4Addr::LOCALHOST.into(),
+        EchoIdentity {
+            namespace: "web".to_owned(),
+            pod: "web-a".to_owned(),
+        },
+    )
+    .await
+    .expect("the echo backend starts")
+}
+
+fn manifests(backend: SocketAddr) -> String {
+    format!(
+        r#"{}
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: edge, namespace: web}}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {{name: any, port: 80, protocol: HTTP}}
+  - {{name: app, port: 80, protocol: HTTP, hostname: app.example.com}}
+  - {{name: wild, port: 80, protocol: HTTP, hostname: "*.example.org"}}
 ---
 # Attached to every listener of the Gateway: it serves every host.
 apiVersion: gateway.networking.k8s.io/v1
@@ -59,8 +81,7 @@ spec:
   parentRefs: [{{name: edge, sectionName: any}}]
   rules: [{{matches: [{{path: {{type: PathPrefix, value: /any-only}}}}], backendRefs: [{{name: web, port: 80}}]}}]
 "#,
-        ip = backend.ip(),
-        port = backend.port(),
+        class_and_backend(backend)
     )
 }
 
@@ -82,15 +103,7 @@ async fn status(proxy: SocketAddr, host: &str, path: &str) -> u16 {
 #[tokio::test]
 async fn a_route_on_every_listener_serves_the_hosts_of_the_specific_ones_too() {
     tokio::time::timeout(Duration::from_secs(20), async {
-        let backend = EchoServer::spawn(
-            std::net::Ipv4Addr::LOCALHOST.into(),
-            EchoIdentity {
-                namespace: "web".to_owned(),
-                pod: "web-a".to_owned(),
-            },
-        )
-        .await
-        .expect("the echo backend starts");
+        let backend = web_backend().await;
         let mut snapshot = Snapshot::default();
         manifest::load_into(&mut snapshot, &manifests(backend.http_addr()), "web.yaml")
             .expect("manifests parse");
@@ -132,24 +145,10 @@ fn indent(text: &str) -> String {
 #[tokio::test]
 async fn the_copies_under_a_listeners_hostname_keep_to_its_scheme() {
     tokio::time::timeout(Duration::from_secs(20), async {
-        let backend = EchoServer::spawn(
-            std::net::Ipv4Addr::LOCALHOST.into(),
-            EchoIdentity {
-                namespace: "web".to_owned(),
-                pod: "web-a".to_owned(),
-            },
-        )
-        .await
-        .expect("the echo backend starts");
+        let backend = web_backend().await;
         let pki = cftunnel_testkit::pki::TestPki::for_names(&["foo.example.com"]).expect("pki");
-        let (ip, port) = (backend.http_addr().ip(), backend.http_addr().port());
         let manifests = format!(
-            r#"
-apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata: {{name: cf}}
-spec: {{controllerName: cf.k8s.lex.la/tunnel-controller}}
----
+            r#"{}
 apiVersion: v1
 kind: Secret
 metadata: {{name: foo-cert, namespace: web}}
@@ -167,18 +166,6 @@ spec:
   - {{name: plain, port: 80, protocol: HTTP}}
   - {{name: secure, port: 443, protocol: HTTPS, hostname: foo.example.com, tls: {{certificateRefs: [{{name: foo-cert}}]}}}}
 ---
-apiVersion: v1
-kind: Service
-metadata: {{name: web, namespace: web}}
-spec: {{ports: [{{name: http, port: 80, targetPort: {port}}}]}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {{name: web-a, namespace: web, labels: {{kubernetes.io/service-name: web}}}}
-addressType: IPv4
-ports: [{{name: http, port: {port}}}]
-endpoints: [{{addresses: ["{ip}"]}}]
----
 # On the plain listener alone: plain HTTP logins go to https.
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
@@ -195,6 +182,7 @@ spec:
   parentRefs: [{{name: edge}}]
   rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
 "#,
+            class_and_backend(backend.http_addr()),
             crt = indent(&pki.leaf_pem()),
             key = indent(&pki.key_pem()),
         );
