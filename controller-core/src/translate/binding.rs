@@ -97,8 +97,17 @@ impl<'h> ParentBinding<'h> {
     }
 
     /// The listeners the route is attached to without being served there (see
-    /// [`ParentBinding::unserved`](Self)), taken out.
-    pub(super) fn take_unserved(&mut self) -> impl Iterator<Item = ListenerKey> + '_ {
+    /// [`ParentBinding::unserved`](Self)), taken out: with `translated` serving nothing
+    /// (every rule dropped), those it would be served through too.
+    pub(super) fn take_unserved(
+        &mut self,
+        translated: &TranslatedRoute,
+    ) -> impl Iterator<Item = ListenerKey> + '_ {
+        if translated.serves_nothing() {
+            if let Ok((_, attached)) = &self.outcome {
+                self.unserved.extend(attached.iter().map(|l| l.index));
+            }
+        }
         let gateway = self.gateway;
         self.unserved
             .drain(..)
@@ -161,14 +170,13 @@ impl<'h> ParentBinding<'h> {
                 message,
                 generation,
             )),
-            Ok(_) if translated.rules.is_empty() && !translated.dropped.is_empty() => conditions
-                .push(Condition::new(
-                    ConditionType::Accepted,
-                    false,
-                    Reason::UnsupportedValue,
-                    translated.dropped_message(),
-                    generation,
-                )),
+            Ok(_) if translated.serves_nothing() => conditions.push(Condition::new(
+                ConditionType::Accepted,
+                false,
+                Reason::UnsupportedValue,
+                translated.dropped_message(),
+                generation,
+            )),
             Ok((plane, attached)) => {
                 conditions.push(Condition::new(
                     ConditionType::Accepted,

@@ -489,7 +489,7 @@ fn translate_checked(
         let listeners_from = attached_routes.len();
         for mut parent in bound.drain(..) {
             parent.yield_to_other_kind(route.kind, &claims);
-            attached_routes.extend(parent.take_unserved());
+            attached_routes.extend(parent.take_unserved(&translated));
             let position = parent.gateway();
             let (mut status, accepted) = parent.into_status(&translated, route.generation);
             let (Some(accepted), Some(gw)) = (accepted, position.and_then(|i| gateways.at(i)))

@@ -118,6 +118,11 @@ pub(crate) struct TranslatedRoute {
 }
 
 impl TranslatedRoute {
+    /// Whether every rule was dropped: the route is not accepted, wherever it is attached.
+    pub(super) fn serves_nothing(&self) -> bool {
+        self.rules.is_empty() && !self.dropped.is_empty()
+    }
+
     pub(super) fn dropped_message(&self) -> String {
         let parts: Vec<String> = self.dropped.iter().map(ToString::to_string).collect();
         format!("dropped rules: {}", parts.join("; "))

@@ -311,7 +311,8 @@ fn attached_routes_count_each_accepted_route_once_per_listener() {
         .is_some_and(|c| c.status)));
     assert_eq!(attached(&out), 1, "two parentRefs, one listener: one route");
 
-    // Attached by its parentRef, refused once its rules are translated: not counted.
+    // Attached by its parentRef, refused once its rules are translated: counted all the same
+    // (Gateway API: the count MUST include attached routes that are not accepted).
     let all_dropped = http_route(
         "infra",
         "all-dropped",
@@ -322,8 +323,8 @@ fn attached_routes_count_each_accepted_route_once_per_listener() {
         condition(&out, "infra", "all-dropped", ConditionType::Accepted),
         (false, Reason::UnsupportedValue)
     );
-    assert_eq!(attached(&out), 0);
-    assert_eq!(attached(&run(&format!("{twice}{all_dropped}"))), 1);
+    assert_eq!(attached(&out), 1);
+    assert_eq!(attached(&run(&format!("{twice}{all_dropped}"))), 2);
 }
 
 /// The status-only conformance tests (`shared/gwapi/SKIPPED.md`): routes that must not attach.
