@@ -63,16 +63,26 @@ fn hooks() -> (Arc<dyn RegistrationHooks>, watch::Receiver<bool>) {
     (Arc::new(Hooks { unregistered: tx }), rx)
 }
 
-fn start_connector(pki: &TestPki, edge: SocketAddr, protocol: Protocol) -> ConnectorHandle {
-    let opts = ConnectorOptions {
+/// One connection to `edge`, trusting `pki`, over `protocol`.
+fn options(pki: &TestPki, edge: SocketAddr, protocol: Protocol) -> ConnectorOptions {
+    ConnectorOptions {
         protocol,
         edges: vec![edge.into()],
         edge_ca_pem: Some(pki.ca_pem().as_bytes().to_vec()),
         ha_connections: 1,
         grace_period: GRACE,
-        backoff_base: Duration::from_millis(50),
         ..ConnectorOptions::default()
-    };
+    }
+}
+
+fn start_connector(pki: &TestPki, edge: SocketAddr, protocol: Protocol) -> ConnectorHandle {
+    start_with(ConnectorOptions {
+        backoff_base: Duration::from_millis(50),
+        ..options(pki, edge, protocol)
+    })
+}
+
+fn start_with(opts: ConnectorOptions) -> ConnectorHandle {
     let service = hyper::service::service_fn(|_req| async {
         Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"hello"))))
     });
@@ -239,25 +249,11 @@ const PROMPT: Duration = Duration::from_secs(3);
 /// A connector to `edge` with timeouts long enough that only a drain or shutdown can end an
 /// attempt the edge does not answer within a test.
 fn start_patient_connector(pki: &TestPki, edge: SocketAddr, protocol: Protocol) -> ConnectorHandle {
-    let opts = ConnectorOptions {
-        protocol,
-        edges: vec![edge.into()],
-        edge_ca_pem: Some(pki.ca_pem().as_bytes().to_vec()),
-        ha_connections: 1,
-        grace_period: GRACE,
+    start_with(ConnectorOptions {
         rpc_timeout: Duration::from_secs(20),
         handshake_timeout: Duration::from_secs(20),
-        ..ConnectorOptions::default()
-    };
-    let service = hyper::service::service_fn(|_req| async {
-        Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"hello"))))
-    });
-    let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = TunnelMetrics::register(&mut registry);
-    Connector::new(token(), opts)
-        .unwrap()
-        .start(service, metrics)
-        .unwrap()
+        ..options(pki, edge, protocol)
+    })
 }
 
 /// A shutdown begun while the connection's dial is in progress (the edge address takes
