@@ -86,14 +86,19 @@ spec:
 }
 
 async fn status(proxy: SocketAddr, host: &str, path: &str) -> u16 {
+    status_with(proxy, host, path, &[]).await
+}
+
+/// The status of a GET of `path` on `host` with `headers`, over a connection of its own.
+async fn status_with(proxy: SocketAddr, host: &str, path: &str, headers: &[(&str, &str)]) -> u16 {
     let (mut sender, _conn) = cftunnel_testkit::client::connect_http1(proxy)
         .await
         .expect("connect to the proxy");
-    let req = http::Request::builder()
-        .uri(path)
-        .header("host", host)
-        .body(Empty::<Bytes>::new())
-        .expect("request");
+    let mut req = http::Request::builder().uri(path).header("host", host);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let req = req.body(Empty::<Bytes>::new()).expect("request");
     let res = sender.send_request(req).await.expect("an answer");
     let status = res.status().as_u16();
     let _ = res.into_body().collect().await;
@@ -205,21 +210,13 @@ spec:
             .await
             .expect("the proxy starts");
         let at = proxy.data_addr();
-        let over = |proto: &'static str| async move {
-            let (mut sender, _conn) = cftunnel_testkit::client::connect_http1(at)
-                .await
-                .expect("connect to the proxy");
-            let req = http::Request::builder()
-                .uri("/login")
-                .header("host", "foo.example.com")
-                .header("x-forwarded-proto", proto)
-                .body(Empty::<Bytes>::new())
-                .expect("request");
-            let res = sender.send_request(req).await.expect("an answer");
-            res.status().as_u16()
-        };
         // A plain listener's request: the proxy sets its scheme, whatever the client says.
-        assert_eq!(over("https").await, 301, "the plain listener's route");
+        let https = [("x-forwarded-proto", "https")];
+        assert_eq!(
+            status_with(at, "foo.example.com", "/login", &https).await,
+            301,
+            "the plain listener's route"
+        );
     })
     .await
     .expect("in time");

@@ -426,11 +426,16 @@ fn credentials_digest(tunnel_token: &str, auth_token: &str) -> String {
     ctx.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The hostname a tunnel is reached at, a Gateway's status address: `<id>.cfargotunnel.com`.
+pub fn tunnel_hostname(id: uuid::Uuid) -> String {
+    format!("{id}.cfargotunnel.com")
+}
+
 /// The objects of one dedicated data plane, ready to apply in the Gateway's namespace.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DataPlane {
     pub names: PlaneNames,
-    /// The Gateway's status address: `<tunnel id>.cfargotunnel.com`.
+    /// The Gateway's status address ([`tunnel_hostname`]).
     pub address: String,
     pub deployment: Deployment,
     /// Headless: the controller pushes config to each pod's address.
@@ -685,7 +690,7 @@ pub fn render(
     });
 
     Ok(DataPlane {
-        address: format!("{}.cfargotunnel.com", credentials.tunnel.tunnel_id()),
+        address: tunnel_hostname(credentials.tunnel.tunnel_id()),
         names,
         deployment,
         service,

@@ -1,5 +1,5 @@
 use cftunnel_config::Token;
-use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::api::core::v1::{Container, PodSpec};
 
 use super::*;
 use crate::manifest;
@@ -80,13 +80,16 @@ fn plane(config: &str, extra: &str) -> DataPlane {
     plane_with(&snapshot(config, extra), &settings()).expect("renders")
 }
 
-fn container(p: &DataPlane) -> &Container {
-    &p.deployment
+fn pod_spec(p: &DataPlane) -> &PodSpec {
+    p.deployment
         .spec
         .as_ref()
         .and_then(|s| s.template.spec.as_ref())
         .expect("pod spec")
-        .containers[0]
+}
+
+fn container(p: &DataPlane) -> &Container {
+    &pod_spec(p).containers[0]
 }
 
 fn env_secret(c: &Container, name: &str) -> (String, String) {
@@ -217,12 +220,7 @@ fn the_pod_runs_the_proxy_as_the_contract_configures_it() {
     };
     assert_eq!(value("PROXY_GRACE_PERIOD").as_deref(), Some("30s"));
     assert_eq!(value("PROXY_CONFIG_ADDR").as_deref(), Some(":8081"));
-    let pod = p
-        .deployment
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .expect("pod");
+    let pod = pod_spec(&p);
     // The kubelet waits out the proxy's drain window before it kills.
     assert_eq!(pod.termination_grace_period_seconds, Some(45));
     let ready = c.readiness_probe.as_ref().and_then(|p| p.http_get.as_ref());
@@ -253,12 +251,7 @@ fn the_pod_runs_the_proxy_as_the_contract_configures_it() {
 #[test]
 fn the_pod_runs_as_the_images_non_root_user_and_asks_for_no_uid() {
     let p = plane(BASIC, "");
-    let pod = p
-        .deployment
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .expect("pod");
+    let pod = pod_spec(&p);
     assert_eq!(
         pod.security_context,
         Some(PodSecurityContext {

@@ -189,10 +189,11 @@ impl<'h> ParentBinding<'h> {
                 for l in &attached {
                     attachment.redirect_ports.insert(l.redirect_port);
                     attachment.schemes.insert(l.scheme);
-                    if l.hosts.names().is_some() {
+                    let names = l.hosts.names();
+                    if names.is_some() {
                         attachment.named_schemes.insert(l.scheme);
                     }
-                    match l.hosts.names() {
+                    match names {
                         None => attachment.any_host = true,
                         // The route's listeners of both schemes most often give it the same
                         // hosts, which the attachment would only drop again when it settles.

@@ -107,10 +107,9 @@ impl OwnedGateway<'_> {
     /// Whether the Gateway is accepted, and if not why; final once every listener conflict is
     /// known.
     fn acceptance(&self) -> Result<(), (Reason, String)> {
-        let mut own = self.own_listeners().peekable();
         match &self.refused {
             Some(refused) => Err(refused.clone()),
-            None if own.peek().is_some() && own.all(|l| !l.usable) => {
+            None if self.every_own_listener(|_, l| !l.usable) => {
                 Err((Reason::ListenersNotValid, "no listener is valid".to_owned()))
             }
             None => Ok(()),
@@ -125,7 +124,7 @@ impl OwnedGateway<'_> {
         if self.requested.is_empty() {
             return None;
         }
-        let ours = self.tunnel.map(|t| format!("{}.cfargotunnel.com", t.id));
+        let ours = self.tunnel.map(|t| crate::render::tunnel_hostname(t.id));
         let unassigned: Vec<String> = self
             .requested
             .iter()
@@ -163,6 +162,18 @@ impl OwnedGateway<'_> {
         self.listeners.iter().filter(|l| l.set.is_none())
     }
 
+    /// Whether the Gateway has listeners of its own and `out` holds for each of them (with
+    /// its position in `listeners`): without one left, it is not accepted.
+    fn every_own_listener(&self, mut out: impl FnMut(usize, &OwnedListener<'_>) -> bool) -> bool {
+        let mut own = self
+            .listeners
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.set.is_none())
+            .peekable();
+        own.peek().is_some() && own.all(|(index, l)| out(index, l))
+    }
+
     /// Settles the status once every listener conflict is known, within the Gateway and, on
     /// the shared plane, with its other Gateways: the listeners' Conflicted and Programmed, the
     /// Gateway's Accepted and Programmed. A Gateway that ends up not accepted has no plane,
@@ -173,10 +184,11 @@ impl OwnedGateway<'_> {
     /// on that tunnel (`serving`, by tunnel), and `Programmed` says which.
     fn settle(&mut self, serving: &BTreeMap<TunnelIdentity, Vec<ObjectKey>>) {
         let generation = self.generation;
-        for l in &mut self.listeners {
-            l.settle(generation);
-        }
+        // Listener conflicts are all marked by now, so acceptance is final.
         let accepted = self.acceptance();
+        for l in &mut self.listeners {
+            l.settle(generation, accepted.is_ok());
+        }
         // Gateway API: ListenersNotValid may come with Accepted=True when the Gateway still
         // serves its valid listeners.
         let invalid: Vec<&str> = self
@@ -219,18 +231,6 @@ impl OwnedGateway<'_> {
                 },
             ],
             Err((reason, message)) => {
-                // A listener of a Gateway that is not accepted serves nothing, however valid,
-                // its ListenerSets' included.
-                for c in self
-                    .listeners
-                    .iter_mut()
-                    .flat_map(|l| l.conditions.iter_mut())
-                    .filter(|c| c.kind == ConditionType::Programmed && c.status)
-                {
-                    c.status = false;
-                    c.reason = Reason::Invalid;
-                    c.message = "the Gateway is not accepted".to_owned();
-                }
                 let keeps_plane = reason == Reason::ListenersNotValid
                     && matches!(self.plane, Some(PlaneKey::Dedicated(_)));
                 let sharing = self
@@ -554,14 +554,7 @@ fn mark_shared_plane_conflicts(gateways: &mut BTreeMap<ObjectKey, OwnedGateway<'
             .map(|(key, index, _)| (key, *index))
             .collect();
         let first_out = order.iter().position(|gw| {
-            let mut own = gw
-                .listeners
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| l.set.is_none())
-                .peekable();
-            own.peek().is_some()
-                && own.all(|(index, l)| !l.usable || lost.contains(&(&gw.key, index)))
+            gw.every_own_listener(|index, l| !l.usable || lost.contains(&(&gw.key, index)))
         });
         let Some(first_out) = first_out else {
             break conflicts;

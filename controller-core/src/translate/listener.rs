@@ -91,9 +91,11 @@ impl OwnedListener<'_> {
     }
 
     /// Adds the conditions that wait for every conflict to be known: Conflicted, Programmed.
-    pub(super) fn settle(&mut self, generation: Option<i64>) {
+    /// A listener of a Gateway that is not accepted (`gateway_accepted` false) serves nothing,
+    /// however valid, its ListenerSets' included.
+    pub(super) fn settle(&mut self, generation: Option<i64>, gateway_accepted: bool) {
         if self.set.is_some() {
-            return settle_entry(self);
+            return settle_entry(self, gateway_accepted);
         }
         match self.conflict.take() {
             Some((reason, message)) => {
@@ -104,14 +106,15 @@ impl OwnedListener<'_> {
                     message,
                     generation,
                 ));
-                self.push_programmed(generation);
+                self.push_programmed(generation, gateway_accepted);
             }
-            None => self.push_unconflicted(generation),
+            None => self.push_unconflicted(generation, gateway_accepted),
         }
     }
 
-    /// Conflicted=False, then Programmed as the listener's usability says.
-    pub(super) fn push_unconflicted(&mut self, generation: Option<i64>) {
+    /// Conflicted=False, then Programmed as the listener's usability and its Gateway's
+    /// acceptance say.
+    fn push_unconflicted(&mut self, generation: Option<i64>, gateway_accepted: bool) {
         self.conditions.push(Condition::new(
             ConditionType::Conflicted,
             false,
@@ -119,20 +122,20 @@ impl OwnedListener<'_> {
             "",
             generation,
         ));
-        self.push_programmed(generation);
+        self.push_programmed(generation, gateway_accepted);
     }
 
-    fn push_programmed(&mut self, generation: Option<i64>) {
-        let programmed = self.usable;
+    fn push_programmed(&mut self, generation: Option<i64>, gateway_accepted: bool) {
+        let (programmed, reason, message) = match (self.usable, gateway_accepted) {
+            (true, true) => (true, Reason::Programmed, ""),
+            (true, false) => (false, Reason::Invalid, "the Gateway is not accepted"),
+            (false, _) => (false, Reason::Invalid, ""),
+        };
         self.conditions.push(Condition::new(
             ConditionType::Programmed,
             programmed,
-            if programmed {
-                Reason::Programmed
-            } else {
-                Reason::Invalid
-            },
-            "",
+            reason,
+            message,
             generation,
         ));
     }
@@ -147,7 +150,7 @@ pub(super) struct Entry {
 
 /// Adds a ListenerSet listener's conditions that wait for every conflict to be known. A
 /// conflicted one is not accepted either, and says why in each condition.
-fn settle_entry(l: &mut OwnedListener<'_>) {
+fn settle_entry(l: &mut OwnedListener<'_>, gateway_accepted: bool) {
     let generation = l.set.as_ref().and_then(|e| e.generation);
     match l.conflict.take() {
         Some((reason, message)) => {
@@ -179,7 +182,7 @@ fn settle_entry(l: &mut OwnedListener<'_>) {
                 generation,
             ));
         }
-        None => l.push_unconflicted(generation),
+        None => l.push_unconflicted(generation, gateway_accepted),
     }
 }
 

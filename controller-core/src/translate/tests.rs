@@ -3689,20 +3689,11 @@ fn addresses_other_than_the_tunnels_hostname_are_not_assigned() {
     ];
     for (addresses, unassigned) in cases {
         let addresses = addresses.replace("ID", id);
-        let gateway = format!(
-            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: asks, namespace: infra}}\nspec:\n  gatewayClassName: cf\n  addresses: {addresses}\n  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: asks.example.com}}]\n---\n"
-        );
-        let out = translate(&snapshot(&gateway), &options);
-        let gw = &out.statuses.gateways[&ObjectKey::new("infra", "asks")];
-        let programmed = gw
-            .conditions
-            .iter()
-            .find(|c| c.kind == ConditionType::Programmed)
-            .expect("Programmed");
+        let (programmed, served) = asking_for(&addresses, &options);
         match unassigned {
             None => assert!(programmed.status, "{addresses}: {}", programmed.message),
             Some(message) => assert_eq!(
-                described(programmed),
+                described(&programmed),
                 (
                     ConditionType::Programmed,
                     false,
@@ -3712,23 +3703,11 @@ fn addresses_other_than_the_tunnels_hostname_are_not_assigned() {
                 "{addresses}"
             ),
         }
-        assert!(
-            out.planes.contains_key(&ObjectKey::new("infra", "asks")),
-            "still served"
-        );
+        assert!(served, "still served");
     }
     // A class tunnel known by no token here: a Hostname may be its, an IP address is not.
     let unknown = |addresses: &str| {
-        let gateway = format!(
-            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: asks, namespace: infra}}\nspec:\n  gatewayClassName: cf\n  addresses: {addresses}\n  listeners: [{{name: http, port: 80, protocol: HTTP}}]\n---\n"
-        );
-        let out = run(&gateway);
-        let gw = &out.statuses.gateways[&ObjectKey::new("infra", "asks")];
-        let programmed = gw
-            .conditions
-            .iter()
-            .find(|c| c.kind == ConditionType::Programmed)
-            .expect("Programmed");
+        let (programmed, _) = asking_for(addresses, &Options::default());
         (programmed.status, programmed.reason)
     };
     assert_eq!(
@@ -3739,4 +3718,21 @@ fn addresses_other_than_the_tunnels_hostname_are_not_assigned() {
         unknown("[{type: IPAddress, value: 203.0.113.10}]"),
         (false, Reason::AddressNotAssigned)
     );
+}
+
+/// Gateway `infra/asks` on the shared plane with `spec.addresses: <addresses>`, translated
+/// with `options`: its `Programmed`, and whether it has a plane.
+fn asking_for(addresses: &str, options: &Options) -> (Condition, bool) {
+    let gateway = format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: asks, namespace: infra}}\nspec:\n  gatewayClassName: cf\n  addresses: {addresses}\n  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: asks.example.com}}]\n---\n"
+    );
+    let out = translate(&snapshot(&gateway), options);
+    let key = ObjectKey::new("infra", "asks");
+    let programmed = out.statuses.gateways[&key]
+        .conditions
+        .iter()
+        .find(|c| c.kind == ConditionType::Programmed)
+        .expect("Programmed")
+        .clone();
+    (programmed, out.planes.contains_key(&key))
 }

@@ -1793,7 +1793,7 @@ fn shared_plane(
     Some(PlaneInfo {
         address: class
             .tunnel_id
-            .map(|id| format!("{id}.cfargotunnel.com"))
+            .map(render::tunnel_hostname)
             .unwrap_or_default(),
         identity,
         ready: true,
