@@ -221,3 +221,80 @@ spec:
     .await
     .expect("in time");
 }
+
+/// A route on a listener for any host and on an HTTPS listener with a hostname ranks among
+/// the listener for any host's routes as Gateway API says: its rules for any host ask for no
+/// scheme the HTTPS listener has, so they carry no more header matches than an older route's
+/// attached there alone, and the older route's redirect of every path keeps taking plain
+/// requests for any host.
+#[tokio::test]
+async fn a_route_also_on_a_named_listener_does_not_outrank_older_routes_for_any_host() {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let backend = web_backend().await;
+        let pki = cftunnel_testkit::pki::TestPki::for_names(&["foo.example.com"]).expect("pki");
+        let manifests = format!(
+            r#"{}
+apiVersion: v1
+kind: Secret
+metadata: {{name: foo-cert, namespace: web}}
+type: kubernetes.io/tls
+stringData:
+  tls.crt: |
+{crt}  tls.key: |
+{key}---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: edge, namespace: web}}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {{name: plain, port: 80, protocol: HTTP}}
+  - {{name: secure, port: 443, protocol: HTTPS, hostname: foo.example.com, tls: {{certificateRefs: [{{name: foo-cert}}]}}}}
+---
+# The older: on the plain listener alone, every plain request goes to https.
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: upgrade, namespace: web, creationTimestamp: "2026-01-01T00:00:00Z"}}
+spec:
+  parentRefs: [{{name: edge, sectionName: plain}}]
+  rules: [{{filters: [{{type: RequestRedirect, requestRedirect: {{scheme: https, statusCode: 301}}}}]}}]
+---
+# The newer, on both listeners, for every path.
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: app, namespace: web, creationTimestamp: "2026-02-01T00:00:00Z"}}
+spec:
+  parentRefs: [{{name: edge}}]
+  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
+"#,
+            class_and_backend(backend.http_addr()),
+            crt = indent(&pki.leaf_pem()),
+            key = indent(&pki.key_pem()),
+        );
+        let mut snapshot = Snapshot::default();
+        manifest::load_into(&mut snapshot, &manifests, "web.yaml").expect("manifests parse");
+        let output = translate::translate(&snapshot, &Options::default());
+        let plane = &output.planes[&ObjectKey::new("web", "edge")];
+        let config = &output.configs[plane];
+        let for_any_host = |name: &str| {
+            config
+                .rules
+                .iter()
+                .find(|r| r.name.as_deref() == Some(name) && r.hostnames.is_empty())
+                .unwrap_or_else(|| panic!("{name}'s rule for any host"))
+        };
+        let headers = |name: &str| {
+            let rule = for_any_host(name);
+            rule.matches.iter().map(|m| m.headers.len()).sum::<usize>()
+        };
+        assert_eq!(headers("web/app/0"), headers("web/upgrade/0"));
+        let proxy = Server::start(ServerOptions::default(), Some(config.clone()))
+            .await
+            .expect("the proxy starts");
+        let at = proxy.data_addr();
+        assert_eq!(status(at, "other.test", "/").await, 301, "the older route");
+        assert_eq!(status(at, "other.test", "/any").await, 301, "the older route");
+    })
+    .await
+    .expect("in time");
+}

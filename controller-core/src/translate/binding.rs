@@ -188,10 +188,11 @@ impl<'h> ParentBinding<'h> {
                 let mut attachment = Attachment::default();
                 for l in &attached {
                     attachment.redirect_ports.insert(l.redirect_port);
-                    attachment.schemes.insert(l.scheme);
                     let names = l.hosts.names();
                     if names.is_some() {
                         attachment.named_schemes.insert(l.scheme);
+                    } else {
+                        attachment.any_schemes.insert(l.scheme);
                     }
                     match names {
                         None => attachment.any_host = true,

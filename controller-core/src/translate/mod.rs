@@ -594,7 +594,12 @@ fn translate_checked(
                             .collect();
                         (copy, grpc, attachment.named_schemes)
                     });
-                    std::iter::once((rule, grpc, attachment.schemes)).chain(copy)
+                    let schemes = if attachment.any_host {
+                        attachment.any_schemes
+                    } else {
+                        attachment.named_schemes
+                    };
+                    std::iter::once((rule, grpc, schemes)).chain(copy)
                 });
                 for (mut rule, grpc, schemes) in attached {
                     if let Some(certificate) = certificate {
@@ -1057,10 +1062,14 @@ pub(crate) struct Attachment<'h> {
     /// [`Attachment::settle`].
     pub(crate) hostnames: Vec<&'h str>,
     pub(crate) redirect_ports: RedirectPorts,
-    /// The schemes of the attached listeners (`http`, `https`): where listeners of the other
-    /// scheme could take the same requests, they tell them apart (see [`scheme`]).
-    pub(crate) schemes: scheme::Schemes,
-    /// The schemes of the attached listeners that have hostnames.
+    /// The schemes (`http`, `https`) of the attached listeners without a hostname, which
+    /// serve the rules for any host: where listeners of the other scheme could take the same
+    /// requests, they tell them apart (see [`scheme`]).
+    pub(crate) any_schemes: scheme::Schemes,
+    /// The schemes of the attached listeners that have hostnames, which serve the rules
+    /// under them. Kept apart from `any_schemes`: a scheme only a listener with a hostname
+    /// has would add a header match to the rules for any host, and Gateway API precedence
+    /// counts header matches, so those rules would outrank older ones for the same path.
     pub(crate) named_schemes: scheme::Schemes,
 }
 
@@ -1074,7 +1083,7 @@ impl Attachment<'_> {
             self.hostnames.extend(other.hostnames);
         }
         self.redirect_ports.merge(other.redirect_ports);
-        self.schemes.union(other.schemes);
+        self.any_schemes.union(other.any_schemes);
         self.named_schemes.union(other.named_schemes);
     }
 
