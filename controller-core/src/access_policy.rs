@@ -26,6 +26,7 @@ pub const ACCESS_POLICY_KIND: &str = "AccessPolicy";
     group = "cf.k8s.lex.la",
     version = "v1alpha1",
     kind = "AccessPolicy",
+    derive = "Default",
     namespaced,
     shortname = "cfaccess",
     printcolumn = r#"{"name": "Team", "type": "string", "jsonPath": ".spec.teamName"}"#,

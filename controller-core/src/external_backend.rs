@@ -39,6 +39,7 @@ pub enum ExternalBackendScheme {
     group = "cf.k8s.lex.la",
     version = "v1alpha1",
     kind = "ExternalBackend",
+    derive = "Default",
     namespaced,
     shortname = "extbackend",
     printcolumn = r#"{"name": "Scheme", "type": "string", "jsonPath": ".spec.scheme"}"#,

@@ -36,6 +36,7 @@ pub const VALID_CONDITION: &str = "Valid";
     group = "cf.k8s.lex.la",
     version = "v1alpha1",
     kind = "GatewayClassConfig",
+    derive = "Default",
     status = "GatewayClassConfigStatus",
     shortname = "gcconfig",
     printcolumn = r#"{"name": "Tunnel ID", "type": "string", "jsonPath": ".spec.tunnelID"}"#,

@@ -48,6 +48,7 @@ pub const RENDERED_CONDITION: &str = "Rendered";
     group = "cf.k8s.lex.la",
     version = "v1alpha1",
     kind = "GatewayConfig",
+    derive = "Default",
     namespaced,
     status = "GatewayConfigStatus",
     shortname = "gwconfig",
@@ -156,9 +157,9 @@ pub struct Autoscaling {
     /// At most 100.
     #[schemars(range(min = 1, max = MAX_REPLICAS))]
     pub max_replicas: i32,
-    /// Average in-flight requests per pod the autoscaler aims for. Default 50.
+    /// Average in-flight requests per pod the autoscaler aims for, at most 1,000,000. Default 50.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 1_000_000))]
     pub target_inflight_per_pod: Option<i32>,
     /// The Pods-type custom metric the autoscaler reads, where the metrics adapter serves the
     /// in-flight gauge under another name. Default `cftunnel_proxy_requests_in_flight`.

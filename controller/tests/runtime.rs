@@ -3218,6 +3218,46 @@ async fn a_route_the_controller_cannot_read_stops_no_other_route() {
     .expect("in time");
 }
 
+/// A GatewayConfig the controller cannot read (a number past its field's 32 bits, which an
+/// API server that does not check `format: int32` stores) is left out on its own: the
+/// controller still starts, serves every other tenant and reports the Gateway that names it,
+/// and reads it again once it is fixed.
+#[tokio::test]
+async fn a_gateway_config_the_controller_cannot_read_stops_no_other_tenant() {
+    tokio::time::timeout(Duration::from_secs(40), async {
+        let third_config = |autoscaling: &str| {
+            yaml(&format!(
+                "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {{name: third-config, namespace: tenant-c}}\nspec: {{tunnelTokenSecretRef: {{name: third-tunnel-token}}, autoscaling: {{maxReplicas: 2, {autoscaling}}}}}\n"
+            ))
+        };
+        let t = Tenant::start_with("replicas: 1", |api| {
+            api.put(third_config("targetInflightPerPod: 2147483648"));
+        })
+        .await;
+        let accepted = |api: &ApiServer, namespace: &str, name: &str| {
+            api.get("gateway.networking.k8s.io/v1", "Gateway", namespace, name)
+                .and_then(|g| condition(&g["status"]["conditions"], "Accepted").cloned())
+        };
+        eventually("another tenant's route accepted", || {
+            route_condition(&t.api, "tenant-a", "shop", "Accepted").filter(|c| c["status"] == "True")
+        })
+        .await;
+        eventually("the Gateway naming it refused", || {
+            accepted(&t.api, "tenant-c", "third").filter(|c| c["reason"] == "InvalidParameters")
+        })
+        .await;
+
+        t.api.put(third_config("targetInflightPerPod: 50"));
+        eventually("the Gateway accepted once it is fixed", || {
+            accepted(&t.api, "tenant-c", "third").filter(|c| c["status"] == "True")
+        })
+        .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// ReferenceGrant's version is asked again, quickly, for the tests: discovery retried after
 /// 50 ms (up to 200 ms), a watch failing as not served re-checked after 1 s: longer than the
 /// watch's first retry (800 ms), so the re-check spans failed attempts, as it does in production.

@@ -180,10 +180,12 @@ impl Stores {
         {
             cache(watcher(api, config), kept, changed, tasks)
         }
-        /// [`watch`] of a Gateway API kind, read object by object: one object this build
+        /// [`watch`] of a kind tenants write, read object by object: one object this build
         /// cannot read (a value its types do not know, from a newer bundle than it was
-        /// generated from) is left out, logged, instead of failing the list and the watch of
-        /// every object of the kind (each tenant's routes would stop being seen).
+        /// generated from, or a number past its field's range that the API server stored) is
+        /// left out, logged, instead of failing the list and the watch of every object of the
+        /// kind (each tenant's routes or data planes would stop being seen, and a restarted
+        /// controller would wait for the first list for ever).
         fn watch_each<K>(
             client: &Client,
             config: watcher::Config,
@@ -285,18 +287,12 @@ impl Stores {
             namespaces: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
             services: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
             endpoint_slices: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
-            gateway_configs: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
-            gateway_class_configs: watch(
-                Api::all(client.clone()),
-                all(),
-                Kept::Read,
-                &changed,
-                tasks,
-            ),
+            gateway_configs: watch_each(client, all(), &changed, tasks),
+            gateway_class_configs: watch_each(client, all(), &changed, tasks),
             service_imports: cache(service_imports, Kept::Read, &changed, tasks),
             service_imports_served,
-            access_policies: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
-            external_backends: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
+            access_policies: watch_each(client, all(), &changed, tasks),
+            external_backends: watch_each(client, all(), &changed, tasks),
             secrets: watch(
                 Api::all(client.clone()),
                 all().fields(NOT_HELM_RELEASES),
