@@ -436,7 +436,7 @@ fn an_oversized_regex_leaves_the_shared_plane_updating() {
         json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
                "metadata": {"name": "greedy", "namespace": "infra"},
                "spec": {"parentRefs": [{"name": "gw"}], "rules": [
-                   {"matches": [{"path": {"type": "RegularExpression", "value": "/\\w{50}"}}],
+                   {"matches": [{"path": {"type": "RegularExpression", "value": "/\\w{500}"}}],
                     "backendRefs": [{"name": "web", "port": 8080}]}]}}),
         json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
                "metadata": {"name": "tenant", "namespace": "infra"},

@@ -153,7 +153,7 @@ async fn bad_pushes_are_refused_with_the_reason_and_the_old_table_keeps_serving(
         // The refused rule is named, so a pusher can leave it out and push the rest.
         let oversized = json!({"version": 6, "rules": [
             {"backends": []},
-            {"name": "team/shop/0", "matches": [{"path": {"type": "RegularExpression", "value": "/\\w{50}"}}], "backends": []}
+            {"name": "team/shop/0", "matches": [{"path": {"type": "RegularExpression", "value": "/\\w{500}"}}], "backends": []}
         ]});
         let r = push(&http, admin, &oversized).await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST);

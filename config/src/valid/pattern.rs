@@ -6,9 +6,10 @@ use regex_automata::nfa::thompson::{self, WhichCaptures};
 use regex_syntax::hir::{Hir, Look};
 use std::sync::{Arc, OnceLock};
 
-/// Bound on a compiled pattern's NFA: a pattern such as `\w{50}` (Unicode word characters, 50
-/// times) is over it and refused, rather than costing megabytes per copy in every table.
-pub const PATTERN_SIZE_LIMIT: usize = 1 << 20;
+/// Bound on a compiled pattern's NFA: the `regex` crate's own default (10 MiB), so every
+/// pattern that compiles with `regex` is taken, as the config's contract says. A pattern such
+/// as `\w{500}` (Unicode word characters, 500 times) is over it and refused.
+pub const PATTERN_SIZE_LIMIT: usize = 10 * (1 << 20);
 
 /// An anchored regular expression (`regex` crate syntax) that must span the whole value.
 ///

@@ -1452,7 +1452,7 @@ fn a_regex_over_the_proxy_size_limit_drops_its_rule_and_the_plane_still_compiles
     let out = run(&(http_route(
         "infra",
         "greedy",
-        "  parentRefs: [{name: gw}]\n  rules:\n  - name: fine\n    matches: [{path: {value: /fine}}]\n    backendRefs: [{name: v2, port: 8080}]\n  - matches: [{path: {type: RegularExpression, value: \"/\\\\w{50}\"}}]\n    backendRefs: [{name: v2, port: 8080}]",
+        "  parentRefs: [{name: gw}]\n  rules:\n  - name: fine\n    matches: [{path: {value: /fine}}]\n    backendRefs: [{name: v2, port: 8080}]\n  - matches: [{path: {type: RegularExpression, value: \"/\\\\w{500}\"}}]\n    backendRefs: [{name: v2, port: 8080}]",
     ) + &http_route(
         "infra",
         "neighbour",

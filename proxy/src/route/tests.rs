@@ -392,7 +392,7 @@ fn invalid_documents_are_refused_with_the_rule_and_field_named() {
     };
     let r = refuse(json!({"rules": [
         {"backends": []},
-        {"name": "team/shop/1", "matches": [{"path": {"type": "RegularExpression", "value": "/\\w{50}"}}], "backends": []}
+        {"name": "team/shop/1", "matches": [{"path": {"type": "RegularExpression", "value": "/\\w{500}"}}], "backends": []}
     ]}));
     assert_eq!((r.index, r.name.as_deref()), (1, Some("team/shop/1")));
     assert_eq!(r.field(), "rules[1].matches[0].path");
