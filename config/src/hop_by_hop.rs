@@ -6,8 +6,9 @@
 
 use http::header::{self, HeaderName};
 
-/// Always hop-by-hop. The order is part of the contract: `Connection`, `Upgrade` and `TE`,
-/// which a proxy treats apart, stand at [`CONNECTION`], [`UPGRADE`] and [`TE`], so a caller
+/// Always hop-by-hop. The order is part of the contract: `Connection`, `Upgrade`,
+/// `Transfer-Encoding` and `TE`, which a proxy treats apart, stand at [`CONNECTION`],
+/// [`UPGRADE`], [`TRANSFER_ENCODING`] and [`TE`], so a caller
 /// may keep the names a message holds as bits of a set.
 pub static HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
@@ -25,6 +26,8 @@ pub static HOP_BY_HOP: [HeaderName; 9] = [
 pub const CONNECTION: usize = 0;
 /// Where `Upgrade` stands in [`HOP_BY_HOP`].
 pub const UPGRADE: usize = 1;
+/// Where `Transfer-Encoding` stands in [`HOP_BY_HOP`].
+pub const TRANSFER_ENCODING: usize = 2;
 /// Where `TE` stands in [`HOP_BY_HOP`].
 pub const TE: usize = 3;
 /// Where `Trailer` stands in [`HOP_BY_HOP`]: dropped as Go's reverse proxy drops it, which then
@@ -44,6 +47,7 @@ mod tests {
     fn the_named_positions_hold_their_headers() {
         assert_eq!(HOP_BY_HOP[CONNECTION], header::CONNECTION);
         assert_eq!(HOP_BY_HOP[UPGRADE], header::UPGRADE);
+        assert_eq!(HOP_BY_HOP[TRANSFER_ENCODING], header::TRANSFER_ENCODING);
         assert_eq!(HOP_BY_HOP[TE], header::TE);
         assert_eq!(HOP_BY_HOP[TRAILER], header::TRAILER);
     }

@@ -1,5 +1,6 @@
 //! The opt-in JSON access log: one line per request on stdout, written by its own task so a
-//! slow terminal never blocks a request. Lines are dropped, and counted, when the queue is full.
+//! slow terminal never blocks a request. Lines are dropped when the queue is full: counted in
+//! `cftunnel_proxy_access_log_lines_dropped_total`, and the first drop is logged.
 //!
 //! With sampling (`1 in N`), one request in N is written whatever its outcome, and every
 //! failure is written too: a 5xx, an answer the proxy gave itself because it could not serve
@@ -8,6 +9,7 @@
 //! failure is known only at the end; only the line's encoding and writing are sampled.
 
 use opentelemetry::trace::{SpanId, TraceId};
+use prometheus_client::metrics::counter::Counter;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -74,7 +76,8 @@ impl Default for AccessLogOptions {
 #[derive(Debug)]
 pub(crate) struct AccessLog {
     tx: mpsc::Sender<String>,
-    dropped: Arc<AtomicU64>,
+    /// Lines dropped because the queue was full.
+    dropped: Counter,
     options: AccessLogOptions,
     /// Requests seen, for one-in-N sampling; untouched when every request is written.
     seen: AtomicU64,
@@ -128,9 +131,10 @@ fn millis(d: Duration) -> f64 {
 }
 
 impl AccessLog {
-    pub(crate) fn spawn(options: AccessLogOptions) -> Self {
+    /// Starts the task that writes lines to stdout; lines that find its queue full are
+    /// counted in `dropped`.
+    pub(crate) fn spawn(options: AccessLogOptions, dropped: Counter) -> Self {
         let (tx, mut rx) = mpsc::channel::<String>(QUEUE);
-        let dropped = Arc::new(AtomicU64::new(0));
         tokio::spawn(async move {
             let mut out = tokio::io::stdout();
             while let Some(line) = rx.recv().await {
@@ -194,8 +198,50 @@ impl AccessLog {
             return;
         };
         text.push('\n');
-        if self.tx.try_send(text).is_err() {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+        if self.tx.try_send(text).is_err() && self.dropped.inc() == 0 {
+            tracing::warn!(
+                queue = QUEUE,
+                "access log lines are being dropped: its output is slower than requests \
+                 (counted in cftunnel_proxy_access_log_lines_dropped_total)"
+            );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lines that find the queue full are counted, not waited for: the writer task never runs
+    /// here (the test does not yield), so the queue takes `QUEUE` lines and drops the rest.
+    #[tokio::test]
+    async fn lines_that_find_the_queue_full_are_counted() {
+        let dropped = Counter::default();
+        let log = AccessLog::spawn(AccessLogOptions::default(), dropped.clone());
+        let fields = Fields {
+            method: http::Method::GET,
+            host: "h".to_owned(),
+            uri: http::Uri::from_static("/"),
+            route: None,
+            user_agent: None,
+            cf_ray: None,
+            client_ip: None,
+            backend: None,
+            tries: 1,
+            upstream: None,
+            error: None,
+            sampled: true,
+        };
+        let outcome = Outcome {
+            status: 200,
+            bytes: 0,
+            elapsed: Duration::ZERO,
+            aborted: false,
+            trace: None,
+        };
+        for _ in 0..QUEUE + 7 {
+            log.write(&fields, outcome);
+        }
+        assert_eq!(dropped.get(), 7);
     }
 }

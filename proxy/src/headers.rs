@@ -15,6 +15,7 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 const CONNECTION_BIT: u16 = 1 << hop_by_hop::CONNECTION;
+const TRANSFER_ENCODING_BIT: u16 = 1 << hop_by_hop::TRANSFER_ENCODING;
 const UPGRADE_BIT: u16 = 1 << hop_by_hop::UPGRADE;
 const TE_BIT: u16 = 1 << hop_by_hop::TE;
 const TRAILER_BIT: u16 = 1 << hop_by_hop::TRAILER;
@@ -35,7 +36,8 @@ fn present(headers: &HeaderMap) -> u16 {
 /// `Upgrade`) when the request is being upgraded; the caller then sets `Connection: upgrade`.
 /// `TE: trailers` is end-to-end for gRPC and stays; other `TE` values go. `Trailer` stays: an
 /// HTTP/1.1 encoder writes only the trailers a message announces, and Go's reverse proxy,
-/// which drops the header, announces them again.
+/// which drops the header, announces them again. A `Content-Length` beside
+/// `Transfer-Encoding` goes too: the message's length was its chunked framing's.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     let set = present(headers);
     if set == 0 {
@@ -63,6 +65,12 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
             }
         }
     }
+    if set & TRANSFER_ENCODING_BIT != 0 {
+        // A message framed by `Transfer-Encoding` whose `Content-Length` is stale (RFC 9112
+        // §6.3: the length is the chunked framing's): passed on, the length would cut the
+        // body short of what was read.
+        headers.remove(header::CONTENT_LENGTH);
+    }
     if set & UPGRADE_BIT != 0 && !keep_upgrade {
         headers.remove(header::UPGRADE);
     }
@@ -79,6 +87,26 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         if !te_trailers {
             headers.remove(header::TE);
         }
+    }
+}
+
+/// Joins an HTTP/2 request's `Cookie` fields into one, as RFC 9113 §8.2.3 requires before
+/// the request goes on over HTTP/1.1 (and allows over HTTP/2): a client may split its cookies
+/// into one field each, and HTTP/1.1 servers read one `Cookie` line.
+pub(crate) fn join_cookie_crumbs(headers: &mut HeaderMap) {
+    let mut crumbs = headers.get_all(header::COOKIE).iter();
+    let (Some(first), Some(_)) = (crumbs.next(), crumbs.next()) else {
+        return;
+    };
+    let mut joined = Vec::with_capacity(first.len() * 2);
+    for crumb in headers.get_all(header::COOKIE) {
+        if !joined.is_empty() {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(crumb.as_bytes());
+    }
+    if let Ok(value) = HeaderValue::from_bytes(&joined) {
+        headers.insert(header::COOKIE, value);
     }
 }
 

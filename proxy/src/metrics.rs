@@ -110,6 +110,8 @@ pub struct ProxyMetrics {
     pub config_version: Gauge,
     reloads: Family<ResultLabels, Counter>,
     pub mirrors_dropped: Counter,
+    /// Access-log lines not written: the log's queue was full.
+    pub access_log_dropped: Counter,
     /// One for the whole process: per hostname it would add a series of zeros for every
     /// hostname without a retry policy.
     retries_over_budget: Counter,
@@ -170,6 +172,7 @@ impl ProxyMetrics {
             config_version: Gauge::default(),
             reloads: Family::default(),
             mirrors_dropped: Counter::default(),
+            access_log_dropped: Counter::default(),
             retries_over_budget: Counter::default(),
             access: AccessMetrics::default(),
         };
@@ -223,6 +226,11 @@ impl ProxyMetrics {
             "mirror_requests_dropped",
             "Mirror copies not sent because the mirror queue was full or the body was streamed",
             m.mirrors_dropped.clone(),
+        );
+        r.register(
+            "access_log_lines_dropped",
+            "Access-log lines not written because the log's queue was full (its output slower than requests)",
+            m.access_log_dropped.clone(),
         );
         r.register(
             "retries_over_budget",

@@ -21,7 +21,9 @@ use crate::forward::mirror::Mirrors;
 use crate::forward::payload::Payload;
 use crate::forward::retry::{self, Tries, TryTimeout};
 use crate::forward::{ForwardError, UpstreamBody};
-use crate::headers::{prepare_forward_headers, settle_forwarded_proto, strip_hop_by_hop};
+use crate::headers::{
+    join_cookie_crumbs, prepare_forward_headers, settle_forwarded_proto, strip_hop_by_hop,
+};
 use crate::metrics::ProxyMetrics;
 use crate::response::ResponseBody;
 use crate::route::RequestView;
@@ -98,9 +100,12 @@ impl Proxy {
         let mirrors = Mirrors::new(metrics.mirrors_dropped.clone());
         let recorder = Recorder::new(
             metrics.in_flight.clone(),
-            options
-                .access_log
-                .then(|| AccessLog::spawn(options.access_log_options)),
+            options.access_log.then(|| {
+                AccessLog::spawn(
+                    options.access_log_options,
+                    metrics.access_log_dropped.clone(),
+                )
+            }),
             options.tracer,
         );
         Self {
@@ -203,6 +208,9 @@ impl Proxy {
         B::Error: Into<BoxError>,
     {
         let conn = settle_forwarded_proto(&mut parts.headers, conn);
+        if parts.version == http::Version::HTTP_2 {
+            join_cookie_crumbs(&mut parts.headers);
+        }
         // The host routed on is the host the backend sees: an absolute-form target or an
         // HTTP/2 `:authority` wins over a `Host` header (RFC 9112 §3.2.2).
         if let Some(authority) = parts.uri.authority() {
@@ -461,11 +469,20 @@ fn answer_locally(
     None
 }
 
-/// Removes `.` and `..` segments and merges repeated slashes (RFC 3986 §5.2.4), so a rule on
-/// `/admin` cannot be sidestepped with `/x/../admin` or `//admin`. `None`: already normal.
+/// Makes a request path canonical before it is routed (RFC 3986 §6.2.2), so a rule on
+/// `/admin` cannot be sidestepped by a path that a backend reads as `/admin`: percent-encoded
+/// unreserved characters are decoded (`/%61dmin`, `/x/%2e%2e/admin`), then `.` and `..`
+/// segments removed and repeated slashes merged (§5.2.4). Other percent-encodings, `%2F`
+/// among them, stay as sent: they do not name the same path. `None`: already canonical.
 pub fn normalize_path(path: &str) -> Option<String> {
+    let decoded = decode_unreserved(path);
+    let path = match &decoded {
+        Some(decoded) => decoded.as_str(),
+        None if is_normal(path.as_bytes()) => return None,
+        None => path,
+    };
     if is_normal(path.as_bytes()) {
-        return None;
+        return decoded;
     }
     let mut out: Vec<&str> = Vec::new();
     for seg in path.split('/') {
@@ -487,6 +504,48 @@ pub fn normalize_path(path: &str) -> Option<String> {
         normal.push('/');
     }
     Some(normal)
+}
+
+/// `path` with each percent-encoded unreserved character (letters, digits, `-._~`) written
+/// as itself; `None` when it has none, as nearly every path.
+fn decode_unreserved(path: &str) -> Option<String> {
+    let bytes = path.as_bytes();
+    let (mut at, mut byte) = unreserved_escape(bytes, 0)?;
+    let mut out = String::with_capacity(path.len());
+    let mut copied = 0;
+    loop {
+        // `at` is at an ASCII `%` and escapes are three ASCII bytes: every cut is on a char
+        // boundary.
+        out.push_str(&path[copied..at]);
+        out.push(char::from(byte));
+        copied = at + 3;
+        match unreserved_escape(bytes, copied) {
+            Some(next) => (at, byte) = next,
+            None => break,
+        }
+    }
+    out.push_str(&path[copied..]);
+    Some(out)
+}
+
+/// The first percent-encoded unreserved character at or after `from`: where it starts, and
+/// the character.
+fn unreserved_escape(bytes: &[u8], from: usize) -> Option<(usize, u8)> {
+    let mut i = from;
+    while let Some(offset) = bytes.get(i..)?.iter().position(|&b| b == b'%') {
+        let at = i + offset;
+        let hex = |b: u8| char::from(b).to_digit(16);
+        if let Some(&[hi, lo]) = bytes.get(at + 1..at + 3) {
+            if let (Some(hi), Some(lo)) = (hex(hi), hex(lo)) {
+                let byte = (hi * 16 + lo) as u8;
+                if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+                    return Some((at, byte));
+                }
+            }
+        }
+        i = at + 1;
+    }
+    None
 }
 
 /// Whether a path starts with `/` and has no empty, `.` or `..` segment: one pass over the

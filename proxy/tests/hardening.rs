@@ -22,17 +22,20 @@ async fn dot_segments_and_double_slashes_cannot_sidestep_a_rule() {
             {"backends": [{"url": url(a.http_addr()), "weight": 1}]}
         ]})).await;
         let d = proxy.data_addr();
-        for path in ["/admin", "/x/../admin", "//admin", "/./admin/", "/x/%2e%2e/y/../../admin"] {
+        // Percent-encoded unreserved characters are the characters themselves (RFC 3986
+        // §6.2.2.2), as backends that decode before routing read them.
+        for path in [
+            "/admin", "/x/../admin", "//admin", "/./admin/", "/x/%2e%2e/y/../../admin",
+            "/%61dmin/users", "/%61%64%6D%69%6e", "/x/%2E%2E/admin", "/x/.%2e/admin",
+        ] {
             let r = raw(d, format!("GET {path} HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n").as_bytes()).await;
-            if path.contains("%2e") {
-                // Encoded dots are not decoded: the path stays under /x/ and reaches the backend.
-                assert!(r.starts_with("HTTP/1.1 200"), "{path}: {r:?}");
-            } else {
-                assert!(r.starts_with("HTTP/1.1 403"), "{path} must hit the /admin rule: {:?}", r.get(..30));
-            }
+            assert!(r.starts_with("HTTP/1.1 403"), "{path} must hit the /admin rule: {:?}", r.get(..30));
         }
         let r = get(&http, d, "h", "/a//b/./c/../d?q=1", &[]).await;
         assert_eq!(r.json()["path"], "/a/b/d?q=1", "the backend sees the normalised path");
+        // An encoded `/` is not a segment boundary, nor is any other reserved character.
+        let r = get(&http, d, "h", "/%7euser/%41%2Fadmin%3F?q=%61", &[]).await;
+        assert_eq!(r.json()["path"], "/~user/A%2Fadmin%3F?q=%61", "as decoded for routing");
     })
     .await
     .expect("test finished in time");
@@ -234,6 +237,16 @@ fn normalisation_follows_rfc_3986() {
     assert_eq!(normalize_path("//a///b/").as_deref(), Some("/a/b/"));
     assert_eq!(normalize_path("/a/b/..").as_deref(), Some("/a/"));
     assert_eq!(normalize_path("/..").as_deref(), Some("/"));
+    assert_eq!(normalize_path("/%61/%2e%2E/b").as_deref(), Some("/b"));
+    assert_eq!(normalize_path("/%7e%5F%2d%30").as_deref(), Some("/~_-0"));
+    assert_eq!(
+        normalize_path("/a%2fb%20c"),
+        None,
+        "reserved and other bytes stay encoded"
+    );
+    assert_eq!(normalize_path("/%6"), None, "a cut-off escape stays");
+    assert_eq!(normalize_path("/%zz%"), None);
+    assert_eq!(normalize_path("/é%41").as_deref(), Some("/éA"));
     for normal in ["/", "/a/", "/.a", "/..a/b.", "/a/.b/..c", "/a.../"] {
         assert_eq!(normalize_path(normal), None, "{normal}");
     }
@@ -918,6 +931,57 @@ async fn a_grpc_request_body_may_pause_before_the_response() {
         s.write_all(b"second").await.expect("write");
         let text = read_until(&mut s, "ok", Duration::from_secs(5)).await;
         assert!(text.starts_with("HTTP/1.1 200"), "{text:?}");
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// A backend answer framed by `Transfer-Encoding: chunked` that also carries a stale
+/// `Content-Length` reaches the client whole: the length goes with the framing (RFC 9112
+/// §6.3), where passed on it cut the body short.
+#[tokio::test]
+async fn a_stale_content_length_beside_chunked_framing_does_not_cut_the_body() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let backend = answering_backend(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\nb\r\nhello world\r\n0\r\n\r\n",
+        )
+        .await;
+        let http = client();
+        let proxy = proxy_to(&http, backend).await;
+        let r = get(&http, proxy.data_addr(), "h", "/", &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(&r.body[..], b"hello world");
+        assert_eq!(r.headers.get(http::header::CONTENT_LENGTH), None);
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// An HTTP/2 client's cookies, split into one field each (RFC 9113 §8.2.3), reach an
+/// HTTP/1.1 backend as one `Cookie` line.
+#[tokio::test]
+async fn http2_cookie_crumbs_reach_an_http1_backend_as_one_line() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let http = client();
+        let proxy = proxy_to(&http, a.http_addr()).await;
+        let (mut h2, _task) = connect_h2c::<http_body_util::Full<Bytes>>(proxy.data_addr())
+            .await
+            .expect("connect");
+        let req = http::Request::get("http://h/")
+            .header("cookie", "a=1")
+            .header("cookie", "b=2")
+            .header("cookie", "c=3")
+            .body(http_body_util::Full::new(Bytes::new()))
+            .expect("request");
+        let resp = h2.send_request(req).await.expect("an answer");
+        assert_eq!(resp.status(), StatusCode::OK);
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .expect("body")
+            .to_bytes();
+        let echoed: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(echoed["headers"]["Cookie"], json!(["a=1; b=2; c=3"]));
     })
     .await
     .expect("test finished in time");
