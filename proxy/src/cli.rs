@@ -63,8 +63,8 @@ pub struct Args {
     #[arg(long, env = "PROXY_TUNNEL_POST_QUANTUM", default_value = "false", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub tunnel_post_quantum: bool,
 
-    /// Concurrent requests the edge may open on one QUIC tunnel connection; more wait at the
-    /// edge. Each stream of credit a busy connection has used holds a few hundred bytes.
+    /// Concurrent requests the edge may open on one tunnel connection, QUIC or HTTP/2; more wait
+    /// at the edge. Each stream of credit a busy QUIC connection has used holds a few hundred bytes.
     #[arg(long, env = "PROXY_TUNNEL_QUIC_MAX_STREAMS", default_value_t = cftunnel_tunnel::DEFAULT_QUIC_MAX_STREAMS, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub tunnel_quic_max_streams: u32,
 

@@ -49,14 +49,16 @@ const MAX_FRAME_SIZE: u32 = 1 << 20;
 /// 320 bytes of slack its HTTP/2 server adds, as `cloudflared` advertises it.
 const MAX_HEADER_LIST_SIZE: u32 = (1 << 20) + 320;
 
-/// The HTTP/2 server settings the edge gets. Where they bound what the edge may send
-/// (frame size, header list, no stream limit) they are `cloudflared`'s; the flow-control
-/// windows are larger than Go's 1 MiB, so an upload is not held to 1 MiB in flight per
-/// connection (the edge reads them from the SETTINGS frame, as from any peer).
-fn server_builder() -> h2::server::Builder {
+/// The HTTP/2 server settings the edge gets. Frame size and header list are `cloudflared`'s;
+/// concurrent streams are bounded at `max_streams`, as on QUIC connections (`cloudflared`
+/// sets no bound, which leaves the requests in flight, each a task holding its head, to the
+/// edge); the flow-control windows are larger than Go's 1 MiB, so an upload is not held to
+/// 1 MiB in flight per connection (the edge reads them from the SETTINGS frame, as from any
+/// peer).
+fn server_builder(max_streams: u32) -> h2::server::Builder {
     let mut builder = h2::server::Builder::new();
     builder
-        .max_concurrent_streams(u32::MAX)
+        .max_concurrent_streams(max_streams.max(1))
         .initial_window_size(4 * 1024 * 1024)
         .initial_connection_window_size(16 * 1024 * 1024)
         .max_frame_size(MAX_FRAME_SIZE)
@@ -87,11 +89,13 @@ pub(crate) async fn connect(
         // The edge speaks first over HTTP/2 (its connection preface); one that never does
         // would hold this connection forever. Go's HTTP/2 server, `cloudflared`'s, waits 10 s
         // for it.
-        let conn =
-            tokio::time::timeout(PREFACE_TIMEOUT, server_builder().handshake::<_, Bytes>(tls))
-                .await
-                .map_err(|_| ConnError::control_stream("edge sent no HTTP/2 preface"))?
-                .map_err(ConnError::control_stream)?;
+        let conn = tokio::time::timeout(
+            PREFACE_TIMEOUT,
+            server_builder(shared.opts.quic_max_streams).handshake::<_, Bytes>(tls),
+        )
+        .await
+        .map_err(|_| ConnError::control_stream("edge sent no HTTP/2 preface"))?
+        .map_err(ConnError::control_stream)?;
         Ok::<_, ConnError>((conn, read, local_ip))
     };
     let Some(dialed) = unless_stopped(shared, dialing).await else {
@@ -592,11 +596,11 @@ mod tests {
 
     /// The SETTINGS frame the connector's HTTP/2 server opens with, as the edge reads it.
     #[tokio::test]
-    async fn the_edge_gets_cloudflareds_frame_and_header_limits() {
+    async fn the_edge_gets_cloudflareds_frame_and_header_limits_and_a_stream_bound() {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
         let (mut edge, connector) = tokio::io::duplex(64 * 1024);
         let server = tokio::spawn(async move {
-            let conn = server_builder().handshake::<_, Bytes>(connector).await;
+            let conn = server_builder(1024).handshake::<_, Bytes>(connector).await;
             tokio::time::sleep(Duration::from_secs(5)).await;
             drop(conn);
         });
@@ -622,7 +626,7 @@ mod tests {
             }
         }
         server.abort();
-        assert_eq!(settings.get(&3), Some(&u32::MAX), "MAX_CONCURRENT_STREAMS");
+        assert_eq!(settings.get(&3), Some(&1024), "MAX_CONCURRENT_STREAMS");
         assert_eq!(settings.get(&4), Some(&(4 << 20)), "INITIAL_WINDOW_SIZE");
         assert_eq!(settings.get(&5), Some(&(1 << 20)), "MAX_FRAME_SIZE");
         assert_eq!(settings.get(&6), Some(&1_048_896), "MAX_HEADER_LIST_SIZE");

@@ -105,12 +105,12 @@ pub struct ConnectorOptions {
     /// X25519MLKEM768 preferred, P-256 as the fallback; see
     /// [`edge_key_exchange_groups`](crate::tls::edge_key_exchange_groups).
     pub post_quantum: bool,
-    /// Concurrent request streams the edge may open on one QUIC connection
-    /// (default [`DEFAULT_QUIC_MAX_STREAMS`](crate::DEFAULT_QUIC_MAX_STREAMS);
+    /// Concurrent request streams the edge may open on one tunnel connection, QUIC or
+    /// HTTP/2 (default [`DEFAULT_QUIC_MAX_STREAMS`](crate::DEFAULT_QUIC_MAX_STREAMS);
     /// at least 1). Further requests wait at the edge for a stream to finish.
-    /// Memory grows with it: each stream of credit a connection has used keeps
+    /// Memory grows with it: each stream of credit a QUIC connection has used keeps
     /// about 480 bytes, so 16,384 comes to about 7.4 MiB per connection under
-    /// sustained load. HTTP/2 connections are not limited, as in `cloudflared`.
+    /// sustained load. (`cloudflared` bounds neither transport.)
     pub quic_max_streams: u32,
     /// HTTP/2 liveness (default 15 s): a PING goes to the edge after this long, and a
     /// connection that then hears nothing at all for as long again is dropped and redialed,
