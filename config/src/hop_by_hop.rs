@@ -22,6 +22,20 @@ pub static HOP_BY_HOP: [HeaderName; 9] = [
     HeaderName::from_static("proxy-connection"),
 ];
 
+/// [`HOP_BY_HOP`]'s names as text, in its order, for checks made before a name is parsed
+/// (or in a `const`).
+pub const NAMES: [&str; 9] = [
+    "connection",
+    "upgrade",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "keep-alive",
+    "proxy-connection",
+];
+
 /// Where `Connection` stands in [`HOP_BY_HOP`].
 pub const CONNECTION: usize = 0;
 /// Where `Upgrade` stands in [`HOP_BY_HOP`].
@@ -42,6 +56,13 @@ pub fn is_hop_by_hop(name: &HeaderName) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_names_as_text_are_the_headers() {
+        for (name, text) in HOP_BY_HOP.iter().zip(NAMES) {
+            assert_eq!(name.as_str(), text);
+        }
+    }
 
     #[test]
     fn the_named_positions_hold_their_headers() {

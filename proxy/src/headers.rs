@@ -20,11 +20,27 @@ const UPGRADE_BIT: u16 = 1 << hop_by_hop::UPGRADE;
 const TE_BIT: u16 = 1 << hop_by_hop::TE;
 const TRAILER_BIT: u16 = 1 << hop_by_hop::TRAILER;
 
+/// The lengths of the [`HOP_BY_HOP`] names, as bits: a name of another length is none of
+/// them, which one test tells for most names (`host`, `content-type`, `date`...).
+const HOP_BY_HOP_LENGTHS: u32 = {
+    let mut bits = 0;
+    let mut i = 0;
+    while i < hop_by_hop::NAMES.len() {
+        bits |= 1 << hop_by_hop::NAMES[i].len();
+        i += 1;
+    }
+    bits
+};
+
 /// Which of [`HOP_BY_HOP`] the map holds, found in one pass over its names (a lookup of an
 /// absent name still hashes it).
 fn present(headers: &HeaderMap) -> u16 {
     let mut set = 0;
     for name in headers.keys() {
+        let len = name.as_str().len();
+        if len >= 32 || HOP_BY_HOP_LENGTHS & (1 << len) == 0 {
+            continue;
+        }
         if let Some(i) = HOP_BY_HOP.iter().position(|h| *h == name) {
             set |= 1 << i;
         }
@@ -44,12 +60,16 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         return;
     }
     if set & CONNECTION_BIT != 0 {
-        // Values are reference-counted; holding them frees the map for the removals below.
+        // Taken out of the map, which frees it for the removals below: one lookup, no copy.
         // Almost always one value (a backend's `keep-alive`), held without a `Vec`.
-        let mut values = headers.get_all(header::CONNECTION).iter();
-        let first = values.next().cloned();
-        let rest: Vec<HeaderValue> = values.cloned().collect();
-        headers.remove(header::CONNECTION);
+        let (first, rest) = match headers.entry(header::CONNECTION) {
+            header::Entry::Occupied(entry) => {
+                let (_, mut values) = entry.remove_entry_mult();
+                let first = values.next();
+                (first, values.collect::<Vec<HeaderValue>>())
+            }
+            header::Entry::Vacant(_) => (None, Vec::new()),
+        };
         for value in first.iter().chain(&rest) {
             let Ok(value) = value.to_str() else { continue };
             for token in value.split(',').map(str::trim) {
