@@ -221,7 +221,8 @@ impl Args {
     }
 }
 
-/// A listen address; `:PORT` means every address of both families, as in Go.
+/// A listen address, as Go's `net.Listen` takes it: `:PORT` means every address of both
+/// families, and a host name (`localhost:8081`) its first address, IPv4 first.
 #[derive(Debug, Clone, Copy)]
 pub struct ListenAddr(pub SocketAddr);
 
@@ -229,14 +230,31 @@ impl FromStr for ListenAddr {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let full = if s.starts_with(':') {
-            format!("[::]{s}")
-        } else {
-            s.to_owned()
-        };
-        full.parse()
+        if let Some(port) = s.strip_prefix(':') {
+            return format!("[::]:{port}")
+                .parse()
+                .map(Self)
+                .map_err(|_| format!("{s:?} is not an address like `:8080` or `127.0.0.1:8080`"));
+        }
+        if let Ok(addr) = s.parse() {
+            return Ok(Self(addr));
+        }
+        // Resolved once, at start-up.
+        let found: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(s)
+            .map_err(|e| {
+                format!(
+                    "{s:?} is not an address like `:8080` or `127.0.0.1:8080`, nor a host name \
+                     and port that resolves: {e}"
+                )
+            })?
+            .collect();
+        found
+            .iter()
+            .find(|a| a.is_ipv4())
+            .or(found.first())
+            .copied()
             .map(Self)
-            .map_err(|_| format!("{s:?} is not an address like `:8080` or `127.0.0.1:8080`"))
+            .ok_or_else(|| format!("{s:?} resolves to no address"))
     }
 }
 

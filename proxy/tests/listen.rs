@@ -51,3 +51,34 @@ async fn port_only_addresses_take_both_families() {
     .await
     .expect("test finished in time");
 }
+
+/// A host name and port (`localhost:8081`), as Go's listener takes it, listens on the name's
+/// first address, IPv4 first; one that cannot be resolved is refused, named.
+#[tokio::test]
+async fn a_host_name_listens_on_its_first_address() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let named: ListenAddr = "localhost:0".parse().expect("listen address");
+        assert_eq!(named.0.ip(), std::net::IpAddr::from(Ipv4Addr::LOCALHOST));
+        let proxy = proxy_with(ServerOptions {
+            admin_addr: named.0,
+            auth_token: Some(TOKEN.into()),
+            ..ServerOptions::default()
+        })
+        .await;
+        let http = client();
+        let admin = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), proxy.admin_addr().port());
+        assert_eq!(
+            get(&http, admin, "admin", "/healthz", &[]).await.status,
+            http::StatusCode::OK
+        );
+
+        let err = "localhost:http".parse::<ListenAddr>().expect_err("refused");
+        assert!(err.contains("\"localhost:http\""), "{err}");
+        assert!(
+            "localhost".parse::<ListenAddr>().is_err(),
+            "a port is needed"
+        );
+    })
+    .await
+    .expect("test finished in time");
+}
