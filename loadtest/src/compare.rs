@@ -249,7 +249,8 @@ pub fn describe_plan(cfg: &CompareConfig) -> String {
 #[derive(Debug, Clone)]
 struct RoundResult {
     run: wrk::WrkRun,
-    cpu_us_per_request: Option<f64>,
+    /// The server's CPU per request: all of it, and in user space.
+    cpu_us_per_request: Option<(f64, f64)>,
 }
 
 /// A row's state through the run.
@@ -392,21 +393,23 @@ pub async fn run(
         );
         let pid = target.server.as_ref().and_then(|s| s.pid());
         let cpu_before = match pid {
-            Some(pid) => procfs::cpu_time(pid, ticks).await,
+            Some(pid) => procfs::cpu_times(pid, ticks).await,
             None => None,
         };
         let outcome = run_wrk(&wrk_bin, &args, cfg, &live, &label, cfg.duration).await;
         let cpu_after = match pid {
-            Some(pid) => procfs::cpu_time(pid, ticks).await,
+            Some(pid) => procfs::cpu_times(pid, ticks).await,
             None => None,
         };
         let result = outcome.and_then(|text| {
             wrk::parse(&text).map_err(|e| e.to_string()).map(|run| {
+                let per_request =
+                    |d: std::time::Duration| d.as_secs_f64() * 1e6 / run.requests as f64;
                 let cpu = cpu_before
                     .zip(cpu_after)
-                    .and_then(|(b, a)| a.checked_sub(b))
+                    .and_then(|(b, a)| a.since(b))
                     .filter(|_| run.requests > 0)
-                    .map(|d| d.as_secs_f64() * 1e6 / run.requests as f64);
+                    .map(|d| (per_request(d.total()), per_request(d.user)));
                 RoundResult {
                     run,
                     cpu_us_per_request: cpu,
@@ -420,7 +423,9 @@ pub async fn run(
                 r.run.p50_us as f64 / 1000.0,
                 r.run.p99_us as f64 / 1000.0,
                 r.cpu_us_per_request
-                    .map_or(String::new(), |c| format!(", {c:.1} CPU us/req")),
+                    .map_or(String::new(), |(all, user)| format!(
+                        ", {all:.1} CPU us/req ({user:.1} in user space)"
+                    )),
                 if r.run.errors > 0 {
                     format!(", {} errors", r.run.errors)
                 } else {
@@ -695,8 +700,11 @@ pub fn render_table(results: &Results) -> String {
                 m.p50_us as f64 / 1000.0,
                 m.p99_us as f64 / 1000.0,
                 m.errors,
-                m.server_cpu_us_per_request
-                    .map_or("-".to_owned(), |c| format!("{c:.1}")),
+                match (m.server_cpu_us_per_request, m.server_user_us_per_request) {
+                    (Some(all), Some(user)) => format!("{all:.1} ({user:.1} user)"),
+                    (Some(all), None) => format!("{all:.1}"),
+                    _ => "-".to_owned(),
+                },
                 rounds.join(" / ")
             );
         }

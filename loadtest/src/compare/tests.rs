@@ -81,7 +81,7 @@ fn round(rps_requests: u64, p99_us: u64, cpu: Option<f64>) -> Result<RoundResult
                 },
             ],
         },
-        cpu_us_per_request: cpu,
+        cpu_us_per_request: cpu.map(|all| (all, all * 0.3)),
     })
 }
 
@@ -123,6 +123,7 @@ fn each_row_reports_its_median_round_with_every_round_kept() {
     assert_eq!(m.rounds_rps, [40_000.0, 38_000.0, 42_000.0]);
     assert_eq!(m.rounds_p99_us, [2000, 2400, 1800]);
     assert_eq!(m.server_cpu_us_per_request, Some(25.0));
+    assert_eq!(m.server_user_us_per_request, Some(25.0 * 0.3));
     let haproxy = series(Row::Haproxy, &running(), 64, &measured);
     assert_eq!(haproxy.outcome, Outcome::Ok);
     assert_eq!(haproxy.reason.as_deref(), Some("1 of 3 rounds failed"));
@@ -191,11 +192,11 @@ fn the_table_gives_ratios_against_nginx_and_names_skipped_rows() {
     };
     let table = render_table(&results);
     assert!(
-        table.contains("| wrk -t1 -c64 -d8s | cftunnel-proxy | 44,000 | 0.750 | 1.500 | 0 | 20.0 | 1.10 | 0.75 | 0.80 | 44,000 |"),
+        table.contains("| wrk -t1 -c64 -d8s | cftunnel-proxy | 44,000 | 0.750 | 1.500 | 0 | 20.0 (6.0 user) | 1.10 | 0.75 | 0.80 | 44,000 |"),
         "{table}"
     );
     assert!(
-        table.contains("| wrk -t1 -c64 -d8s | nginx | 40,000 | 1.000 | 2.000 | 0 | 25.0 | 1.00 | 1.00 | 1.00 |"),
+        table.contains("| wrk -t1 -c64 -d8s | nginx | 40,000 | 1.000 | 2.000 | 0 | 25.0 (7.5 user) | 1.00 | 1.00 | 1.00 |"),
         "{table}"
     );
     assert!(

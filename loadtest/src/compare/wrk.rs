@@ -82,8 +82,9 @@ impl WrkRun {
         }
     }
 
-    /// As a results-file series, with the server's CPU per request when it was measured.
-    pub fn into_measured(self, server_cpu_us_per_request: Option<f64>) -> Measured {
+    /// As a results-file series, with the server's CPU per request (all of it, and in user
+    /// space) when it was measured.
+    pub fn into_measured(self, server_cpu_us_per_request: Option<(f64, f64)>) -> Measured {
         Measured {
             requests: self.requests,
             errors: self.errors,
@@ -95,7 +96,8 @@ impl WrkRun {
             percentiles: self.percentiles,
             rounds_rps: Vec::new(),
             rounds_p99_us: Vec::new(),
-            server_cpu_us_per_request,
+            server_cpu_us_per_request: server_cpu_us_per_request.map(|(all, _)| all),
+            server_user_us_per_request: server_cpu_us_per_request.map(|(_, user)| user),
             vs_baseline: None,
         }
     }

@@ -56,30 +56,66 @@ pub fn parse_status(status: &str) -> Memory {
 /// User plus system CPU time of `pid` (all its threads) and its direct children, with
 /// `ticks_per_second` from `getconf CLK_TCK`. `None` if the process is gone.
 pub async fn cpu_time(pid: u32, ticks_per_second: u64) -> Option<Duration> {
-    let mut ticks = read_ticks(pid).await?;
-    for child in children(pid).await {
-        ticks += read_ticks(child).await.unwrap_or(0);
-    }
-    Some(Duration::from_secs_f64(
-        ticks as f64 / ticks_per_second.max(1) as f64,
-    ))
+    cpu_times(pid, ticks_per_second).await.map(|t| t.total())
 }
 
-async fn read_ticks(pid: u32) -> Option<u64> {
+/// A process's CPU time, split by where it was spent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuTimes {
+    pub user: Duration,
+    /// In the kernel, on the process's behalf (system calls, the network stack).
+    pub kernel: Duration,
+}
+
+impl CpuTimes {
+    pub fn total(self) -> Duration {
+        self.user + self.kernel
+    }
+
+    /// The time spent since `earlier`; `None` if either count went back.
+    pub fn since(self, earlier: Self) -> Option<Self> {
+        Some(Self {
+            user: self.user.checked_sub(earlier.user)?,
+            kernel: self.kernel.checked_sub(earlier.kernel)?,
+        })
+    }
+}
+
+/// [`cpu_time`], user and kernel apart.
+pub async fn cpu_times(pid: u32, ticks_per_second: u64) -> Option<CpuTimes> {
+    let (mut user, mut kernel) = read_ticks(pid).await?;
+    for child in children(pid).await {
+        let (u, k) = read_ticks(child).await.unwrap_or((0, 0));
+        user += u;
+        kernel += k;
+    }
+    let time = |ticks: u64| Duration::from_secs_f64(ticks as f64 / ticks_per_second.max(1) as f64);
+    Some(CpuTimes {
+        user: time(user),
+        kernel: time(kernel),
+    })
+}
+
+async fn read_ticks(pid: u32) -> Option<(u64, u64)> {
     let stat = tokio::fs::read_to_string(format!("/proc/{pid}/stat"))
         .await
         .ok()?;
-    parse_stat_ticks(&stat)
+    parse_stat_times(&stat)
 }
 
 /// `utime + stime` (fields 14 and 15 of `/proc/<pid>/stat`), in clock ticks.
 pub fn parse_stat_ticks(stat: &str) -> Option<u64> {
+    parse_stat_times(stat).map(|(user, kernel)| user + kernel)
+}
+
+/// `utime` and `stime` (fields 14 and 15 of `/proc/<pid>/stat`), in clock ticks.
+pub fn parse_stat_times(stat: &str) -> Option<(u64, u64)> {
     // The command name (field 2) is parenthesised and may contain spaces; count after it.
     let (_, rest) = stat.rsplit_once(')')?;
     let mut fields = rest.split_whitespace().skip(11);
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
-    Some(utime + stime)
+    Some((utime, stime))
 }
 
 /// Clock ticks per second for `/proc/<pid>/stat` times (`getconf CLK_TCK`; 100 if unknown).
@@ -224,6 +260,7 @@ mod tests {
     fn cpu_ticks_are_user_plus_system_time() {
         let stat = "4242 (nginx: worker) S 4241 4241 4241 0 -1 4194624 120 0 0 0 250 31 0 0 20 0 1 0 100 1000 200";
         assert_eq!(parse_stat_ticks(stat), Some(281));
+        assert_eq!(parse_stat_times(stat), Some((250, 31)));
         assert_eq!(parse_stat_ticks("garbage"), None);
     }
 

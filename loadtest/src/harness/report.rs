@@ -195,6 +195,7 @@ impl Report {
                         rounds_rps: r.rounds_rps.clone(),
                         rounds_p99_us: Vec::new(),
                         server_cpu_us_per_request: r.server_cpu.and_then(|c| c.us_per_request),
+                        server_user_us_per_request: None,
                         vs_baseline: None,
                     }),
             })

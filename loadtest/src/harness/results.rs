@@ -116,6 +116,10 @@ pub struct Measured {
     pub rounds_p99_us: Vec<u64>,
     /// CPU time of the server under test per successful request.
     pub server_cpu_us_per_request: Option<f64>,
+    /// Of that, the time in user space; the rest was the kernel's (system calls, the network
+    /// stack), which a faster server cannot save.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_user_us_per_request: Option<f64>,
     /// Against the group's baseline; `None` for the baseline itself or without one.
     pub vs_baseline: Option<Ratios>,
 }

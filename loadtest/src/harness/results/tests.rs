@@ -29,6 +29,7 @@ fn measured(rps: f64, p99_us: u64, cpu: f64) -> Measured {
         rounds_rps: vec![rps, rps * 0.5, rps * 1.5],
         rounds_p99_us: vec![p99_us, p99_us + 250, p99_us.saturating_sub(250)],
         server_cpu_us_per_request: Some(cpu),
+        server_user_us_per_request: Some(cpu / 4.0),
         vs_baseline: None,
     }
 }
