@@ -607,6 +607,8 @@ struct LastGood {
     config: cftunnel_config::Config,
     token: String,
     service: String,
+    /// The tunnel its pods run on: while other planes serve it, they are what the pods get.
+    tunnel: Option<TunnelIdentity>,
 }
 
 /// A data plane as far as a round got with it.
@@ -817,6 +819,16 @@ impl Reconciler {
                 None => broken.push(key),
             }
         }
+        if let Some(shared) = &self.options.shared {
+            if let Some(info) = shared_plane(
+                shared,
+                snapshot,
+                &self.class,
+                translate_options.shared_tunnel,
+            ) {
+                planes.insert(PlaneKey::Shared, info);
+            }
+        }
         self.last_good.retain(|key, _| {
             broken.contains(key)
                 || output.planes.get(key) == Some(&PlaneKey::Dedicated(key.clone()))
@@ -841,7 +853,17 @@ impl Reconciler {
                 .filter(|s| serves(s, &key.namespace, &last.service))
                 .cloned()
                 .collect();
-            output.configs.insert(plane.clone(), last.config.clone());
+            // Its pods take a share of their tunnel's requests: while other planes serve that
+            // tunnel, they get what those planes get (the union of the tunnel's routes, its
+            // own left out), so no route deleted since stays reachable through them and no
+            // new one fails there.
+            let on_tunnel = last.tunnel.and_then(|tunnel| {
+                planes.iter().find_map(|(other, info)| {
+                    (info.identity == Some(tunnel)).then(|| output.configs.get(other))?
+                })
+            });
+            let config = on_tunnel.unwrap_or(&last.config).clone();
+            output.configs.insert(plane.clone(), config);
             planes.insert(
                 plane,
                 PlaneInfo {
@@ -867,16 +889,6 @@ impl Reconciler {
         self.apply_failures
             .retain(|uid| uids.contains(uid.as_str()));
         self.applies.retain(|uid| uids.contains(uid));
-        if let Some(shared) = &self.options.shared {
-            if let Some(info) = shared_plane(
-                shared,
-                snapshot,
-                &self.class,
-                translate_options.shared_tunnel,
-            ) {
-                planes.insert(PlaneKey::Shared, info);
-            }
-        }
         self.stamp_shared_pool(snapshot, pool).await;
         self.note_unreached(&planes, &output.planes, translate_options.shared_tunnel);
 
@@ -918,7 +930,19 @@ impl Reconciler {
             let PlaneKey::Dedicated(key) = plane else {
                 continue;
             };
-            if broken.contains(key) || outcome.pods.is_empty() || !outcome.all_current() {
+            if outcome.pods.is_empty() || !outcome.all_current() {
+                continue;
+            }
+            // A broken plane given its tunnel's routes holds those now.
+            if broken.contains(key) {
+                let (Some(config), Some(last)) =
+                    (output.configs.get(plane), self.last_good.get_mut(key))
+                else {
+                    continue;
+                };
+                if last.config != *config {
+                    last.config = config.clone();
+                }
                 continue;
             }
             let (Some(config), Some(info), Some(gw)) = (
@@ -937,7 +961,10 @@ impl Reconciler {
             };
             match self.last_good.get_mut(key) {
                 Some(last)
-                    if last.uid == uid && last.config == *config && last.token == info.token => {}
+                    if last.uid == uid
+                        && last.config == *config
+                        && last.token == info.token
+                        && last.tunnel == info.identity => {}
                 _ => {
                     self.last_good.insert(
                         key.clone(),
@@ -946,6 +973,7 @@ impl Reconciler {
                             config: config.clone(),
                             token: info.token.clone(),
                             service: names.service,
+                            tunnel: info.identity,
                         },
                     );
                 }
