@@ -4680,3 +4680,56 @@ async fn a_broken_plane_on_a_tunnel_other_planes_serve_follows_their_routes() {
     .await
     .expect("in time");
 }
+
+/// The last config of a broken plane is read back from its running pods by a controller that
+/// started after the breakage, so a pod that starts later still gets it.
+#[tokio::test]
+async fn a_broken_planes_last_config_outlives_a_controller_restart() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let mut t = Tenant::start("replicas: 1").await;
+        let first = proxy_pod("s3cr3t").await;
+        t.api.put(config_slice(
+            "tenant-a",
+            "cf-proxy-edge-config",
+            first.admin_addr().port(),
+            true,
+        ));
+        shop_serves(&first, 200).await;
+
+        // The ref now names a GatewayConfig that does not exist.
+        t.api.put(yaml(
+            &gateway(true).replace("name: edge-config", "name: gone"),
+        ));
+        eventually("the Gateway refused", || {
+            t.api
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-a",
+                    "edge",
+                )
+                .and_then(|g| condition(&g["status"]["conditions"], "Accepted").cloned())
+                .filter(|c| c["reason"] == "InvalidParameters")
+        })
+        .await;
+        t.restart(|_| {}).await;
+        t.rounds(2, Duration::from_millis(200)).await;
+
+        let second = proxy_pod("s3cr3t").await;
+        let mut slice = config_slice(
+            "tenant-a",
+            "cf-proxy-edge-config",
+            second.admin_addr().port(),
+            false,
+        );
+        slice["metadata"]["name"] = json!("cf-proxy-edge-config-x2");
+        t.api.put(slice);
+        shop_serves(&second, 200).await;
+        shop_serves(&first, 200).await;
+        second.shutdown().await;
+        first.shutdown().await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}

@@ -513,6 +513,9 @@ struct Reconciler {
     /// take. A plane whose GatewayConfig stops resolving keeps serving this, pods that start
     /// meanwhile included, until it resolves again or the Gateway goes.
     last_good: HashMap<ObjectKey, LastGood>,
+    /// Per broken plane without a [`LastGood`] here: when its pods were last asked for the
+    /// config they serve ([`Reconciler::read_back`]), at most once per resync.
+    read_back_at: HashMap<ObjectKey, std::time::Instant>,
 }
 
 /// A plane as last applied: see [`Reconciler::applied`].
@@ -669,6 +672,7 @@ impl Reconciler {
             render_failures: HashMap::new(),
             listener_set_resource,
             last_good: HashMap::new(),
+            read_back_at: HashMap::new(),
             tunnel_api,
             tunnel_sync: TunnelSync::default(),
             tunnel_failures: HashMap::new(),
@@ -833,12 +837,25 @@ impl Reconciler {
             broken.contains(key)
                 || output.planes.get(key) == Some(&PlaneKey::Dedicated(key.clone()))
         });
+        self.read_back_at.retain(|key, _| broken.contains(key));
         for key in &broken {
-            let uid = snapshot
+            let Some(gw) = snapshot
                 .gateways
                 .iter()
                 .find(|g| object_key(*g).as_ref() == Some(key))
-                .and_then(|g| g.metadata.uid.as_deref());
+            else {
+                continue;
+            };
+            let uid = gw.metadata.uid.as_deref();
+            let known = self
+                .last_good
+                .get(key)
+                .is_some_and(|l| Some(l.uid.as_str()) == uid);
+            if !known {
+                if let Some(last) = self.read_back(gw, key, snapshot, deployments).await {
+                    self.last_good.insert(key.clone(), last);
+                }
+            }
             let Some(last) = self
                 .last_good
                 .get(key)
@@ -1089,6 +1106,85 @@ impl Reconciler {
             }
         }
         self.unreached = unreached;
+    }
+
+    /// What a broken plane's running pods serve, read back from one of them, with the token
+    /// and tunnel its Deployment gives them: the last config is held in memory only, so a
+    /// controller that started (or took the lead) after the plane broke has none to give pods
+    /// that start later. At most once per resync; `None` when no pod answers.
+    async fn read_back(
+        &mut self,
+        gw: &Gateway,
+        key: &ObjectKey,
+        snapshot: &Snapshot,
+        deployments: &[Deployment],
+    ) -> Option<LastGood> {
+        let now = std::time::Instant::now();
+        if self
+            .read_back_at
+            .get(key)
+            .is_some_and(|at| now.duration_since(*at) < self.options.resync)
+        {
+            return None;
+        }
+        self.read_back_at.insert(key.clone(), now);
+        let uid = gw.metadata.uid.as_deref()?;
+        let names = PlaneNames::for_gateway(gw).ok()?;
+        let deployment = deployments.iter().find(|d| {
+            d.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+                && d.metadata.name.as_deref() == Some(names.deployment.as_str())
+                && apply::controlled_by(d.owner_references(), uid)
+        })?;
+        // What the pods read from the environment the Deployment gives them.
+        let from_env = |name: &str| {
+            let reference = deployment
+                .spec
+                .as_ref()?
+                .template
+                .spec
+                .as_ref()?
+                .containers
+                .iter()
+                .flat_map(|c| c.env.iter().flatten())
+                .find(|e| e.name == name)?
+                .value_from
+                .as_ref()?
+                .secret_key_ref
+                .as_ref()?;
+            secret_text(
+                snapshot,
+                &ObjectKey::new(&key.namespace, &reference.name),
+                &reference.key,
+            )
+        };
+        let token = from_env("PROXY_AUTH_TOKEN")?;
+        let tunnel = from_env("TUNNEL_TOKEN")
+            .and_then(|t| t.parse::<cftunnel_config::Token>().ok())
+            .map(|t| TunnelIdentity::of(&t));
+        let slices: Vec<_> = snapshot
+            .endpoint_slices
+            .iter()
+            .filter(|s| serves(s, &key.namespace, &names.service))
+            .cloned()
+            .collect();
+        for pod in push::pod_addresses(&slices, CONFIG_PORT_NAME) {
+            match push::served_document(pod, &token, self.options.push_timeout).await {
+                Ok(config) => {
+                    tracing::info!(plane = %key, %pod, "read back the config the plane's pods serve");
+                    return Some(LastGood {
+                        uid: uid.to_owned(),
+                        config,
+                        token,
+                        service: names.service,
+                        tunnel,
+                    });
+                }
+                Err(reason) => {
+                    tracing::debug!(plane = %key, %pod, %reason, "no config read back")
+                }
+            }
+        }
+        None
     }
 
     /// Applies a dedicated plane as the round rendered it (`plan`); `None` when it could not be
