@@ -26,6 +26,8 @@ pub const DEFAULT_SUSTAINED_AFTER: u32 = 3;
 const CONCURRENT_PLANES: usize = 32;
 /// Longest answer read from a pod (the proxy answers with small JSON objects).
 const MAX_ANSWER: usize = 64 * 1024;
+/// Longest document read back from a pod: the proxy's default limit on what it takes.
+const MAX_DOCUMENT: usize = 32 * 1024 * 1024;
 /// Pushes of a plane in one round after pods refused rules: each leaves out at least one more
 /// rule; what is left for later rounds is pushed then.
 const MAX_PASSES: usize = 8;
@@ -512,6 +514,37 @@ pub fn pod_addresses(slices: &[Arc<EndpointSlice>], port_name: &str) -> Vec<Sock
     out
 }
 
+/// The document `pod` serves, as it was pushed (`GET /config/document`), its config API behind
+/// `token`: for a plane whose last config this controller never saw pushed (it started, or
+/// took the lead, after the plane's configuration broke).
+///
+/// # Errors
+/// The pod does not answer, refuses, has no document, or answers something else.
+pub async fn served_document(
+    pod: SocketAddr,
+    token: &str,
+    timeout: Duration,
+) -> Result<Config, String> {
+    let client = Client {
+        token,
+        previous_token: None,
+        timeout,
+    };
+    let (status, body) = client
+        .call(
+            pod,
+            hyper::Method::GET,
+            "/config/document",
+            Bytes::new(),
+            token,
+        )
+        .await?;
+    if status != StatusCode::OK {
+        return Err(refusal("GET /config/document", status, &body));
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("GET /config/document: unreadable: {e}"))
+}
+
 /// One request at a time to a pod's config API, each on its own connection: pushes are rare,
 /// and a fresh connection never hits one the pod has half-closed.
 struct Client<'a> {
@@ -531,12 +564,12 @@ impl<'a> Client<'a> {
     async fn version(&self, pod: SocketAddr) -> Result<(i64, &'a str), String> {
         let mut token = self.token;
         let (mut status, mut body) = self
-            .call(pod, hyper::Method::GET, Bytes::new(), token)
+            .call(pod, hyper::Method::GET, "/config", Bytes::new(), token)
             .await?;
         if let (StatusCode::UNAUTHORIZED, Some(previous)) = (status, self.previous_token) {
             token = previous;
             (status, body) = self
-                .call(pod, hyper::Method::GET, Bytes::new(), token)
+                .call(pod, hyper::Method::GET, "/config", Bytes::new(), token)
                 .await?;
         }
         if status != StatusCode::OK {
@@ -548,7 +581,10 @@ impl<'a> Client<'a> {
     }
 
     async fn put(&self, pod: SocketAddr, body: Bytes, token: &str, doc: &Config) -> Put {
-        match self.call(pod, hyper::Method::PUT, body, token).await {
+        match self
+            .call(pod, hyper::Method::PUT, "/config", body, token)
+            .await
+        {
             Err(reason) => Put::Failed(reason),
             Ok((StatusCode::OK, _)) => Put::Pushed,
             Ok((StatusCode::BAD_REQUEST, answer)) => match refused_rule(&answer, doc) {
@@ -566,12 +602,13 @@ impl<'a> Client<'a> {
         &self,
         pod: SocketAddr,
         method: hyper::Method,
+        path: &'static str,
         body: Bytes,
         token: &str,
     ) -> Result<(StatusCode, Bytes), String> {
         let span = tracing::info_span!(
             "config.api",
-            otel.name = %format_args!("{method} /config"),
+            otel.name = %format_args!("{method} {path}"),
             otel.kind = "client",
             otel.status_code = tracing::field::Empty,
             otel.status_description = tracing::field::Empty,
@@ -581,7 +618,7 @@ impl<'a> Client<'a> {
             http.response.status_code = tracing::field::Empty,
         );
         let result = self
-            .exchange(pod, method, body, token)
+            .exchange(pod, method, path, body, token)
             .instrument(span.clone())
             .await;
         match &result {
@@ -603,9 +640,16 @@ impl<'a> Client<'a> {
         &self,
         pod: SocketAddr,
         method: hyper::Method,
+        path: &'static str,
         body: Bytes,
         token: &str,
     ) -> Result<(StatusCode, Bytes), String> {
+        // Answers are small JSON objects, but for the document itself.
+        let limit = if path == "/config/document" {
+            MAX_DOCUMENT
+        } else {
+            MAX_ANSWER
+        };
         let exchange = async {
             let stream = tokio::net::TcpStream::connect(pod)
                 .await
@@ -617,7 +661,7 @@ impl<'a> Client<'a> {
             tokio::spawn(conn);
             let req = hyper::Request::builder()
                 .method(method)
-                .uri("/config")
+                .uri(path)
                 .header(hyper::header::HOST, pod.to_string())
                 .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
                 .header(hyper::header::CONTENT_TYPE, "application/json")
@@ -628,7 +672,7 @@ impl<'a> Client<'a> {
                 .await
                 .map_err(|e| format!("{pod}: {e}"))?;
             let status = res.status();
-            let body = Limited::new(res.into_body(), MAX_ANSWER)
+            let body = Limited::new(res.into_body(), limit)
                 .collect()
                 .await
                 .map_err(|e| format!("{pod}: reading the answer: {e}"))?

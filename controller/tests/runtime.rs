@@ -4660,3 +4660,116 @@ async fn a_new_token_in_the_shared_pools_secret_rolls_the_pool() {
     .await
     .expect("in time");
 }
+
+/// A broken plane whose tunnel other planes serve gets what they get: the edge spreads the
+/// tunnel's requests over its pods too, so a route another tenant deletes stops being served
+/// through them, and its own routes, programmed nowhere, are not served there either.
+#[tokio::test]
+async fn a_broken_plane_on_a_tunnel_other_planes_serve_follows_their_routes() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let edge = proxy_pod("s3cr3t").await;
+        let third = proxy_pod("c3cr3t").await;
+        let t = Tenant::start_with("replicas: 1", |api| {
+            // tenant-c's Gateway on tenant-a's tunnel.
+            let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+            api.put(yaml(&format!(
+                "apiVersion: v1\nkind: Secret\nmetadata: {{name: third-tunnel-token, namespace: tenant-c}}\nstringData: {{tunnel-token: \"{token}\"}}\n"
+            )));
+            api.put(yaml(
+                "apiVersion: v1\nkind: Secret\nmetadata: {name: third-api, namespace: tenant-c}\nstringData: {token: c3cr3t}\n",
+            ));
+            api.put(yaml(
+                "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: third-config, namespace: tenant-c}\nspec: {tunnelTokenSecretRef: {name: third-tunnel-token}, authTokenSecretRef: {name: third-api}}\n",
+            ));
+            api.put(config_slice(
+                "tenant-a",
+                "cf-proxy-edge-config",
+                edge.admin_addr().port(),
+                true,
+            ));
+            api.put(config_slice(
+                "tenant-c",
+                "cf-proxy-third-config",
+                third.admin_addr().port(),
+                true,
+            ));
+        })
+        .await;
+        for pod in [&edge, &third] {
+            shop_serves(pod, 200).await;
+            host_serves(pod, "blog.example.com", 200).await;
+        }
+
+        // tenant-a's ref now names a GatewayConfig that does not exist.
+        t.api.put(yaml(
+            &gateway(true).replace("name: edge-config", "name: gone"),
+        ));
+        shop_serves(&third, 404).await;
+
+        assert!(t.api.delete(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "tenant-c",
+            "blog"
+        ));
+        host_serves(&third, "blog.example.com", 404).await;
+        host_serves(&edge, "blog.example.com", 404).await;
+        shop_serves(&edge, 404).await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The last config of a broken plane is read back from its running pods by a controller that
+/// started after the breakage, so a pod that starts later still gets it.
+#[tokio::test]
+async fn a_broken_planes_last_config_outlives_a_controller_restart() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let mut t = Tenant::start("replicas: 1").await;
+        let first = proxy_pod("s3cr3t").await;
+        t.api.put(config_slice(
+            "tenant-a",
+            "cf-proxy-edge-config",
+            first.admin_addr().port(),
+            true,
+        ));
+        shop_serves(&first, 200).await;
+
+        // The ref now names a GatewayConfig that does not exist.
+        t.api.put(yaml(
+            &gateway(true).replace("name: edge-config", "name: gone"),
+        ));
+        eventually("the Gateway refused", || {
+            t.api
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-a",
+                    "edge",
+                )
+                .and_then(|g| condition(&g["status"]["conditions"], "Accepted").cloned())
+                .filter(|c| c["reason"] == "InvalidParameters")
+        })
+        .await;
+        t.restart(|_| {}).await;
+        t.rounds(2, Duration::from_millis(200)).await;
+
+        let second = proxy_pod("s3cr3t").await;
+        let mut slice = config_slice(
+            "tenant-a",
+            "cf-proxy-edge-config",
+            second.admin_addr().port(),
+            false,
+        );
+        slice["metadata"]["name"] = json!("cf-proxy-edge-config-x2");
+        t.api.put(slice);
+        shop_serves(&second, 200).await;
+        shop_serves(&first, 200).await;
+        second.shutdown().await;
+        first.shutdown().await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}

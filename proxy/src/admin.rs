@@ -147,7 +147,8 @@ impl Admin {
             (&Method::GET, "/metrics") => self.metrics(),
             (&Method::PUT, "/config") => self.put_config(req).await,
             (&Method::GET, "/config") => self.get_config(&req).await,
-            (_, "/healthz" | "/readyz" | "/metrics" | "/config") => {
+            (&Method::GET, "/config/document") => self.get_document(&req).await,
+            (_, "/healthz" | "/readyz" | "/metrics" | "/config" | "/config/document") => {
                 json_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
             }
             _ => json_error(StatusCode::NOT_FOUND, "not found"),
@@ -204,6 +205,18 @@ impl Admin {
             "ready": self.reloader.proxy().is_loaded(),
         });
         respond(StatusCode::OK, "application/json", body.to_string())
+    }
+
+    /// The document being served, as pushed: what a controller that lost it pushes to pods
+    /// that start later.
+    async fn get_document(&self, req: &Request<Incoming>) -> AdminResponse {
+        if !self.authorized(req) {
+            return json_error(StatusCode::UNAUTHORIZED, "missing or invalid bearer token");
+        }
+        match self.reloader.document().await {
+            Some(text) => respond(StatusCode::OK, "application/json", text),
+            None => json_error(StatusCode::NOT_FOUND, "no config document was applied"),
+        }
     }
 
     async fn put_config(&self, req: Request<Incoming>) -> AdminResponse {

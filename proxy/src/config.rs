@@ -116,6 +116,9 @@ struct State {
     /// stale push is measured against, as `GET /config` reports it, so a pusher that
     /// reads it after a 409 can always get past it.
     version: i64,
+    /// The JSON text of the document being served, as `GET /config/document` answers it: a
+    /// controller that lost what it pushed (a restart, a new leader) reads it back from here.
+    document: Option<Bytes>,
     cache: Cache,
 }
 
@@ -133,7 +136,11 @@ impl Reloader {
     pub fn with_cache(proxy: Proxy, cache: Cache) -> Self {
         Self {
             proxy,
-            state: Arc::new(tokio::sync::Mutex::new(State { version: 0, cache })),
+            state: Arc::new(tokio::sync::Mutex::new(State {
+                version: 0,
+                document: None,
+                cache,
+            })),
         }
     }
 
@@ -144,6 +151,11 @@ impl Reloader {
     /// The version being served.
     pub async fn version(&self) -> i64 {
         self.state.lock().await.version
+    }
+
+    /// The JSON text of the document being served, if one was applied.
+    pub async fn document(&self) -> Option<Bytes> {
+        self.state.lock().await.document.clone()
     }
 
     /// Validates, compiles and swaps in `doc`.
@@ -164,13 +176,14 @@ impl Reloader {
         // milliseconds to compile, which requests on this worker would otherwise wait out.
         let big = doc.rules.len() > LARGE_DOCUMENT_RULES;
         run_to_end(state, move |state| {
+            let text = serde_json::to_vec(&doc).ok().map(Bytes::from);
             let compiled = compile(&doc, proxy.metrics(), &mut state.cache);
             if big {
                 // The parsed document is as large as the table; give its memory back now.
                 drop(doc);
                 crate::memory::release_freed();
             }
-            swap_in(&proxy, state, compiled)
+            swap_in(&proxy, state, compiled, text)
         })
         .await
     }
@@ -190,8 +203,8 @@ impl Reloader {
             let compiled =
                 compile::compile_json(&text, state.version, proxy.metrics(), &mut state.cache);
             if big {
-                // The text was as large as a fifth of the table; give its memory back now.
-                drop(text);
+                // Parsing took as much as a fifth of the table; give that memory back now (the
+                // text itself is kept, for `GET /config/document`).
                 crate::memory::release_freed();
             }
             match compiled {
@@ -203,7 +216,7 @@ impl Reloader {
                     proxy.metrics().reload("rejected");
                     Err(e)
                 }
-                compiled => swap_in(&proxy, state, compiled),
+                compiled => swap_in(&proxy, state, compiled, Some(text)),
             }
         })
         .await
@@ -229,6 +242,7 @@ fn swap_in(
     proxy: &Proxy,
     state: &mut State,
     compiled: Result<Routes, ConfigError>,
+    document: Option<Bytes>,
 ) -> Result<i64, ConfigError> {
     state.cache.access.start();
     match compiled {
@@ -237,6 +251,7 @@ fn swap_in(
             let rules = routes.rule_count();
             proxy.swap(routes);
             state.version = version;
+            state.document = document;
             proxy.metrics().reload("success");
             tracing::info!(version, rules, "config applied");
             Ok(version)

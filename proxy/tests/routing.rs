@@ -324,3 +324,46 @@ async fn before_its_first_config_the_proxy_answers_502_and_after_it_404() {
     .await
     .expect("test finished in time");
 }
+
+/// `GET /config/document` answers the document being served as it was pushed, so a
+/// controller that lost it (a restart) can read it back; a refused push leaves it as it was.
+#[tokio::test]
+async fn the_document_served_is_read_back_as_pushed() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let proxy = proxy().await;
+        let http = client();
+        let admin = proxy.admin_addr();
+        let read = |token: &str| {
+            Request::get(format!("http://{admin}/config/document"))
+                .header("authorization", format!("Bearer {token}"))
+                .body(Full::new(Bytes::new()))
+                .expect("req")
+        };
+        assert_eq!(
+            send(&http, read(TOKEN)).await.status,
+            StatusCode::NOT_FOUND,
+            "none before the first push"
+        );
+        let good = json!({"version": 5, "rules": [{"name": "team/shop/0", "backends": []}]});
+        assert_eq!(push(&http, admin, &good).await.status, StatusCode::OK);
+        let r = send(&http, read(TOKEN)).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.json(), good);
+        assert_eq!(
+            send(&http, read("wrong")).await.status,
+            StatusCode::UNAUTHORIZED
+        );
+        let stale = json!({"version": 4, "rules": []});
+        assert_eq!(
+            push(&http, admin, &stale).await.status,
+            StatusCode::CONFLICT
+        );
+        assert_eq!(
+            send(&http, read(TOKEN)).await.json(),
+            good,
+            "a refused push changes nothing"
+        );
+    })
+    .await
+    .expect("test finished in time");
+}

@@ -513,6 +513,9 @@ struct Reconciler {
     /// take. A plane whose GatewayConfig stops resolving keeps serving this, pods that start
     /// meanwhile included, until it resolves again or the Gateway goes.
     last_good: HashMap<ObjectKey, LastGood>,
+    /// Per broken plane without a [`LastGood`] here: when its pods were last asked for the
+    /// config they serve ([`Reconciler::read_back`]), at most once per resync.
+    read_back_at: HashMap<ObjectKey, std::time::Instant>,
 }
 
 /// A plane as last applied: see [`Reconciler::applied`].
@@ -607,6 +610,8 @@ struct LastGood {
     config: cftunnel_config::Config,
     token: String,
     service: String,
+    /// The tunnel its pods run on: while other planes serve it, they are what the pods get.
+    tunnel: Option<TunnelIdentity>,
 }
 
 /// A data plane as far as a round got with it.
@@ -667,6 +672,7 @@ impl Reconciler {
             render_failures: HashMap::new(),
             listener_set_resource,
             last_good: HashMap::new(),
+            read_back_at: HashMap::new(),
             tunnel_api,
             tunnel_sync: TunnelSync::default(),
             tunnel_failures: HashMap::new(),
@@ -817,16 +823,39 @@ impl Reconciler {
                 None => broken.push(key),
             }
         }
+        if let Some(shared) = &self.options.shared {
+            if let Some(info) = shared_plane(
+                shared,
+                snapshot,
+                &self.class,
+                translate_options.shared_tunnel,
+            ) {
+                planes.insert(PlaneKey::Shared, info);
+            }
+        }
         self.last_good.retain(|key, _| {
             broken.contains(key)
                 || output.planes.get(key) == Some(&PlaneKey::Dedicated(key.clone()))
         });
+        self.read_back_at.retain(|key, _| broken.contains(key));
         for key in &broken {
-            let uid = snapshot
+            let Some(gw) = snapshot
                 .gateways
                 .iter()
                 .find(|g| object_key(*g).as_ref() == Some(key))
-                .and_then(|g| g.metadata.uid.as_deref());
+            else {
+                continue;
+            };
+            let uid = gw.metadata.uid.as_deref();
+            let known = self
+                .last_good
+                .get(key)
+                .is_some_and(|l| Some(l.uid.as_str()) == uid);
+            if !known {
+                if let Some(last) = self.read_back(gw, key, snapshot, deployments).await {
+                    self.last_good.insert(key.clone(), last);
+                }
+            }
             let Some(last) = self
                 .last_good
                 .get(key)
@@ -841,7 +870,17 @@ impl Reconciler {
                 .filter(|s| serves(s, &key.namespace, &last.service))
                 .cloned()
                 .collect();
-            output.configs.insert(plane.clone(), last.config.clone());
+            // Its pods take a share of their tunnel's requests: while other planes serve that
+            // tunnel, they get what those planes get (the union of the tunnel's routes, its
+            // own left out), so no route deleted since stays reachable through them and no
+            // new one fails there.
+            let on_tunnel = last.tunnel.and_then(|tunnel| {
+                planes.iter().find_map(|(other, info)| {
+                    (info.identity == Some(tunnel)).then(|| output.configs.get(other))?
+                })
+            });
+            let config = on_tunnel.unwrap_or(&last.config).clone();
+            output.configs.insert(plane.clone(), config);
             planes.insert(
                 plane,
                 PlaneInfo {
@@ -867,16 +906,6 @@ impl Reconciler {
         self.apply_failures
             .retain(|uid| uids.contains(uid.as_str()));
         self.applies.retain(|uid| uids.contains(uid));
-        if let Some(shared) = &self.options.shared {
-            if let Some(info) = shared_plane(
-                shared,
-                snapshot,
-                &self.class,
-                translate_options.shared_tunnel,
-            ) {
-                planes.insert(PlaneKey::Shared, info);
-            }
-        }
         self.stamp_shared_pool(snapshot, pool).await;
         self.note_unreached(&planes, &output.planes, translate_options.shared_tunnel);
 
@@ -918,7 +947,19 @@ impl Reconciler {
             let PlaneKey::Dedicated(key) = plane else {
                 continue;
             };
-            if broken.contains(key) || outcome.pods.is_empty() || !outcome.all_current() {
+            if outcome.pods.is_empty() || !outcome.all_current() {
+                continue;
+            }
+            // A broken plane given its tunnel's routes holds those now.
+            if broken.contains(key) {
+                let (Some(config), Some(last)) =
+                    (output.configs.get(plane), self.last_good.get_mut(key))
+                else {
+                    continue;
+                };
+                if last.config != *config {
+                    last.config = config.clone();
+                }
                 continue;
             }
             let (Some(config), Some(info), Some(gw)) = (
@@ -937,7 +978,10 @@ impl Reconciler {
             };
             match self.last_good.get_mut(key) {
                 Some(last)
-                    if last.uid == uid && last.config == *config && last.token == info.token => {}
+                    if last.uid == uid
+                        && last.config == *config
+                        && last.token == info.token
+                        && last.tunnel == info.identity => {}
                 _ => {
                     self.last_good.insert(
                         key.clone(),
@@ -946,6 +990,7 @@ impl Reconciler {
                             config: config.clone(),
                             token: info.token.clone(),
                             service: names.service,
+                            tunnel: info.identity,
                         },
                     );
                 }
@@ -1061,6 +1106,85 @@ impl Reconciler {
             }
         }
         self.unreached = unreached;
+    }
+
+    /// What a broken plane's running pods serve, read back from one of them, with the token
+    /// and tunnel its Deployment gives them: the last config is held in memory only, so a
+    /// controller that started (or took the lead) after the plane broke has none to give pods
+    /// that start later. At most once per resync; `None` when no pod answers.
+    async fn read_back(
+        &mut self,
+        gw: &Gateway,
+        key: &ObjectKey,
+        snapshot: &Snapshot,
+        deployments: &[Deployment],
+    ) -> Option<LastGood> {
+        let now = std::time::Instant::now();
+        if self
+            .read_back_at
+            .get(key)
+            .is_some_and(|at| now.duration_since(*at) < self.options.resync)
+        {
+            return None;
+        }
+        self.read_back_at.insert(key.clone(), now);
+        let uid = gw.metadata.uid.as_deref()?;
+        let names = PlaneNames::for_gateway(gw).ok()?;
+        let deployment = deployments.iter().find(|d| {
+            d.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+                && d.metadata.name.as_deref() == Some(names.deployment.as_str())
+                && apply::controlled_by(d.owner_references(), uid)
+        })?;
+        // What the pods read from the environment the Deployment gives them.
+        let from_env = |name: &str| {
+            let reference = deployment
+                .spec
+                .as_ref()?
+                .template
+                .spec
+                .as_ref()?
+                .containers
+                .iter()
+                .flat_map(|c| c.env.iter().flatten())
+                .find(|e| e.name == name)?
+                .value_from
+                .as_ref()?
+                .secret_key_ref
+                .as_ref()?;
+            secret_text(
+                snapshot,
+                &ObjectKey::new(&key.namespace, &reference.name),
+                &reference.key,
+            )
+        };
+        let token = from_env("PROXY_AUTH_TOKEN")?;
+        let tunnel = from_env("TUNNEL_TOKEN")
+            .and_then(|t| t.parse::<cftunnel_config::Token>().ok())
+            .map(|t| TunnelIdentity::of(&t));
+        let slices: Vec<_> = snapshot
+            .endpoint_slices
+            .iter()
+            .filter(|s| serves(s, &key.namespace, &names.service))
+            .cloned()
+            .collect();
+        for pod in push::pod_addresses(&slices, CONFIG_PORT_NAME) {
+            match push::served_document(pod, &token, self.options.push_timeout).await {
+                Ok(config) => {
+                    tracing::info!(plane = %key, %pod, "read back the config the plane's pods serve");
+                    return Some(LastGood {
+                        uid: uid.to_owned(),
+                        config,
+                        token,
+                        service: names.service,
+                        tunnel,
+                    });
+                }
+                Err(reason) => {
+                    tracing::debug!(plane = %key, %pod, %reason, "no config read back")
+                }
+            }
+        }
+        None
     }
 
     /// Applies a dedicated plane as the round rendered it (`plan`); `None` when it could not be
