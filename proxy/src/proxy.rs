@@ -159,12 +159,16 @@ impl Proxy {
         let routes = self.shared.routes.load_full();
         let (parts, body) = req.into_parts();
         let grpc = is_grpc(&parts.headers);
+        let head = parts.method == http::Method::HEAD;
         let mut completion = Completion::start(&self.shared.recorder, &parts, &conn, start);
         let result = self
             .route(&routes, parts, body, conn, &mut completion)
             .await;
-        let response = match result {
-            Ok(response) => response,
+        let (response, answered) = match result {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                (response, status)
+            }
             Err(err) => {
                 completion.failed(err.label());
                 if let ProxyError::Backend(e) = &err {
@@ -179,16 +183,19 @@ impl Proxy {
                     );
                 }
                 let (status, headers, reason) = err.head(grpc);
-                let mut response =
-                    Response::new(Reply::Local(Bytes::from_static(reason.as_bytes())));
+                // A HEAD answer carries no body: one the server leaves unread would count the
+                // request as cut off.
+                let body = if head { "" } else { reason };
+                let mut response = Response::new(Reply::Local(Bytes::from_static(body.as_bytes())));
                 *response.status_mut() = status;
                 *response.headers_mut() = headers;
-                response
+                // Counted by the status the failure has over HTTP: a gRPC answer's is 200 (its
+                // `grpc-status` says what failed), and a backend that is down would count as
+                // served.
+                (response, err.status().as_u16())
             }
         };
-        completion.answered(response.status().as_u16(), || {
-            routes.host_metrics(None).clone()
-        });
+        completion.answered(answered, || routes.host_metrics(None).clone());
         response.map(|reply| match reply {
             Reply::Upstream(body, deadline) => ResponseBody::upstream(body, completion, deadline),
             Reply::Local(bytes) => ResponseBody::local(bytes, Some(completion)),
@@ -357,8 +364,15 @@ impl Proxy {
                     completion.trace(),
                 );
             }
-        } else if !rule.filters.mirrors.is_empty() || !backend.filters.mirrors.is_empty() {
-            self.shared.mirrors.count_dropped();
+        } else {
+            for mirror in rule
+                .filters
+                .mirrors
+                .iter()
+                .chain(backend.filters.mirrors.iter())
+            {
+                self.shared.mirrors.count_unsent(mirror.share);
+            }
         }
 
         let grpc_deadline = grpc.then(|| grpc_timeout(&parts.headers));

@@ -142,17 +142,29 @@ pub(crate) fn retire(
     metrics: ProxyMetrics,
     serving: impl Fn() -> Arc<Routes> + Send + 'static,
 ) {
+    retire_within(old, metrics, serving, RETIRE_WAIT);
+}
+
+/// [`retire`], waiting at most `wait` for the last request on `old`.
+fn retire_within(
+    old: Arc<Routes>,
+    metrics: ProxyMetrics,
+    serving: impl Fn() -> Arc<Routes> + Send + 'static,
+    wait: Duration,
+) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
     runtime.spawn(async move {
-        let until = Instant::now() + RETIRE_WAIT;
+        let until = Instant::now() + wait;
         while Arc::strong_count(&old) > 1 && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        // Past the wait a request may still hold it (a gRPC watch without a deadline, a rule
+        // whose timeouts are off): its hostnames' series go all the same, and the table is
+        // freed wherever that request ends.
+        forget_hostnames(&old, &serving(), &metrics);
         if Arc::strong_count(&old) == 1 {
-            // No request routes on it any more, so none can bring a series back through it.
-            forget_hostnames(&old, &serving(), &metrics);
             let _ = tokio::task::spawn_blocking(move || {
                 drop(old);
                 crate::memory::release_freed();
@@ -170,5 +182,48 @@ fn forget_hostnames(old: &Routes, now: &Routes, metrics: &ProxyMetrics) {
         if !label.is_empty() && !kept.contains(label) {
             metrics.forget_host(label);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{compile, Cache};
+
+    fn table(hosts: &[&str], metrics: &ProxyMetrics, cache: &mut Cache) -> Arc<Routes> {
+        let doc: cftunnel_config::Config = serde_json::from_value(serde_json::json!({
+            "rules": [{"hostnames": hosts, "backends": []}]
+        }))
+        .expect("a document");
+        Arc::new(compile(&doc, metrics, cache).expect("compiles"))
+    }
+
+    /// A request that holds the replaced table past the wait does not keep the series of the
+    /// hostnames only that table served on `/metrics`.
+    #[tokio::test]
+    async fn a_table_held_past_the_wait_still_gives_up_its_hostnames_series() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = ProxyMetrics::register(&mut registry);
+        let mut cache = Cache::default();
+        let old = table(&["old.example", "kept.example"], &metrics, &mut cache);
+        let now = table(&["kept.example"], &metrics, &mut cache);
+        for bucket in 0..old.table.buckets().count() {
+            old.host_metrics(Some(bucket));
+        }
+        let text = |registry: &prometheus_client::registry::Registry| {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, registry).expect("encodes");
+            text
+        };
+        assert!(text(&registry).contains("hostname=\"old.example\""));
+
+        let held = Arc::clone(&old);
+        let wait = Duration::from_millis(300);
+        retire_within(old, metrics.clone(), move || Arc::clone(&now), wait);
+        tokio::time::sleep(wait * 3).await;
+        let after = text(&registry);
+        assert!(!after.contains("hostname=\"old.example\""), "{after}");
+        assert!(after.contains("hostname=\"kept.example\""), "{after}");
+        drop(held);
     }
 }

@@ -1611,3 +1611,50 @@ async fn a_tls_mirror_gets_its_copies_over_verified_tls() {
     .await
     .expect("test finished in time");
 }
+
+/// Mirror copies not sent because the body was streamed are counted per copy, as each
+/// mirror's share would have taken it: two mirrors of every request and one of one in a
+/// million count two a request.
+#[tokio::test]
+async fn copies_not_sent_for_a_streamed_body_are_counted_per_mirror_and_share() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let (a, m) = (echo("svc-a-1").await, echo("mirror-1").await);
+        let proxy = proxy().await;
+        let http = client();
+        let mirror = |extra: serde_json::Value| {
+            let mut spec = json!({"backendUrl": url(m.http_addr())});
+            if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+                spec.extend(extra.clone());
+            }
+            json!({"type": "RequestMirror", "requestMirror": spec})
+        };
+        let doc = json!({"rules": [
+            rule("/upload", json!({"filters": [
+                mirror(json!({})),
+                mirror(json!({"percent": 100})),
+                mirror(json!({"fraction": {"numerator": 1, "denominator": 1_000_000}})),
+            ], "backends": [{"url": url(a.http_addr()), "weight": 1}]})),
+        ]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, 200);
+        // Over the 64 KiB a copy may hold: streamed to the backend, copied nowhere.
+        let body = Bytes::from(vec![b'x'; 100 * 1024]);
+        for _ in 0..4 {
+            let req = Request::post(format!("http://{}/upload", proxy.data_addr()))
+                .header("host", "h")
+                .body(http_body_util::Full::new(body.clone()))
+                .expect("request");
+            assert_eq!(send(&http, req).await.status, StatusCode::OK);
+        }
+        assert_eq!(
+            metric(
+                &http,
+                proxy.admin_addr(),
+                "cftunnel_proxy_mirror_requests_dropped_total"
+            )
+            .await,
+            Some(8.0)
+        );
+    })
+    .await
+    .expect("test finished in time");
+}

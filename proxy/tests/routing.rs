@@ -282,6 +282,68 @@ async fn metrics_of_hostnames_no_longer_served_are_dropped() {
     .expect("test finished in time");
 }
 
+/// The proxy's own answers count by the status the failure has over HTTP: a gRPC call to a
+/// backend that is down (answered 200 with `grpc-status: 14`) counts as a 5xx, and a HEAD
+/// request with no route as the 4xx it is, not as cut off.
+#[tokio::test]
+async fn the_proxys_own_grpc_and_head_answers_count_by_their_http_status() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let proxy = proxy().await;
+        let (http, admin, d) = (client(), proxy.admin_addr(), proxy.data_addr());
+        let down = format!("http://127.0.0.1:{}", free_port());
+        let doc = json!({"rules": [
+            {"hostnames": ["grpc.example"], "backends": [{"url": down, "weight": 1}]},
+        ]});
+        assert_eq!(push(&http, admin, &doc).await.status, StatusCode::OK);
+        let r = get(
+            &http,
+            d,
+            "grpc.example",
+            "/pkg.Svc/Call",
+            &[("content-type", "application/grpc")],
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(
+            r.headers.get("grpc-status").map(|v| v.as_bytes()),
+            Some(&b"14"[..])
+        );
+        let series = |host: &str, class: &str| {
+            format!("cftunnel_proxy_requests_total{{hostname=\"{host}\",status_class=\"{class}\"}}")
+        };
+        assert_eq!(
+            metric(&http, admin, &series("grpc.example", "5xx")).await,
+            Some(1.0)
+        );
+        let count = |v: Option<f64>| v.unwrap_or(0.0);
+        assert_eq!(
+            count(metric(&http, admin, &series("grpc.example", "2xx")).await),
+            0.0
+        );
+
+        let req = http::Request::head(format!("http://{d}/"))
+            .header("host", "nowhere.example")
+            .body(http_body_util::Full::new(Bytes::new()))
+            .expect("request");
+        assert_eq!(send(&http, req).await.status, StatusCode::NOT_FOUND);
+        // The response is counted when its body is done with, just after the answer.
+        let by = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while metric(&http, admin, &series("", "4xx")).await.is_none() {
+            assert!(
+                tokio::time::Instant::now() < by,
+                "the HEAD request is counted as a 4xx"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            count(metric(&http, admin, &series("", "aborted")).await),
+            0.0
+        );
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// A proxy that has not yet been given a config cannot know any route: it answers 502 (gRPC:
 /// UNAVAILABLE), not the 404 of a table where nothing matches, which it answers once a config
 /// is loaded, even an empty one.

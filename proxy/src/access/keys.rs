@@ -57,6 +57,9 @@ struct TeamMetrics {
 
 impl TeamMetrics {
     fn new(team: &str, metrics: &AccessMetrics) -> Self {
+        if let Ok(mut live) = metrics.live_teams.lock() {
+            *live.entry(team.to_owned()).or_default() += 1;
+        }
         let fetches = |outcome| {
             metrics
                 .key_fetches
@@ -244,6 +247,19 @@ impl Drop for TeamKeys {
         self.shared.closed.store(true, Ordering::Release);
         self.shared.wake.notify_one();
         let team = self.team.to_string();
+        // Another key set of the team, made for a newer table while this one's was still in
+        // use, reports into the same series: they stay until it goes too.
+        if let Ok(mut live) = self.metrics.live_teams.lock() {
+            match live.get_mut(&team) {
+                Some(count) if *count > 1 => {
+                    *count -= 1;
+                    return;
+                }
+                _ => {
+                    live.remove(&team);
+                }
+            }
+        }
         for outcome in [FETCH_OK, FETCH_ERROR] {
             self.metrics.key_fetches.remove(&TeamOutcomeLabels {
                 team: team.clone(),

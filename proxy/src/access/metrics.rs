@@ -7,7 +7,9 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
@@ -36,6 +38,9 @@ pub struct AccessMetrics {
     refusal_family: Family<ReasonLabels, Counter>,
     pub(super) key_fetches: Family<TeamOutcomeLabels, Counter>,
     pub(super) keys_age: Family<TeamLabels, Gauge<f64, AtomicU64>>,
+    /// How many key sets of each team are alive: a table still in use keeps its own while a
+    /// newer one names the team again, and the team's series go only with the last.
+    pub(super) live_teams: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 impl Default for AccessMetrics {
@@ -52,6 +57,7 @@ impl Default for AccessMetrics {
             refusal_family,
             key_fetches: Family::default(),
             keys_age: Family::default(),
+            live_teams: Arc::default(),
         }
     }
 }

@@ -126,3 +126,26 @@ fn the_team_domain_template_must_be_a_url() {
     assert!(with("ftp://{team}.example").check().is_err());
     assert!(with("{team}.cloudflareaccess.com").check().is_err());
 }
+
+/// A team's key set made for a newer table while an older table's is still in use reports
+/// into the same series: the older one going does not take them off `/metrics`, the last one
+/// does.
+#[tokio::test]
+async fn a_teams_series_stay_while_any_of_its_key_sets_is_alive() {
+    let metrics = AccessMetrics::default();
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let exported = |registry: &prometheus_client::registry::Registry| {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).expect("encodes");
+        text.contains("team=\"acme\"")
+    };
+    let settings = Arc::new(AccessSettings::default());
+    let older = TeamKeys::new("acme", settings.clone(), &metrics).expect("keys");
+    let newer = TeamKeys::new("acme", settings, &metrics).expect("keys");
+    assert!(exported(&registry));
+    drop(older);
+    assert!(exported(&registry), "the newer set still reports");
+    drop(newer);
+    assert!(!exported(&registry), "no set of the team is left");
+}

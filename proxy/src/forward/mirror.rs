@@ -31,6 +31,12 @@ pub(crate) struct Mirrors {
     dropped: Counter,
 }
 
+/// Whether a mirror copies this request, its `share` of the time.
+fn takes(share: cftunnel_config::Fraction) -> bool {
+    share.numerator >= share.denominator
+        || rand::random_range(0..share.denominator) < share.numerator
+}
+
 impl Mirrors {
     pub(crate) fn new(dropped: Counter) -> Self {
         Self {
@@ -39,10 +45,12 @@ impl Mirrors {
         }
     }
 
-    /// Counts copies that cannot be sent because the original's body was streamed, not
-    /// buffered.
-    pub(crate) fn count_dropped(&self) {
-        self.dropped.inc();
+    /// Counts the copy for a mirror that cannot be sent because the original's body was
+    /// streamed, not buffered: when its `share` would have taken this request.
+    pub(crate) fn count_unsent(&self, share: cftunnel_config::Fraction) {
+        if takes(share) {
+            self.dropped.inc();
+        }
     }
 
     /// Sends a copy of the request to a mirror, its `share` of the time, never delaying the
@@ -55,9 +63,7 @@ impl Mirrors {
         body: Bytes,
         trace: Option<&RequestTrace>,
     ) {
-        if share.numerator < share.denominator
-            && rand::random_range(0..share.denominator) >= share.numerator
-        {
+        if !takes(share) {
             return;
         }
         let Ok(permit) = self.permits.clone().try_acquire_owned() else {
