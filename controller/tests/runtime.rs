@@ -4773,3 +4773,71 @@ async fn a_broken_planes_last_config_outlives_a_controller_restart() {
     .await
     .expect("in time");
 }
+
+/// Another installation of the controller, for classes of its own, renders planes of the same
+/// names, labels and owner as ours: those are not removed as planes of Gateways that left
+/// this controller. A plane this controller rendered, for a class of its own, still goes when
+/// its Gateway moves to the other installation's class.
+#[tokio::test]
+async fn another_installations_planes_are_left_alone() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        let ours = eventually("our plane's Deployment", || {
+            t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+        })
+        .await;
+        t.api.put(yaml(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: theirs}\nspec: {controllerName: example.com/another-installation}\n",
+        ));
+        let other = t.api.put(yaml(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: other, namespace: tenant-a}\nspec:\n  gatewayClassName: theirs\n  infrastructure: {parametersRef: {group: cf.k8s.lex.la, kind: GatewayConfig, name: edge-config}}\n  listeners: [{name: http, port: 80, protocol: HTTP}]\n",
+        ));
+        // The other installation's plane for it: ours, as it would render it.
+        let mut theirs = ours.clone();
+        let text = serde_json::to_string(&theirs["metadata"]["labels"]).expect("labels");
+        theirs["metadata"] = json!({
+            "name": "cf-proxy-other",
+            "namespace": "tenant-a",
+            "labels": serde_json::from_str::<Value>(
+                &text.replace("\"edge\"", "\"other\"").replace("cloudflare-tunnel", "theirs"),
+            ).expect("labels"),
+            "ownerReferences": [{
+                "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "name": "other",
+                "uid": other["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true,
+            }],
+        });
+        assert_eq!(
+            theirs.pointer("/metadata/labels/gateway.networking.k8s.io~1gateway-class-name"),
+            Some(&json!("theirs"))
+        );
+        t.api.put(theirs);
+        // Rounds run on every change; a few of them.
+        for i in 0..5 {
+            t.api.put(yaml(&format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: nudge, namespace: tenant-a}}\ndata: {{n: '{i}'}}\n"
+            )));
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        assert!(
+            t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-other").is_some(),
+            "the other installation's plane stays"
+        );
+
+        // Ours, once its Gateway moves to their class, goes.
+        t.api.put(yaml(&gateway(true).replace(
+            "gatewayClassName: cloudflare-tunnel",
+            "gatewayClassName: theirs",
+        )));
+        eventually("our plane removed", || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        assert!(t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-other").is_some());
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}

@@ -53,6 +53,9 @@ pub use plan::{config_name, plan, Plans, Rendered};
 
 /// Label on every rendered object, valued with the Gateway's name (or its hashed short form).
 pub const GATEWAY_LABEL: &str = "cf.k8s.lex.la/gateway";
+/// Gateway API's well-known label naming the GatewayClass a Gateway's infrastructure was made
+/// for (GEP-1762).
+pub const CLASS_LABEL: &str = "gateway.networking.k8s.io/gateway-class-name";
 /// Pod-template annotation: a digest of the tokens the pods read at start, so that rotating
 /// either Secret rolls the pods.
 pub const CREDENTIALS_HASH_ANNOTATION: &str = "cf.k8s.lex.la/credentials-hash";

@@ -112,10 +112,7 @@ impl PlaneNames {
             self.gateway_name_label.clone(),
         );
         if is_label_value(class) {
-            labels.insert(
-                "gateway.networking.k8s.io/gateway-class-name".to_owned(),
-                class.to_owned(),
-            );
+            labels.insert(super::CLASS_LABEL.to_owned(), class.to_owned());
         }
         labels
     }

@@ -48,7 +48,8 @@ use crate::gateway_config::DEFAULT_API_TOKEN_KEY;
 use crate::held::Held;
 use crate::push::{self, PlaneRound, PodOutcome, Pusher};
 use crate::render::{
-    self, GoControllerNames, PlaneNames, RenderError, RenderSettings, Rendered, GATEWAY_LABEL,
+    self, GoControllerNames, PlaneNames, RenderError, RenderSettings, Rendered, CLASS_LABEL,
+    GATEWAY_LABEL,
 };
 use crate::translate::{self, ObjectKey, Options, PlaneKey, Snapshot, TunnelIdentity};
 use applies::Applies;
@@ -815,9 +816,20 @@ impl Reconciler {
                     self.remove_plane(gw, &key, snapshot, deployments, watched)
                         .await
                 }
+                // Another controller's: its plane goes only if this controller rendered it
+                // (for a class of its own the Gateway has left). Another installation renders
+                // planes of the same names and owner for its own classes, which are not ours
+                // to remove.
                 None if !ours => {
-                    self.remove_plane(gw, &key, snapshot, deployments, watched)
-                        .await
+                    if rendered_for_our_class(
+                        gw,
+                        snapshot,
+                        deployments,
+                        &self.options.translate.controller_name,
+                    ) {
+                        self.remove_plane(gw, &key, snapshot, deployments, watched)
+                            .await
+                    }
                 }
                 // Ours, but its GatewayConfig does not resolve: its plane keeps serving.
                 None => broken.push(key),
@@ -1666,6 +1678,38 @@ impl Reconciler {
             }
         }
     }
+}
+
+/// Whether `gw`'s plane Deployment was rendered for a GatewayClass of `controller_name` (or
+/// for one since deleted), by the class its Gateway API class label names. A plane without the
+/// label (a class name too long for a label value) or without a Deployment is not known to be
+/// ours.
+fn rendered_for_our_class(
+    gw: &Gateway,
+    snapshot: &Snapshot,
+    deployments: &[Deployment],
+    controller_name: &str,
+) -> bool {
+    let (Some(namespace), Ok(names)) = (
+        gw.metadata.namespace.as_deref(),
+        PlaneNames::for_gateway(gw),
+    ) else {
+        return false;
+    };
+    deployments
+        .iter()
+        .filter(|d| {
+            d.metadata.namespace.as_deref() == Some(namespace)
+                && d.labels().get(GATEWAY_LABEL) == Some(&names.gateway_label)
+        })
+        .filter_map(|d| d.labels().get(CLASS_LABEL))
+        .any(|class| {
+            snapshot
+                .gateway_classes
+                .iter()
+                .find(|c| c.metadata.name.as_deref() == Some(class.as_str()))
+                .is_none_or(|c| c.spec.controller_name == controller_name)
+        })
 }
 
 /// Applies a plane rendered for Gateway `gw` ([`Reconciler::apply_dedicated`]): with a
