@@ -22,6 +22,10 @@ use crate::translate::PlaneKey;
 
 /// Rounds in a row with a failed pod before a plane's failure counts as sustained.
 pub const DEFAULT_SUSTAINED_AFTER: u32 = 3;
+/// How long a plane's pushes must have been failing, too, before it counts as sustained:
+/// rounds follow changes anywhere in the cluster, so a pod that takes seconds to start can
+/// fail several rounds within a second.
+pub const DEFAULT_SUSTAINED_FOR: Duration = Duration::from_secs(30);
 /// Planes pushed to at once.
 const CONCURRENT_PLANES: usize = 32;
 /// Longest answer read from a pod (the proxy answers with small JSON objects).
@@ -72,8 +76,8 @@ pub struct PlaneOutcome {
     pub refused: Vec<RefusedRule>,
     /// Rounds in a row, this one included, in which some pod failed.
     pub failed_rounds: u32,
-    /// `failed_rounds` reached the threshold: report it (`ProxyConfigPushed=False`), a one-off
-    /// blip does not.
+    /// `failed_rounds` reached the threshold, over the time the pusher asks for: report it
+    /// (`ProxyConfigPushed=False`), a one-off blip (or a pod starting) does not.
     pub sustained_failure: bool,
     /// How long the plane's pushes took this round, all pods and re-pushes included.
     pub duration: std::time::Duration,
@@ -93,6 +97,8 @@ struct PlaneState {
     version: i64,
     digest: Vec<u8>,
     failed_rounds: u32,
+    /// When the plane's current run of failed rounds began.
+    failing_since: Option<std::time::Instant>,
     /// The token the plane's pods were last pushed to with.
     token: String,
     /// The token before the last rotation. Pods started before it still hold it until the
@@ -126,7 +132,15 @@ impl std::fmt::Debug for PlaneState {
 pub struct Pusher {
     planes: HashMap<PlaneKey, PlaneState>,
     timeout: Duration,
-    sustained_after: u32,
+    sustained: Sustained,
+}
+
+/// When a plane's failing pushes are reported: after `rounds` failed rounds in a row that
+/// have lasted `lasting` as well.
+#[derive(Debug, Clone, Copy)]
+struct Sustained {
+    rounds: u32,
+    lasting: Duration,
 }
 
 impl Default for Pusher {
@@ -137,13 +151,23 @@ impl Default for Pusher {
 
 impl Pusher {
     /// `timeout` bounds each request to a pod; `sustained_after` is the number of failed rounds
-    /// in a row that makes a failure sustained.
+    /// in a row that makes a failure sustained (however short a time they took; see
+    /// [`Pusher::failing_for`]).
     pub fn new(timeout: Duration, sustained_after: u32) -> Self {
         Self {
             planes: HashMap::new(),
             timeout,
-            sustained_after: sustained_after.max(1),
+            sustained: Sustained {
+                rounds: sustained_after.max(1),
+                lasting: Duration::ZERO,
+            },
         }
+    }
+
+    /// A failure counts as sustained only once its failed rounds have lasted `lasting` too.
+    pub fn failing_for(mut self, lasting: Duration) -> Self {
+        self.sustained.lasting = lasting;
+        self
     }
 
     /// Brings every pod of `plane` to `config`, authenticating with `token`.
@@ -182,7 +206,7 @@ impl Pusher {
             .into_iter()
             .map(|round| {
                 let state = self.planes.remove(&round.plane);
-                let (timeout, sustained_after) = (self.timeout, self.sustained_after);
+                let (timeout, sustained) = (self.timeout, self.sustained);
                 async move {
                     let span = tracing::info_span!(
                         "config.push",
@@ -195,10 +219,9 @@ impl Pusher {
                         cftunnel.pods_failed = tracing::field::Empty,
                     );
                     let started = std::time::Instant::now();
-                    let (state, mut outcome) =
-                        sync_plane(state, &round, now, timeout, sustained_after)
-                            .instrument(span.clone())
-                            .await;
+                    let (state, mut outcome) = sync_plane(state, &round, now, timeout, sustained)
+                        .instrument(span.clone())
+                        .await;
                     outcome.duration = started.elapsed();
                     record_outcome(&span, &outcome);
                     (round.plane, state, outcome)
@@ -275,12 +298,13 @@ async fn sync_plane(
     round: &PlaneRound<'_>,
     now: i64,
     timeout: Duration,
-    sustained_after: u32,
+    sustained: Sustained,
 ) -> (PlaneState, PlaneOutcome) {
     let mut state = state.unwrap_or_else(|| PlaneState {
         version: now,
         digest: Vec::new(),
         failed_rounds: 0,
+        failing_since: None,
         token: round.token.to_owned(),
         previous_token: None,
         refusals: Vec::new(),
@@ -366,7 +390,7 @@ async fn sync_plane(
             })
         })
         .collect();
-    let mut outcome = finish(&mut state, sustained_after, version, pods);
+    let mut outcome = finish(&mut state, sustained, version, pods);
     outcome.refused = refused;
     // Every pod took the current token: the rollout is over, and the one before is
     // forgotten rather than offered to whatever answers at a pod's address later.
@@ -443,22 +467,29 @@ async fn push_document(
 
 fn finish(
     state: &mut PlaneState,
-    sustained_after: u32,
+    sustained: Sustained,
     version: i64,
     pods: Vec<(SocketAddr, PodOutcome)>,
 ) -> PlaneOutcome {
     let failed = pods.iter().any(|(_, o)| matches!(o, PodOutcome::Failed(_)));
-    state.failed_rounds = if failed {
-        state.failed_rounds.saturating_add(1)
+    if failed {
+        state.failed_rounds = state.failed_rounds.saturating_add(1);
+        state
+            .failing_since
+            .get_or_insert_with(std::time::Instant::now);
     } else {
-        0
-    };
+        state.failed_rounds = 0;
+        state.failing_since = None;
+    }
+    let lasted = state
+        .failing_since
+        .is_some_and(|since| since.elapsed() >= sustained.lasting);
     PlaneOutcome {
         version,
         pods,
         refused: Vec::new(),
         failed_rounds: state.failed_rounds,
-        sustained_failure: state.failed_rounds >= sustained_after,
+        sustained_failure: state.failed_rounds >= sustained.rounds && lasted,
         duration: std::time::Duration::ZERO,
     }
 }

@@ -305,6 +305,32 @@ async fn a_plane_whose_pod_hangs_does_not_hold_up_the_others() {
     healthy.shutdown().await;
 }
 
+/// Rounds follow changes anywhere in the cluster, so a pod that is still starting can fail
+/// several of them within a second: a failure counts as sustained only once its failed rounds
+/// have also lasted the time the pusher asks for.
+#[tokio::test]
+async fn a_failure_is_sustained_only_once_it_has_lasted() {
+    let backend = echo().await;
+    let starting = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+        l.local_addr().expect("addr")
+    };
+    let doc = config(backend.http_addr(), "app.example.com");
+    let lasting = Duration::from_millis(600);
+    let mut pusher = Pusher::new(Duration::from_secs(2), 3).failing_for(lasting);
+    for round in 1..=5u32 {
+        let outcome = pusher.sync(&plane(), &doc, TOKEN, &[starting]).await;
+        assert_eq!(outcome.failed_rounds, round);
+        assert!(!outcome.sustained_failure, "round {round}, at once");
+    }
+    tokio::time::sleep(lasting).await;
+    let outcome = pusher.sync(&plane(), &doc, TOKEN, &[starting]).await;
+    assert!(
+        outcome.sustained_failure,
+        "failing for {lasting:?} and 6 rounds"
+    );
+}
+
 /// The plane's token rotates: pods started before it still hold the old token until the
 /// rollout replaces them. They keep getting route changes with it, and the round does not
 /// count as failed; a pod that takes neither token still fails.

@@ -295,6 +295,7 @@ async fn scenario() {
         cloudflare_api_token: Some("cf-token-c".to_owned()),
         push_timeout: Duration::from_secs(2),
         sustained_after: 3,
+        sustained_for: Duration::ZERO,
         ..RuntimeOptions::default()
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -1514,6 +1515,7 @@ impl Tenant {
                 ..RenderSettings::default()
             },
             resync: Duration::from_millis(100),
+            sustained_for: Duration::ZERO,
             ..RuntimeOptions::default()
         }
     }

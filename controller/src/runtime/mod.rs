@@ -270,6 +270,8 @@ pub struct RuntimeOptions {
     pub push_timeout: Duration,
     /// Failed push rounds in a row before routes report it.
     pub sustained_after: u32,
+    /// How long those rounds must have been failing, too.
+    pub sustained_for: Duration,
     /// This controller's pod, named in its Events.
     pub instance: Option<String>,
     /// The Cloudflare API (tunnel ingress documents).
@@ -296,6 +298,7 @@ impl Default for RuntimeOptions {
             resync: Duration::from_secs(30),
             push_timeout: Duration::from_secs(5),
             sustained_after: push::DEFAULT_SUSTAINED_AFTER,
+            sustained_for: push::DEFAULT_SUSTAINED_FOR,
             instance: None,
             cloudflare_api_base: cloudflare::DEFAULT_API_BASE.to_owned(),
             cloudflare_api_token: None,
@@ -665,7 +668,8 @@ impl Reconciler {
         Self {
             push_seconds: health.push_seconds.clone(),
             push_failure_counts: health.push_failures.clone(),
-            pusher: Pusher::new(options.push_timeout, options.sustained_after),
+            pusher: Pusher::new(options.push_timeout, options.sustained_after)
+                .failing_for(options.sustained_for),
             client,
             options,
             recorder,
