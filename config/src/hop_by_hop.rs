@@ -53,6 +53,27 @@ pub fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(name)
 }
 
+/// Joins an HTTP/2 request's `Cookie` fields into one, as RFC 9113 §8.2.3 requires before
+/// the request goes on over HTTP/1.1 (and allows over HTTP/2): a client may split its cookies
+/// into one field each, and HTTP/1.1 servers read one `Cookie` line. (Cloudflare's edge joins
+/// them before a request enters a tunnel.)
+pub fn join_cookie_crumbs(headers: &mut http::HeaderMap) {
+    let mut crumbs = headers.get_all(header::COOKIE).iter();
+    let (Some(first), Some(_)) = (crumbs.next(), crumbs.next()) else {
+        return;
+    };
+    let mut joined = Vec::with_capacity(first.len() * 2);
+    for crumb in headers.get_all(header::COOKIE) {
+        if !joined.is_empty() {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(crumb.as_bytes());
+    }
+    if let Ok(value) = http::HeaderValue::from_bytes(&joined) {
+        headers.insert(header::COOKIE, value);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

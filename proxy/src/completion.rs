@@ -52,7 +52,11 @@ pub(crate) struct Completion {
     bucket: Option<usize>,
     /// The matched hostname's metrics (the unmatched ones for a request no rule took).
     host: Option<Arc<HostMetrics>>,
+    /// The status the client got, as the log line and the span report it.
     status: u16,
+    /// The status the request counts as in the metrics: the one its failure has over HTTP
+    /// for a gRPC answer the proxy gave itself (sent as 200 with a `grpc-status`).
+    counted: u16,
     bytes: u64,
     start: Instant,
     log: Option<Box<Fields>>,
@@ -76,6 +80,7 @@ impl Completion {
             bucket: None,
             host: None,
             status: 0,
+            counted: 0,
             bytes: 0,
             start,
             log: recorder.access_log.as_ref().map(|log| {
@@ -168,8 +173,14 @@ impl Completion {
     }
 
     /// The response head is known; a request no rule took counts under `unmatched`.
-    pub(crate) fn answered(&mut self, status: u16, unmatched: impl FnOnce() -> Arc<HostMetrics>) {
+    pub(crate) fn answered(
+        &mut self,
+        status: u16,
+        counted: u16,
+        unmatched: impl FnOnce() -> Arc<HostMetrics>,
+    ) {
         self.status = status;
+        self.counted = counted;
         if self.host.is_none() {
             self.host = Some(unmatched());
         }
@@ -203,7 +214,7 @@ impl Completion {
         let elapsed = self.start.elapsed();
         self.recorder.in_flight.dec();
         if let Some(host) = self.host.take() {
-            let class = match (aborted, self.status / 100) {
+            let class = match (aborted, self.counted / 100) {
                 (true, _) => StatusClass::Aborted,
                 (_, 1) => StatusClass::S1xx,
                 (_, 2) => StatusClass::S2xx,

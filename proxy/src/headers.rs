@@ -110,26 +110,6 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
-/// Joins an HTTP/2 request's `Cookie` fields into one, as RFC 9113 §8.2.3 requires before
-/// the request goes on over HTTP/1.1 (and allows over HTTP/2): a client may split its cookies
-/// into one field each, and HTTP/1.1 servers read one `Cookie` line.
-pub(crate) fn join_cookie_crumbs(headers: &mut HeaderMap) {
-    let mut crumbs = headers.get_all(header::COOKIE).iter();
-    let (Some(first), Some(_)) = (crumbs.next(), crumbs.next()) else {
-        return;
-    };
-    let mut joined = Vec::with_capacity(first.len() * 2);
-    for crumb in headers.get_all(header::COOKIE) {
-        if !joined.is_empty() {
-            joined.extend_from_slice(b"; ");
-        }
-        joined.extend_from_slice(crumb.as_bytes());
-    }
-    if let Ok(value) = HeaderValue::from_bytes(&joined) {
-        headers.insert(header::COOKIE, value);
-    }
-}
-
 /// Settles `X-Forwarded-Proto` before routing, since rules may match on it (a Gateway's HTTP
 /// and HTTPS listeners are told apart by it): a trusted hop's value stands, and `http` from it
 /// becomes the request's scheme; anyone else's is replaced with the scheme the client used.

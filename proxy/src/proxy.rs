@@ -21,9 +21,7 @@ use crate::forward::mirror::Mirrors;
 use crate::forward::payload::Payload;
 use crate::forward::retry::{self, Tries, TryTimeout};
 use crate::forward::{ForwardError, UpstreamBody};
-use crate::headers::{
-    join_cookie_crumbs, prepare_forward_headers, settle_forwarded_proto, strip_hop_by_hop,
-};
+use crate::headers::{prepare_forward_headers, settle_forwarded_proto, strip_hop_by_hop};
 use crate::metrics::ProxyMetrics;
 use crate::response::ResponseBody;
 use crate::route::RequestView;
@@ -164,7 +162,7 @@ impl Proxy {
         let result = self
             .route(&routes, parts, body, conn, &mut completion)
             .await;
-        let (response, answered) = match result {
+        let (response, counted) = match result {
             Ok(response) => {
                 let status = response.status().as_u16();
                 (response, status)
@@ -189,13 +187,15 @@ impl Proxy {
                 let mut response = Response::new(Reply::Local(Bytes::from_static(body.as_bytes())));
                 *response.status_mut() = status;
                 *response.headers_mut() = headers;
-                // Counted by the status the failure has over HTTP: a gRPC answer's is 200 (its
-                // `grpc-status` says what failed), and a backend that is down would count as
-                // served.
+                // Counted in the metrics by the status the failure has over HTTP: a gRPC
+                // answer's is 200 (its `grpc-status` says what failed), and a backend that is
+                // down would count as served. The log line and the span keep the 200 sent.
                 (response, err.status().as_u16())
             }
         };
-        completion.answered(answered, || routes.host_metrics(None).clone());
+        completion.answered(response.status().as_u16(), counted, || {
+            routes.host_metrics(None).clone()
+        });
         response.map(|reply| match reply {
             Reply::Upstream(body, deadline) => ResponseBody::upstream(body, completion, deadline),
             Reply::Local(bytes) => ResponseBody::local(bytes, Some(completion)),
@@ -216,7 +216,7 @@ impl Proxy {
     {
         let conn = settle_forwarded_proto(&mut parts.headers, conn);
         if parts.version == http::Version::HTTP_2 {
-            join_cookie_crumbs(&mut parts.headers);
+            cftunnel_config::hop_by_hop::join_cookie_crumbs(&mut parts.headers);
         }
         // The host routed on is the host the backend sees: an absolute-form target or an
         // HTTP/2 `:authority` wins over a `Host` header (RFC 9112 §3.2.2).
@@ -248,6 +248,13 @@ impl Proxy {
             }
         }
         if parts.uri.path() != "*" {
+            // A `%` that starts no escape would let decoding make new ones (`%2%65` is `%2e`
+            // once `%65` is decoded); Go's server refuses such a path too.
+            if !escapes_are_whole(parts.uri.path().as_bytes()) {
+                return Err(ProxyError::BadRequest(
+                    "the request path has a `%` not followed by two hex digits\n",
+                ));
+            }
             if let Some(normal) = normalize_path(parts.uri.path()) {
                 let pq = match parts.uri.query() {
                     Some(q) => format!("{normal}?{q}"),
@@ -520,10 +527,28 @@ pub fn normalize_path(path: &str) -> Option<String> {
     Some(normal)
 }
 
+/// Whether every `%` in `path` starts an escape: two hex digits follow it.
+pub fn escapes_are_whole(path: &[u8]) -> bool {
+    let mut rest = path;
+    while let Some(at) = rest.iter().position(|&b| b == b'%') {
+        match rest.get(at + 1..at + 3) {
+            Some(&[hi, lo]) if hi.is_ascii_hexdigit() && lo.is_ascii_hexdigit() => {
+                rest = &rest[at + 3..];
+            }
+            _ => return false,
+        }
+    }
+    true
+}
+
 /// `path` with each percent-encoded unreserved character (letters, digits, `-._~`) written
-/// as itself; `None` when it has none, as nearly every path.
+/// as itself; `None` when it has none, as nearly every path, or when a `%` starts no escape
+/// (decoding next to it could make a new one; the handler refuses such paths).
 fn decode_unreserved(path: &str) -> Option<String> {
     let bytes = path.as_bytes();
+    if !escapes_are_whole(bytes) {
+        return None;
+    }
     let (mut at, mut byte) = unreserved_escape(bytes, 0)?;
     let mut out = String::with_capacity(path.len());
     let mut copied = 0;

@@ -153,6 +153,14 @@ async fn a_line_names_the_client_the_backend_its_tries_and_the_query_when_asked(
         assert_eq!(line["backend"], closed);
         assert!(line.get("query").is_none(), "no query string: {line}");
 
+        // The same over gRPC: the line says the 200 the client got (the metrics count a 502).
+        let grpc = [("content-type", "application/grpc")];
+        let r = get(&http, proxy.data, "app.example", "/down", &grpc).await;
+        assert_eq!(r.status, 200);
+        let line = proxy.next().await;
+        assert_eq!(line["status"], 200, "{line}");
+        assert_eq!(line["error"], "dial");
+
         // No route: no backend, no tries.
         let r = get(&http, proxy.data, "app.example", "/nowhere", &[]).await;
         assert_eq!(r.status, 404);

@@ -31,6 +31,12 @@ async fn dot_segments_and_double_slashes_cannot_sidestep_a_rule() {
             let r = raw(d, format!("GET {path} HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n").as_bytes()).await;
             assert!(r.starts_with("HTTP/1.1 403"), "{path} must hit the /admin rule: {:?}", r.get(..30));
         }
+        // A `%` that starts no escape is refused: decoding beside it could make a new escape
+        // (`%2%65` would become `%2e`).
+        for path in ["/x/%2%65%2%65/admin", "/x/%%32e%%32e/admin", "/100%", "/a%zz"] {
+            let r = raw(d, format!("GET {path} HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n").as_bytes()).await;
+            assert!(r.starts_with("HTTP/1.1 400"), "{path}: {:?}", r.get(..30));
+        }
         let r = get(&http, d, "h", "/a//b/./c/../d?q=1", &[]).await;
         assert_eq!(r.json()["path"], "/a/b/d?q=1", "the backend sees the normalised path");
         // An encoded `/` is not a segment boundary, nor is any other reserved character.
@@ -246,6 +252,15 @@ fn normalisation_follows_rfc_3986() {
     );
     assert_eq!(normalize_path("/%6"), None, "a cut-off escape stays");
     assert_eq!(normalize_path("/%zz%"), None);
+    assert_eq!(
+        normalize_path("/x/%2%65"),
+        None,
+        "no decoding beside a stray `%`"
+    );
+    use cftunnel_proxy::proxy::escapes_are_whole;
+    assert!(escapes_are_whole(b"/a%2Fb%7e"));
+    assert!(!escapes_are_whole(b"/a%2"));
+    assert!(!escapes_are_whole(b"/%2%65"));
     assert_eq!(normalize_path("/é%41").as_deref(), Some("/éA"));
     for normal in ["/", "/a/", "/.a", "/..a/b.", "/a/.b/..c", "/a.../"] {
         assert_eq!(normalize_path(normal), None, "{normal}");

@@ -50,7 +50,7 @@ const MAX_FRAME_SIZE: u32 = 1 << 20;
 const MAX_HEADER_LIST_SIZE: u32 = (1 << 20) + 320;
 
 /// The HTTP/2 server settings the edge gets. Frame size and header list are `cloudflared`'s;
-/// concurrent streams are bounded at `max_streams`, as on QUIC connections (`cloudflared`
+/// concurrent request streams are bounded at `max_streams`, as on QUIC connections (`cloudflared`
 /// sets no bound, which leaves the requests in flight, each a task holding its head, to the
 /// edge); the flow-control windows are larger than Go's 1 MiB, so an upload is not held to
 /// 1 MiB in flight per connection (the edge reads them from the SETTINGS frame, as from any
@@ -58,7 +58,8 @@ const MAX_HEADER_LIST_SIZE: u32 = (1 << 20) + 320;
 fn server_builder(max_streams: u32) -> h2::server::Builder {
     let mut builder = h2::server::Builder::new();
     builder
-        .max_concurrent_streams(max_streams.max(1))
+        // The edge's control stream, open for the connection's life, counts too.
+        .max_concurrent_streams(max_streams.max(1).saturating_add(1))
         .initial_window_size(4 * 1024 * 1024)
         .initial_connection_window_size(16 * 1024 * 1024)
         .max_frame_size(MAX_FRAME_SIZE)
@@ -626,7 +627,11 @@ mod tests {
             }
         }
         server.abort();
-        assert_eq!(settings.get(&3), Some(&1024), "MAX_CONCURRENT_STREAMS");
+        assert_eq!(
+            settings.get(&3),
+            Some(&1025),
+            "MAX_CONCURRENT_STREAMS: 1024 requests and the control stream"
+        );
         assert_eq!(settings.get(&4), Some(&(4 << 20)), "INITIAL_WINDOW_SIZE");
         assert_eq!(settings.get(&5), Some(&(1 << 20)), "MAX_FRAME_SIZE");
         assert_eq!(settings.get(&6), Some(&1_048_896), "MAX_HEADER_LIST_SIZE");

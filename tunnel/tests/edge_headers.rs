@@ -302,3 +302,34 @@ async fn split_cookies_reach_the_service_joined(protocol: Protocol) {
     edge.shutdown().await;
 }
 per_transport!(split_cookies_reach_the_service_joined);
+
+/// With the stream bound at one request (`quic_max_streams: 1`), a connection still carries
+/// requests over either transport: over HTTP/2 the edge's control stream, which it opens, is
+/// not one of them.
+async fn a_bound_of_one_stream_still_carries_requests(protocol: Protocol) {
+    trace_init();
+    let edge = MockEdge::start().await.unwrap();
+    let mut opts = options(&edge, protocol, 1);
+    opts.quic_max_streams = 1;
+    let connector = cftunnel_tunnel::Connector::new(token(), opts).expect("options are valid");
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = cftunnel_tunnel::TunnelMetrics::register(&mut registry);
+    let handle = connector
+        .start(hyper::service::service_fn(service), metrics)
+        .expect("connector starts");
+    handle.wait_registered(1).await;
+    edge.wait_serving(1).await;
+    for _ in 0..3 {
+        let req = Request::get("https://app.example.com/headers")
+            .header("host", "app.example.com")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = tokio::time::timeout(std::time::Duration::from_secs(10), edge.request(req))
+            .await
+            .unwrap_or_else(|_| panic!("{}: the request is carried", label(protocol)));
+        assert_eq!(resp.status(), StatusCode::OK, "{}", label(protocol));
+    }
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+per_transport!(a_bound_of_one_stream_still_carries_requests);

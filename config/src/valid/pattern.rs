@@ -47,7 +47,7 @@ impl Pattern {
                 .map_err(|e| match e.size_limit() {
                     Some(limit) => format!(
                         "compiled, it would exceed the size limit of {} KiB (a repetition of a \
-                         large class, such as `\\w{{50}}`, multiplies its size)",
+                         large class, such as `\\w{{500}}`, multiplies its size)",
                         limit / 1024
                     ),
                     None => one_line(&e.to_string()),

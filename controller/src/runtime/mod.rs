@@ -1684,36 +1684,66 @@ impl Reconciler {
     }
 }
 
-/// Whether `gw`'s plane Deployment was rendered for a GatewayClass of `controller_name` (or
-/// for one since deleted), by the class its Gateway API class label names. A plane without the
-/// label (a class name too long for a label value) or without a Deployment is not known to be
-/// ours.
+/// Whether `gw`'s plane was rendered by this controller: its objects' Gateway API class label
+/// names one of `controller_name`'s GatewayClasses, or a class since deleted. A plane none of
+/// whose objects carries the label (a class name too long for a label value) counts as ours,
+/// as every plane did before the label was read.
 fn rendered_for_our_class(
     gw: &Gateway,
     snapshot: &Snapshot,
     deployments: &[Deployment],
     controller_name: &str,
 ) -> bool {
-    let (Some(namespace), Ok(names)) = (
+    let (Some(namespace), Some(uid), Ok(names)) = (
         gw.metadata.namespace.as_deref(),
+        gw.metadata.uid.as_deref(),
         PlaneNames::for_gateway(gw),
     ) else {
-        return false;
+        return true;
     };
-    deployments
+    let owned = |meta: &kube::api::ObjectMeta, name: &str| {
+        meta.namespace.as_deref() == Some(namespace)
+            && meta.name.as_deref() == Some(name)
+            && apply::controlled_by(meta.owner_references.as_deref().unwrap_or_default(), uid)
+    };
+    let class = |meta: &kube::api::ObjectMeta| {
+        meta.labels
+            .as_ref()
+            .and_then(|l| l.get(CLASS_LABEL))
+            .cloned()
+    };
+    let mut classes = deployments
         .iter()
         .filter(|d| {
             d.metadata.namespace.as_deref() == Some(namespace)
                 && d.labels().get(GATEWAY_LABEL) == Some(&names.gateway_label)
         })
-        .filter_map(|d| d.labels().get(CLASS_LABEL))
-        .any(|class| {
+        .filter_map(|d| class(&d.metadata))
+        .chain(
             snapshot
-                .gateway_classes
+                .services
                 .iter()
-                .find(|c| c.metadata.name.as_deref() == Some(class.as_str()))
-                .is_none_or(|c| c.spec.controller_name == controller_name)
-        })
+                .filter(|s| owned(&s.metadata, &names.service))
+                .filter_map(|s| class(&s.metadata)),
+        )
+        .chain(
+            snapshot
+                .secrets
+                .iter()
+                .filter(|s| owned(&s.metadata, &names.auth_secret))
+                .filter_map(|s| class(&s.metadata)),
+        )
+        .peekable();
+    if classes.peek().is_none() {
+        return true;
+    }
+    classes.any(|class| {
+        snapshot
+            .gateway_classes
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(class.as_str()))
+            .is_none_or(|c| c.spec.controller_name == controller_name)
+    })
 }
 
 /// Applies a plane rendered for Gateway `gw` ([`Reconciler::apply_dedicated`]): with a
