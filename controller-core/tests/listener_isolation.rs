@@ -143,17 +143,12 @@ fn indent(text: &str) -> String {
     text.lines().map(|l| format!("    {l}\n")).collect()
 }
 
-/// The copies of a route's rules under a specific listener's hostname serve that listener's
-/// scheme alone: over the other scheme the hostname is the listener for any host's, where a
-/// more specific route attached only there (a redirect of logins to https) comes first. (The
-/// proxy's own listener is plain HTTP; over the tunnel the edge says the scheme.)
-#[tokio::test]
-async fn the_copies_under_a_listeners_hostname_keep_to_its_scheme() {
-    tokio::time::timeout(Duration::from_secs(20), async {
-        let backend = web_backend().await;
-        let pki = cftunnel_testkit::pki::TestPki::for_names(&["foo.example.com"]).expect("pki");
-        let manifests = format!(
-            r#"{}
+/// The class and backend, and Gateway `web/edge` with listener `plain` (HTTP, any host) and
+/// `secure` (HTTPS, `foo.example.com`, its certificate in Secret `foo-cert`); ends with `---`.
+fn plain_and_secure_gateway(backend: SocketAddr) -> String {
+    let pki = cftunnel_testkit::pki::TestPki::for_names(&["foo.example.com"]).expect("pki");
+    format!(
+        r#"{}
 apiVersion: v1
 kind: Secret
 metadata: {{name: foo-cert, namespace: web}}
@@ -171,6 +166,23 @@ spec:
   - {{name: plain, port: 80, protocol: HTTP}}
   - {{name: secure, port: 443, protocol: HTTPS, hostname: foo.example.com, tls: {{certificateRefs: [{{name: foo-cert}}]}}}}
 ---
+"#,
+        class_and_backend(backend),
+        crt = indent(&pki.leaf_pem()),
+        key = indent(&pki.key_pem()),
+    )
+}
+
+/// The copies of a route's rules under a specific listener's hostname serve that listener's
+/// scheme alone: over the other scheme the hostname is the listener for any host's, where a
+/// more specific route attached only there (a redirect of logins to https) comes first. (The
+/// proxy's own listener is plain HTTP; over the tunnel the edge says the scheme.)
+#[tokio::test]
+async fn the_copies_under_a_listeners_hostname_keep_to_its_scheme() {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let backend = web_backend().await;
+        let manifests = format!(
+            r#"{}
 # On the plain listener alone: plain HTTP logins go to https.
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
@@ -187,9 +199,7 @@ spec:
   parentRefs: [{{name: edge}}]
   rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
 "#,
-            class_and_backend(backend.http_addr()),
-            crt = indent(&pki.leaf_pem()),
-            key = indent(&pki.key_pem()),
+            plain_and_secure_gateway(backend.http_addr()),
         );
         let mut snapshot = Snapshot::default();
         manifest::load_into(&mut snapshot, &manifests, "web.yaml").expect("manifests parse");
@@ -231,26 +241,8 @@ spec:
 async fn a_route_also_on_a_named_listener_does_not_outrank_older_routes_for_any_host() {
     tokio::time::timeout(Duration::from_secs(20), async {
         let backend = web_backend().await;
-        let pki = cftunnel_testkit::pki::TestPki::for_names(&["foo.example.com"]).expect("pki");
         let manifests = format!(
             r#"{}
-apiVersion: v1
-kind: Secret
-metadata: {{name: foo-cert, namespace: web}}
-type: kubernetes.io/tls
-stringData:
-  tls.crt: |
-{crt}  tls.key: |
-{key}---
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{name: edge, namespace: web}}
-spec:
-  gatewayClassName: cf
-  listeners:
-  - {{name: plain, port: 80, protocol: HTTP}}
-  - {{name: secure, port: 443, protocol: HTTPS, hostname: foo.example.com, tls: {{certificateRefs: [{{name: foo-cert}}]}}}}
----
 # The older: on the plain listener alone, every plain request goes to https.
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
@@ -267,9 +259,7 @@ spec:
   parentRefs: [{{name: edge}}]
   rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
 "#,
-            class_and_backend(backend.http_addr()),
-            crt = indent(&pki.leaf_pem()),
-            key = indent(&pki.key_pem()),
+            plain_and_secure_gateway(backend.http_addr()),
         );
         let mut snapshot = Snapshot::default();
         manifest::load_into(&mut snapshot, &manifests, "web.yaml").expect("manifests parse");

@@ -54,8 +54,13 @@ async fn service(req: Request<Body>) -> Result<Response<TestBody>, Infallible> {
 }
 
 async fn serving(edge: &MockEdge, protocol: Protocol) -> ConnectorHandle {
-    let connector = cftunnel_tunnel::Connector::new(token(), options(edge, protocol, 1))
-        .expect("connector options are valid");
+    serving_with(edge, options(edge, protocol, 1)).await
+}
+
+/// [`serving`] with `opts`.
+async fn serving_with(edge: &MockEdge, opts: cftunnel_tunnel::ConnectorOptions) -> ConnectorHandle {
+    let connector =
+        cftunnel_tunnel::Connector::new(token(), opts).expect("connector options are valid");
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = cftunnel_tunnel::TunnelMetrics::register(&mut registry);
     let handle = connector
@@ -311,14 +316,7 @@ async fn a_bound_of_one_stream_still_carries_requests(protocol: Protocol) {
     let edge = MockEdge::start().await.unwrap();
     let mut opts = options(&edge, protocol, 1);
     opts.quic_max_streams = 1;
-    let connector = cftunnel_tunnel::Connector::new(token(), opts).expect("options are valid");
-    let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = cftunnel_tunnel::TunnelMetrics::register(&mut registry);
-    let handle = connector
-        .start(hyper::service::service_fn(service), metrics)
-        .expect("connector starts");
-    handle.wait_registered(1).await;
-    edge.wait_serving(1).await;
+    let handle = serving_with(&edge, opts).await;
     for _ in 0..3 {
         let req = Request::get("https://app.example.com/headers")
             .header("host", "app.example.com")

@@ -880,12 +880,6 @@ impl Reconciler {
                 continue;
             };
             let plane = PlaneKey::Dedicated(key.clone());
-            let slices: Vec<_> = snapshot
-                .endpoint_slices
-                .iter()
-                .filter(|s| serves(s, &key.namespace, &last.service))
-                .cloned()
-                .collect();
             // Its pods take a share of their tunnel's requests: while other planes serve that
             // tunnel, they get what those planes get (the union of the tunnel's routes, its
             // own left out), so no route deleted since stays reachable through them and no
@@ -903,7 +897,7 @@ impl Reconciler {
                     address: String::new(),
                     ready: false,
                     token: last.token.clone(),
-                    pods: push::pod_addresses(&slices, CONFIG_PORT_NAME),
+                    pods: plane_pods(snapshot, &key.namespace, &last.service),
                     service: ObjectKey::new(&key.namespace, &last.service),
                     // Nothing changed for its tunnel: its document stays as last written.
                     tunnel: None,
@@ -1177,13 +1171,7 @@ impl Reconciler {
         let tunnel = from_env("TUNNEL_TOKEN")
             .and_then(|t| t.parse::<cftunnel_config::Token>().ok())
             .map(|t| TunnelIdentity::of(&t));
-        let slices: Vec<_> = snapshot
-            .endpoint_slices
-            .iter()
-            .filter(|s| serves(s, &key.namespace, &names.service))
-            .cloned()
-            .collect();
-        for pod in push::pod_addresses(&slices, CONFIG_PORT_NAME) {
+        for pod in plane_pods(snapshot, &key.namespace, &names.service) {
             match push::served_document(pod, &token, self.options.push_timeout).await {
                 Ok(config) => {
                     tracing::info!(plane = %key, %pod, "read back the config the plane's pods serve");
@@ -1300,12 +1288,6 @@ impl Reconciler {
             .and_then(|s| s.ready_replicas)
             .unwrap_or(0)
             > 0;
-        let slices: Vec<_> = snapshot
-            .endpoint_slices
-            .iter()
-            .filter(|s| serves(s, &key.namespace, &names.service))
-            .cloned()
-            .collect();
         let api_token = match &config.spec.cloudflare_credentials_secret_ref {
             Some(r) => {
                 let key_name = r.key_or(DEFAULT_API_TOKEN_KEY);
@@ -1346,7 +1328,7 @@ impl Reconciler {
             address,
             ready,
             token: credentials.auth_token,
-            pods: push::pod_addresses(&slices, CONFIG_PORT_NAME),
+            pods: plane_pods(snapshot, &key.namespace, &names.service),
             service: ObjectKey::new(&key.namespace, &names.service),
             identity: Some(TunnelIdentity::of(&credentials.tunnel)),
             tunnel,
@@ -1919,6 +1901,17 @@ fn rendered_digest(plane: &render::DataPlane) -> Vec<u8> {
 }
 
 /// Whether `slice` lists the pods of Service `service` in `namespace`.
+/// The config-API addresses of the pods behind a plane's Service `namespace/service`.
+fn plane_pods(snapshot: &Snapshot, namespace: &str, service: &str) -> Vec<std::net::SocketAddr> {
+    let slices: Vec<_> = snapshot
+        .endpoint_slices
+        .iter()
+        .filter(|s| serves(s, namespace, service))
+        .cloned()
+        .collect();
+    push::pod_addresses(&slices, CONFIG_PORT_NAME)
+}
+
 fn serves(
     slice: &k8s_openapi::api::discovery::v1::EndpointSlice,
     namespace: &str,
@@ -1963,16 +1956,6 @@ fn shared_plane(
         tracing::warn!(secret = %shared.auth_secret, key = %shared.auth_key, "the shared plane's config-API token is missing; not pushing to it");
         return None;
     };
-    let slices: Vec<_> = snapshot
-        .endpoint_slices
-        .iter()
-        .filter(|s| {
-            s.metadata.namespace.as_deref() == Some(shared.service.namespace.as_str())
-                && s.labels().get("kubernetes.io/service-name") == Some(&shared.service.name)
-                && from_endpoint_controller(s)
-        })
-        .cloned()
-        .collect();
     // A class config may name the tunnel by id alone: its document is still written, and no
     // other plane is taken to share it.
     let identity = class_tunnel.or_else(|| class.tunnel_id.map(TunnelIdentity::named));
@@ -2000,7 +1983,7 @@ fn shared_plane(
         identity,
         ready: true,
         token,
-        pods: push::pod_addresses(&slices, CONFIG_PORT_NAME),
+        pods: plane_pods(snapshot, &shared.service.namespace, &shared.service.name),
         service: shared.service.clone(),
         tunnel,
     })
