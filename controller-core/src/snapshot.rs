@@ -34,6 +34,15 @@ pub const GATEWAY_CONFIG_KIND: &str = "GatewayConfig";
 /// before v1.5.
 pub const EXPERIMENTAL_GATEWAY_API_GROUP: &str = "gateway.networking.x-k8s.io";
 
+/// An object left out of a [`Snapshot`] because the controller could not read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreadableObject {
+    pub namespace: String,
+    pub name: String,
+    /// Why, as the decoder said.
+    pub error: String,
+}
+
 /// Everything the core reads: the objects as the API server returns them, shared with the
 /// watch caches that hold them (a round copies none).
 #[derive(Debug, Clone, Default)]
@@ -60,6 +69,9 @@ pub struct Snapshot {
     pub service_imports: Option<Vec<Arc<ServiceImport>>>,
     /// Read by [`crate::render::plan`]; the translation sees them through its plans.
     pub gateway_configs: Vec<Arc<GatewayConfig>>,
+    /// GatewayConfigs the controller could not read (left out of `gateway_configs`): a
+    /// Gateway naming one is told why, not that it does not exist.
+    pub unreadable_gateway_configs: Vec<UnreadableObject>,
     /// The class-level settings GatewayClasses name ([`crate::gateway_class_config`]).
     pub gateway_class_configs: Vec<Arc<GatewayClassConfig>>,
     /// Read by [`crate::render::plan`] for the tokens a `GatewayConfig` names, and by the

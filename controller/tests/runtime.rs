@@ -3244,10 +3244,16 @@ async fn a_gateway_config_the_controller_cannot_read_stops_no_other_tenant() {
             route_condition(&t.api, "tenant-a", "shop", "Accepted").filter(|c| c["status"] == "True")
         })
         .await;
-        eventually("the Gateway naming it refused", || {
+        let refused = eventually("the Gateway naming it refused", || {
             accepted(&t.api, "tenant-c", "third").filter(|c| c["reason"] == "InvalidParameters")
         })
         .await;
+        let message = refused["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("tenant-c/third-config")
+                && message.contains("cannot be read by this controller"),
+            "{message}"
+        );
 
         t.api.put(third_config("targetInflightPerPod: 50"));
         eventually("the Gateway accepted once it is fixed", || {

@@ -132,6 +132,12 @@ impl Default for RenderSettings {
 pub enum RenderError {
     #[error("GatewayConfig {namespace}/{name} (infrastructure.parametersRef) not found")]
     ConfigNotFound { namespace: String, name: String },
+    #[error("GatewayConfig {namespace}/{name} (infrastructure.parametersRef) cannot be read by this controller: {error}")]
+    ConfigUnreadable {
+        namespace: String,
+        name: String,
+        error: String,
+    },
     #[error("no proxy image: set spec.image of GatewayConfig {config} or the controller's --proxy-image")]
     NoImage { config: String },
     #[error("Secret {namespace}/{name} (spec.{field} of GatewayConfig {config}) does not exist")]

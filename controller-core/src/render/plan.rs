@@ -102,9 +102,20 @@ fn plan_one(
             c.metadata.namespace.as_deref() == Some(key.namespace.as_str())
                 && c.metadata.name.as_deref() == Some(config_name)
         })
-        .ok_or_else(|| RenderError::ConfigNotFound {
-            namespace: key.namespace.clone(),
-            name: config_name.to_owned(),
+        .ok_or_else(|| {
+            let (namespace, name) = (key.namespace.clone(), config_name.to_owned());
+            match snapshot
+                .unreadable_gateway_configs
+                .iter()
+                .find(|u| u.namespace == namespace && u.name == name)
+            {
+                Some(unreadable) => RenderError::ConfigUnreadable {
+                    namespace,
+                    name,
+                    error: unreadable.error.clone(),
+                },
+                None => RenderError::ConfigNotFound { namespace, name },
+            }
         })?;
     let access = config
         .spec

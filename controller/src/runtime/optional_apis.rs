@@ -161,7 +161,7 @@ pub static SERVICE_IMPORTS: OptionalApi<ServiceImport> = OptionalApi {
     required: false,
     install_hint: "backendRefs naming one are refused (InvalidKind) until the Multi-Cluster \
                    Services API is installed",
-    read: readable::<ServiceImport>,
+    read: readable_unnoted::<ServiceImport>,
 };
 
 /// The resource an optional API's cache holds the objects of now: `None` while none is served.
@@ -486,30 +486,87 @@ fn crd_names<K>(api: &OptionalApi<K>) -> String {
     names.join(" or ")
 }
 
-/// A watch event of `K`'s dynamic form, read as `K`. An object that does not read so is
-/// logged and left out: skipped in a list, and gone from the cache when it changes to such a
-/// form (its status is then left as it was).
-pub(super) fn readable<K>(event: watcher::Event<DynamicObject>) -> Option<watcher::Event<K>>
+/// The objects of one kind that this build cannot read, by namespace and name, with why:
+/// left out of the cache, and named to whatever refers to them.
+#[derive(Debug, Default)]
+pub struct Unreadable(std::sync::Mutex<std::collections::BTreeMap<(String, String), String>>);
+
+impl Unreadable {
+    fn note(&self, namespace: Option<String>, name: String, error: Option<String>) {
+        let Ok(mut objects) = self.0.lock() else {
+            return;
+        };
+        let key = (namespace.unwrap_or_default(), name);
+        match error {
+            Some(error) => {
+                objects.insert(key, error);
+            }
+            None => {
+                objects.remove(&key);
+            }
+        }
+    }
+
+    fn clear(&self) {
+        if let Ok(mut objects) = self.0.lock() {
+            objects.clear();
+        }
+    }
+
+    /// Every object noted, as `(namespace, name, why)`.
+    pub fn list(&self) -> Vec<(String, String, String)> {
+        self.0
+            .lock()
+            .map(|objects| {
+                objects
+                    .iter()
+                    .map(|((ns, name), why)| (ns.clone(), name.clone(), why.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// [`readable`] for a kind nothing names objects of to be told why they are missing.
+fn readable_unnoted<K>(event: watcher::Event<DynamicObject>) -> Option<watcher::Event<K>>
 where
     K: Resource<DynamicType = ()> + DeserializeOwned + Default,
 {
-    fn read<K>(object: DynamicObject) -> Option<K>
+    readable(event, &Unreadable::default())
+}
+
+/// A watch event of `K`'s dynamic form, read as `K`. An object that does not read so is
+/// logged, noted in `unreadable` and left out: skipped in a list, and gone from the cache when
+/// it changes to such a form (its status is then left as it was).
+pub(super) fn readable<K>(
+    event: watcher::Event<DynamicObject>,
+    unreadable: &Unreadable,
+) -> Option<watcher::Event<K>>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Default,
+{
+    fn read<K>(object: DynamicObject, unreadable: &Unreadable) -> Option<K>
     where
         K: Resource<DynamicType = ()> + DeserializeOwned,
     {
         let (namespace, name) = (object.namespace(), object.name_any());
-        object
-            .try_parse::<K>()
-            .map_err(|e| {
+        match object.try_parse::<K>() {
+            Ok(object) => {
+                unreadable.note(namespace, name, None);
+                Some(object)
+            }
+            Err(e) => {
                 tracing::warn!(
                     kind = %K::kind(&()),
-                    namespace = namespace.unwrap_or_default(),
+                    namespace = namespace.as_deref().unwrap_or_default(),
                     name,
                     error = %e,
                     "object unreadable by this build; left out"
                 );
-            })
-            .ok()
+                unreadable.note(namespace, name, Some(e.to_string()));
+                None
+            }
+        }
     }
     /// The cache forgets an object by its name: nothing else of it is needed.
     fn gone<K: Resource + Default>(metadata: ObjectMeta) -> watcher::Event<K> {
@@ -518,17 +575,24 @@ where
         watcher::Event::Delete(object)
     }
     Some(match event {
-        watcher::Event::Init => watcher::Event::Init,
+        // A new list: what it cannot read is noted again as it comes.
+        watcher::Event::Init => {
+            unreadable.clear();
+            watcher::Event::Init
+        }
         watcher::Event::InitDone => watcher::Event::InitDone,
-        watcher::Event::InitApply(o) => watcher::Event::InitApply(read(o)?),
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(read(o, unreadable)?),
         watcher::Event::Apply(o) => {
             let metadata = o.metadata.clone();
-            match read(o) {
+            match read(o, unreadable) {
                 Some(object) => watcher::Event::Apply(object),
                 None => gone(metadata),
             }
         }
-        watcher::Event::Delete(o) => gone(o.metadata),
+        watcher::Event::Delete(o) => {
+            unreadable.note(o.metadata.namespace.clone(), o.name_any(), None);
+            gone(o.metadata)
+        }
     })
 }
 

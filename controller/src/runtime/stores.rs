@@ -41,8 +41,9 @@ use crate::gateway_config::GatewayConfig;
 use crate::service_import::ServiceImport;
 use crate::translate::bundle_version::{is_gateway_api_crd, CRD_ACCESS};
 use crate::translate::{ObjectKey, Snapshot};
+use cftunnel_controller_core::snapshot::UnreadableObject;
 
-use super::optional_apis::{self, readable, ApiDiscovery, CrdTriggers, Served};
+use super::optional_apis::{self, readable, ApiDiscovery, CrdTriggers, Served, Unreadable};
 
 /// How long the Gateway API CRDs' first list may lag the other caches' before the controller
 /// reconciles without it. It feeds only GatewayClass `SupportedVersion` and needs an RBAC rule
@@ -80,6 +81,9 @@ pub struct Stores {
     pub services: Store<Service>,
     pub endpoint_slices: Store<EndpointSlice>,
     pub gateway_configs: Store<GatewayConfig>,
+    /// The GatewayConfigs left out of `gateway_configs` because this build cannot read them:
+    /// a Gateway naming one is told why.
+    pub unreadable_gateway_configs: Arc<Unreadable>,
     /// Gates readiness for `crd_wait` at most, as a cluster upgraded without its CRD has none.
     pub gateway_class_configs: Store<GatewayClassConfig>,
     /// Empty where the API server does not serve ServiceImport
@@ -189,6 +193,7 @@ impl Stores {
         fn watch_each<K>(
             client: &Client,
             config: watcher::Config,
+            unreadable: Arc<Unreadable>,
             changed: &Arc<Notify>,
             tasks: &mut JoinSet<()>,
         ) -> Store<K>
@@ -198,8 +203,8 @@ impl Stores {
         {
             let resource = ApiResource::erase::<K>(&());
             let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
-            let events =
-                watcher(api, config).try_filter_map(|event| future::ready(Ok(readable(event))));
+            let events = watcher(api, config)
+                .try_filter_map(move |event| future::ready(Ok(readable(event, &unreadable))));
             cache(events, Kept::Read, changed, tasks)
         }
         /// Caches `events`, keeping what `kept` says of them (retrying a failed watch with
@@ -274,25 +279,33 @@ impl Stores {
                     watcher::Event::Init | watcher::Event::InitDone => true,
                 })
             });
+        let unreadable_gateway_configs = Arc::new(Unreadable::default());
         Self {
-            gateway_classes: watch_each(client, all(), &changed, tasks),
-            gateways: watch_each(client, all(), &changed, tasks),
-            http_routes: watch_each(client, all(), &changed, tasks),
-            grpc_routes: watch_each(client, all(), &changed, tasks),
+            gateway_classes: watch_each(client, all(), Arc::default(), &changed, tasks),
+            gateways: watch_each(client, all(), Arc::default(), &changed, tasks),
+            http_routes: watch_each(client, all(), Arc::default(), &changed, tasks),
+            grpc_routes: watch_each(client, all(), Arc::default(), &changed, tasks),
             reference_grants: cache(reference_grants, Kept::Read, &changed, tasks),
             listener_sets: cache(listener_sets, Kept::Read, &changed, tasks),
             listener_set_resource,
-            backend_tls_policies: watch_each(client, all(), &changed, tasks),
+            backend_tls_policies: watch_each(client, all(), Arc::default(), &changed, tasks),
             config_maps: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
             namespaces: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
             services: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
             endpoint_slices: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
-            gateway_configs: watch_each(client, all(), &changed, tasks),
-            gateway_class_configs: watch_each(client, all(), &changed, tasks),
+            gateway_configs: watch_each(
+                client,
+                all(),
+                Arc::clone(&unreadable_gateway_configs),
+                &changed,
+                tasks,
+            ),
+            unreadable_gateway_configs,
+            gateway_class_configs: watch_each(client, all(), Arc::default(), &changed, tasks),
             service_imports: cache(service_imports, Kept::Read, &changed, tasks),
             service_imports_served,
-            access_policies: watch_each(client, all(), &changed, tasks),
-            external_backends: watch_each(client, all(), &changed, tasks),
+            access_policies: watch_each(client, all(), Arc::default(), &changed, tasks),
+            external_backends: watch_each(client, all(), Arc::default(), &changed, tasks),
             secrets: watch(
                 Api::all(client.clone()),
                 all().fields(NOT_HELM_RELEASES),
@@ -486,6 +499,16 @@ impl Stores {
             services: self.services.state(),
             endpoint_slices: self.endpoint_slices.state(),
             gateway_configs: self.gateway_configs.state(),
+            unreadable_gateway_configs: self
+                .unreadable_gateway_configs
+                .list()
+                .into_iter()
+                .map(|(namespace, name, error)| UnreadableObject {
+                    namespace,
+                    name,
+                    error,
+                })
+                .collect(),
             gateway_class_configs: self.gateway_class_configs.state(),
             service_imports: self
                 .service_imports_served
