@@ -1126,6 +1126,28 @@ async fn a_leader_whose_renewals_hang_stops_writing_until_they_are_answered() {
         let deployment = || api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge");
         eventually("the leader renders", deployment).await;
         assert!(leading().await);
+        // A pod of the plane that does not answer: the leader counts its failed pushes, by plane.
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+            l.local_addr().expect("addr").port()
+        };
+        api.put(config_slice(
+            "tenant-a",
+            "cf-proxy-edge-config",
+            closed,
+            false,
+        ));
+        let per_plane = || async {
+            let answer = support::request(health_addr, "GET", "/metrics", "controller", None, "")
+                .await
+                .expect("/metrics answers");
+            String::from_utf8_lossy(&answer.body).contains("{plane=\"tenant-a/edge\"}")
+        };
+        let by = Instant::now() + Duration::from_secs(10);
+        while !per_plane().await {
+            assert!(Instant::now() < by, "the leader reports the plane's pushes");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
 
         let hold = api.hold(|c| {
             c.method == "PUT"
@@ -1153,6 +1175,7 @@ async fn a_leader_whose_renewals_hang_stops_writing_until_they_are_answered() {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_eq!(api.writes_since(rv), Vec::<String>::new(), "no writes");
         assert!(!leading().await);
+        assert!(!per_plane().await, "a standby reports no plane's pushes");
 
         hold.release();
         eventually("the Deployment put back", deployment).await;

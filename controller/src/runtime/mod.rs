@@ -381,8 +381,10 @@ pub async fn run(
         let is_leading = *leading.borrow_and_update();
         health.leading.set(i64::from(is_leading));
         if !is_leading {
-            // A standby reports no failures: the leader does.
+            // A standby reports no failures, nor any plane's pushes: the leader does.
             health.push_failing_planes.set(0);
+            health.push_seconds.clear();
+            health.push_failures.clear();
             health.render_failing_gateways.set(0);
             health.tunnel_failing_planes.set(0);
             health.unreached_planes.set(0);
