@@ -255,7 +255,7 @@ impl Proxy {
                     "the request path has a `%` not followed by two hex digits\n",
                 ));
             }
-            if let Some(normal) = normalize_path(parts.uri.path()) {
+            if let Some(normal) = canonical_path(parts.uri.path()) {
                 let pq = match parts.uri.query() {
                     Some(q) => format!("{normal}?{q}"),
                     None => normal,
@@ -496,7 +496,22 @@ fn answer_locally(
 /// segments removed and repeated slashes merged (§5.2.4). Other percent-encodings, `%2F`
 /// among them, stay as sent: they do not name the same path. `None`: already canonical.
 pub fn normalize_path(path: &str) -> Option<String> {
-    let decoded = decode_unreserved(path);
+    // Decoding beside a `%` that starts no escape could make a new one: such a path keeps its
+    // escapes (the handler refuses it before it gets here).
+    let decoded = escapes_are_whole(path.as_bytes())
+        .then(|| decode_unreserved(path))
+        .flatten();
+    without_dot_segments(path, decoded)
+}
+
+/// [`normalize_path`] of a path whose every `%` starts an escape, as the handler has checked.
+fn canonical_path(path: &str) -> Option<String> {
+    without_dot_segments(path, decode_unreserved(path))
+}
+
+/// `path`, or `decoded` (`path` with escapes decoded, when any were), with `.` and `..`
+/// segments removed and repeated slashes merged; `None` when that changes nothing.
+fn without_dot_segments(path: &str, decoded: Option<String>) -> Option<String> {
     let path = match &decoded {
         Some(decoded) => decoded.as_str(),
         None if is_normal(path.as_bytes()) => return None,
@@ -542,13 +557,10 @@ pub fn escapes_are_whole(path: &[u8]) -> bool {
 }
 
 /// `path` with each percent-encoded unreserved character (letters, digits, `-._~`) written
-/// as itself; `None` when it has none, as nearly every path, or when a `%` starts no escape
-/// (decoding next to it could make a new one; the handler refuses such paths).
+/// as itself; `None` when it has none, as nearly every path. Every `%` of `path` must start
+/// an escape ([`escapes_are_whole`]): decoding beside one that does not could make a new one.
 fn decode_unreserved(path: &str) -> Option<String> {
     let bytes = path.as_bytes();
-    if !escapes_are_whole(bytes) {
-        return None;
-    }
     let (mut at, mut byte) = unreserved_escape(bytes, 0)?;
     let mut out = String::with_capacity(path.len());
     let mut copied = 0;

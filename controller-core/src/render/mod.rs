@@ -53,6 +53,10 @@ pub use plan::{config_name, plan, Plans, Rendered};
 
 /// Label on every rendered object, valued with the Gateway's name (or its hashed short form).
 pub const GATEWAY_LABEL: &str = "cf.k8s.lex.la/gateway";
+/// The environment variable the proxy reads its connector token from.
+pub const TUNNEL_TOKEN_ENV: &str = "TUNNEL_TOKEN";
+/// The environment variable the proxy reads its config-API token from.
+pub const AUTH_TOKEN_ENV: &str = "PROXY_AUTH_TOKEN";
 /// Gateway API's well-known label naming the GatewayClass a Gateway's infrastructure was made
 /// for (GEP-1762).
 pub const CLASS_LABEL: &str = "gateway.networking.k8s.io/gateway-class-name";
@@ -761,8 +765,8 @@ fn pod_spec(
             image: Some(image),
             env: Some(
                 [
-                    from_secret("TUNNEL_TOKEN", &credentials.tunnel_ref),
-                    from_secret("PROXY_AUTH_TOKEN", &credentials.auth_ref),
+                    from_secret(TUNNEL_TOKEN_ENV, &credentials.tunnel_ref),
+                    from_secret(AUTH_TOKEN_ENV, &credentials.auth_ref),
                     env("PROXY_GRACE_PERIOD", &format!("{grace}s")),
                     env("PROXY_CONFIG_ADDR", &format!(":{CONFIG_PORT}")),
                 ]

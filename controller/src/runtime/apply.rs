@@ -524,8 +524,29 @@ pub async fn remove_plane(
     Ok(deleted)
 }
 
-/// The environment variable the proxy reads its connector token from.
-pub const TUNNEL_TOKEN_ENV: &str = "TUNNEL_TOKEN";
+pub use crate::render::TUNNEL_TOKEN_ENV;
+
+/// The Secret key `var` of the first container of `deployment`'s pods that reads `var` from a
+/// Secret.
+pub(super) fn env_secret_ref<'a>(
+    deployment: &'a Deployment,
+    var: &str,
+) -> Option<&'a SecretKeySelector> {
+    deployment
+        .spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .flat_map(|c| c.env.iter().flatten())
+        .find(|e| e.name == var)?
+        .value_from
+        .as_ref()?
+        .secret_key_ref
+        .as_ref()
+}
 
 /// Whether the pods of `live`, the shared pool's Deployment, take the connector token of
 /// Secret `secret.0` key `secret.1` whose digest is `value`: its pod-template annotation `key`

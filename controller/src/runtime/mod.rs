@@ -1149,28 +1149,15 @@ impl Reconciler {
         })?;
         // What the pods read from the environment the Deployment gives them.
         let from_env = |name: &str| {
-            let reference = deployment
-                .spec
-                .as_ref()?
-                .template
-                .spec
-                .as_ref()?
-                .containers
-                .iter()
-                .flat_map(|c| c.env.iter().flatten())
-                .find(|e| e.name == name)?
-                .value_from
-                .as_ref()?
-                .secret_key_ref
-                .as_ref()?;
+            let reference = apply::env_secret_ref(deployment, name)?;
             secret_text(
                 snapshot,
                 &ObjectKey::new(&key.namespace, &reference.name),
                 &reference.key,
             )
         };
-        let token = from_env("PROXY_AUTH_TOKEN")?;
-        let tunnel = from_env("TUNNEL_TOKEN")
+        let token = from_env(render::AUTH_TOKEN_ENV)?;
+        let tunnel = from_env(render::TUNNEL_TOKEN_ENV)
             .and_then(|t| t.parse::<cftunnel_config::Token>().ok())
             .map(|t| TunnelIdentity::of(&t));
         for pod in plane_pods(snapshot, &key.namespace, &names.service) {
@@ -1630,25 +1617,9 @@ impl Reconciler {
         };
         // An apply still running would put back what is removed.
         self.applies.abort(uid);
-        let here = |meta: &kube::api::ObjectMeta, name: &str| {
-            meta.namespace.as_deref() == Some(key.namespace.as_str())
-                && meta.name.as_deref() == Some(name)
-        };
-        let owned = |meta: &kube::api::ObjectMeta, name: &str| {
-            here(meta, name)
-                && apply::controlled_by(meta.owner_references.as_deref().unwrap_or_default(), uid)
-        };
-        let had_plane = deployments.iter().any(|d| {
-            d.metadata.namespace.as_deref() == Some(key.namespace.as_str())
-                && d.labels().get(GATEWAY_LABEL) == Some(&names.gateway_label)
-        }) || snapshot
-            .services
-            .iter()
-            .any(|s| owned(&s.metadata, &names.service))
-            || snapshot
-                .secrets
-                .iter()
-                .any(|s| owned(&s.metadata, &names.auth_secret))
+        let had_plane = plane_objects(&key.namespace, uid, &names, snapshot, deployments)
+            .next()
+            .is_some()
             || watched.has(
                 PlaneObject::NetworkPolicy,
                 &key.namespace,
@@ -1685,38 +1656,8 @@ fn rendered_for_our_class(
     ) else {
         return true;
     };
-    let owned = |meta: &kube::api::ObjectMeta, name: &str| {
-        meta.namespace.as_deref() == Some(namespace)
-            && meta.name.as_deref() == Some(name)
-            && apply::controlled_by(meta.owner_references.as_deref().unwrap_or_default(), uid)
-    };
-    let class = |meta: &kube::api::ObjectMeta| {
-        meta.labels
-            .as_ref()
-            .and_then(|l| l.get(CLASS_LABEL))
-            .cloned()
-    };
-    let mut classes = deployments
-        .iter()
-        .filter(|d| {
-            d.metadata.namespace.as_deref() == Some(namespace)
-                && d.labels().get(GATEWAY_LABEL) == Some(&names.gateway_label)
-        })
-        .filter_map(|d| class(&d.metadata))
-        .chain(
-            snapshot
-                .services
-                .iter()
-                .filter(|s| owned(&s.metadata, &names.service))
-                .filter_map(|s| class(&s.metadata)),
-        )
-        .chain(
-            snapshot
-                .secrets
-                .iter()
-                .filter(|s| owned(&s.metadata, &names.auth_secret))
-                .filter_map(|s| class(&s.metadata)),
-        )
+    let mut classes = plane_objects(namespace, uid, &names, snapshot, deployments)
+        .filter_map(|meta| meta.labels.as_ref()?.get(CLASS_LABEL))
         .peekable();
     if classes.peek().is_none() {
         return true;
@@ -1728,6 +1669,41 @@ fn rendered_for_our_class(
             .find(|c| c.metadata.name.as_deref() == Some(class.as_str()))
             .is_none_or(|c| c.spec.controller_name == controller_name)
     })
+}
+
+/// The objects of the plane `names` of the Gateway `uid` in `namespace` that the caches hold:
+/// its Deployment (by its Gateway label), and its config Service and token Secret controlled
+/// by the Gateway.
+fn plane_objects<'a>(
+    namespace: &'a str,
+    uid: &'a str,
+    names: &'a PlaneNames,
+    snapshot: &'a Snapshot,
+    deployments: &'a [Deployment],
+) -> impl Iterator<Item = &'a kube::api::ObjectMeta> + 'a {
+    let owned = move |meta: &kube::api::ObjectMeta, name: &str| {
+        meta.namespace.as_deref() == Some(namespace)
+            && meta.name.as_deref() == Some(name)
+            && apply::controlled_by(meta.owner_references.as_deref().unwrap_or_default(), uid)
+    };
+    let deployments = deployments
+        .iter()
+        .filter(move |d| {
+            d.metadata.namespace.as_deref() == Some(namespace)
+                && d.labels().get(GATEWAY_LABEL) == Some(&names.gateway_label)
+        })
+        .map(|d| &d.metadata);
+    let services = snapshot
+        .services
+        .iter()
+        .map(|s| &s.metadata)
+        .filter(move |m| owned(m, &names.service));
+    let secrets = snapshot
+        .secrets
+        .iter()
+        .map(|s| &s.metadata)
+        .filter(move |m| owned(m, &names.auth_secret));
+    deployments.chain(services).chain(secrets)
 }
 
 /// Applies a plane rendered for Gateway `gw` ([`Reconciler::apply_dedicated`]): with a
@@ -1902,7 +1878,6 @@ fn rendered_digest(plane: &render::DataPlane) -> Vec<u8> {
         .to_vec()
 }
 
-/// Whether `slice` lists the pods of Service `service` in `namespace`.
 /// The config-API addresses of the pods behind a plane's Service `namespace/service`.
 fn plane_pods(snapshot: &Snapshot, namespace: &str, service: &str) -> Vec<std::net::SocketAddr> {
     let slices: Vec<_> = snapshot
@@ -1914,6 +1889,7 @@ fn plane_pods(snapshot: &Snapshot, namespace: &str, service: &str) -> Vec<std::n
     push::pod_addresses(&slices, CONFIG_PORT_NAME)
 }
 
+/// Whether `slice` lists the pods of Service `service` in `namespace`.
 fn serves(
     slice: &k8s_openapi::api::discovery::v1::EndpointSlice,
     namespace: &str,
