@@ -143,6 +143,15 @@ fn indent(text: &str) -> String {
     text.lines().map(|l| format!("    {l}\n")).collect()
 }
 
+/// The config the plane of Gateway `web/edge` gets from `manifests`.
+fn edge_config(manifests: &str) -> cftunnel_config::Config {
+    let mut snapshot = Snapshot::default();
+    manifest::load_into(&mut snapshot, manifests, "web.yaml").expect("manifests parse");
+    let mut output = translate::translate(&snapshot, &Options::default());
+    let plane = output.planes[&ObjectKey::new("web", "edge")].clone();
+    output.configs.remove(&plane).expect("the plane's config")
+}
+
 /// The class and backend, and Gateway `web/edge` with listener `plain` (HTTP, any host) and
 /// `secure` (HTTPS, `foo.example.com`, its certificate in Secret `foo-cert`); ends with `---`.
 fn plain_and_secure_gateway(backend: SocketAddr) -> String {
@@ -201,12 +210,9 @@ spec:
 "#,
             plain_and_secure_gateway(backend.http_addr()),
         );
-        let mut snapshot = Snapshot::default();
-        manifest::load_into(&mut snapshot, &manifests, "web.yaml").expect("manifests parse");
-        let output = translate::translate(&snapshot, &Options::default());
-        let plane = &output.planes[&ObjectKey::new("web", "edge")];
+        let config = edge_config(&manifests);
         // The copy under the secure listener's hostname asks for its scheme alone.
-        let copy = output.configs[plane]
+        let copy = config
             .rules
             .iter()
             .find(|r| r.name.as_deref() == Some("web/app/0") && !r.hostnames.is_empty())
@@ -216,7 +222,7 @@ spec:
             (header.name.as_str(), header.value.as_str()),
             ("X-Forwarded-Proto", "https")
         );
-        let proxy = Server::start(ServerOptions::default(), Some(output.configs[plane].clone()))
+        let proxy = Server::start(ServerOptions::default(), Some(config))
             .await
             .expect("the proxy starts");
         let at = proxy.data_addr();
@@ -261,11 +267,7 @@ spec:
 "#,
             plain_and_secure_gateway(backend.http_addr()),
         );
-        let mut snapshot = Snapshot::default();
-        manifest::load_into(&mut snapshot, &manifests, "web.yaml").expect("manifests parse");
-        let output = translate::translate(&snapshot, &Options::default());
-        let plane = &output.planes[&ObjectKey::new("web", "edge")];
-        let config = &output.configs[plane];
+        let config = &edge_config(&manifests);
         let for_any_host = |name: &str| {
             config
                 .rules
