@@ -6,16 +6,18 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_lc_rs::digest;
 use bytes::Bytes;
 use cftunnel_config::{Config, Rule};
-use futures_util::StreamExt;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::StatusCode;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::{AbortHandle, JoinError, JoinSet};
 use tracing::Instrument as _;
 
 use crate::translate::PlaneKey;
@@ -26,7 +28,10 @@ pub const DEFAULT_SUSTAINED_AFTER: u32 = 3;
 /// rounds follow changes anywhere in the cluster, so a pod that takes seconds to start can
 /// fail several rounds within a second.
 pub const DEFAULT_SUSTAINED_FOR: Duration = Duration::from_secs(30);
-/// Planes pushed to at once.
+/// How long a round waits for the pushes it starts before it goes on without them: pushes
+/// to pods that answer take milliseconds.
+pub const ROUND_WAIT: Duration = Duration::from_secs(1);
+/// Planes pushed to at once; the pushes of others wait for a turn.
 const CONCURRENT_PLANES: usize = 32;
 /// Longest answer read from a pod (the proxy answers with small JSON objects).
 const MAX_ANSWER: usize = 64 * 1024;
@@ -81,6 +86,13 @@ pub struct PlaneOutcome {
     pub sustained_failure: bool,
     /// How long the plane's pushes took this round, all pods and re-pushes included.
     pub duration: std::time::Duration,
+    /// Returned before: the plane's next push still runs, and this is the last one's outcome
+    /// again. Count and log an outcome only once.
+    pub repeated: bool,
+    /// Of a push of an earlier round's document, which differs from this round's: the pods
+    /// hold that one (or failed to take it), and the next push runs. Its refusals are placed
+    /// in this round's document, leaving out rules it no longer has.
+    pub stale: bool,
 }
 
 impl PlaneOutcome {
@@ -96,6 +108,11 @@ impl PlaneOutcome {
 struct PlaneState {
     version: i64,
     digest: Vec<u8>,
+    /// The document and rules `digest` was taken of: an unchanged document is not encoded
+    /// and hashed again every round.
+    digested: Option<(Arc<Config>, Vec<usize>)>,
+    /// The round's document as last given, kept so an unchanged one is not copied again.
+    input: Option<Arc<Config>>,
     failed_rounds: u32,
     /// When the plane's current run of failed rounds began.
     failing_since: Option<std::time::Instant>,
@@ -107,6 +124,22 @@ struct PlaneState {
     previous_token: Option<String>,
     /// Rules a pod refused, by content, while that pod is one of the plane's.
     refusals: Vec<Refusal>,
+}
+
+impl PlaneState {
+    fn new(version: i64, token: &str) -> Self {
+        Self {
+            version,
+            digest: Vec::new(),
+            digested: None,
+            input: None,
+            failed_rounds: 0,
+            failing_since: None,
+            token: token.to_owned(),
+            previous_token: None,
+            refusals: Vec::new(),
+        }
+    }
 }
 
 /// A remembered refusal: the rule as it was pushed, who refused it, why and when.
@@ -127,12 +160,64 @@ impl std::fmt::Debug for PlaneState {
     }
 }
 
-/// Keeps each plane's version and failure count between rounds.
+/// Keeps each plane's version and failure count between rounds, and the pushes still running.
+///
+/// Each plane's push runs as a task of its own. A round waits for the pushes it starts for a
+/// bounded time at most ([`Pusher::waiting_at_most`]); one still running then (a pod that
+/// accepts connections and never answers) goes on without holding up the round, and so every
+/// other plane's next push. Its outcome is reported by the first round after it finishes.
 #[derive(Debug)]
 pub struct Pusher {
-    planes: HashMap<PlaneKey, PlaneState>,
+    planes: HashMap<PlaneKey, Plane>,
+    running: JoinSet<Pushed>,
+    /// One permit per plane that may be pushed to at once.
+    turns: Arc<Semaphore>,
     timeout: Duration,
     sustained: Sustained,
+    /// How long a round waits for the pushes it starts; `None`: until they finish.
+    wait: Option<Duration>,
+    /// Told when a push the round stopped waiting for finishes.
+    wake: Option<Arc<Notify>>,
+}
+
+/// What the pusher holds of one plane.
+#[derive(Debug, Default)]
+struct Plane {
+    /// Between pushes; `None` while one runs (its task holds it).
+    state: Option<PlaneState>,
+    running: Option<Running>,
+    /// The last push that finished, for the rounds that find the next one still running.
+    last: Option<Finished>,
+}
+
+#[derive(Debug)]
+struct Running {
+    id: tokio::task::Id,
+    abort: AbortHandle,
+    /// [`DONE`] and [`DETACHED`].
+    flags: Arc<AtomicU8>,
+}
+
+/// Set by a push's task as it finishes.
+const DONE: u8 = 1;
+/// Set once the round stops waiting for the push: from then on its end wakes the loop.
+const DETACHED: u8 = 2;
+
+#[derive(Debug)]
+struct Finished {
+    outcome: PlaneOutcome,
+    /// The document the push was given: its refusals are placed by position in it.
+    config: Arc<Config>,
+    /// Whether a round has returned it already.
+    reported: bool,
+}
+
+/// What a push's task hands back.
+struct Pushed {
+    plane: PlaneKey,
+    state: PlaneState,
+    outcome: PlaneOutcome,
+    config: Arc<Config>,
 }
 
 /// When a plane's failing pushes are reported: after `rounds` failed rounds in a row that
@@ -152,21 +237,34 @@ impl Default for Pusher {
 impl Pusher {
     /// `timeout` bounds each request to a pod; `sustained_after` is the number of failed rounds
     /// in a row that makes a failure sustained (however short a time they took; see
-    /// [`Pusher::failing_for`]).
+    /// [`Pusher::failing_for`]). Rounds wait for their pushes to finish (see
+    /// [`Pusher::waiting_at_most`]).
     pub fn new(timeout: Duration, sustained_after: u32) -> Self {
         Self {
             planes: HashMap::new(),
+            running: JoinSet::new(),
+            turns: Arc::new(Semaphore::new(CONCURRENT_PLANES)),
             timeout,
             sustained: Sustained {
                 rounds: sustained_after.max(1),
                 lasting: Duration::ZERO,
             },
+            wait: None,
+            wake: None,
         }
     }
 
     /// A failure counts as sustained only once its failed rounds have lasted `lasting` too.
     pub fn failing_for(mut self, lasting: Duration) -> Self {
         self.sustained.lasting = lasting;
+        self
+    }
+
+    /// A round waits at most `wait` for the pushes it starts; `wake` is told when one it
+    /// stopped waiting for finishes, so a round reports it.
+    pub fn waiting_at_most(mut self, wait: Duration, wake: Arc<Notify>) -> Self {
+        self.wait = Some(wait);
+        self.wake = Some(wake);
         self
     }
 
@@ -193,59 +291,152 @@ impl Pusher {
                 failed_rounds: 0,
                 sustained_failure: false,
                 duration: std::time::Duration::ZERO,
+                repeated: false,
+                stale: false,
             },
             |(_, outcome)| outcome,
         )
     }
 
     /// [`Pusher::sync`] for several planes at once: a plane whose pods time out does not hold
-    /// up the others.
+    /// up the others. A plane whose push from an earlier round still runs is not pushed again
+    /// until it finishes; meanwhile its last outcome is returned, marked
+    /// [`PlaneOutcome::repeated`] once reported (a plane with none yet is left out).
     pub async fn sync_all(&mut self, rounds: Vec<PlaneRound<'_>>) -> Vec<(PlaneKey, PlaneOutcome)> {
         let now = wall_clock_ms();
-        let work: Vec<_> = rounds
-            .into_iter()
-            .map(|round| {
-                let state = self.planes.remove(&round.plane);
-                let (timeout, sustained) = (self.timeout, self.sustained);
-                async move {
-                    let span = tracing::info_span!(
-                        "config.push",
-                        otel.status_code = tracing::field::Empty,
-                        otel.status_description = tracing::field::Empty,
-                        cftunnel.plane = %round.plane,
-                        cftunnel.pods = count(round.pods.len()),
-                        cftunnel.config_version = tracing::field::Empty,
-                        cftunnel.pods_pushed = tracing::field::Empty,
-                        cftunnel.pods_failed = tracing::field::Empty,
-                    );
-                    let started = std::time::Instant::now();
-                    let (state, mut outcome) = sync_plane(state, &round, now, timeout, sustained)
-                        .instrument(span.clone())
-                        .await;
-                    outcome.duration = started.elapsed();
-                    record_outcome(&span, &outcome);
-                    (round.plane, state, outcome)
+        if self.wait.is_none() {
+            while let Some(done) = self.running.join_next_with_id().await {
+                self.settle(done);
+            }
+        }
+        while let Some(done) = self.running.try_join_next_with_id() {
+            self.settle(done);
+        }
+        let mut waiting = std::collections::HashSet::new();
+        let mut started = std::collections::HashSet::new();
+        for round in &rounds {
+            let plane = self.planes.entry(round.plane.clone()).or_default();
+            if plane.running.is_some() {
+                continue;
+            }
+            let state = plane
+                .state
+                .take()
+                .unwrap_or_else(|| PlaneState::new(now, round.token));
+            let config = match &state.input {
+                Some(config) if **config == *round.config => Arc::clone(config),
+                _ => Arc::new(round.config.clone()),
+            };
+            let owned = OwnedRound {
+                plane: round.plane.clone(),
+                config,
+                token: round.token.to_owned(),
+                pods: round.pods.to_vec(),
+            };
+            // Made here, so it is a child of the caller's span.
+            let span = tracing::info_span!(
+                "config.push",
+                otel.status_code = tracing::field::Empty,
+                otel.status_description = tracing::field::Empty,
+                cftunnel.plane = %round.plane,
+                cftunnel.pods = count(round.pods.len()),
+                cftunnel.config_version = tracing::field::Empty,
+                cftunnel.pods_pushed = tracing::field::Empty,
+                cftunnel.pods_failed = tracing::field::Empty,
+            );
+            let flags = Arc::new(AtomicU8::new(0));
+            let push = push_plane(
+                owned,
+                state,
+                Push {
+                    now,
+                    timeout: self.timeout,
+                    sustained: self.sustained,
+                    flags: Arc::clone(&flags),
+                    wake: self.wake.clone(),
+                    turns: Arc::clone(&self.turns),
+                },
+            )
+            .instrument(span);
+            let abort = self.running.spawn(push);
+            waiting.insert(abort.id());
+            started.insert(&round.plane);
+            plane.running = Some(Running {
+                id: abort.id(),
+                abort,
+                flags,
+            });
+        }
+        let deadline = self.wait.map(|wait| tokio::time::Instant::now() + wait);
+        while !waiting.is_empty() {
+            let next = match deadline {
+                Some(at) => tokio::time::timeout_at(at, self.running.join_next_with_id())
+                    .await
+                    .ok()
+                    .flatten(),
+                None => self.running.join_next_with_id().await,
+            };
+            let Some(done) = next else { break };
+            waiting.remove(&self.settle(done));
+        }
+        if let Some(wake) = &self.wake {
+            for running in self.planes.values().filter_map(|p| p.running.as_ref()) {
+                // Finished between the wait's end and now: its outcome is for the next round.
+                if running.flags.fetch_or(DETACHED, Ordering::SeqCst) & DONE != 0 {
+                    wake.notify_one();
                 }
-            })
-            .collect();
-        // Unordered: a plane that times out does not keep the next ones from starting.
-        let mut done: Vec<(usize, _)> = futures_util::stream::iter(
-            work.into_iter()
-                .enumerate()
-                .map(|(i, w)| async move { (i, w.await) })
-                .collect::<Vec<_>>(),
-        )
-        .buffer_unordered(CONCURRENT_PLANES)
-        .collect()
-        .await;
-        done.sort_by_key(|(i, _)| *i);
-        let done = done.into_iter().map(|(_, d)| d);
-        done.into_iter()
-            .map(|(plane, state, outcome)| {
-                self.planes.insert(plane.clone(), state);
-                (plane, outcome)
+            }
+        }
+        rounds
+            .iter()
+            .filter_map(|round| {
+                let plane = self.planes.get_mut(&round.plane)?;
+                let last = plane.last.as_mut()?;
+                let mut outcome = last.outcome.clone();
+                outcome.repeated = last.reported;
+                last.reported = true;
+                // Started this round and finished: it was given this round's document.
+                let this_rounds = started.contains(&round.plane) && plane.running.is_none();
+                if !this_rounds && *last.config != *round.config {
+                    outcome.stale = true;
+                    outcome.refused = placed_in(&outcome.refused, &last.config, round.config);
+                }
+                Some((round.plane.clone(), outcome))
             })
             .collect()
+    }
+
+    /// Takes back a push's task: the plane's state and outcome, or (the task panicked or was
+    /// aborted) nothing, so the plane starts afresh. Returns the task's id.
+    fn settle(&mut self, done: Result<(tokio::task::Id, Pushed), JoinError>) -> tokio::task::Id {
+        match done {
+            Ok((id, pushed)) => {
+                if let Some(plane) = self.planes.get_mut(&pushed.plane) {
+                    if plane.running.as_ref().is_some_and(|r| r.id == id) {
+                        plane.running = None;
+                        plane.state = Some(pushed.state);
+                        plane.last = Some(Finished {
+                            outcome: pushed.outcome,
+                            config: pushed.config,
+                            reported: false,
+                        });
+                    }
+                }
+                id
+            }
+            Err(e) => {
+                let id = e.id();
+                if e.is_panic() {
+                    tracing::error!(error = %e, "a config push failed unexpectedly");
+                }
+                for plane in self.planes.values_mut() {
+                    if plane.running.as_ref().is_some_and(|r| r.id == id) {
+                        plane.running = None;
+                    }
+                }
+                id
+            }
+        }
     }
 
     /// The planes pushed to so far and not yet dropped by [`Pusher::retain`].
@@ -253,10 +444,33 @@ impl Pusher {
         self.planes.keys()
     }
 
-    /// Keeps what is known of the planes `keep` accepts, drops the rest (planes that went away).
+    /// Keeps what is known of the planes `keep` accepts, drops the rest (planes that went away)
+    /// and stops their pushes.
     pub fn retain(&mut self, keep: impl Fn(&PlaneKey) -> bool) {
-        self.planes.retain(|plane, _| keep(plane));
+        self.planes.retain(|plane, state| {
+            let kept = keep(plane);
+            if let (false, Some(running)) = (kept, &state.running) {
+                running.abort.abort();
+            }
+            kept
+        });
     }
+}
+
+/// The refusals of an outcome taken against `was`, placed by position in `now` (a rule no
+/// longer in it is left out).
+fn placed_in(refused: &[RefusedRule], was: &Config, now: &Config) -> Vec<RefusedRule> {
+    refused
+        .iter()
+        .filter_map(|r| {
+            let rule = was.rules.get(r.rule)?;
+            let at = now.rules.iter().position(|x| x == rule)?;
+            Some(RefusedRule {
+                rule: at,
+                ..r.clone()
+            })
+        })
+        .collect()
 }
 
 /// What a plane's round came to, on its span: the version, the pods pushed and failed, and
@@ -293,24 +507,58 @@ pub struct PlaneRound<'a> {
     pub pods: &'a [SocketAddr],
 }
 
+/// A [`PlaneRound`] its task owns.
+struct OwnedRound {
+    plane: PlaneKey,
+    config: Arc<Config>,
+    token: String,
+    pods: Vec<SocketAddr>,
+}
+
+/// The settings a push's task runs with.
+struct Push {
+    /// The wall clock at the round's start, in milliseconds: a new plane's first version.
+    now: i64,
+    timeout: Duration,
+    sustained: Sustained,
+    flags: Arc<AtomicU8>,
+    wake: Option<Arc<Notify>>,
+    turns: Arc<Semaphore>,
+}
+
+/// A plane's push, as its task runs it.
+async fn push_plane(round: OwnedRound, state: PlaneState, push: Push) -> Pushed {
+    let span = tracing::Span::current();
+    // Never closed; were it, the push would go ahead without a turn.
+    let _turn = push.turns.acquire().await.ok();
+    let started = std::time::Instant::now();
+    let (mut state, mut outcome) =
+        sync_plane(state, &round, push.now, push.timeout, push.sustained).await;
+    outcome.duration = started.elapsed();
+    record_outcome(&span, &outcome);
+    state.input = Some(Arc::clone(&round.config));
+    if push.flags.fetch_or(DONE, Ordering::SeqCst) & DETACHED != 0 {
+        if let Some(wake) = &push.wake {
+            wake.notify_one();
+        }
+    }
+    Pushed {
+        plane: round.plane,
+        state,
+        outcome,
+        config: round.config,
+    }
+}
+
 async fn sync_plane(
-    state: Option<PlaneState>,
-    round: &PlaneRound<'_>,
+    mut state: PlaneState,
+    round: &OwnedRound,
     now: i64,
     timeout: Duration,
     sustained: Sustained,
 ) -> (PlaneState, PlaneOutcome) {
-    let mut state = state.unwrap_or_else(|| PlaneState {
-        version: now,
-        digest: Vec::new(),
-        failed_rounds: 0,
-        failing_since: None,
-        token: round.token.to_owned(),
-        previous_token: None,
-        refusals: Vec::new(),
-    });
     if state.token != round.token {
-        state.previous_token = Some(std::mem::replace(&mut state.token, round.token.to_owned()));
+        state.previous_token = Some(std::mem::replace(&mut state.token, round.token.clone()));
     }
     // A refusal holds while the pod that refused stays, and for a while: a rollout (which
     // replaces that pod), or time, may bring a release that takes the rule. Pods that come and
@@ -326,23 +574,30 @@ async fn sync_plane(
     let mut passes = 0;
     let (version, pods, previous_needed) = loop {
         passes += 1;
-        let doc = Config {
+        let document = || Config {
             version: 0,
             rules: kept.iter().map(|&i| rules[i].clone()).collect(),
             has_grpc_route: round.config.has_grpc_route,
         };
-        let digest = config_digest(&doc);
-        if state.digest != digest {
-            state.version = state.version.saturating_add(1).max(now);
-            state.digest = digest;
+        let digested = state
+            .digested
+            .as_ref()
+            .is_some_and(|(config, of)| Arc::ptr_eq(config, &round.config) && *of == kept);
+        if !digested {
+            let digest = config_digest(&document());
+            if state.digest != digest {
+                state.version = state.version.saturating_add(1).max(now);
+                state.digest = digest;
+            }
+            state.digested = Some((Arc::clone(&round.config), kept.clone()));
         }
         let client = Client {
-            token: round.token,
+            token: &round.token,
             previous_token: state.previous_token.as_deref(),
             timeout,
         };
         let (version, outcomes, previous_needed) =
-            push_document(&client, &mut state.version, doc, round.pods).await;
+            push_document(&client, &mut state.version, document, &round.pods).await;
         let mut left_out = BTreeSet::new();
         let pods: Vec<(SocketAddr, PodOutcome)> = outcomes
             .into_iter()
@@ -412,13 +667,14 @@ enum Put {
     },
 }
 
-/// Pushes `doc` to every pod that lacks it; `version` is raised past any newer one a pod holds.
+/// Pushes the document `document` makes to every pod that lacks it; `version` is raised past
+/// any newer one a pod holds. The document is made and encoded only when some pod lacks it.
 /// Returns the version pushed, each pod's answer, and whether a pod still takes only the token
 /// before the last rotation.
 async fn push_document(
     client: &Client<'_>,
     version: &mut i64,
-    mut doc: Config,
+    document: impl FnOnce() -> Config,
     pods: &[SocketAddr],
 ) -> (i64, Vec<(SocketAddr, Put)>, bool) {
     let observed =
@@ -436,6 +692,19 @@ async fn push_document(
         .iter()
         .any(|v| matches!(v, Ok((_, token)) if *token != client.token));
     let version = *version;
+    let behind = |v: &Result<(i64, &str), String>| matches!(v, Ok((v, _)) if *v != version);
+    if !observed.iter().any(behind) {
+        let pods = pods
+            .iter()
+            .zip(observed)
+            .map(|(&pod, observed)| match observed {
+                Ok(_) => (pod, Put::Current),
+                Err(reason) => (pod, Put::Failed(reason)),
+            })
+            .collect();
+        return (version, pods, previous_needed);
+    }
+    let mut doc = document();
     doc.version = version;
     let body = match serde_json::to_vec(&doc) {
         Ok(body) => Bytes::from(body),
@@ -491,6 +760,8 @@ fn finish(
         failed_rounds: state.failed_rounds,
         sustained_failure: state.failed_rounds >= sustained.rounds && lasted,
         duration: std::time::Duration::ZERO,
+        repeated: false,
+        stale: false,
     }
 }
 

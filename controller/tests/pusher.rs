@@ -305,6 +305,97 @@ async fn a_plane_whose_pod_hangs_does_not_hold_up_the_others() {
     healthy.shutdown().await;
 }
 
+/// A listener that accepts connections and never answers, as a pod whose proxy is stuck.
+async fn never_answers() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            open.push(conn);
+        }
+    });
+    addr
+}
+
+/// A round that waits a bounded time for its pushes goes on without a stuck one, which runs on
+/// by itself, wakes the caller when it ends and is reported by the next round; a round that
+/// finds the plane's next push still running returns that outcome again, marked as seen, and
+/// as stale once the plane's document has changed.
+#[tokio::test]
+async fn a_stuck_push_goes_on_without_the_round_and_is_reported_by_a_later_one() {
+    use cftunnel_controller::push::PlaneRound;
+    let backend = echo().await;
+    let healthy = proxy().await;
+    let stuck_pods = [never_answers().await];
+    let healthy_pods = [healthy.admin_addr()];
+    let stuck = PlaneKey::Dedicated(ObjectKey::new("tenant-b", "stuck"));
+    let doc = config(backend.http_addr(), "app.example.com");
+    let changed = config(backend.http_addr(), "other.example.com");
+    let rounds = |stuck_doc| {
+        vec![
+            PlaneRound {
+                plane: stuck.clone(),
+                config: stuck_doc,
+                token: TOKEN,
+                pods: &stuck_pods,
+            },
+            PlaneRound {
+                plane: plane(),
+                config: &doc,
+                token: TOKEN,
+                pods: &healthy_pods,
+            },
+        ]
+    };
+    let wake = std::sync::Arc::new(tokio::sync::Notify::new());
+    let mut pusher = Pusher::new(Duration::from_secs(2), 3)
+        .waiting_at_most(Duration::from_millis(300), wake.clone());
+
+    let started = std::time::Instant::now();
+    let first = pusher.sync_all(rounds(&doc)).await;
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "the round waited {:?}",
+        started.elapsed()
+    );
+    // The stuck plane has no outcome yet; the healthy one was pushed to.
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(first[0].0, plane());
+    assert_eq!(first[0].1.pods[0].1, PodOutcome::Pushed);
+    assert_eq!(
+        get(healthy.data_addr(), "/", "app.example.com", None)
+            .await
+            .0,
+        200
+    );
+
+    // The stuck push ends at its timeout and says so.
+    tokio::time::timeout(Duration::from_secs(5), wake.notified())
+        .await
+        .expect("the end of the stuck push wakes the caller");
+    let second = pusher.sync_all(rounds(&doc)).await;
+    assert_eq!(second.len(), 2, "{second:?}");
+    let (plane_key, outcome) = &second[0];
+    assert_eq!(*plane_key, stuck);
+    assert!(
+        matches!(&outcome.pods[0].1, PodOutcome::Failed(r) if r.contains("no answer within")),
+        "{outcome:?}"
+    );
+    assert!(!outcome.repeated && !outcome.stale, "{outcome:?}");
+    assert_eq!(second[1].1.pods[0].1, PodOutcome::Current);
+
+    // Its next push is running: the round repeats the outcome, seen, and stale for a new
+    // document.
+    let third = pusher.sync_all(rounds(&changed)).await;
+    let outcome = &third[0].1;
+    assert!(outcome.repeated && outcome.stale, "{outcome:?}");
+    assert!(!third[1].1.repeated, "{third:?}");
+    healthy.shutdown().await;
+}
+
 /// Rounds follow changes anywhere in the cluster, so a pod that is still starting can fail
 /// several of them within a second: a failure counts as sustained only once its failed rounds
 /// have also lasted the time the pusher asks for.

@@ -1916,6 +1916,57 @@ async fn an_apply_that_hangs_holds_up_no_push_and_no_other_plane() {
     .expect("in time");
 }
 
+/// A pod that accepts connections and never answers, in another tenant's plane, holds up no
+/// tenant's route changes: a round waits for the pushes it starts only briefly, and the stuck
+/// one runs on by itself (here for far longer than the test).
+#[tokio::test]
+async fn a_pod_that_never_answers_holds_up_no_other_tenants_route_changes() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let hanging = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let hanging_port = hanging.local_addr().expect("addr").port();
+        let _held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((conn, _)) = hanging.accept().await {
+                open.push(conn);
+            }
+        });
+        let edge = proxy_pod("s3cr3t").await;
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    edge.admin_addr().port(),
+                    true,
+                ));
+                api.put(config_slice(
+                    "tenant-c",
+                    "cf-proxy-third-config",
+                    hanging_port,
+                    false,
+                ));
+            },
+            ApiServer::client,
+            |options| options.push_timeout = Duration::from_secs(120),
+        )
+        .await;
+        shop_serves(&edge, 200).await;
+        t.api.delete(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "tenant-a",
+            "shop",
+        );
+        shop_serves(&edge, 404).await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// A plane whose new render fails to apply is reported as it runs, not as the render would
 /// make it: with its connector token moved to another tunnel and the apply failing, its pods
 /// are still on the old tunnel, and its Gateway's address stays there until the apply lands.

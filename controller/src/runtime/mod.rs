@@ -671,7 +671,8 @@ impl Reconciler {
             push_seconds: health.push_seconds.clone(),
             push_failure_counts: health.push_failures.clone(),
             pusher: Pusher::new(options.push_timeout, options.sustained_after)
-                .failing_for(options.sustained_for),
+                .failing_for(options.sustained_for)
+                .waiting_at_most(push::ROUND_WAIT, Arc::clone(&wake)),
             client,
             options,
             recorder,
@@ -959,7 +960,8 @@ impl Reconciler {
             let PlaneKey::Dedicated(key) = plane else {
                 continue;
             };
-            if outcome.pods.is_empty() || !outcome.all_current() {
+            // What its pods hold is not this round's config (its next push still runs).
+            if outcome.pods.is_empty() || !outcome.all_current() || outcome.stale {
                 continue;
             }
             // A broken plane given its tunnel's routes holds those now.
@@ -1011,6 +1013,10 @@ impl Reconciler {
         self.refused_rules = refused_rules(&output, &outcomes);
         let mut newly_failed = BTreeSet::new();
         for (plane, outcome) in &outcomes {
+            // Its next push still runs: this one was counted when it came.
+            if outcome.repeated {
+                continue;
+            }
             let pushed = outcome
                 .pods
                 .iter()
