@@ -4,8 +4,9 @@
 //! listener stops accepting until one closes, so a flood waits in the kernel's backlog (and is
 //! refused beyond it) instead of taking file descriptors and memory without bound. A place is
 //! only worth bounding if it is given back: a connection that sends no request in time
-//! ([`Limits::header_read_timeout`]) or sits idle too long ([`Limits::idle_timeout`]) is
-//! closed, and an upgraded one keeps its place until its session ends.
+//! ([`Limits::header_read_timeout`]), sits idle too long ([`Limits::idle_timeout`]) or stops
+//! reading what it is sent ([`Limits::send_timeout`]) is closed, and an upgraded one keeps its
+//! place until its session ends.
 
 use crate::conn::ConnInfo;
 use crate::proxy::Proxy;
@@ -18,12 +19,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use std::convert::Infallible;
 use std::future::Future;
+use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
@@ -54,6 +57,11 @@ pub struct Limits {
     /// (HTTP/2 with a GOAWAY). HTTP/1.1 keep-alive connections are closed sooner when the
     /// head timeout is shorter. Requests in flight, however long, are never cut by it.
     pub idle_timeout: Duration,
+    /// A connection whose writes have been blocked this long (the client reads nothing of
+    /// what it is sent) is dropped with its requests: otherwise a client that stops reading
+    /// holds its backend connection, and a few hundred such clients a backend's whole pool.
+    /// A response that is merely slow to come from its backend is not cut by it.
+    pub send_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -66,6 +74,8 @@ impl Default for Limits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             // nginx's default `keepalive_timeout`.
             idle_timeout: Duration::from_secs(75),
+            // nginx's default `send_timeout`.
+            send_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -241,6 +251,7 @@ pub async fn serve(
         let deadlines = Deadlines {
             head: head_timeout,
             idle: limits.idle_timeout,
+            send: limits.send_timeout,
             drop_unserved: false,
         };
         tokio::spawn(async move {
@@ -254,7 +265,10 @@ pub async fn serve(
                     return;
                 }
             };
-            let io = TokioIo::new(stream);
+            let io = TokioIo::new(Watched {
+                stream,
+                activity: activity.clone(),
+            });
             let ended = match protocol {
                 Protocol::Http1 => {
                     let conn = builders.http1.serve_connection(io, service).with_upgrades();
@@ -298,6 +312,8 @@ struct Deadlines {
     head: Duration,
     /// After a request has ended.
     idle: Duration,
+    /// For a write the client does not read.
+    send: Duration,
     /// A connection with no request by `head` is dropped rather than asked to close.
     drop_unserved: bool,
 }
@@ -309,9 +325,9 @@ impl Deadlines {
     /// for another head timeout).
     fn http1(self) -> Self {
         Self {
-            head: self.head,
             idle: self.idle.min(self.head),
             drop_unserved: true,
+            ..self
         }
     }
 }
@@ -319,7 +335,7 @@ impl Deadlines {
 /// Runs a client connection until it ends, asking it to close (`closes`: HTTP/2 GOAWAY, or
 /// no keep-alive after the current response) when `close` flips or when it has nothing in
 /// flight past its deadline, and dropping it (`None`) if it is still open with nothing in
-/// flight `deadlines.head` after that.
+/// flight `deadlines.head` after that, or once its writes have been blocked `deadlines.send`.
 ///
 /// One timer per connection keeps every deadline: it is moved when it fires, never armed per
 /// request.
@@ -352,11 +368,18 @@ where
             }
             () = &mut check => {
                 let now = Instant::now();
+                // A client that reads nothing of what it is sent loses its requests.
+                let unread = activity.blocked_since().map(|since| since + deadlines.send);
+                if unread.is_some_and(|by| by <= now) {
+                    tracing::debug!("client read nothing it was sent within the send timeout: connection dropped");
+                    return None;
+                }
+                let busy_until = |later: Instant| unread.map_or(later, |by| by.min(later));
                 match activity.quiet_until(deadlines, closing) {
                     // Busy: looked at again later (a request that ends meanwhile moves the
                     // deadline to its end).
-                    None if closing.is_some() => check.as_mut().reset(now + head_timeout),
-                    None => check.as_mut().reset(now + deadlines.idle),
+                    None if closing.is_some() => check.as_mut().reset(busy_until(now + head_timeout)),
+                    None => check.as_mut().reset(busy_until(now + deadlines.idle)),
                     Some(at) if at > now => check.as_mut().reset(at),
                     // Asked to close and still open with nothing in flight: a peer that never
                     // acknowledges a GOAWAY, or never finishes a head, cannot keep it.
@@ -381,6 +404,9 @@ struct Activity {
     in_flight: AtomicUsize,
     /// When the last request ended, in milliseconds after `opened`, plus one; 0 before.
     idle_since: AtomicU64,
+    /// Since when writes to the client have been blocked, in milliseconds after `opened`,
+    /// plus one; 0 while they are not.
+    blocked_since: AtomicU64,
     /// The connection's place under the listener's limit, given back when the connection
     /// and any session upgraded from it (which holds this through a [`SessionHold`]) end.
     _permit: OwnedSemaphorePermit,
@@ -392,7 +418,29 @@ impl Activity {
             opened: Instant::now(),
             in_flight: AtomicUsize::new(0),
             idle_since: AtomicU64::new(0),
+            blocked_since: AtomicU64::new(0),
             _permit: permit,
+        }
+    }
+
+    /// Since when writes to the client have been blocked, if they are.
+    fn blocked_since(&self) -> Option<Instant> {
+        match self.blocked_since.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(self.opened + Duration::from_millis(ms - 1)),
+        }
+    }
+
+    /// Notes how a write to the client went: the clock is read only when one first blocks.
+    fn wrote<T>(&self, result: &Poll<T>) {
+        let blocked = self.blocked_since.load(Ordering::Relaxed) != 0;
+        match (result.is_pending(), blocked) {
+            (true, false) => {
+                let ms = u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+                self.blocked_since.store(ms + 1, Ordering::Relaxed);
+            }
+            (false, true) => self.blocked_since.store(0, Ordering::Relaxed),
+            _ => {}
         }
     }
 
@@ -444,6 +492,56 @@ impl Drop for Busy {
         let ms = u64::try_from(activity.opened.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
         activity.idle_since.store(ms + 1, Ordering::Relaxed);
         activity.in_flight.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// A client's socket, noting on its connection's [`Activity`] when writes to it block.
+struct Watched {
+    stream: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.activity.wrote(&result);
+        result
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.activity.wrote(&result);
+        result
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 

@@ -1001,3 +1001,70 @@ async fn http2_cookie_crumbs_reach_an_http1_backend_as_one_line() {
     .await
     .expect("test finished in time");
 }
+
+/// A client that stops reading its response is dropped once writes to it have been blocked
+/// for the send timeout, and the backend connection its request held is let go. A response
+/// that is merely slow to come from its backend is not cut by the same timeout.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_dropped_and_lets_the_backend_go() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let (gone_tx, mut gone) = tokio::sync::mpsc::unbounded_channel();
+        // `/endless` streams without end until the proxy lets it go, and says so; any other
+        // path waits 1.5 s, then answers.
+        let backend = scripted_backend(move |mut conn: tokio::net::TcpStream| {
+            let gone_tx = gone_tx.clone();
+            async move {
+                let head = read_head(&mut conn).await;
+                if !head.starts_with(b"GET /endless") {
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                    let _ = conn
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nslow")
+                        .await;
+                    return;
+                }
+                let head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+                if conn.write_all(head).await.is_err() {
+                    return;
+                }
+                let chunk = format!("10000\r\n{}\r\n", "x".repeat(0x10000));
+                while conn.write_all(chunk.as_bytes()).await.is_ok() {}
+                let _ = gone_tx.send(());
+            }
+        })
+        .await;
+        let proxy = proxy_with(ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            limits: cftunnel_proxy::serve::Limits {
+                idle_timeout: Duration::from_millis(200),
+                send_timeout: Duration::from_millis(500),
+                ..Default::default()
+            },
+            ..ServerOptions::default()
+        })
+        .await;
+        let http = client();
+        let doc = json!({"rules": [{"backends": [{"url": url(backend), "weight": 1}]}]});
+        assert_eq!(
+            push(&http, proxy.admin_addr(), &doc).await.status,
+            StatusCode::OK
+        );
+        let d = proxy.data_addr();
+
+        let slow = get(&http, d, "h", "/slow", &[]).await;
+        assert_eq!(slow.status, StatusCode::OK, "a slow answer is not cut");
+
+        let mut reader = tokio::net::TcpStream::connect(d).await.expect("connect");
+        reader
+            .write_all(b"GET /endless HTTP/1.1\r\nhost: h\r\n\r\n")
+            .await
+            .expect("request sent");
+        // It reads nothing; the proxy's writes to it block, and it is dropped.
+        tokio::time::timeout(Duration::from_secs(20), gone.recv())
+            .await
+            .expect("the backend connection is let go")
+            .expect("the backend says so");
+        drop(reader);
+    })
+    .await
+    .expect("test finished in time");
+}
