@@ -93,6 +93,10 @@ pub struct PlaneOutcome {
     /// hold that one (or failed to take it), and the next push runs. Its refusals are placed
     /// in this round's document, leaving out rules it no longer has.
     pub stale: bool,
+    /// A pod refused every config-API token the plane has (the current one, and the one
+    /// before the last rotation while it is known): it was started with another, and only a
+    /// restart onto the current one brings it back.
+    pub token_refused: bool,
 }
 
 impl PlaneOutcome {
@@ -293,6 +297,7 @@ impl Pusher {
                 duration: std::time::Duration::ZERO,
                 repeated: false,
                 stale: false,
+                token_refused: false,
             },
             |(_, outcome)| outcome,
         )
@@ -572,7 +577,7 @@ async fn sync_plane(
         .filter(|&i| !state.refusals.iter().any(|r| r.rule == rules[i]))
         .collect();
     let mut passes = 0;
-    let (version, pods, previous_needed) = loop {
+    let (version, pods, previous_needed, token_refused) = loop {
         passes += 1;
         let document = || Config {
             version: 0,
@@ -596,10 +601,10 @@ async fn sync_plane(
             previous_token: state.previous_token.as_deref(),
             timeout,
         };
-        let (version, outcomes, previous_needed) =
-            push_document(&client, &mut state.version, document, &round.pods).await;
+        let sent = push_document(&client, &mut state.version, document, &round.pods).await;
         let mut left_out = BTreeSet::new();
-        let pods: Vec<(SocketAddr, PodOutcome)> = outcomes
+        let pods: Vec<(SocketAddr, PodOutcome)> = sent
+            .puts
             .into_iter()
             .map(|(pod, put)| match put {
                 Put::Current => (pod, PodOutcome::Current),
@@ -623,7 +628,7 @@ async fn sync_plane(
             })
             .collect();
         if left_out.is_empty() {
-            break (version, pods, previous_needed);
+            break (sent.version, pods, sent.previous_needed, sent.token_refused);
         }
         tracing::warn!(
             plane = %round.plane,
@@ -647,6 +652,7 @@ async fn sync_plane(
         .collect();
     let mut outcome = finish(&mut state, sustained, version, pods);
     outcome.refused = refused;
+    outcome.token_refused = token_refused;
     // Every pod took the current token: the rollout is over, and the one before is
     // forgotten rather than offered to whatever answers at a pod's address later.
     if !previous_needed && outcome.all_current() {
@@ -667,16 +673,25 @@ enum Put {
     },
 }
 
+/// What [`push_document`] did.
+struct Sent {
+    /// The version pushed.
+    version: i64,
+    puts: Vec<(SocketAddr, Put)>,
+    /// A pod still takes only the token before the last rotation.
+    previous_needed: bool,
+    /// A pod refused every token the plane has.
+    token_refused: bool,
+}
+
 /// Pushes the document `document` makes to every pod that lacks it; `version` is raised past
 /// any newer one a pod holds. The document is made and encoded only when some pod lacks it.
-/// Returns the version pushed, each pod's answer, and whether a pod still takes only the token
-/// before the last rotation.
 async fn push_document(
     client: &Client<'_>,
     version: &mut i64,
     document: impl FnOnce() -> Config,
     pods: &[SocketAddr],
-) -> (i64, Vec<(SocketAddr, Put)>, bool) {
+) -> Sent {
     let observed =
         futures_util::future::join_all(pods.iter().map(|&pod| client.version(pod))).await;
     // A pod ahead of us holds a push from an earlier controller: go past it.
@@ -688,21 +703,28 @@ async fn push_document(
     {
         *version = ahead.saturating_add(1);
     }
-    let previous_needed = observed
-        .iter()
-        .any(|v| matches!(v, Ok((_, token)) if *token != client.token));
     let version = *version;
-    let behind = |v: &Result<(i64, &str), String>| matches!(v, Ok((v, _)) if *v != version);
+    let mut sent = Sent {
+        version,
+        puts: Vec::new(),
+        previous_needed: observed
+            .iter()
+            .any(|v| matches!(v, Ok((_, token)) if *token != client.token)),
+        token_refused: observed
+            .iter()
+            .any(|v| matches!(v, Err(u) if u.token_refused)),
+    };
+    let behind = |v: &Result<(i64, &str), Unreached>| matches!(v, Ok((v, _)) if *v != version);
     if !observed.iter().any(behind) {
-        let pods = pods
+        sent.puts = pods
             .iter()
             .zip(observed)
             .map(|(&pod, observed)| match observed {
                 Ok(_) => (pod, Put::Current),
-                Err(reason) => (pod, Put::Failed(reason)),
+                Err(unreached) => (pod, Put::Failed(unreached.reason)),
             })
             .collect();
-        return (version, pods, previous_needed);
+        return sent;
     }
     let mut doc = document();
     doc.version = version;
@@ -710,28 +732,28 @@ async fn push_document(
         Ok(body) => Bytes::from(body),
         Err(e) => {
             let reason = format!("encoding the config: {e}");
-            let pods = pods
+            sent.puts = pods
                 .iter()
                 .map(|&p| (p, Put::Failed(reason.clone())))
                 .collect();
-            return (version, pods, previous_needed);
+            return sent;
         }
     };
     let doc = &doc;
-    let outcomes =
+    sent.puts =
         futures_util::future::join_all(pods.iter().zip(observed).map(|(&pod, observed)| {
             let body = body.clone();
             async move {
                 let put = match observed {
                     Ok((v, _)) if v == version => Put::Current,
                     Ok((_, token)) => client.put(pod, body, token, doc).await,
-                    Err(reason) => Put::Failed(reason),
+                    Err(unreached) => Put::Failed(unreached.reason),
                 };
                 (pod, put)
             }
         }))
         .await;
-    (version, outcomes, previous_needed)
+    sent
 }
 
 fn finish(
@@ -762,6 +784,7 @@ fn finish(
         duration: std::time::Duration::ZERO,
         repeated: false,
         stale: false,
+        token_refused: false,
     }
 }
 
@@ -855,6 +878,22 @@ struct Client<'a> {
     timeout: Duration,
 }
 
+/// Why a pod's version could not be read.
+struct Unreached {
+    reason: String,
+    /// It refused every token the plane has.
+    token_refused: bool,
+}
+
+impl Unreached {
+    fn other(reason: String) -> Self {
+        Self {
+            reason,
+            token_refused: false,
+        }
+    }
+}
+
 #[derive(serde::Deserialize)]
 struct ConfigState {
     version: i64,
@@ -863,23 +902,28 @@ struct ConfigState {
 impl<'a> Client<'a> {
     /// The pod's version, and the token it takes: the current one, else the one before the
     /// last rotation.
-    async fn version(&self, pod: SocketAddr) -> Result<(i64, &'a str), String> {
+    async fn version(&self, pod: SocketAddr) -> Result<(i64, &'a str), Unreached> {
         let mut token = self.token;
         let (mut status, mut body) = self
             .call(pod, hyper::Method::GET, "/config", Bytes::new(), token)
-            .await?;
+            .await
+            .map_err(Unreached::other)?;
         if let (StatusCode::UNAUTHORIZED, Some(previous)) = (status, self.previous_token) {
             token = previous;
             (status, body) = self
                 .call(pod, hyper::Method::GET, "/config", Bytes::new(), token)
-                .await?;
+                .await
+                .map_err(Unreached::other)?;
         }
         if status != StatusCode::OK {
-            return Err(refusal("GET /config", status, &body));
+            return Err(Unreached {
+                reason: refusal("GET /config", status, &body),
+                token_refused: status == StatusCode::UNAUTHORIZED,
+            });
         }
         serde_json::from_slice::<ConfigState>(&body)
             .map(|s| (s.version, token))
-            .map_err(|e| format!("GET /config: unreadable answer: {e}"))
+            .map_err(|e| Unreached::other(format!("GET /config: unreadable answer: {e}")))
     }
 
     async fn put(&self, pod: SocketAddr, body: Bytes, token: &str, doc: &Config) -> Put {

@@ -4743,6 +4743,70 @@ async fn a_new_token_in_the_shared_pools_secret_rolls_the_pool() {
     .expect("in time");
 }
 
+/// The shared pool's config-API token was changed in its Secret outside Helm, and the
+/// controller that knew the token before is gone: the pool's pods, which read the token once
+/// at start, refuse every push. The controller rolls the pool onto the current token by
+/// stamping its digest on the pod template, and touches nothing else of the chart's Deployment.
+#[tokio::test]
+async fn a_pool_that_refuses_the_config_api_token_is_rolled_onto_it() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        const ANNOTATION: &str = "cf.k8s.lex.la/config-api-token-hash";
+        // Started with the token before the Secret's `pool-secret`.
+        let pool_pod = proxy_pod("old-pool-secret").await;
+        let echo = support::echo("tenant-s", "web-1").await;
+        let deployment = yaml(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: cftunnel-proxy, namespace: cftunnel-system, labels: {app.kubernetes.io/managed-by: Helm}}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app.kubernetes.io/name: cftunnel-proxy}}\n  template:\n    metadata:\n      labels: {app.kubernetes.io/name: cftunnel-proxy}\n      annotations: {checksum/config-api-token: abc}\n    spec: {containers: [{name: proxy, image: cftunnel-proxy:1}]}\n",
+        );
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                api.put(deployment);
+                for doc in shared_seed(pool_pod.admin_addr(), echo.http_addr()).split("\n---\n") {
+                    if !doc.trim().is_empty() {
+                        api.put(yaml(doc));
+                    }
+                }
+            },
+            ApiServer::client,
+            |options| {
+                options.shared = Some(SharedPlane {
+                    service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
+                    auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
+                    auth_key: "token".to_owned(),
+                    tunnel_secret: None,
+                    deployment: Some(ObjectKey::new("cftunnel-system", "cftunnel-proxy")),
+                });
+            },
+        )
+        .await;
+        let template = || {
+            t.api
+                .get("apps/v1", "Deployment", "cftunnel-system", "cftunnel-proxy")
+                .and_then(|d| d.pointer("/spec/template").cloned())
+                .expect("the pool's Deployment")
+        };
+        let before = template();
+        let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, b"pool-secret")
+            .as_ref()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>();
+        let after = eventually("the pool rolled onto the token", || {
+            let template = template();
+            (template["metadata"]["annotations"][ANNOTATION] == json!(digest)).then_some(template)
+        })
+        .await;
+        let mut unstamped = after.clone();
+        if let Some(a) = unstamped["metadata"]["annotations"].as_object_mut() {
+            a.remove(ANNOTATION);
+        }
+        assert_eq!(unstamped, before, "nothing else of the Deployment changes");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// A broken plane whose tunnel other planes serve gets what they get: the edge spreads the
 /// tunnel's requests over its pods too, so a route another tenant deletes stops being served
 /// through them, and its own routes, programmed nowhere, are not served there either.

@@ -68,6 +68,11 @@ pub const CREDENTIALS_HASH_ANNOTATION: &str = "cf.k8s.lex.la/credentials-hash";
 /// install and upgrade, the controller whenever the token's Secret changes: either rolls the
 /// pool onto the new token.
 pub const TUNNEL_TOKEN_HASH_ANNOTATION: &str = "cf.k8s.lex.la/tunnel-token-hash";
+/// Pod-template annotation of the shared pool's Deployment: the SHA-256 (hex) of the
+/// config-API token the controller pushes with, stamped when a pool pod refuses it. Pods read
+/// the token once, at start: after the Secret changed outside Helm they take only the token
+/// before, which a controller that took the lead since does not know, so the pool is rolled.
+pub const AUTH_TOKEN_HASH_ANNOTATION: &str = "cf.k8s.lex.la/config-api-token-hash";
 /// The metric the rendered autoscaler scales on unless `autoscaling.metricName` names another.
 pub const IN_FLIGHT_METRIC: &str = "cftunnel_proxy_requests_in_flight";
 /// The proxy's config API, health and metrics port (proxy contract).

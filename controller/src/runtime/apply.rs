@@ -573,6 +573,42 @@ pub fn pool_takes_token(
             .all(|v| reads_token(v, secret))
 }
 
+/// Rolls the shared pool's pods by stamping `value` on its pod template's annotation `key`,
+/// unless `live` (the Deployment as watched) holds it already. A merge patch of that one
+/// annotation, as `kubectl rollout restart` writes its own: the Deployment is the chart's.
+/// Returns whether it wrote.
+pub async fn roll_pool(
+    client: &Client,
+    deployment: &ObjectKey,
+    live: Option<&Deployment>,
+    key: &str,
+    value: &str,
+) -> Result<bool, String> {
+    let held = live
+        .and_then(|d| d.spec.as_ref())
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(key));
+    if live.is_none() || held.map(String::as_str) == Some(value) {
+        return Ok(false);
+    }
+    let patch = serde_json::json!({
+        "spec": {"template": {"metadata": {"annotations": {key: value}}}},
+    });
+    let api: Api<Deployment> = Api::namespaced(client.clone(), &deployment.namespace);
+    api.patch(
+        &deployment.name,
+        &PatchParams {
+            field_manager: Some(super::FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        },
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map_err(|e| format!("patching Deployment {deployment}: {e}"))?;
+    Ok(true)
+}
+
 /// Whether `var` reads key `secret.1` of Secret `secret.0`.
 fn reads_token(
     var: &k8s_openapi::api::core::v1::EnvVar,

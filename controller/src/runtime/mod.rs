@@ -1059,6 +1059,8 @@ impl Reconciler {
                 self.push_failures.remove(plane);
             }
         }
+        self.roll_pool_refusing_token(&outcomes, &planes, pool)
+            .await;
         // Series of planes that went away go with them.
         for plane in self.pusher.planes() {
             if !output.configs.contains_key(plane) {
@@ -1599,6 +1601,51 @@ impl Reconciler {
             }
             Err(reason) => {
                 tracing::warn!(%deployment, %reason, "pointing the shared pool at its tunnel token failed")
+            }
+        }
+    }
+
+    /// Rolls the shared pool when one of its pods refused the config-API token it is pushed
+    /// with: the pods read the token once, at start, and one whose Secret was changed outside
+    /// Helm takes only the token before, which the pushes no longer offer once the controller
+    /// that knew it is gone. Once per token: the stamp is its digest.
+    async fn roll_pool_refusing_token(
+        &self,
+        outcomes: &[(PlaneKey, push::PlaneOutcome)],
+        planes: &BTreeMap<PlaneKey, PlaneInfo>,
+        pool: Option<&Deployment>,
+    ) {
+        let refused = outcomes
+            .iter()
+            .any(|(plane, o)| *plane == PlaneKey::Shared && o.token_refused && !o.repeated);
+        let (Some(deployment), Some(info)) = (
+            self.options
+                .shared
+                .as_ref()
+                .and_then(|s| s.deployment.as_ref()),
+            planes.get(&PlaneKey::Shared),
+        ) else {
+            return;
+        };
+        if !refused {
+            return;
+        }
+        let digest = render::token_digest(&info.token);
+        match apply::roll_pool(
+            &self.client,
+            deployment,
+            pool,
+            render::AUTH_TOKEN_HASH_ANNOTATION,
+            &digest,
+        )
+        .await
+        {
+            Ok(true) => {
+                tracing::warn!(%deployment, "shared pool pods refuse the config-API token: rolling the pool onto it")
+            }
+            Ok(false) => {}
+            Err(reason) => {
+                tracing::warn!(%deployment, %reason, "rolling the shared pool onto its config-API token failed")
             }
         }
     }
