@@ -207,6 +207,11 @@ pub struct RunArgs {
     /// pool (its pods read the token at start).
     #[arg(long, requires = "shared_tunnel_secret")]
     pub shared_deployment: Option<GatewayName>,
+    /// A ConfigMap of the controller's namespace in which to list its Gateways and their
+    /// ListenerSets, for a hostname-ownership admission policy that judges only the routes
+    /// naming one (the chart's, whose parameter it is).
+    #[arg(long)]
+    pub ownership_parents_configmap: Option<String>,
     /// Seconds between rounds when nothing changes.
     #[arg(long, default_value_t = 30)]
     pub resync_seconds: u64,
@@ -348,6 +353,10 @@ impl RunArgs {
                 .map(str::trim)
                 .filter(|t| !t.is_empty())
                 .map(str::to_owned),
+            ownership_parents: self
+                .ownership_parents_configmap
+                .as_ref()
+                .map(|name| ObjectKey::new(&self.controller_namespace, name)),
             ..RuntimeOptions::default()
         })
     }

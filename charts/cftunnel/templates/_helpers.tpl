@@ -152,6 +152,27 @@ character; the chart's tests check that and evaluate it against the controller's
 !has(object.spec.hostnames) || object.spec.hostnames.all(h, has(namespaceObject.metadata.labels) && namespaceObject.metadata.labels.exists(k, k.startsWith('hostnames.cf.k8s.lex.la/') && namespaceObject.metadata.labels[k] == 'true' && (h == k.substring(24) || h.endsWith('.' + k.substring(24)))))
 {{- end -}}
 
+{{- /* The ConfigMap in which the controller lists its Gateways and their ListenerSets, the
+hostname-ownership admission policy's parameter; empty without that policy. */ -}}
+{{- define "cftunnel.ownershipParents" -}}
+{{- $own := .Values.controller.hostnameOwnership -}}
+{{- if $own.enabled -}}
+{{- if $own.admissionPolicy -}}
+{{- include "cftunnel.fullname" . }}-hostname-ownership
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Whether a route names a parent the controller listed in the policy's parameter (params, the
+ConfigMap above): the controller's `ownership_parents::ADMISSION_PARENTS_EXPRESSION`
+(controller/src/runtime/ownership_parents.rs), character for character; the chart's tests
+check that and evaluate it against the list the controller writes.
+*/}}
+{{- define "cftunnel.ownershipParentsExpression" -}}
+has(object.spec.parentRefs) && has(params.data) && has(params.data.parents) && object.spec.parentRefs.exists(p, ('\n' + params.data.parents).contains('\n' + (((!has(p.group) || p.group == 'gateway.networking.k8s.io') && (!has(p.kind) || p.kind == 'Gateway')) ? 'Gateway' : ((((!has(p.group) || p.group == 'gateway.networking.k8s.io') && has(p.kind) && p.kind == 'ListenerSet') || (has(p.group) && p.group == 'gateway.networking.x-k8s.io' && has(p.kind) && p.kind == 'XListenerSet')) ? 'ListenerSet' : '-')) + '/' + (has(p.namespace) ? p.namespace : request.namespace) + '/' + p.name + '\n'))
+{{- end -}}
+
 {{- /* The OTEL_* variables of tracing.* for a container; none while tracing.endpoint is empty.
 Resource attribute values are URL-encoded, as OTEL_RESOURCE_ATTRIBUTES requires. */ -}}
 {{- define "cftunnel.tracingEnv" -}}

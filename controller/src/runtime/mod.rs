@@ -19,6 +19,7 @@ mod drift;
 pub mod health;
 pub mod lease;
 pub mod optional_apis;
+pub mod ownership_parents;
 mod report;
 pub mod status;
 pub mod stores;
@@ -287,6 +288,9 @@ pub struct RuntimeOptions {
     /// How API discovery tells where ReferenceGrant, ListenerSet and ServiceImport are
     /// served: at start-up, when their CRDs change, and while a watch fails as not served.
     pub api_discovery: optional_apis::ApiDiscovery,
+    /// The ConfigMap listing this controller's parents for hostname-ownership admission
+    /// ([`ownership_parents`]); `None`: not listed.
+    pub ownership_parents: Option<ObjectKey>,
 }
 
 impl Default for RuntimeOptions {
@@ -305,6 +309,7 @@ impl Default for RuntimeOptions {
             lease: None,
             crd_wait: stores::CRD_WAIT,
             api_discovery: optional_apis::ApiDiscovery::default(),
+            ownership_parents: None,
         }
     }
 }
@@ -794,6 +799,9 @@ impl Reconciler {
             &plans,
             &mut cftunnel_config::valid::Cache::default(),
         );
+        if let Some(configmap) = &self.options.ownership_parents {
+            ownership_parents::sync(&self.client, configmap, snapshot, &output.statuses).await;
+        }
         let mut planes: BTreeMap<PlaneKey, PlaneInfo> = BTreeMap::new();
         let mut broken = Vec::new();
 

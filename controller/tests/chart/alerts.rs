@@ -36,15 +36,20 @@ evaluation_interval: 1m
 tests:
   - interval: 1m
     input_series:
-      - series: 'cftunnel_controller_leading{pod="controller-1"}'
+      - series: 'cftunnel_controller_leading{namespace="cf-system",app_kubernetes_io_instance="cf",pod="controller-1"}'
         values: '1x30'
-      - series: 'cftunnel_controller_rounds_total{pod="controller-1"}'
+      - series: 'cftunnel_controller_rounds_total{namespace="cf-system",app_kubernetes_io_instance="cf",pod="controller-1"}'
         values: '0+2x30'
-      - series: 'cftunnel_controller_push_failing_planes{pod="controller-1"}'
+      # Another release's controller, stalled and failing: not this release's alerts.
+      - series: 'cftunnel_controller_rounds_total{namespace="other",app_kubernetes_io_instance="cf",pod="controller-1"}'
+        values: '5x30'
+      - series: 'cftunnel_controller_render_failing_gateways{namespace="other",app_kubernetes_io_instance="cf",pod="controller-1"}'
+        values: '1x30'
+      - series: 'cftunnel_controller_push_failing_planes{namespace="cf-system",app_kubernetes_io_instance="cf",pod="controller-1"}'
         values: '0 0 1x28'
-      - series: 'cftunnel_controller_push_failures_total{pod="controller-1",plane="tenant-a/edge"}'
+      - series: 'cftunnel_controller_push_failures_total{namespace="cf-system",app_kubernetes_io_instance="cf",pod="controller-1",plane="tenant-a/edge"}'
         values: '0+3x30'
-      - series: 'cftunnel_controller_push_failures_total{pod="controller-1",plane="shared"}'
+      - series: 'cftunnel_controller_push_failures_total{namespace="cf-system",app_kubernetes_io_instance="cf",pod="controller-1",plane="shared"}'
         values: '5x30'
       - series: 'cftunnel_tunnel_connections{namespace="tenant-a",pod="edge-1",cf_k8s_lex_la_gateway="edge",protocol="quic"}'
         values: '4 4 0x28'
@@ -109,6 +114,9 @@ tests:
         alertname: CftunnelReconcileStalled
         exp_alerts: []
       - eval_time: 20m
+        alertname: CftunnelRenderFailing
+        exp_alerts: []
+      - eval_time: 20m
         alertname: CftunnelTunnelDegraded
         exp_alerts:
           - exp_labels: {severity: warning, team: edge, namespace: tenant-a, pod: edge-1}
@@ -129,6 +137,29 @@ tests:
           - exp_labels: {severity: warning, team: edge, namespace: tenant-a, hostname: shop.example.com}
             exp_annotations:
               summary: "shop.example.com: more than 5% of requests answered 5xx; cftunnel_proxy_backend_errors_total{reason} says why."
+  # Controllers of other releases lead (in another namespace, and in this one); this
+  # release's does not, then is not scraped at all.
+  - interval: 1m
+    input_series:
+      - series: 'cftunnel_controller_leading{namespace="other",app_kubernetes_io_instance="cf",pod="controller-1"}'
+        values: '1x30'
+      - series: 'cftunnel_controller_leading{namespace="cf-system",app_kubernetes_io_instance="edge",pod="edge-controller-1"}'
+        values: '1x30'
+      - series: 'cftunnel_controller_leading{namespace="cf-system",app_kubernetes_io_instance="cf",pod="controller-1"}'
+        values: '0x10'
+    alert_rule_test:
+      - eval_time: 5m
+        alertname: CftunnelNoLeader
+        exp_alerts:
+          - exp_labels: {severity: critical, team: edge}
+            exp_annotations:
+              summary: No cftunnel-controller replica leads; nothing is reconciled.
+      - eval_time: 25m
+        alertname: CftunnelNoLeader
+        exp_alerts:
+          - exp_labels: {severity: critical, team: edge, namespace: cf-system, app_kubernetes_io_instance: cf}
+            exp_annotations:
+              summary: No cftunnel-controller replica leads; nothing is reconciled.
 "#;
 
 #[test]
@@ -159,6 +190,81 @@ fn the_alerts_are_rules_prometheus_accepts_and_fire_as_documented() {
 }
 
 #[test]
+fn the_rule_comes_with_a_pod_monitor_scraping_this_releases_controllers_as_the_alerts_read_them() {
+    let Some(tools) = tools(
+        "the_rule_comes_with_a_pod_monitor_scraping_this_releases_controllers_as_the_alerts_read_them",
+    ) else {
+        return;
+    };
+    let name = super::controller_name(super::RELEASE);
+    for (file, overrides) in [
+        ("autoscaling-values.yaml", ""),
+        (
+            "default-values.yaml",
+            "controller: {podMonitor: {enabled: true}}",
+        ),
+    ] {
+        let rendered = render(tools, file, overrides);
+        let monitor = rendered.raw("PodMonitor", &name);
+        let spec = &monitor["spec"];
+        assert_eq!(
+            spec["namespaceSelector"]["matchNames"][0].as_str(),
+            Some(super::NAMESPACE)
+        );
+        // It selects the controller's pods, on the port that serves /metrics.
+        let controller: super::Deployment = rendered.one("Deployment", &name);
+        let pod = &controller.spec.as_ref().expect("a spec").template;
+        let pod_labels = pod
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.clone())
+            .expect("pod labels");
+        let selected = super::label_map(&spec["selector"]["matchLabels"]);
+        assert!(!selected.is_empty());
+        assert!(
+            selected.iter().all(|(k, v)| pod_labels.get(k) == Some(v)),
+            "{selected:?} of {pod_labels:?}"
+        );
+        assert_eq!(selected, super::selector_labels(&controller));
+        let endpoint = &spec["podMetricsEndpoints"][0];
+        assert_eq!(endpoint["path"].as_str(), Some("/metrics"));
+        let port = super::container(&controller)
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref() == endpoint["port"].as_str())
+            .unwrap_or_else(|| panic!("no container port {:?}", endpoint["port"]));
+        let run = super::controller_run(&controller);
+        assert_eq!(
+            run.health_addr.port(),
+            u16::try_from(port.container_port).expect("a port")
+        );
+        // The label the alerts select this release's series by is the pods' release name.
+        assert_eq!(
+            spec["podTargetLabels"][0].as_str(),
+            Some("app.kubernetes.io/instance")
+        );
+        assert_eq!(
+            pod_labels
+                .get("app.kubernetes.io/instance")
+                .map(String::as_str),
+            Some(super::RELEASE)
+        );
+    }
+    let rule = render(tools, "autoscaling-values.yaml", "");
+    let rule = rule.raw("PrometheusRule", super::RELEASE);
+    let no_leader = rule["spec"]["groups"][0]["rules"][0]["expr"]
+        .as_str()
+        .expect("an expression");
+    let selector = format!(
+        "{{namespace=\"{}\",app_kubernetes_io_instance=\"{}\"}}",
+        super::NAMESPACE,
+        super::RELEASE
+    );
+    assert_eq!(no_leader.matches(&selector).count(), 2, "{no_leader}");
+}
+
+#[test]
 fn no_rule_is_rendered_unless_asked_for() {
     let Some(tools) = tools("no_rule_is_rendered_unless_asked_for") else {
         return;
@@ -168,7 +274,7 @@ fn no_rule_is_rendered_unless_asked_for() {
         rendered
             .names()
             .iter()
-            .all(|n| !n.starts_with("PrometheusRule ")),
+            .all(|n| !n.starts_with("PrometheusRule ") && !n.starts_with("PodMonitor ")),
         "{:?}",
         rendered.names()
     );

@@ -2,7 +2,7 @@
 //! NetworkPolicies it and the chart render admit.
 
 use super::*;
-use cftunnel_controller::runtime::required_rbac;
+use cftunnel_controller::runtime::{ownership_parents, required_rbac};
 use cftunnel_controller::translate::ExternalNameBackends;
 use gateway_api::experimental::gatewayclasses::GatewayClass;
 use k8s_openapi::api::core::v1::ServiceAccount;
@@ -19,8 +19,14 @@ fn the_roles_grant_exactly_the_calls_the_runtime_makes_to_the_controllers_accoun
         let rendered = render(tools, &file, "");
         // What the controller the chart runs calls, with the switches the chart gives it.
         let controller: Deployment = rendered.one("Deployment", &controller_name(RELEASE));
-        let network_policy = options(&controller_run(&controller)).render.network_policy;
+        let run_options = options(&controller_run(&controller));
+        let network_policy = run_options.render.network_policy;
+        // Listing its parents for the admission policy, it writes that ConfigMap too.
+        let parents = run_options.ownership_parents.clone();
         let required: BTreeSet<(String, String, String)> = required_rbac(network_policy)
+            .into_iter()
+            .chain(parents.as_ref().map(|_| ownership_parents::RBAC))
+            .collect::<Vec<_>>()
             .iter()
             .flat_map(|(g, r, verbs)| {
                 verbs
@@ -70,11 +76,22 @@ fn the_roles_grant_exactly_the_calls_the_runtime_makes_to_the_controllers_accoun
                 vec![lease.clone()],
             )
         });
-        assert_eq!(
-            named,
-            BTreeSet::from(lease_calls),
-            "{file}: calls held to names"
-        );
+        // The ConfigMap calls name the one the chart renders, in the controller's namespace.
+        let mut held = BTreeSet::from(lease_calls);
+        if let Some(configmap) = &parents {
+            assert_eq!(configmap.namespace, NAMESPACE, "{file}");
+            rendered.one::<k8s_openapi::api::core::v1::ConfigMap>("ConfigMap", &configmap.name);
+            let (group, resource, verbs) = ownership_parents::RBAC;
+            for verb in verbs {
+                held.insert((
+                    group.to_owned(),
+                    resource.to_owned(),
+                    (*verb).to_owned(),
+                    vec![configmap.name.clone()],
+                ));
+            }
+        }
+        assert_eq!(named, held, "{file}: calls held to names");
         let missing: Vec<_> = required.difference(&granted).collect();
         let extra: Vec<_> = granted.difference(&required).collect();
         assert!(
@@ -515,4 +532,33 @@ fn the_monitoring_is_admitted_to_the_pools_and_planes_config_port_and_the_contro
     );
     let policy: NetworkPolicy = rendered.one("NetworkPolicy", &controller_name(RELEASE));
     assert_eq!(policy.spec.and_then(|s| s.ingress), Some(Vec::new()));
+}
+
+#[test]
+fn without_leader_election_a_rollout_stops_the_old_controller_before_starting_the_new() {
+    let Some(tools) =
+        tools("without_leader_election_a_rollout_stops_the_old_controller_before_starting_the_new")
+    else {
+        return;
+    };
+    let strategy = |overrides: &str| {
+        let rendered = render(tools, "default-values.yaml", overrides);
+        let controller: Deployment = rendered.one("Deployment", &controller_name(RELEASE));
+        assert_eq!(
+            options(&controller_run(&controller)).lease.is_some(),
+            overrides.is_empty(),
+            "{overrides:?}: the controller's election"
+        );
+        controller
+            .spec
+            .and_then(|s| s.strategy)
+            .and_then(|s| s.type_)
+    };
+    // A rolling update runs the new pod beside the old: two writers with nothing electing one.
+    assert_eq!(
+        strategy("controller: {leaderElection: false, replicas: 1}").as_deref(),
+        Some("Recreate")
+    );
+    // With an election the new pod waits for the Lease: a rolling update keeps one ready.
+    assert_eq!(strategy(""), None);
 }

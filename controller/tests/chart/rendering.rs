@@ -373,3 +373,114 @@ fn under_a_valid_fullname_override_any_release_name_renders_and_stays_a_string_i
         );
     }
 }
+
+#[test]
+fn an_autoscaler_floor_above_its_ceiling_fails_the_render_naming_both_values() {
+    let Some(tools) =
+        tools("an_autoscaler_floor_above_its_ceiling_fails_the_render_naming_both_values")
+    else {
+        return;
+    };
+    let (oldest, _) = kube_versions();
+    let release = |values| Release {
+        name: RELEASE,
+        namespace: NAMESPACE,
+        values_files: vec![chart().join("ci/default-values.yaml")],
+        values,
+        kube_version: &oldest,
+    };
+    // The API server would refuse the autoscaler halfway through the install.
+    let refused = "proxy: {autoscaling: {enabled: true, minReplicas: 5, maxReplicas: 3}}";
+    for helm in [&tools.helm, &tools.helm_oldest] {
+        let err = helm
+            .template(&chart(), &release(refused))
+            .err()
+            .unwrap_or_else(|| panic!("Helm {} takes {refused}", helm.version));
+        for named in [
+            "proxy.autoscaling.minReplicas (5)",
+            "proxy.autoscaling.maxReplicas (3)",
+        ] {
+            assert!(
+                err.contains(named),
+                "Helm {}: {named} in {err}",
+                helm.version
+            );
+        }
+        // A floor equal to the ceiling is a fixed size, and off, the values are not read.
+        for taken in [
+            "proxy: {autoscaling: {enabled: true, minReplicas: 3, maxReplicas: 3}}",
+            "proxy: {autoscaling: {enabled: false, minReplicas: 5, maxReplicas: 3}}",
+        ] {
+            helm.template(&chart(), &release(taken))
+                .unwrap_or_else(|e| panic!("Helm {}, {taken}: {e}", helm.version));
+        }
+    }
+}
+
+#[test]
+fn the_notes_warn_of_each_closed_metrics_port_by_the_switch_that_closes_it() {
+    let Some(tools) =
+        tools("the_notes_warn_of_each_closed_metrics_port_by_the_switch_that_closes_it")
+    else {
+        return;
+    };
+    let (_, newest) = kube_versions();
+    let pool = "of the shared pool admits only the controller";
+    let planes = "of every dedicated plane admits only the controller";
+    let controller = "of the controller admits no one";
+    for pool_policy in [false, true] {
+        for plane_policy in [false, true] {
+            for controller_policy in [false, true] {
+                let overrides = format!(
+                    "{{proxy: {{networkPolicy: {{enabled: {pool_policy}}}}}, controller: \
+                     {{planeNetworkPolicy: {{enabled: {plane_policy}}}, \
+                     networkPolicy: {{enabled: {controller_policy}}}}}}}"
+                );
+                let notes_with = |values: &str| {
+                    tools
+                        .helm
+                        .notes(
+                            &chart(),
+                            &Release {
+                                name: RELEASE,
+                                namespace: NAMESPACE,
+                                values_files: vec![chart().join("ci/default-values.yaml")],
+                                values,
+                                kube_version: &newest,
+                            },
+                        )
+                        .unwrap_or_else(|e| panic!("{values}: {e}"))
+                };
+                let notes = notes_with(&overrides);
+                for (warning, on) in [
+                    (pool, pool_policy),
+                    (planes, plane_policy),
+                    (controller, controller_policy),
+                ] {
+                    assert_eq!(
+                        notes.contains(warning),
+                        on,
+                        "{overrides}: {warning:?} in\n{notes}"
+                    );
+                }
+                // With a monitoring selector, every policy admits Prometheus: no warning.
+                let mut monitored: Value = serde_yaml_ng::from_str(&overrides).expect("YAML");
+                merge(
+                    &mut monitored,
+                    serde_yaml_ng::from_str(
+                        "proxy: {networkPolicy: {monitoringNamespaceSelector: {matchLabels: {team: monitoring}}}}",
+                    )
+                    .expect("YAML"),
+                );
+                let monitored = serde_yaml_ng::to_string(&monitored).expect("YAML");
+                let notes = notes_with(&monitored);
+                for warning in [pool, planes, controller] {
+                    assert!(
+                        !notes.contains(warning),
+                        "{monitored}: {warning:?} in\n{notes}"
+                    );
+                }
+            }
+        }
+    }
+}

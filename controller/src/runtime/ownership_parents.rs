@@ -1,0 +1,203 @@
+//! The parents this installation serves, listed for the chart's hostname-ownership admission
+//! policy (`--ownership-parents-configmap`).
+//!
+//! A ValidatingAdmissionPolicy cannot look up a route's Gateway or its class, so on its own it
+//! would judge every HTTPRoute and GRPCRoute of the cluster, those of other Gateway API
+//! implementations too. The controller's own rule applies only to parents that are its
+//! Gateways (or ListenerSets of them): it writes their keys into a ConfigMap of its namespace,
+//! the policy's parameter, and the policy judges only routes that name one of them
+//! ([`ADMISSION_PARENTS_EXPRESSION`]).
+//!
+//! What admission cannot judge is left to the controller, whose rule does not depend on this
+//! list: a route stored before its parent became one of ours (or before the list was
+//! written) and not changed since, and any route while the ConfigMap is missing (the policy's
+//! binding then admits).
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use kube::Client;
+use serde_json::json;
+
+use crate::translate::{ObjectKey, Snapshot, Statuses};
+
+/// The ConfigMap key of the list: one `<Kind>/<namespace>/<name>` a line, each line ended by
+/// `\n`; `Kind` is `Gateway` or `ListenerSet` (for either ListenerSet kind, which the
+/// controller treats alike).
+pub const DATA_KEY: &str = "parents";
+
+/// The API call this makes, as an RBAC rule (the chart holds it to the ConfigMap's name, which
+/// it creates): the list's server-side apply.
+pub const RBAC: (&str, &str, &[&str]) = ("", "configmaps", &["patch"]);
+
+/// CEL, in the policy's validation: whether the route names a parent of the list in the
+/// policy's parameter (`params`, the ConfigMap), as the controller binds parentRefs: group
+/// `gateway.networking.k8s.io` (or none) and kind `Gateway` (or none), or kind `ListenerSet`
+/// there or `XListenerSet` in `gateway.networking.x-k8s.io`; the namespace is the route's
+/// unless the parentRef names one. Names hold neither `/` nor a line break, so a line matches
+/// one parent exactly.
+pub const ADMISSION_PARENTS_EXPRESSION: &str = "has(object.spec.parentRefs) && \
+has(params.data) && has(params.data.parents) && object.spec.parentRefs.exists(p, \
+('\\n' + params.data.parents).contains('\\n' + \
+(((!has(p.group) || p.group == 'gateway.networking.k8s.io') && (!has(p.kind) || p.kind == 'Gateway')) ? 'Gateway' : \
+((((!has(p.group) || p.group == 'gateway.networking.k8s.io') && has(p.kind) && p.kind == 'ListenerSet') || \
+(has(p.group) && p.group == 'gateway.networking.x-k8s.io' && has(p.kind) && p.kind == 'XListenerSet')) ? 'ListenerSet' : '-')) + \
+'/' + (has(p.namespace) ? p.namespace : request.namespace) + '/' + p.name + '\\n'))";
+
+/// The list for a round's statuses: the Gateways of ours and the ListenerSets attached to
+/// them, sorted, so an unchanged set writes nothing.
+pub fn parents(statuses: &Statuses) -> String {
+    let line = |kind: &str, key: &ObjectKey| format!("{kind}/{}/{}\n", key.namespace, key.name);
+    statuses
+        .gateways
+        .keys()
+        .map(|key| line("Gateway", key))
+        .chain(
+            statuses
+                .listener_sets
+                .keys()
+                .map(|key| line("ListenerSet", key)),
+        )
+        .collect()
+}
+
+/// Writes the list into ConfigMap `configmap` when the watched one holds another (or none).
+/// A failure is logged and the next round tries again.
+pub async fn sync(
+    client: &Client,
+    configmap: &ObjectKey,
+    snapshot: &Snapshot,
+    statuses: &Statuses,
+) {
+    let list = parents(statuses);
+    let live = snapshot
+        .config_maps
+        .iter()
+        .find(|c| {
+            c.metadata.namespace.as_deref() == Some(configmap.namespace.as_str())
+                && c.metadata.name.as_deref() == Some(configmap.name.as_str())
+        })
+        .and_then(|c| c.data.as_ref())
+        .and_then(|d| d.get(DATA_KEY));
+    if live == Some(&list) {
+        return;
+    }
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &configmap.namespace);
+    let object = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": { "name": configmap.name, "namespace": configmap.namespace },
+        "data": { DATA_KEY: list },
+    });
+    match api
+        .patch(
+            &configmap.name,
+            &PatchParams::apply(super::FIELD_MANAGER).force(),
+            &Patch::Apply(&object),
+        )
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(%configmap, "listed this controller's Gateways for hostname-ownership admission")
+        }
+        Err(error) => {
+            tracing::warn!(%configmap, %error, "the Gateways for hostname-ownership admission could not be listed; routes are judged by the controller alone meanwhile")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use cftunnel_testkit::kube_api::ApiServer;
+
+    use super::*;
+    use crate::translate::{GatewayStatus, ListenerSetStatus};
+
+    fn ours(gateways: &[(&str, &str)]) -> Statuses {
+        let mut statuses = Statuses::default();
+        for (ns, name) in gateways {
+            let status = GatewayStatus {
+                conditions: Vec::new(),
+                listeners: Vec::new(),
+                attached_listener_sets: 0,
+            };
+            statuses.gateways.insert(ObjectKey::new(*ns, *name), status);
+        }
+        statuses
+    }
+
+    /// The ConfigMap as the API server holds it, and as the watch hands it to the next round.
+    fn live(api: &ApiServer, key: &ObjectKey) -> (serde_json::Value, Snapshot) {
+        let object = api
+            .get("v1", "ConfigMap", &key.namespace, &key.name)
+            .expect("the ConfigMap");
+        let mut snapshot = Snapshot::default();
+        let config_map: ConfigMap = serde_json::from_value(object.clone()).expect("a ConfigMap");
+        snapshot.config_maps.push(Arc::new(config_map));
+        (object, snapshot)
+    }
+
+    #[tokio::test]
+    async fn the_list_is_written_into_the_configmap_only_when_it_changes() {
+        let api = ApiServer::builder().rbac(&[RBAC]).start().await;
+        let key = ObjectKey::new("cf-system", "cf-hostname-ownership");
+        api.put(json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": { "name": key.name, "namespace": key.namespace },
+        }));
+        let client = api.client();
+        // Counts the list's writes, refusing none.
+        let patches = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&patches);
+        let _counting = api.forbid(move |call| {
+            if call.method == "PATCH" && call.kind == "ConfigMap" {
+                counted.fetch_add(1, Ordering::Relaxed);
+            }
+            false
+        });
+
+        let (_, before) = live(&api, &key);
+        let two = ours(&[("infra", "edge"), ("team-a", "own")]);
+        sync(&client, &key, &before, &two).await;
+        let (object, snapshot) = live(&api, &key);
+        assert_eq!(
+            object["data"][DATA_KEY].as_str(),
+            Some("Gateway/infra/edge\nGateway/team-a/own\n")
+        );
+
+        assert_eq!(patches.load(Ordering::Relaxed), 1);
+
+        // The same list again: not even sent.
+        sync(&client, &key, &snapshot, &two).await;
+        assert_eq!(patches.load(Ordering::Relaxed), 1);
+
+        // A Gateway gone (or no longer of the class): the list follows.
+        sync(&client, &key, &snapshot, &ours(&[("team-a", "own")])).await;
+        let (object, _) = live(&api, &key);
+        assert_eq!(
+            object["data"][DATA_KEY].as_str(),
+            Some("Gateway/team-a/own\n")
+        );
+    }
+
+    #[test]
+    fn the_list_names_each_gateway_and_listener_set_of_ours_once_sorted() {
+        let mut statuses = ours(&[("team-b", "edge"), ("team-a", "edge.example.com")]);
+        statuses.listener_sets.insert(
+            ObjectKey::new("team-c", "extra"),
+            ListenerSetStatus {
+                gateway: ObjectKey::new("team-b", "edge"),
+                conditions: Vec::new(),
+                listeners: Vec::new(),
+            },
+        );
+        assert_eq!(
+            parents(&statuses),
+            "Gateway/team-a/edge.example.com\nGateway/team-b/edge\nListenerSet/team-c/extra\n"
+        );
+        assert_eq!(parents(&Statuses::default()), "");
+    }
+}
