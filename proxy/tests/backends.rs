@@ -1658,3 +1658,69 @@ async fn copies_not_sent_for_a_streamed_body_are_counted_per_mirror_and_share() 
     .await
     .expect("test finished in time");
 }
+
+/// Clients that stop reading large answers from an h2c backend do not stall the answers other
+/// clients get from it over the same multiplexed connection: each stream may run ahead of its
+/// reader only by its own window, and the connection's window is far larger than a few of them.
+#[tokio::test]
+async fn clients_that_stop_reading_do_not_stall_other_answers_from_an_http2_backend() {
+    use http_body_util::BodyExt as _;
+    const ANSWER: usize = 32 << 20;
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // An h2c backend answering every request with 32 MiB in 64 KiB chunks.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let backend = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let service = hyper::service::service_fn(|_req| async {
+                    let chunks = futures_util::stream::iter(
+                        (0..ANSWER / 0x10000).map(|_| {
+                            Ok::<_, std::convert::Infallible>(http_body::Frame::data(
+                                Bytes::from(vec![b'x'; 0x10000]),
+                            ))
+                        }),
+                    );
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                        http_body_util::StreamBody::new(chunks),
+                    ))
+                });
+                tokio::spawn(
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(conn), service),
+                );
+            }
+        });
+        let proxy = proxy().await;
+        let http = client();
+        let doc = json!({"rules": [{"backends": [{"url": url(backend), "weight": 1, "protocol": "h2c"}]}]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+        let d = proxy.data_addr();
+
+        // Eight clients ask and read nothing.
+        let mut stalled = Vec::new();
+        for _ in 0..8 {
+            let mut conn = tokio::net::TcpStream::connect(d).await.expect("connect");
+            conn.write_all(b"GET /big HTTP/1.1\r\nhost: h\r\n\r\n").await.expect("sent");
+            stalled.push(conn);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+
+        // Another gets its whole answer.
+        let (mut sender, _task) = cftunnel_testkit::client::connect_http1(d).await.expect("connect");
+        let req = http::Request::get("/big")
+            .header("host", "h")
+            .body(http_body_util::Full::new(Bytes::new()))
+            .expect("request");
+        let resp = sender.send_request(req).await.expect("response");
+        assert_eq!(resp.status(), StatusCode::OK);
+        let body = tokio::time::timeout(Duration::from_secs(20), resp.into_body().collect())
+            .await
+            .expect("the answer is not stalled by the clients that stopped reading")
+            .expect("body")
+            .to_bytes();
+        assert_eq!(body.len(), ANSWER);
+        drop(stalled);
+    })
+    .await
+    .expect("test finished in time");
+}

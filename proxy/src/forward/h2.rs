@@ -27,6 +27,15 @@ pub(super) type Sender = http2::SendRequest<ProxyBody>;
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a ping may go unanswered before the connection is closed.
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// How much a stream may be sent ahead of its client reading it.
+const STREAM_WINDOW: u32 = 2 << 20;
+/// How much all streams of the connection together may be sent ahead: Go's Transport's 1 GiB.
+/// The connection window is taken back only as streams are read, and all requests to the
+/// backend share the one connection: with a window a few streams' worth (hyper's default
+/// 5 MiB), a handful of clients that stop reading large answers stall every other answer from
+/// the backend. Each stream stays bounded by [`STREAM_WINDOW`]; a client that reads nothing is
+/// dropped at the listener's send timeout.
+const CONNECTION_WINDOW: u32 = 1 << 30;
 
 #[derive(Debug)]
 pub(super) struct H2Channel {
@@ -170,6 +179,8 @@ impl H2Channel {
             .keep_alive_interval(KEEP_ALIVE_INTERVAL)
             .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
             .keep_alive_while_idle(true)
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
             .handshake(TokioIo::new(io))
             .await
             .map_err(ForwardError::from_hyper)?;
