@@ -444,6 +444,11 @@ impl Pusher {
         }
     }
 
+    /// Stops every push still running; their planes start afresh at their next round.
+    pub fn abort_all(&mut self) {
+        self.running.abort_all();
+    }
+
     /// The planes pushed to so far and not yet dropped by [`Pusher::retain`].
     pub fn planes(&self) -> impl Iterator<Item = &PlaneKey> {
         self.planes.keys()

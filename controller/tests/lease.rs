@@ -22,7 +22,7 @@ const PATIENCE: Duration = Duration::from_secs(5);
 
 /// One elector, as a controller replica runs it.
 struct Replica {
-    leading: watch::Receiver<bool>,
+    leading: watch::Receiver<Option<lease::Term>>,
     stop: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -49,7 +49,7 @@ impl Replica {
 
     /// Waits until this replica's leading is `value`.
     async fn becomes(&mut self, value: bool, what: &str) {
-        tokio::time::timeout(PATIENCE, self.leading.wait_for(|l| *l == value))
+        tokio::time::timeout(PATIENCE, self.leading.wait_for(|l| l.is_some() == value))
             .await
             .unwrap_or_else(|_| panic!("timed out waiting until {what}"))
             .expect("the elector publishes");
@@ -57,7 +57,7 @@ impl Replica {
 
     /// Whether this replica leads at any moment within `window`.
     async fn leads_within(&mut self, window: Duration) -> bool {
-        tokio::time::timeout(window, self.leading.wait_for(|l| *l))
+        tokio::time::timeout(window, self.leading.wait_for(Option::is_some))
             .await
             .is_ok()
     }
@@ -107,7 +107,7 @@ fn watch_for_two_leaders(a: &Replica, b: &Replica) -> tokio::task::JoinHandle<bo
     let (mut a, mut b) = (a.leading.clone(), b.leading.clone());
     tokio::spawn(async move {
         loop {
-            if *a.borrow_and_update() && *b.borrow_and_update() {
+            if a.borrow_and_update().is_some() && b.borrow_and_update().is_some() {
                 return true;
             }
             tokio::select! {
@@ -169,6 +169,7 @@ async fn a_renewal_that_hangs_ends_leadership_before_the_lease_can_lapse() {
         let mut a = Replica::start(&api, "replica-a", duration, renew);
         a.becomes(true, "a leads a free Lease").await;
         let transitions = lease(&api)["spec"]["leaseTransitions"].clone();
+        let term = *a.leading.borrow();
 
         let hold = api.hold(writes_as("replica-a"));
         hold.arrived(1).await;
@@ -204,6 +205,7 @@ async fn a_renewal_that_hangs_ends_leadership_before_the_lease_can_lapse() {
             transitions,
             "the same holder's term"
         );
+        assert_eq!(*a.leading.borrow(), term, "and a says so");
         a.stop().await;
         assert_eq!(holder(&api), None, "the Lease was given up");
     })
@@ -236,7 +238,7 @@ async fn a_leader_cut_off_steps_down_before_a_standby_takes_over() {
         let last = lease(&api);
         a.becomes(false, "a steps down").await;
         b.becomes(true, "b takes the unrenewed Lease over").await;
-        assert!(!*a.leading.borrow());
+        assert!(a.leading.borrow().is_none());
         let taken = lease(&api);
         assert_eq!(taken["spec"]["holderIdentity"], json!("replica-b"));
         // a leads no longer than 80 % of its duration after its last renewal began, which is
@@ -341,7 +343,10 @@ async fn the_give_up_on_stop_leaves_a_record_written_since_alone() {
         let hold = api.hold(give_up);
         let _ = a.stop.send(());
         hold.arrived(1).await;
-        assert!(!*a.leading.borrow(), "a stops leading before it gives up");
+        assert!(
+            a.leading.borrow().is_none(),
+            "a stops leading before it gives up"
+        );
         let rival = api.put(lease_of(Some("replica-b"), 2, 1));
         hold.release();
         assert_eq!(hold.answered(1).await, vec![409]);
@@ -367,7 +372,10 @@ async fn a_give_up_that_is_never_answered_does_not_hold_the_stop_up() {
         let hold = api.hold(give_up);
         let _ = a.stop.send(());
         hold.arrived(1).await;
-        assert!(!*a.leading.borrow(), "a stops leading before it gives up");
+        assert!(
+            a.leading.borrow().is_none(),
+            "a stops leading before it gives up"
+        );
         tokio::time::timeout(renew * 2 + Duration::from_secs(1), a.task)
             .await
             .expect("the elector ends without an answer")

@@ -1191,6 +1191,89 @@ async fn a_leader_whose_renewals_hang_stops_writing_until_they_are_answered() {
     .expect("in time");
 }
 
+/// A leader whose Lease renewals go unanswered for a moment steps down; taking the Lease back
+/// with no other replica having led meanwhile, it goes on from what it knew: it re-applies no
+/// plane and re-pushes no pod, where a new term would re-apply, re-push and re-write all.
+#[tokio::test]
+async fn a_leader_that_takes_its_lease_back_unchallenged_goes_on_where_it_was() {
+    use cftunnel_controller::runtime::lease::LeaseOptions;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let edge = proxy_pod("s3cr3t").await;
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    edge.admin_addr().port(),
+                    true,
+                ));
+            },
+            ApiServer::client,
+            |options| {
+                options.lease = Some(LeaseOptions {
+                    namespace: "cftunnel-system".to_owned(),
+                    name: "cftunnel-controller".to_owned(),
+                    identity: "replica-a".to_owned(),
+                    duration: Duration::from_secs(2),
+                    renew: Duration::from_millis(200),
+                });
+            },
+        )
+        .await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let health = listener.local_addr().expect("addr");
+        let serving = tokio::spawn(runtime::health::serve(listener, t.health.clone()));
+        shop_serves(&edge, 200).await;
+        // Settled: no write but the Lease's renewals for half a second.
+        loop {
+            let rv = t.api.resource_version();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if t.api.writes_since(rv).iter().all(|w| w.contains("leases")) {
+                break;
+            }
+        }
+        let held = || async {
+            let answer = support::request(
+                edge.admin_addr(),
+                "GET",
+                "/config",
+                "proxy",
+                Some("s3cr3t"),
+                "",
+            )
+            .await
+            .expect("the pod answers");
+            let state: Value = serde_json::from_slice(&answer.body).expect("JSON");
+            state["version"].as_i64().expect("a version")
+        };
+        let version = held().await;
+        let kinds = ["Deployment", "Service", "Secret", "NetworkPolicy"];
+        let calls = || kinds.map(|k| t.api.accepts(k).len());
+        let before = calls();
+
+        let hold = t.api.hold(|c| {
+            c.method == "PUT"
+                && c.kind == "Lease"
+                && c.body.pointer("/spec/holderIdentity") == Some(&json!("replica-a"))
+        });
+        hold.arrived(1).await;
+        metric_becomes(health, "cftunnel_controller_leading", 0).await;
+        hold.release();
+        metric_becomes(health, "cftunnel_controller_leading", 1).await;
+        // Rounds run meanwhile.
+        t.rounds(5, Duration::from_millis(200)).await;
+        assert_eq!(calls(), before, "no call about {kinds:?}");
+        assert_eq!(held().await, version, "the pod was not pushed to again");
+        serving.abort();
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// The shipped binary: `cftunnel-controller run` with a kubeconfig pointing at the API server
 /// serves its probes, renders a Gateway's plane, and on SIGTERM gives its Lease up and exits 0.
 #[tokio::test]

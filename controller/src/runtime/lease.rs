@@ -27,22 +27,24 @@ pub struct LeaseOptions {
     pub renew: Duration,
 }
 
-/// Starts the elector; the receiver says whether this replica leads now. Completing `stop`
-/// publishes `false`, gives the Lease up (so another replica need not wait for it to expire)
-/// and ends the task, within about two `renew` periods whether or not the API server answers.
+/// Starts the elector; the receiver says whether this replica leads now, and in which term
+/// ([`Term`]). Completing `stop` publishes `None`, gives the Lease up (so another replica need
+/// not wait for it to expire) and ends the task, within about two `renew` periods whether or
+/// not the API server answers.
 pub fn spawn(
     client: Client,
     options: LeaseOptions,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
-) -> (watch::Receiver<bool>, tokio::task::JoinHandle<()>) {
-    let (tx, rx) = watch::channel(false);
+) -> (watch::Receiver<Option<Term>>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = watch::channel(None);
     let task = tokio::spawn(async move {
         let mut elector = Elector::new(client, options);
         let mut stop = std::pin::pin!(stop);
         let mut ticks = tokio::time::interval(elector.options.renew);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let publish = |leading: bool| {
-            tx.send_if_modified(|was| std::mem::replace(was, leading) != leading);
+        let publish = |leading: bool, term: Term| {
+            let now = leading.then_some(term);
+            tx.send_if_modified(|was| std::mem::replace(was, now) != now);
         };
         loop {
             // Leadership ends at its deadline, whether or not a renewal is under way then.
@@ -54,23 +56,23 @@ pub fn spawn(
                         Some(deadline) => tokio::select! {
                             leading = attempt => leading,
                             () = tokio::time::sleep_until(deadline) => {
-                                publish(false);
+                                publish(false, elector.term);
                                 elector.renewed = None;
                                 false
                             }
                         },
                         None => attempt.await,
                     };
-                    publish(leading);
+                    publish(leading, elector.term);
                 }
                 () = sleep_until_some(deadline) => {
                     elector.renewed = None;
-                    publish(false);
+                    publish(false, elector.term);
                 }
                 () = &mut stop => break,
             }
         }
-        tx.send_replace(false);
+        tx.send_replace(None);
         elector.release().await;
     });
     (rx, task)
@@ -84,6 +86,13 @@ async fn sleep_until_some(deadline: Option<Instant>) {
     }
 }
 
+/// A run of this replica's leadership that no other replica's interrupted: it starts when the
+/// replica takes the Lease from another holder (or from none), and goes on across renewals,
+/// also ones that come after this replica stopped leading for a while, as long as the Lease
+/// still names it. A replica taking the Lease back in the same term knows nobody else acted
+/// meanwhile, so what it remembers of its own writes still holds.
+pub type Term = u64;
+
 /// The Lease record as last seen, and when this replica first saw it so.
 struct Observed {
     record: (Option<String>, Option<Timestamp>),
@@ -96,6 +105,8 @@ struct Elector {
     /// When the last successful renewal started.
     renewed: Option<Instant>,
     observed: Option<Observed>,
+    /// The current or last term; a take-over starts the next.
+    term: Term,
 }
 
 impl Elector {
@@ -105,6 +116,7 @@ impl Elector {
             options,
             renewed: None,
             observed: None,
+            term: 0,
         }
     }
 
@@ -170,7 +182,10 @@ impl Elector {
                 }),
             };
             return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(true),
+                Ok(_) => {
+                    self.term += 1;
+                    Ok(true)
+                }
                 Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
                 Err(e) => Err(e),
             };
@@ -221,7 +236,12 @@ impl Elector {
             .replace(&self.options.name, &PostParams::default(), &lease)
             .await
         {
-            Ok(_) => Ok(true),
+            Ok(_) => {
+                if !ours {
+                    self.term += 1;
+                }
+                Ok(true)
+            }
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
             Err(e) => Err(e),
         }

@@ -357,15 +357,18 @@ pub async fn run(
             (None, rx, Some(task))
         }
         None => {
-            let (tx, rx) = tokio::sync::watch::channel(true);
+            let (tx, rx) = tokio::sync::watch::channel(Some(1));
             (Some(tx), rx, None)
         }
     };
     let mut ticks = tokio::time::interval(options.resync);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Built afresh on each turn as leader: what it remembers may be stale after another
-    // replica's term.
-    let mut reconciler: Option<Reconciler> = None;
+    // Built afresh for each term as leader: what it remembers may be stale after another
+    // replica's term. One paused while this replica did not lead resumes if it takes the
+    // Lease back in the same term (nobody else led meanwhile), rather than re-applying,
+    // re-pushing and re-writing everything right after an API server blip.
+    let mut reconciler: Option<(lease::Term, Reconciler)> = None;
+    let mut paused: Option<(lease::Term, Reconciler)> = None;
     let mut last_round: Option<tokio::time::Instant> = None;
     let mut pending = true;
     loop {
@@ -383,9 +386,9 @@ pub async fn run(
             }
             () = &mut shutdown => break,
         }
-        let is_leading = *leading.borrow_and_update();
-        health.leading.set(i64::from(is_leading));
-        if !is_leading {
+        let term = *leading.borrow_and_update();
+        health.leading.set(i64::from(term.is_some()));
+        let Some(term) = term else {
             // A standby reports no failures, nor any plane's pushes: the leader does.
             health.push_failing_planes.set(0);
             health.push_seconds.clear();
@@ -393,23 +396,38 @@ pub async fn run(
             health.render_failing_gateways.set(0);
             health.tunnel_failing_planes.set(0);
             health.unreached_planes.set(0);
-            if reconciler.take().is_some() {
+            if let Some((term, mut r)) = reconciler.take() {
                 tracing::info!("not leading: another replica reconciles");
+                r.pause();
+                paused = Some((term, r));
             }
             continue;
+        };
+        if reconciler.as_ref().is_some_and(|(t, _)| *t != term) {
+            reconciler = None;
         }
-        let reconciler = match &mut reconciler {
+        let (_, reconciler) = match &mut reconciler {
             Some(r) => r,
             None => {
-                tracing::info!("leading: reconciling");
                 pending = true;
-                reconciler.insert(Reconciler::new(
-                    client.clone(),
-                    options.clone(),
-                    &health,
-                    stores.listener_set_resource.clone(),
-                    Arc::clone(&changed),
-                ))
+                let resumed = paused.take().filter(|(t, _)| *t == term);
+                if resumed.is_some() {
+                    tracing::info!("leading again, and no other replica led meanwhile: reconciling on from where this one was");
+                } else {
+                    tracing::info!("leading: reconciling");
+                }
+                reconciler.insert(resumed.unwrap_or_else(|| {
+                    (
+                        term,
+                        Reconciler::new(
+                            client.clone(),
+                            options.clone(),
+                            &health,
+                            stores.listener_set_resource.clone(),
+                            Arc::clone(&changed),
+                        ),
+                    )
+                }))
             }
         };
         let due = last_round.is_none_or(|at| at.elapsed() >= options.resync);
@@ -445,7 +463,7 @@ pub async fn run(
                 reconciler.report(&health);
             }
             // Another replica may take over once the Lease lapses: stop writing at once.
-            _ = lost.wait_for(|l| !*l) => {
+            _ = lost.wait_for(Option::is_none) => {
                 tracing::warn!("the leader Lease lapsed during a round; the rest of it is dropped");
                 reconciler.applies.abort_all();
             }
@@ -454,6 +472,7 @@ pub async fn run(
     }
     // Its applies in flight stop before the Lease is given up.
     drop(reconciler);
+    drop(paused);
     let _ = stop_elector.send(());
     if let Some(elector) = &mut elector {
         let _ = elector.await;
@@ -704,6 +723,13 @@ impl Reconciler {
             class_configs: BTreeMap::new(),
             pool_stamp: None,
         }
+    }
+
+    /// Stops what runs on its own while this replica does not lead: applies and pushes. What
+    /// it remembers stays, for a return to leading in the same term.
+    fn pause(&mut self) {
+        self.applies.abort_all();
+        self.pusher.abort_all();
     }
 
     /// The failure counts, for `/metrics`.
