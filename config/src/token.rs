@@ -23,6 +23,9 @@ pub struct Token {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TokenError {
+    /// The token is empty or only whitespace (a variable set to nothing).
+    #[error("tunnel token is empty")]
+    Empty,
     /// The token is not standard base64.
     #[error("tunnel token is not valid base64")]
     Base64,
@@ -127,9 +130,11 @@ impl FromStr for Token {
     type Err = TokenError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let raw = STANDARD
-            .decode(s.trim().as_bytes())
-            .map_err(|_| TokenError::Base64)?;
+        let s = s.trim();
+        if s.is_empty() {
+            return Err(TokenError::Empty);
+        }
+        let raw = decode_base64(s).ok_or(TokenError::Base64)?;
         let wire = Wire::from_json(&raw)?;
         let account_tag = wire
             .a
@@ -137,7 +142,7 @@ impl FromStr for Token {
             .ok_or(TokenError::AccountTag)?;
         let tunnel_secret = wire
             .s
-            .and_then(|s| STANDARD.decode(s.as_bytes()).ok())
+            .and_then(|s| decode_base64(&s))
             .filter(|s| !s.is_empty())
             .ok_or(TokenError::Secret)?;
         let tunnel_id = wire
@@ -164,6 +169,17 @@ impl FromStr for Token {
             endpoint,
         })
     }
+}
+
+/// Standard base64 as Go's `StdEncoding` (and so `cloudflared`) reads it: line breaks
+/// anywhere are skipped, so a token wrapped over several lines (GNU `base64` output) is read
+/// whole. Other whitespace inside is an error, as it is there.
+fn decode_base64(s: &str) -> Option<Vec<u8>> {
+    if !s.contains(['\r', '\n']) {
+        return STANDARD.decode(s.as_bytes()).ok();
+    }
+    let joined: Vec<u8> = s.bytes().filter(|b| !matches!(b, b'\r' | b'\n')).collect();
+    STANDARD.decode(joined).ok()
 }
 
 impl fmt::Debug for Token {
@@ -304,5 +320,39 @@ mod tests {
             );
         }
         assert_eq!("@@@@".parse::<Token>().unwrap_err(), TokenError::Base64);
+    }
+
+    /// GNU `base64` wraps its output at 76 columns; `cloudflared` (Go's `StdEncoding`) skips
+    /// the line breaks, LF or CRLF, wherever they fall.
+    #[test]
+    fn a_token_wrapped_over_several_lines_is_read_whole() {
+        let tok = Token::new("acct", vec![7; 32], Uuid::parse_str(ID).unwrap());
+        let flat = tok.encode();
+        assert!(flat.len() > 76, "long enough to wrap");
+        let lines: Vec<&str> = flat
+            .as_bytes()
+            .chunks(76)
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect();
+        for wrapped in [
+            format!("{}\n", lines.join("\n")),
+            lines.join("\r\n"),
+            // A break inside a four-character group.
+            format!("{}\n{}", &flat[..5], &flat[5..]),
+        ] {
+            assert_eq!(wrapped.parse::<Token>(), Ok(tok.clone()), "{wrapped:?}");
+        }
+        // Other whitespace inside stays an error, as in Go.
+        let spaced = format!("{} {}", &flat[..8], &flat[8..]);
+        assert_eq!(spaced.parse::<Token>(), Err(TokenError::Base64));
+    }
+
+    #[test]
+    fn an_empty_token_is_refused_as_empty() {
+        for empty in ["", " ", "\n", " \r\n\t "] {
+            let err = empty.parse::<Token>().unwrap_err();
+            assert_eq!(err, TokenError::Empty, "{empty:?}");
+            assert_eq!(err.to_string(), "tunnel token is empty");
+        }
     }
 }

@@ -1,6 +1,10 @@
-//! The opt-in JSON access log: one line per request on stdout, written by its own task so a
+//! The opt-in JSON access log: one line per request on stdout, written by its own thread so a
 //! slow terminal never blocks a request. Lines are dropped when the queue is full: counted in
 //! `cftunnel_proxy_access_log_lines_dropped_total`, and the first drop is logged.
+//!
+//! The lines still queued when the proxy goes away are written before it does, within
+//! [`FLUSH_WAIT`]: those of the last requests of a drain, and those of requests cut off at its
+//! end, whose lines are queued as the runtime drops them.
 //!
 //! With sampling (`1 in N`), one request in N is written whatever its outcome, and every
 //! failure is written too: a 5xx, an answer the proxy gave itself because it could not serve
@@ -10,14 +14,17 @@
 
 use opentelemetry::trace::{SpanId, TraceId};
 use prometheus_client::metrics::counter::Counter;
+use std::io::Write;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
-use tokio::sync::mpsc;
 
 const QUEUE: usize = 8192;
+
+/// How long the lines still queued when the access log goes away get to be written.
+pub const FLUSH_WAIT: Duration = Duration::from_secs(2);
 
 /// What a request's line says beyond its status, size and duration; filled in as the
 /// handler learns it.
@@ -75,7 +82,11 @@ impl Default for AccessLogOptions {
 
 #[derive(Debug)]
 pub(crate) struct AccessLog {
-    tx: mpsc::Sender<String>,
+    /// `None` only while the log is being dropped.
+    tx: Option<mpsc::SyncSender<String>>,
+    /// Disconnected once the writer has written everything queued and ended. In a mutex
+    /// only to be shared: it is used once, by `drop`, which needs no lock.
+    writer_done: std::sync::Mutex<mpsc::Receiver<()>>,
     /// Lines dropped because the queue was full.
     dropped: Counter,
     options: AccessLogOptions,
@@ -131,23 +142,34 @@ fn millis(d: Duration) -> f64 {
 }
 
 impl AccessLog {
-    /// Starts the task that writes lines to stdout; lines that find its queue full are
+    /// Starts the thread that writes lines to stdout; lines that find its queue full are
     /// counted in `dropped`.
     pub(crate) fn spawn(options: AccessLogOptions, dropped: Counter) -> Self {
-        let (tx, mut rx) = mpsc::channel::<String>(QUEUE);
-        tokio::spawn(async move {
-            let mut out = tokio::io::stdout();
-            while let Some(line) = rx.recv().await {
-                if out.write_all(line.as_bytes()).await.is_err() {
-                    break;
-                }
-                if rx.is_empty() {
-                    let _ = out.flush().await;
-                }
-            }
-        });
+        Self::spawn_to(std::io::stdout(), options, dropped)
+    }
+
+    /// As [`AccessLog::spawn`], writing to `out`. A thread, not a task: the lines queued as
+    /// the runtime shuts down (by the requests it cuts off) are written after it is gone. If
+    /// the thread cannot start, lines are counted as dropped.
+    fn spawn_to(
+        out: impl Write + Send + 'static,
+        options: AccessLogOptions,
+        dropped: Counter,
+    ) -> Self {
+        let (tx, rx) = mpsc::sync_channel::<String>(QUEUE);
+        let (done, writer_done) = mpsc::sync_channel::<()>(0);
+        let started = std::thread::Builder::new()
+            .name("access-log".to_owned())
+            .spawn(move || {
+                let _done = done;
+                write_lines(&rx, out);
+            });
+        if let Err(e) = started {
+            tracing::error!(error = %e, "the access log's writer could not start: no lines are written");
+        }
         Self {
-            tx,
+            tx: Some(tx),
+            writer_done: std::sync::Mutex::new(writer_done),
             dropped,
             options,
             seen: AtomicU64::new(0),
@@ -198,7 +220,8 @@ impl AccessLog {
             return;
         };
         text.push('\n');
-        if self.tx.try_send(text).is_err() && self.dropped.inc() == 0 {
+        let sent = self.tx.as_ref().is_some_and(|tx| tx.try_send(text).is_ok());
+        if !sent && self.dropped.inc() == 0 {
             tracing::warn!(
                 queue = QUEUE,
                 "access log lines are being dropped: its output is slower than requests \
@@ -208,17 +231,66 @@ impl AccessLog {
     }
 }
 
+/// Writes the queued lines to `out` until every sender is gone, flushing whenever the queue
+/// runs empty; ends early if `out` fails.
+fn write_lines(rx: &mpsc::Receiver<String>, out: impl Write) {
+    let mut out = std::io::BufWriter::with_capacity(64 * 1024, out);
+    while let Ok(line) = rx.recv() {
+        if out.write_all(line.as_bytes()).is_err() {
+            return;
+        }
+        while let Ok(line) = rx.try_recv() {
+            if out.write_all(line.as_bytes()).is_err() {
+                return;
+            }
+        }
+        if out.flush().is_err() {
+            return;
+        }
+    }
+}
+
+/// The last handle going away (the proxy's end) closes the queue and waits, up to
+/// [`FLUSH_WAIT`], for the writer to write what is in it. This blocks: it happens once, as
+/// the proxy or its runtime shuts down.
+impl Drop for AccessLog {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Ok(writer_done) = self.writer_done.get_mut() {
+            let _ = writer_done.recv_timeout(FLUSH_WAIT);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
 
-    /// Lines that find the queue full are counted, not waited for: the writer task never runs
-    /// here (the test does not yield), so the queue takes `QUEUE` lines and drops the rest.
-    #[tokio::test]
-    async fn lines_that_find_the_queue_full_are_counted() {
-        let dropped = Counter::default();
-        let log = AccessLog::spawn(AccessLogOptions::default(), dropped.clone());
-        let fields = Fields {
+    /// An output that holds its first write until told to go on, and keeps what it is given.
+    struct Gated {
+        started: Option<mpsc::Sender<()>>,
+        go: mpsc::Receiver<()>,
+        kept: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Gated {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if let Some(started) = self.started.take() {
+                let _ = started.send(());
+                let _ = self.go.recv();
+            }
+            self.kept.lock().expect("lock").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn fields() -> Fields {
+        Fields {
             method: http::Method::GET,
             host: "h".to_owned(),
             uri: http::Uri::from_static("/"),
@@ -231,17 +303,42 @@ mod tests {
             upstream: None,
             error: None,
             sampled: true,
+        }
+    }
+
+    const OUTCOME: Outcome = Outcome {
+        status: 200,
+        bytes: 0,
+        elapsed: Duration::ZERO,
+        aborted: false,
+        trace: None,
+    };
+
+    /// Lines that find the queue full are counted, not waited for; the lines queued when the
+    /// log goes away are all written before it is gone.
+    #[test]
+    fn lines_that_find_the_queue_full_are_counted_and_queued_ones_written_at_the_end() {
+        let dropped = Counter::default();
+        let (started, started_rx) = mpsc::channel();
+        let (go, go_rx) = mpsc::channel();
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        let out = Gated {
+            started: Some(started),
+            go: go_rx,
+            kept: kept.clone(),
         };
-        let outcome = Outcome {
-            status: 200,
-            bytes: 0,
-            elapsed: Duration::ZERO,
-            aborted: false,
-            trace: None,
-        };
+        let log = AccessLog::spawn_to(out, AccessLogOptions::default(), dropped.clone());
+        // The writer takes the first line and is held writing it: the queue then takes
+        // `QUEUE` lines and drops the rest.
+        log.write(&fields(), OUTCOME);
+        started_rx.recv().expect("the writer writes the first line");
         for _ in 0..QUEUE + 7 {
-            log.write(&fields, outcome);
+            log.write(&fields(), OUTCOME);
         }
         assert_eq!(dropped.get(), 7);
+        go.send(()).expect("the writer waits");
+        drop(log);
+        let kept = kept.lock().expect("lock");
+        assert_eq!(kept.iter().filter(|&&b| b == b'\n').count(), QUEUE + 1);
     }
 }

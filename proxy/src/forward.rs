@@ -23,6 +23,7 @@ pub use pool::UpstreamBody;
 pub use tls::UpstreamError;
 
 use crate::body::ProxyBody;
+use bytes::Bytes;
 use cftunnel_config::{valid, BackendProtocol};
 use connector::Connector;
 use futures_util::future::{Either, FutureExt};
@@ -40,6 +41,17 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 const POOL_MAX_IDLE: usize = 512;
 /// Default bound on HTTP/1.1 connections open at once to one backend.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
+/// What a try's request body is, as [`Upstream::send`] needs to know it.
+#[derive(Debug)]
+pub enum TryBody {
+    /// The whole body, held (empty: none): the request can be written again, once, when a
+    /// reused connection closes under it before any answer (idempotent methods only).
+    Held(Bytes),
+    /// A body streamed from the client, written once. The receiver closes once it has been
+    /// sent, which is when the try's timeout starts.
+    Streamed(tokio::sync::oneshot::Receiver<()>),
+}
 
 /// One backend: a URL turned into a pooled client that always dials that backend.
 #[derive(Debug)]
@@ -174,10 +186,12 @@ impl Upstream {
     /// With the head comes the instant that timeout ends, for a caller that bounds the
     /// response body by it too.
     ///
-    /// With `body_sent`, the timeout starts once the request body has been handed over (the
-    /// channel closes when the client drops the body), so a long upload is not cut short: the
-    /// timeout bounds the backend's think time, as Go's `ResponseHeaderTimeout` does. A head
-    /// that arrives before the body has been sent keeps the timeout counted from the start.
+    /// With a streamed `body`, the timeout starts once the request body has been handed over
+    /// (the channel closes when the client drops the body), so a long upload is not cut short:
+    /// the timeout bounds the backend's think time, as Go's `ResponseHeaderTimeout` does. A
+    /// head that arrives before the body has been sent keeps the timeout counted from the
+    /// start. A held body lets an idempotent request be written once more when the reused
+    /// HTTP/1.1 connection it went out on closes before answering.
     ///
     /// A request that finds the backend at its connection limit waits for a connection within
     /// the timeout counted from the start, then fails with [`ForwardError::Saturated`].
@@ -185,13 +199,17 @@ impl Upstream {
         &self,
         req: Request<ProxyBody>,
         timeout: Option<Duration>,
-        body_sent: Option<tokio::sync::oneshot::Receiver<()>>,
+        body: TryBody,
     ) -> Result<(Response<UpstreamBody>, Option<Instant>), ForwardError> {
         let start_deadline = timeout.map(|t| Instant::now() + t);
         let wait = pool::Wait::until(start_deadline);
+        let (held, body_sent) = match body {
+            TryBody::Held(bytes) => (Some(bytes), None),
+            TryBody::Streamed(sent) => (None, Some(sent)),
+        };
         // The client's own future, not a block around it that would carry `req` once more.
         let fut = match &self.client {
-            Client::Http1(pool) => Either::Left(pool.send(req, &wait)),
+            Client::Http1(pool) => Either::Left(pool.send(req, &wait, held.as_ref())),
             Client::H2c(channel) => Either::Right(
                 channel
                     .send(req)

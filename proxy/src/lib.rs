@@ -233,7 +233,8 @@ impl Server {
 
     /// Drains: readiness off, the data listener closed (new connections are refused), open
     /// connections closed after their current request; waits up to the grace period for
-    /// in-flight requests. Returns whether everything finished in time.
+    /// in-flight requests and open upgraded (WebSocket) sessions. Returns whether everything
+    /// finished in time.
     pub async fn shutdown(self) -> bool {
         let deadline = tokio::time::Instant::now() + self.grace;
         self.shutdown_by(deadline).await
@@ -257,6 +258,11 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         clean &= self.proxy.metrics().in_flight.get() == 0;
+        // Upgraded sessions outlive their requests (which end at the `101`): they get what is
+        // left of the grace period too, in both modes (the tunnel's streams are kept that long).
+        clean &= tokio::time::timeout_at(deadline, self.proxy.sessions_closed())
+            .await
+            .is_ok();
         self.admin_task.abort();
         self.timer_anchor.abort();
         clean

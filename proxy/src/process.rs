@@ -206,7 +206,7 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
         }
     }
     if !server.shutdown_by(deadline).await {
-        tracing::warn!("grace period over with requests still in flight");
+        tracing::warn!("grace period over with requests or upgraded sessions still open");
     }
     // The spans of the last requests, queued for export: sent now, within a bound.
     if let Some(traces) = traces {

@@ -28,7 +28,7 @@ use crate::route::RequestView;
 use crate::routes::{retire, LiveRoutes};
 use crate::rule::Rule;
 use crate::trace::RequestTracer;
-use crate::upgrade::Upgrade;
+use crate::upgrade::{Sessions, Upgrade};
 use bytes::Bytes;
 use http::header;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
@@ -80,6 +80,8 @@ struct Shared {
     mirrors: Mirrors,
     /// Where each request's completion is recorded.
     recorder: Arc<Recorder>,
+    /// Upgraded sessions open now, for the drain to wait for.
+    sessions: Sessions,
     /// Bounds a try's response head when its rule sets no backend timeout.
     header_timeout: Duration,
     body_timeout: Duration,
@@ -93,9 +95,9 @@ pub struct Proxy {
 
 impl Proxy {
     /// A proxy serving `routes` (usually the empty table until the first push).
-    /// Must be called inside a tokio runtime when the access log is on.
     pub fn new(routes: Routes, metrics: ProxyMetrics, options: ProxyOptions) -> Self {
         let mirrors = Mirrors::new(metrics.mirrors_dropped.clone());
+        let sessions = Sessions::new(metrics.websocket_sessions.clone());
         let recorder = Recorder::new(
             metrics.in_flight.clone(),
             options.access_log.then(|| {
@@ -112,6 +114,7 @@ impl Proxy {
                 metrics,
                 mirrors,
                 recorder: Arc::new(recorder),
+                sessions,
                 header_timeout: options.backend_header_timeout,
                 body_timeout: options.request_body_timeout,
             }),
@@ -140,6 +143,13 @@ impl Proxy {
         retire(old, self.shared.metrics.clone(), move || {
             shared.routes.load_full()
         });
+    }
+
+    /// Resolves once no upgraded (WebSocket) session is open, at once when none is. Sessions
+    /// outlive the requests that opened them, which end at their `101`; a drain waits for
+    /// both.
+    pub async fn sessions_closed(&self) {
+        self.shared.sessions.closed().await;
     }
 
     /// Changes each time a table is swapped in (once per applied push).
@@ -416,7 +426,7 @@ impl Proxy {
 
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
             if let Some(upgrade) = upgrade {
-                upgrade.splice(&mut response, &self.shared.metrics.websocket_sessions);
+                upgrade.splice(&mut response, &self.shared.sessions);
             }
         } else {
             strip_hop_by_hop(response.headers_mut(), false);

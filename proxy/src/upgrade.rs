@@ -13,6 +13,7 @@ use http::{header, HeaderMap, Response};
 use prometheus_client::metrics::gauge::Gauge;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 
 /// A byte stream after an HTTP upgrade.
 pub trait UpgradedIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
@@ -114,11 +115,15 @@ impl Upgrade {
     /// Joins the client's and the backend's upgraded connections after the backend's `101`,
     /// counting the session in `sessions` while it is open; the client connection's hold is
     /// kept until the session ends.
-    pub(crate) fn splice(self, response: &mut Response<UpstreamBody>, sessions: &Gauge) {
+    pub(crate) fn splice(self, response: &mut Response<UpstreamBody>, sessions: &Sessions) {
         let Self { client_side, hold } = self;
         let backend_side = hyper::upgrade::on(&mut *response);
-        let gauge = sessions.clone();
+        let gauge = sessions.open.clone();
+        // Taken before the `101` goes out, so a drain that finds the request ended finds
+        // the session open.
+        let open = sessions.ended.subscribe();
         tokio::spawn(async move {
+            let _open = open;
             let _hold = hold;
             let client = async {
                 match client_side {
@@ -141,6 +146,31 @@ impl Upgrade {
             splice(&mut client, hyper_util::rt::TokioIo::new(backend)).await;
             gauge.dec();
         });
+    }
+}
+
+/// The upgraded sessions of a proxy. They outlive the requests that opened them (a request
+/// ends at its `101`), so a drain waits for them on their own ([`Sessions::closed`]).
+#[derive(Debug)]
+pub(crate) struct Sessions {
+    /// Sessions spliced now (`websocket_active_sessions`).
+    open: Gauge,
+    /// Every session, from its `101` until it ends, holds a receiver of this; it is closed
+    /// once none is left. Touched once per upgrade, never by other requests.
+    ended: watch::Sender<()>,
+}
+
+impl Sessions {
+    /// Sessions counted in `open` while they are spliced.
+    pub(crate) fn new(open: Gauge) -> Self {
+        let (ended, _) = watch::channel(());
+        Self { open, ended }
+    }
+
+    /// Resolves once no upgraded session is open (at once when none is). Sessions that open
+    /// meanwhile are waited for too.
+    pub(crate) async fn closed(&self) {
+        self.ended.closed().await;
     }
 }
 

@@ -211,3 +211,188 @@ async fn access_log_writes_one_json_line_per_request() {
     .await
     .expect("test finished in time");
 }
+
+/// The proxy binary in standalone mode with `doc` as its config file, the grace period and
+/// extra settings `env`, stdout piped; returns once it is ready, with its data and admin
+/// addresses and the scratch directory to remove.
+async fn ready_proxy(
+    name: &str,
+    doc: &serde_json::Value,
+    grace: &str,
+    env: &[(&str, &str)],
+) -> (
+    tokio::process::Child,
+    std::net::SocketAddr,
+    std::net::SocketAddr,
+    std::path::PathBuf,
+) {
+    let dir = std::env::temp_dir().join(format!("cftunnel-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let config = dir.join("config.json");
+    std::fs::write(&config, doc.to_string()).expect("write config");
+    let (data_port, admin_port) = (free_port(), free_port());
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
+        .env_remove("TUNNEL_TOKEN")
+        .env("PROXY_ADDR", format!("127.0.0.1:{data_port}"))
+        .env("PROXY_CONFIG_ADDR", format!("127.0.0.1:{admin_port}"))
+        .env("PROXY_GRACE_PERIOD", grace)
+        .env("PROXY_AUTH_TOKEN", TOKEN)
+        .envs(env.iter().copied())
+        .arg("--config-file")
+        .arg(&config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("proxy binary starts");
+    let data: std::net::SocketAddr = format!("127.0.0.1:{data_port}").parse().expect("addr");
+    let admin: std::net::SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
+    let http = client();
+    let ready_by = Instant::now() + Duration::from_secs(10);
+    loop {
+        let up = tokio::net::TcpStream::connect(admin).await.is_ok();
+        if up && get(&http, admin, "a", "/readyz", &[]).await.status == 200 {
+            break;
+        }
+        assert!(Instant::now() < ready_by, "proxy became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (child, data, admin, dir)
+}
+
+/// SIGTERM to `child`, then waits until it has begun draining: `/readyz` answers 503 (or the
+/// admin port is already gone).
+async fn terminate(child: &tokio::process::Child, admin: std::net::SocketAddr) {
+    let pid = child.id().expect("the proxy runs");
+    let killed = Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status()
+        .expect("kill runs");
+    assert!(killed.success());
+    let http = client();
+    let draining_by = Instant::now() + Duration::from_secs(5);
+    loop {
+        if tokio::net::TcpStream::connect(admin).await.is_err()
+            || get(&http, admin, "a", "/readyz", &[]).await.status == 503
+        {
+            break;
+        }
+        assert!(Instant::now() < draining_by, "the proxy drains");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits up to `within` for `child` to exit; its exit code, and how long it took.
+async fn exit_of(child: &mut tokio::process::Child, within: Duration) -> (Option<i32>, Duration) {
+    let started = Instant::now();
+    let status = tokio::time::timeout(within, child.wait())
+        .await
+        .expect("the proxy exits in time")
+        .expect("wait");
+    (status.code(), started.elapsed())
+}
+
+/// A WebSocket session opened before the SIGTERM is still served during the drain, as an
+/// in-flight request is (proxy contract: up to `PROXY_GRACE_PERIOD`), and the process exits
+/// once it ends, without waiting out the grace period; one left open is cut at its end.
+#[tokio::test]
+async fn sigterm_keeps_open_websocket_sessions_until_they_end_or_the_grace_period_does() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let doc = serde_json::json!({"version": 1, "rules": [{"backends": [{"url": url(a.http_addr()), "weight": 1, "websocket": true}]}]});
+        async fn echoed(ws: &mut (impl StreamExt<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + SinkExt<Message> + Unpin), text: &str) -> bool {
+            if ws.send(Message::text(text)).await.is_err() {
+                return false;
+            }
+            matches!(
+                tokio::time::timeout(Duration::from_secs(5), ws.next()).await,
+                Ok(Some(Ok(Message::Text(t)))) if t.as_str() == text
+            )
+        }
+
+        // Closed by its client during the drain: the proxy exits then, long before 30s.
+        let (mut child, data, admin, dir) = ready_proxy("ws-drain", &doc, "30s", &[]).await;
+        let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{data}/ws"))
+            .await
+            .expect("websocket handshake through the proxy");
+        assert!(echoed(&mut ws, "before").await);
+        terminate(&child, admin).await;
+        assert!(echoed(&mut ws, "during the drain").await, "the session is still served while draining");
+        assert!(child.try_wait().expect("wait").is_none(), "the drain waits for the open session");
+        ws.close(None).await.expect("close sent");
+        let (code, took) = exit_of(&mut child, Duration::from_secs(10)).await;
+        assert_eq!(code, Some(0));
+        assert!(took < Duration::from_secs(10), "exits once the session ends: {took:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+
+        // Left open: served until the grace period ends, then cut, and the process exits 0.
+        let (mut child, data, admin, dir) = ready_proxy("ws-cut", &doc, "2s", &[]).await;
+        let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{data}/ws"))
+            .await
+            .expect("websocket handshake through the proxy");
+        let drain_started = Instant::now();
+        terminate(&child, admin).await;
+        assert!(echoed(&mut ws, "during the drain").await, "the session is still served while draining");
+        let (code, _) = exit_of(&mut child, Duration::from_secs(10)).await;
+        assert_eq!(code, Some(0));
+        assert!(drain_started.elapsed() >= Duration::from_millis(1900), "kept for the grace period");
+        assert!(!echoed(&mut ws, "after").await, "the session ended with the process");
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// The access-log lines of the last requests are written before the process exits: that of
+/// a request that finished during the drain, and that of one the end of the grace period cut
+/// off (`aborted`), whose line is made as the process stops.
+#[tokio::test]
+async fn access_log_lines_queued_at_exit_are_written() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let doc = serde_json::json!({"version": 1, "rules": [{"backends": [{"url": url(a.http_addr()), "weight": 1}]}]});
+        let (mut child, data, admin, dir) =
+            ready_proxy("log-exit", &doc, "1s", &[("PROXY_ACCESS_LOG_ENABLED", "true")]).await;
+        let mut stdout = child.stdout.take().expect("stdout");
+        let cut = tokio::spawn({
+            let http = client();
+            async move {
+                let req = http::Request::get(format!("http://{data}/cut?delay=60s"))
+                    .header("host", "h")
+                    .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .expect("request");
+                // Cut off: no response, or one whose body does not end.
+                let _ = http.request(req).await;
+            }
+        });
+        let finishing = tokio::spawn({
+            let http = client();
+            async move { get(&http, data, "h", "/finishing?delay=500ms", &[]).await }
+        });
+        let arrived_by = Instant::now() + Duration::from_secs(10);
+        while a.count_echoed("/cut?delay=60s") == 0 || a.count_echoed("/finishing?delay=500ms") == 0 {
+            assert!(Instant::now() < arrived_by, "both requests reach the backend");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        terminate(&child, admin).await;
+        assert_eq!(finishing.await.expect("task").status, 200);
+        let (code, _) = exit_of(&mut child, Duration::from_secs(10)).await;
+        assert_eq!(code, Some(0));
+        cut.abort();
+        let mut out = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut out).await.expect("stdout read");
+        let lines: Vec<serde_json::Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+            .collect();
+        let line = |path: &str| lines.iter().find(|l| l["path"] == path).cloned();
+        assert_eq!(line("/finishing").map(|l| l["status"].clone()), Some(200.into()), "{out}");
+        assert_eq!(line("/cut").map(|l| l["aborted"].clone()), Some(true.into()), "{out}");
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await
+    .expect("test finished in time");
+}

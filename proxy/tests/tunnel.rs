@@ -491,11 +491,31 @@ fn refused_at_start(env: &[(&str, &std::ffi::OsStr)]) -> String {
 fn a_bad_token_is_refused_at_start_naming_the_problem() {
     let err = refused_at_start(&[("TUNNEL_TOKEN", "not-base64-json".as_ref())]);
     assert!(err.contains("TUNNEL_TOKEN"), "{err}");
+    // Set to nothing (an unfilled template, a Secret key with no value): said to be empty.
+    for empty in ["", "  ", "\n"] {
+        let err = refused_at_start(&[("TUNNEL_TOKEN", empty.as_ref())]);
+        assert!(
+            err.contains("TUNNEL_TOKEN: tunnel token is empty"),
+            "{empty:?}: {err}"
+        );
+    }
+}
+
+/// A token as GNU `base64` prints it: wrapped at 76 columns, ending in a newline.
+fn wrapped(token: &cftunnel_tunnel::Token) -> String {
+    let flat = token.encode();
+    assert!(flat.len() > 76, "long enough to wrap");
+    let mut out = String::new();
+    for line in flat.as_bytes().chunks(76) {
+        out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+        out.push('\n');
+    }
+    out
 }
 
 /// A token mounted as a file (`TUNNEL_TOKEN_FILE`, as `cloudflared --token-file`) registers
-/// with the credentials in it, a trailing newline and all; an empty `TUNNEL_TOKEN` does not
-/// shadow it, and a non-empty one does.
+/// with the credentials in it, wrapped over several lines (as `base64` writes it) and all; an
+/// empty `TUNNEL_TOKEN` does not shadow it, and a non-empty one, wrapped too, does.
 #[tokio::test]
 async fn the_token_can_come_from_a_file() {
     tokio::time::timeout(TEST_TIMEOUT, async {
@@ -505,7 +525,7 @@ async fn the_token_can_come_from_a_file() {
         let tunnel = uuid::Uuid::new_v4();
         let token = cftunnel_tunnel::Token::new("file-account", vec![9u8; 32], tunnel);
         let file = dir.join("tunnel-token");
-        std::fs::write(&file, format!("{}\n", token.encode())).expect("token file written");
+        std::fs::write(&file, wrapped(&token)).expect("token file written");
         let file = file.to_string_lossy().into_owned();
         let (mut child, _admin) = tunnel_proxy_with(
             &edge,
@@ -535,7 +555,7 @@ async fn the_token_can_come_from_a_file() {
         let (mut child, _admin) = tunnel_proxy_with(
             &env_edge,
             &dir,
-            &env_token.encode(),
+            &wrapped(&env_token),
             "quic",
             a.http_addr(),
             &[("TUNNEL_TOKEN_FILE", file.as_str())],

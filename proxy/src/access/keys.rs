@@ -364,7 +364,11 @@ async fn fetch(shared: &Shared) -> Result<(Vec<Key>, String), String> {
         .insert(header::ACCEPT, HeaderValue::from_static("application/json"));
     let (response, _) = shared
         .upstream
-        .send(req, Some(shared.settings.fetch_timeout), None)
+        .send(
+            req,
+            Some(shared.settings.fetch_timeout),
+            crate::forward::TryBody::Held(bytes::Bytes::new()),
+        )
         .await
         .map_err(|e| e.to_string())?;
     if response.status() != StatusCode::OK {

@@ -6,7 +6,7 @@
 //! dropped and counted rather than queued.
 
 use super::request::upstream_request;
-use super::Upstream;
+use super::{TryBody, Upstream};
 use crate::body;
 use crate::trace::RequestTrace;
 use bytes::Bytes;
@@ -70,16 +70,22 @@ impl Mirrors {
             self.dropped.inc();
             return;
         };
-        let Ok(mut req) =
-            upstream_request(parts, parts.headers.clone(), upstream, body::full(body))
-        else {
+        let Ok(mut req) = upstream_request(
+            parts,
+            parts.headers.clone(),
+            upstream,
+            body::full(body.clone()),
+        ) else {
             return;
         };
         let span = trace.map(|t| t.start_mirror(&mut req, upstream));
         let upstream = upstream.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            match upstream.send(req, Some(MIRROR_TIMEOUT), None).await {
+            match upstream
+                .send(req, Some(MIRROR_TIMEOUT), TryBody::Held(body))
+                .await
+            {
                 Ok((resp, _)) => {
                     let span = span.map(|mut span| {
                         span.answered(resp.status().as_u16());

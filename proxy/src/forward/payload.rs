@@ -5,6 +5,7 @@
 //! mirror; every other body streams straight through to the backend, with a signal when it
 //! has been sent so the try's timeout can start then.
 
+use super::TryBody;
 use crate::body::{self, BoxError, ProxyBody};
 use bytes::Bytes;
 use http_body::{Body, Frame};
@@ -107,13 +108,12 @@ impl Payload {
         }
     }
 
-    /// The body for the last (or only) try; a streamed one comes with the receiver that
-    /// closes once it has been sent.
-    pub(crate) fn into_body(self) -> (ProxyBody, Option<oneshot::Receiver<()>>) {
+    /// The body for the last (or only) try, and what the try needs to know of it: the bytes
+    /// of a buffered one, the receiver that closes once a streamed one has been sent.
+    pub(crate) fn into_body(self) -> (ProxyBody, TryBody) {
         match self {
-            Self::Replayable(b) if b.is_empty() => (empty_body(), None),
-            Self::Replayable(b) => (body::full(b), None),
-            Self::Stream(b, sent) => (b, Some(sent)),
+            Self::Replayable(b) => (body::full(b.clone()), TryBody::Held(b)),
+            Self::Stream(b, sent) => (b, TryBody::Streamed(sent)),
         }
     }
 }

@@ -97,6 +97,9 @@ enum Tried {
     Done(Response<UpstreamBody>),
     /// A reused connection closed before taking the request.
     Unsent(Request<ProxyBody>),
+    /// A reused connection closed under the request before any answer: the copy of an
+    /// idempotent request, to write once more on another connection.
+    Closed(Request<ProxyBody>),
 }
 
 /// What [`H1Pool::send_h1`] did with a request.
@@ -147,31 +150,40 @@ impl H1Pool {
     /// to a backend that picked `h2`, over its HTTP/2 connection.
     ///
     /// A pooled connection the backend closed while it sat idle gives the request back
-    /// unsent; it is then sent on the next connection, as the backend never saw it. At the
-    /// connection limit the request waits as `wait` says, then fails with `Saturated`.
+    /// unsent; it is then sent on the next connection, as the backend never saw it. One that
+    /// closes under the request before any answer (the backend's keep-alive timeout fired as
+    /// the request went out) fails it, unless the request is idempotent and `replay` holds
+    /// its whole body: then it is written once more, on a new connection, as Go's transport
+    /// does. At the connection limit the request waits as `wait` says, then fails with
+    /// `Saturated`.
     pub(super) async fn send(
         self: &Arc<Self>,
         mut req: Request<ProxyBody>,
         wait: &Wait,
+        mut replay: Option<&Bytes>,
     ) -> Result<Response<UpstreamBody>, ForwardError> {
         if let Some(alpn) = &self.alpn_h2 {
             // Boxed: TLS backends only, so the plain path's future stays as small as it was.
             return if req.headers().contains_key(http::header::UPGRADE) {
-                Box::pin(self.send_upgrade(&alpn.upgrades, req, wait)).await
+                Box::pin(self.send_upgrade(&alpn.upgrades, req, wait, replay)).await
             } else {
-                Box::pin(self.send_alpn(&alpn.channel, req, wait)).await
+                Box::pin(self.send_alpn(&alpn.channel, req, wait, replay)).await
             };
         }
+        let mut fresh = false;
         loop {
-            let (sender, reused) = match self.checkout() {
+            // After a connection closed under the request, its copy goes on a new one.
+            let idle = if fresh { None } else { self.checkout() };
+            let (sender, reused) = match idle {
                 Some(sender) => (sender, true),
                 // Boxed: dialing (and waiting at the limit) is rare, and its large future would
                 // otherwise be carried (and copied) by every request's future.
                 None => Box::pin(self.dial_or_wait(&self.connector, wait)).await?,
             };
-            match self.exchange(sender, reused, req).await? {
+            match self.exchange(sender, reused, req, replay).await? {
                 Tried::Done(resp) => return Ok(resp),
                 Tried::Unsent(unsent) => req = unsent,
+                Tried::Closed(copy) => (req, replay, fresh) = (copy, None, true),
             }
         }
     }
@@ -183,15 +195,19 @@ impl H1Pool {
         upgrades: &Connector,
         mut req: Request<ProxyBody>,
         wait: &Wait,
+        mut replay: Option<&Bytes>,
     ) -> Result<Response<UpstreamBody>, ForwardError> {
+        let mut fresh = false;
         loop {
-            let (sender, reused) = match self.checkout() {
+            let idle = if fresh { None } else { self.checkout() };
+            let (sender, reused) = match idle {
                 Some(sender) => (sender, true),
                 None => self.dial_or_wait(upgrades, wait).await?,
             };
-            match self.exchange(sender, reused, req).await? {
+            match self.exchange(sender, reused, req, replay).await? {
                 Tried::Done(resp) => return Ok(resp),
                 Tried::Unsent(unsent) => req = unsent,
+                Tried::Closed(copy) => (req, replay, fresh) = (copy, None, true),
             }
         }
     }
@@ -203,6 +219,7 @@ impl H1Pool {
         channel: &H2Channel,
         mut req: Request<ProxyBody>,
         wait: &Wait,
+        replay: Option<&Bytes>,
     ) -> Result<Response<UpstreamBody>, ForwardError> {
         for _ in 0..2 {
             let sender = match channel.open() {
@@ -213,7 +230,7 @@ impl H1Pool {
                         // Used only within the limit; at it, closed, and the request waits.
                         let fresh = self.permits.clone().try_acquire_owned().ok();
                         let fresh = fresh.map(|permit| (io, permit));
-                        return match self.send_h1(req, fresh, wait).await? {
+                        return match self.send_h1(req, fresh, wait, replay).await? {
                             Sent::Response(resp) => Ok(resp),
                             Sent::PickedH2(..) => {
                                 Err(ForwardError::Other("backend spoke h2".into()))
@@ -226,7 +243,7 @@ impl H1Pool {
             };
             let sender = match sender {
                 Some(sender) => sender,
-                None => match self.send_h1(req, None, wait).await? {
+                None => match self.send_h1(req, None, wait, replay).await? {
                     Sent::Response(resp) => return Ok(resp),
                     Sent::PickedH2(unsent, io) => {
                         req = unsent;
@@ -251,17 +268,22 @@ impl H1Pool {
         mut req: Request<ProxyBody>,
         mut fresh: Option<(Stream, OwnedSemaphorePermit)>,
         wait: &Wait,
+        mut replay: Option<&Bytes>,
     ) -> Result<Sent, ForwardError> {
+        let mut closed_under = false;
         loop {
-            let slot = match fresh.take() {
-                Some((io, permit)) => Err((io, permit)),
-                None => match self.checkout() {
+            let slot = if let Some((io, permit)) = fresh.take() {
+                Err((io, permit))
+            } else {
+                // After a connection closed under the request, its copy goes on a new one.
+                let idle = if closed_under { None } else { self.checkout() };
+                match idle {
                     Some(sender) => Ok(sender),
                     None => match self.slot(wait).await? {
                         Slot::Idle(sender) => Ok(sender),
                         Slot::New(permit) => Err((self.connect().await?, permit)),
                     },
-                },
+                }
             };
             let (sender, reused) = match slot {
                 Ok(sender) => (sender, true),
@@ -272,21 +294,28 @@ impl H1Pool {
                     (handshake(io, permit).await?, false)
                 }
             };
-            match self.exchange(sender, reused, req).await? {
+            match self.exchange(sender, reused, req, replay).await? {
                 Tried::Done(resp) => return Ok(Sent::Response(resp)),
                 Tried::Unsent(unsent) => req = unsent,
+                Tried::Closed(copy) => (req, replay, closed_under) = (copy, None, true),
             }
         }
     }
 
     /// One exchange on `sender`. A request that a `reused` connection gave back unsent is
-    /// returned for the next connection.
+    /// returned for the next connection; so is a copy of an idempotent one whose body
+    /// `replay` holds, when that connection closed under it before any answer.
     async fn exchange(
         self: &Arc<Self>,
         mut sender: http1::SendRequest<ProxyBody>,
         reused: bool,
         req: Request<ProxyBody>,
+        replay: Option<&Bytes>,
     ) -> Result<Tried, ForwardError> {
+        // Only a reused connection can have been closed by the backend's keep-alive timeout.
+        let copy = replay
+            .filter(|_| reused && req.method().is_idempotent())
+            .map(|body| Replay::of(&req, body));
         match sender.try_send_request(req).await {
             // After a `101` the connection belongs to the upgrade, never to the pool.
             Ok(resp) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
@@ -303,7 +332,16 @@ impl H1Pool {
             }
             Err(mut e) => match e.take_message() {
                 Some(unsent) if reused => Ok(Tried::Unsent(unsent)),
-                _ => Err(ForwardError::from_hyper(e.into_error())),
+                _ => {
+                    let e = e.into_error();
+                    match copy {
+                        Some(copy) if closed_before_answer(&e) => {
+                            tracing::debug!(error = %e, "reused connection closed under the request: sent again");
+                            Ok(Tried::Closed(copy.into_request()))
+                        }
+                        _ => Err(ForwardError::from_hyper(e)),
+                    }
+                }
             },
         }
     }
@@ -458,6 +496,55 @@ impl H1Pool {
             }
         });
     }
+}
+
+/// What it takes to write a request again: its head and its whole body.
+struct Replay {
+    head: Request<()>,
+    body: Bytes,
+}
+
+impl Replay {
+    fn of(req: &Request<ProxyBody>, body: &Bytes) -> Self {
+        let mut head = Request::new(());
+        *head.method_mut() = req.method().clone();
+        *head.uri_mut() = req.uri().clone();
+        *head.version_mut() = req.version();
+        *head.headers_mut() = req.headers().clone();
+        Self {
+            head,
+            body: body.clone(),
+        }
+    }
+
+    fn into_request(self) -> Request<ProxyBody> {
+        self.head.map(|()| crate::body::full(self.body))
+    }
+}
+
+/// Whether an exchange failed because its connection ended (closed or reset) before a
+/// complete response head came: what a backend closing an idle keep-alive connection as the
+/// request arrives looks like. Any other failure, a malformed answer included, is not
+/// repeated.
+fn closed_before_answer(e: &hyper::Error) -> bool {
+    use std::io::ErrorKind;
+    if e.is_incomplete_message() {
+        return true;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::BrokenPipe
+                    | ErrorKind::UnexpectedEof
+            );
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// Uncounts a request waiting at the limit when its wait ends or is dropped.
@@ -628,7 +715,10 @@ mod tests {
 
     async fn get(pool: &Arc<H1Pool>) {
         let req = request();
-        let resp = pool.send(req, &Wait::until(None)).await.expect("response");
+        let resp = pool
+            .send(req, &Wait::until(None), None)
+            .await
+            .expect("response");
         assert_eq!(resp.status(), http::StatusCode::OK);
         let body = resp.into_body().collect().await.expect("body").to_bytes();
         assert_eq!(&body[..], b"ok");
@@ -712,7 +802,10 @@ mod tests {
 
         // At the limit, a request waits for the one connection and gets it when it is put back.
         let req = request();
-        let held = pool.send(req, &Wait::until(None)).await.expect("response");
+        let held = pool
+            .send(req, &Wait::until(None), None)
+            .await
+            .expect("response");
         let waiting = tokio::spawn({
             let pool = pool.clone();
             async move { get(&pool).await }
@@ -737,10 +830,13 @@ mod tests {
 
         // A wait cut off by its deadline is uncounted too.
         let req = request();
-        let held = pool.send(req, &Wait::until(None)).await.expect("response");
+        let held = pool
+            .send(req, &Wait::until(None), None)
+            .await
+            .expect("response");
         let req = request();
         let deadline = tokio::time::Instant::now() + Duration::from_millis(100);
-        let saturated = pool.send(req, &Wait::until(Some(deadline))).await;
+        let saturated = pool.send(req, &Wait::until(Some(deadline)), None).await;
         assert!(
             matches!(saturated, Err(ForwardError::Saturated)),
             "{saturated:?}"

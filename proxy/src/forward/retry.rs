@@ -8,7 +8,7 @@
 use super::error::ForwardError;
 use super::payload::Payload;
 use super::request::{upstream_request, UnforwardableTarget};
-use super::{Upstream, UpstreamBody};
+use super::{TryBody, Upstream, UpstreamBody};
 use crate::body;
 use crate::metrics::HostMetrics;
 use crate::trace::{RequestTrace, TrySpan};
@@ -200,7 +200,9 @@ async fn with_retries<'a: 'f, 'f>(
                 .map(|t| t.start_try(&mut req, target, tries.count));
             tries.count += 1;
             tries.last = Some(target);
-            let result = target.send(req, per_try, None).await;
+            let result = target
+                .send(req, per_try, TryBody::Held(bytes.clone()))
+                .await;
             let retryable = match &result {
                 Ok((resp, _)) => policy.codes.contains(&resp.status().as_u16()),
                 Err(e) => e.is_retryable(),
