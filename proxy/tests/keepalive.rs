@@ -69,9 +69,10 @@ async fn call(http: &TestClient, proxy: SocketAddr, method: Method, path: &str) 
     send(http, req).await
 }
 
-/// An idempotent request (GET, DELETE) on a reused connection that the backend closes before
-/// answering is sent once more, on a new connection, and answered; a POST is not sent again
-/// (the backend may have acted on it) and fails with 503, as any reset exchange does.
+/// An idempotent request (GET, DELETE) on a reused connection that sat idle and that the
+/// backend closes before answering is sent once more, on a new connection, and answered; a
+/// POST is not sent again (the backend may have acted on it) and fails with 503, as any reset
+/// exchange does.
 #[tokio::test]
 async fn an_idempotent_request_on_a_reused_connection_the_backend_closed_is_sent_once_more() {
     tokio::time::timeout(TEST_TIMEOUT, async {
@@ -81,14 +82,18 @@ async fn an_idempotent_request_on_a_reused_connection_the_backend_closed_is_sent
         let proxy = proxy_to(&http, backend).await;
         let data = proxy.data_addr();
 
+        // Each reused connection has sat idle, as one a keep-alive timer closes has.
+        let idle = || tokio::time::sleep(std::time::Duration::from_millis(600));
         let r = call(&http, data, Method::GET, "/one").await;
         assert_eq!((r.status, &r.body[..]), (StatusCode::OK, &b"conn 1"[..]));
+        idle().await;
         let r = call(&http, data, Method::GET, "/two").await;
         assert_eq!(
             (r.status, &r.body[..]),
             (StatusCode::OK, &b"conn 2"[..]),
             "answered on a new connection"
         );
+        idle().await;
         let r = call(&http, data, Method::POST, "/three").await;
         assert_eq!(
             r.status,
@@ -97,6 +102,7 @@ async fn an_idempotent_request_on_a_reused_connection_the_backend_closed_is_sent
         );
         let r = call(&http, data, Method::DELETE, "/four").await;
         assert_eq!((r.status, &r.body[..]), (StatusCode::OK, &b"conn 3"[..]));
+        idle().await;
         let r = call(&http, data, Method::DELETE, "/five").await;
         assert_eq!((r.status, &r.body[..]), (StatusCode::OK, &b"conn 4"[..]));
 

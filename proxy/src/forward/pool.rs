@@ -67,10 +67,33 @@ impl Wait {
     }
 }
 
+/// How long a connection may sit idle before a request on it keeps a copy to send again:
+/// the backend's keep-alive timer may close it as the request goes out (Node and uvicorn
+/// after 5 s, gunicorn after 2 s). A connection reused sooner, as under steady traffic, costs
+/// its request no copy of its head.
+const RESEND_AFTER_IDLE: Duration = Duration::from_millis(500);
+
+/// Where the connection an exchange goes out on comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reuse {
+    /// Dialed for it.
+    New,
+    /// From the pool, used within [`RESEND_AFTER_IDLE`].
+    Recent,
+    /// From the pool, idle longer: the backend may close it under the request.
+    Aged,
+}
+
+impl Reuse {
+    fn reused(self) -> bool {
+        self != Self::New
+    }
+}
+
 /// What a request at the limit got.
 enum Slot {
     /// A connection that came back to the pool.
-    Idle(http1::SendRequest<ProxyBody>),
+    Idle(http1::SendRequest<ProxyBody>, Reuse),
     /// Room for a new connection.
     New(OwnedSemaphorePermit),
 }
@@ -175,7 +198,7 @@ impl H1Pool {
             // After a connection closed under the request, its copy goes on a new one.
             let idle = if fresh { None } else { self.checkout() };
             let (sender, reused) = match idle {
-                Some(sender) => (sender, true),
+                Some(checked) => checked,
                 // Boxed: dialing (and waiting at the limit) is rare, and its large future would
                 // otherwise be carried (and copied) by every request's future.
                 None => Box::pin(self.dial_or_wait(&self.connector, wait)).await?,
@@ -201,7 +224,7 @@ impl H1Pool {
         loop {
             let idle = if fresh { None } else { self.checkout() };
             let (sender, reused) = match idle {
-                Some(sender) => (sender, true),
+                Some(checked) => checked,
                 None => self.dial_or_wait(upgrades, wait).await?,
             };
             match self.exchange(sender, reused, req, replay).await? {
@@ -278,20 +301,20 @@ impl H1Pool {
                 // After a connection closed under the request, its copy goes on a new one.
                 let idle = if closed_under { None } else { self.checkout() };
                 match idle {
-                    Some(sender) => Ok(sender),
+                    Some(checked) => Ok(checked),
                     None => match self.slot(wait).await? {
-                        Slot::Idle(sender) => Ok(sender),
+                        Slot::Idle(sender, reuse) => Ok((sender, reuse)),
                         Slot::New(permit) => Err((self.connect().await?, permit)),
                     },
                 }
             };
             let (sender, reused) = match slot {
-                Ok(sender) => (sender, true),
+                Ok(checked) => checked,
                 Err((io, permit)) => {
                     if io.negotiated_h2() {
                         return Ok(Sent::PickedH2(req, io));
                     }
-                    (handshake(io, permit).await?, false)
+                    (handshake(io, permit).await?, Reuse::New)
                 }
             };
             match self.exchange(sender, reused, req, replay).await? {
@@ -302,19 +325,21 @@ impl H1Pool {
         }
     }
 
-    /// One exchange on `sender`. A request that a `reused` connection gave back unsent is
+    /// One exchange on `sender`. A request that a reused connection gave back unsent is
     /// returned for the next connection; so is a copy of an idempotent one whose body
-    /// `replay` holds, when that connection closed under it before any answer.
+    /// `replay` holds, when a connection that sat idle a while ([`Reuse::Aged`]) closed under
+    /// it before any answer.
     async fn exchange(
         self: &Arc<Self>,
         mut sender: http1::SendRequest<ProxyBody>,
-        reused: bool,
+        reused: Reuse,
         req: Request<ProxyBody>,
         replay: Option<&Bytes>,
     ) -> Result<Tried, ForwardError> {
-        // Only a reused connection can have been closed by the backend's keep-alive timeout.
+        // Only a connection that sat idle can have been closed by the backend's keep-alive
+        // timer as the request goes out.
         let copy = replay
-            .filter(|_| reused && req.method().is_idempotent())
+            .filter(|_| reused == Reuse::Aged && req.method().is_idempotent())
             .map(|body| Replay::of(&req, body));
         match sender.try_send_request(req).await {
             // After a `101` the connection belongs to the upgrade, never to the pool.
@@ -331,7 +356,7 @@ impl H1Pool {
                 ))
             }
             Err(mut e) => match e.take_message() {
-                Some(unsent) if reused => Ok(Tried::Unsent(unsent)),
+                Some(unsent) if reused.reused() => Ok(Tried::Unsent(unsent)),
                 _ => {
                     let e = e.into_error();
                     match copy {
@@ -351,16 +376,22 @@ impl H1Pool {
     /// A connection is put back when its response has been read, which normally leaves it
     /// ready at once. One that is still busy (its request body is still being sent) is not
     /// waited for here: it goes back to the pool when it becomes ready.
-    fn checkout(self: &Arc<Self>) -> Option<http1::SendRequest<ProxyBody>> {
+    fn checkout(self: &Arc<Self>) -> Option<(http1::SendRequest<ProxyBody>, Reuse)> {
         loop {
             let idle = self.idle.lock().ok()?.pop()?;
-            if idle.sender.is_closed() || idle.since.elapsed() > self.idle_timeout {
+            let idled = idle.since.elapsed();
+            if idle.sender.is_closed() || idled > self.idle_timeout {
                 continue;
             }
+            let reuse = if idled >= RESEND_AFTER_IDLE {
+                Reuse::Aged
+            } else {
+                Reuse::Recent
+            };
             let mut sender = idle.sender;
             let mut cx = Context::from_waker(std::task::Waker::noop());
             match sender.poll_ready(&mut cx) {
-                Poll::Ready(Ok(())) => return Some(sender),
+                Poll::Ready(Ok(())) => return Some((sender, reuse)),
                 Poll::Ready(Err(_)) => continue,
                 Poll::Pending => {
                     let pool = self.clone();
@@ -379,15 +410,15 @@ impl H1Pool {
     }
 
     /// A new connection through `connector`, or, at the limit, the first one to come back to
-    /// the pool or be made room for by another's closing. `true` with a reused connection.
+    /// the pool or be made room for by another's closing, and where it comes from.
     async fn dial_or_wait(
         self: &Arc<Self>,
         connector: &Connector,
         wait: &Wait,
-    ) -> Result<(http1::SendRequest<ProxyBody>, bool), ForwardError> {
+    ) -> Result<(http1::SendRequest<ProxyBody>, Reuse), ForwardError> {
         match self.slot(wait).await? {
-            Slot::Idle(sender) => Ok((sender, true)),
-            Slot::New(permit) => Ok((dial(connector, permit).await?, false)),
+            Slot::Idle(sender, reuse) => Ok((sender, reuse)),
+            Slot::New(permit) => Ok((dial(connector, permit).await?, Reuse::New)),
         }
     }
 
@@ -409,8 +440,8 @@ impl H1Pool {
                 // Registered before looking, so a connection put back after the look wakes
                 // this request (or another waiting one) instead of sitting idle.
                 returned.as_mut().enable();
-                if let Some(sender) = self.checkout() {
-                    return Ok(Slot::Idle(sender));
+                if let Some((sender, reuse)) = self.checkout() {
+                    return Ok(Slot::Idle(sender, reuse));
                 }
                 tokio::select! {
                     permit = self.permits.clone().acquire_owned() => {
