@@ -210,11 +210,9 @@ impl Upstream {
         // The client's own future, not a block around it that would carry `req` once more.
         let fut = match &self.client {
             Client::Http1(pool) => Either::Left(pool.send(req, &wait, held.as_ref())),
-            Client::H2c(channel) => Either::Right(
-                channel
-                    .send(req)
-                    .map(|sent| sent.map(|r| r.map(UpstreamBody::unpooled))),
-            ),
+            Client::H2c(channel) => Either::Right(channel.send(req).map(|sent| {
+                sent.map(|(r, stream)| r.map(|body| UpstreamBody::on_stream(body, stream)))
+            })),
         };
         tokio::pin!(fut);
         let (Some(timeout), Some(mut deadline)) = (timeout, start_deadline) else {

@@ -1724,3 +1724,69 @@ async fn clients_that_stop_reading_do_not_stall_other_answers_from_an_http2_back
     .await
     .expect("test finished in time");
 }
+
+/// An HTTP/2 backend's stream limit does not hold requests up while long-lived streams fill
+/// it: past a share of streams per connection, requests go on another connection to the
+/// backend, as Go's Transport opens one.
+#[tokio::test]
+async fn long_lived_streams_do_not_hold_other_requests_to_an_http2_backend_at_its_stream_limit() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // An h2c backend allowing 128 streams a connection, as nginx does: `/hold` is never
+        // answered, anything else at once.
+        let held = std::sync::Arc::new(AtomicUsize::new(0));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let backend = listener.local_addr().expect("addr");
+        let counter = held.clone();
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let counter = counter.clone();
+                let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let counter = counter.clone();
+                    async move {
+                        if req.uri().path() == "/hold" {
+                            counter.fetch_add(1, Ordering::SeqCst);
+                            std::future::pending::<()>().await;
+                        }
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(Bytes::from_static(b"quick"))))
+                    }
+                });
+                tokio::spawn(
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .max_concurrent_streams(128)
+                        .serve_connection(hyper_util::rt::TokioIo::new(conn), service),
+                );
+            }
+        });
+        let proxy = proxy().await;
+        let http = client();
+        let doc = json!({"rules": [{"backends": [{"url": url(backend), "weight": 1, "protocol": "h2c"}]}]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+        let d = proxy.data_addr();
+
+        // 130 requests that stay open, more than the backend takes on one connection.
+        let (sender, _task) = cftunnel_testkit::client::connect_h2c(d).await.expect("connect");
+        let mut open = Vec::new();
+        for _ in 0..130 {
+            let mut sender = sender.clone();
+            open.push(tokio::spawn(async move {
+                let req = Request::get("/hold").header("host", "h").body(Full::new(Bytes::new())).expect("request");
+                sender.send_request(req).await
+            }));
+        }
+        let by = std::time::Instant::now() + Duration::from_secs(10);
+        while held.load(Ordering::SeqCst) < 130 {
+            assert!(std::time::Instant::now() < by, "only {} of the 130 reached the backend", held.load(Ordering::SeqCst));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let r = tokio::time::timeout(Duration::from_secs(10), get(&http, d, "h", "/quick", &[]))
+            .await
+            .expect("another request is answered");
+        assert_eq!(r.status, StatusCode::OK);
+        for request in open {
+            request.abort();
+        }
+    })
+    .await
+    .expect("test finished in time");
+}

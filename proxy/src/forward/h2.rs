@@ -6,17 +6,22 @@
 //! there, not from a `Host` header. A pool keyed by URI would instead open a connection per host
 //! a client cared to send. The connection is dialed on first use and again once it has closed;
 //! requests that arrive meanwhile wait for that one dial and share its outcome.
+//!
+//! A connection carries at most [`STREAMS_PER_CONNECTION`] requests at once; with that many in
+//! flight on every open connection, another is dialed, as Go's Transport does. Otherwise the
+//! backend's own stream limit (128 in nginx, 250 in Go) would hold every further request in a
+//! queue for as long as long-lived streams (gRPC watches, server-sent events) stay open.
 
 use super::connector::{ConnectErrorKind, Connector, Stream};
 use super::error::ForwardError;
 use crate::body::ProxyBody;
-use arc_swap::ArcSwapOption;
+use arc_swap::ArcSwap;
 use http::uri::{Authority, Scheme};
 use http::{header, Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +32,9 @@ pub(super) type Sender = http2::SendRequest<ProxyBody>;
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a ping may go unanswered before the connection is closed.
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Requests in flight on one connection before the next request goes to another: the least a
+/// server should allow (RFC 9113 §6.5.2).
+const STREAMS_PER_CONNECTION: usize = 100;
 /// How much a stream may be sent ahead of its client reading it.
 const STREAM_WINDOW: u32 = 2 << 20;
 /// How much all streams of the connection together may be sent ahead: Go's Transport's 1 GiB.
@@ -44,8 +52,8 @@ pub(super) struct H2Channel {
     scheme: Scheme,
     /// The authority of a request whose `Host` is not one.
     fallback: Authority,
-    /// The open connection; readers take a handle without a lock.
-    current: ArcSwapOption<Sender>,
+    /// The open connections, newest last; readers take a handle without a lock.
+    conns: ArcSwap<Vec<Arc<Conn>>>,
     /// Held while dialing; holds the failure of the last dial, which the requests that waited
     /// for it share instead of each dialing again in turn.
     dialing: tokio::sync::Mutex<Option<ForwardError>>,
@@ -56,10 +64,55 @@ pub(super) struct H2Channel {
     picked: AtomicBool,
 }
 
+/// One HTTP/2 connection and the requests in flight on it.
+#[derive(Debug)]
+struct Conn {
+    sender: Sender,
+    streams: Arc<AtomicUsize>,
+}
+
+impl Conn {
+    /// A stream on this connection, if it is open and below its share.
+    fn claim(&self) -> Option<Claimed> {
+        if self.sender.is_closed() || self.streams.load(Ordering::Relaxed) >= STREAMS_PER_CONNECTION
+        {
+            return None;
+        }
+        Some(Claimed {
+            sender: self.sender.clone(),
+            stream: OpenStream::on(&self.streams),
+        })
+    }
+}
+
+/// A request's place on a connection, given up when its response body is done with (or the
+/// request fails).
+#[derive(Debug)]
+pub struct OpenStream(Arc<AtomicUsize>);
+
+impl OpenStream {
+    fn on(streams: &Arc<AtomicUsize>) -> Self {
+        streams.fetch_add(1, Ordering::Relaxed);
+        Self(Arc::clone(streams))
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A connection to send one request on, with the request's place on it.
+pub(super) struct Claimed {
+    pub(super) sender: Sender,
+    pub(super) stream: OpenStream,
+}
+
 /// What a dial produced.
 pub(super) enum Dialed {
     /// An HTTP/2 connection.
-    Http2(Sender),
+    Http2(Claimed),
     /// A new TLS connection on which the backend picked HTTP/1.1, for the caller's pool.
     Http1(Stream),
     /// The dial this request waited for found the backend speaking HTTP/1.1.
@@ -68,8 +121,9 @@ pub(super) enum Dialed {
 
 /// How one exchange on an HTTP/2 connection ended.
 pub(super) enum Exchanged {
-    /// The backend's answer. Its body holds no lease: the connection is shared, not lent.
-    Response(Response<Incoming>),
+    /// The backend's answer, and its place on the connection: the connection is shared, not
+    /// lent.
+    Response(Response<Incoming>, OpenStream),
     /// The connection closed before the request went out: it may be sent on another one.
     Unsent(Request<ProxyBody>),
     Failed(ForwardError),
@@ -81,7 +135,7 @@ impl H2Channel {
             connector,
             scheme,
             fallback,
-            current: ArcSwapOption::empty(),
+            conns: ArcSwap::from_pointee(Vec::new()),
             dialing: tokio::sync::Mutex::new(None),
             dials: AtomicU64::new(0),
             picked: AtomicBool::new(true),
@@ -93,21 +147,21 @@ impl H2Channel {
     pub(super) async fn send(
         &self,
         mut req: Request<ProxyBody>,
-    ) -> Result<Response<Incoming>, ForwardError> {
+    ) -> Result<(Response<Incoming>, OpenStream), ForwardError> {
         for _ in 0..2 {
-            let sender = match self.open() {
-                Some(sender) => sender,
+            let claimed = match self.open() {
+                Some(claimed) => claimed,
                 // Boxed: dialing is rare, and its future would otherwise be carried by every
                 // request's.
                 None => match Box::pin(self.dial()).await? {
-                    Dialed::Http2(sender) => sender,
+                    Dialed::Http2(claimed) => claimed,
                     Dialed::Http1(_) | Dialed::UseHttp1 => {
                         return Err(ForwardError::Other("backend refused h2".into()))
                     }
                 },
             };
-            match self.exchange(sender, req).await {
-                Exchanged::Response(resp) => return Ok(resp),
+            match self.exchange(claimed, req).await {
+                Exchanged::Response(resp, stream) => return Ok((resp, stream)),
                 Exchanged::Failed(e) => return Err(e),
                 Exchanged::Unsent(unsent) => req = unsent,
             }
@@ -115,13 +169,9 @@ impl H2Channel {
         Err(ForwardError::Canceled)
     }
 
-    /// The open connection, if any.
-    pub(super) fn open(&self) -> Option<Sender> {
-        self.current
-            .load()
-            .as_deref()
-            .filter(|s| !s.is_closed())
-            .cloned()
+    /// A stream on an open connection below its share, if there is one.
+    pub(super) fn open(&self) -> Option<Claimed> {
+        self.conns.load().iter().find_map(|conn| conn.claim())
     }
 
     /// Whether new connections should be dialed here (see `picked`).
@@ -129,14 +179,14 @@ impl H2Channel {
         self.picked.load(Ordering::Relaxed)
     }
 
-    /// The open connection, or a new one. Requests that arrive while a dial runs wait for it
-    /// and share its outcome: its connection, its failure, or its finding that the backend
-    /// now picks HTTP/1.1.
+    /// A stream on an open connection, or on a new one. Requests that arrive while a dial runs
+    /// wait for it and share its outcome: its connection, its failure, or its finding that the
+    /// backend now picks HTTP/1.1.
     pub(super) async fn dial(&self) -> Result<Dialed, ForwardError> {
         let seen = self.dials.load(Ordering::Acquire);
         let mut last_failure = self.dialing.lock().await;
-        if let Some(sender) = self.open() {
-            return Ok(Dialed::Http2(sender));
+        if let Some(claimed) = self.open() {
+            return Ok(Dialed::Http2(claimed));
         }
         if self.dials.load(Ordering::Acquire) != seen {
             if let Some(e) = last_failure.as_ref() {
@@ -163,17 +213,17 @@ impl H2Channel {
         dialed
     }
 
-    /// Makes `io`, a connection on which the backend picked `h2`, the open connection, unless
-    /// another request installed one first (then `io` is closed and that one is used).
-    pub(super) async fn adopt(&self, io: Stream) -> Result<Sender, ForwardError> {
+    /// Adds `io`, a connection on which the backend picked `h2`, to the open connections,
+    /// unless one of those has room (then `io` is closed and that one is used).
+    pub(super) async fn adopt(&self, io: Stream) -> Result<Claimed, ForwardError> {
         let _dialing = self.dialing.lock().await;
         match self.open() {
-            Some(sender) => Ok(sender),
+            Some(claimed) => Ok(claimed),
             None => self.install(io).await,
         }
     }
 
-    async fn install(&self, io: Stream) -> Result<Sender, ForwardError> {
+    async fn install(&self, io: Stream) -> Result<Claimed, ForwardError> {
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .keep_alive_interval(KEEP_ALIVE_INTERVAL)
@@ -189,18 +239,37 @@ impl H2Channel {
                 tracing::debug!(error = %e, "HTTP/2 backend connection ended");
             }
         });
-        self.current.store(Some(Arc::new(sender.clone())));
+        let conn = Arc::new(Conn {
+            sender,
+            streams: Arc::new(AtomicUsize::new(0)),
+        });
+        // Its stream is claimed before others can see it, so it is this request's to use.
+        let claimed = Claimed {
+            sender: conn.sender.clone(),
+            stream: OpenStream::on(&conn.streams),
+        };
+        // Closed ones go: they take no more requests, and their streams hold their own handles.
+        self.conns.rcu(|conns| {
+            let mut open: Vec<Arc<Conn>> = conns
+                .iter()
+                .filter(|c| !c.sender.is_closed())
+                .cloned()
+                .collect();
+            open.push(Arc::clone(&conn));
+            open
+        });
         self.picked.store(true, Ordering::Relaxed);
-        Ok(sender)
+        Ok(claimed)
     }
 
-    /// Sends `req` (origin-form, with its host in `Host`) on `sender` as an HTTP/2 request
-    /// whose `:authority` is that host.
+    /// Sends `req` (origin-form, with its host in `Host`) on the claimed connection as an
+    /// HTTP/2 request whose `:authority` is that host.
     pub(super) async fn exchange(
         &self,
-        mut sender: Sender,
+        claimed: Claimed,
         mut req: Request<ProxyBody>,
     ) -> Exchanged {
+        let Claimed { mut sender, stream } = claimed;
         *req.version_mut() = http::Version::HTTP_2;
         if req.uri().authority().is_none() {
             let authority = req
@@ -220,7 +289,7 @@ impl H2Channel {
             return Exchanged::Unsent(req);
         }
         match sender.try_send_request(req).await {
-            Ok(resp) => Exchanged::Response(resp),
+            Ok(resp) => Exchanged::Response(resp, stream),
             Err(mut e) => match e.take_message() {
                 Some(req) => Exchanged::Unsent(req),
                 None => Exchanged::Failed(ForwardError::from_hyper(e.into_error())),

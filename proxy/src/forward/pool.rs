@@ -6,7 +6,7 @@
 
 use super::connector::{ConnectErrorKind, Connector, Stream};
 use super::error::ForwardError;
-use super::h2::{Dialed, Exchanged, H2Channel};
+use super::h2::{Dialed, Exchanged, H2Channel, OpenStream};
 use crate::body::ProxyBody;
 use bytes::Bytes;
 use http::uri::{Authority, Scheme};
@@ -245,10 +245,10 @@ impl H1Pool {
         replay: Option<&Bytes>,
     ) -> Result<Response<UpstreamBody>, ForwardError> {
         for _ in 0..2 {
-            let sender = match channel.open() {
-                Some(sender) => Some(sender),
+            let claimed = match channel.open() {
+                Some(claimed) => Some(claimed),
                 None if channel.picked() => match channel.dial().await? {
-                    Dialed::Http2(sender) => Some(sender),
+                    Dialed::Http2(claimed) => Some(claimed),
                     Dialed::Http1(io) => {
                         // Used only within the limit; at it, closed, and the request waits.
                         let fresh = self.permits.clone().try_acquire_owned().ok();
@@ -264,8 +264,8 @@ impl H1Pool {
                 },
                 None => None,
             };
-            let sender = match sender {
-                Some(sender) => sender,
+            let claimed = match claimed {
+                Some(claimed) => claimed,
                 None => match self.send_h1(req, None, wait, replay).await? {
                     Sent::Response(resp) => return Ok(resp),
                     Sent::PickedH2(unsent, io) => {
@@ -274,8 +274,10 @@ impl H1Pool {
                     }
                 },
             };
-            match channel.exchange(sender, req).await {
-                Exchanged::Response(resp) => return Ok(resp.map(UpstreamBody::unpooled)),
+            match channel.exchange(claimed, req).await {
+                Exchanged::Response(resp, stream) => {
+                    return Ok(resp.map(|body| UpstreamBody::on_stream(body, stream)))
+                }
                 Exchanged::Failed(e) => return Err(e),
                 Exchanged::Unsent(unsent) => req = unsent,
             }
@@ -638,6 +640,8 @@ pin_project_lite::pin_project! {
         #[pin]
         body: Incoming,
         lease: Option<Lease>,
+        // The request's place on a shared HTTP/2 connection, given up with the body.
+        stream: Option<OpenStream>,
     }
 
     impl PinnedDrop for UpstreamBody {
@@ -655,13 +659,27 @@ pin_project_lite::pin_project! {
 impl UpstreamBody {
     /// A body whose connection is managed elsewhere.
     pub(super) fn unpooled(body: Incoming) -> Self {
-        Self { body, lease: None }
+        Self {
+            body,
+            lease: None,
+            stream: None,
+        }
+    }
+
+    /// A body on a shared HTTP/2 connection, holding the request's place there.
+    pub(super) fn on_stream(body: Incoming, stream: OpenStream) -> Self {
+        Self {
+            body,
+            lease: None,
+            stream: Some(stream),
+        }
     }
 
     fn leased(body: Incoming, lease: Lease) -> Self {
         Self {
             body,
             lease: Some(lease),
+            stream: None,
         }
     }
 }
