@@ -290,3 +290,72 @@ spec:
     .await
     .expect("in time");
 }
+
+/// A hostname a route is attached through only on the HTTPS listener is not served over plain
+/// HTTP, even when another of its hostnames is attached through an HTTP listener: plain
+/// requests for it take the HTTP listener's redirect to https. (The proxy's own listener is
+/// plain HTTP, and it sets the scheme of an untrusted client's request to http.)
+#[tokio::test]
+async fn a_hostname_published_over_https_alone_is_not_served_over_plain_http() {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let backend = web_backend().await;
+        let pki =
+            cftunnel_testkit::pki::TestPki::for_names(&["*.example.com"]).expect("pki");
+        let manifests = format!(
+            r#"{}
+apiVersion: v1
+kind: Secret
+metadata: {{name: cert, namespace: web}}
+type: kubernetes.io/tls
+stringData:
+  tls.crt: |
+{crt}  tls.key: |
+{key}---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: edge, namespace: web}}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {{name: https, port: 443, protocol: HTTPS, tls: {{certificateRefs: [{{name: cert}}]}}}}
+  - {{name: http, port: 80, protocol: HTTP}}
+  - {{name: http-legacy, port: 80, protocol: HTTP, hostname: legacy.example.com}}
+---
+# Every plain request for any host goes to https.
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: redirect, namespace: web}}
+spec:
+  parentRefs: [{{name: edge, sectionName: http}}]
+  rules: [{{filters: [{{type: RequestRedirect, requestRedirect: {{scheme: https, statusCode: 301}}}}]}}]
+---
+# app2.example.com over https alone; legacy.example.com over http too.
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: app2, namespace: web}}
+spec:
+  parentRefs: [{{name: edge, sectionName: https}}, {{name: edge, sectionName: http-legacy}}]
+  hostnames: [app2.example.com, legacy.example.com]
+  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
+"#,
+            class_and_backend(backend.http_addr()),
+            crt = indent(&pki.leaf_pem()),
+            key = indent(&pki.key_pem()),
+        );
+        let config = edge_config(&manifests);
+        let proxy = Server::start(ServerOptions::default(), Some(config))
+            .await
+            .expect("the proxy starts");
+        let at = proxy.data_addr();
+        let https = [("x-forwarded-proto", "https")];
+        assert_eq!(
+            status_with(at, "app2.example.com", "/", &https).await,
+            301,
+            "published over https alone: a plain request is redirected, whatever it claims"
+        );
+        assert_eq!(status(at, "legacy.example.com", "/").await, 200);
+        assert_eq!(status(at, "other.example.com", "/").await, 301);
+    })
+    .await
+    .expect("in time");
+}

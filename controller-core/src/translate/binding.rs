@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use super::attachment::Attachment;
 use super::gateway::{OwnedGateway, OwnedGateways};
 use super::hostname::{intersect, Hosts};
 use super::listener::{selector_matches, AllowedNamespaces, OwnedListener};
@@ -14,7 +15,7 @@ use super::rule::TranslatedRoute;
 use super::scheme::{Scheme, SchemeListeners};
 use super::status::{Condition, ConditionType, ParentKind, ParentRef, Reason, RouteParentStatus};
 use super::{
-    Attachment, Index, ObjectKey, PlaneKey, RouteKey, RouteKind, EXPERIMENTAL_GATEWAY_API_GROUP,
+    Index, ObjectKey, PlaneKey, RouteKey, RouteKind, EXPERIMENTAL_GATEWAY_API_GROUP,
     GATEWAY_API_GROUP,
 };
 
@@ -26,10 +27,11 @@ pub(super) struct ListenerAttachment<'h> {
     name: &'h str,
     /// The hosts the route serves through this listener.
     hosts: Hosts<'h>,
-    /// The port a `RequestRedirect` that sets neither scheme nor port carries (see
-    /// [`Attachment::redirect_ports`]).
+    /// The port a `RequestRedirect` that sets neither scheme nor port carries: the listener's,
+    /// `None` when it is the well-known port of its protocol (see [`Attachment::add`]).
     redirect_port: Option<u16>,
-    /// The listener's scheme (see [`Attachment::schemes`]).
+    /// The listener's scheme, which the route's rules for `hosts` require where the other
+    /// scheme's listeners could take the same requests (see [`Attachment::add`]).
     scheme: Scheme,
 }
 
@@ -51,9 +53,11 @@ pub(super) struct ParentBinding<'h> {
     /// The plane serving the Gateway and the listeners the route attaches to there.
     outcome: Result<(PlaneKey, Vec<ListenerAttachment<'h>>), (Reason, String)>,
     /// Listeners (positions in the Gateway's) that select and allow the route, with a hostname
-    /// it shares, but cannot serve it: not valid, or of a Gateway not accepted. Gateway API
-    /// counts the route in their `attachedRoutes` all the same: the count tells an operator
-    /// what such a listener takes down.
+    /// it shares, but cannot serve it: not valid, of a Gateway not accepted, or held by a
+    /// route of the other kind ([`ParentBinding::yield_to_other_kind`]). Gateway API counts
+    /// the route in their `attachedRoutes` all the same ("successfully attached Routes that
+    /// may themselves have Accepted: false conditions"): the count tells an operator what such
+    /// a listener takes down, or that a route is refused on it.
     unserved: Vec<usize>,
 }
 
@@ -118,7 +122,8 @@ impl<'h> ParentBinding<'h> {
     /// is already accepted; with none left, the route is refused on this parent. Routes are
     /// bound in precedence order (oldest, then `{namespace}/{name}`), so the route holding a
     /// listener first is the one the spec accepts. A route keeps the listeners of this
-    /// parentRef that are free of such a conflict.
+    /// parentRef that are free of such a conflict. The listeners it loses still count it
+    /// (see [`ParentBinding::unserved`](Self)).
     pub(super) fn yield_to_other_kind(&mut self, kind: RouteKind, claims: &ListenerClaims<'_>) {
         if !claims.kept {
             return;
@@ -127,6 +132,7 @@ impl<'h> ParentBinding<'h> {
             return;
         };
         let mut conflicts = Vec::new();
+        let unserved = &mut self.unserved;
         attached.retain(|l| {
             let key = ListenerKey {
                 gateway,
@@ -138,6 +144,7 @@ impl<'h> ParentBinding<'h> {
                         "on listener {} its hostnames intersect those of {holder}",
                         l.name
                     ));
+                    unserved.push(l.index);
                     false
                 }
                 None => true,
@@ -187,24 +194,7 @@ impl<'h> ParentBinding<'h> {
                 ));
                 let mut attachment = Attachment::default();
                 for l in &attached {
-                    attachment.redirect_ports.insert(l.redirect_port);
-                    let names = l.hosts.names();
-                    if names.is_some() {
-                        attachment.named_schemes.insert(l.scheme);
-                    } else {
-                        attachment.any_schemes.insert(l.scheme);
-                    }
-                    match names {
-                        None => attachment.any_host = true,
-                        // The route's listeners of both schemes most often give it the same
-                        // hosts, which the attachment would only drop again when it settles.
-                        Some(names) if attachment.hostnames == names => {}
-                        // Allocated at its length, without the growth path.
-                        Some(names) if attachment.hostnames.is_empty() => {
-                            attachment.hostnames = names.to_vec();
-                        }
-                        Some(names) => attachment.hostnames.extend_from_slice(names),
-                    }
+                    attachment.add(&l.hosts, l.scheme, l.redirect_port);
                 }
                 accepted = Some(Accepted {
                     plane,

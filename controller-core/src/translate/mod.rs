@@ -12,6 +12,7 @@
 //! [`translate_with`], and applies those same planes; [`translate`] renders them itself, for
 //! callers that apply nothing.
 
+mod attachment;
 mod backend;
 mod backend_ref;
 mod backend_tls;
@@ -456,7 +457,8 @@ fn translate_checked(
     // Each route's planes, by plane and the Secret of the client certificate the Gateway
     // presents to backends, in that order once settled: a route reaches few. One list for
     // every route, emptied by each.
-    let mut route_planes: Vec<((PlaneKey, Option<ObjectKey>), Attachment<'_>)> = Vec::new();
+    let mut route_planes: Vec<((PlaneKey, Option<ObjectKey>), attachment::Attachment<'_>)> =
+        Vec::new();
     // Each route's parents, as bound: one list for every route, emptied by each.
     let mut bound = Vec::new();
     // What each route lost to older ones; left empty by each route (most lose nothing, and
@@ -548,7 +550,7 @@ fn translate_checked(
         // tunnel gets the route: the edge may hand its requests to any of the tunnel's
         // connectors.
         route_planes.retain_mut(|(_, attachment)| {
-            let serves = attachment.any_host || !attachment.hostnames.is_empty();
+            let serves = attachment.serves();
             if serves {
                 attachment.settle();
             }
@@ -574,34 +576,9 @@ fn translate_checked(
                 let listeners = scheme_listeners.get(target);
                 let attached = templates
                     .iter()
-                    .map(|t| (t.for_attachment(&attachment), t.grpc))
-                    .chain(owned.into_iter().map(|t| {
-                        let grpc = t.grpc;
-                        (t.into_attachment(&attachment), grpc)
-                    }));
-                // A route on a listener for any host and on listeners with hostnames serves
-                // those hostnames too, whose requests go to their listeners' rules alone
-                // (listener isolation): its rules are placed under them as well, for the
-                // schemes of those listeners only.
-                let named = attachment.any_host && !attachment.hostnames.is_empty();
-                let attached = attached.flat_map(|(rule, grpc)| {
-                    let copy = named.then(|| {
-                        let mut copy = rule.clone();
-                        copy.hostnames = attachment
-                            .hostnames
-                            .iter()
-                            .map(|h| (*h).to_owned())
-                            .collect();
-                        (copy, grpc, attachment.named_schemes)
-                    });
-                    let schemes = if attachment.any_host {
-                        attachment.any_schemes
-                    } else {
-                        attachment.named_schemes
-                    };
-                    std::iter::once((rule, grpc, schemes)).chain(copy)
-                });
-                for (mut rule, grpc, schemes) in attached {
+                    .map(|t| (t.rule.clone(), t.grpc))
+                    .chain(owned.into_iter().map(|t| (t.rule, t.grpc)));
+                for (mut rule, grpc) in attached {
                     if let Some(certificate) = certificate {
                         present_client_certificate(&mut rule, certificate);
                     }
@@ -609,11 +586,11 @@ fn translate_checked(
                         rule.access = gateway_access.get(&plane).cloned();
                     }
                     let placement = grpc.map(|rank| rank.placement(position));
-                    let mut place = |rule| out.place(placement, rule, &route_key, &mut shadowed);
-                    match listeners {
-                        Some(listeners) => listeners.scope(rule, schemes, place),
-                        None => place(rule),
-                    }
+                    // For any host and under each host, for the schemes of the listeners
+                    // the route serves it through (see `attachment`).
+                    attachment.place(rule, listeners, |rule| {
+                        out.place(placement, rule, &route_key, &mut shadowed)
+                    });
                 }
                 if route.kind == RouteKind::Grpc && has_rules {
                     if let Some(config) = configs.get_mut(target) {
@@ -1048,89 +1025,6 @@ impl<'a> Index<'a> {
                         && to.name.as_deref().is_none_or(|n| n == to_name)
                 })
         })
-    }
-}
-
-/// How a route is attached within one data plane: the hostnames it serves there and the
-/// redirect ports of the listeners it is attached to.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Attachment<'h> {
-    /// Set when one attachment serves any host. `hostnames` still counts then: the hosts of
-    /// more specific listeners are served by their listeners' rules alone.
-    pub(crate) any_host: bool,
-    /// Borrowed from the route's hostnames or its listeners'; in order and each once after
-    /// [`Attachment::settle`].
-    pub(crate) hostnames: Vec<&'h str>,
-    pub(crate) redirect_ports: RedirectPorts,
-    /// The schemes (`http`, `https`) of the attached listeners without a hostname, which
-    /// serve the rules for any host: where listeners of the other scheme could take the same
-    /// requests, they tell them apart (see [`scheme`]).
-    pub(crate) any_schemes: scheme::Schemes,
-    /// The schemes of the attached listeners that have hostnames, which serve the rules
-    /// under them. Kept apart from `any_schemes`: a scheme only a listener with a hostname
-    /// has would add a header match to the rules for any host, and Gateway API precedence
-    /// counts header matches, so those rules would outrank older ones for the same path.
-    pub(crate) named_schemes: scheme::Schemes,
-}
-
-impl Attachment<'_> {
-    /// Adds `other`'s hosts, ports and schemes.
-    fn merge(&mut self, other: Self) {
-        self.any_host |= other.any_host;
-        if self.hostnames.is_empty() {
-            self.hostnames = other.hostnames;
-        } else {
-            self.hostnames.extend(other.hostnames);
-        }
-        self.redirect_ports.merge(other.redirect_ports);
-        self.any_schemes.union(other.any_schemes);
-        self.named_schemes.union(other.named_schemes);
-    }
-
-    /// Puts the hostnames in order, each once, as the rules carry them.
-    fn settle(&mut self) {
-        self.hostnames.sort_unstable();
-        self.hostnames.dedup();
-    }
-}
-
-/// For each listener a route is attached through on a plane, the port a `RequestRedirect` that
-/// sets neither scheme nor port carries: the listener's, or `None` when that is the well-known
-/// port of the listener's protocol (left out of `Location`). Only whether they all agree on one
-/// port is needed ([`rule::RuleTemplate::for_attachment`]), so that is all that is kept.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) enum RedirectPorts {
-    #[default]
-    None,
-    /// Every listener so far carries this one.
-    One(Option<u16>),
-    /// They differ.
-    Several,
-}
-
-impl RedirectPorts {
-    fn insert(&mut self, port: Option<u16>) {
-        *self = match *self {
-            Self::None => Self::One(port),
-            Self::One(one) if one == port => Self::One(one),
-            _ => Self::Several,
-        };
-    }
-
-    fn merge(&mut self, other: Self) {
-        match other {
-            Self::None => {}
-            Self::One(port) => self.insert(port),
-            Self::Several => *self = Self::Several,
-        }
-    }
-
-    /// The port every listener carries, when they agree on one that is not left out.
-    pub(crate) fn shared(self) -> Option<u16> {
-        match self {
-            Self::One(port) => port,
-            _ => None,
-        }
     }
 }
 

@@ -6,12 +6,11 @@
 use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
-use cftunnel_config::{valid, Rule};
+use cftunnel_config::{valid, RequestRedirect, Rule};
 
 use super::backend_ref::BackendRefError;
 use super::backend_tls::PortKey;
 use super::status::{Condition, ConditionType, Reason};
-use super::Attachment;
 
 /// Why a rule is refused (dropped from the config; the route reports `PartiallyInvalid`, or
 /// `Accepted=False` when no rule is left).
@@ -45,7 +44,7 @@ impl RuleError {
 }
 
 /// A translated rule before it is placed in a plane: hostnames and listener-derived redirect
-/// ports are filled per attachment.
+/// ports are filled per attachment ([`super::attachment::Attachment::place`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RuleTemplate {
     /// Boxed from here until it is placed in a plane's list: a rule is a few hundred bytes,
@@ -58,51 +57,43 @@ pub(crate) struct RuleTemplate {
     pub(super) grpc: Option<MatchRank>,
 }
 
-impl RuleTemplate {
-    pub(super) fn for_attachment(&self, attachment: &Attachment<'_>) -> Box<Rule> {
-        let mut rule = self.rule.clone();
-        attach(&mut rule, attachment);
-        rule
-    }
-
-    /// [`RuleTemplate::for_attachment`] for the template's last use: the rule is moved, not
-    /// copied.
-    pub(super) fn into_attachment(self, attachment: &Attachment<'_>) -> Box<Rule> {
-        let mut rule = self.rule;
-        attach(&mut rule, attachment);
-        rule
-    }
+/// The `RequestRedirect`s of `rule` (its own and its backends') that set neither scheme nor
+/// port: Gateway API gives them the port of the listener the request came through.
+fn listener_port_redirects(rule: &mut Rule) -> impl Iterator<Item = &mut RequestRedirect> {
+    rule.filters
+        .iter_mut()
+        .chain(rule.backends.iter_mut().flat_map(|b| b.filters.iter_mut()))
+        .filter_map(|f| f.request_redirect.as_mut())
+        .filter(|r| sets_no_port(r))
 }
 
-/// `rule` as `attachment` places it: its hostnames, and redirect ports from its listeners.
-fn attach(rule: &mut Rule, attachment: &Attachment<'_>) {
-    if !attachment.any_host {
-        rule.hostnames = attachment
-            .hostnames
-            .iter()
-            .map(|h| (*h).to_owned())
-            .collect();
-    }
-    // Gateway API RequestRedirect: with neither scheme nor port, the port is the
-    // listener's, and it SHOULD NOT appear in `Location` when it is the well-known port of
-    // the listener's protocol. Such a redirect keeps its port unset: the proxy then keeps
-    // the request's scheme and adds no port. That matters here, since every request
-    // arrives through the tunnel as https: port 80 would give `https://host:80/`. A
-    // redirect that sets a scheme but no port also stays unset, and the proxy uses that
-    // scheme's well-known port. Other listener ports are filled in, when every attached
-    // listener agrees on one.
-    if let Some(port) = attachment.redirect_ports.shared() {
-        let port = Some(port);
-        let all = rule
-            .filters
-            .iter_mut()
-            .chain(rule.backends.iter_mut().flat_map(|b| b.filters.iter_mut()));
-        for filter in all {
-            if let Some(redirect) = filter.request_redirect.as_mut() {
-                if redirect.port.is_none() && redirect.scheme.is_none() {
-                    redirect.port = port;
-                }
-            }
+fn sets_no_port(redirect: &RequestRedirect) -> bool {
+    redirect.port.is_none() && redirect.scheme.is_none()
+}
+
+/// Whether `rule` has a redirect that takes its listener's port ([`set_listener_port`]).
+pub(super) fn takes_listener_port(rule: &Rule) -> bool {
+    rule.filters
+        .iter()
+        .chain(rule.backends.iter().flat_map(|b| b.filters.iter()))
+        .filter_map(|f| f.request_redirect.as_ref())
+        .any(sets_no_port)
+}
+
+/// Gives `rule`'s redirects that set neither scheme nor port the port of the listeners it is
+/// served through, `port`: `None` when they do not agree on one, or when it is the well-known
+/// port of their protocol.
+///
+/// Gateway API RequestRedirect: with neither scheme nor port, the port is the listener's, and
+/// it SHOULD NOT appear in `Location` when it is the well-known port of the listener's
+/// protocol. Such a redirect keeps its port unset: the proxy then keeps the request's scheme
+/// and adds no port. That matters here, since every request arrives through the tunnel as
+/// https: port 80 would give `https://host:80/`. A redirect that sets a scheme but no port
+/// also stays unset, and the proxy uses that scheme's well-known port.
+pub(super) fn set_listener_port(rule: &mut Rule, port: Option<u16>) {
+    if port.is_some() {
+        for redirect in listener_port_redirects(rule) {
+            redirect.port = port;
         }
     }
 }

@@ -42,10 +42,10 @@ impl fmt::Display for Scheme {
     }
 }
 
-/// A set of schemes, iterated in their order: those of the listeners a route is attached
-/// through on a plane, or of the listeners of one hostname. Two bits, where an ordered set
-/// cost an allocation per route.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// A set of schemes, iterated in their order: those of the listeners a route serves a host
+/// through, or of the listeners of one hostname. Two bits, where an ordered set cost an
+/// allocation per host. Ordered `http`, `https`, both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Schemes(u8);
 
 impl Schemes {
@@ -217,47 +217,95 @@ impl<'g> SchemeListeners<'g> {
             })
     }
 
-    /// `rule`, served through listeners of `schemes`, as the plane serves it: split by host
-    /// into the part no other scheme contests, as it is, and the part another does, which
-    /// requires its listeners' scheme (either, for a route on listeners of both, which keeps
-    /// its header count in step with the rules it shares those hosts with).
-    /// Each part is handed to `place`, the uncontested one first.
-    pub(super) fn scope(
+    /// `rule`, a rule for any host served through listeners of `schemes`, as the plane serves
+    /// it: it requires their scheme where a listener of another scheme without a hostname
+    /// could take its requests too, and is handed to `place`.
+    pub(super) fn scope_any(
         &self,
         mut rule: Box<Rule>,
         schemes: Schemes,
+        place: impl FnOnce(Box<Rule>),
+    ) {
+        if self.requires(schemes, None) {
+            require(&mut rule, schemes);
+        }
+        place(rule)
+    }
+
+    /// `rule`, served under its hostnames, the one at position `i` through listeners of
+    /// `schemes_of(i)`, as the plane serves it: split by host into the part no other scheme
+    /// contests, as it is, and the parts another does, which require their listeners' scheme
+    /// there (either, for a host served through listeners of both, which keeps its header
+    /// count in step with the rules it shares that host with). A host takes the schemes of
+    /// the listeners it is attached through, not those of the route's other hosts: one
+    /// attached through the HTTPS listener alone is not served over http because another
+    /// host of the route is. Each part is handed to `place`, the uncontested one first, then
+    /// by the schemes required.
+    pub(super) fn scope(
+        &self,
+        mut rule: Box<Rule>,
+        schemes_of: impl Fn(usize) -> Schemes,
         mut place: impl FnMut(Box<Rule>),
     ) {
-        let contested = |host: Option<&str>| schemes.iter().any(|s| self.contested(s, host));
+        // What a host requires: its schemes where another scheme contests it, else nothing.
+        let required = |i: usize, host: &str| {
+            let schemes = schemes_of(i);
+            self.requires(schemes, Some(host)).then_some(schemes)
+        };
         let Some((first, others)) = rule.hostnames.split_first() else {
-            if contested(None) {
-                require(&mut rule, schemes);
-            }
             return place(rule);
         };
-        // Almost always every host is contested, or none is: the rule stays whole.
-        let first = contested(Some(first));
-        if others.iter().all(|h| contested(Some(h)) == first) {
-            if first {
+        // Almost always every host requires the same, most often nothing: the rule stays
+        // whole.
+        let first = required(0, first);
+        if others
+            .iter()
+            .enumerate()
+            .all(|(i, h)| required(i + 1, h) == first)
+        {
+            if let Some(schemes) = first {
                 require(&mut rule, schemes);
             }
             return place(rule);
         }
-        let (contested, free): (Vec<String>, Vec<String>) = std::mem::take(&mut rule.hostnames)
-            .into_iter()
-            .partition(|h| contested(Some(h)));
-        place(Box::new(Rule {
-            hostnames: free,
-            ..Rule::clone(&rule)
-        }));
-        rule.hostnames = contested;
-        require(&mut rule, schemes);
+        let mut parts: Vec<(Option<Schemes>, Vec<String>)> = Vec::new();
+        for (i, host) in std::mem::take(&mut rule.hostnames).into_iter().enumerate() {
+            let required = required(i, &host);
+            match parts.iter_mut().find(|(r, _)| *r == required) {
+                Some((_, hosts)) => hosts.push(host),
+                None => parts.push((required, vec![host])),
+            }
+        }
+        parts.sort_unstable_by_key(|(required, _)| *required);
+        let Some((last_required, last_hosts)) = parts.pop() else {
+            return;
+        };
+        for (required, hostnames) in parts {
+            let mut part = Box::new(Rule {
+                hostnames,
+                ..Rule::clone(&rule)
+            });
+            if let Some(schemes) = required {
+                require(&mut part, schemes);
+            }
+            place(part);
+        }
+        rule.hostnames = last_hosts;
+        if let Some(schemes) = last_required {
+            require(&mut rule, schemes);
+        }
         place(rule);
+    }
+
+    /// Whether a rule for `host` (`None`: any host) served through listeners of `schemes`
+    /// must require them: where a listener of another scheme could take its requests.
+    fn requires(&self, schemes: Schemes, host: Option<&str>) -> bool {
+        schemes.iter().any(|s| self.contested(s, host))
     }
 
     /// The listener-isolation rule of `hostname`, whose listeners there have `schemes`.
     pub(super) fn scope_isolation(&self, mut rule: Rule, hostname: &str, schemes: Schemes) -> Rule {
-        if schemes.iter().any(|s| self.contested(s, Some(hostname))) {
+        if self.requires(schemes, Some(hostname)) {
             require(&mut rule, schemes);
         }
         rule

@@ -1217,6 +1217,228 @@ spec:
         .all(|r| r.matches.iter().all(|m| m.headers.is_empty())));
 }
 
+/// A Gateway `web` in `infra` with an HTTPS listener and an HTTP listener for any host and an
+/// HTTP listener for `legacy.example.com`, and `redirect`, attached to the HTTP listener for
+/// any host alone, sending every request to https. Older than the base Gateway gw: it keeps its
+/// HTTP listener for any host over gw's.
+const HTTPS_APP_GATEWAY: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: web, namespace: infra, creationTimestamp: "2020-01-01T00:00:00Z"}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: https, port: 443, protocol: HTTPS}
+  - {name: http, port: 80, protocol: HTTP}
+  - {name: http-legacy, port: 80, protocol: HTTP, hostname: legacy.example.com}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: redirect, namespace: infra, creationTimestamp: "2026-06-01T00:00:00Z"}
+spec:
+  parentRefs: [{name: web, sectionName: http}]
+  rules: [{filters: [{type: RequestRedirect, requestRedirect: {scheme: https, statusCode: 301}}]}]
+---
+"#;
+
+/// A route serves each of its hostnames over the schemes of the listeners it is attached
+/// through for that hostname, not over every scheme of its listeners: `app2.example.com`,
+/// reached only through the HTTPS listener, is not served over http, where the HTTP
+/// listener's redirect takes it, while `legacy.example.com`, attached through an HTTP listener
+/// too, is served over both.
+#[test]
+fn a_hostname_attached_only_through_https_is_not_served_over_http() {
+    let app2 = created(
+        http_route(
+            "infra",
+            "app2",
+            "  parentRefs: [{name: web, sectionName: https}, {name: web, sectionName: http-legacy}]\n  hostnames: [app2.example.com, legacy.example.com]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]",
+        ),
+        "infra",
+        "2026-01-01T00:00:00Z",
+    );
+    let out = run(&format!("{HTTPS_APP_GATEWAY}{app2}"));
+    assert_eq!(
+        accepted(&out, RouteKind::Http, "infra", "app2"),
+        (true, Reason::Accepted)
+    );
+    let routes = proxy_routes(shared(&out));
+    let pick = |scheme: &str, host: &str| picked(&routes, scheme, host, "/");
+    assert_eq!(
+        pick("http", "app2.example.com").as_deref(),
+        Some("infra/redirect/0"),
+        "app2.example.com is published over https alone"
+    );
+    assert_eq!(
+        pick("https", "app2.example.com").as_deref(),
+        Some("infra/app2/0")
+    );
+    assert_eq!(
+        pick("http", "legacy.example.com").as_deref(),
+        Some("infra/app2/0")
+    );
+    assert_eq!(
+        pick("https", "legacy.example.com").as_deref(),
+        Some("infra/app2/0")
+    );
+    assert_eq!(
+        pick("http", "other.example.com").as_deref(),
+        Some("infra/redirect/0")
+    );
+}
+
+/// The same with listeners that all have hostnames, the redirect's own listener for
+/// `app2.example.com`: the older route does not take that listener's plain requests
+/// through its HTTPS listener's wildcard.
+#[test]
+fn a_hostname_attached_only_through_https_is_not_served_over_http_by_an_older_route() {
+    let gateway = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: web, namespace: infra}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: https, port: 443, protocol: HTTPS, hostname: "*.example.com"}
+  - {name: http, port: 80, protocol: HTTP, hostname: app2.example.com}
+  - {name: http-legacy, port: 80, protocol: HTTP, hostname: legacy.example.com}
+---
+"#;
+    let redirect = created(
+        http_route(
+            "infra",
+            "redirect",
+            "  parentRefs: [{name: web, sectionName: http}]\n  rules: [{filters: [{type: RequestRedirect, requestRedirect: {scheme: https, statusCode: 301}}]}]",
+        ),
+        "infra",
+        "2026-06-01T00:00:00Z",
+    );
+    let app2 = created(
+        http_route(
+            "infra",
+            "app2",
+            "  parentRefs: [{name: web, sectionName: https}, {name: web, sectionName: http-legacy}]\n  hostnames: [app2.example.com, legacy.example.com]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]",
+        ),
+        "infra",
+        "2026-01-01T00:00:00Z",
+    );
+    let out = run(&format!("{gateway}{redirect}{app2}"));
+    let routes = proxy_routes(shared(&out));
+    let pick = |scheme: &str, host: &str| picked(&routes, scheme, host, "/");
+    assert_eq!(
+        pick("http", "app2.example.com").as_deref(),
+        Some("infra/redirect/0")
+    );
+    assert_eq!(
+        pick("https", "app2.example.com").as_deref(),
+        Some("infra/app2/0")
+    );
+    assert_eq!(
+        pick("http", "legacy.example.com").as_deref(),
+        Some("infra/app2/0")
+    );
+    assert_eq!(
+        pick("https", "legacy.example.com").as_deref(),
+        Some("infra/app2/0")
+    );
+}
+
+/// A parentRef naming the whole Gateway: the HTTP listener for `a.example.com` does not admit
+/// the route, and takes that hostname from the HTTP listener for any host, so the route
+/// serves `a.example.com` over https alone and `b.example.com` over both.
+#[test]
+fn a_hostname_whose_http_listener_refuses_the_route_is_served_over_https_alone() {
+    let gateway = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: web, namespace: infra, creationTimestamp: "2020-01-01T00:00:00Z"}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: https, port: 443, protocol: HTTPS}
+  - {name: http, port: 80, protocol: HTTP}
+  - name: http-a
+    port: 80
+    protocol: HTTP
+    hostname: a.example.com
+    allowedRoutes: {namespaces: {from: Selector, selector: {matchLabels: {role: backend}}}}
+---
+"#;
+    let app = http_route(
+        "infra",
+        "app",
+        "  parentRefs: [{name: web}]\n  hostnames: [a.example.com, b.example.com]\n  rules: [{backendRefs: [{name: v2, port: 8080}]}]",
+    );
+    let out = run(&format!("{gateway}{app}"));
+    assert_eq!(
+        accepted(&out, RouteKind::Http, "infra", "app"),
+        (true, Reason::Accepted)
+    );
+    let routes = proxy_routes(shared(&out));
+    let pick = |scheme: &str, host: &str| picked(&routes, scheme, host, "/");
+    assert_eq!(
+        pick("http", "a.example.com").as_deref(),
+        Some("infra/web/listener:http-a"),
+        "the HTTP listener of a.example.com keeps its host, and serves no route"
+    );
+    assert_eq!(
+        pick("https", "a.example.com").as_deref(),
+        Some("infra/app/0")
+    );
+    assert_eq!(
+        pick("http", "b.example.com").as_deref(),
+        Some("infra/app/0")
+    );
+    assert_eq!(
+        pick("https", "b.example.com").as_deref(),
+        Some("infra/app/0")
+    );
+}
+
+/// A redirect that sets neither scheme nor port carries the port of the listener each
+/// hostname is attached through, where a route's listeners have different ports.
+#[test]
+fn a_redirect_carries_the_port_of_each_hostnames_listener() {
+    let gateway = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: ports, namespace: infra}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: alt, port: 8080, protocol: HTTP, hostname: a.example.com}
+  - {name: std, port: 80, protocol: HTTP, hostname: b.example.com}
+---
+"#;
+    let route = http_route(
+        "infra",
+        "moved",
+        "  parentRefs: [{name: ports, sectionName: alt}, {name: ports, sectionName: std}]\n  rules:\n  - filters: [{type: RequestRedirect, requestRedirect: {hostname: new.example.com}}]\n  - matches: [{path: {value: /app}}]\n    backendRefs: [{name: v2, port: 8080}]",
+    );
+    let out = run(&format!("{gateway}{route}"));
+    let routes = proxy_routes(shared(&out));
+    let location = |host: &str| {
+        let rule = proxy_pick(&routes, "GET", host, "/x", &[("x-forwarded-proto", "http")])
+            .expect("a rule matches");
+        let redirect = rule.filters.redirect.as_ref().expect("a redirect");
+        redirect
+            .location("https", host, "/x", None, None)
+            .expect("a valid Location")
+            .to_str()
+            .expect("ASCII")
+            .to_owned()
+    };
+    assert_eq!(location("a.example.com"), "https://new.example.com:8080/x");
+    assert_eq!(location("b.example.com"), "https://new.example.com/x");
+    // A rule without a redirect is not split by port.
+    let app: Vec<_> = route_rules(&out)
+        .into_iter()
+        .filter(|r| r.name.as_deref() == Some("infra/moved/1"))
+        .collect();
+    assert_eq!(app.len(), 1, "{app:#?}");
+    assert_eq!(app[0].hostnames, ["a.example.com", "b.example.com"]);
+}
+
 /// Compiles a config document the way the proxy does when it is pushed.
 fn proxy_routes(config: &Config) -> cftunnel_proxy::proxy::Routes {
     let metrics = cftunnel_proxy::metrics::ProxyMetrics::register(&mut Default::default());
@@ -2200,7 +2422,9 @@ fn an_http_route_and_a_grpc_route_with_intersecting_hostnames_on_one_listener_ar
         accepted(&out, RouteKind::Grpc, "web", "other"),
         (true, Reason::Accepted)
     );
-    assert_eq!(attached(&out), 2);
+    // The refused route still counts: Gateway API's attachedRoutes counts routes attached to
+    // the listener, Accepted or not.
+    assert_eq!(attached(&out), 3);
     assert_eq!(served(&out), vec!["web/other/0", "web/site/0"]);
 
     // The older GRPCRoute wins; an HTTPRoute without hostnames intersects every hostname.
@@ -2217,7 +2441,7 @@ fn an_http_route_and_a_grpc_route_with_intersecting_hostnames_on_one_listener_ar
         accepted(&out, RouteKind::Grpc, "web", "api"),
         (true, Reason::Accepted)
     );
-    assert_eq!(attached(&out), 1);
+    assert_eq!(attached(&out), 2);
     assert_eq!(served(&out), vec!["web/api/0"]);
     assert!(shared(&out).has_grpc_route);
 
@@ -2236,6 +2460,39 @@ fn an_http_route_and_a_grpc_route_with_intersecting_hostnames_on_one_listener_ar
         (true, Reason::Accepted)
     );
     assert_eq!(served(&out), vec!["web/a-api/0"]);
+
+    // A route that keeps one listener of its parent and loses another to the older route of
+    // the other kind counts on both.
+    let pair = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: open, namespace: infra}
+spec:
+  gatewayClassName: cf
+  listeners:
+  - {name: a, port: 80, protocol: HTTP, hostname: a.example.com, allowedRoutes: {namespaces: {from: All}}}
+  - {name: b, port: 80, protocol: HTTP, hostname: b.example.com, allowedRoutes: {namespaces: {from: All}}}
+---
+"#;
+    let out = run(&format!(
+        "{pair}{}{}",
+        grpc("api", "[a.example.com]", "2026-01-01T00:00:00Z"),
+        http(
+            "site",
+            "[a.example.com, b.example.com]",
+            "2026-01-02T00:00:00Z"
+        ),
+    ));
+    assert_eq!(
+        accepted(&out, RouteKind::Http, "web", "site"),
+        (true, Reason::Accepted)
+    );
+    let counts: Vec<_> = out.statuses.gateways[&ObjectKey::new("infra", "open")]
+        .listeners
+        .iter()
+        .map(|l| l.attached_routes)
+        .collect();
+    assert_eq!(counts, vec![2, 1], "a, b");
 }
 
 #[test]
