@@ -192,6 +192,8 @@ struct Plane {
     running: Option<Running>,
     /// The last push that finished, for the rounds that find the next one still running.
     last: Option<Finished>,
+    /// A push that finished unreported before `last` did: reported first.
+    earlier: Option<Finished>,
 }
 
 #[derive(Debug)]
@@ -212,8 +214,27 @@ struct Finished {
     outcome: PlaneOutcome,
     /// The document the push was given: its refusals are placed by position in it.
     config: Arc<Config>,
+    /// The pods and token it was given.
+    pods: Vec<SocketAddr>,
+    token: String,
+    /// It outlived its round's wait.
+    detached: bool,
     /// Whether a round has returned it already.
     reported: bool,
+}
+
+impl Finished {
+    /// It outlived its round's wait and failed, and this round would push the same again:
+    /// a pod that takes connections and never answers would otherwise be pushed to again
+    /// by the round that reports it, which the push's end starts, one round per timeout.
+    fn failed_alike(&self, round: &PlaneRound<'_>) -> bool {
+        !self.reported
+            && self.detached
+            && !self.outcome.all_current()
+            && self.pods == round.pods
+            && self.token == round.token
+            && *self.config == *round.config
+    }
 }
 
 /// What a push's task hands back.
@@ -222,6 +243,8 @@ struct Pushed {
     state: PlaneState,
     outcome: PlaneOutcome,
     config: Arc<Config>,
+    pods: Vec<SocketAddr>,
+    token: String,
 }
 
 /// When a plane's failing pushes are reported: after `rounds` failed rounds in a row that
@@ -321,7 +344,8 @@ impl Pusher {
         let mut started = std::collections::HashSet::new();
         for round in &rounds {
             let plane = self.planes.entry(round.plane.clone()).or_default();
-            if plane.running.is_some() {
+            if plane.running.is_some() || plane.last.as_ref().is_some_and(|l| l.failed_alike(round))
+            {
                 continue;
             }
             let state = plane
@@ -396,16 +420,28 @@ impl Pusher {
             .iter()
             .filter_map(|round| {
                 let plane = self.planes.get_mut(&round.plane)?;
-                let last = plane.last.as_mut()?;
+                let earlier = plane.earlier.is_some();
+                let last = match plane.earlier.as_mut() {
+                    // The one after it is reported by the next round.
+                    Some(earlier) => {
+                        if let Some(wake) = &self.wake {
+                            wake.notify_one();
+                        }
+                        earlier
+                    }
+                    None => plane.last.as_mut()?,
+                };
                 let mut outcome = last.outcome.clone();
                 outcome.repeated = last.reported;
                 last.reported = true;
                 // Started this round and finished: it was given this round's document.
-                let this_rounds = started.contains(&round.plane) && plane.running.is_none();
+                let this_rounds =
+                    !earlier && started.contains(&round.plane) && plane.running.is_none();
                 if !this_rounds && *last.config != *round.config {
                     outcome.stale = true;
                     outcome.refused = placed_in(&outcome.refused, &last.config, round.config);
                 }
+                plane.earlier = None;
                 Some((round.plane.clone(), outcome))
             })
             .collect()
@@ -417,12 +453,18 @@ impl Pusher {
         match done {
             Ok((id, pushed)) => {
                 if let Some(plane) = self.planes.get_mut(&pushed.plane) {
-                    if plane.running.as_ref().is_some_and(|r| r.id == id) {
-                        plane.running = None;
+                    if let Some(running) = plane.running.take_if(|r| r.id == id) {
                         plane.state = Some(pushed.state);
+                        // Not yet reported: it goes out before this one.
+                        if let Some(unreported) = plane.last.take_if(|l| !l.reported) {
+                            plane.earlier.get_or_insert(unreported);
+                        }
                         plane.last = Some(Finished {
                             outcome: pushed.outcome,
                             config: pushed.config,
+                            pods: pushed.pods,
+                            token: pushed.token,
+                            detached: running.flags.load(Ordering::SeqCst) & DETACHED != 0,
                             reported: false,
                         });
                     }
@@ -557,6 +599,8 @@ async fn push_plane(round: OwnedRound, state: PlaneState, push: Push) -> Pushed 
         state,
         outcome,
         config: round.config,
+        pods: round.pods,
+        token: round.token,
     }
 }
 

@@ -420,3 +420,42 @@ async fn a_sub_second_duration_is_recorded_as_a_whole_second() {
     .await
     .expect("in time");
 }
+
+/// The term is read off the Lease record, not off which writes were answered: when a
+/// replica's take-over is committed but its answer never arrives, its next renewal finds a
+/// record naming it with a new acquire time and transition, and says so as a new term. What it
+/// remembered from its term before may be stale: another replica may have led in between.
+#[tokio::test]
+async fn a_take_over_whose_answer_was_lost_is_a_new_term() {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let api = ApiServer::builder().rbac(REQUIRED_RBAC).start().await;
+        let mut a = Replica::start(
+            &api,
+            "replica-a",
+            Duration::from_secs(2),
+            Duration::from_millis(200),
+        );
+        a.becomes(true, "a leads a free Lease").await;
+        let before = *a.leading.borrow();
+        let transitions = lease(&api)["spec"]["leaseTransitions"]
+            .as_i64()
+            .expect("transitions");
+
+        let hold = api.hold(writes_as("replica-a"));
+        hold.arrived(1).await;
+        a.becomes(false, "a steps down").await;
+        // Meanwhile another replica led, and a's take-over after it was committed, its answer
+        // lost: the record names a, with one more transition and a new acquire time.
+        let mut taken = lease_of(Some("replica-a"), 2, transitions + 2);
+        taken["spec"]["acquireTime"] = json!(micro_time(Timestamp::now()));
+        api.put(taken);
+        hold.release();
+        a.becomes(true, "a leads on the record naming it").await;
+        let after = *a.leading.borrow();
+        assert!(after.is_some());
+        assert_ne!(after, before, "a new term");
+        a.stop().await;
+    })
+    .await
+    .expect("in time");
+}

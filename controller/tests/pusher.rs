@@ -305,19 +305,23 @@ async fn a_plane_whose_pod_hangs_does_not_hold_up_the_others() {
     healthy.shutdown().await;
 }
 
-/// A listener that accepts connections and never answers, as a pod whose proxy is stuck.
-async fn never_answers() -> SocketAddr {
+/// A listener that accepts connections and never answers, as a pod whose proxy is stuck, and
+/// the count of connections it took.
+async fn never_answers() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
+    let taken = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = taken.clone();
     tokio::spawn(async move {
         let mut open = Vec::new();
         while let Ok((conn, _)) = listener.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             open.push(conn);
         }
     });
-    addr
+    (addr, taken)
 }
 
 /// A round that waits a bounded time for its pushes goes on without a stuck one, which runs on
@@ -329,7 +333,9 @@ async fn a_stuck_push_goes_on_without_the_round_and_is_reported_by_a_later_one()
     use cftunnel_controller::push::PlaneRound;
     let backend = echo().await;
     let healthy = proxy().await;
-    let stuck_pods = [never_answers().await];
+    let (stuck_pod, dialed) = never_answers().await;
+    let stuck_pods = [stuck_pod];
+    let dialed = || dialed.load(std::sync::atomic::Ordering::SeqCst);
     let healthy_pods = [healthy.admin_addr()];
     let stuck = PlaneKey::Dedicated(ObjectKey::new("tenant-b", "stuck"));
     let doc = config(backend.http_addr(), "app.example.com");
@@ -386,13 +392,63 @@ async fn a_stuck_push_goes_on_without_the_round_and_is_reported_by_a_later_one()
     );
     assert!(!outcome.repeated && !outcome.stale, "{outcome:?}");
     assert_eq!(second[1].1.pods[0].1, PodOutcome::Current);
+    // The round that reports it does not push the same again to the pod that never answered:
+    // the next change (or resync) does.
+    assert_eq!(dialed(), 1, "the stuck pod was not pushed to again");
 
     // Its next push is running: the round repeats the outcome, seen, and stale for a new
     // document.
     let third = pusher.sync_all(rounds(&changed)).await;
     let outcome = &third[0].1;
     assert!(outcome.repeated && outcome.stale, "{outcome:?}");
+    assert_eq!(dialed(), 2, "a changed document is pushed");
     assert!(!third[1].1.repeated, "{third:?}");
+    healthy.shutdown().await;
+}
+
+/// A push that outlived its round's wait and failed is reported even when the next push of
+/// its plane (to other pods) finishes first: the earlier outcome comes out in the next round,
+/// and the later one in the round after, so neither a failure nor a duration goes uncounted.
+#[tokio::test]
+async fn a_slow_push_is_reported_though_a_quicker_one_follows_it() {
+    use cftunnel_controller::push::PlaneRound;
+    let backend = echo().await;
+    let healthy = proxy().await;
+    let (stuck_pod, _) = never_answers().await;
+    let doc = config(backend.http_addr(), "app.example.com");
+    let wake = std::sync::Arc::new(tokio::sync::Notify::new());
+    let mut pusher = Pusher::new(Duration::from_millis(800), 3)
+        .waiting_at_most(Duration::from_millis(200), wake.clone());
+    let round = |pods| {
+        vec![PlaneRound {
+            plane: plane(),
+            config: &doc,
+            token: TOKEN,
+            pods,
+        }]
+    };
+    let stuck = [stuck_pod];
+    let moved = [healthy.admin_addr()];
+    assert!(
+        pusher.sync_all(round(&stuck)).await.is_empty(),
+        "still running"
+    );
+    tokio::time::timeout(Duration::from_secs(5), wake.notified())
+        .await
+        .expect("woken");
+    // The plane's pods changed meanwhile: pushed to at once, and done within the wait.
+    let first = pusher.sync_all(round(&moved)).await;
+    assert!(
+        matches!(&first[0].1.pods[0].1, PodOutcome::Failed(r) if r.contains("no answer within")),
+        "the slow push's outcome first: {first:?}"
+    );
+    assert!(!first[0].1.repeated);
+    let second = pusher.sync_all(round(&moved)).await;
+    assert_eq!(
+        second[0].1.pods,
+        vec![(healthy.admin_addr(), PodOutcome::Pushed)]
+    );
+    assert!(!second[0].1.repeated, "then the quick one's: {second:?}");
     healthy.shutdown().await;
 }
 

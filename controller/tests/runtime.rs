@@ -1274,6 +1274,106 @@ async fn a_leader_that_takes_its_lease_back_unchallenged_goes_on_where_it_was() 
     .expect("in time");
 }
 
+/// A round cut off midway by a lapsed Lease leaves what it wrote unrecorded, so the replica
+/// that takes the Lease back, even in the same term, starts afresh rather than going on from
+/// it: here the round is held at rolling the shared pool onto a new tunnel token.
+#[tokio::test]
+async fn a_leader_whose_round_was_cut_off_starts_afresh_on_taking_the_lease_back() {
+    use cftunnel_controller::runtime::lease::LeaseOptions;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let token = |secret: &[u8]| {
+            Token::new("acct-s", secret.to_vec(), uuid_of(SHARED_TUNNEL_ID)).encode()
+        };
+        let tunnel_secret = |token: &str| {
+            yaml(&format!(
+                "apiVersion: v1\nkind: Secret\nmetadata: {{name: class-tunnel, namespace: cftunnel-system}}\nstringData: {{tunnel-token: \"{token}\"}}\n"
+            ))
+        };
+        let pool = yaml(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: cftunnel-proxy, namespace: cftunnel-system}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app.kubernetes.io/name: cftunnel-proxy}}\n  template:\n    metadata: {labels: {app.kubernetes.io/name: cftunnel-proxy}}\n    spec: {containers: [{name: proxy, image: cftunnel-proxy:1}]}\n",
+        );
+        let first = token(b"first secret");
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                api.put(pool);
+                api.put(tunnel_secret(&first));
+            },
+            ApiServer::client,
+            |options| {
+                options.shared = Some(SharedPlane {
+                    service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
+                    auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
+                    auth_key: "token".to_owned(),
+                    tunnel_secret: Some((
+                        ObjectKey::new("cftunnel-system", "class-tunnel"),
+                        "tunnel-token".to_owned(),
+                    )),
+                    deployment: Some(ObjectKey::new("cftunnel-system", "cftunnel-proxy")),
+                });
+                options.lease = Some(LeaseOptions {
+                    namespace: "cftunnel-system".to_owned(),
+                    name: "cftunnel-controller".to_owned(),
+                    identity: "replica-a".to_owned(),
+                    duration: Duration::from_secs(2),
+                    renew: Duration::from_millis(200),
+                });
+            },
+        )
+        .await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let health = listener.local_addr().expect("addr");
+        let serving = tokio::spawn(runtime::health::serve(listener, t.health.clone()));
+        eventually("the plane applied", || {
+            t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+        })
+        .await;
+        eventually("the pool stamped", || {
+            t.api
+                .get("apps/v1", "Deployment", "cftunnel-system", "cftunnel-proxy")
+                .and_then(|d| d.pointer("/spec/template/metadata/annotations").cloned())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+
+        // The next round is held at the pool's new stamp, and the Lease lapses meanwhile.
+        let stamp = t.api.hold(|c| {
+            c.method == "PATCH"
+                && c.kind == "Deployment"
+                && c.body.pointer("/spec/template/metadata/annotations").is_some()
+                && c.body.pointer("/spec/template/spec").is_none()
+        });
+        t.api.put(tunnel_secret(&token(b"second secret")));
+        stamp.arrived(1).await;
+        let renewals = t.api.hold(|c| {
+            c.method == "PUT"
+                && c.kind == "Lease"
+                && c.body.pointer("/spec/holderIdentity") == Some(&json!("replica-a"))
+        });
+        renewals.arrived(1).await;
+        metric_becomes(health, "cftunnel_controller_leading", 0).await;
+        // Kinds of the plane's objects the pool's stamp does not read.
+        let kinds = ["Service", "NetworkPolicy"];
+        let calls = || kinds.map(|k| t.api.accepts(k).len());
+        let before = calls();
+        renewals.release();
+        metric_becomes(health, "cftunnel_controller_leading", 1).await;
+        // Afresh: every plane is looked at and applied again.
+        eventually("the plane read again", || {
+            let now = calls();
+            (now.iter().zip(before.iter()).any(|(n, b)| n > b)).then_some(())
+        })
+        .await;
+        stamp.release();
+        serving.abort();
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// The shipped binary: `cftunnel-controller run` with a kubeconfig pointing at the API server
 /// serves its probes, renders a Gateway's plane, and on SIGTERM gives its Lease up and exits 0.
 #[tokio::test]

@@ -379,7 +379,9 @@ where
                     // Busy: looked at again later (a request that ends meanwhile moves the
                     // deadline to its end).
                     None if closing.is_some() => check.as_mut().reset(busy_until(now + head_timeout)),
-                    None => check.as_mut().reset(busy_until(now + deadlines.idle)),
+                    // Looked at within the send timeout too, so a write that blocks just after
+                    // a look is caught when the timeout ends, not at the next idle deadline.
+                    None => check.as_mut().reset(busy_until(now + deadlines.idle.min(deadlines.send))),
                     Some(at) if at > now => check.as_mut().reset(at),
                     // Asked to close and still open with nothing in flight: a peer that never
                     // acknowledges a GOAWAY, or never finishes a head, cannot keep it.

@@ -91,7 +91,15 @@ async fn sleep_until_some(deadline: Option<Instant>) {
 /// also ones that come after this replica stopped leading for a while, as long as the Lease
 /// still names it. A replica taking the Lease back in the same term knows nobody else acted
 /// meanwhile, so what it remembers of its own writes still holds.
-pub type Term = u64;
+///
+/// Read off the Lease record itself (its transitions and the acquire time of its holder), not
+/// from which writes were answered: a take-over the API server committed but whose answer was
+/// lost still shows as a new term when the next renewal reads the record.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Term {
+    transitions: i32,
+    acquired: Option<Timestamp>,
+}
 
 /// The Lease record as last seen, and when this replica first saw it so.
 struct Observed {
@@ -105,7 +113,7 @@ struct Elector {
     /// When the last successful renewal started.
     renewed: Option<Instant>,
     observed: Option<Observed>,
-    /// The current or last term; a take-over starts the next.
+    /// The term of the record this replica last wrote as holder.
     term: Term,
 }
 
@@ -116,7 +124,7 @@ impl Elector {
             options,
             renewed: None,
             observed: None,
-            term: 0,
+            term: Term::default(),
         }
     }
 
@@ -162,7 +170,10 @@ impl Elector {
     }
 
     async fn attempt(&mut self) -> Result<bool, kube::Error> {
+        // In whole microseconds, as the record keeps it, so a term read back off the record
+        // equals the one written.
         let now = Timestamp::now();
+        let now = Timestamp::from_microsecond(now.as_microsecond()).unwrap_or(now);
         let duration_secs = self.duration_secs();
         let me = self.options.identity.clone();
         let Some(mut lease) = self.api.get_opt(&self.options.name).await? else {
@@ -183,7 +194,10 @@ impl Elector {
             };
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(_) => {
-                    self.term += 1;
+                    self.term = Term {
+                        transitions: 0,
+                        acquired: Some(now),
+                    };
                     Ok(true)
                 }
                 Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
@@ -214,20 +228,20 @@ impl Elector {
             return Ok(false);
         }
         let transitions = spec.lease_transitions.unwrap_or(0);
+        let (transitions, acquired) = if ours {
+            (
+                transitions,
+                spec.acquire_time.as_ref().map(|MicroTime(t)| *t),
+            )
+        } else {
+            (transitions.saturating_add(1), Some(now))
+        };
         lease.spec = Some(LeaseSpec {
             holder_identity: Some(me),
             lease_duration_seconds: Some(duration_secs),
-            acquire_time: if ours {
-                spec.acquire_time
-            } else {
-                Some(MicroTime(now))
-            },
+            acquire_time: acquired.map(MicroTime),
             renew_time: Some(MicroTime(now)),
-            lease_transitions: Some(if ours {
-                transitions
-            } else {
-                transitions.saturating_add(1)
-            }),
+            lease_transitions: Some(transitions),
             ..spec
         });
         // The resourceVersion read makes this a compare-and-swap.
@@ -237,9 +251,10 @@ impl Elector {
             .await
         {
             Ok(_) => {
-                if !ours {
-                    self.term += 1;
-                }
+                self.term = Term {
+                    transitions,
+                    acquired,
+                };
                 Ok(true)
             }
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),

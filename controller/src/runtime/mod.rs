@@ -357,7 +357,7 @@ pub async fn run(
             (None, rx, Some(task))
         }
         None => {
-            let (tx, rx) = tokio::sync::watch::channel(Some(1));
+            let (tx, rx) = tokio::sync::watch::channel(Some(lease::Term::default()));
             (Some(tx), rx, None)
         }
     };
@@ -398,8 +398,11 @@ pub async fn run(
             health.unreached_planes.set(0);
             if let Some((term, mut r)) = reconciler.take() {
                 tracing::info!("not leading: another replica reconciles");
-                r.pause();
-                paused = Some((term, r));
+                // A round cut off midway leaves what it wrote unrecorded: not resumed.
+                if !r.cut {
+                    r.pause();
+                    paused = Some((term, r));
+                }
             }
             continue;
         };
@@ -466,6 +469,7 @@ pub async fn run(
             _ = lost.wait_for(Option::is_none) => {
                 tracing::warn!("the leader Lease lapsed during a round; the rest of it is dropped");
                 reconciler.applies.abort_all();
+                reconciler.cut = true;
             }
             () = &mut shutdown => break,
         }
@@ -546,6 +550,9 @@ struct Reconciler {
     /// Per broken plane without a [`LastGood`] here: when its pods were last asked for the
     /// config they serve ([`Reconciler::read_back`]), at most once per resync.
     read_back_at: HashMap<ObjectKey, std::time::Instant>,
+    /// A round was cut off midway (the Lease lapsed): what it wrote is not all recorded, so
+    /// this reconciler is not resumed in a later turn.
+    cut: bool,
 }
 
 /// A plane as last applied: see [`Reconciler::applied`].
@@ -722,6 +729,7 @@ impl Reconciler {
             class_tunnel: None,
             class_configs: BTreeMap::new(),
             pool_stamp: None,
+            cut: false,
         }
     }
 

@@ -37,13 +37,13 @@ const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 const STREAMS_PER_CONNECTION: usize = 100;
 /// How much a stream may be sent ahead of its client reading it.
 const STREAM_WINDOW: u32 = 2 << 20;
-/// How much all streams of the connection together may be sent ahead: Go's Transport's 1 GiB.
-/// The connection window is taken back only as streams are read, and all requests to the
-/// backend share the one connection: with a window a few streams' worth (hyper's default
-/// 5 MiB), a handful of clients that stop reading large answers stall every other answer from
-/// the backend. Each stream stays bounded by [`STREAM_WINDOW`]; a client that reads nothing is
-/// dropped at the listener's send timeout.
-const CONNECTION_WINDOW: u32 = 1 << 30;
+/// How much all streams of the connection together may be sent ahead: as much as its share
+/// of streams may take, so it never binds before theirs do. The connection window is taken
+/// back only as streams are read: with a window a few streams' worth (hyper's default 5 MiB),
+/// a handful of clients that stop reading large answers stall every other answer on the
+/// connection. What stalled streams hold stays bounded by their windows; a listener's client
+/// that reads nothing is dropped at the send timeout.
+const CONNECTION_WINDOW: u32 = STREAMS_PER_CONNECTION as u32 * STREAM_WINDOW;
 
 #[derive(Debug)]
 pub(super) struct H2Channel {

@@ -342,7 +342,8 @@ impl H1Pool {
         // timer as the request goes out.
         let copy = replay
             .filter(|_| reused == Reuse::Aged && req.method().is_idempotent())
-            .map(|body| Replay::of(&req, body));
+            // Boxed: kept across the exchange, where it is rarely made.
+            .map(|body| Box::new(Replay::of(&req, body)));
         match sender.try_send_request(req).await {
             // After a `101` the connection belongs to the upgrade, never to the pool.
             Ok(resp) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
