@@ -1289,9 +1289,7 @@ async fn a_leader_whose_round_was_cut_off_starts_afresh_on_taking_the_lease_back
                 "apiVersion: v1\nkind: Secret\nmetadata: {{name: class-tunnel, namespace: cftunnel-system}}\nstringData: {{tunnel-token: \"{token}\"}}\n"
             ))
         };
-        let pool = yaml(
-            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: cftunnel-proxy, namespace: cftunnel-system}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app.kubernetes.io/name: cftunnel-proxy}}\n  template:\n    metadata: {labels: {app.kubernetes.io/name: cftunnel-proxy}}\n    spec: {containers: [{name: proxy, image: cftunnel-proxy:1}]}\n",
-        );
+        let pool = chart_pool();
         let first = token(b"first secret");
         let t = Tenant::start_tuned(
             "replicas: 1",
@@ -1333,7 +1331,10 @@ async fn a_leader_whose_round_was_cut_off_starts_afresh_on_taking_the_lease_back
         eventually("the pool stamped", || {
             t.api
                 .get("apps/v1", "Deployment", "cftunnel-system", "cftunnel-proxy")
-                .and_then(|d| d.pointer("/spec/template/metadata/annotations").cloned())
+                .and_then(|d| {
+                    d.pointer("/spec/template/metadata/annotations/cf.k8s.lex.la~1tunnel-token-hash")
+                        .cloned()
+                })
         })
         .await;
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -4827,6 +4828,14 @@ async fn an_experimental_xlistenerset_is_read_and_reported_where_no_listener_set
     .expect("in time");
 }
 
+/// The shared pool's Deployment as the chart renders it, without the controller's stamps
+/// (`helm template` has no lookup).
+fn chart_pool() -> Value {
+    yaml(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: cftunnel-proxy, namespace: cftunnel-system, labels: {app.kubernetes.io/managed-by: Helm}}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app.kubernetes.io/name: cftunnel-proxy}}\n  template:\n    metadata:\n      labels: {app.kubernetes.io/name: cftunnel-proxy}\n      annotations: {checksum/config-api-token: abc}\n    spec: {containers: [{name: proxy, image: cftunnel-proxy:1}]}\n",
+    )
+}
+
 /// The shared pool's tunnel token is rotated in its Secret (by hand or by a secrets operator):
 /// the controller stamps the SHA-256 of the new token on the pool Deployment's pod template,
 /// which rolls the pool onto it, and touches nothing else of the chart's Deployment. The
@@ -4843,10 +4852,7 @@ async fn a_new_token_in_the_shared_pools_secret_rolls_the_pool() {
                 "apiVersion: v1\nkind: Secret\nmetadata: {{name: class-tunnel, namespace: cftunnel-system}}\nstringData: {{tunnel-token: \"{token}\\n\"}}\n"
             ))
         };
-        // As the chart renders it, without the annotation (`helm template` has no lookup).
-        let pool = yaml(
-            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: cftunnel-proxy, namespace: cftunnel-system, labels: {app.kubernetes.io/managed-by: Helm}}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app.kubernetes.io/name: cftunnel-proxy}}\n  template:\n    metadata:\n      labels: {app.kubernetes.io/name: cftunnel-proxy}\n      annotations: {checksum/config-api-token: abc}\n    spec: {containers: [{name: proxy, image: cftunnel-proxy:1}]}\n",
-        );
+        let pool = chart_pool();
         let first = token(b"first secret");
         let t = Tenant::start_tuned(
             "replicas: 1",
@@ -4937,9 +4943,7 @@ async fn a_pool_that_refuses_the_config_api_token_is_rolled_onto_it() {
         // Started with the token before the Secret's `pool-secret`.
         let pool_pod = proxy_pod("old-pool-secret").await;
         let echo = support::echo("tenant-s", "web-1").await;
-        let deployment = yaml(
-            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: cftunnel-proxy, namespace: cftunnel-system, labels: {app.kubernetes.io/managed-by: Helm}}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app.kubernetes.io/name: cftunnel-proxy}}\n  template:\n    metadata:\n      labels: {app.kubernetes.io/name: cftunnel-proxy}\n      annotations: {checksum/config-api-token: abc}\n    spec: {containers: [{name: proxy, image: cftunnel-proxy:1}]}\n",
-        );
+        let deployment = chart_pool();
         let t = Tenant::start_tuned(
             "replicas: 1",
             |api| {

@@ -592,21 +592,36 @@ pub async fn roll_pool(
     if live.is_none() || held.map(String::as_str) == Some(value) {
         return Ok(false);
     }
-    let patch = serde_json::json!({
-        "spec": {"template": {"metadata": {"annotations": {key: value}}}},
-    });
     let api: Api<Deployment> = Api::namespaced(client.clone(), &deployment.namespace);
+    merge_pool(&api, deployment, &stamp(key, value)).await?;
+    Ok(true)
+}
+
+/// A merge patch of one pod-template annotation of the pool.
+fn stamp(key: &str, value: &str) -> serde_json::Value {
+    serde_json::json!({
+        "spec": {"template": {"metadata": {"annotations": {key: value}}}},
+    })
+}
+
+/// Writes `patch` to the pool's Deployment as a merge patch, as `kubectl rollout restart`
+/// writes its annotation: the Deployment is the chart's, and Helm keeps what it did not set.
+async fn merge_pool(
+    api: &Api<Deployment>,
+    deployment: &ObjectKey,
+    patch: &serde_json::Value,
+) -> Result<(), String> {
     api.patch(
         &deployment.name,
         &PatchParams {
             field_manager: Some(super::FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
         },
-        &Patch::Merge(&patch),
+        &Patch::Merge(patch),
     )
     .await
-    .map_err(|e| format!("patching Deployment {deployment}: {e}"))?;
-    Ok(true)
+    .map(drop)
+    .map_err(|e| format!("patching Deployment {deployment}: {e}"))
 }
 
 /// Whether `var` reads key `secret.1` of Secret `secret.0`.
@@ -675,22 +690,11 @@ pub async fn point_pool_at_token(
         });
         repointed = true;
     }
-    let mut patch = serde_json::json!({
-        "spec": {"template": {"metadata": {"annotations": {key: value}}}},
-    });
+    let mut patch = stamp(key, value);
     if repointed {
         patch["metadata"] = serde_json::json!({"resourceVersion": live.metadata.resource_version});
         patch["spec"]["template"]["spec"] = serde_json::json!({"containers": containers});
     }
-    api.patch(
-        &deployment.name,
-        &PatchParams {
-            field_manager: Some(super::FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        },
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map_err(|e| format!("patching Deployment {deployment}: {e}"))?;
+    merge_pool(&api, deployment, &patch).await?;
     Ok(true)
 }
