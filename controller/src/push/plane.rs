@@ -1,0 +1,316 @@
+//! One plane's push: its document's version (which changes only with its content), the rules
+//! its pods refused (left out, and remembered while those pods stay), and the rounds in a row
+//! it has failed.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_lc_rs::digest;
+use bytes::Bytes;
+use cftunnel_config::{Config, Rule};
+
+use super::client::{Client, Put, Unreached};
+use super::{OwnedRound, PlaneOutcome, PodOutcome, RefusedRule};
+
+/// Pushes of a plane in one round after pods refused rules: each leaves out at least one more
+/// rule; what is left for later rounds is pushed then.
+const MAX_PASSES: usize = 8;
+/// How long a refusal is remembered while the pod that refused stays: after it, the whole
+/// document is offered again (the pod may have been upgraded in place to a release that takes
+/// the rule).
+const REFUSAL_MEMORY: Duration = Duration::from_secs(600);
+
+#[derive(Clone)]
+pub(super) struct PlaneState {
+    version: i64,
+    digest: Vec<u8>,
+    /// The document and rules `digest` was taken of: an unchanged document is not encoded
+    /// and hashed again every round.
+    digested: Option<(Arc<Config>, Vec<usize>)>,
+    /// The round's document as last given, kept so an unchanged one is not copied again.
+    pub(super) input: Option<Arc<Config>>,
+    failed_rounds: u32,
+    /// When the plane's current run of failed rounds began.
+    failing_since: Option<std::time::Instant>,
+    /// The token the plane's pods were last pushed to with.
+    token: String,
+    /// The token before the last rotation. Pods started before it still hold it until the
+    /// rollout replaces them; a pod that refuses the current token is tried with this one,
+    /// so a rotation neither leaves old pods without route changes nor reads as a failure.
+    previous_token: Option<String>,
+    /// Rules a pod refused, by content, while that pod is one of the plane's.
+    refusals: Vec<Refusal>,
+}
+
+impl PlaneState {
+    pub(super) fn new(version: i64, token: &str) -> Self {
+        Self {
+            version,
+            digest: Vec::new(),
+            digested: None,
+            input: None,
+            failed_rounds: 0,
+            failing_since: None,
+            token: token.to_owned(),
+            previous_token: None,
+            refusals: Vec::new(),
+        }
+    }
+}
+
+/// A remembered refusal: the rule as it was pushed, who refused it, why and when.
+#[derive(Debug, Clone)]
+struct Refusal {
+    rule: Rule,
+    pod: SocketAddr,
+    reason: String,
+    at: std::time::Instant,
+}
+
+impl std::fmt::Debug for PlaneState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlaneState")
+            .field("version", &self.version)
+            .field("failed_rounds", &self.failed_rounds)
+            .finish_non_exhaustive()
+    }
+}
+
+/// When a plane's failing pushes are reported: after `rounds` failed rounds in a row that
+/// have lasted `lasting` as well.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Sustained {
+    pub(super) rounds: u32,
+    pub(super) lasting: Duration,
+}
+
+pub(super) async fn sync_plane(
+    mut state: PlaneState,
+    round: &OwnedRound,
+    now: i64,
+    timeout: Duration,
+    sustained: Sustained,
+) -> (PlaneState, PlaneOutcome) {
+    if state.token != round.token {
+        state.previous_token = Some(std::mem::replace(&mut state.token, round.token.clone()));
+    }
+    // A refusal holds while the pod that refused stays, and for a while: a rollout (which
+    // replaces that pod), or time, may bring a release that takes the rule. Pods that come and
+    // go beside it (an autoscaler at work) do not make the plane find it out again.
+    state
+        .refusals
+        .retain(|r| round.pods.contains(&r.pod) && r.at.elapsed() < REFUSAL_MEMORY);
+    let rules = &round.config.rules;
+    // The rules pushed, by their position in the round's document.
+    let mut kept: Vec<usize> = (0..rules.len())
+        .filter(|&i| !state.refusals.iter().any(|r| r.rule == rules[i]))
+        .collect();
+    let mut passes = 0;
+    let (version, pods, previous_needed, token_refused) = loop {
+        passes += 1;
+        let document = || Config {
+            version: 0,
+            rules: kept.iter().map(|&i| rules[i].clone()).collect(),
+            has_grpc_route: round.config.has_grpc_route,
+        };
+        let digested = state
+            .digested
+            .as_ref()
+            .is_some_and(|(config, of)| Arc::ptr_eq(config, &round.config) && *of == kept);
+        if !digested {
+            let digest = config_digest(&document());
+            if state.digest != digest {
+                state.version = state.version.saturating_add(1).max(now);
+                state.digest = digest;
+            }
+            state.digested = Some((Arc::clone(&round.config), kept.clone()));
+        }
+        let client = Client {
+            token: &round.token,
+            previous_token: state.previous_token.as_deref(),
+            timeout,
+        };
+        let sent = push_document(&client, &mut state.version, document, &round.pods).await;
+        let mut left_out = BTreeSet::new();
+        let pods: Vec<(SocketAddr, PodOutcome)> = sent
+            .puts
+            .into_iter()
+            .map(|(pod, put)| match put {
+                Put::Current => (pod, PodOutcome::Current),
+                Put::Pushed => (pod, PodOutcome::Pushed),
+                Put::Failed(reason) => (pod, PodOutcome::Failed(reason)),
+                Put::Refused { rule, reason } => {
+                    if passes < MAX_PASSES {
+                        if let Some(&i) = kept.get(rule) {
+                            if left_out.insert(i) {
+                                state.refusals.push(Refusal {
+                                    rule: rules[i].clone(),
+                                    pod,
+                                    reason: reason.clone(),
+                                    at: std::time::Instant::now(),
+                                });
+                            }
+                        }
+                    }
+                    (pod, PodOutcome::Failed(reason))
+                }
+            })
+            .collect();
+        if left_out.is_empty() {
+            break (sent.version, pods, sent.previous_needed, sent.token_refused);
+        }
+        tracing::warn!(
+            plane = %round.plane,
+            rules = left_out.len(),
+            "proxy pods refused rules; pushing the document without them"
+        );
+        kept.retain(|i| !left_out.contains(i));
+    };
+    let refused = state
+        .refusals
+        .iter()
+        .filter_map(|r| {
+            let rule = rules.iter().position(|x| *x == r.rule)?;
+            Some(RefusedRule {
+                rule,
+                name: r.rule.name.clone(),
+                pod: r.pod,
+                reason: r.reason.clone(),
+            })
+        })
+        .collect();
+    let mut outcome = finish(&mut state, sustained, version, pods);
+    outcome.refused = refused;
+    outcome.token_refused = token_refused;
+    // Every pod took the current token: the rollout is over, and the one before is
+    // forgotten rather than offered to whatever answers at a pod's address later.
+    if !previous_needed && outcome.all_current() {
+        state.previous_token = None;
+    }
+    (state, outcome)
+}
+
+/// What [`push_document`] did.
+struct Sent {
+    /// The version pushed.
+    version: i64,
+    puts: Vec<(SocketAddr, Put)>,
+    /// A pod still takes only the token before the last rotation.
+    previous_needed: bool,
+    /// A pod refused every token the plane has.
+    token_refused: bool,
+}
+
+/// Pushes the document `document` makes to every pod that lacks it; `version` is raised past
+/// any newer one a pod holds. The document is made and encoded only when some pod lacks it.
+async fn push_document(
+    client: &Client<'_>,
+    version: &mut i64,
+    document: impl FnOnce() -> Config,
+    pods: &[SocketAddr],
+) -> Sent {
+    let observed =
+        futures_util::future::join_all(pods.iter().map(|&pod| client.version(pod))).await;
+    // A pod ahead of us holds a push from an earlier controller: go past it.
+    if let Some(ahead) = observed
+        .iter()
+        .filter_map(|v| v.as_ref().ok().map(|(v, _)| *v))
+        .filter(|&v| v > *version)
+        .max()
+    {
+        *version = ahead.saturating_add(1);
+    }
+    let version = *version;
+    let mut sent = Sent {
+        version,
+        puts: Vec::new(),
+        previous_needed: observed
+            .iter()
+            .any(|v| matches!(v, Ok((_, token)) if *token != client.token)),
+        token_refused: observed
+            .iter()
+            .any(|v| matches!(v, Err(u) if u.token_refused)),
+    };
+    let behind = |v: &Result<(i64, &str), Unreached>| matches!(v, Ok((v, _)) if *v != version);
+    if !observed.iter().any(behind) {
+        sent.puts = pods
+            .iter()
+            .zip(observed)
+            .map(|(&pod, observed)| match observed {
+                Ok(_) => (pod, Put::Current),
+                Err(unreached) => (pod, Put::Failed(unreached.reason)),
+            })
+            .collect();
+        return sent;
+    }
+    let mut doc = document();
+    doc.version = version;
+    let body = match serde_json::to_vec(&doc) {
+        Ok(body) => Bytes::from(body),
+        Err(e) => {
+            let reason = format!("encoding the config: {e}");
+            sent.puts = pods
+                .iter()
+                .map(|&p| (p, Put::Failed(reason.clone())))
+                .collect();
+            return sent;
+        }
+    };
+    let doc = &doc;
+    sent.puts =
+        futures_util::future::join_all(pods.iter().zip(observed).map(|(&pod, observed)| {
+            let body = body.clone();
+            async move {
+                let put = match observed {
+                    Ok((v, _)) if v == version => Put::Current,
+                    Ok((_, token)) => client.put(pod, body, token, doc).await,
+                    Err(unreached) => Put::Failed(unreached.reason),
+                };
+                (pod, put)
+            }
+        }))
+        .await;
+    sent
+}
+
+fn finish(
+    state: &mut PlaneState,
+    sustained: Sustained,
+    version: i64,
+    pods: Vec<(SocketAddr, PodOutcome)>,
+) -> PlaneOutcome {
+    let failed = pods.iter().any(|(_, o)| matches!(o, PodOutcome::Failed(_)));
+    if failed {
+        state.failed_rounds = state.failed_rounds.saturating_add(1);
+        state
+            .failing_since
+            .get_or_insert_with(std::time::Instant::now);
+    } else {
+        state.failed_rounds = 0;
+        state.failing_since = None;
+    }
+    let lasted = state
+        .failing_since
+        .is_some_and(|since| since.elapsed() >= sustained.lasting);
+    PlaneOutcome {
+        version,
+        pods,
+        refused: Vec::new(),
+        failed_rounds: state.failed_rounds,
+        sustained_failure: state.failed_rounds >= sustained.rounds && lasted,
+        duration: std::time::Duration::ZERO,
+        repeated: false,
+        stale: false,
+        token_refused: false,
+    }
+}
+
+/// The config's identity without its version, so an unchanged config keeps its version.
+fn config_digest(config: &Config) -> Vec<u8> {
+    let mut unversioned = config.clone();
+    unversioned.version = 0;
+    let encoded = serde_json::to_vec(&unversioned).unwrap_or_default();
+    digest::digest(&digest::SHA256, &encoded).as_ref().to_vec()
+}
