@@ -26,8 +26,9 @@ use crate::translate::{ObjectKey, Snapshot, Statuses};
 pub const DATA_KEY: &str = "parents";
 
 /// The API call this makes, as an RBAC rule (the chart holds it to the ConfigMap's name, which
-/// it creates): the list's server-side apply.
-pub const RBAC: (&str, &str, &[&str]) = ("", "configmaps", &["patch"]);
+/// it creates): the list's server-side apply, which is also a create when the ConfigMap has
+/// been deleted since (the API server authorizes that apply as `create` on the name too).
+pub const RBAC: (&str, &str, &[&str]) = ("", "configmaps", &["patch", "create"]);
 
 /// CEL, in the policy's validation: whether the route names a parent of the list in the
 /// policy's parameter (`params`, the ConfigMap), as the controller binds parentRefs: group
@@ -180,6 +181,26 @@ mod tests {
         assert_eq!(
             object["data"][DATA_KEY].as_str(),
             Some("Gateway/team-a/own\n")
+        );
+    }
+
+    /// A ConfigMap deleted after install is made again by the next write: admission would
+    /// otherwise judge nothing for good (its binding admits while the parameter is missing).
+    #[tokio::test]
+    async fn a_deleted_configmap_is_made_again() {
+        let api = ApiServer::builder().rbac(&[RBAC]).start().await;
+        let key = ObjectKey::new("cf-system", "cf-hostname-ownership");
+        sync(
+            &api.client(),
+            &key,
+            &Snapshot::default(),
+            &ours(&[("infra", "edge")]),
+        )
+        .await;
+        let (object, _) = live(&api, &key);
+        assert_eq!(
+            object["data"][DATA_KEY].as_str(),
+            Some("Gateway/infra/edge\n")
         );
     }
 

@@ -23,6 +23,7 @@ use super::request::Req;
 use super::response::{method_not_allowed, not_served, respond, status, Reply};
 use super::scale::scale;
 use super::served::{api_version, kind_of, serves};
+use super::store::key_for;
 use super::target::{is_watch, parse_path, parse_query};
 use super::watch::watch;
 use super::write::{create, delete, replace};
@@ -126,7 +127,8 @@ impl Front {
         };
         let params = parse_query(req.uri().query());
         // Authorized before it is routed, as by the API server.
-        if !is_user(req.headers()) && !granted(self.rbac, &target, &params, &method) {
+        let user = is_user(req.headers());
+        if !user && !granted(self.rbac, &target, &params, &method) {
             return forbidden(&target, &params, &method);
         }
         let Some(kind) = kind_of(&target.plural) else {
@@ -141,6 +143,25 @@ impl Front {
         }
         let api_version = api_version(&target.group, &target.version);
         let content_type = header(hyper::header::CONTENT_TYPE);
+        // A server-side apply that would create its object is a create too, as the API server
+        // authorizes it.
+        if !user && method == Method::PATCH && content_type.starts_with("application/apply-patch") {
+            let exists = target
+                .name
+                .as_deref()
+                .and_then(|name| {
+                    key_for(
+                        &api_version,
+                        kind,
+                        target.namespace.as_deref().unwrap_or(""),
+                        name,
+                    )
+                })
+                .is_some_and(|key| self.cluster.lock().get(&key).is_some());
+            if !exists && !granted(self.rbac, &target, &params, &Method::POST) {
+                return forbidden(&target, &params, &Method::POST);
+            }
+        }
         let body = match req.into_body().collect().await {
             Ok(b) => b.to_bytes(),
             Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string()),
