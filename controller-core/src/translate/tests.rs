@@ -1263,27 +1263,15 @@ fn a_hostname_attached_only_through_https_is_not_served_over_http() {
         (true, Reason::Accepted)
     );
     let routes = proxy_routes(shared(&out));
-    let pick = |scheme: &str, host: &str| picked(&routes, scheme, host, "/");
-    assert_eq!(
-        pick("http", "app2.example.com").as_deref(),
-        Some("infra/redirect/0"),
-        "app2.example.com is published over https alone"
-    );
-    assert_eq!(
-        pick("https", "app2.example.com").as_deref(),
-        Some("infra/app2/0")
-    );
-    assert_eq!(
-        pick("http", "legacy.example.com").as_deref(),
-        Some("infra/app2/0")
-    );
-    assert_eq!(
-        pick("https", "legacy.example.com").as_deref(),
-        Some("infra/app2/0")
-    );
-    assert_eq!(
-        pick("http", "other.example.com").as_deref(),
-        Some("infra/redirect/0")
+    picks(
+        &routes,
+        &[
+            ("http", "app2.example.com", "infra/redirect/0"),
+            ("https", "app2.example.com", "infra/app2/0"),
+            ("http", "legacy.example.com", "infra/app2/0"),
+            ("https", "legacy.example.com", "infra/app2/0"),
+            ("http", "other.example.com", "infra/redirect/0"),
+        ],
     );
 }
 
@@ -1324,22 +1312,14 @@ spec:
     );
     let out = run(&format!("{gateway}{redirect}{app2}"));
     let routes = proxy_routes(shared(&out));
-    let pick = |scheme: &str, host: &str| picked(&routes, scheme, host, "/");
-    assert_eq!(
-        pick("http", "app2.example.com").as_deref(),
-        Some("infra/redirect/0")
-    );
-    assert_eq!(
-        pick("https", "app2.example.com").as_deref(),
-        Some("infra/app2/0")
-    );
-    assert_eq!(
-        pick("http", "legacy.example.com").as_deref(),
-        Some("infra/app2/0")
-    );
-    assert_eq!(
-        pick("https", "legacy.example.com").as_deref(),
-        Some("infra/app2/0")
+    picks(
+        &routes,
+        &[
+            ("http", "app2.example.com", "infra/redirect/0"),
+            ("https", "app2.example.com", "infra/app2/0"),
+            ("http", "legacy.example.com", "infra/app2/0"),
+            ("https", "legacy.example.com", "infra/app2/0"),
+        ],
     );
 }
 
@@ -1375,23 +1355,14 @@ spec:
         (true, Reason::Accepted)
     );
     let routes = proxy_routes(shared(&out));
-    let pick = |scheme: &str, host: &str| picked(&routes, scheme, host, "/");
-    assert_eq!(
-        pick("http", "a.example.com").as_deref(),
-        Some("infra/web/listener:http-a"),
-        "the HTTP listener of a.example.com keeps its host, and serves no route"
-    );
-    assert_eq!(
-        pick("https", "a.example.com").as_deref(),
-        Some("infra/app/0")
-    );
-    assert_eq!(
-        pick("http", "b.example.com").as_deref(),
-        Some("infra/app/0")
-    );
-    assert_eq!(
-        pick("https", "b.example.com").as_deref(),
-        Some("infra/app/0")
+    picks(
+        &routes,
+        &[
+            ("http", "a.example.com", "infra/web/listener:http-a"),
+            ("https", "a.example.com", "infra/app/0"),
+            ("http", "b.example.com", "infra/app/0"),
+            ("https", "b.example.com", "infra/app/0"),
+        ],
     );
 }
 
@@ -1474,6 +1445,17 @@ fn proxy_pick<'r>(
 
 /// The name of the rule a GET for `host` and `path` arriving with `X-Forwarded-Proto: scheme`
 /// reaches, looked up as the proxy does.
+/// Asserts the rule each `(scheme, host, rule)` request for `/` is routed to.
+fn picks(routes: &cftunnel_proxy::proxy::Routes, cases: &[(&str, &str, &str)]) {
+    for (scheme, host, rule) in cases {
+        assert_eq!(
+            picked(routes, scheme, host, "/").as_deref(),
+            Some(*rule),
+            "{scheme}://{host}/"
+        );
+    }
+}
+
 fn picked(
     routes: &cftunnel_proxy::proxy::Routes,
     scheme: &str,
