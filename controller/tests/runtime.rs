@@ -1281,14 +1281,8 @@ async fn a_leader_that_takes_its_lease_back_unchallenged_goes_on_where_it_was() 
 async fn a_leader_whose_round_was_cut_off_starts_afresh_on_taking_the_lease_back() {
     use cftunnel_controller::runtime::lease::LeaseOptions;
     tokio::time::timeout(Duration::from_secs(60), async {
-        let token = |secret: &[u8]| {
-            Token::new("acct-s", secret.to_vec(), uuid_of(SHARED_TUNNEL_ID)).encode()
-        };
-        let tunnel_secret = |token: &str| {
-            yaml(&format!(
-                "apiVersion: v1\nkind: Secret\nmetadata: {{name: class-tunnel, namespace: cftunnel-system}}\nstringData: {{tunnel-token: \"{token}\"}}\n"
-            ))
-        };
+        let token = class_token;
+        let tunnel_secret = |token: &str| class_tunnel_secret(token, "");
         let pool = chart_pool();
         let first = token(b"first secret");
         let t = Tenant::start_tuned(
@@ -1299,16 +1293,7 @@ async fn a_leader_whose_round_was_cut_off_starts_afresh_on_taking_the_lease_back
             },
             ApiServer::client,
             |options| {
-                options.shared = Some(SharedPlane {
-                    service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
-                    auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
-                    auth_key: "token".to_owned(),
-                    tunnel_secret: Some((
-                        ObjectKey::new("cftunnel-system", "class-tunnel"),
-                        "tunnel-token".to_owned(),
-                    )),
-                    deployment: Some(ObjectKey::new("cftunnel-system", "cftunnel-proxy")),
-                });
+                options.shared = Some(chart_shared_plane(true));
                 options.lease = Some(LeaseOptions {
                     namespace: "cftunnel-system".to_owned(),
                     name: "cftunnel-controller".to_owned(),
@@ -1325,15 +1310,18 @@ async fn a_leader_whose_round_was_cut_off_starts_afresh_on_taking_the_lease_back
         let health = listener.local_addr().expect("addr");
         let serving = tokio::spawn(runtime::health::serve(listener, t.health.clone()));
         eventually("the plane applied", || {
-            t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
         })
         .await;
         eventually("the pool stamped", || {
             t.api
                 .get("apps/v1", "Deployment", "cftunnel-system", "cftunnel-proxy")
                 .and_then(|d| {
-                    d.pointer("/spec/template/metadata/annotations/cf.k8s.lex.la~1tunnel-token-hash")
-                        .cloned()
+                    d.pointer(
+                        "/spec/template/metadata/annotations/cf.k8s.lex.la~1tunnel-token-hash",
+                    )
+                    .cloned()
                 })
         })
         .await;
@@ -1343,7 +1331,9 @@ async fn a_leader_whose_round_was_cut_off_starts_afresh_on_taking_the_lease_back
         let stamp = t.api.hold(|c| {
             c.method == "PATCH"
                 && c.kind == "Deployment"
-                && c.body.pointer("/spec/template/metadata/annotations").is_some()
+                && c.body
+                    .pointer("/spec/template/metadata/annotations")
+                    .is_some()
                 && c.body.pointer("/spec/template/spec").is_none()
         });
         t.api.put(tunnel_secret(&token(b"second secret")));
@@ -4828,6 +4818,36 @@ async fn an_experimental_xlistenerset_is_read_and_reported_where_no_listener_set
     .expect("in time");
 }
 
+/// The shared pool as the chart points the controller at it: its Service, config-API token,
+/// Deployment and, with `class_tunnel`, the class tunnel's token Secret
+/// ([`class_tunnel_secret`]).
+fn chart_shared_plane(class_tunnel: bool) -> SharedPlane {
+    SharedPlane {
+        service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
+        auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
+        auth_key: "token".to_owned(),
+        tunnel_secret: class_tunnel.then(|| {
+            (
+                ObjectKey::new("cftunnel-system", "class-tunnel"),
+                "tunnel-token".to_owned(),
+            )
+        }),
+        deployment: Some(ObjectKey::new("cftunnel-system", "cftunnel-proxy")),
+    }
+}
+
+/// A connector token of the class tunnel, made from `secret`.
+fn class_token(secret: &[u8]) -> String {
+    Token::new("acct-s", secret.to_vec(), uuid_of(SHARED_TUNNEL_ID)).encode()
+}
+
+/// The class tunnel's token Secret holding `token`, then `after` (YAML escapes).
+fn class_tunnel_secret(token: &str, after: &str) -> Value {
+    yaml(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: class-tunnel, namespace: cftunnel-system}}\nstringData: {{tunnel-token: \"{token}{after}\"}}\n"
+    ))
+}
+
 /// The shared pool's Deployment as the chart renders it, without the controller's stamps
 /// (`helm template` has no lookup).
 fn chart_pool() -> Value {
@@ -4844,14 +4864,9 @@ fn chart_pool() -> Value {
 async fn a_new_token_in_the_shared_pools_secret_rolls_the_pool() {
     tokio::time::timeout(Duration::from_secs(60), async {
         const ANNOTATION: &str = "cf.k8s.lex.la/tunnel-token-hash";
-        let token = |secret: &[u8]| {
-            Token::new("acct-s", secret.to_vec(), uuid_of(SHARED_TUNNEL_ID)).encode()
-        };
-        let tunnel_secret = |token: &str| {
-            yaml(&format!(
-                "apiVersion: v1\nkind: Secret\nmetadata: {{name: class-tunnel, namespace: cftunnel-system}}\nstringData: {{tunnel-token: \"{token}\\n\"}}\n"
-            ))
-        };
+        let token = class_token;
+        // With the line break `kubectl create secret --from-file` keeps.
+        let tunnel_secret = |token: &str| class_tunnel_secret(token, "\\n");
         let pool = chart_pool();
         let first = token(b"first secret");
         let t = Tenant::start_tuned(
@@ -4862,16 +4877,7 @@ async fn a_new_token_in_the_shared_pools_secret_rolls_the_pool() {
             },
             ApiServer::client,
             |options| {
-                options.shared = Some(SharedPlane {
-                    service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
-                    auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
-                    auth_key: "token".to_owned(),
-                    tunnel_secret: Some((
-                        ObjectKey::new("cftunnel-system", "class-tunnel"),
-                        "tunnel-token".to_owned(),
-                    )),
-                    deployment: Some(ObjectKey::new("cftunnel-system", "cftunnel-proxy")),
-                });
+                options.shared = Some(chart_shared_plane(true));
             },
         )
         .await;
@@ -4956,13 +4962,7 @@ async fn a_pool_that_refuses_the_config_api_token_is_rolled_onto_it() {
             },
             ApiServer::client,
             |options| {
-                options.shared = Some(SharedPlane {
-                    service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
-                    auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
-                    auth_key: "token".to_owned(),
-                    tunnel_secret: None,
-                    deployment: Some(ObjectKey::new("cftunnel-system", "cftunnel-proxy")),
-                });
+                options.shared = Some(chart_shared_plane(false));
             },
         )
         .await;
