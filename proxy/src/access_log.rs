@@ -235,11 +235,8 @@ impl AccessLog {
 /// runs empty; ends early if `out` fails.
 fn write_lines(rx: &mpsc::Receiver<String>, out: impl Write) {
     let mut out = std::io::BufWriter::with_capacity(64 * 1024, out);
-    while let Ok(line) = rx.recv() {
-        if out.write_all(line.as_bytes()).is_err() {
-            return;
-        }
-        while let Ok(line) = rx.try_recv() {
+    while let Ok(first) = rx.recv() {
+        for line in std::iter::once(first).chain(rx.try_iter()) {
             if out.write_all(line.as_bytes()).is_err() {
                 return;
             }

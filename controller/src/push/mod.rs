@@ -283,7 +283,8 @@ impl Pusher {
                 .state
                 .take()
                 .unwrap_or_else(|| PlaneState::new(now, round.token));
-            let config = match &state.input {
+            // The document the last push was given, if it is this one: not copied again.
+            let config = match state.pushed_from() {
                 Some(config) if **config == *round.config => Arc::clone(config),
                 _ => Arc::new(round.config.clone()),
             };
@@ -515,11 +516,10 @@ async fn push_plane(round: OwnedRound, state: PlaneState, push: Push) -> Pushed 
     // Never closed; were it, the push would go ahead without a turn.
     let _turn = push.turns.acquire().await.ok();
     let started = std::time::Instant::now();
-    let (mut state, mut outcome) =
+    let (state, mut outcome) =
         sync_plane(state, &round, push.now, push.timeout, push.sustained).await;
     outcome.duration = started.elapsed();
     record_outcome(&span, &outcome);
-    state.input = Some(Arc::clone(&round.config));
     if push.flags.fetch_or(DONE, Ordering::SeqCst) & DETACHED != 0 {
         if let Some(wake) = &push.wake {
             wake.notify_one();

@@ -29,8 +29,6 @@ pub(super) struct PlaneState {
     /// The document and rules `digest` was taken of: an unchanged document is not encoded
     /// and hashed again every round.
     digested: Option<(Arc<Config>, Vec<usize>)>,
-    /// The round's document as last given, kept so an unchanged one is not copied again.
-    pub(super) input: Option<Arc<Config>>,
     failed_rounds: u32,
     /// When the plane's current run of failed rounds began.
     failing_since: Option<std::time::Instant>,
@@ -45,12 +43,16 @@ pub(super) struct PlaneState {
 }
 
 impl PlaneState {
+    /// The document the last push was given (the one its digest was taken of).
+    pub(super) fn pushed_from(&self) -> Option<&Arc<Config>> {
+        self.digested.as_ref().map(|(config, _)| config)
+    }
+
     pub(super) fn new(version: i64, token: &str) -> Self {
         Self {
             version,
             digest: Vec::new(),
             digested: None,
-            input: None,
             failed_rounds: 0,
             failing_since: None,
             token: token.to_owned(),

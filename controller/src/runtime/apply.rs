@@ -559,11 +559,7 @@ pub fn pool_takes_token(
     secret: &(ObjectKey, String),
 ) -> bool {
     let template = live.spec.as_ref().map(|s| &s.template);
-    let held = template
-        .and_then(|t| t.metadata.as_ref())
-        .and_then(|m| m.annotations.as_ref())
-        .and_then(|a| a.get(key));
-    held.map(String::as_str) == Some(value)
+    template_annotation(live, key) == Some(value)
         && template
             .and_then(|t| t.spec.as_ref())
             .into_iter()
@@ -584,17 +580,26 @@ pub async fn roll_pool(
     key: &str,
     value: &str,
 ) -> Result<bool, String> {
-    let held = live
-        .and_then(|d| d.spec.as_ref())
-        .and_then(|s| s.template.metadata.as_ref())
-        .and_then(|m| m.annotations.as_ref())
-        .and_then(|a| a.get(key));
-    if live.is_none() || held.map(String::as_str) == Some(value) {
+    if live.is_none_or(|live| template_annotation(live, key) == Some(value)) {
         return Ok(false);
     }
     let api: Api<Deployment> = Api::namespaced(client.clone(), &deployment.namespace);
     merge_pool(&api, deployment, &stamp(key, value)).await?;
     Ok(true)
+}
+
+/// The pod-template annotation `key` of `deployment`.
+fn template_annotation<'a>(deployment: &'a Deployment, key: &str) -> Option<&'a str> {
+    deployment
+        .spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
 }
 
 /// A merge patch of one pod-template annotation of the pool.

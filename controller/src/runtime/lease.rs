@@ -42,8 +42,7 @@ pub fn spawn(
         let mut stop = std::pin::pin!(stop);
         let mut ticks = tokio::time::interval(elector.options.renew);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let publish = |leading: bool, term: Term| {
-            let now = leading.then_some(term);
+        let publish = |now: Option<Term>| {
             tx.send_if_modified(|was| std::mem::replace(was, now) != now);
         };
         loop {
@@ -56,18 +55,18 @@ pub fn spawn(
                         Some(deadline) => tokio::select! {
                             leading = attempt => leading,
                             () = tokio::time::sleep_until(deadline) => {
-                                publish(false, elector.term);
+                                publish(None);
                                 elector.renewed = None;
                                 false
                             }
                         },
                         None => attempt.await,
                     };
-                    publish(leading, elector.term);
+                    publish(leading.then_some(elector.term));
                 }
                 () = sleep_until_some(deadline) => {
                     elector.renewed = None;
-                    publish(false, elector.term);
+                    publish(None);
                 }
                 () = &mut stop => break,
             }
