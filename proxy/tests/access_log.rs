@@ -5,8 +5,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use support::*;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
@@ -21,41 +20,14 @@ struct LoggingProxy {
 
 impl LoggingProxy {
     async fn start(name: &str, doc: &Value, env: &[(&str, &str)]) -> Self {
-        let dir = std::env::temp_dir().join(format!("cftunnel-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let config = dir.join("config.json");
-        std::fs::write(&config, doc.to_string()).expect("write config");
-        let (data_port, admin_port) = (free_port(), free_port());
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
-            .env_remove("TUNNEL_TOKEN")
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            .env("PROXY_ADDR", format!("127.0.0.1:{data_port}"))
-            .env("PROXY_CONFIG_ADDR", format!("127.0.0.1:{admin_port}"))
-            .env("PROXY_ACCESS_LOG_ENABLED", "true")
-            .env("PROXY_AUTH_TOKEN", TOKEN)
-            .envs(env.iter().copied())
-            .arg("--config-file")
-            .arg(&config)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("proxy binary starts");
-        let admin: std::net::SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
-        let data: std::net::SocketAddr = format!("127.0.0.1:{data_port}").parse().expect("addr");
-        let http = client();
-        let ready_by = Instant::now() + Duration::from_secs(10);
-        loop {
-            // Both listeners: ready on one says nothing of the other's bind.
-            let up = tokio::net::TcpStream::connect(admin).await.is_ok()
-                && tokio::net::TcpStream::connect(data).await.is_ok();
-            if up && get(&http, admin, "a", "/readyz", &[]).await.status == 200 {
-                break;
-            }
-            assert!(Instant::now() < ready_by, "proxy became ready");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let mut env = env.to_vec();
+        env.push(("PROXY_ACCESS_LOG_ENABLED", "true"));
+        let BinaryProxy {
+            mut child,
+            data,
+            dir,
+            ..
+        } = BinaryProxy::start(name, doc, &env).await;
         let stdout = child.stdout.take().expect("stdout");
         Self {
             child,

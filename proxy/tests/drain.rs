@@ -151,32 +151,10 @@ fn start_up_refuses_bad_settings_with_a_clear_message() {
 async fn access_log_writes_one_json_line_per_request() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let a = echo("svc-a-1").await;
-        let dir = std::env::temp_dir().join(format!("cftunnel-log-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let config = dir.join("config.json");
         let doc = serde_json::json!({"version": 1, "rules": [{"name": "ns/route/0", "hostnames": ["app.example"], "backends": [{"url": url(a.http_addr()), "weight": 1}]}]});
-        std::fs::write(&config, doc.to_string()).expect("write config");
-        let (data_port, admin_port) = (free_port(), free_port());
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
-            .env("PROXY_ADDR", format!("127.0.0.1:{data_port}"))
-            .env("PROXY_CONFIG_ADDR", format!("127.0.0.1:{admin_port}"))
-            .env("PROXY_ACCESS_LOG_ENABLED", "true")
-            .env("PROXY_AUTH_TOKEN", TOKEN)
-            .arg("--config-file")
-            .arg(&config)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("proxy binary starts");
-        let data: std::net::SocketAddr = format!("127.0.0.1:{data_port}").parse().expect("addr");
-        let admin: std::net::SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
+        let BinaryProxy { mut child, data, admin, dir } =
+            BinaryProxy::start("log", &doc, &[("PROXY_ACCESS_LOG_ENABLED", "true")]).await;
         let http = client();
-        let ready_by = Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(admin).await.is_err() {
-            assert!(Instant::now() < ready_by, "proxy started");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
         assert_eq!(get(&http, admin, "a", "/healthz", &[]).await.status, 200);
         assert_eq!(get(&http, data, "App.Example:80", "/hello?x=1", &[]).await.status, 200);
         let stdout = child.stdout.take().expect("stdout");
@@ -212,8 +190,7 @@ async fn access_log_writes_one_json_line_per_request() {
     .expect("test finished in time");
 }
 
-/// The proxy binary in standalone mode with `doc` as its config file, the grace period and
-/// extra settings `env`, stdout piped; returns once it is ready, with its data and admin
+/// [`BinaryProxy::start`] with the grace period `grace`: its child, data and admin
 /// addresses and the scratch directory to remove.
 async fn ready_proxy(
     name: &str,
@@ -226,38 +203,10 @@ async fn ready_proxy(
     std::net::SocketAddr,
     std::path::PathBuf,
 ) {
-    let dir = std::env::temp_dir().join(format!("cftunnel-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let config = dir.join("config.json");
-    std::fs::write(&config, doc.to_string()).expect("write config");
-    let (data_port, admin_port) = (free_port(), free_port());
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
-        .env_remove("TUNNEL_TOKEN")
-        .env("PROXY_ADDR", format!("127.0.0.1:{data_port}"))
-        .env("PROXY_CONFIG_ADDR", format!("127.0.0.1:{admin_port}"))
-        .env("PROXY_GRACE_PERIOD", grace)
-        .env("PROXY_AUTH_TOKEN", TOKEN)
-        .envs(env.iter().copied())
-        .arg("--config-file")
-        .arg(&config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("proxy binary starts");
-    let data: std::net::SocketAddr = format!("127.0.0.1:{data_port}").parse().expect("addr");
-    let admin: std::net::SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
-    let http = client();
-    let ready_by = Instant::now() + Duration::from_secs(10);
-    loop {
-        let up = tokio::net::TcpStream::connect(admin).await.is_ok();
-        if up && get(&http, admin, "a", "/readyz", &[]).await.status == 200 {
-            break;
-        }
-        assert!(Instant::now() < ready_by, "proxy became ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    (child, data, admin, dir)
+    let mut env = env.to_vec();
+    env.push(("PROXY_GRACE_PERIOD", grace));
+    let proxy = BinaryProxy::start(name, doc, &env).await;
+    (proxy.child, proxy.data, proxy.admin, proxy.dir)
 }
 
 /// SIGTERM to `child`, then waits until it has begun draining: `/readyz` answers 503 (or the

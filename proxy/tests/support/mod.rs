@@ -232,3 +232,58 @@ where
     });
     addr
 }
+
+/// The proxy binary in standalone mode with `doc` as its config file and `env` on top, stdout
+/// piped; started once both its listeners are bound and it answers `/readyz` 200.
+pub struct BinaryProxy {
+    pub child: tokio::process::Child,
+    pub data: SocketAddr,
+    pub admin: SocketAddr,
+    /// The scratch directory of its config file, for the caller to remove.
+    pub dir: std::path::PathBuf,
+}
+
+impl BinaryProxy {
+    pub async fn start(name: &str, doc: &serde_json::Value, env: &[(&str, &str)]) -> Self {
+        let dir = std::env::temp_dir().join(format!("cftunnel-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let config = dir.join("config.json");
+        std::fs::write(&config, doc.to_string()).expect("write config");
+        let (data_port, admin_port) = (free_port(), free_port());
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
+            .env_remove("TUNNEL_TOKEN")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .env("PROXY_ADDR", format!("127.0.0.1:{data_port}"))
+            .env("PROXY_CONFIG_ADDR", format!("127.0.0.1:{admin_port}"))
+            .env("PROXY_AUTH_TOKEN", TOKEN)
+            .envs(env.iter().copied())
+            .arg("--config-file")
+            .arg(&config)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("proxy binary starts");
+        let data = SocketAddr::from(([127, 0, 0, 1], data_port));
+        let admin = SocketAddr::from(([127, 0, 0, 1], admin_port));
+        let http = client();
+        let ready_by = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            // Both listeners: ready on one says nothing of the other's bind.
+            let up = tokio::net::TcpStream::connect(admin).await.is_ok()
+                && tokio::net::TcpStream::connect(data).await.is_ok();
+            if up && get(&http, admin, "a", "/readyz", &[]).await.status == 200 {
+                break;
+            }
+            assert!(std::time::Instant::now() < ready_by, "proxy became ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Self {
+            child,
+            data,
+            admin,
+            dir,
+        }
+    }
+}
