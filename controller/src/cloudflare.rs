@@ -7,13 +7,13 @@
 //! `cloudflared` beside the proxy would deliver them. Several data planes on one tunnel get one
 //! document, the union of their hostnames.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_lc_rs::digest;
 use bytes::Bytes;
 use cftunnel_config::Config;
-use futures_util::StreamExt;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -22,10 +22,13 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
+use tokio::sync::Notify;
+use tokio::time::Instant;
 use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::held::Held;
+use crate::in_flight::{Finished, InFlight};
 
 /// The Cloudflare API's base URL.
 pub const DEFAULT_API_BASE: &str = "https://api.cloudflare.com/client/v4";
@@ -56,7 +59,7 @@ pub fn ingress_document(configs: &[&Config]) -> Value {
 }
 
 /// Where and as whom a tunnel's document is written.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct TunnelTarget {
     pub account: String,
     pub tunnel: Uuid,
@@ -420,16 +423,30 @@ async fn write(
 /// failure in a row. Rounds come with every change in the cluster, and a write that fails at
 /// each (a tunnel deleted in the dashboard) would spend the API token's rate limit, which the
 /// other tunnels it writes share.
+///
+/// Each write runs as a task of its own ([`InFlight`]), and a call waits for the writes it
+/// starts at most as long as it is told ([`TunnelSync::waiting_at_most`]): an API that never
+/// answers (egress to it blackholed) holds up no round, and so no push, for its timeout.
 pub struct TunnelSync {
     /// Per tunnel and writer (account, token, claimed secret): the last document written. A
     /// second writer naming the same tunnel (a forged or stale token) cannot erase the first's.
-    written: HashMap<(Uuid, Vec<u8>), Vec<u8>>,
+    written: HashMap<WriterKey, Vec<u8>>,
     /// Tunnels whose real token was seen to hold a given secret (by digest).
     verified: HashMap<Uuid, Vec<u8>>,
     /// Per tunnel and writer: the write that failed last, answered from here until its wait
     /// is over.
-    failed: Held<(Uuid, Vec<u8>)>,
+    failed: Held<WriterKey>,
+    /// The writes running.
+    writes: InFlight<WriterKey, Wrote>,
+    /// How long a call waits for the writes it starts; `None`: until they finish.
+    wait: Option<Duration>,
 }
+
+/// A tunnel and who writes its document (a digest of account, API token and claimed secret).
+type WriterKey = (Uuid, Vec<u8>);
+
+/// What a write returns: the secret it verified the tunnel's token holds, if it did.
+type Wrote = Result<Option<Vec<u8>>, String>;
 
 /// The wait before a failed write is tried again, doubled with each failure in a row.
 pub const RETRY_FIRST: Duration = Duration::from_secs(5);
@@ -446,7 +463,7 @@ impl Default for TunnelSync {
 const CONCURRENT_WRITES: usize = 8;
 
 /// Who writes a tunnel's document, as a key.
-fn writer_key(target: &TunnelTarget) -> (Uuid, Vec<u8>) {
+fn writer_key(target: &TunnelTarget) -> WriterKey {
     let mut ctx = digest::Context::new(&digest::SHA256);
     for part in [
         target.account.as_bytes(),
@@ -460,13 +477,25 @@ fn writer_key(target: &TunnelTarget) -> (Uuid, Vec<u8>) {
 }
 
 impl TunnelSync {
-    /// Tries a failed write again after `first`, doubling up to `max`.
+    /// Tries a failed write again after `first`, doubling up to `max`. Calls wait for their
+    /// writes to finish (see [`TunnelSync::waiting_at_most`]).
     pub fn with_retry(first: Duration, max: Duration) -> Self {
         Self {
             written: HashMap::new(),
             verified: HashMap::new(),
             failed: Held::new(first, max),
+            writes: InFlight::new(CONCURRENT_WRITES, Arc::new(Notify::new())),
+            wait: None,
         }
+    }
+
+    /// A call waits at most `wait` for the writes it starts; `wake` is told as each finishes,
+    /// so a later call reports it.
+    #[must_use]
+    pub fn waiting_at_most(mut self, wait: Duration, wake: Arc<Notify>) -> Self {
+        self.writes = InFlight::new(CONCURRENT_WRITES, wake);
+        self.wait = Some(wait);
+        self
     }
 
     /// Brings the tunnel of `target` to `document`; `Ok(true)` when it wrote. A new API token
@@ -487,74 +516,93 @@ impl TunnelSync {
     }
 
     /// [`TunnelSync::sync`] for several tunnels at once: an API call that hangs for one tunnel
-    /// does not hold up the others.
+    /// does not hold up the others. A write still running when the call stops waiting goes on;
+    /// meanwhile its tunnel answers with the writer's last failure, if its last write failed,
+    /// and `Ok(false)` if not, and the first call after it finishes reports it.
     pub async fn sync_all(
         &mut self,
         api: &TunnelApi,
         work: Vec<(TunnelTarget, Value)>,
     ) -> Vec<Result<bool, String>> {
-        let calls: Vec<_> = work
-            .into_iter()
-            .map(|(target, document)| {
-                let digest = sync_digest(&target, &document);
-                let key = writer_key(&target);
-                let written = self.written.get(&key) == Some(&digest);
-                // The same error, word for word, until the wait is over: it reaches route
-                // conditions, which would otherwise be rewritten.
-                let held = self.failed.error(&key, &digest).map(str::to_owned);
+        let deadline = self.wait.map(|wait| Instant::now() + wait);
+        let done = self.writes.finished();
+        let mut wrote = self.settle(done);
+        let mut asked = Vec::with_capacity(work.len());
+        let mut started = Vec::new();
+        for (target, document) in work {
+            let digest = sync_digest(&target, &document);
+            let key = writer_key(&target);
+            let running = self.writes.running(&key);
+            // The same error, word for word, until the wait is over: it reaches route
+            // conditions, which would otherwise be rewritten.
+            let due = self.written.get(&key) != Some(&digest)
+                && self.failed.error(&key, &digest).is_none()
+                && running != Some(digest.as_slice())
+                && (running.is_some() || !self.writes.is_full());
+            if due {
+                let api = api.clone();
                 let verified = self.verified.get(&target.tunnel).cloned();
-                async move {
-                    if written {
-                        return (target, digest, None, Ok(false), false);
-                    }
-                    if let Some(error) = held {
-                        return (target, digest, None, Err(error), false);
-                    }
-                    let result = write(api, &target, &document, verified.as_deref()).await;
-                    match result {
-                        Ok(verified) => (target, digest, verified, Ok(true), true),
-                        Err(e) => (target, digest, None, Err(e), true),
-                    }
+                // Its calls stay in the caller's trace, however long they outlive the call.
+                let write =
+                    async move { write(&api, &target, &document, verified.as_deref()).await }
+                        .instrument(tracing::Span::current());
+                self.writes.start(key.clone(), digest.clone(), write);
+                started.push(key.clone());
+            }
+            asked.push((key, digest));
+        }
+        let done = self.writes.finished_by(&started, deadline).await;
+        wrote.extend(self.settle(done));
+        asked
+            .into_iter()
+            .map(|(key, digest)| {
+                if let Some(error) = self.failed.error(&key, &digest) {
+                    Err(error.to_owned())
+                } else if self.written.get(&key) == Some(&digest) {
+                    Ok(wrote.contains(&(key, digest)))
+                } else {
+                    // Running, or waiting for a place: what the tunnel holds is still what
+                    // the last write left.
+                    self.failed
+                        .last_error(&key)
+                        .map_or(Ok(false), |e| Err(e.to_owned()))
                 }
-            })
-            .collect();
-        // Unordered: a tunnel whose API call hangs does not keep the next ones from starting.
-        let mut done: Vec<(usize, _)> = futures_util::stream::iter(
-            calls
-                .into_iter()
-                .enumerate()
-                .map(|(i, c)| async move { (i, c.await) })
-                .collect::<Vec<_>>(),
-        )
-        .buffer_unordered(CONCURRENT_WRITES)
-        .collect()
-        .await;
-        done.sort_by_key(|(i, _)| *i);
-        let done = done.into_iter().map(|(_, d)| d);
-        done.into_iter()
-            .map(|(target, digest, verified, result, tried)| {
-                let key = writer_key(&target);
-                match &result {
-                    Ok(true) => {
-                        self.failed.succeeded(&key);
-                        self.written.insert(key, digest);
-                    }
-                    Err(error) if tried => {
-                        self.written.remove(&key);
-                        self.failed.failed(key, digest, error.clone());
-                    }
-                    _ => {}
-                }
-                if let Some(v) = verified {
-                    self.verified.insert(target.tunnel, v);
-                }
-                result
             })
             .collect()
     }
 
+    /// Takes in finished writes; returns those that wrote.
+    fn settle(&mut self, done: Vec<Finished<WriterKey, Wrote>>) -> HashSet<(WriterKey, Vec<u8>)> {
+        let mut wrote = HashSet::new();
+        for (key, digest, outcome) in done {
+            let outcome =
+                outcome.unwrap_or_else(|| Err("the write failed unexpectedly".to_owned()));
+            match outcome {
+                Ok(verified) => {
+                    self.failed.succeeded(&key);
+                    if let Some(v) = verified {
+                        self.verified.insert(key.0, v);
+                    }
+                    self.written.insert(key.clone(), digest.clone());
+                    wrote.insert((key, digest));
+                }
+                Err(error) => {
+                    self.written.remove(&key);
+                    self.failed.failed(key, digest, error);
+                }
+            }
+        }
+        wrote
+    }
+
+    /// Stops every write running; each is tried again by the next call that asks for it.
+    pub fn abort_all(&mut self) {
+        self.writes.abort_all();
+    }
+
     /// Forgets tunnels no plane uses any more (their last document stays at Cloudflare).
     pub fn retain(&mut self, keep: impl Fn(&Uuid) -> bool) {
+        self.writes.retain(|(t, _)| keep(t));
         self.written.retain(|(t, _), _| keep(t));
         self.verified.retain(|t, _| keep(t));
         self.failed.retain(|(t, _)| keep(t));

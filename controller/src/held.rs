@@ -43,6 +43,12 @@ impl<K: Eq + Hash> Held<K> {
             .map(|f| f.error.as_str())
     }
 
+    /// The error the last write under `key` failed with, whatever it wrote and however long
+    /// ago, until a write under it succeeds.
+    pub fn last_error(&self, key: &K) -> Option<&str> {
+        self.failures.get(key).map(|f| f.error.as_str())
+    }
+
     /// Writing `digest` under `key` failed with `error`.
     pub fn failed(&mut self, key: K, digest: Vec<u8>, error: String) {
         let wait = self

@@ -10,12 +10,14 @@
 //! This crate is the I/O around it: [`runtime`] watches the cluster, runs the core on what it
 //! sees, applies the rendered planes and writes statuses; [`push`] brings a plane's pods to its
 //! config; [`cloudflare`] writes the tunnels' ingress documents; [`held`] holds back tunnel
-//! writes and plane applies that failed; [`cli`] is the command line (`run`, `translate`,
+//! writes and plane applies that failed, and [`in_flight`] runs them without holding up a
+//! round; [`cli`] is the command line (`run`, `translate`,
 //! `render`, `crd`).
 
 pub mod cli;
 pub mod cloudflare;
 pub mod held;
+pub mod in_flight;
 pub mod push;
 pub mod runtime;
 

@@ -963,6 +963,64 @@ async fn a_failing_tunnel_write_waits_before_it_is_sent_again() {
     );
 }
 
+/// A tunnel write slower than the wait goes on by itself: the call answers with the tunnel's
+/// last failure meanwhile (what Cloudflare holds is still what the last write left), starts no
+/// second write of the same document, and the first call after the write ends, told by the
+/// wake, reports it written.
+#[tokio::test]
+async fn a_tunnel_write_slower_than_the_wait_is_reported_once_it_ends() {
+    use cftunnel_controller::cloudflare::{TunnelApi, TunnelSync, TunnelTarget};
+    let cloudflare = CloudflareApi::start().await;
+    cloudflare.allow("acct", "controller-token");
+    let api = TunnelApi::new(&cloudflare.base(), Duration::from_secs(30)).expect("client");
+    let target = TunnelTarget {
+        account: "acct".to_owned(),
+        tunnel: uuid_of(TUNNEL_ID),
+        api_token: "controller-token".to_owned(),
+        verify_secret: None,
+    };
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let mut sync = TunnelSync::with_retry(Duration::from_millis(50), Duration::from_secs(60))
+        .waiting_at_most(Duration::from_millis(300), Arc::clone(&wake));
+    // The first write fails: the catch-all is missing.
+    let refused = sync
+        .sync(&api, &target, &json!({"ingress": []}))
+        .await
+        .expect_err("refused");
+    tokio::time::timeout(Duration::from_secs(1), wake.notified())
+        .await
+        .expect("a write's end wakes the loop");
+    let document = json!({"ingress": [{"hostname": "a.example.com", "service": "http://localhost:8080"}, {"service": "http_status:404"}]});
+    let hold = cloudflare.hold();
+    let started = Instant::now();
+    assert_eq!(
+        sync.sync(&api, &target, &document).await,
+        Err(refused.clone()),
+        "the last failure while the write runs"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the wait is bounded"
+    );
+    let sent = cloudflare.requests();
+    assert_eq!(sync.sync(&api, &target, &document).await, Err(refused));
+    drop(hold);
+    tokio::time::timeout(Duration::from_secs(10), wake.notified())
+        .await
+        .expect("the write's end wakes the loop");
+    assert_eq!(
+        cloudflare.requests(),
+        sent + 1,
+        "one write of the document, not one per call"
+    );
+    assert_eq!(sync.sync(&api, &target, &document).await, Ok(true));
+    assert_eq!(
+        cloudflare.config("acct", TUNNEL_ID).map(|(_, d)| d),
+        Some(document.clone())
+    );
+    assert_eq!(sync.sync(&api, &target, &document).await, Ok(false));
+}
+
 /// Replicas: a Lease left by a dead holder is taken once it has gone unrenewed for its
 /// duration; only the holder writes; a holder that stops gives it up to another at once.
 #[tokio::test]
@@ -2135,6 +2193,143 @@ async fn a_pod_that_never_answers_holds_up_no_other_tenants_route_changes() {
             "shop",
         );
         shop_serves(&edge, 404).await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A Cloudflare API that takes connections and never answers (egress to it blackholed)
+/// holds up no route change: a round waits for the ingress-document writes it starts only
+/// briefly, and the hung one runs on by itself (here for far longer than the test).
+#[tokio::test]
+async fn a_cloudflare_api_that_never_answers_holds_up_no_route_change() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let hanging = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let base = format!("http://{}/client/v4", hanging.local_addr().expect("addr"));
+        let (calls, mut called) = tokio::sync::mpsc::unbounded_channel();
+        let _held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((conn, _)) = hanging.accept().await {
+                open.push(conn);
+                let _ = calls.send(());
+            }
+        });
+        let edge = proxy_pod("s3cr3t").await;
+        let t = Tenant::start_tuned(
+            "replicas: 1, cloudflareCredentialsSecretRef: {name: edge-cf}",
+            |api| {
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    edge.admin_addr().port(),
+                    true,
+                ));
+            },
+            ApiServer::client,
+            |options| {
+                // Each API call may take 120 s.
+                options.push_timeout = Duration::from_secs(60);
+                options.cloudflare_api_base = base;
+            },
+        )
+        .await;
+        shop_serves(&edge, 200).await;
+        called.recv().await.expect("the document's write began");
+        t.api.delete(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "tenant-a",
+            "shop",
+        );
+        shop_serves(&edge, 404).await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// Two Gateways of one tenant on one tunnel, one of them still on the secret from before the
+/// tunnel's token was rotated (its connectors stay registered until restarted), written with
+/// the same API token: the tunnel gets one document listing both Gateways' hostnames, written
+/// once, not two that replace each other at every round.
+#[tokio::test]
+async fn two_secrets_of_one_tunnel_written_by_one_token_share_one_document() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let cloudflare = CloudflareApi::start().await;
+        cloudflare.allow("acct", "cf-token-a");
+        let edge = proxy_pod("s3cr3t").await;
+        let rotated = Token::new("acct", b"rotated secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let t = Tenant::start_tuned(
+            "replicas: 1, cloudflareCredentialsSecretRef: {name: edge-cf}",
+            |api| {
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    edge.admin_addr().port(),
+                    true,
+                ));
+                for doc in format!(
+                    r#"apiVersion: v1
+kind: Secret
+metadata: {{name: internal-tunnel-token, namespace: tenant-a}}
+stringData: {{tunnel-token: "{rotated}"}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: internal-api, namespace: tenant-a}}
+stringData: {{token: i2cr3t}}
+---
+apiVersion: cf.k8s.lex.la/v1alpha1
+kind: GatewayConfig
+metadata: {{name: internal-config, namespace: tenant-a}}
+spec:
+  tunnelTokenSecretRef: {{name: internal-tunnel-token}}
+  authTokenSecretRef: {{name: internal-api, key: token}}
+  cloudflareCredentialsSecretRef: {{name: edge-cf}}
+  replicas: 1
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: internal, namespace: tenant-a}}
+spec:
+  gatewayClassName: cloudflare-tunnel
+  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: internal-config}}}}
+  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: internal.example.com}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: intranet, namespace: tenant-a}}
+spec:
+  parentRefs: [{{name: internal}}]
+  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
+"#
+                )
+                .split("---")
+                {
+                    api.put(yaml(doc));
+                }
+            },
+            ApiServer::client,
+            |options| options.cloudflare_api_base = cloudflare.base(),
+        )
+        .await;
+        let want = json!({"ingress": [
+            {"hostname": "internal.example.com", "service": "http://localhost:8080"},
+            {"hostname": "shop.example.com", "service": "http://localhost:8080"},
+            {"service": "http_status:404"},
+        ]});
+        eventually("one document with both Gateways' hostnames", || {
+            cloudflare
+                .config("acct", TUNNEL_ID)
+                .filter(|(_, d)| *d == want)
+        })
+        .await;
+        let writes = cloudflare.writes();
+        t.rounds(3, Duration::from_millis(300)).await;
+        assert_eq!(cloudflare.writes(), writes, "written once");
         t.stop().await;
     })
     .await

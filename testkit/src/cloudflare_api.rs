@@ -36,7 +36,20 @@ struct State {
 pub struct CloudflareApi {
     addr: SocketAddr,
     state: Arc<Mutex<State>>,
+    /// Open: requests are answered; shut ([`CloudflareApi::hold`]): they wait.
+    gate: Arc<tokio::sync::watch::Sender<bool>>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Requests wait unanswered while this lives ([`CloudflareApi::hold`]).
+pub struct Hold {
+    gate: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.gate.send_replace(true);
+    }
 }
 
 impl Drop for CloudflareApi {
@@ -181,16 +194,23 @@ impl CloudflareApi {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let serving = Arc::clone(&state);
+        let gate = Arc::new(tokio::sync::watch::Sender::new(true));
+        let gates = Arc::clone(&gate);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
                 let state = Arc::clone(&serving);
+                let gate = Arc::clone(&gates);
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
                         let state = Arc::clone(&state);
-                        async move { Ok::<_, Infallible>(handle(&state, req).await) }
+                        let mut open = gate.subscribe();
+                        async move {
+                            let _ = open.wait_for(|open| *open).await;
+                            Ok::<_, Infallible>(handle(&state, req).await)
+                        }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
@@ -198,7 +218,21 @@ impl CloudflareApi {
                 });
             }
         });
-        Self { addr, state, task }
+        Self {
+            addr,
+            state,
+            gate,
+            task,
+        }
+    }
+
+    /// Leaves requests unanswered until the returned guard is dropped: an API that takes
+    /// connections and does not answer (yet).
+    pub fn hold(&self) -> Hold {
+        self.gate.send_replace(false);
+        Hold {
+            gate: Arc::clone(&self.gate),
+        }
     }
 
     /// The API base URL (what `/client/v4` is under).

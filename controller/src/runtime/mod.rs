@@ -7,13 +7,13 @@
 //! when the cluster already holds what a round computed.
 //!
 //! Here: the run loop and the round (planes, pushes, tunnel documents). `apply` writes and
-//! removes a plane's objects, in tasks of their own (`applies`) that no round waits for,
+//! removes a plane's objects, in tasks of their own ([`crate::in_flight`]) that no round waits
+//! for,
 //! `report` writes statuses and Events ([`status`] builds them),
 //! [`lease`] elects the one replica that acts, [`health`] serves the controller's endpoint,
 //! [`api_client`] builds the Kubernetes client, whose calls but watches are bounded in time.
 
 pub mod api_client;
-mod applies;
 mod apply;
 mod drift;
 pub mod health;
@@ -47,13 +47,13 @@ use crate::class_parameters::{self, ClassDefaults, ClassSettings, ConfigVerdict}
 use crate::cloudflare::{self, TunnelApi, TunnelSync, TunnelTarget};
 use crate::gateway_config::DEFAULT_API_TOKEN_KEY;
 use crate::held::Held;
+use crate::in_flight::InFlight;
 use crate::push::{self, PlaneRound, PodOutcome, Pusher};
 use crate::render::{
     self, GoControllerNames, PlaneNames, RenderError, RenderSettings, Rendered, CLASS_LABEL,
     GATEWAY_LABEL,
 };
 use crate::translate::{self, ObjectKey, Options, PlaneKey, Snapshot, TunnelIdentity};
-use applies::Applies;
 use drift::{LivePlane, OwnedFields};
 use stores::{PlaneObject, PlaneObjects, Stores};
 
@@ -224,6 +224,10 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 const REAPPLY_AFTER: Duration = Duration::from_secs(300);
 /// See [`REAPPLY_AFTER`].
 const REAPPLY_SPREAD: Duration = Duration::from_secs(60);
+/// Plane applies at once, at most. Each is a few requests in a row, so this many keep the API
+/// server busy enough at start without a burst its priority and fairness limits would queue.
+const APPLIES_AT_ONCE: usize = 16;
+
 /// The wait before a render whose apply failed is applied again, doubled at each failure in a
 /// row up to [`APPLY_RETRY_MAX`]; a changed render is applied at once. Rounds come with every
 /// change in the cluster: a plane failing at each would keep the API server (or the admission
@@ -469,6 +473,7 @@ pub async fn run(
             _ = lost.wait_for(Option::is_none) => {
                 tracing::warn!("the leader Lease lapsed during a round; the rest of it is dropped");
                 reconciler.applies.abort_all();
+                reconciler.tunnel_sync.abort_all();
                 reconciler.cut = true;
             }
             () = &mut shutdown => break,
@@ -519,7 +524,7 @@ struct Reconciler {
     /// wait is over ([`APPLY_RETRY_FIRST`]).
     apply_failures: Held<String>,
     /// Per Gateway uid: the apply running.
-    applies: Applies<Finished>,
+    applies: InFlight<String, Finished>,
     /// Per Gateway whose generated token Secret holds no token yet: the config-API token its
     /// plane is rendered with (see the round).
     fresh_tokens: BTreeMap<ObjectKey, String>,
@@ -713,7 +718,7 @@ impl Reconciler {
             last_good: HashMap::new(),
             read_back_at: HashMap::new(),
             tunnel_api,
-            tunnel_sync: TunnelSync::default(),
+            tunnel_sync: TunnelSync::default().waiting_at_most(push::ROUND_WAIT, Arc::clone(&wake)),
             tunnel_failures: HashMap::new(),
             unreached: HashMap::new(),
             condition_told: HashMap::new(),
@@ -721,7 +726,7 @@ impl Reconciler {
             refused_told: HashMap::new(),
             applied: HashMap::new(),
             apply_failures: Held::new(APPLY_RETRY_FIRST, APPLY_RETRY_MAX),
-            applies: Applies::new(applies::AT_ONCE, wake),
+            applies: InFlight::new(APPLIES_AT_ONCE, wake),
             fresh_tokens: BTreeMap::new(),
             applying_first: BTreeMap::new(),
             class: ClassSettings::default(),
@@ -733,11 +738,12 @@ impl Reconciler {
         }
     }
 
-    /// Stops what runs on its own while this replica does not lead: applies and pushes. What
-    /// it remembers stays, for a return to leading in the same term.
+    /// Stops what runs on its own while this replica does not lead: applies, pushes and
+    /// tunnel writes. What it remembers stays, for a return to leading in the same term.
     fn pause(&mut self) {
         self.applies.abort_all();
         self.pusher.abort_all();
+        self.tunnel_sync.abort_all();
     }
 
     /// The failure counts, for `/metrics`.
@@ -960,7 +966,7 @@ impl Reconciler {
         self.applied.retain(|uid, _| uids.contains(uid.as_str()));
         self.apply_failures
             .retain(|uid| uids.contains(uid.as_str()));
-        self.applies.retain(|uid| uids.contains(uid));
+        self.applies.retain(|uid| uids.contains(uid.as_str()));
         self.stamp_shared_pool(snapshot, pool).await;
         self.note_unreached(&planes, &output.planes, translate_options.shared_tunnel);
 
@@ -1918,9 +1924,16 @@ async fn sync_tunnels(
             _ => {}
         }
     }
+    // Identities of one tunnel that one writer writes (a tunnel whose token was rotated, with
+    // planes on either secret) get one document between them: two would replace each other at
+    // every round.
+    let mut writers: BTreeMap<TunnelTarget, Vec<&PlaneKey>> = BTreeMap::new();
+    for (target, on_tunnel) in tunnels.into_values() {
+        writers.entry(target).or_default().extend(on_tunnel);
+    }
     if let Some(api) = api {
-        let work: Vec<(TunnelTarget, Value)> = tunnels
-            .values()
+        let work: Vec<(TunnelTarget, Value)> = writers
+            .iter()
             .map(|(target, on_tunnel)| {
                 let configs: Vec<&cftunnel_config::Config> = on_tunnel
                     .iter()
@@ -1930,7 +1943,7 @@ async fn sync_tunnels(
             })
             .collect();
         let results = sync.sync_all(api, work).await;
-        for ((target, on_tunnel), result) in tunnels.values().zip(results) {
+        for ((target, on_tunnel), result) in writers.iter().zip(results) {
             match result {
                 Ok(true) => {
                     tracing::info!(tunnel = %target.tunnel, "wrote the tunnel's ingress document")
@@ -1945,7 +1958,7 @@ async fn sync_tunnels(
             }
         }
     }
-    sync.retain(|t| tunnels.keys().any(|identity| identity.id == *t));
+    sync.retain(|t| writers.keys().any(|target| target.tunnel == *t));
     failures
 }
 
