@@ -169,8 +169,9 @@ impl Proxy {
         let grpc = is_grpc(&parts.headers);
         let head = parts.method == http::Method::HEAD;
         let mut completion = Completion::start(&self.shared.recorder, &parts, &conn, start);
+        let mut cors = CorsAnswer::default();
         let result = self
-            .route(&routes, parts, body, conn, &mut completion)
+            .route(&routes, parts, body, conn, &mut completion, &mut cors)
             .await;
         let (response, counted) = match result {
             Ok(response) => {
@@ -197,6 +198,7 @@ impl Proxy {
                 let mut response = Response::new(Reply::Local(Bytes::from_static(body.as_bytes())));
                 *response.status_mut() = status;
                 *response.headers_mut() = headers;
+                cors.decorate(response.headers_mut());
                 // Counted in the metrics by the status the failure has over HTTP: a gRPC
                 // answer's is 200 (its `grpc-status` says what failed), and a backend that is
                 // down would count as served. The log line and the span keep the 200 sent.
@@ -212,13 +214,14 @@ impl Proxy {
         })
     }
 
-    async fn route<B>(
+    async fn route<'r, B>(
         &self,
-        routes: &Routes,
+        routes: &'r Routes,
         mut parts: http::request::Parts,
         body: B,
         conn: ConnInfo,
         completion: &mut Completion,
+        cors: &mut CorsAnswer<'r>,
     ) -> Result<Response<Reply>, ProxyError>
     where
         B: Body<Data = Bytes> + Send + 'static,
@@ -302,6 +305,7 @@ impl Proxy {
         );
         let rule: &Rule = hit.rule;
         completion.log_route(rule.name.as_deref(), routes.host_label(Some(hit.bucket.id)));
+        cors.add(rule.filters.cors.as_deref(), &parts.headers);
         if let Some(access) = &rule.access {
             access
                 .check(&parts.headers)
@@ -317,6 +321,7 @@ impl Proxy {
             return Ok(response);
         }
         let backend = rule.backends.pick().ok_or(ProxyError::NoBackend)?;
+        cors.add(backend.filters.cors.as_deref(), &parts.headers);
         if let Some(response) =
             answer_locally(&backend.filters, &parts, &host, conn, matched_prefix)
         {
@@ -327,9 +332,6 @@ impl Proxy {
         }
         let upstream = backend.upstream.as_ref().ok_or(ProxyError::NoBackend)?;
 
-        let origin = (rule.filters.cors.is_some() || backend.filters.cors.is_some())
-            .then(|| parts.headers.get(header::ORIGIN).cloned())
-            .flatten();
         let upgrade = Upgrade::take(&mut parts);
         // The client's hop-by-hop headers go before the filters run: a `Connection` header
         // naming a header cannot remove one a filter set.
@@ -433,16 +435,7 @@ impl Proxy {
         }
         rule.filters.apply_response(response.headers_mut());
         backend.filters.apply_response(response.headers_mut());
-        if let Some(origin) = origin {
-            let mut req_headers = HeaderMap::new();
-            req_headers.insert(header::ORIGIN, origin);
-            for cors in [&rule.filters.cors, &backend.filters.cors]
-                .into_iter()
-                .flatten()
-            {
-                cors.decorate(&req_headers, response.headers_mut());
-            }
-        }
+        cors.decorate(response.headers_mut());
         // The body ends by the earlier of the request's deadline and the answering try's. An
         // upgraded exchange outlives both: its bytes are spliced, not this body.
         let deadline = match (deadline, try_deadline) {
@@ -451,6 +444,36 @@ impl Proxy {
         }
         .filter(|_| response.status() != StatusCode::SWITCHING_PROTOCOLS);
         Ok(response.map(|body| Reply::Upstream(body, deadline)))
+    }
+}
+
+/// The CORS filters of the rule and backend a request matched, with the request's `Origin`.
+/// Every answer after the match carries their headers, the proxy's own too (a backend down, a
+/// timeout, a rule's unavailable status, an Access refusal): without them a browser hides the
+/// answer, and a gRPC-web client sees a network error instead of its `grpc-status`.
+#[derive(Default)]
+struct CorsAnswer<'r> {
+    origin: Option<HeaderValue>,
+    filters: [Option<&'r Cors>; 2],
+}
+
+impl<'r> CorsAnswer<'r> {
+    /// Takes in a matched rule's or backend's filter, if it has one.
+    fn add(&mut self, cors: Option<&'r Cors>, request: &HeaderMap) {
+        let Some(cors) = cors else { return };
+        if self.origin.is_none() {
+            self.origin = request.get(header::ORIGIN).cloned();
+        }
+        if let Some(free) = self.filters.iter_mut().find(|f| f.is_none()) {
+            *free = Some(cors);
+        }
+    }
+
+    fn decorate(&self, response: &mut HeaderMap) {
+        let Some(origin) = &self.origin else { return };
+        for cors in self.filters.iter().flatten() {
+            cors.decorate(origin, response);
+        }
     }
 }
 

@@ -50,6 +50,10 @@ async fn routes_by_host_path_header_and_method_to_the_right_backend() {
 async fn filters_edit_what_the_backend_and_the_client_see() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let a = echo("svc-a-1").await;
+        let down = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            listener.local_addr().expect("addr")
+        };
         let proxy = proxy().await;
         let http = client();
         let doc = json!({"rules": [
@@ -66,6 +70,13 @@ async fn filters_edit_what_the_backend_and_the_client_see() {
             {"matches": [{"path": {"type": "PathPrefix", "value": "/old"}}],
              "filters": [{"type": "RequestRedirect", "requestRedirect": {"scheme": "https", "hostname": "new.example", "path": {"type": "ReplacePrefixMatch", "value": "/new"}, "statusCode": 308}}],
              "backends": []},
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/cors-down"}}],
+             "backends": [{"url": url(down), "weight": 1,
+                "filters": [{"type": "CORS", "cors": {"allowOrigins": ["https://app.example"]}}]}]},
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/cors-closed"}}],
+             "unavailableStatus": 500,
+             "filters": [{"type": "CORS", "cors": {"allowOrigins": ["https://app.example"]}}],
+             "backends": [{"url": url(a.http_addr()), "weight": 1}]},
             {"matches": [{"path": {"type": "PathPrefix", "value": "/cors"}}],
              "filters": [{"type": "CORS", "cors": {"allowOrigins": ["https://app.example"], "allowMethods": ["GET", "PUT"], "allowCredentials": true}}],
              "backends": [{"url": url(a.http_addr()), "weight": 1}]}
@@ -110,6 +121,19 @@ async fn filters_edit_what_the_backend_and_the_client_see() {
         assert_eq!(r.pod(), "svc-a-1");
         assert_eq!(r.header("access-control-allow-origin"), Some("https://app.example"));
         let r = get(&http, d, "h", "/cors", &[("origin", "https://evil.example")]).await;
+        assert_eq!(r.header("access-control-allow-origin"), None);
+        // What the proxy answers itself carries them too, or a browser hides its status.
+        let r = get(&http, d, "h", "/cors-down", &[("origin", "https://app.example")]).await;
+        assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(r.header("access-control-allow-origin"), Some("https://app.example"));
+        let grpc_web = [("origin", "https://app.example"), ("content-type", "application/grpc-web+proto")];
+        let r = get(&http, d, "h", "/cors-down", &grpc_web).await;
+        assert_eq!((r.status, r.header("grpc-status")), (StatusCode::OK, Some("14")));
+        assert_eq!(r.header("access-control-allow-origin"), Some("https://app.example"));
+        let r = get(&http, d, "h", "/cors-closed", &[("origin", "https://app.example")]).await;
+        assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(r.header("access-control-allow-origin"), Some("https://app.example"));
+        let r = get(&http, d, "h", "/cors-down", &[("origin", "https://evil.example")]).await;
         assert_eq!(r.header("access-control-allow-origin"), None);
     })
     .await

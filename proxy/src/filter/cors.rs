@@ -60,11 +60,14 @@ impl Cors {
     /// The allowed `Origin` of a request, if it carries one this filter allows.
     fn allowed_origin<'h>(&self, headers: &'h HeaderMap) -> Option<&'h HeaderValue> {
         let origin = headers.get(header::ORIGIN)?;
-        let text = origin.to_str().ok()?;
-        self.allow_origins
-            .iter()
-            .any(|p| p.matches(text))
-            .then_some(origin)
+        self.allows(origin).then_some(origin)
+    }
+
+    /// Whether `origin` is one this filter allows.
+    fn allows(&self, origin: &HeaderValue) -> bool {
+        origin
+            .to_str()
+            .is_ok_and(|text| self.allow_origins.iter().any(|p| p.matches(text)))
     }
 
     /// Whether the request is a CORS preflight (`OPTIONS` + `Origin` + `Access-Control-Request-Method`).
@@ -130,11 +133,12 @@ impl Cors {
         out
     }
 
-    /// Adds the CORS headers of an actual (non-preflight) request's response.
-    pub fn decorate(&self, request: &HeaderMap, response: &mut HeaderMap) {
-        let Some(origin) = self.allowed_origin(request) else {
+    /// Adds the CORS headers of an actual (non-preflight) request's response, given the
+    /// request's `Origin`.
+    pub fn decorate(&self, origin: &HeaderValue, response: &mut HeaderMap) {
+        if !self.allows(origin) {
             return;
-        };
+        }
         response.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
         response.append(header::VARY, HeaderValue::from_static("Origin"));
         if self.allow_credentials {
