@@ -2257,11 +2257,26 @@ async fn a_cloudflare_api_that_never_answers_holds_up_no_route_change() {
 /// once, not two that replace each other at every round.
 #[tokio::test]
 async fn two_secrets_of_one_tunnel_written_by_one_token_share_one_document() {
+    let rotated = Token::new("acct", b"rotated secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+    second_gateway_on_the_tunnel(&rotated, "edge-cf").await;
+}
+
+/// A Gateway on a tunnel whose API credentials cannot be read (its Secret missing) keeps its
+/// hostnames in the tunnel's document, which another Gateway on the tunnel writes.
+#[tokio::test]
+async fn a_gateway_whose_credentials_are_missing_keeps_its_hostnames_in_its_tunnels_document() {
+    let same = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+    second_gateway_on_the_tunnel(&same, "missing-cf").await;
+}
+
+/// Gateway `internal` (hostname `internal.example.com`) joins tenant-a's Gateway `edge` on
+/// its tunnel with connector token `token` and API credentials Secret `credentials`: the
+/// tunnel's one document lists both Gateways' hostnames, and is not written again.
+async fn second_gateway_on_the_tunnel(token: &str, credentials: &str) {
     tokio::time::timeout(Duration::from_secs(60), async {
         let cloudflare = CloudflareApi::start().await;
         cloudflare.allow("acct", "cf-token-a");
         let edge = proxy_pod("s3cr3t").await;
-        let rotated = Token::new("acct", b"rotated secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
         let t = Tenant::start_tuned(
             "replicas: 1, cloudflareCredentialsSecretRef: {name: edge-cf}",
             |api| {
@@ -2275,7 +2290,7 @@ async fn two_secrets_of_one_tunnel_written_by_one_token_share_one_document() {
                     r#"apiVersion: v1
 kind: Secret
 metadata: {{name: internal-tunnel-token, namespace: tenant-a}}
-stringData: {{tunnel-token: "{rotated}"}}
+stringData: {{tunnel-token: "{token}"}}
 ---
 apiVersion: v1
 kind: Secret
@@ -2288,7 +2303,7 @@ metadata: {{name: internal-config, namespace: tenant-a}}
 spec:
   tunnelTokenSecretRef: {{name: internal-tunnel-token}}
   authTokenSecretRef: {{name: internal-api, key: token}}
-  cloudflareCredentialsSecretRef: {{name: edge-cf}}
+  cloudflareCredentialsSecretRef: {{name: {credentials}}}
   replicas: 1
 ---
 apiVersion: gateway.networking.k8s.io/v1
