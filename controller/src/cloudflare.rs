@@ -316,10 +316,10 @@ impl TunnelApi {
                         Duration::from_secs(s).min(MAX_RETRY_AFTER)
                     });
                 if let Ok(mut limited) = self.limited.lock() {
-                    limited.insert(
-                        token_key.clone(),
-                        (tokio::time::Instant::now() + wait, wait),
-                    );
+                    let now = tokio::time::Instant::now();
+                    // Waits over are forgotten, so rotated tokens leave nothing behind.
+                    limited.retain(|_, (until, _)| *until > now);
+                    limited.insert(token_key.clone(), (now + wait, wait));
                 }
             }
             let body = Limited::new(res.into_body(), MAX_ANSWER)
