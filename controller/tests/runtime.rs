@@ -2277,7 +2277,77 @@ async fn second_gateway_on_the_tunnel(token: &str, credentials: &str) {
         let cloudflare = CloudflareApi::start().await;
         cloudflare.allow("acct", "cf-token-a");
         let edge = proxy_pod("s3cr3t").await;
-        let t = Tenant::start_tuned(
+        let t = internal_joins_edge(&edge, token, credentials, &cloudflare.base()).await;
+        let want = json!({"ingress": [
+            {"hostname": "internal.example.com", "service": "http://localhost:8080"},
+            {"hostname": "shop.example.com", "service": "http://localhost:8080"},
+            {"service": "http_status:404"},
+        ]});
+        eventually("one document with both Gateways' hostnames", || {
+            cloudflare
+                .config("acct", TUNNEL_ID)
+                .filter(|(_, d)| *d == want)
+        })
+        .await;
+        let writes = cloudflare.writes();
+        t.rounds(3, Duration::from_millis(300)).await;
+        assert_eq!(cloudflare.writes(), writes, "written once");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The Gateways on a tunnel serve the union of its routes and the edge spreads its requests
+/// over all their pods: when one Gateway's pods keep failing to take the config, the routes
+/// of the other Gateway on the tunnel say so too, naming the one that failed.
+#[tokio::test]
+async fn a_push_failure_on_a_shared_tunnel_is_reported_on_every_gateways_routes() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let edge = proxy_pod("s3cr3t").await;
+        let same = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+            l.local_addr().expect("addr").port()
+        };
+        let cloudflare = CloudflareApi::start().await;
+        let t = internal_joins_edge(&edge, &same, "edge-cf", &cloudflare.base()).await;
+        shop_serves(&edge, 200).await;
+        assert!(route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED).is_none());
+        t.api.put(config_slice(
+            "tenant-a",
+            "cf-proxy-internal-config",
+            closed,
+            true,
+        ));
+        let failed = eventually("ProxyConfigPushed=False on edge's route", || {
+            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
+        })
+        .await;
+        assert_eq!(failed["status"], "False");
+        let message = failed["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("the pods of gateway tenant-a/internal, on the same tunnel: ")
+                && message.contains("connecting to 127.0.0.1"),
+            "{message}"
+        );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// Starts tenant-a's Gateway `edge` (its pod `edge`) and Gateway `internal` on the tunnel of
+/// connector token `token`, with API credentials Secret `credentials`, writing through the
+/// Cloudflare API at `cloudflare`.
+async fn internal_joins_edge(
+    edge: &Server,
+    token: &str,
+    credentials: &str,
+    cloudflare: &str,
+) -> Tenant {
+    let cloudflare = cloudflare.to_owned();
+    Tenant::start_tuned(
             "replicas: 1, cloudflareCredentialsSecretRef: {name: edge-cf}",
             |api| {
                 api.put(config_slice(
@@ -2328,27 +2398,9 @@ spec:
                 }
             },
             ApiServer::client,
-            |options| options.cloudflare_api_base = cloudflare.base(),
+            |options| options.cloudflare_api_base = cloudflare,
         )
-        .await;
-        let want = json!({"ingress": [
-            {"hostname": "internal.example.com", "service": "http://localhost:8080"},
-            {"hostname": "shop.example.com", "service": "http://localhost:8080"},
-            {"service": "http_status:404"},
-        ]});
-        eventually("one document with both Gateways' hostnames", || {
-            cloudflare
-                .config("acct", TUNNEL_ID)
-                .filter(|(_, d)| *d == want)
-        })
-        .await;
-        let writes = cloudflare.writes();
-        t.rounds(3, Duration::from_millis(300)).await;
-        assert_eq!(cloudflare.writes(), writes, "written once");
-        t.stop().await;
-    })
-    .await
-    .expect("in time");
+        .await
 }
 
 /// A plane whose new render fails to apply is reported as it runs, not as the render would

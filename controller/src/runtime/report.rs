@@ -1,7 +1,7 @@
 //! What a round reports: statuses (merge patches of the status subresources, written only when
 //! they differ) of GatewayClasses, Gateways, GatewayConfigs and routes, and Events.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use gateway_api::backendtlspolicies::BackendTlsPolicy;
@@ -61,6 +61,7 @@ impl Reconciler {
     ) {
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         let controller = &self.options.translate.controller_name;
+        let push_failed = push_failed(&self.push_failures, planes);
 
         for class in &snapshot.gateway_classes {
             let name = class.name_any();
@@ -249,7 +250,7 @@ impl Reconciler {
                             format!("the tunnel's ingress document could not be written: {reason}");
                     }
                 }
-                if let Some(reason) = self.push_failures.get(plane) {
+                if let Some((_, reason)) = push_failed.get(plane) {
                     conditions.push(KubeCondition {
                         kind: PROXY_CONFIG_PUSHED.to_owned(),
                         status: Truth::False,
@@ -274,8 +275,9 @@ impl Reconciler {
                 output
                     .planes
                     .get(&gateway)
-                    .filter(|p| newly_failed.contains(*p))
-                    .and_then(|p| self.push_failures.get(p))
+                    .and_then(|p| push_failed.get(p))
+                    .filter(|(by, _)| newly_failed.contains(by))
+                    .map(|(_, reason)| reason)
             });
             let told_key = route_key.to_string();
             routes_seen.insert(told_key.clone());
@@ -632,6 +634,44 @@ impl Reconciler {
             }
         }
     }
+}
+
+/// Each plane whose routes a push failure fails, with the plane that failed and why: its own,
+/// or another's on its tunnel. The planes on a tunnel serve the union of its routes and the
+/// edge hands each a share of its requests, so one whose pods have not taken the config fails
+/// the routes of every Gateway on the tunnel.
+fn push_failed(
+    failures: &HashMap<PlaneKey, String>,
+    planes: &BTreeMap<PlaneKey, PlaneInfo>,
+) -> HashMap<PlaneKey, (PlaneKey, String)> {
+    let mut failed = HashMap::new();
+    if failures.is_empty() {
+        return failed;
+    }
+    for (plane, info) in planes {
+        let own = failures.get_key_value(plane);
+        let peer = || {
+            let identity = info.identity?;
+            failures
+                .iter()
+                .find(|(p, _)| planes.get(*p).and_then(|i| i.identity) == Some(identity))
+        };
+        match (own, own.is_none().then(peer).flatten()) {
+            (Some((by, reason)), _) => {
+                failed.insert(plane.clone(), (by.clone(), reason.clone()));
+            }
+            (None, Some((by, reason))) => {
+                let whose = match by {
+                    PlaneKey::Shared => "the shared pool".to_owned(),
+                    gateway => gateway.to_string(),
+                };
+                let reason = format!("the pods of {whose}, on the same tunnel: {reason}");
+                failed.insert(plane.clone(), (by.clone(), reason));
+            }
+            (None, None) => {}
+        }
+    }
+    failed
 }
 
 #[cfg(test)]
