@@ -2154,16 +2154,8 @@ async fn an_apply_that_hangs_holds_up_no_push_and_no_other_plane() {
 #[tokio::test]
 async fn a_pod_that_never_answers_holds_up_no_other_tenants_route_changes() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let hanging = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let hanging_port = hanging.local_addr().expect("addr").port();
-        let _held = tokio::spawn(async move {
-            let mut open = Vec::new();
-            while let Ok((conn, _)) = hanging.accept().await {
-                open.push(conn);
-            }
-        });
+        let (hanging, _) = never_answers().await;
+        let hanging_port = hanging.port();
         let edge = proxy_pod("s3cr3t").await;
         let t = Tenant::start_tuned(
             "replicas: 1",
@@ -2186,17 +2178,40 @@ async fn a_pod_that_never_answers_holds_up_no_other_tenants_route_changes() {
         )
         .await;
         shop_serves(&edge, 200).await;
-        t.api.delete(
-            "gateway.networking.k8s.io/v1",
-            "HTTPRoute",
-            "tenant-a",
-            "shop",
-        );
-        shop_serves(&edge, 404).await;
+        shop_goes_away(&t, &edge).await;
         t.stop().await;
     })
     .await
     .expect("in time");
+}
+
+/// A loopback address that takes connections, holds them and never answers, and a channel
+/// told of each connection.
+async fn never_answers() -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (calls, called) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            open.push(conn);
+            let _ = calls.send(());
+        }
+    });
+    (addr, called)
+}
+
+/// Deletes tenant-a's route `shop` and waits until `edge` no longer serves it.
+async fn shop_goes_away(t: &Tenant, edge: &Server) {
+    t.api.delete(
+        "gateway.networking.k8s.io/v1",
+        "HTTPRoute",
+        "tenant-a",
+        "shop",
+    );
+    shop_serves(edge, 404).await;
 }
 
 /// A Cloudflare API that takes connections and never answers (egress to it blackholed)
@@ -2205,18 +2220,8 @@ async fn a_pod_that_never_answers_holds_up_no_other_tenants_route_changes() {
 #[tokio::test]
 async fn a_cloudflare_api_that_never_answers_holds_up_no_route_change() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let hanging = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let base = format!("http://{}/client/v4", hanging.local_addr().expect("addr"));
-        let (calls, mut called) = tokio::sync::mpsc::unbounded_channel();
-        let _held = tokio::spawn(async move {
-            let mut open = Vec::new();
-            while let Ok((conn, _)) = hanging.accept().await {
-                open.push(conn);
-                let _ = calls.send(());
-            }
-        });
+        let (hanging, mut called) = never_answers().await;
+        let base = format!("http://{hanging}/client/v4");
         let edge = proxy_pod("s3cr3t").await;
         let t = Tenant::start_tuned(
             "replicas: 1, cloudflareCredentialsSecretRef: {name: edge-cf}",
@@ -2238,13 +2243,7 @@ async fn a_cloudflare_api_that_never_answers_holds_up_no_route_change() {
         .await;
         shop_serves(&edge, 200).await;
         called.recv().await.expect("the document's write began");
-        t.api.delete(
-            "gateway.networking.k8s.io/v1",
-            "HTTPRoute",
-            "tenant-a",
-            "shop",
-        );
-        shop_serves(&edge, 404).await;
+        shop_goes_away(&t, &edge).await;
         t.stop().await;
     })
     .await
