@@ -5368,6 +5368,63 @@ async fn a_broken_planes_last_config_outlives_a_controller_restart() {
     .expect("in time");
 }
 
+/// Reading a broken plane's last config back from pods that take connections and never answer
+/// holds up no other tenant's route changes: the read runs by itself.
+#[tokio::test]
+async fn reading_back_from_pods_that_never_answer_holds_up_no_other_tenant() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let third = proxy_pod("c3cr3t").await;
+        let mut t = Tenant::start_with("replicas: 1", |api| {
+            api.put(yaml(
+                "apiVersion: v1\nkind: Secret\nmetadata: {name: third-api, namespace: tenant-c}\nstringData: {token: c3cr3t}\n",
+            ));
+            api.put(yaml(
+                "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: third-config, namespace: tenant-c}\nspec: {tunnelTokenSecretRef: {name: third-tunnel-token}, authTokenSecretRef: {name: third-api}}\n",
+            ));
+            api.put(config_slice(
+                "tenant-c",
+                "cf-proxy-third-config",
+                third.admin_addr().port(),
+                true,
+            ));
+        })
+        .await;
+        host_serves(&third, "blog.example.com", 200).await;
+        eventually("tenant-a's plane", || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+        })
+        .await;
+        // tenant-a's plane breaks, and its pods stop answering.
+        let (hanging, mut called) = never_answers().await;
+        t.api.put(config_slice(
+            "tenant-a",
+            "cf-proxy-edge-config",
+            hanging.port(),
+            true,
+        ));
+        t.api.put(yaml(
+            &gateway(true).replace("name: edge-config", "name: gone"),
+        ));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        while called.try_recv().is_ok() {}
+        // A controller that starts now reads tenant-a's last config back from its pods.
+        t.restart(|options| options.push_timeout = Duration::from_secs(60))
+            .await;
+        called.recv().await.expect("the read back began");
+        t.api.delete(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "tenant-c",
+            "blog",
+        );
+        host_serves(&third, "blog.example.com", 404).await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// Another installation of the controller, for classes of its own, renders planes of the same
 /// names, labels and owner as ours: those are not removed as planes of Gateways that left
 /// this controller. A plane this controller rendered, for a class of its own, still goes when

@@ -224,6 +224,9 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 const REAPPLY_AFTER: Duration = Duration::from_secs(300);
 /// See [`REAPPLY_AFTER`].
 const REAPPLY_SPREAD: Duration = Duration::from_secs(60);
+/// Broken planes whose pods are asked for their config at once, at most.
+const READ_BACKS_AT_ONCE: usize = 8;
+
 /// Plane applies at once, at most. Each is a few requests in a row, so this many keep the API
 /// server busy enough at start without a burst its priority and fairness limits would queue.
 const APPLIES_AT_ONCE: usize = 16;
@@ -553,8 +556,10 @@ struct Reconciler {
     /// meanwhile included, until it resolves again or the Gateway goes.
     last_good: HashMap<ObjectKey, LastGood>,
     /// Per broken plane without a [`LastGood`] here: when its pods were last asked for the
-    /// config they serve ([`Reconciler::read_back`]), at most once per resync.
+    /// config they serve ([`Reconciler::start_read_back`]), at most once per resync.
     read_back_at: HashMap<ObjectKey, std::time::Instant>,
+    /// The reads back running, by plane.
+    read_backs: InFlight<ObjectKey, Option<LastGood>>,
     /// A round was cut off midway (the Lease lapsed): what it wrote is not all recorded, so
     /// this reconciler is not resumed in a later turn.
     cut: bool,
@@ -717,6 +722,7 @@ impl Reconciler {
             listener_set_resource,
             last_good: HashMap::new(),
             read_back_at: HashMap::new(),
+            read_backs: InFlight::new(READ_BACKS_AT_ONCE, Arc::clone(&wake)),
             tunnel_api,
             tunnel_sync: TunnelSync::default().waiting_at_most(push::ROUND_WAIT, Arc::clone(&wake)),
             tunnel_failures: HashMap::new(),
@@ -738,12 +744,13 @@ impl Reconciler {
         }
     }
 
-    /// Stops what runs on its own while this replica does not lead: applies, pushes and
-    /// tunnel writes. What it remembers stays, for a return to leading in the same term.
+    /// Stops what runs on its own while this replica does not lead: applies, pushes, tunnel
+    /// writes and reads back. What it remembers stays, for a return to leading in the same term.
     fn pause(&mut self) {
         self.applies.abort_all();
         self.pusher.abort_all();
         self.tunnel_sync.abort_all();
+        self.read_backs.abort_all();
     }
 
     /// The failure counts, for `/metrics`.
@@ -905,6 +912,12 @@ impl Reconciler {
                 || output.planes.get(key) == Some(&PlaneKey::Dedicated(key.clone()))
         });
         self.read_back_at.retain(|key, _| broken.contains(key));
+        self.read_backs.retain(|key| broken.contains(key));
+        for (key, _, last) in self.read_backs.finished() {
+            if let Some(Some(last)) = last {
+                self.last_good.insert(key, last);
+            }
+        }
         for key in &broken {
             let Some(gw) = snapshot
                 .gateways
@@ -919,9 +932,7 @@ impl Reconciler {
                 .get(key)
                 .is_some_and(|l| Some(l.uid.as_str()) == uid);
             if !known {
-                if let Some(last) = self.read_back(gw, key, snapshot, deployments).await {
-                    self.last_good.insert(key.clone(), last);
-                }
+                self.start_read_back(gw, key, snapshot, deployments);
             }
             let Some(last) = self
                 .last_good
@@ -1176,33 +1187,42 @@ impl Reconciler {
         self.unreached = unreached;
     }
 
-    /// What a broken plane's running pods serve, read back from one of them, with the token
-    /// and tunnel its Deployment gives them: the last config is held in memory only, so a
-    /// controller that started (or took the lead) after the plane broke has none to give pods
-    /// that start later. At most once per resync; `None` when no pod answers.
-    async fn read_back(
+    /// Starts reading back, from its running pods, the config a broken plane serves (at most
+    /// once per resync): a controller that starts, or takes the lead, during the breakage
+    /// has none in memory. The read runs by itself ([`InFlight`]), so pods that never answer
+    /// hold up no round; the round after it ends takes it in.
+    fn start_read_back(
         &mut self,
         gw: &Gateway,
         key: &ObjectKey,
         snapshot: &Snapshot,
         deployments: &[Deployment],
-    ) -> Option<LastGood> {
+    ) {
+        if self.read_backs.running(key).is_some() || self.read_backs.is_full() {
+            return;
+        }
         let now = std::time::Instant::now();
         if self
             .read_back_at
             .get(key)
             .is_some_and(|at| now.duration_since(*at) < self.options.resync)
         {
-            return None;
+            return;
         }
         self.read_back_at.insert(key.clone(), now);
-        let uid = gw.metadata.uid.as_deref()?;
-        let names = PlaneNames::for_gateway(gw).ok()?;
-        let deployment = deployments.iter().find(|d| {
+        let Some(uid) = gw.metadata.uid.clone() else {
+            return;
+        };
+        let Ok(names) = PlaneNames::for_gateway(gw) else {
+            return;
+        };
+        let Some(deployment) = deployments.iter().find(|d| {
             d.metadata.namespace.as_deref() == Some(key.namespace.as_str())
                 && d.metadata.name.as_deref() == Some(names.deployment.as_str())
-                && apply::controlled_by(d.owner_references(), uid)
-        })?;
+                && apply::controlled_by(d.owner_references(), &uid)
+        }) else {
+            return;
+        };
         // What the pods read from the environment the Deployment gives them.
         let from_env = |name: &str| {
             let reference = apply::env_secret_ref(deployment, name)?;
@@ -1212,28 +1232,35 @@ impl Reconciler {
                 &reference.key,
             )
         };
-        let token = from_env(render::AUTH_TOKEN_ENV)?;
+        let Some(token) = from_env(render::AUTH_TOKEN_ENV) else {
+            return;
+        };
         let tunnel = from_env(render::TUNNEL_TOKEN_ENV)
             .and_then(|t| t.parse::<cftunnel_config::Token>().ok())
             .map(|t| TunnelIdentity::of(&t));
-        for pod in plane_pods(snapshot, &key.namespace, &names.service) {
-            match push::served_document(pod, &token, self.options.push_timeout).await {
-                Ok(config) => {
-                    tracing::info!(plane = %key, %pod, "read back the config the plane's pods serve");
-                    return Some(LastGood {
-                        uid: uid.to_owned(),
-                        config,
-                        token,
-                        service: names.service,
-                        tunnel,
-                    });
-                }
-                Err(reason) => {
-                    tracing::debug!(plane = %key, %pod, %reason, "no config read back")
+        let pods = plane_pods(snapshot, &key.namespace, &names.service);
+        let timeout = self.options.push_timeout;
+        let plane = key.clone();
+        self.read_backs.start(key.clone(), Vec::new(), async move {
+            for pod in pods {
+                match push::served_document(pod, &token, timeout).await {
+                    Ok(config) => {
+                        tracing::info!(%plane, %pod, "read back the config the plane's pods serve");
+                        return Some(LastGood {
+                            uid,
+                            config,
+                            token,
+                            service: names.service,
+                            tunnel,
+                        });
+                    }
+                    Err(reason) => {
+                        tracing::debug!(%plane, %pod, %reason, "no config read back")
+                    }
                 }
             }
-        }
-        None
+            None
+        });
     }
 
     /// Applies a dedicated plane as the round rendered it (`plan`); `None` when it could not be
