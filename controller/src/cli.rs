@@ -181,6 +181,13 @@ pub struct RunArgs {
         value_parser = parse_label
     )]
     pub monitoring_pod_label: Vec<(String, String)>,
+    /// A proxy setting (NAME=VALUE, as the proxy's environment variable: `TUNNEL_REGION=us`,
+    /// `PROXY_TUNNEL_POST_QUANTUM=true`, `RUST_LOG=info`) for every dedicated plane; repeated.
+    /// The chart passes the shared pool's settings, so every plane runs as the pool does.
+    /// The tokens, the drain window and the config port are the controller's to set, and
+    /// tracing's `OTEL_*` comes from the controller's own.
+    #[arg(long, value_parser = parse_plane_env)]
+    pub plane_env: Vec<(String, String)>,
     /// The proxy's drain window after SIGTERM, in seconds (at most 180).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=180))]
     pub grace_period_seconds: u32,
@@ -333,6 +340,7 @@ impl RunArgs {
                     .to_env()
                     .into_iter()
                     .map(|(name, value)| (name.to_owned(), value))
+                    .chain(self.plane_env.iter().cloned())
                     .collect(),
                 ..render
             })?,
@@ -478,6 +486,32 @@ pub struct RenderArgs {
 
 /// A `KEY=VALUE` label of a selector, in Kubernetes' label syntax: the API server would refuse
 /// the NetworkPolicy of every data plane otherwise, so it is refused at start instead.
+/// `NAME=VALUE` of `--plane-env`.
+fn parse_plane_env(s: &str) -> Result<(String, String), String> {
+    let Some((name, value)) = s.split_once('=') else {
+        return Err(format!("expected NAME=VALUE, got {s:?}"));
+    };
+    let well_formed = name
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !well_formed {
+        return Err(format!(
+            "{name:?} is not an environment variable name (letters, digits and `_`, not first a digit)"
+        ));
+    }
+    if render::RENDERED_ENV.contains(&name) {
+        return Err(format!("{name} is set by the controller for each plane"));
+    }
+    if name.starts_with("OTEL_") {
+        return Err(format!(
+            "{name}: the planes trace as the controller does, from its own OTEL_* variables"
+        ));
+    }
+    Ok((name.to_owned(), value.to_owned()))
+}
+
 fn parse_label(s: &str) -> Result<(String, String), String> {
     let Some((key, value)) = s.split_once('=') else {
         return Err(format!("expected KEY=VALUE, got {s:?}"));

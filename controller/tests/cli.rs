@@ -513,6 +513,69 @@ fn run_error(args: &[&str]) -> Option<String> {
     }
 }
 
+/// `--plane-env` settings reach every dedicated plane's proxy, after the controller's own
+/// tracing settings; names the render sets itself, or tracing's, are refused at start, naming
+/// the setting.
+#[test]
+fn plane_settings_reach_every_plane_and_cannot_take_the_controllers() {
+    let env = run_options(&[
+        "--plane-env=TUNNEL_REGION=us",
+        "--plane-env=RUST_LOG=info,cftunnel=debug",
+        "--plane-env=PROXY_TUNNEL_POST_QUANTUM=true",
+        "--otel-endpoint=http://collector:4318",
+    ])
+    .render
+    .proxy_env;
+    let names: Vec<&str> = env.iter().map(|(name, _)| name.as_str()).collect();
+    assert!(
+        names.first().is_some_and(|n| n.starts_with("OTEL_")),
+        "{names:?}"
+    );
+    assert_eq!(
+        env.iter()
+            .filter(|(name, _)| !name.starts_with("OTEL_"))
+            .cloned()
+            .collect::<Vec<_>>(),
+        [
+            ("TUNNEL_REGION", "us"),
+            ("RUST_LOG", "info,cftunnel=debug"),
+            ("PROXY_TUNNEL_POST_QUANTUM", "true"),
+        ]
+        .map(|(n, v)| (n.to_owned(), v.to_owned()))
+    );
+    for (bad, says) in [
+        (
+            "TUNNEL_TOKEN=x",
+            "TUNNEL_TOKEN is set by the controller for each plane",
+        ),
+        (
+            "PROXY_AUTH_TOKEN=x",
+            "PROXY_AUTH_TOKEN is set by the controller",
+        ),
+        (
+            "PROXY_GRACE_PERIOD=5s",
+            "PROXY_GRACE_PERIOD is set by the controller",
+        ),
+        (
+            "PROXY_CONFIG_ADDR=:1",
+            "PROXY_CONFIG_ADDR is set by the controller",
+        ),
+        (
+            "OTEL_TRACES_SAMPLER=always_on",
+            "from its own OTEL_* variables",
+        ),
+        ("TUNNEL_REGION", "expected NAME=VALUE"),
+        ("1X=y", "is not an environment variable name"),
+        ("A-B=y", "is not an environment variable name"),
+    ] {
+        let error = run_error(&[&format!("--plane-env={bad}")]).unwrap_or_default();
+        assert!(
+            error.contains("--plane-env") && error.contains(says),
+            "{bad}: {error}"
+        );
+    }
+}
+
 #[test]
 fn label_flags_take_kubernetes_label_syntax_and_name_the_flag_and_the_bad_part() {
     let flags = [

@@ -204,3 +204,28 @@ Resource attribute values are URL-encoded, as OTEL_RESOURCE_ATTRIBUTES requires.
 {{- end }}
 {{- end }}
 {{- end -}}
+
+{{- /* The proxy's settings (proxy.*) as its environment: the shared pool runs with them, and
+the controller gives them to every dedicated plane (--plane-env), so a region, post-quantum
+key agreement or log format holds for every plane. Metrics stay the pool's own: a plane's
+autoscaler reads its metrics. */ -}}
+{{- define "cftunnel.proxySettings" -}}
+{{- $p := .Values.proxy }}
+{{- $s := dict }}
+{{- $_ := set $s "RUST_LOG" ($p.logLevel | toString) }}
+{{- $_ := set $s "PROXY_LOG_FORMAT" ($p.logFormat | toString) }}
+{{- $_ := set $s "PROXY_ACCESS_LOG_ENABLED" ($p.accessLog.enabled | toString) }}
+{{- $_ := set $s "PROXY_ACCESS_LOG_QUERY" ($p.accessLog.query | toString) }}
+{{- $_ := set $s "PROXY_ACCESS_LOG_SAMPLE" ($p.accessLog.sampleEvery | int | toString) }}
+{{- $_ := set $s "PROXY_TUNNEL_PROTOCOL" ($p.tunnel.protocol | toString) }}
+{{- $_ := set $s "PROXY_TUNNEL_POST_QUANTUM" ($p.tunnel.postQuantum | toString) }}
+{{- $_ := set $s "TUNNEL_EDGE_IP_VERSION" ($p.tunnel.edgeIpVersion | toString) }}
+{{- with $p.tunnel.region }}
+{{- $_ := set $s "TUNNEL_REGION" (. | toString) }}
+{{- end }}
+{{- $_ := set $s "PROXY_TUNNEL_QUIC_MAX_STREAMS" ($p.tunnel.quicMaxStreams | int | toString) }}
+{{- $_ := set $s "PROXY_BACKEND_MAX_CONNECTIONS" ($p.backend.maxConnections | int | toString) }}
+{{- $_ := set $s "PROXY_BACKEND_HEADER_TIMEOUT" ($p.backend.headerTimeout | toString) }}
+{{- $_ := set $s "PROXY_REQUEST_BODY_TIMEOUT" ($p.requestBodyTimeout | toString) }}
+{{- toYaml $s }}
+{{- end -}}

@@ -57,6 +57,17 @@ pub const GATEWAY_LABEL: &str = "cf.k8s.lex.la/gateway";
 pub const TUNNEL_TOKEN_ENV: &str = "TUNNEL_TOKEN";
 /// The environment variable the proxy reads its config-API token from.
 pub const AUTH_TOKEN_ENV: &str = "PROXY_AUTH_TOKEN";
+/// The proxy's drain window.
+pub const GRACE_PERIOD_ENV: &str = "PROXY_GRACE_PERIOD";
+/// Where the proxy serves its config API.
+pub const CONFIG_ADDR_ENV: &str = "PROXY_CONFIG_ADDR";
+/// The proxy's environment the render sets itself: no plane setting may name one.
+pub const RENDERED_ENV: [&str; 4] = [
+    TUNNEL_TOKEN_ENV,
+    AUTH_TOKEN_ENV,
+    GRACE_PERIOD_ENV,
+    CONFIG_ADDR_ENV,
+];
 /// Gateway API's well-known label naming the GatewayClass a Gateway's infrastructure was made
 /// for (GEP-1762).
 pub const CLASS_LABEL: &str = "gateway.networking.k8s.io/gateway-class-name";
@@ -109,7 +120,8 @@ pub struct RenderSettings {
     /// The proxy's drain window after SIGTERM (`PROXY_GRACE_PERIOD`), in seconds.
     pub grace_period_seconds: u32,
     /// More environment of every plane's proxy: the controller's own tracing settings
-    /// (`OTEL_*`), so the planes trace to the same collector.
+    /// (`OTEL_*`), so the planes trace to the same collector, and the proxy settings it was
+    /// given for them (the chart's, which the shared pool runs with too).
     pub proxy_env: Vec<(String, String)>,
     /// Whether every plane gets its config-port NetworkPolicy. Off where the CNI enforces no
     /// NetworkPolicy or the operator writes the planes' policies: the plane then has none, and
@@ -772,8 +784,8 @@ fn pod_spec(
                 [
                     from_secret(TUNNEL_TOKEN_ENV, &credentials.tunnel_ref),
                     from_secret(AUTH_TOKEN_ENV, &credentials.auth_ref),
-                    env("PROXY_GRACE_PERIOD", &format!("{grace}s")),
-                    env("PROXY_CONFIG_ADDR", &format!(":{CONFIG_PORT}")),
+                    env(GRACE_PERIOD_ENV, &format!("{grace}s")),
+                    env(CONFIG_ADDR_ENV, &format!(":{CONFIG_PORT}")),
                 ]
                 .into_iter()
                 .chain(extra_env.iter().map(|(name, value)| env(name, value)))

@@ -265,6 +265,44 @@ fn the_controller_takes_the_arguments_the_chart_passes_as_the_values_mean_them()
             "{file}"
         );
 
+        // And with the pool's proxy settings: every plain setting of the pool's proxy but its
+        // metrics (a plane's autoscaler reads them), its own extra environment and what the
+        // render sets itself.
+        let plane_proxy = plane(&options).deployment;
+        let plane_proxy = container(&plane_proxy);
+        let extra: Vec<String> = at(&values, "proxy.extraEnv")
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.get("name").and_then(|n| n.as_str()).map(str::to_owned))
+            .collect();
+        let settings: Vec<_> = proxy
+            .env
+            .iter()
+            .flatten()
+            .filter(|e| {
+                e.value_from.is_none()
+                    && !e.name.starts_with("OTEL_")
+                    && !extra.contains(&e.name)
+                    && e.name != "PROXY_METRICS_ENABLED"
+                    && !render::RENDERED_ENV.contains(&e.name.as_str())
+            })
+            .collect();
+        assert!(
+            settings
+                .iter()
+                .any(|e| e.name == "PROXY_TUNNEL_POST_QUANTUM"),
+            "{file}: {settings:?}"
+        );
+        for setting in settings {
+            assert_eq!(
+                env(plane_proxy, &setting.name).and_then(|e| e.value.as_deref()),
+                setting.value.as_deref(),
+                "{file}: {} in a dedicated plane",
+                setting.name
+            );
+        }
+
         // The values, as the controller reads them.
         assert_eq!(
             options.translate.controller_name,
