@@ -15,17 +15,31 @@ where
     Option::<Vec<T>>::deserialize(d).map(Option::unwrap_or_default)
 }
 
+/// Reads a scalar Go may send as `null` (its encoder never does, other clients might) as
+/// absent: its default.
+fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Option::<T>::deserialize(d).map(Option::unwrap_or_default)
+}
+
 /// A whole config document; every push replaces the previous one.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Config {
     /// Monotonic version; 0 means unversioned (always accepted).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub version: i64,
     #[serde(default, deserialize_with = "null_as_empty")]
     pub rules: Vec<Rule>,
     /// Set when any GRPCRoute contributed rules: unmatched gRPC requests then get `grpc-status: 12`.
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "is_false"
+    )]
     pub has_grpc_route: bool,
 }
 
@@ -102,7 +116,7 @@ pub struct Retry {
 #[serde(rename_all = "camelCase")]
 pub struct Access {
     /// The Zero Trust team name: `<teamName>.cloudflareaccess.com` is the team domain.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub team_name: String,
     /// Application audience (AUD) tags; a token for any of them is accepted.
     #[serde(default, deserialize_with = "null_as_empty")]
@@ -144,7 +158,7 @@ pub enum PathMatchType {
 pub struct PathMatch {
     #[serde(default, rename = "type")]
     pub kind: PathMatchType,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub value: String,
 }
 
@@ -162,7 +176,7 @@ pub struct ValueMatch {
     #[serde(default, rename = "type")]
     pub kind: ValueMatchType,
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub value: String,
 }
 
@@ -237,7 +251,7 @@ pub struct HeaderModifier {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Header {
     pub name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub value: String,
 }
 
@@ -253,7 +267,7 @@ pub enum PathModifierType {
 pub struct RedirectPath {
     #[serde(rename = "type")]
     pub kind: PathModifierType,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub value: String,
 }
 
@@ -315,11 +329,19 @@ pub struct RequestMirror {
     pub fraction: Option<Fraction>,
     /// How the mirror is spoken to, as a backend's `protocol`: a gRPC or h2c mirror takes
     /// HTTP/2 only.
-    #[serde(default, skip_serializing_if = "BackendProtocol::is_default")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "BackendProtocol::is_default"
+    )]
     pub protocol: BackendProtocol,
     /// As a backend's `publicOnly`: copies go only to public addresses of the URL's host, so a
     /// name its owner picked cannot send them into the cluster or the node. Absent: false.
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "is_false"
+    )]
     pub public_only: bool,
     /// As a backend's `tls`, for an `https` mirror; absent: the platform's web roots.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -380,12 +402,16 @@ impl BackendProtocol {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Backend {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub url: String,
     /// Relative share of requests; 0 never receives traffic. Absent means 1, as in Gateway API.
     #[serde(default = "default_weight")]
     pub weight: u32,
-    #[serde(default, skip_serializing_if = "BackendProtocol::is_default")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "BackendProtocol::is_default"
+    )]
     pub protocol: BackendProtocol,
     #[serde(
         default,
@@ -393,7 +419,11 @@ pub struct Backend {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub filters: Vec<Filter>,
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "is_false"
+    )]
     pub websocket: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unavailable_status: Option<u16>,
@@ -402,7 +432,11 @@ pub struct Backend {
     /// Dial only public (global unicast) addresses of the URL's host, checked at every dial: a
     /// name its owner picked (an ExternalName Service) cannot then reach the cluster or the
     /// node through a DNS record pointing at a private address. Absent: false.
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "is_false"
+    )]
     pub public_only: bool,
 }
 
@@ -454,10 +488,10 @@ pub struct BackendTls {
 pub struct ClientCertificate {
     /// The certificate, then any intermediates it needs (`tls.crt` of a `kubernetes.io/tls`
     /// Secret).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub certificate_chain: String,
     /// The private key of the first certificate: PKCS#8, PKCS#1 (RSA) or SEC1 (EC) (`tls.key`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     pub private_key: String,
 }
 

@@ -156,29 +156,27 @@ impl Admin {
     }
 
     fn readyz(&self) -> AdminResponse {
+        match self.not_ready() {
+            Some(reason) => respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", reason),
+            None => respond(StatusCode::OK, "text/plain", "ready\n"),
+        }
+    }
+
+    /// Why the proxy is not ready, if it is not: `/readyz` and `GET /config`'s `ready` say
+    /// the same.
+    fn not_ready(&self) -> Option<&'static str> {
         if self.health.is_draining() {
-            return respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n");
+            return Some("draining\n");
         }
         if !self.reloader.proxy().is_loaded() {
-            return respond(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "text/plain",
-                "no config loaded\n",
-            );
+            return Some("no config loaded\n");
         }
         let registered = match self.health.tunnel.get() {
             Some(registered) => Some(registered()),
             None if self.health.tunnel_mode => Some(0),
             None => None,
         };
-        if registered == Some(0) {
-            return respond(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "text/plain",
-                "no tunnel connection is registered\n",
-            );
-        }
-        respond(StatusCode::OK, "text/plain", "ready\n")
+        (registered == Some(0)).then_some("no tunnel connection is registered\n")
     }
 
     fn metrics(&self) -> AdminResponse {
@@ -202,7 +200,7 @@ impl Admin {
         }
         let body = serde_json::json!({
             "version": self.reloader.version().await,
-            "ready": self.reloader.proxy().is_loaded(),
+            "ready": self.not_ready().is_none(),
         });
         respond(StatusCode::OK, "application/json", body.to_string())
     }

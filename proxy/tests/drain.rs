@@ -63,6 +63,11 @@ async fn sigterm_refuses_new_connections_finishes_in_flight_requests_and_exits_z
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(get(&http, admin, "a", "/readyz", &[]).await.status, 503, "not ready while draining");
+        let config = http::Request::get(format!("http://{admin}/config"))
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .expect("req");
+        assert_eq!(send(&http, config).await.json(), serde_json::json!({"version": 1, "ready": false}), "GET /config says so too");
 
         let r = slow.await.expect("slow request task");
         assert_eq!(r.status, 200, "the in-flight request completed");

@@ -200,6 +200,14 @@ async fn bad_pushes_are_refused_with_the_reason_and_the_old_table_keeps_serving(
         assert_eq!(push(&http, admin, &json!({"version": 3, "rules": []})).await.status, StatusCode::CONFLICT);
         assert!(metric(&http, admin, "cftunnel_proxy_config_reloads_total{result=\"rejected\"}").await >= Some(2.0));
         assert!(metric(&http, admin, "cftunnel_proxy_config_reloads_total{result=\"stale\"}").await >= Some(1.0));
+
+        // `null` is absent, for every optional field, as Go reads it.
+        let nulls = json!({"version": null, "hasGrpcRoute": null, "rules": [{"hostnames": null, "backends": [
+            {"url": url(a.http_addr()), "weight": 1, "protocol": null, "websocket": null, "publicOnly": null, "filters": null}
+        ]}]});
+        let r = push(&http, admin, &nulls).await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        assert_eq!(get(&http, d, "h", "/nulls", &[]).await.pod(), "svc-a-1");
     })
     .await
     .expect("test finished in time");

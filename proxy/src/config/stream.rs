@@ -101,11 +101,17 @@ impl<'de> Visitor<'de> for Document<'_, '_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Header, A::Error> {
-        let version = seq.next_element()?.unwrap_or_default();
+        let version = seq
+            .next_element::<Option<i64>>()?
+            .flatten()
+            .unwrap_or_default();
         seq.next_element_seed(Rules {
             compiler: self.compiler,
         })?;
-        let has_grpc_route = seq.next_element()?.unwrap_or_default();
+        let has_grpc_route = seq
+            .next_element::<Option<bool>>()?
+            .flatten()
+            .unwrap_or_default();
         Ok(Header {
             version,
             has_grpc_route,
@@ -122,7 +128,8 @@ impl<'de> Visitor<'de> for Document<'_, '_> {
                     if version.is_some() {
                         return Err(de::Error::duplicate_field("version"));
                     }
-                    version = Some(map.next_value()?);
+                    // `null` is absent, as Go reads it.
+                    version = Some(map.next_value::<Option<i64>>()?.unwrap_or_default());
                 }
                 Field::Rules => {
                     if rules {
@@ -137,7 +144,7 @@ impl<'de> Visitor<'de> for Document<'_, '_> {
                     if has_grpc_route.is_some() {
                         return Err(de::Error::duplicate_field("hasGrpcRoute"));
                     }
-                    has_grpc_route = Some(map.next_value()?);
+                    has_grpc_route = Some(map.next_value::<Option<bool>>()?.unwrap_or_default());
                 }
                 Field::Other => {
                     map.next_value::<IgnoredAny>()?;

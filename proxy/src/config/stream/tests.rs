@@ -36,6 +36,8 @@ fn a_document_reads_as_the_config_type_reads_it() {
         r#"{"hasGrpcRoute": false, "rules": [{}], "version": 9}"#.to_owned(),
         r#"{"rules": null}"#.to_owned(),
         r#"{}"#.to_owned(),
+        r#"{"version": null, "hasGrpcRoute": null, "rules": [{"backends": [{"websocket": null, "protocol": null}]}]}"#.to_owned(),
+        r#"[null, null, null]"#.to_owned(),
         r#"{"version": 1, "extra": {"a": [1, {"b": null}]}, "rules": []}"#.to_owned(),
         r#"[5, [{"backends": []}], true]"#.to_owned(),
         r#"[5]"#.to_owned(),
