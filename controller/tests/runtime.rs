@@ -5255,9 +5255,10 @@ async fn a_pool_that_refuses_the_config_api_token_is_rolled_onto_it() {
     .expect("in time");
 }
 
-/// A broken plane whose tunnel other planes serve gets what they get: the edge spreads the
-/// tunnel's requests over its pods too, so a route another tenant deletes stops being served
-/// through them, and its own routes, programmed nowhere, are not served there either.
+/// A broken plane whose tunnel other planes serve keeps serving its own routes as it last
+/// served them, and so do the other planes on the tunnel (the edge spreads the tunnel's
+/// requests over every pod on it); a route another tenant deletes stops being served through
+/// the broken plane's pods, and a route of its own deleted stops being served anywhere.
 #[tokio::test]
 async fn a_broken_plane_on_a_tunnel_other_planes_serve_follows_their_routes() {
     tokio::time::timeout(Duration::from_secs(90), async {
@@ -5298,7 +5299,23 @@ async fn a_broken_plane_on_a_tunnel_other_planes_serve_follows_their_routes() {
         t.api.put(yaml(
             &gateway(true).replace("name: edge-config", "name: gone"),
         ));
-        shop_serves(&third, 404).await;
+        eventually("the Gateway refused", || {
+            t.api
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-a",
+                    "edge",
+                )
+                .and_then(|g| condition(&g["status"]["conditions"], "Accepted").cloned())
+                .filter(|c| c["reason"] == "InvalidParameters")
+        })
+        .await;
+        t.rounds(3, Duration::from_millis(200)).await;
+        for pod in [&edge, &third] {
+            shop_serves(pod, 200).await;
+            host_serves(pod, "blog.example.com", 200).await;
+        }
 
         assert!(t.api.delete(
             "gateway.networking.k8s.io/v1",
@@ -5308,7 +5325,9 @@ async fn a_broken_plane_on_a_tunnel_other_planes_serve_follows_their_routes() {
         ));
         host_serves(&third, "blog.example.com", 404).await;
         host_serves(&edge, "blog.example.com", 404).await;
-        shop_serves(&edge, 404).await;
+        shop_serves(&edge, 200).await;
+        shop_goes_away(&t, &edge).await;
+        shop_serves(&third, 404).await;
         t.stop().await;
     })
     .await

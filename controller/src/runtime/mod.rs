@@ -918,34 +918,58 @@ impl Reconciler {
                 self.last_good.insert(key, last);
             }
         }
-        for key in &broken {
-            let Some(gw) = snapshot
-                .gateways
-                .iter()
-                .find(|g| object_key(*g).as_ref() == Some(key))
-            else {
-                continue;
-            };
-            let uid = gw.metadata.uid.as_deref();
+        let broken_gateways: Vec<(&ObjectKey, &Arc<Gateway>)> = broken
+            .iter()
+            .filter_map(|key| {
+                let gw = snapshot
+                    .gateways
+                    .iter()
+                    .find(|g| object_key(*g).as_ref() == Some(key))?;
+                Some((key, gw))
+            })
+            .collect();
+        for (key, gw) in &broken_gateways {
             let known = self
                 .last_good
-                .get(key)
-                .is_some_and(|l| Some(l.uid.as_str()) == uid);
+                .get(*key)
+                .is_some_and(|l| Some(l.uid.as_str()) == gw.metadata.uid.as_deref());
             if !known {
                 self.start_read_back(gw, key, snapshot, deployments);
             }
-            let Some(last) = self
-                .last_good
-                .get(key)
-                .filter(|l| Some(l.uid.as_str()) == uid)
-            else {
+        }
+        let kept: Vec<(&ObjectKey, &LastGood)> = broken_gateways
+            .iter()
+            .filter_map(|(key, gw)| {
+                let last = self.last_good.get(*key)?;
+                (Some(last.uid.as_str()) == gw.metadata.uid.as_deref()).then_some((*key, last))
+            })
+            .collect();
+        // A broken plane keeps serving its last config. Where other planes serve its tunnel,
+        // the edge spreads the tunnel's requests over all their pods: every plane on it then
+        // gets the tunnel's current routes and the broken Gateways' own routes as they last
+        // served them (those still in the cluster naming them), so no route deleted elsewhere
+        // stays reachable through the broken pods and the broken Gateway's routes are served
+        // by every pod.
+        let mut own_on_tunnel: HashMap<TunnelIdentity, (Vec<cftunnel_config::Rule>, bool)> =
+            HashMap::new();
+        for (key, last) in &kept {
+            let Some(tunnel) = last.tunnel else { continue };
+            if !planes.values().any(|info| info.identity == Some(tunnel)) {
                 continue;
-            };
+            }
+            let (rules, grpc) = own_on_tunnel.entry(tunnel).or_default();
+            rules.extend(own_rules(&last.config, &output, key));
+            *grpc |= last.config.has_grpc_route;
+        }
+        for (plane, info) in &planes {
+            let own = info.identity.and_then(|t| own_on_tunnel.get(&t));
+            if let (Some((rules, grpc)), Some(config)) = (own, output.configs.get_mut(plane)) {
+                config.rules.extend(rules.iter().cloned());
+                config.has_grpc_route |= grpc;
+            }
+        }
+        for (key, last) in kept {
             let plane = PlaneKey::Dedicated(key.clone());
-            // Its pods take a share of their tunnel's requests: while other planes serve that
-            // tunnel, they get what those planes get (the union of the tunnel's routes, its
-            // own left out), so no route deleted since stays reachable through them and no
-            // new one fails there.
             let on_tunnel = last.tunnel.and_then(|tunnel| {
                 planes.iter().find_map(|(other, info)| {
                     (info.identity == Some(tunnel)).then(|| output.configs.get(other))?
@@ -1926,6 +1950,38 @@ fn refused_rules(
         }
     }
     out
+}
+
+/// The rules of a broken Gateway `gateway`'s last config that are its own: those of the routes
+/// that still name it as a parent (rule names are `namespace/route/rule`). Its other rules
+/// came from other planes on its tunnel.
+fn own_rules(
+    last: &cftunnel_config::Config,
+    output: &translate::Output,
+    gateway: &ObjectKey,
+) -> Vec<cftunnel_config::Rule> {
+    let routes: BTreeSet<(&str, &str)> = output
+        .statuses
+        .routes
+        .iter()
+        .filter(|(_, parents)| {
+            parents
+                .iter()
+                .any(|p| output.statuses.parent_gateway(&p.parent_ref).as_ref() == Some(gateway))
+        })
+        .map(|(route, _)| (route.key.namespace.as_str(), route.key.name.as_str()))
+        .collect();
+    last.rules
+        .iter()
+        .filter(|rule| {
+            let mut parts = rule.name.as_deref().unwrap_or_default().splitn(3, '/');
+            matches!(
+                (parts.next(), parts.next()),
+                (Some(ns), Some(name)) if routes.contains(&(ns, name))
+            )
+        })
+        .cloned()
+        .collect()
 }
 
 /// Writes each tunnel's ingress document: one per tunnel, whatever number of planes share it.
