@@ -66,6 +66,9 @@ pub struct Upstream {
     name: BackendName,
     /// Whether the backend is spoken to over HTTP/2 (`h2c`, or over TLS), as gRPC is.
     http2: bool,
+    /// Whether the config marks the backend `h2c` (HTTP/2 with prior knowledge, or offered
+    /// over TLS), as it marks gRPC backends.
+    h2c: bool,
     /// The retries its requests may take, kept with the client across pushes.
     pub(crate) retry_budget: budget::RetryBudget,
 }
@@ -156,6 +159,7 @@ impl Upstream {
             name,
             // A TLS backend offered HTTP/2 speaks it when it picks it, as a gRPC server does.
             http2: protocol == BackendProtocol::H2c || alpn_h2,
+            h2c: protocol == BackendProtocol::H2c,
             retry_budget: budget::RetryBudget::new(),
         })
     }
@@ -176,6 +180,13 @@ impl Upstream {
     /// Whether the backend is spoken to over HTTP/2, as a gRPC backend is.
     pub fn http2(&self) -> bool {
         self.http2
+    }
+
+    /// Whether the config marks the backend `h2c`: the controller does for GRPCRoute backends
+    /// and for Services whose port has `appProtocol: kubernetes.io/h2c`, which is how gRPC is
+    /// served through an HTTPRoute. A TLS backend that merely picks HTTP/2 by ALPN is not.
+    pub fn h2c(&self) -> bool {
+        self.h2c
     }
 
     pub fn base_query(&self) -> Option<&str> {

@@ -116,7 +116,9 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
     let server = Server::start_with_registry(options, initial, registry).await?;
     let tunnel = match connector {
         Some(mut connector) => {
-            use crate::tunnel::{await_first_table, transport_for, warn_on_grpc_without_http2};
+            use crate::tunnel::{
+                await_first_table, transport_for, warn_on_trailers_without_http2, TrailersNeeded,
+            };
             if !server.proxy().is_loaded() {
                 tracing::info!(
                     "the tunnel registers with the edge once the proxy has its first config"
@@ -136,17 +138,18 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
             }
             if connector.protocol() == cftunnel_tunnel::Protocol::Auto {
                 // Whether the table serves gRPC decides the transport.
-                let serves_grpc = server.proxy().routes().has_grpc_route();
-                let protocol = transport_for(connector.protocol(), serves_grpc);
-                if protocol != connector.protocol() {
+                let needs = TrailersNeeded::of(&server.proxy().routes());
+                let protocol = transport_for(connector.protocol(), needs);
+                if let Some(reason) = needs.filter(|_| protocol != connector.protocol()) {
                     tracing::info!(
-                        "the table serves a GRPCRoute: the tunnel dials HTTP/2, which carries \
-                         the trailers gRPC needs (QUIC does not)"
+                        reason = reason.as_str(),
+                        "the table serves gRPC: the tunnel dials HTTP/2, which carries the \
+                         trailers gRPC needs (QUIC does not)"
                     );
                 }
                 connector.set_protocol(protocol);
             }
-            tokio::spawn(warn_on_grpc_without_http2(
+            tokio::spawn(warn_on_trailers_without_http2(
                 server.proxy().clone(),
                 connector.protocol(),
             ));

@@ -26,6 +26,7 @@ pub struct Routes {
     metrics: ProxyMetrics,
     pub(crate) version: i64,
     pub(crate) has_grpc: bool,
+    h2c_backend: bool,
 }
 
 impl Routes {
@@ -34,6 +35,7 @@ impl Routes {
         metrics: ProxyMetrics,
         version: i64,
         has_grpc: bool,
+        h2c_backend: bool,
     ) -> Self {
         let hosts = table
             .buckets()
@@ -46,6 +48,7 @@ impl Routes {
             metrics,
             version,
             has_grpc,
+            h2c_backend,
         }
     }
 
@@ -65,6 +68,13 @@ impl Routes {
     /// Whether GRPCRoutes contributed to this table.
     pub fn has_grpc_route(&self) -> bool {
         self.has_grpc
+    }
+
+    /// Whether a rule sends requests to a backend the config marks `h2c` (see
+    /// [`Upstream::h2c`](crate::forward::Upstream::h2c)): gRPC served through an HTTPRoute
+    /// reaches its backend this way, and its responses end in trailers.
+    pub fn has_h2c_backend(&self) -> bool {
+        self.h2c_backend
     }
 
     /// The hostname pattern a bucket serves (`*` for rules without hostnames), as the metrics

@@ -65,6 +65,11 @@ impl Backends {
         }
     }
 
+    /// Every backend, in the order the rule lists them.
+    pub fn iter(&self) -> impl Iterator<Item = &Backend> {
+        self.list.iter()
+    }
+
     /// Picks a backend by weight; weight 0 is never picked. `None` when every weight is 0.
     pub fn pick(&self) -> Option<&Backend> {
         self.pick_with(|total| rand::random_range(0..total))

@@ -3,6 +3,7 @@
 
 use crate::conn::ConnInfo;
 use crate::proxy::Proxy;
+use crate::routes::Routes;
 use crate::upgrade::ClientUpgrade;
 use http::{HeaderName, Request};
 use http_body_util::BodyExt;
@@ -10,12 +11,42 @@ use std::net::{IpAddr, SocketAddr};
 
 use cftunnel_tunnel::Protocol;
 
-/// The transport to dial: an `auto` tunnel whose table serves a GRPCRoute goes over HTTP/2,
-/// because the edge carries no trailers over QUIC and gRPC's status is a trailer; a transport
-/// the operator chose is kept.
-pub fn transport_for(configured: Protocol, serves_grpc: bool) -> Protocol {
+/// Why a table's responses may need trailers, which the edge carries over HTTP/2 and not
+/// over QUIC (gRPC's status is a trailer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrailersNeeded {
+    /// The table serves a GRPCRoute (`hasGrpcRoute`).
+    GrpcRoute,
+    /// A rule's backend is marked `h2c`: how gRPC is served through an HTTPRoute.
+    H2cBackend,
+}
+
+impl TrailersNeeded {
+    /// Why, for a table, if it needs them at all. A GRPCRoute is named first.
+    pub fn of(routes: &Routes) -> Option<Self> {
+        if routes.has_grpc_route() {
+            Some(Self::GrpcRoute)
+        } else if routes.has_h2c_backend() {
+            Some(Self::H2cBackend)
+        } else {
+            None
+        }
+    }
+
+    /// How logs name the reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::GrpcRoute => "a GRPCRoute",
+            Self::H2cBackend => "an h2c backend",
+        }
+    }
+}
+
+/// The transport to dial: an `auto` tunnel whose table needs trailers goes over HTTP/2,
+/// because the edge carries no trailers over QUIC; a transport the operator chose is kept.
+pub fn transport_for(configured: Protocol, needs: Option<TrailersNeeded>) -> Protocol {
     match configured {
-        Protocol::Auto if serves_grpc => Protocol::Http2,
+        Protocol::Auto if needs.is_some() => Protocol::Http2,
         other => other,
     }
 }
@@ -32,22 +63,49 @@ pub async fn await_first_table(proxy: &Proxy) {
     }
 }
 
-/// Warns, once, when a table that serves gRPC arrives while the tunnel runs over a transport
-/// other than HTTP/2: its gRPC responses lose their status until the proxy restarts (it then
-/// dials HTTP/2) or `PROXY_TUNNEL_PROTOCOL=http2` is set.
-pub async fn warn_on_grpc_without_http2(proxy: Proxy, dialed: Protocol) {
+/// Logs, once, when a table that needs trailers (a GRPCRoute, or an `h2c` backend as gRPC
+/// through an HTTPRoute has) is served while the tunnel runs over a transport other than
+/// HTTP/2: its gRPC responses lose their status. An `auto` tunnel dials HTTP/2 after a
+/// restart; one forced to `quic` needs `PROXY_TUNNEL_PROTOCOL=http2`. A GRPCRoute is an
+/// error; an `h2c` backend, which may not be gRPC, a warning.
+pub async fn warn_on_trailers_without_http2(proxy: Proxy, dialed: Protocol) {
     if dialed == Protocol::Http2 {
         return;
     }
     let mut swaps = proxy.swaps();
     loop {
-        if proxy.routes().has_grpc_route() {
-            tracing::error!(
-                transport = ?dialed,
-                "a GRPCRoute is now served, but the tunnel runs over a transport that may carry \
-                 no trailers (QUIC drops them, so gRPC loses its status): restart the proxy, \
-                 which then dials HTTP/2, or set PROXY_TUNNEL_PROTOCOL=http2"
-            );
+        if let Some(needs) = TrailersNeeded::of(&proxy.routes()) {
+            let reason = needs.as_str();
+            match (needs, dialed) {
+                (TrailersNeeded::GrpcRoute, Protocol::Auto) => tracing::error!(
+                    transport = ?dialed,
+                    reason,
+                    "the table serves gRPC, but the tunnel runs over a transport that may carry \
+                     no trailers (QUIC drops them, so gRPC loses its status): restart the proxy, \
+                     which then dials HTTP/2, or set PROXY_TUNNEL_PROTOCOL=http2"
+                ),
+                (TrailersNeeded::GrpcRoute, _) => tracing::error!(
+                    transport = ?dialed,
+                    reason,
+                    "the table serves gRPC, but the tunnel runs over QUIC, which drops \
+                     trailers, so gRPC loses its status: set PROXY_TUNNEL_PROTOCOL=http2"
+                ),
+                (TrailersNeeded::H2cBackend, Protocol::Auto) => tracing::warn!(
+                    transport = ?dialed,
+                    reason,
+                    "a rule's backend speaks h2c, as gRPC backends do, but the tunnel runs over \
+                     a transport that may carry no trailers (QUIC drops them, so gRPC loses its \
+                     status): restart the proxy, which then dials HTTP/2, or set \
+                     PROXY_TUNNEL_PROTOCOL=http2"
+                ),
+                (TrailersNeeded::H2cBackend, _) => tracing::warn!(
+                    transport = ?dialed,
+                    reason,
+                    "a rule's backend speaks h2c, as gRPC backends do, but the tunnel runs over \
+                     QUIC, which drops trailers, so gRPC loses its status: set \
+                     PROXY_TUNNEL_PROTOCOL=http2"
+                ),
+            }
             return;
         }
         if swaps.changed().await.is_err() {
@@ -101,12 +159,65 @@ impl cftunnel_tunnel::Handler for TunnelService {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{compile, Cache};
+    use crate::metrics::ProxyMetrics;
 
     #[test]
-    fn only_an_auto_tunnel_serving_grpc_changes_to_http2() {
-        assert_eq!(transport_for(Protocol::Auto, true), Protocol::Http2);
-        assert_eq!(transport_for(Protocol::Auto, false), Protocol::Auto);
-        assert_eq!(transport_for(Protocol::Quic, true), Protocol::Quic);
-        assert_eq!(transport_for(Protocol::Http2, false), Protocol::Http2);
+    fn only_an_auto_tunnel_needing_trailers_changes_to_http2() {
+        let grpc = Some(TrailersNeeded::GrpcRoute);
+        let h2c = Some(TrailersNeeded::H2cBackend);
+        assert_eq!(transport_for(Protocol::Auto, grpc), Protocol::Http2);
+        assert_eq!(transport_for(Protocol::Auto, h2c), Protocol::Http2);
+        assert_eq!(transport_for(Protocol::Auto, None), Protocol::Auto);
+        assert_eq!(transport_for(Protocol::Quic, grpc), Protocol::Quic);
+        assert_eq!(transport_for(Protocol::Quic, h2c), Protocol::Quic);
+        assert_eq!(transport_for(Protocol::Http2, None), Protocol::Http2);
+    }
+
+    /// What a compiled table says it needs: a GRPCRoute, or (an HTTPRoute serving gRPC) a
+    /// rule whose backend is marked `h2c`; not an `h2c` mirror, whose answers go nowhere, nor
+    /// a TLS backend that only may pick HTTP/2.
+    #[test]
+    fn a_table_needs_trailers_for_a_grpc_route_or_an_h2c_backend() {
+        let metrics = ProxyMetrics::register(&mut prometheus_client::registry::Registry::default());
+        let mut cache = Cache::default();
+        let mut needs = |doc: serde_json::Value| {
+            let doc: cftunnel_config::Config = serde_json::from_value(doc).expect("a document");
+            let routes = compile(&doc, &metrics, &mut cache).expect("compiles");
+            TrailersNeeded::of(&routes)
+        };
+        let plain = serde_json::json!({"url": "http://127.0.0.1:8080", "weight": 1});
+        let h2c =
+            serde_json::json!({"url": "http://127.0.0.1:8081", "weight": 1, "protocol": "h2c"});
+        let tls =
+            serde_json::json!({"url": "https://backend.example:8443", "weight": 1, "tls": {}});
+        let mirror = serde_json::json!([{"type": "RequestMirror", "requestMirror":
+            {"backendUrl": "http://127.0.0.1:8082", "percent": 100, "protocol": "h2c"}}]);
+        let cases = [
+            (serde_json::json!({"rules": [{"backends": [plain]}]}), None),
+            (
+                serde_json::json!({"hasGrpcRoute": true, "rules": [{"backends": [h2c]}]}),
+                Some(TrailersNeeded::GrpcRoute),
+            ),
+            (
+                serde_json::json!({"rules": [{"backends": [plain]}, {"backends": [plain, h2c]}]}),
+                Some(TrailersNeeded::H2cBackend),
+            ),
+            (
+                serde_json::json!({"rules": [{"backends": [plain], "filters": mirror}]}),
+                None,
+            ),
+            (serde_json::json!({"rules": [{"backends": [tls]}]}), None),
+        ];
+        for (doc, expected) in cases {
+            assert_eq!(needs(doc.clone()), expected, "{doc}");
+        }
+        assert_eq!(
+            transport_for(
+                Protocol::Auto,
+                needs(serde_json::json!({"rules": [{"backends": [h2c]}]}))
+            ),
+            Protocol::Http2
+        );
     }
 }

@@ -62,6 +62,19 @@ async fn spawn_tunnel_proxy(
     doc: Option<&serde_json::Value>,
     env: &[(&str, &str)],
 ) -> (std::process::Child, std::net::SocketAddr) {
+    spawn_tunnel_proxy_logging(edge, dir, token, protocol, doc, env, Stdio::null()).await
+}
+
+/// [`spawn_tunnel_proxy`] writing its log lines to `stderr`.
+async fn spawn_tunnel_proxy_logging(
+    edge: &MockEdge,
+    dir: &std::path::Path,
+    token: &str,
+    protocol: &str,
+    doc: Option<&serde_json::Value>,
+    env: &[(&str, &str)],
+    stderr: Stdio,
+) -> (std::process::Child, std::net::SocketAddr) {
     let ca = dir.join("edge-ca.pem");
     edge.write_ca_pem(&ca).await.expect("CA written");
     let admin_port = free_port();
@@ -77,7 +90,7 @@ async fn spawn_tunnel_proxy(
         .env("PROXY_GRACE_PERIOD", "2s")
         .envs(env.iter().copied())
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(stderr);
     if let Some(doc) = doc {
         let config = dir.join("config.json");
         std::fs::write(&config, doc.to_string()).expect("write config");
@@ -89,8 +102,9 @@ async fn spawn_tunnel_proxy(
 }
 
 /// With `PROXY_TUNNEL_PROTOCOL=auto` the tunnel dials HTTP/2 when the table serves a GRPCRoute,
-/// from the config file or from the first push, since gRPC's status travels in trailers the edge
-/// does not carry over QUIC; without one it dials QUIC.
+/// from the config file or from the first push, or when a rule's backend speaks h2c (gRPC
+/// through an HTTPRoute), since gRPC's status travels in trailers the edge does not carry over
+/// QUIC; without either it dials QUIC.
 #[tokio::test]
 async fn an_auto_tunnel_serving_grpc_dials_http2() {
     tokio::time::timeout(TEST_TIMEOUT, async {
@@ -98,10 +112,16 @@ async fn an_auto_tunnel_serving_grpc_dials_http2() {
         let rules = serde_json::json!([{"backends": [{"url": url(a.http_addr()), "weight": 1}]}]);
         let grpc = serde_json::json!({"version": 1, "hasGrpcRoute": true, "rules": rules});
         let plain = serde_json::json!({"version": 1, "rules": rules});
+        // An HTTPRoute to a Service whose port has `appProtocol: kubernetes.io/h2c`.
+        let h2c = serde_json::json!({"version": 1, "rules": [{"backends": [
+            {"url": url(a.http_addr()), "weight": 1, "protocol": "h2c"}
+        ]}]});
         let http = client();
         let cases = [
             ("file", Some(&grpc), None, "http2"),
             ("push", None, Some(&grpc), "http2"),
+            ("h2c-file", Some(&h2c), None, "http2"),
+            ("h2c-push", None, Some(&h2c), "http2"),
             ("plain", Some(&plain), None, "quic"),
         ];
         // Nothing is in flight at the SIGTERMs below.
@@ -144,6 +164,81 @@ async fn an_auto_tunnel_serving_grpc_dials_http2() {
             );
             edge.shutdown().await;
         }
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// gRPC over a tunnel forced to QUIC loses its status with the trailers the edge cannot carry:
+/// the proxy says so at start (its backend speaks h2c), counts every response whose trailers
+/// were dropped on `/metrics`, and warns of the drops once, not once per call.
+#[tokio::test]
+async fn grpc_over_a_quic_tunnel_counts_and_warns_of_dropped_trailers() {
+    use cftunnel_testkit::grpc_echo::{client as grpc, proto, GrpcEchoServer};
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let identity = cftunnel_testkit::echo::EchoIdentity {
+            namespace: "default".into(),
+            pod: "grpc-1".into(),
+        };
+        let backend = GrpcEchoServer::spawn([127, 0, 0, 1].into(), identity)
+            .await
+            .expect("gRPC echo listens");
+        let doc = serde_json::json!({"version": 1, "rules": [{"backends": [
+            {"url": url(backend.addr()), "weight": 1, "protocol": "h2c"}
+        ]}]});
+        let edge = MockEdge::start().await.expect("mock edge starts");
+        let dir = scratch_dir("trailers-quic");
+        let (mut child, admin) = spawn_tunnel_proxy_logging(
+            &edge,
+            &dir,
+            &connector::token().encode(),
+            "quic",
+            Some(&doc),
+            &[("PROXY_GRACE_PERIOD", "1s"), ("PROXY_LOG_FORMAT", "json")],
+            Stdio::piped(),
+        )
+        .await;
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let logs = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+        edge.wait_serving(1).await;
+        let http = client();
+        let series = "cftunnel_tunnel_dropped_response_trailers_total";
+        let up_by = Instant::now() + Duration::from_secs(10);
+        while metric(&http, admin, series).await.is_none() {
+            assert!(Instant::now() < up_by, "{series} is served");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(metric(&http, admin, series).await, Some(0.0));
+        let call = grpc::Call {
+            authority: "grpc.example.com".into(),
+            path: proto::ECHO.into(),
+            metadata: Vec::new(),
+            timeout: Duration::from_secs(5),
+        };
+        for _ in 0..3 {
+            let outcome = grpc::call_once(edge.http_addr(), &call).await;
+            assert!(
+                outcome.response.is_none(),
+                "no status without trailers: {outcome:?}"
+            );
+        }
+        assert_eq!(metric(&http, admin, series).await, Some(3.0));
+        sigterm(&child);
+        assert_eq!(
+            wait_exit(&mut child, Duration::from_secs(15)).await,
+            Some(0)
+        );
+        let logs = logs.join().expect("stderr read");
+        let lines = |needle: &str| logs.lines().filter(|l| l.contains(needle)).count();
+        assert_eq!(
+            lines("response trailers dropped"),
+            1,
+            "one warning for three drops:\n{logs}"
+        );
+        assert_eq!(lines("PROXY_TUNNEL_PROTOCOL=http2"), 2, "{logs}");
+        assert_eq!(lines("a rule's backend speaks h2c"), 1, "{logs}");
+        edge.shutdown().await;
+        let _ = std::fs::remove_dir_all(&dir);
     })
     .await
     .expect("test finished in time");

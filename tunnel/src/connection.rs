@@ -17,6 +17,7 @@ use crate::rpc::remote_config::RemoteConfigState;
 use crate::rpc::{LocalWorker, RpcError};
 use crate::service::Handler;
 use crate::token::Token;
+use crate::trailers::DroppedTrailers;
 
 /// Drain state shared with every connection task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +48,8 @@ pub(crate) struct Shared {
     pub(crate) first_on_http2: AtomicBool,
     pub(crate) local_ports: Mutex<Vec<u16>>,
     pub(crate) ha_backoff: SharedBackoff,
+    /// Response trailers the QUIC transport dropped.
+    pub(crate) dropped_trailers: DroppedTrailers,
 }
 
 impl Shared {

@@ -25,6 +25,7 @@ use crate::rpc::LocalWorker;
 use crate::service::{Handler, ServiceHandler};
 use crate::tls::{self, TlsError};
 use crate::token::Token;
+use crate::trailers::DroppedTrailers;
 
 /// Start-up errors of the connector.
 #[derive(Debug, thiserror::Error)]
@@ -162,6 +163,7 @@ impl Connector {
         let client_id = Uuid::new_v4();
         let ha = self.opts.ha_connections;
         let ha_backoff = SharedBackoff::new(self.opts.ha_backoff_base, self.opts.retries);
+        let dropped_trailers = DroppedTrailers::new(metrics.dropped_trailers.clone());
         let shared = Arc::new(Shared {
             handler: Arc::new(handler),
             worker,
@@ -179,6 +181,7 @@ impl Connector {
             first_on_http2: AtomicBool::new(false),
             local_ports: Mutex::new(vec![0; ha]),
             ha_backoff,
+            dropped_trailers,
         });
         tracing::info!(connector_id = %client_id, "starting tunnel connector");
         runtime.spawn(run_all(shared, done_tx, resolver, refill_first));

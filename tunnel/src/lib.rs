@@ -51,7 +51,9 @@
 //!   delivered as body trailers.
 //! - Response bodies are streamed back with flow control; response trailers
 //!   are forwarded over HTTP/2 (gRPC) and dropped over QUIC, which cannot carry
-//!   them (as with `cloudflared`).
+//!   them (as with `cloudflared`). A drop is counted
+//!   (`cftunnel_tunnel_dropped_response_trailers_total`) and logged as a
+//!   warning at most once a minute.
 //! - A service error is reported to the edge as a connector error (the
 //!   eyeball sees a 502); an error while streaming a response body resets
 //!   that stream only.
@@ -116,6 +118,7 @@ mod service;
 pub mod stream;
 mod tasks;
 pub mod tls;
+mod trailers;
 /// The connector token, whose format lives with the config contract in `cftunnel-config`.
 pub mod token {
     pub use cftunnel_config::{Token, TokenError};

@@ -92,6 +92,7 @@ pub struct TunnelMetrics {
     pub(crate) reconnects: Family<ProtocolLabels, Counter>,
     pub(crate) active_streams: Family<ProtocolLabels, Gauge>,
     pub(crate) config_version: Gauge,
+    pub(crate) dropped_trailers: Counter,
 }
 
 impl TunnelMetrics {
@@ -101,7 +102,8 @@ impl TunnelMetrics {
     /// `cftunnel_tunnel_registration_failures_total{protocol,cause}`,
     /// `cftunnel_tunnel_reconnects_total{protocol}`,
     /// `cftunnel_tunnel_active_streams{protocol}`,
-    /// `cftunnel_tunnel_remote_config_version`.
+    /// `cftunnel_tunnel_remote_config_version`,
+    /// `cftunnel_tunnel_dropped_response_trailers_total`.
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
         registry.register(
@@ -133,6 +135,12 @@ impl TunnelMetrics {
             "cftunnel_tunnel_remote_config_version",
             "Version of the last configuration pushed by the edge (-1: none)",
             m.config_version.clone(),
+        );
+        registry.register(
+            "cftunnel_tunnel_dropped_response_trailers",
+            "Responses whose trailers were dropped because the transport (QUIC) cannot carry \
+             them; a gRPC response loses its status with them",
+            m.dropped_trailers.clone(),
         );
         m.config_version.set(-1);
         m

@@ -31,6 +31,7 @@ use crate::stream::http_map::{
 use crate::stream::{self, ConnectResponse, ConnectionType, FrameError, StreamKind};
 use crate::tasks::{InFlight, StreamTasks};
 use crate::tls::QUIC_SERVER_NAME;
+use crate::trailers::DroppedTrailers;
 
 /// Length of a stream's signature.
 const DATA_SIGNATURE_LEN: usize = stream::DATA_SIGNATURE.len();
@@ -580,7 +581,7 @@ async fn serve_exchange(
             _ => closed_if(send.finish().is_ok()),
         };
     }
-    let ended = match write_response(send, head, body, stopped).await {
+    let ended = match write_response(send, head, body, stopped, &shared.dropped_trailers).await {
         Ok(()) => {
             let _ = send.finish();
             Exchange::Closed
@@ -614,12 +615,13 @@ fn closed_if(finished: bool) -> Exchange {
 /// connection signals the end of a sized body a task hop later), so the
 /// caller's `finish` goes out in the same packet as the last data.
 /// `stopped` resolves when the edge cancels the stream: waiting for the body then ends with
-/// an error.
+/// an error. Trailers go into `dropped`: a QUIC stream cannot carry them.
 async fn write_response(
     send: &mut quinn::SendStream,
     head: Bytes,
     body: ResponseBody,
     mut stopped: impl Future + Unpin,
+    dropped: &DroppedTrailers,
 ) -> Result<(), crate::body::BoxError> {
     let mut body = std::pin::pin!(body);
     let mut head = Some(head);
@@ -638,12 +640,18 @@ async fn write_response(
             None => next_frame(body.as_mut(), &mut stopped).await?,
         };
         let Some(frame) = frame else { break };
-        // Trailers cannot be carried over QUIC; they are dropped as the edge does.
-        if let Ok(data) = frame?.into_data() {
-            match head.take() {
+        match frame?.into_data() {
+            Ok(data) => match head.take() {
                 Some(h) => send.write_all_chunks(&mut [h, data]).await?,
                 None if !data.is_empty() => send.write_chunk(data).await?,
                 None => {}
+            },
+            // Trailers cannot be carried over QUIC; they are dropped as the edge does, and
+            // counted, since gRPC's status goes with them.
+            Err(frame) => {
+                if frame.is_trailers() {
+                    dropped.record();
+                }
             }
         }
     }

@@ -421,6 +421,46 @@ async fn trailers_reach_the_edge_over_http2() {
     .expect("test finished in time");
 }
 
+/// Over QUIC a response's trailers cannot reach the edge: the body still does, and the drop is
+/// counted, so a gRPC service losing its status this way shows on `/metrics`. Over HTTP/2 they
+/// arrive and nothing is counted.
+async fn dropped_trailers_are_counted_over_quic_only(protocol: Protocol) {
+    let edge = MockEdge::start().await.unwrap();
+    let (handle, _m, registry) = start_connector(options(&edge, protocol, 1), token());
+    handle.wait_registered(1).await;
+    edge.wait_serving(1).await;
+    let series = "cftunnel_tunnel_dropped_response_trailers_total";
+    let dropped = |registry: &prometheus_client::registry::Registry| {
+        let text = metrics_text(registry);
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{series} is served:\n{text}"))
+    };
+    assert_eq!(dropped(&registry), 0, "{}", label(protocol));
+    for _ in 0..2 {
+        let req = Request::post(format!("http://{}/trailers", edge.http_addr()))
+            .header("host", "grpc.example.com")
+            .body(empty())
+            .unwrap();
+        let resp = pooled_h2c().request(req).await.unwrap();
+        let collected = resp.into_body().collect().await.unwrap();
+        let trailers = collected.trailers().cloned();
+        assert_eq!(collected.to_bytes(), "data", "{}", label(protocol));
+        assert_eq!(
+            trailers.is_some(),
+            protocol == Protocol::Http2,
+            "{}",
+            label(protocol)
+        );
+    }
+    let expected = if protocol == Protocol::Http2 { 0 } else { 2 };
+    assert_eq!(dropped(&registry), expected, "{}", label(protocol));
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
+per_transport!(dropped_trailers_are_counted_over_quic_only);
+
 /// A request `dest` with bytes Go's URL parser takes and `http::Uri` does not (raw spaces,
 /// `<`, `>`, quotes, backticks, bytes that are not UTF-8) is served with those bytes
 /// percent-encoded, as `cloudflared` serves it; one with a control character is refused.

@@ -70,6 +70,8 @@ pub(crate) struct Compiler<'c> {
     refused: Option<valid::RuleRefused>,
     /// The Cloudflare Access teams the rules so far name.
     teams: HashMap<Box<str>, Arc<TeamKeys>>,
+    /// A rule so far sends requests to an `h2c` backend.
+    h2c_backend: bool,
     finished: bool,
 }
 
@@ -93,6 +95,7 @@ impl<'c> Compiler<'c> {
             next: 0,
             refused: None,
             teams: HashMap::new(),
+            h2c_backend: false,
             finished: false,
         }
     }
@@ -170,6 +173,13 @@ impl<'c> Compiler<'c> {
     }
 
     fn add(&mut self, compiled: &Compiled) {
+        // Mirrors do not count: their responses go nowhere.
+        self.h2c_backend = self.h2c_backend
+            || compiled
+                .rule
+                .backends
+                .iter()
+                .any(|b| b.upstream.as_deref().is_some_and(Upstream::h2c));
         self.builder.push_shared(
             &compiled.hostnames,
             compiled.matches.clone(),
@@ -200,7 +210,13 @@ impl<'c> Compiler<'c> {
         cache.checked.keep_used();
         cache.rules.keep_used();
         cache.access.replace(std::mem::take(&mut self.teams));
-        Ok(Routes::new(table, metrics.clone(), version, has_grpc_route))
+        Ok(Routes::new(
+            table,
+            metrics.clone(),
+            version,
+            has_grpc_route,
+            self.h2c_backend,
+        ))
     }
 }
 
