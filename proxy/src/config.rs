@@ -38,8 +38,8 @@ pub struct Cache {
     /// next one has.
     pub(crate) last_rules: usize,
     pub(crate) last_hosts: (usize, usize),
-    /// Bound on HTTP/1.1 connections open at once to each new backend client.
-    pub(crate) max_connections: usize,
+    /// How each new backend client speaks to its backend.
+    pub(crate) backends: crate::forward::BackendOptions,
     /// The keys of each Cloudflare Access team the table names, kept across pushes.
     pub(crate) access: crate::access::Teams,
 }
@@ -66,14 +66,13 @@ impl std::hash::Hash for TargetId {
 
 impl Default for Cache {
     fn default() -> Self {
-        Self::with_max_connections(crate::forward::DEFAULT_MAX_CONNECTIONS)
+        Self::with_backends(crate::forward::BackendOptions::default())
     }
 }
 
 impl Cache {
-    /// An empty cache whose backend clients open at most `max_connections` HTTP/1.1
-    /// connections each.
-    pub fn with_max_connections(max_connections: usize) -> Self {
+    /// An empty cache whose backend clients speak to their backends as `backends` say.
+    pub fn with_backends(backends: crate::forward::BackendOptions) -> Self {
         Self {
             upstreams: HashMap::new(),
             checked: valid::Cache::default(),
@@ -81,7 +80,7 @@ impl Cache {
             rules: reuse::Rules::default(),
             last_rules: 0,
             last_hosts: (0, 0),
-            max_connections,
+            backends,
             access: crate::access::Teams::default(),
         }
     }

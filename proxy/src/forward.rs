@@ -18,6 +18,7 @@ mod tls;
 
 pub use connector::{ConnectError, ConnectErrorKind};
 pub use error::ForwardError;
+pub use h2::KeepAlive;
 pub use payload::empty_body;
 pub use pool::UpstreamBody;
 pub use tls::UpstreamError;
@@ -41,6 +42,39 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 const POOL_MAX_IDLE: usize = 512;
 /// Default bound on HTTP/1.1 connections open at once to one backend.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
+/// How the proxy speaks to every backend; set once for the process.
+#[derive(Debug, Clone)]
+pub struct BackendOptions {
+    /// HTTP/1.1 connections open at once to one backend; requests beyond wait for one.
+    pub max_connections: usize,
+    /// Largest header block an HTTP/2 backend may answer with (a response head, or its
+    /// trailers): the listener's bound on a request head, so that the gRPC metadata a client
+    /// may send is not refused on its way back. A larger one fails its request (as the
+    /// backend's error), and one far larger the whole connection.
+    pub max_header_bytes: usize,
+    /// When connections to HTTP/2 backends are pinged.
+    pub keep_alive: KeepAlive,
+}
+
+impl Default for BackendOptions {
+    fn default() -> Self {
+        Self {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_header_bytes: crate::serve::DEFAULT_MAX_HEADER_BYTES,
+            keep_alive: KeepAlive::default(),
+        }
+    }
+}
+
+impl BackendOptions {
+    fn http2(&self) -> h2::Settings {
+        h2::Settings {
+            keep_alive: self.keep_alive,
+            max_header_list_size: u32::try_from(self.max_header_bytes).unwrap_or(u32::MAX),
+        }
+    }
+}
 
 /// What a try's request body is, as [`Upstream::send`] needs to know it.
 #[derive(Debug)]
@@ -92,14 +126,13 @@ enum Client {
     /// HTTP/1.1 and TLS backends (a TLS one may pick HTTP/2 through ALPN).
     Http1(Arc<pool::H1Pool>),
     /// h2c backends: one multiplexed connection that each request's own host travels over.
-    H2c(h2::H2Channel),
+    H2c(Box<h2::H2Channel>),
 }
 
 impl Upstream {
-    /// Builds the client for a checked target. `max_connections` bounds the HTTP/1.1
-    /// connections open to it at once; with `public_only`, every dial connects only to public
-    /// addresses of the URL's host.
-    pub fn new(target: &valid::Target, max_connections: usize) -> Result<Self, UpstreamError> {
+    /// Builds the client for a checked target, speaking to it as `options` say; with
+    /// `public_only`, every dial connects only to public addresses of the URL's host.
+    pub fn new(target: &valid::Target, options: &BackendOptions) -> Result<Self, UpstreamError> {
         let (host, port) = (&*target.host, target.port);
         let secure = target.tls.is_some();
         let protocol = target.protocol;
@@ -135,18 +168,24 @@ impl Upstream {
             origin: Arc::from(format!("{}://{}", target.scheme, target.authority)),
         };
         let client = if h2 {
-            Client::H2c(h2::H2Channel::new(connector, scheme, authority.clone()))
+            Client::H2c(Box::new(h2::H2Channel::new(
+                connector,
+                scheme,
+                authority.clone(),
+                options.http2(),
+            )))
         } else {
             let alpn_h2 = upgrades.map(|upgrades| pool::Alpn {
                 scheme,
                 fallback: authority.clone(),
                 upgrades,
+                settings: options.http2(),
             });
             let pool = pool::H1Pool::new(
                 connector,
                 POOL_MAX_IDLE,
                 POOL_IDLE_TIMEOUT,
-                max_connections,
+                options.max_connections,
                 alpn_h2,
             );
             Client::Http1(pool)

@@ -65,6 +65,8 @@ pub struct ServerOptions {
     pub request_body_timeout: Duration,
     /// HTTP/1.1 connections open at once to one backend; requests beyond wait for one.
     pub backend_max_connections: usize,
+    /// When connections to HTTP/2 backends are pinged.
+    pub backend_keep_alive: forward::KeepAlive,
     /// Largest config document `PUT /config` accepts.
     pub max_config_bytes: usize,
     /// How the keys of Cloudflare Access teams that rules name are fetched and kept.
@@ -89,6 +91,7 @@ impl Default for ServerOptions {
             backend_header_timeout: Duration::from_secs(60),
             request_body_timeout: Duration::from_secs(60),
             backend_max_connections: forward::DEFAULT_MAX_CONNECTIONS,
+            backend_keep_alive: forward::KeepAlive::default(),
             max_config_bytes: admin::DEFAULT_MAX_CONFIG_BYTES,
             access: access::AccessSettings::default(),
             limits: serve::Limits::default(),
@@ -146,8 +149,13 @@ impl Server {
         );
         let reloader = Arc::new(config::Reloader::with_cache(
             proxy.clone(),
-            config::Cache::with_max_connections(options.backend_max_connections)
-                .with_access(options.access.clone(), access_metrics),
+            config::Cache::with_backends(forward::BackendOptions {
+                max_connections: options.backend_max_connections,
+                // A backend may answer with as large a head as a client may send.
+                max_header_bytes: options.limits.max_header_bytes,
+                keep_alive: options.backend_keep_alive,
+            })
+            .with_access(options.access.clone(), access_metrics),
         ));
         if let Some(doc) = initial {
             reloader.apply(doc).await.context("initial config")?;

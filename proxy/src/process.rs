@@ -106,6 +106,7 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
         request_body_timeout: args.request_body_timeout.0,
         access: args.access_settings(),
         backend_max_connections: args.backend_max_connections as usize,
+        backend_keep_alive: crate::forward::KeepAlive::default(),
         max_config_bytes: args.max_config_bytes as usize,
         limits: crate::serve::Limits {
             max_connections: args.max_connections as usize,

@@ -22,6 +22,8 @@
 //!   release cannot read.
 //! - [`otlp`]: an OpenTelemetry collector's trace receiver (OTLP over HTTP and gRPC), which
 //!   records the spans exported to it.
+//! - [`h2_tap`]: a relay in front of an HTTP/2 server that notes the frames its clients send
+//!   (their pings), which servers act on but do not show.
 //!
 //! Helpers the tests of several crates share: [`tools`] (the real tools some tests run),
 //! [`trace`] (logs), [`wait`] (polling for a
@@ -40,6 +42,7 @@ pub mod connector;
 pub mod echo;
 pub mod edge;
 pub mod grpc_echo;
+pub mod h2_tap;
 pub mod kube_api;
 pub mod older_proxy;
 pub mod otlp;

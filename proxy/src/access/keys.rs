@@ -118,8 +118,12 @@ impl TeamKeys {
         let domain = settings.domain_of(team);
         let target = valid::Target::new(&domain, BackendProtocol::Http1, false, None, false)
             .map_err(|e| format!("team domain {domain:?}: {}", e.message))?;
+        let options = crate::forward::BackendOptions {
+            max_connections: 4,
+            ..Default::default()
+        };
         let upstream =
-            Upstream::new(&target, 4).map_err(|e| format!("team domain {domain:?}: {e}"))?;
+            Upstream::new(&target, &options).map_err(|e| format!("team domain {domain:?}: {e}"))?;
         let issuer: Box<str> = domain.trim_end_matches('/').into();
         Ok(Self {
             team: team.into(),

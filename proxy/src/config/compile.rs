@@ -81,7 +81,7 @@ impl<'c> Compiler<'c> {
     pub(crate) fn new(cache: &'c mut Cache, rules: Option<usize>) -> Self {
         let old = std::mem::take(&mut cache.upstreams);
         let upstreams = Upstreams {
-            max_connections: cache.max_connections,
+            backends: cache.backends.clone(),
             used: HashMap::with_capacity(old.len()),
             old,
             taken: Vec::new(),
@@ -291,7 +291,7 @@ fn compile_rule(
 /// Backend clients of the previous table, reused when their target is unchanged (so
 /// connection pools survive a reload), and the ones this table uses.
 struct Upstreams {
-    max_connections: usize,
+    backends: crate::forward::BackendOptions,
     old: HashMap<TargetId, Arc<Upstream>>,
     used: HashMap<TargetId, Arc<Upstream>>,
     /// What the rule being compiled took, for [`Compiled::targets`].
@@ -306,7 +306,7 @@ impl Upstreams {
             None => {
                 let upstream = match self.old.get(&id) {
                     Some(u) => u.clone(),
-                    None => Arc::new(Upstream::new(&id.0, self.max_connections)?),
+                    None => Arc::new(Upstream::new(&id.0, &self.backends)?),
                 };
                 self.used.insert(id.clone(), upstream.clone());
                 upstream

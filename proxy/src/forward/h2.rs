@@ -7,10 +7,24 @@
 //! a client cared to send. The connection is dialed on first use and again once it has closed;
 //! requests that arrive meanwhile wait for that one dial and share its outcome.
 //!
-//! A connection carries at most [`STREAMS_PER_CONNECTION`] requests at once; with that many in
-//! flight on every open connection, another is dialed, as Go's Transport does. Otherwise the
-//! backend's own stream limit (128 in nginx, 250 in Go) would hold every further request in a
-//! queue for as long as long-lived streams (gRPC watches, server-sent events) stay open.
+//! A connection carries at most its share of requests at once: the backend's own stream limit
+//! (its latest `SETTINGS_MAX_CONCURRENT_STREAMS`: 128 in nginx, 250 in Go, whatever a gRPC
+//! server was given), and never more than [`STREAMS_PER_CONNECTION`]. With every open
+//! connection at its share, another is dialed, as Go's Transport does: a request past the
+//! backend's limit would otherwise wait for a stream, and behind it every later request on that
+//! connection, for as long as long-lived streams (gRPC watches, server-sent events) stay open.
+//! Until the backend's first SETTINGS arrive a new connection is taken to allow 100 streams,
+//! as Go's Transport assumes too.
+//!
+//! A connection is pinged only while requests are in flight on it and it has read nothing for
+//! [`KeepAlive::interval`], longer than gRPC servers let clients ping: grpc-go, grpc-java and
+//! gRPC C-core close a connection, and every stream on it, with `GOAWAY ENHANCE_YOUR_CALM` once
+//! it is pinged three times in a row (the count starts again whenever they send headers or
+//! data) sooner than 5 minutes apart, or, with no stream open, sooner than 2 hours apart. hyper also
+//! pings once just ahead of a request sent on a connection that has read nothing for the
+//! interval: one early ping, forgiven as that request is answered. A backend that vanished is
+//! found by the socket's TCP keep-alive; the pings find the one that still acknowledges
+//! segments but answers nothing.
 
 use super::connector::{ConnectErrorKind, Connector, Stream};
 use super::error::ForwardError;
@@ -21,17 +35,47 @@ use http::{header, Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 use std::time::Duration;
 
 pub(super) type Sender = http2::SendRequest<ProxyBody>;
+type Connection = http2::Connection<TokioIo<Stream>, ProxyBody, TokioExecutor>;
 
-/// How often an open connection is pinged, idle or not, so one that died silently is replaced
-/// rather than handed requests that can only time out.
-const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
-/// How long a ping may go unanswered before the connection is closed.
-const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// When a connection to an HTTP/2 backend is pinged, so that one whose backend stopped
+/// answering is closed, and its requests fail, rather than left to hang.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeepAlive {
+    /// A connection with requests in flight that has read nothing for this long is pinged; one
+    /// with none in flight never is. gRPC servers take a ping sooner than 5 minutes after the
+    /// last one as abuse, and close the connection after the third (see the module docs).
+    pub interval: Duration,
+    /// How long a ping may go unanswered before the connection is closed.
+    pub timeout: Duration,
+}
+
+impl Default for KeepAlive {
+    fn default() -> Self {
+        Self {
+            // Twice what gRPC servers require at least (5 minutes), so that a ping is never
+            // early by their clock either.
+            interval: Duration::from_secs(10 * 60),
+            timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// What every HTTP/2 connection to a backend is built with.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Settings {
+    pub(super) keep_alive: KeepAlive,
+    /// Largest header block (response head, trailers) the backend may send.
+    pub(super) max_header_list_size: u32,
+}
+
 /// Requests in flight on one connection before the next request goes to another: the least a
 /// server should allow (RFC 9113 §6.5.2).
 const STREAMS_PER_CONNECTION: usize = 100;
@@ -62,6 +106,7 @@ pub(super) struct H2Channel {
     /// Whether the backend picked `h2` on its latest TLS handshake (assumed until it says
     /// otherwise): new connections are then dialed here, once for all waiting requests.
     picked: AtomicBool,
+    settings: Settings,
 }
 
 /// One HTTP/2 connection and the requests in flight on it.
@@ -69,20 +114,57 @@ pub(super) struct H2Channel {
 struct Conn {
     sender: Sender,
     streams: Arc<AtomicUsize>,
+    /// The connection's task, driven by a task of its own (`drive`) and read here for the
+    /// backend's stream limit; `None` once it has ended.
+    task: Arc<Mutex<Option<Connection>>>,
 }
 
 impl Conn {
     /// A stream on this connection, if it is open and below its share.
     fn claim(&self) -> Option<Claimed> {
-        if self.sender.is_closed() || self.streams.load(Ordering::Relaxed) >= STREAMS_PER_CONNECTION
-        {
+        if self.sender.is_closed() {
             return None;
         }
+        let share = self.share();
+        self.streams
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < share).then_some(n + 1)
+            })
+            .ok()?;
         Some(Claimed {
             sender: self.sender.clone(),
-            stream: OpenStream::on(&self.streams),
+            stream: OpenStream(Arc::clone(&self.streams)),
         })
     }
+
+    /// How many requests the connection may carry at once: as many streams as the backend's
+    /// latest SETTINGS allow, at most [`STREAMS_PER_CONNECTION`]; none once it has ended. Read
+    /// from the connection itself at each claim: the SETTINGS are applied by hyper's own
+    /// connection task, which wakes nothing of ours, so a copy kept by `drive` could be one
+    /// taken before they arrived.
+    fn share(&self) -> usize {
+        let task = self.task.lock().unwrap_or_else(PoisonError::into_inner);
+        task.as_ref().map_or(0, |task| {
+            task.current_max_send_streams().min(STREAMS_PER_CONNECTION)
+        })
+    }
+}
+
+/// Drives a connection's task until it ends, then drops it.
+async fn drive(task: Arc<Mutex<Option<Connection>>>) {
+    std::future::poll_fn(|cx| {
+        let mut slot = task.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(conn) = slot.as_mut() else {
+            return Poll::Ready(());
+        };
+        let ended = std::task::ready!(Pin::new(conn).poll(cx));
+        if let Err(e) = ended {
+            tracing::debug!(error = %e, "HTTP/2 backend connection ended");
+        }
+        *slot = None;
+        Poll::Ready(())
+    })
+    .await
 }
 
 /// A request's place on a connection, given up when its response body is done with (or the
@@ -130,7 +212,12 @@ pub(super) enum Exchanged {
 }
 
 impl H2Channel {
-    pub(super) fn new(connector: Connector, scheme: Scheme, fallback: Authority) -> Self {
+    pub(super) fn new(
+        connector: Connector,
+        scheme: Scheme,
+        fallback: Authority,
+        settings: Settings,
+    ) -> Self {
         Self {
             connector,
             scheme,
@@ -139,6 +226,7 @@ impl H2Channel {
             dialing: tokio::sync::Mutex::new(None),
             dials: AtomicU64::new(0),
             picked: AtomicBool::new(true),
+            settings,
         }
     }
 
@@ -224,24 +312,27 @@ impl H2Channel {
     }
 
     async fn install(&self, io: Stream) -> Result<Claimed, ForwardError> {
+        let Settings {
+            keep_alive,
+            max_header_list_size,
+        } = self.settings;
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
-            .keep_alive_interval(KEEP_ALIVE_INTERVAL)
-            .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
-            .keep_alive_while_idle(true)
+            .keep_alive_interval(keep_alive.interval)
+            .keep_alive_timeout(keep_alive.timeout)
+            .keep_alive_while_idle(false)
+            .max_header_list_size(max_header_list_size)
             .initial_stream_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
             .handshake(TokioIo::new(io))
             .await
             .map_err(ForwardError::from_hyper)?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "HTTP/2 backend connection ended");
-            }
-        });
+        let task = Arc::new(Mutex::new(Some(conn)));
+        tokio::spawn(drive(Arc::clone(&task)));
         let conn = Arc::new(Conn {
             sender,
             streams: Arc::new(AtomicUsize::new(0)),
+            task,
         });
         // Its stream is claimed before others can see it, so it is this request's to use.
         let claimed = Claimed {
@@ -295,5 +386,17 @@ impl H2Channel {
                 None => Exchanged::Failed(ForwardError::from_hyper(e.into_error())),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// gRPC servers close a connection pinged sooner than 5 minutes after the last ping, three
+    /// times in a row.
+    #[test]
+    fn backends_are_pinged_no_sooner_than_grpc_servers_allow() {
+        assert!(KeepAlive::default().interval > Duration::from_secs(5 * 60));
     }
 }

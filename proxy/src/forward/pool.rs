@@ -107,6 +107,7 @@ pub(super) struct Alpn {
     pub(super) fallback: Authority,
     /// Dials offering HTTP/1.1 only, for upgrades (HTTP/2 cannot carry them).
     pub(super) upgrades: Connector,
+    pub(super) settings: super::h2::Settings,
 }
 
 #[derive(Debug)]
@@ -152,7 +153,12 @@ impl H1Pool {
         Arc::new(Self {
             alpn_h2: alpn_h2.map(|alpn| {
                 Box::new(AlpnSide {
-                    channel: H2Channel::new(connector.clone(), alpn.scheme, alpn.fallback),
+                    channel: H2Channel::new(
+                        connector.clone(),
+                        alpn.scheme,
+                        alpn.fallback,
+                        alpn.settings,
+                    ),
                     upgrades: alpn.upgrades,
                 })
             }),

@@ -1,0 +1,308 @@
+//! End to end: how the proxy holds its connections to HTTP/2 backends (h2c here; a TLS backend
+//! that picks `h2` is held the same way): what it pings, how many streams it opens on one, how
+//! large an answer's headers may be.
+
+mod support;
+
+use bytes::Bytes;
+use cftunnel_testkit::h2_tap::H2Tap;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Incoming;
+use serde_json::json;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::*;
+
+type Frames = StreamBody<
+    futures_util::stream::BoxStream<'static, Result<http_body::Frame<Bytes>, Infallible>>,
+>;
+
+/// An h2c backend on 127.0.0.1 allowing `streams` streams a connection, answering each
+/// request with `answer`.
+async fn h2c_backend<F, Fut>(streams: u32, answer: F) -> SocketAddr
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<Frames>> + Send + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            let answer = answer.clone();
+            let service = hyper::service::service_fn(move |req| {
+                let answer = answer.clone();
+                async move { Ok::<_, Infallible>(answer(req).await) }
+            });
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .max_concurrent_streams(streams)
+                    .serve_connection(hyper_util::rt::TokioIo::new(conn), service),
+            );
+        }
+    });
+    addr
+}
+
+fn body(frames: Vec<http_body::Frame<Bytes>>, then_wait: bool) -> Frames {
+    use futures_util::StreamExt as _;
+    let frames = futures_util::stream::iter(frames.into_iter().map(Ok));
+    let stream = if then_wait {
+        frames.chain(futures_util::stream::pending()).boxed()
+    } else {
+        frames.boxed()
+    };
+    StreamBody::new(stream)
+}
+
+async fn route_to(proxy: &cftunnel_proxy::Server, http: &TestClient, backend: SocketAddr) {
+    let doc =
+        json!({"rules": [{"backends": [{"url": url(backend), "weight": 1, "protocol": "h2c"}]}]});
+    assert_eq!(
+        push(http, proxy.admin_addr(), &doc).await.status,
+        StatusCode::OK
+    );
+}
+
+fn request(path: &str) -> Request<Full<Bytes>> {
+    Request::get(path)
+        .header("host", "h")
+        .body(Full::new(Bytes::new()))
+        .expect("request")
+}
+
+/// gRPC servers (grpc-go, grpc-java, C-core) close a connection, and every stream on it, once
+/// a client pings it more than twice in a row sooner than 5 minutes apart, or while no stream
+/// is open. A connection to an HTTP/2 backend is pinged only while a request on it is quiet,
+/// no sooner than the keep-alive interval after it last read anything, and not at all once
+/// nothing is in flight. The interval is shortened here so that a few seconds show each
+/// case; by default it is 10 minutes.
+#[tokio::test]
+async fn http2_backends_are_pinged_only_while_requests_are_quiet_and_never_while_idle() {
+    const INTERVAL: Duration = Duration::from_secs(1);
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // `/hold` is answered with a head and then nothing: a watch with nothing to report.
+        let backend = h2c_backend(100, |req: Request<Incoming>| async move {
+            let hold = req.uri().path() == "/hold";
+            Response::new(body(
+                vec![http_body::Frame::data(Bytes::from_static(b"."))],
+                hold,
+            ))
+        })
+        .await;
+        let tap = H2Tap::spawn(backend).await.expect("relay");
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            backend_keep_alive: cftunnel_proxy::forward::KeepAlive {
+                interval: INTERVAL,
+                timeout: Duration::from_secs(10),
+            },
+            ..Default::default()
+        })
+        .await;
+        let http = client();
+        route_to(&proxy, &http, tap.addr()).await;
+        let d = proxy.data_addr();
+
+        // A quiet request: pinged, as a connection that may have died, but never sooner than
+        // the interval after the last ping.
+        let (mut sender, conn) = cftunnel_testkit::client::connect_http1(d)
+            .await
+            .expect("connect");
+        let resp = sender.send_request(request("/hold")).await.expect("answer");
+        assert_eq!(resp.status(), StatusCode::OK);
+        tokio::time::sleep(INTERVAL * 7 / 2).await;
+        let pings = tap.pings();
+        assert!(
+            pings.len() >= 2,
+            "a connection with a quiet request is pinged: {} pings",
+            pings.len()
+        );
+        for pair in pings.windows(2) {
+            let apart = pair[1] - pair[0];
+            assert!(
+                apart >= INTERVAL - Duration::from_millis(50),
+                "pings {apart:?} apart"
+            );
+        }
+
+        // Nothing in flight: no pings, however long the connection stays open.
+        drop(resp);
+        drop(sender);
+        conn.abort();
+        tokio::time::sleep(INTERVAL / 2).await;
+        let before = tap.pings().len();
+        tokio::time::sleep(INTERVAL * 7 / 2).await;
+        assert_eq!(
+            tap.pings().len(),
+            before,
+            "an idle connection is not pinged"
+        );
+
+        // And it is still open: the next request takes it rather than a new one.
+        let dialed = || {
+            tap.frames()
+                .iter()
+                .filter(|f| f.kind == 0x4 && f.flags & 0x1 == 0)
+                .count()
+        };
+        let before = dialed();
+        assert_eq!(
+            get(&http, d, "h", "/quick", &[]).await.status,
+            StatusCode::OK
+        );
+        assert_eq!(dialed(), before, "no new connection was dialed");
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// A backend that allows fewer streams a connection than the proxy would open (a gRPC server
+/// given `MaxConcurrentStreams(20)`) has requests past its limit sent on another connection:
+/// on the same one they would wait for as long as the long-lived streams stay open.
+#[tokio::test]
+async fn requests_past_an_http2_backends_own_stream_limit_go_to_another_connection() {
+    const LIMIT: usize = 20;
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // `/hold` is never answered, anything else at once.
+        let held = Arc::new(AtomicUsize::new(0));
+        let counter = held.clone();
+        let backend = h2c_backend(LIMIT as u32, move |req: Request<Incoming>| {
+            let counter = counter.clone();
+            async move {
+                if req.uri().path() == "/hold" {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    std::future::pending::<()>().await;
+                }
+                Response::new(body(
+                    vec![http_body::Frame::data(Bytes::from_static(b"quick"))],
+                    false,
+                ))
+            }
+        })
+        .await;
+        let proxy = proxy().await;
+        let http = client();
+        route_to(&proxy, &http, backend).await;
+        let d = proxy.data_addr();
+
+        // As many requests as the backend takes on one connection, held open.
+        let (sender, _task) = cftunnel_testkit::client::connect_h2c(d)
+            .await
+            .expect("connect");
+        let mut open = Vec::new();
+        for _ in 0..LIMIT {
+            let mut sender = sender.clone();
+            open.push(tokio::spawn(async move {
+                sender.send_request(request("/hold")).await
+            }));
+        }
+        let by = Instant::now() + Duration::from_secs(10);
+        while held.load(Ordering::SeqCst) < LIMIT {
+            assert!(
+                Instant::now() < by,
+                "only {} of {LIMIT} reached the backend",
+                held.load(Ordering::SeqCst)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+
+        // One more: answered.
+        let r = tokio::time::timeout(Duration::from_secs(10), get(&http, d, "h", "/quick", &[]))
+            .await
+            .expect("a request past the backend's stream limit is answered");
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.body, Bytes::from_static(b"quick"));
+        for request in open {
+            request.abort();
+        }
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// An HTTP/2 backend may answer with as large a head, and trailers, as a client may send the
+/// proxy (64 KiB by default), as gRPC metadata and `grpc-status-details-bin` can be: relayed
+/// intact rather than refused.
+#[tokio::test]
+async fn large_headers_and_trailers_from_an_http2_backend_are_relayed_intact() {
+    const HEADERS: usize = 4;
+    const HEADER: usize = 10 * 1024;
+    const DETAILS: usize = 24 * 1024;
+    let value = |c: &str, n: usize| c.repeat(n);
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let backend = h2c_backend(100, move |_req: Request<Incoming>| async move {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+            trailers.insert(
+                "grpc-status-details-bin",
+                value("d", DETAILS).parse().expect("value"),
+            );
+            let mut resp = Response::new(body(
+                vec![
+                    http_body::Frame::data(Bytes::from_static(b"ok")),
+                    http_body::Frame::trailers(trailers),
+                ],
+                false,
+            ));
+            for i in 0..HEADERS {
+                resp.headers_mut().insert(
+                    http::HeaderName::try_from(format!("x-meta-{i}")).expect("name"),
+                    value("m", HEADER).parse().expect("value"),
+                );
+            }
+            resp
+        })
+        .await;
+        let proxy = proxy().await;
+        let http = client();
+        route_to(&proxy, &http, backend).await;
+
+        // A client that takes large headers, over h2c so that trailers reach it.
+        let tcp = tokio::net::TcpStream::connect(proxy.data_addr())
+            .await
+            .expect("connect");
+        let (mut sender, conn) =
+            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .max_header_list_size(1 << 20)
+                .handshake(hyper_util::rt::TokioIo::new(tcp))
+                .await
+                .expect("handshake");
+        tokio::spawn(conn);
+        let resp = sender
+            .send_request(
+                Request::get("http://h/large")
+                    .body(Full::new(Bytes::new()))
+                    .expect("request"),
+            )
+            .await
+            .expect("answer");
+        assert_eq!(resp.status(), StatusCode::OK);
+        for i in 0..HEADERS {
+            assert_eq!(
+                resp.headers().get(format!("x-meta-{i}")).map(|v| v.len()),
+                Some(HEADER),
+                "x-meta-{i}"
+            );
+        }
+        let collected = resp.into_body().collect().await.expect("body");
+        let trailers = collected.trailers().cloned().expect("trailers");
+        assert_eq!(collected.to_bytes(), Bytes::from_static(b"ok"));
+        assert_eq!(
+            trailers.get("grpc-status").map(|v| v.as_bytes()),
+            Some(&b"0"[..])
+        );
+        assert_eq!(
+            trailers.get("grpc-status-details-bin").map(|v| v.len()),
+            Some(DETAILS)
+        );
+    })
+    .await
+    .expect("test finished in time");
+}
