@@ -5511,3 +5511,87 @@ async fn another_installations_planes_are_left_alone() {
     .await
     .expect("in time");
 }
+
+/// A GatewayClass name may be longer than a label value (253 characters against 63). Another
+/// installation's plane for a Gateway of such a class, labelled with the class name shortened
+/// as the renderer shortens it, or with no class label at all as earlier versions rendered it,
+/// is not removed as a plane this controller rendered: a plane says which class it is for, or
+/// is not taken for ours. Ours still goes when its Gateway moves to that class.
+#[tokio::test]
+async fn another_installations_planes_for_a_long_class_name_are_left_alone() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        let ours = eventually("our plane's Deployment", || {
+            t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+        })
+        .await;
+        let long = format!("{}.example.com", "another-installation".repeat(4));
+        assert!(long.len() > 63);
+        t.api.put(yaml(&format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: {long}}}\nspec: {{controllerName: example.com/another-installation}}\n"
+        )));
+        let label = cftunnel_controller::render::class_label(&long);
+        // Theirs, for a Gateway of the long class: `labelled` as this version renders it,
+        // `unlabelled` as a version that left long class names out did.
+        for (name, class_label) in [("labelled", Some(&label)), ("unlabelled", None)] {
+            let gateway = t.api.put(yaml(&format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: {name}, namespace: tenant-a}}\nspec:\n  gatewayClassName: {long}\n  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: edge-config}}}}\n  listeners: [{{name: http, port: 80, protocol: HTTP}}]\n"
+            )));
+            let text = serde_json::to_string(&ours["metadata"]["labels"]).expect("labels");
+            let mut labels: Value =
+                serde_json::from_str(&text.replace("\"edge\"", &format!("\"{name}\"")))
+                    .expect("labels");
+            let classes = labels.as_object_mut().expect("a map");
+            match class_label {
+                Some(label) => classes.insert(
+                    "gateway.networking.k8s.io/gateway-class-name".to_owned(),
+                    json!(label),
+                ),
+                None => classes.remove("gateway.networking.k8s.io/gateway-class-name"),
+            };
+            let mut theirs = ours.clone();
+            theirs["metadata"] = json!({
+                "name": format!("cf-proxy-{name}"),
+                "namespace": "tenant-a",
+                "labels": labels,
+                "ownerReferences": [{
+                    "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "name": name,
+                    "uid": gateway["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true,
+                }],
+            });
+            t.api.put(theirs);
+        }
+        // Rounds run on every change; a few of them.
+        for i in 0..5 {
+            t.api.put(yaml(&format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: nudge, namespace: tenant-a}}\ndata: {{n: '{i}'}}\n"
+            )));
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        for name in ["cf-proxy-labelled", "cf-proxy-unlabelled"] {
+            assert!(
+                t.api.get("apps/v1", "Deployment", "tenant-a", name).is_some(),
+                "the other installation's {name} stays"
+            );
+        }
+
+        // Ours, once its Gateway moves to their class, goes.
+        t.api.put(yaml(&gateway(true).replace(
+            "gatewayClassName: cloudflare-tunnel",
+            &format!("gatewayClassName: {long}"),
+        )));
+        eventually("our plane removed", || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        for name in ["cf-proxy-labelled", "cf-proxy-unlabelled"] {
+            assert!(t.api.get("apps/v1", "Deployment", "tenant-a", name).is_some());
+        }
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}

@@ -46,7 +46,7 @@ use crate::gateway_config::{
     GatewayConfig, SecretKeyRef, DEFAULT_AUTH_TOKEN_KEY, DEFAULT_TUNNEL_TOKEN_KEY,
     LEGACY_AUTH_TOKEN_KEY,
 };
-pub use names::{GoControllerNames, PlaneNames};
+pub use names::{class_label, GoControllerNames, PlaneNames};
 pub use owned::owned_fields;
 pub(crate) use plan::plan_unapplied;
 pub use plan::{config_name, plan, Plans, Rendered};

@@ -99,8 +99,8 @@ impl PlaneNames {
     }
 
     /// The labels every rendered object and pod carries, besides the selector's: Gateway API's
-    /// well-known labels for a Gateway's infrastructure (GEP-1762) among them. A class name
-    /// too long for a label value is left out rather than shortened into a wrong one.
+    /// well-known labels for a Gateway's infrastructure (GEP-1762) among them, the class's
+    /// as [`class_label`] gives it.
     pub fn object_labels(&self, class: &str) -> BTreeMap<String, String> {
         let mut labels = self.selector_labels();
         labels.insert(
@@ -111,10 +111,41 @@ impl PlaneNames {
             "gateway.networking.k8s.io/gateway-name".to_owned(),
             self.gateway_name_label.clone(),
         );
-        if is_label_value(class) {
-            labels.insert(super::CLASS_LABEL.to_owned(), class.to_owned());
-        }
+        labels.insert(super::CLASS_LABEL.to_owned(), class_label(class));
         labels
+    }
+}
+
+/// The value of the [`super::CLASS_LABEL`] label for the GatewayClass `class`: its name when
+/// that is a valid label value, else (a class name may run to 253 characters) the name cut
+/// short and given `-` and a hash of the whole name.
+///
+/// Every plane carries one, so that which class a plane was rendered for, and so which
+/// installation rendered it, can be read off it whatever the class is called: a plane
+/// without one can be told from no other installation's.
+pub fn class_label(class: &str) -> String {
+    if is_label_value(class) {
+        return class.to_owned();
+    }
+    let hash = short_hash(class);
+    // Class names are DNS subdomains, whose characters are all label-value characters;
+    // anything else is made `-` all the same.
+    let stem: String = class
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(MAX_LABEL - 1 - hash.len())
+        .collect();
+    let stem = stem.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+    if stem.is_empty() {
+        hash
+    } else {
+        format!("{stem}-{hash}")
     }
 }
 
@@ -342,7 +373,36 @@ mod tests {
             Some(&n.gateway_label),
             "too long for a label value: the shortened name"
         );
-        assert!(!labels.contains_key("gateway.networking.k8s.io/gateway-class-name"));
+        assert_eq!(
+            labels.get("gateway.networking.k8s.io/gateway-class-name"),
+            Some(&class_label(&long))
+        );
         assert!(labels.values().all(|v| is_label_value(v)));
+    }
+
+    /// A class name too long for a label value still gives its planes a class label: cut
+    /// short, with a hash of the whole name, so two long names that start alike differ.
+    #[test]
+    fn a_class_name_too_long_for_a_label_value_is_shortened_with_a_hash() {
+        assert_eq!(class_label("cloudflare-tunnel"), "cloudflare-tunnel");
+        let fits = "c".repeat(MAX_LABEL);
+        assert_eq!(class_label(&fits), fits);
+
+        let long = format!("{}.example.com", "tenant-isolation-class".repeat(10));
+        let label = class_label(&long);
+        assert!(is_label_value(&label), "{label}");
+        assert_eq!(label.len(), MAX_LABEL);
+        assert!(label.starts_with("tenant-isolation-class"), "{label}");
+        assert!(
+            label.ends_with(&format!("-{}", short_hash(&long))),
+            "{label}"
+        );
+        assert_ne!(label, class_label(&format!("{long}x")));
+        // A stem ending in a dot is trimmed to a valid value.
+        let dotted = format!("{}.{}", "d".repeat(53), "e".repeat(20));
+        assert_eq!(
+            class_label(&dotted),
+            format!("{}-{}", "d".repeat(53), short_hash(&dotted))
+        );
     }
 }

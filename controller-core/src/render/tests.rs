@@ -195,6 +195,42 @@ fn the_documented_example_renders_the_documented_objects() {
     }
 }
 
+/// A GatewayClass name may run to 253 characters, a label value to 63: the plane of a Gateway
+/// of such a class still says which class it was rendered for, on every object and the pods,
+/// so another installation cannot take it for one of its own.
+#[test]
+fn a_class_name_too_long_for_a_label_value_labels_the_plane_shortened() {
+    let class = format!("{}.example.com", "tenant-isolation".repeat(6));
+    assert!(class.len() > 63);
+    let mut s = snapshot(BASIC, "");
+    std::sync::Arc::make_mut(&mut s.gateways[0])
+        .spec
+        .gateway_class_name = class.clone();
+    let p = plane_with(&s, &settings()).expect("renders");
+    let template = p
+        .deployment
+        .spec
+        .as_ref()
+        .expect("spec")
+        .template
+        .metadata
+        .clone();
+    let metas = [
+        &p.deployment.metadata,
+        &p.service.metadata,
+        &p.network_policy.as_ref().expect("a NetworkPolicy").metadata,
+        &p.auth_secret.as_ref().expect("a token Secret").metadata,
+        template.as_ref().expect("template metadata"),
+    ];
+    let expected = class_label(&class);
+    assert_ne!(expected, class);
+    assert!(expected.len() <= 63 && expected.starts_with("tenant-isolation"));
+    for m in metas {
+        let labels = m.labels.as_ref().expect("labels");
+        assert_eq!(labels.get(CLASS_LABEL), Some(&expected), "{:?}", m.name);
+    }
+}
+
 #[test]
 fn the_pod_runs_the_proxy_as_the_contract_configures_it() {
     let p = plane(BASIC, "");

@@ -759,6 +759,8 @@ struct Tunnels {
     on_tunnel: BTreeMap<TunnelIdentity, Vec<PlaneKey>>,
     /// Dedicated Gateways on a tunnel that dedicated Gateways of another namespace also use
     /// (isolation the tenants expect but do not have), with the message naming the others.
+    /// The class tunnel is left out: a dedicated Gateway on it shares the shared plane's
+    /// tunnel, the documented way to move a Gateway onto a plane of its own, not a tenant's.
     shared: BTreeMap<ObjectKey, String>,
 }
 
@@ -777,7 +779,9 @@ impl Tunnels {
             };
             planes.insert(plane.clone(), tunnel);
             if let PlaneKey::Dedicated(key) = plane {
-                dedicated.entry(tunnel).or_default().push(key);
+                if shared_tunnel != Some(tunnel) {
+                    dedicated.entry(tunnel).or_default().push(key);
+                }
             }
         }
         let mut shared = BTreeMap::new();

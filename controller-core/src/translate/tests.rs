@@ -2844,6 +2844,54 @@ fn sharing_the_class_tunnel_or_a_namespace_is_not_flagged() {
         .is_none());
 }
 
+/// The documented migration path: dedicated Gateways moving onto planes of their own keep the
+/// class tunnel for a while. Any number of them, of any namespaces, share it with the shared
+/// plane and are not flagged for it; dedicated Gateways of two namespaces on another tunnel
+/// still are.
+#[test]
+fn dedicated_gateways_of_several_namespaces_on_the_class_tunnel_are_not_flagged() {
+    let options = Options {
+        shared_tunnel: Some(TunnelIdentity::of(&cftunnel_config::Token::new(
+            "account",
+            b"secret".to_vec(),
+            TUNNEL_A.parse().expect("uuid"),
+        ))),
+        ..with_image()
+    };
+    let out = translate(
+        &snapshot(&format!(
+            "{}{}{}{}",
+            tenant("team-a", "a", TUNNEL_A),
+            tenant("team-b", "b", TUNNEL_A),
+            tenant("team-c", "c", TUNNEL_B),
+            tenant("team-d", "d", TUNNEL_B),
+        )),
+        &options,
+    );
+    let shared = |ns: &str, name: &str| {
+        route_status(&out, ns, name)[0]
+            .condition(ConditionType::TunnelShared)
+            .cloned()
+    };
+    assert_eq!(shared("team-a", "a"), None);
+    assert_eq!(shared("team-b", "b"), None);
+    // Still one tunnel: every plane on it serves the union.
+    for plane in [
+        PlaneKey::Shared,
+        PlaneKey::Dedicated(ObjectKey::new("team-a", "a")),
+    ] {
+        let names = rule_names(&out, &plane);
+        assert!(
+            names.contains(&"team-b/b/0".to_owned()),
+            "{plane}: {names:?}"
+        );
+    }
+    let c = shared("team-c", "c").expect("another tunnel's sharing is flagged");
+    assert!(c.status);
+    assert!(c.message.contains("team-d/d"), "{}", c.message);
+    assert!(shared("team-d", "d").is_some());
+}
+
 #[test]
 fn a_route_on_two_gateways_of_one_tunnel_is_not_repeated() {
     let both = http_route(

@@ -1792,9 +1792,14 @@ impl Reconciler {
 }
 
 /// Whether `gw`'s plane was rendered by this controller: its objects' Gateway API class label
-/// names one of `controller_name`'s GatewayClasses, or a class since deleted. A plane none of
-/// whose objects carries the label (a class name too long for a label value) counts as ours,
-/// as every plane did before the label was read.
+/// names one of `controller_name`'s GatewayClasses (as [`render::class_label`] writes a class
+/// name), or a class since deleted.
+///
+/// A plane none of whose objects carries the label is not taken for ours: another
+/// installation's, rendered by a version that left out class names too long for a label
+/// value, looks just like that. Ours carry the label since the first apply of this version, so
+/// what is left alone is at most a plane whose Gateway left before that apply; it goes with
+/// its Gateway, which controls it.
 fn rendered_for_our_class(
     gw: &Gateway,
     snapshot: &Snapshot,
@@ -1806,21 +1811,23 @@ fn rendered_for_our_class(
         gw.metadata.uid.as_deref(),
         PlaneNames::for_gateway(gw),
     ) else {
-        return true;
+        return false;
     };
-    let mut classes = plane_objects(namespace, uid, &names, snapshot, deployments)
+    let ours = plane_objects(namespace, uid, &names, snapshot, deployments)
         .filter_map(|meta| meta.labels.as_ref()?.get(CLASS_LABEL))
-        .peekable();
-    if classes.peek().is_none() {
-        return true;
-    }
-    classes.any(|class| {
-        snapshot
-            .gateway_classes
-            .iter()
-            .find(|c| c.metadata.name.as_deref() == Some(class.as_str()))
-            .is_none_or(|c| c.spec.controller_name == controller_name)
-    })
+        .any(|label| {
+            snapshot
+                .gateway_classes
+                .iter()
+                .find(|c| {
+                    c.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|name| render::class_label(name) == *label)
+                })
+                .is_none_or(|c| c.spec.controller_name == controller_name)
+        });
+    ours
 }
 
 /// The objects of the plane `names` of the Gateway `uid` in `namespace` that the caches hold:
