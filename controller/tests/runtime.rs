@@ -1021,6 +1021,58 @@ async fn a_tunnel_write_slower_than_the_wait_is_reported_once_it_ends() {
     assert_eq!(sync.sync(&api, &target, &document).await, Ok(false));
 }
 
+/// A tunnel write under credentials no longer asked for (a rotated API token) stops: landing
+/// after the new credentials' write, it would leave the tunnel with its older document.
+#[tokio::test]
+async fn a_tunnel_write_under_credentials_since_rotated_stops() {
+    use cftunnel_controller::cloudflare::{TunnelApi, TunnelSync, TunnelTarget};
+    use tokio::io::AsyncReadExt as _;
+    let hanging = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let stuck = TunnelApi::new(
+        &format!("http://{}/client/v4", hanging.local_addr().expect("addr")),
+        Duration::from_secs(60),
+    )
+    .expect("client");
+    // Tells when the write's connection is closed.
+    let (closed, mut was_closed) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let Ok((mut conn, _)) = hanging.accept().await else {
+            return;
+        };
+        let mut buf = [0; 4096];
+        while let Ok(1..) = conn.read(&mut buf).await {}
+        let _ = closed.send(());
+    });
+    let cloudflare = CloudflareApi::start().await;
+    cloudflare.allow("acct", "token-b");
+    let api = TunnelApi::new(&cloudflare.base(), Duration::from_secs(5)).expect("client");
+    let target = |token: &str| TunnelTarget {
+        account: "acct".to_owned(),
+        tunnel: uuid_of(TUNNEL_ID),
+        api_token: token.to_owned(),
+        verify_secret: None,
+    };
+    let mut sync = TunnelSync::default().waiting_at_most(
+        Duration::from_millis(200),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let old = json!({"ingress": [{"service": "http_status:404"}]});
+    assert_eq!(sync.sync(&stuck, &target("token-a"), &old).await, Ok(false));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), was_closed.recv())
+            .await
+            .is_err(),
+        "the write runs on"
+    );
+    let new = json!({"ingress": [{"hostname": "a.example.com", "service": "http://localhost:8080"}, {"service": "http_status:404"}]});
+    assert_eq!(sync.sync(&api, &target("token-b"), &new).await, Ok(true));
+    tokio::time::timeout(Duration::from_secs(5), was_closed.recv())
+        .await
+        .expect("the old credentials' write stopped");
+}
+
 /// Replicas: a Lease left by a dead holder is taken once it has gone unrenewed for its
 /// duration; only the holder writes; a holder that stops gives it up to another at once.
 #[tokio::test]
@@ -2330,6 +2382,67 @@ async fn a_push_failure_on_a_shared_tunnel_is_reported_on_every_gateways_routes(
                 && message.contains("connecting to 127.0.0.1"),
             "{message}"
         );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A broken Gateway's own routes join the other planes of its tunnel once: a route that a
+/// healthy Gateway on the tunnel has too is served as it is now, and what the planes are
+/// given stays the same from round to round (the broken plane's last config being the
+/// tunnel's config of the round before).
+#[tokio::test]
+async fn a_broken_gateways_routes_join_its_tunnels_planes_once() {
+    use cftunnel_controller::push::served_document;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let edge = proxy_pod("s3cr3t").await;
+        let internal = proxy_pod("i2cr3t").await;
+        let same = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let cloudflare = CloudflareApi::start().await;
+        let t = internal_joins_edge(&edge, &same, "edge-cf", &cloudflare.base()).await;
+        t.api.put(config_slice(
+            "tenant-a",
+            "cf-proxy-internal-config",
+            internal.admin_addr().port(),
+            true,
+        ));
+        t.api.put(yaml(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: both, namespace: tenant-a}\nspec:\n  parentRefs: [{name: edge}, {name: internal}]\n  rules: [{matches: [{path: {value: /both}}], backendRefs: [{name: web, port: 80}]}]\n",
+        ));
+        host_serves(&internal, "shop.example.com", 200).await;
+        t.api.put(yaml(
+            &gateway(true).replace("name: edge-config", "name: gone"),
+        ));
+        eventually("the Gateway refused", || {
+            t.api
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-a",
+                    "edge",
+                )
+                .and_then(|g| condition(&g["status"]["conditions"], "Accepted").cloned())
+                .filter(|c| c["reason"] == "InvalidParameters")
+        })
+        .await;
+        let rules = || async {
+            served_document(internal.admin_addr(), "i2cr3t", Duration::from_secs(5))
+                .await
+                .expect("the document served")
+                .rules
+        };
+        t.rounds(3, Duration::from_millis(300)).await;
+        let before = rules().await;
+        t.rounds(4, Duration::from_millis(300)).await;
+        assert_eq!(rules().await, before, "the same from round to round");
+        let names: Vec<_> = before.iter().filter_map(|r| r.name.as_deref()).collect();
+        assert_eq!(
+            names.iter().filter(|n| n.starts_with("tenant-a/both/")).count(),
+            1,
+            "the route both Gateways have, as the healthy one has it: {names:?}"
+        );
+        host_serves(&internal, "shop.example.com", 200).await;
         t.stop().await;
     })
     .await

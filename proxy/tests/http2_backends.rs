@@ -306,3 +306,87 @@ async fn large_headers_and_trailers_from_an_http2_backend_are_relayed_intact() {
     .await
     .expect("test finished in time");
 }
+
+/// A backend that stops answering without closing its connection (a node gone without a
+/// reset, a partition) is found by the requests sent to it: one that waited the keep-alive
+/// timeout for its answer, with nothing answered on the connection meanwhile, takes the
+/// connection out of use, and the next request goes out on a new one. Pings alone would find
+/// it only after their interval (10 minutes).
+#[tokio::test]
+async fn a_connection_on_which_nothing_is_answered_takes_no_more_requests() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&connections);
+        // `/hang` is never answered; anything else at once.
+        let backend = h2c_backend(100, |req: Request<Incoming>| async move {
+            if req.uri().path() == "/hang" {
+                std::future::pending::<()>().await;
+            }
+            Response::new(body(
+                vec![http_body::Frame::data(Bytes::from_static(b"ok"))],
+                false,
+            ))
+        })
+        .await;
+        // Counts the connections the proxy opens to the backend.
+        let relay = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let relay_addr = relay.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = relay.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(backend).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        });
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            backend_keep_alive: cftunnel_proxy::forward::KeepAlive {
+                interval: Duration::from_secs(600),
+                timeout: Duration::from_millis(500),
+            },
+            ..Default::default()
+        })
+        .await;
+        let http = client();
+        let doc = json!({"rules": [{"timeouts": {"backend": "1s"},
+            "backends": [{"url": url(relay_addr), "weight": 1, "protocol": "h2c"}]}]});
+        assert_eq!(
+            push(&http, proxy.admin_addr(), &doc).await.status,
+            StatusCode::OK
+        );
+        let d = proxy.data_addr();
+        assert_eq!(
+            send(&http, request(&format!("http://{d}/ok"))).await.status,
+            StatusCode::OK
+        );
+        assert_eq!(connections.load(Ordering::SeqCst), 1);
+        // Answered quickly: a request that does not wait long marks nothing.
+        assert_eq!(
+            send(&http, request(&format!("http://{d}/ok"))).await.status,
+            StatusCode::OK
+        );
+        assert_eq!(
+            connections.load(Ordering::SeqCst),
+            1,
+            "the connection is reused"
+        );
+        let r = send(&http, request(&format!("http://{d}/hang"))).await;
+        assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT, "{:?}", r.body);
+        assert_eq!(
+            send(&http, request(&format!("http://{d}/ok"))).await.status,
+            StatusCode::OK
+        );
+        assert_eq!(
+            connections.load(Ordering::SeqCst),
+            2,
+            "the request after the silent one went out on a new connection"
+        );
+    })
+    .await
+    .expect("test finished in time");
+}

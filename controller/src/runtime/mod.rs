@@ -26,7 +26,7 @@ pub mod stores;
 
 pub use apply::{fresh_token, REPLICAS_HANDOVER_MANAGER};
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -964,7 +964,24 @@ impl Reconciler {
         for (plane, info) in &planes {
             let own = info.identity.and_then(|t| own_on_tunnel.get(&t));
             if let (Some((rules, grpc)), Some(config)) = (own, output.configs.get_mut(plane)) {
-                config.rules.extend(rules.iter().cloned());
+                // A route a healthy Gateway on the tunnel has too is served as it is now: its
+                // rules, by name, are not taken from the broken plane's last config. So what
+                // the planes are given is the same from round to round, however often the
+                // broken plane's last config is the tunnel's config of the round before.
+                let current: HashSet<&str> = config
+                    .rules
+                    .iter()
+                    .filter_map(|r| r.name.as_deref())
+                    .collect();
+                let mut added = HashSet::new();
+                let own: Vec<cftunnel_config::Rule> = rules
+                    .iter()
+                    .filter(|r| {
+                        r.name.as_deref().is_some_and(|n| !current.contains(n)) && added.insert(*r)
+                    })
+                    .cloned()
+                    .collect();
+                config.rules.extend(own);
                 config.has_grpc_route |= grpc;
             }
         }
@@ -1961,7 +1978,8 @@ fn refused_rules(
 
 /// The rules of a broken Gateway `gateway`'s last config that are its own: those of the routes
 /// that still name it as a parent (rule names are `namespace/route/rule`). Its other rules
-/// came from other planes on its tunnel.
+/// came from other planes on its tunnel. Names do not tell an HTTPRoute from a GRPCRoute of the
+/// same name: while one of the two names the Gateway, the other's rules go with it.
 fn own_rules(
     last: &cftunnel_config::Config,
     output: &translate::Output,

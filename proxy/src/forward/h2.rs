@@ -22,9 +22,11 @@
 //! it is pinged three times in a row (the count starts again whenever they send headers or
 //! data) sooner than 5 minutes apart, or, with no stream open, sooner than 2 hours apart. hyper also
 //! pings once just ahead of a request sent on a connection that has read nothing for the
-//! interval: one early ping, forgiven as that request is answered. A backend that vanished is
-//! found by the socket's TCP keep-alive; the pings find the one that still acknowledges
-//! segments but answers nothing.
+//! interval: one early ping, forgiven as that request is answered. A backend that vanished
+//! without a reset is found sooner by its requests: one that waits [`KeepAlive::timeout`] for
+//! its answer while nothing at all is answered on the connection takes the connection out of
+//! use, and the next request dials another (TCP's keep-alive probes nothing while requests are
+//! unacknowledged).
 
 use super::connector::{ConnectErrorKind, Connector, Stream};
 use super::error::ForwardError;
@@ -53,7 +55,9 @@ pub struct KeepAlive {
     /// with none in flight never is. gRPC servers take a ping sooner than 5 minutes after the
     /// last one as abuse, and close the connection after the third (see the module docs).
     pub interval: Duration,
-    /// How long a ping may go unanswered before the connection is closed.
+    /// How long a ping may go unanswered before the connection is closed; and how long a
+    /// request may wait for its answer, with nothing at all answered on the connection
+    /// meanwhile, before the connection takes no more requests (see `Shared::silent`).
     pub timeout: Duration,
 }
 
@@ -113,27 +117,48 @@ pub(super) struct H2Channel {
 #[derive(Debug)]
 struct Conn {
     sender: Sender,
-    streams: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
     /// The connection's task, driven by a task of its own (`drive`) and read here for the
     /// backend's stream limit; `None` once it has ended.
     task: Arc<Mutex<Option<Connection>>>,
 }
 
+/// What a connection's requests share.
+#[derive(Debug, Default)]
+struct Shared {
+    /// Requests in flight.
+    streams: AtomicUsize,
+    /// Response heads received so far.
+    answered: AtomicU64,
+    /// A request waited a ping's timeout for its answer and nothing at all was answered on the
+    /// connection meanwhile: the backend has gone silent (a node gone without a reset, a
+    /// partition), and the connection takes no more requests. Pings alone would find it only
+    /// after their interval, minutes, and TCP's keep-alive never does while requests are
+    /// unacknowledged.
+    silent: AtomicBool,
+}
+
 impl Conn {
+    /// Whether it takes no more requests.
+    fn is_closed(&self) -> bool {
+        self.sender.is_closed() || self.shared.silent.load(Ordering::Relaxed)
+    }
+
     /// A stream on this connection, if it is open and below its share.
     fn claim(&self) -> Option<Claimed> {
-        if self.sender.is_closed() {
+        if self.is_closed() {
             return None;
         }
         let share = self.share();
-        self.streams
+        self.shared
+            .streams
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                 (n < share).then_some(n + 1)
             })
             .ok()?;
         Some(Claimed {
             sender: self.sender.clone(),
-            stream: OpenStream(Arc::clone(&self.streams)),
+            stream: OpenStream(Arc::clone(&self.shared)),
         })
     }
 
@@ -170,18 +195,38 @@ async fn drive(task: Arc<Mutex<Option<Connection>>>) {
 /// A request's place on a connection, given up when its response body is done with (or the
 /// request fails).
 #[derive(Debug)]
-pub struct OpenStream(Arc<AtomicUsize>);
+pub struct OpenStream(Arc<Shared>);
 
 impl OpenStream {
-    fn on(streams: &Arc<AtomicUsize>) -> Self {
-        streams.fetch_add(1, Ordering::Relaxed);
-        Self(Arc::clone(streams))
+    fn on(shared: &Arc<Shared>) -> Self {
+        shared.streams.fetch_add(1, Ordering::Relaxed);
+        Self(Arc::clone(shared))
     }
 }
 
 impl Drop for OpenStream {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.streams.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A request waiting for its answer. Dropped unanswered (its timeout, or its client gone)
+/// after `silent_after` with nothing answered on the connection since it went out, it marks
+/// the connection silent ([`Shared::silent`]).
+struct Awaiting<'a> {
+    shared: &'a Shared,
+    answered: u64,
+    since: std::time::Instant,
+    silent_after: Duration,
+}
+
+impl Drop for Awaiting<'_> {
+    fn drop(&mut self) {
+        if self.since.elapsed() >= self.silent_after
+            && self.shared.answered.load(Ordering::Relaxed) == self.answered
+        {
+            self.shared.silent.store(true, Ordering::Relaxed);
+        }
     }
 }
 
@@ -331,21 +376,18 @@ impl H2Channel {
         tokio::spawn(drive(Arc::clone(&task)));
         let conn = Arc::new(Conn {
             sender,
-            streams: Arc::new(AtomicUsize::new(0)),
+            shared: Arc::default(),
             task,
         });
         // Its stream is claimed before others can see it, so it is this request's to use.
         let claimed = Claimed {
             sender: conn.sender.clone(),
-            stream: OpenStream::on(&conn.streams),
+            stream: OpenStream::on(&conn.shared),
         };
         // Closed ones go: they take no more requests, and their streams hold their own handles.
         self.conns.rcu(|conns| {
-            let mut open: Vec<Arc<Conn>> = conns
-                .iter()
-                .filter(|c| !c.sender.is_closed())
-                .cloned()
-                .collect();
+            let mut open: Vec<Arc<Conn>> =
+                conns.iter().filter(|c| !c.is_closed()).cloned().collect();
             open.push(Arc::clone(&conn));
             open
         });
@@ -379,8 +421,21 @@ impl H2Channel {
         if sender.ready().await.is_err() {
             return Exchanged::Unsent(req);
         }
-        match sender.try_send_request(req).await {
-            Ok(resp) => Exchanged::Response(resp, stream),
+        let shared = &stream.0;
+        let awaiting = Awaiting {
+            shared,
+            answered: shared.answered.load(Ordering::Relaxed),
+            since: std::time::Instant::now(),
+            silent_after: self.settings.keep_alive.timeout,
+        };
+        let sent = sender.try_send_request(req).await;
+        // Answered, or failed with the connection: it was not silent.
+        std::mem::forget(awaiting);
+        match sent {
+            Ok(resp) => {
+                shared.answered.fetch_add(1, Ordering::Relaxed);
+                Exchanged::Response(resp, stream)
+            }
             Err(mut e) => match e.take_message() {
                 Some(req) => Exchanged::Unsent(req),
                 None => Exchanged::Failed(ForwardError::from_hyper(e.into_error())),
