@@ -61,7 +61,7 @@ impl Default for BackendOptions {
     fn default() -> Self {
         Self {
             max_connections: DEFAULT_MAX_CONNECTIONS,
-            max_header_bytes: crate::serve::DEFAULT_MAX_HEADER_BYTES,
+            max_header_bytes: crate::headers::DEFAULT_MAX_HEADER_BYTES,
             keep_alive: KeepAlive::default(),
         }
     }

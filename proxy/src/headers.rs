@@ -1,5 +1,5 @@
 //! Header rewriting between client and backend: hop-by-hop removal (RFC 9110 §7.6.1) and the
-//! `X-Forwarded-*` headers.
+//! `X-Forwarded-*` headers; and the bound on a header block both sides share.
 //!
 //! Both run on every request and most responses, and the common message carries none of the
 //! hop-by-hop headers, so each first scans the header names once and only then pays for
@@ -10,6 +10,11 @@ use cftunnel_config::hop_by_hop::{self, HOP_BY_HOP};
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue};
 use std::net::IpAddr;
+
+/// Default bound on a header block: a request head on the listener
+/// ([`crate::serve::Limits::max_header_bytes`]), and an HTTP/2 backend's answer head or
+/// trailers ([`crate::forward::BackendOptions::max_header_bytes`]).
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");

@@ -33,10 +33,6 @@ use tokio::time::Instant;
 /// Default bound on client connections open at once on the data listener.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16384;
 
-/// Default bound on a request head ([`Limits::max_header_bytes`]); HTTP/2 backends may
-/// answer with as much ([`crate::forward::BackendOptions::max_header_bytes`]).
-pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
-
 /// How often a listener held at its connection limit says so.
 const LIMIT_WARN_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -74,7 +70,7 @@ impl Default for Limits {
         Self {
             header_read_timeout: Duration::from_secs(10),
             max_headers: 100,
-            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+            max_header_bytes: crate::headers::DEFAULT_MAX_HEADER_BYTES,
             max_concurrent_streams: 256,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             // nginx's default `keepalive_timeout`.

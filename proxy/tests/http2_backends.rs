@@ -29,25 +29,17 @@ where
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<Frames>> + Send + 'static,
 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((conn, _)) = listener.accept().await {
+    scripted_backend(move |conn| {
+        let answer = answer.clone();
+        let service = hyper::service::service_fn(move |req| {
             let answer = answer.clone();
-            let service = hyper::service::service_fn(move |req| {
-                let answer = answer.clone();
-                async move { Ok::<_, Infallible>(answer(req).await) }
-            });
-            tokio::spawn(
-                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-                    .max_concurrent_streams(streams)
-                    .serve_connection(hyper_util::rt::TokioIo::new(conn), service),
-            );
-        }
-    });
-    addr
+            async move { Ok::<_, Infallible>(answer(req).await) }
+        });
+        hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .max_concurrent_streams(streams)
+            .serve_connection(hyper_util::rt::TokioIo::new(conn), service)
+    })
+    .await
 }
 
 fn body(frames: Vec<http_body::Frame<Bytes>>, then_wait: bool) -> Frames {
@@ -329,20 +321,15 @@ async fn a_connection_on_which_nothing_is_answered_takes_no_more_requests() {
         })
         .await;
         // Counts the connections the proxy opens to the backend.
-        let relay = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let relay_addr = relay.local_addr().expect("addr");
-        tokio::spawn(async move {
-            while let Ok((mut client, _)) = relay.accept().await {
-                counted.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(async move {
-                    if let Ok(mut server) = tokio::net::TcpStream::connect(backend).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                    }
-                });
+        let relay_addr = scripted_backend(move |mut client| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(backend).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
             }
-        });
+        })
+        .await;
         let proxy = proxy_with(cftunnel_proxy::ServerOptions {
             auth_token: Some(TOKEN.into()),
             backend_keep_alive: cftunnel_proxy::forward::KeepAlive {
