@@ -126,10 +126,56 @@ pub struct TunnelApi {
     /// Per API token (by digest): no calls before this, after the API answered 429, and the
     /// wait it asked for. The limit is the token's, whichever tunnel it writes.
     limited: std::sync::Arc<std::sync::Mutex<RateLimits>>,
+    /// Spaces each token's calls, so the controller stays under the API's limit.
+    pace: Pace,
 }
 
 /// See [`TunnelApi`]'s `limited`.
 type RateLimits = HashMap<Vec<u8>, (tokio::time::Instant, Duration)>;
+
+/// Spaces each API token's calls: a burst of `burst`, then one every `every` (the generic cell
+/// rate algorithm). The API allows 1,200 calls per five minutes per user, whatever the token,
+/// and the user's dashboard and other tools share them. A new leader writes every tunnel: with
+/// hundreds, unpaced, it would spend the whole limit at once, and the 429 that follows stops
+/// every call with the token, the operator's own too, for minutes.
+#[derive(Clone)]
+struct Pace {
+    every: Duration,
+    burst: u32,
+    /// Per token (by digest): when its next call would go out with no burst left.
+    next: std::sync::Arc<std::sync::Mutex<HashMap<Vec<u8>, tokio::time::Instant>>>,
+}
+
+/// Calls with one token, at most, once a burst is spent: 3 a second, three quarters of the
+/// API's limit, the rest left to the user's other tools.
+const PACE_EVERY: Duration = Duration::from_millis(334);
+/// Calls with one token that go out at once before they are spaced.
+const PACE_BURST: u32 = 60;
+
+impl Pace {
+    fn new(every: Duration, burst: u32) -> Self {
+        Self {
+            every,
+            burst: burst.max(1),
+            next: std::sync::Arc::default(),
+        }
+    }
+
+    /// How long a call with `token` made at `now` waits before it goes out; its place is
+    /// taken.
+    fn reserve(&self, token: &[u8], now: tokio::time::Instant) -> Duration {
+        let Ok(mut next) = self.next.lock() else {
+            return Duration::ZERO;
+        };
+        // A token whose next call is due is as one never used.
+        next.retain(|_, at| *at > now);
+        let due = next.get(token).copied().unwrap_or(now);
+        let tolerance = self.every.saturating_mul(self.burst - 1);
+        let start = due.checked_sub(tolerance).map_or(now, |s| s.max(now));
+        next.insert(token.to_vec(), due + self.every);
+        start - now
+    }
+}
 
 /// How long to wait after a 429 that names no `Retry-After`.
 const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(60);
@@ -161,7 +207,15 @@ impl TunnelApi {
             timeout,
             calls: ApiCalls::default(),
             limited: std::sync::Arc::default(),
+            pace: Pace::new(PACE_EVERY, PACE_BURST),
         })
+    }
+
+    /// Spaces each API token's calls `every` apart once `burst` have gone out at once.
+    #[must_use]
+    pub fn paced(mut self, every: Duration, burst: u32) -> Self {
+        self.pace = Pace::new(every, burst);
+        self
     }
 
     /// Counts this client's calls in `calls`.
@@ -287,6 +341,11 @@ impl TunnelApi {
                 "the Cloudflare API answered 429 (its rate limit): no call with this token for {}s",
                 wait.as_secs()
             ));
+        }
+        // Calls run in tasks of their own (see `TunnelSync`): a paced one holds up no round.
+        let wait = self.pace.reserve(&token_key, now);
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
         }
         let req = hyper::Request::builder()
             .method(method.clone())
@@ -617,6 +676,25 @@ impl TunnelSync {
 mod tests {
     use super::*;
     use cftunnel_config::Rule;
+
+    #[test]
+    fn a_tokens_calls_go_out_in_a_burst_then_spaced() {
+        let pace = Pace::new(Duration::from_millis(100), 3);
+        let t0 = tokio::time::Instant::now();
+        let waits: Vec<Duration> = (0..5).map(|_| pace.reserve(b"a", t0)).collect();
+        let ms = Duration::from_millis;
+        assert_eq!(waits, [ms(0), ms(0), ms(0), ms(100), ms(200)]);
+        assert_eq!(pace.reserve(b"b", t0), ms(0), "another token has its own");
+        // Spaced out, the burst comes back.
+        assert_eq!(pace.reserve(b"a", t0 + ms(250)), ms(50));
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(
+            (0..3)
+                .map(|_| pace.reserve(b"a", later))
+                .collect::<Vec<_>>(),
+            [ms(0), ms(0), ms(0)]
+        );
+    }
 
     fn rule(hosts: &[&str]) -> Rule {
         Rule {

@@ -1073,6 +1073,40 @@ async fn a_tunnel_write_under_credentials_since_rotated_stops() {
         .expect("the old credentials' write stopped");
 }
 
+/// Calls with one API token go out in a burst, then spaced: a new leader writing every
+/// tunnel stays under the API's limit, which the user's dashboard and other tools share.
+#[tokio::test]
+async fn tunnel_writes_with_one_token_are_paced() {
+    use cftunnel_controller::cloudflare::{TunnelApi, TunnelSync, TunnelTarget};
+    let cloudflare = CloudflareApi::start().await;
+    cloudflare.allow("acct", "controller-token");
+    let api = TunnelApi::new(&cloudflare.base(), Duration::from_secs(5))
+        .expect("client")
+        .paced(Duration::from_millis(100), 3);
+    let work = (1..=7)
+        .map(|i| {
+            let target = TunnelTarget {
+                account: "acct".to_owned(),
+                tunnel: uuid_of(&format!("00000000-0000-4000-8000-{i:012}")),
+                api_token: "controller-token".to_owned(),
+                verify_secret: None,
+            };
+            (target, json!({"ingress": [{"service": "http_status:404"}]}))
+        })
+        .collect();
+    let mut sync = TunnelSync::default();
+    let started = Instant::now();
+    let written = sync.sync_all(&api, work).await;
+    assert_eq!(written, vec![Ok(true); 7]);
+    assert_eq!(cloudflare.writes(), 7);
+    // Three at once, then four 100 ms apart.
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 /// Replicas: a Lease left by a dead holder is taken once it has gone unrenewed for its
 /// duration; only the holder writes; a holder that stops gives it up to another at once.
 #[tokio::test]
