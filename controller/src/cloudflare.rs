@@ -161,19 +161,23 @@ impl Pace {
         }
     }
 
-    /// How long a call with `token` made at `now` waits before it goes out; its place is
-    /// taken.
-    fn reserve(&self, token: &[u8], now: tokio::time::Instant) -> Duration {
+    /// Takes a place for a call with `token` at `now`, or says how long until one is free.
+    /// Nothing is held while a call waits: one dropped meanwhile (its write superseded or
+    /// stopped) leaves no place taken.
+    fn take(&self, token: &[u8], now: tokio::time::Instant) -> Result<(), Duration> {
         let Ok(mut next) = self.next.lock() else {
-            return Duration::ZERO;
+            return Ok(());
         };
         // A token whose next call is due is as one never used.
         next.retain(|_, at| *at > now);
         let due = next.get(token).copied().unwrap_or(now);
         let tolerance = self.every.saturating_mul(self.burst - 1);
         let start = due.checked_sub(tolerance).map_or(now, |s| s.max(now));
+        if start > now {
+            return Err(start - now);
+        }
         next.insert(token.to_vec(), due + self.every);
-        start - now
+        Ok(())
     }
 }
 
@@ -314,6 +318,27 @@ impl TunnelApi {
         result
     }
 
+    /// The error a call with the token `token_key` fails with while a 429's wait runs.
+    fn rate_limited(&self, name: &'static str, token_key: &[u8]) -> Result<(), String> {
+        let now = tokio::time::Instant::now();
+        let waiting = self
+            .limited
+            .lock()
+            .ok()
+            .and_then(|l| l.get(token_key).copied())
+            .filter(|(until, _)| *until > now);
+        let Some((_, wait)) = waiting else {
+            return Ok(());
+        };
+        self.calls.count(name, "rate_limited", false, true);
+        // The same text for the whole wait: it reaches route conditions, and a countdown would
+        // rewrite them every round.
+        Err(format!(
+            "the Cloudflare API answered 429 (its rate limit): no call with this token for {}s",
+            wait.as_secs()
+        ))
+    }
+
     async fn exchange(
         &self,
         name: &'static str,
@@ -326,26 +351,13 @@ impl TunnelApi {
         let token_key = digest::digest(&digest::SHA256, target.api_token.as_bytes())
             .as_ref()
             .to_vec();
-        let now = tokio::time::Instant::now();
-        let waiting = self
-            .limited
-            .lock()
-            .ok()
-            .and_then(|l| l.get(&token_key).copied())
-            .filter(|(until, _)| *until > now);
-        if let Some((_, wait)) = waiting {
-            self.calls.count(name, "rate_limited", false, true);
-            // The same text for the whole wait: it reaches route conditions, and a countdown
-            // would rewrite them every round.
-            return Err(format!(
-                "the Cloudflare API answered 429 (its rate limit): no call with this token for {}s",
-                wait.as_secs()
-            ));
-        }
+        // Before the call waits its turn, and again once it may go: a 429 may have come
+        // meanwhile.
+        self.rate_limited(name, &token_key)?;
         // Calls run in tasks of their own (see `TunnelSync`): a paced one holds up no round.
-        let wait = self.pace.reserve(&token_key, now);
-        if !wait.is_zero() {
+        while let Err(wait) = self.pace.take(&token_key, tokio::time::Instant::now()) {
             tokio::time::sleep(wait).await;
+            self.rate_limited(name, &token_key)?;
         }
         let req = hyper::Request::builder()
             .method(method.clone())
@@ -681,18 +693,19 @@ mod tests {
     fn a_tokens_calls_go_out_in_a_burst_then_spaced() {
         let pace = Pace::new(Duration::from_millis(100), 3);
         let t0 = tokio::time::Instant::now();
-        let waits: Vec<Duration> = (0..5).map(|_| pace.reserve(b"a", t0)).collect();
         let ms = Duration::from_millis;
-        assert_eq!(waits, [ms(0), ms(0), ms(0), ms(100), ms(200)]);
-        assert_eq!(pace.reserve(b"b", t0), ms(0), "another token has its own");
+        let taken: Vec<_> = (0..5).map(|_| pace.take(b"a", t0)).collect();
+        assert_eq!(taken, [Ok(()), Ok(()), Ok(()), Err(ms(100)), Err(ms(100))]);
+        assert_eq!(pace.take(b"b", t0), Ok(()), "another token has its own");
+        // A call that waited and went away took no place.
+        assert_eq!(pace.take(b"a", t0 + ms(100)), Ok(()));
+        assert_eq!(pace.take(b"a", t0 + ms(150)), Err(ms(50)));
+        assert_eq!(pace.take(b"a", t0 + ms(200)), Ok(()));
         // Spaced out, the burst comes back.
-        assert_eq!(pace.reserve(b"a", t0 + ms(250)), ms(50));
         let later = t0 + Duration::from_secs(1);
         assert_eq!(
-            (0..3)
-                .map(|_| pace.reserve(b"a", later))
-                .collect::<Vec<_>>(),
-            [ms(0), ms(0), ms(0)]
+            (0..3).map(|_| pace.take(b"a", later)).collect::<Vec<_>>(),
+            [Ok(()), Ok(()), Ok(())]
         );
     }
 

@@ -964,20 +964,25 @@ impl Reconciler {
         for (plane, info) in &planes {
             let own = info.identity.and_then(|t| own_on_tunnel.get(&t));
             if let (Some((rules, grpc)), Some(config)) = (own, output.configs.get_mut(plane)) {
-                // A route a healthy Gateway on the tunnel has too is served as it is now: its
-                // rules, by name, are not taken from the broken plane's last config. So what
-                // the planes are given is the same from round to round, however often the
-                // broken plane's last config is the tunnel's config of the round before.
-                let current: HashSet<&str> = config
+                // A route a healthy Gateway on the tunnel has too is served on that Gateway's
+                // hostnames as it is now: a rule of the same name for the same hostnames is
+                // not taken from the broken plane's last config. So what the planes are given
+                // is the same from round to round, however often the broken plane's last
+                // config is the tunnel's config of the round before, and the route keeps its
+                // hostnames through the broken Gateway.
+                let current: HashSet<(&str, &[String])> = config
                     .rules
                     .iter()
-                    .filter_map(|r| r.name.as_deref())
+                    .filter_map(|r| Some((r.name.as_deref()?, r.hostnames.as_slice())))
                     .collect();
                 let mut added = HashSet::new();
                 let own: Vec<cftunnel_config::Rule> = rules
                     .iter()
                     .filter(|r| {
-                        r.name.as_deref().is_some_and(|n| !current.contains(n)) && added.insert(*r)
+                        r.name
+                            .as_deref()
+                            .is_some_and(|n| !current.contains(&(n, r.hostnames.as_slice())))
+                            && added.insert(*r)
                     })
                     .cloned()
                     .collect();

@@ -23,10 +23,11 @@
 //! data) sooner than 5 minutes apart, or, with no stream open, sooner than 2 hours apart. hyper also
 //! pings once just ahead of a request sent on a connection that has read nothing for the
 //! interval: one early ping, forgiven as that request is answered. A backend that vanished
-//! without a reset is found sooner by its requests: one that waits [`KeepAlive::timeout`] for
+//! without a reset is found sooner by its requests: one that waits 5 s ([`SILENT_AFTER`]) for
 //! its answer while nothing at all is answered on the connection takes the connection out of
 //! use, and the next request dials another (TCP's keep-alive probes nothing while requests are
-//! unacknowledged).
+//! unacknowledged). A request whose answer is late on an otherwise idle connection (a long
+//! poll, a gRPC watch that sends its head with its first message) costs one dial that way.
 
 use super::connector::{ConnectErrorKind, Connector, Stream};
 use super::error::ForwardError;
@@ -55,9 +56,10 @@ pub struct KeepAlive {
     /// with none in flight never is. gRPC servers take a ping sooner than 5 minutes after the
     /// last one as abuse, and close the connection after the third (see the module docs).
     pub interval: Duration,
-    /// How long a ping may go unanswered before the connection is closed; and how long a
-    /// request may wait for its answer, with nothing at all answered on the connection
-    /// meanwhile, before the connection takes no more requests (see `Shared::silent`).
+    /// How long a ping may go unanswered before the connection is closed; and, if shorter than
+    /// 5 s, how long a request may wait for its answer, with nothing at all answered on the
+    /// connection meanwhile, before the connection takes no more requests (see
+    /// `Shared::silent`).
     pub timeout: Duration,
 }
 
@@ -80,6 +82,11 @@ pub(super) struct Settings {
     pub(super) max_header_list_size: u32,
 }
 
+/// How long a request may wait for its answer, with nothing at all answered on its connection
+/// meanwhile, before the connection takes no more requests (or the ping timeout, if shorter):
+/// short enough that a rule's own backend timeout, however short, seldom ends the wait first;
+/// a connection wrongly taken out of use costs one dial.
+const SILENT_AFTER: Duration = Duration::from_secs(5);
 /// Requests in flight on one connection before the next request goes to another: the least a
 /// server should allow (RFC 9113 §6.5.2).
 const STREAMS_PER_CONNECTION: usize = 100;
@@ -130,7 +137,7 @@ struct Shared {
     streams: AtomicUsize,
     /// Response heads received so far.
     answered: AtomicU64,
-    /// A request waited a ping's timeout for its answer and nothing at all was answered on the
+    /// A request waited [`SILENT_AFTER`] for its answer and nothing at all was answered on the
     /// connection meanwhile: the backend has gone silent (a node gone without a reset, a
     /// partition), and the connection takes no more requests. Pings alone would find it only
     /// after their interval, minutes, and TCP's keep-alive never does while requests are
@@ -426,7 +433,7 @@ impl H2Channel {
             shared,
             answered: shared.answered.load(Ordering::Relaxed),
             since: std::time::Instant::now(),
-            silent_after: self.settings.keep_alive.timeout,
+            silent_after: self.settings.keep_alive.timeout.min(SILENT_AFTER),
         };
         let sent = sender.try_send_request(req).await;
         // Answered, or failed with the connection: it was not silent.
