@@ -2788,6 +2788,18 @@ fn planes_on_one_tunnel_serve_the_union_and_cross_namespace_sharing_is_flagged()
     assert_eq!(accepted, Some(true));
 }
 
+/// Options with the tunnel `id` (secret `secret`) as the class tunnel.
+fn class_tunnel(id: &str) -> Options {
+    Options {
+        shared_tunnel: Some(TunnelIdentity::of(&cftunnel_config::Token::new(
+            "account",
+            b"secret".to_vec(),
+            id.parse().expect("uuid"),
+        ))),
+        ..with_image()
+    }
+}
+
 #[test]
 fn sharing_the_class_tunnel_or_a_namespace_is_not_flagged() {
     let gw_route = http_route(
@@ -2795,14 +2807,7 @@ fn sharing_the_class_tunnel_or_a_namespace_is_not_flagged() {
         "to-shared",
         "  parentRefs: [{name: gw}]\n  rules: [{backendRefs: [{name: v1, port: 8080}]}]",
     );
-    let options = Options {
-        shared_tunnel: Some(TunnelIdentity::of(&cftunnel_config::Token::new(
-            "account",
-            b"secret".to_vec(),
-            TUNNEL_A.parse().expect("uuid"),
-        ))),
-        ..with_image()
-    };
+    let options = class_tunnel(TUNNEL_A);
     let out = translate(
         &snapshot(&format!(
             "{}{}{gw_route}",
@@ -2850,14 +2855,7 @@ fn sharing_the_class_tunnel_or_a_namespace_is_not_flagged() {
 /// still are.
 #[test]
 fn dedicated_gateways_of_several_namespaces_on_the_class_tunnel_are_not_flagged() {
-    let options = Options {
-        shared_tunnel: Some(TunnelIdentity::of(&cftunnel_config::Token::new(
-            "account",
-            b"secret".to_vec(),
-            TUNNEL_A.parse().expect("uuid"),
-        ))),
-        ..with_image()
-    };
+    let options = class_tunnel(TUNNEL_A);
     let out = translate(
         &snapshot(&format!(
             "{}{}{}{}",
