@@ -16,6 +16,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
+/// Connections the admin port holds open at once unless configured otherwise: the kubelet's
+/// probes, Prometheus and the controller need a handful.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+
 /// Largest config document `PUT /config` accepts unless configured otherwise: room for a
 /// 50,000-rule document (about 9 MB as the controller writes it) several times over.
 pub const DEFAULT_MAX_CONFIG_BYTES: usize = 32 * 1024 * 1024;
@@ -287,8 +291,16 @@ async fn read_body(body: Incoming, limit: usize, declared: Option<u64>) -> Resul
 }
 
 /// Serves the admin endpoints until the process exits.
-pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
+pub async fn serve(listener: TcpListener, admin: Arc<Admin>, max_connections: usize) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(
+        max_connections.clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
+    ));
     loop {
+        // At the limit, connections wait in the listen backlog: each connection is a task and
+        // buffers, and the port must not take the memory and descriptors the data path needs.
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
         let (stream, _) = match listener.accept().await {
             Ok(pair) => pair,
             Err(e) => {
@@ -299,6 +311,7 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
         };
         let admin = admin.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let service = service_fn(move |req| {
                 let admin = admin.clone();
                 async move { Ok::<_, Infallible>(admin.handle(req).await) }

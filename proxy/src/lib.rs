@@ -69,6 +69,8 @@ pub struct ServerOptions {
     pub backend_keep_alive: forward::KeepAlive,
     /// Largest config document `PUT /config` accepts.
     pub max_config_bytes: usize,
+    /// Connections open at once on the admin port; more wait to be accepted.
+    pub admin_max_connections: usize,
     /// How the keys of Cloudflare Access teams that rules name are fetched and kept.
     pub access: access::AccessSettings,
     pub limits: serve::Limits,
@@ -93,6 +95,7 @@ impl Default for ServerOptions {
             backend_max_connections: forward::DEFAULT_MAX_CONNECTIONS,
             backend_keep_alive: forward::KeepAlive::default(),
             max_config_bytes: admin::DEFAULT_MAX_CONFIG_BYTES,
+            admin_max_connections: admin::DEFAULT_MAX_CONNECTIONS,
             access: access::AccessSettings::default(),
             limits: serve::Limits::default(),
             worker_threads: 1,
@@ -185,7 +188,11 @@ impl Server {
             auth_token: options.auth_token.clone(),
             max_config_bytes: options.max_config_bytes,
         });
-        let admin_task = tokio::spawn(admin::serve(admin_listener, admin));
+        let admin_task = tokio::spawn(admin::serve(
+            admin_listener,
+            admin,
+            options.admin_max_connections,
+        ));
         let timer_anchor = tokio::spawn(anchor_timers());
         let (stop, stop_rx) = watch::channel(false);
         let data_task = data_listener.map(|l| {

@@ -108,6 +108,7 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
         backend_max_connections: args.backend_max_connections as usize,
         backend_keep_alive: crate::forward::KeepAlive::default(),
         max_config_bytes: args.max_config_bytes as usize,
+        admin_max_connections: crate::admin::DEFAULT_MAX_CONNECTIONS,
         limits: crate::serve::Limits {
             max_connections: args.max_connections as usize,
             ..Default::default()

@@ -1068,3 +1068,40 @@ async fn a_client_that_stops_reading_is_dropped_and_lets_the_backend_go() {
     .await
     .expect("test finished in time");
 }
+
+/// The admin port holds a bounded number of connections: past it, connections wait to be
+/// accepted, and one that closes lets the next in. Each is a task and buffers, and the port
+/// must not take the memory and descriptors the data path needs.
+#[tokio::test]
+async fn the_admin_port_holds_a_bounded_number_of_connections() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            admin_max_connections: 4,
+            ..Default::default()
+        })
+        .await;
+        let admin = proxy.admin_addr();
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(
+                tokio::net::TcpStream::connect(admin)
+                    .await
+                    .expect("connect"),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let waiting =
+            tokio::spawn(async move { get(&client(), admin, "a", "/healthz", &[]).await.status });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!waiting.is_finished(), "a fifth connection waits");
+        drop(held.pop());
+        let status = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("answered once another closes")
+            .expect("the request task");
+        assert_eq!(status, 200);
+    })
+    .await
+    .expect("test finished in time");
+}
