@@ -624,8 +624,8 @@ impl TunnelSync {
         }
         // A write under credentials no longer asked for (a rotated API token or secret) would
         // land after the new one's and leave the tunnel with its older document.
-        self.writes
-            .retain(|key| asked.iter().any(|(asked, _)| asked == key));
+        let keys: HashSet<&WriterKey> = asked.iter().map(|(key, _)| key).collect();
+        self.writes.retain(|key| keys.contains(key));
         let done = self.writes.finished_by(&started, deadline).await;
         wrote.extend(self.settle(done));
         asked

@@ -589,7 +589,7 @@ pub async fn roll_pool(
 }
 
 /// The pod-template annotation `key` of `deployment`.
-fn template_annotation<'a>(deployment: &'a Deployment, key: &str) -> Option<&'a str> {
+pub(super) fn template_annotation<'a>(deployment: &'a Deployment, key: &str) -> Option<&'a str> {
     deployment
         .spec
         .as_ref()?

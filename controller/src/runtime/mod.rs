@@ -1935,16 +1935,7 @@ async fn apply_now(
 /// The digest of the credentials a Deployment's pod template carries
 /// ([`render::CREDENTIALS_HASH_ANNOTATION`]).
 fn credentials_hash(deployment: &Deployment) -> Option<&str> {
-    deployment
-        .spec
-        .as_ref()?
-        .template
-        .metadata
-        .as_ref()?
-        .annotations
-        .as_ref()?
-        .get(render::CREDENTIALS_HASH_ANNOTATION)
-        .map(String::as_str)
+    apply::template_annotation(deployment, render::CREDENTIALS_HASH_ANNOTATION)
 }
 
 /// Per route, the rules of it that proxy pods refused this round, each with the pod's reason.
