@@ -571,6 +571,7 @@ impl TunnelSync {
 
     /// Brings the tunnel of `target` to `document`; `Ok(true)` when it wrote. A new API token
     /// writes again, so a rotated credential is proven at once rather than at the next change.
+    /// As [`TunnelSync::sync_all`] with this one tunnel: other writes still running stop.
     ///
     /// # Errors
     /// As [`TunnelApi::put_configuration`]; the next call tries again.
