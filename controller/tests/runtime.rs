@@ -9,6 +9,7 @@ mod support;
 use support::{condition, eventually, yaml};
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -2042,6 +2043,121 @@ async fn a_gateway_is_accepted_by_the_render_that_is_applied() {
         let message = status["message"].as_str().unwrap_or_default();
         assert!(message.contains("--proxy-image"), "{message}");
         assert_eq!(image(&t.api), None, "nothing is applied");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+fn edge_gateway(api: &ApiServer) -> Option<Value> {
+    api.get(
+        "gateway.networking.k8s.io/v1",
+        "Gateway",
+        "tenant-a",
+        "edge",
+    )
+}
+
+/// Counts the status writes to Gateways from now on.
+fn count_gateway_status_writes(api: &ApiServer) -> (Arc<AtomicUsize>, impl Drop) {
+    let writes = Arc::new(AtomicUsize::new(0));
+    let counted = writes.clone();
+    let watch = api.forbid(move |call| {
+        if call.method == "PATCH" && call.kind == "Gateway" && call.body.get("status").is_some() {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }
+        false
+    });
+    (writes, watch)
+}
+
+/// Conditions another controller keeps on our Gateway and its listeners (a policy
+/// controller's, as Gateway API's policy attachment asks) stay through our status writes.
+#[tokio::test]
+async fn another_controllers_conditions_on_a_gateway_stay() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        let status = eventually("the Gateway's status", || {
+            let g = edge_gateway(&t.api)?;
+            condition(g.pointer("/status/conditions")?, "Accepted")?;
+            g.pointer("/status/listeners/0/conditions")?;
+            g.get("status").cloned()
+        })
+        .await;
+        let theirs = json!({"type": "example.com/PolicyAffected", "status": "True", "reason": "Applied", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"});
+        let mut conditions = status["conditions"].as_array().cloned().unwrap_or_default();
+        conditions.insert(0, theirs.clone());
+        let mut listeners = status["listeners"].clone();
+        if let Some(l) = listeners[0]["conditions"].as_array_mut() {
+            l.push(theirs.clone());
+        }
+        // One of ours we no longer set goes.
+        conditions.push(json!({"type": "Conflicted", "status": "True", "reason": "Stale", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}));
+        t.api.set_status(
+            "gateway.networking.k8s.io/v1",
+            "Gateway",
+            "tenant-a",
+            "edge",
+            json!({"conditions": conditions, "listeners": listeners}),
+        );
+        eventually("our stale condition gone", || {
+            let g = edge_gateway(&t.api)?;
+            condition(g.pointer("/status/conditions")?, "Conflicted")
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        // Rounds run every 100 ms: several pass.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let g = edge_gateway(&t.api).expect("the Gateway");
+        assert_eq!(
+            g["status"]["conditions"][0], theirs,
+            "kept, in its place: {g}"
+        );
+        assert!(condition(&g["status"]["conditions"], "Accepted").is_some());
+        assert_eq!(
+            condition(&g["status"]["listeners"][0]["conditions"], "example.com/PolicyAffected"),
+            Some(&theirs),
+            "{g}"
+        );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// CRDs older than v1.5 have no `status.attachedListenerSets` on Gateways, and the API server
+/// prunes it from every write: the controller stops sending it instead of writing every
+/// Gateway again at every round.
+#[tokio::test]
+async fn a_status_field_the_crds_lack_is_not_written_at_every_round() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start_with("replicas: 1", |api| {
+            api.serve_gateway_api_crds(GatewayApiCrds::V1_4);
+        })
+        .await;
+        eventually("Accepted", || {
+            let g = edge_gateway(&t.api)?;
+            condition(g.pointer("/status/conditions")?, "Accepted").cloned()
+        })
+        .await;
+        // Once its status settles, rounds every 100 ms leave the Gateway alone.
+        let (writes, _counting) = count_gateway_status_writes(&t.api);
+        let settled = Instant::now() + Duration::from_secs(20);
+        loop {
+            let before = writes.load(Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            if writes.load(Ordering::SeqCst) == before {
+                break;
+            }
+            assert!(
+                Instant::now() < settled,
+                "the Gateway's status is written at every round ({} writes)",
+                writes.load(Ordering::SeqCst)
+            );
+        }
+        let g = edge_gateway(&t.api).expect("the Gateway");
+        assert!(g.pointer("/status/attachedListenerSets").is_none(), "{g}");
         t.stop().await;
     })
     .await

@@ -503,6 +503,8 @@ struct Reconciler {
     recorder: Recorder,
     /// Per plane: why its pushes keep failing, while they do.
     push_failures: HashMap<PlaneKey, String>,
+    /// Status fields the cluster's CRDs drop.
+    pruned: std::sync::Mutex<status::Pruned>,
     /// Per Gateway: the last render error reported, so a persisting one is not re-sent.
     render_failures: HashMap<ObjectKey, String>,
     tunnel_api: Option<TunnelApi>,
@@ -718,6 +720,7 @@ impl Reconciler {
             options,
             recorder,
             push_failures: HashMap::new(),
+            pruned: Default::default(),
             render_failures: HashMap::new(),
             listener_set_resource,
             last_good: HashMap::new(),

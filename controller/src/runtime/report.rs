@@ -80,7 +80,8 @@ impl Reconciler {
             );
             let api: Api<GatewayClass> = Api::all(self.client.clone());
             let version = class.resource_version();
-            Self::patch_status(api, &name, version, existing.as_ref(), desired).await;
+            self.patch_status(api, &name, version, existing.as_ref(), desired)
+                .await;
         }
 
         let shared_address = planes
@@ -161,7 +162,7 @@ impl Reconciler {
             }
             let value = status::gateway(desired, &conditions, &addresses, existing.as_ref(), &now);
             let api: Api<Gateway> = Api::namespaced(self.client.clone(), &key.namespace);
-            Self::patch_status(
+            self.patch_status(
                 api,
                 &key.name,
                 gw.resource_version(),
@@ -336,11 +337,13 @@ impl Reconciler {
             match kind {
                 RouteKind::Http => {
                     let api: Api<HttpRoute> = Api::namespaced(client, &ns);
-                    Self::patch_status(api, &name, version, existing.as_ref(), value).await;
+                    self.patch_status(api, &name, version, existing.as_ref(), value)
+                        .await;
                 }
                 RouteKind::Grpc => {
                     let api: Api<GrpcRoute> = Api::namespaced(client, &ns);
-                    Self::patch_status(api, &name, version, existing.as_ref(), value).await;
+                    self.patch_status(api, &name, version, existing.as_ref(), value)
+                        .await;
                 }
             }
         }
@@ -389,7 +392,7 @@ impl Reconciler {
             }
             let api: Api<DynamicObject> =
                 Api::namespaced_with(self.client.clone(), &key.namespace, &resource);
-            Self::patch_status_of(
+            self.patch_status_of(
                 &resource.kind,
                 api,
                 &key.name,
@@ -458,7 +461,7 @@ impl Reconciler {
             let desired =
                 status::gateway_config(config.metadata.generation, &users, existing.as_ref(), now);
             let api: Api<GatewayConfig> = Api::namespaced(self.client.clone(), namespace);
-            Self::patch_status(
+            self.patch_status(
                 api,
                 name,
                 config.resource_version(),
@@ -521,7 +524,7 @@ impl Reconciler {
                 ),
             });
             let api: Api<GatewayClassConfig> = Api::all(self.client.clone());
-            Self::patch_status(
+            self.patch_status(
                 api,
                 name,
                 config.resource_version(),
@@ -571,7 +574,7 @@ impl Reconciler {
             }
             let desired = status::policy(ours, controller, existing.as_ref(), now);
             let api: Api<BackendTlsPolicy> = Api::namespaced(self.client.clone(), &key.namespace);
-            Self::patch_status(
+            self.patch_status(
                 api,
                 &key.name,
                 policy.resource_version(),
@@ -587,30 +590,42 @@ impl Reconciler {
     /// computed from: if the object changed meanwhile (another controller wrote its parent),
     /// the API server refuses it and the round its watch event starts writes it afresh.
     async fn patch_status<K>(
+        &self,
         api: Api<K>,
         name: &str,
         resource_version: Option<String>,
         existing: Option<&Value>,
         desired: Value,
     ) where
-        K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+        K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + serde::Serialize,
         K::DynamicType: Default,
     {
         let kind = K::kind(&K::DynamicType::default()).into_owned();
-        Self::patch_status_of(&kind, api, name, resource_version, existing, desired).await;
+        self.patch_status_of(&kind, api, name, resource_version, existing, desired)
+            .await;
+    }
+
+    /// Status fields the cluster's CRDs drop. The lock is never held across an await.
+    fn pruned_fields(&self) -> std::sync::MutexGuard<'_, status::Pruned> {
+        self.pruned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// [`Self::patch_status`] for an object of `kind`, through `api` of any resource.
     async fn patch_status_of<K>(
+        &self,
         kind: &str,
         api: Api<K>,
         name: &str,
         resource_version: Option<String>,
         existing: Option<&Value>,
-        desired: Value,
+        mut desired: Value,
     ) where
-        K: Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+        K: Clone + std::fmt::Debug + serde::de::DeserializeOwned + serde::Serialize,
     {
+        self.pruned_fields()
+            .strip(kind, &mut desired, std::time::Instant::now());
         if status::contains(existing, &desired) {
             return;
         }
@@ -622,7 +637,22 @@ impl Reconciler {
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => {}
+            Ok(written) => {
+                let written = serde_json::to_value(&written).ok();
+                let dropped = self.pruned_fields().learn(
+                    kind,
+                    &desired,
+                    written.as_ref().and_then(|w| w.get("status")),
+                    std::time::Instant::now(),
+                );
+                if !dropped.is_empty() {
+                    tracing::info!(
+                        %kind,
+                        fields = %dropped.join(", "),
+                        "the cluster's CRD has no such status fields; they are left out"
+                    );
+                }
+            }
             Err(kube::Error::Api(e)) if e.code == 409 => {
                 tracing::debug!(
                     name,

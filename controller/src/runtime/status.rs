@@ -9,7 +9,7 @@ use serde_json::{json, Map, Value};
 
 use crate::translate::{
     Condition, GatewayStatus, ListenerSetStatus, ListenerStatus, ParentRef, PolicyAncestorStatus,
-    RouteParentStatus, GATEWAY_API_GROUP,
+    RouteParentStatus, GATEWAY_API_GROUP, GATEWAY_CONFIG_GROUP,
 };
 
 /// A condition's status.
@@ -64,36 +64,54 @@ impl From<&Condition> for KubeCondition {
 
 /// The `conditions` list: each condition keeps the `lastTransitionTime` it had when its status
 /// is unchanged, else gets `now` (RFC 3339).
+///
+/// Conditions other controllers keep on the object (domain-prefixed types of another domain,
+/// as a policy controller's `example.com/PolicyAffected`) stay where they are: a merge patch
+/// replaces the whole list, and dropping theirs would start a write loop with them. Ours are
+/// updated in place, new ones appended, and ours no longer wanted removed.
 pub fn conditions(desired: &[KubeCondition], existing: Option<&Value>, now: &str) -> Value {
-    let previous = |kind: &str| {
-        existing
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .find(|c| c.get("type").and_then(Value::as_str) == Some(kind))
+    let render = |c: &KubeCondition, previous: Option<&Value>| {
+        let status = c.status.as_str();
+        let since = previous
+            .filter(|p| p.get("status").and_then(Value::as_str) == Some(status))
+            .and_then(|p| p.get("lastTransitionTime").cloned())
+            .unwrap_or_else(|| Value::String(now.to_owned()));
+        let mut out = Map::new();
+        out.insert("type".into(), c.kind.clone().into());
+        out.insert("status".into(), status.into());
+        out.insert("reason".into(), c.reason.clone().into());
+        out.insert("message".into(), c.message.clone().into());
+        if let Some(g) = c.observed_generation {
+            out.insert("observedGeneration".into(), g.into());
+        }
+        out.insert("lastTransitionTime".into(), since);
+        Value::Object(out)
     };
-    Value::Array(
-        desired
-            .iter()
-            .map(|c| {
-                let status = c.status.as_str();
-                let since = previous(&c.kind)
-                    .filter(|p| p.get("status").and_then(Value::as_str) == Some(status))
-                    .and_then(|p| p.get("lastTransitionTime").cloned())
-                    .unwrap_or_else(|| Value::String(now.to_owned()));
-                let mut out = Map::new();
-                out.insert("type".into(), c.kind.clone().into());
-                out.insert("status".into(), status.into());
-                out.insert("reason".into(), c.reason.clone().into());
-                out.insert("message".into(), c.message.clone().into());
-                if let Some(g) = c.observed_generation {
-                    out.insert("observedGeneration".into(), g.into());
-                }
-                out.insert("lastTransitionTime".into(), since);
-                Value::Object(out)
-            })
-            .collect(),
-    )
+    let mut placed = vec![false; desired.len()];
+    let mut out = Vec::with_capacity(desired.len());
+    for e in existing.and_then(Value::as_array).into_iter().flatten() {
+        let kind = e.get("type").and_then(Value::as_str).unwrap_or_default();
+        match desired.iter().position(|c| c.kind == kind) {
+            Some(i) if !placed[i] => {
+                placed[i] = true;
+                out.push(render(&desired[i], Some(e)));
+            }
+            Some(_) => {}
+            None if !is_ours(kind) => out.push(e.clone()),
+            None => {}
+        }
+    }
+    for (c, _) in desired.iter().zip(&placed).filter(|(_, placed)| !**placed) {
+        out.push(render(c, None));
+    }
+    Value::Array(out)
+}
+
+/// Whether a condition type is this controller's to write: Gateway API's own types (no domain
+/// prefix: on an object we manage, only we set them) and our domain's.
+fn is_ours(kind: &str) -> bool {
+    kind.split_once('/')
+        .is_none_or(|(domain, _)| domain == GATEWAY_CONFIG_GROUP)
 }
 
 /// A Gateway's status: its conditions (as given, so the caller can gate `Programmed`), its
@@ -235,6 +253,7 @@ pub fn route(
     owned_entries(
         "parents",
         "parentRef",
+        MAX_PARENTS,
         desired,
         controller_name,
         existing,
@@ -262,6 +281,7 @@ pub fn policy(
     owned_entries(
         "ancestors",
         "ancestorRef",
+        MAX_ANCESTORS,
         desired,
         controller_name,
         existing,
@@ -285,12 +305,20 @@ fn gateway_ref(r: &ParentRef) -> Value {
     Value::Object(parent_ref)
 }
 
+/// The most entries a policy's `status.ancestors` takes (the CRD's `maxItems`).
+const MAX_ANCESTORS: usize = 16;
+/// The most entries a route's `status.parents` takes (the CRD's `maxItems`).
+const MAX_PARENTS: usize = 32;
+
 /// The `list` of a status whose entries each name a Gateway under `reference` and carry a
 /// `controllerName`: other controllers' entries stay where they are; ours are updated in
-/// place, dropped when not `desired`, and new ones appended.
+/// place, dropped when not `desired`, and new ones appended while the list has room for them
+/// (`max`, past which the API server refuses the whole write: Gateway API asks that no entry
+/// be added to a full list).
 fn owned_entries(
     list: &str,
     reference: &str,
+    max: usize,
     desired: Vec<(Value, Vec<KubeCondition>)>,
     controller_name: &str,
     existing: Option<&Value>,
@@ -334,7 +362,8 @@ fn owned_entries(
             entries.extend(slot.take());
         }
     }
-    entries.extend(desired.into_iter().flatten());
+    let room = max.saturating_sub(entries.len());
+    entries.extend(desired.into_iter().flatten().take(room));
     let mut out = Map::new();
     out.insert(list.into(), Value::Array(entries));
     Value::Object(out)
@@ -482,6 +511,61 @@ pub fn gateway_config(
     })
 }
 
+/// Top-level status fields the cluster's CRDs drop, per kind: a CRD of an older Gateway API
+/// release has no `attachedListenerSets` on Gateways (before v1.5) or no `supportedFeatures` on
+/// GatewayClasses (standard channel before v1.4), and the API server prunes what its schema
+/// lacks. Such a field never reads back, so without this every object of the kind would be
+/// written again at every round. A field is tried again after [`Pruned::RETRY`], in case the
+/// CRDs were upgraded meanwhile.
+#[derive(Debug, Default)]
+pub struct Pruned {
+    fields: std::collections::HashMap<(String, String), std::time::Instant>,
+}
+
+impl Pruned {
+    pub const RETRY: std::time::Duration = std::time::Duration::from_secs(3600);
+
+    /// `desired` without the fields of `kind` known to be dropped.
+    pub fn strip(&mut self, kind: &str, desired: &mut Value, now: std::time::Instant) {
+        if self.fields.is_empty() {
+            return;
+        }
+        self.fields
+            .retain(|_, since| now.duration_since(*since) < Self::RETRY);
+        if let Value::Object(d) = desired {
+            d.retain(|field, _| !self.fields.contains_key(&(kind.to_owned(), field.clone())));
+        }
+    }
+
+    /// Learns, from the status a write returned, which fields it sent did not stick; returns
+    /// them (to be told once).
+    pub fn learn(
+        &mut self,
+        kind: &str,
+        sent: &Value,
+        written: Option<&Value>,
+        now: std::time::Instant,
+    ) -> Vec<String> {
+        let Value::Object(sent) = sent else {
+            return Vec::new();
+        };
+        let carries = |v: &Value| match v {
+            Value::Null => false,
+            Value::Array(a) => !a.is_empty(),
+            Value::Object(o) => !o.is_empty(),
+            _ => true,
+        };
+        let mut dropped = Vec::new();
+        for (field, value) in sent {
+            if carries(value) && written.and_then(|w| w.get(field)).is_none() {
+                self.fields.insert((kind.to_owned(), field.clone()), now);
+                dropped.push(field.clone());
+            }
+        }
+        dropped
+    }
+}
+
 /// Whether `existing` already says everything `desired` says (fields only in `existing`, such as
 /// other controllers' additions, do not count).
 pub fn contains(existing: Option<&Value>, desired: &Value) -> bool {
@@ -523,6 +607,100 @@ mod tests {
         assert_eq!(second[0]["reason"], "Other");
         let third = conditions(&[cond("Accepted", false, "Invalid")], Some(&second), "T3");
         assert_eq!(third[0]["lastTransitionTime"], "T3");
+    }
+
+    #[test]
+    fn other_controllers_conditions_stay_in_place_and_ours_no_longer_wanted_go() {
+        let existing = json!([
+            {"type": "example.com/PolicyAffected", "status": "True", "reason": "Applied", "message": "", "lastTransitionTime": "T0"},
+            {"type": "Accepted", "status": "True", "reason": "Accepted", "message": "", "lastTransitionTime": "T0"},
+            {"type": "Conflicted", "status": "True", "reason": "HostnameConflict", "message": "", "lastTransitionTime": "T0"},
+            {"type": "cf.k8s.lex.la/TunnelShared", "status": "True", "reason": "Shared", "message": "", "lastTransitionTime": "T0"},
+            {"type": "Unprefixed", "status": "True", "reason": "Ours", "message": "", "lastTransitionTime": "T0"},
+        ]);
+        let out = conditions(
+            &[
+                cond("Programmed", true, "Programmed"),
+                cond("Accepted", true, "Accepted"),
+            ],
+            Some(&existing),
+            "T1",
+        );
+        let kinds: Vec<&str> = out
+            .as_array()
+            .expect("a list")
+            .iter()
+            .filter_map(|c| c["type"].as_str())
+            .collect();
+        assert_eq!(
+            kinds,
+            ["example.com/PolicyAffected", "Accepted", "Programmed"],
+            "{out}"
+        );
+        assert_eq!(out[0], existing[0], "theirs untouched");
+        assert_eq!(out[1]["lastTransitionTime"], "T0");
+        assert_eq!(out[2]["lastTransitionTime"], "T1");
+        // Written once, it compares equal: nothing to write at the next round.
+        let again = conditions(
+            &[
+                cond("Programmed", true, "Programmed"),
+                cond("Accepted", true, "Accepted"),
+            ],
+            Some(&out),
+            "T2",
+        );
+        assert_eq!(again, out);
+    }
+
+    #[test]
+    fn a_field_the_crd_drops_is_left_out_until_it_is_tried_again() {
+        let mut pruned = Pruned::default();
+        let start = std::time::Instant::now();
+        let sent = json!({"conditions": [{"type": "Accepted"}], "attachedListenerSets": 0, "addresses": null, "listeners": []});
+        let written = json!({"conditions": [{"type": "Accepted"}]});
+        assert_eq!(
+            pruned.learn("Gateway", &sent, Some(&written), start),
+            ["attachedListenerSets"],
+            "a null or an empty list says nothing"
+        );
+        let mut desired = sent.clone();
+        pruned.strip("Gateway", &mut desired, start);
+        assert!(desired.get("attachedListenerSets").is_none());
+        assert!(desired.get("conditions").is_some());
+        let mut other = sent.clone();
+        pruned.strip("ListenerSet", &mut other, start);
+        assert!(other.get("attachedListenerSets").is_some(), "per kind");
+        let mut later = sent.clone();
+        pruned.strip("Gateway", &mut later, start + Pruned::RETRY);
+        assert!(later.get("attachedListenerSets").is_some(), "tried again");
+    }
+
+    #[test]
+    fn no_ancestor_is_added_to_a_full_list() {
+        use crate::translate::{ParentKind, PolicyAncestorStatus};
+        let ancestor = |name: String| PolicyAncestorStatus {
+            ancestor_ref: ParentRef {
+                kind: ParentKind::Gateway,
+                namespace: "a".to_owned(),
+                name,
+                section_name: None,
+                port: None,
+            },
+            conditions: Vec::new(),
+        };
+        let theirs: Vec<Value> = (0..3)
+            .map(|i| json!({"ancestorRef": {"name": format!("t{i}"), "namespace": "a"}, "controllerName": "example.com/other", "conditions": []}))
+            .collect();
+        let existing = json!({ "ancestors": theirs });
+        let ours: Vec<_> = (0..20).map(|i| ancestor(format!("g{i:02}"))).collect();
+        let out = policy(&ours, "cf", Some(&existing), "T");
+        let list = out["ancestors"].as_array().expect("ancestors");
+        assert_eq!(list.len(), MAX_ANCESTORS);
+        assert_eq!(list[..3], theirs[..], "theirs kept");
+        assert_eq!(list[3]["ancestorRef"]["name"], "g00");
+        assert_eq!(list[15]["ancestorRef"]["name"], "g12");
+        // The next round finds the list full and changes nothing.
+        assert_eq!(policy(&ours, "cf", Some(&out), "T"), out);
     }
 
     #[test]

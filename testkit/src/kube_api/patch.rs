@@ -14,7 +14,7 @@ use super::cluster::Cluster;
 use super::merge::merge_patch;
 use super::request::Req;
 use super::response::{not_json, respond, status, Reply};
-use super::schema::{default_fields, normalize_secret};
+use super::schema::{default_fields, normalize_secret, prune_unknown_fields};
 use super::store::Event;
 
 pub(super) fn patch(cluster: &Cluster, req: &Req<'_>, content_type: &str, body: &[u8]) -> Reply {
@@ -90,6 +90,7 @@ pub(super) fn patch(cluster: &Cluster, req: &Req<'_>, content_type: &str, body: 
         }
     };
     default_fields(&mut updated);
+    prune_unknown_fields(&mut updated, cluster.crds().gateway_api);
     if let Some(invalid) = req.invalid(&name, &updated, existing.as_ref()) {
         return invalid;
     }

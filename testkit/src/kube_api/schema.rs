@@ -4,11 +4,15 @@
 //!
 //! Simplification: of all the defaults and validation a real server has, only those the
 //! controller meets are here: a Deployment's `spec.replicas` defaults to 1, its `spec.selector`
-//! cannot change once created (`ValidateDeploymentUpdate`), and a Lease's spec is validated
-//! (`ValidateLeaseSpec`).
+//! cannot change once created (`ValidateDeploymentUpdate`), a Lease's spec is validated
+//! (`ValidateLeaseSpec`), Gateway API's status lists hold no more items than their CRDs'
+//! `maxItems`, and a Gateway's `status.attachedListenerSets` is pruned by CRDs older than
+//! v1.5, whose schema lacks it.
 
 use base64::Engine as _;
 use serde_json::{json, Value};
+
+use super::served::GatewayApiCrds;
 
 /// Fills in what the objects' schemas default: a Deployment's `spec.replicas`, 1.
 pub(super) fn default_fields(object: &mut Value) {
@@ -21,6 +25,30 @@ pub(super) fn default_fields(object: &mut Value) {
         object["spec"] = json!({});
     }
     object["spec"]["replicas"] = json!(1);
+}
+
+/// Drops what the schema of the installed CRDs lacks, as the API server prunes unknown fields
+/// of a structural schema: Gateways' `status.attachedListenerSets` before v1.5.
+pub(super) fn prune_unknown_fields(object: &mut Value, crds: GatewayApiCrds) {
+    let gateway = object.get("kind").and_then(Value::as_str) == Some("Gateway")
+        && object
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|v| v.starts_with("gateway.networking.k8s.io/"));
+    if gateway && crds == GatewayApiCrds::V1_4 {
+        if let Some(status) = object.get_mut("status").and_then(Value::as_object_mut) {
+            status.remove("attachedListenerSets");
+        }
+    }
+}
+
+/// The `maxItems` of Gateway API's status lists: a policy's `ancestors`, a route's `parents`.
+fn status_list_max(kind: &str) -> Option<(&'static str, usize)> {
+    match kind {
+        "BackendTLSPolicy" => Some(("ancestors", 16)),
+        "HTTPRoute" | "GRPCRoute" | "TLSRoute" | "TCPRoute" | "UDPRoute" => Some(("parents", 32)),
+        _ => None,
+    }
 }
 
 /// Why validation refuses `object` of `kind` in `group` named `name`, replacing `existing` if
@@ -46,7 +74,18 @@ pub(super) fn invalid(
                 )
             })
         }
-        _ => None,
+        _ => {
+            let (list, max) = status_list_max(kind)?;
+            let items = object
+                .pointer(&format!("/status/{list}"))?
+                .as_array()?
+                .len();
+            (items > max).then(|| {
+                format!(
+                    "{kind}.{group} \"{name}\" is invalid: status.{list}: Too many: {items}: must have at most {max} items"
+                )
+            })
+        }
     }
 }
 
