@@ -908,12 +908,30 @@ impl MockEdge {
             .await
     }
 
+    /// [`send_raw_quic_stream`](Self::send_raw_quic_stream) without finishing the stream:
+    /// `bytes` are written and the stream held open until the connector ends it.
+    pub async fn send_unfinished_quic_stream(
+        &self,
+        bytes: &[u8],
+    ) -> Result<Vec<u8>, MockEdgeError> {
+        self.raw_quic_stream(&[bytes], Duration::ZERO, false).await
+    }
+
     /// [`send_raw_quic_stream`](Self::send_raw_quic_stream) with the bytes written in
     /// `pieces`, `gap` apart, so that each arrives in a packet of its own.
     pub async fn send_raw_quic_stream_in_pieces(
         &self,
         pieces: &[&[u8]],
         gap: Duration,
+    ) -> Result<Vec<u8>, MockEdgeError> {
+        self.raw_quic_stream(pieces, gap, true).await
+    }
+
+    async fn raw_quic_stream(
+        &self,
+        pieces: &[&[u8]],
+        gap: Duration,
+        finished: bool,
     ) -> Result<Vec<u8>, MockEdgeError> {
         let conn = self
             .inner
@@ -934,10 +952,12 @@ impl MockEdge {
                 .await
                 .map_err(|e| MockEdgeError::Stream(e.to_string()))?;
         }
-        let _ = send.finish();
-        recv.read_to_end(1024 * 1024)
-            .await
-            .map_err(|e| MockEdgeError::Stream(e.to_string()))
+        if finished {
+            let _ = send.finish();
+        }
+        let answer = recv.read_to_end(1024 * 1024).await;
+        drop(send);
+        answer.map_err(|e| MockEdgeError::Stream(e.to_string()))
     }
 
     /// Sends `body` verbatim as a configuration push over a serving HTTP/2

@@ -206,12 +206,18 @@ async fn serve(
     let _cancel = tracker.cancel_on_drop();
     let active = shared.metrics.active_streams(ProtocolLabel::Quic);
     let budget = stream::PreambleBudget::new(PREAMBLE_BUDGET_BYTES);
+    // Configuration pushes are read one at a time, as over HTTP/2: the others wait unread,
+    // held to their streams' flow-control windows.
+    let pushes = Arc::new(tokio::sync::Semaphore::new(1));
     let serve_stream = |send, recv| {
         tracker.spawn(handle_stream(
             shared.clone(),
             send,
             recv,
-            budget.clone(),
+            Bounds {
+                preambles: budget.clone(),
+                pushes: pushes.clone(),
+            },
             tracker.in_flight(&active),
         ));
     };
@@ -347,11 +353,19 @@ async fn within<F: Future>(
     tokio::time::timeout(limit, fut).await
 }
 
+/// What a connection's streams share.
+struct Bounds {
+    /// Room for the heads of data streams being read.
+    preambles: stream::PreambleBudget,
+    /// The one turn to read a configuration push.
+    pushes: Arc<tokio::sync::Semaphore>,
+}
+
 async fn handle_stream(
     shared: Arc<Shared>,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
-    budget: stream::PreambleBudget,
+    bounds: Bounds,
     in_flight: InFlight,
 ) {
     let mut start = StreamStart::new();
@@ -362,6 +376,9 @@ async fn handle_stream(
     .await;
     match kind {
         Ok(Ok(StreamKind::Rpc)) => {
+            let Ok(_turn) = bounds.pushes.acquire().await else {
+                return;
+            };
             // The session's first bytes may have come with the signature.
             let early = start.bytes[DATA_SIGNATURE_LEN..start.len].to_vec();
             let stream = RpcStream {
@@ -380,7 +397,7 @@ async fn handle_stream(
             }
         }
         Ok(Ok(StreamKind::Data)) => {
-            serve_data(&shared, send, recv, start, &budget, in_flight).await
+            serve_data(&shared, send, recv, start, &bounds.preambles, in_flight).await
         }
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "resetting stream with a bad preamble");

@@ -1018,6 +1018,54 @@ async fn an_http2_edge_that_never_speaks_is_dialed_again() {
     .expect("test finished in time");
 }
 
+/// Over QUIC too, configuration pushes are read one at a time: an RPC session whose message
+/// never completes holds the turn until the RPC timeout ends it, and the push behind it is
+/// then read and applied. Pushes read at once would each take a buffer of the size the edge
+/// announces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quic_config_push_waits_for_one_that_never_completes() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = std::sync::Arc::new(MockEdge::start().await.unwrap());
+        let handle = serving_connector(&edge, Protocol::Quic, 1).await;
+        let started = tokio::time::Instant::now();
+        let stuck = tokio::spawn({
+            let edge = edge.clone();
+            async move {
+                // The RPC signature, then a message framed as one segment of 4096 words of
+                // which only the first arrive.
+                let mut bytes = cftunnel_tunnel::stream::RPC_SIGNATURE.to_vec();
+                bytes.extend_from_slice(&0u32.to_le_bytes());
+                bytes.extend_from_slice(&4096u32.to_le_bytes());
+                bytes.extend_from_slice(&[0; 64]);
+                let _ = edge.send_unfinished_quic_stream(&bytes).await;
+                tokio::time::Instant::now()
+            }
+        });
+        // Sent once the stuck session has surely taken its turn (it has 3 s).
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let applied = edge.push_config(8, br#"{"ingress":[]}"#).await;
+        let complete_at = tokio::time::Instant::now();
+        assert!(matches!(applied.as_slice(), [Ok(8)]), "{applied:?}");
+        let stuck_at = stuck.await.unwrap();
+        // The test connector's RPC timeout is 3 s.
+        let waited = stuck_at - started;
+        assert!(
+            waited >= Duration::from_millis(2900) && waited < Duration::from_secs(6),
+            "{waited:?}"
+        );
+        let complete_waited = complete_at - started;
+        assert!(
+            complete_waited >= Duration::from_millis(2900),
+            "the complete push waited its turn, answered after {complete_waited:?}"
+        );
+        assert_eq!(handle.remote_config().borrow().version, 8);
+        handle.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// Over HTTP/2 configuration pushes are read one at a time, and one whose document never
 /// completes is answered 502 once the RPC timeout has passed; a push waiting behind it is
 /// then read and applied.
