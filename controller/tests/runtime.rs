@@ -2211,6 +2211,42 @@ async fn a_status_write_that_is_never_answered_does_not_stall_reconciling() {
     .expect("in time");
 }
 
+/// A round's status writes go out side by side: one the API server is slow to answer (here,
+/// never) holds up no other object's status.
+#[tokio::test]
+async fn a_status_write_that_hangs_holds_up_no_other_objects_status() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut held = None;
+        let t = Tenant::start_with("replicas: 1", |api| {
+            held = Some(api.hold(|c| c.method == "PATCH" && c.kind == "Gateway"));
+        })
+        .await;
+        let hold = held.expect("the Gateway's status writes are held");
+        tokio::time::timeout(Duration::from_secs(20), hold.arrived(1))
+            .await
+            .expect("the Gateway's status write");
+        // Routes are written after Gateways in a round.
+        let parent = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if let Some(p) = route_parent(&t.api, "tenant-a", "shop") {
+                    return p;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        })
+        .await
+        .expect("the route's status is written while the Gateway's hangs");
+        assert_eq!(
+            condition(&parent["conditions"], "Accepted").map(|c| &c["status"]),
+            Some(&json!("True"))
+        );
+        hold.release();
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 fn put_gateway_config(api: &ApiServer, spec: &str) {
     api.put(yaml(&format!(
         "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {{name: edge-config, namespace: tenant-a}}\nspec: {{tunnelTokenSecretRef: {{name: edge-tunnel-token}}, authTokenSecretRef: {{name: edge-api, key: bearer}}, {spec}}}\n"

@@ -504,7 +504,7 @@ struct Reconciler {
     /// Per plane: why its pushes keep failing, while they do.
     push_failures: HashMap<PlaneKey, String>,
     /// Status fields the cluster's CRDs drop.
-    pruned: std::sync::Mutex<status::Pruned>,
+    pruned: Arc<std::sync::Mutex<status::Pruned>>,
     /// Per Gateway: the last render error reported, so a persisting one is not re-sent.
     render_failures: HashMap<ObjectKey, String>,
     tunnel_api: Option<TunnelApi>,

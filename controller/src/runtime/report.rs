@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use futures_util::StreamExt as _;
 use gateway_api::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::experimental::gatewayclasses::GatewayClass;
 use gateway_api::experimental::gateways::Gateway;
@@ -15,6 +16,7 @@ use kube::core::DynamicObject;
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{json, Value};
+use tracing::Instrument as _;
 
 use super::status::{self, set_programmed_pending, ConfigUser, KubeCondition, Truth};
 use super::{object_key, PlaneInfo, Reconciler, PROXY_CONFIG_PUSHED};
@@ -31,6 +33,31 @@ fn clipped(note: &str) -> &str {
     &note[..note.floor_char_boundary(NOTE_LIMIT)]
 }
 
+/// The most status writes and Events of a round in flight at once.
+const WRITES_AT_ONCE: usize = 16;
+
+/// The writes a round's report makes (status patches, Events), run [`WRITES_AT_ONCE`] at a
+/// time once all are known. One after another, a change that touches every route (a shared
+/// pool whose pushes fail) would hold the round, and every tenant's next change, for
+/// thousands of sequential calls.
+#[derive(Default)]
+pub(super) struct Writes {
+    jobs: Vec<futures_util::future::BoxFuture<'static, ()>>,
+}
+
+impl Writes {
+    fn push(&mut self, job: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.jobs.push(Box::pin(job.in_current_span()));
+    }
+
+    async fn run(self) {
+        futures_util::stream::iter(self.jobs)
+            .buffer_unordered(WRITES_AT_ONCE)
+            .for_each(|()| std::future::ready(()))
+            .await;
+    }
+}
+
 impl Reconciler {
     pub(super) async fn publish(
         &self,
@@ -40,6 +67,18 @@ impl Reconciler {
         action: &str,
         note: &str,
     ) {
+        self.event(regarding, type_, reason, action, note).await;
+    }
+
+    /// Publishing an Event, as a future of its own.
+    fn event(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: &str,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let event = Event {
             type_,
             reason: reason.to_owned(),
@@ -47,8 +86,11 @@ impl Reconciler {
             action: action.to_owned(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, regarding).await {
-            tracing::warn!(error = %e, reason, "publishing an Event failed");
+        let (recorder, regarding) = (self.recorder.clone(), regarding.clone());
+        async move {
+            if let Err(e) = recorder.publish(&event, &regarding).await {
+                tracing::warn!(error = %e, reason = %event.reason, "publishing an Event failed");
+            }
         }
     }
 
@@ -60,8 +102,10 @@ impl Reconciler {
         newly_failed: &BTreeSet<PlaneKey>,
     ) {
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
-        let controller = &self.options.translate.controller_name;
+        let controller = self.options.translate.controller_name.clone();
+        let controller = &controller;
         let push_failed = push_failed(&self.push_failures, planes);
+        let mut writes = Writes::default();
 
         for class in &snapshot.gateway_classes {
             let name = class.name_any();
@@ -80,8 +124,7 @@ impl Reconciler {
             );
             let api: Api<GatewayClass> = Api::all(self.client.clone());
             let version = class.resource_version();
-            self.patch_status(api, &name, version, existing.as_ref(), desired)
-                .await;
+            self.patch_status(&mut writes, api, &name, version, existing.as_ref(), desired);
         }
 
         let shared_address = planes
@@ -163,23 +206,19 @@ impl Reconciler {
             let value = status::gateway(desired, &conditions, &addresses, existing.as_ref(), &now);
             let api: Api<Gateway> = Api::namespaced(self.client.clone(), &key.namespace);
             self.patch_status(
+                &mut writes,
                 api,
                 &key.name,
                 gw.resource_version(),
                 existing.as_ref(),
                 value,
-            )
-            .await;
+            );
         }
 
-        self.write_listener_set_statuses(snapshot, output, &pending_gateways, &now)
-            .await;
-        self.write_gateway_config_statuses(snapshot, output, &now)
-            .await;
-        self.write_gateway_class_config_statuses(snapshot, &now)
-            .await;
-        self.write_backend_tls_policy_statuses(snapshot, output, &now)
-            .await;
+        self.write_listener_set_statuses(&mut writes, snapshot, output, &pending_gateways, &now);
+        self.write_gateway_config_statuses(&mut writes, snapshot, output, &now);
+        self.write_gateway_class_config_statuses(&mut writes, snapshot, &now);
+        self.write_backend_tls_policy_statuses(&mut writes, snapshot, output, &now);
 
         let route_objects = snapshot
             .http_routes
@@ -294,8 +333,13 @@ impl Reconciler {
                 let key = (told_key.clone(), reason);
                 match message {
                     Some(message) if self.condition_told.get(&key) != Some(&message) => {
-                        self.publish(&regarding, EventType::Warning, reason, "Route", &message)
-                            .await;
+                        writes.push(self.event(
+                            &regarding,
+                            EventType::Warning,
+                            reason,
+                            "Route",
+                            &message,
+                        ));
                         self.condition_told.insert(key, message);
                     }
                     Some(_) => {}
@@ -307,14 +351,13 @@ impl Reconciler {
             let refused = self.refused_rules.get(&route_key).map(|r| r.join("; "));
             match refused {
                 Some(note) if self.refused_told.get(&told_key) != Some(&note) => {
-                    self.publish(
+                    writes.push(self.event(
                         &regarding,
                         EventType::Warning,
                         "ProxyRuleRefused",
                         "Push",
                         &note,
-                    )
-                    .await;
+                    ));
                     self.refused_told.insert(told_key.clone(), note);
                 }
                 Some(_) => {}
@@ -324,26 +367,23 @@ impl Reconciler {
             }
             if let Some(reason) = failed_now {
                 let note = format!("the proxy pods have not taken the config: {reason}");
-                self.publish(
+                writes.push(self.event(
                     &regarding,
                     EventType::Warning,
                     "ProxyConfigPushFailed",
                     "Push",
                     &note,
-                )
-                .await;
+                ));
             }
             let (client, version) = (self.client.clone(), meta.resource_version.clone());
             match kind {
                 RouteKind::Http => {
                     let api: Api<HttpRoute> = Api::namespaced(client, &ns);
-                    self.patch_status(api, &name, version, existing.as_ref(), value)
-                        .await;
+                    self.patch_status(&mut writes, api, &name, version, existing.as_ref(), value);
                 }
                 RouteKind::Grpc => {
                     let api: Api<GrpcRoute> = Api::namespaced(client, &ns);
-                    self.patch_status(api, &name, version, existing.as_ref(), value)
-                        .await;
+                    self.patch_status(&mut writes, api, &name, version, existing.as_ref(), value);
                 }
             }
         }
@@ -351,12 +391,14 @@ impl Reconciler {
             .retain(|(route, _), _| routes_seen.contains(route));
         self.refused_told
             .retain(|route, _| routes_seen.contains(route));
+        writes.run().await;
     }
 
     /// Writes the status of each ListenerSet whose parent is one of our Gateways, at the
     /// version it is read at (`ListenerSet`, or the experimental `XListenerSet`).
-    async fn write_listener_set_statuses(
+    fn write_listener_set_statuses(
         &self,
+        writes: &mut Writes,
         snapshot: &Snapshot,
         output: &translate::Output,
         pending: &BTreeMap<ObjectKey, String>,
@@ -393,21 +435,22 @@ impl Reconciler {
             let api: Api<DynamicObject> =
                 Api::namespaced_with(self.client.clone(), &key.namespace, &resource);
             self.patch_status_of(
+                writes,
                 &resource.kind,
                 api,
                 &key.name,
                 set.resource_version(),
                 existing.as_ref(),
                 value,
-            )
-            .await;
+            );
         }
     }
 
     /// Writes each GatewayConfig's status: which Gateways of the controller name it, and
     /// whether their planes render from it, with the message of their `InvalidParameters`.
-    async fn write_gateway_config_statuses(
+    fn write_gateway_config_statuses(
         &self,
+        writes: &mut Writes,
         snapshot: &Snapshot,
         output: &translate::Output,
         now: &str,
@@ -462,20 +505,25 @@ impl Reconciler {
                 status::gateway_config(config.metadata.generation, &users, existing.as_ref(), now);
             let api: Api<GatewayConfig> = Api::namespaced(self.client.clone(), namespace);
             self.patch_status(
+                writes,
                 api,
                 name,
                 config.resource_version(),
                 existing.as_ref(),
                 desired,
-            )
-            .await;
+            );
         }
     }
 
     /// Writes the `SecretsResolved` and `Valid` of each GatewayClassConfig one of the
     /// controller's classes names, as this round judged it
     /// ([`crate::class_parameters::settle`]).
-    async fn write_gateway_class_config_statuses(&self, snapshot: &Snapshot, now: &str) {
+    fn write_gateway_class_config_statuses(
+        &self,
+        writes: &mut Writes,
+        snapshot: &Snapshot,
+        now: &str,
+    ) {
         // Which controllers' GatewayClasses name each config: one named by none of ours is not
         // ours to judge. The verdict depends on each controller's own namespace, so two
         // installations writing theirs on a config no class names (yet, or any more) would
@@ -525,13 +573,13 @@ impl Reconciler {
             });
             let api: Api<GatewayClassConfig> = Api::all(self.client.clone());
             self.patch_status(
+                writes,
                 api,
                 name,
                 config.resource_version(),
                 existing.as_ref(),
                 desired,
-            )
-            .await;
+            );
         }
     }
 
@@ -539,8 +587,9 @@ impl Reconciler {
     /// routes use a port the policy targets), beside other controllers' entries. A policy that
     /// applies to none of our Gateways loses the entries we wrote before, and is not written
     /// when it has none.
-    async fn write_backend_tls_policy_statuses(
+    fn write_backend_tls_policy_statuses(
         &self,
+        writes: &mut Writes,
         snapshot: &Snapshot,
         output: &translate::Output,
         now: &str,
@@ -575,13 +624,13 @@ impl Reconciler {
             let desired = status::policy(ours, controller, existing.as_ref(), now);
             let api: Api<BackendTlsPolicy> = Api::namespaced(self.client.clone(), &key.namespace);
             self.patch_status(
+                writes,
                 api,
                 &key.name,
                 policy.resource_version(),
                 existing.as_ref(),
                 desired,
-            )
-            .await;
+            );
         }
     }
 
@@ -589,8 +638,9 @@ impl Reconciler {
     /// unless the object already says it. The patch carries the resourceVersion the status was
     /// computed from: if the object changed meanwhile (another controller wrote its parent),
     /// the API server refuses it and the round its watch event starts writes it afresh.
-    async fn patch_status<K>(
+    fn patch_status<K>(
         &self,
+        writes: &mut Writes,
         api: Api<K>,
         name: &str,
         resource_version: Option<String>,
@@ -598,23 +648,26 @@ impl Reconciler {
         desired: Value,
     ) where
         K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + serde::Serialize,
+        K: Send + 'static,
         K::DynamicType: Default,
     {
         let kind = K::kind(&K::DynamicType::default()).into_owned();
-        self.patch_status_of(&kind, api, name, resource_version, existing, desired)
-            .await;
-    }
-
-    /// Status fields the cluster's CRDs drop. The lock is never held across an await.
-    fn pruned_fields(&self) -> std::sync::MutexGuard<'_, status::Pruned> {
-        self.pruned
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.patch_status_of(
+            writes,
+            &kind,
+            api,
+            name,
+            resource_version,
+            existing,
+            desired,
+        );
     }
 
     /// [`Self::patch_status`] for an object of `kind`, through `api` of any resource.
-    async fn patch_status_of<K>(
+    #[allow(clippy::too_many_arguments)]
+    fn patch_status_of<K>(
         &self,
+        writes: &mut Writes,
         kind: &str,
         api: Api<K>,
         name: &str,
@@ -623,46 +676,57 @@ impl Reconciler {
         mut desired: Value,
     ) where
         K: Clone + std::fmt::Debug + serde::de::DeserializeOwned + serde::Serialize,
+        K: Send + 'static,
     {
-        self.pruned_fields()
+        // The lock is never held across an await.
+        let pruned = self.pruned.clone();
+        pruned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .strip(kind, &mut desired, std::time::Instant::now());
         if status::contains(existing, &desired) {
             return;
         }
-        let patch = json!({
-            "metadata": { "resourceVersion": resource_version },
-            "status": desired,
-        });
-        match api
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(written) => {
-                let written = serde_json::to_value(&written).ok();
-                let dropped = self.pruned_fields().learn(
-                    kind,
-                    &desired,
-                    written.as_ref().and_then(|w| w.get("status")),
-                    std::time::Instant::now(),
-                );
-                if !dropped.is_empty() {
-                    tracing::info!(
-                        %kind,
-                        fields = %dropped.join(", "),
-                        "the cluster's CRD has no such status fields; they are left out"
+        let (kind, name) = (kind.to_owned(), name.to_owned());
+        writes.push(async move {
+            let patch = json!({
+                "metadata": { "resourceVersion": resource_version },
+                "status": desired,
+            });
+            match api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(written) => {
+                    let written = serde_json::to_value(&written).ok();
+                    let dropped = pruned
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .learn(
+                            &kind,
+                            &patch["status"],
+                            written.as_ref().and_then(|w| w.get("status")),
+                            std::time::Instant::now(),
+                        );
+                    if !dropped.is_empty() {
+                        tracing::info!(
+                            %kind,
+                            fields = %dropped.join(", "),
+                            "the cluster's CRD has no such status fields; they are left out"
+                        );
+                    }
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    tracing::debug!(
+                        name,
+                        "status changed meanwhile; rewritten on the next round"
                     );
                 }
+                Err(e) => {
+                    tracing::warn!(%kind, name, error = %e, "writing status failed");
+                }
             }
-            Err(kube::Error::Api(e)) if e.code == 409 => {
-                tracing::debug!(
-                    name,
-                    "status changed meanwhile; rewritten on the next round"
-                );
-            }
-            Err(e) => {
-                tracing::warn!(%kind, name, error = %e, "writing status failed");
-            }
-        }
+        });
     }
 }
 
