@@ -639,3 +639,66 @@ async fn a_rule_an_older_pod_refuses_is_left_out_and_the_rest_is_pushed_in_the_s
         200
     );
 }
+
+/// A document larger than the pods take (413) costs its largest rule, left out as a refused
+/// rule is, and the rest is pushed in the same round: one tenant's bulk stops no other
+/// tenant's updates.
+#[tokio::test]
+async fn a_document_too_large_for_the_pods_leaves_out_its_largest_rule() {
+    use cftunnel_config::{Filter, FilterType, Header, HeaderModifier};
+    let backend = echo().await;
+    let pod = Server::start(
+        ServerOptions {
+            admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            auth_token: Some(TOKEN.to_owned()),
+            max_config_bytes: 8 * 1024,
+            ..ServerOptions::default()
+        },
+        None,
+    )
+    .await
+    .expect("the proxy starts");
+    let rule = |host: &str, name: &str| Rule {
+        name: Some(name.to_owned()),
+        ..config(backend.http_addr(), host).rules.remove(0)
+    };
+    let mut bulky = Filter::new(FilterType::RequestHeaderModifier);
+    bulky.request_header_modifier = Some(HeaderModifier {
+        set: vec![Header {
+            name: "x-bulk".to_owned(),
+            value: "b".repeat(12 * 1024),
+        }],
+        ..HeaderModifier::default()
+    });
+    let doc = Config {
+        rules: vec![
+            rule("one.example.com", "shop/one/0"),
+            Rule {
+                filters: vec![bulky],
+                ..rule("bulk.example.com", "bulk/big/0")
+            },
+            rule("three.example.com", "shop/three/0"),
+        ],
+        ..Config::default()
+    };
+    let mut pusher = Pusher::default();
+    let round = pusher
+        .sync(&plane(), &doc, TOKEN, &[pod.admin_addr()])
+        .await;
+    assert_eq!(round.refused.len(), 1, "{round:?}");
+    let refused = &round.refused[0];
+    assert_eq!(
+        (refused.rule, refused.name.as_deref()),
+        (1, Some("bulk/big/0"))
+    );
+    assert!(
+        refused.reason.contains("larger than its pods take"),
+        "{}",
+        refused.reason
+    );
+    assert!(round.all_current(), "the rest was taken: {round:?}");
+    let data = pod.data_addr();
+    assert_eq!(get(data, "/", "one.example.com", None).await.0, 200);
+    assert_eq!(get(data, "/", "three.example.com", None).await.0, 200);
+    assert_eq!(get(data, "/", "bulk.example.com", None).await.0, 404);
+}

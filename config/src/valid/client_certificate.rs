@@ -46,8 +46,8 @@ impl ClientIdentity {
     ///
     /// # Errors
     /// A chain with no PEM certificate, or one that is not an X.509 certificate; a key that is
-    /// not one PEM private key (PKCS#8, PKCS#1 or SEC1), or whose public key is not the first
-    /// certificate's.
+    /// not one PEM private key (PKCS#8, PKCS#1 or SEC1), whose public key is not the first
+    /// certificate's, or of a type or size the proxy's TLS library cannot sign with.
     pub fn new(c: &ClientCertificate) -> Result<Self, Invalid> {
         let mut chain = Vec::new();
         for (i, cert) in CertificateDer::pem_slice_iter(c.certificate_chain.as_bytes()).enumerate()
@@ -76,6 +76,11 @@ impl ClientIdentity {
                 ));
             }
         }
+        // The proxy presents it through rustls, whose provider takes RSA keys of 2048 to 8192
+        // bits, ECDSA keys on P-256, P-384 and P-521, and Ed25519 keys: a key it cannot load
+        // is refused here, where the Gateway can say so, not rule by rule at every push.
+        rustls::crypto::aws_lc_rs::sign::any_supported_type(&key)
+            .map_err(|e| Invalid::new(KEY, format!("a key the proxy cannot sign with: {e}")))?;
         Ok(Self {
             chain,
             key: Arc::new(key),

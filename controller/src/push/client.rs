@@ -128,6 +128,19 @@ impl<'a> Client<'a> {
                 },
                 None => Put::Failed(refusal("PUT /config", StatusCode::BAD_REQUEST, &answer)),
             },
+            // Too large for the pod: its largest rule goes, as a rule it refuses would, so
+            // one tenant's bulk (a CA bundle copied to each of many endpoints) costs that
+            // tenant's rule, not every tenant's updates.
+            Ok((StatusCode::PAYLOAD_TOO_LARGE, answer)) => match largest_rule(doc) {
+                Some((rule, bytes)) => Put::Refused {
+                    rule,
+                    reason: format!(
+                        "PUT /config: the plane's document is larger than its pods take ({}); this rule, the largest ({bytes} bytes), is left out",
+                        String::from_utf8_lossy(&answer).trim()
+                    ),
+                },
+                None => Put::Failed(refusal("PUT /config", StatusCode::PAYLOAD_TOO_LARGE, &answer)),
+            },
             Ok((status, answer)) => Put::Failed(refusal("PUT /config", status, &answer)),
         }
     }
@@ -242,6 +255,15 @@ fn refused_rule(answer: &[u8], doc: &Config) -> Option<(usize, String)> {
         }
     }
     Some((rule, error))
+}
+
+/// The position of `doc`'s largest rule, as it is written in a push, and its size.
+fn largest_rule(doc: &Config) -> Option<(usize, usize)> {
+    doc.rules
+        .iter()
+        .map(|r| serde_json::to_vec(r).map_or(0, |v| v.len()))
+        .enumerate()
+        .max_by_key(|&(i, bytes)| (bytes, std::cmp::Reverse(i)))
 }
 
 fn refusal(what: &str, status: StatusCode, body: &[u8]) -> String {

@@ -93,12 +93,14 @@ impl MatchSpec {
             }
         }
         for (name, want) in self.headers.iter() {
-            // A repeated header matches if any of its values does.
+            // A repeated header matches if any of its values does. Values are compared as
+            // UTF-8 text, as Go compares them (`to_str` would take visible ASCII only, and a
+            // `X-User: José` would match nothing).
             let hit = req
                 .headers
                 .get_all(name)
                 .iter()
-                .any(|v| v.to_str().is_ok_and(|v| want.matches(v)));
+                .any(|v| std::str::from_utf8(v.as_bytes()).is_ok_and(|v| want.matches(v)));
             if !hit {
                 return false;
             }

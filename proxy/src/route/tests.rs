@@ -336,6 +336,40 @@ fn matches_are_ored_and_fields_inside_a_match_are_anded() {
 }
 
 #[test]
+fn header_values_beyond_ascii_are_matched_as_text() {
+    let routes = compile_doc(json!({"rules": [
+        rule("exact", json!({"matches": [{"headers": [{"name": "x-user", "value": "José"}]}]})),
+        rule("any", json!({"matches": [{"headers": [{"type": "RegularExpression", "name": "x-team", "value": ".+"}]}]})),
+    ]}));
+    let find_raw = |name: &str, value: &[u8]| {
+        let mut map = HeaderMap::new();
+        map.append(
+            HeaderName::from_bytes(name.as_bytes()).expect("header name"),
+            HeaderValue::from_bytes(value).expect("header value"),
+        );
+        let view = RequestView {
+            method: &Method::GET,
+            path: "/",
+            query: None,
+            headers: &map,
+        };
+        routes
+            .table
+            .find("h", &view)
+            .and_then(|hit| hit.rule.name.as_deref().map(str::to_owned))
+    };
+    assert_eq!(
+        find_raw("x-user", "José".as_bytes()).as_deref(),
+        Some("exact")
+    );
+    assert_eq!(find_raw("x-user", b"Jose"), None);
+    assert_eq!(
+        find_raw("x-team", "ölfabrik".as_bytes()).as_deref(),
+        Some("any")
+    );
+}
+
+#[test]
 fn header_names_are_case_insensitive_query_names_are_not() {
     let routes = compile_doc(json!({"rules": [
         rule("header", json!({"matches": [{"headers": [{"name": "Version", "value": "one"}]}]})),

@@ -125,3 +125,29 @@ fn the_key_never_shows_in_debug_output() {
     let checked = ClientIdentity::new(&doc).expect("valid");
     assert!(!format!("{checked:?}").contains("PRIVATE"));
 }
+
+/// A 1024-bit RSA key and its self-signed certificate (made with `openssl req -x509 -newkey
+/// rsa:1024`).
+const RSA_1024: (&str, &str) = (
+    "-----BEGIN CERTIFICATE-----\nMIICCjCCAXOgAwIBAgIURY8Ox/XCmSJ2Y3L/Nz+jW8Qm2C0wDQYJKoZIhvcNAQEL\nBQAwFjEUMBIGA1UEAwwLY2xpZW50LnRlc3QwIBcNMjYxMjA2MDgyOTE2WhgPMjEy\nNjExMTIwODI5MTZaMBYxFDASBgNVBAMMC2NsaWVudC50ZXN0MIGfMA0GCSqGSIb3\nDQEBAQUAA4GNADCBiQKBgQCilk7D3qAH8eqgBwCNmlQ1waqmXssPQ9wqBoRAOMtQ\noSX9cnwBbG1DxIIGUA8aqzPZjMkdjdkB02rbf/oKHlNKATx5KnPIKITRf5BMnSsL\nfkoUrAMOOSxJgKTzON8lvkoL2u3q7BHmQu1KirtmWJuHgSxiAvjjm/WSCne78PST\nkQIDAQABo1MwUTAdBgNVHQ4EFgQU55KXlQ0pX+NgoZUs+U0x3hCDR90wHwYDVR0j\nBBgwFoAU55KXlQ0pX+NgoZUs+U0x3hCDR90wDwYDVR0TAQH/BAUwAwEB/zANBgkq\nhkiG9w0BAQsFAAOBgQBVp9SBCfeQLHYQ8IsckDo+26H9ET/MYs+2EF/vIEtxfBs8\nZk7c1ZiZjOR/bVQA1BXkWCV+73Q9KyXguzTyw1AWoR3KtQF4kI94fUIsDdegK19T\ntL3NpFNjrYL8CHIBQL8RdIL2SG4aEAq8xiR4+wbsJHPH2kr5inN4vnFK/KHt8A==\n-----END CERTIFICATE-----",
+    "-----BEGIN PRIVATE KEY-----\nMIICdwIBADANBgkqhkiG9w0BAQEFAASCAmEwggJdAgEAAoGBAKKWTsPeoAfx6qAH\nAI2aVDXBqqZeyw9D3CoGhEA4y1ChJf1yfAFsbUPEggZQDxqrM9mMyR2N2QHTatt/\n+goeU0oBPHkqc8gohNF/kEydKwt+ShSsAw45LEmApPM43yW+Sgva7ersEeZC7UqK\nu2ZYm4eBLGIC+OOb9ZIKd7vw9JORAgMBAAECgYAccgOxzR9ehHqyKMd1/sxA43NB\nzE/mic7ZI2679bPMlYUaBI+hiCDNvHGrPRKHbfCSXUlKfGi9IwoNASTz5D5Z6sBE\nCHpUwbfPoOTPjBPRz3BphL5vG1E/auzfehOEZGwHQlHX2Ft+npz8eWYAvQExQ0Vi\nA1rWjVKeFbZxqVUnCQJBANgEU+GgaC9uDgBMpEK6waTkTUZoP6/XRnJLvM9/3GhC\nXcMMwi2sp158T91os9EdaPB6cS8JK0jOw1SKB2URT1MCQQDArkgv5pfVcUqaibWj\n6H+3243bZwMCmpDqzC/e99AxF4oMx+GmhT2YUMJzCgrr1MlPk1MBSR5xwgmDJTlO\nmskLAkBYPJxO44jrJtdNRAEsyMBkrGTsR5UMLLE36rv7Pk03wTQvgjynD4lmTP0K\ngcRBvPOqlzk4b1Rg7yRWmfMfU4zFAkEAqf4ZOgmbk3hsdYNheca6R5+wvA1aHoX3\nrO+QnIrOZ0F5TmVas+uBuEwoAg6uK/qD0W0NImk8LukeM1I4CR2OmQJBAK+PXOfu\nROY7ZlKSzscVdNPlgLx2aqcOp+3Zhk6xe3sFvnwOW+X7awc/0QBNM8eWNdnq5Blc\niMkV+XbNbpWkrCo=\n-----END PRIVATE KEY-----",
+);
+
+/// A secp256k1 key (PKCS#8) and its self-signed certificate.
+const SECP256K1: (&str, &str) = (
+    "-----BEGIN CERTIFICATE-----\nMIIBfzCCASagAwIBAgIUGqSlxbZ/j0jX+XOqp663Ros7lxEwCgYIKoZIzj0EAwIw\nFjEUMBIGA1UEAwwLY2xpZW50LnRlc3QwIBcNMjYxMjA2MDgyOTE2WhgPMjEyNjEx\nMTIwODI5MTZaMBYxFDASBgNVBAMMC2NsaWVudC50ZXN0MFYwEAYHKoZIzj0CAQYF\nK4EEAAoDQgAE5SNnSMYniY5/BuyDIBRmtPeHySHuhNMjVRNWzfx4LhNjYkXWVWTY\nYWKVjilmj0ZUu5Mlcyuliv8O3lwjpghgVqNTMFEwHQYDVR0OBBYEFG5sWH5tpUQl\nOhsRUUckuRvSfVouMB8GA1UdIwQYMBaAFG5sWH5tpUQlOhsRUUckuRvSfVouMA8G\nA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDRwAwRAIgPKQTOBA+IRsSHdU3tqim\nYsTnTa7hnSy1gQr2DY+HU9oCIGNFR6V1PhqGxFItZ2uv/gT9Jc4r4xvpFZmZDMcR\nhYeK\n-----END CERTIFICATE-----",
+    "-----BEGIN PRIVATE KEY-----\nMIGEAgEAMBAGByqGSM49AgEGBSuBBAAKBG0wawIBAQQgCDhhLq9AAcKiukuS/wzV\nRangjggx3t7onSfH83aZcHKhRANCAATlI2dIxieJjn8G7IMgFGa094fJIe6E0yNV\nE1bN/HguE2NiRdZVZNhhYpWOKWaPRlS7kyVzK6WK/w7eXCOmCGBW\n-----END PRIVATE KEY-----",
+);
+
+#[test]
+fn keys_the_proxys_tls_library_cannot_sign_with_are_refused() {
+    for (what, (cert, key)) in [("RSA 1024", RSA_1024), ("secp256k1", SECP256K1)] {
+        let err = identity(cert, key).expect_err(what);
+        assert_eq!(err.field, KEY, "{what}");
+        assert!(
+            err.message.contains("cannot sign with"),
+            "{what}: {}",
+            err.message
+        );
+    }
+}
