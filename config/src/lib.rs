@@ -13,7 +13,8 @@
 //! and address from it, so its format is parsed in one place too.
 //!
 //! Which headers stop at each hop ([`hop_by_hop`]) is the rule the proxy and the connector
-//! both apply to what they pass on.
+//! both apply to what they pass on, and a path's canonical form ([`path`]) the one requests
+//! are routed on and rule path values are written in.
 //!
 //! What it leaves out: anything that does I/O or needs a runtime (dialling backends, serving
 //! requests, connecting to the edge) belongs to the proxy and the tunnel connector.
@@ -21,6 +22,7 @@
 mod document;
 mod duration;
 pub mod hop_by_hop;
+pub mod path;
 mod token;
 pub mod valid;
 

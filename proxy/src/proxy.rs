@@ -261,14 +261,15 @@ impl Proxy {
             }
         }
         if parts.uri.path() != "*" {
-            // A `%` that starts no escape would let decoding make new ones (`%2%65` is `%2e`
-            // once `%65` is decoded); Go's server refuses such a path too.
-            if !escapes_are_whole(parts.uri.path().as_bytes()) {
-                return Err(ProxyError::BadRequest(
+            // Rules are written in the same canonical form (`cftunnel_config::path`). A `%`
+            // that starts no escape would let decoding make new ones (`%2%65` is `%2e` once
+            // `%65` is decoded); Go's server refuses such a path too.
+            let canonical = cftunnel_config::path::canonical(parts.uri.path()).map_err(|_| {
+                ProxyError::BadRequest(
                     "the request path has a `%` not followed by two hex digits\n",
-                ));
-            }
-            if let Some(normal) = canonical_path(parts.uri.path()) {
+                )
+            })?;
+            if let Some(normal) = canonical {
                 let pq = match parts.uri.query() {
                     Some(q) => format!("{normal}?{q}"),
                     None => normal,
@@ -494,7 +495,11 @@ fn answer_locally(
     matched_prefix: Option<&str>,
 ) -> Option<Response<Reply>> {
     if let Some(redirect) = &filters.redirect {
-        let scheme = parts.uri.scheme_str().unwrap_or(conn.scheme);
+        // Gateway API: a redirect without a scheme keeps the request's. That is the settled
+        // one (`settle_forwarded_proto`), not the URI's: the tunnel's requests all name
+        // `https` whatever the client used, and an absolute-form request on the plain listener
+        // names what its client wrote, not what the connection is.
+        let scheme = conn.scheme;
         let mut response = Response::new(Reply::Local(Bytes::new()));
         match redirect.location(
             scheme,
@@ -521,136 +526,6 @@ fn answer_locally(
         }
     }
     None
-}
-
-/// Makes a request path canonical before it is routed (RFC 3986 §6.2.2), so a rule on
-/// `/admin` cannot be sidestepped by a path that a backend reads as `/admin`: percent-encoded
-/// unreserved characters are decoded (`/%61dmin`, `/x/%2e%2e/admin`), then `.` and `..`
-/// segments removed and repeated slashes merged (§5.2.4). Other percent-encodings, `%2F`
-/// among them, stay as sent: they do not name the same path. `None`: already canonical.
-pub fn normalize_path(path: &str) -> Option<String> {
-    // Decoding beside a `%` that starts no escape could make a new one: such a path keeps its
-    // escapes (the handler refuses it before it gets here).
-    let decoded = escapes_are_whole(path.as_bytes())
-        .then(|| decode_unreserved(path))
-        .flatten();
-    without_dot_segments(path, decoded)
-}
-
-/// [`normalize_path`] of a path whose every `%` starts an escape, as the handler has checked.
-fn canonical_path(path: &str) -> Option<String> {
-    without_dot_segments(path, decode_unreserved(path))
-}
-
-/// `path`, or `decoded` (`path` with escapes decoded, when any were), with `.` and `..`
-/// segments removed and repeated slashes merged; `None` when that changes nothing.
-fn without_dot_segments(path: &str, decoded: Option<String>) -> Option<String> {
-    let path = match &decoded {
-        Some(decoded) => decoded.as_str(),
-        None if is_normal(path.as_bytes()) => return None,
-        None => path,
-    };
-    if is_normal(path.as_bytes()) {
-        return decoded;
-    }
-    let mut out: Vec<&str> = Vec::new();
-    for seg in path.split('/') {
-        match seg {
-            "" | "." => {}
-            ".." => {
-                out.pop();
-            }
-            s => out.push(s),
-        }
-    }
-    let trailing = path.ends_with('/') || path.ends_with("/.") || path.ends_with("/..");
-    let mut normal = String::with_capacity(path.len());
-    for seg in &out {
-        normal.push('/');
-        normal.push_str(seg);
-    }
-    if normal.is_empty() || (trailing && !out.is_empty()) {
-        normal.push('/');
-    }
-    Some(normal)
-}
-
-/// Whether every `%` in `path` starts an escape: two hex digits follow it.
-pub fn escapes_are_whole(path: &[u8]) -> bool {
-    let mut rest = path;
-    while let Some(at) = rest.iter().position(|&b| b == b'%') {
-        match rest.get(at + 1..at + 3) {
-            Some(&[hi, lo]) if hi.is_ascii_hexdigit() && lo.is_ascii_hexdigit() => {
-                rest = &rest[at + 3..];
-            }
-            _ => return false,
-        }
-    }
-    true
-}
-
-/// `path` with each percent-encoded unreserved character (letters, digits, `-._~`) written
-/// as itself; `None` when it has none, as nearly every path. Every `%` of `path` must start
-/// an escape ([`escapes_are_whole`]): decoding beside one that does not could make a new one.
-fn decode_unreserved(path: &str) -> Option<String> {
-    let bytes = path.as_bytes();
-    let (mut at, mut byte) = unreserved_escape(bytes, 0)?;
-    let mut out = String::with_capacity(path.len());
-    let mut copied = 0;
-    loop {
-        // `at` is at an ASCII `%` and escapes are three ASCII bytes: every cut is on a char
-        // boundary.
-        out.push_str(&path[copied..at]);
-        out.push(char::from(byte));
-        copied = at + 3;
-        match unreserved_escape(bytes, copied) {
-            Some(next) => (at, byte) = next,
-            None => break,
-        }
-    }
-    out.push_str(&path[copied..]);
-    Some(out)
-}
-
-/// The first percent-encoded unreserved character at or after `from`: where it starts, and
-/// the character.
-fn unreserved_escape(bytes: &[u8], from: usize) -> Option<(usize, u8)> {
-    let mut i = from;
-    while let Some(offset) = bytes.get(i..)?.iter().position(|&b| b == b'%') {
-        let at = i + offset;
-        let hex = |b: u8| char::from(b).to_digit(16);
-        if let Some(&[hi, lo]) = bytes.get(at + 1..at + 3) {
-            if let (Some(hi), Some(lo)) = (hex(hi), hex(lo)) {
-                let byte = (hi * 16 + lo) as u8;
-                if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
-                    return Some((at, byte));
-                }
-            }
-        }
-        i = at + 1;
-    }
-    None
-}
-
-/// Whether a path starts with `/` and has no empty, `.` or `..` segment: one pass over the
-/// bytes, as nearly every request path is already normal.
-fn is_normal(path: &[u8]) -> bool {
-    if path.first() != Some(&b'/') {
-        return false;
-    }
-    let mut i = 0;
-    while i < path.len() {
-        // `i` is at a `/`; look at the segment after it.
-        let rest = &path[i + 1..];
-        let seg_len = rest.iter().position(|&b| b == b'/').unwrap_or(rest.len());
-        let seg = &rest[..seg_len];
-        let last = i + 1 + seg_len == path.len();
-        if (seg.is_empty() && !last) || seg == b"." || seg == b".." {
-            return false;
-        }
-        i += 1 + seg_len;
-    }
-    true
 }
 
 /// The request's host for routing: `Host` (or `:authority`), port removed, lower-cased.

@@ -229,48 +229,6 @@ async fn versions_are_measured_against_the_version_served_and_json_errors_name_t
     .expect("test finished in time");
 }
 
-#[test]
-fn normalisation_follows_rfc_3986() {
-    use cftunnel_proxy::proxy::normalize_path;
-    assert_eq!(normalize_path("/a/b"), None);
-    assert_eq!(normalize_path("/a/./b").as_deref(), Some("/a/b"));
-    assert_eq!(normalize_path("/a/../b").as_deref(), Some("/b"));
-    assert_eq!(
-        normalize_path("/../../b").as_deref(),
-        Some("/b"),
-        "never above the root"
-    );
-    assert_eq!(normalize_path("//a///b/").as_deref(), Some("/a/b/"));
-    assert_eq!(normalize_path("/a/b/..").as_deref(), Some("/a/"));
-    assert_eq!(normalize_path("/..").as_deref(), Some("/"));
-    assert_eq!(normalize_path("/%61/%2e%2E/b").as_deref(), Some("/b"));
-    assert_eq!(normalize_path("/%7e%5F%2d%30").as_deref(), Some("/~_-0"));
-    assert_eq!(
-        normalize_path("/a%2fb%20c"),
-        None,
-        "reserved and other bytes stay encoded"
-    );
-    assert_eq!(normalize_path("/%6"), None, "a cut-off escape stays");
-    assert_eq!(normalize_path("/%zz%"), None);
-    assert_eq!(
-        normalize_path("/x/%2%65"),
-        None,
-        "no decoding beside a stray `%`"
-    );
-    use cftunnel_proxy::proxy::escapes_are_whole;
-    assert!(escapes_are_whole(b"/a%2Fb%7e"));
-    assert!(!escapes_are_whole(b"/a%2"));
-    assert!(!escapes_are_whole(b"/%2%65"));
-    assert_eq!(normalize_path("/é%41").as_deref(), Some("/éA"));
-    for normal in ["/", "/a/", "/.a", "/..a/b.", "/a/.b/..c", "/a.../"] {
-        assert_eq!(normalize_path(normal), None, "{normal}");
-    }
-    assert_eq!(normalize_path("/a//").as_deref(), Some("/a/"));
-    assert_eq!(normalize_path("/a/.").as_deref(), Some("/a/"));
-    assert_eq!(normalize_path("a/b").as_deref(), Some("/a/b"));
-    assert_eq!(normalize_path("").as_deref(), Some("/"));
-}
-
 /// A spliced WebSocket ends as a whole when either side ends its half, as Go's reverse proxy
 /// ends it (the first direction to finish closes both connections): a backend that ignores
 /// the client's end of stream cannot keep the session, and its in-flight count, open.

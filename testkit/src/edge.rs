@@ -52,6 +52,17 @@ pub use key_exchange::key_exchange_group_by_name;
 use rpc::RegistrationHooks;
 pub use rpc::RegistrationRecord;
 
+/// The scheme the mock edge states its eyeballs used (`X-Forwarded-Proto`, `Cf-Visitor`).
+/// The request URIs connectors see say `https` either way, as Cloudflare's `dest` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VisitorScheme {
+    /// An HTTPS zone, what the mock stands for unless told otherwise.
+    #[default]
+    Https,
+    /// A zone that serves plain HTTP too: its eyeballs' requests are marked `http`.
+    Http,
+}
+
 /// Mock edge errors.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -216,6 +227,8 @@ pub(crate) struct Inner {
     /// unanswered, with nothing read, for `h2_ping_timeout`.
     h2_ping_interval: Duration,
     h2_ping_timeout: Duration,
+    /// What the edge headers say the eyeballs used.
+    pub(crate) visitor_scheme: VisitorScheme,
 }
 
 impl Inner {
@@ -573,6 +586,7 @@ pub struct MockEdgeBuilder {
     registration_timeout: Duration,
     h2_ping_interval: Duration,
     h2_ping_timeout: Duration,
+    visitor_scheme: VisitorScheme,
 }
 
 impl Default for MockEdgeBuilder {
@@ -590,6 +604,7 @@ impl Default for MockEdgeBuilder {
             registration_timeout: listen::REGISTRATION_TIMEOUT,
             h2_ping_interval: listen::H2_PING_INTERVAL,
             h2_ping_timeout: listen::H2_PING_TIMEOUT,
+            visitor_scheme: VisitorScheme::Https,
         }
     }
 }
@@ -681,6 +696,12 @@ impl MockEdgeBuilder {
         self
     }
 
+    /// The scheme the edge headers say the eyeballs used (default [`VisitorScheme::Https`]).
+    pub fn visitor_scheme(mut self, scheme: VisitorScheme) -> Self {
+        self.visitor_scheme = scheme;
+        self
+    }
+
     /// Binds the listeners and starts serving on the current runtime.
     pub async fn start(self) -> Result<MockEdge, MockEdgeError> {
         let pki = match self.pki {
@@ -709,6 +730,7 @@ impl MockEdgeBuilder {
             registration_timeout: self.registration_timeout,
             h2_ping_interval: self.h2_ping_interval,
             h2_ping_timeout: self.h2_ping_timeout,
+            visitor_scheme: self.visitor_scheme,
         });
         // A previous instance on the same port may still be releasing it.
         let mut attempts = 0;

@@ -246,20 +246,26 @@ fn some_filters<F: Keep>(
     Ok(F::BUILD.then_some(out))
 }
 
+/// A header modifier, checked. Gateway API (`HTTPHeader`): of the `set` or `add` entries with
+/// equivalent names (header names are compared in any case) the first counts and the others
+/// are ignored, so `set: [X-Env: prod, x-env: dev]` sets `prod`, and `add` adds it once.
 fn header_edits(m: &doc::HeaderModifier, at: &At<'_>) -> Result<HeaderEdits, Invalid> {
     let pairs = |list: &[doc::Header], what: &str| {
         let list_at = at.field(what);
-        list.iter()
-            .enumerate()
-            .map(|(k, h)| {
-                let at = list_at.index(k);
-                let name =
-                    name::header_name(&h.name).map_err(|m| Invalid::new(at.field("name"), m))?;
-                let value =
-                    name::header_value(&h.value).map_err(|m| Invalid::new(at.field("value"), m))?;
-                Ok((name, value))
-            })
-            .collect::<Result<Vec<_>, Invalid>>()
+        let mut out: Vec<(HeaderName, HeaderValue)> = Vec::with_capacity(list.len());
+        // Parsed names are lower-case, so equal names are equivalent ones. A set, not a scan
+        // of `out`: a pushed document's lists have no length limit.
+        let mut seen = std::collections::HashSet::with_capacity(list.len());
+        for (k, h) in list.iter().enumerate() {
+            let at = list_at.index(k);
+            let name = name::header_name(&h.name).map_err(|m| Invalid::new(at.field("name"), m))?;
+            let value =
+                name::header_value(&h.value).map_err(|m| Invalid::new(at.field("value"), m))?;
+            if seen.insert(name.clone()) {
+                out.push((name, value));
+            }
+        }
+        Ok::<_, Invalid>(out)
     };
     let remove = m
         .remove

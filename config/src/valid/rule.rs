@@ -4,6 +4,7 @@
 use super::filter::{self, Filters};
 use super::{access, name, status, Access, At, Cache, Invalid, Keep, Pattern, Target};
 use crate::document as doc;
+use crate::path;
 use http::{HeaderName, Method, StatusCode};
 use std::sync::Arc;
 use std::time::Duration;
@@ -275,7 +276,14 @@ fn match_<F: Form>(
                 }
                 kind => {
                     let value = name::absolute_path(&p.value).map_err(|m| Invalid::new(at, m))?;
+                    // Requests are routed on their canonical path, so the value is written the
+                    // same way: `/%7Ebob` matches `/~bob`, `/%7ebob` and `/%7Ebob` alike.
+                    let canonical = path::canonical(value).map_err(|e| {
+                        let m = format!("path {value:?} has {e}, which no routed request has");
+                        Invalid::new(at, m)
+                    })?;
                     F::BUILD.then(|| {
+                        let value = canonical.as_deref().unwrap_or(value);
                         if kind == doc::PathMatchType::Exact {
                             PathMatch::Exact(value.into())
                         } else {

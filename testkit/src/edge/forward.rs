@@ -28,7 +28,7 @@ use cftunnel_tunnel::stream::{self, ConnectionType, RPC_SIGNATURE};
 use cftunnel_tunnel::{Body, BoxError, Upgraded};
 
 use super::answer::{self, EdgeBody};
-use super::{rpc, Inner, MockEdgeError, Transport};
+use super::{rpc, Inner, MockEdgeError, Transport, VisitorScheme};
 
 /// How long the edge waits for a connector's response head by default:
 /// Cloudflare's proxy read timeout, after which it answers 524.
@@ -79,12 +79,12 @@ pub(super) const LOCATION: &str = "MCK";
 /// The headers Cloudflare's edge sets on every proxied request: the
 /// eyeball's address (`Cf-Connecting-Ip`, replacing any the client sent, and
 /// appended to `X-Forwarded-For`), the scheme (`X-Forwarded-Proto`,
-/// `Cf-Visitor`; the mock stands for an HTTPS edge, as its `dest` URLs
-/// say), a ray id (`Cf-Ray`) and
+/// `Cf-Visitor`; `https` unless the mock was built for plain-HTTP eyeballs,
+/// whatever its `dest` URLs say), a ray id (`Cf-Ray`) and
 /// `CDN-Loop`. Headers named `Cf-Cloudflared-*` are the edge's own words to the
 /// connector (over HTTP/2 they mark config pushes, control and TCP streams), so
 /// an eyeball's are dropped.
-pub(super) fn add_edge_headers(headers: &mut http::HeaderMap, peer: IpAddr) {
+pub(super) fn add_edge_headers(headers: &mut http::HeaderMap, peer: IpAddr, scheme: VisitorScheme) {
     remove_matching(headers, is_cloudflared_header);
     // Room for the six names below at once, instead of growing (and rehashing) on the way.
     headers.reserve(6);
@@ -106,11 +106,12 @@ pub(super) fn add_edge_headers(headers: &mut http::HeaderMap, peer: IpAddr) {
     if let Some(xff) = xff {
         headers.insert(X_FORWARDED_FOR.clone(), xff);
     }
-    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("https"));
-    headers.insert(
-        CF_VISITOR.clone(),
-        HeaderValue::from_static(r#"{"scheme":"https"}"#),
-    );
+    let (proto, visitor) = match scheme {
+        VisitorScheme::Https => ("https", r#"{"scheme":"https"}"#),
+        VisitorScheme::Http => ("http", r#"{"scheme":"http"}"#),
+    };
+    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(proto));
+    headers.insert(CF_VISITOR.clone(), HeaderValue::from_static(visitor));
     headers.insert(CF_RAY.clone(), ray_id(rand::random::<u64>()));
     headers.append(CDN_LOOP.clone(), HeaderValue::from_static("cloudflare"));
 }
@@ -163,7 +164,7 @@ where
     // `Connection` lists never reach those.
     strip_request_headers(req.headers_mut());
     join_cookies(req.headers_mut());
-    add_edge_headers(req.headers_mut(), peer);
+    add_edge_headers(req.headers_mut(), peer, inner.visitor_scheme);
     let ray = req.headers().get(&CF_RAY).cloned();
     let mut resp = through_tunnel(inner, req, websocket).await;
     // Every answer is the edge's: its `Server` in place of the origin's, and the ray id
@@ -932,7 +933,7 @@ mod tests {
         );
         h.insert("cf-cloudflared-proxy-src", HeaderValue::from_static("x"));
         h.insert("x-app", HeaderValue::from_static("kept"));
-        add_edge_headers(&mut h, "127.0.0.1".parse().unwrap());
+        add_edge_headers(&mut h, "127.0.0.1".parse().unwrap(), VisitorScheme::Https);
         assert!(
             h.keys().all(|n| !n.as_str().starts_with("cf-cloudflared-")),
             "{h:?}"
@@ -1195,7 +1196,7 @@ mod tests {
         h.append("x-forwarded-for", HeaderValue::from_static("192.0.2.1"));
         h.append("x-forwarded-for", HeaderValue::from_static("192.0.2.2"));
         h.insert("x-forwarded-proto", HeaderValue::from_static("http"));
-        add_edge_headers(&mut h, "127.0.0.1".parse().unwrap());
+        add_edge_headers(&mut h, "127.0.0.1".parse().unwrap(), VisitorScheme::Https);
         assert_eq!(h["cf-connecting-ip"], "127.0.0.1");
         assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
         assert_eq!(h["x-forwarded-for"], "192.0.2.1, 192.0.2.2, 127.0.0.1");
@@ -1208,14 +1209,25 @@ mod tests {
         assert_eq!(ray_id(0x0123_4567_89ab_cdef), "0123456789abcdef-MCK");
 
         let mut h = http::HeaderMap::new();
-        add_edge_headers(&mut h, "::1".parse().unwrap());
+        add_edge_headers(&mut h, "::1".parse().unwrap(), VisitorScheme::Https);
         assert_eq!(h["x-forwarded-for"], "::1");
         assert_eq!(h["cf-connecting-ip"], "::1");
 
         // An IPv4 eyeball on a dual-stack listener.
         let mut h = http::HeaderMap::new();
-        add_edge_headers(&mut h, "::ffff:192.0.2.7".parse().unwrap());
+        add_edge_headers(
+            &mut h,
+            "::ffff:192.0.2.7".parse().unwrap(),
+            VisitorScheme::Https,
+        );
         assert_eq!(h["cf-connecting-ip"], "192.0.2.7");
         assert_eq!(h["x-forwarded-for"], "192.0.2.7");
+
+        // An eyeball of a zone that serves plain HTTP: the edge's word replaces the client's.
+        let mut h = http::HeaderMap::new();
+        h.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+        add_edge_headers(&mut h, "127.0.0.1".parse().unwrap(), VisitorScheme::Http);
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["cf-visitor"], r#"{"scheme":"http"}"#);
     }
 }
