@@ -5817,6 +5817,47 @@ async fn another_installations_planes_are_left_alone() {
     .expect("in time");
 }
 
+/// A Gateway moved to a class of ours that is created in the same apply may be seen before
+/// the class is: its plane stays (same Deployment, same token) and serves on under the new
+/// class once it is listed.
+#[tokio::test]
+async fn a_gateway_moved_to_a_class_not_yet_listed_keeps_its_plane() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        let deployment = || t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge");
+        let before = eventually("the plane", deployment).await;
+        let secret = |d: &Value| d["metadata"]["uid"].clone();
+        t.api.put(yaml(&gateway(true).replace(
+            "gatewayClassName: cloudflare-tunnel",
+            "gatewayClassName: cloudflare-tunnel-b",
+        )));
+        // Rounds run on every change; a few of them.
+        for i in 0..5 {
+            t.api.put(yaml(&format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: nudge, namespace: tenant-a}}\ndata: {{n: '{i}'}}\n"
+            )));
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let during = deployment().expect("the plane stays while its class is not listed");
+        assert_eq!(secret(&during), secret(&before));
+        t.api.put(yaml(&format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: cloudflare-tunnel-b}}\nspec: {{controllerName: {CONTROLLER}}}\n"
+        )));
+        eventually("the plane relabelled for the new class", || {
+            deployment().filter(|d| {
+                d.pointer("/metadata/labels/gateway.networking.k8s.io~1gateway-class-name")
+                    == Some(&json!("cloudflare-tunnel-b"))
+            })
+        })
+        .await;
+        let after = deployment().expect("the plane");
+        assert_eq!(secret(&after), secret(&before), "the same Deployment");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// A GatewayClass name may be longer than a label value (253 characters against 63). Another
 /// installation's plane for a Gateway of such a class, labelled with the class name shortened
 /// as the renderer shortens it, or with no class label at all as earlier versions rendered it,

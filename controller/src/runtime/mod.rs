@@ -884,14 +884,21 @@ impl Reconciler {
                 // Another controller's: its plane goes only if this controller rendered it
                 // (for a class of its own the Gateway has left). Another installation renders
                 // planes of the same names and owner for its own classes, which are not ours
-                // to remove.
+                // to remove. A Gateway moved to a class not listed (yet) keeps it: one apply
+                // that creates a class of ours and moves the Gateway to it may be seen
+                // Gateway first, and the plane must not go (and its token change) for that.
                 None if !ours => {
-                    if rendered_for_our_class(
-                        gw,
-                        snapshot,
-                        deployments,
-                        &self.options.translate.controller_name,
-                    ) {
+                    let class_listed = snapshot.gateway_classes.iter().any(|c| {
+                        c.metadata.name.as_deref() == Some(gw.spec.gateway_class_name.as_str())
+                    });
+                    if class_listed
+                        && rendered_for_our_class(
+                            gw,
+                            snapshot,
+                            deployments,
+                            &self.options.translate.controller_name,
+                        )
+                    {
                         self.remove_plane(gw, &key, snapshot, deployments, watched)
                             .await
                     }
