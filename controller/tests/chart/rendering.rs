@@ -3,6 +3,7 @@
 
 use super::*;
 use cftunnel_controller::gateway_config::GatewayConfig;
+use k8s_openapi::api::core::v1::Secret;
 use kube::CustomResourceExt;
 
 #[test]
@@ -245,6 +246,78 @@ fn the_schema_refuses_unknown_and_mistyped_values_with_either_helm() {
                 .err()
                 .unwrap_or_else(|| panic!("Helm {} takes {overrides}", helm.version));
             assert!(err.contains(named), "Helm {}, {overrides}: {err}", helm.version);
+        }
+    }
+}
+
+/// Secret keys and names given with `--set-string` that YAML would read as a number or a
+/// boolean (`1234`, `true`) reach the objects as the strings they are: read back as numbers,
+/// the API server would refuse the Deployments and the Secrets.
+#[test]
+fn strings_that_read_as_numbers_or_booleans_reach_the_objects_as_strings() {
+    let Some(tools) =
+        tools("strings_that_read_as_numbers_or_booleans_reach_the_objects_as_strings")
+    else {
+        return;
+    };
+    let (oldest, newest) = kube_versions();
+    let set = [
+        "--set-string=proxy.tunnelToken.key=1234",
+        "--set-string=proxy.authToken.key=true",
+        "--set=controller.cloudflareApiToken.existingSecret=cloudflare",
+        "--set-string=controller.cloudflareApiToken.key=1234",
+        "--set-string=controller.serviceAccount.name=123",
+        "--set-string=proxy.serviceAccount.name=456",
+    ];
+    // The operator's tunnel Secret, and the chart's (the token given as a value).
+    for overrides in [
+        "",
+        "proxy: {tunnelToken: {existingSecret: '', value: a-token}}",
+    ] {
+        let text = |kube: &str| {
+            render_set(tools, "default-values.yaml", overrides, &set, kube)
+                .unwrap_or_else(|e| panic!("{overrides:?}: {e}"))
+        };
+        for kube in [&oldest, &newest] {
+            valid_for(tools, &text(kube), kube).unwrap_or_else(|e| panic!("{overrides:?}: {e}"));
+        }
+        let rendered = Rendered::parse(&text(&newest));
+        let pool: Deployment = rendered.one("Deployment", &pool_name(RELEASE));
+        let controller: Deployment = rendered.one("Deployment", &controller_name(RELEASE));
+        let (tunnel_secret, tunnel_key) = secret_key(container(&pool), "TUNNEL_TOKEN");
+        assert_eq!(tunnel_key, "1234", "{overrides:?}");
+        let (auth_secret, auth_key) = secret_key(container(&pool), "PROXY_AUTH_TOKEN");
+        assert_eq!(auth_key, "true", "{overrides:?}");
+        assert_eq!(
+            secret_key(container(&controller), "CLOUDFLARE_API_TOKEN"),
+            ("cloudflare".to_owned(), "1234".to_owned())
+        );
+        // The controller reads the pool's Secrets under the same keys.
+        let shared = options(&controller_run(&controller))
+            .shared
+            .expect("the shared pool");
+        assert_eq!(shared.auth_key, "true");
+        assert_eq!(
+            shared.tunnel_secret.map(|(_, key)| key).as_deref(),
+            Some("1234")
+        );
+        assert_eq!(
+            pod_spec(&controller).service_account_name.as_deref(),
+            Some("123")
+        );
+        assert_eq!(pod_spec(&pool).service_account_name.as_deref(), Some("456"));
+        // The chart's Secrets hold their tokens under those keys.
+        let keys = |name: &str| {
+            rendered
+                .one::<Secret>("Secret", name)
+                .data
+                .unwrap_or_default()
+                .into_keys()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(keys(&auth_secret), ["true"]);
+        if !overrides.is_empty() {
+            assert_eq!(keys(&tunnel_secret), ["1234"]);
         }
     }
 }
