@@ -322,6 +322,78 @@ fn strings_that_read_as_numbers_or_booleans_reach_the_objects_as_strings() {
     }
 }
 
+/// `--set` passes a decimal as a string (`--set tracing.ratio=0.1` gives `"0.1"`): the schema
+/// takes it, in the same bounds as the number, and the objects are those a values file giving
+/// the numbers renders, with either Helm.
+#[test]
+fn decimals_given_with_set_render_what_the_same_numbers_in_a_values_file_do() {
+    let Some(tools) =
+        tools("decimals_given_with_set_render_what_the_same_numbers_in_a_values_file_do")
+    else {
+        return;
+    };
+    let (oldest, _) = kube_versions();
+    let on = "{prometheusRule: {enabled: true}, tracing: {endpoint: 'http://collector:4318'}}";
+    let release = |values| Release {
+        name: RELEASE,
+        namespace: NAMESPACE,
+        values_files: vec![chart().join("ci/default-values.yaml")],
+        values,
+        kube_version: &oldest,
+    };
+    let numbers = "{prometheusRule: {enabled: true, errorRatio: 0.1, minRequestRate: 0.5, \
+                   inflightTargetFraction: 0.9}, tracing: {endpoint: 'http://collector:4318', \
+                   ratio: 0.25}}";
+    let set = [
+        "--set=prometheusRule.errorRatio=0.1",
+        "--set=prometheusRule.minRequestRate=0.5",
+        "--set=prometheusRule.inflightTargetFraction=0.9",
+        "--set=tracing.ratio=0.25",
+    ];
+    for helm in [&tools.helm, &tools.helm_oldest] {
+        let from_set = helm
+            .template_with(&chart(), &release(on), &set)
+            .unwrap_or_else(|e| panic!("Helm {}: {e}", helm.version));
+        let from_file = helm
+            .template(&chart(), &release(numbers))
+            .unwrap_or_else(|e| panic!("Helm {}: {e}", helm.version));
+        let rendered = Rendered::parse(&from_set);
+        let pool: Deployment = rendered.one("Deployment", &pool_name(RELEASE));
+        assert_eq!(
+            env(container(&pool), "OTEL_TRACES_SAMPLER_ARG").and_then(|e| e.value.as_deref()),
+            Some("0.25")
+        );
+        assert_eq!(
+            deterministic(rendered),
+            deterministic(Rendered::parse(&from_file)),
+            "Helm {}",
+            helm.version
+        );
+        // Out of bounds, or no decimal, is refused as the number would be, naming the value.
+        for (refused, named) in [
+            ("--set=tracing.ratio=1.5", "ratio"),
+            ("--set=tracing.ratio=1e-1", "ratio"),
+            ("--set=prometheusRule.errorRatio=0.0", "errorRatio"),
+            ("--set=prometheusRule.errorRatio=five", "errorRatio"),
+            ("--set=prometheusRule.minRequestRate=-0.5", "minRequestRate"),
+            (
+                "--set=prometheusRule.inflightTargetFraction=1.01",
+                "inflightTargetFraction",
+            ),
+        ] {
+            let err = helm
+                .template_with(&chart(), &release(on), &[refused])
+                .err()
+                .unwrap_or_else(|| panic!("Helm {} takes {refused}", helm.version));
+            assert!(
+                err.contains(named),
+                "Helm {}, {refused}: {err}",
+                helm.version
+            );
+        }
+    }
+}
+
 /// Whether `name` is a DNS-1035 label, as a Service's name must be.
 fn is_dns1035_label(name: &str) -> bool {
     let re = regex::Regex::new("^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$").expect("regex");
