@@ -294,6 +294,12 @@ fn controller_name(release: &str) -> String {
     format!("{release}-controller")
 }
 
+/// The name of the release's cluster-wide object `name` (`controller`, `hostname-ownership`):
+/// its namespace's, so that releases of one name in two namespaces do not share it.
+fn cluster_name(release: &str, namespace: &str, name: &str) -> String {
+    format!("{namespace}.{release}-{name}")
+}
+
 fn pool_name(release: &str) -> String {
     format!("{release}-proxy")
 }

@@ -4,6 +4,7 @@
 use super::*;
 use cftunnel_controller::gateway_config::GatewayConfig;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::CustomResourceExt;
 
 #[test]
@@ -96,6 +97,66 @@ fn every_values_file_renders_objects_valid_for_the_oldest_and_newest_kubernetes(
                 );
             }
         }
+    }
+}
+
+/// Two releases of one name in two namespaces share no cluster-wide object: Helm would refuse
+/// to install the second over the first's. Each binds its own: the ClusterRoleBinding its
+/// ClusterRole to its own account, the admission policy's binding its policy. (The CRDs are
+/// shared by design; the GatewayClass is named by `gatewayClass.name`, one per release.)
+#[test]
+fn releases_of_one_name_in_two_namespaces_share_no_cluster_wide_object() {
+    let Some(tools) = tools("releases_of_one_name_in_two_namespaces_share_no_cluster_wide_object")
+    else {
+        return;
+    };
+    let file = "hostname-ownership-values.yaml";
+    let cluster_wide = |namespace: &str| {
+        let rendered = render_as(tools, RELEASE, namespace, file, "")
+            .unwrap_or_else(|e| panic!("{namespace}: {e}"));
+        let names: BTreeSet<String> = rendered
+            .docs
+            .iter()
+            .filter(|d| d["metadata"]["namespace"].is_null())
+            .map(|d| {
+                let field = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+                (field(&d["kind"]), field(&d["metadata"]["name"]))
+            })
+            .filter(|(kind, _)| {
+                !matches!(kind.as_str(), "CustomResourceDefinition" | "GatewayClass")
+            })
+            .map(|(kind, name)| format!("{kind} {name}"))
+            .collect();
+        (rendered, names)
+    };
+    let (first, first_names) = cluster_wide("team-a");
+    let (second, second_names) = cluster_wide("team-b");
+    assert_eq!(first_names.len(), 4, "{first_names:?}");
+    assert!(
+        first_names.is_disjoint(&second_names),
+        "{first_names:?} and {second_names:?}"
+    );
+    for (rendered, namespace) in [(first, "team-a"), (second, "team-b")] {
+        let binding: ClusterRoleBinding = rendered.one(
+            "ClusterRoleBinding",
+            &cluster_name(RELEASE, namespace, "controller"),
+        );
+        rendered.one::<ClusterRole>("ClusterRole", &binding.role_ref.name);
+        let subjects = binding.subjects.unwrap_or_default();
+        assert_eq!(
+            subjects
+                .iter()
+                .map(|s| s.namespace.as_deref())
+                .collect::<Vec<_>>(),
+            [Some(namespace)]
+        );
+        let policy = cluster_name(RELEASE, namespace, "hostname-ownership");
+        rendered.raw("ValidatingAdmissionPolicy", &policy);
+        assert_eq!(
+            rendered.raw("ValidatingAdmissionPolicyBinding", &policy)["spec"]["policyName"]
+                .as_str(),
+            Some(policy.as_str())
+        );
     }
 }
 
