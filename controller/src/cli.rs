@@ -181,13 +181,8 @@ pub struct RunArgs {
         value_parser = parse_label
     )]
     pub monitoring_pod_label: Vec<(String, String)>,
-    /// A proxy setting (NAME=VALUE, as the proxy's environment variable: `TUNNEL_REGION=us`,
-    /// `PROXY_TUNNEL_POST_QUANTUM=true`, `RUST_LOG=info`) for every dedicated plane; repeated.
-    /// The chart passes the shared pool's settings, so every plane runs as the pool does.
-    /// The tokens, the drain window and the config port are the controller's to set, and
-    /// tracing's `OTEL_*` comes from the controller's own.
-    #[arg(long, value_parser = parse_plane_env)]
-    pub plane_env: Vec<(String, String)>,
+    #[command(flatten)]
+    pub plane_env: PlaneEnv,
     /// The proxy's drain window after SIGTERM, in seconds (at most 180).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(0..=180))]
     pub grace_period_seconds: u32,
@@ -333,14 +328,16 @@ impl RunArgs {
                 monitoring_pod_label: &self.monitoring_pod_label,
                 grace_period_seconds: self.grace_period_seconds,
                 network_policy: self.plane_network_policy,
+                plane_env: &self.plane_env,
             })
             .map(|render| RenderSettings {
+                // Tracing as the controller's own, then the settings.
                 proxy_env: self
                     .traces
                     .to_env()
                     .into_iter()
                     .map(|(name, value)| (name.to_owned(), value))
-                    .chain(self.plane_env.iter().cloned())
+                    .chain(render.proxy_env.iter().cloned())
                     .collect(),
                 ..render
             })?,
@@ -390,8 +387,8 @@ fn lease_identity() -> String {
     )
 }
 
-/// The flags `run` and `render` both take to shape a data plane (declared on each, as only
-/// `run` reads them from the environment too).
+/// The flags `run` and `render` both take to shape a data plane (declared on each but
+/// `--plane-env`, as only `run` reads them from the environment too).
 struct PlaneFlags<'a> {
     proxy_image: &'a Option<String>,
     controller_namespace: &'a str,
@@ -400,6 +397,24 @@ struct PlaneFlags<'a> {
     monitoring_pod_label: &'a [(String, String)],
     grace_period_seconds: u32,
     network_policy: bool,
+    plane_env: &'a PlaneEnv,
+}
+
+/// `--plane-env`, which `run` and `render` take alike: `render` prints the plane `run` applies.
+#[derive(Debug, Clone, Default, Args)]
+pub struct PlaneEnv {
+    /// A proxy setting (NAME=VALUE, as the proxy's environment variable: `TUNNEL_REGION=us`,
+    /// `PROXY_TUNNEL_POST_QUANTUM=true`, `RUST_LOG=info`) for every dedicated plane; repeated.
+    /// The chart passes the shared pool's settings, so every plane runs as the pool does.
+    /// The tokens, the drain window and the config port are the controller's to set, and
+    /// tracing's `OTEL_*` comes from the controller's own.
+    #[arg(
+        long = "plane-env",
+        id = "plane_env",
+        value_name = "NAME=VALUE",
+        value_parser = parse_plane_env
+    )]
+    pub settings: Vec<(String, String)>,
 }
 
 /// The render settings those flags give.
@@ -417,7 +432,7 @@ fn render_settings(flags: PlaneFlags<'_>) -> anyhow::Result<RenderSettings> {
             flags.monitoring_pod_label,
         )?,
         grace_period_seconds: flags.grace_period_seconds,
-        proxy_env: Vec::new(),
+        proxy_env: flags.plane_env.settings.clone(),
         network_policy: flags.network_policy,
     })
 }
@@ -482,10 +497,10 @@ pub struct RenderArgs {
     /// Render the plane's config-port NetworkPolicy (`false`: none, as `run` then applies).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub plane_network_policy: bool,
+    #[command(flatten)]
+    pub plane_env: PlaneEnv,
 }
 
-/// A `KEY=VALUE` label of a selector, in Kubernetes' label syntax: the API server would refuse
-/// the NetworkPolicy of every data plane otherwise, so it is refused at start instead.
 /// `NAME=VALUE` of `--plane-env`.
 fn parse_plane_env(s: &str) -> Result<(String, String), String> {
     let Some((name, value)) = s.split_once('=') else {
@@ -512,6 +527,8 @@ fn parse_plane_env(s: &str) -> Result<(String, String), String> {
     Ok((name.to_owned(), value.to_owned()))
 }
 
+/// A `KEY=VALUE` label of a selector, in Kubernetes' label syntax: the API server would refuse
+/// the NetworkPolicy of every data plane otherwise, so it is refused at start instead.
 fn parse_label(s: &str) -> Result<(String, String), String> {
     let Some((key, value)) = s.split_once('=') else {
         return Err(format!("expected KEY=VALUE, got {s:?}"));
@@ -793,6 +810,7 @@ pub fn run_render(
         monitoring_pod_label: &args.monitoring_pod_label,
         grace_period_seconds: args.grace_period_seconds,
         network_policy: args.plane_network_policy,
+        plane_env: &args.plane_env,
     })?;
     let plane = render::render(gateway, config, &credentials, &settings)?;
     let mut documents = Vec::new();

@@ -249,6 +249,42 @@ fn render_as(
         .map(|text| Rendered::parse(&text))
 }
 
+/// `file` (in `ci/`) with `overrides`, then `set` as on a command line (`--set=KEY=VALUE`,
+/// `--set-string=KEY=VALUE`), rendered by the newest Helm for Kubernetes `kube_version`: the
+/// manifests, or Helm's error.
+fn render_set(
+    tools: &Tools,
+    file: &str,
+    overrides: &str,
+    set: &[&str],
+    kube_version: &str,
+) -> Result<String, String> {
+    tools.helm.template_with(
+        &chart(),
+        &Release {
+            name: RELEASE,
+            namespace: NAMESPACE,
+            values_files: vec![chart().join("ci").join(file)],
+            values: overrides,
+            kube_version,
+        },
+        set,
+    )
+}
+
+/// Whether `kubernetes-validate --strict` takes `manifests` for Kubernetes `kube_version`, all
+/// but the objects of [`CRD_GROUPS`]; what it said otherwise.
+fn valid_for(tools: &Tools, manifests: &str, kube_version: &str) -> Result<(), String> {
+    let unknown = tools.validate(manifests, kube_version)?;
+    match unknown.iter().find(|kind| {
+        let api_version = kind.split_once(' ').map(|(_, v)| v).unwrap_or_default();
+        !CRD_GROUPS.iter().any(|g| api_version.starts_with(g))
+    }) {
+        Some(kind) => Err(format!("no Kubernetes {kube_version} schema for {kind}")),
+        None => Ok(()),
+    }
+}
+
 fn render(tools: &Tools, file: &str, overrides: &str) -> Rendered {
     render_as(tools, RELEASE, NAMESPACE, file, overrides)
         .unwrap_or_else(|e| panic!("{file} with {overrides:?}: {e}"))
@@ -256,6 +292,12 @@ fn render(tools: &Tools, file: &str, overrides: &str) -> Rendered {
 
 fn controller_name(release: &str) -> String {
     format!("{release}-controller")
+}
+
+/// The name of the release's cluster-wide object `name` (`controller`, `hostname-ownership`):
+/// its namespace's, so that releases of one name in two namespaces do not share it.
+fn cluster_name(release: &str, namespace: &str, name: &str) -> String {
+    format!("{namespace}.{release}-{name}")
 }
 
 fn pool_name(release: &str) -> String {

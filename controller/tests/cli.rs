@@ -576,6 +576,109 @@ fn plane_settings_reach_every_plane_and_cannot_take_the_controllers() {
     }
 }
 
+/// The proxy container of the Deployment `render` prints for tenant-a/edge with `extra`; or
+/// what `render` said when it failed.
+fn rendered_proxy(extra: &[&str]) -> Result<k8s_openapi::api::core::v1::Container, String> {
+    let mut args = vec![
+        "render",
+        "-f",
+        TENANT,
+        "--gateway",
+        "tenant-a/edge",
+        "--proxy-image",
+        "p",
+    ];
+    args.extend_from_slice(extra);
+    let out = controller(&args);
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let deployment = serde_yaml_ng::Deserializer::from_str(&stdout)
+        .map(|doc| serde_yaml_ng::Value::deserialize(doc).expect("each document is YAML"))
+        .find(|v| v.get("kind").and_then(|k| k.as_str()) == Some("Deployment"))
+        .expect("a Deployment");
+    let deployment: k8s_openapi::api::apps::v1::Deployment =
+        serde_yaml_ng::from_value(deployment).expect("a valid Deployment");
+    let mut pod = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .expect("a pod spec");
+    Ok(pod.containers.remove(0))
+}
+
+/// `render` takes `--plane-env` as `run` does: the plane it prints runs its proxy with the
+/// environment `run` gives that plane, and it refuses what `run` refuses, saying the same.
+#[test]
+fn render_takes_the_plane_settings_run_applies() {
+    let flags = [
+        "--plane-env=TUNNEL_REGION=us",
+        "--plane-env=RUST_LOG=info,cftunnel=debug",
+        "--plane-env=PROXY_TUNNEL_POST_QUANTUM=true",
+    ];
+    let printed = rendered_proxy(&flags).unwrap_or_else(|e| panic!("{e}"));
+    // The plane `run` renders with the same flags, from the same manifests.
+    let mut run_flags = vec!["--proxy-image=p"];
+    run_flags.extend_from_slice(&flags);
+    let options = run_options(&run_flags);
+    let mut snapshot = cftunnel_controller::translate::Snapshot::default();
+    let tenant = std::fs::read_to_string(TENANT).expect("the fixture");
+    cftunnel_controller::manifest::load_into(&mut snapshot, &tenant, "tenant.yaml")
+        .expect("the fixture loads");
+    let gateway = snapshot
+        .gateways
+        .iter()
+        .find(|g| g.metadata.name.as_deref() == Some("edge"))
+        .expect("Gateway edge");
+    let config = &snapshot.gateway_configs[0];
+    let credentials =
+        cftunnel_controller::render::resolve(gateway, config, &snapshot.secrets, "fresh")
+            .expect("credentials");
+    let applied =
+        cftunnel_controller::render::render(gateway, config, &credentials, &options.render)
+            .expect("the plane renders")
+            .deployment;
+    let applied = applied
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|p| p.containers[0].env.clone())
+        .expect("a pod spec");
+    assert_eq!(printed.env, applied);
+    let value = |name: &str| {
+        printed
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    };
+    assert_eq!(value("TUNNEL_REGION").as_deref(), Some("us"));
+    assert_eq!(value("RUST_LOG").as_deref(), Some("info,cftunnel=debug"));
+    for (bad, says) in [
+        (
+            "TUNNEL_TOKEN=x",
+            "TUNNEL_TOKEN is set by the controller for each plane",
+        ),
+        (
+            "OTEL_TRACES_SAMPLER=always_on",
+            "from its own OTEL_* variables",
+        ),
+        ("1X=y", "is not an environment variable name"),
+    ] {
+        let flag = format!("--plane-env={bad}");
+        for (command, error) in [
+            ("render", rendered_proxy(&[&flag]).err()),
+            ("run", run_error(&[&flag])),
+        ] {
+            let error = error.unwrap_or_else(|| panic!("{command} takes {bad}"));
+            assert!(
+                error.contains("--plane-env") && error.contains(says),
+                "{command}, {bad}: {error}"
+            );
+        }
+    }
+}
+
 #[test]
 fn label_flags_take_kubernetes_label_syntax_and_name_the_flag_and_the_bad_part() {
     let flags = [

@@ -14,6 +14,14 @@ installed, rather than at the Service halfway through. */ -}}
 {{- $name -}}
 {{- end -}}
 
+{{- /* The name of a cluster-wide object of the release (`name`: `controller`, ...): the release
+namespace, a dot, then the prefix and `name` as namespaced objects are named. Releases of one
+name in two namespaces would otherwise share one object, and Helm refuse the second install.
+Neither part holds a dot, so no two releases share a name. */ -}}
+{{- define "cftunnel.clusterName" -}}
+{{- printf "%s.%s-%s" .root.Release.Namespace (include "cftunnel.fullname" .root) .name -}}
+{{- end -}}
+
 {{- /* The controller's leader-election Lease: its flag and its Role name it alike. */ -}}
 {{- define "cftunnel.leaseName" -}}
 {{- include "cftunnel.fullname" . }}-controller

@@ -30,7 +30,7 @@ use k8s_openapi::api::autoscaling::v2::{
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
     PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector,
-    SecurityContext, Service, ServicePort, ServiceSpec,
+    SecurityContext, Service, ServicePort, ServiceSpec, TopologySpreadConstraint,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -68,6 +68,8 @@ pub const RENDERED_ENV: [&str; 4] = [
     GRACE_PERIOD_ENV,
     CONFIG_ADDR_ENV,
 ];
+/// The topology keys a plane's replicas spread over: nodes, then zones.
+const SPREAD_TOPOLOGY_KEYS: [&str; 2] = ["kubernetes.io/hostname", "topology.kubernetes.io/zone"];
 /// Gateway API's well-known label naming the GatewayClass a Gateway's infrastructure was made
 /// for (GEP-1762).
 pub const CLASS_LABEL: &str = "gateway.networking.k8s.io/gateway-class-name";
@@ -599,6 +601,7 @@ pub fn render(
                     config,
                     grace,
                     &settings.proxy_env,
+                    &selector,
                 )),
             },
             ..DeploymentSpec::default()
@@ -736,6 +739,7 @@ fn pod_spec(
     config: &GatewayConfig,
     grace: u32,
     extra_env: &[(String, String)],
+    selector: &BTreeMap<String, String>,
 ) -> PodSpec {
     let env = |name: &str, value: &str| EnvVar {
         name: name.to_owned(),
@@ -817,8 +821,31 @@ fn pod_spec(
         tolerations: config.spec.tolerations.clone(),
         affinity: config.spec.affinity.clone(),
         priority_class_name: config.spec.priority_class_name.clone(),
+        topology_spread_constraints: Some(topology_spread(selector)),
         ..PodSpec::default()
     }
+}
+
+/// Replicas on different nodes, and zones, where the scheduler can: one going away takes one
+/// connector of the tunnel, not all. The chart's default for the shared pool
+/// (`spreadAcrossNodes`), key for key: never leaves a pod unscheduled (`ScheduleAnyway`), counts
+/// the plane's own pods (`selector`) per ReplicaSet, so a rollout's old pods do not skew where
+/// the new ones go. Constraints replace the scheduler's own spreading, which covers both keys.
+fn topology_spread(selector: &BTreeMap<String, String>) -> Vec<TopologySpreadConstraint> {
+    SPREAD_TOPOLOGY_KEYS
+        .iter()
+        .map(|key| TopologySpreadConstraint {
+            max_skew: 1,
+            topology_key: (*key).to_owned(),
+            when_unsatisfiable: "ScheduleAnyway".to_owned(),
+            match_label_keys: Some(vec!["pod-template-hash".to_owned()]),
+            label_selector: Some(LabelSelector {
+                match_labels: Some(selector.clone()),
+                match_expressions: None,
+            }),
+            ..TopologySpreadConstraint::default()
+        })
+        .collect()
 }
 
 /// The Gateway as controlling owner, so the rendered objects are deleted with it. A Gateway

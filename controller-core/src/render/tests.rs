@@ -956,6 +956,49 @@ fn pull_secrets_and_placement_reach_the_pod() {
     assert!(pod.priority_class_name.is_none());
 }
 
+/// Replicas spread over nodes, then zones, as the chart spreads the shared pool by default:
+/// counted on the plane's own pods (another plane's do not skew it) per ReplicaSet, never left
+/// unscheduled for it. Placement a GatewayConfig sets goes beside it.
+#[test]
+fn the_replicas_spread_over_nodes_and_zones_counting_the_planes_own_pods() {
+    let placed = "{tunnelTokenSecretRef: {name: edge-tunnel-token}, replicas: 2, \
+                  nodeSelector: {pool: edge}, \
+                  affinity: {podAntiAffinity: {preferredDuringSchedulingIgnoredDuringExecution: [{weight: 100, podAffinityTerm: {topologyKey: kubernetes.io/hostname}}]}}}";
+    for config in [BASIC, placed] {
+        let p = plane(config, "");
+        let spec = p.deployment.spec.as_ref().expect("spec");
+        let selector = spec.selector.clone();
+        let pod_labels = spec
+            .template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.clone())
+            .expect("pod labels");
+        let own = selector.match_labels.clone().expect("matchLabels");
+        assert!(own.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
+        assert_eq!(
+            own.get(GATEWAY_LABEL).map(String::as_str),
+            Some(p.names.gateway_label.as_str())
+        );
+        let expected: Vec<TopologySpreadConstraint> =
+            ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+                .map(|key| TopologySpreadConstraint {
+                    max_skew: 1,
+                    topology_key: key.to_owned(),
+                    when_unsatisfiable: "ScheduleAnyway".to_owned(),
+                    match_label_keys: Some(vec!["pod-template-hash".to_owned()]),
+                    label_selector: Some(selector.clone()),
+                    ..TopologySpreadConstraint::default()
+                })
+                .into();
+        assert_eq!(
+            pod_spec(&p).topology_spread_constraints.as_ref(),
+            Some(&expected),
+            "{config}"
+        );
+    }
+}
+
 /// With the planes' NetworkPolicy switched off the plane has none, and nothing else of it
 /// changes: the pods, their Service and their token are rendered alike.
 #[test]

@@ -593,9 +593,19 @@ fn without_leader_election_a_rollout_stops_the_old_controller_before_starting_th
             .and_then(|s| s.type_)
     };
     // A rolling update runs the new pod beside the old: two writers with nothing electing one.
+    let without = "controller: {leaderElection: false, replicas: 1}";
+    assert_eq!(strategy(without).as_deref(), Some("Recreate"));
+    // The rolling update's parameters are cleared, not left out: the API server defaults them
+    // on a Deployment installed with an election and refuses them beside Recreate, and
+    // server-side apply (Helm 4) leaves alone what the applied object does not name.
+    let rendered = render(tools, "default-values.yaml", without);
+    let strategy_doc = &rendered.raw("Deployment", &controller_name(RELEASE))["spec"]["strategy"];
     assert_eq!(
-        strategy("controller: {leaderElection: false, replicas: 1}").as_deref(),
-        Some("Recreate")
+        strategy_doc
+            .as_mapping()
+            .and_then(|m| m.get("rollingUpdate")),
+        Some(&Value::Null),
+        "{strategy_doc:?}"
     );
     // With an election the new pod waits for the Lease: a rolling update keeps one ready.
     assert_eq!(strategy(""), None);

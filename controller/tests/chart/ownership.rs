@@ -13,7 +13,9 @@ use cftunnel_controller::translate::ownership::{permitted, ADMISSION_EXPRESSION}
 use cftunnel_controller::translate::{self, Snapshot};
 use serde_json::json;
 
-use super::{controller_name, controller_run, options, render, tools, NAMESPACE, RELEASE};
+use super::{
+    cluster_name, controller_name, controller_run, options, render, tools, NAMESPACE, RELEASE,
+};
 
 const FILE: &str = "hostname-ownership-values.yaml";
 
@@ -28,7 +30,7 @@ fn the_controller_enforces_ownership_and_admission_enforces_the_same_rule() {
     let run = controller_run(&rendered.one("Deployment", &controller_name(RELEASE)));
     assert!(options(&run).translate.hostname_ownership);
 
-    let name = format!("{RELEASE}-hostname-ownership");
+    let name = cluster_name(RELEASE, NAMESPACE, "hostname-ownership");
     let policy = rendered.raw("ValidatingAdmissionPolicy", &name);
     assert_eq!(
         policy["apiVersion"].as_str(),
@@ -235,7 +237,8 @@ fn admission_judges_only_routes_naming_a_parent_the_controller_lists() {
         (NAMESPACE, name.as_str())
     );
     rendered.raw("ConfigMap", &name);
-    let policy = rendered.raw("ValidatingAdmissionPolicy", &name);
+    let policy_name = cluster_name(RELEASE, NAMESPACE, "hostname-ownership");
+    let policy = rendered.raw("ValidatingAdmissionPolicy", &policy_name);
     assert_eq!(
         policy["spec"]["paramKind"]["apiVersion"].as_str(),
         Some("v1")
@@ -244,7 +247,8 @@ fn admission_judges_only_routes_naming_a_parent_the_controller_lists() {
         policy["spec"]["paramKind"]["kind"].as_str(),
         Some("ConfigMap")
     );
-    let binding = &rendered.raw("ValidatingAdmissionPolicyBinding", &name)["spec"]["paramRef"];
+    let binding =
+        &rendered.raw("ValidatingAdmissionPolicyBinding", &policy_name)["spec"]["paramRef"];
     assert_eq!(binding["name"].as_str(), Some(name.as_str()));
     assert_eq!(binding["namespace"].as_str(), Some(NAMESPACE));
     assert_eq!(binding["parameterNotFoundAction"].as_str(), Some("Allow"));

@@ -208,3 +208,27 @@ fn by_default_both_deployments_run_as_the_images_non_root_user_and_name_no_uid()
         assert!(ids.first().is_some_and(|&uid| uid != 0), "USER {user}");
     }
 }
+
+/// A dedicated plane the controller renders spreads its replicas as the chart's pool does by
+/// default (`spreadAcrossNodes`), constraint for constraint, on the plane's own pods.
+#[test]
+fn a_dedicated_plane_spreads_its_replicas_as_the_pool_does_by_default() {
+    let Some(tools) = tools("a_dedicated_plane_spreads_its_replicas_as_the_pool_does_by_default")
+    else {
+        return;
+    };
+    let values = values("default-values.yaml", "");
+    assert_eq!(at(&values, "proxy.spreadAcrossNodes").as_bool(), Some(true));
+    let rendered = render(tools, "default-values.yaml", "");
+    let pool: Deployment = rendered.one("Deployment", &pool_name(RELEASE));
+    let controller: Deployment = rendered.one("Deployment", &controller_name(RELEASE));
+    let plane = plane(&options(&controller_run(&controller))).deployment;
+    let mut expected = pod_spec(&pool)
+        .topology_spread_constraints
+        .clone()
+        .expect("the pool's spread");
+    for constraint in &mut expected {
+        constraint.label_selector = selector(selector_labels(&plane));
+    }
+    assert_eq!(pod_spec(&plane).topology_spread_constraints, Some(expected));
+}

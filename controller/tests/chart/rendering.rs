@@ -3,6 +3,8 @@
 
 use super::*;
 use cftunnel_controller::gateway_config::GatewayConfig;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::CustomResourceExt;
 
 #[test]
@@ -95,6 +97,66 @@ fn every_values_file_renders_objects_valid_for_the_oldest_and_newest_kubernetes(
                 );
             }
         }
+    }
+}
+
+/// Two releases of one name in two namespaces share no cluster-wide object: Helm would refuse
+/// to install the second over the first's. Each binds its own: the ClusterRoleBinding its
+/// ClusterRole to its own account, the admission policy's binding its policy. (The CRDs are
+/// shared by design; the GatewayClass is named by `gatewayClass.name`, one per release.)
+#[test]
+fn releases_of_one_name_in_two_namespaces_share_no_cluster_wide_object() {
+    let Some(tools) = tools("releases_of_one_name_in_two_namespaces_share_no_cluster_wide_object")
+    else {
+        return;
+    };
+    let file = "hostname-ownership-values.yaml";
+    let cluster_wide = |namespace: &str| {
+        let rendered = render_as(tools, RELEASE, namespace, file, "")
+            .unwrap_or_else(|e| panic!("{namespace}: {e}"));
+        let names: BTreeSet<String> = rendered
+            .docs
+            .iter()
+            .filter(|d| d["metadata"]["namespace"].is_null())
+            .map(|d| {
+                let field = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+                (field(&d["kind"]), field(&d["metadata"]["name"]))
+            })
+            .filter(|(kind, _)| {
+                !matches!(kind.as_str(), "CustomResourceDefinition" | "GatewayClass")
+            })
+            .map(|(kind, name)| format!("{kind} {name}"))
+            .collect();
+        (rendered, names)
+    };
+    let (first, first_names) = cluster_wide("team-a");
+    let (second, second_names) = cluster_wide("team-b");
+    assert_eq!(first_names.len(), 4, "{first_names:?}");
+    assert!(
+        first_names.is_disjoint(&second_names),
+        "{first_names:?} and {second_names:?}"
+    );
+    for (rendered, namespace) in [(first, "team-a"), (second, "team-b")] {
+        let binding: ClusterRoleBinding = rendered.one(
+            "ClusterRoleBinding",
+            &cluster_name(RELEASE, namespace, "controller"),
+        );
+        rendered.one::<ClusterRole>("ClusterRole", &binding.role_ref.name);
+        let subjects = binding.subjects.unwrap_or_default();
+        assert_eq!(
+            subjects
+                .iter()
+                .map(|s| s.namespace.as_deref())
+                .collect::<Vec<_>>(),
+            [Some(namespace)]
+        );
+        let policy = cluster_name(RELEASE, namespace, "hostname-ownership");
+        rendered.raw("ValidatingAdmissionPolicy", &policy);
+        assert_eq!(
+            rendered.raw("ValidatingAdmissionPolicyBinding", &policy)["spec"]["policyName"]
+                .as_str(),
+            Some(policy.as_str())
+        );
     }
 }
 
@@ -245,6 +307,150 @@ fn the_schema_refuses_unknown_and_mistyped_values_with_either_helm() {
                 .err()
                 .unwrap_or_else(|| panic!("Helm {} takes {overrides}", helm.version));
             assert!(err.contains(named), "Helm {}, {overrides}: {err}", helm.version);
+        }
+    }
+}
+
+/// Secret keys and names given with `--set-string` that YAML would read as a number or a
+/// boolean (`1234`, `true`) reach the objects as the strings they are: read back as numbers,
+/// the API server would refuse the Deployments and the Secrets.
+#[test]
+fn strings_that_read_as_numbers_or_booleans_reach_the_objects_as_strings() {
+    let Some(tools) =
+        tools("strings_that_read_as_numbers_or_booleans_reach_the_objects_as_strings")
+    else {
+        return;
+    };
+    let (oldest, newest) = kube_versions();
+    let set = [
+        "--set-string=proxy.tunnelToken.key=1234",
+        "--set-string=proxy.authToken.key=true",
+        "--set=controller.cloudflareApiToken.existingSecret=cloudflare",
+        "--set-string=controller.cloudflareApiToken.key=1234",
+        "--set-string=controller.serviceAccount.name=123",
+        "--set-string=proxy.serviceAccount.name=456",
+    ];
+    // The operator's tunnel Secret, and the chart's (the token given as a value).
+    for overrides in [
+        "",
+        "proxy: {tunnelToken: {existingSecret: '', value: a-token}}",
+    ] {
+        let text = |kube: &str| {
+            render_set(tools, "default-values.yaml", overrides, &set, kube)
+                .unwrap_or_else(|e| panic!("{overrides:?}: {e}"))
+        };
+        for kube in [&oldest, &newest] {
+            valid_for(tools, &text(kube), kube).unwrap_or_else(|e| panic!("{overrides:?}: {e}"));
+        }
+        let rendered = Rendered::parse(&text(&newest));
+        let pool: Deployment = rendered.one("Deployment", &pool_name(RELEASE));
+        let controller: Deployment = rendered.one("Deployment", &controller_name(RELEASE));
+        let (tunnel_secret, tunnel_key) = secret_key(container(&pool), "TUNNEL_TOKEN");
+        assert_eq!(tunnel_key, "1234", "{overrides:?}");
+        let (auth_secret, auth_key) = secret_key(container(&pool), "PROXY_AUTH_TOKEN");
+        assert_eq!(auth_key, "true", "{overrides:?}");
+        assert_eq!(
+            secret_key(container(&controller), "CLOUDFLARE_API_TOKEN"),
+            ("cloudflare".to_owned(), "1234".to_owned())
+        );
+        // The controller reads the pool's Secrets under the same keys.
+        let shared = options(&controller_run(&controller))
+            .shared
+            .expect("the shared pool");
+        assert_eq!(shared.auth_key, "true");
+        assert_eq!(
+            shared.tunnel_secret.map(|(_, key)| key).as_deref(),
+            Some("1234")
+        );
+        assert_eq!(
+            pod_spec(&controller).service_account_name.as_deref(),
+            Some("123")
+        );
+        assert_eq!(pod_spec(&pool).service_account_name.as_deref(), Some("456"));
+        // The chart's Secrets hold their tokens under those keys.
+        let keys = |name: &str| {
+            rendered
+                .one::<Secret>("Secret", name)
+                .data
+                .unwrap_or_default()
+                .into_keys()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(keys(&auth_secret), ["true"]);
+        if !overrides.is_empty() {
+            assert_eq!(keys(&tunnel_secret), ["1234"]);
+        }
+    }
+}
+
+/// `--set` passes a decimal as a string (`--set tracing.ratio=0.1` gives `"0.1"`): the schema
+/// takes it, in the same bounds as the number, and the objects are those a values file giving
+/// the numbers renders, with either Helm.
+#[test]
+fn decimals_given_with_set_render_what_the_same_numbers_in_a_values_file_do() {
+    let Some(tools) =
+        tools("decimals_given_with_set_render_what_the_same_numbers_in_a_values_file_do")
+    else {
+        return;
+    };
+    let (oldest, _) = kube_versions();
+    let on = "{prometheusRule: {enabled: true}, tracing: {endpoint: 'http://collector:4318'}}";
+    let release = |values| Release {
+        name: RELEASE,
+        namespace: NAMESPACE,
+        values_files: vec![chart().join("ci/default-values.yaml")],
+        values,
+        kube_version: &oldest,
+    };
+    let numbers = "{prometheusRule: {enabled: true, errorRatio: 0.1, minRequestRate: 0.5, \
+                   inflightTargetFraction: 0.9}, tracing: {endpoint: 'http://collector:4318', \
+                   ratio: 0.25}}";
+    let set = [
+        "--set=prometheusRule.errorRatio=0.1",
+        "--set=prometheusRule.minRequestRate=0.5",
+        "--set=prometheusRule.inflightTargetFraction=0.9",
+        "--set=tracing.ratio=0.25",
+    ];
+    for helm in [&tools.helm, &tools.helm_oldest] {
+        let from_set = helm
+            .template_with(&chart(), &release(on), &set)
+            .unwrap_or_else(|e| panic!("Helm {}: {e}", helm.version));
+        let from_file = helm
+            .template(&chart(), &release(numbers))
+            .unwrap_or_else(|e| panic!("Helm {}: {e}", helm.version));
+        let rendered = Rendered::parse(&from_set);
+        let pool: Deployment = rendered.one("Deployment", &pool_name(RELEASE));
+        assert_eq!(
+            env(container(&pool), "OTEL_TRACES_SAMPLER_ARG").and_then(|e| e.value.as_deref()),
+            Some("0.25")
+        );
+        assert_eq!(
+            deterministic(rendered),
+            deterministic(Rendered::parse(&from_file)),
+            "Helm {}",
+            helm.version
+        );
+        // Out of bounds, or no decimal, is refused as the number would be, naming the value.
+        for (refused, named) in [
+            ("--set=tracing.ratio=1.5", "ratio"),
+            ("--set=tracing.ratio=1e-1", "ratio"),
+            ("--set=prometheusRule.errorRatio=0.0", "errorRatio"),
+            ("--set=prometheusRule.errorRatio=five", "errorRatio"),
+            ("--set=prometheusRule.minRequestRate=-0.5", "minRequestRate"),
+            (
+                "--set=prometheusRule.inflightTargetFraction=1.01",
+                "inflightTargetFraction",
+            ),
+        ] {
+            let err = helm
+                .template_with(&chart(), &release(on), &[refused])
+                .err()
+                .unwrap_or_else(|| panic!("Helm {} takes {refused}", helm.version));
+            assert!(
+                err.contains(named),
+                "Helm {}, {refused}: {err}",
+                helm.version
+            );
         }
     }
 }

@@ -112,6 +112,17 @@ impl Helm {
 
     /// `helm template` of `chart` (its CRDs included).
     pub fn template(&self, chart: &Path, release: &Release<'_>) -> Result<String, String> {
+        self.template_with(chart, release, &[])
+    }
+
+    /// `helm template` as [`Self::template`], then `set` (`--set=KEY=VALUE`,
+    /// `--set-string=KEY=VALUE`), which wins over the values as on a command line.
+    pub fn template_with(
+        &self,
+        chart: &Path,
+        release: &Release<'_>,
+        set: &[&str],
+    ) -> Result<String, String> {
         let mut args = vec![
             "template",
             release.name,
@@ -123,6 +134,7 @@ impl Helm {
             "--include-crds",
         ];
         Self::values_args(release, &mut args);
+        args.extend_from_slice(set);
         run(&self.path, &args, release.values)
     }
 
