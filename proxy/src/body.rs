@@ -115,6 +115,13 @@ impl QuietState {
     /// The response head has come: from now on the body may pause as long as it likes (a
     /// bidirectional stream waits on its peer).
     pub fn answered(&self) {
+        self.lift();
+    }
+
+    /// From now on the body may pause as long as it likes: its response head has come, or it
+    /// is a gRPC call's that went out over HTTP/2 (a stream's messages come when its peer has
+    /// something to say).
+    pub fn lift(&self) {
         self.answered.store(true, Ordering::Relaxed);
     }
 

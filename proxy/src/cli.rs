@@ -112,8 +112,8 @@ pub struct Args {
     #[arg(long, env = "PROXY_REQUEST_BODY_TIMEOUT", default_value = "60s")]
     pub request_body_timeout: GoDuration,
 
-    /// HTTP/1.1 connections open at once to one backend; a request that finds them all busy
-    /// waits for one within its backend timeout, then gets 503.
+    /// Connections open at once to one backend, HTTP/1.1 and HTTP/2 together; a request that
+    /// finds them all busy waits for one within its backend timeout, then gets 503.
     #[arg(long, env = "PROXY_BACKEND_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub backend_max_connections: u32,
 

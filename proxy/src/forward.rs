@@ -15,6 +15,7 @@ mod pool;
 pub mod request;
 pub mod retry;
 mod tls;
+mod wait;
 
 pub use connector::{ConnectError, ConnectErrorKind};
 pub use error::ForwardError;
@@ -23,16 +24,19 @@ pub use payload::empty_body;
 pub use pool::UpstreamBody;
 pub use tls::UpstreamError;
 
-use crate::body::ProxyBody;
+use crate::body::{ProxyBody, QuietState};
 use bytes::Bytes;
 use cftunnel_config::{valid, BackendProtocol};
 use connector::Connector;
 use futures_util::future::{Either, FutureExt};
 use http::uri::Authority;
 use http::{Request, Response};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
+use wait::Wait;
 
 /// How long a dial may take before the backend counts as unreachable.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -40,13 +44,14 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Bound on idle connections kept per backend.
 const POOL_MAX_IDLE: usize = 512;
-/// Default bound on HTTP/1.1 connections open at once to one backend.
+/// Default bound on connections open at once to one backend.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
 /// How the proxy speaks to every backend; set once for the process.
 #[derive(Debug, Clone)]
 pub struct BackendOptions {
-    /// HTTP/1.1 connections open at once to one backend; requests beyond wait for one.
+    /// Connections open at once to one backend, HTTP/1.1 and HTTP/2 alike; requests beyond
+    /// wait for one (or, over HTTP/2, for a share of one).
     pub max_connections: usize,
     /// Largest header block an HTTP/2 backend may answer with (a response head, or its
     /// trailers): the listener's bound on a request head, so that the gRPC metadata a client
@@ -72,6 +77,7 @@ impl BackendOptions {
         h2::Settings {
             keep_alive: self.keep_alive,
             max_header_list_size: u32::try_from(self.max_header_bytes).unwrap_or(u32::MAX),
+            idle_timeout: POOL_IDLE_TIMEOUT,
         }
     }
 }
@@ -82,9 +88,34 @@ pub enum TryBody {
     /// The whole body, held (empty: none): the request can be written again, once, when a
     /// reused connection closes under it before any answer (idempotent methods only).
     Held(Bytes),
-    /// A body streamed from the client, written once. The receiver closes once it has been
-    /// sent, which is when the try's timeout starts.
-    Streamed(tokio::sync::oneshot::Receiver<()>),
+    /// A body streamed from the client, written once.
+    Streamed {
+        /// Closes once the body has been sent, which is when the try's timeout starts.
+        sent: tokio::sync::oneshot::Receiver<()>,
+        /// A gRPC call's stall bound on the body, lifted if the try goes over HTTP/2.
+        lift: Option<Arc<QuietState>>,
+    },
+}
+
+/// What bounds one try: the wait for its response head, or its whole exchange when the rule
+/// sets a backend timeout (`None`: nothing). A gRPC call's bound differs by protocol: over
+/// HTTP/2 its own deadline holds, over HTTP/1.1 the proxy's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TryBounds {
+    /// Over HTTP/1.1.
+    pub http1: Option<Duration>,
+    /// Over HTTP/2.
+    pub http2: Option<Duration>,
+}
+
+impl TryBounds {
+    /// The same bound whatever the protocol.
+    pub fn same(bound: Option<Duration>) -> Self {
+        Self {
+            http1: bound,
+            http2: bound,
+        }
+    }
 }
 
 /// One backend: a URL turned into a pooled client that always dials that backend.
@@ -98,8 +129,6 @@ pub struct Upstream {
     /// Query of the backend URL, merged into every request's.
     base_query: Option<Box<str>>,
     name: BackendName,
-    /// Whether the backend is spoken to over HTTP/2 (`h2c`, or over TLS), as gRPC is.
-    http2: bool,
     /// Whether the config marks the backend `h2c` (HTTP/2 with prior knowledge, or offered
     /// over TLS), as it marks gRPC backends.
     h2c: bool,
@@ -173,6 +202,11 @@ impl Upstream {
                 scheme,
                 authority.clone(),
                 options.http2(),
+                Arc::new(tokio::sync::Semaphore::new(
+                    options
+                        .max_connections
+                        .clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
+                )),
             )))
         } else {
             let alpn_h2 = upgrades.map(|upgrades| pool::Alpn {
@@ -196,8 +230,6 @@ impl Upstream {
             base_path,
             base_query,
             name,
-            // A TLS backend offered HTTP/2 speaks it when it picks it, as a gRPC server does.
-            http2: protocol == BackendProtocol::H2c || alpn_h2,
             h2c: protocol == BackendProtocol::H2c,
             retry_budget: budget::RetryBudget::new(),
         })
@@ -216,9 +248,11 @@ impl Upstream {
         self.base_path.as_deref()
     }
 
-    /// Whether the backend is spoken to over HTTP/2, as a gRPC backend is.
-    pub fn http2(&self) -> bool {
-        self.http2
+    /// Whether every request to the backend goes over HTTP/2: an `h2c` backend without TLS.
+    /// A TLS backend offered `h2` speaks it only on the connections where it picked it, which
+    /// each try finds out for itself.
+    pub fn always_http2(&self) -> bool {
+        matches!(self.client, Client::H2c(_))
     }
 
     /// Whether the config marks the backend `h2c`: the controller does for GRPCRoute backends
@@ -232,8 +266,8 @@ impl Upstream {
         self.base_query.as_deref()
     }
 
-    /// One try: sends the request and waits for the response head, bounded by `timeout`.
-    /// With the head comes the instant that timeout ends, for a caller that bounds the
+    /// One try: sends the request and waits for the response head, bounded by `bounds`.
+    /// With the head comes the instant that bound ends, for a caller that bounds the
     /// response body by it too.
     ///
     /// With a streamed `body`, the timeout starts once the request body has been handed over
@@ -243,28 +277,46 @@ impl Upstream {
     /// start. A held body lets an idempotent request be written once more when the reused
     /// HTTP/1.1 connection it went out on closes before answering.
     ///
-    /// A request that finds the backend at its connection limit waits for a connection within
-    /// the timeout counted from the start, then fails with [`ForwardError::Saturated`].
+    /// The bound of the protocol the try goes over holds: `bounds.http2` for an `h2c` backend,
+    /// `bounds.http1` for an HTTP/1.1 one, and for a TLS backend offered `h2` the HTTP/1.1
+    /// bound until the try goes out on a connection where the backend picked `h2`.
+    ///
+    /// A request that finds the backend at its connection limit waits for a connection (or a
+    /// share of one) within the bound counted from the start, then fails with
+    /// [`ForwardError::Saturated`].
     pub async fn send(
         &self,
         req: Request<ProxyBody>,
-        timeout: Option<Duration>,
+        bounds: TryBounds,
         body: TryBody,
     ) -> Result<(Response<UpstreamBody>, Option<Instant>), ForwardError> {
-        let start_deadline = timeout.map(|t| Instant::now() + t);
-        let wait = pool::Wait::until(start_deadline);
-        let (held, body_sent) = match body {
-            TryBody::Held(bytes) => (Some(bytes), None),
-            TryBody::Streamed(sent) => (None, Some(sent)),
+        let (held, body_sent, lift) = match body {
+            TryBody::Held(bytes) => (Some(bytes), None, None),
+            TryBody::Streamed { sent, lift } => (None, Some(sent), lift),
         };
+        // The HTTP/2 bound of a try whose protocol its connection decides, where it differs.
+        let (timeout, then_http2) = match &self.client {
+            Client::H2c(_) => (bounds.http2, None),
+            Client::Http1(pool) if pool.offers_h2() && bounds.http2 != bounds.http1 => {
+                (bounds.http1, Some(bounds.http2))
+            }
+            Client::Http1(_) => (bounds.http1, None),
+        };
+        let start_deadline = timeout.map(|t| Instant::now() + t);
+        let http2_deadline = then_http2.map_or(start_deadline, |t| t.map(|t| Instant::now() + t));
+        let wait = Wait::new(start_deadline, http2_deadline, lift);
         // The client's own future, not a block around it that would carry `req` once more.
         let fut = match &self.client {
             Client::Http1(pool) => Either::Left(pool.send(req, &wait, held.as_ref())),
-            Client::H2c(channel) => Either::Right(channel.send(req).map(|sent| {
+            Client::H2c(channel) => Either::Right(channel.send(req, &wait).map(|sent| {
                 sent.map(|(r, stream)| r.map(|body| UpstreamBody::on_stream(body, stream)))
             })),
         };
         tokio::pin!(fut);
+        if let Some(http2) = then_http2 {
+            // Boxed: gRPC calls to TLS backends only.
+            return Box::pin(bounded_by_protocol(fut, &wait, timeout, http2, body_sent)).await;
+        }
         let (Some(timeout), Some(mut deadline)) = (timeout, start_deadline) else {
             return fut.await.map(|resp| (resp, None));
         };
@@ -279,6 +331,54 @@ impl Upstream {
             // Cut off while still waiting for a connection: the backend never saw it.
             Err(_) if wait.is_waiting() => Err(ForwardError::Saturated),
             Err(_) => Err(ForwardError::Timeout),
+        }
+    }
+}
+
+/// [`Upstream::send`]'s bound on a try whose protocol its connection decides, with bounds that
+/// differ by protocol (a gRPC call to a TLS backend offered `h2`): `http1` until the try goes
+/// out over HTTP/2, `http2` from then on, counted from the start or, for a streamed body, from
+/// once it has been sent. A try that goes over HTTP/2 only after its `http2` bound has ended
+/// is cut off when its `http1` one does.
+async fn bounded_by_protocol<F>(
+    mut fut: Pin<&mut F>,
+    wait: &Wait,
+    http1: Option<Duration>,
+    http2: Option<Duration>,
+    body_sent: Option<tokio::sync::oneshot::Receiver<()>>,
+) -> Result<(Response<UpstreamBody>, Option<Instant>), ForwardError>
+where
+    F: Future<Output = Result<Response<UpstreamBody>, ForwardError>>,
+{
+    let mut from = Instant::now();
+    if let Some(sent) = body_sent {
+        tokio::select! {
+            res = fut.as_mut() => return res.map(|resp| (resp, None)),
+            _ = sent => from = Instant::now(),
+        }
+    }
+    loop {
+        let over_http2 = wait.went_over_http2();
+        let end = if over_http2 { http2 } else { http1 }.map(|t| from + t);
+        let now = Instant::now();
+        if end.is_some_and(|end| end <= now) {
+            // Cut off while still waiting for a connection: the backend never saw it.
+            return Err(if wait.is_waiting() {
+                ForwardError::Saturated
+            } else {
+                ForwardError::Timeout
+            });
+        }
+        // Not yet over HTTP/2, the try is looked at again when its HTTP/2 bound ends first.
+        let look = match http2.map(|t| from + t) {
+            Some(at) if !over_http2 && at > now && end.is_none_or(|end| at < end) => Some(at),
+            _ => end,
+        };
+        let Some(look) = look else {
+            return fut.await.map(|resp| (resp, None));
+        };
+        if let Ok(res) = tokio::time::timeout_at(look, fut.as_mut()).await {
+            return res.map(|resp| (resp, end));
         }
     }
 }

@@ -63,7 +63,8 @@ pub struct ServerOptions {
     pub backend_header_timeout: Duration,
     /// How long a request body may send nothing before any response comes.
     pub request_body_timeout: Duration,
-    /// HTTP/1.1 connections open at once to one backend; requests beyond wait for one.
+    /// Connections open at once to one backend, HTTP/1.1 and HTTP/2 together; requests beyond
+    /// wait for one (or for a share of an HTTP/2 one).
     pub backend_max_connections: usize,
     /// When connections to HTTP/2 backends are pinged.
     pub backend_keep_alive: forward::KeepAlive,

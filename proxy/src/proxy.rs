@@ -344,11 +344,14 @@ impl Proxy {
         let counted = body::Counted::new(body, host_metrics.request_bytes.clone());
         // gRPC streams are left alone: a call's messages come when its peer has something to
         // say, and many servers send their response headers only with their first message.
-        // A gRPC call, to a backend that can take one: the client's word alone must not lift
-        // a bound on a request to an HTTP/1.1 backend.
-        let grpc = is_grpc(&parts.headers) && upstream.http2();
+        // Only over HTTP/2, though: the client's word alone must not lift a bound on a request
+        // to an HTTP/1.1 backend. An `h2c` backend always speaks HTTP/2; a TLS one offered
+        // `h2` says with each connection, so the bounds it lifts are lifted by the try that
+        // goes out on a connection where it picked it.
+        let grpc = is_grpc(&parts.headers);
+        let unbounded = grpc && upstream.always_http2();
         let quiet =
-            (!counted.is_end_stream() && !grpc).then(|| Arc::new(body::QuietState::default()));
+            (!counted.is_end_stream() && !unbounded).then(|| Arc::new(body::QuietState::default()));
         let counted = body::Quiet::new(counted, self.shared.body_timeout, quiet.clone());
         let stalled = || quiet.as_ref().is_some_and(|q| q.expired());
         let replay_needed = rule.retry.is_some()
@@ -364,6 +367,7 @@ impl Proxy {
             None => read.await,
         };
         let body = match read {
+            Ok(body) if grpc => body.lifted_over_http2(quiet.clone()),
             Ok(body) => body,
             Err(_) if stalled() => return Err(ProxyError::BodyTimeout),
             Err(e) => return Err(e.into()),

@@ -759,6 +759,125 @@ async fn tls_backends_get_the_requests_host_over_http2_and_http1() {
     .expect("test finished in time");
 }
 
+/// A TLS backend for `backend.internal` offering `alpn`, that reads each request's whole body
+/// before it answers `read <n> bytes`, a second later on a path ending in `/slow`.
+async fn tls_body_reader(alpn: &[&[u8]]) -> (std::net::SocketAddr, String) {
+    use http_body_util::BodyExt as _;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let (acceptors, ca) = backend_tls(&[alpn]);
+    let acceptor = acceptors[0].clone();
+    let addr = scripted_backend(move |tcp| {
+        let acceptor = acceptor.clone();
+        async move {
+            let Ok(tls) = acceptor.accept(tcp).await else {
+                return;
+            };
+            let service =
+                hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
+                    let slow = req.uri().path().ends_with("/slow");
+                    let body = req.into_body().collect().await?.to_bytes();
+                    if slow {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    let answer = format!("read {} bytes", body.len());
+                    Ok::<_, hyper::Error>(http::Response::new(Full::new(Bytes::from(answer))))
+                });
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(tls), service)
+                .await;
+        }
+    })
+    .await;
+    (addr, ca)
+}
+
+/// A gRPC call may be quiet only where it goes over HTTP/2. To a TLS backend that answers ALPN
+/// with `http/1.1`, a request saying `content-type: application/grpc` keeps the request-body
+/// timeout and the default wait for a response head, as any HTTP/1.1 request does: its
+/// client's word alone held a pooled connection for ever. To a TLS backend that picks `h2`,
+/// the same call may pause its body and wait for its head as long as it likes.
+#[tokio::test]
+async fn grpc_keeps_its_bounds_to_a_tls_backend_that_picks_http1() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let (h1, ca1) = tls_body_reader(&[b"http/1.1"]).await;
+        let (h2, ca2) = tls_body_reader(&[b"h2"]).await;
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            request_body_timeout: Duration::from_millis(300),
+            backend_header_timeout: Duration::from_millis(500),
+            ..cftunnel_proxy::ServerOptions::default()
+        })
+        .await;
+        let http = client();
+        let to = |addr: std::net::SocketAddr, ca: &str| {
+            let tls = json!({"caBundle": ca, "serverName": "backend.internal"});
+            json!({"backends": [{"url": format!("https://127.0.0.1:{}", addr.port()), "weight": 1, "tls": tls}]})
+        };
+        let doc = json!({"rules": [rule("/h1", to(h1, &ca1)), rule("/h2", to(h2, &ca2))]});
+        let r = push(&http, proxy.admin_addr(), &doc).await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        let d = proxy.data_addr();
+
+        // A body that stops after its first bytes: cut at the body timeout over HTTP/1.1, with
+        // gRPC's DEADLINE_EXCEEDED; over HTTP/2 it may go on after a pause three times as long.
+        let call = |path: &str| {
+            format!("POST {path} HTTP/1.1\r\nhost: h\r\ncontent-type: application/grpc\r\ncontent-length: 11\r\n\r\nfirst")
+        };
+        let mut s = tokio::net::TcpStream::connect(d).await.expect("connect");
+        s.write_all(call("/h1/pkg.Svc/Call").as_bytes()).await.expect("write");
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 4096];
+        let cut = tokio::time::timeout(Duration::from_secs(5), async {
+            while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => answer.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await;
+        let answer = String::from_utf8_lossy(&answer).to_lowercase();
+        assert!(cut.is_ok(), "a stalled gRPC body to an HTTP/1.1 backend is cut off: {answer:?}");
+        assert!(answer.contains("grpc-status: 4"), "{answer:?}");
+        assert!(answer.contains("grpc-message: the request body stopped arriving"), "{answer:?}");
+
+        let mut s = tokio::net::TcpStream::connect(d).await.expect("connect");
+        s.write_all(call("/h2/pkg.Svc/Call").as_bytes()).await.expect("write");
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        s.write_all(b"second").await.expect("write");
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            while !String::from_utf8_lossy(&answer).contains("read 11 bytes") {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => answer.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+        assert!(answer.contains("read 11 bytes"), "{answer:?}");
+
+        // A head a second in coming: past the default wait (500 ms here) over HTTP/1.1; over
+        // HTTP/2 a call without a deadline of its own waits for it.
+        let slow = |path: &str| {
+            Request::post(format!("http://{d}{path}"))
+                .header("host", "h")
+                .header("content-type", "application/grpc")
+                .body(Full::new(Bytes::new()))
+                .expect("request")
+        };
+        let r = send(&http, slow("/h1/slow")).await;
+        assert_eq!(r.header("grpc-status"), Some("4"), "{:?}", r.body);
+        let r = send(&http, slow("/h2/slow")).await;
+        assert_eq!((r.status, r.header("grpc-status")), (StatusCode::OK, None));
+        assert_eq!(&r.body[..], b"read 0 bytes");
+    })
+    .await
+    .expect("test finished in time");
+}
+
 #[tokio::test]
 async fn in_flight_gauge_rises_and_falls_with_concurrent_requests() {
     tokio::time::timeout(TEST_TIMEOUT, async {

@@ -872,38 +872,69 @@ async fn idle_client_and_backend_connections_carry_tcp_keepalive() {
     .expect("test finished in time");
 }
 
-/// A gRPC call's body is not bounded by the body timeout: its messages come when the client
-/// has something to say, and many servers send their response headers only with their first
-/// message, so a quiet stream is not a stalled upload.
+/// A gRPC call's body that goes over HTTP/2 is not bounded by the body timeout: its messages
+/// come when the client has something to say, and many servers send their response headers
+/// only with their first message, so a quiet stream is not a stalled upload. To an HTTP/1.1
+/// backend the client's word alone lifts no bound: the same pause is cut off, with gRPC's
+/// DEADLINE_EXCEEDED.
 #[tokio::test]
-async fn a_grpc_request_body_may_pause_before_the_response() {
+async fn a_grpc_request_body_may_pause_before_the_response_over_http2() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         // Answers once it has read the whole body.
-        let backend = scripted_backend(|mut conn: tokio::net::TcpStream| async move {
-            let mut got = Vec::new();
-            let mut buf = [0u8; 4096];
-            while !String::from_utf8_lossy(&got).ends_with("second") {
-                match conn.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => got.extend_from_slice(&buf[..n]),
-                }
-            }
-            let _ = conn
-                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                .await;
+        let h2c = scripted_backend(|conn: tokio::net::TcpStream| {
+            let service = hyper::service::service_fn(
+                |req: http::Request<hyper::body::Incoming>| async move {
+                    use http_body_util::BodyExt as _;
+                    let body = req.into_body().collect().await?.to_bytes();
+                    let answer = if &body[..] == b"firstsecond" { "ok" } else { "short" };
+                    Ok::<_, hyper::Error>(http::Response::new(http_body_util::Full::new(
+                        Bytes::from_static(answer.as_bytes()),
+                    )))
+                },
+            );
+            hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .serve_connection(hyper_util::rt::TokioIo::new(conn), service)
         })
         .await;
-        let proxy = impatient_proxy_to(backend).await;
+        let http1 = scripted_backend(|mut conn: tokio::net::TcpStream| async move {
+            let mut buf = [0u8; 4096];
+            while matches!(conn.read(&mut buf).await, Ok(n) if n > 0) {}
+        })
+        .await;
+        let proxy = proxy_with(ServerOptions {
+            request_body_timeout: Duration::from_millis(300),
+            ..ServerOptions::default()
+        })
+        .await;
+        let doc = json!({"rules": [
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/h1"}}],
+             "backends": [{"url": url(http1), "weight": 1}]},
+            {"backends": [{"url": url(h2c), "weight": 1, "protocol": "h2c"}]},
+        ]});
+        assert_eq!(push(&client(), proxy.admin_addr(), &doc).await.status, 200);
+        let call = |path: &str| {
+            format!("POST {path} HTTP/1.1\r\nhost: h\r\ncontent-type: application/grpc\r\ncontent-length: 11\r\n\r\nfirst")
+        };
         let mut s = tokio::net::TcpStream::connect(proxy.data_addr())
             .await
             .expect("connect");
-        s.write_all(b"POST /pkg.Svc/Call HTTP/1.1\r\nhost: h\r\ncontent-type: application/grpc\r\ncontent-length: 11\r\n\r\nfirst")
+        s.write_all(call("/pkg.Svc/Call").as_bytes())
             .await
             .expect("write");
         tokio::time::sleep(Duration::from_millis(900)).await;
         s.write_all(b"second").await.expect("write");
-        let text = read_until(&mut s, "ok", Duration::from_secs(5)).await;
+        let text = read_until(&mut s, "\r\n\r\nok", Duration::from_secs(5)).await;
         assert!(text.starts_with("HTTP/1.1 200"), "{text:?}");
+        assert!(text.ends_with("\r\n\r\nok"), "the backend's answer: {text:?}");
+
+        let mut s = tokio::net::TcpStream::connect(proxy.data_addr())
+            .await
+            .expect("connect");
+        s.write_all(call("/h1/pkg.Svc/Call").as_bytes())
+            .await
+            .expect("write");
+        let text = read_until(&mut s, "\r\n\r\n", Duration::from_secs(5)).await;
+        assert!(text.contains("grpc-status: 4\r\n"), "{text:?}");
     })
     .await
     .expect("test finished in time");

@@ -377,3 +377,90 @@ async fn a_connection_on_which_nothing_is_answered_takes_no_more_requests() {
     .await
     .expect("test finished in time");
 }
+
+/// A backend that allows one stream a connection, and streams it holds open: with
+/// `PROXY_BACKEND_MAX_CONNECTIONS` at 2, the proxy opens two connections and no more. A
+/// request past them waits for a share, as one past an HTTP/1.1 backend's limit waits for a
+/// connection: it is answered 503 (`upstream connection limit reached`) when none comes free
+/// within its bound, and served as soon as one does. Without the limit every such request
+/// dialed a connection of its own, which stayed open.
+#[tokio::test]
+async fn http2_connections_to_a_backend_stay_within_the_connection_limit() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // `/hold` is answered with a head and then nothing; anything else at once.
+        let backend = h2c_backend(1, |req: Request<Incoming>| async move {
+            let hold = req.uri().path() == "/hold";
+            Response::new(body(
+                vec![http_body::Frame::data(Bytes::from_static(b"ok"))],
+                hold,
+            ))
+        })
+        .await;
+        // Counts the connections the proxy opens to the backend.
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&connections);
+        let relay = scripted_backend(move |mut client| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(backend).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            }
+        })
+        .await;
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            backend_max_connections: 2,
+            backend_header_timeout: Duration::from_secs(1),
+            ..Default::default()
+        })
+        .await;
+        let http = client();
+        route_to(&proxy, &http, relay).await;
+        let d = proxy.data_addr();
+        let quick = || send(&http, request(&format!("http://{d}/quick")));
+
+        // Answered: the backend's SETTINGS (one stream a connection) have come.
+        assert_eq!(quick().await.status, StatusCode::OK);
+        assert_eq!(connections.load(Ordering::SeqCst), 1);
+
+        // Two streams held open, one on each connection the limit allows.
+        let (sender, _task) = cftunnel_testkit::client::connect_h2c::<Full<Bytes>>(d)
+            .await
+            .expect("connect");
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let resp = sender
+                .clone()
+                .send_request(request(&format!("http://{d}/hold")))
+                .await
+                .expect("a head");
+            assert_eq!(resp.status(), StatusCode::OK);
+            held.push(resp);
+        }
+        assert_eq!(connections.load(Ordering::SeqCst), 2);
+
+        // Past the limit: no share comes free within the bound (1 s here).
+        let r = quick().await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{:?}", r.body);
+        assert_eq!(&r.body[..], b"upstream connection limit reached\n");
+        assert_eq!(
+            connections.load(Ordering::SeqCst),
+            2,
+            "no dial past the limit"
+        );
+
+        // One does: the request waiting for it is served on it.
+        let waiting = tokio::spawn({
+            let http = http.clone();
+            async move { send(&http, request(&format!("http://{d}/quick"))).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(held.pop());
+        let r = waiting.await.expect("task");
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        assert_eq!(connections.load(Ordering::SeqCst), 2);
+    })
+    .await
+    .expect("test finished in time");
+}

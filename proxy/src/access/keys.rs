@@ -370,7 +370,7 @@ async fn fetch(shared: &Shared) -> Result<(Vec<Key>, String), String> {
         .upstream
         .send(
             req,
-            Some(shared.settings.fetch_timeout),
+            crate::forward::TryBounds::same(Some(shared.settings.fetch_timeout)),
             crate::forward::TryBody::Held(bytes::Bytes::new()),
         )
         .await

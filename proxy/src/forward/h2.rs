@@ -14,7 +14,15 @@
 //! backend's limit would otherwise wait for a stream, and behind it every later request on that
 //! connection, for as long as long-lived streams (gRPC watches, server-sent events) stay open.
 //! Until the backend's first SETTINGS arrive a new connection is taken to allow 100 streams,
-//! as Go's Transport assumes too.
+//! as Go's Transport assumes too. The connections open to a backend, dialing ones included,
+//! count against its connection limit (shared with its HTTP/1.1 connections, for a TLS
+//! backend): with every connection at its share and the limit reached, a request waits for a
+//! share to come free, or for a connection to close, as long as its bounds allow, then fails
+//! with `Saturated`. A backend that allows one stream a connection, or a burst of long
+//! streams, would otherwise have the proxy dial without end. A connection other than the
+//! oldest open one that carried no stream for a whole [`Settings::idle_timeout`] (so for
+//! between one and two) is closed, so connections opened for a burst do not stay open after
+//! it.
 //!
 //! A connection is pinged only while requests are in flight on it and it has read nothing for
 //! [`KeepAlive::interval`], longer than gRPC servers let clients ping: grpc-go, grpc-java and
@@ -31,6 +39,7 @@
 
 use super::connector::{ConnectErrorKind, Connector, Stream};
 use super::error::ForwardError;
+use super::wait::Wait;
 use crate::body::ProxyBody;
 use arc_swap::ArcSwap;
 use http::uri::{Authority, Scheme};
@@ -41,9 +50,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::Poll;
 use std::time::Duration;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 pub(super) type Sender = http2::SendRequest<ProxyBody>;
 type Connection = http2::Connection<TokioIo<Stream>, ProxyBody, TokioExecutor>;
@@ -80,6 +90,9 @@ pub(super) struct Settings {
     pub(super) keep_alive: KeepAlive,
     /// Largest header block (response head, trailers) the backend may send.
     pub(super) max_header_list_size: u32,
+    /// How long a connection other than the oldest open one may carry no stream before it
+    /// is closed (it is, after between one and two of these).
+    pub(super) idle_timeout: Duration,
 }
 
 /// How long a request may wait for its answer, with nothing at all answered on its connection
@@ -107,8 +120,9 @@ pub(super) struct H2Channel {
     scheme: Scheme,
     /// The authority of a request whose `Host` is not one.
     fallback: Authority,
-    /// The open connections, newest last; readers take a handle without a lock.
-    conns: ArcSwap<Vec<Arc<Conn>>>,
+    /// The open connections, newest last; readers take a handle without a lock. Shared with
+    /// the task that closes idle ones, which ends with the channel.
+    conns: Arc<ArcSwap<Vec<Arc<Conn>>>>,
     /// Held while dialing; holds the failure of the last dial, which the requests that waited
     /// for it share instead of each dialing again in turn.
     dialing: tokio::sync::Mutex<Option<ForwardError>>,
@@ -118,16 +132,37 @@ pub(super) struct H2Channel {
     /// otherwise): new connections are then dialed here, once for all waiting requests.
     picked: AtomicBool,
     settings: Settings,
+    /// One permit per connection open to the backend (for a TLS backend, shared with its
+    /// HTTP/1.1 connections), held from its dial until it has ended.
+    permits: Arc<Semaphore>,
+    /// Where requests wait for a share of a connection to come free.
+    room: Arc<Room>,
+    /// Whether the task that closes idle connections runs.
+    sweeping: AtomicBool,
 }
 
-/// One HTTP/2 connection and the requests in flight on it.
+/// Requests waiting for a share of a connection, and the signal that one came free.
+#[derive(Debug, Default)]
+struct Room {
+    freed: Notify,
+    /// Requests waiting now: a stream that ends signals `freed` only when one does, which
+    /// keeps the shared `Notify` off the path of every other request.
+    waiters: AtomicUsize,
+}
+
+/// One HTTP/2 connection and the requests in flight on it, each of which holds it: it ends
+/// once it is out of the open connections and its last stream is done.
 #[derive(Debug)]
 struct Conn {
     sender: Sender,
-    shared: Arc<Shared>,
+    shared: Shared,
     /// The connection's task, driven by a task of its own (`drive`) and read here for the
     /// backend's stream limit; `None` once it has ended.
     task: Arc<Mutex<Option<Connection>>>,
+    room: Arc<Room>,
+    /// How many responses had come when the idle sweep last looked (`u64::MAX`: it has not):
+    /// a connection with no stream and none since has been idle a whole sweep.
+    looked: AtomicU64,
 }
 
 /// What a connection's requests share.
@@ -152,21 +187,31 @@ impl Conn {
     }
 
     /// A stream on this connection, if it is open and below its share.
-    fn claim(&self) -> Option<Claimed> {
+    fn claim(self: &Arc<Self>) -> Option<Claimed> {
         if self.is_closed() {
             return None;
         }
         let share = self.share();
+        // Sequentially consistent, as is the count of a stream that ends and its read of the
+        // waiters: a request that counts itself waiting and then finds no share here is seen
+        // waiting by the stream that frees one.
         self.shared
             .streams
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                 (n < share).then_some(n + 1)
             })
             .ok()?;
         Some(Claimed {
             sender: self.sender.clone(),
-            stream: OpenStream(Arc::clone(&self.shared)),
+            stream: OpenStream(Arc::clone(self)),
         })
+    }
+
+    /// Whether it carried no stream since the idle sweep last looked, which then looks again.
+    fn idle_since_last_look(&self) -> bool {
+        let answered = self.shared.answered.load(Ordering::Relaxed);
+        let looked = self.looked.swap(answered, Ordering::Relaxed);
+        looked == answered && self.shared.streams.load(Ordering::SeqCst) == 0
     }
 
     /// How many requests the connection may carry at once: as many streams as the backend's
@@ -182,8 +227,9 @@ impl Conn {
     }
 }
 
-/// Drives a connection's task until it ends, then drops it.
-async fn drive(task: Arc<Mutex<Option<Connection>>>) {
+/// Drives a connection's task until it ends, then drops it, and with it `permit`.
+async fn drive(task: Arc<Mutex<Option<Connection>>>, permit: OwnedSemaphorePermit) {
+    let _permit = permit;
     std::future::poll_fn(|cx| {
         let mut slot = task.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(conn) = slot.as_mut() else {
@@ -202,18 +248,23 @@ async fn drive(task: Arc<Mutex<Option<Connection>>>) {
 /// A request's place on a connection, given up when its response body is done with (or the
 /// request fails).
 #[derive(Debug)]
-pub struct OpenStream(Arc<Shared>);
+pub struct OpenStream(Arc<Conn>);
 
 impl OpenStream {
-    fn on(shared: &Arc<Shared>) -> Self {
-        shared.streams.fetch_add(1, Ordering::Relaxed);
-        Self(Arc::clone(shared))
+    fn on(conn: &Arc<Conn>) -> Self {
+        conn.shared.streams.fetch_add(1, Ordering::SeqCst);
+        Self(Arc::clone(conn))
     }
 }
 
 impl Drop for OpenStream {
     fn drop(&mut self) {
-        self.0.streams.fetch_sub(1, Ordering::Relaxed);
+        let conn = &self.0;
+        // See `Conn::claim` for the ordering.
+        conn.shared.streams.fetch_sub(1, Ordering::SeqCst);
+        if conn.room.waiters.load(Ordering::SeqCst) > 0 {
+            conn.room.freed.notify_one();
+        }
     }
 }
 
@@ -247,8 +298,9 @@ pub(super) struct Claimed {
 pub(super) enum Dialed {
     /// An HTTP/2 connection.
     Http2(Claimed),
-    /// A new TLS connection on which the backend picked HTTP/1.1, for the caller's pool.
-    Http1(Stream),
+    /// A new TLS connection on which the backend picked HTTP/1.1, and its permit, for the
+    /// caller's pool.
+    Http1(Stream, OwnedSemaphorePermit),
     /// The dial this request waited for found the backend speaking HTTP/1.1.
     UseHttp1,
 }
@@ -264,38 +316,46 @@ pub(super) enum Exchanged {
 }
 
 impl H2Channel {
+    /// A channel whose connections, dialing ones included, each hold one of `permits` while
+    /// open.
     pub(super) fn new(
         connector: Connector,
         scheme: Scheme,
         fallback: Authority,
         settings: Settings,
+        permits: Arc<Semaphore>,
     ) -> Self {
         Self {
             connector,
             scheme,
             fallback,
-            conns: ArcSwap::from_pointee(Vec::new()),
+            conns: Arc::new(ArcSwap::from_pointee(Vec::new())),
             dialing: tokio::sync::Mutex::new(None),
             dials: AtomicU64::new(0),
             picked: AtomicBool::new(true),
             settings,
+            permits,
+            room: Arc::default(),
+            sweeping: AtomicBool::new(false),
         }
     }
 
     /// Sends `req` to an h2c backend. A request the connection closed under before it went out
-    /// is sent once more, on a new connection.
+    /// is sent once more, on a new connection. With every connection at its share and the
+    /// connection limit reached, the request waits as `wait` says.
     pub(super) async fn send(
         &self,
         mut req: Request<ProxyBody>,
+        wait: &Wait,
     ) -> Result<(Response<Incoming>, OpenStream), ForwardError> {
         for _ in 0..2 {
             let claimed = match self.open() {
                 Some(claimed) => claimed,
                 // Boxed: dialing is rare, and its future would otherwise be carried by every
                 // request's.
-                None => match Box::pin(self.dial()).await? {
+                None => match Box::pin(self.dial(wait)).await? {
                     Dialed::Http2(claimed) => claimed,
-                    Dialed::Http1(_) | Dialed::UseHttp1 => {
+                    Dialed::Http1(..) | Dialed::UseHttp1 => {
                         return Err(ForwardError::Other("backend refused h2".into()))
                     }
                 },
@@ -321,52 +381,111 @@ impl H2Channel {
 
     /// A stream on an open connection, or on a new one. Requests that arrive while a dial runs
     /// wait for it and share its outcome: its connection, its failure, or its finding that the
-    /// backend now picks HTTP/1.1.
-    pub(super) async fn dial(&self) -> Result<Dialed, ForwardError> {
-        let seen = self.dials.load(Ordering::Acquire);
-        let mut last_failure = self.dialing.lock().await;
-        if let Some(claimed) = self.open() {
-            return Ok(Dialed::Http2(claimed));
-        }
-        if self.dials.load(Ordering::Acquire) != seen {
-            if let Some(e) = last_failure.as_ref() {
-                return Err(e.duplicate());
+    /// backend now picks HTTP/1.1. At the connection limit, waits as `wait` says for a share
+    /// to come free or a connection to close.
+    pub(super) async fn dial(&self, wait: &Wait) -> Result<Dialed, ForwardError> {
+        // Room for a new connection, found while waiting.
+        let mut room = None;
+        loop {
+            let seen = self.dials.load(Ordering::Acquire);
+            let mut last_failure = self.dialing.lock().await;
+            if let Some(claimed) = self.open() {
+                return Ok(Dialed::Http2(claimed));
             }
-            if !self.picked() {
-                return Ok(Dialed::UseHttp1);
+            if self.dials.load(Ordering::Acquire) != seen {
+                if let Some(e) = last_failure.as_ref() {
+                    return Err(e.duplicate());
+                }
+                if !self.picked() {
+                    return Ok(Dialed::UseHttp1);
+                }
             }
-        }
-        let dialed = async {
-            let io = self.connector.connect().await.map_err(|e| match e.kind {
-                ConnectErrorKind::Tls => ForwardError::Tls(e),
-                ConnectErrorKind::Dial | ConnectErrorKind::Timeout => ForwardError::Dial(e),
-            })?;
-            if io.is_tls() && !io.negotiated_h2() {
-                self.picked.store(false, Ordering::Relaxed);
-                return Ok(Dialed::Http1(io));
+            let permit = match room.take() {
+                Some(permit) => permit,
+                None => match self.permits.clone().try_acquire_owned() {
+                    Ok(permit) => permit,
+                    Err(_) => {
+                        // Others may dial meanwhile: a closed connection makes room for one.
+                        drop(last_failure);
+                        match self.wait_for_room(wait).await? {
+                            Space::Stream(claimed) => return Ok(Dialed::Http2(claimed)),
+                            Space::Connection(permit) => room = Some(permit),
+                        }
+                        continue;
+                    }
+                },
+            };
+            let dialed = async {
+                let io = self.connector.connect().await.map_err(|e| match e.kind {
+                    ConnectErrorKind::Tls => ForwardError::Tls(e),
+                    ConnectErrorKind::Dial | ConnectErrorKind::Timeout => ForwardError::Dial(e),
+                })?;
+                if io.is_tls() && !io.negotiated_h2() {
+                    self.picked.store(false, Ordering::Relaxed);
+                    return Ok(Dialed::Http1(io, permit));
+                }
+                self.install(io, permit).await.map(Dialed::Http2)
             }
-            self.install(io).await.map(Dialed::Http2)
+            .await;
+            *last_failure = dialed.as_ref().err().map(ForwardError::duplicate);
+            self.dials.fetch_add(1, Ordering::Release);
+            return dialed;
         }
-        .await;
-        *last_failure = dialed.as_ref().err().map(ForwardError::duplicate);
-        self.dials.fetch_add(1, Ordering::Release);
-        dialed
+    }
+
+    /// With every connection at its share and the connection limit reached: the first share
+    /// to come free, or room for a new connection once one closes, within `wait`.
+    async fn wait_for_room(&self, wait: &Wait) -> Result<Space, ForwardError> {
+        // Those that take no more requests go, so they close once their streams are done.
+        prune(&self.conns, &[]);
+        let found = async {
+            loop {
+                let freed = self.room.freed.notified();
+                tokio::pin!(freed);
+                // Registered before looking, so a share freed after the look wakes this
+                // request (or another waiting one).
+                freed.as_mut().enable();
+                if let Some(claimed) = self.open() {
+                    return Ok(Space::Stream(claimed));
+                }
+                tokio::select! {
+                    permit = self.permits.clone().acquire_owned() => {
+                        // The semaphore is never closed; an error would mean it was.
+                        return permit
+                            .map(Space::Connection)
+                            .map_err(|_| ForwardError::Saturated);
+                    }
+                    () = &mut freed => {}
+                }
+            }
+        };
+        wait.for_http2(&self.room.waiters, found).await
     }
 
     /// Adds `io`, a connection on which the backend picked `h2`, to the open connections,
-    /// unless one of those has room (then `io` is closed and that one is used).
-    pub(super) async fn adopt(&self, io: Stream) -> Result<Claimed, ForwardError> {
+    /// unless one of those has room (then `io` is closed, `permit` let go, and that one used).
+    pub(super) async fn adopt(
+        &self,
+        io: Stream,
+        permit: OwnedSemaphorePermit,
+    ) -> Result<Claimed, ForwardError> {
         let _dialing = self.dialing.lock().await;
         match self.open() {
             Some(claimed) => Ok(claimed),
-            None => self.install(io).await,
+            None => self.install(io, permit).await,
         }
     }
 
-    async fn install(&self, io: Stream) -> Result<Claimed, ForwardError> {
+    /// Starts HTTP/2 on `io`, which holds `permit` until it ends.
+    async fn install(
+        &self,
+        io: Stream,
+        permit: OwnedSemaphorePermit,
+    ) -> Result<Claimed, ForwardError> {
         let Settings {
             keep_alive,
             max_header_list_size,
+            idle_timeout,
         } = self.settings;
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
@@ -380,16 +499,18 @@ impl H2Channel {
             .await
             .map_err(ForwardError::from_hyper)?;
         let task = Arc::new(Mutex::new(Some(conn)));
-        tokio::spawn(drive(Arc::clone(&task)));
+        tokio::spawn(drive(Arc::clone(&task), permit));
         let conn = Arc::new(Conn {
             sender,
-            shared: Arc::default(),
+            shared: Shared::default(),
             task,
+            room: Arc::clone(&self.room),
+            looked: AtomicU64::new(u64::MAX),
         });
         // Its stream is claimed before others can see it, so it is this request's to use.
         let claimed = Claimed {
             sender: conn.sender.clone(),
-            stream: OpenStream::on(&conn.shared),
+            stream: OpenStream::on(&conn),
         };
         // Closed ones go: they take no more requests, and their streams hold their own handles.
         self.conns.rcu(|conns| {
@@ -399,6 +520,9 @@ impl H2Channel {
             open
         });
         self.picked.store(true, Ordering::Relaxed);
+        if !self.sweeping.swap(true, Ordering::Relaxed) {
+            tokio::spawn(sweep(Arc::downgrade(&self.conns), idle_timeout));
+        }
         Ok(claimed)
     }
 
@@ -428,7 +552,7 @@ impl H2Channel {
         if sender.ready().await.is_err() {
             return Exchanged::Unsent(req);
         }
-        let shared = &stream.0;
+        let shared = &stream.0.shared;
         let awaiting = Awaiting {
             shared,
             answered: shared.answered.load(Ordering::Relaxed),
@@ -451,6 +575,49 @@ impl H2Channel {
     }
 }
 
+/// What a request waiting at the connection limit got.
+enum Space {
+    /// A share of an open connection.
+    Stream(Claimed),
+    /// Room for a new connection.
+    Connection(OwnedSemaphorePermit),
+}
+
+/// Every `idle` until the channel is dropped, closes the connections that carried no stream
+/// since the last look (all but the oldest open one) and forgets those that take no more
+/// requests.
+async fn sweep(conns: Weak<ArcSwap<Vec<Arc<Conn>>>>, idle: Duration) {
+    loop {
+        tokio::time::sleep(idle).await;
+        let Some(conns) = conns.upgrade() else { return };
+        let current = conns.load_full();
+        let mut open = current.iter().filter(|c| !c.is_closed());
+        // The oldest open one stays, idle or not, ready for the next request; it is looked at
+        // all the same, so it is not taken for idle the moment it stops being the oldest.
+        if let Some(oldest) = open.next() {
+            oldest.idle_since_last_look();
+        }
+        let idle: Vec<Arc<Conn>> = open.filter(|c| c.idle_since_last_look()).cloned().collect();
+        prune(&conns, &idle);
+    }
+}
+
+/// Takes out of the open connections those that take no more requests and those in `idle`;
+/// a connection taken out ends once its last stream is done.
+fn prune(conns: &ArcSwap<Vec<Arc<Conn>>>, idle: &[Arc<Conn>]) {
+    let goes = |c: &Arc<Conn>| c.is_closed() || idle.iter().any(|i| Arc::ptr_eq(i, c));
+    if !conns.load().iter().any(goes) {
+        return;
+    }
+    conns.rcu(|conns| {
+        conns
+            .iter()
+            .filter(|c| !goes(c))
+            .cloned()
+            .collect::<Vec<_>>()
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -460,5 +627,141 @@ mod tests {
     #[test]
     fn backends_are_pinged_no_sooner_than_grpc_servers_allow() {
         assert!(KeepAlive::default().interval > Duration::from_secs(5 * 60));
+    }
+
+    /// An h2c backend allowing `streams` streams a connection that answers `/hold` with a
+    /// head and a body that never ends, anything else with `ok`; counts the connections it
+    /// accepted and those that closed.
+    async fn backend(streams: u32) -> (std::net::SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        use bytes::Bytes;
+        use http_body_util::{Either, Full, StreamBody};
+        type Frames = futures_util::stream::Pending<
+            Result<http_body::Frame<Bytes>, std::convert::Infallible>,
+        >;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (accepted, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (a, c) = (accepted.clone(), closed.clone());
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                a.fetch_add(1, Ordering::SeqCst);
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                        let body: Either<StreamBody<Frames>, Full<Bytes>> =
+                            if req.uri().path() == "/hold" {
+                                Either::Left(StreamBody::new(futures_util::stream::pending()))
+                            } else {
+                                Either::Right(Full::new(Bytes::from_static(b"ok")))
+                            };
+                        Ok::<_, std::convert::Infallible>(Response::new(body))
+                    });
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .max_concurrent_streams(streams)
+                        .serve_connection(TokioIo::new(tcp), service)
+                        .await;
+                    c.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        });
+        (addr, accepted, closed)
+    }
+
+    fn request(path: &str) -> Request<ProxyBody> {
+        Request::get(path)
+            .header(header::HOST, "backend")
+            .body(crate::body::full(bytes::Bytes::new()))
+            .expect("request")
+    }
+
+    async fn wait_for(count: &AtomicUsize, want: usize, within: Duration) -> usize {
+        let deadline = std::time::Instant::now() + within;
+        while count.load(Ordering::SeqCst) < want && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        count.load(Ordering::SeqCst)
+    }
+
+    /// A backend that allows one stream a connection: streams held open take a connection
+    /// each up to the limit (two here), and a request past it waits for a share, then fails
+    /// with `Saturated`, without a dial. Once they are done, every connection but the oldest
+    /// closes after the idle timeout, with or without traffic on the one left.
+    #[tokio::test]
+    async fn connections_stay_within_the_limit_and_those_beyond_the_first_close_once_idle() {
+        let (addr, accepted, closed) = backend(1).await;
+        let connector = Connector::new(
+            "127.0.0.1",
+            addr.port(),
+            None,
+            Duration::from_secs(2),
+            false,
+        );
+        let idle = Duration::from_millis(300);
+        let settings = Settings {
+            keep_alive: KeepAlive::default(),
+            max_header_list_size: 64 << 10,
+            idle_timeout: idle,
+        };
+        let channel = H2Channel::new(
+            connector,
+            Scheme::HTTP,
+            Authority::from_static("backend"),
+            settings,
+            Arc::new(Semaphore::new(2)),
+        );
+        let unbounded = Wait::until(None);
+
+        // Answered: the backend's SETTINGS (one stream a connection) have come.
+        let (resp, stream) = channel
+            .send(request("/"), &unbounded)
+            .await
+            .expect("answer");
+        assert_eq!(resp.status(), http::StatusCode::OK);
+        drop((resp, stream));
+        let held = [
+            channel
+                .send(request("/hold"), &unbounded)
+                .await
+                .expect("held"),
+            channel
+                .send(request("/hold"), &unbounded)
+                .await
+                .expect("held"),
+        ];
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+
+        // At the limit, a third waits, and fails without a dial.
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
+        let past = channel
+            .send(request("/"), &Wait::until(Some(deadline)))
+            .await;
+        assert!(matches!(past, Err(ForwardError::Saturated)), "{past:?}");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2, "no dial past the limit");
+
+        // A request waiting at the limit gets the first share that comes free.
+        let [first, second] = held;
+        let waiting = channel.send(request("/"), &unbounded);
+        let freeing = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            drop(first);
+        };
+        let (served, ()) = tokio::join!(waiting, freeing);
+        let (resp, stream) = served.expect("served once a share came free");
+        assert_eq!(resp.status(), http::StatusCode::OK);
+        drop((resp, stream, second));
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+
+        // Idle: the newer connection closes, the oldest stays and serves the next request.
+        assert_eq!(wait_for(&closed, 1, idle * 10).await, 1);
+        tokio::time::sleep(idle * 3).await;
+        assert_eq!(closed.load(Ordering::SeqCst), 1, "the oldest stays open");
+        let (resp, _stream) = channel
+            .send(request("/"), &unbounded)
+            .await
+            .expect("answer");
+        assert_eq!(resp.status(), http::StatusCode::OK);
+        assert_eq!(accepted.load(Ordering::SeqCst), 2, "no new connection");
     }
 }

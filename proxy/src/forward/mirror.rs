@@ -6,7 +6,7 @@
 //! dropped and counted rather than queued.
 
 use super::request::upstream_request;
-use super::{TryBody, Upstream};
+use super::{TryBody, TryBounds, Upstream};
 use crate::body;
 use crate::trace::RequestTrace;
 use bytes::Bytes;
@@ -83,7 +83,11 @@ impl Mirrors {
         tokio::spawn(async move {
             let _permit = permit;
             match upstream
-                .send(req, Some(MIRROR_TIMEOUT), TryBody::Held(body))
+                .send(
+                    req,
+                    TryBounds::same(Some(MIRROR_TIMEOUT)),
+                    TryBody::Held(body),
+                )
                 .await
             {
                 Ok((resp, _)) => {

@@ -6,10 +6,11 @@
 //! has been sent so the try's timeout can start then.
 
 use super::TryBody;
-use crate::body::{self, BoxError, ProxyBody};
+use crate::body::{self, BoxError, ProxyBody, QuietState};
 use bytes::Bytes;
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
+use std::sync::Arc;
 use tokio::sync::oneshot;
 
 /// Request bodies up to this size are buffered when a retry or a mirror needs to replay them.
@@ -30,8 +31,9 @@ pub struct UnreadableBody;
 pub(crate) enum Payload {
     /// Buffered (or empty): can be sent more than once.
     Replayable(Bytes),
-    /// Streamed: one try only. The receiver closes once the body has been sent.
-    Stream(ProxyBody, oneshot::Receiver<()>),
+    /// Streamed: one try only. The receiver closes once the body has been sent; the state,
+    /// for a gRPC call, is the body's stall bound, lifted if the try goes over HTTP/2.
+    Stream(ProxyBody, oneshot::Receiver<()>, Option<Arc<QuietState>>),
 }
 
 impl Payload {
@@ -97,7 +99,16 @@ impl Payload {
         B::Error: Into<BoxError>,
     {
         let (sent, sent_rx) = oneshot::channel();
-        Self::Stream(body::boxed(body::Notify::new(body, sent)), sent_rx)
+        Self::Stream(body::boxed(body::Notify::new(body, sent)), sent_rx, None)
+    }
+
+    /// For a gRPC call: `quiet`, the stall bound of a streamed body, is lifted if its try goes
+    /// over HTTP/2, and holds over HTTP/1.1.
+    pub(crate) fn lifted_over_http2(self, quiet: Option<Arc<QuietState>>) -> Self {
+        match self {
+            Self::Stream(body, sent, _) => Self::Stream(body, sent, quiet),
+            held => held,
+        }
     }
 
     /// The buffered body, which retries and mirrors can send again.
@@ -113,7 +124,7 @@ impl Payload {
     pub(crate) fn into_body(self) -> (ProxyBody, TryBody) {
         match self {
             Self::Replayable(b) => (body::full(b.clone()), TryBody::Held(b)),
-            Self::Stream(b, sent) => (b, TryBody::Streamed(sent)),
+            Self::Stream(b, sent, lift) => (b, TryBody::Streamed { sent, lift }),
         }
     }
 }

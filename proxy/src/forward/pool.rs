@@ -7,6 +7,7 @@
 use super::connector::{ConnectErrorKind, Connector, Stream};
 use super::error::ForwardError;
 use super::h2::{Dialed, Exchanged, H2Channel, OpenStream};
+use super::wait::Wait;
 use crate::body::ProxyBody;
 use bytes::Bytes;
 use http::uri::{Authority, Scheme};
@@ -42,29 +43,6 @@ pub(super) struct H1Pool {
     /// Requests waiting at the limit now: a connection put back signals `returned` only when
     /// one does, which keeps the shared `Notify` off the path of every completed request.
     waiters: AtomicUsize,
-}
-
-/// How long a request may wait for a connection while the backend has its most open, and
-/// whether it is waiting now (so a timeout that ends the wait is told apart from one that
-/// ends the exchange).
-#[derive(Debug)]
-pub(super) struct Wait {
-    until: Option<tokio::time::Instant>,
-    waiting: AtomicBool,
-}
-
-impl Wait {
-    pub(super) fn until(until: Option<tokio::time::Instant>) -> Self {
-        Self {
-            until,
-            waiting: AtomicBool::new(false),
-        }
-    }
-
-    /// Whether the request is (or was, when its wait was cut off) waiting for a connection.
-    pub(super) fn is_waiting(&self) -> bool {
-        self.waiting.load(Ordering::Relaxed)
-    }
 }
 
 /// How long a connection may sit idle before a request on it keeps a copy to send again:
@@ -129,8 +107,8 @@ enum Tried {
 /// What [`H1Pool::send_h1`] did with a request.
 enum Sent {
     Response(Response<UpstreamBody>),
-    /// The new connection picked `h2`: the request, unsent, and the connection.
-    PickedH2(Request<ProxyBody>, Stream),
+    /// The new connection picked `h2`: the request, unsent, the connection and its permit.
+    PickedH2(Request<ProxyBody>, Stream, OwnedSemaphorePermit),
 }
 
 #[derive(Debug)]
@@ -140,9 +118,10 @@ struct Idle {
 }
 
 impl H1Pool {
-    /// A pool for `connector`'s backend, with at most `max_connections` HTTP/1.1 connections
-    /// open at once (at least one). With `alpn_h2` its TLS handshake offers `h2`, and when
-    /// the backend picks it requests go to one HTTP/2 connection instead.
+    /// A pool for `connector`'s backend, with at most `max_connections` connections open at
+    /// once (at least one). With `alpn_h2` its TLS handshake offers `h2`, and when the backend
+    /// picks it requests go to its HTTP/2 connections instead, counted against the same
+    /// limit.
     pub(super) fn new(
         connector: Connector,
         max_idle: usize,
@@ -150,6 +129,10 @@ impl H1Pool {
         max_connections: usize,
         alpn_h2: Option<Alpn>,
     ) -> Arc<Self> {
+        // HTTP/1.1 and HTTP/2 connections to the backend count against one limit.
+        let permits = Arc::new(Semaphore::new(
+            max_connections.clamp(1, Semaphore::MAX_PERMITS),
+        ));
         Arc::new(Self {
             alpn_h2: alpn_h2.map(|alpn| {
                 Box::new(AlpnSide {
@@ -158,6 +141,7 @@ impl H1Pool {
                         alpn.scheme,
                         alpn.fallback,
                         alpn.settings,
+                        Arc::clone(&permits),
                     ),
                     upgrades: alpn.upgrades,
                 })
@@ -167,12 +151,15 @@ impl H1Pool {
             max_idle,
             idle_timeout,
             sweeping: AtomicBool::new(false),
-            permits: Arc::new(Semaphore::new(
-                max_connections.clamp(1, Semaphore::MAX_PERMITS),
-            )),
+            permits,
             returned: Notify::new(),
             waiters: AtomicUsize::new(0),
         })
+    }
+
+    /// Whether the backend's TLS handshake offers `h2`.
+    pub(super) fn offers_h2(&self) -> bool {
+        self.alpn_h2.is_some()
     }
 
     /// Sends `req` (origin-form URI, its host in `Host`) on an idle connection or a new one;
@@ -242,7 +229,8 @@ impl H1Pool {
     }
 
     /// [`send`](Self::send) to a TLS backend offered `h2`. A request the HTTP/2 connection
-    /// closed under before it went out is sent once more.
+    /// closed under before it went out is sent once more. Going out over HTTP/2 is what tells
+    /// `wait` that a gRPC call's own bounds hold (see [`Wait::goes_over_http2`]).
     async fn send_alpn(
         self: &Arc<Self>,
         channel: &H2Channel,
@@ -253,12 +241,10 @@ impl H1Pool {
         for _ in 0..2 {
             let claimed = match channel.open() {
                 Some(claimed) => Some(claimed),
-                None if channel.picked() => match channel.dial().await? {
+                None if channel.picked() => match channel.dial(wait).await? {
                     Dialed::Http2(claimed) => Some(claimed),
-                    Dialed::Http1(io) => {
-                        // Used only within the limit; at it, closed, and the request waits.
-                        let fresh = self.permits.clone().try_acquire_owned().ok();
-                        let fresh = fresh.map(|permit| (io, permit));
+                    Dialed::Http1(io, permit) => {
+                        let fresh = Some((io, permit));
                         return match self.send_h1(req, fresh, wait, replay).await? {
                             Sent::Response(resp) => Ok(resp),
                             Sent::PickedH2(..) => {
@@ -274,12 +260,13 @@ impl H1Pool {
                 Some(claimed) => claimed,
                 None => match self.send_h1(req, None, wait, replay).await? {
                     Sent::Response(resp) => return Ok(resp),
-                    Sent::PickedH2(unsent, io) => {
+                    Sent::PickedH2(unsent, io, permit) => {
                         req = unsent;
-                        channel.adopt(io).await?
+                        channel.adopt(io, permit).await?
                     }
                 },
             };
+            wait.goes_over_http2();
             match channel.exchange(claimed, req).await {
                 Exchanged::Response(resp, stream) => {
                     return Ok(resp.map(|body| UpstreamBody::on_stream(body, stream)))
@@ -293,7 +280,7 @@ impl H1Pool {
 
     /// HTTP/1.1 to a TLS backend offered `h2`: on `fresh` (with its permit), else on an idle
     /// connection or a new one. A new connection on which the backend picked `h2` comes back
-    /// with the request, unsent; its permit is let go, as the pool does not hold it.
+    /// with the request, unsent, and its permit, for the HTTP/2 side to hold.
     async fn send_h1(
         self: &Arc<Self>,
         mut req: Request<ProxyBody>,
@@ -320,7 +307,7 @@ impl H1Pool {
                 Ok(checked) => checked,
                 Err((io, permit)) => {
                     if io.negotiated_h2() {
-                        return Ok(Sent::PickedH2(req, io));
+                        return Ok(Sent::PickedH2(req, io, permit));
                     }
                     (handshake(io, permit).await?, Reuse::New)
                 }
@@ -432,16 +419,14 @@ impl H1Pool {
     }
 
     /// Room for a new connection when the pool is below its limit (the caller has found
-    /// no idle one); else waits until `wait.until` for a connection to come back or close.
+    /// no idle one); else waits, as long as `wait` allows, for a connection to come back or
+    /// close.
     async fn slot(self: &Arc<Self>, wait: &Wait) -> Result<Slot, ForwardError> {
         if let Ok(permit) = self.permits.clone().try_acquire_owned() {
             return Ok(Slot::New(permit));
         }
-        wait.waiting.store(true, Ordering::Relaxed);
         // Counted before the first look at the idle stack, whose lock orders it before the
         // count a connection put back after that look reads; uncounted however the wait ends.
-        self.waiters.fetch_add(1, Ordering::Relaxed);
-        let _counted = Waiting(&self.waiters);
         let found = async {
             loop {
                 let returned = self.returned.notified();
@@ -461,15 +446,7 @@ impl H1Pool {
                 }
             }
         };
-        let found = match wait.until {
-            Some(at) => tokio::time::timeout_at(at, found)
-                .await
-                .unwrap_or(Err(ForwardError::Saturated)),
-            None => found.await,
-        };
-        // Left set when this future is dropped mid-wait: the caller's timeout reads it.
-        wait.waiting.store(false, Ordering::Relaxed);
-        found
+        wait.for_http1(&self.waiters, found).await
     }
 
     fn put_back(self: &Arc<Self>, sender: http1::SendRequest<ProxyBody>) {
@@ -585,15 +562,6 @@ fn closed_before_answer(e: &hyper::Error) -> bool {
         source = cause.source();
     }
     false
-}
-
-/// Uncounts a request waiting at the limit when its wait ends or is dropped.
-struct Waiting<'a>(&'a AtomicUsize);
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 async fn connect(connector: &Connector) -> Result<Stream, ForwardError> {

@@ -8,7 +8,7 @@
 use super::error::ForwardError;
 use super::payload::Payload;
 use super::request::{upstream_request, UnforwardableTarget};
-use super::{TryBody, Upstream, UpstreamBody};
+use super::{TryBody, TryBounds, Upstream, UpstreamBody};
 use crate::body;
 use crate::metrics::HostMetrics;
 use crate::trace::{RequestTrace, TrySpan};
@@ -39,36 +39,47 @@ pub(crate) struct TryTimeout {
     pub(crate) backend: Option<Duration>,
     /// For rules without one, the bound on the response head alone; `None`: none.
     pub(crate) header: Option<Duration>,
+    /// The same for a gRPC call that goes over HTTP/2.
+    pub(crate) grpc_header: Option<Duration>,
 }
 
 impl TryTimeout {
     /// The bounds of a try of `rule`, the proxy's default wait for a response head being
     /// `header`. That default never cuts a request shorter than the rule allows: it is
     /// stretched to the rule's request timeout, and off where a rule's timeout is `0s`
-    /// (Gateway API: the timeout is disabled). A gRPC call to an HTTP/2 backend (`grpc`) may
+    /// (Gateway API: the timeout is disabled). A gRPC call (`grpc`, with its deadline) may
     /// get its response head only with a first message that can be long in coming (a watch):
-    /// the call's own deadline (`grpc-timeout`) bounds the wait instead, and without one the
-    /// client waits as long as it chose to.
+    /// over HTTP/2 the call's own deadline (`grpc-timeout`) bounds the wait instead, and
+    /// without one the client waits as long as it chose to. Over HTTP/1.1 the default holds:
+    /// the client's word alone lifts no bound there.
     pub(crate) fn of(
         rule: &crate::rule::Rule,
         header: Duration,
         grpc: Option<Option<Duration>>,
     ) -> Self {
-        let header = match (grpc, rule.request_timeout) {
+        let header = match rule.request_timeout {
             _ if rule.timeouts_off => None,
-            (Some(deadline), _) => deadline,
-            (None, Some(request)) => Some(header.max(request)),
-            (None, None) => Some(header),
+            Some(request) => Some(header.max(request)),
+            None => Some(header),
+        };
+        let grpc_header = match grpc {
+            _ if rule.timeouts_off => None,
+            Some(deadline) => deadline,
+            None => header,
         };
         Self {
             backend: rule.backend_timeout,
             header,
+            grpc_header,
         }
     }
 
     /// What bounds a try: the rule's backend timeout, or the wait for the head.
-    fn per_try(self) -> Option<Duration> {
-        self.backend.or(self.header)
+    fn per_try(self) -> TryBounds {
+        TryBounds {
+            http1: self.backend.or(self.header),
+            http2: self.backend.or(self.grpc_header),
+        }
     }
 }
 
