@@ -66,7 +66,7 @@ impl ClientIdentity {
         let carried = public_key(&key).map_err(|e| {
             Invalid::new(KEY, format!("not a valid PKCS#8, PKCS#1 or SEC1 key: {e}"))
         })?;
-        if let Some(spki) = carried {
+        if let Some(spki) = &carried {
             let leaf = webpki::EndEntityCert::try_from(leaf)
                 .map_err(|e| Invalid::new(CHAIN, e.to_string()))?;
             if *leaf.subject_public_key_info() != *spki {
@@ -76,11 +76,14 @@ impl ClientIdentity {
                 ));
             }
         }
-        // The proxy presents it through rustls, whose provider takes RSA keys of 2048 to 8192
-        // bits, ECDSA keys on P-256, P-384 and P-521, and Ed25519 keys: a key it cannot load
-        // is refused here, where the Gateway can say so, not rule by rule at every push.
-        rustls::crypto::aws_lc_rs::sign::any_supported_type(&key)
-            .map_err(|e| Invalid::new(KEY, format!("a key the proxy cannot sign with: {e}")))?;
+        // A key the proxy's TLS library cannot load is refused here, where the Gateway can
+        // say so, not rule by rule at every push.
+        if let Some(why) = unsupported(&key, carried.as_deref()) {
+            return Err(Invalid::new(
+                KEY,
+                format!("a key the proxy cannot sign with: {why}"),
+            ));
+        }
         Ok(Self {
             chain,
             key: Arc::new(key),
@@ -91,6 +94,92 @@ impl ClientIdentity {
     pub fn key(&self) -> PrivateKeyDer<'static> {
         self.key.clone_key()
     }
+}
+
+/// The OIDs of the curves and algorithms the proxy's TLS library (rustls on aws-lc-rs) signs
+/// with besides RSA: ECDSA on P-256, P-384 and P-521, and Ed25519.
+const P256: &[u64] = &[1, 2, 840, 10_045, 3, 1, 7];
+const P384: &[u64] = &[1, 3, 132, 0, 34];
+const P521: &[u64] = &[1, 3, 132, 0, 35];
+const ED25519: &[u64] = &[1, 3, 101, 112];
+/// The RSA modulus sizes it takes, in bits.
+const RSA_BITS: std::ops::RangeInclusive<usize> = 2048..=8192;
+
+/// Why the proxy's TLS library cannot sign with `key`, whose public key is `spki` (when it
+/// carries one), if it cannot: it takes RSA keys of 2048 to 8192 bits, ECDSA keys on P-256,
+/// P-384 and P-521, and Ed25519 keys. Read from the DER, as the core does no crypto.
+fn unsupported(key: &PrivateKeyDer<'_>, spki: Option<&[u8]>) -> Option<String> {
+    let (algorithm, parameter, public) = match spki {
+        Some(spki) => yasna::parse_der(spki, |r| {
+            r.read_sequence(|r| {
+                let (algorithm, parameter) = r.next().read_sequence(|r| {
+                    let oid = r.next().read_oid()?;
+                    let parameter = r.read_optional(|r| r.read_der())?;
+                    Ok((oid, parameter))
+                })?;
+                let public = r.next().read_bitvec_bytes()?.0;
+                Ok((oid_of(algorithm), parameter, Some(public)))
+            })
+        })
+        .ok()?,
+        // Only PKCS#8 keys of other algorithms carry no public key (Ed25519's v1 form).
+        None => match key {
+            PrivateKeyDer::Pkcs8(k) => yasna::parse_der(k.secret_pkcs8_der(), |r| {
+                r.read_sequence(|r| {
+                    r.next().read_der()?;
+                    let algorithm = r.next().read_sequence(|r| {
+                        let oid = r.next().read_oid()?;
+                        r.read_optional(|r| r.read_der())?;
+                        Ok(oid)
+                    })?;
+                    r.next().read_der()?;
+                    r.read_optional(|r| r.read_tagged_implicit(Tag::context(0), |r| r.read_der()))?;
+                    Ok((oid_of(algorithm), None, None))
+                })
+            })
+            .ok()?,
+            _ => return None,
+        },
+    };
+    match algorithm.as_slice() {
+        RSA => {
+            let modulus = yasna::parse_der(&public?, |r| {
+                r.read_sequence(|r| {
+                    let modulus = r.next().read_bigint_bytes()?.0;
+                    r.next().read_der()?;
+                    Ok(modulus)
+                })
+            })
+            .ok()?;
+            let first = modulus.iter().position(|b| *b != 0)?;
+            let bits = (modulus.len() - first) * 8 - modulus[first].leading_zeros() as usize;
+            (!RSA_BITS.contains(&bits)).then(|| {
+                format!(
+                    "an RSA key of {bits} bits (RSA keys of {} to {} bits are taken)",
+                    RSA_BITS.start(),
+                    RSA_BITS.end()
+                )
+            })
+        }
+        EC => {
+            let curve = oid_of(yasna::parse_der(&parameter?, |r| r.read_oid()).ok()?);
+            (![P256, P384, P521].contains(&curve.as_slice())).then(|| {
+                format!(
+                    "an EC key on curve {} (P-256, P-384 and P-521 are taken)",
+                    dotted(&curve)
+                )
+            })
+        }
+        ED25519 => None,
+        other => Some(format!(
+            "a key of algorithm {} (RSA, ECDSA and Ed25519 keys are taken)",
+            dotted(other)
+        )),
+    }
+}
+
+fn dotted(oid: &[u64]) -> String {
+    oid.iter().map(u64::to_string).collect::<Vec<_>>().join(".")
 }
 
 /// The SubjectPublicKeyInfo (DER) of the public key `key` carries; `None` when it carries none.

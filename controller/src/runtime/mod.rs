@@ -222,6 +222,9 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 /// its objects departing from what was applied ([`drift`]), plus up to [`REAPPLY_SPREAD`] by
 /// its Gateway's uid, so that planes applied together are not all applied again together.
 const REAPPLY_AFTER: Duration = Duration::from_secs(300);
+/// How long the plane of a Gateway moved to a class not listed stays: the class may come with
+/// the same apply and be seen a little after the Gateway.
+const UNLISTED_CLASS_GRACE: Duration = Duration::from_secs(10);
 /// See [`REAPPLY_AFTER`].
 const REAPPLY_SPREAD: Duration = Duration::from_secs(60);
 /// Broken planes whose pods are asked for their config at once, at most.
@@ -503,6 +506,8 @@ struct Reconciler {
     recorder: Recorder,
     /// Per plane: why its pushes keep failing, while they do.
     push_failures: HashMap<PlaneKey, String>,
+    /// Gateways of planes we rendered, moved to a class not listed, since when.
+    class_unlisted: HashMap<ObjectKey, std::time::Instant>,
     /// Status fields the cluster's CRDs drop.
     pruned: Arc<std::sync::Mutex<status::Pruned>>,
     /// Per Gateway: the last render error reported, so a persisting one is not re-sent.
@@ -721,6 +726,7 @@ impl Reconciler {
             recorder,
             push_failures: HashMap::new(),
             pruned: Default::default(),
+            class_unlisted: HashMap::new(),
             render_failures: HashMap::new(),
             listener_set_resource,
             last_good: HashMap::new(),
@@ -854,6 +860,9 @@ impl Reconciler {
         }
         let mut planes: BTreeMap<PlaneKey, PlaneInfo> = BTreeMap::new();
         let mut broken = Vec::new();
+        // Gateways on a class not listed, since when: kept only for those still so.
+        let mut class_unlisted = HashMap::new();
+        let previously_unlisted = std::mem::take(&mut self.class_unlisted);
 
         for gw in &snapshot.gateways {
             let Some(key) = object_key(gw) else { continue };
@@ -884,14 +893,22 @@ impl Reconciler {
                 // Another controller's: its plane goes only if this controller rendered it
                 // (for a class of its own the Gateway has left). Another installation renders
                 // planes of the same names and owner for its own classes, which are not ours
-                // to remove. A Gateway moved to a class not listed (yet) keeps it: one apply
-                // that creates a class of ours and moves the Gateway to it may be seen
+                // to remove. A Gateway moved to a class not listed keeps it for a while: one
+                // apply that creates a class of ours and moves the Gateway to it may be seen
                 // Gateway first, and the plane must not go (and its token change) for that.
                 None if !ours => {
                     let class_listed = snapshot.gateway_classes.iter().any(|c| {
                         c.metadata.name.as_deref() == Some(gw.spec.gateway_class_name.as_str())
                     });
-                    if class_listed
+                    let waited = class_listed || {
+                        let since = previously_unlisted
+                            .get(&key)
+                            .copied()
+                            .unwrap_or_else(std::time::Instant::now);
+                        class_unlisted.insert(key.clone(), since);
+                        since.elapsed() >= UNLISTED_CLASS_GRACE
+                    };
+                    if waited
                         && rendered_for_our_class(
                             gw,
                             snapshot,
@@ -907,6 +924,7 @@ impl Reconciler {
                 None => broken.push(key),
             }
         }
+        self.class_unlisted = class_unlisted;
         if let Some(shared) = &self.options.shared {
             if let Some(info) = shared_plane(
                 shared,

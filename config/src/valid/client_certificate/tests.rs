@@ -22,6 +22,7 @@ fn a_key_is_matched_to_its_certificate_for_each_algorithm() {
     for alg in [
         &rcgen::PKCS_ECDSA_P256_SHA256,
         &rcgen::PKCS_ECDSA_P384_SHA384,
+        &rcgen::PKCS_ECDSA_P521_SHA512,
         &rcgen::PKCS_ED25519,
         &rcgen::PKCS_RSA_SHA256,
     ] {
@@ -141,11 +142,14 @@ const SECP256K1: (&str, &str) = (
 
 #[test]
 fn keys_the_proxys_tls_library_cannot_sign_with_are_refused() {
-    for (what, (cert, key)) in [("RSA 1024", RSA_1024), ("secp256k1", SECP256K1)] {
+    for (what, (cert, key), says) in [
+        ("RSA 1024", RSA_1024, "an RSA key of 1024 bits"),
+        ("secp256k1", SECP256K1, "an EC key on curve 1.3.132.0.10"),
+    ] {
         let err = identity(cert, key).expect_err(what);
         assert_eq!(err.field, KEY, "{what}");
         assert!(
-            err.message.contains("cannot sign with"),
+            err.message.contains("cannot sign with") && err.message.contains(says),
             "{what}: {}",
             err.message
         );
