@@ -1105,3 +1105,88 @@ async fn the_admin_port_holds_a_bounded_number_of_connections() {
     .await
     .expect("test finished in time");
 }
+
+/// A body in one-byte chunks, read for a retry, is held in one buffer: replayed byte-exact
+/// within the cap, and past the cap sent on with what was read as one piece, not as a
+/// frame per byte (which cost about a hundred bytes of memory per byte of body).
+#[tokio::test]
+async fn a_body_in_one_byte_chunks_is_replayed_exactly_and_sent_on_in_few_frames() {
+    use cftunnel_proxy::proxy::MAX_REPLAY_BODY;
+    use http_body_util::BodyExt as _;
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // Answers the first request to `/retry/small` 503, every other 200; reports each
+        // body it was sent and how many frames its first `MAX_REPLAY_BODY` bytes came in.
+        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        let failed_once = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let backend = scripted_backend(move |conn: tokio::net::TcpStream| {
+            let (seen_tx, failed_once) = (seen_tx.clone(), failed_once.clone());
+            let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                let (seen_tx, failed_once) = (seen_tx.clone(), failed_once.clone());
+                async move {
+                    let path = req.uri().path().to_owned();
+                    let mut body = req.into_body();
+                    let (mut bytes, mut frames_in_cap) = (Vec::new(), 0usize);
+                    while let Some(frame) = body.frame().await {
+                        if let Ok(data) = frame?.into_data() {
+                            if (bytes.len() as u64) < MAX_REPLAY_BODY {
+                                frames_in_cap += 1;
+                            }
+                            bytes.extend_from_slice(&data);
+                        }
+                    }
+                    let fail = path == "/retry/small"
+                        && !failed_once.swap(true, std::sync::atomic::Ordering::SeqCst);
+                    let _ = seen_tx.send((path, bytes, frames_in_cap));
+                    let status = if fail { 503 } else { 200 };
+                    Ok::<_, hyper::Error>(
+                        http::Response::builder()
+                            .status(status)
+                            .body(http_body_util::Full::new(Bytes::new()))
+                            .expect("response"),
+                    )
+                }
+            });
+            async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(conn), service)
+                    .await;
+            }
+        })
+        .await;
+        let proxy = proxy().await;
+        let http = client();
+        let doc = json!({"rules": [{"retry": {"codes": [503], "attempts": 2},
+                                    "backends": [{"url": url(backend), "weight": 1}]}]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+
+        let cap = MAX_REPLAY_BODY as usize;
+        for (path, length) in [("/retry/small", cap - 1000), ("/retry/large", cap + 5000)] {
+            let body: Vec<u8> = (0..length).map(|i| (i % 251) as u8).collect();
+            let mut request = format!(
+                "POST {path} HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+            )
+            .into_bytes();
+            for byte in &body {
+                request.extend_from_slice(b"1\r\n");
+                request.push(*byte);
+                request.extend_from_slice(b"\r\n");
+            }
+            request.extend_from_slice(b"0\r\n\r\n");
+            let answer = raw(proxy.data_addr(), &request).await;
+            assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {:?}", answer.get(..40));
+
+            let tries = if path == "/retry/small" { 2 } else { 1 };
+            for try_ in 1..=tries {
+                let (seen_path, sent, frames_in_cap) = seen.recv().await.expect("the backend was sent it");
+                assert_eq!(seen_path, path);
+                assert!(sent == body, "{path}, try {try_}: the body arrives byte-exact");
+                // Within the cap the body is replayed whole; past it, what was read goes on in
+                // one chunk (which the backend may read in a few pieces), not a chunk a byte.
+                assert!(frames_in_cap <= 64, "{path}, try {try_}: the first {cap} bytes came in {frames_in_cap} frames");
+            }
+        }
+        assert!(seen.try_recv().is_err(), "no more tries than that");
+    })
+    .await
+    .expect("test finished in time");
+}
