@@ -1190,3 +1190,167 @@ async fn a_body_in_one_byte_chunks_is_replayed_exactly_and_sent_on_in_few_frames
     .await
     .expect("test finished in time");
 }
+
+/// A WebSocket backend that echoes what it is sent, or (`flood`) sends 64 KiB messages as
+/// fast as it can; it reports on `ended` when the proxy ends its side of a session.
+async fn websocket_backend(
+    flood: bool,
+    ended: tokio::sync::mpsc::UnboundedSender<()>,
+) -> std::net::SocketAddr {
+    use futures_util::{SinkExt as _, StreamExt as _};
+    use tokio_tungstenite::tungstenite::Message;
+    scripted_backend(move |conn: tokio::net::TcpStream| {
+        let ended = ended.clone();
+        async move {
+            let Ok(mut ws) = tokio_tungstenite::accept_async(conn).await else {
+                return;
+            };
+            if flood {
+                let message = Message::binary(vec![7u8; 64 * 1024]);
+                while ws.send(message.clone()).await.is_ok() {}
+            } else {
+                while let Some(Ok(message)) = ws.next().await {
+                    if message.is_close() || ws.send(message).await.is_err() {
+                        break;
+                    }
+                }
+            }
+            let _ = ended.send(());
+        }
+    })
+    .await
+}
+
+async fn websocket_proxy(
+    options: ServerOptions,
+    backend: std::net::SocketAddr,
+) -> cftunnel_proxy::Server {
+    let proxy = proxy_with(ServerOptions {
+        auth_token: Some(TOKEN.into()),
+        ..options
+    })
+    .await;
+    let doc =
+        json!({"rules": [{"backends": [{"url": url(backend), "weight": 1, "websocket": true}]}]});
+    assert_eq!(
+        push(&client(), proxy.admin_addr(), &doc).await.status,
+        StatusCode::OK
+    );
+    proxy
+}
+
+/// A WebSocket session with no bytes either way for the idle timeout is ended on both sides;
+/// one with traffic is not, however long it lasts.
+#[tokio::test]
+async fn an_idle_websocket_is_closed_on_both_sides_and_a_busy_one_is_not() {
+    use futures_util::{SinkExt as _, StreamExt as _};
+    use tokio_tungstenite::tungstenite::Message;
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let idle = Duration::from_millis(300);
+        let (ended_tx, mut ended) = tokio::sync::mpsc::unbounded_channel();
+        let backend = websocket_backend(false, ended_tx).await;
+        let proxy = websocket_proxy(
+            ServerOptions {
+                websocket_idle_timeout: Some(idle),
+                ..ServerOptions::default()
+            },
+            backend,
+        )
+        .await;
+        let d = proxy.data_addr();
+        let (mut quiet, _) = tokio_tungstenite::connect_async(format!("ws://{d}/ws"))
+            .await
+            .expect("websocket handshake through the proxy");
+        let (mut busy, _) = tokio_tungstenite::connect_async(format!("ws://{d}/ws"))
+            .await
+            .expect("websocket handshake through the proxy");
+        let opened = std::time::Instant::now();
+        let quiet = tokio::spawn(async move {
+            let end = quiet.next().await;
+            (end.map(|r| r.map(|m| m.is_close())), opened.elapsed())
+        });
+
+        // Four idle timeouts long, a message every third of one.
+        while opened.elapsed() < 4 * idle {
+            busy.send(Message::text("ping"))
+                .await
+                .expect("the busy session is open");
+            let echoed = busy.next().await.expect("a frame").expect("no error");
+            assert_eq!(echoed.into_text().expect("text").as_str(), "ping");
+            tokio::time::sleep(idle / 3).await;
+        }
+
+        let (end, after) = tokio::time::timeout(Duration::from_secs(5), quiet)
+            .await
+            .expect("the proxy ends the idle session")
+            .expect("task");
+        assert!(!matches!(end, Some(Ok(false))), "no message came: {end:?}");
+        assert!(after >= idle, "not before the idle timeout: {after:?}");
+        tokio::time::timeout(Duration::from_secs(5), ended.recv())
+            .await
+            .expect("the backend's side of the idle session is ended too");
+        assert!(ended.try_recv().is_err(), "the busy session is still open");
+        busy.send(Message::text("still here")).await.expect("send");
+        let echoed = busy.next().await.expect("a frame").expect("no error");
+        assert_eq!(echoed.into_text().expect("text").as_str(), "still here");
+        let http = client();
+        let gauge = "cftunnel_proxy_websocket_active_sessions";
+        assert_eq!(metric(&http, proxy.admin_addr(), gauge).await, Some(1.0));
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// A WebSocket client that reads nothing while its backend writes loses its session once the
+/// proxy's writes to it have been blocked for the send timeout, idle timeout or not: it would
+/// otherwise hold its place, and its backend's handler, until a peer gave up.
+#[tokio::test]
+async fn a_websocket_client_that_never_reads_is_closed_after_the_send_timeout() {
+    use futures_util::StreamExt as _;
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let (ended_tx, mut ended) = tokio::sync::mpsc::unbounded_channel();
+        let backend = websocket_backend(true, ended_tx).await;
+        let proxy = websocket_proxy(
+            ServerOptions {
+                websocket_idle_timeout: None,
+                limits: cftunnel_proxy::serve::Limits {
+                    send_timeout: Duration::from_millis(500),
+                    ..Default::default()
+                },
+                ..ServerOptions::default()
+            },
+            backend,
+        )
+        .await;
+        let (mut ws, _) =
+            tokio_tungstenite::connect_async(format!("ws://{}/ws", proxy.data_addr()))
+                .await
+                .expect("websocket handshake through the proxy");
+        tokio::time::timeout(Duration::from_secs(20), ended.recv())
+            .await
+            .expect("the proxy ends the backend's side");
+        let http = client();
+        let gauge = "cftunnel_proxy_websocket_active_sessions";
+        let zero_by = std::time::Instant::now() + Duration::from_secs(5);
+        while metric(&http, proxy.admin_addr(), gauge).await != Some(0.0) {
+            assert!(std::time::Instant::now() < zero_by, "the session is over");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // What the proxy had sent the client is there to read, then the end of the stream.
+        let drained = tokio::time::timeout(Duration::from_secs(20), async {
+            let mut messages = 0usize;
+            while let Some(Ok(_)) = ws.next().await {
+                messages += 1;
+            }
+            messages
+        })
+        .await
+        .expect("the client's side is ended");
+        assert!(
+            drained > 0,
+            "the backend's messages reached the client until it stopped reading"
+        );
+    })
+    .await
+    .expect("test finished in time");
+}
