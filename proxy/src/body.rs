@@ -250,17 +250,24 @@ impl<B: Body<Data = Bytes>> Body for Notify<B> {
 }
 
 pin_project_lite::pin_project! {
-    /// Frames already read from a body, then the rest of it.
+    /// What was already read from a body (its data in one piece, then at most one frame that
+    /// came after it), then the rest of it.
     pub struct Prefixed<B> {
-        prefix: std::collections::VecDeque<Frame<Bytes>>,
+        data: Option<Bytes>,
+        next: Option<Frame<Bytes>>,
         #[pin]
         inner: B,
     }
 }
 
 impl<B> Prefixed<B> {
-    pub fn new(prefix: std::collections::VecDeque<Frame<Bytes>>, inner: B) -> Self {
-        Self { prefix, inner }
+    /// `data` (skipped when empty), then `next`, then what is left of `inner`.
+    pub fn new(data: Bytes, next: Option<Frame<Bytes>>, inner: B) -> Self {
+        Self {
+            data: (!data.is_empty()).then_some(data),
+            next,
+            inner,
+        }
     }
 }
 
@@ -273,14 +280,17 @@ impl<B: Body<Data = Bytes>> Body for Prefixed<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.project();
-        if let Some(frame) = this.prefix.pop_front() {
+        if let Some(data) = this.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if let Some(frame) = this.next.take() {
             return Poll::Ready(Some(Ok(frame)));
         }
         this.inner.poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.prefix.is_empty() && self.inner.is_end_stream()
+        self.data.is_none() && self.next.is_none() && self.inner.is_end_stream()
     }
 }
 

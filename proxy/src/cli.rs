@@ -112,6 +112,11 @@ pub struct Args {
     #[arg(long, env = "PROXY_REQUEST_BODY_TIMEOUT", default_value = "60s")]
     pub request_body_timeout: GoDuration,
 
+    /// How long an upgraded (WebSocket) session may go with no bytes either way before it is
+    /// closed; 0: never. Applications that ping their sockets are never cut by the default.
+    #[arg(long, env = "PROXY_WEBSOCKET_IDLE_TIMEOUT", default_value = "1h")]
+    pub websocket_idle_timeout: GoDuration,
+
     /// Connections open at once to one backend, HTTP/1.1 and HTTP/2 together; a request that
     /// finds them all busy waits for one within its backend timeout, then gets 503.
     #[arg(long, env = "PROXY_BACKEND_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
@@ -379,6 +384,11 @@ mod tests {
         let empty = parse(&["--auth-token", ""]).expect("parses");
         assert!(empty.validate().is_err(), "empty token is refused");
         assert_eq!(a.access_log_sample, 1);
+        assert_eq!(a.websocket_idle_timeout.0, Duration::from_secs(3600));
+        let off = parse(&["--websocket-idle-timeout", "0"]).expect("0 switches it off");
+        assert!(off.websocket_idle_timeout.0.is_zero());
+        off.validate()
+            .expect("a session idle timeout of 0 is valid");
         assert!(!a.access_log_query);
         assert!(parse(&["--access-log-sample", "0"]).is_err());
         let sampled = parse(&["--access-log-sample", "100", "--access-log-query"])

@@ -63,6 +63,9 @@ pub struct ServerOptions {
     pub backend_header_timeout: Duration,
     /// How long a request body may send nothing before any response comes.
     pub request_body_timeout: Duration,
+    /// An upgraded (WebSocket) session with no bytes either way for this long is ended;
+    /// `None`: never. A session whose peer reads nothing for `limits.send_timeout` is too.
+    pub websocket_idle_timeout: Option<Duration>,
     /// Connections open at once to one backend, HTTP/1.1 and HTTP/2 together; requests beyond
     /// wait for one (or for a share of an HTTP/2 one).
     pub backend_max_connections: usize,
@@ -93,6 +96,7 @@ impl Default for ServerOptions {
             metrics_enabled: true,
             backend_header_timeout: Duration::from_secs(60),
             request_body_timeout: Duration::from_secs(60),
+            websocket_idle_timeout: Some(upgrade::DEFAULT_IDLE_TIMEOUT),
             backend_max_connections: forward::DEFAULT_MAX_CONNECTIONS,
             backend_keep_alive: forward::KeepAlive::default(),
             max_config_bytes: admin::DEFAULT_MAX_CONFIG_BYTES,
@@ -149,6 +153,10 @@ impl Server {
                 access_log: options.access_log,
                 access_log_options: options.access_log_options,
                 tracer: options.tracer.clone(),
+                sessions: upgrade::SessionLimits {
+                    idle_timeout: options.websocket_idle_timeout,
+                    send_timeout: options.limits.send_timeout,
+                },
             },
         );
         let reloader = Arc::new(config::Reloader::with_cache(

@@ -104,6 +104,7 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
         metrics_enabled: args.metrics_enabled,
         backend_header_timeout: args.backend_header_timeout.0,
         request_body_timeout: args.request_body_timeout.0,
+        websocket_idle_timeout: Some(args.websocket_idle_timeout.0).filter(|t| !t.is_zero()),
         access: args.access_settings(),
         backend_max_connections: args.backend_max_connections as usize,
         backend_keep_alive: crate::forward::KeepAlive::default(),

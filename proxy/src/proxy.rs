@@ -43,7 +43,7 @@ pub use crate::conn::ConnInfo;
 pub use crate::forward::mirror::MAX_MIRRORS_IN_FLIGHT;
 pub use crate::forward::payload::MAX_REPLAY_BODY;
 pub use crate::routes::Routes;
-pub use crate::upgrade::{ClientUpgrade, SessionHold, UpgradedIo};
+pub use crate::upgrade::{ClientUpgrade, SessionHold, SessionLimits, UpgradedIo};
 
 /// Settings of the request path that do not change with config pushes.
 #[derive(Debug, Clone)]
@@ -57,6 +57,8 @@ pub struct ProxyOptions {
     pub access_log_options: AccessLogOptions,
     /// Starts each request's spans; `None`: tracing is off.
     pub tracer: Option<RequestTracer>,
+    /// When an upgraded (WebSocket) session is ended by the proxy.
+    pub sessions: SessionLimits,
 }
 
 impl Default for ProxyOptions {
@@ -67,6 +69,7 @@ impl Default for ProxyOptions {
             access_log: false,
             access_log_options: AccessLogOptions::default(),
             tracer: None,
+            sessions: SessionLimits::default(),
         }
     }
 }
@@ -97,7 +100,7 @@ impl Proxy {
     /// A proxy serving `routes` (usually the empty table until the first push).
     pub fn new(routes: Routes, metrics: ProxyMetrics, options: ProxyOptions) -> Self {
         let mirrors = Mirrors::new(metrics.mirrors_dropped.clone());
-        let sessions = Sessions::new(metrics.websocket_sessions.clone());
+        let sessions = Sessions::new(metrics.websocket_sessions.clone(), options.sessions);
         let recorder = Recorder::new(
             metrics.in_flight.clone(),
             options.access_log.then(|| {

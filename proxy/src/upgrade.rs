@@ -6,6 +6,11 @@
 //! client connection's place under the listener's limit while the session lasts. Only
 //! WebSocket is spliced: a raw tunnel of another protocol past the router would carry later
 //! requests around routing and filters.
+//!
+//! A session is ended by the proxy too when no bytes have moved either way for the idle
+//! timeout, or a peer has read nothing it was sent for the send timeout ([`SessionLimits`]):
+//! otherwise a session whose peers vanished, or whose client stopped reading, would hold its
+//! place (and a drain) until a peer closes.
 
 use crate::body::BoxError;
 use crate::forward::UpstreamBody;
@@ -14,6 +19,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
+
+mod liveness;
+
+use liveness::{Metered, Peer, Traffic};
+pub use liveness::{SessionLimits, DEFAULT_IDLE_TIMEOUT};
 
 /// A byte stream after an HTTP upgrade.
 pub trait UpgradedIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
@@ -119,6 +129,7 @@ impl Upgrade {
         let Self { client_side, hold } = self;
         let backend_side = hyper::upgrade::on(&mut *response);
         let gauge = sessions.open.clone();
+        let limits = sessions.limits;
         // Taken before the `101` goes out, so a drain that finds the request ended finds
         // the session open.
         let open = sessions.ended.subscribe();
@@ -143,7 +154,7 @@ impl Upgrade {
                 }
             };
             gauge.inc();
-            splice(&mut client, hyper_util::rt::TokioIo::new(backend)).await;
+            splice(&mut client, hyper_util::rt::TokioIo::new(backend), limits).await;
             gauge.dec();
         });
     }
@@ -158,13 +169,19 @@ pub(crate) struct Sessions {
     /// Every session, from its `101` until it ends, holds a receiver of this; it is closed
     /// once none is left. Touched once per upgrade, never by other requests.
     ended: watch::Sender<()>,
+    /// When the proxy ends a session its peers have not.
+    limits: SessionLimits,
 }
 
 impl Sessions {
-    /// Sessions counted in `open` while they are spliced.
-    pub(crate) fn new(open: Gauge) -> Self {
+    /// Sessions counted in `open` while they are spliced, ended past `limits`.
+    pub(crate) fn new(open: Gauge, limits: SessionLimits) -> Self {
         let (ended, _) = watch::channel(());
-        Self { open, ended }
+        Self {
+            open,
+            ended,
+            limits,
+        }
     }
 
     /// Resolves once no upgraded session is open (at once when none is). Sessions that open
@@ -176,14 +193,21 @@ impl Sessions {
 
 /// Copies both ways until either side ends its half, then ends both connections, as Go's
 /// reverse proxy does (and `cloudflared` for its streams): no half-closed session lingers on
-/// a peer that ignores the other's end of stream.
-async fn splice(client: &mut Box<dyn UpgradedIo>, backend: impl UpgradedIo) {
+/// a peer that ignores the other's end of stream. A session past its `limits` is ended the
+/// same way.
+async fn splice(client: &mut Box<dyn UpgradedIo>, backend: impl UpgradedIo, limits: SessionLimits) {
     use tokio::io::AsyncWriteExt as _;
+    let traffic = Traffic::default();
+    let client = Metered::new(client, &traffic, Peer::Client);
+    let backend = Metered::new(backend, &traffic, Peer::Backend);
     let (mut client_read, mut client_write) = tokio::io::split(client);
     let (mut backend_read, mut backend_write) = tokio::io::split(backend);
     tokio::select! {
         _ = tokio::io::copy(&mut client_read, &mut backend_write) => {}
         _ = tokio::io::copy(&mut backend_read, &mut client_write) => {}
+        ended = liveness::watch(&traffic, limits) => {
+            tracing::debug!(reason = ended.label(), "websocket session ended by the proxy");
+        }
     }
     // Bounded: a TLS close_notify to a peer that has stopped reading could wait forever.
     let _ = tokio::time::timeout(

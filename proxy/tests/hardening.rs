@@ -1094,3 +1094,252 @@ async fn the_admin_port_holds_a_bounded_number_of_connections() {
     .await
     .expect("test finished in time");
 }
+
+/// A body in one-byte chunks, read for a retry, is held in one buffer: replayed byte-exact
+/// within the cap, and past the cap sent on with what was read as one piece, not as a
+/// frame per byte (which cost about a hundred bytes of memory per byte of body).
+#[tokio::test]
+async fn a_body_in_one_byte_chunks_is_replayed_exactly_and_sent_on_in_few_frames() {
+    use cftunnel_proxy::proxy::MAX_REPLAY_BODY;
+    use http_body_util::BodyExt as _;
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // Answers the first request to `/retry/small` 503, every other 200; reports each
+        // body it was sent and how many frames its first `MAX_REPLAY_BODY` bytes came in.
+        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        let failed_once = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let backend = scripted_backend(move |conn: tokio::net::TcpStream| {
+            let (seen_tx, failed_once) = (seen_tx.clone(), failed_once.clone());
+            let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                let (seen_tx, failed_once) = (seen_tx.clone(), failed_once.clone());
+                async move {
+                    let path = req.uri().path().to_owned();
+                    let mut body = req.into_body();
+                    let (mut bytes, mut frames_in_cap) = (Vec::new(), 0usize);
+                    while let Some(frame) = body.frame().await {
+                        if let Ok(data) = frame?.into_data() {
+                            if (bytes.len() as u64) < MAX_REPLAY_BODY {
+                                frames_in_cap += 1;
+                            }
+                            bytes.extend_from_slice(&data);
+                        }
+                    }
+                    let fail = path == "/retry/small"
+                        && !failed_once.swap(true, std::sync::atomic::Ordering::SeqCst);
+                    let _ = seen_tx.send((path, bytes, frames_in_cap));
+                    let status = if fail { 503 } else { 200 };
+                    Ok::<_, hyper::Error>(
+                        http::Response::builder()
+                            .status(status)
+                            .body(http_body_util::Full::new(Bytes::new()))
+                            .expect("response"),
+                    )
+                }
+            });
+            async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(conn), service)
+                    .await;
+            }
+        })
+        .await;
+        let proxy = proxy().await;
+        let http = client();
+        let doc = json!({"rules": [{"retry": {"codes": [503], "attempts": 2},
+                                    "backends": [{"url": url(backend), "weight": 1}]}]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+
+        let cap = MAX_REPLAY_BODY as usize;
+        for (path, length) in [("/retry/small", cap - 1000), ("/retry/large", cap + 5000)] {
+            let body: Vec<u8> = (0..length).map(|i| (i % 251) as u8).collect();
+            let mut request = format!(
+                "POST {path} HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+            )
+            .into_bytes();
+            for byte in &body {
+                request.extend_from_slice(b"1\r\n");
+                request.push(*byte);
+                request.extend_from_slice(b"\r\n");
+            }
+            request.extend_from_slice(b"0\r\n\r\n");
+            let answer = raw(proxy.data_addr(), &request).await;
+            assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {:?}", answer.get(..40));
+
+            let tries = if path == "/retry/small" { 2 } else { 1 };
+            for try_ in 1..=tries {
+                let (seen_path, sent, frames_in_cap) = seen.recv().await.expect("the backend was sent it");
+                assert_eq!(seen_path, path);
+                assert!(sent == body, "{path}, try {try_}: the body arrives byte-exact");
+                // Within the cap the body is replayed whole; past it, what was read goes on in
+                // one chunk (which the backend may read in a few pieces), not a chunk a byte.
+                assert!(frames_in_cap <= 64, "{path}, try {try_}: the first {cap} bytes came in {frames_in_cap} frames");
+            }
+        }
+        assert!(seen.try_recv().is_err(), "no more tries than that");
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// A WebSocket backend that echoes what it is sent, or (`flood`) sends 64 KiB messages as
+/// fast as it can; it reports on `ended` when the proxy ends its side of a session.
+async fn websocket_backend(
+    flood: bool,
+    ended: tokio::sync::mpsc::UnboundedSender<()>,
+) -> std::net::SocketAddr {
+    use futures_util::{SinkExt as _, StreamExt as _};
+    use tokio_tungstenite::tungstenite::Message;
+    scripted_backend(move |conn: tokio::net::TcpStream| {
+        let ended = ended.clone();
+        async move {
+            let Ok(mut ws) = tokio_tungstenite::accept_async(conn).await else {
+                return;
+            };
+            if flood {
+                let message = Message::binary(vec![7u8; 64 * 1024]);
+                while ws.send(message.clone()).await.is_ok() {}
+            } else {
+                while let Some(Ok(message)) = ws.next().await {
+                    if message.is_close() || ws.send(message).await.is_err() {
+                        break;
+                    }
+                }
+            }
+            let _ = ended.send(());
+        }
+    })
+    .await
+}
+
+async fn websocket_proxy(
+    options: ServerOptions,
+    backend: std::net::SocketAddr,
+) -> cftunnel_proxy::Server {
+    let proxy = proxy_with(ServerOptions {
+        auth_token: Some(TOKEN.into()),
+        ..options
+    })
+    .await;
+    let doc =
+        json!({"rules": [{"backends": [{"url": url(backend), "weight": 1, "websocket": true}]}]});
+    assert_eq!(
+        push(&client(), proxy.admin_addr(), &doc).await.status,
+        StatusCode::OK
+    );
+    proxy
+}
+
+/// A WebSocket session with no bytes either way for the idle timeout is ended on both sides;
+/// one with traffic is not, however long it lasts.
+#[tokio::test]
+async fn an_idle_websocket_is_closed_on_both_sides_and_a_busy_one_is_not() {
+    use futures_util::{SinkExt as _, StreamExt as _};
+    use tokio_tungstenite::tungstenite::Message;
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let idle = Duration::from_millis(300);
+        let (ended_tx, mut ended) = tokio::sync::mpsc::unbounded_channel();
+        let backend = websocket_backend(false, ended_tx).await;
+        let proxy = websocket_proxy(
+            ServerOptions {
+                websocket_idle_timeout: Some(idle),
+                ..ServerOptions::default()
+            },
+            backend,
+        )
+        .await;
+        let d = proxy.data_addr();
+        let (mut quiet, _) = tokio_tungstenite::connect_async(format!("ws://{d}/ws"))
+            .await
+            .expect("websocket handshake through the proxy");
+        let (mut busy, _) = tokio_tungstenite::connect_async(format!("ws://{d}/ws"))
+            .await
+            .expect("websocket handshake through the proxy");
+        let opened = std::time::Instant::now();
+        let quiet = tokio::spawn(async move {
+            let end = quiet.next().await;
+            (end.map(|r| r.map(|m| m.is_close())), opened.elapsed())
+        });
+
+        // Four idle timeouts long, a message every third of one.
+        while opened.elapsed() < 4 * idle {
+            busy.send(Message::text("ping"))
+                .await
+                .expect("the busy session is open");
+            let echoed = busy.next().await.expect("a frame").expect("no error");
+            assert_eq!(echoed.into_text().expect("text").as_str(), "ping");
+            tokio::time::sleep(idle / 3).await;
+        }
+
+        let (end, after) = tokio::time::timeout(Duration::from_secs(5), quiet)
+            .await
+            .expect("the proxy ends the idle session")
+            .expect("task");
+        assert!(!matches!(end, Some(Ok(false))), "no message came: {end:?}");
+        assert!(after >= idle, "not before the idle timeout: {after:?}");
+        tokio::time::timeout(Duration::from_secs(5), ended.recv())
+            .await
+            .expect("the backend's side of the idle session is ended too");
+        assert!(ended.try_recv().is_err(), "the busy session is still open");
+        busy.send(Message::text("still here")).await.expect("send");
+        let echoed = busy.next().await.expect("a frame").expect("no error");
+        assert_eq!(echoed.into_text().expect("text").as_str(), "still here");
+        let http = client();
+        let gauge = "cftunnel_proxy_websocket_active_sessions";
+        assert_eq!(metric(&http, proxy.admin_addr(), gauge).await, Some(1.0));
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// A WebSocket client that reads nothing while its backend writes loses its session once the
+/// proxy's writes to it have been blocked for the send timeout, idle timeout or not: it would
+/// otherwise hold its place, and its backend's handler, until a peer gave up.
+#[tokio::test]
+async fn a_websocket_client_that_never_reads_is_closed_after_the_send_timeout() {
+    use futures_util::StreamExt as _;
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let (ended_tx, mut ended) = tokio::sync::mpsc::unbounded_channel();
+        let backend = websocket_backend(true, ended_tx).await;
+        let proxy = websocket_proxy(
+            ServerOptions {
+                websocket_idle_timeout: None,
+                limits: cftunnel_proxy::serve::Limits {
+                    send_timeout: Duration::from_millis(500),
+                    ..Default::default()
+                },
+                ..ServerOptions::default()
+            },
+            backend,
+        )
+        .await;
+        let (mut ws, _) =
+            tokio_tungstenite::connect_async(format!("ws://{}/ws", proxy.data_addr()))
+                .await
+                .expect("websocket handshake through the proxy");
+        tokio::time::timeout(Duration::from_secs(20), ended.recv())
+            .await
+            .expect("the proxy ends the backend's side");
+        let http = client();
+        let gauge = "cftunnel_proxy_websocket_active_sessions";
+        let zero_by = std::time::Instant::now() + Duration::from_secs(5);
+        while metric(&http, proxy.admin_addr(), gauge).await != Some(0.0) {
+            assert!(std::time::Instant::now() < zero_by, "the session is over");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // What the proxy had sent the client is there to read, then the end of the stream.
+        let drained = tokio::time::timeout(Duration::from_secs(20), async {
+            let mut messages = 0usize;
+            while let Some(Ok(_)) = ws.next().await {
+                messages += 1;
+            }
+            messages
+        })
+        .await
+        .expect("the client's side is ended");
+        assert!(
+            drained > 0,
+            "the backend's messages reached the client until it stopped reading"
+        );
+    })
+    .await
+    .expect("test finished in time");
+}

@@ -235,5 +235,6 @@ autoscaler reads its metrics. */ -}}
 {{- $_ := set $s "PROXY_BACKEND_MAX_CONNECTIONS" ($p.backend.maxConnections | int | toString) }}
 {{- $_ := set $s "PROXY_BACKEND_HEADER_TIMEOUT" ($p.backend.headerTimeout | toString) }}
 {{- $_ := set $s "PROXY_REQUEST_BODY_TIMEOUT" ($p.requestBodyTimeout | toString) }}
+{{- $_ := set $s "PROXY_WEBSOCKET_IDLE_TIMEOUT" ($p.websocketIdleTimeout | toString) }}
 {{- toYaml $s }}
 {{- end -}}

@@ -282,6 +282,7 @@ fn the_schema_refuses_unknown_and_mistyped_values_with_either_helm() {
         ("proxy: {backend: {headerTimeout: 0s}}", "headerTimeout"),
         ("proxy: {requestBodyTimeout: 0m0s}", "requestBodyTimeout"),
         ("proxy: {requestBodyTimeout: 1x}", "requestBodyTimeout"),
+        ("proxy: {websocketIdleTimeout: 1x}", "websocketIdleTimeout"),
         ("proxy: {gracePeriodSeconds: 600}", "gracePeriodSeconds"),
         (
             "proxy: {networkPolicy: {monitoringPodSelector: {matchExpressions: [{key: app, operator: Exists}]}}}",

@@ -2,12 +2,14 @@
 //! mirror may send it again, and streamed otherwise.
 //!
 //! Buffering is bounded ([`MAX_REPLAY_BODY`]) and happens only for rules that retry or
-//! mirror; every other body streams straight through to the backend, with a signal when it
-//! has been sent so the try's timeout can start then.
+//! mirror. What is read is gathered into one buffer as it comes, so a body costs about its
+//! bytes however finely it is chunked (see [`Buffer`]). Every other body streams straight
+//! through to the backend, with a signal when it has been sent so the try's timeout can start
+//! then.
 
 use super::TryBody;
 use crate::body::{self, BoxError, ProxyBody, QuietState};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use std::sync::Arc;
@@ -48,48 +50,45 @@ impl Payload {
         if body.is_end_stream() {
             return Ok(Self::Replayable(Bytes::new()));
         }
-        let too_big = body.size_hint().upper().is_none_or(|n| n > MAX_REPLAY_BODY);
-        if !replay_needed || body.size_hint().lower() > MAX_REPLAY_BODY {
+        let hint = body.size_hint();
+        if !replay_needed || hint.lower() > MAX_REPLAY_BODY {
             return Ok(Self::stream(body));
         }
-        if !too_big {
-            let collected = http_body_util::Limited::new(body, MAX_REPLAY_BODY as usize)
-                .collect()
-                .await
-                .map_err(|_| UnreadableBody)?;
-            return Ok(Self::Replayable(collected.to_bytes()));
-        }
-        // Unknown length (chunked, HTTP/2 without content-length): read up to the cap; a body
-        // that ends within it is replayable, a longer one, or one that pauses for
-        // [`REPLAY_LULL`], streams on with what was read first.
+        // A known length within the cap is read whole; an unknown one (chunked, HTTP/2
+        // without content-length) up to the cap: a body that ends within it is replayable, a
+        // longer one, or one that pauses for [`REPLAY_LULL`], streams on with what was read.
+        let known = hint.upper().filter(|&n| n <= MAX_REPLAY_BODY);
+        let mut read = Buffer::new(known);
         let mut body = Box::pin(body);
-        let mut prefix: std::collections::VecDeque<Frame<Bytes>> =
-            std::collections::VecDeque::new();
-        let mut total = 0u64;
         loop {
-            let Ok(frame) = tokio::time::timeout(REPLAY_LULL, body.frame()).await else {
-                return Ok(Self::stream(body::Prefixed::new(prefix, body)));
+            let frame = match known {
+                Some(_) => body.frame().await,
+                None => match tokio::time::timeout(REPLAY_LULL, body.frame()).await {
+                    Ok(frame) => frame,
+                    Err(_) => {
+                        let read = read.into_bytes();
+                        return Ok(Self::stream(body::Prefixed::new(read, None, body)));
+                    }
+                },
             };
-            match frame {
-                None => {
-                    let mut all = bytes::BytesMut::with_capacity(total as usize);
-                    for frame in prefix {
-                        if let Some(data) = frame.data_ref() {
-                            all.extend_from_slice(data);
-                        }
-                    }
-                    return Ok(Self::Replayable(all.freeze()));
-                }
+            let frame = match frame {
+                None => return Ok(Self::Replayable(read.into_bytes())),
                 Some(Err(_)) => return Err(UnreadableBody),
-                Some(Ok(frame)) => {
-                    let trailers = frame.is_trailers();
-                    total += frame.data_ref().map_or(0, |d| d.len() as u64);
-                    prefix.push_back(frame);
-                    if trailers || total > MAX_REPLAY_BODY {
-                        return Ok(Self::stream(body::Prefixed::new(prefix, body)));
-                    }
+                Some(Ok(frame)) => frame,
+            };
+            let next = match frame.into_data() {
+                Ok(data) if read.len() + data.len() as u64 <= MAX_REPLAY_BODY => {
+                    read.push(data);
+                    continue;
                 }
-            }
+                // The chunk that crosses the cap goes on as it came, uncopied.
+                Ok(data) => Frame::data(data),
+                // Trailers end the body, but a buffered body cannot carry them: it is sent
+                // once, trailers and all.
+                Err(trailers) => trailers,
+            };
+            let read = read.into_bytes();
+            return Ok(Self::stream(body::Prefixed::new(read, Some(next), body)));
         }
     }
 
@@ -129,7 +128,155 @@ impl Payload {
     }
 }
 
+/// The data of a body read for a replay, in one piece however many chunks or DATA frames it
+/// came in: held as frames, a body of one-byte chunks would cost about a hundred bytes of
+/// frame and an allocation per byte it carries. A body that came in one piece is kept as it
+/// came, without a copy.
+struct Buffer {
+    /// The only chunk so far, while there has been one.
+    one: Bytes,
+    /// Every chunk, once there has been more than one.
+    many: BytesMut,
+    /// The body's length, when it is known: the size `many` is given at once.
+    known: Option<u64>,
+}
+
+impl Buffer {
+    fn new(known: Option<u64>) -> Self {
+        Self {
+            one: Bytes::new(),
+            many: BytesMut::new(),
+            known,
+        }
+    }
+
+    fn len(&self) -> u64 {
+        (self.one.len() + self.many.len()) as u64
+    }
+
+    fn push(&mut self, data: Bytes) {
+        if data.is_empty() {
+            return;
+        }
+        if self.many.is_empty() {
+            if self.one.is_empty() {
+                self.one = data;
+                return;
+            }
+            let first = std::mem::take(&mut self.one);
+            let size = self.known.map_or(0, |n| n as usize);
+            self.many.reserve(size.max(first.len() + data.len()));
+            self.many.extend_from_slice(&first);
+        }
+        self.many.extend_from_slice(&data);
+    }
+
+    fn into_bytes(self) -> Bytes {
+        if self.many.is_empty() {
+            self.one
+        } else {
+            self.many.freeze()
+        }
+    }
+}
+
 /// An empty request body for mirrors and retries of body-less requests.
 pub fn empty_body() -> ProxyBody {
     body::full(Bytes::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body of unknown length that yields `frames` at once, one by one.
+    fn chunked(
+        frames: Vec<Frame<Bytes>>,
+    ) -> impl Body<Data = Bytes, Error = std::convert::Infallible> + Send + 'static {
+        http_body_util::StreamBody::new(futures_util::stream::iter(
+            frames.into_iter().map(Ok::<_, std::convert::Infallible>),
+        ))
+    }
+
+    fn bytes_of(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i % 251) as u8).collect()
+    }
+
+    fn one_byte_chunks(body: &[u8]) -> Vec<Frame<Bytes>> {
+        body.iter()
+            .map(|b| Frame::data(Bytes::copy_from_slice(&[*b])))
+            .collect()
+    }
+
+    /// The frames of a streamed payload, as the backend would be sent them.
+    async fn frames_of(payload: Payload) -> Vec<Frame<Bytes>> {
+        let (mut body, _) = payload.into_body();
+        let mut frames = Vec::new();
+        while let Some(frame) = body.frame().await {
+            frames.push(frame.expect("the test body cannot fail"));
+        }
+        frames
+    }
+
+    #[tokio::test]
+    async fn a_finely_chunked_body_within_the_cap_is_replayable_byte_exact() {
+        let body = bytes_of(MAX_REPLAY_BODY as usize);
+        let payload = Payload::read(chunked(one_byte_chunks(&body)), true)
+            .await
+            .expect("readable");
+        assert_eq!(payload.replayable().map(|b| b.as_ref()), Some(&body[..]));
+    }
+
+    #[tokio::test]
+    async fn a_finely_chunked_body_past_the_cap_goes_on_with_what_was_read_in_one_frame() {
+        let body = bytes_of(MAX_REPLAY_BODY as usize + 100);
+        let payload = Payload::read(chunked(one_byte_chunks(&body)), true)
+            .await
+            .expect("readable");
+        assert!(payload.replayable().is_none(), "past the cap: sent once");
+        let frames = frames_of(payload).await;
+        let first = frames[0].data_ref().expect("data");
+        assert_eq!(
+            first.len() as u64,
+            MAX_REPLAY_BODY,
+            "what was read goes on as one frame"
+        );
+        // The chunk that crossed the cap, then the rest as it came.
+        assert_eq!(frames.len(), 1 + 100);
+        let sent: Vec<u8> = frames
+            .iter()
+            .flat_map(|f| f.data_ref().expect("data").to_vec())
+            .collect();
+        assert_eq!(sent, body);
+    }
+
+    #[tokio::test]
+    async fn trailers_send_the_body_once_with_them() {
+        let mut frames = one_byte_chunks(b"hello");
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        frames.push(Frame::trailers(trailers.clone()));
+        let payload = Payload::read(chunked(frames), true)
+            .await
+            .expect("readable");
+        assert!(payload.replayable().is_none());
+        let frames = frames_of(payload).await;
+        assert_eq!(frames.len(), 2);
+        assert_eq!(
+            frames[0].data_ref().map(|d| d.as_ref()),
+            Some(&b"hello"[..])
+        );
+        assert_eq!(frames[1].trailers_ref(), Some(&trailers));
+    }
+
+    #[tokio::test]
+    async fn a_body_in_one_piece_is_kept_without_a_copy() {
+        let body = Bytes::from(bytes_of(1000));
+        let payload = Payload::read(http_body_util::Full::new(body.clone()), true)
+            .await
+            .expect("readable");
+        let kept = payload.replayable().expect("within the cap");
+        assert_eq!(kept, &body);
+        assert_eq!(kept.as_ptr(), body.as_ptr(), "the same bytes, not a copy");
+    }
 }
