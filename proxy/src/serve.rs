@@ -4,19 +4,23 @@
 //! listener stops accepting until one closes, so a flood waits in the kernel's backlog (and is
 //! refused beyond it) instead of taking file descriptors and memory without bound. A place is
 //! only worth bounding if it is given back: a connection that sends no request in time
-//! ([`Limits::header_read_timeout`]), sits idle too long ([`Limits::idle_timeout`]) or stops
-//! reading what it is sent ([`Limits::send_timeout`]) is closed, and an upgraded one keeps its
-//! place until its session ends.
+//! ([`Limits::header_read_timeout`]), sits idle too long ([`Limits::idle_timeout`]), stops
+//! reading what it is sent or keeps an HTTP/2 stream's window shut ([`Limits::send_timeout`])
+//! is closed, and an upgraded one keeps its place until its session ends.
+
+mod stall;
 
 use crate::conn::ConnInfo;
 use crate::proxy::Proxy;
 use crate::upgrade::SessionHold;
+use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use stall::{Mark, Stalls};
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
@@ -61,7 +65,11 @@ pub struct Limits {
     /// A connection whose writes have been blocked this long (the client reads nothing of
     /// what it is sent) is dropped with its requests: otherwise a client that stops reading
     /// holds its backend connection, and a few hundred such clients a backend's whole pool.
-    /// A response that is merely slow to come from its backend is not cut by it.
+    /// So is an HTTP/2 connection with a response that has had data waiting for the client's
+    /// flow-control window this long (looked at every half timeout, so it goes within one and
+    /// a half): the client keeps the window shut while it reads the socket. A response that
+    /// is merely slow to come from its backend, or that the client lets through at least
+    /// 16 KiB per timeout, is not cut by it.
     pub send_timeout: Duration,
 }
 
@@ -228,7 +236,7 @@ pub async fn serve(
             let proxy = proxy.clone();
             let activity = activity.clone();
             service_fn(move |mut req: http::Request<Incoming>| {
-                let busy = Busy::start(&activity);
+                let busy = Busy::start(&activity, req.version() == http::Version::HTTP_2);
                 // Only requests hyper may upgrade carry the connection's place; the proxy
                 // hands it to the spliced session, which outlives this connection.
                 if req
@@ -242,7 +250,7 @@ pub async fn serve(
                 let proxy = proxy.clone();
                 async move {
                     let response = proxy.handle(req, info).await;
-                    Ok::<_, Infallible>(response.map(|body| InFlight { body, _busy: busy }))
+                    Ok::<_, Infallible>(response.map(|body| InFlight::new(body, busy)))
                 }
             })
         };
@@ -254,6 +262,7 @@ pub async fn serve(
             idle: limits.idle_timeout,
             send: limits.send_timeout,
             drop_unserved: false,
+            stalls: true,
         };
         tokio::spawn(async move {
             let mut first = [0u8; H2_PREFACE.len()];
@@ -317,6 +326,8 @@ struct Deadlines {
     send: Duration,
     /// A connection with no request by `head` is dropped rather than asked to close.
     drop_unserved: bool,
+    /// HTTP/2 responses waiting for the client's window are looked at every half `send`.
+    stalls: bool,
 }
 
 impl Deadlines {
@@ -324,19 +335,31 @@ impl Deadlines {
     /// bounds the idle time too; and one that has not sent a whole first head has been sent
     /// nothing, so it loses nothing by being dropped (a slow head, too, is not let to run on
     /// for another head timeout).
+    ///
+    /// HTTP/1.1 has no flow control of its own: a client that holds a response back blocks
+    /// the writes, which `send` bounds already.
     fn http1(self) -> Self {
         Self {
             idle: self.idle.min(self.head),
             drop_unserved: true,
+            stalls: false,
             ..self
         }
+    }
+
+    /// How often HTTP/2 responses waiting for the client's window are looked at: a response
+    /// still waiting since two looks ago has waited `send` at least.
+    fn stall_tick(self) -> Option<Duration> {
+        self.stalls
+            .then(|| (self.send / 2).max(Duration::from_millis(1)))
     }
 }
 
 /// Runs a client connection until it ends, asking it to close (`closes`: HTTP/2 GOAWAY, or
 /// no keep-alive after the current response) when `close` flips or when it has nothing in
 /// flight past its deadline, and dropping it (`None`) if it is still open with nothing in
-/// flight `deadlines.head` after that, or once its writes have been blocked `deadlines.send`.
+/// flight `deadlines.head` after that, or once its writes have been blocked `deadlines.send`, or
+/// a response of its has been waiting for the client's window that long (see [`stall`]).
 ///
 /// One timer per connection keeps every deadline: it is moved when it fires, never armed per
 /// request.
@@ -351,7 +374,10 @@ where
     C: Future<Output = Result<(), E>>,
 {
     let head_timeout = deadlines.head;
-    let check = tokio::time::sleep_until(activity.opened + head_timeout);
+    let stall_tick = deadlines.stall_tick();
+    let mut next_tick = stall_tick.map(|every| activity.opened + every);
+    let first = activity.opened + head_timeout;
+    let check = tokio::time::sleep_until(next_tick.map_or(first, |at| at.min(first)));
     tokio::pin!(check);
     // Since when the connection has been asked to close.
     let mut closing: Option<Instant> = None;
@@ -375,7 +401,19 @@ where
                     tracing::debug!("client read nothing it was sent within the send timeout: connection dropped");
                     return None;
                 }
-                let busy_until = |later: Instant| unread.map_or(later, |by| by.min(later));
+                // A client that lets nothing be sent on a stream loses its requests too.
+                if let (Some(every), Some(due)) = (stall_tick, next_tick) {
+                    if due <= now {
+                        if activity.stalls.tick() {
+                            tracing::debug!("a response waited for the client's flow-control window for the send timeout: connection dropped");
+                            return None;
+                        }
+                        next_tick = Some(now + every);
+                    }
+                }
+                // Ticks are kept while idle too, so the first ones of a request come on time.
+                let ticked = |later: Instant| next_tick.map_or(later, |at| at.min(later));
+                let busy_until = |later: Instant| ticked(unread.map_or(later, |by| by.min(later)));
                 match activity.quiet_until(deadlines, closing) {
                     // Busy: looked at again later (a request that ends meanwhile moves the
                     // deadline to its end).
@@ -383,7 +421,7 @@ where
                     // Looked at within the send timeout too, so a write that blocks just after
                     // a look is caught when the timeout ends, not at the next idle deadline.
                     None => check.as_mut().reset(busy_until(now + deadlines.idle.min(deadlines.send))),
-                    Some(at) if at > now => check.as_mut().reset(at),
+                    Some(at) if at > now => check.as_mut().reset(ticked(at)),
                     // Asked to close and still open with nothing in flight: a peer that never
                     // acknowledges a GOAWAY, or never finishes a head, cannot keep it.
                     Some(_) if closing.is_some() => return None,
@@ -410,6 +448,8 @@ struct Activity {
     /// Since when writes to the client have been blocked, in milliseconds after `opened`,
     /// plus one; 0 while they are not.
     blocked_since: AtomicU64,
+    /// HTTP/2 responses with data waiting for the client's flow-control window.
+    stalls: Stalls,
     /// The connection's place under the listener's limit, given back when the connection
     /// and any session upgraded from it (which holds this through a [`SessionHold`]) end.
     _permit: OwnedSemaphorePermit,
@@ -422,6 +462,7 @@ impl Activity {
             in_flight: AtomicUsize::new(0),
             idle_since: AtomicU64::new(0),
             blocked_since: AtomicU64::new(0),
+            stalls: Stalls::default(),
             _permit: permit,
         }
     }
@@ -476,20 +517,44 @@ impl Activity {
 }
 
 /// Counts a request as in flight on its connection until its response body ends or is
-/// dropped.
+/// dropped, and an HTTP/2 one's response among those waiting for the client's window while it
+/// is.
 #[derive(Debug)]
-struct Busy(Arc<Activity>);
+struct Busy {
+    activity: Arc<Activity>,
+    /// `None` over HTTP/1.1.
+    stall: Option<Mark>,
+}
 
 impl Busy {
-    fn start(activity: &Arc<Activity>) -> Self {
+    fn start(activity: &Arc<Activity>, http2: bool) -> Self {
         activity.in_flight.fetch_add(1, Ordering::Relaxed);
-        Self(activity.clone())
+        Self {
+            activity: activity.clone(),
+            stall: http2.then(Mark::default),
+        }
+    }
+
+    /// Notes what a poll of the response body gave hyper: after data, hyper sends nothing
+    /// more (nor polls again) until the stream's window has room for it.
+    fn polled<D, E>(&mut self, polled: &Poll<Option<Result<Frame<D>, E>>>) {
+        if let Some(mark) = &mut self.stall {
+            match polled {
+                Poll::Ready(Some(Ok(frame))) if frame.is_data() => {
+                    self.activity.stalls.handed(mark)
+                }
+                _ => self.activity.stalls.polled(mark),
+            }
+        }
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        let activity = &self.0;
+        let activity = &self.activity;
+        if let Some(mark) = &mut self.stall {
+            activity.stalls.polled(mark);
+        }
         // Stored before the count drops, so a connection seen with nothing in flight has the
         // end of its last request recorded.
         let ms = u64::try_from(activity.opened.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
@@ -548,32 +613,83 @@ impl AsyncWrite for Watched {
     }
 }
 
+/// Most data an HTTP/2 response hands hyper at once. hyper asks for more only once the
+/// stream's window has taken what it holds, so a response the client lets through at least
+/// this much per send timeout is seen to move; a backend's larger chunk (up to hyper's read
+/// buffer) goes in pieces. The default largest HTTP/2 frame (RFC 9113 §6.5.2).
+const PIECE: usize = 16 * 1024;
+
 pin_project_lite::pin_project! {
-    /// A response body that keeps its request counted as in flight until it ends.
+    /// A response body that keeps its request counted as in flight until it ends; over
+    /// HTTP/2 it hands its data in pieces of at most [`PIECE`].
     struct InFlight<B> {
         #[pin]
         body: B,
-        _busy: Busy,
+        busy: Busy,
+        // What is left of a chunk after the piece handed out.
+        rest: Option<Bytes>,
     }
 }
 
-impl<B: Body> Body for InFlight<B> {
-    type Data = B::Data;
+impl<B: Body> InFlight<B> {
+    fn new(body: B, busy: Busy) -> Self {
+        Self {
+            body,
+            busy,
+            rest: None,
+        }
+    }
+}
+
+/// The first [`PIECE`] of `data`, the rest left in `rest`.
+fn piece(mut data: Bytes, rest: &mut Option<Bytes>) -> Bytes {
+    if data.len() > PIECE {
+        *rest = Some(data.split_off(PIECE));
+    }
+    data
+}
+
+impl<B: Body<Data = Bytes>> Body for InFlight<B> {
+    type Data = Bytes;
     type Error = B::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        self.project().body.poll_frame(cx)
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        let polled = match this.rest.take() {
+            Some(rest) => Poll::Ready(Some(Ok(Frame::data(piece(rest, this.rest))))),
+            None => match this.body.poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) if this.busy.stall.is_some() => {
+                    Poll::Ready(Some(Ok(match frame.into_data() {
+                        Ok(data) => Frame::data(piece(data, this.rest)),
+                        Err(frame) => frame,
+                    })))
+                }
+                polled => polled,
+            },
+        };
+        this.busy.polled(&polled);
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.rest.is_none() && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        let body = self.body.size_hint();
+        let Some(rest) = &self.rest else {
+            return body;
+        };
+        let rest = rest.len() as u64;
+        let mut hint = SizeHint::new();
+        hint.set_lower(body.lower().saturating_add(rest));
+        if let Some(upper) = body.upper() {
+            hint.set_upper(upper.saturating_add(rest));
+        }
+        hint
     }
 }
 

@@ -1228,6 +1228,29 @@ async fn websocket_proxy(
     proxy
 }
 
+/// A proxy with `send_timeout` whose one rule goes to `backend` over at most one connection.
+async fn proxy_with_one_backend_connection(
+    backend: std::net::SocketAddr,
+    send_timeout: Duration,
+) -> cftunnel_proxy::Server {
+    let proxy = proxy_with(ServerOptions {
+        auth_token: Some(TOKEN.into()),
+        backend_max_connections: 1,
+        limits: cftunnel_proxy::serve::Limits {
+            send_timeout,
+            ..Default::default()
+        },
+        ..ServerOptions::default()
+    })
+    .await;
+    let doc = json!({"rules": [{"backends": [{"url": url(backend), "weight": 1}]}]});
+    assert_eq!(
+        push(&client(), proxy.admin_addr(), &doc).await.status,
+        StatusCode::OK
+    );
+    proxy
+}
+
 /// A WebSocket session with no bytes either way for the idle timeout is ended on both sides;
 /// one with traffic is not, however long it lasts.
 #[tokio::test]
@@ -1339,6 +1362,170 @@ async fn a_websocket_client_that_never_reads_is_closed_after_the_send_timeout() 
             drained > 0,
             "the backend's messages reached the client until it stopped reading"
         );
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// An HTTP/2 client connection to `addr` that opens each stream's window `window` bytes wide,
+/// reads the socket and answers PINGs.
+async fn h2_window_client(
+    addr: std::net::SocketAddr,
+    window: u32,
+) -> (h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (sender, conn) = h2::client::Builder::new()
+        .initial_window_size(window)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .expect("handshake");
+    let task = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    (sender, task)
+}
+
+/// A GET over `sender`, answered with its head.
+async fn h2_fetch(
+    sender: &mut h2::client::SendRequest<Bytes>,
+    path: &str,
+) -> http::Response<h2::RecvStream> {
+    let req = http::Request::get(format!("http://h{path}"))
+        .body(())
+        .expect("request");
+    let (answer, _) = sender
+        .clone()
+        .ready()
+        .await
+        .expect("ready")
+        .send_request(req, true)
+        .expect("request sent");
+    answer.await.expect("a response head")
+}
+
+/// An HTTP/2 client that keeps a stream's flow-control window shut, while it reads the socket
+/// and answers PINGs, cannot hold the backend connection the stream's response comes on for
+/// longer than the send timeout: the proxy gives up on it, and with one connection allowed
+/// to the backend a following request is answered.
+#[tokio::test]
+async fn an_http2_client_that_keeps_a_window_shut_lets_the_backend_go() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let (gone_tx, mut gone) = tokio::sync::mpsc::unbounded_channel();
+        // `/big` answers 1 MiB and says when the proxy lets its connection go; any other
+        // path answers at once.
+        let backend = scripted_backend(move |mut conn: tokio::net::TcpStream| {
+            let gone_tx = gone_tx.clone();
+            async move {
+                loop {
+                    let head = read_head(&mut conn).await;
+                    if !head.starts_with(b"GET /big") {
+                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nsmall";
+                        if conn.write_all(answer).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    let mut answer = b"HTTP/1.1 200 OK\r\ncontent-length: 1048576\r\n\r\n".to_vec();
+                    answer.resize(answer.len() + (1 << 20), b'x');
+                    let _ = conn.write_all(&answer).await;
+                    let mut buf = [0u8; 1024];
+                    while conn.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+                    let _ = gone_tx.send(());
+                    return;
+                }
+            }
+        })
+        .await;
+        let proxy = proxy_with_one_backend_connection(backend, Duration::from_millis(500)).await;
+        let d = proxy.data_addr();
+
+        let (mut shut, _task) = h2_window_client(d, 0).await;
+        let answer = h2_fetch(&mut shut, "/big").await;
+        assert_eq!(answer.status(), StatusCode::OK);
+        let mut body = answer.into_body();
+        // Nothing may be sent on the stream; the proxy resets it or closes the connection.
+        let ended = tokio::time::timeout(Duration::from_secs(10), body.data())
+            .await
+            .expect("the proxy gives up on the stream within the send timeout");
+        assert!(
+            !matches!(ended, Some(Ok(_))),
+            "no data is sent through a shut window"
+        );
+        tokio::time::timeout(Duration::from_secs(5), gone.recv())
+            .await
+            .expect("the backend connection is let go")
+            .expect("the backend says so");
+
+        let next = tokio::time::timeout(
+            Duration::from_secs(5),
+            get(&client(), d, "h", "/small", &[]),
+        )
+        .await
+        .expect("the next request gets the backend connection");
+        assert_eq!(next.status, StatusCode::OK);
+        assert_eq!(&next.body[..], b"small");
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// Over HTTP/2, a response that is slow to come from its backend, and one that a client reads
+/// slowly but steadily, are not cut by the send timeout.
+#[tokio::test]
+async fn slow_http2_responses_that_progress_are_not_cut() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // `/slow` sends a chunk, waits three send timeouts, then ends; `/steady` sends
+        // 512 KiB at once.
+        let backend = scripted_backend(move |mut conn: tokio::net::TcpStream| async move {
+            loop {
+                let head = read_head(&mut conn).await;
+                let sent = if head.starts_with(b"GET /slow") {
+                    let head =
+                        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n";
+                    match conn.write_all(head).await {
+                        Ok(()) => {
+                            tokio::time::sleep(Duration::from_millis(1500)).await;
+                            conn.write_all(b"4\r\nlast\r\n0\r\n\r\n").await
+                        }
+                        Err(e) => Err(e),
+                    }
+                } else {
+                    let mut answer = b"HTTP/1.1 200 OK\r\ncontent-length: 524288\r\n\r\n".to_vec();
+                    answer.resize(answer.len() + (512 << 10), b'x');
+                    conn.write_all(&answer).await
+                };
+                if sent.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+        let proxy = proxy_with_one_backend_connection(backend, Duration::from_millis(500)).await;
+        let (mut h2, _task) = h2_window_client(proxy.data_addr(), 65_535).await;
+
+        let mut body = h2_fetch(&mut h2, "/slow").await.into_body();
+        let mut got = Vec::new();
+        while let Some(data) = body.data().await {
+            let data = data.expect("the slow response is not cut");
+            body.flow_control()
+                .release_capacity(data.len())
+                .expect("capacity released");
+            got.extend_from_slice(&data);
+        }
+        assert_eq!(got, b"firstlast");
+
+        // 16 KiB every 50 ms: the window opens again every 100 ms, for about 1.6 s.
+        let mut body = h2_fetch(&mut h2, "/steady").await.into_body();
+        let mut got = 0;
+        while let Some(data) = body.data().await {
+            let data = data.expect("the steadily read response is not cut");
+            got += data.len();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            body.flow_control()
+                .release_capacity(data.len())
+                .expect("capacity released");
+        }
+        assert_eq!(got, 512 << 10);
     })
     .await
     .expect("test finished in time");
