@@ -97,17 +97,20 @@ impl ClientIdentity {
 }
 
 /// The OIDs of the curves and algorithms the proxy's TLS library (rustls on aws-lc-rs) signs
-/// with besides RSA: ECDSA on P-256, P-384 and P-521, and Ed25519.
+/// with besides RSA: ECDSA on P-256, P-384 and P-521, Ed25519, and ML-DSA.
 const P256: &[u64] = &[1, 2, 840, 10_045, 3, 1, 7];
 const P384: &[u64] = &[1, 3, 132, 0, 34];
 const P521: &[u64] = &[1, 3, 132, 0, 35];
 const ED25519: &[u64] = &[1, 3, 101, 112];
+const ML_DSA_44: &[u64] = &[2, 16, 840, 1, 101, 3, 4, 3, 17];
+const ML_DSA_65: &[u64] = &[2, 16, 840, 1, 101, 3, 4, 3, 18];
+const ML_DSA_87: &[u64] = &[2, 16, 840, 1, 101, 3, 4, 3, 19];
 /// The RSA modulus sizes it takes, in bits.
 const RSA_BITS: std::ops::RangeInclusive<usize> = 2048..=8192;
 
 /// Why the proxy's TLS library cannot sign with `key`, whose public key is `spki` (when it
 /// carries one), if it cannot: it takes RSA keys of 2048 to 8192 bits, ECDSA keys on P-256,
-/// P-384 and P-521, and Ed25519 keys. Read from the DER, as the core does no crypto.
+/// P-384 and P-521, Ed25519 and ML-DSA keys. Read from the DER, as the core does no crypto.
 fn unsupported(key: &PrivateKeyDer<'_>, spki: Option<&[u8]>) -> Option<String> {
     let (algorithm, parameter, public) = match spki {
         Some(spki) => yasna::parse_der(spki, |r| {
@@ -122,19 +125,20 @@ fn unsupported(key: &PrivateKeyDer<'_>, spki: Option<&[u8]>) -> Option<String> {
             })
         })
         .ok()?,
-        // Only PKCS#8 keys of other algorithms carry no public key (Ed25519's v1 form).
+        // A PKCS#8 key that carries no public key (Ed25519's and ML-DSA's, an EC key without
+        // its point): its algorithm, and its curve if EC, are still named.
         None => match key {
             PrivateKeyDer::Pkcs8(k) => yasna::parse_der(k.secret_pkcs8_der(), |r| {
                 r.read_sequence(|r| {
                     r.next().read_der()?;
-                    let algorithm = r.next().read_sequence(|r| {
+                    let (algorithm, parameter) = r.next().read_sequence(|r| {
                         let oid = r.next().read_oid()?;
-                        r.read_optional(|r| r.read_der())?;
-                        Ok(oid)
+                        let parameter = r.read_optional(|r| r.read_der())?;
+                        Ok((oid, parameter))
                     })?;
                     r.next().read_der()?;
                     r.read_optional(|r| r.read_tagged_implicit(Tag::context(0), |r| r.read_der()))?;
-                    Ok((oid_of(algorithm), None, None))
+                    Ok((oid_of(algorithm), parameter, None))
                 })
             })
             .ok()?,
@@ -170,9 +174,9 @@ fn unsupported(key: &PrivateKeyDer<'_>, spki: Option<&[u8]>) -> Option<String> {
                 )
             })
         }
-        ED25519 => None,
+        ED25519 | ML_DSA_44 | ML_DSA_65 | ML_DSA_87 => None,
         other => Some(format!(
-            "a key of algorithm {} (RSA, ECDSA and Ed25519 keys are taken)",
+            "a key of algorithm {} (RSA, ECDSA, Ed25519 and ML-DSA keys are taken)",
             dotted(other)
         )),
     }

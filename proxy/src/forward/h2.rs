@@ -519,6 +519,11 @@ impl H2Channel {
             open.push(Arc::clone(&conn));
             open
         });
+        // Requests waiting at the limit may fit on it: a connection that closed let one of
+        // them dial this one, with room for many.
+        if self.room.waiters.load(Ordering::SeqCst) > 0 {
+            self.room.freed.notify_waiters();
+        }
         self.picked.store(true, Ordering::Relaxed);
         if !self.sweeping.swap(true, Ordering::Relaxed) {
             tokio::spawn(sweep(Arc::downgrade(&self.conns), idle_timeout));
@@ -669,6 +674,55 @@ mod tests {
         (addr, accepted, closed)
     }
 
+    /// An h2c backend whose first connection allows one stream and ends when `close_first`
+    /// fires, and whose later connections allow ten; `/hold` is answered with a body that
+    /// never ends. Counts the connections it accepted.
+    async fn backend_whose_first_connection_closes() -> (
+        std::net::SocketAddr,
+        Arc<AtomicUsize>,
+        tokio::sync::oneshot::Sender<()>,
+    ) {
+        use bytes::Bytes;
+        use http_body_util::{Either, Full, StreamBody};
+        type Frames = futures_util::stream::Pending<
+            Result<http_body::Frame<Bytes>, std::convert::Infallible>,
+        >;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (close_first, mut closing) = tokio::sync::oneshot::channel::<()>();
+        let a = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let first = a.fetch_add(1, Ordering::SeqCst) == 0;
+                let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                    let body: Either<StreamBody<Frames>, Full<Bytes>> =
+                        if req.uri().path() == "/hold" {
+                            Either::Left(StreamBody::new(futures_util::stream::pending()))
+                        } else {
+                            Either::Right(Full::new(Bytes::from_static(b"ok")))
+                        };
+                    Ok::<_, std::convert::Infallible>(Response::new(body))
+                });
+                let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .max_concurrent_streams(if first { 1 } else { 10 })
+                    .serve_connection(TokioIo::new(tcp), service);
+                if first {
+                    // Dropped when told: the connection closes under its streams.
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = &mut closing => {}
+                    }
+                } else {
+                    tokio::spawn(conn);
+                }
+            }
+        });
+        (addr, accepted, close_first)
+    }
+
     fn request(path: &str) -> Request<ProxyBody> {
         Request::get(path)
             .header(header::HOST, "backend")
@@ -763,5 +817,61 @@ mod tests {
             .expect("answer");
         assert_eq!(resp.status(), http::StatusCode::OK);
         assert_eq!(accepted.load(Ordering::SeqCst), 2, "no new connection");
+    }
+
+    /// At a limit of one connection, whose one share is held: requests waiting for room are
+    /// all served once that connection closes and one of them dials a new one with room for
+    /// many, not only the one that dialled.
+    #[tokio::test]
+    async fn requests_waiting_at_the_limit_take_the_room_a_new_connection_brings() {
+        let (addr, accepted, close_first) = backend_whose_first_connection_closes().await;
+        let connector = Connector::new(
+            "127.0.0.1",
+            addr.port(),
+            None,
+            Duration::from_secs(2),
+            false,
+        );
+        let settings = Settings {
+            keep_alive: KeepAlive::default(),
+            max_header_list_size: 64 << 10,
+            idle_timeout: Duration::from_secs(90),
+        };
+        let channel = H2Channel::new(
+            connector,
+            Scheme::HTTP,
+            Authority::from_static("backend"),
+            settings,
+            Arc::new(Semaphore::new(1)),
+        );
+        // The backend's SETTINGS (one stream) come with the first answer.
+        let (resp, stream) = channel
+            .send(request("/"), &Wait::until(None))
+            .await
+            .expect("answer");
+        drop((resp, stream));
+        let held = channel
+            .send(request("/hold"), &Wait::until(None))
+            .await
+            .expect("held");
+        let within = Wait::until(Some(tokio::time::Instant::now() + Duration::from_secs(3)));
+        let closing = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let _ = close_first.send(());
+            // Once the proxy has seen it close, the last stream on it goes.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            drop(held);
+        };
+        let (one, two, three, ()) = tokio::join!(
+            channel.send(request("/"), &within),
+            channel.send(request("/"), &within),
+            channel.send(request("/"), &within),
+            closing,
+        );
+        for served in [one, two, three] {
+            let (resp, _stream) = served.expect("served on the new connection");
+            assert_eq!(resp.status(), http::StatusCode::OK);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 2, "one new connection");
     }
 }

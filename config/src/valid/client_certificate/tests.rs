@@ -140,11 +140,20 @@ const SECP256K1: (&str, &str) = (
     "-----BEGIN PRIVATE KEY-----\nMIGEAgEAMBAGByqGSM49AgEGBSuBBAAKBG0wawIBAQQgCDhhLq9AAcKiukuS/wzV\nRangjggx3t7onSfH83aZcHKhRANCAATlI2dIxieJjn8G7IMgFGa094fJIe6E0yNV\nE1bN/HguE2NiRdZVZNhhYpWOKWaPRlS7kyVzK6WK/w7eXCOmCGBW\n-----END PRIVATE KEY-----",
 );
 
+/// The secp256k1 key of [`SECP256K1`] without its public point: its curve is named only in
+/// its algorithm's parameters.
+const SECP256K1_NO_POINT: &str = "-----BEGIN PRIVATE KEY-----\nMD4CAQAwEAYHKoZIzj0CAQYFK4EEAAoEJzAlAgEBBCAIOGEur0ABwqK6S5L/DNVF\nqeCOCDHe3uidJ8fzdplwcg==\n-----END PRIVATE KEY-----";
+
 #[test]
 fn keys_the_proxys_tls_library_cannot_sign_with_are_refused() {
     for (what, (cert, key), says) in [
         ("RSA 1024", RSA_1024, "an RSA key of 1024 bits"),
         ("secp256k1", SECP256K1, "an EC key on curve 1.3.132.0.10"),
+        (
+            "secp256k1 without its point",
+            (SECP256K1.0, SECP256K1_NO_POINT),
+            "an EC key on curve 1.3.132.0.10",
+        ),
     ] {
         let err = identity(cert, key).expect_err(what);
         assert_eq!(err.field, KEY, "{what}");
