@@ -640,65 +640,92 @@ async fn a_rule_an_older_pod_refuses_is_left_out_and_the_rest_is_pushed_in_the_s
     );
 }
 
-/// A document larger than the pods take (413) costs its largest rule, left out as a refused
-/// rule is, and the rest is pushed in the same round: one tenant's bulk stops no other
-/// tenant's updates.
+/// A document grown larger than the pods take (413) loses, in the same round, the rules they
+/// do not serve yet (the largest first) until it fits: a rule they serve stays, however
+/// large, so one tenant's growth costs that tenant's new rules, not another tenant's routes
+/// or every tenant's updates.
 #[tokio::test]
-async fn a_document_too_large_for_the_pods_leaves_out_its_largest_rule() {
+async fn a_document_grown_too_large_for_the_pods_leaves_out_its_new_rules() {
     use cftunnel_config::{Filter, FilterType, Header, HeaderModifier};
     let backend = echo().await;
     let pod = Server::start(
         ServerOptions {
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             auth_token: Some(TOKEN.to_owned()),
-            max_config_bytes: 8 * 1024,
+            max_config_bytes: 16 * 1024,
             ..ServerOptions::default()
         },
         None,
     )
     .await
     .expect("the proxy starts");
-    let rule = |host: &str, name: &str| Rule {
-        name: Some(name.to_owned()),
-        ..config(backend.http_addr(), host).rules.remove(0)
+    let rule = |host: &str, name: &str, bulk: usize| {
+        let mut filter = Filter::new(FilterType::RequestHeaderModifier);
+        filter.request_header_modifier = Some(HeaderModifier {
+            set: vec![Header {
+                name: "x-bulk".to_owned(),
+                value: "b".repeat(bulk),
+            }],
+            ..HeaderModifier::default()
+        });
+        Rule {
+            name: Some(name.to_owned()),
+            filters: vec![filter],
+            ..config(backend.http_addr(), host).rules.remove(0)
+        }
     };
-    let mut bulky = Filter::new(FilterType::RequestHeaderModifier);
-    bulky.request_header_modifier = Some(HeaderModifier {
-        set: vec![Header {
-            name: "x-bulk".to_owned(),
-            value: "b".repeat(12 * 1024),
-        }],
-        ..HeaderModifier::default()
-    });
-    let doc = Config {
+    let mut pusher = Pusher::default();
+    let pods = [pod.admin_addr()];
+    // Served: a small rule and a large one.
+    let mut doc = Config {
         rules: vec![
-            rule("one.example.com", "shop/one/0"),
-            Rule {
-                filters: vec![bulky],
-                ..rule("bulk.example.com", "bulk/big/0")
-            },
-            rule("three.example.com", "shop/three/0"),
+            rule("one.example.com", "shop/one/0", 10),
+            rule("big.example.com", "bulk/big/0", 10 * 1024),
         ],
         ..Config::default()
     };
-    let mut pusher = Pusher::default();
-    let round = pusher
-        .sync(&plane(), &doc, TOKEN, &[pod.admin_addr()])
-        .await;
-    assert_eq!(round.refused.len(), 1, "{round:?}");
-    let refused = &round.refused[0];
-    assert_eq!(
-        (refused.rule, refused.name.as_deref()),
-        (1, Some("bulk/big/0"))
+    let round = pusher.sync(&plane(), &doc, TOKEN, &pods).await;
+    assert!(round.all_current() && round.refused.is_empty(), "{round:?}");
+
+    // Another tenant adds rules that take it past the limit: they go, all in this round.
+    for i in 0..6 {
+        doc.rules.push(rule(
+            &format!("new{i}.example.com"),
+            &format!("new/r{i}/0"),
+            1024,
+        ));
+    }
+    let round = pusher.sync(&plane(), &doc, TOKEN, &pods).await;
+    assert!(round.all_current(), "the rest was taken: {round:?}");
+    let refused: Vec<&str> = round
+        .refused
+        .iter()
+        .filter_map(|r| r.name.as_deref())
+        .collect();
+    assert!(!refused.is_empty(), "{round:?}");
+    assert!(
+        refused.iter().all(|name| name.starts_with("new/")),
+        "only rules not served yet go: {refused:?}"
     );
     assert!(
-        refused.reason.contains("larger than its pods take"),
+        round.refused[0]
+            .reason
+            .contains("larger than its pods take"),
         "{}",
-        refused.reason
+        round.refused[0].reason
     );
-    assert!(round.all_current(), "the rest was taken: {round:?}");
     let data = pod.data_addr();
     assert_eq!(get(data, "/", "one.example.com", None).await.0, 200);
-    assert_eq!(get(data, "/", "three.example.com", None).await.0, 200);
-    assert_eq!(get(data, "/", "bulk.example.com", None).await.0, 404);
+    assert_eq!(
+        get(data, "/", "big.example.com", None).await.0,
+        200,
+        "the served large rule stays"
+    );
+    let served_new = (0..6).filter(|i| !refused.contains(&format!("new/r{i}/0").as_str()));
+    for i in served_new {
+        assert_eq!(
+            get(data, "/", &format!("new{i}.example.com"), None).await.0,
+            200
+        );
+    }
 }

@@ -56,6 +56,11 @@ pub(super) enum Put {
         rule: usize,
         reason: String,
     },
+    /// The document is larger than it takes (413): at most `limit` bytes, when it says.
+    TooLarge {
+        limit: Option<usize>,
+        reason: String,
+    },
 }
 
 /// One request at a time to a pod's config API, each on its own connection: pushes are rare,
@@ -128,18 +133,9 @@ impl<'a> Client<'a> {
                 },
                 None => Put::Failed(refusal("PUT /config", StatusCode::BAD_REQUEST, &answer)),
             },
-            // Too large for the pod: its largest rule goes, as a rule it refuses would, so
-            // one tenant's bulk (a CA bundle copied to each of many endpoints) costs that
-            // tenant's rule, not every tenant's updates.
-            Ok((StatusCode::PAYLOAD_TOO_LARGE, answer)) => match largest_rule(doc) {
-                Some((rule, bytes)) => Put::Refused {
-                    rule,
-                    reason: format!(
-                        "PUT /config: the plane's document is larger than its pods take ({}); this rule, the largest ({bytes} bytes), is left out",
-                        String::from_utf8_lossy(&answer).trim()
-                    ),
-                },
-                None => Put::Failed(refusal("PUT /config", StatusCode::PAYLOAD_TOO_LARGE, &answer)),
+            Ok((StatusCode::PAYLOAD_TOO_LARGE, answer)) => Put::TooLarge {
+                limit: stated_limit(&answer),
+                reason: refusal("PUT /config", StatusCode::PAYLOAD_TOO_LARGE, &answer),
             },
             Ok((status, answer)) => Put::Failed(refusal("PUT /config", status, &answer)),
         }
@@ -257,13 +253,14 @@ fn refused_rule(answer: &[u8], doc: &Config) -> Option<(usize, String)> {
     Some((rule, error))
 }
 
-/// The position of `doc`'s largest rule, as it is written in a push, and its size.
-fn largest_rule(doc: &Config) -> Option<(usize, usize)> {
-    doc.rules
-        .iter()
-        .map(|r| serde_json::to_vec(r).map_or(0, |v| v.len()))
-        .enumerate()
-        .max_by_key(|&(i, bytes)| (bytes, std::cmp::Reverse(i)))
+/// The limit a 413 states (`{"error": "config larger than N bytes"}`), if it does.
+fn stated_limit(answer: &[u8]) -> Option<usize> {
+    let answer: serde_json::Value = serde_json::from_slice(answer).ok()?;
+    let error = answer.get("error")?.as_str()?;
+    let n = error
+        .strip_prefix("config larger than ")?
+        .strip_suffix(" bytes")?;
+    n.parse().ok()
 }
 
 fn refusal(what: &str, status: StatusCode, body: &[u8]) -> String {

@@ -2,7 +2,8 @@
 //! its pods refused (left out, and remembered while those pods stay), and the rounds in a row
 //! it has failed.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
+use std::hash::{BuildHasher as _, BuildHasherDefault, DefaultHasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +41,9 @@ pub(super) struct PlaneState {
     previous_token: Option<String>,
     /// Rules a pod refused, by content, while that pod is one of the plane's.
     refusals: Vec<Refusal>,
+    /// The rules (by content hash) of the last document every pod took: a document grown
+    /// past what the pods take loses the rules they do not serve yet first.
+    accepted: HashSet<u64>,
 }
 
 impl PlaneState {
@@ -58,6 +62,7 @@ impl PlaneState {
             token: token.to_owned(),
             previous_token: None,
             refusals: Vec::new(),
+            accepted: HashSet::new(),
         }
     }
 }
@@ -136,6 +141,7 @@ pub(super) async fn sync_plane(
         };
         let sent = push_document(&client, &mut state.version, document, &round.pods).await;
         let mut left_out = BTreeSet::new();
+        let mut cut = false;
         let pods: Vec<(SocketAddr, PodOutcome)> = sent
             .puts
             .into_iter()
@@ -143,6 +149,28 @@ pub(super) async fn sync_plane(
                 Put::Current => (pod, PodOutcome::Current),
                 Put::Pushed => (pod, PodOutcome::Pushed),
                 Put::Failed(reason) => (pod, PodOutcome::Failed(reason)),
+                // Too large: rules go as refused ones do, those the pods do not serve yet
+                // first, then the largest, until it fits; so one tenant's growth costs that
+                // tenant's new rules, not another's serving ones or every tenant's updates.
+                Put::TooLarge { limit, reason } => {
+                    if passes < MAX_PASSES && !cut {
+                        cut = true;
+                        let note = format!(
+                            "{reason}: the plane's document is larger than its pods take; rules they do not serve yet go first, then the largest, until it fits"
+                        );
+                        for i in fitting_cut(rules, &kept, limit, &state.accepted) {
+                            if left_out.insert(i) {
+                                state.refusals.push(Refusal {
+                                    rule: rules[i].clone(),
+                                    pod,
+                                    reason: note.clone(),
+                                    at: std::time::Instant::now(),
+                                });
+                            }
+                        }
+                    }
+                    (pod, PodOutcome::Failed(reason))
+                }
                 Put::Refused { rule, reason } => {
                     if passes < MAX_PASSES {
                         if let Some(&i) = kept.get(rule) {
@@ -183,7 +211,11 @@ pub(super) async fn sync_plane(
             })
         })
         .collect();
+    let pushed = pods.iter().any(|(_, o)| *o == PodOutcome::Pushed);
     let mut outcome = finish(&mut state, sustained, version, pods);
+    if outcome.all_current() && (pushed || state.accepted.is_empty()) {
+        state.accepted = kept.iter().map(|&i| rule_hash(&rules[i])).collect();
+    }
     outcome.refused = refused;
     outcome.token_refused = token_refused;
     // Every pod took the current token: the rollout is over, and the one before is
@@ -307,6 +339,47 @@ fn finish(
         stale: false,
         token_refused: false,
     }
+}
+
+/// Room a cut leaves below a pod's limit, as a share of it: the document's own fields and
+/// a little growth.
+const CUT_MARGIN: usize = 64;
+
+/// The positions (in `rules`) of the rules of `kept` a document too large for its pods
+/// leaves out: those not in `accepted` (the pods do not serve them yet) first, then the
+/// largest, until what is left fits `limit` (one rule when the pod named no limit).
+fn fitting_cut(
+    rules: &[Rule],
+    kept: &[usize],
+    limit: Option<usize>,
+    accepted: &HashSet<u64>,
+) -> Vec<usize> {
+    let mut sized: Vec<(usize, usize, bool)> = kept
+        .iter()
+        .map(|&i| {
+            let bytes = serde_json::to_vec(&rules[i]).map_or(0, |v| v.len()) + 1;
+            (i, bytes, accepted.contains(&rule_hash(&rules[i])))
+        })
+        .collect();
+    let total: usize = sized.iter().map(|&(_, bytes, _)| bytes).sum();
+    let mut over = match limit {
+        Some(limit) => total.saturating_sub(limit - limit / CUT_MARGIN).max(1),
+        None => 1,
+    };
+    sized.sort_by_key(|&(i, bytes, served)| (served, std::cmp::Reverse(bytes), i));
+    let mut cut = Vec::new();
+    for (i, bytes, _) in sized {
+        if over == 0 {
+            break;
+        }
+        cut.push(i);
+        over = over.saturating_sub(bytes);
+    }
+    cut
+}
+
+fn rule_hash(rule: &Rule) -> u64 {
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(rule)
 }
 
 /// The config's identity without its version, so an unchanged config keeps its version.
