@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{EnvVarSource, Secret, SecretKeySelector, Servic
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::core::{ApiResource, DynamicObject};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -173,14 +174,18 @@ async fn take_back(
 ) -> Result<bool, String> {
     let namespace = rendered.namespace().unwrap_or_default();
     let name = rendered.name_any();
-    let Some(live) = read(client, rendered).await? else {
+    let failed =
+        |e: &dyn std::fmt::Display| format!("taking back Deployment {namespace}/{name}: {e}");
+    // Read untyped: the containers are written back whole, fields this client's API types
+    // do not know (a newer cluster's) included.
+    let resource = ApiResource::erase::<Deployment>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &resource);
+    let Some(live) = api.get_opt(&name).await.map_err(|e| failed(&e))? else {
         return Ok(false);
     };
     if !controlled_by(live.owner_references(), uid) {
         return Ok(false);
     }
-    let failed =
-        |e: &dyn std::fmt::Display| format!("taking back Deployment {namespace}/{name}: {e}");
     let live_value = serde_json::to_value(&live).map_err(|e| failed(&e))?;
     let target = taken_back(
         &live_value,
@@ -194,7 +199,6 @@ async fn take_back(
         "metadata".to_owned(),
         serde_json::json!({"resourceVersion": live.resource_version()}),
     );
-    let api: Api<Deployment> = Api::namespaced(client.clone(), &namespace);
     let params = PatchParams {
         field_manager: Some(field_manager.to_owned()),
         ..PatchParams::default()
