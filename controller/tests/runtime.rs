@@ -5941,3 +5941,168 @@ async fn another_installations_planes_for_a_long_class_name_are_left_alone() {
     .await
     .expect("in time");
 }
+
+/// Someone turns the plane's `TUNNEL_TOKEN` into a literal `value` (`kubectl set env`), and
+/// later its liveness probe into a `tcpSocket` one: the editor now owns that branch, which a
+/// forced apply of the render leaves beside the rendered `valueFrom` (`httpGet`), and the API
+/// server refuses the result as invalid. The controller takes the Deployment back (the render's
+/// fields written over it) within seconds, and renders after it are applied as before.
+#[tokio::test]
+async fn an_edit_that_switches_a_rendered_union_field_is_taken_back() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use kube::api::{Api, PostParams};
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 2").await;
+        let container = |field: &str| {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+                .and_then(|d| {
+                    d.pointer(&format!("/spec/template/spec/containers/0/{field}"))
+                        .cloned()
+                })
+        };
+        let token = || {
+            container("env")?
+                .as_array()?
+                .iter()
+                .find(|v| v["name"] == "TUNNEL_TOKEN")
+                .cloned()
+        };
+        let rendered = eventually("the Deployment", token).await;
+        assert!(rendered.get("valueFrom").is_some(), "{rendered}");
+        let probe = eventually("the liveness probe", || container("livenessProbe")).await;
+        assert!(probe.get("httpGet").is_some(), "{probe}");
+
+        let deployments: Api<Deployment> = Api::namespaced(t.api.user_client(), "tenant-a");
+        let as_kubectl = PostParams {
+            field_manager: Some("kubectl-set".to_owned()),
+            ..PostParams::default()
+        };
+        let edit = |change: fn(&mut k8s_openapi::api::core::v1::Container)| {
+            let deployments = deployments.clone();
+            let as_kubectl = as_kubectl.clone();
+            async move {
+                let mut edited = deployments.get("cf-proxy-edge").await.expect("read");
+                edited
+                    .spec
+                    .as_mut()
+                    .and_then(|s| s.template.spec.as_mut())
+                    .into_iter()
+                    .flat_map(|p| p.containers.iter_mut())
+                    .for_each(change);
+                deployments
+                    .replace("cf-proxy-edge", &as_kubectl, &edited)
+                    .await
+                    .expect("edited");
+            }
+        };
+        edit(|c| {
+            for var in c.env.iter_mut().flatten() {
+                if var.name == "TUNNEL_TOKEN" {
+                    var.value = Some("literal".to_owned());
+                    var.value_from = None;
+                }
+            }
+        })
+        .await;
+        within(5, "the token read from its Secret again", || {
+            token().filter(|v| *v == rendered)
+        })
+        .await;
+
+        edit(|c| {
+            if let Some(probe) = c.liveness_probe.as_mut() {
+                probe.http_get = None;
+                probe.tcp_socket = Some(k8s_openapi::api::core::v1::TCPSocketAction {
+                    port: k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(8081),
+                    host: None,
+                });
+            }
+        })
+        .await;
+        within(5, "the rendered probe again", || {
+            container("livenessProbe").filter(|p| *p == probe)
+        })
+        .await;
+
+        t.configure("replicas: 2, resources: {limits: {memory: 96Mi}}");
+        t.applied_with_memory("96Mi").await;
+        assert_eq!(token(), Some(rendered));
+        assert_eq!(container("livenessProbe"), Some(probe));
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// Someone adds a label to the plane NetworkPolicy's pod selector (it then guards none of the
+/// plane's pods, and their config port is open to the cluster), and a key to its Service's
+/// selector (no push reaches the pods): selectors are taken whole, so each edit departs from
+/// the render and is undone within seconds, not at the next periodic apply.
+#[tokio::test]
+async fn keys_added_to_the_planes_selectors_are_removed_within_seconds() {
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use kube::api::{Api, Patch, PatchParams};
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start_tuned(
+            "replicas: 2",
+            |_| {},
+            ApiServer::client,
+            |options| options.resync = Duration::from_secs(60),
+        )
+        .await;
+        let selector = |api_version: &str, kind: &str, name: &str, pointer: &str| {
+            t.api
+                .get(api_version, kind, "tenant-a", name)
+                .and_then(|o| o.pointer(pointer).cloned())
+        };
+        let pod_selector = || {
+            selector(
+                "networking.k8s.io/v1",
+                "NetworkPolicy",
+                "cf-proxy-edge",
+                "/spec/podSelector",
+            )
+        };
+        let service_selector =
+            || selector("v1", "Service", "cf-proxy-edge-config", "/spec/selector");
+        let rendered_policy = eventually("the NetworkPolicy", pod_selector).await;
+        let rendered_service = eventually("the Service", service_selector).await;
+
+        let as_user = PatchParams {
+            field_manager: Some("kubectl-edit".to_owned()),
+            ..PatchParams::default()
+        };
+        let policies: Api<NetworkPolicy> = Api::namespaced(t.api.user_client(), "tenant-a");
+        let narrowed = json!({"spec": {"podSelector": {"matchLabels": {"tier": "none"}}}});
+        let edited = policies
+            .patch("cf-proxy-edge", &as_user, &Patch::Merge(&narrowed))
+            .await
+            .expect("narrowed");
+        let labels = edited
+            .spec
+            .and_then(|s| s.pod_selector)
+            .and_then(|s| s.match_labels)
+            .unwrap_or_default();
+        assert_eq!(labels.get("tier").map(String::as_str), Some("none"));
+        within(5, "the NetworkPolicy's pod selector restored", || {
+            pod_selector().filter(|s| *s == rendered_policy)
+        })
+        .await;
+
+        let services: Api<Service> = Api::namespaced(t.api.user_client(), "tenant-a");
+        let moved = json!({"spec": {"selector": {"tier": "none"}}});
+        services
+            .patch("cf-proxy-edge-config", &as_user, &Patch::Merge(&moved))
+            .await
+            .expect("moved");
+        within(5, "the Service's selector restored", || {
+            service_selector().filter(|s| *s == rendered_service)
+        })
+        .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}

@@ -7,12 +7,29 @@
 //! their own, fields the API server defaults) lies outside these paths and never counts, and
 //! values the API server normalises (quantities) compare as it stored them, so an unchanged
 //! object compares equal without a request.
+//!
+//! A field server-side apply treats as one value is taken whole, keys the render does not set
+//! included: the label selectors (Kubernetes' `LabelSelector` is atomic) and a Service's
+//! `spec.selector` (an atomic map). A key someone adds to one changes what it selects (the
+//! NetworkPolicy then guards none of the plane's pods, the Service reaches none of them), and
+//! the next apply, which replaces the selector whole, removes it.
 
 use serde_json::Value;
 
+/// The keys under which the rendered objects hold atomic selectors: a Deployment's
+/// `spec.selector`, a Service's `spec.selector`, a NetworkPolicy's `podSelector` and
+/// `namespaceSelector`, a topology spread constraint's `labelSelector`.
+const ATOMIC_SELECTORS: [&str; 4] = [
+    "selector",
+    "podSelector",
+    "namespaceSelector",
+    "labelSelector",
+];
+
 /// The values of `live` at the paths `rendered` sets: for an object, its keys that `rendered`
-/// has (`null` where `live` lacks one); for a list as long as the rendered one, item by item;
-/// anything else, including a list of another length, as `live` has it whole.
+/// has (`null` where `live` lacks one), a selector whole; for a list as long as the rendered
+/// one, item by item; anything else, including a list of another length, as `live` has it
+/// whole.
 pub fn owned_fields(rendered: &Value, live: &Value) -> Value {
     match (rendered, live) {
         (Value::Object(rendered), Value::Object(live)) => Value::Object(
@@ -20,7 +37,11 @@ pub fn owned_fields(rendered: &Value, live: &Value) -> Value {
                 .iter()
                 .map(|(key, r)| {
                     let l = live.get(key).unwrap_or(&Value::Null);
-                    (key.clone(), owned_fields(r, l))
+                    if ATOMIC_SELECTORS.contains(&key.as_str()) {
+                        (key.clone(), l.clone())
+                    } else {
+                        (key.clone(), owned_fields(r, l))
+                    }
                 })
                 .collect(),
         ),
@@ -78,6 +99,41 @@ mod tests {
         assert_eq!(
             owned_fields(&rendered, &removed),
             json!({"spec": {"ingress": null}})
+        );
+    }
+
+    #[test]
+    fn a_key_added_to_a_selector_shows() {
+        let rendered = json!({"spec": {
+            "podSelector": {"matchLabels": {"app": "proxy"}},
+            "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "c"}}}]}],
+        }});
+        assert_eq!(owned_fields(&rendered, &rendered), rendered);
+        let narrowed = json!({"spec": {
+            "podSelector": {"matchLabels": {"app": "proxy", "extra": "x"}},
+            "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "c"}}}]}],
+        }});
+        assert_eq!(owned_fields(&rendered, &narrowed), narrowed);
+        let expressions = json!({"spec": {
+            "podSelector": {"matchLabels": {"app": "proxy"},
+                            "matchExpressions": [{"key": "tier", "operator": "Exists"}]},
+            "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "c"}}}]}],
+        }});
+        assert_eq!(owned_fields(&rendered, &expressions), expressions);
+        let widened = json!({"spec": {
+            "podSelector": {"matchLabels": {"app": "proxy"}},
+            "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "c", "x": "y"}}}]}],
+        }});
+        assert_ne!(owned_fields(&rendered, &widened), rendered);
+
+        let service = json!({"spec": {"selector": {"app": "proxy"}, "ports": [{"port": 8081}]}});
+        let mut added = service.clone();
+        added["spec"]["selector"]["extra"] = json!("x");
+        added["spec"]["clusterIP"] = json!("None");
+        assert_eq!(
+            owned_fields(&service, &added),
+            json!({"spec": {"selector": {"app": "proxy", "extra": "x"}, "ports": [{"port": 8081}]}}),
+            "the selector whole, the fields the render does not set left out"
         );
     }
 }

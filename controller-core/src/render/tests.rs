@@ -1034,3 +1034,59 @@ fn the_token_digest_is_the_sha256_of_the_trimmed_token() {
     assert_eq!(token_digest(" abc"), token_digest("abc"));
     assert_ne!(token_digest("abd"), token_digest("abc"));
 }
+
+/// A key added to a selector of the rendered plane narrows or widens what it selects: it is a
+/// departure from the render ([`owned_fields`] differs), and a key added to a map that is not
+/// a selector (labels, annotations) is not.
+#[test]
+fn keys_added_to_the_planes_selectors_depart_from_the_render() {
+    use serde_json::{json, Value};
+    fn value(object: &impl serde::Serialize) -> Value {
+        serde_json::to_value(object).expect("serialises")
+    }
+    let p = plane(BASIC, "");
+    let policy = value(p.network_policy.as_ref().expect("a NetworkPolicy"));
+    let service = value(&p.service);
+    let deployment = value(&p.deployment);
+    let departs = |rendered: &Value, pointer: &str, key: &str, added: Value| {
+        let mut live = rendered.clone();
+        live.pointer_mut(pointer)
+            .and_then(Value::as_object_mut)
+            .unwrap_or_else(|| panic!("{pointer} is a map"))
+            .insert(key.to_owned(), added);
+        owned_fields(rendered, &live) != owned_fields(rendered, rendered)
+    };
+    let exists = json!([{"key": "tier", "operator": "Exists"}]);
+    assert!(departs(
+        &policy,
+        "/spec/podSelector/matchLabels",
+        "extra",
+        json!("x")
+    ));
+    assert!(departs(
+        &policy,
+        "/spec/podSelector",
+        "matchExpressions",
+        exists
+    ));
+    assert!(departs(
+        &policy,
+        "/spec/ingress/0/from/0/podSelector/matchLabels",
+        "extra",
+        json!("x")
+    ));
+    assert!(departs(&service, "/spec/selector", "extra", json!("x")));
+    assert!(departs(
+        &deployment,
+        "/spec/template/spec/topologySpreadConstraints/0/labelSelector/matchLabels",
+        "extra",
+        json!("x")
+    ));
+    assert!(!departs(&service, "/metadata/labels", "extra", json!("x")));
+    assert!(!departs(
+        &deployment,
+        "/spec/template/metadata/annotations",
+        "extra",
+        json!("x")
+    ));
+}

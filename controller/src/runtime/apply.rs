@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{EnvVarSource, Secret, SecretKeySelector, Servic
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::core::{ApiResource, DynamicObject};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -78,20 +79,226 @@ where
     K: Resource<Scope = NamespaceResourceScope> + Clone + Debug + DeserializeOwned + Serialize,
     K::DynamicType: Default,
 {
-    let namespace = obj.namespace().unwrap_or_default();
-    let name = obj.name_any();
-    let kind = K::kind(&K::DynamicType::default()).into_owned();
-    let api: Api<K> = Api::namespaced(client.clone(), &namespace);
-    let applied = api
-        .patch(
-            &name,
-            &PatchParams::apply(field_manager).force(),
-            &Patch::Apply(obj),
-        )
+    let applied = force_apply(client, obj, field_manager)
         .await
-        .map_err(|e| format!("applying {kind} {namespace}/{name}: {e}"))?;
+        .map_err(|e| applying(obj, &e))?;
     let changed = existing.and_then(|e| e.resource_version()) != applied.resource_version();
     Ok((changed, applied))
+}
+
+/// The server-side apply of [`apply_over`], its error as the API server answered.
+async fn force_apply<K>(client: &Client, obj: &K, field_manager: &str) -> kube::Result<K>
+where
+    K: Resource<Scope = NamespaceResourceScope> + Clone + Debug + DeserializeOwned + Serialize,
+    K::DynamicType: Default,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), &obj.namespace().unwrap_or_default());
+    api.patch(
+        &obj.name_any(),
+        &PatchParams::apply(field_manager).force(),
+        &Patch::Apply(obj),
+    )
+    .await
+}
+
+/// What a failed apply of `obj` reports.
+fn applying<K>(obj: &K, e: &kube::Error) -> String
+where
+    K: Resource,
+    K::DynamicType: Default,
+{
+    format!(
+        "applying {} {}/{}: {e}",
+        K::kind(&K::DynamicType::default()),
+        obj.namespace().unwrap_or_default(),
+        obj.name_any()
+    )
+}
+
+/// Applies a Deployment of `uid`'s ([`apply_over`]); when the API server refuses the result as
+/// invalid (422), takes it back ([`take_back`]) and applies it again.
+///
+/// A forced apply takes over the fields it sets but leaves those it does not set to whoever
+/// owns them. An edit that moved a field of ours to another branch of a union (an env var's
+/// `valueFrom` turned into a literal `value` by `kubectl set env`, a probe's `httpGet` into a
+/// `tcpSocket`) leaves its branch to its editor, and the rendered branch next to it is invalid:
+/// every apply of the render would be refused until someone mended the Deployment by hand, a
+/// token rotation or image upgrade included.
+async fn apply_deployment(
+    client: &Client,
+    deployment: &Deployment,
+    existing: Option<&Deployment>,
+    uid: &str,
+    field_manager: &str,
+) -> Result<(bool, Deployment), String> {
+    match force_apply(client, deployment, field_manager).await {
+        Ok(applied) => {
+            let changed = existing.and_then(|e| e.resource_version()) != applied.resource_version();
+            Ok((changed, applied))
+        }
+        Err(kube::Error::Api(refused)) if refused.code == 422 => {
+            let invalid = applying(deployment, &kube::Error::Api(refused));
+            if !take_back(client, deployment, uid, field_manager).await? {
+                return Err(invalid);
+            }
+            let key = format!(
+                "{}/{}",
+                deployment.namespace().unwrap_or_default(),
+                deployment.name_any()
+            );
+            tracing::info!(
+                deployment = %key,
+                refused = %invalid,
+                "took back a Deployment of this Gateway's whose edits left its render invalid"
+            );
+            let applied = force_apply(client, deployment, field_manager)
+                .await
+                .map_err(|e| applying(deployment, &e))?;
+            Ok((true, applied))
+        }
+        Err(e) => Err(applying(deployment, &e)),
+    }
+}
+
+/// Writes the fields `rendered` sets over the live Deployment of `uid`'s ([`taken_back`]): a
+/// merge patch of the difference, sent under the field manager of the applies and naming the
+/// resourceVersion read, so it applies only to that version. The fields it writes are no
+/// longer another manager's, and the apply that follows takes them. The Deployment is not
+/// deleted and created anew: that would take its pods down at once. Returns whether it wrote
+/// (not when the Deployment is gone or not `uid`'s, or nothing the render sets differs).
+async fn take_back(
+    client: &Client,
+    rendered: &Deployment,
+    uid: &str,
+    field_manager: &str,
+) -> Result<bool, String> {
+    let namespace = rendered.namespace().unwrap_or_default();
+    let name = rendered.name_any();
+    let failed =
+        |e: &dyn std::fmt::Display| format!("taking back Deployment {namespace}/{name}: {e}");
+    // Read untyped: the containers are written back whole, fields this client's API types
+    // do not know (a newer cluster's) included.
+    let resource = ApiResource::erase::<Deployment>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &resource);
+    let Some(live) = api.get_opt(&name).await.map_err(|e| failed(&e))? else {
+        return Ok(false);
+    };
+    if !controlled_by(live.owner_references(), uid) {
+        return Ok(false);
+    }
+    let live_value = serde_json::to_value(&live).map_err(|e| failed(&e))?;
+    let target = taken_back(
+        &live_value,
+        &serde_json::to_value(rendered).map_err(|e| failed(&e))?,
+    );
+    let Some(serde_json::Value::Object(mut patch)) = merge_patch_between(&live_value, &target)
+    else {
+        return Ok(false);
+    };
+    patch.insert(
+        "metadata".to_owned(),
+        serde_json::json!({"resourceVersion": live.resource_version()}),
+    );
+    let params = PatchParams {
+        field_manager: Some(field_manager.to_owned()),
+        ..PatchParams::default()
+    };
+    api.patch(&name, &params, &Patch::Merge(&patch))
+        .await
+        .map_err(|e| failed(&e))?;
+    Ok(true)
+}
+
+/// The JSON merge patch (RFC 7386) that turns `from` into `to`: `None` when they are equal.
+fn merge_patch_between(
+    from: &serde_json::Value,
+    to: &serde_json::Value,
+) -> Option<serde_json::Value> {
+    use serde_json::{Map, Value};
+    match (from, to) {
+        _ if from == to => None,
+        (Value::Object(from), Value::Object(to)) => {
+            let mut patch = Map::new();
+            for (key, was) in from {
+                match to.get(key) {
+                    None => {
+                        patch.insert(key.clone(), Value::Null);
+                    }
+                    Some(now) => {
+                        if let Some(p) = merge_patch_between(was, now) {
+                            patch.insert(key.clone(), p);
+                        }
+                    }
+                }
+            }
+            for (key, now) in to {
+                if !from.contains_key(key) {
+                    patch.insert(key.clone(), now.clone());
+                }
+            }
+            Some(Value::Object(patch))
+        }
+        _ => Some(to.clone()),
+    }
+}
+
+/// `live`, a Deployment, with what `ours`, its render, sets in its spec, each field replaced
+/// whole, so no branch of a union that someone else set is left beside the rendered one: the
+/// spec's fields, the pod spec's fields and, in each container the render has (matched by
+/// name), the container's. What the render does not set stays as `live` has it: the metadata,
+/// the replica count when the render leaves it to an autoscaler, other containers and the
+/// fields of ours the render leaves out, and the pod template's labels and annotations of
+/// others (a `kubectl rollout restart` stamp), the rendered ones set.
+fn taken_back(live: &serde_json::Value, ours: &serde_json::Value) -> serde_json::Value {
+    use serde_json::{Map, Value};
+    /// Field `key` of `object`, made a map first if it is not one.
+    fn field<'a>(object: &'a mut Value, key: &str) -> &'a mut Value {
+        if !object.is_object() {
+            *object = Value::Object(Map::new());
+        }
+        match object {
+            Value::Object(map) => map.entry(key).or_insert(Value::Null),
+            other => other,
+        }
+    }
+    /// Each field `rendered` has, set on `live` whole, but `except`.
+    fn replace_fields(live: &mut Value, rendered: &Value, except: &str) {
+        for (key, value) in rendered.as_object().into_iter().flatten() {
+            if key != except {
+                *field(live, key) = value.clone();
+            }
+        }
+    }
+    let mut object = live.clone();
+    let spec = field(&mut object, "spec");
+    replace_fields(spec, &ours["spec"], "template");
+    let template = field(spec, "template");
+    let metadata = field(template, "metadata");
+    for map in ["labels", "annotations"] {
+        let rendered = &ours["spec"]["template"]["metadata"][map];
+        if rendered.is_object() {
+            replace_fields(field(metadata, map), rendered, "");
+        }
+    }
+    let pod = field(template, "spec");
+    let rendered_pod = &ours["spec"]["template"]["spec"];
+    replace_fields(pod, rendered_pod, "containers");
+    let containers = field(pod, "containers");
+    if !containers.is_array() {
+        *containers = Value::Array(Vec::new());
+    }
+    if let Value::Array(containers) = containers {
+        for container in rendered_pod["containers"].as_array().into_iter().flatten() {
+            match containers
+                .iter_mut()
+                .find(|c| c.get("name") == container.get("name"))
+            {
+                Some(live) => replace_fields(live, container, ""),
+                None => containers.push(container.clone()),
+            }
+        }
+    }
+    object
 }
 
 /// Applies one object ([`apply_over`]) unless an object of that name exists that `uid` does
@@ -405,7 +612,8 @@ pub struct Applied {
 /// the Deployment takes its count back, so it cannot write a count of its own in between.
 /// A Deployment whose count passes to the autoscaler keeps its running count meanwhile, and a
 /// new one starts at the autoscaler's floor. A Deployment of the Gateway's whose selector is
-/// not the rendered one is replaced ([`live_deployment`]), and the Go controller's objects
+/// not the rendered one is replaced ([`live_deployment`]), one an edit left invalid under the
+/// render is taken back ([`apply_deployment`]), and the Go controller's objects
 /// under other names go once the rendered NetworkPolicy is in place
 /// ([`remove_go_controller_objects`]). A plane rendered without a NetworkPolicy loses the one
 /// the Gateway controls, so switching the policies off leaves none behind. The generated token
@@ -444,7 +652,7 @@ pub async fn apply_plane(
         )
         .await?;
         let (applied, deployment) =
-            apply_over(client, &plane.deployment, live.as_ref(), field_manager).await?;
+            apply_deployment(client, &plane.deployment, live.as_ref(), uid, field_manager).await?;
         return Ok(Applied {
             changed: changed | applied,
             deployment,
@@ -483,14 +691,17 @@ pub async fn apply_plane(
             if let Some(spec) = first.spec.as_mut() {
                 spec.replicas = Some(floor);
             }
-            apply_over(client, &first, live.as_ref(), field_manager).await?
+            apply_deployment(client, &first, live.as_ref(), uid, field_manager).await?
         }
         Count::HandedOver(handed) => {
             let (applied, deployment) =
-                apply_over(client, &plane.deployment, live.as_ref(), field_manager).await?;
+                apply_deployment(client, &plane.deployment, live.as_ref(), uid, field_manager)
+                    .await?;
             (handed | applied, deployment)
         }
-        Count::Left => apply_over(client, &plane.deployment, live.as_ref(), field_manager).await?,
+        Count::Left => {
+            apply_deployment(client, &plane.deployment, live.as_ref(), uid, field_manager).await?
+        }
     };
     changed |= applied;
     let (applied, autoscaler) = apply_one(client, hpa, uid, field_manager).await?;
@@ -702,4 +913,110 @@ pub async fn point_pool_at_token(
     }
     merge_pool(&api, deployment, &patch).await?;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn deployment(replicas: Option<i32>, container: serde_json::Value) -> serde_json::Value {
+        let mut spec = json!({
+            "selector": {"matchLabels": {"app": "proxy"}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1}},
+            "template": {
+                "metadata": {"labels": {"app": "proxy"}, "annotations": {"hash": "1"}},
+                "spec": {"containers": [container], "automountServiceAccountToken": false},
+            },
+        });
+        if let Some(replicas) = replicas {
+            spec["replicas"] = replicas.into();
+        }
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+               "metadata": {"name": "cf-proxy-edge", "namespace": "a"}, "spec": spec})
+    }
+
+    fn proxy(token: serde_json::Value, probe: serde_json::Value) -> serde_json::Value {
+        json!({"name": "proxy", "image": "proxy:1",
+               "env": [token, {"name": "GRACE", "value": "30s"}], "livenessProbe": probe})
+    }
+
+    #[test]
+    fn a_deployment_taken_back_holds_the_rendered_fields_and_keeps_what_the_render_leaves() {
+        let from_secret = json!({"name": "TUNNEL_TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}});
+        let http = json!({"httpGet": {"port": "config"}, "periodSeconds": 10});
+        let rendered = deployment(None, proxy(from_secret.clone(), http.clone()));
+
+        // As a forced apply left it: both branches of each union, others' fields besides.
+        let mut live = deployment(
+            Some(4),
+            proxy(
+                json!({"name": "TUNNEL_TOKEN", "value": "literal",
+                       "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}),
+                json!({"httpGet": {"port": "config"}, "tcpSocket": {"port": 8081},
+                       "periodSeconds": 10}),
+            ),
+        );
+        live["metadata"]["resourceVersion"] = json!("7");
+        live["metadata"]["labels"] = json!({"team": "a"});
+        live["spec"]["revisionHistoryLimit"] = json!(10);
+        live["spec"]["template"]["metadata"]["annotations"]["restartedAt"] = json!("now");
+        live["spec"]["template"]["spec"]["containers"][0]["command"] = json!(["proxy"]);
+        let sidecar = json!({"name": "sidecar", "image": "sidecar:1"});
+        if let Some(containers) = live["spec"]["template"]["spec"]["containers"].as_array_mut() {
+            containers.push(sidecar.clone());
+        }
+        live["status"] = json!({"replicas": 4});
+
+        let target = taken_back(&live, &rendered);
+        let mut expected = live.clone();
+        let container = &mut expected["spec"]["template"]["spec"]["containers"][0];
+        container["env"][0] = from_secret;
+        container["livenessProbe"] = http;
+        assert_eq!(target, expected);
+
+        let patch = merge_patch_between(&live, &target).expect("a difference");
+        let containers = [
+            json!({"name": "proxy", "image": "proxy:1", "command": ["proxy"],
+                   "env": [expected["spec"]["template"]["spec"]["containers"][0]["env"][0].clone(),
+                           {"name": "GRACE", "value": "30s"}],
+                   "livenessProbe": {"httpGet": {"port": "config"}, "periodSeconds": 10}}),
+            sidecar,
+        ];
+        assert_eq!(
+            patch,
+            json!({"spec": {"template": {"spec": {"containers": containers}}}})
+        );
+        assert_eq!(merge_patch_between(&target, &target), None);
+    }
+
+    #[test]
+    fn a_deployment_taken_back_takes_the_rendered_count_when_the_render_sets_one() {
+        let container = json!({"name": "proxy", "image": "proxy:1"});
+        let mut live = deployment(Some(4), container.clone());
+        live["spec"]["strategy"] = json!({"type": "Recreate"});
+        let target = taken_back(&live, &deployment(Some(2), container.clone()));
+        assert_eq!(target["spec"]["replicas"], 2);
+        assert_eq!(
+            target["spec"]["strategy"],
+            json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1}})
+        );
+        let kept = taken_back(&live, &deployment(None, container));
+        assert_eq!(kept["spec"]["replicas"], 4, "the autoscaler's count stays");
+        let patch = merge_patch_between(&live, &kept).expect("a difference");
+        assert_eq!(
+            patch,
+            json!({"spec": {"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1}}}})
+        );
+        let mut removed = kept.clone();
+        if let Some(spec) = removed["spec"].as_object_mut() {
+            spec.remove("strategy");
+        }
+        assert_eq!(
+            merge_patch_between(&kept, &removed),
+            Some(json!({"spec": {"strategy": null}})),
+            "a field gone is null in the patch"
+        );
+    }
 }

@@ -7,8 +7,9 @@
 //! label removed, which takes it out of the label-selected watch), and it is applied again,
 //! which server-side apply with force restores. The watches start that round within moments of
 //! the edit. An unchanged plane so costs no request at all; fields the render does not set are
-//! not compared (server-side apply could not restore them anyway), and the plane is applied
-//! again every few minutes besides.
+//! not compared (server-side apply could not restore them anyway), but for the keys of a
+//! selector, which server-side apply replaces whole, and the plane is applied again every few
+//! minutes besides.
 
 use std::collections::BTreeMap;
 

@@ -4,7 +4,8 @@
 //!
 //! Simplification: of all the defaults and validation a real server has, only those the
 //! controller meets are here: a Deployment's `spec.replicas` defaults to 1, its `spec.selector`
-//! cannot change once created (`ValidateDeploymentUpdate`), a Lease's spec is validated
+//! cannot change once created (`ValidateDeploymentUpdate`), an env var of its pods holds either
+//! a `value` or a `valueFrom` and a probe one handler (`ValidatePodSpec`), a Lease's spec is validated
 //! (`ValidateLeaseSpec`), Gateway API's status lists hold no more items than their CRDs'
 //! `maxItems`, and a Gateway's `status.attachedListenerSets` is pruned by CRDs older than
 //! v1.5, whose schema lacks it.
@@ -53,8 +54,8 @@ fn status_list_max(kind: &str) -> Option<(&'static str, usize)> {
 
 /// Why validation refuses `object` of `kind` in `group` named `name`, replacing `existing` if
 /// it is an update, as the API server words it; `None` when it accepts it. Of the kinds here a
-/// Lease's spec is checked (a duration above 0, no negative transition count), and a
-/// Deployment's `spec.selector` may not change.
+/// Lease's spec is checked (a duration above 0, no negative transition count), a Deployment's
+/// `spec.selector` may not change, and its pod template is checked ([`invalid_pod_spec`]).
 pub(super) fn invalid(
     kind: &str,
     group: &str,
@@ -65,14 +66,29 @@ pub(super) fn invalid(
     match kind {
         "Lease" => invalid_lease(kind, group, name, object),
         "Deployment" => {
+            let mut errors = Vec::new();
             let selector = |o: &Value| o.pointer("/spec/selector").cloned();
-            let (was, now) = (selector(existing?), selector(object));
-            (was != now).then(|| {
-                format!(
-                    "{kind}.{group} \"{name}\" is invalid: spec.selector: Invalid value: {}: field is immutable",
-                    now.unwrap_or_default()
-                )
-            })
+            if let Some(existing) = existing {
+                let (was, now) = (selector(existing), selector(object));
+                if was != now {
+                    errors.push(format!(
+                        "spec.selector: Invalid value: {}: field is immutable",
+                        now.unwrap_or_default()
+                    ));
+                }
+            }
+            errors.extend(invalid_pod_spec(
+                object.pointer("/spec/template/spec"),
+                "spec.template.spec",
+            ));
+            match errors.as_slice() {
+                [] => None,
+                [one] => Some(format!("{kind}.{group} \"{name}\" is invalid: {one}")),
+                all => Some(format!(
+                    "{kind}.{group} \"{name}\" is invalid: [{}]",
+                    all.join(", ")
+                )),
+            }
         }
         _ => {
             let (list, max) = status_list_max(kind)?;
@@ -87,6 +103,42 @@ pub(super) fn invalid(
             })
         }
     }
+}
+
+/// What `ValidatePodSpec` says of a pod spec at `at`, of what a Deployment's pods can meet
+/// here: an env var with both a `value` and a `valueFrom`, and a probe with more than one
+/// handler.
+fn invalid_pod_spec(spec: Option<&Value>, at: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    for list in ["initContainers", "containers"] {
+        let containers = spec.and_then(|s| s.get(list)).and_then(Value::as_array);
+        for (i, container) in containers.into_iter().flatten().enumerate() {
+            let at = format!("{at}.{list}[{i}]");
+            let env = container.get("env").and_then(Value::as_array);
+            for (j, var) in env.into_iter().flatten().enumerate() {
+                let value = var.get("value").and_then(Value::as_str).unwrap_or_default();
+                if !value.is_empty() && var.get("valueFrom").is_some() {
+                    errors.push(format!(
+                        "{at}.env[{j}].valueFrom: Invalid value: \"\": may not be specified when `value` is not empty"
+                    ));
+                }
+            }
+            for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
+                let Some(probe_value) = container.get(probe) else {
+                    continue;
+                };
+                let handlers = ["exec", "httpGet", "tcpSocket", "grpc"]
+                    .into_iter()
+                    .filter(|h| probe_value.get(*h).is_some());
+                for extra in handlers.skip(1) {
+                    errors.push(format!(
+                        "{at}.{probe}.{extra}: Forbidden: may not specify more than 1 handler type"
+                    ));
+                }
+            }
+        }
+    }
+    errors
 }
 
 fn invalid_lease(kind: &str, group: &str, name: &str, object: &Value) -> Option<String> {
@@ -202,6 +254,39 @@ mod tests {
         assert_eq!(
             invalid("Deployment", "apps", "web", &deployment("other", "web:1"), Some(&created)),
             Some("Deployment.apps \"web\" is invalid: spec.selector: Invalid value: {\"matchLabels\":{\"app\":\"other\"}}: field is immutable".to_owned())
+        );
+    }
+
+    #[test]
+    fn an_env_var_takes_a_value_or_a_value_from_and_a_probe_one_handler() {
+        let deployment = |env: Value, probe: Value| {
+            json!({"kind": "Deployment", "spec": {"template": {"spec": {"containers": [
+                {"name": "sidecar"},
+                {"name": "proxy", "env": env, "livenessProbe": probe},
+            ]}}}})
+        };
+        let from = json!({"secretKeyRef": {"name": "s", "key": "k"}});
+        let http = json!({"httpGet": {"port": 8081}});
+        let valid = deployment(
+            json!([{"name": "A", "valueFrom": from}, {"name": "B", "value": "", "valueFrom": from}]),
+            http.clone(),
+        );
+        assert_eq!(invalid("Deployment", "apps", "web", &valid, None), None);
+        let both = deployment(
+            json!([{"name": "A", "value": "x"}, {"name": "T", "value": "x", "valueFrom": from}]),
+            http.clone(),
+        );
+        assert_eq!(
+            invalid("Deployment", "apps", "web", &both, Some(&valid)),
+            Some("Deployment.apps \"web\" is invalid: spec.template.spec.containers[1].env[1].valueFrom: Invalid value: \"\": may not be specified when `value` is not empty".to_owned())
+        );
+        let two = deployment(
+            json!([{"name": "T", "value": "x", "valueFrom": from}]),
+            json!({"httpGet": {"port": 8081}, "tcpSocket": {"port": 8081}}),
+        );
+        assert_eq!(
+            invalid("Deployment", "apps", "web", &two, None),
+            Some("Deployment.apps \"web\" is invalid: [spec.template.spec.containers[1].env[0].valueFrom: Invalid value: \"\": may not be specified when `value` is not empty, spec.template.spec.containers[1].livenessProbe.tcpSocket: Forbidden: may not specify more than 1 handler type]".to_owned())
         );
     }
 

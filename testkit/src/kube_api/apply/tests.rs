@@ -204,3 +204,119 @@ fn a_write_through_the_scale_subresource_is_recorded_as_such() {
         ]
     );
 }
+
+fn pod_template(env: Value) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+           "spec": {"template": {"spec": {"containers": [{"name": "proxy", "env": env}]}}}})
+}
+
+fn env_of(object: &Value) -> Value {
+    object["spec"]["template"]["spec"]["containers"][0]["env"].clone()
+}
+
+/// `object` edited by `edit` under the update of `manager`.
+fn edited(object: &Value, manager: &str, edit: impl FnOnce(&mut Value)) -> Value {
+    let mut after = object.clone();
+    edit(&mut after);
+    update(Some(object), &mut after, manager);
+    after
+}
+
+#[test]
+fn items_of_keyed_lists_are_owned_field_by_field() {
+    let token = json!({"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}});
+    let ours = pod_template(json!([token, {"name": "GRACE", "value": "30s"}]));
+    let object = applied(ours.clone(), &ours, "ctl");
+    let literal = edited(&object, "kubectl-set", |o| {
+        o["spec"]["template"]["spec"]["containers"][0]["env"][0] =
+            json!({"name": "TOKEN", "value": "literal"});
+    });
+    let owned = &managers(&literal)[1];
+    assert_eq!(
+        owned,
+        &entry(
+            "kubectl-set",
+            "Update",
+            json!({"f:spec": {"f:template": {"f:spec": {"f:containers": {
+                "k:{\"name\":\"proxy\"}": {".": {}, "f:env": {
+                    "k:{\"name\":\"TOKEN\"}": {".": {}, "f:value": {}},
+                }},
+            }}}}})
+        )
+    );
+    // A forced apply sets `valueFrom` again and keeps the `value` it does not own, as a real
+    // server does (its validation then refuses the result).
+    let mut object = literal;
+    apply(&mut object, &ours, "ctl", true).expect("no conflict");
+    assert_eq!(
+        env_of(&object),
+        json!([{"name": "TOKEN", "value": "literal",
+                "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+               {"name": "GRACE", "value": "30s"}])
+    );
+}
+
+#[test]
+fn an_item_the_applier_drops_goes_and_one_another_manager_added_stays() {
+    let both = pod_template(json!([{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]));
+    let object = applied(both.clone(), &both, "ctl");
+    let added = edited(&object, "user", |o| {
+        if let Some(env) = o["spec"]["template"]["spec"]["containers"][0]["env"].as_array_mut() {
+            env.push(json!({"name": "C", "value": "3"}));
+        }
+    });
+    let object = applied(
+        added,
+        &pod_template(json!([{"name": "A", "value": "1"}])),
+        "ctl",
+    );
+    assert_eq!(
+        env_of(&object),
+        json!([{"name": "A", "value": "1"}, {"name": "C", "value": "3"}])
+    );
+    // A field another manager changed in the item keeps it when the applier drops the item.
+    let changed = edited(&object, "user", |o| {
+        o["spec"]["template"]["spec"]["containers"][0]["env"][0]["value"] = json!("9");
+    });
+    let without_env = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+                             "spec": {"template": {"spec": {"containers": [{"name": "proxy"}]}}}});
+    let object = applied(changed, &without_env, "ctl");
+    assert_eq!(
+        env_of(&object),
+        json!([{"name": "A", "value": "9"}, {"name": "C", "value": "3"}])
+    );
+}
+
+#[test]
+fn a_label_selector_is_one_field() {
+    let policy = |labels: Value| {
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+               "metadata": {"name": "p"}, "spec": {"podSelector": {"matchLabels": labels}}})
+    };
+    let ours = policy(json!({"app": "proxy"}));
+    let object = applied(ours.clone(), &ours, "ctl");
+    assert_eq!(
+        managers(&object),
+        [entry(
+            "ctl",
+            "Apply",
+            json!({"f:spec": {"f:podSelector": {}}})
+        )]
+    );
+    let narrowed = edited(&object, "user", |o| {
+        o["spec"]["podSelector"]["matchLabels"]["extra"] = json!("x");
+    });
+    let mut object = narrowed;
+    let conflict = apply(&mut object, &ours, "ctl", false);
+    assert_eq!(
+        conflict,
+        Err(
+            "Apply failed with 1 conflict(s): conflict with \"user\": .spec.podSelector".to_owned()
+        )
+    );
+    apply(&mut object, &ours, "ctl", true).expect("a forced apply");
+    assert_eq!(
+        object["spec"], ours["spec"],
+        "the selector taken back whole"
+    );
+}
