@@ -728,4 +728,28 @@ async fn a_document_grown_too_large_for_the_pods_leaves_out_its_new_rules() {
             200
         );
     }
+
+    // A controller that starts afresh (a restart, a new leader), and the large rule edited in
+    // the same round as more new rules come: the pods say what they serve, the edited rule is
+    // still theirs by name, and only new rules go.
+    doc.rules[1] = rule("big.example.com", "bulk/big/0", 10 * 1024 + 100);
+    doc.rules
+        .push(rule("later.example.com", "later/r/0", 2 * 1024));
+    let mut fresh = Pusher::default();
+    let round = fresh.sync(&plane(), &doc, TOKEN, &pods).await;
+    assert!(round.all_current(), "{round:?}");
+    let refused: Vec<&str> = round
+        .refused
+        .iter()
+        .filter_map(|r| r.name.as_deref())
+        .collect();
+    assert!(
+        !refused.is_empty()
+            && refused
+                .iter()
+                .all(|n| n.starts_with("new/") || n.starts_with("later/")),
+        "{refused:?}"
+    );
+    assert_eq!(get(data, "/", "big.example.com", None).await.0, 200);
+    assert_eq!(get(data, "/", "one.example.com", None).await.0, 200);
 }

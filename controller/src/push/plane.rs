@@ -41,7 +41,7 @@ pub(super) struct PlaneState {
     previous_token: Option<String>,
     /// Rules a pod refused, by content, while that pod is one of the plane's.
     refusals: Vec<Refusal>,
-    /// The rules (by content hash) of the last document every pod took: a document grown
+    /// The rules (by [`rule_key`]) of the last document every pod took: a document grown
     /// past what the pods take loses the rules they do not serve yet first.
     accepted: HashSet<u64>,
 }
@@ -140,6 +140,17 @@ pub(super) async fn sync_plane(
             timeout,
         };
         let sent = push_document(&client, &mut state.version, document, &round.pods).await;
+        // A controller that has not pushed to the pods yet (it started, or took the lead)
+        // asks one that found the document too large what it serves.
+        let too_large = sent
+            .puts
+            .iter()
+            .find_map(|(pod, put)| matches!(put, Put::TooLarge { .. }).then_some(*pod));
+        if let (Some(pod), true) = (too_large, state.accepted.is_empty()) {
+            if let Ok(served) = super::client::served_document(pod, &round.token, timeout).await {
+                state.accepted = served.rules.iter().map(rule_key).collect();
+            }
+        }
         let mut left_out = BTreeSet::new();
         let mut cut = false;
         let pods: Vec<(SocketAddr, PodOutcome)> = sent
@@ -214,7 +225,7 @@ pub(super) async fn sync_plane(
     let pushed = pods.iter().any(|(_, o)| *o == PodOutcome::Pushed);
     let mut outcome = finish(&mut state, sustained, version, pods);
     if outcome.all_current() && (pushed || state.accepted.is_empty()) {
-        state.accepted = kept.iter().map(|&i| rule_hash(&rules[i])).collect();
+        state.accepted = kept.iter().map(|&i| rule_key(&rules[i])).collect();
     }
     outcome.refused = refused;
     outcome.token_refused = token_refused;
@@ -346,7 +357,7 @@ fn finish(
 const CUT_MARGIN: usize = 64;
 
 /// The positions (in `rules`) of the rules of `kept` a document too large for its pods
-/// leaves out: those not in `accepted` (the pods do not serve them yet) first, then the
+/// leaves out: those not in `accepted` (the pods serve none of that name yet) first, then the
 /// largest, until what is left fits `limit` (one rule when the pod named no limit).
 fn fitting_cut(
     rules: &[Rule],
@@ -358,7 +369,7 @@ fn fitting_cut(
         .iter()
         .map(|&i| {
             let bytes = serde_json::to_vec(&rules[i]).map_or(0, |v| v.len()) + 1;
-            (i, bytes, accepted.contains(&rule_hash(&rules[i])))
+            (i, bytes, accepted.contains(&rule_key(&rules[i])))
         })
         .collect();
     let total: usize = sized.iter().map(|&(_, bytes, _)| bytes).sum();
@@ -378,8 +389,14 @@ fn fitting_cut(
     cut
 }
 
-fn rule_hash(rule: &Rule) -> u64 {
-    BuildHasherDefault::<DefaultHasher>::default().hash_one(rule)
+/// A rule's identity across pushes: its name (`<ns>/<route>/<rule>`), so a rule edited in
+/// place is still one the pods serve; its content when it has none.
+fn rule_key(rule: &Rule) -> u64 {
+    let hasher = BuildHasherDefault::<DefaultHasher>::default();
+    match &rule.name {
+        Some(name) => hasher.hash_one(name),
+        None => hasher.hash_one(rule),
+    }
 }
 
 /// The config's identity without its version, so an unchanged config keeps its version.

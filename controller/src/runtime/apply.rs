@@ -245,7 +245,10 @@ fn merge_patch_between(
 /// `live`, a Deployment, with what `ours`, its render, sets in its spec, each field replaced
 /// whole, so no branch of a union that someone else set is left beside the rendered one: the
 /// spec's fields, the pod spec's fields and, in each container the render has (matched by
-/// name), the container's. What the render does not set stays as `live` has it: the metadata,
+/// name), the container's. A field is replaced with everything in it: entries others added to
+/// a list the render sets (an env var set with `kubectl set env`, a toleration) go too, as
+/// the price of a Deployment that could not be applied at all. What the render does not set
+/// stays as `live` has it: the metadata,
 /// the replica count when the render leaves it to an autoscaler, other containers and the
 /// fields of ours the render leaves out, and the pod template's labels and annotations of
 /// others (a `kubectl rollout restart` stamp), the rendered ones set.
