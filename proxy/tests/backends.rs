@@ -20,15 +20,6 @@ fn rule(prefix: &str, extra: serde_json::Value) -> serde_json::Value {
     r
 }
 
-/// An address where nothing listens.
-/// An address that refuses connections: bound but not listening, and held by the returned
-/// socket so no other test's listener can land on it meanwhile.
-fn dead_addr() -> (std::net::SocketAddr, tokio::net::TcpSocket) {
-    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket.bind(([127, 0, 0, 1], 0).into()).expect("bind");
-    (socket.local_addr().expect("addr"), socket)
-}
-
 #[tokio::test]
 async fn failures_answer_502_503_504_and_500_and_never_hang() {
     tokio::time::timeout(TEST_TIMEOUT, async {

@@ -50,10 +50,7 @@ async fn routes_by_host_path_header_and_method_to_the_right_backend() {
 async fn filters_edit_what_the_backend_and_the_client_see() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let a = echo("svc-a-1").await;
-        let down = {
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-            listener.local_addr().expect("addr")
-        };
+        let (down, _held) = dead_addr();
         let proxy = proxy().await;
         let http = client();
         let doc = json!({"rules": [

@@ -152,6 +152,19 @@ pub(super) async fn sync_plane(
             }
         }
         let mut left_out = BTreeSet::new();
+        let refusals = &mut state.refusals;
+        // The rule at `i` of the round's document goes, remembered as `pod`'s refusal.
+        let mut leave_out = |i: usize, pod: SocketAddr, reason: &str| {
+            if left_out.insert(i) {
+                refusals.push(Refusal {
+                    rule: rules[i].clone(),
+                    pod,
+                    reason: reason.to_owned(),
+                    at: std::time::Instant::now(),
+                });
+            }
+        };
+        let accepted = &state.accepted;
         let mut cut = false;
         let pods: Vec<(SocketAddr, PodOutcome)> = sent
             .puts
@@ -169,15 +182,8 @@ pub(super) async fn sync_plane(
                         let note = format!(
                             "{reason}: the plane's document is larger than its pods take; rules they do not serve yet go first, then the largest, until it fits"
                         );
-                        for i in fitting_cut(rules, &kept, limit, &state.accepted) {
-                            if left_out.insert(i) {
-                                state.refusals.push(Refusal {
-                                    rule: rules[i].clone(),
-                                    pod,
-                                    reason: note.clone(),
-                                    at: std::time::Instant::now(),
-                                });
-                            }
+                        for i in fitting_cut(rules, &kept, limit, accepted) {
+                            leave_out(i, pod, &note);
                         }
                     }
                     (pod, PodOutcome::Failed(reason))
@@ -185,14 +191,7 @@ pub(super) async fn sync_plane(
                 Put::Refused { rule, reason } => {
                     if passes < MAX_PASSES {
                         if let Some(&i) = kept.get(rule) {
-                            if left_out.insert(i) {
-                                state.refusals.push(Refusal {
-                                    rule: rules[i].clone(),
-                                    pod,
-                                    reason: reason.clone(),
-                                    at: std::time::Instant::now(),
-                                });
-                            }
+                            leave_out(i, pod, &reason);
                         }
                     }
                     (pod, PodOutcome::Failed(reason))

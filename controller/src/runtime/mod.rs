@@ -1639,7 +1639,7 @@ impl Reconciler {
                     self.render_failures.remove(&done.key);
                     if changed {
                         tracing::info!(gateway = %done.key, "applied the data plane");
-                        self.publish(
+                        self.event(
                             &done.gateway,
                             EventType::Normal,
                             "ProxyProvisioned",
@@ -1667,7 +1667,7 @@ impl Reconciler {
     ) {
         tracing::warn!(gateway = %key, %reason, "rendering the data plane failed");
         if self.render_failures.get(key) != Some(&reason) {
-            self.publish(
+            self.event(
                 gateway,
                 EventType::Warning,
                 "RenderFailed",

@@ -59,19 +59,8 @@ impl Writes {
 }
 
 impl Reconciler {
-    pub(super) async fn publish(
-        &self,
-        regarding: &ObjectReference,
-        type_: EventType,
-        reason: &str,
-        action: &str,
-        note: &str,
-    ) {
-        self.event(regarding, type_, reason, action, note).await;
-    }
-
     /// Publishing an Event, as a future of its own.
-    fn event(
+    pub(super) fn event(
         &self,
         regarding: &ObjectReference,
         type_: EventType,

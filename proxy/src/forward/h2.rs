@@ -638,47 +638,17 @@ mod tests {
     /// head and a body that never ends, anything else with `ok`; counts the connections it
     /// accepted and those that closed.
     async fn backend(streams: u32) -> (std::net::SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
-        use bytes::Bytes;
-        use http_body_util::{Either, Full, StreamBody};
-        type Frames = futures_util::stream::Pending<
-            Result<http_body::Frame<Bytes>, std::convert::Infallible>,
-        >;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let (accepted, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let (a, c) = (accepted.clone(), closed.clone());
-        tokio::spawn(async move {
-            while let Ok((tcp, _)) = listener.accept().await {
-                a.fetch_add(1, Ordering::SeqCst);
-                let c = c.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
-                        let body: Either<StreamBody<Frames>, Full<Bytes>> =
-                            if req.uri().path() == "/hold" {
-                                Either::Left(StreamBody::new(futures_util::stream::pending()))
-                            } else {
-                                Either::Right(Full::new(Bytes::from_static(b"ok")))
-                            };
-                        Ok::<_, std::convert::Infallible>(Response::new(body))
-                    });
-                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                        .max_concurrent_streams(streams)
-                        .serve_connection(TokioIo::new(tcp), service)
-                        .await;
-                    c.fetch_add(1, Ordering::SeqCst);
-                });
-            }
-        });
+        let (addr, accepted, closed, _) = backend_with(move |_| streams).await;
         (addr, accepted, closed)
     }
 
-    /// An h2c backend whose first connection allows one stream and ends when `close_first`
-    /// fires, and whose later connections allow ten; `/hold` is answered with a body that
-    /// never ends. Counts the connections it accepted.
-    async fn backend_whose_first_connection_closes() -> (
+    /// [`backend`], allowing `streams(n)` streams on its `n`th connection (from 0), whose first
+    /// connection ends when the returned sender fires.
+    async fn backend_with(
+        streams: impl Fn(usize) -> u32 + Send + 'static,
+    ) -> (
         std::net::SocketAddr,
+        Arc<AtomicUsize>,
         Arc<AtomicUsize>,
         tokio::sync::oneshot::Sender<()>,
     ) {
@@ -691,12 +661,14 @@ mod tests {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let (close_first, mut closing) = tokio::sync::oneshot::channel::<()>();
-        let a = accepted.clone();
+        let (accepted, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (close_first, closing) = tokio::sync::oneshot::channel::<()>();
+        let (a, c) = (accepted.clone(), closed.clone());
         tokio::spawn(async move {
+            let mut closing = Some(closing);
             while let Ok((tcp, _)) = listener.accept().await {
-                let first = a.fetch_add(1, Ordering::SeqCst) == 0;
+                let n = a.fetch_add(1, Ordering::SeqCst);
+                let c = c.clone();
                 let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
                     let body: Either<StreamBody<Frames>, Full<Bytes>> =
                         if req.uri().path() == "/hold" {
@@ -707,20 +679,33 @@ mod tests {
                     Ok::<_, std::convert::Infallible>(Response::new(body))
                 });
                 let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .max_concurrent_streams(if first { 1 } else { 10 })
+                    .max_concurrent_streams(streams(n))
                     .serve_connection(TokioIo::new(tcp), service);
-                if first {
-                    // Dropped when told: the connection closes under its streams.
-                    tokio::select! {
-                        _ = conn => {}
-                        _ = &mut closing => {}
+                // The first connection is dropped when told: it closes under its streams.
+                let told = if n == 0 { closing.take() } else { None };
+                tokio::spawn(async move {
+                    match told {
+                        Some(told) => {
+                            // A sender dropped unfired never tells.
+                            let told = async {
+                                if told.await.is_err() {
+                                    std::future::pending::<()>().await;
+                                }
+                            };
+                            tokio::select! {
+                                _ = conn => {}
+                                () = told => {}
+                            }
+                        }
+                        None => {
+                            let _ = conn.await;
+                        }
                     }
-                } else {
-                    tokio::spawn(conn);
-                }
+                    c.fetch_add(1, Ordering::SeqCst);
+                });
             }
         });
-        (addr, accepted, close_first)
+        (addr, accepted, closed, close_first)
     }
 
     fn request(path: &str) -> Request<ProxyBody> {
@@ -824,7 +809,7 @@ mod tests {
     /// many, not only the one that dialled.
     #[tokio::test]
     async fn requests_waiting_at_the_limit_take_the_room_a_new_connection_brings() {
-        let (addr, accepted, close_first) = backend_whose_first_connection_closes().await;
+        let (addr, accepted, _, close_first) = backend_with(|n| if n == 0 { 1 } else { 10 }).await;
         let connector = Connector::new(
             "127.0.0.1",
             addr.port(),

@@ -287,3 +287,11 @@ impl BinaryProxy {
         }
     }
 }
+
+/// An address that refuses connections: bound but not listening, and held by the returned
+/// socket so no other test's listener can land on it meanwhile.
+pub fn dead_addr() -> (SocketAddr, tokio::net::TcpSocket) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind(([127, 0, 0, 1], 0).into()).expect("bind");
+    (socket.local_addr().expect("addr"), socket)
+}
