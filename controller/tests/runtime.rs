@@ -6106,3 +6106,68 @@ async fn keys_added_to_the_planes_selectors_are_removed_within_seconds() {
     .await
     .expect("in time");
 }
+
+/// A Gateway deleted and re-created under its name (a GitOps replace) takes over the plane
+/// objects its predecessor left, rather than failing on them until the garbage collector
+/// (which the stand-in API server does not run) has removed them.
+#[tokio::test]
+async fn a_gateway_re_created_under_its_name_takes_over_what_its_predecessor_left() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        let owner = |kind: &str, api_version: &str, name: &str| {
+            t.api
+                .get(api_version, kind, "tenant-a", name)
+                .and_then(|o| o.pointer("/metadata/ownerReferences/0/uid").cloned())
+        };
+        let before = eventually("the plane", || {
+            owner("Deployment", "apps/v1", "cf-proxy-edge")
+        })
+        .await;
+        let live_gateway = || {
+            t.api.get(
+                "gateway.networking.k8s.io/v1",
+                "Gateway",
+                "tenant-a",
+                "edge",
+            )
+        };
+        let old_uid = live_gateway().expect("the Gateway")["metadata"]["uid"].clone();
+        assert_eq!(before, old_uid);
+        assert!(t.api.delete(
+            "gateway.networking.k8s.io/v1",
+            "Gateway",
+            "tenant-a",
+            "edge"
+        ));
+        t.api.put(yaml(&gateway(true)));
+        let new_uid = live_gateway().expect("the new Gateway")["metadata"]["uid"].clone();
+        assert_ne!(new_uid, old_uid);
+        for (kind, api_version, name) in [
+            ("Deployment", "apps/v1", "cf-proxy-edge"),
+            ("Service", "v1", "cf-proxy-edge-config"),
+        ] {
+            eventually(&format!("{kind} {name} owned by the new Gateway"), || {
+                (owner(kind, api_version, name).as_ref() == Some(&new_uid)).then_some(())
+            })
+            .await;
+        }
+        let refused = t
+            .api
+            .list("Event")
+            .into_iter()
+            .filter(|e| e["reason"] == "RenderFailed" && e["regarding"]["name"] == "edge")
+            .filter(|e| e["note"].as_str().is_some_and(|n| n.contains("not owned")))
+            .count();
+        let notes: Vec<String> = t
+            .api
+            .list("Event")
+            .into_iter()
+            .filter(|e| e["reason"] == "RenderFailed" && e["regarding"]["name"] == "edge")
+            .map(|e| e["note"].to_string())
+            .collect();
+        assert_eq!(refused, 0, "nothing is reported in the way: {notes:?}");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}

@@ -34,6 +34,42 @@ pub(super) fn controlled_by(
         .any(|o| o.controller == Some(true) && o.uid == uid)
 }
 
+/// Whether `existing` is left over from a Gateway of the same name as `rendered`'s (its
+/// controller), since deleted: a Gateway re-created under its name has another uid, and the
+/// garbage collector may not have removed its predecessor's objects yet. Names are unique in
+/// a namespace, so that Gateway is gone for sure.
+fn left_by_predecessor<K: Resource>(existing: &K, rendered: &K) -> bool {
+    let gateway = |o: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference| {
+        o.controller == Some(true)
+            && o.kind == "Gateway"
+            && o.api_version.starts_with("gateway.networking.k8s.io/")
+    };
+    let ours = rendered.owner_references().iter().find(|o| gateway(o));
+    let theirs = existing.owner_references().iter().find(|o| gateway(o));
+    matches!((ours, theirs), (Some(o), Some(t)) if o.name == t.name && o.uid != t.uid)
+}
+
+/// The object named as `obj` is, if it exists; one left by a deleted Gateway of the same name
+/// ([`left_by_predecessor`]) is deleted first, and reads as absent.
+async fn read_taking_over<K>(client: &Client, obj: &K) -> Result<Option<K>, String>
+where
+    K: Resource<Scope = NamespaceResourceScope> + Clone + Debug + DeserializeOwned,
+    K::DynamicType: Default,
+{
+    match read(client, obj).await? {
+        Some(existing) if left_by_predecessor(&existing, obj) => {
+            tracing::info!(
+                kind = %K::kind(&K::DynamicType::default()),
+                name = %format!("{}/{}", existing.namespace().unwrap_or_default(), existing.name_any()),
+                "removing an object a deleted Gateway of the same name left"
+            );
+            delete_exactly(client, &existing).await?;
+            Ok(None)
+        }
+        existing => Ok(existing),
+    }
+}
+
 /// The object named as `obj` is, if it exists.
 async fn read<K>(client: &Client, obj: &K) -> Result<Option<K>, String>
 where
@@ -316,7 +352,7 @@ where
     K: Resource<Scope = NamespaceResourceScope> + Clone + Debug + DeserializeOwned + Serialize,
     K::DynamicType: Default,
 {
-    let existing = read(client, obj).await?;
+    let existing = read_taking_over(client, obj).await?;
     refuse_foreign(existing.as_ref(), uid)?;
     apply_over(client, obj, existing.as_ref(), field_manager).await
 }
@@ -412,7 +448,7 @@ async fn live_deployment(
     rendered: &Deployment,
     uid: &str,
 ) -> Result<(Option<Deployment>, Option<i32>), String> {
-    let live = read(client, rendered).await?;
+    let live = read_taking_over(client, rendered).await?;
     refuse_foreign(live.as_ref(), uid)?;
     let selector = |d: &Deployment| d.spec.as_ref().map(|s| s.selector.clone());
     match live {
@@ -545,10 +581,7 @@ pub async fn ensure_auth_secret(
                 )
             })
     };
-    let existing = match api.get_opt(&name).await {
-        Ok(existing) => existing,
-        Err(e) => return Err(format!("reading Secret {namespace}/{name}: {e}")),
-    };
+    let existing = read_taking_over(client, secret).await?;
     let existing = match existing {
         Some(existing) => existing,
         None => match api.create(&PostParams::default(), secret).await {
