@@ -57,7 +57,9 @@ where
     K::DynamicType: Default,
 {
     match read(client, obj).await? {
-        Some(existing) if left_by_predecessor(&existing, obj) => {
+        Some(existing)
+            if left_by_predecessor(&existing, obj) && gateway_is_ours(client, obj).await? =>
+        {
             tracing::info!(
                 kind = %K::kind(&K::DynamicType::default()),
                 name = %format!("{}/{}", existing.namespace().unwrap_or_default(), existing.name_any()),
@@ -68,6 +70,31 @@ where
         }
         existing => Ok(existing),
     }
+}
+
+/// Whether the Gateway `rendered` was rendered for is, in the API server (not a cache that may
+/// lag a re-creation), the one of that name: only then is another of that name a predecessor.
+async fn gateway_is_ours<K: Resource>(client: &Client, rendered: &K) -> Result<bool, String> {
+    let Some(ours) = rendered
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "Gateway")
+    else {
+        return Ok(false);
+    };
+    let namespace = rendered.namespace().unwrap_or_default();
+    let api: Api<gateway_api::experimental::gateways::Gateway> =
+        Api::namespaced(client.clone(), &namespace);
+    // Listed by name: the controller may list Gateways, not get them.
+    let params = kube::api::ListParams::default().fields(&format!("metadata.name={}", ours.name));
+    let live = api
+        .list_metadata(&params)
+        .await
+        .map_err(|e| format!("reading Gateway {namespace}/{}: {e}", ours.name))?;
+    Ok(live
+        .items
+        .iter()
+        .any(|g| g.metadata.uid.as_deref() == Some(ours.uid.as_str())))
 }
 
 /// The object named as `obj` is, if it exists.
