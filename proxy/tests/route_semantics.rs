@@ -9,7 +9,7 @@ use cftunnel_testkit::connector;
 use cftunnel_testkit::edge::{MockEdge, VisitorScheme};
 use http::StatusCode;
 use serde_json::json;
-use std::time::{Duration, Instant};
+
 use support::*;
 
 /// A redirect as the controller writes one from a listener on port 8080 when the filter names
@@ -29,44 +29,12 @@ async fn tunnel_proxy(
     edge: &MockEdge,
     name: &str,
     doc: &serde_json::Value,
-) -> (tokio::process::Child, std::path::PathBuf) {
+) -> (std::process::Child, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!("cftunnel-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let ca = dir.join("edge-ca.pem");
-    edge.write_ca_pem(&ca).await.expect("CA written");
-    let config = dir.join("config.json");
-    std::fs::write(&config, doc.to_string()).expect("write config");
-    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
-        .env("TUNNEL_TOKEN", connector::token().encode())
-        .env("TUNNEL_EDGE", edge.edge_addr().to_string())
-        .env("TUNNEL_CACERT", &ca)
-        .env("PROXY_TUNNEL_PROTOCOL", "http2")
-        .env("PROXY_CONFIG_ADDR", admin.to_string())
-        .env("PROXY_AUTH_TOKEN", TOKEN)
-        .env("PROXY_GRACE_PERIOD", "1s")
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        .arg("--config-file")
-        .arg(&config)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("proxy binary starts");
-    let http = client();
-    let ready_by = Instant::now() + Duration::from_secs(20);
-    loop {
-        let up = tokio::net::TcpStream::connect(admin).await.is_ok();
-        if up && get(&http, admin, "a", "/readyz", &[]).await.status == 200 {
-            break;
-        }
-        assert!(
-            Instant::now() < ready_by,
-            "ready once the tunnel is registered"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let token = connector::token().encode();
+    let (child, admin) = spawn_tunnel_proxy(edge, &dir, &token, "http2", Some(doc), &[]).await;
+    ready_once_registered(admin, "http2").await;
     (child, dir)
 }
 
@@ -93,7 +61,8 @@ async fn redirect_keeps_the_scheme_the_edge_states(scheme: VisitorScheme, expect
         r.header("location"),
         Some(format!("{expected}://app.example.com:8080/new?x=1").as_str())
     );
-    let _ = child.kill().await;
+    let _ = child.kill();
+    let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -36,68 +36,7 @@ async fn tunnel_proxy_with(
         {"hostnames": ["app.example.com"], "backends": [{"url": url(backend), "weight": 1, "websocket": true}]}
     ]});
     let (child, admin) = spawn_tunnel_proxy(edge, dir, token, protocol, Some(&doc), env).await;
-    let http = client();
-    let ready_by = Instant::now() + Duration::from_secs(20);
-    loop {
-        let up = tokio::net::TcpStream::connect(admin).await.is_ok();
-        if up && get(&http, admin, "a", "/readyz", &[]).await.status == 200 {
-            break;
-        }
-        assert!(
-            Instant::now() < ready_by,
-            "{protocol}: ready once a tunnel connection is registered"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    (child, admin)
-}
-
-/// Starts a proxy binary in tunnel mode against `edge`, with `doc` as its config file if
-/// given; returns at once with it and its admin address.
-async fn spawn_tunnel_proxy(
-    edge: &MockEdge,
-    dir: &std::path::Path,
-    token: &str,
-    protocol: &str,
-    doc: Option<&serde_json::Value>,
-    env: &[(&str, &str)],
-) -> (std::process::Child, std::net::SocketAddr) {
-    spawn_tunnel_proxy_logging(edge, dir, token, protocol, doc, env, Stdio::null()).await
-}
-
-/// [`spawn_tunnel_proxy`] writing its log lines to `stderr`.
-async fn spawn_tunnel_proxy_logging(
-    edge: &MockEdge,
-    dir: &std::path::Path,
-    token: &str,
-    protocol: &str,
-    doc: Option<&serde_json::Value>,
-    env: &[(&str, &str)],
-    stderr: Stdio,
-) -> (std::process::Child, std::net::SocketAddr) {
-    let ca = dir.join("edge-ca.pem");
-    edge.write_ca_pem(&ca).await.expect("CA written");
-    let admin_port = free_port();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"));
-    command
-        .env("TUNNEL_TOKEN", token)
-        .env("TUNNEL_EDGE", edge.edge_addr().to_string())
-        .env("TUNNEL_CACERT", &ca)
-        .env("PROXY_TUNNEL_PROTOCOL", protocol)
-        .env("PROXY_CONFIG_ADDR", format!("127.0.0.1:{admin_port}"))
-        .env("PROXY_AUTH_TOKEN", TOKEN)
-        // A drain holds the tunnel connections for the whole grace period: kept short here.
-        .env("PROXY_GRACE_PERIOD", "2s")
-        .envs(env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(stderr);
-    if let Some(doc) = doc {
-        let config = dir.join("config.json");
-        std::fs::write(&config, doc.to_string()).expect("write config");
-        command.arg("--config-file").arg(&config);
-    }
-    let child = command.spawn().expect("proxy binary starts");
-    let admin: std::net::SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
+    ready_once_registered(admin, protocol).await;
     (child, admin)
 }
 
