@@ -533,7 +533,8 @@ impl Pruned {
         self.fields
             .retain(|_, since| now.duration_since(*since) < Self::RETRY);
         if let Value::Object(d) = desired {
-            d.retain(|field, _| !self.fields.contains_key(&(kind.to_owned(), field.clone())));
+            // A handful of entries at most: looked through, not keyed by a new string each.
+            d.retain(|field, _| !self.fields.keys().any(|(k, f)| k == kind && f == field));
         }
     }
 
