@@ -1018,6 +1018,28 @@ async fn an_http2_edge_that_never_speaks_is_dialed_again() {
     .expect("test finished in time");
 }
 
+/// A push that never completed, started at `started`, ended once the test connector's RPC
+/// timeout (3 s) had passed, by `within`; the complete push behind it was answered only after
+/// that: pushes are read one at a time. (Comparing the two tasks' clocks would race with their
+/// scheduling.)
+fn pushed_in_turn(
+    started: tokio::time::Instant,
+    stuck_at: tokio::time::Instant,
+    complete_at: tokio::time::Instant,
+    within: Duration,
+) {
+    let waited = stuck_at - started;
+    assert!(
+        waited >= Duration::from_millis(2900) && waited < within,
+        "{waited:?}"
+    );
+    let complete_waited = complete_at - started;
+    assert!(
+        complete_waited >= Duration::from_millis(2900),
+        "the complete push waited its turn, answered after {complete_waited:?}"
+    );
+}
+
 /// Over QUIC too, configuration pushes are read one at a time: an RPC session whose message
 /// never completes holds the turn until the RPC timeout ends it, and the push behind it is
 /// then read and applied. Pushes read at once would each take a buffer of the size the edge
@@ -1048,17 +1070,7 @@ async fn a_quic_config_push_waits_for_one_that_never_completes() {
         let complete_at = tokio::time::Instant::now();
         assert!(matches!(applied.as_slice(), [Ok(8)]), "{applied:?}");
         let stuck_at = stuck.await.unwrap();
-        // The test connector's RPC timeout is 3 s.
-        let waited = stuck_at - started;
-        assert!(
-            waited >= Duration::from_millis(2900) && waited < Duration::from_secs(6),
-            "{waited:?}"
-        );
-        let complete_waited = complete_at - started;
-        assert!(
-            complete_waited >= Duration::from_millis(2900),
-            "the complete push waited its turn, answered after {complete_waited:?}"
-        );
+        pushed_in_turn(started, stuck_at, complete_at, Duration::from_secs(6));
         assert_eq!(handle.remote_config().borrow().version, 8);
         handle.shutdown().await;
     })
@@ -1097,19 +1109,7 @@ async fn an_http2_config_push_that_never_completes_times_out() {
         let (stuck, stuck_at) = stuck.await.unwrap();
         let stuck = stuck.unwrap();
         assert_eq!(stuck.status(), StatusCode::BAD_GATEWAY);
-        // The test connector's RPC timeout is 3 s.
-        let waited = stuck_at - started;
-        assert!(
-            waited >= Duration::from_millis(2900) && waited < Duration::from_secs(5),
-            "{waited:?}"
-        );
-        // Pushes are read one at a time: the complete one is answered only after the stuck one
-        // timed out. (Comparing the two tasks' clocks would race with their scheduling.)
-        let complete_waited = complete_at - started;
-        assert!(
-            complete_waited >= Duration::from_millis(2900),
-            "the complete push waited its turn, answered after {complete_waited:?}"
-        );
+        pushed_in_turn(started, stuck_at, complete_at, Duration::from_secs(5));
         assert_eq!(handle.remote_config().borrow().version, 8);
         handle.shutdown().await;
     })
