@@ -62,17 +62,15 @@ pub const RENDERED_CONDITION: &str = "Rendered";
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#,
     doc = "Parameters of a Gateway's dedicated Cloudflare Tunnel data plane."
 )]
-#[x_kube(
-    validation = Rule::new("!(has(self.replicas) && has(self.autoscaling))")
-        .message("replicas and autoscaling are mutually exclusive: the autoscaler owns the replica count")
-)]
 #[serde(rename_all = "camelCase")]
 pub struct GatewayConfigSpec {
     /// The Secret holding the tunnel's connector token (key default `tunnel-token`). The tunnel
     /// identity is read from the token itself, so there is no tunnel id that could drift from it.
     pub tunnel_token_secret_ref: SecretKeyRef,
     /// Proxy replicas when `autoscaling` is not set, at most 100. Default 2: one pod can drain
-    /// while the other keeps the tunnel served.
+    /// while the other keeps the tunnel served. Kept but not used while `autoscaling` is set (the
+    /// autoscaler owns the count then), so autoscaling can be switched on and off by adding and
+    /// removing that block alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = MAX_REPLICAS))]
     pub replicas: Option<i32>,

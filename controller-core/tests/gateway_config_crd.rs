@@ -252,6 +252,9 @@ status:
 "#,
         // A ceiling of one without a floor: the floor defaults to one with it.
         "spec: {tunnelTokenSecretRef: {name: t}, autoscaling: {maxReplicas: 1}}",
+        // The guide's fixed count with its autoscaling block added: the autoscaler owns the
+        // count, and the replicas come back when the block is removed.
+        "spec: {tunnelTokenSecretRef: {name: t}, replicas: 2, autoscaling: {minReplicas: 2, maxReplicas: 10, targetInflightPerPod: 50}}",
     ];
     for example in examples {
         let mut value = yaml(example);
@@ -277,10 +280,6 @@ fn invalid_objects_are_refused_with_the_rule_that_says_why() {
     let refused = |spec: Value| refusals(&object(spec));
     let token = json!({"name": "t"});
     let cases = [
-        (
-            json!({"tunnelTokenSecretRef": token, "replicas": 2, "autoscaling": {"maxReplicas": 4}}),
-            "spec: replicas and autoscaling are mutually exclusive: the autoscaler owns the replica count",
-        ),
         (
             json!({"tunnelTokenSecretRef": token, "autoscaling": {"minReplicas": 5, "maxReplicas": 4}}),
             "spec.autoscaling: minReplicas must not be above maxReplicas",
