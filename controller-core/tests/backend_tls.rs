@@ -293,3 +293,114 @@ async fn scenario() {
 
     proxy.shutdown().await;
 }
+
+/// A policy that lost one of its targets to an older policy still gives its other target its
+/// settings, and its status says so Gateway by Gateway: `Conflicted` towards the Gateway whose
+/// route uses the target it lost, its own `Accepted` towards the one whose route uses the
+/// target it kept.
+#[test]
+fn a_policy_that_lost_a_target_is_in_force_on_its_other_targets_and_says_where_it_is_not() {
+    let mut manifests = String::from(
+        r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: cf}
+spec: {controllerName: cf.k8s.lex.la/tunnel-controller}"#,
+    );
+    for (gateway, host, service) in [("one", "a.example.com", "a"), ("two", "b.example.com", "b")] {
+        manifests.push_str(&format!(
+            r#"
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: {gateway}, namespace: shop}}
+spec:
+  gatewayClassName: cf
+  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: {host}}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: {gateway}, namespace: shop}}
+spec:
+  parentRefs: [{{name: {gateway}}}]
+  rules: [{{backendRefs: [{{name: {service}, port: 8443}}]}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: {service}, namespace: shop}}
+spec: {{ports: [{{name: https, port: 8443}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: {service}-1, namespace: shop, labels: {{kubernetes.io/service-name: {service}}}}}
+addressType: IPv4
+ports: [{{name: https, port: 8443}}]
+endpoints: [{{addresses: ["10.0.0.1"]}}]"#
+        ));
+    }
+    for (name, created, targets) in [
+        ("older", "2026-01-01T00:00:00Z", "[a]"),
+        ("newer", "2026-02-01T00:00:00Z", "[a, b]"),
+    ] {
+        let targets: Vec<String> = targets
+            .trim_matches(['[', ']'])
+            .split(", ")
+            .map(|t| format!("{{group: \"\", kind: Service, name: {t}}}"))
+            .collect();
+        manifests.push_str(&format!(
+            r#"
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: BackendTLSPolicy
+metadata: {{name: {name}, namespace: shop, generation: 1, creationTimestamp: "{created}"}}
+spec:
+  targetRefs: [{targets}]
+  validation: {{wellKnownCACertificates: System, hostname: {name}.shop.internal}}"#,
+            targets = targets.join(", "),
+        ));
+    }
+    let mut snapshot = Snapshot::default();
+    manifest::load_into(&mut snapshot, &manifests, "conflict.yaml").expect("manifests parse");
+    let output = translate::translate(&snapshot, &Options::default());
+    let config = &output.configs[&PlaneKey::Shared];
+    let server_name = |host: &str| {
+        let rule = config
+            .rules
+            .iter()
+            .find(|r| r.hostnames == [host])
+            .expect("the host's rule");
+        rule.backends[0]
+            .tls
+            .as_ref()
+            .and_then(|t| t.server_name.clone())
+    };
+    assert_eq!(
+        server_name("a.example.com").as_deref(),
+        Some("older.shop.internal"),
+        "the older policy takes the target both name"
+    );
+    assert_eq!(
+        server_name("b.example.com").as_deref(),
+        Some("newer.shop.internal"),
+        "the newer policy keeps the target only it names"
+    );
+    let ancestors = &output.statuses.backend_tls_policies[&ObjectKey::new("shop", "newer")];
+    let accepted: Vec<(&str, bool, Reason)> = ancestors
+        .iter()
+        .map(|a| {
+            let c = a
+                .conditions
+                .iter()
+                .find(|c| c.kind == ConditionType::Accepted)
+                .expect("Accepted");
+            (a.ancestor_ref.name.as_str(), c.status, c.reason)
+        })
+        .collect();
+    assert_eq!(
+        accepted,
+        [
+            ("one", false, Reason::Conflicted),
+            ("two", true, Reason::Accepted)
+        ]
+    );
+}

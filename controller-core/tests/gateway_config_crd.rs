@@ -320,7 +320,10 @@ fn invalid_objects_are_refused_with_the_rule_that_says_why() {
             json!({"tunnelTokenSecretRef": {"name": ""}}),
             ".spec.tunnelTokenSecretRef.name: shorter than 1",
         ),
-        (json!({"replicas": 2}), ".spec.tunnelTokenSecretRef: required"),
+        (
+            json!({"replicas": 2}),
+            ".spec.tunnelTokenSecretRef: required",
+        ),
     ];
     for (spec, why) in cases {
         assert_eq!(refused(spec.clone()), vec![why.to_owned()], "{spec}");

@@ -5,8 +5,10 @@
 //! Selection follows the spec's `targetRefs`: a policy targets a Service, or one of its ports
 //! by name (`sectionName`). For a port, a policy naming that port is used before one naming
 //! the whole Service (both are accepted). Among policies naming the same target, the oldest
-//! wins, then the first by `{namespace}/{name}`; the others get `Accepted=False`
-//! (`Conflicted`) and apply nowhere.
+//! wins, then the first by `{namespace}/{name}`; the others do not apply to it. A policy that
+//! lost a target still applies to the targets it did not lose: its status says `Accepted=False`
+//! (`Conflicted`) towards the Gateways whose routes use a target it lost, and is its own
+//! towards the others, so each Gateway's entry says whether the policy is in force there.
 //!
 //! A policy that is not accepted for a reason of its own (no usable CA certificate, an invalid
 //! hostname, an unsupported `wellKnownCACertificates`) still covers its targets, and their
@@ -54,8 +56,8 @@ struct Judged {
 pub(crate) struct Policies {
     judged: BTreeMap<ObjectKey, Judged>,
     winners: BTreeMap<Target, ObjectKey>,
-    /// Policies that lost a target, with the policy that took it.
-    conflicted: BTreeMap<ObjectKey, (Target, ObjectKey)>,
+    /// Policies that lost targets, with the policy that took each.
+    conflicted: BTreeMap<ObjectKey, Vec<(Target, ObjectKey)>>,
 }
 
 /// What the policy covering a Service port gives it: TLS settings, or `None` when the policy
@@ -102,7 +104,8 @@ impl Policies {
                     Some(winner) => {
                         out.conflicted
                             .entry(key.clone())
-                            .or_insert_with(|| (target.clone(), winner.clone()));
+                            .or_default()
+                            .push((target.clone(), winner.clone()));
                     }
                 }
             }
@@ -160,21 +163,33 @@ impl Policies {
                 continue;
             };
             let generation = policy.metadata.generation;
-            let mut ancestors = BTreeSet::new();
+            let lost = self.conflicted.get(&key).map(Vec::as_slice).unwrap_or(&[]);
+            // Each Gateway using a port the policy targets, with the first target it lost that
+            // Gateway's routes use, if any.
+            let mut ancestors: BTreeMap<ParentRef, Option<&(Target, ObjectKey)>> = BTreeMap::new();
             for (port, gateways) in users {
-                let covered = judged.targets.iter().any(|(ns, svc, section)| {
+                let covers = |(ns, svc, section): &Target| {
                     *ns == port.0
                         && *svc == port.1
                         && section
                             .as_deref()
                             .is_none_or(|s| port.2.as_deref() == Some(s))
-                });
-                if covered {
-                    ancestors.extend(gateways.iter().cloned());
+                };
+                if !judged.targets.iter().any(covers) {
+                    continue;
+                }
+                let lost_here = lost.iter().find(|(target, _)| covers(target));
+                for gateway in gateways {
+                    let entry = ancestors.entry(gateway.clone()).or_default();
+                    *entry = entry.or(lost_here);
                 }
             }
-            let accepted = match self.conflicted.get(&key) {
-                Some((target, winner)) => Condition::new(
+            let mut resolved_refs = judged.resolved_refs.clone();
+            resolved_refs.observed_generation = generation;
+            let mut accepted = judged.accepted.clone();
+            accepted.observed_generation = generation;
+            let conflicted = |(target, winner): &(Target, ObjectKey)| {
+                Condition::new(
                     ConditionType::Accepted,
                     false,
                     Reason::Conflicted,
@@ -183,20 +198,18 @@ impl Policies {
                         describe(target)
                     ),
                     generation,
-                ),
-                None => judged.accepted.clone(),
+                )
             };
-            let mut resolved_refs = judged.resolved_refs.clone();
-            resolved_refs.observed_generation = generation;
-            let mut accepted = accepted;
-            accepted.observed_generation = generation;
             out.insert(
                 key,
                 ancestors
                     .into_iter()
-                    .map(|ancestor_ref| PolicyAncestorStatus {
+                    .map(|(ancestor_ref, lost)| PolicyAncestorStatus {
                         ancestor_ref,
-                        conditions: vec![accepted.clone(), resolved_refs.clone()],
+                        conditions: vec![
+                            lost.map_or_else(|| accepted.clone(), conflicted),
+                            resolved_refs.clone(),
+                        ],
                     })
                     .collect(),
             );
