@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::ServicePort as KubeServicePort;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::backend_ref::{
-    BackendRefError, BackendRefView, ClusterUrl, Resolved, ServiceUrl, APP_PROTOCOL_H2C,
-    APP_PROTOCOL_HTTPS, APP_PROTOCOL_WS, APP_PROTOCOL_WSS, HTTPS_PORT,
+    port_asks_tls, BackendRefError, BackendRefView, ClusterUrl, Resolved, ServiceUrl,
+    APP_PROTOCOL_H2C, APP_PROTOCOL_WS, APP_PROTOCOL_WSS,
 };
 use super::backend_tls::PortKey;
 use super::external_name::{self, ExternalNameBackends};
@@ -167,8 +167,7 @@ pub(super) fn resolve<'a>(
 }
 
 /// How a Service port is dialled: over TLS when a BackendTLSPolicy covers it (with the
-/// policy's settings), or when the port asks for TLS itself (`appProtocol` `https` or
-/// `kubernetes.io/wss`, or port 443), then verified against the platform's web roots for
+/// policy's settings), or when the port asks for TLS itself ([`port_asks_tls`]), then verified against the platform's web roots for
 /// `host` (the name a client of the Service would check).
 struct Tls {
     settings: Option<Box<BackendTls>>,
@@ -194,11 +193,7 @@ impl Tls {
                 port_name.map(str::to_owned),
             ))
         });
-        let asks = port == HTTPS_PORT
-            || matches!(
-                service_port.and_then(|p| p.app_protocol.as_deref()),
-                Some(APP_PROTOCOL_HTTPS | APP_PROTOCOL_WSS)
-            );
+        let asks = port_asks_tls(port, service_port.and_then(|p| p.app_protocol.as_deref()));
         match index.policies.covering(namespace, service, port_name) {
             Some(covered) => Self {
                 settings: covered.tls.cloned().map(Box::new),

@@ -16,8 +16,21 @@ pub(super) const APP_PROTOCOL_WS: &str = "kubernetes.io/ws";
 pub(super) const APP_PROTOCOL_WSS: &str = "kubernetes.io/wss";
 /// `appProtocol` of a port that speaks HTTPS (an IANA service name, as Kubernetes allows).
 pub(super) const APP_PROTOCOL_HTTPS: &str = "https";
-/// A Service port this number is dialled over TLS even without `appProtocol`.
-pub(super) const HTTPS_PORT: i32 = 443;
+/// `appProtocol` of a port that speaks plain HTTP/1.1.
+const APP_PROTOCOL_HTTP: &str = "http";
+/// A Service port this number is dialled over TLS unless its `appProtocol` says otherwise.
+const HTTPS_PORT: i32 = 443;
+
+/// Whether a Service port with no BackendTLSPolicy is dialled over TLS: its `appProtocol` says
+/// so (`https`, `kubernetes.io/wss`), or it is port 443 and its `appProtocol` names no
+/// cleartext protocol (`http`, `kubernetes.io/h2c`, `kubernetes.io/ws`).
+pub(super) fn port_asks_tls(port: i32, app_protocol: Option<&str>) -> bool {
+    match app_protocol {
+        Some(APP_PROTOCOL_HTTPS | APP_PROTOCOL_WSS) => true,
+        Some(APP_PROTOCOL_HTTP | APP_PROTOCOL_H2C | APP_PROTOCOL_WS) => false,
+        _ => port == HTTPS_PORT,
+    }
+}
 
 /// A `backendRef` (or a mirror's `backendRef`), whichever the route kind.
 #[derive(Debug, Clone, Copy)]

@@ -78,12 +78,7 @@ pub(super) fn resolve(
     };
     let host = format!("{}.{namespace}.svc.{CLUSTERSET_DOMAIN}", r.name);
     let app_protocol = exported.app_protocol.as_deref();
-    let tls = (port == super::backend_ref::HTTPS_PORT
-        || matches!(
-            app_protocol,
-            Some(super::backend_ref::APP_PROTOCOL_HTTPS | super::backend_ref::APP_PROTOCOL_WSS)
-        ))
-    .then(|| {
+    let tls = super::backend_ref::port_asks_tls(port, app_protocol).then(|| {
         Box::new(BackendTls {
             server_name: Some(host.clone()),
             ..BackendTls::default()

@@ -714,6 +714,52 @@ fn app_protocol_dns_fallback_and_external_name_shape_the_backend() {
     );
 }
 
+#[test]
+fn port_443_is_dialled_in_the_clear_when_its_app_protocol_says_so() {
+    let mut extra = String::new();
+    for (name, app_protocol, target) in [
+        ("grpc", "kubernetes.io/h2c", 50051),
+        ("plain", "http", 8080),
+        ("bare", "", 8443),
+    ] {
+        let app_protocol = if app_protocol.is_empty() {
+            String::new()
+        } else {
+            format!(", appProtocol: {app_protocol}")
+        };
+        extra.push_str(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: infra}}\nspec: {{ports: [{{port: 443, targetPort: {target}{app_protocol}}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-a, namespace: infra, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{port: {target}{app_protocol}}}]\nendpoints: [{{addresses: [10.0.9.1]}}]\n---\n"
+        ));
+    }
+    extra.push_str(&http_route(
+        "infra",
+        "r",
+        "  parentRefs: [{name: gw}]\n  rules:\n  - matches: [{path: {value: /grpc}}]\n    backendRefs: [{name: grpc, port: 443}]\n  - matches: [{path: {value: /plain}}]\n    backendRefs: [{name: plain, port: 443}]\n  - matches: [{path: {value: /bare}}]\n    backendRefs: [{name: bare, port: 443}]",
+    ));
+    let out = run(&extra);
+    let urls: Vec<(&str, Option<&str>, BackendProtocol)> = shared(&out)
+        .rules
+        .iter()
+        .map(|r| {
+            let b = &r.backends[0];
+            let server_name = b.tls.as_ref().and_then(|t| t.server_name.as_deref());
+            (b.url.as_str(), server_name, b.protocol)
+        })
+        .collect();
+    assert_eq!(
+        urls,
+        [
+            ("http://10.0.9.1:50051", None, BackendProtocol::H2c),
+            ("http://10.0.9.1:8080", None, BackendProtocol::default()),
+            (
+                "https://10.0.9.1:8443",
+                Some("bare.infra.svc.cluster.local"),
+                BackendProtocol::default()
+            ),
+        ]
+    );
+}
+
 /// What becomes of a rule splitting between ExternalName Service `ext` (to `target`) and
 /// Service `v2`, with `options`: the rule's backends and the route's `ResolvedRefs`.
 fn external_name_split(target: &str, options: &Options) -> (Vec<Backend>, Condition) {
