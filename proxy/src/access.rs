@@ -182,12 +182,15 @@ impl AccessCheck {
     /// fetch already due (the team's first, or one an unknown key id asked for), up to
     /// [`AccessSettings::fetch_timeout`].
     pub async fn check(&self, headers: &HeaderMap) -> Result<(), AccessError> {
-        let verdict = match headers.get(TOKEN_HEADER).map(|v| v.to_str()) {
-            Some(Ok(t)) if !t.trim().is_empty() => {
+        let mut values = headers.get_all(TOKEN_HEADER).iter();
+        let verdict = match (values.next().map(|v| v.to_str()), values.next()) {
+            // Two tokens: only one would be verified, and the backend might read the other.
+            (_, Some(_)) => Err(AccessError::Malformed),
+            (Some(Ok(t)), None) if !t.trim().is_empty() => {
                 self.team.verify(t.trim(), &self.audiences).await
             }
-            Some(Ok(_)) | None => Err(AccessError::Missing),
-            Some(Err(_)) => Err(AccessError::Malformed),
+            (Some(Ok(_)) | None, None) => Err(AccessError::Missing),
+            (Some(Err(_)), None) => Err(AccessError::Malformed),
         };
         if let Err(e) = verdict {
             self.team.refused(e);

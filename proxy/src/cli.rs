@@ -186,11 +186,13 @@ impl Args {
         if self.access_keys_refresh.0.is_zero() {
             return Err("PROXY_ACCESS_KEYS_REFRESH must be above 0".into());
         }
-        if self.access_keys_max_stale.0.is_zero() {
-            return Err(
-                "PROXY_ACCESS_KEYS_MAX_STALE must be above 0 (at 0 no Access token would be accepted)"
-                    .into(),
-            );
+        if self.access_keys_max_stale.0 <= self.access_keys_refresh.0 {
+            return Err(format!(
+                "PROXY_ACCESS_KEYS_MAX_STALE ({:?}) must be longer than PROXY_ACCESS_KEYS_REFRESH ({:?}): \
+                 keys are fetched again every refresh period, so shorter would refuse every Access \
+                 token part of the time",
+                self.access_keys_max_stale.0, self.access_keys_refresh.0
+            ));
         }
         if self.backend_header_timeout.0.is_zero() {
             return Err(

@@ -205,6 +205,23 @@ async fn tokens_failing_a_check_get_403_and_never_reach_the_backend() {
                 "{path} reached the backend"
             );
         }
+        // Two tokens, a good one first: only one would be verified, and the backend might
+        // read the other.
+        let good = s.token(&key);
+        let forged = impostor.sign(&claims(&issuer, &[AUD], -10, 3600));
+        let twice = get(
+            &s.http,
+            s.proxy.data_addr(),
+            "app.example.com",
+            "/twice",
+            &[
+                (TOKEN_HEADER, good.as_str()),
+                (TOKEN_HEADER, forged.as_str()),
+            ],
+        )
+        .await;
+        assert_denied(&twice, "two tokens");
+        assert_eq!(s.backend.count_echoed("/twice"), 0);
         // The real key still passes: nothing above disturbed the team's keys.
         assert_eq!(
             s.call("/ok", Some(&s.token(&key))).await.status,
@@ -256,6 +273,32 @@ async fn a_new_key_id_is_fetched_and_a_removed_key_stops_passing() {
             s.call("/after", Some(&s.token(&new))).await.status,
             StatusCode::OK
         );
+    })
+    .await
+    .expect("test finishes in time");
+}
+
+/// A key rotated in moments after a fetch: tokens naming it, many at once, wait for the next
+/// fetch the pause between fetches allows (or the one under way) instead of being refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_naming_a_new_key_just_after_a_fetch_wait_for_the_next_one() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let old = SigningKey::rs256("old");
+        let new = SigningKey::es256("new");
+        let s = setup(&[&old], |a| a.min_refetch = Duration::from_millis(1500)).await;
+        assert_eq!(
+            s.call("/before", Some(&s.token(&old))).await.status,
+            StatusCode::OK
+        );
+        s.jwks.publish(&[&old, &new]);
+        let token = s.token(&new);
+        let calls = (0..10).map(|i| {
+            let (s, token) = (&s, &token);
+            async move { s.call(&format!("/rotated/{i}"), Some(token)).await.status }
+        });
+        let statuses = futures_util::future::join_all(calls).await;
+        assert_eq!(statuses, vec![StatusCode::OK; 10]);
+        assert_eq!(s.jwks.fetches(), 2, "one fetch served them all");
     })
     .await
     .expect("test finishes in time");

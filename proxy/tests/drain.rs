@@ -116,6 +116,13 @@ fn start_up_refuses_bad_settings_with_a_clear_message() {
         assert_ne!(code, Some(0), "{name}");
         assert!(err.contains(name), "{err}");
     }
+    // Keys that could age past their limit between two fetches.
+    let (code, err) = run(&[("PROXY_ACCESS_KEYS_MAX_STALE", "2m")], &[]);
+    assert_ne!(code, Some(0));
+    assert!(
+        err.contains("PROXY_ACCESS_KEYS_MAX_STALE (120s) must be longer than PROXY_ACCESS_KEYS_REFRESH (300s)"),
+        "{err}"
+    );
     // A grace period over 3m is capped, not refused (see the CLI's unit test); one that is not
     // a duration is refused.
     let (code, err) = run(&[("PROXY_GRACE_PERIOD", "ten")], &[]);

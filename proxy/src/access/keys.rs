@@ -96,6 +96,8 @@ struct Shared {
     attempts: watch::Sender<u64>,
     /// Milliseconds from `epoch` to the start of the last attempt; `u64::MAX`: none yet.
     last_attempt: AtomicU64,
+    /// An attempt is under way: a request asking for one waits for it instead.
+    fetching: AtomicBool,
     epoch: Instant,
     wake: Notify,
     started: AtomicBool,
@@ -135,6 +137,7 @@ impl TeamKeys {
                 keys: ArcSwapOption::empty(),
                 attempts: watch::Sender::new(0),
                 last_attempt: AtomicU64::new(u64::MAX),
+                fetching: AtomicBool::new(false),
                 epoch: Instant::now(),
                 wake: Notify::new(),
                 started: AtomicBool::new(false),
@@ -225,20 +228,34 @@ impl TeamKeys {
         self.refetch().await.ok_or(AccessError::KeysUnavailable)
     }
 
-    /// Asks for a fetch now, unless one started within `min_refetch`, and waits for it.
-    /// `None`: none was made, or it failed.
+    /// Waits for a fetch that ends after this call: the one under way, else one asked for now,
+    /// or once `min_refetch` has passed since the last one started (so tokens naming made-up
+    /// keys cannot make the proxy fetch without pause, while a token signed with a key just
+    /// rotated in still passes). The wait is bounded by `fetch_timeout`. `None`: no fetch
+    /// ended in time.
     async fn refetch(&self) -> Option<Arc<KeySet>> {
         let shared = &self.shared;
-        let last = shared.last_attempt.load(Ordering::Acquire);
-        let now = shared.millis();
-        let min = u64::try_from(shared.settings.min_refetch.as_millis()).unwrap_or(u64::MAX);
-        if last != u64::MAX && now.saturating_sub(last) < min {
-            return None;
-        }
         let mut attempts = shared.attempts.subscribe();
         attempts.borrow_and_update();
-        shared.wake.notify_one();
-        tokio::time::timeout(shared.settings.fetch_timeout, attempts.changed())
+        let fetched = async {
+            if !shared.fetching.load(Ordering::Acquire) {
+                let last = shared.last_attempt.load(Ordering::Acquire);
+                let since = shared.millis().saturating_sub(last);
+                let min =
+                    u64::try_from(shared.settings.min_refetch.as_millis()).unwrap_or(u64::MAX);
+                if last != u64::MAX && since < min {
+                    tokio::time::sleep(Duration::from_millis(min - since)).await;
+                }
+                // Another request's fetch may have started or ended meanwhile: that one does.
+                if !shared.fetching.load(Ordering::Acquire)
+                    && !attempts.has_changed().unwrap_or(true)
+                {
+                    shared.wake.notify_one();
+                }
+            }
+            attempts.changed().await
+        };
+        tokio::time::timeout(shared.settings.fetch_timeout, fetched)
             .await
             .ok()?
             .ok()?;
@@ -292,6 +309,7 @@ async fn refresh(shared: Arc<Shared>, team: Box<str>) {
         shared
             .last_attempt
             .store(shared.millis(), Ordering::Release);
+        shared.fetching.store(true, Ordering::Release);
         let result = tokio::time::timeout(shared.settings.fetch_timeout, fetch(&shared)).await;
         let result = result.unwrap_or_else(|_| Err("timed out".to_owned()));
         match result {
@@ -341,6 +359,7 @@ async fn refresh(shared: Arc<Shared>, team: Box<str>) {
                 }
             }
         }
+        shared.fetching.store(false, Ordering::Release);
         shared.attempts.send_modify(|n| *n += 1);
         let wait = if failures == 0 {
             shared.settings.refresh
