@@ -85,6 +85,8 @@ pub(super) fn translate_all<'r, R>(
         ..TranslatedRoute::default()
     };
     let spec = Field::Root("spec");
+    // The first dropped rule that names an ExtensionRef (a Cloudflare Access requirement).
+    let mut dropped_guard = None;
     for (i, rule) in rules.iter().enumerate() {
         let field = spec.item("rules", i);
         let translated = matches(rule, field).and_then(|m| {
@@ -111,11 +113,38 @@ pub(super) fn translate_all<'r, R>(
                 index: i,
                 grpc: None,
             }),
-            Err(e) => out.dropped.push(e),
+            Err(e) => {
+                if dropped_guard.is_none() && as_http(rule, field).is_ok_and(|h| guarded(&h)) {
+                    dropped_guard = Some(field.to_string());
+                }
+                out.dropped.push(e);
+            }
+        }
+    }
+    // Requests the dropped rule would have checked could match a later rule (a catch-all) and
+    // reach its backend unchecked: the route serves nothing rather than that.
+    if let Some(guard) = dropped_guard {
+        for kept in out.rules.drain(..) {
+            out.dropped.push(RuleError::unsupported(
+                spec.item("rules", kept.index).to_string(),
+                format!(
+                    "left out with {guard}, whose Cloudflare Access requirement cannot be \
+                     served: its requests could otherwise reach this rule unchecked"
+                ),
+            ));
         }
     }
     out.ports = ctx.ports.take();
     out
+}
+
+/// Whether a rule names an ExtensionRef filter: an Access requirement, or one that fails
+/// closed; either way its requests must not be served without it.
+fn guarded(rule: &HttpRouteRules) -> bool {
+    rule.filters
+        .iter()
+        .flatten()
+        .any(|f| f.r#type == HttpRouteRulesFiltersType::ExtensionRef)
 }
 
 /// The match of a rule without matches: every request (Gateway API default `PathPrefix /`).

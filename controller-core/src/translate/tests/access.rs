@@ -159,6 +159,41 @@ fn an_extension_ref_that_cannot_be_used_fails_its_rule_closed_and_says_why() {
     }
 }
 
+/// A rule with an Access requirement that cannot be translated (here a regular expression the
+/// proxy cannot compile) takes the route's other rules with it: its requests would otherwise
+/// fall through to the catch-all and reach the backend unchecked.
+#[test]
+fn a_rule_with_an_access_policy_that_cannot_be_served_takes_its_route_out_whole() {
+    let route = http_route(
+        "infra",
+        "r",
+        r#"  parentRefs: [{name: gw}]
+  rules:
+  - matches: [{path: {value: /admin}}, {path: {type: RegularExpression, value: "/internal/(?!health).*"}}]
+    filters: [{type: ExtensionRef, extensionRef: {group: cf.k8s.lex.la, kind: AccessPolicy, name: staff}}]
+    backendRefs: [{name: v1, port: 8080}]
+  - backendRefs: [{name: v1, port: 8080}]"#,
+    );
+    let out = run(&format!("{POLICY}{route}"));
+    assert!(route_rules(&out).is_empty(), "{:?}", route_rules(&out));
+    assert_eq!(
+        condition(&out, "infra", "r", ConditionType::Accepted),
+        (false, Reason::UnsupportedValue)
+    );
+    // Without the requirement, the broken rule alone is left out.
+    let open = route.replace(
+        "    filters: [{type: ExtensionRef, extensionRef: {group: cf.k8s.lex.la, kind: AccessPolicy, name: staff}}]\n",
+        "",
+    );
+    assert_ne!(open, route);
+    let out = run(&format!("{POLICY}{open}"));
+    assert_eq!(route_rules(&out).len(), 1);
+    assert_eq!(
+        condition(&out, "infra", "r", ConditionType::Accepted),
+        (true, Reason::Accepted)
+    );
+}
+
 #[test]
 fn an_access_policy_in_a_backend_refs_filters_fails_that_backend_closed() {
     let route = http_route(
