@@ -83,6 +83,9 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+/// The `result` values of `cftunnel_proxy_config_reloads_total`.
+pub const RELOAD_RESULTS: [&str; 3] = ["success", "rejected", "stale"];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: String,
@@ -222,6 +225,12 @@ impl ProxyMetrics {
             "Config pushes, by result",
             m.reloads.clone(),
         );
+        // Listed from the start, so the first refusal is an increase an alert sees.
+        for result in RELOAD_RESULTS {
+            m.reloads.get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            });
+        }
         r.register(
             "mirror_requests_dropped",
             "Mirror copies not sent because the mirror queue was full or the body was streamed",
@@ -293,6 +302,7 @@ impl ProxyMetrics {
         }
     }
 
+    /// Counts a config load or push; `result` is one of [`RELOAD_RESULTS`].
     pub fn reload(&self, result: &str) {
         self.reloads
             .get_or_create(&ResultLabels {

@@ -147,6 +147,11 @@ async fn bad_pushes_are_refused_with_the_reason_and_the_old_table_keeps_serving(
         let d = proxy.data_addr();
         let r = get(&http, admin, "admin", "/readyz", &[]).await;
         assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "not ready before the first config");
+        // Every result is listed from the start, so an alert sees the first refusal as an increase.
+        for result in ["success", "rejected", "stale"] {
+            let series = format!("cftunnel_proxy_config_reloads_total{{result=\"{result}\"}}");
+            assert_eq!(metric(&http, admin, &series).await, Some(0.0), "{series}");
+        }
         let good = json!({"version": 5, "rules": [{"backends": [{"url": url(a.http_addr()), "weight": 1}]}]});
         assert_eq!(push(&http, admin, &good).await.status, StatusCode::OK);
         assert_eq!(get(&http, admin, "admin", "/readyz", &[]).await.status, StatusCode::OK);

@@ -73,7 +73,40 @@ tests:
         values: '0+60x30'
       - series: 'cftunnel_proxy_requests_total{namespace="tenant-b",pod="api-1",hostname="api.example.com",status_class="2xx"}'
         values: '0+6000x30'
+      # First failures: the edge refuses a token at a pod's first registration, and two pods
+      # refuse a push, one whose series was listed at 0 from the start and one whose series
+      # appears with the refusal. Each fires for its window, then stops.
+      - series: 'cftunnel_tunnel_registration_failures_total{namespace="tenant-b",pod="api-1",protocol="quic",cause="unauthorized"}'
+        values: '_x5 1x24'
+      - series: 'cftunnel_proxy_config_reloads_total{namespace="tenant-a",pod="edge-1",result="rejected"}'
+        values: '0x5 1x24'
+      - series: 'cftunnel_proxy_config_reloads_total{namespace="tenant-b",pod="api-1",result="rejected"}'
+        values: '_x5 1x24'
     alert_rule_test:
+      - eval_time: 4m
+        alertname: CftunnelTunnelUnauthorized
+        exp_alerts: []
+      - eval_time: 8m
+        alertname: CftunnelTunnelUnauthorized
+        exp_alerts:
+          - exp_labels: {severity: critical, team: edge, namespace: tenant-b, pod: api-1, protocol: quic, cause: unauthorized}
+            exp_annotations:
+              summary: "The edge refuses the connector token of tenant-b/api-1 (revoked or rotated tunnel secret?)."
+      - eval_time: 20m
+        alertname: CftunnelTunnelUnauthorized
+        exp_alerts: []
+      - eval_time: 8m
+        alertname: CftunnelConfigRejected
+        exp_alerts:
+          - exp_labels: {severity: warning, team: edge, namespace: tenant-a, pod: edge-1, result: rejected}
+            exp_annotations:
+              summary: "tenant-a/edge-1 refused a config push; see routes with ProxyConfigPushed=False (RuleRefused)."
+          - exp_labels: {severity: warning, team: edge, namespace: tenant-b, pod: api-1, result: rejected}
+            exp_annotations:
+              summary: "tenant-b/api-1 refused a config push; see routes with ProxyConfigPushed=False (RuleRefused)."
+      - eval_time: 25m
+        alertname: CftunnelConfigRejected
+        exp_alerts: []
       - eval_time: 5m
         alertname: CftunnelConfigPushFailing
         exp_alerts: []

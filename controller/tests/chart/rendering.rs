@@ -384,9 +384,10 @@ fn strings_that_read_as_numbers_or_booleans_reach_the_objects_as_strings() {
     }
 }
 
-/// `--set` passes a decimal as a string (`--set tracing.ratio=0.1` gives `"0.1"`): the schema
-/// takes it, in the same bounds as the number, and the objects are those a values file giving
-/// the numbers renders, with either Helm.
+/// `--set` passes a decimal as a string (`--set tracing.ratio=0.1` gives `"0.1"`), and digits as
+/// a number (`--set proxy.tunnel.edgeIpVersion=6` gives `6`): the schema takes either, in the
+/// same bounds, and the objects are those a values file giving the numbers renders, with
+/// either Helm.
 #[test]
 fn decimals_given_with_set_render_what_the_same_numbers_in_a_values_file_do() {
     let Some(tools) =
@@ -405,12 +406,13 @@ fn decimals_given_with_set_render_what_the_same_numbers_in_a_values_file_do() {
     };
     let numbers = "{prometheusRule: {enabled: true, errorRatio: 0.1, minRequestRate: 0.5, \
                    inflightTargetFraction: 0.9}, tracing: {endpoint: 'http://collector:4318', \
-                   ratio: 0.25}}";
+                   ratio: 0.25}, proxy: {tunnel: {edgeIpVersion: '6'}}}";
     let set = [
         "--set=prometheusRule.errorRatio=0.1",
         "--set=prometheusRule.minRequestRate=0.5",
         "--set=prometheusRule.inflightTargetFraction=0.9",
         "--set=tracing.ratio=0.25",
+        "--set=proxy.tunnel.edgeIpVersion=6",
     ];
     for helm in [&tools.helm, &tools.helm_oldest] {
         let from_set = helm
@@ -437,6 +439,7 @@ fn decimals_given_with_set_render_what_the_same_numbers_in_a_values_file_do() {
             ("--set=tracing.ratio=1e-1", "ratio"),
             ("--set=prometheusRule.errorRatio=0.0", "errorRatio"),
             ("--set=prometheusRule.errorRatio=five", "errorRatio"),
+            ("--set=proxy.tunnel.edgeIpVersion=5", "edgeIpVersion"),
             ("--set=prometheusRule.minRequestRate=-0.5", "minRequestRate"),
             (
                 "--set=prometheusRule.inflightTargetFraction=1.01",
