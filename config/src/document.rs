@@ -7,7 +7,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 /// Reads a list that Go may send as `null` (how it encodes a nil slice, e.g. the rules of a
 /// cluster with no routes or the backends of a redirect-only rule) as empty.
-fn null_as_empty<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+pub(crate) fn null_as_empty<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
 where
     D: Deserializer<'de>,
     T: Deserialize<'de>,

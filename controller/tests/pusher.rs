@@ -753,3 +753,87 @@ async fn a_document_grown_too_large_for_the_pods_leaves_out_its_new_rules() {
     assert_eq!(get(data, "/", "big.example.com", None).await.0, 200);
     assert_eq!(get(data, "/", "one.example.com", None).await.0, 200);
 }
+
+/// A pod of a release that predates Cloudflare Access at the origin (or another
+/// implementation's proxy) would take a rule's `access` as an unknown field and serve the rule
+/// unchecked: it lists no such check on `GET /config`, so the rule is left out for it, refused
+/// and named, and every pod serves the rest; a pod that checks Access refuses the unchecked
+/// request itself.
+#[tokio::test]
+async fn rules_with_an_access_requirement_are_not_pushed_to_a_pod_that_cannot_check_them() {
+    use cftunnel_config::Access;
+    use cftunnel_proxy::access::AccessSettings;
+    use cftunnel_testkit::older_proxy::OlderProxy;
+
+    let backend = echo().await;
+    // Keys from a port nothing listens on: the team's keys never load, so Access fails closed.
+    let checking = |admin: SocketAddr| {
+        Server::start(
+            ServerOptions {
+                admin_addr: admin,
+                auth_token: Some(TOKEN.to_owned()),
+                access: AccessSettings {
+                    team_domain: "http://127.0.0.1:9/{team}".to_owned(),
+                    fetch_timeout: Duration::from_millis(200),
+                    ..AccessSettings::default()
+                },
+                ..ServerOptions::default()
+            },
+            None,
+        )
+    };
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let current = checking(any).await.expect("the proxy starts");
+    let behind = checking(any).await.expect("the proxy starts");
+    let older = OlderProxy::start(behind.admin_addr(), "CORS")
+        .await
+        .expect("the older pod starts");
+    let pods = [current.admin_addr(), older.addr()];
+    let rule = |host: &str, name: &str| Rule {
+        name: Some(name.to_owned()),
+        ..config(backend.http_addr(), host).rules.remove(0)
+    };
+    let doc = Config {
+        rules: vec![
+            rule("open.example.com", "shop/open/0"),
+            Rule {
+                access: Some(Access {
+                    team_name: "acme".to_owned(),
+                    audiences: vec!["aud".to_owned()],
+                }),
+                ..rule("staff.example.com", "shop/staff/0")
+            },
+        ],
+        ..Config::default()
+    };
+    let mut pusher = Pusher::default();
+    let round = pusher.sync(&plane(), &doc, TOKEN, &pods).await;
+    assert_eq!(round.refused.len(), 1, "{round:?}");
+    let refused = &round.refused[0];
+    assert_eq!(
+        (refused.rule, refused.name.as_deref(), refused.pod),
+        (1, Some("shop/staff/0"), older.addr())
+    );
+    assert!(
+        refused.reason.contains("does not check Cloudflare Access"),
+        "{}",
+        refused.reason
+    );
+    assert!(round.all_current(), "every pod took the rest: {round:?}");
+    for server in [&current, &behind] {
+        let data = server.data_addr();
+        assert_eq!(get(data, "/", "open.example.com", None).await.0, 200);
+        let (status, _) = get(data, "/", "staff.example.com", None).await;
+        assert_ne!(
+            status, 200,
+            "the staff rule is served checked or not at all"
+        );
+    }
+    assert_eq!(
+        get(behind.data_addr(), "/", "staff.example.com", None)
+            .await
+            .0,
+        404,
+        "the pod that cannot check it does not serve it"
+    );
+}

@@ -202,11 +202,18 @@ impl Admin {
         if !self.authorized(req) {
             return json_error(StatusCode::UNAUTHORIZED, "missing or invalid bearer token");
         }
-        let body = serde_json::json!({
-            "version": self.reloader.version().await,
-            "ready": self.not_ready().is_none(),
-        });
-        respond(StatusCode::OK, "application/json", body.to_string())
+        let state = cftunnel_config::api::ConfigState {
+            version: self.reloader.version().await,
+            ready: self.not_ready().is_none(),
+            enforces: vec![cftunnel_config::api::ENFORCES_ACCESS.to_owned()],
+        };
+        match serde_json::to_string(&state) {
+            Ok(body) => respond(StatusCode::OK, "application/json", body),
+            Err(_) => json_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "encoding the state failed",
+            ),
+        }
     }
 
     /// The document being served, as pushed: what a controller that lost it pushes to pods

@@ -227,7 +227,7 @@ impl ProxyMetrics {
         );
         // Listed from the start, so the first refusal is an increase an alert sees.
         for result in RELOAD_RESULTS {
-            m.reloads.get_or_create(&ResultLabels {
+            let _ = m.reloads.get_or_create(&ResultLabels {
                 result: result.to_owned(),
             });
         }

@@ -192,7 +192,7 @@ async fn bad_pushes_are_refused_with_the_reason_and_the_old_table_keeps_serving(
         let r = get(&http, d, "h", "/still", &[]).await;
         assert_eq!(r.pod(), "svc-a-1", "the last good table is still served");
         let r = send(&http, Request::get(format!("http://{admin}/config")).header("authorization", format!("Bearer {TOKEN}")).body(Full::new(Bytes::new())).expect("req")).await;
-        assert_eq!(r.json(), json!({"version": 5, "ready": true}));
+        assert_eq!(r.json(), json!({"version": 5, "ready": true, "enforces": ["access"]}));
         assert_eq!(get(&http, admin, "admin", "/config", &[]).await.status, StatusCode::UNAUTHORIZED);
         assert_eq!(push(&http, admin, &json!({"version": 0, "rules": []})).await.status, StatusCode::OK, "version 0 is always accepted");
         assert_eq!(get(&http, d, "h", "/still", &[]).await.status, StatusCode::NOT_FOUND);
