@@ -38,6 +38,10 @@ pub use metrics::AccessMetrics;
 
 /// The header Cloudflare Access puts the application token in (cloudflared reads this one).
 pub const TOKEN_HEADER: &str = "cf-access-jwt-assertion";
+/// The header Access puts the user's address in: a service behind it may read the identity
+/// from it, so on a rule with a requirement it holds what the verified token says, never what
+/// the client sent.
+pub const EMAIL_HEADER: &str = "cf-access-authenticated-user-email";
 /// Clock skew tolerated on `exp` and `nbf`.
 pub const LEEWAY: Duration = Duration::from_secs(60);
 /// The team-domain template used unless configured otherwise.
@@ -170,6 +174,20 @@ impl AccessError {
     }
 }
 
+/// The identity a verified token vouches for: the user's address, or none (a service token).
+#[derive(Debug)]
+pub struct Identity(Option<http::HeaderValue>);
+
+impl Identity {
+    /// Puts the address in [`EMAIL_HEADER`] in place of whatever the client sent there.
+    pub fn forward(self, headers: &mut HeaderMap) {
+        headers.remove(EMAIL_HEADER);
+        if let Some(email) = self.0 {
+            headers.insert(EMAIL_HEADER, email);
+        }
+    }
+}
+
 /// A rule's requirement, compiled: its team's keys and the audiences it accepts.
 #[derive(Debug)]
 pub struct AccessCheck {
@@ -180,8 +198,9 @@ pub struct AccessCheck {
 impl AccessCheck {
     /// Lets the request through, or says why not. Never fetches keys itself; may wait for a
     /// fetch already due (the team's first, or one an unknown key id asked for), up to
-    /// [`AccessSettings::fetch_timeout`].
-    pub async fn check(&self, headers: &HeaderMap) -> Result<(), AccessError> {
+    /// [`AccessSettings::fetch_timeout`]. What a request let through forwards of the identity
+    /// is the [`Identity`] returned.
+    pub async fn check(&self, headers: &HeaderMap) -> Result<Identity, AccessError> {
         let mut values = headers.get_all(TOKEN_HEADER).iter();
         let verdict = match (values.next().map(|v| v.to_str()), values.next()) {
             // Two tokens: only one would be verified, and the backend might read the other.
@@ -192,15 +211,18 @@ impl AccessCheck {
             (Some(Ok(_)) | None, None) => Err(AccessError::Missing),
             (Some(Err(_)), None) => Err(AccessError::Malformed),
         };
-        if let Err(e) = verdict {
-            self.team.refused(e);
-            tracing::debug!(
-                team = self.team.team(),
-                reason = e.label(),
-                "Access token refused"
-            );
+        match verdict {
+            Ok(email) => Ok(Identity(email)),
+            Err(e) => {
+                self.team.refused(e);
+                tracing::debug!(
+                    team = self.team.team(),
+                    reason = e.label(),
+                    "Access token refused"
+                );
+                Err(e)
+            }
         }
-        verdict
     }
 
     /// The team name, for logs.

@@ -310,12 +310,15 @@ impl Proxy {
         let rule: &Rule = hit.rule;
         completion.log_route(rule.name.as_deref(), routes.host_label(Some(hit.bucket.id)));
         cors.add(rule.filters.cors.as_deref(), &parts.headers);
-        if let Some(access) = &rule.access {
-            access
-                .check(&parts.headers)
-                .await
-                .map_err(ProxyError::AccessDenied)?;
-        }
+        let identity = match &rule.access {
+            Some(access) => Some(
+                access
+                    .check(&parts.headers)
+                    .await
+                    .map_err(ProxyError::AccessDenied)?,
+            ),
+            None => None,
+        };
         if let Some(status) = rule.unavailable {
             return Err(ProxyError::Unavailable(status));
         }
@@ -340,6 +343,9 @@ impl Proxy {
         // The client's hop-by-hop headers go before the filters run: a `Connection` header
         // naming a header cannot remove one a filter set.
         prepare_forward_headers(&mut parts.headers, conn, upgrade.is_some());
+        if let Some(identity) = identity {
+            identity.forward(&mut parts.headers);
+        }
         rule.filters.apply_request(&mut parts, matched_prefix);
         backend.filters.apply_request(&mut parts, matched_prefix);
 

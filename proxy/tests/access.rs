@@ -121,6 +121,29 @@ async fn valid_rs256_and_es256_tokens_reach_the_backend_with_the_token() {
             s.call("/single-aud", Some(&rsa.sign(&c))).await.status,
             StatusCode::OK
         );
+        // The user's address the backend reads is the one the verified token states, not one
+        // the client sent; a token with none (a service token) forwards none. Twice each: a
+        // remembered token forwards the same.
+        let email = "cf-access-authenticated-user-email";
+        let mut service = claims(&s.issuer(), &[AUD], -10, 3600);
+        service.as_object_mut().map(|c| c.remove("email"));
+        for (token, expected) in [
+            (s.token(&rsa), Some("user@example.com")),
+            (rsa.sign(&service), None),
+        ] {
+            for path in ["/identity", "/identity-again"] {
+                let reply = get(
+                    &s.http,
+                    s.proxy.data_addr(),
+                    "app.example.com",
+                    path,
+                    &[(TOKEN_HEADER, token.as_str()), (email, "admin@example.com")],
+                )
+                .await;
+                assert_eq!(reply.status, StatusCode::OK);
+                assert_eq!(reply.seen_header(email).as_deref(), expected, "{path}");
+            }
+        }
         // A rule without a requirement needs no token.
         let open = get(
             &s.http,

@@ -172,12 +172,13 @@ impl TeamKeys {
         runtime.spawn(refresh(shared, team));
     }
 
-    /// Verifies `token` for a rule accepting `audiences`.
+    /// Verifies `token` for a rule accepting `audiences`; what passes gives the user's address
+    /// the token vouches for, as a header value (`None`: it names none, as a service token).
     pub(super) async fn verify(
         &self,
         token: &str,
         audiences: &[Box<str>],
-    ) -> Result<(), AccessError> {
+    ) -> Result<Option<HeaderValue>, AccessError> {
         let shared = &self.shared;
         let digest = token::digest(token);
         let mut set = self.fresh_keys().await?;
@@ -193,10 +194,11 @@ impl TeamKeys {
             }
         }
         let claims = token::verify(token, &header, keys, &shared.validations)?;
-        let verdict = token::audience_matches(&claims.aud, audiences);
+        let verdict =
+            token::audience_matches(&claims.aud, audiences).map(|()| claims.email_header());
         shared
             .verified
-            .insert(digest, Verified::new(set.version, claims.exp, claims.aud));
+            .insert(digest, Verified::new(set.version, claims));
         verdict
     }
 

@@ -85,6 +85,11 @@ fn key_sets_keep_the_keys_that_can_sign_tokens() {
     assert!(matches!(token::candidates(&keys, &header), Candidate::Keys(k) if k.len() == 1));
 }
 
+/// The claims a token for audience `a` carries.
+fn claims_of(exp: u64, email: Option<&str>) -> token::Claims {
+    serde_json::from_value(json!({"aud": "a", "exp": exp, "email": email})).expect("claims")
+}
+
 #[test]
 fn a_remembered_token_serves_only_its_key_set_version_and_the_rule_audiences() {
     let cache = VerifiedCache::default();
@@ -92,9 +97,12 @@ fn a_remembered_token_serves_only_its_key_set_version_and_the_rule_audiences() {
     let exp = u64::try_from(cftunnel_testkit::cloudflare_access::now() + 600).expect("positive");
     cache.insert(
         digest,
-        Verified::new(3, exp, vec!["a".into()].into_boxed_slice()),
+        Verified::new(3, claims_of(exp, Some("user@example.com"))),
     );
-    assert_eq!(cache.get(&digest, 3, &["a".into()]), Some(Ok(())));
+    assert_eq!(
+        cache.get(&digest, 3, &["a".into()]),
+        Some(Ok(Some(http::HeaderValue::from_static("user@example.com"))))
+    );
     assert_eq!(
         cache.get(&digest, 3, &["b".into()]),
         Some(Err(AccessError::WrongAudience))
@@ -104,10 +112,7 @@ fn a_remembered_token_serves_only_its_key_set_version_and_the_rule_audiences() {
     // Already expired: not remembered at all.
     let past = u64::try_from(cftunnel_testkit::cloudflare_access::now() - 1).expect("positive");
     let old = token::digest("old");
-    cache.insert(
-        old,
-        Verified::new(3, past, vec!["a".into()].into_boxed_slice()),
-    );
+    cache.insert(old, Verified::new(3, claims_of(past, None)));
     assert_eq!(cache.get(&old, 3, &["a".into()]), None);
 }
 

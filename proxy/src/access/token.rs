@@ -66,6 +66,18 @@ pub(super) struct Claims {
     #[serde(deserialize_with = "one_or_many")]
     pub(super) aud: Box<[Box<str>]>,
     pub(super) exp: u64,
+    /// The user's address; a service token's has none.
+    #[serde(default)]
+    pub(super) email: Option<String>,
+}
+
+impl Claims {
+    /// The value of [`super::EMAIL_HEADER`] the token vouches for.
+    pub(super) fn email_header(&self) -> Option<http::HeaderValue> {
+        self.email
+            .as_deref()
+            .and_then(|e| http::HeaderValue::from_str(e).ok())
+    }
 }
 
 fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Box<[Box<str>]>, D::Error> {
@@ -182,12 +194,15 @@ pub(super) struct Verified {
     /// Until when it may be taken without verifying again.
     until: Instant,
     aud: Box<[Box<str>]>,
+    email: Option<http::HeaderValue>,
 }
 
 impl Verified {
     /// `exp` in seconds since the epoch: remembered until then (without leeway) or for
     /// [`REMEMBER`], whichever ends first.
-    pub(super) fn new(version: u64, exp: u64, aud: Box<[Box<str>]>) -> Self {
+    pub(super) fn new(version: u64, claims: Claims) -> Self {
+        let email = claims.email_header();
+        let Claims { aud, exp, .. } = claims;
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -196,6 +211,7 @@ impl Verified {
             version,
             until: Instant::now() + left,
             aud,
+            email,
         }
     }
 }
@@ -215,11 +231,11 @@ impl VerifiedCache {
         digest: &[u8; 32],
         version: u64,
         audiences: &[Box<str>],
-    ) -> Option<Result<(), AccessError>> {
+    ) -> Option<Result<Option<http::HeaderValue>, AccessError>> {
         let tokens = self.tokens.read().unwrap_or_else(PoisonError::into_inner);
         let seen = tokens.get(digest)?;
         (seen.version == version && seen.until > Instant::now())
-            .then(|| audience_matches(&seen.aud, audiences))
+            .then(|| audience_matches(&seen.aud, audiences).map(|()| seen.email.clone()))
     }
 
     pub(super) fn insert(&self, digest: [u8; 32], verified: Verified) {
