@@ -31,6 +31,10 @@ pub enum ProxyError {
     /// The rule requires a Cloudflare Access token and the request has no valid one.
     #[error("access denied: {0}")]
     AccessDenied(AccessError),
+    /// The backend answered a WebSocket handshake by switching to another protocol, which is
+    /// never spliced.
+    #[error("backend switched to a protocol other than WebSocket")]
+    BadUpgrade,
 }
 
 impl ProxyError {
@@ -47,6 +51,7 @@ impl ProxyError {
             Self::BodyTimeout => "body_timeout",
             Self::BadRequest(_) => "bad_request",
             Self::AccessDenied(_) => "access_denied",
+            Self::BadUpgrade => "bad_upgrade",
         }
     }
 
@@ -71,6 +76,7 @@ impl ProxyError {
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::AccessDenied(_) => StatusCode::FORBIDDEN,
+            Self::BadUpgrade => StatusCode::BAD_GATEWAY,
         }
     }
 
@@ -83,7 +89,7 @@ impl ProxyError {
             Self::Unavailable(s) if *s == StatusCode::NOT_FOUND => "12",
             Self::Backend(ForwardError::Timeout) | Self::RequestTimeout | Self::BodyTimeout => "4",
             Self::Backend(_) => "14",
-            Self::Unavailable(_) | Self::NoBackend | Self::NoConfig => "14",
+            Self::Unavailable(_) | Self::NoBackend | Self::NoConfig | Self::BadUpgrade => "14",
             Self::BadRequest(_) => "3",
             Self::AccessDenied(_) => "7",
         }
@@ -130,6 +136,7 @@ impl ProxyError {
             Self::BadRequest(r) => r,
             // Why exactly is for the operator's log, not for the client.
             Self::AccessDenied(_) => "a valid Cloudflare Access token is required\n",
+            Self::BadUpgrade => "upstream switched to a protocol other than WebSocket\n",
         }
     }
 }

@@ -82,6 +82,10 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
                 if token.eq_ignore_ascii_case("keep-alive")
                     || token.eq_ignore_ascii_case("close")
                     || (keep_upgrade && token.eq_ignore_ascii_case("upgrade"))
+                    // The host routed on and the body's length are the message's own, never
+                    // a hop's (Go's proxy keeps them out of the header map it strips).
+                    || token.eq_ignore_ascii_case("host")
+                    || token.eq_ignore_ascii_case("content-length")
                 {
                     continue;
                 }

@@ -236,7 +236,13 @@ impl Proxy {
         }
         // The host routed on is the host the backend sees: an absolute-form target or an
         // HTTP/2 `:authority` wins over a `Host` header (RFC 9112 §3.2.2).
+        // Userinfo has no place in a request's host (RFC 9110 §4.2.4, RFC 9113 §8.3.1): the
+        // host is read after its `@`, where a backend might read it before.
+        const USERINFO: &str = "userinfo in the request's host\n";
         if let Some(authority) = parts.uri.authority() {
+            if authority.as_str().contains('@') {
+                return Err(ProxyError::BadRequest(USERINFO));
+            }
             // A tunnelled request comes with the one `Host` its URI names: nothing to replace.
             let mut hosts = parts.headers.get_all(header::HOST).iter();
             let named = hosts
@@ -254,6 +260,9 @@ impl Proxy {
                 // Routed on one, a backend might read the other (RFC 9112 §3.2: answer 400).
                 (Some(_), Some(_)) => {
                     return Err(ProxyError::BadRequest("more than one Host header\n"));
+                }
+                (Some(host), None) if host.as_bytes().contains(&b'@') => {
+                    return Err(ProxyError::BadRequest(USERINFO));
                 }
                 // An HTTP/1.1 request must name its host (RFC 9112 §3.2: answer 400); the
                 // backend would see its own address instead.
@@ -340,6 +349,13 @@ impl Proxy {
         let upstream = backend.upstream.as_ref().ok_or(ProxyError::NoBackend)?;
 
         let upgrade = Upgrade::take(&mut parts);
+        if upgrade.is_some() && body.is_end_stream() {
+            // The handshake goes out without a body, whatever length a client (or the edge)
+            // declared: a stated length with no body after it would make a backend that does
+            // not switch read the next request on the connection as this one's body.
+            parts.headers.remove(header::CONTENT_LENGTH);
+            parts.headers.remove(header::TRANSFER_ENCODING);
+        }
         // The client's hop-by-hop headers go before the filters run: a `Connection` header
         // naming a header cannot remove one a filter set.
         prepare_forward_headers(&mut parts.headers, conn, upgrade.is_some());
@@ -442,6 +458,11 @@ impl Proxy {
 
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
             if let Some(upgrade) = upgrade {
+                // Only WebSocket is spliced: a backend that switched to anything else would
+                // get the client's later bytes past routing and filters.
+                if !crate::upgrade::switched_to_websocket(response.headers()) {
+                    return Err(ProxyError::BadUpgrade);
+                }
                 upgrade.splice(&mut response, &self.shared.sessions);
             }
         } else {
@@ -554,12 +575,8 @@ pub(crate) fn request_host(parts: &http::request::Parts) -> Cow<'_, str> {
                 .and_then(|h| h.to_str().ok())
         })
         .unwrap_or("");
-    // Byte searches: all delimiters are ASCII, so every cut is on a char boundary.
-    let bytes = raw.as_bytes();
-    let raw = match bytes.iter().rposition(|&b| b == b'@') {
-        Some(at) => &raw[at + 1..],
-        None => raw,
-    };
+    // Byte searches: all delimiters are ASCII, so every cut is on a char boundary. A host with
+    // userinfo never gets here (the handler answers it 400).
     let bytes = raw.as_bytes();
     let end = if bytes.first() == Some(&b'[') {
         bytes

@@ -14,7 +14,7 @@
 
 use crate::body::BoxError;
 use crate::forward::UpstreamBody;
-use http::{header, HeaderMap, Response};
+use http::{header, HeaderMap, HeaderValue, Response};
 use prometheus_client::metrics::gauge::Gauge;
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,6 +111,11 @@ impl Upgrade {
         if !is_upgrade(&parts.headers) {
             return None;
         }
+        // Exactly the protocol that is spliced goes on: with a second `Upgrade` value a
+        // backend could switch to one (`h2c`) whose bytes would then pass the router raw.
+        parts
+            .headers
+            .insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         let client_side = match parts.extensions.remove::<hyper::upgrade::OnUpgrade>() {
             Some(on) => Some(ClientSide::Hyper(on)),
             None => parts
@@ -219,6 +224,15 @@ async fn splice(client: &mut Box<dyn UpgradedIo>, backend: impl UpgradedIo, limi
 
 /// How long ending a spliced session may take before its connections are simply dropped.
 const SPLICE_SHUTDOWN: Duration = Duration::from_secs(5);
+
+/// Whether a `101` switched to WebSocket, the one protocol spliced.
+pub(crate) fn switched_to_websocket(headers: &HeaderMap) -> bool {
+    let mut upgrade = headers.get_all(header::UPGRADE).iter();
+    upgrade
+        .next()
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
+        && upgrade.next().is_none()
+}
 
 /// A WebSocket upgrade. Other protocols (`h2c`, ...) are never spliced: a raw tunnel past the
 /// router would carry later requests around routing and filters.

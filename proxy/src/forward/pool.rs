@@ -328,9 +328,20 @@ impl H1Pool {
         self: &Arc<Self>,
         mut sender: http1::SendRequest<ProxyBody>,
         reused: Reuse,
-        req: Request<ProxyBody>,
+        mut req: Request<ProxyBody>,
         replay: Option<&Bytes>,
     ) -> Result<Tried, ForwardError> {
+        // hyper frames a GET or HEAD body of unknown length as no body at all (length 0): such
+        // a body (a chunked search query) goes chunked instead of being dropped.
+        if matches!(*req.method(), http::Method::GET | http::Method::HEAD)
+            && !req.body().is_end_stream()
+            && req.body().size_hint().exact().is_none()
+        {
+            req.headers_mut().insert(
+                http::header::TRANSFER_ENCODING,
+                http::HeaderValue::from_static("chunked"),
+            );
+        }
         // Only a connection that sat idle can have been closed by the backend's keep-alive
         // timer as the request goes out.
         let copy = replay

@@ -4,7 +4,8 @@
 //! headers the edge strips from eyeball requests are put back.
 
 use http::header::{
-    HeaderMap, HeaderName, HeaderValue, MaxSizeReached, CONNECTION, SEC_WEBSOCKET_VERSION, UPGRADE,
+    HeaderMap, HeaderName, HeaderValue, MaxSizeReached, CONNECTION, CONTENT_LENGTH,
+    SEC_WEBSOCKET_VERSION, TRANSFER_ENCODING, UPGRADE,
 };
 use uuid::Uuid;
 
@@ -42,11 +43,19 @@ pub fn prepare(headers: &mut HeaderMap, tag: &HeaderValue) {
 /// `cloudflared` does (its `Set` replaces what the eyeball sent). A head
 /// already holding as many header names as an [`HeaderMap`] can is left
 /// without those it has no room for.
+///
+/// The handshake goes out with no body, the stream's bytes following only once the
+/// origin has switched protocols, so the eyeball's `Content-Length` and
+/// `Transfer-Encoding` go: passed on, a length with no body after it would make an
+/// origin that does not switch read the next request on its connection as this one's
+/// body.
 pub fn add_websocket_headers(headers: &mut HeaderMap) {
     let _ = try_add_websocket_headers(headers);
 }
 
 pub(super) fn try_add_websocket_headers(headers: &mut HeaderMap) -> Result<(), MaxSizeReached> {
+    headers.remove(CONTENT_LENGTH);
+    headers.remove(TRANSFER_ENCODING);
     headers.try_insert(CONNECTION, HeaderValue::from_static("Upgrade"))?;
     headers.try_insert(UPGRADE, HeaderValue::from_static("websocket"))?;
     headers.try_insert(SEC_WEBSOCKET_VERSION, HeaderValue::from_static("13"))?;
@@ -80,7 +89,11 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(SEC_WEBSOCKET_VERSION, HeaderValue::from_static("8"));
         headers.insert(CONNECTION, HeaderValue::from_static("keep-alive"));
+        headers.insert(CONTENT_LENGTH, HeaderValue::from_static("314"));
+        headers.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
         add_websocket_headers(&mut headers);
+        assert!(!headers.contains_key(CONTENT_LENGTH));
+        assert!(!headers.contains_key(TRANSFER_ENCODING));
         assert_eq!(headers.get(SEC_WEBSOCKET_VERSION).unwrap(), "13");
         assert_eq!(headers.get(CONNECTION).unwrap(), "Upgrade");
         assert_eq!(headers.get(UPGRADE).unwrap(), "websocket");
