@@ -150,7 +150,7 @@ impl Admin {
             (&Method::GET | &Method::HEAD, "/readyz") => self.readyz(),
             (&Method::GET, "/metrics") => self.metrics(),
             (&Method::PUT, "/config") => self.put_config(req).await,
-            (&Method::GET, "/config") => self.get_config(&req).await,
+            (&Method::GET, "/config") => self.get_config(&req),
             (&Method::GET, "/config/document") => self.get_document(&req).await,
             (_, "/healthz" | "/readyz" | "/metrics" | "/config" | "/config/document") => {
                 json_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
@@ -198,12 +198,13 @@ impl Admin {
         )
     }
 
-    async fn get_config(&self, req: &Request<Incoming>) -> AdminResponse {
+    /// Reads nothing a push holds: it answers while a push is being compiled.
+    fn get_config(&self, req: &Request<Incoming>) -> AdminResponse {
         if !self.authorized(req) {
             return json_error(StatusCode::UNAUTHORIZED, "missing or invalid bearer token");
         }
         let state = cftunnel_config::api::ConfigState {
-            version: self.reloader.version().await,
+            version: self.reloader.version(),
             ready: self.not_ready().is_none(),
             enforces: vec![cftunnel_config::api::ENFORCES_ACCESS.to_owned()],
         };

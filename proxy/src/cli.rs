@@ -1,7 +1,9 @@
 //! Command line and environment (every setting is both a flag and an env var).
 
 use clap::builder::BoolishValueParser;
-use clap::{Parser, ValueEnum};
+use clap::error::{ContextKind, ContextValue};
+use clap::{CommandFactory, Parser, ValueEnum};
+use std::ffi::{OsStr, OsString};
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
@@ -226,6 +228,74 @@ impl Args {
             ..crate::access::AccessSettings::default()
         }
     }
+}
+
+impl Args {
+    /// Reads the settings from the command line and the environment. A value that does not
+    /// parse is printed and the process exits 2 (`--help` and `--version` print and exit 0);
+    /// one that came from an environment variable is reported under the variable's name.
+    pub fn parse_or_exit() -> Self {
+        Self::try_parse().unwrap_or_else(|e| {
+            let argv: Vec<OsString> = std::env::args_os().collect();
+            name_the_variable(e, &mut Self::command(), &argv, |var| std::env::var_os(var)).exit()
+        })
+    }
+}
+
+/// `error` about a value that did not parse, reported under the environment variable the value
+/// came from, if it came from one (clap names only the flag, and operators set variables):
+/// `PROXY_GRACE_PERIOD=30: invalid duration "30": … (flag --grace-period)`. The value of a
+/// setting whose value is secret is left out. Any other error is returned as it is.
+fn name_the_variable(
+    error: clap::Error,
+    cmd: &mut clap::Command,
+    argv: &[OsString],
+    env: impl Fn(&OsStr) -> Option<OsString>,
+) -> clap::Error {
+    let (Some(ContextValue::String(invalid_arg)), Some(ContextValue::String(value))) = (
+        error.get(ContextKind::InvalidArg),
+        error.get(ContextKind::InvalidValue),
+    ) else {
+        return error;
+    };
+    // The built command renders each argument as clap's error names it.
+    cmd.build();
+    let Some(arg) = cmd.get_arguments().find(|a| a.to_string() == *invalid_arg) else {
+        return error;
+    };
+    let (Some(var), Some(long)) = (arg.get_env(), arg.get_long()) else {
+        return error;
+    };
+    let flag = format!("--{long}");
+    // A flag on the command line wins over the variable: its value is the one refused.
+    let on_command_line = argv.iter().skip(1).filter_map(|a| a.to_str()).any(|a| {
+        a.strip_prefix(flag.as_str())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('='))
+    });
+    if on_command_line || env(var).as_deref() != Some(OsStr::new(value)) {
+        return error;
+    }
+    let reason = match error.get(ContextKind::ValidValue) {
+        Some(ContextValue::Strings(valid)) if !valid.is_empty() => {
+            match error.get(ContextKind::SuggestedValue) {
+                Some(ContextValue::String(near)) => {
+                    format!("not one of {} (did you mean {near}?)", valid.join(", "))
+                }
+                _ => format!("not one of {}", valid.join(", ")),
+            }
+        }
+        _ => match std::error::Error::source(&error) {
+            Some(source) => source.to_string(),
+            None => return error,
+        },
+    };
+    let var = var.to_string_lossy();
+    let setting = if arg.is_hide_env_values_set() {
+        var.into_owned()
+    } else {
+        format!("{var}={value}")
+    };
+    clap::Error::raw(error.kind(), format!("{setting}: {reason} (flag {flag})")).format(cmd)
 }
 
 /// A listen address, as Go's `net.Listen` takes it: `:PORT` means every address of both

@@ -100,7 +100,7 @@ impl Cache {
 /// Applies config documents to a [`Proxy`], one at a time.
 ///
 /// A push runs to its end once its document is in: the compile, the swap and the cache it
-/// leaves for the next push belong to a blocking task that holds the state, not to the caller's
+/// leaves for the next push belong to a thread of its own that holds the state, not to the caller's
 /// future, so a pusher that hangs up mid-compile (its own timeout) costs nothing: the next push
 /// waits for this one and finds the cache, and the settings in it, as this one left them.
 #[derive(Debug)]
@@ -147,9 +147,10 @@ impl Reloader {
         &self.proxy
     }
 
-    /// The version being served.
-    pub async fn version(&self) -> i64 {
-        self.state.lock().await.version
+    /// The version being served: read from the table in service, so it never waits for a push
+    /// being compiled.
+    pub fn version(&self) -> i64 {
+        self.proxy.routes().version()
     }
 
     /// The JSON text of the document being served, if one was applied.
@@ -222,8 +223,14 @@ impl Reloader {
     }
 }
 
-/// Runs `push` on the blocking pool with the state it holds, to its end even if the caller
+/// Runs `push` with the state it holds on a thread of its own, to its end even if the caller
 /// stops waiting.
+///
+/// Not on the runtime's blocking pool: that pool also runs backend name lookups, which hold a
+/// thread each for as long as DNS takes to fail (about 20 s when it does not answer), and a
+/// push queued behind them is the fix for that incident arriving too late. Pushes are rare, so
+/// a thread each costs nothing. The thread enters the runtime, as a blocking task would, for
+/// what the swap starts (Access key refreshes, retiring the old table).
 async fn run_to_end<F>(
     mut state: tokio::sync::OwnedMutexGuard<State>,
     push: F,
@@ -231,7 +238,16 @@ async fn run_to_end<F>(
 where
     F: FnOnce(&mut State) -> Result<i64, ConfigError> + Send + 'static,
 {
-    tokio::task::spawn_blocking(move || push(&mut state))
+    let runtime = tokio::runtime::Handle::try_current().ok();
+    let (done, result) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("config-compile".into())
+        .spawn(move || {
+            let _entered = runtime.as_ref().map(tokio::runtime::Handle::enter);
+            let _ = done.send(push(&mut state));
+        })
+        .map_err(|_| ConfigError::Internal("cannot start the compiler thread"))?;
+    result
         .await
         .map_err(|_| ConfigError::Internal("compiler task failed"))?
 }

@@ -1,5 +1,4 @@
 use cftunnel_proxy::cli::Args;
-use clap::Parser;
 
 /// mimalloc: a config push allocates and frees tens of thousands of small objects, and the
 /// request path allocates per connection; both are several times cheaper than with glibc's malloc.
@@ -8,7 +7,7 @@ static ALLOC: cftunnel_alloc::Mimalloc = cftunnel_alloc::Mimalloc;
 
 fn main() -> std::process::ExitCode {
     cftunnel_proxy::memory::disable_huge_pages();
-    let args = Args::parse();
+    let args = Args::parse_or_exit();
     if let Err(e) = cftunnel_telemetry::init_logs(args.log_format) {
         eprintln!("error: installing the log subscriber: {e}");
         return std::process::ExitCode::FAILURE;
@@ -46,7 +45,12 @@ fn main() -> std::process::ExitCode {
         let signals = cftunnel_proxy::process::Signals::new()?;
         cftunnel_proxy::process::run(args, worker_threads, signals).await
     };
-    match runtime.block_on(run) {
+    let result = runtime.block_on(run);
+    // Dropping the runtime would wait, without limit, for blocking calls still running (a
+    // backend name lookup holds its thread for as long as DNS takes to fail, about 20 s when
+    // it does not answer): the process would outlive its drain, and the pod's grace period.
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_WAIT);
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -54,3 +58,7 @@ fn main() -> std::process::ExitCode {
         }
     }
 }
+
+/// How long blocking calls still running once the proxy has drained get before the process
+/// exits without them.
+const RUNTIME_SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);

@@ -67,7 +67,8 @@ async fn sigterm_refuses_new_connections_finishes_in_flight_requests_and_exits_z
             .header("authorization", format!("Bearer {TOKEN}"))
             .body(http_body_util::Full::new(bytes::Bytes::new()))
             .expect("req");
-        assert_eq!(send(&http, config).await.json(), serde_json::json!({"version": 1, "ready": false}), "GET /config says so too");
+        let state = send(&http, config).await.json();
+        assert_eq!((&state["version"], &state["ready"]), (&serde_json::json!(1), &serde_json::json!(false)), "GET /config says so too: {state}");
 
         let r = slow.await.expect("slow request task");
         assert_eq!(r.status, 200, "the in-flight request completed");

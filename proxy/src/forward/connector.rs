@@ -100,13 +100,11 @@ async fn connect(t: &Target) -> Result<Stream, ConnectError> {
 /// checked addresses themselves, never by name again, so a record that changes between the
 /// check and the connect (DNS rebinding) cannot lead elsewhere.
 async fn dial(t: &Target) -> io::Result<TcpStream> {
+    let addrs = resolve(&t.host, t.port).await?;
     if !t.public_only {
-        return TcpStream::connect((&*t.host, t.port)).await;
+        return TcpStream::connect(&addrs[..]).await;
     }
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((&*t.host, t.port))
-        .await?
-        .filter(|a| is_public(a.ip()))
-        .collect();
+    let addrs: Vec<SocketAddr> = addrs.into_iter().filter(|a| is_public(a.ip())).collect();
     if addrs.is_empty() {
         tracing::debug!(
             host = %t.host,
@@ -118,6 +116,46 @@ async fn dial(t: &Target) -> io::Result<TcpStream> {
         ));
     }
     TcpStream::connect(&addrs[..]).await
+}
+
+/// Host-name lookups in flight at once, in the whole process. A lookup is a blocking
+/// `getaddrinfo` call on the runtime's blocking pool (512 threads), which with DNS not answering
+/// holds its thread for about 20 s; unbounded, a burst of dials to such a backend would take the
+/// whole pool from what else needs it (edge discovery, file reads, freeing old tables). With
+/// DNS answering, lookups take milliseconds and this many is never reached.
+const LOOKUP_SLOTS: usize = 64;
+static LOOKUPS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(LOOKUP_SLOTS);
+
+/// The addresses of `host`: an IP literal as it is, a name by the system resolver within one
+/// of the [`LOOKUPS`] slots. Waiting for a slot counts within the dial's timeout.
+async fn resolve(host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let host = host.to_owned();
+    lookup(&LOOKUPS, move || {
+        std::net::ToSocketAddrs::to_socket_addrs(&(&*host, port)).map(Iterator::collect)
+    })
+    .await
+}
+
+/// Runs the blocking `resolve` on the blocking pool once one of `slots` is free. The slot
+/// belongs to the call, not to its caller: a caller that gives up (its dial timed out) leaves
+/// it taken until the call returns, so stuck lookups never hold more threads than `slots` has.
+async fn lookup<F>(
+    slots: &'static tokio::sync::Semaphore,
+    resolve: F,
+) -> io::Result<Vec<SocketAddr>>
+where
+    F: FnOnce() -> io::Result<Vec<SocketAddr>> + Send + 'static,
+{
+    let slot = slots.acquire().await.map_err(io::Error::other)?;
+    tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        resolve()
+    })
+    .await
+    .map_err(io::Error::other)?
 }
 
 /// Whether `ip` is a public (global unicast) address: not loopback, private, link-local,
@@ -253,8 +291,40 @@ impl AsyncWrite for Stream {
 
 #[cfg(test)]
 mod tests {
-    use super::is_public;
-    use std::net::IpAddr;
+    use super::{is_public, lookup};
+    use std::net::{IpAddr, SocketAddr};
+    use std::time::Duration;
+    use tokio::sync::Semaphore;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stuck_lookup_keeps_its_slot_after_its_caller_gave_up() {
+        static SLOTS: Semaphore = Semaphore::const_new(1);
+        let (release, stuck) = std::sync::mpsc::channel::<()>();
+        let (started, running) = tokio::sync::oneshot::channel();
+        let first = tokio::spawn(lookup(&SLOTS, move || {
+            let _ = started.send(());
+            let _ = stuck.recv();
+            Ok(Vec::new())
+        }));
+        running.await.expect("the first lookup runs");
+        // Its dial timed out: the caller is gone, the blocking call is not.
+        first.abort();
+        let _ = first.await;
+        let second = lookup(&SLOTS, || Ok(vec![SocketAddr::from(([127, 0, 0, 1], 1))]));
+        tokio::pin!(second);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), &mut second)
+                .await
+                .is_err(),
+            "a second lookup waits while the first still runs"
+        );
+        release.send(()).expect("the first lookup is still running");
+        let addrs = tokio::time::timeout(Duration::from_secs(5), second)
+            .await
+            .expect("the slot is free once the first lookup returned")
+            .expect("resolved");
+        assert_eq!(addrs, vec![SocketAddr::from(([127, 0, 0, 1], 1))]);
+    }
 
     fn public(ip: &str) -> bool {
         is_public(ip.parse::<IpAddr>().expect("test address parses"))
