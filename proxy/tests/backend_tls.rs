@@ -1,6 +1,7 @@
 //! End to end: how the proxy dials TLS backends. Which certificates it accepts (wildcard
-//! subject alternative names, a self-signed certificate named as its own CA) and how a failed
-//! handshake counts (dropped: retried as a dial; refused: a TLS failure, not retried).
+//! subject alternative names, a self-signed certificate named as its own CA, a Go block that
+//! trusts nothing) and how a failed handshake counts (dropped: retried as a dial; refused: a
+//! TLS failure, not retried).
 //!
 //! `fixtures/self-signed-ca-{a,b}.pem` are what `openssl req -x509` makes by default: a
 //! self-signed certificate marked `CA:TRUE`, here for `localhost` and `127.0.0.1`, valid for a
@@ -296,6 +297,35 @@ async fn a_self_signed_ca_certificate_named_as_its_own_anchor_is_accepted() {
             assert_eq!(get(&http, d, "h", path, &[]).await.status, want, "{path}");
         }
         assert_eq!(tls_errors(&http, &proxy).await, Some(3.0));
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// The Go implementation's fail-closed block (no CA bundle, here with the Gateway's client
+/// certificate, which only its spelling carries) is accepted and every try fails as TLS: 502,
+/// counted as `tls`. That it trusts no root at all, not the web roots, is checked where the
+/// client is built (`forward::tls`): no test certificate chains to a web root.
+#[tokio::test]
+async fn a_go_block_without_a_ca_bundle_answers_502_tls() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let (config, _) = private_ca_server(&["api.example.com"]);
+        let (addr, _) = tls_backend(config).await;
+        let client_pki =
+            cftunnel_testkit::pki::TestPki::for_names(&["gateway.client"]).expect("PKI");
+        let proxy = proxy().await;
+        let http = client();
+        let doc = json!({"rules": [rule("/", json!({"url": https(addr), "weight": 1,
+            "tls": {"serverName": "api.example.com",
+                    "clientCertPem": b64(&client_pki.leaf_pem()),
+                    "clientKeyPem": b64(&client_pki.key_pem())}}))]});
+        let r = push(&http, proxy.admin_addr(), &doc).await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        let r = get(&http, proxy.data_addr(), "h", "/", &[]).await;
+        assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(tls_errors(&http, &proxy).await, Some(1.0));
     })
     .await
     .expect("test finished in time");

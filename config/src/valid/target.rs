@@ -53,7 +53,8 @@ impl std::fmt::Debug for Target {
 /// TLS to a backend.
 #[derive(Debug, Clone)]
 pub struct Tls {
-    /// The certificates to trust; `None`: the platform's web roots.
+    /// The certificates to trust; `None`: the platform's web roots; empty: none, so every
+    /// handshake fails.
     pub roots: Option<Vec<CertificateDer<'static>>>,
     /// The name sent as SNI and verified, unless `subject_alt_names` replaces the check.
     pub server_name: ServerName<'static>,
@@ -151,8 +152,9 @@ impl Target {
     ///
     /// # Errors
     /// A URL that is not absolute `http` or `https` with a host and no user info; TLS settings
-    /// on an `http` URL; a CA bundle with no PEM certificate or one that is not a valid trust
-    /// anchor; a server name or accepted name that is neither a DNS name nor an IP address.
+    /// on an `http` URL; a CA bundle that is neither empty (trust nothing) nor PEM certificates
+    /// that are each a valid trust anchor; a server name that is neither a DNS name nor an IP
+    /// address; an accepted name that is none of those, a `*.` wildcard DNS name or a URI.
     pub fn new(
         url: &str,
         protocol: BackendProtocol,
@@ -262,9 +264,13 @@ impl Target {
 
 impl Tls {
     fn new(host: &str, tls: Option<&BackendTls>) -> Result<Self, TargetError> {
+        // An empty bundle trusts nothing (see `BackendTls::ca_bundle`).
         let roots = tls
             .and_then(|t| t.ca_bundle.as_deref())
-            .map(ca_bundle)
+            .map(|pem| match pem {
+                "" => Ok(Vec::new()),
+                pem => ca_bundle(pem),
+            })
             .transpose()
             .map_err(|e| TargetError::new("tls.caBundle", e))?;
         // Without a server name of its own, the URL's host is the name verified.

@@ -243,6 +243,31 @@ fn a_wildcard_subject_alt_name_is_accepted_and_matches_one_label() {
     assert!(!matches("apisvc.example"));
 }
 
+/// An empty CA bundle trusts no certificate (the Go implementation's block without one);
+/// one without any PEM certificate in it is still refused.
+#[test]
+fn an_empty_ca_bundle_trusts_nothing() {
+    let target = |bundle: &str| {
+        let tls = crate::BackendTls {
+            ca_bundle: Some(bundle.to_owned()),
+            ..crate::BackendTls::default()
+        };
+        Target::new(
+            "https://x",
+            crate::BackendProtocol::Http1,
+            false,
+            Some(&tls),
+            false,
+        )
+    };
+    let roots = target("").expect("accepted").tls.expect("tls").roots;
+    assert_eq!(roots, Some(Vec::new()));
+    assert_eq!(
+        target("\n").err().map(|e| e.field).as_deref(),
+        Some("tls.caBundle")
+    );
+}
+
 #[test]
 fn a_changed_client_key_makes_another_target() {
     let key = rcgen::KeyPair::generate().expect("key");

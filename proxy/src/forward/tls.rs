@@ -106,7 +106,8 @@ impl BackendVerifier {
     fn new(tls: &valid::Tls, algorithms: WebPkiSupportedAlgorithms) -> Result<Self, UpstreamError> {
         let mut roots = RootCertStore::empty();
         match &tls.roots {
-            // The contract has checked that each is a trust anchor.
+            // The contract has checked that each is a trust anchor. None at all: nothing is
+            // trusted and every handshake fails.
             Some(certs) => {
                 for cert in certs {
                     roots
@@ -256,5 +257,42 @@ impl Presented {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verifier(tls: serde_json::Value) -> BackendVerifier {
+        let tls: cftunnel_config::BackendTls = serde_json::from_value(tls).expect("reads");
+        let target = valid::Target::new(
+            "https://api.example.com",
+            cftunnel_config::BackendProtocol::Http1,
+            false,
+            Some(&tls),
+            false,
+        )
+        .expect("a valid target");
+        let algorithms =
+            rustls::crypto::aws_lc_rs::default_provider().signature_verification_algorithms;
+        BackendVerifier::new(&target.tls.expect("https"), algorithms).expect("verifier")
+    }
+
+    /// The Go implementation's block without a CA bundle (its fail-closed block, here with the
+    /// Gateway's client certificate) trusts no root at all, where this crate's spelling of the
+    /// same settings trusts the web roots.
+    #[test]
+    fn a_go_block_without_a_ca_bundle_trusts_no_root() {
+        use base64::Engine as _;
+        let pki = cftunnel_testkit::pki::TestPki::for_names(&["client.test"]).expect("PKI");
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let go = verifier(serde_json::json!({"serverName": "api.example.com",
+            "clientCertPem": b64(&pki.leaf_pem()), "clientKeyPem": b64(&pki.key_pem())}));
+        assert!(go.roots.is_empty());
+        assert!(go.bundle.is_empty());
+        let ours = verifier(serde_json::json!({"serverName": "api.example.com",
+            "clientCertificate": {"certificateChain": pki.leaf_pem(), "privateKey": pki.key_pem()}}));
+        assert_eq!(ours.roots.len(), webpki_roots::TLS_SERVER_ROOTS.len());
     }
 }
