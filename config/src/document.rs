@@ -461,7 +461,9 @@ impl Default for Backend {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", try_from = "BackendTlsWire")]
 pub struct BackendTls {
-    /// PEM bundle of CA certificates; absent: the platform's web roots.
+    /// PEM bundle of CA certificates; absent: the platform's web roots; empty (`""`): no
+    /// certificate is trusted, so every handshake fails (what the Go implementation means by a
+    /// block without a bundle; a block in its spelling reads so).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_bundle: Option<String>,
     /// SNI and the name verified; absent: the URL's host.
@@ -495,8 +497,16 @@ pub struct ClientCertificate {
     pub private_key: String,
 }
 
-/// The key is left out: documents are logged at debug level.
 /// [`BackendTls`] as either implementation writes it.
+///
+/// The two spellings share `caBundle`, `serverName` and `subjectAltNames`, and mean different
+/// things by a block without `caBundle`: here the platform's web roots, in the Go
+/// implementation an empty trust pool. Its controller writes such a block on purpose when a
+/// BackendTLSPolicy's CA cannot be used, so that every handshake fails (502) rather than the
+/// backend being reached unverified. A block that carries a field only Go writes
+/// (`subjectAltNameUris`, `clientCertPem`, `clientKeyPem`) is therefore read as trusting
+/// nothing when it has no bundle. One with none of them is the same text in both spellings
+/// and keeps this crate's meaning.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct BackendTlsWire {
@@ -536,6 +546,7 @@ impl TryFrom<BackendTlsWire> for BackendTls {
             }),
             _ => return Err("clientCertPem and clientKeyPem: set both or neither".to_owned()),
         };
+        let go_spelled = !w.subject_alt_name_uris.is_empty() || go_pair.is_some();
         let client_certificate = match (w.client_certificate, go_pair) {
             (Some(_), Some(_)) => {
                 return Err(
@@ -545,10 +556,14 @@ impl TryFrom<BackendTlsWire> for BackendTls {
             }
             (ours, go) => ours.or(go),
         };
+        let ca_bundle = match w.ca_bundle {
+            None if go_spelled => Some(String::new()),
+            bundle => bundle,
+        };
         let mut subject_alt_names = w.subject_alt_names;
         subject_alt_names.extend(w.subject_alt_name_uris);
         Ok(Self {
-            ca_bundle: w.ca_bundle,
+            ca_bundle,
             server_name: w.server_name,
             subject_alt_names,
             client_certificate,
@@ -556,6 +571,7 @@ impl TryFrom<BackendTlsWire> for BackendTls {
     }
 }
 
+/// The key is left out: documents are logged at debug level.
 impl std::fmt::Debug for ClientCertificate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientCertificate")

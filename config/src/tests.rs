@@ -143,6 +143,39 @@ fn backend_tls_reads_the_go_spelling_too() {
     }
 }
 
+/// A block in the Go implementation's spelling without a CA bundle trusts nothing, as in Go
+/// (its controller writes one when a policy's CA cannot be used); told apart by a field only
+/// Go writes. A block both spellings share keeps this crate's meaning (the web roots), and
+/// what is read is written back so that it reads the same.
+#[test]
+fn a_go_block_without_a_ca_bundle_trusts_nothing() {
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let tls =
+        |value: serde_json::Value| serde_json::from_value::<BackendTls>(value).expect("reads");
+    for go in [
+        serde_json::json!({"serverName": "api.example.com",
+            "clientCertPem": b64("CERT"), "clientKeyPem": b64("KEY")}),
+        serde_json::json!({"serverName": "api.example.com",
+            "subjectAltNameUris": ["spiffe://cluster.local/ns/shop/sa/api"]}),
+    ] {
+        let read = tls(go.clone());
+        assert_eq!(read.ca_bundle.as_deref(), Some(""), "{go}");
+        let written = serde_json::to_value(&read).expect("writes");
+        assert_eq!(tls(written), read);
+    }
+    let with_bundle = tls(serde_json::json!({"caBundle": "CA",
+        "clientCertPem": b64("CERT"), "clientKeyPem": b64("KEY")}));
+    assert_eq!(with_bundle.ca_bundle.as_deref(), Some("CA"));
+    for shared in [
+        serde_json::json!({"serverName": "api.example.com"}),
+        serde_json::json!({"serverName": "api.example.com",
+            "clientCertificate": {"certificateChain": "C", "privateKey": "K"}}),
+    ] {
+        assert_eq!(tls(shared.clone()).ca_bundle, None, "{shared}");
+    }
+}
+
 /// A mirror's TLS settings, as a backend's: read when set, written only then.
 #[test]
 fn mirror_tls_is_read_and_written_only_when_set() {

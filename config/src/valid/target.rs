@@ -53,7 +53,8 @@ impl std::fmt::Debug for Target {
 /// TLS to a backend.
 #[derive(Debug, Clone)]
 pub struct Tls {
-    /// The certificates to trust; `None`: the platform's web roots.
+    /// The certificates to trust; `None`: the platform's web roots; empty: none, so every
+    /// handshake fails.
     pub roots: Option<Vec<CertificateDer<'static>>>,
     /// The name sent as SNI and verified, unless `subject_alt_names` replaces the check.
     pub server_name: ServerName<'static>,
@@ -68,15 +69,28 @@ pub struct Tls {
 pub enum SubjectAltName {
     /// A DNS name or an IP address.
     Name(ServerName<'static>),
+    /// A DNS name whose first label is `*` (Gateway API's `Hostname` type allows it): the
+    /// name after `*.`, lower-cased. See [`SubjectAltName::wildcard_matches`].
+    Wildcard(Box<str>),
     /// A URI (`spiffe://cluster.local/ns/shop/sa/api`), compared as written.
     Uri(Box<str>),
 }
 
 impl SubjectAltName {
-    /// A DNS name or IP address, else a URI (`scheme:rest`, RFC 3986 scheme, no spaces).
+    /// A DNS name or IP address, a DNS name under a `*.` first label, else a URI
+    /// (`scheme:rest`, RFC 3986 scheme, no spaces).
     fn parse(s: &str) -> Option<Self> {
         if let Ok(name) = ServerName::try_from(s.to_owned()) {
             return Some(Self::Name(name));
+        }
+        if let Some(parent) = s.strip_prefix("*.") {
+            let parent = parent.strip_suffix('.').unwrap_or(parent);
+            return match ServerName::try_from(parent) {
+                Ok(ServerName::DnsName(_)) => {
+                    Some(Self::Wildcard(parent.to_ascii_lowercase().into()))
+                }
+                _ => None,
+            };
         }
         let (scheme, rest) = s.split_once(':')?;
         let scheme_ok = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
@@ -85,6 +99,20 @@ impl SubjectAltName {
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
         let rest_ok = !rest.is_empty() && rest.chars().all(|c| c.is_ascii_graphic());
         (scheme_ok && rest_ok).then(|| Self::Uri(s.into()))
+    }
+
+    /// Whether a DNS name a certificate carries satisfies the wildcard name `*.{parent}`
+    /// ([`SubjectAltName::Wildcard`]): it is that wildcard itself, or `parent` under exactly
+    /// one more label that is no wildcard (RFC 6125 section 6.4.3, without partial-label
+    /// wildcards). Compared case-insensitively.
+    pub fn wildcard_matches(parent: &str, presented: &str) -> bool {
+        let presented = presented.strip_suffix('.').unwrap_or(presented);
+        let Some((first, rest)) = presented.split_once('.') else {
+            return false;
+        };
+        rest.eq_ignore_ascii_case(parent)
+            && !first.is_empty()
+            && (first == "*" || !first.contains('*'))
     }
 }
 
@@ -124,8 +152,9 @@ impl Target {
     ///
     /// # Errors
     /// A URL that is not absolute `http` or `https` with a host and no user info; TLS settings
-    /// on an `http` URL; a CA bundle with no PEM certificate or one that is not a valid trust
-    /// anchor; a server name or accepted name that is neither a DNS name nor an IP address.
+    /// on an `http` URL; a CA bundle that is neither empty (trust nothing) nor PEM certificates
+    /// that are each a valid trust anchor; a server name that is neither a DNS name nor an IP
+    /// address; an accepted name that is none of those, a `*.` wildcard DNS name or a URI.
     pub fn new(
         url: &str,
         protocol: BackendProtocol,
@@ -235,9 +264,13 @@ impl Target {
 
 impl Tls {
     fn new(host: &str, tls: Option<&BackendTls>) -> Result<Self, TargetError> {
+        // An empty bundle trusts nothing (see `BackendTls::ca_bundle`).
         let roots = tls
             .and_then(|t| t.ca_bundle.as_deref())
-            .map(ca_bundle)
+            .map(|pem| match pem {
+                "" => Ok(Vec::new()),
+                pem => ca_bundle(pem),
+            })
             .transpose()
             .map_err(|e| TargetError::new("tls.caBundle", e))?;
         // Without a server name of its own, the URL's host is the name verified.

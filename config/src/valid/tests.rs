@@ -191,6 +191,83 @@ fn subject_alt_names_are_dns_names_ip_addresses_or_uris() {
     );
 }
 
+/// Gateway API's `Hostname` type allows a `*.` first label: such a name is accepted as a
+/// wildcard, and satisfied by itself or by one label in place of the `*`; other malformed
+/// names are still refused.
+#[test]
+fn a_wildcard_subject_alt_name_is_accepted_and_matches_one_label() {
+    use super::SubjectAltName;
+    let target = |name: &str| {
+        let tls = crate::BackendTls {
+            subject_alt_names: vec![name.to_owned()],
+            ..crate::BackendTls::default()
+        };
+        Target::new(
+            "https://x",
+            crate::BackendProtocol::Http1,
+            false,
+            Some(&tls),
+            false,
+        )
+    };
+    let names = target("*.Svc.Example")
+        .expect("a wildcard name")
+        .tls
+        .expect("tls")
+        .subject_alt_names;
+    assert_eq!(names, [SubjectAltName::Wildcard("svc.example".into())]);
+    for refused in [
+        "*",
+        "*.",
+        "**.svc.example",
+        "*.*.svc.example",
+        "a*.svc.example",
+        "*.10.0.0.1",
+        "*.svc example",
+    ] {
+        let err = target(refused)
+            .err()
+            .unwrap_or_else(|| panic!("{refused:?} is refused"));
+        assert_eq!(err.field, "tls.subjectAltNames[0]", "{refused:?}");
+    }
+    let matches = |presented| SubjectAltName::wildcard_matches("svc.example", presented);
+    assert!(matches("*.svc.example"));
+    assert!(matches("*.SVC.example"));
+    assert!(matches("api.svc.example"));
+    assert!(matches("API.svc.example."));
+    assert!(!matches("a.b.svc.example"));
+    assert!(!matches("svc.example"));
+    assert!(!matches(".svc.example"));
+    assert!(!matches("a*.svc.example"));
+    assert!(!matches("api.svc.example.org"));
+    assert!(!matches("apisvc.example"));
+}
+
+/// An empty CA bundle trusts no certificate (the Go implementation's block without one);
+/// one without any PEM certificate in it is still refused.
+#[test]
+fn an_empty_ca_bundle_trusts_nothing() {
+    let target = |bundle: &str| {
+        let tls = crate::BackendTls {
+            ca_bundle: Some(bundle.to_owned()),
+            ..crate::BackendTls::default()
+        };
+        Target::new(
+            "https://x",
+            crate::BackendProtocol::Http1,
+            false,
+            Some(&tls),
+            false,
+        )
+    };
+    let roots = target("").expect("accepted").tls.expect("tls").roots;
+    assert_eq!(roots, Some(Vec::new()));
+    assert_eq!(
+        target("\n").err().map(|e| e.field).as_deref(),
+        Some("tls.caBundle")
+    );
+}
+
 #[test]
 fn a_changed_client_key_makes_another_target() {
     let key = rcgen::KeyPair::generate().expect("key");

@@ -92,8 +92,22 @@ async fn connect(t: &Target) -> Result<Stream, ConnectError> {
     let stream = tokio::time::timeout(t.timeout, handshake)
         .await
         .map_err(|_| err(ConnectErrorKind::Timeout, "TLS handshake timed out".into()))?
-        .map_err(|e| err(ConnectErrorKind::Tls, e.to_string()))?;
+        .map_err(|e| err(handshake_error_kind(&e), e.to_string()))?;
     Ok(Stream::Tls(Box::new(stream)))
+}
+
+/// What a failed handshake counts as. TLS itself failing (a certificate refused, an alert, a
+/// malformed message: rustls's errors, which reach here as `InvalidData`) is `Tls`, a matter of
+/// configuration that another try would not cure. The connection dropping under it (a
+/// backend pod going away mid-handshake: a reset, an end of stream) is the same as failing to
+/// connect, and is retried as such.
+fn handshake_error_kind(e: &io::Error) -> ConnectErrorKind {
+    let from_rustls = e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>());
+    if from_rustls || e.kind() == io::ErrorKind::InvalidData {
+        ConnectErrorKind::Tls
+    } else {
+        ConnectErrorKind::Dial
+    }
 }
 
 /// Opens the TCP connection. A public-only target is resolved here and connected to by the
