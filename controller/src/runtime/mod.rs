@@ -2194,9 +2194,11 @@ fn shared_plane(
         _ => None,
     };
     Some(PlaneInfo {
-        address: class
-            .tunnel_id
-            .map(render::tunnel_hostname)
+        // The tunnel the pool serves: while the class config does not resolve, the one last
+        // read, which the pool's connectors still run on. An empty address would take the
+        // shared Gateways' `status.addresses` away, and the DNS records that follow them.
+        address: identity
+            .map(|t| render::tunnel_hostname(t.id))
             .unwrap_or_default(),
         identity,
         ready: true,
