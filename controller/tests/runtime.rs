@@ -6171,3 +6171,67 @@ async fn a_gateway_re_created_under_its_name_takes_over_what_its_predecessor_lef
     .await
     .expect("in time");
 }
+
+/// A GatewayConfig's `cloudflareCredentialsSecretRef` that gives no API token: the route's
+/// message says which of the Secret, its key or the key's value is missing.
+#[tokio::test]
+async fn a_missing_api_token_is_reported_saying_what_is_missing() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let cloudflare = CloudflareApi::start().await;
+        cloudflare.allow("acct", "cf-token-a");
+        let base = cloudflare.base();
+        let t = Tenant::start_tuned(
+            "replicas: 1, cloudflareCredentialsSecretRef: {name: edge-cf}",
+            |_| {},
+            ApiServer::client,
+            |options| options.cloudflare_api_base = base,
+        )
+        .await;
+        eventually("shop accepted", || {
+            route_condition(&t.api, "tenant-a", "shop", "Accepted")
+                .filter(|c| c["status"] == "True")
+        })
+        .await;
+        let told = |why: &'static str| {
+            let api = &t.api;
+            let message = format!("the tunnel's ingress document could not be written: {why}");
+            move || {
+                route_condition(api, "tenant-a", "shop", "Accepted").filter(|c| {
+                    c["message"].as_str() == Some(message.as_str()) && c["status"] == "Unknown"
+                })
+            }
+        };
+        let credentials = |data: &str| {
+            yaml(&format!(
+                "apiVersion: v1\nkind: Secret\nmetadata: {{name: edge-cf, namespace: tenant-a}}\nstringData: {data}\n"
+            ))
+        };
+        assert!(t.api.delete("v1", "Secret", "tenant-a", "edge-cf"));
+        eventually(
+            "the Secret said not found",
+            told("Secret tenant-a/edge-cf not found (spec.cloudflareCredentialsSecretRef of GatewayConfig tenant-a/edge-config)"),
+        )
+        .await;
+        t.api.put(credentials("{token: cf-token-a}"));
+        eventually(
+            "the key said missing",
+            told("Secret tenant-a/edge-cf has no key \"api-token\" (spec.cloudflareCredentialsSecretRef of GatewayConfig tenant-a/edge-config)"),
+        )
+        .await;
+        t.api.put(credentials("{api-token: \"  \\n\"}"));
+        eventually(
+            "the value said empty",
+            told("key \"api-token\" of Secret tenant-a/edge-cf is empty (spec.cloudflareCredentialsSecretRef of GatewayConfig tenant-a/edge-config)"),
+        )
+        .await;
+        t.api.put(credentials("{api-token: cf-token-a}"));
+        eventually("shop accepted again", || {
+            route_condition(&t.api, "tenant-a", "shop", "Accepted")
+                .filter(|c| c["status"] == "True")
+        })
+        .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}

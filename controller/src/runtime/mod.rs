@@ -1437,12 +1437,12 @@ impl Reconciler {
         let api_token = match &config.spec.cloudflare_credentials_secret_ref {
             Some(r) => {
                 let key_name = r.key_or(DEFAULT_API_TOKEN_KEY);
-                secret_text(snapshot, &ObjectKey::new(&key.namespace, &r.name), key_name)
+                render::read_secret_text(&snapshot.secrets, &key.namespace, &r.name, key_name)
                     .map(|token| Some((token, None)))
-                    .ok_or_else(|| {
+                    .map_err(|e| {
                         format!(
-                            "Secret {}/{} has no key {key_name:?} (spec.cloudflareCredentialsSecretRef of GatewayConfig {}/{config_name})",
-                            key.namespace, r.name, key.namespace
+                            "{e} (spec.cloudflareCredentialsSecretRef of GatewayConfig {}/{config_name})",
+                            key.namespace
                         )
                     })
             }
