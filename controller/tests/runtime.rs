@@ -6235,3 +6235,58 @@ async fn a_missing_api_token_is_reported_saying_what_is_missing() {
     .await
     .expect("in time");
 }
+
+/// Another installation's Gateway moved from its class `theirs-old` to its class `theirs-new`,
+/// `theirs-old` deleted before that installation relabels the plane (it was not leading): the
+/// plane's label names a class that is gone, but the Gateway is on a listed class of another
+/// controller, and this controller leaves its plane alone.
+#[tokio::test]
+async fn another_installations_plane_for_a_deleted_class_of_its_own_is_left_alone() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        let ours = eventually("our plane's Deployment", || {
+            t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+        })
+        .await;
+        t.api.put(yaml(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: theirs-new}\nspec: {controllerName: example.com/another-installation}\n",
+        ));
+        let other = t.api.put(yaml(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: other, namespace: tenant-a}\nspec:\n  gatewayClassName: theirs-new\n  infrastructure: {parametersRef: {group: cf.k8s.lex.la, kind: GatewayConfig, name: edge-config}}\n  listeners: [{name: http, port: 80, protocol: HTTP}]\n",
+        ));
+        // The other installation's plane for it, rendered while it was on `theirs-old`.
+        let mut theirs = ours.clone();
+        let text = serde_json::to_string(&theirs["metadata"]["labels"]).expect("labels");
+        theirs["metadata"] = json!({
+            "name": "cf-proxy-other",
+            "namespace": "tenant-a",
+            "labels": serde_json::from_str::<Value>(
+                &text.replace("\"edge\"", "\"other\"").replace("cloudflare-tunnel", "theirs-old"),
+            ).expect("labels"),
+            "ownerReferences": [{
+                "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "name": "other",
+                "uid": other["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true,
+            }],
+        });
+        assert_eq!(
+            theirs.pointer("/metadata/labels/gateway.networking.k8s.io~1gateway-class-name"),
+            Some(&json!("theirs-old"))
+        );
+        t.api.put(theirs);
+        // Rounds run on every change; a few of them.
+        for i in 0..5 {
+            t.api.put(yaml(&format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: nudge, namespace: tenant-a}}\ndata: {{n: '{i}'}}\n"
+            )));
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        assert!(
+            t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-other").is_some(),
+            "the other installation's plane stays"
+        );
+        assert!(t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge").is_some());
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
