@@ -294,22 +294,10 @@ fn resolve(
     let mut problems = Vec::new();
     let mut read = |field: &str, r: &SecretReference, default_key: &str| -> Option<String> {
         let (namespace, key) = located(r, defaults, default_key);
-        let exists = secrets.iter().any(|s| {
-            s.metadata.namespace.as_deref() == Some(namespace)
-                && s.metadata.name.as_deref() == Some(r.name.as_str())
-        });
-        let problem = if !exists {
-            format!("spec.{field}: Secret {namespace}/{} not found", r.name)
-        } else {
-            match secret_text(secrets, &ObjectKey::new(namespace, &r.name), key) {
-                Some(text) if !text.is_empty() => return Some(text),
-                _ => format!(
-                    "spec.{field}: Secret {namespace}/{} has no key {key:?}",
-                    r.name
-                ),
-            }
-        };
-        secret_problems.push(problem);
+        match crate::render::read_secret_text(secrets, namespace, &r.name, key) {
+            Ok(text) => return Some(text),
+            Err(e) => secret_problems.push(format!("spec.{field}: {e}")),
+        }
         None
     };
     let credentials = spec.cloudflare_credentials_secret_ref.as_ref();

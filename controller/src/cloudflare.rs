@@ -571,7 +571,7 @@ impl TunnelSync {
 
     /// Brings the tunnel of `target` to `document`; `Ok(true)` when it wrote. A new API token
     /// writes again, so a rotated credential is proven at once rather than at the next change.
-    /// As [`TunnelSync::sync_all`] with this one tunnel: other writes still running stop.
+    /// As [`TunnelSync::sync_all`] with this one tunnel.
     ///
     /// # Errors
     /// As [`TunnelApi::put_configuration`]; the next call tries again.
@@ -591,6 +591,14 @@ impl TunnelSync {
     /// does not hold up the others. A write still running when the call stops waiting goes on;
     /// meanwhile its tunnel answers with the writer's last failure, if its last write failed,
     /// and `Ok(false)` if not, and the first call after it finishes reports it.
+    ///
+    /// Writes to one tunnel go out one at a time, whoever writes them: a document that changes
+    /// while a write to its tunnel runs waits for that write to end (answered, failed or timed
+    /// out), and the call after it writes the newest document. Stopping a write would not
+    /// stop a request already sent, which the API could apply after the newer one, leaving
+    /// the tunnel with the older document while its routes said it was written. A call bounded
+    /// by [`TunnelSync::waiting_at_most`] waits for no write it did not start: one that hangs
+    /// holds up no round, and the wake its end gives brings the next.
     pub async fn sync_all(
         &mut self,
         api: &TunnelApi,
@@ -599,20 +607,41 @@ impl TunnelSync {
         let deadline = self.wait.map(|wait| Instant::now() + wait);
         let done = self.writes.finished();
         let mut wrote = self.settle(done);
-        let mut asked = Vec::with_capacity(work.len());
-        let mut started = Vec::new();
-        for (target, document) in work {
-            let digest = sync_digest(&target, &document);
-            let key = writer_key(&target);
-            let running = self.writes.running(&key);
-            // The same error, word for word, until the wait is over: it reaches route
-            // conditions, which would otherwise be rewritten.
-            let due = self.written.get(&key) != Some(&digest)
-                && self.failed.error(&key, &digest).is_none()
-                && running != Some(digest.as_slice())
-                && (running.is_some() || !self.writes.is_full());
-            if due {
+        let asked: Vec<(TunnelTarget, Value, WriterKey, Vec<u8>)> = work
+            .into_iter()
+            .map(|(target, document)| {
+                let digest = sync_digest(&target, &document);
+                let key = writer_key(&target);
+                (target, document, key, digest)
+            })
+            .collect();
+        // Each document is sent at most once a call.
+        let mut sent = vec![false; asked.len()];
+        loop {
+            let mut started = Vec::new();
+            let mut behind = HashSet::new();
+            for ((target, document, key, digest), sent) in asked.iter().zip(&mut sent) {
+                if *sent {
+                    continue;
+                }
+                // The same error, word for word, until the wait is over: it reaches route
+                // conditions, which would otherwise be rewritten.
+                let due = self.written.get(key) != Some(digest)
+                    && self.failed.error(key, digest).is_none()
+                    && self.writes.running(key) != Some(digest.as_slice());
+                if !due {
+                    continue;
+                }
+                if self.writes.running_keys().any(|(t, _)| *t == target.tunnel) {
+                    behind.insert(target.tunnel);
+                    continue;
+                }
+                if self.writes.is_full() {
+                    continue;
+                }
                 let api = api.clone();
+                let target = target.clone();
+                let document = document.clone();
                 let verified = self.verified.get(&target.tunnel).cloned();
                 // Its calls stay in the caller's trace, however long they outlive the call.
                 let write =
@@ -620,18 +649,30 @@ impl TunnelSync {
                         .instrument(tracing::Span::current());
                 self.writes.start(key.clone(), digest.clone(), write);
                 started.push(key.clone());
+                *sent = true;
             }
-            asked.push((key, digest));
+            let mut waited = started;
+            if deadline.is_none() {
+                waited.extend(
+                    self.writes
+                        .running_keys()
+                        .filter(|(t, _)| behind.contains(t))
+                        .cloned(),
+                );
+            }
+            if waited.is_empty() {
+                break;
+            }
+            let done = self.writes.finished_by(&waited, deadline).await;
+            wrote.extend(self.settle(done));
+            // A document behind a write that ended meanwhile goes out now.
+            if behind.is_empty() || deadline.is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
         }
-        // A write under credentials no longer asked for (a rotated API token or secret) would
-        // land after the new one's and leave the tunnel with its older document.
-        let keys: HashSet<&WriterKey> = asked.iter().map(|(key, _)| key).collect();
-        self.writes.retain(|key| keys.contains(key));
-        let done = self.writes.finished_by(&started, deadline).await;
-        wrote.extend(self.settle(done));
         asked
             .into_iter()
-            .map(|(key, digest)| {
+            .map(|(_, _, key, digest)| {
                 if let Some(error) = self.failed.error(&key, &digest) {
                     Err(error.to_owned())
                 } else if self.written.get(&key) == Some(&digest) {
@@ -676,9 +717,10 @@ impl TunnelSync {
         self.writes.abort_all();
     }
 
-    /// Forgets tunnels no plane uses any more (their last document stays at Cloudflare).
+    /// Forgets tunnels no plane uses any more (their last document stays at Cloudflare). A
+    /// write to one still running ends by itself: stopped, its request could still land after
+    /// a later write to the tunnel.
     pub fn retain(&mut self, keep: impl Fn(&Uuid) -> bool) {
-        self.writes.retain(|(t, _)| keep(t));
         self.written.retain(|(t, _), _| keep(t));
         self.verified.retain(|t, _| keep(t));
         self.failed.retain(|(t, _)| keep(t));

@@ -62,6 +62,11 @@ where
         self.running.get(key).map(|r| r.digest.as_slice())
     }
 
+    /// The keys writes run under.
+    pub fn running_keys(&self) -> impl Iterator<Item = &K> {
+        self.running.keys()
+    }
+
     /// Whether another write would pass the limit.
     pub fn is_full(&self) -> bool {
         self.running.len() >= self.limit
@@ -69,7 +74,9 @@ where
 
     /// Starts `write`, of the version `digest`, under `key`. A write of an earlier version
     /// under it is dropped: what it was writing is superseded. (One that finished meanwhile is
-    /// read all the same: what it wrote stands until this one lands.)
+    /// read all the same: what it wrote stands until this one lands.) Dropping stops the task,
+    /// not a request it already sent, which may still land after the new one's: a caller
+    /// whose writes must land in order starts none under a key while one runs.
     pub fn start(
         &mut self,
         key: K,

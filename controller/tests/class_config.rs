@@ -517,3 +517,85 @@ async fn a_broken_class_config_holds_up_no_tenants_tunnel() {
     .await
     .expect("in time");
 }
+
+/// The shared Gateways' addresses, by name, as their statuses list them.
+fn shared_addresses(api: &ApiServer) -> Vec<Option<Value>> {
+    ["public", "internal"]
+        .iter()
+        .map(|name| {
+            api.get("gateway.networking.k8s.io/v1", "Gateway", "tenant-s", name)
+                .and_then(|g| g.pointer("/status/addresses").cloned())
+        })
+        .collect()
+}
+
+/// While the class config does not resolve (its credentials Secret deleted), the shared pool
+/// serves on the class tunnel it last read: every shared Gateway keeps that tunnel's address,
+/// which external-dns and the like follow.
+#[tokio::test]
+async fn a_class_config_that_stops_resolving_leaves_the_shared_gateways_their_address() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let gateways = ["public", "internal"]
+            .iter()
+            .map(|name| {
+                format!(
+                    "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: {name}, namespace: tenant-s}}\nspec:\n  gatewayClassName: cloudflare-tunnel\n  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: {name}.example.com}}]\n"
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("---\n");
+        let api = ApiServer::builder()
+            .rbac(REQUIRED_RBAC)
+            .seed(format!("{}---\n{gateways}", seed()))
+            .start()
+            .await;
+        let cloudflare = CloudflareApi::start().await;
+        cloudflare.allow(ACCOUNT, "class-api-token");
+        let options = RuntimeOptions {
+            resync: Duration::from_millis(150),
+            shared: Some(shared_plane()),
+            cloudflare_api_base: cloudflare.base(),
+            push_timeout: Duration::from_secs(2),
+            ..RuntimeOptions::default()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let health = std::sync::Arc::new(runtime::health::Health::default());
+        let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
+            let _ = stopped.await;
+        }));
+        let address = json!([{"type": "Hostname", "value": format!("{SHARED_TUNNEL_ID}.cfargotunnel.com")}]);
+        let every = vec![Some(address); 2];
+        eventually("the shared Gateways' address", || {
+            (shared_addresses(&api) == every).then_some(())
+        })
+        .await;
+
+        assert!(api.delete("v1", "Secret", "cftunnel-system", "class-credentials"));
+        let class = || {
+            api.get(
+                "gateway.networking.k8s.io/v1",
+                "GatewayClass",
+                "",
+                "cloudflare-tunnel",
+            )
+            .expect("the GatewayClass")
+        };
+        eventually("the class refused", || {
+            condition(&class(), "Accepted").filter(|c| c.0 == "False")
+        })
+        .await;
+        // Rounds run at every resync; several of them, each writing the Gateways' statuses.
+        for _ in 0..8 {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            assert_eq!(shared_addresses(&api), every, "the address stays");
+        }
+
+        let _ = stop.send(());
+        controller
+            .await
+            .expect("the controller task ends")
+            .expect("the controller stops cleanly");
+    })
+    .await
+    .expect("in time");
+}

@@ -1022,10 +1022,11 @@ async fn a_tunnel_write_slower_than_the_wait_is_reported_once_it_ends() {
     assert_eq!(sync.sync(&api, &target, &document).await, Ok(false));
 }
 
-/// A tunnel write under credentials no longer asked for (a rotated API token) stops: landing
-/// after the new credentials' write, it would leave the tunnel with its older document.
+/// A tunnel write under credentials no longer asked for (a rotated API token) is not dropped
+/// for the new credentials' write, which goes out once it ends: dropped, a request it had sent
+/// could still land after the new one's and leave the tunnel with its older document.
 #[tokio::test]
-async fn a_tunnel_write_under_credentials_since_rotated_stops() {
+async fn a_tunnel_write_under_credentials_since_rotated_ends_before_the_new_one_goes_out() {
     use cftunnel_controller::cloudflare::{TunnelApi, TunnelSync, TunnelTarget};
     use tokio::io::AsyncReadExt as _;
     let hanging = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -1033,7 +1034,7 @@ async fn a_tunnel_write_under_credentials_since_rotated_stops() {
         .expect("bind");
     let stuck = TunnelApi::new(
         &format!("http://{}/client/v4", hanging.local_addr().expect("addr")),
-        Duration::from_secs(60),
+        Duration::from_secs(1),
     )
     .expect("client");
     // Tells when the write's connection is closed.
@@ -1055,23 +1056,112 @@ async fn a_tunnel_write_under_credentials_since_rotated_stops() {
         api_token: token.to_owned(),
         verify_secret: None,
     };
-    let mut sync = TunnelSync::default().waiting_at_most(
-        Duration::from_millis(200),
-        Arc::new(tokio::sync::Notify::new()),
-    );
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let mut sync =
+        TunnelSync::default().waiting_at_most(Duration::from_millis(200), Arc::clone(&wake));
     let old = json!({"ingress": [{"service": "http_status:404"}]});
     assert_eq!(sync.sync(&stuck, &target("token-a"), &old).await, Ok(false));
-    assert!(
-        tokio::time::timeout(Duration::from_millis(300), was_closed.recv())
-            .await
-            .is_err(),
-        "the write runs on"
-    );
     let new = json!({"ingress": [{"hostname": "a.example.com", "service": "http://localhost:8080"}, {"service": "http_status:404"}]});
-    assert_eq!(sync.sync(&api, &target("token-b"), &new).await, Ok(true));
-    tokio::time::timeout(Duration::from_secs(5), was_closed.recv())
+    let started = Instant::now();
+    assert_eq!(
+        sync.sync(&api, &target("token-b"), &new).await,
+        Ok(false),
+        "behind the write still running"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "no round held up"
+    );
+    assert_eq!(cloudflare.requests(), 0, "nothing sent meanwhile");
+    assert!(
+        was_closed.try_recv().is_err(),
+        "the old credentials' write runs on"
+    );
+    tokio::time::timeout(Duration::from_secs(5), wake.notified())
         .await
-        .expect("the old credentials' write stopped");
+        .expect("the old write's end (its timeout) wakes the loop");
+    assert_eq!(sync.sync(&api, &target("token-b"), &new).await, Ok(true));
+    assert_eq!(
+        cloudflare.config("acct", TUNNEL_ID).map(|(_, d)| d),
+        Some(new)
+    );
+}
+
+/// Writes to one tunnel go out one at a time: a document that changes while the write of
+/// the one before is on its way (the API slow to apply it) waits for that write to end, then
+/// goes out, and the tunnel ends with the newest. Sent at once, it could be applied before
+/// the older one, leaving the tunnel with the older document though the newer was reported
+/// written. No call waits for the slow write longer than its bound.
+#[tokio::test]
+async fn a_changed_document_goes_out_after_the_write_running_for_its_tunnel() {
+    use cftunnel_controller::cloudflare::{TunnelApi, TunnelSync, TunnelTarget};
+    use cftunnel_testkit::cloudflare_api::PutEvent;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let cloudflare = CloudflareApi::start().await;
+        cloudflare.allow("acct", "controller-token");
+        let api = TunnelApi::new(&cloudflare.base(), Duration::from_secs(5)).expect("client");
+        let target = TunnelTarget {
+            account: "acct".to_owned(),
+            tunnel: uuid_of(TUNNEL_ID),
+            api_token: "controller-token".to_owned(),
+            verify_secret: None,
+        };
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let mut sync = TunnelSync::default()
+            .waiting_at_most(Duration::from_millis(300), Arc::clone(&wake));
+        let document = |host: &str| {
+            json!({"ingress": [{"hostname": host, "service": "http://localhost:8080"}, {"service": "http_status:404"}]})
+        };
+        let (older, newer) = (document("old.example.com"), document("new.example.com"));
+        cloudflare.slow_next_put(Duration::from_millis(1500));
+        let started = Instant::now();
+        assert_eq!(sync.sync(&api, &target, &older).await, Ok(false), "running");
+        assert!(started.elapsed() < Duration::from_secs(1), "the wait is bounded");
+        // Rounds ask for the newer document until it is written; each ends within its bound.
+        let mut written = false;
+        for _ in 0..5 {
+            let started = Instant::now();
+            let result = sync.sync(&api, &target, &newer).await;
+            assert!(started.elapsed() < Duration::from_secs(1), "the wait is bounded");
+            if result == Ok(true) {
+                written = true;
+                break;
+            }
+            assert_eq!(result, Ok(false));
+            tokio::time::timeout(Duration::from_secs(5), wake.notified())
+                .await
+                .expect("a write's end wakes the loop");
+        }
+        assert!(written, "the newer document written");
+        // Every write sent has landed.
+        eventually("every write answered", || {
+            let events = cloudflare.put_events();
+            let arrived = events
+                .iter()
+                .filter(|e| matches!(e, PutEvent::Arrived(_)))
+                .count();
+            (events.len() == 2 * arrived).then_some(())
+        })
+        .await;
+        assert_eq!(
+            cloudflare.config("acct", TUNNEL_ID).map(|(_, d)| d),
+            Some(newer.clone()),
+            "the tunnel holds the newest document"
+        );
+        assert_eq!(
+            cloudflare.put_events(),
+            [
+                PutEvent::Arrived(1),
+                PutEvent::Answered(1),
+                PutEvent::Arrived(2),
+                PutEvent::Answered(2)
+            ],
+            "the second write sent once the first was answered"
+        );
+        assert_eq!(sync.sync(&api, &target, &newer).await, Ok(false));
+    })
+    .await
+    .expect("in time");
 }
 
 /// Calls with one API token go out in a burst, then spaced: a new leader writing every
@@ -6166,6 +6256,125 @@ async fn a_gateway_re_created_under_its_name_takes_over_what_its_predecessor_lef
             .map(|e| e["note"].to_string())
             .collect();
         assert_eq!(refused, 0, "nothing is reported in the way: {notes:?}");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A GatewayConfig's `cloudflareCredentialsSecretRef` that gives no API token: the route's
+/// message says which of the Secret, its key or the key's value is missing.
+#[tokio::test]
+async fn a_missing_api_token_is_reported_saying_what_is_missing() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let cloudflare = CloudflareApi::start().await;
+        cloudflare.allow("acct", "cf-token-a");
+        let base = cloudflare.base();
+        let t = Tenant::start_tuned(
+            "replicas: 1, cloudflareCredentialsSecretRef: {name: edge-cf}",
+            |_| {},
+            ApiServer::client,
+            |options| options.cloudflare_api_base = base,
+        )
+        .await;
+        eventually("shop accepted", || {
+            route_condition(&t.api, "tenant-a", "shop", "Accepted")
+                .filter(|c| c["status"] == "True")
+        })
+        .await;
+        let told = |why: &'static str| {
+            let api = &t.api;
+            let message = format!("the tunnel's ingress document could not be written: {why}");
+            move || {
+                route_condition(api, "tenant-a", "shop", "Accepted").filter(|c| {
+                    c["message"].as_str() == Some(message.as_str()) && c["status"] == "Unknown"
+                })
+            }
+        };
+        let credentials = |data: &str| {
+            yaml(&format!(
+                "apiVersion: v1\nkind: Secret\nmetadata: {{name: edge-cf, namespace: tenant-a}}\nstringData: {data}\n"
+            ))
+        };
+        assert!(t.api.delete("v1", "Secret", "tenant-a", "edge-cf"));
+        eventually(
+            "the Secret said not found",
+            told("Secret tenant-a/edge-cf not found (spec.cloudflareCredentialsSecretRef of GatewayConfig tenant-a/edge-config)"),
+        )
+        .await;
+        t.api.put(credentials("{token: cf-token-a}"));
+        eventually(
+            "the key said missing",
+            told("Secret tenant-a/edge-cf has no key \"api-token\" (spec.cloudflareCredentialsSecretRef of GatewayConfig tenant-a/edge-config)"),
+        )
+        .await;
+        t.api.put(credentials("{api-token: \"  \\n\"}"));
+        eventually(
+            "the value said empty",
+            told("key \"api-token\" of Secret tenant-a/edge-cf is empty (spec.cloudflareCredentialsSecretRef of GatewayConfig tenant-a/edge-config)"),
+        )
+        .await;
+        t.api.put(credentials("{api-token: cf-token-a}"));
+        eventually("shop accepted again", || {
+            route_condition(&t.api, "tenant-a", "shop", "Accepted")
+                .filter(|c| c["status"] == "True")
+        })
+        .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// Another installation's Gateway moved from its class `theirs-old` to its class `theirs-new`,
+/// `theirs-old` deleted before that installation relabels the plane (it was not leading): the
+/// plane's label names a class that is gone, but the Gateway is on a listed class of another
+/// controller, and this controller leaves its plane alone.
+#[tokio::test]
+async fn another_installations_plane_for_a_deleted_class_of_its_own_is_left_alone() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        let ours = eventually("our plane's Deployment", || {
+            t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+        })
+        .await;
+        t.api.put(yaml(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: theirs-new}\nspec: {controllerName: example.com/another-installation}\n",
+        ));
+        let other = t.api.put(yaml(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: other, namespace: tenant-a}\nspec:\n  gatewayClassName: theirs-new\n  infrastructure: {parametersRef: {group: cf.k8s.lex.la, kind: GatewayConfig, name: edge-config}}\n  listeners: [{name: http, port: 80, protocol: HTTP}]\n",
+        ));
+        // The other installation's plane for it, rendered while it was on `theirs-old`.
+        let mut theirs = ours.clone();
+        let text = serde_json::to_string(&theirs["metadata"]["labels"]).expect("labels");
+        theirs["metadata"] = json!({
+            "name": "cf-proxy-other",
+            "namespace": "tenant-a",
+            "labels": serde_json::from_str::<Value>(
+                &text.replace("\"edge\"", "\"other\"").replace("cloudflare-tunnel", "theirs-old"),
+            ).expect("labels"),
+            "ownerReferences": [{
+                "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "name": "other",
+                "uid": other["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true,
+            }],
+        });
+        assert_eq!(
+            theirs.pointer("/metadata/labels/gateway.networking.k8s.io~1gateway-class-name"),
+            Some(&json!("theirs-old"))
+        );
+        t.api.put(theirs);
+        // Rounds run on every change; a few of them.
+        for i in 0..5 {
+            t.api.put(yaml(&format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: nudge, namespace: tenant-a}}\ndata: {{n: '{i}'}}\n"
+            )));
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        assert!(
+            t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-other").is_some(),
+            "the other installation's plane stays"
+        );
+        assert!(t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge").is_some());
         t.stop().await;
     })
     .await

@@ -5,11 +5,15 @@
 //! with an increasing `version`), and `cloudflared`'s rule that an ingress list must end with a
 //! catch-all (no hostname, no path). Refusals carry the API's error objects
 //! (`{"code", "message"}`).
+//!
+//! A request received is carried out even if its client goes away before the answer, as a
+//! real API server does: a write stopped on the client's side may still land.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -30,6 +34,21 @@ struct State {
     /// Requests received.
     requests: usize,
     writes: usize,
+    /// Carry out the next `PUT` only this long after it arrives.
+    slow_next_put: Option<Duration>,
+    /// `PUT`s received so far, numbered from 1 as they arrive.
+    puts: usize,
+    /// When each `PUT` arrived and was answered, in order.
+    put_events: Vec<PutEvent>,
+}
+
+/// A moment in a `PUT`'s life, the `PUT` numbered from 1 in the order they arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutEvent {
+    /// Its request was read in full.
+    Arrived(usize),
+    /// It was carried out (or refused) and answered.
+    Answered(usize),
 }
 
 /// The running stand-in, on a loopback port of its own. Dropping it stops serving.
@@ -83,8 +102,56 @@ fn refuse(status: StatusCode, code: u32, message: &str) -> Response<Full<Bytes>>
     )
 }
 
-async fn handle(state: &Mutex<State>, req: Request<Incoming>) -> Response<Full<Bytes>> {
-    let path = req.uri().path().to_owned();
+/// Reads `req`, then carries it out in a task of its own (after the gate opens, and the wait
+/// [`CloudflareApi::slow_next_put`] set), which its client going away does not stop.
+async fn receive(
+    state: Arc<Mutex<State>>,
+    mut open: tokio::sync::watch::Receiver<bool>,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
+    let (parts, body) = req.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let put = (parts.method == Method::PUT).then(|| {
+        let mut state = state.lock().expect("state");
+        state.puts += 1;
+        let n = state.puts;
+        state.put_events.push(PutEvent::Arrived(n));
+        (n, state.slow_next_put.take())
+    });
+    let task = tokio::spawn(async move {
+        if let Some((_, Some(wait))) = put {
+            tokio::time::sleep(wait).await;
+        }
+        let _ = open.wait_for(|open| *open).await;
+        let res = handle(&state, parts, body);
+        if let Some((n, _)) = put {
+            state
+                .lock()
+                .expect("state")
+                .put_events
+                .push(PutEvent::Answered(n));
+        }
+        res
+    });
+    task.await.unwrap_or_else(|_| {
+        refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            10001,
+            "Internal server error",
+        )
+    })
+}
+
+fn handle(
+    state: &Mutex<State>,
+    parts: hyper::http::request::Parts,
+    body: Bytes,
+) -> Response<Full<Bytes>> {
+    let path = parts.uri.path().to_owned();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (account, tunnel, token_path) = match segments.as_slice() {
         ["client", "v4", "accounts", account, "cfd_tunnel", tunnel, "configurations"] => {
@@ -102,19 +169,13 @@ async fn handle(state: &Mutex<State>, req: Request<Incoming>) -> Response<Full<B
         }
     };
     let (account, tunnel) = (account.to_owned(), tunnel.to_owned());
-    let presented = req
-        .headers()
+    let presented = parts
+        .headers
         .get(hyper::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::to_owned);
-    let method = req.method().clone();
-    let body = req
-        .into_body()
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
+    let method = parts.method.clone();
     let mut state = state.lock().expect("state");
     state.requests += 1;
     if let Some(seconds) = state.rate_limit_next.take() {
@@ -206,11 +267,8 @@ impl CloudflareApi {
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
                         let state = Arc::clone(&state);
-                        let mut open = gate.subscribe();
-                        async move {
-                            let _ = open.wait_for(|open| *open).await;
-                            Ok::<_, Infallible>(handle(&state, req).await)
-                        }
+                        let open = gate.subscribe();
+                        async move { Ok::<_, Infallible>(receive(state, open, req).await) }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
@@ -281,6 +339,17 @@ impl CloudflareApi {
     /// Successful writes so far.
     pub fn writes(&self) -> usize {
         self.state.lock().expect("state").writes
+    }
+
+    /// Carries out the next `PUT` only `wait` after it arrives (its document stored, its
+    /// answer sent then): a write that is slow to land.
+    pub fn slow_next_put(&self, wait: Duration) {
+        self.state.lock().expect("state").slow_next_put = Some(wait);
+    }
+
+    /// When each `PUT` so far arrived and was answered, in order.
+    pub fn put_events(&self) -> Vec<PutEvent> {
+        self.state.lock().expect("state").put_events.clone()
     }
 }
 

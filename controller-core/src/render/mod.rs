@@ -411,11 +411,84 @@ pub fn secret_text(
     name: &str,
     key: &str,
 ) -> Option<String> {
-    let secret = secrets.iter().find(|s| {
+    read_secret_text(secrets, namespace, name, key).ok()
+}
+
+/// Why a Secret key gives no token. The message names the Secret and key, for a condition
+/// that says what to fix; the caller adds which field referenced it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecretTextError {
+    #[error("Secret {namespace}/{name} not found")]
+    NotFound { namespace: String, name: String },
+    #[error("Secret {namespace}/{name} has no key {key:?}")]
+    NoKey {
+        namespace: String,
+        name: String,
+        key: String,
+    },
+    #[error("key {key:?} of Secret {namespace}/{name} is empty")]
+    Empty {
+        namespace: String,
+        name: String,
+        key: String,
+    },
+    #[error("key {key:?} of Secret {namespace}/{name} is not UTF-8 text")]
+    NotText {
+        namespace: String,
+        name: String,
+        key: String,
+    },
+}
+
+/// [`secret_text`], saying why there is none: no such Secret, no such key, or a value that is
+/// empty (whitespace only) or not text.
+///
+/// # Errors
+/// See [`SecretTextError`].
+pub fn read_secret_text(
+    secrets: &[Arc<Secret>],
+    namespace: &str,
+    name: &str,
+    key: &str,
+) -> Result<String, SecretTextError> {
+    let Some(secret) = secrets.iter().find(|s| {
         s.metadata.namespace.as_deref() == Some(namespace)
             && s.metadata.name.as_deref() == Some(name)
-    })?;
-    text_value(&secret_value(secret, key)?)
+    }) else {
+        return Err(SecretTextError::NotFound {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        });
+    };
+    let which = || (namespace.to_owned(), name.to_owned(), key.to_owned());
+    let Some(value) = secret_value(secret, key) else {
+        let (namespace, name, key) = which();
+        return Err(SecretTextError::NoKey {
+            namespace,
+            name,
+            key,
+        });
+    };
+    let Ok(text) = std::str::from_utf8(&value) else {
+        let (namespace, name, key) = which();
+        return Err(SecretTextError::NotText {
+            namespace,
+            name,
+            key,
+        });
+    };
+    // Trimmed as `text_value` trims it.
+    match text.trim() {
+        "" => {
+            let (namespace, name, key) = which();
+            Err(SecretTextError::Empty {
+                namespace,
+                name,
+                key,
+            })
+        }
+        text => Ok(text.to_owned()),
+    }
 }
 
 /// The bytes of `key` in a Secret: `stringData` (as manifests carry it) over `data`.

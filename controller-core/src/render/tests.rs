@@ -1090,3 +1090,58 @@ fn keys_added_to_the_planes_selectors_depart_from_the_render() {
         json!("x")
     ));
 }
+
+#[test]
+fn a_secret_keys_text_says_why_there_is_none() {
+    let secret: Arc<Secret> = Arc::new(
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "cf", "namespace": "tenant-a"},
+            // "  \n", "\xff", " tok \n"
+            "data": {"blank": "ICAK", "binary": "/w==", "token": "IHRvayAK"},
+        }))
+        .expect("a Secret"),
+    );
+    let secrets = [secret];
+    let read = |name: &str, key: &str| read_secret_text(&secrets, "tenant-a", name, key);
+    let which = |key: &str| ("tenant-a".to_owned(), "cf".to_owned(), key.to_owned());
+    assert_eq!(read("cf", "token"), Ok("tok".to_owned()));
+    assert_eq!(
+        read("gone", "token"),
+        Err(SecretTextError::NotFound {
+            namespace: "tenant-a".to_owned(),
+            name: "gone".to_owned()
+        })
+    );
+    let (namespace, name, key) = which("api-token");
+    assert_eq!(
+        read("cf", "api-token"),
+        Err(SecretTextError::NoKey {
+            namespace,
+            name,
+            key
+        })
+    );
+    let (namespace, name, key) = which("blank");
+    assert_eq!(
+        read("cf", "blank"),
+        Err(SecretTextError::Empty {
+            namespace,
+            name,
+            key
+        })
+    );
+    let (namespace, name, key) = which("binary");
+    let err = read("cf", "binary").expect_err("not text");
+    assert_eq!(
+        err,
+        SecretTextError::NotText {
+            namespace,
+            name,
+            key
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "key \"binary\" of Secret tenant-a/cf is not UTF-8 text"
+    );
+}

@@ -1437,12 +1437,12 @@ impl Reconciler {
         let api_token = match &config.spec.cloudflare_credentials_secret_ref {
             Some(r) => {
                 let key_name = r.key_or(DEFAULT_API_TOKEN_KEY);
-                secret_text(snapshot, &ObjectKey::new(&key.namespace, &r.name), key_name)
+                render::read_secret_text(&snapshot.secrets, &key.namespace, &r.name, key_name)
                     .map(|token| Some((token, None)))
-                    .ok_or_else(|| {
+                    .map_err(|e| {
                         format!(
-                            "Secret {}/{} has no key {key_name:?} (spec.cloudflareCredentialsSecretRef of GatewayConfig {}/{config_name})",
-                            key.namespace, r.name, key.namespace
+                            "{e} (spec.cloudflareCredentialsSecretRef of GatewayConfig {}/{config_name})",
+                            key.namespace
                         )
                     })
             }
@@ -1843,7 +1843,15 @@ impl Reconciler {
 
 /// Whether `gw`'s plane was rendered by this controller: its objects' Gateway API class label
 /// names one of `controller_name`'s GatewayClasses (as [`render::class_label`] writes a class
-/// name), or a class since deleted.
+/// name), or a class since deleted while the Gateway is on no class listed.
+///
+/// A class since deleted may have been another installation's: nothing on a plane tells the
+/// installations apart but its class (they share field manager and labels). A Gateway moved
+/// from such a class to another of that installation's, the old class deleted meanwhile,
+/// keeps a plane labelled for the deleted class that its own controller relabels once it
+/// leads again; so while the Gateway's class is listed, and not ours, its plane is left to
+/// that class's controller. (Ours, for a class of ours deleted as its Gateway moved to another
+/// controller's, is then left too; it goes with its Gateway, which controls it.)
 ///
 /// A plane none of whose objects carries the label is not taken for ours: another
 /// installation's, rendered by a version that left out class names too long for a label
@@ -1863,19 +1871,23 @@ fn rendered_for_our_class(
     ) else {
         return false;
     };
+    let class_listed = snapshot
+        .gateway_classes
+        .iter()
+        .any(|c| c.metadata.name.as_deref() == Some(gw.spec.gateway_class_name.as_str()));
     let ours = plane_objects(namespace, uid, &names, snapshot, deployments)
         .filter_map(|meta| meta.labels.as_ref()?.get(CLASS_LABEL))
         .any(|label| {
-            snapshot
-                .gateway_classes
-                .iter()
-                .find(|c| {
-                    c.metadata
-                        .name
-                        .as_deref()
-                        .is_some_and(|name| render::class_label(name) == *label)
-                })
-                .is_none_or(|c| c.spec.controller_name == controller_name)
+            let class = snapshot.gateway_classes.iter().find(|c| {
+                c.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|name| render::class_label(name) == *label)
+            });
+            match class {
+                Some(class) => class.spec.controller_name == controller_name,
+                None => !class_listed,
+            }
         });
     ours
 }
@@ -2194,9 +2206,11 @@ fn shared_plane(
         _ => None,
     };
     Some(PlaneInfo {
-        address: class
-            .tunnel_id
-            .map(render::tunnel_hostname)
+        // The tunnel the pool serves: while the class config does not resolve, the one last
+        // read, which the pool's connectors still run on. An empty address would take the
+        // shared Gateways' `status.addresses` away, and the DNS records that follow them.
+        address: identity
+            .map(|t| render::tunnel_hostname(t.id))
             .unwrap_or_default(),
         identity,
         ready: true,

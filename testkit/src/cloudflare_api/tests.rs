@@ -3,7 +3,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
 use serde_json::{json, Value};
 
-use super::CloudflareApi;
+use super::{CloudflareApi, PutEvent};
 
 const ACCOUNT: &str = "acct";
 const TUNNEL: &str = "3b1f5c2e-8d4a-4e6b-9f0a-7c2d1e5b4a39";
@@ -212,4 +212,42 @@ async fn a_path_outside_the_tunnel_endpoints_is_not_routed() {
     let got = send(&api, Method::GET, "/zones", Some(TOKEN), &Value::Null).await;
     assert_eq!(got.status, StatusCode::NOT_FOUND);
     assert_eq!(got.body["errors"][0]["code"], json!(7003));
+}
+
+/// A slow `PUT` whose client gives up still lands, after a later one: what a request already
+/// sent does at a real API server.
+#[tokio::test]
+async fn a_slow_put_lands_even_if_its_client_goes_away() {
+    let api = allowed().await;
+    api.slow_next_put(std::time::Duration::from_millis(300));
+    let older =
+        ingress(json!([{"hostname": "old.example.com", "service": "http://a"}, catch_all()]));
+    let gave_up = tokio::time::timeout(
+        std::time::Duration::from_millis(100),
+        send(&api, Method::PUT, &configurations(), Some(TOKEN), &older),
+    )
+    .await;
+    assert!(gave_up.is_err(), "not answered yet");
+    let newer = ingress(json!([catch_all()]));
+    let put = send(&api, Method::PUT, &configurations(), Some(TOKEN), &newer).await;
+    assert_eq!(put.status, StatusCode::OK);
+    let by = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    while api.put_events().len() < 4 {
+        assert!(tokio::time::Instant::now() < by, "{:?}", api.put_events());
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        api.put_events(),
+        [
+            PutEvent::Arrived(1),
+            PutEvent::Arrived(2),
+            PutEvent::Answered(2),
+            PutEvent::Answered(1)
+        ]
+    );
+    assert_eq!(
+        api.config(ACCOUNT, TUNNEL),
+        Some((2, older["config"].clone())),
+        "the older document, applied last"
+    );
 }
