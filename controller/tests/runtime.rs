@@ -5692,6 +5692,106 @@ async fn a_broken_planes_last_config_outlives_a_controller_restart() {
     .expect("in time");
 }
 
+/// A dedicated Gateway on the class tunnel (the migration path) breaks by its connector
+/// token's Secret being deleted, and a controller starts during the breakage: it cannot read
+/// the token, and tells the plane's tunnel from its Deployment's annotations instead. So the
+/// shared pool, on that tunnel, is still pushed the broken Gateway's route, and the broken
+/// plane's pods get the tunnel's current routes (a route the pool's Gateway drops stops being
+/// served through them).
+#[tokio::test]
+async fn a_broken_plane_whose_token_secret_is_gone_shares_its_tunnel_after_a_restart() {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let pool = proxy_pod("pool-secret").await;
+        let edge = proxy_pod("s3cr3t").await;
+        let echo = support::echo("tenant-s", "web-1").await;
+        // The class tunnel is the one Gateway edge's token opens.
+        let class_token =
+            Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let mut t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                for doc in shared_seed(pool.admin_addr(), echo.http_addr()).split("\n---\n") {
+                    if !doc.trim().is_empty() {
+                        api.put(yaml(doc));
+                    }
+                }
+                api.put(class_tunnel_secret(&class_token, ""));
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    edge.admin_addr().port(),
+                    true,
+                ));
+            },
+            ApiServer::client,
+            |options| {
+                options.shared = Some(SharedPlane {
+                    deployment: None,
+                    ..chart_shared_plane(true)
+                });
+            },
+        )
+        .await;
+        for pod in [&pool, &edge] {
+            shop_serves(pod, 200).await;
+            host_serves(pod, "www.example.com", 200).await;
+        }
+        let deployment = t
+            .api
+            .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+            .expect("the plane's Deployment");
+        assert_eq!(
+            deployment.pointer("/metadata/annotations/cf.k8s.lex.la~1tunnel"),
+            Some(&json!(format!("acct/{TUNNEL_ID}"))),
+            "the tunnel, never its secret"
+        );
+
+        // The breakage: the connector token's Secret is deleted.
+        assert!(t
+            .api
+            .delete("v1", "Secret", "tenant-a", "edge-tunnel-token"));
+        eventually("the Gateway refused", || {
+            t.api
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-a",
+                    "edge",
+                )
+                .and_then(|g| condition(&g["status"]["conditions"], "Accepted").cloned())
+                .filter(|c| c["reason"] == "InvalidParameters")
+        })
+        .await;
+        // A controller that starts now knows nothing of the plane but what it reads back.
+        t.restart(|options| {
+            options.shared = Some(SharedPlane {
+                deployment: None,
+                ..chart_shared_plane(true)
+            });
+        })
+        .await;
+        t.rounds(3, Duration::from_millis(200)).await;
+
+        // The pool's Gateway drops its route: once the pool has taken that, it still serves
+        // the broken Gateway's route, and the broken plane's pods follow the tunnel.
+        assert!(t.api.delete(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "tenant-s",
+            "www"
+        ));
+        host_serves(&pool, "www.example.com", 404).await;
+        shop_serves(&pool, 200).await;
+        host_serves(&edge, "www.example.com", 404).await;
+        shop_serves(&edge, 200).await;
+        t.stop().await;
+        edge.shutdown().await;
+        pool.shutdown().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// Reading a broken plane's last config back from pods that take connections and never answer
 /// holds up no other tenant's route changes: the read runs by itself.
 #[tokio::test]
