@@ -4329,6 +4329,94 @@ async fn removing_the_ref_removes_the_generated_secret_and_the_autoscaler_too() 
     .expect("in time");
 }
 
+/// A plane switched from the generated config-API token to one of the operator's
+/// (`authTokenSecretRef`) keeps the generated Secret while its Deployment rolls out (pods not
+/// yet replaced run on that token), and loses it once the rollout is complete. Dropping
+/// `authTokenSecretRef` afterwards generates a new token, not the one before.
+#[tokio::test]
+async fn the_generated_token_secret_goes_once_the_plane_rolled_out_onto_its_own_token() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let generated_spec = "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: edge-config, namespace: tenant-a}\nspec: {tunnelTokenSecretRef: {name: edge-tunnel-token}, replicas: 1}\n";
+        let t = Tenant::start_with("replicas: 1", |api| {
+            api.put(yaml(generated_spec));
+        })
+        .await;
+        let generated_token = || {
+            t.api
+                .get("v1", "Secret", "tenant-a", "cf-proxy-edge-auth")
+                .and_then(|s| s.pointer("/data/token").cloned())
+        };
+        let token_from = || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+                .and_then(|d| {
+                    d.pointer("/spec/template/spec/containers/0/env")?
+                        .as_array()?
+                        .iter()
+                        .find(|e| e["name"] == "PROXY_AUTH_TOKEN")?
+                        .pointer("/valueFrom/secretKeyRef/name")
+                        .cloned()
+                })
+        };
+        let first = eventually("the generated token", generated_token).await;
+        eventually("the plane on the generated token", || {
+            token_from().filter(|n| *n == json!("cf-proxy-edge-auth"))
+        })
+        .await;
+
+        // Switched to the operator's token: the Deployment is applied with it and starts
+        // rolling out.
+        t.configure("replicas: 1");
+        eventually("the plane on the operator's token", || {
+            token_from().filter(|n| *n == json!("edge-api"))
+        })
+        .await;
+        let generation = t
+            .api
+            .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+            .and_then(|d| d.pointer("/metadata/generation").cloned())
+            .expect("a generation");
+        let status = |observed: &Value, replicas: i32, updated: i32| {
+            t.api.set_status(
+                "apps/v1",
+                "Deployment",
+                "tenant-a",
+                "cf-proxy-edge",
+                json!({"observedGeneration": observed, "replicas": replicas,
+                       "updatedReplicas": updated, "readyReplicas": replicas,
+                       "availableReplicas": replicas}),
+            );
+        };
+        // The Deployment controller has not seen the new spec yet, then an old pod is left.
+        status(&json!(generation.as_i64().unwrap_or(1) - 1), 1, 0);
+        t.rounds(3, Duration::from_millis(200)).await;
+        assert_eq!(generated_token(), Some(first.clone()), "kept before the rollout");
+        status(&generation, 2, 1);
+        t.rounds(3, Duration::from_millis(200)).await;
+        assert_eq!(generated_token(), Some(first.clone()), "kept while an old pod runs");
+
+        // Rolled out: no pod runs on the generated token any more.
+        status(&generation, 1, 1);
+        eventually("the generated Secret gone", || {
+            generated_token().is_none().then_some(())
+        })
+        .await;
+        assert_eq!(token_from(), Some(json!("edge-api")));
+
+        // Back to a generated token: a new one.
+        t.api.put(yaml(generated_spec));
+        let second = eventually("a generated token again", generated_token).await;
+        assert_ne!(second, first, "a new token, not the one before");
+        eventually("the plane on the generated token again", || {
+            token_from().filter(|n| *n == json!("cf-proxy-edge-auth"))
+        })
+        .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// A dedicated Gateway whose token opens the class tunnel, with no Gateway on the shared pool
 /// (the migration path, once the last shared Gateway has moved): the edge spreads the
 /// tunnel's requests over the pool's connectors too, so the pool serves the Gateway's routes

@@ -1585,6 +1585,7 @@ impl Reconciler {
                 && applied.at.elapsed() < reapply_after(&uid)
                 && applied.fields == OwnedFields::of(&plane, live)
                 && drift::secret_intact(&plane, live)
+                && !generated_secret_left(&plane, live, &uid)
         });
         if intact {
             // Back to the render applied: an apply of another one would undo it.
@@ -1990,6 +1991,17 @@ async fn apply_now(
             served: Served::of(credentials, &plane),
         },
     ))
+}
+
+/// Whether the watch caches hold the generated config-API token Secret of `uid`'s plane though
+/// it is done with ([`apply::generated_secret_unused`]): the plane is applied again, which
+/// deletes it.
+fn generated_secret_left(plane: &render::DataPlane, live: &LivePlane<'_>, uid: &str) -> bool {
+    live.auth_secret
+        .is_some_and(|s| apply::controlled_by(s.owner_references(), uid))
+        && live
+            .deployment
+            .is_some_and(|d| apply::generated_secret_unused(plane, d))
 }
 
 /// The digest of the credentials a Deployment's pod template carries
