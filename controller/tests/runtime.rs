@@ -4419,6 +4419,94 @@ async fn removing_the_ref_removes_the_generated_secret_and_the_autoscaler_too() 
     .expect("in time");
 }
 
+/// A plane switched from the generated config-API token to one of the operator's
+/// (`authTokenSecretRef`) keeps the generated Secret while its Deployment rolls out (pods not
+/// yet replaced run on that token), and loses it once the rollout is complete. Dropping
+/// `authTokenSecretRef` afterwards generates a new token, not the one before.
+#[tokio::test]
+async fn the_generated_token_secret_goes_once_the_plane_rolled_out_onto_its_own_token() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let generated_spec = "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: edge-config, namespace: tenant-a}\nspec: {tunnelTokenSecretRef: {name: edge-tunnel-token}, replicas: 1}\n";
+        let t = Tenant::start_with("replicas: 1", |api| {
+            api.put(yaml(generated_spec));
+        })
+        .await;
+        let generated_token = || {
+            t.api
+                .get("v1", "Secret", "tenant-a", "cf-proxy-edge-auth")
+                .and_then(|s| s.pointer("/data/token").cloned())
+        };
+        let token_from = || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+                .and_then(|d| {
+                    d.pointer("/spec/template/spec/containers/0/env")?
+                        .as_array()?
+                        .iter()
+                        .find(|e| e["name"] == "PROXY_AUTH_TOKEN")?
+                        .pointer("/valueFrom/secretKeyRef/name")
+                        .cloned()
+                })
+        };
+        let first = eventually("the generated token", generated_token).await;
+        eventually("the plane on the generated token", || {
+            token_from().filter(|n| *n == json!("cf-proxy-edge-auth"))
+        })
+        .await;
+
+        // Switched to the operator's token: the Deployment is applied with it and starts
+        // rolling out.
+        t.configure("replicas: 1");
+        eventually("the plane on the operator's token", || {
+            token_from().filter(|n| *n == json!("edge-api"))
+        })
+        .await;
+        let generation = t
+            .api
+            .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+            .and_then(|d| d.pointer("/metadata/generation").cloned())
+            .expect("a generation");
+        let status = |observed: &Value, replicas: i32, updated: i32| {
+            t.api.set_status(
+                "apps/v1",
+                "Deployment",
+                "tenant-a",
+                "cf-proxy-edge",
+                json!({"observedGeneration": observed, "replicas": replicas,
+                       "updatedReplicas": updated, "readyReplicas": replicas,
+                       "availableReplicas": replicas}),
+            );
+        };
+        // The Deployment controller has not seen the new spec yet, then an old pod is left.
+        status(&json!(generation.as_i64().unwrap_or(1) - 1), 1, 0);
+        t.rounds(3, Duration::from_millis(200)).await;
+        assert_eq!(generated_token(), Some(first.clone()), "kept before the rollout");
+        status(&generation, 2, 1);
+        t.rounds(3, Duration::from_millis(200)).await;
+        assert_eq!(generated_token(), Some(first.clone()), "kept while an old pod runs");
+
+        // Rolled out: no pod runs on the generated token any more.
+        status(&generation, 1, 1);
+        eventually("the generated Secret gone", || {
+            generated_token().is_none().then_some(())
+        })
+        .await;
+        assert_eq!(token_from(), Some(json!("edge-api")));
+
+        // Back to a generated token: a new one.
+        t.api.put(yaml(generated_spec));
+        let second = eventually("a generated token again", generated_token).await;
+        assert_ne!(second, first, "a new token, not the one before");
+        eventually("the plane on the generated token again", || {
+            token_from().filter(|n| *n == json!("cf-proxy-edge-auth"))
+        })
+        .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// A dedicated Gateway whose token opens the class tunnel, with no Gateway on the shared pool
 /// (the migration path, once the last shared Gateway has moved): the edge spreads the
 /// tunnel's requests over the pool's connectors too, so the pool serves the Gateway's routes
@@ -5777,6 +5865,106 @@ async fn a_broken_planes_last_config_outlives_a_controller_restart() {
         second.shutdown().await;
         first.shutdown().await;
         t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A dedicated Gateway on the class tunnel (the migration path) breaks by its connector
+/// token's Secret being deleted, and a controller starts during the breakage: it cannot read
+/// the token, and tells the plane's tunnel from its Deployment's annotations instead. So the
+/// shared pool, on that tunnel, is still pushed the broken Gateway's route, and the broken
+/// plane's pods get the tunnel's current routes (a route the pool's Gateway drops stops being
+/// served through them).
+#[tokio::test]
+async fn a_broken_plane_whose_token_secret_is_gone_shares_its_tunnel_after_a_restart() {
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let pool = proxy_pod("pool-secret").await;
+        let edge = proxy_pod("s3cr3t").await;
+        let echo = support::echo("tenant-s", "web-1").await;
+        // The class tunnel is the one Gateway edge's token opens.
+        let class_token =
+            Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let mut t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                for doc in shared_seed(pool.admin_addr(), echo.http_addr()).split("\n---\n") {
+                    if !doc.trim().is_empty() {
+                        api.put(yaml(doc));
+                    }
+                }
+                api.put(class_tunnel_secret(&class_token, ""));
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    edge.admin_addr().port(),
+                    true,
+                ));
+            },
+            ApiServer::client,
+            |options| {
+                options.shared = Some(SharedPlane {
+                    deployment: None,
+                    ..chart_shared_plane(true)
+                });
+            },
+        )
+        .await;
+        for pod in [&pool, &edge] {
+            shop_serves(pod, 200).await;
+            host_serves(pod, "www.example.com", 200).await;
+        }
+        let deployment = t
+            .api
+            .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+            .expect("the plane's Deployment");
+        assert_eq!(
+            deployment.pointer("/metadata/annotations/cf.k8s.lex.la~1tunnel"),
+            Some(&json!(format!("acct/{TUNNEL_ID}"))),
+            "the tunnel, never its secret"
+        );
+
+        // The breakage: the connector token's Secret is deleted.
+        assert!(t
+            .api
+            .delete("v1", "Secret", "tenant-a", "edge-tunnel-token"));
+        eventually("the Gateway refused", || {
+            t.api
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-a",
+                    "edge",
+                )
+                .and_then(|g| condition(&g["status"]["conditions"], "Accepted").cloned())
+                .filter(|c| c["reason"] == "InvalidParameters")
+        })
+        .await;
+        // A controller that starts now knows nothing of the plane but what it reads back.
+        t.restart(|options| {
+            options.shared = Some(SharedPlane {
+                deployment: None,
+                ..chart_shared_plane(true)
+            });
+        })
+        .await;
+        t.rounds(3, Duration::from_millis(200)).await;
+
+        // The pool's Gateway drops its route: once the pool has taken that, it still serves
+        // the broken Gateway's route, and the broken plane's pods follow the tunnel.
+        assert!(t.api.delete(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "tenant-s",
+            "www"
+        ));
+        host_serves(&pool, "www.example.com", 404).await;
+        shop_serves(&pool, 200).await;
+        host_serves(&edge, "www.example.com", 404).await;
+        shop_serves(&edge, 200).await;
+        t.stop().await;
+        edge.shutdown().await;
+        pool.shutdown().await;
     })
     .await
     .expect("in time");

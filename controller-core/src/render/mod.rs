@@ -76,6 +76,15 @@ pub const CLASS_LABEL: &str = "gateway.networking.k8s.io/gateway-class-name";
 /// Pod-template annotation: a digest of the tokens the pods read at start, so that rotating
 /// either Secret rolls the pods.
 pub const CREDENTIALS_HASH_ANNOTATION: &str = "cf.k8s.lex.la/credentials-hash";
+/// Deployment annotation: the tunnel the plane's pods run on, `<account tag>/<tunnel id>`,
+/// never its secret. On the Deployment's metadata, not its pod template: writing it rolls no
+/// pod. With [`TUNNEL_PROOF_ANNOTATION`] it tells a controller that starts while the
+/// connector token's Secret cannot be read which tunnel the plane serves.
+pub const TUNNEL_ANNOTATION: &str = "cf.k8s.lex.la/tunnel";
+/// Deployment annotation: [`tunnel_proof`] of the plane's tunnel for its Gateway. Whoever may
+/// edit the Deployment may write [`TUNNEL_ANNOTATION`], but cannot write this for a tunnel
+/// whose secret they do not hold, nor copy it to another Gateway's plane.
+pub const TUNNEL_PROOF_ANNOTATION: &str = "cf.k8s.lex.la/tunnel-proof";
 /// Pod-template annotation of the shared pool's Deployment: the SHA-256 (hex) of the class
 /// tunnel's connector token the pods read at start ([`token_digest`]). The chart writes it at
 /// install and upgrade, the controller whenever the token's Secret changes: either rolls the
@@ -522,6 +531,28 @@ pub fn token_digest(token: &str) -> String {
         .collect()
 }
 
+/// Proof that the plane of the Gateway `gateway_uid` was rendered with a connector token of
+/// the tunnel whose secret has SHA-256 `secret_digest` ([`TUNNEL_PROOF_ANNOTATION`]): a
+/// SHA-256 (hex) over both, the uid first. It gives neither the secret nor its digest away,
+/// and the proof for one Gateway is not that for another.
+pub fn tunnel_proof(secret_digest: &[u8; 32], gateway_uid: &str) -> String {
+    let mut ctx = Sha256::new();
+    ctx.update(b"cftunnel plane tunnel\0");
+    ctx.update((gateway_uid.len() as u64).to_be_bytes());
+    ctx.update(gateway_uid.as_bytes());
+    ctx.update(secret_digest);
+    ctx.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The tunnel a Deployment of a plane says it runs on: the id of [`TUNNEL_ANNOTATION`] and the
+/// [`tunnel_proof`] of [`TUNNEL_PROOF_ANNOTATION`], both as the render wrote them.
+pub fn annotated_tunnel(deployment: &Deployment) -> Option<(uuid::Uuid, &str)> {
+    let annotations = deployment.metadata.annotations.as_ref()?;
+    let (_, id) = annotations.get(TUNNEL_ANNOTATION)?.rsplit_once('/')?;
+    let proof = annotations.get(TUNNEL_PROOF_ANNOTATION)?;
+    Some((id.parse().ok()?, proof.as_str()))
+}
+
 fn credentials_digest(tunnel_token: &str, auth_token: &str) -> String {
     let mut ctx = Sha256::new();
     for part in [tunnel_token, auth_token] {
@@ -645,8 +676,27 @@ pub fn render(
         credentials.digest.clone(),
     );
     let grace = settings.grace_period_seconds.min(MAX_GRACE_SECONDS);
+    let mut deployment_meta = meta(&names.deployment);
+    // The Gateway's uid is what the proof is bound to: a Gateway read from a manifest has none.
+    if let Some(uid) = gateway.metadata.uid.as_deref().filter(|u| !u.is_empty()) {
+        let tunnel = &credentials.tunnel;
+        let secret_digest: [u8; 32] = Sha256::digest(tunnel.tunnel_secret()).into();
+        deployment_meta
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend([
+                (
+                    TUNNEL_ANNOTATION.to_owned(),
+                    format!("{}/{}", tunnel.account_tag(), tunnel.tunnel_id()),
+                ),
+                (
+                    TUNNEL_PROOF_ANNOTATION.to_owned(),
+                    tunnel_proof(&secret_digest, uid),
+                ),
+            ]);
+    }
     let deployment = Deployment {
-        metadata: meta(&names.deployment),
+        metadata: deployment_meta,
         spec: Some(DeploymentSpec {
             // The autoscaler owns the count when there is one; writing it here would fight it.
             replicas: autoscaling.is_none().then_some(replicas),

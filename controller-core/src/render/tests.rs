@@ -1145,3 +1145,52 @@ fn a_secret_keys_text_says_why_there_is_none() {
         "key \"binary\" of Secret tenant-a/cf is not UTF-8 text"
     );
 }
+
+#[test]
+fn the_deployment_names_its_tunnel_and_proves_it_for_its_gateway_only() {
+    let p = plane(BASIC, "");
+    let annotations = p
+        .deployment
+        .metadata
+        .annotations
+        .as_ref()
+        .expect("annotations");
+    assert_eq!(
+        annotations.get(TUNNEL_ANNOTATION).map(String::as_str),
+        Some(format!("account/{TUNNEL_ID}").as_str())
+    );
+    let proof = annotations
+        .get(TUNNEL_PROOF_ANNOTATION)
+        .expect("a proof")
+        .clone();
+    assert!(!proof.contains("tunnel secret"));
+    assert_eq!(
+        annotated_tunnel(&p.deployment),
+        Some((TUNNEL_ID.parse().expect("uuid"), proof.as_str()))
+    );
+    // On the Deployment's metadata only: writing it rolls no pod.
+    assert_eq!(pod_annotation(&p, TUNNEL_ANNOTATION), None);
+    assert_eq!(pod_annotation(&p, TUNNEL_PROOF_ANNOTATION), None);
+
+    let id = TUNNEL_ID.parse().expect("uuid");
+    let ours = crate::translate::TunnelIdentity::of(&token().parse().expect("a token"));
+    assert!(ours.proven_by("0a7c0c3e-1", &proof));
+    assert!(
+        !ours.proven_by("0a7c0c3e-2", &proof),
+        "not another Gateway's"
+    );
+    let other_secret = crate::translate::TunnelIdentity::of(&Token::new(
+        "account",
+        b"another secret".to_vec(),
+        id,
+    ));
+    assert!(
+        !other_secret.proven_by("0a7c0c3e-1", &proof),
+        "not a token of the same id with another secret"
+    );
+    let named = crate::translate::TunnelIdentity::named(id);
+    assert!(
+        !named.proven_by("0a7c0c3e-1", &tunnel_proof(&[0; 32], "0a7c0c3e-1")),
+        "never a tunnel known by its id alone"
+    );
+}

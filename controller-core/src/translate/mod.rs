@@ -741,6 +741,14 @@ impl TunnelIdentity {
         }
     }
 
+    /// Whether `proof` is [`render::tunnel_proof`] of this tunnel for the Gateway `gateway_uid`:
+    /// that Gateway's plane was rendered with a connector token of this tunnel. Never for a
+    /// tunnel known by its id alone ([`TunnelIdentity::named`]): anyone can compute a proof
+    /// over the secret it lacks.
+    pub fn proven_by(&self, gateway_uid: &str, proof: &str) -> bool {
+        self.secret != [0; 32] && render::tunnel_proof(&self.secret, gateway_uid) == proof
+    }
+
     /// A tunnel known by its id alone (a GatewayClassConfig's `tunnelID` without a connector
     /// token): no plane holding a token shares it, as none can be shown to hold its secret.
     pub fn named(id: uuid::Uuid) -> Self {

@@ -680,7 +680,8 @@ pub struct Applied {
 /// under other names go once the rendered NetworkPolicy is in place
 /// ([`remove_go_controller_objects`]). A plane rendered without a NetworkPolicy loses the one
 /// the Gateway controls, so switching the policies off leaves none behind. The generated token
-/// Secret is [`ensure_auth_secret`]'s.
+/// Secret is [`ensure_auth_secret`]'s; one the plane no longer reads goes once the Deployment
+/// has rolled out without it ([`generated_secret_unused`]).
 pub async fn apply_plane(
     client: &Client,
     plane: &DataPlane,
@@ -716,6 +717,7 @@ pub async fn apply_plane(
         .await?;
         let (applied, deployment) =
             apply_deployment(client, &plane.deployment, live.as_ref(), uid, field_manager).await?;
+        changed |= retire_generated_secret(client, plane, &deployment, namespace, uid).await?;
         return Ok(Applied {
             changed: changed | applied,
             deployment,
@@ -767,6 +769,7 @@ pub async fn apply_plane(
         }
     };
     changed |= applied;
+    changed |= retire_generated_secret(client, plane, &deployment, namespace, uid).await?;
     let (applied, autoscaler) = apply_one(client, hpa, uid, field_manager).await?;
     Ok(Applied {
         changed: changed | applied,
@@ -775,6 +778,70 @@ pub async fn apply_plane(
         network_policy,
         autoscaler: Some(autoscaler),
     })
+}
+
+/// Deletes the generated config-API token Secret of `uid`'s plane once
+/// [`generated_secret_unused`] holds for `deployment`, the Deployment as just applied.
+/// Returns whether it deleted.
+async fn retire_generated_secret(
+    client: &Client,
+    plane: &DataPlane,
+    deployment: &Deployment,
+    namespace: &str,
+    uid: &str,
+) -> Result<bool, String> {
+    if !generated_secret_unused(plane, deployment) {
+        return Ok(false);
+    }
+    let deleted = delete_owned::<Secret>(client, namespace, &plane.names.auth_secret, uid).await?;
+    if deleted {
+        tracing::info!(
+            secret = %format!("{namespace}/{}", plane.names.auth_secret),
+            "removed the generated config-API token the plane no longer reads"
+        );
+    }
+    Ok(deleted)
+}
+
+/// Whether the generated config-API token Secret is done with: the plane takes the operator's
+/// token (`authTokenSecretRef`, naming another Secret) and `deployment`, the live one, has
+/// rolled out onto that render ([`rolled_out`]): no pod started with the Secret's token is left
+/// to push to, and no ReplicaSet of an older template runs pods that a restart would point at
+/// the Secret. Until then it stays. Deleted then, the token cannot come back: dropping
+/// `authTokenSecretRef` later generates a new one, where the Secret left would give the old
+/// token (often the reason for bringing one's own) to new pods again.
+pub(super) fn generated_secret_unused(plane: &DataPlane, deployment: &Deployment) -> bool {
+    let reads_it = plane
+        .deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .into_iter()
+        .flat_map(|s| &s.containers)
+        .flat_map(|c| c.env.iter().flatten())
+        .filter_map(|e| e.value_from.as_ref()?.secret_key_ref.as_ref())
+        .any(|r| r.name == plane.names.auth_secret);
+    plane.auth_secret.is_none() && !reads_it && rolled_out(deployment)
+}
+
+/// Whether a Deployment's rollout is complete, as `kubectl rollout status` tells it: its
+/// controller has seen its current spec, and every replica runs the current pod template,
+/// none of an older one left.
+fn rolled_out(deployment: &Deployment) -> bool {
+    let (Some(generation), Some(status)) =
+        (deployment.metadata.generation, deployment.status.as_ref())
+    else {
+        return false;
+    };
+    let wanted = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.replicas)
+        .unwrap_or(1);
+    let updated = status.updated_replicas.unwrap_or(0);
+    status.observed_generation.is_some_and(|g| g >= generation)
+        && updated >= wanted
+        && status.replicas.unwrap_or(0) == updated
 }
 
 /// Removes every object of a Gateway's plane that the Gateway controls (its `parametersRef` is

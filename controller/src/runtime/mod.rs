@@ -665,7 +665,30 @@ struct LastGood {
     token: String,
     service: String,
     /// The tunnel its pods run on: while other planes serve it, they are what the pods get.
-    tunnel: Option<TunnelIdentity>,
+    tunnel: Option<PlaneTunnel>,
+}
+
+/// How the tunnel a broken plane's pods run on is known.
+#[derive(Debug, Clone, PartialEq)]
+enum PlaneTunnel {
+    /// From the connector token they were given.
+    Token(TunnelIdentity),
+    /// From its Deployment's annotations ([`render::annotated_tunnel`]), read back while the
+    /// token's Secret cannot be read (its deletion may be the breakage): the tunnel id and the
+    /// proof for its Gateway. It is the tunnel of a plane of the round the proof holds for, so
+    /// an annotation edited to name another tenant's tunnel joins no plane.
+    Annotated { id: uuid::Uuid, proof: String },
+}
+
+/// The tunnel of one of `planes` that `last`'s pods run on ([`PlaneTunnel`]).
+fn tunnel_among(last: &LastGood, planes: &BTreeMap<PlaneKey, PlaneInfo>) -> Option<TunnelIdentity> {
+    match last.tunnel.as_ref()? {
+        PlaneTunnel::Token(tunnel) => Some(*tunnel),
+        PlaneTunnel::Annotated { id, proof } => planes
+            .values()
+            .filter_map(|info| info.identity)
+            .find(|t| t.id == *id && t.proven_by(&last.uid, proof)),
+    }
 }
 
 /// A data plane as far as a round got with it.
@@ -981,7 +1004,9 @@ impl Reconciler {
         let mut own_on_tunnel: HashMap<TunnelIdentity, (Vec<cftunnel_config::Rule>, bool)> =
             HashMap::new();
         for (key, last) in &kept {
-            let Some(tunnel) = last.tunnel else { continue };
+            let Some(tunnel) = tunnel_among(last, &planes) else {
+                continue;
+            };
             if !planes.values().any(|info| info.identity == Some(tunnel)) {
                 continue;
             }
@@ -1020,7 +1045,7 @@ impl Reconciler {
         }
         for (key, last) in kept {
             let plane = PlaneKey::Dedicated(key.clone());
-            let on_tunnel = last.tunnel.and_then(|tunnel| {
+            let on_tunnel = tunnel_among(last, &planes).and_then(|tunnel| {
                 planes.iter().find_map(|(other, info)| {
                     (info.identity == Some(tunnel)).then(|| output.configs.get(other))?
                 })
@@ -1128,7 +1153,7 @@ impl Reconciler {
                     if last.uid == uid
                         && last.config == *config
                         && last.token == info.token
-                        && last.tunnel == info.identity => {}
+                        && last.tunnel == info.identity.map(PlaneTunnel::Token) => {}
                 _ => {
                     self.last_good.insert(
                         key.clone(),
@@ -1137,7 +1162,7 @@ impl Reconciler {
                             config: config.clone(),
                             token: info.token.clone(),
                             service: names.service,
-                            tunnel: info.identity,
+                            tunnel: info.identity.map(PlaneTunnel::Token),
                         },
                     );
                 }
@@ -1311,7 +1336,14 @@ impl Reconciler {
         };
         let tunnel = from_env(render::TUNNEL_TOKEN_ENV)
             .and_then(|t| t.parse::<cftunnel_config::Token>().ok())
-            .map(|t| TunnelIdentity::of(&t));
+            .map(|t| PlaneTunnel::Token(TunnelIdentity::of(&t)))
+            .or_else(|| {
+                let (id, proof) = render::annotated_tunnel(deployment)?;
+                Some(PlaneTunnel::Annotated {
+                    id,
+                    proof: proof.to_owned(),
+                })
+            });
         let pods = plane_pods(snapshot, &key.namespace, &names.service);
         let timeout = self.options.push_timeout;
         let plane = key.clone();
@@ -1553,6 +1585,7 @@ impl Reconciler {
                 && applied.at.elapsed() < reapply_after(&uid)
                 && applied.fields == OwnedFields::of(&plane, live)
                 && drift::secret_intact(&plane, live)
+                && !generated_secret_left(&plane, live, &uid)
         });
         if intact {
             // Back to the render applied: an apply of another one would undo it.
@@ -1970,6 +2003,17 @@ async fn apply_now(
             served: Served::of(credentials, &plane),
         },
     ))
+}
+
+/// Whether the watch caches hold the generated config-API token Secret of `uid`'s plane though
+/// it is done with ([`apply::generated_secret_unused`]): the plane is applied again, which
+/// deletes it.
+fn generated_secret_left(plane: &render::DataPlane, live: &LivePlane<'_>, uid: &str) -> bool {
+    live.auth_secret
+        .is_some_and(|s| apply::controlled_by(s.owner_references(), uid))
+        && live
+            .deployment
+            .is_some_and(|d| apply::generated_secret_unused(plane, d))
 }
 
 /// The digest of the credentials a Deployment's pod template carries
