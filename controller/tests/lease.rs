@@ -2,8 +2,9 @@
 //! observed through what the controller gets from it: the `leading` receiver. Covered here are
 //! the paths where the API server does not cooperate: renewals it holds unanswered (for longer
 //! than the Lease lasts), writes it answers 409 because another replica wrote the Lease first,
-//! a give-up on stop that finds the Lease changed hands or is never answered, and durations
-//! that are not whole seconds.
+//! a give-up on stop that finds the Lease changed hands or is never answered, durations that
+//! are not whole seconds, and a Lease deleted or its holder cleared by someone else while a
+//! replica leads (told apart from a give-up on stop, which another replica takes at once).
 
 use std::time::Duration;
 
@@ -23,6 +24,8 @@ const PATIENCE: Duration = Duration::from_secs(5);
 /// One elector, as a controller replica runs it.
 struct Replica {
     leading: watch::Receiver<Option<lease::Term>>,
+    /// Its Lease duration: with no Lease at all, it waits this long before creating one.
+    duration: Duration,
     stop: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -42,14 +45,17 @@ impl Replica {
         });
         Self {
             leading,
+            duration,
             stop,
             task,
         }
     }
 
-    /// Waits until this replica's leading is `value`.
+    /// Waits until this replica's leading is `value` (past the duration: where there is no
+    /// Lease yet, it waits that long before creating one).
     async fn becomes(&mut self, value: bool, what: &str) {
-        tokio::time::timeout(PATIENCE, self.leading.wait_for(|l| l.is_some() == value))
+        let patience = PATIENCE + self.duration;
+        tokio::time::timeout(patience, self.leading.wait_for(|l| l.is_some() == value))
             .await
             .unwrap_or_else(|_| panic!("timed out waiting until {what}"))
             .expect("the elector publishes");
@@ -122,7 +128,8 @@ fn micro_time(t: Timestamp) -> String {
     t.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
 }
 
-/// The Lease as a replica elsewhere writes it: `holder` (none: given up), renewed now.
+/// The Lease as a replica elsewhere writes it: `holder` (none: cleared; given up on stop when
+/// the duration is 1 s), renewed now.
 fn lease_of(holder: Option<&str>, duration_seconds: i64, transitions: i64) -> Value {
     json!({
         "apiVersion": "coordination.k8s.io/v1",
@@ -160,7 +167,7 @@ async fn a_renewal_that_hangs_ends_leadership_before_the_lease_can_lapse() {
     // a stops leading 4 s after its last renewal began, 1 s before the Lease lapses: room for
     // a busy machine to be late in seeing it.
     let duration = Duration::from_secs(5);
-    tokio::time::timeout(Duration::from_secs(20), async {
+    tokio::time::timeout(Duration::from_secs(30), async {
         let api = ApiServer::builder().rbac(REQUIRED_RBAC).start().await;
         // The renewal after the last one that got through starts a renew period later and may
         // wait a renew period before it counts as failed: a leader that stepped down only then
@@ -318,7 +325,7 @@ async fn a_lost_race_is_not_leadership(seed: Option<Value>, answer_reason: &str)
 #[tokio::test]
 async fn a_take_over_answered_409_conflict_is_not_leadership() {
     // A Lease given up: a reads it free and replaces it naming the resourceVersion it read.
-    a_lost_race_is_not_leadership(Some(lease_of(None, 2, 0)), "Conflict").await;
+    a_lost_race_is_not_leadership(Some(lease_of(None, 1, 0)), "Conflict").await;
 }
 
 #[tokio::test]
@@ -455,6 +462,146 @@ async fn a_take_over_whose_answer_was_lost_is_a_new_term() {
         assert!(after.is_some());
         assert_ne!(after, before, "a new term");
         a.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The Lease is deleted while a leads, and a's writes are held (it cannot put it back): b
+/// waits the duration, seeing no Lease, before it creates one, by which time a has stepped
+/// down; the two never lead at once.
+#[tokio::test]
+async fn a_deleted_lease_is_taken_only_after_the_duration() {
+    let duration = Duration::from_secs(3);
+    let renew = Duration::from_millis(200);
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let api = ApiServer::builder().rbac(REQUIRED_RBAC).start().await;
+        let mut a = Replica::start(&api, "replica-a", duration, renew);
+        a.becomes(true, "a leads a free Lease").await;
+        let mut b = Replica::start(&api, "replica-b", duration, renew);
+        assert!(
+            !b.leads_within(Duration::from_millis(500)).await,
+            "b leads while a renews"
+        );
+        let two_leaders = watch_for_two_leaders(&a, &b);
+        let hold = api.hold(writes_as("replica-a"));
+        hold.arrived(1).await;
+        let deleted = Timestamp::now();
+        assert!(api.delete("coordination.k8s.io/v1", "Lease", NAMESPACE, NAME));
+        assert!(
+            !b.leads_within(duration.mul_f64(0.8)).await,
+            "b took a deleted Lease while a may still lead"
+        );
+        b.becomes(true, "b takes the Lease, missing for the duration")
+            .await;
+        let taken = lease(&api);
+        assert_eq!(taken["spec"]["holderIdentity"], json!("replica-b"));
+        let waited = spec_time(&taken, "acquireTime").duration_since(deleted);
+        assert!(
+            waited.as_secs_f64() >= duration.as_secs_f64(),
+            "b took the Lease {waited:?} after it was deleted"
+        );
+        assert!(a.leading.borrow().is_none());
+        hold.release();
+        assert!(
+            !a.leads_within(Duration::from_secs(1)).await,
+            "a leads again beside b"
+        );
+        a.stop().await;
+        b.stop().await;
+        assert!(
+            !two_leaders.await.expect("the watch for two leaders"),
+            "a and b led at once"
+        );
+    })
+    .await
+    .expect("in time");
+}
+
+/// Someone else deletes the Lease, or clears its holder, while a leads: a puts itself back
+/// at its next renewal, in the same term (nobody else led meanwhile), and b, which would have
+/// to see the record unchanged for the duration first, never leads.
+async fn a_leader_keeps_a_lease_tampered_with(tamper: impl FnOnce(&ApiServer)) {
+    let duration = Duration::from_secs(3);
+    let renew = Duration::from_millis(200);
+    tokio::time::timeout(Duration::from_secs(20), async {
+        let api = ApiServer::builder().rbac(REQUIRED_RBAC).start().await;
+        let mut a = Replica::start(&api, "replica-a", duration, renew);
+        a.becomes(true, "a leads a free Lease").await;
+        let term = *a.leading.borrow();
+        let mut b = Replica::start(&api, "replica-b", duration, renew);
+        assert!(
+            !b.leads_within(Duration::from_millis(500)).await,
+            "b leads while a renews"
+        );
+        let two_leaders = watch_for_two_leaders(&a, &b);
+        tamper(&api);
+        assert!(
+            !b.leads_within(duration.mul_f64(1.5)).await,
+            "b took the Lease while a leads"
+        );
+        assert_eq!(
+            holder(&api).as_deref(),
+            Some("replica-a"),
+            "a put itself back"
+        );
+        assert_eq!(*a.leading.borrow(), term, "in the same term");
+        b.stop().await;
+        a.stop().await;
+        assert!(
+            !two_leaders.await.expect("the watch for two leaders"),
+            "a and b led at once"
+        );
+    })
+    .await
+    .expect("in time");
+}
+
+#[tokio::test]
+async fn a_leader_puts_a_deleted_lease_back_and_no_standby_takes_it() {
+    a_leader_keeps_a_lease_tampered_with(|api| {
+        assert!(api.delete("coordination.k8s.io/v1", "Lease", NAMESPACE, NAME));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_holder_cleared_by_someone_else_is_not_a_give_up() {
+    a_leader_keeps_a_lease_tampered_with(|api| {
+        let mut cleared = lease(api);
+        cleared["spec"]["holderIdentity"] = Value::Null;
+        api.put(cleared);
+    })
+    .await;
+}
+
+/// A give-up on stop is marked as one: a standby takes the Lease at once, long before the
+/// duration.
+#[tokio::test]
+async fn a_give_up_on_stop_hands_the_lease_over_at_once() {
+    let duration = Duration::from_secs(10);
+    let renew = Duration::from_millis(200);
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let api = ApiServer::builder().rbac(REQUIRED_RBAC).start().await;
+        let mut a = Replica::start(&api, "replica-a", duration, renew);
+        a.becomes(true, "a leads a free Lease").await;
+        let mut b = Replica::start(&api, "replica-b", duration, renew);
+        assert!(
+            !b.leads_within(Duration::from_millis(500)).await,
+            "b leads while a renews"
+        );
+        a.stop().await;
+        assert!(
+            b.leads_within(Duration::from_secs(2)).await,
+            "b waited for a given-up Lease"
+        );
+        let taken = lease(&api);
+        assert_eq!(taken["spec"]["holderIdentity"], json!("replica-b"));
+        assert_eq!(taken["spec"]["leaseTransitions"], json!(1));
+        b.stop().await;
+        let given_up = lease(&api);
+        assert_eq!(given_up["spec"]["holderIdentity"], Value::Null);
+        assert_eq!(given_up["spec"]["leaseDurationSeconds"], json!(1), "marked");
     })
     .await
     .expect("in time");

@@ -7,11 +7,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use cftunnel_controller::runtime::health::Health;
 use cftunnel_controller::runtime::optional_apis::ApiDiscovery;
 use cftunnel_controller::runtime::stores::Stores;
 use cftunnel_controller::runtime::REQUIRED_RBAC;
-use cftunnel_testkit::kube_api::ApiServer;
+use cftunnel_testkit::kube_api::{crd, ApiServer};
 use kube::Resource;
+use serde_json::Value;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
@@ -82,6 +84,7 @@ async fn the_caches_keep_managed_fields_only_for_the_controllers_own_objects() {
         ApiDiscovery::default(),
         None,
         Arc::new(Notify::new()),
+        &Health::default(),
         &mut tasks,
     );
     let ready = tokio::time::timeout(
@@ -115,4 +118,216 @@ async fn the_caches_keep_managed_fields_only_for_the_controllers_own_objects() {
     let again = stores.snapshot();
     assert!(Arc::ptr_eq(&snapshot.http_routes[0], &again.http_routes[0]));
     assert!(Arc::ptr_eq(&snapshot.secrets[0], &again.secrets[0]));
+}
+
+/// Starts the caches on `api` with discovery asked again after `recheck_after`, their watch
+/// failures counted in `health`.
+fn start(
+    api: &ApiServer,
+    recheck_after: Duration,
+    health: &Health,
+    tasks: &mut JoinSet<()>,
+) -> Stores {
+    Stores::start(
+        &api.client(),
+        ApiDiscovery {
+            retry_min: Duration::from_millis(50),
+            retry_max: Duration::from_millis(200),
+            recheck_after,
+        },
+        None,
+        Arc::new(Notify::new()),
+        health,
+        tasks,
+    )
+}
+
+fn yaml(text: &str) -> Value {
+    serde_yaml_ng::from_str(text).expect("YAML")
+}
+
+const LISTENER_SET: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: ListenerSet\nmetadata: {name: team, namespace: tenant-a}\nspec:\n  parentRef: {name: edge, namespace: tenant-a}\n  listeners: [{name: web, port: 80, protocol: HTTP, hostname: team.example.com}]\n";
+
+fn listener_sets_crd() -> Value {
+    crd("gateway.networking.k8s.io", "ListenerSet", &["v1"])
+}
+
+/// A kind whose watch is refused (403: the controller's RBAC lacks it) is shown absent: the
+/// caches are ready once the short wait for it is over, not after the long cap for a list that
+/// is merely late.
+#[tokio::test]
+async fn an_optional_kind_refused_403_is_waited_for_only_briefly() {
+    let api = ApiServer::builder()
+        .rbac(REQUIRED_RBAC)
+        .seed(SEED)
+        .start()
+        .await;
+    let refused = api.forbid(|c| c.kind == "AccessPolicy");
+    let mut tasks = JoinSet::new();
+    let stores = start(
+        &api,
+        Duration::from_secs(30),
+        &Health::default(),
+        &mut tasks,
+    );
+    let started = std::time::Instant::now();
+    let ready = tokio::time::timeout(
+        Duration::from_secs(20),
+        stores.wait_until_ready(Duration::from_secs(1)),
+    )
+    .await
+    .expect("ready without the refused kind");
+    assert!(ready);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "waited {:?}",
+        started.elapsed()
+    );
+    refused.refused(1).await;
+    assert!(stores.access_policies.state().is_empty());
+}
+
+/// A failing watch counts in `cftunnel_controller_watch_failures_total`, by kind, on
+/// `/metrics`.
+#[tokio::test]
+async fn a_failing_watch_counts_on_metrics() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let api = ApiServer::builder()
+            .rbac(REQUIRED_RBAC)
+            .seed(SEED)
+            .start()
+            .await;
+        let failing = api.fail(500, |c| c.kind == "ExternalBackend" && c.method == "GET");
+        let health = Arc::new(Health::default());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let served = tokio::spawn(cftunnel_controller::runtime::health::serve(
+            listener,
+            Arc::clone(&health),
+        ));
+        let mut tasks = JoinSet::new();
+        let _stores = start(&api, Duration::from_secs(30), &health, &mut tasks);
+        failing.refused(2).await;
+        let metric = |text: &str, kind: &str| -> Option<u64> {
+            let prefix = format!("cftunnel_controller_watch_failures_total{{kind=\"{kind}\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        let by = std::time::Instant::now() + Duration::from_secs(10);
+        let text = loop {
+            let (mut sender, _conn) = cftunnel_testkit::client::connect_http1(addr)
+                .await
+                .expect("connect");
+            let req = http::Request::builder()
+                .uri("/metrics")
+                .header("host", "controller")
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .expect("request");
+            let res = sender.send_request(req).await.expect("an answer");
+            assert_eq!(res.status(), 200);
+            let body = http_body_util::BodyExt::collect(res.into_body())
+                .await
+                .expect("body")
+                .to_bytes();
+            let text = String::from_utf8(body.to_vec()).expect("text");
+            if metric(&text, "ExternalBackend").is_some_and(|n| n >= 2) {
+                break text;
+            }
+            assert!(std::time::Instant::now() < by, "not counted: {text}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(
+            text.contains("# TYPE cftunnel_controller_watch_failures counter"),
+            "{text}"
+        );
+        assert_eq!(
+            metric(&text, "Service"),
+            Some(0),
+            "a watch that never failed"
+        );
+        served.abort();
+    })
+    .await
+    .expect("in time");
+}
+
+/// Discovery answers 404 once while ListenerSets are served and watched (a CRD event asks it
+/// again): the cache keeps them; asked again after `recheck_after`, discovery finds them
+/// served and the watch stays.
+#[tokio::test]
+async fn one_404_from_discovery_does_not_empty_the_listener_sets() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let api = ApiServer::builder()
+            .rbac(REQUIRED_RBAC)
+            .seed(SEED)
+            .start()
+            .await;
+        api.install_crd(listener_sets_crd());
+        api.put(yaml(LISTENER_SET));
+        let mut tasks = JoinSet::new();
+        let stores = start(&api, Duration::from_secs(1), &Health::default(), &mut tasks);
+        assert!(stores.wait_until_ready(Duration::from_secs(1)).await);
+        assert_eq!(stores.listener_sets.state().len(), 1);
+
+        let not_found = api.fail(404, |c| c.kind == "APIResourceList");
+        // The CRD changes: discovery is asked again, and answers 404.
+        api.install_crd(listener_sets_crd());
+        not_found.refused(1).await;
+        not_found.lift();
+        let until = std::time::Instant::now() + Duration::from_secs(3);
+        while std::time::Instant::now() < until {
+            assert_eq!(
+                stores.listener_sets.state().len(),
+                1,
+                "the ListenerSets were dropped on one answer of discovery"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(stores
+            .listener_set_resource
+            .borrow()
+            .as_ref()
+            .is_some_and(|r| r.kind == "ListenerSet"));
+    })
+    .await
+    .expect("in time");
+}
+
+/// The ListenerSet CRD exists, but discovery answers 404 for it when the controller starts
+/// (and when the CRD watch lists it): nothing is watched. Once discovery serves it, the
+/// controller looks again within `recheck_after`, with no CRD event, and lists the ListenerSets.
+#[tokio::test]
+async fn a_crd_discovery_missed_is_picked_up_on_a_recheck() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let api = ApiServer::builder()
+            .rbac(REQUIRED_RBAC)
+            .seed(SEED)
+            .start()
+            .await;
+        api.install_crd(listener_sets_crd());
+        api.put(yaml(LISTENER_SET));
+        let not_found = api.fail(404, |c| c.kind == "APIResourceList");
+        let mut tasks = JoinSet::new();
+        let stores = start(&api, Duration::from_secs(1), &Health::default(), &mut tasks);
+        assert!(stores.wait_until_ready(Duration::from_secs(5)).await);
+        // Start-up and the CRD list's end ask discovery for ListenerSet (two candidates),
+        // ReferenceGrant (two) and ServiceImport (one).
+        not_found.refused(10).await;
+        assert!(stores.listener_sets.state().is_empty());
+        assert!(stores.listener_set_resource.borrow().is_none());
+        not_found.lift();
+        let by = std::time::Instant::now() + Duration::from_secs(5);
+        while stores.listener_sets.state().is_empty() {
+            assert!(
+                std::time::Instant::now() < by,
+                "the ListenerSets are not listed after discovery served them"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("in time");
 }

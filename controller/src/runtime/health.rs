@@ -30,6 +30,12 @@ pub(super) struct KindLabel {
     pub(super) kind: &'static str,
 }
 
+/// A kind of object the controller watches, named at run time (as its watch names it).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct WatchLabel {
+    pub(super) kind: String,
+}
+
 fn push_histogram() -> Histogram {
     Histogram::new([
         0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -60,6 +66,8 @@ pub struct Health {
     pub(super) push_failures: Family<PlaneLabel, Counter>,
     /// Objects in the watch caches, by kind.
     pub(super) watched_objects: Family<KindLabel, Gauge>,
+    /// Failed attempts of a watch (its list or its watch request), by kind.
+    pub(super) watch_failures: Family<WatchLabel, Counter>,
 }
 
 impl Default for Health {
@@ -126,8 +134,16 @@ impl Default for Health {
             "Objects in the controller's watch caches, by kind",
             watched_objects.clone(),
         );
+        let watch_failures = Family::<WatchLabel, Counter>::default();
+        registry.register(
+            "watch_failures",
+            "Failed attempts of a watch of the API server (its list or its watch request), by \
+             kind; each is retried with backoff",
+            watch_failures.clone(),
+        );
         Self {
             ready: AtomicBool::new(false),
+            watch_failures,
             registry,
             api_calls,
             push_seconds,

@@ -100,11 +100,22 @@ pub struct Term {
     acquired: Option<Timestamp>,
 }
 
-/// The Lease record as last seen, and when this replica first saw it so.
+/// What of a Lease tells whether its holder still renews: the holder (`None`: none) and the
+/// renew time.
+type Record = (Option<String>, Option<Timestamp>);
+
+/// The Lease record as last seen (`None`: there was no Lease), and when this replica first saw
+/// it so.
 struct Observed {
-    record: (Option<String>, Option<Timestamp>),
+    record: Option<Record>,
     since: Instant,
 }
+
+/// The duration a holder records when it gives the Lease up on stop, with no holder, as
+/// client-go does: what tells a release, which another replica may take at once, from a holder
+/// cleared by someone else, which it may not (and which a holder would not leave at 1 s unless
+/// its own duration was that short, when waiting it out costs no more).
+const RELEASED_SECS: i32 = 1;
 
 struct Elector {
     api: Api<Lease>,
@@ -168,6 +179,23 @@ impl Elector {
         i32::try_from(secs).unwrap_or(i32::MAX)
     }
 
+    /// Whether the record seen has stayed unchanged, on this replica's clock, for `lasts`.
+    fn unchanged_for(&self, lasts: Duration) -> bool {
+        self.observed
+            .as_ref()
+            .is_some_and(|o| o.since.elapsed() >= lasts)
+    }
+
+    /// Notes the record read (`None`: no Lease), restarting the count when it changed.
+    fn observe(&mut self, record: Option<Record>) {
+        if self.observed.as_ref().is_none_or(|o| o.record != record) {
+            self.observed = Some(Observed {
+                record,
+                since: Instant::now(),
+            });
+        }
+    }
+
     async fn attempt(&mut self) -> Result<bool, kube::Error> {
         // In whole microseconds, as the record keeps it, so a term read back off the record
         // equals the one written.
@@ -175,7 +203,27 @@ impl Elector {
         let now = Timestamp::from_microsecond(now.as_microsecond()).unwrap_or(now);
         let duration_secs = self.duration_secs();
         let me = self.options.identity.clone();
-        let Some(mut lease) = self.api.get_opt(&self.options.name).await? else {
+        let lease = self.api.get_opt(&self.options.name).await?;
+        self.observe(lease.as_ref().map(|lease| {
+            let spec = lease.spec.clone().unwrap_or_default();
+            (
+                spec.holder_identity.filter(|h| !h.is_empty()),
+                spec.renew_time.map(|MicroTime(t)| t),
+            )
+        }));
+        let Some(mut lease) = lease else {
+            // A Lease deleted while its holder leads: the holder puts it back in the same
+            // term; anyone else waits the duration first, as for a holder that stopped
+            // renewing, since the holder may not have noticed yet.
+            let (transitions, acquired) = if self.leading() {
+                (self.term.transitions, self.term.acquired)
+            } else if self.unchanged_for(Duration::from_secs(
+                u64::try_from(duration_secs).unwrap_or(u64::MAX),
+            )) {
+                (0, Some(now))
+            } else {
+                return Ok(false);
+            };
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(self.options.name.clone()),
@@ -185,17 +233,17 @@ impl Elector {
                 spec: Some(LeaseSpec {
                     holder_identity: Some(me),
                     lease_duration_seconds: Some(duration_secs),
-                    acquire_time: Some(MicroTime(now)),
+                    acquire_time: acquired.map(MicroTime),
                     renew_time: Some(MicroTime(now)),
-                    lease_transitions: Some(0),
+                    lease_transitions: Some(transitions),
                     ..LeaseSpec::default()
                 }),
             };
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(_) => {
                     self.term = Term {
-                        transitions: 0,
-                        acquired: Some(now),
+                        transitions,
+                        acquired,
                     };
                     Ok(true)
                 }
@@ -205,25 +253,16 @@ impl Elector {
         };
         let spec = lease.spec.clone().unwrap_or_default();
         let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
-        let record = (
-            holder.clone(),
-            spec.renew_time.as_ref().map(|MicroTime(t)| *t),
-        );
-        if self.observed.as_ref().is_none_or(|o| o.record != record) {
-            self.observed = Some(Observed {
-                record,
-                since: Instant::now(),
-            });
-        }
         let lasts = Duration::from_secs(
             u64::try_from(spec.lease_duration_seconds.unwrap_or(duration_secs)).unwrap_or(0),
         );
-        let expired = self
-            .observed
-            .as_ref()
-            .is_some_and(|o| o.since.elapsed() >= lasts);
+        let released = holder.is_none() && spec.lease_duration_seconds == Some(RELEASED_SECS);
         let ours = holder.as_deref() == Some(me.as_str());
-        if holder.is_some() && !ours && !expired {
+        // A holder cleared by anyone but its holder on stop (an edit, say): the holder, while
+        // it leads, writes itself back in the same term; anyone else waits the duration, as
+        // the holder may not have noticed yet.
+        let cleared_under_me = holder.is_none() && !released && self.leading();
+        if !ours && !cleared_under_me && !released && !self.unchanged_for(lasts) {
             return Ok(false);
         }
         let transitions = spec.lease_transitions.unwrap_or(0);
@@ -232,6 +271,8 @@ impl Elector {
                 transitions,
                 spec.acquire_time.as_ref().map(|MicroTime(t)| *t),
             )
+        } else if cleared_under_me {
+            (self.term.transitions, self.term.acquired)
         } else {
             (transitions.saturating_add(1), Some(now))
         };
@@ -283,8 +324,9 @@ impl Elector {
         }
     }
 
-    /// Clears the holder if the Lease still names this replica; the resourceVersion read makes
-    /// the write fail (409) if anyone wrote the Lease since.
+    /// Clears the holder if the Lease still names this replica, marked as given up
+    /// ([`RELEASED_SECS`]); the resourceVersion read makes the write fail (409) if anyone wrote
+    /// the Lease since.
     async fn give_up(&self) -> Result<(), kube::Error> {
         let Some(mut lease) = self.api.get_opt(&self.options.name).await? else {
             return Ok(());
@@ -296,6 +338,8 @@ impl Elector {
             return Ok(());
         }
         spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(RELEASED_SECS);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
         self.api
             .replace(&self.options.name, &PostParams::default(), &lease)
             .await?;

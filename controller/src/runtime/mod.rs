@@ -344,6 +344,7 @@ pub async fn run(
         options.api_discovery,
         pool,
         Arc::clone(&changed),
+        &health,
         &mut tasks,
     );
     tokio::select! {

@@ -9,10 +9,13 @@
 //! - one of the API's CRDs is created, changed (its served versions) or deleted: the
 //!   controller's watch of CustomResourceDefinitions ([`CrdTriggers`]) says so, or
 //! - the watch keeps failing because what it watches is not served ([`ApiDiscovery::recheck_after`]),
-//!   which covers a controller whose RBAC cannot watch CRDs.
+//!   which covers a controller whose RBAC cannot watch CRDs, or
+//! - nothing is watched but one of the API's CRDs exists (discovery can lag a CRD's
+//!   `Established`): every `recheck_after` while that lasts.
 //!
 //! The watch then moves to the candidate served, whose first list replaces what the cache
-//! holds; when none is served the cache is emptied (routes naming a ServiceImport are refused
+//! holds; when none is served (discovery said so twice, `recheck_after` apart: a single 404 can
+//! be a passing fault of discovery) the cache is emptied (routes naming a ServiceImport are refused
 //! `InvalidKind`, Gateways take no ListenerSet), except for a [`OptionalApi::required`] API
 //! (ReferenceGrant), whose watch stays on its first candidate and keeps the controller from
 //! becoming ready until it is served. Which resource the cache holds is published once its
@@ -212,37 +215,96 @@ async fn served_candidate(
 /// The CRD watch's side of the optional APIs: which CRD names concern which API.
 #[derive(Default, Clone)]
 pub struct CrdTriggers {
-    apis: Vec<(Vec<String>, Arc<Notify>)>,
+    apis: Vec<CrdTrigger>,
+}
+
+/// One API's CRD names, its signal, and which of those CRDs exist now.
+#[derive(Clone)]
+struct CrdTrigger {
+    names: Vec<String>,
+    changed: Arc<Notify>,
+    present: Arc<CrdsPresent>,
+}
+
+/// Which of an API's CRDs the CRD watch holds now.
+#[derive(Debug, Default)]
+struct CrdsPresent(std::sync::Mutex<std::collections::BTreeSet<String>>);
+
+impl CrdsPresent {
+    fn update(&self, f: impl FnOnce(&mut std::collections::BTreeSet<String>)) {
+        if let Ok(mut names) = self.0.lock() {
+            f(&mut names);
+        }
+    }
+
+    fn any(&self) -> bool {
+        self.0.lock().is_ok_and(|names| !names.is_empty())
+    }
 }
 
 impl CrdTriggers {
-    /// The signal of an API whose CRDs are `candidates`'.
-    fn add(&mut self, candidates: &[Candidate]) -> Arc<Notify> {
-        let notify = Arc::new(Notify::new());
+    /// The signal of an API whose CRDs are `candidates'`, and which of them exist.
+    fn add(&mut self, candidates: &[Candidate]) -> (Arc<Notify>, Arc<CrdsPresent>) {
+        let changed = Arc::new(Notify::new());
+        let present = Arc::new(CrdsPresent::default());
         let mut names: Vec<String> = candidates.iter().map(Candidate::crd_name).collect();
         names.dedup();
-        self.apis.push((names, Arc::clone(&notify)));
-        notify
+        self.apis.push(CrdTrigger {
+            names,
+            changed: Arc::clone(&changed),
+            present: Arc::clone(&present),
+        });
+        (changed, present)
     }
 
     /// Tells each API one of whose CRDs an event of the CRD watch concerns; after each full
     /// list every API, as a CRD deleted while the watch was down shows in no event.
     pub fn crd_event(&self, event: &watcher::Event<PartialObjectMeta<CustomResourceDefinition>>) {
+        fn concerned<'a>(
+            apis: &'a [CrdTrigger],
+            name: &'a str,
+        ) -> impl Iterator<Item = &'a CrdTrigger> + 'a {
+            apis.iter()
+                .filter(move |a| a.names.iter().any(|n| n == name))
+        }
         match event {
-            watcher::Event::Apply(crd) | watcher::Event::Delete(crd) => {
+            watcher::Event::Apply(crd) => {
                 let name = crd.name_any();
-                for (names, notify) in &self.apis {
-                    if names.contains(&name) {
-                        notify.notify_one();
-                    }
+                for api in concerned(&self.apis, &name) {
+                    api.present.update(|names| {
+                        names.insert(name.clone());
+                    });
+                    api.changed.notify_one();
+                }
+            }
+            watcher::Event::Delete(crd) => {
+                let name = crd.name_any();
+                for api in concerned(&self.apis, &name) {
+                    api.present.update(|names| {
+                        names.remove(&name);
+                    });
+                    api.changed.notify_one();
+                }
+            }
+            // A new list: what exists is what it lists.
+            watcher::Event::Init => {
+                for api in &self.apis {
+                    api.present.update(std::collections::BTreeSet::clear);
+                }
+            }
+            watcher::Event::InitApply(crd) => {
+                let name = crd.name_any();
+                for api in concerned(&self.apis, &name) {
+                    api.present.update(|names| {
+                        names.insert(name.clone());
+                    });
                 }
             }
             watcher::Event::InitDone => {
-                for (_, notify) in &self.apis {
-                    notify.notify_one();
+                for api in &self.apis {
+                    api.changed.notify_one();
                 }
             }
-            watcher::Event::Init | watcher::Event::InitApply(_) => {}
         }
     }
 }
@@ -262,11 +324,15 @@ where
     K: Send + 'static,
 {
     let (served, receiver) = signal::channel(None);
+    let (crd_changed, crds_present) = triggers.add(api.candidates);
     let watch = OptionalWatch {
         client: client.clone(),
         api,
         discovery,
-        crd_changed: triggers.add(api.candidates),
+        crd_changed,
+        crds_present,
+        discovered_at: Instant::now(),
+        unserved_since: None,
         watched: None,
         events: stream::pending().boxed(),
         not_served_since: None,
@@ -288,6 +354,16 @@ struct OptionalWatch<K: 'static> {
     discovery: ApiDiscovery,
     /// Notified when one of its CRDs changed.
     crd_changed: Arc<Notify>,
+    /// Which of its CRDs exist: while one does and discovery says nothing is served (its
+    /// discovery may lag the CRD's `Established`), discovery is asked again every
+    /// `recheck_after`.
+    crds_present: Arc<CrdsPresent>,
+    /// When discovery last answered.
+    discovered_at: Instant,
+    /// Since when discovery has said nothing is served while a served candidate is watched:
+    /// one answer does not empty the cache (a 404 can be a passing fault of discovery), only
+    /// the same answer again `recheck_after` later.
+    unserved_since: Option<Instant>,
     /// The candidate watched (`Some(None)`: none is served); `None` before the first discovery.
     watched: Option<Option<usize>>,
     events: BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>,
@@ -311,12 +387,17 @@ impl<K: Send + 'static> OptionalWatch<K> {
     async fn next(&mut self) -> Option<Result<watcher::Event<K>, watcher::Error>> {
         if self.watched.is_none() {
             let served = discover_until_answered(&self.client, self.api, self.discovery).await;
+            self.discovered_at = Instant::now();
             self.switch(served);
         }
         loop {
+            let recheck_after = self.discovery.recheck_after;
+            // Nothing is watched, but a CRD of the API exists: look again.
+            let crd_unserved = self.watched == Some(None) && self.crds_present.any();
             let recheck_at = [
-                self.not_served_since
-                    .map(|since| since + self.discovery.recheck_after),
+                self.not_served_since.map(|since| since + recheck_after),
+                self.unserved_since.map(|since| since + recheck_after),
+                crd_unserved.then(|| self.discovered_at + recheck_after),
                 self.retry_at,
             ]
             .into_iter()
@@ -343,11 +424,33 @@ impl<K: Send + 'static> OptionalWatch<K> {
         }
     }
 
-    /// Asks discovery again; moves the watch if another candidate (or none) is served now.
+    /// Asks discovery again; moves the watch if another candidate is served now, or none
+    /// (when discovery says so twice, `recheck_after` apart).
     async fn rediscover(&mut self) {
-        match served_candidate(&self.client, self.api.candidates).await {
+        let answer = served_candidate(&self.client, self.api.candidates).await;
+        self.discovered_at = Instant::now();
+        match answer {
+            Ok(None) if matches!(self.watched, Some(Some(_))) => {
+                self.retry_at = None;
+                match self.unserved_since {
+                    Some(since) if since.elapsed() >= self.discovery.recheck_after => {
+                        self.switch(None);
+                    }
+                    Some(_) => {}
+                    None => {
+                        tracing::info!(
+                            "API discovery finds no {} served, while one is watched; asking \
+                             again in {:?} before the watch stops",
+                            self.api.name,
+                            self.discovery.recheck_after
+                        );
+                        self.unserved_since = Some(Instant::now());
+                    }
+                }
+            }
             Ok(served) => {
                 self.retry_at = None;
+                self.unserved_since = None;
                 if self.watched != Some(served) {
                     self.switch(served);
                 } else if self.not_served_since.is_some() {
@@ -379,6 +482,7 @@ impl<K: Send + 'static> OptionalWatch<K> {
         let first = self.watched.is_none();
         self.watched = Some(served);
         self.not_served_since = None;
+        self.unserved_since = None;
         let watched = served.or(api.required.then_some(0));
         match (served, watched.and_then(|i| api.candidates.get(i))) {
             (Some(_), Some(c)) => tracing::info!(

@@ -7,7 +7,7 @@
 //! them, which may change while the controller runs ([`optional_apis`](super::optional_apis)):
 //! the CRD watch tells their watches when one of their CRDs changes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,8 +30,10 @@ use kube::core::{ApiResource, DynamicObject, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use serde::de::DeserializeOwned;
-use tokio::sync::Notify;
+use tokio::sync::{watch as signal, Notify};
 use tokio::task::JoinSet;
 
 use crate::access_policy::AccessPolicy;
@@ -43,6 +45,7 @@ use crate::translate::bundle_version::{is_gateway_api_crd, CRD_ACCESS};
 use crate::translate::{ObjectKey, Snapshot};
 use cftunnel_controller_core::snapshot::UnreadableObject;
 
+use super::health::{Health, WatchLabel};
 use super::optional_apis::{self, readable, ApiDiscovery, CrdTriggers, Served, Unreadable};
 
 /// How long the Gateway API CRDs' first list may lag the other caches' before the controller
@@ -50,6 +53,15 @@ use super::optional_apis::{self, readable, ApiDiscovery, CrdTriggers, Served, Un
 /// an older ClusterRole lacks, so it must gate nothing for long; waiting a little keeps the
 /// first status written from saying False only because that list came a moment late.
 pub const CRD_WAIT: Duration = Duration::from_secs(5);
+
+/// How long the first list of an optional kind (BackendTLSPolicy, ExternalBackend,
+/// GatewayClassConfig, ServiceImport, AccessPolicy) is waited for, past `crd_wait`, while its
+/// watch fails but not because the kind is absent (not served, or not permitted): a 5xx or a
+/// 429 that kube's backoff retries. An empty cache reads as "none exist", and a round on it
+/// would push configs without the kind (rules an AccessPolicy protects answering 500), so the
+/// controller stays unready (and the elector unstarted) meanwhile; past this it goes on
+/// without the kind, as a cluster must not be left with no controller for good.
+pub const LATE_LIST_CAP: Duration = Duration::from_secs(120);
 
 /// The label every rendered object carries; only such Deployments are watched.
 pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=cftunnel-controller";
@@ -71,9 +83,9 @@ pub struct Stores {
     pub listener_sets: Store<ListenerSet>,
     /// The resource `listener_sets` holds the objects of: where their statuses are written.
     pub listener_set_resource: Served,
-    /// Served from Gateway API v1.4 on: like the CRDs, its first list gates rounds for at most
-    /// [`CRD_WAIT`], so a cluster whose CRDs predate it (or an RBAC rule missing for it) does
-    /// not keep the controller from serving.
+    /// Served from Gateway API v1.4 on: its first list gates rounds for [`CRD_WAIT`], then
+    /// only while its watch has not shown it absent ([`LATE_LIST_CAP`]), so a cluster whose CRDs
+    /// predate it (or an RBAC rule missing for it) does not keep the controller from serving.
     pub backend_tls_policies: Store<BackendTlsPolicy>,
     /// For the CA certificates BackendTLSPolicies name.
     pub config_maps: Store<ConfigMap>,
@@ -84,18 +96,17 @@ pub struct Stores {
     /// The GatewayConfigs left out of `gateway_configs` because this build cannot read them:
     /// a Gateway naming one is told why.
     pub unreadable_gateway_configs: Arc<Unreadable>,
-    /// Gates readiness for `crd_wait` at most, as a cluster upgraded without its CRD has none.
+    /// Gates readiness as BackendTLSPolicies do, as a cluster upgraded without its CRD has none.
     pub gateway_class_configs: Store<GatewayClassConfig>,
     /// Empty where the API server does not serve ServiceImport
     /// ([`optional_apis::SERVICE_IMPORTS`]); `service_imports_served` tells that apart from
     /// none existing.
     pub service_imports: Store<ServiceImport>,
     pub service_imports_served: Served,
-    /// The AccessPolicies route rules name; gates readiness for `crd_wait` at most, as a
+    /// The AccessPolicies route rules name; gates readiness as BackendTLSPolicies do, as a
     /// cluster upgraded without its CRD has none to list.
     pub access_policies: Store<AccessPolicy>,
-    /// The ExternalBackends routes name; gates readiness for `crd_wait` at most, as
-    /// AccessPolicies do.
+    /// The ExternalBackends routes name; gates readiness as AccessPolicies do.
     pub external_backends: Store<ExternalBackend>,
     pub secrets: Store<Secret>,
     /// The rendered proxy Deployments (their ready replicas gate `Programmed`; one deleted or
@@ -111,6 +122,32 @@ pub struct Stores {
     pub autoscalers: Store<HorizontalPodAutoscaler>,
     /// Gateway API's CustomResourceDefinitions, metadata only (their bundle versions).
     pub gateway_api_crds: Store<PartialObjectMeta<CustomResourceDefinition>>,
+    /// The kinds whose watch last failed as absent: not served (404) or not permitted (403).
+    absent: signal::Receiver<BTreeSet<String>>,
+}
+
+/// What every cache's task reports to.
+struct Shared {
+    /// Notified on each event, including the first list.
+    changed: Arc<Notify>,
+    /// Failed attempts of each kind's watch (`/metrics`).
+    failures: Family<WatchLabel, Counter>,
+    /// The kinds whose watch last failed as absent.
+    absent: Arc<signal::Sender<BTreeSet<String>>>,
+}
+
+/// Whether a watch failed because its kind is absent: not served (404, no such resource or
+/// CRD) or not permitted (403, an RBAC rule missing). Any other failure (a 5xx, a 429, a
+/// timeout) says nothing of whether objects exist.
+fn failed_as_absent(e: &watcher::Error) -> bool {
+    let absent = |code: u16| code == 404 || code == 403;
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => absent(status.code),
+        watcher::Error::WatchError(status) => absent(status.code),
+        _ => false,
+    }
 }
 
 /// A kind of rendered object that only a label-selected watch caches.
@@ -162,27 +199,29 @@ enum Kept {
 
 impl Stores {
     /// Starts a watch per kind, the optional APIs' at what `discovery` finds served
-    /// ([`optional_apis`]); each event, including the first list, notifies `changed`. The tasks
-    /// stop when `tasks` is dropped.
+    /// ([`optional_apis`]); each event, including the first list, notifies `changed`, and each
+    /// failed attempt of a watch counts in `health`'s watch failures. The tasks stop when
+    /// `tasks` is dropped.
     pub fn start(
         client: &Client,
         discovery: ApiDiscovery,
         pool: Option<&ObjectKey>,
         changed: Arc<Notify>,
+        health: &Health,
         tasks: &mut JoinSet<()>,
     ) -> Self {
         fn watch<K>(
             api: Api<K>,
             config: watcher::Config,
             kept: Kept,
-            changed: &Arc<Notify>,
+            shared: &Shared,
             tasks: &mut JoinSet<()>,
         ) -> Store<K>
         where
             K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
             K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
         {
-            cache(watcher(api, config), kept, changed, tasks)
+            cache(watcher(api, config), kept, shared, tasks)
         }
         /// [`watch`] of a kind tenants write, read object by object: one object this build
         /// cannot read (a value its types do not know, from a newer bundle than it was
@@ -194,7 +233,7 @@ impl Stores {
             client: &Client,
             config: watcher::Config,
             unreadable: Arc<Unreadable>,
-            changed: &Arc<Notify>,
+            shared: &Shared,
             tasks: &mut JoinSet<()>,
         ) -> Store<K>
         where
@@ -205,14 +244,14 @@ impl Stores {
             let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
             let events = watcher(api, config)
                 .try_filter_map(move |event| future::ready(Ok(readable(event, &unreadable))));
-            cache(events, Kept::Read, changed, tasks)
+            cache(events, Kept::Read, shared, tasks)
         }
         /// Caches `events`, keeping what `kept` says of them (retrying a failed watch with
-        /// backoff).
+        /// backoff, each failure counted and noted as absent or not).
         fn cache<K>(
             events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
             kept: Kept,
-            changed: &Arc<Notify>,
+            shared: &Shared,
             tasks: &mut JoinSet<()>,
         ) -> Store<K>
         where
@@ -220,7 +259,13 @@ impl Stores {
             K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
         {
             let (store, writer) = reflector::store();
-            let changed = Arc::clone(changed);
+            let kind = K::kind(&K::DynamicType::default()).into_owned();
+            let failures = shared
+                .failures
+                .get_or_create(&WatchLabel { kind: kind.clone() })
+                .clone();
+            let absent = Arc::clone(&shared.absent);
+            let changed = Arc::clone(&shared.changed);
             let stream = events
                 .modify(move |object: &mut K| {
                     if kept == Kept::Read {
@@ -235,7 +280,16 @@ impl Stores {
                     match event {
                         // A failed watch changes nothing in the cache: no round for it.
                         Err(e) => {
-                            tracing::warn!(kind = %K::kind(&K::DynamicType::default()), error = %e, "watch failed; retrying");
+                            failures.inc();
+                            let is_absent = failed_as_absent(&e);
+                            absent.send_if_modified(|kinds| {
+                                if is_absent {
+                                    kinds.insert(kind.clone())
+                                } else {
+                                    kinds.remove(&kind)
+                                }
+                            });
+                            tracing::warn!(kind, error = %e, "watch failed; retrying");
                         }
                         Ok(_) => changed.notify_one(),
                     }
@@ -243,6 +297,12 @@ impl Stores {
             });
             store
         }
+        let (absent, absent_kinds) = signal::channel(BTreeSet::new());
+        let shared = Shared {
+            changed,
+            failures: health.watch_failures.clone(),
+            absent: Arc::new(absent),
+        };
         let all = watcher::Config::default;
         let mut triggers = CrdTriggers::default();
         let (reference_grants, _) = optional_apis::watch(
@@ -281,43 +341,43 @@ impl Stores {
             });
         let unreadable_gateway_configs = Arc::new(Unreadable::default());
         Self {
-            gateway_classes: watch_each(client, all(), Arc::default(), &changed, tasks),
-            gateways: watch_each(client, all(), Arc::default(), &changed, tasks),
-            http_routes: watch_each(client, all(), Arc::default(), &changed, tasks),
-            grpc_routes: watch_each(client, all(), Arc::default(), &changed, tasks),
-            reference_grants: cache(reference_grants, Kept::Read, &changed, tasks),
-            listener_sets: cache(listener_sets, Kept::Read, &changed, tasks),
+            gateway_classes: watch_each(client, all(), Arc::default(), &shared, tasks),
+            gateways: watch_each(client, all(), Arc::default(), &shared, tasks),
+            http_routes: watch_each(client, all(), Arc::default(), &shared, tasks),
+            grpc_routes: watch_each(client, all(), Arc::default(), &shared, tasks),
+            reference_grants: cache(reference_grants, Kept::Read, &shared, tasks),
+            listener_sets: cache(listener_sets, Kept::Read, &shared, tasks),
             listener_set_resource,
-            backend_tls_policies: watch_each(client, all(), Arc::default(), &changed, tasks),
-            config_maps: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
-            namespaces: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
-            services: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
-            endpoint_slices: watch(Api::all(client.clone()), all(), Kept::Read, &changed, tasks),
+            backend_tls_policies: watch_each(client, all(), Arc::default(), &shared, tasks),
+            config_maps: watch(Api::all(client.clone()), all(), Kept::Read, &shared, tasks),
+            namespaces: watch(Api::all(client.clone()), all(), Kept::Read, &shared, tasks),
+            services: watch(Api::all(client.clone()), all(), Kept::Read, &shared, tasks),
+            endpoint_slices: watch(Api::all(client.clone()), all(), Kept::Read, &shared, tasks),
             gateway_configs: watch_each(
                 client,
                 all(),
                 Arc::clone(&unreadable_gateway_configs),
-                &changed,
+                &shared,
                 tasks,
             ),
             unreadable_gateway_configs,
-            gateway_class_configs: watch_each(client, all(), Arc::default(), &changed, tasks),
-            service_imports: cache(service_imports, Kept::Read, &changed, tasks),
+            gateway_class_configs: watch_each(client, all(), Arc::default(), &shared, tasks),
+            service_imports: cache(service_imports, Kept::Read, &shared, tasks),
             service_imports_served,
-            access_policies: watch_each(client, all(), Arc::default(), &changed, tasks),
-            external_backends: watch_each(client, all(), Arc::default(), &changed, tasks),
+            access_policies: watch_each(client, all(), Arc::default(), &shared, tasks),
+            external_backends: watch_each(client, all(), Arc::default(), &shared, tasks),
             secrets: watch(
                 Api::all(client.clone()),
                 all().fields(NOT_HELM_RELEASES),
                 Kept::Read,
-                &changed,
+                &shared,
                 tasks,
             ),
             deployments: watch(
                 Api::all(client.clone()),
                 all().labels(MANAGED_BY_SELECTOR),
                 Kept::Applied,
-                &changed,
+                &shared,
                 tasks,
             ),
             pool: pool.map(|pool| {
@@ -325,7 +385,7 @@ impl Stores {
                     Api::namespaced(client.clone(), &pool.namespace),
                     all().fields(&format!("metadata.name={}", pool.name)),
                     Kept::Read,
-                    &changed,
+                    &shared,
                     tasks,
                 )
             }),
@@ -333,17 +393,18 @@ impl Stores {
                 Api::all(client.clone()),
                 all().labels(MANAGED_BY_SELECTOR),
                 Kept::Applied,
-                &changed,
+                &shared,
                 tasks,
             ),
             autoscalers: watch(
                 Api::all(client.clone()),
                 all().labels(MANAGED_BY_SELECTOR),
                 Kept::Applied,
-                &changed,
+                &shared,
                 tasks,
             ),
-            gateway_api_crds: cache(crds, Kept::Read, &changed, tasks),
+            gateway_api_crds: cache(crds, Kept::Read, &shared, tasks),
+            absent: absent_kinds,
         }
     }
 
@@ -388,13 +449,18 @@ impl Stores {
         }
     }
 
-    /// Waits for the first full list of every cache but the CRDs', then at most `crd_wait` for
-    /// the CRDs'; whether those other caches are filled (false: a watch task stopped first).
+    /// Waits for the first full list of every cache but the CRDs' and the optional kinds',
+    /// then for those; whether the other caches are filled (false: a watch task stopped first).
     ///
     /// The CRDs gate nothing past `crd_wait` (see [`CRD_WAIT`]): rounds run without them,
     /// their snapshot says they cannot be read, and their first list, whenever it comes,
     /// starts a round like any change. Not having them by then is logged once, with the RBAC
     /// rule their watch needs (each failed retry of the watch is logged too, as for any watch).
+    ///
+    /// The optional kinds (BackendTLSPolicy, ExternalBackend, GatewayClassConfig,
+    /// ServiceImport, AccessPolicy) are waited for together: past `crd_wait` only while their
+    /// watch has not shown the kind absent, and no longer than [`LATE_LIST_CAP`] (logged as
+    /// the CRDs' are).
     pub async fn wait_until_ready(&self, crd_wait: Duration) -> bool {
         let results = [
             self.gateway_classes.wait_until_ready().await,
@@ -416,66 +482,109 @@ impl Stores {
         if !results.iter().all(Result::is_ok) {
             return false;
         }
-        let policies =
-            tokio::time::timeout(crd_wait, self.backend_tls_policies.wait_until_ready()).await;
-        if !matches!(policies, Ok(Ok(()))) {
-            tracing::warn!(
-                waited = ?crd_wait,
-                "BackendTLSPolicies not listed in time (the CRD is served from Gateway API v1.4 \
-                 on, and the controller's RBAC must let it list and watch them); reconciling \
-                 without them until they are: backends they cover are dialled as their Service \
-                 ports say"
-            );
-        }
-        let crds = tokio::time::timeout(crd_wait, self.gateway_api_crds.wait_until_ready()).await;
-        if !matches!(crds, Ok(Ok(()))) {
-            tracing::warn!(
-                waited = ?crd_wait,
-                needs = CRD_ACCESS,
-                "Gateway API CRDs not listed in time; reconciling without them, GatewayClass \
-                 SupportedVersion=False until they are (the controller's RBAC must grant `needs`)"
-            );
-        }
-        let backends =
-            tokio::time::timeout(crd_wait, self.external_backends.wait_until_ready()).await;
-        if !matches!(backends, Ok(Ok(()))) {
-            tracing::warn!(
-                waited = ?crd_wait,
-                "ExternalBackends not listed in time (is the externalbackends.cf.k8s.lex.la CRD \
-                 installed, and may the controller list and watch them?); reconciling without \
-                 them: backendRefs naming one resolve to nothing (500) until they are listed"
-            );
-        }
-        let configs =
-            tokio::time::timeout(crd_wait, self.gateway_class_configs.wait_until_ready()).await;
-        if !matches!(configs, Ok(Ok(()))) {
-            tracing::warn!(
-                waited = ?crd_wait,
-                "GatewayClassConfigs not listed in time (is the gatewayclassconfigs.cf.k8s.lex.la \
-                 CRD installed, and may the controller list and watch them?); reconciling \
-                 without them: a GatewayClass naming one is not accepted until they are"
-            );
-        }
-        let imports = tokio::time::timeout(crd_wait, self.service_imports.wait_until_ready()).await;
-        if !matches!(imports, Ok(Ok(()))) {
-            tracing::warn!(
-                waited = ?crd_wait,
-                "ServiceImports not listed in time (they are served, but may the controller \
-                 list and watch them?); reconciling without them: backendRefs naming one \
-                 resolve to nothing until they are listed"
-            );
-        }
-        let policies =
-            tokio::time::timeout(crd_wait, self.access_policies.wait_until_ready()).await;
-        if !matches!(policies, Ok(Ok(()))) {
-            tracing::warn!(
-                waited = ?crd_wait,
-                "AccessPolicies not listed in time (is the accesspolicies.cf.k8s.lex.la CRD \
-                 installed, and may the controller list and watch them?); reconciling without \
-                 them: rules naming one answer 500 until they are listed"
-            );
-        }
+        let crds = async {
+            let crds =
+                tokio::time::timeout(crd_wait, self.gateway_api_crds.wait_until_ready()).await;
+            if !matches!(crds, Ok(Ok(()))) {
+                tracing::warn!(
+                    waited = ?crd_wait,
+                    needs = CRD_ACCESS,
+                    "Gateway API CRDs not listed in time; reconciling without them, GatewayClass \
+                     SupportedVersion=False until they are (the controller's RBAC must grant `needs`)"
+                );
+            }
+        };
+        future::join(
+            crds,
+            future::join5(
+                self.wait_for_optional(
+                    &self.backend_tls_policies,
+                    crd_wait,
+                    "the CRD is served from Gateway API v1.4 on, and the controller's RBAC must \
+                     let it list and watch them; reconciling without them until they are: \
+                     backends they cover are dialled as their Service ports say",
+                ),
+                self.wait_for_optional(
+                    &self.external_backends,
+                    crd_wait,
+                    "is the externalbackends.cf.k8s.lex.la CRD installed, and may the controller \
+                     list and watch them? reconciling without them: backendRefs naming one \
+                     resolve to nothing (500) until they are listed",
+                ),
+                self.wait_for_optional(
+                    &self.gateway_class_configs,
+                    crd_wait,
+                    "is the gatewayclassconfigs.cf.k8s.lex.la CRD installed, and may the \
+                     controller list and watch them? reconciling without them: a GatewayClass \
+                     naming one is not accepted until they are",
+                ),
+                self.wait_for_optional(
+                    &self.service_imports,
+                    crd_wait,
+                    "they are served, but may the controller list and watch them? reconciling \
+                     without them: backendRefs naming one resolve to nothing until they are \
+                     listed",
+                ),
+                self.wait_for_optional(
+                    &self.access_policies,
+                    crd_wait,
+                    "is the accesspolicies.cf.k8s.lex.la CRD installed, and may the controller \
+                     list and watch them? reconciling without them: rules naming one answer 500 \
+                     until they are listed",
+                ),
+            ),
+        )
+        .await;
         true
+    }
+
+    /// Waits for the first list of an optional kind: `crd_wait`, then on while its watch fails
+    /// other than as absent, up to [`LATE_LIST_CAP`]. Going on without it is logged with
+    /// `hint` (what it takes, and what is missed meanwhile).
+    async fn wait_for_optional<K>(&self, store: &Store<K>, crd_wait: Duration, hint: &str)
+    where
+        K: Resource<DynamicType = ()> + Clone + 'static,
+    {
+        let kind = K::kind(&());
+        let listed = |r: Result<(), _>| r.is_ok();
+        if tokio::time::timeout(crd_wait, store.wait_until_ready())
+            .await
+            .is_ok_and(listed)
+        {
+            return;
+        }
+        let mut absent = self.absent.clone();
+        let shown_absent = |kinds: &BTreeSet<String>| kinds.contains(kind.as_ref());
+        if !shown_absent(&absent.borrow_and_update()) {
+            tracing::info!(
+                kind = %kind,
+                waited = ?crd_wait,
+                "first list not in yet, and the kind not shown absent (not served or not \
+                 permitted); not ready until it is listed, for {:?} at most",
+                LATE_LIST_CAP
+            );
+            let late = LATE_LIST_CAP.saturating_sub(crd_wait);
+            let outcome = tokio::time::timeout(late, async {
+                tokio::select! {
+                    ready = store.wait_until_ready() => ready.is_ok(),
+                    _ = absent.wait_for(shown_absent) => false,
+                }
+            })
+            .await;
+            if outcome == Ok(true) {
+                return;
+            }
+        }
+        let waited = if shown_absent(&self.absent.borrow()) {
+            crd_wait
+        } else {
+            LATE_LIST_CAP.max(crd_wait)
+        };
+        tracing::warn!(
+            kind = %kind,
+            ?waited,
+            "not listed in time ({hint})"
+        );
     }
 
     /// The translation's input, as the caches hold it now. The CRDs are `None` until their
