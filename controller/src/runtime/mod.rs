@@ -292,8 +292,10 @@ pub struct RuntimeOptions {
     pub cloudflare_api_token: Option<String>,
     /// Leader election among replicas; `None`: this replica always reconciles.
     pub lease: Option<lease::LeaseOptions>,
-    /// How long, once the other watch caches are filled, to wait for the Gateway API CRDs'
-    /// first list before reconciling without them ([`stores::CRD_WAIT`]).
+    /// How long, once the other watch caches are filled, to wait for the optional kinds' first
+    /// lists (BackendTLSPolicy, ExternalBackend, GatewayClassConfig, ServiceImport,
+    /// AccessPolicy) before waiting on only for those whose list is merely late, not refused as
+    /// absent or forbidden ([`stores::CRD_WAIT`]).
     pub crd_wait: Duration,
     /// How API discovery tells where ReferenceGrant, ListenerSet and ServiceImport are
     /// served: at start-up, when their CRDs change, and while a watch fails as not served.
