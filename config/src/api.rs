@@ -10,8 +10,9 @@ pub const ENFORCES_ACCESS: &str = "access";
 ///
 /// `enforces` exists because a document's unknown fields are ignored (as the Go
 /// implementation ignores them): a proxy of a release before a check, or the Go proxy, would
-/// take a rule asking for it and serve the rule unchecked. A pusher leaves such rules out for a
-/// pod that does not list the check.
+/// take a rule asking for it and serve the rule unchecked. It lets a pusher tell such a pod
+/// apart, once the releases it may meet all list what they enforce (those that added Access
+/// before this list did not).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConfigState {
     pub version: i64,

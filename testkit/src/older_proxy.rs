@@ -6,10 +6,6 @@
 //! `name` fields, which later releases add). Every other request goes unchanged to a real
 //! proxy's config API, so what the older pod serves is what a real proxy serves.
 //!
-//! It also predates Cloudflare Access at the origin, as such a release does: its `GET /config`
-//! lists no check it enforces, and a rule's `access` is dropped from what it serves (an
-//! unknown field, ignored), so the real proxy behind it serves that rule unchecked.
-//!
 //! Left out: everything else an earlier release might do differently.
 
 use std::convert::Infallible;
@@ -69,14 +65,13 @@ async fn answer(
     current: SocketAddr,
     unknown_filter: &str,
 ) -> Response<Full<Bytes>> {
-    let (mut parts, body) = req.into_parts();
+    let (parts, body) = req.into_parts();
     let body = match Limited::new(body, 16 * 1024 * 1024).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => return respond(StatusCode::BAD_REQUEST, format!("reading body: {e}")),
     };
-    let mut body = body;
     if parts.method == Method::PUT && parts.uri.path() == "/config" {
-        if let Ok(mut doc) = serde_json::from_slice::<Value>(&body) {
+        if let Ok(doc) = serde_json::from_slice::<Value>(&body) {
             if let Some(at) = unreadable(&doc, unknown_filter) {
                 return respond(
                     StatusCode::BAD_REQUEST,
@@ -87,49 +82,12 @@ async fn answer(
                     ),
                 );
             }
-            let mut dropped = false;
-            for rule in doc
-                .get_mut("rules")
-                .and_then(Value::as_array_mut)
-                .into_iter()
-                .flatten()
-            {
-                if let Some(rule) = rule.as_object_mut() {
-                    dropped |= rule.remove("access").is_some();
-                }
-            }
-            if dropped {
-                body = Bytes::from(doc.to_string());
-                parts.headers.remove(http::header::CONTENT_LENGTH);
-            }
         }
     }
-    let is_state = parts.method == Method::GET && parts.uri.path() == "/config";
     match forward(parts, body, current).await {
-        Ok(response) if is_state => without_enforced(response).await,
         Ok(response) => response,
         Err(e) => respond(StatusCode::BAD_GATEWAY, e),
     }
-}
-
-/// The state the real proxy reported, without the list of checks it enforces.
-async fn without_enforced(response: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
-    let (mut parts, body) = response.into_parts();
-    parts.headers.remove(http::header::CONTENT_LENGTH);
-    let body = match body.collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(never) => match never {},
-    };
-    let body = match serde_json::from_slice::<Value>(&body) {
-        Ok(mut state) => {
-            if let Some(state) = state.as_object_mut() {
-                state.remove("enforces");
-            }
-            Bytes::from(state.to_string())
-        }
-        Err(_) => body,
-    };
-    Response::from_parts(parts, Full::new(body))
 }
 
 /// The path of the first filter type the older release cannot read.

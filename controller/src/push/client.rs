@@ -56,12 +56,6 @@ pub(super) enum Put {
         rule: usize,
         reason: String,
     },
-    /// It was not pushed: it cannot enforce what the rules at these positions of the
-    /// document ask for.
-    CannotEnforce {
-        rules: Vec<usize>,
-        reason: String,
-    },
     /// The document is larger than it takes (413): at most `limit` bytes, when it says.
     TooLarge {
         limit: Option<usize>,
@@ -93,19 +87,10 @@ impl Unreached {
     }
 }
 
-/// What a pod's `GET /config` said.
-pub(super) struct Observed<'a> {
-    pub(super) version: i64,
-    /// The token it takes: the current one, else the one before the last rotation.
-    pub(super) token: &'a str,
-    /// It checks rules' `access` requirements (an earlier release, or the Go proxy, would
-    /// serve such a rule unchecked).
-    pub(super) enforces_access: bool,
-}
-
 impl<'a> Client<'a> {
-    /// The pod's version, the token it takes and what it enforces.
-    pub(super) async fn version(&self, pod: SocketAddr) -> Result<Observed<'a>, Unreached> {
+    /// The pod's version, and the token it takes: the current one, else the one before the
+    /// last rotation.
+    pub(super) async fn version(&self, pod: SocketAddr) -> Result<(i64, &'a str), Unreached> {
         let mut token = self.token;
         let (mut status, mut body) = self
             .call(pod, hyper::Method::GET, "/config", Bytes::new(), token)
@@ -125,11 +110,7 @@ impl<'a> Client<'a> {
             });
         }
         serde_json::from_slice::<cftunnel_config::api::ConfigState>(&body)
-            .map(|s| Observed {
-                version: s.version,
-                token,
-                enforces_access: s.enforces_access(),
-            })
+            .map(|s| (s.version, token))
             .map_err(|e| Unreached::other(format!("GET /config: unreadable answer: {e}")))
     }
 

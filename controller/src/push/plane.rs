@@ -12,7 +12,7 @@ use aws_lc_rs::digest;
 use bytes::Bytes;
 use cftunnel_config::{Config, Rule};
 
-use super::client::{Client, Observed, Put, Unreached};
+use super::client::{Client, Put, Unreached};
 use super::{OwnedRound, PlaneOutcome, PodOutcome, RefusedRule};
 
 /// Pushes of a plane in one round after pods refused rules: each leaves out at least one more
@@ -196,16 +196,6 @@ pub(super) async fn sync_plane(
                     }
                     (pod, PodOutcome::Failed(reason))
                 }
-                Put::CannotEnforce { rules, reason } => {
-                    if passes < MAX_PASSES {
-                        for rule in rules {
-                            if let Some(&i) = kept.get(rule) {
-                                leave_out(i, pod, &reason);
-                            }
-                        }
-                    }
-                    (pod, PodOutcome::Failed(reason))
-                }
             })
             .collect();
         if left_out.is_empty() {
@@ -270,7 +260,7 @@ async fn push_document(
     // A pod ahead of us holds a push from an earlier controller: go past it.
     if let Some(ahead) = observed
         .iter()
-        .filter_map(|v| v.as_ref().ok().map(|o| o.version))
+        .filter_map(|v| v.as_ref().ok().map(|(v, _)| *v))
         .filter(|&v| v > *version)
         .max()
     {
@@ -282,12 +272,12 @@ async fn push_document(
         puts: Vec::new(),
         previous_needed: observed
             .iter()
-            .any(|v| matches!(v, Ok(o) if o.token != client.token)),
+            .any(|v| matches!(v, Ok((_, token)) if *token != client.token)),
         token_refused: observed
             .iter()
             .any(|v| matches!(v, Err(u) if u.token_refused)),
     };
-    let behind = |v: &Result<Observed<'_>, Unreached>| matches!(v, Ok(o) if o.version != version);
+    let behind = |v: &Result<(i64, &str), Unreached>| matches!(v, Ok((v, _)) if *v != version);
     if !observed.iter().any(behind) {
         sent.puts = pods
             .iter()
@@ -313,28 +303,13 @@ async fn push_document(
         }
     };
     let doc = &doc;
-    // Rules a pod that does not check Cloudflare Access would serve unchecked.
-    let checked: Vec<usize> = doc
-        .rules
-        .iter()
-        .enumerate()
-        .filter_map(|(i, r)| r.access.is_some().then_some(i))
-        .collect();
-    let checked = &checked;
     sent.puts =
         futures_util::future::join_all(pods.iter().zip(observed).map(|(&pod, observed)| {
             let body = body.clone();
             async move {
                 let put = match observed {
-                    Ok(o) if o.version == version => Put::Current,
-                    Ok(o) if !o.enforces_access && !checked.is_empty() => Put::CannotEnforce {
-                        rules: checked.clone(),
-                        reason: "the pod's proxy does not check Cloudflare Access (an earlier \
-                                 release, or another implementation): rules with an Access \
-                                 requirement are left out rather than served unchecked"
-                            .to_owned(),
-                    },
-                    Ok(o) => client.put(pod, body, o.token, doc).await,
+                    Ok((v, _)) if v == version => Put::Current,
+                    Ok((_, token)) => client.put(pod, body, token, doc).await,
                     Err(unreached) => Put::Failed(unreached.reason),
                 };
                 (pod, put)
