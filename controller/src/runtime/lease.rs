@@ -123,6 +123,10 @@ struct Elector {
     /// When the last successful renewal started.
     renewed: Option<Instant>,
     observed: Option<Observed>,
+    /// This replica has seen a Lease: one missing now was deleted, perhaps under a holder
+    /// that has not noticed yet. Missing from the start (a first install), it is created at
+    /// once.
+    saw_lease: bool,
     /// The term of the record this replica last wrote as holder.
     term: Term,
 }
@@ -134,6 +138,7 @@ impl Elector {
             options,
             renewed: None,
             observed: None,
+            saw_lease: false,
             term: Term::default(),
         }
     }
@@ -211,15 +216,19 @@ impl Elector {
                 spec.renew_time.map(|MicroTime(t)| t),
             )
         }));
+        self.saw_lease |= lease.is_some();
         let Some(mut lease) = lease else {
             // A Lease deleted while its holder leads: the holder puts it back in the same
-            // term; anyone else waits the duration first, as for a holder that stopped
-            // renewing, since the holder may not have noticed yet.
+            // term; anyone else that saw it waits the duration first, as for a holder that
+            // stopped renewing, since the holder may not have noticed yet. None seen yet (a
+            // first install): nobody leads, and it is taken at once.
             let (transitions, acquired) = if self.leading() {
                 (self.term.transitions, self.term.acquired)
-            } else if self.unchanged_for(Duration::from_secs(
-                u64::try_from(duration_secs).unwrap_or(u64::MAX),
-            )) {
+            } else if !self.saw_lease
+                || self.unchanged_for(Duration::from_secs(
+                    u64::try_from(duration_secs).unwrap_or(u64::MAX),
+                ))
+            {
                 (0, Some(now))
             } else {
                 return Ok(false);
