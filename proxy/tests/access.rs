@@ -308,7 +308,11 @@ async fn tokens_naming_a_new_key_just_after_a_fetch_wait_for_the_next_one() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let old = SigningKey::rs256("old");
         let new = SigningKey::es256("new");
-        let s = setup(&[&old], |a| a.min_refetch = Duration::from_millis(1500)).await;
+        // The defaults: a pause between fetches as long as the wait for one.
+        let s = setup(&[&old], |a| {
+            a.min_refetch = AccessSettings::default().min_refetch
+        })
+        .await;
         assert_eq!(
             s.call("/before", Some(&s.token(&old))).await.status,
             StatusCode::OK

@@ -188,7 +188,7 @@ impl TeamKeys {
         let header = token::header(token)?;
         let mut keys = token::candidates(&set.keys, &header);
         if matches!(keys, Candidate::UnknownKid) {
-            if let Some(newer) = self.refetch().await {
+            if let Some(newer) = self.refetch(true).await {
                 set = newer;
                 keys = token::candidates(&set.keys, &header);
             }
@@ -227,37 +227,36 @@ impl TeamKeys {
             }
         }
         // Every fetch so far failed: ask for another, as an unknown key id does.
-        self.refetch().await.ok_or(AccessError::KeysUnavailable)
+        self.refetch(false)
+            .await
+            .ok_or(AccessError::KeysUnavailable)
     }
 
-    /// Waits for a fetch that ends after this call: the one under way, else one asked for now,
-    /// or once `min_refetch` has passed since the last one started (so tokens naming made-up
-    /// keys cannot make the proxy fetch without pause, while a token signed with a key just
-    /// rotated in still passes). The wait is bounded by `fetch_timeout`. `None`: no fetch
-    /// ended in time.
-    async fn refetch(&self) -> Option<Arc<KeySet>> {
+    /// Waits for a fetch that ends after this call, up to `fetch_timeout`: the one under way,
+    /// else one asked for now. Within `min_refetch` of the last one's start (so tokens naming
+    /// made-up keys cannot make the proxy fetch without pause) it asks once that pause is over
+    /// when `wait_out_pause` (a key id the set lacks: a key rotated in just after a fetch still
+    /// passes), and gives up at once otherwise. `None`: no fetch ended in time.
+    async fn refetch(&self, wait_out_pause: bool) -> Option<Arc<KeySet>> {
         let shared = &self.shared;
         let mut attempts = shared.attempts.subscribe();
         attempts.borrow_and_update();
-        let fetched = async {
-            if !shared.fetching.load(Ordering::Acquire) {
-                let last = shared.last_attempt.load(Ordering::Acquire);
-                let since = shared.millis().saturating_sub(last);
-                let min =
-                    u64::try_from(shared.settings.min_refetch.as_millis()).unwrap_or(u64::MAX);
-                if last != u64::MAX && since < min {
-                    tokio::time::sleep(Duration::from_millis(min - since)).await;
+        if !shared.fetching.load(Ordering::Acquire) {
+            let last = shared.last_attempt.load(Ordering::Acquire);
+            let since = shared.millis().saturating_sub(last);
+            let min = u64::try_from(shared.settings.min_refetch.as_millis()).unwrap_or(u64::MAX);
+            if last != u64::MAX && since < min {
+                if !wait_out_pause {
+                    return None;
                 }
-                // Another request's fetch may have started or ended meanwhile: that one does.
-                if !shared.fetching.load(Ordering::Acquire)
-                    && !attempts.has_changed().unwrap_or(true)
-                {
-                    shared.wake.notify_one();
-                }
+                tokio::time::sleep(Duration::from_millis(min - since)).await;
             }
-            attempts.changed().await
-        };
-        tokio::time::timeout(shared.settings.fetch_timeout, fetched)
+            // Another request's fetch may have started or ended meanwhile: that one does.
+            if !shared.fetching.load(Ordering::Acquire) && !attempts.has_changed().unwrap_or(true) {
+                shared.wake.notify_one();
+            }
+        }
+        tokio::time::timeout(shared.settings.fetch_timeout, attempts.changed())
             .await
             .ok()?
             .ok()?;
