@@ -36,6 +36,8 @@ struct Target {
     timeout: Duration,
     /// Dial only public addresses of `host` (see [`is_public`]).
     public_only: bool,
+    /// This backend's share of the process's [`LOOKUPS`].
+    lookups: Arc<tokio::sync::Semaphore>,
 }
 
 #[derive(Debug, Clone)]
@@ -61,6 +63,7 @@ impl Connector {
                 tls,
                 timeout,
                 public_only,
+                lookups: Arc::new(tokio::sync::Semaphore::new(BACKEND_LOOKUP_SLOTS)),
             }),
         }
     }
@@ -114,7 +117,7 @@ fn handshake_error_kind(e: &io::Error) -> ConnectErrorKind {
 /// checked addresses themselves, never by name again, so a record that changes between the
 /// check and the connect (DNS rebinding) cannot lead elsewhere.
 async fn dial(t: &Target) -> io::Result<TcpStream> {
-    let addrs = resolve(&t.host, t.port).await?;
+    let addrs = resolve(&t.host, t.port, &t.lookups).await?;
     if !t.public_only {
         return TcpStream::connect(&addrs[..]).await;
     }
@@ -139,33 +142,48 @@ async fn dial(t: &Target) -> io::Result<TcpStream> {
 /// DNS answering, lookups take milliseconds and this many is never reached.
 const LOOKUP_SLOTS: usize = 64;
 static LOOKUPS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(LOOKUP_SLOTS);
+/// Of [`LOOKUP_SLOTS`], those one backend may hold: a backend whose DNS does not answer
+/// (stuck lookups keep their slots about 20 s) leaves the rest to every other backend's dials.
+const BACKEND_LOOKUP_SLOTS: usize = 8;
 
 /// The addresses of `host`: an IP literal as it is, a name by the system resolver within one
-/// of the [`LOOKUPS`] slots. Waiting for a slot counts within the dial's timeout.
-async fn resolve(host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
+/// of the backend's `own` slots and one of the process's [`LOOKUPS`]. Waiting for a slot counts
+/// within the dial's timeout.
+async fn resolve(
+    host: &str,
+    port: u16,
+    own: &Arc<tokio::sync::Semaphore>,
+) -> io::Result<Vec<SocketAddr>> {
     if let Ok(ip) = host.parse::<IpAddr>() {
         return Ok(vec![SocketAddr::new(ip, port)]);
     }
     let host = host.to_owned();
-    lookup(&LOOKUPS, move || {
+    lookup(own, &LOOKUPS, move || {
         std::net::ToSocketAddrs::to_socket_addrs(&(&*host, port)).map(Iterator::collect)
     })
     .await
 }
 
-/// Runs the blocking `resolve` on the blocking pool once one of `slots` is free. The slot
-/// belongs to the call, not to its caller: a caller that gives up (its dial timed out) leaves
-/// it taken until the call returns, so stuck lookups never hold more threads than `slots` has.
+/// Runs the blocking `resolve` on the blocking pool once one of `own` (the backend's) and one
+/// of `slots` (the process's) are free. The slots belong to the call, not to its caller: a
+/// caller that gives up (its dial timed out) leaves them taken until the call returns, so stuck
+/// lookups never hold more threads than `slots` has, nor one backend's more than `own` has.
 async fn lookup<F>(
+    own: &Arc<tokio::sync::Semaphore>,
     slots: &'static tokio::sync::Semaphore,
     resolve: F,
 ) -> io::Result<Vec<SocketAddr>>
 where
     F: FnOnce() -> io::Result<Vec<SocketAddr>> + Send + 'static,
 {
+    let own = own
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(io::Error::other)?;
     let slot = slots.acquire().await.map_err(io::Error::other)?;
     tokio::task::spawn_blocking(move || {
-        let _slot = slot;
+        let _slots = (own, slot);
         resolve()
     })
     .await
@@ -305,26 +323,34 @@ impl AsyncWrite for Stream {
 
 #[cfg(test)]
 mod tests {
-    use super::{is_public, lookup};
+    use super::{is_public, lookup, BACKEND_LOOKUP_SLOTS, LOOKUP_SLOTS};
     use std::net::{IpAddr, SocketAddr};
+    use std::sync::Arc;
     use std::time::Duration;
     use tokio::sync::Semaphore;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stuck_lookup_keeps_its_slot_after_its_caller_gave_up() {
         static SLOTS: Semaphore = Semaphore::const_new(1);
+        let own = Arc::new(Semaphore::new(BACKEND_LOOKUP_SLOTS));
         let (release, stuck) = std::sync::mpsc::channel::<()>();
         let (started, running) = tokio::sync::oneshot::channel();
-        let first = tokio::spawn(lookup(&SLOTS, move || {
-            let _ = started.send(());
-            let _ = stuck.recv();
-            Ok(Vec::new())
-        }));
+        let mine = own.clone();
+        let first = tokio::spawn(async move {
+            lookup(&mine, &SLOTS, move || {
+                let _ = started.send(());
+                let _ = stuck.recv();
+                Ok(Vec::new())
+            })
+            .await
+        });
         running.await.expect("the first lookup runs");
         // Its dial timed out: the caller is gone, the blocking call is not.
         first.abort();
         let _ = first.await;
-        let second = lookup(&SLOTS, || Ok(vec![SocketAddr::from(([127, 0, 0, 1], 1))]));
+        let second = lookup(&own, &SLOTS, || {
+            Ok(vec![SocketAddr::from(([127, 0, 0, 1], 1))])
+        });
         tokio::pin!(second);
         assert!(
             tokio::time::timeout(Duration::from_millis(200), &mut second)
@@ -338,6 +364,45 @@ mod tests {
             .expect("the slot is free once the first lookup returned")
             .expect("resolved");
         assert_eq!(addrs, vec![SocketAddr::from(([127, 0, 0, 1], 1))]);
+    }
+
+    /// A backend whose lookups are stuck holds no more than its own slots: another backend's
+    /// lookup goes through at once.
+    #[tokio::test]
+    async fn a_backend_with_stuck_lookups_leaves_the_rest_to_the_others() {
+        static SLOTS: Semaphore = Semaphore::const_new(LOOKUP_SLOTS);
+        let stuck_backend = Arc::new(Semaphore::new(BACKEND_LOOKUP_SLOTS));
+        let (release, stuck) = std::sync::mpsc::channel::<()>();
+        let stuck = Arc::new(std::sync::Mutex::new(stuck));
+        let mut calls = Vec::new();
+        for _ in 0..LOOKUP_SLOTS {
+            let (own, stuck) = (stuck_backend.clone(), stuck.clone());
+            calls.push(tokio::spawn(async move {
+                lookup(&own, &SLOTS, move || {
+                    let _ = stuck.lock().map(|rx| rx.recv());
+                    Ok(Vec::new())
+                })
+                .await
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let other = Arc::new(Semaphore::new(BACKEND_LOOKUP_SLOTS));
+        let addrs = tokio::time::timeout(
+            Duration::from_secs(2),
+            lookup(&other, &SLOTS, || {
+                Ok(vec![SocketAddr::from(([127, 0, 0, 1], 2))])
+            }),
+        )
+        .await
+        .expect("another backend's lookup is not queued behind the stuck ones")
+        .expect("resolved");
+        assert_eq!(addrs, vec![SocketAddr::from(([127, 0, 0, 1], 2))]);
+        for _ in 0..LOOKUP_SLOTS {
+            let _ = release.send(());
+        }
+        for call in calls {
+            call.abort();
+        }
     }
 
     fn public(ip: &str) -> bool {
