@@ -6027,6 +6027,55 @@ async fn reading_back_from_pods_that_never_answer_holds_up_no_other_tenant() {
     .expect("in time");
 }
 
+/// Puts class `class` of another installation (`example.com/another-installation`), its
+/// Gateway `other` on it naming our GatewayConfig, and that installation's plane for it: a copy
+/// of ours labelled for class `labelled`. Then lets a few rounds run and checks the plane
+/// stays.
+async fn another_installations_plane(t: &Tenant, class: &str, labelled: &str) {
+    let ours = eventually("our plane's Deployment", || {
+        t.api
+            .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+    })
+    .await;
+    t.api.put(yaml(&format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: {class}}}\nspec: {{controllerName: example.com/another-installation}}\n",
+    )));
+    let other = t.api.put(yaml(&format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: other, namespace: tenant-a}}\nspec:\n  gatewayClassName: {class}\n  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: edge-config}}}}\n  listeners: [{{name: http, port: 80, protocol: HTTP}}]\n",
+    )));
+    let mut theirs = ours.clone();
+    let text = serde_json::to_string(&theirs["metadata"]["labels"]).expect("labels");
+    theirs["metadata"] = json!({
+        "name": "cf-proxy-other",
+        "namespace": "tenant-a",
+        "labels": serde_json::from_str::<Value>(
+            &text.replace("\"edge\"", "\"other\"").replace("cloudflare-tunnel", labelled),
+        ).expect("labels"),
+        "ownerReferences": [{
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "name": "other",
+            "uid": other["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true,
+        }],
+    });
+    assert_eq!(
+        theirs.pointer("/metadata/labels/gateway.networking.k8s.io~1gateway-class-name"),
+        Some(&json!(labelled))
+    );
+    t.api.put(theirs);
+    // Rounds run on every change; a few of them.
+    for i in 0..5 {
+        t.api.put(yaml(&format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: nudge, namespace: tenant-a}}\ndata: {{n: '{i}'}}\n"
+        )));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(
+        t.api
+            .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-other")
+            .is_some(),
+        "the other installation's plane stays"
+    );
+}
+
 /// Another installation of the controller, for classes of its own, renders planes of the same
 /// names, labels and owner as ours: those are not removed as planes of Gateways that left
 /// this controller. A plane this controller rendered, for a class of its own, still goes when
@@ -6035,46 +6084,8 @@ async fn reading_back_from_pods_that_never_answer_holds_up_no_other_tenant() {
 async fn another_installations_planes_are_left_alone() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let t = Tenant::start("replicas: 1").await;
-        let ours = eventually("our plane's Deployment", || {
-            t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
-        })
-        .await;
-        t.api.put(yaml(
-            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: theirs}\nspec: {controllerName: example.com/another-installation}\n",
-        ));
-        let other = t.api.put(yaml(
-            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: other, namespace: tenant-a}\nspec:\n  gatewayClassName: theirs\n  infrastructure: {parametersRef: {group: cf.k8s.lex.la, kind: GatewayConfig, name: edge-config}}\n  listeners: [{name: http, port: 80, protocol: HTTP}]\n",
-        ));
-        // The other installation's plane for it: ours, as it would render it.
-        let mut theirs = ours.clone();
-        let text = serde_json::to_string(&theirs["metadata"]["labels"]).expect("labels");
-        theirs["metadata"] = json!({
-            "name": "cf-proxy-other",
-            "namespace": "tenant-a",
-            "labels": serde_json::from_str::<Value>(
-                &text.replace("\"edge\"", "\"other\"").replace("cloudflare-tunnel", "theirs"),
-            ).expect("labels"),
-            "ownerReferences": [{
-                "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "name": "other",
-                "uid": other["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true,
-            }],
-        });
-        assert_eq!(
-            theirs.pointer("/metadata/labels/gateway.networking.k8s.io~1gateway-class-name"),
-            Some(&json!("theirs"))
-        );
-        t.api.put(theirs);
-        // Rounds run on every change; a few of them.
-        for i in 0..5 {
-            t.api.put(yaml(&format!(
-                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: nudge, namespace: tenant-a}}\ndata: {{n: '{i}'}}\n"
-            )));
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-        assert!(
-            t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-other").is_some(),
-            "the other installation's plane stays"
-        );
+        // The other installation's plane: ours, as it would render it.
+        another_installations_plane(&t, "theirs", "theirs").await;
 
         // Ours, once its Gateway moves to their class, goes.
         t.api.put(yaml(&gateway(true).replace(
@@ -6088,7 +6099,10 @@ async fn another_installations_planes_are_left_alone() {
                 .then_some(())
         })
         .await;
-        assert!(t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-other").is_some());
+        assert!(t
+            .api
+            .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-other")
+            .is_some());
         t.stop().await;
     })
     .await
@@ -6522,47 +6536,12 @@ async fn a_missing_api_token_is_reported_saying_what_is_missing() {
 async fn another_installations_plane_for_a_deleted_class_of_its_own_is_left_alone() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let t = Tenant::start("replicas: 1").await;
-        let ours = eventually("our plane's Deployment", || {
-            t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
-        })
-        .await;
-        t.api.put(yaml(
-            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: theirs-new}\nspec: {controllerName: example.com/another-installation}\n",
-        ));
-        let other = t.api.put(yaml(
-            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: other, namespace: tenant-a}\nspec:\n  gatewayClassName: theirs-new\n  infrastructure: {parametersRef: {group: cf.k8s.lex.la, kind: GatewayConfig, name: edge-config}}\n  listeners: [{name: http, port: 80, protocol: HTTP}]\n",
-        ));
         // The other installation's plane for it, rendered while it was on `theirs-old`.
-        let mut theirs = ours.clone();
-        let text = serde_json::to_string(&theirs["metadata"]["labels"]).expect("labels");
-        theirs["metadata"] = json!({
-            "name": "cf-proxy-other",
-            "namespace": "tenant-a",
-            "labels": serde_json::from_str::<Value>(
-                &text.replace("\"edge\"", "\"other\"").replace("cloudflare-tunnel", "theirs-old"),
-            ).expect("labels"),
-            "ownerReferences": [{
-                "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "name": "other",
-                "uid": other["metadata"]["uid"], "controller": true, "blockOwnerDeletion": true,
-            }],
-        });
-        assert_eq!(
-            theirs.pointer("/metadata/labels/gateway.networking.k8s.io~1gateway-class-name"),
-            Some(&json!("theirs-old"))
-        );
-        t.api.put(theirs);
-        // Rounds run on every change; a few of them.
-        for i in 0..5 {
-            t.api.put(yaml(&format!(
-                "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: nudge, namespace: tenant-a}}\ndata: {{n: '{i}'}}\n"
-            )));
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-        assert!(
-            t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-other").is_some(),
-            "the other installation's plane stays"
-        );
-        assert!(t.api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge").is_some());
+        another_installations_plane(&t, "theirs-new", "theirs-old").await;
+        assert!(t
+            .api
+            .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+            .is_some());
         t.stop().await;
     })
     .await
