@@ -589,7 +589,46 @@ async fn a_class_config_that_stops_resolving_leaves_the_shared_gateways_their_ad
             tokio::time::sleep(Duration::from_millis(150)).await;
             assert_eq!(shared_addresses(&api), every, "the address stays");
         }
+        let _ = stop.send(());
+        controller
+            .await
+            .expect("the controller task ends")
+            .expect("the controller stops cleanly");
 
+        // A controller that starts meanwhile has read no tunnel: the Gateways keep the address
+        // they show.
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let health = std::sync::Arc::new(runtime::health::Health::default());
+        let restarted = RuntimeOptions {
+            resync: Duration::from_millis(150),
+            shared: Some(shared_plane()),
+            cloudflare_api_base: cloudflare.base(),
+            push_timeout: Duration::from_secs(2),
+            ..RuntimeOptions::default()
+        };
+        let controller = tokio::spawn(runtime::run(
+            api.client(),
+            restarted,
+            health.clone(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let rounds = || {
+            let text = health.metrics_text().ok()?;
+            text.lines()
+                .find_map(|l| l.strip_prefix("cftunnel_controller_rounds_total "))?
+                .parse::<f64>()
+                .ok()
+        };
+        eventually("rounds of the restarted controller", || {
+            rounds().filter(|n| *n >= 3.0)
+        })
+        .await;
+        for _ in 0..8 {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            assert_eq!(shared_addresses(&api), every, "the address stays after a restart");
+        }
         let _ = stop.send(());
         controller
             .await

@@ -957,6 +957,7 @@ impl Reconciler {
                 snapshot,
                 &self.class,
                 translate_options.shared_tunnel,
+                &output.planes,
             ) {
                 planes.insert(PlaneKey::Shared, info);
             }
@@ -2223,11 +2224,33 @@ fn secret_text(snapshot: &Snapshot, key: &ObjectKey, field: &str) -> Option<Stri
     render::secret_text(&snapshot.secrets, &key.namespace, &key.name, field)
 }
 
+/// The tunnel address (`<tunnel id>.cfargotunnel.com`) a Gateway on the shared plane shows.
+fn shown_tunnel_address(
+    snapshot: &Snapshot,
+    gateway_planes: &BTreeMap<ObjectKey, PlaneKey>,
+) -> Option<String> {
+    snapshot
+        .gateways
+        .iter()
+        .filter(|gw| {
+            object_key(gw).is_some_and(|k| gateway_planes.get(&k) == Some(&PlaneKey::Shared))
+        })
+        .flat_map(|gw| gw.status.iter().flat_map(|s| s.addresses.iter().flatten()))
+        .map(|a| a.value.as_str())
+        .find(|value| {
+            value
+                .strip_suffix(".cfargotunnel.com")
+                .is_some_and(|id| id.parse::<uuid::Uuid>().is_ok())
+        })
+        .map(str::to_owned)
+}
+
 fn shared_plane(
     shared: &SharedPlane,
     snapshot: &Snapshot,
     class: &ClassSettings,
     class_tunnel: Option<TunnelIdentity>,
+    gateway_planes: &BTreeMap<ObjectKey, PlaneKey>,
 ) -> Option<PlaneInfo> {
     let Some(token) = secret_text(snapshot, &shared.auth_secret, &shared.auth_key) else {
         tracing::warn!(secret = %shared.auth_secret, key = %shared.auth_key, "the shared plane's config-API token is missing; not pushing to it");
@@ -2256,9 +2279,16 @@ fn shared_plane(
         // The tunnel the pool serves: while the class config does not resolve, the one last
         // read, which the pool's connectors still run on. An empty address would take the
         // shared Gateways' `status.addresses` away, and the DNS records that follow them.
-        address: identity
-            .map(|t| render::tunnel_hostname(t.id))
-            .unwrap_or_default(),
+        address: match identity {
+            Some(t) => render::tunnel_hostname(t.id),
+            // A controller that started while the class config does not resolve has read no
+            // tunnel: the shared Gateways keep the address they show, whose tunnel the pool's
+            // connectors still run on.
+            None if class.held.is_some() => {
+                shown_tunnel_address(snapshot, gateway_planes).unwrap_or_default()
+            }
+            None => String::new(),
+        },
         identity,
         ready: true,
         token,
