@@ -74,6 +74,32 @@ fn shared_plane() -> SharedPlane {
     }
 }
 
+/// A controller running on the stand-in API server, stopped cleanly by [`Controller::stop`].
+struct Controller {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    health: std::sync::Arc<runtime::health::Health>,
+}
+
+impl Controller {
+    fn start(api: &ApiServer, options: RuntimeOptions) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let health = std::sync::Arc::new(runtime::health::Health::default());
+        let task = tokio::spawn(runtime::run(api.client(), options, health.clone(), async {
+            let _ = stopped.await;
+        }));
+        Self { stop, task, health }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task
+            .await
+            .expect("the controller task ends")
+            .expect("the controller stops cleanly");
+    }
+}
+
 async fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
     let by = Instant::now() + Duration::from_secs(20);
     loop {
@@ -124,11 +150,7 @@ async fn scenario() {
         push_timeout: Duration::from_secs(2),
         ..RuntimeOptions::default()
     };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let health = std::sync::Arc::new(runtime::health::Health::default());
-    let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
-        let _ = stopped.await;
-    }));
+    let controller = Controller::start(&api, options);
 
     let (_, document) = eventually("the class tunnel's ingress document", || {
         cloudflare.config(ACCOUNT, SHARED_TUNNEL_ID)
@@ -204,11 +226,7 @@ async fn scenario() {
         refused.2
     );
 
-    let _ = stop.send(());
-    controller
-        .await
-        .expect("the controller task ends")
-        .expect("the controller stops cleanly");
+    controller.stop().await;
 }
 
 /// The SHA-256 of `token`, in hex, as the pool's pod template carries it.
@@ -271,11 +289,7 @@ async fn pool_scenario() {
         push_timeout: Duration::from_secs(2),
         ..RuntimeOptions::default()
     };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let health = std::sync::Arc::new(runtime::health::Health::default());
-    let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
-        let _ = stopped.await;
-    }));
+    let controller = Controller::start(&api, options);
     let template = || {
         api.get("apps/v1", "Deployment", "cftunnel-system", "cftunnel-proxy")
             .and_then(|d| d.pointer("/spec/template").cloned())
@@ -371,11 +385,7 @@ async fn pool_scenario() {
     .await;
     assert_eq!(template(), before, "the pool keeps its last token");
 
-    let _ = stop.send(());
-    controller
-        .await
-        .expect("the controller task ends")
-        .expect("the controller stops cleanly");
+    controller.stop().await;
 }
 
 const TENANT_TUNNEL_ID: &str = "5d0f3a2b-7c41-4e96-b8a2-1f6e9c3d7b05";
@@ -457,11 +467,7 @@ async fn a_broken_class_config_holds_up_no_tenants_tunnel() {
             push_timeout: Duration::from_secs(2),
             ..RuntimeOptions::default()
         };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let health = std::sync::Arc::new(runtime::health::Health::default());
-        let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
-            let _ = stopped.await;
-        }));
+        let controller = Controller::start(&api, options);
         let lists = |hostname: &'static str| {
             let cloudflare = &cloudflare;
             move || {
@@ -508,11 +514,7 @@ async fn a_broken_class_config_holds_up_no_tenants_tunnel() {
         .await;
         assert_eq!(accepted.0, "True", "{accepted:?}");
 
-        let _ = stop.send(());
-        controller
-            .await
-            .expect("the controller task ends")
-            .expect("the controller stops cleanly");
+        controller.stop().await;
     })
     .await
     .expect("in time");
@@ -558,11 +560,7 @@ async fn a_class_config_that_stops_resolving_leaves_the_shared_gateways_their_ad
             push_timeout: Duration::from_secs(2),
             ..RuntimeOptions::default()
         };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let health = std::sync::Arc::new(runtime::health::Health::default());
-        let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
-            let _ = stopped.await;
-        }));
+        let controller = Controller::start(&api, options);
         let address = json!([{"type": "Hostname", "value": format!("{SHARED_TUNNEL_ID}.cfargotunnel.com")}]);
         let every = vec![Some(address); 2];
         eventually("the shared Gateways' address", || {
@@ -589,16 +587,10 @@ async fn a_class_config_that_stops_resolving_leaves_the_shared_gateways_their_ad
             tokio::time::sleep(Duration::from_millis(150)).await;
             assert_eq!(shared_addresses(&api), every, "the address stays");
         }
-        let _ = stop.send(());
-        controller
-            .await
-            .expect("the controller task ends")
-            .expect("the controller stops cleanly");
+        controller.stop().await;
 
         // A controller that starts meanwhile has read no tunnel: the Gateways keep the address
         // they show.
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let health = std::sync::Arc::new(runtime::health::Health::default());
         let restarted = RuntimeOptions {
             resync: Duration::from_millis(150),
             shared: Some(shared_plane()),
@@ -606,16 +598,9 @@ async fn a_class_config_that_stops_resolving_leaves_the_shared_gateways_their_ad
             push_timeout: Duration::from_secs(2),
             ..RuntimeOptions::default()
         };
-        let controller = tokio::spawn(runtime::run(
-            api.client(),
-            restarted,
-            health.clone(),
-            async {
-                let _ = stopped.await;
-            },
-        ));
+        let controller = Controller::start(&api, restarted);
         let rounds = || {
-            let text = health.metrics_text().ok()?;
+            let text = controller.health.metrics_text().ok()?;
             text.lines()
                 .find_map(|l| l.strip_prefix("cftunnel_controller_rounds_total "))?
                 .parse::<f64>()
@@ -629,11 +614,7 @@ async fn a_class_config_that_stops_resolving_leaves_the_shared_gateways_their_ad
             tokio::time::sleep(Duration::from_millis(150)).await;
             assert_eq!(shared_addresses(&api), every, "the address stays after a restart");
         }
-        let _ = stop.send(());
-        controller
-            .await
-            .expect("the controller task ends")
-            .expect("the controller stops cleanly");
+        controller.stop().await;
     })
     .await
     .expect("in time");
