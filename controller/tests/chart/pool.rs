@@ -210,6 +210,54 @@ fn a_tunnel_token_given_as_a_value_is_the_secret_both_read_and_a_new_one_rolls_t
 }
 
 #[test]
+fn extra_environment_naming_a_variable_the_chart_sets_fails_the_render_naming_it() {
+    let Some(tools) = tools(
+        "extra_environment_naming_a_variable_the_chart_sets_fails_the_render_naming_it",
+    ) else {
+        return;
+    };
+    // Every variable the chart sets, tracing and the optional region included.
+    let everything = "{tracing: {endpoint: 'http://collector:4318', \
+                      headers: {existingSecret: otlp}}, proxy: {tunnel: {region: us}}}";
+    let rendered = render(tools, "default-values.yaml", everything);
+    let pool: Deployment = rendered.one("Deployment", &pool_name(RELEASE));
+    let names: Vec<String> = container(&pool)
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.clone())
+        .collect();
+    assert!(names.len() > 15, "{names:?}");
+    let with_extra = |name: &str| {
+        format!(
+            "{{tracing: {{endpoint: 'http://collector:4318', headers: {{existingSecret: otlp}}}}, \
+             proxy: {{tunnel: {{region: us}}, extraEnv: [{{name: {name}, value: 'x'}}]}}}}"
+        )
+    };
+    // A second entry of one name would win over the chart's: a drain longer than the pod's
+    // grace period, a config port the probes and Service do not name.
+    for name in &names {
+        let err = render_as(
+            tools,
+            RELEASE,
+            NAMESPACE,
+            "default-values.yaml",
+            &with_extra(name),
+        )
+        .err()
+        .unwrap_or_else(|| panic!("extraEnv may set {name}"));
+        assert!(err.contains(&format!("proxy.extraEnv[0]: {name} ")), "{err}");
+    }
+    // A setting the chart leaves alone is the extra environment's to give.
+    let rendered = render(tools, "default-values.yaml", &with_extra("PROXY_WORKER_THREADS"));
+    let pool: Deployment = rendered.one("Deployment", &pool_name(RELEASE));
+    assert_eq!(
+        env(container(&pool), "PROXY_WORKER_THREADS").and_then(|e| e.value.as_deref()),
+        Some("x")
+    );
+}
+
+#[test]
 fn the_pools_egress_policy_admits_dns_the_edge_and_the_backends_the_values_name() {
     let Some(tools) =
         tools("the_pools_egress_policy_admits_dns_the_edge_and_the_backends_the_values_name")
@@ -289,7 +337,18 @@ fn the_pools_egress_policy_admits_dns_the_edge_and_the_backends_the_values_name(
             to: Some(if cidrs.is_empty() {
                 let (v6, v4): (Vec<String>, Vec<String>) =
                     except.into_iter().partition(|c| c.contains(':'));
-                blocks(vec![("0.0.0.0/0".to_owned(), v4), ("::/0".to_owned(), v6)])
+                // Any address: every pod by selector too, since some CNIs (Cilium) match
+                // an ipBlock only against addresses outside the cluster.
+                let every_pod = NetworkPolicyPeer {
+                    namespace_selector: Some(LabelSelector::default()),
+                    ..NetworkPolicyPeer::default()
+                };
+                std::iter::once(every_pod)
+                    .chain(blocks(vec![
+                        ("0.0.0.0/0".to_owned(), v4),
+                        ("::/0".to_owned(), v6),
+                    ]))
+                    .collect()
             } else {
                 blocks(cidrs.into_iter().map(|c| (c, Vec::new())).collect())
             }),
