@@ -3462,16 +3462,14 @@ async fn a_plane_no_push_reaches_leaves_its_gateways_unprogrammed_saying_why() {
             "replicas: 1",
             |api| {
                 api.put(yaml(shared));
+                api.put(class_tunnel_secret(&class_token(b"class secret"), ""));
                 api.put(yaml("apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: public, namespace: tenant-s}\nspec:\n  gatewayClassName: cloudflare-tunnel\n  listeners: [{name: http, port: 80, protocol: HTTP, hostname: www.example.com}]\n"));
             },
             ApiServer::client,
             |options| {
                 options.shared = Some(SharedPlane {
-                    service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
-                    auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
-                    auth_key: "token".to_owned(),
-                    tunnel_secret: None,
                     deployment: None,
+                    ..chart_shared_plane(true)
                 });
             },
         )
@@ -3563,6 +3561,14 @@ async fn a_plane_no_push_reaches_leaves_its_gateways_unprogrammed_saying_why() {
         )
         .await;
         unreached(2).await;
+        // The pool's connectors still serve the class tunnel: the shared Gateway keeps its
+        // address, which DNS records follow.
+        let address = json!([{"type": "Hostname", "value": format!("{SHARED_TUNNEL_ID}.cfargotunnel.com")}]);
+        let gateway = t
+            .api
+            .get("gateway.networking.k8s.io/v1", "Gateway", "tenant-s", "public")
+            .expect("the shared Gateway");
+        assert_eq!(gateway.pointer("/status/addresses"), Some(&address));
 
         edge.shutdown().await;
         pool.shutdown().await;

@@ -951,13 +951,21 @@ impl Reconciler {
             }
         }
         self.class_unlisted = class_unlisted;
+        let mut shared_gateway_address = None;
         if let Some(shared) = &self.options.shared {
+            let address = shared_address(
+                snapshot,
+                &self.class,
+                translate_options.shared_tunnel,
+                &output.planes,
+            );
+            shared_gateway_address = Some(address.clone()).filter(|a| !a.is_empty());
             if let Some(info) = shared_plane(
                 shared,
                 snapshot,
                 &self.class,
                 translate_options.shared_tunnel,
-                &output.planes,
+                address,
             ) {
                 planes.insert(PlaneKey::Shared, info);
             }
@@ -1236,8 +1244,14 @@ impl Reconciler {
         self.push_failures
             .retain(|plane, _| output.configs.contains_key(plane));
 
-        self.write_statuses(snapshot, &output, &planes, &newly_failed)
-            .await;
+        self.write_statuses(
+            snapshot,
+            &output,
+            &planes,
+            shared_gateway_address,
+            &newly_failed,
+        )
+        .await;
     }
 
     /// Records the planes no push can reach this round, saying so in the log when that
@@ -2245,20 +2259,50 @@ fn shown_tunnel_address(
         .map(str::to_owned)
 }
 
+/// The tunnel the shared pool serves, as the class config names it. A class config may name
+/// the tunnel by id alone: its document is still written, and no other plane is taken to
+/// share it.
+fn shared_identity(
+    class: &ClassSettings,
+    class_tunnel: Option<TunnelIdentity>,
+) -> Option<TunnelIdentity> {
+    class_tunnel.or_else(|| class.tunnel_id.map(TunnelIdentity::named))
+}
+
+/// The address the shared Gateways show: their tunnel's. It depends on the tunnel alone, not
+/// on whether configs can be pushed to the pool: the pool's connectors serve that tunnel
+/// either way, and an empty address would take the shared Gateways' `status.addresses`
+/// away, and the DNS records that follow them.
+fn shared_address(
+    snapshot: &Snapshot,
+    class: &ClassSettings,
+    class_tunnel: Option<TunnelIdentity>,
+    gateway_planes: &BTreeMap<ObjectKey, PlaneKey>,
+) -> String {
+    match shared_identity(class, class_tunnel) {
+        Some(t) => render::tunnel_hostname(t.id),
+        // A controller that started while the class config does not resolve has read no
+        // tunnel: the shared Gateways keep the address they show, whose tunnel the pool's
+        // connectors still run on (while it does not resolve, the one last read).
+        None if class.held.is_some() => {
+            shown_tunnel_address(snapshot, gateway_planes).unwrap_or_default()
+        }
+        None => String::new(),
+    }
+}
+
 fn shared_plane(
     shared: &SharedPlane,
     snapshot: &Snapshot,
     class: &ClassSettings,
     class_tunnel: Option<TunnelIdentity>,
-    gateway_planes: &BTreeMap<ObjectKey, PlaneKey>,
+    address: String,
 ) -> Option<PlaneInfo> {
     let Some(token) = secret_text(snapshot, &shared.auth_secret, &shared.auth_key) else {
         tracing::warn!(secret = %shared.auth_secret, key = %shared.auth_key, "the shared plane's config-API token is missing; not pushing to it");
         return None;
     };
-    // A class config may name the tunnel by id alone: its document is still written, and no
-    // other plane is taken to share it.
-    let identity = class_tunnel.or_else(|| class.tunnel_id.map(TunnelIdentity::named));
+    let identity = shared_identity(class, class_tunnel);
     let tunnel = match (
         &class.held,
         class.tunnel_id,
@@ -2276,19 +2320,7 @@ fn shared_plane(
         _ => None,
     };
     Some(PlaneInfo {
-        // The tunnel the pool serves: while the class config does not resolve, the one last
-        // read, which the pool's connectors still run on. An empty address would take the
-        // shared Gateways' `status.addresses` away, and the DNS records that follow them.
-        address: match identity {
-            Some(t) => render::tunnel_hostname(t.id),
-            // A controller that started while the class config does not resolve has read no
-            // tunnel: the shared Gateways keep the address they show, whose tunnel the pool's
-            // connectors still run on.
-            None if class.held.is_some() => {
-                shown_tunnel_address(snapshot, gateway_planes).unwrap_or_default()
-            }
-            None => String::new(),
-        },
+        address,
         identity,
         ready: true,
         token,

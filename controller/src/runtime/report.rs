@@ -88,6 +88,7 @@ impl Reconciler {
         snapshot: &Snapshot,
         output: &translate::Output,
         planes: &BTreeMap<PlaneKey, PlaneInfo>,
+        shared_address: Option<String>,
         newly_failed: &BTreeSet<PlaneKey>,
     ) {
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
@@ -116,10 +117,6 @@ impl Reconciler {
             self.patch_status(&mut writes, api, &name, version, existing.as_ref(), desired);
         }
 
-        let shared_address = planes
-            .get(&PlaneKey::Shared)
-            .map(|p| p.address.clone())
-            .filter(|a| !a.is_empty());
         // Why each Gateway is not programmed yet, when it is pending: its ListenerSets wait too.
         let mut pending_gateways: BTreeMap<ObjectKey, String> = BTreeMap::new();
         for gw in &snapshot.gateways {
