@@ -333,13 +333,15 @@ impl Proxy {
         }
         let matched_prefix = hit.matched.path.prefix();
 
-        if let Some(response) = answer_locally(&rule.filters, &parts, &host, conn, matched_prefix) {
+        if let Some(response) =
+            answer_locally(&rule.filters, &parts, &host, conn, matched_prefix, cors)
+        {
             return Ok(response);
         }
         let backend = rule.backends.pick().ok_or(ProxyError::NoBackend)?;
         cors.add(backend.filters.cors.as_deref(), &parts.headers);
         if let Some(response) =
-            answer_locally(&backend.filters, &parts, &host, conn, matched_prefix)
+            answer_locally(&backend.filters, &parts, &host, conn, matched_prefix, cors)
         {
             return Ok(response);
         }
@@ -520,14 +522,25 @@ enum Reply {
     Local(Bytes),
 }
 
-/// Redirects and CORS preflights, which the proxy answers without a backend.
+/// CORS preflights and redirects, which the proxy answers without a backend. A preflight comes
+/// first: a browser neither follows a redirect answering one nor a cross-origin redirect
+/// without the CORS headers, which the redirect carries.
 fn answer_locally(
     filters: &Filters,
     parts: &http::request::Parts,
     host: &str,
     conn: ConnInfo,
     matched_prefix: Option<&str>,
+    cors: &CorsAnswer<'_>,
 ) -> Option<Response<Reply>> {
+    if let Some(filter) = &filters.cors {
+        if Cors::is_preflight(&parts.method, &parts.headers) {
+            let mut response = Response::new(Reply::Local(Bytes::new()));
+            *response.status_mut() = StatusCode::NO_CONTENT;
+            *response.headers_mut() = filter.preflight(&parts.headers);
+            return Some(response);
+        }
+    }
     if let Some(redirect) = &filters.redirect {
         // Gateway API: a redirect without a scheme keeps the request's. That is the settled
         // one (`settle_forwarded_proto`), not the URI's: the tunnel's requests all name
@@ -549,15 +562,8 @@ fn answer_locally(
             Err(_) => *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR,
         }
         filters.apply_response(response.headers_mut());
+        cors.decorate(response.headers_mut());
         return Some(response);
-    }
-    if let Some(cors) = &filters.cors {
-        if Cors::is_preflight(&parts.method, &parts.headers) {
-            let mut response = Response::new(Reply::Local(Bytes::new()));
-            *response.status_mut() = StatusCode::NO_CONTENT;
-            *response.headers_mut() = cors.preflight(&parts.headers);
-            return Some(response);
-        }
     }
     None
 }

@@ -76,7 +76,13 @@ async fn filters_edit_what_the_backend_and_the_client_see() {
              "backends": [{"url": url(a.http_addr()), "weight": 1}]},
             {"matches": [{"path": {"type": "PathPrefix", "value": "/cors"}}],
              "filters": [{"type": "CORS", "cors": {"allowOrigins": ["https://app.example"], "allowMethods": ["GET", "PUT"], "allowCredentials": true}}],
-             "backends": [{"url": url(a.http_addr()), "weight": 1}]}
+             "backends": [{"url": url(a.http_addr()), "weight": 1}]},
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/cors-moved"}}],
+             "filters": [
+                {"type": "CORS", "cors": {"allowOrigins": ["https://app.example"], "allowMethods": ["PUT"]}},
+                {"type": "RequestRedirect", "requestRedirect": {"hostname": "new.example", "statusCode": 307}}
+             ],
+             "backends": []}
         ]});
         assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
         let d = proxy.data_addr();
@@ -132,6 +138,28 @@ async fn filters_edit_what_the_backend_and_the_client_see() {
         assert_eq!(r.header("access-control-allow-origin"), Some("https://app.example"));
         let r = get(&http, d, "h", "/cors-down", &[("origin", "https://evil.example")]).await;
         assert_eq!(r.header("access-control-allow-origin"), None);
+        // GET, HEAD and POST are always allowed, listed or not.
+        let preflight = |path: &str, method: &str| {
+            Request::options(format!("http://{d}{path}"))
+                .header("origin", "https://app.example")
+                .header("access-control-request-method", method)
+                .body(Full::new(Bytes::new()))
+                .expect("req")
+        };
+        let r = send(&http, preflight("/cors", "POST")).await;
+        assert_eq!(r.header("access-control-allow-origin"), Some("https://app.example"));
+        assert_eq!(r.header("access-control-allow-methods"), Some("GET, PUT"));
+        let r = send(&http, preflight("/cors", "DELETE")).await;
+        assert_eq!(r.header("access-control-allow-origin"), None, "not listed");
+        // A redirecting rule answers the preflight, and its redirect carries the CORS headers,
+        // or a browser follows neither.
+        let r = send(&http, preflight("/cors-moved/x", "PUT")).await;
+        assert_eq!(r.status, StatusCode::NO_CONTENT);
+        assert_eq!(r.header("access-control-allow-methods"), Some("PUT"));
+        let r = get(&http, d, "h", "/cors-moved/x", &[("origin", "https://app.example")]).await;
+        assert_eq!(r.status, StatusCode::TEMPORARY_REDIRECT);
+        assert_eq!(r.header("location"), Some("http://new.example/cors-moved/x"));
+        assert_eq!(r.header("access-control-allow-origin"), Some("https://app.example"));
     })
     .await
     .expect("test finished in time");

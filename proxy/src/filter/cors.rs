@@ -89,11 +89,13 @@ impl Cors {
         let methods = match (&self.allow_methods, requested_method) {
             (Allow::List(list), Some(m)) => {
                 let m = m.to_str().unwrap_or("");
-                let allowed = list
-                    .to_str()
-                    .unwrap_or("")
-                    .split(',')
-                    .any(|a| a.trim().eq_ignore_ascii_case(m));
+                // The CORS-safelisted methods are always allowed, listed or not.
+                let allowed = ["GET", "HEAD", "POST"].contains(&m)
+                    || list
+                        .to_str()
+                        .unwrap_or("")
+                        .split(',')
+                        .any(|a| a.trim().eq_ignore_ascii_case(m));
                 if !allowed {
                     return out;
                 }
