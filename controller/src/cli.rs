@@ -121,7 +121,14 @@ pub struct ClassArgs {
     /// either, such a Gateway is not accepted.
     #[arg(long, env = "PROXY_IMAGE")]
     pub proxy_image: Option<String>,
+    /// When the kubelet pulls `--proxy-image` (`Always`, `IfNotPresent`, `Never`); unset:
+    /// Kubernetes' default for its tag. An image a GatewayConfig names gets that default.
+    #[arg(long, env = "PROXY_IMAGE_PULL_POLICY", value_parser = PULL_POLICIES)]
+    pub proxy_image_pull_policy: Option<String>,
 }
+
+/// The values of a container's `imagePullPolicy`.
+const PULL_POLICIES: [&str; 3] = ["Always", "IfNotPresent", "Never"];
 
 /// `--external-name-backends`: the values' spellings with what each admits, for the help.
 fn external_name_backends() -> impl TypedValueParser<Value = ExternalNameBackends> {
@@ -322,6 +329,7 @@ impl RunArgs {
             },
             render: render_settings(PlaneFlags {
                 proxy_image: &self.class.proxy_image,
+                proxy_image_pull_policy: &self.class.proxy_image_pull_policy,
                 controller_namespace: &self.controller_namespace,
                 controller_pod_label: &self.controller_pod_label,
                 monitoring_namespace_label: &self.monitoring_namespace_label,
@@ -391,6 +399,7 @@ fn lease_identity() -> String {
 /// `--plane-env`, as only `run` reads them from the environment too).
 struct PlaneFlags<'a> {
     proxy_image: &'a Option<String>,
+    proxy_image_pull_policy: &'a Option<String>,
     controller_namespace: &'a str,
     controller_pod_label: &'a [(String, String)],
     monitoring_namespace_label: &'a [(String, String)],
@@ -421,6 +430,7 @@ pub struct PlaneEnv {
 fn render_settings(flags: PlaneFlags<'_>) -> anyhow::Result<RenderSettings> {
     Ok(RenderSettings {
         proxy_image: flags.proxy_image.clone(),
+        proxy_image_pull_policy: flags.proxy_image_pull_policy.clone(),
         controller_namespace: flags.controller_namespace.to_owned(),
         controller_pod_labels: controller_pod_labels(flags.controller_pod_label)?,
         monitoring_namespace_selector: monitoring_selector(
@@ -471,6 +481,9 @@ pub struct RenderArgs {
     /// The proxy image when the GatewayConfig names none.
     #[arg(long, env = "PROXY_IMAGE")]
     pub proxy_image: Option<String>,
+    /// When the kubelet pulls `--proxy-image`; unset: Kubernetes' default for its tag.
+    #[arg(long, env = "PROXY_IMAGE_PULL_POLICY", value_parser = PULL_POLICIES)]
+    pub proxy_image_pull_policy: Option<String>,
     /// The controller's namespace, where the config API admits the controller's pods.
     #[arg(long, default_value = "cftunnel-system")]
     pub controller_namespace: String,
@@ -804,6 +817,7 @@ pub fn run_render(
     )?;
     let settings = render_settings(PlaneFlags {
         proxy_image: &args.proxy_image,
+        proxy_image_pull_policy: &args.proxy_image_pull_policy,
         controller_namespace: &args.controller_namespace,
         controller_pod_label: &args.controller_pod_label,
         monitoring_namespace_label: &args.monitoring_namespace_label,

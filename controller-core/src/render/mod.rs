@@ -116,6 +116,10 @@ pub const DEFAULT_CONTROLLER_POD_LABEL: &str = "app.kubernetes.io/name=cftunnel-
 pub struct RenderSettings {
     /// `--proxy-image`: the image when the GatewayConfig names none.
     pub proxy_image: Option<String>,
+    /// `--proxy-image-pull-policy`: when the kubelet pulls `proxy_image` (the chart gives the
+    /// pool's, so a re-pushed mutable tag reaches the planes as it reaches the pool). An image
+    /// a GatewayConfig names is pulled as Kubernetes' default for its tag says.
+    pub proxy_image_pull_policy: Option<String>,
     /// The controller's namespace, where the config API admits the controller's pods.
     pub controller_namespace: String,
     /// Labels of the controller's pods, the only pods of its namespace the config API admits:
@@ -144,6 +148,7 @@ impl Default for RenderSettings {
     fn default() -> Self {
         Self {
             proxy_image: None,
+            proxy_image_pull_policy: None,
             controller_namespace: "cftunnel-system".to_owned(),
             controller_pod_labels: DEFAULT_CONTROLLER_POD_LABEL
                 .split_once('=')
@@ -604,20 +609,19 @@ pub fn render(
         "{namespace}/{}",
         config.metadata.name.as_deref().unwrap_or_default()
     );
-    let image = config
-        .spec
-        .image
-        .clone()
-        .filter(|i| !i.trim().is_empty())
-        .or_else(|| {
+    let (image, image_pull_policy) = match config.spec.image.as_ref() {
+        Some(own) if !own.trim().is_empty() => (Some(own.clone()), None),
+        _ => (
             settings
                 .proxy_image
                 .clone()
-                .filter(|i| !i.trim().is_empty())
-        })
-        .ok_or_else(|| RenderError::NoImage {
-            config: config_name.clone(),
-        })?;
+                .filter(|i| !i.trim().is_empty()),
+            settings.proxy_image_pull_policy.clone(),
+        ),
+    };
+    let image = image.ok_or_else(|| RenderError::NoImage {
+        config: config_name.clone(),
+    })?;
     let autoscaling = match &config.spec.autoscaling {
         None => None,
         Some(a) => {
@@ -720,6 +724,7 @@ pub fn render(
                 }),
                 spec: Some(pod_spec(
                     image,
+                    image_pull_policy,
                     credentials,
                     config,
                     grace,
@@ -858,6 +863,7 @@ pub fn render(
 
 fn pod_spec(
     image: String,
+    image_pull_policy: Option<String>,
     credentials: &Credentials,
     config: &GatewayConfig,
     grace: u32,
@@ -907,6 +913,7 @@ fn pod_spec(
         containers: vec![Container {
             name: "proxy".to_owned(),
             image: Some(image),
+            image_pull_policy,
             env: Some(
                 [
                     from_secret(TUNNEL_TOKEN_ENV, &credentials.tunnel_ref),

@@ -50,6 +50,7 @@ const BASIC: &str = "{tunnelTokenSecretRef: {name: edge-tunnel-token}, replicas:
 fn settings() -> RenderSettings {
     RenderSettings {
         proxy_image: Some("registry.example/cftunnel-proxy:1.0".to_owned()),
+        proxy_image_pull_policy: None,
         controller_namespace: "cf-system".to_owned(),
         controller_pod_labels: BTreeMap::from([
             ("app.kubernetes.io/instance".to_owned(), "cf".to_owned()),
@@ -557,6 +558,35 @@ fn autoscaling_hands_the_replica_count_to_an_autoscaler_on_the_in_flight_gauge()
         err.to_string(),
         "spec.autoscaling of GatewayConfig tenant-a/edge-config: minReplicas 5 is above maxReplicas 4"
     );
+}
+
+#[test]
+fn the_controllers_pull_policy_goes_with_its_image_only() {
+    let container = |p: &DataPlane| {
+        let pod = p
+            .deployment
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref());
+        pod.map(|p| p.containers[0].clone()).expect("a container")
+    };
+    let always = RenderSettings {
+        proxy_image_pull_policy: Some("Always".to_owned()),
+        ..settings()
+    };
+    let p = plane_with(&snapshot(BASIC, ""), &always).expect("renders");
+    let c = container(&p);
+    assert_eq!(c.image, always.proxy_image);
+    assert_eq!(c.image_pull_policy.as_deref(), Some("Always"));
+    // Unset, Kubernetes' default for the tag.
+    let p = plane_with(&snapshot(BASIC, ""), &settings()).expect("renders");
+    assert_eq!(container(&p).image_pull_policy, None);
+    // A GatewayConfig's own image is not the one the policy was given for.
+    let own = "{tunnelTokenSecretRef: {name: edge-tunnel-token}, image: 'tenant.example/proxy:2'}";
+    let p = plane_with(&snapshot(own, ""), &always).expect("renders");
+    let c = container(&p);
+    assert_eq!(c.image.as_deref(), Some("tenant.example/proxy:2"));
+    assert_eq!(c.image_pull_policy, None);
 }
 
 #[test]

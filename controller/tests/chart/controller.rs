@@ -256,8 +256,12 @@ fn the_controller_takes_the_arguments_the_chart_passes_as_the_values_mean_them()
             Some((NAMESPACE, pool.metadata.name.as_deref().expect("a name"))),
             "{file}"
         );
-        // Dedicated planes run the pool's image and drain as long.
+        // Dedicated planes run the pool's image, pulled as the pool's is, and drain as long.
         assert_eq!(options.render.proxy_image, proxy.image, "{file}");
+        assert_eq!(
+            options.render.proxy_image_pull_policy, proxy.image_pull_policy,
+            "{file}"
+        );
         let grace = env(proxy, "PROXY_GRACE_PERIOD").and_then(|e| e.value.clone());
         assert_eq!(
             grace,
