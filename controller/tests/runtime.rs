@@ -711,30 +711,43 @@ async fn scenario() {
         "base64 of 64 hex characters"
     );
 
-    // Tenant a's API token is revoked: only tenant a's route is pending.
+    // Tenant a's API token is revoked: only tenant a's route is pending. It stays accepted,
+    // served from the tunnel's last document, which DNS records following `Accepted` keep.
     let writes = cloudflare.writes();
     api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: edge-cf, namespace: tenant-a}\nstringData: {api-token: revoked}\n"));
+    const WRITTEN: &str = "cf.k8s.lex.la/TunnelDocumentWritten";
     let pending = eventually("shop pending", || {
-        route_condition(&api, "tenant-a", "shop", "Accepted").filter(|c| c["status"] == "Unknown")
+        route_condition(&api, "tenant-a", "shop", WRITTEN).filter(|c| c["status"] == "False")
     })
     .await;
     assert_eq!(pending["reason"], "Pending");
     let message = pending["message"].as_str().unwrap_or_default();
     assert!(
-        message.contains("Authentication error (10000)"),
+        message.contains("Authentication error (10000)")
+            && message.ends_with("the route is served as the tunnel's last document has it"),
         "{message}"
+    );
+    assert_eq!(
+        route_condition(&api, "tenant-a", "shop", "Accepted").map(|c| c["status"].clone()),
+        Some(json!("True"))
     );
     assert_eq!(
         blog_accepted().map(|c| c["status"].clone()),
         Some(json!("True"))
     );
-    // A working token again: written at once (a new token is proven), the route accepted.
+    assert_eq!(route_condition(&api, "tenant-c", "blog", WRITTEN), None);
+    // A working token again: written at once (a new token is proven), the condition gone.
     cloudflare.allow("acct", "cf-token-a2");
     api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: edge-cf, namespace: tenant-a}\nstringData: {api-token: cf-token-a2}\n"));
-    eventually("shop accepted again", || {
-        route_condition(&api, "tenant-a", "shop", "Accepted").filter(|c| c["status"] == "True")
+    eventually("shop written again", || {
+        route_parent(&api, "tenant-a", "shop")
+            .filter(|p| condition(&p["conditions"], WRITTEN).is_none())
     })
     .await;
+    assert_eq!(
+        route_condition(&api, "tenant-a", "shop", "Accepted").map(|c| c["status"].clone()),
+        Some(json!("True"))
+    );
     assert!(cloudflare.writes() > writes);
 
     // Tenant c's token is replaced by tenant a's: the two dedicated planes of
@@ -6490,13 +6503,23 @@ async fn a_missing_api_token_is_reported_saying_what_is_missing() {
                 .filter(|c| c["status"] == "True")
         })
         .await;
+        // Shop is on the tunnel's last document: it stays accepted, pending on its own
+        // condition.
         let told = |why: &'static str| {
             let api = &t.api;
-            let message = format!("the tunnel's ingress document could not be written: {why}");
+            let message = format!(
+                "the tunnel's ingress document could not be written: {why}; the route is \
+                 served as the tunnel's last document has it"
+            );
             move || {
-                route_condition(api, "tenant-a", "shop", "Accepted").filter(|c| {
-                    c["message"].as_str() == Some(message.as_str()) && c["status"] == "Unknown"
-                })
+                let parent = route_parent(api, "tenant-a", "shop")?;
+                let accepted = condition(&parent["conditions"], "Accepted")?;
+                let written =
+                    condition(&parent["conditions"], "cf.k8s.lex.la/TunnelDocumentWritten")?;
+                (accepted["status"] == "True"
+                    && written["status"] == "False"
+                    && written["message"].as_str() == Some(message.as_str()))
+                .then_some(())
             }
         };
         let credentials = |data: &str| {
@@ -6522,12 +6545,28 @@ async fn a_missing_api_token_is_reported_saying_what_is_missing() {
             told("key \"api-token\" of Secret tenant-a/edge-cf is empty (spec.cloudflareCredentialsSecretRef of GatewayConfig tenant-a/edge-config)"),
         )
         .await;
-        t.api.put(credentials("{api-token: cf-token-a}"));
-        eventually("shop accepted again", || {
-            route_condition(&t.api, "tenant-a", "shop", "Accepted")
-                .filter(|c| c["status"] == "True")
+        // A route new since is on no document: it waits for one.
+        t.api.put(yaml("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: late, namespace: tenant-a}\nspec:\n  parentRefs: [{name: edge}]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n"));
+        let pending = eventually("late pending", || {
+            route_condition(&t.api, "tenant-a", "late", "Accepted")
+                .filter(|c| c["status"] == "Unknown")
         })
         .await;
+        assert_eq!(pending["reason"], "Pending");
+        assert!(pending["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("the tunnel's ingress document could not be written: key")));
+        t.api.put(credentials("{api-token: cf-token-a}"));
+        for route in ["shop", "late"] {
+            eventually(&format!("{route} accepted and written"), || {
+                route_parent(&t.api, "tenant-a", route).filter(|p| {
+                    condition(&p["conditions"], "Accepted").is_some_and(|c| c["status"] == "True")
+                        && condition(&p["conditions"], "cf.k8s.lex.la/TunnelDocumentWritten")
+                            .is_none()
+                })
+            })
+            .await;
+        }
         t.stop().await;
     })
     .await

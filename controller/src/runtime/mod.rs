@@ -214,6 +214,9 @@ pub fn required_rbac(
 pub const FIELD_MANAGER: &str = "cftunnel-controller";
 /// Route condition set while a plane's pods have not taken its config for a sustained run.
 pub const PROXY_CONFIG_PUSHED: &str = "cf.k8s.lex.la/ProxyConfigPushed";
+/// Route condition set, beside `Accepted=True`, on a route its tunnel serves from the last
+/// document written while the tunnel's newer document cannot be written.
+pub const TUNNEL_DOCUMENT_WRITTEN: &str = "cf.k8s.lex.la/TunnelDocumentWritten";
 /// The port name of the config API on rendered and shared proxy Services.
 const CONFIG_PORT_NAME: &str = "config";
 /// Changes arriving together are handled in one round.

@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use tracing::Instrument as _;
 
 use super::status::{self, set_programmed_pending, ConfigUser, KubeCondition, Truth};
-use super::{object_key, PlaneInfo, Reconciler, PROXY_CONFIG_PUSHED};
+use super::{object_key, PlaneInfo, Reconciler, PROXY_CONFIG_PUSHED, TUNNEL_DOCUMENT_WRITTEN};
 use crate::gateway_class_config::{GatewayClassConfig, GATEWAY_CLASS_CONFIG_KIND};
 use crate::gateway_config::GatewayConfig;
 use crate::render;
@@ -267,13 +267,34 @@ impl Reconciler {
                 else {
                     return;
                 };
-                // Only this Gateway's tunnel failed: its routes are pending, no one else's.
+                // Only this Gateway's tunnel failed: its routes are pending, no one else's. A
+                // route accepted as it is now is on the tunnel's last document and served: it
+                // stays accepted (DNS records follow `Accepted`), pending on a condition of
+                // its own; one new or changed since waits for the document.
                 if let Some(reason) = self.tunnel_failures.get(plane) {
-                    for c in conditions.iter_mut().filter(|c| c.kind == "Accepted") {
-                        c.status = Truth::Unknown;
-                        c.reason = "Pending".to_owned();
-                        c.message =
-                            format!("the tunnel's ingress document could not be written: {reason}");
+                    let message =
+                        format!("the tunnel's ingress document could not be written: {reason}");
+                    if status::accepted_at(
+                        existing.as_ref(),
+                        &parent.parent_ref,
+                        controller,
+                        meta.generation,
+                    ) {
+                        conditions.push(KubeCondition {
+                            kind: TUNNEL_DOCUMENT_WRITTEN.to_owned(),
+                            status: Truth::False,
+                            reason: "Pending".to_owned(),
+                            message: format!(
+                                "{message}; the route is served as the tunnel's last document has it"
+                            ),
+                            observed_generation: meta.generation,
+                        });
+                    } else {
+                        for c in conditions.iter_mut().filter(|c| c.kind == "Accepted") {
+                            c.status = Truth::Unknown;
+                            c.reason = "Pending".to_owned();
+                            c.message = message.clone();
+                        }
                     }
                 }
                 if let Some((_, reason)) = push_failed.get(plane) {
