@@ -6573,6 +6573,61 @@ async fn a_missing_api_token_is_reported_saying_what_is_missing() {
     .expect("in time");
 }
 
+/// A route edited into a form this build cannot read (a port past its field's range) is left
+/// out of every plane: our parent in its status says so, not the `Accepted=True` it had, and
+/// another controller's parent stays as it was. Readable again, it is accepted again.
+#[tokio::test]
+async fn a_route_this_build_cannot_read_is_no_longer_accepted_saying_why() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        let accepted = |status: &'static str| {
+            let api = &t.api;
+            move || {
+                route_condition(api, "tenant-a", "shop", "Accepted")
+                    .filter(|c| c["status"] == status)
+            }
+        };
+        eventually("shop accepted", accepted("True")).await;
+        let theirs = json!({"parentRef": {"name": "other"}, "controllerName": "example.com/other", "conditions": []});
+        let mut route = t
+            .api
+            .get("gateway.networking.k8s.io/v1", "HTTPRoute", "tenant-a", "shop")
+            .expect("the route");
+        if let Some(parents) = route["status"]["parents"].as_array_mut() {
+            parents.insert(0, theirs.clone());
+        }
+        t.api.put(route);
+        let shop = |port: &str| {
+            yaml(&format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: shop, namespace: tenant-a}}\nspec:\n  parentRefs: [{{name: edge}}]\n  rules: [{{backendRefs: [{{name: web, port: {port}}}]}}]\n"
+            ))
+        };
+        t.api.put(shop("99999999999"));
+        let refused = eventually("shop refused", accepted("False")).await;
+        assert_eq!(refused["reason"], "UnsupportedValue");
+        assert!(
+            refused["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("this controller cannot read the route")),
+            "{refused}"
+        );
+        let route = t
+            .api
+            .get("gateway.networking.k8s.io/v1", "HTTPRoute", "tenant-a", "shop")
+            .expect("the route");
+        assert_eq!(refused["observedGeneration"], route["metadata"]["generation"]);
+        assert_eq!(route["status"]["parents"][0], theirs);
+        let resolved = route_condition(&t.api, "tenant-a", "shop", "ResolvedRefs");
+        assert_eq!(resolved.map(|c| c["status"].clone()), Some(json!("True")));
+
+        t.api.put(shop("80"));
+        eventually("shop accepted again", accepted("True")).await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// Another installation's Gateway moved from its class `theirs-old` to its class `theirs-new`,
 /// `theirs-old` deleted before that installation relabels the plane (it was not leading): the
 /// plane's label names a class that is gone, but the Gateway is on a listed class of another

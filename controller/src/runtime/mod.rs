@@ -55,7 +55,7 @@ use crate::render::{
 };
 use crate::translate::{self, ObjectKey, Options, PlaneKey, Snapshot, TunnelIdentity};
 use drift::{LivePlane, OwnedFields};
-use stores::{PlaneObject, PlaneObjects, Stores};
+use stores::{PlaneObject, PlaneObjects, Stores, UnreadableRoute};
 
 /// The API calls the runtime makes, as RBAC rules: (API group, resource, verbs). The chart's
 /// roles grant exactly these (a test holds them equal). `create` on the rendered kinds is for
@@ -463,6 +463,7 @@ pub async fn run(
             .collect();
         let snapshot = stores.snapshot();
         let watched = stores.plane_objects();
+        let unreadable_routes = stores.unreadable_routes();
         let pool = stores
             .pool
             .as_ref()
@@ -476,7 +477,7 @@ pub async fn run(
         let mut lost = leading.clone();
         let started = tokio::time::Instant::now();
         tokio::select! {
-            () = reconciler.round(&snapshot, &deployments, pool.as_deref(), &watched) => {
+            () = reconciler.round(&snapshot, &deployments, pool.as_deref(), &watched, &unreadable_routes) => {
                 health.rounds.inc();
                 health.round_seconds.observe(started.elapsed().as_secs_f64());
                 reconciler.report(&health);
@@ -814,6 +815,7 @@ impl Reconciler {
         deployments: &[Deployment],
         pool: Option<&Deployment>,
         watched: &PlaneObjects,
+        unreadable_routes: &[UnreadableRoute],
     ) {
         self.take_finished_applies().await;
         self.applying_first.clear();
@@ -1249,6 +1251,7 @@ impl Reconciler {
 
         self.write_statuses(
             snapshot,
+            unreadable_routes,
             &output,
             &planes,
             shared_gateway_address,

@@ -593,17 +593,38 @@ fn crd_names<K>(api: &OptionalApi<K>) -> String {
 /// The objects of one kind that this build cannot read, by namespace and name, with why:
 /// left out of the cache, and named to whatever refers to them.
 #[derive(Debug, Default)]
-pub struct Unreadable(std::sync::Mutex<std::collections::BTreeMap<(String, String), String>>);
+pub struct Unreadable {
+    objects: std::sync::Mutex<std::collections::BTreeMap<(String, String), Noted>>,
+    /// Whether a noted object's status is kept, for a kind whose status says it is unreadable.
+    keeps_status: bool,
+}
+
+/// An object this build cannot read: why, and what of it its status is written against.
+#[derive(Debug, Clone)]
+pub struct Noted {
+    pub error: String,
+    pub generation: Option<i64>,
+    pub resource_version: Option<String>,
+    pub status: Option<serde_json::Value>,
+}
 
 impl Unreadable {
-    fn note(&self, namespace: Option<String>, name: String, error: Option<String>) {
-        let Ok(mut objects) = self.0.lock() else {
+    /// For a kind whose unreadable objects' status is written: it keeps what that needs.
+    pub fn keeping_status() -> Self {
+        Self {
+            keeps_status: true,
+            ..Self::default()
+        }
+    }
+
+    fn note(&self, namespace: Option<String>, name: String, noted: Option<Noted>) {
+        let Ok(mut objects) = self.objects.lock() else {
             return;
         };
         let key = (namespace.unwrap_or_default(), name);
-        match error {
-            Some(error) => {
-                objects.insert(key, error);
+        match noted {
+            Some(noted) => {
+                objects.insert(key, noted);
             }
             None => {
                 objects.remove(&key);
@@ -611,20 +632,33 @@ impl Unreadable {
         }
     }
 
+    /// Every object noted, as `(namespace, name, what was noted)`.
+    pub fn noted(&self) -> Vec<(String, String, Noted)> {
+        self.objects
+            .lock()
+            .map(|objects| {
+                objects
+                    .iter()
+                    .map(|((ns, name), noted)| (ns.clone(), name.clone(), noted.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     fn clear(&self) {
-        if let Ok(mut objects) = self.0.lock() {
+        if let Ok(mut objects) = self.objects.lock() {
             objects.clear();
         }
     }
 
     /// Every object noted, as `(namespace, name, why)`.
     pub fn list(&self) -> Vec<(String, String, String)> {
-        self.0
+        self.objects
             .lock()
             .map(|objects| {
                 objects
                     .iter()
-                    .map(|((ns, name), why)| (ns.clone(), name.clone(), why.clone()))
+                    .map(|((ns, name), noted)| (ns.clone(), name.clone(), noted.error.clone()))
                     .collect()
             })
             .unwrap_or_default()
@@ -654,6 +688,15 @@ where
         K: Resource<DynamicType = ()> + DeserializeOwned,
     {
         let (namespace, name) = (object.namespace(), object.name_any());
+        let (generation, resource_version) = (
+            object.metadata.generation,
+            object.metadata.resource_version.clone(),
+        );
+        // Taken before the parse, which consumes the object.
+        let status = unreadable
+            .keeps_status
+            .then(|| object.data.get("status").cloned())
+            .flatten();
         match object.try_parse::<K>() {
             Ok(object) => {
                 unreadable.note(namespace, name, None);
@@ -667,7 +710,13 @@ where
                     error = %e,
                     "object unreadable by this build; left out"
                 );
-                unreadable.note(namespace, name, Some(e.to_string()));
+                let noted = Noted {
+                    error: e.to_string(),
+                    generation,
+                    resource_version,
+                    status,
+                };
+                unreadable.note(namespace, name, Some(noted));
                 None
             }
         }

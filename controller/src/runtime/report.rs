@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 use tracing::Instrument as _;
 
 use super::status::{self, set_programmed_pending, ConfigUser, KubeCondition, Truth};
+use super::stores::UnreadableRoute;
 use super::{object_key, PlaneInfo, Reconciler, PROXY_CONFIG_PUSHED, TUNNEL_DOCUMENT_WRITTEN};
 use crate::gateway_class_config::{GatewayClassConfig, GATEWAY_CLASS_CONFIG_KIND};
 use crate::gateway_config::GatewayConfig;
@@ -86,6 +87,7 @@ impl Reconciler {
     pub(super) async fn write_statuses(
         &mut self,
         snapshot: &Snapshot,
+        unreadable_routes: &[UnreadableRoute],
         output: &translate::Output,
         planes: &BTreeMap<PlaneKey, PlaneInfo>,
         shared_address: Option<String>,
@@ -398,7 +400,50 @@ impl Reconciler {
             .retain(|(route, _), _| routes_seen.contains(route));
         self.refused_told
             .retain(|route, _| routes_seen.contains(route));
+        self.write_unreadable_route_statuses(&mut writes, unreadable_routes, controller, &now);
         writes.run().await;
+    }
+
+    /// A route this build cannot read is left out of every plane: where our parents said it
+    /// was accepted, they now say it is not, and why (the decoder's words), so that neither
+    /// its owner nor what follows `Accepted` (DNS records) takes it as served.
+    fn write_unreadable_route_statuses(
+        &self,
+        writes: &mut Writes,
+        routes: &[UnreadableRoute],
+        controller: &str,
+        now: &str,
+    ) {
+        for route in routes {
+            let message = format!(
+                "this controller cannot read the route, which no proxy serves: {}",
+                route.noted.error
+            );
+            let Some(value) = status::unreadable_route(
+                route.noted.status.as_ref(),
+                controller,
+                route.noted.generation,
+                &message,
+                now,
+            ) else {
+                continue;
+            };
+            let resource = match route.key.kind {
+                RouteKind::Http => kube::core::ApiResource::erase::<HttpRoute>(&()),
+                RouteKind::Grpc => kube::core::ApiResource::erase::<GrpcRoute>(&()),
+            };
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(self.client.clone(), &route.key.key.namespace, &resource);
+            self.patch_status_of(
+                writes,
+                &resource.kind,
+                api,
+                &route.key.key.name,
+                route.noted.resource_version.clone(),
+                route.noted.status.as_ref(),
+                value,
+            );
+        }
     }
 
     /// Writes the status of each ListenerSet whose parent is one of our Gateways, at the

@@ -261,6 +261,74 @@ pub fn route(
     )
 }
 
+/// The status of a route this build cannot read: each of our parents in its `existing`
+/// status `Accepted=False` (`UnsupportedValue`, `message`) at `generation`, keeping its other
+/// Gateway API conditions as they were; other controllers' parents untouched. `None` when no
+/// parent is ours.
+pub fn unreadable_route(
+    existing: Option<&Value>,
+    controller_name: &str,
+    generation: Option<i64>,
+    message: &str,
+    now: &str,
+) -> Option<Value> {
+    let parents = existing?.get("parents")?.as_array()?;
+    let is_ours =
+        |p: &Value| p.get("controllerName").and_then(Value::as_str) == Some(controller_name);
+    if !parents.iter().any(is_ours) {
+        return None;
+    }
+    let refused = KubeCondition {
+        kind: "Accepted".to_owned(),
+        status: Truth::False,
+        reason: "UnsupportedValue".to_owned(),
+        message: message.to_owned(),
+        observed_generation: generation,
+    };
+    let parents = parents
+        .iter()
+        .map(|p| {
+            if !is_ours(p) {
+                return p.clone();
+            }
+            let previous = p.get("conditions");
+            // Gateway API's other conditions (`ResolvedRefs`) stay as last judged; ours
+            // (`cf.k8s.lex.la/...`) are about serving, which no longer happens.
+            let mut wanted = vec![refused.clone()];
+            wanted.extend(
+                previous
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(kube_condition)
+                    .filter(|c| c.kind != "Accepted" && !c.kind.contains('/')),
+            );
+            let mut entry = p.clone();
+            if let Some(entry) = entry.as_object_mut() {
+                entry.insert("conditions".into(), conditions(&wanted, previous, now));
+            }
+            entry
+        })
+        .collect();
+    Some(json!({ "parents": Value::Array(parents) }))
+}
+
+/// A condition as the API server holds it, read back.
+fn kube_condition(c: &Value) -> Option<KubeCondition> {
+    let text = |key: &str| c.get(key).and_then(Value::as_str);
+    Some(KubeCondition {
+        kind: text("type")?.to_owned(),
+        status: match text("status")? {
+            "True" => Truth::True,
+            "False" => Truth::False,
+            _ => Truth::Unknown,
+        },
+        reason: text("reason").unwrap_or_default().to_owned(),
+        message: text("message").unwrap_or_default().to_owned(),
+        observed_generation: c.get("observedGeneration").and_then(Value::as_i64),
+    })
+}
+
 /// A policy's status (Gateway API `PolicyStatus`): its `ancestors`, ours kept apart from other
 /// controllers' as [`route`] keeps parents.
 pub fn policy(

@@ -42,11 +42,11 @@ use crate::gateway_class_config::GatewayClassConfig;
 use crate::gateway_config::GatewayConfig;
 use crate::service_import::ServiceImport;
 use crate::translate::bundle_version::{is_gateway_api_crd, CRD_ACCESS};
-use crate::translate::{ObjectKey, Snapshot};
+use crate::translate::{ObjectKey, RouteKey, RouteKind, Snapshot};
 use cftunnel_controller_core::snapshot::UnreadableObject;
 
 use super::health::{Health, WatchLabel};
-use super::optional_apis::{self, readable, ApiDiscovery, CrdTriggers, Served, Unreadable};
+use super::optional_apis::{self, readable, ApiDiscovery, CrdTriggers, Noted, Served, Unreadable};
 
 /// How long the Gateway API CRDs' first list may lag the other caches' before the controller
 /// reconciles without it. It feeds only GatewayClass `SupportedVersion` and needs an RBAC rule
@@ -71,6 +71,13 @@ pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=cftunnel-con
 /// revision): in a cluster of Helm releases most of the Secrets' bytes.
 pub const NOT_HELM_RELEASES: &str = "type!=helm.sh/release.v1";
 
+/// A route this build cannot read (see [`Stores::unreadable_routes`]).
+#[derive(Debug, Clone)]
+pub struct UnreadableRoute {
+    pub key: RouteKey,
+    pub noted: Noted,
+}
+
 /// Read-only views of the watch caches.
 #[derive(Clone)]
 pub struct Stores {
@@ -78,6 +85,10 @@ pub struct Stores {
     pub gateways: Store<Gateway>,
     pub http_routes: Store<HttpRoute>,
     pub grpc_routes: Store<GrpcRoute>,
+    /// The routes left out of `http_routes` and `grpc_routes` because this build cannot read
+    /// them: their status says so, rather than what it said before they changed.
+    pub unreadable_http_routes: Arc<Unreadable>,
+    pub unreadable_grpc_routes: Arc<Unreadable>,
     pub reference_grants: Store<ReferenceGrant>,
     /// ListenerSets, of whichever kind is served ([`optional_apis::LISTENER_SETS`]).
     pub listener_sets: Store<ListenerSet>,
@@ -340,11 +351,27 @@ impl Stores {
                 })
             });
         let unreadable_gateway_configs = Arc::new(Unreadable::default());
+        let unreadable_http_routes = Arc::new(Unreadable::keeping_status());
+        let unreadable_grpc_routes = Arc::new(Unreadable::keeping_status());
         Self {
             gateway_classes: watch_each(client, all(), Arc::default(), &shared, tasks),
             gateways: watch_each(client, all(), Arc::default(), &shared, tasks),
-            http_routes: watch_each(client, all(), Arc::default(), &shared, tasks),
-            grpc_routes: watch_each(client, all(), Arc::default(), &shared, tasks),
+            http_routes: watch_each(
+                client,
+                all(),
+                Arc::clone(&unreadable_http_routes),
+                &shared,
+                tasks,
+            ),
+            grpc_routes: watch_each(
+                client,
+                all(),
+                Arc::clone(&unreadable_grpc_routes),
+                &shared,
+                tasks,
+            ),
+            unreadable_http_routes,
+            unreadable_grpc_routes,
             reference_grants: cache(reference_grants, Kept::Read, &shared, tasks),
             listener_sets: cache(listener_sets, Kept::Read, &shared, tasks),
             listener_set_resource,
@@ -585,6 +612,28 @@ impl Stores {
             ?waited,
             "not listed in time ({hint})"
         );
+    }
+
+    /// The routes this build cannot read, with what their status is written against.
+    pub fn unreadable_routes(&self) -> Vec<UnreadableRoute> {
+        [
+            (RouteKind::Http, &self.unreadable_http_routes),
+            (RouteKind::Grpc, &self.unreadable_grpc_routes),
+        ]
+        .into_iter()
+        .flat_map(|(kind, unreadable)| {
+            unreadable
+                .noted()
+                .into_iter()
+                .map(move |(namespace, name, noted)| UnreadableRoute {
+                    key: RouteKey {
+                        kind,
+                        key: ObjectKey::new(&namespace, &name),
+                    },
+                    noted,
+                })
+        })
+        .collect()
     }
 
     /// The translation's input, as the caches hold it now. The CRDs are `None` until their
