@@ -246,11 +246,7 @@ impl Reconciler {
                 .as_ref()
                 .and_then(|s| s.get("parents"))
                 .and_then(Value::as_array)
-                .is_some_and(|p| {
-                    p.iter().any(|p| {
-                        p.get("controllerName").and_then(Value::as_str) == Some(controller.as_str())
-                    })
-                });
+                .is_some_and(|p| p.iter().any(|p| status::written_by(p, controller)));
             if ours.is_empty() && !had_ours {
                 continue;
             }
@@ -665,11 +661,7 @@ impl Reconciler {
                 .as_ref()
                 .and_then(|s| s.get("ancestors"))
                 .and_then(Value::as_array)
-                .is_some_and(|a| {
-                    a.iter().any(|a| {
-                        a.get("controllerName").and_then(Value::as_str) == Some(controller.as_str())
-                    })
-                });
+                .is_some_and(|a| a.iter().any(|a| status::written_by(a, controller)));
             if ours.is_empty() && !had_ours {
                 continue;
             }

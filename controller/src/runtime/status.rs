@@ -273,8 +273,7 @@ pub fn unreadable_route(
     now: &str,
 ) -> Option<Value> {
     let parents = existing?.get("parents")?.as_array()?;
-    let is_ours =
-        |p: &Value| p.get("controllerName").and_then(Value::as_str) == Some(controller_name);
+    let is_ours = |p: &Value| written_by(p, controller_name);
     if !parents.iter().any(is_ours) {
         return None;
     }
@@ -371,7 +370,7 @@ pub fn accepted_at(
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .filter(|p| p.get("controllerName").and_then(Value::as_str) == Some(controller_name))
+        .filter(|p| written_by(p, controller_name))
         .filter(|p| same_ref(p.get("parentRef"), &target))
         .filter_map(|p| p.get("conditions").and_then(Value::as_array))
         .flatten()
@@ -423,8 +422,7 @@ fn owned_entries(
         .into_iter()
         .flatten()
         .collect();
-    let is_ours =
-        |p: &Value| p.get("controllerName").and_then(Value::as_str) == Some(controller_name);
+    let is_ours = |p: &Value| written_by(p, controller_name);
     let mut desired: Vec<Option<Value>> = desired
         .into_iter()
         .map(|(target, wanted)| {
@@ -460,6 +458,11 @@ fn owned_entries(
     let mut out = Map::new();
     out.insert(list.into(), Value::Array(entries));
     Value::Object(out)
+}
+
+/// Whether a route parent's or policy ancestor's status entry is `controller_name`'s.
+pub fn written_by(entry: &Value, controller_name: &str) -> bool {
+    entry.get("controllerName").and_then(Value::as_str) == Some(controller_name)
 }
 
 /// Parent references are equal when the fields that identify them are (the API server fills
