@@ -1,6 +1,12 @@
 //! The opt-in JSON access log: one line per request on stdout, written by its own thread so a
-//! slow terminal never blocks a request. Lines are dropped when the queue is full: counted in
-//! `cftunnel_proxy_access_log_lines_dropped_total`, and the first drop is logged.
+//! slow terminal never blocks a request. Lines are dropped when the queue is full, of lines
+//! ([`QUEUE`]) or of bytes ([`QUEUE_BYTES`]): counted in
+//! `cftunnel_proxy_access_log_lines_dropped_total`, and the first drop is logged. The bytes
+//! queued are shown in `cftunnel_proxy_access_log_queued_bytes`.
+//!
+//! The request's own text (method, host, path, query, user agent) is written up to
+//! [`FIELD_MAX`] bytes each; a line that cut any says which in `truncated`. A client can send
+//! tens of KiB of each, which would make a line (and the queue) that much larger.
 //!
 //! The lines still queued when the proxy goes away are written before it does, within
 //! [`FLUSH_WAIT`]: those of the last requests of a drain, and those of requests cut off at its
@@ -14,6 +20,7 @@
 
 use opentelemetry::trace::{SpanId, TraceId};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use std::io::Write;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,7 +28,23 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Lines queued at most.
 const QUEUE: usize = 8192;
+
+/// Bytes the queued lines may hold at most: 8192 lines of 512 bytes. Lines are a few hundred
+/// bytes, so this binds only when many are long.
+const QUEUE_BYTES: i64 = 4 << 20;
+
+/// The most of a request's method, host, path, query or user agent a line (or a span) carries.
+pub(crate) const FIELD_MAX: usize = 4096;
+
+/// `text` cut to at most [`FIELD_MAX`] bytes, at a char boundary, and whether it was cut.
+pub(crate) fn clip(text: &str) -> (&str, bool) {
+    match text.get(..text.floor_char_boundary(FIELD_MAX)) {
+        Some(kept) if kept.len() < text.len() => (kept, true),
+        _ => (text, false),
+    }
+}
 
 /// How long the lines still queued when the access log goes away get to be written.
 pub const FLUSH_WAIT: Duration = Duration::from_secs(2);
@@ -89,6 +112,8 @@ pub(crate) struct AccessLog {
     writer_done: std::sync::Mutex<mpsc::Receiver<()>>,
     /// Lines dropped because the queue was full.
     dropped: Counter,
+    /// Bytes held by the lines queued (their strings' capacity), shared with the writer.
+    queued: Gauge,
     options: AccessLogOptions,
     /// Requests seen, for one-in-N sampling; untouched when every request is written.
     seen: AtomicU64,
@@ -127,6 +152,9 @@ struct Line<'a> {
     span_id: Option<String>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     aborted: bool,
+    /// The fields cut to [`FIELD_MAX`] bytes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    truncated: Vec<&'static str>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -143,9 +171,9 @@ fn millis(d: Duration) -> f64 {
 
 impl AccessLog {
     /// Starts the thread that writes lines to stdout; lines that find its queue full are
-    /// counted in `dropped`.
-    pub(crate) fn spawn(options: AccessLogOptions, dropped: Counter) -> Self {
-        Self::spawn_to(std::io::stdout(), options, dropped)
+    /// counted in `dropped`, and `queued` shows the bytes queued.
+    pub(crate) fn spawn(options: AccessLogOptions, dropped: Counter, queued: Gauge) -> Self {
+        Self::spawn_to(std::io::stdout(), options, dropped, queued)
     }
 
     /// As [`AccessLog::spawn`], writing to `out`. A thread, not a task: the lines queued as
@@ -155,14 +183,16 @@ impl AccessLog {
         out: impl Write + Send + 'static,
         options: AccessLogOptions,
         dropped: Counter,
+        queued: Gauge,
     ) -> Self {
         let (tx, rx) = mpsc::sync_channel::<String>(QUEUE);
         let (done, writer_done) = mpsc::sync_channel::<()>(0);
+        let written = queued.clone();
         let started = std::thread::Builder::new()
             .name("access-log".to_owned())
             .spawn(move || {
                 let _done = done;
-                write_lines(&rx, out);
+                write_lines(&rx, out, &written);
             });
         if let Err(e) = started {
             tracing::error!(error = %e, "the access log's writer could not start: no lines are written");
@@ -171,6 +201,7 @@ impl AccessLog {
             tx: Some(tx),
             writer_done: std::sync::Mutex::new(writer_done),
             dropped,
+            queued,
             options,
             seen: AtomicU64::new(0),
         }
@@ -195,18 +226,35 @@ impl AccessLog {
         let now = time::OffsetDateTime::now_utc()
             .format(&time::format_description::well_known::Rfc3339)
             .unwrap_or_default();
+        let mut truncated = Vec::new();
+        let mut clipped = |name, text| {
+            let (kept, cut) = clip(text);
+            if cut {
+                truncated.push(name);
+            }
+            kept
+        };
+        let method = clipped("method", f.method.as_str());
+        let host = clipped("host", &f.host);
+        let path = clipped("path", f.uri.path());
+        let query = f
+            .uri
+            .query()
+            .filter(|_| self.options.query)
+            .map(|q| clipped("query", q));
+        let user_agent = header(f.user_agent.as_ref()).map(|ua| clipped("user_agent", ua));
         let line = Line {
             time: &now,
-            method: f.method.as_str(),
-            host: &f.host,
-            path: f.uri.path(),
-            query: f.uri.query().filter(|_| self.options.query),
+            method,
+            host,
+            path,
+            query,
             status: outcome.status,
             bytes: outcome.bytes,
             duration_ms: millis(outcome.elapsed),
             route: f.route.as_deref(),
             client_ip: f.client_ip,
-            user_agent: header(f.user_agent.as_ref()),
+            user_agent,
             cf_ray: header(f.cf_ray.as_ref()),
             backend: f.backend.as_deref(),
             tries: f.tries,
@@ -215,29 +263,47 @@ impl AccessLog {
             trace_id: outcome.trace.map(|(t, _)| t.to_string()),
             span_id: outcome.trace.map(|(_, s)| s.to_string()),
             aborted: outcome.aborted,
+            truncated,
         };
         let Ok(mut text) = serde_json::to_string(&line) else {
             return;
         };
         text.push('\n');
-        let sent = self.tx.as_ref().is_some_and(|tx| tx.try_send(text).is_ok());
-        if !sent && self.dropped.inc() == 0 {
+        if !self.enqueue(text) && self.dropped.inc() == 0 {
             tracing::warn!(
                 queue = QUEUE,
+                queue_bytes = QUEUE_BYTES,
                 "access log lines are being dropped: its output is slower than requests \
                  (counted in cftunnel_proxy_access_log_lines_dropped_total)"
             );
         }
     }
+
+    /// Queues `line` if the queue has room for it, in lines and in bytes.
+    fn enqueue(&self, line: String) -> bool {
+        let Some(tx) = &self.tx else {
+            return false;
+        };
+        let size = i64::try_from(line.capacity()).unwrap_or(i64::MAX);
+        // Counted before it is sent, so the writer never discounts a line not yet counted.
+        let before = self.queued.inc_by(size);
+        if before.saturating_add(size) <= QUEUE_BYTES && tx.try_send(line).is_ok() {
+            return true;
+        }
+        self.queued.dec_by(size);
+        false
+    }
 }
 
 /// Writes the queued lines to `out` until every sender is gone, flushing whenever the queue
-/// runs empty; ends early if `out` fails.
-fn write_lines(rx: &mpsc::Receiver<String>, out: impl Write) {
+/// runs empty, and takes each line off `queued` once written; ends early if `out` fails.
+fn write_lines(rx: &mpsc::Receiver<String>, out: impl Write, queued: &Gauge) {
     let mut out = std::io::BufWriter::with_capacity(64 * 1024, out);
     while let Ok(first) = rx.recv() {
         for line in std::iter::once(first).chain(rx.try_iter()) {
-            if out.write_all(line.as_bytes()).is_err() {
+            let written = out.write_all(line.as_bytes());
+            queued.dec_by(i64::try_from(line.capacity()).unwrap_or(i64::MAX));
+            if written.is_err() {
                 return;
             }
         }
@@ -324,7 +390,12 @@ mod tests {
             go: go_rx,
             kept: kept.clone(),
         };
-        let log = AccessLog::spawn_to(out, AccessLogOptions::default(), dropped.clone());
+        let log = AccessLog::spawn_to(
+            out,
+            AccessLogOptions::default(),
+            dropped.clone(),
+            Gauge::default(),
+        );
         // The writer takes the first line and is held writing it: the queue then takes
         // `QUEUE` lines and drops the rest.
         log.write(&fields(), OUTCOME);
@@ -337,5 +408,72 @@ mod tests {
         drop(log);
         let kept = kept.lock().expect("lock");
         assert_eq!(kept.iter().filter(|&&b| b == b'\n').count(), QUEUE + 1);
+    }
+
+    /// Long lines fill the queue's bytes before its line count: those beyond are counted as
+    /// dropped, the bytes queued never pass the budget, and every line queued is written.
+    #[test]
+    fn lines_beyond_the_queues_bytes_are_counted_and_long_fields_cut() {
+        let dropped = Counter::default();
+        let queued = Gauge::default();
+        let (started, started_rx) = mpsc::channel();
+        let (go, go_rx) = mpsc::channel();
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        let out = Gated {
+            started: Some(started),
+            go: go_rx,
+            kept: kept.clone(),
+        };
+        let log = AccessLog::spawn_to(
+            out,
+            AccessLogOptions {
+                query: true,
+                sample_every: 1,
+            },
+            dropped.clone(),
+            queued.clone(),
+        );
+        let long = Fields {
+            host: "h".repeat(FIELD_MAX + 1),
+            uri: format!("/{}?{}", "p".repeat(30_000), "q".repeat(30_000))
+                .parse()
+                .expect("uri"),
+            user_agent: Some(http::HeaderValue::from_str(&"\"".repeat(30_000)).expect("ua")),
+            ..fields()
+        };
+        log.write(&long, OUTCOME);
+        started_rx.recv().expect("the writer writes the first line");
+        let sent = 2000;
+        for _ in 0..sent {
+            log.write(&long, OUTCOME);
+            assert!(queued.get() <= QUEUE_BYTES, "{}", queued.get());
+        }
+        assert!(dropped.get() > 0, "some lines find the bytes full");
+        go.send(()).expect("the writer waits");
+        drop(log);
+        assert_eq!(queued.get(), 0, "every line queued was written");
+        let kept = kept.lock().expect("lock");
+        let text = String::from_utf8_lossy(&kept);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len() as u64 + dropped.get(), sent + 1);
+        let line: serde_json::Value = serde_json::from_str(lines[0]).expect("JSON");
+        assert_eq!(line["host"].as_str().map(str::len), Some(FIELD_MAX));
+        assert_eq!(line["path"].as_str().map(str::len), Some(FIELD_MAX));
+        assert_eq!(line["query"].as_str().map(str::len), Some(FIELD_MAX));
+        assert_eq!(line["user_agent"].as_str().map(str::len), Some(FIELD_MAX));
+        assert_eq!(
+            line["truncated"],
+            serde_json::json!(["host", "path", "query", "user_agent"])
+        );
+    }
+
+    #[test]
+    fn text_is_cut_at_a_char_boundary() {
+        assert_eq!(clip("short"), ("short", false));
+        let exact = "a".repeat(FIELD_MAX);
+        assert_eq!(clip(&exact), (exact.as_str(), false));
+        // A two-byte char straddling the bound is left out whole.
+        let straddling = format!("{}é", "a".repeat(FIELD_MAX - 1));
+        assert_eq!(clip(&straddling), (&straddling[..FIELD_MAX - 1], true));
     }
 }

@@ -115,6 +115,8 @@ pub struct ProxyMetrics {
     pub mirrors_dropped: Counter,
     /// Access-log lines not written: the log's queue was full.
     pub access_log_dropped: Counter,
+    /// Bytes held by the access-log lines waiting to be written.
+    pub access_log_queued: Gauge,
     /// One for the whole process: per hostname it would add a series of zeros for every
     /// hostname without a retry policy.
     retries_over_budget: Counter,
@@ -176,6 +178,7 @@ impl ProxyMetrics {
             reloads: Family::default(),
             mirrors_dropped: Counter::default(),
             access_log_dropped: Counter::default(),
+            access_log_queued: Gauge::default(),
             retries_over_budget: Counter::default(),
             access: AccessMetrics::default(),
         };
@@ -238,8 +241,13 @@ impl ProxyMetrics {
         );
         r.register(
             "access_log_lines_dropped",
-            "Access-log lines not written because the log's queue was full (its output slower than requests)",
+            "Access-log lines not written because the log's queue was full, of lines or of bytes (its output slower than requests)",
             m.access_log_dropped.clone(),
+        );
+        r.register(
+            "access_log_queued_bytes",
+            "Bytes held by access-log lines waiting to be written",
+            m.access_log_queued.clone(),
         );
         r.register(
             "retries_over_budget",

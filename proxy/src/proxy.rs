@@ -107,6 +107,7 @@ impl Proxy {
                 AccessLog::spawn(
                     options.access_log_options,
                     metrics.access_log_dropped.clone(),
+                    metrics.access_log_queued.clone(),
                 )
             }),
             options.tracer,

@@ -15,6 +15,7 @@
 //! and no export: its backend requests carry the server span as their parent, which nothing
 //! records either.
 
+use crate::access_log::clip;
 use crate::conn::ConnInfo;
 use crate::forward::Upstream;
 use http::{HeaderMap, HeaderValue, Method, Version};
@@ -57,10 +58,10 @@ impl RequestTracer {
             if name == "HTTP" {
                 server.set_attribute(KeyValue::new(
                     "http.request.method_original",
-                    parts.method.as_str().to_owned(),
+                    kept(parts.method.as_str()),
                 ));
             }
-            server.set_attribute(KeyValue::new("url.path", parts.uri.path().to_owned()));
+            server.set_attribute(KeyValue::new("url.path", kept(parts.uri.path())));
             server.set_attribute(KeyValue::new("url.scheme", conn.scheme));
             server.set_attribute(KeyValue::new(
                 "network.protocol.version",
@@ -70,7 +71,7 @@ impl RequestTracer {
                 server.set_attribute(KeyValue::new("client.address", peer.ip().to_string()));
             }
             if let Some(ua) = header_str(&parts.headers, &http::header::USER_AGENT) {
-                server.set_attribute(KeyValue::new("user_agent.original", ua.to_owned()));
+                server.set_attribute(KeyValue::new("user_agent.original", kept(ua)));
             }
             // The edge's id for the request, which Cloudflare's own logs carry too; a client
             // of the proxy's own listener could send anything.
@@ -121,7 +122,7 @@ impl RequestTrace {
     pub(crate) fn host(&mut self, host: &str) {
         if self.server.is_recording() {
             self.server
-                .set_attribute(KeyValue::new("server.address", host.to_owned()));
+                .set_attribute(KeyValue::new("server.address", kept(host)));
         }
     }
 
@@ -193,7 +194,7 @@ impl RequestTrace {
             .start_with_context(&self.tracer, children);
         if span.is_recording() {
             let backend = upstream.name();
-            let path = req.uri().path();
+            let path = clip(req.uri().path()).0;
             let mut url = String::with_capacity(backend.origin.len() + path.len());
             url.push_str(&backend.origin);
             url.push_str(path);
@@ -368,6 +369,13 @@ impl opentelemetry::propagation::Extractor for Extractor<'_> {
     fn keys(&self) -> Vec<&str> {
         self.0.keys().map(http::HeaderName::as_str).collect()
     }
+}
+
+/// An attribute value of the request's own text, cut as the access log cuts it: the export
+/// queue holds a number of spans, whatever their size, and a client can send tens of KiB of
+/// path or user agent.
+fn kept(text: &str) -> String {
+    clip(text).0.to_owned()
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &http::HeaderName) -> Option<&'a str> {

@@ -199,3 +199,76 @@ async fn one_request_in_n_is_written_and_every_failure_and_no_query_unless_asked
     .await
     .expect("test finished in time");
 }
+
+/// The resident memory of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kib * 1024
+}
+
+/// With stdout not read, long lines fill the queue's few MiB long before its 8192 lines: the
+/// rest are dropped and counted, and the bytes held, and the process, stay small. A line
+/// carries at most 4 KiB of each of the request's fields, and says which it cut.
+#[tokio::test]
+async fn long_lines_behind_a_stalled_output_are_dropped_within_a_byte_budget() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // Every request is a 404 (no rule for its host), whose line is always written.
+        let doc = json!({"version": 1, "rules": [
+            {"hostnames": ["other.example"], "backends": [{"url": "http://127.0.0.1:9", "weight": 1}]},
+        ]});
+        let env = [("PROXY_ACCESS_LOG_ENABLED", "true")];
+        let BinaryProxy {
+            mut child,
+            data,
+            admin,
+            dir,
+        } = BinaryProxy::start("access-bytes", &doc, &env).await;
+        let stdout = child.stdout.take().expect("stdout");
+        let pid = child.id().expect("the proxy runs");
+        let http = client();
+        // About 92 KB of JSON a line as sent: a `"` is escaped as two bytes.
+        let path = format!("/{}", "a".repeat(28_000));
+        let ua = "\"".repeat(32_000);
+        let before = rss(pid);
+        let sent = 600;
+        for _ in 0..sent {
+            let r = get(&http, data, "app.example", &path, &[("user-agent", &ua)]).await;
+            assert_eq!(r.status, 404);
+        }
+        let dropped = metric(&http, admin, "cftunnel_proxy_access_log_lines_dropped_total")
+            .await
+            .expect("dropped lines counted");
+        let queued = metric(&http, admin, "cftunnel_proxy_access_log_queued_bytes")
+            .await
+            .expect("queued bytes shown");
+        let grown = rss(pid).saturating_sub(before);
+        assert!(
+            dropped > 0.0 && dropped < f64::from(sent),
+            "{dropped} of {sent} lines dropped"
+        );
+        assert!(queued <= f64::from(4 << 20), "{queued} bytes queued");
+        // Unbounded, the queued lines alone would be over 50 MB.
+        assert!(grown < 32 << 20, "the proxy grew by {grown} bytes");
+
+        let mut lines = BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .expect("a log line in time")
+            .expect("stdout readable")
+            .expect("a line");
+        let line: Value = serde_json::from_str(&line).expect("JSON");
+        assert_eq!(line["path"].as_str().map(str::len), Some(4096));
+        assert_eq!(line["user_agent"].as_str(), Some(&ua[..4096]));
+        assert_eq!(line["truncated"], json!(["path", "user_agent"]));
+        assert_eq!(line["error"], "no_route");
+        let _ = child.kill().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await
+    .expect("test finished in time");
+}

@@ -181,6 +181,49 @@ async fn a_request_without_a_caller_starts_a_trace_and_5xx_marks_its_spans_faile
     .expect("test finished in time");
 }
 
+/// The export queue holds a number of spans whatever their size: the request's own text is
+/// cut to 4 KiB an attribute, as in the access log.
+#[tokio::test]
+async fn a_long_host_path_or_user_agent_is_cut_in_the_spans() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let receiver = OtlpReceiver::start().await.expect("receiver starts");
+        let backend = echo("svc-a-1").await;
+        let (proxy, traces) = traced_proxy(&trace_args(&receiver.endpoint())).await;
+        let http = client();
+        push(
+            &http,
+            proxy.admin_addr(),
+            &json!({"rules": [{"backends": [{"url": url(backend.http_addr()), "weight": 1}]}]}),
+        )
+        .await;
+        let host = format!("{}.example.com", "h".repeat(10_000));
+        let path = format!("/{}", "p".repeat(20_000));
+        let ua = "u".repeat(20_000);
+        let r = get(
+            &http,
+            proxy.data_addr(),
+            &host,
+            &path,
+            &[("user-agent", &ua)],
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        let spans = receiver.wait_for(2, SPANS_WAIT).await;
+        let server = by_kind(&spans, SpanKind::Server)[0];
+        let client = by_kind(&spans, SpanKind::Client)[0];
+        assert_eq!(server.str("url.path"), Some(&path[..4096]));
+        assert_eq!(server.str("server.address"), Some(&host[..4096]));
+        assert_eq!(server.str("user_agent.original"), Some(&ua[..4096]));
+        assert_eq!(
+            client.str("url.full"),
+            Some(format!("{}{}", url(backend.http_addr()), &path[..4096]).as_str())
+        );
+        traces.shutdown(Duration::from_secs(5)).await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
 #[tokio::test]
 async fn every_retry_is_a_client_span_of_its_own_and_a_failed_dial_is_an_error() {
     tokio::time::timeout(TEST_TIMEOUT, async {

@@ -20,10 +20,11 @@ const FEW_PATHS: usize = 8;
 /// The rules that apply to one hostname pattern, indexed by path.
 ///
 /// Exact paths and prefixes are looked up by path (a prefix lookup tries each `/` boundary of
-/// the request path, longest first), so lookup cost grows with the path's depth, not the rule
-/// count. Entries under one path are sorted by the rest of the precedence key. Most buckets
-/// (one per hostname) hold a rule or two, so they keep their paths in a short list rather than
-/// a hash map.
+/// the request path, longest first, starting at the length of the longest prefix the bucket
+/// holds), so lookup cost grows with the depth of the path within that length, not with the
+/// rule count or the path's own length. Entries under one path are sorted by the rest of the
+/// precedence key. Most buckets (one per hostname) hold a rule or two, so they keep their
+/// paths in a short list rather than a hash map.
 #[derive(Debug)]
 pub struct Bucket {
     /// Dense id of this bucket, used to index per-hostname metrics.
@@ -32,6 +33,9 @@ pub struct Bucket {
     pub pattern: Box<str>,
     exact: Paths,
     prefix: Paths,
+    /// The length of the longest prefix in `prefix`: a candidate longer than that cannot be
+    /// one, so a long path costs no hashing of its far end.
+    prefix_reach: usize,
     /// Regex-path entries in precedence order.
     regex: Box<[Entry]>,
     /// All of `regex`'s path patterns, pattern `i` being `regex[i]`'s.
@@ -130,6 +134,9 @@ pub struct Table<R> {
     exact: HashMap<Box<str>, u32>,
     /// Keyed by the suffix after `*`, leading dot included (`.example.com`).
     wildcard: HashMap<Box<str>, u32>,
+    /// The length of the longest key in `wildcard`: only a host's suffixes up to that long
+    /// are looked up, so a long host costs no hashing of suffixes no wildcard could be.
+    wildcard_reach: usize,
 }
 
 /// A lookup result: the rule, which of its matches hit, and the bucket it was found in.
@@ -149,15 +156,16 @@ impl<R> Table<R> {
             }
         }
         if !self.wildcard.is_empty() {
-            // Longest suffix first; a wildcard needs at least one label in front of it.
-            for (i, _) in host.match_indices('.') {
-                if i == 0 {
+            // Longest suffix first, from the longest a wildcard has; a wildcard needs at least
+            // one label in front of it. `.` is ASCII, so every dot is a char boundary.
+            let from = host.len().saturating_sub(self.wildcard_reach).max(1);
+            let dots = host.as_bytes().iter().enumerate().skip(from);
+            for (i, _) in dots.filter(|&(_, &b)| b == b'.') {
+                let Some(&b) = host.get(i..).and_then(|suffix| self.wildcard.get(suffix)) else {
                     continue;
-                }
-                if let Some(&b) = self.wildcard.get(&host[i..]) {
-                    if let Some(hit) = self.scan(b, req) {
-                        return Some(hit);
-                    }
+                };
+                if let Some(hit) = self.scan(b, req) {
+                    return Some(hit);
                 }
             }
         }
@@ -185,9 +193,20 @@ impl<R> Table<R> {
         if let Some(hit) = bucket.exact.find(path, |e| hit(e, true)) {
             return Some(hit);
         }
-        // 2. Prefixes, longest first: the path itself, then each `/` boundary, then `/`.
+        // 2. Prefixes, longest first: the path itself, then each `/` boundary, then `/`;
+        // those longer than the bucket's longest prefix are skipped.
         if !bucket.prefix.is_empty() {
             let mut candidate = path.trim_end_matches('/');
+            if candidate.len() > bucket.prefix_reach {
+                // The longest boundary within reach: a `/` at most `prefix_reach` bytes in,
+                // so the candidate before it is no longer than that. `/` is ASCII, so it is a
+                // char boundary.
+                let window = candidate.as_bytes().get(..=bucket.prefix_reach);
+                candidate = match window.and_then(|w| w.iter().rposition(|&b| b == b'/')) {
+                    Some(0) | None => "/",
+                    Some(i) => candidate.get(..i).unwrap_or("/"),
+                };
+            }
             loop {
                 if candidate.is_empty() {
                     candidate = "/";
@@ -409,6 +428,7 @@ impl<R> TableBuilder<R> {
                     id,
                     pattern,
                     exact: Paths::new(&exact),
+                    prefix_reach: prefix.iter().map(|(p, _)| p.len()).max().unwrap_or(0),
                     prefix: Paths::new(&prefix),
                     regex: regex.into_boxed_slice(),
                     regex_set,
@@ -419,6 +439,7 @@ impl<R> TableBuilder<R> {
             rules: self.rules,
             buckets,
             exact: self.exact,
+            wildcard_reach: self.wildcard.keys().map(|k| k.len()).max().unwrap_or(0),
             wildcard: self.wildcard,
         }
     }

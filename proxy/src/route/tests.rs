@@ -213,6 +213,64 @@ fn prefix_match_is_segment_aware_and_ignores_a_trailing_slash() {
     assert_eq!(get(&routes, "h", "/foobar"), None);
 }
 
+/// Only a host's suffixes as long as the longest wildcard are looked up, and only a path's
+/// boundaries as near as the bucket's longest prefix: a long host or path still routes as any
+/// other, including to a wildcard or prefix exactly as long as that bound.
+#[test]
+fn a_long_host_or_path_routes_as_a_short_one_would() {
+    let labels = "a.".repeat(30_000);
+    for fillers in [0, 20] {
+        let mut rules: Vec<_> = (0..fillers)
+            .map(|i| rule(&format!("filler{i}"), json!({"hostnames": ["p.example"], "matches": [{"path": {"type": "PathPrefix", "value": format!("/f{i}")}}]})))
+            .collect();
+        rules.extend([
+            rule("any", json!({})),
+            rule("wild", json!({"hostnames": ["*.example.com"]})),
+            rule("deep-wild", json!({"hostnames": ["*.deep.example.com"]})),
+            rule("one", json!({"hostnames": ["p.example"], "matches": [{"path": {"type": "PathPrefix", "value": "/a"}}]})),
+            rule("three", json!({"hostnames": ["p.example"], "matches": [{"path": {"type": "PathPrefix", "value": "/a/a/a/"}}]})),
+            rule("exact", json!({"hostnames": ["p.example"], "matches": [{"path": {"type": "Exact", "value": "/x/y"}}]})),
+        ]);
+        let routes = compile_doc(json!({ "rules": rules }));
+        let host = |tail: &str| format!("{labels}{tail}");
+        for (h, want) in [
+            // `.deep.example.com` is the longest wildcard: its dot is the first one looked at.
+            (host("deep.example.com"), "deep-wild"),
+            (host("x.deep.example.com"), "deep-wild"),
+            (host("xdeep.example.com"), "wild"),
+            (host("example.com"), "wild"),
+            (host("example.org"), "any"),
+            (host("b"), "any"),
+        ] {
+            assert_eq!(get(&routes, &h, "/").as_deref(), Some(want), "{fillers}");
+        }
+        let at = |path: &str| get(&routes, "p.example", path);
+        let segments = "/a".repeat(30_000);
+        for (path, want) in [
+            // `/a/a/a` is the longest prefix: the boundary right after it is in reach.
+            (segments.clone(), "three"),
+            (format!("{segments}///"), "three"),
+            (format!("/a/a/a{}", "/b".repeat(30_000)), "three"),
+            (format!("/a/a/ab{segments}"), "one"),
+            (format!("/a/a{}", "/b".repeat(30_000)), "one"),
+            (format!("/a//a/a{segments}"), "one"),
+            // No prefix of the host's: the rules without hostnames.
+            (format!("/ab{segments}"), "any"),
+            (format!("/x/y{segments}"), "any"),
+            (format!("/b{segments}"), "any"),
+            (
+                format!("/f1{segments}"),
+                if fillers > 1 { "filler1" } else { "any" },
+            ),
+        ] {
+            assert_eq!(at(&path).as_deref(), Some(want), "{fillers}: {:.20}", path);
+        }
+        assert_eq!(at("/a/a/a").as_deref(), Some("three"));
+        assert_eq!(at("/a/a").as_deref(), Some("one"));
+        assert_eq!(at("/x/y").as_deref(), Some("exact"));
+    }
+}
+
 #[test]
 fn regular_expressions_must_match_the_whole_value() {
     let routes = compile_doc(json!({"rules": [
