@@ -52,6 +52,14 @@ pub(super) struct ParentBinding<'h> {
     gateway: Option<usize>,
     /// The plane serving the Gateway and the listeners the route attaches to there.
     outcome: Result<(PlaneKey, Vec<ListenerAttachment<'h>>), (Reason, String)>,
+    /// Listeners (positions in the Gateway's) that select and allow the route, with a hostname
+    /// it shares, but are not valid (their certificates do not resolve, say). The route is
+    /// not accepted through them, yet their `attachedRoutes` count it: Gateway API's own
+    /// conformance suite asks so (`GatewayWithAttachedRoutes`, "AttachedRoutes set even when
+    /// Gateway has unresolved refs", in v1.5 and v1.6), so the count tells an operator what
+    /// such a listener takes down. Every other route refused on a parent is counted nowhere
+    /// (see [`Accepted::listeners`]).
+    invalid: Vec<usize>,
 }
 
 /// Where a route is accepted through one parentRef: made only by
@@ -60,12 +68,14 @@ pub(super) struct ParentBinding<'h> {
 pub(super) struct Accepted<'h> {
     pub(super) plane: PlaneKey,
     /// The listeners the route is attached to, with the hosts it serves through each: the
-    /// only listeners whose `attachedRoutes` count the route. Gateway API v1.5: "The
+    /// valid listeners whose `attachedRoutes` count the route. Gateway API v1.5: "The
     /// AttachedRoutes number represents the number of Routes with the Accepted condition set
     /// to "True" that have been attached to this Listener. Routes with any other value for
     /// the Accepted condition MUST NOT be included in this count." A route refused on this
-    /// parent (its rules all dropped, its listeners lost to a route of the other kind, not
-    /// valid or of a Gateway not accepted) has no `Accepted`, so it is counted nowhere there.
+    /// parent (its rules all dropped, its listeners lost to a route of the other kind, or of
+    /// a Gateway not accepted) has no `Accepted`, so it is counted nowhere there, but by
+    /// listeners that are not valid, as the conformance suite asks
+    /// ([`ParentBinding::invalid`](ParentBinding)).
     pub(super) listeners: AttachedListeners<'h>,
     /// What the route serves on `plane` through them.
     pub(super) attachment: Attachment<'h>,
@@ -98,6 +108,15 @@ impl<'h> ParentBinding<'h> {
     /// [`OwnedGateways`].
     pub(super) fn gateway(&self) -> Option<usize> {
         self.gateway
+    }
+
+    /// The listeners that count the route though not valid (see
+    /// [`ParentBinding::invalid`](Self)), taken out.
+    pub(super) fn take_invalid(&mut self) -> impl Iterator<Item = ListenerKey> + '_ {
+        let gateway = self.gateway;
+        self.invalid
+            .drain(..)
+            .filter_map(move |index| gateway.map(|gateway| ListenerKey { gateway, index }))
     }
 
     /// Leaves out the listeners where a route of the other kind with intersecting hostnames
@@ -315,10 +334,13 @@ pub(super) fn bind<'h>(
             section_name: p.section_name.map(str::to_owned),
             port: p.port,
         };
+        let mut invalid = Vec::new();
         let outcome = match (&route.invalid_hostnames, set, gw) {
             (Some(problem), _, _) => Err((Reason::UnsupportedValue, problem.clone())),
             (None, Err(why), _) => Err((Reason::NoMatchingParent, why)),
-            (None, Ok(set), Some(gw)) => attach(route, p, gw, set, scheme_listeners, index),
+            (None, Ok(set), Some(gw)) => {
+                attach(route, p, gw, set, scheme_listeners, index, &mut invalid)
+            }
             (None, Ok(_), None) => continue,
         };
         let outcome = outcome.and_then(|(plane, attached)| {
@@ -342,12 +364,14 @@ pub(super) fn bind<'h>(
             parent_ref,
             gateway: position,
             outcome,
+            invalid,
         });
     }
 }
 
 /// Attaches a route to the listeners of `gw` a parentRef selects: the Gateway's own, or with
-/// `set` those of that ListenerSet.
+/// `set` those of that ListenerSet. Listeners that would take it but are not valid go to
+/// `invalid` (see [`ParentBinding::invalid`](ParentBinding)).
 fn attach<'h>(
     route: &'h RouteView<'_>,
     p: &ParentRefView<'_>,
@@ -355,6 +379,7 @@ fn attach<'h>(
     set: Option<&ObjectKey>,
     scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners<'_>>,
     index: &Index<'_>,
+    invalid: &mut Vec<usize>,
 ) -> Result<(PlaneKey, Vec<ListenerAttachment<'h>>), (Reason, String)> {
     // The listeners the parentRef selects, those of them that allow the route, and those of
     // these that are usable: the first stage left empty says why the route is refused.
@@ -386,6 +411,9 @@ fn attach<'h>(
         }
         any_allowed = true;
         if !l.usable {
+            if intersect(l.hostname.as_deref(), &route.hostnames).is_some() {
+                invalid.push(i);
+            }
             continue;
         }
         any_usable = true;

@@ -450,8 +450,9 @@ fn translate_checked(
     let mut route_statuses: Vec<(RouteKey, Vec<RouteParentStatus>)> =
         Vec::with_capacity(routes.len());
     // Gateway API attachedRoutes: each route once per listener it is accepted through (the
-    // listeners of its `binding::Accepted` parents, see there), however many of its
-    // parentRefs select that listener. Counted once every route is bound, so that the routes'
+    // listeners of its `binding::Accepted` parents, see there) or that is not valid but would
+    // take it (`binding::ParentBinding::take_invalid`), however many of its parentRefs select
+    // that listener. Counted once every route is bound, so that the routes'
     // attachments may borrow the listeners' hostnames meanwhile.
     let mut attached_routes: Vec<binding::ListenerKey> = Vec::with_capacity(routes.len());
     // Each route's planes, by plane and the Secret of the client certificate the Gateway
@@ -491,6 +492,7 @@ fn translate_checked(
         let listeners_from = attached_routes.len();
         for mut parent in bound.drain(..) {
             parent.yield_to_other_kind(route.kind, &claims);
+            attached_routes.extend(parent.take_invalid());
             let position = parent.gateway();
             let (mut status, accepted) = parent.into_status(&translated, route.generation);
             let (Some(accepted), Some(gw)) = (accepted, position.and_then(|i| gateways.at(i)))

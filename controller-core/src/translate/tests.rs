@@ -351,8 +351,9 @@ fn attached_routes_count_each_accepted_route_once_per_listener() {
 
 /// Gateway API v1.5 counts in a listener's `attachedRoutes` only the routes whose Accepted
 /// condition is True: a route attached to the listener by its parentRef but refused on that
-/// Gateway is left out, whatever refused it. Each case has a route accepted on the listener
-/// beside the refused one, where the listener can take one.
+/// Gateway is left out, but by a listener that is not valid, which counts the routes it would
+/// take, as Gateway API's conformance (`GatewayWithAttachedRoutes`) asks. Each case has a
+/// route accepted on the listener beside the refused one, where the listener can take one.
 #[test]
 fn attached_routes_leave_out_a_route_refused_on_its_gateway() {
     let on = |gateway: &str, name: &str, rules: &str| {
@@ -419,7 +420,8 @@ fn attached_routes_leave_out_a_route_refused_on_its_gateway() {
             "unresolved",
             (RouteKind::Http, "infra", "on-unresolved"),
             Reason::NoMatchingParent,
-            0,
+            // Counted by a listener that is not valid, as Gateway API's conformance asks.
+            1,
         ),
     ];
     for (case, manifests, gateway, (kind, ns, name), reason, count) in cases {
@@ -3165,8 +3167,8 @@ fn an_older_gateway_keeps_a_hostname_on_the_shared_plane_and_the_newer_ones_list
         listener_condition(lost, ConditionType::Programmed),
         (false, Reason::Invalid)
     );
-    // The route on it is refused there (below), so not counted.
-    assert_eq!(lost.attached_routes, 0);
+    // The route on it is refused there (below), and counted, as on any listener not valid.
+    assert_eq!(lost.attached_routes, 1);
     let newer_gateway = &out.statuses.gateways[&ObjectKey::new("web", "site")];
     assert_eq!(
         described(&newer_gateway.conditions[0]),

@@ -211,9 +211,9 @@ fn a_tunnel_token_given_as_a_value_is_the_secret_both_read_and_a_new_one_rolls_t
 
 #[test]
 fn extra_environment_naming_a_variable_the_chart_sets_fails_the_render_naming_it() {
-    let Some(tools) = tools(
-        "extra_environment_naming_a_variable_the_chart_sets_fails_the_render_naming_it",
-    ) else {
+    let Some(tools) =
+        tools("extra_environment_naming_a_variable_the_chart_sets_fails_the_render_naming_it")
+    else {
         return;
     };
     // Every variable the chart sets, tracing and the optional region included.
@@ -246,10 +246,17 @@ fn extra_environment_naming_a_variable_the_chart_sets_fails_the_render_naming_it
         )
         .err()
         .unwrap_or_else(|| panic!("extraEnv may set {name}"));
-        assert!(err.contains(&format!("proxy.extraEnv[0]: {name} ")), "{err}");
+        assert!(
+            err.contains(&format!("proxy.extraEnv[0]: {name} ")),
+            "{err}"
+        );
     }
     // A setting the chart leaves alone is the extra environment's to give.
-    let rendered = render(tools, "default-values.yaml", &with_extra("PROXY_WORKER_THREADS"));
+    let rendered = render(
+        tools,
+        "default-values.yaml",
+        &with_extra("PROXY_WORKER_THREADS"),
+    );
     let pool: Deployment = rendered.one("Deployment", &pool_name(RELEASE));
     assert_eq!(
         env(container(&pool), "PROXY_WORKER_THREADS").and_then(|e| e.value.as_deref()),

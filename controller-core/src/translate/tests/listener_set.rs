@@ -711,9 +711,10 @@ spec:
 
 /// A ListenerSet's listeners count, as a Gateway's do, only the routes whose Accepted
 /// condition is True on the ListenerSet: one refused there (every rule dropped, the listener
-/// held by an older route of the other kind or not valid, the Gateway not accepted) is left
-/// out. Each case has a route accepted on the listener beside the refused one, where the
-/// listener can take one.
+/// held by an older route of the other kind, the Gateway not accepted) is left out, but by a
+/// listener that is not valid, which counts the routes it would take, as Gateway API's
+/// conformance asks. Each case has a route accepted on the listener beside the refused one,
+/// where the listener can take one.
 #[test]
 fn a_listener_sets_listener_counts_only_the_routes_accepted_through_it() {
     let team = |listener: &str| listener_set("infra", "team", &[listener]);
@@ -775,7 +776,8 @@ fn a_listener_sets_listener_counts_only_the_routes_accepted_through_it() {
             ),
             (RouteKind::Http, "refused"),
             Reason::NoMatchingParent,
-            0,
+            // Counted by a listener that is not valid, as Gateway API's conformance asks.
+            1,
         ),
         (
             "the Gateway not accepted",
