@@ -53,19 +53,29 @@ pub(super) struct ParentBinding<'h> {
     /// The plane serving the Gateway and the listeners the route attaches to there.
     outcome: Result<(PlaneKey, Vec<ListenerAttachment<'h>>), (Reason, String)>,
     /// Listeners (positions in the Gateway's) that select and allow the route, with a hostname
-    /// it shares, but cannot serve it: not valid, of a Gateway not accepted, or held by a
-    /// route of the other kind ([`ParentBinding::yield_to_other_kind`]). Gateway API counts
-    /// the route in their `attachedRoutes` all the same ("successfully attached Routes that
-    /// may themselves have Accepted: false conditions"): the count tells an operator what such
-    /// a listener takes down, or that a route is refused on it.
-    unserved: Vec<usize>,
+    /// it shares, but are not valid (their certificates do not resolve, say). The route is
+    /// not accepted through them, yet their `attachedRoutes` count it: Gateway API's own
+    /// conformance suite asks so (`GatewayWithAttachedRoutes`, "AttachedRoutes set even when
+    /// Gateway has unresolved refs", in v1.5 and v1.6), so the count tells an operator what
+    /// such a listener takes down. Every other route refused on a parent is counted nowhere
+    /// (see [`Accepted::listeners`]).
+    invalid: Vec<usize>,
 }
 
-/// Where a route is accepted through one parentRef.
+/// Where a route is accepted through one parentRef: made only by
+/// [`ParentBinding::into_status`], with the `Accepted=True` condition it writes.
 #[derive(Debug)]
 pub(super) struct Accepted<'h> {
     pub(super) plane: PlaneKey,
-    /// The listeners the route is attached to, with the hosts it serves through each.
+    /// The listeners the route is attached to, with the hosts it serves through each: the
+    /// valid listeners whose `attachedRoutes` count the route. Gateway API v1.5: "The
+    /// AttachedRoutes number represents the number of Routes with the Accepted condition set
+    /// to "True" that have been attached to this Listener. Routes with any other value for
+    /// the Accepted condition MUST NOT be included in this count." A route refused on this
+    /// parent (its rules all dropped, its listeners lost to a route of the other kind, or of
+    /// a Gateway not accepted) has no `Accepted`, so it is counted nowhere there, but by
+    /// listeners that are not valid, as the conformance suite asks
+    /// ([`ParentBinding::invalid`](ParentBinding)).
     pub(super) listeners: AttachedListeners<'h>,
     /// What the route serves on `plane` through them.
     pub(super) attachment: Attachment<'h>,
@@ -100,20 +110,11 @@ impl<'h> ParentBinding<'h> {
         self.gateway
     }
 
-    /// The listeners the route is attached to without being served there (see
-    /// [`ParentBinding::unserved`](Self)), taken out: with `translated` serving nothing
-    /// (every rule dropped), those it would be served through too.
-    pub(super) fn take_unserved(
-        &mut self,
-        translated: &TranslatedRoute,
-    ) -> impl Iterator<Item = ListenerKey> + '_ {
-        if translated.serves_nothing() {
-            if let Ok((_, attached)) = &self.outcome {
-                self.unserved.extend(attached.iter().map(|l| l.index));
-            }
-        }
+    /// The listeners that count the route though not valid (see
+    /// [`ParentBinding::invalid`](Self)), taken out.
+    pub(super) fn take_invalid(&mut self) -> impl Iterator<Item = ListenerKey> + '_ {
         let gateway = self.gateway;
-        self.unserved
+        self.invalid
             .drain(..)
             .filter_map(move |index| gateway.map(|gateway| ListenerKey { gateway, index }))
     }
@@ -122,8 +123,7 @@ impl<'h> ParentBinding<'h> {
     /// is already accepted; with none left, the route is refused on this parent. Routes are
     /// bound in precedence order (oldest, then `{namespace}/{name}`), so the route holding a
     /// listener first is the one the spec accepts. A route keeps the listeners of this
-    /// parentRef that are free of such a conflict. The listeners it loses still count it
-    /// (see [`ParentBinding::unserved`](Self)).
+    /// parentRef that are free of such a conflict; the listeners it loses do not count it.
     pub(super) fn yield_to_other_kind(&mut self, kind: RouteKind, claims: &ListenerClaims<'_>) {
         if !claims.kept {
             return;
@@ -132,7 +132,6 @@ impl<'h> ParentBinding<'h> {
             return;
         };
         let mut conflicts = Vec::new();
-        let unserved = &mut self.unserved;
         attached.retain(|l| {
             let key = ListenerKey {
                 gateway,
@@ -144,7 +143,6 @@ impl<'h> ParentBinding<'h> {
                         "on listener {} its hostnames intersect those of {holder}",
                         l.name
                     ));
-                    unserved.push(l.index);
                     false
                 }
                 None => true,
@@ -336,12 +334,12 @@ pub(super) fn bind<'h>(
             section_name: p.section_name.map(str::to_owned),
             port: p.port,
         };
-        let mut unserved = Vec::new();
+        let mut invalid = Vec::new();
         let outcome = match (&route.invalid_hostnames, set, gw) {
             (Some(problem), _, _) => Err((Reason::UnsupportedValue, problem.clone())),
             (None, Err(why), _) => Err((Reason::NoMatchingParent, why)),
             (None, Ok(set), Some(gw)) => {
-                attach(route, p, gw, set, scheme_listeners, index, &mut unserved)
+                attach(route, p, gw, set, scheme_listeners, index, &mut invalid)
             }
             (None, Ok(_), None) => continue,
         };
@@ -366,14 +364,14 @@ pub(super) fn bind<'h>(
             parent_ref,
             gateway: position,
             outcome,
-            unserved,
+            invalid,
         });
     }
 }
 
 /// Attaches a route to the listeners of `gw` a parentRef selects: the Gateway's own, or with
-/// `set` those of that ListenerSet. Listeners it is attached to but not served by go to
-/// `unserved` (see [`ParentBinding::unserved`](ParentBinding)).
+/// `set` those of that ListenerSet. Listeners that would take it but are not valid go to
+/// `invalid` (see [`ParentBinding::invalid`](ParentBinding)).
 fn attach<'h>(
     route: &'h RouteView<'_>,
     p: &ParentRefView<'_>,
@@ -381,7 +379,7 @@ fn attach<'h>(
     set: Option<&ObjectKey>,
     scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners<'_>>,
     index: &Index<'_>,
-    unserved: &mut Vec<usize>,
+    invalid: &mut Vec<usize>,
 ) -> Result<(PlaneKey, Vec<ListenerAttachment<'h>>), (Reason, String)> {
     // The listeners the parentRef selects, those of them that allow the route, and those of
     // these that are usable: the first stage left empty says why the route is refused.
@@ -414,7 +412,7 @@ fn attach<'h>(
         any_allowed = true;
         if !l.usable {
             if intersect(l.hostname.as_deref(), &route.hostnames).is_some() {
-                unserved.push(i);
+                invalid.push(i);
             }
             continue;
         }
@@ -478,13 +476,10 @@ fn attach<'h>(
     // dedicated Gateway whose own listeners are all invalid keeps its plane, serving none).
     match gw.plane.clone() {
         Some(plane) if gw.accepted() => Ok((plane, attached)),
-        _ => {
-            unserved.extend(attached.iter().map(|l| l.index));
-            Err((
-                Reason::NoMatchingParent,
-                format!("Gateway {} is not accepted", gw.key),
-            ))
-        }
+        _ => Err((
+            Reason::NoMatchingParent,
+            format!("Gateway {} is not accepted", gw.key),
+        )),
     }
 }
 

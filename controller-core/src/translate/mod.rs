@@ -449,10 +449,11 @@ fn translate_checked(
     let mut claims = binding::ListenerClaims::new(&routes);
     let mut route_statuses: Vec<(RouteKey, Vec<RouteParentStatus>)> =
         Vec::with_capacity(routes.len());
-    // Gateway API attachedRoutes: each route once per listener, where accepted or where only
-    // the listener (or its Gateway) keeps it from being served, however many of its parentRefs
-    // select that listener. Counted once every route is bound,
-    // so that the routes' attachments may borrow the listeners' hostnames meanwhile.
+    // Gateway API attachedRoutes: each route once per listener it is accepted through (the
+    // listeners of its `binding::Accepted` parents, see there) or that is not valid but would
+    // take it (`binding::ParentBinding::take_invalid`), however many of its parentRefs select
+    // that listener. Counted once every route is bound, so that the routes'
+    // attachments may borrow the listeners' hostnames meanwhile.
     let mut attached_routes: Vec<binding::ListenerKey> = Vec::with_capacity(routes.len());
     // Each route's planes, by plane and the Secret of the client certificate the Gateway
     // presents to backends, in that order once settled: a route reaches few. One list for
@@ -491,7 +492,7 @@ fn translate_checked(
         let listeners_from = attached_routes.len();
         for mut parent in bound.drain(..) {
             parent.yield_to_other_kind(route.kind, &claims);
-            attached_routes.extend(parent.take_unserved(&translated));
+            attached_routes.extend(parent.take_invalid());
             let position = parent.gateway();
             let (mut status, accepted) = parent.into_status(&translated, route.generation);
             let (Some(accepted), Some(gw)) = (accepted, position.and_then(|i| gateways.at(i)))

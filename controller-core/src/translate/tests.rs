@@ -311,8 +311,8 @@ fn attached_routes_count_each_accepted_route_once_per_listener() {
         .is_some_and(|c| c.status)));
     assert_eq!(attached(&out), 1, "two parentRefs, one listener: one route");
 
-    // Attached by its parentRef, refused once its rules are translated: counted all the same
-    // (Gateway API: the count MUST include attached routes that are not accepted).
+    // Attached by its parentRef, refused once its rules are translated: not counted (Gateway
+    // API: routes whose Accepted condition is not True MUST NOT be included).
     let all_dropped = http_route(
         "infra",
         "all-dropped",
@@ -323,8 +323,114 @@ fn attached_routes_count_each_accepted_route_once_per_listener() {
         condition(&out, "infra", "all-dropped", ConditionType::Accepted),
         (false, Reason::UnsupportedValue)
     );
+    assert_eq!(attached(&out), 0);
+    assert_eq!(attached(&run(&format!("{twice}{all_dropped}"))), 1);
+
+    // Some rules dropped, others kept: accepted, so counted.
+    let part_dropped = http_route(
+        "infra",
+        "part-dropped",
+        "  parentRefs: [{name: gw}]\n  rules:\n  - {matches: [{path: {type: RegularExpression, value: \"(\"}}], backendRefs: [{name: v2, port: 8080}]}\n  - {backendRefs: [{name: v2, port: 8080}]}",
+    );
+    let out = run(&part_dropped);
+    assert_eq!(
+        condition(&out, "infra", "part-dropped", ConditionType::Accepted),
+        (true, Reason::Accepted)
+    );
+    assert_eq!(
+        condition(
+            &out,
+            "infra",
+            "part-dropped",
+            ConditionType::PartiallyInvalid
+        ),
+        (true, Reason::UnsupportedValue)
+    );
     assert_eq!(attached(&out), 1);
-    assert_eq!(attached(&run(&format!("{twice}{all_dropped}"))), 2);
+}
+
+/// Gateway API v1.5 counts in a listener's `attachedRoutes` only the routes whose Accepted
+/// condition is True: a route attached to the listener by its parentRef but refused on that
+/// Gateway is left out, but by a listener that is not valid, which counts the routes it would
+/// take, as Gateway API's conformance (`GatewayWithAttachedRoutes`) asks. Each case has a
+/// route accepted on the listener beside the refused one, where the listener can take one.
+#[test]
+fn attached_routes_leave_out_a_route_refused_on_its_gateway() {
+    let on = |gateway: &str, name: &str, rules: &str| {
+        http_route(
+            "infra",
+            name,
+            &format!("  parentRefs: [{{name: {gateway}}}]\n  rules: {rules}"),
+        )
+    };
+    let served = "[{backendRefs: [{name: v2, port: 8080}]}]";
+    let open_route = |kind: RouteKind, name: &str, hosts: &str, at: &str| {
+        let body = format!(
+            "  parentRefs: [{{name: open, namespace: infra}}]\n  hostnames: {hosts}\n  rules: [{{backendRefs: [{{name: web, port: 8080}}]}}]"
+        );
+        let manifest = match kind {
+            RouteKind::Http => http_route("web", name, &body),
+            RouteKind::Grpc => grpc_route("web", name, &body),
+        };
+        created(manifest, "web", at)
+    };
+    let refused_gateway = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: refused, namespace: infra}\nspec:\n  gatewayClassName: cf\n  infrastructure: {parametersRef: {group: example.com, kind: Unknown, name: nothing}}\n  listeners:\n  - {name: http, port: 80, protocol: HTTP}\n---\n";
+    let unresolved_listener = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: unresolved, namespace: infra}\nspec:\n  gatewayClassName: cf\n  listeners:\n  - {name: https, port: 443, protocol: HTTPS, tls: {certificateRefs: [{name: does-not-exist}]}}\n---\n";
+    // (case, manifests, Gateway, refused route, its Accepted reason, attachedRoutes)
+    let cases = [
+        (
+            "every rule dropped",
+            format!(
+                "{}{}",
+                on("gw", "kept", served),
+                on(
+                    "gw",
+                    "dropped",
+                    "[{matches: [{path: {type: RegularExpression, value: \"(\"}}], backendRefs: [{name: v2, port: 8080}]}]"
+                )
+            ),
+            "gw",
+            (RouteKind::Http, "infra", "dropped"),
+            Reason::UnsupportedValue,
+            1,
+        ),
+        (
+            "the listener held by an older route of the other kind",
+            format!(
+                "{OPEN_GATEWAY}{}{}",
+                open_route(RouteKind::Http, "site", "[a.example.com]", "2026-01-01T00:00:00Z"),
+                open_route(RouteKind::Grpc, "api", "[a.example.com]", "2026-01-02T00:00:00Z"),
+            ),
+            "open",
+            (RouteKind::Grpc, "web", "api"),
+            Reason::HostnameConflict,
+            1,
+        ),
+        (
+            "the Gateway not accepted",
+            format!("{refused_gateway}{}", on("refused", "on-refused", served)),
+            "refused",
+            (RouteKind::Http, "infra", "on-refused"),
+            Reason::NoMatchingParent,
+            0,
+        ),
+        (
+            "the listener not valid",
+            format!("{unresolved_listener}{}", on("unresolved", "on-unresolved", served)),
+            "unresolved",
+            (RouteKind::Http, "infra", "on-unresolved"),
+            Reason::NoMatchingParent,
+            // Counted by a listener that is not valid, as Gateway API's conformance asks.
+            1,
+        ),
+    ];
+    for (case, manifests, gateway, (kind, ns, name), reason, count) in cases {
+        let out = run(&manifests);
+        assert_eq!(accepted(&out, kind, ns, name), (false, reason), "{case}");
+        let listeners = &out.statuses.gateways[&ObjectKey::new("infra", gateway)].listeners;
+        let counts: Vec<i32> = listeners.iter().map(|l| l.attached_routes).collect();
+        assert_eq!(counts, vec![count], "{case}");
+    }
 }
 
 /// The status-only conformance tests (`shared/gwapi/SKIPPED.md`): routes that must not attach.
@@ -2450,9 +2556,9 @@ fn an_http_route_and_a_grpc_route_with_intersecting_hostnames_on_one_listener_ar
         accepted(&out, RouteKind::Grpc, "web", "other"),
         (true, Reason::Accepted)
     );
-    // The refused route still counts: Gateway API's attachedRoutes counts routes attached to
-    // the listener, Accepted or not.
-    assert_eq!(attached(&out), 3);
+    // The refused route is not counted: Gateway API's attachedRoutes counts only routes
+    // whose Accepted condition is True.
+    assert_eq!(attached(&out), 2);
     assert_eq!(served(&out), vec!["web/other/0", "web/site/0"]);
 
     // The older GRPCRoute wins; an HTTPRoute without hostnames intersects every hostname.
@@ -2469,7 +2575,7 @@ fn an_http_route_and_a_grpc_route_with_intersecting_hostnames_on_one_listener_ar
         accepted(&out, RouteKind::Grpc, "web", "api"),
         (true, Reason::Accepted)
     );
-    assert_eq!(attached(&out), 2);
+    assert_eq!(attached(&out), 1);
     assert_eq!(served(&out), vec!["web/api/0"]);
     assert!(shared(&out).has_grpc_route);
 
@@ -2490,7 +2596,7 @@ fn an_http_route_and_a_grpc_route_with_intersecting_hostnames_on_one_listener_ar
     assert_eq!(served(&out), vec!["web/a-api/0"]);
 
     // A route that keeps one listener of its parent and loses another to the older route of
-    // the other kind counts on both.
+    // the other kind counts on the one it keeps only.
     let pair = r#"
 apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
@@ -2520,7 +2626,7 @@ spec:
         .iter()
         .map(|l| l.attached_routes)
         .collect();
-    assert_eq!(counts, vec![2, 1], "a, b");
+    assert_eq!(counts, vec![1, 1], "a, b");
 }
 
 #[test]
@@ -3061,7 +3167,7 @@ fn an_older_gateway_keeps_a_hostname_on_the_shared_plane_and_the_newer_ones_list
         listener_condition(lost, ConditionType::Programmed),
         (false, Reason::Invalid)
     );
-    // The route on it is counted, not served: the count says what the conflict takes down.
+    // The route on it is refused there (below), and counted, as on any listener not valid.
     assert_eq!(lost.attached_routes, 1);
     let newer_gateway = &out.statuses.gateways[&ObjectKey::new("web", "site")];
     assert_eq!(

@@ -708,3 +708,101 @@ spec:
         |r| r.name.as_deref() == Some("infra/on-late/0") && r.hostnames == ["shop.example.com"]
     ));
 }
+
+/// A ListenerSet's listeners count, as a Gateway's do, only the routes whose Accepted
+/// condition is True on the ListenerSet: one refused there (every rule dropped, the listener
+/// held by an older route of the other kind, the Gateway not accepted) is left out, but by a
+/// listener that is not valid, which counts the routes it would take, as Gateway API's
+/// conformance asks. Each case has a route accepted on the listener beside the refused one,
+/// where the listener can take one.
+#[test]
+fn a_listener_sets_listener_counts_only_the_routes_accepted_through_it() {
+    let team = |listener: &str| listener_set("infra", "team", &[listener]);
+    let http = "{name: team, port: 80, protocol: HTTP, hostname: team.example.com}";
+    let on_set = |kind: RouteKind, name: &str, rules: &str, at: &str| {
+        let body = format!(
+            "  parentRefs: [{{group: gateway.networking.k8s.io, kind: ListenerSet, name: team}}]\n  rules: {rules}"
+        );
+        let manifest = match kind {
+            RouteKind::Http => http_route("infra", name, &body),
+            RouteKind::Grpc => grpc_route("infra", name, &body),
+        };
+        created(manifest, "infra", at)
+    };
+    let served = "[{backendRefs: [{name: v2, port: 8080}]}]";
+    let (older, newer) = ("2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z");
+    let admitting = hub("{namespaces: {from: Same}}");
+    let not_accepted = admitting.replace(
+        "  listeners:\n",
+        "  infrastructure: {parametersRef: {group: example.com, kind: Other, name: x}}\n  listeners:\n",
+    );
+    // (case, manifests, refused route, its Accepted reason, attachedRoutes)
+    let cases = [
+        (
+            "every rule dropped",
+            format!(
+                "{admitting}{}{}{}",
+                team(http),
+                on_set(RouteKind::Http, "kept", served, older),
+                on_set(
+                    RouteKind::Http,
+                    "dropped",
+                    "[{matches: [{path: {type: RegularExpression, value: \"(\"}}], backendRefs: [{name: v2, port: 8080}]}]",
+                    older,
+                ),
+            ),
+            (RouteKind::Http, "dropped"),
+            Reason::UnsupportedValue,
+            1,
+        ),
+        (
+            "the listener held by an older route of the other kind",
+            format!(
+                "{admitting}{}{}{}",
+                team(http),
+                on_set(RouteKind::Http, "site", served, older),
+                on_set(RouteKind::Grpc, "api", served, newer),
+            ),
+            (RouteKind::Grpc, "api"),
+            Reason::HostnameConflict,
+            1,
+        ),
+        (
+            "the listener not valid",
+            format!(
+                "{admitting}{}{}",
+                team("{name: team, port: 443, protocol: HTTPS, hostname: team.example.com, tls: {certificateRefs: [{name: does-not-exist}]}}"),
+                on_set(RouteKind::Http, "refused", served, older),
+            ),
+            (RouteKind::Http, "refused"),
+            Reason::NoMatchingParent,
+            // Counted by a listener that is not valid, as Gateway API's conformance asks.
+            1,
+        ),
+        (
+            "the Gateway not accepted",
+            format!(
+                "{not_accepted}{}{}",
+                team(http),
+                on_set(RouteKind::Http, "refused", served, older),
+            ),
+            (RouteKind::Http, "refused"),
+            Reason::NoMatchingParent,
+            0,
+        ),
+    ];
+    for (case, manifests, (kind, name), reason, count) in cases {
+        let out = run(&manifests);
+        assert_eq!(
+            accepted(&out, kind, "infra", name),
+            (false, reason),
+            "{case}"
+        );
+        let counts: Vec<i32> = set_status(&out, "infra", "team")
+            .listeners
+            .iter()
+            .map(|l| l.attached_routes)
+            .collect();
+        assert_eq!(counts, vec![count], "{case}");
+    }
+}

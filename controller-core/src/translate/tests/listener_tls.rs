@@ -155,7 +155,18 @@ fn listener_certificates_must_resolve_or_the_listener_is_not_programmed() {
             },
             "{reference}"
         );
-        // Attached either way: the count says what the listener takes down.
+        // Refused on a listener whose references do not resolve, and counted there all the
+        // same, as Gateway API's conformance suite asks: the count says what the listener
+        // takes down.
+        assert_eq!(
+            condition(&out, "infra", "to-secure", ConditionType::Accepted),
+            if ok {
+                (true, Reason::Accepted)
+            } else {
+                (false, Reason::NoMatchingParent)
+            },
+            "{reference}"
+        );
         assert_eq!(secure.attached_routes, 1, "{reference}");
         let served: Vec<&str> = route_rules(&out)
             .iter()
@@ -194,8 +205,9 @@ fn listener_certificates_must_resolve_or_the_listener_is_not_programmed() {
 }
 
 /// Gateway API's GatewayWithAttachedRoutes: a Gateway whose one listener names a Secret that
-/// does not exist is not accepted, and the listener counts the route attached to it all the
-/// same; the route's own missing backend shows in its ResolvedRefs.
+/// does not exist is not accepted, the route on that listener is refused there
+/// (`NoMatchingParent`), and the listener counts it all the same, as that conformance test
+/// asks; the route's own missing backend shows in its ResolvedRefs.
 #[test]
 fn a_listener_with_unresolved_refs_counts_the_routes_attached_to_it() {
     let gateway = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: unresolved, namespace: infra}\nspec:\n  gatewayClassName: cf\n  listeners:\n  - {name: tls, port: 443, protocol: HTTPS, allowedRoutes: {kinds: [{kind: HTTPRoute}], namespaces: {from: Same}}, tls: {certificateRefs: [{group: \"\", kind: Secret, name: does-not-exist}], mode: Terminate}}\n---\n";
@@ -206,6 +218,10 @@ fn a_listener_with_unresolved_refs_counts_the_routes_attached_to_it() {
     );
     let out = run(&[gateway, route.as_str()].concat());
     let tls = listener_status(&out, "infra", "unresolved", "tls");
+    assert_eq!(
+        condition(&out, "infra", "http-route-4", ConditionType::Accepted),
+        (false, Reason::NoMatchingParent)
+    );
     assert_eq!(tls.attached_routes, 1);
     assert!(!listener_condition(tls, ConditionType::Programmed).0);
     assert!(!listener_condition(tls, ConditionType::ResolvedRefs).0);
@@ -216,7 +232,7 @@ fn a_listener_with_unresolved_refs_counts_the_routes_attached_to_it() {
 }
 
 /// A Gateway that is not accepted serves nothing: its listeners, valid as they are, are not
-/// programmed, and the routes on them are counted but not served.
+/// programmed, and the routes on them are refused, so not counted.
 #[test]
 fn the_listeners_of_a_gateway_not_accepted_are_not_programmed() {
     let gateway = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: refused, namespace: infra}\nspec:\n  gatewayClassName: cf\n  infrastructure: {parametersRef: {group: example.com, kind: Unknown, name: nothing}}\n  listeners:\n  - {name: http, port: 80, protocol: HTTP, hostname: refused.example.com}\n---\n";
@@ -241,11 +257,11 @@ fn the_listeners_of_a_gateway_not_accepted_are_not_programmed() {
         listener_condition(http, ConditionType::Programmed),
         (false, Reason::Invalid)
     );
-    assert_eq!(http.attached_routes, 1);
     assert_eq!(
         condition(&out, "infra", "on-refused", ConditionType::Accepted),
         (false, Reason::NoMatchingParent)
     );
+    assert_eq!(http.attached_routes, 0);
 }
 
 #[test]
