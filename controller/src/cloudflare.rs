@@ -40,22 +40,50 @@ const MAX_ANSWER: usize = 1024 * 1024;
 /// hostname (sorted, so the document is stable), then the catch-all the API requires: the
 /// proxy when some route matches every host, else 404.
 pub fn ingress_document(configs: &[&Config]) -> Value {
-    let mut hostnames = BTreeSet::new();
-    let mut any_host = false;
-    for config in configs {
-        for rule in &config.rules {
-            if rule.hostnames.is_empty() {
-                any_host = true;
+    Carried::of(configs).document()
+}
+
+/// What a tunnel's ingress document sends to the proxies: its hostnames, and whether every
+/// other hostname goes to them too (a rule without hostnames), or is answered 404 at the edge.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Carried {
+    hostnames: BTreeSet<String>,
+    any_host: bool,
+}
+
+impl Carried {
+    /// What the document of the planes serving `configs` carries.
+    pub fn of(configs: &[&Config]) -> Self {
+        let mut carried = Self::default();
+        for config in configs {
+            for rule in &config.rules {
+                if rule.hostnames.is_empty() {
+                    carried.any_host = true;
+                }
+                carried.hostnames.extend(rule.hostnames.iter().cloned());
             }
-            hostnames.extend(rule.hostnames.iter().cloned());
         }
+        carried
     }
-    let mut ingress: Vec<Value> = hostnames
-        .into_iter()
-        .map(|h| json!({"hostname": h, "service": ORIGIN}))
-        .collect();
-    ingress.push(json!({"service": if any_host { ORIGIN } else { "http_status:404" }}));
-    json!({ "ingress": ingress })
+
+    /// Whether a rule with `hostnames` is sent to the proxies by this document.
+    pub fn carries(&self, hostnames: &[String]) -> bool {
+        if hostnames.is_empty() {
+            return self.any_host;
+        }
+        self.any_host || hostnames.iter().all(|h| self.hostnames.contains(h))
+    }
+
+    /// The ingress document that carries this.
+    pub fn document(&self) -> Value {
+        let mut ingress: Vec<Value> = self
+            .hostnames
+            .iter()
+            .map(|h| json!({"hostname": h, "service": ORIGIN}))
+            .collect();
+        ingress.push(json!({"service": if self.any_host { ORIGIN } else { "http_status:404" }}));
+        json!({ "ingress": ingress })
+    }
 }
 
 /// Where and as whom a tunnel's document is written.
@@ -519,6 +547,18 @@ type WriterKey = (Uuid, Vec<u8>);
 /// What a write returns: the secret it verified the tunnel's token holds, if it did.
 type Wrote = Result<Option<Vec<u8>>, String>;
 
+/// What became of a tunnel's document in a call that did not fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Synced {
+    /// Written by this call.
+    Wrote,
+    /// Written before, and unchanged since.
+    Held,
+    /// Not written yet: a write of it, or one before it, is still running or waits for a
+    /// place. The tunnel holds what the last write left.
+    Behind,
+}
+
 /// The wait before a failed write is tried again, doubled with each failure in a row.
 pub const RETRY_FIRST: Duration = Duration::from_secs(5);
 /// The longest wait before a failed write is tried again.
@@ -584,7 +624,10 @@ impl TunnelSync {
         let mut results = self
             .sync_all(api, vec![(target.clone(), document.clone())])
             .await;
-        results.pop().unwrap_or(Ok(false))
+        results
+            .pop()
+            .unwrap_or(Ok(Synced::Behind))
+            .map(|synced| synced == Synced::Wrote)
     }
 
     /// [`TunnelSync::sync`] for several tunnels at once: an API call that hangs for one tunnel
@@ -603,7 +646,7 @@ impl TunnelSync {
         &mut self,
         api: &TunnelApi,
         work: Vec<(TunnelTarget, Value)>,
-    ) -> Vec<Result<bool, String>> {
+    ) -> Vec<Result<Synced, String>> {
         let deadline = self.wait.map(|wait| Instant::now() + wait);
         let done = self.writes.finished();
         let mut wrote = self.settle(done);
@@ -676,13 +719,17 @@ impl TunnelSync {
                 if let Some(error) = self.failed.error(&key, &digest) {
                     Err(error.to_owned())
                 } else if self.written.get(&key) == Some(&digest) {
-                    Ok(wrote.contains(&(key, digest)))
+                    Ok(if wrote.contains(&(key, digest)) {
+                        Synced::Wrote
+                    } else {
+                        Synced::Held
+                    })
                 } else {
                     // Running, or waiting for a place: what the tunnel holds is still what
                     // the last write left.
                     self.failed
                         .last_error(&key)
-                        .map_or(Ok(false), |e| Err(e.to_owned()))
+                        .map_or(Ok(Synced::Behind), |e| Err(e.to_owned()))
                 }
             })
             .collect()

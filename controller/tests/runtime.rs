@@ -1201,7 +1201,10 @@ async fn tunnel_writes_with_one_token_are_paced() {
     let mut sync = TunnelSync::default();
     let started = Instant::now();
     let written = sync.sync_all(&api, work).await;
-    assert_eq!(written, vec![Ok(true); 7]);
+    assert_eq!(
+        written,
+        vec![Ok(cftunnel_controller::cloudflare::Synced::Wrote); 7]
+    );
     assert_eq!(cloudflare.writes(), 7);
     // Three at once, then four 100 ms apart.
     assert!(
@@ -6503,6 +6506,7 @@ async fn a_missing_api_token_is_reported_saying_what_is_missing() {
                 .filter(|c| c["status"] == "True")
         })
         .await;
+        eventually("the tunnel's document", || cloudflare.config("acct", TUNNEL_ID)).await;
         // Shop is on the tunnel's last document: it stays accepted, pending on its own
         // condition.
         let told = |why: &'static str| {
@@ -6545,17 +6549,32 @@ async fn a_missing_api_token_is_reported_saying_what_is_missing() {
             told("key \"api-token\" of Secret tenant-a/edge-cf is empty (spec.cloudflareCredentialsSecretRef of GatewayConfig tenant-a/edge-config)"),
         )
         .await;
-        // A route new since is on no document: it waits for one.
+        // A route new since, on a hostname the last document carries, is served too.
         t.api.put(yaml("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: late, namespace: tenant-a}\nspec:\n  parentRefs: [{name: edge}]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n"));
-        let pending = eventually("late pending", || {
-            route_condition(&t.api, "tenant-a", "late", "Accepted")
-                .filter(|c| c["status"] == "Unknown")
-        })
-        .await;
-        assert_eq!(pending["reason"], "Pending");
-        assert!(pending["message"]
-            .as_str()
-            .is_some_and(|m| m.starts_with("the tunnel's ingress document could not be written: key")));
+        let written = |route: &'static str| {
+            let api = &t.api;
+            move || {
+                let parent = route_parent(api, "tenant-a", route)?;
+                let accepted = condition(&parent["conditions"], "Accepted")?;
+                let written =
+                    condition(&parent["conditions"], "cf.k8s.lex.la/TunnelDocumentWritten")?;
+                (accepted["status"] == "True" && written["status"] == "False").then_some(())
+            }
+        };
+        eventually("late served from the last document", written("late")).await;
+        // The listener's hostname changes: no route of it is on the last document, which
+        // has only the old one. Their routes wait for the document.
+        t.api.put(yaml(&gateway(true).replace("shop.example.com", "store.example.com")));
+        for route in ["shop", "late"] {
+            let pending = eventually(&format!("{route} pending"), || {
+                route_condition(&t.api, "tenant-a", route, "Accepted")
+                    .filter(|c| c["status"] == "Unknown")
+            })
+            .await;
+            assert_eq!(pending["reason"], "Pending");
+            assert!(pending["message"].as_str().is_some_and(|m| m
+                .starts_with("the tunnel's ingress document could not be written: key")));
+        }
         t.api.put(credentials("{api-token: cf-token-a}"));
         for route in ["shop", "late"] {
             eventually(&format!("{route} accepted and written"), || {

@@ -266,18 +266,13 @@ impl Reconciler {
                     return;
                 };
                 // Only this Gateway's tunnel failed: its routes are pending, no one else's. A
-                // route accepted as it is now is on the tunnel's last document and served: it
-                // stays accepted (DNS records follow `Accepted`), pending on a condition of
-                // its own; one new or changed since waits for the document.
+                // route the tunnel's last document carries as it is now is served: it stays
+                // accepted (DNS records follow `Accepted`), pending on a condition of its own;
+                // one the document does not carry waits for it.
                 if let Some(reason) = self.tunnel_failures.get(plane) {
                     let message =
                         format!("the tunnel's ingress document could not be written: {reason}");
-                    if status::accepted_at(
-                        existing.as_ref(),
-                        &parent.parent_ref,
-                        controller,
-                        meta.generation,
-                    ) {
+                    if self.on_its_tunnel(output, planes, plane, &route_key) {
                         conditions.push(KubeCondition {
                             kind: TUNNEL_DOCUMENT_WRITTEN.to_owned(),
                             status: Truth::False,
@@ -398,6 +393,35 @@ impl Reconciler {
             .retain(|route, _| routes_seen.contains(route));
         self.write_unreadable_route_statuses(&mut writes, unreadable_routes, controller, &now);
         writes.run().await;
+    }
+
+    /// Whether the document last written for `plane`'s tunnel, the tunnel it serves now,
+    /// carries every rule `route` has on `plane`: the tunnel then serves the route as it is,
+    /// whatever newer document cannot be written. Not known (`false`) before this process
+    /// has written or found that document unchanged.
+    fn on_its_tunnel(
+        &self,
+        output: &translate::Output,
+        planes: &BTreeMap<PlaneKey, PlaneInfo>,
+        plane: &PlaneKey,
+        route: &translate::RouteKey,
+    ) -> bool {
+        let Some((identity, carried)) = self.on_tunnel.get(plane) else {
+            return false;
+        };
+        if planes.get(plane).and_then(|info| info.identity) != Some(*identity) {
+            return false;
+        }
+        let (Some(owners), Some(config)) = (output.owners.get(plane), output.configs.get(plane))
+        else {
+            return false;
+        };
+        let mut rules = owners
+            .iter()
+            .zip(&config.rules)
+            .filter(|(owner, _)| owner.as_ref() == Some(route))
+            .peekable();
+        rules.peek().is_some() && rules.all(|(_, rule)| carried.carries(&rule.hostnames))
     }
 
     /// A route this build cannot read is left out of every plane: where our parents said it

@@ -356,31 +356,6 @@ pub fn policy(
     )
 }
 
-/// Whether our entry for `parent` in a route's `existing` status says `Accepted=True` for the
-/// route's `generation`: the route as it is now was accepted, and so written to its tunnel.
-pub fn accepted_at(
-    existing: Option<&Value>,
-    parent: &ParentRef,
-    controller_name: &str,
-    generation: Option<i64>,
-) -> bool {
-    let target = gateway_ref(parent);
-    existing
-        .and_then(|s| s.get("parents"))
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter(|p| written_by(p, controller_name))
-        .filter(|p| same_ref(p.get("parentRef"), &target))
-        .filter_map(|p| p.get("conditions").and_then(Value::as_array))
-        .flatten()
-        .any(|c| {
-            c.get("type").and_then(Value::as_str) == Some("Accepted")
-                && c.get("status").and_then(Value::as_str) == Some("True")
-                && c.get("observedGeneration").and_then(Value::as_i64) == generation
-        })
-}
-
 /// A reference to a Gateway or ListenerSet as route parents and policy ancestors spell it.
 fn gateway_ref(r: &ParentRef) -> Value {
     let mut parent_ref = Map::new();
