@@ -82,8 +82,10 @@ pub struct ConnectorOptions {
     pub grace_period: Duration,
     /// Per-call RPC timeout (default 5 s).
     pub rpc_timeout: Duration,
-    /// Backoff exponent cap (default 5: waits up to 32 s, and up to 320 s
-    /// more for connections other than the first).
+    /// Backoff exponent cap (default 5, `cloudflared --retries`): reconnect waits are random
+    /// below 2 s, 4 s, ... 32 s, then below 32 s for as long as it takes, plus up to 320 s
+    /// more for connections other than the first. (`cloudflared` waits the same, though
+    /// once capped its log announces "up to 1m4s".)
     pub retries: u32,
     /// Backoff base (default 1 s).
     pub backoff_base: Duration,
