@@ -114,6 +114,13 @@ pub struct Args {
     #[arg(long, env = "PROXY_REQUEST_BODY_TIMEOUT", default_value = "60s")]
     pub request_body_timeout: GoDuration,
 
+    /// How long a write to a client may stay blocked (it reads nothing of its response) before
+    /// the response is dropped and its backend connection let go, as nginx's `send_timeout`:
+    /// on the data listener, and on the tunnel, where that stream is reset. A response slow to
+    /// come from its backend, or one the client reads slowly but steadily, is not cut.
+    #[arg(long, env = "PROXY_SEND_TIMEOUT", default_value = "60s")]
+    pub send_timeout: GoDuration,
+
     /// How long an upgraded (WebSocket) session may go with no bytes either way before it is
     /// closed; 0: never. Applications that ping their sockets are never cut by the default.
     #[arg(long, env = "PROXY_WEBSOCKET_IDLE_TIMEOUT", default_value = "1h")]
@@ -205,6 +212,12 @@ impl Args {
         if self.request_body_timeout.0.is_zero() {
             return Err(
                 "PROXY_REQUEST_BODY_TIMEOUT must be above 0 (at 0 every request with a body would time out)"
+                    .into(),
+            );
+        }
+        if self.send_timeout.0.is_zero() {
+            return Err(
+                "PROXY_SEND_TIMEOUT must be above 0 (at 0 every response that waits for its client would be cut)"
                     .into(),
             );
         }
@@ -456,6 +469,9 @@ mod tests {
         let empty = parse(&["--auth-token", ""]).expect("parses");
         assert!(empty.validate().is_err(), "empty token is refused");
         assert_eq!(a.access_log_sample, 1);
+        assert_eq!(a.send_timeout.0, Duration::from_secs(60));
+        let zero = parse(&["--send-timeout", "0"]).expect("parses");
+        assert!(zero.validate().is_err(), "a send timeout of 0 is refused");
         assert_eq!(a.websocket_idle_timeout.0, Duration::from_secs(3600));
         let off = parse(&["--websocket-idle-timeout", "0"]).expect("0 switches it off");
         assert!(off.websocket_idle_timeout.0.is_zero());

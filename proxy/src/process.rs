@@ -112,6 +112,8 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
         admin_max_connections: crate::admin::DEFAULT_MAX_CONNECTIONS,
         limits: crate::serve::Limits {
             max_connections: args.max_connections as usize,
+            // The tunnel's streams are bounded by the same setting (see `connector`).
+            send_timeout: args.send_timeout.0,
             ..Default::default()
         },
         worker_threads,
@@ -286,6 +288,9 @@ async fn connector(
         grace_period: args.grace_period.0,
         post_quantum: args.tunnel_post_quantum,
         quic_max_streams: args.tunnel_quic_max_streams,
+        // A client that stops reading holds a tunnel stream as it would a listener's
+        // connection: one setting bounds both.
+        send_timeout: args.send_timeout.0,
         ..Default::default()
     };
     cftunnel_tunnel::Connector::new(token, options).map_err(|e| match e {

@@ -1058,6 +1058,47 @@ async fn a_client_that_stops_reading_is_dropped_and_lets_the_backend_go() {
     .expect("test finished in time");
 }
 
+/// `PROXY_SEND_TIMEOUT` sets the listener's send timeout: with 1 s, a client of the binary that
+/// stops reading lets its backend connection go within seconds, not after the default 60 s.
+#[tokio::test]
+async fn the_send_timeout_setting_bounds_the_listener() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let (gone_tx, mut gone) = tokio::sync::mpsc::unbounded_channel();
+        // Streams without end until the proxy lets it go, and says so.
+        let backend = scripted_backend(move |mut conn: tokio::net::TcpStream| {
+            let gone_tx = gone_tx.clone();
+            async move {
+                read_head(&mut conn).await;
+                let head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+                if conn.write_all(head).await.is_err() {
+                    return;
+                }
+                let chunk = format!("10000\r\n{}\r\n", "x".repeat(0x10000));
+                while conn.write_all(chunk.as_bytes()).await.is_ok() {}
+                let _ = gone_tx.send(());
+            }
+        })
+        .await;
+        let doc = json!({"rules": [{"backends": [{"url": url(backend), "weight": 1}]}]});
+        let proxy = BinaryProxy::start("send-timeout", &doc, &[("PROXY_SEND_TIMEOUT", "1s")]).await;
+        let mut reader = tokio::net::TcpStream::connect(proxy.data)
+            .await
+            .expect("connect");
+        reader
+            .write_all(b"GET /endless HTTP/1.1\r\nhost: h\r\n\r\n")
+            .await
+            .expect("request sent");
+        tokio::time::timeout(Duration::from_secs(20), gone.recv())
+            .await
+            .expect("the backend connection is let go")
+            .expect("the backend says so");
+        drop(reader);
+        let _ = std::fs::remove_dir_all(&proxy.dir);
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// The admin port holds a bounded number of connections: past it, connections wait to be
 /// accepted, and one that closes lets the next in. Each is a task and buffers, and the port
 /// must not take the memory and descriptors the data path needs.

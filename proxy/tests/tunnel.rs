@@ -728,3 +728,235 @@ async fn a_departed_visitor_leaves_nothing_in_flight_over_http2() {
     .await
     .expect("test finished in time");
 }
+
+/// A backend for the send-timeout tests: `/endless` streams without end until the proxy lets
+/// the connection go, and says so on the returned channel; `/big` answers `BIG_BODY` bytes
+/// ending in `END`; anything else answers `ok`.
+async fn streaming_backend() -> (
+    std::net::SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let (gone_tx, gone) = tokio::sync::mpsc::unbounded_channel();
+    let addr = scripted_backend(move |mut conn: tokio::net::TcpStream| {
+        let gone_tx = gone_tx.clone();
+        async move {
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let chunk = vec![b'x'; 0x10000];
+            if head.starts_with(b"GET /endless") {
+                let head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+                if conn.write_all(head).await.is_err() {
+                    return;
+                }
+                let mut framed = b"10000\r\n".to_vec();
+                framed.extend_from_slice(&chunk);
+                framed.extend_from_slice(b"\r\n");
+                while conn.write_all(&framed).await.is_ok() {}
+                let _ = gone_tx.send(());
+            } else if head.starts_with(b"GET /big") {
+                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {BIG_BODY}\r\n\r\n");
+                if conn.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                let mut left = BIG_BODY - 3;
+                while left > 0 {
+                    let n = left.min(chunk.len());
+                    if conn.write_all(&chunk[..n]).await.is_err() {
+                        return;
+                    }
+                    left -= n;
+                }
+                let _ = conn.write_all(b"END").await;
+                let _ = conn.read(&mut buf).await;
+            } else {
+                let _ = conn
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
+            }
+        }
+    })
+    .await;
+    (addr, gone)
+}
+
+/// Size of the body of `streaming_backend`'s `/big`: far more than the edge, the tunnel and
+/// the sockets between them buffer, so the tunnel's writes wait on the visitor's reads.
+const BIG_BODY: usize = 48 << 20;
+
+/// A visitor connection to `edge` with a small receive buffer (so little of a response waits
+/// in the kernel), that has sent `GET path`.
+async fn visitor(edge: &MockEdge, path: &str) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .set_recv_buffer_size(16 * 1024)
+        .expect("receive buffer set");
+    let mut visitor = socket
+        .connect(edge.http_addr())
+        .await
+        .expect("eyeball connects");
+    let request = format!("GET {path} HTTP/1.1\r\nhost: app.example.com\r\n\r\n");
+    tokio::io::AsyncWriteExt::write_all(&mut visitor, request.as_bytes())
+        .await
+        .expect("request written");
+    visitor
+}
+
+/// Waits up to `within` for `series` on `admin`'s `/metrics` to read `value`.
+async fn metric_reaches(admin: std::net::SocketAddr, series: &str, value: f64, within: Duration) {
+    let http = client();
+    let by = Instant::now() + within;
+    while metric(&http, admin, series).await != Some(value) {
+        assert!(Instant::now() < by, "{series} reaches {value}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A visitor that stops reading its response, and stays connected, holds its tunnel stream
+/// only for the send timeout (`PROXY_SEND_TIMEOUT`, the listener's own): the stream is reset
+/// and the response dropped, so the backend connection, the place in flight and the stream
+/// are let go, and with a single backend connection the next request is served.
+async fn a_visitor_that_stops_reading_is_let_go_after_the_send_timeout(protocol: &str) {
+    let (backend, mut gone) = streaming_backend().await;
+    let edge = MockEdge::start().await.expect("mock edge starts");
+    let dir = scratch_dir(&format!("stops-reading-{protocol}"));
+    let env = [
+        ("PROXY_SEND_TIMEOUT", "1s"),
+        ("PROXY_BACKEND_MAX_CONNECTIONS", "1"),
+    ];
+    let token = connector::token().encode();
+    let (mut child, admin) = tunnel_proxy_with(&edge, &dir, &token, protocol, backend, &env).await;
+    let stuck = visitor(&edge, "/endless").await;
+    tokio::time::timeout(Duration::from_secs(20), gone.recv())
+        .await
+        .unwrap_or_else(|_| panic!("{protocol}: the backend connection is let go"))
+        .expect("the backend says so");
+    let streams = format!("cftunnel_tunnel_active_streams{{protocol=\"{protocol}\"}}");
+    metric_reaches(admin, &streams, 0.0, Duration::from_secs(5)).await;
+    let in_flight = "cftunnel_proxy_requests_in_flight";
+    metric_reaches(admin, in_flight, 0.0, Duration::from_secs(5)).await;
+    let r = get(
+        &client(),
+        edge.http_addr(),
+        "app.example.com",
+        "/after",
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{protocol}: {:?}", r.body);
+    drop(stuck);
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_visitor_that_stops_reading_is_let_go_after_the_send_timeout_over_quic() {
+    tokio::time::timeout(
+        TEST_TIMEOUT,
+        a_visitor_that_stops_reading_is_let_go_after_the_send_timeout("quic"),
+    )
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn a_visitor_that_stops_reading_is_let_go_after_the_send_timeout_over_http2() {
+    tokio::time::timeout(
+        TEST_TIMEOUT,
+        a_visitor_that_stops_reading_is_let_go_after_the_send_timeout("http2"),
+    )
+    .await
+    .expect("test finished in time");
+}
+
+/// A visitor that reads slowly but steadily gets its whole response, however much longer than
+/// the send timeout it takes: the timeout bounds each blocked write, not the response.
+async fn a_visitor_that_reads_slowly_gets_the_whole_response(protocol: &str) {
+    use tokio::io::AsyncReadExt as _;
+    let (backend, _gone) = streaming_backend().await;
+    let edge = MockEdge::start().await.expect("mock edge starts");
+    let dir = scratch_dir(&format!("reads-slowly-{protocol}"));
+    let send_timeout = Duration::from_secs(2);
+    let env = [("PROXY_SEND_TIMEOUT", "2s")];
+    let token = connector::token().encode();
+    let (mut child, _admin) = tunnel_proxy_with(&edge, &dir, &token, protocol, backend, &env).await;
+    let started = Instant::now();
+    let mut slow = visitor(&edge, "/big").await;
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut head = Vec::new();
+    let mut body = 0usize;
+    // The body's last bytes, where `END` shows up.
+    let mut tail = Vec::new();
+    loop {
+        let n = slow
+            .read(&mut buf)
+            .await
+            .expect("the response keeps coming");
+        assert!(
+            n > 0,
+            "{protocol}: the response was cut after {body} body bytes"
+        );
+        let mut got = &buf[..n];
+        if !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            head.extend_from_slice(got);
+            let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") else {
+                continue;
+            };
+            got = &head[end + 4..];
+            let got = got.to_vec();
+            body += got.len();
+            tail = got;
+        } else {
+            body += got.len();
+            tail.extend_from_slice(got);
+        }
+        if tail.windows(3).any(|w| w == b"END") {
+            break;
+        }
+        let keep = tail.len().saturating_sub(2);
+        tail.drain(..keep);
+        // About 8 MiB/s at most: slower than the tunnel can send.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{protocol}: {:?}",
+        String::from_utf8_lossy(&head)
+    );
+    assert!(body >= BIG_BODY, "{protocol}: {body} body bytes");
+    assert!(
+        started.elapsed() > 2 * send_timeout,
+        "{protocol}: the response took longer than the send timeout ({:?})",
+        started.elapsed()
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_visitor_that_reads_slowly_gets_the_whole_response_over_quic() {
+    tokio::time::timeout(
+        TEST_TIMEOUT,
+        a_visitor_that_reads_slowly_gets_the_whole_response("quic"),
+    )
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn a_visitor_that_reads_slowly_gets_the_whole_response_over_http2() {
+    tokio::time::timeout(
+        TEST_TIMEOUT,
+        a_visitor_that_reads_slowly_gets_the_whole_response("http2"),
+    )
+    .await
+    .expect("test finished in time");
+}

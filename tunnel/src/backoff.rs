@@ -10,6 +10,13 @@ use tokio::time::Instant;
 /// exponent capped at `max_retries` (with base 1 s and 5 retries: up to 2 s,
 /// 4 s, ... 32 s, then 32 s forever). The retry count stops at `max_retries`
 /// too; it is what `numPreviousAttempts` reports.
+///
+/// `cloudflared`'s log line ("Retrying connection in up to ...") reads 2 s, 4 s,
+/// ... 32 s, then 64 s forever, but only the line says 64: it is worked out
+/// before the retry is counted, with one doubling more (`GetMaxBackoffDuration`,
+/// `base << (retries + 1)`), while the wait itself is drawn once the count has
+/// stopped at the cap (`BackoffTimer`, `base << retries`), so it stays below
+/// 32 s. Both in `retry/backoffhandler.go`.
 #[derive(Debug, Clone)]
 pub(crate) struct Backoff {
     base: Duration,
@@ -195,6 +202,7 @@ mod tests {
                 m
             })
             .collect();
+        // `cloudflared` logs 64 s from the sixth retry on, but waits below 32 s.
         assert_eq!(maxes, vec![2, 4, 8, 16, 32, 32, 32, 32]);
         assert_eq!(b.retries(), 5, "numPreviousAttempts stops at the cap");
         b.reset();

@@ -5,6 +5,7 @@
 use std::io;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use http_body::Body as HttpBody;
@@ -178,7 +179,16 @@ impl AsyncWrite for H2Io {
 
 /// Streams `body` into an h2 stream with flow control: data frames, then
 /// trailers if the body has any, else an empty end-of-stream frame.
-pub async fn send_body<B>(send: &mut h2::SendStream<Bytes>, body: B) -> io::Result<()>
+///
+/// With a `send_timeout`, a wait for stream capacity (the peer lets nothing more through)
+/// that lasts that long ends with a [`io::ErrorKind::TimedOut`] error; each wait has its own
+/// timer, so a peer that lets data through slowly but steadily is not cut, and a body slow
+/// to produce its frames is not bounded by it. `None`: the wait is unbounded.
+pub async fn send_body<B>(
+    send: &mut h2::SendStream<Bytes>,
+    body: B,
+    send_timeout: Option<Duration>,
+) -> io::Result<()>
 where
     B: HttpBody<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -206,8 +216,15 @@ where
         match frame.into_data() {
             Ok(mut data) => {
                 while !data.is_empty() {
-                    let n =
-                        std::future::poll_fn(|cx| poll_send_capacity(send, cx, data.len())).await?;
+                    let want = data.len();
+                    let n = match send_timeout {
+                        None => std::future::poll_fn(|cx| poll_send_capacity(send, cx, want)).await,
+                        Some(limit) => crate::send_timeout::within(limit, |cx| {
+                            poll_send_capacity(send, cx, want)
+                        })
+                        .await
+                        .map_err(|e| io::Error::new(io::ErrorKind::TimedOut, e))?,
+                    }?;
                     let chunk = data.split_to(n);
                     let last = data.is_empty() && body.is_end_stream();
                     send.send_data(chunk, last).map_err(h2_io_err)?;

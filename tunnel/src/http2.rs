@@ -458,7 +458,7 @@ async fn handle_request(
     if end {
         return;
     }
-    if let Err(e) = send_body(&mut send, rbody).await {
+    if let Err(e) = send_body(&mut send, rbody, Some(shared.opts.send_timeout)).await {
         tracing::debug!(error = %e, "response body failed; resetting stream");
         send.send_reset(h2::Reason::INTERNAL_ERROR);
     }

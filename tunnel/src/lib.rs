@@ -56,7 +56,9 @@
 //!   warning at most once a minute.
 //! - A service error is reported to the edge as a connector error (the
 //!   eyeball sees a 502); an error while streaming a response body resets
-//!   that stream only.
+//!   that stream only, as does a write the edge has taken nothing of for
+//!   [`ConnectorOptions::send_timeout`] (an eyeball that stopped reading),
+//!   which drops the response body.
 //!
 //! # WebSocket and other upgrades
 //!
@@ -114,6 +116,7 @@ pub mod metrics;
 mod options;
 mod quic;
 pub mod rpc;
+mod send_timeout;
 mod service;
 pub mod stream;
 mod tasks;

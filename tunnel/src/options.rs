@@ -82,8 +82,10 @@ pub struct ConnectorOptions {
     pub grace_period: Duration,
     /// Per-call RPC timeout (default 5 s).
     pub rpc_timeout: Duration,
-    /// Backoff exponent cap (default 5: waits up to 32 s, and up to 320 s
-    /// more for connections other than the first).
+    /// Backoff exponent cap (default 5, `cloudflared --retries`): reconnect waits are random
+    /// below 2 s, 4 s, ... 32 s, then below 32 s for as long as it takes, plus up to 320 s
+    /// more for connections other than the first. (`cloudflared` waits the same, though
+    /// once capped its log announces "up to 1m4s".)
     pub retries: u32,
     /// Backoff base (default 1 s).
     pub backoff_base: Duration,
@@ -117,6 +119,15 @@ pub struct ConnectorOptions {
     /// as QUIC's idle timeout does. `cloudflared` relies on TCP keep-alive alone (150 s, or
     /// as long as retransmission takes when data is in flight). At least 1 ms.
     pub http2_keepalive: Duration,
+    /// How long a write of a response to the edge may stay blocked before that stream is reset
+    /// (default 60 s, nginx's `send_timeout`): a QUIC write, or a wait for HTTP/2 stream
+    /// capacity. The edge stops taking a response when its eyeball stops reading; unbounded,
+    /// such a stream would keep the service's response (and the backend connection behind
+    /// it), its place in flight and its stream credit for as long as the eyeball stays
+    /// connected. The timer runs only while a write waits and starts over with every write
+    /// that goes through, so a response slow to come from the service, or one its eyeball
+    /// reads slowly but steadily, is not cut. Other streams and the connection are untouched.
+    pub send_timeout: Duration,
 }
 
 impl Default for ConnectorOptions {
@@ -139,6 +150,7 @@ impl Default for ConnectorOptions {
             post_quantum: false,
             quic_max_streams: DEFAULT_QUIC_MAX_STREAMS,
             http2_keepalive: Duration::from_secs(15),
+            send_timeout: Duration::from_secs(60),
         }
     }
 }

@@ -589,8 +589,9 @@ async fn serve_exchange(
     };
     let (parts, body) = resp.into_parts();
     let head = Bytes::from(encode_response_head(parts.status, &parts.headers));
+    let limit = shared.opts.send_timeout;
     if websocket && parts.status == StatusCode::SWITCHING_PROTOCOLS {
-        if send.write_chunk(head).await.is_err() {
+        if write_all(send, &mut [head], limit).await.is_err() {
             return Exchange::Abandoned;
         }
         return match (upgrade_tx, spare_recv.take()) {
@@ -598,7 +599,8 @@ async fn serve_exchange(
             _ => closed_if(send.finish().is_ok()),
         };
     }
-    let ended = match write_response(send, head, body, stopped, &shared.dropped_trailers).await {
+    let written = write_response(send, head, body, stopped, limit, &shared.dropped_trailers);
+    let ended = match written.await {
         Ok(()) => {
             let _ = send.finish();
             Exchange::Closed
@@ -632,12 +634,14 @@ fn closed_if(finished: bool) -> Exchange {
 /// connection signals the end of a sized body a task hop later), so the
 /// caller's `finish` goes out in the same packet as the last data.
 /// `stopped` resolves when the edge cancels the stream: waiting for the body then ends with
-/// an error. Trailers go into `dropped`: a QUIC stream cannot carry them.
+/// an error, as does a write blocked for `limit` (the send timeout). Trailers go into
+/// `dropped`: a QUIC stream cannot carry them.
 async fn write_response(
     send: &mut quinn::SendStream,
     head: Bytes,
     body: ResponseBody,
     mut stopped: impl Future + Unpin,
+    limit: Duration,
     dropped: &DroppedTrailers,
 ) -> Result<(), crate::body::BoxError> {
     let mut body = std::pin::pin!(body);
@@ -650,7 +654,7 @@ async fn write_response(
                     frame
                 }
                 Poll::Pending => {
-                    send.write_chunk(h).await?;
+                    write_all(send, &mut [h], limit).await?;
                     next_frame(body.as_mut(), &mut stopped).await?
                 }
             },
@@ -659,8 +663,8 @@ async fn write_response(
         let Some(frame) = frame else { break };
         match frame?.into_data() {
             Ok(data) => match head.take() {
-                Some(h) => send.write_all_chunks(&mut [h, data]).await?,
-                None if !data.is_empty() => send.write_chunk(data).await?,
+                Some(h) => write_all(send, &mut [h, data], limit).await?,
+                None if !data.is_empty() => write_all(send, &mut [data], limit).await?,
                 None => {}
             },
             // Trailers cannot be carried over QUIC; they are dropped as the edge does, and
@@ -673,7 +677,25 @@ async fn write_response(
         }
     }
     if let Some(h) = head {
-        send.write_chunk(h).await?;
+        write_all(send, &mut [h], limit).await?;
+    }
+    Ok(())
+}
+
+/// Writes all of `bufs`. Each wait for the stream to take more is bounded by `limit`, so the
+/// send timeout starts over whenever some of it goes through: an eyeball that reads slowly
+/// is not cut, one that reads nothing is.
+async fn write_all(
+    send: &mut quinn::SendStream,
+    mut bufs: &mut [Bytes],
+    limit: Duration,
+) -> Result<(), crate::body::BoxError> {
+    while !bufs.is_empty() {
+        let written = {
+            let mut write = std::pin::pin!(send.write_chunks(bufs));
+            crate::send_timeout::within(limit, |cx| write.as_mut().poll(cx)).await??
+        };
+        bufs = &mut bufs[written.chunks..];
     }
     Ok(())
 }

@@ -664,7 +664,7 @@ where
     let (resp, mut send) = ready.send_request(h2req, end).map_err(stream_err)?;
     if !websocket && !end {
         tokio::spawn(async move {
-            if send_body(&mut send, body).await.is_err() {
+            if send_body(&mut send, body, None).await.is_err() {
                 send.send_reset(h2::Reason::CANCEL);
             }
         });
