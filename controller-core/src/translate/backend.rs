@@ -14,7 +14,7 @@ use super::backend_ref::{
     APP_PROTOCOL_H2C, APP_PROTOCOL_WS, APP_PROTOCOL_WSS,
 };
 use super::backend_tls::PortKey;
-use super::external_name::{self, ExternalNameBackends};
+use super::external_name::{self, ExternalNameBackends, HostField};
 use super::field::Field;
 use super::service_import;
 use super::{Index, Options, RouteKind, GATEWAY_CONFIG_GROUP};
@@ -86,6 +86,7 @@ pub(super) fn resolve<'a>(
             .unwrap_or_default();
         let host = external_name::dial_host(
             external_name,
+            HostField::ExternalName,
             options.external_name_backends,
             &options.cluster_domain,
         )
