@@ -3,7 +3,8 @@
 //! under `external` a name that means the cluster is refused ([`external_name::dial_host`]), as
 //! is an IP literal that is not public ([`address::is_public`], the proxy's own rule), and the
 //! proxy dials only public addresses of the rest (`publicOnly`); under `any` dialled as
-//! written. Another namespace's needs a ReferenceGrant there.
+//! written. The host is read in lower case in every mode. Another namespace's needs a
+//! ReferenceGrant there.
 //!
 //! An `https` one's `tls` is read with BackendTLSPolicy's code ([`backend_tls::settings`],
 //! [`backend_tls::ca_certificates`]), with one difference: any CA reference that cannot be
@@ -70,7 +71,10 @@ pub(super) fn resolve(
         .url()
         .map_err(|e| refuse(Reason::InvalidKind, format!("cannot be used: spec.{e}")))?;
     let mode = options.external_name_backends;
+    // In lower case, as `url` writes it (DNS names are case-insensitive): one spelling for
+    // every mode and check.
     let host = spec.dial_host();
+    let host = host.as_str();
     let url = match mode {
         ExternalNameBackends::Deny => return Err(refuse(Reason::InvalidKind, DENIED.to_owned())),
         ExternalNameBackends::External => {

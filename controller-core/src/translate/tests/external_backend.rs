@@ -179,7 +179,7 @@ fn ip_literal_external_backends_are_admitted_under_external_only_if_public() {
         ("[::1]", "::1"),
         ("[::ffff:10.0.0.5]", "::ffff:10.0.0.5"),
         ("[fd00:ec2::254]", "fd00:ec2::254"),
-        ("[fe80::1]", "fe80::1"),
+        ("[FE80::1]", "fe80::1"),
     ] {
         let out = to_host(host, ExternalNameBackends::External);
         assert_refused(
@@ -209,6 +209,50 @@ fn ip_literal_external_backends_are_admitted_under_external_only_if_public() {
     let out = to_host("10.0.0.5", ExternalNameBackends::Any);
     assert_eq!(app_backends(&out)[0].url, "http://10.0.0.5:8080");
     assert_eq!(app_backends(&out)[0].unavailable_status, None);
+}
+
+/// DNS names are case-insensitive: a host in capitals is read in lower case, so it is admitted
+/// or refused as its lower-case spelling is, in every mode, and the proxy dials that spelling.
+#[test]
+fn an_external_backend_host_in_capitals_is_read_in_lower_case_in_every_mode() {
+    let out = to_host("API.Example.com", ExternalNameBackends::External);
+    assert_resolved(&out);
+    let backends = app_backends(&out);
+    assert_eq!(backends[0].url, "http://api.example.com.:8080");
+    assert!(backends[0].public_only);
+    let out = to_host("API.Example.com", ExternalNameBackends::Any);
+    assert_eq!(app_backends(&out)[0].url, "http://api.example.com:8080");
+    // A name inside the cluster is one whatever its case.
+    let out = to_host(
+        "WEB.infra.SVC.Cluster.Local",
+        ExternalNameBackends::External,
+    );
+    assert_refused(
+        &out,
+        "spec.host \"web.infra.svc.cluster.local\" is under the cluster domain cluster.local",
+    );
+    // What is refused names the ExternalBackend's field.
+    let out = to_host("API_v1.Example.com", ExternalNameBackends::External);
+    assert_refused(&out, "spec.host \"api_v1.example.com\" is not a DNS name");
+    // TLS verifies the lower-case name.
+    let out = run(&format!(
+        "{}{}",
+        external_backend(
+            "infra",
+            "api",
+            "{scheme: https, host: API.Example.com, port: 443}"
+        ),
+        route_to("infra", None)
+    ));
+    let backends = app_backends(&out);
+    assert_eq!(backends[0].url, "https://api.example.com.:443");
+    assert_eq!(
+        backends[0]
+            .tls
+            .as_ref()
+            .and_then(|t| t.server_name.as_deref()),
+        Some("api.example.com")
+    );
 }
 
 #[test]
