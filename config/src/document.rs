@@ -429,9 +429,9 @@ pub struct Backend {
     pub unavailable_status: Option<u16>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<BackendTls>,
-    /// Dial only public (global unicast) addresses of the URL's host, checked at every dial: a
-    /// name its owner picked (an ExternalName Service) cannot then reach the cluster or the
-    /// node through a DNS record pointing at a private address. Absent: false.
+    /// Dial only public addresses ([`crate::address::is_public`]) of the URL's host, checked at
+    /// every dial: a name its owner picked (an ExternalName Service) cannot then reach the
+    /// cluster or the node through a DNS record pointing at a private address. Absent: false.
     #[serde(
         default,
         deserialize_with = "null_as_default",

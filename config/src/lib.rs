@@ -16,12 +16,16 @@
 //! both apply to what they pass on, and a path's canonical form ([`path`]) the one requests
 //! are routed on and rule path values are written in.
 //!
+//! Which addresses are public ([`address::is_public`]) is the rule behind `publicOnly`: the
+//! proxy applies it at each dial, the controller to the IP literals it can judge ahead.
+//!
 //! What the config API answers a pusher ([`api::ConfigState`]) is written here too, so a pusher
 //! reads what the proxy says it enforces.
 //!
 //! What it leaves out: anything that does I/O or needs a runtime (dialling backends, serving
 //! requests, connecting to the edge) belongs to the proxy and the tunnel connector.
 
+pub mod address;
 pub mod api;
 mod document;
 mod duration;

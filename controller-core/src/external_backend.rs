@@ -146,7 +146,9 @@ pub enum SubjectAltNameType {
 }
 
 impl ExternalBackendSpec {
-    /// The backend URL the proxy dials, or why there is none (the field named).
+    /// The backend URL the proxy dials, or why there is none (the field named). The host is
+    /// written in lower case: DNS names are case-insensitive, and lower case is the form the
+    /// admission checks read.
     ///
     /// # Errors
     /// A port out of range, a path not starting with `/`, or a host that does not make a
@@ -167,11 +169,15 @@ impl ExternalBackendSpec {
             ExternalBackendScheme::Http => "http",
             ExternalBackendScheme::Https => "https",
         };
-        let url = format!("{scheme}://{}:{}{path}", self.host, self.port);
+        let url = format!(
+            "{scheme}://{}:{}{path}",
+            self.host.to_ascii_lowercase(),
+            self.port
+        );
         // The config contract's reading of the URL: the host must come back as written.
         let target = valid::Target::new(&url, BackendProtocol::Http1, false, None, false).ok();
         let read_back =
-            target.is_some_and(|t| &*t.host == self.dial_host() && i32::from(t.port) == self.port);
+            target.is_some_and(|t| *t.host == self.dial_host() && i32::from(t.port) == self.port);
         if !valid_host || !read_back {
             return Err(format!(
                 "host: {:?} is not a hostname or IP address (no scheme, port or path; IPv6 bracketed)",
@@ -181,9 +187,12 @@ impl ExternalBackendSpec {
         Ok(url)
     }
 
-    /// The host dialled, without the brackets of an IPv6 literal.
-    pub fn dial_host(&self) -> &str {
-        self.host.trim_start_matches('[').trim_end_matches(']')
+    /// The host dialled, in lower case and without the brackets of an IPv6 literal.
+    pub fn dial_host(&self) -> String {
+        self.host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_ascii_lowercase()
     }
 }
 
@@ -226,6 +235,15 @@ mod tests {
         assert_eq!(
             spec(Http, "[2001:db8::1]", 80, None).dial_host(),
             "2001:db8::1"
+        );
+        // DNS names and IPv6 hex digits are case-insensitive: written in lower case.
+        assert_eq!(
+            spec(Https, "API.Example.com", 443, None).url().as_deref(),
+            Ok("https://api.example.com:443")
+        );
+        assert_eq!(
+            spec(Http, "[2001:DB8::A]", 80, None).dial_host(),
+            "2001:db8::a"
         );
     }
 

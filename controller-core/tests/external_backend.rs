@@ -2,8 +2,9 @@
 //! the document applied to an in-process proxy, and requests go through it over real sockets
 //! to an echo backend on loopback. Under `--external-name-backends=any` the backend gets the
 //! base path before the request's path and the ExternalBackend's query parameters beside the
-//! request's (which win a name both use); under `external`, the default, the proxy refuses to
-//! dial the loopback address, as it does for an ExternalName Service's.
+//! request's (which win a name both use); under `external`, the default, the loopback address
+//! is refused by the controller, by the rule the proxy dials by, and the proxy answers 500
+//! without dialling it.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -48,7 +49,11 @@ spec:
     )
 }
 
-fn config(manifests: &str, mode: ExternalNameBackends) -> cftunnel_config::Config {
+/// The shared plane's document and the route's `ResolvedRefs` (status, reason, message).
+fn translated(
+    manifests: &str,
+    mode: ExternalNameBackends,
+) -> (cftunnel_config::Config, (bool, Reason, String)) {
     let mut snapshot = Snapshot::default();
     manifest::load_into(&mut snapshot, manifests, "external-backend.yaml").expect("parses");
     let output = translate::translate(
@@ -65,11 +70,10 @@ fn config(manifests: &str, mode: ExternalNameBackends) -> cftunnel_config::Confi
     let resolved = parents[0]
         .condition(ConditionType::ResolvedRefs)
         .expect("ResolvedRefs");
-    assert_eq!(
-        (resolved.status, resolved.reason),
-        (true, Reason::ResolvedRefs)
-    );
-    output.configs[&PlaneKey::Shared].clone()
+    (
+        output.configs[&PlaneKey::Shared].clone(),
+        (resolved.status, resolved.reason, resolved.message.clone()),
+    )
 }
 
 async fn get(proxy: SocketAddr, path: &str) -> (u16, serde_json::Value) {
@@ -93,12 +97,11 @@ async fn an_external_backend_gets_its_base_path_and_query_and_is_dialled_only_wh
         .expect("echo starts");
         let manifests = manifests(echo.http_addr());
 
-        let proxy = Server::start(
-            ServerOptions::default(),
-            Some(config(&manifests, ExternalNameBackends::Any)),
-        )
-        .await
-        .expect("the proxy starts with the translated document");
+        let (config, (status, reason, message)) = translated(&manifests, ExternalNameBackends::Any);
+        assert_eq!((status, reason), (true, Reason::ResolvedRefs), "{message}");
+        let proxy = Server::start(ServerOptions::default(), Some(config))
+            .await
+            .expect("the proxy starts with the translated document");
         let (status, body) = get(proxy.data_addr(), "/orders?q=1").await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(echo.count_echoed("/v1/orders?q=1&token=abc&region=eu"), 1);
@@ -110,16 +113,26 @@ async fn an_external_backend_gets_its_base_path_and_query_and_is_dialled_only_wh
         assert_eq!(status, 200);
         assert_eq!(echo.count_echoed("/v1/?token=abc&region=eu"), 1);
 
-        // `external`: the loopback address is not public; the proxy does not dial it.
+        // `external`: the loopback address is not public. The controller refuses it by the
+        // rule the proxy dials by, saying so on the route, and the proxy answers 500 for it
+        // without dialling.
         let before = echo.log_lines().len();
-        let refusing = Server::start(
-            ServerOptions::default(),
-            Some(config(&manifests, ExternalNameBackends::External)),
-        )
-        .await
-        .expect("the proxy starts");
+        let (config, (status, reason, message)) =
+            translated(&manifests, ExternalNameBackends::External);
+        assert_eq!((status, reason), (false, Reason::InvalidKind), "{message}");
+        assert!(
+            message.contains(&format!(
+                "ExternalBackend shop/legacy is refused: spec.host \"{}\" is an IP address \
+                 that is not public",
+                echo.http_addr().ip()
+            )),
+            "{message}"
+        );
+        let refusing = Server::start(ServerOptions::default(), Some(config))
+            .await
+            .expect("the proxy starts");
         let (status, _) = get(refusing.data_addr(), "/orders").await;
-        assert!(status >= 500, "refused, not proxied: {status}");
+        assert_eq!(status, 500, "refused, not proxied");
         assert_eq!(echo.log_lines().len(), before, "the backend saw nothing");
     })
     .await

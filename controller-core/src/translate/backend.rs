@@ -1,9 +1,10 @@
 //! Backend references: Service lookup, cross-namespace ReferenceGrant checks, endpoint
-//! resolution from EndpointSlices, ExternalName admission (see [`super::external_name`]), TLS
-//! to the backend (a BackendTLSPolicy, see [`super::backend_tls`], or a port that asks for it),
-//! and the even split of a Service's weight across its ready endpoints. ServiceImports and
-//! ExternalBackends have modules of their own ([`super::service_import`],
-//! [`super::external_backend`]); what they all yield is [`super::backend_ref`]'s.
+//! resolution from EndpointSlices (IPv4 and IPv6 ones), ExternalName admission (see
+//! [`super::external_name`]), TLS to the backend (a BackendTLSPolicy, see
+//! [`super::backend_tls`], or a port that asks for it), and the even split of a Service's
+//! weight across its ready endpoints. ServiceImports and ExternalBackends have modules of
+//! their own ([`super::service_import`], [`super::external_backend`]); what they all yield is
+//! [`super::backend_ref`]'s.
 
 use cftunnel_config::{Backend, BackendProtocol, BackendTls, Filter};
 use k8s_openapi::api::core::v1::ServicePort as KubeServicePort;
@@ -14,7 +15,7 @@ use super::backend_ref::{
     APP_PROTOCOL_H2C, APP_PROTOCOL_WS, APP_PROTOCOL_WSS,
 };
 use super::backend_tls::PortKey;
-use super::external_name::{self, ExternalNameBackends};
+use super::external_name::{self, ExternalNameBackends, HostField};
 use super::field::Field;
 use super::service_import;
 use super::{Index, Options, RouteKind, GATEWAY_CONFIG_GROUP};
@@ -86,6 +87,7 @@ pub(super) fn resolve<'a>(
             .unwrap_or_default();
         let host = external_name::dial_host(
             external_name,
+            HostField::ExternalName,
             options.external_name_backends,
             &options.cluster_domain,
         )
@@ -229,6 +231,11 @@ impl Tls {
 }
 
 /// Ready endpoints of `service_port`, as sorted, de-duplicated `scheme://host:port` URLs.
+///
+/// Only IPv4 and IPv6 slices count, as with kube-proxy. An `FQDN` slice's addresses are names
+/// whoever may write EndpointSlices in the namespace picks, with no Service of theirs behind
+/// them (`kubernetes.default.svc`, another namespace's Service, `localhost`): dialled, they
+/// would pass `--external-name-backends` and ReferenceGrants by.
 fn endpoint_urls(
     scheme: &str,
     service_port: &KubeServicePort,
@@ -242,6 +249,11 @@ fn endpoint_urls(
             .sum(),
     );
     for slice in slices {
+        let v6 = match slice.address_type.as_str() {
+            "IPv4" => false,
+            "IPv6" => true,
+            _ => continue,
+        };
         let Some(target) = slice
             .ports
             .iter()
@@ -253,7 +265,6 @@ fn endpoint_urls(
         };
         let mut port = itoa::Buffer::new();
         let target = port.format(target);
-        let v6 = slice.address_type == "IPv6";
         for endpoint in slice.endpoints.iter().flatten() {
             let ready = endpoint
                 .conditions

@@ -1,8 +1,10 @@
 //! backendRefs to an `ExternalBackend` ([`crate::external_backend`]): the URL its spec makes,
 //! admitted as ExternalName Services are (`--external-name-backends`): refused under `deny`;
-//! under `external` a name that means the cluster is refused ([`external_name::dial_host`]) and
-//! the proxy dials only public addresses (`publicOnly`, also for IP literals); under `any`
-//! dialled as written. Another namespace's needs a ReferenceGrant there.
+//! under `external` a name that means the cluster is refused ([`external_name::dial_host`]), as
+//! is an IP literal that is not public ([`address::is_public`], the proxy's own rule), and the
+//! proxy dials only public addresses of the rest (`publicOnly`); under `any` dialled as
+//! written. The host is read in lower case in every mode. Another namespace's needs a
+//! ReferenceGrant there.
 //!
 //! An `https` one's `tls` is read with BackendTLSPolicy's code ([`backend_tls::settings`],
 //! [`backend_tls::ca_certificates`]), with one difference: any CA reference that cannot be
@@ -12,17 +14,23 @@
 //! A GRPCRoute's backends are all dialled over HTTP/2, this kind's too (the route forces the
 //! protocol): h2c for `http`, HTTP/2 by ALPN for `https`.
 
-use cftunnel_config::{BackendProtocol, BackendTls};
+use std::net::IpAddr;
+
+use cftunnel_config::{address, BackendProtocol, BackendTls};
 
 use super::backend_ref::{BackendRefError, BackendRefView, Resolved, ServiceUrl};
 use super::backend_tls::{self, CaRef};
-use super::external_name::{self, ExternalNameBackends};
+use super::external_name::{self, ExternalNameBackends, HostField, Refusal};
 use super::field::Field;
 use super::status::Reason;
 use super::{Index, Options, RouteKind, GATEWAY_CONFIG_GROUP};
 use crate::external_backend::{
     ExternalBackendScheme, ExternalBackendTls, SubjectAltNameType, EXTERNAL_BACKEND_KIND,
 };
+
+/// Why every ExternalBackend is refused under `--external-name-backends=deny`.
+const DENIED: &str =
+    "is refused: external backends are not admitted (--external-name-backends=deny)";
 
 pub(super) fn resolve(
     r: BackendRefView<'_>,
@@ -63,24 +71,17 @@ pub(super) fn resolve(
         .url()
         .map_err(|e| refuse(Reason::InvalidKind, format!("cannot be used: spec.{e}")))?;
     let mode = options.external_name_backends;
+    // In lower case, as `url` writes it (DNS names are case-insensitive): one spelling for
+    // every mode and check.
     let host = spec.dial_host();
-    let is_ip = host.parse::<std::net::IpAddr>().is_ok();
+    let host = host.as_str();
     let url = match mode {
-        ExternalNameBackends::Deny => {
-            return Err(refuse(
-                Reason::InvalidKind,
-                "is refused: external backends are not admitted (--external-name-backends=deny)"
-                    .to_owned(),
-            ))
+        ExternalNameBackends::Deny => return Err(refuse(Reason::InvalidKind, DENIED.to_owned())),
+        ExternalNameBackends::External => {
+            let refused = |r| refuse(Reason::InvalidKind, format!("is refused: {r}"));
+            external_url(url, host, &options.cluster_domain).map_err(refused)?
         }
-        ExternalNameBackends::External if !is_ip => {
-            // The same judgement as an ExternalName Service's name, and the absolute name it
-            // makes, so that the proxy pod's search domains never apply.
-            let absolute = external_name::dial_host(host, mode, &options.cluster_domain)
-                .map_err(|refusal| refuse(Reason::InvalidKind, format!("is refused: {refusal}")))?;
-            url.replacen(&format!("://{host}:"), &format!("://{absolute}:"), 1)
-        }
-        _ => url,
+        ExternalNameBackends::Any => url,
     };
     let tls = match (spec.scheme, &spec.tls) {
         (ExternalBackendScheme::Http, None) => None,
@@ -113,6 +114,30 @@ pub(super) fn resolve(
         tls_refused: false,
         port: None,
     })
+}
+
+/// The URL dialled under `--external-name-backends=external` for `url`, whose host is `host`,
+/// or why it is refused.
+fn external_url(url: String, host: &str, cluster_domain: &str) -> Result<String, Refusal> {
+    match host.parse::<IpAddr>() {
+        // The proxy would refuse every dial to it (`publicOnly`): refused here, with the reason,
+        // rather than admitted with every request failing.
+        Ok(ip) if !address::is_public(ip) => Err(Refusal::NotPublic(
+            HostField::ExternalBackendHost.written(host),
+        )),
+        Ok(_) => Ok(url),
+        Err(_) => {
+            // The same judgement as an ExternalName Service's name, and the absolute name it
+            // makes, so that the proxy pod's search domains never apply.
+            let absolute = external_name::dial_host(
+                host,
+                HostField::ExternalBackendHost,
+                ExternalNameBackends::External,
+                cluster_domain,
+            )?;
+            Ok(url.replacen(&format!("://{host}:"), &format!("://{absolute}:"), 1))
+        }
+    }
 }
 
 /// The TLS settings `spec.tls` gives, or the reason and message refusing the backendRef.

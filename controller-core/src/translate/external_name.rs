@@ -61,40 +61,88 @@ impl FromStr for ExternalNameBackends {
     }
 }
 
-/// Why an ExternalName Service is not admitted as a backend.
+/// Why an ExternalName Service, or an ExternalBackend judged as one, is not admitted as a
+/// backend. Each names the host and the field it was read from.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     #[error("ExternalName backends are not admitted (--external-name-backends=deny)")]
     Denied,
-    #[error("externalName {0:?} is not a DNS name")]
-    NotADnsName(String),
+    #[error("{0} is not a DNS name")]
+    NotADnsName(Written),
     #[error(
-        "externalName {name:?} is under the cluster domain {domain}, inside the cluster; \
-         only names outside it are admitted (--external-name-backends=external)"
+        "{name} is under the cluster domain {domain}, inside the cluster; only names outside \
+         it are admitted (--external-name-backends=external)"
     )]
-    ClusterDomain { name: String, domain: String },
+    ClusterDomain { name: Written, domain: Box<str> },
     #[error(
-        "externalName {0:?} is under {CLUSTER_SET_DOMAIN}, the multi-cluster Services domain, \
-         which reaches Services of the cluster set; only names outside the cluster are \
-         admitted (--external-name-backends=external)"
-    )]
-    ClusterSet(String),
-    #[error(
-        "externalName {0:?} is an IP address, which may be inside the cluster; only names \
-         outside it are admitted (--external-name-backends=external)"
-    )]
-    IpAddress(String),
-    #[error(
-        "externalName {0:?} names the proxy's own host; only names outside the cluster are \
-         admitted (--external-name-backends=external)"
-    )]
-    Loopback(String),
-    #[error(
-        "externalName {0:?} is a single label, which resolves through the proxy pod's search \
-         domains; only fully qualified names outside the cluster are admitted \
+        "{0} is under {CLUSTER_SET_DOMAIN}, the multi-cluster Services domain, which reaches \
+         Services of the cluster set; only names outside the cluster are admitted \
          (--external-name-backends=external)"
     )]
-    SingleLabel(String),
+    ClusterSet(Written),
+    #[error(
+        "{0} is an IP address, which may be inside the cluster; only names outside it are \
+         admitted (--external-name-backends=external)"
+    )]
+    IpAddress(Written),
+    #[error(
+        "{0} is an IP address that is not public (loopback, private, link-local, a cloud's \
+         metadata or host endpoint, ...), which the proxy does not dial; only public addresses \
+         are admitted (--external-name-backends=external)"
+    )]
+    NotPublic(Written),
+    #[error(
+        "{0} names the proxy's own host; only names outside the cluster are admitted \
+         (--external-name-backends=external)"
+    )]
+    Loopback(Written),
+    #[error(
+        "{0} is a single label, which resolves through the proxy pod's search domains; only \
+         fully qualified names outside the cluster are admitted \
+         (--external-name-backends=external)"
+    )]
+    SingleLabel(Written),
+}
+
+/// A host and the field it was read from: refusals quote it as `field "host"`, in the terms of
+/// the object its owner wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    pub field: HostField,
+    pub host: Box<str>,
+}
+
+impl fmt::Display for Written {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {:?}", self.field.as_str(), self.host)
+    }
+}
+
+/// The field a dialled host is read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostField {
+    /// An ExternalName Service's `spec.externalName`.
+    ExternalName,
+    /// An ExternalBackend's `spec.host`.
+    ExternalBackendHost,
+}
+
+impl HostField {
+    /// The field's name in refusals, as the object's owner knows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ExternalName => "externalName",
+            Self::ExternalBackendHost => "spec.host",
+        }
+    }
+
+    /// `host`, as written in this field.
+    pub(super) fn written(self, host: &str) -> Written {
+        Written {
+            field: self,
+            host: host.into(),
+        }
+    }
 }
 
 /// The domain of multi-cluster Services (KEP-1645): its names resolve, through the cluster's
@@ -102,13 +150,15 @@ pub enum Refusal {
 const CLUSTER_SET_DOMAIN: &str = "clusterset.local";
 
 /// The host the proxy dials for an ExternalName Service whose `spec.externalName` is
-/// `external_name`, or why it is refused under `admitted`.
+/// `external_name` (or an ExternalBackend whose `spec.host` is, as `field` says), or why it is
+/// refused under `admitted`.
 ///
 /// With [`ExternalNameBackends::External`] the host ends with a dot: an absolute name, which
 /// the resolver looks up as it is, never with the pod's search domains appended (the proxy
 /// sends the client's host, not this one, in `Host`).
 pub(super) fn dial_host(
     external_name: &str,
+    field: HostField,
     admitted: ExternalNameBackends,
     cluster_domain: &str,
 ) -> Result<String, Refusal> {
@@ -119,7 +169,7 @@ pub(super) fn dial_host(
     // (from manifests) would make the proxy refuse the whole push.
     let name = external_name.strip_suffix('.').unwrap_or(external_name);
     if !is_dns_subdomain(name) {
-        return Err(Refusal::NotADnsName(external_name.to_owned()));
+        return Err(Refusal::NotADnsName(field.written(external_name)));
     }
     if admitted == ExternalNameBackends::Any {
         return Ok(external_name.to_owned());
@@ -128,24 +178,24 @@ pub(super) fn dial_host(
     // The resolver takes the legacy IPv4 forms too (`10.7`, `167772167`, `0x7f000001`,
     // `0177.0.0.1`), and a top-level domain is never numeric (RFC 3696 §2).
     if labels.last().is_some_and(|tld| is_ipv4_part(tld)) {
-        return Err(Refusal::IpAddress(external_name.to_owned()));
+        return Err(Refusal::IpAddress(field.written(external_name)));
     }
     // RFC 6761 §6.3: `localhost` and names under it are the loopback interface.
     if labels.last() == Some(&"localhost") {
-        return Err(Refusal::Loopback(external_name.to_owned()));
+        return Err(Refusal::Loopback(field.written(external_name)));
     }
     if labels.len() < 2 {
-        return Err(Refusal::SingleLabel(external_name.to_owned()));
+        return Err(Refusal::SingleLabel(field.written(external_name)));
     }
     let domain = cluster_domain.trim_matches('.').to_ascii_lowercase();
     if !domain.is_empty() && is_under(name, &domain) {
         return Err(Refusal::ClusterDomain {
-            name: external_name.to_owned(),
-            domain,
+            name: field.written(external_name),
+            domain: domain.into(),
         });
     }
     if is_under(name, CLUSTER_SET_DOMAIN) {
-        return Err(Refusal::ClusterSet(external_name.to_owned()));
+        return Err(Refusal::ClusterSet(field.written(external_name)));
     }
     Ok(format!("{name}."))
 }

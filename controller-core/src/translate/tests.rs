@@ -776,6 +776,44 @@ fn service_weight_is_split_evenly_across_ready_endpoints() {
     );
 }
 
+/// An `FQDN` EndpointSlice names hosts whoever writes EndpointSlices in the namespace picks,
+/// with no Service of theirs behind them: its endpoints are left out, as kube-proxy leaves them,
+/// so a selector-less Service cannot lead the proxy into the cluster's API server, another
+/// namespace's Service or the node. A Service with nothing else has no ready endpoint (503).
+#[test]
+fn fqdn_endpoint_slices_are_not_dialled() {
+    let fqdn_slice = |service: &str| {
+        format!(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {service}-fqdn, namespace: infra, labels: {{kubernetes.io/service-name: {service}}}}}\naddressType: FQDN\nports: [{{port: 443}}]\nendpoints:\n- addresses: [kubernetes.default.svc.cluster.local]\n- addresses: [web.web.svc.cluster.local]\n- addresses: [localhost]\n---\n"
+        )
+    };
+    let objects = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: names, namespace: infra}}\nspec: {{ports: [{{port: 8080, targetPort: 443}}]}}\n---\n{}apiVersion: v1\nkind: Service\nmetadata: {{name: mixed, namespace: infra}}\nspec: {{ports: [{{port: 8080, targetPort: 443}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: mixed-a, namespace: infra, labels: {{kubernetes.io/service-name: mixed}}}}\naddressType: IPv4\nports: [{{port: 443}}]\nendpoints:\n- addresses: [10.0.4.1]\n---\n{}{}",
+        fqdn_slice("names"),
+        fqdn_slice("mixed"),
+        http_route(
+            "infra",
+            "r",
+            "  parentRefs: [{name: gw}]\n  rules: [{backendRefs: [{name: names, port: 8080}, {name: mixed, port: 8080}]}]",
+        ),
+    );
+    let out = run(&objects);
+    assert_eq!(
+        only_rule(&out).backends,
+        vec![
+            Backend {
+                unavailable_status: Some(503),
+                ..backend("http://names.infra.svc.cluster.local:8080", 1)
+            },
+            backend("http://10.0.4.1:443", 1),
+        ]
+    );
+    assert_eq!(
+        condition(&out, "infra", "r", ConditionType::ResolvedRefs),
+        (true, Reason::ResolvedRefs)
+    );
+}
+
 #[test]
 fn app_protocol_dns_fallback_and_external_name_shape_the_backend() {
     let out = run(&http_route(

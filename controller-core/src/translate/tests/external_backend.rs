@@ -93,47 +93,165 @@ fn an_https_external_backend_verifies_its_name_without_the_absolute_dot() {
     );
 }
 
+/// The route's `ResolvedRefs`: status, reason and message.
+fn resolved_refs(out: &Output) -> (bool, Reason, String) {
+    let c = route_status(out, "infra", "app")[0]
+        .condition(ConditionType::ResolvedRefs)
+        .expect("ResolvedRefs");
+    (c.status, c.reason, c.message.clone())
+}
+
+/// Route `app` to ExternalBackend `api` at `host:8080`, translated under `mode`.
+fn to_host(host: &str, mode: ExternalNameBackends) -> Output {
+    translate_with_mode(
+        &format!(
+            "{}{}",
+            external_backend(
+                "infra",
+                "api",
+                &format!("{{scheme: http, host: \"{host}\", port: 8080}}")
+            ),
+            route_to("infra", None)
+        ),
+        mode,
+    )
+}
+
+fn assert_resolved(out: &Output) {
+    let (status, reason, message) = resolved_refs(out);
+    assert_eq!((status, reason), (true, Reason::ResolvedRefs), "{message}");
+}
+
+/// `app`'s share of `api` fails closed (500), and `ResolvedRefs` says why, naming the
+/// ExternalBackend and `message`.
+fn assert_refused(out: &Output, message: &str) {
+    let (status, reason, got) = resolved_refs(out);
+    assert_eq!((status, reason), (false, Reason::InvalidKind), "{got}");
+    assert!(
+        got.contains(&format!("ExternalBackend infra/api is refused: {message}")),
+        "{got}"
+    );
+    let backends = app_backends(out);
+    assert!(
+        !backends.is_empty() && backends.iter().all(|b| b.unavailable_status == Some(500)),
+        "{backends:?}"
+    );
+}
+
 #[test]
 fn external_backends_are_admitted_as_external_name_backends_are() {
-    let objects = format!(
-        "{}{}",
-        external_backend(
-            "infra",
-            "api",
-            "{scheme: http, host: 127.0.0.1, port: 8080}"
-        ),
-        route_to("infra", None)
+    // `external`: an IP literal that is not public is refused, as the proxy would refuse to
+    // dial it (`publicOnly`).
+    let out = to_host("127.0.0.1", ExternalNameBackends::External);
+    assert_refused(
+        &out,
+        "spec.host \"127.0.0.1\" is an IP address that is not public",
     );
-    // `external`: an IP literal is dialled only if public, which loopback is not (at dial time).
-    let out = translate_with_mode(&objects, ExternalNameBackends::External);
-    let backends = app_backends(&out);
-    assert_eq!(backends[0].url, "http://127.0.0.1:8080");
-    assert!(backends[0].public_only);
     // `any`: as written.
-    let out = translate_with_mode(&objects, ExternalNameBackends::Any);
+    let out = to_host("127.0.0.1", ExternalNameBackends::Any);
+    assert_resolved(&out);
+    assert_eq!(app_backends(&out)[0].url, "http://127.0.0.1:8080");
     assert!(!app_backends(&out)[0].public_only);
     // `deny`: refused, the rule's share fails closed.
-    let out = translate_with_mode(&objects, ExternalNameBackends::Deny);
-    assert_eq!(
-        condition(&out, "infra", "app", ConditionType::ResolvedRefs),
-        (false, Reason::InvalidKind)
-    );
-    assert!(app_backends(&out)
-        .iter()
-        .all(|b| b.unavailable_status.is_some()));
+    let out = to_host("127.0.0.1", ExternalNameBackends::Deny);
+    assert_refused(&out, "external backends are not admitted");
     // A name inside the cluster is refused under `external`.
+    let out = to_host(
+        "web.infra.svc.cluster.local",
+        ExternalNameBackends::External,
+    );
+    assert_refused(
+        &out,
+        "spec.host \"web.infra.svc.cluster.local\" is under the cluster domain cluster.local",
+    );
+}
+
+/// Under `external` an IP literal is judged by the proxy's own rule ahead: one the proxy would
+/// never dial (private, loopback, link-local, metadata and host endpoints, IPv6 forms of
+/// those) is refused with the reason; a public one is admitted, still dialled `publicOnly`.
+#[test]
+fn ip_literal_external_backends_are_admitted_under_external_only_if_public() {
+    for (host, written) in [
+        ("10.0.0.5", "10.0.0.5"),
+        ("169.254.169.254", "169.254.169.254"),
+        ("168.63.129.16", "168.63.129.16"),
+        ("0.0.0.0", "0.0.0.0"),
+        ("[::1]", "::1"),
+        ("[::ffff:10.0.0.5]", "::ffff:10.0.0.5"),
+        ("[fd00:ec2::254]", "fd00:ec2::254"),
+        ("[FE80::1]", "fe80::1"),
+    ] {
+        let out = to_host(host, ExternalNameBackends::External);
+        assert_refused(
+            &out,
+            &format!("spec.host \"{written}\" is an IP address that is not public"),
+        );
+        assert!(
+            resolved_refs(&out)
+                .2
+                .contains("(--external-name-backends=external)"),
+            "{host}"
+        );
+    }
+    for (host, url) in [
+        ("1.1.1.1", "http://1.1.1.1:8080"),
+        ("[2606:4700::1111]", "http://[2606:4700::1111]:8080"),
+    ] {
+        let out = to_host(host, ExternalNameBackends::External);
+        assert_resolved(&out);
+        let backends = app_backends(&out);
+        assert_eq!(backends.len(), 1);
+        assert_eq!(backends[0].url, url);
+        assert!(backends[0].public_only);
+        assert_eq!(backends[0].unavailable_status, None);
+    }
+    // `any` dials every address as written.
+    let out = to_host("10.0.0.5", ExternalNameBackends::Any);
+    assert_eq!(app_backends(&out)[0].url, "http://10.0.0.5:8080");
+    assert_eq!(app_backends(&out)[0].unavailable_status, None);
+}
+
+/// DNS names are case-insensitive: a host in capitals is read in lower case, so it is admitted
+/// or refused as its lower-case spelling is, in every mode, and the proxy dials that spelling.
+#[test]
+fn an_external_backend_host_in_capitals_is_read_in_lower_case_in_every_mode() {
+    let out = to_host("API.Example.com", ExternalNameBackends::External);
+    assert_resolved(&out);
+    let backends = app_backends(&out);
+    assert_eq!(backends[0].url, "http://api.example.com.:8080");
+    assert!(backends[0].public_only);
+    let out = to_host("API.Example.com", ExternalNameBackends::Any);
+    assert_eq!(app_backends(&out)[0].url, "http://api.example.com:8080");
+    // A name inside the cluster is one whatever its case.
+    let out = to_host(
+        "WEB.infra.SVC.Cluster.Local",
+        ExternalNameBackends::External,
+    );
+    assert_refused(
+        &out,
+        "spec.host \"web.infra.svc.cluster.local\" is under the cluster domain cluster.local",
+    );
+    // What is refused names the ExternalBackend's field.
+    let out = to_host("API_v1.Example.com", ExternalNameBackends::External);
+    assert_refused(&out, "spec.host \"api_v1.example.com\" is not a DNS name");
+    // TLS verifies the lower-case name.
     let out = run(&format!(
         "{}{}",
         external_backend(
             "infra",
             "api",
-            "{scheme: http, host: web.infra.svc.cluster.local, port: 80}"
+            "{scheme: https, host: API.Example.com, port: 443}"
         ),
         route_to("infra", None)
     ));
+    let backends = app_backends(&out);
+    assert_eq!(backends[0].url, "https://api.example.com.:443");
     assert_eq!(
-        condition(&out, "infra", "app", ConditionType::ResolvedRefs),
-        (false, Reason::InvalidKind)
+        backends[0]
+            .tls
+            .as_ref()
+            .and_then(|t| t.server_name.as_deref()),
+        Some("api.example.com")
     );
 }
 
