@@ -350,7 +350,10 @@ fn the_pools_egress_policy_admits_dns_the_edge_and_the_backends_the_values_name(
                     namespace_selector: Some(LabelSelector::default()),
                     ..NetworkPolicyPeer::default()
                 };
-                std::iter::once(every_pod)
+                let all_pods = egress["backends"]["allPods"].as_bool() == Some(true);
+                all_pods
+                    .then_some(every_pod)
+                    .into_iter()
                     .chain(blocks(vec![
                         ("0.0.0.0/0".to_owned(), v4),
                         ("::/0".to_owned(), v6),
@@ -367,6 +370,25 @@ fn the_pools_egress_policy_admits_dns_the_edge_and_the_backends_the_values_name(
             [dns, edge, backends].into_iter().chain(extra).collect();
         assert_eq!(rules, expected, "{file}");
     }
+    // Pods by selector only with allPods: `except` then bounds them too.
+    let off = "{proxy: {networkPolicy: {egress: {backends: {allPods: false}}}}}";
+    let rendered = render(tools, "egress-any-values.yaml", off);
+    let policy = rendered.one::<NetworkPolicy>("NetworkPolicy", &egress_name);
+    let peers: Vec<NetworkPolicyPeer> = policy
+        .spec
+        .and_then(|s| s.egress)
+        .into_iter()
+        .flatten()
+        .flat_map(|rule| rule.to.unwrap_or_default())
+        .collect();
+    let every_pod = Some(LabelSelector::default());
+    assert!(
+        peers.iter().all(|p| p.namespace_selector != every_pod),
+        "{peers:?}"
+    );
+    assert!(peers
+        .iter()
+        .any(|p| p.ip_block.as_ref().is_some_and(|b| b.cidr == "0.0.0.0/0")));
 }
 
 #[test]
