@@ -66,6 +66,20 @@ impl Carried {
         carried
     }
 
+    /// What an ingress document as [`Carried::document`] writes it carries.
+    fn of_document(document: &Value) -> Self {
+        let mut carried = Self::default();
+        for entry in document["ingress"].as_array().into_iter().flatten() {
+            match entry.get("hostname").and_then(Value::as_str) {
+                Some(hostname) => {
+                    carried.hostnames.insert(hostname.to_owned());
+                }
+                None => carried.any_host |= entry["service"] == ORIGIN,
+            }
+        }
+        carried
+    }
+
     /// Whether a rule with `hostnames` is sent to the proxies by this document.
     pub fn carries(&self, hostnames: &[String]) -> bool {
         if hostnames.is_empty() {
@@ -532,6 +546,8 @@ pub struct TunnelSync {
     written: HashMap<WriterKey, Vec<u8>>,
     /// Tunnels whose real token was seen to hold a given secret (by digest).
     verified: HashMap<Uuid, Vec<u8>>,
+    /// Per tunnel, what the last document written to it carries.
+    landed: HashMap<Uuid, Carried>,
     /// Per tunnel and writer: the write that failed last, answered from here until its wait
     /// is over.
     failed: Held<WriterKey>,
@@ -544,8 +560,9 @@ pub struct TunnelSync {
 /// A tunnel and who writes its document (a digest of account, API token and claimed secret).
 type WriterKey = (Uuid, Vec<u8>);
 
-/// What a write returns: the secret it verified the tunnel's token holds, if it did.
-type Wrote = Result<Option<Vec<u8>>, String>;
+/// What a write returns: the secret it verified the tunnel's token holds, if it did, and the
+/// document it wrote.
+type Wrote = Result<(Option<Vec<u8>>, Value), String>;
 
 /// What became of a tunnel's document in a call that did not fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -594,6 +611,7 @@ impl TunnelSync {
         Self {
             written: HashMap::new(),
             verified: HashMap::new(),
+            landed: HashMap::new(),
             failed: Held::new(first, max),
             writes: InFlight::new(CONCURRENT_WRITES, Arc::new(Notify::new())),
             wait: None,
@@ -687,9 +705,11 @@ impl TunnelSync {
                 let document = document.clone();
                 let verified = self.verified.get(&target.tunnel).cloned();
                 // Its calls stay in the caller's trace, however long they outlive the call.
-                let write =
-                    async move { write(&api, &target, &document, verified.as_deref()).await }
-                        .instrument(tracing::Span::current());
+                let write = async move {
+                    let verified = write(&api, &target, &document, verified.as_deref()).await?;
+                    Ok((verified, document))
+                }
+                .instrument(tracing::Span::current());
                 self.writes.start(key.clone(), digest.clone(), write);
                 started.push(key.clone());
                 *sent = true;
@@ -742,11 +762,12 @@ impl TunnelSync {
             let outcome =
                 outcome.unwrap_or_else(|| Err("the write failed unexpectedly".to_owned()));
             match outcome {
-                Ok(verified) => {
+                Ok((verified, document)) => {
                     self.failed.succeeded(&key);
                     if let Some(v) = verified {
                         self.verified.insert(key.0, v);
                     }
+                    self.landed.insert(key.0, Carried::of_document(&document));
                     self.written.insert(key.clone(), digest.clone());
                     wrote.insert((key, digest));
                 }
@@ -759,6 +780,13 @@ impl TunnelSync {
         wrote
     }
 
+    /// What the document this process last wrote to `tunnel` carries, whoever wrote it and
+    /// whichever call it finished in: what the tunnel serves while newer documents fail.
+    /// `None` before the first write that succeeded.
+    pub fn landed(&self, tunnel: &Uuid) -> Option<&Carried> {
+        self.landed.get(tunnel)
+    }
+
     /// Stops every write running; each is tried again by the next call that asks for it.
     pub fn abort_all(&mut self) {
         self.writes.abort_all();
@@ -768,6 +796,7 @@ impl TunnelSync {
     /// write to one still running ends by itself: stopped, its request could still land after
     /// a later write to the tunnel.
     pub fn retain(&mut self, keep: impl Fn(&Uuid) -> bool) {
+        self.landed.retain(|t, _| keep(t));
         self.written.retain(|(t, _), _| keep(t));
         self.verified.retain(|t, _| keep(t));
         self.failed.retain(|(t, _)| keep(t));

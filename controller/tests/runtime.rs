@@ -1177,6 +1177,66 @@ async fn a_changed_document_goes_out_after_the_write_running_for_its_tunnel() {
     .expect("in time");
 }
 
+/// What a tunnel serves while its newer documents fail is what was last written to it,
+/// whoever wrote it and whichever call the write finished in: a write still running when its
+/// call stopped waiting counts once it lands, and a second writer's document replaces the
+/// first's even where the first writer's own record says its document is unchanged.
+#[tokio::test]
+async fn the_document_a_tunnel_serves_is_the_last_written_by_any_writer() {
+    use cftunnel_controller::cloudflare::{Synced, TunnelApi, TunnelSync, TunnelTarget};
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let cloudflare = CloudflareApi::start().await;
+        cloudflare.allow("acct", "class-token");
+        let api = TunnelApi::new(&cloudflare.base(), Duration::from_secs(5)).expect("client");
+        let target = |token: &str| TunnelTarget {
+            account: "acct".to_owned(),
+            tunnel: uuid_of(TUNNEL_ID),
+            api_token: token.to_owned(),
+            verify_secret: None,
+        };
+        let (class, tenant) = (target("class-token"), target("tenant-token"));
+        let document = |host: &str| {
+            json!({"ingress": [{"hostname": host, "service": "http://localhost:8080"}, {"service": "http_status:404"}]})
+        };
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let mut sync = TunnelSync::default()
+            .waiting_at_most(Duration::from_millis(300), Arc::clone(&wake));
+        let tunnel = uuid_of(TUNNEL_ID);
+        let carries = |sync: &TunnelSync, host: &str| {
+            sync.landed(&tunnel)
+                .is_some_and(|c| c.carries(&[host.to_owned()]))
+        };
+        assert!(sync.landed(&tunnel).is_none(), "nothing written yet");
+        // A write that outlives its call counts once it has landed.
+        cloudflare.slow_next_put(Duration::from_millis(800));
+        let first = sync.sync_all(&api, vec![(class.clone(), document("a.example.com"))]).await;
+        assert_eq!(first, vec![Ok(Synced::Behind)]);
+        assert!(!carries(&sync, "a.example.com"), "still on its way");
+        tokio::time::timeout(Duration::from_secs(5), wake.notified())
+            .await
+            .expect("the write's end wakes the loop");
+        // The first call after it ends reports it.
+        let again = sync.sync_all(&api, vec![(class.clone(), document("a.example.com"))]).await;
+        assert_eq!(again, vec![Ok(Synced::Wrote)]);
+        assert!(carries(&sync, "a.example.com"));
+        // Another writer's document replaces it at Cloudflare, and here.
+        cloudflare.allow("acct", "tenant-token");
+        let other = sync.sync_all(&api, vec![(tenant, document("b.example.com"))]).await;
+        assert_eq!(other, vec![Ok(Synced::Wrote)]);
+        assert!(carries(&sync, "b.example.com") && !carries(&sync, "a.example.com"));
+        // The first writer finds its own record unchanged; the tunnel still serves the other's.
+        let back = sync.sync_all(&api, vec![(class, document("a.example.com"))]).await;
+        assert_eq!(back, vec![Ok(Synced::Held)]);
+        assert_eq!(
+            cloudflare.config("acct", TUNNEL_ID).map(|(_, d)| d),
+            Some(document("b.example.com"))
+        );
+        assert!(carries(&sync, "b.example.com") && !carries(&sync, "a.example.com"));
+    })
+    .await
+    .expect("in time");
+}
+
 /// Calls with one API token go out in a burst, then spaced: a new leader writing every
 /// tunnel stays under the API's limit, which the user's dashboard and other tools share.
 #[tokio::test]

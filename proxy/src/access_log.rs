@@ -298,16 +298,22 @@ impl AccessLog {
 /// Writes the queued lines to `out` until every sender is gone, flushing whenever the queue
 /// runs empty, and takes each line off `queued` once written; ends early if `out` fails.
 fn write_lines(rx: &mpsc::Receiver<String>, out: impl Write, queued: &Gauge) {
+    let taken = |line: &String| {
+        queued.dec_by(i64::try_from(line.capacity()).unwrap_or(i64::MAX));
+    };
     let mut out = std::io::BufWriter::with_capacity(64 * 1024, out);
     while let Ok(first) = rx.recv() {
         for line in std::iter::once(first).chain(rx.try_iter()) {
             let written = out.write_all(line.as_bytes());
-            queued.dec_by(i64::try_from(line.capacity()).unwrap_or(i64::MAX));
+            taken(&line);
             if written.is_err() {
+                // What is still queued goes with the queue: off the count too.
+                rx.try_iter().for_each(|line| taken(&line));
                 return;
             }
         }
         if out.flush().is_err() {
+            rx.try_iter().for_each(|line| taken(&line));
             return;
         }
     }

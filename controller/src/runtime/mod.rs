@@ -523,10 +523,6 @@ struct Reconciler {
     tunnel_sync: TunnelSync,
     /// Per plane: why its tunnel's ingress document could not be written this round.
     tunnel_failures: HashMap<PlaneKey, String>,
-    /// Per plane, its tunnel and what that tunnel's document carried when last written (or
-    /// found unchanged) in this process: a route it carries is served while a newer document
-    /// cannot be written.
-    on_tunnel: HashMap<PlaneKey, OnTunnel>,
     /// Per plane some Gateway depends on: why no push reaches it this round (no pod listed,
     /// no config-API token). No push fails then, so without this nothing would say the config
     /// is nowhere.
@@ -769,7 +765,6 @@ impl Reconciler {
             tunnel_api,
             tunnel_sync: TunnelSync::default().waiting_at_most(push::ROUND_WAIT, Arc::clone(&wake)),
             tunnel_failures: HashMap::new(),
-            on_tunnel: HashMap::new(),
             unreached: HashMap::new(),
             condition_told: HashMap::new(),
             refused_rules: BTreeMap::new(),
@@ -1121,7 +1116,7 @@ impl Reconciler {
             "config.sync",
             cftunnel.planes = i64::try_from(rounds.len()).unwrap_or(i64::MAX)
         );
-        let ((tunnel_failures, written), outcomes) = async {
+        let (tunnel_failures, outcomes) = async {
             tokio::join!(
                 sync_tunnels(
                     self.tunnel_api.as_ref(),
@@ -1135,8 +1130,6 @@ impl Reconciler {
         .instrument(span)
         .await;
         self.tunnel_failures = tunnel_failures;
-        self.on_tunnel.retain(|plane, _| planes.contains_key(plane));
-        self.on_tunnel.extend(written);
         // What every pod of a plane now holds is what it serves if its configuration breaks.
         for (plane, outcome) in &outcomes {
             let PlaneKey::Dedicated(key) = plane else {
@@ -2120,20 +2113,15 @@ fn own_rules(
         .collect()
 }
 
-/// What a plane's tunnel's document, as last written, carries: the tunnel, and its hostnames.
-type OnTunnel = (TunnelIdentity, cloudflare::Carried);
-
 /// Writes each tunnel's ingress document: one per tunnel, whatever number of planes share it.
-/// Returns, per plane, why its tunnel's document could not be written, and what the document
-/// of each plane whose tunnel has this round's carries.
+/// Returns, per plane, why its tunnel's document could not be written.
 async fn sync_tunnels(
     api: Option<&TunnelApi>,
     sync: &mut TunnelSync,
     output: &translate::Output,
     planes: &BTreeMap<PlaneKey, PlaneInfo>,
-) -> (HashMap<PlaneKey, String>, HashMap<PlaneKey, OnTunnel>) {
+) -> HashMap<PlaneKey, String> {
     let mut failures = HashMap::new();
-    let mut written = HashMap::new();
     let mut tunnels: BTreeMap<TunnelIdentity, (TunnelTarget, Vec<&PlaneKey>)> = BTreeMap::new();
     for (plane, info) in planes {
         match (&info.tunnel, info.identity) {
@@ -2156,35 +2144,23 @@ async fn sync_tunnels(
         writers.entry(target).or_default().extend(on_tunnel);
     }
     if let Some(api) = api {
-        let carried: Vec<cloudflare::Carried> = writers
-            .values()
-            .map(|on_tunnel| {
+        let work: Vec<(TunnelTarget, Value)> = writers
+            .iter()
+            .map(|(target, on_tunnel)| {
                 let configs: Vec<&cftunnel_config::Config> = on_tunnel
                     .iter()
                     .filter_map(|p| output.configs.get(*p))
                     .collect();
-                cloudflare::Carried::of(&configs)
+                (target.clone(), cloudflare::ingress_document(&configs))
             })
             .collect();
-        let work: Vec<(TunnelTarget, Value)> = writers
-            .keys()
-            .zip(&carried)
-            .map(|(target, carried)| (target.clone(), carried.document()))
-            .collect();
         let results = sync.sync_all(api, work).await;
-        for (((target, on_tunnel), result), carried) in writers.iter().zip(results).zip(carried) {
+        for ((target, on_tunnel), result) in writers.iter().zip(results) {
             match result {
-                Ok(cloudflare::Synced::Behind) => {}
-                Ok(synced) => {
-                    if synced == cloudflare::Synced::Wrote {
-                        tracing::info!(tunnel = %target.tunnel, "wrote the tunnel's ingress document");
-                    }
-                    for plane in on_tunnel {
-                        if let Some(identity) = planes.get(*plane).and_then(|i| i.identity) {
-                            written.insert((*plane).clone(), (identity, carried.clone()));
-                        }
-                    }
+                Ok(cloudflare::Synced::Wrote) => {
+                    tracing::info!(tunnel = %target.tunnel, "wrote the tunnel's ingress document")
                 }
+                Ok(_) => {}
                 Err(reason) => {
                     tracing::warn!(tunnel = %target.tunnel, %reason, "writing the tunnel's ingress document failed");
                     for plane in on_tunnel {
@@ -2194,8 +2170,13 @@ async fn sync_tunnels(
             }
         }
     }
-    sync.retain(|t| writers.keys().any(|target| target.tunnel == *t));
-    (failures, written)
+    // A tunnel whose writes fail is still used: what it last took is what it serves.
+    sync.retain(|t| {
+        planes
+            .values()
+            .any(|info| info.identity.is_some_and(|identity| identity.id == *t))
+    });
+    failures
 }
 
 /// The identity of a rendered plane's objects.

@@ -395,10 +395,9 @@ impl Reconciler {
         writes.run().await;
     }
 
-    /// Whether the document last written for `plane`'s tunnel, the tunnel it serves now,
-    /// carries every rule `route` has on `plane`: the tunnel then serves the route as it is,
-    /// whatever newer document cannot be written. Not known (`false`) before this process
-    /// has written or found that document unchanged.
+    /// Whether the document last written to the tunnel `plane` serves now carries every rule
+    /// `route` has on `plane`: the tunnel then serves the route as it is, whatever newer
+    /// document cannot be written. Not known (`false`) before this process has written one.
     fn on_its_tunnel(
         &self,
         output: &translate::Output,
@@ -406,12 +405,13 @@ impl Reconciler {
         plane: &PlaneKey,
         route: &translate::RouteKey,
     ) -> bool {
-        let Some((identity, carried)) = self.on_tunnel.get(plane) else {
+        let Some(carried) = planes
+            .get(plane)
+            .and_then(|info| info.identity)
+            .and_then(|identity| self.tunnel_sync.landed(&identity.id))
+        else {
             return false;
         };
-        if planes.get(plane).and_then(|info| info.identity) != Some(*identity) {
-            return false;
-        }
         let (Some(owners), Some(config)) = (output.owners.get(plane), output.configs.get(plane))
         else {
             return false;
