@@ -1011,12 +1011,7 @@ async fn a_client_that_stops_reading_is_dropped_and_lets_the_backend_go() {
                         .await;
                     return;
                 }
-                let head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
-                if conn.write_all(head).await.is_err() {
-                    return;
-                }
-                let chunk = format!("10000\r\n{}\r\n", "x".repeat(0x10000));
-                while conn.write_all(chunk.as_bytes()).await.is_ok() {}
+                stream_without_end(&mut conn).await;
                 let _ = gone_tx.send(());
             }
         })
@@ -1069,12 +1064,7 @@ async fn the_send_timeout_setting_bounds_the_listener() {
             let gone_tx = gone_tx.clone();
             async move {
                 read_head(&mut conn).await;
-                let head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
-                if conn.write_all(head).await.is_err() {
-                    return;
-                }
-                let chunk = format!("10000\r\n{}\r\n", "x".repeat(0x10000));
-                while conn.write_all(chunk.as_bytes()).await.is_ok() {}
+                stream_without_end(&mut conn).await;
                 let _ = gone_tx.send(());
             }
         })

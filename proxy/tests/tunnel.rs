@@ -741,24 +741,13 @@ async fn streaming_backend() -> (
     let addr = scripted_backend(move |mut conn: tokio::net::TcpStream| {
         let gone_tx = gone_tx.clone();
         async move {
-            let mut head = Vec::new();
+            let Some(head) = request_head(&mut conn).await else {
+                return;
+            };
             let mut buf = [0u8; 4096];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                match conn.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => head.extend_from_slice(&buf[..n]),
-                }
-            }
             let chunk = vec![b'x'; 0x10000];
             if head.starts_with(b"GET /endless") {
-                let head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
-                if conn.write_all(head).await.is_err() {
-                    return;
-                }
-                let mut framed = b"10000\r\n".to_vec();
-                framed.extend_from_slice(&chunk);
-                framed.extend_from_slice(b"\r\n");
-                while conn.write_all(&framed).await.is_ok() {}
+                stream_without_end(&mut conn).await;
                 let _ = gone_tx.send(());
             } else if head.starts_with(b"GET /big") {
                 let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {BIG_BODY}\r\n\r\n");

@@ -199,18 +199,40 @@ pub fn free_port() -> u16 {
 pub async fn answering_backend(answer: &'static [u8]) -> SocketAddr {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     scripted_backend(move |mut conn: tokio::net::TcpStream| async move {
-        let mut head = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-            match conn.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => head.extend_from_slice(&buf[..n]),
-            }
+        if request_head(&mut conn).await.is_none() {
+            return;
         }
         let _ = conn.write_all(answer).await;
-        let _ = conn.read(&mut buf).await;
+        let _ = conn.read(&mut [0u8; 64]).await;
     })
     .await
+}
+
+/// The head of the next request on `conn` (with whatever body bytes came with it); `None`
+/// when the connection ends first.
+pub async fn request_head(conn: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match conn.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    Some(head)
+}
+
+/// Answers on `conn` with a chunked body that never ends, until a write fails: the proxy let
+/// the connection go.
+pub async fn stream_without_end(conn: &mut tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+    if conn.write_all(head).await.is_err() {
+        return;
+    }
+    let chunk = format!("10000\r\n{}\r\n", "x".repeat(0x10000));
+    while conn.write_all(chunk.as_bytes()).await.is_ok() {}
 }
 
 /// A backend on 127.0.0.1 that hands every connection it accepts to `serve`, each on its own
