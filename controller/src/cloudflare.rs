@@ -676,18 +676,38 @@ impl TunnelSync {
                 (target, document, key, digest)
             })
             .collect();
+        // A writer's own record may say its document is written while another writer's has
+        // replaced it since (a GatewayConfig's API token, then the class's again): where one
+        // document is asked for its tunnel, it goes out again. Two writers of one tunnel in one
+        // call are not made to take turns: each keeps to its own record.
+        let mut per_tunnel: HashMap<Uuid, usize> = HashMap::new();
+        for (target, ..) in &asked {
+            *per_tunnel.entry(target.tunnel).or_default() += 1;
+        }
+        let replaced: Vec<bool> = asked
+            .iter()
+            .map(|(target, document, ..)| {
+                per_tunnel.get(&target.tunnel) == Some(&1)
+                    && self
+                        .landed
+                        .get(&target.tunnel)
+                        .is_some_and(|landed| *landed != Carried::of_document(document))
+            })
+            .collect();
         // Each document is sent at most once a call.
         let mut sent = vec![false; asked.len()];
         loop {
             let mut started = Vec::new();
             let mut behind = HashSet::new();
-            for ((target, document, key, digest), sent) in asked.iter().zip(&mut sent) {
+            for (((target, document, key, digest), sent), replaced) in
+                asked.iter().zip(&mut sent).zip(&replaced)
+            {
                 if *sent {
                     continue;
                 }
                 // The same error, word for word, until the wait is over: it reaches route
                 // conditions, which would otherwise be rewritten.
-                let due = self.written.get(key) != Some(digest)
+                let due = (self.written.get(key) != Some(digest) || *replaced)
                     && self.failed.error(key, digest).is_none()
                     && self.writes.running(key) != Some(digest.as_slice());
                 if !due {

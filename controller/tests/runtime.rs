@@ -1180,7 +1180,8 @@ async fn a_changed_document_goes_out_after_the_write_running_for_its_tunnel() {
 /// What a tunnel serves while its newer documents fail is what was last written to it,
 /// whoever wrote it and whichever call the write finished in: a write still running when its
 /// call stopped waiting counts once it lands, and a second writer's document replaces the
-/// first's even where the first writer's own record says its document is unchanged.
+/// first's. Back to the first writer, its document is written again though its own record
+/// says it is unchanged.
 #[tokio::test]
 async fn the_document_a_tunnel_serves_is_the_last_written_by_any_writer() {
     use cftunnel_controller::cloudflare::{Synced, TunnelApi, TunnelSync, TunnelTarget};
@@ -1224,14 +1225,21 @@ async fn the_document_a_tunnel_serves_is_the_last_written_by_any_writer() {
         let other = sync.sync_all(&api, vec![(tenant, document("b.example.com"))]).await;
         assert_eq!(other, vec![Ok(Synced::Wrote)]);
         assert!(carries(&sync, "b.example.com") && !carries(&sync, "a.example.com"));
-        // The first writer finds its own record unchanged; the tunnel still serves the other's.
-        let back = sync.sync_all(&api, vec![(class, document("a.example.com"))]).await;
-        assert_eq!(back, vec![Ok(Synced::Held)]);
+        // Back to the first writer, whose own record says its document is written: the tunnel
+        // holds the other's, so it is written again.
+        cloudflare.allow("acct", "class-token");
+        let back = sync.sync_all(&api, vec![(class.clone(), document("a.example.com"))]).await;
+        assert_eq!(back, vec![Ok(Synced::Wrote)]);
         assert_eq!(
             cloudflare.config("acct", TUNNEL_ID).map(|(_, d)| d),
-            Some(document("b.example.com"))
+            Some(document("a.example.com"))
         );
-        assert!(carries(&sync, "b.example.com") && !carries(&sync, "a.example.com"));
+        assert!(carries(&sync, "a.example.com") && !carries(&sync, "b.example.com"));
+        // And not again while nothing changes.
+        let writes = cloudflare.writes();
+        let same = sync.sync_all(&api, vec![(class, document("a.example.com"))]).await;
+        assert_eq!(same, vec![Ok(Synced::Held)]);
+        assert_eq!(cloudflare.writes(), writes);
     })
     .await
     .expect("in time");
