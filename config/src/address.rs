@@ -3,8 +3,16 @@
 //! controller applies it ahead to the IP literals it is given, so that a backend the proxy
 //! would never dial is refused with a reason rather than admitted and then failing every
 //! request.
+//!
+//! The reserved ranges are not all of a cluster's own: a cluster may give its Services, pods
+//! or nodes globally routable addresses (GKE's Google-managed Service range, EKS's IPv6 pods,
+//! nodes with public IPs). Those ranges are listed by the operator ([`ClusterRanges`]), and
+//! both sides read them out of public with [`is_public_with`].
 
+use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
+use std::sync::Arc;
 
 /// Whether `ip` is a public (global unicast) address: not loopback, private, link-local,
 /// CGNAT, multicast, reserved or unspecified, nor a cloud's host endpoint (Azure's WireServer),
@@ -16,6 +24,12 @@ pub fn is_public(ip: IpAddr) -> bool {
         IpAddr::V4(v4) => is_public_v4(v4),
         IpAddr::V6(v6) => is_public_v6(v6),
     }
+}
+
+/// [`is_public`], and outside every one of the cluster's own `ranges` (in any form that
+/// reaches an address of them: an IPv4 range covers its mapped, SIIT, NAT64 and 6to4 forms).
+pub fn is_public_with(ip: IpAddr, ranges: &ClusterRanges) -> bool {
+    is_public(ip) && ranges.containing(ip).is_none()
 }
 
 fn is_public_v4(ip: Ipv4Addr) -> bool {
@@ -33,25 +47,27 @@ fn is_public_v4(ip: Ipv4Addr) -> bool {
         || a >= 224) // multicast, reserved, broadcast
 }
 
-fn is_public_v6(ip: Ipv6Addr) -> bool {
+/// The IPv4 address an IPv6 form reaches, for the forms that lead to one: compatible
+/// (`::a.b.c.d`, also `::` and `::1`), mapped (`::ffff:a.b.c.d`), SIIT (`::ffff:0:a.b.c.d`),
+/// NAT64 (`64:ff9b::/96`, whose translator dials the embedded address) and 6to4
+/// (`2002:a.b.c.d::/48`, relayed to it).
+fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
     let s = ip.segments();
-    let embedded = |hi: [u16; 2]| Ipv4Addr::from((u32::from(hi[0]) << 16) | u32::from(hi[1]));
-    // ::a.b.c.d (compatible, also `::` and `::1`) and ::ffff:a.b.c.d (mapped).
-    if s[..5] == [0; 5] && (s[5] == 0 || s[5] == 0xffff) {
-        return is_public_v4(embedded([s[6], s[7]]));
+    let embedded = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    if (s[..5] == [0; 5] && (s[5] == 0 || s[5] == 0xffff))
+        || (s[..4] == [0; 4] && s[4] == 0xffff && s[5] == 0)
+        || s[..6] == [0x64, 0xff9b, 0, 0, 0, 0]
+    {
+        return Some(embedded(s[6], s[7]));
     }
-    // SIIT, ::ffff:0:a.b.c.d.
-    if s[..4] == [0; 4] && s[4] == 0xffff && s[5] == 0 {
-        return is_public_v4(embedded([s[6], s[7]]));
+    (s[0] == 0x2002).then(|| embedded(s[1], s[2]))
+}
+
+fn is_public_v6(ip: Ipv6Addr) -> bool {
+    if let Some(v4) = embedded_v4(ip) {
+        return is_public_v4(v4);
     }
-    // NAT64, 64:ff9b::/96: the translator dials the embedded IPv4 address.
-    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-        return is_public_v4(embedded([s[6], s[7]]));
-    }
-    // 6to4, 2002:a.b.c.d::/48: relayed to the embedded IPv4 address.
-    if s[0] == 0x2002 {
-        return is_public_v4(embedded([s[1], s[2]]));
-    }
+    let s = ip.segments();
     !((s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1) // local-use NAT64, 64:ff9b:1::/48
         || (s[0] == 0x2001 && s[1] == 0) // Teredo, 2001::/32
         || (s[0] & 0xfe00) == 0xfc00 // unique local, fc00::/7
@@ -60,9 +76,140 @@ fn is_public_v6(ip: Ipv6Addr) -> bool {
         || (s[0] & 0xff00) == 0xff00) // multicast, ff00::/8
 }
 
+/// One range of addresses, `ADDRESS/PREFIX` (a bare address: that address alone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Whether `ip` is in the range (an IPv4 range holds IPv4 addresses only, an IPv6 range
+    /// IPv6 ones).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(ip) & mask == u32::from(net)
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(ip) & mask == u128::from(net)
+            }
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+impl FromStr for Cidr {
+    type Err = String;
+
+    /// Refuses an address with bits set past its prefix (`34.118.224.10/20`): whether the
+    /// range or the address was meant cannot be told, and taking either quietly would leave
+    /// addresses in or out that the operator did not mean.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((addr, prefix)) => (addr, Some(prefix)),
+            None => (s, None),
+        };
+        let addr: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{s:?} is not an address range (ADDRESS/PREFIX)"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) => Some(p)
+                .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|p| p.parse::<u8>().ok())
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("{s:?}: the prefix length must be 0 to {max}"))?,
+        };
+        let range = Self { addr, prefix };
+        let network = Self {
+            addr: match addr {
+                IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(
+                    u32::from(a) & u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0),
+                )),
+                IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(
+                    u128::from(a) & u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0),
+                )),
+            },
+            prefix,
+        };
+        if network != range {
+            return Err(format!(
+                "{s:?} has bits set past its prefix length: the range is {network}"
+            ));
+        }
+        Ok(range)
+    }
+}
+
+/// The cluster's own address ranges (Service, pod and node ranges) that are globally routable,
+/// which `publicOnly` backends must not reach all the same: comma-separated CIDRs, IPv4 and
+/// IPv6, none by default. Cheap to clone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterRanges(Arc<[Cidr]>);
+
+impl ClusterRanges {
+    /// The range `ip` falls in, directly or through an IPv6 form that reaches an IPv4 address
+    /// (see [`is_public`]).
+    pub fn containing(&self, ip: IpAddr) -> Option<Cidr> {
+        let reached = match ip {
+            IpAddr::V6(v6) => embedded_v4(v6).map(IpAddr::V4),
+            IpAddr::V4(_) => None,
+        };
+        self.0
+            .iter()
+            .find(|r| r.contains(ip) || reached.is_some_and(|v4| r.contains(v4)))
+            .copied()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Display for ClusterRanges {
+    /// As the setting is written: comma-separated.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, range) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{range}")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for ClusterRanges {
+    type Err = String;
+
+    /// Comma-separated ranges, spaces around each ignored; empty: none.
+    fn from_str(s: &str) -> Result<Self, String> {
+        s.split(',')
+            .map(str::trim)
+            .filter(|r| !r.is_empty())
+            .map(str::parse)
+            .collect::<Result<Vec<Cidr>, _>>()
+            .map(|ranges| Self(ranges.into()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::is_public;
+    use super::{is_public, is_public_with, ClusterRanges};
     use std::net::IpAddr;
 
     fn public(ip: &str) -> bool {
@@ -173,5 +320,87 @@ mod tests {
         ] {
             assert!(public(ip), "{ip} is public");
         }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("test address parses")
+    }
+
+    /// A cluster's own globally routable ranges (GKE's Service range, EKS's IPv6 pods, a node's
+    /// public address) are public by the reserved ranges alone, and not once listed: in every
+    /// form that reaches them, and only them.
+    #[test]
+    fn the_clusters_own_ranges_are_not_public() {
+        let ranges: ClusterRanges = "34.118.224.0/20, 2600:1f14:abc::/56,203.0.113.7"
+            .parse()
+            .expect("ranges parse");
+        for inside in [
+            "34.118.224.10",
+            "34.118.224.0",
+            "34.118.239.255",
+            "::ffff:34.118.224.10",
+            "::ffff:0:34.118.224.10",
+            "64:ff9b::2276:e00a",
+            "2002:2276:e00a::1",
+            "2600:1f14:abc:ff::1",
+            "203.0.113.7",
+        ] {
+            assert!(
+                public(inside),
+                "{inside} is public by the reserved ranges alone"
+            );
+            assert!(
+                !is_public_with(ip(inside), &ranges),
+                "{inside} is in a listed range"
+            );
+        }
+        assert_eq!(
+            ranges
+                .containing(ip("::ffff:34.118.230.1"))
+                .map(|r| r.to_string()),
+            Some("34.118.224.0/20".to_owned())
+        );
+        for outside in [
+            "34.118.240.0",
+            "34.118.223.255",
+            "2600:1f14:abc:100::1",
+            "203.0.113.8",
+            "8.8.8.8",
+        ] {
+            assert!(
+                is_public_with(ip(outside), &ranges),
+                "{outside} is outside every listed range"
+            );
+        }
+        // Listing ranges never makes a reserved address public.
+        assert!(!is_public_with(ip("10.0.0.1"), &ranges));
+        assert!(!is_public_with(ip("10.0.0.1"), &ClusterRanges::default()));
+        assert!(is_public_with(
+            ip("34.118.224.10"),
+            &ClusterRanges::default()
+        ));
+    }
+
+    #[test]
+    fn ranges_read_as_written_and_malformed_ones_are_refused() {
+        let ranges: ClusterRanges = " 10.96.0.0/12 ,fd00::/8,,1.2.3.4".parse().expect("parse");
+        assert_eq!(ranges.to_string(), "10.96.0.0/12,fd00::/8,1.2.3.4/32");
+        assert!("".parse::<ClusterRanges>().expect("empty").is_empty());
+        for (bad, says) in [
+            ("34.118.224.10/20", "the range is 34.118.224.0/20"),
+            ("10.0.0.0/33", "0 to 32"),
+            ("fd00::/129", "0 to 128"),
+            ("10.0.0.0/", "prefix length"),
+            ("10.0.0.0/+8", "prefix length"),
+            ("10.0.0/8", "not an address range"),
+            ("example.com/8", "not an address range"),
+        ] {
+            let err = bad.parse::<ClusterRanges>().expect_err(bad);
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+        // A /0 holds every address of its family only.
+        let all_v4: ClusterRanges = "0.0.0.0/0".parse().expect("parse");
+        assert!(!is_public_with(ip("8.8.8.8"), &all_v4));
+        assert!(is_public_with(ip("2606:4700::1111"), &all_v4));
     }
 }

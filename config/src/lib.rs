@@ -16,8 +16,9 @@
 //! both apply to what they pass on, and a path's canonical form ([`path`]) the one requests
 //! are routed on and rule path values are written in.
 //!
-//! Which addresses are public ([`address::is_public`]) is the rule behind `publicOnly`: the
-//! proxy applies it at each dial, the controller to the IP literals it can judge ahead.
+//! Which addresses are public ([`address::is_public`], and outside the cluster's own ranges
+//! with [`address::is_public_with`]) is the rule behind `publicOnly`: the proxy applies it at
+//! each dial, the controller to the IP literals it can judge ahead.
 //!
 //! What the config API answers a pusher ([`api::ConfigState`]) is written here too, so a pusher
 //! reads what the proxy says it enforces.

@@ -18,6 +18,11 @@ use cftunnel_proxy::{Server, ServerOptions};
 use cftunnel_testkit::echo::{EchoConfig, EchoIdentity, EchoServer};
 
 fn manifests(backend: SocketAddr) -> String {
+    manifests_at(&backend.ip().to_string(), backend.port())
+}
+
+/// The manifests with the ExternalBackend at `host` (an IPv6 address bracketed) and `port`.
+fn manifests_at(host: &str, port: u16) -> String {
     format!(
         r#"
 apiVersion: gateway.networking.k8s.io/v1
@@ -44,8 +49,7 @@ spec:
   parentRefs: [{{name: edge}}]
   rules: [{{backendRefs: [{{group: cf.k8s.lex.la, kind: ExternalBackend, name: legacy}}]}}]
 "#,
-        ip = backend.ip(),
-        port = backend.port()
+        ip = host,
     )
 }
 
@@ -54,15 +58,23 @@ fn translated(
     manifests: &str,
     mode: ExternalNameBackends,
 ) -> (cftunnel_config::Config, (bool, Reason, String)) {
-    let mut snapshot = Snapshot::default();
-    manifest::load_into(&mut snapshot, manifests, "external-backend.yaml").expect("parses");
-    let output = translate::translate(
-        &snapshot,
+    translated_with(
+        manifests,
         &Options {
             external_name_backends: mode,
             ..Options::default()
         },
-    );
+    )
+}
+
+/// [`translated`] under `options`.
+fn translated_with(
+    manifests: &str,
+    options: &Options,
+) -> (cftunnel_config::Config, (bool, Reason, String)) {
+    let mut snapshot = Snapshot::default();
+    manifest::load_into(&mut snapshot, manifests, "external-backend.yaml").expect("parses");
+    let output = translate::translate(&snapshot, options);
     let parents = &output.statuses.routes[&RouteKey {
         kind: RouteKind::Http,
         key: ObjectKey::new("shop", "shop"),
@@ -137,4 +149,64 @@ async fn an_external_backend_gets_its_base_path_and_query_and_is_dialled_only_wh
     })
     .await
     .expect("in time");
+}
+
+/// Under `external`, an ExternalBackend whose host is a public address of one of the cluster's
+/// own ranges (`--cluster-cidrs`: here GKE's Google-managed Service range, and an IPv6 pod
+/// range) is refused, naming the range, in any form that reaches it; with no range listed, or
+/// outside them, it is admitted and dialled `publicOnly`.
+#[test]
+fn an_external_backend_in_the_clusters_own_ranges_is_refused() {
+    let ranges = "34.118.224.0/20,2600:1f14:abc::/56";
+    let options = |ranges: &str| Options {
+        external_name_backends: ExternalNameBackends::External,
+        cluster_ranges: ranges.parse().expect("ranges parse"),
+        ..Options::default()
+    };
+    for (host, range) in [
+        ("34.118.224.10", "34.118.224.0/20"),
+        ("::ffff:34.118.230.1", "34.118.224.0/20"),
+        ("2600:1f14:abc:12::7", "2600:1f14:abc::/56"),
+    ] {
+        let written = match host.parse().expect("address") {
+            std::net::IpAddr::V6(_) => format!("[{host}]"),
+            std::net::IpAddr::V4(_) => host.to_owned(),
+        };
+        let manifests = manifests_at(&written, 80);
+        let (config, (status, reason, message)) = translated_with(&manifests, &options(ranges));
+        assert_eq!(
+            (status, reason),
+            (false, Reason::InvalidKind),
+            "{host}: {message}"
+        );
+        assert!(
+            message.contains(&format!(
+                "ExternalBackend shop/legacy is refused: spec.host \"{host}\" is an IP address \
+                 in {range}, one of the cluster's own address ranges (--cluster-cidrs)"
+            )),
+            "{host}: {message}"
+        );
+        assert!(
+            !serde_json::to_string(&config)
+                .expect("json")
+                .contains("publicOnly\":true"),
+            "{host}: no backend is emitted for it"
+        );
+
+        let (config, (status, reason, message)) = translated_with(&manifests, &options(""));
+        assert_eq!(
+            (status, reason),
+            (true, Reason::ResolvedRefs),
+            "{host}: {message}"
+        );
+        assert!(
+            serde_json::to_string(&config)
+                .expect("json")
+                .contains("publicOnly\":true"),
+            "{host}: admitted, dialled publicOnly"
+        );
+    }
+    let outside = manifests("34.118.240.1:80".parse().expect("address"));
+    let (_, (status, _, message)) = translated_with(&outside, &options(ranges));
+    assert!(status, "outside every range: {message}");
 }

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use anyhow::{bail, Context};
+use cftunnel_config::address::ClusterRanges;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -112,6 +113,14 @@ pub struct ClassArgs {
         default_value_t = ExternalNameBackends::External
     )]
     pub external_name_backends: ExternalNameBackends,
+    /// The cluster's own address ranges (CIDRs, IPv4 and IPv6, comma-separated) that are
+    /// globally routable: Service, pod or node ranges that are not private (GKE's
+    /// Google-managed Service range, EKS's IPv6 pods, nodes with public IPs). Under
+    /// `--external-name-backends=external` an ExternalBackend whose host is an address in one
+    /// is refused, and every dedicated plane's proxy is given them (`PROXY_CLUSTER_CIDRS`) so
+    /// that no name of such a backend is dialled there either.
+    #[arg(long, env = "CLUSTER_CIDRS", default_value = "")]
+    pub cluster_cidrs: ClusterRanges,
     /// Routes publish only hostnames under the suffixes their namespace is labelled for
     /// (`hostnames.cf.k8s.lex.la/<suffix>: "true"`); others are refused
     /// (`Accepted=False`, `HostnameNotPermitted`).
@@ -318,6 +327,7 @@ impl RunArgs {
                 gateway_class_name: None,
                 cluster_domain: self.class.cluster_domain.clone(),
                 external_name_backends: self.class.external_name_backends,
+                cluster_ranges: self.class.cluster_cidrs.clone(),
                 proxy_image: self.class.proxy_image.clone(),
                 // Read from the shared tunnel's Secret every round.
                 shared_tunnel: None,
@@ -337,6 +347,7 @@ impl RunArgs {
                 grace_period_seconds: self.grace_period_seconds,
                 network_policy: self.plane_network_policy,
                 plane_env: &self.plane_env,
+                cluster_cidrs: &self.class.cluster_cidrs,
             })
             .map(|render| RenderSettings {
                 // Tracing as the controller's own, then the settings.
@@ -407,6 +418,7 @@ struct PlaneFlags<'a> {
     grace_period_seconds: u32,
     network_policy: bool,
     plane_env: &'a PlaneEnv,
+    cluster_cidrs: &'a ClusterRanges,
 }
 
 /// `--plane-env`, which `run` and `render` take alike: `render` prints the plane `run` applies.
@@ -442,7 +454,19 @@ fn render_settings(flags: PlaneFlags<'_>) -> anyhow::Result<RenderSettings> {
             flags.monitoring_pod_label,
         )?,
         grace_period_seconds: flags.grace_period_seconds,
-        proxy_env: flags.plane_env.settings.clone(),
+        // The planes' proxies dial by the ranges the controller admits backends by.
+        proxy_env: flags
+            .plane_env
+            .settings
+            .iter()
+            .cloned()
+            .chain((!flags.cluster_cidrs.is_empty()).then(|| {
+                (
+                    CLUSTER_CIDRS_ENV.to_owned(),
+                    flags.cluster_cidrs.to_string(),
+                )
+            }))
+            .collect(),
         network_policy: flags.network_policy,
     })
 }
@@ -512,7 +536,14 @@ pub struct RenderArgs {
     pub plane_network_policy: bool,
     #[command(flatten)]
     pub plane_env: PlaneEnv,
+    /// The cluster's own globally routable address ranges (comma-separated CIDRs), given to
+    /// the plane's proxy as `run --cluster-cidrs` gives them.
+    #[arg(long, default_value = "")]
+    pub cluster_cidrs: ClusterRanges,
 }
+
+/// The proxy setting carrying `--cluster-cidrs` to the planes.
+const CLUSTER_CIDRS_ENV: &str = "PROXY_CLUSTER_CIDRS";
 
 /// `NAME=VALUE` of `--plane-env`.
 fn parse_plane_env(s: &str) -> Result<(String, String), String> {
@@ -531,6 +562,11 @@ fn parse_plane_env(s: &str) -> Result<(String, String), String> {
     }
     if render::RENDERED_ENV.contains(&name) {
         return Err(format!("{name} is set by the controller for each plane"));
+    }
+    if name == CLUSTER_CIDRS_ENV {
+        return Err(format!(
+            "{name}: the planes take the controller's own ranges (--cluster-cidrs)"
+        ));
     }
     if name.starts_with("OTEL_") {
         return Err(format!(
@@ -734,6 +770,7 @@ pub fn run_translate(
         gateway_class_name: class,
         cluster_domain: args.class.cluster_domain.clone(),
         external_name_backends: args.class.external_name_backends,
+        cluster_ranges: args.class.cluster_cidrs.clone(),
         proxy_image: args.class.proxy_image.clone(),
         shared_tunnel: parameters
             .shared
@@ -825,6 +862,7 @@ pub fn run_render(
         grace_period_seconds: args.grace_period_seconds,
         network_policy: args.plane_network_policy,
         plane_env: &args.plane_env,
+        cluster_cidrs: &args.cluster_cidrs,
     })?;
     let plane = render::render(gateway, config, &credentials, &settings)?;
     let mut documents = Vec::new();

@@ -131,6 +131,13 @@ pub struct Args {
     #[arg(long, env = "PROXY_BACKEND_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
     pub backend_max_connections: u32,
 
+    /// The cluster's own address ranges (CIDRs, IPv4 and IPv6, comma-separated) that are
+    /// globally routable: Service, pod or node ranges that are not private (GKE's
+    /// Google-managed Service range, EKS's IPv6 pods, nodes with public IPs). `publicOnly`
+    /// backends are never dialled there, as at loopback or private addresses.
+    #[arg(long, env = "PROXY_CLUSTER_CIDRS", default_value = "")]
+    pub cluster_cidrs: cftunnel_config::address::ClusterRanges,
+
     /// Cloudflare Access team domain, `{team}` standing for a rule's team name: the issuer its
     /// tokens must name, and where its signing keys are fetched
     /// (`<domain>/cdn-cgi/access/certs`).

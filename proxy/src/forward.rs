@@ -26,6 +26,7 @@ pub use tls::UpstreamError;
 
 use crate::body::{ProxyBody, QuietState};
 use bytes::Bytes;
+use cftunnel_config::address::ClusterRanges;
 use cftunnel_config::{valid, BackendProtocol};
 use connector::Connector;
 use futures_util::future::{Either, FutureExt};
@@ -60,6 +61,8 @@ pub struct BackendOptions {
     pub max_header_bytes: usize,
     /// When connections to HTTP/2 backends are pinged.
     pub keep_alive: KeepAlive,
+    /// The cluster's own ranges, which `publicOnly` backends are not dialled at either.
+    pub cluster_ranges: ClusterRanges,
 }
 
 impl Default for BackendOptions {
@@ -68,6 +71,7 @@ impl Default for BackendOptions {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_header_bytes: crate::headers::DEFAULT_MAX_HEADER_BYTES,
             keep_alive: KeepAlive::default(),
+            cluster_ranges: ClusterRanges::default(),
         }
     }
 }
@@ -160,12 +164,13 @@ enum Client {
 
 impl Upstream {
     /// Builds the client for a checked target, speaking to it as `options` say; with
-    /// `public_only`, every dial connects only to public addresses of the URL's host.
+    /// `public_only`, every dial connects only to public addresses of the URL's host outside
+    /// the cluster's ranges.
     pub fn new(target: &valid::Target, options: &BackendOptions) -> Result<Self, UpstreamError> {
         let (host, port) = (&*target.host, target.port);
         let secure = target.tls.is_some();
         let protocol = target.protocol;
-        let public_only = target.public_only;
+        let public_only = target.public_only.then(|| options.cluster_ranges.clone());
         let scheme = target.scheme.clone();
         let authority = target.authority.clone();
         // A WebSocket needs HTTP/1.1's upgrade, so its TLS handshake offers only that.
@@ -184,7 +189,7 @@ impl Upstream {
                 port,
                 Some(t.http1_only()),
                 CONNECT_TIMEOUT,
-                public_only,
+                public_only.clone(),
             )
         });
         let connector = Connector::new(host, port, tls, CONNECT_TIMEOUT, public_only);

@@ -71,6 +71,9 @@ pub struct ServerOptions {
     pub backend_max_connections: usize,
     /// When connections to HTTP/2 backends are pinged.
     pub backend_keep_alive: forward::KeepAlive,
+    /// The cluster's own ranges, which `publicOnly` backends are not dialled at though
+    /// globally routable.
+    pub cluster_ranges: cftunnel_config::address::ClusterRanges,
     /// Largest config document `PUT /config` accepts.
     pub max_config_bytes: usize,
     /// Connections open at once on the admin port; more wait to be accepted.
@@ -99,6 +102,7 @@ impl Default for ServerOptions {
             websocket_idle_timeout: Some(upgrade::DEFAULT_IDLE_TIMEOUT),
             backend_max_connections: forward::DEFAULT_MAX_CONNECTIONS,
             backend_keep_alive: forward::KeepAlive::default(),
+            cluster_ranges: cftunnel_config::address::ClusterRanges::default(),
             max_config_bytes: admin::DEFAULT_MAX_CONFIG_BYTES,
             admin_max_connections: admin::DEFAULT_MAX_CONNECTIONS,
             access: access::AccessSettings::default(),
@@ -166,6 +170,7 @@ impl Server {
                 // A backend may answer with as large a head as a client may send.
                 max_header_bytes: options.limits.max_header_bytes,
                 keep_alive: options.backend_keep_alive,
+                cluster_ranges: options.cluster_ranges.clone(),
             })
             .with_access(options.access.clone(), access_metrics),
         ));

@@ -107,6 +107,7 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
         websocket_idle_timeout: Some(args.websocket_idle_timeout.0).filter(|t| !t.is_zero()),
         access: args.access_settings(),
         backend_max_connections: args.backend_max_connections as usize,
+        cluster_ranges: args.cluster_cidrs.clone(),
         backend_keep_alive: crate::forward::KeepAlive::default(),
         max_config_bytes: args.max_config_bytes as usize,
         admin_max_connections: crate::admin::DEFAULT_MAX_CONNECTIONS,

@@ -1624,6 +1624,84 @@ async fn public_only_backends_refuse_addresses_that_are_not_public() {
     .expect("test finished in time");
 }
 
+/// This machine's own address that the public-address rule holds public (one of a documentation
+/// or public range on an interface), the source address of a route out; `None` where every
+/// address it has is a reserved one.
+fn local_public_addr() -> Option<std::net::IpAddr> {
+    // Connecting a UDP socket only picks a route and a source address: nothing is sent.
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("192.0.2.1:9").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    cftunnel_config::address::is_public(ip).then_some(ip)
+}
+
+/// A `publicOnly` backend at a public address of one of the cluster's own ranges
+/// (`PROXY_CLUSTER_CIDRS`) is refused with 502 (reason `dial`) without a connection being
+/// opened, while the same backend with no range listed is reached: what tells the refusal from
+/// a failed dial is a backend that answers at that address.
+#[tokio::test]
+async fn public_only_backends_refuse_the_clusters_own_ranges() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let Some(ip) = local_public_addr() else {
+        eprintln!(
+            "public_only_backends_refuse_the_clusters_own_ranges: skipped, this machine has no \
+             address outside the reserved ranges to listen on"
+        );
+        return;
+    };
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let listener = tokio::net::TcpListener::bind((ip, 0))
+            .await
+            .expect("bind on the machine's own address");
+        let backend = listener.local_addr().expect("addr");
+        let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    while next_request_head(&mut s, &mut buf).await {
+                        let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if s.write_all(reply).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let doc = json!({"rules": [
+            rule("/", json!({"backends": [{"url": url(backend), "weight": 1, "publicOnly": true}]})),
+        ]});
+        let http = client();
+
+        // Unlisted, the address is public and dialled.
+        let open = proxy().await;
+        assert_eq!(push(&http, open.admin_addr(), &doc).await.status, StatusCode::OK);
+        let r = get(&http, open.data_addr(), "h", "/", &[]).await;
+        assert_eq!((r.status, &r.body[..]), (StatusCode::OK, &b"ok"[..]));
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+
+        // Listed (with an IPv6 range beside it), it is the cluster's own and never dialled.
+        let ranges = format!("2600:1f14::/32, {ip}/{}", if ip.is_ipv4() { 32 } else { 128 });
+        let BinaryProxy { child, data, admin, dir } = BinaryProxy::start(
+            "cluster-ranges",
+            &doc,
+            &[("PROXY_CLUSTER_CIDRS", ranges.as_str())],
+        )
+        .await;
+        let r = get(&http, data, "h", "/", &[]).await;
+        assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{ranges}");
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "no connection reached the backend");
+        let dial = "cftunnel_proxy_backend_errors_total{hostname=\"*\",reason=\"dial\"}";
+        assert_eq!(metric(&http, admin, dial).await, Some(1.0));
+        drop(child);
+        let _ = std::fs::remove_dir_all(dir);
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// A `publicOnly` mirror is sent copies only at public addresses: one on loopback gets no
 /// connection while the client still gets the primary backend's answer; the same mirror
 /// without the flag gets the copy.

@@ -39,6 +39,12 @@ async fn a_bad_environment_value_is_reported_under_its_variable() {
         ("PROXY_GRACE_PERIOD", "30", "--grace-period"),
         ("PROXY_TUNNEL_PROTOCOL", "udp", "auto, quic, http2"),
         ("PROXY_METRICS_ENABLED", "maybe", "not a boolean"),
+        (
+            "PROXY_CLUSTER_CIDRS",
+            "10.96.0.0/12,34.118.224.10/20",
+            "the range is 34.118.224.0/20",
+        ),
+        ("PROXY_CLUSTER_CIDRS", "2600::/129", "0 to 128"),
     ] {
         let exit = run(&[(var, value)], &[]).await;
         assert_eq!(exit.code, Some(2), "{var}: usage error: {}", exit.stderr);

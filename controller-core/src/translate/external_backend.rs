@@ -1,8 +1,10 @@
 //! backendRefs to an `ExternalBackend` ([`crate::external_backend`]): the URL its spec makes,
 //! admitted as ExternalName Services are (`--external-name-backends`): refused under `deny`;
 //! under `external` a name that means the cluster is refused ([`external_name::dial_host`]), as
-//! is an IP literal that is not public ([`address::is_public`], the proxy's own rule), and the
-//! proxy dials only public addresses of the rest (`publicOnly`); under `any` dialled as
+//! is an IP literal that is not public ([`address::is_public`], the proxy's own rule) or is in
+//! one of the cluster's own ranges (`--cluster-cidrs`, [`address::ClusterRanges`]), and the
+//! proxy dials only public addresses outside those ranges of the rest (`publicOnly`); under
+//! `any` dialled as
 //! written. The host is read in lower case in every mode. Another namespace's needs a
 //! ReferenceGrant there.
 //!
@@ -79,7 +81,7 @@ pub(super) fn resolve(
         ExternalNameBackends::Deny => return Err(refuse(Reason::InvalidKind, DENIED.to_owned())),
         ExternalNameBackends::External => {
             let refused = |r| refuse(Reason::InvalidKind, format!("is refused: {r}"));
-            external_url(url, host, &options.cluster_domain).map_err(refused)?
+            external_url(url, host, options).map_err(refused)?
         }
         ExternalNameBackends::Any => url,
     };
@@ -118,14 +120,21 @@ pub(super) fn resolve(
 
 /// The URL dialled under `--external-name-backends=external` for `url`, whose host is `host`,
 /// or why it is refused.
-fn external_url(url: String, host: &str, cluster_domain: &str) -> Result<String, Refusal> {
+fn external_url(url: String, host: &str, options: &Options) -> Result<String, Refusal> {
+    let cluster_domain = &options.cluster_domain;
     match host.parse::<IpAddr>() {
         // The proxy would refuse every dial to it (`publicOnly`): refused here, with the reason,
         // rather than admitted with every request failing.
         Ok(ip) if !address::is_public(ip) => Err(Refusal::NotPublic(
             HostField::ExternalBackendHost.written(host),
         )),
-        Ok(_) => Ok(url),
+        Ok(ip) => match options.cluster_ranges.containing(ip) {
+            Some(range) => Err(Refusal::ClusterRange {
+                host: HostField::ExternalBackendHost.written(host),
+                range: range.to_string().into(),
+            }),
+            None => Ok(url),
+        },
         Err(_) => {
             // The same judgement as an ExternalName Service's name, and the absolute name it
             // makes, so that the proxy pod's search domains never apply.

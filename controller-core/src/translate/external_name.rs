@@ -92,6 +92,12 @@ pub enum Refusal {
     )]
     NotPublic(Written),
     #[error(
+        "{host} is an IP address in {range}, one of the cluster's own address ranges \
+         (--cluster-cidrs), which the proxy does not dial; only addresses outside the cluster \
+         are admitted (--external-name-backends=external)"
+    )]
+    ClusterRange { host: Written, range: Box<str> },
+    #[error(
         "{0} names the proxy's own host; only names outside the cluster are admitted \
          (--external-name-backends=external)"
     )]

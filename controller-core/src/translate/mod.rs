@@ -93,6 +93,10 @@ pub struct Options {
     pub cluster_domain: String,
     /// Which ExternalName Services are admitted as backends (`--external-name-backends`).
     pub external_name_backends: ExternalNameBackends,
+    /// The cluster's own globally routable address ranges (`--cluster-cidrs`): under
+    /// [`ExternalNameBackends::External`], an ExternalBackend whose host is an address in one
+    /// is refused, as one that is not public is.
+    pub cluster_ranges: cftunnel_config::address::ClusterRanges,
     /// The proxy image of dedicated data planes whose `GatewayConfig` names none
     /// (`--proxy-image`). Without either, such a Gateway is not accepted (`InvalidParameters`).
     /// Read by [`translate`], which renders the planes itself; [`translate_with`] takes them
@@ -121,6 +125,7 @@ impl Default for Options {
             gateway_class_name: None,
             cluster_domain: DEFAULT_CLUSTER_DOMAIN.to_owned(),
             external_name_backends: ExternalNameBackends::default(),
+            cluster_ranges: cftunnel_config::address::ClusterRanges::default(),
             proxy_image: None,
             shared_tunnel: None,
             running_tunnels: BTreeMap::new(),

@@ -80,6 +80,12 @@ fn the_proxy_settings_reach_the_pools_proxy_as_the_values_mean_them() {
                 expected.push(format!("--{flag}={value}"));
             }
         }
+        // The cluster's own ranges, a list, as the one comma-separated setting.
+        let ranges: Vec<String> =
+            serde_yaml_ng::from_value(at(&values, "clusterCIDRs").clone()).expect("clusterCIDRs");
+        if !ranges.is_empty() {
+            expected.push(format!("--cluster-cidrs={}", ranges.join(",")));
+        }
         expected.push(format!(
             "--grace-period={}s",
             string(&values, "proxy.gracePeriodSeconds")
@@ -111,6 +117,23 @@ fn the_proxy_settings_reach_the_pools_proxy_as_the_values_mean_them() {
             config_port(&rendered),
             i32::from(actual.config_addr.0.port()),
             "{file}"
+        );
+        // The controller judges ExternalBackends by the same ranges, and a dedicated plane it
+        // renders dials by them as the pool does.
+        let run = controller_run(&rendered.one("Deployment", &controller_name(RELEASE)));
+        assert_eq!(
+            run.class.cluster_cidrs, actual.cluster_cidrs,
+            "{file}: the controller's ranges"
+        );
+        let dedicated = plane(&options(&run)).deployment;
+        let on_plane = cftunnel_proxy::cli::Args::try_parse_from(
+            std::iter::once("cftunnel-proxy".to_owned())
+                .chain(proxy_flags(super::container(&dedicated))),
+        )
+        .unwrap_or_else(|e| panic!("{file}: a plane's proxy takes its settings: {e}"));
+        assert_eq!(
+            on_plane.cluster_cidrs, actual.cluster_cidrs,
+            "{file}: a dedicated plane's ranges"
         );
     }
 }

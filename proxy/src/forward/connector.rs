@@ -1,7 +1,7 @@
 //! Dials one fixed backend, whatever the request URI says, optionally over TLS.
 
 use super::tls::TlsTarget;
-use cftunnel_config::address::is_public;
+use cftunnel_config::address::{is_public_with, ClusterRanges};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -35,8 +35,9 @@ struct Target {
     label: Arc<str>,
     tls: Option<TlsTarget>,
     timeout: Duration,
-    /// Dial only public addresses of `host` (see [`is_public`]).
-    public_only: bool,
+    /// Dial only public addresses of `host` (see [`cftunnel_config::address::is_public`]) outside these ranges of the
+    /// cluster's own.
+    public_only: Option<ClusterRanges>,
     /// This backend's share of the process's [`LOOKUPS`].
     lookups: Arc<tokio::sync::Semaphore>,
 }
@@ -47,14 +48,14 @@ pub(crate) struct Connector {
 }
 
 impl Connector {
-    /// A connector to `host:port`; with `public_only`, only public addresses of `host` are
-    /// dialled, checked at each dial.
+    /// A connector to `host:port`; with `public_only`, only public addresses of `host` outside
+    /// the cluster's ranges it holds are dialled, checked at each dial.
     pub(crate) fn new(
         host: &str,
         port: u16,
         tls: Option<TlsTarget>,
         timeout: Duration,
-        public_only: bool,
+        public_only: Option<ClusterRanges>,
     ) -> Self {
         Self {
             target: Arc::new(Target {
@@ -119,18 +120,24 @@ fn handshake_error_kind(e: &io::Error) -> ConnectErrorKind {
 /// check and the connect (DNS rebinding) cannot lead elsewhere.
 async fn dial(t: &Target) -> io::Result<TcpStream> {
     let addrs = resolve(&t.host, t.port, &t.lookups).await?;
-    if !t.public_only {
+    let Some(cluster) = &t.public_only else {
         return TcpStream::connect(&addrs[..]).await;
-    }
-    let addrs: Vec<SocketAddr> = addrs.into_iter().filter(|a| is_public(a.ip())).collect();
+    };
+    let addrs: Vec<SocketAddr> = addrs
+        .into_iter()
+        .filter(|a| is_public_with(a.ip(), cluster))
+        .collect();
     if addrs.is_empty() {
         tracing::debug!(
             host = %t.host,
-            "backend refused: its addresses are not public (publicOnly)"
+            "backend refused: its addresses are not public or are the cluster's own (publicOnly)"
         );
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
-            format!("{} resolves to no public address (publicOnly)", t.host),
+            format!(
+                "{} resolves to no public address outside the cluster's ranges (publicOnly)",
+                t.host
+            ),
         ));
     }
     TcpStream::connect(&addrs[..]).await

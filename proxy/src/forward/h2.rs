@@ -730,13 +730,8 @@ mod tests {
     #[tokio::test]
     async fn connections_stay_within_the_limit_and_those_beyond_the_first_close_once_idle() {
         let (addr, accepted, closed) = backend(1).await;
-        let connector = Connector::new(
-            "127.0.0.1",
-            addr.port(),
-            None,
-            Duration::from_secs(2),
-            false,
-        );
+        let connector =
+            Connector::new("127.0.0.1", addr.port(), None, Duration::from_secs(2), None);
         let idle = Duration::from_millis(300);
         let settings = Settings {
             keep_alive: KeepAlive::default(),
@@ -810,13 +805,8 @@ mod tests {
     #[tokio::test]
     async fn requests_waiting_at_the_limit_take_the_room_a_new_connection_brings() {
         let (addr, accepted, _, close_first) = backend_with(|n| if n == 0 { 1 } else { 10 }).await;
-        let connector = Connector::new(
-            "127.0.0.1",
-            addr.port(),
-            None,
-            Duration::from_secs(2),
-            false,
-        );
+        let connector =
+            Connector::new("127.0.0.1", addr.port(), None, Duration::from_secs(2), None);
         let settings = Settings {
             keep_alive: KeepAlive::default(),
             max_header_list_size: 64 << 10,

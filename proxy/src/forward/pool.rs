@@ -773,13 +773,8 @@ mod tests {
         // Long enough that a stall of a loaded machine between two steady requests does not
         // expire the connection in use.
         let timeout = Duration::from_secs(1);
-        let connector = Connector::new(
-            "127.0.0.1",
-            addr.port(),
-            None,
-            Duration::from_secs(2),
-            false,
-        );
+        let connector =
+            Connector::new("127.0.0.1", addr.port(), None, Duration::from_secs(2), None);
         let pool = H1Pool::new(connector, 64, timeout, 1024, None);
 
         // A burst opens eight connections; all go back to the pool.
@@ -818,13 +813,8 @@ mod tests {
     #[tokio::test]
     async fn a_connection_put_back_signals_only_requests_that_wait_for_one() {
         let (addr, accepted, _) = backend().await;
-        let connector = Connector::new(
-            "127.0.0.1",
-            addr.port(),
-            None,
-            Duration::from_secs(2),
-            false,
-        );
+        let connector =
+            Connector::new("127.0.0.1", addr.port(), None, Duration::from_secs(2), None);
         let pool = H1Pool::new(connector, 64, Duration::from_secs(60), 1, None);
 
         // Nobody waits: the connection goes back without a signal.
