@@ -125,6 +125,14 @@ impl FromStr for Cidr {
         let addr: IpAddr = addr
             .parse()
             .map_err(|_| format!("{s:?} is not an address range (ADDRESS/PREFIX)"))?;
+        // An IPv4 range written as IPv6 would match no IPv4 address a name resolves to.
+        if let IpAddr::V6(v6) = addr {
+            if v6.to_ipv4_mapped().is_some() {
+                return Err(format!(
+                    "{s:?}: write an IPv4 range as IPv4 (it covers the IPv6 forms that reach it)"
+                ));
+            }
+        }
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let prefix = match prefix {
             None => max,
@@ -394,6 +402,7 @@ mod tests {
             ("10.0.0.0/+8", "prefix length"),
             ("10.0.0/8", "not an address range"),
             ("example.com/8", "not an address range"),
+            ("::ffff:34.118.224.0/116", "write an IPv4 range as IPv4"),
         ] {
             let err = bad.parse::<ClusterRanges>().expect_err(bad);
             assert!(err.contains(says), "{bad}: {err}");

@@ -812,14 +812,16 @@ impl TunnelSync {
         self.writes.abort_all();
     }
 
-    /// Forgets tunnels no plane uses any more (their last document stays at Cloudflare). A
-    /// write to one still running ends by itself: stopped, its request could still land after
-    /// a later write to the tunnel.
-    pub fn retain(&mut self, keep: impl Fn(&Uuid) -> bool) {
-        self.landed.retain(|t, _| keep(t));
-        self.written.retain(|(t, _), _| keep(t));
-        self.verified.retain(|t, _| keep(t));
-        self.failed.retain(|(t, _)| keep(t));
+    /// Forgets the writes of tunnels nothing writes any more (`written`: their last document
+    /// stays at Cloudflare, and is written again when a writer comes back, whatever was done
+    /// to it meanwhile), and what landed on tunnels no plane serves (`served`). A write to one
+    /// still running ends by itself: stopped, its request could still land after a later
+    /// write to the tunnel.
+    pub fn retain(&mut self, written: impl Fn(&Uuid) -> bool, served: impl Fn(&Uuid) -> bool) {
+        self.landed.retain(|t, _| served(t));
+        self.written.retain(|(t, _), _| written(t));
+        self.verified.retain(|t, _| written(t));
+        self.failed.retain(|(t, _)| written(t));
     }
 }
 

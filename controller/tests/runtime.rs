@@ -1237,9 +1237,18 @@ async fn the_document_a_tunnel_serves_is_the_last_written_by_any_writer() {
         assert!(carries(&sync, "a.example.com") && !carries(&sync, "b.example.com"));
         // And not again while nothing changes.
         let writes = cloudflare.writes();
-        let same = sync.sync_all(&api, vec![(class, document("a.example.com"))]).await;
+        let same = sync
+            .sync_all(&api, vec![(class.clone(), document("a.example.com"))])
+            .await;
         assert_eq!(same, vec![Ok(Synced::Held)]);
         assert_eq!(cloudflare.writes(), writes);
+        // A round in which nothing writes the tunnel (its API token gone) while a plane still
+        // serves it: what landed is kept, the writers' records are not, so a writer that comes
+        // back writes again whatever was done to the tunnel meanwhile (the dashboard).
+        sync.retain(|_| false, |t| *t == tunnel);
+        assert!(carries(&sync, "a.example.com"));
+        let back = sync.sync_all(&api, vec![(class, document("a.example.com"))]).await;
+        assert_eq!(back, vec![Ok(Synced::Wrote)]);
     })
     .await
     .expect("in time");

@@ -2170,12 +2170,15 @@ async fn sync_tunnels(
             }
         }
     }
-    // A tunnel whose writes fail is still used: what it last took is what it serves.
-    sync.retain(|t| {
-        planes
-            .values()
-            .any(|info| info.identity.is_some_and(|identity| identity.id == *t))
-    });
+    // A tunnel whose writes fail is still served: what it last took is what it serves.
+    sync.retain(
+        |t| writers.keys().any(|target| target.tunnel == *t),
+        |t| {
+            planes
+                .values()
+                .any(|info| info.identity.is_some_and(|identity| identity.id == *t))
+        },
+    );
     failures
 }
 
