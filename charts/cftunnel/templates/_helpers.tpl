@@ -235,6 +235,7 @@ autoscaler reads its metrics. */ -}}
 {{- $_ := set $s "PROXY_BACKEND_MAX_CONNECTIONS" ($p.backend.maxConnections | int | toString) }}
 {{- $_ := set $s "PROXY_BACKEND_HEADER_TIMEOUT" ($p.backend.headerTimeout | toString) }}
 {{- $_ := set $s "PROXY_REQUEST_BODY_TIMEOUT" ($p.requestBodyTimeout | toString) }}
+{{- $_ := set $s "PROXY_SEND_TIMEOUT" ($p.sendTimeout | toString) }}
 {{- $_ := set $s "PROXY_WEBSOCKET_IDLE_TIMEOUT" ($p.websocketIdleTimeout | toString) }}
 {{- with .Values.clusterCIDRs }}
 {{- $_ := set $s "PROXY_CLUSTER_CIDRS" (join "," .) }}

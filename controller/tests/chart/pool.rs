@@ -58,6 +58,7 @@ fn the_proxy_settings_reach_the_pools_proxy_as_the_values_mean_them() {
         ("proxy.backend.maxConnections", "backend-max-connections"),
         ("proxy.backend.headerTimeout", "backend-header-timeout"),
         ("proxy.requestBodyTimeout", "request-body-timeout"),
+        ("proxy.sendTimeout", "send-timeout"),
         ("proxy.websocketIdleTimeout", "websocket-idle-timeout"),
         ("proxy.logFormat", "log-format"),
     ];
