@@ -325,7 +325,11 @@ async fn tokens_naming_a_new_key_just_after_a_fetch_wait_for_the_next_one() {
         });
         let statuses = futures_util::future::join_all(calls).await;
         assert_eq!(statuses, vec![StatusCode::OK; 10]);
-        assert_eq!(s.jwks.fetches(), 2, "one fetch served them all");
+        // One fetch served them all. A request on the other worker that looks while the
+        // fetch task has woken but not yet marked itself fetching asks again; the task keeps
+        // one such request, so at most one more fetch follows, never one per token.
+        let fetches = s.jwks.fetches();
+        assert!((2..=3).contains(&fetches), "{fetches} fetches");
     })
     .await
     .expect("test finishes in time");
