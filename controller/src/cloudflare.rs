@@ -53,7 +53,7 @@ pub struct Carried {
 
 impl Carried {
     /// What the document of the planes serving `configs` carries.
-    pub fn of(configs: &[&Config]) -> Self {
+    fn of(configs: &[&Config]) -> Self {
         let mut carried = Self::default();
         for config in configs {
             for rule in &config.rules {
@@ -89,7 +89,7 @@ impl Carried {
     }
 
     /// The ingress document that carries this.
-    pub fn document(&self) -> Value {
+    fn document(&self) -> Value {
         let mut ingress: Vec<Value> = self
             .hostnames
             .iter()

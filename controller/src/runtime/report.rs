@@ -227,6 +227,7 @@ impl Reconciler {
                     r.object_ref(&()),
                 )
             }));
+        let on_tunnels = self.on_their_tunnels(output, planes);
         let mut routes_seen = BTreeSet::new();
         for (kind, meta, existing, regarding) in route_objects {
             let (Some(ns), Some(name)) = (meta.namespace.clone(), meta.name.clone()) else {
@@ -272,7 +273,12 @@ impl Reconciler {
                 if let Some(reason) = self.tunnel_failures.get(plane) {
                     let message =
                         format!("the tunnel's ingress document could not be written: {reason}");
-                    if self.on_its_tunnel(output, planes, plane, &route_key) {
+                    let carried = on_tunnels
+                        .get(plane)
+                        .and_then(|routes| routes.get(&route_key))
+                        .copied()
+                        .unwrap_or(false);
+                    if carried {
                         conditions.push(KubeCondition {
                             kind: TUNNEL_DOCUMENT_WRITTEN.to_owned(),
                             status: Truth::False,
@@ -395,33 +401,39 @@ impl Reconciler {
         writes.run().await;
     }
 
-    /// Whether the document last written to the tunnel `plane` serves now carries every rule
-    /// `route` has on `plane`: the tunnel then serves the route as it is, whatever newer
-    /// document cannot be written. Not known (`false`) before this process has written one.
-    fn on_its_tunnel(
+    /// Per plane whose tunnel's document could not be written, whether the document last
+    /// written to the tunnel it serves now carries every rule of each route on it: the tunnel
+    /// then serves the route as it is. A route missing is not carried (nor is any before this
+    /// process has written the tunnel). One pass over each such plane's rules.
+    fn on_their_tunnels<'o>(
         &self,
-        output: &translate::Output,
+        output: &'o translate::Output,
         planes: &BTreeMap<PlaneKey, PlaneInfo>,
-        plane: &PlaneKey,
-        route: &translate::RouteKey,
-    ) -> bool {
-        let Some(carried) = planes
-            .get(plane)
-            .and_then(|info| info.identity)
-            .and_then(|identity| self.tunnel_sync.landed(&identity.id))
-        else {
-            return false;
-        };
-        let (Some(owners), Some(config)) = (output.owners.get(plane), output.configs.get(plane))
-        else {
-            return false;
-        };
-        let mut rules = owners
-            .iter()
-            .zip(&config.rules)
-            .filter(|(owner, _)| owner.as_ref() == Some(route))
-            .peekable();
-        rules.peek().is_some() && rules.all(|(_, rule)| carried.carries(&rule.hostnames))
+    ) -> HashMap<&'o PlaneKey, HashMap<&'o translate::RouteKey, bool>> {
+        let mut out = HashMap::new();
+        for (plane, owners) in &output.owners {
+            if !self.tunnel_failures.contains_key(plane) {
+                continue;
+            }
+            let (Some(carried), Some(config)) = (
+                planes
+                    .get(plane)
+                    .and_then(|info| info.identity)
+                    .and_then(|identity| self.tunnel_sync.landed(&identity.id)),
+                output.configs.get(plane),
+            ) else {
+                continue;
+            };
+            let mut routes: HashMap<&translate::RouteKey, bool> = HashMap::new();
+            for (owner, rule) in owners.iter().zip(&config.rules) {
+                if let Some(route) = owner {
+                    let on = carried.carries(&rule.hostnames);
+                    *routes.entry(route).or_insert(true) &= on;
+                }
+            }
+            out.insert(plane, routes);
+        }
+        out
     }
 
     /// A route this build cannot read is left out of every plane: where our parents said it
