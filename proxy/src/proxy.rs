@@ -387,7 +387,7 @@ impl Proxy {
             || !backend.filters.mirrors.is_empty();
         // The request timeout bounds reading a buffered body too.
         let deadline = rule.request_timeout.map(|t| Instant::now() + t);
-        let read = Payload::read(counted, replay_needed);
+        let read = Payload::read(counted, replay_needed, !grpc);
         let read = match deadline {
             Some(at) => tokio::time::timeout_at(at, read)
                 .await

@@ -1978,3 +1978,59 @@ async fn long_lived_streams_do_not_hold_other_requests_to_an_http2_backend_at_it
     .await
     .expect("test finished in time");
 }
+
+/// A body of stated length trickling in holds no backend connection: it is read whole before
+/// the request takes one. With a single connection to the backend, other requests are served
+/// meanwhile, and the upload goes out complete once its last byte is in.
+#[tokio::test]
+async fn a_body_trickling_in_holds_no_backend_connection_meanwhile() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let (backend, accepted) = body_echoing_backend().await;
+        let proxy = limited_proxy(1).await;
+        let http = client();
+        let doc = json!({"rules": [rule("/", json!({
+            "timeouts": {"backend": "2s"},
+            "backends": [{"url": url(backend), "weight": 1}]
+        }))]});
+        assert_eq!(
+            push(&http, proxy.admin_addr(), &doc).await.status,
+            StatusCode::OK
+        );
+        let d = proxy.data_addr();
+
+        let mut upload = tokio::net::TcpStream::connect(d).await.expect("connect");
+        upload
+            .write_all(b"POST /upload HTTP/1.1\r\nhost: h\r\ncontent-length: 10\r\n\r\nabc")
+            .await
+            .expect("head and the first bytes written");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for _ in 0..3 {
+            let r = get(&http, d, "h", "/other", &[]).await;
+            assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        }
+
+        upload
+            .write_all(b"defghij")
+            .await
+            .expect("the rest written");
+        let mut answer = Vec::new();
+        while !answer.ends_with(b"abcdefghij") {
+            let mut chunk = [0u8; 1024];
+            let n = upload.read(&mut chunk).await.expect("the answer comes");
+            assert!(n > 0, "answered: {}", String::from_utf8_lossy(&answer));
+            answer.extend_from_slice(&chunk[..n]);
+        }
+        assert!(
+            answer.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+        assert_eq!(
+            accepted.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "one connection served both"
+        );
+    })
+    .await
+    .expect("test finished in time");
+}

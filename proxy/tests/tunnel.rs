@@ -949,3 +949,83 @@ async fn a_visitor_that_reads_slowly_gets_the_whole_response_over_http2() {
     .await
     .expect("test finished in time");
 }
+
+/// A visitor's upload of stated length trickling in through the tunnel holds no backend
+/// connection until it is complete: with a single connection to the backend, the next visitor
+/// is served meanwhile, and the upload reaches the backend whole.
+async fn a_trickling_upload_holds_no_backend_connection(protocol: &str) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let (backend, accepted) = body_echoing_backend().await;
+    let edge = MockEdge::start().await.expect("mock edge starts");
+    let dir = scratch_dir(&format!("trickling-upload-{protocol}"));
+    let env = [("PROXY_BACKEND_MAX_CONNECTIONS", "1")];
+    let token = connector::token().encode();
+    let (mut child, _admin) = tunnel_proxy_with(&edge, &dir, &token, protocol, backend, &env).await;
+    let mut upload = tokio::net::TcpStream::connect(edge.http_addr())
+        .await
+        .expect("eyeball connects");
+    upload
+        .write_all(
+            b"POST /upload HTTP/1.1\r\nhost: app.example.com\r\ncontent-length: 10\r\n\r\nabc",
+        )
+        .await
+        .expect("head and the first bytes written");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let http = client();
+    let next = get(&http, edge.http_addr(), "app.example.com", "/next", &[]);
+    let r = tokio::time::timeout(Duration::from_secs(10), next)
+        .await
+        .unwrap_or_else(|_| {
+            panic!("{protocol}: the next visitor waits on the upload's connection")
+        });
+    assert_eq!(r.status, 200, "{protocol}: {:?}", r.body);
+
+    upload
+        .write_all(b"defghij")
+        .await
+        .expect("the rest written");
+    let mut answer = Vec::new();
+    while !answer.ends_with(b"abcdefghij") {
+        let mut chunk = [0u8; 1024];
+        let n = upload.read(&mut chunk).await.expect("the answer comes");
+        assert!(
+            n > 0,
+            "{protocol}: answered {}",
+            String::from_utf8_lossy(&answer)
+        );
+        answer.extend_from_slice(&chunk[..n]);
+    }
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{protocol}: {}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "{protocol}: one connection"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_trickling_upload_holds_no_backend_connection_over_quic() {
+    tokio::time::timeout(
+        TEST_TIMEOUT,
+        a_trickling_upload_holds_no_backend_connection("quic"),
+    )
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn a_trickling_upload_holds_no_backend_connection_over_http2() {
+    tokio::time::timeout(
+        TEST_TIMEOUT,
+        a_trickling_upload_holds_no_backend_connection("http2"),
+    )
+    .await
+    .expect("test finished in time");
+}

@@ -41,6 +41,9 @@ enum Kind {
     H2 {
         recv: h2::RecvStream,
         data_done: bool,
+        /// Bytes still to come, when the request stated its length (h2 refuses a body that
+        /// does not match it).
+        remaining: Option<u64>,
     },
 }
 
@@ -107,9 +110,19 @@ impl Body {
     /// A body read from an h2 stream, trailers included. For the edge's side: a response
     /// body as a connector sends it over HTTP/2.
     pub fn h2(recv: h2::RecvStream) -> Self {
+        Self::h2_request(recv, None)
+    }
+
+    /// A request body read from an h2 stream, `content_length` bytes long when the request
+    /// says so: its size is then known to the service, as over QUIC.
+    pub(crate) fn h2_request(recv: h2::RecvStream, content_length: Option<u64>) -> Self {
         let data_done = recv.is_end_stream();
         Self {
-            kind: Kind::H2 { recv, data_done },
+            kind: Kind::H2 {
+                recv,
+                data_done,
+                remaining: content_length,
+            },
         }
     }
 }
@@ -173,13 +186,20 @@ impl http_body::Body for Body {
                 }
                 Poll::Ready(Some(Ok(Frame::data(buf.split().freeze()))))
             }
-            Kind::H2 { recv, data_done } => {
+            Kind::H2 {
+                recv,
+                data_done,
+                remaining,
+            } => {
                 while !*data_done {
                     match ready!(recv.poll_data(cx)) {
                         // Empty frames (an END_STREAM marker) carry nothing.
                         Some(Ok(data)) if data.is_empty() => {}
                         Some(Ok(data)) => {
                             let _ = recv.flow_control().release_capacity(data.len());
+                            if let Some(rem) = remaining {
+                                *rem = rem.saturating_sub(data.len() as u64);
+                            }
                             return Poll::Ready(Some(Ok(Frame::data(data))));
                         }
                         Some(Err(e)) => {
@@ -201,7 +221,9 @@ impl http_body::Body for Body {
         match &self.kind {
             Kind::Empty => true,
             Kind::Quic { remaining, .. } => *remaining == Some(0),
-            Kind::H2 { recv, data_done } => *data_done && recv.is_end_stream(),
+            Kind::H2 {
+                recv, data_done, ..
+            } => *data_done && recv.is_end_stream(),
         }
     }
 
@@ -209,6 +231,9 @@ impl http_body::Body for Body {
         match &self.kind {
             Kind::Empty => SizeHint::with_exact(0),
             Kind::Quic {
+                remaining: Some(n), ..
+            }
+            | Kind::H2 {
                 remaining: Some(n), ..
             } => SizeHint::with_exact(*n),
             _ => SizeHint::default(),

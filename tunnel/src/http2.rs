@@ -376,6 +376,10 @@ async fn handle_request(
     in_flight: InFlight,
 ) {
     let (mut parts, recv) = req.into_parts();
+    let content_length = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| crate::stream::http_map::parse_content_length(v.as_bytes()));
     origin::prepare(&mut parts.headers, &shared.warp_tag);
     if let Some(authority) = parts.uri.authority() {
         if let Ok(v) = HeaderValue::from_str(authority.as_str()) {
@@ -393,7 +397,7 @@ async fn handle_request(
         upgrade = Some((tx, recv));
         Body::empty()
     } else {
-        Body::h2(recv)
+        Body::h2_request(recv, content_length)
     };
     // The edge resets the stream when the eyeball goes away; the service's future is then
     // dropped at once, as `cloudflared` ends the origin request's context, not left to run

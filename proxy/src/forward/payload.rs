@@ -1,11 +1,13 @@
-//! The request body as the forwarder needs it: buffered, up to a cap, when a retry or a
-//! mirror may send it again, and streamed otherwise.
+//! The request body as the forwarder needs it: held, up to a cap, before a backend connection
+//! is taken, and streamed otherwise.
 //!
-//! Buffering is bounded ([`MAX_REPLAY_BODY`]) and happens only for rules that retry or
-//! mirror. What is read is gathered into one buffer as it comes, so a body costs about its
-//! bytes however finely it is chunked (see [`Buffer`]). Every other body streams straight
-//! through to the backend, with a signal when it has been sent so the try's timeout can start
-//! then.
+//! A body is held whole when its length is known and within [`MAX_REPLAY_BODY`], and, for
+//! rules that retry or mirror, also when its length is unknown and it ends within the cap: a
+//! held body can be sent again, and a client that trickles it in holds no backend connection
+//! meanwhile, only its own place in flight. What is read is gathered into one buffer as it
+//! comes, so a body costs about its bytes however finely it is chunked (see [`Buffer`]). Every
+//! other body streams straight through to the backend, with a signal when it has been sent so
+//! the try's timeout can start then.
 
 use super::TryBody;
 use crate::body::{self, BoxError, ProxyBody, QuietState};
@@ -15,7 +17,8 @@ use http_body_util::BodyExt;
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
-/// Request bodies up to this size are buffered when a retry or a mirror needs to replay them.
+/// Request bodies up to this size are held before they are forwarded: every one whose length
+/// is known, and one of unknown length when a retry or a mirror needs to replay it.
 pub const MAX_REPLAY_BODY: u64 = 64 * 1024;
 
 /// How long a body of unknown length may pause, while it is read for a replay, before it is
@@ -39,10 +42,17 @@ pub(crate) enum Payload {
 }
 
 impl Payload {
-    /// Reads as much of `body` as it must: all of it, up to [`MAX_REPLAY_BODY`], when a retry
-    /// or a mirror may send it again (`replay_needed`), none of it otherwise. A body longer
-    /// than the cap streams on, with what was read first, and is sent once.
-    pub(crate) async fn read<B>(body: B, replay_needed: bool) -> Result<Self, UnreadableBody>
+    /// Reads as much of `body` as it must before a backend connection is taken: all of it when
+    /// its length is known and within [`MAX_REPLAY_BODY`] and `hold_known` (not for a gRPC
+    /// call, whose client may wait on the server's messages before it sends more of its
+    /// own); otherwise up to the cap when a retry or a mirror may send it again
+    /// (`replay_needed`), none when not. A body longer than the cap streams on, with what was
+    /// read first, and is sent once.
+    pub(crate) async fn read<B>(
+        body: B,
+        replay_needed: bool,
+        hold_known: bool,
+    ) -> Result<Self, UnreadableBody>
     where
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
@@ -51,13 +61,15 @@ impl Payload {
             return Ok(Self::Replayable(Bytes::new()));
         }
         let hint = body.size_hint();
-        if !replay_needed || hint.lower() > MAX_REPLAY_BODY {
+        // A stated length the client has committed to sending, so reading it whole waits for
+        // nothing the backend would have to say first.
+        let known = hint.upper().filter(|&n| n <= MAX_REPLAY_BODY);
+        if hint.lower() > MAX_REPLAY_BODY || !(replay_needed || hold_known && known.is_some()) {
             return Ok(Self::stream(body));
         }
         // A known length within the cap is read whole; an unknown one (chunked, HTTP/2
         // without content-length) up to the cap: a body that ends within it is replayable, a
         // longer one, or one that pauses for [`REPLAY_LULL`], streams on with what was read.
-        let known = hint.upper().filter(|&n| n <= MAX_REPLAY_BODY);
         let mut read = Buffer::new(known);
         let mut body = Box::pin(body);
         loop {
@@ -221,7 +233,7 @@ mod tests {
     #[tokio::test]
     async fn a_finely_chunked_body_within_the_cap_is_replayable_byte_exact() {
         let body = bytes_of(MAX_REPLAY_BODY as usize);
-        let payload = Payload::read(chunked(one_byte_chunks(&body)), true)
+        let payload = Payload::read(chunked(one_byte_chunks(&body)), true, true)
             .await
             .expect("readable");
         assert_eq!(payload.replayable().map(|b| b.as_ref()), Some(&body[..]));
@@ -230,7 +242,7 @@ mod tests {
     #[tokio::test]
     async fn a_finely_chunked_body_past_the_cap_goes_on_with_what_was_read_in_one_frame() {
         let body = bytes_of(MAX_REPLAY_BODY as usize + 100);
-        let payload = Payload::read(chunked(one_byte_chunks(&body)), true)
+        let payload = Payload::read(chunked(one_byte_chunks(&body)), true, true)
             .await
             .expect("readable");
         assert!(payload.replayable().is_none(), "past the cap: sent once");
@@ -256,7 +268,7 @@ mod tests {
         let mut trailers = http::HeaderMap::new();
         trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
         frames.push(Frame::trailers(trailers.clone()));
-        let payload = Payload::read(chunked(frames), true)
+        let payload = Payload::read(chunked(frames), true, true)
             .await
             .expect("readable");
         assert!(payload.replayable().is_none());
@@ -269,10 +281,29 @@ mod tests {
         assert_eq!(frames[1].trailers_ref(), Some(&trailers));
     }
 
+    /// A body of stated length within the cap is held even with no retry or mirror to replay
+    /// it (so a client trickling it in holds no backend connection), unless told not to; one of
+    /// unknown length is held only for a replay.
+    #[tokio::test]
+    async fn a_body_of_stated_length_is_held_unless_told_not_to() {
+        let body = Bytes::from(bytes_of(1000));
+        let full = || http_body_util::Full::new(body.clone());
+        let held = Payload::read(full(), false, true).await.expect("readable");
+        assert_eq!(held.replayable(), Some(&body));
+        let streamed = Payload::read(full(), false, false).await.expect("readable");
+        assert!(
+            streamed.replayable().is_none(),
+            "a gRPC call's body streams"
+        );
+        let unknown = chunked(vec![Frame::data(body.clone())]);
+        let streamed = Payload::read(unknown, false, true).await.expect("readable");
+        assert!(streamed.replayable().is_none(), "unknown length: streamed");
+    }
+
     #[tokio::test]
     async fn a_body_in_one_piece_is_kept_without_a_copy() {
         let body = Bytes::from(bytes_of(1000));
-        let payload = Payload::read(http_body_util::Full::new(body.clone()), true)
+        let payload = Payload::read(http_body_util::Full::new(body.clone()), true, true)
             .await
             .expect("readable");
         let kept = payload.replayable().expect("within the cap");

@@ -235,6 +235,59 @@ pub async fn stream_without_end(conn: &mut tokio::net::TcpStream) {
     while conn.write_all(chunk.as_bytes()).await.is_ok() {}
 }
 
+/// A backend that answers each request with its body (read by its `content-length`), counting
+/// the connections it accepted.
+pub async fn body_echoing_backend() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = accepted.clone();
+    let addr = scripted_backend(move |mut conn: tokio::net::TcpStream| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut buf = Vec::new();
+            loop {
+                let end = loop {
+                    if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break at + 4;
+                    }
+                    let mut chunk = [0u8; 4096];
+                    match conn.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                };
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                while buf.len() < end + length {
+                    let mut chunk = [0u8; 4096];
+                    match conn.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let body = buf[end..end + length].to_vec();
+                buf.drain(..end + length);
+                let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {length}\r\n\r\n");
+                if conn.write_all(answer.as_bytes()).await.is_err()
+                    || conn.write_all(&body).await.is_err()
+                {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    (addr, accepted)
+}
+
 /// A backend on 127.0.0.1 that hands every connection it accepts to `serve`, each on its own
 /// task; returns the address it listens on.
 pub async fn scripted_backend<F, Fut>(serve: F) -> SocketAddr
