@@ -258,6 +258,7 @@ impl Server {
     /// Marks the proxy not ready (`/readyz` answers 503). First step of a drain.
     pub fn begin_drain(&self) {
         self.health.set_draining();
+        self.proxy.metrics().draining.set(1);
     }
 
     /// Drains: readiness off, the data listener closed (new connections are refused), open

@@ -171,6 +171,8 @@ impl Proxy {
         let routes = self.shared.routes.load_full();
         let (parts, body) = req.into_parts();
         let grpc = is_grpc(&parts.headers);
+        // Over HTTP/1.1 trailers may not reach the client (and a cut body must show as one).
+        let trailers_at_deadline = grpc && parts.version == http::Version::HTTP_2;
         let head = parts.method == http::Method::HEAD;
         let mut completion = Completion::start(&self.shared.recorder, &parts, &conn, start);
         let mut cors = CorsAnswer::default();
@@ -213,7 +215,9 @@ impl Proxy {
             routes.host_metrics(None).clone()
         });
         response.map(|reply| match reply {
-            Reply::Upstream(body, deadline) => ResponseBody::upstream(body, completion, deadline),
+            Reply::Upstream(body, deadline) => {
+                ResponseBody::upstream(body, completion, deadline, trailers_at_deadline)
+            }
             Reply::Local(bytes) => ResponseBody::local(bytes, Some(completion)),
         })
     }

@@ -17,7 +17,14 @@ pin_project_lite::pin_project! {
     #[project = InnerProj]
     enum Inner {
         // `deadline`: the rule's request or backend timeout, which bound the response body too.
-        Upstream { #[pin] body: UpstreamBody, deadline: Option<Pin<Box<tokio::time::Sleep>>> },
+        // `trailers_at_deadline`: a gRPC call's client reads its status from trailers, and is
+        // told the deadline passed (DEADLINE_EXCEEDED) rather than seeing its stream reset.
+        Upstream {
+            #[pin] body: UpstreamBody,
+            deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+            trailers_at_deadline: bool,
+            ended: bool,
+        },
         Local { #[pin] body: Full<Bytes> },
     }
 }
@@ -38,7 +45,7 @@ pin_project_lite::pin_project! {
             let this = this.project();
             if let Some(c) = this.completion.take() {
                 let ended = match this.inner.project() {
-                    InnerProj::Upstream { body, .. } => body.is_end_stream(),
+                    InnerProj::Upstream { body, ended, .. } => *ended || body.is_end_stream(),
                     InnerProj::Local { body } => body.is_end_stream(),
                 };
                 if ended {
@@ -54,16 +61,21 @@ pin_project_lite::pin_project! {
 impl ResponseBody {
     /// A backend's body; with a `deadline` (the rule's request timeout, which covers the whole
     /// exchange, or its backend timeout, which covers the answering try up to its last byte) a
-    /// body still streaming then fails, and the client sees it cut off.
+    /// body still streaming then fails, and the client sees it cut off. With
+    /// `trailers_at_deadline` (a gRPC call whose client reads trailers) it ends instead, with
+    /// trailers saying `grpc-status: 4`.
     pub(crate) fn upstream(
         body: UpstreamBody,
         completion: Completion,
         deadline: Option<tokio::time::Instant>,
+        trailers_at_deadline: bool,
     ) -> Self {
         Self {
             inner: Inner::Upstream {
                 body,
                 deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
+                trailers_at_deadline,
+                ended: false,
             },
             completion: Some(completion),
         }
@@ -89,7 +101,15 @@ impl Body for ResponseBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.project();
         let polled = match this.inner.project() {
-            InnerProj::Upstream { body, deadline } => {
+            InnerProj::Upstream {
+                body,
+                deadline,
+                trailers_at_deadline,
+                ended,
+            } => {
+                if *ended {
+                    return Poll::Ready(None);
+                }
                 // Looked at before the body: one that always has data ready (a fast backend,
                 // a large download) would otherwise never be cut.
                 let expired = deadline
@@ -98,6 +118,14 @@ impl Body for ResponseBody {
                 if expired {
                     if let Some(c) = this.completion.as_ref() {
                         c.backend_timed_out();
+                    }
+                    if *trailers_at_deadline {
+                        *ended = true;
+                        *deadline = None;
+                        if let Some(c) = this.completion.take() {
+                            c.abort();
+                        }
+                        return Poll::Ready(Some(Ok(Frame::trailers(deadline_trailers()))));
                     }
                     Some(Err(BoxError::from("timeout reached mid-response")))
                 } else {
@@ -130,7 +158,7 @@ impl Body for ResponseBody {
 
     fn is_end_stream(&self) -> bool {
         match &self.inner {
-            Inner::Upstream { body, .. } => body.is_end_stream(),
+            Inner::Upstream { body, ended, .. } => *ended || body.is_end_stream(),
             Inner::Local { body } => body.is_end_stream(),
         }
     }
@@ -141,4 +169,15 @@ impl Body for ResponseBody {
             Inner::Local { body } => body.size_hint(),
         }
     }
+}
+
+/// The trailers that end a gRPC response cut at its deadline.
+fn deadline_trailers() -> http::HeaderMap {
+    let mut trailers = http::HeaderMap::with_capacity(2);
+    trailers.insert("grpc-status", http::HeaderValue::from_static("4"));
+    trailers.insert(
+        "grpc-message",
+        http::HeaderValue::from_static("timeout reached mid-response"),
+    );
+    trailers
 }

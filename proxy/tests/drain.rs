@@ -39,6 +39,7 @@ async fn sigterm_refuses_new_connections_finishes_in_flight_requests_and_exits_z
             assert!(Instant::now() < ready_by, "proxy became ready");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        assert_eq!(metric(&http, admin, "cftunnel_proxy_draining").await, Some(0.0), "not draining yet");
 
         let slow = tokio::spawn({
             let http = client();
@@ -63,6 +64,7 @@ async fn sigterm_refuses_new_connections_finishes_in_flight_requests_and_exits_z
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(get(&http, admin, "a", "/readyz", &[]).await.status, 503, "not ready while draining");
+        assert_eq!(metric(&http, admin, "cftunnel_proxy_draining").await, Some(1.0), "the gauge says it drains");
         let config = http::Request::get(format!("http://{admin}/config"))
             .header("authorization", format!("Bearer {TOKEN}"))
             .body(http_body_util::Full::new(bytes::Bytes::new()))

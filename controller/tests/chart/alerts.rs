@@ -55,6 +55,11 @@ tests:
         values: '4 4 0x28'
       - series: 'cftunnel_tunnel_connections{namespace="tenant-b",pod="api-1",cf_k8s_lex_la_gateway="api",protocol="quic"}'
         values: '4x30'
+      # A pod draining after SIGTERM with a long grace period: its connections go on purpose.
+      - series: 'cftunnel_tunnel_connections{namespace="tenant-b",pod="api-2",cf_k8s_lex_la_gateway="api",protocol="quic"}'
+        values: '4 4 0x5'
+      - series: 'cftunnel_proxy_draining{namespace="tenant-b",pod="api-2",cf_k8s_lex_la_gateway="api"}'
+        values: '0 0 1x5'
       # A pod that never connected (its edge unreachable): each protocol it may use at 0.
       - series: 'cftunnel_tunnel_connections{namespace="tenant-c",pod="third-1",cf_k8s_lex_la_gateway="third",protocol="quic"}'
         values: '0x30'

@@ -17,9 +17,10 @@ use std::sync::Arc;
 
 /// The most copies of the counters a histogram keeps, whatever the worker count.
 ///
-/// A copy is one 128-byte line per hostname with the proxy's 14 duration bounds (the sum and
-/// 15 counts fill its 16 cells), so at this cap a hostname's duration histogram takes 2 KiB
-/// and a table of 10,000 hostnames 20 MB. Past 16 workers (a pod without a CPU limit on a
+/// A copy is two 128-byte lines per hostname with the proxy's 16 duration bounds (the sum and
+/// the first 15 counts fill one line's 16 cells, the counts from 60 s up the other), so at
+/// this cap a hostname's duration histogram takes 4 KiB and a table of 10,000 hostnames that
+/// all see requests 40 MB. Past 16 workers (a pod without a CPU limit on a
 /// large node takes one per CPU of the node) workers share copies: with 64, four to a copy.
 pub const MAX_SHARDS: usize = 16;
 
@@ -30,8 +31,8 @@ const CELLS: usize = 16;
 /// How many copies of its counters an [`AtomicHistogram`] keeps: one per worker thread, up to
 /// [`MAX_SHARDS`].
 ///
-/// Memory per histogram is `shards x ceil((bounds + 2) / 16) x 128` bytes: with the proxy's 14
-/// bounds, 128 bytes per worker per hostname, 2 KiB per hostname at the cap.
+/// Memory per histogram is `shards x ceil((bounds + 2) / 16) x 128` bytes: with the proxy's 16
+/// bounds, 256 bytes per worker per hostname, 4 KiB per hostname at the cap.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shards(NonZeroUsize);
 
@@ -82,8 +83,9 @@ pub struct AtomicHistogram {
 #[derive(Debug)]
 struct Counts {
     /// `shards` copies of `[sum, one count per bound]`, each `lines_per_shard` lines long.
-    /// The sum sits beside the buckets of fast requests, so an observation writes one line;
-    /// it is f64 bits, updated by compare-exchange, to print prometheus-client's `_sum`.
+    /// The sum sits beside the buckets of fast requests, so an observation under 60 s writes
+    /// one line; it is f64 bits, updated by compare-exchange, to print prometheus-client's
+    /// `_sum`.
     lines: Box<[Line]>,
     lines_per_shard: usize,
     shards: NonZeroUsize,

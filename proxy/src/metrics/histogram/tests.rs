@@ -99,14 +99,14 @@ fn shards_follow_the_worker_count_up_to_the_cap() {
         [0, 1, 2, 4, 7, 16, 17, 64].map(shards),
         [1, 1, 2, 4, 7, MAX_SHARDS, MAX_SHARDS, MAX_SHARDS]
     );
-    // One 128-byte line per copy with the proxy's bounds (the sum and 15 counts).
+    // Two 128-byte lines per copy with the proxy's bounds (the sum and 17 counts).
     let h = AtomicHistogram::new(DURATION_BUCKETS, Shards::for_workers(64));
     assert_eq!(
         (h.counts.lines.len(), std::mem::size_of::<super::Line>()),
-        (MAX_SHARDS, 128)
+        (2 * MAX_SHARDS, 128)
     );
     let h = AtomicHistogram::new(DURATION_BUCKETS, Shards::ONE);
-    assert_eq!(h.counts.lines.len(), 1);
+    assert_eq!(h.counts.lines.len(), 2);
 }
 
 #[test]
