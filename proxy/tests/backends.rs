@@ -2076,18 +2076,8 @@ async fn a_body_trickling_in_holds_no_backend_connection_meanwhile() {
             .write_all(b"defghij")
             .await
             .expect("the rest written");
-        let mut answer = Vec::new();
-        while !answer.ends_with(b"abcdefghij") {
-            let mut chunk = [0u8; 1024];
-            let n = upload.read(&mut chunk).await.expect("the answer comes");
-            assert!(n > 0, "answered: {}", String::from_utf8_lossy(&answer));
-            answer.extend_from_slice(&chunk[..n]);
-        }
-        assert!(
-            answer.starts_with(b"HTTP/1.1 200"),
-            "{}",
-            String::from_utf8_lossy(&answer)
-        );
+        let answer = read_until_ending(&mut upload, b"abcdefghij").await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         assert_eq!(
             accepted.load(std::sync::atomic::Ordering::SeqCst),
             1,

@@ -954,7 +954,7 @@ async fn a_visitor_that_reads_slowly_gets_the_whole_response_over_http2() {
 /// connection until it is complete: with a single connection to the backend, the next visitor
 /// is served meanwhile, and the upload reaches the backend whole.
 async fn a_trickling_upload_holds_no_backend_connection(protocol: &str) {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::io::AsyncWriteExt as _;
     let (backend, accepted) = body_echoing_backend().await;
     let edge = MockEdge::start().await.expect("mock edge starts");
     let dir = scratch_dir(&format!("trickling-upload-{protocol}"));
@@ -984,22 +984,8 @@ async fn a_trickling_upload_holds_no_backend_connection(protocol: &str) {
         .write_all(b"defghij")
         .await
         .expect("the rest written");
-    let mut answer = Vec::new();
-    while !answer.ends_with(b"abcdefghij") {
-        let mut chunk = [0u8; 1024];
-        let n = upload.read(&mut chunk).await.expect("the answer comes");
-        assert!(
-            n > 0,
-            "{protocol}: answered {}",
-            String::from_utf8_lossy(&answer)
-        );
-        answer.extend_from_slice(&chunk[..n]);
-    }
-    assert!(
-        answer.starts_with(b"HTTP/1.1 200"),
-        "{protocol}: {}",
-        String::from_utf8_lossy(&answer)
-    );
+    let answer = read_until_ending(&mut upload, b"abcdefghij").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{protocol}: {answer}");
     assert_eq!(
         accepted.load(std::sync::atomic::Ordering::SeqCst),
         1,

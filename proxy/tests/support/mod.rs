@@ -235,6 +235,19 @@ pub async fn stream_without_end(conn: &mut tokio::net::TcpStream) {
     while conn.write_all(chunk.as_bytes()).await.is_ok() {}
 }
 
+/// Reads from `conn` until what came ends with `end`; panics if the connection ends first.
+pub async fn read_until_ending(conn: &mut tokio::net::TcpStream, end: &[u8]) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut answer = Vec::new();
+    while !answer.ends_with(end) {
+        let mut chunk = [0u8; 1024];
+        let n = conn.read(&mut chunk).await.expect("the answer comes");
+        assert!(n > 0, "cut off after {}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&chunk[..n]);
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 /// A backend that answers each request with its body (read by its `content-length`), counting
 /// the connections it accepted.
 pub async fn body_echoing_backend() -> (
