@@ -100,6 +100,60 @@ impl Carried {
     }
 }
 
+/// A failed API call: why, and whether the API may have carried it out all the same (no
+/// answer in time, the connection lost once the request was out, a 5xx), which matters for a
+/// write: the tunnel then holds either its new document or the one before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ApiError {
+    message: String,
+    maybe_applied: bool,
+}
+
+impl ApiError {
+    /// A call the API did not carry out: refused, or never sent.
+    fn refused(message: String) -> Self {
+        Self {
+            message,
+            maybe_applied: false,
+        }
+    }
+
+    /// A call whose outcome is not known.
+    fn unsure(message: String) -> Self {
+        Self {
+            message,
+            maybe_applied: true,
+        }
+    }
+}
+
+impl From<String> for ApiError {
+    fn from(message: String) -> Self {
+        Self::refused(message)
+    }
+}
+
+impl From<ApiError> for String {
+    fn from(e: ApiError) -> Self {
+        e.message
+    }
+}
+
+impl Carried {
+    /// What both `self` and `other` carry: what a tunnel surely serves when it holds one of
+    /// the two.
+    fn both(&self, other: &Self) -> Self {
+        Self {
+            hostnames: self
+                .hostnames
+                .intersection(&other.hostnames)
+                .cloned()
+                .collect(),
+            any_host: self.any_host && other.any_host,
+        }
+    }
+}
+
 /// Where and as whom a tunnel's document is written.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct TunnelTarget {
@@ -290,7 +344,8 @@ impl TunnelApi {
                 target,
                 Bytes::new(),
             )
-            .await?;
+            .await
+            .map_err(String::from)?;
         envelope["result"]
             .as_str()
             .map(str::to_owned)
@@ -307,6 +362,11 @@ impl TunnelApi {
         target: &TunnelTarget,
         document: &Value,
     ) -> Result<i64, String> {
+        self.put(target, document).await.map_err(String::from)
+    }
+
+    /// [`TunnelApi::put_configuration`], saying whether a failed write may have landed.
+    async fn put(&self, target: &TunnelTarget, document: &Value) -> Result<i64, ApiError> {
         let uri = format!(
             "{}/accounts/{}/cfd_tunnel/{}/configurations",
             self.base, target.account, target.tunnel
@@ -336,7 +396,7 @@ impl TunnelApi {
         uri: &str,
         target: &TunnelTarget,
         body: Bytes,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, ApiError> {
         let span = tracing::info_span!(
             "cloudflare.api",
             otel.name = %format_args!("{method} {route}"),
@@ -355,7 +415,7 @@ impl TunnelApi {
             .await;
         if let Err(reason) = &result {
             span.record("otel.status_code", "error");
-            span.record("otel.status_description", reason.as_str());
+            span.record("otel.status_description", reason.message.as_str());
         }
         result
     }
@@ -389,7 +449,7 @@ impl TunnelApi {
         target: &TunnelTarget,
         body: Bytes,
         span: &tracing::Span,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, ApiError> {
         let token_key = digest::digest(&digest::SHA256, target.api_token.as_bytes())
             .as_ref()
             .to_vec();
@@ -412,11 +472,15 @@ impl TunnelApi {
             .body(Full::new(body))
             .map_err(|e| format!("building the request: {e}"))?;
         let exchange = async {
-            let res = self
-                .client
-                .request(req)
-                .await
-                .map_err(|e| format!("{method} {uri}: {e}"))?;
+            let res = self.client.request(req).await.map_err(|e| {
+                let message = format!("{method} {uri}: {e}");
+                // Not connected: nothing was sent.
+                if e.is_connect() {
+                    ApiError::refused(message)
+                } else {
+                    ApiError::unsure(message)
+                }
+            })?;
             let status = res.status();
             span.record("http.response.status_code", i64::from(status.as_u16()));
             if status == hyper::StatusCode::TOO_MANY_REQUESTS {
@@ -438,9 +502,9 @@ impl TunnelApi {
             let body = Limited::new(res.into_body(), MAX_ANSWER)
                 .collect()
                 .await
-                .map_err(|e| format!("{method} {uri}: reading the answer: {e}"))?
+                .map_err(|e| ApiError::unsure(format!("{method} {uri}: reading the answer: {e}")))?
                 .to_bytes();
-            Ok::<_, String>((status, body))
+            Ok::<_, ApiError>((status, body))
         };
         let (status, body) = match tokio::time::timeout(self.timeout, exchange).await {
             Ok(Ok(answer)) => answer,
@@ -450,10 +514,18 @@ impl TunnelApi {
             }
             Err(_) => {
                 self.calls.count(name, "timeout", true, true);
-                return Err(format!(
+                return Err(ApiError::unsure(format!(
                     "{method} {uri}: no answer within {:?}",
                     self.timeout
-                ));
+                )));
+            }
+        };
+        // The API's own failure may come after it carried the call out.
+        let failed = |message: String| {
+            if status.is_server_error() {
+                ApiError::unsure(message)
+            } else {
+                ApiError::refused(message)
             }
         };
         let envelope = serde_json::from_slice::<Value>(&body).ok();
@@ -462,8 +534,11 @@ impl TunnelApi {
                 .as_ref()
                 .is_some_and(|e| e["success"] == Value::Bool(true));
         self.calls.count(name, status.as_str(), true, !succeeded);
-        let envelope = envelope
-            .ok_or_else(|| format!("the Cloudflare API answered {status} without a JSON body"))?;
+        let envelope = envelope.ok_or_else(|| {
+            failed(format!(
+                "the Cloudflare API answered {status} without a JSON body"
+            ))
+        })?;
         if succeeded {
             return Ok(envelope);
         }
@@ -473,7 +548,7 @@ impl TunnelApi {
             .flatten()
             .map(|e| format!("{} ({})", e["message"].as_str().unwrap_or("?"), e["code"]))
             .collect();
-        Err(format!(
+        Err(failed(format!(
             "the Cloudflare API refused {method} for tunnel {} ({status}): {}",
             target.tunnel,
             if errors.is_empty() {
@@ -481,7 +556,7 @@ impl TunnelApi {
             } else {
                 errors.join("; ")
             }
-        ))
+        )))
     }
 }
 
@@ -506,7 +581,7 @@ async fn write(
     target: &TunnelTarget,
     document: &Value,
     verified: Option<&[u8]>,
-) -> Result<Option<Vec<u8>>, String> {
+) -> Result<Option<Vec<u8>>, ApiError> {
     let mut newly_verified = None;
     if let Some(secret) = &target.verify_secret {
         let claimed = digest::digest(&digest::SHA256, secret).as_ref().to_vec();
@@ -519,15 +594,15 @@ async fn write(
                 )
             })?;
             if real.tunnel_secret() != secret.as_slice() {
-                return Err(format!(
+                return Err(ApiError::refused(format!(
                     "the connector token does not hold tunnel {}'s secret; its configuration is not written with the controller's API token",
                     target.tunnel
-                ));
+                )));
             }
             newly_verified = Some(claimed);
         }
     }
-    api.put_configuration(target, document).await?;
+    api.put(target, document).await?;
     Ok(newly_verified)
 }
 
@@ -561,8 +636,8 @@ pub struct TunnelSync {
 type WriterKey = (Uuid, Vec<u8>);
 
 /// What a write returns: the secret it verified the tunnel's token holds, if it did, and the
-/// document it wrote.
-type Wrote = Result<(Option<Vec<u8>>, Value), String>;
+/// document it wrote; or why it failed, with the document when it may have landed all the same.
+type Wrote = Result<(Option<Vec<u8>>, Value), (String, Option<Value>)>;
 
 /// What became of a tunnel's document in a call that did not fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -726,8 +801,11 @@ impl TunnelSync {
                 let verified = self.verified.get(&target.tunnel).cloned();
                 // Its calls stay in the caller's trace, however long they outlive the call.
                 let write = async move {
-                    let verified = write(&api, &target, &document, verified.as_deref()).await?;
-                    Ok((verified, document))
+                    match write(&api, &target, &document, verified.as_deref()).await {
+                        Ok(verified) => Ok((verified, document)),
+                        Err(e) if e.maybe_applied => Err((e.message, Some(document))),
+                        Err(e) => Err((e.message, None)),
+                    }
                 }
                 .instrument(tracing::Span::current());
                 self.writes.start(key.clone(), digest.clone(), write);
@@ -780,7 +858,7 @@ impl TunnelSync {
         let mut wrote = HashSet::new();
         for (key, digest, outcome) in done {
             let outcome =
-                outcome.unwrap_or_else(|| Err("the write failed unexpectedly".to_owned()));
+                outcome.unwrap_or_else(|| Err(("the write failed unexpectedly".to_owned(), None)));
             match outcome {
                 Ok((verified, document)) => {
                     self.failed.succeeded(&key);
@@ -791,7 +869,14 @@ impl TunnelSync {
                     self.written.insert(key.clone(), digest.clone());
                     wrote.insert((key, digest));
                 }
-                Err(error) => {
+                Err((error, maybe_landed)) => {
+                    // The tunnel holds this document or the one before: it surely serves only
+                    // what both carry, until a write is answered.
+                    if let (Some(document), Some(landed)) =
+                        (maybe_landed, self.landed.get_mut(&key.0))
+                    {
+                        *landed = landed.both(&Carried::of_document(&document));
+                    }
                     self.written.remove(&key);
                     self.failed.failed(key, digest, error);
                 }
@@ -812,16 +897,22 @@ impl TunnelSync {
         self.writes.abort_all();
     }
 
-    /// Forgets the writes of tunnels nothing writes any more (`written`: their last document
-    /// stays at Cloudflare, and is written again when a writer comes back, whatever was done
-    /// to it meanwhile), and what landed on tunnels no plane serves (`served`). A write to one
-    /// still running ends by itself: stopped, its request could still land after a later
-    /// write to the tunnel.
-    pub fn retain(&mut self, written: impl Fn(&Uuid) -> bool, served: impl Fn(&Uuid) -> bool) {
+    /// Keeps the records of the writers asked for now (`writers`) and forgets every other's,
+    /// old credentials included (each rotated token would leave one behind): a writer that
+    /// comes back writes again, whatever was done to its tunnel meanwhile. Keeps what landed
+    /// on the tunnels a plane still serves (`served`). A write still running ends by itself:
+    /// stopped, its request could still land after a later write to the tunnel.
+    pub fn retain<'t>(
+        &mut self,
+        writers: impl IntoIterator<Item = &'t TunnelTarget>,
+        served: impl Fn(&Uuid) -> bool,
+    ) {
+        let asked: HashSet<WriterKey> = writers.into_iter().map(writer_key).collect();
         self.landed.retain(|t, _| served(t));
-        self.written.retain(|(t, _), _| written(t));
-        self.verified.retain(|t, _| written(t));
-        self.failed.retain(|(t, _)| written(t));
+        self.written.retain(|key, _| asked.contains(key));
+        self.verified
+            .retain(|t, _| asked.iter().any(|(tunnel, _)| tunnel == t));
+        self.failed.retain(|key| asked.contains(key));
     }
 }
 

@@ -1245,10 +1245,90 @@ async fn the_document_a_tunnel_serves_is_the_last_written_by_any_writer() {
         // A round in which nothing writes the tunnel (its API token gone) while a plane still
         // serves it: what landed is kept, the writers' records are not, so a writer that comes
         // back writes again whatever was done to the tunnel meanwhile (the dashboard).
-        sync.retain(|_| false, |t| *t == tunnel);
+        sync.retain(std::iter::empty(), |t| *t == tunnel);
         assert!(carries(&sync, "a.example.com"));
-        let back = sync.sync_all(&api, vec![(class, document("a.example.com"))]).await;
+        let back = sync.sync_all(&api, vec![(class.clone(), document("a.example.com"))]).await;
         assert_eq!(back, vec![Ok(Synced::Wrote)]);
+        // The records kept are the writers asked for, not every writer the tunnel ever had: a
+        // rotated token's record goes, though its tunnel is still written (by the new token).
+        cloudflare.allow("acct", "rotated-token");
+        let rotated = target("rotated-token");
+        let wrote = sync.sync_all(&api, vec![(rotated.clone(), document("a.example.com"))]).await;
+        assert_eq!(wrote, vec![Ok(Synced::Wrote)]);
+        sync.retain([&rotated], |t| *t == tunnel);
+        cloudflare.allow("acct", "class-token");
+        let old = sync.sync_all(&api, vec![(class, document("a.example.com"))]).await;
+        assert_eq!(old, vec![Ok(Synced::Wrote)], "the old token's record was forgotten");
+    })
+    .await
+    .expect("in time");
+}
+
+/// A write that gets no answer in time may have landed all the same: until one is answered,
+/// the tunnel is taken to serve only what both its last document and the unanswered one carry,
+/// so a route the new document dropped is not reported served.
+#[tokio::test]
+async fn a_write_with_no_answer_leaves_only_what_both_documents_carry_served() {
+    use cftunnel_controller::cloudflare::{TunnelApi, TunnelSync, TunnelTarget};
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let cloudflare = CloudflareApi::start().await;
+        cloudflare.allow("acct", "class-token");
+        let api = TunnelApi::new(&cloudflare.base(), Duration::from_millis(300)).expect("client");
+        let target = TunnelTarget {
+            account: "acct".to_owned(),
+            tunnel: uuid_of(TUNNEL_ID),
+            api_token: "class-token".to_owned(),
+            verify_secret: None,
+        };
+        let document = |hosts: &[&str]| {
+            let mut ingress: Vec<_> = hosts
+                .iter()
+                .map(|h| json!({"hostname": h, "service": "http://localhost:8080"}))
+                .collect();
+            ingress.push(json!({"service": "http_status:404"}));
+            json!({ "ingress": ingress })
+        };
+        let tunnel = uuid_of(TUNNEL_ID);
+        let carries = |sync: &TunnelSync, host: &str| {
+            sync.landed(&tunnel)
+                .is_some_and(|c| c.carries(&[host.to_owned()]))
+        };
+        let mut sync = TunnelSync::with_retry(Duration::from_millis(100), Duration::from_secs(60));
+        let first = document(&["a.example.com", "b.example.com"]);
+        assert_eq!(sync.sync(&api, &target, &first).await, Ok(true));
+        assert!(carries(&sync, "a.example.com") && carries(&sync, "b.example.com"));
+
+        // The next write lands after its client has stopped waiting.
+        cloudflare.slow_next_put(Duration::from_millis(800));
+        let second = document(&["b.example.com", "c.example.com"]);
+        let err = sync
+            .sync(&api, &target, &second)
+            .await
+            .expect_err("no answer in time");
+        assert!(err.contains("no answer"), "{err}");
+        assert!(
+            !carries(&sync, "a.example.com"),
+            "the new document dropped it, and may hold"
+        );
+        assert!(carries(&sync, "b.example.com"), "both documents carry it");
+        assert!(
+            !carries(&sync, "c.example.com"),
+            "the old document lacks it, and may hold"
+        );
+
+        // Once a write is answered, the tunnel holds what it wrote.
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert_eq!(sync.sync(&api, &target, &second).await, Ok(true));
+        assert!(carries(&sync, "c.example.com") && !carries(&sync, "a.example.com"));
+
+        // A write the API refuses leaves the last document as it was.
+        cloudflare.allow("acct", "other-token");
+        let refused = TunnelTarget {
+            api_token: "stolen".to_owned(),
+            ..target.clone()
+        };
+        assert!(sync.sync(&api, &refused, &first).await.is_err());
+        assert!(carries(&sync, "c.example.com") && !carries(&sync, "a.example.com"));
     })
     .await
     .expect("in time");

@@ -2171,14 +2171,11 @@ async fn sync_tunnels(
         }
     }
     // A tunnel whose writes fail is still served: what it last took is what it serves.
-    sync.retain(
-        |t| writers.keys().any(|target| target.tunnel == *t),
-        |t| {
-            planes
-                .values()
-                .any(|info| info.identity.is_some_and(|identity| identity.id == *t))
-        },
-    );
+    sync.retain(writers.keys(), |t| {
+        planes
+            .values()
+            .any(|info| info.identity.is_some_and(|identity| identity.id == *t))
+    });
     failures
 }
 
