@@ -158,8 +158,10 @@ pub struct BackendName {
 enum Client {
     /// HTTP/1.1 and TLS backends (a TLS one may pick HTTP/2 through ALPN).
     Http1(Arc<pool::H1Pool>),
-    /// h2c backends: one multiplexed connection that each request's own host travels over.
-    H2c(Box<h2::H2Channel>),
+    /// h2c backends: one multiplexed connection that each request's own host travels over;
+    /// for one that takes WebSockets, HTTP/1.1 connections for the upgrades, which HTTP/2
+    /// cannot carry (a server such as Go's `h2c.NewHandler` speaks both on one port).
+    H2c(Box<h2::H2Channel>, Option<Arc<pool::H1Pool>>),
 }
 
 impl Upstream {
@@ -192,6 +194,16 @@ impl Upstream {
                 public_only.clone(),
             )
         });
+        let h2c_upgrades = (h2 && target.websocket).then(|| {
+            let connector = Connector::new(host, port, None, CONNECT_TIMEOUT, public_only.clone());
+            pool::H1Pool::new(
+                connector,
+                POOL_MAX_IDLE,
+                POOL_IDLE_TIMEOUT,
+                options.max_connections,
+                None,
+            )
+        });
         let connector = Connector::new(host, port, tls, CONNECT_TIMEOUT, public_only);
         let base_path = target.base_path.clone();
         let base_query = target.base_query.clone();
@@ -202,17 +214,20 @@ impl Upstream {
             origin: Arc::from(format!("{}://{}", target.scheme, target.authority)),
         };
         let client = if h2 {
-            Client::H2c(Box::new(h2::H2Channel::new(
-                connector,
-                scheme,
-                authority.clone(),
-                options.http2(),
-                Arc::new(tokio::sync::Semaphore::new(
-                    options
-                        .max_connections
-                        .clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
+            Client::H2c(
+                Box::new(h2::H2Channel::new(
+                    connector,
+                    scheme,
+                    authority.clone(),
+                    options.http2(),
+                    Arc::new(tokio::sync::Semaphore::new(
+                        options
+                            .max_connections
+                            .clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
+                    )),
                 )),
-            )))
+                h2c_upgrades,
+            )
         } else {
             let alpn_h2 = upgrades.map(|upgrades| pool::Alpn {
                 scheme,
@@ -257,7 +272,7 @@ impl Upstream {
     /// A TLS backend offered `h2` speaks it only on the connections where it picked it, which
     /// each try finds out for itself.
     pub fn always_http2(&self) -> bool {
-        matches!(self.client, Client::H2c(_))
+        matches!(self.client, Client::H2c(..))
     }
 
     /// Whether the config marks the backend `h2c`: the controller does for GRPCRoute backends
@@ -301,7 +316,7 @@ impl Upstream {
         };
         // The HTTP/2 bound of a try whose protocol its connection decides, where it differs.
         let (timeout, then_http2) = match &self.client {
-            Client::H2c(_) => (bounds.http2, None),
+            Client::H2c(..) => (bounds.http2, None),
             Client::Http1(pool) if pool.offers_h2() && bounds.http2 != bounds.http1 => {
                 (bounds.http1, Some(bounds.http2))
             }
@@ -313,7 +328,10 @@ impl Upstream {
         // The client's own future, not a block around it that would carry `req` once more.
         let fut = match &self.client {
             Client::Http1(pool) => Either::Left(pool.send(req, &wait, held.as_ref())),
-            Client::H2c(channel) => Either::Right(channel.send(req, &wait).map(|sent| {
+            Client::H2c(_, Some(pool)) if req.headers().contains_key(http::header::UPGRADE) => {
+                Either::Left(pool.send(req, &wait, held.as_ref()))
+            }
+            Client::H2c(channel, _) => Either::Right(channel.send(req, &wait).map(|sent| {
                 sent.map(|(r, stream)| r.map(|body| UpstreamBody::on_stream(body, stream)))
             })),
         };

@@ -405,29 +405,30 @@ impl Proxy {
             Err(e) => return Err(e.into()),
         };
 
-        if let Some(bytes) = body.replayable() {
-            for mirror in rule
-                .filters
-                .mirrors
-                .iter()
-                .chain(backend.filters.mirrors.iter())
-            {
-                self.shared.mirrors.send(
-                    &mirror.upstream,
-                    mirror.share,
-                    &parts,
-                    bytes.clone(),
-                    completion.trace(),
-                );
+        let mirrors = rule
+            .filters
+            .mirrors
+            .iter()
+            .chain(backend.filters.mirrors.iter());
+        match body.replayable() {
+            // A session cannot be mirrored: a copy of its handshake would open one on the
+            // mirror only to drop it at once.
+            _ if upgrade.is_some() => {}
+            Some(bytes) => {
+                for mirror in mirrors {
+                    self.shared.mirrors.send(
+                        &mirror.upstream,
+                        mirror.share,
+                        &parts,
+                        bytes.clone(),
+                        completion.trace(),
+                    );
+                }
             }
-        } else {
-            for mirror in rule
-                .filters
-                .mirrors
-                .iter()
-                .chain(backend.filters.mirrors.iter())
-            {
-                self.shared.mirrors.count_unsent(mirror.share);
+            None => {
+                for mirror in mirrors {
+                    self.shared.mirrors.count_unsent(mirror.share);
+                }
             }
         }
 

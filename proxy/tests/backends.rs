@@ -455,6 +455,126 @@ async fn websocket_and_h2c_backends_work_end_to_end() {
     .expect("test finished in time");
 }
 
+/// A backend that speaks h2c and HTTP/1.1 on one port, as Go's `h2c.NewHandler` does: HTTP/2
+/// requests are answered `h2`, HTTP/1.1 WebSocket handshakes open an echoing session.
+async fn h2c_and_websocket_backend() -> std::net::SocketAddr {
+    scripted_backend(|conn: tokio::net::TcpStream| async move {
+        const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        let mut first = [0u8; 24];
+        let mut seen = 0;
+        while seen < first.len() {
+            match conn.peek(&mut first).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => seen = n,
+            }
+        }
+        if first == PREFACE {
+            let service = hyper::service::service_fn(|_req| async {
+                Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                    Bytes::from_static(b"h2"),
+                )))
+            });
+            let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                .serve_connection(hyper_util::rt::TokioIo::new(conn), service)
+                .await;
+            return;
+        }
+        let Ok(mut ws) = tokio_tungstenite::accept_async(conn).await else {
+            return;
+        };
+        while let Some(Ok(message)) = ws.next().await {
+            if message.is_close() || ws.send(message).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await
+}
+
+/// A backend marked both `h2c` and `websocket` (a Service port with `appProtocol:
+/// kubernetes.io/h2c` served by a server that also takes WebSockets on it) gets its requests
+/// over HTTP/2 and its WebSocket handshakes over HTTP/1.1, which alone carries an upgrade.
+#[tokio::test]
+async fn an_h2c_backend_that_takes_websockets_gets_them_over_http1() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let backend = h2c_and_websocket_backend().await;
+        let proxy = proxy().await;
+        let http = client();
+        let doc = json!({"rules": [
+            rule("/", json!({"backends": [{"url": url(backend), "weight": 1, "protocol": "h2c", "websocket": true}]})),
+        ]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+        let d = proxy.data_addr();
+        let r = get(&http, d, "h", "/plain", &[]).await;
+        assert_eq!((r.status, &r.body[..]), (StatusCode::OK, &b"h2"[..]), "spoken to over HTTP/2");
+
+        let (mut ws, resp) = tokio_tungstenite::connect_async(format!("ws://{d}/ws"))
+            .await
+            .expect("websocket handshake through the proxy");
+        assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+        ws.send(tokio_tungstenite::tungstenite::Message::text("hello")).await.expect("send");
+        let echoed = ws.next().await.expect("a frame").expect("no error");
+        assert_eq!(echoed.into_text().expect("text").as_str(), "hello");
+        ws.close(None).await.expect("close");
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// A WebSocket handshake on a rule with a RequestMirror is not copied to the mirror: a copy
+/// would open a session there only to drop it at once. Other requests still are.
+#[tokio::test]
+async fn websocket_handshakes_are_not_mirrored() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        // A mirror that notes each request line it gets and answers 200.
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let noted = lines.clone();
+        let m = scripted_backend(move |mut conn: tokio::net::TcpStream| {
+            let noted = noted.clone();
+            async move {
+                while let Some(head) = request_head(&mut conn).await {
+                    let line = String::from_utf8_lossy(&head).lines().next().unwrap_or_default().to_owned();
+                    noted.lock().expect("lines").push(line);
+                    if conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await.is_err() {
+                        return;
+                    }
+                }
+            }
+        })
+        .await;
+        let seen = |path: &str| lines.lock().expect("lines").iter().filter(|l| l.contains(path)).count();
+        let proxy = proxy().await;
+        let http = client();
+        let doc = json!({"rules": [
+            rule("/", json!({"filters": [{"type": "RequestMirror", "requestMirror": {"backendUrl": url(m)}}],
+                "backends": [{"url": url(a.http_addr()), "weight": 1, "websocket": true}]})),
+        ]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+        let d = proxy.data_addr();
+        let (mut ws, resp) = tokio_tungstenite::connect_async(format!("ws://{d}/ws?id=1"))
+            .await
+            .expect("websocket handshake through the proxy");
+        assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+        ws.send(tokio_tungstenite::tungstenite::Message::text("hello")).await.expect("send");
+        let echoed = ws.next().await.expect("a frame").expect("no error");
+        assert_eq!(echoed.into_text().expect("text").as_str(), "hello");
+        ws.close(None).await.expect("close");
+        // A request after it is mirrored; by the time the mirror has it, a copy of the
+        // handshake sent before would have arrived too.
+        let r = get(&http, d, "h", "/after?id=2", &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+        let by = std::time::Instant::now() + Duration::from_secs(5);
+        while seen("/after?id=2") == 0 {
+            assert!(std::time::Instant::now() < by, "the mirror gets other requests");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(seen("/ws?id=1"), 0, "the handshake was not mirrored");
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// A TLS acceptor for `backend.internal` offering `alpn`, with a certificate signed by a new
 /// private CA, and that CA as PEM.
 fn backend_tls(alpn: &[&[&[u8]]]) -> (Vec<tokio_rustls::TlsAcceptor>, String) {
