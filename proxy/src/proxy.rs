@@ -171,8 +171,14 @@ impl Proxy {
         let routes = self.shared.routes.load_full();
         let (parts, body) = req.into_parts();
         let grpc = is_grpc(&parts.headers);
-        // Over HTTP/1.1 trailers may not reach the client (and a cut body must show as one).
-        let trailers_at_deadline = grpc && parts.version == http::Version::HTTP_2;
+        // Trailers reach a client over HTTP/2, and one that asks for them (`TE: trailers`, as
+        // every gRPC client does, through the tunnel too); to others a cut body must show as one.
+        let trailers_at_deadline = grpc
+            && (parts.version == http::Version::HTTP_2
+                || parts
+                    .headers
+                    .get(http::header::TE)
+                    .is_some_and(|te| te.as_bytes().eq_ignore_ascii_case(b"trailers")));
         let head = parts.method == http::Method::HEAD;
         let mut completion = Completion::start(&self.shared.recorder, &parts, &conn, start);
         let mut cors = CorsAnswer::default();

@@ -1707,27 +1707,8 @@ async fn the_backend_timeout_cuts_a_body_that_is_always_ready() {
 /// rather than with its stream reset (which gRPC clients report as INTERNAL).
 #[tokio::test]
 async fn a_grpc_stream_cut_at_its_deadline_ends_with_deadline_exceeded() {
-    use http_body_util::BodyExt as _;
     tokio::time::timeout(TEST_TIMEOUT, async {
-        // An h2c gRPC backend streaming a message every 20 ms, without end.
-        let backend = scripted_backend(|conn| {
-            let service = hyper::service::service_fn(|_req| async {
-                let message = Bytes::from_static(&[0, 0, 0, 0, 2, 8, 1]);
-                let endless = futures_util::stream::unfold(message, |message| async move {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    let frame = http_body::Frame::data(message.clone());
-                    Some((Ok::<_, std::convert::Infallible>(frame), message))
-                });
-                let mut response = http::Response::new(http_body_util::StreamBody::new(endless));
-                response
-                    .headers_mut()
-                    .insert("content-type", http::HeaderValue::from_static("application/grpc"));
-                Ok::<_, std::convert::Infallible>(response)
-            });
-            hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
-                .serve_connection(hyper_util::rt::TokioIo::new(conn), service)
-        })
-        .await;
+        let backend = endless_grpc_backend().await;
         let http = client();
         let proxy = proxy().await;
         let doc = json!({"rules": [
@@ -1735,27 +1716,7 @@ async fn a_grpc_stream_cut_at_its_deadline_ends_with_deadline_exceeded() {
         ]});
         assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
 
-        let (mut sender, _task) = cftunnel_testkit::client::connect_h2c(proxy.data_addr()).await.expect("connect");
-        let req = Request::post("/pkg.Svc/Watch")
-            .header("host", "h")
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
-            .expect("request");
-        let resp = sender.send_request(req).await.expect("response");
-        assert_eq!(resp.status(), StatusCode::OK);
-        let mut body = resp.into_body();
-        let mut messages = 0;
-        let trailers = loop {
-            match body.frame().await {
-                Some(Ok(frame)) => match frame.into_trailers() {
-                    Ok(trailers) => break trailers,
-                    Err(_) => messages += 1,
-                },
-                Some(Err(e)) => panic!("the stream failed after {messages} messages: {e}"),
-                None => panic!("the stream ended without trailers after {messages} messages"),
-            }
-        };
+        let (trailers, messages) = watch_to_the_end(proxy.data_addr(), "h").await;
         assert!(messages > 0, "messages came before the deadline");
         assert_eq!(trailers.get("grpc-status").map(|v| v.as_bytes()), Some(&b"4"[..]));
         let timeouts = "cftunnel_proxy_backend_errors_total{hostname=\"*\",reason=\"timeout\"}";

@@ -183,6 +183,37 @@ async fn grpc_over_a_quic_tunnel_counts_and_warns_of_dropped_trailers() {
     .expect("test finished in time");
 }
 
+/// A gRPC stream through an HTTP/2 tunnel, cut at its rule's deadline, ends with trailers
+/// saying DEADLINE_EXCEEDED (the edge carries trailers over HTTP/2), not with its stream reset.
+#[tokio::test]
+async fn a_grpc_stream_cut_at_its_deadline_through_the_tunnel_ends_with_deadline_exceeded() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let backend = endless_grpc_backend().await;
+        let doc = serde_json::json!({"version": 1, "hasGrpcRoute": true, "rules": [{
+            "timeouts": {"request": "500ms"},
+            "backends": [{"url": url(backend), "weight": 1, "protocol": "h2c"}]
+        }]});
+        let edge = MockEdge::start().await.expect("mock edge starts");
+        let dir = scratch_dir("grpc-deadline");
+        let token = connector::token().encode();
+        let (mut child, admin) =
+            spawn_tunnel_proxy(&edge, &dir, &token, "http2", Some(&doc), &[]).await;
+        ready_once_registered(admin, "http2").await;
+        let (trailers, messages) = watch_to_the_end(edge.http_addr(), "grpc.example.com").await;
+        assert!(messages > 0, "messages came before the deadline");
+        assert_eq!(
+            trailers.get("grpc-status").map(|v| v.as_bytes()),
+            Some(&b"4"[..]),
+            "{trailers:?}"
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// The connector registers with the edge only once the proxy has its first table, whatever
 /// the transport: the edge sends a registered connection its share of the tunnel's requests at
 /// once, and a proxy without routes would answer them 502 until its first push.

@@ -248,6 +248,58 @@ pub async fn read_until_ending(conn: &mut tokio::net::TcpStream, end: &[u8]) -> 
     String::from_utf8_lossy(&answer).into_owned()
 }
 
+/// An h2c gRPC backend answering every call with a stream of messages, one every 20 ms,
+/// without end.
+pub async fn endless_grpc_backend() -> SocketAddr {
+    scripted_backend(|conn| {
+        let service = hyper::service::service_fn(|_req| async {
+            let message = Bytes::from_static(&[0, 0, 0, 0, 2, 8, 1]);
+            let endless = futures_util::stream::unfold(message, |message| async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let frame = http_body::Frame::data(message.clone());
+                Some((Ok::<_, std::convert::Infallible>(frame), message))
+            });
+            let mut response = http::Response::new(http_body_util::StreamBody::new(endless));
+            response.headers_mut().insert(
+                "content-type",
+                http::HeaderValue::from_static("application/grpc"),
+            );
+            Ok::<_, std::convert::Infallible>(response)
+        });
+        hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .serve_connection(hyper_util::rt::TokioIo::new(conn), service)
+    })
+    .await
+}
+
+/// Calls `/pkg.Svc/Watch` over h2c at `addr` (host `host`) and reads its stream to the end:
+/// the trailers it ended with, and how many messages came before; panics if it fails or ends
+/// without trailers.
+pub async fn watch_to_the_end(addr: SocketAddr, host: &str) -> (http::HeaderMap, usize) {
+    let (mut sender, _task) = cftunnel_testkit::client::connect_h2c(addr)
+        .await
+        .expect("connect");
+    let req = Request::post(format!("http://{host}/pkg.Svc/Watch"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
+        .expect("request");
+    let resp = sender.send_request(req).await.expect("response");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    let mut messages = 0;
+    loop {
+        match body.frame().await {
+            Some(Ok(frame)) => match frame.into_trailers() {
+                Ok(trailers) => return (trailers, messages),
+                Err(_) => messages += 1,
+            },
+            Some(Err(e)) => panic!("the stream failed after {messages} messages: {e}"),
+            None => panic!("the stream ended without trailers after {messages} messages"),
+        }
+    }
+}
+
 /// A backend that answers each request with its body (read by its `content-length`), counting
 /// the connections it accepted.
 pub async fn body_echoing_backend() -> (
