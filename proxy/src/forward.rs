@@ -90,7 +90,9 @@ impl BackendOptions {
 #[derive(Debug)]
 pub enum TryBody {
     /// The whole body, held (empty: none): the request can be written again, once, when a
-    /// reused connection closes under it before any answer (idempotent methods only).
+    /// reused connection closes under it before any answer (idempotent methods only), or
+    /// when an HTTP/2 backend did not process it (any method). Either is part of the same
+    /// try, for a retry policy's count and budget.
     Held(Bytes),
     /// A body streamed from the client, written once.
     Streamed {
@@ -313,9 +315,11 @@ impl Upstream {
         // The client's own future, not a block around it that would carry `req` once more.
         let fut = match &self.client {
             Client::Http1(pool) => Either::Left(pool.send(req, &wait, held.as_ref())),
-            Client::H2c(channel) => Either::Right(channel.send(req, &wait).map(|sent| {
-                sent.map(|(r, stream)| r.map(|body| UpstreamBody::on_stream(body, stream)))
-            })),
+            Client::H2c(channel) => {
+                Either::Right(channel.send(req, &wait, held.as_ref()).map(|sent| {
+                    sent.map(|(r, stream)| r.map(|body| UpstreamBody::on_stream(body, stream)))
+                }))
+            }
         };
         tokio::pin!(fut);
         if let Some(http2) = then_http2 {
