@@ -90,7 +90,9 @@ impl BackendOptions {
 #[derive(Debug)]
 pub enum TryBody {
     /// The whole body, held (empty: none): the request can be written again, once, when a
-    /// reused connection closes under it before any answer (idempotent methods only).
+    /// reused connection closes under it before any answer (idempotent methods only), or
+    /// when an HTTP/2 backend did not process it (any method). Either is part of the same
+    /// try, for a retry policy's count and budget.
     Held(Bytes),
     /// A body streamed from the client, written once.
     Streamed {
@@ -331,9 +333,11 @@ impl Upstream {
             Client::H2c(_, Some(pool)) if req.headers().contains_key(http::header::UPGRADE) => {
                 Either::Left(pool.send(req, &wait, held.as_ref()))
             }
-            Client::H2c(channel, _) => Either::Right(channel.send(req, &wait).map(|sent| {
-                sent.map(|(r, stream)| r.map(|body| UpstreamBody::on_stream(body, stream)))
-            })),
+            Client::H2c(channel, _) => {
+                Either::Right(channel.send(req, &wait, held.as_ref()).map(|sent| {
+                    sent.map(|(r, stream)| r.map(|body| UpstreamBody::on_stream(body, stream)))
+                }))
+            }
         };
         tokio::pin!(fut);
         if let Some(http2) = then_http2 {

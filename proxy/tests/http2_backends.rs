@@ -464,3 +464,319 @@ async fn http2_connections_to_a_backend_stay_within_the_connection_limit() {
     .await
     .expect("test finished in time");
 }
+
+/// Plays an h2c backend's side of the HTTP/2 handshake on `conn`: reads the client's preface
+/// and SETTINGS, sends its own SETTINGS (defaults) and acknowledges the client's.
+async fn raw_h2_handshake(conn: &mut tokio::net::TcpStream) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut preface = [0; 24];
+    conn.read_exact(&mut preface).await?;
+    let (kind, _, _, _) = read_frame(conn).await?;
+    assert_eq!(kind, 0x4, "the client's first frame is SETTINGS");
+    // SETTINGS (empty), then SETTINGS with ACK.
+    conn.write_all(&[0, 0, 0, 0x4, 0, 0, 0, 0, 0]).await?;
+    conn.write_all(&[0, 0, 0, 0x4, 0x1, 0, 0, 0, 0]).await
+}
+
+/// One HTTP/2 frame read off `conn`: its type, flags, stream id and payload.
+async fn read_frame(conn: &mut tokio::net::TcpStream) -> std::io::Result<(u8, u8, u32, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let mut head = [0; 9];
+    conn.read_exact(&mut head).await?;
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    let mut payload = vec![0; len];
+    conn.read_exact(&mut payload).await?;
+    Ok((head[3], head[4], stream, payload))
+}
+
+/// Reads frames off `conn` until the first HEADERS, and returns its stream id.
+async fn read_until_headers(conn: &mut tokio::net::TcpStream) -> std::io::Result<u32> {
+    loop {
+        let (kind, _, stream, _) = read_frame(conn).await?;
+        if kind == 0x1 {
+            return Ok(stream);
+        }
+    }
+}
+
+/// A GOAWAY frame: the last stream the backend processes, and no error.
+fn go_away(last_stream: u32) -> Vec<u8> {
+    let mut frame = vec![0, 0, 8, 0x7, 0, 0, 0, 0, 0];
+    frame.extend_from_slice(&last_stream.to_be_bytes());
+    frame.extend_from_slice(&0u32.to_be_bytes());
+    frame
+}
+
+/// What an h2c backend served: each request's method, path and whole body.
+type Seen = Arc<std::sync::Mutex<Vec<(http::Method, String, Bytes)>>>;
+
+/// Serves `conn` as an h2c backend that reads each request's body whole, records it in `seen`
+/// and answers `200 ok`.
+async fn serve_and_record(conn: tokio::net::TcpStream, seen: Seen) {
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let seen = seen.clone();
+        async move {
+            let (parts, body) = req.into_parts();
+            let body = body
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            seen.lock()
+                .expect("lock")
+                .push((parts.method, parts.uri.path().to_owned(), body));
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+        }
+    });
+    let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .serve_connection(hyper_util::rt::TokioIo::new(conn), service)
+        .await;
+}
+
+fn post(d: SocketAddr, path: &str, body: &'static [u8]) -> Request<Full<Bytes>> {
+    Request::post(format!("http://{d}{path}"))
+        .header("host", "h")
+        .body(Full::new(Bytes::from_static(body)))
+        .expect("request")
+}
+
+/// A backend that completes the HTTP/2 handshake and then goes silent, without closing (a node
+/// gone without a reset, a partition), on a connection whose request is still waiting with no
+/// bound of its own: once requests have waited 5 s there with nothing at all read, it takes no
+/// more, and the next request goes out on a new connection and is answered.
+#[tokio::test]
+async fn a_connection_gone_silent_under_a_waiting_request_takes_no_more_after_5_s() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&connections);
+        let seen = Seen::default();
+        let recorded = seen.clone();
+        let backend = scripted_backend(move |mut conn| {
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            let seen = recorded.clone();
+            async move {
+                if n > 0 {
+                    return serve_and_record(conn, seen).await;
+                }
+                // The first connection: a handshake, then silence, the socket left open.
+                if raw_h2_handshake(&mut conn).await.is_ok() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        })
+        .await;
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            // No bound on the wait for an answer but the silence.
+            backend_header_timeout: Duration::from_secs(600),
+            ..Default::default()
+        })
+        .await;
+        let http = client();
+        route_to(&proxy, &http, backend).await;
+        let d = proxy.data_addr();
+
+        let started = Instant::now();
+        let hanging = tokio::spawn({
+            let http = http.clone();
+            async move { http.request(request(&format!("http://{d}/hang"))).await }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(connections.load(Ordering::SeqCst), 1);
+        assert!(!hanging.is_finished(), "the first request waits");
+
+        // Past 5 s of silence (found within a tick, a second, of them): a new connection.
+        tokio::time::sleep_until((started + Duration::from_secs(7)).into()).await;
+        let r = tokio::time::timeout(
+            Duration::from_secs(5),
+            send(&http, request(&format!("http://{d}/next"))),
+        )
+        .await
+        .expect("the next request is not sent on the silent connection");
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        assert_eq!(connections.load(Ordering::SeqCst), 2, "one new connection");
+        assert_eq!(seen.lock().expect("lock").len(), 1);
+        assert!(!hanging.is_finished(), "the first request still waits");
+        hanging.abort();
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// An h2c backend (the `h2` crate's server) that resets with `REFUSED_STREAM` each stream
+/// `refuse` picks by its number (from 0, across connections), and reads the others' bodies
+/// whole, records them and answers `200 ok`; with the count of streams it was sent.
+async fn refusing_backend(refuse: fn(usize) -> bool) -> (SocketAddr, Arc<AtomicUsize>, Seen) {
+    let streams = Arc::new(AtomicUsize::new(0));
+    let seen = Seen::default();
+    let (counted, recorded) = (streams.clone(), seen.clone());
+    let addr = scripted_backend(move |conn| {
+        let (streams, seen) = (counted.clone(), recorded.clone());
+        async move {
+            let Ok(mut conn) = h2::server::handshake(conn).await else {
+                return;
+            };
+            while let Some(Ok((req, mut respond))) = conn.accept().await {
+                if refuse(streams.fetch_add(1, Ordering::SeqCst)) {
+                    respond.send_reset(h2::Reason::REFUSED_STREAM);
+                    continue;
+                }
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let (parts, mut body) = req.into_parts();
+                    let mut data = Vec::new();
+                    while let Some(Ok(chunk)) = body.data().await {
+                        let _ = body.flow_control().release_capacity(chunk.len());
+                        data.extend_from_slice(&chunk);
+                    }
+                    seen.lock().expect("lock").push((
+                        parts.method,
+                        parts.uri.path().to_owned(),
+                        Bytes::from(data),
+                    ));
+                    if let Ok(mut send) = respond.send_response(Response::new(()), false) {
+                        let _ = send.send_data(Bytes::from_static(b"ok"), true);
+                    }
+                });
+            }
+        }
+    })
+    .await;
+    (addr, streams, seen)
+}
+
+/// An HTTP/2 backend that resets a stream with `REFUSED_STREAM` (as one does with a stream
+/// past its limit, opened before its SETTINGS arrived) did not process it (RFC 9113 §8.7):
+/// the request is sent again, whatever its method, with its body whole.
+#[tokio::test]
+async fn requests_on_streams_an_http2_backend_refused_are_sent_again() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // Every other stream (the first, the third...) is refused.
+        let (backend, streams, seen) = refusing_backend(|n| n % 2 == 0).await;
+        let proxy = proxy().await;
+        let http = client();
+        route_to(&proxy, &http, backend).await;
+        let d = proxy.data_addr();
+
+        let r = send(&http, post(d, "/post", b"a small body")).await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        assert_eq!(r.body, Bytes::from_static(b"ok"));
+        let r = send(&http, request(&format!("http://{d}/get"))).await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+
+        assert_eq!(
+            streams.load(Ordering::SeqCst),
+            4,
+            "each sent twice, no more"
+        );
+        assert_eq!(
+            seen.lock().expect("lock").clone(),
+            [
+                (
+                    http::Method::POST,
+                    "/post".to_owned(),
+                    Bytes::from_static(b"a small body")
+                ),
+                (http::Method::GET, "/get".to_owned(), Bytes::new()),
+            ]
+        );
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// An HTTP/2 backend whose GOAWAY leaves a stream out (its last stream id below the stream's:
+/// a server shutting down as the request arrived) did not process it: the request is sent
+/// again on a new connection, whatever its method. One the GOAWAY covers may have been
+/// processed: when the connection then closes under it, it is not sent again.
+#[tokio::test]
+async fn requests_an_http2_backends_goaway_left_out_are_sent_again_and_no_others() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // The first connection sends GOAWAY once the first request's HEADERS come, with the
+        // last stream id the test sets, then closes; later ones serve and record.
+        let last_stream = Arc::new(AtomicUsize::new(0));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let seen = Seen::default();
+        let (counted, recorded, last) = (connections.clone(), seen.clone(), last_stream.clone());
+        let backend = scripted_backend(move |mut conn| {
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            let (seen, last) = (recorded.clone(), last.clone());
+            async move {
+                use tokio::io::AsyncWriteExt;
+                if n > 0 {
+                    return serve_and_record(conn, seen).await;
+                }
+                if raw_h2_handshake(&mut conn).await.is_err() {
+                    return;
+                }
+                if read_until_headers(&mut conn).await.is_err() {
+                    return;
+                }
+                let last = last.load(Ordering::SeqCst) as u32;
+                let _ = conn.write_all(&go_away(last)).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await;
+        let proxy = proxy().await;
+        let http = client();
+        route_to(&proxy, &http, backend).await;
+        let d = proxy.data_addr();
+
+        // Last stream 0: the request's stream (1) is left out, and sent again.
+        let r = send(&http, post(d, "/post", b"a small body")).await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        assert_eq!(connections.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            seen.lock().expect("lock").clone(),
+            [(
+                http::Method::POST,
+                "/post".to_owned(),
+                Bytes::from_static(b"a small body")
+            )]
+        );
+
+        // Last stream 1, the request's: the connection closes under it, and it is not sent
+        // again. A new proxy, so that its first connection is the backend's "first" again.
+        connections.store(0, Ordering::SeqCst);
+        last_stream.store(1, Ordering::SeqCst);
+        seen.lock().expect("lock").clear();
+        let second = support::proxy().await;
+        route_to(&second, &http, backend).await;
+        let r = send(&http, post(second.data_addr(), "/post", b"a small body")).await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{:?}", r.body);
+        assert_eq!(connections.load(Ordering::SeqCst), 1, "not sent again");
+        assert!(seen.lock().expect("lock").is_empty());
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// Sending a refused request again is part of its try, once: under a retry policy, a backend
+/// that refuses every stream is sent each try twice, and the policy's attempts (and budget)
+/// count tries as before.
+#[tokio::test]
+async fn a_refused_request_is_sent_again_once_per_try_under_a_retry_policy() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let (backend, streams, seen) = refusing_backend(|_| true).await;
+        let proxy = proxy().await;
+        let http = client();
+        let doc = json!({"rules": [{"retry": {"codes": [503], "attempts": 1, "backoff": "1ms"},
+            "backends": [{"url": url(backend), "weight": 1, "protocol": "h2c"}]}]});
+        assert_eq!(
+            push(&http, proxy.admin_addr(), &doc).await.status,
+            StatusCode::OK
+        );
+        let r = send(&http, post(proxy.data_addr(), "/post", b"a small body")).await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{:?}", r.body);
+        assert_eq!(
+            streams.load(Ordering::SeqCst),
+            4,
+            "two tries (one retry), each sent twice"
+        );
+        assert!(seen.lock().expect("lock").is_empty());
+    })
+    .await
+    .expect("test finished in time");
+}

@@ -31,19 +31,27 @@
 //! data) sooner than 5 minutes apart, or, with no stream open, sooner than 2 hours apart. hyper also
 //! pings once just ahead of a request sent on a connection that has read nothing for the
 //! interval: one early ping, forgiven as that request is answered. A backend that vanished
-//! without a reset is found sooner by its requests: one that waits 5 s ([`SILENT_AFTER`]) for
-//! its answer while nothing at all is answered on the connection takes the connection out of
-//! use, and the next request dials another (TCP's keep-alive probes nothing while requests are
-//! unacknowledged). A request whose answer is late on an otherwise idle connection (a long
-//! poll, a gRPC watch that sends its head with its first message) costs one dial that way.
+//! without a reset is found sooner by its requests: once they have waited 5 s
+//! ([`SILENT_AFTER`]) for their answers while nothing at all was read from the connection, it
+//! takes no more requests (they still wait), and the next request dials another (TCP's
+//! keep-alive probes nothing while requests are unacknowledged). The connection's own task
+//! finds that out, with one timer armed only while requests wait (see [`Silence`]). A request
+//! whose answer is late on an otherwise quiet connection (a long poll, a gRPC watch that sends
+//! its head with its first message) costs one dial that way.
+//!
+//! A request the backend did not process, by its own word (its stream refused, or left out by
+//! a GOAWAY), is sent once more, whatever its method, when its body is held whole: that costs
+//! a copy of its head while it is in flight (see [`H2Channel::exchange`]).
 
 use super::connector::{ConnectErrorKind, Connector, Stream};
 use super::error::ForwardError;
+use super::request::Replay;
 use super::wait::Wait;
 use crate::body::ProxyBody;
 use arc_swap::ArcSwap;
+use bytes::Bytes;
 use http::uri::{Authority, Scheme};
-use http::{header, Request, Response, Uri};
+use http::{header, Method, Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -51,12 +59,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
 
 pub(super) type Sender = http2::SendRequest<ProxyBody>;
-type Connection = http2::Connection<TokioIo<Stream>, ProxyBody, TokioExecutor>;
+type Connection = http2::Connection<TokioIo<Watched>, ProxyBody, TokioExecutor>;
 
 /// When a connection to an HTTP/2 backend is pinged, so that one whose backend stopped
 /// answering is closed, and its requests fail, rather than left to hang.
@@ -155,7 +165,9 @@ struct Room {
 #[derive(Debug)]
 struct Conn {
     sender: Sender,
-    shared: Shared,
+    /// Shared with the connection's I/O, which counts its reads, and its task, which watches
+    /// for silence.
+    shared: Arc<Shared>,
     /// The connection's task, driven by a task of its own (`drive`) and read here for the
     /// backend's stream limit; `None` once it has ended.
     task: Arc<Mutex<Option<Connection>>>,
@@ -172,11 +184,15 @@ struct Shared {
     streams: AtomicUsize,
     /// Response heads received so far.
     answered: AtomicU64,
-    /// A request waited [`SILENT_AFTER`] for its answer and nothing at all was answered on the
+    /// Requests sent and waiting for their response heads.
+    awaiting: AtomicUsize,
+    /// Reads from the connection that returned bytes, of any frame.
+    reads: AtomicU64,
+    /// Requests waited [`SILENT_AFTER`] for their answers and nothing at all was read from the
     /// connection meanwhile: the backend has gone silent (a node gone without a reset, a
     /// partition), and the connection takes no more requests. Pings alone would find it only
     /// after their interval, minutes, and TCP's keep-alive never does while requests are
-    /// unacknowledged.
+    /// unacknowledged. Set by the connection's task (see [`Silence`]).
     silent: AtomicBool,
 }
 
@@ -227,22 +243,149 @@ impl Conn {
     }
 }
 
-/// Drives a connection's task until it ends, then drops it, and with it `permit`.
-async fn drive(task: Arc<Mutex<Option<Connection>>>, permit: OwnedSemaphorePermit) {
+/// Drives a connection's task until it ends, then drops it, and with it `permit`; meanwhile
+/// watches whether the backend went silent, after `silent_after` (see [`Silence`]).
+async fn drive(
+    task: Arc<Mutex<Option<Connection>>>,
+    permit: OwnedSemaphorePermit,
+    shared: Arc<Shared>,
+    silent_after: Duration,
+) {
     let _permit = permit;
+    let mut silence = Silence {
+        after: silent_after,
+        quiet: None,
+    };
+    let tick = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(tick);
     std::future::poll_fn(|cx| {
-        let mut slot = task.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(conn) = slot.as_mut() else {
-            return Poll::Ready(());
-        };
-        let ended = std::task::ready!(Pin::new(conn).poll(cx));
-        if let Err(e) = ended {
-            tracing::debug!(error = %e, "HTTP/2 backend connection ended");
+        {
+            let mut slot = task.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(conn) = slot.as_mut() else {
+                return Poll::Ready(());
+            };
+            if let Poll::Ready(ended) = Pin::new(conn).poll(cx) {
+                if let Err(e) = ended {
+                    tracing::debug!(error = %e, "HTTP/2 backend connection ended");
+                }
+                *slot = None;
+                return Poll::Ready(());
+            }
         }
-        *slot = None;
-        Poll::Ready(())
+        silence.watch(&shared, tick.as_mut(), cx);
+        Poll::Pending
     })
     .await
+}
+
+/// Whether requests on a connection waited `after` for their answers while nothing at all was
+/// read from it: then the connection is marked silent. Looked at by the connection's own task,
+/// which each request sent wakes anyway, with one timer that ticks only while requests wait,
+/// every fifth of `after`: nothing per request, and a request answered in time leaves at
+/// most one tick behind. The quiet is counted from a tick (or the first request seen waiting),
+/// never from before, so it is never overstated; found at most a tick late.
+struct Silence {
+    after: Duration,
+    /// The reads counted when the connection was last seen quiet from, and since when; `None`
+    /// while no request was seen waiting.
+    quiet: Option<(u64, Instant)>,
+}
+
+impl Silence {
+    fn watch(&mut self, shared: &Shared, mut tick: Pin<&mut Sleep>, cx: &mut Context<'_>) {
+        let every = (self.after / 5).max(Duration::from_millis(1));
+        loop {
+            if shared.silent.load(Ordering::Relaxed) {
+                return;
+            }
+            match self.quiet {
+                None => {
+                    if shared.awaiting.load(Ordering::Relaxed) == 0 {
+                        return;
+                    }
+                    let now = Instant::now();
+                    self.quiet = Some((shared.reads.load(Ordering::Relaxed), now));
+                    tick.as_mut().reset(now + every);
+                }
+                Some((reads, since)) => {
+                    if tick.as_mut().poll(cx).is_pending() {
+                        return;
+                    }
+                    if shared.awaiting.load(Ordering::Relaxed) == 0 {
+                        self.quiet = None;
+                        return;
+                    }
+                    let now = Instant::now();
+                    let read = shared.reads.load(Ordering::Relaxed);
+                    if read != reads {
+                        self.quiet = Some((read, now));
+                    } else if now.duration_since(since) >= self.after {
+                        tracing::debug!(
+                            quiet = ?now.duration_since(since),
+                            "HTTP/2 backend connection silent: it takes no more requests"
+                        );
+                        shared.silent.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                    tick.as_mut().reset(now + every);
+                }
+            }
+        }
+    }
+}
+
+/// A connection's I/O, counting the reads that return bytes into `Shared::reads`: a backend
+/// that sends anything at all (an answer, data, a window update, a ping's ack) is not silent.
+#[derive(Debug)]
+struct Watched {
+    io: Stream,
+    shared: Arc<Shared>,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.io).poll_read(cx, buf);
+        if buf.filled().len() != before {
+            this.shared.reads.fetch_add(1, Ordering::Relaxed);
+        }
+        read
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
 }
 
 /// A request's place on a connection, given up when its response body is done with (or the
@@ -268,23 +411,21 @@ impl Drop for OpenStream {
     }
 }
 
-/// A request waiting for its answer. Dropped unanswered (its timeout, or its client gone)
-/// after `silent_after` with nothing answered on the connection since it went out, it marks
-/// the connection silent ([`Shared::silent`]).
-struct Awaiting<'a> {
-    shared: &'a Shared,
-    answered: u64,
-    since: std::time::Instant,
-    silent_after: Duration,
+/// A request waiting for its answer, counted in [`Shared::awaiting`] until its head comes, it
+/// fails, or it is given up (its timeout, or its client gone). Counted before it is sent, so
+/// the connection's task, woken to send it, sees it waiting.
+struct Awaiting<'a>(&'a Shared);
+
+impl<'a> Awaiting<'a> {
+    fn on(shared: &'a Shared) -> Self {
+        shared.awaiting.fetch_add(1, Ordering::Relaxed);
+        Self(shared)
+    }
 }
 
 impl Drop for Awaiting<'_> {
     fn drop(&mut self) {
-        if self.since.elapsed() >= self.silent_after
-            && self.shared.answered.load(Ordering::Relaxed) == self.answered
-        {
-            self.shared.silent.store(true, Ordering::Relaxed);
-        }
+        self.0.awaiting.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -312,6 +453,9 @@ pub(super) enum Exchanged {
     Response(Response<Incoming>, OpenStream),
     /// The connection closed before the request went out: it may be sent on another one.
     Unsent(Request<ProxyBody>),
+    /// The backend did not process the request (see [`unprocessed`]): a copy of it, which may
+    /// be sent again whatever its method.
+    Unprocessed(Request<ProxyBody>),
     Failed(ForwardError),
 }
 
@@ -341,14 +485,17 @@ impl H2Channel {
     }
 
     /// Sends `req` to an h2c backend. A request the connection closed under before it went out
-    /// is sent once more, on a new connection. With every connection at its share and the
-    /// connection limit reached, the request waits as `wait` says.
+    /// is sent once more, on a new connection; so is one the backend did not process, when
+    /// `replay` holds its whole body (see [`exchange`](Self::exchange)). With every connection
+    /// at its share and the connection limit reached, the request waits as `wait` says.
     pub(super) async fn send(
         &self,
         mut req: Request<ProxyBody>,
         wait: &Wait,
+        mut replay: Option<&Bytes>,
     ) -> Result<(Response<Incoming>, OpenStream), ForwardError> {
-        for _ in 0..2 {
+        let mut unsent = false;
+        loop {
             let claimed = match self.open() {
                 Some(claimed) => claimed,
                 // Boxed: dialing is rare, and its future would otherwise be carried by every
@@ -360,13 +507,15 @@ impl H2Channel {
                     }
                 },
             };
-            match self.exchange(claimed, req).await {
+            match self.exchange(claimed, req, replay).await {
                 Exchanged::Response(resp, stream) => return Ok((resp, stream)),
                 Exchanged::Failed(e) => return Err(e),
-                Exchanged::Unsent(unsent) => req = unsent,
+                Exchanged::Unsent(back) if !unsent => (req, unsent) = (back, true),
+                Exchanged::Unsent(_) => return Err(ForwardError::Canceled),
+                // Sent once more, and no more.
+                Exchanged::Unprocessed(copy) => (req, replay) = (copy, None),
             }
         }
-        Err(ForwardError::Canceled)
     }
 
     /// A stream on an open connection below its share, if there is one.
@@ -487,6 +636,11 @@ impl H2Channel {
             max_header_list_size,
             idle_timeout,
         } = self.settings;
+        let shared = Arc::new(Shared::default());
+        let io = Watched {
+            io,
+            shared: Arc::clone(&shared),
+        };
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .keep_alive_interval(keep_alive.interval)
@@ -499,10 +653,16 @@ impl H2Channel {
             .await
             .map_err(ForwardError::from_hyper)?;
         let task = Arc::new(Mutex::new(Some(conn)));
-        tokio::spawn(drive(Arc::clone(&task), permit));
+        let silent_after = keep_alive.timeout.min(SILENT_AFTER);
+        tokio::spawn(drive(
+            Arc::clone(&task),
+            permit,
+            Arc::clone(&shared),
+            silent_after,
+        ));
         let conn = Arc::new(Conn {
             sender,
-            shared: Shared::default(),
+            shared,
             task,
             room: Arc::clone(&self.room),
             looked: AtomicU64::new(u64::MAX),
@@ -533,10 +693,17 @@ impl H2Channel {
 
     /// Sends `req` (origin-form, with its host in `Host`) on the claimed connection as an
     /// HTTP/2 request whose `:authority` is that host.
+    ///
+    /// With `replay`, its whole body, a copy of the request is kept while it is in flight, and
+    /// given back if the backend did not process it: the backend refused its stream, or its
+    /// GOAWAY left the stream out (RFC 9113 §8.1.4, §8.7 guarantee that neither was processed,
+    /// so this holds for any method, as a connection closing under a request does not). Not
+    /// for `CONNECT`, whose tunnel a copy cannot carry.
     pub(super) async fn exchange(
         &self,
         claimed: Claimed,
         mut req: Request<ProxyBody>,
+        replay: Option<&Bytes>,
     ) -> Exchanged {
         let Claimed { mut sender, stream } = claimed;
         *req.version_mut() = http::Version::HTTP_2;
@@ -557,16 +724,14 @@ impl H2Channel {
         if sender.ready().await.is_err() {
             return Exchanged::Unsent(req);
         }
-        let shared = &stream.0.shared;
-        let awaiting = Awaiting {
-            shared,
-            answered: shared.answered.load(Ordering::Relaxed),
-            since: std::time::Instant::now(),
-            silent_after: self.settings.keep_alive.timeout.min(SILENT_AFTER),
-        };
+        // Boxed: kept across the exchange, which is most often answered.
+        let copy = replay
+            .filter(|_| req.method() != Method::CONNECT)
+            .map(|body| Box::new(Replay::of(&req, body)));
+        let shared = &*stream.0.shared;
+        let awaiting = Awaiting::on(shared);
         let sent = sender.try_send_request(req).await;
-        // Answered, or failed with the connection: it was not silent.
-        std::mem::forget(awaiting);
+        drop(awaiting);
         match sent {
             Ok(resp) => {
                 shared.answered.fetch_add(1, Ordering::Relaxed);
@@ -574,10 +739,37 @@ impl H2Channel {
             }
             Err(mut e) => match e.take_message() {
                 Some(req) => Exchanged::Unsent(req),
-                None => Exchanged::Failed(ForwardError::from_hyper(e.into_error())),
+                None => {
+                    let e = e.into_error();
+                    match copy {
+                        Some(copy) if unprocessed(&e) => {
+                            tracing::debug!(error = %e, "backend did not process the request: sent again");
+                            Exchanged::Unprocessed(copy.into_request())
+                        }
+                        _ => Exchanged::Failed(ForwardError::from_hyper(e)),
+                    }
+                }
             },
         }
     }
+}
+
+/// Whether an exchange failed because the backend did not process its request: it reset the
+/// stream with `REFUSED_STREAM`, or sent a GOAWAY whose last stream id is below the stream's.
+/// h2 fails with the backend's GOAWAY only such streams and those not yet opened; one at or
+/// below that id that fails later fails with what ended it (the connection closing, a reset),
+/// as the backend may have processed it.
+fn unprocessed(e: &hyper::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if let Some(h2) = cause.downcast_ref::<::h2::Error>() {
+            return h2.is_remote()
+                && (h2.is_go_away()
+                    || h2.is_reset() && h2.reason() == Some(::h2::Reason::REFUSED_STREAM));
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// What a request waiting at the connection limit got.
@@ -749,18 +941,18 @@ mod tests {
 
         // Answered: the backend's SETTINGS (one stream a connection) have come.
         let (resp, stream) = channel
-            .send(request("/"), &unbounded)
+            .send(request("/"), &unbounded, None)
             .await
             .expect("answer");
         assert_eq!(resp.status(), http::StatusCode::OK);
         drop((resp, stream));
         let held = [
             channel
-                .send(request("/hold"), &unbounded)
+                .send(request("/hold"), &unbounded, None)
                 .await
                 .expect("held"),
             channel
-                .send(request("/hold"), &unbounded)
+                .send(request("/hold"), &unbounded, None)
                 .await
                 .expect("held"),
         ];
@@ -769,14 +961,14 @@ mod tests {
         // At the limit, a third waits, and fails without a dial.
         let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
         let past = channel
-            .send(request("/"), &Wait::until(Some(deadline)))
+            .send(request("/"), &Wait::until(Some(deadline)), None)
             .await;
         assert!(matches!(past, Err(ForwardError::Saturated)), "{past:?}");
         assert_eq!(accepted.load(Ordering::SeqCst), 2, "no dial past the limit");
 
         // A request waiting at the limit gets the first share that comes free.
         let [first, second] = held;
-        let waiting = channel.send(request("/"), &unbounded);
+        let waiting = channel.send(request("/"), &unbounded, None);
         let freeing = async {
             tokio::time::sleep(Duration::from_millis(100)).await;
             drop(first);
@@ -792,7 +984,7 @@ mod tests {
         tokio::time::sleep(idle * 3).await;
         assert_eq!(closed.load(Ordering::SeqCst), 1, "the oldest stays open");
         let (resp, _stream) = channel
-            .send(request("/"), &unbounded)
+            .send(request("/"), &unbounded, None)
             .await
             .expect("answer");
         assert_eq!(resp.status(), http::StatusCode::OK);
@@ -821,12 +1013,12 @@ mod tests {
         );
         // The backend's SETTINGS (one stream) come with the first answer.
         let (resp, stream) = channel
-            .send(request("/"), &Wait::until(None))
+            .send(request("/"), &Wait::until(None), None)
             .await
             .expect("answer");
         drop((resp, stream));
         let held = channel
-            .send(request("/hold"), &Wait::until(None))
+            .send(request("/hold"), &Wait::until(None), None)
             .await
             .expect("held");
         let within = Wait::until(Some(tokio::time::Instant::now() + Duration::from_secs(3)));
@@ -838,9 +1030,9 @@ mod tests {
             drop(held);
         };
         let (one, two, three, ()) = tokio::join!(
-            channel.send(request("/"), &within),
-            channel.send(request("/"), &within),
-            channel.send(request("/"), &within),
+            channel.send(request("/"), &within, None),
+            channel.send(request("/"), &within, None),
+            channel.send(request("/"), &within, None),
             closing,
         );
         for served in [one, two, three] {

@@ -7,6 +7,7 @@
 use super::connector::{ConnectErrorKind, Connector, Stream};
 use super::error::ForwardError;
 use super::h2::{Dialed, Exchanged, H2Channel, OpenStream};
+use super::request::Replay;
 use super::wait::Wait;
 use crate::body::ProxyBody;
 use bytes::Bytes;
@@ -229,16 +230,19 @@ impl H1Pool {
     }
 
     /// [`send`](Self::send) to a TLS backend offered `h2`. A request the HTTP/2 connection
-    /// closed under before it went out is sent once more. Going out over HTTP/2 is what tells
-    /// `wait` that a gRPC call's own bounds hold (see [`Wait::goes_over_http2`]).
+    /// closed under before it went out is sent once more, and so is one the backend did not
+    /// process (see [`H2Channel::exchange`]) when `replay` holds its body. Going out over
+    /// HTTP/2 is what tells `wait` that a gRPC call's own bounds hold (see
+    /// [`Wait::goes_over_http2`]).
     async fn send_alpn(
         self: &Arc<Self>,
         channel: &H2Channel,
         mut req: Request<ProxyBody>,
         wait: &Wait,
-        replay: Option<&Bytes>,
+        mut replay: Option<&Bytes>,
     ) -> Result<Response<UpstreamBody>, ForwardError> {
-        for _ in 0..2 {
+        let mut unsent = false;
+        loop {
             let claimed = match channel.open() {
                 Some(claimed) => Some(claimed),
                 None if channel.picked() => match channel.dial(wait).await? {
@@ -267,15 +271,17 @@ impl H1Pool {
                 },
             };
             wait.goes_over_http2();
-            match channel.exchange(claimed, req).await {
+            match channel.exchange(claimed, req, replay).await {
                 Exchanged::Response(resp, stream) => {
                     return Ok(resp.map(|body| UpstreamBody::on_stream(body, stream)))
                 }
                 Exchanged::Failed(e) => return Err(e),
-                Exchanged::Unsent(unsent) => req = unsent,
+                Exchanged::Unsent(back) if !unsent => (req, unsent) = (back, true),
+                Exchanged::Unsent(_) => return Err(ForwardError::Canceled),
+                // Sent once more, and no more.
+                Exchanged::Unprocessed(copy) => (req, replay) = (copy, None),
             }
         }
-        Err(ForwardError::Canceled)
     }
 
     /// HTTP/1.1 to a TLS backend offered `h2`: on `fresh` (with its permit), else on an idle
@@ -523,30 +529,6 @@ impl H1Pool {
                 next = tokio::time::Instant::now() + wait;
             }
         });
-    }
-}
-
-/// What it takes to write a request again: its head and its whole body.
-struct Replay {
-    head: Request<()>,
-    body: Bytes,
-}
-
-impl Replay {
-    fn of(req: &Request<ProxyBody>, body: &Bytes) -> Self {
-        let mut head = Request::new(());
-        *head.method_mut() = req.method().clone();
-        *head.uri_mut() = req.uri().clone();
-        *head.version_mut() = req.version();
-        *head.headers_mut() = req.headers().clone();
-        Self {
-            head,
-            body: body.clone(),
-        }
-    }
-
-    fn into_request(self) -> Request<ProxyBody> {
-        self.head.map(|()| crate::body::full(self.body))
     }
 }
 

@@ -3,12 +3,37 @@
 
 use super::Upstream;
 use crate::body::ProxyBody;
+use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Request, Uri};
 
 /// The request's target cannot be put behind the backend's base path.
 #[derive(Debug, thiserror::Error)]
 #[error("request target cannot be forwarded")]
 pub struct UnforwardableTarget;
+
+/// What it takes to write a request again: its head and its whole body.
+pub(super) struct Replay {
+    head: Request<()>,
+    body: Bytes,
+}
+
+impl Replay {
+    pub(super) fn of(req: &Request<ProxyBody>, body: &Bytes) -> Self {
+        let mut head = Request::new(());
+        *head.method_mut() = req.method().clone();
+        *head.uri_mut() = req.uri().clone();
+        *head.version_mut() = req.version();
+        *head.headers_mut() = req.headers().clone();
+        Self {
+            head,
+            body: body.clone(),
+        }
+    }
+
+    pub(super) fn into_request(self) -> Request<ProxyBody> {
+        self.head.map(|()| crate::body::full(self.body))
+    }
+}
 
 /// The query of a request to a backend whose URL has the query `base`: the request's own
 /// parameters, then those of `base` whose name the request does not use (the request's win).
