@@ -5249,6 +5249,70 @@ async fn an_unchanged_plane_costs_no_api_calls_per_round() {
     .expect("in time");
 }
 
+/// Waits until the API server has taken no write for half a second: the controller's rounds
+/// have settled.
+async fn settled(api: &ApiServer) {
+    loop {
+        let rv = api.resource_version();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if api.writes_since(rv).is_empty() {
+            return;
+        }
+    }
+}
+
+/// A Deployment carrying the labels of a Gateway's plane in its namespace that the Gateway does
+/// not control (left by a Gateway deleted with `--cascade=orphan`, or a copy) is no plane of
+/// the Gateway's left to remove: a Gateway on the shared plane costs no reads for it round
+/// after round, and it is left alone.
+#[tokio::test]
+async fn a_labelled_deployment_the_gateway_does_not_control_costs_no_reads_per_round() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start_with("replicas: 1", |api| {
+            api.delete("apps/v1", "Deployment", "tenant-b", "cf-proxy-other");
+            api.put(yaml(&gateway(false)));
+            api.put(yaml(
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: cf-proxy-edge, namespace: tenant-a, labels: {app.kubernetes.io/managed-by: cftunnel-controller, cf.k8s.lex.la/gateway: edge}}\nspec:\n  selector: {matchLabels: {app: leftover}}\n  template:\n    metadata: {labels: {app: leftover}}\n    spec: {containers: [{name: proxy, image: proxy:0}]}\n",
+            ));
+        })
+        .await;
+        let leftover = || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+                .map(|d| d["metadata"]["resourceVersion"].clone())
+        };
+        let version = leftover().expect("the leftover Deployment");
+        eventually("the Gateway's status", || {
+            t.api
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-a",
+                    "edge",
+                )
+                .and_then(|g| condition(&g["status"]["conditions"], "Accepted").cloned())
+        })
+        .await;
+        settled(&t.api).await;
+        let kinds = [
+            "Deployment",
+            "Service",
+            "NetworkPolicy",
+            "HorizontalPodAutoscaler",
+            "Secret",
+        ];
+        let reads = || kinds.map(|k| t.api.accepts(k).len());
+        let before = reads();
+        // Rounds run every 100 ms.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(reads(), before, "no reads of {kinds:?}");
+        assert_eq!(leftover(), Some(version), "the leftover is left alone");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// Our entry for Gateway tenant-a/edge in the ancestors of BackendTLSPolicy `name`.
 fn policy_ancestor(api: &ApiServer, name: &str) -> Option<Value> {
     let policy = api.get(

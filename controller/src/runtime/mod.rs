@@ -1949,9 +1949,11 @@ fn rendered_for_our_class(
     ours
 }
 
-/// The objects of the plane `names` of the Gateway `uid` in `namespace` that the caches hold:
-/// its Deployment (by its Gateway label), and its config Service and token Secret controlled
-/// by the Gateway.
+/// The objects of the plane `names` of the Gateway `uid` in `namespace` that the caches hold
+/// and the Gateway controls: its Deployment (by its Gateway label, so under the Go
+/// controller's name too), its config Service and its token Secret. One it does not control is
+/// never removed, so it must not count as a plane left to remove: a Deployment someone else
+/// labelled would cost a removal's reads at every round.
 fn plane_objects<'a>(
     namespace: &'a str,
     uid: &'a str,
@@ -1969,6 +1971,7 @@ fn plane_objects<'a>(
         .filter(move |d| {
             d.metadata.namespace.as_deref() == Some(namespace)
                 && d.labels().get(GATEWAY_LABEL) == Some(&names.gateway_label)
+                && apply::controlled_by(d.owner_references(), uid)
         })
         .map(|d| &d.metadata);
     let services = snapshot
