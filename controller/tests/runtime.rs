@@ -5261,6 +5261,95 @@ async fn settled(api: &ApiServer) {
     }
 }
 
+/// A loopback address that answers every request 503, as a pod's config port does while its
+/// container starts behind a port already open (a sidecar's, a node's), and a channel told of
+/// each request. Aborting the task frees the port.
+async fn unavailable() -> (
+    SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (calls, called) = tokio::sync::mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = conn
+                .write_all(
+                    b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                )
+                .await;
+            let _ = calls.send(());
+        }
+    });
+    (addr, called, task)
+}
+
+/// A pod listed before its config API is up (a new or restarted pod: its EndpointSlice entry
+/// appears, not ready, as its container starts) fails its pushes; once it is up it gets its
+/// config within seconds, with nothing in the cluster changing meanwhile and no resync due (a
+/// minute here). Its EndpointSlice entry would change only once it is ready, which it becomes
+/// only with a config: a rollout's new pods would serve nothing until the resync.
+#[tokio::test]
+async fn a_pod_whose_pushes_failed_gets_its_config_within_seconds_of_coming_up() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (addr, mut asked, standing_in) = unavailable().await;
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                // Its plane applies, so its statuses settle.
+                api.delete("apps/v1", "Deployment", "tenant-b", "cf-proxy-other");
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    addr.port(),
+                    false,
+                ));
+            },
+            ApiServer::client,
+            |options| {
+                options.resync = Duration::from_secs(60);
+                // No condition written for the failures: no write starts another round.
+                options.sustained_after = u32::MAX;
+            },
+        )
+        .await;
+        asked.recv().await.expect("a push reaches the pod");
+        settled(&t.api).await;
+        standing_in.abort();
+        let _ = standing_in.await;
+        let up = Instant::now();
+        let pod = Server::start(
+            ServerOptions {
+                auth_token: Some("s3cr3t".to_owned()),
+                admin_addr: addr,
+                ..ServerOptions::default()
+            },
+            None,
+        )
+        .await
+        .expect("the pod's proxy starts on its port");
+        tokio::time::timeout(Duration::from_secs(10), shop_serves(&pod, 200))
+            .await
+            .expect("the pod serves its routes within seconds of coming up");
+        eprintln!("the pod got its config {:?} after coming up", up.elapsed());
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// A Deployment carrying the labels of a Gateway's plane in its namespace that the Gateway does
 /// not control (left by a Gateway deleted with `--cascade=orphan`, or a copy) is no plane of
 /// the Gateway's left to remove: a Gateway on the shared plane costs no reads for it round
