@@ -305,6 +305,104 @@ async fn a_plane_whose_pod_hangs_does_not_hold_up_the_others() {
     healthy.shutdown().await;
 }
 
+/// A pod of a plane that takes connections and never answers (its node gone) holds up no other
+/// pod of the same plane: each pod goes from its version to its push on its own, so the healthy
+/// one has the config at once, while the push still waits out the stuck one's timeout.
+#[tokio::test]
+async fn a_pod_that_hangs_holds_up_no_other_pod_of_its_plane() {
+    let backend = echo().await;
+    let healthy = proxy().await;
+    let (hanging, _) = never_answers().await;
+    let doc = config(backend.http_addr(), "app.example.com");
+    let pods = [hanging, healthy.admin_addr()];
+    let started = std::time::Instant::now();
+    let round = tokio::spawn(async move {
+        let mut pusher = Pusher::new(Duration::from_secs(5), 3);
+        pusher.sync(&plane(), &doc, TOKEN, &pods).await
+    });
+    let by = started + Duration::from_secs(1);
+    while get(healthy.data_addr(), "/", "app.example.com", None)
+        .await
+        .0
+        != 200
+    {
+        assert!(
+            std::time::Instant::now() < by,
+            "the healthy pod has its config within a second"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !round.is_finished(),
+        "the push still waits on the stuck pod"
+    );
+    let outcome = round.await.expect("round");
+    assert!(
+        started.elapsed() >= Duration::from_secs(5),
+        "the stuck pod was waited for"
+    );
+    let by_pod: std::collections::HashMap<_, _> = outcome.pods.iter().cloned().collect();
+    assert!(
+        matches!(&by_pod[&hanging], PodOutcome::Failed(r) if r.contains("no answer within")),
+        "{outcome:?}"
+    );
+    assert_eq!(by_pod[&healthy.admin_addr()], PodOutcome::Pushed);
+    assert_eq!(held(&healthy).await, outcome.version);
+    healthy.shutdown().await;
+}
+
+/// Pods of one plane found at different versions, one ahead of the controller's (pushed by an
+/// earlier one) and slower to answer: the one that answered first, pushed the controller's
+/// version, is brought past the one ahead too, so every pod ends on one version.
+#[tokio::test]
+async fn pods_of_a_plane_end_on_one_version_past_one_found_ahead() {
+    let backend = echo().await;
+    let (behind, ahead) = (proxy().await, proxy().await);
+    let doc = config(backend.http_addr(), "app.example.com");
+    // An earlier controller, its clock far ahead, pushed this to one of them.
+    let far = i64::from(i32::MAX) * 1_000_000;
+    let mut earlier = config(backend.http_addr(), "old.example.com");
+    earlier.version = far;
+    ahead.apply(earlier).await.expect("applied");
+    let mut pusher = Pusher::default();
+    let outcome = pusher
+        .sync(
+            &plane(),
+            &doc,
+            TOKEN,
+            &[
+                behind.admin_addr(),
+                slow_to_answer(ahead.admin_addr()).await,
+            ],
+        )
+        .await;
+    assert_eq!(outcome.version, far + 1, "{outcome:?}");
+    assert_eq!(held(&behind).await, far + 1);
+    assert_eq!(held(&ahead).await, far + 1);
+    assert!(outcome.all_current(), "{outcome:?}");
+    behind.shutdown().await;
+    ahead.shutdown().await;
+}
+
+/// An address that forwards each connection to `to` a fifth of a second after taking it.
+async fn slow_to_answer(to: SocketAddr) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if let Ok(mut upstream) = tokio::net::TcpStream::connect(to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
 /// A listener that accepts connections and never answers, as a pod whose proxy is stuck, and
 /// the count of connections it took.
 async fn never_answers() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {

@@ -5329,6 +5329,159 @@ async fn an_unchanged_plane_costs_no_api_calls_per_round() {
     .expect("in time");
 }
 
+/// Waits until the API server has taken no write for half a second: the controller's rounds
+/// have settled.
+async fn settled(api: &ApiServer) {
+    loop {
+        let rv = api.resource_version();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if api.writes_since(rv).is_empty() {
+            return;
+        }
+    }
+}
+
+/// A loopback address that answers every request 503, as a pod's config port does while its
+/// container starts behind a port already open (a sidecar's, a node's), and a channel told of
+/// each request. Aborting the task frees the port.
+async fn unavailable() -> (
+    SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (calls, called) = tokio::sync::mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match conn.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = conn
+                .write_all(
+                    b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                )
+                .await;
+            let _ = calls.send(());
+        }
+    });
+    (addr, called, task)
+}
+
+/// A pod listed before its config API is up (a new or restarted pod: its EndpointSlice entry
+/// appears, not ready, as its container starts) fails its pushes; once it is up it gets its
+/// config within seconds, with nothing in the cluster changing meanwhile and no resync due (a
+/// minute here). Its EndpointSlice entry would change only once it is ready, which it becomes
+/// only with a config: a rollout's new pods would serve nothing until the resync.
+#[tokio::test]
+async fn a_pod_whose_pushes_failed_gets_its_config_within_seconds_of_coming_up() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (addr, mut asked, standing_in) = unavailable().await;
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                // Its plane applies, so its statuses settle.
+                api.delete("apps/v1", "Deployment", "tenant-b", "cf-proxy-other");
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    addr.port(),
+                    false,
+                ));
+            },
+            ApiServer::client,
+            |options| {
+                options.resync = Duration::from_secs(60);
+                // No condition written for the failures: no write starts another round.
+                options.sustained_after = u32::MAX;
+            },
+        )
+        .await;
+        asked.recv().await.expect("a push reaches the pod");
+        settled(&t.api).await;
+        standing_in.abort();
+        let _ = standing_in.await;
+        let up = Instant::now();
+        let pod = Server::start(
+            ServerOptions {
+                auth_token: Some("s3cr3t".to_owned()),
+                admin_addr: addr,
+                ..ServerOptions::default()
+            },
+            None,
+        )
+        .await
+        .expect("the pod's proxy starts on its port");
+        tokio::time::timeout(Duration::from_secs(10), shop_serves(&pod, 200))
+            .await
+            .expect("the pod serves its routes within seconds of coming up");
+        eprintln!("the pod got its config {:?} after coming up", up.elapsed());
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A Deployment carrying the labels of a Gateway's plane in its namespace that the Gateway does
+/// not control (left by a Gateway deleted with `--cascade=orphan`, or a copy) is no plane of
+/// the Gateway's left to remove: a Gateway on the shared plane costs no reads for it round
+/// after round, and it is left alone.
+#[tokio::test]
+async fn a_labelled_deployment_the_gateway_does_not_control_costs_no_reads_per_round() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start_with("replicas: 1", |api| {
+            api.delete("apps/v1", "Deployment", "tenant-b", "cf-proxy-other");
+            api.put(yaml(&gateway(false)));
+            api.put(yaml(
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: cf-proxy-edge, namespace: tenant-a, labels: {app.kubernetes.io/managed-by: cftunnel-controller, cf.k8s.lex.la/gateway: edge}}\nspec:\n  selector: {matchLabels: {app: leftover}}\n  template:\n    metadata: {labels: {app: leftover}}\n    spec: {containers: [{name: proxy, image: proxy:0}]}\n",
+            ));
+        })
+        .await;
+        let leftover = || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+                .map(|d| d["metadata"]["resourceVersion"].clone())
+        };
+        let version = leftover().expect("the leftover Deployment");
+        eventually("the Gateway's status", || {
+            t.api
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-a",
+                    "edge",
+                )
+                .and_then(|g| condition(&g["status"]["conditions"], "Accepted").cloned())
+        })
+        .await;
+        settled(&t.api).await;
+        let kinds = [
+            "Deployment",
+            "Service",
+            "NetworkPolicy",
+            "HorizontalPodAutoscaler",
+            "Secret",
+        ];
+        let reads = || kinds.map(|k| t.api.accepts(k).len());
+        let before = reads();
+        // Rounds run every 100 ms.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(reads(), before, "no reads of {kinds:?}");
+        assert_eq!(leftover(), Some(version), "the leftover is left alone");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// Our entry for Gateway tenant-a/edge in the ancestors of BackendTLSPolicy `name`.
 fn policy_ancestor(api: &ApiServer, name: &str) -> Option<Value> {
     let policy = api.get(

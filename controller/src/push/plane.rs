@@ -5,14 +5,15 @@
 use std::collections::{BTreeSet, HashSet};
 use std::hash::{BuildHasher as _, BuildHasherDefault, DefaultHasher};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_lc_rs::digest;
 use bytes::Bytes;
 use cftunnel_config::{Config, Rule};
 
-use super::client::{Client, Put, Unreached};
+use super::client::{Client, Put};
 use super::{OwnedRound, PlaneOutcome, PodOutcome, RefusedRule};
 
 /// Pushes of a plane in one round after pods refused rules: each leaves out at least one more
@@ -249,74 +250,136 @@ struct Sent {
 
 /// Pushes the document `document` makes to every pod that lacks it; `version` is raised past
 /// any newer one a pod holds. The document is made and encoded only when some pod lacks it.
+///
+/// Each pod goes from its version to its push on its own: one that takes connections and
+/// never answers holds up no other pod of the plane. A pod found ahead raises the version for
+/// the pods after it; those pushed (or found current) before at a lower one are pushed the
+/// raised version once all have answered, so every pod ends on one version. A pod is ahead
+/// only after another controller's pushes, so that second push is rare.
 async fn push_document(
     client: &Client<'_>,
     version: &mut i64,
     document: impl FnOnce() -> Config,
     pods: &[SocketAddr],
 ) -> Sent {
-    let observed =
-        futures_util::future::join_all(pods.iter().map(|&pod| client.version(pod))).await;
-    // A pod ahead of us holds a push from an earlier controller: go past it.
-    if let Some(ahead) = observed
-        .iter()
-        .filter_map(|v| v.as_ref().ok().map(|(v, _)| *v))
-        .filter(|&v| v > *version)
-        .max()
-    {
-        *version = ahead.saturating_add(1);
-    }
+    let raised = AtomicI64::new(*version);
+    let bodies = Mutex::new(Bodies {
+        make: Some(document),
+        document: None,
+        encoded: Vec::new(),
+    });
+    let push = |pod, token, at| put_at(client, &bodies, pod, token, at);
+    // Per pod: the token it takes, the version it was brought to (or found at), and how.
+    let reached = futures_util::future::join_all(pods.iter().map(|&pod| {
+        let (raised, push) = (&raised, &push);
+        async move {
+            let (held, token) = match client.version(pod).await {
+                Ok(observed) => observed,
+                Err(unreached) => return (pod, Err(unreached)),
+            };
+            // A pod ahead of us holds a push from an earlier controller: go past it.
+            // (No await between the load and the store: the pods' futures take turns.)
+            if held > raised.load(Ordering::SeqCst) {
+                raised.store(held.saturating_add(1), Ordering::SeqCst);
+            }
+            let at = raised.load(Ordering::SeqCst);
+            let put = if held == at {
+                Put::Current
+            } else {
+                push(pod, token, at).await
+            };
+            (pod, Ok((token, at, put)))
+        }
+    }))
+    .await;
+    *version = raised.load(Ordering::SeqCst);
     let version = *version;
     let mut sent = Sent {
         version,
         puts: Vec::new(),
-        previous_needed: observed
+        previous_needed: reached
             .iter()
-            .any(|v| matches!(v, Ok((_, token)) if *token != client.token)),
-        token_refused: observed
+            .any(|(_, r)| matches!(r, Ok((token, _, _)) if *token != client.token)),
+        token_refused: reached
             .iter()
-            .any(|v| matches!(v, Err(u) if u.token_refused)),
+            .any(|(_, r)| matches!(r, Err(u) if u.token_refused)),
     };
-    let behind = |v: &Result<(i64, &str), Unreached>| matches!(v, Ok((v, _)) if *v != version);
-    if !observed.iter().any(behind) {
-        sent.puts = pods
-            .iter()
-            .zip(observed)
-            .map(|(&pod, observed)| match observed {
-                Ok(_) => (pod, Put::Current),
-                Err(unreached) => (pod, Put::Failed(unreached.reason)),
-            })
-            .collect();
-        return sent;
-    }
-    let mut doc = document();
-    doc.version = version;
-    let body = match serde_json::to_vec(&doc) {
-        Ok(body) => Bytes::from(body),
-        Err(e) => {
-            let reason = format!("encoding the config: {e}");
-            sent.puts = pods
-                .iter()
-                .map(|&p| (p, Put::Failed(reason.clone())))
-                .collect();
-            return sent;
+    sent.puts = futures_util::future::join_all(reached.into_iter().map(|(pod, reached)| {
+        let push = &push;
+        async move {
+            let put = match reached {
+                // At a version since raised by a pod found ahead: brought to the raised one.
+                Ok((token, at, Put::Current | Put::Pushed)) if at != version => {
+                    push(pod, token, version).await
+                }
+                Ok((_, _, put)) => put,
+                Err(unreached) => Put::Failed(unreached.reason),
+            };
+            (pod, put)
         }
-    };
-    let doc = &doc;
-    sent.puts =
-        futures_util::future::join_all(pods.iter().zip(observed).map(|(&pod, observed)| {
-            let body = body.clone();
-            async move {
-                let put = match observed {
-                    Ok((v, _)) if v == version => Put::Current,
-                    Ok((_, token)) => client.put(pod, body, token, doc).await,
-                    Err(unreached) => Put::Failed(unreached.reason),
-                };
-                (pod, put)
-            }
-        }))
-        .await;
+    }))
+    .await;
     sent
+}
+
+/// Pushes `pod` the document at version `at`, with `token`.
+async fn put_at<F: FnOnce() -> Config>(
+    client: &Client<'_>,
+    bodies: &Mutex<Bodies<F>>,
+    pod: SocketAddr,
+    token: &str,
+    at: i64,
+) -> Put {
+    let encoded = bodies
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .at(at);
+    match encoded {
+        Ok((doc, body)) => client.put(pod, body, token, &doc).await,
+        Err(reason) => Put::Failed(reason),
+    }
+}
+
+/// The plane's document, made when a pod first lacks it, and its encodings at the versions
+/// pushed (one, but after a pod found ahead).
+struct Bodies<F> {
+    make: Option<F>,
+    /// At the first version encoded; the rules are what a refusal's position is read against.
+    document: Option<Arc<Config>>,
+    encoded: Vec<(i64, Bytes)>,
+}
+
+impl<F: FnOnce() -> Config> Bodies<F> {
+    /// The document, and its encoding at `version`.
+    fn at(&mut self, version: i64) -> Result<(Arc<Config>, Bytes), String> {
+        let encode = |doc: &Config| {
+            serde_json::to_vec(doc)
+                .map(Bytes::from)
+                .map_err(|e| format!("encoding the config: {e}"))
+        };
+        let (doc, body) = match (&self.document, self.make.take()) {
+            (Some(doc), _) => {
+                if let Some((_, body)) = self.encoded.iter().find(|(v, _)| *v == version) {
+                    return Ok((Arc::clone(doc), body.clone()));
+                }
+                // Another version (a pod was found ahead): rare, so copied.
+                let mut other = Config::clone(doc);
+                other.version = version;
+                (Arc::clone(doc), encode(&other)?)
+            }
+            (None, Some(make)) => {
+                let mut doc = make();
+                doc.version = version;
+                let body = encode(&doc)?;
+                let doc = Arc::new(doc);
+                self.document = Some(Arc::clone(&doc));
+                (doc, body)
+            }
+            (None, None) => return Err("encoding the config: no document".to_owned()),
+        };
+        self.encoded.push((version, body.clone()));
+        Ok((doc, body))
+    }
 }
 
 fn finish(

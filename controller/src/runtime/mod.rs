@@ -3,8 +3,9 @@
 //!
 //! Every round works from the whole snapshot of the watch caches ([`stores`]): the translation
 //! is cheap and pure, so recomputing everything keeps the logic in one place and makes a missed
-//! event impossible to miss for long (rounds also run on a resync period). Writes are skipped
-//! when the cluster already holds what a round computed.
+//! event impossible to miss for long (rounds also run on a resync period, and sooner while a
+//! pod lacks its config: [`schedule`]). Writes are skipped when the cluster already holds what
+//! a round computed.
 //!
 //! Here: the run loop and the round (planes, pushes, tunnel documents). `apply` writes and
 //! removes a plane's objects, in tasks of their own ([`crate::in_flight`]) that no round waits
@@ -21,6 +22,7 @@ pub mod lease;
 pub mod optional_apis;
 pub mod ownership_parents;
 mod report;
+mod schedule;
 pub mod status;
 pub mod stores;
 
@@ -279,7 +281,8 @@ pub struct RuntimeOptions {
     pub translate: Options,
     pub render: RenderSettings,
     pub shared: Option<SharedPlane>,
-    /// A round runs at least this often, changes or not (re-pushes to restarted pods).
+    /// A round runs at least this often, changes or not (re-pushes to restarted pods), and
+    /// sooner while a pod lacks its config (after as long as it has, from 1 s up to this).
     pub resync: Duration,
     pub push_timeout: Duration,
     /// Failed push rounds in a row before routes report it.
@@ -377,15 +380,13 @@ pub async fn run(
             (Some(tx), rx, None)
         }
     };
-    let mut ticks = tokio::time::interval(options.resync);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut schedule = schedule::Schedule::new(options.resync, tokio::time::Instant::now());
     // Built afresh for each term as leader: what it remembers may be stale after another
     // replica's term. One paused while this replica did not lead resumes if it takes the
     // Lease back in the same term (nobody else led meanwhile), rather than re-applying,
     // re-pushing and re-writing everything right after an API server blip.
     let mut reconciler: Option<(lease::Term, Reconciler)> = None;
     let mut paused: Option<(lease::Term, Reconciler)> = None;
-    let mut last_round: Option<tokio::time::Instant> = None;
     let mut pending = true;
     loop {
         tokio::select! {
@@ -393,7 +394,10 @@ pub async fn run(
                 tokio::time::sleep(DEBOUNCE).await;
                 pending = true;
             }
-            _ = ticks.tick() => {}
+            () = tokio::time::sleep_until(schedule.next()) => {
+                schedule.passed(tokio::time::Instant::now());
+                pending = true;
+            }
             changed = leading.changed() => {
                 if changed.is_err() {
                     // The elector is gone: nobody renews, so nobody may act as leader.
@@ -449,12 +453,10 @@ pub async fn run(
                 }))
             }
         };
-        let due = last_round.is_none_or(|at| at.elapsed() >= options.resync);
-        if !(pending || due) {
+        if !pending {
             continue;
         }
         pending = false;
-        last_round = Some(tokio::time::Instant::now());
         let deployments: Vec<Deployment> = stores
             .deployments
             .state()
@@ -481,6 +483,8 @@ pub async fn run(
                 health.rounds.inc();
                 health.round_seconds.observe(started.elapsed().as_secs_f64());
                 reconciler.report(&health);
+                let ended = tokio::time::Instant::now();
+                schedule.ran(started, ended, reconciler.behind.iter().cloned());
             }
             // Another replica may take over once the Lease lapses: stop writing at once.
             _ = lost.wait_for(Option::is_none) => {
@@ -513,6 +517,9 @@ struct Reconciler {
     recorder: Recorder,
     /// Per plane: why its pushes keep failing, while they do.
     push_failures: HashMap<PlaneKey, String>,
+    /// The pods the last round's pushes left without their plane's config: the next round
+    /// comes soon for them ([`schedule`]), as nothing else would start one.
+    behind: Vec<(PlaneKey, std::net::SocketAddr)>,
     /// Gateways of planes we rendered, moved to a class not listed, since when.
     class_unlisted: HashMap<ObjectKey, std::time::Instant>,
     /// Status fields the cluster's CRDs drop.
@@ -755,6 +762,7 @@ impl Reconciler {
             options,
             recorder,
             push_failures: HashMap::new(),
+            behind: Vec::new(),
             pruned: Default::default(),
             class_unlisted: HashMap::new(),
             render_failures: HashMap::new(),
@@ -1130,6 +1138,16 @@ impl Reconciler {
         .instrument(span)
         .await;
         self.tunnel_failures = tunnel_failures;
+        self.behind = outcomes
+            .iter()
+            .flat_map(|(plane, outcome)| {
+                outcome
+                    .pods
+                    .iter()
+                    .filter(|(_, o)| matches!(o, PodOutcome::Failed(_)))
+                    .map(move |(pod, _)| (plane.clone(), *pod))
+            })
+            .collect();
         // What every pod of a plane now holds is what it serves if its configuration breaks.
         for (plane, outcome) in &outcomes {
             let PlaneKey::Dedicated(key) = plane else {
@@ -1949,9 +1967,11 @@ fn rendered_for_our_class(
     ours
 }
 
-/// The objects of the plane `names` of the Gateway `uid` in `namespace` that the caches hold:
-/// its Deployment (by its Gateway label), and its config Service and token Secret controlled
-/// by the Gateway.
+/// The objects of the plane `names` of the Gateway `uid` in `namespace` that the caches hold
+/// and the Gateway controls: its Deployment (by its Gateway label, so under the Go
+/// controller's name too), its config Service and its token Secret. One it does not control is
+/// never removed, so it must not count as a plane left to remove: a Deployment someone else
+/// labelled would cost a removal's reads at every round.
 fn plane_objects<'a>(
     namespace: &'a str,
     uid: &'a str,
@@ -1969,6 +1989,7 @@ fn plane_objects<'a>(
         .filter(move |d| {
             d.metadata.namespace.as_deref() == Some(namespace)
                 && d.labels().get(GATEWAY_LABEL) == Some(&names.gateway_label)
+                && apply::controlled_by(d.owner_references(), uid)
         })
         .map(|d| &d.metadata);
     let services = snapshot
