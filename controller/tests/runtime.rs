@@ -665,6 +665,62 @@ async fn scenario() {
     })
     .await;
 
+    // A second pod that is down (nothing listens on its config port: its image not pulled,
+    // crash-looping) and not ready serves nothing: the plane's pushes to it fail and are
+    // counted, but its routes are served by the other pod and say nothing of it.
+    let down = {
+        let mut slice = config_slice("tenant-a", "cf-proxy-edge-config", closed, false);
+        slice["metadata"]["name"] = json!("cf-proxy-edge-config-down");
+        slice
+    };
+    let failures = || async {
+        health_body("/metrics")
+            .await
+            .map(|a| a.1)
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("cftunnel_controller_push_failures_total{plane=\"tenant-a/edge\"} ")?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .unwrap_or(0)
+    };
+    let before = failures().await;
+    api.put(down.clone());
+    let by = Instant::now() + Duration::from_secs(30);
+    while failures().await < before + 4 {
+        assert!(
+            Instant::now() < by,
+            "pushes to the down pod fail and are counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        route_condition(&api, "tenant-a", "shop", PROXY_CONFIG_PUSHED).is_none(),
+        "a pod that is down and not ready is no failure of the route"
+    );
+    // Ready, the same pod may serve an older config: the route says its config is not taken.
+    let mut ready = down;
+    ready["endpoints"][0]["conditions"]["ready"] = json!(true);
+    api.put(ready);
+    let failed = eventually("ProxyConfigPushed=False for a ready pod", || {
+        route_condition(&api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
+    })
+    .await;
+    assert_eq!(failed["status"], "False");
+    api.delete(
+        "discovery.k8s.io/v1",
+        "EndpointSlice",
+        "tenant-a",
+        "cf-proxy-edge-config-down",
+    );
+    eventually("ProxyConfigPushed cleared once the pod is gone", || {
+        route_parent(&api, "tenant-a", "shop")
+            .filter(|p| condition(&p["conditions"], PROXY_CONFIG_PUSHED).is_none())
+    })
+    .await;
+
     // Each tunnel has its ingress document, written with its own credentials.
     let (_, document) = eventually("tenant a's tunnel document", || {
         cloudflare.config("acct", TUNNEL_ID)

@@ -76,6 +76,8 @@ pub(super) struct Unreached {
     pub(super) reason: String,
     /// It refused every token the plane has.
     pub(super) token_refused: bool,
+    /// Its config port refused the connection: nothing listens there.
+    pub(super) down: bool,
 }
 
 impl Unreached {
@@ -83,6 +85,39 @@ impl Unreached {
         Self {
             reason,
             token_refused: false,
+            down: false,
+        }
+    }
+}
+
+/// Why a call to a pod got no answer.
+struct CallFailed {
+    reason: String,
+    /// The connection was refused: nothing listens on the pod's config port.
+    refused: bool,
+}
+
+impl From<String> for CallFailed {
+    fn from(reason: String) -> Self {
+        Self {
+            reason,
+            refused: false,
+        }
+    }
+}
+
+impl From<CallFailed> for String {
+    fn from(failed: CallFailed) -> Self {
+        failed.reason
+    }
+}
+
+impl From<CallFailed> for Unreached {
+    fn from(failed: CallFailed) -> Self {
+        Self {
+            reason: failed.reason,
+            token_refused: false,
+            down: failed.refused,
         }
     }
 }
@@ -95,18 +130,19 @@ impl<'a> Client<'a> {
         let (mut status, mut body) = self
             .call(pod, hyper::Method::GET, "/config", Bytes::new(), token)
             .await
-            .map_err(Unreached::other)?;
+            .map_err(Unreached::from)?;
         if let (StatusCode::UNAUTHORIZED, Some(previous)) = (status, self.previous_token) {
             token = previous;
             (status, body) = self
                 .call(pod, hyper::Method::GET, "/config", Bytes::new(), token)
                 .await
-                .map_err(Unreached::other)?;
+                .map_err(Unreached::from)?;
         }
         if status != StatusCode::OK {
             return Err(Unreached {
                 reason: refusal("GET /config", status, &body),
                 token_refused: status == StatusCode::UNAUTHORIZED,
+                down: false,
             });
         }
         serde_json::from_slice::<cftunnel_config::api::ConfigState>(&body)
@@ -119,7 +155,7 @@ impl<'a> Client<'a> {
             .call(pod, hyper::Method::PUT, "/config", body, token)
             .await
         {
-            Err(reason) => Put::Failed(reason),
+            Err(failed) => Put::Failed(failed.reason),
             Ok((StatusCode::OK, _)) => Put::Pushed,
             Ok((StatusCode::BAD_REQUEST, answer)) => match refused_rule(&answer, doc) {
                 Some((rule, reason)) => Put::Refused {
@@ -143,7 +179,7 @@ impl<'a> Client<'a> {
         path: &'static str,
         body: Bytes,
         token: &str,
-    ) -> Result<(StatusCode, Bytes), String> {
+    ) -> Result<(StatusCode, Bytes), CallFailed> {
         let span = tracing::info_span!(
             "config.api",
             otel.name = %format_args!("{method} {path}"),
@@ -166,9 +202,9 @@ impl<'a> Client<'a> {
                     span.record("otel.status_code", "error");
                 }
             }
-            Err(reason) => {
+            Err(failed) => {
                 span.record("otel.status_code", "error");
-                span.record("otel.status_description", reason.as_str());
+                span.record("otel.status_description", failed.reason.as_str());
             }
         }
         result
@@ -181,7 +217,7 @@ impl<'a> Client<'a> {
         path: &'static str,
         body: Bytes,
         token: &str,
-    ) -> Result<(StatusCode, Bytes), String> {
+    ) -> Result<(StatusCode, Bytes), CallFailed> {
         // Answers are small JSON objects, but for the document itself.
         let limit = if path == "/config/document" {
             MAX_DOCUMENT
@@ -191,11 +227,14 @@ impl<'a> Client<'a> {
         let exchange = async {
             let stream = tokio::net::TcpStream::connect(pod)
                 .await
-                .map_err(|e| format!("connecting to {pod}: {e}"))?;
+                .map_err(|e| CallFailed {
+                    reason: format!("connecting to {pod}: {e}"),
+                    refused: e.kind() == std::io::ErrorKind::ConnectionRefused,
+                })?;
             let (mut sender, conn) =
                 hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
                     .await
-                    .map_err(|e| format!("{pod}: {e}"))?;
+                    .map_err(|e| CallFailed::from(format!("{pod}: {e}")))?;
             tokio::spawn(conn);
             let req = hyper::Request::builder()
                 .method(method)
@@ -204,22 +243,22 @@ impl<'a> Client<'a> {
                 .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
                 .header(hyper::header::CONTENT_TYPE, "application/json")
                 .body(Full::new(body))
-                .map_err(|e| format!("building the request: {e}"))?;
+                .map_err(|e| CallFailed::from(format!("building the request: {e}")))?;
             let res = sender
                 .send_request(req)
                 .await
-                .map_err(|e| format!("{pod}: {e}"))?;
+                .map_err(|e| CallFailed::from(format!("{pod}: {e}")))?;
             let status = res.status();
             let body = Limited::new(res.into_body(), limit)
                 .collect()
                 .await
-                .map_err(|e| format!("{pod}: reading the answer: {e}"))?
+                .map_err(|e| CallFailed::from(format!("{pod}: reading the answer: {e}")))?
                 .to_bytes();
             Ok((status, body))
         };
         tokio::time::timeout(self.timeout, exchange)
             .await
-            .map_err(|_| format!("{pod}: no answer within {:?}", self.timeout))?
+            .map_err(|_| CallFailed::from(format!("{pod}: no answer within {:?}", self.timeout)))?
     }
 }
 

@@ -92,6 +92,10 @@ pub struct PlaneOutcome {
     /// before the last rotation while it is known): it was started with another, and only a
     /// restart onto the current one brings it back.
     pub token_refused: bool,
+    /// Failed pods whose config port refused the connection: nothing listens there (a pod
+    /// whose container is not running: its image not pulled, crash-looping), so, if it is not
+    /// ready either, it serves nothing, from any config.
+    pub down: Vec<SocketAddr>,
 }
 
 impl PlaneOutcome {
@@ -252,6 +256,7 @@ impl Pusher {
                 repeated: false,
                 stale: false,
                 token_refused: false,
+                down: Vec::new(),
             },
             |(_, outcome)| outcome,
         )
@@ -545,37 +550,66 @@ fn wall_clock_ms() -> i64 {
 /// ready or not (a pod becomes ready only once it has a config), but not terminating (a
 /// draining pod needs no new routes, and counting it would report a rollout as a failure).
 pub fn pod_addresses(slices: &[Arc<EndpointSlice>], port_name: &str) -> Vec<SocketAddr> {
-    let mut out = Vec::new();
-    for slice in slices {
-        let Some(port) = slice
+    let mut out: Vec<SocketAddr> = endpoints(slices, port_name)
+        .map(|(address, _)| address)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Of [`pod_addresses`], those of pods ready (or of unknown readiness, which Kubernetes says to
+/// take as ready).
+pub fn ready_pod_addresses(
+    slices: &[Arc<EndpointSlice>],
+    port_name: &str,
+) -> std::collections::HashSet<SocketAddr> {
+    endpoints(slices, port_name)
+        .filter(|(_, ready)| *ready)
+        .map(|(address, _)| address)
+        .collect()
+}
+
+/// Every address on `port_name` of the slices' endpoints that are not terminating, with
+/// whether the endpoint is ready.
+fn endpoints<'s>(
+    slices: &'s [Arc<EndpointSlice>],
+    port_name: &'s str,
+) -> impl Iterator<Item = (SocketAddr, bool)> + 's {
+    slices.iter().flat_map(move |slice| {
+        let port = slice
             .ports
             .iter()
             .flatten()
             .find(|p| p.name.as_deref() == Some(port_name))
             .and_then(|p| p.port)
-            .and_then(|p| u16::try_from(p).ok())
-        else {
-            continue;
-        };
-        for endpoint in slice.endpoints.iter().flatten() {
-            if endpoint
-                .conditions
-                .as_ref()
-                .and_then(|c| c.terminating)
-                .unwrap_or(false)
-            {
-                continue;
-            }
-            for address in &endpoint.addresses {
-                if let Ok(ip) = address.parse() {
-                    out.push(SocketAddr::new(ip, port));
-                }
-            }
-        }
-    }
-    out.sort();
-    out.dedup();
-    out
+            .and_then(|p| u16::try_from(p).ok());
+        port.into_iter().flat_map(move |port| {
+            slice
+                .endpoints
+                .iter()
+                .flatten()
+                .filter(|endpoint| {
+                    !endpoint
+                        .conditions
+                        .as_ref()
+                        .and_then(|c| c.terminating)
+                        .unwrap_or(false)
+                })
+                .flat_map(move |endpoint| {
+                    let ready = endpoint
+                        .conditions
+                        .as_ref()
+                        .and_then(|c| c.ready)
+                        .unwrap_or(true);
+                    endpoint
+                        .addresses
+                        .iter()
+                        .filter_map(move |a| a.parse().ok())
+                        .map(move |ip| (SocketAddr::new(ip, port), ready))
+                })
+        })
+    })
 }
 
 #[cfg(test)]
@@ -611,5 +645,12 @@ mod tests {
             .map(ToString::to_string)
             .collect();
         assert_eq!(got, ["10.0.0.1:8081", "10.0.0.2:8081", "[fd00::1]:8081"]);
+        // Of those, the ready ones, and those of unknown readiness.
+        let mut ready: Vec<String> = ready_pod_addresses(&slices, "config")
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        ready.sort();
+        assert_eq!(ready, ["10.0.0.1:8081", "[fd00::1]:8081"]);
     }
 }

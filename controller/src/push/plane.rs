@@ -116,7 +116,7 @@ pub(super) async fn sync_plane(
         .filter(|&i| !state.refusals.iter().any(|r| r.rule == rules[i]))
         .collect();
     let mut passes = 0;
-    let (version, pods, previous_needed, token_refused) = loop {
+    let (version, pods, previous_needed, token_refused, down) = loop {
         passes += 1;
         let document = || Config {
             version: 0,
@@ -200,7 +200,13 @@ pub(super) async fn sync_plane(
             })
             .collect();
         if left_out.is_empty() {
-            break (sent.version, pods, sent.previous_needed, sent.token_refused);
+            break (
+                sent.version,
+                pods,
+                sent.previous_needed,
+                sent.token_refused,
+                sent.down,
+            );
         }
         tracing::warn!(
             plane = %round.plane,
@@ -229,6 +235,7 @@ pub(super) async fn sync_plane(
     }
     outcome.refused = refused;
     outcome.token_refused = token_refused;
+    outcome.down = down;
     // Every pod took the current token: the rollout is over, and the one before is
     // forgotten rather than offered to whatever answers at a pod's address later.
     if !previous_needed && outcome.all_current() {
@@ -246,6 +253,8 @@ struct Sent {
     previous_needed: bool,
     /// A pod refused every token the plane has.
     token_refused: bool,
+    /// Pods whose config port refused the connection.
+    down: Vec<SocketAddr>,
 }
 
 /// Pushes the document `document` makes to every pod that lacks it; `version` is raised past
@@ -303,6 +312,11 @@ async fn push_document(
         token_refused: reached
             .iter()
             .any(|(_, r)| matches!(r, Err(u) if u.token_refused)),
+        down: reached
+            .iter()
+            .filter(|(_, r)| matches!(r, Err(u) if u.down))
+            .map(|(pod, _)| *pod)
+            .collect(),
     };
     sent.puts = futures_util::future::join_all(reached.into_iter().map(|(pod, reached)| {
         let push = &push;
@@ -411,6 +425,7 @@ fn finish(
         repeated: false,
         stale: false,
         token_refused: false,
+        down: Vec::new(),
     }
 }
 

@@ -1236,20 +1236,29 @@ impl Reconciler {
                     .get_or_create(&label)
                     .inc_by(failed);
             }
-            if outcome.sustained_failure {
-                let reason = outcome
-                    .pods
-                    .iter()
-                    .find_map(|(pod, o)| match o {
-                        PodOutcome::Failed(r) => Some(format!("{pod}: {r}")),
-                        _ => None,
-                    })
-                    .unwrap_or_default();
-                if self.push_failures.insert(plane.clone(), reason).is_none() {
-                    newly_failed.insert(plane.clone());
+            // A pod that is down (nothing listens on its config port) and not ready serves
+            // nothing, from any config: its failures are the plane's (metrics, logs, the
+            // Gateway's pods), not its routes'. Its routes are served by the other pods.
+            let ready = if outcome.down.is_empty() {
+                HashSet::new()
+            } else {
+                push::ready_pod_addresses(&snapshot.endpoint_slices, CONFIG_PORT_NAME)
+            };
+            let serving_failure = outcome.pods.iter().find_map(|(pod, o)| match o {
+                PodOutcome::Failed(_) if outcome.down.contains(pod) && !ready.contains(pod) => None,
+                PodOutcome::Failed(r) => Some(format!("{pod}: {r}")),
+                _ => None,
+            });
+            match serving_failure {
+                Some(reason) if outcome.sustained_failure => {
+                    if self.push_failures.insert(plane.clone(), reason).is_none() {
+                        newly_failed.insert(plane.clone());
+                    }
                 }
-            } else if outcome.all_current() {
-                self.push_failures.remove(plane);
+                None => {
+                    self.push_failures.remove(plane);
+                }
+                Some(_) => {}
             }
         }
         self.roll_pool_refusing_token(&outcomes, &planes, pool)
