@@ -542,11 +542,11 @@ fn post(d: SocketAddr, path: &str, body: &'static [u8]) -> Request<Full<Bytes>> 
 }
 
 /// A backend that completes the HTTP/2 handshake and then goes silent, without closing (a node
-/// gone without a reset, a partition), on a connection whose request is still waiting with no
-/// bound of its own: once requests have waited 5 s there with nothing at all read, it takes no
-/// more, and the next request goes out on a new connection and is answered.
+/// gone without a reset, a partition): once a request there is given up (here its client, at
+/// 6 s) after 5 s with nothing at all read, the connection takes no more, and the next request
+/// goes out on a new connection and is answered.
 #[tokio::test]
-async fn a_connection_gone_silent_under_a_waiting_request_takes_no_more_after_5_s() {
+async fn a_connection_gone_silent_takes_no_more_once_a_request_there_is_given_up() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let connections = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&connections);
@@ -568,7 +568,7 @@ async fn a_connection_gone_silent_under_a_waiting_request_takes_no_more_after_5_
         .await;
         let proxy = proxy_with(cftunnel_proxy::ServerOptions {
             auth_token: Some(TOKEN.into()),
-            // No bound on the wait for an answer but the silence.
+            // No bound on the wait for an answer but the client's.
             backend_header_timeout: Duration::from_secs(600),
             ..Default::default()
         })
@@ -580,13 +580,18 @@ async fn a_connection_gone_silent_under_a_waiting_request_takes_no_more_after_5_
         let started = Instant::now();
         let hanging = tokio::spawn({
             let http = http.clone();
-            async move { http.request(request(&format!("http://{d}/hang"))).await }
+            let request = http.request(request(&format!("http://{d}/hang")));
+            async move { tokio::time::timeout(Duration::from_secs(6), request).await }
         });
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(connections.load(Ordering::SeqCst), 1);
         assert!(!hanging.is_finished(), "the first request waits");
+        assert!(
+            hanging.await.expect("task").is_err(),
+            "its client gives up at 6 s"
+        );
 
-        // Past 5 s of silence (found within a tick, a second, of them): a new connection.
+        // Found within a tick (a second) of the request given up: a new connection.
         tokio::time::sleep_until((started + Duration::from_secs(7)).into()).await;
         let r = tokio::time::timeout(
             Duration::from_secs(5),
@@ -597,8 +602,58 @@ async fn a_connection_gone_silent_under_a_waiting_request_takes_no_more_after_5_
         assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
         assert_eq!(connections.load(Ordering::SeqCst), 2, "one new connection");
         assert_eq!(seen.lock().expect("lock").len(), 1);
-        assert!(!hanging.is_finished(), "the first request still waits");
-        hanging.abort();
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// A backend that answers one request only after 10 s, saying nothing meanwhile (a gRPC watch
+/// that sends its head with its first message, a long poll), keeps its connection: requests
+/// sent while that one waits share it, and it is answered.
+#[tokio::test]
+async fn a_request_answered_late_keeps_its_connection_in_use() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&connections);
+        let backend = scripted_backend(move |conn| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                if req.uri().path() == "/late" {
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                }
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+            });
+            async move {
+                let _ =
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(conn), service)
+                        .await;
+            }
+        })
+        .await;
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            backend_header_timeout: Duration::from_secs(600),
+            ..Default::default()
+        })
+        .await;
+        let http = client();
+        route_to(&proxy, &http, backend).await;
+        let d = proxy.data_addr();
+
+        let started = Instant::now();
+        let late = tokio::spawn({
+            let http = http.clone();
+            async move { send(&http, request(&format!("http://{d}/late"))).await }
+        });
+        // Well past 5 s of quiet on the connection, another request goes out on it.
+        tokio::time::sleep_until((started + Duration::from_secs(8)).into()).await;
+        let r = send(&http, request(&format!("http://{d}/quick"))).await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        assert_eq!(connections.load(Ordering::SeqCst), 1, "the same connection");
+        let r = late.await.expect("task");
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        assert_eq!(connections.load(Ordering::SeqCst), 1);
     })
     .await
     .expect("test finished in time");

@@ -31,13 +31,13 @@
 //! data) sooner than 5 minutes apart, or, with no stream open, sooner than 2 hours apart. hyper also
 //! pings once just ahead of a request sent on a connection that has read nothing for the
 //! interval: one early ping, forgiven as that request is answered. A backend that vanished
-//! without a reset is found sooner by its requests: once they have waited 5 s
+//! without a reset is found sooner by its requests: once one is given up after they waited 5 s
 //! ([`SILENT_AFTER`]) for their answers while nothing at all was read from the connection, it
-//! takes no more requests (they still wait), and the next request dials another (TCP's
+//! takes no more requests (the others still wait), and the next request dials another (TCP's
 //! keep-alive probes nothing while requests are unacknowledged). The connection's own task
-//! finds that out, with one timer armed only while requests wait (see [`Silence`]). A request
-//! whose answer is late on an otherwise quiet connection (a long poll, a gRPC watch that sends
-//! its head with its first message) costs one dial that way.
+//! finds that out, with one timer armed only while requests wait (see [`Silence`]). Waiting
+//! alone retires no connection: a long poll, or a gRPC watch that sends its head with its
+//! first message, keeps its connection and shares it.
 //!
 //! A request the backend did not process, by its own word (its stream refused, or left out by
 //! a GOAWAY), is sent once more, whatever its method, when its body is held whole: that costs
@@ -105,8 +105,9 @@ pub(super) struct Settings {
     pub(super) idle_timeout: Duration,
 }
 
-/// How long a request may wait for its answer, with nothing at all answered on its connection
-/// meanwhile, before the connection takes no more requests (or the ping timeout, if shorter):
+/// How long requests may wait for their answers, with nothing at all read from their
+/// connection meanwhile, before one given up takes the connection out of use (or the ping
+/// timeout, if shorter):
 /// short enough that a rule's own backend timeout, however short, seldom ends the wait first;
 /// a connection wrongly taken out of use costs one dial.
 const SILENT_AFTER: Duration = Duration::from_secs(5);
@@ -186,10 +187,16 @@ struct Shared {
     answered: AtomicU64,
     /// Requests sent and waiting for their response heads.
     awaiting: AtomicUsize,
+    /// Requests given up while waiting for their heads (their timeout, or their client gone).
+    abandoned: AtomicU64,
+    /// Requests have waited [`SILENT_AFTER`] with nothing read from the connection meanwhile:
+    /// one given up now marks it silent at once. Set by the connection's task (see
+    /// [`Silence`]), cleared by any read.
+    hushed: AtomicBool,
     /// Reads from the connection that returned bytes, of any frame.
     reads: AtomicU64,
-    /// Requests waited [`SILENT_AFTER`] for their answers and nothing at all was read from the
-    /// connection meanwhile: the backend has gone silent (a node gone without a reset, a
+    /// A request was given up after requests waited [`SILENT_AFTER`] for their answers with
+    /// nothing at all read from the connection meanwhile: the backend has gone silent (a node gone without a reset, a
     /// partition), and the connection takes no more requests. Pings alone would find it only
     /// after their interval, minutes, and TCP's keep-alive never does while requests are
     /// unacknowledged. Set by the connection's task (see [`Silence`]).
@@ -278,17 +285,19 @@ async fn drive(
     .await
 }
 
-/// Whether requests on a connection waited `after` for their answers while nothing at all was
-/// read from it: then the connection is marked silent. Looked at by the connection's own task,
-/// which each request sent wakes anyway, with one timer that ticks only while requests wait,
-/// every fifth of `after`: nothing per request, and a request answered in time leaves at
-/// most one tick behind. The quiet is counted from a tick (or the first request seen waiting),
+/// Whether a request on a connection was given up after requests waited `after` for their
+/// answers while nothing at all was read from it: then the connection is marked silent.
+/// Waiting alone is not enough: a healthy backend may be quiet that long (a gRPC watch that
+/// sends its head with its first message, a long poll), and retiring its connection would
+/// open one per such request. Looked at by the connection's own task, which each request sent
+/// wakes anyway, with one timer that ticks only while requests wait, every fifth of `after`:
+/// nothing per request. The quiet is counted from a tick (or the first request seen waiting),
 /// never from before, so it is never overstated; found at most a tick late.
 struct Silence {
     after: Duration,
-    /// The reads counted when the connection was last seen quiet from, and since when; `None`
-    /// while no request was seen waiting.
-    quiet: Option<(u64, Instant)>,
+    /// The reads and the requests given up counted when the connection was last seen quiet
+    /// from, and since when; `None` while no request was seen waiting.
+    quiet: Option<(u64, u64, Instant)>,
 }
 
 impl Silence {
@@ -304,27 +313,42 @@ impl Silence {
                         return;
                     }
                     let now = Instant::now();
-                    self.quiet = Some((shared.reads.load(Ordering::Relaxed), now));
+                    self.quiet = Some((
+                        shared.reads.load(Ordering::Relaxed),
+                        shared.abandoned.load(Ordering::Relaxed),
+                        now,
+                    ));
                     tick.as_mut().reset(now + every);
                 }
-                Some((reads, since)) => {
+                Some((reads, abandoned, since)) => {
                     if tick.as_mut().poll(cx).is_pending() {
-                        return;
-                    }
-                    if shared.awaiting.load(Ordering::Relaxed) == 0 {
-                        self.quiet = None;
                         return;
                     }
                     let now = Instant::now();
                     let read = shared.reads.load(Ordering::Relaxed);
+                    let given_up = shared.abandoned.load(Ordering::Relaxed);
+                    let waiting = shared.awaiting.load(Ordering::Relaxed) > 0;
                     if read != reads {
-                        self.quiet = Some((read, now));
+                        if !waiting {
+                            self.quiet = None;
+                            return;
+                        }
+                        self.quiet = Some((read, given_up, now));
+                    } else if now.duration_since(since) >= self.after && given_up == abandoned {
+                        shared.hushed.store(true, Ordering::Relaxed);
+                        if !waiting {
+                            self.quiet = None;
+                            return;
+                        }
                     } else if now.duration_since(since) >= self.after {
                         tracing::debug!(
                             quiet = ?now.duration_since(since),
                             "HTTP/2 backend connection silent: it takes no more requests"
                         );
                         shared.silent.store(true, Ordering::Relaxed);
+                        return;
+                    } else if !waiting {
+                        self.quiet = None;
                         return;
                     }
                     tick.as_mut().reset(now + every);
@@ -353,6 +377,9 @@ impl AsyncRead for Watched {
         let read = Pin::new(&mut this.io).poll_read(cx, buf);
         if buf.filled().len() != before {
             this.shared.reads.fetch_add(1, Ordering::Relaxed);
+            if this.shared.hushed.load(Ordering::Relaxed) {
+                this.shared.hushed.store(false, Ordering::Relaxed);
+            }
         }
         read
     }
@@ -414,18 +441,36 @@ impl Drop for OpenStream {
 /// A request waiting for its answer, counted in [`Shared::awaiting`] until its head comes, it
 /// fails, or it is given up (its timeout, or its client gone). Counted before it is sent, so
 /// the connection's task, woken to send it, sees it waiting.
-struct Awaiting<'a>(&'a Shared);
+struct Awaiting<'a> {
+    shared: &'a Shared,
+    settled: bool,
+}
 
 impl<'a> Awaiting<'a> {
     fn on(shared: &'a Shared) -> Self {
         shared.awaiting.fetch_add(1, Ordering::Relaxed);
-        Self(shared)
+        Self {
+            shared,
+            settled: false,
+        }
+    }
+
+    /// Its head came, or it failed: not given up.
+    fn settle(mut self) {
+        self.settled = true;
     }
 }
 
 impl Drop for Awaiting<'_> {
     fn drop(&mut self) {
-        self.0.awaiting.fetch_sub(1, Ordering::Relaxed);
+        self.shared.awaiting.fetch_sub(1, Ordering::Relaxed);
+        if !self.settled {
+            self.shared.abandoned.fetch_add(1, Ordering::Relaxed);
+            // Given up after the quiet was found: the next request must not land here.
+            if self.shared.hushed.load(Ordering::Relaxed) {
+                self.shared.silent.store(true, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -731,7 +776,7 @@ impl H2Channel {
         let shared = &*stream.0.shared;
         let awaiting = Awaiting::on(shared);
         let sent = sender.try_send_request(req).await;
-        drop(awaiting);
+        awaiting.settle();
         match sent {
             Ok(resp) => {
                 shared.answered.fetch_add(1, Ordering::Relaxed);
