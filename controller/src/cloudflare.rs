@@ -908,10 +908,10 @@ impl TunnelSync {
         served: impl Fn(&Uuid) -> bool,
     ) {
         let asked: HashSet<WriterKey> = writers.into_iter().map(writer_key).collect();
+        let tunnels: HashSet<Uuid> = asked.iter().map(|(tunnel, _)| *tunnel).collect();
         self.landed.retain(|t, _| served(t));
         self.written.retain(|key, _| asked.contains(key));
-        self.verified
-            .retain(|t, _| asked.iter().any(|(tunnel, _)| tunnel == t));
+        self.verified.retain(|t, _| tunnels.contains(t));
         self.failed.retain(|key| asked.contains(key));
     }
 }

@@ -384,6 +384,41 @@ async fn pods_of_a_plane_end_on_one_version_past_one_found_ahead() {
     ahead.shutdown().await;
 }
 
+/// Two pods an earlier controller left at consecutive versions with its own documents: the
+/// one found first raises the version to just past it, which the other already holds with a
+/// document that is not ours. That one is not taken for current: both end on one version
+/// past both, with this controller's document.
+#[tokio::test]
+async fn a_pod_at_the_version_raised_to_is_not_taken_for_current() {
+    let backend = echo().await;
+    let (first, second) = (proxy().await, proxy().await);
+    let doc = config(backend.http_addr(), "app.example.com");
+    let far = i64::from(i32::MAX) * 1_000_000;
+    for (pod, version) in [(&first, far), (&second, far + 1)] {
+        let mut earlier = config(backend.http_addr(), "old.example.com");
+        earlier.version = version;
+        pod.apply(earlier).await.expect("applied");
+    }
+    let mut pusher = Pusher::default();
+    let outcome = pusher
+        .sync(
+            &plane(),
+            &doc,
+            TOKEN,
+            &[
+                first.admin_addr(),
+                slow_to_answer(second.admin_addr()).await,
+            ],
+        )
+        .await;
+    assert_eq!(outcome.version, far + 2, "{outcome:?}");
+    assert_eq!(held(&first).await, far + 2);
+    assert_eq!(held(&second).await, far + 2);
+    assert!(outcome.all_current(), "{outcome:?}");
+    first.shutdown().await;
+    second.shutdown().await;
+}
+
 /// An address that forwards each connection to `to` a fifth of a second after taking it.
 async fn slow_to_answer(to: SocketAddr) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -171,14 +171,16 @@ impl Proxy {
         let routes = self.shared.routes.load_full();
         let (parts, body) = req.into_parts();
         let grpc = is_grpc(&parts.headers);
-        // Trailers reach a client over HTTP/2, and one that asks for them (`TE: trailers`, as
-        // every gRPC client does, through the tunnel too); to others a cut body must show as one.
+        // Trailers reach a client over HTTP/2, and through the tunnel one that asks for them
+        // (`TE: trailers`, as every gRPC client does). Over HTTP/1.1 hyper writes only trailers
+        // a `Trailer` header announced, and a cut body must show as one, so those are cut.
         let trailers_at_deadline = grpc
             && (parts.version == http::Version::HTTP_2
-                || parts
-                    .headers
-                    .get(http::header::TE)
-                    .is_some_and(|te| te.as_bytes().eq_ignore_ascii_case(b"trailers")));
+                || (conn.trusted_forwarding
+                    && parts
+                        .headers
+                        .get(http::header::TE)
+                        .is_some_and(|te| te.as_bytes().eq_ignore_ascii_case(b"trailers"))));
         let head = parts.method == http::Method::HEAD;
         let mut completion = Completion::start(&self.shared.recorder, &parts, &conn, start);
         let mut cors = CorsAnswer::default();

@@ -271,7 +271,8 @@ async fn push_document(
     document: impl FnOnce() -> Config,
     pods: &[SocketAddr],
 ) -> Sent {
-    let raised = AtomicI64::new(*version);
+    let ours = *version;
+    let raised = AtomicI64::new(ours);
     let bodies = Mutex::new(Bodies {
         make: Some(document),
         document: None,
@@ -286,9 +287,11 @@ async fn push_document(
                 Ok(observed) => observed,
                 Err(unreached) => return (pod, Err(unreached)),
             };
-            // A pod ahead of us holds a push from an earlier controller: go past it.
+            // A pod ahead of us holds a push from an earlier controller: go past it. So does
+            // one at a version raised to past another's: that version is not ours either.
             // (No await between the load and the store: the pods' futures take turns.)
-            if held > raised.load(Ordering::SeqCst) {
+            let at = raised.load(Ordering::SeqCst);
+            if held > at || (held == at && at != ours) {
                 raised.store(held.saturating_add(1), Ordering::SeqCst);
             }
             let at = raised.load(Ordering::SeqCst);

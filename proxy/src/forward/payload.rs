@@ -149,7 +149,7 @@ struct Buffer {
     one: Bytes,
     /// Every chunk, once there has been more than one.
     many: BytesMut,
-    /// The body's length, when it is known: the size `many` is given at once.
+    /// The body's length, when it is known: `many` never grows past it.
     known: Option<u64>,
 }
 
@@ -175,9 +175,12 @@ impl Buffer {
                 self.one = data;
                 return;
             }
+            // Room for twice what came so far, up to the stated length: memory follows the
+            // bytes received, not the length a client states and may trickle towards.
             let first = std::mem::take(&mut self.one);
-            let size = self.known.map_or(0, |n| n as usize);
-            self.many.reserve(size.max(first.len() + data.len()));
+            let so_far = first.len() + data.len();
+            let size = self.known.map_or(so_far, |n| (n as usize).min(2 * so_far));
+            self.many.reserve(size.max(so_far));
             self.many.extend_from_slice(&first);
         }
         self.many.extend_from_slice(&data);
@@ -298,6 +301,18 @@ mod tests {
         let unknown = chunked(vec![Frame::data(body.clone())]);
         let streamed = Payload::read(unknown, false, true).await.expect("readable");
         assert!(streamed.replayable().is_none(), "unknown length: streamed");
+    }
+
+    /// A stated length is not taken at its word: what is held follows the bytes that came, so
+    /// a client stating 64 KiB and trickling a byte at a time holds little.
+    #[test]
+    fn a_stated_length_is_not_reserved_before_its_bytes_come() {
+        let mut held = Buffer::new(Some(MAX_REPLAY_BODY));
+        for byte in [b"a", b"b", b"c"] {
+            held.push(Bytes::from_static(byte));
+        }
+        assert_eq!(held.len(), 3);
+        assert!(held.many.capacity() < 1024, "{}", held.many.capacity());
     }
 
     #[tokio::test]
