@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use cftunnel_config::{Backend, Config, Rule};
-use cftunnel_controller::push::{PodOutcome, Pusher};
+use cftunnel_controller::push::{PlaneRound, PodOutcome, Pusher};
 use cftunnel_controller::translate::{ObjectKey, PlaneKey};
 use cftunnel_proxy::{Server, ServerOptions};
 use cftunnel_testkit::echo::EchoServer;
@@ -235,7 +235,6 @@ async fn failures_name_the_pod_and_count_as_sustained_only_when_repeated() {
 
 #[tokio::test]
 async fn a_plane_whose_pod_hangs_does_not_hold_up_the_others() {
-    use cftunnel_controller::push::PlaneRound;
     let backend = echo().await;
     let healthy = proxy().await;
     // Accepts connections and never answers.
@@ -266,12 +265,14 @@ async fn a_plane_whose_pod_hangs_does_not_hold_up_the_others() {
                         config: &doc,
                         token: TOKEN,
                         pods: &stuck_pods,
+                        not_serving: &[],
                     },
                     PlaneRound {
                         plane,
                         config: &doc,
                         token: TOKEN,
                         pods: &healthy_pods,
+                        not_serving: &[],
                     },
                 ])
                 .await;
@@ -419,6 +420,47 @@ async fn a_pod_at_the_version_raised_to_is_not_taken_for_current() {
     second.shutdown().await;
 }
 
+/// A pod that serves nothing (its config port refuses connections, and it is not serving)
+/// fails every round, counted, but makes no failure sustained: a failure of a serving pod is
+/// sustained only after its own rounds, as ever.
+#[tokio::test]
+async fn a_pod_that_serves_nothing_makes_no_failure_sustained() {
+    let backend = echo().await;
+    let good = proxy().await;
+    let gone = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+        l.local_addr().expect("addr")
+    };
+    let doc = config(backend.http_addr(), "app.example.com");
+    let mut pusher = Pusher::new(Duration::from_secs(2), 2);
+    let pods = [good.admin_addr(), gone];
+    for _ in 0..4 {
+        let outcomes = pusher
+            .sync_all(vec![PlaneRound {
+                plane: plane(),
+                config: &doc,
+                token: TOKEN,
+                pods: &pods,
+                not_serving: &[gone],
+            }])
+            .await;
+        let outcome = &outcomes[0].1;
+        assert!(
+            matches!(outcome.pods[1].1, PodOutcome::Failed(_)),
+            "{outcome:?}"
+        );
+        assert_eq!(outcome.idle, [gone]);
+        assert!(!outcome.sustained_failure, "{outcome:?}");
+    }
+    // Serving, the same pod's failures are sustained after their rounds.
+    let outcome = pusher.sync(&plane(), &doc, TOKEN, &pods).await;
+    assert!(outcome.idle.is_empty());
+    assert!(!outcome.sustained_failure, "one round");
+    let outcome = pusher.sync(&plane(), &doc, TOKEN, &pods).await;
+    assert!(outcome.sustained_failure, "two rounds");
+    good.shutdown().await;
+}
+
 /// An address that forwards each connection to `to` a fifth of a second after taking it.
 async fn slow_to_answer(to: SocketAddr) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -463,7 +505,6 @@ async fn never_answers() -> (SocketAddr, std::sync::Arc<std::sync::atomic::Atomi
 /// as stale once the plane's document has changed.
 #[tokio::test]
 async fn a_stuck_push_goes_on_without_the_round_and_is_reported_by_a_later_one() {
-    use cftunnel_controller::push::PlaneRound;
     let backend = echo().await;
     let healthy = proxy().await;
     let (stuck_pod, dialed) = never_answers().await;
@@ -480,12 +521,14 @@ async fn a_stuck_push_goes_on_without_the_round_and_is_reported_by_a_later_one()
                 config: stuck_doc,
                 token: TOKEN,
                 pods: &stuck_pods,
+                not_serving: &[],
             },
             PlaneRound {
                 plane: plane(),
                 config: &doc,
                 token: TOKEN,
                 pods: &healthy_pods,
+                not_serving: &[],
             },
         ]
     };
@@ -544,7 +587,6 @@ async fn a_stuck_push_goes_on_without_the_round_and_is_reported_by_a_later_one()
 /// and the later one in the round after, so neither a failure nor a duration goes uncounted.
 #[tokio::test]
 async fn a_slow_push_is_reported_though_a_quicker_one_follows_it() {
-    use cftunnel_controller::push::PlaneRound;
     let backend = echo().await;
     let healthy = proxy().await;
     let (stuck_pod, _) = never_answers().await;
@@ -558,6 +600,7 @@ async fn a_slow_push_is_reported_though_a_quicker_one_follows_it() {
             config: &doc,
             token: TOKEN,
             pods,
+            not_serving: &[],
         }]
     };
     let stuck = [stuck_pod];

@@ -668,9 +668,11 @@ async fn scenario() {
     // A second pod that is down (nothing listens on its config port: its image not pulled,
     // crash-looping) and not ready serves nothing: the plane's pushes to it fail and are
     // counted, but its routes are served by the other pod and say nothing of it.
+    // As the plane's Service (publishing not-ready addresses) lists it: `ready`, not serving.
     let down = {
-        let mut slice = config_slice("tenant-a", "cf-proxy-edge-config", closed, false);
+        let mut slice = config_slice("tenant-a", "cf-proxy-edge-config", closed, true);
         slice["metadata"]["name"] = json!("cf-proxy-edge-config-down");
+        slice["endpoints"][0]["conditions"]["serving"] = json!(false);
         slice
     };
     let failures = || async {
@@ -702,7 +704,7 @@ async fn scenario() {
     );
     // Ready, the same pod may serve an older config: the route says its config is not taken.
     let mut ready = down;
-    ready["endpoints"][0]["conditions"]["ready"] = json!(true);
+    ready["endpoints"][0]["conditions"]["serving"] = json!(true);
     api.put(ready);
     let failed = eventually("ProxyConfigPushed=False for a ready pod", || {
         route_condition(&api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)

@@ -196,13 +196,20 @@ impl Upstream {
                 public_only.clone(),
             )
         });
+        // An h2c backend's connections, HTTP/2 and HTTP/1.1 for upgrades, count against one
+        // limit.
+        let h2c_permits = Arc::new(tokio::sync::Semaphore::new(
+            options
+                .max_connections
+                .clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
+        ));
         let h2c_upgrades = (h2 && target.websocket).then(|| {
             let connector = Connector::new(host, port, None, CONNECT_TIMEOUT, public_only.clone());
-            pool::H1Pool::new(
+            pool::H1Pool::sharing(
                 connector,
                 POOL_MAX_IDLE,
                 POOL_IDLE_TIMEOUT,
-                options.max_connections,
+                Arc::clone(&h2c_permits),
                 None,
             )
         });
@@ -222,11 +229,7 @@ impl Upstream {
                     scheme,
                     authority.clone(),
                     options.http2(),
-                    Arc::new(tokio::sync::Semaphore::new(
-                        options
-                            .max_connections
-                            .clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
-                    )),
+                    h2c_permits,
                 )),
                 h2c_upgrades,
             )

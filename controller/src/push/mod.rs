@@ -92,10 +92,11 @@ pub struct PlaneOutcome {
     /// before the last rotation while it is known): it was started with another, and only a
     /// restart onto the current one brings it back.
     pub token_refused: bool,
-    /// Failed pods whose config port refused the connection: nothing listens there (a pod
-    /// whose container is not running: its image not pulled, crash-looping), so, if it is not
-    /// ready either, it serves nothing, from any config.
-    pub down: Vec<SocketAddr>,
+    /// Failed pods that serve nothing, from any config: their config port refused the
+    /// connection (nothing listens there: a container not running, its image not pulled or
+    /// crash-looping) and they are not serving. Their failures are the plane's (counted,
+    /// logged), not its routes': they make no failure sustained.
+    pub idle: Vec<SocketAddr>,
 }
 
 impl PlaneOutcome {
@@ -243,6 +244,7 @@ impl Pusher {
             config,
             token,
             pods,
+            not_serving: &[],
         };
         let mut outcomes = self.sync_all(vec![round]).await;
         outcomes.pop().map_or_else(
@@ -256,7 +258,7 @@ impl Pusher {
                 repeated: false,
                 stale: false,
                 token_refused: false,
-                down: Vec::new(),
+                idle: Vec::new(),
             },
             |(_, outcome)| outcome,
         )
@@ -298,6 +300,7 @@ impl Pusher {
                 config,
                 token: round.token.to_owned(),
                 pods: round.pods.to_vec(),
+                not_serving: round.not_serving.to_vec(),
             };
             // Made here, so it is a child of the caller's span.
             let span = tracing::info_span!(
@@ -494,6 +497,8 @@ pub struct PlaneRound<'a> {
     pub config: &'a Config,
     pub token: &'a str,
     pub pods: &'a [SocketAddr],
+    /// Of `pods`, those not serving (see [`not_serving_addresses`]).
+    pub not_serving: &'a [SocketAddr],
 }
 
 /// A [`PlaneRound`] its task owns.
@@ -502,6 +507,7 @@ struct OwnedRound {
     config: Arc<Config>,
     token: String,
     pods: Vec<SocketAddr>,
+    not_serving: Vec<SocketAddr>,
 }
 
 /// The settings a push's task runs with.
@@ -558,20 +564,21 @@ pub fn pod_addresses(slices: &[Arc<EndpointSlice>], port_name: &str) -> Vec<Sock
     out
 }
 
-/// Of [`pod_addresses`], those of pods ready (or of unknown readiness, which Kubernetes says to
-/// take as ready).
-pub fn ready_pod_addresses(
-    slices: &[Arc<EndpointSlice>],
-    port_name: &str,
-) -> std::collections::HashSet<SocketAddr> {
-    endpoints(slices, port_name)
-        .filter(|(_, ready)| *ready)
+/// Of [`pod_addresses`], those of pods not serving: not ready, whatever `ready` says (a
+/// Service that publishes not-ready addresses, as the planes' do, has every endpoint `ready`;
+/// `serving` is the pod's own readiness). Unknown counts as serving.
+pub fn not_serving_addresses(slices: &[Arc<EndpointSlice>], port_name: &str) -> Vec<SocketAddr> {
+    let mut out: Vec<SocketAddr> = endpoints(slices, port_name)
+        .filter(|(_, serving)| !*serving)
         .map(|(address, _)| address)
-        .collect()
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// Every address on `port_name` of the slices' endpoints that are not terminating, with
-/// whether the endpoint is ready.
+/// whether the endpoint is serving (`serving`, else `ready`, else taken as serving).
 fn endpoints<'s>(
     slices: &'s [Arc<EndpointSlice>],
     port_name: &'s str,
@@ -597,16 +604,16 @@ fn endpoints<'s>(
                         .unwrap_or(false)
                 })
                 .flat_map(move |endpoint| {
-                    let ready = endpoint
+                    let serving = endpoint
                         .conditions
                         .as_ref()
-                        .and_then(|c| c.ready)
+                        .and_then(|c| c.serving.or(c.ready))
                         .unwrap_or(true);
                     endpoint
                         .addresses
                         .iter()
                         .filter_map(move |a| a.parse().ok())
-                        .map(move |ip| (SocketAddr::new(ip, port), ready))
+                        .map(move |ip| (SocketAddr::new(ip, port), serving))
                 })
         })
     })
@@ -627,6 +634,8 @@ mod tests {
   - {addresses: [10.0.0.1], conditions: {ready: true}}
   - {addresses: [10.0.0.2], conditions: {ready: false}}
   - {addresses: [10.0.0.3], conditions: {ready: false, terminating: true}}
+  - {addresses: [10.0.0.4], conditions: {ready: true, serving: false}}
+  - {addresses: [10.0.0.5], conditions: {ready: true, serving: true}}
   - {addresses: [not-an-ip]}
 - metadata: {name: b}
   addressType: IPv6
@@ -644,13 +653,22 @@ mod tests {
             .iter()
             .map(ToString::to_string)
             .collect();
-        assert_eq!(got, ["10.0.0.1:8081", "10.0.0.2:8081", "[fd00::1]:8081"]);
-        // Of those, the ready ones, and those of unknown readiness.
-        let mut ready: Vec<String> = ready_pod_addresses(&slices, "config")
+        assert_eq!(
+            got,
+            [
+                "10.0.0.1:8081",
+                "10.0.0.2:8081",
+                "10.0.0.4:8081",
+                "10.0.0.5:8081",
+                "[fd00::1]:8081"
+            ]
+        );
+        // Of those, the ones not serving: by `serving` where it is given (a Service publishing
+        // not-ready addresses has every endpoint `ready`), else `ready`.
+        let not_serving: Vec<String> = not_serving_addresses(&slices, "config")
             .iter()
             .map(ToString::to_string)
             .collect();
-        ready.sort();
-        assert_eq!(ready, ["10.0.0.1:8081", "[fd00::1]:8081"]);
+        assert_eq!(not_serving, ["10.0.0.2:8081", "10.0.0.4:8081"]);
     }
 }

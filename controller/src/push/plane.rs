@@ -229,13 +229,17 @@ pub(super) async fn sync_plane(
         })
         .collect();
     let pushed = pods.iter().any(|(_, o)| *o == PodOutcome::Pushed);
-    let mut outcome = finish(&mut state, sustained, version, pods);
+    let idle: Vec<SocketAddr> = down
+        .into_iter()
+        .filter(|pod| round.not_serving.contains(pod))
+        .collect();
+    let mut outcome = finish(&mut state, sustained, version, pods, &idle);
     if outcome.all_current() && (pushed || state.accepted.is_empty()) {
         state.accepted = kept.iter().map(|&i| rule_key(&rules[i])).collect();
     }
     outcome.refused = refused;
     outcome.token_refused = token_refused;
-    outcome.down = down;
+    outcome.idle = idle;
     // Every pod took the current token: the rollout is over, and the one before is
     // forgotten rather than offered to whatever answers at a pod's address later.
     if !previous_needed && outcome.all_current() {
@@ -404,8 +408,12 @@ fn finish(
     sustained: Sustained,
     version: i64,
     pods: Vec<(SocketAddr, PodOutcome)>,
+    idle: &[SocketAddr],
 ) -> PlaneOutcome {
-    let failed = pods.iter().any(|(_, o)| matches!(o, PodOutcome::Failed(_)));
+    // A pod that serves nothing makes no failure sustained (see `PlaneOutcome::idle`).
+    let failed = pods
+        .iter()
+        .any(|(pod, o)| matches!(o, PodOutcome::Failed(_)) && !idle.contains(pod));
     if failed {
         state.failed_rounds = state.failed_rounds.saturating_add(1);
         state
@@ -428,7 +436,7 @@ fn finish(
         repeated: false,
         stale: false,
         token_refused: false,
-        down: Vec::new(),
+        idle: Vec::new(),
     }
 }
 

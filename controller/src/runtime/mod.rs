@@ -711,6 +711,8 @@ struct PlaneInfo {
     ready: bool,
     token: String,
     pods: Vec<std::net::SocketAddr>,
+    /// Of `pods`, those not serving.
+    not_serving: Vec<std::net::SocketAddr>,
     /// The Service whose EndpointSlices list `pods`.
     service: ObjectKey,
     /// Where its tunnel's ingress document goes; `None` when no API token is configured for it,
@@ -1077,13 +1079,15 @@ impl Reconciler {
             });
             let config = on_tunnel.unwrap_or(&last.config).clone();
             output.configs.insert(plane.clone(), config);
+            let (pods, not_serving) = plane_pods(snapshot, &key.namespace, &last.service);
             planes.insert(
                 plane,
                 PlaneInfo {
                     address: String::new(),
                     ready: false,
                     token: last.token.clone(),
-                    pods: plane_pods(snapshot, &key.namespace, &last.service),
+                    pods,
+                    not_serving,
                     service: ObjectKey::new(&key.namespace, &last.service),
                     // Nothing changed for its tunnel: its document stays as last written.
                     tunnel: None,
@@ -1115,6 +1119,7 @@ impl Reconciler {
                     config,
                     token: &info.token,
                     pods: &info.pods,
+                    not_serving: &info.not_serving,
                 })
             })
             .collect();
@@ -1236,16 +1241,10 @@ impl Reconciler {
                     .get_or_create(&label)
                     .inc_by(failed);
             }
-            // A pod that is down (nothing listens on its config port) and not ready serves
-            // nothing, from any config: its failures are the plane's (metrics, logs, the
-            // Gateway's pods), not its routes'. Its routes are served by the other pods.
-            let ready = if outcome.down.is_empty() {
-                HashSet::new()
-            } else {
-                push::ready_pod_addresses(&snapshot.endpoint_slices, CONFIG_PORT_NAME)
-            };
+            // A pod that serves nothing (see `PlaneOutcome::idle`) fails the plane (metrics,
+            // logs), not its routes, which the other pods serve.
             let serving_failure = outcome.pods.iter().find_map(|(pod, o)| match o {
-                PodOutcome::Failed(_) if outcome.down.contains(pod) && !ready.contains(pod) => None,
+                PodOutcome::Failed(_) if outcome.idle.contains(pod) => None,
                 PodOutcome::Failed(r) => Some(format!("{pod}: {r}")),
                 _ => None,
             });
@@ -1395,7 +1394,7 @@ impl Reconciler {
                     proof: proof.to_owned(),
                 })
             });
-        let pods = plane_pods(snapshot, &key.namespace, &names.service);
+        let (pods, _) = plane_pods(snapshot, &key.namespace, &names.service);
         let timeout = self.options.push_timeout;
         let plane = key.clone();
         self.read_backs.start(key.clone(), Vec::new(), async move {
@@ -1553,11 +1552,13 @@ impl Reconciler {
             Ok(None) => None,
             Err(reason) => Some(Err(reason)),
         };
+        let (pods, not_serving) = plane_pods(snapshot, &key.namespace, &names.service);
         Some(PlaneInfo {
             address,
             ready,
             token: credentials.auth_token,
-            pods: plane_pods(snapshot, &key.namespace, &names.service),
+            pods,
+            not_serving,
             service: ObjectKey::new(&key.namespace, &names.service),
             identity: Some(TunnelIdentity::of(&credentials.tunnel)),
             tunnel,
@@ -2233,15 +2234,23 @@ fn rendered_digest(plane: &render::DataPlane) -> Vec<u8> {
         .to_vec()
 }
 
-/// The config-API addresses of the pods behind a plane's Service `namespace/service`.
-fn plane_pods(snapshot: &Snapshot, namespace: &str, service: &str) -> Vec<std::net::SocketAddr> {
+/// The config-API addresses of the pods behind a plane's Service `namespace/service`, and of
+/// those the ones not serving.
+fn plane_pods(
+    snapshot: &Snapshot,
+    namespace: &str,
+    service: &str,
+) -> (Vec<std::net::SocketAddr>, Vec<std::net::SocketAddr>) {
     let slices: Vec<_> = snapshot
         .endpoint_slices
         .iter()
         .filter(|s| serves(s, namespace, service))
         .cloned()
         .collect();
-    push::pod_addresses(&slices, CONFIG_PORT_NAME)
+    (
+        push::pod_addresses(&slices, CONFIG_PORT_NAME),
+        push::not_serving_addresses(&slices, CONFIG_PORT_NAME),
+    )
 }
 
 /// Whether `slice` lists the pods of Service `service` in `namespace`.
@@ -2360,12 +2369,14 @@ fn shared_plane(
         })),
         _ => None,
     };
+    let (pods, not_serving) = plane_pods(snapshot, &shared.service.namespace, &shared.service.name);
     Some(PlaneInfo {
         address,
         identity,
         ready: true,
         token,
-        pods: plane_pods(snapshot, &shared.service.namespace, &shared.service.name),
+        pods,
+        not_serving,
         service: shared.service.clone(),
         tunnel,
     })

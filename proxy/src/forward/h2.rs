@@ -312,6 +312,8 @@ impl Silence {
                     if shared.awaiting.load(Ordering::Relaxed) == 0 {
                         return;
                     }
+                    // A quiet starts anew.
+                    shared.hushed.store(false, Ordering::Relaxed);
                     let now = Instant::now();
                     self.quiet = Some((
                         shared.reads.load(Ordering::Relaxed),
@@ -329,17 +331,20 @@ impl Silence {
                     let given_up = shared.abandoned.load(Ordering::Relaxed);
                     let waiting = shared.awaiting.load(Ordering::Relaxed) > 0;
                     if read != reads {
+                        // A read racing the tick's own store may have found it unset.
+                        shared.hushed.store(false, Ordering::Relaxed);
                         if !waiting {
                             self.quiet = None;
                             return;
                         }
                         self.quiet = Some((read, given_up, now));
                     } else if now.duration_since(since) >= self.after && given_up == abandoned {
-                        shared.hushed.store(true, Ordering::Relaxed);
                         if !waiting {
+                            shared.hushed.store(false, Ordering::Relaxed);
                             self.quiet = None;
                             return;
                         }
+                        shared.hushed.store(true, Ordering::Relaxed);
                     } else if now.duration_since(since) >= self.after {
                         tracing::debug!(
                             quiet = ?now.duration_since(since),

@@ -134,6 +134,18 @@ impl H1Pool {
         let permits = Arc::new(Semaphore::new(
             max_connections.clamp(1, Semaphore::MAX_PERMITS),
         ));
+        Self::sharing(connector, max_idle, idle_timeout, permits, alpn_h2)
+    }
+
+    /// [`H1Pool::new`], its connections counted against `permits`, a limit it shares (an h2c
+    /// backend's HTTP/1.1 connections for upgrades count with its HTTP/2 ones).
+    pub(super) fn sharing(
+        connector: Connector,
+        max_idle: usize,
+        idle_timeout: Duration,
+        permits: Arc<Semaphore>,
+        alpn_h2: Option<Alpn>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             alpn_h2: alpn_h2.map(|alpn| {
                 Box::new(AlpnSide {
