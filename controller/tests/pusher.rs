@@ -352,37 +352,39 @@ async fn a_pod_that_hangs_holds_up_no_other_pod_of_its_plane() {
     healthy.shutdown().await;
 }
 
+/// Pushes a plane of two pods an earlier controller, its clock far ahead, left at the versions
+/// `first` (none: never pushed) and `second` with its own documents; the second pod answers
+/// slower. Returns the version the plane ends on and what each pod then holds.
+async fn push_past_an_earlier_controller(first: Option<i64>, second: i64) -> (i64, i64, i64) {
+    let backend = echo().await;
+    let pods = (proxy().await, proxy().await);
+    for (pod, version) in [(&pods.0, first), (&pods.1, Some(second))] {
+        if let Some(version) = version {
+            let mut earlier = config(backend.http_addr(), "old.example.com");
+            earlier.version = version;
+            pod.apply(earlier).await.expect("applied");
+        }
+    }
+    let doc = config(backend.http_addr(), "app.example.com");
+    let slow = slow_to_answer(pods.1.admin_addr()).await;
+    let outcome = Pusher::default()
+        .sync(&plane(), &doc, TOKEN, &[pods.0.admin_addr(), slow])
+        .await;
+    assert!(outcome.all_current(), "{outcome:?}");
+    let held = (held(&pods.0).await, held(&pods.1).await);
+    pods.0.shutdown().await;
+    pods.1.shutdown().await;
+    (outcome.version, held.0, held.1)
+}
+
 /// Pods of one plane found at different versions, one ahead of the controller's (pushed by an
 /// earlier one) and slower to answer: the one that answered first, pushed the controller's
 /// version, is brought past the one ahead too, so every pod ends on one version.
 #[tokio::test]
 async fn pods_of_a_plane_end_on_one_version_past_one_found_ahead() {
-    let backend = echo().await;
-    let (behind, ahead) = (proxy().await, proxy().await);
-    let doc = config(backend.http_addr(), "app.example.com");
-    // An earlier controller, its clock far ahead, pushed this to one of them.
     let far = i64::from(i32::MAX) * 1_000_000;
-    let mut earlier = config(backend.http_addr(), "old.example.com");
-    earlier.version = far;
-    ahead.apply(earlier).await.expect("applied");
-    let mut pusher = Pusher::default();
-    let outcome = pusher
-        .sync(
-            &plane(),
-            &doc,
-            TOKEN,
-            &[
-                behind.admin_addr(),
-                slow_to_answer(ahead.admin_addr()).await,
-            ],
-        )
-        .await;
-    assert_eq!(outcome.version, far + 1, "{outcome:?}");
-    assert_eq!(held(&behind).await, far + 1);
-    assert_eq!(held(&ahead).await, far + 1);
-    assert!(outcome.all_current(), "{outcome:?}");
-    behind.shutdown().await;
-    ahead.shutdown().await;
+    let ended = push_past_an_earlier_controller(None, far).await;
+    assert_eq!(ended, (far + 1, far + 1, far + 1));
 }
 
 /// Two pods an earlier controller left at consecutive versions with its own documents: the
@@ -391,33 +393,9 @@ async fn pods_of_a_plane_end_on_one_version_past_one_found_ahead() {
 /// past both, with this controller's document.
 #[tokio::test]
 async fn a_pod_at_the_version_raised_to_is_not_taken_for_current() {
-    let backend = echo().await;
-    let (first, second) = (proxy().await, proxy().await);
-    let doc = config(backend.http_addr(), "app.example.com");
     let far = i64::from(i32::MAX) * 1_000_000;
-    for (pod, version) in [(&first, far), (&second, far + 1)] {
-        let mut earlier = config(backend.http_addr(), "old.example.com");
-        earlier.version = version;
-        pod.apply(earlier).await.expect("applied");
-    }
-    let mut pusher = Pusher::default();
-    let outcome = pusher
-        .sync(
-            &plane(),
-            &doc,
-            TOKEN,
-            &[
-                first.admin_addr(),
-                slow_to_answer(second.admin_addr()).await,
-            ],
-        )
-        .await;
-    assert_eq!(outcome.version, far + 2, "{outcome:?}");
-    assert_eq!(held(&first).await, far + 2);
-    assert_eq!(held(&second).await, far + 2);
-    assert!(outcome.all_current(), "{outcome:?}");
-    first.shutdown().await;
-    second.shutdown().await;
+    let ended = push_past_an_earlier_controller(Some(far), far + 1).await;
+    assert_eq!(ended, (far + 2, far + 2, far + 2));
 }
 
 /// A pod that serves nothing (its config port refuses connections, and it is not serving)
