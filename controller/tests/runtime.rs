@@ -1235,6 +1235,22 @@ async fn a_changed_document_goes_out_after_the_write_running_for_its_tunnel() {
     .expect("in time");
 }
 
+/// Account `acct`'s writer of the tunnel `TUNNEL_ID` with the API token `token`.
+fn writer_of_the_tunnel(token: &str) -> cftunnel_controller::cloudflare::TunnelTarget {
+    cftunnel_controller::cloudflare::TunnelTarget {
+        account: "acct".to_owned(),
+        tunnel: uuid_of(TUNNEL_ID),
+        api_token: token.to_owned(),
+        verify_secret: None,
+    }
+}
+
+/// Whether what `sync` last saw land on the tunnel `TUNNEL_ID` carries `host`.
+fn carries(sync: &cftunnel_controller::cloudflare::TunnelSync, host: &str) -> bool {
+    sync.landed(&uuid_of(TUNNEL_ID))
+        .is_some_and(|c| c.carries(&[host.to_owned()]))
+}
+
 /// What a tunnel serves while its newer documents fail is what was last written to it,
 /// whoever wrote it and whichever call the write finished in: a write still running when its
 /// call stopped waiting counts once it lands, and a second writer's document replaces the
@@ -1242,17 +1258,12 @@ async fn a_changed_document_goes_out_after_the_write_running_for_its_tunnel() {
 /// says it is unchanged.
 #[tokio::test]
 async fn the_document_a_tunnel_serves_is_the_last_written_by_any_writer() {
-    use cftunnel_controller::cloudflare::{Synced, TunnelApi, TunnelSync, TunnelTarget};
+    use cftunnel_controller::cloudflare::{Synced, TunnelApi, TunnelSync};
     tokio::time::timeout(Duration::from_secs(30), async {
         let cloudflare = CloudflareApi::start().await;
         cloudflare.allow("acct", "class-token");
         let api = TunnelApi::new(&cloudflare.base(), Duration::from_secs(5)).expect("client");
-        let target = |token: &str| TunnelTarget {
-            account: "acct".to_owned(),
-            tunnel: uuid_of(TUNNEL_ID),
-            api_token: token.to_owned(),
-            verify_secret: None,
-        };
+        let target = writer_of_the_tunnel;
         let (class, tenant) = (target("class-token"), target("tenant-token"));
         let document = |host: &str| {
             json!({"ingress": [{"hostname": host, "service": "http://localhost:8080"}, {"service": "http_status:404"}]})
@@ -1261,10 +1272,6 @@ async fn the_document_a_tunnel_serves_is_the_last_written_by_any_writer() {
         let mut sync = TunnelSync::default()
             .waiting_at_most(Duration::from_millis(300), Arc::clone(&wake));
         let tunnel = uuid_of(TUNNEL_ID);
-        let carries = |sync: &TunnelSync, host: &str| {
-            sync.landed(&tunnel)
-                .is_some_and(|c| c.carries(&[host.to_owned()]))
-        };
         assert!(sync.landed(&tunnel).is_none(), "nothing written yet");
         // A write that outlives its call counts once it has landed.
         cloudflare.slow_next_put(Duration::from_millis(800));
@@ -1332,12 +1339,7 @@ async fn a_write_with_no_answer_leaves_only_what_both_documents_carry_served() {
         let cloudflare = CloudflareApi::start().await;
         cloudflare.allow("acct", "class-token");
         let api = TunnelApi::new(&cloudflare.base(), Duration::from_millis(300)).expect("client");
-        let target = TunnelTarget {
-            account: "acct".to_owned(),
-            tunnel: uuid_of(TUNNEL_ID),
-            api_token: "class-token".to_owned(),
-            verify_secret: None,
-        };
+        let target = writer_of_the_tunnel("class-token");
         let document = |hosts: &[&str]| {
             let mut ingress: Vec<_> = hosts
                 .iter()
@@ -1345,11 +1347,6 @@ async fn a_write_with_no_answer_leaves_only_what_both_documents_carry_served() {
                 .collect();
             ingress.push(json!({"service": "http_status:404"}));
             json!({ "ingress": ingress })
-        };
-        let tunnel = uuid_of(TUNNEL_ID);
-        let carries = |sync: &TunnelSync, host: &str| {
-            sync.landed(&tunnel)
-                .is_some_and(|c| c.carries(&[host.to_owned()]))
         };
         let mut sync = TunnelSync::with_retry(Duration::from_millis(100), Duration::from_secs(60));
         let first = document(&["a.example.com", "b.example.com"]);

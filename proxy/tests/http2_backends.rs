@@ -541,6 +541,20 @@ fn post(d: SocketAddr, path: &str, body: &'static [u8]) -> Request<Full<Bytes>> 
         .expect("request")
 }
 
+/// A proxy routing everything to the h2c `backend`, with no bound on the wait for an answer
+/// but the client's, and a client.
+async fn patient_proxy_to(backend: SocketAddr) -> (cftunnel_proxy::Server, TestClient) {
+    let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+        auth_token: Some(TOKEN.into()),
+        backend_header_timeout: Duration::from_secs(600),
+        ..Default::default()
+    })
+    .await;
+    let http = client();
+    route_to(&proxy, &http, backend).await;
+    (proxy, http)
+}
+
 /// A backend that completes the HTTP/2 handshake and then goes silent, without closing (a node
 /// gone without a reset, a partition): once a request there is given up (here its client, at
 /// 6 s) after 5 s with nothing at all read, the connection takes no more, and the next request
@@ -566,15 +580,7 @@ async fn a_connection_gone_silent_takes_no_more_once_a_request_there_is_given_up
             }
         })
         .await;
-        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
-            auth_token: Some(TOKEN.into()),
-            // No bound on the wait for an answer but the client's.
-            backend_header_timeout: Duration::from_secs(600),
-            ..Default::default()
-        })
-        .await;
-        let http = client();
-        route_to(&proxy, &http, backend).await;
+        let (proxy, http) = patient_proxy_to(backend).await;
         let d = proxy.data_addr();
 
         let started = Instant::now();
@@ -631,14 +637,7 @@ async fn a_request_answered_late_keeps_its_connection_in_use() {
             }
         })
         .await;
-        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
-            auth_token: Some(TOKEN.into()),
-            backend_header_timeout: Duration::from_secs(600),
-            ..Default::default()
-        })
-        .await;
-        let http = client();
-        route_to(&proxy, &http, backend).await;
+        let (proxy, http) = patient_proxy_to(backend).await;
         let d = proxy.data_addr();
 
         let started = Instant::now();
