@@ -3,9 +3,9 @@
 //! restart. Each test pushes to a real proxy (behind a tap that keeps the documents pushed) and
 //! sends requests through it.
 
-mod support;
+use crate::support;
 
-use support::{condition, eventually, yaml};
+use crate::support::{condition, eventually, yaml};
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

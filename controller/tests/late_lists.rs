@@ -5,7 +5,7 @@
 //! the rule's requirement. Runs the controller against the stand-in API server, pushing to a
 //! real proxy behind a tap.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! Whatever the manifests say, the translated config is one the proxy accepts: a value it
 //! cannot compile would make it refuse the whole push and leave every route of the plane stale.
 
-mod support;
+use crate::support;
 
 use cftunnel_controller::manifest;
 use cftunnel_controller::translate::{self, Options, PlaneKey, Snapshot};

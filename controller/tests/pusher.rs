@@ -1,7 +1,7 @@
 //! Config pushes to real proxies on loopback: each pod gets the plane's config once, again after
 //! it restarts in place, never an older version, and failures say which pod and why.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::Duration;

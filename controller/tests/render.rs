@@ -4,13 +4,14 @@
 //! config only with the token the controller resolved, and serves the Gateway's route through
 //! the mock edge.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::Answer;
 use bytes::Bytes;
 use cftunnel_controller::manifest;
 use cftunnel_controller::render::{self, RenderSettings};
@@ -19,7 +20,6 @@ use cftunnel_testkit::edge::MockEdge;
 use cftunnel_tunnel::Token;
 use http_body_util::{BodyExt, Full};
 use k8s_openapi::api::core::v1::Container;
-use support::Answer;
 
 const TUNNEL_ID: &str = "1f0e4a43-5a0b-4d3e-9c55-1f2d7c3b8e21";
 

@@ -4,9 +4,9 @@
 //! reports a sustained push failure on the route, and removes the plane when the Gateway goes
 //! back to the shared one.
 
-mod support;
+use crate::support;
 
-use support::{condition, eventually, yaml};
+use crate::support::{condition, eventually, yaml};
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -3,7 +3,7 @@
 //! and, per plane, a push span holding the calls to each pod's config API; failures are
 //! error spans.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

@@ -6,7 +6,7 @@
 //! Run them with a binary of it:
 //!
 //! ```sh
-//! CLOUDFLARED=/path/to/cloudflared cargo test -p cftunnel-loadtest --test cloudflared -- --ignored
+//! CLOUDFLARED=/path/to/cloudflared cargo test -p cftunnel-loadtest --test suite cloudflared:: -- --ignored
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -3,8 +3,7 @@
 //! key endpoint the test controls. Everything runs through a real proxy to a real echo
 //! backend, which must never see a refused request.
 
-mod support;
-
+use crate::support::*;
 use cftunnel_proxy::access::AccessSettings;
 use cftunnel_proxy::{Server, ServerOptions};
 use cftunnel_testkit::cloudflare_access::{claims, JwksServer, SigningKey, TOKEN_HEADER};
@@ -13,7 +12,6 @@ use cftunnel_testkit::wait::wait_until;
 use http::StatusCode;
 use serde_json::json;
 use std::time::Duration;
-use support::*;
 
 const TEAM: &str = "acme";
 const AUD: &str = "4714c1358e65fe4b408ad6d432a5f878f08194bdb4752441fd56faefa9b2b6f2";

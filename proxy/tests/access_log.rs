@@ -2,11 +2,9 @@
 //! request, the backend and its tries, the opt-in query string, and one-in-N sampling that
 //! still writes every failure.
 
-mod support;
-
+use crate::support::*;
 use serde_json::{json, Value};
 use std::time::Duration;
-use support::*;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
 

@@ -17,8 +17,7 @@
 //! (`openssl ca -selfsign -startdate 20000101000000Z -enddate 20010101000000Z`, with
 //! `basicConstraints = critical,CA:TRUE` and the same names).
 
-mod support;
-
+use crate::support::*;
 use http::StatusCode;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -26,7 +25,6 @@ use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const SELF_SIGNED_A: &str = include_str!("fixtures/self-signed-ca-a.pem");

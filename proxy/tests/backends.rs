@@ -1,15 +1,13 @@
 //! End to end: backend behaviour. Failures and fail-closed answers, retries, timeouts,
 //! mirrors, weights, WebSocket, h2c and TLS upstreams, the in-flight gauge, client limits.
 
-mod support;
-
+use crate::support::*;
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use serde_json::json;
 use std::time::Duration;
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn rule(prefix: &str, extra: serde_json::Value) -> serde_json::Value {

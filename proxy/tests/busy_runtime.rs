@@ -2,12 +2,10 @@
 //! as backend name lookups are while DNS does not answer: the push that fixes the incident,
 //! and the reads around it, are still served.
 
-mod support;
-
+use crate::support::*;
 use http::StatusCode;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-use support::*;
 
 /// Blocking threads of the proxy's runtime here: few, so the test can take them all (the
 /// product's 512 are taken the same way, one stuck lookup each).

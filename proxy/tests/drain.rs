@@ -1,10 +1,8 @@
 //! Drain of the real binary: SIGTERM with a slow request in flight.
 
-mod support;
-
+use crate::support::*;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::*;
 
 #[tokio::test]
 async fn sigterm_refuses_new_connections_finishes_in_flight_requests_and_exits_zero() {

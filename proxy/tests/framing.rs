@@ -3,15 +3,13 @@
 //! and only WebSocket is ever spliced after a `101`. Real sockets: a raw client, and backends
 //! that record the bytes they receive.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::*;
 use http::StatusCode;
 use serde_json::json;
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A backend that records each request head (and what follows it within 300 ms) and answers

@@ -1,14 +1,12 @@
 //! End to end: the proxy does not let clients steer around its rules or exhaust backends.
 
-mod support;
-
+use crate::support::*;
 use bytes::Bytes;
 use cftunnel_proxy::ServerOptions;
 use cftunnel_testkit::client::{connect_h2c, connect_http1};
 use http::StatusCode;
 use serde_json::json;
 use std::time::Duration;
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::test]

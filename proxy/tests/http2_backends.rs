@@ -2,8 +2,9 @@
 //! that picks `h2` is held the same way): what it pings, how many streams it opens on one, how
 //! large an answer's headers may be.
 
-mod support;
+use crate::support;
 
+use crate::support::*;
 use bytes::Bytes;
 use cftunnel_testkit::h2_tap::H2Tap;
 use http::{Request, Response, StatusCode};
@@ -16,7 +17,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::*;
 
 type Frames = StreamBody<
     futures_util::stream::BoxStream<'static, Result<http_body::Frame<Bytes>, Infallible>>,

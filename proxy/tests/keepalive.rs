@@ -2,15 +2,13 @@
 //! backend's keep-alive timeout (2-5 s in Node, gunicorn, uvicorn) does when it fires just as
 //! the proxy reuses the connection.
 
-mod support;
-
+use crate::support::*;
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::Full;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The requests a backend saw: the connection each came on (counted from 1) and its request

@@ -1,12 +1,10 @@
 //! End to end: what the proxy's listeners accept, over real sockets.
 
-mod support;
-
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use crate::support::*;
 use cftunnel_proxy::{cli::ListenAddr, ServerOptions};
 use serde_json::json;
-use support::*;
 
 /// `:PORT` (the default `:8080` and `:8081`) listens on every address of both families, as a Go
 /// listener does: IPv4 clients are served (and named by their IPv4 address in

@@ -1,11 +1,9 @@
 //! The binary's own log lines: JSON objects one per line with `--log-format json`, plain text
 //! otherwise, and no terminal colour codes when stderr is not a terminal.
 
-mod support;
-
+use crate::support::*;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::*;
 
 /// Runs the proxy with `format` until it has applied its config file, then stops it; returns
 /// what it wrote to stderr.

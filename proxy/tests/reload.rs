@@ -1,12 +1,10 @@
 //! Config pushes under load: no request fails, and each one is served wholly by one table.
 
-mod support;
-
+use crate::support::*;
 use http::StatusCode;
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use support::*;
 
 /// Version N routes to backend A (odd N) or B (even N) and stamps `x-config-version: N`.
 fn doc(version: i64, a: &str, b: &str) -> serde_json::Value {

@@ -3,14 +3,12 @@
 //! either side percent-encodes the path, and of header modifier entries naming one header the
 //! first counts.
 
-mod support;
-
 use cftunnel_testkit::connector;
 use cftunnel_testkit::edge::{MockEdge, VisitorScheme};
 use http::StatusCode;
 use serde_json::json;
 
-use support::*;
+use crate::support::*;
 
 /// A redirect as the controller writes one from a listener on port 8080 when the filter names
 /// neither scheme nor port: the listener's port, no scheme.

@@ -1,13 +1,11 @@
 //! End to end: a proxy and echo backends on 127.0.0.1, configs pushed over the config API,
 //! requests sent with a real HTTP client, and what the backend saw asserted.
 
-mod support;
-
+use crate::support::*;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use serde_json::json;
-use support::*;
 
 #[tokio::test]
 async fn routes_by_host_path_header_and_method_to_the_right_backend() {

@@ -4,15 +4,13 @@
 //! conventions, the sampler is honoured, and a collector that is down or hangs costs the
 //! requests nothing.
 
-mod support;
-
+use crate::support::*;
 use cftunnel_proxy::trace::RequestTracer;
 use cftunnel_proxy::{Server, ServerOptions};
 use cftunnel_telemetry::{TraceArgs, Traces};
 use cftunnel_testkit::otlp::{OtlpReceiver, RecordedSpan, SpanKind, SpanStatus};
 use serde_json::json;
 use std::time::Duration;
-use support::*;
 
 const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";

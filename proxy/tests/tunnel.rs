@@ -2,15 +2,13 @@
 //! reach the in-process router, WebSocket upgrades cross the tunnel, readiness follows the
 //! registered connections, and SIGTERM unregisters and drains.
 
-mod support;
-
+use crate::support::*;
 use cftunnel_testkit::connector;
 use cftunnel_testkit::edge::MockEdge;
 use cftunnel_testkit::wait::wait_until;
 use futures_util::{SinkExt, StreamExt};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::*;
 
 /// Starts a proxy binary in tunnel mode against `edge`; returns it and its admin address.
 async fn tunnel_proxy(

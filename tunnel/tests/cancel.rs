@@ -3,20 +3,17 @@
 //! instead of when it next writes. Real QUIC and TLS/TCP on 127.0.0.1.
 #![allow(clippy::unwrap_used)]
 
-#[macro_use]
-mod support;
-
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::*;
 use bytes::Bytes;
 use cftunnel_testkit::edge::MockEdge;
 use cftunnel_tunnel::{Body, Connector, ConnectorHandle, Protocol, TunnelMetrics};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, StreamBody};
-use support::*;
 
 /// Counts the service's calls, and its futures and bodies that were dropped.
 #[derive(Clone, Default)]

@@ -3,12 +3,10 @@
 //! never reach the eyeball, over both transports and real sockets.
 #![allow(clippy::unwrap_used)]
 
-#[macro_use]
-mod support;
-
 use std::convert::Infallible;
 use std::net::SocketAddr;
 
+use crate::support::*;
 use bytes::Bytes;
 use cftunnel_testkit::client::connect_http1;
 use cftunnel_testkit::edge::MockEdge;
@@ -16,7 +14,6 @@ use cftunnel_tunnel::{Body, ConnectorHandle, Protocol};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, StreamBody};
 use hyper_util::rt::TokioIo;
-use support::*;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// `/headers` answers with the request's headers, a `name: value` line each;

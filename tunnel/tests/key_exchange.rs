@@ -5,17 +5,14 @@
 //! suites it offers follow `cloudflared`'s order too.
 #![allow(clippy::unwrap_used)]
 
-#[macro_use]
-mod support;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::*;
 use cftunnel_testkit::edge::{ConnectionInfo, MockEdge};
 use cftunnel_testkit::pki::TestPki;
 use cftunnel_tunnel::{ConnectorHandle, ConnectorOptions, Protocol, FEATURE_POST_QUANTUM};
 use rustls::NamedGroup;
-use support::*;
 
 fn post_quantum(edge: &MockEdge, protocol: Protocol) -> ConnectorOptions {
     ConnectorOptions {

@@ -2,16 +2,13 @@
 //! pushes and protocol fallback against the mock edge, over real sockets.
 #![allow(clippy::unwrap_used)]
 
-#[macro_use]
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use cftunnel_testkit::edge::{MockEdge, MockEdgeError};
 use cftunnel_tunnel::{EdgeRefusal, Protocol, Token, TokenError};
 use http::StatusCode;
 use http_body_util::BodyExt as _;
-use support::*;
 
 async fn registration_errors_are_retried_then_recover(protocol: Protocol) {
     trace_init();

@@ -3,20 +3,17 @@
 //! QUIC and TLS/TCP sockets on 127.0.0.1.
 #![allow(clippy::unwrap_used)]
 
-#[macro_use]
-mod support;
-
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use bytes::Bytes;
 use cftunnel_testkit::edge::{MockEdge, MockEdgeError};
 use cftunnel_tunnel::{Body, OnUpgrade, Protocol};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt as _;
-use support::*;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::{mpsc, watch, Notify};
 

@@ -3,18 +3,15 @@
 //! `cloudflared` does towards its origins and the edge.
 #![allow(clippy::unwrap_used)]
 
-#[macro_use]
-mod support;
-
 use std::convert::Infallible;
 use std::time::Duration;
 
+use crate::support::*;
 use bytes::Bytes;
 use cftunnel_testkit::edge::MockEdge;
 use cftunnel_tunnel::{Body, Connector, ConnectorHandle, Protocol, TunnelMetrics};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, StreamBody};
-use support::*;
 use tokio::time::Instant;
 
 /// How long the test service takes to answer `/late-answer`.

@@ -3,16 +3,12 @@
 //! taken.
 #![allow(clippy::unwrap_used)]
 
-// The per-transport macro is not used here.
-#[allow(unused_macros)]
-mod support;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::support::*;
 use cftunnel_testkit::edge::MockEdge;
 use cftunnel_tunnel::Protocol;
-use support::*;
 use tokio::time::Instant;
 
 /// Own backoff of every connection: waits below 10 ms, 20 ms, ... 160 ms (5 retries).

@@ -2,16 +2,13 @@
 //! registers with the mock edge and serves requests forwarded by it.
 #![allow(clippy::unwrap_used)]
 
-#[macro_use]
-mod support;
-
+use crate::support::*;
 use bytes::Bytes;
 use cftunnel_testkit::edge::MockEdge;
 use cftunnel_tunnel::Protocol;
 use futures_util::future::join_all;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt as _, Full};
-use support::*;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 async fn serves_requests(protocol: Protocol) {
