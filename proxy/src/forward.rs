@@ -223,16 +223,17 @@ impl Upstream {
             origin: Arc::from(format!("{}://{}", target.scheme, target.authority)),
         };
         let client = if h2 {
-            Client::H2c(
-                Box::new(h2::H2Channel::new(
-                    connector,
-                    scheme,
-                    authority.clone(),
-                    options.http2(),
-                    h2c_permits,
-                )),
-                h2c_upgrades,
-            )
+            let channel = h2::H2Channel::new(
+                connector,
+                scheme,
+                authority.clone(),
+                options.http2(),
+                h2c_permits,
+            );
+            if let Some(upgrades) = &h2c_upgrades {
+                channel.share_limit_with(upgrades.idle_handle());
+            }
+            Client::H2c(Box::new(channel), h2c_upgrades)
         } else {
             let alpn_h2 = upgrades.map(|upgrades| pool::Alpn {
                 scheme,

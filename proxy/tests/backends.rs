@@ -519,6 +519,81 @@ async fn an_h2c_backend_that_takes_websockets_gets_them_over_http1() {
     .expect("test finished in time");
 }
 
+/// At an h2c backend's connection limit, HTTP/1.1 connections left idle by WebSocket
+/// handshakes it refused give their places to HTTP/2 requests instead of holding them until
+/// their idle timeout.
+#[tokio::test]
+async fn idle_upgrade_connections_give_way_to_http2_requests_at_the_limit() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // Each WebSocket handshake is refused (403, the connection kept open) once two have
+        // arrived, so the two go out on two connections; HTTP/2 requests get `h2`.
+        let arrived = std::sync::Arc::new(tokio::sync::Barrier::new(2));
+        let backend = scripted_backend(move |conn: tokio::net::TcpStream| {
+            let arrived = arrived.clone();
+            async move {
+                const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+                let mut first = [0u8; 24];
+                let mut seen = 0;
+                while seen < first.len() {
+                    match conn.peek(&mut first).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen = n,
+                    }
+                }
+                let io = hyper_util::rt::TokioIo::new(conn);
+                if first == PREFACE {
+                    let service = hyper::service::service_fn(|_req| async {
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(Bytes::from_static(b"h2"))))
+                    });
+                    let _ = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(io, service)
+                        .await;
+                    return;
+                }
+                let service = hyper::service::service_fn(move |_req| {
+                    let arrived = arrived.clone();
+                    async move {
+                        arrived.wait().await;
+                        let mut refused = hyper::Response::new(Full::new(Bytes::from_static(b"no")));
+                        *refused.status_mut() = StatusCode::FORBIDDEN;
+                        Ok::<_, std::convert::Infallible>(refused)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+            }
+        })
+        .await;
+        let proxy = limited_proxy(2).await;
+        let http = client();
+        let doc = json!({"rules": [rule("/", json!({
+            "timeouts": {"request": "5s"},
+            "backends": [{"url": url(backend), "weight": 1, "protocol": "h2c", "websocket": true}]}))]});
+        assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
+        let d = proxy.data_addr();
+
+        let handshake = [
+            ("connection", "upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-version", "13"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ];
+        let refused = futures_util::future::join_all((0..2).map(|_| {
+            let http = http.clone();
+            async move { get(&http, d, "h", "/ws", &handshake).await }
+        }))
+        .await;
+        for r in refused {
+            assert_eq!((r.status, &r.body[..]), (StatusCode::FORBIDDEN, &b"no"[..]), "the handshake is refused");
+        }
+
+        // Both places at the limit are now idle HTTP/1.1 connections.
+        let r = get(&http, d, "h", "/plain", &[]).await;
+        assert_eq!((r.status, &r.body[..]), (StatusCode::OK, &b"h2"[..]), "served over HTTP/2 within its timeout");
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// A WebSocket handshake on a rule with a RequestMirror is not copied to the mirror: a copy
 /// would open a session there only to drop it at once. Other requests still are.
 #[tokio::test]

@@ -58,7 +58,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -150,6 +150,17 @@ pub(super) struct H2Channel {
     room: Arc<Room>,
     /// Whether the task that closes idle connections runs.
     sweeping: AtomicBool,
+    /// The HTTP/1.1 connections that share `permits` (a TLS backend's, an h2c backend's for
+    /// upgrades): at the limit, one of them sitting idle gives its place to a request here
+    /// instead of holding it until its idle timeout.
+    http1: OnceLock<Weak<dyn IdleHttp1>>,
+}
+
+/// Idle HTTP/1.1 connections counted against an [`H2Channel`]'s connection limit.
+pub(super) trait IdleHttp1: std::fmt::Debug + Send + Sync {
+    /// Closes the connection idle longest, which lets go of its place at the limit once its
+    /// task ends; whether there was one.
+    fn close_oldest_idle(&self) -> bool;
 }
 
 /// Requests waiting for a share of a connection, and the signal that one came free.
@@ -531,7 +542,13 @@ impl H2Channel {
             permits,
             room: Arc::default(),
             sweeping: AtomicBool::new(false),
+            http1: OnceLock::new(),
         }
+    }
+
+    /// Counts `idle` among the connections a request waiting here at the limit may close.
+    pub(super) fn share_limit_with(&self, idle: Weak<dyn IdleHttp1>) {
+        let _ = self.http1.set(idle);
     }
 
     /// Sends `req` to an h2c backend. A request the connection closed under before it went out
@@ -637,6 +654,9 @@ impl H2Channel {
     async fn wait_for_room(&self, wait: &Wait) -> Result<Space, ForwardError> {
         // Those that take no more requests go, so they close once their streams are done.
         prune(&self.conns, &[]);
+        if let Some(http1) = self.http1.get().and_then(Weak::upgrade) {
+            http1.close_oldest_idle();
+        }
         let found = async {
             loop {
                 let freed = self.room.freed.notified();

@@ -6,7 +6,7 @@
 
 use super::connector::{ConnectErrorKind, Connector, Stream};
 use super::error::ForwardError;
-use super::h2::{Dialed, Exchanged, H2Channel, OpenStream};
+use super::h2::{Dialed, Exchanged, H2Channel, IdleHttp1, OpenStream};
 use super::request::Replay;
 use super::wait::Wait;
 use crate::body::ProxyBody;
@@ -146,7 +146,7 @@ impl H1Pool {
         permits: Arc<Semaphore>,
         alpn_h2: Option<Alpn>,
     ) -> Arc<Self> {
-        Arc::new(Self {
+        let pool = Arc::new(Self {
             alpn_h2: alpn_h2.map(|alpn| {
                 Box::new(AlpnSide {
                     channel: H2Channel::new(
@@ -167,7 +167,17 @@ impl H1Pool {
             permits,
             returned: Notify::new(),
             waiters: AtomicUsize::new(0),
-        })
+        });
+        if let Some(alpn) = &pool.alpn_h2 {
+            alpn.channel.share_limit_with(pool.idle_handle());
+        }
+        pool
+    }
+
+    /// This pool's idle connections, as an HTTP/2 channel sharing its limit may close them.
+    pub(super) fn idle_handle(self: &Arc<Self>) -> std::sync::Weak<dyn IdleHttp1> {
+        let idle: std::sync::Weak<Self> = Arc::downgrade(self);
+        idle
     }
 
     /// Whether the backend's TLS handshake offers `h2`.
@@ -541,6 +551,18 @@ impl H1Pool {
                 next = tokio::time::Instant::now() + wait;
             }
         });
+    }
+}
+
+impl IdleHttp1 for H1Pool {
+    fn close_oldest_idle(&self) -> bool {
+        let oldest = match self.idle.lock() {
+            Ok(mut idle) if !idle.is_empty() => idle.remove(0),
+            _ => return false,
+        };
+        // Dropped outside the lock: its connection task ends, and with it the permit.
+        drop(oldest);
+        true
     }
 }
 
