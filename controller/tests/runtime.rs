@@ -5884,6 +5884,23 @@ async fn a_route_on_an_admitted_listener_set_is_served_and_published() {
                 .filter(|(_, d)| *d == want)
         })
         .await;
+
+        // The Gateway goes: its ListenerSets no longer say they are accepted.
+        assert!(t.api.delete(V1, "Gateway", "tenant-a", "edge"));
+        for (namespace, name) in [("tenant-a", "team"), ("tenant-b", "outsider")] {
+            let gone = eventually("ListenerSet no longer accepted", || {
+                listener_set_condition(&t.api, V1, "ListenerSet", namespace, name, "Accepted")
+                    .filter(|c| c["status"] == "False")
+            })
+            .await;
+            assert_eq!(gone["reason"], "ParentNotAccepted", "{namespace}/{name}");
+            let set = t.api.get(V1, "ListenerSet", namespace, name).expect("set");
+            assert_eq!(
+                set.pointer("/status/listeners"),
+                Some(&json!([])),
+                "{namespace}/{name}: {set}"
+            );
+        }
         t.stop().await;
     })
     .await

@@ -42,6 +42,17 @@ struct Judged {
 #[derive(Debug, Default)]
 pub(super) struct ListenerSets {
     sets: Vec<Judged>,
+    /// Sets whose Gateway no longer exists while their status still says they are accepted:
+    /// no controller is left to say otherwise, so we do (whoever wrote it, it is stale).
+    orphaned: Vec<Orphan>,
+}
+
+/// A ListenerSet still marked accepted by a Gateway that is gone.
+#[derive(Debug)]
+struct Orphan {
+    key: ObjectKey,
+    gateway: ObjectKey,
+    generation: Option<i64>,
 }
 
 impl ListenerSets {
@@ -63,6 +74,7 @@ impl ListenerSets {
             })
             .collect();
         let mut sets: Vec<(Option<&Time>, Judged)> = Vec::new();
+        let mut orphaned = Vec::new();
         for set in &snapshot.listener_sets {
             let (Some(namespace), Some(name)) = (
                 set.metadata.namespace.as_deref(),
@@ -78,6 +90,13 @@ impl ListenerSets {
             }
             let parent_namespace = parent.namespace.as_deref().unwrap_or(namespace);
             let Some(gw) = gateways.get(&(parent_namespace, parent.name.as_str())) else {
+                if still_accepted(set) && !exists(snapshot, parent_namespace, &parent.name) {
+                    orphaned.push(Orphan {
+                        key: ObjectKey::new(namespace, name),
+                        gateway: ObjectKey::new(parent_namespace, &parent.name),
+                        generation: set.metadata.generation,
+                    });
+                }
                 continue;
             };
             let listeners = admits(gw, parent_namespace, namespace, index)
@@ -101,6 +120,7 @@ impl ListenerSets {
         });
         Self {
             sets: sets.into_iter().map(|(_, judged)| judged).collect(),
+            orphaned,
         }
     }
 
@@ -239,8 +259,51 @@ impl ListenerSets {
                 },
             );
         }
+        for orphan in &self.orphaned {
+            let message = format!("Gateway {} does not exist", orphan.gateway);
+            let conditions = [ConditionType::Accepted, ConditionType::Programmed]
+                .into_iter()
+                .map(|kind| {
+                    Condition::new(
+                        kind,
+                        false,
+                        Reason::ParentNotAccepted,
+                        message.clone(),
+                        orphan.generation,
+                    )
+                })
+                .collect();
+            statuses.insert(
+                orphan.key.clone(),
+                ListenerSetStatus {
+                    gateway: orphan.gateway.clone(),
+                    conditions,
+                    listeners: Vec::new(),
+                },
+            );
+        }
         (statuses, attached)
     }
+}
+
+/// Whether `set`'s status says it is accepted.
+fn still_accepted(set: &ListenerSet) -> bool {
+    set.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Accepted" && c.status == "True")
+        })
+}
+
+/// Whether a Gateway `namespace/name` exists, of whatever class.
+fn exists(snapshot: &Snapshot, namespace: &str, name: &str) -> bool {
+    snapshot.gateways.iter().any(|gw| {
+        gw.metadata.namespace.as_deref() == Some(namespace)
+            && gw.metadata.name.as_deref() == Some(name)
+    })
 }
 
 /// Whether Gateway `gw` (in `gateway_namespace`) admits ListenerSets of `namespace`.

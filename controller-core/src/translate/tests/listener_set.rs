@@ -418,6 +418,57 @@ fn listener_sets_of_other_controllers_gateways_are_left_alone() {
     assert!(out.statuses.listener_sets.is_empty());
 }
 
+/// A ListenerSet whose Gateway is gone while its status still says it is accepted is told that
+/// it no longer is (nothing else would: no controller owns a Gateway that does not exist). One
+/// whose Gateway is another controller's, or that nobody marked accepted, is left alone.
+#[test]
+fn a_listener_set_still_accepted_by_a_gateway_that_is_gone_is_told_so() {
+    let accepted = |set: String| {
+        set.replace(
+            "---\n",
+            "status:\n  conditions: [{type: Accepted, status: \"True\", reason: Accepted, message: \"\", lastTransitionTime: \"2026-01-01T00:00:00Z\"}]\n---\n",
+        )
+    };
+    let team = || {
+        listener_set(
+            "infra",
+            "team",
+            &["{name: team, port: 80, protocol: HTTP, hostname: team.example.com}"],
+        )
+    };
+
+    let out = run(&accepted(team()));
+    let status = set_status(&out, "infra", "team");
+    assert!(status.listeners.is_empty());
+    for kind in [ConditionType::Accepted, ConditionType::Programmed] {
+        let c = status
+            .conditions
+            .iter()
+            .find(|c| c.kind == kind)
+            .expect("condition");
+        assert_eq!(
+            (c.status, c.reason),
+            (false, Reason::ParentNotAccepted),
+            "{kind:?}"
+        );
+        assert_eq!(c.message, "Gateway infra/hub does not exist");
+    }
+
+    let elsewhere = hub("{namespaces: {from: Same}}")
+        .replace("gatewayClassName: cf", "gatewayClassName: someone-else");
+    let out = run(&format!("{elsewhere}{}", accepted(team())));
+    assert!(
+        out.statuses.listener_sets.is_empty(),
+        "another controller's Gateway"
+    );
+
+    let out = run(&team());
+    assert!(
+        out.statuses.listener_sets.is_empty(),
+        "never marked accepted"
+    );
+}
+
 #[test]
 fn an_experimental_xlistenerset_is_read_as_a_listener_set() {
     let out = run(&format!(
