@@ -12,13 +12,19 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 use tokio::net::TcpListener;
 
 /// Connections the admin port holds open at once unless configured otherwise: the kubelet's
 /// probes, Prometheus and the controller need a handful.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+
+/// Connections one peer address may hold on the admin port at once. A peer that holds every
+/// place it can, idle or not reading its answers, would otherwise keep the kubelet's probes
+/// in the listen backlog until they fail and the pod is restarted; this way it takes an
+/// eighth of the default limit, and the probes (from the node's address) keep theirs.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 32;
 
 /// Largest config document `PUT /config` accepts unless configured otherwise: room for a
 /// 50,000-rule document (about 9 MB as the controller writes it) several times over.
@@ -303,13 +309,14 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>, max_connections: us
     let permits = Arc::new(tokio::sync::Semaphore::new(
         max_connections.clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
     ));
+    let peers = Arc::new(Peers::default());
     loop {
         // At the limit, connections wait in the listen backlog: each connection is a task and
         // buffers, and the port must not take the memory and descriptors the data path needs.
         let Ok(permit) = permits.clone().acquire_owned().await else {
             return;
         };
-        let (stream, _) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(pair) => pair,
             Err(e) => {
                 tracing::warn!(error = %e, "admin accept failed");
@@ -317,9 +324,15 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>, max_connections: us
                 continue;
             }
         };
+        // Past its share the connection is closed at once, its place given back.
+        let Some(place) = Peers::admit(&peers, peer.ip()) else {
+            tracing::debug!(%peer, "admin connection refused: the peer holds its share already");
+            continue;
+        };
         let admin = admin.clone();
         tokio::spawn(async move {
             let _permit = permit;
+            let _place = place;
             let service = service_fn(move |req| {
                 let admin = admin.clone();
                 async move { Ok::<_, Infallible>(admin.handle(req).await) }
@@ -332,5 +345,45 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>, max_connections: us
                 tracing::debug!(error = %e, "admin connection ended with error");
             }
         });
+    }
+}
+
+/// How many admin connections each peer address holds.
+#[derive(Debug, Default)]
+struct Peers(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+/// One peer's place on the admin port, given back when dropped.
+struct Place {
+    peers: Arc<Peers>,
+    ip: std::net::IpAddr,
+}
+
+impl Peers {
+    /// A place for a connection from `ip`, unless it holds [`MAX_CONNECTIONS_PER_PEER`].
+    fn admit(peers: &Arc<Self>, ip: std::net::IpAddr) -> Option<Place> {
+        // An IPv4 peer on a dual-stack socket is one peer whichever form it comes in.
+        let ip = ip.to_canonical();
+        let mut held = peers.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = held.entry(ip).or_default();
+        if *count >= MAX_CONNECTIONS_PER_PEER {
+            return None;
+        }
+        *count += 1;
+        Some(Place {
+            peers: Arc::clone(peers),
+            ip,
+        })
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut held = self.peers.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = held.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.ip);
+            }
+        }
     }
 }

@@ -63,7 +63,7 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
     };
     if args.auth_token.is_none() {
         tracing::warn!(
-            "PROXY_AUTH_TOKEN is not set: the config API accepts unauthenticated pushes"
+            "PROXY_AUTH_TOKEN is not set: the config API accepts unauthenticated pushes and answers the document, backend client keys included, to anyone"
         );
     }
     let traces = match args

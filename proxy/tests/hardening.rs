@@ -382,6 +382,59 @@ async fn closed_within(conn: &mut tokio::net::TcpStream, within: Duration) -> bo
     tokio::time::timeout(within, read_to_end).await.is_ok()
 }
 
+/// One peer that opens the admin port's every place and sends nothing (or never reads its
+/// answers) holds only its share: the kubelet's probes, from another address, are still
+/// answered at once instead of waiting in the listen backlog until they fail.
+#[tokio::test]
+async fn one_peer_cannot_take_every_place_on_the_admin_port() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let proxy = proxy().await;
+        let admin = proxy.admin_addr();
+        // Loopback answers on all of 127/8: 127.0.0.2 is another peer than the client below.
+        let mut held = Vec::new();
+        for _ in 0..300 {
+            let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+            socket
+                .bind("127.0.0.2:0".parse().expect("addr"))
+                .expect("bind");
+            held.push(socket.connect(admin).await.expect("connect"));
+        }
+        let mut open = 0;
+        for conn in &mut held {
+            if !closed_within(conn, Duration::from_millis(100)).await {
+                open += 1;
+            }
+        }
+        assert_eq!(
+            open,
+            cftunnel_proxy::admin::MAX_CONNECTIONS_PER_PEER,
+            "the peer keeps its share"
+        );
+
+        let http = client();
+        let answered = tokio::time::timeout(Duration::from_secs(2), async {
+            let r = http
+                .request(
+                    http::Request::get(format!("http://{admin}/healthz"))
+                        .body(http_body_util::Full::new(Bytes::new()))
+                        .expect("request"),
+                )
+                .await
+                .expect("healthz");
+            r.status()
+        })
+        .await;
+        assert_eq!(
+            answered.ok(),
+            Some(StatusCode::OK),
+            "the probe is answered at once"
+        );
+        drop(held);
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// A new connection must send its first request within the head timeout, whatever it speaks:
 /// one that sends nothing, an HTTP/2 client that opens no stream and one that sent the HTTP/2
 /// preface and then nothing (not even the acknowledgement of the proxy's GOAWAY ping) are all
