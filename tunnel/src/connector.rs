@@ -739,7 +739,8 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                 }
             }
         }
-        // The first connection restarts on its own backoff alone, as in `cloudflared`.
+        // The first connection restarts on its own backoff alone; the others also wait on the
+        // shared one, so that an edge failing them all does not have them all dial at once.
         if idx != 0 {
             let at = shared
                 .ha_backoff
