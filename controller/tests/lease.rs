@@ -220,6 +220,59 @@ async fn a_renewal_that_hangs_ends_leadership_before_the_lease_can_lapse() {
     .expect("in time");
 }
 
+/// An API server that answers every Lease call only after a while, the renewal's two calls
+/// together taking longer than the renew period but less than the leader may go without one:
+/// the leader's renewals are late, not failed, and it leads throughout; stopping it does not
+/// wait for the renewal under way.
+#[tokio::test]
+async fn a_slow_api_server_delays_renewals_without_ending_leadership() {
+    let duration = Duration::from_secs(5);
+    let renew = Duration::from_millis(500);
+    let per_call = Duration::from_millis(1200);
+    tokio::time::timeout(Duration::from_secs(40), async {
+        let api = std::sync::Arc::new(ApiServer::builder().rbac(REQUIRED_RBAC).start().await);
+        let mut a = Replica::start(&api, "replica-a", duration, renew);
+        a.becomes(true, "a leads a free Lease").await;
+        let term = *a.leading.borrow();
+
+        // Each Lease call is held for `per_call` after it arrives: a new hold is made before the
+        // last is released, so no call slips through between them.
+        let slow = {
+            let api = std::sync::Arc::clone(&api);
+            tokio::spawn(async move {
+                let mut hold = api.hold(|c: &Call<'_>| c.kind == "Lease");
+                loop {
+                    hold.arrived(1).await;
+                    tokio::time::sleep(per_call).await;
+                    let next = api.hold(|c: &Call<'_>| c.kind == "Lease");
+                    hold.release();
+                    hold = next;
+                }
+            })
+        };
+        let stepped_down = tokio::time::timeout(duration * 2, a.leading.wait_for(Option::is_none))
+            .await
+            .is_ok();
+        assert!(
+            !stepped_down,
+            "a stopped leading while its renewals were only slow"
+        );
+        assert_eq!(*a.leading.borrow(), term, "in the same term");
+        assert_eq!(holder(&api).as_deref(), Some("replica-a"));
+
+        let stopping = std::time::Instant::now();
+        slow.abort();
+        a.stop().await;
+        assert!(
+            stopping.elapsed() < duration,
+            "the stop waited {:?}",
+            stopping.elapsed()
+        );
+    })
+    .await
+    .expect("in time");
+}
+
 /// Two replicas; the API server stops answering the leader a but still answers the standby b.
 /// a stops leading before b takes the Lease over (the duration, not whole seconds, is
 /// recorded rounded up, so b waits longer than a leads); when a's renewals are answered at

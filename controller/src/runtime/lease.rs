@@ -23,14 +23,16 @@ pub struct LeaseOptions {
     pub identity: String,
     /// How long a holder keeps the Lease unrenewed; recorded in whole seconds, rounded up.
     pub duration: Duration,
-    /// How often the holder renews, and how long one renewal (or the give-up) may take.
+    /// How often the holder renews, and how long the give-up on stop may take. One renewal may
+    /// take as long as the holder may lead without one (80 % of `duration`): a slow API server
+    /// delays renewals, it does not fail them.
     pub renew: Duration,
 }
 
 /// Starts the elector; the receiver says whether this replica leads now, and in which term
 /// ([`Term`]). Completing `stop` publishes `None`, gives the Lease up (so another replica need
-/// not wait for it to expire) and ends the task, within about two `renew` periods whether or
-/// not the API server answers.
+/// not wait for it to expire) and ends the task, within about a `renew` period whether or not
+/// the API server answers.
 pub fn spawn(
     client: Client,
     options: LeaseOptions,
@@ -51,16 +53,15 @@ pub fn spawn(
             tokio::select! {
                 _ = ticks.tick() => {
                     let attempt = elector.try_lead();
-                    let leading = match deadline {
-                        Some(deadline) => tokio::select! {
-                            leading = attempt => leading,
-                            () = tokio::time::sleep_until(deadline) => {
-                                publish(None);
-                                elector.renewed = None;
-                                false
-                            }
-                        },
-                        None => attempt.await,
+                    // A renewal under way is not waited for to stop.
+                    let leading = tokio::select! {
+                        leading = attempt => leading,
+                        () = sleep_until_some(deadline) => {
+                            publish(None);
+                            elector.renewed = None;
+                            false
+                        }
+                        () = &mut stop => break,
                     };
                     publish(leading.then_some(elector.term));
                 }
@@ -120,8 +121,11 @@ const RELEASED_SECS: i32 = 1;
 struct Elector {
     api: Api<Lease>,
     options: LeaseOptions,
-    /// When the last successful renewal started.
+    /// When the write of the last successful renewal was sent: the API server committed it no
+    /// sooner, so no other replica can have seen it sooner and started counting its duration.
     renewed: Option<Instant>,
+    /// When the write of the attempt under way was sent.
+    sent: Option<Instant>,
     observed: Option<Observed>,
     /// This replica has seen a Lease: one missing now was deleted, perhaps under a holder
     /// that has not noticed yet. Missing from the start (a first install), it is created at
@@ -137,6 +141,7 @@ impl Elector {
             api: Api::namespaced(client, &options.namespace),
             options,
             renewed: None,
+            sent: None,
             observed: None,
             saw_lease: false,
             term: Term::default(),
@@ -144,7 +149,8 @@ impl Elector {
     }
 
     /// When this replica stops leading unless it renews: 80 % of the Lease's duration after
-    /// its last successful renewal began, before any other replica can take the Lease.
+    /// the write of its last successful renewal was sent, before any other replica can take
+    /// the Lease.
     fn deadline(&self) -> Option<Instant> {
         self.renewed
             .map(|at| at + self.options.duration.mul_f32(0.8))
@@ -157,10 +163,10 @@ impl Elector {
 
     /// Tries once to take or renew the Lease; returns whether this replica leads.
     async fn try_lead(&mut self) -> bool {
-        let started = Instant::now();
-        // A renewal that takes longer than the renew period is no renewal.
-        match tokio::time::timeout(self.options.renew, self.attempt()).await {
-            Ok(Ok(true)) => self.renewed = Some(started),
+        self.sent = None;
+        // A renewal that ends past the time this replica may lead without one is no renewal.
+        match tokio::time::timeout(self.options.duration.mul_f32(0.8), self.attempt()).await {
+            Ok(Ok(true)) => self.renewed = self.sent,
             Ok(Ok(false)) => self.renewed = None,
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, lease = %self.options.name, "renewing the leader Lease failed")
@@ -248,6 +254,7 @@ impl Elector {
                     ..LeaseSpec::default()
                 }),
             };
+            self.sent = Some(Instant::now());
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(_) => {
                     self.term = Term {
@@ -294,6 +301,7 @@ impl Elector {
             ..spec
         });
         // The resourceVersion read makes this a compare-and-swap.
+        self.sent = Some(Instant::now());
         match self
             .api
             .replace(&self.options.name, &PostParams::default(), &lease)
