@@ -49,6 +49,9 @@ pub struct UnreadableObject {
 pub struct Snapshot {
     pub gateway_classes: Vec<Arc<GatewayClass>>,
     pub gateways: Vec<Arc<Gateway>>,
+    /// Gateways the controller could not read (left out of `gateways`): they exist, and a
+    /// ListenerSet naming one is not told that its Gateway is gone.
+    pub unreadable_gateways: Vec<UnreadableObject>,
     pub http_routes: Vec<Arc<HttpRoute>>,
     pub grpc_routes: Vec<Arc<GrpcRoute>>,
     pub reference_grants: Vec<Arc<ReferenceGrant>>,

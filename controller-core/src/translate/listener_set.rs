@@ -298,12 +298,15 @@ fn still_accepted(set: &ListenerSet) -> bool {
         })
 }
 
-/// Whether a Gateway `namespace/name` exists, of whatever class.
+/// Whether a Gateway `namespace/name` exists, of whatever class, read or not.
 fn exists(snapshot: &Snapshot, namespace: &str, name: &str) -> bool {
     snapshot.gateways.iter().any(|gw| {
         gw.metadata.namespace.as_deref() == Some(namespace)
             && gw.metadata.name.as_deref() == Some(name)
-    })
+    }) || snapshot
+        .unreadable_gateways
+        .iter()
+        .any(|gw| gw.namespace == namespace && gw.name == name)
 }
 
 /// Whether Gateway `gw` (in `gateway_namespace`) admits ListenerSets of `namespace`.

@@ -107,6 +107,8 @@ pub struct Stores {
     /// The GatewayConfigs left out of `gateway_configs` because this build cannot read them:
     /// a Gateway naming one is told why.
     pub unreadable_gateway_configs: Arc<Unreadable>,
+    /// Gateways this build cannot read: they exist all the same.
+    pub unreadable_gateways: Arc<Unreadable>,
     /// Gates readiness as BackendTLSPolicies do, as a cluster upgraded without its CRD has none.
     pub gateway_class_configs: Store<GatewayClassConfig>,
     /// Empty where the API server does not serve ServiceImport
@@ -351,11 +353,19 @@ impl Stores {
                 })
             });
         let unreadable_gateway_configs = Arc::new(Unreadable::default());
+        let unreadable_gateways = Arc::new(Unreadable::default());
         let unreadable_http_routes = Arc::new(Unreadable::keeping_status());
         let unreadable_grpc_routes = Arc::new(Unreadable::keeping_status());
         Self {
             gateway_classes: watch_each(client, all(), Arc::default(), &shared, tasks),
-            gateways: watch_each(client, all(), Arc::default(), &shared, tasks),
+            gateways: watch_each(
+                client,
+                all(),
+                Arc::clone(&unreadable_gateways),
+                &shared,
+                tasks,
+            ),
+            unreadable_gateways,
             http_routes: watch_each(
                 client,
                 all(),
@@ -647,6 +657,16 @@ impl Stores {
         Snapshot {
             gateway_classes: self.gateway_classes.state(),
             gateways: self.gateways.state(),
+            unreadable_gateways: self
+                .unreadable_gateways
+                .list()
+                .into_iter()
+                .map(|(namespace, name, error)| UnreadableObject {
+                    namespace,
+                    name,
+                    error,
+                })
+                .collect(),
             http_routes: self.http_routes.state(),
             grpc_routes: self.grpc_routes.state(),
             reference_grants: self.reference_grants.state(),

@@ -467,6 +467,21 @@ fn a_listener_set_still_accepted_by_a_gateway_that_is_gone_is_told_so() {
         out.statuses.listener_sets.is_empty(),
         "never marked accepted"
     );
+
+    // A Gateway this build cannot read still exists: whoever wrote the status may be right.
+    let mut cluster = snapshot(&accepted(team()));
+    cluster
+        .unreadable_gateways
+        .push(crate::snapshot::UnreadableObject {
+            namespace: "infra".into(),
+            name: "hub".into(),
+            error: "unknown variant".into(),
+        });
+    let out = translate(&cluster, &Options::default());
+    assert!(
+        out.statuses.listener_sets.is_empty(),
+        "a Gateway that cannot be read"
+    );
 }
 
 #[test]
