@@ -11,7 +11,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -21,9 +21,10 @@ use tokio::net::TcpListener;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 
 /// Connections one peer address may hold on the admin port at once. A peer that holds every
-/// place it can, idle or not reading its answers, would otherwise keep the kubelet's probes
-/// in the listen backlog until they fail and the pod is restarted; this way it takes an
-/// eighth of the default limit, and the probes (from the node's address) keep theirs.
+/// place it can, idle or not reading its answers, would otherwise keep the kubelet's probes in
+/// the listen backlog until they fail and the pod is restarted. Past its share, a peer's new
+/// connection takes the place of its oldest one with no request in flight: the probes, which
+/// come from the node's address as hostNetwork agents and SNATed traffic do, still get in.
 pub const MAX_CONNECTIONS_PER_PEER: usize = 32;
 
 /// Largest config document `PUT /config` accepts unless configured otherwise: room for a
@@ -324,65 +325,110 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>, max_connections: us
                 continue;
             }
         };
-        // Past its share the connection is closed at once, its place given back.
+        // Past its share, with every one of its connections mid-request, the connection is
+        // closed at once and its place given back.
         let Some(place) = Peers::admit(&peers, peer.ip()) else {
-            tracing::debug!(%peer, "admin connection refused: the peer holds its share already");
+            tracing::debug!(%peer, "admin connection refused: the peer's connections are all busy");
             continue;
         };
         let admin = admin.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let _place = place;
+            let held = Arc::clone(&place.held);
             let service = service_fn(move |req| {
                 let admin = admin.clone();
-                async move { Ok::<_, Infallible>(admin.handle(req).await) }
+                let busy = Busy::new(&held);
+                async move {
+                    let response = admin.handle(req).await;
+                    drop(busy);
+                    Ok::<_, Infallible>(response)
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(Some(Duration::from_secs(10)))
                 .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "admin connection ended with error");
+            tokio::select! {
+                ended = conn => if let Err(e) = ended {
+                    tracing::debug!(error = %e, "admin connection ended with error");
+                },
+                () = place.held.evicted.notified() => {
+                    tracing::debug!(%peer, "admin connection closed for a newer one of its peer");
+                }
             }
         });
     }
 }
 
-/// How many admin connections each peer address holds.
+/// The admin connections each peer address holds, oldest first.
 #[derive(Debug, Default)]
-struct Peers(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+struct Peers(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, Vec<Arc<Held>>>>);
+
+/// One admin connection as its peer's share counts it.
+#[derive(Debug, Default)]
+struct Held {
+    /// Requests in flight on it.
+    busy: AtomicUsize,
+    /// Closes it, for a newer connection of its peer.
+    evicted: tokio::sync::Notify,
+}
+
+/// A request in flight on a connection, counted until dropped.
+struct Busy(Arc<Held>);
+
+impl Busy {
+    fn new(held: &Arc<Held>) -> Self {
+        held.busy.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(held))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// One peer's place on the admin port, given back when dropped.
 struct Place {
     peers: Arc<Peers>,
     ip: std::net::IpAddr,
+    held: Arc<Held>,
 }
 
 impl Peers {
-    /// A place for a connection from `ip`, unless it holds [`MAX_CONNECTIONS_PER_PEER`].
+    /// A place for a connection from `ip`: past [`MAX_CONNECTIONS_PER_PEER`], the place of the
+    /// peer's oldest connection with no request in flight, which is closed; none if every one
+    /// has a request in flight.
     fn admit(peers: &Arc<Self>, ip: std::net::IpAddr) -> Option<Place> {
         // An IPv4 peer on a dual-stack socket is one peer whichever form it comes in.
         let ip = ip.to_canonical();
-        let mut held = peers.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let count = held.entry(ip).or_default();
-        if *count >= MAX_CONNECTIONS_PER_PEER {
-            return None;
+        let mut all = peers.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let held = all.entry(ip).or_default();
+        if held.len() >= MAX_CONNECTIONS_PER_PEER {
+            let idle = held
+                .iter()
+                .position(|h| h.busy.load(Ordering::Acquire) == 0)?;
+            // Its place is given back here; its task sees the signal and ends.
+            held.remove(idle).evicted.notify_one();
         }
-        *count += 1;
+        let new = Arc::new(Held::default());
+        held.push(Arc::clone(&new));
         Some(Place {
             peers: Arc::clone(peers),
             ip,
+            held: new,
         })
     }
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
-        let mut held = self.peers.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(count) = held.get_mut(&self.ip) {
-            *count -= 1;
-            if *count == 0 {
-                held.remove(&self.ip);
+        let mut all = self.peers.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(held) = all.get_mut(&self.ip) {
+            held.retain(|h| !Arc::ptr_eq(h, &self.held));
+            if held.is_empty() {
+                all.remove(&self.ip);
             }
         }
     }

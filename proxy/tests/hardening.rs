@@ -382,54 +382,88 @@ async fn closed_within(conn: &mut tokio::net::TcpStream, within: Duration) -> bo
     tokio::time::timeout(within, read_to_end).await.is_ok()
 }
 
-/// One peer that opens the admin port's every place and sends nothing (or never reads its
-/// answers) holds only its share: the kubelet's probes, from another address, are still
-/// answered at once instead of waiting in the listen backlog until they fail.
+/// One peer that opens the admin port's every place and sends nothing holds only its share,
+/// its newest connections: the kubelet's probes are answered at once, whether they come from
+/// another address or from the same one (the node's, which hostNetwork agents and SNATed
+/// traffic share), instead of waiting in the listen backlog until they fail.
 #[tokio::test]
 async fn one_peer_cannot_take_every_place_on_the_admin_port() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let proxy = proxy().await;
         let admin = proxy.admin_addr();
-        // Loopback answers on all of 127/8: 127.0.0.2 is another peer than the client below.
-        let mut held = Vec::new();
-        for _ in 0..300 {
+        // Loopback answers on all of 127/8: 127.0.0.2 is another peer than 127.0.0.1.
+        let connect_from = |source: &'static str| async move {
             let socket = tokio::net::TcpSocket::new_v4().expect("socket");
             socket
-                .bind("127.0.0.2:0".parse().expect("addr"))
+                .bind(format!("{source}:0").parse().expect("addr"))
                 .expect("bind");
-            held.push(socket.connect(admin).await.expect("connect"));
+            socket.connect(admin).await.expect("connect")
+        };
+        let mut held = Vec::new();
+        for _ in 0..300 {
+            held.push(connect_from("127.0.0.2").await);
         }
-        let mut open = 0;
-        for conn in &mut held {
+        let mut open = Vec::new();
+        for (i, conn) in held.iter_mut().enumerate() {
             if !closed_within(conn, Duration::from_millis(100)).await {
-                open += 1;
+                open.push(i);
             }
         }
+        let share = cftunnel_proxy::admin::MAX_CONNECTIONS_PER_PEER;
         assert_eq!(
             open,
-            cftunnel_proxy::admin::MAX_CONNECTIONS_PER_PEER,
-            "the peer keeps its share"
+            (300 - share..300).collect::<Vec<_>>(),
+            "the peer keeps its newest share"
         );
 
-        let http = client();
-        let answered = tokio::time::timeout(Duration::from_secs(2), async {
-            let r = http
-                .request(
-                    http::Request::get(format!("http://{admin}/healthz"))
-                        .body(http_body_util::Full::new(Bytes::new()))
-                        .expect("request"),
-                )
+        for source in ["127.0.0.1", "127.0.0.2"] {
+            let mut probe = connect_from(source).await;
+            probe
+                .write_all(b"GET /healthz HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n")
                 .await
-                .expect("healthz");
-            r.status()
-        })
-        .await;
-        assert_eq!(
-            answered.ok(),
-            Some(StatusCode::OK),
-            "the probe is answered at once"
-        );
+                .expect("write");
+            let mut answer = Vec::new();
+            tokio::time::timeout(Duration::from_secs(2), probe.read_to_end(&mut answer))
+                .await
+                .unwrap_or_else(|_| panic!("the probe from {source} is answered at once"))
+                .expect("read");
+            assert!(
+                answer.starts_with(b"HTTP/1.1 200"),
+                "{source}: {}",
+                String::from_utf8_lossy(&answer)
+            );
+        }
         drop(held);
+
+        // A connection with a request in flight (a push whose body is still coming) keeps its
+        // place however many of its peer's connections come after it.
+        let mut pushing = connect_from("127.0.0.3").await;
+        let body = br#"{"version": 7, "rules": []}"#;
+        let head = format!(
+            "PUT /config HTTP/1.1\r\nhost: admin\r\nauthorization: Bearer {TOKEN}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        pushing
+            .write_all(head.as_bytes())
+            .await
+            .expect("write head");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut later = Vec::new();
+        for _ in 0..2 * share {
+            later.push(connect_from("127.0.0.3").await);
+        }
+        pushing.write_all(body).await.expect("write body");
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), pushing.read_to_end(&mut answer))
+            .await
+            .expect("the push is answered")
+            .expect("read");
+        assert!(
+            answer.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
     })
     .await
     .expect("test finished in time");
