@@ -273,6 +273,32 @@ async fn a_slow_api_server_delays_renewals_without_ending_leadership() {
     .expect("in time");
 }
 
+/// Stopped while its renewal's write is held by the API server, answered a moment later: the
+/// stop ends, and the Lease is given up rather than left naming a replica that is gone.
+#[tokio::test]
+async fn a_stop_during_a_renewal_gives_up_what_the_renewal_wrote() {
+    let duration = Duration::from_secs(5);
+    let renew = Duration::from_millis(500);
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let api = ApiServer::builder().rbac(REQUIRED_RBAC).start().await;
+        let mut a = Replica::start(&api, "replica-a", duration, renew);
+        a.becomes(true, "a leads a free Lease").await;
+
+        let renewal = api.hold(writes_as("replica-a"));
+        renewal.arrived(1).await;
+        let give_up_held = api.hold(give_up);
+        let stopping = tokio::spawn(a.stop());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        renewal.release();
+        give_up_held.arrived(1).await;
+        give_up_held.release();
+        stopping.await.expect("the stop");
+        assert_eq!(holder(&api), None, "the Lease was given up");
+    })
+    .await
+    .expect("in time");
+}
+
 /// Two replicas; the API server stops answering the leader a but still answers the standby b.
 /// a stops leading before b takes the Lease over (the duration, not whole seconds, is
 /// recorded rounded up, so b waits longer than a leads); when a's renewals are answered at

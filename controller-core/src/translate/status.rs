@@ -325,7 +325,8 @@ pub struct Statuses {
     /// routes use a Service port it covers (empty when there is none, so a writer can drop
     /// entries it wrote before).
     pub backend_tls_policies: BTreeMap<ObjectKey, Vec<PolicyAncestorStatus>>,
-    /// Every ListenerSet whose parent is one of our Gateways.
+    /// Every ListenerSet whose parent is one of our Gateways, and each still marked accepted
+    /// by a Gateway that no longer exists (told so; its `gateway` is none of `gateways`).
     pub listener_sets: BTreeMap<ObjectKey, ListenerSetStatus>,
 }
 

@@ -31,8 +31,8 @@ pub struct LeaseOptions {
 
 /// Starts the elector; the receiver says whether this replica leads now, and in which term
 /// ([`Term`]). Completing `stop` publishes `None`, gives the Lease up (so another replica need
-/// not wait for it to expire) and ends the task, within about a `renew` period whether or not
-/// the API server answers.
+/// not wait for it to expire) and ends the task, within about two `renew` periods whether or
+/// not the API server answers.
 pub fn spawn(
     client: Client,
     options: LeaseOptions,
@@ -48,22 +48,40 @@ pub fn spawn(
             tx.send_if_modified(|was| std::mem::replace(was, now) != now);
         };
         loop {
-            // Leadership ends at its deadline, whether or not a renewal is under way then.
+            // Leadership ends at its deadline, whether or not a renewal is under way then, and
+            // whether or not it passed while this task was not running.
             let deadline = elector.deadline();
+            if deadline.is_none() {
+                elector.renewed = None;
+                publish(None);
+            }
             tokio::select! {
                 _ = ticks.tick() => {
-                    let attempt = elector.try_lead();
-                    // A renewal under way is not waited for to stop.
-                    let leading = tokio::select! {
-                        leading = attempt => leading,
-                        () = sleep_until_some(deadline) => {
-                            publish(None);
-                            elector.renewed = None;
-                            false
+                    let renew = elector.options.renew;
+                    let tick = {
+                        let attempt = elector.try_lead();
+                        tokio::pin!(attempt);
+                        tokio::select! {
+                            leading = &mut attempt => Tick::Done(leading),
+                            () = sleep_until_some(deadline) => Tick::Lapsed,
+                            () = &mut stop => {
+                                // Nothing more is written as leader. A write under way may
+                                // land: it is let finish, for a renew period at most, so the
+                                // give-up reads what it wrote.
+                                publish(None);
+                                let _ = tokio::time::timeout(renew, &mut attempt).await;
+                                Tick::Stop
+                            }
                         }
-                        () = &mut stop => break,
                     };
-                    publish(leading.then_some(elector.term));
+                    match tick {
+                        Tick::Done(leading) => publish(leading.then_some(elector.term)),
+                        Tick::Lapsed => {
+                            elector.renewed = None;
+                            publish(None);
+                        }
+                        Tick::Stop => break,
+                    }
                 }
                 () = sleep_until_some(deadline) => {
                     elector.renewed = None;
@@ -76,6 +94,16 @@ pub fn spawn(
         elector.release().await;
     });
     (rx, task)
+}
+
+/// How a renewal attempt ended.
+enum Tick {
+    /// Whether this replica leads.
+    Done(bool),
+    /// The deadline came first.
+    Lapsed,
+    /// The elector is stopping.
+    Stop,
 }
 
 /// Completes at `deadline`, never without one.

@@ -55,8 +55,10 @@ pub fn parents(statuses: &Statuses) -> String {
         .chain(
             statuses
                 .listener_sets
-                .keys()
-                .map(|key| line("ListenerSet", key)),
+                .iter()
+                // One still marked accepted by a Gateway that is gone is not attached to ours.
+                .filter(|(_, set)| statuses.gateways.contains_key(&set.gateway))
+                .map(|(key, _)| line("ListenerSet", key)),
         )
         .collect()
 }
@@ -211,6 +213,15 @@ mod tests {
             ObjectKey::new("team-c", "extra"),
             ListenerSetStatus {
                 gateway: ObjectKey::new("team-b", "edge"),
+                conditions: Vec::new(),
+                listeners: Vec::new(),
+            },
+        );
+        // Told its Gateway is gone: attached to none of ours.
+        statuses.listener_sets.insert(
+            ObjectKey::new("team-d", "orphan"),
+            ListenerSetStatus {
+                gateway: ObjectKey::new("team-d", "deleted"),
                 conditions: Vec::new(),
                 listeners: Vec::new(),
             },
