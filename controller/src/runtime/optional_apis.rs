@@ -597,6 +597,10 @@ pub struct Unreadable {
     objects: std::sync::Mutex<std::collections::BTreeMap<(String, String), Noted>>,
     /// Whether a noted object's status is kept, for a kind whose status says it is unreadable.
     keeps_status: bool,
+    /// While a new list comes in, the objects it noted so far. Those noted before stay until
+    /// it is done, as the cache keeps its objects until then: a round in between still sees
+    /// every object, read or not.
+    relisted: std::sync::Mutex<Option<std::collections::BTreeSet<(String, String)>>>,
 }
 
 /// An object this build cannot read: why, and what of it its status is written against.
@@ -624,11 +628,33 @@ impl Unreadable {
         let key = (namespace.unwrap_or_default(), name);
         match noted {
             Some(noted) => {
+                if let Ok(mut relisted) = self.relisted.lock() {
+                    if let Some(relisted) = relisted.as_mut() {
+                        relisted.insert(key.clone());
+                    }
+                }
                 objects.insert(key, noted);
             }
             None => {
                 objects.remove(&key);
             }
+        }
+    }
+
+    /// A new list starts.
+    fn relisting(&self) {
+        if let Ok(mut relisted) = self.relisted.lock() {
+            *relisted = Some(std::collections::BTreeSet::new());
+        }
+    }
+
+    /// The new list is done: what it did not note is gone.
+    fn relisted(&self) {
+        let Some(relisted) = self.relisted.lock().ok().and_then(|mut r| r.take()) else {
+            return;
+        };
+        if let Ok(mut objects) = self.objects.lock() {
+            objects.retain(|key, _| relisted.contains(key));
         }
     }
 
@@ -643,12 +669,6 @@ impl Unreadable {
                     .collect()
             })
             .unwrap_or_default()
-    }
-
-    fn clear(&self) {
-        if let Ok(mut objects) = self.objects.lock() {
-            objects.clear();
-        }
     }
 
     /// Every object noted, as `(namespace, name, why)`.
@@ -728,12 +748,16 @@ where
         watcher::Event::Delete(object)
     }
     Some(match event {
-        // A new list: what it cannot read is noted again as it comes.
+        // A new list: what it cannot read is noted again as it comes, and what it no longer
+        // holds is forgotten once it is done.
         watcher::Event::Init => {
-            unreadable.clear();
+            unreadable.relisting();
             watcher::Event::Init
         }
-        watcher::Event::InitDone => watcher::Event::InitDone,
+        watcher::Event::InitDone => {
+            unreadable.relisted();
+            watcher::Event::InitDone
+        }
         watcher::Event::InitApply(o) => watcher::Event::InitApply(read(o, unreadable)?),
         watcher::Event::Apply(o) => {
             let metadata = o.metadata.clone();
@@ -857,4 +881,69 @@ fn listener_set_v1(event: watcher::Event<DynamicObject>) -> Option<watcher::Even
         }
         watcher::Event::Delete(o) => gone(o),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gateway_api::apis::standard::gateways::Gateway;
+
+    fn gateway(port: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "Gateway",
+            "metadata": {"name": "hub", "namespace": "infra"},
+            "spec": {"gatewayClassName": "cf", "listeners": [{"name": "web", "port": port, "protocol": "HTTP"}]},
+        }))
+        .expect("a dynamic object")
+    }
+
+    fn noted(unreadable: &Unreadable) -> Vec<String> {
+        unreadable
+            .list()
+            .into_iter()
+            .map(|(ns, name, _)| format!("{ns}/{name}"))
+            .collect()
+    }
+
+    /// An object this build cannot read stays noted while a new list comes in, as the cache
+    /// keeps its objects until the list is done, and is forgotten only when the list done
+    /// no longer holds it.
+    #[test]
+    fn an_unreadable_object_stays_noted_through_a_relist_that_still_holds_it() {
+        let unreadable = Unreadable::default();
+        let events = |list: Vec<watcher::Event<DynamicObject>>| {
+            for event in list {
+                let _ = readable::<Gateway>(event, &unreadable);
+            }
+        };
+        events(vec![
+            watcher::Event::Init,
+            watcher::Event::InitApply(gateway(serde_json::json!("eighty"))),
+            watcher::Event::InitDone,
+        ]);
+        assert_eq!(noted(&unreadable), ["infra/hub"]);
+
+        // A relist under way: nothing is forgotten before it is done.
+        let _ = readable::<Gateway>(watcher::Event::Init, &unreadable);
+        assert_eq!(noted(&unreadable), ["infra/hub"], "while the list comes in");
+        events(vec![
+            watcher::Event::InitApply(gateway(serde_json::json!("eighty"))),
+            watcher::Event::InitDone,
+        ]);
+        assert_eq!(noted(&unreadable), ["infra/hub"]);
+
+        // A list that no longer holds it.
+        events(vec![watcher::Event::Init, watcher::Event::InitDone]);
+        assert!(noted(&unreadable).is_empty());
+
+        // Read again once it reads.
+        events(vec![
+            watcher::Event::Init,
+            watcher::Event::InitApply(gateway(serde_json::json!("eighty"))),
+            watcher::Event::InitDone,
+            watcher::Event::Apply(gateway(serde_json::json!(80))),
+        ]);
+        assert!(noted(&unreadable).is_empty());
+    }
 }
