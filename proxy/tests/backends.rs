@@ -453,20 +453,29 @@ async fn websocket_and_h2c_backends_work_end_to_end() {
     .expect("test finished in time");
 }
 
+/// Whether a connection's first bytes are the HTTP/2 preface (h2c with prior knowledge), read
+/// without taking them; `None` if it ends first.
+async fn speaks_h2c(conn: &tokio::net::TcpStream) -> Option<bool> {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let mut first = [0u8; 24];
+    let mut seen = 0;
+    while seen < first.len() {
+        match conn.peek(&mut first).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => seen = n,
+        }
+    }
+    Some(first == PREFACE)
+}
+
 /// A backend that speaks h2c and HTTP/1.1 on one port, as Go's `h2c.NewHandler` does: HTTP/2
 /// requests are answered `h2`, HTTP/1.1 WebSocket handshakes open an echoing session.
 async fn h2c_and_websocket_backend() -> std::net::SocketAddr {
     scripted_backend(|conn: tokio::net::TcpStream| async move {
-        const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-        let mut first = [0u8; 24];
-        let mut seen = 0;
-        while seen < first.len() {
-            match conn.peek(&mut first).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => seen = n,
-            }
-        }
-        if first == PREFACE {
+        let Some(h2c) = speaks_h2c(&conn).await else {
+            return;
+        };
+        if h2c {
             let service = hyper::service::service_fn(|_req| async {
                 Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
                     Bytes::from_static(b"h2"),
@@ -531,17 +540,11 @@ async fn idle_upgrade_connections_give_way_to_http2_requests_at_the_limit() {
         let backend = scripted_backend(move |conn: tokio::net::TcpStream| {
             let arrived = arrived.clone();
             async move {
-                const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-                let mut first = [0u8; 24];
-                let mut seen = 0;
-                while seen < first.len() {
-                    match conn.peek(&mut first).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => seen = n,
-                    }
-                }
+                let Some(h2c) = speaks_h2c(&conn).await else {
+                    return;
+                };
                 let io = hyper_util::rt::TokioIo::new(conn);
-                if first == PREFACE {
+                if h2c {
                     let service = hyper::service::service_fn(|_req| async {
                         Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(Bytes::from_static(b"h2"))))
                     });

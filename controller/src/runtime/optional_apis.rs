@@ -24,6 +24,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use cftunnel_controller_core::snapshot::UnreadableObject;
 use futures_util::stream::BoxStream;
 use futures_util::{future, stream, Stream, StreamExt, TryStreamExt};
 use gateway_api::experimental::listenersets::{ListenerSet, ListenerSetSpec, ListenerSetStatus};
@@ -671,14 +672,20 @@ impl Unreadable {
             .unwrap_or_default()
     }
 
-    /// Every object noted, as `(namespace, name, why)`.
-    pub fn list(&self) -> Vec<(String, String, String)> {
+    /// Every object noted, with why, as a snapshot lists it.
+    pub fn list(&self) -> Vec<UnreadableObject> {
         self.objects
             .lock()
             .map(|objects| {
                 objects
                     .iter()
-                    .map(|((ns, name), noted)| (ns.clone(), name.clone(), noted.error.clone()))
+                    .map(|((namespace, name), noted)| {
+                        cftunnel_controller_core::snapshot::UnreadableObject {
+                            namespace: namespace.clone(),
+                            name: name.clone(),
+                            error: noted.error.clone(),
+                        }
+                    })
                     .collect()
             })
             .unwrap_or_default()
@@ -902,7 +909,7 @@ mod tests {
         unreadable
             .list()
             .into_iter()
-            .map(|(ns, name, _)| format!("{ns}/{name}"))
+            .map(|o| format!("{}/{}", o.namespace, o.name))
             .collect()
     }
 

@@ -43,7 +43,6 @@ use crate::gateway_config::GatewayConfig;
 use crate::service_import::ServiceImport;
 use crate::translate::bundle_version::{is_gateway_api_crd, CRD_ACCESS};
 use crate::translate::{ObjectKey, RouteKey, RouteKind, Snapshot};
-use cftunnel_controller_core::snapshot::UnreadableObject;
 
 use super::health::{Health, WatchLabel};
 use super::optional_apis::{self, readable, ApiDiscovery, CrdTriggers, Noted, Served, Unreadable};
@@ -657,16 +656,7 @@ impl Stores {
         Snapshot {
             gateway_classes: self.gateway_classes.state(),
             gateways: self.gateways.state(),
-            unreadable_gateways: self
-                .unreadable_gateways
-                .list()
-                .into_iter()
-                .map(|(namespace, name, error)| UnreadableObject {
-                    namespace,
-                    name,
-                    error,
-                })
-                .collect(),
+            unreadable_gateways: self.unreadable_gateways.list(),
             http_routes: self.http_routes.state(),
             grpc_routes: self.grpc_routes.state(),
             reference_grants: self.reference_grants.state(),
@@ -677,16 +667,7 @@ impl Stores {
             services: self.services.state(),
             endpoint_slices: self.endpoint_slices.state(),
             gateway_configs: self.gateway_configs.state(),
-            unreadable_gateway_configs: self
-                .unreadable_gateway_configs
-                .list()
-                .into_iter()
-                .map(|(namespace, name, error)| UnreadableObject {
-                    namespace,
-                    name,
-                    error,
-                })
-                .collect(),
+            unreadable_gateway_configs: self.unreadable_gateway_configs.list(),
             gateway_class_configs: self.gateway_class_configs.state(),
             service_imports: self
                 .service_imports_served
