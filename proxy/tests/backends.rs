@@ -436,13 +436,7 @@ async fn websocket_and_h2c_backends_work_end_to_end() {
             .collect();
         assert_eq!(peers.len(), 1, "one h2c connection: {peers:?}");
 
-        let (mut ws, resp) = tokio_tungstenite::connect_async(format!("ws://{d}/ws"))
-            .await
-            .expect("websocket handshake through the proxy");
-        assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
-        ws.send(tokio_tungstenite::tungstenite::Message::text("hello")).await.expect("send");
-        let echoed = ws.next().await.expect("a frame").expect("no error");
-        assert_eq!(echoed.into_text().expect("text").as_str(), "hello");
+        let mut ws = websocket_echoing(&format!("ws://{d}/ws"), "hello").await;
         ws.send(tokio_tungstenite::tungstenite::Message::binary(vec![1u8, 2, 3])).await.expect("send");
         let echoed = ws.next().await.expect("a frame").expect("no error");
         assert_eq!(echoed.into_data().as_ref(), &[1u8, 2, 3]);
@@ -515,13 +509,7 @@ async fn an_h2c_backend_that_takes_websockets_gets_them_over_http1() {
         let r = get(&http, d, "h", "/plain", &[]).await;
         assert_eq!((r.status, &r.body[..]), (StatusCode::OK, &b"h2"[..]), "spoken to over HTTP/2");
 
-        let (mut ws, resp) = tokio_tungstenite::connect_async(format!("ws://{d}/ws"))
-            .await
-            .expect("websocket handshake through the proxy");
-        assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
-        ws.send(tokio_tungstenite::tungstenite::Message::text("hello")).await.expect("send");
-        let echoed = ws.next().await.expect("a frame").expect("no error");
-        assert_eq!(echoed.into_text().expect("text").as_str(), "hello");
+        let mut ws = websocket_echoing(&format!("ws://{d}/ws"), "hello").await;
         ws.close(None).await.expect("close");
     })
     .await
@@ -628,13 +616,7 @@ async fn websocket_handshakes_are_not_mirrored() {
         ]});
         assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
         let d = proxy.data_addr();
-        let (mut ws, resp) = tokio_tungstenite::connect_async(format!("ws://{d}/ws?id=1"))
-            .await
-            .expect("websocket handshake through the proxy");
-        assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
-        ws.send(tokio_tungstenite::tungstenite::Message::text("hello")).await.expect("send");
-        let echoed = ws.next().await.expect("a frame").expect("no error");
-        assert_eq!(echoed.into_text().expect("text").as_str(), "hello");
+        let mut ws = websocket_echoing(&format!("ws://{d}/ws?id=1"), "hello").await;
         ws.close(None).await.expect("close");
         // A request after it is mirrored; by the time the mirror has it, a copy of the
         // handshake sent before would have arrived too.
@@ -895,13 +877,7 @@ async fn tls_backends_get_the_requests_host_over_http2_and_http1() {
 
         // HTTP/2 cannot carry an upgrade: a WebSocket to the same backend goes over a
         // connection of its own that offers HTTP/1.1 only.
-        let (mut ws, resp) = tokio_tungstenite::connect_async(format!("ws://{d}/ws"))
-            .await
-            .expect("websocket handshake through the proxy");
-        assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
-        ws.send(tokio_tungstenite::tungstenite::Message::text("over TLS")).await.expect("send");
-        let echoed = ws.next().await.expect("a frame").expect("no error");
-        assert_eq!(echoed.into_text().expect("text").as_str(), "over TLS");
+        let mut ws = websocket_echoing(&format!("ws://{d}/ws"), "over TLS").await;
         ws.close(None).await.expect("close");
         assert_eq!(backend.accepted(), 2, "one more TLS connection, for the upgrade");
         let r = get(&http, d, "after.example", "/x", &[]).await;

@@ -644,7 +644,7 @@ async fn idle_connections_are_closed_and_requests_in_flight_are_not() {
 /// WebSocket session lasts, although the HTTP connection it came on is over.
 #[tokio::test]
 async fn a_websocket_session_holds_its_connections_place_until_it_ends() {
-    use futures_util::{SinkExt as _, StreamExt as _};
+    use futures_util::StreamExt as _;
     tokio::time::timeout(TEST_TIMEOUT, async {
         let a = echo("svc-a-1").await;
         let proxy = proxy_with(cftunnel_proxy::ServerOptions {
@@ -661,13 +661,7 @@ async fn a_websocket_session_holds_its_connections_place_until_it_ends() {
         assert_eq!(push(&http, proxy.admin_addr(), &doc).await.status, StatusCode::OK);
         let d = proxy.data_addr();
 
-        let (mut ws, resp) = tokio_tungstenite::connect_async(format!("ws://{d}/ws"))
-            .await
-            .expect("websocket handshake through the proxy");
-        assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
-        ws.send(tokio_tungstenite::tungstenite::Message::text("hello")).await.expect("send");
-        let echoed = ws.next().await.expect("a frame").expect("no error");
-        assert_eq!(echoed.into_text().expect("text").as_str(), "hello");
+        let mut ws = websocket_echoing(&format!("ws://{d}/ws"), "hello").await;
 
         let (mut second, _task) = connect_http1(d).await.expect("connect");
         let waiting = status_over(&mut second);

@@ -511,3 +511,23 @@ pub async fn ready_once_registered(admin: SocketAddr, protocol: &str) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A WebSocket session, as the tests' client holds it.
+pub type WebSocket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Opens a WebSocket at `url` through the proxy (101) and checks that `text` comes back: the
+/// session, still open.
+pub async fn websocket_echoing(url: &str, text: &str) -> WebSocket {
+    use futures_util::{SinkExt as _, StreamExt as _};
+    let (mut ws, resp) = tokio_tungstenite::connect_async(url)
+        .await
+        .expect("websocket handshake through the proxy");
+    assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+    ws.send(tokio_tungstenite::tungstenite::Message::text(text))
+        .await
+        .expect("send");
+    let echoed = ws.next().await.expect("a frame").expect("no error");
+    assert_eq!(echoed.into_text().expect("text").as_str(), text);
+    ws
+}
