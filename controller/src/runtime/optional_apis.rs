@@ -636,8 +636,13 @@ impl Unreadable {
                 }
                 objects.insert(key, noted);
             }
+            // One that reads now stays noted until a list under way is done, as the cache
+            // shows it only then; that list's end forgets it.
             None => {
-                objects.remove(&key);
+                let relisting = self.relisted.lock().map(|r| r.is_some()).unwrap_or(false);
+                if !relisting {
+                    objects.remove(&key);
+                }
             }
         }
     }
@@ -944,13 +949,25 @@ mod tests {
         events(vec![watcher::Event::Init, watcher::Event::InitDone]);
         assert!(noted(&unreadable).is_empty());
 
-        // Read again once it reads.
+        // Read once it reads: during a list, only once the list is done, as the cache shows
+        // it only then.
         events(vec![
             watcher::Event::Init,
             watcher::Event::InitApply(gateway(serde_json::json!("eighty"))),
             watcher::Event::InitDone,
-            watcher::Event::Apply(gateway(serde_json::json!(80))),
         ]);
+        events(vec![
+            watcher::Event::Init,
+            watcher::Event::InitApply(gateway(serde_json::json!(80))),
+        ]);
+        assert_eq!(noted(&unreadable), ["infra/hub"], "while the list comes in");
+        events(vec![watcher::Event::InitDone]);
         assert!(noted(&unreadable).is_empty());
+        events(vec![watcher::Event::Apply(gateway(serde_json::json!(
+            "eighty"
+        )))]);
+        assert_eq!(noted(&unreadable), ["infra/hub"]);
+        events(vec![watcher::Event::Apply(gateway(serde_json::json!(80)))]);
+        assert!(noted(&unreadable).is_empty(), "out of a list at once");
     }
 }
