@@ -29,8 +29,9 @@ use k8s_openapi::api::autoscaling::v2::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector,
-    SecurityContext, Service, ServicePort, ServiceSpec, TopologySpreadConstraint,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile,
+    Secret, SecretKeySelector, SecurityContext, Service, ServicePort, ServiceSpec,
+    TopologySpreadConstraint,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -934,7 +935,13 @@ fn pod_spec(
             // Ready means: a config is loaded and a tunnel connection is registered now.
             readiness_probe: Some(probe("/readyz", 5, 2)),
             liveness_probe: Some(probe("/healthz", 10, 3)),
-            resources: config.spec.resources.clone(),
+            resources: Some(
+                config
+                    .spec
+                    .resources
+                    .clone()
+                    .unwrap_or_else(default_resources),
+            ),
             security_context: Some(SecurityContext {
                 allow_privilege_escalation: Some(false),
                 read_only_root_filesystem: Some(true),
@@ -989,4 +996,18 @@ fn owner_reference(gateway: &Gateway) -> Option<OwnerReference> {
         controller: Some(true),
         block_owner_deletion: Some(true),
     })
+}
+
+/// The proxy container's resources where the GatewayConfig sets none: requests, so the pods are
+/// not the first a node under memory pressure evicts (as with none at all), and no limits,
+/// since a CPU limit throttles a proxy under load and a memory limit depends on its routes and
+/// streams. The Go controller requested the same (and limited to 500m and 512Mi).
+fn default_resources() -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_owned(), Quantity("100m".to_owned())),
+            ("memory".to_owned(), Quantity("128Mi".to_owned())),
+        ])),
+        ..ResourceRequirements::default()
+    }
 }

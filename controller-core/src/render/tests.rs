@@ -285,6 +285,31 @@ fn the_pod_runs_the_proxy_as_the_contract_configures_it() {
 /// The pod runs as the image's numeric non-root user: it names no UID or GID, which OpenShift's
 /// `restricted-v2` SCC (MustRunAsRange) refuses outside the namespace's range, and still
 /// passes the `restricted` Pod Security Standard.
+/// Without resources in the GatewayConfig the proxy requests some, so a node under memory
+/// pressure does not evict it first, and is not limited; resources given are used as given.
+#[test]
+fn the_proxy_requests_resources_unless_the_config_sets_its_own() {
+    let p = plane(BASIC, "");
+    let resources = container(&p).resources.as_ref().expect("resources");
+    let requests = resources.requests.as_ref().expect("requests");
+    assert_eq!(requests["cpu"].0, "100m");
+    assert_eq!(requests["memory"].0, "128Mi");
+    assert_eq!(resources.limits, None);
+
+    let given = BASIC.replace(
+        "replicas: 3",
+        "replicas: 3, resources: {limits: {memory: 96Mi}}",
+    );
+    assert_ne!(given, BASIC, "the config sets resources");
+    let p = plane(&given, "");
+    let resources = container(&p).resources.as_ref().expect("resources");
+    assert_eq!(resources.requests, None);
+    assert_eq!(
+        resources.limits.as_ref().expect("limits")["memory"].0,
+        "96Mi"
+    );
+}
+
 #[test]
 fn the_pod_runs_as_the_images_non_root_user_and_asks_for_no_uid() {
     let p = plane(BASIC, "");
