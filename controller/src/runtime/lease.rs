@@ -76,17 +76,12 @@ pub fn spawn(
                     };
                     match tick {
                         Tick::Done(leading) => publish(leading.then_some(elector.term)),
-                        Tick::Lapsed => {
-                            elector.renewed = None;
-                            publish(None);
-                        }
+                        // The loop's top ends the leadership whose deadline passed.
+                        Tick::Lapsed => {}
                         Tick::Stop => break,
                     }
                 }
-                () = sleep_until_some(deadline) => {
-                    elector.renewed = None;
-                    publish(None);
-                }
+                () = sleep_until_some(deadline) => {}
                 () = &mut stop => break,
             }
         }
