@@ -595,13 +595,19 @@ fn crd_names<K>(api: &OptionalApi<K>) -> String {
 /// left out of the cache, and named to whatever refers to them.
 #[derive(Debug, Default)]
 pub struct Unreadable {
-    objects: std::sync::Mutex<std::collections::BTreeMap<(String, String), Noted>>,
+    noted: std::sync::Mutex<Notes>,
     /// Whether a noted object's status is kept, for a kind whose status says it is unreadable.
     keeps_status: bool,
+}
+
+/// What [`Unreadable`] holds under its lock.
+#[derive(Debug, Default)]
+struct Notes {
+    objects: std::collections::BTreeMap<(String, String), Noted>,
     /// While a new list comes in, the objects it noted so far. Those noted before stay until
     /// it is done, as the cache keeps its objects until then: a round in between still sees
     /// every object, read or not.
-    relisted: std::sync::Mutex<Option<std::collections::BTreeSet<(String, String)>>>,
+    relisted: Option<std::collections::BTreeSet<(String, String)>>,
 }
 
 /// An object this build cannot read: why, and what of it its status is written against.
@@ -622,78 +628,64 @@ impl Unreadable {
         }
     }
 
+    fn notes(&self) -> std::sync::MutexGuard<'_, Notes> {
+        self.noted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn note(&self, namespace: Option<String>, name: String, noted: Option<Noted>) {
-        let Ok(mut objects) = self.objects.lock() else {
-            return;
-        };
+        let mut notes = self.notes();
         let key = (namespace.unwrap_or_default(), name);
         match noted {
             Some(noted) => {
-                if let Ok(mut relisted) = self.relisted.lock() {
-                    if let Some(relisted) = relisted.as_mut() {
-                        relisted.insert(key.clone());
-                    }
+                if let Some(relisted) = notes.relisted.as_mut() {
+                    relisted.insert(key.clone());
                 }
-                objects.insert(key, noted);
+                notes.objects.insert(key, noted);
             }
             // One that reads now stays noted until a list under way is done, as the cache
             // shows it only then; that list's end forgets it.
+            None if notes.relisted.is_some() => {}
             None => {
-                let relisting = self.relisted.lock().map(|r| r.is_some()).unwrap_or(false);
-                if !relisting {
-                    objects.remove(&key);
-                }
+                notes.objects.remove(&key);
             }
         }
     }
 
     /// A new list starts.
     fn relisting(&self) {
-        if let Ok(mut relisted) = self.relisted.lock() {
-            *relisted = Some(std::collections::BTreeSet::new());
-        }
+        self.notes().relisted = Some(std::collections::BTreeSet::new());
     }
 
     /// The new list is done: what it did not note is gone.
     fn relisted(&self) {
-        let Some(relisted) = self.relisted.lock().ok().and_then(|mut r| r.take()) else {
-            return;
-        };
-        if let Ok(mut objects) = self.objects.lock() {
-            objects.retain(|key, _| relisted.contains(key));
+        let mut notes = self.notes();
+        if let Some(relisted) = notes.relisted.take() {
+            notes.objects.retain(|key, _| relisted.contains(key));
         }
     }
 
     /// Every object noted, as `(namespace, name, what was noted)`.
     pub fn noted(&self) -> Vec<(String, String, Noted)> {
-        self.objects
-            .lock()
-            .map(|objects| {
-                objects
-                    .iter()
-                    .map(|((ns, name), noted)| (ns.clone(), name.clone(), noted.clone()))
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.notes()
+            .objects
+            .iter()
+            .map(|((ns, name), noted)| (ns.clone(), name.clone(), noted.clone()))
+            .collect()
     }
 
     /// Every object noted, with why, as a snapshot lists it.
     pub fn list(&self) -> Vec<UnreadableObject> {
-        self.objects
-            .lock()
-            .map(|objects| {
-                objects
-                    .iter()
-                    .map(|((namespace, name), noted)| {
-                        cftunnel_controller_core::snapshot::UnreadableObject {
-                            namespace: namespace.clone(),
-                            name: name.clone(),
-                            error: noted.error.clone(),
-                        }
-                    })
-                    .collect()
+        self.notes()
+            .objects
+            .iter()
+            .map(|((namespace, name), noted)| UnreadableObject {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                error: noted.error.clone(),
             })
-            .unwrap_or_default()
+            .collect()
     }
 }
 
