@@ -1380,13 +1380,15 @@ async fn an_idle_websocket_is_closed_on_both_sides_and_a_busy_one_is_not() {
         )
         .await;
         let d = proxy.data_addr();
+        // Before the handshake: the proxy's idle clock starts when the session does, before
+        // this side has the handshake's answer.
+        let opened = std::time::Instant::now();
         let (mut quiet, _) = tokio_tungstenite::connect_async(format!("ws://{d}/ws"))
             .await
             .expect("websocket handshake through the proxy");
         let (mut busy, _) = tokio_tungstenite::connect_async(format!("ws://{d}/ws"))
             .await
             .expect("websocket handshake through the proxy");
-        let opened = std::time::Instant::now();
         let quiet = tokio::spawn(async move {
             let end = quiet.next().await;
             (end.map(|r| r.map(|m| m.is_close())), opened.elapsed())
