@@ -59,10 +59,12 @@ fn present(headers: &HeaderMap) -> u16 {
 /// HTTP/1.1 encoder writes only the trailers a message announces, and Go's reverse proxy,
 /// which drops the header, announces them again. A `Content-Length` beside
 /// `Transfer-Encoding` goes too: the message's length was its chunked framing's.
-pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+/// Returns whether the map held a `Connection` header, whose list may have named any other
+/// header.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) -> bool {
     let set = present(headers);
     if set == 0 {
-        return;
+        return false;
     }
     if set & CONNECTION_BIT != 0 {
         // Taken out of the map, which frees it for the removals below: one lookup, no copy.
@@ -117,6 +119,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
             headers.remove(header::TE);
         }
     }
+    set & CONNECTION_BIT != 0
 }
 
 /// Settles `X-Forwarded-Proto` before routing, since rules may match on it (a Gateway's HTTP
@@ -124,68 +127,64 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
 /// becomes the request's scheme; anyone else's is replaced with the scheme the client used.
 /// Returns the connection as the request is to be served.
 pub(crate) fn settle_forwarded_proto(headers: &mut HeaderMap, mut conn: ConnInfo) -> ConnInfo {
-    match headers.get(&X_FORWARDED_PROTO) {
-        Some(value) if conn.trusted_forwarding => {
-            if value.as_bytes().eq_ignore_ascii_case(b"http") {
+    // One lookup reads and writes it: hashing a name the `http` crate does not know costs
+    // about as much as the rest of the write.
+    match headers.entry(&X_FORWARDED_PROTO) {
+        header::Entry::Occupied(entry) if conn.trusted_forwarding => {
+            if entry.get().as_bytes().eq_ignore_ascii_case(b"http") {
                 conn.scheme = "http";
             }
         }
-        _ => {
-            headers.insert(
-                X_FORWARDED_PROTO.clone(),
-                HeaderValue::from_static(conn.scheme),
-            );
+        header::Entry::Occupied(mut entry) => {
+            entry.insert(HeaderValue::from_static(conn.scheme));
+        }
+        header::Entry::Vacant(entry) => {
+            entry.insert(HeaderValue::from_static(conn.scheme));
         }
     }
     conn
 }
 
-/// Prepares a request's headers for the backend: hop-by-hop removal, `Connection: upgrade`
-/// for an upgrade, and `X-Forwarded-For`/`-Proto`: a trusted hop's stand, and only the ones
-/// it left out are filled in.
+/// Prepares a request's headers for the backend, after [`settle_forwarded_proto`]:
+/// hop-by-hop removal, `Connection: upgrade` for an upgrade, and `X-Forwarded-For`: a trusted
+/// hop's stands, and is filled in where it left it out.
 pub(crate) fn prepare_forward_headers(headers: &mut HeaderMap, conn: ConnInfo, upgrade: bool) {
-    strip_hop_by_hop(headers, upgrade);
+    let connection_listed = strip_hop_by_hop(headers, upgrade);
     if upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    }
-    if conn.trusted_forwarding {
-        if !headers.contains_key(&X_FORWARDED_FOR) {
-            if let Some(value) = conn
-                .peer
-                .and_then(|p| ip_header_value(p.ip().to_canonical()))
-            {
-                headers.insert(X_FORWARDED_FOR.clone(), value);
-            }
-        }
-        if !headers.contains_key(&X_FORWARDED_PROTO) {
-            headers.insert(
-                X_FORWARDED_PROTO.clone(),
-                HeaderValue::from_static(conn.scheme),
-            );
-        }
-        return;
     }
     if let Some(peer) = conn.peer {
         // An IPv4 client of the dual-stack listener arrives as `::ffff:a.b.c.d`.
         let ip = peer.ip().to_canonical();
-        let value = match headers.get(&X_FORWARDED_FOR) {
-            None => ip_header_value(ip),
-            Some(_) => appended_forwarded_for(headers, ip),
-        };
-        if let Some(value) = value {
-            headers.insert(X_FORWARDED_FOR.clone(), value);
+        match headers.entry(&X_FORWARDED_FOR) {
+            header::Entry::Vacant(entry) => {
+                if let Some(value) = ip_header_value(ip) {
+                    entry.insert(value);
+                }
+            }
+            header::Entry::Occupied(_) if conn.trusted_forwarding => {}
+            header::Entry::Occupied(mut entry) => {
+                if let Some(value) = appended_forwarded_for(entry.iter(), ip) {
+                    entry.insert(value);
+                }
+            }
         }
     }
-    headers.insert(
-        X_FORWARDED_PROTO.clone(),
-        HeaderValue::from_static(conn.scheme),
-    );
+    // Settled before routing; only a `Connection` header naming it can have taken it out.
+    if connection_listed {
+        if let header::Entry::Vacant(entry) = headers.entry(&X_FORWARDED_PROTO) {
+            entry.insert(HeaderValue::from_static(conn.scheme));
+        }
+    }
 }
 
 /// Every earlier `X-Forwarded-For` entry, then the peer, as one value.
-fn appended_forwarded_for(headers: &HeaderMap, ip: IpAddr) -> Option<HeaderValue> {
+fn appended_forwarded_for<'a>(
+    prior: impl Iterator<Item = &'a HeaderValue>,
+    ip: IpAddr,
+) -> Option<HeaderValue> {
     let mut joined = String::new();
-    for prior in headers.get_all(&X_FORWARDED_FOR) {
+    for prior in prior {
         if let Ok(prior) = prior.to_str() {
             joined.push_str(prior);
             joined.push_str(", ");
@@ -347,7 +346,8 @@ mod tests {
             (IpAddr::V6(Ipv6Addr::LOCALHOST), "::1"),
         ] {
             let mut h = HeaderMap::new();
-            prepare_forward_headers(&mut h, conn(ip, false), false);
+            let c = settle_forwarded_proto(&mut h, conn(ip, false));
+            prepare_forward_headers(&mut h, c, false);
             assert_eq!(h.get("x-forwarded-for").unwrap(), text);
             assert_eq!(h.get("x-forwarded-proto").unwrap(), "http");
         }
@@ -404,16 +404,40 @@ mod tests {
         assert_eq!(h.get("connection").unwrap(), "upgrade");
 
         let mut h = HeaderMap::new();
-        prepare_forward_headers(
-            &mut h,
-            conn(IpAddr::V4(Ipv4Addr::new(1, 2, 3, 4)), true),
-            false,
-        );
+        let c = settle_forwarded_proto(&mut h, conn(IpAddr::V4(Ipv4Addr::new(1, 2, 3, 4)), true));
+        prepare_forward_headers(&mut h, c, false);
         assert_eq!(
             h.get("x-forwarded-for").unwrap(),
             "1.2.3.4",
             "filled in when left out"
         );
         assert_eq!(h.get("x-forwarded-proto").unwrap(), "http");
+    }
+
+    /// A `Connection` header may name any header as hop-by-hop, but not the forwarding
+    /// headers the proxy itself sets: they reach the backend whatever the client listed.
+    #[test]
+    fn a_connection_header_cannot_take_out_the_forwarding_headers() {
+        for trusted in [false, true] {
+            let mut h = map(&[
+                ("connection", "x-forwarded-proto, x-forwarded-for, x-gone"),
+                ("x-forwarded-proto", "http"),
+                ("x-forwarded-for", "10.0.0.1"),
+                ("x-gone", "1"),
+            ]);
+            let mut client = conn(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7)), trusted);
+            client.scheme = "https";
+            let c = settle_forwarded_proto(&mut h, client);
+            prepare_forward_headers(&mut h, c, false);
+            assert_eq!(
+                names(&h),
+                ["x-forwarded-for", "x-forwarded-proto"],
+                "trusted: {trusted}"
+            );
+            // A trusted hop's `http` is the request's scheme; anyone else's claim is not.
+            let scheme = if trusted { "http" } else { "https" };
+            assert_eq!(h.get("x-forwarded-proto").unwrap(), scheme);
+            assert_eq!(h.get("x-forwarded-for").unwrap(), "192.0.2.7");
+        }
     }
 }
