@@ -103,7 +103,7 @@ pub(super) struct OwnedGateway<'a> {
     conditions: Vec<Condition>,
 }
 
-impl OwnedGateway<'_> {
+impl<'a> OwnedGateway<'a> {
     /// Whether the Gateway is accepted, and if not why; final once every listener conflict is
     /// known.
     fn acceptance(&self) -> Result<(), (Reason, String)> {
@@ -155,6 +155,16 @@ impl OwnedGateway<'_> {
     /// Whether the Gateway is accepted; final once every listener conflict is known.
     pub(super) fn accepted(&self) -> bool {
         self.acceptance().is_ok()
+    }
+
+    /// The listeners that hold their hostnames in the route table (listener isolation, and the
+    /// scheme each host is served over): the usable ones of an accepted Gateway, its
+    /// ListenerSets' included. A Gateway that is not accepted serves none of its routes, so its
+    /// listeners take no hostname from another's, though a dedicated one keeps its plane.
+    /// Final once the Gateway is settled.
+    pub(super) fn hostname_holders(&self) -> impl Iterator<Item = &OwnedListener<'a>> {
+        let accepted = self.accepted();
+        self.listeners.iter().filter(move |l| accepted && l.usable)
     }
 
     /// The Gateway's own listeners, without those of its ListenerSets.
@@ -621,15 +631,14 @@ pub(super) const NO_ROUTE_STATUS: u16 = 404;
 /// regular expression match placed after every route rule, so any route rule of the same
 /// hostname outranks it. Each comes with its listener's scheme.
 ///
-/// These are the listeners of `gw` that get one, with their hostnames: one rule serves a
-/// hostname for every listener of it on a plane, so the caller builds it
-/// ([`listener_isolation_rule`]) only for the first.
+/// These are the listeners of `gw` that get one, with their hostnames: those holding a
+/// hostname ([`OwnedGateway::hostname_holders`]). One rule serves a hostname for every
+/// listener of it on a plane, so the caller builds it ([`listener_isolation_rule`]) only for
+/// the first.
 pub(super) fn isolated_listeners<'g, 'a>(
     gw: &'g OwnedGateway<'a>,
 ) -> impl Iterator<Item = (&'g str, &'g OwnedListener<'a>)> + 'g {
-    gw.listeners
-        .iter()
-        .filter(|l| l.usable)
+    gw.hostname_holders()
         .filter_map(|l| Some((l.hostname.as_deref()?, l)))
 }
 

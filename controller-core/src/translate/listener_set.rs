@@ -363,7 +363,9 @@ fn as_gateway_listeners(set: &ListenerSet) -> Result<Vec<GatewayListeners>, (Rea
 /// the same scheme and hostname as a listener written elsewhere (the Gateway or another
 /// ListenerSet): behind a tunnel ports do not tell listeners apart, and the set's routes would
 /// take requests that listener's `allowedRoutes` keeps to others. ListenerSet listeners
-/// already conflicted do not count: they serve nothing.
+/// already conflicted do not count: they serve nothing. Across ports only listeners that both
+/// serve (usable, so of a protocol we serve) conflict: one that serves nothing takes no
+/// request from the other, while a port stays the Gateway listener's whatever its state.
 fn conflict(before: &[OwnedListener<'_>], l: &OwnedListener<'_>) -> Option<(Reason, String)> {
     before
         .iter()
@@ -374,7 +376,9 @@ fn conflict(before: &[OwnedListener<'_>], l: &OwnedListener<'_>) -> Option<(Reas
                 Some(entry) => format!("of ListenerSet {}", entry.set),
             };
             if b.port != l.port {
-                let same = b.scheme == l.scheme
+                let same = b.usable
+                    && l.usable
+                    && b.scheme == l.scheme
                     && b.hostname == l.hostname
                     && b.set.as_ref().map(|e| &e.set) != l.set.as_ref().map(|e| &e.set);
                 return same.then(|| {

@@ -851,7 +851,8 @@ impl Tunnels {
 /// hold the same listeners, those of their route table. They keep the schemes apart (see
 /// [`scheme`]) and give listener isolation across the table
 /// ([`scheme::SchemeListeners::taken_by_more_specific`]). Built from the settled Gateways: one
-/// without a plane, or a conflicted listener, contributes nothing.
+/// without a plane or not accepted, or a listener that is not usable, contributes nothing
+/// ([`gateway::OwnedGateway::hostname_holders`]).
 fn scheme_listeners<'g>(
     gateways: &'g gateway::OwnedGateways<'_>,
     tunnels: &Tunnels,
@@ -861,7 +862,7 @@ fn scheme_listeners<'g>(
         let Some(plane) = &gw.plane else { continue };
         for target in tunnels.planes_with(plane) {
             let listeners = planes.entry(target.clone()).or_default();
-            for l in gw.listeners.iter().filter(|l| l.usable) {
+            for l in gw.hostname_holders() {
                 listeners.add(l.scheme, l.hostname.as_deref());
             }
         }

@@ -872,3 +872,232 @@ fn a_listener_sets_listener_counts_only_the_routes_accepted_through_it() {
         assert_eq!(counts, vec![count], "{case}");
     }
 }
+
+/// A dedicated Gateway whose own listeners all become invalid keeps its plane (its pods must be
+/// told to stop serving), but is not accepted: the listeners of its ListenerSets serve nothing,
+/// so they take no hostname from another Gateway on its tunnel. A shared-plane Gateway's
+/// `*.example.com` route for `app.example.com` is served, and no isolation rule answers 404
+/// for that host.
+#[test]
+fn the_listener_sets_of_a_dedicated_gateway_not_accepted_take_no_hostname_on_its_tunnel() {
+    let wild = shared_gateway(
+        "web",
+        "wild",
+        "2026-01-01T00:00:00Z",
+        "{name: https, port: 443, protocol: HTTPS, hostname: \"*.example.com\"}",
+    );
+    let grab = http_route(
+        "web",
+        "grab",
+        "  parentRefs: [{name: wild}]\n  hostnames: [app.example.com, other.example.com]\n  rules: [{matches: [{path: {value: /login}}], backendRefs: [{name: web, port: 8080}]}]",
+    );
+    // Dedicated Gateway `team-d/d` on the class tunnel, admitting ListenerSets of its namespace.
+    let dedicated = |own: &str| {
+        tenant("team-d", "d", TUNNEL_A).replace(
+            "  listeners: [{name: http, port: 80, protocol: HTTP, hostname: d.example.com}]",
+            &format!("  allowedListeners: {{namespaces: {{from: Same}}}}\n  listeners: [{own}]"),
+        )
+    };
+    let healthy = dedicated("{name: https, port: 443, protocol: HTTPS, hostname: d.example.com}");
+    // Its one listener's certificate Secret is gone.
+    let broken = dedicated(
+        "{name: https, port: 443, protocol: HTTPS, hostname: d.example.com, tls: {certificateRefs: [{name: gone}]}}",
+    );
+    assert_ne!(healthy, broken);
+    let set = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: ListenerSet
+metadata: {name: team, namespace: team-d}
+spec:
+  parentRef: {name: d}
+  listeners: [{name: app, port: 443, protocol: HTTPS, hostname: app.example.com}]
+---
+"#;
+    let d = ObjectKey::new("team-d", "d");
+    let d_plane = PlaneKey::Dedicated(d.clone());
+    let options = class_tunnel(TUNNEL_A);
+    let grab_hostnames = |out: &Output, plane: &PlaneKey| -> Vec<String> {
+        out.configs[plane]
+            .rules
+            .iter()
+            .filter(|r| r.name.as_deref() == Some("web/grab/0"))
+            .flat_map(|r| r.hostnames.clone())
+            .collect()
+    };
+    let isolates_app = |out: &Output, plane: &PlaneKey| {
+        out.configs[plane].rules.iter().any(|r| {
+            r.unavailable_status == Some(gateway::NO_ROUTE_STATUS)
+                && r.hostnames.iter().any(|h| h == "app.example.com")
+        })
+    };
+
+    // While the Gateway is accepted, its ListenerSet's listener holds app.example.com on every
+    // plane of the tunnel.
+    let out = translate(&snapshot(&format!("{wild}{grab}{healthy}{set}")), &options);
+    assert_eq!(
+        set_condition(&out, "team-d", "team", ConditionType::Accepted),
+        (true, Reason::Accepted)
+    );
+    for plane in [&PlaneKey::Shared, &d_plane] {
+        assert_eq!(
+            grab_hostnames(&out, plane),
+            ["other.example.com"],
+            "{plane}"
+        );
+        assert!(isolates_app(&out, plane), "{plane}");
+    }
+
+    let out = translate(&snapshot(&format!("{wild}{grab}{broken}{set}")), &options);
+    assert_eq!(
+        kinds_and_reasons(&out.statuses.gateways[&d].conditions),
+        vec![
+            (ConditionType::Accepted, false, Reason::ListenersNotValid),
+            (ConditionType::Programmed, false, Reason::Invalid),
+        ]
+    );
+    assert_eq!(out.planes.get(&d), Some(&d_plane), "the plane stays");
+    assert_eq!(
+        set_condition(&out, "team-d", "team", ConditionType::Accepted),
+        (false, Reason::ParentNotAccepted)
+    );
+    assert_eq!(
+        condition(&out, "web", "grab", ConditionType::Accepted),
+        (true, Reason::Accepted)
+    );
+    for plane in [&PlaneKey::Shared, &d_plane] {
+        assert_eq!(
+            grab_hostnames(&out, plane),
+            ["app.example.com", "other.example.com"],
+            "{plane}"
+        );
+        assert!(!isolates_app(&out, plane), "{plane}");
+        let routes = proxy_routes(&out.configs[plane]);
+        assert_eq!(
+            picked(&routes, "https", "app.example.com", "/login").as_deref(),
+            Some("web/grab/0"),
+            "{plane}"
+        );
+    }
+}
+
+/// Across ports, only listeners that serve conflict: a Gateway listener of a protocol the data
+/// plane does not serve (TLS, TCP), which takes no request, leaves a ListenerSet's HTTP
+/// listener for the same hostname (or, without one, for any host) unconflicted, and a
+/// ListenerSet listener that serves nothing is told why, not that it conflicts. A Gateway
+/// listener that serves the same scheme and hostname on another port still conflicts.
+#[test]
+fn across_ports_only_listeners_that_serve_conflict_with_a_listener_sets() {
+    let fine = BTreeMap::from([
+        (ConditionType::Accepted, (true, Reason::Accepted)),
+        (ConditionType::ResolvedRefs, (true, Reason::ResolvedRefs)),
+        (ConditionType::Conflicted, (false, Reason::NoConflicts)),
+        (ConditionType::Programmed, (true, Reason::Programmed)),
+    ]);
+    // Older than the base Gateway `infra/gw`, so the shared plane's HTTP listener for any host
+    // is the hub's.
+    let with_own = |listener: &str| {
+        let gateway = hub("{namespaces: {from: Same}}")
+            .replace("  listeners:\n", &format!("  listeners:\n  - {listener}\n"));
+        created(gateway, "infra", "2020-01-01T00:00:00Z")
+    };
+    // (case, Gateway, the ListenerSet's listener `web`, the host a route on it is served at)
+    let cases = [
+        (
+            "a TLS listener for the hostname",
+            with_own("{name: tls, port: 443, protocol: TLS, hostname: app.example.com}"),
+            "{name: web, port: 80, protocol: HTTP, hostname: app.example.com}",
+            "app.example.com",
+        ),
+        (
+            "a TCP listener without hostname",
+            with_own("{name: tcp, port: 9000, protocol: TCP}"),
+            "{name: web, port: 8080, protocol: HTTP}",
+            "*",
+        ),
+    ];
+    for (case, gateway, web, host) in cases {
+        let out = run(&format!(
+            "{gateway}{}{}",
+            listener_set("infra", "team", &[web]),
+            route_on_set("infra", "app", "infra", "team", Some("web")),
+        ));
+        assert_eq!(entry(&out, "infra", "team", "web"), fine, "{case}");
+        assert_eq!(
+            set_condition(&out, "infra", "team", ConditionType::Accepted),
+            (true, Reason::Accepted),
+            "{case}"
+        );
+        assert_eq!(
+            condition(&out, "infra", "app", ConditionType::Accepted),
+            (true, Reason::Accepted),
+            "{case}"
+        );
+        let served: BTreeSet<String> = shared(&out)
+            .rules
+            .iter()
+            .filter(|r| r.name.as_deref() == Some("infra/app/0"))
+            .flat_map(|r| r.hostnames.clone())
+            .collect();
+        let expected = match host {
+            "*" => BTreeSet::new(),
+            host => BTreeSet::from([host.to_owned()]),
+        };
+        assert_eq!(served, expected, "{case}");
+        assert!(
+            shared(&out)
+                .rules
+                .iter()
+                .any(|r| r.name.as_deref() == Some("infra/app/0")),
+            "{case}: the route is served"
+        );
+    }
+
+    // A ListenerSet listener of a protocol not served keeps its own reason.
+    let out = run(&format!(
+        "{}{}",
+        hub("{namespaces: {from: Same}}"),
+        listener_set(
+            "infra",
+            "team",
+            &["{name: tls, port: 8443, protocol: TLS, hostname: main.example.com}"]
+        ),
+    ));
+    let tls = entry(&out, "infra", "team", "tls");
+    assert_eq!(
+        tls[&ConditionType::Accepted],
+        (false, Reason::UnsupportedProtocol)
+    );
+    assert_eq!(
+        tls[&ConditionType::Conflicted],
+        (false, Reason::NoConflicts)
+    );
+
+    // The Gateway's HTTP listener for main.example.com serves it on port 80.
+    let out = run(&format!(
+        "{}{}",
+        hub("{namespaces: {from: Same}}"),
+        listener_set(
+            "infra",
+            "team",
+            &["{name: alt, port: 8080, protocol: HTTP, hostname: main.example.com}"]
+        ),
+    ));
+    let alt = set_status(&out, "infra", "team")
+        .listeners
+        .iter()
+        .find(|l| l.name == "alt")
+        .and_then(|l| {
+            l.conditions
+                .iter()
+                .find(|c| c.kind == ConditionType::Conflicted)
+        })
+        .expect("Conflicted");
+    assert_eq!(
+        described(alt),
+        (
+            ConditionType::Conflicted,
+            true,
+            Reason::HostnameConflict,
+            "listener main of the Gateway serves http://main.example.com on port 80; ports do not tell listeners apart behind a tunnel"
+        )
+    );
+}
