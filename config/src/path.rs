@@ -17,7 +17,9 @@ pub struct StrayPercent;
 /// the hex digits of every other escape upper-cased (§6.2.2.1), then `.` and `..` segments are
 /// removed and repeated slashes merged (§5.2.4), so a rule on `/admin` cannot be sidestepped by
 /// a path a backend reads as `/admin` (`/%61dmin`, `/x/%2e%2e/admin`). Other escapes, `%2F`
-/// among them, stay escapes: they do not name the same path.
+/// among them, stay escapes: they do not name the same path. Bytes a path may not carry as
+/// they are (§3.3: anything past ASCII, `"`, `<`, `>`, `\`, `^`, `` ` ``, `{`, `|`, `}` and the
+/// like) are encoded, as browsers send them: `/été` and `/%C3%A9t%C3%A9` are one path.
 ///
 /// # Errors
 /// [`StrayPercent`] when a `%` starts no escape.
@@ -42,47 +44,71 @@ fn escapes_are_whole(path: &[u8]) -> bool {
     true
 }
 
-/// `path` with each escape as the canonical form writes it: an unreserved character as itself,
-/// any other byte with upper-case hex digits; `None` when every escape already is, as in nearly
-/// every path. Every `%` of `path` must start an escape ([`escapes_are_whole`]).
+/// `path` with each escape as the canonical form writes it (an unreserved character as
+/// itself, any other byte with upper-case hex digits) and each byte a path may not carry as it
+/// is encoded; `None` when nothing changes, as in nearly every path. Every `%` of `path` must
+/// start an escape ([`escapes_are_whole`]).
 fn canonical_escapes(path: &str) -> Option<String> {
     const UPPER_HEX: &[u8; 16] = b"0123456789ABCDEF";
     let bytes = path.as_bytes();
-    let (mut at, mut byte) = next_rewritten_escape(bytes, 0)?;
-    let mut out = String::with_capacity(path.len());
+    let (mut at, mut rewrite) = next_rewrite(bytes, 0)?;
+    // Bytes, not a `String`: a byte past ASCII is cut out of the middle of its character. All
+    // such bytes are encoded, so what is written is ASCII.
+    let mut out = Vec::with_capacity(path.len() + 8);
     let mut copied = 0;
     loop {
-        // `at` is at an ASCII `%` and escapes are three ASCII bytes: every cut is on a char
-        // boundary.
-        out.push_str(&path[copied..at]);
-        if is_unreserved(byte) {
-            out.push(char::from(byte));
+        out.extend_from_slice(bytes.get(copied..at).unwrap_or_default());
+        let (byte, len) = match rewrite {
+            Rewrite::Escape(byte) => (byte, 3),
+            Rewrite::Raw(byte) => (byte, 1),
+        };
+        if len == 3 && is_unreserved(byte) {
+            out.push(byte);
         } else {
-            out.push('%');
-            out.push(char::from(UPPER_HEX[usize::from(byte >> 4)]));
-            out.push(char::from(UPPER_HEX[usize::from(byte & 0xf)]));
+            out.extend_from_slice(&[
+                b'%',
+                UPPER_HEX[usize::from(byte >> 4)],
+                UPPER_HEX[usize::from(byte & 0xf)],
+            ]);
         }
-        copied = at + 3;
-        match next_rewritten_escape(bytes, copied) {
-            Some(next) => (at, byte) = next,
+        copied = at + len;
+        match next_rewrite(bytes, copied) {
+            Some(next) => (at, rewrite) = next,
             None => break,
         }
     }
-    out.push_str(&path[copied..]);
-    Some(out)
+    out.extend_from_slice(bytes.get(copied..).unwrap_or_default());
+    Some(String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into()))
 }
 
-/// The first escape at or after `from` that the canonical form writes otherwise (one of an
-/// unreserved character, or with a lower-case hex digit): where it starts, and its byte.
-fn next_rewritten_escape(bytes: &[u8], from: usize) -> Option<(usize, u8)> {
+/// What the canonical form writes otherwise at one place of a path.
+#[derive(Clone, Copy)]
+enum Rewrite {
+    /// An escape of this byte, of an unreserved character or with a lower-case hex digit.
+    Escape(u8),
+    /// This byte, which a path may not carry as it is.
+    Raw(u8),
+}
+
+/// The first place at or after `from` that the canonical form writes otherwise, and what is
+/// there.
+fn next_rewrite(bytes: &[u8], from: usize) -> Option<(usize, Rewrite)> {
     let mut i = from;
-    while let Some(offset) = bytes.get(i..)?.iter().position(|&b| b == b'%') {
+    while let Some(offset) = bytes
+        .get(i..)?
+        .iter()
+        .position(|&b| b == b'%' || !RAW_IN_PATH[usize::from(b)])
+    {
         let at = i + offset;
+        let byte = bytes.get(at).copied()?;
+        if byte != b'%' {
+            return Some((at, Rewrite::Raw(byte)));
+        }
         if let Some(&[hi, lo]) = bytes.get(at + 1..at + 3) {
             if let (Some(h), Some(l)) = (hex(hi), hex(lo)) {
                 let byte = h << 4 | l;
                 if is_unreserved(byte) || hi.is_ascii_lowercase() || lo.is_ascii_lowercase() {
-                    return Some((at, byte));
+                    return Some((at, Rewrite::Escape(byte)));
                 }
             }
         }
@@ -90,6 +116,42 @@ fn next_rewritten_escape(bytes: &[u8], from: usize) -> Option<(usize, u8)> {
     }
     None
 }
+
+/// The bytes a path carries as they are (RFC 3986 §3.3: unreserved, sub-delims, `:`, `@`, `/`
+/// and `%`), and `[` and `]`, which Go's URL parser leaves alone in a path too.
+const RAW_IN_PATH: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 128 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+                    | b':'
+                    | b'@'
+                    | b'/'
+                    | b'%'
+                    | b'['
+                    | b']'
+            );
+        b += 1;
+    }
+    table
+};
 
 fn hex(digit: u8) -> Option<u8> {
     match digit {
@@ -182,7 +244,7 @@ mod tests {
         assert_eq!(normal("/..").as_deref(), Some("/"));
         assert_eq!(normal("/%61/%2e%2E/b").as_deref(), Some("/b"));
         assert_eq!(normal("/%7e%5F%2d%30").as_deref(), Some("/~_-0"));
-        assert_eq!(normal("/é%41").as_deref(), Some("/éA"));
+        assert_eq!(normal("/é%41").as_deref(), Some("/%C3%A9A"));
         for normal_path in ["/", "/a/", "/.a", "/..a/b.", "/a/.b/..c", "/a.../"] {
             assert_eq!(normal(normal_path), None, "{normal_path}");
         }
@@ -202,6 +264,27 @@ mod tests {
             Some("/x/%2F../y"),
             "an encoded `/` separates no segment, so `%2F..` is no `..`"
         );
+    }
+
+    /// What a path may not carry as it is gets encoded, as a browser sends it, so a rule
+    /// written one way matches a request sent the other.
+    #[test]
+    fn bytes_a_path_may_not_carry_are_encoded() {
+        assert_eq!(normal("/été/x").as_deref(), Some("/%C3%A9t%C3%A9/x"));
+        assert_eq!(normal("/%C3%A9t%C3%A9/x"), None);
+        assert_eq!(
+            normal("/a{b}|\"^`<>").as_deref(),
+            Some("/a%7Bb%7D%7C%22%5E%60%3C%3E")
+        );
+        assert_eq!(normal("/a b").as_deref(), Some("/a%20b"));
+        assert_eq!(
+            normal("/é/./%7e/../%c3%a9").as_deref(),
+            Some("/%C3%A9/%C3%A9"),
+            "encoded, then dot segments removed"
+        );
+        for kept in ["/a:b@c!$&'()*+,;=", "/[::1]", "/a-b._~"] {
+            assert_eq!(normal(kept), None, "{kept}");
+        }
     }
 
     #[test]

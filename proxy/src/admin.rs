@@ -11,10 +11,16 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
 use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
+use tokio::time::Sleep;
 
 /// Connections the admin port holds open at once unless configured otherwise: the kubelet's
 /// probes, Prometheus and the controller need a handful.
@@ -305,8 +311,26 @@ async fn read_body(body: Incoming, limit: usize, declared: Option<u64>) -> Resul
     Ok(buf.freeze())
 }
 
+/// How long an admin connection may stall before it is dropped, freeing its place: a client
+/// that stops reading what it is sent (a `/metrics` or `/config/document` answer larger than
+/// the socket buffers) or stops sending a request body it started would otherwise hold the
+/// place for good, and enough of them would keep the kubelet's probes in the listen backlog.
+/// The data listener's send and request-body timeouts.
+#[derive(Debug, Clone, Copy)]
+pub struct Stalls {
+    /// A write blocked this long.
+    pub send: Duration,
+    /// No bytes for this long while a request is in flight.
+    pub body: Duration,
+}
+
 /// Serves the admin endpoints until the process exits.
-pub async fn serve(listener: TcpListener, admin: Arc<Admin>, max_connections: usize) {
+pub async fn serve(
+    listener: TcpListener,
+    admin: Arc<Admin>,
+    max_connections: usize,
+    stalls: Stalls,
+) {
     let permits = Arc::new(tokio::sync::Semaphore::new(
         max_connections.clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
     ));
@@ -344,6 +368,13 @@ pub async fn serve(listener: TcpListener, admin: Arc<Admin>, max_connections: us
                     Ok::<_, Infallible>(response)
                 }
             });
+            let stream = Guarded {
+                stream,
+                held: Arc::clone(&place.held),
+                stalls,
+                write_stall: None,
+                read_stall: None,
+            };
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(Some(Duration::from_secs(10)))
@@ -419,6 +450,97 @@ impl Peers {
             ip,
             held: new,
         })
+    }
+}
+
+/// An admin connection's socket, failed once it stalls for longer than [`Stalls`] allows.
+struct Guarded {
+    stream: tokio::net::TcpStream,
+    held: Arc<Held>,
+    stalls: Stalls,
+    /// Armed while a write is blocked.
+    write_stall: Option<Pin<Box<Sleep>>>,
+    /// Armed while a read waits with a request in flight.
+    read_stall: Option<Pin<Box<Sleep>>>,
+}
+
+/// Whether the stall `slot` times, armed now if it is not yet, has lasted `after`.
+fn stalled(slot: &mut Option<Pin<Box<Sleep>>>, after: Duration, cx: &mut Context<'_>) -> bool {
+    slot.get_or_insert_with(|| Box::pin(tokio::time::sleep(after)))
+        .as_mut()
+        .poll(cx)
+        .is_ready()
+}
+
+impl Guarded {
+    fn wrote<T>(
+        &mut self,
+        result: Poll<io::Result<T>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<T>> {
+        if result.is_ready() {
+            self.write_stall = None;
+        } else if stalled(&mut self.write_stall, self.stalls.send, cx) {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the admin client read nothing of its answer",
+            )));
+        }
+        result
+    }
+}
+
+impl AsyncRead for Guarded {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if result.is_ready() || this.held.busy.load(Ordering::Acquire) == 0 {
+            this.read_stall = None;
+        } else if stalled(&mut this.read_stall, this.stalls.body, cx) {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the admin client stopped sending its request",
+            )));
+        }
+        result
+    }
+}
+
+impl AsyncWrite for Guarded {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.stream).poll_write(cx, buf);
+        this.wrote(result, cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        this.wrote(result, cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
 }
 

@@ -8,7 +8,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -213,19 +213,97 @@ where
     }
 }
 
+/// Where a streamed request body is on its way to the backend: closes once the body has been
+/// sent, which is when the try's response-head timeout starts; until then, tells a backend
+/// that stopped taking the body from a client that is slow to send it.
+#[derive(Debug)]
+pub struct Sent {
+    closed: tokio::sync::oneshot::Receiver<()>,
+    handed: Arc<Handed>,
+}
+
+impl Sent {
+    /// Resolves once the body has been sent (or dropped).
+    pub async fn closed(&mut self) {
+        let _ = (&mut self.closed).await;
+    }
+
+    /// As [`Self::closed`], or `Err` once the body has had a frame taken from it and then not
+    /// been asked for the next one for `limit`: the backend's connection takes nothing more. A
+    /// body waiting on its client is not stalled, however long (its own bound is [`Quiet`]'s).
+    pub async fn closed_within(&mut self, limit: Duration) -> Result<(), BodyStalled> {
+        let handed = &self.handed;
+        let stalled = async {
+            let mut wait = limit;
+            loop {
+                tokio::time::sleep(wait).await;
+                wait = match handed.waiting() {
+                    Some(waited) if waited >= limit => return,
+                    Some(waited) => limit - waited,
+                    None => limit,
+                };
+            }
+        };
+        tokio::select! {
+            _ = &mut self.closed => Ok(()),
+            () = stalled => Err(BodyStalled),
+        }
+    }
+}
+
+/// A streamed request body the backend's connection stopped taking.
+#[derive(Debug)]
+pub struct BodyStalled;
+
+/// When a streamed body last handed a frame that nothing has asked it to follow yet.
+#[derive(Debug)]
+struct Handed {
+    origin: tokio::time::Instant,
+    /// Milliseconds from `origin` to that frame, plus one; 0 while the body's last poll
+    /// waited on its client, or it has ended.
+    at: AtomicU64,
+}
+
+impl Handed {
+    fn mark(&self) {
+        let ms = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        self.at.store(ms + 1, Ordering::Relaxed);
+    }
+
+    fn waiting(&self) -> Option<Duration> {
+        let at = self.at.load(Ordering::Relaxed).checked_sub(1)?;
+        Some(
+            self.origin
+                .elapsed()
+                .saturating_sub(Duration::from_millis(at)),
+        )
+    }
+}
+
 pin_project_lite::pin_project! {
-    /// Carries a sender that closes when the body is dropped, which clients do once the body
-    /// has been sent; the forwarder starts its response-head timeout then.
+    /// A streamed request body as the backend's connection takes it: it closes [`Sent`] when
+    /// dropped, which clients do once the body has been sent, and notes each frame handed.
     pub struct Notify<B> {
         #[pin]
         inner: B,
         _sent: tokio::sync::oneshot::Sender<()>,
+        handed: Arc<Handed>,
     }
 }
 
 impl<B> Notify<B> {
-    pub fn new(inner: B, sent: tokio::sync::oneshot::Sender<()>) -> Self {
-        Self { inner, _sent: sent }
+    pub fn new(inner: B) -> (Self, Sent) {
+        let (sent, closed) = tokio::sync::oneshot::channel();
+        let handed = Arc::new(Handed {
+            origin: tokio::time::Instant::now(),
+            at: AtomicU64::new(0),
+        });
+        let body = Self {
+            inner,
+            _sent: sent,
+            handed: Arc::clone(&handed),
+        };
+        (body, Sent { closed, handed })
     }
 }
 
@@ -237,7 +315,13 @@ impl<B: Body<Data = Bytes>> Body for Notify<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        self.project().inner.poll_frame(cx)
+        let this = self.project();
+        let polled = this.inner.poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(_))) => this.handed.mark(),
+            _ => this.handed.at.store(0, Ordering::Relaxed),
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

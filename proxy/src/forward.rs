@@ -97,7 +97,7 @@ pub enum TryBody {
     /// A body streamed from the client, written once.
     Streamed {
         /// Closes once the body has been sent, which is when the try's timeout starts.
-        sent: tokio::sync::oneshot::Receiver<()>,
+        sent: crate::body::Sent,
         /// A gRPC call's stall bound on the body, lifted if the try goes over HTTP/2.
         lift: Option<Arc<QuietState>>,
     },
@@ -299,6 +299,8 @@ impl Upstream {
     /// With a streamed `body`, the timeout starts once the request body has been handed over
     /// (the channel closes when the client drops the body), so a long upload is not cut short:
     /// the timeout bounds the backend's think time, as Go's `ResponseHeaderTimeout` does. A
+    /// backend whose connection stops taking the body for as long fails the try all the same
+    /// ([`ForwardError::Timeout`]), however patient the client. A
     /// head that arrives before the body has been sent keeps the timeout counted from the
     /// start. A held body lets an idempotent request be written once more when the reused
     /// HTTP/1.1 connection it went out on closes before answering.
@@ -351,10 +353,16 @@ impl Upstream {
         let (Some(timeout), Some(mut deadline)) = (timeout, start_deadline) else {
             return fut.await.map(|resp| (resp, None));
         };
-        if let Some(sent) = body_sent {
+        if let Some(mut sent) = body_sent {
             tokio::select! {
                 res = &mut fut => return res.map(|resp| (resp, Some(deadline))),
-                _ = sent => deadline = Instant::now() + timeout,
+                // `Err`: the backend's connection took part of the body and then nothing for
+                // the timeout; waiting for the rest would hold the request, its client and the
+                // connection for as long as the client keeps its upload open.
+                sent = sent.closed_within(timeout) => match sent {
+                    Ok(()) => deadline = Instant::now() + timeout,
+                    Err(_) => return Err(ForwardError::Timeout),
+                },
             }
         }
         match tokio::time::timeout_at(deadline, fut).await {
@@ -376,16 +384,16 @@ async fn bounded_by_protocol<F>(
     wait: &Wait,
     http1: Option<Duration>,
     http2: Option<Duration>,
-    body_sent: Option<tokio::sync::oneshot::Receiver<()>>,
+    body_sent: Option<crate::body::Sent>,
 ) -> Result<(Response<UpstreamBody>, Option<Instant>), ForwardError>
 where
     F: Future<Output = Result<Response<UpstreamBody>, ForwardError>>,
 {
     let mut from = Instant::now();
-    if let Some(sent) = body_sent {
+    if let Some(mut sent) = body_sent {
         tokio::select! {
             res = fut.as_mut() => return res.map(|resp| (resp, None)),
-            _ = sent => from = Instant::now(),
+            () = sent.closed() => from = Instant::now(),
         }
     }
     loop {

@@ -206,6 +206,10 @@ impl Server {
             admin_listener,
             admin,
             options.admin_max_connections,
+            admin::Stalls {
+                send: options.limits.send_timeout,
+                body: options.request_body_timeout,
+            },
         ));
         let timer_anchor = tokio::spawn(anchor_timers());
         let (stop, stop_rx) = watch::channel(false);

@@ -60,5 +60,8 @@ fn main() -> std::process::ExitCode {
 }
 
 /// How long blocking calls still running once the proxy has drained get before the process
-/// exits without them.
-const RUNTIME_SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// exits without them. The access log's writer is among them when the last handle on the log
+/// goes with the runtime's tasks: it gets its whole flush wait, and lines queued on a slow
+/// stdout are not lost.
+const RUNTIME_SHUTDOWN_WAIT: std::time::Duration =
+    cftunnel_proxy::access_log::FLUSH_WAIT.saturating_add(std::time::Duration::from_millis(500));

@@ -277,6 +277,14 @@ impl Proxy {
                 (Some(host), None) if host.as_bytes().contains(&b'@') => {
                     return Err(ProxyError::BadRequest(USERINFO));
                 }
+                // Routed on its suffix (`evil.test/.example.com` ends in `.example.com`), such
+                // a host would reach a backend that builds links from it; Go's server answers
+                // 400 too.
+                (Some(host), None)
+                    if !host.as_bytes().iter().all(|&b| HOST_BYTE[usize::from(b)]) =>
+                {
+                    return Err(ProxyError::BadRequest("malformed Host header\n"));
+                }
                 // An HTTP/1.1 request must name its host (RFC 9112 §3.2: answer 400); the
                 // backend would see its own address instead.
                 (None, _) if parts.version == http::Version::HTTP_11 => {
@@ -581,6 +589,40 @@ fn answer_locally(
     }
     None
 }
+
+/// The bytes a `Host` header may hold: a name, an IPv4 or bracketed IPv6 address (with its
+/// zone), and a port (RFC 3986 §3.2.2), as Go's server allows them.
+const HOST_BYTE: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 128 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                b'!' | b'$'
+                    | b'%'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b'-'
+                    | b'.'
+                    | b':'
+                    | b';'
+                    | b'='
+                    | b'['
+                    | b']'
+                    | b'_'
+                    | b'~'
+            );
+        b += 1;
+    }
+    table
+};
 
 /// The request's host for routing: `Host` (or `:authority`), port removed, lower-cased.
 pub(crate) fn request_host(parts: &http::request::Parts) -> Cow<'_, str> {

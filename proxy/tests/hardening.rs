@@ -181,6 +181,68 @@ async fn streamed_uploads_outlast_the_backend_timeout_and_chunked_bodies_are_ret
     .expect("test finished in time");
 }
 
+/// A backend that takes part of an upload and then nothing more gets the rule's timeout, not
+/// as long as the client keeps the upload open: the request ends with 504.
+#[tokio::test]
+async fn an_upload_the_backend_stops_taking_times_out() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        // Reads the request head and then nothing; small buffers, so the upload backs up.
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("receive buffer");
+        socket.bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+        let listener = socket.listen(16).expect("listen");
+        let backend = listener.local_addr().expect("addr");
+        let held = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut head = [0u8; 512];
+                let _ = conn.read(&mut head).await;
+                held.push(conn);
+            }
+        });
+        let proxy = proxy().await;
+        let http = client();
+        push(&http, proxy.admin_addr(), &json!({"rules": [
+            {"timeouts": {"backend": "500ms"}, "backends": [{"url": format!("http://{backend}"), "weight": 1}]}
+        ]})).await;
+
+        let size = 16 * 1024 * 1024;
+        let conn = tokio::net::TcpStream::connect(proxy.data_addr()).await.expect("connect");
+        let (mut reader, mut writer) = conn.into_split();
+        let upload = tokio::spawn(async move {
+            let head = format!("POST /upload HTTP/1.1\r\nhost: h\r\ncontent-length: {size}\r\n\r\n");
+            writer.write_all(head.as_bytes()).await?;
+            let chunk = vec![b'x'; 64 * 1024];
+            for _ in 0..size / chunk.len() {
+                writer.write_all(&chunk).await?;
+            }
+            // Held open: the client is in no hurry.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok::<_, std::io::Error>(writer)
+        });
+        let started = std::time::Instant::now();
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            match tokio::time::timeout(Duration::from_secs(10), reader.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => answer.extend_from_slice(&buf[..n]),
+                other => panic!("no answer to the stalled upload: {other:?}"),
+            }
+        }
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 504"), "{answer}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "at the timeout: {:?}",
+            started.elapsed()
+        );
+        upload.abort();
+        held.abort();
+    })
+    .await
+    .expect("test finished in time");
+}
+
 #[tokio::test]
 async fn forwarding_headers_keep_every_earlier_hop() {
     tokio::time::timeout(TEST_TIMEOUT, async {
@@ -293,6 +355,81 @@ async fn a_websocket_ends_as_a_whole_when_the_client_ends_its_side() {
 }
 
 /// Reads up to the end of an HTTP/1.1 head (and whatever arrived with it).
+/// A path is routed as a browser sends it: bytes a path may not carry as they are (UTF-8,
+/// `{`, `|`...) are percent-encoded before matching, so a client sending them raw meets the
+/// same rule as one sending them encoded, and a rule may be written either way.
+#[tokio::test]
+async fn raw_bytes_in_a_path_cannot_sidestep_a_rule() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let proxy = proxy().await;
+        let http = client();
+        push(&http, proxy.admin_addr(), &json!({"rules": [
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/%C3%A9t%C3%A9"}}], "unavailableStatus": 403, "backends": []},
+            {"matches": [{"path": {"type": "PathPrefix", "value": "/ünï"}}], "unavailableStatus": 410, "backends": []},
+            {"matches": [{"path": {"type": "Exact", "value": "/a%7Bb%7D"}}], "unavailableStatus": 403, "backends": []},
+            {"backends": [{"url": url(a.http_addr()), "weight": 1}]}
+        ]})).await;
+        let d = proxy.data_addr();
+        let status = |path: &str| {
+            let head = format!("GET {path} HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n");
+            async move {
+                let r = raw(d, head.as_bytes()).await;
+                r.get(9..12).unwrap_or_default().to_owned()
+            }
+        };
+        for (path, want) in [
+            ("/été/secret", "403"),
+            ("/%c3%a9t%c3%a9/secret", "403"),
+            ("/a{b}", "403"),
+            ("/%C3%BCn%C3%AF/x", "410"),
+            ("/ünï", "410"),
+            ("/other", "200"),
+        ] {
+            assert_eq!(status(path).await, want, "{path}");
+        }
+        let r = raw(d, "GET /caf\u{e9}?q=\u{e9} HTTP/1.1\r\nhost: h\r\nconnection: close\r\n\r\n".as_bytes()).await;
+        assert!(
+            r.contains(r#""path": "/caf%C3%A9?q="#),
+            "the backend sees the path as it was routed: {r}"
+        );
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// A `Host` header with bytes no host has is refused, not routed on its suffix.
+#[tokio::test]
+async fn a_malformed_host_is_refused() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let proxy = proxy().await;
+        let http = client();
+        push(&http, proxy.admin_addr(), &json!({"rules": [
+            {"hostnames": ["*.example.com"], "backends": [{"url": url(a.http_addr()), "weight": 1}]},
+            {"backends": [{"url": url(a.http_addr()), "weight": 1}]}
+        ]})).await;
+        let d = proxy.data_addr();
+        for (host, want) in [
+            ("evil.test/.example.com", "400"),
+            ("evil.test\\.example.com", "400"),
+            ("a\"b.example.com", "400"),
+            ("a<b>.example.com", "400"),
+            ("a b.example.com", "400"),
+            ("app.example.com", "200"),
+            ("app.example.com:8443", "200"),
+            ("[::1]:8080", "200"),
+            ("xn--bcher-kva.example.com", "200"),
+            ("under_score.example.com.", "200"),
+        ] {
+            let r = raw(d, format!("GET / HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n").as_bytes()).await;
+            assert_eq!(r.get(9..12), Some(want), "{host}: {:?}", r.get(..40));
+        }
+    })
+    .await
+    .expect("test finished in time");
+}
+
 async fn read_head(conn: &mut tokio::net::TcpStream) -> Vec<u8> {
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
@@ -464,6 +601,77 @@ async fn one_peer_cannot_take_every_place_on_the_admin_port() {
             "{}",
             String::from_utf8_lossy(&answer)
         );
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// A client that stops reading its answer, or stops sending a push's body, loses its admin
+/// place after the send or request-body timeout: held for good, a few of them would keep the
+/// kubelet's probes waiting in the listen backlog.
+#[tokio::test]
+async fn stalled_admin_clients_give_their_places_back() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            admin_max_connections: 2,
+            request_body_timeout: Duration::from_secs(1),
+            limits: cftunnel_proxy::serve::Limits {
+                send_timeout: Duration::from_secs(1),
+                ..Default::default()
+            },
+            ..cftunnel_proxy::ServerOptions::default()
+        })
+        .await;
+        let admin = proxy.admin_addr();
+        // A document kept as pushed, padding and all: its answer outgrows the socket buffers.
+        let mut document = br#"{"version": 3, "rules": []}"#.to_vec();
+        document.resize(document.len() + 8 * 1024 * 1024, b' ');
+        let head = format!(
+            "PUT /config HTTP/1.1\r\nhost: admin\r\nauthorization: Bearer {TOKEN}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            document.len()
+        );
+        let answer = raw(admin, &[head.as_bytes(), &document].concat()).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{:?}", answer.get(..60));
+
+        let small_window = || async {
+            let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+            socket.set_recv_buffer_size(4096).expect("receive buffer");
+            socket.connect(admin).await.expect("connect")
+        };
+        let mut not_reading = small_window().await;
+        not_reading
+            .write_all(
+                format!("GET /config/document HTTP/1.1\r\nhost: admin\r\nauthorization: Bearer {TOKEN}\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await
+            .expect("write");
+        let mut not_sending = small_window().await;
+        not_sending
+            .write_all(
+                format!(
+                    "PUT /config HTTP/1.1\r\nhost: admin\r\nauthorization: Bearer {TOKEN}\r\n\
+                     content-type: application/json\r\ncontent-length: 100\r\n\r\n{{\"version\""
+                )
+                .as_bytes(),
+            )
+            .await
+            .expect("write");
+
+        // Both places are taken: the probe waits until the stalls are seen.
+        let started = std::time::Instant::now();
+        let answer = raw(admin, b"GET /healthz HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n").await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "the probe is answered: {answer:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "within the timeouts: {:?}",
+            started.elapsed()
+        );
+        for (name, conn) in [("not reading", &mut not_reading), ("not sending", &mut not_sending)] {
+            assert!(closed_within(conn, Duration::from_secs(3)).await, "{name} is closed");
+        }
     })
     .await
     .expect("test finished in time");

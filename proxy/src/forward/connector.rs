@@ -84,7 +84,8 @@ async fn connect(t: &Target) -> Result<Stream, ConnectError> {
         target: t.label.clone(),
         message,
     };
-    let tcp = tokio::time::timeout(t.timeout, dial(t))
+    let deadline = tokio::time::Instant::now() + t.timeout;
+    let tcp = tokio::time::timeout_at(deadline, dial(t, deadline))
         .await
         .map_err(|_| err(ConnectErrorKind::Timeout, "connect timed out".into()))?
         .map_err(|e| err(ConnectErrorKind::Dial, e.to_string()))?;
@@ -118,10 +119,10 @@ fn handshake_error_kind(e: &io::Error) -> ConnectErrorKind {
 /// Opens the TCP connection. A public-only target is resolved here and connected to by the
 /// checked addresses themselves, never by name again, so a record that changes between the
 /// check and the connect (DNS rebinding) cannot lead elsewhere.
-async fn dial(t: &Target) -> io::Result<TcpStream> {
+async fn dial(t: &Target, deadline: tokio::time::Instant) -> io::Result<TcpStream> {
     let addrs = resolve(&t.host, t.port, &t.lookups).await?;
     let Some(cluster) = &t.public_only else {
-        return TcpStream::connect(&addrs[..]).await;
+        return connect_each(&addrs, deadline).await;
     };
     let addrs: Vec<SocketAddr> = addrs
         .into_iter()
@@ -140,7 +141,43 @@ async fn dial(t: &Target) -> io::Result<TcpStream> {
             ),
         ));
     }
-    TcpStream::connect(&addrs[..]).await
+    connect_each(&addrs, deadline).await
+}
+
+/// Least time one of several addresses gets, as Go's dialer gives it.
+const MIN_ADDRESS_SHARE: Duration = Duration::from_secs(2);
+
+/// Connects to the first of `addrs` that takes the connection, in order, each given an even
+/// share of the time left before `deadline` (at least [`MIN_ADDRESS_SHARE`]; the last, all of
+/// it): an address that drops connection attempts (a dead node, IPv6 records in a cluster
+/// without IPv6) must not take the whole dial from the ones that answer.
+async fn connect_each(
+    addrs: &[SocketAddr],
+    deadline: tokio::time::Instant,
+) -> io::Result<TcpStream> {
+    let mut failed = None;
+    for (i, addr) in addrs.iter().enumerate() {
+        let now = tokio::time::Instant::now();
+        let left = deadline.saturating_duration_since(now);
+        let others = u32::try_from(addrs.len() - i).unwrap_or(u32::MAX);
+        let share = (left / others).max(MIN_ADDRESS_SHARE).min(left);
+        match tokio::time::timeout(share, TcpStream::connect(addr)).await {
+            Ok(Ok(tcp)) => return Ok(tcp),
+            Ok(Err(e)) => failed = Some(e),
+            Err(_) => {
+                failed = Some(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("connecting to {addr} timed out"),
+                ));
+            }
+        }
+    }
+    Err(failed.unwrap_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the name resolved to no address",
+        )
+    }))
 }
 
 /// Host-name lookups in flight at once, in the whole process. A lookup is a blocking
@@ -279,11 +316,52 @@ impl AsyncWrite for Stream {
 
 #[cfg(test)]
 mod tests {
-    use super::{lookup, BACKEND_LOOKUP_SLOTS, LOOKUP_SLOTS};
+    use super::{connect_each, lookup, BACKEND_LOOKUP_SLOTS, LOOKUP_SLOTS, MIN_ADDRESS_SHARE};
     use std::net::SocketAddr;
     use std::sync::Arc;
     use std::time::Duration;
     use tokio::sync::Semaphore;
+
+    /// An address that drops connection attempts gets its share of the dial, and the next
+    /// address the rest: it is connected to, not given up on with the first.
+    #[tokio::test]
+    async fn an_address_that_does_not_answer_leaves_time_for_the_next() {
+        // A listener whose accept queue is full: the kernel drops further connection attempts.
+        let full = tokio::net::TcpSocket::new_v4().expect("socket");
+        full.bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .expect("bind");
+        let full = full.listen(0).expect("listen");
+        let silent = full.local_addr().expect("addr");
+        let mut queued = Vec::new();
+        for _ in 0..2 {
+            match tokio::time::timeout(
+                Duration::from_millis(300),
+                tokio::net::TcpStream::connect(silent),
+            )
+            .await
+            {
+                Ok(Ok(conn)) => queued.push(conn),
+                _ => break,
+            }
+        }
+        let live = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let live_addr = live.local_addr().expect("addr");
+
+        let started = tokio::time::Instant::now();
+        let deadline = started + 2 * MIN_ADDRESS_SHARE;
+        let conn = connect_each(&[silent, live_addr], deadline)
+            .await
+            .expect("the second address is connected to");
+        assert_eq!(conn.peer_addr().expect("peer"), live_addr);
+        let took = started.elapsed();
+        assert!(
+            took >= MIN_ADDRESS_SHARE && took < MIN_ADDRESS_SHARE + Duration::from_secs(1),
+            "the silent address had its share and no more: {took:?}"
+        );
+        drop(queued);
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stuck_lookup_keeps_its_slot_after_its_caller_gave_up() {

@@ -10,12 +10,11 @@
 //! the try's timeout can start then.
 
 use super::TryBody;
-use crate::body::{self, BoxError, ProxyBody, QuietState};
+use crate::body::{self, BoxError, ProxyBody, QuietState, Sent};
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use std::sync::Arc;
-use tokio::sync::oneshot;
 
 /// Request bodies up to this size are held before they are forwarded: every one whose length
 /// is known, and one of unknown length when a retry or a mirror needs to replay it.
@@ -38,7 +37,7 @@ pub(crate) enum Payload {
     Replayable(Bytes),
     /// Streamed: one try only. The receiver closes once the body has been sent; the state,
     /// for a gRPC call, is the body's stall bound, lifted if the try goes over HTTP/2.
-    Stream(ProxyBody, oneshot::Receiver<()>, Option<Arc<QuietState>>),
+    Stream(ProxyBody, Sent, Option<Arc<QuietState>>),
 }
 
 impl Payload {
@@ -109,8 +108,8 @@ impl Payload {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
-        let (sent, sent_rx) = oneshot::channel();
-        Self::Stream(body::boxed(body::Notify::new(body, sent)), sent_rx, None)
+        let (body, sent) = body::Notify::new(body);
+        Self::Stream(body::boxed(body), sent, None)
     }
 
     /// For a gRPC call: `quiet`, the stall bound of a streamed body, is lifted if its try goes
