@@ -33,6 +33,9 @@ pub(super) struct ListenerAttachment<'h> {
     /// The listener's scheme, which the route's rules for `hosts` require where the other
     /// scheme's listeners could take the same requests (see [`Attachment::add`]).
     scheme: Scheme,
+    /// The listener's hostname, `None` for any host: with `scheme`, the hosts of the route
+    /// table its routes share with the Gateway's other listeners (see [`SharedHosts`]).
+    hostname: Option<&'h str>,
 }
 
 /// A listener of one of our Gateways.
@@ -41,6 +44,20 @@ pub(super) struct ListenerKey {
     /// The Gateway's position in [`OwnedGateways`].
     pub(super) gateway: usize,
     pub(super) index: usize,
+}
+
+/// The listeners of one Gateway whose routes' rules land in the same hosts of the route table:
+/// those of one scheme and hostname (or none), whatever their ports, which behind the tunnel
+/// tell no request apart. Routes of the two kinds are kept apart across them as on one
+/// listener ([`ListenerClaims`]). Listeners of one port with the same scheme and hostname
+/// conflict, and one with a more specific hostname takes its hosts from a less specific one
+/// (listener isolation), so only equal hostnames share hosts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct SharedHosts<'h> {
+    /// The Gateway's position in [`OwnedGateways`].
+    gateway: usize,
+    scheme: Scheme,
+    hostname: Option<&'h str>,
 }
 
 /// The outcome of attaching a route to one of our Gateways.
@@ -90,15 +107,23 @@ pub(super) struct AttachedListeners<'h> {
 }
 
 impl<'h> AttachedListeners<'h> {
-    /// Each listener with the hosts the route serves through it.
-    pub(super) fn into_keyed(self) -> impl Iterator<Item = (ListenerKey, Hosts<'h>)> {
+    /// Each listener, with the listeners it shares hosts with and the hosts the route serves
+    /// through it.
+    pub(super) fn into_keyed(
+        self,
+    ) -> impl Iterator<Item = (ListenerKey, SharedHosts<'h>, Hosts<'h>)> {
         let gateway = self.gateway;
         self.attached.into_iter().map(move |l| {
             let key = ListenerKey {
                 gateway,
                 index: l.index,
             };
-            (key, l.hosts)
+            let shared = SharedHosts {
+                gateway,
+                scheme: l.scheme,
+                hostname: l.hostname,
+            };
+            (key, shared, l.hosts)
         })
     }
 }
@@ -120,7 +145,9 @@ impl<'h> ParentBinding<'h> {
     }
 
     /// Leaves out the listeners where a route of the other kind with intersecting hostnames
-    /// is already accepted; with none left, the route is refused on this parent. Routes are
+    /// is already accepted, on the listener or on another of the Gateway's with the same
+    /// scheme and hostname (on another port: its routes share the listener's hosts, see
+    /// [`SharedHosts`]); with none left, the route is refused on this parent. Routes are
     /// bound in precedence order (oldest, then `{namespace}/{name}`), so the route holding a
     /// listener first is the one the spec accepts. A route keeps the listeners of this
     /// parentRef that are free of such a conflict; the listeners it loses do not count it.
@@ -133,9 +160,10 @@ impl<'h> ParentBinding<'h> {
         };
         let mut conflicts = Vec::new();
         attached.retain(|l| {
-            let key = ListenerKey {
+            let key = SharedHosts {
                 gateway,
-                index: l.index,
+                scheme: l.scheme,
+                hostname: l.hostname,
             };
             match claims.holder(&key, kind, &l.hosts) {
                 Some(holder) => {
@@ -152,7 +180,7 @@ impl<'h> ParentBinding<'h> {
             self.outcome = Err((
                 Reason::HostnameConflict,
                 format!(
-                    "{}, which takes precedence (older, or first by namespace/name); HTTPRoutes and GRPCRoutes are not merged on a listener",
+                    "{}, which takes precedence (older, or first by namespace/name); HTTPRoutes and GRPCRoutes are not merged on a listener, nor on listeners of the same scheme and hostname (ports do not tell them apart behind a tunnel)",
                     conflicts.join("; ")
                 ),
             ));
@@ -225,13 +253,16 @@ impl<'h> ParentBinding<'h> {
 
 /// The routes accepted so far on each listener, with the hosts they serve there: Gateway API
 /// requires an HTTPRoute and a GRPCRoute whose hostnames intersect on one listener not to be
-/// merged; exactly one of them is accepted.
+/// merged; exactly one of them is accepted. Claims are held on the listeners of a Gateway
+/// that share hosts ([`SharedHosts`]) as on one listener: behind the tunnel two listeners of
+/// one scheme and hostname on different ports put their routes' rules in the same hosts, so
+/// the two kinds would be merged there all the same.
 #[derive(Debug)]
 pub(super) struct ListenerClaims<'h> {
     /// Whether routes of both kinds are bound: with one kind, no route can conflict, and
     /// nothing is kept or looked up.
     kept: bool,
-    claims: BTreeMap<ListenerKey, Vec<(RouteKey, Hosts<'h>)>>,
+    claims: BTreeMap<SharedHosts<'h>, Vec<(RouteKey, Hosts<'h>)>>,
 }
 
 impl<'h> ListenerClaims<'h> {
@@ -245,27 +276,27 @@ impl<'h> ListenerClaims<'h> {
         }
     }
 
-    /// A route of the other kind than `kind` accepted on `listener` whose hosts there
+    /// A route of the other kind than `kind` accepted on `listeners` whose hosts there
     /// intersect `hosts`.
     fn holder(
         &self,
-        listener: &ListenerKey,
+        listeners: &SharedHosts<'h>,
         kind: RouteKind,
         hosts: &Hosts<'_>,
     ) -> Option<&RouteKey> {
         self.claims
-            .get(listener)?
+            .get(listeners)?
             .iter()
             .find(|(route, held)| route.kind != kind && held.intersects(hosts))
             .map(|(route, _)| route)
     }
 
-    pub(super) fn claim(&mut self, route: &RouteKey, listener: &ListenerKey, hosts: Hosts<'h>) {
+    pub(super) fn claim(&mut self, route: &RouteKey, listeners: SharedHosts<'h>, hosts: Hosts<'h>) {
         if !self.kept {
             return;
         }
         self.claims
-            .entry(*listener)
+            .entry(listeners)
             .or_default()
             .push((route.clone(), hosts));
     }
@@ -440,6 +471,7 @@ fn attach<'h>(
                 hosts,
                 redirect_port,
                 scheme: l.scheme,
+                hostname: l.hostname.as_deref(),
             });
         }
     }

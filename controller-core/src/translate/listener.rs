@@ -186,12 +186,17 @@ fn settle_entry(l: &mut OwnedListener<'_>, gateway_accepted: bool) {
     }
 }
 
+/// Whether listeners of `protocol` are served. TLS terminates at the Cloudflare edge: the
+/// data plane sees HTTPS listeners as HTTP.
+pub(super) fn served_protocol(protocol: &str) -> bool {
+    matches!(protocol, "HTTP" | "HTTPS")
+}
+
 /// Listener `l` as written, validated on its own (protocol, hostname, route kinds): conflicts
 /// with other listeners are marked later, by whoever holds them side by side.
 pub(super) fn listener(l: &GatewayListeners, generation: Option<i64>) -> OwnedListener<'_> {
     let mut conditions = Vec::new();
-    // TLS terminates at the Cloudflare edge: the data plane sees HTTPS listeners as HTTP.
-    let supported_protocol = matches!(l.protocol.as_str(), "HTTP" | "HTTPS");
+    let supported_protocol = served_protocol(&l.protocol);
     let problem = if !supported_protocol {
         Some((
             Reason::UnsupportedProtocol,

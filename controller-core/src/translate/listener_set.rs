@@ -363,9 +363,12 @@ fn as_gateway_listeners(set: &ListenerSet) -> Result<Vec<GatewayListeners>, (Rea
 /// the same scheme and hostname as a listener written elsewhere (the Gateway or another
 /// ListenerSet): behind a tunnel ports do not tell listeners apart, and the set's routes would
 /// take requests that listener's `allowedRoutes` keeps to others. ListenerSet listeners
-/// already conflicted do not count: they serve nothing. Across ports only listeners that both
-/// serve (usable, so of a protocol we serve) conflict: one that serves nothing takes no
-/// request from the other, while a port stays the Gateway listener's whatever its state.
+/// already conflicted do not count: they serve nothing. Across ports, a Gateway listener of a
+/// protocol we serve conflicts whatever its state (a missing certificate, a conflict of its
+/// own): its hostname stays its own, rather than going to the set while it is broken and
+/// coming back from under the set's routes once it is mended; one of a protocol we do not
+/// serve (TLS, TCP) takes no request and conflicts with nothing there. The set's listener
+/// must itself be usable, so that one that serves nothing is told why instead.
 fn conflict(before: &[OwnedListener<'_>], l: &OwnedListener<'_>) -> Option<(Reason, String)> {
     before
         .iter()
@@ -376,7 +379,7 @@ fn conflict(before: &[OwnedListener<'_>], l: &OwnedListener<'_>) -> Option<(Reas
                 Some(entry) => format!("of ListenerSet {}", entry.set),
             };
             if b.port != l.port {
-                let same = b.usable
+                let same = (b.set.is_some() || super::listener::served_protocol(b.protocol))
                     && l.usable
                     && b.scheme == l.scheme
                     && b.hostname == l.hostname

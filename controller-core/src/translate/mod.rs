@@ -516,8 +516,8 @@ fn translate_checked(
                 ));
             }
             parents.push(status);
-            for (listener, hosts) in accepted.listeners.into_keyed() {
-                claims.claim(&route_key, &listener, hosts);
+            for (listener, shared_hosts, hosts) in accepted.listeners.into_keyed() {
+                claims.claim(&route_key, shared_hosts, hosts);
                 attached_routes.push(listener);
             }
             // With no BackendTLSPolicy, no Service port has ancestors to report.

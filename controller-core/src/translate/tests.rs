@@ -4113,6 +4113,7 @@ mod backend_tls;
 mod external_backend;
 mod listener_set;
 mod listener_tls;
+mod route_kinds;
 mod service_import;
 
 proptest::proptest! {

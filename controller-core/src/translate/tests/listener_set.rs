@@ -1051,6 +1051,27 @@ fn across_ports_only_listeners_that_serve_conflict_with_a_listener_sets() {
         );
     }
 
+    // A Gateway listener of a protocol served keeps its hostname on other ports whatever its
+    // state: here two of them on one port conflict with each other and serve nothing until
+    // that is mended, when the set's listener would lose the hostname under its routes.
+    let gateway = with_own(
+        "{name: a, port: 81, protocol: HTTP, hostname: app.example.com}\n  - {name: b, port: 81, protocol: HTTP, hostname: app.example.com}",
+    );
+    let out = run(&format!(
+        "{gateway}{}",
+        listener_set(
+            "infra",
+            "team",
+            &["{name: web, port: 8080, protocol: HTTP, hostname: app.example.com}"]
+        ),
+    ));
+    let web = entry(&out, "infra", "team", "web");
+    assert_eq!(
+        web[&ConditionType::Conflicted],
+        (true, Reason::HostnameConflict),
+        "{web:?}"
+    );
+
     // A ListenerSet listener of a protocol not served keeps its own reason.
     let out = run(&format!(
         "{}{}",
