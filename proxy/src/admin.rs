@@ -90,6 +90,9 @@ pub struct Admin {
     pub auth_token: Option<String>,
     /// Largest config document accepted; larger pushes get 413.
     pub max_config_bytes: usize,
+    /// How long a push's body may send nothing before it is answered 408 and its connection
+    /// closed: the data listener's request-body timeout.
+    pub body_timeout: Duration,
 }
 
 type AdminResponse = Response<Full<Bytes>>;
@@ -270,8 +273,11 @@ impl Admin {
                 format!("config larger than {limit} bytes"),
             );
         }
-        let body = match read_body(req.into_body(), limit, declared).await {
+        let body = match read_body(req.into_body(), limit, declared, self.body_timeout).await {
             Ok(body) => body,
+            Err(e) if e.is::<BodyStalled>() => {
+                return json_error(StatusCode::REQUEST_TIMEOUT, e);
+            }
             Err(e) => {
                 if e.is::<http_body_util::LengthLimitError>() {
                     return json_error(
@@ -299,11 +305,19 @@ impl Admin {
 /// Reads a body of at most `limit` bytes into one buffer, sized up front by its declared
 /// length: chunks are copied in as they arrive and freed, so a large config is held once, not
 /// once in chunks and again joined.
-async fn read_body(body: Incoming, limit: usize, declared: Option<u64>) -> Result<Bytes, BoxError> {
+async fn read_body(
+    body: Incoming,
+    limit: usize,
+    declared: Option<u64>,
+    stall: Duration,
+) -> Result<Bytes, BoxError> {
     let capacity = declared.map_or(0, |n| usize::try_from(n).unwrap_or(limit).min(limit));
     let mut buf = bytes::BytesMut::with_capacity(capacity);
     let mut body = Limited::new(body, limit);
-    while let Some(frame) = body.frame().await {
+    while let Some(frame) = tokio::time::timeout(stall, body.frame())
+        .await
+        .map_err(|_| BodyStalled(stall))?
+    {
         if let Ok(data) = frame?.into_data() {
             buf.extend_from_slice(&data);
         }
@@ -311,25 +325,17 @@ async fn read_body(body: Incoming, limit: usize, declared: Option<u64>) -> Resul
     Ok(buf.freeze())
 }
 
-/// How long an admin connection may stall before it is dropped, freeing its place: a client
-/// that stops reading what it is sent (a `/metrics` or `/config/document` answer larger than
-/// the socket buffers) or stops sending a request body it started would otherwise hold the
-/// place for good, and enough of them would keep the kubelet's probes in the listen backlog.
-/// The data listener's send and request-body timeouts.
-#[derive(Debug, Clone, Copy)]
-pub struct Stalls {
-    /// A write blocked this long.
-    pub send: Duration,
-    /// No bytes for this long while a request is in flight.
-    pub body: Duration,
-}
+/// A push's body sent nothing for this long.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body sent nothing for {0:?}")]
+struct BodyStalled(Duration);
 
 /// Serves the admin endpoints until the process exits.
 pub async fn serve(
     listener: TcpListener,
     admin: Arc<Admin>,
     max_connections: usize,
-    stalls: Stalls,
+    send_timeout: Duration,
 ) {
     let permits = Arc::new(tokio::sync::Semaphore::new(
         max_connections.clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
@@ -370,10 +376,8 @@ pub async fn serve(
             });
             let stream = Guarded {
                 stream,
-                held: Arc::clone(&place.held),
-                stalls,
+                send_timeout,
                 write_stall: None,
-                read_stall: None,
             };
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -453,23 +457,16 @@ impl Peers {
     }
 }
 
-/// An admin connection's socket, failed once it stalls for longer than [`Stalls`] allows.
+/// An admin connection's socket, failed once a write has been blocked for the send timeout: a
+/// client that stops reading what it is sent (a `/metrics` or `/config/document` answer larger
+/// than the socket buffers) would otherwise hold its place on the port for good, and a few of
+/// them would keep the kubelet's probes waiting in the listen backlog. (A push's body that
+/// stalls is bounded where it is read.)
 struct Guarded {
     stream: tokio::net::TcpStream,
-    held: Arc<Held>,
-    stalls: Stalls,
+    send_timeout: Duration,
     /// Armed while a write is blocked.
     write_stall: Option<Pin<Box<Sleep>>>,
-    /// Armed while a read waits with a request in flight.
-    read_stall: Option<Pin<Box<Sleep>>>,
-}
-
-/// Whether the stall `slot` times, armed now if it is not yet, has lasted `after`.
-fn stalled(slot: &mut Option<Pin<Box<Sleep>>>, after: Duration, cx: &mut Context<'_>) -> bool {
-    slot.get_or_insert_with(|| Box::pin(tokio::time::sleep(after)))
-        .as_mut()
-        .poll(cx)
-        .is_ready()
 }
 
 impl Guarded {
@@ -480,7 +477,13 @@ impl Guarded {
     ) -> Poll<io::Result<T>> {
         if result.is_ready() {
             self.write_stall = None;
-        } else if stalled(&mut self.write_stall, self.stalls.send, cx) {
+            return result;
+        }
+        let timeout = self.send_timeout;
+        let stall = self
+            .write_stall
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if stall.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 "the admin client read nothing of its answer",
@@ -496,17 +499,7 @@ impl AsyncRead for Guarded {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let result = Pin::new(&mut this.stream).poll_read(cx, buf);
-        if result.is_ready() || this.held.busy.load(Ordering::Acquire) == 0 {
-            this.read_stall = None;
-        } else if stalled(&mut this.read_stall, this.stalls.body, cx) {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the admin client stopped sending its request",
-            )));
-        }
-        result
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
     }
 }
 

@@ -201,15 +201,13 @@ impl Server {
             health: health.clone(),
             auth_token: options.auth_token.clone(),
             max_config_bytes: options.max_config_bytes,
+            body_timeout: options.request_body_timeout,
         });
         let admin_task = tokio::spawn(admin::serve(
             admin_listener,
             admin,
             options.admin_max_connections,
-            admin::Stalls {
-                send: options.limits.send_timeout,
-                body: options.request_body_timeout,
-            },
+            options.limits.send_timeout,
         ));
         let timer_anchor = tokio::spawn(anchor_timers());
         let (stop, stop_rx) = watch::channel(false);

@@ -173,6 +173,20 @@ async fn streamed_uploads_outlast_the_backend_timeout_and_chunked_bodies_are_ret
         let out = String::from_utf8_lossy(&out);
         assert!(out.starts_with("HTTP/1.1 200"), "the timeout starts after the upload: {:?}", out.get(..40));
 
+        // A client that pauses longer than the backend timeout between chunks is waited for:
+        // the timeout bounds a backend that stops taking the body, not a slow client.
+        let mut s = tokio::net::TcpStream::connect(d).await.expect("connect");
+        s.write_all(b"POST /upload HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n").await.expect("head");
+        for _ in 0..3 {
+            s.write_all(b"4\r\ndata\r\n").await.expect("chunk");
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        }
+        s.write_all(b"0\r\n\r\n").await.expect("end");
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+        let out = String::from_utf8_lossy(&out);
+        assert!(out.starts_with("HTTP/1.1 200"), "pauses of the client are not stalls: {:?}", out.get(..40));
+
         // A chunked body of unknown length is buffered and replayed on retry.
         let r = raw(d, b"POST /retry/x?responseCode=500&succeedAfter=1&uuid=chunked HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n").await;
         assert!(r.starts_with("HTTP/1.1 200"), "{:?}", r.get(..40));
@@ -615,7 +629,7 @@ async fn stalled_admin_clients_give_their_places_back() {
         let proxy = proxy_with(cftunnel_proxy::ServerOptions {
             auth_token: Some(TOKEN.into()),
             admin_max_connections: 2,
-            request_body_timeout: Duration::from_secs(1),
+            request_body_timeout: Duration::from_millis(500),
             limits: cftunnel_proxy::serve::Limits {
                 send_timeout: Duration::from_secs(1),
                 ..Default::default()
@@ -669,9 +683,48 @@ async fn stalled_admin_clients_give_their_places_back() {
             "within the timeouts: {:?}",
             started.elapsed()
         );
+        // Read only once the send timeout has passed: reading would let the answer through.
+        tokio::time::sleep_until((started + Duration::from_millis(1500)).into()).await;
         for (name, conn) in [("not reading", &mut not_reading), ("not sending", &mut not_sending)] {
             assert!(closed_within(conn, Duration::from_secs(3)).await, "{name} is closed");
         }
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// Only a push body's arrival is timed: a push whose body came whole is answered however long
+/// it takes to apply, here well past the request-body timeout.
+#[tokio::test]
+async fn a_push_applied_slower_than_the_body_timeout_is_answered() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            request_body_timeout: Duration::from_millis(100),
+            ..cftunnel_proxy::ServerOptions::default()
+        })
+        .await;
+        let rules: Vec<_> = (0..40_000)
+            .map(|i| json!({"hostnames": [format!("h{i}.example.com")], "unavailableStatus": 503, "backends": []}))
+            .collect();
+        let document = serde_json::to_vec(&json!({"version": 4, "rules": rules})).expect("json");
+        let head = format!(
+            "PUT /config HTTP/1.1\r\nhost: admin\r\nauthorization: Bearer {TOKEN}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            document.len()
+        );
+        let started = std::time::Instant::now();
+        let mut push = tokio::net::TcpStream::connect(proxy.admin_addr()).await.expect("connect");
+        push.write_all(&[head.as_bytes(), &document].concat()).await.expect("write");
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(60), push.read_to_end(&mut answer))
+            .await
+            .expect("the push is answered")
+            .expect("read");
+        let took = started.elapsed();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(took > Duration::from_millis(200), "the push took longer than the body timeout: {took:?}");
     })
     .await
     .expect("test finished in time");
