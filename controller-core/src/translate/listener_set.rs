@@ -362,8 +362,10 @@ fn as_gateway_listeners(set: &ListenerSet) -> Result<Vec<GatewayListeners>, (Rea
 /// does: the same port and either the same hostname or another protocol; or, on another port,
 /// the same scheme and hostname as a listener written elsewhere (the Gateway or another
 /// ListenerSet): behind a tunnel ports do not tell listeners apart, and the set's routes would
-/// take requests that listener's `allowedRoutes` keeps to others. ListenerSet listeners
-/// already conflicted do not count: they serve nothing. Across ports, a Gateway listener of a
+/// take requests that listener's `allowedRoutes` keeps to others. ListenerSet listeners that
+/// serve nothing (already conflicted, or invalid: a missing certificate) do not count, so a
+/// later set's listener can hold the hostname until the earlier one is mended and then
+/// conflicts. Across ports, a Gateway listener of a
 /// protocol we serve conflicts whatever its state (a missing certificate, a conflict of its
 /// own): its hostname stays its own, rather than going to the set while it is broken and
 /// coming back from under the set's routes once it is mended; one of a protocol we do not
