@@ -28,6 +28,7 @@
 
 pub mod address;
 pub mod api;
+pub mod bytes;
 mod document;
 mod duration;
 pub mod hop_by_hop;

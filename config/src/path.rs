@@ -119,39 +119,7 @@ fn next_rewrite(bytes: &[u8], from: usize) -> Option<(usize, Rewrite)> {
 
 /// The bytes a path carries as they are (RFC 3986 §3.3: unreserved, sub-delims, `:`, `@`, `/`
 /// and `%`), and `[` and `]`, which Go's URL parser leaves alone in a path too.
-const RAW_IN_PATH: [bool; 256] = {
-    let mut table = [false; 256];
-    let mut b = 0;
-    while b < 128 {
-        let c = b as u8;
-        table[b] = c.is_ascii_alphanumeric()
-            || matches!(
-                c,
-                b'-' | b'.'
-                    | b'_'
-                    | b'~'
-                    | b'!'
-                    | b'$'
-                    | b'&'
-                    | b'\''
-                    | b'('
-                    | b')'
-                    | b'*'
-                    | b'+'
-                    | b','
-                    | b';'
-                    | b'='
-                    | b':'
-                    | b'@'
-                    | b'/'
-                    | b'%'
-                    | b'['
-                    | b']'
-            );
-        b += 1;
-    }
-    table
-};
+const RAW_IN_PATH: [bool; 256] = crate::bytes::alphanumeric_and(b"-._~!$&'()*+,;=:@/%[]");
 
 fn hex(digit: u8) -> Option<u8> {
     match digit {

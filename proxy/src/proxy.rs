@@ -592,37 +592,7 @@ fn answer_locally(
 
 /// The bytes a `Host` header may hold: a name, an IPv4 or bracketed IPv6 address (with its
 /// zone), and a port (RFC 3986 §3.2.2), as Go's server allows them.
-const HOST_BYTE: [bool; 256] = {
-    let mut table = [false; 256];
-    let mut b = 0;
-    while b < 128 {
-        let c = b as u8;
-        table[b] = c.is_ascii_alphanumeric()
-            || matches!(
-                c,
-                b'!' | b'$'
-                    | b'%'
-                    | b'&'
-                    | b'\''
-                    | b'('
-                    | b')'
-                    | b'*'
-                    | b'+'
-                    | b','
-                    | b'-'
-                    | b'.'
-                    | b':'
-                    | b';'
-                    | b'='
-                    | b'['
-                    | b']'
-                    | b'_'
-                    | b'~'
-            );
-        b += 1;
-    }
-    table
-};
+const HOST_BYTE: [bool; 256] = cftunnel_config::bytes::alphanumeric_and(b"!$%&'()*+,-.:;=[]_~");
 
 /// The request's host for routing: `Host` (or `:authority`), port removed, lower-cased.
 pub(crate) fn request_host(parts: &http::request::Parts) -> Cow<'_, str> {
