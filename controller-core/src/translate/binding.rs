@@ -15,8 +15,8 @@ use super::rule::TranslatedRoute;
 use super::scheme::{Scheme, SchemeListeners};
 use super::status::{Condition, ConditionType, ParentKind, ParentRef, Reason, RouteParentStatus};
 use super::{
-    Index, ObjectKey, PlaneKey, RouteKey, RouteKind, EXPERIMENTAL_GATEWAY_API_GROUP,
-    GATEWAY_API_GROUP,
+    Index, ObjectKey, PlaneKey, RouteKey, RouteKind, TunnelIdentity,
+    EXPERIMENTAL_GATEWAY_API_GROUP, GATEWAY_API_GROUP,
 };
 
 /// One listener a parentRef attaches a route to.
@@ -34,7 +34,7 @@ pub(super) struct ListenerAttachment<'h> {
     /// scheme's listeners could take the same requests (see [`Attachment::add`]).
     scheme: Scheme,
     /// The listener's hostname, `None` for any host: with `scheme`, the hosts of the route
-    /// table its routes share with the Gateway's other listeners (see [`SharedHosts`]).
+    /// table its routes share with the table's other listeners (see [`SharedHosts`]).
     hostname: Option<&'h str>,
 }
 
@@ -46,16 +46,35 @@ pub(super) struct ListenerKey {
     pub(super) index: usize,
 }
 
-/// The listeners of one Gateway whose routes' rules land in the same hosts of the route table:
-/// those of one scheme and hostname (or none), whatever their ports, which behind the tunnel
+/// The route table a Gateway's routes' rules land in. Every plane on a tunnel serves the union
+/// of the tunnel's routes (the edge hands its requests to any of its connectors), so the planes
+/// of one tunnel are one table: the tunnel the Gateway's plane is on ([`OwnedGateway::tunnel`],
+/// which `Tunnels` files the plane under), the class tunnel for the shared plane when there is
+/// one. A plane on no known tunnel is a table of its own, and so is a dedicated plane on a
+/// tunnel that tenants of other namespaces share (`TunnelShared`): their routes stay accepted
+/// there, as the isolation guide promises, served together as before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum RouteTable<'h> {
+    Tunnel(TunnelIdentity),
+    Plane(&'h PlaneKey),
+}
+
+impl<'h> RouteTable<'h> {
+    fn of(plane: &'h PlaneKey, tunnel: Option<TunnelIdentity>) -> Self {
+        tunnel.map_or(Self::Plane(plane), Self::Tunnel)
+    }
+}
+
+/// The listeners whose routes' rules land in the same hosts of one route table: those of one
+/// scheme and hostname (or none), whatever their ports and Gateways, which behind the tunnel
 /// tell no request apart. Routes of the two kinds are kept apart across them as on one
-/// listener ([`ListenerClaims`]). Listeners of one port with the same scheme and hostname
-/// conflict, and one with a more specific hostname takes its hosts from a less specific one
-/// (listener isolation), so only equal hostnames share hosts.
+/// listener ([`ListenerClaims`]). Listeners of one port of a Gateway with the same scheme and
+/// hostname conflict, as do those of Gateways on the shared plane, and one with a more specific
+/// hostname takes its hosts from a less specific one (listener isolation), so only equal
+/// hostnames share hosts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct SharedHosts<'h> {
-    /// The Gateway's position in [`OwnedGateways`].
-    gateway: usize,
+    table: RouteTable<'h>,
     scheme: Scheme,
     hostname: Option<&'h str>,
 }
@@ -67,8 +86,9 @@ pub(super) struct ParentBinding<'h> {
     /// The Gateway's position in [`OwnedGateways`]; `None` for a ListenerSet that is not
     /// attached to one (the parent is then refused).
     gateway: Option<usize>,
-    /// The plane serving the Gateway and the listeners the route attaches to there.
-    outcome: Result<(PlaneKey, Vec<ListenerAttachment<'h>>), (Reason, String)>,
+    /// The plane serving the Gateway, its route table and the listeners the route attaches to
+    /// there.
+    outcome: Result<Attached<'h>, (Reason, String)>,
     /// Listeners (positions in the Gateway's) that select and allow the route, with a hostname
     /// it shares, but are not valid (their certificates do not resolve, say). The route is
     /// not accepted through them, yet their `attachedRoutes` count it: Gateway API's own
@@ -78,6 +98,9 @@ pub(super) struct ParentBinding<'h> {
     /// (see [`Accepted::listeners`]).
     invalid: Vec<usize>,
 }
+
+/// The plane of a Gateway a parentRef attaches a route to, its route table, and the listeners.
+type Attached<'h> = (PlaneKey, RouteTable<'h>, Vec<ListenerAttachment<'h>>);
 
 /// Where a route is accepted through one parentRef: made only by
 /// [`ParentBinding::into_status`], with the `Accepted=True` condition it writes.
@@ -103,6 +126,7 @@ pub(super) struct Accepted<'h> {
 #[derive(Debug)]
 pub(super) struct AttachedListeners<'h> {
     gateway: usize,
+    table: RouteTable<'h>,
     attached: Vec<ListenerAttachment<'h>>,
 }
 
@@ -112,14 +136,14 @@ impl<'h> AttachedListeners<'h> {
     pub(super) fn into_keyed(
         self,
     ) -> impl Iterator<Item = (ListenerKey, SharedHosts<'h>, Hosts<'h>)> {
-        let gateway = self.gateway;
+        let (gateway, table) = (self.gateway, self.table);
         self.attached.into_iter().map(move |l| {
             let key = ListenerKey {
                 gateway,
                 index: l.index,
             };
             let shared = SharedHosts {
-                gateway,
+                table,
                 scheme: l.scheme,
                 hostname: l.hostname,
             };
@@ -145,23 +169,24 @@ impl<'h> ParentBinding<'h> {
     }
 
     /// Leaves out the listeners where a route of the other kind with intersecting hostnames
-    /// is already accepted, on the listener or on another of the Gateway's with the same
-    /// scheme and hostname (on another port: its routes share the listener's hosts, see
-    /// [`SharedHosts`]); with none left, the route is refused on this parent. Routes are
-    /// bound in precedence order (oldest, then `{namespace}/{name}`), so the route holding a
-    /// listener first is the one the spec accepts. A route keeps the listeners of this
-    /// parentRef that are free of such a conflict; the listeners it loses do not count it.
+    /// is already accepted, on the listener or on another of its route table with the same
+    /// scheme and hostname (on another port, or of another Gateway on the tunnel: its routes
+    /// share the listener's hosts, see [`SharedHosts`]); with none left, the route is refused
+    /// on this parent. Routes are bound in precedence order (oldest, then
+    /// `{namespace}/{name}`), so the route holding a listener first is the one the spec
+    /// accepts. A route keeps the listeners of this parentRef that are free of such a
+    /// conflict; the listeners it loses do not count it.
     pub(super) fn yield_to_other_kind(&mut self, kind: RouteKind, claims: &ListenerClaims<'_>) {
         if !claims.kept {
             return;
         }
-        let (Some(gateway), Ok((_, attached))) = (self.gateway, &mut self.outcome) else {
+        let Ok((_, table, attached)) = &mut self.outcome else {
             return;
         };
         let mut conflicts = Vec::new();
         attached.retain(|l| {
             let key = SharedHosts {
-                gateway,
+                table: *table,
                 scheme: l.scheme,
                 hostname: l.hostname,
             };
@@ -180,7 +205,7 @@ impl<'h> ParentBinding<'h> {
             self.outcome = Err((
                 Reason::HostnameConflict,
                 format!(
-                    "{}, which takes precedence (older, or first by namespace/name); HTTPRoutes and GRPCRoutes are not merged on a listener, nor on listeners of the same scheme and hostname (ports do not tell them apart behind a tunnel)",
+                    "{}, which takes precedence (older, or first by namespace/name); HTTPRoutes and GRPCRoutes are not merged on a listener, nor on listeners of the same scheme and hostname on other ports or on other Gateways whose routes the tunnel serves (behind a tunnel they take the same requests)",
                     conflicts.join("; ")
                 ),
             ));
@@ -210,7 +235,7 @@ impl<'h> ParentBinding<'h> {
                 translated.dropped_message(),
                 generation,
             )),
-            Ok((plane, attached)) => {
+            Ok((plane, table, attached)) => {
                 conditions.push(Condition::new(
                     ConditionType::Accepted,
                     true,
@@ -227,6 +252,7 @@ impl<'h> ParentBinding<'h> {
                     listeners: AttachedListeners {
                         // An attached parent is always one of our Gateways.
                         gateway: self.gateway.unwrap_or_default(),
+                        table,
                         attached,
                     },
                     attachment,
@@ -253,16 +279,40 @@ impl<'h> ParentBinding<'h> {
 
 /// The routes accepted so far on each listener, with the hosts they serve there: Gateway API
 /// requires an HTTPRoute and a GRPCRoute whose hostnames intersect on one listener not to be
-/// merged; exactly one of them is accepted. Claims are held on the listeners of a Gateway
+/// merged; exactly one of them is accepted. Claims are held on the listeners of a route table
 /// that share hosts ([`SharedHosts`]) as on one listener: behind the tunnel two listeners of
-/// one scheme and hostname on different ports put their routes' rules in the same hosts, so
-/// the two kinds would be merged there all the same.
+/// one scheme and hostname put their routes' rules in the same hosts, whatever their ports and
+/// Gateways, so the two kinds would be merged there all the same.
 #[derive(Debug)]
 pub(super) struct ListenerClaims<'h> {
     /// Whether routes of both kinds are bound: with one kind, no route can conflict, and
     /// nothing is kept or looked up.
     kept: bool,
-    claims: BTreeMap<SharedHosts<'h>, Vec<(RouteKey, Hosts<'h>)>>,
+    claims: BTreeMap<SharedHosts<'h>, Claims<'h>>,
+}
+
+/// The routes of each kind accepted on listeners that share hosts, in precedence order, each
+/// once with the hosts it serves there: a route looks among the other kind's alone.
+#[derive(Debug, Default)]
+struct Claims<'h> {
+    http: Vec<(RouteKey, Hosts<'h>)>,
+    grpc: Vec<(RouteKey, Hosts<'h>)>,
+}
+
+impl<'h> Claims<'h> {
+    fn of(&self, kind: RouteKind) -> &[(RouteKey, Hosts<'h>)] {
+        match kind {
+            RouteKind::Http => &self.http,
+            RouteKind::Grpc => &self.grpc,
+        }
+    }
+
+    fn of_mut(&mut self, kind: RouteKind) -> &mut Vec<(RouteKey, Hosts<'h>)> {
+        match kind {
+            RouteKind::Http => &mut self.http,
+            RouteKind::Grpc => &mut self.grpc,
+        }
+    }
 }
 
 impl<'h> ListenerClaims<'h> {
@@ -284,21 +334,33 @@ impl<'h> ListenerClaims<'h> {
         kind: RouteKind,
         hosts: &Hosts<'_>,
     ) -> Option<&RouteKey> {
+        let other = match kind {
+            RouteKind::Http => RouteKind::Grpc,
+            RouteKind::Grpc => RouteKind::Http,
+        };
         self.claims
             .get(listeners)?
+            .of(other)
             .iter()
-            .find(|(route, held)| route.kind != kind && held.intersects(hosts))
+            .find(|(_, held)| held.intersects(hosts))
             .map(|(route, _)| route)
     }
 
+    /// Records that `route` is accepted on `listeners`, serving `hosts` there. Routes claim
+    /// one after another, so a route attached through several of those listeners (on other
+    /// ports, or of several Gateways on the tunnel) finds its own claim last and is kept once.
     pub(super) fn claim(&mut self, route: &RouteKey, listeners: SharedHosts<'h>, hosts: Hosts<'h>) {
         if !self.kept {
             return;
         }
-        self.claims
-            .entry(listeners)
-            .or_default()
-            .push((route.clone(), hosts));
+        let held = self.claims.entry(listeners).or_default().of_mut(route.kind);
+        if held
+            .last()
+            .is_some_and(|(last, last_hosts)| last == route && *last_hosts == hosts)
+        {
+            return;
+        }
+        held.push((route.clone(), hosts));
     }
 }
 
@@ -374,7 +436,7 @@ pub(super) fn bind<'h>(
             }
             (None, Ok(_), None) => continue,
         };
-        let outcome = outcome.and_then(|(plane, attached)| {
+        let outcome = outcome.and_then(|(plane, table, attached)| {
             if hostname_ownership {
                 let labels = index.namespace_labels(route.namespace);
                 if let Some(why) =
@@ -389,7 +451,7 @@ pub(super) fn bind<'h>(
                     return Err((Reason::HostnameNotPermitted, why));
                 }
             }
-            Ok((plane, attached))
+            Ok((plane, table, attached))
         });
         parents.push(ParentBinding {
             parent_ref,
@@ -411,7 +473,7 @@ fn attach<'h>(
     scheme_listeners: &BTreeMap<PlaneKey, SchemeListeners<'_>>,
     index: &Index<'_>,
     invalid: &mut Vec<usize>,
-) -> Result<(PlaneKey, Vec<ListenerAttachment<'h>>), (Reason, String)> {
+) -> Result<Attached<'h>, (Reason, String)> {
     // The listeners the parentRef selects, those of them that allow the route, and those of
     // these that are usable: the first stage left empty says why the route is refused.
     let selected = |l: &OwnedListener<'_>| {
@@ -506,8 +568,11 @@ fn attach<'h>(
     // Listener problems are reported first; a Gateway refused for its parameters serves nothing,
     // and one not accepted takes no route, through a ListenerSet's listeners either (a
     // dedicated Gateway whose own listeners are all invalid keeps its plane, serving none).
-    match gw.plane.clone() {
-        Some(plane) if gw.accepted() => Ok((plane, attached)),
+    match &gw.plane {
+        Some(plane) if gw.accepted() => {
+            let tunnel = gw.tunnel.filter(|_| !gw.tenant_shared_tunnel);
+            Ok((plane.clone(), RouteTable::of(plane, tunnel), attached))
+        }
         _ => Err((
             Reason::NoMatchingParent,
             format!("Gateway {} is not accepted", gw.key),

@@ -91,6 +91,11 @@ pub(super) struct OwnedGateway<'a> {
     pub(super) plane: Option<PlaneKey>,
     /// The tunnel of that plane, when known (a dedicated plane's always is).
     pub(super) tunnel: Option<TunnelIdentity>,
+    /// A dedicated Gateway on a tunnel that dedicated Gateways of other namespaces use too
+    /// (`TunnelShared`): sharing is supported there and its routes stay accepted, so routes
+    /// of the two kinds are kept apart only among its own listeners
+    /// ([`super::binding::RouteTable`]).
+    pub(super) tenant_shared_tunnel: bool,
     pub(super) listeners: Vec<OwnedListener<'a>>,
     /// Why `infrastructure.parametersRef` makes no plane.
     refused: Option<(Reason, String)>,
@@ -356,6 +361,10 @@ impl<'a> OwnedGateways<'a> {
         self.list.iter()
     }
 
+    pub(super) fn values_mut(&mut self) -> std::slice::IterMut<'_, OwnedGateway<'a>> {
+        self.list.iter_mut()
+    }
+
     pub(super) fn into_values(self) -> std::vec::IntoIter<OwnedGateway<'a>> {
         self.list.into_iter()
     }
@@ -477,6 +486,7 @@ fn owned_gateway<'a>(
         generation,
         plane,
         tunnel,
+        tenant_shared_tunnel: false,
         listeners,
         refused,
         requested: gw

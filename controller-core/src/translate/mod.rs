@@ -403,6 +403,9 @@ fn translate_checked(
         })
         .collect();
     let tunnels = Tunnels::new(&gateways, options.shared_tunnel);
+    for gw in gateways.values_mut() {
+        gw.tenant_shared_tunnel = tunnels.shared.contains_key(&gw.key);
+    }
     let scheme_listeners = scheme_listeners(&gateways, &tunnels);
 
     let routes = route::collect_routes(snapshot);
@@ -768,6 +771,8 @@ impl TunnelIdentity {
 /// Which planes share a tunnel. The edge spreads a tunnel's requests over all its connectors,
 /// so every plane on a tunnel must serve the union of the tunnel's routes.
 struct Tunnels {
+    /// The tunnel of each plane on a known one: a Gateway's plane is filed under
+    /// `OwnedGateway::tunnel`, the tunnel `binding::RouteTable` keys its route table by.
     planes: BTreeMap<PlaneKey, TunnelIdentity>,
     /// The planes of each tunnel, in order: asked for every route's planes.
     on_tunnel: BTreeMap<TunnelIdentity, Vec<PlaneKey>>,

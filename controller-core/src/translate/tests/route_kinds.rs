@@ -1,6 +1,7 @@
 //! HTTPRoutes and GRPCRoutes whose rules would land in the same hosts of a route table: behind
-//! the tunnel listeners of one scheme and hostname on different ports take the same requests,
-//! so the two kinds are kept apart across them as on one listener.
+//! the tunnel listeners of one scheme and hostname take the same requests, whatever their ports
+//! and the Gateways on the tunnel they belong to, so the two kinds are kept apart across them
+//! as on one listener.
 
 use super::*;
 
@@ -38,9 +39,9 @@ fn api(at: &str) -> String {
     )
 }
 
-/// The rule the proxy routes a gRPC call for `host` to, by name.
-fn grpc_call(out: &Output, host: &str) -> Option<String> {
-    let routes = proxy_routes(shared(out));
+/// The rule the proxy serving `plane` routes a gRPC call for `host` to, by name.
+fn grpc_call(out: &Output, plane: &PlaneKey, host: &str) -> Option<String> {
+    let routes = proxy_routes(&out.configs[plane]);
     proxy_pick(
         &routes,
         "POST",
@@ -89,7 +90,7 @@ fn routes_of_both_kinds_on_listeners_of_one_hostname_on_different_ports_are_not_
         (
             false,
             Reason::HostnameConflict,
-            "on listener alt its hostnames intersect those of HTTPRoute infra/site, which takes precedence (older, or first by namespace/name); HTTPRoutes and GRPCRoutes are not merged on a listener, nor on listeners of the same scheme and hostname (ports do not tell them apart behind a tunnel)"
+            "on listener alt its hostnames intersect those of HTTPRoute infra/site, which takes precedence (older, or first by namespace/name); HTTPRoutes and GRPCRoutes are not merged on a listener, nor on listeners of the same scheme and hostname on other ports or on other Gateways whose routes the tunnel serves (behind a tunnel they take the same requests)"
         )
     );
     assert_eq!(
@@ -99,7 +100,7 @@ fn routes_of_both_kinds_on_listeners_of_one_hostname_on_different_ports_are_not_
     assert_eq!(rules_under(&out, "api.example.com"), vec!["infra/site/0"]);
     assert!(!shared(&out).has_grpc_route);
     assert_eq!(
-        grpc_call(&out, "api.example.com").as_deref(),
+        grpc_call(&out, &PlaneKey::Shared, "api.example.com").as_deref(),
         Some("infra/site/0")
     );
 
@@ -133,7 +134,7 @@ fn routes_of_both_kinds_on_listeners_of_one_hostname_on_different_ports_are_not_
     );
     assert_eq!(rules_under(&out, "api.example.com"), vec!["infra/api/0"]);
     assert_eq!(
-        grpc_call(&out, "api.example.com").as_deref(),
+        grpc_call(&out, &PlaneKey::Shared, "api.example.com").as_deref(),
         Some("infra/api/0")
     );
 }
@@ -163,11 +164,334 @@ fn routes_of_both_kinds_on_listeners_of_different_hostnames_on_different_ports_a
     assert_eq!(rules_under(&out, "api.example.com"), vec!["infra/site/0"]);
     assert_eq!(rules_under(&out, "*.example.com"), vec!["infra/api/0"]);
     assert_eq!(
-        grpc_call(&out, "api.example.com").as_deref(),
+        grpc_call(&out, &PlaneKey::Shared, "api.example.com").as_deref(),
         Some("infra/site/0")
     );
     assert_eq!(
-        grpc_call(&out, "rpc.example.com").as_deref(),
+        grpc_call(&out, &PlaneKey::Shared, "rpc.example.com").as_deref(),
         Some("infra/api/0")
+    );
+}
+
+/// Gateway `name` in `ns` with its own GatewayConfig on `tunnel`, created `at`, with an HTTP
+/// listener `http` for `api.example.com`.
+fn dedicated_api_gateway(ns: &str, name: &str, tunnel: &str, at: &str) -> String {
+    let token =
+        cftunnel_config::Token::new("account", b"secret".to_vec(), tunnel.parse().expect("uuid"))
+            .encode();
+    format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: {name}-tunnel, namespace: {ns}}}
+stringData: {{tunnel-token: {token}}}
+---
+apiVersion: cf.k8s.lex.la/v1alpha1
+kind: GatewayConfig
+metadata: {{name: {name}, namespace: {ns}}}
+spec: {{tunnelTokenSecretRef: {{name: {name}-tunnel}}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: {name}, namespace: {ns}, creationTimestamp: "{at}"}}
+spec:
+  gatewayClassName: cf
+  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: {name}}}}}
+  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: api.example.com}}]
+---
+"#
+    )
+}
+
+/// Routes of `team-a` may use the Services of `infra`.
+const GRANT: &str = r#"apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: {name: from-team-a, namespace: infra}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: team-a}, {group: gateway.networking.k8s.io, kind: GRPCRoute, namespace: team-a}]
+  to: [{group: "", kind: Service}]
+---
+"#;
+
+/// HTTPRoute `ns/site` on Gateway `gateway` of its namespace, taking every path, created `at`.
+fn site_on(ns: &str, gateway: &str, at: &str) -> String {
+    created(
+        http_route(
+            ns,
+            "site",
+            &format!("  parentRefs: [{{name: {gateway}}}]\n  rules: [{{matches: [{{path: {{type: PathPrefix, value: /}}}}], backendRefs: [{{name: v2, namespace: infra, port: 8080}}]}}]"),
+        ),
+        ns,
+        at,
+    )
+}
+
+/// GRPCRoute `ns/api` on Gateway `gateway` of its namespace, without matches, created `at`.
+fn api_on(ns: &str, gateway: &str, at: &str) -> String {
+    created(
+        grpc_route(
+            ns,
+            "api",
+            &format!("  parentRefs: [{{name: {gateway}}}]\n  rules: [{{backendRefs: [{{name: v1, namespace: infra, port: 8081}}]}}]"),
+        ),
+        ns,
+        at,
+    )
+}
+
+fn attached_on(out: &Output, ns: &str, gateway: &str) -> i32 {
+    listener_status(out, ns, gateway, "http").attached_routes
+}
+
+/// The older of HTTPRoute `site_key` and GRPCRoute `api_key`, on listeners for api.example.com
+/// of two Gateways in one route table, keeps the host: the other is refused, and every plane
+/// serving the table routes a gRPC call to the older one's rule.
+fn assert_older_keeps_the_host(
+    out: &Output,
+    site_key: (&str, &str),
+    api_key: (&str, &str),
+    site_older: bool,
+    planes: &[PlaneKey],
+) {
+    let (older, newer, newer_kind, older_kind) = if site_older {
+        (site_key, api_key, RouteKind::Grpc, "HTTPRoute")
+    } else {
+        (api_key, site_key, RouteKind::Http, "GRPCRoute")
+    };
+    let older_kind_enum = if site_older {
+        RouteKind::Http
+    } else {
+        RouteKind::Grpc
+    };
+    assert_eq!(
+        accepted(out, older_kind_enum, older.0, older.1),
+        (true, Reason::Accepted)
+    );
+    let refused = parent_statuses(out, newer_kind, newer.0, newer.1)[0]
+        .condition(ConditionType::Accepted)
+        .expect("Accepted condition present");
+    assert_eq!(
+        (refused.status, refused.reason),
+        (false, Reason::HostnameConflict),
+        "{}",
+        refused.message
+    );
+    let holder = format!(
+        "on listener http its hostnames intersect those of {older_kind} {}/{},",
+        older.0, older.1
+    );
+    assert!(refused.message.starts_with(&holder), "{}", refused.message);
+    let older_rule = format!("{}/{}/0", older.0, older.1);
+    let newer_rule = format!("{}/{}/0", newer.0, newer.1);
+    for plane in planes {
+        let config = &out.configs[plane];
+        assert!(
+            config
+                .rules
+                .iter()
+                .all(|r| r.name.as_deref() != Some(newer_rule.as_str())),
+            "{plane}: {:?}",
+            config.rules
+        );
+        assert_eq!(config.has_grpc_route, !site_older, "{plane}");
+        assert_eq!(
+            grpc_call(out, plane, "api.example.com").as_deref(),
+            Some(older_rule.as_str()),
+            "{plane}"
+        );
+    }
+}
+
+/// The documented migration path: a dedicated Gateway on the class tunnel shares the shared
+/// plane's route table, so its GRPCRoute and a shared-plane Gateway's HTTPRoute for one
+/// hostname would be merged in both planes.
+#[test]
+fn routes_of_both_kinds_of_a_shared_plane_gateway_and_a_dedicated_one_on_the_class_tunnel_are_not_merged(
+) {
+    let shared_gw = shared_gateway(
+        "infra",
+        "gs",
+        "2026-01-01T00:00:00Z",
+        "{name: http, port: 80, protocol: HTTP, hostname: api.example.com}",
+    );
+    let dedicated = dedicated_api_gateway("team-a", "gd", TUNNEL_A, "2026-01-01T00:00:00Z");
+    let planes = [
+        PlaneKey::Shared,
+        PlaneKey::Dedicated(ObjectKey::new("team-a", "gd")),
+    ];
+    let options = class_tunnel(TUNNEL_A);
+
+    // The older HTTPRoute keeps api.example.com.
+    let out = translate(
+        &snapshot(&format!(
+            "{shared_gw}{dedicated}{GRANT}{}{}",
+            site_on("infra", "gs", "2026-01-01T00:00:00Z"),
+            api_on("team-a", "gd", "2026-01-02T00:00:00Z"),
+        )),
+        &options,
+    );
+    assert_older_keeps_the_host(&out, ("infra", "site"), ("team-a", "api"), true, &planes);
+    assert_eq!(
+        (
+            attached_on(&out, "infra", "gs"),
+            attached_on(&out, "team-a", "gd")
+        ),
+        (1, 0)
+    );
+
+    // The older GRPCRoute keeps it.
+    let out = translate(
+        &snapshot(&format!(
+            "{shared_gw}{dedicated}{GRANT}{}{}",
+            site_on("infra", "gs", "2026-01-02T00:00:00Z"),
+            api_on("team-a", "gd", "2026-01-01T00:00:00Z"),
+        )),
+        &options,
+    );
+    assert_older_keeps_the_host(&out, ("infra", "site"), ("team-a", "api"), false, &planes);
+    assert_eq!(
+        (
+            attached_on(&out, "infra", "gs"),
+            attached_on(&out, "team-a", "gd")
+        ),
+        (0, 1)
+    );
+
+    // Without the class tunnel the shared plane is a route table of its own: both are served,
+    // each by its own plane.
+    let out = translate(
+        &snapshot(&format!(
+            "{shared_gw}{dedicated}{GRANT}{}{}",
+            site_on("infra", "gs", "2026-01-01T00:00:00Z"),
+            api_on("team-a", "gd", "2026-01-02T00:00:00Z"),
+        )),
+        &with_image(),
+    );
+    assert_eq!(
+        accepted(&out, RouteKind::Http, "infra", "site"),
+        (true, Reason::Accepted)
+    );
+    assert_eq!(
+        accepted(&out, RouteKind::Grpc, "team-a", "api"),
+        (true, Reason::Accepted)
+    );
+    assert_eq!(
+        grpc_call(&out, &planes[0], "api.example.com").as_deref(),
+        Some("infra/site/0")
+    );
+    assert_eq!(
+        grpc_call(&out, &planes[1], "api.example.com").as_deref(),
+        Some("team-a/api/0")
+    );
+}
+
+/// Two dedicated Gateways of one namespace on one tunnel (not flagged as sharing it) serve
+/// each other's routes: the two kinds are kept apart across them.
+#[test]
+fn routes_of_both_kinds_of_two_dedicated_gateways_on_one_tunnel_are_not_merged() {
+    let one = dedicated_api_gateway("team-a", "one", TUNNEL_B, "2026-01-01T00:00:00Z");
+    let two = |tunnel| dedicated_api_gateway("team-a", "two", tunnel, "2026-01-01T00:00:00Z");
+    let planes = [
+        PlaneKey::Dedicated(ObjectKey::new("team-a", "one")),
+        PlaneKey::Dedicated(ObjectKey::new("team-a", "two")),
+    ];
+
+    let out = translate(
+        &snapshot(&format!(
+            "{one}{}{GRANT}{}{}",
+            two(TUNNEL_B),
+            site_on("team-a", "one", "2026-01-01T00:00:00Z"),
+            api_on("team-a", "two", "2026-01-02T00:00:00Z"),
+        )),
+        &with_image(),
+    );
+    assert_older_keeps_the_host(&out, ("team-a", "site"), ("team-a", "api"), true, &planes);
+    assert_eq!(
+        (
+            attached_on(&out, "team-a", "one"),
+            attached_on(&out, "team-a", "two")
+        ),
+        (1, 0)
+    );
+
+    let out = translate(
+        &snapshot(&format!(
+            "{one}{}{GRANT}{}{}",
+            two(TUNNEL_B),
+            site_on("team-a", "one", "2026-01-02T00:00:00Z"),
+            api_on("team-a", "two", "2026-01-01T00:00:00Z"),
+        )),
+        &with_image(),
+    );
+    assert_older_keeps_the_host(&out, ("team-a", "site"), ("team-a", "api"), false, &planes);
+    assert_eq!(
+        (
+            attached_on(&out, "team-a", "one"),
+            attached_on(&out, "team-a", "two")
+        ),
+        (0, 1)
+    );
+
+    // On different tunnels they are different route tables: both are served, each by its own
+    // Gateway's plane.
+    let out = translate(
+        &snapshot(&format!(
+            "{one}{}{GRANT}{}{}",
+            two(TUNNEL_A),
+            site_on("team-a", "one", "2026-01-01T00:00:00Z"),
+            api_on("team-a", "two", "2026-01-02T00:00:00Z"),
+        )),
+        &with_image(),
+    );
+    assert_eq!(
+        accepted(&out, RouteKind::Grpc, "team-a", "api"),
+        (true, Reason::Accepted)
+    );
+    assert_eq!(
+        grpc_call(&out, &planes[0], "api.example.com").as_deref(),
+        Some("team-a/site/0")
+    );
+    assert_eq!(
+        grpc_call(&out, &planes[1], "api.example.com").as_deref(),
+        Some("team-a/api/0")
+    );
+}
+
+/// Dedicated Gateways of different namespaces on one tunnel are flagged `TunnelShared`, and the
+/// isolation guide promises their routes stay accepted: routes of the two kinds are not
+/// compared across them (each plane serves the tunnel's routes together, as documented).
+#[test]
+fn routes_of_both_kinds_of_tenants_sharing_a_tunnel_stay_accepted() {
+    let grant_b = GRANT.replace("team-a", "team-b");
+    let out = translate(
+        &snapshot(&format!(
+            "{}{}{GRANT}{grant_b}{}{}",
+            dedicated_api_gateway("team-a", "one", TUNNEL_B, "2026-01-01T00:00:00Z"),
+            dedicated_api_gateway("team-b", "two", TUNNEL_B, "2026-01-01T00:00:00Z"),
+            site_on("team-a", "one", "2026-01-01T00:00:00Z"),
+            api_on("team-b", "two", "2026-01-02T00:00:00Z"),
+        )),
+        &with_image(),
+    );
+    for (kind, ns, name) in [
+        (RouteKind::Http, "team-a", "site"),
+        (RouteKind::Grpc, "team-b", "api"),
+    ] {
+        assert_eq!(
+            accepted(&out, kind, ns, name),
+            (true, Reason::Accepted),
+            "{ns}/{name}"
+        );
+        let shared = parent_statuses(&out, kind, ns, name)
+            .first()
+            .and_then(|p| p.condition(ConditionType::TunnelShared))
+            .map(|c| (c.status, c.reason));
+        assert_eq!(shared, Some((true, Reason::TunnelShared)), "{ns}/{name}");
+    }
+    assert_eq!(
+        (
+            attached_on(&out, "team-a", "one"),
+            attached_on(&out, "team-b", "two")
+        ),
+        (1, 1)
     );
 }
