@@ -50,18 +50,25 @@ pub(super) struct ListenerKey {
 /// of the tunnel's routes (the edge hands its requests to any of its connectors), so the planes
 /// of one tunnel are one table: the tunnel the Gateway's plane is on ([`OwnedGateway::tunnel`],
 /// which `Tunnels` files the plane under), the class tunnel for the shared plane when there is
-/// one. A plane on no known tunnel is a table of its own, and so is a dedicated plane on a
-/// tunnel that tenants of other namespaces share (`TunnelShared`): their routes stay accepted
-/// there, as the isolation guide promises, served together as before.
+/// one. A plane on no known tunnel is a table of its own. On a tunnel that dedicated Gateways of
+/// several namespaces share (`TunnelShared`), each namespace's are a table: the isolation guide
+/// promises such tenants' routes stay accepted, served together as before, whatever the other
+/// tenants hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum RouteTable<'h> {
     Tunnel(TunnelIdentity),
+    /// The Gateways of one namespace on a tunnel that tenants of other namespaces share.
+    Tenant(TunnelIdentity, &'h str),
     Plane(&'h PlaneKey),
 }
 
 impl<'h> RouteTable<'h> {
-    fn of(plane: &'h PlaneKey, tunnel: Option<TunnelIdentity>) -> Self {
-        tunnel.map_or(Self::Plane(plane), Self::Tunnel)
+    fn of(plane: &'h PlaneKey, gw: &'h OwnedGateway<'_>) -> Self {
+        match gw.tunnel {
+            Some(tunnel) if gw.tenant_shared_tunnel => Self::Tenant(tunnel, &gw.key.namespace),
+            Some(tunnel) => Self::Tunnel(tunnel),
+            None => Self::Plane(plane),
+        }
     }
 }
 
@@ -569,10 +576,7 @@ fn attach<'h>(
     // and one not accepted takes no route, through a ListenerSet's listeners either (a
     // dedicated Gateway whose own listeners are all invalid keeps its plane, serving none).
     match &gw.plane {
-        Some(plane) if gw.accepted() => {
-            let tunnel = gw.tunnel.filter(|_| !gw.tenant_shared_tunnel);
-            Ok((plane.clone(), RouteTable::of(plane, tunnel), attached))
-        }
+        Some(plane) if gw.accepted() => Ok((plane.clone(), RouteTable::of(plane, gw), attached)),
         _ => Err((
             Reason::NoMatchingParent,
             format!("Gateway {} is not accepted", gw.key),

@@ -93,7 +93,7 @@ pub(super) struct OwnedGateway<'a> {
     pub(super) tunnel: Option<TunnelIdentity>,
     /// A dedicated Gateway on a tunnel that dedicated Gateways of other namespaces use too
     /// (`TunnelShared`): sharing is supported there and its routes stay accepted, so routes
-    /// of the two kinds are kept apart only among its own listeners
+    /// of the two kinds are kept apart only among its namespace's Gateways there
     /// ([`super::binding::RouteTable`]).
     pub(super) tenant_shared_tunnel: bool,
     pub(super) listeners: Vec<OwnedListener<'a>>,

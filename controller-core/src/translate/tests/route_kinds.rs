@@ -494,4 +494,26 @@ fn routes_of_both_kinds_of_tenants_sharing_a_tunnel_stay_accepted() {
         ),
         (1, 1)
     );
+
+    // Within one tenant's Gateways on that tunnel, the two kinds are kept apart all the same,
+    // whatever the other tenant holds.
+    let out = translate(
+        &snapshot(&format!(
+            "{}{}{}{GRANT}{grant_b}{}{}",
+            dedicated_api_gateway("team-a", "one", TUNNEL_B, "2026-01-01T00:00:00Z"),
+            dedicated_api_gateway("team-a", "two", TUNNEL_B, "2026-01-01T00:00:00Z"),
+            dedicated_api_gateway("team-b", "three", TUNNEL_B, "2026-01-01T00:00:00Z"),
+            site_on("team-a", "one", "2026-01-01T00:00:00Z"),
+            api_on("team-a", "two", "2026-01-02T00:00:00Z"),
+        )),
+        &with_image(),
+    );
+    assert_eq!(
+        accepted(&out, RouteKind::Http, "team-a", "site"),
+        (true, Reason::Accepted)
+    );
+    assert_eq!(
+        accepted(&out, RouteKind::Grpc, "team-a", "api"),
+        (false, Reason::HostnameConflict)
+    );
 }
