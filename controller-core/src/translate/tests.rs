@@ -2766,8 +2766,8 @@ fn tenant(ns: &str, name: &str, tunnel: &str) -> String {
     tenant_with_secret(ns, name, tunnel, b"secret")
 }
 
-/// [`tenant`], its token holding `secret`.
-fn tenant_with_secret(ns: &str, name: &str, tunnel: &str, secret: &[u8]) -> String {
+/// GatewayConfig `name` in `ns` on `tunnel`, and the Secret holding its token (with `secret`).
+fn gateway_config_on(ns: &str, name: &str, tunnel: &str, secret: &[u8]) -> String {
     let token =
         cftunnel_config::Token::new("account", secret.to_vec(), tunnel.parse().expect("uuid"))
             .encode();
@@ -2782,7 +2782,15 @@ kind: GatewayConfig
 metadata: {{name: {name}, namespace: {ns}}}
 spec: {{tunnelTokenSecretRef: {{name: {name}-tunnel}}}}
 ---
-apiVersion: gateway.networking.k8s.io/v1
+"#
+    )
+}
+
+/// [`tenant`], its token holding `secret`.
+fn tenant_with_secret(ns: &str, name: &str, tunnel: &str, secret: &[u8]) -> String {
+    let config = gateway_config_on(ns, name, tunnel, secret);
+    format!(
+        r#"{config}apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
 metadata: {{name: {name}, namespace: {ns}}}
 spec:

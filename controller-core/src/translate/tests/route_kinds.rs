@@ -176,21 +176,9 @@ fn routes_of_both_kinds_on_listeners_of_different_hostnames_on_different_ports_a
 /// Gateway `name` in `ns` with its own GatewayConfig on `tunnel`, created `at`, with an HTTP
 /// listener `http` for `api.example.com`.
 fn dedicated_api_gateway(ns: &str, name: &str, tunnel: &str, at: &str) -> String {
-    let token =
-        cftunnel_config::Token::new("account", b"secret".to_vec(), tunnel.parse().expect("uuid"))
-            .encode();
+    let config = gateway_config_on(ns, name, tunnel, b"secret");
     format!(
-        r#"apiVersion: v1
-kind: Secret
-metadata: {{name: {name}-tunnel, namespace: {ns}}}
-stringData: {{tunnel-token: {token}}}
----
-apiVersion: cf.k8s.lex.la/v1alpha1
-kind: GatewayConfig
-metadata: {{name: {name}, namespace: {ns}}}
-spec: {{tunnelTokenSecretRef: {{name: {name}-tunnel}}}}
----
-apiVersion: gateway.networking.k8s.io/v1
+        r#"{config}apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
 metadata: {{name: {name}, namespace: {ns}, creationTimestamp: "{at}"}}
 spec:
