@@ -223,25 +223,27 @@ pub struct Sent {
 }
 
 impl Sent {
-    /// Resolves once the body has been sent (or dropped).
-    pub async fn closed(&mut self) {
-        let _ = (&mut self.closed).await;
-    }
-
-    /// As [`Self::closed`], or `Err` once the body has had a frame taken from it and then not
-    /// been asked for the next one for `limit`: the backend's connection takes nothing more. A
-    /// body waiting on its client is not stalled, however long (its own bound is [`Quiet`]'s).
-    pub async fn closed_within(&mut self, limit: Duration) -> Result<(), BodyStalled> {
+    /// Resolves once the body has been sent (or dropped); or with `Err` once the body has had a
+    /// frame taken from it and then not been asked for the next one for `limit()`: the
+    /// backend's connection takes nothing more. A body waiting on its client is not stalled,
+    /// however long (its own bound is [`Quiet`]'s). `limit` is asked again as time passes,
+    /// since it may depend on the protocol the try goes over; `None`: no bound for now.
+    pub async fn closed_within(
+        &mut self,
+        limit: impl Fn() -> Option<Duration>,
+    ) -> Result<(), BodyStalled> {
+        /// How soon a try without a bound for now looks again.
+        const UNBOUNDED_LOOK: Duration = Duration::from_secs(1);
         let handed = &self.handed;
         let stalled = async {
-            let mut wait = limit;
             loop {
-                tokio::time::sleep(wait).await;
-                wait = match handed.waiting() {
-                    Some(waited) if waited >= limit => return,
-                    Some(waited) => limit - waited,
-                    None => limit,
+                let wait = match (limit(), handed.waiting()) {
+                    (None, _) => UNBOUNDED_LOOK,
+                    (Some(limit), Some(waited)) if waited >= limit => return,
+                    (Some(limit), Some(waited)) => limit - waited,
+                    (Some(limit), None) => limit,
                 };
+                tokio::time::sleep(wait).await;
             }
         };
         tokio::select! {

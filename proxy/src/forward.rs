@@ -359,7 +359,7 @@ impl Upstream {
                 // `Err`: the backend's connection took part of the body and then nothing for
                 // the timeout; waiting for the rest would hold the request, its client and the
                 // connection for as long as the client keeps its upload open.
-                sent = sent.closed_within(timeout) => match sent {
+                sent = sent.closed_within(|| Some(timeout)) => match sent {
                     Ok(()) => deadline = Instant::now() + timeout,
                     Err(_) => return Err(ForwardError::Timeout),
                 },
@@ -391,9 +391,15 @@ where
 {
     let mut from = Instant::now();
     if let Some(mut sent) = body_sent {
+        // A backend that stops taking the body gets the bound of the protocol the try goes
+        // over, as one that is slow to answer does.
+        let limit = || if wait.went_over_http2() { http2 } else { http1 };
         tokio::select! {
             res = fut.as_mut() => return res.map(|resp| (resp, None)),
-            () = sent.closed() => from = Instant::now(),
+            sent = sent.closed_within(limit) => match sent {
+                Ok(()) => from = Instant::now(),
+                Err(_) => return Err(ForwardError::Timeout),
+            },
         }
     }
     loop {

@@ -954,6 +954,77 @@ async fn tls_body_reader(alpn: &[&[u8]]) -> (std::net::SocketAddr, String) {
     (addr, ca)
 }
 
+/// A gRPC call to a TLS backend offered `h2` that picks HTTP/1.1, whose body the backend stops
+/// taking, gets the HTTP/1.1 bound (the default wait, 500 ms here) as a backend slow to answer
+/// does: not as long as its client keeps sending.
+#[tokio::test]
+async fn a_grpc_upload_a_tls_backend_stops_taking_times_out() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let (acceptors, ca) = backend_tls(&[&[b"http/1.1"]]);
+        let acceptor = acceptors[0].clone();
+        // Reads the start of the request, then nothing.
+        let backend = scripted_backend(move |tcp| {
+            let acceptor = acceptor.clone();
+            async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut head = [0u8; 1024];
+                let _ = tls.read(&mut head).await;
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                drop(tls);
+            }
+        })
+        .await;
+        let proxy = proxy_with(cftunnel_proxy::ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            backend_header_timeout: Duration::from_millis(500),
+            ..cftunnel_proxy::ServerOptions::default()
+        })
+        .await;
+        let http = client();
+        let tls = json!({"caBundle": ca, "serverName": "backend.internal"});
+        let to = json!({"backends": [{"url": format!("https://127.0.0.1:{}", backend.port()), "weight": 1, "tls": tls}]});
+        let r = push(&http, proxy.admin_addr(), &json!({"rules": [rule("/up", to)]})).await;
+        assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+
+        let size = 64 * 1024 * 1024;
+        let conn = tokio::net::TcpStream::connect(proxy.data_addr()).await.expect("connect");
+        let (mut reader, mut writer) = conn.into_split();
+        let upload = tokio::spawn(async move {
+            let head = format!(
+                "POST /up/pkg.Svc/Call HTTP/1.1\r\nhost: h\r\ncontent-type: application/grpc\r\ncontent-length: {size}\r\n\r\n"
+            );
+            writer.write_all(head.as_bytes()).await?;
+            let chunk = vec![0u8; 64 * 1024];
+            for _ in 0..size / chunk.len() {
+                writer.write_all(&chunk).await?;
+            }
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok::<_, std::io::Error>(writer)
+        });
+        let started = std::time::Instant::now();
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            match tokio::time::timeout(Duration::from_secs(10), reader.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => answer.extend_from_slice(&buf[..n]),
+                other => panic!("no answer to the stalled upload: {other:?}"),
+            }
+        }
+        let answer = String::from_utf8_lossy(&answer).to_lowercase();
+        assert!(answer.contains("grpc-status: 4"), "{answer}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "at the bound: {:?}",
+            started.elapsed()
+        );
+        upload.abort();
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// A gRPC call may be quiet only where it goes over HTTP/2. To a TLS backend that answers ALPN
 /// with `http/1.1`, a request saying `content-type: application/grpc` keeps the request-body
 /// timeout and the default wait for a response head, as any HTTP/1.1 request does: its
