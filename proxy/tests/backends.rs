@@ -988,38 +988,15 @@ async fn a_grpc_upload_a_tls_backend_stops_taking_times_out() {
         let r = push(&http, proxy.admin_addr(), &json!({"rules": [rule("/up", to)]})).await;
         assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
 
-        let size = 64 * 1024 * 1024;
-        let conn = tokio::net::TcpStream::connect(proxy.data_addr()).await.expect("connect");
-        let (mut reader, mut writer) = conn.into_split();
-        let upload = tokio::spawn(async move {
-            let head = format!(
-                "POST /up/pkg.Svc/Call HTTP/1.1\r\nhost: h\r\ncontent-type: application/grpc\r\ncontent-length: {size}\r\n\r\n"
-            );
-            writer.write_all(head.as_bytes()).await?;
-            let chunk = vec![0u8; 64 * 1024];
-            for _ in 0..size / chunk.len() {
-                writer.write_all(&chunk).await?;
-            }
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            Ok::<_, std::io::Error>(writer)
-        });
-        let started = std::time::Instant::now();
-        let mut answer = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
-            match tokio::time::timeout(Duration::from_secs(10), reader.read(&mut buf)).await {
-                Ok(Ok(n)) if n > 0 => answer.extend_from_slice(&buf[..n]),
-                other => panic!("no answer to the stalled upload: {other:?}"),
-            }
-        }
-        let answer = String::from_utf8_lossy(&answer).to_lowercase();
+        let (answer, took) = answer_to_a_held_upload(
+            proxy.data_addr(),
+            "POST /up/pkg.Svc/Call HTTP/1.1\r\nhost: h\r\ncontent-type: application/grpc\r\n",
+            64 * 1024 * 1024,
+        )
+        .await;
+        let answer = answer.to_lowercase();
         assert!(answer.contains("grpc-status: 4"), "{answer}");
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "at the bound: {:?}",
-            started.elapsed()
-        );
-        upload.abort();
+        assert!(took < Duration::from_secs(5), "at the bound: {took:?}");
     })
     .await
     .expect("test finished in time");

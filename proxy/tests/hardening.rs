@@ -220,37 +220,14 @@ async fn an_upload_the_backend_stops_taking_times_out() {
             {"timeouts": {"backend": "500ms"}, "backends": [{"url": format!("http://{backend}"), "weight": 1}]}
         ]})).await;
 
-        let size = 16 * 1024 * 1024;
-        let conn = tokio::net::TcpStream::connect(proxy.data_addr()).await.expect("connect");
-        let (mut reader, mut writer) = conn.into_split();
-        let upload = tokio::spawn(async move {
-            let head = format!("POST /upload HTTP/1.1\r\nhost: h\r\ncontent-length: {size}\r\n\r\n");
-            writer.write_all(head.as_bytes()).await?;
-            let chunk = vec![b'x'; 64 * 1024];
-            for _ in 0..size / chunk.len() {
-                writer.write_all(&chunk).await?;
-            }
-            // Held open: the client is in no hurry.
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            Ok::<_, std::io::Error>(writer)
-        });
-        let started = std::time::Instant::now();
-        let mut answer = Vec::new();
-        let mut buf = [0u8; 1024];
-        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
-            match tokio::time::timeout(Duration::from_secs(10), reader.read(&mut buf)).await {
-                Ok(Ok(n)) if n > 0 => answer.extend_from_slice(&buf[..n]),
-                other => panic!("no answer to the stalled upload: {other:?}"),
-            }
-        }
-        let answer = String::from_utf8_lossy(&answer);
+        let (answer, took) = answer_to_a_held_upload(
+            proxy.data_addr(),
+            "POST /upload HTTP/1.1\r\nhost: h\r\n",
+            16 * 1024 * 1024,
+        )
+        .await;
         assert!(answer.starts_with("HTTP/1.1 504"), "{answer}");
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "at the timeout: {:?}",
-            started.elapsed()
-        );
-        upload.abort();
+        assert!(took < Duration::from_secs(5), "at the timeout: {took:?}");
         held.abort();
     })
     .await

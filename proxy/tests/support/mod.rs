@@ -531,3 +531,38 @@ pub async fn websocket_echoing(url: &str, text: &str) -> WebSocket {
     assert_eq!(echoed.into_text().expect("text").as_str(), text);
     ws
 }
+
+/// Sends `head` (request line and headers, without `content-length`) to `addr` with a body of
+/// `size` bytes, written as fast as the proxy takes it and then held open, the client in no
+/// hurry to finish; returns the answer's head, and how long it took to come.
+pub async fn answer_to_a_held_upload(
+    addr: SocketAddr,
+    head: &str,
+    size: usize,
+) -> (String, Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut reader, mut writer) = conn.into_split();
+    let head = format!("{head}content-length: {size}\r\n\r\n");
+    let upload = tokio::spawn(async move {
+        writer.write_all(head.as_bytes()).await?;
+        let chunk = vec![b'x'; 64 * 1024];
+        for _ in 0..size / chunk.len() {
+            writer.write_all(&chunk).await?;
+        }
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        Ok::<_, std::io::Error>(writer)
+    });
+    let started = std::time::Instant::now();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        match tokio::time::timeout(Duration::from_secs(10), reader.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => answer.extend_from_slice(&buf[..n]),
+            other => panic!("no answer to the held upload: {other:?}"),
+        }
+    }
+    let took = started.elapsed();
+    upload.abort();
+    (String::from_utf8_lossy(&answer).into_owned(), took)
+}
