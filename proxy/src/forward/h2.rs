@@ -144,7 +144,7 @@ pub(super) struct H2Channel {
     picked: AtomicBool,
     settings: Settings,
     /// One permit per connection open to the backend (for a TLS backend, shared with its
-    /// HTTP/1.1 connections), held from its dial until it has ended.
+    /// HTTP/1.1 connections), held from its dial until its socket is closed.
     permits: Arc<Semaphore>,
     /// Where requests wait for a share of a connection to come free.
     room: Arc<Room>,
@@ -261,15 +261,11 @@ impl Conn {
     }
 }
 
-/// Drives a connection's task until it ends, then drops it, and with it `permit`; meanwhile
-/// watches whether the backend went silent, after `silent_after` (see [`Silence`]).
-async fn drive(
-    task: Arc<Mutex<Option<Connection>>>,
-    permit: OwnedSemaphorePermit,
-    shared: Arc<Shared>,
-    silent_after: Duration,
-) {
-    let _permit = permit;
+/// Drives a connection's task until it ends, then drops it; meanwhile watches whether the
+/// backend went silent, after `silent_after` (see [`Silence`]). The task can end before the
+/// socket does: after the backend's graceful GOAWAY, hyper's own connection task carries the
+/// streams in flight to their end, so the connection's permit is held by its I/O instead.
+async fn drive(task: Arc<Mutex<Option<Connection>>>, shared: Arc<Shared>, silent_after: Duration) {
     let mut silence = Silence {
         after: silent_after,
         quiet: None,
@@ -376,10 +372,12 @@ impl Silence {
 
 /// A connection's I/O, counting the reads that return bytes into `Shared::reads`: a backend
 /// that sends anything at all (an answer, data, a window update, a ping's ack) is not silent.
+/// Holds the connection's place at the backend's connection limit until the socket is closed.
 #[derive(Debug)]
 struct Watched {
     io: Stream,
     shared: Arc<Shared>,
+    _permit: OwnedSemaphorePermit,
 }
 
 impl AsyncRead for Watched {
@@ -695,7 +693,7 @@ impl H2Channel {
         }
     }
 
-    /// Starts HTTP/2 on `io`, which holds `permit` until it ends.
+    /// Starts HTTP/2 on `io`, which holds `permit` until it is closed.
     async fn install(
         &self,
         io: Stream,
@@ -710,6 +708,7 @@ impl H2Channel {
         let io = Watched {
             io,
             shared: Arc::clone(&shared),
+            _permit: permit,
         };
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
@@ -724,12 +723,7 @@ impl H2Channel {
             .map_err(ForwardError::from_hyper)?;
         let task = Arc::new(Mutex::new(Some(conn)));
         let silent_after = keep_alive.timeout.min(SILENT_AFTER);
-        tokio::spawn(drive(
-            Arc::clone(&task),
-            permit,
-            Arc::clone(&shared),
-            silent_after,
-        ));
+        tokio::spawn(drive(Arc::clone(&task), Arc::clone(&shared), silent_after));
         let conn = Arc::new(Conn {
             sender,
             shared,
@@ -1110,5 +1104,140 @@ mod tests {
             assert_eq!(resp.status(), http::StatusCode::OK);
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 2, "one new connection");
+    }
+
+    /// A backend sends a graceful GOAWAY (last stream id the largest, as servers do as they
+    /// shut down) while a stream is in flight: the connection takes no more requests, but its
+    /// socket stays open, and counted at the limit (one here), until that stream is done. A
+    /// request meanwhile waits, without a dial, and is served on a new connection once the
+    /// first has closed.
+    #[tokio::test]
+    async fn a_connection_draining_after_goaway_holds_its_place_until_its_socket_closes() {
+        use http_body_util::BodyExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        // Ends the answer to the first `/slow`.
+        let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+        let finished = Arc::new(Mutex::new(Some(finished)));
+        // Tells the first connection to go away; answered once the proxy has read the GOAWAY
+        // (it acknowledged a ping sent after it).
+        let (go_away, told) = tokio::sync::oneshot::channel::<()>();
+        let (read, gone_away) = tokio::sync::oneshot::channel::<()>();
+        let a = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            let mut first = Some((told, read));
+            while let Ok((tcp, _)) = listener.accept().await {
+                a.fetch_add(1, Ordering::SeqCst);
+                let finished = Arc::clone(&finished);
+                let (mut told, mut read) = first
+                    .take()
+                    .map_or((None, None), |(t, r)| (Some(t), Some(r)));
+                tokio::spawn(async move {
+                    let Ok(mut conn) = ::h2::server::handshake(tcp).await else {
+                        return;
+                    };
+                    let mut pings = conn.ping_pong();
+                    loop {
+                        let telling = async {
+                            match told.as_mut() {
+                                Some(told) => {
+                                    let _ = told.await;
+                                }
+                                None => std::future::pending().await,
+                            }
+                        };
+                        tokio::select! {
+                            next = conn.accept() => {
+                                let Some(Ok((req, respond))) = next else { break };
+                                let finished = if req.uri().path() == "/slow" {
+                                    finished.lock().unwrap_or_else(PoisonError::into_inner).take()
+                                } else {
+                                    None
+                                };
+                                tokio::spawn(answer(respond, finished));
+                            }
+                            () = telling => {
+                                told = None;
+                                conn.graceful_shutdown();
+                                if let (Some(mut pings), Some(read)) = (pings.take(), read.take()) {
+                                    tokio::spawn(async move {
+                                        if pings.ping(::h2::Ping::opaque()).await.is_ok() {
+                                            let _ = read.send(());
+                                        }
+                                    });
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        /// Answers with a head, then, once `finished` fires (at once without it), a body.
+        async fn answer(
+            mut respond: ::h2::server::SendResponse<Bytes>,
+            finished: Option<tokio::sync::oneshot::Receiver<()>>,
+        ) {
+            let Ok(mut body) = respond.send_response(Response::new(()), false) else {
+                return;
+            };
+            let data = match finished {
+                Some(finished) => {
+                    let _ = finished.await;
+                    Bytes::from_static(b"slow")
+                }
+                None => Bytes::from_static(b"ok"),
+            };
+            let _ = body.send_data(data, true);
+        }
+
+        let connector =
+            Connector::new("127.0.0.1", addr.port(), None, Duration::from_secs(2), None);
+        let settings = Settings {
+            keep_alive: KeepAlive::default(),
+            max_header_list_size: 64 << 10,
+            idle_timeout: Duration::from_secs(90),
+        };
+        let channel = H2Channel::new(
+            connector,
+            Scheme::HTTP,
+            Authority::from_static("backend"),
+            settings,
+            Arc::new(Semaphore::new(1)),
+        );
+        let (slow, slow_stream) = channel
+            .send(request("/slow"), &Wait::until(None), None)
+            .await
+            .expect("slow answer");
+        assert_eq!(slow.status(), http::StatusCode::OK);
+        let _ = go_away.send(());
+        tokio::time::timeout(Duration::from_secs(3), gone_away)
+            .await
+            .expect("GOAWAY read in time")
+            .expect("GOAWAY read");
+
+        let within = Wait::until(Some(tokio::time::Instant::now() + Duration::from_secs(5)));
+        let draining = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert_eq!(
+                accepted.load(Ordering::SeqCst),
+                1,
+                "no dial while the first connection is open"
+            );
+            // The stream in flight is answered in full, and the connection then closes.
+            let _ = finish.send(());
+            let body = slow.into_body().collect().await.expect("slow body");
+            assert_eq!(body.to_bytes(), Bytes::from_static(b"slow"));
+            drop(slow_stream);
+        };
+        let (served, ()) = tokio::join!(channel.send(request("/"), &within, None), draining);
+        let (resp, stream) = served.expect("served once the first connection closed");
+        assert_eq!(resp.status(), http::StatusCode::OK);
+        let body = resp.into_body().collect().await.expect("body");
+        assert_eq!(body.to_bytes(), Bytes::from_static(b"ok"));
+        drop(stream);
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 }
