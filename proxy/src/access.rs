@@ -5,15 +5,18 @@
 //! `aud` names one of the rule's audiences. Anything else is answered 403 by
 //! [`crate::error`], and the backend never sees the request. Like cloudflared, only the header
 //! is read: the `CF_Authorization` cookie is the browser's copy of the same token, and the edge
-//! puts the header on every request Access let through.
+//! puts the header on every request Access let through; the cookie is forwarded as sent.
 //!
 //! The keys of each team are fetched from `<team domain>/cdn-cgi/access/certs` off the
 //! request path ([`keys`]): when a config first names the team, then every
-//! [`AccessSettings::refresh`], and at once (at most every [`AccessSettings::min_refetch`]) when
-//! a token names a key id the set lacks, which is how a key rotation is picked up. A request
-//! never fetches keys itself; it waits (asynchronously, bounded) only for a fetch already
-//! asked for. When fetches fail, the last keys keep serving for [`AccessSettings::max_stale`]
-//! after the last success; after that every check fails closed until a fetch succeeds.
+//! [`AccessSettings::refresh`], and soon (at most every [`AccessSettings::min_refetch`]) when
+//! a token names a key id the set lacks, which is how a key rotation is picked up, or when a
+//! request is refused for want of fresh keys. A request never fetches keys itself: the team's
+//! first waits (asynchronously, bounded) for the first fetch, and one naming an unknown key id
+//! for a fetch that began after it asked. When fetches fail, the last keys keep serving for
+//! [`AccessSettings::max_stale`] after the last success; after that, and for a team whose keys
+//! were never fetched once a fetch has failed, every check fails closed at once until a fetch
+//! succeeds.
 //!
 //! Verifying a signature costs tens of microseconds, so a token that passed is remembered by
 //! its SHA-256 ([`token::Verified`]) until the earlier of its `exp` and [`token::REMEMBER`],
@@ -40,7 +43,7 @@ pub use metrics::AccessMetrics;
 pub const TOKEN_HEADER: &str = "cf-access-jwt-assertion";
 /// The header Access puts the user's address in: a service behind it may read the identity
 /// from it, so on a rule with a requirement it holds what the verified token says, never what
-/// the client sent.
+/// the client sent (in this spelling or with `_` for `-`).
 pub const EMAIL_HEADER: &str = "cf-access-authenticated-user-email";
 /// Clock skew tolerated on `exp` and `nbf`.
 pub const LEEWAY: Duration = Duration::from_secs(60);
@@ -61,10 +64,12 @@ pub struct AccessSettings {
     /// How long after the last successful fetch the keys keep serving while fetches fail;
     /// then every token is refused until a fetch succeeds.
     pub max_stale: Duration,
-    /// The shortest time between two fetches asked for by unknown key ids, so tokens naming
-    /// made-up keys cannot make the proxy fetch without pause.
+    /// The shortest time between the start of a fetch and one asked for by a request (a
+    /// token naming a key id the set lacks, or a refusal for want of fresh keys), so tokens
+    /// naming made-up keys cannot make the proxy fetch without pause.
     pub min_refetch: Duration,
-    /// Bounds one fetch, and the wait of a request for a fetch it asked for.
+    /// Bounds one fetch, and the wait of a team's first request for its first fetch. A
+    /// request naming a key id the set lacks waits up to `min_refetch` plus this.
     pub fetch_timeout: Duration,
 }
 
@@ -179,13 +184,39 @@ impl AccessError {
 pub struct Identity(Option<http::HeaderValue>);
 
 impl Identity {
-    /// Puts the address in [`EMAIL_HEADER`] in place of whatever the client sent there.
+    /// Puts the address in [`EMAIL_HEADER`] in place of whatever the client sent there, and
+    /// removes the client's other spellings of the Access headers ([`remove_respellings`]).
     pub fn forward(self, headers: &mut HeaderMap) {
+        remove_respellings(headers);
         headers.remove(EMAIL_HEADER);
         if let Some(email) = self.0 {
             headers.insert(EMAIL_HEADER, email);
         }
     }
+}
+
+/// Removes every header that reads as [`TOKEN_HEADER`] or [`EMAIL_HEADER`] once `_` is taken
+/// for `-` but is not spelled with hyphens: servers that map both to one CGI/WSGI key
+/// (Werkzeug, older gunicorn and Puma) would read a client's
+/// `cf_access_authenticated_user_email` as the address the proxy vouches for, or
+/// `cf_access_jwt_assertion` as the token. nginx drops header names with `_` by default for
+/// the same reason. Only names holding a `_` are compared, and only on rules with a
+/// requirement, so other requests pay nothing.
+fn remove_respellings(headers: &mut HeaderMap) {
+    while let Some(name) = headers.keys().find(|n| is_respelling(n.as_str())).cloned() {
+        headers.remove(&name);
+    }
+}
+
+fn is_respelling(name: &str) -> bool {
+    name.contains('_')
+        && [TOKEN_HEADER, EMAIL_HEADER].iter().any(|access| {
+            access.len() == name.len()
+                && access
+                    .bytes()
+                    .zip(name.bytes())
+                    .all(|(a, n)| a.eq_ignore_ascii_case(&n) || (a == b'-' && n == b'_'))
+        })
 }
 
 /// A rule's requirement, compiled: its team's keys and the audiences it accepts.
@@ -196,10 +227,10 @@ pub struct AccessCheck {
 }
 
 impl AccessCheck {
-    /// Lets the request through, or says why not. Never fetches keys itself; may wait for a
-    /// fetch already due (the team's first, or one an unknown key id asked for), up to
-    /// [`AccessSettings::fetch_timeout`]. What a request let through forwards of the identity
-    /// is the [`Identity`] returned.
+    /// Lets the request through, or says why not. Never fetches keys itself; may wait for the
+    /// team's first fetch (up to [`AccessSettings::fetch_timeout`]) or one an unknown key id
+    /// asked for (up to [`AccessSettings::min_refetch`] more). What a request let through
+    /// forwards of the identity is the [`Identity`] returned.
     pub async fn check(&self, headers: &HeaderMap) -> Result<Identity, AccessError> {
         let mut values = headers.get_all(TOKEN_HEADER).iter();
         let verdict = match (values.next().map(|v| v.to_str()), values.next()) {

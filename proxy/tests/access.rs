@@ -11,7 +11,13 @@ use cftunnel_testkit::echo::EchoServer;
 use cftunnel_testkit::wait::wait_until;
 use http::StatusCode;
 use serde_json::json;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
 
 const TEAM: &str = "acme";
 const AUD: &str = "4714c1358e65fe4b408ad6d432a5f878f08194bdb4752441fd56faefa9b2b6f2";
@@ -19,6 +25,8 @@ const DENIED: &str = "a valid Cloudflare Access token is required\n";
 
 struct Setup {
     jwks: JwksServer,
+    /// What the proxy fetches keys through: `jwks`, its answers held back on demand.
+    front: SlowFront,
     proxy: Server,
     backend: EchoServer,
     http: TestClient,
@@ -29,8 +37,9 @@ struct Setup {
 async fn setup(keys: &[&SigningKey], settings: impl FnOnce(&mut AccessSettings)) -> Setup {
     let jwks = JwksServer::start().await.expect("key endpoint starts");
     jwks.publish(keys);
+    let front = SlowFront::start(&jwks).await;
     let mut access = AccessSettings {
-        team_domain: jwks.team_domain(),
+        team_domain: front.team_domain(),
         min_refetch: Duration::ZERO,
         ..AccessSettings::default()
     };
@@ -55,6 +64,7 @@ async fn setup(keys: &[&SigningKey], settings: impl FnOnce(&mut AccessSettings))
     );
     Setup {
         jwks,
+        front,
         proxy,
         backend,
         http,
@@ -75,13 +85,104 @@ impl Setup {
     }
 
     fn issuer(&self) -> String {
-        self.jwks.issuer(TEAM)
+        self.front.issuer(TEAM)
     }
 
     /// A token of the team for [`AUD`], valid for an hour.
     fn token(&self, key: &SigningKey) -> String {
         key.sign(&claims(&self.issuer(), &[AUD], -10, 3600))
     }
+}
+
+/// A relay in front of a key endpoint that can hold back its answers: the endpoint reads the
+/// set when asked, and the proxy gets it a delay later, as from a slow endpoint in the middle
+/// of a key rotation.
+struct SlowFront {
+    addr: SocketAddr,
+    delay_ms: Arc<AtomicU64>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for SlowFront {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+impl SlowFront {
+    async fn start(jwks: &JwksServer) -> Self {
+        let to: SocketAddr = jwks
+            .team_domain()
+            .trim_start_matches("http://")
+            .trim_end_matches("/{team}")
+            .parse()
+            .expect("the key endpoint's address");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+        let addr = listener.local_addr().expect("address");
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        let delay = delay_ms.clone();
+        let task = tokio::spawn(async move {
+            // Dropped with the accept loop, so aborting it ends every relayed connection.
+            let mut relays = JoinSet::new();
+            while let Ok((client, _)) = listener.accept().await {
+                relays.spawn(relay(client, to, delay.clone()));
+            }
+        });
+        Self {
+            addr,
+            delay_ms,
+            accept: task,
+        }
+    }
+
+    /// Answers from now on reach the proxy this long after the endpoint gave them.
+    fn set_delay(&self, delay: Duration) {
+        let ms = u64::try_from(delay.as_millis()).expect("a short delay");
+        self.delay_ms.store(ms, Ordering::SeqCst);
+    }
+
+    fn team_domain(&self) -> String {
+        format!("http://{}/{{team}}", self.addr)
+    }
+
+    fn issuer(&self, team: &str) -> String {
+        format!("http://{}/{team}", self.addr)
+    }
+}
+
+/// Copies one connection both ways, holding back the first bytes of each answer.
+async fn relay(client: TcpStream, to: SocketAddr, delay_ms: Arc<AtomicU64>) {
+    let Ok(server) = TcpStream::connect(to).await else {
+        return;
+    };
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    // A request went out whose answer has not started yet.
+    let asked = AtomicBool::new(false);
+    let up = async {
+        let mut buf = vec![0u8; 16 * 1024];
+        while let Ok(n @ 1..) = client_read.read(&mut buf).await {
+            asked.store(true, Ordering::SeqCst);
+            if server_write.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        let _ = server_write.shutdown().await;
+    };
+    let down = async {
+        let mut buf = vec![0u8; 16 * 1024];
+        while let Ok(n @ 1..) = server_read.read(&mut buf).await {
+            if asked.swap(false, Ordering::SeqCst) {
+                let ms = delay_ms.load(Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            if client_write.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        let _ = client_write.shutdown().await;
+    };
+    tokio::join!(up, down);
 }
 
 fn assert_denied(reply: &Reply, case: &str) {
@@ -323,9 +424,10 @@ async fn tokens_naming_a_new_key_just_after_a_fetch_wait_for_the_next_one() {
         });
         let statuses = futures_util::future::join_all(calls).await;
         assert_eq!(statuses, vec![StatusCode::OK; 10]);
-        // One fetch served them all. A request on the other worker that looks while the
-        // fetch task has woken but not yet marked itself fetching asks again; the task keeps
-        // one such request, so at most one more fetch follows, never one per token.
+        // One fetch served them all. A request on the other worker that looks just after that
+        // fetch began asks for the one after it (it passes as soon as the key is stored, but
+        // the task still makes the fetch asked for), so at most one more fetch follows, never
+        // one per token.
         let fetches = s.jwks.fetches();
         assert!((2..=3).contains(&fetches), "{fetches} fetches");
     })
@@ -508,6 +610,202 @@ async fn refusals_key_fetches_and_key_age_are_on_metrics() {
         assert!(refusals("keys_unavailable").await.is_some_and(|n| n >= 1.0));
         let age = metric(&s.http, admin, &age_series).await;
         assert!(age.is_some_and(|a| a >= 1.0), "{age:?}");
+    })
+    .await
+    .expect("test finishes in time");
+}
+
+/// Servers that map `_` and `-` in header names to one CGI/WSGI key (Werkzeug, older gunicorn
+/// and Puma) would read a client's `cf_access_authenticated_user_email` as the address the
+/// proxy vouches for, and `cf_access_jwt_assertion` as the token: on a rule with a
+/// requirement no spelling of the Access headers but the hyphenated one reaches the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn underscore_spellings_of_the_access_headers_never_reach_the_backend() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let key = SigningKey::rs256("k");
+        let s = setup(&[&key], |_| {}).await;
+        let email = "cf-access-authenticated-user-email";
+        let mut service = claims(&s.issuer(), &[AUD], -10, 3600);
+        service.as_object_mut().map(|c| c.remove("email"));
+        let mut ceo = claims(&s.issuer(), &[AUD], -10, 3600);
+        ceo["email"] = json!("ceo@example.com");
+        let forged = SigningKey::rs256("k").sign(&ceo);
+        let spoofed = [
+            "cf_access_authenticated_user_email",
+            "CF_Access_Authenticated_User_Email",
+            "cf-access_authenticated-user_email",
+            "cf_access_jwt_assertion",
+        ];
+        for (path, token, expected) in [
+            ("/service", key.sign(&service), None),
+            ("/user", s.token(&key), Some("user@example.com")),
+        ] {
+            let mut headers = vec![(TOKEN_HEADER, token.as_str())];
+            for name in &spoofed[..3] {
+                headers.push((name, "ceo@example.com"));
+            }
+            headers.push((spoofed[3], forged.as_str()));
+            let reply = get(
+                &s.http,
+                s.proxy.data_addr(),
+                "app.example.com",
+                path,
+                &headers,
+            )
+            .await;
+            assert_eq!(reply.status, StatusCode::OK, "{path}");
+            assert_eq!(reply.seen_header(email).as_deref(), expected, "{path}");
+            assert_eq!(
+                reply.seen_header(TOKEN_HEADER).as_deref(),
+                Some(token.as_str()),
+                "{path}"
+            );
+            for name in spoofed {
+                assert_eq!(reply.seen_header(name), None, "{path}: {name}");
+            }
+        }
+    })
+    .await
+    .expect("test finishes in time");
+}
+
+/// A key rotated in while a fetch is under way that read the set before it: a token naming
+/// the new key does not settle for that fetch's answer, it waits for one that began after it
+/// asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_naming_a_key_published_during_a_fetch_waits_for_the_next_fetch() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let old = SigningKey::rs256("old");
+        let new = SigningKey::es256("new");
+        let s = setup(&[&old], |_| {}).await;
+        assert_eq!(
+            s.call("/before", Some(&s.token(&old))).await.status,
+            StatusCode::OK
+        );
+        // Each answer of the endpoint now reaches the proxy well within the fetch bound (5 s),
+        // yet late enough for the steps below to happen while a fetch is under way.
+        s.front.set_delay(Duration::from_millis(1500));
+        let probe = s.token(&SigningKey::rs256("probe"));
+        let rotated = s.token(&new);
+        let before = s.jwks.fetches();
+        let (probed, rotated) = futures_util::future::join(
+            // An unknown key id starts a fetch, which reads the set without the new key...
+            s.call("/probe", Some(&probe)),
+            async {
+                wait_until(|| s.jwks.fetches() > before).await;
+                // ...then the new key is published, and a token naming it arrives while that
+                // fetch's answer is still on its way.
+                s.jwks.publish(&[&old, &new]);
+                s.call("/rotated", Some(&rotated)).await
+            },
+        )
+        .await;
+        assert_denied(&probed, "probe");
+        assert_eq!(rotated.status, StatusCode::OK);
+        assert_eq!(s.backend.count_echoed("/rotated"), 1);
+    })
+    .await
+    .expect("test finishes in time");
+}
+
+/// Past the stale period a request does not wait for the fetch task's next retry, which after a
+/// long outage is a whole refresh period away: it asks for a fetch (at most one per pause), so
+/// the endpoint's return is seen within moments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_keys_are_fetched_again_soon_after_the_endpoint_returns() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let key = SigningKey::es256("k");
+        let s = setup(&[&key], |a| {
+            // The next scheduled fetch is a minute away, as when retries have backed off to
+            // the refresh period.
+            a.refresh = Duration::from_secs(60);
+            a.max_stale = Duration::from_secs(2);
+        })
+        .await;
+        let token = s.token(&key);
+        assert_eq!(s.call("/up", Some(&token)).await.status, StatusCode::OK);
+        s.jwks.set_down(true);
+        loop {
+            let reply = s.call("/stale", Some(&token)).await;
+            if reply.status != StatusCode::OK {
+                assert_denied(&reply, "stale keys");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        s.jwks.set_down(false);
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while s.call("/back", Some(&token)).await.status != StatusCode::OK {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await
+        .expect("served again within seconds of the endpoint's return");
+    })
+    .await
+    .expect("test finishes in time");
+}
+
+/// A key endpoint that takes connections and never answers: each fetch runs to its bound
+/// (5 s). Once one has failed, with no keys ever fetched, requests are refused at once
+/// rather than each held for another fetch likely to fail the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_key_endpoint_silent_requests_are_refused_at_once_after_a_failed_fetch() {
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let key = SigningKey::rs256("k");
+        let silent = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+        let addr = silent.local_addr().expect("address");
+        let _silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = silent.accept().await {
+                held.push(conn);
+            }
+        });
+        let bound = AccessSettings::default().fetch_timeout;
+        assert_eq!(bound, Duration::from_secs(5));
+        let proxy = proxy_with(ServerOptions {
+            auth_token: Some(TOKEN.into()),
+            access: AccessSettings {
+                team_domain: format!("http://{addr}/{{team}}"),
+                ..AccessSettings::default()
+            },
+            ..ServerOptions::default()
+        })
+        .await;
+        let backend = echo("backend").await;
+        let http = client();
+        let doc = json!({"rules": [{"backends": [{"url": url(backend.http_addr())}],
+            "access": {"teamName": TEAM, "audiences": [AUD]}}]});
+        assert_eq!(
+            push(&http, proxy.admin_addr(), &doc).await.status,
+            StatusCode::OK
+        );
+        let token = key.sign(&claims(&format!("http://{addr}/{TEAM}"), &[AUD], -10, 3600));
+        let data = proxy.data_addr();
+        let call = |path: &'static str| {
+            let (http, token) = (&http, &token);
+            async move {
+                get(
+                    http,
+                    data,
+                    "any.example.com",
+                    path,
+                    &[(TOKEN_HEADER, token)],
+                )
+                .await
+            }
+        };
+        // The first request waits for the team's first fetch, which runs out of time.
+        assert_denied(&call("/first").await, "first fetch");
+        // Then each is refused well within the bound: a generous limit, far from it.
+        for path in ["/again/1", "/again/2", "/again/3"] {
+            let started = tokio::time::Instant::now();
+            let reply = call(path).await;
+            let took = started.elapsed();
+            assert_denied(&reply, path);
+            assert!(took < Duration::from_secs(2), "{path} took {took:?}");
+        }
+        assert_eq!(backend.count_echoed("/first"), 0);
     })
     .await
     .expect("test finishes in time");

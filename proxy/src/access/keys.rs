@@ -1,6 +1,9 @@
 //! One team's signing keys: fetched from its JWKS endpoint by a background task, swapped in
-//! whole, read by requests without a lock. Requests never fetch; the first request of a team,
-//! and one naming a key the set lacks, wake the task and wait (bounded) for its next fetch.
+//! whole, read by requests without a lock. Requests never fetch; the first request of a team
+//! waits (bounded) for the task's first fetch, and one naming a key the set lacks asks for a
+//! fetch that begins after it asked and waits (bounded) for it. A request refused because the
+//! keys are missing or stale asks for a fetch without waiting. The task keeps the pause between
+//! fetches asked for ([`AccessSettings::min_refetch`]), however many requests ask.
 
 use super::metrics::{AccessMetrics, TeamLabels, TeamOutcomeLabels};
 use super::token::{self, Candidate, Key, Verified, VerifiedCache};
@@ -94,10 +97,13 @@ struct Shared {
     keys: ArcSwapOption<KeySet>,
     /// Counts finished fetch attempts, for requests waiting on one.
     attempts: watch::Sender<u64>,
-    /// Milliseconds from `epoch` to the start of the last attempt; `u64::MAX`: none yet.
-    last_attempt: AtomicU64,
-    /// An attempt is under way: a request asking for one waits for it instead.
-    fetching: AtomicBool,
+    /// Counts begun fetch attempts: one more than `attempts` while one is under way. Attempt
+    /// `n` begins only after attempt `n - 1` ended, so a request that read `begun == n` knows
+    /// attempt `n + 1` reads the endpoint after it looked.
+    begun: AtomicU64,
+    /// The highest attempt number a request asked for; the task starts one (after the pause)
+    /// while this is ahead of `begun`.
+    wanted: AtomicU64,
     epoch: Instant,
     wake: Notify,
     started: AtomicBool,
@@ -136,8 +142,8 @@ impl TeamKeys {
                 upstream,
                 keys: ArcSwapOption::empty(),
                 attempts: watch::Sender::new(0),
-                last_attempt: AtomicU64::new(u64::MAX),
-                fetching: AtomicBool::new(false),
+                begun: AtomicU64::new(0),
+                wanted: AtomicU64::new(0),
                 epoch: Instant::now(),
                 wake: Notify::new(),
                 started: AtomicBool::new(false),
@@ -188,7 +194,9 @@ impl TeamKeys {
         let header = token::header(token)?;
         let mut keys = token::candidates(&set.keys, &header);
         if matches!(keys, Candidate::UnknownKid) {
-            if let Some(newer) = self.refetch(true).await {
+            let names_kid =
+                |s: &KeySet| matches!(token::candidates(&s.keys, &header), Candidate::Keys(_));
+            if let Some(newer) = self.refetch(names_kid).await {
                 set = newer;
                 keys = token::candidates(&set.keys, &header);
             }
@@ -202,65 +210,67 @@ impl TeamKeys {
         verdict
     }
 
-    /// The current keys while fresh; with none yet, those of the first fetch or of one asked
-    /// for now (see [`TeamKeys::refetch`]).
+    /// The current keys while fresh; with none yet, those of the team's first fetch, waited
+    /// for up to `fetch_timeout`. Once a fetch has failed with none ever fetched, or past
+    /// `max_stale`, the request is refused at once rather than held for a fetch that likely
+    /// fails the same way; it asks for one, so the endpoint's return is seen within the pause
+    /// between fetches rather than at the next retry of a long backoff.
     async fn fresh_keys(&self) -> Result<Arc<KeySet>, AccessError> {
         let shared = &self.shared;
         if let Some(set) = shared.keys.load_full() {
-            return if set.fetched.elapsed() <= shared.settings.max_stale {
-                Ok(set)
-            } else {
-                Err(AccessError::KeysUnavailable)
-            };
+            if set.fetched.elapsed() <= shared.settings.max_stale {
+                return Ok(set);
+            }
+            shared.ask_for_news();
+            return Err(AccessError::KeysUnavailable);
         }
         self.start();
         let mut attempts = shared.attempts.subscribe();
-        attempts.borrow_and_update();
+        let first = *attempts.borrow_and_update() == 0;
         if let Some(set) = shared.keys.load_full() {
             return Ok(set);
         }
-        if *shared.attempts.borrow() == 0 {
+        if first {
             // The first fetch is under way: wait for it.
             let _ = tokio::time::timeout(shared.settings.fetch_timeout, attempts.changed()).await;
             if let Some(set) = shared.keys.load_full() {
                 return Ok(set);
             }
         }
-        // Every fetch so far failed: ask for another, as an unknown key id does.
-        self.refetch(false)
-            .await
-            .ok_or(AccessError::KeysUnavailable)
+        shared.ask_for_news();
+        Err(AccessError::KeysUnavailable)
     }
 
-    /// Waits for a fetch that ends after this call, up to `fetch_timeout`: the one under way,
-    /// else one asked for now. Within `min_refetch` of the last one's start (so tokens naming
-    /// made-up keys cannot make the proxy fetch without pause) it asks once that pause is over
-    /// when `wait_out_pause` (a key id the set lacks: a key rotated in just after a fetch still
-    /// passes), and gives up at once otherwise. `None`: no fetch ended in time.
-    async fn refetch(&self, wait_out_pause: bool) -> Option<Arc<KeySet>> {
+    /// The keys once `usable` accepts them (they name the token's key id), or once a fetch
+    /// that began after this call ended: one under way may have read the endpoint before the
+    /// key was published. The current set is looked at first, since a fetch may have stored
+    /// one since the caller read its own. Waits at most `min_refetch` (the pause the task
+    /// keeps between fetches asked for, so tokens naming made-up keys cannot make the proxy
+    /// fetch without pause) plus `fetch_timeout`. `None`: no such fetch ended in time.
+    async fn refetch(&self, usable: impl Fn(&KeySet) -> bool) -> Option<Arc<KeySet>> {
         let shared = &self.shared;
         let mut attempts = shared.attempts.subscribe();
-        attempts.borrow_and_update();
-        if !shared.fetching.load(Ordering::Acquire) {
-            let last = shared.last_attempt.load(Ordering::Acquire);
-            let since = shared.millis().saturating_sub(last);
-            let min = u64::try_from(shared.settings.min_refetch.as_millis()).unwrap_or(u64::MAX);
-            if last != u64::MAX && since < min {
-                if !wait_out_pause {
-                    return None;
-                }
-                tokio::time::sleep(Duration::from_millis(min - since)).await;
-            }
-            // Another request's fetch may have started or ended meanwhile: that one does.
-            if !shared.fetching.load(Ordering::Acquire) && !attempts.has_changed().unwrap_or(true) {
-                shared.wake.notify_one();
-            }
+        let wanted = shared.begun.load(Ordering::Acquire) + 1;
+        let current = shared.keys.load_full();
+        if current.as_deref().is_some_and(&usable) {
+            return current;
         }
-        tokio::time::timeout(shared.settings.fetch_timeout, attempts.changed())
-            .await
-            .ok()?
-            .ok()?;
-        shared.keys.load_full()
+        shared.ask(wanted);
+        let bound = shared
+            .settings
+            .min_refetch
+            .saturating_add(shared.settings.fetch_timeout);
+        let answered = async {
+            loop {
+                let ended = *attempts.borrow_and_update() >= wanted;
+                let set = shared.keys.load_full();
+                if ended || set.as_deref().is_some_and(&usable) {
+                    return set;
+                }
+                attempts.changed().await.ok()?;
+            }
+        };
+        tokio::time::timeout(bound, answered).await.ok()?
     }
 }
 
@@ -293,13 +303,22 @@ impl Drop for TeamKeys {
 }
 
 impl Shared {
-    fn millis(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
+    /// Asks the task for attempt `n` (or a later one) and wakes it; the task starts it once
+    /// the pause since its last attempt is over.
+    fn ask(&self, n: u64) {
+        self.wanted.fetch_max(n, Ordering::AcqRel);
+        self.wake.notify_one();
+    }
+
+    /// Asks for a fetch without waiting for it: the one under way, if any, else the next.
+    fn ask_for_news(&self) {
+        self.ask(*self.attempts.borrow() + 1);
     }
 }
 
-/// Fetches the team's keys now, then every `refresh` (sooner after a failure, and at once when
-/// woken), until the [`TeamKeys`] is dropped.
+/// Fetches the team's keys now, then every `refresh` (sooner after a failure, and when a
+/// request asks for a fetch, at most once per `min_refetch`), until the [`TeamKeys`] is
+/// dropped.
 async fn refresh(shared: Arc<Shared>, team: Box<str>) {
     let mut failures: u32 = 0;
     let mut version = 0u64;
@@ -307,10 +326,8 @@ async fn refresh(shared: Arc<Shared>, team: Box<str>) {
         if shared.closed.load(Ordering::Acquire) {
             return;
         }
-        shared
-            .last_attempt
-            .store(shared.millis(), Ordering::Release);
-        shared.fetching.store(true, Ordering::Release);
+        let began = Instant::now();
+        shared.begun.fetch_add(1, Ordering::AcqRel);
         let result = tokio::time::timeout(shared.settings.fetch_timeout, fetch(&shared)).await;
         let result = result.unwrap_or_else(|_| Err("timed out".to_owned()));
         match result {
@@ -360,7 +377,6 @@ async fn refresh(shared: Arc<Shared>, team: Box<str>) {
                 }
             }
         }
-        shared.fetching.store(false, Ordering::Release);
         shared.attempts.send_modify(|n| *n += 1);
         let wait = if failures == 0 {
             shared.settings.refresh
@@ -369,9 +385,28 @@ async fn refresh(shared: Arc<Shared>, team: Box<str>) {
                 .saturating_mul(1 << failures.min(16).saturating_sub(1))
                 .min(shared.settings.refresh)
         };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = shared.wake.notified() => {}
+        let due = tokio::time::sleep(wait);
+        tokio::pin!(due);
+        // Until the next fetch is due, or a request asks for one this attempt cannot answer
+        // (it began before the request asked). A wake-up with nothing asked for (a request
+        // that asked while this attempt was under way) changes nothing.
+        loop {
+            tokio::select! {
+                () = &mut due => break,
+                () = shared.wake.notified() => {
+                    if shared.closed.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if shared.wanted.load(Ordering::Acquire) > shared.begun.load(Ordering::Acquire) {
+                        let pause = shared.settings.min_refetch.saturating_sub(began.elapsed());
+                        tokio::select! {
+                            () = &mut due => {}
+                            () = tokio::time::sleep(pause) => {}
+                        }
+                        break;
+                    }
+                }
+            }
         }
     }
 }
