@@ -3526,35 +3526,59 @@ async fn objects_applied_before_a_failed_deployment_go_when_the_ref_is_removed()
 }
 
 /// The generated config-API token Secret follows the Gateway's infrastructure labels and
-/// annotations as the other plane objects do, and keeps its token.
+/// annotations as the other plane objects do, and keeps its token: one the Gateway drops goes
+/// from the Secret, while one someone else set on the Secret stays.
 #[tokio::test]
 async fn the_generated_token_secret_follows_the_infrastructure_labels() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let labelled = |team: &str| {
+        let labelled = |labels: &str, annotations: &str| {
             yaml(&format!(
-                "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: edge, namespace: tenant-a}}\nspec:\n  gatewayClassName: cloudflare-tunnel\n  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: edge-config}}, labels: {{team: {team}}}, annotations: {{owner: {team}}}}}\n  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: shop.example.com}}]\n"
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: edge, namespace: tenant-a}}\nspec:\n  gatewayClassName: cloudflare-tunnel\n  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: edge-config}}, labels: {{{labels}}}, annotations: {{{annotations}}}}}\n  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: shop.example.com}}]\n"
             ))
         };
         let t = Tenant::start_with("replicas: 1", |api| {
             api.put(yaml("apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: edge-config, namespace: tenant-a}\nspec: {tunnelTokenSecretRef: {name: edge-tunnel-token}, replicas: 1}\n"));
-            api.put(labelled("a"));
+            api.put(labelled("team: a, tier: edge", "owner: a"));
         })
         .await;
+        let live = || t.api.get("v1", "Secret", "tenant-a", "cf-proxy-edge-auth");
         let secret = |team: &'static str| {
-            let api = &t.api;
             move || {
-                api.get("v1", "Secret", "tenant-a", "cf-proxy-edge-auth")
+                live()
                     .filter(|s| {
                         s.pointer("/metadata/labels/team") == Some(&json!(team))
+                            && s.pointer("/metadata/labels/tier") == Some(&json!("edge"))
                             && s.pointer("/metadata/annotations/owner") == Some(&json!(team))
                     })
                     .and_then(|s| s.pointer("/data").cloned())
             }
         };
         let token = eventually("the Secret labelled a", secret("a")).await;
-        t.api.put(labelled("b"));
+        t.api.put(labelled("team: b, tier: edge", "owner: b"));
         let relabelled = eventually("the Secret labelled b", secret("b")).await;
         assert_eq!(relabelled, token, "the token is never rewritten");
+
+        // Someone else labels the Secret.
+        let mut audited = live().expect("the Secret");
+        audited["metadata"]["labels"]["audit"] = json!("kept");
+        t.api.put(audited);
+        // The Gateway drops a label it had from the start and its annotation, and changes
+        // nothing else.
+        t.api.put(labelled("team: b", ""));
+        let dropped = eventually("the dropped label gone from the Secret", || {
+            live().filter(|s| {
+                s.pointer("/metadata/labels/tier").is_none()
+                    && s.pointer("/metadata/annotations/owner").is_none()
+            })
+        })
+        .await;
+        assert_eq!(dropped.pointer("/metadata/labels/team"), Some(&json!("b")));
+        assert_eq!(
+            dropped.pointer("/metadata/labels/audit"),
+            Some(&json!("kept")),
+            "someone else's label stays"
+        );
+        assert_eq!(dropped.pointer("/data"), Some(&token), "the token stays");
         t.stop().await;
     })
     .await
@@ -3608,6 +3632,71 @@ async fn a_plane_whose_config_stops_resolving_keeps_serving_its_last_config() {
         t.api.put(slice(second.admin_addr().port()));
         served(second.data_addr()).await;
         second.shutdown().await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A Gateway alone on its tunnel breaks, and a route of it is deleted afterwards: its pods
+/// stop serving that route (it is served nowhere), and serve the rest of their last config,
+/// listener isolation included: the hostname of the listener the route was on is not taken
+/// by a route of a listener for any host.
+#[tokio::test]
+async fn a_route_deleted_after_its_gateway_broke_is_no_longer_served_by_its_plane() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (t, edge) = Tenant::with_pod("replicas: 1").await;
+        let listeners = |config: &str| {
+            yaml(&format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: edge, namespace: tenant-a}}\nspec:\n  gatewayClassName: cloudflare-tunnel\n  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: {config}}}}}\n  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: shop.example.com}}, {{name: any, port: 80, protocol: HTTP}}]\n"
+            ))
+        };
+        t.api.put(listeners("edge-config"));
+        t.api.put(yaml(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: checkout, namespace: tenant-a}\nspec:\n  parentRefs: [{name: edge, sectionName: http}]\n  rules: [{matches: [{path: {value: /checkout}}], backendRefs: [{name: web, port: 80}]}]\n",
+        ));
+        t.api.put(yaml(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: fallback, namespace: tenant-a}\nspec:\n  parentRefs: [{name: edge, sectionName: any}]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n",
+        ));
+        let status = |host: &'static str, path: &'static str| {
+            let data = edge.data_addr();
+            async move {
+                support::request(data, "GET", path, host, None, "")
+                    .await
+                    .map_or(0, |a| a.status)
+            }
+        };
+        let by = Instant::now() + Duration::from_secs(20);
+        while status("shop.example.com", "/checkout").await != 200
+            || status("other.example.com", "/cart").await != 200
+        {
+            assert!(Instant::now() < by, "the routes checkout and fallback are served");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        shop_serves(&edge, 200).await;
+
+        // The ref now names a GatewayConfig that does not exist.
+        t.api.put(listeners("gone"));
+        eventually("the Gateway refused", || {
+            t.api
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-a",
+                    "edge",
+                )
+                .and_then(|g| condition(&g["status"]["conditions"], "Accepted").cloned())
+                .filter(|c| c["reason"] == "InvalidParameters")
+        })
+        .await;
+        t.rounds(3, Duration::from_millis(200)).await;
+        shop_serves(&edge, 200).await;
+
+        shop_goes_away(&t, &edge).await;
+        t.rounds(3, Duration::from_millis(200)).await;
+        shop_serves(&edge, 404).await;
+        assert_eq!(status("shop.example.com", "/checkout").await, 200);
+        assert_eq!(status("other.example.com", "/cart").await, 200);
         t.stop().await;
     })
     .await
@@ -6146,6 +6235,67 @@ async fn a_pool_that_refuses_the_config_api_token_is_rolled_onto_it() {
     .expect("in time");
 }
 
+/// tenant-c's Gateway `third` on tenant-a's tunnel, each plane with a pod (`edge`, `third`)
+/// serving both tenants' routes; then tenant-a's ref names a GatewayConfig that does not
+/// exist, and a few rounds run with tenant-a's Gateway refused.
+async fn broken_beside_third() -> (Tenant, Server, Server) {
+    let edge = proxy_pod("s3cr3t").await;
+    let third = proxy_pod("c3cr3t").await;
+    let t = Tenant::start_with("replicas: 1", |api| {
+        // tenant-c's Gateway on tenant-a's tunnel.
+        let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        api.put(yaml(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: third-tunnel-token, namespace: tenant-c}}\nstringData: {{tunnel-token: \"{token}\"}}\n"
+        )));
+        api.put(yaml(
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: third-api, namespace: tenant-c}\nstringData: {token: c3cr3t}\n",
+        ));
+        api.put(yaml(
+            "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: third-config, namespace: tenant-c}\nspec: {tunnelTokenSecretRef: {name: third-tunnel-token}, authTokenSecretRef: {name: third-api}}\n",
+        ));
+        api.put(config_slice(
+            "tenant-a",
+            "cf-proxy-edge-config",
+            edge.admin_addr().port(),
+            true,
+        ));
+        api.put(config_slice(
+            "tenant-c",
+            "cf-proxy-third-config",
+            third.admin_addr().port(),
+            true,
+        ));
+    })
+    .await;
+    for pod in [&edge, &third] {
+        shop_serves(pod, 200).await;
+        host_serves(pod, "blog.example.com", 200).await;
+    }
+    eventually("tenant-c's route flagged as sharing its tunnel", || {
+        route_condition(&t.api, "tenant-c", "blog", "cf.k8s.lex.la/TunnelShared")
+    })
+    .await;
+
+    // tenant-a's ref now names a GatewayConfig that does not exist.
+    t.api.put(yaml(
+        &gateway(true).replace("name: edge-config", "name: gone"),
+    ));
+    eventually("the Gateway refused", || {
+        t.api
+            .get(
+                "gateway.networking.k8s.io/v1",
+                "Gateway",
+                "tenant-a",
+                "edge",
+            )
+            .and_then(|g| condition(&g["status"]["conditions"], "Accepted").cloned())
+            .filter(|c| c["reason"] == "InvalidParameters")
+    })
+    .await;
+    t.rounds(3, Duration::from_millis(200)).await;
+    (t, edge, third)
+}
+
 /// A broken plane whose tunnel other planes serve keeps serving its own routes as it last
 /// served them, and so do the other planes on the tunnel (the edge spreads the tunnel's
 /// requests over every pod on it); a route another tenant deletes stops being served through
@@ -6153,56 +6303,7 @@ async fn a_pool_that_refuses_the_config_api_token_is_rolled_onto_it() {
 #[tokio::test]
 async fn a_broken_plane_on_a_tunnel_other_planes_serve_follows_their_routes() {
     tokio::time::timeout(Duration::from_secs(90), async {
-        let edge = proxy_pod("s3cr3t").await;
-        let third = proxy_pod("c3cr3t").await;
-        let t = Tenant::start_with("replicas: 1", |api| {
-            // tenant-c's Gateway on tenant-a's tunnel.
-            let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
-            api.put(yaml(&format!(
-                "apiVersion: v1\nkind: Secret\nmetadata: {{name: third-tunnel-token, namespace: tenant-c}}\nstringData: {{tunnel-token: \"{token}\"}}\n"
-            )));
-            api.put(yaml(
-                "apiVersion: v1\nkind: Secret\nmetadata: {name: third-api, namespace: tenant-c}\nstringData: {token: c3cr3t}\n",
-            ));
-            api.put(yaml(
-                "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: third-config, namespace: tenant-c}\nspec: {tunnelTokenSecretRef: {name: third-tunnel-token}, authTokenSecretRef: {name: third-api}}\n",
-            ));
-            api.put(config_slice(
-                "tenant-a",
-                "cf-proxy-edge-config",
-                edge.admin_addr().port(),
-                true,
-            ));
-            api.put(config_slice(
-                "tenant-c",
-                "cf-proxy-third-config",
-                third.admin_addr().port(),
-                true,
-            ));
-        })
-        .await;
-        for pod in [&edge, &third] {
-            shop_serves(pod, 200).await;
-            host_serves(pod, "blog.example.com", 200).await;
-        }
-
-        // tenant-a's ref now names a GatewayConfig that does not exist.
-        t.api.put(yaml(
-            &gateway(true).replace("name: edge-config", "name: gone"),
-        ));
-        eventually("the Gateway refused", || {
-            t.api
-                .get(
-                    "gateway.networking.k8s.io/v1",
-                    "Gateway",
-                    "tenant-a",
-                    "edge",
-                )
-                .and_then(|g| condition(&g["status"]["conditions"], "Accepted").cloned())
-                .filter(|c| c["reason"] == "InvalidParameters")
-        })
-        .await;
-        t.rounds(3, Duration::from_millis(200)).await;
+        let (t, edge, third) = broken_beside_third().await;
         for pod in [&edge, &third] {
             shop_serves(pod, 200).await;
             host_serves(pod, "blog.example.com", 200).await;
@@ -6219,6 +6320,60 @@ async fn a_broken_plane_on_a_tunnel_other_planes_serve_follows_their_routes() {
         shop_serves(&edge, 200).await;
         shop_goes_away(&t, &edge).await;
         shop_serves(&third, 404).await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The pods of a broken plane still take the requests of the other tenant on its tunnel, so
+/// that tenant's route stays flagged `TunnelShared`, naming the broken Gateway, as it was
+/// while both Gateways were accepted.
+#[tokio::test]
+async fn a_broken_plane_keeps_the_other_tenants_routes_on_its_tunnel_flagged_shared() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let (t, edge, _third) = broken_beside_third().await;
+        host_serves(&edge, "blog.example.com", 200).await;
+        let shared = route_condition(&t.api, "tenant-c", "blog", "cf.k8s.lex.la/TunnelShared")
+            .expect("still flagged: tenant-a's pods get tenant-c's requests");
+        assert_eq!(shared["status"], "True");
+        let message = shared["message"].as_str().unwrap_or_default();
+        assert!(message.contains("tenant-a/edge"), "{message}");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The pods of a broken plane that stop taking the config fail the routes of the other
+/// tenant on its tunnel, whose requests the edge still hands them: those routes say so,
+/// naming the broken Gateway.
+#[tokio::test]
+async fn a_push_failure_on_a_broken_planes_pods_is_reported_on_its_tunnels_routes() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let (t, _edge, _third) = broken_beside_third().await;
+        assert!(route_condition(&t.api, "tenant-c", "blog", PROXY_CONFIG_PUSHED).is_none());
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+            l.local_addr().expect("addr").port()
+        };
+        t.api.put(config_slice(
+            "tenant-a",
+            "cf-proxy-edge-config",
+            closed,
+            true,
+        ));
+        let failed = eventually("ProxyConfigPushed=False on tenant-c's route", || {
+            route_condition(&t.api, "tenant-c", "blog", PROXY_CONFIG_PUSHED)
+        })
+        .await;
+        assert_eq!(failed["status"], "False");
+        let message = failed["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("the pods of gateway tenant-a/edge, on the same tunnel: ")
+                && message.contains("connecting to 127.0.0.1"),
+            "{message}"
+        );
         t.stop().await;
     })
     .await

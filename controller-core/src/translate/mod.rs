@@ -334,8 +334,26 @@ pub fn translate_with(
     plans: &Plans,
     contract: &mut valid::Cache,
 ) -> Output {
+    translate_keeping(snapshot, options, plans, &BTreeMap::new(), contract)
+}
+
+/// [`translate_with`] for a caller that keeps a dedicated plane serving the config it last
+/// served once its Gateway is no longer accepted (a `GatewayConfig` that stops resolving):
+/// `kept` is, per Gateway, the tunnel its plane's pods run on. A Gateway of `kept` that this
+/// translation gives no plane still has connectors on that tunnel, which take a share of its
+/// requests, so the dedicated Gateways of other namespaces on it stay flagged `TunnelShared`
+/// (naming it) as while it was accepted. That is all `kept` changes: none of such a Gateway's
+/// routes is served here (the caller gives its plane what it last served), and a Gateway
+/// given a plane is on the tunnel its render names, whatever `kept` says.
+pub fn translate_keeping(
+    snapshot: &Snapshot,
+    options: &Options,
+    plans: &Plans,
+    kept: &BTreeMap<ObjectKey, TunnelIdentity>,
+    contract: &mut valid::Cache,
+) -> Output {
     let cell = RefCell::new(std::mem::take(contract));
-    let output = translate_checked(snapshot, options, plans, &cell);
+    let output = translate_checked(snapshot, options, plans, kept, &cell);
     *contract = cell.into_inner();
     contract.keep_used();
     output
@@ -345,6 +363,7 @@ fn translate_checked(
     snapshot: &Snapshot,
     options: &Options,
     plans: &Plans,
+    kept: &BTreeMap<ObjectKey, TunnelIdentity>,
     contract: &RefCell<valid::Cache>,
 ) -> Output {
     let index = Index::new(snapshot);
@@ -402,7 +421,7 @@ fn translate_checked(
             _ => None,
         })
         .collect();
-    let tunnels = Tunnels::new(&gateways, options.shared_tunnel);
+    let tunnels = Tunnels::new(&gateways, options.shared_tunnel, kept);
     for gw in gateways.values_mut() {
         gw.tenant_shared_tunnel = tunnels.shared.contains_key(&gw.key);
     }
@@ -785,8 +804,14 @@ struct Tunnels {
 
 impl Tunnels {
     /// `shared_tunnel` puts the shared pool on the class tunnel whether or not a Gateway is
-    /// served by it: its connectors take a share of the tunnel's requests either way.
-    fn new(gateways: &gateway::OwnedGateways<'_>, shared_tunnel: Option<TunnelIdentity>) -> Self {
+    /// served by it: its connectors take a share of the tunnel's requests either way. So do
+    /// those of the planes `kept` serving their last config whose Gateways have no plane here
+    /// ([`translate_keeping`]): they count for `shared`, and take none of the tunnel's routes.
+    fn new(
+        gateways: &gateway::OwnedGateways<'_>,
+        shared_tunnel: Option<TunnelIdentity>,
+        kept: &BTreeMap<ObjectKey, TunnelIdentity>,
+    ) -> Self {
         let mut planes: BTreeMap<PlaneKey, TunnelIdentity> = shared_tunnel
             .map(|tunnel| (PlaneKey::Shared, tunnel))
             .into_iter()
@@ -802,6 +827,16 @@ impl Tunnels {
                     dedicated.entry(tunnel).or_default().push(key);
                 }
             }
+        }
+        for (key, tunnel) in kept {
+            let planeless = gateways.get(key).is_some_and(|gw| gw.plane.is_none());
+            if planeless && shared_tunnel != Some(*tunnel) {
+                dedicated.entry(*tunnel).or_default().push(key);
+            }
+        }
+        // In key order, kept planes among the others.
+        for keys in dedicated.values_mut() {
+            keys.sort();
         }
         let mut shared = BTreeMap::new();
         for (tunnel, keys) in &dedicated {

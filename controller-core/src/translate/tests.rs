@@ -2908,6 +2908,85 @@ fn an_invalid_dedicated_gateway_on_a_shared_tunnel_serves_the_other_gateways_rou
     assert!(shared.message.contains("team-b/b"), "{}", shared.message);
 }
 
+/// A dedicated Gateway refused for its parameters whose plane the caller keeps serving its
+/// last config on its tunnel ([`translate_keeping`]): its pods still take the other tenant's
+/// requests there, so that tenant's route stays flagged `TunnelShared`, naming it, and gets
+/// none of its routes. Kept on the class tunnel, or not kept, it flags nothing; accepted, it
+/// is on the tunnel its render names.
+#[test]
+fn a_kept_plane_of_a_refused_gateway_keeps_the_other_tenants_on_its_tunnel_flagged() {
+    let refused_b = tenant("team-b", "b", TUNNEL_A).replace(
+        "kind: GatewayConfig, name: b}",
+        "kind: GatewayConfig, name: gone}",
+    );
+    let snapshot = snapshot(&format!(
+        "{}{refused_b}{}",
+        tenant("team-a", "a", TUNNEL_A),
+        tenant("team-c", "c", TUNNEL_B)
+    ));
+    let on = |tunnel: &str| {
+        TunnelIdentity::of(&cftunnel_config::Token::new(
+            "account",
+            b"secret".to_vec(),
+            tunnel.parse().expect("uuid"),
+        ))
+    };
+    let b = ObjectKey::new("team-b", "b");
+    let run = |options: &Options, kept: BTreeMap<ObjectKey, TunnelIdentity>| {
+        let settings = RenderSettings {
+            proxy_image: options.proxy_image.clone(),
+            ..RenderSettings::default()
+        };
+        let plans = render::plan_unapplied(&snapshot, &settings);
+        translate_keeping(
+            &snapshot,
+            options,
+            &plans,
+            &kept,
+            &mut valid::Cache::default(),
+        )
+    };
+    let flag_of = |out: &Output, ns: &str, name: &str| {
+        route_status(out, ns, name)[0]
+            .condition(ConditionType::TunnelShared)
+            .map(|c| c.message.clone())
+    };
+    let flag = |out: &Output| flag_of(out, "team-a", "a");
+
+    let out = run(&with_image(), BTreeMap::from([(b.clone(), on(TUNNEL_A))]));
+    assert_eq!(out.planes.get(&b), None, "refused");
+    let message = flag(&out).expect("flagged: team-b's pods get team-a's requests");
+    assert!(message.contains("team-b/b"), "{message}");
+    let mut names = rule_names(&out, &PlaneKey::Dedicated(ObjectKey::new("team-a", "a")));
+    names.sort();
+    assert_eq!(
+        names,
+        vec!["team-a/a/0".to_owned(), "team-a/a/listener:http".to_owned()],
+        "none of the refused Gateway's routes"
+    );
+
+    assert_eq!(flag(&run(&with_image(), BTreeMap::new())), None, "not kept");
+    assert_eq!(
+        flag(&run(
+            &class_tunnel(TUNNEL_A),
+            BTreeMap::from([(b.clone(), on(TUNNEL_A))])
+        )),
+        None,
+        "kept on the class tunnel"
+    );
+    // team-a's plane kept on tunnel B while its Gateway is accepted on tunnel A: its render
+    // decides, and team-c has tunnel B to itself.
+    let out = run(
+        &with_image(),
+        BTreeMap::from([(ObjectKey::new("team-a", "a"), on(TUNNEL_B))]),
+    );
+    assert_eq!(
+        flag_of(&out, "team-c", "c"),
+        None,
+        "an accepted Gateway is where its render says"
+    );
+}
+
 fn rule_names(out: &Output, plane: &PlaneKey) -> Vec<String> {
     out.configs[plane]
         .rules

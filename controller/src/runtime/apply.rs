@@ -6,7 +6,7 @@
 //! selector (which the API server does not let change) is not ours is deleted and created anew,
 //! and that controller's objects whose names ours do not share (its NetworkPolicy) go.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -583,9 +583,10 @@ pub fn fresh_token() -> Result<String, RenderError> {
 }
 
 /// Creates the generated config-API token Secret when it is missing and never changes an
-/// existing one: the token is never rotated, even when the caller's cached view of the Secret
-/// lags and it rendered a fresh token. Returns the token the cluster's Secret holds and its
-/// key: `token`, or `auth-token` in a Secret the Go controller generated.
+/// existing one's data: the token is never rotated, even when the caller's cached view of the
+/// Secret lags and it rendered a fresh token. Its labels and annotations are applied as the
+/// other plane objects' are. Returns the token the cluster's Secret holds and its key: `token`,
+/// or `auth-token` in a Secret the Go controller generated.
 pub async fn ensure_auth_secret(
     client: &Client,
     secret: &Secret,
@@ -611,52 +612,109 @@ pub async fn ensure_auth_secret(
     let existing = read_taking_over(client, secret).await?;
     let existing = match existing {
         Some(existing) => existing,
-        None => match api.create(&PostParams::default(), secret).await {
-            Ok(created) => created,
-            // Created meanwhile (another round, another replica): use that one.
-            Err(kube::Error::Api(e)) if e.code == 409 => api
-                .get(&name)
-                .await
-                .map_err(|e| format!("reading Secret {namespace}/{name}: {e}"))?,
-            Err(e) => return Err(format!("creating Secret {namespace}/{name}: {e}")),
-        },
+        None => {
+            // Created without its labels and annotations, which are applied below: so they are
+            // the controller's applied fields alone, and one it stops applying goes.
+            let mut bare = secret.clone();
+            bare.metadata.labels = None;
+            bare.metadata.annotations = None;
+            match api.create(&PostParams::default(), &bare).await {
+                Ok(created) => created,
+                // Created meanwhile (another round, another replica): use that one.
+                Err(kube::Error::Api(e)) if e.code == 409 => api
+                    .get(&name)
+                    .await
+                    .map_err(|e| format!("reading Secret {namespace}/{name}: {e}"))?,
+                Err(e) => return Err(format!("creating Secret {namespace}/{name}: {e}")),
+            }
+        }
     };
     if !controlled_by(existing.owner_references(), uid) {
         return Err(format!(
             "Secret {namespace}/{name} exists and is not owned by this Gateway; rename or remove it"
         ));
     }
-    // The Gateway's infrastructure labels and annotations reach the Secret when they are
-    // added or changed (one it drops stays on the Secret, which was created, not applied,
-    // with its first ones); its data is never written again.
+    // Its labels and annotations (the plane's, and the Gateway's infrastructure ones) are
+    // applied, its data never written again: an apply naming no data leaves it as it is. One
+    // the render no longer has goes with the next apply, unless someone else set it too.
     let lacks = |want: &Option<BTreeMap<String, String>>,
                  have: &Option<BTreeMap<String, String>>| {
         want.iter()
             .flatten()
             .any(|(k, v)| have.as_ref().and_then(|h| h.get(k)) != Some(v))
     };
+    let keys = |want: &Option<BTreeMap<String, String>>| -> BTreeSet<String> {
+        want.iter().flatten().map(|(k, _)| k.clone()).collect()
+    };
+    let (labels, annotations) = applied_metadata(&existing, super::FIELD_MANAGER);
     if lacks(&secret.metadata.labels, &existing.metadata.labels)
         || lacks(&secret.metadata.annotations, &existing.metadata.annotations)
+        || labels != keys(&secret.metadata.labels)
+        || annotations != keys(&secret.metadata.annotations)
     {
-        let metadata = serde_json::json!({
+        let mut metadata = serde_json::json!({ "name": name, "namespace": namespace });
+        if let Some(labels) = &secret.metadata.labels {
+            metadata["labels"] = serde_json::json!(labels);
+        }
+        if let Some(annotations) = &secret.metadata.annotations {
+            metadata["annotations"] = serde_json::json!(annotations);
+        }
+        let applied = serde_json::json!({
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "labels": secret.metadata.labels,
-                "annotations": secret.metadata.annotations,
-            },
+            "metadata": metadata,
         });
         api.patch(
             &name,
             &PatchParams::apply(super::FIELD_MANAGER).force(),
-            &Patch::Apply(&metadata),
+            &Patch::Apply(&applied),
         )
         .await
         .map_err(|e| format!("labelling Secret {namespace}/{name}: {e}"))?;
     }
     held(&existing)
+}
+
+/// The label and annotation keys of `object` that the server-side applies of `manager` own,
+/// as its `managedFields` say.
+fn applied_metadata<K: Resource>(
+    object: &K,
+    manager: &str,
+) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut labels = BTreeSet::new();
+    let mut annotations = BTreeSet::new();
+    let applies = object
+        .meta()
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|entry| {
+            entry.manager.as_deref() == Some(manager)
+                && entry.operation.as_deref() == Some("Apply")
+                && entry.subresource.as_deref().unwrap_or_default().is_empty()
+        });
+    for entry in applies {
+        let Some(fields) = entry.fields_v1.as_ref().map(|f| &f.0) else {
+            continue;
+        };
+        for (field, keys) in [
+            ("f:labels", &mut labels),
+            ("f:annotations", &mut annotations),
+        ] {
+            let owned = fields
+                .get("f:metadata")
+                .and_then(|m| m.get(field))
+                .and_then(serde_json::Value::as_object);
+            keys.extend(
+                owned
+                    .into_iter()
+                    .flat_map(|m| m.keys())
+                    .filter_map(|k| k.strip_prefix("f:"))
+                    .map(str::to_owned),
+            );
+        }
+    }
+    (labels, annotations)
 }
 
 /// A plane's objects as the API server returned them from their applies.

@@ -694,13 +694,14 @@ enum PlaneTunnel {
     Annotated { id: uuid::Uuid, proof: String },
 }
 
-/// The tunnel of one of `planes` that `last`'s pods run on ([`PlaneTunnel`]).
-fn tunnel_among(last: &LastGood, planes: &BTreeMap<PlaneKey, PlaneInfo>) -> Option<TunnelIdentity> {
+/// Of `tunnels`, those the planes of a round may run on, the one `last`'s pods run on
+/// ([`PlaneTunnel`]).
+fn tunnel_among(last: &LastGood, tunnels: &[TunnelIdentity]) -> Option<TunnelIdentity> {
     match last.tunnel.as_ref()? {
         PlaneTunnel::Token(tunnel) => Some(*tunnel),
-        PlaneTunnel::Annotated { id, proof } => planes
-            .values()
-            .filter_map(|info| info.identity)
+        PlaneTunnel::Annotated { id, proof } => tunnels
+            .iter()
+            .copied()
             .find(|t| t.id == *id && t.proven_by(&last.uid, proof)),
     }
 }
@@ -890,10 +891,19 @@ impl Reconciler {
         });
         // A plane whose tunnel move is not applied yet serves with its old tunnel's planes.
         translate_options.running_tunnels = self.running_tunnels(snapshot, &plans, deployments);
-        let mut output = translate::translate_with(
+        // Read back meanwhile; kept below for the planes found broken.
+        let read_back: HashMap<ObjectKey, LastGood> = self
+            .read_backs
+            .finished()
+            .into_iter()
+            .filter_map(|(key, _, last)| Some((key, last??)))
+            .collect();
+        let kept_tunnels = self.kept_tunnels(snapshot, &read_back, &plans, &translate_options);
+        let mut output = translate::translate_keeping(
             snapshot,
             &translate_options,
             &plans,
+            &kept_tunnels,
             &mut cftunnel_config::valid::Cache::default(),
         );
         if let Some(configmap) = &self.options.ownership_parents {
@@ -991,8 +1001,8 @@ impl Reconciler {
         });
         self.read_back_at.retain(|key, _| broken.contains(key));
         self.read_backs.retain(|key| broken.contains(key));
-        for (key, _, last) in self.read_backs.finished() {
-            if let Some(Some(last)) = last {
+        for (key, last) in read_back {
+            if broken.contains(&key) {
                 self.last_good.insert(key, last);
             }
         }
@@ -1022,62 +1032,56 @@ impl Reconciler {
                 (Some(last.uid.as_str()) == gw.metadata.uid.as_deref()).then_some((*key, last))
             })
             .collect();
-        // A broken plane keeps serving its last config. Where other planes serve its tunnel,
-        // the edge spreads the tunnel's requests over all their pods: every plane on it then
-        // gets the tunnel's current routes and the broken Gateways' own routes as they last
-        // served them (those still in the cluster naming them), so no route deleted elsewhere
-        // stays reachable through the broken pods and the broken Gateway's routes are served
-        // by every pod.
-        let mut own_on_tunnel: HashMap<TunnelIdentity, (Vec<cftunnel_config::Rule>, bool)> =
-            HashMap::new();
+        // A broken plane keeps serving its last config, less the routes that no longer name
+        // its Gateway (deleted or detached since: those are served nowhere). Where other
+        // planes serve its tunnel, the edge spreads the tunnel's requests over all their pods:
+        // every plane on it then gets the tunnel's current routes and the broken Gateways' own
+        // rules as they last served them, so no route deleted elsewhere stays reachable
+        // through the broken pods and the broken Gateway's routes are served by every pod.
+        // Where none does, the broken planes on the tunnel get those own rules alone.
+        let mut on_tunnel: HashMap<TunnelIdentity, KeptRules> = HashMap::new();
         for (key, last) in &kept {
-            let Some(tunnel) = tunnel_among(last, &planes) else {
-                continue;
-            };
-            if !planes.values().any(|info| info.identity == Some(tunnel)) {
-                continue;
+            if let Some(tunnel) = kept_tunnels.get(*key) {
+                on_tunnel
+                    .entry(*tunnel)
+                    .or_default()
+                    .add(last, &output, key);
             }
-            let (rules, grpc) = own_on_tunnel.entry(tunnel).or_default();
-            rules.extend(own_rules(&last.config, &output, key));
-            *grpc |= last.config.has_grpc_route;
         }
         for (plane, info) in &planes {
-            let own = info.identity.and_then(|t| own_on_tunnel.get(&t));
-            if let (Some((rules, grpc)), Some(config)) = (own, output.configs.get_mut(plane)) {
-                // A route a healthy Gateway on the tunnel has too is served on that Gateway's
-                // hostnames as it is now: a rule of the same name for the same hostnames is
-                // not taken from the broken plane's last config. So what the planes are given
-                // is the same from round to round, however often the broken plane's last
-                // config is the tunnel's config of the round before, and the route keeps its
-                // hostnames through the broken Gateway.
-                let current: HashSet<(&str, &[String])> = config
-                    .rules
-                    .iter()
-                    .filter_map(|r| Some((r.name.as_deref()?, r.hostnames.as_slice())))
-                    .collect();
-                let mut added = HashSet::new();
-                let own: Vec<cftunnel_config::Rule> = rules
-                    .iter()
-                    .filter(|r| {
-                        r.name
-                            .as_deref()
-                            .is_some_and(|n| !current.contains(&(n, r.hostnames.as_slice())))
-                            && added.insert(*r)
-                    })
-                    .cloned()
-                    .collect();
-                config.rules.extend(own);
-                config.has_grpc_route |= grpc;
+            let kept = info.identity.and_then(|t| on_tunnel.get(&t));
+            if let (Some(kept), Some(config)) = (kept, output.configs.get_mut(plane)) {
+                kept.add_to(config);
             }
         }
-        for (key, last) in kept {
+        // Its tunnel's config where other planes serve it; otherwise the own rules of the
+        // broken planes on its tunnel, or its own alone where its tunnel is not known.
+        let configs: Vec<cftunnel_config::Config> = kept
+            .iter()
+            .map(|(key, last)| {
+                let tunnel = kept_tunnels.get(*key);
+                let served = tunnel.and_then(|t| {
+                    planes.iter().find_map(|(plane, info)| {
+                        (info.identity == Some(*t)).then(|| output.configs.get(plane))?
+                    })
+                });
+                if let Some(config) = served {
+                    return config.clone();
+                }
+                let mut config = cftunnel_config::Config::default();
+                match tunnel.and_then(|t| on_tunnel.get(t)) {
+                    Some(kept) => kept.add_to(&mut config),
+                    None => {
+                        let mut alone = KeptRules::default();
+                        alone.add(last, &output, key);
+                        alone.add_to(&mut config);
+                    }
+                }
+                config
+            })
+            .collect();
+        for ((key, last), config) in kept.into_iter().zip(configs) {
             let plane = PlaneKey::Dedicated(key.clone());
-            let on_tunnel = tunnel_among(last, &planes).and_then(|tunnel| {
-                planes.iter().find_map(|(other, info)| {
-                    (info.identity == Some(tunnel)).then(|| output.configs.get(other))?
-                })
-            });
-            let config = on_tunnel.unwrap_or(&last.config).clone();
             output.configs.insert(plane.clone(), config);
             let (pods, not_serving) = plane_pods(snapshot, &key.namespace, &last.service);
             planes.insert(
@@ -1091,7 +1095,9 @@ impl Reconciler {
                     service: ObjectKey::new(&key.namespace, &last.service),
                     // Nothing changed for its tunnel: its document stays as last written.
                     tunnel: None,
-                    identity: None,
+                    // Its pods take a share of the tunnel's requests: a push they fail fails
+                    // the routes of every Gateway on it.
+                    identity: kept_tunnels.get(key).copied(),
                 },
             );
         }
@@ -1616,6 +1622,49 @@ impl Reconciler {
             .collect()
     }
 
+    /// The tunnel the pods of each plane whose [`LastGood`] is known run on, per Gateway of
+    /// `snapshot` it is of (not one made again under its name, nor one being deleted): should
+    /// the translation not accept the Gateway, that plane keeps serving there
+    /// ([`translate::translate_keeping`]), and this is the tunnel it serves. `read_back` holds
+    /// those read back since the last round, not yet in [`Reconciler::last_good`]. A tunnel
+    /// known by the Deployment's annotation is one of those the round's planes run on: that
+    /// their renders or pods name, the class tunnel, or that of a plane kept on its token.
+    fn kept_tunnels(
+        &self,
+        snapshot: &Snapshot,
+        read_back: &HashMap<ObjectKey, LastGood>,
+        plans: &render::Plans,
+        options: &Options,
+    ) -> BTreeMap<ObjectKey, TunnelIdentity> {
+        let last_of = |key: &ObjectKey| read_back.get(key).or_else(|| self.last_good.get(key));
+        let tokens = self.last_good.values().chain(read_back.values());
+        let tunnels: Vec<TunnelIdentity> = plans
+            .values()
+            .filter_map(|plan| plan.as_ref().ok())
+            .map(|rendered| TunnelIdentity::of(&rendered.credentials.tunnel))
+            .chain(options.running_tunnels.values().copied())
+            .chain(options.shared_tunnel)
+            .chain(tokens.filter_map(|last| match last.tunnel {
+                Some(PlaneTunnel::Token(tunnel)) => Some(tunnel),
+                _ => None,
+            }))
+            .collect();
+        snapshot
+            .gateways
+            .iter()
+            .filter(|gw| gw.metadata.deletion_timestamp.is_none())
+            .filter_map(|gw| {
+                let key = object_key(gw)?;
+                let last = last_of(&key)?;
+                if gw.metadata.uid.as_deref() != Some(last.uid.as_str()) {
+                    return None;
+                }
+                let tunnel = tunnel_among(last, &tunnels)?;
+                Some((key, tunnel))
+            })
+            .collect()
+    }
+
     /// Starts applying a rendered plane unless it was applied lately and `live`, the watch
     /// caches' view of its objects, still holds what was applied ([`drift`]), or an apply of
     /// this render runs. A render whose apply failed is held back for a while ([`Held`]).
@@ -2111,10 +2160,57 @@ fn refused_rules(
     out
 }
 
+/// The rules broken planes on one tunnel serve of their own ([`own_rules`]), as they last
+/// served them.
+#[derive(Default)]
+struct KeptRules {
+    rules: Vec<cftunnel_config::Rule>,
+    grpc: bool,
+}
+
+impl KeptRules {
+    /// Takes the own rules of the broken Gateway `gateway`, whose plane last served `last`.
+    fn add(&mut self, last: &LastGood, output: &translate::Output, gateway: &ObjectKey) {
+        self.rules.extend(own_rules(&last.config, output, gateway));
+        self.grpc |= last.config.has_grpc_route;
+    }
+
+    /// Adds them to `config`, each once. A route a healthy Gateway on the tunnel has too is
+    /// served on that Gateway's hostnames as it is now: a rule of the same name for the same
+    /// hostnames is not taken from the broken plane's last config. So what the planes are
+    /// given is the same from round to round, however often the broken plane's last config is
+    /// the tunnel's config of the round before, and the route keeps its hostnames through the
+    /// broken Gateway.
+    fn add_to(&self, config: &mut cftunnel_config::Config) {
+        let current: HashSet<(&str, &[String])> = config
+            .rules
+            .iter()
+            .filter_map(|r| Some((r.name.as_deref()?, r.hostnames.as_slice())))
+            .collect();
+        let mut added = HashSet::new();
+        let own: Vec<cftunnel_config::Rule> = self
+            .rules
+            .iter()
+            .filter(|r| {
+                r.name
+                    .as_deref()
+                    .is_some_and(|n| !current.contains(&(n, r.hostnames.as_slice())))
+                    && added.insert(*r)
+            })
+            .cloned()
+            .collect();
+        config.rules.extend(own);
+        config.has_grpc_route |= self.grpc;
+    }
+}
+
 /// The rules of a broken Gateway `gateway`'s last config that are its own: those of the routes
-/// that still name it as a parent (rule names are `namespace/route/rule`). Its other rules
-/// came from other planes on its tunnel. Names do not tell an HTTPRoute from a GRPCRoute of the
-/// same name: while one of the two names the Gateway, the other's rules go with it.
+/// that still name it as a parent (rule names are `namespace/route/rule`), and its listeners'
+/// rules of the controller's own (listener isolation), named `namespace/owner/kind:listener`
+/// after the Gateway or a ListenerSet attached to it (a rule's name in a route has no `:`).
+/// Its other rules came from other planes on its tunnel. Names do not tell an HTTPRoute from a
+/// GRPCRoute of the same name: while one of the two names the Gateway, the other's rules go
+/// with it.
 fn own_rules(
     last: &cftunnel_config::Config,
     output: &translate::Output,
@@ -2131,14 +2227,23 @@ fn own_rules(
         })
         .map(|(route, _)| (route.key.namespace.as_str(), route.key.name.as_str()))
         .collect();
+    let its_listeners = |ns: &str, name: &str| {
+        (ns, name) == (gateway.namespace.as_str(), gateway.name.as_str())
+            || output
+                .statuses
+                .listener_sets
+                .get(&ObjectKey::new(ns, name))
+                .is_some_and(|set| set.gateway == *gateway)
+    };
     last.rules
         .iter()
         .filter(|rule| {
             let mut parts = rule.name.as_deref().unwrap_or_default().splitn(3, '/');
-            matches!(
-                (parts.next(), parts.next()),
-                (Some(ns), Some(name)) if routes.contains(&(ns, name))
-            )
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some(ns), Some(name), Some(rest)) if rest.contains(':') => its_listeners(ns, name),
+                (Some(ns), Some(name), _) => routes.contains(&(ns, name)),
+                _ => false,
+            }
         })
         .cloned()
         .collect()
