@@ -31,9 +31,10 @@ pub enum ProxyError {
     /// The rule requires a Cloudflare Access token and the request has no valid one.
     #[error("access denied: {0}")]
     AccessDenied(AccessError),
-    /// The backend answered a WebSocket handshake by switching to another protocol, which is
-    /// never spliced.
-    #[error("backend switched to a protocol other than WebSocket")]
+    /// The backend answered `101 Switching Protocols` with nothing to splice: it switched a
+    /// WebSocket handshake to another protocol, which is never spliced, or switched a request
+    /// that asked for no upgrade (RFC 9110 §15.2.2). Its connection has left HTTP.
+    #[error("backend switched to a protocol the request did not ask for")]
     BadUpgrade,
 }
 
@@ -52,6 +53,17 @@ impl ProxyError {
             Self::BadRequest(_) => "bad_request",
             Self::AccessDenied(_) => "access_denied",
             Self::BadUpgrade => "bad_upgrade",
+        }
+    }
+
+    /// The `reason` a failure counts under in `cftunnel_proxy_backend_errors_total`; `None`
+    /// for one that is not the backend's.
+    pub fn backend_reason(&self) -> Option<&'static str> {
+        match self {
+            Self::Backend(e) => Some(e.label()),
+            // A backend that broke the protocol: none of the contract's other reasons fits.
+            Self::BadUpgrade => Some("other"),
+            _ => None,
         }
     }
 
@@ -136,7 +148,7 @@ impl ProxyError {
             Self::BadRequest(r) => r,
             // Why exactly is for the operator's log, not for the client.
             Self::AccessDenied(_) => "a valid Cloudflare Access token is required\n",
-            Self::BadUpgrade => "upstream switched to a protocol other than WebSocket\n",
+            Self::BadUpgrade => "upstream switched to a protocol the request did not ask for\n",
         }
     }
 }

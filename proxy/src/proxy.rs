@@ -23,7 +23,7 @@ use crate::forward::retry::{self, Tries, TryTimeout};
 use crate::forward::{ForwardError, UpstreamBody};
 use crate::headers::{prepare_forward_headers, settle_forwarded_proto, strip_hop_by_hop};
 use crate::metrics::ProxyMetrics;
-use crate::response::ResponseBody;
+use crate::response::{Bounds, ResponseBody};
 use crate::route::RequestView;
 use crate::routes::{retire, LiveRoutes};
 use crate::rule::Rule;
@@ -194,14 +194,14 @@ impl Proxy {
             }
             Err(err) => {
                 completion.failed(err.label());
-                if let ProxyError::Backend(e) = &err {
+                if let Some(reason) = err.backend_reason() {
                     routes
                         .host_metrics(completion.bucket())
-                        .backend_error(e.label())
+                        .backend_error(reason)
                         .inc();
                     tracing::debug!(
                         hostname = routes.host_label(completion.bucket()),
-                        error = %e,
+                        error = %err,
                         "backend error"
                     );
                 }
@@ -223,8 +223,8 @@ impl Proxy {
             routes.host_metrics(None).clone()
         });
         response.map(|reply| match reply {
-            Reply::Upstream(body, deadline) => {
-                ResponseBody::upstream(body, completion, deadline, trailers_at_deadline)
+            Reply::Upstream(body, bounds) => {
+                ResponseBody::upstream(body, completion, bounds, trailers_at_deadline)
             }
             Reply::Local(bytes) => ResponseBody::local(bytes, Some(completion)),
         })
@@ -480,14 +480,23 @@ impl Proxy {
             quiet.answered();
         }
 
-        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-            if let Some(upgrade) = upgrade {
+        let switched = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+        // A handshake the backend refused: the body of its refusal may send nothing for no
+        // longer than the wait for a head. A backend that holds the connection after a
+        // partial refusal would otherwise hold the client, the connection and the request in
+        // flight for good when the rule sets no timeout.
+        let stall = timeout.header.filter(|_| upgrade.is_some() && !switched);
+        if switched {
+            match upgrade {
                 // Only WebSocket is spliced: a backend that switched to anything else would
                 // get the client's later bytes past routing and filters.
-                if !crate::upgrade::switched_to_websocket(response.headers()) {
-                    return Err(ProxyError::BadUpgrade);
+                Some(upgrade) if crate::upgrade::switched_to_websocket(response.headers()) => {
+                    upgrade.splice(&mut response, &self.shared.sessions);
                 }
-                upgrade.splice(&mut response, &self.shared.sessions);
+                // A switch to a protocol the request did not ask for (RFC 9110 §15.2.2): the
+                // client's connection stays HTTP, and the backend's, no longer HTTP, is
+                // dropped with the response.
+                _ => return Err(ProxyError::BadUpgrade),
             }
         } else {
             strip_hop_by_hop(response.headers_mut(), false);
@@ -501,8 +510,9 @@ impl Proxy {
             (Some(request), Some(try_end)) => Some(request.min(try_end)),
             (request, try_end) => request.or(try_end),
         }
-        .filter(|_| response.status() != StatusCode::SWITCHING_PROTOCOLS);
-        Ok(response.map(|body| Reply::Upstream(body, deadline)))
+        .filter(|_| !switched);
+        let bounds = Bounds { deadline, stall };
+        Ok(response.map(|body| Reply::Upstream(body, bounds)))
     }
 }
 
@@ -538,9 +548,8 @@ impl<'r> CorsAnswer<'r> {
 
 /// A response body before it is wrapped for accounting.
 enum Reply {
-    /// A backend's body and the instant it must have ended by: the rule's request timeout, or
-    /// the answering try's backend timeout, whichever ends first (none: unbounded).
-    Upstream(UpstreamBody, Option<Instant>),
+    /// A backend's body and what bounds it.
+    Upstream(UpstreamBody, Bounds),
     Local(Bytes),
 }
 

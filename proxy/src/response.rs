@@ -12,6 +12,7 @@ use http_body_util::Full;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 pin_project_lite::pin_project! {
     #[project = InnerProj]
@@ -19,9 +20,11 @@ pin_project_lite::pin_project! {
         // `deadline`: the rule's request or backend timeout, which bound the response body too.
         // `trailers_at_deadline`: a gRPC call's client reads its status from trailers, and is
         // told the deadline passed (DEADLINE_EXCEEDED) rather than seeing its stream reset.
+        // `stall`: how long the body may send nothing, and when that runs out.
         Upstream {
             #[pin] body: UpstreamBody,
             deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+            stall: Option<(Duration, Pin<Box<tokio::time::Sleep>>)>,
             trailers_at_deadline: bool,
             ended: bool,
         },
@@ -58,22 +61,38 @@ pin_project_lite::pin_project! {
     }
 }
 
+/// What bounds a backend's response body (none: it may take as long as it likes).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    /// The instant it must have ended by: the rule's request timeout, or the answering try's
+    /// backend timeout, whichever ends first.
+    pub(crate) deadline: Option<tokio::time::Instant>,
+    /// How long it may send nothing, from its head or its last frame.
+    pub(crate) stall: Option<Duration>,
+}
+
 impl ResponseBody {
-    /// A backend's body; with a `deadline` (the rule's request timeout, which covers the whole
+    /// A backend's body; with a deadline (the rule's request timeout, which covers the whole
     /// exchange, or its backend timeout, which covers the answering try up to its last byte) a
     /// body still streaming then fails, and the client sees it cut off. With
     /// `trailers_at_deadline` (a gRPC call whose client reads trailers) it ends instead, with
-    /// trailers saying `grpc-status: 4`.
+    /// trailers saying `grpc-status: 4`. A body that sends nothing for its stall bound fails
+    /// the same way; both count as the backend's timeout.
     pub(crate) fn upstream(
         body: UpstreamBody,
         completion: Completion,
-        deadline: Option<tokio::time::Instant>,
+        bounds: Bounds,
         trailers_at_deadline: bool,
     ) -> Self {
         Self {
             inner: Inner::Upstream {
                 body,
-                deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
+                deadline: bounds
+                    .deadline
+                    .map(|at| Box::pin(tokio::time::sleep_until(at))),
+                stall: bounds
+                    .stall
+                    .map(|limit| (limit, Box::pin(tokio::time::sleep(limit)))),
                 trailers_at_deadline,
                 ended: false,
             },
@@ -104,6 +123,7 @@ impl Body for ResponseBody {
             InnerProj::Upstream {
                 body,
                 deadline,
+                stall,
                 trailers_at_deadline,
                 ended,
             } => {
@@ -129,7 +149,24 @@ impl Body for ResponseBody {
                     }
                     Some(Err(BoxError::from("timeout reached mid-response")))
                 } else {
-                    ready!(body.poll_frame(cx)).map(|r| r.map_err(BoxError::from))
+                    match body.poll_frame(cx) {
+                        Poll::Ready(frame) => {
+                            if let Some((limit, timer)) = stall {
+                                timer.as_mut().reset(tokio::time::Instant::now() + *limit);
+                            }
+                            frame.map(|r| r.map_err(BoxError::from))
+                        }
+                        Poll::Pending => {
+                            let Some((_, timer)) = stall else {
+                                return Poll::Pending;
+                            };
+                            ready!(timer.as_mut().poll(cx));
+                            if let Some(c) = this.completion.as_ref() {
+                                c.backend_timed_out();
+                            }
+                            Some(Err(BoxError::from("backend sent nothing mid-response")))
+                        }
+                    }
                 }
             }
             InnerProj::Local { body } => {

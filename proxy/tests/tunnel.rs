@@ -1044,3 +1044,54 @@ async fn a_trickling_upload_holds_no_backend_connection_over_http2() {
     .await
     .expect("test finished in time");
 }
+
+/// A `101` from a backend to a request that asked for no upgrade reaches the visitor as the
+/// proxy's 502 through the tunnel too: over HTTP/2, where a `101` has no place, it must not
+/// turn into a `200` with an empty body, nor over QUIC into a switch on an ordinary stream.
+async fn an_unasked_switch_through_the_tunnel_is_refused(protocol: &str) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let backend = scripted_backend(|mut conn: tokio::net::TcpStream| async move {
+        if request_head(&mut conn).await.is_none() {
+            return;
+        }
+        let switch =
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n";
+        if conn.write_all(switch).await.is_ok() {
+            let _ = conn.read(&mut [0u8; 64]).await;
+        }
+    })
+    .await;
+    let edge = MockEdge::start().await.expect("mock edge starts");
+    let dir = scratch_dir(&format!("unasked-switch-{protocol}"));
+    let token = connector::token().encode();
+    let (mut child, admin) = tunnel_proxy(&edge, &dir, &token, protocol, backend).await;
+    let http = client();
+    let r = get(&http, edge.http_addr(), "app.example.com", "/", &[]).await;
+    assert_eq!(r.status, 502, "{protocol}: {:?} {:?}", r.headers, r.body);
+    let errors =
+        "cftunnel_proxy_backend_errors_total{hostname=\"app.example.com\",reason=\"other\"}";
+    assert_eq!(metric(&http, admin, errors).await, Some(1.0), "{protocol}");
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn an_unasked_switch_through_the_tunnel_is_refused_over_http2() {
+    tokio::time::timeout(
+        TEST_TIMEOUT,
+        an_unasked_switch_through_the_tunnel_is_refused("http2"),
+    )
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test]
+async fn an_unasked_switch_through_the_tunnel_is_refused_over_quic() {
+    tokio::time::timeout(
+        TEST_TIMEOUT,
+        an_unasked_switch_through_the_tunnel_is_refused("quic"),
+    )
+    .await
+    .expect("test finished in time");
+}

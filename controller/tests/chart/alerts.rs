@@ -60,6 +60,11 @@ tests:
         values: '4 4 0x5'
       - series: 'cftunnel_proxy_draining{namespace="tenant-b",pod="api-2",cf_k8s_lex_la_gateway="api"}'
         values: '0 0 1x5'
+      # A plane's only pod draining (its Gateway deleted, the grace long): not a plane down.
+      - series: 'cftunnel_tunnel_connections{namespace="tenant-d",pod="gone-1",cf_k8s_lex_la_gateway="gone",protocol="quic"}'
+        values: '4 4 0x5'
+      - series: 'cftunnel_proxy_draining{namespace="tenant-d",pod="gone-1",cf_k8s_lex_la_gateway="gone"}'
+        values: '0 0 1x5'
       # A pod that never connected (its edge unreachable): each protocol it may use at 0.
       - series: 'cftunnel_tunnel_connections{namespace="tenant-c",pod="third-1",cf_k8s_lex_la_gateway="third",protocol="quic"}'
         values: '0x30'
@@ -87,6 +92,20 @@ tests:
         values: '0x5 1x24'
       - series: 'cftunnel_proxy_config_reloads_total{namespace="tenant-b",pod="api-1",result="rejected"}'
         values: '_x5 1x24'
+      # Configs taken: edge-1 pushed one; api-1 loaded one whose version is 0 (a document
+      # written by hand); third-1 was never given one.
+      - series: 'cftunnel_proxy_config_reloads_total{namespace="tenant-a",pod="edge-1",result="success"}'
+        values: '0 1x29'
+      - series: 'cftunnel_proxy_config_version{namespace="tenant-a",pod="edge-1"}'
+        values: '0 7x29'
+      - series: 'cftunnel_proxy_config_reloads_total{namespace="tenant-b",pod="api-1",result="success"}'
+        values: '1x30'
+      - series: 'cftunnel_proxy_config_version{namespace="tenant-b",pod="api-1"}'
+        values: '0x30'
+      - series: 'cftunnel_proxy_config_reloads_total{namespace="tenant-c",pod="third-1",result="success"}'
+        values: '0x30'
+      - series: 'cftunnel_proxy_config_version{namespace="tenant-c",pod="third-1"}'
+        values: '0x30'
     alert_rule_test:
       - eval_time: 4m
         alertname: CftunnelTunnelUnauthorized
@@ -148,6 +167,12 @@ tests:
           - exp_labels: {severity: warning, team: edge, namespace: tenant-c, pod: third-1}
             exp_annotations:
               summary: "tenant-c/third-1 has no registered tunnel connection."
+      - eval_time: 10m
+        alertname: CftunnelProxyWithoutConfig
+        exp_alerts:
+          - exp_labels: {severity: warning, team: edge, namespace: tenant-c, pod: third-1, result: success}
+            exp_annotations:
+              summary: "tenant-c/third-1 has been given no config; it answers 502 to everything."
       - eval_time: 20m
         alertname: CftunnelReconcileStalled
         exp_alerts: []
