@@ -3585,6 +3585,147 @@ async fn the_generated_token_secret_follows_the_infrastructure_labels() {
     .expect("in time");
 }
 
+/// tenant-a's Gateway labelled `labels` and annotated `annotations` through its
+/// infrastructure, its plane's config-API token generated.
+fn labelled_gateway(labels: &str, annotations: &str) -> Value {
+    yaml(&format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: edge, namespace: tenant-a}}\nspec:\n  gatewayClassName: cloudflare-tunnel\n  infrastructure: {{parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: edge-config}}, labels: {{{labels}}}, annotations: {{{annotations}}}}}\n  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: shop.example.com}}]\n"
+    ))
+}
+
+/// tenant-a's Gateway labelled `team: a, tier: edge` and annotated `owner: a`, and its token
+/// Secret created with those in it by a plain create, as earlier versions and the Go
+/// controller create it; returned once the controller has applied the Secret's metadata, with
+/// the Secret's data.
+async fn secret_created_with_labels() -> (Tenant, Value) {
+    let t = Tenant::start_with("replicas: 1", |api| {
+        api.put(yaml("apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: edge-config, namespace: tenant-a}\nspec: {tunnelTokenSecretRef: {name: edge-tunnel-token}, replicas: 1}\n"));
+        let gateway = api.put(labelled_gateway("team: a, tier: edge", "owner: a"));
+        let uid = gateway["metadata"]["uid"].as_str().expect("a uid").to_owned();
+        api.put(yaml(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: cf-proxy-edge-auth\n  namespace: tenant-a\n  labels: {{team: a, tier: edge}}\n  annotations: {{owner: a}}\n  ownerReferences: [{{apiVersion: gateway.networking.k8s.io/v1, kind: Gateway, name: edge, uid: {uid}, controller: true, blockOwnerDeletion: true}}]\nstringData: {{token: old-token}}\n"
+        )));
+    })
+    .await;
+    let applied = eventually("the Secret's metadata applied", || {
+        token_secret(&t.api).filter(|s| {
+            s.pointer("/metadata/managedFields")
+                .and_then(Value::as_array)
+                .is_some_and(|entries| {
+                    entries.iter().any(|e| {
+                        e["manager"] == runtime::FIELD_MANAGER && e["operation"] == "Apply"
+                    })
+                })
+        })
+    })
+    .await;
+    let data = applied["data"].clone();
+    assert_eq!(data, json!({"token": "b2xkLXRva2Vu"}), "its token kept");
+    (t, data)
+}
+
+/// tenant-a's generated token Secret.
+fn token_secret(api: &ApiServer) -> Option<Value> {
+    api.get("v1", "Secret", "tenant-a", "cf-proxy-edge-auth")
+}
+
+/// Merge-patches tenant-a's token Secret as another writer, `auditor`.
+async fn audit_token_secret(api: &ApiServer, patch: Value) {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{Api, Patch, PatchParams};
+    let secrets: Api<Secret> = Api::namespaced(api.user_client(), "tenant-a");
+    let auditor = PatchParams {
+        field_manager: Some("auditor".to_owned()),
+        ..PatchParams::default()
+    };
+    secrets
+        .patch("cf-proxy-edge-auth", &auditor, &Patch::Merge(&patch))
+        .await
+        .expect("the auditor's write");
+}
+
+/// A token Secret created with the Gateway's labels and annotations in it, not applied: a
+/// label the Gateway drops goes from it all the same, while a label someone else added stays,
+/// and so does an annotation the Gateway drops that someone else set too.
+#[tokio::test]
+async fn a_label_dropped_by_the_gateway_leaves_a_token_secret_created_with_it() {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{Api, Patch, PatchParams};
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (t, token) = secret_created_with_labels().await;
+        // Another writer labels the Secret, and applies the Gateway's annotation too.
+        audit_token_secret(&t.api, json!({"metadata": {"labels": {"audit": "kept"}}})).await;
+        let secrets: Api<Secret> = Api::namespaced(t.api.user_client(), "tenant-a");
+        let annotated = json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "cf-proxy-edge-auth", "annotations": {"owner": "a"}},
+        });
+        secrets
+            .patch(
+                "cf-proxy-edge-auth",
+                &PatchParams::apply("auditor"),
+                &Patch::Apply(&annotated),
+            )
+            .await
+            .expect("the auditor's apply");
+
+        // The Gateway drops a label and its annotation, and changes nothing else.
+        t.api.put(labelled_gateway("team: a", ""));
+        let dropped = within(20, "the dropped label gone from the Secret", || {
+            token_secret(&t.api).filter(|s| s.pointer("/metadata/labels/tier").is_none())
+        })
+        .await;
+        assert_eq!(dropped.pointer("/metadata/labels/team"), Some(&json!("a")));
+        assert_eq!(
+            dropped.pointer("/metadata/labels/audit"),
+            Some(&json!("kept")),
+            "someone else's label stays"
+        );
+        assert_eq!(
+            dropped.pointer("/metadata/annotations/owner"),
+            Some(&json!("a")),
+            "an annotation someone else set too stays"
+        );
+        assert_eq!(dropped["data"], token, "the token stays");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// Someone writes the token Secret while the controller removes a label the Gateway dropped
+/// from it: the removal, made for the Secret as read before, is refused, and the next round
+/// removes the label from the Secret as it is now.
+#[tokio::test]
+async fn a_label_removal_another_write_overtook_is_made_at_the_next_round() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (t, _) = secret_created_with_labels().await;
+        let removal = t.api.hold(|c| {
+            c.method == "PATCH"
+                && c.kind == "Secret"
+                && c.body.pointer("/metadata/labels/tier") == Some(&Value::Null)
+        });
+        t.api.put(labelled_gateway("team: a", "owner: a"));
+        removal.arrived(1).await;
+        audit_token_secret(&t.api, json!({"metadata": {"labels": {"audit": "kept"}}})).await;
+        removal.release();
+        assert_eq!(removal.answered(1).await, vec![409]);
+        let dropped = within(4, "the dropped label gone from the Secret", || {
+            token_secret(&t.api).filter(|s| s.pointer("/metadata/labels/tier").is_none())
+        })
+        .await;
+        assert_eq!(dropped.pointer("/metadata/labels/team"), Some(&json!("a")));
+        assert_eq!(
+            dropped.pointer("/metadata/labels/audit"),
+            Some(&json!("kept"))
+        );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// The Gateway's parametersRef stops resolving after a healthy render: the plane stays, and a
 /// pod that starts meanwhile (a reschedule, an eviction) still gets the config the plane
 /// last served, rather than waiting unready for a configuration that cannot come.

@@ -13,6 +13,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{EnvVarSource, Secret, SecretKeySelector, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::core::{ApiResource, DynamicObject};
@@ -582,16 +583,29 @@ pub fn fresh_token() -> Result<String, RenderError> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// The generated config-API token Secret as [`ensure_auth_secret`] left it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthSecret {
+    /// The token it holds.
+    pub token: String,
+    /// Its key: `token`, or `auth-token` in a Secret the Go controller generated.
+    pub key: String,
+    /// Labels or annotations the render no longer has are still on it: another write came
+    /// between reading the Secret and removing them, and the next apply removes them.
+    pub leftover: bool,
+}
+
 /// Creates the generated config-API token Secret when it is missing and never changes an
 /// existing one's data: the token is never rotated, even when the caller's cached view of the
 /// Secret lags and it rendered a fresh token. Its labels and annotations are applied as the
-/// other plane objects' are. Returns the token the cluster's Secret holds and its key: `token`,
-/// or `auth-token` in a Secret the Go controller generated.
+/// other plane objects' are; those the render no longer has that were set when the Secret was
+/// created with them (as earlier versions and the Go controller create it) are removed, unless
+/// someone else set them too. Returns the token the cluster's Secret holds and its key.
 pub async fn ensure_auth_secret(
     client: &Client,
     secret: &Secret,
     uid: &str,
-) -> Result<(String, String), String> {
+) -> Result<AuthSecret, String> {
     let namespace = secret.namespace().unwrap_or_default();
     let name = secret.name_any();
     let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
@@ -610,7 +624,7 @@ pub async fn ensure_auth_secret(
             })
     };
     let existing = read_taking_over(client, secret).await?;
-    let existing = match existing {
+    let mut existing = match existing {
         Some(existing) => existing,
         None => {
             // Created without its labels and annotations, which are applied below: so they are
@@ -633,6 +647,39 @@ pub async fn ensure_auth_secret(
         return Err(format!(
             "Secret {namespace}/{name} exists and is not owned by this Gateway; rename or remove it"
         ));
+    }
+    let (token, key) = held(&existing)?;
+    // A label or annotation the render dropped that the Secret was created with (by an
+    // earlier version, or the Go controller) is the create's field, which no apply of ours
+    // removes: a merge patch does, made for the Secret as read (its resourceVersion) so that
+    // nothing someone sets meanwhile goes with it. Refused as outdated, it waits for the next
+    // apply.
+    let (labels, annotations) = leftover_metadata(&existing, secret, &key, super::FIELD_MANAGER);
+    let mut leftover = false;
+    if !labels.is_empty() || !annotations.is_empty() {
+        let removed = |keys: BTreeSet<String>| -> serde_json::Map<String, serde_json::Value> {
+            keys.into_iter()
+                .map(|k| (k, serde_json::Value::Null))
+                .collect()
+        };
+        let mut metadata =
+            serde_json::json!({ "resourceVersion": existing.metadata.resource_version });
+        if !labels.is_empty() {
+            metadata["labels"] = removed(labels).into();
+        }
+        if !annotations.is_empty() {
+            metadata["annotations"] = removed(annotations).into();
+        }
+        let params = PatchParams {
+            field_manager: Some(super::FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        let patch = serde_json::json!({ "metadata": metadata });
+        match api.patch(&name, &params, &Patch::Merge(&patch)).await {
+            Ok(patched) => existing = patched,
+            Err(kube::Error::Api(e)) if e.code == 409 => leftover = true,
+            Err(e) => return Err(format!("unlabelling Secret {namespace}/{name}: {e}")),
+        }
     }
     // Its labels and annotations (the plane's, and the Gateway's infrastructure ones) are
     // applied, its data never written again: an apply naming no data leaves it as it is. One
@@ -672,7 +719,34 @@ pub async fn ensure_auth_secret(
         .await
         .map_err(|e| format!("labelling Secret {namespace}/{name}: {e}"))?;
     }
-    held(&existing)
+    Ok(AuthSecret {
+        token,
+        key,
+        leftover,
+    })
+}
+
+/// Whether `entry` records the server-side applies of `manager`.
+fn applies_of(entry: &ManagedFieldsEntry, manager: &str) -> bool {
+    entry.manager.as_deref() == Some(manager)
+        && entry.operation.as_deref() == Some("Apply")
+        && entry.subresource.as_deref().unwrap_or_default().is_empty()
+}
+
+/// The label and annotation keys `entry` owns, as its `fieldsV1` say.
+fn owned_metadata(entry: &ManagedFieldsEntry) -> (BTreeSet<String>, BTreeSet<String>) {
+    let metadata = entry.fields_v1.as_ref().and_then(|f| f.0.get("f:metadata"));
+    let keys = |field: &str| -> BTreeSet<String> {
+        metadata
+            .and_then(|m| m.get(field))
+            .and_then(serde_json::Value::as_object)
+            .into_iter()
+            .flat_map(|m| m.keys())
+            .filter_map(|k| k.strip_prefix("f:"))
+            .map(str::to_owned)
+            .collect()
+    };
+    (keys("f:labels"), keys("f:annotations"))
 }
 
 /// The label and annotation keys of `object` that the server-side applies of `manager` own,
@@ -683,38 +757,77 @@ fn applied_metadata<K: Resource>(
 ) -> (BTreeSet<String>, BTreeSet<String>) {
     let mut labels = BTreeSet::new();
     let mut annotations = BTreeSet::new();
-    let applies = object
-        .meta()
-        .managed_fields
-        .iter()
-        .flatten()
-        .filter(|entry| {
-            entry.manager.as_deref() == Some(manager)
-                && entry.operation.as_deref() == Some("Apply")
-                && entry.subresource.as_deref().unwrap_or_default().is_empty()
-        });
-    for entry in applies {
-        let Some(fields) = entry.fields_v1.as_ref().map(|f| &f.0) else {
-            continue;
-        };
-        for (field, keys) in [
-            ("f:labels", &mut labels),
-            ("f:annotations", &mut annotations),
-        ] {
-            let owned = fields
-                .get("f:metadata")
-                .and_then(|m| m.get(field))
-                .and_then(serde_json::Value::as_object);
-            keys.extend(
-                owned
-                    .into_iter()
-                    .flat_map(|m| m.keys())
-                    .filter_map(|k| k.strip_prefix("f:"))
-                    .map(str::to_owned),
-            );
+    for entry in object.meta().managed_fields.iter().flatten() {
+        if applies_of(entry, manager) {
+            let (l, a) = owned_metadata(entry);
+            labels.extend(l);
+            annotations.extend(a);
         }
     }
     (labels, annotations)
+}
+
+/// The label and annotation keys of the token Secret `existing` that `rendered` does not set
+/// and that were set by the write that created it with its token (`key`) and owner
+/// reference, an earlier version's or the Go controller's: the fields that write owns are
+/// its own, which no apply of ours removes. A key another writer owns too (someone's
+/// `kubectl label`) is someone else's, and is left; one the applies of `manager` own too is
+/// ours as well.
+fn leftover_metadata(
+    existing: &Secret,
+    rendered: &Secret,
+    key: &str,
+    manager: &str,
+) -> (BTreeSet<String>, BTreeSet<String>) {
+    let entries = existing
+        .metadata
+        .managed_fields
+        .as_deref()
+        .unwrap_or_default();
+    let created = |entry: &ManagedFieldsEntry| {
+        let fields = entry.fields_v1.as_ref().map(|f| &f.0);
+        let owns = |pointer: &str| fields.and_then(|f| f.pointer(pointer)).is_some();
+        owns(&format!("/f:data/f:{key}")) && owns("/f:metadata/f:ownerReferences")
+    };
+    let mut creator = (BTreeSet::new(), BTreeSet::new());
+    let mut others = (BTreeSet::new(), BTreeSet::new());
+    for entry in entries.iter().filter(|e| !applies_of(e, manager)) {
+        let (labels, annotations) = owned_metadata(entry);
+        let into = if created(entry) {
+            &mut creator
+        } else {
+            &mut others
+        };
+        into.0.extend(labels);
+        into.1.extend(annotations);
+    }
+    let left = |created: BTreeSet<String>,
+                others: &BTreeSet<String>,
+                want: &Option<BTreeMap<String, String>>,
+                have: &Option<BTreeMap<String, String>>| {
+        created
+            .into_iter()
+            .filter(|k| {
+                !others.contains(k)
+                    && !want.as_ref().is_some_and(|w| w.contains_key(k))
+                    && have.as_ref().is_some_and(|h| h.contains_key(k))
+            })
+            .collect()
+    };
+    (
+        left(
+            creator.0,
+            &others.0,
+            &rendered.metadata.labels,
+            &existing.metadata.labels,
+        ),
+        left(
+            creator.1,
+            &others.1,
+            &rendered.metadata.annotations,
+            &existing.metadata.annotations,
+        ),
+    )
 }
 
 /// A plane's objects as the API server returned them from their applies.

@@ -595,6 +595,9 @@ struct AppliedPlane {
     fields: OwnedFields,
     /// What its pods were applied with.
     served: Served,
+    /// Labels or annotations its render dropped are still on its generated token Secret
+    /// ([`apply::AuthSecret::leftover`]): it is applied again at the next round.
+    secret_leftover: bool,
 }
 
 /// What a plane's pods run with, as far as its round needs: the tokens (connector and config
@@ -1683,6 +1686,7 @@ impl Reconciler {
         let digest = rendered_digest(&plane);
         let intact = self.applied.get(&uid).is_some_and(|applied| {
             applied.digest == digest
+                && !applied.secret_leftover
                 && applied.at.elapsed() < reapply_after(&uid)
                 && applied.fields == OwnedFields::of(&plane, live)
                 && drift::secret_intact(&plane, live)
@@ -2077,17 +2081,19 @@ async fn apply_now(
     plane: render::DataPlane,
     uid: String,
 ) -> Result<(bool, AppliedPlane), String> {
+    let mut leftover = false;
     let (credentials, plane) = match &plane.auth_secret {
         Some(secret) => {
-            let (held, key) = apply::ensure_auth_secret(&client, secret, &uid).await?;
-            if held == credentials.auth_token && key == credentials.auth_ref.key {
+            let held = apply::ensure_auth_secret(&client, secret, &uid).await?;
+            leftover = held.leftover;
+            if held.token == credentials.auth_token && held.key == credentials.auth_ref.key {
                 (credentials, plane)
             } else {
                 // The one render of a plane a round repeats: the Secret holds another token
                 // than the watch cache showed (it lags, or another replica created the
                 // Secret), and the pods read that one. The translation's decision stands:
                 // acceptance and tunnel do not depend on the config-API token.
-                let credentials = credentials.with_auth_token(held, &key);
+                let credentials = credentials.with_auth_token(held.token, &held.key);
                 let plane = render::render(&gw, &config, &credentials, &settings)
                     .map_err(|e| e.to_string())?;
                 (credentials, plane)
@@ -2105,6 +2111,7 @@ async fn apply_now(
             at: std::time::Instant::now(),
             fields: OwnedFields::applied(&plane, &applied),
             served: Served::of(credentials, &plane),
+            secret_leftover: leftover,
         },
     ))
 }
