@@ -19,10 +19,13 @@
 //! backend): with every connection at its share and the limit reached, a request waits for a
 //! share to come free, or for a connection to close, as long as its bounds allow, then fails
 //! with `Saturated`. A backend that allows one stream a connection, or a burst of long
-//! streams, would otherwise have the proxy dial without end. A connection other than the
-//! oldest open one that carried no stream for a whole [`Settings::idle_timeout`] (so for
-//! between one and two) is closed, so connections opened for a burst do not stay open after
-//! it.
+//! streams, would otherwise have the proxy dial without end. A connection out of use counts
+//! until its socket closes, or until it is cut off once it has had no request for a
+//! [`KeepAlive::timeout`] (for between one and two): one whose backend stopped reading cannot
+//! send its last frames, and would hold its place, and its socket, for good (see [`close`]).
+//! A connection other than the oldest open one that carried no stream for a whole
+//! [`Settings::idle_timeout`] (so for between one and two) is closed, so connections opened
+//! for a burst do not stay open after it.
 //!
 //! A connection is pinged only while requests are in flight on it and it has read nothing for
 //! [`KeepAlive::interval`], longer than gRPC servers let clients ping: grpc-go, grpc-java and
@@ -54,7 +57,7 @@ use http::uri::{Authority, Scheme};
 use http::{header, Method, Request, Response, Uri};
 use hyper::body::Incoming;
 use hyper::client::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -66,7 +69,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
 pub(super) type Sender = http2::SendRequest<ProxyBody>;
-type Connection = http2::Connection<TokioIo<Watched>, ProxyBody, TokioExecutor>;
+type Connection = http2::Connection<TokioIo<Watched>, ProxyBody, Spawner>;
 
 /// When a connection to an HTTP/2 backend is pinged, so that one whose backend stopped
 /// answering is closed, and its requests fail, rather than left to hang.
@@ -79,7 +82,8 @@ pub struct KeepAlive {
     /// How long a ping may go unanswered before the connection is closed; and, if shorter than
     /// 5 s, how long a request may wait for its answer, with nothing at all answered on the
     /// connection meanwhile, before the connection takes no more requests (see
-    /// `Shared::silent`).
+    /// `Shared::silent`). Also how long a connection out of use, with no request left on it,
+    /// may take to close before it is cut off, its backend taken for hung.
     pub timeout: Duration,
 }
 
@@ -144,7 +148,8 @@ pub(super) struct H2Channel {
     picked: AtomicBool,
     settings: Settings,
     /// One permit per connection open to the backend (for a TLS backend, shared with its
-    /// HTTP/1.1 connections), held from its dial until its socket is closed.
+    /// HTTP/1.1 connections), held from its dial until its socket is closed, or cut off (see
+    /// [`close`]).
     permits: Arc<Semaphore>,
     /// Where requests wait for a share of a connection to come free.
     room: Arc<Room>,
@@ -263,9 +268,15 @@ impl Conn {
 
 /// Drives a connection's task until it ends, then drops it; meanwhile watches whether the
 /// backend went silent, after `silent_after` (see [`Silence`]). The task can end before the
-/// socket does: after the backend's graceful GOAWAY, hyper's own connection task carries the
-/// streams in flight to their end, so the connection's permit is held by its I/O instead.
-async fn drive(task: Arc<Mutex<Option<Connection>>>, shared: Arc<Shared>, silent_after: Duration) {
+/// socket does, so the connection's place at the limit is held by its I/O instead: then
+/// [`close`] waits for the socket to close, at most `grace` once no request is left on it.
+async fn drive(
+    task: Arc<Mutex<Option<Connection>>>,
+    shared: Arc<Shared>,
+    place: Arc<Place>,
+    silent_after: Duration,
+    grace: Duration,
+) {
     let mut silence = Silence {
         after: silent_after,
         quiet: None,
@@ -289,7 +300,93 @@ async fn drive(task: Arc<Mutex<Option<Connection>>>, shared: Arc<Shared>, silent
         silence.watch(&shared, tick.as_mut(), cx);
         Poll::Pending
     })
-    .await
+    .await;
+    close(&place, &shared, grace).await;
+}
+
+/// Once a connection's task has ended (dropped out of use, or after the backend's GOAWAY),
+/// waits for its socket to close; if it has not `grace` after the last request on it was
+/// done (checked every `grace`, so after between one and two), lets go of its place at the
+/// limit and cuts it off: ends hyper's own task for it, which owns the socket.
+///
+/// That task, with the requests gone, sends a GOAWAY and flushes before it shuts the socket;
+/// a backend that stopped reading (a process hung, whose kernel keeps its receive window
+/// shut) with data of ours still unsent keeps that flush, and so the socket and the place,
+/// for good: a backend hung again and again would then use up its connection limit. Requests
+/// still open after a graceful GOAWAY carry on for as long as they need, so the connection
+/// never holds more places than the limit allows while it may still be in use; a hung one
+/// among them ends at its own bounds, or at the ping timeout.
+async fn close(place: &Place, shared: &Shared, grace: Duration) {
+    loop {
+        // Once the task has ended, requests only go: none is added.
+        let done = shared.streams.load(Ordering::SeqCst) == 0;
+        tokio::select! {
+            () = place.closed.notified() => return,
+            () = tokio::time::sleep(grace) => {}
+        }
+        if done {
+            break;
+        }
+    }
+    tracing::debug!("HTTP/2 backend connection did not close: cut off, its backend hung");
+    place.let_go();
+    if let Some(task) = place.task.get() {
+        task.abort();
+    }
+}
+
+/// A connection's place at its backend's connection limit, and the means to cut it off.
+#[derive(Debug)]
+struct Place {
+    /// Let go of when the socket closes (see [`Held`]), or once [`close`] cuts it off.
+    permit: Mutex<Option<OwnedSemaphorePermit>>,
+    /// Signalled when the socket closes.
+    closed: Notify,
+    /// hyper's own task for the connection, which owns its socket (see [`Spawner`]).
+    task: OnceLock<tokio::task::AbortHandle>,
+}
+
+impl Place {
+    fn let_go(&self) {
+        drop(
+            self.permit
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+    }
+}
+
+/// Spawns a connection's tasks on tokio, as hyper's `TokioExecutor` does, and keeps a handle
+/// on the first: hyper spawns the connection's own task, which owns its socket, as it starts
+/// the connection, before any request's. One load more per spawn, next to its allocation.
+#[derive(Debug, Clone)]
+struct Spawner(Arc<Place>);
+
+impl<F> hyper::rt::Executor<F> for Spawner
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        if self.0.task.get().is_some() {
+            tokio::spawn(fut);
+        } else {
+            let _ = self.0.task.set(tokio::spawn(fut).abort_handle());
+        }
+    }
+}
+
+/// Holds a connection's place until dropped with its I/O, after the socket (or until the
+/// connection is cut off), and then tells [`close`].
+#[derive(Debug)]
+struct Held(Arc<Place>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.let_go();
+        self.0.closed.notify_one();
+    }
 }
 
 /// Whether a request on a connection was given up after requests waited `after` for their
@@ -377,7 +474,8 @@ impl Silence {
 struct Watched {
     io: Stream,
     shared: Arc<Shared>,
-    _permit: OwnedSemaphorePermit,
+    /// Dropped last, once the socket is closed.
+    _held: Held,
 }
 
 impl AsyncRead for Watched {
@@ -705,12 +803,17 @@ impl H2Channel {
             idle_timeout,
         } = self.settings;
         let shared = Arc::new(Shared::default());
+        let place = Arc::new(Place {
+            permit: Mutex::new(Some(permit)),
+            closed: Notify::new(),
+            task: OnceLock::new(),
+        });
         let io = Watched {
             io,
             shared: Arc::clone(&shared),
-            _permit: permit,
+            _held: Held(Arc::clone(&place)),
         };
-        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+        let (sender, conn) = http2::Builder::new(Spawner(Arc::clone(&place)))
             .timer(TokioTimer::new())
             .keep_alive_interval(keep_alive.interval)
             .keep_alive_timeout(keep_alive.timeout)
@@ -723,7 +826,13 @@ impl H2Channel {
             .map_err(ForwardError::from_hyper)?;
         let task = Arc::new(Mutex::new(Some(conn)));
         let silent_after = keep_alive.timeout.min(SILENT_AFTER);
-        tokio::spawn(drive(Arc::clone(&task), Arc::clone(&shared), silent_after));
+        tokio::spawn(drive(
+            Arc::clone(&task),
+            Arc::clone(&shared),
+            place,
+            silent_after,
+            keep_alive.timeout,
+        ));
         let conn = Arc::new(Conn {
             sender,
             shared,
@@ -882,6 +991,7 @@ fn prune(conns: &ArcSwap<Vec<Arc<Conn>>>, idle: &[Arc<Conn>]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hyper_util::rt::TokioExecutor;
 
     /// gRPC servers close a connection pinged sooner than 5 minutes after the last ping, three
     /// times in a row.
@@ -1108,9 +1218,9 @@ mod tests {
 
     /// A backend sends a graceful GOAWAY (last stream id the largest, as servers do as they
     /// shut down) while a stream is in flight: the connection takes no more requests, but its
-    /// socket stays open, and counted at the limit (one here), until that stream is done. A
-    /// request meanwhile waits, without a dial, and is served on a new connection once the
-    /// first has closed.
+    /// socket stays open, and counted at the limit (one here), until that stream is done,
+    /// however long past the ping timeout. A request meanwhile waits, without a dial, and is
+    /// served on a new connection once the first has closed.
     #[tokio::test]
     async fn a_connection_draining_after_goaway_holds_its_place_until_its_socket_closes() {
         use http_body_util::BodyExt;
@@ -1196,7 +1306,12 @@ mod tests {
         let connector =
             Connector::new("127.0.0.1", addr.port(), None, Duration::from_secs(2), None);
         let settings = Settings {
-            keep_alive: KeepAlive::default(),
+            // The stream outlasts the ping timeout: the connection holds its place all the
+            // same, as long as the stream is open.
+            keep_alive: KeepAlive {
+                timeout: Duration::from_millis(100),
+                ..KeepAlive::default()
+            },
             max_header_list_size: 64 << 10,
             idle_timeout: Duration::from_secs(90),
         };
@@ -1239,5 +1354,112 @@ mod tests {
         assert_eq!(body.to_bytes(), Bytes::from_static(b"ok"));
         drop(stream);
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    /// A backend that stops reading (a process hung, whose kernel keeps its receive window
+    /// shut) while an upload streams to it through a large window: the upload fills the
+    /// socket's buffers and is given up, which marks the connection silent, and the connection
+    /// is dropped. Its task then tries to flush its last frames into a socket the backend
+    /// never drains. At a limit of one connection, the next request dials anew once the grace
+    /// (the ping timeout, short here) is over, and the hung connection's task and socket go.
+    #[tokio::test]
+    async fn a_connection_whose_backend_stopped_reading_gives_up_its_place_after_a_grace() {
+        use http_body_util::StreamBody;
+        /// Past what the socket buffers on both sides take.
+        const UPLOAD: usize = 32 << 20;
+        /// The backend's windows, stream and connection: flow control never stops the upload.
+        const WINDOW: u32 = 64 << 20;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let a = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let first = a.fetch_add(1, Ordering::SeqCst) == 0;
+                tokio::spawn(async move {
+                    let Ok(mut conn) = ::h2::server::Builder::new()
+                        .initial_window_size(WINDOW)
+                        .initial_connection_window_size(WINDOW)
+                        .handshake::<_, Bytes>(tcp)
+                        .await
+                    else {
+                        return;
+                    };
+                    if first {
+                        // Takes the upload's head, then never reads again.
+                        let held = conn.accept().await;
+                        std::future::pending::<()>().await;
+                        drop((conn, held));
+                        return;
+                    }
+                    while let Some(Ok((_, mut respond))) = conn.accept().await {
+                        if let Ok(mut body) = respond.send_response(Response::new(()), false) {
+                            let _ = body.send_data(Bytes::from_static(b"ok"), true);
+                        }
+                    }
+                });
+            }
+        });
+
+        let connector =
+            Connector::new("127.0.0.1", addr.port(), None, Duration::from_secs(2), None);
+        let grace = Duration::from_millis(500);
+        let settings = Settings {
+            keep_alive: KeepAlive {
+                timeout: grace,
+                ..KeepAlive::default()
+            },
+            max_header_list_size: 64 << 10,
+            idle_timeout: Duration::from_secs(90),
+        };
+        let channel = H2Channel::new(
+            connector,
+            Scheme::HTTP,
+            Authority::from_static("backend"),
+            settings,
+            Arc::new(Semaphore::new(1)),
+        );
+        let chunk = Bytes::from(vec![0u8; 1 << 20]);
+        let frames = futures_util::stream::iter(
+            std::iter::repeat_n(chunk, UPLOAD >> 20)
+                .map(|data| Ok::<_, std::convert::Infallible>(http_body::Frame::data(data))),
+        );
+        let upload = Request::post("/upload")
+            .header(header::HOST, "backend")
+            .body(crate::body::boxed(StreamBody::new(frames)))
+            .expect("request");
+        // Given up unanswered, with nothing read meanwhile: the connection is marked silent.
+        let given_up =
+            tokio::time::timeout(grace * 3, channel.send(upload, &Wait::until(None), None)).await;
+        assert!(given_up.is_err(), "the upload is never answered");
+        let hung = {
+            let conns = channel.conns.load();
+            let [conn] = conns.as_slice() else {
+                panic!("one connection, not {}", conns.len());
+            };
+            assert!(conn.is_closed(), "the connection takes no more requests");
+            Arc::downgrade(&conn.shared)
+        };
+
+        // Dropped from the open connections, its task cannot close it; the grace ends that.
+        let within = Wait::until(Some(tokio::time::Instant::now() + Duration::from_secs(5)));
+        let (resp, stream) = channel
+            .send(request("/"), &within, None)
+            .await
+            .expect("served on a new connection once the grace is over");
+        assert_eq!(resp.status(), http::StatusCode::OK);
+        drop((resp, stream));
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        // The hung connection's task, which owned its socket, is gone too.
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        while hung.upgrade().is_some() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            hung.upgrade().is_none(),
+            "the hung connection's I/O is dropped"
+        );
     }
 }
