@@ -158,13 +158,13 @@ impl Admin {
             && same_secret(presented.trim().as_bytes(), token.as_bytes())
     }
 
-    pub async fn handle(&self, req: Request<Incoming>) -> AdminResponse {
+    async fn handle(&self, req: Request<Incoming>, encoder: &MetricsEncoder) -> AdminResponse {
         match (req.method(), req.uri().path()) {
             (&Method::GET | &Method::HEAD, "/healthz") => {
                 respond(StatusCode::OK, "text/plain", "ok\n")
             }
             (&Method::GET | &Method::HEAD, "/readyz") => self.readyz(),
-            (&Method::GET, "/metrics") => self.metrics(),
+            (&Method::GET, "/metrics") => self.metrics(encoder).await,
             (&Method::PUT, "/config") => self.put_config(req).await,
             (&Method::GET, "/config") => self.get_config(&req),
             (&Method::GET, "/config/document") => self.get_document(&req).await,
@@ -199,19 +199,21 @@ impl Admin {
         (registered == Some(0)).then_some("no tunnel connection is registered\n")
     }
 
-    fn metrics(&self) -> AdminResponse {
+    async fn metrics(&self, encoder: &MetricsEncoder) -> AdminResponse {
         let Some(registry) = &self.registry else {
             return json_error(StatusCode::NOT_FOUND, "metrics are disabled");
         };
-        let mut text = String::new();
-        if prometheus_client::encoding::text::encode(&mut text, registry).is_err() {
-            return json_error(StatusCode::INTERNAL_SERVER_ERROR, "metrics encoding failed");
+        match encoder.encode(registry).await {
+            Ok(text) => respond(
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                text,
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics not encoded");
+                json_error(StatusCode::INTERNAL_SERVER_ERROR, e)
+            }
         }
-        respond(
-            StatusCode::OK,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            text,
-        )
     }
 
     /// Reads nothing a push holds: it answers while a push is being compiled.
@@ -330,6 +332,63 @@ async fn read_body(
 #[error("the request body sent nothing for {0:?}")]
 struct BodyStalled(Duration);
 
+/// Encodes `/metrics` answers off the runtime's workers, one at a time.
+///
+/// The text grows with the hostnames served (32 series each): thousands of them take tens of
+/// milliseconds to seconds to encode, and on a worker every request that worker also serves
+/// (one worker by default) would wait that long. The encoding runs on a thread of its own, not
+/// on the runtime's blocking pool: that pool also runs backend name lookups, which hold a
+/// thread each for as long as DNS takes to fail, and the metrics that show such an incident
+/// must not queue behind it. A scrape whose client goes away leaves its encoding running to
+/// its end, so encodings take turns: clients that ask and leave cannot start threads without
+/// bound.
+#[derive(Debug)]
+struct MetricsEncoder {
+    turn: Arc<tokio::sync::Semaphore>,
+}
+
+/// Why `/metrics` has no answer.
+#[derive(Debug, thiserror::Error)]
+enum EncodeError {
+    #[error("metrics encoding failed")]
+    Format,
+    #[error("cannot start the metrics encoding thread")]
+    Spawn,
+    #[error("the metrics encoding thread failed")]
+    Lost,
+}
+
+impl MetricsEncoder {
+    fn new() -> Self {
+        Self {
+            turn: Arc::new(tokio::sync::Semaphore::new(1)),
+        }
+    }
+
+    /// The registry in the OpenMetrics text format. Cancel-safe: a caller that stops waiting
+    /// gives up its turn, or leaves the encoding it started to end on its thread.
+    async fn encode(&self, registry: &Arc<Registry>) -> Result<String, EncodeError> {
+        let turn = Arc::clone(&self.turn)
+            .acquire_owned()
+            .await
+            .map_err(|_| EncodeError::Lost)?;
+        let registry = Arc::clone(registry);
+        let (done, encoded) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("metrics-encode".into())
+            .spawn(move || {
+                let _turn = turn;
+                let mut text = String::new();
+                let result = prometheus_client::encoding::text::encode(&mut text, &registry)
+                    .map(|()| text)
+                    .map_err(|_| EncodeError::Format);
+                let _ = done.send(result);
+            })
+            .map_err(|_| EncodeError::Spawn)?;
+        encoded.await.map_err(|_| EncodeError::Lost)?
+    }
+}
+
 /// Serves the admin endpoints until the process exits.
 pub async fn serve(
     listener: TcpListener,
@@ -341,6 +400,7 @@ pub async fn serve(
         max_connections.clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
     ));
     let peers = Arc::new(Peers::default());
+    let encoder = Arc::new(MetricsEncoder::new());
     loop {
         // At the limit, connections wait in the listen backlog: each connection is a task and
         // buffers, and the port must not take the memory and descriptors the data path needs.
@@ -362,14 +422,16 @@ pub async fn serve(
             continue;
         };
         let admin = admin.clone();
+        let encoder = Arc::clone(&encoder);
         tokio::spawn(async move {
             let _permit = permit;
             let held = Arc::clone(&place.held);
             let service = service_fn(move |req| {
                 let admin = admin.clone();
+                let encoder = Arc::clone(&encoder);
                 let busy = Busy::new(&held);
                 async move {
-                    let response = admin.handle(req).await;
+                    let response = admin.handle(req, &encoder).await;
                     drop(busy);
                     Ok::<_, Infallible>(response)
                 }

@@ -6,6 +6,11 @@
 //! [`histogram::AtomicHistogram`], not prometheus-client's locked one. Fetching on first use
 //! rather than at compile time keeps series to the hostnames that are served: a table of
 //! 10,000 mostly idle hostnames would otherwise expose some 300,000 zero-valued series.
+//!
+//! A hostname's series are dropped once no table in service has it any more. Fetching them
+//! for a table's slot and dropping them take turns (`ProxyMetrics::host_series`): a table
+//! that serves the hostname again and fetched its children just before they were dropped
+//! would otherwise count into children `/metrics` no longer lists.
 
 pub mod histogram;
 
@@ -17,6 +22,7 @@ use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::access::AccessMetrics;
 
@@ -125,6 +131,9 @@ pub struct ProxyMetrics {
     /// hostname without a retry policy.
     retries_over_budget: Counter,
     pub access: AccessMetrics,
+    /// Held while a hostname's children are fetched for a table's slot and while hostnames'
+    /// series are dropped; never by a request whose table's slot is filled.
+    host_series: Arc<Mutex<()>>,
 }
 
 /// The children of one hostname label, fetched by the first request to that hostname on a
@@ -186,6 +195,7 @@ impl ProxyMetrics {
             access_log_queued: Gauge::default(),
             retries_over_budget: Counter::default(),
             access: AccessMetrics::default(),
+            host_series: Arc::default(),
         };
         let r = registry.sub_registry_with_prefix("cftunnel_proxy");
         r.register(
@@ -270,53 +280,18 @@ impl ProxyMetrics {
 
     /// Fetches (creating if needed) the children for one hostname pattern.
     pub fn host(&self, hostname: &str) -> HostMetrics {
-        let h = HostLabels {
-            hostname: hostname.to_owned(),
-        };
-        HostMetrics {
-            duration: self.duration.get_or_create(&h).clone(),
-            requests: STATUS_CLASSES.map(|status_class| {
-                self.requests
-                    .get_or_create(&StatusLabels {
-                        hostname: hostname.to_owned(),
-                        status_class,
-                    })
-                    .clone()
-            }),
-            backend_errors: BACKEND_ERROR_REASONS.map(|reason| {
-                self.backend_errors
-                    .get_or_create(&ReasonLabels {
-                        hostname: hostname.to_owned(),
-                        reason: reason.to_owned(),
-                    })
-                    .clone()
-            }),
-            request_bytes: self.request_bytes.get_or_create(&h).clone(),
-            response_bytes: self.response_bytes.get_or_create(&h).clone(),
-            retries_over_budget: self.retries_over_budget.clone(),
-        }
+        self.host_series().fetch(hostname)
     }
 
-    /// Drops every series of a hostname pattern the served table no longer has, so
-    /// `/metrics` does not grow with every hostname ever served.
-    pub fn forget_host(&self, hostname: &str) {
-        let h = HostLabels {
-            hostname: hostname.to_owned(),
-        };
-        self.duration.remove(&h);
-        self.request_bytes.remove(&h);
-        self.response_bytes.remove(&h);
-        for status_class in STATUS_CLASSES {
-            self.requests.remove(&StatusLabels {
-                hostname: hostname.to_owned(),
-                status_class,
-            });
-        }
-        for reason in BACKEND_ERROR_REASONS {
-            self.backend_errors.remove(&ReasonLabels {
-                hostname: hostname.to_owned(),
-                reason: reason.to_owned(),
-            });
+    /// A turn at fetching and dropping hostnames' series, for a caller that must decide what
+    /// to drop within the same turn: a fetch waits for it to end (see the module docs).
+    pub(crate) fn host_series(&self) -> HostSeries<'_> {
+        HostSeries {
+            metrics: self,
+            _turn: self
+                .host_series
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
         }
     }
 
@@ -327,6 +302,69 @@ impl ProxyMetrics {
                 result: result.to_owned(),
             })
             .inc();
+    }
+}
+
+/// Fetching and dropping hostnames' series, one caller at a time: see
+/// [`ProxyMetrics::host_series`].
+pub(crate) struct HostSeries<'a> {
+    metrics: &'a ProxyMetrics,
+    _turn: MutexGuard<'a, ()>,
+}
+
+impl HostSeries<'_> {
+    /// Fetches (creating if needed) the children for one hostname pattern.
+    pub(crate) fn fetch(&self, hostname: &str) -> HostMetrics {
+        let m = self.metrics;
+        let h = HostLabels {
+            hostname: hostname.to_owned(),
+        };
+        HostMetrics {
+            duration: m.duration.get_or_create(&h).clone(),
+            requests: STATUS_CLASSES.map(|status_class| {
+                m.requests
+                    .get_or_create(&StatusLabels {
+                        hostname: hostname.to_owned(),
+                        status_class,
+                    })
+                    .clone()
+            }),
+            backend_errors: BACKEND_ERROR_REASONS.map(|reason| {
+                m.backend_errors
+                    .get_or_create(&ReasonLabels {
+                        hostname: hostname.to_owned(),
+                        reason: reason.to_owned(),
+                    })
+                    .clone()
+            }),
+            request_bytes: m.request_bytes.get_or_create(&h).clone(),
+            response_bytes: m.response_bytes.get_or_create(&h).clone(),
+            retries_over_budget: m.retries_over_budget.clone(),
+        }
+    }
+
+    /// Drops every series of a hostname pattern, so `/metrics` does not grow with every
+    /// hostname ever served.
+    pub(crate) fn forget(&self, hostname: &str) {
+        let m = self.metrics;
+        let h = HostLabels {
+            hostname: hostname.to_owned(),
+        };
+        m.duration.remove(&h);
+        m.request_bytes.remove(&h);
+        m.response_bytes.remove(&h);
+        for status_class in STATUS_CLASSES {
+            m.requests.remove(&StatusLabels {
+                hostname: hostname.to_owned(),
+                status_class,
+            });
+        }
+        for reason in BACKEND_ERROR_REASONS {
+            m.backend_errors.remove(&ReasonLabels {
+                hostname: hostname.to_owned(),
+                reason: reason.to_owned(),
+            });
+        }
     }
 }
 

@@ -85,6 +85,8 @@ impl Routes {
             .map_or("", |b| &b.pattern)
     }
 
+    /// A bucket's metric children, fetched on its first request ([`ProxyMetrics::host`] waits
+    /// for a turn with the dropping of hostnames' series); later requests only read the slot.
     pub(crate) fn host_metrics(&self, bucket: Option<usize>) -> &Arc<HostMetrics> {
         match bucket.and_then(|b| Some((self.hosts.get(b)?, self.table.bucket(b)?))) {
             Some((slot, b)) => slot.get_or_init(|| Arc::new(self.metrics.host(&b.pattern))),
@@ -173,7 +175,7 @@ fn retire_within(
         // Past the wait a request may still hold it (a gRPC watch without a deadline, a rule
         // whose timeouts are off): its hostnames' series go all the same, and the table is
         // freed wherever that request ends.
-        forget_hostnames(&old, &serving(), &metrics);
+        forget_hostnames(&old, &serving, &metrics);
         if Arc::strong_count(&old) == 1 {
             let _ = tokio::task::spawn_blocking(move || {
                 drop(old);
@@ -184,15 +186,31 @@ fn retire_within(
     });
 }
 
-/// Drops the metric series of hostname patterns `old` served and `now` does not (the
-/// unmatched series stays), so `/metrics` does not grow with every hostname ever served.
-fn forget_hostnames(old: &Routes, now: &Routes, metrics: &ProxyMetrics) {
-    let kept: std::collections::HashSet<&str> = now.table.buckets().map(|b| &*b.pattern).collect();
-    for label in old.table.buckets().map(|b| &*b.pattern) {
-        if !label.is_empty() && !kept.contains(label) {
-            metrics.forget_host(label);
-        }
+/// Drops the metric series of hostname patterns `old` served and the table `serving` returns
+/// does not (the unmatched series stays), so `/metrics` does not grow with every hostname ever
+/// served.
+///
+/// The table in service is read again in the same turn as the dropping
+/// ([`ProxyMetrics::host_series`]): a table swapped in since the first read may serve a
+/// hostname again, and a request on it may already have fetched that hostname's series, which
+/// must stay. The first read only spares the turn to the many pushes that drop no hostname.
+fn forget_hostnames(old: &Routes, serving: impl Fn() -> Arc<Routes>, metrics: &ProxyMetrics) {
+    if gone(old, &serving()).next().is_none() {
+        return;
     }
+    let series = metrics.host_series();
+    for label in gone(old, &serving()) {
+        series.forget(label);
+    }
+}
+
+/// The hostname patterns `old` served and `now` does not, the unmatched one left out.
+fn gone<'a>(old: &'a Routes, now: &'a Routes) -> impl Iterator<Item = &'a str> {
+    let kept: std::collections::HashSet<&str> = now.table.buckets().map(|b| &*b.pattern).collect();
+    old.table
+        .buckets()
+        .map(|b| &*b.pattern)
+        .filter(move |label| !label.is_empty() && !kept.contains(label))
 }
 
 #[cfg(test)]
@@ -235,5 +253,46 @@ mod tests {
         assert!(!after.contains("hostname=\"old.example\""), "{after}");
         assert!(after.contains("hostname=\"kept.example\""), "{after}");
         drop(held);
+    }
+
+    /// A table that serves a hostname again, swapped in while the table that last had it is
+    /// retired, keeps counting it on `/metrics` if a request on it fetched the hostname's
+    /// series before the retirement dropped the ones no table served.
+    #[test]
+    fn a_hostname_served_again_during_a_retirement_keeps_its_series() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = ProxyMetrics::register(&mut registry);
+        let mut cache = Cache::default();
+        let retired = table(&["a.example"], &metrics, &mut cache);
+        let without = table(&[], &metrics, &mut cache);
+        let again = table(&["a.example"], &metrics, &mut cache);
+        let bucket = again
+            .table
+            .buckets()
+            .position(|b| &*b.pattern == "a.example");
+        assert!(bucket.is_some(), "a bucket for a.example");
+        // The first request on the table serving it again, before the series are dropped.
+        let a = Arc::clone(again.host_metrics(bucket));
+
+        // The retirement first reads the table without it, then the one serving it again.
+        let reads = std::sync::atomic::AtomicUsize::new(0);
+        let serving = || {
+            if reads.fetch_add(1, Ordering::SeqCst) == 0 {
+                Arc::clone(&without)
+            } else {
+                Arc::clone(&again)
+            }
+        };
+        forget_hostnames(&retired, serving, &metrics);
+        a.request(crate::metrics::StatusClass::S2xx).inc();
+
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+        assert!(
+            text.contains(
+                "cftunnel_proxy_requests_total{hostname=\"a.example\",status_class=\"2xx\"} 1\n"
+            ),
+            "{text}"
+        );
     }
 }

@@ -1,40 +1,42 @@
-//! The config API while the runtime's blocking pool is taken whole by calls that do not return,
-//! as backend name lookups are while DNS does not answer: the push that fixes the incident,
-//! and the reads around it, are still served.
+//! The admin port while the runtime's blocking pool is taken whole by calls that do not
+//! return, as backend name lookups are while DNS does not answer: the push that fixes the
+//! incident, the reads around it and the metrics that show it are still served.
 
 use crate::support::*;
 use http::StatusCode;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::runtime::Runtime;
+use tokio::sync::{OwnedRwLockWriteGuard, RwLock};
 
 /// Blocking threads of the proxy's runtime here: few, so the test can take them all (the
 /// product's 512 are taken the same way, one stuck lookup each).
 const BLOCKING_THREADS: usize = 4;
 
-/// How long each config API call may take.
+/// How long each admin call may take.
 const ANSWER_WITHIN: Duration = Duration::from_secs(1);
 
-#[test]
-fn config_api_answers_while_every_blocking_thread_is_stuck() {
-    let proxy_runtime = tokio::runtime::Builder::new_multi_thread()
+/// A runtime for the proxy with [`BLOCKING_THREADS`] blocking threads.
+fn proxy_runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(BLOCKING_THREADS)
         .enable_all()
         .build()
-        .expect("proxy runtime");
-    let server = proxy_runtime.block_on(proxy());
-    let admin = server.admin_addr();
+        .expect("proxy runtime")
+}
 
-    // Every blocking thread waits on `gate` until the test ends, and one more call waits in
-    // the pool's queue behind them.
+/// Takes every blocking thread of `runtime` until the returned guard is dropped, and queues
+/// one more call behind them.
+fn take_every_blocking_thread(runtime: &Runtime) -> OwnedRwLockWriteGuard<()> {
     let gate = Arc::new(RwLock::new(()));
-    let closed = gate.write().expect("gate");
+    let closed = Arc::clone(&gate).try_write_owned().expect("gate");
     let (started, running) = std::sync::mpsc::channel();
     for _ in 0..=BLOCKING_THREADS {
         let (gate, started) = (gate.clone(), started.clone());
-        proxy_runtime.spawn_blocking(move || {
+        runtime.spawn_blocking(move || {
             let _ = started.send(());
-            let _open = gate.read();
+            let _open = gate.blocking_read();
         });
     }
     for _ in 0..BLOCKING_THREADS {
@@ -42,6 +44,15 @@ fn config_api_answers_while_every_blocking_thread_is_stuck() {
             .recv_timeout(Duration::from_secs(10))
             .expect("a blocking thread is taken");
     }
+    closed
+}
+
+#[test]
+fn config_api_answers_while_every_blocking_thread_is_stuck() {
+    let proxy_runtime = proxy_runtime();
+    let server = proxy_runtime.block_on(proxy());
+    let admin = server.admin_addr();
+    let closed = take_every_blocking_thread(&proxy_runtime);
 
     let client_runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -87,6 +98,38 @@ fn config_api_answers_while_every_blocking_thread_is_stuck() {
         })
         .await
         .expect("test finished in time");
+    });
+
+    drop(closed);
+    drop(server);
+    proxy_runtime.shutdown_timeout(Duration::from_secs(5));
+}
+
+/// `/metrics` is encoded off the runtime's workers, but not on its blocking pool: a scrape
+/// during a DNS outage shows it.
+#[test]
+fn metrics_answer_while_every_blocking_thread_is_stuck() {
+    let proxy_runtime = proxy_runtime();
+    let server = proxy_runtime.block_on(proxy());
+    let admin = server.admin_addr();
+    let closed = take_every_blocking_thread(&proxy_runtime);
+
+    let client_runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("client runtime");
+    client_runtime.block_on(async {
+        let http = client();
+        let scrape =
+            tokio::time::timeout(ANSWER_WITHIN, get(&http, admin, "admin", "/metrics", &[]))
+                .await
+                .expect("GET /metrics answers within a second");
+        assert_eq!(scrape.status, StatusCode::OK);
+        let text = String::from_utf8_lossy(&scrape.body);
+        assert!(
+            text.contains("\ncftunnel_proxy_config_version 0\n"),
+            "{text}"
+        );
     });
 
     drop(closed);

@@ -18,6 +18,7 @@ mod http2_backends;
 mod keepalive;
 mod listen;
 mod logs;
+mod metrics_endpoint;
 mod reload;
 mod route_semantics;
 mod routing;
