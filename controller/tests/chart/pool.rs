@@ -518,6 +518,12 @@ fn the_pools_autoscaler_and_service_monitor_follow_the_values() {
                 endpoint["interval"],
                 *at(&values, "proxy.serviceMonitor.interval")
             );
+            // Relabelings as the values give them, none unless given.
+            let relabel = at(&values, "proxy.serviceMonitor.metricRelabelings");
+            match relabel.as_sequence().filter(|r| !r.is_empty()) {
+                Some(_) => assert_eq!(endpoint["metricRelabelings"], *relabel, "{file}"),
+                None => assert!(endpoint.get("metricRelabelings").is_none(), "{file}"),
+            }
             let labels = label_map(&monitor["metadata"]["labels"]);
             for (k, v) in label_map(at(&values, "proxy.serviceMonitor.labels")) {
                 assert_eq!(labels.get(&k), Some(&v), "{file}");
