@@ -1527,9 +1527,9 @@ async fn only_the_leader_writes_and_another_replica_takes_over() {
 }
 
 /// The leader's Lease renewals go unanswered: it reports it no longer leads (its `leading`
-/// gauge), writes nothing at all while it does not lead (not even putting back a Deployment
-/// of its plane deleted meanwhile), and once the API server answers again it leads and
-/// reconciles again.
+/// gauge) and drops what only the leader reports (plane pushes, watched objects), writes
+/// nothing at all while it does not lead (not even putting back a Deployment of its plane
+/// deleted meanwhile), and once the API server answers again it leads and reconciles again.
 #[tokio::test]
 async fn a_leader_whose_renewals_hang_stops_writing_until_they_are_answered() {
     use cftunnel_controller::runtime::lease::LeaseOptions;
@@ -1600,17 +1600,24 @@ async fn a_leader_whose_renewals_hang_stops_writing_until_they_are_answered() {
             closed,
             false,
         ));
-        let per_plane = || async {
+        let metrics = || async {
             let answer = support::request(health_addr, "GET", "/metrics", "controller", None, "")
                 .await
                 .expect("/metrics answers");
-            String::from_utf8_lossy(&answer.body).contains("{plane=\"tenant-a/edge\"}")
+            String::from_utf8_lossy(&answer.body).into_owned()
+        };
+        let per_plane = || async { metrics().await.contains("{plane=\"tenant-a/edge\"}") };
+        let watched = || async {
+            metrics()
+                .await
+                .contains("cftunnel_controller_watched_objects{kind=\"Gateway\"} ")
         };
         let by = Instant::now() + Duration::from_secs(10);
         while !per_plane().await {
             assert!(Instant::now() < by, "the leader reports the plane's pushes");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        assert!(watched().await, "the leader reports what it watches");
 
         let hold = api.hold(|c| {
             c.method == "PUT"
@@ -1639,10 +1646,12 @@ async fn a_leader_whose_renewals_hang_stops_writing_until_they_are_answered() {
         assert_eq!(api.writes_since(rv), Vec::<String>::new(), "no writes");
         assert!(!leading().await);
         assert!(!per_plane().await, "a standby reports no plane's pushes");
+        assert!(!watched().await, "a standby reports no watched objects");
 
         hold.release();
         eventually("the Deployment put back", deployment).await;
         assert!(leading().await);
+        assert!(watched().await, "the leader reports what it watches again");
         let _ = stop.send(());
         controller
             .await
@@ -6380,9 +6389,15 @@ async fn a_pool_that_refuses_the_config_api_token_is_rolled_onto_it() {
 /// serving both tenants' routes; then tenant-a's ref names a GatewayConfig that does not
 /// exist, and a few rounds run with tenant-a's Gateway refused.
 async fn broken_beside_third() -> (Tenant, Server, Server) {
+    broken_beside_third_with(|_| {}).await
+}
+
+/// [`broken_beside_third`] with `extra` run on the API server before the controller starts.
+async fn broken_beside_third_with(extra: impl FnOnce(&ApiServer)) -> (Tenant, Server, Server) {
     let edge = proxy_pod("s3cr3t").await;
     let third = proxy_pod("c3cr3t").await;
     let t = Tenant::start_with("replicas: 1", |api| {
+        extra(api);
         // tenant-c's Gateway on tenant-a's tunnel.
         let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
         api.put(yaml(&format!(
@@ -6435,6 +6450,59 @@ async fn broken_beside_third() -> (Tenant, Server, Server) {
     .await;
     t.rounds(3, Duration::from_millis(200)).await;
     (t, edge, third)
+}
+
+/// A route on a broken Gateway and on a live one on its tunnel is detached from the live one:
+/// it is no longer served on the live Gateway's hostname, and still on the broken one's.
+#[tokio::test]
+async fn a_route_detached_from_a_live_gateway_beside_a_broken_one_leaves_its_hostname() {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let both = |parents: &str| {
+            yaml(&format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: both, namespace: tenant-a}}\nspec:\n  parentRefs: [{parents}]\n  rules: [{{matches: [{{path: {{value: /both}}}}], backendRefs: [{{name: web, port: 80}}]}}]\n"
+            ))
+        };
+        let (t, edge, third) = broken_beside_third_with(|api| {
+            api.put(yaml(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: third, namespace: tenant-c}\nspec:\n  gatewayClassName: cloudflare-tunnel\n  infrastructure: {parametersRef: {group: cf.k8s.lex.la, kind: GatewayConfig, name: third-config}}\n  listeners: [{name: http, port: 80, protocol: HTTP, hostname: blog.example.com, allowedRoutes: {namespaces: {from: All}}}]\n",
+            ));
+            api.put(both("{name: edge}, {name: third, namespace: tenant-c}"));
+        })
+        .await;
+        let becomes = |pod: &'static str, s: &Server, host: &'static str, want: u16| {
+            let s = s.data_addr();
+            async move {
+                let by = Instant::now() + Duration::from_secs(20);
+                loop {
+                    let got = support::request(s, "GET", "/both", host, None, "")
+                        .await
+                        .map_or(0, |a| a.status);
+                    if got == want {
+                        return;
+                    }
+                    assert!(Instant::now() < by, "{pod} {host}/both: {got}, not {want}");
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+            }
+        };
+        // tenant-c's own route on blog.example.com goes: /both there is the route's alone.
+        t.api.delete("gateway.networking.k8s.io/v1", "HTTPRoute", "tenant-c", "blog");
+        for (name, pod) in [("edge", &edge), ("third", &third)] {
+            host_serves(pod, "blog.example.com", 404).await;
+            becomes(name, pod, "blog.example.com", 200).await;
+            becomes(name, pod, "shop.example.com", 200).await;
+        }
+
+        t.api.put(both("{name: edge}"));
+        t.rounds(3, Duration::from_millis(200)).await;
+        for (name, pod) in [("edge", &edge), ("third", &third)] {
+            becomes(name, pod, "blog.example.com", 404).await;
+            becomes(name, pod, "shop.example.com", 200).await;
+        }
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
 }
 
 /// A broken plane whose tunnel other planes serve keeps serving its own routes as it last

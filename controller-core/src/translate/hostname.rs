@@ -3,6 +3,8 @@
 //! hosts share one. Names are lower-cased; a wildcard `*.example.com` matches names with one or
 //! more labels before `example.com`, never `example.com` itself.
 
+use std::borrow::Cow;
+
 /// The hosts a route serves through one listener, borrowed from the route's hostnames or the
 /// listener's: a route's rules copy them once, into each rule.
 #[derive(Debug, Clone)]
@@ -101,6 +103,30 @@ pub(super) fn covered(name: &str, pattern: &str) -> bool {
     }
 }
 
+/// Whether a listener with hostname `listener` (`None` for one without) serves every host
+/// `host` names: `host` is a hostname or wildcard a route rule carries, `None` for a rule
+/// without hostnames (every host). A listener without a hostname serves every host; one with a
+/// hostname serves that name, or, for a wildcard `*.example.com`, the names and wildcards
+/// strictly under `example.com`, as the translation intersects them. So a rule translated for
+/// several listeners can be cut down to the hosts one Gateway's listeners serve. Case is
+/// ignored.
+pub fn listener_covers(listener: Option<&str>, host: Option<&str>) -> bool {
+    match (listener, host) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(listener), Some(host)) => covered(&lower(host), &lower(listener)),
+    }
+}
+
+/// `name` lower-cased, copied only when it has an upper-case letter.
+fn lower(name: &str) -> Cow<'_, str> {
+    if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(name.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(name)
+    }
+}
+
 /// `name` is a strict subdomain of `parent` (at least one more label).
 pub(super) fn is_subdomain(name: &str, parent: &str) -> bool {
     name.len() > parent.len() + 1
@@ -111,6 +137,7 @@ pub(super) fn is_subdomain(name: &str, parent: &str) -> bool {
 #[cfg(test)]
 pub(super) mod tests {
     use super::{covered, intersect_one};
+    use crate::translate::listener_covers;
     use proptest::prelude::*;
 
     /// Hostnames, wildcards among them, of one to three labels drawn from `labels`: few
@@ -143,6 +170,48 @@ pub(super) mod tests {
             prop_assert_eq!(
                 covered(&name, &pattern),
                 intersect_one(&pattern, &name) == Some(name.as_str())
+            );
+        }
+
+        /// A listener with a hostname covers a rule hostname, in any case, exactly when
+        /// intersecting the two keeps the rule's.
+        #[test]
+        fn a_listener_covers_what_the_intersection_keeps_of_a_rule(
+            host in name(),
+            listener in name(),
+            upper in any::<bool>(),
+        ) {
+            let shown = if upper { listener.to_ascii_uppercase() } else { listener.clone() };
+            prop_assert_eq!(
+                listener_covers(Some(&shown), Some(&host)),
+                intersect_one(&listener, &host) == Some(host.as_str())
+            );
+        }
+    }
+
+    #[test]
+    fn a_listener_covers_the_hosts_under_its_hostname() {
+        let cases = [
+            (None, None, true),
+            (None, Some("shop.example.com"), true),
+            (None, Some("*.example.com"), true),
+            (Some("*.example.com"), None, false),
+            (Some("shop.example.com"), None, false),
+            (Some("shop.example.com"), Some("shop.example.com"), true),
+            (Some("shop.example.com"), Some("Shop.Example.com"), true),
+            (Some("shop.example.com"), Some("blog.example.com"), false),
+            (Some("*.example.com"), Some("shop.example.com"), true),
+            (Some("*.example.com"), Some("*.shop.example.com"), true),
+            (Some("*.example.com"), Some("example.com"), false),
+            (Some("*.example.com"), Some("*.example.com"), true),
+            (Some("shop.example.com"), Some("*.example.com"), false),
+            (Some("*.shop.example.com"), Some("*.example.com"), false),
+        ];
+        for (listener, host, want) in cases {
+            assert_eq!(
+                listener_covers(listener, host),
+                want,
+                "listener {listener:?}, host {host:?}"
             );
         }
     }

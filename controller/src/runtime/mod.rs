@@ -409,10 +409,12 @@ pub async fn run(
         let term = *leading.borrow_and_update();
         health.leading.set(i64::from(term.is_some()));
         let Some(term) = term else {
-            // A standby reports no failures, nor any plane's pushes: the leader does.
+            // A standby reports no failures, nor any plane's pushes, nor what it watches: the
+            // leader does, so a sum across replicas counts each once.
             health.push_failing_planes.set(0);
             health.push_seconds.clear();
             health.push_failures.clear();
+            health.watched_objects.clear();
             health.render_failing_gateways.set(0);
             health.tunnel_failing_planes.set(0);
             health.unreached_planes.set(0);
@@ -1048,7 +1050,7 @@ impl Reconciler {
                 on_tunnel
                     .entry(*tunnel)
                     .or_default()
-                    .add(last, &output, key);
+                    .add(last, snapshot, &output, key);
             }
         }
         for (plane, info) in &planes {
@@ -1076,7 +1078,7 @@ impl Reconciler {
                     Some(kept) => kept.add_to(&mut config),
                     None => {
                         let mut alone = KeptRules::default();
-                        alone.add(last, &output, key);
+                        alone.add(last, snapshot, &output, key);
                         alone.add_to(&mut config);
                     }
                 }
@@ -2177,8 +2179,15 @@ struct KeptRules {
 
 impl KeptRules {
     /// Takes the own rules of the broken Gateway `gateway`, whose plane last served `last`.
-    fn add(&mut self, last: &LastGood, output: &translate::Output, gateway: &ObjectKey) {
-        self.rules.extend(own_rules(&last.config, output, gateway));
+    fn add(
+        &mut self,
+        last: &LastGood,
+        snapshot: &Snapshot,
+        output: &translate::Output,
+        gateway: &ObjectKey,
+    ) {
+        self.rules
+            .extend(own_rules(&last.config, snapshot, output, gateway));
         self.grpc |= last.config.has_grpc_route;
     }
 
@@ -2212,14 +2221,18 @@ impl KeptRules {
 }
 
 /// The rules of a broken Gateway `gateway`'s last config that are its own: those of the routes
-/// that still name it as a parent (rule names are `namespace/route/rule`), and its listeners'
+/// that still name it as a parent (rule names are `namespace/route/rule`), each for the
+/// hostnames of it that the Gateway's listeners serve ([`on_listeners`]), and its listeners'
 /// rules of the controller's own (listener isolation), named `namespace/owner/kind:listener`
 /// after the Gateway or a ListenerSet attached to it (a rule's name in a route has no `:`).
-/// Its other rules came from other planes on its tunnel. Names do not tell an HTTPRoute from a
-/// GRPCRoute of the same name: while one of the two names the Gateway, the other's rules go
-/// with it.
+/// Its other rules came from other planes on its tunnel, and so did a route's rules for the
+/// hostnames of another Gateway it names or named: those are served as the other planes serve
+/// them now (not at all, once the route has left that Gateway). Names do not tell an
+/// HTTPRoute from a GRPCRoute of the same name: while one of the two names the Gateway, the
+/// other's rules go with it.
 fn own_rules(
     last: &cftunnel_config::Config,
+    snapshot: &Snapshot,
     output: &translate::Output,
     gateway: &ObjectKey,
 ) -> Vec<cftunnel_config::Rule> {
@@ -2242,18 +2255,59 @@ fn own_rules(
                 .get(&ObjectKey::new(ns, name))
                 .is_some_and(|set| set.gateway == *gateway)
     };
+    let gateway_listeners = snapshot
+        .gateways
+        .iter()
+        .filter(|g| object_key(*g).as_ref() == Some(gateway))
+        .flat_map(|g| g.spec.listeners.iter().map(|l| l.hostname.as_deref()));
+    let set_listeners = snapshot
+        .listener_sets
+        .iter()
+        .filter(|set| object_key(*set).is_some_and(|key| its_listeners(&key.namespace, &key.name)))
+        .flat_map(|set| set.spec.listeners.iter().map(|l| l.hostname.as_deref()));
+    let hostnames: Vec<Option<&str>> = gateway_listeners.chain(set_listeners).collect();
     last.rules
         .iter()
-        .filter(|rule| {
+        .filter_map(|rule| {
             let mut parts = rule.name.as_deref().unwrap_or_default().splitn(3, '/');
             match (parts.next(), parts.next(), parts.next()) {
-                (Some(ns), Some(name), Some(rest)) if rest.contains(':') => its_listeners(ns, name),
-                (Some(ns), Some(name), _) => routes.contains(&(ns, name)),
-                _ => false,
+                (Some(ns), Some(name), Some(rest)) if rest.contains(':') => {
+                    its_listeners(ns, name).then(|| rule.clone())
+                }
+                (Some(ns), Some(name), _) if routes.contains(&(ns, name)) => {
+                    on_listeners(rule, &hostnames)
+                }
+                _ => None,
             }
         })
-        .cloned()
         .collect()
+}
+
+/// `rule` for those of its hostnames that listeners with `listeners` hostnames serve
+/// ([`translate::listener_covers`]); `None` when they serve none of them. A rule without
+/// hostnames (every host) is served only by a listener without a hostname.
+fn on_listeners(
+    rule: &cftunnel_config::Rule,
+    listeners: &[Option<&str>],
+) -> Option<cftunnel_config::Rule> {
+    let served = |host: Option<&str>| {
+        listeners
+            .iter()
+            .any(|l| translate::listener_covers(*l, host))
+    };
+    if rule.hostnames.is_empty() {
+        return served(None).then(|| rule.clone());
+    }
+    let hostnames: Vec<String> = rule
+        .hostnames
+        .iter()
+        .filter(|h| served(Some(h)))
+        .cloned()
+        .collect();
+    (!hostnames.is_empty()).then(|| cftunnel_config::Rule {
+        hostnames,
+        ..rule.clone()
+    })
 }
 
 /// Writes each tunnel's ingress document: one per tunnel, whatever number of planes share it.
