@@ -10,19 +10,23 @@
 //! A hostname's series are dropped once no table in service has it any more. Fetching them
 //! for a table's slot and dropping them take turns (`ProxyMetrics::host_series`): a table
 //! that serves the hostname again and fetched its children just before they were dropped
-//! would otherwise count into children `/metrics` no longer lists.
+//! would otherwise count into children `/metrics` no longer lists. Turns are short (one
+//! hostname's fetch or drop) and taken in the order asked for, so a request fetching its
+//! hostname's children waits for at most the turns queued before it, not for a whole pass
+//! over the hostnames a replaced table served.
 
 pub mod histogram;
 
 use histogram::{AtomicHistogram, Shards};
 
+use parking_lot::{FairMutex, FairMutexGuard};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 use crate::access::AccessMetrics;
 
@@ -131,9 +135,9 @@ pub struct ProxyMetrics {
     /// hostname without a retry policy.
     retries_over_budget: Counter,
     pub access: AccessMetrics,
-    /// Held while a hostname's children are fetched for a table's slot and while hostnames'
-    /// series are dropped; never by a request whose table's slot is filled.
-    host_series: Arc<Mutex<()>>,
+    /// Taken while a hostname's children are fetched for a table's slot and while a
+    /// hostname's series are dropped; never by a request whose table's slot is filled.
+    host_series: Arc<FairMutex<()>>,
 }
 
 /// The children of one hostname label, fetched by the first request to that hostname on a
@@ -284,14 +288,12 @@ impl ProxyMetrics {
     }
 
     /// A turn at fetching and dropping hostnames' series, for a caller that must decide what
-    /// to drop within the same turn: a fetch waits for it to end (see the module docs).
+    /// to drop within the same turn: a fetch waits for it to end (see the module docs). Hold
+    /// it for one hostname: requests whose first fetch queues behind it wait meanwhile.
     pub(crate) fn host_series(&self) -> HostSeries<'_> {
         HostSeries {
             metrics: self,
-            _turn: self
-                .host_series
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
+            _turn: self.host_series.lock(),
         }
     }
 
@@ -309,7 +311,9 @@ impl ProxyMetrics {
 /// [`ProxyMetrics::host_series`].
 pub(crate) struct HostSeries<'a> {
     metrics: &'a ProxyMetrics,
-    _turn: MutexGuard<'a, ()>,
+    /// Fair: a thread that drops hostname after hostname hands each turn to a waiter before
+    /// it takes the next, so a request waits for one hostname's drop, not the whole pass.
+    _turn: FairMutexGuard<'a, ()>,
 }
 
 impl HostSeries<'_> {

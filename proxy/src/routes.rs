@@ -8,6 +8,7 @@ use crate::metrics::{HostMetrics, ProxyMetrics};
 use crate::route::Table;
 use crate::rule::Rule;
 use arc_swap::ArcSwap;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -190,27 +191,51 @@ fn retire_within(
 /// does not (the unmatched series stays), so `/metrics` does not grow with every hostname ever
 /// served.
 ///
-/// The table in service is read again in the same turn as the dropping
-/// ([`ProxyMetrics::host_series`]): a table swapped in since the first read may serve a
-/// hostname again, and a request on it may already have fetched that hostname's series, which
-/// must stay. The first read only spares the turn to the many pushes that drop no hostname.
+/// Each hostname dropped takes a turn of its own ([`ProxyMetrics::host_series`]): dropping one
+/// can wait for a `/metrics` encoding under way, and a request fetching its hostname's series
+/// for the first time waits for the turns before its own, not for the whole pass.
+///
+/// Within a turn the table in service is read again, and the decision that a hostname is gone
+/// and its dropping happen together. A fetch for a table that serves the hostname again thus
+/// takes its turn either after, and creates fresh children that `/metrics` lists, or before:
+/// the table it fetched for was then swapped in before this turn, so the read returns that
+/// table, which keeps the series, or one pushed since; if that one lacks the hostname, the
+/// fetching table is being retired too and its series would go with it anyway. A hostname a
+/// read finds served takes no turn: the retirement of the table serving it decides for it.
 fn forget_hostnames(old: &Routes, serving: impl Fn() -> Arc<Routes>, metrics: &ProxyMetrics) {
-    if gone(old, &serving()).next().is_none() {
-        return;
-    }
-    let series = metrics.host_series();
-    for label in gone(old, &serving()) {
-        series.forget(label);
+    let labels = || {
+        old.table
+            .buckets()
+            .map(|b| &*b.pattern)
+            .filter(|l| !l.is_empty())
+    };
+    let served: HashSet<&str> = labels().collect();
+    // `now` is held, so a table read later at the same address is the same table: the kept
+    // set is rebuilt only when a push swapped another in, not once per hostname.
+    let mut now = serving();
+    let mut kept = kept_of(&served, &now);
+    for label in labels() {
+        if kept.contains(label) {
+            continue;
+        }
+        let series = metrics.host_series();
+        let current = serving();
+        if !Arc::ptr_eq(&current, &now) {
+            kept = kept_of(&served, &current);
+            now = current;
+        }
+        if !kept.contains(label) {
+            series.forget(label);
+        }
     }
 }
 
-/// The hostname patterns `old` served and `now` does not, the unmatched one left out.
-fn gone<'a>(old: &'a Routes, now: &'a Routes) -> impl Iterator<Item = &'a str> {
-    let kept: std::collections::HashSet<&str> = now.table.buckets().map(|b| &*b.pattern).collect();
-    old.table
+/// The hostname patterns of `served` that `now` serves too.
+fn kept_of<'a>(served: &HashSet<&'a str>, now: &Routes) -> HashSet<&'a str> {
+    now.table
         .buckets()
-        .map(|b| &*b.pattern)
-        .filter(move |label| !label.is_empty() && !kept.contains(label))
+        .filter_map(|b| served.get(&*b.pattern).copied())
+        .collect()
 }
 
 #[cfg(test)]
@@ -294,5 +319,72 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    /// A request fetching its hostname's series while a retirement drops a thousand others
+    /// waits for the hostname being dropped, not for the whole pass.
+    #[test]
+    fn a_first_request_waits_for_one_dropped_hostname_not_the_whole_pass() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = ProxyMetrics::register(&mut registry);
+        let mut cache = Cache::default();
+        let names: Vec<String> = (0..1000).map(|i| format!("h{i}.example")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let retired = table(&names, &metrics, &mut cache);
+        for bucket in 0..retired.table.buckets().count() {
+            retired.host_metrics(Some(bucket));
+        }
+        let pushed = table(&["new.example"], &metrics, &mut cache);
+        let bucket = pushed
+            .table
+            .buckets()
+            .position(|b| &*b.pattern == "new.example");
+        assert!(bucket.is_some(), "a bucket for new.example");
+        let encode = || {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).expect("encodes");
+            text
+        };
+
+        let reads = std::sync::atomic::AtomicUsize::new(0);
+        let fetched_before_the_next_drop = std::sync::OnceLock::new();
+        let first_request_on = &pushed;
+        std::thread::scope(|scope| {
+            let serving = || {
+                match reads.fetch_add(1, Ordering::SeqCst) {
+                    // In the first hostname's turn: the first request on the pushed table
+                    // comes, and waits for a turn.
+                    1 => {
+                        let (asking, asked) = std::sync::mpsc::channel();
+                        scope.spawn(move || {
+                            let _ = asking.send(());
+                            first_request_on.host_metrics(bucket);
+                        });
+                        asked.recv().expect("the fetch starts");
+                        // From its signal to waiting for the turn it has a few instructions
+                        // to run; without them run, it would come after the next drop and
+                        // fail the test, never pass it wrongly.
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    // In the next hostname's turn.
+                    2 => {
+                        let _ = fetched_before_the_next_drop
+                            .set(encode().contains("hostname=\"new.example\""));
+                    }
+                    _ => {}
+                }
+                Arc::clone(&pushed)
+            };
+            forget_hostnames(&retired, serving, &metrics);
+        });
+
+        assert_eq!(
+            fetched_before_the_next_drop.get(),
+            Some(&true),
+            "the request fetched its series between two hostnames' drops"
+        );
+        let after = encode();
+        assert!(!after.contains("hostname=\"h999.example\""), "{after}");
+        assert!(after.contains("hostname=\"new.example\""), "{after}");
     }
 }
