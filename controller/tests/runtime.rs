@@ -6394,9 +6394,19 @@ async fn broken_beside_third() -> (Tenant, Server, Server) {
 
 /// [`broken_beside_third`] with `extra` run on the API server before the controller starts.
 async fn broken_beside_third_with(extra: impl FnOnce(&ApiServer)) -> (Tenant, Server, Server) {
+    broken_edge_beside_third(gateway(true), extra).await
+}
+
+/// [`broken_beside_third_with`], Gateway tenant-a/edge written as `edge_gateway` (a
+/// [`gateway`], perhaps with other listeners).
+async fn broken_edge_beside_third(
+    edge_gateway: String,
+    extra: impl FnOnce(&ApiServer),
+) -> (Tenant, Server, Server) {
     let edge = proxy_pod("s3cr3t").await;
     let third = proxy_pod("c3cr3t").await;
     let t = Tenant::start_with("replicas: 1", |api| {
+        api.put(yaml(&edge_gateway));
         extra(api);
         // tenant-c's Gateway on tenant-a's tunnel.
         let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
@@ -6434,7 +6444,7 @@ async fn broken_beside_third_with(extra: impl FnOnce(&ApiServer)) -> (Tenant, Se
 
     // tenant-a's ref now names a GatewayConfig that does not exist.
     t.api.put(yaml(
-        &gateway(true).replace("name: edge-config", "name: gone"),
+        &edge_gateway.replace("name: edge-config", "name: gone"),
     ));
     eventually("the Gateway refused", || {
         t.api
@@ -6456,13 +6466,43 @@ async fn broken_beside_third_with(extra: impl FnOnce(&ApiServer)) -> (Tenant, Se
 /// it is no longer served on the live Gateway's hostname, and still on the broken one's.
 #[tokio::test]
 async fn a_route_detached_from_a_live_gateway_beside_a_broken_one_leaves_its_hostname() {
+    route_detached_beside_a_broken_gateway(gateway(true)).await;
+}
+
+/// [`a_route_detached_from_a_live_gateway_beside_a_broken_one_leaves_its_hostname`], the
+/// broken Gateway's listener without a hostname: it serves every host, the live Gateway's
+/// too, yet the route's rule for the live Gateway's hostname was made for that Gateway.
+#[tokio::test]
+async fn a_route_detached_from_a_live_gateway_beside_a_broken_one_for_any_host_leaves_its_hostname()
+{
+    route_detached_beside_a_broken_gateway(
+        gateway(true).replace(", hostname: shop.example.com", ""),
+    )
+    .await;
+}
+
+/// [`a_route_detached_from_a_live_gateway_beside_a_broken_one_leaves_its_hostname`], the
+/// broken Gateway's listener a wildcard over the live Gateway's hostname.
+#[tokio::test]
+async fn a_route_detached_from_a_live_gateway_beside_a_broken_wildcard_one_leaves_its_hostname() {
+    route_detached_beside_a_broken_gateway(
+        gateway(true).replace("hostname: shop.example.com", "hostname: \"*.example.com\""),
+    )
+    .await;
+}
+
+/// Route tenant-a/both on Gateway tenant-a/edge, written as `edge_gateway` and then broken,
+/// and on the live Gateway tenant-c/third (`blog.example.com`) on its tunnel, is detached from
+/// the live one: `blog.example.com/both` gets the live Gateway's 404 on both planes' pods, and
+/// `shop.example.com/both` is still served.
+async fn route_detached_beside_a_broken_gateway(edge_gateway: String) {
     tokio::time::timeout(Duration::from_secs(90), async {
         let both = |parents: &str| {
             yaml(&format!(
                 "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: both, namespace: tenant-a}}\nspec:\n  parentRefs: [{parents}]\n  rules: [{{matches: [{{path: {{value: /both}}}}], backendRefs: [{{name: web, port: 80}}]}}]\n"
             ))
         };
-        let (t, edge, third) = broken_beside_third_with(|api| {
+        let (t, edge, third) = broken_edge_beside_third(edge_gateway, |api| {
             api.put(yaml(
                 "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: third, namespace: tenant-c}\nspec:\n  gatewayClassName: cloudflare-tunnel\n  infrastructure: {parametersRef: {group: cf.k8s.lex.la, kind: GatewayConfig, name: third-config}}\n  listeners: [{name: http, port: 80, protocol: HTTP, hostname: blog.example.com, allowedRoutes: {namespaces: {from: All}}}]\n",
             ));

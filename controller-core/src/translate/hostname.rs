@@ -103,19 +103,27 @@ pub(super) fn covered(name: &str, pattern: &str) -> bool {
     }
 }
 
-/// Whether a listener with hostname `listener` (`None` for one without) serves every host
-/// `host` names: `host` is a hostname or wildcard a route rule carries, `None` for a rule
-/// without hostnames (every host). A listener without a hostname serves every host; one with a
-/// hostname serves that name, or, for a wildcard `*.example.com`, the names and wildcards
-/// strictly under `example.com`, as the translation intersects them. So a rule translated for
-/// several listeners can be cut down to the hosts one Gateway's listeners serve. Case is
-/// ignored.
-pub fn listener_covers(listener: Option<&str>, host: Option<&str>) -> bool {
-    match (listener, host) {
-        (None, _) => true,
-        (Some(_), None) => false,
-        (Some(listener), Some(host)) => covered(&lower(host), &lower(listener)),
-    }
+/// The hosts a route whose `spec.hostnames` are `route` serves through a listener with
+/// hostname `listener` (`None` for one without), as the translation writes them under the
+/// route's rules: `None` when the two share no host, an empty list for every host (neither has
+/// a hostname), otherwise the hostnames and wildcards, lower-cased, the more specific of each
+/// intersecting pair. So the hosts a rule gets through one Gateway's listeners can be told
+/// apart from those it gets through another's. Case is ignored.
+pub fn route_hosts_through<S: AsRef<str>>(
+    listener: Option<&str>,
+    route: &[S],
+) -> Option<Vec<String>> {
+    let listener = listener.map(lower);
+    let route: Vec<Cow<'_, str>> = route.iter().map(|h| lower(h.as_ref())).collect();
+    let hosts = intersect(listener.as_deref(), &route)?;
+    Some(
+        hosts
+            .names()
+            .unwrap_or_default()
+            .iter()
+            .map(|h| (*h).to_owned())
+            .collect(),
+    )
 }
 
 /// `name` lower-cased, copied only when it has an upper-case letter.
@@ -137,7 +145,7 @@ pub(super) fn is_subdomain(name: &str, parent: &str) -> bool {
 #[cfg(test)]
 pub(super) mod tests {
     use super::{covered, intersect_one};
-    use crate::translate::listener_covers;
+    use crate::translate::route_hosts_through;
     use proptest::prelude::*;
 
     /// Hostnames, wildcards among them, of one to three labels drawn from `labels`: few
@@ -172,47 +180,40 @@ pub(super) mod tests {
                 intersect_one(&pattern, &name) == Some(name.as_str())
             );
         }
-
-        /// A listener with a hostname covers a rule hostname, in any case, exactly when
-        /// intersecting the two keeps the rule's.
-        #[test]
-        fn a_listener_covers_what_the_intersection_keeps_of_a_rule(
-            host in name(),
-            listener in name(),
-            upper in any::<bool>(),
-        ) {
-            let shown = if upper { listener.to_ascii_uppercase() } else { listener.clone() };
-            prop_assert_eq!(
-                listener_covers(Some(&shown), Some(&host)),
-                intersect_one(&listener, &host) == Some(host.as_str())
-            );
-        }
     }
 
     #[test]
-    fn a_listener_covers_the_hosts_under_its_hostname() {
-        let cases = [
-            (None, None, true),
-            (None, Some("shop.example.com"), true),
-            (None, Some("*.example.com"), true),
-            (Some("*.example.com"), None, false),
-            (Some("shop.example.com"), None, false),
-            (Some("shop.example.com"), Some("shop.example.com"), true),
-            (Some("shop.example.com"), Some("Shop.Example.com"), true),
-            (Some("shop.example.com"), Some("blog.example.com"), false),
-            (Some("*.example.com"), Some("shop.example.com"), true),
-            (Some("*.example.com"), Some("*.shop.example.com"), true),
-            (Some("*.example.com"), Some("example.com"), false),
-            (Some("*.example.com"), Some("*.example.com"), true),
-            (Some("shop.example.com"), Some("*.example.com"), false),
-            (Some("*.shop.example.com"), Some("*.example.com"), false),
-        ];
-        for (listener, host, want) in cases {
-            assert_eq!(
-                listener_covers(listener, host),
-                want,
-                "listener {listener:?}, host {host:?}"
-            );
-        }
+    fn a_route_gets_the_intersection_of_its_hostnames_and_the_listeners() {
+        let none: [&str; 0] = [];
+        assert_eq!(route_hosts_through(None, &none), Some(vec![]));
+        assert_eq!(
+            route_hosts_through(Some("*.Example.com"), &none),
+            Some(vec!["*.example.com".to_owned()])
+        );
+        assert_eq!(
+            route_hosts_through(None, &["Shop.example.com", "*.example.com"]),
+            Some(vec![
+                "shop.example.com".to_owned(),
+                "*.example.com".to_owned()
+            ])
+        );
+        assert_eq!(
+            route_hosts_through(
+                Some("*.example.com"),
+                &["shop.example.com", "example.com", "*.blog.example.com"]
+            ),
+            Some(vec![
+                "shop.example.com".to_owned(),
+                "*.blog.example.com".to_owned()
+            ])
+        );
+        assert_eq!(
+            route_hosts_through(Some("shop.example.com"), &["*.example.com"]),
+            Some(vec!["shop.example.com".to_owned()])
+        );
+        assert_eq!(
+            route_hosts_through(Some("shop.example.com"), &["blog.example.com"]),
+            None
+        );
     }
 }

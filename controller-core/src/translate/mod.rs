@@ -69,7 +69,7 @@ pub use crate::snapshot::{
 pub use backend_ref::BackendRefError;
 pub use external_name::ExternalNameBackends;
 pub use features::SUPPORTED_FEATURES;
-pub use hostname::listener_covers;
+pub use hostname::route_hosts_through;
 pub use rule::RuleError;
 pub use status::{
     Condition, ConditionType, GatewayStatus, ListenerSetStatus, ListenerStatus, ParentKind,

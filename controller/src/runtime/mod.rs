@@ -2222,92 +2222,161 @@ impl KeptRules {
 
 /// The rules of a broken Gateway `gateway`'s last config that are its own: those of the routes
 /// that still name it as a parent (rule names are `namespace/route/rule`), each for the
-/// hostnames of it that the Gateway's listeners serve ([`on_listeners`]), and its listeners'
-/// rules of the controller's own (listener isolation), named `namespace/owner/kind:listener`
-/// after the Gateway or a ListenerSet attached to it (a rule's name in a route has no `:`).
-/// Its other rules came from other planes on its tunnel, and so did a route's rules for the
-/// hostnames of another Gateway it names or named: those are served as the other planes serve
-/// them now (not at all, once the route has left that Gateway). Names do not tell an
-/// HTTPRoute from a GRPCRoute of the same name: while one of the two names the Gateway, the
-/// other's rules go with it.
+/// hostnames the route gets through the Gateway's listeners now ([`hosts_through`]), and its
+/// listeners' rules of the controller's own (listener isolation), named
+/// `namespace/owner/kind:listener` after the Gateway or a ListenerSet attached to it (a rule's
+/// name in a route has no `:`). Its other rules came from other planes on its tunnel, and so
+/// did a route's rules for the hostnames of another Gateway it names or named: those are served
+/// as the other planes serve them now (not at all, once the route has left that Gateway).
+/// Names do not tell an HTTPRoute from a GRPCRoute of the same name: while one of the two names
+/// the Gateway, the other's rules go with it, for the hostnames of either.
 fn own_rules(
     last: &cftunnel_config::Config,
     snapshot: &Snapshot,
     output: &translate::Output,
     gateway: &ObjectKey,
 ) -> Vec<cftunnel_config::Rule> {
-    let routes: BTreeSet<(&str, &str)> = output
-        .statuses
-        .routes
-        .iter()
-        .filter(|(_, parents)| {
-            parents
-                .iter()
-                .any(|p| output.statuses.parent_gateway(&p.parent_ref).as_ref() == Some(gateway))
-        })
-        .map(|(route, _)| (route.key.namespace.as_str(), route.key.name.as_str()))
-        .collect();
-    let its_listeners = |ns: &str, name: &str| {
-        (ns, name) == (gateway.namespace.as_str(), gateway.name.as_str())
-            || output
-                .statuses
-                .listener_sets
-                .get(&ObjectKey::new(ns, name))
-                .is_some_and(|set| set.gateway == *gateway)
+    let routes = hosts_through(snapshot, output, gateway);
+    // `listener:NAME` after the Gateway, `listenerset-listener:NAME` after a ListenerSet, which
+    // is its own only while attached to it, whatever its name.
+    let its_listeners = |ns: &str, name: &str, rest: &str| {
+        if rest.starts_with("listener:") {
+            (ns, name) == (gateway.namespace.as_str(), gateway.name.as_str())
+        } else {
+            attached_set(output, &ObjectKey::new(ns, name), gateway)
+        }
     };
-    let gateway_listeners = snapshot
-        .gateways
-        .iter()
-        .filter(|g| object_key(*g).as_ref() == Some(gateway))
-        .flat_map(|g| g.spec.listeners.iter().map(|l| l.hostname.as_deref()));
-    let set_listeners = snapshot
-        .listener_sets
-        .iter()
-        .filter(|set| object_key(*set).is_some_and(|key| its_listeners(&key.namespace, &key.name)))
-        .flat_map(|set| set.spec.listeners.iter().map(|l| l.hostname.as_deref()));
-    let hostnames: Vec<Option<&str>> = gateway_listeners.chain(set_listeners).collect();
     last.rules
         .iter()
         .filter_map(|rule| {
             let mut parts = rule.name.as_deref().unwrap_or_default().splitn(3, '/');
             match (parts.next(), parts.next(), parts.next()) {
                 (Some(ns), Some(name), Some(rest)) if rest.contains(':') => {
-                    its_listeners(ns, name).then(|| rule.clone())
+                    its_listeners(ns, name, rest).then(|| rule.clone())
                 }
-                (Some(ns), Some(name), _) if routes.contains(&(ns, name)) => {
-                    on_listeners(rule, &hostnames)
-                }
+                (Some(ns), Some(name), _) => routes.get(&(ns, name))?.cut(rule),
                 _ => None,
             }
         })
         .collect()
 }
 
-/// `rule` for those of its hostnames that listeners with `listeners` hostnames serve
-/// ([`translate::listener_covers`]); `None` when they serve none of them. A rule without
-/// hostnames (every host) is served only by a listener without a hostname.
-fn on_listeners(
-    rule: &cftunnel_config::Rule,
-    listeners: &[Option<&str>],
-) -> Option<cftunnel_config::Rule> {
-    let served = |host: Option<&str>| {
-        listeners
+/// Whether the ListenerSet `set`'s status says it is attached to Gateway `gateway`.
+fn attached_set(output: &translate::Output, set: &ObjectKey, gateway: &ObjectKey) -> bool {
+    output
+        .statuses
+        .listener_sets
+        .get(set)
+        .is_some_and(|status| status.gateway == *gateway)
+}
+
+/// The hosts a route gets through one Gateway's listeners.
+#[derive(Default)]
+struct Through {
+    /// Through a listener without a hostname, the route having none: every host.
+    any: bool,
+    /// Lower-cased.
+    hosts: BTreeSet<String>,
+}
+
+impl Through {
+    /// `rule` for those of its hostnames the route gets here; `None` when it gets none of
+    /// them. A rule without hostnames (every host) is kept only where the route gets every
+    /// host.
+    fn cut(&self, rule: &cftunnel_config::Rule) -> Option<cftunnel_config::Rule> {
+        if rule.hostnames.is_empty() {
+            return self.any.then(|| rule.clone());
+        }
+        let hostnames: Vec<String> = rule
+            .hostnames
             .iter()
-            .any(|l| translate::listener_covers(*l, host))
-    };
-    if rule.hostnames.is_empty() {
-        return served(None).then(|| rule.clone());
+            .filter(|h| self.hosts.contains(&h.to_ascii_lowercase()))
+            .cloned()
+            .collect();
+        (!hostnames.is_empty()).then(|| cftunnel_config::Rule {
+            hostnames,
+            ..rule.clone()
+        })
     }
-    let hostnames: Vec<String> = rule
-        .hostnames
+}
+
+/// The hosts each route (by namespace and name, whichever its kind) that names the Gateway
+/// `gateway` gets through it now: for each of the route's parents that is the Gateway or a
+/// ListenerSet attached to it, the listeners of that parent its sectionName and port select,
+/// each intersected with the route's hostnames as the translation does
+/// ([`translate::route_hosts_through`]). A listener is selected by sectionName and port alone:
+/// what its allowedRoutes admit is not asked, so a route the Gateway refuses may keep hosts.
+fn hosts_through<'s>(
+    snapshot: &'s Snapshot,
+    output: &'s translate::Output,
+    gateway: &ObjectKey,
+) -> BTreeMap<(&'s str, &'s str), Through> {
+    let gw = snapshot
+        .gateways
         .iter()
-        .filter(|h| served(Some(h)))
-        .cloned()
+        .find(|g| object_key(*g).as_ref() == Some(gateway));
+    // Each route's `spec.hostnames`, by kind, namespace and name.
+    let keyed = |meta: &'s kube::api::ObjectMeta, hostnames: &'s Option<Vec<String>>| {
+        Some((
+            (meta.namespace.as_deref()?, meta.name.as_deref()?),
+            hostnames.as_deref().unwrap_or_default(),
+        ))
+    };
+    let http: HashMap<(&str, &str), &[String]> = snapshot
+        .http_routes
+        .iter()
+        .filter_map(|r| keyed(&r.metadata, &r.spec.hostnames))
         .collect();
-    (!hostnames.is_empty()).then(|| cftunnel_config::Rule {
-        hostnames,
-        ..rule.clone()
-    })
+    let grpc: HashMap<(&str, &str), &[String]> = snapshot
+        .grpc_routes
+        .iter()
+        .filter_map(|r| keyed(&r.metadata, &r.spec.hostnames))
+        .collect();
+    let mut routes: BTreeMap<(&str, &str), Through> = BTreeMap::new();
+    for (route, parents) in &output.statuses.routes {
+        let (ns, name) = (route.key.namespace.as_str(), route.key.name.as_str());
+        let hostnames = match route.kind {
+            translate::RouteKind::Http => http.get(&(ns, name)),
+            translate::RouteKind::Grpc => grpc.get(&(ns, name)),
+        };
+        let hostnames: &[String] = hostnames.copied().unwrap_or_default();
+        for parent in parents {
+            let p = &parent.parent_ref;
+            if output.statuses.parent_gateway(p).as_ref() != Some(gateway) {
+                continue;
+            }
+            let through = routes.entry((ns, name)).or_default();
+            let listeners: Vec<(&str, i32, Option<&str>)> = match p.kind {
+                translate::ParentKind::Gateway => gw
+                    .iter()
+                    .flat_map(|g| &g.spec.listeners)
+                    .map(|l| (l.name.as_str(), l.port, l.hostname.as_deref()))
+                    .collect(),
+                translate::ParentKind::ListenerSet | translate::ParentKind::XListenerSet => {
+                    let key = ObjectKey::new(&p.namespace, &p.name);
+                    snapshot
+                        .listener_sets
+                        .iter()
+                        .filter(|set| object_key(*set).as_ref() == Some(&key))
+                        .flat_map(|set| &set.spec.listeners)
+                        .map(|l| (l.name.as_str(), l.port, l.hostname.as_deref()))
+                        .collect()
+                }
+            };
+            let selected = listeners.into_iter().filter(|(name, port, _)| {
+                p.section_name.as_deref().is_none_or(|s| s == *name)
+                    && p.port.is_none_or(|want| want == *port)
+            });
+            for (_, _, hostname) in selected {
+                match translate::route_hosts_through(hostname, hostnames) {
+                    Some(hosts) if hosts.is_empty() => through.any = true,
+                    Some(hosts) => through.hosts.extend(hosts),
+                    None => {}
+                }
+            }
+        }
+    }
+    routes
 }
 
 /// Writes each tunnel's ingress document: one per tunnel, whatever number of planes share it.
