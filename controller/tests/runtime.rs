@@ -604,10 +604,7 @@ async fn scenario() {
     assert_eq!(push_failed(), None, "no push has failed yet");
 
     // The pod's config port goes out of reach: after repeated rounds the route says so.
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
-        l.local_addr().expect("addr").port()
-    };
+    let closed = closed_port();
     let slice = |port: u16| config_slice("tenant-a", "cf-proxy-edge-config", port, true);
     api.put(slice(closed));
     let failed = eventually("ProxyConfigPushed=False", || {
@@ -1590,10 +1587,7 @@ async fn a_leader_whose_renewals_hang_stops_writing_until_they_are_answered() {
         eventually("the leader renders", deployment).await;
         assert!(leading().await);
         // A pod of the plane that does not answer: the leader counts its failed pushes, by plane.
-        let closed = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
-            l.local_addr().expect("addr").port()
-        };
+        let closed = closed_port();
         api.put(config_slice(
             "tenant-a",
             "cf-proxy-edge-config",
@@ -2107,6 +2101,30 @@ async fn host_serves(pod: &Server, host: &str, status: u16) {
 
 /// The EndpointSlice of Service `namespace/service` as the endpoint slice controller writes
 /// it: one pod on 127.0.0.1 with its config port `port`, `ready` or not.
+/// A port on 127.0.0.1 nothing listens on: a pod whose config port it is refuses every push.
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+    l.local_addr().expect("addr").port()
+}
+
+/// Waits for `route` to report `ProxyConfigPushed=False` naming the pods of `gateway`, another
+/// Gateway on its tunnel, that refused their push.
+async fn push_failure_names(api: &ApiServer, (namespace, route): (&str, &str), gateway: &str) {
+    let failed = eventually(
+        &format!("ProxyConfigPushed=False on {namespace}/{route}"),
+        || route_condition(api, namespace, route, PROXY_CONFIG_PUSHED),
+    )
+    .await;
+    assert_eq!(failed["status"], "False");
+    let message = failed["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!(
+            "the pods of gateway {gateway}, on the same tunnel: "
+        )) && message.contains("connecting to 127.0.0.1"),
+        "{message}"
+    );
+}
+
 fn config_slice(namespace: &str, service: &str, port: u16, ready: bool) -> Value {
     yaml(&format!(
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {service}-x1, namespace: {namespace}, labels: {{kubernetes.io/service-name: {service}, endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io}}}}\naddressType: IPv4\nports: [{{name: config, port: {port}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"], conditions: {{ready: {ready}}}}}]\n"
@@ -2874,10 +2892,7 @@ async fn a_push_failure_on_a_shared_tunnel_is_reported_on_every_gateways_routes(
     tokio::time::timeout(Duration::from_secs(60), async {
         let edge = proxy_pod("s3cr3t").await;
         let same = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
-        let closed = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
-            l.local_addr().expect("addr").port()
-        };
+        let closed = closed_port();
         let cloudflare = CloudflareApi::start().await;
         let t = internal_joins_edge(&edge, &same, "edge-cf", &cloudflare.base()).await;
         shop_serves(&edge, 200).await;
@@ -2888,17 +2903,7 @@ async fn a_push_failure_on_a_shared_tunnel_is_reported_on_every_gateways_routes(
             closed,
             true,
         ));
-        let failed = eventually("ProxyConfigPushed=False on edge's route", || {
-            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
-        })
-        .await;
-        assert_eq!(failed["status"], "False");
-        let message = failed["message"].as_str().unwrap_or_default();
-        assert!(
-            message.contains("the pods of gateway tenant-a/internal, on the same tunnel: ")
-                && message.contains("connecting to 127.0.0.1"),
-            "{message}"
-        );
+        push_failure_names(&t.api, ("tenant-a", "shop"), "tenant-a/internal").await;
         t.stop().await;
     })
     .await
@@ -6602,27 +6607,14 @@ async fn a_push_failure_on_a_broken_planes_pods_is_reported_on_its_tunnels_route
     tokio::time::timeout(Duration::from_secs(90), async {
         let (t, _edge, _third) = broken_beside_third().await;
         assert!(route_condition(&t.api, "tenant-c", "blog", PROXY_CONFIG_PUSHED).is_none());
-        let closed = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
-            l.local_addr().expect("addr").port()
-        };
+        let closed = closed_port();
         t.api.put(config_slice(
             "tenant-a",
             "cf-proxy-edge-config",
             closed,
             true,
         ));
-        let failed = eventually("ProxyConfigPushed=False on tenant-c's route", || {
-            route_condition(&t.api, "tenant-c", "blog", PROXY_CONFIG_PUSHED)
-        })
-        .await;
-        assert_eq!(failed["status"], "False");
-        let message = failed["message"].as_str().unwrap_or_default();
-        assert!(
-            message.contains("the pods of gateway tenant-a/edge, on the same tunnel: ")
-                && message.contains("connecting to 127.0.0.1"),
-            "{message}"
-        );
+        push_failure_names(&t.api, ("tenant-c", "blog"), "tenant-a/edge").await;
         t.stop().await;
     })
     .await
