@@ -175,15 +175,17 @@ fn retire_within(
         }
         // Past the wait a request may still hold it (a gRPC watch without a deadline, a rule
         // whose timeouts are off): its hostnames' series go all the same, and the table is
-        // freed wherever that request ends.
-        forget_hostnames(&old, &serving, &metrics);
-        if Arc::strong_count(&old) == 1 {
-            let _ = tokio::task::spawn_blocking(move || {
+        // freed wherever that request ends. Off the workers: a series' removal waits for a
+        // `/metrics` encode of its family, and each turn at the series for a request's first
+        // fetch queued before it.
+        let _ = tokio::task::spawn_blocking(move || {
+            forget_hostnames(&old, &serving, &metrics);
+            if Arc::strong_count(&old) == 1 {
                 drop(old);
                 crate::memory::release_freed();
-            })
-            .await;
-        }
+            }
+        })
+        .await;
     });
 }
 
