@@ -54,10 +54,7 @@ fn config_api_answers_while_every_blocking_thread_is_stuck() {
     let admin = server.admin_addr();
     let closed = take_every_blocking_thread(&proxy_runtime);
 
-    let client_runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("client runtime");
+    let client_runtime = current_thread_runtime();
     client_runtime.block_on(async {
         tokio::time::timeout(TEST_TIMEOUT, async {
             let http = client();
@@ -114,10 +111,7 @@ fn metrics_answer_while_every_blocking_thread_is_stuck() {
     let admin = server.admin_addr();
     let closed = take_every_blocking_thread(&proxy_runtime);
 
-    let client_runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("client runtime");
+    let client_runtime = current_thread_runtime();
     client_runtime.block_on(async {
         let http = client();
         let scrape =

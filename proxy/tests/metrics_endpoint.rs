@@ -63,10 +63,7 @@ fn requests_are_served_while_a_scrape_is_being_encoded() {
     let (addrs, server_addrs) = mpsc::channel();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server_thread = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("proxy runtime");
+        let runtime = current_thread_runtime();
         runtime.block_on(async move {
             let options = ServerOptions {
                 auth_token: Some(TOKEN.into()),
@@ -86,10 +83,7 @@ fn requests_are_served_while_a_scrape_is_being_encoded() {
         .recv_timeout(TEST_TIMEOUT)
         .expect("proxy started");
 
-    let client_runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("client runtime");
+    let client_runtime = current_thread_runtime();
     client_runtime.block_on(async {
         tokio::time::timeout(TEST_TIMEOUT, async {
             let http = client();

@@ -42,6 +42,15 @@ pub async fn proxy_with(options: ServerOptions) -> Server {
 
 pub type TestClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
+/// A runtime of one thread, for a test that drives a client (or a proxy) apart from the
+/// runtime it watches.
+pub fn current_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current-thread runtime")
+}
+
 pub fn client() -> TestClient {
     Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(64)
