@@ -1074,6 +1074,19 @@ mod tests {
         (addr, accepted, closed, close_first)
     }
 
+    /// A channel to the test backend at `addr` on 127.0.0.1, at most `permits` connections.
+    fn channel_to(addr: std::net::SocketAddr, settings: Settings, permits: usize) -> H2Channel {
+        let connector =
+            Connector::new("127.0.0.1", addr.port(), None, Duration::from_secs(2), None);
+        H2Channel::new(
+            connector,
+            Scheme::HTTP,
+            Authority::from_static("backend"),
+            settings,
+            Arc::new(Semaphore::new(permits)),
+        )
+    }
+
     fn request(path: &str) -> Request<ProxyBody> {
         Request::get(path)
             .header(header::HOST, "backend")
@@ -1096,21 +1109,13 @@ mod tests {
     #[tokio::test]
     async fn connections_stay_within_the_limit_and_those_beyond_the_first_close_once_idle() {
         let (addr, accepted, closed) = backend(1).await;
-        let connector =
-            Connector::new("127.0.0.1", addr.port(), None, Duration::from_secs(2), None);
         let idle = Duration::from_millis(300);
         let settings = Settings {
             keep_alive: KeepAlive::default(),
             max_header_list_size: 64 << 10,
             idle_timeout: idle,
         };
-        let channel = H2Channel::new(
-            connector,
-            Scheme::HTTP,
-            Authority::from_static("backend"),
-            settings,
-            Arc::new(Semaphore::new(2)),
-        );
+        let channel = channel_to(addr, settings, 2);
         let unbounded = Wait::until(None);
 
         // Answered: the backend's SETTINGS (one stream a connection) have come.
@@ -1171,20 +1176,12 @@ mod tests {
     #[tokio::test]
     async fn requests_waiting_at_the_limit_take_the_room_a_new_connection_brings() {
         let (addr, accepted, _, close_first) = backend_with(|n| if n == 0 { 1 } else { 10 }).await;
-        let connector =
-            Connector::new("127.0.0.1", addr.port(), None, Duration::from_secs(2), None);
         let settings = Settings {
             keep_alive: KeepAlive::default(),
             max_header_list_size: 64 << 10,
             idle_timeout: Duration::from_secs(90),
         };
-        let channel = H2Channel::new(
-            connector,
-            Scheme::HTTP,
-            Authority::from_static("backend"),
-            settings,
-            Arc::new(Semaphore::new(1)),
-        );
+        let channel = channel_to(addr, settings, 1);
         // The backend's SETTINGS (one stream) come with the first answer.
         let (resp, stream) = channel
             .send(request("/"), &Wait::until(None), None)
@@ -1303,8 +1300,6 @@ mod tests {
             let _ = body.send_data(data, true);
         }
 
-        let connector =
-            Connector::new("127.0.0.1", addr.port(), None, Duration::from_secs(2), None);
         let settings = Settings {
             // The stream outlasts the ping timeout: the connection holds its place all the
             // same, as long as the stream is open.
@@ -1315,13 +1310,7 @@ mod tests {
             max_header_list_size: 64 << 10,
             idle_timeout: Duration::from_secs(90),
         };
-        let channel = H2Channel::new(
-            connector,
-            Scheme::HTTP,
-            Authority::from_static("backend"),
-            settings,
-            Arc::new(Semaphore::new(1)),
-        );
+        let channel = channel_to(addr, settings, 1);
         let (slow, slow_stream) = channel
             .send(request("/slow"), &Wait::until(None), None)
             .await
@@ -1403,8 +1392,6 @@ mod tests {
             }
         });
 
-        let connector =
-            Connector::new("127.0.0.1", addr.port(), None, Duration::from_secs(2), None);
         let grace = Duration::from_millis(500);
         let settings = Settings {
             keep_alive: KeepAlive {
@@ -1414,13 +1401,7 @@ mod tests {
             max_header_list_size: 64 << 10,
             idle_timeout: Duration::from_secs(90),
         };
-        let channel = H2Channel::new(
-            connector,
-            Scheme::HTTP,
-            Authority::from_static("backend"),
-            settings,
-            Arc::new(Semaphore::new(1)),
-        );
+        let channel = channel_to(addr, settings, 1);
         let chunk = Bytes::from(vec![0u8; 1 << 20]);
         let frames = futures_util::stream::iter(
             std::iter::repeat_n(chunk, UPLOAD >> 20)
