@@ -39,6 +39,8 @@ pub enum StartError {
     Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
     #[error("TLS for the OTLP collector: {0}")]
     Tls(String),
+    #[error("the gRPC channel to the OTLP collector: {0}")]
+    Channel(String),
 }
 
 impl Traces {

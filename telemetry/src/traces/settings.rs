@@ -344,6 +344,48 @@ pub(crate) fn pairs(
     Ok(out)
 }
 
+/// Whether a resource attribute names the process that carries it (its service, instance,
+/// version, pod, container, host, node, namespace or workload) rather than the deployment it is
+/// part of. What the OpenTelemetry Operator injects into a pod is mostly of this kind.
+fn names_this_process(key: &str) -> bool {
+    const KEYS: &[&str] = &[
+        "service.name",
+        "service.instance.id",
+        "service.version",
+        "cloud.availability_zone",
+    ];
+    const PREFIXES: &[&str] = &[
+        "process.",
+        "host.",
+        "container.",
+        "k8s.pod.",
+        "k8s.container.",
+        "k8s.node.",
+        "k8s.namespace.",
+        "k8s.deployment.",
+        "k8s.replicaset.",
+        "k8s.statefulset.",
+        "k8s.daemonset.",
+        "k8s.job.",
+        "k8s.cronjob.",
+    ];
+    KEYS.contains(&key) || PREFIXES.iter().any(|p| key.starts_with(p))
+}
+
+/// `OTEL_RESOURCE_ATTRIBUTES` without the attributes that name this process, the others as
+/// written (still URL-encoded).
+fn deployment_attributes(value: &str) -> String {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|item| {
+            let key = item.split_once('=').map_or(*item, |(key, _)| key).trim();
+            !item.is_empty() && !names_this_process(key)
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 impl TraceArgs {
     /// The checked settings, or `None` when tracing is off (no endpoint, `OTEL_SDK_DISABLED`,
     /// or `OTEL_TRACES_EXPORTER=none`). `program` is the default `service.name`.
@@ -466,31 +508,48 @@ impl TraceArgs {
     /// The settings as the variables that set them, for the proxies a program starts or
     /// renders, so they trace as it does; empty while tracing is off. The export headers are
     /// left out (they may hold a credential, which a variable's value would show to whoever
-    /// reads the pod), and so is the service name (each program has its own).
+    /// reads the pod), and so is the service name (each program has its own). Of the resource
+    /// attributes only those that describe the deployment pass on: the ones that name this
+    /// process (its service, pod, container, host, ...) would be wrong on a proxy.
     pub fn to_env(&self) -> Vec<(&'static str, String)> {
         if !matches!(self.settings("-"), Ok(Some(_))) {
             return Vec::new();
         }
+        let given = |value: &Option<String>| set(value).map(str::to_owned);
         [
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", &self.endpoint),
-            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &self.traces_endpoint),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", &self.protocol),
-            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", &self.traces_protocol),
-            ("OTEL_EXPORTER_OTLP_TIMEOUT", &self.timeout),
-            ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", &self.traces_timeout),
-            ("OTEL_TRACES_SAMPLER", &self.sampler),
-            ("OTEL_TRACES_SAMPLER_ARG", &self.sampler_arg),
-            ("OTEL_RESOURCE_ATTRIBUTES", &self.resource_attributes),
-            ("OTEL_BSP_MAX_QUEUE_SIZE", &self.max_queue_size),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", given(&self.endpoint)),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                given(&self.traces_endpoint),
+            ),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", given(&self.protocol)),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                given(&self.traces_protocol),
+            ),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", given(&self.timeout)),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+                given(&self.traces_timeout),
+            ),
+            ("OTEL_TRACES_SAMPLER", given(&self.sampler)),
+            ("OTEL_TRACES_SAMPLER_ARG", given(&self.sampler_arg)),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                set(&self.resource_attributes)
+                    .map(deployment_attributes)
+                    .filter(|a| !a.is_empty()),
+            ),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", given(&self.max_queue_size)),
             (
                 "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
-                &self.max_export_batch_size,
+                given(&self.max_export_batch_size),
             ),
-            ("OTEL_BSP_SCHEDULE_DELAY", &self.schedule_delay),
-            ("OTEL_BSP_EXPORT_TIMEOUT", &self.export_timeout),
+            ("OTEL_BSP_SCHEDULE_DELAY", given(&self.schedule_delay)),
+            ("OTEL_BSP_EXPORT_TIMEOUT", given(&self.export_timeout)),
         ]
         .into_iter()
-        .filter_map(|(name, value)| set(value).map(|v| (name, v.to_owned())))
+        .filter_map(|(name, value)| value.map(|v| (name, v)))
         .collect()
     }
 

@@ -258,3 +258,74 @@ fn the_settings_pass_on_as_variables_without_headers_or_service_name() {
             .is_empty()
     );
 }
+
+#[test]
+fn planes_get_the_deployments_resource_attributes_but_not_the_controllers_identity() {
+    // What the OpenTelemetry Operator injects into the controller's pod, and a cluster-wide
+    // attribute with an encoded comma.
+    let args = Cli::try_parse_from([
+        "prog",
+        "--otel-endpoint",
+        "http://c:4318",
+        "--otel-resource-attributes",
+        "service.name=ctl,k8s.pod.name=ctl-0,deployment.environment=prod,\
+         k8s.pod.uid=0f1e,service.instance.id=cftunnel.ctl-0.controller,host.name=node-7,\
+         k8s.cluster.name=eu%2C1,container.id=abc,k8s.namespace.name=cftunnel,\
+         k8s.deployment.name=ctl,service.namespace=edge",
+    ])
+    .expect("flags parse")
+    .traces;
+    let env = args.to_env();
+    let attributes = env
+        .iter()
+        .find(|(name, _)| *name == "OTEL_RESOURCE_ATTRIBUTES")
+        .map(|(_, value)| value.as_str());
+    assert_eq!(
+        attributes,
+        Some("deployment.environment=prod,k8s.cluster.name=eu%2C1,service.namespace=edge")
+    );
+    // The plane reads them as its own settings: its service name stays the proxy's.
+    let plane = Cli::try_parse_from(
+        std::iter::once("proxy".to_owned()).chain(
+            env.iter()
+                .flat_map(|(name, value)| [flag(name).to_owned(), value.clone()]),
+        ),
+    )
+    .expect("flags parse")
+    .traces
+    .settings("cftunnel-proxy")
+    .expect("valid settings")
+    .expect("tracing on");
+    assert_eq!(plane.service_name, "cftunnel-proxy");
+    assert_eq!(
+        plane.resource_attributes,
+        [
+            ("deployment.environment".to_owned(), "prod".to_owned()),
+            ("k8s.cluster.name".to_owned(), "eu,1".to_owned()),
+            ("service.namespace".to_owned(), "edge".to_owned()),
+        ]
+    );
+    // Nothing left to pass on: no variable at all.
+    let own_only = Cli::try_parse_from([
+        "prog",
+        "--otel-endpoint",
+        "http://c:4318",
+        "--otel-resource-attributes",
+        "service.name=ctl,k8s.pod.name=ctl-0",
+    ])
+    .expect("flags parse")
+    .traces;
+    assert!(own_only
+        .to_env()
+        .iter()
+        .all(|(name, _)| *name != "OTEL_RESOURCE_ATTRIBUTES"));
+}
+
+/// The flag of a variable `to_env` writes.
+fn flag(variable: &str) -> &'static str {
+    match variable {
+        "OTEL_EXPORTER_OTLP_ENDPOINT" => "--otel-endpoint",
+        "OTEL_RESOURCE_ATTRIBUTES" => "--otel-resource-attributes",
+        other => panic!("no flag for {other}"),
+    }
+}
