@@ -38,7 +38,7 @@ pub mod valid;
 
 pub use document::*;
 pub use duration::{Duration, ParseDurationError};
-pub use token::{Token, TokenError};
+pub use token::{check_account_tag, Token, TokenError, ACCOUNT_TAG_RULE};
 
 #[cfg(test)]
 mod tests;

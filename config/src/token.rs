@@ -32,8 +32,11 @@ pub enum TokenError {
     /// The decoded token is not well-formed JSON or not a JSON object.
     #[error("tunnel token is not a valid JSON object: {0}")]
     Json(String),
-    /// `a` (account tag) is missing, empty or not a string.
-    #[error("tunnel token field `a` (account tag) is missing, empty or not a string")]
+    /// `a` (account tag) is missing, not a string, or not an account tag
+    /// ([`check_account_tag`]).
+    #[error(
+        "tunnel token field `a` (account tag) is missing, not a string or not {ACCOUNT_TAG_RULE}"
+    )]
     AccountTag,
     /// `s` (tunnel secret) is missing, empty or not a base64 string.
     #[error("tunnel token field `s` (tunnel secret) is missing, empty or not a base64 string")]
@@ -44,6 +47,27 @@ pub enum TokenError {
     /// `e` (endpoint) is present but not a string holding a plain region name.
     #[error("tunnel token field `e` (endpoint) is not a valid region name")]
     Endpoint,
+}
+
+/// What an account tag may be, as a phrase: what [`check_account_tag`] accepts.
+pub const ACCOUNT_TAG_RULE: &str = "1 to 64 ASCII letters, digits, '-' or '_'";
+
+/// The longest account tag accepted, in bytes.
+const MAX_ACCOUNT_TAG: usize = 64;
+
+/// Whether `tag` may be an account tag ([`ACCOUNT_TAG_RULE`]). Cloudflare's are 32 lowercase
+/// hex digits; the rule is looser, but the tag is placed in API paths
+/// (`/accounts/{tag}/...`), so nothing that could end a path segment or start a query or
+/// fragment is allowed.
+///
+/// # Errors
+/// [`TokenError::AccountTag`] when it is empty, longer than 64 bytes, or holds anything else.
+pub fn check_account_tag(tag: &str) -> Result<(), TokenError> {
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || b == b'-' || b == b'_';
+    if tag.is_empty() || tag.len() > MAX_ACCOUNT_TAG || !tag.bytes().all(allowed) {
+        return Err(TokenError::AccountTag);
+    }
+    Ok(())
 }
 
 /// The token's fields as strings. Each is read from the raw JSON object on
@@ -136,10 +160,8 @@ impl FromStr for Token {
         }
         let raw = decode_base64(s).ok_or(TokenError::Base64)?;
         let wire = Wire::from_json(&raw)?;
-        let account_tag = wire
-            .a
-            .filter(|a| !a.is_empty())
-            .ok_or(TokenError::AccountTag)?;
+        let account_tag = wire.a.ok_or(TokenError::AccountTag)?;
+        check_account_tag(&account_tag)?;
         let tunnel_secret = wire
             .s
             .and_then(|s| decode_base64(&s))
@@ -301,6 +323,52 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("`a`"), "{msg}");
+    }
+
+    /// The account tag is placed in API paths: nothing that could leave its path segment
+    /// (a '/', a query, a fragment, an escape, a dot segment) nor an overlong one is read.
+    #[test]
+    fn an_account_tag_that_could_leave_its_path_segment_is_refused() {
+        let long = "a".repeat(65);
+        for bad in [
+            "acct/cfd_tunnel/x/configurations#",
+            "acct#",
+            "acct?x=1",
+            "acct%2F",
+            "..",
+            "ac.ct",
+            "ac ct",
+            "",
+            long.as_str(),
+        ] {
+            let json = serde_json::json!({"a": bad, "s": "AAEC", "t": ID}).to_string();
+            assert_eq!(
+                enc(&json).parse::<Token>(),
+                Err(TokenError::AccountTag),
+                "{bad:?}"
+            );
+            assert_eq!(
+                check_account_tag(bad),
+                Err(TokenError::AccountTag),
+                "{bad:?}"
+            );
+        }
+        let msg = TokenError::AccountTag.to_string();
+        assert!(msg.contains(ACCOUNT_TAG_RULE), "{msg}");
+        let longest = "a".repeat(64);
+        for good in [
+            "0123456789abcdef0123456789abcdef",
+            "acct",
+            "acct-c",
+            "test-account",
+            "file_account",
+            "LoadTest9",
+            longest.as_str(),
+        ] {
+            let tok = Token::new(good, vec![7; 32], Uuid::parse_str(ID).unwrap());
+            assert_eq!(tok.encode().parse::<Token>(), Ok(tok.clone()), "{good:?}");
+            assert_eq!(check_account_tag(good), Ok(()), "{good:?}");
+        }
     }
 
     #[test]

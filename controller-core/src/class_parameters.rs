@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cftunnel_config::Token;
+use cftunnel_config::{check_account_tag, Token, ACCOUNT_TAG_RULE};
 use gateway_api::experimental::gatewayclasses::GatewayClass;
 use k8s_openapi::api::core::v1::Secret;
 
@@ -328,7 +328,14 @@ fn resolve(
     };
     let secret_account = credentials.and_then(|r| {
         let (namespace, _) = located(r, defaults, ACCOUNT_ID_KEY);
-        secret_text(secrets, &ObjectKey::new(namespace, &r.name), ACCOUNT_ID_KEY)
+        let account = secret_text(secrets, &ObjectKey::new(namespace, &r.name), ACCOUNT_ID_KEY)?;
+        Some((
+            account,
+            format!(
+                "spec.cloudflareCredentialsSecretRef: the {ACCOUNT_ID_KEY:?} key of Secret {namespace}/{}",
+                r.name
+            ),
+        ))
     });
     let tunnel_token = match tunnel_text.map(|t| t.parse::<Token>()) {
         Some(Ok(token)) => Some(token),
@@ -355,11 +362,18 @@ fn resolve(
             }
         },
     };
-    let account_id = spec
-        .account_id
-        .clone()
-        .filter(|a| !a.is_empty())
-        .or(secret_account);
+    let (account_id, account_field) = match spec.account_id.clone().filter(|a| !a.is_empty()) {
+        Some(account) => (Some(account), Some("spec.accountId".to_owned())),
+        None => secret_account.unzip(),
+    };
+    // The account is placed in the Cloudflare API's paths.
+    if let (Some(account), Some(field)) = (&account_id, &account_field) {
+        if check_account_tag(account).is_err() {
+            problems.push(format!(
+                "{field}: {account:?} is not an account tag ({ACCOUNT_TAG_RULE})"
+            ));
+        }
+    }
     if let Some(token) = &tunnel_token {
         if let Some(id) = tunnel_id.filter(|id| *id != token.tunnel_id()) {
             problems.push(format!(

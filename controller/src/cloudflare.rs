@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use aws_lc_rs::digest;
 use bytes::Bytes;
-use cftunnel_config::Config;
+use cftunnel_config::{check_account_tag, Config, ACCOUNT_TAG_RULE};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -325,16 +325,33 @@ impl TunnelApi {
         self
     }
 
+    /// The URL of the target tunnel's `tail`:
+    /// `{base}/accounts/{account}/cfd_tunnel/{tunnel}/{tail}`.
+    ///
+    /// # Errors
+    /// The account is not an account tag. It is placed in the path as it is, and one that
+    /// leaves its segment (a '/', a '?', a '#') would send the call, with the target's API
+    /// token, for whatever tunnel it names instead.
+    fn tunnel_uri(&self, target: &TunnelTarget, tail: &str) -> Result<String, String> {
+        check_account_tag(&target.account).map_err(|_| {
+            format!(
+                "the account {:?} of tunnel {} is not an account tag ({ACCOUNT_TAG_RULE}): no Cloudflare API call is made with it",
+                target.account, target.tunnel
+            )
+        })?;
+        Ok(format!(
+            "{}/accounts/{}/cfd_tunnel/{}/{tail}",
+            self.base, target.account, target.tunnel
+        ))
+    }
+
     /// The tunnel's connector token, as the API hands it to the tunnel's owner
     /// (`GET .../cfd_tunnel/{tunnel}/token`).
     ///
     /// # Errors
     /// As [`TunnelApi::put_configuration`].
     pub async fn tunnel_token(&self, target: &TunnelTarget) -> Result<String, String> {
-        let uri = format!(
-            "{}/accounts/{}/cfd_tunnel/{}/token",
-            self.base, target.account, target.tunnel
-        );
+        let uri = self.tunnel_uri(target, "token")?;
         let envelope = self
             .call(
                 "tunnel_token",
@@ -367,10 +384,7 @@ impl TunnelApi {
 
     /// [`TunnelApi::put_configuration`], saying whether a failed write may have landed.
     async fn put(&self, target: &TunnelTarget, document: &Value) -> Result<i64, ApiError> {
-        let uri = format!(
-            "{}/accounts/{}/cfd_tunnel/{}/configurations",
-            self.base, target.account, target.tunnel
-        );
+        let uri = self.tunnel_uri(target, "configurations")?;
         let body = serde_json::to_vec(&json!({ "config": document }))
             .map_err(|e| format!("encoding the document: {e}"))?;
         let envelope = self
@@ -619,8 +633,11 @@ pub struct TunnelSync {
     /// Per tunnel and writer (account, token, claimed secret): the last document written. A
     /// second writer naming the same tunnel (a forged or stale token) cannot erase the first's.
     written: HashMap<WriterKey, Vec<u8>>,
-    /// Tunnels whose real token was seen to hold a given secret (by digest).
-    verified: HashMap<Uuid, Vec<u8>>,
+    /// Per tunnel and writer (account, token, claimed secret): the secret (by digest) the
+    /// tunnel's real token was seen to hold, read with that account and token. A check made
+    /// for one writer lets no other skip its own: another account or token may reach another
+    /// tunnel of the same id, or none.
+    verified: HashMap<WriterKey, Vec<u8>>,
     /// Per tunnel, what the last document written to it carries.
     landed: HashMap<Uuid, Carried>,
     /// Per tunnel and writer: the write that failed last, answered from here until its wait
@@ -798,7 +815,7 @@ impl TunnelSync {
                 let api = api.clone();
                 let target = target.clone();
                 let document = document.clone();
-                let verified = self.verified.get(&target.tunnel).cloned();
+                let verified = self.verified.get(key).cloned();
                 // Its calls stay in the caller's trace, however long they outlive the call.
                 let write = async move {
                     match write(&api, &target, &document, verified.as_deref()).await {
@@ -863,7 +880,7 @@ impl TunnelSync {
                 Ok((verified, document)) => {
                     self.failed.succeeded(&key);
                     if let Some(v) = verified {
-                        self.verified.insert(key.0, v);
+                        self.verified.insert(key.clone(), v);
                     }
                     self.landed.insert(key.0, Carried::of_document(&document));
                     self.written.insert(key.clone(), digest.clone());
@@ -908,10 +925,9 @@ impl TunnelSync {
         served: impl Fn(&Uuid) -> bool,
     ) {
         let asked: HashSet<WriterKey> = writers.into_iter().map(writer_key).collect();
-        let tunnels: HashSet<Uuid> = asked.iter().map(|(tunnel, _)| *tunnel).collect();
         self.landed.retain(|t, _| served(t));
         self.written.retain(|key, _| asked.contains(key));
-        self.verified.retain(|t, _| tunnels.contains(t));
+        self.verified.retain(|key, _| asked.contains(key));
         self.failed.retain(|key| asked.contains(key));
     }
 }

@@ -977,6 +977,120 @@ async fn the_controllers_token_writes_only_for_tunnels_the_tenant_can_open() {
     );
 }
 
+/// The account is placed in the API's paths: one that leaves its path segment (a fragment
+/// cutting off the rest, here) would send the controller's write for the tenant's tunnel to
+/// another tunnel, the secret verified before under the honest account letting the write skip
+/// its check. No call is made with such an account, however the target was built.
+#[tokio::test]
+async fn an_account_that_leaves_its_path_segment_writes_no_other_tunnel() {
+    use cftunnel_controller::cloudflare::{TunnelApi, TunnelSync, TunnelTarget};
+    let cloudflare = CloudflareApi::start().await;
+    cloudflare.allow("acct", "controller-token");
+    let tenant = Token::new("acct", b"the tenant's secret".to_vec(), uuid_of(TUNNEL_ID));
+    cloudflare.add_tunnel("acct", TUNNEL_ID, &tenant.encode());
+    let victim = Token::new(
+        "acct",
+        b"the victim's secret".to_vec(),
+        uuid_of(OTHER_TUNNEL_ID),
+    );
+    cloudflare.add_tunnel("acct", OTHER_TUNNEL_ID, &victim.encode());
+    let api = TunnelApi::new(&cloudflare.base(), Duration::from_secs(5)).expect("client");
+    let target = |account: &str, tunnel: &str, secret: &[u8]| TunnelTarget {
+        account: account.to_owned(),
+        tunnel: uuid_of(tunnel),
+        api_token: "controller-token".to_owned(),
+        verify_secret: Some(secret.to_vec()),
+    };
+    let document = |host: &str| json!({"ingress": [{"hostname": host, "service": "http://localhost:8080"}, {"service": "http_status:404"}]});
+    let mut sync = TunnelSync::default();
+    assert_eq!(
+        sync.sync(
+            &api,
+            &target("acct", OTHER_TUNNEL_ID, b"the victim's secret"),
+            &document("victim.example.com")
+        )
+        .await,
+        Ok(true)
+    );
+    assert_eq!(
+        sync.sync(
+            &api,
+            &target("acct", TUNNEL_ID, b"the tenant's secret"),
+            &document("tenant.example.com")
+        )
+        .await,
+        Ok(true)
+    );
+    let victims = cloudflare.config("acct", OTHER_TUNNEL_ID);
+    let sent = cloudflare.requests();
+
+    let forged = format!("acct/cfd_tunnel/{OTHER_TUNNEL_ID}/configurations#");
+    let err = sync
+        .sync(
+            &api,
+            &target(&forged, TUNNEL_ID, b"the tenant's secret"),
+            &document("attacker.example.com"),
+        )
+        .await
+        .expect_err("an account that is no account tag is refused");
+    assert!(
+        err.contains(&format!("the account {forged:?}")) && err.contains("is not an account tag"),
+        "{err}"
+    );
+    assert_eq!(cloudflare.requests(), sent, "no call is made with it");
+    assert_eq!(
+        cloudflare.config("acct", OTHER_TUNNEL_ID),
+        victims,
+        "the other tunnel's document is untouched"
+    );
+    assert_eq!(
+        cloudflare.config("acct", TUNNEL_ID).map(|(_, d)| d),
+        Some(document("tenant.example.com"))
+    );
+}
+
+/// A tunnel's secret checked with one account holds for that account alone: the same tunnel id
+/// and secret under another account (the same API token reaching both) is checked again there
+/// before anything is written to it.
+#[tokio::test]
+async fn a_secret_checked_under_one_account_is_checked_again_under_another() {
+    use cftunnel_controller::cloudflare::{TunnelApi, TunnelSync, TunnelTarget};
+    let cloudflare = CloudflareApi::start().await;
+    cloudflare.allow("acct-a", "controller-token");
+    cloudflare.allow("acct-b", "controller-token");
+    let real = Token::new("acct-a", b"the real secret".to_vec(), uuid_of(TUNNEL_ID));
+    cloudflare.add_tunnel("acct-a", TUNNEL_ID, &real.encode());
+    // Account b's tunnel of the same id holds another secret.
+    let other = Token::new("acct-b", b"another secret".to_vec(), uuid_of(TUNNEL_ID));
+    cloudflare.add_tunnel("acct-b", TUNNEL_ID, &other.encode());
+    let api = TunnelApi::new(&cloudflare.base(), Duration::from_secs(5)).expect("client");
+    let target = |account: &str| TunnelTarget {
+        account: account.to_owned(),
+        tunnel: uuid_of(TUNNEL_ID),
+        api_token: "controller-token".to_owned(),
+        verify_secret: Some(b"the real secret".to_vec()),
+    };
+    let document = json!({"ingress": [{"hostname": "a.example.com", "service": "http://localhost:8080"}, {"service": "http_status:404"}]});
+    let mut sync = TunnelSync::default();
+    assert_eq!(
+        sync.sync(&api, &target("acct-a"), &document).await,
+        Ok(true)
+    );
+    let err = sync
+        .sync(&api, &target("acct-b"), &document)
+        .await
+        .expect_err("account b's tunnel does not hold the secret");
+    assert!(err.contains("does not hold tunnel"), "{err}");
+    assert!(
+        cloudflare.config("acct-b", TUNNEL_ID).is_none(),
+        "nothing written under account b"
+    );
+    assert_eq!(
+        cloudflare.config("acct-a", TUNNEL_ID).map(|(_, d)| d),
+        Some(document)
+    );
+}
+
 /// A tunnel write that fails is not sent again at every round (rounds follow every change in
 /// the cluster, and each call spends the API token's rate limit, shared with its other
 /// tunnels): until its wait is over it fails with the same error and no call; a changed

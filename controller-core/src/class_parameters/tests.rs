@@ -270,6 +270,48 @@ fn disagreeing_tunnel_ids_and_accounts_are_invalid() {
     assert!(problems[1].contains("is not that of the connector token"));
 }
 
+/// The account is placed in the Cloudflare API's paths: one that could leave its path segment
+/// makes the config invalid, with the field or Secret key it came from named.
+#[test]
+fn an_account_that_is_not_an_account_tag_is_invalid() {
+    let text = [
+        class("cf", "2024-01-01T00:00:00Z", REF),
+        config("main", "{cloudflareCredentialsSecretRef: {name: creds}}"),
+        secret(
+            "cftunnel-system",
+            "creds",
+            &[("api-token", "class-api-token"), ("account-id", "x/y#")],
+        ),
+    ]
+    .concat();
+    let out = settle_text(&text);
+    let problems = &out.configs["main"].problems;
+    assert!(
+        problems.iter().any(|p| p.contains(
+            "spec.cloudflareCredentialsSecretRef: the \"account-id\" key of Secret cftunnel-system/creds: \"x/y#\" is not an account tag"
+        )),
+        "{problems:?}"
+    );
+    assert!(out.refused["cf"].contains("is not an account tag"));
+    assert!(out.shared.held.is_some(), "nothing is written with it");
+
+    let text = [
+        class("cf", "2024-01-01T00:00:00Z", REF),
+        config(
+            "main",
+            &format!("{{tunnelID: \"{TUNNEL}\", accountId: \"acct?x\"}}"),
+        ),
+    ]
+    .concat();
+    let problems = &settle_text(&text).configs["main"].problems;
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("spec.accountId: \"acct?x\" is not an account tag")),
+        "{problems:?}"
+    );
+}
+
 #[test]
 fn a_tunnel_id_without_any_account_is_invalid() {
     let text = [
