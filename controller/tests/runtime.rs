@@ -7488,6 +7488,68 @@ async fn a_missing_api_token_is_reported_saying_what_is_missing() {
     .expect("in time");
 }
 
+/// A tunnel write that outlives its round does not have a route on a hostname the tunnel's
+/// last document lacks taken for served: it waits, `Accepted=Unknown` (`Pending`), until the
+/// document is written (DNS records follow `Accepted`, and the write may yet fail).
+#[tokio::test]
+async fn a_route_waits_for_a_tunnel_write_that_outlives_its_round() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let cloudflare = CloudflareApi::start().await;
+        cloudflare.allow("acct", "cf-token-a");
+        let base = cloudflare.base();
+        let t = Tenant::start_tuned(
+            "replicas: 1, cloudflareCredentialsSecretRef: {name: edge-cf}",
+            |_| {},
+            ApiServer::client,
+            |options| options.cloudflare_api_base = base,
+        )
+        .await;
+        eventually("shop accepted", || {
+            route_condition(&t.api, "tenant-a", "shop", "Accepted")
+                .filter(|c| c["status"] == "True")
+        })
+        .await;
+        eventually("the tunnel's document", || {
+            cloudflare.config("acct", TUNNEL_ID)
+        })
+        .await;
+        let carries = |host: &str| {
+            cloudflare
+                .config("acct", TUNNEL_ID)
+                .is_some_and(|(_, d)| d.to_string().contains(host))
+        };
+        // The listener's hostname changes, and the write of the document naming it takes
+        // longer than a round waits.
+        cloudflare.slow_next_put(Duration::from_secs(4));
+        t.api.put(yaml(
+            &gateway(true).replace("shop.example.com", "store.example.com"),
+        ));
+        let pending = eventually("shop pending", || {
+            route_condition(&t.api, "tenant-a", "shop", "Accepted")
+                .filter(|c| c["status"] == "Unknown")
+        })
+        .await;
+        assert_eq!(pending["reason"], "Pending");
+        assert_eq!(
+            pending["message"],
+            "the tunnel's ingress document is being written"
+        );
+        assert!(
+            !carries("store.example.com"),
+            "reported before the write landed"
+        );
+        eventually("shop accepted once written", || {
+            route_condition(&t.api, "tenant-a", "shop", "Accepted")
+                .filter(|c| c["status"] == "True")
+        })
+        .await;
+        assert!(carries("store.example.com"));
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// A route edited into a form this build cannot read (a port past its field's range) is left
 /// out of every plane: our parent in its status says so, not the `Accepted=True` it had, and
 /// another controller's parent stays as it was. Readable again, it is accepted again.

@@ -532,6 +532,9 @@ struct Reconciler {
     tunnel_sync: TunnelSync,
     /// Per plane: why its tunnel's ingress document could not be written this round.
     tunnel_failures: HashMap<PlaneKey, String>,
+    /// Planes whose tunnel's ingress document is still being written at the end of the round
+    /// (the write outlived the round's wait), with no failure before it.
+    tunnel_writing: HashSet<PlaneKey>,
     /// Per plane some Gateway depends on: why no push reaches it this round (no pod listed,
     /// no config-API token). No push fails then, so without this nothing would say the config
     /// is nowhere.
@@ -781,6 +784,7 @@ impl Reconciler {
             tunnel_api,
             tunnel_sync: TunnelSync::default().waiting_at_most(push::ROUND_WAIT, Arc::clone(&wake)),
             tunnel_failures: HashMap::new(),
+            tunnel_writing: HashSet::new(),
             unreached: HashMap::new(),
             condition_told: HashMap::new(),
             refused_rules: BTreeMap::new(),
@@ -1140,7 +1144,7 @@ impl Reconciler {
             "config.sync",
             cftunnel.planes = i64::try_from(rounds.len()).unwrap_or(i64::MAX)
         );
-        let (tunnel_failures, outcomes) = async {
+        let ((tunnel_failures, tunnel_writing), outcomes) = async {
             tokio::join!(
                 sync_tunnels(
                     self.tunnel_api.as_ref(),
@@ -1154,6 +1158,7 @@ impl Reconciler {
         .instrument(span)
         .await;
         self.tunnel_failures = tunnel_failures;
+        self.tunnel_writing = tunnel_writing;
         self.behind = outcomes
             .iter()
             .flat_map(|(plane, outcome)| {
@@ -2380,14 +2385,16 @@ fn hosts_through<'s>(
 }
 
 /// Writes each tunnel's ingress document: one per tunnel, whatever number of planes share it.
-/// Returns, per plane, why its tunnel's document could not be written.
+/// Returns, per plane, why its tunnel's document could not be written; and the planes whose
+/// tunnel's document is still on its way.
 async fn sync_tunnels(
     api: Option<&TunnelApi>,
     sync: &mut TunnelSync,
     output: &translate::Output,
     planes: &BTreeMap<PlaneKey, PlaneInfo>,
-) -> HashMap<PlaneKey, String> {
+) -> (HashMap<PlaneKey, String>, HashSet<PlaneKey>) {
     let mut failures = HashMap::new();
+    let mut writing = HashSet::new();
     let mut tunnels: BTreeMap<TunnelIdentity, (TunnelTarget, Vec<&PlaneKey>)> = BTreeMap::new();
     for (plane, info) in planes {
         match (&info.tunnel, info.identity) {
@@ -2426,7 +2433,10 @@ async fn sync_tunnels(
                 Ok(cloudflare::Synced::Wrote) => {
                     tracing::info!(tunnel = %target.tunnel, "wrote the tunnel's ingress document")
                 }
-                Ok(_) => {}
+                Ok(cloudflare::Synced::Held) => {}
+                Ok(cloudflare::Synced::Behind) => {
+                    writing.extend(on_tunnel.iter().map(|plane| (*plane).clone()));
+                }
                 Err(reason) => {
                     tracing::warn!(tunnel = %target.tunnel, %reason, "writing the tunnel's ingress document failed");
                     for plane in on_tunnel {
@@ -2442,7 +2452,7 @@ async fn sync_tunnels(
             .values()
             .any(|info| info.identity.is_some_and(|identity| identity.id == *t))
     });
-    failures
+    (failures, writing)
 }
 
 /// The identity of a rendered plane's objects.

@@ -295,6 +295,26 @@ impl Reconciler {
                             c.message = message.clone();
                         }
                     }
+                } else if self.tunnel_writing.contains(plane) {
+                    // The write outlived the round: a route the tunnel's last document carries
+                    // is served as it is; one it does not waits for the write, as it would for
+                    // a failed one. With no document seen written by this process (it has
+                    // just taken the lead), a route accepted before stays so.
+                    let waits = match on_tunnels.get(plane) {
+                        Some(routes) => !routes.get(&route_key).copied().unwrap_or(false),
+                        None => !status::accepted_before(
+                            existing.as_ref(),
+                            controller,
+                            &parent.parent_ref,
+                        ),
+                    };
+                    if waits {
+                        for c in conditions.iter_mut().filter(|c| c.kind == "Accepted") {
+                            c.status = Truth::Unknown;
+                            c.reason = "Pending".to_owned();
+                            c.message = "the tunnel's ingress document is being written".to_owned();
+                        }
+                    }
                 }
                 if let Some((_, reason)) = push_failed.get(plane) {
                     conditions.push(KubeCondition {
@@ -401,7 +421,8 @@ impl Reconciler {
         writes.run().await;
     }
 
-    /// Per plane whose tunnel's document could not be written, whether the document last
+    /// Per plane whose tunnel's document could not be written, or is still being written,
+    /// whether the document last
     /// written to the tunnel it serves now carries every rule of each route on it: the tunnel
     /// then serves the route as it is. A route missing is not carried (nor is any before this
     /// process has written the tunnel). One pass over each such plane's rules.
@@ -412,7 +433,7 @@ impl Reconciler {
     ) -> HashMap<&'o PlaneKey, HashMap<&'o translate::RouteKey, bool>> {
         let mut out = HashMap::new();
         for (plane, owners) in &output.owners {
-            if !self.tunnel_failures.contains_key(plane) {
+            if !self.tunnel_failures.contains_key(plane) && !self.tunnel_writing.contains(plane) {
                 continue;
             }
             let (Some(carried), Some(config)) = (

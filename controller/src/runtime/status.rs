@@ -440,6 +440,25 @@ pub fn written_by(entry: &Value, controller_name: &str) -> bool {
     entry.get("controllerName").and_then(Value::as_str) == Some(controller_name)
 }
 
+/// Whether a route's `existing` status has `controller_name` saying `Accepted=True` for
+/// `parent`.
+pub fn accepted_before(
+    existing: Option<&Value>,
+    controller_name: &str,
+    parent: &ParentRef,
+) -> bool {
+    let wanted = gateway_ref(parent);
+    existing
+        .and_then(|s| s.get("parents"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|p| written_by(p, controller_name) && same_ref(p.get("parentRef"), &wanted))
+        .filter_map(|p| p.get("conditions").and_then(Value::as_array))
+        .flatten()
+        .any(|c| c["type"] == "Accepted" && c["status"] == "True")
+}
+
 /// Parent references are equal when the fields that identify them are (the API server fills
 /// in `group` and `kind` defaults, so they may be absent on one side).
 fn same_ref(a: Option<&Value>, b: &Value) -> bool {
@@ -773,6 +792,37 @@ mod tests {
         assert_eq!(list[15]["ancestorRef"]["name"], "g12");
         // The next round finds the list full and changes nothing.
         assert_eq!(policy(&ours, "cf", Some(&out), "T"), out);
+    }
+
+    #[test]
+    fn a_parent_was_accepted_before_only_if_our_entry_for_it_said_so() {
+        use crate::translate::ParentRef;
+        let parent = |name: &str, section: Option<&str>| ParentRef {
+            kind: crate::translate::ParentKind::Gateway,
+            namespace: "a".to_owned(),
+            name: name.to_owned(),
+            section_name: section.map(str::to_owned),
+            port: None,
+        };
+        let accepted = |status: &str| json!([{"type": "Accepted", "status": status}]);
+        let existing = json!({"parents": [
+            {"parentRef": {"name": "yes", "namespace": "a"}, "controllerName": "cf", "conditions": accepted("True")},
+            {"parentRef": {"name": "unknown", "namespace": "a"}, "controllerName": "cf", "conditions": accepted("Unknown")},
+            {"parentRef": {"name": "theirs", "namespace": "a"}, "controllerName": "example.com/other", "conditions": accepted("True")},
+        ]});
+        let before = |p: &ParentRef| accepted_before(Some(&existing), "cf", p);
+        assert!(before(&parent("yes", None)));
+        assert!(
+            !before(&parent("yes", Some("http"))),
+            "another listener's entry"
+        );
+        assert!(!before(&parent("unknown", None)));
+        assert!(
+            !before(&parent("theirs", None)),
+            "another controller's word"
+        );
+        assert!(!before(&parent("new", None)));
+        assert!(!accepted_before(None, "cf", &parent("yes", None)));
     }
 
     #[test]
