@@ -123,7 +123,8 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
     let tunnel = match connector {
         Some(mut connector) => {
             use crate::tunnel::{
-                await_first_table, transport_for, warn_on_trailers_without_http2, TrailersNeeded,
+                await_first_table, http2_once_trailers_needed, transport_for,
+                warn_on_trailers_without_http2, TrailersNeeded,
             };
             if !server.proxy().is_loaded() {
                 tracing::info!(
@@ -143,7 +144,8 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
                 }
             }
             if connector.protocol() == cftunnel_tunnel::Protocol::Auto {
-                // Whether the table serves gRPC decides the transport.
+                // Whether the table serves gRPC decides the transport to start on; a later
+                // table that does moves the tunnel to HTTP/2 (below).
                 let needs = TrailersNeeded::of(&server.proxy().routes());
                 let protocol = transport_for(connector.protocol(), needs);
                 if let Some(reason) = needs.filter(|_| protocol != connector.protocol()) {
@@ -155,14 +157,21 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
                 }
                 connector.set_protocol(protocol);
             }
-            tokio::spawn(warn_on_trailers_without_http2(
-                server.proxy().clone(),
-                connector.protocol(),
-            ));
+            let dialed = connector.protocol();
             let service = crate::tunnel::TunnelService::new(server.proxy().clone());
             let handle = connector
                 .start_handler(service, tunnel_metrics)
                 .context("starting the tunnel connector")?;
+            match dialed {
+                cftunnel_tunnel::Protocol::Auto => tokio::spawn(http2_once_trailers_needed(
+                    server.proxy().clone(),
+                    handle.clone(),
+                )),
+                other => tokio::spawn(warn_on_trailers_without_http2(
+                    server.proxy().clone(),
+                    other,
+                )),
+            };
             let registered = handle.clone();
             server
                 .health()

@@ -63,42 +63,52 @@ pub async fn await_first_table(proxy: &Proxy) {
     }
 }
 
+/// Moves an `auto` tunnel running over QUIC to HTTP/2 once a table that needs trailers (a
+/// GRPCRoute, or an `h2c` backend as gRPC through an HTTPRoute has) is loaded: the edge
+/// carries no trailers over QUIC, so gRPC would lose its status. Tables usually come in
+/// order (a Gateway's routes, then its GRPCRoutes), so the first one may well serve no gRPC
+/// and have the tunnel dial QUIC. The connector replaces its QUIC connections one at a time
+/// without dropping requests, and stays on HTTP/2 if gRPC goes away again.
+pub async fn http2_once_trailers_needed(proxy: Proxy, tunnel: cftunnel_tunnel::ConnectorHandle) {
+    let mut swaps = proxy.swaps();
+    loop {
+        if let Some(needs) = TrailersNeeded::of(&proxy.routes()) {
+            if tunnel.prefer_http2() {
+                tracing::info!(
+                    reason = needs.as_str(),
+                    "the table serves gRPC: the tunnel moves its connections to HTTP/2, one at \
+                     a time, since HTTP/2 carries the trailers gRPC needs (QUIC does not)"
+                );
+            }
+            return;
+        }
+        if swaps.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Logs, once, when a table that needs trailers (a GRPCRoute, or an `h2c` backend as gRPC
-/// through an HTTPRoute has) is served while the tunnel runs over a transport other than
-/// HTTP/2: its gRPC responses lose their status. An `auto` tunnel dials HTTP/2 after a
-/// restart; one forced to `quic` needs `PROXY_TUNNEL_PROTOCOL=http2`. A GRPCRoute is an
-/// error; an `h2c` backend, which may not be gRPC, a warning.
+/// through an HTTPRoute has) is served while the tunnel is forced to QUIC: its gRPC responses
+/// lose their status, and only `PROXY_TUNNEL_PROTOCOL=http2` helps. A GRPCRoute is an error;
+/// an `h2c` backend, which may not be gRPC, a warning. Any other transport returns at once:
+/// HTTP/2 carries trailers, and `auto` moves to it (see [`http2_once_trailers_needed`]).
 pub async fn warn_on_trailers_without_http2(proxy: Proxy, dialed: Protocol) {
-    if dialed == Protocol::Http2 {
+    if dialed != Protocol::Quic {
         return;
     }
     let mut swaps = proxy.swaps();
     loop {
         if let Some(needs) = TrailersNeeded::of(&proxy.routes()) {
             let reason = needs.as_str();
-            match (needs, dialed) {
-                (TrailersNeeded::GrpcRoute, Protocol::Auto) => tracing::error!(
-                    transport = ?dialed,
-                    reason,
-                    "the table serves gRPC, but the tunnel runs over a transport that may carry \
-                     no trailers (QUIC drops them, so gRPC loses its status): restart the proxy, \
-                     which then dials HTTP/2, or set PROXY_TUNNEL_PROTOCOL=http2"
-                ),
-                (TrailersNeeded::GrpcRoute, _) => tracing::error!(
+            match needs {
+                TrailersNeeded::GrpcRoute => tracing::error!(
                     transport = ?dialed,
                     reason,
                     "the table serves gRPC, but the tunnel runs over QUIC, which drops \
                      trailers, so gRPC loses its status: set PROXY_TUNNEL_PROTOCOL=http2"
                 ),
-                (TrailersNeeded::H2cBackend, Protocol::Auto) => tracing::warn!(
-                    transport = ?dialed,
-                    reason,
-                    "a rule's backend speaks h2c, as gRPC backends do, but the tunnel runs over \
-                     a transport that may carry no trailers (QUIC drops them, so gRPC loses its \
-                     status): restart the proxy, which then dials HTTP/2, or set \
-                     PROXY_TUNNEL_PROTOCOL=http2"
-                ),
-                (TrailersNeeded::H2cBackend, _) => tracing::warn!(
+                TrailersNeeded::H2cBackend => tracing::warn!(
                     transport = ?dialed,
                     reason,
                     "a rule's backend speaks h2c, as gRPC backends do, but the tunnel runs over \

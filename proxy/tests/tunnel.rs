@@ -181,6 +181,107 @@ async fn grpc_over_a_quic_tunnel_counts_and_warns_of_dropped_trailers() {
     .expect("test finished in time");
 }
 
+/// An `auto` tunnel whose first table serves no gRPC dials QUIC; a table with a GRPCRoute and
+/// an `h2c` backend pushed later (the usual order: a Gateway's routes, then its GRPCRoutes)
+/// moves its connections to HTTP/2 while the proxy runs, with no restart, and gRPC calls
+/// through the edge then get their status, which travels in trailers QUIC does not carry.
+#[tokio::test]
+async fn an_auto_tunnel_moves_to_http2_when_a_later_table_serves_grpc() {
+    use cftunnel_testkit::edge::EdgeProtocol;
+    use cftunnel_testkit::grpc_echo::{client as grpc, proto, GrpcEchoServer};
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let plain = echo("svc-a-1").await;
+        let identity = cftunnel_testkit::echo::EchoIdentity {
+            namespace: "default".into(),
+            pod: "grpc-1".into(),
+        };
+        let backend = GrpcEchoServer::spawn([127, 0, 0, 1].into(), identity)
+            .await
+            .expect("gRPC echo listens");
+        let first = serde_json::json!({"version": 1, "rules": [
+            {"hostnames": ["app.example.com"], "backends": [{"url": url(plain.http_addr()), "weight": 1}]}
+        ]});
+        let later = serde_json::json!({"version": 2, "hasGrpcRoute": true, "rules": [
+            {"hostnames": ["app.example.com"], "backends": [{"url": url(plain.http_addr()), "weight": 1}]},
+            {"hostnames": ["grpc.example.com"], "backends": [
+                {"url": url(backend.addr()), "weight": 1, "protocol": "h2c"}
+            ]}
+        ]});
+        let edge = MockEdge::start().await.expect("mock edge starts");
+        let dir = scratch_dir("grpc-later");
+        // Two connections, so that one moves while the other serves.
+        let edges = format!("{0},{0}", edge.edge_addr());
+        let (mut child, admin) = spawn_tunnel_proxy_logging(
+            &edge,
+            &dir,
+            &connector::token().encode(),
+            "auto",
+            Some(&first),
+            &[
+                ("TUNNEL_EDGE", &edges),
+                ("PROXY_GRACE_PERIOD", "1s"),
+                ("PROXY_LOG_FORMAT", "json"),
+            ],
+            Stdio::piped(),
+        )
+        .await;
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let logs = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+        ready_once_registered(admin, "auto").await;
+        edge.wait_serving(2).await;
+        let on = |protocol: EdgeProtocol| {
+            let conns = edge.connections();
+            conns.len() == 2
+                && conns
+                    .iter()
+                    .all(|c| c.registered && !c.draining && c.protocol == protocol)
+        };
+        assert!(on(EdgeProtocol::Quic), "{:?}", edge.connections());
+
+        let http = client();
+        assert_eq!(push(&http, admin, &later).await.status, 200);
+        let moved_by = Instant::now() + Duration::from_secs(20);
+        while !on(EdgeProtocol::Http2) {
+            assert!(
+                Instant::now() < moved_by,
+                "the tunnel moves to HTTP/2: {:?}",
+                edge.connections()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let call = grpc::Call {
+            authority: "grpc.example.com".into(),
+            path: proto::ECHO.into(),
+            metadata: Vec::new(),
+            timeout: Duration::from_secs(5),
+        };
+        for _ in 0..3 {
+            let outcome = grpc::call_once(edge.http_addr(), &call).await;
+            assert!(
+                outcome.response.is_some(),
+                "the status arrives in the trailers: {outcome:?}"
+            );
+        }
+        sigterm(&child);
+        assert_eq!(
+            wait_exit(&mut child, Duration::from_secs(15)).await,
+            Some(0)
+        );
+        let logs = logs.join().expect("stderr read");
+        let lines = |needle: &str| logs.lines().filter(|l| l.contains(needle)).count();
+        assert_eq!(
+            lines("the tunnel moves its connections to HTTP/2"),
+            1,
+            "{logs}"
+        );
+        assert_eq!(lines("PROXY_TUNNEL_PROTOCOL=http2"), 0, "{logs}");
+        edge.shutdown().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// A gRPC stream through an HTTP/2 tunnel, cut at its rule's deadline, ends with trailers
 /// saying DEADLINE_EXCEEDED (the edge carries trailers over HTTP/2), not with its stream reset.
 #[tokio::test]

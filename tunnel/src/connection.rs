@@ -27,6 +27,28 @@ pub(crate) enum RunState {
     Shutdown,
 }
 
+/// What every connection task watches: the drain state, and whether an `auto` connector's
+/// connections are to run over HTTP/2 (see `ConnectorHandle::prefer_http2`). One watch for
+/// both, so that a QUIC connection's accept loop, which turns once per request, waits on a
+/// single notifier for either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Control {
+    pub(crate) run: RunState,
+    /// Set once, never cleared.
+    pub(crate) http2: bool,
+}
+
+impl Control {
+    pub(crate) const START: Self = Self {
+        run: RunState::Running,
+        http2: false,
+    };
+
+    pub(crate) fn running(self) -> bool {
+        self.run == RunState::Running
+    }
+}
+
 /// Per-connector state shared by connection tasks.
 pub(crate) struct Shared {
     pub(crate) handler: Arc<dyn Handler>,
@@ -41,7 +63,11 @@ pub(crate) struct Shared {
     pub(crate) quic_client: quinn::ClientConfig,
     pub(crate) h2_client: Arc<rustls::ClientConfig>,
     pub(crate) registered: watch::Sender<usize>,
-    pub(crate) state: watch::Receiver<RunState>,
+    pub(crate) state: watch::Receiver<Control>,
+    /// One connection at a time moves from QUIC to HTTP/2: a turn is held from the moment
+    /// its QUIC connection starts to unregister until it registers over HTTP/2 or that
+    /// attempt fails.
+    pub(crate) moves: Arc<tokio::sync::Semaphore>,
     pub(crate) quic_ever_registered: AtomicBool,
     /// The first connection is on HTTP/2: the others start on the protocol it is on,
     /// as in `cloudflared`.
@@ -54,7 +80,12 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn run_state(&self) -> RunState {
-        *self.state.borrow()
+        self.state.borrow().run
+    }
+
+    /// Whether the connections are to run over HTTP/2 from now on.
+    pub(crate) fn prefers_http2(&self) -> bool {
+        self.state.borrow().http2
     }
 
     /// `ClientInfo.arch` for this build (see [`go_arch`]).
@@ -88,7 +119,7 @@ pub(crate) async fn unless_stopped<F: std::future::Future>(
     let mut state = shared.state.clone();
     tokio::select! {
         biased;
-        _ = state.wait_for(|s| *s != RunState::Running) => None,
+        _ = state.wait_for(|s| !s.running()) => None,
         out = steps => Some(out),
     }
 }
@@ -167,6 +198,11 @@ impl Drop for RegisteredGuard {
 pub(crate) enum Ended {
     /// Drained or shut down on request: do not reconnect.
     Stopped,
+    /// A QUIC connection unregistered and closed to move to HTTP/2: reconnect over HTTP/2
+    /// at once, holding `turn` (see [`Shared::moves`]) until that registers or fails.
+    Moved {
+        turn: Option<tokio::sync::OwnedSemaphorePermit>,
+    },
     /// Lost after registering: reconnect.
     Lost {
         /// The edge went silent (QUIC idle timeout, HTTP/2 unanswered PING). Logged

@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use crate::backoff::{next_transport, Backoff, DialFailures, SharedBackoff, Transport};
 use crate::body::{Body, BoxError};
-use crate::connection::{ConnError, Ended, RunState, Shared};
+use crate::connection::{ConnError, Control, Ended, RunState, Shared};
 use crate::discovery::DiscoveryError;
 use crate::edge::{EdgeAddr, EdgeIpVersion, EdgePool, EDGE_PORT, REGION_HOSTS};
 use crate::metrics::{ProtocolLabel, TunnelMetrics};
@@ -146,7 +146,7 @@ impl Connector {
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|_| ConnectorError::NoRuntime)?;
         let worker = LocalWorker::start("cftunnel-rpc").map_err(ConnectorError::Worker)?;
-        let (state_tx, state_rx) = watch::channel(RunState::Running);
+        let (state_tx, state_rx) = watch::channel(Control::START);
         let (registered_tx, registered_rx) = watch::channel(0usize);
         let (done_tx, done_rx) = watch::channel(false);
         let remote_config = RemoteConfigState::new(metrics.config_version.clone());
@@ -161,6 +161,7 @@ impl Connector {
             metrics.connections(protocol);
         }
         let client_id = Uuid::new_v4();
+        let protocol = self.opts.protocol;
         let ha = self.opts.ha_connections;
         let ha_backoff = SharedBackoff::new(self.opts.ha_backoff_base, self.opts.retries);
         let dropped_trailers = DroppedTrailers::new(metrics.dropped_trailers.clone());
@@ -177,6 +178,7 @@ impl Connector {
             h2_client: self.h2_client,
             registered: registered_tx,
             state: state_rx,
+            moves: Arc::new(tokio::sync::Semaphore::new(1)),
             quic_ever_registered: AtomicBool::new(false),
             first_on_http2: AtomicBool::new(false),
             local_ports: Mutex::new(vec![0; ha]),
@@ -191,6 +193,7 @@ impl Connector {
             done: done_rx,
             remote_config: remote_config.subscribe(),
             connector_id: client_id,
+            protocol,
         })
     }
 
@@ -221,10 +224,13 @@ impl Connector {
 #[derive(Debug, Clone)]
 pub struct ConnectorHandle {
     registered: watch::Receiver<usize>,
-    state: watch::Sender<RunState>,
+    state: watch::Sender<Control>,
     done: watch::Receiver<bool>,
     remote_config: watch::Receiver<RemoteConfig>,
     connector_id: Uuid,
+    /// The transport configured, which [`prefer_http2`](Self::prefer_http2) may override
+    /// only when it is `auto`.
+    protocol: Protocol,
 }
 
 impl ConnectorHandle {
@@ -264,8 +270,8 @@ impl ConnectorHandle {
     /// never registered. Idempotent.
     pub async fn drain(&self) {
         self.state.send_if_modified(|s| {
-            if *s == RunState::Running {
-                *s = RunState::Draining;
+            if s.running() {
+                s.run = RunState::Draining;
                 true
             } else {
                 false
@@ -274,11 +280,37 @@ impl ConnectorHandle {
         self.closed().await;
     }
 
+    /// Moves an `auto` connector to HTTP/2 for good, while it runs: for a service that
+    /// now needs response trailers (gRPC's status is one), which the edge carries over
+    /// HTTP/2 and not over QUIC. Every connection dials HTTP/2 from then on, whatever
+    /// the fallback between the two would pick. A connection registered over QUIC is
+    /// replaced: it unregisters as in a [`drain`](Self::drain), so the edge stops sending
+    /// it requests, serves those in flight until none is left (and none has come for a
+    /// second, or the grace period is over), closes with code 0, and its index dials
+    /// HTTP/2 at once.
+    ///
+    /// One connection moves at a time: the next starts only once the previous one has
+    /// registered over HTTP/2, or failed to and is retrying, so the tunnel has at most one
+    /// connection fewer than usual while it moves; with one HA connection it has none
+    /// for as long as that one takes to move. Returns at once; whether the call changed
+    /// anything. Idempotent; a connector configured `quic` or `http2`, or no longer
+    /// running, ignores it.
+    pub fn prefer_http2(&self) -> bool {
+        if self.protocol != Protocol::Auto {
+            return false;
+        }
+        self.state.send_if_modified(|s| {
+            let change = s.running() && !s.http2;
+            s.http2 |= change;
+            change
+        })
+    }
+
     /// Immediate shutdown: connections close now, in-flight streams are
     /// reset, attempts in progress are abandoned. Returns when all
     /// connections have ended.
     pub async fn shutdown(&self) {
-        self.state.send_replace(RunState::Shutdown);
+        self.state.send_modify(|s| s.run = RunState::Shutdown);
         self.closed().await;
     }
 
@@ -289,8 +321,8 @@ impl ConnectorHandle {
     }
 }
 
-async fn wait_state_change(state: &mut watch::Receiver<RunState>) {
-    let _ = state.wait_for(|s| *s != RunState::Running).await;
+async fn wait_state_change(state: &mut watch::Receiver<Control>) {
+    let _ = state.wait_for(|s| !s.running()).await;
 }
 
 /// Where edge addresses come from: SRV discovery, and host names resolved (`TUNNEL_EDGE`
@@ -460,7 +492,7 @@ async fn refill<F, Fut>(
     wanted: usize,
     target: &watch::Sender<usize>,
     first: Duration,
-    state: &mut watch::Receiver<RunState>,
+    state: &mut watch::Receiver<Control>,
     mut resolve: F,
 ) where
     F: FnMut() -> Fut,
@@ -640,6 +672,8 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
     let mut address_wait = Backoff::new(opts.backoff_base, opts.retries);
     let mut dial_failures = DialFailures::default();
     let mut state = shared.state.clone();
+    // The turn of this connection's move from QUIC to HTTP/2, while it has one.
+    let mut turn = None;
     if idx != 0 {
         shared.ha_backoff.connecting();
     }
@@ -647,7 +681,13 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
         if shared.run_state() != RunState::Running {
             return;
         }
+        // Asked for while the connector runs; no fallback goes back to QUIC after it.
+        if auto && shared.prefers_http2() {
+            transport = Transport::Http2;
+        }
         let Some(addr) = pool.address(idx) else {
+            // Not dialing: the next connection may move meanwhile.
+            turn = None;
             // Every address of the regions' active families is taken (one moved to IPv4
             // with fewer addresses): wait and look again, as `cloudflared` retries.
             let wait = address_wait.next_wait(rand::random::<f64>());
@@ -672,7 +712,7 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                     .await
             }
             Transport::Http2 => {
-                crate::http2::connect(&shared, idx, addr, attempt)
+                crate::http2::connect(&shared, idx, addr, attempt, turn.take())
                     .instrument(span)
                     .await
             }
@@ -681,6 +721,17 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
         // and whether QUIC looks blocked.
         let (may_switch, quic_broken) = match result {
             Ok(Ended::Stopped) => return,
+            Ok(Ended::Moved { turn: moving }) => {
+                // Closed on purpose, to register over HTTP/2 now: no failure, no wait.
+                turn = moving;
+                transport = Transport::Http2;
+                backoff.reset();
+                in_fallback = false;
+                if idx != 0 {
+                    shared.ha_backoff.connecting();
+                }
+                continue;
+            }
             Ok(Ended::Lost { idle_timeout }) => {
                 tracing::warn!(conn_index = idx, edge = %addr, idle_timeout, "edge connection lost");
                 backoff.reset();
@@ -718,7 +769,11 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
             _ = tokio::time::sleep(wait) => {}
             _ = wait_state_change(&mut state) => return,
         }
-        if auto && may_switch && !shared.quic_ever_registered.load(Ordering::Relaxed) {
+        if auto
+            && may_switch
+            && !shared.quic_ever_registered.load(Ordering::Relaxed)
+            && !shared.prefers_http2()
+        {
             let next = next_transport(transport, in_fallback, backoff.exhausted(), quic_broken);
             if next != transport {
                 if next == Transport::Http2 {

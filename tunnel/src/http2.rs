@@ -25,7 +25,7 @@ use crate::h2io::{send_body, H2Io, H2Reader, H2Writer};
 use crate::liveness::{self, Heard};
 use crate::metrics::ProtocolLabel;
 
-use crate::rpc::control::{self, RegisterOutcome};
+use crate::rpc::control::{self, RegisterOutcome, RegisterParams};
 use crate::rpc::RpcStream;
 use crate::stream::headers::{
     self, CONNECTION_UPGRADE, META_CONNECTOR, META_ORIGIN, PROXY_SRC, RESPONSE_HEADERS,
@@ -67,12 +67,14 @@ fn server_builder(max_streams: u32) -> h2::server::Builder {
     builder
 }
 
-/// One HTTP/2 connection: dial, register, serve until lost or drained.
+/// One HTTP/2 connection: dial, register, serve until lost or drained. `turn`, the turn of a
+/// connection moving from QUIC, is given back once this one has registered, or has failed.
 pub(crate) async fn connect(
     shared: &Arc<Shared>,
     idx: u8,
     addr: SocketAddr,
     attempt: u8,
+    turn: Option<tokio::sync::OwnedSemaphorePermit>,
 ) -> Result<Ended, ConnError> {
     let dialing = async {
         let tcp = dial_tcp(addr).await?;
@@ -118,14 +120,15 @@ pub(crate) async fn connect(
         tracker.clone(),
         close_rx,
     ));
+    let params = register_params(shared, idx, local_ip, attempt);
     let result = serve(
         shared,
         idx,
         addr,
-        local_ip,
-        attempt,
+        params,
         control_rx,
         &mut accept_task,
+        turn,
     )
     .await;
     // A shutdown, or the end of a drain's grace period, ends the requests still in flight at
@@ -177,10 +180,10 @@ async fn serve(
     shared: &Arc<Shared>,
     idx: u8,
     addr: SocketAddr,
-    local_ip: std::net::IpAddr,
-    attempt: u8,
+    params: RegisterParams,
     control_rx: oneshot::Receiver<Accepted>,
     accept_task: &mut tokio::task::JoinHandle<Closed>,
+    turn: Option<tokio::sync::OwnedSemaphorePermit>,
 ) -> Result<Ended, ConnError> {
     let registering = async {
         let (req, mut respond) = tokio::time::timeout(shared.opts.rpc_timeout * 2, control_rx)
@@ -197,7 +200,6 @@ async fn serve(
         let send = respond
             .send_response(resp, false)
             .map_err(ConnError::control_stream)?;
-        let params = register_params(shared, idx, local_ip, attempt);
         Ok::<_, ConnError>(
             control::register(
                 &shared.worker,
@@ -234,13 +236,15 @@ async fn serve(
         "registered tunnel connection"
     );
     let mut guard = RegisteredGuard::new(shared, ProtocolLabel::Http2, idx);
+    // Registered: the next connection may start its move.
+    drop(turn);
     let mut state = shared.state.clone();
     let ended = tokio::select! {
         closed = &mut *accept_task => Ended::Lost {
             idle_timeout: matches!(closed, Ok(Closed::Silent)),
         },
         _ = session.closed() => Ended::Lost { idle_timeout: false },
-        _ = state.wait_for(|s| *s != RunState::Running) => Ended::Stopped,
+        _ = state.wait_for(|s| !s.running()) => Ended::Stopped,
     };
     guard.release();
     if let Ended::Lost { .. } = ended {
@@ -255,7 +259,7 @@ async fn serve(
                 Ok(()) => tracing::info!(conn_index = idx, "unregistered tunnel connection"),
                 Err(e) => tracing::warn!(conn_index = idx, error = %e, "unregister failed"),
             },
-            _ = state.wait_for(|s| *s == RunState::Shutdown) => return Ok(Ended::Stopped),
+            _ = state.wait_for(|s| s.run == RunState::Shutdown) => return Ok(Ended::Stopped),
         }
         // The connection is held open for the whole grace period, idle or not, as
         // `cloudflared` holds it: the accept loop keeps serving the requests the edge
@@ -263,7 +267,7 @@ async fn serve(
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => {}
             _ = &mut *accept_task, if !accept_task.is_finished() => {}
-            _ = state.wait_for(|s| *s == RunState::Shutdown) => {}
+            _ = state.wait_for(|s| s.run == RunState::Shutdown) => {}
         }
     }
     Ok(Ended::Stopped)

@@ -26,7 +26,9 @@ pub const FEATURE_POST_QUANTUM: &str = "postquantum";
 pub enum Protocol {
     /// QUIC first; a connection moves to HTTP/2 when QUIC keeps failing and
     /// no connection ever registered over QUIC, and back to QUIC after an
-    /// HTTP/2 connection that registered is lost.
+    /// HTTP/2 connection that registered is lost. After
+    /// [`ConnectorHandle::prefer_http2`](crate::ConnectorHandle::prefer_http2),
+    /// HTTP/2 only.
     #[default]
     Auto,
     /// QUIC only.

@@ -14,11 +14,11 @@ use http_body::Body as _;
 use http_body_util::BodyExt as _;
 use quinn::VarInt;
 use tokio::io::AsyncReadExt as _;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::body::{Body, OnUpgrade, Upgraded};
 use crate::connection::{
-    register_params, unless_stopped, ConnError, Ended, RegisteredGuard, RunState, Shared,
+    register_params, unless_stopped, ConnError, Control, Ended, RegisteredGuard, RunState, Shared,
 };
 use crate::metrics::ProtocolLabel;
 use crate::options::ConnectorOptions;
@@ -205,99 +205,189 @@ async fn serve(
     let tracker = StreamTasks::new();
     let _cancel = tracker.cancel_on_drop();
     let active = shared.metrics.active_streams(ProtocolLabel::Quic);
-    let budget = stream::PreambleBudget::new(PREAMBLE_BUDGET_BYTES);
-    // Configuration pushes are read one at a time, as over HTTP/2: the others wait unread,
-    // held to their streams' flow-control windows.
-    let pushes = Arc::new(tokio::sync::Semaphore::new(1));
+    let bounds = Arc::new(Bounds {
+        preambles: stream::PreambleBudget::new(PREAMBLE_BUDGET_BYTES),
+        // Configuration pushes are read one at a time, as over HTTP/2: the others wait
+        // unread, held to their streams' flow-control windows.
+        pushes: tokio::sync::Semaphore::new(1),
+    });
     let serve_stream = |send, recv| {
         tracker.spawn(handle_stream(
             shared.clone(),
             send,
             recv,
-            Bounds {
-                preambles: budget.clone(),
-                pushes: pushes.clone(),
-            },
+            bounds.clone(),
             tracker.in_flight(&active),
         ));
     };
     let mut state = shared.state.clone();
+    let closed = session.closed();
+    tokio::pin!(closed);
     let ended = {
         // Created once: the loop turns once per request stream, and re-creating
         // these waits (watch receivers, notifier registrations) each time showed
-        // up as a per-request cost.
-        let closed = session.closed();
-        let stopped = state.wait_for(|s| *s != RunState::Running);
-        tokio::pin!(closed, stopped);
+        // up as a per-request cost. The one wait ends the loop for a drain, a
+        // shutdown and a move to HTTP/2 alike.
+        let stopped = state.wait_for(|s| !s.running() || s.http2);
+        tokio::pin!(stopped);
         loop {
             tokio::select! {
                 s = conn.accept_bi() => match s {
                     Ok((send, recv)) => {
                         serve_stream(send, recv);
                     }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "quic connection ended");
-                        break Ended::Lost {
-                            idle_timeout: matches!(e, quinn::ConnectionError::TimedOut),
-                        };
-                    }
+                    Err(e) => break lost(&e),
                 },
                 _ = &mut closed => break Ended::Lost { idle_timeout: false },
                 _ = &mut stopped => break Ended::Stopped,
             }
         }
     };
-    guard.release();
     if let Ended::Lost { .. } = ended {
         return Ok(ended);
     }
-    if shared.run_state() == RunState::Draining {
-        let grace = shared.opts.grace_period;
-        // The grace period runs from the start of the drain, unregistering included.
-        let deadline = tokio::time::Instant::now() + grace;
-        // Requests keep arriving until the edge has acted on the unregistration, so streams
-        // are accepted while it is on its way, as `cloudflared`'s accept loop keeps running.
-        let unregister = session.unregister(grace);
-        tokio::pin!(unregister);
+    // Moving to HTTP/2: one connection at a time, so the tunnel never has more than one
+    // connection fewer; this one serves as before until its turn comes.
+    let mut turn = None;
+    if shared.run_state() == RunState::Running {
+        let acquire = shared.moves.clone().acquire_owned();
+        let stopped = state.wait_for(|s| !s.running());
+        tokio::pin!(acquire, stopped);
         loop {
             tokio::select! {
-                res = &mut unregister => {
-                    match res {
-                        Ok(()) => tracing::info!(conn_index = idx, "unregistered tunnel connection"),
-                        Err(e) => tracing::warn!(conn_index = idx, error = %e, "unregister failed"),
+                s = conn.accept_bi() => match s {
+                    Ok((send, recv)) => {
+                        serve_stream(send, recv);
                     }
+                    Err(e) => return Ok(lost(&e)),
+                },
+                _ = &mut closed => return Ok(Ended::Lost { idle_timeout: false }),
+                _ = &mut stopped => break,
+                permit = &mut acquire => {
+                    turn = permit.ok();
                     break;
                 }
-                s = conn.accept_bi() => match s {
-                    Ok((send, recv)) => {
-                        serve_stream(send, recv);
-                    }
-                    // The drain below sees the connection gone.
-                    Err(_) => break,
-                },
-                _ = state.wait_for(|s| *s == RunState::Shutdown) => return Ok(Ended::Stopped),
-            }
-        }
-        // The connection is held open for the whole grace period, idle or not, as
-        // `cloudflared` holds it: the edge may still route requests to it while the
-        // unregistration propagates, and they are served. Then it closes with code 0.
-        let over = tokio::time::sleep_until(deadline);
-        let shutdown = state.wait_for(|s| *s == RunState::Shutdown);
-        tokio::pin!(over, shutdown);
-        loop {
-            tokio::select! {
-                s = conn.accept_bi() => match s {
-                    Ok((send, recv)) => {
-                        serve_stream(send, recv);
-                    }
-                    Err(_) => break,
-                },
-                _ = &mut over => break,
-                _ = &mut shutdown => break,
             }
         }
     }
+    guard.release();
+    let moving = match shared.run_state() {
+        RunState::Running => true,
+        RunState::Draining => false,
+        RunState::Shutdown => return Ok(Ended::Stopped),
+    };
+    let grace = shared.opts.grace_period;
+    // The grace period runs from the start of the drain (or move), unregistering included.
+    let deadline = tokio::time::Instant::now() + grace;
+    if !unregister(idx, &session, conn, &serve_stream, grace, &mut state).await {
+        return Ok(Ended::Stopped);
+    }
+    if moving {
+        hold(conn, &serve_stream, deadline, Some(&bounds), &mut state).await;
+        if shared.run_state() == RunState::Running {
+            tracing::info!(
+                conn_index = idx,
+                "closing the QUIC connection to move it to HTTP/2"
+            );
+            return Ok(Ended::Moved { turn });
+        }
+    } else {
+        hold(conn, &serve_stream, deadline, None, &mut state).await;
+    }
     Ok(Ended::Stopped)
+}
+
+/// A registered connection that QUIC reports closed: lost.
+fn lost(e: &quinn::ConnectionError) -> Ended {
+    tracing::debug!(error = %e, "quic connection ended");
+    Ended::Lost {
+        idle_timeout: matches!(e, quinn::ConnectionError::TimedOut),
+    }
+}
+
+/// How long a connection moving to HTTP/2 stays open, once unregistered, after its last
+/// stream has ended: closing a QUIC connection discards the response data the edge has not
+/// yet acknowledged, and requests the edge routed to it before acting on the
+/// unregistration are still served meanwhile (each starts the wait over).
+const MOVE_QUIET: Duration = Duration::from_secs(1);
+/// How often a moving connection looks whether its streams have ended.
+const MOVE_CHECK: Duration = Duration::from_millis(50);
+
+/// Calls `unregisterConnection` (within `grace`) and serves the streams the edge opens until
+/// it answers: requests keep arriving until the edge has acted on it, as `cloudflared`'s
+/// accept loop keeps running. `false` if the connector shuts down meanwhile.
+async fn unregister(
+    idx: u8,
+    session: &control::ControlSession,
+    conn: &quinn::Connection,
+    serve_stream: &impl Fn(quinn::SendStream, quinn::RecvStream),
+    grace: Duration,
+    state: &mut watch::Receiver<Control>,
+) -> bool {
+    let unregister = session.unregister(grace);
+    tokio::pin!(unregister);
+    loop {
+        tokio::select! {
+            res = &mut unregister => {
+                match res {
+                    Ok(()) => tracing::info!(conn_index = idx, "unregistered tunnel connection"),
+                    Err(e) => tracing::warn!(conn_index = idx, error = %e, "unregister failed"),
+                }
+                return true;
+            }
+            s = conn.accept_bi() => match s {
+                Ok((send, recv)) => {
+                    serve_stream(send, recv);
+                }
+                // What follows sees the connection gone.
+                Err(_) => return true,
+            },
+            _ = state.wait_for(|s| s.run == RunState::Shutdown) => return false,
+        }
+    }
+}
+
+/// Serves the streams the edge still opens, once unregistered, until `deadline` (the end of
+/// the grace period), a shutdown, or the end of the connection. A draining connection is held
+/// open that long, idle or not, as `cloudflared` holds it: the edge may still route requests
+/// to it while the unregistration propagates. One moving to HTTP/2 (`moving`: its streams'
+/// bounds, which each of its streams holds) returns sooner, once none of its streams has been
+/// in flight for [`MOVE_QUIET`]. A stream handed on as an upgraded connection (WebSocket) no
+/// longer counts: it ends with the connection, as at the end of a drain.
+async fn hold(
+    conn: &quinn::Connection,
+    serve_stream: &impl Fn(quinn::SendStream, quinn::RecvStream),
+    deadline: tokio::time::Instant,
+    moving: Option<&Arc<Bounds>>,
+    state: &mut watch::Receiver<Control>,
+) {
+    let over = tokio::time::sleep_until(deadline);
+    let shutdown = state.wait_for(|s| s.run == RunState::Shutdown);
+    let mut check = tokio::time::interval(MOVE_CHECK);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut idle_since = None;
+    tokio::pin!(over, shutdown);
+    loop {
+        tokio::select! {
+            s = conn.accept_bi() => match s {
+                Ok((send, recv)) => {
+                    serve_stream(send, recv);
+                }
+                Err(_) => break,
+            },
+            _ = &mut over => break,
+            _ = &mut shutdown => break,
+            now = check.tick(), if moving.is_some() => {
+                // Only this task adds streams, so a count of one (its own) stays one
+                // until it accepts another.
+                if moving.is_some_and(|b| Arc::strong_count(b) > 1) {
+                    idle_since = None;
+                } else if now.duration_since(*idle_since.get_or_insert(now)) >= MOVE_QUIET {
+                    break;
+                }
+            }
+        }
+    }
 }
 
 /// Bytes a data stream starts with before its `ConnectRequest`'s segment: signature,
@@ -353,19 +443,20 @@ async fn within<F: Future>(
     tokio::time::timeout(limit, fut).await
 }
 
-/// What a connection's streams share.
+/// What a connection's streams share. Each stream's task holds a clone of its connection's
+/// `Arc` while it runs, which also counts the streams a connection has in flight.
 struct Bounds {
     /// Room for the heads of data streams being read.
     preambles: stream::PreambleBudget,
     /// The one turn to read a configuration push.
-    pushes: Arc<tokio::sync::Semaphore>,
+    pushes: tokio::sync::Semaphore,
 }
 
 async fn handle_stream(
     shared: Arc<Shared>,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
-    bounds: Bounds,
+    bounds: Arc<Bounds>,
     in_flight: InFlight,
 ) {
     let mut start = StreamStart::new();

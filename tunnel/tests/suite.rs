@@ -14,6 +14,7 @@ mod edge_headers;
 mod key_exchange;
 mod lifecycle;
 mod mock_edge_limits;
+mod move_to_http2;
 mod origin;
 mod supervision;
 mod transport;

@@ -73,7 +73,7 @@ fn scripted(
 async fn addresses_found_later_start_the_connections_they_were_missing_for() {
     let pool = EdgePool::new(vec![(sa(1), 0)]);
     assert_eq!(pool.address(0), Some(sa(1)));
-    let (_tx, mut state) = watch::channel(RunState::Running);
+    let (_tx, mut state) = watch::channel(Control::START);
     let (target, connections) = watch::channel(1);
     // A lookup that still fails, one that finds a host of the other region, one complete.
     let lookups = std::sync::atomic::AtomicUsize::new(0);
@@ -103,7 +103,7 @@ async fn addresses_found_later_start_the_connections_they_were_missing_for() {
 async fn a_region_left_out_is_looked_up_again_with_every_connection_running() {
     let pool = EdgePool::new(vec![(sa(1), 0), (sa(2), 0)]);
     let held = [pool.address(0), pool.address(1)];
-    let (_tx, mut state) = watch::channel(RunState::Running);
+    let (_tx, mut state) = watch::channel(Control::START);
     let (target, connections) = watch::channel(2);
     let lookups = std::sync::atomic::AtomicUsize::new(0);
     let resolve = scripted(
@@ -126,11 +126,11 @@ async fn a_region_left_out_is_looked_up_again_with_every_connection_running() {
 #[tokio::test]
 async fn looking_up_missing_addresses_stops_with_the_connector() {
     let pool = EdgePool::new(vec![(sa(1), 0)]);
-    let (tx, mut state) = watch::channel(RunState::Running);
+    let (tx, mut state) = watch::channel(Control::START);
     let (target, _connections) = watch::channel(1);
     let stop = async {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let _ = tx.send(RunState::Draining);
+        tx.send_modify(|s| s.run = RunState::Draining);
     };
     // Lookups that never answer, as DNS that does not: the drain does not wait for them.
     let resolve = || std::future::pending::<(Vec<(SocketAddr, u8)>, bool)>();

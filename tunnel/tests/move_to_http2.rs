@@ -1,0 +1,230 @@
+//! An `auto` connector moved to HTTP/2 while it runs, as the proxy asks once its table needs
+//! response trailers (gRPC's status is one, and QUIC cannot carry it), against the mock edge
+//! over real QUIC and TLS/TCP sockets: its QUIC connections are replaced one at a time, a
+//! request in flight on one of them completes, and the tunnel keeps serving meanwhile.
+#![allow(clippy::unwrap_used)]
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::support::*;
+use bytes::Bytes;
+use cftunnel_testkit::edge::{ConnectionInfo, EdgeProtocol, MockEdge};
+use cftunnel_tunnel::{Body, Connector, ConnectorOptions, Protocol, TunnelMetrics};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt as _, Full};
+use tokio::sync::{mpsc, watch};
+
+const HA: usize = 4;
+/// The body of the request held in flight across the move.
+const SLOW_BODY_BYTES: usize = 1024 * 1024;
+
+/// Answers `/slow` once `release` says so, with `SLOW_BODY_BYTES`, after telling `arrived`
+/// it came; anything else with `hello`.
+async fn answer(
+    req: Request<Body>,
+    arrived: mpsc::UnboundedSender<()>,
+    mut release: watch::Receiver<bool>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.uri().path() != "/slow" {
+        return Ok(Response::new(Full::new(Bytes::from_static(b"hello"))));
+    }
+    let _ = arrived.send(());
+    let _ = release.wait_for(|r| *r).await;
+    let body = Bytes::from(vec![b's'; SLOW_BODY_BYTES]);
+    Ok(Response::new(Full::new(body)))
+}
+
+fn serving(c: &ConnectionInfo) -> bool {
+    c.registered && !c.draining
+}
+
+fn series(registry: &prometheus_client::registry::Registry, protocol: &str) -> String {
+    let text = metrics_text(registry);
+    let name = format!("cftunnel_tunnel_connections{{protocol=\"{protocol}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&name).map(str::to_owned))
+        .unwrap_or_else(|| panic!("{name} is served:\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auto_connector_moves_its_quic_connections_to_http2_one_at_a_time() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::start().await.unwrap();
+        let (arrived_tx, mut arrived) = mpsc::unbounded_channel();
+        let (release, release_rx) = watch::channel(false);
+        let opts = ConnectorOptions {
+            // Room for the request held in flight, so the move, not the grace period, is
+            // what waits for it.
+            grace_period: Duration::from_secs(15),
+            ..options(&edge, Protocol::Auto, HA)
+        };
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = TunnelMetrics::register(&mut registry);
+        let handle = Connector::new(token(), opts)
+            .unwrap()
+            .start(
+                hyper::service::service_fn(move |req| {
+                    answer(req, arrived_tx.clone(), release_rx.clone())
+                }),
+                metrics,
+            )
+            .unwrap();
+        handle.wait_registered(HA).await;
+        edge.wait_serving(HA).await;
+        let conns = edge.connections();
+        assert!(
+            conns.iter().all(|c| c.protocol == EdgeProtocol::Quic),
+            "auto starts on QUIC: {conns:?}"
+        );
+        assert_eq!(series(&registry, "quic"), "4");
+        assert_eq!(series(&registry, "http2"), "0");
+
+        // Every value the registered count takes from here on.
+        let mut counts = handle.subscribe_registered();
+        let lowest = Arc::new(AtomicUsize::new(*counts.borrow_and_update()));
+        let sampler = tokio::spawn({
+            let lowest = lowest.clone();
+            async move {
+                while counts.changed().await.is_ok() {
+                    lowest.fetch_min(*counts.borrow_and_update(), Ordering::SeqCst);
+                }
+            }
+        });
+
+        // A request held in flight on one QUIC connection.
+        let before = edge.connections();
+        let slow = tokio::spawn({
+            let addr = edge.http_addr();
+            async move { get(&pooled(), addr, "/slow").await }
+        });
+        arrived.recv().await.unwrap();
+        let carrying = edge
+            .connections()
+            .into_iter()
+            .find(|c| {
+                before
+                    .iter()
+                    .any(|b| b.id == c.id && b.requests + 1 == c.requests)
+            })
+            .expect("one connection took the request");
+        assert_eq!(carrying.protocol, EdgeProtocol::Quic);
+
+        // Requests one after the other all through the move.
+        let (stop_load, stop) = watch::channel(false);
+        let load = tokio::spawn({
+            let addr = edge.http_addr();
+            async move {
+                let client = pooled();
+                let mut stop = stop;
+                let (mut served, mut failed) = (0usize, Vec::new());
+                while !*stop.borrow_and_update() {
+                    let req = get_request(addr, "/hello");
+                    match client.request(req).await {
+                        Ok(resp) if resp.status() == StatusCode::OK => {
+                            match resp.into_body().collect().await.map(|b| b.to_bytes()) {
+                                Ok(b) if b == "hello" => served += 1,
+                                other => failed.push(format!("body: {other:?}")),
+                            }
+                        }
+                        other => failed.push(format!("{other:?}")),
+                    }
+                }
+                (served, failed)
+            }
+        });
+
+        assert!(handle.prefer_http2(), "the first call moves the connector");
+        assert!(!handle.prefer_http2(), "idempotent");
+
+        // The connection carrying the request unregisters (the edge sends it nothing more)
+        // and stays open while its request is in flight.
+        wait_until(|| {
+            let conns = edge.connections();
+            let conn = conns.iter().find(|c| c.id == carrying.id);
+            conn.is_none_or(|c| c.draining)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            edge.connections().iter().any(|c| c.id == carrying.id),
+            "still open with a request in flight"
+        );
+        release.send_replace(true);
+        let (status, _, body) = slow.await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body.len(), SLOW_BODY_BYTES, "the whole body arrived");
+        assert!(body.iter().all(|b| *b == b's'));
+
+        wait_until(|| {
+            let conns = edge.connections();
+            conns.len() == HA
+                && conns
+                    .iter()
+                    .all(|c| serving(c) && c.protocol == EdgeProtocol::Http2)
+        })
+        .await;
+        handle.wait_registered(HA).await;
+        stop_load.send_replace(true);
+        let (served, failed) = load.await.unwrap();
+        assert!(
+            failed.is_empty(),
+            "{} requests failed during the move, the first: {:?}",
+            failed.len(),
+            failed.first()
+        );
+        assert!(served > 0);
+        sampler.abort();
+        let lowest = lowest.load(Ordering::SeqCst);
+        assert!(
+            lowest >= HA - 1,
+            "at most one connection fewer at any time, never none: {lowest}"
+        );
+        assert_eq!(series(&registry, "quic"), "0");
+        assert_eq!(series(&registry, "http2"), "4");
+
+        // For good: connections lost now come back over HTTP/2.
+        let moved: Vec<u64> = edge.connections().iter().map(|c| c.id).collect();
+        edge.close_connections();
+        wait_until(|| {
+            let conns = edge.connections();
+            conns.len() == HA
+                && conns.iter().all(|c| {
+                    !moved.contains(&c.id) && serving(c) && c.protocol == EdgeProtocol::Http2
+                })
+        })
+        .await;
+
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// A connector configured for QUIC only is not moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quic_connector_ignores_the_move_to_http2() {
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::start().await.unwrap();
+        let handle = serving_connector(&edge, Protocol::Quic, 2).await;
+        assert!(!handle.prefer_http2());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let conns = edge.connections();
+        assert_eq!(conns.len(), 2);
+        assert!(
+            conns
+                .iter()
+                .all(|c| serving(c) && c.protocol == EdgeProtocol::Quic),
+            "{conns:?}"
+        );
+        assert_eq!(handle.registered(), 2);
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
