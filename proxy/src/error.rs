@@ -5,7 +5,9 @@ use crate::forward::payload::UnreadableBody;
 use crate::forward::request::UnforwardableTarget;
 use crate::forward::retry::ExchangeError;
 use crate::forward::ForwardError;
-use http::{header, HeaderValue, StatusCode};
+use http::{header, HeaderMap, HeaderValue, StatusCode};
+use std::borrow::Cow;
+use std::fmt::Write as _;
 
 /// Why the proxy answered a request itself instead of relaying a backend's answer.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +30,11 @@ pub enum ProxyError {
     BodyTimeout,
     #[error("request could not be forwarded: {0}")]
     BadRequest(&'static str),
+    /// The request's body is framed by a transfer coding other than `chunked` alone
+    /// (`gzip, chunked`): the proxy would pass its coded bytes on as the body itself, so it
+    /// answers 501, as Go's server does (RFC 9112 §6.1).
+    #[error("request transfer coding is not implemented")]
+    UnsupportedTransferCoding,
     /// The rule requires a Cloudflare Access token and the request has no valid one.
     #[error("access denied: {0}")]
     AccessDenied(AccessError),
@@ -51,6 +58,7 @@ impl ProxyError {
             Self::RequestTimeout => "request_timeout",
             Self::BodyTimeout => "body_timeout",
             Self::BadRequest(_) => "bad_request",
+            Self::UnsupportedTransferCoding => "unsupported_transfer_coding",
             Self::AccessDenied(_) => "access_denied",
             Self::BadUpgrade => "bad_upgrade",
         }
@@ -84,9 +92,13 @@ impl ProxyError {
             // Every connection to the backend stayed busy: it is there but cannot take more
             // now (as Envoy answers a full connection pool).
             Self::Backend(ForwardError::Saturated) => StatusCode::SERVICE_UNAVAILABLE,
+            // An answer that is not HTTP is the backend's failure, not a lack of capacity
+            // (RFC 9110 §15.6.3).
+            Self::Backend(ForwardError::InvalidResponse(_)) => StatusCode::BAD_GATEWAY,
             Self::Backend(_) => StatusCode::BAD_GATEWAY,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::UnsupportedTransferCoding => StatusCode::NOT_IMPLEMENTED,
             Self::AccessDenied(_) => StatusCode::FORBIDDEN,
             Self::BadUpgrade => StatusCode::BAD_GATEWAY,
         }
@@ -100,23 +112,28 @@ impl ProxyError {
             Self::NoRoute => "12",
             Self::Unavailable(s) if *s == StatusCode::NOT_FOUND => "12",
             Self::Backend(ForwardError::Timeout) | Self::RequestTimeout | Self::BodyTimeout => "4",
+            // INTERNAL, as gRPC's own clients report a malformed response: UNAVAILABLE would
+            // tell the client a retry is safe, and the backend may have acted on the call.
+            Self::Backend(ForwardError::InvalidResponse(_)) => "13",
             Self::Backend(_) => "14",
             Self::Unavailable(_) | Self::NoBackend | Self::NoConfig | Self::BadUpgrade => "14",
             Self::BadRequest(_) => "3",
+            Self::UnsupportedTransferCoding => "12",
             Self::AccessDenied(_) => "7",
         }
     }
 
-    /// Status and headers of the answer; the body is the reason in plain text (empty for gRPC).
-    pub fn head(&self, grpc: bool) -> (StatusCode, http::HeaderMap, &'static str) {
-        let mut headers = http::HeaderMap::new();
-        if grpc {
+    /// Status and headers of the answer; the body is the reason in plain text (empty for gRPC,
+    /// whose answer is of the content type family its call was).
+    pub fn head(&self, grpc: Option<GrpcAnswer>) -> (StatusCode, HeaderMap, &'static str) {
+        let mut headers = HeaderMap::new();
+        if let Some(grpc) = grpc {
             headers.insert(
                 header::CONTENT_TYPE,
-                HeaderValue::from_static("application/grpc"),
+                HeaderValue::from_static(grpc.content_type),
             );
             headers.insert("grpc-status", HeaderValue::from_static(self.grpc_status()));
-            if let Ok(v) = HeaderValue::from_str(self.reason().trim_end()) {
+            if let Ok(v) = HeaderValue::from_str(&grpc_message(self.reason().trim_end())) {
                 headers.insert("grpc-message", v);
             }
             return (StatusCode::OK, headers, "");
@@ -145,12 +162,87 @@ impl ProxyError {
                 "upstream reset or closed the connection\n"
             }
             Self::Backend(ForwardError::Saturated) => "upstream connection limit reached\n",
+            Self::Backend(ForwardError::InvalidResponse(_)) => {
+                "upstream sent an invalid response\n"
+            }
             Self::BadRequest(r) => r,
+            Self::UnsupportedTransferCoding => {
+                "the request's transfer coding is not implemented: only chunked is\n"
+            }
             // Why exactly is for the operator's log, not for the client.
             Self::AccessDenied(_) => "a valid Cloudflare Access token is required\n",
             Self::BadUpgrade => "upstream switched to a protocol the request did not ask for\n",
         }
     }
+}
+
+/// What the proxy's own answer to a gRPC call says it is: a gRPC-Web client (grpc-web,
+/// connect-web) refuses an answer whose `content-type` is not of its call's family before it
+/// reads `grpc-status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrpcAnswer {
+    content_type: &'static str,
+}
+
+impl GrpcAnswer {
+    /// The answer to a request whose `content-type` is gRPC's (`application/grpc...`), in the
+    /// request's family: `application/grpc`, `application/grpc-web` or
+    /// `application/grpc-web-text`, with the `+proto` or `+json` the request named;
+    /// `None` for a request that is not a gRPC call.
+    pub fn of(request: &HeaderMap) -> Option<Self> {
+        let value = request.get(header::CONTENT_TYPE)?.as_bytes();
+        let rest = value.strip_prefix(b"application/grpc")?;
+        let (text, rest) = if let Some(rest) = strip_prefix_ignore_case(rest, b"-web-text") {
+            (true, rest)
+        } else if let Some(rest) = strip_prefix_ignore_case(rest, b"-web") {
+            (false, rest)
+        } else {
+            return Some(Self {
+                content_type: "application/grpc",
+            });
+        };
+        // The message format, before any parameter (`; charset=...`).
+        let format = rest
+            .split(|&b| b == b';')
+            .next()
+            .unwrap_or_default()
+            .trim_ascii();
+        let proto = format.eq_ignore_ascii_case(b"+proto");
+        let json = format.eq_ignore_ascii_case(b"+json");
+        let content_type = match (text, proto, json) {
+            (false, true, _) => "application/grpc-web+proto",
+            (false, _, true) => "application/grpc-web+json",
+            (false, _, _) => "application/grpc-web",
+            (true, true, _) => "application/grpc-web-text+proto",
+            (true, _, true) => "application/grpc-web-text+json",
+            (true, _, _) => "application/grpc-web-text",
+        };
+        Some(Self { content_type })
+    }
+}
+
+fn strip_prefix_ignore_case<'a>(value: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
+    let (head, rest) = value.split_at_checked(prefix.len())?;
+    head.eq_ignore_ascii_case(prefix).then_some(rest)
+}
+
+/// `message` as `grpc-message` carries it: percent-encoded, every byte outside printable
+/// ASCII and every `%` written `%XX` (gRPC over HTTP/2, "Responses").
+fn grpc_message(message: &str) -> Cow<'_, str> {
+    let plain = |b: u8| (0x20..=0x7e).contains(&b) && b != b'%';
+    if message.bytes().all(plain) {
+        return Cow::Borrowed(message);
+    }
+    let mut encoded = String::with_capacity(message.len() + 16);
+    for b in message.bytes() {
+        if plain(b) {
+            encoded.push(char::from(b));
+        } else {
+            // Writing to a `String` cannot fail.
+            let _ = write!(encoded, "%{b:02X}");
+        }
+    }
+    Cow::Owned(encoded)
 }
 
 impl From<UnreadableBody> for ProxyError {
@@ -180,8 +272,8 @@ mod tests {
 
     #[test]
     fn a_connection_closed_before_the_request_answers_as_a_reset_one() {
-        let closed = ProxyError::Backend(ForwardError::Canceled).head(false);
-        let reset = ProxyError::Backend(ForwardError::Other("reset".into())).head(false);
+        let closed = ProxyError::Backend(ForwardError::Canceled).head(None);
+        let reset = ProxyError::Backend(ForwardError::Other("reset".into())).head(None);
         assert_eq!(
             (closed.0, closed.2),
             (StatusCode::SERVICE_UNAVAILABLE, reset.2)
@@ -192,7 +284,11 @@ mod tests {
     #[test]
     fn grpc_clients_read_a_404_rule_as_unimplemented() {
         let status = |e: ProxyError| {
-            let (code, headers, _) = e.head(true);
+            let grpc = GrpcAnswer::of(&HeaderMap::from_iter([(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/grpc"),
+            )]));
+            let (code, headers, _) = e.head(grpc);
             assert_eq!(code, StatusCode::OK);
             headers.get("grpc-status").cloned()
         };
@@ -214,10 +310,53 @@ mod tests {
                 .map(HeaderValue::as_bytes),
             Some(&b"14"[..])
         );
-        let (code, _, body) = ProxyError::Unavailable(StatusCode::NOT_FOUND).head(false);
+        let (code, _, body) = ProxyError::Unavailable(StatusCode::NOT_FOUND).head(None);
         assert_eq!(
             (code, body),
             (StatusCode::NOT_FOUND, "no route matches this request\n")
         );
+    }
+
+    #[test]
+    fn grpc_answers_keep_the_family_and_format_of_the_call() {
+        let answer = |content_type: &'static str| {
+            let request = HeaderMap::from_iter([(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(content_type),
+            )]);
+            GrpcAnswer::of(&request).map(|a| a.content_type)
+        };
+        for (request, expected) in [
+            ("application/grpc", Some("application/grpc")),
+            ("application/grpc+proto", Some("application/grpc")),
+            ("application/grpc-web", Some("application/grpc-web")),
+            (
+                "application/grpc-web+proto",
+                Some("application/grpc-web+proto"),
+            ),
+            (
+                "application/grpc-web+JSON",
+                Some("application/grpc-web+json"),
+            ),
+            ("application/grpc-web+thrift", Some("application/grpc-web")),
+            (
+                "application/grpc-web-text",
+                Some("application/grpc-web-text"),
+            ),
+            (
+                "application/grpc-web-text+proto; charset=utf-8",
+                Some("application/grpc-web-text+proto"),
+            ),
+            ("text/plain", None),
+        ] {
+            assert_eq!(answer(request), expected, "{request}");
+        }
+    }
+
+    #[test]
+    fn grpc_messages_are_percent_encoded() {
+        assert_eq!(grpc_message("plain text: ok"), "plain text: ok");
+        assert_eq!(grpc_message("100% sure"), "100%25 sure");
+        assert_eq!(grpc_message("caf\u{e9}\tbar"), "caf%C3%A9%09bar");
     }
 }

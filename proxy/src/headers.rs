@@ -122,6 +122,47 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) -> b
     set & CONNECTION_BIT != 0
 }
 
+/// Whether a message's body is framed by `chunked` alone, or by no transfer coding at all:
+/// any other coding (`gzip, chunked`) would be passed on as if it were the body itself once
+/// the framing is undone, and HTTP/1.1 needs none but `chunked` (RFC 9112 §6.1).
+pub(crate) fn only_chunked_coding(headers: &HeaderMap) -> bool {
+    let mut codings = headers.get_all(header::TRANSFER_ENCODING).iter();
+    match (codings.next(), codings.next()) {
+        (None, _) => true,
+        (Some(coding), None) => coding.as_bytes().eq_ignore_ascii_case(b"chunked"),
+        (Some(_), Some(_)) => false,
+    }
+}
+
+/// Whether a request says it takes trailers: `trailers` in its `TE` list, which is what an
+/// HTTP/1.1 server reads before it writes any (RFC 9110 §10.1.4).
+pub(crate) fn takes_trailers(headers: &HeaderMap) -> bool {
+    headers.get_all(header::TE).iter().any(|value| {
+        value
+            .as_bytes()
+            .split(|&b| b == b',')
+            .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"trailers"))
+    })
+}
+
+/// Announces gRPC's trailers on a gRPC response (not gRPC-Web, whose trailers travel in its
+/// body) that announces none. An HTTP/1.1 encoder writes only the trailers a response's
+/// `Trailer` header names, and an HTTP/2 backend has no reason to name them: without this, a
+/// client over HTTP/1.1 would never see the call's `grpc-status`.
+pub(crate) fn announce_grpc_trailers(headers: &mut HeaderMap) {
+    let grpc = headers.get(header::CONTENT_TYPE).is_some_and(|v| {
+        let v = v.as_bytes();
+        v.starts_with(b"application/grpc") && !v.starts_with(b"application/grpc-web")
+    });
+    if grpc {
+        if let header::Entry::Vacant(entry) = headers.entry(header::TRAILER) {
+            entry.insert(HeaderValue::from_static(
+                "grpc-status, grpc-message, grpc-status-details-bin",
+            ));
+        }
+    }
+}
+
 /// Settles `X-Forwarded-Proto` before routing, since rules may match on it (a Gateway's HTTP
 /// and HTTPS listeners are told apart by it): a trusted hop's value stands, and `http` from it
 /// becomes the request's scheme; anyone else's is replaced with the scheme the client used.

@@ -15,13 +15,16 @@
 use crate::access_log::{AccessLog, AccessLogOptions};
 use crate::body::{self, BoxError};
 use crate::completion::{Completion, Recorder};
-use crate::error::ProxyError;
+use crate::error::{GrpcAnswer, ProxyError};
 use crate::filter::{Cors, Filters};
 use crate::forward::mirror::Mirrors;
 use crate::forward::payload::Payload;
 use crate::forward::retry::{self, Tries, TryTimeout};
 use crate::forward::{ForwardError, UpstreamBody};
-use crate::headers::{prepare_forward_headers, settle_forwarded_proto, strip_hop_by_hop};
+use crate::headers::{
+    announce_grpc_trailers, only_chunked_coding, prepare_forward_headers, settle_forwarded_proto,
+    strip_hop_by_hop, takes_trailers,
+};
 use crate::metrics::ProxyMetrics;
 use crate::response::{Bounds, ResponseBody};
 use crate::route::RequestView;
@@ -170,7 +173,8 @@ impl Proxy {
         let start = Instant::now();
         let routes = self.shared.routes.load_full();
         let (parts, body) = req.into_parts();
-        let grpc = is_grpc(&parts.headers);
+        let grpc_answer = GrpcAnswer::of(&parts.headers);
+        let grpc = grpc_answer.is_some();
         // Trailers reach a client over HTTP/2, and through the tunnel one that asks for them
         // (`TE: trailers`, as every gRPC client does). Over HTTP/1.1 hyper writes only trailers
         // a `Trailer` header announced, and a cut body must show as one, so those are cut.
@@ -205,7 +209,7 @@ impl Proxy {
                         "backend error"
                     );
                 }
-                let (status, headers, reason) = err.head(grpc);
+                let (status, headers, reason) = err.head(grpc_answer);
                 // A HEAD answer carries no body: one the server leaves unread would count the
                 // request as cut off.
                 let body = if head { "" } else { reason };
@@ -243,6 +247,12 @@ impl Proxy {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
+        // hyper frames a `gzip, chunked` body by its chunks and leaves the gzip to the handler:
+        // passed on, the backend would read the coded bytes as the body. (A body of known
+        // length has no transfer coding: the common request is not looked up.)
+        if body.size_hint().exact().is_none() && !only_chunked_coding(&parts.headers) {
+            return Err(ProxyError::UnsupportedTransferCoding);
+        }
         let conn = settle_forwarded_proto(&mut parts.headers, conn);
         if parts.version == http::Version::HTTP_2 {
             cftunnel_config::hop_by_hop::join_cookie_crumbs(&mut parts.headers);
@@ -397,6 +407,13 @@ impl Proxy {
         // `h2` says with each connection, so the bounds it lifts are lifted by the try that
         // goes out on a connection where it picked it.
         let grpc = is_grpc(&parts.headers);
+        // A client of the proxy's own HTTP/1.1 listener gets a gRPC backend's trailers only if
+        // the response announces them (the tunnel carries them its own way). `TE` is still
+        // here only as `trailers`, which is what gRPC clients send.
+        let announce_trailers = grpc
+            && parts.version == http::Version::HTTP_11
+            && !conn.trusted_forwarding
+            && takes_trailers(&parts.headers);
         let unbounded = grpc && upstream.always_http2();
         let quiet =
             (!counted.is_end_stream() && !unbounded).then(|| Arc::new(body::QuietState::default()));
@@ -479,6 +496,19 @@ impl Proxy {
         if let Some(quiet) = &quiet {
             quiet.answered();
         }
+        // A body coded other than by `chunked` would reach the client as if it were the body
+        // itself, its coding stripped with the framing: an invalid response (RFC 9112 §6.1).
+        if response.body().size_hint().exact().is_none() && !only_chunked_coding(response.headers())
+        {
+            return Err(
+                ForwardError::InvalidResponse("transfer coding other than chunked".into()).into(),
+            );
+        }
+        // The client is answered in the proxy's HTTP, whatever the backend spoke (RFC 9110
+        // §6.2): an HTTP/1.0 backend's version passed on would end an HTTP/1.1 client's
+        // keep-alive. hyper still answers an HTTP/1.0 client as one, and HTTP/2 has no version
+        // line.
+        *response.version_mut() = http::Version::HTTP_11;
 
         let switched = response.status() == StatusCode::SWITCHING_PROTOCOLS;
         // A handshake the backend refused: the body of its refusal may send nothing for no
@@ -500,6 +530,9 @@ impl Proxy {
             }
         } else {
             strip_hop_by_hop(response.headers_mut(), false);
+            if announce_trailers {
+                announce_grpc_trailers(response.headers_mut());
+            }
         }
         rule.filters.apply_response(response.headers_mut());
         backend.filters.apply_response(response.headers_mut());

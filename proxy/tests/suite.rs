@@ -15,6 +15,7 @@ mod drain;
 mod framing;
 mod hardening;
 mod http2_backends;
+mod invalid_backends;
 mod keepalive;
 mod listen;
 mod logs;
