@@ -14,6 +14,7 @@ mod busy_runtime;
 mod drain;
 mod framing;
 mod hardening;
+mod header_filter_framing;
 mod http2_backends;
 mod invalid_backends;
 mod keepalive;

@@ -249,6 +249,9 @@ fn some_filters<F: Keep>(
 /// A header modifier, checked. Gateway API (`HTTPHeader`): of the `set` or `add` entries with
 /// equivalent names (header names are compared in any case) the first counts and the others
 /// are ignored, so `set: [X-Env: prod, x-env: dev]` sets `prod`, and `add` adds it once.
+///
+/// `set` and `add` may not name a header that frames the message or belongs to one connection
+/// ([`proxy_owned`]); `remove` may, as the proxy frames what it forwards itself.
 fn header_edits(m: &doc::HeaderModifier, at: &At<'_>) -> Result<HeaderEdits, Invalid> {
     let pairs = |list: &[doc::Header], what: &str| {
         let list_at = at.field(what);
@@ -259,6 +262,12 @@ fn header_edits(m: &doc::HeaderModifier, at: &At<'_>) -> Result<HeaderEdits, Inv
         for (k, h) in list.iter().enumerate() {
             let at = list_at.index(k);
             let name = name::header_name(&h.name).map_err(|m| Invalid::new(at.field("name"), m))?;
+            if let Some(why) = proxy_owned(&name) {
+                return Err(Invalid::new(
+                    at.field("name"),
+                    format!("{name} {why}: a filter may remove it, not {what} it"),
+                ));
+            }
             let value =
                 name::header_value(&h.value).map_err(|m| Invalid::new(at.field("value"), m))?;
             if seen.insert(name.clone()) {
@@ -280,6 +289,21 @@ fn header_edits(m: &doc::HeaderModifier, at: &At<'_>) -> Result<HeaderEdits, Inv
         add: pairs(&m.add, "add")?,
         remove,
     })
+}
+
+/// Why a filter may not set or add header `name`, if it may not: `Content-Length` or
+/// `Transfer-Encoding` could disagree with the body the proxy frames, so the peer would read
+/// the rest of the body as the next message on its connection (a poisoned response queue,
+/// a smuggled request) or wait for bytes that never come; a hop-by-hop header
+/// ([`crate::hop_by_hop`]) is stripped before filters run and set here would be passed on.
+fn proxy_owned(name: &HeaderName) -> Option<&'static str> {
+    if name == http::header::CONTENT_LENGTH || name == http::header::TRANSFER_ENCODING {
+        Some("frames the message, and the proxy frames what it sends")
+    } else if crate::hop_by_hop::is_hop_by_hop(name) {
+        Some("is hop-by-hop, and the proxy writes those for each connection")
+    } else {
+        None
+    }
 }
 
 /// A replacement path. `ReplacePrefixMatch` needs a matched prefix: a rule with a regex path

@@ -668,3 +668,65 @@ fn an_access_requirement_is_checked_at_its_fields() {
     .expect("passes");
     assert_eq!(plain[0].access, None);
 }
+
+/// A `document` whose only rule has `filter` at rule level (`backend: false`) or on its one
+/// backend.
+fn one_filter(filter: serde_json::Value, backend: bool) -> serde_json::Value {
+    if backend {
+        json!({"rules": [{"backends": [{"url": "http://b", "weight": 1, "filters": [filter]}]}]})
+    } else {
+        json!({"rules": [{"filters": [filter], "backends": [{"url": "http://b", "weight": 1}]}]})
+    }
+}
+
+/// A header modifier of `kind` (`requestHeaderModifier`, `responseHeaderModifier`) with
+/// `edits`.
+fn modifier(kind: &str, edits: serde_json::Value) -> serde_json::Value {
+    let tag = if kind == "requestHeaderModifier" {
+        "RequestHeaderModifier"
+    } else {
+        "ResponseHeaderModifier"
+    };
+    json!({"type": tag, kind: edits})
+}
+
+/// A filter setting `Content-Length` or `Transfer-Encoding` would frame a message other than
+/// the proxy sends it (a response queue poisoned, a request smuggled), and one setting a
+/// hop-by-hop header would pass on what the proxy strips: `set` and `add` of them are refused
+/// at the entry's name, naming the header, at rule and backend level, on requests and
+/// responses; `remove` of them is taken.
+#[test]
+fn a_header_filter_may_remove_framing_and_hop_by_hop_headers_but_not_set_or_add_them() {
+    let names = ["Content-Length", "transfer-encoding"]
+        .into_iter()
+        .chain(crate::hop_by_hop::NAMES);
+    for name in names {
+        for kind in ["requestHeaderModifier", "responseHeaderModifier"] {
+            for backend in [false, true] {
+                let at = if backend {
+                    format!("rules[0].backends[0].filters[0].{kind}")
+                } else {
+                    format!("rules[0].filters[0].{kind}")
+                };
+                for what in ["set", "add"] {
+                    // Behind an entry that is fine, so the position is the refused one's.
+                    let edits = json!({what: [{"name": "x-fine", "value": "1"}, {"name": name, "value": "0"}]});
+                    let value = one_filter(modifier(kind, edits), backend);
+                    let err = document(&doc(value.clone()), &mut Cache::default())
+                        .expect_err("a framing or hop-by-hop header is refused");
+                    assert_eq!(err.field(), format!("{at}.{what}[1].name"), "{value}");
+                    assert!(
+                        err.invalid.message.starts_with(&name.to_ascii_lowercase())
+                            && err.invalid.message.ends_with(&format!("not {what} it")),
+                        "{value}: {err}"
+                    );
+                    assert_same_verdict(&doc(value));
+                }
+                let removed = one_filter(modifier(kind, json!({"remove": [name]})), backend);
+                document(&doc(removed.clone()), &mut Cache::default())
+                    .unwrap_or_else(|e| panic!("{removed}: {e}"));
+                assert_same_verdict(&doc(removed));
+            }
+        }
+    }
+}

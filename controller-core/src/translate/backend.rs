@@ -11,8 +11,7 @@ use k8s_openapi::api::core::v1::ServicePort as KubeServicePort;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::backend_ref::{
-    port_asks_tls, BackendRefError, BackendRefView, ClusterUrl, Resolved, ServiceUrl,
-    APP_PROTOCOL_H2C, APP_PROTOCOL_WS, APP_PROTOCOL_WSS,
+    AppProtocol, BackendRefError, BackendRefView, ClusterUrl, Resolved, ServiceUrl,
 };
 use super::backend_tls::PortKey;
 use super::external_name::{self, ExternalNameBackends, HostField};
@@ -100,7 +99,8 @@ pub(super) fn resolve<'a>(
         let service_port = spec
             .and_then(|s| s.ports.as_ref())
             .and_then(|ports| ports.iter().find(|p| p.port == port));
-        let tls = Tls::of(namespace, r.name, port, service_port, index, || {
+        let app = AppProtocol::of(service_port.and_then(|p| p.app_protocol.as_deref()));
+        let tls = Tls::of(namespace, r.name, port, service_port, app, index, || {
             host.trim_end_matches('.').to_owned()
         });
         let url = tls.url(&format!("{host}:{port}"));
@@ -113,6 +113,7 @@ pub(super) fn resolve<'a>(
             tls: tls.settings,
             tls_refused: tls.refused,
             port: tls.port,
+            notice: None,
         });
     }
     let Some(service_port) = spec
@@ -127,6 +128,7 @@ pub(super) fn resolve<'a>(
         });
     };
     let app_protocol = service_port.app_protocol.as_deref();
+    let app = AppProtocol::of(app_protocol);
     // A headless Service's DNS name resolves to the pods, which listen on the target port.
     let headless = spec.and_then(|s| s.cluster_ip.as_deref()) == Some("None");
     let dns_port = match (&service_port.target_port, headless) {
@@ -136,7 +138,15 @@ pub(super) fn resolve<'a>(
     // Every rule resolves its backends: the Service's own name is joined only where a TLS
     // check or a URL needs it.
     let dns_name = || super::joined([r.name, ".", namespace, ".svc.", &options.cluster_domain]);
-    let tls = Tls::of(namespace, r.name, port, Some(service_port), index, dns_name);
+    let tls = Tls::of(
+        namespace,
+        r.name,
+        port,
+        Some(service_port),
+        app,
+        index,
+        dns_name,
+    );
     let service_url = ClusterUrl {
         scheme: tls.scheme(),
         name: r.name,
@@ -152,25 +162,34 @@ pub(super) fn resolve<'a>(
             ServiceUrl::Cluster(service_url),
         ),
     };
+    // A GRPCRoute speaks h2c to every backend, whatever its port says.
+    let notice = (app == AppProtocol::Unrecognised && from == RouteKind::Http).then(|| {
+        BackendRefError::unrecognised_protocol(
+            field,
+            "Service",
+            namespace,
+            r.name,
+            port,
+            app_protocol,
+        )
+    });
     Ok(Resolved {
         urls,
         service_url,
-        protocol: if app_protocol == Some(APP_PROTOCOL_H2C) {
-            BackendProtocol::H2c
-        } else {
-            BackendProtocol::Http1
-        },
-        websocket: matches!(app_protocol, Some(APP_PROTOCOL_WS | APP_PROTOCOL_WSS)),
+        protocol: app.protocol(),
+        websocket: app.websocket(),
         public_only: false,
         tls: tls.settings,
         tls_refused: tls.refused,
         port: tls.port,
+        notice,
     })
 }
 
 /// How a Service port is dialled: over TLS when a BackendTLSPolicy covers it (with the
-/// policy's settings), or when the port asks for TLS itself ([`port_asks_tls`]), then verified against the platform's web roots for
-/// `host` (the name a client of the Service would check).
+/// policy's settings), or when the port asks for TLS itself ([`AppProtocol::asks_tls`]), then
+/// verified against the platform's web roots for `host` (the name a client of the Service
+/// would check).
 struct Tls {
     settings: Option<Box<BackendTls>>,
     refused: bool,
@@ -184,6 +203,7 @@ impl Tls {
         service: &str,
         port: i32,
         service_port: Option<&KubeServicePort>,
+        app: AppProtocol,
         index: &Index<'_>,
         host: impl FnOnce() -> String,
     ) -> Self {
@@ -195,7 +215,7 @@ impl Tls {
                 port_name.map(str::to_owned),
             ))
         });
-        let asks = port_asks_tls(port, service_port.and_then(|p| p.app_protocol.as_deref()));
+        let asks = app.asks_tls(port);
         match index.policies.covering(namespace, service, port_name) {
             Some(covered) => Self {
                 settings: covered.tls.cloned().map(Box::new),

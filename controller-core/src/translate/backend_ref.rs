@@ -8,27 +8,82 @@ use cftunnel_config::{BackendProtocol, BackendTls};
 
 use super::backend_tls::PortKey;
 use super::external_name::Refusal;
+use super::field::Field;
 use super::status::Reason;
 
 /// `appProtocol` values with a meaning for the data plane (Gateway API GEP-1911).
-pub(super) const APP_PROTOCOL_H2C: &str = "kubernetes.io/h2c";
-pub(super) const APP_PROTOCOL_WS: &str = "kubernetes.io/ws";
-pub(super) const APP_PROTOCOL_WSS: &str = "kubernetes.io/wss";
-/// `appProtocol` of a port that speaks HTTPS (an IANA service name, as Kubernetes allows).
-pub(super) const APP_PROTOCOL_HTTPS: &str = "https";
-/// `appProtocol` of a port that speaks plain HTTP/1.1.
-const APP_PROTOCOL_HTTP: &str = "http";
+const APP_PROTOCOL_H2C: &str = "kubernetes.io/h2c";
+const APP_PROTOCOL_WS: &str = "kubernetes.io/ws";
+const APP_PROTOCOL_WSS: &str = "kubernetes.io/wss";
+/// Other names for HTTP/2 in the clear that Services carry for gRPC backends: `h2c` (the
+/// ALPN name), `grpc` (Istio's). Service names (RFC 6335) compare in any case. Not GKE's
+/// `HTTP2`, which means HTTP/2 over TLS: dialled in the clear, such a port would fail.
+const H2C_NAMES: [&str; 2] = ["h2c", "grpc"];
 /// A Service port this number is dialled over TLS unless its `appProtocol` says otherwise.
 const HTTPS_PORT: i32 = 443;
 
-/// Whether a Service port with no BackendTLSPolicy is dialled over TLS: its `appProtocol` says
-/// so (`https`, `kubernetes.io/wss`), or it is port 443 and its `appProtocol` names no
-/// cleartext protocol (`http`, `kubernetes.io/h2c`, `kubernetes.io/ws`).
-pub(super) fn port_asks_tls(port: i32, app_protocol: Option<&str>) -> bool {
-    match app_protocol {
-        Some(APP_PROTOCOL_HTTPS | APP_PROTOCOL_WSS) => true,
-        Some(APP_PROTOCOL_HTTP | APP_PROTOCOL_H2C | APP_PROTOCOL_WS) => false,
-        _ => port == HTTPS_PORT,
+/// What a Service (or ServiceImport) port's `appProtocol` asks of the data plane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum AppProtocol {
+    /// None: HTTP/1.1 (HTTP/2 if TLS negotiates it), over TLS on port 443.
+    Unset,
+    /// `http`: HTTP/1.1 in the clear, whatever the port.
+    Http,
+    /// `https`: over TLS, whatever the port.
+    Https,
+    /// `kubernetes.io/h2c`, or another name for it ([`H2C_NAMES`]): HTTP/2 with prior
+    /// knowledge, in the clear.
+    H2c,
+    /// `kubernetes.io/ws`: WebSocket in the clear.
+    Ws,
+    /// `kubernetes.io/wss`: WebSocket over TLS.
+    Wss,
+    /// A value none of the above: dialled as [`AppProtocol::Unset`] is, and reported on the
+    /// route ([`BackendRefError::UnrecognisedProtocol`]), as the Go implementation does. A
+    /// Service labelled for another mesh or cloud often speaks HTTP/1.1 anyway, so refusing
+    /// the backend would take down traffic that works.
+    Unrecognised,
+}
+
+impl AppProtocol {
+    pub(super) fn of(app_protocol: Option<&str>) -> Self {
+        let Some(value) = app_protocol.filter(|v| !v.is_empty()) else {
+            return Self::Unset;
+        };
+        match value {
+            APP_PROTOCOL_H2C => Self::H2c,
+            APP_PROTOCOL_WS => Self::Ws,
+            APP_PROTOCOL_WSS => Self::Wss,
+            v if v.eq_ignore_ascii_case("http") => Self::Http,
+            v if v.eq_ignore_ascii_case("https") => Self::Https,
+            v if H2C_NAMES.iter().any(|n| v.eq_ignore_ascii_case(n)) => Self::H2c,
+            _ => Self::Unrecognised,
+        }
+    }
+
+    /// Whether a port `port` with no BackendTLSPolicy is dialled over TLS: its `appProtocol`
+    /// says so (`https`, `kubernetes.io/wss`), or it is port 443 and its `appProtocol` names
+    /// no cleartext protocol (`http`, h2c, `kubernetes.io/ws`).
+    pub(super) fn asks_tls(self, port: i32) -> bool {
+        match self {
+            Self::Https | Self::Wss => true,
+            Self::Http | Self::H2c | Self::Ws => false,
+            Self::Unset | Self::Unrecognised => port == HTTPS_PORT,
+        }
+    }
+
+    /// The protocol the backend is spoken to with.
+    pub(super) fn protocol(self) -> BackendProtocol {
+        if self == Self::H2c {
+            BackendProtocol::H2c
+        } else {
+            BackendProtocol::Http1
+        }
+    }
+
+    /// Whether the backend takes WebSocket upgrades.
+    pub(super) fn websocket(self) -> bool {
+        matches!(self, Self::Ws | Self::Wss)
     }
 }
 
@@ -115,9 +170,50 @@ pub enum BackendRefError {
         name: String,
         refusal: Refusal,
     },
+    /// A port whose `appProtocol` is [`AppProtocol::Unrecognised`]: unlike the others, the
+    /// backend is still dialled.
+    #[error(
+        "{field}: {kind} {namespace}/{name} port {port} has appProtocol {app_protocol:?}, which is \
+         not recognised: it is dialled over HTTP/1.1, as a port without appProtocol is"
+    )]
+    UnrecognisedProtocol {
+        field: String,
+        /// `Service` or `ServiceImport`.
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        port: i32,
+        app_protocol: String,
+    },
 }
 
 impl BackendRefError {
+    /// A port of `kind` (`Service`, `ServiceImport`) whose `appProtocol` is
+    /// [`AppProtocol::Unrecognised`].
+    pub(super) fn unrecognised_protocol(
+        field: Field<'_>,
+        kind: &'static str,
+        namespace: &str,
+        name: &str,
+        port: i32,
+        app_protocol: Option<&str>,
+    ) -> Box<Self> {
+        Box::new(Self::UnrecognisedProtocol {
+            field: field.to_string(),
+            kind,
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            port,
+            app_protocol: app_protocol.unwrap_or_default().to_owned(),
+        })
+    }
+
+    /// Whether the backend is dialled all the same ([`Self::UnrecognisedProtocol`]), where the
+    /// others fail it closed or leave it out.
+    pub fn still_dialled(&self) -> bool {
+        matches!(self, Self::UnrecognisedProtocol { .. })
+    }
+
     /// The `ResolvedRefs` reason the spec assigns to this failure.
     pub fn reason(&self) -> Reason {
         match self {
@@ -138,6 +234,8 @@ impl BackendRefError {
             Self::RefNotPermitted { .. } | Self::ServiceImportRefNotPermitted { .. } => {
                 Reason::RefNotPermitted
             }
+            // GEP-1911: a backend that cannot be spoken to with its stated protocol.
+            Self::UnrecognisedProtocol { .. } => Reason::UnsupportedProtocol,
         }
     }
 }
@@ -162,6 +260,9 @@ pub(super) struct Resolved<'a> {
     /// The Service port, as BackendTLSPolicies target it (for their status); `None` in a
     /// cluster without BackendTLSPolicies, where no status needs it.
     pub(super) port: Option<Box<PortKey>>,
+    /// What the route should say about a backend it still dials: an `appProtocol` that is
+    /// not recognised ([`BackendRefError::UnrecognisedProtocol`]).
+    pub(super) notice: Option<Box<BackendRefError>>,
 }
 
 /// The URL naming a resolved Service. A cluster Service's is kept as its parts and joined

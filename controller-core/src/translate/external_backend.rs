@@ -115,6 +115,7 @@ pub(super) fn resolve(
         tls,
         tls_refused: false,
         port: None,
+        notice: None,
     })
 }
 

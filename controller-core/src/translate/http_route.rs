@@ -374,6 +374,9 @@ fn convert_backend<'t>(
             if let Some(port) = r.port.take() {
                 ctx.ports.borrow_mut().insert(*port);
             }
+            if let Some(notice) = r.notice.take() {
+                ref_errors.push(*notice);
+            }
             // A BackendTLSPolicy that cannot be used fails its backends closed (spec: the
             // client gets a 5xx), as an invalid reference does.
             if fail_closed || r.tls_refused {
@@ -845,22 +848,27 @@ fn convert_filter(
                 }
                 // A BackendTLSPolicy that cannot be used fails the backend closed: no copies.
                 Ok(resolved) if resolved.tls_refused => return Ok(FilterOutcome::Skip),
-                Ok(resolved) => match backend::mirror_url(&resolved) {
-                    None => return Ok(FilterOutcome::Skip),
-                    Some(backend_url) => {
-                        let mut out = Filter::new(FilterType::RequestMirror);
-                        out.request_mirror = Some(RequestMirror {
-                            backend_url,
-                            percent,
-                            fraction,
-                            protocol: protocol.unwrap_or(resolved.protocol),
-                            public_only: resolved.public_only,
-                            // Copies go over TLS as the backend's requests do.
-                            tls: resolved.tls.map(|tls| *tls),
-                        });
-                        out
+                Ok(mut resolved) => {
+                    if let Some(notice) = resolved.notice.take() {
+                        ref_errors.push(*notice);
                     }
-                },
+                    match backend::mirror_url(&resolved) {
+                        None => return Ok(FilterOutcome::Skip),
+                        Some(backend_url) => {
+                            let mut out = Filter::new(FilterType::RequestMirror);
+                            out.request_mirror = Some(RequestMirror {
+                                backend_url,
+                                percent,
+                                fraction,
+                                protocol: protocol.unwrap_or(resolved.protocol),
+                                public_only: resolved.public_only,
+                                // Copies go over TLS as the backend's requests do.
+                                tls: resolved.tls.map(|tls| *tls),
+                            });
+                            out
+                        }
+                    }
+                }
             }
         }
         HttpRouteRulesFiltersType::Cors => {

@@ -130,10 +130,16 @@ impl TranslatedRoute {
             ),
             Some(first) => {
                 let parts: Vec<String> = self.ref_errors.iter().map(ToString::to_string).collect();
+                // A reference that fails its backend outranks one still dialled.
+                let worst = self
+                    .ref_errors
+                    .iter()
+                    .find(|e| !e.still_dialled())
+                    .unwrap_or(first);
                 Condition::new(
                     ConditionType::ResolvedRefs,
                     false,
-                    first.reason(),
+                    worst.reason(),
                     parts.join("; "),
                     generation,
                 )

@@ -8,9 +8,9 @@
 //! Ports speak HTTPS, HTTP/2 or WebSocket as a Service's do (their `appProtocol`, or port
 //! 443); BackendTLSPolicies target Services, so none applies here.
 
-use cftunnel_config::{BackendProtocol, BackendTls};
+use cftunnel_config::BackendTls;
 
-use super::backend_ref::{BackendRefError, BackendRefView, Resolved, ServiceUrl};
+use super::backend_ref::{AppProtocol, BackendRefError, BackendRefView, Resolved, ServiceUrl};
 use super::field::Field;
 use super::{Index, RouteKind};
 use crate::service_import::{CLUSTERSET_DOMAIN, MULTICLUSTER_GROUP, SERVICE_IMPORT_KIND};
@@ -78,7 +78,8 @@ pub(super) fn resolve(
     };
     let host = format!("{}.{namespace}.svc.{CLUSTERSET_DOMAIN}", r.name);
     let app_protocol = exported.app_protocol.as_deref();
-    let tls = super::backend_ref::port_asks_tls(port, app_protocol).then(|| {
+    let app = AppProtocol::of(app_protocol);
+    let tls = app.asks_tls(port).then(|| {
         Box::new(BackendTls {
             server_name: Some(host.clone()),
             ..BackendTls::default()
@@ -86,21 +87,26 @@ pub(super) fn resolve(
     });
     let scheme = if tls.is_some() { "https" } else { "http" };
     let url = format!("{scheme}://{host}:{port}");
+    // A GRPCRoute speaks h2c to every backend, whatever its port says.
+    let notice = (app == AppProtocol::Unrecognised && from == RouteKind::Http).then(|| {
+        BackendRefError::unrecognised_protocol(
+            field,
+            SERVICE_IMPORT_KIND,
+            namespace,
+            r.name,
+            port,
+            app_protocol,
+        )
+    });
     Ok(Resolved {
         urls: vec![url],
         service_url: ServiceUrl::Dialled,
-        protocol: if app_protocol == Some(super::backend_ref::APP_PROTOCOL_H2C) {
-            BackendProtocol::H2c
-        } else {
-            BackendProtocol::Http1
-        },
-        websocket: matches!(
-            app_protocol,
-            Some(super::backend_ref::APP_PROTOCOL_WS | super::backend_ref::APP_PROTOCOL_WSS)
-        ),
+        protocol: app.protocol(),
+        websocket: app.websocket(),
         public_only: false,
         tls,
         tls_refused: false,
         port: None,
+        notice,
     })
 }

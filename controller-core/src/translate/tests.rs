@@ -1906,6 +1906,57 @@ fn a_rule_the_contract_refuses_is_left_out_naming_the_field() {
     );
 }
 
+/// A header filter that sets or adds a header framing the message (`Content-Length`,
+/// `Transfer-Encoding`) or a hop-by-hop one is refused by the contract, at rule or backend
+/// level: its rule is left out with the route naming the field and the header, and the rule
+/// that only removes such headers is served.
+#[test]
+fn a_header_filter_setting_a_framing_header_leaves_its_rule_out_naming_it() {
+    let out = run(&http_route(
+        "infra",
+        "framing",
+        r#"  parentRefs: [{name: gw}]
+  rules:
+  - matches: [{path: {value: /poison}}]
+    filters:
+    - {type: ResponseHeaderModifier, responseHeaderModifier: {set: [{name: Content-Length, value: "0"}]}}
+    backendRefs: [{name: v2, port: 8080}]
+  - matches: [{path: {value: /smuggle}}]
+    backendRefs:
+    - name: v2
+      port: 8080
+      filters:
+      - {type: RequestHeaderModifier, requestHeaderModifier: {add: [{name: Transfer-Encoding, value: chunked}]}}
+  - name: strip
+    matches: [{path: {value: /strip}}]
+    filters:
+    - {type: RequestHeaderModifier, requestHeaderModifier: {remove: [Content-Length, Connection]}}
+    backendRefs: [{name: v2, port: 8080}]"#,
+    ));
+    assert_eq!(
+        condition(&out, "infra", "framing", ConditionType::PartiallyInvalid),
+        (true, Reason::UnsupportedValue)
+    );
+    let message = &route_status(&out, "infra", "framing")[0]
+        .condition(ConditionType::PartiallyInvalid)
+        .expect("partially invalid")
+        .message;
+    for refused in [
+        "spec.rules[0]: the proxy cannot take this rule: \
+         filters[0].responseHeaderModifier.set[0].name: content-length ",
+        "spec.rules[1]: the proxy cannot take this rule: \
+         backends[0].filters[0].requestHeaderModifier.add[0].name: transfer-encoding ",
+    ] {
+        assert!(message.contains(refused), "{refused}: {message}");
+    }
+    assert_eq!(
+        condition(&out, "infra", "framing", ConditionType::ResolvedRefs),
+        (true, Reason::ResolvedRefs),
+        "the backends resolve; the rules are what is refused"
+    );
+    assert_eq!(only_rule(&out).name.as_deref(), Some("infra/framing/strip"));
+}
+
 #[test]
 fn filters_timeouts_and_retry_carry_over() {
     let out = run(&http_route(
@@ -4196,6 +4247,7 @@ fn a_route_whose_matches_an_older_route_takes_is_told_it_is_shadowed() {
 }
 
 mod access;
+mod app_protocol;
 mod backend_tls;
 mod external_backend;
 mod listener_set;
