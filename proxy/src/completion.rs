@@ -240,7 +240,7 @@ impl Completion {
             );
         }
         if let Some(trace) = trace {
-            trace.end(self.status, aborted);
+            trace.end(self.status, self.counted, aborted);
         }
     }
 }

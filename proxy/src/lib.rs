@@ -280,9 +280,7 @@ impl Server {
         let mut clean = true;
         if let Some(task) = self.data_task.take() {
             if let Ok(connections) = task.await {
-                clean = tokio::time::timeout_at(deadline, connections.shutdown())
-                    .await
-                    .is_ok();
+                clean = connections.shutdown_by(deadline).await;
             }
         }
         // Requests that arrived in-process (tunnel) are counted by the in-flight gauge.

@@ -18,7 +18,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use stall::{Mark, Stalls};
 use std::convert::Infallible;
@@ -96,12 +96,12 @@ impl Default for Limits {
 /// of the connection for the life of it, for a choice made once.
 struct Builders {
     http1: http1::Builder,
-    http2: http2::Builder<TokioExecutor>,
-    auto: auto::Builder<TokioExecutor>,
+    http2: http2::Builder<Streams>,
+    auto: auto::Builder<Streams>,
 }
 
 impl Builders {
-    fn new(limits: &Limits) -> Self {
+    fn new(limits: &Limits, streams: Streams) -> Self {
         // hyper's builders and hyper-util's `auto` ones share these settings' names, not a
         // trait: each list is written once and applied to both.
         macro_rules! http1_limits {
@@ -119,7 +119,7 @@ impl Builders {
                     .keep_alive_interval(Some(Duration::from_secs(30)))
             };
         }
-        let mut auto = auto::Builder::new(TokioExecutor::new());
+        let mut auto = auto::Builder::new(streams.clone());
         // Which protocol an `auto` connection speaks is not known to `drive`, so hyper keeps
         // the head deadline of its HTTP/1.1 side. A connection known to speak HTTP/1.1 has
         // it kept by `drive` instead: hyper's arms a boxed timer for every request.
@@ -131,7 +131,7 @@ impl Builders {
         // The buffer bound is only checked while a head is incomplete: a large head read
         // whole in one go would pass it. This one is checked on every head.
         http1_limits!(http1).max_header_size(limits.max_header_bytes);
-        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        let mut http2 = http2::Builder::new(streams);
         http2_limits!(http2);
         Self { http1, http2, auto }
     }
@@ -160,20 +160,99 @@ fn protocol_of(first: &[u8]) -> Protocol {
     }
 }
 
+/// How long the connections cut at the end of a drain get to be dropped: a connection's task
+/// ends at its next poll, and so does each of its HTTP/2 streams'.
+const CUT_WAIT: Duration = Duration::from_secs(1);
+
+/// Where the drain is, as the listener's connections are told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drain {
+    Serving,
+    /// Close once the requests in flight have ended.
+    Close,
+    /// The grace period is over: drop the connection, and with it its requests.
+    Cut,
+}
+
 /// The data listener's open connections, for the drain.
 #[derive(Debug)]
 pub struct Connections {
-    /// Flipped to ask every connection to close; each holds a receiver until it ends.
-    close: watch::Sender<bool>,
+    /// Moved on to ask every connection to close, then to cut them. Every connection's task
+    /// and every HTTP/2 stream's holds a receiver until it has ended and dropped what it held.
+    drain: watch::Sender<Drain>,
 }
 
 impl Connections {
     /// Asks every open connection to close once its requests in flight have ended (HTTP/2
-    /// with a GOAWAY, HTTP/1.1 after its current response) and waits until all have.
-    /// Upgraded sessions are not waited for: their HTTP connections are over.
-    pub async fn shutdown(self) {
-        self.close.send_replace(true);
-        self.close.closed().await;
+    /// with a GOAWAY, HTTP/1.1 after its current response) and waits until all have, or
+    /// until `deadline`. Then the connections still open are dropped with their requests,
+    /// which are recorded (metrics, access log, spans) as cut off before this returns, while
+    /// the process still exports them. Upgraded sessions are not waited for: their HTTP
+    /// connections are over. Returns whether every connection closed in time.
+    pub async fn shutdown_by(self, deadline: Instant) -> bool {
+        self.drain.send_replace(Drain::Close);
+        if tokio::time::timeout_at(deadline, self.drain.closed())
+            .await
+            .is_ok()
+        {
+            return true;
+        }
+        self.drain.send_replace(Drain::Cut);
+        if tokio::time::timeout(CUT_WAIT, self.drain.closed())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "client connections cut at the end of the grace period were not dropped in time"
+            );
+        }
+        false
+    }
+}
+
+/// Spawns the HTTP/2 streams of the listener's connections, each holding a receiver of the
+/// drain until it has ended: a drain that cuts the connections waits for their streams too,
+/// which hold their requests and end once their connection is dropped.
+#[derive(Debug, Clone)]
+struct Streams {
+    drain: watch::Receiver<Drain>,
+}
+
+impl<F> hyper::rt::Executor<F> for Streams
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, stream: F) {
+        tokio::spawn(Held {
+            task: stream,
+            _drain: self.drain.clone(),
+        });
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A task that holds `_drain` until it has ended and dropped `task` (fields drop in
+    /// order).
+    struct Held<F> {
+        #[pin]
+        task: F,
+        _drain: watch::Receiver<Drain>,
+    }
+}
+
+impl<F: Future> Future for Held<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        self.project().task.poll(cx)
+    }
+}
+
+/// Resolves once the drain cuts the connections; never if it is given up without.
+async fn cut(drain: &mut watch::Receiver<Drain>) {
+    if drain.wait_for(|d| *d == Drain::Cut).await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -185,8 +264,8 @@ pub async fn serve(
     limits: Limits,
     mut stop: watch::Receiver<bool>,
 ) -> Connections {
-    let (close, _) = watch::channel(false);
-    let builders = Arc::new(Builders::new(&limits));
+    let (drain, drained) = watch::channel(Drain::Serving);
+    let builders = Arc::new(Builders::new(&limits, Streams { drain: drained }));
     let permits = Arc::new(Semaphore::new(
         limits.max_connections.clamp(1, Semaphore::MAX_PERMITS),
     ));
@@ -254,7 +333,9 @@ pub async fn serve(
                 }
             })
         };
-        let close = close.subscribe();
+        // Held by the task until it ends, after the connection and its requests are dropped:
+        // the drain waits for that.
+        let mut close = drain.subscribe();
         let builders = builders.clone();
         let head_timeout = limits.header_read_timeout;
         let deadlines = Deadlines {
@@ -266,8 +347,13 @@ pub async fn serve(
         };
         tokio::spawn(async move {
             let mut first = [0u8; H2_PREFACE.len()];
-            // A client that sends nothing in time is dropped with its connection.
-            let protocol = match tokio::time::timeout(head_timeout, stream.peek(&mut first)).await {
+            // A client that sends nothing in time is dropped with its connection, and so is
+            // one still silent when the drain cuts the connections.
+            let peeked = tokio::select! {
+                peeked = tokio::time::timeout(head_timeout, stream.peek(&mut first)) => peeked,
+                () = cut(&mut close) => return,
+            };
+            let protocol = match peeked {
                 Ok(Ok(0)) | Err(_) => return,
                 Ok(Ok(n)) => protocol_of(&first[..n]),
                 Ok(Err(e)) => {
@@ -286,7 +372,7 @@ pub async fn serve(
                     let closes = |conn: Pin<&mut _>| {
                         http1::UpgradeableConnection::graceful_shutdown(conn);
                     };
-                    drive(conn, closes, &activity, close, deadlines.http1())
+                    drive(conn, closes, &activity, &mut close, deadlines.http1())
                         .await
                         .map(|r| r.map_err(Box::<dyn std::error::Error + Send + Sync>::from))
                 }
@@ -294,7 +380,7 @@ pub async fn serve(
                     let conn = builders.http2.serve_connection(io, service);
                     let conn = std::pin::pin!(conn);
                     let closes = |conn: Pin<&mut _>| http2::Connection::graceful_shutdown(conn);
-                    drive(conn, closes, &activity, close, deadlines)
+                    drive(conn, closes, &activity, &mut close, deadlines)
                         .await
                         .map(|r| r.map_err(Box::<dyn std::error::Error + Send + Sync>::from))
                 }
@@ -303,7 +389,7 @@ pub async fn serve(
                     let conn = std::pin::pin!(conn);
                     let closes =
                         |conn: Pin<&mut _>| auto::UpgradeableConnection::graceful_shutdown(conn);
-                    drive(conn, closes, &activity, close, deadlines).await
+                    drive(conn, closes, &activity, &mut close, deadlines).await
                 }
             };
             if let Some(Err(e)) = ended {
@@ -312,7 +398,7 @@ pub async fn serve(
         });
     }
     drop(listener);
-    Connections { close }
+    Connections { drain }
 }
 
 /// How long a client connection may go with nothing in flight.
@@ -356,10 +442,11 @@ impl Deadlines {
 }
 
 /// Runs a client connection until it ends, asking it to close (`closes`: HTTP/2 GOAWAY, or
-/// no keep-alive after the current response) when `close` flips or when it has nothing in
+/// no keep-alive after the current response) when the drain says so or when it has nothing in
 /// flight past its deadline, and dropping it (`None`) if it is still open with nothing in
 /// flight `deadlines.head` after that, or once its writes have been blocked `deadlines.send`, or
-/// a response of its has been waiting for the client's window that long (see [`stall`]).
+/// a response of its has been waiting for the client's window that long (see [`stall`]), or
+/// when the drain cuts the connections.
 ///
 /// One timer per connection keeps every deadline: it is moved when it fires, never armed per
 /// request.
@@ -367,7 +454,7 @@ async fn drive<C, E>(
     mut conn: Pin<&mut C>,
     closes: impl Fn(Pin<&mut C>),
     activity: &Activity,
-    mut close: watch::Receiver<bool>,
+    drain: &mut watch::Receiver<Drain>,
     deadlines: Deadlines,
 ) -> Option<Result<(), E>>
 where
@@ -381,17 +468,35 @@ where
     tokio::pin!(check);
     // Since when the connection has been asked to close.
     let mut closing: Option<Instant> = None;
+    // Until the drain's handle is dropped.
+    let mut watching = true;
     loop {
         tokio::select! {
             // The connection first: it is what nearly every wake-up is for.
             biased;
             ended = conn.as_mut() => return Some(ended),
-            // A dropped handle closes connections too.
-            _ = close.changed(), if closing.is_none() => {
-                closes(conn.as_mut());
-                let now = Instant::now();
-                closing = Some(now);
-                check.as_mut().reset(now + head_timeout);
+            changed = drain.changed(), if watching => {
+                let state = match changed {
+                    Ok(()) => *drain.borrow_and_update(),
+                    // A dropped handle closes connections too.
+                    Err(_) => {
+                        watching = false;
+                        Drain::Close
+                    }
+                };
+                match state {
+                    Drain::Cut => {
+                        tracing::debug!("grace period over: connection dropped with its requests");
+                        return None;
+                    }
+                    Drain::Close if closing.is_none() => {
+                        closes(conn.as_mut());
+                        let now = Instant::now();
+                        closing = Some(now);
+                        check.as_mut().reset(now + head_timeout);
+                    }
+                    Drain::Close | Drain::Serving => {}
+                }
             }
             () = &mut check => {
                 let now = Instant::now();

@@ -5,8 +5,10 @@
 //! a client span under it (a retried request shows several), and so does every mirror copy;
 //! each backend request carries a `traceparent` naming its client span, sampled or not, so the
 //! backend continues the same trace. Attributes follow the HTTP semantic conventions; the
-//! server span's status is an error on a 5xx answer, a client span's on a 4xx or 5xx or a try
-//! that got no answer (the conventions' rule for each kind).
+//! server span's status is an error on a 5xx answer, or on a gRPC error the proxy answered
+//! itself that counts as one (sent as a 200 with a `grpc-status`), a client span's on a 4xx or
+//! 5xx or a try that got no answer (the conventions' rule for each kind). The caller's
+//! `tracestate` is kept up to the 512 characters W3C Trace Context asks to be passed on.
 //!
 //! Off, there is no [`RequestTracer`]: the handler's one check is whether it has one, and
 //! nothing below it does tracing work; every function here takes an `Option` the caller
@@ -47,6 +49,7 @@ impl RequestTracer {
     pub(crate) fn start(&self, parts: &http::request::Parts, conn: &ConnInfo) -> Box<RequestTrace> {
         let parent = TraceContextPropagator::new()
             .extract_with_context(&Context::new(), &Extractor(&parts.headers));
+        let parent = kept_trace_state(&parts.headers, parent);
         let (name, method) = method_attributes(&parts.method);
         let mut server = self
             .tracer
@@ -216,8 +219,10 @@ impl RequestTrace {
     }
 
     /// Ends the request's spans: its response ended (`aborted`: before its last byte) with
-    /// `status` as the client saw it.
-    pub(crate) fn end(mut self, status: u16, aborted: bool) {
+    /// `status` as the client saw it, and counts as `counted`: the status its failure has over
+    /// HTTP when the proxy answered a gRPC call itself (a 200 with a `grpc-status`), which
+    /// decides whether the span failed as it decides the request's status class.
+    pub(crate) fn end(mut self, status: u16, counted: u16, aborted: bool) {
         if let Some(mut answering) = self.answering.take() {
             answering.end();
         }
@@ -237,7 +242,7 @@ impl RequestTrace {
                 self.server
                     .set_attribute(KeyValue::new("error.type", reason));
             }
-            if status >= 500 {
+            if counted >= 500 {
                 if self.failure.is_none() {
                     self.server
                         .set_attribute(KeyValue::new("error.type", status_text(status)));
@@ -315,6 +320,70 @@ fn inject(sc: &SpanContext, headers: &mut HeaderMap) {
             headers.remove(&TRACESTATE);
         }
     }
+}
+
+/// Most of a caller's `tracestate` kept, in characters: the least W3C Trace Context asks a
+/// vendor to pass on (§3.3.1.5). A caller may send 32 entries of over 500 characters each, and
+/// the server span and every client span would each hold them while queued for export.
+const MAX_TRACE_STATE: usize = 512;
+
+/// Entries longer than this are dropped first when a `tracestate` is cut (W3C Trace Context
+/// §3.3.1.5).
+const LONG_TRACE_STATE_ENTRY: usize = 128;
+
+/// `parent`, with its `tracestate` cut to [`MAX_TRACE_STATE`] characters when it is longer.
+fn kept_trace_state(headers: &HeaderMap, parent: Context) -> Context {
+    // What the propagator parsed is never longer than the header it came from.
+    if headers
+        .get(&TRACESTATE)
+        .is_none_or(|v| v.len() <= MAX_TRACE_STATE)
+    {
+        return parent;
+    }
+    let sc = parent.span().span_context().clone();
+    let Some(state) = cut_trace_state(sc.trace_state()) else {
+        return parent;
+    };
+    Context::new().with_remote_span_context(SpanContext::new(
+        sc.trace_id(),
+        sc.span_id(),
+        sc.trace_flags(),
+        sc.is_remote(),
+        state,
+    ))
+}
+
+/// `state` cut to at most [`MAX_TRACE_STATE`] characters by whole entries, as W3C Trace
+/// Context says (§3.3.1.5): those over [`LONG_TRACE_STATE_ENTRY`] characters first, then from
+/// the end. `None` when it is short enough as it is.
+fn cut_trace_state(state: &TraceState) -> Option<TraceState> {
+    // `key=value`, and a comma between two entries.
+    let sizes: Vec<usize> = state
+        .into_iter()
+        .map(|(k, v)| k.len() + 1 + v.len())
+        .collect();
+    let mut length = sizes.iter().sum::<usize>() + sizes.len().saturating_sub(1);
+    if length <= MAX_TRACE_STATE {
+        return None;
+    }
+    let mut kept = vec![true; sizes.len()];
+    for long_only in [true, false] {
+        for (i, &size) in sizes.iter().enumerate().rev() {
+            if length <= MAX_TRACE_STATE {
+                break;
+            }
+            if kept[i] && (!long_only || size > LONG_TRACE_STATE_ENTRY) {
+                kept[i] = false;
+                length = length.saturating_sub(size + 1);
+            }
+        }
+    }
+    let entries = state
+        .into_iter()
+        .zip(kept)
+        .filter_map(|(entry, kept)| kept.then_some(entry));
+    // Entries the propagator parsed: valid still.
+    Some(TraceState::from_key_value(entries).unwrap_or_default())
 }
 
 /// Lower-case hex of `bytes` into `out`, two digits a byte.

@@ -25,5 +25,7 @@ mod reload;
 mod route_semantics;
 mod routing;
 mod settings;
+mod streaming_replay;
 mod tracing;
+mod tracing_outcomes;
 mod tunnel;

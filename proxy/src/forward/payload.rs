@@ -2,8 +2,9 @@
 //! is taken, and streamed otherwise.
 //!
 //! A body is held whole when its length is known and within [`MAX_REPLAY_BODY`], and, for
-//! rules that retry or mirror, also when its length is unknown and it ends within the cap: a
-//! held body can be sent again, and a client that trickles it in holds no backend connection
+//! rules that retry or mirror, also when its length is unknown and it ends within the cap
+//! without keeping the proxy waiting long ([`REPLAY_LULL`], [`REPLAY_HOLD`]): a held body can
+//! be sent again, and a client that trickles it in holds no backend connection
 //! meanwhile, only its own place in flight. What is read is gathered into one buffer as it
 //! comes, so a body costs about its bytes however finely it is chunked (see [`Buffer`]). Every
 //! other body streams straight through to the backend, with a signal when it has been sent so
@@ -12,6 +13,7 @@
 use super::TryBody;
 use crate::body::{self, BoxError, ProxyBody, QuietState, Sent};
 use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt as _;
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use std::sync::Arc;
@@ -25,6 +27,14 @@ pub const MAX_REPLAY_BODY: u64 = 64 * 1024;
 /// waits for the answer) sends part of its body and waits for the backend, which would
 /// otherwise never see the request. Such a request is then sent once, not mirrored.
 pub const REPLAY_LULL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// How long a body of unknown length may keep its read for a replay waiting in all, its pauses
+/// added up: a streaming client that never pauses for [`REPLAY_LULL`] (a gRPC call sending a
+/// message every 20 ms) would otherwise be held until it had sent the whole cap, its backend
+/// seeing nothing meanwhile. A body still open then streams on, sent once. Only waits count:
+/// a body that has come whole, however finely chunked and however long it takes to read, is
+/// held.
+pub const REPLAY_HOLD: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The client's request body failed while it was being read for a replay.
 #[derive(Debug, thiserror::Error)]
@@ -68,17 +78,30 @@ impl Payload {
         }
         // A known length within the cap is read whole; an unknown one (chunked, HTTP/2
         // without content-length) up to the cap: a body that ends within it is replayable, a
-        // longer one, or one that pauses for [`REPLAY_LULL`], streams on with what was read.
+        // longer one, one that pauses for [`REPLAY_LULL`] or whose pauses add up to
+        // [`REPLAY_HOLD`], streams on with what was read.
         let mut read = Buffer::new(known);
         let mut body = Box::pin(body);
+        let mut may_wait = REPLAY_HOLD;
         loop {
             let frame = match known {
                 Some(_) => body.frame().await,
-                None => match tokio::time::timeout(REPLAY_LULL, body.frame()).await {
-                    Ok(frame) => frame,
-                    Err(_) => {
-                        let read = read.into_bytes();
-                        return Ok(Self::stream(body::Prefixed::new(read, None, body)));
+                // A frame already come costs no wait, and no clock read.
+                None => match body.frame().now_or_never() {
+                    Some(frame) => frame,
+                    None => {
+                        let since = tokio::time::Instant::now();
+                        let wait = REPLAY_LULL.min(may_wait);
+                        match tokio::time::timeout(wait, body.frame()).await {
+                            Ok(frame) => {
+                                may_wait = may_wait.saturating_sub(since.elapsed());
+                                frame
+                            }
+                            Err(_) => {
+                                let read = read.into_bytes();
+                                return Ok(Self::stream(body::Prefixed::new(read, None, body)));
+                            }
+                        }
                     }
                 },
             };
