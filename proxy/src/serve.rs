@@ -470,11 +470,29 @@ where
     let mut closing: Option<Instant> = None;
     // Until the drain's handle is dropped.
     let mut watching = true;
+    // A drain that began while the connection was still silent has been seen by the wait for
+    // its first bytes, and is not a change any more. It is acted on once the connection has
+    // been polled: hyper closes a connection asked to close before it has read a request, and
+    // this one's first request is already here.
+    let mut drained_before = match *drain.borrow() {
+        Drain::Cut => return None,
+        Drain::Close => true,
+        Drain::Serving => false,
+    };
     loop {
         tokio::select! {
             // The connection first: it is what nearly every wake-up is for.
             biased;
             ended = conn.as_mut() => return Some(ended),
+            () = std::future::ready(()), if drained_before => {
+                drained_before = false;
+                if closing.is_none() {
+                    closes(conn.as_mut());
+                    let now = Instant::now();
+                    closing = Some(now);
+                    check.as_mut().reset(now + head_timeout);
+                }
+            }
             changed = drain.changed(), if watching => {
                 let state = match changed {
                     Ok(()) => *drain.borrow_and_update(),

@@ -255,6 +255,37 @@ async fn exit_of(child: &mut tokio::process::Child, within: Duration) -> (Option
     (status.code(), started.elapsed())
 }
 
+/// A connection that was open but silent when the drain began is asked to close with its
+/// first response (`Connection: close`), as every open connection is, and the process exits
+/// once it has: the drain is not held for the connection's idle timeout.
+#[tokio::test]
+async fn a_connection_silent_when_the_drain_begins_closes_after_its_first_response() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let doc = serde_json::json!({"version": 1, "rules": [{"backends": [{"url": url(a.http_addr()), "weight": 1}]}]});
+        let (mut child, data, admin, dir) = ready_proxy("silent-drain", &doc, "30s", &[]).await;
+        let mut silent = tokio::net::TcpStream::connect(data).await.expect("connect");
+        terminate(&child, admin).await;
+        silent
+            .write_all(b"GET /late HTTP/1.1\r\nHost: h\r\n\r\n")
+            .await
+            .expect("request written");
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), silent.read_to_end(&mut answer)).await;
+        let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+        assert!(read.is_ok(), "the connection is closed after its response: {text}");
+        assert!(text.starts_with("http/1.1 200"), "{text}");
+        assert!(text.contains("connection: close"), "{text}");
+        let (code, took) = exit_of(&mut child, Duration::from_secs(10)).await;
+        assert_eq!(code, Some(0));
+        assert!(took < Duration::from_secs(5), "exits once the connection closed: {took:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// A WebSocket session opened before the SIGTERM is still served during the drain, as an
 /// in-flight request is (proxy contract: up to `PROXY_GRACE_PERIOD`), and the process exits
 /// once it ends, without waiting out the grace period; one left open is cut at its end.
