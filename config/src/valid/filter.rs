@@ -250,8 +250,8 @@ fn some_filters<F: Keep>(
 /// equivalent names (header names are compared in any case) the first counts and the others
 /// are ignored, so `set: [X-Env: prod, x-env: dev]` sets `prod`, and `add` adds it once.
 ///
-/// `set` and `add` may not name a header that frames the message or belongs to one connection
-/// ([`proxy_owned`]); `remove` may, as the proxy frames what it forwards itself.
+/// `set` and `add` may not name a header that frames the message ([`proxy_owned`]); `remove`
+/// may, as the proxy frames what it forwards itself.
 fn header_edits(m: &doc::HeaderModifier, at: &At<'_>) -> Result<HeaderEdits, Invalid> {
     let pairs = |list: &[doc::Header], what: &str| {
         let list_at = at.field(what);
@@ -294,16 +294,12 @@ fn header_edits(m: &doc::HeaderModifier, at: &At<'_>) -> Result<HeaderEdits, Inv
 /// Why a filter may not set or add header `name`, if it may not: `Content-Length` or
 /// `Transfer-Encoding` could disagree with the body the proxy frames, so the peer would read
 /// the rest of the body as the next message on its connection (a poisoned response queue,
-/// a smuggled request) or wait for bytes that never come; a hop-by-hop header
-/// ([`crate::hop_by_hop`]) is stripped before filters run and set here would be passed on.
+/// a smuggled request) or wait for bytes that never come. Other hop-by-hop headers are taken,
+/// as the Go implementation takes them: set after the client's are stripped, they speak for
+/// the proxy's own hop (`Connection: close` on a response closes that client connection).
 fn proxy_owned(name: &HeaderName) -> Option<&'static str> {
-    if name == http::header::CONTENT_LENGTH || name == http::header::TRANSFER_ENCODING {
-        Some("frames the message, and the proxy frames what it sends")
-    } else if crate::hop_by_hop::is_hop_by_hop(name) {
-        Some("is hop-by-hop, and the proxy writes those for each connection")
-    } else {
-        None
-    }
+    (name == http::header::CONTENT_LENGTH || name == http::header::TRANSFER_ENCODING)
+        .then_some("frames the message, and the proxy frames what it sends")
 }
 
 /// A replacement path. `ReplacePrefixMatch` needs a matched prefix: a rule with a regex path
