@@ -298,8 +298,10 @@ impl Reconciler {
                 } else if self.tunnel_writing.contains(plane) {
                     // The write outlived the round: a route the tunnel's last document carries
                     // is served as it is; one it does not waits for the write, as it would for
-                    // a failed one. With no document seen written by this process (it has
-                    // just taken the lead), a route accepted before stays so.
+                    // a failed one. With no document of the tunnel's seen written by this
+                    // process (it has just taken the lead, or the tunnel is new to it: a
+                    // Gateway moved to another tunnel), a route accepted before stays so: a
+                    // new leader's first writes would otherwise flip every route it serves.
                     let waits = match on_tunnels.get(plane) {
                         Some(routes) => !routes.get(&route_key).copied().unwrap_or(false),
                         None => !status::accepted_before(
