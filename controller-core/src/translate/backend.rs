@@ -99,11 +99,22 @@ pub(super) fn resolve<'a>(
         let service_port = spec
             .and_then(|s| s.ports.as_ref())
             .and_then(|ports| ports.iter().find(|p| p.port == port));
-        let app = AppProtocol::of(service_port.and_then(|p| p.app_protocol.as_deref()));
+        let app_protocol = service_port.and_then(|p| p.app_protocol.as_deref());
+        let app = AppProtocol::of(app_protocol);
         let tls = Tls::of(namespace, r.name, port, service_port, app, index, || {
             host.trim_end_matches('.').to_owned()
         });
         let url = tls.url(&format!("{host}:{port}"));
+        let notice = tls.notice(app, from, || {
+            BackendRefError::unrecognised_protocol(
+                field,
+                "Service",
+                namespace,
+                r.name,
+                port,
+                app_protocol,
+            )
+        });
         return Ok(Resolved {
             urls: vec![url],
             service_url: ServiceUrl::Dialled,
@@ -113,7 +124,7 @@ pub(super) fn resolve<'a>(
             tls: tls.settings,
             tls_refused: tls.refused,
             port: tls.port,
-            notice: None,
+            notice,
         });
     }
     let Some(service_port) = spec
@@ -162,8 +173,7 @@ pub(super) fn resolve<'a>(
             ServiceUrl::Cluster(service_url),
         ),
     };
-    // A GRPCRoute speaks h2c to every backend, whatever its port says.
-    let notice = (app == AppProtocol::Unrecognised && from == RouteKind::Http).then(|| {
+    let notice = tls.notice(app, from, || {
         BackendRefError::unrecognised_protocol(
             field,
             "Service",
@@ -176,7 +186,7 @@ pub(super) fn resolve<'a>(
     Ok(Resolved {
         urls,
         service_url,
-        protocol: app.protocol(),
+        protocol: app.protocol(port),
         websocket: app.websocket(),
         public_only: false,
         tls: tls.settings,
@@ -193,6 +203,8 @@ pub(super) fn resolve<'a>(
 struct Tls {
     settings: Option<Box<BackendTls>>,
     refused: bool,
+    /// A BackendTLSPolicy covers the port (usable or not).
+    covered: bool,
     /// Only where BackendTLSPolicies exist (see [`Resolved::port`]).
     port: Option<Box<PortKey>>,
 }
@@ -220,6 +232,7 @@ impl Tls {
             Some(covered) => Self {
                 settings: covered.tls.cloned().map(Box::new),
                 refused: covered.tls.is_none(),
+                covered: true,
                 port: key,
             },
             None => Self {
@@ -230,9 +243,24 @@ impl Tls {
                     })
                 }),
                 refused: false,
+                covered: false,
                 port: key,
             },
         }
+    }
+
+    /// What the route says of a port whose `appProtocol` is not recognised
+    /// ([`BackendRefError::UnrecognisedProtocol`], built by `notice`). Nothing when a
+    /// BackendTLSPolicy covers the port: it is dialled over TLS, where ALPN picks the protocol
+    /// whatever the port's name for it (GKE's `HTTP2`, say). Nothing for a GRPCRoute either,
+    /// which speaks HTTP/2 to every backend, whatever its port says.
+    fn notice(
+        &self,
+        app: AppProtocol,
+        from: RouteKind,
+        notice: impl FnOnce() -> Box<BackendRefError>,
+    ) -> Option<Box<BackendRefError>> {
+        (app == AppProtocol::Unrecognised && from == RouteKind::Http && !self.covered).then(notice)
     }
 
     /// The scheme this port is dialled with.

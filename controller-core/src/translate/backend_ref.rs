@@ -18,6 +18,7 @@ const APP_PROTOCOL_WSS: &str = "kubernetes.io/wss";
 /// Other names for HTTP/2 in the clear that Services carry for gRPC backends: `h2c` (the
 /// ALPN name), `grpc` (Istio's). Service names (RFC 6335) compare in any case. Not GKE's
 /// `HTTP2`, which means HTTP/2 over TLS: dialled in the clear, such a port would fail.
+/// Unlike `kubernetes.io/h2c`, they do not override port 443's TLS ([`AppProtocol::H2cName`]).
 const H2C_NAMES: [&str; 2] = ["h2c", "grpc"];
 /// A Service port this number is dialled over TLS unless its `appProtocol` says otherwise.
 const HTTPS_PORT: i32 = 443;
@@ -31,9 +32,14 @@ pub(super) enum AppProtocol {
     Http,
     /// `https`: over TLS, whatever the port.
     Https,
-    /// `kubernetes.io/h2c`, or another name for it ([`H2C_NAMES`]): HTTP/2 with prior
-    /// knowledge, in the clear.
+    /// `kubernetes.io/h2c`: HTTP/2 with prior knowledge, in the clear, whatever the port.
     H2c,
+    /// Another name for h2c ([`H2C_NAMES`]): as [`AppProtocol::H2c`], except on port 443,
+    /// which is dialled as without `appProtocol` (over TLS, where ALPN picks HTTP/2). These
+    /// names label gRPC backends whether or not they speak TLS, and one on 443 most often does
+    /// (a partner's endpoint behind an ExternalName Service): dialled in the clear, every call
+    /// would fail.
+    H2cName,
     /// `kubernetes.io/ws`: WebSocket in the clear.
     Ws,
     /// `kubernetes.io/wss`: WebSocket over TLS.
@@ -56,28 +62,28 @@ impl AppProtocol {
             APP_PROTOCOL_WSS => Self::Wss,
             v if v.eq_ignore_ascii_case("http") => Self::Http,
             v if v.eq_ignore_ascii_case("https") => Self::Https,
-            v if H2C_NAMES.iter().any(|n| v.eq_ignore_ascii_case(n)) => Self::H2c,
+            v if H2C_NAMES.iter().any(|n| v.eq_ignore_ascii_case(n)) => Self::H2cName,
             _ => Self::Unrecognised,
         }
     }
 
     /// Whether a port `port` with no BackendTLSPolicy is dialled over TLS: its `appProtocol`
     /// says so (`https`, `kubernetes.io/wss`), or it is port 443 and its `appProtocol` names
-    /// no cleartext protocol (`http`, h2c, `kubernetes.io/ws`).
+    /// no cleartext protocol (`http`, `kubernetes.io/h2c`, `kubernetes.io/ws`).
     pub(super) fn asks_tls(self, port: i32) -> bool {
         match self {
             Self::Https | Self::Wss => true,
             Self::Http | Self::H2c | Self::Ws => false,
-            Self::Unset | Self::Unrecognised => port == HTTPS_PORT,
+            Self::Unset | Self::H2cName | Self::Unrecognised => port == HTTPS_PORT,
         }
     }
 
-    /// The protocol the backend is spoken to with.
-    pub(super) fn protocol(self) -> BackendProtocol {
-        if self == Self::H2c {
-            BackendProtocol::H2c
-        } else {
-            BackendProtocol::Http1
+    /// The protocol the backend on port `port` is spoken to with.
+    pub(super) fn protocol(self, port: i32) -> BackendProtocol {
+        match self {
+            Self::H2c => BackendProtocol::H2c,
+            Self::H2cName if port != HTTPS_PORT => BackendProtocol::H2c,
+            _ => BackendProtocol::Http1,
         }
     }
 

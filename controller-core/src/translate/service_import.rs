@@ -101,7 +101,7 @@ pub(super) fn resolve(
     Ok(Resolved {
         urls: vec![url],
         service_url: ServiceUrl::Dialled,
-        protocol: app.protocol(),
+        protocol: app.protocol(port),
         websocket: app.websocket(),
         public_only: false,
         tls,

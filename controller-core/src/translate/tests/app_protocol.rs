@@ -52,8 +52,9 @@ type Spelling = (
 );
 
 /// The spellings of HTTP/2 in the clear that Services carry for gRPC (`kubernetes.io/h2c`,
-/// the ALPN name, Istio's `grpc`, in any case) are dialled h2c, cleartext even
-/// on port 443; `http` and `https` in any case pick the clear and TLS; the WebSocket names
+/// the ALPN name, Istio's `grpc`, in any case) are dialled h2c; `kubernetes.io/h2c` is
+/// cleartext even on port 443, where the other names keep the port's TLS (ALPN then picks
+/// HTTP/2); `http` and `https` in any case pick the clear and TLS; the WebSocket names
 /// allow upgrades. Every one of them resolves.
 #[test]
 fn every_known_spelling_of_an_app_protocol_picks_the_backend_protocol() {
@@ -64,7 +65,9 @@ fn every_known_spelling_of_an_app_protocol_picks_the_backend_protocol() {
         (Some("h2c"), 8080, "http", h2c, false, false),
         (Some("H2C"), 8080, "http", h2c, false, false),
         (Some("grpc"), 8080, "http", h2c, false, false),
-        (Some("GRPC"), 443, "http", h2c, false, false),
+        (Some("kubernetes.io/h2c"), 443, "http", h2c, false, false),
+        (Some("GRPC"), 443, "https", h1, false, true),
+        (Some("h2c"), 443, "https", h1, false, true),
         (Some("http"), 443, "http", h1, false, false),
         (Some("HTTP"), 8080, "http", h1, false, false),
         (Some("https"), 8080, "https", h1, false, true),
@@ -224,8 +227,9 @@ fn an_unrecognised_app_protocol_is_dialled_over_http1_and_reported_on_the_route(
 #[test]
 fn a_service_import_port_reads_app_protocol_as_a_service_port_does() {
     let extra = [
-        "apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceImport\nmetadata: {name: shop, namespace: infra}\nspec:\n  ports:\n  - {port: 9090, appProtocol: grpc}\n  - {port: 9091, appProtocol: example.com/custom}\n---\n".to_owned(),
+        "apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceImport\nmetadata: {name: shop, namespace: infra}\nspec:\n  ports:\n  - {port: 9090, appProtocol: grpc}\n  - {port: 9091, appProtocol: example.com/custom}\n  - {port: 443, appProtocol: grpc}\n---\n".to_owned(),
         route("grpc", "[{group: multicluster.x-k8s.io, kind: ServiceImport, name: shop, port: 9090}]"),
+        route("grpc-tls", "[{group: multicluster.x-k8s.io, kind: ServiceImport, name: shop, port: 443}]"),
         route("odd", "[{group: multicluster.x-k8s.io, kind: ServiceImport, name: shop, port: 9091}]"),
     ]
     .concat();
@@ -239,6 +243,25 @@ fn a_service_import_port_reads_app_protocol_as_a_service_port_does() {
         )
     );
     let resolved = resolved_refs(&out, RouteKind::Http, "grpc");
+    assert_eq!(
+        (resolved.status, resolved.reason),
+        (true, Reason::ResolvedRefs)
+    );
+    let grpc_tls = &rule_of(&out, "grpc-tls").backends[0];
+    assert_eq!(
+        (
+            grpc_tls.url.as_str(),
+            grpc_tls.protocol,
+            grpc_tls.tls.as_ref().and_then(|t| t.server_name.as_deref())
+        ),
+        (
+            "https://shop.infra.svc.clusterset.local:443",
+            BackendProtocol::Http1,
+            Some("shop.infra.svc.clusterset.local")
+        ),
+        "`grpc` on port 443 keeps the port's TLS"
+    );
+    let resolved = resolved_refs(&out, RouteKind::Http, "grpc-tls");
     assert_eq!(
         (resolved.status, resolved.reason),
         (true, Reason::ResolvedRefs)
@@ -263,5 +286,157 @@ fn a_service_import_port_reads_app_protocol_as_a_service_port_does() {
              \"example.com/custom\", which is not recognised: it is dialled over HTTP/1.1, as a \
              port without appProtocol is"
         )
+    );
+}
+
+/// ExternalName Service `name` in `infra` for `host`, with one port, `port`, and
+/// `app_protocol` when given.
+fn external_name(name: &str, host: &str, port: i32, app_protocol: Option<&str>) -> String {
+    let app_protocol = app_protocol
+        .map(|a| format!(", appProtocol: \"{a}\""))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: infra}}\nspec: {{type: ExternalName, externalName: {host}, ports: [{{name: p, port: {port}{app_protocol}}}]}}\n---\n"
+    )
+}
+
+/// The backend's URL, protocol and TLS server name.
+fn dialled(backend: &Backend) -> (&str, BackendProtocol, Option<&str>) {
+    (
+        backend.url.as_str(),
+        backend.protocol,
+        backend.tls.as_ref().and_then(|t| t.server_name.as_deref()),
+    )
+}
+
+/// An ExternalName Service's port reads `appProtocol` for TLS as a Service's does: `grpc` on
+/// port 443 (a partner's gRPC endpoint) is dialled over TLS, checked for the external name,
+/// where `kubernetes.io/h2c` is dialled in the clear; and an unrecognised value is reported on
+/// the route as for any Service.
+#[test]
+fn an_external_name_port_reads_app_protocol_as_a_service_port_does() {
+    let extra = [
+        external_name("partner", "grpc.partner.example", 443, Some("grpc")),
+        external_name(
+            "partner-h2c",
+            "h2c.partner.example",
+            443,
+            Some("kubernetes.io/h2c"),
+        ),
+        external_name(
+            "partner-odd",
+            "odd.partner.example",
+            8443,
+            Some("example.com/custom"),
+        ),
+        route("partner", "[{name: partner, port: 443}]"),
+        route("partner-h2c", "[{name: partner-h2c, port: 443}]"),
+        route("partner-odd", "[{name: partner-odd, port: 8443}]"),
+    ]
+    .concat();
+    let out = run(&extra);
+
+    assert_eq!(
+        dialled(&rule_of(&out, "partner").backends[0]),
+        (
+            "https://grpc.partner.example.:443",
+            BackendProtocol::Http1,
+            Some("grpc.partner.example")
+        ),
+        "`grpc` on port 443 keeps the port's TLS"
+    );
+    let resolved = resolved_refs(&out, RouteKind::Http, "partner");
+    assert_eq!(
+        (resolved.status, resolved.reason),
+        (true, Reason::ResolvedRefs),
+        "{}",
+        resolved.message
+    );
+
+    assert_eq!(
+        dialled(&rule_of(&out, "partner-h2c").backends[0]).0,
+        "http://h2c.partner.example.:443",
+        "`kubernetes.io/h2c` is cleartext whatever the port"
+    );
+
+    let odd = &rule_of(&out, "partner-odd").backends[0];
+    assert_eq!(
+        (odd.url.as_str(), odd.unavailable_status),
+        ("http://odd.partner.example.:8443", None),
+        "still served"
+    );
+    let resolved = resolved_refs(&out, RouteKind::Http, "partner-odd");
+    assert_eq!(
+        (resolved.status, resolved.reason, resolved.message.as_str()),
+        (
+            false,
+            Reason::UnsupportedProtocol,
+            "spec.rules[0].backendRefs[0]: Service infra/partner-odd port 8443 has appProtocol \
+             \"example.com/custom\", which is not recognised: it is dialled over HTTP/1.1, as a \
+             port without appProtocol is"
+        )
+    );
+}
+
+/// A BackendTLSPolicy on port `section` of Service `service` in `infra`, trusting the
+/// system's roots for `hostname`.
+fn policy(name: &str, service: &str, section: &str, hostname: &str) -> String {
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: BackendTLSPolicy\nmetadata: {{name: {name}, namespace: infra}}\nspec:\n  targetRefs: [{{group: \"\", kind: Service, name: {service}, sectionName: {section}}}]\n  validation: {{wellKnownCACertificates: System, hostname: {hostname}}}\n---\n"
+    )
+}
+
+/// A port a BackendTLSPolicy covers is dialled over TLS, where ALPN picks the protocol
+/// whatever its `appProtocol` calls it (GKE's `HTTP2`): the route has nothing to report, for
+/// a Service or an ExternalName Service. The same value on a port no policy covers is still
+/// reported.
+#[test]
+fn an_unrecognised_app_protocol_on_a_port_a_policy_covers_is_not_reported() {
+    let extra = [
+        service("gke", 8443, Some("HTTP2"), "10.0.8.1"),
+        policy("gke", "gke", "p", "gke.internal"),
+        route("gke", "[{name: gke, port: 8443}]"),
+        external_name("partner", "api.partner.example", 8443, Some("HTTP2")),
+        policy("partner", "partner", "p", "api.partner.example"),
+        route("partner", "[{name: partner, port: 8443}]"),
+        service("bare", 8443, Some("HTTP2"), "10.0.8.2"),
+        route("bare", "[{name: bare, port: 8443}]"),
+    ]
+    .concat();
+    let out = run(&extra);
+
+    for (name, url, server_name) in [
+        ("gke", "https://10.0.8.1:3000", "gke.internal"),
+        (
+            "partner",
+            "https://api.partner.example.:8443",
+            "api.partner.example",
+        ),
+    ] {
+        let backend = &rule_of(&out, name).backends[0];
+        assert_eq!(
+            (dialled(backend), backend.unavailable_status),
+            ((url, BackendProtocol::Http1, Some(server_name)), None),
+            "{name}"
+        );
+        let resolved = resolved_refs(&out, RouteKind::Http, name);
+        assert_eq!(
+            (resolved.status, resolved.reason),
+            (true, Reason::ResolvedRefs),
+            "{name}: {}",
+            resolved.message
+        );
+    }
+
+    assert_eq!(
+        dialled(&rule_of(&out, "bare").backends[0]),
+        ("http://10.0.8.2:3000", BackendProtocol::Http1, None)
+    );
+    let resolved = resolved_refs(&out, RouteKind::Http, "bare");
+    assert_eq!(
+        (resolved.status, resolved.reason),
+        (false, Reason::UnsupportedProtocol),
+        "{}",
+        resolved.message
     );
 }
