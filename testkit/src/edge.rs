@@ -580,6 +580,7 @@ pub struct MockEdgeBuilder {
     remotely_managed: bool,
     credentials: Option<Token>,
     quic: bool,
+    http2: bool,
     key_exchange_groups: Option<Vec<rustls::NamedGroup>>,
     response_timeout: Duration,
     stream_open_timeout: Duration,
@@ -598,6 +599,7 @@ impl Default for MockEdgeBuilder {
             remotely_managed: true,
             credentials: None,
             quic: true,
+            http2: true,
             key_exchange_groups: None,
             response_timeout: forward::RESPONSE_TIMEOUT,
             stream_open_timeout: forward::STREAM_OPEN_TIMEOUT,
@@ -645,6 +647,14 @@ impl MockEdgeBuilder {
     /// that block UDP, to exercise the HTTP/2 fallback).
     pub fn disable_quic(mut self) -> Self {
         self.quic = false;
+        self
+    }
+
+    /// Keep the TCP port bound but close every connection to it as soon as it is accepted
+    /// (simulates networks that block TCP to the edge while UDP gets through, so that no
+    /// HTTP/2 connection comes up while QUIC ones do).
+    pub fn disable_http2(mut self) -> Self {
+        self.http2 = false;
         self
     }
 
@@ -751,7 +761,7 @@ impl MockEdgeBuilder {
         if let listen::Udp::Quic(endpoint) = &endpoint {
             listen::spawn_quic(&inner, endpoint.clone());
         }
-        listen::spawn_tcp(&inner, tcp, &pki, provider)?;
+        listen::spawn_tcp(&inner, tcp, &pki, provider, self.http2)?;
         eyeball::spawn_http(&inner, http);
         tracing::info!(edge = %edge_addr, http = %http_addr, "mock edge listening");
         Ok(MockEdge {

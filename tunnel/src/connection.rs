@@ -34,7 +34,7 @@ pub(crate) enum RunState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Control {
     pub(crate) run: RunState,
-    /// Set once, never cleared.
+    /// Set once, never cleared; a move given up is told by [`Shared::moves`] being closed.
     pub(crate) http2: bool,
 }
 
@@ -65,8 +65,10 @@ pub(crate) struct Shared {
     pub(crate) registered: watch::Sender<usize>,
     pub(crate) state: watch::Receiver<Control>,
     /// One connection at a time moves from QUIC to HTTP/2: a turn is held from the moment
-    /// its QUIC connection starts to unregister until it registers over HTTP/2 or that
-    /// attempt fails.
+    /// its QUIC connection starts to unregister until it registers over HTTP/2, through the
+    /// attempts that fail, so the tunnel is never more than one connection short because of
+    /// the move. Closed when the move is given up (HTTP/2 does not reach the edge): the
+    /// connections waiting for a turn then serve on over QUIC, and none moves again.
     pub(crate) moves: Arc<tokio::sync::Semaphore>,
     pub(crate) quic_ever_registered: AtomicBool,
     /// The first connection is on HTTP/2: the others start on the protocol it is on,
@@ -83,9 +85,14 @@ impl Shared {
         self.state.borrow().run
     }
 
-    /// Whether the connections are to run over HTTP/2 from now on.
+    /// Whether the connections are to move to HTTP/2: asked for, and not given up.
     pub(crate) fn prefers_http2(&self) -> bool {
-        self.state.borrow().http2
+        self.moves_to_http2(&self.state.borrow())
+    }
+
+    /// Whether `control` has the connections move to HTTP/2, unless the move was given up.
+    pub(crate) fn moves_to_http2(&self, control: &Control) -> bool {
+        control.http2 && !self.moves.is_closed()
     }
 
     /// `ClientInfo.arch` for this build (see [`go_arch`]).
@@ -199,9 +206,10 @@ pub(crate) enum Ended {
     /// Drained or shut down on request: do not reconnect.
     Stopped,
     /// A QUIC connection unregistered and closed to move to HTTP/2: reconnect over HTTP/2
-    /// at once, holding `turn` (see [`Shared::moves`]) until that registers or fails.
+    /// at once, holding `turn` (see [`Shared::moves`]) until that registers or the move is
+    /// given up.
     Moved {
-        turn: Option<tokio::sync::OwnedSemaphorePermit>,
+        turn: tokio::sync::OwnedSemaphorePermit,
     },
     /// Lost after registering: reconnect.
     Lost {

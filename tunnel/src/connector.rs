@@ -282,19 +282,24 @@ impl ConnectorHandle {
 
     /// Moves an `auto` connector to HTTP/2 for good, while it runs: for a service that
     /// now needs response trailers (gRPC's status is one), which the edge carries over
-    /// HTTP/2 and not over QUIC. Every connection dials HTTP/2 from then on, whatever
-    /// the fallback between the two would pick. A connection registered over QUIC is
-    /// replaced: it unregisters as in a [`drain`](Self::drain), so the edge stops sending
-    /// it requests, serves those in flight until none is left (and none has come for a
-    /// second, or the grace period is over), closes with code 0, and its index dials
-    /// HTTP/2 at once.
+    /// HTTP/2 and not over QUIC. Each connection registered over QUIC is replaced in turn:
+    /// it unregisters as in a [`drain`](Self::drain), so the edge stops sending it
+    /// requests, serves those in flight and its WebSocket sessions until none is left (and
+    /// none has come for a second, or the grace period is over), closes with code 0, and
+    /// its index dials HTTP/2 at once, and stays on it. A connection that is not registered
+    /// over QUIC then (dialing, or lost) registers as it would have, and moves in its turn.
     ///
     /// One connection moves at a time: the next starts only once the previous one has
-    /// registered over HTTP/2, or failed to and is retrying, so the tunnel has at most one
-    /// connection fewer than usual while it moves; with one HA connection it has none
-    /// for as long as that one takes to move. Returns at once; whether the call changed
-    /// anything. Idempotent; a connector configured `quic` or `http2`, or no longer
-    /// running, ignores it.
+    /// registered over HTTP/2, so the tunnel has at most one connection fewer than usual
+    /// while it moves; with one HA connection it has none for as long as that one takes to
+    /// move. A moving connection that fails to register over HTTP/2 three times running
+    /// gives the move up for the whole connector, logged as an error: it registers over
+    /// QUIC again, the connections still on QUIC stay there, those already moved stay on
+    /// HTTP/2, and no connection moves again while the connector runs (HTTP/2 does not
+    /// reach the edge from here, and trying again would only take a connection down).
+    ///
+    /// Returns at once; whether the call changed anything. Idempotent, the move given up
+    /// or not; a connector configured `quic` or `http2`, or no longer running, ignores it.
     pub fn prefer_http2(&self) -> bool {
         if self.protocol != Protocol::Auto {
             return false;
@@ -654,6 +659,34 @@ fn spawn_index(set: &mut JoinSet<()>, shared: &Arc<Shared>, pool: &Arc<EdgePool>
     set.spawn(supervise(shared.clone(), pool.clone(), idx).instrument(span));
 }
 
+/// Failed HTTP/2 attempts after which a connection moving from QUIC gives the move up.
+const MOVE_ATTEMPTS: u32 = 3;
+
+/// Gives up the move to HTTP/2 for the whole connector, for as long as it runs: the edge is
+/// not reachable over HTTP/2 from here (TCP to it blocked, say), and a tunnel that stays on
+/// QUIC serves everything but gRPC's status, where one that moved on would serve nothing.
+/// The connections still on QUIC stay there, the ones that moved stay on HTTP/2 while they
+/// last, and no connection moves again: a later request to move would take a connection down
+/// again for nothing.
+fn give_up_move(
+    shared: &Shared,
+    idx: u8,
+    turn: Option<tokio::sync::OwnedSemaphorePermit>,
+    error: &ConnError,
+) {
+    // Closed before the turn goes back, so that no connection waiting for it takes it.
+    shared.moves.close();
+    drop(turn);
+    tracing::error!(
+        conn_index = idx,
+        attempts = MOVE_ATTEMPTS,
+        error = %error,
+        "HTTP/2 to the edge failed, so the tunnel stays on QUIC, which carries no response \
+         trailers: gRPC responses lose their status; open TCP port 7844 to the edge, or set \
+         PROXY_TUNNEL_PROTOCOL=http2"
+    );
+}
+
 async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
     let opts = &shared.opts;
     let auto = opts.protocol == Protocol::Auto;
@@ -672,8 +705,10 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
     let mut address_wait = Backoff::new(opts.backoff_base, opts.retries);
     let mut dial_failures = DialFailures::default();
     let mut state = shared.state.clone();
-    // The turn of this connection's move from QUIC to HTTP/2, while it has one.
+    // The turn of this connection's move from QUIC to HTTP/2, while it has one: held until
+    // it registers over HTTP/2, and the HTTP/2 attempts that failed meanwhile.
     let mut turn = None;
+    let mut move_failures = 0;
     if idx != 0 {
         shared.ha_backoff.connecting();
     }
@@ -681,13 +716,8 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
         if shared.run_state() != RunState::Running {
             return;
         }
-        // Asked for while the connector runs; no fallback goes back to QUIC after it.
-        if auto && shared.prefers_http2() {
-            transport = Transport::Http2;
-        }
         let Some(addr) = pool.address(idx) else {
-            // Not dialing: the next connection may move meanwhile.
-            turn = None;
+            // A moving connection keeps its turn meanwhile: it is the one connection short.
             // Every address of the regions' active families is taken (one moved to IPv4
             // with fewer addresses): wait and look again, as `cloudflared` retries.
             let wait = address_wait.next_wait(rand::random::<f64>());
@@ -712,7 +742,7 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                     .await
             }
             Transport::Http2 => {
-                crate::http2::connect(&shared, idx, addr, attempt, turn.take())
+                crate::http2::connect(&shared, idx, addr, attempt, &mut turn)
                     .instrument(span)
                     .await
             }
@@ -723,7 +753,8 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
             Ok(Ended::Stopped) => return,
             Ok(Ended::Moved { turn: moving }) => {
                 // Closed on purpose, to register over HTTP/2 now: no failure, no wait.
-                turn = moving;
+                turn = Some(moving);
+                move_failures = 0;
                 transport = Transport::Http2;
                 backoff.reset();
                 in_fallback = false;
@@ -744,6 +775,16 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
             Err(e) => {
                 shared.metrics.failed(label, e.cause());
                 tracing::warn!(conn_index = idx, edge = %addr, error = %e, "edge connection failed");
+                if turn.is_some() {
+                    move_failures += 1;
+                    if move_failures >= MOVE_ATTEMPTS {
+                        give_up_move(&shared, idx, turn.take(), &e);
+                        // Back over QUIC at once: this connection has been down a while.
+                        transport = Transport::Quic;
+                        backoff.reset();
+                        continue;
+                    }
+                }
                 match e {
                     ConnError::Refused(r) if r.is_duplicate() => {
                         pool.rotate(idx);
@@ -769,10 +810,11 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
             _ = tokio::time::sleep(wait) => {}
             _ = wait_state_change(&mut state) => return,
         }
+        // A connection on HTTP/2 while the connector moves to it stays there.
         if auto
             && may_switch
             && !shared.quic_ever_registered.load(Ordering::Relaxed)
-            && !shared.prefers_http2()
+            && !(transport == Transport::Http2 && shared.prefers_http2())
         {
             let next = next_transport(transport, in_fallback, backoff.exhausted(), quic_broken);
             if next != transport {

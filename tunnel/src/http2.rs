@@ -68,13 +68,14 @@ fn server_builder(max_streams: u32) -> h2::server::Builder {
 }
 
 /// One HTTP/2 connection: dial, register, serve until lost or drained. `turn`, the turn of a
-/// connection moving from QUIC, is given back once this one has registered, or has failed.
+/// connection moving from QUIC, is given back once this one has registered; an attempt that
+/// fails leaves it with the caller, for the next attempt.
 pub(crate) async fn connect(
     shared: &Arc<Shared>,
     idx: u8,
     addr: SocketAddr,
     attempt: u8,
-    turn: Option<tokio::sync::OwnedSemaphorePermit>,
+    turn: &mut Option<tokio::sync::OwnedSemaphorePermit>,
 ) -> Result<Ended, ConnError> {
     let dialing = async {
         let tcp = dial_tcp(addr).await?;
@@ -183,7 +184,7 @@ async fn serve(
     params: RegisterParams,
     control_rx: oneshot::Receiver<Accepted>,
     accept_task: &mut tokio::task::JoinHandle<Closed>,
-    turn: Option<tokio::sync::OwnedSemaphorePermit>,
+    turn: &mut Option<tokio::sync::OwnedSemaphorePermit>,
 ) -> Result<Ended, ConnError> {
     let registering = async {
         let (req, mut respond) = tokio::time::timeout(shared.opts.rpc_timeout * 2, control_rx)
@@ -237,7 +238,7 @@ async fn serve(
     );
     let mut guard = RegisteredGuard::new(shared, ProtocolLabel::Http2, idx);
     // Registered: the next connection may start its move.
-    drop(turn);
+    drop(turn.take());
     let mut state = shared.state.clone();
     let ended = tokio::select! {
         closed = &mut *accept_task => Ended::Lost {

@@ -28,7 +28,9 @@ pub enum Protocol {
     /// no connection ever registered over QUIC, and back to QUIC after an
     /// HTTP/2 connection that registered is lost. After
     /// [`ConnectorHandle::prefer_http2`](crate::ConnectorHandle::prefer_http2),
-    /// HTTP/2 only.
+    /// connections move to HTTP/2 one at a time and stay there; a move the edge
+    /// does not take over HTTP/2 (three failed attempts) is given up, and the
+    /// tunnel stays on QUIC.
     #[default]
     Auto,
     /// QUIC only.

@@ -223,57 +223,47 @@ async fn serve(
     let mut state = shared.state.clone();
     let closed = session.closed();
     tokio::pin!(closed);
-    let ended = {
-        // Created once: the loop turns once per request stream, and re-creating
-        // these waits (watch receivers, notifier registrations) each time showed
-        // up as a per-request cost. The one wait ends the loop for a drain, a
-        // shutdown and a move to HTTP/2 alike.
-        let stopped = state.wait_for(|s| !s.running() || s.http2);
-        tokio::pin!(stopped);
-        loop {
-            tokio::select! {
-                s = conn.accept_bi() => match s {
-                    Ok((send, recv)) => {
-                        serve_stream(send, recv);
-                    }
-                    Err(e) => break lost(&e),
-                },
-                _ = &mut closed => break Ended::Lost { idle_timeout: false },
-                _ = &mut stopped => break Ended::Stopped,
-            }
-        }
-    };
-    if let Ended::Lost { .. } = ended {
-        return Ok(ended);
-    }
     // Moving to HTTP/2: one connection at a time, so the tunnel never has more than one
-    // connection fewer; this one serves as before until its turn comes.
-    let mut turn = None;
-    if shared.run_state() == RunState::Running {
-        let acquire = shared.moves.clone().acquire_owned();
-        let stopped = state.wait_for(|s| !s.running());
-        tokio::pin!(acquire, stopped);
-        loop {
-            tokio::select! {
-                s = conn.accept_bi() => match s {
-                    Ok((send, recv)) => {
-                        serve_stream(send, recv);
-                    }
-                    Err(e) => return Ok(lost(&e)),
-                },
-                _ = &mut closed => return Ok(Ended::Lost { idle_timeout: false }),
-                _ = &mut stopped => break,
-                permit = &mut acquire => {
-                    turn = permit.ok();
-                    break;
+    // connection fewer; this one serves as before until its turn comes, and on if the move
+    // is given up meanwhile.
+    let turn = loop {
+        let ended = {
+            // Created once a loop: the loop inside turns once per request stream, and
+            // re-creating these waits (watch receivers, notifier registrations) each time
+            // showed up as a per-request cost. The one wait ends it for a drain, a shutdown
+            // and a move to HTTP/2 alike.
+            let stopped = state.wait_for(|s| !s.running() || shared.moves_to_http2(s));
+            tokio::pin!(stopped);
+            loop {
+                tokio::select! {
+                    s = conn.accept_bi() => match s {
+                        Ok((send, recv)) => {
+                            serve_stream(send, recv);
+                        }
+                        Err(e) => break lost(&e),
+                    },
+                    _ = &mut closed => break Ended::Lost { idle_timeout: false },
+                    _ = &mut stopped => break Ended::Stopped,
                 }
             }
+        };
+        if let Ended::Lost { .. } = ended {
+            return Ok(ended);
         }
-    }
+        if shared.run_state() != RunState::Running {
+            break None;
+        }
+        match await_turn(shared, conn, &serve_stream, closed.as_mut(), &mut state).await {
+            Turn::Taken(turn) => break Some(turn),
+            Turn::GivenUp => continue,
+            Turn::Stopped => break None,
+            Turn::Lost(ended) => return Ok(ended),
+        }
+    };
     guard.release();
-    let moving = match shared.run_state() {
-        RunState::Running => true,
-        RunState::Draining => false,
+    let turn = match shared.run_state() {
+        RunState::Running => turn,
+        RunState::Draining => None,
         RunState::Shutdown => return Ok(Ended::Stopped),
     };
     let grace = shared.opts.grace_period;
@@ -282,19 +272,62 @@ async fn serve(
     if !unregister(idx, &session, conn, &serve_stream, grace, &mut state).await {
         return Ok(Ended::Stopped);
     }
-    if moving {
-        hold(conn, &serve_stream, deadline, Some(&bounds), &mut state).await;
-        if shared.run_state() == RunState::Running {
-            tracing::info!(
-                conn_index = idx,
-                "closing the QUIC connection to move it to HTTP/2"
-            );
-            return Ok(Ended::Moved { turn });
+    match turn {
+        Some(turn) => {
+            hold(conn, &serve_stream, deadline, Some(&bounds), &mut state).await;
+            if shared.run_state() == RunState::Running {
+                tracing::info!(
+                    conn_index = idx,
+                    "closing the QUIC connection to move it to HTTP/2"
+                );
+                return Ok(Ended::Moved { turn });
+            }
         }
-    } else {
-        hold(conn, &serve_stream, deadline, None, &mut state).await;
+        None => hold(conn, &serve_stream, deadline, None, &mut state).await,
     }
     Ok(Ended::Stopped)
+}
+
+/// What a connection asked to move to HTTP/2 got while it waited for its turn.
+enum Turn {
+    /// Its turn to move.
+    Taken(tokio::sync::OwnedSemaphorePermit),
+    /// The move was given up (see [`Shared::moves`]): the connection serves on.
+    GivenUp,
+    /// The connector drains or shuts down.
+    Stopped,
+    /// The connection was lost meanwhile.
+    Lost(Ended),
+}
+
+/// Serves the streams the edge opens until this connection's turn to move to HTTP/2 comes.
+async fn await_turn(
+    shared: &Shared,
+    conn: &quinn::Connection,
+    serve_stream: &impl Fn(quinn::SendStream, quinn::RecvStream),
+    mut closed: std::pin::Pin<&mut impl Future>,
+    state: &mut watch::Receiver<Control>,
+) -> Turn {
+    let acquire = shared.moves.clone().acquire_owned();
+    let stopped = state.wait_for(|s| !s.running());
+    tokio::pin!(acquire, stopped);
+    loop {
+        tokio::select! {
+            s = conn.accept_bi() => match s {
+                Ok((send, recv)) => {
+                    serve_stream(send, recv);
+                }
+                Err(e) => return Turn::Lost(lost(&e)),
+            },
+            _ = &mut closed => return Turn::Lost(Ended::Lost { idle_timeout: false }),
+            _ = &mut stopped => return Turn::Stopped,
+            permit = &mut acquire => return match permit {
+                Ok(turn) => Turn::Taken(turn),
+                // `moves` is closed once the move is given up.
+                Err(_) => Turn::GivenUp,
+            },
+        }
+    }
 }
 
 /// A registered connection that QUIC reports closed: lost.
@@ -352,8 +385,9 @@ async fn unregister(
 /// open that long, idle or not, as `cloudflared` holds it: the edge may still route requests
 /// to it while the unregistration propagates. One moving to HTTP/2 (`moving`: its streams'
 /// bounds, which each of its streams holds) returns sooner, once none of its streams has been
-/// in flight for [`MOVE_QUIET`]. A stream handed on as an upgraded connection (WebSocket) no
-/// longer counts: it ends with the connection, as at the end of a drain.
+/// in flight for [`MOVE_QUIET`]. A stream handed on as an upgraded connection (WebSocket)
+/// counts until its session is over (see [`serve_data`]); one still open at the deadline ends
+/// with the connection, as at the end of a drain.
 async fn hold(
     conn: &quinn::Connection,
     serve_stream: &impl Fn(quinn::SendStream, quinn::RecvStream),
@@ -488,7 +522,16 @@ async fn handle_stream(
             }
         }
         Ok(Ok(StreamKind::Data)) => {
-            serve_data(&shared, send, recv, start, &bounds.preambles, in_flight).await
+            let upgraded = serve_data(&shared, send, recv, start, &bounds.preambles, in_flight);
+            if let Some(session) = upgraded.await {
+                // The session holds its connection's bounds while it lasts, so that a
+                // connection moving to HTTP/2 waits for it as for a request (see [`hold`]).
+                // A task of its own: this one, kilobytes, ends now.
+                tokio::spawn(async move {
+                    session.await;
+                    drop(bounds);
+                });
+            }
         }
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "resetting stream with a bad preamble");
@@ -539,6 +582,10 @@ enum Exchange {
     Upgraded(oneshot::Sender<Upgraded>, quinn::RecvStream),
 }
 
+/// Serves a request stream. For one handed on as an upgraded connection (WebSocket), returns
+/// what resolves once its session is over: the edge has stopped the connector's side of the
+/// stream, or has acknowledged all of it once the service finished it (dropping it does), or
+/// the connection has closed.
 async fn serve_data(
     shared: &Shared,
     send: quinn::SendStream,
@@ -546,11 +593,9 @@ async fn serve_data(
     start: StreamStart,
     budget: &stream::PreambleBudget,
     in_flight: InFlight,
-) {
+) -> Option<impl Future<Output = ()> + Send + 'static> {
     let mut stream = ResponseStream(Some(send));
-    let Some(send) = stream.0.as_mut() else {
-        return;
-    };
+    let send = stream.0.as_mut()?;
     match serve_exchange(shared, send, recv, start, budget).await {
         Exchange::Closed => {
             stream.0 = None;
@@ -558,10 +603,19 @@ async fn serve_data(
         Exchange::Abandoned => {}
         Exchange::Upgraded(tx, recv) => {
             if let Some(send) = stream.0.take() {
-                let _ = tx.send(Upgraded::quic(send, recv).counted(in_flight));
+                let over = send.stopped();
+                if tx
+                    .send(Upgraded::quic(send, recv).counted(in_flight))
+                    .is_ok()
+                {
+                    return Some(async move {
+                        let _ = over.await;
+                    });
+                }
             }
         }
     }
+    None
 }
 
 /// Reads and decodes the rest of a data stream's preamble: the version and the framed

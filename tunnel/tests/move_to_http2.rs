@@ -1,13 +1,17 @@
 //! An `auto` connector moved to HTTP/2 while it runs, as the proxy asks once its table needs
 //! response trailers (gRPC's status is one, and QUIC cannot carry it), against the mock edge
 //! over real QUIC and TLS/TCP sockets: its QUIC connections are replaced one at a time, a
-//! request in flight on one of them completes, and the tunnel keeps serving meanwhile.
+//! request in flight on one of them completes, a WebSocket session on one of them lasts, and
+//! the tunnel keeps serving meanwhile; an edge HTTP/2 cannot reach has the move abandoned
+//! with the tunnel still on QUIC.
 #![allow(clippy::unwrap_used)]
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::support::*;
 use bytes::Bytes;
@@ -222,6 +226,183 @@ async fn a_quic_connector_ignores_the_move_to_http2() {
             "{conns:?}"
         );
         assert_eq!(handle.registered(), 2);
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// HTTP/2 registration failures the connector has counted (`registration_failures_total`,
+/// every cause).
+fn http2_failures(registry: &prometheus_client::registry::Registry) -> u64 {
+    let prefix = "cftunnel_tunnel_registration_failures_total{protocol=\"http2\"";
+    metrics_text(registry)
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Where UDP reaches the edge and TCP does not (its port 7844 blocked), a move to HTTP/2 can
+/// never register: the moving connection keeps its turn through a few failed attempts, so no
+/// other connection moves, then gives the move up and registers over QUIC again. The tunnel
+/// never has more than one connection fewer, and ends with every connection on QUIC, for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_to_http2_the_edge_never_accepts_is_abandoned_with_the_tunnel_on_quic() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::builder().disable_http2().start().await.unwrap();
+        let (handle, _metrics, registry) =
+            start_connector(options(&edge, Protocol::Auto, HA), token());
+        handle.wait_registered(HA).await;
+        edge.wait_serving(HA).await;
+        let before: Vec<u64> = edge.connections().iter().map(|c| c.id).collect();
+        assert!(
+            edge.connections()
+                .iter()
+                .all(|c| serving(c) && c.protocol == EdgeProtocol::Quic),
+            "auto starts on QUIC"
+        );
+
+        let mut counts = handle.subscribe_registered();
+        let lowest = Arc::new(AtomicUsize::new(*counts.borrow_and_update()));
+        let sampler = tokio::spawn({
+            let lowest = lowest.clone();
+            async move {
+                while counts.changed().await.is_ok() {
+                    lowest.fetch_min(*counts.borrow_and_update(), Ordering::SeqCst);
+                }
+            }
+        });
+
+        assert!(handle.prefer_http2());
+        // One connection moved, failed over HTTP/2, and came back over QUIC; the others
+        // never left.
+        let back_on_quic = || {
+            let conns = edge.connections();
+            conns.len() == HA
+                && conns
+                    .iter()
+                    .all(|c| serving(c) && c.protocol == EdgeProtocol::Quic)
+                && conns.iter().filter(|c| !before.contains(&c.id)).count() == 1
+        };
+        if tokio::time::timeout(Duration::from_secs(15), wait_until(back_on_quic))
+            .await
+            .is_err()
+        {
+            panic!(
+                "the tunnel is not back on QUIC: lowest registered {}, connections {:?}",
+                lowest.load(Ordering::SeqCst),
+                edge.connections()
+            );
+        }
+        handle.wait_registered(HA).await;
+        assert_eq!(
+            http2_failures(&registry),
+            3,
+            "three HTTP/2 attempts, then QUIC"
+        );
+
+        // For good: no other connection moves, and the move is not tried again.
+        assert!(!handle.prefer_http2(), "the move is not started again");
+        let settled: Vec<u64> = edge.connections().iter().map(|c| c.id).collect();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let conns = edge.connections();
+        assert!(
+            conns.len() == HA
+                && conns.iter().all(|c| settled.contains(&c.id)
+                    && serving(c)
+                    && c.protocol == EdgeProtocol::Quic),
+            "the connections stay on QUIC: {conns:?}"
+        );
+        assert_eq!(handle.registered(), HA);
+        assert_eq!(http2_failures(&registry), 3);
+        sampler.abort();
+        let lowest = lowest.load(Ordering::SeqCst);
+        assert!(
+            lowest >= HA - 1,
+            "at most one connection fewer at any time: {lowest}"
+        );
+        assert_eq!(series(&registry, "quic"), "4");
+        assert_eq!(series(&registry, "http2"), "0");
+
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// A WebSocket session on a QUIC connection outlasts the start of its connection's move: the
+/// connection unregisters but stays open while the session goes on (up to the grace period),
+/// and moves to HTTP/2 once it has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_session_keeps_its_quic_connection_through_a_move_until_it_ends() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::start().await.unwrap();
+        let opts = ConnectorOptions {
+            // Far past the session, so that its end, not the grace period, ends the move.
+            grace_period: Duration::from_secs(20),
+            ..options(&edge, Protocol::Auto, 1)
+        };
+        let (handle, _metrics, registry) = start_connector(opts, token());
+        handle.wait_registered(1).await;
+        edge.wait_serving(1).await;
+        let carrying = edge.connections()[0].id;
+
+        let (status, mut ws) = websocket(edge.http_addr()).await;
+        assert_eq!(status, StatusCode::SWITCHING_PROTOCOLS);
+        let mut echo = async |i: u32| {
+            let msg = format!("message {i}");
+            ws.write_all(msg.as_bytes()).await.unwrap();
+            let mut back = vec![0u8; msg.len()];
+            ws.read_exact(&mut back)
+                .await
+                .unwrap_or_else(|e| panic!("echo {i} after the move started: {e}"));
+            assert_eq!(back, msg.as_bytes());
+        };
+        echo(0).await;
+
+        assert!(handle.prefer_http2());
+        wait_until(|| {
+            edge.connections()
+                .iter()
+                .any(|c| c.id == carrying && c.draining)
+        })
+        .await;
+        // Well past the quiet second after which a moving connection with nothing in flight
+        // closes.
+        for i in 1..=30 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            echo(i).await;
+        }
+        let conns = edge.connections();
+        assert!(
+            conns.iter().any(|c| c.id == carrying) && conns.len() == 1,
+            "the session's connection is still open, and the only one: {conns:?}"
+        );
+
+        // The session ends (the service's side closes once the eyeball's has): the move
+        // completes, well within the grace period.
+        ws.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        ws.read_to_end(&mut rest).await.unwrap();
+        let ended = tokio::time::Instant::now();
+        wait_until(|| {
+            let conns = edge.connections();
+            conns.len() == 1 && serving(&conns[0]) && conns[0].protocol == EdgeProtocol::Http2
+        })
+        .await;
+        assert!(
+            ended.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            ended.elapsed()
+        );
+        handle.wait_registered(1).await;
+        assert_eq!(series(&registry, "http2"), "1");
+
         handle.shutdown().await;
         edge.shutdown().await;
     })

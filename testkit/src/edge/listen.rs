@@ -342,6 +342,7 @@ pub(super) fn spawn_tcp(
     listener: std::net::TcpListener,
     pki: &TestPki,
     provider: Arc<rustls::crypto::CryptoProvider>,
+    http2: bool,
 ) -> Result<(), MockEdgeError> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(pki.tcp_server(provider)?));
@@ -350,6 +351,10 @@ pub(super) fn spawn_tcp(
         loop {
             let accepted = accept_next("edge tcp", &inner2.cancel, || listener.accept()).await;
             let Some((tcp, _)) = accepted else { return };
+            if !http2 {
+                drop(tcp);
+                continue;
+            }
             let _ = tcp.set_nodelay(true);
             if let Err(e) = socket2::SockRef::from(&tcp).set_tcp_keepalive(&tcp_keepalive()) {
                 tracing::debug!(error = %e, "tcp keep-alive not set");
