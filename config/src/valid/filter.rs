@@ -270,6 +270,15 @@ fn header_edits(m: &doc::HeaderModifier, at: &At<'_>) -> Result<HeaderEdits, Inv
             }
             let value =
                 name::header_value(&h.value).map_err(|m| Invalid::new(at.field("value"), m))?;
+            if let Some(named) = connection_names_framing(&name, &value) {
+                return Err(Invalid::new(
+                    at.field("value"),
+                    format!(
+                        "connection names {named}, which a next hop would then remove: a filter \
+                         may not {what} it"
+                    ),
+                ));
+            }
             if seen.insert(name.clone()) {
                 out.push((name, value));
             }
@@ -288,6 +297,21 @@ fn header_edits(m: &doc::HeaderModifier, at: &At<'_>) -> Result<HeaderEdits, Inv
         set: pairs(&m.set, "set")?,
         add: pairs(&m.add, "add")?,
         remove,
+    })
+}
+
+/// The framing header (or `host`) a `Connection` value names, if it names one: a next hop
+/// that removes what `Connection` lists would remove it and read the message otherwise.
+/// The proxy ignores those names in a client's `Connection`, but one a filter sets is sent on.
+fn connection_names_framing(name: &HeaderName, value: &HeaderValue) -> Option<&'static str> {
+    if name != http::header::CONNECTION {
+        return None;
+    }
+    let value = value.to_str().ok()?;
+    value.split(',').map(str::trim).find_map(|token| {
+        ["content-length", "transfer-encoding", "host"]
+            .into_iter()
+            .find(|framing| token.eq_ignore_ascii_case(framing))
     })
 }
 

@@ -711,6 +711,28 @@ fn a_header_filter_may_remove_framing_headers_but_not_set_or_add_them() {
             }
         }
     }
+    // A `Connection` that names a framing header would have a next hop remove it.
+    for (kind, what) in [
+        ("requestHeaderModifier", "set"),
+        ("responseHeaderModifier", "add"),
+    ] {
+        for value in [
+            "content-length",
+            "close, Transfer-Encoding",
+            "keep-alive,host",
+        ] {
+            let edits = json!({what: [{"name": "Connection", "value": value}]});
+            let value = one_filter(modifier(kind, edits), false);
+            let err = document(&doc(value.clone()), &mut Cache::default())
+                .expect_err("a Connection naming a framing header is refused");
+            assert_eq!(
+                err.field(),
+                format!("rules[0].filters[0].{kind}.{what}[0].value"),
+                "{value}"
+            );
+            assert_same_verdict(&doc(value));
+        }
+    }
     for name in ["Content-Length", "transfer-encoding"] {
         for kind in ["requestHeaderModifier", "responseHeaderModifier"] {
             for backend in [false, true] {
