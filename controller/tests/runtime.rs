@@ -7382,27 +7382,37 @@ async fn a_gateway_re_created_under_its_name_takes_over_what_its_predecessor_lef
     .expect("in time");
 }
 
+/// The stand-in Cloudflare API, and a tenant whose GatewayConfig writes its tunnel's document
+/// with its own API token (`cloudflareCredentialsSecretRef`), once its route `shop` is accepted
+/// and that document written.
+async fn writing_its_tunnel_with_its_own_token() -> (CloudflareApi, Tenant) {
+    let cloudflare = CloudflareApi::start().await;
+    cloudflare.allow("acct", "cf-token-a");
+    let base = cloudflare.base();
+    let t = Tenant::start_tuned(
+        "replicas: 1, cloudflareCredentialsSecretRef: {name: edge-cf}",
+        |_| {},
+        ApiServer::client,
+        |options| options.cloudflare_api_base = base,
+    )
+    .await;
+    eventually("shop accepted", || {
+        route_condition(&t.api, "tenant-a", "shop", "Accepted").filter(|c| c["status"] == "True")
+    })
+    .await;
+    eventually("the tunnel's document", || {
+        cloudflare.config("acct", TUNNEL_ID)
+    })
+    .await;
+    (cloudflare, t)
+}
+
 /// A GatewayConfig's `cloudflareCredentialsSecretRef` that gives no API token: the route's
 /// message says which of the Secret, its key or the key's value is missing.
 #[tokio::test]
 async fn a_missing_api_token_is_reported_saying_what_is_missing() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let cloudflare = CloudflareApi::start().await;
-        cloudflare.allow("acct", "cf-token-a");
-        let base = cloudflare.base();
-        let t = Tenant::start_tuned(
-            "replicas: 1, cloudflareCredentialsSecretRef: {name: edge-cf}",
-            |_| {},
-            ApiServer::client,
-            |options| options.cloudflare_api_base = base,
-        )
-        .await;
-        eventually("shop accepted", || {
-            route_condition(&t.api, "tenant-a", "shop", "Accepted")
-                .filter(|c| c["status"] == "True")
-        })
-        .await;
-        eventually("the tunnel's document", || cloudflare.config("acct", TUNNEL_ID)).await;
+        let (cloudflare, t) = writing_its_tunnel_with_its_own_token().await;
         // Shop is on the tunnel's last document: it stays accepted, pending on its own
         // condition.
         let told = |why: &'static str| {
@@ -7494,25 +7504,7 @@ async fn a_missing_api_token_is_reported_saying_what_is_missing() {
 #[tokio::test]
 async fn a_route_waits_for_a_tunnel_write_that_outlives_its_round() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let cloudflare = CloudflareApi::start().await;
-        cloudflare.allow("acct", "cf-token-a");
-        let base = cloudflare.base();
-        let t = Tenant::start_tuned(
-            "replicas: 1, cloudflareCredentialsSecretRef: {name: edge-cf}",
-            |_| {},
-            ApiServer::client,
-            |options| options.cloudflare_api_base = base,
-        )
-        .await;
-        eventually("shop accepted", || {
-            route_condition(&t.api, "tenant-a", "shop", "Accepted")
-                .filter(|c| c["status"] == "True")
-        })
-        .await;
-        eventually("the tunnel's document", || {
-            cloudflare.config("acct", TUNNEL_ID)
-        })
-        .await;
+        let (cloudflare, t) = writing_its_tunnel_with_its_own_token().await;
         let carries = |host: &str| {
             cloudflare
                 .config("acct", TUNNEL_ID)
