@@ -7412,7 +7412,7 @@ async fn writing_its_tunnel_with_its_own_token() -> (CloudflareApi, Tenant) {
 #[tokio::test]
 async fn a_missing_api_token_is_reported_saying_what_is_missing() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let (cloudflare, t) = writing_its_tunnel_with_its_own_token().await;
+        let (_cloudflare, t) = writing_its_tunnel_with_its_own_token().await;
         // Shop is on the tunnel's last document: it stays accepted, pending on its own
         // condition.
         let told = |why: &'static str| {
