@@ -118,8 +118,8 @@ pub(super) fn resolve<'a>(
         return Ok(Resolved {
             urls: vec![url],
             service_url: ServiceUrl::Dialled,
-            protocol: BackendProtocol::Http1,
-            websocket: false,
+            protocol: app.protocol(port),
+            websocket: app.websocket(),
             public_only: options.external_name_backends == ExternalNameBackends::External,
             tls: tls.settings,
             tls_refused: tls.refused,

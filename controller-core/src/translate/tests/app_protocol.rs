@@ -309,10 +309,11 @@ fn dialled(backend: &Backend) -> (&str, BackendProtocol, Option<&str>) {
     )
 }
 
-/// An ExternalName Service's port reads `appProtocol` for TLS as a Service's does: `grpc` on
-/// port 443 (a partner's gRPC endpoint) is dialled over TLS, checked for the external name,
-/// where `kubernetes.io/h2c` is dialled in the clear; and an unrecognised value is reported on
-/// the route as for any Service.
+/// An ExternalName Service's port reads `appProtocol` as a Service's does: `grpc` on port 443
+/// (a partner's gRPC endpoint) is dialled over TLS, checked for the external name, where
+/// `kubernetes.io/h2c`, and `grpc` off port 443, are dialled h2c in the clear;
+/// `kubernetes.io/ws` allows WebSocket upgrades; and an unrecognised value is reported on the
+/// route as for any Service.
 #[test]
 fn an_external_name_port_reads_app_protocol_as_a_service_port_does() {
     let extra = [
@@ -323,6 +324,13 @@ fn an_external_name_port_reads_app_protocol_as_a_service_port_does() {
             443,
             Some("kubernetes.io/h2c"),
         ),
+        external_name("partner-grpc", "rpc.partner.example", 8080, Some("grpc")),
+        external_name(
+            "partner-ws",
+            "ws.partner.example",
+            8080,
+            Some("kubernetes.io/ws"),
+        ),
         external_name(
             "partner-odd",
             "odd.partner.example",
@@ -331,6 +339,8 @@ fn an_external_name_port_reads_app_protocol_as_a_service_port_does() {
         ),
         route("partner", "[{name: partner, port: 443}]"),
         route("partner-h2c", "[{name: partner-h2c, port: 443}]"),
+        route("partner-grpc", "[{name: partner-grpc, port: 8080}]"),
+        route("partner-ws", "[{name: partner-ws, port: 8080}]"),
         route("partner-odd", "[{name: partner-odd, port: 8443}]"),
     ]
     .concat();
@@ -354,10 +364,42 @@ fn an_external_name_port_reads_app_protocol_as_a_service_port_does() {
     );
 
     assert_eq!(
-        dialled(&rule_of(&out, "partner-h2c").backends[0]).0,
-        "http://h2c.partner.example.:443",
-        "`kubernetes.io/h2c` is cleartext whatever the port"
+        dialled(&rule_of(&out, "partner-h2c").backends[0]),
+        (
+            "http://h2c.partner.example.:443",
+            BackendProtocol::H2c,
+            None
+        ),
+        "`kubernetes.io/h2c` is h2c in the clear whatever the port"
     );
+    assert_eq!(
+        dialled(&rule_of(&out, "partner-grpc").backends[0]),
+        (
+            "http://rpc.partner.example.:8080",
+            BackendProtocol::H2c,
+            None
+        ),
+        "`grpc` off port 443 is h2c"
+    );
+    let ws = &rule_of(&out, "partner-ws").backends[0];
+    assert_eq!(
+        (ws.url.as_str(), ws.protocol, ws.websocket),
+        (
+            "http://ws.partner.example.:8080",
+            BackendProtocol::Http1,
+            true
+        ),
+        "`kubernetes.io/ws` allows WebSocket upgrades"
+    );
+    for name in ["partner-ws", "partner-grpc"] {
+        let resolved = resolved_refs(&out, RouteKind::Http, name);
+        assert_eq!(
+            (resolved.status, resolved.reason),
+            (true, Reason::ResolvedRefs),
+            "{name}: {}",
+            resolved.message
+        );
+    }
 
     let odd = &rule_of(&out, "partner-odd").backends[0];
     assert_eq!(
