@@ -292,11 +292,15 @@ impl ConnectorHandle {
     /// One connection moves at a time: the next starts only once the previous one has
     /// registered over HTTP/2, so the tunnel has at most one connection fewer than usual
     /// while it moves; with one HA connection it has none for as long as that one takes to
-    /// move. A moving connection that fails to register over HTTP/2 three times running
-    /// gives the move up for the whole connector, logged as an error: it registers over
-    /// QUIC again, the connections still on QUIC stay there, those already moved stay on
-    /// HTTP/2, and no connection moves again while the connector runs (HTTP/2 does not
-    /// reach the edge from here, and trying again would only take a connection down).
+    /// move. A moving connection that cannot reach the edge over HTTP/2 (TCP or TLS fails),
+    /// or is refused registration for good, three times running gives the move up for the
+    /// whole connector, logged as an error: it registers over QUIC again, the connections
+    /// still on QUIC stay there, those already moved stay on HTTP/2, and no connection
+    /// moves again while the connector runs (HTTP/2 does not reach the edge from here, and
+    /// trying again would only take a connection down). A retryable refusal (a duplicate
+    /// registration among them), or a control stream or RPC that fails, does not count and
+    /// starts the count over: the edge answered over HTTP/2, so the connection retries with
+    /// the usual backoff and keeps its turn, for as long as those failures last.
     ///
     /// Returns at once; whether the call changed anything. Idempotent, the move given up
     /// or not; a connector configured `quic` or `http2`, or no longer running, ignores it.
@@ -659,8 +663,24 @@ fn spawn_index(set: &mut JoinSet<()>, shared: &Arc<Shared>, pool: &Arc<EdgePool>
     set.spawn(supervise(shared.clone(), pool.clone(), idx).instrument(span));
 }
 
-/// Failed HTTP/2 attempts after which a connection moving from QUIC gives the move up.
+/// Failed HTTP/2 attempts in a row after which a connection moving from QUIC gives the move
+/// up; only the failures [`counts_against_move`] says so count.
 const MOVE_ATTEMPTS: u32 = 3;
+
+/// Whether a failed HTTP/2 attempt of a moving connection says HTTP/2 cannot serve this
+/// tunnel: the edge unreachable over TCP or TLS, or a registration refused for good. A
+/// retryable refusal (a duplicate registration is one), or a control stream or RPC that
+/// failed, came from an edge HTTP/2 does reach: it does not count and starts the count
+/// over, and the attempt is retried with the usual backoff. The connection keeps its turn
+/// meanwhile, so no other one moves and the tunnel stays at most one connection short,
+/// however long those failures last.
+fn counts_against_move(error: &ConnError) -> bool {
+    match error {
+        ConnError::Dial { .. } => true,
+        ConnError::Refused(r) => !r.should_retry && !r.is_duplicate(),
+        ConnError::ControlStream(_) | ConnError::Rpc(_) => false,
+    }
+}
 
 /// Gives up the move to HTTP/2 for the whole connector, for as long as it runs: the edge is
 /// not reachable over HTTP/2 from here (TCP to it blocked, say), and a tunnel that stays on
@@ -776,7 +796,14 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                 shared.metrics.failed(label, e.cause());
                 tracing::warn!(conn_index = idx, edge = %addr, error = %e, "edge connection failed");
                 if turn.is_some() {
-                    move_failures += 1;
+                    // Only an edge HTTP/2 does not reach, or one that will not take this
+                    // connection over it, counts; one that answers with a transient error
+                    // shows HTTP/2 gets through, and the connection retries with its turn.
+                    if counts_against_move(&e) {
+                        move_failures += 1;
+                    } else {
+                        move_failures = 0;
+                    }
                     if move_failures >= MOVE_ATTEMPTS {
                         give_up_move(&shared, idx, turn.take(), &e);
                         // Back over QUIC at once: this connection has been down a while.

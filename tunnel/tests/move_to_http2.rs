@@ -409,3 +409,86 @@ async fn a_websocket_session_keeps_its_quic_connection_through_a_move_until_it_e
     .await
     .expect("test finished in time");
 }
+
+/// An edge that answers the moving connection's HTTP/2 registrations with a retryable
+/// refusal, more times than a move tries an edge HTTP/2 cannot reach, does not have the move
+/// given up: the connection keeps retrying over HTTP/2 with its turn, so no other connection
+/// moves meanwhile, and once the edge takes registrations again every connection moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_to_http2_outlasts_retryable_refusals_of_its_registrations() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::start().await.unwrap();
+        let (handle, _metrics, registry) =
+            start_connector(options(&edge, Protocol::Auto, HA), token());
+        handle.wait_registered(HA).await;
+        edge.wait_serving(HA).await;
+
+        let mut counts = handle.subscribe_registered();
+        let lowest = Arc::new(AtomicUsize::new(*counts.borrow_and_update()));
+        let sampler = tokio::spawn({
+            let lowest = lowest.clone();
+            async move {
+                while counts.changed().await.is_ok() {
+                    lowest.fetch_min(*counts.borrow_and_update(), Ordering::SeqCst);
+                }
+            }
+        });
+
+        // The connections registered over QUIC keep serving; the one that moves is refused.
+        edge.set_registration_error(Some(retryable("transient edge error")));
+        assert!(handle.prefer_http2());
+        // Past the attempts after which an unreachable edge has the move given up.
+        if tokio::time::timeout(
+            Duration::from_secs(10),
+            wait_until(|| http2_failures(&registry) >= 5),
+        )
+        .await
+        .is_err()
+        {
+            panic!(
+                "the move stopped retrying over HTTP/2 after {} refusals: {:?}",
+                http2_failures(&registry),
+                edge.connections()
+            );
+        }
+        let conns = edge.connections();
+        assert_eq!(
+            conns
+                .iter()
+                .filter(|c| serving(c) && c.protocol == EdgeProtocol::Quic)
+                .count(),
+            HA - 1,
+            "only the moving connection is down: {conns:?}"
+        );
+
+        edge.set_registration_error(None);
+        let all_on_http2 = || {
+            let conns = edge.connections();
+            conns.len() == HA
+                && conns
+                    .iter()
+                    .all(|c| serving(c) && c.protocol == EdgeProtocol::Http2)
+        };
+        if tokio::time::timeout(Duration::from_secs(20), wait_until(all_on_http2))
+            .await
+            .is_err()
+        {
+            panic!("not every connection moved: {:?}", edge.connections());
+        }
+        handle.wait_registered(HA).await;
+        sampler.abort();
+        let lowest = lowest.load(Ordering::SeqCst);
+        assert!(
+            lowest >= HA - 1,
+            "at most one connection fewer at any time: {lowest}"
+        );
+        assert_eq!(series(&registry, "http2"), HA.to_string());
+        assert_eq!(series(&registry, "quic"), "0");
+
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
