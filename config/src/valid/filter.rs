@@ -307,12 +307,16 @@ fn connection_names_framing(name: &HeaderName, value: &HeaderValue) -> Option<&'
     if name != http::header::CONNECTION {
         return None;
     }
-    let value = value.to_str().ok()?;
-    value.split(',').map(str::trim).find_map(|token| {
-        ["content-length", "transfer-encoding", "host"]
-            .into_iter()
-            .find(|framing| token.eq_ignore_ascii_case(framing))
-    })
+    // By bytes: a value with any byte past ASCII is still a list a next hop splits.
+    value
+        .as_bytes()
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .find_map(|token| {
+            ["content-length", "transfer-encoding", "host"]
+                .into_iter()
+                .find(|framing| token.eq_ignore_ascii_case(framing.as_bytes()))
+        })
 }
 
 /// Why a filter may not set or add header `name`, if it may not: `Content-Length` or

@@ -720,6 +720,7 @@ fn a_header_filter_may_remove_framing_headers_but_not_set_or_add_them() {
             "content-length",
             "close, Transfer-Encoding",
             "keep-alive,host",
+            "content-length, \u{e9}",
         ] {
             let edits = json!({what: [{"name": "Connection", "value": value}]});
             let value = one_filter(modifier(kind, edits), false);
