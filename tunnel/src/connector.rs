@@ -667,18 +667,45 @@ fn spawn_index(set: &mut JoinSet<()>, shared: &Arc<Shared>, pool: &Arc<EdgePool>
 /// up; only the failures [`counts_against_move`] says so count.
 const MOVE_ATTEMPTS: u32 = 3;
 
+/// Failed HTTP/2 attempts of any kind after which a moving connection gives the move up: an
+/// edge that keeps answering with transient errors must not keep the tunnel a connection
+/// short for good (with one HA connection, with none).
+const MOVE_TRIES: u32 = 10;
+
 /// Whether a failed HTTP/2 attempt of a moving connection says HTTP/2 cannot serve this
-/// tunnel: the edge unreachable over TCP or TLS, or a registration refused for good. A
-/// retryable refusal (a duplicate registration is one), or a control stream or RPC that
-/// failed, came from an edge HTTP/2 does reach: it does not count and starts the count
-/// over, and the attempt is retried with the usual backoff. The connection keeps its turn
-/// meanwhile, so no other one moves and the tunnel stays at most one connection short,
-/// however long those failures last.
+/// tunnel: the edge unreachable over TCP or TLS, HTTP/2 not getting through end to end (no
+/// preface, no control stream: a middlebox that passes the handshake and drops the flow), or
+/// a registration refused for good. A retryable refusal (a duplicate registration is one), or
+/// an RPC that failed, came from an edge HTTP/2 does reach: it does not count and starts the
+/// count over, and the attempt is retried with the usual backoff, up to [`MOVE_TRIES`] in all.
+/// The connection keeps its turn meanwhile, so no other one moves and the tunnel stays at most
+/// one connection short.
 fn counts_against_move(error: &ConnError) -> bool {
     match error {
-        ConnError::Dial { .. } => true,
+        ConnError::Dial { .. } | ConnError::ControlStream(_) => true,
         ConnError::Refused(r) => !r.should_retry && !r.is_duplicate(),
-        ConnError::ControlStream(_) | ConnError::Rpc(_) => false,
+        ConnError::Rpc(_) => false,
+    }
+}
+
+/// A moving connection's failed HTTP/2 attempts: [`MoveFailures::failed`] says when to give
+/// the move up.
+#[derive(Debug, Default, Clone, Copy)]
+struct MoveFailures {
+    in_a_row: u32,
+    total: u32,
+}
+
+impl MoveFailures {
+    /// Takes in a failed attempt; whether the move is to be given up.
+    fn failed(&mut self, error: &ConnError) -> bool {
+        self.total += 1;
+        if counts_against_move(error) {
+            self.in_a_row += 1;
+        } else {
+            self.in_a_row = 0;
+        }
+        self.in_a_row >= MOVE_ATTEMPTS || self.total >= MOVE_TRIES
     }
 }
 
@@ -699,11 +726,10 @@ fn give_up_move(
     drop(turn);
     tracing::error!(
         conn_index = idx,
-        attempts = MOVE_ATTEMPTS,
         error = %error,
         "HTTP/2 to the edge failed, so the tunnel stays on QUIC, which carries no response \
-         trailers: gRPC responses lose their status; open TCP port 7844 to the edge, or set \
-         PROXY_TUNNEL_PROTOCOL=http2"
+         trailers: gRPC responses lose their status; make sure TCP port 7844 to the edge is \
+         open end to end (the last error says what failed), or set PROXY_TUNNEL_PROTOCOL=http2"
     );
 }
 
@@ -728,7 +754,7 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
     // The turn of this connection's move from QUIC to HTTP/2, while it has one: held until
     // it registers over HTTP/2, and the HTTP/2 attempts that failed meanwhile.
     let mut turn = None;
-    let mut move_failures = 0;
+    let mut move_failures = MoveFailures::default();
     if idx != 0 {
         shared.ha_backoff.connecting();
     }
@@ -774,7 +800,7 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
             Ok(Ended::Moved { turn: moving }) => {
                 // Closed on purpose, to register over HTTP/2 now: no failure, no wait.
                 turn = Some(moving);
-                move_failures = 0;
+                move_failures = MoveFailures::default();
                 transport = Transport::Http2;
                 backoff.reset();
                 in_fallback = false;
@@ -799,12 +825,7 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                     // Only an edge HTTP/2 does not reach, or one that will not take this
                     // connection over it, counts; one that answers with a transient error
                     // shows HTTP/2 gets through, and the connection retries with its turn.
-                    if counts_against_move(&e) {
-                        move_failures += 1;
-                    } else {
-                        move_failures = 0;
-                    }
-                    if move_failures >= MOVE_ATTEMPTS {
+                    if move_failures.failed(&e) {
                         give_up_move(&shared, idx, turn.take(), &e);
                         // Back over QUIC at once: this connection has been down a while.
                         transport = Transport::Quic;

@@ -362,3 +362,51 @@ async fn a_host_found_later_gets_a_connection_while_the_first_cannot_register() 
     .await
     .expect("test finished in time");
 }
+
+/// A moving connection gives the move to HTTP/2 up after three failures in a row that say
+/// HTTP/2 cannot serve the tunnel (unreachable, no control stream, refused for good), and
+/// after ten failures of any kind; a transient one (a retryable refusal, a duplicate, an RPC
+/// error) starts the count in a row over.
+#[test]
+fn a_move_gives_up_on_failures_that_say_http2_cannot_serve_the_tunnel() {
+    use crate::rpc::control::EdgeRefusal;
+    let refused = |cause: &str, should_retry: bool| {
+        ConnError::Refused(EdgeRefusal {
+            cause: cause.to_owned(),
+            retry_after: std::time::Duration::ZERO,
+            should_retry,
+        })
+    };
+    let given_up_after = |errors: &[ConnError]| {
+        let mut failures = MoveFailures::default();
+        errors
+            .iter()
+            .position(|e| failures.failed(e))
+            .map(|i| i + 1)
+    };
+    let no_preface = || ConnError::control_stream("edge sent no HTTP/2 preface");
+    assert_eq!(
+        given_up_after(&[no_preface(), no_preface(), no_preface()]),
+        Some(3)
+    );
+    let dial = || ConnError::dial("connection refused");
+    assert_eq!(given_up_after(&[dial(), dial(), dial()]), Some(3));
+    let for_good = || refused("Unauthorized: no", false);
+    assert_eq!(
+        given_up_after(&[for_good(), for_good(), for_good()]),
+        Some(3)
+    );
+    // Transient failures between them start the count over.
+    let transient = || refused("server error", true);
+    assert_eq!(
+        given_up_after(&[dial(), dial(), transient(), dial(), dial()]),
+        None
+    );
+    assert_eq!(
+        given_up_after(&[refused("EDUPCONN", false), dial(), dial()]),
+        None
+    );
+    // Transient ones alone give up at the tenth.
+    let many: Vec<ConnError> = (0..12).map(|_| transient()).collect();
+    assert_eq!(given_up_after(&many), Some(10));
+}
