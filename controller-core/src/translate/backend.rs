@@ -80,6 +80,17 @@ pub(super) fn resolve<'a>(
         });
     };
     let spec = service.spec.as_ref();
+    // What the route is told of a port whose `appProtocol` is not recognised.
+    let unrecognised = |app_protocol: Option<&str>| {
+        BackendRefError::unrecognised_protocol(
+            field,
+            "Service",
+            namespace,
+            r.name,
+            port,
+            app_protocol,
+        )
+    };
     if spec.and_then(|s| s.type_.as_deref()) == Some("ExternalName") {
         let external_name = spec
             .and_then(|s| s.external_name.as_deref())
@@ -105,16 +116,7 @@ pub(super) fn resolve<'a>(
             host.trim_end_matches('.').to_owned()
         });
         let url = tls.url(&format!("{host}:{port}"));
-        let notice = tls.notice(app, from, || {
-            BackendRefError::unrecognised_protocol(
-                field,
-                "Service",
-                namespace,
-                r.name,
-                port,
-                app_protocol,
-            )
-        });
+        let notice = tls.notice(app, from, || unrecognised(app_protocol));
         return Ok(Resolved {
             urls: vec![url],
             service_url: ServiceUrl::Dialled,
@@ -173,16 +175,7 @@ pub(super) fn resolve<'a>(
             ServiceUrl::Cluster(service_url),
         ),
     };
-    let notice = tls.notice(app, from, || {
-        BackendRefError::unrecognised_protocol(
-            field,
-            "Service",
-            namespace,
-            r.name,
-            port,
-            app_protocol,
-        )
-    });
+    let notice = tls.notice(app, from, || unrecognised(app_protocol));
     Ok(Resolved {
         urls,
         service_url,
