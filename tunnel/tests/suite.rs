@@ -10,6 +10,7 @@ mod support;
 mod cancel;
 mod control_stream;
 mod drain;
+mod edge_bounds;
 mod edge_headers;
 mod key_exchange;
 mod lifecycle;

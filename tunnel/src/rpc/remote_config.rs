@@ -59,18 +59,9 @@ impl RemoteConfigState {
         if version <= current {
             return (current, None);
         }
-        // Validated and copied before taking the lock, which blocks readers. The
-        // document must be what `cloudflared` decodes into its configuration
-        // struct: an object, or `null` (which Go decodes as leaving it empty).
-        match serde_json::from_slice::<serde_json::Value>(config) {
-            Ok(serde_json::Value::Object(_) | serde_json::Value::Null) => {}
-            Ok(_) => {
-                return (
-                    current,
-                    Some("invalid configuration: not a JSON object".to_owned()),
-                )
-            }
-            Err(e) => return (current, Some(format!("invalid configuration: {e}"))),
+        // Validated and copied before taking the lock, which blocks readers.
+        if let Err(e) = check(config) {
+            return (current, Some(e));
         }
         let next = RemoteConfig {
             version,
@@ -91,6 +82,77 @@ impl RemoteConfigState {
             tracing::info!(version, "updated to new remote configuration");
         }
         (latest, None)
+    }
+}
+
+/// Checks that `config` is what `cloudflared` decodes into its configuration struct: an
+/// object, or `null` (which Go decodes as leaving it empty); the error text otherwise.
+///
+/// The document is parsed as a tree of values would be, with the same errors, but no tree
+/// is built: a push of up to 8 MiB of small values would take twenty times that as one.
+fn check(config: &[u8]) -> Result<(), String> {
+    serde_json::from_slice::<Checked>(config).map_err(|e| format!("invalid configuration: {e}"))?;
+    // Valid JSON: its first character says what it is.
+    match config
+        .iter()
+        .find(|b| !matches!(b, b' ' | b'\n' | b'\t' | b'\r'))
+    {
+        Some(b'{' | b'n') => Ok(()),
+        _ => Err("invalid configuration: not a JSON object".to_owned()),
+    }
+}
+
+/// Any JSON value, decoded as `serde_json::Value` decodes one (each string, number and
+/// nesting checked alike) and dropped as it goes.
+struct Checked;
+
+impl<'de> serde::Deserialize<'de> for Checked {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Checked)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Checked {
+    type Value = Checked;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any valid JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_unit<E>(self) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+        while seq.next_element::<Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+        while map.next_key::<Checked>()?.is_some() {
+            map.next_value::<Checked>()?;
+        }
+        Ok(Checked)
     }
 }
 
@@ -190,6 +252,69 @@ mod tests {
         assert_eq!(s.subscribe().borrow().version, 3);
         // `null` decodes as an empty configuration, as in Go.
         assert_eq!(s.apply(5, b"null"), (5, None));
+    }
+
+    /// The check without a tree accepts and refuses what decoding a `serde_json::Value`
+    /// did, with the same error texts.
+    #[test]
+    fn documents_are_checked_as_a_value_tree_checks_them() {
+        fn as_tree(config: &[u8]) -> Result<(), String> {
+            match serde_json::from_slice::<serde_json::Value>(config) {
+                Ok(serde_json::Value::Object(_) | serde_json::Value::Null) => Ok(()),
+                Ok(_) => Err("invalid configuration: not a JSON object".to_owned()),
+                Err(e) => Err(format!("invalid configuration: {e}")),
+            }
+        }
+        let deep_array = "[".repeat(200) + &"]".repeat(200);
+        let deep_object = r#"{"a":"#.repeat(200) + "1" + &"}".repeat(200);
+        let docs: Vec<&[u8]> = vec![
+            b"{}",
+            b" \r\n\t{\"ingress\":[{\"service\":\"http_status:404\"}]} \n",
+            b"null",
+            b"  null",
+            br#"{"a":{"b":[1,-2,3.5,1e300,18446744073709551616,true,false,null,"\u00e9\n"]}}"#,
+            br#"{"a":1,"a":2}"#,
+            b"[]",
+            b"[1,2]",
+            b"1",
+            b"-0.5",
+            b"\"x\"",
+            b"true",
+            b"",
+            b"   ",
+            b"not json",
+            b"nul",
+            b"{",
+            b"{\"a\"",
+            b"{\"a\":}",
+            b"{\"a\":1,}",
+            b"{1:2}",
+            b"{\"a\" 1}",
+            b"[1,]",
+            b"[1 2]",
+            b"{} x",
+            b"{}{}",
+            b"01",
+            b"-",
+            b"1.",
+            b"1e",
+            b"{\"a\":1e400}",
+            b"{\"a\":-1e400}",
+            b"{\"a\":\"\\ud800\"}",
+            b"{\"a\":\"\\udc00x\"}",
+            b"{\"a\":\"\\x\"}",
+            b"{\"a\":\"\\u12\"}",
+            b"{\"a\":\"\xff\"}",
+            b"{\"\xc3\":1}",
+            b"{\"a\":\"\x01\"}",
+            b"{\"a\":\"unterminated",
+            b"\xef\xbb\xbf{}",
+            deep_array.as_bytes(),
+            deep_object.as_bytes(),
+        ];
+        for doc in docs {
+            assert_eq!(check(doc), as_tree(doc), "{}", String::from_utf8_lossy(doc));
+        }
     }
 
     #[test]
