@@ -1,5 +1,6 @@
 //! What an edge that misbehaves can make the connector keep: texts it sends are kept and
-//! logged cut, and an edge that leaves calls open on the control stream loses its connection.
+//! logged cut, and an edge that leaves calls open loses the control stream's connection, or
+//! the configuration stream.
 #![allow(clippy::unwrap_used)]
 
 use std::io::Write;
@@ -320,6 +321,68 @@ async fn an_edge_that_leaves_calls_open_on_the_control_stream_loses_the_connecti
         // Lost, so dialed again.
         let again = endpoint.accept().await.expect("the connector dials again");
         again.await.unwrap();
+        drop(handle);
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// An edge that opens a configuration stream and asks for the connector's bootstrap over
+/// and over, never finishing a call: the connector ends that stream at once instead of
+/// keeping an answer to each for as long as the RPC's time allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_that_leaves_calls_open_on_a_configuration_stream_loses_the_stream() {
+    tokio::time::timeout(LIMIT, async {
+        let (endpoint, mut opts) = bare_edge();
+        // Long enough that only the bound on open calls can end the stream within the test.
+        opts.rpc_timeout = Duration::from_secs(60);
+        let (handle, _metrics, _registry) = start_connector(opts, token());
+        let conn = endpoint.accept().await.unwrap().await.unwrap();
+        let (send, recv) = conn.accept_bi().await.unwrap();
+        let worker = LocalWorker::start("config-stream-test").unwrap();
+        let _edge = serve_registration(
+            &worker,
+            RpcStream {
+                reader: recv,
+                writer: send,
+            },
+            Arc::new(FarAway),
+        )
+        .await
+        .unwrap();
+        handle.wait_registered(1).await;
+
+        let (mut send, mut recv) = conn.open_bi().await.unwrap();
+        send.write_all(&cftunnel_tunnel::stream::RPC_SIGNATURE)
+            .await
+            .unwrap();
+        let answers = tokio::spawn(async move {
+            let mut answers = 0usize;
+            while let Some(msg) = read_frame(&mut recv).await {
+                if let Ok(message::Return(_)) =
+                    msg.get_root::<message::Reader<'_>>().unwrap().which()
+                {
+                    answers += 1;
+                }
+            }
+            answers
+        });
+        const FLOOD: u32 = 10_000;
+        for question in 0..FLOOD {
+            if send.write_all(&bootstrap(question)).await.is_err() {
+                break;
+            }
+        }
+        let answered = tokio::time::timeout(Duration::from_secs(10), answers)
+            .await
+            .expect("the connector ended the configuration stream")
+            .unwrap();
+        assert!(
+            answered < 100,
+            "{answered} of {FLOOD} calls left open were answered"
+        );
+        // The stream, not the connection: it stays registered.
+        assert_eq!(handle.registered(), 1);
         drop(handle);
     })
     .await

@@ -7,6 +7,7 @@
 //! through channels. Request streams never touch that thread.
 
 mod backpressure;
+mod calls;
 pub(crate) mod control;
 pub(crate) mod remote_config;
 
