@@ -95,8 +95,13 @@ pub struct PlaneOutcome {
     /// Failed pods that serve nothing, from any config: their config port refused the
     /// connection (nothing listens there: a container not running, its image not pulled or
     /// crash-looping) and they are not serving. Their failures are the plane's (counted,
-    /// logged), not its routes': they make no failure sustained.
+    /// logged), not its routes': they make no failure sustained, while another pod of the
+    /// plane holds the config.
     pub idle: Vec<SocketAddr>,
+    /// Every pod of the plane is idle: none holds the config, so the plane serves nothing
+    /// (an image that cannot be pulled, a crash loop). Their failures are its routes' then,
+    /// and count towards a sustained failure.
+    pub all_down: bool,
 }
 
 impl PlaneOutcome {
@@ -259,6 +264,7 @@ impl Pusher {
                 stale: false,
                 token_refused: false,
                 idle: Vec::new(),
+                all_down: false,
             },
             |(_, outcome)| outcome,
         )

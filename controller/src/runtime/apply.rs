@@ -518,7 +518,8 @@ where
         .map_err(|e| format!("deleting {kind} {namespace}/{name}: {e}"))
 }
 
-/// Deletes the object `name` if `uid` controls it. Returns whether it deleted.
+/// Deletes the object `name` if `uid` controls it and it is not being deleted already (a
+/// finalizer holds it: deleting it again changes nothing). Returns whether it deleted.
 async fn delete_owned<K>(
     client: &Client,
     namespace: &str,
@@ -532,7 +533,10 @@ where
     let kind = K::kind(&K::DynamicType::default()).into_owned();
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
     match api.get_opt(name).await {
-        Ok(Some(existing)) if controlled_by(existing.owner_references(), uid) => {
+        Ok(Some(existing))
+            if controlled_by(existing.owner_references(), uid)
+                && existing.meta().deletion_timestamp.is_none() =>
+        {
             delete_exactly(client, &existing).await.map(|()| true)
         }
         Ok(_) => Ok(false),
@@ -1015,9 +1019,30 @@ fn rolled_out(deployment: &Deployment) -> bool {
         && status.replicas.unwrap_or(0) == updated
 }
 
+/// How many of a Deployment's ready replicas run its current pod template, at least, as its
+/// status tells: its controller has seen its current spec, and of the ready replicas, those
+/// beyond the pods of older templates. (The status counts the ready ones of all templates
+/// together: mid-rollout, a ready replica may be an old one.) 0 while the controller has not
+/// seen the current spec, whose template its counts may not be of yet.
+pub(super) fn ready_on_template(deployment: &Deployment) -> i32 {
+    let (Some(generation), Some(status)) =
+        (deployment.metadata.generation, deployment.status.as_ref())
+    else {
+        return 0;
+    };
+    if status.observed_generation.is_none_or(|g| g < generation) {
+        return 0;
+    }
+    let ready = status.ready_replicas.unwrap_or(0);
+    let updated = status.updated_replicas.unwrap_or(0);
+    // Pods of older templates: every replica not updated (no fewer than the ready ones count).
+    let older = status.replicas.unwrap_or(0).max(ready) - updated;
+    (ready - older.max(0)).max(0)
+}
+
 /// Removes every object of a Gateway's plane that the Gateway controls (its `parametersRef` is
-/// gone: it is back on the shared plane), the Go controller's under other names included.
-/// Returns whether anything was deleted.
+/// gone: it is back on the shared plane), the Go controller's under other names included, but
+/// those being deleted already. Returns whether anything was deleted.
 pub async fn remove_plane(
     client: &Client,
     names: &PlaneNames,

@@ -23,9 +23,9 @@ use serde_json::Value;
 use super::apply::Applied;
 use crate::render::{self, DataPlane};
 
-/// The objects of a plane as the watch caches hold them; `None` for one they lack or that is
-/// being deleted. Without a rendered NetworkPolicy, `network_policy` is one the Gateway
-/// controls, left from before the policies were switched off.
+/// The objects of a plane as the watch caches hold them; `None` for one they lack. Without a
+/// rendered NetworkPolicy, `network_policy` is one the Gateway controls, left from before the
+/// policies were switched off.
 #[derive(Default)]
 pub(super) struct LivePlane<'a> {
     pub(super) deployment: Option<&'a Deployment>,
@@ -39,11 +39,24 @@ pub(super) struct LivePlane<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct OwnedFields(BTreeMap<&'static str, Value>);
 
+/// What stands for the fields of a Deployment being deleted: no apply can restore them.
+const BEING_DELETED: &str = "being deleted";
+
 impl OwnedFields {
     /// The fields of the objects `live` holds; an object it lacks is left out, so the fields
-    /// of a plane that lost one differ from those of the plane applied.
+    /// of a plane that lost one differ from those of the plane applied. A Deployment being
+    /// deleted (a foreground cascade keeps it while its pods go) counts as neither there nor
+    /// missing: it differs from the plane applied, and a plane applied while it was being
+    /// deleted differs from one without it, so that its final disappearance is drift too and
+    /// the plane is applied anew then, not minutes later.
     pub(super) fn of(plane: &DataPlane, live: &LivePlane<'_>) -> Self {
         let mut fields = BTreeMap::new();
+        if live
+            .deployment
+            .is_some_and(|d| d.metadata.deletion_timestamp.is_some())
+        {
+            fields.insert("Deployment", Value::from(BEING_DELETED));
+        }
         let mut add = |kind, rendered: Value, live: Option<Value>| {
             if let Some(live) = live {
                 fields.insert(kind, render::owned_fields(&rendered, &live));

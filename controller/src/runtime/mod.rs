@@ -57,7 +57,7 @@ use crate::render::{
 };
 use crate::translate::{self, ObjectKey, Options, PlaneKey, Snapshot, TunnelIdentity};
 use drift::{LivePlane, OwnedFields};
-use stores::{PlaneObject, PlaneObjects, Stores, UnreadableRoute};
+use stores::{PlaneObjects, Stores, UnreadableRoute};
 
 /// The API calls the runtime makes, as RBAC rules: (API group, resource, verbs). The chart's
 /// roles grant exactly these (a test holds them equal). `create` on the rendered kinds is for
@@ -235,8 +235,9 @@ const REAPPLY_SPREAD: Duration = Duration::from_secs(60);
 /// Broken planes whose pods are asked for their config at once, at most.
 const READ_BACKS_AT_ONCE: usize = 8;
 
-/// Plane applies at once, at most. Each is a few requests in a row, so this many keep the API
-/// server busy enough at start without a burst its priority and fairness limits would queue.
+/// Plane applies at once, at most, and plane removals likewise. Each is a few requests in a row,
+/// so this many keep the API server busy enough at start without a burst its priority and
+/// fairness limits would queue.
 const APPLIES_AT_ONCE: usize = 16;
 
 /// The wait before a render whose apply failed is applied again, doubled at each failure in a
@@ -492,7 +493,9 @@ pub async fn run(
             _ = lost.wait_for(Option::is_none) => {
                 tracing::warn!("the leader Lease lapsed during a round; the rest of it is dropped");
                 reconciler.applies.abort_all();
+                reconciler.removals.abort_all();
                 reconciler.tunnel_sync.abort_all();
+                reconciler.status_writes.abort_all();
                 reconciler.cut = true;
             }
             () = &mut shutdown => break,
@@ -526,6 +529,8 @@ struct Reconciler {
     class_unlisted: HashMap<ObjectKey, std::time::Instant>,
     /// Status fields the cluster's CRDs drop.
     pruned: Arc<std::sync::Mutex<status::Pruned>>,
+    /// Status writes and Events still running, and those that failed lately.
+    status_writes: report::StatusWrites,
     /// Per Gateway: the last render error reported, so a persisting one is not re-sent.
     render_failures: HashMap<ObjectKey, String>,
     tunnel_api: Option<TunnelApi>,
@@ -554,6 +559,16 @@ struct Reconciler {
     apply_failures: Held<String>,
     /// Per Gateway uid: the apply running.
     applies: InFlight<String, Finished>,
+    /// Per Gateway uid: the removal of its plane running ([`Reconciler::remove_plane`]), with
+    /// its Gateway and whether it deleted anything.
+    removals: InFlight<String, (ObjectKey, Result<bool, String>)>,
+    /// Per Gateway uid: the removal that failed last, not started again until its wait is over
+    /// (as [`Reconciler::apply_failures`]).
+    removal_failures: Held<String>,
+    /// Per Gateway uid: the tunnel its plane is moving to, until a ready replica of the pod
+    /// template on it is seen; its Deployment's other ready replicas are on the tunnel before
+    /// ([`Reconciler::dedicated`]).
+    moving: HashMap<String, uuid::Uuid>,
     /// Per Gateway whose generated token Secret holds no token yet: the config-API token its
     /// plane is rendered with (see the round).
     fresh_tokens: BTreeMap<ObjectKey, String>,
@@ -775,6 +790,7 @@ impl Reconciler {
             push_failures: HashMap::new(),
             behind: Vec::new(),
             pruned: Default::default(),
+            status_writes: report::StatusWrites::new(),
             class_unlisted: HashMap::new(),
             render_failures: HashMap::new(),
             listener_set_resource,
@@ -791,6 +807,9 @@ impl Reconciler {
             refused_told: HashMap::new(),
             applied: HashMap::new(),
             apply_failures: Held::new(APPLY_RETRY_FIRST, APPLY_RETRY_MAX),
+            removals: InFlight::new(APPLIES_AT_ONCE, Arc::clone(&wake)),
+            removal_failures: Held::new(APPLY_RETRY_FIRST, APPLY_RETRY_MAX),
+            moving: HashMap::new(),
             applies: InFlight::new(APPLIES_AT_ONCE, wake),
             fresh_tokens: BTreeMap::new(),
             applying_first: BTreeMap::new(),
@@ -804,12 +823,14 @@ impl Reconciler {
     }
 
     /// Stops what runs on its own while this replica does not lead: applies, pushes, tunnel
-    /// writes and reads back. What it remembers stays, for a return to leading in the same term.
+    /// writes, status writes and reads back. What it remembers stays, for a return to leading in the same term.
     fn pause(&mut self) {
         self.applies.abort_all();
+        self.removals.abort_all();
         self.pusher.abort_all();
         self.tunnel_sync.abort_all();
         self.read_backs.abort_all();
+        self.status_writes.abort_all();
     }
 
     /// The failure counts, for `/metrics`.
@@ -838,6 +859,7 @@ impl Reconciler {
         unreadable_routes: &[UnreadableRoute],
     ) {
         self.take_finished_applies().await;
+        self.take_finished_removals();
         self.applying_first.clear();
         let mut translate_options = self.options.translate.clone();
         // The flags, overridden by the GatewayClassConfig the controller's classes name.
@@ -930,6 +952,7 @@ impl Reconciler {
             if gw.metadata.deletion_timestamp.is_some() {
                 if let Some(uid) = &gw.metadata.uid {
                     self.applies.abort(uid);
+                    self.removals.abort(uid);
                 }
                 continue;
             }
@@ -948,7 +971,6 @@ impl Reconciler {
                 // goes. (Not accepted for bad parameters: its plane keeps serving, see above.)
                 Some(PlaneKey::Shared) => {
                     self.remove_plane(gw, &key, snapshot, deployments, watched)
-                        .await
                 }
                 // Another controller's: its plane goes only if this controller rendered it
                 // (for a class of its own the Gateway has left). Another installation renders
@@ -977,7 +999,6 @@ impl Reconciler {
                         )
                     {
                         self.remove_plane(gw, &key, snapshot, deployments, watched)
-                            .await
                     }
                 }
                 // Ours, but its GatewayConfig does not resolve: its plane keeps serving.
@@ -1121,6 +1142,10 @@ impl Reconciler {
         self.apply_failures
             .retain(|uid| uids.contains(uid.as_str()));
         self.applies.retain(|uid| uids.contains(uid.as_str()));
+        self.removals.retain(|uid| uids.contains(uid.as_str()));
+        self.removal_failures
+            .retain(|uid| uids.contains(uid.as_str()));
+        self.moving.retain(|uid, _| uids.contains(uid.as_str()));
         self.stamp_shared_pool(snapshot, pool).await;
         self.note_unreached(&planes, &output.planes, translate_options.shared_tunnel);
 
@@ -1258,8 +1283,12 @@ impl Reconciler {
                     .inc_by(failed);
             }
             // A pod that serves nothing (see `PlaneOutcome::idle`) fails the plane (metrics,
-            // logs), not its routes, which the other pods serve.
+            // logs), not its routes, which the other pods serve; unless none serves them.
             let serving_failure = outcome.pods.iter().find_map(|(pod, o)| match o {
+                PodOutcome::Failed(r) if outcome.all_down => Some(format!(
+                    "every pod of the plane is down (its config port refuses connections and \
+                     it is not serving: an image that cannot be pulled, a crash loop); {pod}: {r}"
+                )),
                 PodOutcome::Failed(_) if outcome.idle.contains(pod) => None,
                 PodOutcome::Failed(r) => Some(format!("{pod}: {r}")),
                 _ => None,
@@ -1457,7 +1486,7 @@ impl Reconciler {
                 && c.metadata.name.as_deref() == Some(config_name.as_str())
         })?;
         // Objects are owned by the Gateway's uid; one from the API server always has it.
-        gw.metadata.uid.as_ref()?;
+        let uid = gw.metadata.uid.as_deref()?;
         let rendered = plan?.map(|r| (r.credentials, r.plane));
         let applied = match rendered {
             Ok((credentials, plane)) => {
@@ -1522,16 +1551,36 @@ impl Reconciler {
                 as_applied?
             }
         };
-        let ready = deployments
-            .iter()
-            .find(|d| {
-                d.metadata.namespace.as_deref() == Some(key.namespace.as_str())
-                    && d.metadata.name.as_deref() == Some(names.deployment.as_str())
-            })
-            .and_then(|d| d.status.as_ref())
-            .and_then(|s| s.ready_replicas)
-            .unwrap_or(0)
-            > 0;
+        let deployment = deployments.iter().find(|d| {
+            d.metadata.namespace.as_deref() == Some(key.namespace.as_str())
+                && d.metadata.name.as_deref() == Some(names.deployment.as_str())
+        });
+        let tunnel = credentials.tunnel.tunnel_id();
+        let ready = match self.moving.get(uid) {
+            // Moved to another tunnel: the Deployment's ready replicas may all be pods of its
+            // older template, connectors of the tunnel before (a rollout whose new pods never
+            // register leaves them so). Only a ready one of the template on this tunnel is one
+            // of its connectors. The address is this tunnel's meanwhile, as for a plane applied
+            // the first time: its document is the one the plane's routes are written to now,
+            // and `Programmed` says no connector serves it yet.
+            Some(to) if *to == tunnel => {
+                let connected = deployment.is_some_and(|d| {
+                    render::annotated_tunnel(d).is_some_and(|(id, _)| id == tunnel)
+                        && apply::ready_on_template(d) > 0
+                });
+                if connected {
+                    self.moving.remove(uid);
+                }
+                connected
+            }
+            _ => {
+                deployment
+                    .and_then(|d| d.status.as_ref())
+                    .and_then(|s| s.ready_replicas)
+                    .unwrap_or(0)
+                    > 0
+            }
+        };
         let api_token = match &config.spec.cloudflare_credentials_secret_ref {
             Some(r) => {
                 let key_name = r.key_or(DEFAULT_API_TOKEN_KEY);
@@ -1710,12 +1759,32 @@ impl Reconciler {
             }
             return Applying::Intact(Served::of(credentials, &plane));
         }
+        // A removal still running would take away what is applied.
+        self.removals.abort(&uid);
+        self.removal_failures.succeeded(&uid);
         // What its pods run with: they take their routes while it is applied again.
-        let as_applied = match self.runs_with(&uid, &plane, live.deployment) {
+        let runs_with = self.runs_with(&uid, &plane, live.deployment);
+        // The tunnel of the pods of its Deployment's template now: a render on another moves
+        // them there, and until a ready replica on that one is seen, its ready replicas are
+        // connectors of this one ([`Reconciler::dedicated`]).
+        let running = match &runs_with {
+            RunsWith::AsApplied(served) => Some(served.credentials.tunnel.tunnel_id()),
+            _ => live
+                .deployment
+                .and_then(render::annotated_tunnel)
+                .map(|(id, _)| id),
+        };
+        let as_applied = match runs_with {
             RunsWith::Nothing => None,
             RunsWith::ThisRender => Some(Served::of(credentials.clone(), &plane)),
             RunsWith::AsApplied(served) => Some(served.clone()),
         };
+        let to = credentials.tunnel.tunnel_id();
+        if running.is_some_and(|from| from != to) {
+            self.moving.insert(uid.clone(), to);
+        } else if self.moving.get(&uid).is_some_and(|moving| *moving != to) {
+            self.moving.remove(&uid);
+        }
         if let Some(error) = self.apply_failures.error(&uid, &digest) {
             return Applying::Failed(NotApplied {
                 reason: error.to_owned(),
@@ -1944,10 +2013,15 @@ impl Reconciler {
         }
     }
 
-    /// Removes what is left of a Gateway's dedicated plane. The watched caches say whether
-    /// anything is (so Gateways that never had a plane cost no API calls): the Deployment, or
-    /// any object applied before it, which stays behind when the Deployment could not be.
-    async fn remove_plane(
+    /// Starts removing what is left of a Gateway's dedicated plane, in a task of its own that
+    /// no round waits for ([`InFlight`]), as applies run: a removal is several requests in a
+    /// row, and one held by an admission webhook up to the API timeout would hold up every
+    /// tenant's round. The watched caches say whether anything is left (so Gateways that never
+    /// had a plane cost no API calls): the Deployment, or any object applied before it, which
+    /// stays behind when the Deployment could not be; only objects the Gateway controls and
+    /// that are not being deleted already (a finalizer holds them) count, as only those are
+    /// deleted. A removal that failed is not started again until its wait is over ([`Held`]).
+    fn remove_plane(
         &mut self,
         gw: &Gateway,
         key: &ObjectKey,
@@ -1956,31 +2030,64 @@ impl Reconciler {
         watched: &PlaneObjects,
     ) {
         let (Some(uid), Ok(names), Ok(go)) = (
-            gw.metadata.uid.as_deref(),
+            gw.metadata.uid.clone(),
             PlaneNames::for_gateway(gw),
             GoControllerNames::for_gateway(gw),
         ) else {
             return;
         };
         // An apply still running would put back what is removed.
-        self.applies.abort(uid);
-        let had_plane = plane_objects(&key.namespace, uid, &names, snapshot, deployments)
-            .next()
-            .is_some()
-            || watched.has(
-                PlaneObject::NetworkPolicy,
-                &key.namespace,
-                &names.network_policy,
-            );
-        if !had_plane {
+        self.applies.abort(&uid);
+        self.moving.remove(&uid);
+        let ns = key.namespace.as_str();
+        let left = plane_objects(ns, &uid, &names, snapshot, deployments)
+            .any(|meta| meta.deletion_timestamp.is_none())
+            || watched
+                .network_policy(ns, &names.network_policy)
+                .is_some_and(|p| {
+                    p.metadata.deletion_timestamp.is_none()
+                        && apply::controlled_by(p.owner_references(), &uid)
+                });
+        if !left {
             return;
         }
-        self.applied.remove(uid);
-        match apply::remove_plane(&self.client, &names, &go, &key.namespace, uid).await {
-            Ok(true) => tracing::info!(gateway = %key, "removed the dedicated data plane"),
-            Ok(false) => {}
-            Err(reason) => {
-                tracing::warn!(gateway = %key, %reason, "removing the data plane failed")
+        self.applied.remove(&uid);
+        if self.removals.running(&uid).is_some()
+            || self.removals.is_full()
+            || self.removal_failures.error(&uid, &[]).is_some()
+        {
+            return;
+        }
+        let (client, key) = (self.client.clone(), key.clone());
+        self.removals.start(uid.clone(), Vec::new(), async move {
+            let removed = apply::remove_plane(&client, &names, &go, &key.namespace, &uid).await;
+            (key, removed)
+        });
+    }
+
+    /// Takes in the removals finished since the last round, holding back those that failed
+    /// until their wait is over.
+    fn take_finished_removals(&mut self) {
+        for (uid, digest, done) in self.removals.finished() {
+            match done {
+                Some((key, Ok(removed))) => {
+                    self.removal_failures.succeeded(&uid);
+                    if removed {
+                        tracing::info!(gateway = %key, "removed the dedicated data plane");
+                    }
+                }
+                Some((key, Err(reason))) => {
+                    tracing::warn!(gateway = %key, %reason, "removing the data plane failed");
+                    self.removal_failures.failed(uid, digest, reason);
+                }
+                None => {
+                    tracing::error!(%uid, "removing a data plane panicked");
+                    self.removal_failures.failed(
+                        uid,
+                        digest,
+                        "removing the data plane panicked".to_owned(),
+                    );
+                }
             }
         }
     }

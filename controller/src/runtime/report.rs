@@ -1,10 +1,11 @@
 //! What a round reports: statuses (merge patches of the status subresources, written only when
 //! they differ) of GatewayClasses, Gateways, GatewayConfigs and routes, and Events.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
-use futures_util::StreamExt as _;
+use futures_util::future::BoxFuture;
 use gateway_api::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::experimental::gatewayclasses::GatewayClass;
 use gateway_api::experimental::gateways::Gateway;
@@ -16,6 +17,7 @@ use kube::core::DynamicObject;
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{json, Value};
+use tokio::sync::{Notify, Semaphore};
 use tracing::Instrument as _;
 
 use super::status::{self, set_programmed_pending, ConfigUser, KubeCondition, Truth};
@@ -23,6 +25,9 @@ use super::stores::UnreadableRoute;
 use super::{object_key, PlaneInfo, Reconciler, PROXY_CONFIG_PUSHED, TUNNEL_DOCUMENT_WRITTEN};
 use crate::gateway_class_config::{GatewayClassConfig, GATEWAY_CLASS_CONFIG_KIND};
 use crate::gateway_config::GatewayConfig;
+use crate::held::Held;
+use crate::in_flight::{Finished, InFlight};
+use crate::push;
 use crate::render;
 use crate::translate::{self, ConditionType, ObjectKey, PlaneKey, Reason, RouteKind, Snapshot};
 
@@ -34,29 +39,169 @@ fn clipped(note: &str) -> &str {
     &note[..note.floor_char_boundary(NOTE_LIMIT)]
 }
 
-/// The most status writes and Events of a round in flight at once.
+/// The most status writes and Events in flight at once, this round's and those earlier rounds
+/// left running.
 const WRITES_AT_ONCE: usize = 16;
+/// How long a status write that failed waits before the same status is sent again, doubling
+/// with each failure in a row up to [`RETRY_MAX`]. A status a webhook keeps refusing (or that
+/// keeps timing out) would otherwise be sent again at every round. Another status of the
+/// object goes at once.
+const RETRY_FIRST: Duration = Duration::from_secs(5);
+/// See [`RETRY_FIRST`].
+const RETRY_MAX: Duration = Duration::from_secs(300);
 
-/// The writes a round's report makes (status patches, Events), run [`WRITES_AT_ONCE`] at a
-/// time once all are known. One after another, a change that touches every route (a shared
-/// pool whose pushes fail) would hold the round, and every tenant's next change, for
-/// thousands of sequential calls.
+/// What a write is of: an object's status (by its URL), or an Event, each its own.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum WriteKey {
+    Status(String),
+    Event(u64),
+}
+
+/// How a status write ended.
+enum Written {
+    Done,
+    /// The object changed since the status was computed: the round its watch event starts
+    /// writes it afresh.
+    Conflict,
+    Failed(String),
+}
+
+/// The writes a round's report makes (status patches, Events), collected, and started
+/// together once all are known ([`StatusWrites::run`]).
 #[derive(Default)]
 pub(super) struct Writes {
-    jobs: Vec<futures_util::future::BoxFuture<'static, ()>>,
+    /// Status patches, each with what it is of and the digest of what it says.
+    patches: Vec<(WriteKey, Vec<u8>, BoxFuture<'static, Written>)>,
+    events: Vec<BoxFuture<'static, ()>>,
+    /// Objects whose status already says what the round wants: a write of something else
+    /// still running for them is dropped.
+    settled: Vec<WriteKey>,
+    /// Every object whose status the round looked at.
+    seen: HashSet<WriteKey>,
 }
 
 impl Writes {
-    fn push(&mut self, job: impl std::future::Future<Output = ()> + Send + 'static) {
-        self.jobs.push(Box::pin(job.in_current_span()));
+    /// An Event to publish.
+    fn push(&mut self, event: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.events.push(Box::pin(event.in_current_span()));
+    }
+}
+
+/// Status writes and Events, each a task of its own, [`WRITES_AT_ONCE`] at a time. A round
+/// waits for the ones it starts for [`push::ROUND_WAIT`] at most: one the API server is slow
+/// to answer (an admission webhook on a status that times out) goes on by itself, so one
+/// tenant's slow status writes hold up no other tenant's next push. A write still running is
+/// not started again for the same status, and is dropped for a newer one; one that failed is
+/// held back for a while ([`RETRY_FIRST`]).
+pub(super) struct StatusWrites {
+    running: InFlight<WriteKey, Written>,
+    failed: Held<WriteKey>,
+    turns: Arc<Semaphore>,
+    /// The last Event's number.
+    events: u64,
+}
+
+impl StatusWrites {
+    pub(super) fn new() -> Self {
+        Self {
+            // Nothing waits on it: an outcome is taken in by the next round, which the write
+            // itself starts when it lands (its object changed) and the resync otherwise.
+            running: InFlight::new(usize::MAX, Arc::new(Notify::new())),
+            failed: Held::new(RETRY_FIRST, RETRY_MAX),
+            turns: Arc::new(Semaphore::new(WRITES_AT_ONCE)),
+            events: 0,
+        }
     }
 
-    async fn run(self) {
-        futures_util::stream::iter(self.jobs)
-            .buffer_unordered(WRITES_AT_ONCE)
-            .for_each(|()| std::future::ready(()))
-            .await;
+    /// Whether what `digest` says of `key` needs no new write: a write of it runs, or failed
+    /// lately.
+    fn covered(&self, key: &WriteKey, digest: &[u8]) -> bool {
+        self.running.running(key) == Some(digest) || self.failed.error(key, digest).is_some()
     }
+
+    /// Takes in the writes finished since the last call.
+    fn take_finished(&mut self) {
+        let done = self.running.finished();
+        self.settle(done);
+    }
+
+    fn settle(&mut self, done: Vec<Finished<WriteKey, Written>>) {
+        for (key, digest, outcome) in done {
+            match outcome {
+                Some(Written::Done | Written::Conflict) => self.failed.succeeded(&key),
+                Some(Written::Failed(error)) => self.failed.failed(key, digest, error),
+                None => {
+                    tracing::error!(?key, "writing a status panicked");
+                    self.failed
+                        .failed(key, digest, "writing the status panicked".to_owned());
+                }
+            }
+        }
+    }
+
+    /// Starts the round's `writes` and waits for them, [`push::ROUND_WAIT`] at most.
+    async fn run(&mut self, writes: Writes) {
+        let Writes {
+            patches,
+            events,
+            settled,
+            seen,
+        } = writes;
+        for key in &settled {
+            self.running.abort(key);
+        }
+        self.failed.retain(|key| seen.contains(key));
+        let mut started = Vec::with_capacity(patches.len() + events.len());
+        let events = events.into_iter().map(|event| {
+            self.events = self.events.wrapping_add(1);
+            let job: BoxFuture<'static, Written> = Box::pin(async move {
+                event.await;
+                Written::Done
+            });
+            (WriteKey::Event(self.events), Vec::new(), job)
+        });
+        let jobs: Vec<_> = patches.into_iter().chain(events).collect();
+        for (key, digest, job) in jobs {
+            let turns = Arc::clone(&self.turns);
+            self.running.start(key.clone(), digest, async move {
+                // Never closed; were it, the write would go ahead without a turn.
+                let _turn = turns.acquire().await.ok();
+                job.await
+            });
+            started.push(key);
+        }
+        // Last started first: turns are handed out in order, so the wait's check for one of
+        // them still running mostly stops at the first.
+        started.reverse();
+        let deadline = tokio::time::Instant::now() + push::ROUND_WAIT;
+        let done = self.running.finished_by(&started, Some(deadline)).await;
+        self.settle(done);
+    }
+
+    /// Drops every write running (this replica no longer leads).
+    pub(super) fn abort_all(&mut self) {
+        self.running.abort_all();
+    }
+}
+
+/// A digest of what a status says, to tell writes apart: without its `lastTransitionTime`s, as
+/// a condition whose status changes gets a new one at every round until it is written.
+fn content_digest(status: &Value) -> Vec<u8> {
+    fn untimed(value: &mut Value) {
+        match value {
+            Value::Object(fields) => {
+                fields.remove("lastTransitionTime");
+                fields.values_mut().for_each(untimed);
+            }
+            Value::Array(items) => items.iter_mut().for_each(untimed),
+            _ => {}
+        }
+    }
+    let mut status = status.clone();
+    untimed(&mut status);
+    aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, status.to_string().as_bytes())
+        .as_ref()
+        .to_vec()
 }
 
 impl Reconciler {
@@ -97,6 +242,7 @@ impl Reconciler {
         let controller = self.options.translate.controller_name.clone();
         let controller = &controller;
         let push_failed = push_failed(&self.push_failures, planes);
+        self.status_writes.take_finished();
         let mut writes = Writes::default();
 
         for class in &snapshot.gateway_classes {
@@ -266,6 +412,33 @@ impl Reconciler {
                 else {
                     return;
                 };
+                // A new Gateway's plane not applied yet, or whose first apply failed: no pod
+                // serves the route and its tunnel's document does not carry it (the document
+                // is written once the plane is applied). A plane applied before is in
+                // `planes` while it is applied again, and its routes are judged below.
+                if let PlaneKey::Dedicated(gateway) = plane {
+                    let waits = match (
+                        planes.contains_key(plane),
+                        self.render_failures.get(gateway),
+                    ) {
+                        (true, _) => None,
+                        (false, Some(reason)) => Some(format!(
+                            "the Gateway's data plane could not be applied: {reason}"
+                        )),
+                        (false, None) => self
+                            .applying_first
+                            .contains_key(gateway)
+                            .then(|| "the Gateway's data plane is being applied".to_owned()),
+                    };
+                    if let Some(message) = waits {
+                        for c in conditions.iter_mut().filter(|c| c.kind == "Accepted") {
+                            c.status = Truth::Unknown;
+                            c.reason = "Pending".to_owned();
+                            c.message = message.clone();
+                        }
+                        return;
+                    }
+                }
                 // Only this Gateway's tunnel failed: its routes are pending, no one else's. A
                 // route the tunnel's last document carries as it is now is served: it stays
                 // accepted (DNS records follow `Accepted`), pending on a condition of its own;
@@ -420,7 +593,7 @@ impl Reconciler {
         self.refused_told
             .retain(|route, _| routes_seen.contains(route));
         self.write_unreadable_route_statuses(&mut writes, unreadable_routes, controller, &now);
-        writes.run().await;
+        self.status_writes.run(writes).await;
     }
 
     /// Per plane whose tunnel's document could not be written, or is still being written,
@@ -738,7 +911,8 @@ impl Reconciler {
     }
 
     /// Writes `desired` as the object's status (a merge patch of the status subresource)
-    /// unless the object already says it. The patch carries the resourceVersion the status was
+    /// unless the object already says it, a write of it still runs, or one failed lately
+    /// ([`StatusWrites`]). The patch carries the resourceVersion the status was
     /// computed from: if the object changed meanwhile (another controller wrote its parent),
     /// the API server refuses it and the round its watch event starts writes it afresh.
     fn patch_status<K>(
@@ -778,7 +952,7 @@ impl Reconciler {
         existing: Option<&Value>,
         mut desired: Value,
     ) where
-        K: Clone + std::fmt::Debug + serde::de::DeserializeOwned + serde::Serialize,
+        K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + serde::Serialize,
         K: Send + 'static,
     {
         // The lock is never held across an await.
@@ -787,11 +961,18 @@ impl Reconciler {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .strip(kind, &mut desired, std::time::Instant::now());
+        let key = WriteKey::Status(format!("{}/{name}", api.resource_url()));
+        writes.seen.insert(key.clone());
         if status::contains(existing, &desired) {
+            writes.settled.push(key);
+            return;
+        }
+        let digest = content_digest(&desired);
+        if self.status_writes.covered(&key, &digest) {
             return;
         }
         let (kind, name) = (kind.to_owned(), name.to_owned());
-        writes.push(async move {
+        let write = async move {
             let patch = json!({
                 "metadata": { "resourceVersion": resource_version },
                 "status": desired,
@@ -818,18 +999,24 @@ impl Reconciler {
                             "the cluster's CRD has no such status fields; they are left out"
                         );
                     }
+                    Written::Done
                 }
                 Err(kube::Error::Api(e)) if e.code == 409 => {
                     tracing::debug!(
                         name,
                         "status changed meanwhile; rewritten on the next round"
                     );
+                    Written::Conflict
                 }
                 Err(e) => {
                     tracing::warn!(%kind, name, error = %e, "writing status failed");
+                    Written::Failed(e.to_string())
                 }
             }
-        });
+        };
+        writes
+            .patches
+            .push((key, digest, Box::pin(write.in_current_span())));
     }
 }
 

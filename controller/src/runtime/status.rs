@@ -376,6 +376,32 @@ fn gateway_ref(r: &ParentRef) -> Value {
 const MAX_ANCESTORS: usize = 16;
 /// The most entries a route's `status.parents` takes (the CRD's `maxItems`).
 const MAX_PARENTS: usize = 32;
+/// The most conditions a route parent's or a policy ancestor's entry takes (the CRDs'
+/// `maxItems`).
+const MAX_ENTRY_CONDITIONS: usize = 8;
+
+/// `conditions` (a list) cut to [`MAX_ENTRY_CONDITIONS`]: past it the API server refuses the
+/// whole write, at every round. Ours all stay, so what this controller judges is said;
+/// other controllers' kept on our entry go, the last first, until the list fits.
+fn within_cap(mut conditions: Value) -> Value {
+    if let Value::Array(list) = &mut conditions {
+        let over = list.len().saturating_sub(MAX_ENTRY_CONDITIONS);
+        let dropped: Vec<usize> = list
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|(_, c)| !is_ours(c.get("type").and_then(Value::as_str).unwrap_or_default()))
+            .map(|(at, _)| at)
+            .take(over)
+            .collect();
+        let mut at = 0;
+        list.retain(|_| {
+            at += 1;
+            !dropped.contains(&(at - 1))
+        });
+    }
+    conditions
+}
 
 /// The `list` of a status whose entries each name a Gateway under `reference` and carry a
 /// `controllerName`: other controllers' entries stay where they are; ours are updated in
@@ -409,7 +435,11 @@ fn owned_entries(
             entry.insert("controllerName".into(), controller_name.into());
             entry.insert(
                 "conditions".into(),
-                conditions(&wanted, previous.and_then(|p| p.get("conditions")), now),
+                within_cap(conditions(
+                    &wanted,
+                    previous.and_then(|p| p.get("conditions")),
+                    now,
+                )),
             );
             Some(Value::Object(entry))
         })

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use futures_util::{future, FutureExt, Stream, StreamExt, TryStreamExt};
 use gateway_api::backendtlspolicies::BackendTlsPolicy;
-use gateway_api::experimental::gatewayclasses::GatewayClass;
+use gateway_api::experimental::gatewayclasses::{GatewayClass, GatewayClassStatus};
 use gateway_api::experimental::gateways::Gateway;
 use gateway_api::experimental::grpcroutes::GrpcRoute;
 use gateway_api::experimental::httproutes::HttpRoute;
@@ -162,11 +162,49 @@ fn failed_as_absent(e: &watcher::Error) -> bool {
     }
 }
 
-/// A kind of rendered object that only a label-selected watch caches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum PlaneObject {
-    NetworkPolicy,
-    Autoscaler,
+/// A GatewayClass watch event, each class with what this build can read of its status: a field
+/// of the status it cannot read (`supportedFeatures` as plain names, as Gateway API v1.1 wrote
+/// them, or another implementation's values) is left out, rather than the class, as
+/// [`readable`] leaves out an object it cannot read. A class left out is taken for deleted, and
+/// after a while the planes of its Gateways go with it; yet all the controller reads of a class
+/// is its spec, and it writes the status of its own classes whole, over what it left out.
+fn class_status_readable(event: watcher::Event<DynamicObject>) -> watcher::Event<DynamicObject> {
+    fn read(mut class: DynamicObject) -> DynamicObject {
+        let Some(status) = class.data.get("status") else {
+            return class;
+        };
+        if serde_json::from_value::<GatewayClassStatus>(status.clone()).is_ok() {
+            return class;
+        }
+        let mut left_out = Vec::new();
+        match class.data.get_mut("status").and_then(|s| s.as_object_mut()) {
+            Some(fields) => fields.retain(|field, value| {
+                let one = serde_json::json!({ field.as_str(): value });
+                let reads = serde_json::from_value::<GatewayClassStatus>(one).is_ok();
+                if !reads {
+                    left_out.push(field.clone());
+                }
+                reads
+            }),
+            None => {
+                if let Some(data) = class.data.as_object_mut() {
+                    data.remove("status");
+                }
+                left_out.push("status".to_owned());
+            }
+        }
+        tracing::info!(
+            class = class.metadata.name.as_deref().unwrap_or_default(),
+            fields = ?left_out,
+            "GatewayClass status fields unreadable by this build; the class is read without them"
+        );
+        class
+    }
+    match event {
+        watcher::Event::Apply(class) => watcher::Event::Apply(read(class)),
+        watcher::Event::InitApply(class) => watcher::Event::InitApply(read(class)),
+        other => other,
+    }
 }
 
 /// The rendered NetworkPolicies and autoscalers there are now, by namespace and name.
@@ -177,14 +215,6 @@ pub struct PlaneObjects {
 }
 
 impl PlaneObjects {
-    pub fn has(&self, kind: PlaneObject, namespace: &str, name: &str) -> bool {
-        let key = (namespace.to_owned(), name.to_owned());
-        match kind {
-            PlaneObject::NetworkPolicy => self.network_policies.contains_key(&key),
-            PlaneObject::Autoscaler => self.autoscalers.contains_key(&key),
-        }
-    }
-
     pub fn network_policy(&self, namespace: &str, name: &str) -> Option<&NetworkPolicy> {
         self.network_policies
             .get(&(namespace.to_owned(), name.to_owned()))
@@ -351,12 +381,24 @@ impl Stores {
                     watcher::Event::Init | watcher::Event::InitDone => true,
                 })
             });
+        // Read as [`watch_each`] reads, each class with the status it can read.
+        let gateway_classes = {
+            let resource = ApiResource::erase::<GatewayClass>(&());
+            let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+            let unreadable = Unreadable::default();
+            let events = watcher(api, all())
+                .map_ok(class_status_readable)
+                .try_filter_map(move |event| {
+                    future::ready(Ok(readable::<GatewayClass>(event, &unreadable)))
+                });
+            cache(events, Kept::Read, &shared, tasks)
+        };
         let unreadable_gateway_configs = Arc::new(Unreadable::default());
         let unreadable_gateways = Arc::new(Unreadable::default());
         let unreadable_http_routes = Arc::new(Unreadable::keeping_status());
         let unreadable_grpc_routes = Arc::new(Unreadable::keeping_status());
         Self {
-            gateway_classes: watch_each(client, all(), Arc::default(), &shared, tasks),
+            gateway_classes,
             gateways: watch_each(
                 client,
                 all(),

@@ -1,0 +1,347 @@
+//! Keeping a dedicated plane in step with its Gateway when its objects go in other ways than
+//! the controller's own: a Deployment deleted in the foreground, removals refused, held or
+//! already under way, a GatewayClass whose status this build cannot read, and a plane moved to
+//! another tunnel whose new pods are not ready.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cftunnel_tunnel::Token;
+use serde_json::{json, Value};
+
+use super::{
+    condition, eventually, settled, shop_goes_away, shop_serves, uuid_of, within, yaml, Tenant,
+    OTHER_TUNNEL_ID, TUNNEL_ID,
+};
+
+/// The third tenant's Gateway (tenant-c/third) without its GatewayConfig: back on the shared
+/// plane, so its dedicated plane is removed.
+const THIRD_ON_THE_SHARED_PLANE: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: third, namespace: tenant-c}\nspec:\n  gatewayClassName: cloudflare-tunnel\n  listeners: [{name: http, port: 80, protocol: HTTP, hostname: blog.example.com}]\n";
+
+/// `object` as the API server holds it while a foreground cascade deletes it: marked, and held
+/// by the finalizer the garbage collector removes once its dependents are gone.
+fn being_deleted(mut object: Value) -> Value {
+    object["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    object["metadata"]["finalizers"] = json!(["foregroundDeletion"]);
+    object
+}
+
+/// Counts the requests `picks` picks, holding none.
+fn count(
+    t: &Tenant,
+    picks: impl Fn(&cftunnel_testkit::kube_api::Call<'_>) -> bool + Send + Sync + 'static,
+) -> (Arc<AtomicUsize>, impl Drop) {
+    let n = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&n);
+    let hold = t.api.hold(move |c| {
+        if picks(c) {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }
+        false
+    });
+    (n, hold)
+}
+
+/// `kubectl delete deployment --cascade=foreground` (as Argo CD deletes): the Deployment stays,
+/// being deleted, while its pods go, and a round applies the plane over it. Once it is gone the
+/// plane is applied anew within seconds, not at the next periodic apply minutes later.
+#[tokio::test]
+async fn a_deployment_deleted_in_the_foreground_is_put_back_once_gone() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        let deployment = || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+        };
+        let live = eventually("the plane's Deployment", deployment).await;
+        settled(&t.api).await;
+
+        let (applies, _counting) = count(&t, |c| {
+            c.method == "PATCH"
+                && c.kind == "Deployment"
+                && c.body.pointer("/metadata/namespace") == Some(&json!("tenant-a"))
+        });
+        t.api.put(being_deleted(live));
+        eventually(
+            "the controller's apply over the Deployment being deleted",
+            || (applies.load(Ordering::SeqCst) > 0).then_some(()),
+        )
+        .await;
+        settled(&t.api).await;
+
+        // Its pods are gone: the garbage collector removes the finalizer, and it goes.
+        assert!(t
+            .api
+            .delete("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge"));
+        let back = within(5, "the Deployment put back", deployment).await;
+        assert!(back.pointer("/metadata/deletionTimestamp").is_none());
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// Removing a plane is a task of its own that no round waits for: a DELETE an admission
+/// webhook holds (here for far longer than the test) holds up no other tenant's route change.
+#[tokio::test]
+async fn a_removal_that_hangs_holds_up_no_other_tenants_route_change() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (t, edge) = Tenant::with_pod("replicas: 1").await;
+        shop_serves(&edge, 200).await;
+        eventually("the third tenant's plane", || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-c", "cf-proxy-third")
+        })
+        .await;
+
+        let hung = t
+            .api
+            .hold(|c| c.method == "DELETE" && c.kind == "Deployment");
+        t.api.put(yaml(THIRD_ON_THE_SHARED_PLANE));
+        tokio::time::timeout(Duration::from_secs(10), hung.arrived(1))
+            .await
+            .expect("the removal at the API server");
+
+        tokio::time::timeout(Duration::from_secs(5), shop_goes_away(&t, &edge))
+            .await
+            .expect("the route change reaches its pod while the removal hangs");
+        hung.release();
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A removal refused (an admission webhook, a missing RBAC rule) is not sent again at every
+/// round, which every change in the cluster starts: as a failed apply, it waits first (5 s,
+/// doubling), and the plane goes once the refusal is lifted.
+#[tokio::test]
+async fn a_refused_removal_waits_before_it_is_sent_again() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        let deployment = || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-c", "cf-proxy-third")
+        };
+        eventually("the third tenant's plane", deployment).await;
+
+        let deletes = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&deletes);
+        let refused = t.api.forbid(move |c| {
+            let ours = c.method == "DELETE" && c.kind == "Deployment";
+            if ours {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+            ours
+        });
+        t.api.put(yaml(THIRD_ON_THE_SHARED_PLANE));
+        eventually("a removal refused", || {
+            (deletes.load(Ordering::SeqCst) > 0).then_some(())
+        })
+        .await;
+        // Rounds every 100 ms and at each change meanwhile: none sends it again.
+        t.rounds(4, Duration::from_millis(500)).await;
+        assert_eq!(deletes.load(Ordering::SeqCst), 1, "sent once");
+
+        drop(refused);
+        within(15, "the plane removed once allowed", || {
+            deployment().is_none().then_some(())
+        })
+        .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// An object of a plane to remove that is being deleted already (a finalizer holds it) is not
+/// deleted again at each round; the rest of the plane goes.
+#[tokio::test]
+async fn a_plane_object_being_deleted_is_not_deleted_again() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        let deployment = || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-c", "cf-proxy-third")
+        };
+        let live = eventually("the third tenant's plane", deployment).await;
+        settled(&t.api).await;
+        t.api.put(being_deleted(live));
+        settled(&t.api).await;
+
+        let (deletes, _counting) = count(&t, |c| c.method == "DELETE" && c.kind == "Deployment");
+        t.api.put(yaml(THIRD_ON_THE_SHARED_PLANE));
+        eventually("the rest of the plane removed", || {
+            t.api
+                .get("v1", "Service", "tenant-c", "cf-proxy-third-config")
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        t.rounds(3, Duration::from_millis(300)).await;
+        assert_eq!(deletes.load(Ordering::SeqCst), 0, "not deleted again");
+        assert!(deployment().is_some(), "left to its finalizer");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A NetworkPolicy labelled as the controller labels its own, under the name of a plane the
+/// Gateway does not have, is not a plane left to remove: nothing removes it, so it costs no
+/// reads round after round, and it is left alone.
+#[tokio::test]
+async fn a_labelled_network_policy_the_gateway_does_not_control_costs_no_reads_per_round() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start_with("replicas: 1", |api| {
+            api.delete("apps/v1", "Deployment", "tenant-b", "cf-proxy-other");
+            api.put(yaml(&super::gateway(false)));
+            api.put(yaml(
+                "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: cf-proxy-edge, namespace: tenant-a, labels: {app.kubernetes.io/managed-by: cftunnel-controller}}\nspec: {podSelector: {matchLabels: {app: leftover}}}\n",
+            ));
+        })
+        .await;
+        eventually("the Gateway's status", || {
+            t.api
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-a",
+                    "edge",
+                )
+                .and_then(|g| condition(&g["status"]["conditions"], "Accepted").cloned())
+        })
+        .await;
+        settled(&t.api).await;
+        let kinds = ["Deployment", "Service", "NetworkPolicy", "Secret"];
+        let reads = || kinds.map(|k| t.api.accepts(k).len());
+        let before = reads();
+        // Rounds run every 100 ms.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(reads(), before, "no reads of {kinds:?}");
+        assert!(t
+            .api
+            .get("networking.k8s.io/v1", "NetworkPolicy", "tenant-a", "cf-proxy-edge")
+            .is_some());
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A GatewayClass whose status this build cannot read (`supportedFeatures` as plain names, as
+/// Gateway API v1.1 wrote them; the controller's own writes refused here, so it stays so) is
+/// read all the same: past the wait after which a class gone takes its planes away, the plane
+/// is there and its Gateway is served.
+#[tokio::test]
+async fn a_class_whose_status_this_build_cannot_read_keeps_its_planes() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (t, edge) = Tenant::with_pod("replicas: 1").await;
+        shop_serves(&edge, 200).await;
+
+        let _refused = t
+            .api
+            .forbid(|c| c.method == "PATCH" && c.kind == "GatewayClass");
+        t.api.set_status(
+            "gateway.networking.k8s.io/v1",
+            "GatewayClass",
+            "",
+            "cloudflare-tunnel",
+            json!({"supportedFeatures": ["HTTPRoute", "Gateway"]}),
+        );
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        assert!(
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+                .is_some(),
+            "the plane stays"
+        );
+        shop_goes_away(&t, &edge).await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A plane whose connector token moves to another tunnel is `Programmed` there only once a
+/// replica of the pod template on it is ready: until then its Deployment's ready replicas are
+/// its old pods, connectors of the tunnel before (a rollout never takes one away before its
+/// successor is ready, so one whose new pods never register leaves them so for good).
+#[tokio::test]
+async fn a_plane_moved_to_another_tunnel_is_programmed_once_a_replica_on_it_is_ready() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (t, _edge) = Tenant::with_pod("replicas: 2").await;
+        let deployment = || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+        };
+        let status = |replicas: i32, updated: i32, ready: i32| {
+            let generation = deployment()
+                .and_then(|d| d.pointer("/metadata/generation").cloned())
+                .expect("a generation");
+            t.api.set_status(
+                "apps/v1",
+                "Deployment",
+                "tenant-a",
+                "cf-proxy-edge",
+                json!({"observedGeneration": generation, "replicas": replicas,
+                       "updatedReplicas": updated, "readyReplicas": ready,
+                       "availableReplicas": ready}),
+            );
+        };
+        let gateway = || {
+            t.api.get(
+                "gateway.networking.k8s.io/v1",
+                "Gateway",
+                "tenant-a",
+                "edge",
+            )
+        };
+        let programmed_on = |tunnel: &str| {
+            let g = gateway()?;
+            let on = g.pointer("/status/addresses/0/value")?
+                == &json!(format!("{tunnel}.cfargotunnel.com"));
+            let programmed = condition(&g["status"]["conditions"], "Programmed")?.clone();
+            on.then_some(programmed)
+        };
+        eventually("the plane's Deployment", deployment).await;
+        status(2, 2, 2);
+        eventually("Programmed on the first tunnel", || {
+            programmed_on(TUNNEL_ID).filter(|c| c["status"] == "True")
+        })
+        .await;
+
+        let moved = Token::new("acct", b"moved secret".to_vec(), uuid_of(OTHER_TUNNEL_ID)).encode();
+        t.api.put(yaml(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: edge-tunnel-token, namespace: tenant-a}}\nstringData: {{tunnel-token: \"{moved}\"}}\n"
+        )));
+        eventually("the Deployment on the new tunnel", || {
+            deployment()
+                .and_then(|d| d.pointer("/metadata/annotations/cf.k8s.lex.la~1tunnel").cloned())
+                .filter(|t| t.as_str().is_some_and(|t| t.ends_with(OTHER_TUNNEL_ID)))
+        })
+        .await;
+        // The Deployment controller has seen the new template: its new pod is not ready, the
+        // two ready ones are old pods, on the first tunnel.
+        status(3, 1, 2);
+        eventually("the new tunnel's address", || programmed_on(OTHER_TUNNEL_ID)).await;
+        t.rounds(3, Duration::from_millis(300)).await;
+        let pending = programmed_on(OTHER_TUNNEL_ID).expect("Programmed");
+        assert_eq!(
+            (&pending["status"], &pending["reason"]),
+            (&json!("False"), &json!("Pending")),
+            "{pending}"
+        );
+
+        // Rolled out: every ready replica runs the template on the new tunnel.
+        status(2, 2, 2);
+        eventually("Programmed on the new tunnel", || {
+            programmed_on(OTHER_TUNNEL_ID).filter(|c| c["status"] == "True")
+        })
+        .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}

@@ -1,0 +1,414 @@
+//! What the controller reports, and when: status writes that hang or fail hold up no other
+//! tenant and are not sent again at every round; a new Gateway's routes wait for its plane and
+//! tunnel document; a plane whose pods are all down is reported on its routes; and other
+//! controllers' conditions on our route parents give way to ours at the CRD's cap.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cftunnel_testkit::cloudflare_api::CloudflareApi;
+use cftunnel_testkit::kube_api::{ApiServer, Call, Forbid};
+use serde_json::{json, Value};
+
+use super::{
+    closed_port, config_slice, proxy_pod, route_condition, route_parent, shop_serves, Tenant,
+    PROXY_CONFIG_PUSHED, TUNNEL_ID,
+};
+use crate::support::{condition, eventually, yaml};
+
+/// Whether `call` writes the status of an HTTPRoute with a parent in `namespace`.
+fn route_status_in(call: &Call<'_>, namespace: &str) -> bool {
+    call.method == "PATCH"
+        && call.kind == "HTTPRoute"
+        && call
+            .body
+            .pointer("/status/parents")
+            .and_then(Value::as_array)
+            .is_some_and(|parents| {
+                parents
+                    .iter()
+                    .any(|p| p["parentRef"]["namespace"] == namespace)
+            })
+}
+
+/// A route status write the API server does not answer (an admission webhook on
+/// `httproutes/status` that hangs) holds up no other tenant: the round waits for its status
+/// writes briefly, and another tenant's route change reaches its pod.
+#[tokio::test]
+async fn a_route_status_write_that_hangs_holds_up_no_other_tenants_push() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let edge = proxy_pod("s3cr3t").await;
+        let mut held = None;
+        let t = Tenant::start_with("replicas: 1", |api| {
+            api.put(config_slice(
+                "tenant-a",
+                "cf-proxy-edge-config",
+                edge.admin_addr().port(),
+                true,
+            ));
+            held = Some(api.hold(|c| route_status_in(c, "tenant-c")));
+        })
+        .await;
+        let hold = held.expect("tenant-c's route status writes are held");
+        shop_serves(&edge, 200).await;
+        tokio::time::timeout(Duration::from_secs(20), hold.arrived(1))
+            .await
+            .expect("tenant-c's route status write");
+
+        let deleted = Instant::now();
+        t.api.delete(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "tenant-a",
+            "shop",
+        );
+        shop_serves(&edge, 404).await;
+        assert!(
+            deleted.elapsed() < Duration::from_secs(10),
+            "tenant-a's change took {:?}",
+            deleted.elapsed()
+        );
+        hold.release();
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A route status the API server refuses is not sent again at every round: it waits, and is
+/// sent again once its wait is over. A changed status goes at once.
+#[tokio::test]
+async fn a_refused_route_status_waits_before_it_is_sent_again() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        let accepted = |generation: i64| {
+            let api = &t.api;
+            move || {
+                route_condition(api, "tenant-c", "blog", "Accepted")
+                    .filter(|c| c["status"] == "True" && c["observedGeneration"] == generation)
+            }
+        };
+        eventually("blog accepted", accepted(1)).await;
+
+        let sent = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&sent);
+        let refusal = t.api.forbid(move |c| {
+            let blog = route_status_in(c, "tenant-c");
+            if blog {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+            blog
+        });
+        let blog = || {
+            yaml("apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: blog, namespace: tenant-c}\nspec:\n  parentRefs: [{name: third}]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n")
+        };
+        // A new generation: its status says so, and the write is refused.
+        t.api.put(blog());
+        tokio::time::timeout(Duration::from_secs(20), refusal.refused(1))
+            .await
+            .expect("the refused write");
+        // Rounds every 100 ms, and at each change, meanwhile: none sends it again.
+        t.rounds(3, Duration::from_millis(500)).await;
+        assert_eq!(sent.load(Ordering::SeqCst), 1, "sent once while it waits");
+        // Its wait over, it is sent again.
+        eventually("the write sent again", || {
+            (sent.load(Ordering::SeqCst) >= 2).then_some(())
+        })
+        .await;
+
+        // Allowed, a changed status goes at once.
+        refusal.lift();
+        t.api.put(blog());
+        let written = Instant::now();
+        eventually("blog's new generation written", accepted(3)).await;
+        assert!(
+            written.elapsed() < Duration::from_secs(5),
+            "written after {:?}",
+            written.elapsed()
+        );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A tenant whose Gateway's plane is new, its tunnel's document written through the stand-in
+/// Cloudflare API with the tenant's own token, `before` run on the API server before the
+/// controller starts. Every write of route `shop`'s status saying `Accepted=True` is checked
+/// against the document while the returned guard lives: the flag is set if one went out before
+/// the document carried the route's hostname.
+async fn new_plane(
+    before: impl FnOnce(&ApiServer),
+) -> (Arc<CloudflareApi>, Tenant, Arc<AtomicBool>, Forbid) {
+    let cloudflare = Arc::new(CloudflareApi::start().await);
+    cloudflare.allow("acct", "cf-token-a");
+    let base = cloudflare.base();
+    let early = Arc::new(AtomicBool::new(false));
+    let (document, flag) = (Arc::clone(&cloudflare), Arc::clone(&early));
+    let mut watching = None;
+    let t = Tenant::start_tuned(
+        "replicas: 1, cloudflareCredentialsSecretRef: {name: edge-cf}",
+        |api| {
+            watching = Some(api.forbid(move |c| {
+                let accepted = route_status_in(c, "tenant-a")
+                    && c.body
+                        .pointer("/status/parents")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|p| condition(&p["conditions"], "Accepted"))
+                        .any(|a| a["status"] == "True");
+                let carried = || {
+                    document
+                        .config("acct", TUNNEL_ID)
+                        .is_some_and(|(_, d)| d.to_string().contains("shop.example.com"))
+                };
+                if accepted && !carried() {
+                    flag.store(true, Ordering::SeqCst);
+                }
+                false
+            }));
+            before(api);
+        },
+        ApiServer::client,
+        |options| options.cloudflare_api_base = base,
+    )
+    .await;
+    let watching = watching.expect("route shop's status writes are watched");
+    (cloudflare, t, early, watching)
+}
+
+/// Waits for route `shop` to be `Accepted=Unknown` (`Pending`) with a message starting with
+/// `message`.
+async fn shop_pending(t: &Tenant, message: &str) {
+    let pending = eventually(&format!("shop pending: {message}"), || {
+        route_condition(&t.api, "tenant-a", "shop", "Accepted").filter(|c| {
+            c["status"] == "Unknown"
+                && c["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with(message))
+        })
+    })
+    .await;
+    assert_eq!(pending["reason"], "Pending");
+}
+
+/// Waits for route `shop` to be `Accepted=True`, and checks it was not before its tunnel's
+/// document carried it.
+async fn shop_accepted_once_documented(t: &Tenant, cloudflare: &CloudflareApi, early: &AtomicBool) {
+    eventually("shop accepted", || {
+        route_condition(&t.api, "tenant-a", "shop", "Accepted").filter(|c| c["status"] == "True")
+    })
+    .await;
+    assert!(
+        !early.load(Ordering::SeqCst),
+        "Accepted=True went out before the tunnel's document carried the route"
+    );
+    assert!(cloudflare
+        .config("acct", TUNNEL_ID)
+        .is_some_and(|(_, d)| d.to_string().contains("shop.example.com")));
+    assert!(t
+        .api
+        .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+        .is_some());
+}
+
+fn plane_deployment_write(c: &Call<'_>) -> bool {
+    c.method == "PATCH"
+        && c.kind == "Deployment"
+        && c.body.pointer("/metadata/namespace") == Some(&json!("tenant-a"))
+}
+
+/// A new Gateway's routes are not accepted while its plane is being applied: no pod serves
+/// them and its tunnel's document lacks them. They are once both are there.
+#[tokio::test]
+async fn a_new_gateways_routes_wait_while_its_plane_is_applied() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut held = None;
+        let (cloudflare, t, early, _watching) = new_plane(|api| {
+            held = Some(api.hold(plane_deployment_write));
+        })
+        .await;
+        let hold = held.expect("the plane's apply is held");
+        shop_pending(&t, "the Gateway's data plane is being applied").await;
+        t.rounds(2, Duration::from_millis(300)).await;
+        assert!(
+            cloudflare.config("acct", TUNNEL_ID).is_none(),
+            "no document before the plane"
+        );
+        hold.release();
+        shop_accepted_once_documented(&t, &cloudflare, &early).await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A new Gateway whose first apply fails: its routes say so, `Accepted=Unknown`, not
+/// `Accepted=True` with no pod and no document; accepted once the plane is applied.
+#[tokio::test]
+async fn a_new_gateways_routes_wait_while_its_first_apply_fails() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut failing = None;
+        let (cloudflare, t, early, _watching) = new_plane(|api| {
+            failing = Some(api.fail(500, plane_deployment_write));
+        })
+        .await;
+        let failing = failing.expect("the plane's apply fails");
+        shop_pending(&t, "the Gateway's data plane could not be applied: ").await;
+        t.rounds(2, Duration::from_millis(300)).await;
+        assert!(!early.load(Ordering::SeqCst));
+        drop(failing);
+        shop_accepted_once_documented(&t, &cloudflare, &early).await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A plane whose pods are all down (their config ports refuse connections, and none is
+/// serving: an image that cannot be pulled, a crash loop) serves nothing: after the sustained
+/// rounds its routes say so. A pod that takes the config clears it.
+#[tokio::test]
+async fn a_plane_whose_pods_are_all_down_is_reported_on_its_routes() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let down = closed_port();
+        let t = Tenant::start_with("replicas: 1", |api| {
+            api.put(config_slice(
+                "tenant-a",
+                "cf-proxy-edge-config",
+                down,
+                false,
+            ));
+        })
+        .await;
+        let failed = eventually("ProxyConfigPushed=False", || {
+            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
+        })
+        .await;
+        assert_eq!(failed["status"], "False");
+        assert_eq!(failed["reason"], "PushFailed");
+        let message = failed["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with(
+                "the proxy pods have not taken the config: every pod of the plane is down"
+            ),
+            "{message}"
+        );
+        assert!(
+            message.contains(&format!("127.0.0.1:{down}: connecting to 127.0.0.1")),
+            "{message}"
+        );
+
+        let edge = proxy_pod("s3cr3t").await;
+        t.api.put(config_slice(
+            "tenant-a",
+            "cf-proxy-edge-config",
+            edge.admin_addr().port(),
+            false,
+        ));
+        shop_serves(&edge, 200).await;
+        eventually("ProxyConfigPushed gone", || {
+            route_parent(&t.api, "tenant-a", "shop")
+                .filter(|p| condition(&p["conditions"], PROXY_CONFIG_PUSHED).is_none())
+        })
+        .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// Another controller's conditions on our parent entry of a route stay, as long as the entry
+/// has room: Gateway API's CRDs take eight conditions per parent, and refuse the whole status
+/// write past that. Ours go in; theirs give way, the last first.
+#[tokio::test]
+async fn other_controllers_conditions_on_our_route_parent_give_way_to_ours_at_the_cap() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (t, edge) = Tenant::with_pod("replicas: 1").await;
+        shop_serves(&edge, 200).await;
+        eventually("shop accepted", || {
+            route_condition(&t.api, "tenant-a", "shop", "Accepted")
+                .filter(|c| c["status"] == "True")
+        })
+        .await;
+        let route = || {
+            t.api
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "HTTPRoute",
+                    "tenant-a",
+                    "shop",
+                )
+                .expect("the route")
+        };
+        // Six of theirs beside our two: eight, the most the entry takes.
+        let mut status = route()["status"].clone();
+        let ours = status["parents"]
+            .as_array_mut()
+            .and_then(|parents| {
+                parents
+                    .iter_mut()
+                    .find(|p| p["controllerName"] == super::CONTROLLER)
+            })
+            .expect("our parent");
+        let theirs: Vec<Value> = (1..=6)
+            .map(|i| {
+                json!({"type": format!("example.com/Policy{i}Affected"), "status": "True", "reason": "Applied", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"})
+            })
+            .collect();
+        let conditions = ours["conditions"].as_array_mut().expect("conditions");
+        assert_eq!(conditions.len(), 2, "{conditions:?}");
+        conditions.extend(theirs.iter().cloned());
+        let types = |conditions: &Value| -> Vec<String> {
+            conditions
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["type"].as_str().map(str::to_owned))
+                .collect()
+        };
+        let mut expected = types(&ours["conditions"]);
+        t.api.set_status(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "tenant-a",
+            "shop",
+            status,
+        );
+        // As the CRD's `maxItems` does.
+        let _cap = t.api.fail(422, |c| {
+            c.method == "PATCH"
+                && c.kind == "HTTPRoute"
+                && c.body
+                    .pointer("/status/parents")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .any(|p| p["conditions"].as_array().is_some_and(|c| c.len() > 8))
+        });
+
+        // A third of ours: the plane's pod goes out of reach.
+        t.api.put(config_slice(
+            "tenant-a",
+            "cf-proxy-edge-config",
+            closed_port(),
+            true,
+        ));
+        let parent = eventually("ProxyConfigPushed=False written", || {
+            route_parent(&t.api, "tenant-a", "shop")
+                .filter(|p| condition(&p["conditions"], PROXY_CONFIG_PUSHED).is_some())
+        })
+        .await;
+        expected.retain(|kind| kind != "example.com/Policy6Affected");
+        expected.push(PROXY_CONFIG_PUSHED.to_owned());
+        assert_eq!(types(&parent["conditions"]), expected);
+        for kept in &theirs[..5] {
+            assert_eq!(condition(&parent["conditions"], kept["type"].as_str().unwrap_or_default()), Some(kept));
+        }
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
