@@ -123,8 +123,8 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
     let tunnel = match connector {
         Some(mut connector) => {
             use crate::tunnel::{
-                await_first_table, http2_once_trailers_needed, transport_for,
-                warn_on_trailers_without_http2, TrailersNeeded,
+                await_first_table, http2_once_trailers_needed, warn_on_trailers_without_http2,
+                TrailersNeeded,
             };
             if !server.proxy().is_loaded() {
                 tracing::info!(
@@ -143,19 +143,19 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
                     return Ok(());
                 }
             }
-            if connector.protocol() == cftunnel_tunnel::Protocol::Auto {
-                // Whether the table serves gRPC decides the transport to start on; a later
-                // table that does moves the tunnel to HTTP/2 (below).
-                let needs = TrailersNeeded::of(&server.proxy().routes());
-                let protocol = transport_for(connector.protocol(), needs);
-                if let Some(reason) = needs.filter(|_| protocol != connector.protocol()) {
+            // Whether the table serves gRPC decides the transport an `auto` tunnel tries
+            // first; a later table that does moves the tunnel to HTTP/2 (below). Preferred,
+            // not forced: where HTTP/2 does not reach the edge, the tunnel runs on QUIC and
+            // serves all but gRPC's status, rather than nothing.
+            if let Some(reason) = TrailersNeeded::of(&server.proxy().routes()) {
+                if connector.prefer_http2() {
                     tracing::info!(
                         reason = reason.as_str(),
                         "the table serves gRPC: the tunnel dials HTTP/2, which carries the \
-                         trailers gRPC needs (QUIC does not)"
+                         trailers gRPC needs (QUIC does not), and QUIC should HTTP/2 not \
+                         reach the edge"
                     );
                 }
-                connector.set_protocol(protocol);
             }
             let dialed = connector.protocol();
             let service = crate::tunnel::TunnelService::new(server.proxy().clone());

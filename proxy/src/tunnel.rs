@@ -42,15 +42,6 @@ impl TrailersNeeded {
     }
 }
 
-/// The transport to dial: an `auto` tunnel whose table needs trailers goes over HTTP/2,
-/// because the edge carries no trailers over QUIC; a transport the operator chose is kept.
-pub fn transport_for(configured: Protocol, needs: Option<TrailersNeeded>) -> Protocol {
-    match configured {
-        Protocol::Auto if needs.is_some() => Protocol::Http2,
-        other => other,
-    }
-}
-
 /// Waits until a table is loaded (from the config file or the first push). The connector
 /// registers only then: the edge sends a registered connection its share of the tunnel's
 /// requests at once, and a proxy without routes could only answer them 502.
@@ -172,18 +163,6 @@ mod tests {
     use crate::config::{compile, Cache};
     use crate::metrics::ProxyMetrics;
 
-    #[test]
-    fn only_an_auto_tunnel_needing_trailers_changes_to_http2() {
-        let grpc = Some(TrailersNeeded::GrpcRoute);
-        let h2c = Some(TrailersNeeded::H2cBackend);
-        assert_eq!(transport_for(Protocol::Auto, grpc), Protocol::Http2);
-        assert_eq!(transport_for(Protocol::Auto, h2c), Protocol::Http2);
-        assert_eq!(transport_for(Protocol::Auto, None), Protocol::Auto);
-        assert_eq!(transport_for(Protocol::Quic, grpc), Protocol::Quic);
-        assert_eq!(transport_for(Protocol::Quic, h2c), Protocol::Quic);
-        assert_eq!(transport_for(Protocol::Http2, None), Protocol::Http2);
-    }
-
     /// What a compiled table says it needs: a GRPCRoute, or (an HTTPRoute serving gRPC) a
     /// rule whose backend is marked `h2c`; not an `h2c` mirror, whose answers go nowhere, nor
     /// a TLS backend that only may pick HTTP/2.
@@ -222,12 +201,5 @@ mod tests {
         for (doc, expected) in cases {
             assert_eq!(needs(doc.clone()), expected, "{doc}");
         }
-        assert_eq!(
-            transport_for(
-                Protocol::Auto,
-                needs(serde_json::json!({"rules": [{"backends": [h2c]}]}))
-            ),
-            Protocol::Http2
-        );
     }
 }

@@ -106,6 +106,60 @@ async fn an_auto_tunnel_serving_grpc_dials_http2() {
     .expect("test finished in time");
 }
 
+/// An `auto` tunnel whose first table serves gRPC prefers HTTP/2 but is not bound to it: where
+/// TCP to the edge is blocked and UDP is not, it gives HTTP/2 up, registers over QUIC and
+/// serves, saying why gRPC loses its status, instead of never registering at all.
+#[tokio::test]
+async fn an_auto_tunnel_serving_grpc_registers_over_quic_where_http2_cannot_reach_the_edge() {
+    use cftunnel_testkit::edge::EdgeProtocol;
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        let a = echo("svc-a-1").await;
+        let doc = serde_json::json!({"version": 1, "hasGrpcRoute": true, "rules": [
+            {"hostnames": ["app.example.com"], "backends": [{"url": url(a.http_addr()), "weight": 1}]}
+        ]});
+        let edge = MockEdge::builder()
+            .disable_http2()
+            .start()
+            .await
+            .expect("mock edge starts");
+        let dir = scratch_dir("grpc-tcp-blocked");
+        let (mut child, admin) = spawn_tunnel_proxy_logging(
+            &edge,
+            &dir,
+            &connector::token().encode(),
+            "auto",
+            Some(&doc),
+            &[("PROXY_GRACE_PERIOD", "1s"), ("PROXY_LOG_FORMAT", "json")],
+            Stdio::piped(),
+        )
+        .await;
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let logs = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+        ready_once_registered(admin, "auto").await;
+        edge.wait_serving(1).await;
+        let conns = edge.connections();
+        assert!(
+            conns.iter().all(|c| c.protocol == EdgeProtocol::Quic),
+            "{conns:?}"
+        );
+        let reply = get(&client(), edge.http_addr(), "app.example.com", "/", &[]).await;
+        assert_eq!(reply.status, 200);
+        sigterm(&child);
+        assert_eq!(
+            wait_exit(&mut child, Duration::from_secs(15)).await,
+            Some(0)
+        );
+        let logs = logs.join().expect("stderr read");
+        let lines = |needle: &str| logs.lines().filter(|l| l.contains(needle)).count();
+        assert_eq!(lines("the tunnel dials HTTP/2"), 1, "{logs}");
+        assert_eq!(lines("HTTP/2 to the edge failed"), 1, "{logs}");
+        edge.shutdown().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await
+    .expect("test finished in time");
+}
+
 /// gRPC over a tunnel forced to QUIC loses its status with the trailers the edge cannot carry:
 /// the proxy says so at start (its backend speaks h2c), counts every response whose trailers
 /// were dropped on `/metrics`, and warns of the drops once, not once per call.

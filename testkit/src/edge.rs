@@ -992,6 +992,37 @@ impl MockEdge {
         answer.map_err(|e| MockEdgeError::Stream(e.to_string()))
     }
 
+    /// Opens a unidirectional stream on a serving QUIC connection and writes `len` bytes on
+    /// it (the edge opens none; for negative tests), then finishes it. Returns the bytes
+    /// written: all of them, or fewer if the connector stopped the stream first.
+    pub async fn send_quic_uni_stream(&self, len: usize) -> Result<usize, MockEdgeError> {
+        let conn = self
+            .inner
+            .pick()
+            .into_iter()
+            .find_map(|(_, t)| match t {
+                Transport::Quic(c) => Some(c),
+                Transport::H2(_) => None,
+            })
+            .ok_or_else(|| MockEdgeError::Stream("no serving QUIC connection".into()))?;
+        let mut send = tokio::time::timeout(self.inner.stream_open_timeout, conn.open_uni())
+            .await
+            .map_err(|_| MockEdgeError::Stream("no unidirectional stream in time".into()))?
+            .map_err(|e| MockEdgeError::Stream(e.to_string()))?;
+        let chunk = Bytes::from(vec![b'u'; 64 * 1024]);
+        let mut written = 0;
+        while written < len {
+            let piece = chunk.slice(..chunk.len().min(len - written));
+            match send.write_all(&piece).await {
+                Ok(()) => written += piece.len(),
+                Err(quinn::WriteError::Stopped(_)) => return Ok(written),
+                Err(e) => return Err(MockEdgeError::Stream(e.to_string())),
+            }
+        }
+        let _ = send.finish();
+        Ok(written)
+    }
+
     /// Sends `body` verbatim as a configuration push over a serving HTTP/2
     /// connection and returns the connector's answer. For negative tests.
     pub async fn send_raw_config_push(

@@ -4,12 +4,13 @@
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::backoff::SharedBackoff;
+use crate::connector::Http2Retry;
 use crate::metrics::{FailureCause, ProtocolLabel, TunnelMetrics};
 use crate::options::{ConnectorOptions, FEATURES, FEATURE_POST_QUANTUM};
 use crate::rpc::control::{EdgeRefusal, RegisterParams};
@@ -34,14 +35,22 @@ pub(crate) enum RunState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Control {
     pub(crate) run: RunState,
-    /// Set once, never cleared; a move given up is told by [`Shared::moves`] being closed.
+    /// Set once, never cleared.
     pub(crate) http2: bool,
+    /// HTTP/2 does not reach the edge: the preference is given up until it is tried again
+    /// (see `connector::give_up_move`).
+    pub(crate) http2_given_up: bool,
+    /// How many times HTTP/2 was tried again after it was given up: a connection's failed
+    /// HTTP/2 attempts count towards the try they were made in, not a later one.
+    pub(crate) http2_try: u32,
 }
 
 impl Control {
     pub(crate) const START: Self = Self {
         run: RunState::Running,
         http2: false,
+        http2_given_up: false,
+        http2_try: 0,
     };
 
     pub(crate) fn running(self) -> bool {
@@ -64,12 +73,20 @@ pub(crate) struct Shared {
     pub(crate) h2_client: Arc<rustls::ClientConfig>,
     pub(crate) registered: watch::Sender<usize>,
     pub(crate) state: watch::Receiver<Control>,
+    /// The sender of `state`, to give the preference for HTTP/2 up and try it again. Weak:
+    /// the handles own the sender, and dropping them all stops the connections.
+    pub(crate) control: Weak<watch::Sender<Control>>,
     /// One connection at a time moves from QUIC to HTTP/2: a turn is held from the moment
     /// its QUIC connection starts to unregister until it registers over HTTP/2, through the
     /// attempts that fail, so the tunnel is never more than one connection short because of
-    /// the move. Closed when the move is given up (HTTP/2 does not reach the edge): the
-    /// connections waiting for a turn then serve on over QUIC, and none moves again.
+    /// the move. The connections waiting for a turn when the move is given up (HTTP/2 does
+    /// not reach the edge) serve on over QUIC, and wait again once HTTP/2 is tried again.
     pub(crate) moves: Arc<tokio::sync::Semaphore>,
+    /// When HTTP/2 is tried again after it was given up.
+    pub(crate) http2_retry: Mutex<Http2Retry>,
+    /// A connection registered over HTTP/2 since HTTP/2 was last tried again (or since the
+    /// start): HTTP/2 does reach the edge from here.
+    pub(crate) http2_registered: AtomicBool,
     pub(crate) quic_ever_registered: AtomicBool,
     /// The first connection is on HTTP/2: the others start on the protocol it is on,
     /// as in `cloudflared`.
@@ -90,9 +107,9 @@ impl Shared {
         self.moves_to_http2(&self.state.borrow())
     }
 
-    /// Whether `control` has the connections move to HTTP/2, unless the move was given up.
+    /// Whether `control` has the connections move to HTTP/2: asked for, and not given up.
     pub(crate) fn moves_to_http2(&self, control: &Control) -> bool {
-        control.http2 && !self.moves.is_closed()
+        control.http2 && !control.http2_given_up
     }
 
     /// `ClientInfo.arch` for this build (see [`go_arch`]).
@@ -171,8 +188,9 @@ impl RegisteredGuard {
         }
         shared.metrics.connections(protocol).inc();
         shared.metrics.registered(protocol);
-        if protocol == ProtocolLabel::Quic {
-            shared.quic_ever_registered.store(true, Ordering::Relaxed);
+        match protocol {
+            ProtocolLabel::Quic => shared.quic_ever_registered.store(true, Ordering::Relaxed),
+            ProtocolLabel::Http2 => shared.http2_registered.store(true, Ordering::Relaxed),
         }
         // Readiness last, so observers of the count see consistent metrics.
         shared.registered.send_modify(|n| *n += 1);

@@ -61,6 +61,8 @@ pub struct Connector {
     opts: ConnectorOptions,
     quic_client: quinn::ClientConfig,
     h2_client: Arc<rustls::ClientConfig>,
+    /// Start preferring HTTP/2 (see [`Connector::prefer_http2`]).
+    http2_first: bool,
 }
 
 impl std::fmt::Debug for Connector {
@@ -68,6 +70,7 @@ impl std::fmt::Debug for Connector {
         f.debug_struct("Connector")
             .field("token", &self.token)
             .field("opts", &self.opts)
+            .field("http2_first", &self.http2_first)
             .finish_non_exhaustive()
     }
 }
@@ -87,12 +90,13 @@ impl Connector {
             opts,
             quic_client,
             h2_client,
+            http2_first: false,
         })
     }
 
     /// The transport the connections will use (settings are otherwise as
     /// validated by [`new`](Self::new)); for a choice made after the settings
-    /// were checked, such as HTTP/2 for a table that serves gRPC.
+    /// were checked.
     pub fn protocol(&self) -> Protocol {
         self.opts.protocol
     }
@@ -100,6 +104,22 @@ impl Connector {
     /// Changes the transport before [`start`](Self::start).
     pub fn set_protocol(&mut self, protocol: Protocol) {
         self.opts.protocol = protocol;
+    }
+
+    /// Has an `auto` connector start preferring HTTP/2, as if
+    /// [`ConnectorHandle::prefer_http2`] had been called before any connection dialed: for a
+    /// service that needs response trailers from the start. Every connection dials HTTP/2
+    /// first, with no turn to wait for (none is serving yet). Where HTTP/2 does not reach the
+    /// edge, by the rule that gives a move up (see [`ConnectorHandle::prefer_http2`]), the
+    /// preference is given up for the whole connector, logged as an error, and the
+    /// connections dial QUIC and carry on as `auto` does: a tunnel that serves everything
+    /// but gRPC's status rather than none at all, until HTTP/2 is tried again (see
+    /// [`ConnectorOptions::http2_retry`]). `http2` is the choice for HTTP/2 only.
+    ///
+    /// Whether it applies: a connector configured `quic` or `http2` ignores it.
+    pub fn prefer_http2(&mut self) -> bool {
+        self.http2_first = self.opts.protocol == Protocol::Auto;
+        self.http2_first
     }
 
     /// Starts the connections on the current Tokio runtime and returns the
@@ -146,7 +166,11 @@ impl Connector {
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|_| ConnectorError::NoRuntime)?;
         let worker = LocalWorker::start("cftunnel-rpc").map_err(ConnectorError::Worker)?;
-        let (state_tx, state_rx) = watch::channel(Control::START);
+        let (state_tx, state_rx) = watch::channel(Control {
+            http2: self.http2_first && self.opts.protocol == Protocol::Auto,
+            ..Control::START
+        });
+        let state_tx = Arc::new(state_tx);
         let (registered_tx, registered_rx) = watch::channel(0usize);
         let (done_tx, done_rx) = watch::channel(false);
         let remote_config = RemoteConfigState::new(metrics.config_version.clone());
@@ -163,6 +187,7 @@ impl Connector {
         let client_id = Uuid::new_v4();
         let protocol = self.opts.protocol;
         let ha = self.opts.ha_connections;
+        let http2_retry = self.opts.http2_retry;
         let ha_backoff = SharedBackoff::new(self.opts.ha_backoff_base, self.opts.retries);
         let dropped_trailers = DroppedTrailers::new(metrics.dropped_trailers.clone());
         let shared = Arc::new(Shared {
@@ -178,7 +203,10 @@ impl Connector {
             h2_client: self.h2_client,
             registered: registered_tx,
             state: state_rx,
+            control: Arc::downgrade(&state_tx),
             moves: Arc::new(tokio::sync::Semaphore::new(1)),
+            http2_retry: Mutex::new(Http2Retry::new(http2_retry)),
+            http2_registered: AtomicBool::new(false),
             quic_ever_registered: AtomicBool::new(false),
             first_on_http2: AtomicBool::new(false),
             local_ports: Mutex::new(vec![0; ha]),
@@ -224,7 +252,8 @@ impl Connector {
 #[derive(Debug, Clone)]
 pub struct ConnectorHandle {
     registered: watch::Receiver<usize>,
-    state: watch::Sender<Control>,
+    /// The only strong references: the connections stop once every handle is dropped.
+    state: Arc<watch::Sender<Control>>,
     done: watch::Receiver<bool>,
     remote_config: watch::Receiver<RemoteConfig>,
     connector_id: Uuid,
@@ -280,30 +309,42 @@ impl ConnectorHandle {
         self.closed().await;
     }
 
-    /// Moves an `auto` connector to HTTP/2 for good, while it runs: for a service that
-    /// now needs response trailers (gRPC's status is one), which the edge carries over
-    /// HTTP/2 and not over QUIC. Each connection registered over QUIC is replaced in turn:
-    /// it unregisters as in a [`drain`](Self::drain), so the edge stops sending it
-    /// requests, serves those in flight and its WebSocket sessions until none is left (and
-    /// none has come for a second, or the grace period is over), closes with code 0, and
-    /// its index dials HTTP/2 at once, and stays on it. A connection that is not registered
-    /// over QUIC then (dialing, or lost) registers as it would have, and moves in its turn.
+    /// Moves an `auto` connector to HTTP/2 while it runs: for a service that now needs
+    /// response trailers (gRPC's status is one), which the edge carries over HTTP/2 and not
+    /// over QUIC. Each connection registered over QUIC is replaced in turn: it unregisters as
+    /// in a [`drain`](Self::drain), so the edge stops sending it requests, serves those in
+    /// flight and its WebSocket sessions until none is left (and none has come for a second,
+    /// or the grace period is over), closes with code 0, and its index dials HTTP/2 at once,
+    /// and stays on it. A connection that is not registered over QUIC then (dialing, or lost)
+    /// registers as it would have, and moves in its turn; one not started yet dials HTTP/2
+    /// from the start, as all do after [`Connector::prefer_http2`].
     ///
     /// One connection moves at a time: the next starts only once the previous one has
     /// registered over HTTP/2, so the tunnel has at most one connection fewer than usual
     /// while it moves; with one HA connection it has none for as long as that one takes to
-    /// move. A moving connection that cannot reach the edge over HTTP/2 (TCP or TLS fails),
-    /// or is refused registration for good, three times running gives the move up for the
-    /// whole connector, logged as an error: it registers over QUIC again, the connections
-    /// still on QUIC stay there, those already moved stay on HTTP/2, and no connection
-    /// moves again while the connector runs (HTTP/2 does not reach the edge from here, and
-    /// trying again would only take a connection down). A retryable refusal (a duplicate
-    /// registration among them), or a control stream or RPC that fails, does not count and
-    /// starts the count over: the edge answered over HTTP/2, so the connection retries with
-    /// the usual backoff and keeps its turn, for as long as those failures last.
+    /// move. A connection on HTTP/2 because of this preference (moving, moved, or started on
+    /// it) that cannot reach the edge over HTTP/2 (TCP or TLS fails, or HTTP/2 does not get
+    /// through end to end), or is refused registration for good, three times running since it
+    /// last registered, or fails ten times in all, gives the preference up for the whole
+    /// connector, logged as an error: it dials QUIC again at once, the connections on QUIC
+    /// stay there, those registered over HTTP/2 serve on and dial QUIC once lost, and no
+    /// connection moves until HTTP/2 is tried again (HTTP/2 does not reach the edge from here
+    /// now, and a move would only take a connection down). A retryable refusal (a duplicate
+    /// registration among them), or an RPC that fails, does not count towards the three and
+    /// starts that count over: the edge answered over HTTP/2, so the connection retries with
+    /// the usual backoff and keeps its turn.
     ///
-    /// Returns at once; whether the call changed anything. Idempotent, the move given up
-    /// or not; a connector configured `quic` or `http2`, or no longer running, ignores it.
+    /// HTTP/2 is tried again by itself, while the connector runs, after
+    /// [`ConnectorOptions::http2_retry`] (logged at info, `trying HTTP/2 to the edge
+    /// again`): the connections on QUIC move one at a time as above, and the move is given up
+    /// again by the same rule. The wait doubles each time HTTP/2 is given up again with no
+    /// connection registered over it since the last try, up to an hour: an outage of the edge
+    /// or the network costs gRPC's status for minutes, and a path that never carries HTTP/2
+    /// has a connection taken down for nothing once an hour at most.
+    ///
+    /// Returns at once; whether the call changed anything. Idempotent, the preference given
+    /// up or not (it does not bring the next try forward); a connector configured `quic` or
+    /// `http2`, or no longer running, ignores it.
     pub fn prefer_http2(&self) -> bool {
         if self.protocol != Protocol::Auto {
             return false;
@@ -597,7 +638,11 @@ async fn run_all<R: EdgeResolver>(
         // The connections to run are settled.
         drop(target_tx);
     };
-    tokio::join!(lookups, run_indexes(&shared, &pool, target));
+    tokio::join!(
+        lookups,
+        run_indexes(&shared, &pool, target),
+        retry_http2(&shared)
+    );
     let _ = done.send(true);
 }
 
@@ -663,23 +708,24 @@ fn spawn_index(set: &mut JoinSet<()>, shared: &Arc<Shared>, pool: &Arc<EdgePool>
     set.spawn(supervise(shared.clone(), pool.clone(), idx).instrument(span));
 }
 
-/// Failed HTTP/2 attempts in a row after which a connection moving from QUIC gives the move
-/// up; only the failures [`counts_against_move`] says so count.
+/// Failed HTTP/2 attempts in a row after which a connection on HTTP/2 because the connector
+/// prefers it gives the preference up; only the failures [`counts_against_move`] says so
+/// count.
 const MOVE_ATTEMPTS: u32 = 3;
 
-/// Failed HTTP/2 attempts of any kind after which a moving connection gives the move up: an
-/// edge that keeps answering with transient errors must not keep the tunnel a connection
-/// short for good (with one HA connection, with none).
+/// Failed HTTP/2 attempts of any kind after which a connection on HTTP/2 by preference gives
+/// it up: an edge that keeps answering with transient errors must not keep the tunnel a
+/// connection short for good (with one HA connection, with none).
 const MOVE_TRIES: u32 = 10;
 
-/// Whether a failed HTTP/2 attempt of a moving connection says HTTP/2 cannot serve this
-/// tunnel: the edge unreachable over TCP or TLS, HTTP/2 not getting through end to end (no
-/// preface, no control stream: a middlebox that passes the handshake and drops the flow), or
-/// a registration refused for good. A retryable refusal (a duplicate registration is one), or
-/// an RPC that failed, came from an edge HTTP/2 does reach: it does not count and starts the
-/// count over, and the attempt is retried with the usual backoff, up to [`MOVE_TRIES`] in all.
-/// The connection keeps its turn meanwhile, so no other one moves and the tunnel stays at most
-/// one connection short.
+/// Whether a failed HTTP/2 attempt of a connection on HTTP/2 by preference (moving, moved or
+/// started on it) says HTTP/2 cannot serve this tunnel: the edge unreachable over TCP or TLS,
+/// HTTP/2 not getting through end to end (no preface, no control stream: a middlebox that
+/// passes the handshake and drops the flow), or a registration refused for good. A retryable
+/// refusal (a duplicate registration is one), or an RPC that failed, came from an edge HTTP/2
+/// does reach: it does not count and starts the count over, and the attempt is retried with
+/// the usual backoff, up to [`MOVE_TRIES`] in all. A moving connection keeps its turn
+/// meanwhile, so no other one moves and the tunnel stays at most one connection short.
 fn counts_against_move(error: &ConnError) -> bool {
     match error {
         ConnError::Dial { .. } | ConnError::ControlStream(_) => true,
@@ -688,8 +734,8 @@ fn counts_against_move(error: &ConnError) -> bool {
     }
 }
 
-/// A moving connection's failed HTTP/2 attempts: [`MoveFailures::failed`] says when to give
-/// the move up.
+/// The failed HTTP/2 attempts of a connection on HTTP/2 by preference since it last
+/// registered: [`MoveFailures::failed`] says when to give the preference up.
 #[derive(Debug, Default, Clone, Copy)]
 struct MoveFailures {
     in_a_row: u32,
@@ -697,7 +743,7 @@ struct MoveFailures {
 }
 
 impl MoveFailures {
-    /// Takes in a failed attempt; whether the move is to be given up.
+    /// Takes in a failed attempt; whether the preference is to be given up.
     fn failed(&mut self, error: &ConnError) -> bool {
         self.total += 1;
         if counts_against_move(error) {
@@ -709,40 +755,215 @@ impl MoveFailures {
     }
 }
 
-/// Gives up the move to HTTP/2 for the whole connector, for as long as it runs: the edge is
-/// not reachable over HTTP/2 from here (TCP to it blocked, say), and a tunnel that stays on
-/// QUIC serves everything but gRPC's status, where one that moved on would serve nothing.
-/// The connections still on QUIC stay there, the ones that moved stay on HTTP/2 while they
-/// last, and no connection moves again: a later request to move would take a connection down
-/// again for nothing.
+/// Gives the preference for HTTP/2 up for the whole connector, until it is tried again (see
+/// [`retry_http2`]): the edge is not reachable over HTTP/2 from here (TCP to it blocked, say,
+/// or down for now), and a tunnel on QUIC serves everything but gRPC's status, where one that
+/// kept dialing HTTP/2 would serve nothing. The connections on QUIC stay there, those
+/// registered over HTTP/2 serve on and dial QUIC once lost, and no connection moves meanwhile.
+/// `tried`: the try of HTTP/2 the failures were counted in (see [`Control::http2_try`]); a
+/// later try is not given up for them.
+///
+/// For the whole connector, not the one connection, whether the preference was there from the
+/// start, the connection was moving, or it had registered over HTTP/2 and was lost: all its
+/// connections take the same path to the edge, so the others would fail alike when next they
+/// dial; a tunnel left part on QUIC and part on HTTP/2 would lose gRPC's status on some
+/// requests and not others, harder to tell than one error; and a connection back on QUIC
+/// while the connector still preferred HTTP/2 would be moved again, and fail again, in a loop.
+///
+/// Logged as an error each time, with the wait before the next try: gRPC loses its status
+/// until then, however often it was given up before.
 fn give_up_move(
     shared: &Shared,
     idx: u8,
+    tried: u32,
     turn: Option<tokio::sync::OwnedSemaphorePermit>,
     error: &ConnError,
 ) {
-    // Closed before the turn goes back, so that no connection waiting for it takes it.
-    shared.moves.close();
+    let mut retry_in = None;
+    if let Some(control) = shared.control.upgrade() {
+        control.send_if_modified(|c| {
+            if !c.running() || !shared.moves_to_http2(c) || c.http2_try != tried {
+                return false;
+            }
+            c.http2_given_up = true;
+            // Within the send: the retry task, which it wakes, reads the wait set here.
+            let registered = shared.http2_registered.swap(false, Ordering::Relaxed);
+            retry_in = Some(
+                shared
+                    .http2_retry
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .given_up(registered),
+            );
+            true
+        });
+    }
+    // Given up before the turn goes back, so that no connection waiting for it moves.
     drop(turn);
+    let Some(retry_in) = retry_in else {
+        // Given up by another connection at the same time (and said once), or the connector
+        // no longer runs.
+        return;
+    };
     tracing::error!(
         conn_index = idx,
         error = %error,
-        "HTTP/2 to the edge failed, so the tunnel stays on QUIC, which carries no response \
-         trailers: gRPC responses lose their status; make sure TCP port 7844 to the edge is \
-         open end to end (the last error says what failed), or set PROXY_TUNNEL_PROTOCOL=http2"
+        retry_in_s = retry_in.as_secs(),
+        "HTTP/2 to the edge failed, so the tunnel runs on QUIC, which carries no response \
+         trailers: gRPC responses lose their status until HTTP/2 is tried again, retry_in_s \
+         from now; make sure TCP port 7844 to the edge is open end to end (the last error says \
+         what failed), or set PROXY_TUNNEL_PROTOCOL=http2"
     );
+}
+
+/// The longest wait before HTTP/2 is tried again after it was given up: a tunnel whose path
+/// to the edge over HTTP/2 is mended gets gRPC's status back within the hour, however long it
+/// was broken.
+pub(crate) const HTTP2_RETRY_MAX: Duration = Duration::from_secs(60 * 60);
+
+/// When HTTP/2 is tried again after the preference for it was given up: `first` after the
+/// first give-up ([`ConnectorOptions::http2_retry`]), then twice as long after each try given
+/// up again with no connection registered over HTTP/2 since the last one, up to
+/// [`HTTP2_RETRY_MAX`] (or `first`, if longer). A try in which a connection did register (the
+/// edge took HTTP/2, and an outage took it away later) starts the waits over.
+#[derive(Debug)]
+pub(crate) struct Http2Retry {
+    first: Duration,
+    /// Give-ups in a row, the last one included, with no HTTP/2 registration between them.
+    given_up: u32,
+}
+
+impl Http2Retry {
+    pub(crate) fn new(first: Duration) -> Self {
+        Self { first, given_up: 0 }
+    }
+
+    /// Takes in a give-up (`registered`: a connection registered over HTTP/2 since the last
+    /// try); the wait before the next try.
+    pub(crate) fn given_up(&mut self, registered: bool) -> Duration {
+        self.given_up = match registered {
+            true => 1,
+            false => self.given_up.saturating_add(1),
+        };
+        self.wait()
+    }
+
+    /// The wait before the next try, after the last give-up.
+    pub(crate) fn wait(&self) -> Duration {
+        let doublings = self.given_up.saturating_sub(1).min(20);
+        self.first
+            .saturating_mul(1 << doublings)
+            .min(HTTP2_RETRY_MAX.max(self.first))
+    }
+}
+
+/// Tries HTTP/2 again each time the preference for it is given up, once the wait
+/// [`Http2Retry`] sets is over: the connections on QUIC then move to HTTP/2 one at a time, as
+/// after [`ConnectorHandle::prefer_http2`], and the move is given up again by the same rule.
+/// Returns when the connector stops running; a drain or shutdown ends a wait in progress, so
+/// neither waits for the next try.
+async fn retry_http2(shared: &Shared) {
+    if shared.opts.protocol != Protocol::Auto {
+        return;
+    }
+    let mut state = shared.state.clone();
+    loop {
+        let given_up = state
+            .wait_for(|c| !c.running() || c.http2_given_up)
+            .await
+            .is_ok_and(|c| c.running());
+        if !given_up {
+            return;
+        }
+        let wait = shared
+            .http2_retry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .wait();
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = wait_state_change(&mut state) => return,
+        }
+        let Some(control) = shared.control.upgrade() else {
+            return;
+        };
+        let mut tried = None;
+        control.send_if_modified(|c| {
+            if !c.running() || !c.http2_given_up {
+                return false;
+            }
+            c.http2_given_up = false;
+            c.http2_try = c.http2_try.wrapping_add(1);
+            tried = Some(c.http2_try);
+            // Registrations count from this try on (see `Http2Retry::given_up`).
+            shared.http2_registered.store(false, Ordering::Relaxed);
+            true
+        });
+        drop(control);
+        if let Some(tried) = tried {
+            tracing::info!(
+                tries = tried,
+                after_s = wait.as_secs(),
+                "trying HTTP/2 to the edge again: the connections on QUIC move to it one at a time"
+            );
+        }
+    }
+}
+
+/// A connection on HTTP/2 because the connector prefers it: its failed attempts since it last
+/// registered, in the try of HTTP/2 they count towards (see [`Control::http2_try`]).
+#[derive(Debug, Clone, Copy)]
+struct Preferred {
+    tried: u32,
+    failures: MoveFailures,
+}
+
+impl Preferred {
+    /// No failure yet, in the current try.
+    fn new(shared: &Shared) -> Self {
+        Self {
+            tried: shared.state.borrow().http2_try,
+            failures: MoveFailures::default(),
+        }
+    }
+
+    /// Takes in a failed attempt; the try to give up, if it is to be. Failures counted in an
+    /// earlier try (HTTP/2 was given up and tried again since) are left out: they tell nothing
+    /// of the edge now.
+    fn failed(&mut self, shared: &Shared, error: &ConnError) -> Option<u32> {
+        let now = Self::new(shared);
+        if now.tried != self.tried {
+            *self = now;
+        }
+        self.failures.failed(error).then_some(self.tried)
+    }
+}
+
+/// The transport a connection of a connector configured `protocol` dials first: HTTP/2 when
+/// an `auto` connector prefers it already (nothing serves on this connection yet, so it needs
+/// no turn to move), else as `cloudflared` starts it, on the first connection's transport
+/// (`first_on_http2`, for connections other than the first) or on QUIC.
+fn first_transport(protocol: Protocol, prefers_http2: bool, first_on_http2: bool) -> Transport {
+    match protocol {
+        Protocol::Auto if prefers_http2 || first_on_http2 => Transport::Http2,
+        Protocol::Auto | Protocol::Quic => Transport::Quic,
+        Protocol::Http2 => Transport::Http2,
+    }
 }
 
 async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
     let opts = &shared.opts;
     let auto = opts.protocol == Protocol::Auto;
-    let mut transport = match opts.protocol {
-        Protocol::Auto if idx != 0 && shared.first_on_http2.load(Ordering::Relaxed) => {
-            Transport::Http2
-        }
-        Protocol::Auto | Protocol::Quic => Transport::Quic,
-        Protocol::Http2 => Transport::Http2,
-    };
+    let prefers_http2 = auto && shared.prefers_http2();
+    let mut transport = first_transport(
+        opts.protocol,
+        prefers_http2,
+        idx != 0 && shared.first_on_http2.load(Ordering::Relaxed),
+    );
+    // On HTTP/2 because the connector prefers it (from the start, or moved to it), not because
+    // it was configured or fell back: its failed attempts there since it last registered, which
+    // may give the preference up (see `give_up_move`).
+    let mut preferred = prefers_http2.then(|| Preferred::new(&shared));
     // On HTTP/2 after falling back, until a connection registers.
     let mut in_fallback = false;
     let mut backoff = Backoff::new(opts.backoff_base, opts.retries);
@@ -752,15 +973,21 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
     let mut dial_failures = DialFailures::default();
     let mut state = shared.state.clone();
     // The turn of this connection's move from QUIC to HTTP/2, while it has one: held until
-    // it registers over HTTP/2, and the HTTP/2 attempts that failed meanwhile.
+    // it registers over HTTP/2, through the HTTP/2 attempts that fail meanwhile.
     let mut turn = None;
-    let mut move_failures = MoveFailures::default();
     if idx != 0 {
         shared.ha_backoff.connecting();
     }
     loop {
         if shared.run_state() != RunState::Running {
             return;
+        }
+        if preferred.is_some() && !shared.prefers_http2() {
+            // Another connection gave the preference up (and said why).
+            tracing::info!(conn_index = idx, "HTTP/2 was given up: dialing QUIC");
+            preferred = None;
+            turn = None;
+            transport = Transport::Quic;
         }
         let Some(addr) = pool.address(idx) else {
             // A moving connection keeps its turn meanwhile: it is the one connection short.
@@ -800,7 +1027,7 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
             Ok(Ended::Moved { turn: moving }) => {
                 // Closed on purpose, to register over HTTP/2 now: no failure, no wait.
                 turn = Some(moving);
-                move_failures = MoveFailures::default();
+                preferred = Some(Preferred::new(&shared));
                 transport = Transport::Http2;
                 backoff.reset();
                 in_fallback = false;
@@ -813,6 +1040,10 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                 tracing::warn!(conn_index = idx, edge = %addr, idle_timeout, "edge connection lost");
                 backoff.reset();
                 in_fallback = false;
+                // It registered: HTTP/2 reached the edge, its failures count afresh.
+                if let Some(preferred) = &mut preferred {
+                    *preferred = Preferred::new(&shared);
+                }
                 if idx != 0 {
                     shared.ha_backoff.connecting();
                 }
@@ -821,17 +1052,16 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
             Err(e) => {
                 shared.metrics.failed(label, e.cause());
                 tracing::warn!(conn_index = idx, edge = %addr, error = %e, "edge connection failed");
-                if turn.is_some() {
-                    // Only an edge HTTP/2 does not reach, or one that will not take this
-                    // connection over it, counts; one that answers with a transient error
-                    // shows HTTP/2 gets through, and the connection retries with its turn.
-                    if move_failures.failed(&e) {
-                        give_up_move(&shared, idx, turn.take(), &e);
-                        // Back over QUIC at once: this connection has been down a while.
-                        transport = Transport::Quic;
-                        backoff.reset();
-                        continue;
-                    }
+                // Only an edge HTTP/2 does not reach, or one that will not take this
+                // connection over it, counts; one that answers with a transient error shows
+                // HTTP/2 gets through, and the connection retries (a moving one with its turn).
+                if let Some(tried) = preferred.as_mut().and_then(|p| p.failed(&shared, &e)) {
+                    give_up_move(&shared, idx, tried, turn.take(), &e);
+                    // Back over QUIC at once: this connection has been down a while.
+                    preferred = None;
+                    transport = Transport::Quic;
+                    backoff.reset();
+                    continue;
                 }
                 match e {
                     ConnError::Refused(r) if r.is_duplicate() => {
@@ -858,9 +1088,11 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
             _ = tokio::time::sleep(wait) => {}
             _ = wait_state_change(&mut state) => return,
         }
-        // A connection on HTTP/2 while the connector moves to it stays there.
+        // A connection on HTTP/2 while the connector prefers it stays there, until the
+        // preference is given up.
         if auto
             && may_switch
+            && preferred.is_none()
             && !shared.quic_ever_registered.load(Ordering::Relaxed)
             && !(transport == Transport::Http2 && shared.prefers_http2())
         {

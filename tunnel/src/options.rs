@@ -28,9 +28,11 @@ pub enum Protocol {
     /// no connection ever registered over QUIC, and back to QUIC after an
     /// HTTP/2 connection that registered is lost. After
     /// [`ConnectorHandle::prefer_http2`](crate::ConnectorHandle::prefer_http2),
-    /// connections move to HTTP/2 one at a time and stay there; a move the edge
-    /// does not take over HTTP/2 (three failed attempts) is given up, and the
-    /// tunnel stays on QUIC.
+    /// connections move to HTTP/2 one at a time and stay there; started with
+    /// [`Connector::prefer_http2`](crate::Connector::prefer_http2), they dial
+    /// HTTP/2 first. Where the edge does not take HTTP/2 (three failed attempts
+    /// in a row), the preference is given up and the tunnel runs on QUIC until
+    /// HTTP/2 is tried again ([`ConnectorOptions::http2_retry`]).
     #[default]
     Auto,
     /// QUIC only.
@@ -132,6 +134,14 @@ pub struct ConnectorOptions {
     /// that goes through, so a response slow to come from the service, or one its eyeball
     /// reads slowly but steadily, is not cut. Other streams and the connection are untouched.
     pub send_timeout: Duration,
+    /// How long an `auto` connector that prefers HTTP/2
+    /// ([`ConnectorHandle::prefer_http2`](crate::ConnectorHandle::prefer_http2)) runs on QUIC
+    /// after giving HTTP/2 up, before it tries HTTP/2 again (default 5 min). Doubled each time
+    /// HTTP/2 is given up again with no connection registered over it in between, up to an
+    /// hour (or this, if longer): a passing outage of the edge or the network costs gRPC's
+    /// status for minutes, and a path that never carries HTTP/2 has a connection taken down
+    /// for nothing once an hour at most.
+    pub http2_retry: Duration,
 }
 
 impl Default for ConnectorOptions {
@@ -155,9 +165,13 @@ impl Default for ConnectorOptions {
             quic_max_streams: DEFAULT_QUIC_MAX_STREAMS,
             http2_keepalive: Duration::from_secs(15),
             send_timeout: Duration::from_secs(60),
+            http2_retry: DEFAULT_HTTP2_RETRY,
         }
     }
 }
+
+/// Default for [`ConnectorOptions::http2_retry`].
+pub(crate) const DEFAULT_HTTP2_RETRY: Duration = Duration::from_secs(5 * 60);
 
 /// Default for [`ConnectorOptions::quic_max_streams`]: concurrent edge-opened
 /// request streams allowed per connection. `cloudflared` advertises 2^60;

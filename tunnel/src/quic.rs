@@ -144,10 +144,27 @@ pub(crate) async fn connect(
     };
     let conn = conn?;
     tracing::debug!(edge = %addr, "QUIC handshake complete");
+    // Ends with this connection, or with this future if it is dropped first: a task that held
+    // the connection would keep it, and its keep-alives, going.
+    let uni = StreamTasks::new();
+    let _uni = uni.cancel_on_drop();
+    uni.spawn(refuse_uni_streams(conn.clone()));
     let result = serve(shared, idx, addr, &conn, attempt).await;
     conn.close(VarInt::from_u32(0), b"");
     let _ = tokio::time::timeout(Duration::from_secs(1), endpoint.wait_idle()).await;
     result
+}
+
+/// Stops every unidirectional stream the edge opens, as soon as it is open. Nothing the
+/// connector serves comes on one (`cloudflared` accepts none), but the data sent on them takes
+/// the connection's flow-control credit, which quinn gives back as it is read, or at once for
+/// a stream stopped (its data unread, or still to come): left unaccepted, a few such streams
+/// would leave the edge no credit to send requests on, while keep-alives kept the connection
+/// registered.
+async fn refuse_uni_streams(conn: quinn::Connection) {
+    while let Ok(mut recv) = conn.accept_uni().await {
+        let _ = recv.stop(VarInt::from_u32(0));
+    }
 }
 
 async fn serve(
@@ -250,7 +267,8 @@ async fn serve(
         if let Ended::Lost { .. } = ended {
             return Ok(ended);
         }
-        if shared.run_state() != RunState::Running {
+        // Every handle dropped closes the channel: stopped, whatever it last said.
+        if shared.run_state() != RunState::Running || state.has_changed().is_err() {
             break None;
         }
         match await_turn(shared, conn, &serve_stream, closed.as_mut(), &mut state).await {
@@ -292,7 +310,8 @@ async fn serve(
 enum Turn {
     /// Its turn to move.
     Taken(tokio::sync::OwnedSemaphorePermit),
-    /// The move was given up (see [`Shared::moves`]): the connection serves on.
+    /// The move was given up (see [`Shared::moves`]): the connection serves on, until HTTP/2
+    /// is tried again.
     GivenUp,
     /// The connector drains or shuts down.
     Stopped,
@@ -309,7 +328,7 @@ async fn await_turn(
     state: &mut watch::Receiver<Control>,
 ) -> Turn {
     let acquire = shared.moves.clone().acquire_owned();
-    let stopped = state.wait_for(|s| !s.running());
+    let stopped = state.wait_for(|s| !s.running() || !shared.moves_to_http2(s));
     tokio::pin!(acquire, stopped);
     loop {
         tokio::select! {
@@ -320,11 +339,17 @@ async fn await_turn(
                 Err(e) => return Turn::Lost(lost(&e)),
             },
             _ = &mut closed => return Turn::Lost(Ended::Lost { idle_timeout: false }),
-            _ = &mut stopped => return Turn::Stopped,
+            s = &mut stopped => return match s {
+                Ok(s) if s.running() => Turn::GivenUp,
+                // Drained, shut down, or every handle dropped.
+                _ => Turn::Stopped,
+            },
             permit = &mut acquire => return match permit {
-                Ok(turn) => Turn::Taken(turn),
-                // `moves` is closed once the move is given up.
-                Err(_) => Turn::GivenUp,
+                // The move is given up before the turn it held goes back.
+                Ok(turn) if shared.prefers_http2() => Turn::Taken(turn),
+                Ok(_) => Turn::GivenUp,
+                // `moves` is never closed.
+                Err(_) => Turn::Stopped,
             },
         }
     }
@@ -545,16 +570,16 @@ async fn handle_stream(
     }
 }
 
-/// Answers with a `ConnectResponse` error and finishes the stream; whether it got out.
-async fn write_error(send: &mut quinn::SendStream, message: String) -> bool {
+/// Answers with a `ConnectResponse` error and finishes the stream; whether it got out. The
+/// write is bounded by `limit` (the send timeout) as a response's are: an edge that grants
+/// the stream no credit would otherwise hold it, and its place in flight, for good.
+async fn write_error(send: &mut quinn::SendStream, message: String, limit: Duration) -> bool {
     let resp = ConnectResponse {
         error: message,
         metadata: Vec::new(),
     };
-    send.write_all(&stream::encode_connect_response(&resp))
-        .await
-        .is_ok()
-        && send.finish().is_ok()
+    let answer = Bytes::from(stream::encode_connect_response(&resp));
+    write_all(send, &mut [answer], limit).await.is_ok() && send.finish().is_ok()
 }
 
 /// A response stream that is reset if it is dropped before it was finished, reset or
@@ -688,7 +713,7 @@ async fn serve_exchange(
                 MapError::Unsupported => e.to_string(),
                 e => format!("malformed request: {e}"),
             };
-            return closed_if(write_error(send, error).await);
+            return closed_if(write_error(send, error, shared.opts.send_timeout).await);
         }
     };
     let websocket = kind == ConnectionType::Websocket;
@@ -725,7 +750,10 @@ async fn serve_exchange(
         biased;
         resp = call => match resp {
             Ok(r) => r,
-            Err(e) => return closed_if(write_error(send, format!("service failed: {e}")).await),
+            Err(e) => {
+                let error = format!("service failed: {e}");
+                return closed_if(write_error(send, error, shared.opts.send_timeout).await);
+            }
         },
         _ = &mut stopped => {
             tracing::debug!("stream cancelled by the edge before the response");

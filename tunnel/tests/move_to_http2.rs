@@ -3,7 +3,9 @@
 //! over real QUIC and TLS/TCP sockets: its QUIC connections are replaced one at a time, a
 //! request in flight on one of them completes, a WebSocket session on one of them lasts, and
 //! the tunnel keeps serving meanwhile; an edge HTTP/2 cannot reach has the move abandoned
-//! with the tunnel still on QUIC.
+//! with the tunnel still on QUIC. A connector started preferring HTTP/2 (the proxy's, when its
+//! first table already serves gRPC) dials HTTP/2 first, and goes to QUIC where HTTP/2 does not
+//! reach the edge, at start or later.
 #![allow(clippy::unwrap_used)]
 
 use std::convert::Infallible;
@@ -16,7 +18,9 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use crate::support::*;
 use bytes::Bytes;
 use cftunnel_testkit::edge::{ConnectionInfo, EdgeProtocol, MockEdge};
-use cftunnel_tunnel::{Body, Connector, ConnectorOptions, Protocol, TunnelMetrics};
+use cftunnel_tunnel::{
+    Body, Connector, ConnectorHandle, ConnectorOptions, Protocol, TunnelMetrics,
+};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full};
 use tokio::sync::{mpsc, watch};
@@ -487,6 +491,385 @@ async fn a_move_to_http2_outlasts_retryable_refusals_of_its_registrations() {
         assert_eq!(series(&registry, "quic"), "0");
 
         handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// Starts a connector with `opts` that prefers HTTP/2 from the start (echo service).
+fn start_preferring_http2(
+    opts: ConnectorOptions,
+) -> (ConnectorHandle, prometheus_client::registry::Registry) {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = TunnelMetrics::register(&mut registry);
+    let mut connector = Connector::new(token(), opts).unwrap();
+    assert!(connector.prefer_http2(), "an auto connector takes it");
+    let handle = connector
+        .start(hyper::service::service_fn(echo), metrics)
+        .unwrap();
+    (handle, registry)
+}
+
+/// Every connection of `edge` serving over `protocol`, `n` of them.
+fn all_serving_on(edge: &MockEdge, protocol: EdgeProtocol, n: usize) -> bool {
+    let conns = edge.connections();
+    conns.len() == n && conns.iter().all(|c| serving(c) && c.protocol == protocol)
+}
+
+/// The connections stay as they are, on QUIC, for a while: none is moved to HTTP/2 again.
+async fn settled_on_quic(edge: &MockEdge, handle: &ConnectorHandle, n: usize) {
+    assert!(
+        !handle.prefer_http2(),
+        "the preference is not taken up again"
+    );
+    let settled: Vec<u64> = edge.connections().iter().map(|c| c.id).collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let conns = edge.connections();
+    assert!(
+        conns.len() == n
+            && conns
+                .iter()
+                .all(|c| settled.contains(&c.id) && serving(c) && c.protocol == EdgeProtocol::Quic),
+        "the connections stay on QUIC: {conns:?}"
+    );
+    assert_eq!(handle.registered(), n);
+}
+
+/// A connector started preferring HTTP/2, where UDP reaches the edge and TCP does not: the
+/// first connection gives HTTP/2 up after three failed attempts, as a move does, and every
+/// connection registers over QUIC and serves, for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connector_started_preferring_http2_runs_on_quic_where_the_edge_refuses_tcp() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::builder().disable_http2().start().await.unwrap();
+        let (handle, registry) = start_preferring_http2(options(&edge, Protocol::Auto, HA));
+        let on_quic = || all_serving_on(&edge, EdgeProtocol::Quic, HA);
+        if tokio::time::timeout(Duration::from_secs(15), wait_until(on_quic))
+            .await
+            .is_err()
+        {
+            panic!(
+                "not on QUIC: {} HTTP/2 failures, connections {:?}",
+                http2_failures(&registry),
+                edge.connections()
+            );
+        }
+        handle.wait_registered(HA).await;
+        assert_eq!(
+            http2_failures(&registry),
+            3,
+            "three HTTP/2 attempts of the first connection, then QUIC for all"
+        );
+        let (status, _, body) = get(&pooled(), edge.http_addr(), "/hello").await;
+        assert_eq!((status, &body[..]), (StatusCode::OK, &b"hello"[..]));
+        settled_on_quic(&edge, &handle, HA).await;
+        assert_eq!(http2_failures(&registry), 3);
+        assert_eq!(series(&registry, "quic"), HA.to_string());
+        assert_eq!(series(&registry, "http2"), "0");
+
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// A connector started preferring HTTP/2 against an edge that takes it registers every
+/// connection over HTTP/2 from the start, none over QUIC, and response trailers arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connector_started_preferring_http2_registers_over_http2() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::start().await.unwrap();
+        let (handle, registry) = start_preferring_http2(options(&edge, Protocol::Auto, HA));
+        handle.wait_registered(HA).await;
+        edge.wait_serving(HA).await;
+        assert!(
+            all_serving_on(&edge, EdgeProtocol::Http2, HA),
+            "{:?}",
+            edge.connections()
+        );
+        assert!(
+            edge.registrations().len() == HA,
+            "registered once each, never over QUIC: {:?}",
+            edge.registrations()
+        );
+        assert!(!handle.prefer_http2(), "preferred already");
+        let req = Request::post(format!("http://{}/trailers", edge.http_addr()))
+            .header("host", "grpc.example.com")
+            .body(empty())
+            .unwrap();
+        let resp = pooled_h2c().request(req).await.unwrap();
+        let collected = resp.into_body().collect().await.unwrap();
+        let trailers = collected.trailers().cloned().expect("trailers arrive");
+        assert_eq!(trailers["grpc-status"], "0");
+        assert_eq!(series(&registry, "http2"), HA.to_string());
+        assert_eq!(series(&registry, "quic"), "0");
+
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// Connections on HTTP/2 by preference (`moved`: moved from QUIC while running, else
+/// preferred from the start), registered, whose edge then drops them and refuses TCP from
+/// then on: they give HTTP/2 up as a move does and register over QUIC again, and stay there
+/// rather than be moved back.
+async fn http2_by_preference_lost_to_an_edge_refusing_tcp_goes_back_to_quic(moved: bool) {
+    const N: usize = 2;
+    let edge = MockEdge::start().await.unwrap();
+    let opts = options(&edge, Protocol::Auto, N);
+    let (handle, registry) = if moved {
+        let (handle, _metrics, registry) = start_connector(opts, token());
+        handle.wait_registered(N).await;
+        edge.wait_serving(N).await;
+        assert!(handle.prefer_http2());
+        (handle, registry)
+    } else {
+        start_preferring_http2(opts)
+    };
+    if tokio::time::timeout(
+        Duration::from_secs(15),
+        wait_until(|| all_serving_on(&edge, EdgeProtocol::Http2, N)),
+    )
+    .await
+    .is_err()
+    {
+        panic!("not on HTTP/2: {:?}", edge.connections());
+    }
+    handle.wait_registered(N).await;
+    let failed_before = http2_failures(&registry);
+
+    // TCP to the edge blocked from now on: the HTTP/2 connections are dropped, and QUIC
+    // still gets through.
+    let (addr, pki) = (edge.edge_addr(), edge.pki().clone());
+    edge.shutdown().await;
+    let edge = MockEdge::builder()
+        .edge_addr(addr)
+        .pki(pki)
+        .disable_http2()
+        .start()
+        .await
+        .unwrap();
+    let on_quic = || all_serving_on(&edge, EdgeProtocol::Quic, N);
+    if tokio::time::timeout(Duration::from_secs(20), wait_until(on_quic))
+        .await
+        .is_err()
+    {
+        panic!(
+            "not back on QUIC: {} HTTP/2 failures since, connections {:?}",
+            http2_failures(&registry) - failed_before,
+            edge.connections()
+        );
+    }
+    handle.wait_registered(N).await;
+    assert!(
+        http2_failures(&registry) - failed_before >= 3,
+        "given up after three failures"
+    );
+    let (status, _, body) = get(&pooled(), edge.http_addr(), "/hello").await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"hello"[..]));
+    settled_on_quic(&edge, &handle, N).await;
+    assert_eq!(series(&registry, "quic"), N.to_string());
+    assert_eq!(series(&registry, "http2"), "0");
+
+    handle.shutdown().await;
+    edge.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_preferring_http2_from_the_start_go_back_to_quic_when_tcp_is_blocked_later() {
+    trace_init();
+    tokio::time::timeout(
+        LIMIT,
+        http2_by_preference_lost_to_an_edge_refusing_tcp_goes_back_to_quic(false),
+    )
+    .await
+    .expect("test finished in time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_moved_to_http2_go_back_to_quic_when_tcp_is_blocked_later() {
+    trace_init();
+    tokio::time::timeout(
+        LIMIT,
+        http2_by_preference_lost_to_an_edge_refusing_tcp_goes_back_to_quic(true),
+    )
+    .await
+    .expect("test finished in time");
+}
+
+/// Connections on HTTP/2 by preference, through an outage of HTTP/2 to the edge (the edge back
+/// with TCP refused, UDP open): they give HTTP/2 up and serve over QUIC. Once the edge takes
+/// HTTP/2 again, the connector tries it again by itself, after its retry wait: the connections
+/// on QUIC move one at a time and end on HTTP/2, and response trailers come through again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_given_up_in_an_outage_is_tried_again_and_the_tunnel_goes_back_to_it() {
+    trace_init();
+    const N: usize = 2;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let edge = MockEdge::start().await.unwrap();
+        let opts = ConnectorOptions {
+            http2_retry: Duration::from_secs(4),
+            ..options(&edge, Protocol::Auto, N)
+        };
+        let (handle, registry) = start_preferring_http2(opts);
+        let on = |edge: &MockEdge, protocol| all_serving_on(edge, protocol, N);
+        if tokio::time::timeout(
+            Duration::from_secs(15),
+            wait_until(|| on(&edge, EdgeProtocol::Http2)),
+        )
+        .await
+        .is_err()
+        {
+            panic!("not on HTTP/2: {:?}", edge.connections());
+        }
+
+        // The outage: the edge comes back with TCP refused.
+        let (addr, pki) = (edge.edge_addr(), edge.pki().clone());
+        edge.shutdown().await;
+        let edge = MockEdge::builder()
+            .edge_addr(addr)
+            .pki(pki.clone())
+            .disable_http2()
+            .start()
+            .await
+            .unwrap();
+        if tokio::time::timeout(
+            Duration::from_secs(15),
+            wait_until(|| on(&edge, EdgeProtocol::Quic)),
+        )
+        .await
+        .is_err()
+        {
+            panic!("not on QUIC: {:?}", edge.connections());
+        }
+        let failed = http2_failures(&registry);
+        assert!(failed >= 3, "given up after three failures: {failed}");
+
+        // Over: the edge takes HTTP/2 again. The connections, back over QUIC, move to it
+        // once HTTP/2 is tried again.
+        edge.shutdown().await;
+        let edge = MockEdge::builder()
+            .edge_addr(addr)
+            .pki(pki)
+            .start()
+            .await
+            .unwrap();
+        if tokio::time::timeout(
+            Duration::from_secs(30),
+            wait_until(|| on(&edge, EdgeProtocol::Http2)),
+        )
+        .await
+        .is_err()
+        {
+            panic!(
+                "not back on HTTP/2: {} HTTP/2 failures, connections {:?}",
+                http2_failures(&registry),
+                edge.connections()
+            );
+        }
+        handle.wait_registered(N).await;
+        let req = Request::post(format!("http://{}/trailers", edge.http_addr()))
+            .header("host", "grpc.example.com")
+            .body(empty())
+            .unwrap();
+        let resp = pooled_h2c().request(req).await.unwrap();
+        let collected = resp.into_body().collect().await.unwrap();
+        let trailers = collected.trailers().cloned().expect("trailers arrive");
+        assert_eq!(trailers["grpc-status"], "0");
+        assert_eq!(series(&registry, "http2"), N.to_string());
+        assert_eq!(series(&registry, "quic"), "0");
+
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// A drain while HTTP/2, given up, waits to be tried again ends with its grace period: the
+/// wait for the next try is dropped, not waited out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_while_http2_waits_to_be_tried_again_ends_without_waiting_for_it() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::builder().disable_http2().start().await.unwrap();
+        let opts = ConnectorOptions {
+            http2_retry: Duration::from_secs(120),
+            grace_period: Duration::from_secs(1),
+            ..options(&edge, Protocol::Auto, 2)
+        };
+        let (handle, registry) = start_preferring_http2(opts);
+        if tokio::time::timeout(
+            Duration::from_secs(15),
+            wait_until(|| all_serving_on(&edge, EdgeProtocol::Quic, 2)),
+        )
+        .await
+        .is_err()
+        {
+            panic!("not on QUIC: {:?}", edge.connections());
+        }
+        assert_eq!(http2_failures(&registry), 3, "HTTP/2 given up");
+
+        let draining = tokio::time::Instant::now();
+        if tokio::time::timeout(Duration::from_secs(10), handle.drain())
+            .await
+            .is_err()
+        {
+            panic!("the drain waits for the next try of HTTP/2");
+        }
+        assert!(
+            draining.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            draining.elapsed()
+        );
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// Dropping every handle of a connector whose HTTP/2, given up, waits to be tried again stops
+/// its connections at once, as it does any connector's: the wait holds none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_handle_while_http2_waits_to_be_tried_again_stops_the_connections() {
+    trace_init();
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::builder().disable_http2().start().await.unwrap();
+        let opts = ConnectorOptions {
+            http2_retry: Duration::from_secs(120),
+            ..options(&edge, Protocol::Auto, 2)
+        };
+        let (handle, registry) = start_preferring_http2(opts);
+        if tokio::time::timeout(
+            Duration::from_secs(15),
+            wait_until(|| all_serving_on(&edge, EdgeProtocol::Quic, 2)),
+        )
+        .await
+        .is_err()
+        {
+            panic!("not on QUIC: {:?}", edge.connections());
+        }
+        assert_eq!(http2_failures(&registry), 3, "HTTP/2 given up");
+
+        drop(handle);
+        if tokio::time::timeout(
+            Duration::from_secs(5),
+            wait_until(|| edge.connections().is_empty()),
+        )
+        .await
+        .is_err()
+        {
+            panic!(
+                "the connections outlive the handle: {:?}",
+                edge.connections()
+            );
+        }
         edge.shutdown().await;
     })
     .await

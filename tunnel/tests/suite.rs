@@ -19,3 +19,4 @@ mod move_to_http2;
 mod origin;
 mod supervision;
 mod transport;
+mod uni_streams;

@@ -410,3 +410,53 @@ fn a_move_gives_up_on_failures_that_say_http2_cannot_serve_the_tunnel() {
     let many: Vec<ConnError> = (0..12).map(|_| transient()).collect();
     assert_eq!(given_up_after(&many), Some(10));
 }
+
+/// An `auto` connector that prefers HTTP/2 before a connection starts has it dial HTTP/2
+/// first, whatever the first connection is on; one that does not starts as `cloudflared`
+/// does; a transport configured is kept.
+#[test]
+fn a_connection_dials_http2_first_when_the_connector_prefers_it_already() {
+    use crate::backoff::Transport::{Http2, Quic};
+    let cases = [
+        // (configured, prefers HTTP/2, first connection on HTTP/2, dialed first)
+        (Protocol::Auto, true, false, Http2),
+        (Protocol::Auto, true, true, Http2),
+        (Protocol::Auto, false, false, Quic),
+        (Protocol::Auto, false, true, Http2),
+        (Protocol::Quic, true, true, Quic),
+        (Protocol::Http2, false, false, Http2),
+    ];
+    for (protocol, prefers, first_on_http2, expected) in cases {
+        assert_eq!(
+            first_transport(protocol, prefers, first_on_http2),
+            expected,
+            "{protocol:?}, prefers {prefers}, first on HTTP/2 {first_on_http2}"
+        );
+    }
+}
+
+/// HTTP/2 given up is tried again after 5 minutes, then after twice the wait each time it is
+/// given up again with no connection registered over it, up to an hour; a try in which one did
+/// register starts the waits over. A first wait longer than the hour is kept as it is.
+#[test]
+fn http2_given_up_is_tried_again_after_waits_doubling_up_to_an_hour() {
+    let minutes = |d: Duration| d.as_secs_f64() / 60.0;
+    let mut retry = Http2Retry::new(ConnectorOptions::default().http2_retry);
+    let waits: Vec<f64> = (0..7).map(|_| minutes(retry.given_up(false))).collect();
+    assert_eq!(waits, [5.0, 10.0, 20.0, 40.0, 60.0, 60.0, 60.0]);
+    assert_eq!(minutes(retry.wait()), 60.0, "the wait of the last give-up");
+    for _ in 0..100 {
+        retry.given_up(false);
+    }
+    assert_eq!(minutes(retry.wait()), 60.0);
+    // HTTP/2 registered in the last try: an outage since, not a path that never takes it.
+    assert_eq!(minutes(retry.given_up(true)), 5.0);
+    assert_eq!(minutes(retry.given_up(false)), 10.0);
+
+    let mut short = Http2Retry::new(Duration::from_millis(300));
+    let waits: Vec<u128> = (0..4).map(|_| short.given_up(false).as_millis()).collect();
+    assert_eq!(waits, [300, 600, 1200, 2400]);
+    let mut long = Http2Retry::new(Duration::from_secs(2 * 60 * 60));
+    assert_eq!(minutes(long.given_up(false)), 120.0);
+    assert_eq!(minutes(long.given_up(false)), 120.0);
+}
