@@ -99,8 +99,9 @@ pub struct PlaneOutcome {
     /// plane holds the config.
     pub idle: Vec<SocketAddr>,
     /// Every pod of the plane is idle: none holds the config, so the plane serves nothing
-    /// (an image that cannot be pulled, a crash loop). Their failures are its routes' then,
-    /// and count towards a sustained failure.
+    /// (an image that cannot be pulled, a crash loop). Their failures count towards a
+    /// sustained failure then, and are its routes' where no other plane on its tunnel serves
+    /// them: running no connector, the plane gets none of the tunnel's requests.
     pub all_down: bool,
 }
 

@@ -530,16 +530,42 @@ where
     K: Resource<Scope = NamespaceResourceScope> + Clone + Debug + DeserializeOwned,
     K::DynamicType: Default,
 {
+    let removal = remove_owned::<K>(client, namespace, name, uid).await?;
+    Ok(matches!(removal, Removal::Deleted))
+}
+
+/// What [`remove_owned`] found and did.
+enum Removal<K> {
+    Deleted,
+    /// The object, being deleted already: a finalizer holds it.
+    Going(K),
+    /// None that `uid` controls.
+    Absent,
+}
+
+/// [`delete_owned`], telling an object being deleted already from one that is not there.
+async fn remove_owned<K>(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Result<Removal<K>, String>
+where
+    K: Resource<Scope = NamespaceResourceScope> + Clone + Debug + DeserializeOwned,
+    K::DynamicType: Default,
+{
     let kind = K::kind(&K::DynamicType::default()).into_owned();
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
     match api.get_opt(name).await {
-        Ok(Some(existing))
-            if controlled_by(existing.owner_references(), uid)
-                && existing.meta().deletion_timestamp.is_none() =>
-        {
-            delete_exactly(client, &existing).await.map(|()| true)
+        Ok(Some(existing)) if controlled_by(existing.owner_references(), uid) => {
+            if existing.meta().deletion_timestamp.is_some() {
+                return Ok(Removal::Going(existing));
+            }
+            delete_exactly(client, &existing)
+                .await
+                .map(|()| Removal::Deleted)
         }
-        Ok(_) => Ok(false),
+        Ok(_) => Ok(Removal::Absent),
         Err(e) => Err(format!("reading {kind} {namespace}/{name}: {e}")),
     }
 }
@@ -841,6 +867,7 @@ pub struct Applied {
     pub deployment: Deployment,
     pub service: Service,
     /// `None` when the plane has none (it is switched off, and one applied before is gone).
+    /// Switched off, the Gateway's one that a finalizer holds while it is deleted.
     pub network_policy: Option<NetworkPolicy>,
     pub autoscaler: Option<HorizontalPodAutoscaler>,
 }
@@ -873,10 +900,18 @@ pub async fn apply_plane(
             Some(applied)
         }
         None => {
-            changed |=
-                delete_owned::<NetworkPolicy>(client, namespace, &plane.names.network_policy, uid)
+            let removal =
+                remove_owned::<NetworkPolicy>(client, namespace, &plane.names.network_policy, uid)
                     .await?;
-            None
+            match removal {
+                Removal::Deleted => {
+                    changed = true;
+                    None
+                }
+                // Still there, as the watch cache holds it ([`super::drift`]).
+                Removal::Going(policy) => Some(policy),
+                Removal::Absent => None,
+            }
         }
     };
     changed |= remove_go_controller_objects(client, &plane.names, go, namespace, uid).await?;

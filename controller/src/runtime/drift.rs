@@ -39,7 +39,8 @@ pub(super) struct LivePlane<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct OwnedFields(BTreeMap<&'static str, Value>);
 
-/// What stands for the fields of a Deployment being deleted: no apply can restore them.
+/// What stands for the fields of a Deployment being deleted, or of a NetworkPolicy the plane
+/// no longer has that is: no apply can restore or remove them.
 const BEING_DELETED: &str = "being deleted";
 
 impl OwnedFields {
@@ -85,9 +86,20 @@ impl OwnedFields {
                 live.autoscaler.map(value),
             );
         }
-        // Switched off, yet one is there: unlike the plane applied, which removed it.
-        if plane.network_policy.is_none() && live.network_policy.is_some() {
-            fields.insert("NetworkPolicy", Value::Bool(true));
+        // Switched off, yet one is there: unlike the plane applied, which removed it. One
+        // being deleted already (a finalizer holds it) is neither: the apply leaves it to its
+        // finalizer, and returns it as it is, so a plane applied meanwhile is intact until it
+        // is gone, and its disappearance is drift.
+        if plane.network_policy.is_none() {
+            match live.network_policy {
+                Some(p) if p.metadata.deletion_timestamp.is_some() => {
+                    fields.insert("NetworkPolicy", Value::from(BEING_DELETED));
+                }
+                Some(_) => {
+                    fields.insert("NetworkPolicy", Value::Bool(true));
+                }
+                None => {}
+            }
         }
         Self(fields)
     }

@@ -521,7 +521,7 @@ struct Reconciler {
     pusher: Pusher,
     recorder: Recorder,
     /// Per plane: why its pushes keep failing, while they do.
-    push_failures: HashMap<PlaneKey, String>,
+    push_failures: HashMap<PlaneKey, PushFailure>,
     /// The pods the last round's pushes left without their plane's config: the next round
     /// comes soon for them ([`schedule`]), as nothing else would start one.
     behind: Vec<(PlaneKey, std::net::SocketAddr)>,
@@ -565,16 +565,21 @@ struct Reconciler {
     /// Per Gateway uid: the removal that failed last, not started again until its wait is over
     /// (as [`Reconciler::apply_failures`]).
     removal_failures: Held<String>,
-    /// Per Gateway uid: the tunnel its plane is moving to, until a ready replica of the pod
-    /// template on it is seen; its Deployment's other ready replicas are on the tunnel before
-    /// ([`Reconciler::dedicated`]).
-    moving: HashMap<String, uuid::Uuid>,
+    /// Per Gateway uid: the move of its plane to another tunnel, until a ready replica of the
+    /// pod template on it is seen; its Deployment's other ready replicas are on the tunnel
+    /// before ([`Reconciler::dedicated`]). Its Deployment records it meanwhile
+    /// ([`TUNNEL_BEFORE_ANNOTATION`]), for a replica that starts, or takes the lead, mid-move.
+    moving: HashMap<String, Move>,
     /// Per Gateway whose generated token Secret holds no token yet: the config-API token its
     /// plane is rendered with (see the round).
     fresh_tokens: BTreeMap<ObjectKey, String>,
     /// Gateways whose plane, never applied, is being applied (or waits for a free apply),
     /// with the address it will have.
     applying_first: BTreeMap<ObjectKey, String>,
+    /// Gateways whose plane was never applied (being applied, or its first apply failed), with
+    /// the tunnel their render names: where another plane of the round serves that tunnel, it
+    /// serves their routes meanwhile, and its document carries them.
+    unapplied_tunnels: BTreeMap<ObjectKey, TunnelIdentity>,
     /// The token digest the shared pool's Deployment was last seen stamped with, and when:
     /// checked again when the token changes, and every [`REAPPLY_AFTER`] besides.
     pool_stamp: Option<(String, std::time::Instant)>,
@@ -604,6 +609,60 @@ struct Reconciler {
     /// A round was cut off midway (the Lease lapsed): what it wrote is not all recorded, so
     /// this reconciler is not resumed in a later turn.
     cut: bool,
+}
+
+/// A plane's move to another tunnel: see [`Reconciler::moving`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Move {
+    to: uuid::Uuid,
+    from: uuid::Uuid,
+}
+
+/// The annotation on a plane's Deployment naming the tunnel its pods ran on before a move to
+/// the one [`render::annotated_tunnel`] names, while the move is under way
+/// ([`Reconciler::moving`]); applied with the move, and applied away once a ready replica of
+/// the pod template on the new tunnel is seen.
+const TUNNEL_BEFORE_ANNOTATION: &str = "cf.k8s.lex.la/tunnel-before";
+
+/// `plane` with its Deployment recording the move from tunnel `from`, when it moves.
+fn mark_moving(plane: &mut render::DataPlane, from: Option<uuid::Uuid>) {
+    if let Some(from) = from {
+        plane
+            .deployment
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(TUNNEL_BEFORE_ANNOTATION.to_owned(), from.to_string());
+    }
+}
+
+/// Whether a ready replica of `deployment`'s pod template, which runs on `tunnel`, is seen.
+fn connected_on(deployment: &Deployment, tunnel: uuid::Uuid) -> bool {
+    render::annotated_tunnel(deployment).is_some_and(|(id, _)| id == tunnel)
+        && apply::ready_on_template(deployment) > 0
+}
+
+/// The move to `to` that `deployment` records ([`TUNNEL_BEFORE_ANNOTATION`]), while no ready
+/// replica on `to` is seen.
+fn recorded_move(deployment: &Deployment, to: uuid::Uuid) -> Option<Move> {
+    let from = deployment
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(TUNNEL_BEFORE_ANNOTATION)?
+        .parse()
+        .ok()?;
+    let on = render::annotated_tunnel(deployment)?.0;
+    (on == to && !connected_on(deployment, to)).then_some(Move { to, from })
+}
+
+/// Why a plane's pushes keep failing: see [`Reconciler::push_failures`].
+struct PushFailure {
+    reason: String,
+    /// Every pod of the plane is down ([`push::PlaneOutcome::all_down`]): it runs no
+    /// connector, so the edge hands it none of its tunnel's requests, and the other planes on
+    /// the tunnel serve them.
+    all_down: bool,
 }
 
 /// A plane as last applied: see [`Reconciler::applied`].
@@ -790,7 +849,7 @@ impl Reconciler {
             push_failures: HashMap::new(),
             behind: Vec::new(),
             pruned: Default::default(),
-            status_writes: report::StatusWrites::new(),
+            status_writes: report::StatusWrites::new(Arc::clone(&wake)),
             class_unlisted: HashMap::new(),
             render_failures: HashMap::new(),
             listener_set_resource,
@@ -813,6 +872,7 @@ impl Reconciler {
             applies: InFlight::new(APPLIES_AT_ONCE, wake),
             fresh_tokens: BTreeMap::new(),
             applying_first: BTreeMap::new(),
+            unapplied_tunnels: BTreeMap::new(),
             class: ClassSettings::default(),
             class_api_token: None,
             class_tunnel: None,
@@ -861,6 +921,7 @@ impl Reconciler {
         self.take_finished_applies().await;
         self.take_finished_removals();
         self.applying_first.clear();
+        self.unapplied_tunnels.clear();
         let mut translate_options = self.options.translate.clone();
         // The flags, overridden by the GatewayClassConfig the controller's classes name.
         let class = class_parameters::settle(
@@ -1295,7 +1356,11 @@ impl Reconciler {
             });
             match serving_failure {
                 Some(reason) if outcome.sustained_failure => {
-                    if self.push_failures.insert(plane.clone(), reason).is_none() {
+                    let failure = PushFailure {
+                        reason,
+                        all_down: outcome.all_down,
+                    };
+                    if self.push_failures.insert(plane.clone(), failure).is_none() {
                         newly_failed.insert(plane.clone());
                     }
                 }
@@ -1488,6 +1553,10 @@ impl Reconciler {
         // Objects are owned by the Gateway's uid; one from the API server always has it.
         let uid = gw.metadata.uid.as_deref()?;
         let rendered = plan?.map(|r| (r.credentials, r.plane));
+        let render_tunnel = rendered
+            .as_ref()
+            .ok()
+            .map(|(credentials, _)| TunnelIdentity::of(&credentials.tunnel));
         let applied = match rendered {
             Ok((credentials, plane)) => {
                 // Every object of the plane is watched, so an edit or a deletion starts a round
@@ -1542,10 +1611,16 @@ impl Reconciler {
             Applying::Pending(as_applied) => as_applied,
             Applying::First(address) => {
                 self.applying_first.insert(key.clone(), address);
+                self.unapplied_tunnels
+                    .extend(render_tunnel.map(|t| (key.clone(), t)));
                 return None;
             }
             Applying::Failed(NotApplied { reason, as_applied }) => {
                 self.apply_failed(&gw.object_ref(&()), key, reason).await;
+                if as_applied.is_none() {
+                    self.unapplied_tunnels
+                        .extend(render_tunnel.map(|t| (key.clone(), t)));
+                }
                 // A plane applied before keeps getting its routes: an admission webhook or the
                 // API server failing is no reason for its tenant's route changes to stop.
                 as_applied?
@@ -1563,11 +1638,8 @@ impl Reconciler {
             // of its connectors. The address is this tunnel's meanwhile, as for a plane applied
             // the first time: its document is the one the plane's routes are written to now,
             // and `Programmed` says no connector serves it yet.
-            Some(to) if *to == tunnel => {
-                let connected = deployment.is_some_and(|d| {
-                    render::annotated_tunnel(d).is_some_and(|(id, _)| id == tunnel)
-                        && apply::ready_on_template(d) > 0
-                });
+            Some(moving) if moving.to == tunnel => {
+                let connected = deployment.is_some_and(|d| connected_on(d, tunnel));
                 if connected {
                     self.moving.remove(uid);
                 }
@@ -1737,6 +1809,48 @@ impl Reconciler {
         live: &LivePlane<'_>,
     ) -> Applying {
         let uid = gw.metadata.uid.clone().unwrap_or_default();
+        // What its pods run with: they take their routes while it is applied again.
+        let runs_with = self.runs_with(&uid, &plane, live.deployment);
+        // The tunnel of the pods of its Deployment's template now: a render on another moves
+        // them there, and until a ready replica on that one is seen, its ready replicas are
+        // connectors of this one ([`Reconciler::dedicated`]).
+        let running = match &runs_with {
+            RunsWith::AsApplied(served) => Some(served.credentials.tunnel.tunnel_id()),
+            _ => live
+                .deployment
+                .and_then(render::annotated_tunnel)
+                .map(|(id, _)| id),
+        };
+        let as_applied = match runs_with {
+            RunsWith::Nothing => None,
+            RunsWith::ThisRender => Some(Served::of(credentials.clone(), &plane)),
+            RunsWith::AsApplied(served) => Some(served.clone()),
+        };
+        let to = credentials.tunnel.tunnel_id();
+        match running {
+            Some(from) if from != to => {
+                self.moving.insert(uid.clone(), Move { to, from });
+            }
+            _ => match self.moving.get(&uid) {
+                Some(moving) if moving.to != to => {
+                    self.moving.remove(&uid);
+                }
+                Some(_) => {}
+                // A move applied before this replica led, as its Deployment records it.
+                None => {
+                    let recorded = live
+                        .deployment
+                        .filter(|d| apply::controlled_by(d.owner_references(), &uid))
+                        .and_then(|d| recorded_move(d, to));
+                    if let Some(moving) = recorded {
+                        self.moving.insert(uid.clone(), moving);
+                    }
+                }
+            },
+        }
+        let mut plane = plane;
+        let moving_from = self.moving.get(&uid).map(|m| m.from);
+        mark_moving(&mut plane, moving_from);
         // An unchanged render that was applied lately, and whose objects still hold what was
         // applied, is not applied again: that would be ten requests per Gateway per round.
         let digest = rendered_digest(&plane);
@@ -1762,29 +1876,6 @@ impl Reconciler {
         // A removal still running would take away what is applied.
         self.removals.abort(&uid);
         self.removal_failures.succeeded(&uid);
-        // What its pods run with: they take their routes while it is applied again.
-        let runs_with = self.runs_with(&uid, &plane, live.deployment);
-        // The tunnel of the pods of its Deployment's template now: a render on another moves
-        // them there, and until a ready replica on that one is seen, its ready replicas are
-        // connectors of this one ([`Reconciler::dedicated`]).
-        let running = match &runs_with {
-            RunsWith::AsApplied(served) => Some(served.credentials.tunnel.tunnel_id()),
-            _ => live
-                .deployment
-                .and_then(render::annotated_tunnel)
-                .map(|(id, _)| id),
-        };
-        let as_applied = match runs_with {
-            RunsWith::Nothing => None,
-            RunsWith::ThisRender => Some(Served::of(credentials.clone(), &plane)),
-            RunsWith::AsApplied(served) => Some(served.clone()),
-        };
-        let to = credentials.tunnel.tunnel_id();
-        if running.is_some_and(|from| from != to) {
-            self.moving.insert(uid.clone(), to);
-        } else if self.moving.get(&uid).is_some_and(|moving| *moving != to) {
-            self.moving.remove(&uid);
-        }
         if let Some(error) = self.apply_failures.error(&uid, &digest) {
             return Applying::Failed(NotApplied {
                 reason: error.to_owned(),
@@ -1817,7 +1908,7 @@ impl Reconciler {
             gw.clone(),
             config.clone(),
             credentials,
-            plane,
+            (plane, moving_from),
             uid.clone(),
         );
         self.applies.start(uid, digest, async move {
@@ -2184,15 +2275,16 @@ fn plane_objects<'a>(
 
 /// Applies a plane rendered for Gateway `gw` ([`Reconciler::apply_dedicated`]): with a
 /// generated token, first makes sure its Secret exists, and renders again with the token the
-/// cluster holds if the watch cache's view of it was stale. Whether the apply changed
-/// anything, and what it applied.
+/// cluster holds if the watch cache's view of it was stale, its Deployment recording the move
+/// from tunnel `moving_from` then too ([`mark_moving`]). Whether the apply changed anything,
+/// and what it applied.
 async fn apply_now(
     client: Client,
     settings: RenderSettings,
     gw: Gateway,
     config: crate::gateway_config::GatewayConfig,
     credentials: render::Credentials,
-    plane: render::DataPlane,
+    (plane, moving_from): (render::DataPlane, Option<uuid::Uuid>),
     uid: String,
 ) -> Result<(bool, AppliedPlane), String> {
     let mut leftover = false;
@@ -2208,8 +2300,9 @@ async fn apply_now(
                 // Secret), and the pods read that one. The translation's decision stands:
                 // acceptance and tunnel do not depend on the config-API token.
                 let credentials = credentials.with_auth_token(held.token, &held.key);
-                let plane = render::render(&gw, &config, &credentials, &settings)
+                let mut plane = render::render(&gw, &config, &credentials, &settings)
                     .map_err(|e| e.to_string())?;
+                mark_moving(&mut plane, moving_from);
                 (credentials, plane)
             }
         }

@@ -18,11 +18,14 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{json, Value};
 use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinSet;
 use tracing::Instrument as _;
 
 use super::status::{self, set_programmed_pending, ConfigUser, KubeCondition, Truth};
 use super::stores::UnreadableRoute;
-use super::{object_key, PlaneInfo, Reconciler, PROXY_CONFIG_PUSHED, TUNNEL_DOCUMENT_WRITTEN};
+use super::{
+    object_key, PlaneInfo, PushFailure, Reconciler, PROXY_CONFIG_PUSHED, TUNNEL_DOCUMENT_WRITTEN,
+};
 use crate::gateway_class_config::{GatewayClassConfig, GATEWAY_CLASS_CONFIG_KIND};
 use crate::gateway_config::GatewayConfig;
 use crate::held::Held;
@@ -91,51 +94,84 @@ impl Writes {
 /// waits for the ones it starts for [`push::ROUND_WAIT`] at most: one the API server is slow
 /// to answer (an admission webhook on a status that times out) goes on by itself, so one
 /// tenant's slow status writes hold up no other tenant's next push. A write still running is
-/// not started again for the same status, and is dropped for a newer one; one that failed is
-/// held back for a while ([`RETRY_FIRST`]).
+/// not started again for the same status at the same resourceVersion, and is dropped for a
+/// newer one; one that failed is held back for a while ([`RETRY_FIRST`]), and the round after
+/// its wait sends it again.
 pub(super) struct StatusWrites {
+    /// By [`write_digest`]: what each says, and the resourceVersion it is written at.
     running: InFlight<WriteKey, Written>,
+    /// By [`content_digest`]: what each said.
     failed: Held<WriteKey>,
+    /// How long each failed write waits, as `failed` has it (the same doubling).
+    waits: HashMap<WriteKey, Duration>,
+    /// Wake the run loop as a failed write's wait ends: nothing else may start a round then.
+    retries: JoinSet<()>,
+    /// Starts a round.
+    wake: Arc<Notify>,
     turns: Arc<Semaphore>,
     /// The last Event's number.
     events: u64,
 }
 
 impl StatusWrites {
-    pub(super) fn new() -> Self {
+    /// `wake` starts a round: after a write refused as a conflict, or a failed one's wait.
+    pub(super) fn new(wake: Arc<Notify>) -> Self {
         Self {
-            // Nothing waits on it: an outcome is taken in by the next round, which the write
-            // itself starts when it lands (its object changed) and the resync otherwise.
+            // Not woken by every write that lands: the watch event of its object starts the
+            // round that takes it in.
             running: InFlight::new(usize::MAX, Arc::new(Notify::new())),
             failed: Held::new(RETRY_FIRST, RETRY_MAX),
+            waits: HashMap::new(),
+            retries: JoinSet::new(),
+            wake,
             turns: Arc::new(Semaphore::new(WRITES_AT_ONCE)),
             events: 0,
         }
     }
 
-    /// Whether what `digest` says of `key` needs no new write: a write of it runs, or failed
-    /// lately.
-    fn covered(&self, key: &WriteKey, digest: &[u8]) -> bool {
-        self.running.running(key) == Some(digest) || self.failed.error(key, digest).is_some()
+    /// Whether what `content` (its [`content_digest`]) says of `key`, computed from the object
+    /// at `resource_version`, needs no new write: a write of it at that resourceVersion runs,
+    /// or one of it failed lately. One running at an older resourceVersion is bound for a
+    /// conflict, which changes nothing on the object: no watch event would start the round
+    /// that writes it afresh.
+    fn covered(&self, key: &WriteKey, content: &[u8], resource_version: Option<&str>) -> bool {
+        self.running.running(key) == Some(write_digest(content, resource_version).as_slice())
+            || self.failed.error(key, content).is_some()
     }
 
     /// Takes in the writes finished since the last call.
     fn take_finished(&mut self) {
+        while self.retries.try_join_next().is_some() {}
         let done = self.running.finished();
         self.settle(done);
     }
 
     fn settle(&mut self, done: Vec<Finished<WriteKey, Written>>) {
         for (key, digest, outcome) in done {
-            match outcome {
-                Some(Written::Done | Written::Conflict) => self.failed.succeeded(&key),
-                Some(Written::Failed(error)) => self.failed.failed(key, digest, error),
+            let error = match outcome {
+                Some(Written::Done | Written::Conflict) => {
+                    self.failed.succeeded(&key);
+                    self.waits.remove(&key);
+                    continue;
+                }
+                Some(Written::Failed(error)) => error,
                 None => {
                     tracing::error!(?key, "writing a status panicked");
-                    self.failed
-                        .failed(key, digest, "writing the status panicked".to_owned());
+                    "writing the status panicked".to_owned()
                 }
-            }
+            };
+            let wait = self
+                .waits
+                .get(&key)
+                .map_or(RETRY_FIRST, |w| w.saturating_mul(2).min(RETRY_MAX));
+            self.waits.insert(key.clone(), wait);
+            self.failed.failed(key, content_of(&digest).to_vec(), error);
+            // After `failed` took its time: the round comes once the wait is over.
+            let (wake, at) = (Arc::clone(&self.wake), tokio::time::Instant::now() + wait);
+            self.retries.spawn(async move {
+                tokio::time::sleep_until(at).await;
+                wake.notify_one();
+            });
         }
     }
 
@@ -151,6 +187,7 @@ impl StatusWrites {
             self.running.abort(key);
         }
         self.failed.retain(|key| seen.contains(key));
+        self.waits.retain(|key, _| seen.contains(key));
         let mut started = Vec::with_capacity(patches.len() + events.len());
         let events = events.into_iter().map(|event| {
             self.events = self.events.wrapping_add(1);
@@ -181,8 +218,25 @@ impl StatusWrites {
     /// Drops every write running (this replica no longer leads).
     pub(super) fn abort_all(&mut self) {
         self.running.abort_all();
+        self.retries.abort_all();
     }
 }
+
+/// The digest of a write of `content` (a [`content_digest`]) at `resource_version`: the
+/// content's digest, then the resourceVersion.
+fn write_digest(content: &[u8], resource_version: Option<&str>) -> Vec<u8> {
+    let mut digest = content.to_vec();
+    digest.extend_from_slice(resource_version.unwrap_or_default().as_bytes());
+    digest
+}
+
+/// The [`content_digest`] a [`write_digest`] starts with.
+fn content_of(digest: &[u8]) -> &[u8] {
+    digest.get(..CONTENT_DIGEST_LEN).unwrap_or(digest)
+}
+
+/// The length of a [`content_digest`] (SHA-256).
+const CONTENT_DIGEST_LEN: usize = 32;
 
 /// A digest of what a status says, to tell writes apart: without its `lastTransitionTime`s, as
 /// a condition whose status changes gets a new one at every round until it is written.
@@ -412,10 +466,13 @@ impl Reconciler {
                 else {
                     return;
                 };
-                // A new Gateway's plane not applied yet, or whose first apply failed: no pod
-                // serves the route and its tunnel's document does not carry it (the document
-                // is written once the plane is applied). A plane applied before is in
-                // `planes` while it is applied again, and its routes are judged below.
+                // Judged by the plane that serves it (see `Reconciler::serving_peer`).
+                let plane = self.serving_peer(plane, planes).unwrap_or(plane);
+                // A new Gateway's plane not applied yet, or whose first apply failed, with no
+                // other plane on its tunnel: no pod serves the route and its tunnel's document
+                // does not carry it (the document is written once the plane is applied). A
+                // plane applied before is in `planes` while it is applied again, and its
+                // routes are judged below.
                 if let PlaneKey::Dedicated(gateway) = plane {
                     let waits = match (
                         planes.contains_key(plane),
@@ -516,7 +573,7 @@ impl Reconciler {
                 output
                     .planes
                     .get(&gateway)
-                    .and_then(|p| push_failed.get(p))
+                    .and_then(|p| push_failed.get(self.serving_peer(p, planes).unwrap_or(p)))
                     .filter(|(by, _)| newly_failed.contains(by))
                     .map(|(_, reason)| reason)
             });
@@ -594,6 +651,29 @@ impl Reconciler {
             .retain(|route, _| routes_seen.contains(route));
         self.write_unreadable_route_statuses(&mut writes, unreadable_routes, controller, &now);
         self.status_writes.run(writes).await;
+    }
+
+    /// For the plane of a Gateway never applied (being applied, or its first apply failed),
+    /// another plane of the round on the tunnel its render names, if any: every plane on a
+    /// tunnel serves the union of its routes (the documented move of a Gateway onto a plane of
+    /// its own on the class tunnel leaves the shared pool there), so that plane's pods serve
+    /// the Gateway's routes and the tunnel's document, written from it, carries them.
+    fn serving_peer<'p>(
+        &self,
+        plane: &PlaneKey,
+        planes: &'p BTreeMap<PlaneKey, PlaneInfo>,
+    ) -> Option<&'p PlaneKey> {
+        let PlaneKey::Dedicated(gateway) = plane else {
+            return None;
+        };
+        if planes.contains_key(plane) {
+            return None;
+        }
+        let tunnel = self.unapplied_tunnels.get(gateway)?;
+        planes
+            .iter()
+            .find(|(_, info)| info.identity.as_ref() == Some(tunnel))
+            .map(|(peer, _)| peer)
     }
 
     /// Per plane whose tunnel's document could not be written, or is still being written,
@@ -967,11 +1047,16 @@ impl Reconciler {
             writes.settled.push(key);
             return;
         }
-        let digest = content_digest(&desired);
-        if self.status_writes.covered(&key, &digest) {
+        let content = content_digest(&desired);
+        if self
+            .status_writes
+            .covered(&key, &content, resource_version.as_deref())
+        {
             return;
         }
+        let digest = write_digest(&content, resource_version.as_deref());
         let (kind, name) = (kind.to_owned(), name.to_owned());
+        let wake = Arc::clone(&self.status_writes.wake);
         let write = async move {
             let patch = json!({
                 "metadata": { "resourceVersion": resource_version },
@@ -1006,6 +1091,9 @@ impl Reconciler {
                         name,
                         "status changed meanwhile; rewritten on the next round"
                     );
+                    // The conflict changed nothing: the next round comes now, whatever
+                    // watch event may or may not follow.
+                    wake.notify_one();
                     Written::Conflict
                 }
                 Err(e) => {
@@ -1024,8 +1112,14 @@ impl Reconciler {
 /// or another's on its tunnel. The planes on a tunnel serve the union of its routes and the
 /// edge hands each a share of its requests, so one whose pods have not taken the config fails
 /// the routes of every Gateway on the tunnel.
+///
+/// But for a plane whose pods are all down: it runs no connector, so the edge hands it none of
+/// the tunnel's requests. Its failure is no other plane's; and its own routes', only while no
+/// other plane on its tunnel serves them (one with pods listed, not all down itself), as that
+/// one's pods serve them otherwise, reported by its own failure if it has one. The Gateway's
+/// `Programmed` (no ready replica) tells of its pods either way.
 fn push_failed(
-    failures: &HashMap<PlaneKey, String>,
+    failures: &HashMap<PlaneKey, PushFailure>,
     planes: &BTreeMap<PlaneKey, PlaneInfo>,
 ) -> HashMap<PlaneKey, (PlaneKey, String)> {
     let mut failed = HashMap::new();
@@ -1033,16 +1127,28 @@ fn push_failed(
         return failed;
     }
     for (plane, info) in planes {
-        let own = failures.get_key_value(plane);
-        let peer = || {
-            let identity = info.identity?;
-            failures
-                .iter()
-                .find(|(p, _)| planes.get(*p).and_then(|i| i.identity) == Some(identity))
+        // The other planes on its tunnel.
+        let others = || {
+            planes.iter().filter(move |(p, i)| {
+                *p != plane && info.identity.is_some() && i.identity == info.identity
+            })
         };
+        let peer = || {
+            others().find_map(|(p, _)| {
+                let failure = failures.get(p).filter(|f| !f.all_down)?;
+                Some((p, &failure.reason))
+            })
+        };
+        let served_by_others = || {
+            others()
+                .any(|(p, i)| !i.pods.is_empty() && !failures.get(p).is_some_and(|f| f.all_down))
+        };
+        let own = failures
+            .get_key_value(plane)
+            .filter(|(_, f)| !f.all_down || !served_by_others());
         match (own, own.is_none().then(peer).flatten()) {
-            (Some((by, reason)), _) => {
-                failed.insert(plane.clone(), (by.clone(), reason.clone()));
+            (Some((by, failure)), _) => {
+                failed.insert(plane.clone(), (by.clone(), failure.reason.clone()));
             }
             (None, Some((by, reason))) => {
                 let whose = match by {

@@ -1,12 +1,14 @@
 //! Keeping a dedicated plane in step with its Gateway when its objects go in other ways than
 //! the controller's own: a Deployment deleted in the foreground, removals refused, held or
-//! already under way, a GatewayClass whose status this build cannot read, and a plane moved to
-//! another tunnel whose new pods are not ready.
+//! already under way, a GatewayClass whose status this build cannot read, a plane moved to
+//! another tunnel whose new pods are not ready (the controller restarting meanwhile), and a
+//! NetworkPolicy switched off that a finalizer holds.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use cftunnel_testkit::kube_api::ApiServer;
 use cftunnel_tunnel::Token;
 use serde_json::{json, Value};
 
@@ -270,45 +272,57 @@ async fn a_class_whose_status_this_build_cannot_read_keeps_its_planes() {
 /// successor is ready, so one whose new pods never register leaves them so for good).
 #[tokio::test]
 async fn a_plane_moved_to_another_tunnel_is_programmed_once_a_replica_on_it_is_ready() {
+    moved_to_another_tunnel(false).await;
+}
+
+/// A controller that starts (a restart, another replica taking the lead) while a plane's move
+/// to another tunnel is under way knows of it from the plane's Deployment, which records the
+/// tunnel before until a replica on the new one is ready: `Programmed` waits for that replica
+/// as it would have, and the record goes once it is ready.
+#[tokio::test]
+async fn a_plane_moving_to_another_tunnel_as_the_controller_restarts_is_programmed_once_a_replica_on_it_is_ready(
+) {
+    moved_to_another_tunnel(true).await;
+}
+
+/// The plane of Gateway tenant-a/edge moves to another tunnel, its new pod not ready; the
+/// controller restarts meanwhile, with `restart`.
+async fn moved_to_another_tunnel(restart: bool) {
+    const TUNNEL_BEFORE: &str = "/metadata/annotations/cf.k8s.lex.la~1tunnel-before";
+    let deployment =
+        |api: &ApiServer| api.get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge");
+    let status = |api: &ApiServer, replicas: i32, updated: i32, ready: i32| {
+        let generation = deployment(api)
+            .and_then(|d| d.pointer("/metadata/generation").cloned())
+            .expect("a generation");
+        api.set_status(
+            "apps/v1",
+            "Deployment",
+            "tenant-a",
+            "cf-proxy-edge",
+            json!({"observedGeneration": generation, "replicas": replicas,
+                   "updatedReplicas": updated, "readyReplicas": ready,
+                   "availableReplicas": ready}),
+        );
+    };
+    let programmed_on = |api: &ApiServer, tunnel: &str| {
+        let g = api.get(
+            "gateway.networking.k8s.io/v1",
+            "Gateway",
+            "tenant-a",
+            "edge",
+        )?;
+        let on =
+            g.pointer("/status/addresses/0/value")? == &json!(format!("{tunnel}.cfargotunnel.com"));
+        let programmed = condition(&g["status"]["conditions"], "Programmed")?.clone();
+        on.then_some(programmed)
+    };
     tokio::time::timeout(Duration::from_secs(60), async {
-        let (t, _edge) = Tenant::with_pod("replicas: 2").await;
-        let deployment = || {
-            t.api
-                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
-        };
-        let status = |replicas: i32, updated: i32, ready: i32| {
-            let generation = deployment()
-                .and_then(|d| d.pointer("/metadata/generation").cloned())
-                .expect("a generation");
-            t.api.set_status(
-                "apps/v1",
-                "Deployment",
-                "tenant-a",
-                "cf-proxy-edge",
-                json!({"observedGeneration": generation, "replicas": replicas,
-                       "updatedReplicas": updated, "readyReplicas": ready,
-                       "availableReplicas": ready}),
-            );
-        };
-        let gateway = || {
-            t.api.get(
-                "gateway.networking.k8s.io/v1",
-                "Gateway",
-                "tenant-a",
-                "edge",
-            )
-        };
-        let programmed_on = |tunnel: &str| {
-            let g = gateway()?;
-            let on = g.pointer("/status/addresses/0/value")?
-                == &json!(format!("{tunnel}.cfargotunnel.com"));
-            let programmed = condition(&g["status"]["conditions"], "Programmed")?.clone();
-            on.then_some(programmed)
-        };
-        eventually("the plane's Deployment", deployment).await;
-        status(2, 2, 2);
+        let (mut t, _edge) = Tenant::with_pod("replicas: 2").await;
+        eventually("the plane's Deployment", || deployment(&t.api)).await;
+        status(&t.api, 2, 2, 2);
         eventually("Programmed on the first tunnel", || {
-            programmed_on(TUNNEL_ID).filter(|c| c["status"] == "True")
+            programmed_on(&t.api, TUNNEL_ID).filter(|c| c["status"] == "True")
         })
         .await;
 
@@ -317,17 +331,25 @@ async fn a_plane_moved_to_another_tunnel_is_programmed_once_a_replica_on_it_is_r
             "apiVersion: v1\nkind: Secret\nmetadata: {{name: edge-tunnel-token, namespace: tenant-a}}\nstringData: {{tunnel-token: \"{moved}\"}}\n"
         )));
         eventually("the Deployment on the new tunnel", || {
-            deployment()
+            deployment(&t.api)
                 .and_then(|d| d.pointer("/metadata/annotations/cf.k8s.lex.la~1tunnel").cloned())
                 .filter(|t| t.as_str().is_some_and(|t| t.ends_with(OTHER_TUNNEL_ID)))
         })
         .await;
         // The Deployment controller has seen the new template: its new pod is not ready, the
         // two ready ones are old pods, on the first tunnel.
-        status(3, 1, 2);
-        eventually("the new tunnel's address", || programmed_on(OTHER_TUNNEL_ID)).await;
+        status(&t.api, 3, 1, 2);
+        eventually("the new tunnel's address", || {
+            programmed_on(&t.api, OTHER_TUNNEL_ID)
+        })
+        .await;
+        let recorded = deployment(&t.api).and_then(|d| d.pointer(TUNNEL_BEFORE).cloned());
+        assert_eq!(recorded, Some(json!(TUNNEL_ID)), "the move recorded");
+        if restart {
+            t.restart(|_| {}).await;
+        }
         t.rounds(3, Duration::from_millis(300)).await;
-        let pending = programmed_on(OTHER_TUNNEL_ID).expect("Programmed");
+        let pending = programmed_on(&t.api, OTHER_TUNNEL_ID).expect("Programmed");
         assert_eq!(
             (&pending["status"], &pending["reason"]),
             (&json!("False"), &json!("Pending")),
@@ -335,11 +357,87 @@ async fn a_plane_moved_to_another_tunnel_is_programmed_once_a_replica_on_it_is_r
         );
 
         // Rolled out: every ready replica runs the template on the new tunnel.
-        status(2, 2, 2);
+        status(&t.api, 2, 2, 2);
         eventually("Programmed on the new tunnel", || {
-            programmed_on(OTHER_TUNNEL_ID).filter(|c| c["status"] == "True")
+            programmed_on(&t.api, OTHER_TUNNEL_ID).filter(|c| c["status"] == "True")
         })
         .await;
+        eventually("the record of the move gone", || {
+            deployment(&t.api).filter(|d| d.pointer(TUNNEL_BEFORE).is_none())
+        })
+        .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The planes' NetworkPolicy switched off while the Gateway's one is being deleted, held by a
+/// finalizer: the apply leaves it to its finalizer, and the plane is then intact, not applied
+/// again (some ten requests) at every round. Once the policy is gone, the plane is applied
+/// once for it, and is quiet again.
+#[tokio::test]
+async fn a_network_policy_held_by_a_finalizer_costs_no_apply_per_round_once_switched_off() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut t = Tenant::start_with("replicas: 1", |api| {
+            api.delete("apps/v1", "Deployment", "tenant-b", "cf-proxy-other");
+        })
+        .await;
+        let policy = |t: &Tenant| {
+            t.api.get(
+                "networking.k8s.io/v1",
+                "NetworkPolicy",
+                "tenant-a",
+                "cf-proxy-edge",
+            )
+        };
+        let live = eventually("the NetworkPolicy", || policy(&t)).await;
+        settled(&t.api).await;
+        t.api.put(being_deleted(live));
+        settled(&t.api).await;
+
+        let (applies, _counting) = count(&t, |c| {
+            c.method == "PATCH"
+                && c.kind == "Deployment"
+                && c.body.pointer("/metadata/namespace") == Some(&json!("tenant-a"))
+        });
+        // Rounds every 100 ms: quiet for a second and a half means none applies the plane.
+        let quiet = |applies: Arc<AtomicUsize>| async move {
+            loop {
+                let before = applies.load(Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                if applies.load(Ordering::SeqCst) == before {
+                    return;
+                }
+            }
+        };
+        t.restart(|options| options.render.network_policy = false)
+            .await;
+        eventually("the plane applied without its NetworkPolicy", || {
+            (applies.load(Ordering::SeqCst) > 0).then_some(())
+        })
+        .await;
+        tokio::time::timeout(Duration::from_secs(10), quiet(Arc::clone(&applies)))
+            .await
+            .expect("applied once, not at every round");
+        assert!(policy(&t).is_some(), "left to its finalizer");
+
+        // The finalizer done, it goes: the plane is applied for it, once.
+        let before = applies.load(Ordering::SeqCst);
+        assert!(t.api.delete(
+            "networking.k8s.io/v1",
+            "NetworkPolicy",
+            "tenant-a",
+            "cf-proxy-edge"
+        ));
+        within(5, "the plane applied once the policy is gone", || {
+            (applies.load(Ordering::SeqCst) > before).then_some(())
+        })
+        .await;
+        tokio::time::timeout(Duration::from_secs(10), quiet(Arc::clone(&applies)))
+            .await
+            .expect("quiet again");
+        assert!(policy(&t).is_none(), "not rendered again");
         t.stop().await;
     })
     .await

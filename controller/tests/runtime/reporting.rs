@@ -1,21 +1,27 @@
 //! What the controller reports, and when: status writes that hang or fail hold up no other
-//! tenant and are not sent again at every round; a new Gateway's routes wait for its plane and
-//! tunnel document; a plane whose pods are all down is reported on its routes; and other
-//! controllers' conditions on our route parents give way to ours at the CRD's cap.
+//! tenant and are not sent again at every round, but are once their wait is over or the object
+//! changed under them; a new Gateway's routes wait for its plane and tunnel document, unless
+//! another plane on its tunnel serves them; a plane whose pods are all down is reported on its
+//! routes, unless another plane on its tunnel serves them; and other controllers' conditions on
+//! our route parents give way to ours at the CRD's cap.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cftunnel_controller::runtime::SharedPlane;
+use cftunnel_controller::translate::ObjectKey;
+use cftunnel_proxy::Server;
 use cftunnel_testkit::cloudflare_api::CloudflareApi;
 use cftunnel_testkit::kube_api::{ApiServer, Call, Forbid};
+use cftunnel_tunnel::Token;
 use serde_json::{json, Value};
 
 use super::{
-    closed_port, config_slice, proxy_pod, route_condition, route_parent, shop_serves, Tenant,
-    PROXY_CONFIG_PUSHED, TUNNEL_ID,
+    closed_port, config_slice, host_serves, proxy_pod, route_condition, route_parent, shared_seed,
+    shop_serves, uuid_of, Tenant, PROXY_CONFIG_PUSHED, TUNNEL_ID,
 };
-use crate::support::{condition, eventually, yaml};
+use crate::support::{self, condition, eventually, yaml};
 
 /// Whether `call` writes the status of an HTTPRoute with a parent in `namespace`.
 fn route_status_in(call: &Call<'_>, namespace: &str) -> bool {
@@ -407,6 +413,289 @@ async fn other_controllers_conditions_on_our_route_parent_give_way_to_ours_at_th
         for kept in &theirs[..5] {
             assert_eq!(condition(&parent["conditions"], kept["type"].as_str().unwrap_or_default()), Some(kept));
         }
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The seed's tenants beside the shared pool, whose pod `pool` is listed, on the class tunnel:
+/// the one Gateway tenant-a/edge's token opens. `before` runs on the API server too.
+async fn beside_the_pool_on_its_tunnel(pool: &Server, before: impl FnOnce(&ApiServer)) -> Tenant {
+    let class_token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+    let pool_port = pool.admin_addr().port();
+    Tenant::start_tuned(
+        "replicas: 1",
+        |api| {
+            api.put(yaml("apiVersion: v1\nkind: Secret\nmetadata: {name: shared-auth, namespace: cftunnel-system}\nstringData: {token: pool-secret}\n"));
+            api.put(yaml(&format!(
+                "apiVersion: v1\nkind: Secret\nmetadata: {{name: class-tunnel, namespace: cftunnel-system}}\nstringData: {{tunnel-token: \"{class_token}\"}}\n"
+            )));
+            api.put(config_slice("cftunnel-system", "cftunnel-proxy", pool_port, true));
+            before(api);
+        },
+        ApiServer::client,
+        |options| {
+            options.shared = Some(SharedPlane {
+                deployment: None,
+                service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
+                auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
+                auth_key: "token".to_owned(),
+                tunnel_secret: Some((
+                    ObjectKey::new("cftunnel-system", "class-tunnel"),
+                    "tunnel-token".to_owned(),
+                )),
+            });
+        },
+    )
+    .await
+}
+
+/// Whether `call` writes a status of an HTTPRoute in `namespace` in which our parent's
+/// condition `kind` is there and `status` is not `True`.
+fn route_status_without(call: &Call<'_>, namespace: &str, kind: &str) -> bool {
+    route_status_in(call, namespace)
+        && call
+            .body
+            .pointer("/status/parents")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|p| p["controllerName"] == super::CONTROLLER)
+            .filter_map(|p| condition(&p["conditions"], kind))
+            .any(|c| c["status"] != "True")
+}
+
+/// A Gateway the shared pool serves moves to a plane of its own on the class tunnel (the
+/// documented migration), and that plane's first apply fails: the pool, on the same tunnel,
+/// serves the Gateway's routes all along, so they stay accepted; they do not go pending for
+/// a plane that does not serve them anyway.
+#[tokio::test]
+async fn routes_the_pool_serves_stay_accepted_while_their_gateways_own_plane_on_its_tunnel_fails_to_apply(
+) {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let pool = proxy_pod("pool-secret").await;
+        let t = beside_the_pool_on_its_tunnel(&pool, |api| {
+            api.put(yaml(&super::gateway(false)));
+        })
+        .await;
+        shop_serves(&pool, 200).await;
+        eventually("shop accepted", || {
+            route_condition(&t.api, "tenant-a", "shop", "Accepted")
+                .filter(|c| c["status"] == "True")
+        })
+        .await;
+
+        let flipped = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&flipped);
+        let _watching = t.api.forbid(move |c| {
+            if route_status_without(c, "tenant-a", "Accepted") {
+                flag.store(true, Ordering::SeqCst);
+            }
+            false
+        });
+        let _failing = t.api.fail(500, plane_deployment_write);
+        t.api.put(yaml(&super::gateway(true)));
+        t.apply_failure_reported().await;
+        t.rounds(3, Duration::from_millis(300)).await;
+        assert!(
+            !flipped.load(Ordering::SeqCst),
+            "shop's Accepted left True: {:?}",
+            route_condition(&t.api, "tenant-a", "shop", "Accepted")
+        );
+        let accepted = route_condition(&t.api, "tenant-a", "shop", "Accepted");
+        assert_eq!(accepted.map(|c| c["status"].clone()), Some(json!("True")));
+        shop_serves(&pool, 200).await;
+        t.stop().await;
+        pool.shutdown().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A dedicated plane on the class tunnel whose pods are all down runs no connector, so the
+/// edge hands it none of the tunnel's requests: the shared pool, on the same tunnel, serves
+/// them. Neither the pool's route nor the plane's own (which the pool serves) reports the
+/// plane's failure, which is counted all the same.
+#[tokio::test]
+async fn a_plane_whose_pods_are_all_down_fails_no_route_the_other_planes_of_its_tunnel_serve() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let pool = proxy_pod("pool-secret").await;
+        let echo = support::echo("tenant-s", "web-s").await;
+        let down = closed_port();
+        let alarms = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&alarms);
+        let mut watching = None;
+        let t = beside_the_pool_on_its_tunnel(&pool, |api| {
+            for doc in shared_seed(pool.admin_addr(), echo.http_addr()).split("\n---\n") {
+                if !doc.trim().is_empty() {
+                    api.put(yaml(doc));
+                }
+            }
+            api.put(config_slice(
+                "tenant-a",
+                "cf-proxy-edge-config",
+                down,
+                false,
+            ));
+            watching = Some(api.forbid(move |c| {
+                let alarm = ["tenant-s", "tenant-a"]
+                    .iter()
+                    .any(|ns| route_status_without(c, ns, PROXY_CONFIG_PUSHED));
+                if alarm {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                }
+                false
+            }));
+        })
+        .await;
+        host_serves(&pool, "www.example.com", 200).await;
+        shop_serves(&pool, 200).await;
+        eventually("the plane's failure counted", || {
+            let metrics = t.health.metrics_text().ok()?;
+            metrics
+                .lines()
+                .any(|l| l == "cftunnel_controller_push_failing_planes 1")
+                .then_some(())
+        })
+        .await;
+        t.rounds(3, Duration::from_millis(300)).await;
+        assert_eq!(
+            alarms.load(Ordering::SeqCst),
+            0,
+            "www: {:?}; shop: {:?}",
+            route_condition(&t.api, "tenant-s", "www", PROXY_CONFIG_PUSHED),
+            route_condition(&t.api, "tenant-a", "shop", PROXY_CONFIG_PUSHED)
+        );
+        for (namespace, route) in [("tenant-s", "www"), ("tenant-a", "shop")] {
+            let accepted = route_condition(&t.api, namespace, route, "Accepted");
+            assert_eq!(
+                accepted.map(|c| c["status"].clone()),
+                Some(json!("True")),
+                "{namespace}/{route}"
+            );
+        }
+        drop(watching);
+        t.stop().await;
+        pool.shutdown().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The seed's tenants, with no Deployment of someone else's in the way (which fails a plane at
+/// every apply) and no round but those changes start: the resync is a minute.
+async fn quiet_tenant(before: impl FnOnce(&ApiServer)) -> Tenant {
+    Tenant::start_tuned(
+        "replicas: 1",
+        |api| {
+            api.delete("apps/v1", "Deployment", "tenant-b", "cf-proxy-other");
+            before(api);
+        },
+        ApiServer::client,
+        |options| options.resync = Duration::from_secs(60),
+    )
+    .await
+}
+
+/// Route tenant-c/blog, its spec changed: its status's next generation is due.
+fn blog_changed(generation: i64) -> Value {
+    yaml(&format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: blog, namespace: tenant-c}}\nspec:\n  parentRefs: [{{name: third}}]\n  rules: [{{backendRefs: [{{name: web, port: 80}}], matches: [{{path: {{type: PathPrefix, value: /v{generation}}}}}]}}]\n"
+    ))
+}
+
+/// Route tenant-c/blog's `Accepted`, once it says so of `generation`.
+fn blog_accepted(api: &ApiServer, generation: i64) -> Option<Value> {
+    route_condition(api, "tenant-c", "blog", "Accepted")
+        .filter(|c| c["status"] == "True" && c["observedGeneration"] == generation)
+}
+
+/// A status write held at the API server while the object changes (here a label: the status
+/// the controller computes stays the same) is bound for a conflict, which changes nothing and
+/// so starts no round: the round the change starts writes the status afresh at the new
+/// resourceVersion, and it lands within moments, not at the next resync a minute later.
+#[tokio::test]
+async fn a_status_the_object_changed_under_is_written_again_at_its_new_version() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = quiet_tenant(|_| {}).await;
+        eventually("blog accepted", || blog_accepted(&t.api, 1)).await;
+        super::settled(&t.api).await;
+
+        // The first write of blog's status is held; later ones are not.
+        let first = AtomicBool::new(false);
+        let held = t
+            .api
+            .hold(move |c| route_status_in(c, "tenant-c") && !first.swap(true, Ordering::SeqCst));
+        t.api.put(blog_changed(2));
+        tokio::time::timeout(Duration::from_secs(10), held.arrived(1))
+            .await
+            .expect("blog's status write held");
+
+        // Someone labels the route: a new resourceVersion, the same status due.
+        let routes: kube::Api<kube::core::DynamicObject> = kube::Api::namespaced_with(
+            t.api.user_client(),
+            "tenant-c",
+            &kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+                "gateway.networking.k8s.io",
+                "v1",
+                "HTTPRoute",
+            )),
+        );
+        routes
+            .patch(
+                "blog",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"metadata": {"labels": {"team": "blue"}}})),
+            )
+            .await
+            .expect("the label added");
+        let labelled = Instant::now();
+        // More than a round passes; then the held write is answered, with a conflict.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        held.release();
+        super::within(4, "blog's new generation written", || {
+            blog_accepted(&t.api, 2)
+        })
+        .await;
+        assert!(
+            labelled.elapsed() < Duration::from_secs(6),
+            "written {:?} after the label",
+            labelled.elapsed()
+        );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A status write that failed waits before it is sent again, and is sent again once the wait
+/// is over (5 s) though nothing else starts a round: the resync is a minute.
+#[tokio::test]
+async fn a_failed_status_write_is_sent_again_once_its_wait_is_over() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = quiet_tenant(|_| {}).await;
+        eventually("blog accepted", || blog_accepted(&t.api, 1)).await;
+        super::settled(&t.api).await;
+
+        let first = AtomicBool::new(false);
+        let failing = t.api.fail(500, move |c| {
+            route_status_in(c, "tenant-c") && !first.swap(true, Ordering::SeqCst)
+        });
+        t.api.put(blog_changed(2));
+        tokio::time::timeout(Duration::from_secs(10), failing.refused(1))
+            .await
+            .expect("blog's status write failed");
+        let failed = Instant::now();
+        super::within(10, "blog's new generation written", || {
+            blog_accepted(&t.api, 2)
+        })
+        .await;
+        assert!(
+            failed.elapsed() >= Duration::from_secs(4),
+            "sent again after {:?}, before its wait was over",
+            failed.elapsed()
+        );
         t.stop().await;
     })
     .await
