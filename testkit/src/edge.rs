@@ -581,6 +581,7 @@ pub struct MockEdgeBuilder {
     credentials: Option<Token>,
     quic: bool,
     http2: bool,
+    silent_http2: bool,
     key_exchange_groups: Option<Vec<rustls::NamedGroup>>,
     response_timeout: Duration,
     stream_open_timeout: Duration,
@@ -600,6 +601,7 @@ impl Default for MockEdgeBuilder {
             credentials: None,
             quic: true,
             http2: true,
+            silent_http2: false,
             key_exchange_groups: None,
             response_timeout: forward::RESPONSE_TIMEOUT,
             stream_open_timeout: forward::STREAM_OPEN_TIMEOUT,
@@ -655,6 +657,16 @@ impl MockEdgeBuilder {
     /// HTTP/2 connection comes up while QUIC ones do).
     pub fn disable_http2(mut self) -> Self {
         self.http2 = false;
+        self
+    }
+
+    /// Keep the TCP port bound and accept every connection to it, but never answer on one:
+    /// no TLS handshake completes (stands for a path that drops TCP to the edge, as a
+    /// connector that times its dials out sees it; on localhost a refused or closed
+    /// connection is all [`disable_http2`](Self::disable_http2) can give). QUIC is served as
+    /// usual.
+    pub fn silent_http2(mut self) -> Self {
+        self.silent_http2 = true;
         self
     }
 
@@ -761,7 +773,11 @@ impl MockEdgeBuilder {
         if let listen::Udp::Quic(endpoint) = &endpoint {
             listen::spawn_quic(&inner, endpoint.clone());
         }
-        listen::spawn_tcp(&inner, tcp, &pki, provider, self.http2)?;
+        if self.silent_http2 {
+            listen::spawn_silent_tcp(&inner, tcp)?;
+        } else {
+            listen::spawn_tcp(&inner, tcp, &pki, provider, self.http2)?;
+        }
         eyeball::spawn_http(&inner, http);
         tracing::info!(edge = %edge_addr, http = %http_addr, "mock edge listening");
         Ok(MockEdge {

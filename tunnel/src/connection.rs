@@ -40,8 +40,10 @@ pub(crate) struct Control {
     /// HTTP/2 does not reach the edge: the preference is given up until it is tried again
     /// (see `connector::give_up_move`).
     pub(crate) http2_given_up: bool,
-    /// How many times HTTP/2 was tried again after it was given up: a connection's failed
-    /// HTTP/2 attempts count towards the try they were made in, not a later one.
+    /// How many times the preference was taken up again after it was given up (HTTP/2 tried
+    /// again after its wait, or the give-up taken back: see `connector::Http2Retry`): a
+    /// connection's failed HTTP/2 attempts count towards the try they were made in, not a
+    /// later one.
     pub(crate) http2_try: u32,
 }
 
@@ -88,6 +90,9 @@ pub(crate) struct Shared {
     /// start): HTTP/2 does reach the edge from here.
     pub(crate) http2_registered: AtomicBool,
     pub(crate) quic_ever_registered: AtomicBool,
+    /// A connection has registered, over either transport: unlike `registered`, which a
+    /// connection moving to HTTP/2 right after it registered takes back to 0 at once, it stays.
+    pub(crate) ever_registered: AtomicBool,
     /// The first connection is on HTTP/2: the others start on the protocol it is on,
     /// as in `cloudflared`.
     pub(crate) first_on_http2: AtomicBool,
@@ -192,6 +197,9 @@ impl RegisteredGuard {
             ProtocolLabel::Quic => shared.quic_ever_registered.store(true, Ordering::Relaxed),
             ProtocolLabel::Http2 => shared.http2_registered.store(true, Ordering::Relaxed),
         }
+        shared.ever_registered.store(true, Ordering::Relaxed);
+        // What it tells of a give-up of HTTP/2 in force.
+        crate::connector::registered_over(shared, protocol, idx);
         // Readiness last, so observers of the count see consistent metrics.
         shared.registered.send_modify(|n| *n += 1);
         Self {

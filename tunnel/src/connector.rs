@@ -40,6 +40,10 @@ pub enum ConnectorError {
     /// `ha_connections` is zero.
     #[error("ha_connections must be at least 1")]
     NoConnections,
+    /// `http2_retry` is under [`HTTP2_RETRY_MIN`]: the connections would move to HTTP/2 and
+    /// back without end where HTTP/2 does not reach the edge.
+    #[error("http2_retry must be at least 1s, not {0:?}")]
+    Http2Retry(Duration),
     /// A region with a token that names its own endpoint: the two would
     /// pick different edges.
     #[error("a region was given with a token that has an endpoint ({endpoint:?})")]
@@ -81,6 +85,9 @@ impl Connector {
         if opts.ha_connections == 0 {
             return Err(ConnectorError::NoConnections);
         }
+        if opts.http2_retry < HTTP2_RETRY_MIN {
+            return Err(ConnectorError::Http2Retry(opts.http2_retry));
+        }
         edge_region(opts.region.as_deref(), token.endpoint())?;
         let roots = tls::root_store(opts.edge_ca_pem.as_deref())?;
         let quic_client = tls::quic_client(roots.clone(), opts.post_quantum)?;
@@ -110,11 +117,12 @@ impl Connector {
     /// [`ConnectorHandle::prefer_http2`] had been called before any connection dialed: for a
     /// service that needs response trailers from the start. Every connection dials HTTP/2
     /// first, with no turn to wait for (none is serving yet). Where HTTP/2 does not reach the
-    /// edge, by the rule that gives a move up (see [`ConnectorHandle::prefer_http2`]), the
-    /// preference is given up for the whole connector, logged as an error, and the
-    /// connections dial QUIC and carry on as `auto` does: a tunnel that serves everything
-    /// but gRPC's status rather than none at all, until HTTP/2 is tried again (see
-    /// [`ConnectorOptions::http2_retry`]). `http2` is the choice for HTTP/2 only.
+    /// edge and QUIC does, by the rule that gives a move up (see
+    /// [`ConnectorHandle::prefer_http2`]), the preference is given up for the whole connector,
+    /// logged as an error, and the connections dial QUIC and carry on as `auto` does: a
+    /// tunnel that serves everything but gRPC's status rather than none at all, until HTTP/2
+    /// is tried again (see [`ConnectorOptions::http2_retry`]). `http2` is the choice for
+    /// HTTP/2 only.
     ///
     /// Whether it applies: a connector configured `quic` or `http2` ignores it.
     pub fn prefer_http2(&mut self) -> bool {
@@ -208,6 +216,7 @@ impl Connector {
             http2_retry: Mutex::new(Http2Retry::new(http2_retry)),
             http2_registered: AtomicBool::new(false),
             quic_ever_registered: AtomicBool::new(false),
+            ever_registered: AtomicBool::new(false),
             first_on_http2: AtomicBool::new(false),
             local_ports: Mutex::new(vec![0; ha]),
             ha_backoff,
@@ -315,32 +324,44 @@ impl ConnectorHandle {
     /// in a [`drain`](Self::drain), so the edge stops sending it requests, serves those in
     /// flight and its WebSocket sessions until none is left (and none has come for a second,
     /// or the grace period is over), closes with code 0, and its index dials HTTP/2 at once,
-    /// and stays on it. A connection that is not registered over QUIC then (dialing, or lost)
-    /// registers as it would have, and moves in its turn; one not started yet dials HTTP/2
-    /// from the start, as all do after [`Connector::prefer_http2`].
+    /// and stays on it. A connection that is not registered over QUIC then (dialing, or lost),
+    /// or starts later, registers over QUIC as it would have, and moves in its turn: while
+    /// one moves, the others keep the tunnel up. Only while no connection has registered over
+    /// QUIC yet does a connection starting dial HTTP/2 from the start, as all do after
+    /// [`Connector::prefer_http2`].
     ///
     /// One connection moves at a time: the next starts only once the previous one has
     /// registered over HTTP/2, so the tunnel has at most one connection fewer than usual
     /// while it moves; with one HA connection it has none for as long as that one takes to
     /// move. A connection on HTTP/2 because of this preference (moving, moved, or started on
-    /// it) that cannot reach the edge over HTTP/2 (TCP or TLS fails, or HTTP/2 does not get
-    /// through end to end), or is refused registration for good, three times running since it
-    /// last registered, or fails ten times in all, gives the preference up for the whole
-    /// connector, logged as an error: it dials QUIC again at once, the connections on QUIC
-    /// stay there, those registered over HTTP/2 serve on and dial QUIC once lost, and no
+    /// it) that cannot reach the edge over HTTP/2 (TCP or TLS fails, or either takes over 5 s;
+    /// or HTTP/2 does not get through end to end), or is refused registration for good, three
+    /// times running since it last registered, or fails ten times in all, gives the
+    /// preference up for the whole connector: it dials QUIC again at once, the connections on
+    /// QUIC stay there, those registered over HTTP/2 serve on and dial QUIC once lost, and no
     /// connection moves until HTTP/2 is tried again (HTTP/2 does not reach the edge from here
     /// now, and a move would only take a connection down). A retryable refusal (a duplicate
     /// registration among them), or an RPC that fails, does not count towards the three and
     /// starts that count over: the edge answered over HTTP/2, so the connection retries with
     /// the usual backoff and keeps its turn.
     ///
+    /// The give-up stands only where QUIC reaches the edge and HTTP/2 does not: it is logged
+    /// as an error once a connection registers over QUIC after it. It is taken back at once
+    /// (logged as a warning), the connections that left HTTP/2 for it going back to HTTP/2
+    /// with their failures counted afresh, when the first QUIC attempt of one of them does
+    /// not reach the edge either: the edge or the network is down, and a tunnel on HTTP/2
+    /// before the outage comes back on it, not on QUIC for the retry wait. Through a long
+    /// outage they go on alternating, three HTTP/2 attempts to one over QUIC, with their
+    /// usual backoff. It is also taken back when a connection registers over HTTP/2, or when
+    /// the first registration after such an outage is over QUIC (whether the edge takes HTTP/2
+    /// again is then found out by moving, one connection at a time).
+    ///
     /// HTTP/2 is tried again by itself, while the connector runs, after
     /// [`ConnectorOptions::http2_retry`] (logged at info, `trying HTTP/2 to the edge
     /// again`): the connections on QUIC move one at a time as above, and the move is given up
     /// again by the same rule. The wait doubles each time HTTP/2 is given up again with no
-    /// connection registered over it since the last try, up to an hour: an outage of the edge
-    /// or the network costs gRPC's status for minutes, and a path that never carries HTTP/2
-    /// has a connection taken down for nothing once an hour at most.
+    /// connection registered over it since the last try, up to an hour: a path that never
+    /// carries HTTP/2 has a connection taken down for nothing once an hour at most.
     ///
     /// Returns at once; whether the call changed anything. Idempotent, the preference given
     /// up or not (it does not bring the next try forward); a connector configured `quic` or
@@ -685,8 +706,11 @@ async fn run_indexes(
         if lookups_over && may_start {
             break;
         }
+        // Seen by the flag too: the count may be back to 0 by the time this task looks (the
+        // connection moving to HTTP/2 right after it registered).
+        let ever = || shared.ever_registered.load(Ordering::Relaxed);
         tokio::select! {
-            r = registered.wait_for(|n| *n >= 1), if !first_registered => match r {
+            r = registered.wait_for(|n| *n >= 1 || ever()), if !first_registered => match r {
                 Ok(_) => first_registered = true,
                 Err(_) => break,
             },
@@ -756,12 +780,12 @@ impl MoveFailures {
 }
 
 /// Gives the preference for HTTP/2 up for the whole connector, until it is tried again (see
-/// [`retry_http2`]): the edge is not reachable over HTTP/2 from here (TCP to it blocked, say,
-/// or down for now), and a tunnel on QUIC serves everything but gRPC's status, where one that
-/// kept dialing HTTP/2 would serve nothing. The connections on QUIC stay there, those
-/// registered over HTTP/2 serve on and dial QUIC once lost, and no connection moves meanwhile.
-/// `tried`: the try of HTTP/2 the failures were counted in (see [`Control::http2_try`]); a
-/// later try is not given up for them.
+/// [`retry_http2`]) or the give-up is taken back (see [`Http2Retry`]): the edge is not
+/// reachable over HTTP/2 from here (TCP to it blocked, say, or down for now), and a tunnel on
+/// QUIC serves everything but gRPC's status, where one that kept dialing HTTP/2 would serve
+/// nothing. The connections on QUIC stay there, those registered over HTTP/2 serve on and dial
+/// QUIC once lost, and no connection moves meanwhile. `tried`: the try of HTTP/2 the failures
+/// were counted in (see [`Control::http2_try`]); a later try is not given up for them.
 ///
 /// For the whole connector, not the one connection, whether the preference was there from the
 /// start, the connection was moving, or it had registered over HTTP/2 and was lost: all its
@@ -770,8 +794,9 @@ impl MoveFailures {
 /// requests and not others, harder to tell than one error; and a connection back on QUIC
 /// while the connector still preferred HTTP/2 would be moved again, and fail again, in a loop.
 ///
-/// Logged as an error each time, with the wait before the next try: gRPC loses its status
-/// until then, however often it was given up before.
+/// Logged as a warning: whether it stands is known once QUIC has been tried, and the error
+/// that says gRPC loses its status comes then (see [`registered_over`]), each time, however
+/// often HTTP/2 was given up before.
 fn give_up_move(
     shared: &Shared,
     idx: u8,
@@ -779,7 +804,7 @@ fn give_up_move(
     turn: Option<tokio::sync::OwnedSemaphorePermit>,
     error: &ConnError,
 ) {
-    let mut retry_in = None;
+    let mut given_up = false;
     if let Some(control) = shared.control.upgrade() {
         control.send_if_modified(|c| {
             if !c.running() || !shared.moves_to_http2(c) || c.http2_try != tried {
@@ -788,32 +813,108 @@ fn give_up_move(
             c.http2_given_up = true;
             // Within the send: the retry task, which it wakes, reads the wait set here.
             let registered = shared.http2_registered.swap(false, Ordering::Relaxed);
-            retry_in = Some(
-                shared
-                    .http2_retry
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .given_up(registered),
-            );
+            retry_state(shared).given_up(registered, error.to_string());
+            given_up = true;
             true
         });
     }
     // Given up before the turn goes back, so that no connection waiting for it moves.
     drop(turn);
-    let Some(retry_in) = retry_in else {
+    if !given_up {
         // Given up by another connection at the same time (and said once), or the connector
         // no longer runs.
         return;
-    };
-    tracing::error!(
+    }
+    tracing::warn!(
         conn_index = idx,
         error = %error,
-        retry_in_s = retry_in.as_secs(),
-        "HTTP/2 to the edge failed, so the tunnel runs on QUIC, which carries no response \
-         trailers: gRPC responses lose their status until HTTP/2 is tried again, retry_in_s \
-         from now; make sure TCP port 7844 to the edge is open end to end (the last error says \
-         what failed), or set PROXY_TUNNEL_PROTOCOL=http2"
+        "HTTP/2 to the edge keeps failing: trying QUIC, to tell a path closed to HTTP/2 from \
+         an outage of the edge or the network"
     );
+}
+
+/// The first QUIC attempt of a connection that left HTTP/2 when the preference was given up
+/// did not reach the edge either (`error`): an outage, not a path closed to HTTP/2, so the
+/// give-up is taken back, unless a QUIC registration confirmed it meanwhile (see
+/// [`Http2Retry`]).
+fn quic_unreachable(shared: &Shared, idx: u8, error: &ConnError) {
+    let Some(control) = shared.control.upgrade() else {
+        return;
+    };
+    let taken_back = control.send_if_modified(|c| {
+        if !c.running() || !c.http2 || !c.http2_given_up {
+            return false;
+        }
+        let verdict = retry_state(shared).quic_unreachable();
+        take_back(shared, c, &verdict)
+    });
+    if taken_back {
+        tracing::warn!(
+            conn_index = idx,
+            error = %error,
+            "QUIC does not reach the edge either: the edge or the network is down, HTTP/2 is \
+             not blocked, so the tunnel keeps preferring HTTP/2"
+        );
+    }
+}
+
+/// What a connection's registration over `protocol` tells of a give-up of HTTP/2 in force
+/// (see [`Http2Retry::registered`]): once QUIC registers after it, it stands, and is logged as
+/// an error; after an outage, or once HTTP/2 registers, it is taken back.
+pub(crate) fn registered_over(shared: &Shared, protocol: ProtocolLabel, idx: u8) {
+    let preferred = shared.state.borrow().http2;
+    if shared.opts.protocol != Protocol::Auto || !preferred {
+        return;
+    }
+    let Some(control) = shared.control.upgrade() else {
+        return;
+    };
+    let mut verdict = Verdict::Unchanged;
+    control.send_if_modified(|c| {
+        let given_up = c.running() && c.http2_given_up;
+        verdict = retry_state(shared).registered(protocol == ProtocolLabel::Quic, given_up);
+        take_back(shared, c, &verdict)
+    });
+    match verdict {
+        Verdict::Unchanged => {}
+        Verdict::Stands { error, retry_in } => tracing::error!(
+            conn_index = idx,
+            error = %error,
+            retry_in_s = retry_in.as_secs(),
+            "HTTP/2 to the edge failed, so the tunnel runs on QUIC, which carries no response \
+             trailers: gRPC responses lose their status until HTTP/2 is tried again, retry_in_s \
+             from the failure; make sure TCP port 7844 to the edge is open end to end (the error \
+             says what failed), or set PROXY_TUNNEL_PROTOCOL=http2"
+        ),
+        Verdict::TakenBack { .. } => tracing::info!(
+            conn_index = idx,
+            protocol = protocol.as_str(),
+            "the edge answers again: the tunnel prefers HTTP/2 again, and its connections on \
+             QUIC move to it one at a time"
+        ),
+    }
+}
+
+/// Takes the give-up in force back within a send of `c`, if `verdict` says so: the connections
+/// prefer HTTP/2 again, their failures counted afresh (a new [`Control::http2_try`]), and a
+/// registration over HTTP/2 since the last try still counts. Whether `c` changed.
+fn take_back(shared: &Shared, c: &mut Control, verdict: &Verdict) -> bool {
+    let Verdict::TakenBack { registered } = *verdict else {
+        return false;
+    };
+    c.http2_given_up = false;
+    c.http2_try = c.http2_try.wrapping_add(1);
+    if registered {
+        shared.http2_registered.store(true, Ordering::Relaxed);
+    }
+    true
+}
+
+fn retry_state(shared: &Shared) -> std::sync::MutexGuard<'_, Http2Retry> {
+    shared
+        .http2_retry
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The longest wait before HTTP/2 is tried again after it was given up: a tunnel whose path
@@ -821,31 +922,131 @@ fn give_up_move(
 /// was broken.
 pub(crate) const HTTP2_RETRY_MAX: Duration = Duration::from_secs(60 * 60);
 
-/// When HTTP/2 is tried again after the preference for it was given up: `first` after the
-/// first give-up ([`ConnectorOptions::http2_retry`]), then twice as long after each try given
-/// up again with no connection registered over HTTP/2 since the last one, up to
-/// [`HTTP2_RETRY_MAX`] (or `first`, if longer). A try in which a connection did register (the
-/// edge took HTTP/2, and an outage took it away later) starts the waits over.
+/// The shortest [`ConnectorOptions::http2_retry`]: shorter, a connector where HTTP/2 does not
+/// reach the edge would move its connections to it and back without pause.
+pub(crate) const HTTP2_RETRY_MIN: Duration = Duration::from_secs(1);
+
+/// Whether a give-up of HTTP/2 stands, and when HTTP/2 is tried again after it.
+///
+/// A give-up stands only where QUIC reaches the edge and HTTP/2 does not. Three failed HTTP/2
+/// attempts cannot tell a path closed to HTTP/2 from an outage of the edge or the network (an
+/// edge restarting, a blip of ten seconds), which fails them alike; QUIC tells them apart.
+/// So a give-up is unconfirmed until a connection registers over QUIC after it; it is taken
+/// back (and forgotten by the waits below) when the first QUIC attempt of a connection that
+/// left HTTP/2 for it does not reach the edge either ([`quic_unreachable`](Self::quic_unreachable):
+/// an outage, and the tunnel was on HTTP/2 before it), and when a connection registers over
+/// HTTP/2 (it reaches the edge). After such an outage, with nothing registered since, the
+/// first QUIC registration does not confirm the next give-up either but takes it back: the
+/// outage may have ended between a connection's last HTTP/2 attempt and its QUIC one, and
+/// whether HTTP/2 gets through now is found out by moving, one connection at a time, where
+/// a give-up would leave gRPC without its status for the whole wait.
+///
+/// The waits: `first` after the first give-up ([`ConnectorOptions::http2_retry`]), then twice
+/// as long after each try given up again with no connection registered over HTTP/2 since the
+/// last one, up to [`HTTP2_RETRY_MAX`] (or `first`, if longer). A try in which a connection did
+/// register (the edge took HTTP/2, and an outage took it away later) starts the waits over.
 #[derive(Debug)]
 pub(crate) struct Http2Retry {
     first: Duration,
     /// Give-ups in a row, the last one included, with no HTTP/2 registration between them.
     given_up: u32,
+    /// The give-up in force, until a QUIC registration confirms it: what it changed, to be
+    /// undone if it is taken back.
+    unconfirmed: Option<Unconfirmed>,
+    /// QUIC did not reach the edge after a give-up, and no connection has registered since.
+    outage: bool,
+}
+
+/// A give-up not confirmed yet (see [`Http2Retry`]).
+#[derive(Debug)]
+struct Unconfirmed {
+    /// [`Http2Retry::given_up`] before it.
+    given_up: u32,
+    /// Whether a connection had registered over HTTP/2 since the last try, before it.
+    registered: bool,
+    /// The last failure it was given up for, for the error logged once it stands.
+    error: String,
+}
+
+/// What becomes of a give-up in force (see [`Http2Retry`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Nothing changes.
+    Unchanged,
+    /// It stands: QUIC reaches the edge where HTTP/2 did not (`error`, its last failure).
+    /// HTTP/2 is tried again `retry_in` after the give-up.
+    Stands { error: String, retry_in: Duration },
+    /// It is taken back; `registered`: a connection had registered over HTTP/2 since the last
+    /// try before it.
+    TakenBack { registered: bool },
 }
 
 impl Http2Retry {
     pub(crate) fn new(first: Duration) -> Self {
-        Self { first, given_up: 0 }
+        Self {
+            first,
+            given_up: 0,
+            unconfirmed: None,
+            outage: false,
+        }
     }
 
     /// Takes in a give-up (`registered`: a connection registered over HTTP/2 since the last
-    /// try); the wait before the next try.
-    pub(crate) fn given_up(&mut self, registered: bool) -> Duration {
+    /// try; `error`: the last failure); the wait before the next try.
+    pub(crate) fn given_up(&mut self, registered: bool, error: String) -> Duration {
+        self.unconfirmed = Some(Unconfirmed {
+            given_up: self.given_up,
+            registered,
+            error,
+        });
         self.given_up = match registered {
             true => 1,
             false => self.given_up.saturating_add(1),
         };
         self.wait()
+    }
+
+    /// The first QUIC attempt of a connection that left HTTP/2 for the give-up in force did not
+    /// reach the edge: taken back, unless it stands already.
+    pub(crate) fn quic_unreachable(&mut self) -> Verdict {
+        match self.unconfirmed.take() {
+            Some(undo) => {
+                self.outage = true;
+                self.take_back(undo)
+            }
+            None => Verdict::Unchanged,
+        }
+    }
+
+    /// A connection registered, over QUIC if `quic`, while HTTP/2 is given up if `given_up`.
+    pub(crate) fn registered(&mut self, quic: bool, given_up: bool) -> Verdict {
+        let after_outage = std::mem::take(&mut self.outage);
+        if !given_up {
+            return Verdict::Unchanged;
+        }
+        match (quic, self.unconfirmed.take()) {
+            // Stood already.
+            (true, None) => Verdict::Unchanged,
+            (true, Some(undo)) if !after_outage => Verdict::Stands {
+                error: undo.error,
+                retry_in: self.wait(),
+            },
+            (_, Some(undo)) => self.take_back(undo),
+            (false, None) => Verdict::TakenBack { registered: true },
+        }
+    }
+
+    /// HTTP/2 is tried again: the give-up is over, whatever became of it.
+    pub(crate) fn tried_again(&mut self) {
+        self.unconfirmed = None;
+        self.outage = false;
+    }
+
+    fn take_back(&mut self, undo: Unconfirmed) -> Verdict {
+        self.given_up = undo.given_up;
+        Verdict::TakenBack {
+            registered: undo.registered,
+        }
     }
 
     /// The wait before the next try, after the last give-up.
@@ -860,49 +1061,57 @@ impl Http2Retry {
 /// Tries HTTP/2 again each time the preference for it is given up, once the wait
 /// [`Http2Retry`] sets is over: the connections on QUIC then move to HTTP/2 one at a time, as
 /// after [`ConnectorHandle::prefer_http2`], and the move is given up again by the same rule.
-/// Returns when the connector stops running; a drain or shutdown ends a wait in progress, so
-/// neither waits for the next try.
+/// A give-up taken back before then ends its wait. Returns when the connector stops running; a
+/// drain or shutdown ends a wait in progress, so neither waits for the next try.
 async fn retry_http2(shared: &Shared) {
     if shared.opts.protocol != Protocol::Auto {
         return;
     }
     let mut state = shared.state.clone();
+    let mut tries = 0u32;
     loop {
+        // The try the give-up ended.
         let given_up = state
             .wait_for(|c| !c.running() || c.http2_given_up)
             .await
-            .is_ok_and(|c| c.running());
-        if !given_up {
+            .ok()
+            .filter(|c| c.running())
+            .map(|c| c.http2_try);
+        let Some(given_up) = given_up else {
             return;
-        }
-        let wait = shared
-            .http2_retry
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .wait();
+        };
+        let wait = retry_state(shared).wait();
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = wait_state_change(&mut state) => return,
+            over = state.wait_for(|c| {
+                !c.running() || !c.http2_given_up || c.http2_try != given_up
+            }) => {
+                if over.is_ok_and(|c| c.running()) {
+                    // Taken back (and maybe given up again since, with a wait of its own).
+                    continue;
+                }
+                return;
+            }
         }
         let Some(control) = shared.control.upgrade() else {
             return;
         };
-        let mut tried = None;
-        control.send_if_modified(|c| {
-            if !c.running() || !c.http2_given_up {
+        let tried = control.send_if_modified(|c| {
+            if !c.running() || !c.http2_given_up || c.http2_try != given_up {
                 return false;
             }
             c.http2_given_up = false;
             c.http2_try = c.http2_try.wrapping_add(1);
-            tried = Some(c.http2_try);
             // Registrations count from this try on (see `Http2Retry::given_up`).
             shared.http2_registered.store(false, Ordering::Relaxed);
+            retry_state(shared).tried_again();
             true
         });
         drop(control);
-        if let Some(tried) = tried {
+        if tried {
+            tries = tries.saturating_add(1);
             tracing::info!(
-                tries = tried,
+                tries,
                 after_s = wait.as_secs(),
                 "trying HTTP/2 to the edge again: the connections on QUIC move to it one at a time"
             );
@@ -939,10 +1148,25 @@ impl Preferred {
     }
 }
 
+/// A connection that was on HTTP/2 by preference and left it for QUIC when the preference was
+/// given up, until it registers: it goes back to HTTP/2 if the give-up is taken back (or HTTP/2
+/// tried again) before then, and its first QUIC attempt tells whether the give-up stands (see
+/// [`Http2Retry`]).
+#[derive(Debug, Clone, Copy)]
+struct LeftHttp2 {
+    /// Its next QUIC attempt is the first since it left.
+    first_quic: bool,
+}
+
+impl LeftHttp2 {
+    const NOW: Self = Self { first_quic: true };
+}
+
 /// The transport a connection of a connector configured `protocol` dials first: HTTP/2 when
-/// an `auto` connector prefers it already (nothing serves on this connection yet, so it needs
-/// no turn to move), else as `cloudflared` starts it, on the first connection's transport
-/// (`first_on_http2`, for connections other than the first) or on QUIC.
+/// an `auto` connector prefers it from this connection's start (`prefers_http2`: nothing
+/// serves on it yet, so it needs no turn to move; see [`supervise`] for when), else as
+/// `cloudflared` starts it, on the first connection's transport (`first_on_http2`, for
+/// connections other than the first) or on QUIC.
 fn first_transport(protocol: Protocol, prefers_http2: bool, first_on_http2: bool) -> Transport {
     match protocol {
         Protocol::Auto if prefers_http2 || first_on_http2 => Transport::Http2,
@@ -954,7 +1178,13 @@ fn first_transport(protocol: Protocol, prefers_http2: bool, first_on_http2: bool
 async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
     let opts = &shared.opts;
     let auto = opts.protocol == Protocol::Auto;
-    let prefers_http2 = auto && shared.prefers_http2();
+    // HTTP/2 from the start, with no turn, only while no connection has registered over QUIC.
+    // Once one has, a connection starting may find another moving with the turn, unregistered:
+    // starting on HTTP/2 as well, it would leave the tunnel more than one connection short, and
+    // with none at all, for as long as HTTP/2 takes to be given up, where it cannot reach the
+    // edge. It starts on QUIC, and moves in its turn.
+    let prefers_http2 =
+        auto && shared.prefers_http2() && !shared.quic_ever_registered.load(Ordering::Relaxed);
     let mut transport = first_transport(
         opts.protocol,
         prefers_http2,
@@ -964,6 +1194,7 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
     // it was configured or fell back: its failed attempts there since it last registered, which
     // may give the preference up (see `give_up_move`).
     let mut preferred = prefers_http2.then(|| Preferred::new(&shared));
+    let mut left: Option<LeftHttp2> = None;
     // On HTTP/2 after falling back, until a connection registers.
     let mut in_fallback = false;
     let mut backoff = Backoff::new(opts.backoff_base, opts.retries);
@@ -988,6 +1219,19 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
             preferred = None;
             turn = None;
             transport = Transport::Quic;
+            left = Some(LeftHttp2::NOW);
+        } else if left.is_some() && shared.prefers_http2() {
+            // Taken back, or tried again, before this connection registered over QUIC: it
+            // serves nothing, so it goes back at once, with the turn if it is free, so that no
+            // connection that serves moves while it is down.
+            tracing::info!(
+                conn_index = idx,
+                "HTTP/2 is preferred again: dialing HTTP/2"
+            );
+            left = None;
+            preferred = Some(Preferred::new(&shared));
+            turn = shared.moves.clone().try_acquire_owned().ok();
+            transport = Transport::Http2;
         }
         let Some(addr) = pool.address(idx) else {
             // A moving connection keeps its turn meanwhile: it is the one connection short.
@@ -1015,7 +1259,8 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                     .await
             }
             Transport::Http2 => {
-                crate::http2::connect(&shared, idx, addr, attempt, &mut turn)
+                let by_preference = preferred.is_some();
+                crate::http2::connect(&shared, idx, addr, attempt, &mut turn, by_preference)
                     .instrument(span)
                     .await
             }
@@ -1028,6 +1273,7 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                 // Closed on purpose, to register over HTTP/2 now: no failure, no wait.
                 turn = Some(moving);
                 preferred = Some(Preferred::new(&shared));
+                left = None;
                 transport = Transport::Http2;
                 backoff.reset();
                 in_fallback = false;
@@ -1040,6 +1286,7 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                 tracing::warn!(conn_index = idx, edge = %addr, idle_timeout, "edge connection lost");
                 backoff.reset();
                 in_fallback = false;
+                left = None;
                 // It registered: HTTP/2 reached the edge, its failures count afresh.
                 if let Some(preferred) = &mut preferred {
                     *preferred = Preferred::new(&shared);
@@ -1057,11 +1304,20 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                 // HTTP/2 gets through, and the connection retries (a moving one with its turn).
                 if let Some(tried) = preferred.as_mut().and_then(|p| p.failed(&shared, &e)) {
                     give_up_move(&shared, idx, tried, turn.take(), &e);
-                    // Back over QUIC at once: this connection has been down a while.
+                    // Over QUIC at once: this connection has been down a while. Its backoff
+                    // goes on, so that through an outage, HTTP/2 and QUIC failing in turn, it
+                    // waits as long as any reconnect does.
                     preferred = None;
                     transport = Transport::Quic;
-                    backoff.reset();
+                    left = Some(LeftHttp2::NOW);
                     continue;
+                }
+                if let Some(left) = left.as_mut() {
+                    let first = std::mem::take(&mut left.first_quic);
+                    if first && transport == Transport::Quic && matches!(e, ConnError::Dial { .. })
+                    {
+                        quic_unreachable(&shared, idx, &e);
+                    }
                 }
                 match e {
                     ConnError::Refused(r) if r.is_duplicate() => {
@@ -1089,10 +1345,11 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
             _ = wait_state_change(&mut state) => return,
         }
         // A connection on HTTP/2 while the connector prefers it stays there, until the
-        // preference is given up.
+        // preference is given up; one that left it then goes where the preference says.
         if auto
             && may_switch
             && preferred.is_none()
+            && left.is_none()
             && !shared.quic_ever_registered.load(Ordering::Relaxed)
             && !(transport == Transport::Http2 && shared.prefers_http2())
         {

@@ -31,8 +31,10 @@ pub enum Protocol {
     /// connections move to HTTP/2 one at a time and stay there; started with
     /// [`Connector::prefer_http2`](crate::Connector::prefer_http2), they dial
     /// HTTP/2 first. Where the edge does not take HTTP/2 (three failed attempts
-    /// in a row), the preference is given up and the tunnel runs on QUIC until
-    /// HTTP/2 is tried again ([`ConnectorOptions::http2_retry`]).
+    /// in a row) and QUIC reaches it, the preference is given up and the tunnel
+    /// runs on QUIC until HTTP/2 is tried again
+    /// ([`ConnectorOptions::http2_retry`]); where QUIC fails as well (an
+    /// outage), HTTP/2 stays preferred.
     #[default]
     Auto,
     /// QUIC only.
@@ -136,11 +138,13 @@ pub struct ConnectorOptions {
     pub send_timeout: Duration,
     /// How long an `auto` connector that prefers HTTP/2
     /// ([`ConnectorHandle::prefer_http2`](crate::ConnectorHandle::prefer_http2)) runs on QUIC
-    /// after giving HTTP/2 up, before it tries HTTP/2 again (default 5 min). Doubled each time
-    /// HTTP/2 is given up again with no connection registered over it in between, up to an
-    /// hour (or this, if longer): a passing outage of the edge or the network costs gRPC's
-    /// status for minutes, and a path that never carries HTTP/2 has a connection taken down
-    /// for nothing once an hour at most.
+    /// after giving HTTP/2 up, before it tries HTTP/2 again (default 5 min; at least 1 s,
+    /// else [`Connector::new`](crate::Connector::new) refuses it). Doubled each time HTTP/2 is
+    /// given up again with no connection registered over it in between, up to an hour (or
+    /// this, if longer): a path that never carries HTTP/2 has a connection taken down for
+    /// nothing once an hour at most. (An outage of the edge or the network, which QUIC does
+    /// not get through either, does not have HTTP/2 given up: see
+    /// [`ConnectorHandle::prefer_http2`](crate::ConnectorHandle::prefer_http2).)
     pub http2_retry: Duration,
 }
 

@@ -875,3 +875,211 @@ async fn dropping_the_handle_while_http2_waits_to_be_tried_again_stops_the_conne
     .await
     .expect("test finished in time");
 }
+
+/// Registration failures the connector has counted over `protocol` (every cause).
+fn failures(registry: &prometheus_client::registry::Registry, protocol: &str) -> u64 {
+    let prefix = format!("cftunnel_tunnel_registration_failures_total{{protocol=\"{protocol}\"");
+    metrics_text(registry)
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Connections on HTTP/2 by preference through an outage of the edge (down for 10 s, then back
+/// as it was): HTTP/2 fails, and so does QUIC, so the preference is not given up for the
+/// retry wait. Every connection is back on HTTP/2 soon after the edge is, and one lost then
+/// comes back over HTTP/2 too: no give-up was left standing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_preferred_through_an_outage_of_the_edge_is_back_once_the_edge_is() {
+    trace_init();
+    const N: usize = 2;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let edge = MockEdge::start().await.unwrap();
+        let opts = ConnectorOptions {
+            http2_retry: Duration::from_secs(120),
+            ..options(&edge, Protocol::Auto, N)
+        };
+        let (handle, registry) = start_preferring_http2(opts);
+        if tokio::time::timeout(
+            Duration::from_secs(15),
+            wait_until(|| all_serving_on(&edge, EdgeProtocol::Http2, N)),
+        )
+        .await
+        .is_err()
+        {
+            panic!("not on HTTP/2: {:?}", edge.connections());
+        }
+        handle.wait_registered(N).await;
+        let quic_failed_before = failures(&registry, "quic");
+
+        // The outage: the edge is gone for 10 s, then back as it was, HTTP/2 included.
+        let (addr, pki) = (edge.edge_addr(), edge.pki().clone());
+        edge.shutdown().await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(
+            failures(&registry, "quic") > quic_failed_before,
+            "HTTP/2 was given up in the outage and QUIC tried"
+        );
+        let edge = MockEdge::builder()
+            .edge_addr(addr)
+            .pki(pki)
+            .start()
+            .await
+            .unwrap();
+        let back = tokio::time::Instant::now();
+        if tokio::time::timeout(
+            Duration::from_secs(20),
+            wait_until(|| all_serving_on(&edge, EdgeProtocol::Http2, N)),
+        )
+        .await
+        .is_err()
+        {
+            panic!(
+                "not back on HTTP/2 {:?} after the edge: connections {:?}",
+                back.elapsed(),
+                edge.connections()
+            );
+        }
+        handle.wait_registered(N).await;
+
+        // The preference stands: connections lost now come back over HTTP/2, not QUIC.
+        let before: Vec<u64> = edge.connections().iter().map(|c| c.id).collect();
+        edge.close_connections();
+        let again = || {
+            all_serving_on(&edge, EdgeProtocol::Http2, N)
+                && edge.connections().iter().all(|c| !before.contains(&c.id))
+        };
+        if tokio::time::timeout(Duration::from_secs(10), wait_until(again))
+            .await
+            .is_err()
+        {
+            panic!(
+                "lost connections not back on HTTP/2: {:?}",
+                edge.connections()
+            );
+        }
+        handle.wait_registered(N).await;
+        assert_eq!(series(&registry, "http2"), N.to_string());
+        assert_eq!(series(&registry, "quic"), "0");
+
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// `prefer_http2` called while the HA connections are still starting, where TCP to the edge
+/// gets no answer: the first connection, registered over QUIC, moves (and is down while its
+/// HTTP/2 attempts time out), but the ones that start meanwhile start on QUIC, register and
+/// serve, and would move only in their turn. The tunnel is without a connection no longer
+/// than it takes the next one to start, not for as long as HTTP/2 takes to be given up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_starting_during_a_move_start_on_quic_and_serve() {
+    trace_init();
+    const HA: usize = 4;
+    const START_INTERVAL: Duration = Duration::from_secs(2);
+    tokio::time::timeout(LIMIT, async {
+        let edge = MockEdge::builder().silent_http2().start().await.unwrap();
+        let opts = ConnectorOptions {
+            ha_start_interval: START_INTERVAL,
+            ..options(&edge, Protocol::Auto, HA)
+        };
+        let (handle, _metrics, _registry) = start_connector(opts, token());
+        let mut counts = handle.subscribe_registered();
+        counts.wait_for(|n| *n >= 1).await.unwrap();
+        assert!(handle.prefer_http2());
+
+        // The first connection moves: the only one registered, so none is, until the next
+        // one starts and registers.
+        tokio::time::timeout(Duration::from_secs(5), counts.wait_for(|n| *n == 0))
+            .await
+            .expect("the first connection moves")
+            .unwrap();
+        let down = tokio::time::Instant::now();
+        if tokio::time::timeout(
+            START_INTERVAL * 2 + Duration::from_secs(1),
+            counts.wait_for(|n| *n >= 1),
+        )
+        .await
+        .is_err()
+        {
+            panic!(
+                "no connection registered {:?} after the first one moved: {:?}",
+                down.elapsed(),
+                edge.connections()
+            );
+        }
+
+        // From then on never none: the others start on QUIC and serve, while the first one's
+        // HTTP/2 attempts time out.
+        let lowest = Arc::new(AtomicUsize::new(*counts.borrow_and_update()));
+        let sampler = tokio::spawn({
+            let lowest = lowest.clone();
+            async move {
+                while counts.changed().await.is_ok() {
+                    lowest.fetch_min(*counts.borrow_and_update(), Ordering::SeqCst);
+                }
+            }
+        });
+        tokio::time::timeout(START_INTERVAL * 4, handle.wait_registered(HA - 1))
+            .await
+            .expect("the other connections register");
+        let conns = edge.connections();
+        assert_eq!(
+            conns
+                .iter()
+                .filter(|c| serving(c) && c.protocol == EdgeProtocol::Quic)
+                .count(),
+            HA - 1,
+            "the connections started during the move serve over QUIC: {conns:?}"
+        );
+        sampler.abort();
+        assert!(
+            lowest.load(Ordering::SeqCst) >= 1,
+            "a connection serves at all times once the next one has started"
+        );
+
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}
+
+/// A connector started preferring HTTP/2 where TCP connections to the edge get no answer (a
+/// path that drops them): each HTTP/2 attempt made by preference times out within seconds,
+/// not the 15 s of a connector configured for HTTP/2, so the tunnel registers over QUIC and
+/// is ready within about 15 s, not 45.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connector_preferring_http2_where_tcp_gets_no_answer_is_on_quic_within_seconds() {
+    trace_init();
+    tokio::time::timeout(Duration::from_secs(40), async {
+        let edge = MockEdge::builder().silent_http2().start().await.unwrap();
+        let started = tokio::time::Instant::now();
+        let (handle, registry) = start_preferring_http2(options(&edge, Protocol::Auto, 1));
+        if tokio::time::timeout(Duration::from_secs(20), handle.wait_registered(1))
+            .await
+            .is_err()
+        {
+            panic!(
+                "not registered {:?} after start: {} HTTP/2 failures",
+                started.elapsed(),
+                http2_failures(&registry)
+            );
+        }
+        edge.wait_serving(1).await;
+        assert!(all_serving_on(&edge, EdgeProtocol::Quic, 1));
+        assert_eq!(
+            http2_failures(&registry),
+            3,
+            "three HTTP/2 attempts, then QUIC"
+        );
+
+        handle.shutdown().await;
+        edge.shutdown().await;
+    })
+    .await
+    .expect("test finished in time");
+}

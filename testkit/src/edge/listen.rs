@@ -371,6 +371,25 @@ pub(super) fn spawn_tcp(
     Ok(())
 }
 
+/// Accepts TCP connections and holds them open, answering nothing, until the edge shuts down
+/// (see [`MockEdgeBuilder::silent_http2`](super::MockEdgeBuilder::silent_http2)).
+pub(super) fn spawn_silent_tcp(
+    inner: &Arc<Inner>,
+    listener: std::net::TcpListener,
+) -> Result<(), MockEdgeError> {
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let inner2 = inner.clone();
+    inner.tasks.spawn(async move {
+        let mut held = Vec::new();
+        while let Some((tcp, _)) =
+            accept_next("edge tcp", &inner2.cancel, || listener.accept()).await
+        {
+            held.push(tcp);
+        }
+    });
+    Ok(())
+}
+
 async fn serve_tcp(
     inner: &Arc<Inner>,
     acceptor: tokio_rustls::TlsAcceptor,

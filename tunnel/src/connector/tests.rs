@@ -442,21 +442,133 @@ fn a_connection_dials_http2_first_when_the_connector_prefers_it_already() {
 fn http2_given_up_is_tried_again_after_waits_doubling_up_to_an_hour() {
     let minutes = |d: Duration| d.as_secs_f64() / 60.0;
     let mut retry = Http2Retry::new(ConnectorOptions::default().http2_retry);
-    let waits: Vec<f64> = (0..7).map(|_| minutes(retry.given_up(false))).collect();
+    let given_up = |retry: &mut Http2Retry, registered| {
+        let wait = retry.given_up(registered, "dial failed".into());
+        // Each give-up stands: a connection registered over QUIC after it.
+        retry.registered(true, true);
+        wait
+    };
+    let waits: Vec<f64> = (0..7)
+        .map(|_| minutes(given_up(&mut retry, false)))
+        .collect();
     assert_eq!(waits, [5.0, 10.0, 20.0, 40.0, 60.0, 60.0, 60.0]);
     assert_eq!(minutes(retry.wait()), 60.0, "the wait of the last give-up");
     for _ in 0..100 {
-        retry.given_up(false);
+        given_up(&mut retry, false);
     }
     assert_eq!(minutes(retry.wait()), 60.0);
     // HTTP/2 registered in the last try: an outage since, not a path that never takes it.
-    assert_eq!(minutes(retry.given_up(true)), 5.0);
-    assert_eq!(minutes(retry.given_up(false)), 10.0);
+    assert_eq!(minutes(given_up(&mut retry, true)), 5.0);
+    assert_eq!(minutes(given_up(&mut retry, false)), 10.0);
 
     let mut short = Http2Retry::new(Duration::from_millis(300));
-    let waits: Vec<u128> = (0..4).map(|_| short.given_up(false).as_millis()).collect();
+    let waits: Vec<u128> = (0..4)
+        .map(|_| given_up(&mut short, false).as_millis())
+        .collect();
     assert_eq!(waits, [300, 600, 1200, 2400]);
     let mut long = Http2Retry::new(Duration::from_secs(2 * 60 * 60));
-    assert_eq!(minutes(long.given_up(false)), 120.0);
-    assert_eq!(minutes(long.given_up(false)), 120.0);
+    assert_eq!(minutes(given_up(&mut long, false)), 120.0);
+    assert_eq!(minutes(given_up(&mut long, false)), 120.0);
+}
+
+/// A give-up of HTTP/2 stands once a connection registers over QUIC after it, and says what
+/// failed then. QUIC failing to reach the edge as well takes it back (an outage): the wait it
+/// doubled is undone, and after the outage the first registration, QUIC included, takes the
+/// next give-up back too. A registration over HTTP/2 takes any give-up back.
+#[test]
+fn a_give_up_of_http2_stands_only_where_quic_reaches_the_edge() {
+    let minutes = |d: Duration| d.as_secs_f64() / 60.0;
+    let mut retry = Http2Retry::new(ConnectorOptions::default().http2_retry);
+    // Blocked TCP: QUIC registers after the give-up.
+    assert_eq!(
+        minutes(retry.given_up(true, "tcp connect timed out".into())),
+        5.0
+    );
+    assert_eq!(
+        retry.registered(true, true),
+        Verdict::Stands {
+            error: "tcp connect timed out".into(),
+            retry_in: Duration::from_secs(5 * 60),
+        }
+    );
+    assert_eq!(
+        retry.registered(true, true),
+        Verdict::Unchanged,
+        "said once"
+    );
+    assert_eq!(retry.quic_unreachable(), Verdict::Unchanged, "stands");
+
+    // An outage: QUIC fails as HTTP/2 did, in turn, and the waits do not grow.
+    let mut retry = Http2Retry::new(ConnectorOptions::default().http2_retry);
+    for _ in 0..3 {
+        assert_eq!(minutes(retry.given_up(false, "refused".into())), 5.0);
+        assert_eq!(
+            retry.quic_unreachable(),
+            Verdict::TakenBack { registered: false }
+        );
+        assert_eq!(
+            retry.quic_unreachable(),
+            Verdict::Unchanged,
+            "taken back once"
+        );
+    }
+    // The outage ends during a QUIC attempt: taken back, HTTP/2 is found out by moving.
+    retry.given_up(false, "refused".into());
+    assert_eq!(
+        retry.registered(true, true),
+        Verdict::TakenBack { registered: false }
+    );
+    // Past the outage, a give-up stands on the next QUIC registration again, after the first
+    // wait.
+    assert_eq!(minutes(retry.given_up(false, "refused".into())), 5.0);
+    assert!(matches!(
+        retry.registered(true, true),
+        Verdict::Stands { .. }
+    ));
+
+    // HTTP/2 registering takes a give-up back, confirmed or not; registrations with the
+    // preference standing change nothing.
+    let mut retry = Http2Retry::new(ConnectorOptions::default().http2_retry);
+    retry.given_up(true, "refused".into());
+    assert_eq!(
+        retry.registered(false, true),
+        Verdict::TakenBack { registered: true }
+    );
+    assert_eq!(retry.registered(true, false), Verdict::Unchanged);
+    retry.given_up(true, "refused".into());
+    assert!(matches!(
+        retry.registered(true, true),
+        Verdict::Stands { .. }
+    ));
+    assert_eq!(
+        retry.registered(false, true),
+        Verdict::TakenBack { registered: true }
+    );
+}
+
+/// An HTTP/2 retry under a second is refused at start, naming the option: the connections
+/// would move to HTTP/2 and back without pause.
+#[test]
+fn an_http2_retry_under_a_second_is_refused() {
+    let token = || Token::new("test-account", vec![7u8; 32], Uuid::new_v4());
+    let with_retry = |http2_retry| ConnectorOptions {
+        http2_retry,
+        ..ConnectorOptions::default()
+    };
+    for short in [
+        Duration::ZERO,
+        Duration::from_millis(5),
+        Duration::from_millis(999),
+    ] {
+        let err = Connector::new(token(), with_retry(short)).unwrap_err();
+        assert!(
+            matches!(err, ConnectorError::Http2Retry(d) if d == short),
+            "{short:?}: {err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!("http2_retry must be at least 1s, not {short:?}")
+        );
+    }
+    assert!(Connector::new(token(), with_retry(Duration::from_secs(1))).is_ok());
 }
