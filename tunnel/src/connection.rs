@@ -3,7 +3,7 @@
 //! it failed, and the registration it sends.
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::watch;
@@ -90,6 +90,9 @@ pub(crate) struct Shared {
     /// start): HTTP/2 does reach the edge from here.
     pub(crate) http2_registered: AtomicBool,
     pub(crate) quic_ever_registered: AtomicBool,
+    /// Connections registered over QUIC right now: while one is, QUIC reaches the edge, and a
+    /// QUIC attempt that fails tells of that connection's address, not of an outage.
+    pub(crate) quic_registered: AtomicUsize,
     /// A connection has registered, over either transport: unlike `registered`, which a
     /// connection moving to HTTP/2 right after it registered takes back to 0 at once, it stays.
     pub(crate) ever_registered: AtomicBool,
@@ -194,7 +197,10 @@ impl RegisteredGuard {
         shared.metrics.connections(protocol).inc();
         shared.metrics.registered(protocol);
         match protocol {
-            ProtocolLabel::Quic => shared.quic_ever_registered.store(true, Ordering::Relaxed),
+            ProtocolLabel::Quic => {
+                shared.quic_ever_registered.store(true, Ordering::Relaxed);
+                shared.quic_registered.fetch_add(1, Ordering::Relaxed);
+            }
             ProtocolLabel::Http2 => shared.http2_registered.store(true, Ordering::Relaxed),
         }
         shared.ever_registered.store(true, Ordering::Relaxed);
@@ -213,6 +219,9 @@ impl RegisteredGuard {
     pub(crate) fn release(&mut self) {
         if std::mem::take(&mut self.active) {
             self.shared.metrics.connections(self.protocol).dec();
+            if self.protocol == ProtocolLabel::Quic {
+                self.shared.quic_registered.fetch_sub(1, Ordering::Relaxed);
+            }
             self.shared
                 .registered
                 .send_modify(|n| *n = n.saturating_sub(1));

@@ -2,7 +2,7 @@
 //! proxy uses for readiness and drain.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -216,6 +216,7 @@ impl Connector {
             http2_retry: Mutex::new(Http2Retry::new(http2_retry)),
             http2_registered: AtomicBool::new(false),
             quic_ever_registered: AtomicBool::new(false),
+            quic_registered: AtomicUsize::new(0),
             ever_registered: AtomicBool::new(false),
             first_on_http2: AtomicBool::new(false),
             local_ports: Mutex::new(vec![0; ha]),
@@ -334,8 +335,9 @@ impl ConnectorHandle {
     /// registered over HTTP/2, so the tunnel has at most one connection fewer than usual
     /// while it moves; with one HA connection it has none for as long as that one takes to
     /// move. A connection on HTTP/2 because of this preference (moving, moved, or started on
-    /// it) that cannot reach the edge over HTTP/2 (TCP or TLS fails, or either takes over 5 s;
-    /// or HTTP/2 does not get through end to end), or is refused registration for good, three
+    /// it) that cannot reach the edge over HTTP/2 (TCP or TLS fails, or either takes over 5 s
+    /// before the connection first registers over HTTP/2, 15 s after; or HTTP/2 does not get
+    /// through end to end), or is refused registration for good, three
     /// times running since it last registered, or fails ten times in all, gives the
     /// preference up for the whole connector: it dials QUIC again at once, the connections on
     /// QUIC stay there, those registered over HTTP/2 serve on and dial QUIC once lost, and no
@@ -348,8 +350,9 @@ impl ConnectorHandle {
     /// The give-up stands only where QUIC reaches the edge and HTTP/2 does not: it is logged
     /// as an error once a connection registers over QUIC after it. It is taken back at once
     /// (logged as a warning), the connections that left HTTP/2 for it going back to HTTP/2
-    /// with their failures counted afresh, when the first QUIC attempt of one of them does
-    /// not reach the edge either: the edge or the network is down, and a tunnel on HTTP/2
+    /// with their failures counted afresh, when the first QUIC attempt of one of them fails
+    /// too (whatever the failure) while no connection is registered over QUIC: the edge or
+    /// the network is down, and a tunnel on HTTP/2
     /// before the outage comes back on it, not on QUIC for the retry wait. Through a long
     /// outage they go on alternating, three HTTP/2 attempts to one over QUIC, with their
     /// usual backoff. It is also taken back when a connection registers over HTTP/2, or when
@@ -833,10 +836,33 @@ fn give_up_move(
     );
 }
 
+/// Whether the failed first QUIC attempt of a connection that left HTTP/2 when the preference
+/// was given up (`error`) tells of an outage of the edge or the network, with `quic_serving`
+/// connections registered over QUIC right now.
+///
+/// Not while one is: QUIC reaches the edge, and what failed is this connection's address or
+/// attempt; taking the give-up back then would have a connection serving over QUIC move (its
+/// turn free again) while this one dials HTTP/2 too, two connections down at once. Otherwise
+/// any failure does: the give-up stands only once QUIC registers, and an attempt that got as
+/// far as the edge's answer (no control stream, a refusal, an RPC error) did not, as an edge
+/// restarting or failing fails HTTP/2 alike. Read as a path closed to HTTP/2, it would have
+/// the edge's first QUIC registration once it recovers confirm the give-up, and gRPC lose its
+/// status for the whole wait; read as an outage where it was not one, it costs one more round
+/// of HTTP/2 attempts before the give-up stands.
+fn quic_failure_says_outage(error: &ConnError, quic_serving: usize) -> bool {
+    if quic_serving > 0 {
+        return false;
+    }
+    match error {
+        ConnError::Dial { .. } | ConnError::ControlStream(_) => true,
+        ConnError::Refused(_) | ConnError::Rpc(_) => true,
+    }
+}
+
 /// The first QUIC attempt of a connection that left HTTP/2 when the preference was given up
-/// did not reach the edge either (`error`): an outage, not a path closed to HTTP/2, so the
-/// give-up is taken back, unless a QUIC registration confirmed it meanwhile (see
-/// [`Http2Retry`]).
+/// failed too (`error`), with no connection serving over QUIC (see
+/// [`quic_failure_says_outage`]): an outage, not a path closed to HTTP/2, so the give-up is
+/// taken back, unless a QUIC registration confirmed it meanwhile (see [`Http2Retry`]).
 fn quic_unreachable(shared: &Shared, idx: u8, error: &ConnError) {
     let Some(control) = shared.control.upgrade() else {
         return;
@@ -1125,24 +1151,54 @@ async fn retry_http2(shared: &Shared) {
 struct Preferred {
     tried: u32,
     failures: MoveFailures,
+    /// It has registered over HTTP/2 since it took the preference up (at its start, in a move,
+    /// or when a give-up was taken back).
+    registered: bool,
 }
 
 impl Preferred {
     /// No failure yet, in the current try.
     fn new(shared: &Shared) -> Self {
+        Self::in_try(shared.state.borrow().http2_try)
+    }
+
+    /// Taking the preference up in try `tried`: not registered over HTTP/2 yet.
+    fn in_try(tried: u32) -> Self {
         Self {
-            tried: shared.state.borrow().http2_try,
+            tried,
             failures: MoveFailures::default(),
+            registered: false,
         }
+    }
+
+    /// It registered over HTTP/2 (and was lost since), in try `now`: HTTP/2 reached the edge,
+    /// its failures count afresh.
+    fn registered(&mut self, now: u32) {
+        *self = Self {
+            registered: true,
+            ..Self::in_try(now)
+        };
+    }
+
+    /// Whether its HTTP/2 attempts get the short dial timeout (see
+    /// `http2::PREFERRED_DIAL_TIMEOUT`): only until it first registers over HTTP/2. Until then
+    /// a silent edge most likely means a path that drops TCP, and QUIC is the way out; once it
+    /// has, the path carries HTTP/2, and a slow connect or TLS handshake on a lossy link gets
+    /// the usual time rather than counting against the preference.
+    fn short_dials(&self) -> bool {
+        !self.registered
     }
 
     /// Takes in a failed attempt; the try to give up, if it is to be. Failures counted in an
     /// earlier try (HTTP/2 was given up and tried again since) are left out: they tell nothing
     /// of the edge now.
     fn failed(&mut self, shared: &Shared, error: &ConnError) -> Option<u32> {
-        let now = Self::new(shared);
-        if now.tried != self.tried {
-            *self = now;
+        let now = shared.state.borrow().http2_try;
+        if now != self.tried {
+            *self = Self {
+                registered: self.registered,
+                ..Self::in_try(now)
+            };
         }
         self.failures.failed(error).then_some(self.tried)
     }
@@ -1259,8 +1315,8 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                     .await
             }
             Transport::Http2 => {
-                let by_preference = preferred.is_some();
-                crate::http2::connect(&shared, idx, addr, attempt, &mut turn, by_preference)
+                let short_dials = preferred.is_some_and(|p| p.short_dials());
+                crate::http2::connect(&shared, idx, addr, attempt, &mut turn, short_dials)
                     .instrument(span)
                     .await
             }
@@ -1289,7 +1345,7 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                 left = None;
                 // It registered: HTTP/2 reached the edge, its failures count afresh.
                 if let Some(preferred) = &mut preferred {
-                    *preferred = Preferred::new(&shared);
+                    preferred.registered(shared.state.borrow().http2_try);
                 }
                 if idx != 0 {
                     shared.ha_backoff.connecting();
@@ -1314,7 +1370,10 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                 }
                 if let Some(left) = left.as_mut() {
                     let first = std::mem::take(&mut left.first_quic);
-                    if first && transport == Transport::Quic && matches!(e, ConnError::Dial { .. })
+                    let quic_serving = shared.quic_registered.load(Ordering::Relaxed);
+                    if first
+                        && transport == Transport::Quic
+                        && quic_failure_says_outage(&e, quic_serving)
                     {
                         quic_unreachable(&shared, idx, &e);
                     }

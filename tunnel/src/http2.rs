@@ -39,14 +39,17 @@ use crate::tls::H2_SERVER_NAME;
 const DIAL_TIMEOUT: Duration = Duration::from_secs(15);
 /// [`DIAL_TIMEOUT`] of an attempt made by preference: an `auto` connection on HTTP/2 because
 /// the connector prefers it, which has QUIC to go to once HTTP/2 is given up (after three
-/// failures). Where TCP to the edge is dropped, three attempts of 15 s would keep a tunnel
-/// starting with gRPC in its table unready for about 50 s before QUIC is tried; the edge
+/// failures), and has not registered over HTTP/2 since it took the preference up (once it
+/// has, the path carries HTTP/2, and its reconnects wait the usual time). Where TCP to the
+/// edge is dropped, three attempts of 15 s would keep a tunnel starting with gRPC in its table
+/// unready for about 50 s before QUIC is tried; the edge
 /// answers a connect, and a TLS handshake, within a second from anywhere it serves. A
 /// connection on HTTP/2 by configuration, or by the fallback from QUIC, has nowhere else to
 /// go and waits as `cloudflared` does.
 const PREFERRED_DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The [`DIAL_TIMEOUT`] of an attempt, made by preference (`by_preference`) or not.
+/// The [`DIAL_TIMEOUT`] of an attempt, made by preference before the connection registered
+/// over HTTP/2 (`by_preference`) or not.
 fn dial_timeout(by_preference: bool) -> Duration {
     match by_preference {
         true => PREFERRED_DIAL_TIMEOUT,
@@ -87,7 +90,8 @@ fn server_builder(max_streams: u32) -> h2::server::Builder {
 /// One HTTP/2 connection: dial, register, serve until lost or drained. `turn`, the turn of a
 /// connection moving from QUIC, is given back once this one has registered; an attempt that
 /// fails leaves it with the caller, for the next attempt. `by_preference`: made by an `auto`
-/// connection on HTTP/2 because the connector prefers it (see [`PREFERRED_DIAL_TIMEOUT`]).
+/// connection on HTTP/2 because the connector prefers it, not registered over HTTP/2 since it
+/// took the preference up (see [`PREFERRED_DIAL_TIMEOUT`]).
 pub(crate) async fn connect(
     shared: &Arc<Shared>,
     idx: u8,

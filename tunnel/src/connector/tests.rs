@@ -572,3 +572,54 @@ fn an_http2_retry_under_a_second_is_refused() {
     }
     assert!(Connector::new(token(), with_retry(Duration::from_secs(1))).is_ok());
 }
+
+/// The failed first QUIC attempt of a connection that left HTTP/2 tells of an outage whatever
+/// failed (the dial, the control stream, a refusal, retryable or not, an RPC): QUIC did not
+/// register either, and an edge that recovers must not have its first QUIC registration
+/// confirm the give-up. Never while a connection is registered over QUIC: QUIC reaches the
+/// edge then, and taking the give-up back would have a serving connection move while this one
+/// is down too.
+#[test]
+fn a_first_quic_failure_tells_of_an_outage_only_with_no_connection_on_quic() {
+    use crate::rpc::control::EdgeRefusal;
+    let refused = |should_retry: bool| {
+        ConnError::Refused(EdgeRefusal {
+            cause: "server error".to_owned(),
+            retry_after: Duration::ZERO,
+            should_retry,
+        })
+    };
+    let failures = [
+        ConnError::dial("quic handshake timed out"),
+        ConnError::control_stream("edge opened no control stream"),
+        refused(true),
+        refused(false),
+        ConnError::Rpc(crate::rpc::RpcError::Timeout),
+    ];
+    for error in &failures {
+        assert!(
+            quic_failure_says_outage(error, 0),
+            "{error}, nothing on QUIC: an outage"
+        );
+        for serving in [1, 2] {
+            assert!(
+                !quic_failure_says_outage(error, serving),
+                "{error}, {serving} on QUIC: not an outage"
+            );
+        }
+    }
+}
+
+/// HTTP/2 attempts by preference get the short dial timeout until the connection first
+/// registers over HTTP/2; its reconnects after that, in any later try too, get the usual one.
+/// Taking the preference up again (a new move) starts short again.
+#[test]
+fn only_a_connection_not_yet_registered_over_http2_dials_it_with_the_short_timeout() {
+    let mut preferred = Preferred::in_try(0);
+    assert!(preferred.short_dials(), "at start or in a move");
+    preferred.registered(0);
+    assert!(!preferred.short_dials(), "reconnecting after it was lost");
+    preferred.registered(3);
+    assert!(!preferred.short_dials());
+    assert!(Preferred::in_try(3).short_dials(), "moving again");
+}
