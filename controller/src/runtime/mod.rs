@@ -570,6 +570,10 @@ struct Reconciler {
     /// before ([`Reconciler::dedicated`]). Its Deployment records it meanwhile
     /// ([`TUNNEL_BEFORE_ANNOTATION`]), for a replica that starts, or takes the lead, mid-move.
     moving: HashMap<String, Move>,
+    /// Gateway uids whose plane's Deployment this replica has looked at since it leads: a move
+    /// its Deployment records is read back only at the first look (a move applied before
+    /// then). A record left over on it later (another field manager keeps it) starts no move.
+    moves_looked_at: HashSet<String>,
     /// Per Gateway whose generated token Secret holds no token yet: the config-API token its
     /// plane is rendered with (see the round).
     fresh_tokens: BTreeMap<ObjectKey, String>,
@@ -642,10 +646,10 @@ fn connected_on(deployment: &Deployment, tunnel: uuid::Uuid) -> bool {
         && apply::ready_on_template(deployment) > 0
 }
 
-/// The move to `to` that `deployment` records ([`TUNNEL_BEFORE_ANNOTATION`]), while no ready
-/// replica on `to` is seen.
+/// The move to `to` that `deployment` records ([`TUNNEL_BEFORE_ANNOTATION`]) from another
+/// tunnel, while no ready replica on `to` is seen.
 fn recorded_move(deployment: &Deployment, to: uuid::Uuid) -> Option<Move> {
-    let from = deployment
+    let from: uuid::Uuid = deployment
         .metadata
         .annotations
         .as_ref()?
@@ -653,7 +657,7 @@ fn recorded_move(deployment: &Deployment, to: uuid::Uuid) -> Option<Move> {
         .parse()
         .ok()?;
     let on = render::annotated_tunnel(deployment)?.0;
-    (on == to && !connected_on(deployment, to)).then_some(Move { to, from })
+    (from != to && on == to && !connected_on(deployment, to)).then_some(Move { to, from })
 }
 
 /// Why a plane's pushes keep failing: see [`Reconciler::push_failures`].
@@ -803,6 +807,9 @@ struct PlaneInfo {
     tunnel: Option<Result<TunnelTarget, String>>,
     /// Planes share a document only when they share this (the tunnel and its secret).
     identity: Option<TunnelIdentity>,
+    /// A broken plane's, serving what it last served: the rules of the planes on its tunnel
+    /// only while one applied (or the shared pool) is there, its own kept rules otherwise.
+    kept: bool,
 }
 
 impl Reconciler {
@@ -869,6 +876,7 @@ impl Reconciler {
             removals: InFlight::new(APPLIES_AT_ONCE, Arc::clone(&wake)),
             removal_failures: Held::new(APPLY_RETRY_FIRST, APPLY_RETRY_MAX),
             moving: HashMap::new(),
+            moves_looked_at: HashSet::new(),
             applies: InFlight::new(APPLIES_AT_ONCE, wake),
             fresh_tokens: BTreeMap::new(),
             applying_first: BTreeMap::new(),
@@ -1189,6 +1197,7 @@ impl Reconciler {
                     // Its pods take a share of the tunnel's requests: a push they fail fails
                     // the routes of every Gateway on it.
                     identity: kept_tunnels.get(key).copied(),
+                    kept: true,
                 },
             );
         }
@@ -1207,6 +1216,8 @@ impl Reconciler {
         self.removal_failures
             .retain(|uid| uids.contains(uid.as_str()));
         self.moving.retain(|uid, _| uids.contains(uid.as_str()));
+        self.moves_looked_at
+            .retain(|uid| uids.contains(uid.as_str()));
         self.stamp_shared_pool(snapshot, pool).await;
         self.note_unreached(&planes, &output.planes, translate_options.shared_tunnel);
 
@@ -1699,6 +1710,7 @@ impl Reconciler {
             service: ObjectKey::new(&key.namespace, &names.service),
             identity: Some(TunnelIdentity::of(&credentials.tunnel)),
             tunnel,
+            kept: false,
         })
     }
 
@@ -1827,6 +1839,10 @@ impl Reconciler {
             RunsWith::AsApplied(served) => Some(served.clone()),
         };
         let to = credentials.tunnel.tunnel_id();
+        let controlled = live
+            .deployment
+            .filter(|d| apply::controlled_by(d.owner_references(), &uid));
+        let first_look = controlled.is_some() && self.moves_looked_at.insert(uid.clone());
         match running {
             Some(from) if from != to => {
                 self.moving.insert(uid.clone(), Move { to, from });
@@ -1838,9 +1854,8 @@ impl Reconciler {
                 Some(_) => {}
                 // A move applied before this replica led, as its Deployment records it.
                 None => {
-                    let recorded = live
-                        .deployment
-                        .filter(|d| apply::controlled_by(d.owner_references(), &uid))
+                    let recorded = controlled
+                        .filter(|_| first_look)
                         .and_then(|d| recorded_move(d, to));
                     if let Some(moving) = recorded {
                         self.moving.insert(uid.clone(), moving);
@@ -2824,5 +2839,6 @@ fn shared_plane(
         not_serving,
         service: shared.service.clone(),
         tunnel,
+        kept: false,
     })
 }

@@ -64,7 +64,7 @@ enum WriteKey {
 enum Written {
     Done,
     /// The object changed since the status was computed: the round its watch event starts
-    /// writes it afresh.
+    /// writes it afresh ([`StatusWrites::conflicted`]).
     Conflict,
     Failed(String),
 }
@@ -102,11 +102,16 @@ pub(super) struct StatusWrites {
     running: InFlight<WriteKey, Written>,
     /// By [`content_digest`]: what each said.
     failed: Held<WriteKey>,
+    /// By [`write_digest`]: what each write refused as a conflict said, at the resourceVersion
+    /// it was written at. The object changed since (the watch cache is behind): the watch event
+    /// of its newer resourceVersion starts the round that writes it afresh, and until the
+    /// cache has it, writing the same again is refused the same.
+    conflicted: HashMap<WriteKey, Vec<u8>>,
     /// How long each failed write waits, as `failed` has it (the same doubling).
     waits: HashMap<WriteKey, Duration>,
     /// Wake the run loop as a failed write's wait ends: nothing else may start a round then.
     retries: JoinSet<()>,
-    /// Starts a round.
+    /// Starts a round: as a failed write's wait ends.
     wake: Arc<Notify>,
     turns: Arc<Semaphore>,
     /// The last Event's number.
@@ -114,13 +119,14 @@ pub(super) struct StatusWrites {
 }
 
 impl StatusWrites {
-    /// `wake` starts a round: after a write refused as a conflict, or a failed one's wait.
+    /// `wake` starts a round: after a failed write's wait.
     pub(super) fn new(wake: Arc<Notify>) -> Self {
         Self {
             // Not woken by every write that lands: the watch event of its object starts the
             // round that takes it in.
             running: InFlight::new(usize::MAX, Arc::new(Notify::new())),
             failed: Held::new(RETRY_FIRST, RETRY_MAX),
+            conflicted: HashMap::new(),
             waits: HashMap::new(),
             retries: JoinSet::new(),
             wake,
@@ -130,12 +136,14 @@ impl StatusWrites {
     }
 
     /// Whether what `content` (its [`content_digest`]) says of `key`, computed from the object
-    /// at `resource_version`, needs no new write: a write of it at that resourceVersion runs,
-    /// or one of it failed lately. One running at an older resourceVersion is bound for a
-    /// conflict, which changes nothing on the object: no watch event would start the round
-    /// that writes it afresh.
+    /// at `resource_version`, needs no new write: a write of it at that resourceVersion runs
+    /// or was refused as a conflict, or one of it failed lately. One running at an older
+    /// resourceVersion is bound for a conflict, which changes nothing on the object: no watch
+    /// event would start the round that writes it afresh.
     fn covered(&self, key: &WriteKey, content: &[u8], resource_version: Option<&str>) -> bool {
-        self.running.running(key) == Some(write_digest(content, resource_version).as_slice())
+        let digest = write_digest(content, resource_version);
+        self.running.running(key) == Some(digest.as_slice())
+            || self.conflicted.get(key) == Some(&digest)
             || self.failed.error(key, content).is_some()
     }
 
@@ -149,9 +157,16 @@ impl StatusWrites {
     fn settle(&mut self, done: Vec<Finished<WriteKey, Written>>) {
         for (key, digest, outcome) in done {
             let error = match outcome {
-                Some(Written::Done | Written::Conflict) => {
+                Some(Written::Done) => {
                     self.failed.succeeded(&key);
                     self.waits.remove(&key);
+                    self.conflicted.remove(&key);
+                    continue;
+                }
+                Some(Written::Conflict) => {
+                    self.failed.succeeded(&key);
+                    self.waits.remove(&key);
+                    self.conflicted.insert(key, digest);
                     continue;
                 }
                 Some(Written::Failed(error)) => error,
@@ -185,9 +200,11 @@ impl StatusWrites {
         } = writes;
         for key in &settled {
             self.running.abort(key);
+            self.conflicted.remove(key);
         }
         self.failed.retain(|key| seen.contains(key));
         self.waits.retain(|key, _| seen.contains(key));
+        self.conflicted.retain(|key, _| seen.contains(key));
         let mut started = Vec::with_capacity(patches.len() + events.len());
         let events = events.into_iter().map(|event| {
             self.events = self.events.wrapping_add(1);
@@ -654,10 +671,12 @@ impl Reconciler {
     }
 
     /// For the plane of a Gateway never applied (being applied, or its first apply failed),
-    /// another plane of the round on the tunnel its render names, if any: every plane on a
-    /// tunnel serves the union of its routes (the documented move of a Gateway onto a plane of
-    /// its own on the class tunnel leaves the shared pool there), so that plane's pods serve
-    /// the Gateway's routes and the tunnel's document, written from it, carries them.
+    /// another plane of the round on the tunnel its render names that serves it
+    /// ([`serves_its_tunnel`]), if any: every plane on a tunnel is given the union of its
+    /// routes (the documented move of a Gateway onto a plane of its own on the class tunnel
+    /// leaves the shared pool there), so that plane's pods serve the Gateway's routes and the
+    /// tunnel's document, written from it, carries them. A broken plane alone on the tunnel
+    /// keeps its own rules, and pods all down or none listed serve nothing.
     fn serving_peer<'p>(
         &self,
         plane: &PlaneKey,
@@ -672,7 +691,10 @@ impl Reconciler {
         let tunnel = self.unapplied_tunnels.get(gateway)?;
         planes
             .iter()
-            .find(|(_, info)| info.identity.as_ref() == Some(tunnel))
+            .find(|(peer, info)| {
+                info.identity.as_ref() == Some(tunnel)
+                    && serves_its_tunnel(peer, info, planes, &self.push_failures)
+            })
             .map(|(peer, _)| peer)
     }
 
@@ -1056,7 +1078,6 @@ impl Reconciler {
         }
         let digest = write_digest(&content, resource_version.as_deref());
         let (kind, name) = (kind.to_owned(), name.to_owned());
-        let wake = Arc::clone(&self.status_writes.wake);
         let write = async move {
             let patch = json!({
                 "metadata": { "resourceVersion": resource_version },
@@ -1089,11 +1110,8 @@ impl Reconciler {
                 Err(kube::Error::Api(e)) if e.code == 409 => {
                     tracing::debug!(
                         name,
-                        "status changed meanwhile; rewritten on the next round"
+                        "status changed meanwhile; rewritten once the object's newer version is seen"
                     );
-                    // The conflict changed nothing: the next round comes now, whatever
-                    // watch event may or may not follow.
-                    wake.notify_one();
                     Written::Conflict
                 }
                 Err(e) => {
@@ -1108,6 +1126,24 @@ impl Reconciler {
     }
 }
 
+/// Whether the pods of `plane` (`info`) serve the routes of every plane on its tunnel: it is
+/// given them (an applied plane or the shared pool is; a broken one only while such a plane is
+/// on its tunnel, as it keeps its own rules alone otherwise), it has pods listed, and they are
+/// not all down (then it runs no connector, and the edge hands it none of the tunnel's
+/// requests).
+fn serves_its_tunnel(
+    plane: &PlaneKey,
+    info: &PlaneInfo,
+    planes: &BTreeMap<PlaneKey, PlaneInfo>,
+    failures: &HashMap<PlaneKey, PushFailure>,
+) -> bool {
+    let given = !info.kept
+        || planes
+            .values()
+            .any(|i| !i.kept && i.identity.is_some() && i.identity == info.identity);
+    given && !info.pods.is_empty() && !failures.get(plane).is_some_and(|f| f.all_down)
+}
+
 /// Each plane whose routes a push failure fails, with the plane that failed and why: its own,
 /// or another's on its tunnel. The planes on a tunnel serve the union of its routes and the
 /// edge hands each a share of its requests, so one whose pods have not taken the config fails
@@ -1115,7 +1151,7 @@ impl Reconciler {
 ///
 /// But for a plane whose pods are all down: it runs no connector, so the edge hands it none of
 /// the tunnel's requests. Its failure is no other plane's; and its own routes', only while no
-/// other plane on its tunnel serves them (one with pods listed, not all down itself), as that
+/// other plane on its tunnel serves them ([`serves_its_tunnel`]), as that
 /// one's pods serve them otherwise, reported by its own failure if it has one. The Gateway's
 /// `Programmed` (no ready replica) tells of its pods either way.
 fn push_failed(
@@ -1139,10 +1175,7 @@ fn push_failed(
                 Some((p, &failure.reason))
             })
         };
-        let served_by_others = || {
-            others()
-                .any(|(p, i)| !i.pods.is_empty() && !failures.get(p).is_some_and(|f| f.all_down))
-        };
+        let served_by_others = || others().any(|(p, i)| serves_its_tunnel(p, i, planes, failures));
         let own = failures
             .get_key_value(plane)
             .filter(|(_, f)| !f.all_down || !served_by_others());

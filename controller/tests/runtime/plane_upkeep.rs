@@ -1,8 +1,9 @@
 //! Keeping a dedicated plane in step with its Gateway when its objects go in other ways than
 //! the controller's own: a Deployment deleted in the foreground, removals refused, held or
 //! already under way, a GatewayClass whose status this build cannot read, a plane moved to
-//! another tunnel whose new pods are not ready (the controller restarting meanwhile), and a
-//! NetworkPolicy switched off that a finalizer holds.
+//! another tunnel whose new pods are not ready (the controller restarting meanwhile), a record
+//! of a move left on a Deployment after it, and a NetworkPolicy switched off that a finalizer
+//! holds.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -366,6 +367,87 @@ async fn moved_to_another_tunnel(restart: bool) {
             deployment(&t.api).filter(|d| d.pointer(TUNNEL_BEFORE).is_none())
         })
         .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A record of a move left on a plane's Deployment after the move (someone annotated it with
+/// the same value, so the controller's apply leaves it there) starts no move: a later rollout
+/// leaves `Programmed` as the old pods serve.
+#[tokio::test]
+async fn a_record_of_a_move_left_on_the_deployment_starts_no_move() {
+    record_left_on_the_deployment(OTHER_TUNNEL_ID, false).await;
+}
+
+/// A controller that starts while a plane's Deployment records a move from the tunnel it is on
+/// (no move at all) starts none either.
+#[tokio::test]
+async fn a_record_of_a_move_from_the_tunnel_the_plane_is_on_starts_no_move_on_a_restart() {
+    record_left_on_the_deployment(TUNNEL_ID, true).await;
+}
+
+/// Gateway tenant-a/edge's Deployment annotated by someone as moved from tunnel `before`, then
+/// rolling out (its new pod not ready), the controller restarting meanwhile with `restart`.
+async fn record_left_on_the_deployment(before: &str, restart: bool) {
+    let programmed = |api: &ApiServer| {
+        api.get(
+            "gateway.networking.k8s.io/v1",
+            "Gateway",
+            "tenant-a",
+            "edge",
+        )
+        .and_then(|g| condition(&g["status"]["conditions"], "Programmed").cloned())
+    };
+    let status = |api: &ApiServer, replicas: i32, updated: i32, ready: i32| {
+        let generation = api
+            .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+            .and_then(|d| d.pointer("/metadata/generation").cloned())
+            .expect("a generation");
+        api.set_status(
+            "apps/v1",
+            "Deployment",
+            "tenant-a",
+            "cf-proxy-edge",
+            json!({"observedGeneration": generation, "replicas": replicas,
+                   "updatedReplicas": updated, "readyReplicas": ready,
+                   "availableReplicas": ready}),
+        );
+    };
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (mut t, _edge) = Tenant::with_pod("replicas: 2").await;
+        eventually("the plane's Deployment", || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+        })
+        .await;
+        status(&t.api, 2, 2, 2);
+        eventually("Programmed", || {
+            programmed(&t.api).filter(|c| c["status"] == "True")
+        })
+        .await;
+
+        let deployments: kube::Api<k8s_openapi::api::apps::v1::Deployment> =
+            kube::Api::namespaced(t.api.user_client(), "tenant-a");
+        deployments
+            .patch(
+                "cf-proxy-edge",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
+                    "cf.k8s.lex.la/tunnel-before": before,
+                }}})),
+            )
+            .await
+            .expect("the Deployment annotated");
+        // A rollout: its new pod is not ready, the two ready ones are old pods.
+        status(&t.api, 3, 1, 2);
+        if restart {
+            t.restart(|_| {}).await;
+        }
+        t.rounds(3, Duration::from_millis(300)).await;
+        let programmed = programmed(&t.api).expect("Programmed");
+        assert_eq!(programmed["status"], "True", "{programmed}");
         t.stop().await;
     })
     .await

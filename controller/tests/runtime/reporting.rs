@@ -1,7 +1,7 @@
-//! What the controller reports, and when: status writes that hang or fail hold up no other
-//! tenant and are not sent again at every round, but are once their wait is over or the object
-//! changed under them; a new Gateway's routes wait for its plane and tunnel document, unless
-//! another plane on its tunnel serves them; a plane whose pods are all down is reported on its
+//! What the controller reports, and when: status writes that hang, fail or conflict hold up no
+//! other tenant and are not sent again at every round, but are once their wait is over or the
+//! object changed under them; a new Gateway's routes wait for its plane and tunnel document,
+//! unless another plane on its tunnel serves them (a broken one does not); a plane whose pods are all down is reported on its
 //! routes, unless another plane on its tunnel serves them; and other controllers' conditions on
 //! our route parents give way to ours at the CRD's cap.
 
@@ -267,6 +267,95 @@ async fn a_new_gateways_routes_wait_while_its_first_apply_fails() {
         assert!(!early.load(Ordering::SeqCst));
         drop(failing);
         shop_accepted_once_documented(&t, &cloudflare, &early).await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// Whether `call` writes the status of HTTPRoute tenant-a/intranet (its parent Gateway
+/// `internal`) saying it is accepted.
+fn intranet_accepted_written(call: &Call<'_>) -> bool {
+    route_status_in(call, "tenant-a")
+        && call
+            .body
+            .pointer("/status/parents")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|p| p["parentRef"]["name"] == "internal")
+            .filter_map(|p| condition(&p["conditions"], "Accepted"))
+            .any(|a| a["status"] == "True")
+}
+
+/// A new Gateway whose first apply fails, on a tunnel whose only other plane is a broken
+/// Gateway's (its GatewayConfig gone): the broken plane keeps serving its own routes as they
+/// last were, not the new Gateway's, so these wait, `Accepted=Unknown`, and are never
+/// accepted meanwhile.
+#[tokio::test]
+async fn a_new_gateways_routes_wait_while_its_first_apply_fails_beside_a_broken_plane_on_its_tunnel(
+) {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (t, edge) = Tenant::with_pod("replicas: 1").await;
+        shop_serves(&edge, 200).await;
+        // Gateway edge breaks: its plane keeps serving what it last served.
+        t.api.put(yaml(
+            &super::gateway(true).replace("name: edge-config", "name: gone"),
+        ));
+        eventually("edge refused", || {
+            t.api
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-a",
+                    "edge",
+                )
+                .and_then(|g| condition(&g["status"]["conditions"], "Accepted").cloned())
+                .filter(|c| c["reason"] == "InvalidParameters")
+        })
+        .await;
+        t.rounds(2, Duration::from_millis(300)).await;
+        shop_serves(&edge, 200).await;
+
+        let accepted = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&accepted);
+        let _watching = t.api.forbid(move |c| {
+            if intranet_accepted_written(c) {
+                flag.store(true, Ordering::SeqCst);
+            }
+            false
+        });
+        let _failing = t.api.fail(500, plane_deployment_write);
+        // Gateway internal, new, on edge's tunnel.
+        let same = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
+        let internal = super::dedicated_gateway(
+            "tenant-a",
+            "internal",
+            &same,
+            Some("internal.example.com"),
+        );
+        for doc in internal.split("\n---\n").filter(|d| !d.trim().is_empty()) {
+            t.api.put(yaml(doc));
+        }
+        t.api.put(yaml(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: intranet, namespace: tenant-a}\nspec:\n  parentRefs: [{name: internal}]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n",
+        ));
+        let pending = eventually("intranet pending", || {
+            route_condition(&t.api, "tenant-a", "intranet", "Accepted").filter(|c| {
+                c["status"] == "Unknown"
+                    && c["message"].as_str().is_some_and(|m| {
+                        m.starts_with("the Gateway's data plane could not be applied: ")
+                    })
+            })
+        })
+        .await;
+        assert_eq!(pending["reason"], "Pending");
+        t.rounds(3, Duration::from_millis(300)).await;
+        assert!(
+            !accepted.load(Ordering::SeqCst),
+            "intranet was written accepted: {:?}",
+            route_condition(&t.api, "tenant-a", "intranet", "Accepted")
+        );
         t.stop().await;
     })
     .await
@@ -696,6 +785,63 @@ async fn a_failed_status_write_is_sent_again_once_its_wait_is_over() {
             "sent again after {:?}, before its wait was over",
             failed.elapsed()
         );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A status write refused as a conflict (the object changed, and the watch has not brought its
+/// newer version yet) is not sent again at the same version round after round: the newer
+/// version's watch event starts the round that writes it afresh.
+#[tokio::test]
+async fn a_status_write_refused_as_a_conflict_waits_for_the_objects_newer_version() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = quiet_tenant(|_| {}).await;
+        eventually("blog accepted", || blog_accepted(&t.api, 1)).await;
+        super::settled(&t.api).await;
+
+        let sent = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&sent);
+        let conflict = t.api.fail(409, move |c| {
+            let blog = route_status_in(c, "tenant-c");
+            if blog {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+            blog
+        });
+        t.api.put(blog_changed(2));
+        tokio::time::timeout(Duration::from_secs(10), conflict.refused(1))
+            .await
+            .expect("blog's status write refused");
+        // Rounds meanwhile, other objects changing: none sends it again.
+        t.rounds(7, Duration::from_millis(300)).await;
+        let n = sent.load(Ordering::SeqCst);
+        assert!(n <= 2, "sent {n} times at the same version");
+
+        // The object's newer version seen (here a label), the status is written at it.
+        conflict.lift();
+        let routes: kube::Api<kube::core::DynamicObject> = kube::Api::namespaced_with(
+            t.api.user_client(),
+            "tenant-c",
+            &kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+                "gateway.networking.k8s.io",
+                "v1",
+                "HTTPRoute",
+            )),
+        );
+        routes
+            .patch(
+                "blog",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"metadata": {"labels": {"team": "blue"}}})),
+            )
+            .await
+            .expect("the label added");
+        super::within(5, "blog's new generation written", || {
+            blog_accepted(&t.api, 2)
+        })
+        .await;
         t.stop().await;
     })
     .await
