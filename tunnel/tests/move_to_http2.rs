@@ -517,6 +517,23 @@ fn all_serving_on(edge: &MockEdge, protocol: EdgeProtocol, n: usize) -> bool {
     conns.len() == n && conns.iter().all(|c| serving(c) && c.protocol == protocol)
 }
 
+/// Waits up to `within` for every connection of `edge` to serve over `protocol`, `n` of them;
+/// fails with `what` and the connections otherwise.
+async fn serving_on(
+    edge: &MockEdge,
+    protocol: EdgeProtocol,
+    n: usize,
+    within: Duration,
+    what: &str,
+) {
+    if tokio::time::timeout(within, wait_until(|| all_serving_on(edge, protocol, n)))
+        .await
+        .is_err()
+    {
+        panic!("{what}: {:?}", edge.connections());
+    }
+}
+
 /// The connections stay as they are, on QUIC, for a while: none is moved to HTTP/2 again.
 async fn settled_on_quic(edge: &MockEdge, handle: &ConnectorHandle, n: usize) {
     assert!(
@@ -632,15 +649,14 @@ async fn http2_by_preference_lost_to_an_edge_refusing_tcp_goes_back_to_quic(move
     } else {
         start_preferring_http2(opts)
     };
-    if tokio::time::timeout(
+    serving_on(
+        &edge,
+        EdgeProtocol::Http2,
+        N,
         Duration::from_secs(15),
-        wait_until(|| all_serving_on(&edge, EdgeProtocol::Http2, N)),
+        "not on HTTP/2",
     )
-    .await
-    .is_err()
-    {
-        panic!("not on HTTP/2: {:?}", edge.connections());
-    }
+    .await;
     handle.wait_registered(N).await;
     let failed_before = http2_failures(&registry);
 
@@ -805,15 +821,14 @@ async fn a_drain_while_http2_waits_to_be_tried_again_ends_without_waiting_for_it
             ..options(&edge, Protocol::Auto, 2)
         };
         let (handle, registry) = start_preferring_http2(opts);
-        if tokio::time::timeout(
+        serving_on(
+            &edge,
+            EdgeProtocol::Quic,
+            2,
             Duration::from_secs(15),
-            wait_until(|| all_serving_on(&edge, EdgeProtocol::Quic, 2)),
+            "not on QUIC",
         )
-        .await
-        .is_err()
-        {
-            panic!("not on QUIC: {:?}", edge.connections());
-        }
+        .await;
         assert_eq!(http2_failures(&registry), 3, "HTTP/2 given up");
 
         let draining = tokio::time::Instant::now();
@@ -846,15 +861,14 @@ async fn dropping_the_handle_while_http2_waits_to_be_tried_again_stops_the_conne
             ..options(&edge, Protocol::Auto, 2)
         };
         let (handle, registry) = start_preferring_http2(opts);
-        if tokio::time::timeout(
+        serving_on(
+            &edge,
+            EdgeProtocol::Quic,
+            2,
             Duration::from_secs(15),
-            wait_until(|| all_serving_on(&edge, EdgeProtocol::Quic, 2)),
+            "not on QUIC",
         )
-        .await
-        .is_err()
-        {
-            panic!("not on QUIC: {:?}", edge.connections());
-        }
+        .await;
         assert_eq!(http2_failures(&registry), 3, "HTTP/2 given up");
 
         drop(handle);
@@ -901,15 +915,14 @@ async fn http2_preferred_through_an_outage_of_the_edge_is_back_once_the_edge_is(
             ..options(&edge, Protocol::Auto, N)
         };
         let (handle, registry) = start_preferring_http2(opts);
-        if tokio::time::timeout(
+        serving_on(
+            &edge,
+            EdgeProtocol::Http2,
+            N,
             Duration::from_secs(15),
-            wait_until(|| all_serving_on(&edge, EdgeProtocol::Http2, N)),
+            "not on HTTP/2",
         )
-        .await
-        .is_err()
-        {
-            panic!("not on HTTP/2: {:?}", edge.connections());
-        }
+        .await;
         handle.wait_registered(N).await;
         let quic_failed_before = failures(&registry, "quic");
 
