@@ -10,9 +10,9 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::backoff::SharedBackoff;
-use crate::connector::Http2Retry;
 use crate::metrics::{FailureCause, ProtocolLabel, TunnelMetrics};
-use crate::options::{ConnectorOptions, FEATURES, FEATURE_POST_QUANTUM};
+use crate::options::{ConnectorOptions, Protocol, FEATURES, FEATURE_POST_QUANTUM};
+use crate::preference::{Http2Retry, Verdict};
 use crate::rpc::control::{EdgeRefusal, RegisterParams};
 use crate::rpc::remote_config::RemoteConfigState;
 use crate::rpc::{LocalWorker, RpcError};
@@ -41,7 +41,7 @@ pub(crate) struct Control {
     /// (see `connector::give_up_move`).
     pub(crate) http2_given_up: bool,
     /// How many times the preference was taken up again after it was given up (HTTP/2 tried
-    /// again after its wait, or the give-up taken back: see `connector::Http2Retry`): a
+    /// again after its wait, or the give-up taken back: see `preference::Http2Retry`): a
     /// connection's failed HTTP/2 attempts count towards the try they were made in, not a
     /// later one.
     pub(crate) http2_try: u32,
@@ -205,7 +205,7 @@ impl RegisteredGuard {
         }
         shared.ever_registered.store(true, Ordering::Relaxed);
         // What it tells of a give-up of HTTP/2 in force.
-        crate::connector::registered_over(shared, protocol, idx);
+        registered_over(shared, protocol, idx);
         // Readiness last, so observers of the count see consistent metrics.
         shared.registered.send_modify(|n| *n += 1);
         Self {
@@ -323,6 +323,65 @@ pub(crate) fn register_params(
         origin_local_ip,
         num_previous_attempts: attempt,
     }
+}
+
+/// What a connection's registration over `protocol` tells of a give-up of HTTP/2 in force
+/// (see [`Http2Retry::registered`]): once QUIC registers after it, it stands, and is logged as
+/// an error; after an outage, or once HTTP/2 registers, it is taken back.
+pub(crate) fn registered_over(shared: &Shared, protocol: ProtocolLabel, idx: u8) {
+    let preferred = shared.state.borrow().http2;
+    if shared.opts.protocol != Protocol::Auto || !preferred {
+        return;
+    }
+    let Some(control) = shared.control.upgrade() else {
+        return;
+    };
+    let mut verdict = Verdict::Unchanged;
+    control.send_if_modified(|c| {
+        let given_up = c.running() && c.http2_given_up;
+        verdict = retry_state(shared).registered(protocol == ProtocolLabel::Quic, given_up);
+        take_back(shared, c, &verdict)
+    });
+    match verdict {
+        Verdict::Unchanged => {}
+        Verdict::Stands { error, retry_in } => tracing::error!(
+            conn_index = idx,
+            error = %error,
+            retry_in_s = retry_in.as_secs(),
+            "HTTP/2 to the edge failed, so the tunnel runs on QUIC, which carries no response \
+             trailers: gRPC responses lose their status until HTTP/2 is tried again, retry_in_s \
+             from the failure; make sure TCP port 7844 to the edge is open end to end (the error \
+             says what failed), or set PROXY_TUNNEL_PROTOCOL=http2"
+        ),
+        Verdict::TakenBack { .. } => tracing::info!(
+            conn_index = idx,
+            protocol = protocol.as_str(),
+            "the edge answers again: the tunnel prefers HTTP/2 again, and its connections on \
+             QUIC move to it one at a time"
+        ),
+    }
+}
+
+/// Takes the give-up in force back within a send of `c`, if `verdict` says so: the connections
+/// prefer HTTP/2 again, their failures counted afresh (a new [`Control::http2_try`]), and a
+/// registration over HTTP/2 since the last try still counts. Whether `c` changed.
+pub(crate) fn take_back(shared: &Shared, c: &mut Control, verdict: &Verdict) -> bool {
+    let Verdict::TakenBack { registered } = *verdict else {
+        return false;
+    };
+    c.http2_given_up = false;
+    c.http2_try = c.http2_try.wrapping_add(1);
+    if registered {
+        shared.http2_registered.store(true, Ordering::Relaxed);
+    }
+    true
+}
+
+pub(crate) fn retry_state(shared: &Shared) -> std::sync::MutexGuard<'_, Http2Retry> {
+    shared
+        .http2_retry
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -15,11 +15,12 @@ use uuid::Uuid;
 
 use crate::backoff::{next_transport, Backoff, DialFailures, SharedBackoff, Transport};
 use crate::body::{Body, BoxError};
-use crate::connection::{ConnError, Control, Ended, RunState, Shared};
+use crate::connection::{retry_state, take_back, ConnError, Control, Ended, RunState, Shared};
 use crate::discovery::DiscoveryError;
 use crate::edge::{EdgeAddr, EdgeIpVersion, EdgePool, EDGE_PORT, REGION_HOSTS};
 use crate::metrics::{ProtocolLabel, TunnelMetrics};
 use crate::options::{ConnectorOptions, Protocol};
+use crate::preference::{Http2Retry, HTTP2_RETRY_MIN};
 use crate::rpc::remote_config::{RemoteConfig, RemoteConfigState};
 use crate::rpc::LocalWorker;
 use crate::service::{Handler, ServiceHandler};
@@ -40,7 +41,7 @@ pub enum ConnectorError {
     /// `ha_connections` is zero.
     #[error("ha_connections must be at least 1")]
     NoConnections,
-    /// `http2_retry` is under [`HTTP2_RETRY_MIN`]: the connections would move to HTTP/2 and
+    /// `http2_retry` is under a second: the connections would move to HTTP/2 and
     /// back without end where HTTP/2 does not reach the edge.
     #[error("http2_retry must be at least 1s, not {0:?}")]
     Http2Retry(Duration),
@@ -798,7 +799,7 @@ impl MoveFailures {
 /// while the connector still preferred HTTP/2 would be moved again, and fail again, in a loop.
 ///
 /// Logged as a warning: whether it stands is known once QUIC has been tried, and the error
-/// that says gRPC loses its status comes then (see [`registered_over`]), each time, however
+/// that says gRPC loses its status comes then (see [`registered_over`](crate::connection::registered_over)), each time, however
 /// often HTTP/2 was given up before.
 fn give_up_move(
     shared: &Shared,
@@ -881,206 +882,6 @@ fn quic_unreachable(shared: &Shared, idx: u8, error: &ConnError) {
             "QUIC does not reach the edge either: the edge or the network is down, HTTP/2 is \
              not blocked, so the tunnel keeps preferring HTTP/2"
         );
-    }
-}
-
-/// What a connection's registration over `protocol` tells of a give-up of HTTP/2 in force
-/// (see [`Http2Retry::registered`]): once QUIC registers after it, it stands, and is logged as
-/// an error; after an outage, or once HTTP/2 registers, it is taken back.
-pub(crate) fn registered_over(shared: &Shared, protocol: ProtocolLabel, idx: u8) {
-    let preferred = shared.state.borrow().http2;
-    if shared.opts.protocol != Protocol::Auto || !preferred {
-        return;
-    }
-    let Some(control) = shared.control.upgrade() else {
-        return;
-    };
-    let mut verdict = Verdict::Unchanged;
-    control.send_if_modified(|c| {
-        let given_up = c.running() && c.http2_given_up;
-        verdict = retry_state(shared).registered(protocol == ProtocolLabel::Quic, given_up);
-        take_back(shared, c, &verdict)
-    });
-    match verdict {
-        Verdict::Unchanged => {}
-        Verdict::Stands { error, retry_in } => tracing::error!(
-            conn_index = idx,
-            error = %error,
-            retry_in_s = retry_in.as_secs(),
-            "HTTP/2 to the edge failed, so the tunnel runs on QUIC, which carries no response \
-             trailers: gRPC responses lose their status until HTTP/2 is tried again, retry_in_s \
-             from the failure; make sure TCP port 7844 to the edge is open end to end (the error \
-             says what failed), or set PROXY_TUNNEL_PROTOCOL=http2"
-        ),
-        Verdict::TakenBack { .. } => tracing::info!(
-            conn_index = idx,
-            protocol = protocol.as_str(),
-            "the edge answers again: the tunnel prefers HTTP/2 again, and its connections on \
-             QUIC move to it one at a time"
-        ),
-    }
-}
-
-/// Takes the give-up in force back within a send of `c`, if `verdict` says so: the connections
-/// prefer HTTP/2 again, their failures counted afresh (a new [`Control::http2_try`]), and a
-/// registration over HTTP/2 since the last try still counts. Whether `c` changed.
-fn take_back(shared: &Shared, c: &mut Control, verdict: &Verdict) -> bool {
-    let Verdict::TakenBack { registered } = *verdict else {
-        return false;
-    };
-    c.http2_given_up = false;
-    c.http2_try = c.http2_try.wrapping_add(1);
-    if registered {
-        shared.http2_registered.store(true, Ordering::Relaxed);
-    }
-    true
-}
-
-fn retry_state(shared: &Shared) -> std::sync::MutexGuard<'_, Http2Retry> {
-    shared
-        .http2_retry
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The longest wait before HTTP/2 is tried again after it was given up: a tunnel whose path
-/// to the edge over HTTP/2 is mended gets gRPC's status back within the hour, however long it
-/// was broken.
-pub(crate) const HTTP2_RETRY_MAX: Duration = Duration::from_secs(60 * 60);
-
-/// The shortest [`ConnectorOptions::http2_retry`]: shorter, a connector where HTTP/2 does not
-/// reach the edge would move its connections to it and back without pause.
-pub(crate) const HTTP2_RETRY_MIN: Duration = Duration::from_secs(1);
-
-/// Whether a give-up of HTTP/2 stands, and when HTTP/2 is tried again after it.
-///
-/// A give-up stands only where QUIC reaches the edge and HTTP/2 does not. Three failed HTTP/2
-/// attempts cannot tell a path closed to HTTP/2 from an outage of the edge or the network (an
-/// edge restarting, a blip of ten seconds), which fails them alike; QUIC tells them apart.
-/// So a give-up is unconfirmed until a connection registers over QUIC after it; it is taken
-/// back (and forgotten by the waits below) when the first QUIC attempt of a connection that
-/// left HTTP/2 for it does not reach the edge either ([`quic_unreachable`](Self::quic_unreachable):
-/// an outage, and the tunnel was on HTTP/2 before it), and when a connection registers over
-/// HTTP/2 (it reaches the edge). After such an outage, with nothing registered since, the
-/// first QUIC registration does not confirm the next give-up either but takes it back: the
-/// outage may have ended between a connection's last HTTP/2 attempt and its QUIC one, and
-/// whether HTTP/2 gets through now is found out by moving, one connection at a time, where
-/// a give-up would leave gRPC without its status for the whole wait.
-///
-/// The waits: `first` after the first give-up ([`ConnectorOptions::http2_retry`]), then twice
-/// as long after each try given up again with no connection registered over HTTP/2 since the
-/// last one, up to [`HTTP2_RETRY_MAX`] (or `first`, if longer). A try in which a connection did
-/// register (the edge took HTTP/2, and an outage took it away later) starts the waits over.
-#[derive(Debug)]
-pub(crate) struct Http2Retry {
-    first: Duration,
-    /// Give-ups in a row, the last one included, with no HTTP/2 registration between them.
-    given_up: u32,
-    /// The give-up in force, until a QUIC registration confirms it: what it changed, to be
-    /// undone if it is taken back.
-    unconfirmed: Option<Unconfirmed>,
-    /// QUIC did not reach the edge after a give-up, and no connection has registered since.
-    outage: bool,
-}
-
-/// A give-up not confirmed yet (see [`Http2Retry`]).
-#[derive(Debug)]
-struct Unconfirmed {
-    /// [`Http2Retry::given_up`] before it.
-    given_up: u32,
-    /// Whether a connection had registered over HTTP/2 since the last try, before it.
-    registered: bool,
-    /// The last failure it was given up for, for the error logged once it stands.
-    error: String,
-}
-
-/// What becomes of a give-up in force (see [`Http2Retry`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    /// Nothing changes.
-    Unchanged,
-    /// It stands: QUIC reaches the edge where HTTP/2 did not (`error`, its last failure).
-    /// HTTP/2 is tried again `retry_in` after the give-up.
-    Stands { error: String, retry_in: Duration },
-    /// It is taken back; `registered`: a connection had registered over HTTP/2 since the last
-    /// try before it.
-    TakenBack { registered: bool },
-}
-
-impl Http2Retry {
-    pub(crate) fn new(first: Duration) -> Self {
-        Self {
-            first,
-            given_up: 0,
-            unconfirmed: None,
-            outage: false,
-        }
-    }
-
-    /// Takes in a give-up (`registered`: a connection registered over HTTP/2 since the last
-    /// try; `error`: the last failure); the wait before the next try.
-    pub(crate) fn given_up(&mut self, registered: bool, error: String) -> Duration {
-        self.unconfirmed = Some(Unconfirmed {
-            given_up: self.given_up,
-            registered,
-            error,
-        });
-        self.given_up = match registered {
-            true => 1,
-            false => self.given_up.saturating_add(1),
-        };
-        self.wait()
-    }
-
-    /// The first QUIC attempt of a connection that left HTTP/2 for the give-up in force did not
-    /// reach the edge: taken back, unless it stands already.
-    pub(crate) fn quic_unreachable(&mut self) -> Verdict {
-        match self.unconfirmed.take() {
-            Some(undo) => {
-                self.outage = true;
-                self.take_back(undo)
-            }
-            None => Verdict::Unchanged,
-        }
-    }
-
-    /// A connection registered, over QUIC if `quic`, while HTTP/2 is given up if `given_up`.
-    pub(crate) fn registered(&mut self, quic: bool, given_up: bool) -> Verdict {
-        let after_outage = std::mem::take(&mut self.outage);
-        if !given_up {
-            return Verdict::Unchanged;
-        }
-        match (quic, self.unconfirmed.take()) {
-            // Stood already.
-            (true, None) => Verdict::Unchanged,
-            (true, Some(undo)) if !after_outage => Verdict::Stands {
-                error: undo.error,
-                retry_in: self.wait(),
-            },
-            (_, Some(undo)) => self.take_back(undo),
-            (false, None) => Verdict::TakenBack { registered: true },
-        }
-    }
-
-    /// HTTP/2 is tried again: the give-up is over, whatever became of it.
-    pub(crate) fn tried_again(&mut self) {
-        self.unconfirmed = None;
-        self.outage = false;
-    }
-
-    fn take_back(&mut self, undo: Unconfirmed) -> Verdict {
-        self.given_up = undo.given_up;
-        Verdict::TakenBack {
-            registered: undo.registered,
-        }
-    }
-
-    /// The wait before the next try, after the last give-up.
-    pub(crate) fn wait(&self) -> Duration {
-        let doublings = self.given_up.saturating_sub(1).min(20);
-        self.first
-            .saturating_mul(1 << doublings)
-            .min(HTTP2_RETRY_MAX.max(self.first))
     }
 }
 
@@ -1210,7 +1011,8 @@ impl Preferred {
 /// [`Http2Retry`]).
 #[derive(Debug, Clone, Copy)]
 struct LeftHttp2 {
-    /// Its next QUIC attempt is the first since it left.
+    /// Its next QUIC attempt is the first since it left with no other connection counted as
+    /// serving over QUIC: the one whose failure reads as an outage.
     first_quic: bool,
 }
 
@@ -1369,13 +1171,15 @@ async fn supervise(shared: Arc<Shared>, pool: Arc<EdgePool>, idx: u8) {
                     continue;
                 }
                 if let Some(left) = left.as_mut() {
-                    let first = std::mem::take(&mut left.first_quic);
                     let quic_serving = shared.quic_registered.load(Ordering::Relaxed);
-                    if first
-                        && transport == Transport::Quic
-                        && quic_failure_says_outage(&e, quic_serving)
-                    {
-                        quic_unreachable(&shared, idx, &e);
+                    // While a connection counts as serving over QUIC, this attempt tells
+                    // nothing, and the next one asks again: that connection may be one the
+                    // outage has cut and QUIC has not timed out yet (its idle timeout).
+                    if left.first_quic && transport == Transport::Quic && quic_serving == 0 {
+                        left.first_quic = false;
+                        if quic_failure_says_outage(&e, quic_serving) {
+                            quic_unreachable(&shared, idx, &e);
+                        }
                     }
                 }
                 match e {

@@ -114,6 +114,7 @@ mod http2;
 pub mod liveness;
 pub mod metrics;
 mod options;
+mod preference;
 mod quic;
 pub mod rpc;
 mod send_timeout;

@@ -116,7 +116,7 @@ pub struct ConnectorOptions {
     /// [`edge_key_exchange_groups`](crate::tls::edge_key_exchange_groups).
     pub post_quantum: bool,
     /// Concurrent request streams the edge may open on one tunnel connection, QUIC or
-    /// HTTP/2 (default [`DEFAULT_QUIC_MAX_STREAMS`](crate::DEFAULT_QUIC_MAX_STREAMS);
+    /// HTTP/2 (default [`DEFAULT_QUIC_MAX_STREAMS`];
     /// at least 1). Further requests wait at the edge for a stream to finish.
     /// Memory grows with it: each stream of credit a QUIC connection has used keeps
     /// about 480 bytes, so 16,384 comes to about 7.4 MiB per connection under

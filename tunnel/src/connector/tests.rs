@@ -1,4 +1,5 @@
 use super::*;
+use crate::preference::Verdict;
 
 async fn fallback(endpoint: Option<&str>) -> (Vec<(SocketAddr, u8)>, Vec<&'static str>) {
     let asked = Mutex::new(Vec::new());
