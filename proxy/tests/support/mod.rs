@@ -398,36 +398,53 @@ impl BinaryProxy {
         std::fs::create_dir_all(&dir).expect("temp dir");
         let config = dir.join("config.json");
         std::fs::write(&config, doc.to_string()).expect("write config");
-        let (data_port, admin_port) = (free_port(), free_port());
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
-            .env_remove("TUNNEL_TOKEN")
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            .env("PROXY_ADDR", format!("127.0.0.1:{data_port}"))
-            .env("PROXY_CONFIG_ADDR", format!("127.0.0.1:{admin_port}"))
-            .env("PROXY_AUTH_TOKEN", TOKEN)
-            .envs(env.iter().copied())
-            .arg("--config-file")
-            .arg(&config)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("proxy binary starts");
-        let data = SocketAddr::from(([127, 0, 0, 1], data_port));
-        let admin = SocketAddr::from(([127, 0, 0, 1], admin_port));
-        let http = client();
-        let ready_by = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            // Both listeners: ready on one says nothing of the other's bind.
-            let up = tokio::net::TcpStream::connect(admin).await.is_ok()
-                && tokio::net::TcpStream::connect(data).await.is_ok();
-            if up && get(&http, admin, "a", "/readyz", &[]).await.status == 200 {
-                break;
+        // A port found free may be taken before the proxy binds it (another test's listener,
+        // or a client's ephemeral port): a proxy that exits before it is ready is started
+        // again on other ports.
+        let mut attempts = 0;
+        let (child, data, admin) = loop {
+            attempts += 1;
+            let (data_port, admin_port) = (free_port(), free_port());
+            let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_cftunnel-proxy"))
+                .env_remove("TUNNEL_TOKEN")
+                .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+                .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                .env("PROXY_ADDR", format!("127.0.0.1:{data_port}"))
+                .env("PROXY_CONFIG_ADDR", format!("127.0.0.1:{admin_port}"))
+                .env("PROXY_AUTH_TOKEN", TOKEN)
+                .envs(env.iter().copied())
+                .arg("--config-file")
+                .arg(&config)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("proxy binary starts");
+            let data = SocketAddr::from(([127, 0, 0, 1], data_port));
+            let admin = SocketAddr::from(([127, 0, 0, 1], admin_port));
+            let http = client();
+            let ready_by = std::time::Instant::now() + Duration::from_secs(20);
+            let ready = loop {
+                if let Ok(Some(status)) = child.try_wait() {
+                    assert!(
+                        attempts < 3,
+                        "the proxy exited before it was ready: {status}"
+                    );
+                    break false;
+                }
+                // Both listeners: ready on one says nothing of the other's bind.
+                let up = tokio::net::TcpStream::connect(admin).await.is_ok()
+                    && tokio::net::TcpStream::connect(data).await.is_ok();
+                if up && get(&http, admin, "a", "/readyz", &[]).await.status == 200 {
+                    break true;
+                }
+                assert!(std::time::Instant::now() < ready_by, "proxy became ready");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            if ready {
+                break (child, data, admin);
             }
-            assert!(std::time::Instant::now() < ready_by, "proxy became ready");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        };
         Self {
             child,
             data,
