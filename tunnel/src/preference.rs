@@ -143,3 +143,119 @@ impl Http2Retry {
             .min(HTTP2_RETRY_MAX.max(self.first))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// HTTP/2 given up is tried again after 5 minutes, then after twice the wait each time it is
+    /// given up again with no connection registered over it, up to an hour; a try in which one did
+    /// register starts the waits over. A first wait longer than the hour is kept as it is.
+    #[test]
+    fn http2_given_up_is_tried_again_after_waits_doubling_up_to_an_hour() {
+        let minutes = |d: Duration| d.as_secs_f64() / 60.0;
+        let mut retry = Http2Retry::new(crate::options::DEFAULT_HTTP2_RETRY);
+        let given_up = |retry: &mut Http2Retry, registered| {
+            let wait = retry.given_up(registered, "dial failed".into());
+            // Each give-up stands: a connection registered over QUIC after it.
+            retry.registered(true, true);
+            wait
+        };
+        let waits: Vec<f64> = (0..7)
+            .map(|_| minutes(given_up(&mut retry, false)))
+            .collect();
+        assert_eq!(waits, [5.0, 10.0, 20.0, 40.0, 60.0, 60.0, 60.0]);
+        assert_eq!(minutes(retry.wait()), 60.0, "the wait of the last give-up");
+        for _ in 0..100 {
+            given_up(&mut retry, false);
+        }
+        assert_eq!(minutes(retry.wait()), 60.0);
+        // HTTP/2 registered in the last try: an outage since, not a path that never takes it.
+        assert_eq!(minutes(given_up(&mut retry, true)), 5.0);
+        assert_eq!(minutes(given_up(&mut retry, false)), 10.0);
+
+        let mut short = Http2Retry::new(Duration::from_millis(300));
+        let waits: Vec<u128> = (0..4)
+            .map(|_| given_up(&mut short, false).as_millis())
+            .collect();
+        assert_eq!(waits, [300, 600, 1200, 2400]);
+        let mut long = Http2Retry::new(Duration::from_secs(2 * 60 * 60));
+        assert_eq!(minutes(given_up(&mut long, false)), 120.0);
+        assert_eq!(minutes(given_up(&mut long, false)), 120.0);
+    }
+
+    /// A give-up of HTTP/2 stands once a connection registers over QUIC after it, and says what
+    /// failed then. QUIC failing to reach the edge as well takes it back (an outage): the wait it
+    /// doubled is undone, and after the outage the first registration, QUIC included, takes the
+    /// next give-up back too. A registration over HTTP/2 takes any give-up back.
+    #[test]
+    fn a_give_up_of_http2_stands_only_where_quic_reaches_the_edge() {
+        let minutes = |d: Duration| d.as_secs_f64() / 60.0;
+        let mut retry = Http2Retry::new(crate::options::DEFAULT_HTTP2_RETRY);
+        // Blocked TCP: QUIC registers after the give-up.
+        assert_eq!(
+            minutes(retry.given_up(true, "tcp connect timed out".into())),
+            5.0
+        );
+        assert_eq!(
+            retry.registered(true, true),
+            Verdict::Stands {
+                error: "tcp connect timed out".into(),
+                retry_in: Duration::from_secs(5 * 60),
+            }
+        );
+        assert_eq!(
+            retry.registered(true, true),
+            Verdict::Unchanged,
+            "said once"
+        );
+        assert_eq!(retry.quic_unreachable(), Verdict::Unchanged, "stands");
+
+        // An outage: QUIC fails as HTTP/2 did, in turn, and the waits do not grow.
+        let mut retry = Http2Retry::new(crate::options::DEFAULT_HTTP2_RETRY);
+        for _ in 0..3 {
+            assert_eq!(minutes(retry.given_up(false, "refused".into())), 5.0);
+            assert_eq!(
+                retry.quic_unreachable(),
+                Verdict::TakenBack { registered: false }
+            );
+            assert_eq!(
+                retry.quic_unreachable(),
+                Verdict::Unchanged,
+                "taken back once"
+            );
+        }
+        // The outage ends during a QUIC attempt: taken back, HTTP/2 is found out by moving.
+        retry.given_up(false, "refused".into());
+        assert_eq!(
+            retry.registered(true, true),
+            Verdict::TakenBack { registered: false }
+        );
+        // Past the outage, a give-up stands on the next QUIC registration again, after the first
+        // wait.
+        assert_eq!(minutes(retry.given_up(false, "refused".into())), 5.0);
+        assert!(matches!(
+            retry.registered(true, true),
+            Verdict::Stands { .. }
+        ));
+
+        // HTTP/2 registering takes a give-up back, confirmed or not; registrations with the
+        // preference standing change nothing.
+        let mut retry = Http2Retry::new(crate::options::DEFAULT_HTTP2_RETRY);
+        retry.given_up(true, "refused".into());
+        assert_eq!(
+            retry.registered(false, true),
+            Verdict::TakenBack { registered: true }
+        );
+        assert_eq!(retry.registered(true, false), Verdict::Unchanged);
+        retry.given_up(true, "refused".into());
+        assert!(matches!(
+            retry.registered(true, true),
+            Verdict::Stands { .. }
+        ));
+        assert_eq!(
+            retry.registered(false, true),
+            Verdict::TakenBack { registered: true }
+        );
+    }
+}
