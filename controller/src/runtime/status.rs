@@ -68,7 +68,8 @@ impl From<&Condition> for KubeCondition {
 /// Conditions other controllers keep on the object (domain-prefixed types of another domain,
 /// as a policy controller's `example.com/PolicyAffected`) stay where they are: a merge patch
 /// replaces the whole list, and dropping theirs would start a write loop with them. Ours are
-/// updated in place, new ones appended, and ours no longer wanted removed.
+/// updated in place, new ones appended, and ours no longer wanted removed; theirs give way to
+/// ours past the eight conditions a list takes (see [`within_cap`]).
 pub fn conditions(desired: &[KubeCondition], existing: Option<&Value>, now: &str) -> Value {
     let render = |c: &KubeCondition, previous: Option<&Value>| {
         let status = c.status.as_str();
@@ -104,7 +105,7 @@ pub fn conditions(desired: &[KubeCondition], existing: Option<&Value>, now: &str
     for (c, _) in desired.iter().zip(&placed).filter(|(_, placed)| !**placed) {
         out.push(render(c, None));
     }
-    Value::Array(out)
+    within_cap(Value::Array(out))
 }
 
 /// Whether a condition type is this controller's to write: Gateway API's own types (no domain
@@ -376,16 +377,16 @@ fn gateway_ref(r: &ParentRef) -> Value {
 const MAX_ANCESTORS: usize = 16;
 /// The most entries a route's `status.parents` takes (the CRD's `maxItems`).
 const MAX_PARENTS: usize = 32;
-/// The most conditions a route parent's or a policy ancestor's entry takes (the CRDs'
-/// `maxItems`).
-const MAX_ENTRY_CONDITIONS: usize = 8;
+/// The most conditions a list of them takes: a Gateway's, a listener's, a GatewayClass's, a
+/// route parent's or a policy ancestor's (the Gateway API CRDs' `maxItems`).
+const MAX_CONDITIONS: usize = 8;
 
-/// `conditions` (a list) cut to [`MAX_ENTRY_CONDITIONS`]: past it the API server refuses the
+/// `conditions` (a list) cut to [`MAX_CONDITIONS`]: past it the API server refuses the
 /// whole write, at every round. Ours all stay, so what this controller judges is said;
 /// other controllers' kept on our entry go, the last first, until the list fits.
 fn within_cap(mut conditions: Value) -> Value {
     if let Value::Array(list) = &mut conditions {
-        let over = list.len().saturating_sub(MAX_ENTRY_CONDITIONS);
+        let over = list.len().saturating_sub(MAX_CONDITIONS);
         let dropped: Vec<usize> = list
             .iter()
             .enumerate()
@@ -435,11 +436,7 @@ fn owned_entries(
             entry.insert("controllerName".into(), controller_name.into());
             entry.insert(
                 "conditions".into(),
-                within_cap(conditions(
-                    &wanted,
-                    previous.and_then(|p| p.get("conditions")),
-                    now,
-                )),
+                conditions(&wanted, previous.and_then(|p| p.get("conditions")), now),
             );
             Some(Value::Object(entry))
         })
@@ -771,6 +768,43 @@ mod tests {
             "T2",
         );
         assert_eq!(again, out);
+    }
+
+    /// A Gateway's or a listener's conditions, as a route parent's, keep within the eight a
+    /// list takes: ours all stay, other controllers' give way, the last first.
+    #[test]
+    fn other_controllers_conditions_give_way_to_ours_past_eight() {
+        let theirs: Vec<Value> = (0..7)
+            .map(|i| json!({"type": format!("example.com/Policy{i}"), "status": "True", "reason": "Applied", "message": "", "lastTransitionTime": "T0"}))
+            .collect();
+        let out = conditions(
+            &[
+                cond("Accepted", true, "Accepted"),
+                cond("Programmed", true, "Programmed"),
+            ],
+            Some(&Value::Array(theirs)),
+            "T1",
+        );
+        let kinds: Vec<&str> = out
+            .as_array()
+            .expect("a list")
+            .iter()
+            .filter_map(|c| c["type"].as_str())
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "example.com/Policy0",
+                "example.com/Policy1",
+                "example.com/Policy2",
+                "example.com/Policy3",
+                "example.com/Policy4",
+                "example.com/Policy5",
+                "Accepted",
+                "Programmed"
+            ],
+            "{out}"
+        );
     }
 
     #[test]
