@@ -98,20 +98,28 @@ pub struct PlaneOutcome {
     /// logged), not its routes': they make no failure sustained, while another pod of the
     /// plane holds the config.
     pub idle: Vec<SocketAddr>,
+}
+
+impl PlaneOutcome {
     /// Every pod of the plane is idle: none holds the config, so the plane serves nothing
     /// (an image that cannot be pulled, a crash loop). Their failures count towards a
     /// sustained failure then, and are its routes' where no other plane on its tunnel serves
     /// them: running no connector, the plane gets none of the tunnel's requests.
-    pub all_down: bool,
-}
+    pub fn all_down(&self) -> bool {
+        all_idle(&self.pods, &self.idle)
+    }
 
-impl PlaneOutcome {
     /// Every pod holds the current version.
     pub fn all_current(&self) -> bool {
         self.pods
             .iter()
             .all(|(_, o)| !matches!(o, PodOutcome::Failed(_)))
     }
+}
+
+/// Whether every one of `pods` is `idle` (and there is one).
+fn all_idle(pods: &[(SocketAddr, PodOutcome)], idle: &[SocketAddr]) -> bool {
+    !pods.is_empty() && pods.iter().all(|(pod, _)| idle.contains(pod))
 }
 
 /// Keeps each plane's version and failure count between rounds, and the pushes still running.
@@ -265,7 +273,6 @@ impl Pusher {
                 stale: false,
                 token_refused: false,
                 idle: Vec::new(),
-                all_down: false,
             },
             |(_, outcome)| outcome,
         )

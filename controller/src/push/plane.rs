@@ -233,15 +233,13 @@ pub(super) async fn sync_plane(
         .into_iter()
         .filter(|pod| round.not_serving.contains(pod))
         .collect();
-    let all_down = !pods.is_empty() && pods.iter().all(|(pod, _)| idle.contains(pod));
-    let mut outcome = finish(&mut state, sustained, version, pods, &idle, all_down);
+    let mut outcome = finish(&mut state, sustained, version, pods, &idle);
     if outcome.all_current() && (pushed || state.accepted.is_empty()) {
         state.accepted = kept.iter().map(|&i| rule_key(&rules[i])).collect();
     }
     outcome.refused = refused;
     outcome.token_refused = token_refused;
     outcome.idle = idle;
-    outcome.all_down = all_down;
     // Every pod took the current token: the rollout is over, and the one before is
     // forgotten rather than offered to whatever answers at a pod's address later.
     if !previous_needed && outcome.all_current() {
@@ -411,11 +409,10 @@ fn finish(
     version: i64,
     pods: Vec<(SocketAddr, PodOutcome)>,
     idle: &[SocketAddr],
-    all_down: bool,
 ) -> PlaneOutcome {
     // A pod that serves nothing makes no failure sustained while another holds the config
     // (a pod down in a rollout); every pod down is (see `PlaneOutcome::all_down`).
-    let failed = all_down
+    let failed = super::all_idle(&pods, idle)
         || pods
             .iter()
             .any(|(pod, o)| matches!(o, PodOutcome::Failed(_)) && !idle.contains(pod));
@@ -442,7 +439,6 @@ fn finish(
         stale: false,
         token_refused: false,
         idle: Vec::new(),
-        all_down: false,
     }
 }
 

@@ -1357,7 +1357,7 @@ impl Reconciler {
             // A pod that serves nothing (see `PlaneOutcome::idle`) fails the plane (metrics,
             // logs), not its routes, which the other pods serve; unless none serves them.
             let serving_failure = outcome.pods.iter().find_map(|(pod, o)| match o {
-                PodOutcome::Failed(r) if outcome.all_down => Some(format!(
+                PodOutcome::Failed(r) if outcome.all_down() => Some(format!(
                     "every pod of the plane is down (its config port refuses connections and \
                      it is not serving: an image that cannot be pulled, a crash loop); {pod}: {r}"
                 )),
@@ -1369,7 +1369,7 @@ impl Reconciler {
                 Some(reason) if outcome.sustained_failure => {
                     let failure = PushFailure {
                         reason,
-                        all_down: outcome.all_down,
+                        all_down: outcome.all_down(),
                     };
                     if self.push_failures.insert(plane.clone(), failure).is_none() {
                         newly_failed.insert(plane.clone());
