@@ -49,8 +49,8 @@ impl<K: Eq + Hash> Held<K> {
         self.failures.get(key).map(|f| f.error.as_str())
     }
 
-    /// Writing `digest` under `key` failed with `error`.
-    pub fn failed(&mut self, key: K, digest: Vec<u8>, error: String) {
+    /// Writing `digest` under `key` failed with `error`; how long it is held back.
+    pub fn failed(&mut self, key: K, digest: Vec<u8>, error: String) -> Duration {
         let wait = self
             .failures
             .get(&key)
@@ -65,6 +65,7 @@ impl<K: Eq + Hash> Held<K> {
                 until,
             },
         );
+        wait
     }
 
     /// A write under `key` succeeded.

@@ -107,8 +107,6 @@ pub(super) struct StatusWrites {
     /// of its newer resourceVersion starts the round that writes it afresh, and until the
     /// cache has it, writing the same again is refused the same.
     conflicted: HashMap<WriteKey, Vec<u8>>,
-    /// How long each failed write waits, as `failed` has it (the same doubling).
-    waits: HashMap<WriteKey, Duration>,
     /// Wake the run loop as a failed write's wait ends: nothing else may start a round then.
     retries: JoinSet<()>,
     /// Starts a round: as a failed write's wait ends.
@@ -127,7 +125,6 @@ impl StatusWrites {
             running: InFlight::new(usize::MAX, Arc::new(Notify::new())),
             failed: Held::new(RETRY_FIRST, RETRY_MAX),
             conflicted: HashMap::new(),
-            waits: HashMap::new(),
             retries: JoinSet::new(),
             wake,
             turns: Arc::new(Semaphore::new(WRITES_AT_ONCE)),
@@ -159,13 +156,11 @@ impl StatusWrites {
             let error = match outcome {
                 Some(Written::Done) => {
                     self.failed.succeeded(&key);
-                    self.waits.remove(&key);
                     self.conflicted.remove(&key);
                     continue;
                 }
                 Some(Written::Conflict) => {
                     self.failed.succeeded(&key);
-                    self.waits.remove(&key);
                     self.conflicted.insert(key, digest);
                     continue;
                 }
@@ -175,13 +170,8 @@ impl StatusWrites {
                     "writing the status panicked".to_owned()
                 }
             };
-            let wait = self
-                .waits
-                .get(&key)
-                .map_or(RETRY_FIRST, |w| w.saturating_mul(2).min(RETRY_MAX));
-            self.waits.insert(key.clone(), wait);
-            self.failed.failed(key, content_of(&digest).to_vec(), error);
-            // After `failed` took its time: the round comes once the wait is over.
+            let wait = self.failed.failed(key, content_of(&digest).to_vec(), error);
+            // The round comes once the wait is over.
             let (wake, at) = (Arc::clone(&self.wake), tokio::time::Instant::now() + wait);
             self.retries.spawn(async move {
                 tokio::time::sleep_until(at).await;
@@ -203,7 +193,6 @@ impl StatusWrites {
             self.conflicted.remove(key);
         }
         self.failed.retain(|key| seen.contains(key));
-        self.waits.retain(|key, _| seen.contains(key));
         self.conflicted.retain(|key, _| seen.contains(key));
         let mut started = Vec::with_capacity(patches.len() + events.len());
         let events = events.into_iter().map(|event| {
