@@ -221,10 +221,7 @@ async fn the_rendered_pod_spec_runs_the_proxy_behind_its_tunnel() {
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let ca = dir.join("edge-ca.pem");
     edge.write_ca_pem(&ca).await.expect("CA written");
-    let admin: SocketAddr = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
-        l.local_addr().expect("addr")
-    };
+    let admin = cftunnel_testkit::ports::free_port().expect("a free port");
     let _proxy = Child(
         Command::new(proxy_bin())
             .env_remove("TUNNEL_TOKEN")

@@ -1975,10 +1975,7 @@ async fn the_binary_runs_against_a_kubeconfig_and_stops_on_sigterm() {
         ),
     )
     .expect("kubeconfig");
-    let health: SocketAddr = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
-        l.local_addr().expect("addr")
-    };
+    let health = cftunnel_testkit::ports::free_port().expect("a free port");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cftunnel-controller"))
         .args(["run", "--proxy-image", "proxy:bin", "--health-addr"])
         .arg(health.to_string())

@@ -4,10 +4,9 @@
 use std::process::Command;
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
+    cftunnel_testkit::ports::free_port()
         .expect("a free port")
+        .port()
 }
 
 #[test]

@@ -29,8 +29,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cftunnel_testkit::echo::{EchoConfig, EchoIdentity, EchoServer};
+use cftunnel_testkit::ports::free_port;
 use load::LoadSpec;
-use process::{free_port, CpuList, ProcessError, ScratchDir, ServerProcess};
+use process::{CpuList, ProcessError, ScratchDir, ServerProcess};
 use procfs::Memory;
 use progress::{status_line, Progress, RateMeter};
 use report::{Report, ScenarioReport, ServerCpu, Settings};

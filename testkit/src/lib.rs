@@ -27,8 +27,8 @@
 //!
 //! Helpers the tests of several crates share: [`tools`] (the real tools some tests run),
 //! [`trace`] (logs), [`wait`] (polling for a
-//! state), [`connector`] (credentials and options for a connector facing the mock edge) and
-//! [`client`] (HTTP/1.1 and h2c clients).
+//! state), [`ports`] (free ports for child processes), [`connector`] (credentials and options
+//! for a connector facing the mock edge) and [`client`] (HTTP/1.1 and h2c clients).
 //!
 //! The edge's wire format comes from `cftunnel-tunnel` itself (its stream framing, head
 //! codecs, RPC schema and HTTP/2 adapters), so the double cannot drift from the connector on
@@ -47,6 +47,7 @@ pub mod kube_api;
 pub mod older_proxy;
 pub mod otlp;
 pub mod pki;
+pub mod ports;
 pub mod tools;
 pub mod trace;
 pub mod wait;

@@ -11,7 +11,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::harness::process::{exchange, free_port, CpuList, ServerProcess};
+use cftunnel_testkit::ports::free_port;
+
+use crate::harness::process::{exchange, CpuList, ServerProcess};
 use crate::harness::scenario::tunnel::{self, Connector, Transport};
 use crate::harness::scenario::{ScenarioEnv, StartError, Target};
 

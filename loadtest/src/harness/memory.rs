@@ -6,12 +6,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
+use cftunnel_testkit::ports::free_port;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use tokio::net::TcpStream;
 
-use super::process::{free_port, CpuList, ProcessError, ServerProcess};
+use super::process::{CpuList, ProcessError, ServerProcess};
 use super::procfs::{self, Memory};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(20);

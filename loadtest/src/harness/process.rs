@@ -303,31 +303,6 @@ pub fn pin_current_process(cpus: &CpuList) -> std::io::Result<()> {
     }
 }
 
-/// A free TCP port on 127.0.0.1 for a child process to bind. The port is released before the
-/// child binds it, so another process could take it first, which shows up as a start-up
-/// failure of that scenario. It is picked below the kernel's ephemeral range, where neither
-/// outgoing connections (thousands a second under load) nor other `bind(0)`s land; only if
-/// none there is free does the kernel pick one.
-pub fn free_port() -> std::io::Result<std::net::SocketAddr> {
-    const BELOW_EPHEMERAL: std::ops::Range<u16> = 20_000..32_768;
-    // A start that differs from process to process and call to call, so concurrent harnesses
-    // do not try the same ports in the same order.
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos())
-        ^ std::process::id().rotate_left(16);
-    let span = u32::from(BELOW_EPHEMERAL.end - BELOW_EPHEMERAL.start);
-    for i in 0..64u32 {
-        let offset = seed.wrapping_add(i.wrapping_mul(7_919)) % span;
-        let port = BELOW_EPHEMERAL.start + u16::try_from(offset).unwrap_or(0);
-        if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
-            return listener.local_addr();
-        }
-    }
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    listener.local_addr()
-}
-
 /// A temporary directory for generated configs and logs, removed on drop unless kept.
 pub struct ScratchDir {
     path: PathBuf,
@@ -373,17 +348,6 @@ pub fn find_program(name: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Ports for children come from below the ephemeral range, where outgoing connections do
-    /// not take them between the pick and the child's bind; each is free when picked.
-    #[test]
-    fn free_ports_are_picked_below_the_ephemeral_range() {
-        for _ in 0..20 {
-            let addr = free_port().expect("a port");
-            assert!(addr.port() >= 20_000 && addr.port() < 32_768, "{addr}");
-            std::net::TcpListener::bind(addr).expect("still free");
-        }
-    }
 
     #[test]
     fn cpu_lists_parse_and_count() {

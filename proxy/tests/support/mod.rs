@@ -194,12 +194,12 @@ pub async fn raw(addr: SocketAddr, request: &[u8]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// A port nothing listens on right now, for a child process to bind.
+/// A port on 127.0.0.1 nothing listens on right now, for a child process to bind; picked
+/// below the ephemeral range, where other tests' connections do not take it first.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
+    cftunnel_testkit::ports::free_port()
         .expect("a free port")
+        .port()
 }
 
 /// A backend that answers each connection's first request with `answer` as soon as it has

@@ -5,7 +5,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use super::super::process::{free_port, ServerProcess};
+use cftunnel_testkit::ports::free_port;
+
+use super::super::process::ServerProcess;
 use super::{ScenarioEnv, StartError, Target};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(10);

@@ -10,7 +10,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use super::super::process::{exchange, free_port, CpuList, ServerProcess};
+use cftunnel_testkit::ports::free_port;
+
+use super::super::process::{exchange, CpuList, ServerProcess};
 use super::{ScenarioEnv, StartError, Target, LOAD_HOST};
 
 const EDGE_READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -52,12 +54,13 @@ fn token() -> String {
 }
 
 /// A 127.0.0.1 address whose port is free for TCP and UDP (the edge serves HTTP/2 over TCP
-/// and QUIC over UDP on one port). Released before the mock edge binds it, as `free_port`.
+/// and QUIC over UDP on one port). Picked and released before the mock edge binds it, as by
+/// `free_port`: below the ephemeral range, where outgoing connections and the connector's
+/// UDP sockets do not land.
 fn free_edge_addr() -> std::io::Result<SocketAddr> {
     let mut last = None;
     for _ in 0..EDGE_PORT_ATTEMPTS {
-        let tcp = std::net::TcpListener::bind("127.0.0.1:0")?;
-        let addr = tcp.local_addr()?;
+        let addr = free_port()?;
         match std::net::UdpSocket::bind(addr) {
             Ok(_) => return Ok(addr),
             Err(e) => last = Some(e),
@@ -596,9 +599,10 @@ mod tests {
     }
 
     #[test]
-    fn the_edge_port_is_free_for_tcp_and_udp() {
+    fn the_edge_port_is_free_for_tcp_and_udp_below_the_ephemeral_range() {
         let addr = free_edge_addr().expect("a free port");
         assert!(addr.ip().is_loopback());
+        assert!(addr.port() < 32_768, "{addr}: in the ephemeral range");
         assert!(std::net::TcpListener::bind(addr).is_ok());
         assert!(std::net::UdpSocket::bind(addr).is_ok());
     }
