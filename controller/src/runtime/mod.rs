@@ -2808,10 +2808,9 @@ fn shared_plane(
     class_tunnel: Option<TunnelIdentity>,
     address: String,
 ) -> Option<PlaneInfo> {
-    let Some(token) = secret_text(snapshot, &shared.auth_secret, &shared.auth_key) else {
-        tracing::warn!(secret = %shared.auth_secret, key = %shared.auth_key, "the shared plane's config-API token is missing; not pushing to it");
-        return None;
-    };
+    // Said once, while some Gateway depends on the pool (`Reconciler::note_unreached`): an
+    // idle pool's missing token is no fault, and a warning every round would bury the rest.
+    let token = secret_text(snapshot, &shared.auth_secret, &shared.auth_key)?;
     let identity = shared_identity(class, class_tunnel);
     let tunnel = match (
         &class.held,
