@@ -12,6 +12,7 @@
 mod names;
 mod owned;
 mod plan;
+
 #[cfg(test)]
 mod tests;
 
@@ -658,9 +659,11 @@ pub fn render(
     let infrastructure = gateway.spec.infrastructure.as_ref();
     let extra_labels = infrastructure
         .and_then(|i| i.labels.clone())
+        .map(tenant_keys)
         .unwrap_or_default();
     let extra_annotations = infrastructure
         .and_then(|i| i.annotations.clone())
+        .map(tenant_keys)
         .unwrap_or_default();
     let selector = names.selector_labels();
     // Infrastructure labels go first so that ours win a clash: the selector must stay ours.
@@ -1010,4 +1013,22 @@ fn default_resources() -> ResourceRequirements {
         ])),
         ..ResourceRequirements::default()
     }
+}
+
+/// Of a Gateway's infrastructure labels or annotations, those its plane's objects carry: not
+/// keys of this controller's own (`cf.k8s.lex.la/...`: the tunnel a plane runs on, its proof,
+/// a move under way), which only the controller writes and reads back, nor keys the
+/// Deployment controller writes on the objects (`deployment.kubernetes.io/...`: set by the
+/// render, they would be written back by each in turn, every time taken for drift).
+fn tenant_keys(mut keys: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    keys.retain(|key, _| {
+        let prefix = key.split_once('/').map_or("", |(prefix, _)| prefix);
+        let group = crate::snapshot::GATEWAY_CONFIG_GROUP;
+        let ours = prefix == group
+            || prefix
+                .strip_suffix(group)
+                .is_some_and(|sub| sub.ends_with('.'));
+        !ours && prefix != "deployment.kubernetes.io"
+    });
+    keys
 }

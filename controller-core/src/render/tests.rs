@@ -33,8 +33,8 @@ metadata: {{name: edge, namespace: tenant-a, uid: 0a7c0c3e-1}}
 spec:
   gatewayClassName: cloudflare-tunnel
   infrastructure:
-    labels: {{team: a, cf.k8s.lex.la/gateway: not-ours}}
-    annotations: {{owner: team-a}}
+    labels: {{team: a, cf.k8s.lex.la/gateway: not-ours, cf.k8s.lex.la/pool: x}}
+    annotations: {{owner: team-a, cf.k8s.lex.la/tunnel-before: 8c3b7d0e-0000-4000-8000-000000000000, sub.cf.k8s.lex.la/x: y, deployment.kubernetes.io/revision: "7", cluster-autoscaler.kubernetes.io/safe-to-evict: "true"}}
     parametersRef: {{group: cf.k8s.lex.la, kind: GatewayConfig, name: edge-config}}
   listeners: [{{name: https, port: 443, protocol: HTTPS}}]
 {extra}"#,
@@ -157,6 +157,7 @@ fn the_documented_example_renders_the_documented_objects() {
         }
         let annotations = m.annotations.as_ref().expect("annotations");
         assert_eq!(annotations.get("owner").map(String::as_str), Some("team-a"));
+        assert_tenant_keys_only(labels, annotations);
         let owner = &m.owner_references.as_ref().expect("owned")[0];
         assert_eq!(
             (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
@@ -177,6 +178,10 @@ fn the_documented_example_renders_the_documented_objects() {
         Some("a")
     );
     assert_eq!(pod_annotation(&p, "owner").as_deref(), Some("team-a"));
+    assert_tenant_keys_only(
+        template.labels.as_ref().expect("template labels"),
+        template.annotations.as_ref().expect("template annotations"),
+    );
     // One selector for the Deployment, the Service and the NetworkPolicy.
     let selector = spec.selector.match_labels.clone().expect("selector");
     assert_eq!(
@@ -1247,5 +1252,27 @@ fn the_deployment_names_its_tunnel_and_proves_it_for_its_gateway_only() {
     assert!(
         !named.proven_by("0a7c0c3e-1", &tunnel_proof(&[0; 32], "0a7c0c3e-1")),
         "never a tunnel known by its id alone"
+    );
+}
+
+/// A Gateway's infrastructure keys under the controller's own prefix, or that the Deployment
+/// controller writes, are not carried; other system prefixes a tenant may want are.
+fn assert_tenant_keys_only(
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+) {
+    assert_eq!(labels.get("cf.k8s.lex.la/pool"), None, "{labels:?}");
+    for key in [
+        "cf.k8s.lex.la/tunnel-before",
+        "sub.cf.k8s.lex.la/x",
+        "deployment.kubernetes.io/revision",
+    ] {
+        assert_eq!(annotations.get(key), None, "{key} in {annotations:?}");
+    }
+    assert_eq!(
+        annotations
+            .get("cluster-autoscaler.kubernetes.io/safe-to-evict")
+            .map(String::as_str),
+        Some("true")
     );
 }
