@@ -539,6 +539,22 @@ fn autoscaling_hands_the_replica_count_to_an_autoscaler_on_the_in_flight_gauge()
     assert_eq!(p.deployment.spec.as_ref().and_then(|s| s.replicas), None);
     let hpa = p.autoscaler.expect("an autoscaler");
     assert_eq!(hpa.metadata.name.as_deref(), Some("cf-proxy-edge"));
+    // Labelled as every other object of the plane: the Gateway's, its own, the well-known ones.
+    let labels = hpa.metadata.labels.as_ref().expect("labels");
+    for (k, v) in [
+        ("team", "a"),
+        (GATEWAY_LABEL, "edge"),
+        ("gateway.networking.k8s.io/gateway-name", "edge"),
+        (
+            "gateway.networking.k8s.io/gateway-class-name",
+            "cloudflare-tunnel",
+        ),
+    ] {
+        assert_eq!(labels.get(k).map(String::as_str), Some(v), "{k}");
+    }
+    let annotations = hpa.metadata.annotations.as_ref().expect("annotations");
+    assert_eq!(annotations.get("owner").map(String::as_str), Some("team-a"));
+    assert_tenant_keys_only(labels, annotations);
     assert_eq!(hpa.spec.scale_target_ref.kind, "Deployment");
     assert_eq!(hpa.spec.scale_target_ref.name, "cf-proxy-edge");
     assert_eq!(
