@@ -2284,11 +2284,22 @@ impl Tenant {
         client: impl FnOnce(&ApiServer) -> kube::Client,
         tune: impl FnOnce(&mut RuntimeOptions),
     ) -> Self {
+        Self::start_granted(spec, REQUIRED_RBAC, before, client, tune).await
+    }
+
+    /// [`Tenant::start_tuned`], the controller's client granted `rbac`.
+    async fn start_granted(
+        spec: &str,
+        rbac: &'static [cftunnel_testkit::kube_api::Rule],
+        before: impl FnOnce(&ApiServer),
+        client: impl FnOnce(&ApiServer) -> kube::Client,
+        tune: impl FnOnce(&mut RuntimeOptions),
+    ) -> Self {
         let echo = support::echo("tenant-a", "web-1").await;
         let token = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
         let third = Token::new("acct-c", b"third".to_vec(), uuid_of(THIRD_TUNNEL_ID)).encode();
         let api = ApiServer::builder()
-            .rbac(REQUIRED_RBAC)
+            .rbac(rbac)
             .seed(seed(&token, &third, echo.http_addr()))
             .start()
             .await;

@@ -10,7 +10,8 @@
 //! Here: the run loop and the round (planes, pushes, tunnel documents). `apply` writes and
 //! removes a plane's objects, in tasks of their own ([`crate::in_flight`]) that no round waits
 //! for,
-//! `report` writes statuses and Events ([`status`] builds them),
+//! `report` writes statuses, Events and the ownership list ([`status`] builds the statuses), in
+//! tasks of their own that a round waits for briefly,
 //! [`lease`] elects the one replica that acts, [`health`] serves the controller's endpoint,
 //! [`api_client`] builds the Kubernetes client, whose calls but watches are bounded in time.
 
@@ -926,7 +927,7 @@ impl Reconciler {
         watched: &PlaneObjects,
         unreadable_routes: &[UnreadableRoute],
     ) {
-        self.take_finished_applies().await;
+        self.take_finished_applies();
         self.take_finished_removals();
         self.applying_first.clear();
         self.unapplied_tunnels.clear();
@@ -1006,9 +1007,6 @@ impl Reconciler {
             &kept_tunnels,
             &mut cftunnel_config::valid::Cache::default(),
         );
-        if let Some(configmap) = &self.options.ownership_parents {
-            ownership_parents::sync(&self.client, configmap, snapshot, &output.statuses).await;
-        }
         let mut planes: BTreeMap<PlaneKey, PlaneInfo> = BTreeMap::new();
         let mut broken = Vec::new();
         // Gateways on a class not listed, since when: kept only for those still so.
@@ -1029,9 +1027,8 @@ impl Reconciler {
             match output.planes.get(&key) {
                 Some(PlaneKey::Dedicated(_)) => {
                     let plan = plans.remove(&key);
-                    if let Some(info) = self
-                        .dedicated(gw, &key, plan, snapshot, deployments, watched)
-                        .await
+                    if let Some(info) =
+                        self.dedicated(gw, &key, plan, snapshot, deployments, watched)
                     {
                         planes.insert(PlaneKey::Dedicated(key), info);
                     }
@@ -1542,7 +1539,7 @@ impl Reconciler {
 
     /// Applies a dedicated plane as the round rendered it (`plan`); `None` when it could not be
     /// applied.
-    async fn dedicated(
+    fn dedicated(
         &mut self,
         gw: &Gateway,
         key: &ObjectKey,
@@ -1627,7 +1624,7 @@ impl Reconciler {
                 return None;
             }
             Applying::Failed(NotApplied { reason, as_applied }) => {
-                self.apply_failed(&gw.object_ref(&()), key, reason).await;
+                self.apply_failed(&gw.object_ref(&()), key, reason);
                 if as_applied.is_none() {
                     self.unapplied_tunnels
                         .extend(render_tunnel.map(|t| (key.clone(), t)));
@@ -1938,8 +1935,8 @@ impl Reconciler {
     }
 
     /// Takes in the applies finished since the last round: the planes applied, and the
-    /// failures, held back until their wait is over.
-    async fn take_finished_applies(&mut self) {
+    /// failures, held back until their wait is over. Their Events go out in the background.
+    fn take_finished_applies(&mut self) {
         for (uid, digest, done) in self.applies.finished() {
             let Some(done) = done else {
                 // A bug in the apply: held back as a failure of its render, not tried at once
@@ -1959,27 +1956,28 @@ impl Reconciler {
                     self.render_failures.remove(&done.key);
                     if changed {
                         tracing::info!(gateway = %done.key, "applied the data plane");
-                        self.event(
+                        let event = self.event(
                             &done.gateway,
                             EventType::Normal,
                             "ProxyProvisioned",
                             "Render",
                             &done.note,
-                        )
-                        .await;
+                        );
+                        self.status_writes.event(event);
                     }
                 }
                 Err(reason) => {
                     self.apply_failures.failed(uid, digest, reason.clone());
-                    self.apply_failed(&done.gateway, &done.key, reason).await;
+                    self.apply_failed(&done.gateway, &done.key, reason);
                 }
             }
         }
     }
 
     /// Logs why a Gateway's plane could not be rendered or applied, and tells it in an Event
-    /// when the reason is new; its `Programmed` condition says it while it lasts.
-    async fn apply_failed(
+    /// (in the background) when the reason is new; its `Programmed` condition says it while it
+    /// lasts.
+    fn apply_failed(
         &mut self,
         gateway: &k8s_openapi::api::core::v1::ObjectReference,
         key: &ObjectKey,
@@ -1987,14 +1985,14 @@ impl Reconciler {
     ) {
         tracing::warn!(gateway = %key, %reason, "rendering the data plane failed");
         if self.render_failures.get(key) != Some(&reason) {
-            self.event(
+            let event = self.event(
                 gateway,
                 EventType::Warning,
                 "RenderFailed",
                 "Render",
                 &reason,
-            )
-            .await;
+            );
+            self.status_writes.event(event);
             self.render_failures.insert(key.clone(), reason);
         }
     }

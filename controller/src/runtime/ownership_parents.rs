@@ -12,6 +12,10 @@
 //! list: a route stored before its parent became one of ours (or before the list was
 //! written) and not changed since, and any route while the ConfigMap is missing (the policy's
 //! binding then admits).
+//!
+//! The runtime writes the list as it writes statuses: in the background, a round waiting for
+//! it briefly, and held back for a while after a failure, so a write that hangs or keeps
+//! failing (an admission webhook on ConfigMaps) holds up no round.
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
@@ -63,28 +67,39 @@ pub fn parents(statuses: &Statuses) -> String {
         .collect()
 }
 
-/// Writes the list into ConfigMap `configmap` when the watched one holds another (or none).
-/// A failure is logged and the next round tries again.
-pub async fn sync(
-    client: &Client,
-    configmap: &ObjectKey,
-    snapshot: &Snapshot,
-    statuses: &Statuses,
-) {
+/// What ConfigMap `configmap` lacks: see [`due`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Due {
+    /// The list to write ([`parents`]).
+    pub list: String,
+    /// The resourceVersion of the ConfigMap as watched; `None` when none is.
+    pub resource_version: Option<String>,
+}
+
+/// The list for a round's `statuses`, unless ConfigMap `configmap` as watched holds it already.
+pub fn due(configmap: &ObjectKey, snapshot: &Snapshot, statuses: &Statuses) -> Option<Due> {
     let list = parents(statuses);
-    let live = snapshot
-        .config_maps
-        .iter()
-        .find(|c| {
-            c.metadata.namespace.as_deref() == Some(configmap.namespace.as_str())
-                && c.metadata.name.as_deref() == Some(configmap.name.as_str())
-        })
+    let live = snapshot.config_maps.iter().find(|c| {
+        c.metadata.namespace.as_deref() == Some(configmap.namespace.as_str())
+            && c.metadata.name.as_deref() == Some(configmap.name.as_str())
+    });
+    let listed = live
         .and_then(|c| c.data.as_ref())
         .and_then(|d| d.get(DATA_KEY));
-    if live == Some(&list) {
-        return;
-    }
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &configmap.namespace);
+    (listed != Some(&list)).then(|| Due {
+        list,
+        resource_version: live.and_then(|c| c.metadata.resource_version.clone()),
+    })
+}
+
+/// Writes `list` into ConfigMap `configmap` by server-side apply, which makes the ConfigMap
+/// again if it was deleted; logs how it went.
+///
+/// # Errors
+/// The API server's refusal or failure: routes are judged by the controller alone meanwhile,
+/// and the caller tries again after a wait.
+pub async fn write(client: Client, configmap: ObjectKey, list: String) -> Result<(), kube::Error> {
+    let api: Api<ConfigMap> = Api::namespaced(client, &configmap.namespace);
     let object = json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -100,10 +115,12 @@ pub async fn sync(
         .await
     {
         Ok(_) => {
-            tracing::info!(%configmap, "listed this controller's Gateways for hostname-ownership admission")
+            tracing::info!(%configmap, "listed this controller's Gateways for hostname-ownership admission");
+            Ok(())
         }
         Err(error) => {
-            tracing::warn!(%configmap, %error, "the Gateways for hostname-ownership admission could not be listed; routes are judged by the controller alone meanwhile")
+            tracing::warn!(%configmap, %error, "the Gateways for hostname-ownership admission could not be listed; routes are judged by the controller alone meanwhile");
+            Err(error)
         }
     }
 }
@@ -117,6 +134,20 @@ mod tests {
 
     use super::*;
     use crate::translate::{GatewayStatus, ListenerSetStatus};
+
+    /// Writes the list for `statuses` when `snapshot`'s ConfigMap lacks it, as a round does.
+    async fn sync(
+        client: &Client,
+        configmap: &ObjectKey,
+        snapshot: &Snapshot,
+        statuses: &Statuses,
+    ) {
+        if let Some(due) = due(configmap, snapshot, statuses) {
+            write(client.clone(), configmap.clone(), due.list)
+                .await
+                .expect("the list is written");
+        }
+    }
 
     fn ours(gateways: &[(&str, &str)]) -> Statuses {
         let mut statuses = Statuses::default();

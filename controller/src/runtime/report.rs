@@ -1,5 +1,7 @@
 //! What a round reports: statuses (merge patches of the status subresources, written only when
-//! they differ) of GatewayClasses, Gateways, GatewayConfigs and routes, and Events.
+//! they differ) of GatewayClasses, Gateways, GatewayConfigs and routes, Events, and the
+//! hostname-ownership list ([`ownership_parents`]). All go out in the background
+//! ([`StatusWrites`]), so none that hangs holds up a round.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -17,6 +19,7 @@ use kube::core::DynamicObject;
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{json, Value};
+use tokio::sync::oneshot::{self, error::TryRecvError};
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument as _;
@@ -24,7 +27,8 @@ use tracing::Instrument as _;
 use super::status::{self, set_programmed_pending, ConfigUser, KubeCondition, Truth};
 use super::stores::UnreadableRoute;
 use super::{
-    object_key, PlaneInfo, PushFailure, Reconciler, PROXY_CONFIG_PUSHED, TUNNEL_DOCUMENT_WRITTEN,
+    object_key, ownership_parents, PlaneInfo, PushFailure, Reconciler, PROXY_CONFIG_PUSHED,
+    TUNNEL_DOCUMENT_WRITTEN,
 };
 use crate::gateway_class_config::{GatewayClassConfig, GATEWAY_CLASS_CONFIG_KIND};
 use crate::gateway_config::GatewayConfig;
@@ -42,9 +46,16 @@ fn clipped(note: &str) -> &str {
     &note[..note.floor_char_boundary(NOTE_LIMIT)]
 }
 
-/// The most status writes and Events in flight at once, this round's and those earlier rounds
-/// left running.
+/// The most status writes in flight at once, this round's and those earlier rounds left
+/// running.
 const WRITES_AT_ONCE: usize = 16;
+/// The most Events being published at once. Events take turns of their own: an events API that
+/// hangs (an admission webhook on `events` that times out) holds up no status write.
+const EVENTS_AT_ONCE: usize = 8;
+/// The most Events not published yet (waiting for a turn, for an earlier Event about the same
+/// object, or for the API server's answer). Past it, a new Event is dropped and the drop
+/// logged: the condition it mirrors still says it.
+const EVENTS_QUEUED: usize = 1024;
 /// How long a status write that failed waits before the same status is sent again, doubling
 /// with each failure in a row up to [`RETRY_MAX`]. A status a webhook keeps refusing (or that
 /// keeps timing out) would otherwise be sent again at every round. Another status of the
@@ -53,10 +64,12 @@ const RETRY_FIRST: Duration = Duration::from_secs(5);
 /// See [`RETRY_FIRST`].
 const RETRY_MAX: Duration = Duration::from_secs(300);
 
-/// What a write is of: an object's status (by its URL), or an Event, each its own.
+/// What a write is of: an object's status (by its URL), an object the controller keeps whole
+/// (by its URL: the hostname-ownership list's ConfigMap), or an Event, each its own.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum WriteKey {
     Status(String),
+    Object(String),
     Event(u64),
 }
 
@@ -69,13 +82,14 @@ enum Written {
     Failed(String),
 }
 
-/// The writes a round's report makes (status patches, Events), collected, and started
-/// together once all are known ([`StatusWrites::run`]).
+/// The writes a round's report makes (status patches, the ownership list, Events), collected,
+/// and started together once all are known ([`StatusWrites::run`]).
 #[derive(Default)]
 pub(super) struct Writes {
-    /// Status patches, each with what it is of and the digest of what it says.
+    /// Status patches and the ownership list, each with what it is of and the digest of what it
+    /// says.
     patches: Vec<(WriteKey, Vec<u8>, BoxFuture<'static, Written>)>,
-    events: Vec<BoxFuture<'static, ()>>,
+    events: Vec<EventPost>,
     /// Objects whose status already says what the round wants: a write of something else
     /// still running for them is dropped.
     settled: Vec<WriteKey>,
@@ -85,18 +99,34 @@ pub(super) struct Writes {
 
 impl Writes {
     /// An Event to publish.
-    fn push(&mut self, event: impl std::future::Future<Output = ()> + Send + 'static) {
-        self.events.push(Box::pin(event.in_current_span()));
+    fn push(&mut self, event: EventPost) {
+        self.events.push(event);
     }
 }
 
-/// Status writes and Events, each a task of its own, [`WRITES_AT_ONCE`] at a time. A round
-/// waits for the ones it starts for [`push::ROUND_WAIT`] at most: one the API server is slow
-/// to answer (an admission webhook on a status that times out) goes on by itself, so one
-/// tenant's slow status writes hold up no other tenant's next push. A write still running is
-/// not started again for the same status at the same resourceVersion, and is dropped for a
-/// newer one; one that failed is held back for a while ([`RETRY_FIRST`]), and the round after
-/// its wait sends it again.
+/// An Event to publish ([`Reconciler::event`]), with the object it is about.
+pub(super) struct EventPost {
+    /// The object's kind, namespace and name: Events about it go out one after another.
+    regarding: String,
+    /// For the log, should it be dropped.
+    reason: String,
+    post: BoxFuture<'static, ()>,
+}
+
+/// Status writes, the ownership list and Events, each a task of its own, [`WRITES_AT_ONCE`]
+/// writes and [`EVENTS_AT_ONCE`] Events at a time. A round waits for the ones it starts for
+/// [`push::ROUND_WAIT`] at most: one the API server is slow to answer (an admission webhook on
+/// a status, on `events` or on ConfigMaps that times out) goes on by itself, so one tenant's
+/// slow writes hold up no other tenant's next push. A write still running is not started
+/// again for the same status at the same resourceVersion, and is dropped for a newer one; one
+/// that failed is held back for a while ([`RETRY_FIRST`]), and the round after its wait sends
+/// it again.
+///
+/// Events ([`StatusWrites::event`]) are deduplicated where they are made (one per new reason
+/// or message), go out in the order they were made per object (each waits for the one before
+/// it about the same object), and are not sent again once the API server answered, whatever
+/// it answered (a failure is logged). At most [`EVENTS_QUEUED`] wait at once: past it, a new
+/// one is dropped, and the drop logged.
 pub(super) struct StatusWrites {
     /// By [`write_digest`]: what each says, and the resourceVersion it is written at.
     running: InFlight<WriteKey, Written>,
@@ -112,6 +142,13 @@ pub(super) struct StatusWrites {
     /// Starts a round: as a failed write's wait ends.
     wake: Arc<Notify>,
     turns: Arc<Semaphore>,
+    /// Turns of Events' own ([`EVENTS_AT_ONCE`]).
+    event_turns: Arc<Semaphore>,
+    /// One for each Event not published yet ([`EVENTS_QUEUED`]), held by its task.
+    event_slots: Arc<Semaphore>,
+    /// Per object ([`EventPost::regarding`]): the end of the last Event started about it, which
+    /// the next one waits for. Closed once that Event's task ends, however it ends.
+    event_chains: HashMap<String, oneshot::Receiver<()>>,
     /// The last Event's number.
     events: u64,
 }
@@ -128,8 +165,56 @@ impl StatusWrites {
             retries: JoinSet::new(),
             wake,
             turns: Arc::new(Semaphore::new(WRITES_AT_ONCE)),
+            event_turns: Arc::new(Semaphore::new(EVENTS_AT_ONCE)),
+            event_slots: Arc::new(Semaphore::new(EVENTS_QUEUED)),
+            event_chains: HashMap::new(),
             events: 0,
         }
+    }
+
+    /// Starts publishing `event` in the background, once the Events started before it about
+    /// the same object have ended; nothing waits for it. When [`EVENTS_QUEUED`] Events wait
+    /// already, it is dropped.
+    pub(super) fn event(&mut self, event: EventPost) {
+        self.start_event(event);
+    }
+
+    /// [`StatusWrites::event`], returning the Event's key, to wait for; none when it is
+    /// dropped.
+    fn start_event(&mut self, event: EventPost) -> Option<WriteKey> {
+        let EventPost {
+            regarding,
+            reason,
+            post,
+        } = event;
+        let Ok(slot) = Arc::clone(&self.event_slots).try_acquire_owned() else {
+            tracing::warn!(
+                %regarding,
+                %reason,
+                waiting = EVENTS_QUEUED,
+                "too many Events wait for the API server; this one is dropped (its condition still says it)"
+            );
+            return None;
+        };
+        let (ended, end) = oneshot::channel::<()>();
+        let before = self.event_chains.insert(regarding, end);
+        let turns = Arc::clone(&self.event_turns);
+        self.events = self.events.wrapping_add(1);
+        let key = WriteKey::Event(self.events);
+        self.running.start(key.clone(), Vec::new(), async move {
+            // Dropped as the task ends, finished or dropped: the next Event about the object
+            // goes then.
+            let (_slot, _ended) = (slot, ended);
+            if let Some(before) = before {
+                // Closed, never sent: its end is all that is waited for.
+                let _ = before.await;
+            }
+            // Never closed; were it, the Event would go ahead without a turn.
+            let _turn = turns.acquire().await.ok();
+            post.await;
+            Written::Done
+        });
+        Some(key)
     }
 
     /// Whether what `content` (its [`content_digest`]) says of `key`, computed from the object
@@ -149,6 +234,9 @@ impl StatusWrites {
         while self.retries.try_join_next().is_some() {}
         let done = self.running.finished();
         self.settle(done);
+        // Objects whose last Event has ended: the next one about them waits for nothing.
+        self.event_chains
+            .retain(|_, end| matches!(end.try_recv(), Err(TryRecvError::Empty)));
     }
 
     fn settle(&mut self, done: Vec<Finished<WriteKey, Written>>) {
@@ -195,16 +283,7 @@ impl StatusWrites {
         self.failed.retain(|key| seen.contains(key));
         self.conflicted.retain(|key, _| seen.contains(key));
         let mut started = Vec::with_capacity(patches.len() + events.len());
-        let events = events.into_iter().map(|event| {
-            self.events = self.events.wrapping_add(1);
-            let job: BoxFuture<'static, Written> = Box::pin(async move {
-                event.await;
-                Written::Done
-            });
-            (WriteKey::Event(self.events), Vec::new(), job)
-        });
-        let jobs: Vec<_> = patches.into_iter().chain(events).collect();
-        for (key, digest, job) in jobs {
+        for (key, digest, job) in patches {
             let turns = Arc::clone(&self.turns);
             self.running.start(key.clone(), digest, async move {
                 // Never closed; were it, the write would go ahead without a turn.
@@ -212,6 +291,9 @@ impl StatusWrites {
                 job.await
             });
             started.push(key);
+        }
+        for event in events {
+            started.extend(self.start_event(event));
         }
         // Last started first: turns are handed out in order, so the wait's check for one of
         // them still running mostly stops at the first.
@@ -221,10 +303,11 @@ impl StatusWrites {
         self.settle(done);
     }
 
-    /// Drops every write running (this replica no longer leads).
+    /// Drops every write and Event running (this replica no longer leads).
     pub(super) fn abort_all(&mut self) {
         self.running.abort_all();
         self.retries.abort_all();
+        self.event_chains.clear();
     }
 }
 
@@ -265,7 +348,7 @@ fn content_digest(status: &Value) -> Vec<u8> {
 }
 
 impl Reconciler {
-    /// Publishing an Event, as a future of its own.
+    /// An Event to publish, through [`StatusWrites::event`] or a round's [`Writes`].
     pub(super) fn event(
         &self,
         regarding: &ObjectReference,
@@ -273,7 +356,7 @@ impl Reconciler {
         reason: &str,
         action: &str,
         note: &str,
-    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+    ) -> EventPost {
         let event = Event {
             type_,
             reason: reason.to_owned(),
@@ -281,11 +364,24 @@ impl Reconciler {
             action: action.to_owned(),
             secondary: None,
         };
-        let (recorder, regarding) = (self.recorder.clone(), regarding.clone());
-        async move {
-            if let Err(e) = recorder.publish(&event, &regarding).await {
-                tracing::warn!(error = %e, reason = %event.reason, "publishing an Event failed");
+        let text = |field: &Option<String>| field.clone().unwrap_or_default();
+        let of = format!(
+            "{} {}/{}",
+            text(&regarding.kind),
+            text(&regarding.namespace),
+            text(&regarding.name)
+        );
+        let (recorder, object) = (self.recorder.clone(), regarding.clone());
+        let regarding = of.clone();
+        let post = async move {
+            if let Err(e) = recorder.publish(&event, &object).await {
+                tracing::warn!(error = %e, reason = %event.reason, regarding = %of, "publishing an Event failed");
             }
+        };
+        EventPost {
+            regarding,
+            reason: reason.to_owned(),
+            post: Box::pin(post.in_current_span()),
         }
     }
 
@@ -656,7 +752,48 @@ impl Reconciler {
         self.refused_told
             .retain(|route, _| routes_seen.contains(route));
         self.write_unreadable_route_statuses(&mut writes, unreadable_routes, controller, &now);
+        self.write_ownership_parents(&mut writes, snapshot, output);
         self.status_writes.run(writes).await;
+    }
+
+    /// Writes this controller's parents into the hostname-ownership ConfigMap when the watched
+    /// one lists others ([`ownership_parents`]), as a status is written: in the background,
+    /// and held back for a while after a failure. An admission webhook on ConfigMaps that
+    /// hangs, or one that refuses, would otherwise hold up or cost every round.
+    fn write_ownership_parents(
+        &self,
+        writes: &mut Writes,
+        snapshot: &Snapshot,
+        output: &translate::Output,
+    ) {
+        let Some(configmap) = &self.options.ownership_parents else {
+            return;
+        };
+        let key = WriteKey::Object(format!(
+            "/api/v1/namespaces/{}/configmaps/{}",
+            configmap.namespace, configmap.name
+        ));
+        writes.seen.insert(key.clone());
+        let Some(due) = ownership_parents::due(configmap, snapshot, &output.statuses) else {
+            writes.settled.push(key);
+            return;
+        };
+        let content = content_digest(&Value::String(due.list.clone()));
+        let version = due.resource_version.as_deref();
+        if self.status_writes.covered(&key, &content, version) {
+            return;
+        }
+        let digest = write_digest(&content, version);
+        let write = ownership_parents::write(self.client.clone(), configmap.clone(), due.list);
+        let write = async move {
+            match write.await {
+                Ok(()) => Written::Done,
+                Err(e) => Written::Failed(e.to_string()),
+            }
+        };
+        writes
+            .patches
+            .push((key, digest, Box::pin(write.in_current_span())));
     }
 
     /// For the plane of a Gateway never applied (being applied, or its first apply failed),
@@ -1189,6 +1326,75 @@ fn push_failed(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn post(
+        regarding: &str,
+        post: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> EventPost {
+        EventPost {
+            regarding: regarding.to_owned(),
+            reason: "Test".to_owned(),
+            post: Box::pin(post),
+        }
+    }
+
+    async fn next(
+        posted: &mut tokio::sync::mpsc::UnboundedReceiver<&'static str>,
+    ) -> Option<&'static str> {
+        tokio::time::timeout(Duration::from_secs(5), posted.recv())
+            .await
+            .expect("an Event posted")
+    }
+
+    #[tokio::test]
+    async fn events_about_one_object_go_out_in_order_and_past_the_bound_are_dropped() {
+        let mut writes = StatusWrites::new(Arc::new(Notify::new()));
+        let (sent, mut posted) = tokio::sync::mpsc::unbounded_channel();
+        let (release, released) = oneshot::channel::<()>();
+        let (a1, a2, b1) = (sent.clone(), sent.clone(), sent);
+        writes.event(post("a", async move {
+            let _ = released.await;
+            let _ = a1.send("a1");
+        }));
+        writes.event(post("a", async move {
+            let _ = a2.send("a2");
+        }));
+        writes.event(post("b", async move {
+            let _ = b1.send("b1");
+        }));
+        assert_eq!(
+            next(&mut posted).await,
+            Some("b1"),
+            "another object's goes at once"
+        );
+        let _ = release.send(());
+        assert_eq!(next(&mut posted).await, Some("a1"));
+        assert_eq!(
+            next(&mut posted).await,
+            Some("a2"),
+            "after the one before it"
+        );
+
+        writes.take_finished();
+        for _ in 0..EVENTS_QUEUED {
+            assert!(writes
+                .start_event(post("c", std::future::pending()))
+                .is_some());
+        }
+        assert!(
+            writes.start_event(post("d", async {})).is_none(),
+            "dropped past the bound"
+        );
+        writes.abort_all();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while writes.event_slots.available_permits() < EVENTS_QUEUED {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the dropped Events' places freed");
+        assert!(writes.start_event(post("d", async {})).is_some());
+    }
 
     #[test]
     fn a_note_is_cut_to_the_byte_limit_at_a_character_boundary() {

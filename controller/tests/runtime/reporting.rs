@@ -1,19 +1,20 @@
-//! What the controller reports, and when: status writes that hang, fail or conflict hold up no
-//! other tenant and are not sent again at every round, but are once their wait is over or the
-//! object changed under them; a new Gateway's routes wait for its plane and tunnel document,
+//! What the controller reports, and when: status writes, Events and the hostname-ownership list
+//! that hang hold up no other tenant, and Events about one object go out in order; status
+//! writes that fail or conflict are not sent again at every round, but are once their wait is
+//! over or the object changed under them; a new Gateway's routes wait for its plane and tunnel document,
 //! unless another plane on its tunnel serves them (a broken one does not); a plane whose pods are all down is reported on its
 //! routes, unless another plane on its tunnel serves them; and other controllers' conditions on
 //! our route parents give way to ours at the CRD's cap.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use cftunnel_controller::runtime::SharedPlane;
+use cftunnel_controller::runtime::{ownership_parents, SharedPlane, REQUIRED_RBAC};
 use cftunnel_controller::translate::ObjectKey;
 use cftunnel_proxy::Server;
 use cftunnel_testkit::cloudflare_api::CloudflareApi;
-use cftunnel_testkit::kube_api::{ApiServer, Call, Forbid};
+use cftunnel_testkit::kube_api::{ApiServer, Call, Forbid, Rule};
 use cftunnel_tunnel::Token;
 use serde_json::{json, Value};
 
@@ -76,6 +77,277 @@ async fn a_route_status_write_that_hangs_holds_up_no_other_tenants_push() {
             deleted.elapsed()
         );
         hold.release();
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// Whether `call` posts an Event about the object named `name`.
+fn event_post_about(call: &Call<'_>, name: &str) -> bool {
+    call.method == "POST" && call.kind == "Event" && call.body["regarding"]["name"] == name
+}
+
+/// The stored Events about the object named `name`, oldest first: `(reason, type)`.
+fn events_about(api: &ApiServer, name: &str) -> Vec<(String, String)> {
+    let mut events: Vec<(u64, String, String)> = api
+        .list("Event")
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == name)
+        .map(|e| {
+            let version = e["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|v| v.parse().ok())
+                .expect("a stored object's resourceVersion");
+            let text = |field: &str| e[field].as_str().unwrap_or_default().to_owned();
+            (version, text("reason"), text("type"))
+        })
+        .collect();
+    events.sort();
+    events.into_iter().map(|(_, r, t)| (r, t)).collect()
+}
+
+/// Every Event posted: the name of the object it is about and its reason, in the order the
+/// posts reached the API server (held ones included).
+type EventPosts = Arc<Mutex<Vec<(String, String)>>>;
+
+/// Records the Events posted ([`EventPosts`]) while the guard lives.
+fn record_event_posts(api: &ApiServer) -> (EventPosts, Forbid) {
+    let posted = Arc::new(Mutex::new(Vec::new()));
+    let recorded = Arc::clone(&posted);
+    let guard = api.forbid(move |c| {
+        if c.method == "POST" && c.kind == "Event" {
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            recorded
+                .lock()
+                .expect("the recorded posts")
+                .push((text(&c.body["regarding"]["name"]), text(&c.body["reason"])));
+        }
+        false
+    });
+    (posted, guard)
+}
+
+/// Fails every apply of tenant-c's plane and changes its render: Gateway `third` gets a
+/// `RenderFailed` Event.
+fn fail_third_apply(api: &ApiServer) -> Forbid {
+    let failing = api.fail(500, |c| {
+        c.method == "PATCH"
+            && c.kind == "Deployment"
+            && c.body.pointer("/metadata/namespace") == Some(&json!("tenant-c"))
+    });
+    api.put(yaml(
+        "apiVersion: cf.k8s.lex.la/v1alpha1\nkind: GatewayConfig\nmetadata: {name: third-config, namespace: tenant-c}\nspec: {tunnelTokenSecretRef: {name: third-tunnel-token}, replicas: 3}\n",
+    ));
+    failing
+}
+
+/// An Event the API server does not answer (an admission webhook on `events` that hangs, or an
+/// API server slow on them) holds up no other tenant: one tenant's `RenderFailed` goes out by
+/// itself while another tenant's route change reaches its pod, and is published, once, when
+/// the API server answers.
+#[tokio::test]
+async fn an_event_that_hangs_holds_up_no_other_tenants_push() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (t, edge) = Tenant::with_pod("replicas: 1").await;
+        shop_serves(&edge, 200).await;
+        eventually("third's ProxyProvisioned", || {
+            events_about(&t.api, "third")
+                .contains(&("ProxyProvisioned".into(), "Normal".into()))
+                .then_some(())
+        })
+        .await;
+
+        // The test's API client waits far longer than the test.
+        let hold = t.api.hold(|c| event_post_about(c, "third"));
+        let (posted, _recording) = record_event_posts(&t.api);
+        let _failing = fail_third_apply(&t.api);
+        tokio::time::timeout(Duration::from_secs(20), hold.arrived(1))
+            .await
+            .expect("third's RenderFailed posted");
+
+        t.api.delete(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "tenant-a",
+            "shop",
+        );
+        shop_serves(&edge, 404).await;
+
+        hold.release();
+        assert_eq!(hold.answered(1).await, [201], "published once answered");
+        eventually("third's RenderFailed", || {
+            events_about(&t.api, "third")
+                .contains(&("RenderFailed".into(), "Warning".into()))
+                .then_some(())
+        })
+        .await;
+        t.rounds(3, Duration::from_millis(300)).await;
+        let third: Vec<_> = posted
+            .lock()
+            .expect("the recorded posts")
+            .iter()
+            .filter(|(name, _)| name == "third")
+            .cloned()
+            .collect();
+        assert_eq!(
+            third,
+            [("third".to_owned(), "RenderFailed".to_owned())],
+            "posted once"
+        );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// Events held from the start (the events API down as the controller starts) hold up no
+/// plane: the planes are applied and pushed to while their `ProxyProvisioned` waits. Events
+/// about one object go out in the order they were made: a Gateway's `RenderFailed` waits for
+/// its `ProxyProvisioned` still unanswered, and follows it once that is.
+#[tokio::test]
+async fn events_held_from_the_start_hold_up_no_push_and_go_out_in_order() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let edge = proxy_pod("s3cr3t").await;
+        let (mut held, mut recording) = (None, None);
+        let t = Tenant::start_with("replicas: 1", |api| {
+            api.put(config_slice(
+                "tenant-a",
+                "cf-proxy-edge-config",
+                edge.admin_addr().port(),
+                true,
+            ));
+            recording = Some(record_event_posts(api));
+            held = Some(api.hold(|c| c.method == "POST" && c.kind == "Event"));
+        })
+        .await;
+        let hold = held.expect("every Event post is held");
+        let (posted, _recording) = recording.expect("Event posts are recorded");
+        let about = |name: &str| -> Vec<String> {
+            posted
+                .lock()
+                .expect("the recorded posts")
+                .iter()
+                .filter(|(n, _)| n == name)
+                .map(|(_, reason)| reason.clone())
+                .collect()
+        };
+        shop_serves(&edge, 200).await;
+        eventually("third's ProxyProvisioned posted", || {
+            (about("third") == ["ProxyProvisioned"]).then_some(())
+        })
+        .await;
+
+        let _failing = fail_third_apply(&t.api);
+        eventually("third's failed apply reported", || {
+            t.api
+                .get(
+                    "gateway.networking.k8s.io/v1",
+                    "Gateway",
+                    "tenant-c",
+                    "third",
+                )
+                .and_then(|g| condition(&g["status"]["conditions"], "Programmed").cloned())
+                .filter(|c| {
+                    c["message"]
+                        .as_str()
+                        .is_some_and(|m| m.starts_with("the data plane could not be applied"))
+                })
+        })
+        .await;
+        t.rounds(3, Duration::from_millis(300)).await;
+        assert_eq!(
+            about("third"),
+            ["ProxyProvisioned"],
+            "its RenderFailed waits for the ProxyProvisioned before it"
+        );
+
+        hold.release();
+        let third = eventually("third's Events published", || {
+            let third = events_about(&t.api, "third");
+            (third.len() == 2).then_some(third)
+        })
+        .await;
+        assert_eq!(
+            third,
+            [
+                ("ProxyProvisioned".to_owned(), "Normal".to_owned()),
+                ("RenderFailed".to_owned(), "Warning".to_owned())
+            ]
+        );
+        assert_eq!(about("third"), ["ProxyProvisioned", "RenderFailed"]);
+        eventually("edge's ProxyProvisioned published", || {
+            events_about(&t.api, "edge")
+                .contains(&("ProxyProvisioned".into(), "Normal".into()))
+                .then_some(())
+        })
+        .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The controller's rules, and those of the hostname-ownership list's ConfigMap.
+static WITH_OWNERSHIP_LIST: LazyLock<Vec<Rule>> = LazyLock::new(|| {
+    REQUIRED_RBAC
+        .iter()
+        .copied()
+        .chain([ownership_parents::RBAC])
+        .collect()
+});
+
+/// A write of the hostname-ownership list the API server does not answer (an admission webhook
+/// on ConfigMaps that hangs) holds up no round: the planes are applied and pushed to
+/// meanwhile, and the list is written once the API server answers.
+#[tokio::test]
+async fn an_ownership_list_write_that_hangs_holds_up_no_push() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let edge = proxy_pod("s3cr3t").await;
+        let configmap = ObjectKey::new("cftunnel-system", "cf-hostname-ownership");
+        let mut held = None;
+        let t = Tenant::start_granted(
+            "replicas: 1",
+            WITH_OWNERSHIP_LIST.as_slice(),
+            |api| {
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    edge.admin_addr().port(),
+                    true,
+                ));
+                held = Some(api.hold(|c| c.method == "PATCH" && c.kind == "ConfigMap"));
+            },
+            ApiServer::client,
+            |options| options.ownership_parents = Some(configmap.clone()),
+        )
+        .await;
+        let hold = held.expect("the list's writes are held");
+        tokio::time::timeout(Duration::from_secs(20), hold.arrived(1))
+            .await
+            .expect("the list's write");
+
+        shop_serves(&edge, 200).await;
+        t.api.delete(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            "tenant-a",
+            "shop",
+        );
+        shop_serves(&edge, 404).await;
+
+        hold.release();
+        let list = eventually("the list written", || {
+            t.api
+                .get("v1", "ConfigMap", &configmap.namespace, &configmap.name)
+                .and_then(|c| {
+                    c["data"][ownership_parents::DATA_KEY]
+                        .as_str()
+                        .map(str::to_owned)
+                })
+        })
+        .await;
+        assert!(list.contains("Gateway/tenant-a/edge\n"), "{list}");
         t.stop().await;
     })
     .await
