@@ -11,7 +11,7 @@
 //! removes a plane's objects, in tasks of their own ([`crate::in_flight`]) that no round waits
 //! for,
 //! `report` writes statuses, Events and the ownership list ([`status`] builds the statuses), in
-//! tasks of their own that a round waits for briefly,
+//! tasks of their own (a round waits for the writes briefly, for Events not at all),
 //! [`lease`] elects the one replica that acts, [`health`] serves the controller's endpoint,
 //! [`api_client`] builds the Kubernetes client, whose calls but watches are bounded in time.
 
@@ -28,6 +28,7 @@ pub mod status;
 pub mod stores;
 
 pub use apply::{fresh_token, REPLICAS_HANDOVER_MANAGER};
+pub use report::EventLimits;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
@@ -311,6 +312,8 @@ pub struct RuntimeOptions {
     /// The ConfigMap listing this controller's parents for hostname-ownership admission
     /// ([`ownership_parents`]); `None`: not listed.
     pub ownership_parents: Option<ObjectKey>,
+    /// How the controller's Events share the API server.
+    pub events: EventLimits,
 }
 
 impl Default for RuntimeOptions {
@@ -330,6 +333,7 @@ impl Default for RuntimeOptions {
             crd_wait: stores::CRD_WAIT,
             api_discovery: optional_apis::ApiDiscovery::default(),
             ownership_parents: None,
+            events: EventLimits::default(),
         }
     }
 }
@@ -496,7 +500,8 @@ pub async fn run(
                 reconciler.applies.abort_all();
                 reconciler.removals.abort_all();
                 reconciler.tunnel_sync.abort_all();
-                reconciler.status_writes.abort_all();
+                // Not resumed: what its Events told is dropped with it.
+                drop(reconciler.status_writes.abort_all());
                 reconciler.cut = true;
             }
             () = &mut shutdown => break,
@@ -532,8 +537,14 @@ struct Reconciler {
     pruned: Arc<std::sync::Mutex<status::Pruned>>,
     /// Status writes and Events still running, and those that failed lately.
     status_writes: report::StatusWrites,
-    /// Per Gateway: the last render error reported, so a persisting one is not re-sent.
+    /// Per Gateway: the last render error, while it lasts (its `Programmed` says it).
     render_failures: HashMap<ObjectKey, String>,
+    /// Per Gateway: the render error told in a `RenderFailed` Event, so a persisting one is not
+    /// re-sent.
+    render_failed_told: HashMap<ObjectKey, String>,
+    /// Per Gateway: a `ProxyProvisioned` Event not taken yet (no room for it), with the
+    /// Gateway and its note: offered again at each round.
+    provisioned_untold: HashMap<ObjectKey, (k8s_openapi::api::core::v1::ObjectReference, String)>,
     tunnel_api: Option<TunnelApi>,
     tunnel_sync: TunnelSync,
     /// Per plane: why its tunnel's ingress document could not be written this round.
@@ -553,6 +564,9 @@ struct Reconciler {
     refused_rules: BTreeMap<translate::RouteKey, Vec<String>>,
     /// Routes told of refused rules, with what they were told: an Event once per change.
     refused_told: HashMap<String, String>,
+    /// Routes told their plane's pods have not taken the config: an Event once per run of
+    /// failures.
+    push_failed_told: HashSet<String>,
     /// Per Gateway uid: the plane last applied.
     applied: HashMap<String, AppliedPlane>,
     /// Per Gateway uid: the render whose apply failed last, answered with its error until the
@@ -821,6 +835,7 @@ impl Reconciler {
         listener_set_resource: optional_apis::Served,
         wake: Arc<Notify>,
     ) -> Self {
+        let events = options.events;
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -857,9 +872,11 @@ impl Reconciler {
             push_failures: HashMap::new(),
             behind: Vec::new(),
             pruned: Default::default(),
-            status_writes: report::StatusWrites::new(Arc::clone(&wake)),
+            status_writes: report::StatusWrites::new(Arc::clone(&wake), events),
             class_unlisted: HashMap::new(),
             render_failures: HashMap::new(),
+            render_failed_told: HashMap::new(),
+            provisioned_untold: HashMap::new(),
             listener_set_resource,
             last_good: HashMap::new(),
             read_back_at: HashMap::new(),
@@ -872,6 +889,7 @@ impl Reconciler {
             condition_told: HashMap::new(),
             refused_rules: BTreeMap::new(),
             refused_told: HashMap::new(),
+            push_failed_told: HashSet::new(),
             applied: HashMap::new(),
             apply_failures: Held::new(APPLY_RETRY_FIRST, APPLY_RETRY_MAX),
             removals: InFlight::new(APPLIES_AT_ONCE, Arc::clone(&wake)),
@@ -892,14 +910,19 @@ impl Reconciler {
     }
 
     /// Stops what runs on its own while this replica does not lead: applies, pushes, tunnel
-    /// writes, status writes and reads back. What it remembers stays, for a return to leading in the same term.
+    /// writes, status writes, Events and reads back. What it remembers stays, for a return to
+    /// leading in the same term, but that it told what the Events dropped unanswered tell: it
+    /// makes them again then (one the API server stored without answering in time shows
+    /// twice).
     fn pause(&mut self) {
         self.applies.abort_all();
         self.removals.abort_all();
         self.pusher.abort_all();
         self.tunnel_sync.abort_all();
         self.read_backs.abort_all();
-        self.status_writes.abort_all();
+        for told in self.status_writes.abort_all() {
+            self.untell(told);
+        }
     }
 
     /// The failure counts, for `/metrics`.
@@ -1200,6 +1223,10 @@ impl Reconciler {
         }
         self.render_failures
             .retain(|key, _| output.statuses.gateways.contains_key(key));
+        self.render_failed_told
+            .retain(|key, _| output.statuses.gateways.contains_key(key));
+        self.provisioned_untold
+            .retain(|key, _| output.statuses.gateways.contains_key(key));
         let uids: std::collections::HashSet<&str> = snapshot
             .gateways
             .iter()
@@ -1319,7 +1346,6 @@ impl Reconciler {
             }
         }
         self.refused_rules = refused_rules(&output, &outcomes);
-        let mut newly_failed = BTreeSet::new();
         for (plane, outcome) in &outcomes {
             // Its next push still runs: this one was counted when it came.
             if outcome.repeated {
@@ -1368,9 +1394,7 @@ impl Reconciler {
                         reason,
                         all_down: outcome.all_down(),
                     };
-                    if self.push_failures.insert(plane.clone(), failure).is_none() {
-                        newly_failed.insert(plane.clone());
-                    }
+                    self.push_failures.insert(plane.clone(), failure);
                 }
                 None => {
                     self.push_failures.remove(plane);
@@ -1399,7 +1423,6 @@ impl Reconciler {
             &output,
             &planes,
             shared_gateway_address,
-            &newly_failed,
         )
         .await;
     }
@@ -1614,6 +1637,7 @@ impl Reconciler {
         } = match applied {
             Applying::Intact(served) => {
                 self.render_failures.remove(key);
+                self.render_failed_told.remove(key);
                 served
             }
             Applying::Pending(as_applied) => as_applied,
@@ -1935,8 +1959,12 @@ impl Reconciler {
     }
 
     /// Takes in the applies finished since the last round: the planes applied, and the
-    /// failures, held back until their wait is over. Their Events go out in the background.
+    /// failures, held back until their wait is over. Their Events go out in the background;
+    /// `ProxyProvisioned` Events not taken before are offered again first.
     fn take_finished_applies(&mut self) {
+        for (gateway, (regarding, note)) in std::mem::take(&mut self.provisioned_untold) {
+            self.tell_provisioned(gateway, regarding, note);
+        }
         for (uid, digest, done) in self.applies.finished() {
             let Some(done) = done else {
                 // A bug in the apply: held back as a failure of its render, not tried at once
@@ -1954,16 +1982,10 @@ impl Reconciler {
                     self.applied.insert(uid.clone(), applied);
                     self.apply_failures.succeeded(&uid);
                     self.render_failures.remove(&done.key);
+                    self.render_failed_told.remove(&done.key);
                     if changed {
                         tracing::info!(gateway = %done.key, "applied the data plane");
-                        let event = self.event(
-                            &done.gateway,
-                            EventType::Normal,
-                            "ProxyProvisioned",
-                            "Render",
-                            &done.note,
-                        );
-                        self.status_writes.event(event);
+                        self.tell_provisioned(done.key, done.gateway, done.note);
                     }
                 }
                 Err(reason) => {
@@ -1976,7 +1998,8 @@ impl Reconciler {
 
     /// Logs why a Gateway's plane could not be rendered or applied, and tells it in an Event
     /// (in the background) when the reason is new; its `Programmed` condition says it while it
-    /// lasts.
+    /// lasts. An Event not taken (no room for it) is made again in a later round, as the
+    /// failure lasts.
     fn apply_failed(
         &mut self,
         gateway: &k8s_openapi::api::core::v1::ObjectReference,
@@ -1984,17 +2007,26 @@ impl Reconciler {
         reason: String,
     ) {
         tracing::warn!(gateway = %key, %reason, "rendering the data plane failed");
-        if self.render_failures.get(key) != Some(&reason) {
+        // Its plane is no longer as last applied.
+        self.provisioned_untold.remove(key);
+        if self.render_failed_told.get(key) != Some(&reason) {
+            let told = report::Told::RenderFailed {
+                gateway: key.clone(),
+                reason: reason.clone(),
+            };
             let event = self.event(
                 gateway,
                 EventType::Warning,
                 "RenderFailed",
                 "Render",
                 &reason,
+                told,
             );
-            self.status_writes.event(event);
-            self.render_failures.insert(key.clone(), reason);
+            if self.status_writes.event(event) {
+                self.render_failed_told.insert(key.clone(), reason.clone());
+            }
         }
+        self.render_failures.insert(key.clone(), reason);
     }
 
     /// Keeps the shared pool on the class tunnel's connector token: its pods' token variable

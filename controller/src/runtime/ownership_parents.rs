@@ -15,12 +15,13 @@
 //!
 //! The runtime writes the list as it writes statuses: in the background, a round waiting for
 //! it briefly, and held back for a while after a failure, so a write that hangs or keeps
-//! failing (an admission webhook on ConfigMaps) holds up no round.
+//! failing (an admission webhook on ConfigMaps) holds up no round. Each write names the
+//! resourceVersion watched, so one that lands late cannot put an older list back.
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use kube::Client;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::translate::{ObjectKey, Snapshot, Statuses};
 
@@ -93,19 +94,30 @@ pub fn due(configmap: &ObjectKey, snapshot: &Snapshot, statuses: &Statuses) -> O
 }
 
 /// Writes `list` into ConfigMap `configmap` by server-side apply, which makes the ConfigMap
-/// again if it was deleted; logs how it went.
+/// again if it was deleted; logs how it went. With `resource_version` (the ConfigMap's as
+/// watched), the write applies only to that version: a write that lands after a newer one
+/// (sent before it, and answered late) is refused rather than putting an older list back.
 ///
 /// # Errors
 /// The API server's refusal or failure: routes are judged by the controller alone meanwhile,
-/// and the caller tries again after a wait.
-pub async fn write(client: Client, configmap: ObjectKey, list: String) -> Result<(), kube::Error> {
+/// and the caller tries again after a wait. A conflict (409): the ConfigMap changed since
+/// `resource_version`, and the caller writes again at the newer one.
+pub async fn write(
+    client: Client,
+    configmap: ObjectKey,
+    list: String,
+    resource_version: Option<String>,
+) -> Result<(), kube::Error> {
     let api: Api<ConfigMap> = Api::namespaced(client, &configmap.namespace);
-    let object = json!({
+    let mut object = json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": { "name": configmap.name, "namespace": configmap.namespace },
         "data": { DATA_KEY: list },
     });
+    if let Some(version) = resource_version {
+        object["metadata"]["resourceVersion"] = Value::String(version);
+    }
     match api
         .patch(
             &configmap.name,
@@ -117,6 +129,10 @@ pub async fn write(client: Client, configmap: ObjectKey, list: String) -> Result
         Ok(_) => {
             tracing::info!(%configmap, "listed this controller's Gateways for hostname-ownership admission");
             Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            tracing::debug!(%configmap, "the hostname-ownership list changed meanwhile; written again once its newer version is seen");
+            Err(kube::Error::Api(e))
         }
         Err(error) => {
             tracing::warn!(%configmap, %error, "the Gateways for hostname-ownership admission could not be listed; routes are judged by the controller alone meanwhile");
@@ -143,9 +159,14 @@ mod tests {
         statuses: &Statuses,
     ) {
         if let Some(due) = due(configmap, snapshot, statuses) {
-            write(client.clone(), configmap.clone(), due.list)
-                .await
-                .expect("the list is written");
+            write(
+                client.clone(),
+                configmap.clone(),
+                due.list,
+                due.resource_version,
+            )
+            .await
+            .expect("the list is written");
         }
     }
 
@@ -214,6 +235,62 @@ mod tests {
         assert_eq!(
             object["data"][DATA_KEY].as_str(),
             Some("Gateway/team-a/own\n")
+        );
+    }
+
+    /// A write at the resourceVersion watched applies only to that version: one sent before a
+    /// newer write and answered after it is refused as a conflict, not an overwrite with the
+    /// older list; the caller writes again at the newer version.
+    #[tokio::test]
+    async fn a_write_at_a_version_the_configmap_moved_past_is_refused_as_a_conflict() {
+        let api = ApiServer::builder().rbac(&[RBAC]).start().await;
+        let key = ObjectKey::new("cf-system", "cf-hostname-ownership");
+        api.put(json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": { "name": key.name, "namespace": key.namespace },
+        }));
+        let client = api.client();
+        let (_, older) = live(&api, &key);
+        let older = due(&key, &older, &ours(&[("infra", "edge")])).expect("a list due");
+        let (_, newer) = live(&api, &key);
+        let newer =
+            due(&key, &newer, &ours(&[("infra", "edge"), ("team-a", "own")])).expect("a list due");
+        write(
+            client.clone(),
+            key.clone(),
+            newer.list,
+            newer.resource_version,
+        )
+        .await
+        .expect("the newer list is written");
+
+        let refused = write(
+            client.clone(),
+            key.clone(),
+            older.list,
+            older.resource_version,
+        )
+        .await
+        .expect_err("the older write is refused");
+        assert!(
+            matches!(&refused, kube::Error::Api(e) if e.code == 409),
+            "{refused}"
+        );
+        let (object, now) = live(&api, &key);
+        assert_eq!(
+            object["data"][DATA_KEY].as_str(),
+            Some("Gateway/infra/edge\nGateway/team-a/own\n"),
+            "the newer list stays"
+        );
+        let again = due(&key, &now, &ours(&[("infra", "edge")])).expect("a list due");
+        write(client, key.clone(), again.list, again.resource_version)
+            .await
+            .expect("written at the newer version");
+        let (object, _) = live(&api, &key);
+        assert_eq!(
+            object["data"][DATA_KEY].as_str(),
+            Some("Gateway/infra/edge\n")
         );
     }
 

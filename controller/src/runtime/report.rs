@@ -4,6 +4,7 @@
 //! ([`StatusWrites`]), so none that hangs holds up a round.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::{json, Value};
 use tokio::sync::oneshot::{self, error::TryRecvError};
 use tokio::sync::{Notify, Semaphore};
-use tokio::task::JoinSet;
+use tokio::task::{self, JoinSet};
 use tracing::Instrument as _;
 
 use super::status::{self, set_programmed_pending, ConfigUser, KubeCondition, Truth};
@@ -49,13 +50,6 @@ fn clipped(note: &str) -> &str {
 /// The most status writes in flight at once, this round's and those earlier rounds left
 /// running.
 const WRITES_AT_ONCE: usize = 16;
-/// The most Events being published at once. Events take turns of their own: an events API that
-/// hangs (an admission webhook on `events` that times out) holds up no status write.
-const EVENTS_AT_ONCE: usize = 8;
-/// The most Events not published yet (waiting for a turn, for an earlier Event about the same
-/// object, or for the API server's answer). Past it, a new Event is dropped and the drop
-/// logged: the condition it mirrors still says it.
-const EVENTS_QUEUED: usize = 1024;
 /// How long a status write that failed waits before the same status is sent again, doubling
 /// with each failure in a row up to [`RETRY_MAX`]. A status a webhook keeps refusing (or that
 /// keeps timing out) would otherwise be sent again at every round. Another status of the
@@ -64,13 +58,12 @@ const RETRY_FIRST: Duration = Duration::from_secs(5);
 /// See [`RETRY_FIRST`].
 const RETRY_MAX: Duration = Duration::from_secs(300);
 
-/// What a write is of: an object's status (by its URL), an object the controller keeps whole
-/// (by its URL: the hostname-ownership list's ConfigMap), or an Event, each its own.
+/// What a write is of: an object's status (by its URL), or an object the controller keeps whole
+/// (by its URL: the hostname-ownership list's ConfigMap), each its own.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum WriteKey {
     Status(String),
     Object(String),
-    Event(u64),
 }
 
 /// How a status write ended.
@@ -82,25 +75,52 @@ enum Written {
     Failed(String),
 }
 
-/// The writes a round's report makes (status patches, the ownership list, Events), collected,
-/// and started together once all are known ([`StatusWrites::run`]).
+/// The writes a round's report makes (status patches, the ownership list), collected, and
+/// started together once all are known ([`StatusWrites::run`]).
 #[derive(Default)]
 pub(super) struct Writes {
     /// Status patches and the ownership list, each with what it is of and the digest of what it
     /// says.
     patches: Vec<(WriteKey, Vec<u8>, BoxFuture<'static, Written>)>,
-    events: Vec<EventPost>,
     /// Objects whose status already says what the round wants: a write of something else
-    /// still running for them is dropped.
+    /// still running for them is dropped, and a failure of an earlier one forgotten.
     settled: Vec<WriteKey>,
     /// Every object whose status the round looked at.
     seen: HashSet<WriteKey>,
 }
 
-impl Writes {
-    /// An Event to publish.
-    fn push(&mut self, event: EventPost) {
-        self.events.push(event);
+/// How Events share the API server ([`StatusWrites::event`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventLimits {
+    /// The most Events being posted at once. Events take turns of their own: an events API
+    /// that hangs (an admission webhook on `events` that times out) holds up no status write.
+    pub at_once: usize,
+    /// The most Events about one namespace's objects being posted at once: while one
+    /// namespace's posts hang (a webhook on its `events`), the other turns stay free for the
+    /// other namespaces'.
+    pub at_once_per_namespace: usize,
+    /// The most Events waiting for their turn, or for the Event before them about the same
+    /// object; those being posted are not counted. A bound on memory: past it, an Event is
+    /// refused, and made again in a later round.
+    pub waiting: usize,
+    /// The most Events about one namespace's objects waiting: one tenant's burst leaves room
+    /// for the others'.
+    pub waiting_per_namespace: usize,
+    /// How long one post may take. Events are best effort: one not answered by then is given
+    /// up (logged, not sent again), so a webhook that hangs on a namespace's `events` holds
+    /// each of its turns this long at most.
+    pub post_timeout: Duration,
+}
+
+impl Default for EventLimits {
+    fn default() -> Self {
+        Self {
+            at_once: 8,
+            at_once_per_namespace: 2,
+            waiting: 1024,
+            waiting_per_namespace: 256,
+            post_timeout: Duration::from_secs(5),
+        }
     }
 }
 
@@ -108,25 +128,125 @@ impl Writes {
 pub(super) struct EventPost {
     /// The object's kind, namespace and name: Events about it go out one after another.
     regarding: String,
-    /// For the log, should it be dropped.
+    /// The object's namespace (empty for one of the cluster's): its Events share its turns.
+    namespace: String,
+    /// For the log.
     reason: String,
+    /// What its maker records as told once the Event is taken ([`Reconciler::untell`]).
+    told: Told,
     post: BoxFuture<'static, ()>,
 }
 
+/// What an Event tells, as its maker records it, so that one not sent is made again: records
+/// are kept only for Events [`StatusWrites::event`] took, and forgotten for those dropped
+/// before they were answered ([`StatusWrites::abort_all`], [`Reconciler::untell`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Told {
+    /// A route's warning condition (`TunnelShared`, `RouteShadowed`) and its message.
+    Condition {
+        route: String,
+        reason: &'static str,
+        message: String,
+    },
+    /// The rules of a route proxy pods refused.
+    RuleRefused { route: String, note: String },
+    /// A route's config push failing, once per run of failures.
+    PushFailed { route: String },
+    /// Why a Gateway's plane could not be applied.
+    RenderFailed { gateway: ObjectKey, reason: String },
+    /// A Gateway's plane applied, with a change: no record keeps it from being made again, so
+    /// one not sent is kept to be sent ([`Reconciler::tell_provisioned`]).
+    Provisioned {
+        gateway: ObjectKey,
+        regarding: ObjectReference,
+        note: String,
+    },
+}
+
+/// Turns and waiting places of Events: all of them, or one namespace's.
+struct Lane {
+    turns: Semaphore,
+    /// Events waiting ([`EventLimits::waiting`]).
+    waiting: AtomicUsize,
+    places: usize,
+    /// An Event was refused for want of a place: the round that makes it again is started
+    /// once half the places are free.
+    wanted: AtomicBool,
+}
+
+impl Lane {
+    fn new(turns: usize, places: usize) -> Arc<Self> {
+        Arc::new(Self {
+            turns: Semaphore::new(turns.max(1)),
+            waiting: AtomicUsize::new(0),
+            places: places.max(1),
+            wanted: AtomicBool::new(false),
+        })
+    }
+
+    /// A place to wait in, unless all are taken: then the refusal is noted, for `wake` to be
+    /// notified as places free.
+    fn place(self: &Arc<Self>, wake: &Arc<Notify>) -> Option<Place> {
+        let taken = self
+            .waiting
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < self.places).then_some(n + 1)
+            })
+            .is_ok();
+        if taken {
+            return Some(Place {
+                lane: Arc::clone(self),
+                wake: Arc::clone(wake),
+            });
+        }
+        self.wanted.store(true, Ordering::SeqCst);
+        // Places freed since the check above saw the flag unset: wake for them.
+        self.freed(wake);
+        None
+    }
+
+    /// Notifies `wake` if an Event was refused and half the places are free.
+    fn freed(&self, wake: &Notify) {
+        if self.waiting.load(Ordering::SeqCst) <= self.places / 2
+            && self.wanted.swap(false, Ordering::SeqCst)
+        {
+            wake.notify_one();
+        }
+    }
+}
+
+/// An Event's place in a [`Lane`], given back as it is posted (or dropped).
+struct Place {
+    lane: Arc<Lane>,
+    wake: Arc<Notify>,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.lane.waiting.fetch_sub(1, Ordering::SeqCst);
+        self.lane.freed(&self.wake);
+    }
+}
+
 /// Status writes, the ownership list and Events, each a task of its own, [`WRITES_AT_ONCE`]
-/// writes and [`EVENTS_AT_ONCE`] Events at a time. A round waits for the ones it starts for
-/// [`push::ROUND_WAIT`] at most: one the API server is slow to answer (an admission webhook on
-/// a status, on `events` or on ConfigMaps that times out) goes on by itself, so one tenant's
-/// slow writes hold up no other tenant's next push. A write still running is not started
-/// again for the same status at the same resourceVersion, and is dropped for a newer one; one
-/// that failed is held back for a while ([`RETRY_FIRST`]), and the round after its wait sends
-/// it again.
+/// writes at a time. A round waits for the writes it starts for [`push::ROUND_WAIT`] at most:
+/// one the API server is slow to answer (an admission webhook on a status or on ConfigMaps
+/// that times out) goes on by itself, so one tenant's slow writes hold up no other tenant's
+/// next push. A write still running is not started again for the same status at the same
+/// resourceVersion, and is dropped for a newer one (whose resourceVersion keeps the older one,
+/// should it land after all, from overwriting it); one that failed is held back for a while
+/// ([`RETRY_FIRST`]), and the round after its wait sends it again. Once its object says what
+/// the round wants, its failures are forgotten.
 ///
 /// Events ([`StatusWrites::event`]) are deduplicated where they are made (one per new reason
 /// or message), go out in the order they were made per object (each waits for the one before
-/// it about the same object), and are not sent again once the API server answered, whatever
-/// it answered (a failure is logged). At most [`EVENTS_QUEUED`] wait at once: past it, a new
-/// one is dropped, and the drop logged.
+/// it about the same object), take turns of their own ([`EventLimits`]: so many at once, and
+/// so many per namespace), and no round waits for them. One the API server answered, whatever
+/// it answered, or did not answer in time, is not sent again (a failure is logged). One
+/// refused for want of room (too many waiting, in all or in its namespace) is not recorded as
+/// told, and is made again in a later round: once half the room is free, a round is started
+/// for it. Those not answered when this replica stops leading are dropped, their records
+/// forgotten ([`StatusWrites::abort_all`]); at shutdown they are dropped with the rest.
 pub(super) struct StatusWrites {
     /// By [`write_digest`]: what each says, and the resourceVersion it is written at.
     running: InFlight<WriteKey, Written>,
@@ -139,23 +259,28 @@ pub(super) struct StatusWrites {
     conflicted: HashMap<WriteKey, Vec<u8>>,
     /// Wake the run loop as a failed write's wait ends: nothing else may start a round then.
     retries: JoinSet<()>,
-    /// Starts a round: as a failed write's wait ends.
+    /// Starts a round: as a failed write's wait ends, or room for refused Events frees.
     wake: Arc<Notify>,
     turns: Arc<Semaphore>,
-    /// Turns of Events' own ([`EVENTS_AT_ONCE`]).
-    event_turns: Arc<Semaphore>,
-    /// One for each Event not published yet ([`EVENTS_QUEUED`]), held by its task.
-    event_slots: Arc<Semaphore>,
+    limits: EventLimits,
+    /// Every Event being published.
+    events: JoinSet<()>,
+    /// What each Event task not ended yet tells.
+    unanswered: HashMap<task::Id, Told>,
+    /// The turns and places of all Events.
+    all_events: Arc<Lane>,
+    /// Those of each namespace's, while it has Events.
+    namespaces: HashMap<String, Arc<Lane>>,
     /// Per object ([`EventPost::regarding`]): the end of the last Event started about it, which
     /// the next one waits for. Closed once that Event's task ends, however it ends.
     event_chains: HashMap<String, oneshot::Receiver<()>>,
-    /// The last Event's number.
-    events: u64,
+    /// Events refused for want of room since the last round's end.
+    refused: usize,
 }
 
 impl StatusWrites {
-    /// `wake` starts a round: after a failed write's wait.
-    pub(super) fn new(wake: Arc<Notify>) -> Self {
+    /// `wake` starts a round: after a failed write's wait, or as room for refused Events frees.
+    pub(super) fn new(wake: Arc<Notify>, limits: EventLimits) -> Self {
         Self {
             // Not woken by every write that lands: the watch event of its object starts the
             // round that takes it in.
@@ -165,63 +290,75 @@ impl StatusWrites {
             retries: JoinSet::new(),
             wake,
             turns: Arc::new(Semaphore::new(WRITES_AT_ONCE)),
-            event_turns: Arc::new(Semaphore::new(EVENTS_AT_ONCE)),
-            event_slots: Arc::new(Semaphore::new(EVENTS_QUEUED)),
+            limits,
+            events: JoinSet::new(),
+            unanswered: HashMap::new(),
+            all_events: Lane::new(limits.at_once, limits.waiting),
+            namespaces: HashMap::new(),
             event_chains: HashMap::new(),
-            events: 0,
+            refused: 0,
         }
     }
 
     /// Starts publishing `event` in the background, once the Events started before it about
-    /// the same object have ended; nothing waits for it. When [`EVENTS_QUEUED`] Events wait
-    /// already, it is dropped.
-    pub(super) fn event(&mut self, event: EventPost) {
-        self.start_event(event);
-    }
-
-    /// [`StatusWrites::event`], returning the Event's key, to wait for; none when it is
-    /// dropped.
-    fn start_event(&mut self, event: EventPost) -> Option<WriteKey> {
+    /// the same object have ended and a turn is free; nothing waits for it. Whether it was
+    /// taken: not when [`EventLimits::waiting`] Events wait already, or
+    /// [`EventLimits::waiting_per_namespace`] of its namespace. Its maker then records nothing
+    /// and makes it again in a later round.
+    pub(super) fn event(&mut self, event: EventPost) -> bool {
         let EventPost {
             regarding,
+            namespace,
             reason,
+            told,
             post,
         } = event;
-        let Ok(slot) = Arc::clone(&self.event_slots).try_acquire_owned() else {
-            tracing::warn!(
-                %regarding,
-                %reason,
-                waiting = EVENTS_QUEUED,
-                "too many Events wait for the API server; this one is dropped (its condition still says it)"
-            );
-            return None;
+        let limits = self.limits;
+        let lane = Arc::clone(self.namespaces.entry(namespace).or_insert_with(|| {
+            Lane::new(limits.at_once_per_namespace, limits.waiting_per_namespace)
+        }));
+        let places = self
+            .all_events
+            .place(&self.wake)
+            .and_then(|all| Some((all, lane.place(&self.wake)?)));
+        let Some(places) = places else {
+            tracing::debug!(%regarding, %reason, "too many Events wait for the API server; this one is made again in a later round");
+            self.refused += 1;
+            return false;
         };
         let (ended, end) = oneshot::channel::<()>();
-        let before = self.event_chains.insert(regarding, end);
-        let turns = Arc::clone(&self.event_turns);
-        self.events = self.events.wrapping_add(1);
-        let key = WriteKey::Event(self.events);
-        self.running.start(key.clone(), Vec::new(), async move {
+        let before = self.event_chains.insert(regarding.clone(), end);
+        let all = Arc::clone(&self.all_events);
+        let timeout = limits.post_timeout;
+        let task = self.events.spawn(async move {
             // Dropped as the task ends, finished or dropped: the next Event about the object
             // goes then.
-            let (_slot, _ended) = (slot, ended);
+            let _ended = ended;
             if let Some(before) = before {
                 // Closed, never sent: its end is all that is waited for.
                 let _ = before.await;
             }
-            // Never closed; were it, the Event would go ahead without a turn.
-            let _turn = turns.acquire().await.ok();
-            post.await;
-            Written::Done
+            // Never closed; were they, the Event would go ahead without a turn. The
+            // namespace's first: an Event waiting for it holds none of the others'.
+            let _own = lane.turns.acquire().await.ok();
+            let _turn = all.turns.acquire().await.ok();
+            // Posting: no longer waiting.
+            drop(places);
+            if tokio::time::timeout(timeout, post).await.is_err() {
+                tracing::warn!(%regarding, %reason, ?timeout, "publishing an Event took too long; it is not sent again");
+            }
         });
-        Some(key)
+        self.unanswered.insert(task.id(), told);
+        true
     }
 
     /// Whether what `content` (its [`content_digest`]) says of `key`, computed from the object
     /// at `resource_version`, needs no new write: a write of it at that resourceVersion runs
     /// or was refused as a conflict, or one of it failed lately. One running at an older
-    /// resourceVersion is bound for a conflict, which changes nothing on the object: no watch
-    /// event would start the round that writes it afresh.
+    /// resourceVersion names it (status patches and the ownership list alike), so it is bound
+    /// for a conflict, which changes nothing on the object: no watch event would start the
+    /// round that writes it afresh. (A write where none was watched names none: it makes the
+    /// object, whose watch event starts the next round.)
     fn covered(&self, key: &WriteKey, content: &[u8], resource_version: Option<&str>) -> bool {
         let digest = write_digest(content, resource_version);
         self.running.running(key) == Some(digest.as_slice())
@@ -229,14 +366,29 @@ impl StatusWrites {
             || self.failed.error(key, content).is_some()
     }
 
-    /// Takes in the writes finished since the last call.
+    /// Takes in the writes and Events finished since the last call.
     fn take_finished(&mut self) {
         while self.retries.try_join_next().is_some() {}
         let done = self.running.finished();
         self.settle(done);
+        while let Some(ended) = self.events.try_join_next_with_id() {
+            let id = match ended {
+                Ok((id, ())) => id,
+                Err(e) => {
+                    if e.is_panic() {
+                        tracing::error!("publishing an Event panicked");
+                    }
+                    e.id()
+                }
+            };
+            self.unanswered.remove(&id);
+        }
         // Objects whose last Event has ended: the next one about them waits for nothing.
         self.event_chains
             .retain(|_, end| matches!(end.try_recv(), Err(TryRecvError::Empty)));
+        // Namespaces with no Event left: only this map holds their lane.
+        self.namespaces
+            .retain(|_, lane| Arc::strong_count(lane) > 1);
     }
 
     fn settle(&mut self, done: Vec<Finished<WriteKey, Written>>) {
@@ -272,17 +424,25 @@ impl StatusWrites {
     async fn run(&mut self, writes: Writes) {
         let Writes {
             patches,
-            events,
             settled,
             seen,
         } = writes;
+        if self.refused > 0 {
+            tracing::warn!(
+                refused = self.refused,
+                "too many Events wait for the API server; those refused are made again in a later round"
+            );
+            self.refused = 0;
+        }
         for key in &settled {
             self.running.abort(key);
             self.conflicted.remove(key);
+            // Its next failure, however much later, waits the first wait again.
+            self.failed.succeeded(key);
         }
         self.failed.retain(|key| seen.contains(key));
         self.conflicted.retain(|key, _| seen.contains(key));
-        let mut started = Vec::with_capacity(patches.len() + events.len());
+        let mut started = Vec::with_capacity(patches.len());
         for (key, digest, job) in patches {
             let turns = Arc::clone(&self.turns);
             self.running.start(key.clone(), digest, async move {
@@ -292,9 +452,6 @@ impl StatusWrites {
             });
             started.push(key);
         }
-        for event in events {
-            started.extend(self.start_event(event));
-        }
         // Last started first: turns are handed out in order, so the wait's check for one of
         // them still running mostly stops at the first.
         started.reverse();
@@ -303,11 +460,21 @@ impl StatusWrites {
         self.settle(done);
     }
 
-    /// Drops every write and Event running (this replica no longer leads).
-    pub(super) fn abort_all(&mut self) {
+    /// Drops every write and Event running (this replica no longer leads), and returns what
+    /// the Events not answered yet told, for their records to be forgotten: a replica that
+    /// leads again in the same term makes them again.
+    pub(super) fn abort_all(&mut self) -> Vec<Told> {
+        // Those answered meanwhile are not made again.
+        self.take_finished();
         self.running.abort_all();
         self.retries.abort_all();
+        self.events.abort_all();
         self.event_chains.clear();
+        // The dropped Events' places and turns go with their lanes.
+        self.all_events = Lane::new(self.limits.at_once, self.limits.waiting);
+        self.namespaces.clear();
+        self.refused = 0;
+        self.unanswered.drain().map(|(_, told)| told).collect()
     }
 }
 
@@ -348,7 +515,7 @@ fn content_digest(status: &Value) -> Vec<u8> {
 }
 
 impl Reconciler {
-    /// An Event to publish, through [`StatusWrites::event`] or a round's [`Writes`].
+    /// An Event to publish through [`StatusWrites::event`], which records `told` once taken.
     pub(super) fn event(
         &self,
         regarding: &ObjectReference,
@@ -356,6 +523,7 @@ impl Reconciler {
         reason: &str,
         action: &str,
         note: &str,
+        told: Told,
     ) -> EventPost {
         let event = Event {
             type_,
@@ -365,10 +533,10 @@ impl Reconciler {
             secondary: None,
         };
         let text = |field: &Option<String>| field.clone().unwrap_or_default();
+        let namespace = text(&regarding.namespace);
         let of = format!(
-            "{} {}/{}",
+            "{} {namespace}/{}",
             text(&regarding.kind),
-            text(&regarding.namespace),
             text(&regarding.name)
         );
         let (recorder, object) = (self.recorder.clone(), regarding.clone());
@@ -380,8 +548,79 @@ impl Reconciler {
         };
         EventPost {
             regarding,
+            namespace,
             reason: reason.to_owned(),
+            told,
             post: Box::pin(post.in_current_span()),
+        }
+    }
+
+    /// Forgets that `told` was told, its Event dropped before it was answered (this replica
+    /// stopped leading): the next round makes it again. A record since replaced by a newer
+    /// one stays: that one's Event tells it.
+    pub(super) fn untell(&mut self, told: Told) {
+        match told {
+            Told::Condition {
+                route,
+                reason,
+                message,
+            } => {
+                let key = (route, reason);
+                if self.condition_told.get(&key) == Some(&message) {
+                    self.condition_told.remove(&key);
+                }
+            }
+            Told::RuleRefused { route, note } => {
+                if self.refused_told.get(&route) == Some(&note) {
+                    self.refused_told.remove(&route);
+                }
+            }
+            Told::PushFailed { route } => {
+                self.push_failed_told.remove(&route);
+            }
+            Told::RenderFailed { gateway, reason } => {
+                if self.render_failed_told.get(&gateway) == Some(&reason) {
+                    self.render_failed_told.remove(&gateway);
+                }
+            }
+            Told::Provisioned {
+                gateway,
+                regarding,
+                note,
+            } => {
+                self.provisioned_untold
+                    .entry(gateway)
+                    .or_insert((regarding, note));
+            }
+        }
+    }
+
+    /// Tells that Gateway `gateway`'s plane was applied with a change (`note`), or keeps it to
+    /// be told in a later round ([`Reconciler::provisioned_untold`]) if there is no room for
+    /// the Event now.
+    pub(super) fn tell_provisioned(
+        &mut self,
+        gateway: ObjectKey,
+        regarding: ObjectReference,
+        note: String,
+    ) {
+        let told = Told::Provisioned {
+            gateway: gateway.clone(),
+            regarding: regarding.clone(),
+            note: note.clone(),
+        };
+        let event = self.event(
+            &regarding,
+            EventType::Normal,
+            "ProxyProvisioned",
+            "Render",
+            &note,
+            told,
+        );
+        if self.status_writes.event(event) {
+            self.provisioned_untold.remove(&gateway);
+        } else {
+            self.provisioned_untold.insert(gateway, (regarding, note));
         }
     }
 
@@ -392,7 +631,6 @@ impl Reconciler {
         output: &translate::Output,
         planes: &BTreeMap<PlaneKey, PlaneInfo>,
         shared_address: Option<String>,
-        newly_failed: &BTreeSet<PlaneKey>,
     ) {
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         let controller = self.options.translate.controller_name.clone();
@@ -676,13 +914,13 @@ impl Reconciler {
                     .planes
                     .get(&gateway)
                     .and_then(|p| push_failed.get(self.serving_peer(p, planes).unwrap_or(p)))
-                    .filter(|(by, _)| newly_failed.contains(by))
                     .map(|(_, reason)| reason)
             });
             let told_key = route_key.to_string();
             routes_seen.insert(told_key.clone());
             // Conditions that warn the route's owner: an Event when one appears or its message
-            // changes.
+            // changes. Each record is kept only once its Event is taken: one refused for want
+            // of room is made again in a later round.
             for (kind, reason) in [
                 (ConditionType::TunnelShared, "TunnelShared"),
                 (ConditionType::RouteShadowed, "RouteShadowed"),
@@ -693,14 +931,22 @@ impl Reconciler {
                 let key = (told_key.clone(), reason);
                 match message {
                     Some(message) if self.condition_told.get(&key) != Some(&message) => {
-                        writes.push(self.event(
+                        let told = Told::Condition {
+                            route: told_key.clone(),
+                            reason,
+                            message: message.clone(),
+                        };
+                        let event = self.event(
                             &regarding,
                             EventType::Warning,
                             reason,
                             "Route",
                             &message,
-                        ));
-                        self.condition_told.insert(key, message);
+                            told,
+                        );
+                        if self.status_writes.event(event) {
+                            self.condition_told.insert(key, message);
+                        }
                     }
                     Some(_) => {}
                     None => {
@@ -711,29 +957,49 @@ impl Reconciler {
             let refused = self.refused_rules.get(&route_key).map(|r| r.join("; "));
             match refused {
                 Some(note) if self.refused_told.get(&told_key) != Some(&note) => {
-                    writes.push(self.event(
+                    let told = Told::RuleRefused {
+                        route: told_key.clone(),
+                        note: note.clone(),
+                    };
+                    let event = self.event(
                         &regarding,
                         EventType::Warning,
                         "ProxyRuleRefused",
                         "Push",
                         &note,
-                    ));
-                    self.refused_told.insert(told_key.clone(), note);
+                        told,
+                    );
+                    if self.status_writes.event(event) {
+                        self.refused_told.insert(told_key.clone(), note);
+                    }
                 }
                 Some(_) => {}
                 None => {
                     self.refused_told.remove(&told_key);
                 }
             }
-            if let Some(reason) = failed_now {
-                let note = format!("the proxy pods have not taken the config: {reason}");
-                writes.push(self.event(
-                    &regarding,
-                    EventType::Warning,
-                    "ProxyConfigPushFailed",
-                    "Push",
-                    &note,
-                ));
+            match failed_now {
+                Some(reason) if !self.push_failed_told.contains(&told_key) => {
+                    let note = format!("the proxy pods have not taken the config: {reason}");
+                    let told = Told::PushFailed {
+                        route: told_key.clone(),
+                    };
+                    let event = self.event(
+                        &regarding,
+                        EventType::Warning,
+                        "ProxyConfigPushFailed",
+                        "Push",
+                        &note,
+                        told,
+                    );
+                    if self.status_writes.event(event) {
+                        self.push_failed_told.insert(told_key.clone());
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    self.push_failed_told.remove(&told_key);
+                }
             }
             let (client, version) = (self.client.clone(), meta.resource_version.clone());
             match kind {
@@ -751,6 +1017,8 @@ impl Reconciler {
             .retain(|(route, _), _| routes_seen.contains(route));
         self.refused_told
             .retain(|route, _| routes_seen.contains(route));
+        self.push_failed_told
+            .retain(|route| routes_seen.contains(route));
         self.write_unreadable_route_statuses(&mut writes, unreadable_routes, controller, &now);
         self.write_ownership_parents(&mut writes, snapshot, output);
         self.status_writes.run(writes).await;
@@ -758,8 +1026,10 @@ impl Reconciler {
 
     /// Writes this controller's parents into the hostname-ownership ConfigMap when the watched
     /// one lists others ([`ownership_parents`]), as a status is written: in the background,
-    /// and held back for a while after a failure. An admission webhook on ConfigMaps that
-    /// hangs, or one that refuses, would otherwise hold up or cost every round.
+    /// at the resourceVersion watched, and held back for a while after a failure. An admission
+    /// webhook on ConfigMaps that hangs, or one that refuses, would otherwise hold up or cost
+    /// every round; and a write dropped for a newer one may still land, which its
+    /// resourceVersion, older by then, turns into a conflict rather than an overwrite.
     fn write_ownership_parents(
         &self,
         writes: &mut Writes,
@@ -784,10 +1054,16 @@ impl Reconciler {
             return;
         }
         let digest = write_digest(&content, version);
-        let write = ownership_parents::write(self.client.clone(), configmap.clone(), due.list);
+        let write = ownership_parents::write(
+            self.client.clone(),
+            configmap.clone(),
+            due.list,
+            due.resource_version,
+        );
         let write = async move {
             match write.await {
                 Ok(()) => Written::Done,
+                Err(kube::Error::Api(e)) if e.code == 409 => Written::Conflict,
                 Err(e) => Written::Failed(e.to_string()),
             }
         };
@@ -1326,42 +1602,66 @@ fn push_failed(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
+    /// Limits small enough to reach in a test; posts given up after a minute.
+    fn limits(at_once: usize, at_once_per_namespace: usize, waiting: usize) -> EventLimits {
+        EventLimits {
+            at_once,
+            at_once_per_namespace,
+            waiting,
+            waiting_per_namespace: waiting,
+            post_timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// An Event about `regarding` (`namespace/name`) that runs `post`.
     fn post(
         regarding: &str,
         post: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> EventPost {
+        let namespace = regarding.split('/').next().unwrap_or_default();
         EventPost {
             regarding: regarding.to_owned(),
+            namespace: namespace.to_owned(),
             reason: "Test".to_owned(),
+            told: Told::PushFailed {
+                route: regarding.to_owned(),
+            },
             post: Box::pin(post),
         }
     }
 
-    async fn next(
-        posted: &mut tokio::sync::mpsc::UnboundedReceiver<&'static str>,
-    ) -> Option<&'static str> {
+    /// An Event about `regarding` that sends `name` once posted.
+    fn sends(
+        regarding: &str,
+        name: &'static str,
+        sent: &tokio::sync::mpsc::UnboundedSender<&'static str>,
+    ) -> EventPost {
+        let sent = sent.clone();
+        post(regarding, async move {
+            let _ = sent.send(name);
+        })
+    }
+
+    async fn next(posted: &mut UnboundedReceiver<&'static str>) -> Option<&'static str> {
         tokio::time::timeout(Duration::from_secs(5), posted.recv())
             .await
             .expect("an Event posted")
     }
 
     #[tokio::test]
-    async fn events_about_one_object_go_out_in_order_and_past_the_bound_are_dropped() {
-        let mut writes = StatusWrites::new(Arc::new(Notify::new()));
-        let (sent, mut posted) = tokio::sync::mpsc::unbounded_channel();
+    async fn events_about_one_object_go_out_in_order() {
+        let mut writes = StatusWrites::new(Arc::new(Notify::new()), EventLimits::default());
+        let (sent, mut posted) = unbounded_channel();
         let (release, released) = oneshot::channel::<()>();
-        let (a1, a2, b1) = (sent.clone(), sent.clone(), sent);
-        writes.event(post("a", async move {
+        let a1 = sent.clone();
+        assert!(writes.event(post("ns/a", async move {
             let _ = released.await;
             let _ = a1.send("a1");
-        }));
-        writes.event(post("a", async move {
-            let _ = a2.send("a2");
-        }));
-        writes.event(post("b", async move {
-            let _ = b1.send("b1");
-        }));
+        })));
+        assert!(writes.event(sends("ns/a", "a2", &sent)));
+        assert!(writes.event(sends("ns/b", "b1", &sent)));
         assert_eq!(
             next(&mut posted).await,
             Some("b1"),
@@ -1374,26 +1674,176 @@ mod tests {
             Some("a2"),
             "after the one before it"
         );
+    }
 
-        writes.take_finished();
-        for _ in 0..EVENTS_QUEUED {
-            assert!(writes
-                .start_event(post("c", std::future::pending()))
-                .is_some());
+    /// More Events than may wait, all made at once on a healthy API server: those refused
+    /// are made again as the round woken for them comes, and every one is posted.
+    #[tokio::test]
+    async fn a_burst_past_the_bound_is_posted_whole_as_rounds_make_the_refused_again() {
+        let wake = Arc::new(Notify::new());
+        let mut writes = StatusWrites::new(Arc::clone(&wake), limits(2, 2, 4));
+        let (sent, mut posted) = unbounded_channel();
+        const NAMES: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+        let mut untold: Vec<&'static str> = NAMES.to_vec();
+        let mut offers = 0;
+        while !untold.is_empty() {
+            offers += 1;
+            assert!(offers < 20, "still refused: {untold:?}");
+            untold.retain(|name| !writes.event(sends(&format!("ns/{name}"), name, &sent)));
+            if offers == 1 {
+                assert_eq!(untold.len(), 6, "4 wait, the rest are refused");
+            }
+            if !untold.is_empty() {
+                tokio::time::timeout(Duration::from_secs(5), wake.notified())
+                    .await
+                    .expect("a round, as room frees");
+                writes.take_finished();
+            }
         }
+        let mut all = Vec::new();
+        for _ in NAMES {
+            all.extend(next(&mut posted).await);
+        }
+        all.sort_unstable();
+        assert_eq!(all, NAMES);
+    }
+
+    /// The bound is on Events waiting: one being posted leaves its place to the next.
+    #[tokio::test]
+    async fn events_being_posted_take_no_place() {
+        let mut writes = StatusWrites::new(Arc::new(Notify::new()), limits(1, 1, 1));
+        let (started, mut posting) = unbounded_channel();
+        assert!(writes.event(post("ns/a", async move {
+            let _ = started.send("a");
+            std::future::pending::<()>().await;
+        })));
+        assert_eq!(next(&mut posting).await, Some("a"));
+        assert!(writes.event(post("ns/b", std::future::pending())));
         assert!(
-            writes.start_event(post("d", async {})).is_none(),
-            "dropped past the bound"
+            !writes.event(post("ns/c", std::future::pending())),
+            "one waits already"
         );
-        writes.abort_all();
+    }
+
+    /// One namespace's Events that hang (a webhook on its `events`) hold its own turns only:
+    /// another namespace's Event goes at once.
+    #[tokio::test]
+    async fn one_namespaces_events_that_hang_leave_the_others_their_turns() {
+        let mut writes = StatusWrites::new(Arc::new(Notify::new()), limits(3, 1, 64));
+        let (sent, mut posted) = unbounded_channel();
+        for name in ["a/1", "a/2", "a/3", "a/4"] {
+            assert!(writes.event(post(name, std::future::pending())));
+        }
+        assert!(writes.event(sends("b/1", "b1", &sent)));
+        assert_eq!(next(&mut posted).await, Some("b1"));
+    }
+
+    /// A post the API server does not answer is given up after its timeout, and frees its
+    /// turn for the next.
+    #[tokio::test(start_paused = true)]
+    async fn an_event_post_that_hangs_is_given_up_after_its_timeout() {
+        let timeout = Duration::from_secs(5);
+        let limits = EventLimits {
+            post_timeout: timeout,
+            ..limits(1, 1, 64)
+        };
+        let mut writes = StatusWrites::new(Arc::new(Notify::new()), limits);
+        let (sent, mut posted) = unbounded_channel();
+        let started = tokio::time::Instant::now();
+        assert!(writes.event(post("a/1", std::future::pending())));
+        assert!(writes.event(sends("b/1", "b1", &sent)));
+        let b1 = tokio::time::timeout(Duration::from_secs(60), posted.recv())
+            .await
+            .expect("posted once the hung one is given up");
+        assert_eq!(b1, Some("b1"));
+        assert!(started.elapsed() >= timeout, "{:?}", started.elapsed());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        writes.take_finished();
+        assert!(writes.unanswered.is_empty(), "both ended");
+    }
+
+    /// A post that panics is a bug in the post: logged, and no status write is held back nor
+    /// round scheduled for it.
+    #[tokio::test]
+    async fn a_panicking_event_post_is_logged_only() {
+        let wake = Arc::new(Notify::new());
+        let mut writes = StatusWrites::new(Arc::clone(&wake), EventLimits::default());
+        assert!(writes.event(post("a/1", async { panic!("a bug in a post") })));
         tokio::time::timeout(Duration::from_secs(5), async {
-            while writes.event_slots.available_permits() < EVENTS_QUEUED {
-                tokio::task::yield_now().await;
+            while !writes.unanswered.is_empty() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                writes.take_finished();
             }
         })
         .await
-        .expect("the dropped Events' places freed");
-        assert!(writes.start_event(post("d", async {})).is_some());
+        .expect("the post ended");
+        assert!(writes.retries.is_empty(), "no round scheduled");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), wake.notified())
+                .await
+                .is_err(),
+            "no round woken"
+        );
+    }
+
+    /// Dropping every Event (this replica stopped leading) hands back what those not answered
+    /// told, for their records to be forgotten; those answered are not among them.
+    #[tokio::test]
+    async fn dropping_the_events_hands_back_what_the_unanswered_told() {
+        let mut writes = StatusWrites::new(Arc::new(Notify::new()), EventLimits::default());
+        let (sent, mut posted) = unbounded_channel();
+        assert!(writes.event(sends("a/answered", "answered", &sent)));
+        assert_eq!(next(&mut posted).await, Some("answered"));
+        assert!(writes.event(post("a/unanswered", std::future::pending())));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(
+            writes.abort_all(),
+            [Told::PushFailed {
+                route: "a/unanswered".to_owned()
+            }]
+        );
+        assert!(writes.unanswered.is_empty());
+        assert!(writes.event(sends("a/later", "later", &sent)));
+        assert_eq!(next(&mut posted).await, Some("later"));
+    }
+
+    /// A round's writes: of `key`, one failing, or none as its object says what is wanted.
+    fn round(key: &WriteKey, failing: bool) -> Writes {
+        let mut writes = Writes::default();
+        writes.seen.insert(key.clone());
+        if failing {
+            let content = content_digest(&json!({"list": "new"}));
+            let job: BoxFuture<'static, Written> =
+                Box::pin(async { Written::Failed("refused".to_owned()) });
+            let digest = write_digest(&content, Some("1"));
+            writes.patches.push((key.clone(), digest, job));
+        } else {
+            writes.settled.push(key.clone());
+        }
+        writes
+    }
+
+    /// A write that failed in a row waits longer each time; once its object says what is
+    /// wanted, that is forgotten: its next failure, however much later, waits the first wait.
+    #[tokio::test(start_paused = true)]
+    async fn a_settled_write_forgets_its_failures() {
+        let mut writes = StatusWrites::new(Arc::new(Notify::new()), EventLimits::default());
+        let key = WriteKey::Object("/api/v1/namespaces/ns/configmaps/list".to_owned());
+        let content = content_digest(&json!({"list": "new"}));
+        let held = |writes: &StatusWrites| writes.covered(&key, &content, Some("1"));
+        for wait in [RETRY_FIRST, RETRY_FIRST * 2, RETRY_FIRST * 4] {
+            writes.run(round(&key, true)).await;
+            assert!(held(&writes));
+            tokio::time::sleep(wait).await;
+            writes.take_finished();
+            assert!(!held(&writes), "{wait:?}");
+        }
+        writes.run(round(&key, false)).await;
+        tokio::time::sleep(RETRY_MAX).await;
+        writes.run(round(&key, true)).await;
+        assert!(held(&writes));
+        tokio::time::sleep(RETRY_FIRST).await;
+        assert!(!held(&writes), "held past the first wait");
     }
 
     #[test]

@@ -1,16 +1,22 @@
 //! What the controller reports, and when: status writes, Events and the hostname-ownership list
-//! that hang hold up no other tenant, and Events about one object go out in order; status
-//! writes that fail or conflict are not sent again at every round, but are once their wait is
-//! over or the object changed under them; a new Gateway's routes wait for its plane and tunnel document,
-//! unless another plane on its tunnel serves them (a broken one does not); a plane whose pods are all down is reported on its
-//! routes, unless another plane on its tunnel serves them; and other controllers' conditions on
-//! our route parents give way to ours at the CRD's cap.
+//! that hang hold up no other tenant, and Events about one object go out in order; one
+//! namespace's Events that hang hold up no other namespace's, a burst past the bound on those
+//! waiting all goes out, and one dropped unanswered as the Lease lapses goes out once leading
+//! again; status writes and list writes that fail or conflict are not sent again at every
+//! round, but are once their wait is over or the object changed under them (the list is
+//! written at the version watched); a new Gateway's routes wait for its plane and tunnel
+//! document, unless another plane on its tunnel serves them (a broken one does not); a plane
+//! whose pods are all down is reported on its routes, unless another plane on its tunnel
+//! serves them; and other controllers' conditions on our route parents give way to ours at the
+//! CRD's cap.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use cftunnel_controller::runtime::{ownership_parents, SharedPlane, REQUIRED_RBAC};
+use cftunnel_controller::runtime::{
+    ownership_parents, EventLimits, RuntimeOptions, SharedPlane, REQUIRED_RBAC,
+};
 use cftunnel_controller::translate::ObjectKey;
 use cftunnel_proxy::Server;
 use cftunnel_testkit::cloudflare_api::CloudflareApi;
@@ -83,6 +89,12 @@ async fn a_route_status_write_that_hangs_holds_up_no_other_tenants_push() {
     .expect("in time");
 }
 
+/// Event posts given up after a minute, not the default seconds: tests that hold them for a
+/// while see them answered once released.
+fn patient(options: &mut RuntimeOptions) {
+    options.events.post_timeout = Duration::from_secs(60);
+}
+
 /// Whether `call` posts an Event about the object named `name`.
 fn event_post_about(call: &Call<'_>, name: &str) -> bool {
     call.method == "POST" && call.kind == "Event" && call.body["regarding"]["name"] == name
@@ -149,7 +161,21 @@ fn fail_third_apply(api: &ApiServer) -> Forbid {
 #[tokio::test]
 async fn an_event_that_hangs_holds_up_no_other_tenants_push() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let (t, edge) = Tenant::with_pod("replicas: 1").await;
+        let edge = proxy_pod("s3cr3t").await;
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    edge.admin_addr().port(),
+                    true,
+                ));
+            },
+            ApiServer::client,
+            patient,
+        )
+        .await;
         shop_serves(&edge, 200).await;
         eventually("third's ProxyProvisioned", || {
             events_about(&t.api, "third")
@@ -210,16 +236,21 @@ async fn events_held_from_the_start_hold_up_no_push_and_go_out_in_order() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let edge = proxy_pod("s3cr3t").await;
         let (mut held, mut recording) = (None, None);
-        let t = Tenant::start_with("replicas: 1", |api| {
-            api.put(config_slice(
-                "tenant-a",
-                "cf-proxy-edge-config",
-                edge.admin_addr().port(),
-                true,
-            ));
-            recording = Some(record_event_posts(api));
-            held = Some(api.hold(|c| c.method == "POST" && c.kind == "Event"));
-        })
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    edge.admin_addr().port(),
+                    true,
+                ));
+                recording = Some(record_event_posts(api));
+                held = Some(api.hold(|c| c.method == "POST" && c.kind == "Event"));
+            },
+            ApiServer::client,
+            patient,
+        )
         .await;
         let hold = held.expect("every Event post is held");
         let (posted, _recording) = recording.expect("Event posts are recorded");
@@ -288,6 +319,188 @@ async fn events_held_from_the_start_hold_up_no_push_and_go_out_in_order() {
     .expect("in time");
 }
 
+/// HTTPRoute `name` in tenant-a repeating route shop's match: told `RouteShadowed`.
+fn shop_copy(name: &str) -> Value {
+    yaml(&format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: tenant-a}}\nspec:\n  parentRefs: [{{name: edge}}]\n  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]\n"
+    ))
+}
+
+/// Whether route `name` was told it is shadowed, in an Event the API server stored.
+fn told_shadowed(api: &ApiServer, name: &str) -> bool {
+    events_about(api, name).contains(&("RouteShadowed".into(), "Warning".into()))
+}
+
+/// More Events at once than may wait (here 4), on an API server that answers them all at
+/// once: those refused for want of room are not taken as told, and go out in later rounds, so
+/// every route shadowed is told.
+#[tokio::test]
+async fn a_burst_of_events_past_the_bound_all_go_out() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let copies: Vec<String> = (0..12).map(|i| format!("shop-copy-{i}")).collect();
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                for name in &copies {
+                    api.put(shop_copy(name));
+                }
+            },
+            ApiServer::client,
+            |options| {
+                options.events = EventLimits {
+                    waiting: 4,
+                    waiting_per_namespace: 4,
+                    ..EventLimits::default()
+                }
+            },
+        )
+        .await;
+        eventually("every copy told it is shadowed", || {
+            copies
+                .iter()
+                .all(|name| told_shadowed(&t.api, name))
+                .then_some(())
+        })
+        .await;
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// One namespace's Events the API server does not answer (a webhook on that namespace's
+/// `events` that hangs) hold that namespace's turns only: another namespace's Event goes out
+/// meanwhile, though more of the first's wait than there are turns in all.
+#[tokio::test]
+async fn one_namespaces_events_that_hang_hold_up_no_other_namespaces() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut held = None;
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                held = Some(api.hold(|c| {
+                    c.method == "POST"
+                        && c.kind == "Event"
+                        && c.body["regarding"]["namespace"] == "tenant-a"
+                }));
+                for i in 0..6 {
+                    api.put(shop_copy(&format!("shop-copy-{i}")));
+                }
+            },
+            ApiServer::client,
+            |options| {
+                options.events = EventLimits {
+                    at_once: 4,
+                    at_once_per_namespace: 1,
+                    post_timeout: Duration::from_secs(60),
+                    ..EventLimits::default()
+                }
+            },
+        )
+        .await;
+        let hold = held.expect("tenant-a's Events are held");
+        tokio::time::timeout(Duration::from_secs(20), hold.arrived(1))
+            .await
+            .expect("tenant-a's Events posted");
+        eventually("third's ProxyProvisioned", || {
+            events_about(&t.api, "third")
+                .contains(&("ProxyProvisioned".into(), "Normal".into()))
+                .then_some(())
+        })
+        .await;
+        assert!(
+            hold.answered(0).await.is_empty(),
+            "tenant-a's Events are still held"
+        );
+        hold.release();
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// Waits until the API server has taken no write but the Lease's renewals for half a second.
+async fn settled_but_the_lease(api: &ApiServer) {
+    loop {
+        let rv = api.resource_version();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if api.writes_since(rv).iter().all(|w| w.contains("leases")) {
+            return;
+        }
+    }
+}
+
+/// An Event the API server has not answered as this replica stops leading is dropped with the
+/// rest, and what it told forgotten: leading again in the same term (nobody else led), the
+/// replica makes it again, and it is published.
+#[tokio::test]
+async fn an_event_unanswered_as_the_lease_lapses_goes_out_once_leading_again() {
+    use cftunnel_controller::runtime::lease::LeaseOptions;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |_| {},
+            ApiServer::client,
+            |options| {
+                options.lease = Some(LeaseOptions {
+                    namespace: "cftunnel-system".to_owned(),
+                    name: "cftunnel-controller".to_owned(),
+                    identity: "replica-a".to_owned(),
+                    duration: Duration::from_secs(2),
+                    renew: Duration::from_millis(200),
+                });
+                // Rounds only on changes: a round under way as the Lease lapses is cut off, and
+                // the replica starts afresh (telling everything again) rather than resuming.
+                options.resync = Duration::from_secs(3600);
+                patient(options);
+            },
+        )
+        .await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let health = listener.local_addr().expect("addr");
+        let serving = tokio::spawn(cftunnel_controller::runtime::health::serve(
+            listener,
+            t.health.clone(),
+        ));
+        eventually("blog accepted", || blog_accepted(&t.api, 1)).await;
+        settled_but_the_lease(&t.api).await;
+
+        // The first post of shop-copy's RouteShadowed is held, unanswered.
+        let first = AtomicBool::new(false);
+        let held = t.api.hold(move |c| {
+            event_post_about(c, "shop-copy")
+                && c.body["reason"] == "RouteShadowed"
+                && !first.swap(true, Ordering::SeqCst)
+        });
+        t.api.put(shop_copy("shop-copy"));
+        tokio::time::timeout(Duration::from_secs(20), held.arrived(1))
+            .await
+            .expect("shop-copy's RouteShadowed posted");
+        settled_but_the_lease(&t.api).await;
+
+        let renewals = t.api.hold(|c| {
+            c.method == "PUT"
+                && c.kind == "Lease"
+                && c.body.pointer("/spec/holderIdentity") == Some(&json!("replica-a"))
+        });
+        renewals.arrived(1).await;
+        super::metric_becomes(health, "cftunnel_controller_leading", 0).await;
+        renewals.release();
+        super::metric_becomes(health, "cftunnel_controller_leading", 1).await;
+        eventually("shop-copy's RouteShadowed published", || {
+            told_shadowed(&t.api, "shop-copy").then_some(())
+        })
+        .await;
+        drop(held);
+        serving.abort();
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
 /// The controller's rules, and those of the hostname-ownership list's ConfigMap.
 static WITH_OWNERSHIP_LIST: LazyLock<Vec<Rule>> = LazyLock::new(|| {
     REQUIRED_RBAC
@@ -348,6 +561,152 @@ async fn an_ownership_list_write_that_hangs_holds_up_no_push() {
         })
         .await;
         assert!(list.contains("Gateway/tenant-a/edge\n"), "{list}");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The hostname-ownership list's ConfigMap.
+fn ownership_list() -> ObjectKey {
+    ObjectKey::new("cftunnel-system", "cf-hostname-ownership")
+}
+
+/// The seed's tenants, the controller keeping the hostname-ownership list, `before` run on the
+/// API server first.
+async fn listing_tenant(before: impl FnOnce(&ApiServer)) -> Tenant {
+    Tenant::start_granted(
+        "replicas: 1",
+        WITH_OWNERSHIP_LIST.as_slice(),
+        before,
+        ApiServer::client,
+        |options| options.ownership_parents = Some(ownership_list()),
+    )
+    .await
+}
+
+/// The list as the API server holds it.
+fn listed(api: &ApiServer) -> Option<String> {
+    let key = ownership_list();
+    api.get("v1", "ConfigMap", &key.namespace, &key.name)
+        .and_then(|c| {
+            c["data"][ownership_parents::DATA_KEY]
+                .as_str()
+                .map(str::to_owned)
+        })
+}
+
+/// Whether `call` writes the list.
+fn list_write(call: &Call<'_>) -> bool {
+    call.method == "PATCH" && call.kind == "ConfigMap"
+}
+
+/// A write of the list the API server refuses (a webhook on ConfigMaps) is not sent again at
+/// every round: it waits, and is sent again once its wait is over (5 s).
+#[tokio::test]
+async fn a_refused_ownership_list_write_waits_before_it_is_sent_again() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let sent = Arc::new(AtomicUsize::new(0));
+        let mut refusal = None;
+        let t = listing_tenant(|api| {
+            let counted = Arc::clone(&sent);
+            refusal = Some(api.forbid(move |c| {
+                let list = list_write(c);
+                // The first is refused.
+                list && counted.fetch_add(1, Ordering::SeqCst) == 0
+            }));
+        })
+        .await;
+        let refusal = refusal.expect("the list's first write is refused");
+        tokio::time::timeout(Duration::from_secs(20), refusal.refused(1))
+            .await
+            .expect("the refused write");
+        let refused = Instant::now();
+        // Rounds at each change and every 100 ms meanwhile: none sends it again.
+        t.rounds(3, Duration::from_millis(500)).await;
+        assert_eq!(sent.load(Ordering::SeqCst), 1, "sent once while it waits");
+        let list = eventually("the list written", || listed(&t.api)).await;
+        assert!(list.contains("Gateway/tenant-a/edge\n"), "{list}");
+        assert!(
+            refused.elapsed() >= Duration::from_secs(4),
+            "sent again after {:?}, before its wait was over",
+            refused.elapsed()
+        );
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// The list is written at the ConfigMap's resourceVersion as watched, so that a write answered
+/// late cannot put an older list back over a newer one. One refused as a conflict (the
+/// ConfigMap changed, and the watch has not brought it yet) is not sent again at that version
+/// round after round; once the newer version is seen, the list is written at that one.
+#[tokio::test]
+async fn an_ownership_list_write_refused_as_a_conflict_is_written_again_at_the_newer_version() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = listing_tenant(|_| {}).await;
+        let key = ownership_list();
+        let configmap = || {
+            t.api
+                .get("v1", "ConfigMap", &key.namespace, &key.name)
+                .expect("the list's ConfigMap")
+        };
+        let version = |c: &Value| c["metadata"]["resourceVersion"].as_str().map(str::to_owned);
+        eventually("the list written", || {
+            listed(&t.api).filter(|l| l.contains("Gateway/tenant-c/third\n"))
+        })
+        .await;
+        super::settled(&t.api).await;
+
+        // The versions the list's writes name; the first is refused as a conflict.
+        let named = Arc::new(Mutex::new(Vec::new()));
+        let recorded = Arc::clone(&named);
+        let _recording = t.api.forbid(move |c| {
+            if list_write(c) {
+                recorded.lock().expect("the recorded versions").push(
+                    c.body["metadata"]["resourceVersion"]
+                        .as_str()
+                        .map(str::to_owned),
+                );
+            }
+            false
+        });
+        let first = AtomicBool::new(false);
+        let conflict = t.api.fail(409, move |c| {
+            list_write(c) && !first.swap(true, Ordering::SeqCst)
+        });
+        let watched = version(&configmap());
+        // Gateway third gone: the list is due without it.
+        t.api.delete(
+            "gateway.networking.k8s.io/v1",
+            "Gateway",
+            "tenant-c",
+            "third",
+        );
+        tokio::time::timeout(Duration::from_secs(10), conflict.refused(1))
+            .await
+            .expect("the list's write refused");
+        // Rounds meanwhile, past the 5 s a failed write waits: none sends it again at the same
+        // version.
+        t.rounds(12, Duration::from_millis(500)).await;
+        assert_eq!(
+            *named.lock().expect("the recorded versions"),
+            [watched],
+            "written once, at the version watched"
+        );
+
+        // Someone labels the ConfigMap: its newer version seen, the list is written at it.
+        let mut labelled = configmap();
+        labelled["metadata"]["labels"] = json!({"team": "blue"});
+        let newer = version(&t.api.put(labelled));
+        let list = eventually("the list written without third", || {
+            listed(&t.api).filter(|l| !l.contains("tenant-c"))
+        })
+        .await;
+        assert!(list.contains("Gateway/tenant-a/edge\n"), "{list}");
+        let named = named.lock().expect("the recorded versions").clone();
+        assert_eq!(named.get(1), Some(&newer), "{named:?}");
         t.stop().await;
     })
     .await

@@ -1,6 +1,6 @@
 //! `PATCH`: server-side apply (`application/apply-patch+yaml`, [`apply::apply`]; creates the
-//! object if it is not there) or a JSON merge patch ([`merge_patch`]; optimistic concurrency
-//! when it names a resourceVersion). On the `status` subresource only `status` changes, and
+//! object if it is not there) or a JSON merge patch ([`merge_patch`]); either applies only to
+//! the resourceVersion it names, if it names one (optimistic concurrency). On the `status` subresource only `status` changes, and
 //! elsewhere `status` is left alone. A change of `spec` takes the next generation. A write that
 //! changes nothing keeps the resourceVersion, as on a real server.
 //!
@@ -26,7 +26,8 @@ pub(super) fn patch(cluster: &Cluster, req: &Req<'_>, content_type: &str, body: 
     let mut store = cluster.lock();
     let existing = store.get(&key).cloned();
     let is_apply = content_type.starts_with("application/apply-patch");
-    // Optimistic concurrency: a patch naming a resourceVersion applies only to that version.
+    // Optimistic concurrency: a patch or an apply naming a resourceVersion applies only to that
+    // version of an object there.
     if let (Some(wanted), Some(current)) = (
         patch
             .pointer("/metadata/resourceVersion")
@@ -36,7 +37,7 @@ pub(super) fn patch(cluster: &Cluster, req: &Req<'_>, content_type: &str, body: 
             .and_then(|e| e.pointer("/metadata/resourceVersion"))
             .and_then(Value::as_str),
     ) {
-        if !is_apply && wanted != current {
+        if wanted != current {
             return req.stale(&name);
         }
     }
@@ -181,6 +182,21 @@ mod tests {
         assert_eq!((code, &refused["reason"]), (409, &json!("Conflict")));
         let current = json!({"metadata": {"resourceVersion": "1"}, "spec": {"replicas": 2}});
         assert_eq!(patched(&cluster, WEB, MERGE, &current).await.0, 200);
+    }
+
+    #[tokio::test]
+    async fn an_apply_naming_a_stale_resource_version_is_a_conflict() {
+        let cluster = cluster_with(&[deployment(1)]);
+        let apply = format!("{WEB}?fieldManager=ctl&force=true");
+        let mut stale = deployment(2);
+        stale["metadata"]["resourceVersion"] = json!("9");
+        let (code, refused) = patched(&cluster, &apply, APPLY, &stale).await;
+        assert_eq!((code, &refused["reason"]), (409, &json!("Conflict")));
+        let mut current = deployment(2);
+        current["metadata"]["resourceVersion"] = json!("1");
+        let (code, applied) = patched(&cluster, &apply, APPLY, &current).await;
+        assert_eq!((code, &applied["spec"]["replicas"]), (200, &json!(2)));
+        assert_eq!(applied["metadata"]["resourceVersion"], "2");
     }
 
     #[tokio::test]
