@@ -500,8 +500,10 @@ pub async fn run(
                 reconciler.applies.abort_all();
                 reconciler.removals.abort_all();
                 reconciler.tunnel_sync.abort_all();
-                // Not resumed: what its Events told is dropped with it.
-                drop(reconciler.status_writes.abort_all());
+                // Forgotten even so: should the Lease be back in the same term before the next
+                // turn of the loop sees it lapsed, this reconciler carries on and makes them
+                // again.
+                reconciler.abort_reports();
                 reconciler.cut = true;
             }
             () = &mut shutdown => break,
@@ -920,9 +922,7 @@ impl Reconciler {
         self.pusher.abort_all();
         self.tunnel_sync.abort_all();
         self.read_backs.abort_all();
-        for told in self.status_writes.abort_all() {
-            self.untell(told);
-        }
+        self.abort_reports();
     }
 
     /// The failure counts, for `/metrics`.
@@ -950,7 +950,7 @@ impl Reconciler {
         watched: &PlaneObjects,
         unreadable_routes: &[UnreadableRoute],
     ) {
-        self.take_finished_applies();
+        self.take_finished_applies(snapshot);
         self.take_finished_removals();
         self.applying_first.clear();
         self.unapplied_tunnels.clear();
@@ -1960,8 +1960,18 @@ impl Reconciler {
 
     /// Takes in the applies finished since the last round: the planes applied, and the
     /// failures, held back until their wait is over. Their Events go out in the background;
-    /// `ProxyProvisioned` Events not taken before are offered again first.
-    fn take_finished_applies(&mut self) {
+    /// `ProxyProvisioned` Events not taken before are offered again first, those of Gateways
+    /// still there (the same object, not being deleted).
+    fn take_finished_applies(&mut self, snapshot: &Snapshot) {
+        let there = |key: &ObjectKey, regarding: &k8s_openapi::api::core::v1::ObjectReference| {
+            snapshot.gateways.iter().any(|g| {
+                object_key(g).as_ref() == Some(key)
+                    && g.metadata.uid == regarding.uid
+                    && g.metadata.deletion_timestamp.is_none()
+            })
+        };
+        self.provisioned_untold
+            .retain(|key, (regarding, _)| there(key, regarding));
         for (gateway, (regarding, note)) in std::mem::take(&mut self.provisioned_untold) {
             self.tell_provisioned(gateway, regarding, note);
         }
@@ -2165,6 +2175,11 @@ impl Reconciler {
         deployments: &[Deployment],
         watched: &PlaneObjects,
     ) {
+        // Its plane goes: what was kept of its renders no longer holds. A Gateway that comes
+        // back to a dedicated plane failing for the same reason is told again.
+        self.render_failures.remove(key);
+        self.render_failed_told.remove(key);
+        self.provisioned_untold.remove(key);
         let (Some(uid), Ok(names), Ok(go)) = (
             gw.metadata.uid.clone(),
             PlaneNames::for_gateway(gw),

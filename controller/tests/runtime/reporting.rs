@@ -2,13 +2,14 @@
 //! that hang hold up no other tenant, and Events about one object go out in order; one
 //! namespace's Events that hang hold up no other namespace's, a burst past the bound on those
 //! waiting all goes out, and one dropped unanswered as the Lease lapses goes out once leading
-//! again; status writes and list writes that fail or conflict are not sent again at every
+//! again (not one answered before, nor a `ProxyProvisioned` of a Gateway deleted meanwhile);
+//! status writes and list writes that fail or conflict are not sent again at every
 //! round, but are once their wait is over or the object changed under them (the list is
 //! written at the version watched); a new Gateway's routes wait for its plane and tunnel
 //! document, unless another plane on its tunnel serves them (a broken one does not); a plane
 //! whose pods are all down is reported on its routes, unless another plane on its tunnel
-//! serves them; and other controllers' conditions on our route parents give way to ours at the
-//! CRD's cap.
+//! serves them; other controllers' conditions on our route parents give way to ours at the
+//! CRD's cap; and a Gateway back from the shared plane is told its render failure again.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
@@ -326,6 +327,16 @@ fn shop_copy(name: &str) -> Value {
     ))
 }
 
+/// How many times the object named `name` was told `reason`: the recorder patches an Event
+/// made again into the stored one, counting it in its series.
+fn times_told(api: &ApiServer, name: &str, reason: &str) -> u64 {
+    api.list("Event")
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == name && e["reason"] == reason)
+        .map(|e| e["series"]["count"].as_u64().unwrap_or(1))
+        .sum()
+}
+
 /// Whether route `name` was told it is shadowed, in an Event the API server stored.
 fn told_shadowed(api: &ApiServer, name: &str) -> bool {
     events_about(api, name).contains(&("RouteShadowed".into(), "Warning".into()))
@@ -430,32 +441,44 @@ async fn settled_but_the_lease(api: &ApiServer) {
     }
 }
 
+/// A Lease of 2 s renewed every 200 ms; rounds only on changes (a round under way as the Lease
+/// lapses is cut off, and the replica starts afresh, telling everything again, rather than
+/// resuming); Event posts given up after a minute.
+fn leasing(options: &mut RuntimeOptions) {
+    options.lease = Some(cftunnel_controller::runtime::lease::LeaseOptions {
+        namespace: "cftunnel-system".to_owned(),
+        name: "cftunnel-controller".to_owned(),
+        identity: "replica-a".to_owned(),
+        duration: Duration::from_secs(2),
+        renew: Duration::from_millis(200),
+    });
+    options.resync = Duration::from_secs(3600);
+    patient(options);
+}
+
+/// Holds the replica's Lease renewals until it stops leading (its health server at `health`
+/// says so), runs `meanwhile`, and waits until it leads again in the same term.
+async fn lapse(api: &ApiServer, health: std::net::SocketAddr, meanwhile: impl FnOnce()) {
+    let renewals = api.hold(|c| {
+        c.method == "PUT"
+            && c.kind == "Lease"
+            && c.body.pointer("/spec/holderIdentity") == Some(&json!("replica-a"))
+    });
+    renewals.arrived(1).await;
+    super::metric_becomes(health, "cftunnel_controller_leading", 0).await;
+    meanwhile();
+    renewals.release();
+    super::metric_becomes(health, "cftunnel_controller_leading", 1).await;
+}
+
 /// An Event the API server has not answered as this replica stops leading is dropped with the
 /// rest, and what it told forgotten: leading again in the same term (nobody else led), the
-/// replica makes it again, and it is published.
+/// replica makes it again, and it is published. It resumes rather than starting afresh: an
+/// Event answered before the lapse is not made again.
 #[tokio::test]
 async fn an_event_unanswered_as_the_lease_lapses_goes_out_once_leading_again() {
-    use cftunnel_controller::runtime::lease::LeaseOptions;
     tokio::time::timeout(Duration::from_secs(60), async {
-        let t = Tenant::start_tuned(
-            "replicas: 1",
-            |_| {},
-            ApiServer::client,
-            |options| {
-                options.lease = Some(LeaseOptions {
-                    namespace: "cftunnel-system".to_owned(),
-                    name: "cftunnel-controller".to_owned(),
-                    identity: "replica-a".to_owned(),
-                    duration: Duration::from_secs(2),
-                    renew: Duration::from_millis(200),
-                });
-                // Rounds only on changes: a round under way as the Lease lapses is cut off, and
-                // the replica starts afresh (telling everything again) rather than resuming.
-                options.resync = Duration::from_secs(3600);
-                patient(options);
-            },
-        )
-        .await;
+        let t = Tenant::start_tuned("replicas: 1", |_| {}, ApiServer::client, leasing).await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -465,6 +488,13 @@ async fn an_event_unanswered_as_the_lease_lapses_goes_out_once_leading_again() {
             t.health.clone(),
         ));
         eventually("blog accepted", || blog_accepted(&t.api, 1)).await;
+        // Older than shop-copy (by name, if made in the same second): its message names shop
+        // only, whatever comes after.
+        t.api.put(shop_copy("shop-aa"));
+        eventually("shop-aa's RouteShadowed published", || {
+            told_shadowed(&t.api, "shop-aa").then_some(())
+        })
+        .await;
         settled_but_the_lease(&t.api).await;
 
         // The first post of shop-copy's RouteShadowed is held, unanswered.
@@ -480,20 +510,140 @@ async fn an_event_unanswered_as_the_lease_lapses_goes_out_once_leading_again() {
             .expect("shop-copy's RouteShadowed posted");
         settled_but_the_lease(&t.api).await;
 
-        let renewals = t.api.hold(|c| {
-            c.method == "PUT"
-                && c.kind == "Lease"
-                && c.body.pointer("/spec/holderIdentity") == Some(&json!("replica-a"))
-        });
-        renewals.arrived(1).await;
-        super::metric_becomes(health, "cftunnel_controller_leading", 0).await;
-        renewals.release();
-        super::metric_becomes(health, "cftunnel_controller_leading", 1).await;
+        lapse(&t.api, health, || {}).await;
         eventually("shop-copy's RouteShadowed published", || {
             told_shadowed(&t.api, "shop-copy").then_some(())
         })
         .await;
+        t.rounds(3, Duration::from_millis(300)).await;
+        assert_eq!(
+            events_about(&t.api, "shop-aa"),
+            [("RouteShadowed".to_owned(), "Warning".to_owned())],
+            "told once, before the lapse"
+        );
+        assert_eq!(times_told(&t.api, "shop-aa", "RouteShadowed"), 1);
         drop(held);
+        serving.abort();
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A `ProxyProvisioned` unanswered as the Lease lapses is kept to be sent again once leading
+/// again, but not for a Gateway deleted meanwhile.
+#[tokio::test]
+async fn a_provisioned_event_unanswered_as_the_lease_lapses_is_not_sent_for_a_gateway_deleted_meanwhile(
+) {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start_tuned("replicas: 1", |_| {}, ApiServer::client, leasing).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let health = listener.local_addr().expect("addr");
+        let serving = tokio::spawn(cftunnel_controller::runtime::health::serve(
+            listener,
+            t.health.clone(),
+        ));
+        eventually("edge's ProxyProvisioned", || {
+            (times_told(&t.api, "edge", "ProxyProvisioned") == 1).then_some(())
+        })
+        .await;
+        settled_but_the_lease(&t.api).await;
+
+        // The recorder patches an Event made again (the same note) into the stored one.
+        let edge_provisioned = |c: &Call<'_>| {
+            (c.method == "POST" || c.method == "PATCH")
+                && c.kind == "Event"
+                && c.body["regarding"]["name"] == "edge"
+                && c.body["reason"] == "ProxyProvisioned"
+        };
+        let held = t.api.hold(edge_provisioned);
+        let sent = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&sent);
+        let _counting = t.api.forbid(move |c| {
+            if edge_provisioned(c) {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+            false
+        });
+        t.configure("replicas: 2");
+        tokio::time::timeout(Duration::from_secs(20), held.arrived(1))
+            .await
+            .expect("edge's second ProxyProvisioned sent");
+        settled_but_the_lease(&t.api).await;
+
+        lapse(&t.api, health, || {
+            t.api.delete(
+                "gateway.networking.k8s.io/v1",
+                "Gateway",
+                "tenant-a",
+                "edge",
+            );
+        })
+        .await;
+        t.rounds(3, Duration::from_millis(300)).await;
+        assert_eq!(sent.load(Ordering::SeqCst), 1, "not sent again");
+        drop(held);
+        serving.abort();
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A Gateway whose plane failed to apply and that goes back to the shared plane leaves nothing
+/// of that failure behind: it is counted failing no more, and back on a dedicated plane that
+/// fails for the same reason, it is told again.
+#[tokio::test]
+async fn a_gateway_back_from_the_shared_plane_is_told_its_render_failure_again() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let t = Tenant::start("replicas: 1").await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let health = listener.local_addr().expect("addr");
+        let serving = tokio::spawn(cftunnel_controller::runtime::health::serve(
+            listener,
+            t.health.clone(),
+        ));
+        let told = |reason: &str| times_told(&t.api, "edge", reason);
+        eventually("edge's ProxyProvisioned", || {
+            (told("ProxyProvisioned") == 1).then_some(())
+        })
+        .await;
+
+        // Another Gateway of the seed fails to apply throughout.
+        const FAILING: &str = "cftunnel_controller_render_failing_gateways";
+        let others = super::metric(health, FAILING).await.expect("the gauge");
+        let _failing = t.api.fail(500, |c| {
+            c.method == "PATCH"
+                && c.kind == "Deployment"
+                && c.body.pointer("/metadata/namespace") == Some(&json!("tenant-a"))
+                && c.body.pointer("/metadata/name") == Some(&json!("cf-proxy-edge"))
+        });
+        t.configure("replicas: 3");
+        eventually("edge's RenderFailed", || {
+            (told("RenderFailed") == 1).then_some(())
+        })
+        .await;
+        super::metric_becomes(health, FAILING, others + 1).await;
+
+        t.api.put(yaml(&super::gateway(false)));
+        eventually("edge's plane removed", || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+                .is_none()
+                .then_some(())
+        })
+        .await;
+        super::metric_becomes(health, FAILING, others).await;
+
+        t.api.put(yaml(&super::gateway(true)));
+        eventually("edge's RenderFailed told again", || {
+            (told("RenderFailed") == 2).then_some(())
+        })
+        .await;
         serving.abort();
         t.stop().await;
     })

@@ -1,0 +1,305 @@
+use super::*;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+/// Limits small enough to reach in a test; posts given up after a minute.
+fn limits(at_once: usize, at_once_per_namespace: usize, waiting: usize) -> EventLimits {
+    EventLimits {
+        at_once,
+        at_once_per_namespace,
+        waiting,
+        waiting_per_namespace: waiting,
+        post_timeout: Duration::from_secs(60),
+    }
+}
+
+/// An Event about `regarding` (`namespace/name`) that runs `post`.
+fn post(
+    regarding: &str,
+    post: impl std::future::Future<Output = ()> + Send + 'static,
+) -> EventPost {
+    let namespace = regarding.split('/').next().unwrap_or_default();
+    EventPost {
+        regarding: regarding.to_owned(),
+        namespace: namespace.to_owned(),
+        reason: "Test".to_owned(),
+        told: Told::PushFailed {
+            route: regarding.to_owned(),
+        },
+        post: Box::pin(post),
+    }
+}
+
+/// An Event about `regarding` that sends `name` once posted.
+fn sends(
+    regarding: &str,
+    name: &'static str,
+    sent: &tokio::sync::mpsc::UnboundedSender<&'static str>,
+) -> EventPost {
+    let sent = sent.clone();
+    post(regarding, async move {
+        let _ = sent.send(name);
+    })
+}
+
+async fn next(posted: &mut UnboundedReceiver<&'static str>) -> Option<&'static str> {
+    tokio::time::timeout(Duration::from_secs(5), posted.recv())
+        .await
+        .expect("an Event posted")
+}
+
+#[tokio::test]
+async fn events_about_one_object_go_out_in_order() {
+    // Turns enough for both objects of the namespace.
+    let mut writes = StatusWrites::new(Arc::new(Notify::new()), limits(8, 2, 64));
+    let (sent, mut posted) = unbounded_channel();
+    let (release, released) = oneshot::channel::<()>();
+    let a1 = sent.clone();
+    assert!(writes.event(post("ns/a", async move {
+        let _ = released.await;
+        let _ = a1.send("a1");
+    })));
+    assert!(writes.event(sends("ns/a", "a2", &sent)));
+    assert!(writes.event(sends("ns/b", "b1", &sent)));
+    assert_eq!(
+        next(&mut posted).await,
+        Some("b1"),
+        "another object's goes at once"
+    );
+    let _ = release.send(());
+    assert_eq!(next(&mut posted).await, Some("a1"));
+    assert_eq!(
+        next(&mut posted).await,
+        Some("a2"),
+        "after the one before it"
+    );
+}
+
+/// More Events than may wait, all made at once on a healthy API server: those refused
+/// are made again as the round woken for them comes, and every one is posted.
+#[tokio::test]
+async fn a_burst_past_the_bound_is_posted_whole_as_rounds_make_the_refused_again() {
+    let wake = Arc::new(Notify::new());
+    let mut writes = StatusWrites::new(Arc::clone(&wake), limits(2, 2, 4));
+    let (sent, mut posted) = unbounded_channel();
+    const NAMES: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    let mut untold: Vec<&'static str> = NAMES.to_vec();
+    let mut offers = 0;
+    while !untold.is_empty() {
+        offers += 1;
+        assert!(offers < 20, "still refused: {untold:?}");
+        untold.retain(|name| !writes.event(sends(&format!("ns/{name}"), name, &sent)));
+        if offers == 1 {
+            assert_eq!(untold.len(), 6, "4 wait, the rest are refused");
+        }
+        if !untold.is_empty() {
+            tokio::time::timeout(Duration::from_secs(5), wake.notified())
+                .await
+                .expect("a round, as room frees");
+            writes.take_finished();
+        }
+    }
+    let mut all = Vec::new();
+    for _ in NAMES {
+        all.extend(next(&mut posted).await);
+    }
+    all.sort_unstable();
+    assert_eq!(all, NAMES);
+}
+
+/// The bound is on Events waiting: one being posted leaves its place to the next.
+#[tokio::test]
+async fn events_being_posted_take_no_place() {
+    let mut writes = StatusWrites::new(Arc::new(Notify::new()), limits(1, 1, 1));
+    let (started, mut posting) = unbounded_channel();
+    assert!(writes.event(post("ns/a", async move {
+        let _ = started.send("a");
+        std::future::pending::<()>().await;
+    })));
+    assert_eq!(next(&mut posting).await, Some("a"));
+    assert!(writes.event(post("ns/b", std::future::pending())));
+    assert!(
+        !writes.event(post("ns/c", std::future::pending())),
+        "one waits already"
+    );
+}
+
+/// One namespace's Events that hang (a webhook on its `events`) hold its own turns only:
+/// another namespace's Event goes at once.
+#[tokio::test]
+async fn one_namespaces_events_that_hang_leave_the_others_their_turns() {
+    let mut writes = StatusWrites::new(Arc::new(Notify::new()), limits(3, 1, 64));
+    let (sent, mut posted) = unbounded_channel();
+    for name in ["a/1", "a/2", "a/3", "a/4"] {
+        assert!(writes.event(post(name, std::future::pending())));
+    }
+    assert!(writes.event(sends("b/1", "b1", &sent)));
+    assert_eq!(next(&mut posted).await, Some("b1"));
+}
+
+/// Several namespaces whose Events hang (a webhook on each one's `events`), each with all the
+/// Events it may have waiting, leave turns and places to the others: by default a namespace
+/// may take only a small share of them.
+#[tokio::test]
+async fn several_namespaces_whose_events_hang_leave_room_for_another() {
+    let mut writes = StatusWrites::new(Arc::new(Notify::new()), EventLimits::default());
+    let (sent, mut posted) = unbounded_channel();
+    let hung = ["a", "b", "c", "d"];
+    let mut taken = 0;
+    // Again once those first taken are being posted, and so no longer wait.
+    for _ in 0..2 {
+        for namespace in hung {
+            while writes.event(post(
+                &format!("{namespace}/{taken}"),
+                std::future::pending(),
+            )) {
+                taken += 1;
+                assert!(taken < 10_000, "a bound on those waiting");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        writes.event(sends("e/1", "e1", &sent)),
+        "another namespace's Event finds a place"
+    );
+    assert_eq!(next(&mut posted).await, Some("e1"), "and a turn");
+}
+
+/// A post the API server does not answer is given up after its timeout, and frees its
+/// turn for the next.
+#[tokio::test(start_paused = true)]
+async fn an_event_post_that_hangs_is_given_up_after_its_timeout() {
+    let timeout = Duration::from_secs(5);
+    let limits = EventLimits {
+        post_timeout: timeout,
+        ..limits(1, 1, 64)
+    };
+    let mut writes = StatusWrites::new(Arc::new(Notify::new()), limits);
+    let (sent, mut posted) = unbounded_channel();
+    let started = tokio::time::Instant::now();
+    assert!(writes.event(post("a/1", std::future::pending())));
+    assert!(writes.event(sends("b/1", "b1", &sent)));
+    let b1 = tokio::time::timeout(Duration::from_secs(60), posted.recv())
+        .await
+        .expect("posted once the hung one is given up");
+    assert_eq!(b1, Some("b1"));
+    assert!(started.elapsed() >= timeout, "{:?}", started.elapsed());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    writes.take_finished();
+    assert!(writes.unanswered.is_empty(), "both ended");
+}
+
+/// A post that panics is a bug in the post: logged, and no status write is held back nor
+/// round scheduled for it.
+#[tokio::test]
+async fn a_panicking_event_post_is_logged_only() {
+    let wake = Arc::new(Notify::new());
+    let mut writes = StatusWrites::new(Arc::clone(&wake), EventLimits::default());
+    assert!(writes.event(post("a/1", async { panic!("a bug in a post") })));
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while !writes.unanswered.is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            writes.take_finished();
+        }
+    })
+    .await
+    .expect("the post ended");
+    assert!(writes.retries.is_empty(), "no round scheduled");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), wake.notified())
+            .await
+            .is_err(),
+        "no round woken"
+    );
+}
+
+/// Dropping every Event (this replica stopped leading) hands back what those not answered
+/// told, for their records to be forgotten; those answered are not among them.
+#[tokio::test]
+async fn dropping_the_events_hands_back_what_the_unanswered_told() {
+    let mut writes = StatusWrites::new(Arc::new(Notify::new()), EventLimits::default());
+    let (sent, mut posted) = unbounded_channel();
+    assert!(writes.event(sends("a/answered", "answered", &sent)));
+    assert_eq!(next(&mut posted).await, Some("answered"));
+    assert!(writes.event(post("a/unanswered", std::future::pending())));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        writes.abort_all(),
+        [Told::PushFailed {
+            route: "a/unanswered".to_owned()
+        }]
+    );
+    assert!(writes.unanswered.is_empty());
+    assert!(writes.event(sends("a/later", "later", &sent)));
+    assert_eq!(next(&mut posted).await, Some("later"));
+}
+
+/// Those not answered are handed back in the order they were made, so that of two telling
+/// the same (a Gateway's `ProxyProvisioned`s), the newest can be kept.
+#[tokio::test]
+async fn the_unanswered_are_handed_back_in_the_order_they_were_made() {
+    let mut writes = StatusWrites::new(Arc::new(Notify::new()), EventLimits::default());
+    let routes: Vec<String> = (0..16).map(|i| format!("ns{}/route-{i}", i % 3)).collect();
+    for route in &routes {
+        assert!(writes.event(post(route, std::future::pending())));
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let made: Vec<Told> = routes
+        .iter()
+        .map(|route| Told::PushFailed {
+            route: route.clone(),
+        })
+        .collect();
+    assert_eq!(writes.abort_all(), made);
+}
+
+/// A round's writes: of `key`, one failing, or none as its object says what is wanted.
+fn round(key: &WriteKey, failing: bool) -> Writes {
+    let mut writes = Writes::default();
+    writes.seen.insert(key.clone());
+    if failing {
+        let content = content_digest(&json!({"list": "new"}));
+        let job: BoxFuture<'static, Written> =
+            Box::pin(async { Written::Failed("refused".to_owned()) });
+        let digest = write_digest(&content, Some("1"));
+        writes.patches.push((key.clone(), digest, job));
+    } else {
+        writes.settled.push(key.clone());
+    }
+    writes
+}
+
+/// A write that failed in a row waits longer each time; once its object says what is
+/// wanted, that is forgotten: its next failure, however much later, waits the first wait.
+#[tokio::test(start_paused = true)]
+async fn a_settled_write_forgets_its_failures() {
+    let mut writes = StatusWrites::new(Arc::new(Notify::new()), EventLimits::default());
+    let key = WriteKey::Object("/api/v1/namespaces/ns/configmaps/list".to_owned());
+    let content = content_digest(&json!({"list": "new"}));
+    let held = |writes: &StatusWrites| writes.covered(&key, &content, Some("1"));
+    for wait in [RETRY_FIRST, RETRY_FIRST * 2, RETRY_FIRST * 4] {
+        writes.run(round(&key, true)).await;
+        assert!(held(&writes));
+        tokio::time::sleep(wait).await;
+        writes.take_finished();
+        assert!(!held(&writes), "{wait:?}");
+    }
+    writes.run(round(&key, false)).await;
+    tokio::time::sleep(RETRY_MAX).await;
+    writes.run(round(&key, true)).await;
+    assert!(held(&writes));
+    tokio::time::sleep(RETRY_FIRST).await;
+    assert!(!held(&writes), "held past the first wait");
+}
+
+#[test]
+fn a_note_is_cut_to_the_byte_limit_at_a_character_boundary() {
+    assert_eq!(clipped("short"), "short");
+    let long = format!("{}{}", "a".repeat(1020), "é".repeat(10));
+    let note = clipped(&long);
+    assert!(note.len() <= NOTE_LIMIT, "{} bytes", note.len());
+    assert_eq!(note.len(), 1024);
+    assert!(note.ends_with("éé"));
+    let odd = format!("{}{}", "a".repeat(1023), "é");
+    assert_eq!(clipped(&odd), "a".repeat(1023));
+}
