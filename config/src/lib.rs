@@ -21,13 +21,15 @@
 //! each dial, the controller to the IP literals it can judge ahead.
 //!
 //! What the config API answers a pusher ([`api::ConfigState`]) is written here too, so a pusher
-//! reads what the proxy says it enforces.
+//! reads what the proxy says it enforces, and what its bearer token may hold
+//! ([`auth_token::check`]).
 //!
 //! What it leaves out: anything that does I/O or needs a runtime (dialling backends, serving
 //! requests, connecting to the edge) belongs to the proxy and the tunnel connector.
 
 pub mod address;
 pub mod api;
+pub mod auth_token;
 pub mod bytes;
 mod document;
 mod duration;

@@ -189,12 +189,15 @@ pub const SERVICE_NAME: &str = "cftunnel-proxy";
 impl Args {
     /// Cross-field checks that clap cannot express.
     pub fn validate(&self) -> Result<(), String> {
-        if self
-            .auth_token
-            .as_deref()
-            .is_some_and(|t| t.trim().is_empty())
-        {
-            return Err("PROXY_AUTH_TOKEN is set but empty: set a token or unset it".into());
+        if let Some(token) = &self.auth_token {
+            // A token no pusher could present would leave the proxy unready without a word.
+            match cftunnel_config::auth_token::check(token) {
+                Ok(_) => {}
+                Err(cftunnel_config::auth_token::AuthTokenError::Empty) => {
+                    return Err("PROXY_AUTH_TOKEN is set but empty: set a token or unset it".into())
+                }
+                Err(e) => return Err(format!("PROXY_AUTH_TOKEN: {e}")),
+            }
         }
         self.access_settings()
             .check()
@@ -475,6 +478,12 @@ mod tests {
         assert!(parse(&["--addr", "nonsense"]).is_err());
         let empty = parse(&["--auth-token", ""]).expect("parses");
         assert!(empty.validate().is_err(), "empty token is refused");
+        let unsendable = parse(&["--auth-token", "pässword"]).expect("parses");
+        let err = unsendable
+            .validate()
+            .expect_err("a token no header carries is refused");
+        assert!(err.starts_with("PROXY_AUTH_TOKEN: "), "{err}");
+        assert!(!err.contains("pässword"), "the token is not shown: {err}");
         assert_eq!(a.access_log_sample, 1);
         assert_eq!(a.send_timeout.0, Duration::from_secs(60));
         let zero = parse(&["--send-timeout", "0"]).expect("parses");

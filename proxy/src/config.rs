@@ -121,6 +121,21 @@ struct State {
     cache: Cache,
 }
 
+/// Whether a document at version `pushed` is stale against `current`, the version in service:
+/// older, and versioned (version 0 is always accepted; the same version is applied again).
+pub(crate) fn is_stale(pushed: i64, current: i64) -> bool {
+    pushed > 0 && pushed < current
+}
+
+/// Reads a document's JSON text into the config type with the reader a push's text goes through
+/// ([`Reloader::apply_json`]), so the same document is refused with the same message.
+///
+/// # Errors
+/// [`ConfigError::Json`], naming the path of the value at fault.
+pub(crate) fn read_document(text: &[u8]) -> Result<Config, ConfigError> {
+    stream::read_document(text).map_err(ConfigError::Json)
+}
+
 /// Documents with more rules than this (or, as text, more bytes) give the memory they were
 /// parsed into back to the system once compiled.
 const LARGE_DOCUMENT_RULES: usize = 500;
@@ -164,7 +179,7 @@ impl Reloader {
     /// version 0 is always accepted.
     pub async fn apply(&self, doc: Config) -> Result<i64, ConfigError> {
         let state = self.state.clone().lock_owned().await;
-        if doc.version > 0 && doc.version < state.version {
+        if is_stale(doc.version, state.version) {
             self.proxy.metrics().reload("stale");
             return Err(ConfigError::Stale {
                 pushed: doc.version,

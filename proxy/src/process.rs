@@ -33,29 +33,39 @@ pub fn default_worker_threads() -> usize {
 /// A setting that cannot be used (each message names it), a listener that cannot be bound, or
 /// a tunnel connector that cannot start; all before serving begins.
 pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> anyhow::Result<()> {
-    let initial = match &args.config_file {
+    // The file is read and compiled as a push's body is, so it is refused with the message a
+    // push of it gets (`rules[2].backends[0].weight: ...`), after the file's name.
+    let file = match &args.config_file {
         Some(path) => {
+            let setting = format!("PROXY_CONFIG_FILE ({})", path.display());
             let text = tokio::fs::read(path)
                 .await
-                .with_context(|| format!("reading {}", path.display()))?;
-            let doc: cftunnel_config::Config = serde_json::from_slice(&text)
-                .with_context(|| format!("parsing {}", path.display()))?;
-            Some(doc)
+                .with_context(|| format!("{setting}: reading the file"))?;
+            Some((setting, text))
         }
         None => None,
     };
     if args.check {
+        let Some((setting, text)) = file else {
+            anyhow::bail!("--check needs --config-file");
+        };
         let metrics = crate::metrics::ProxyMetrics::register(&mut Default::default());
-        let doc = initial.unwrap_or_default();
-        crate::config::compile(&doc, &metrics, &mut Default::default())
-            .context("config is invalid")?;
+        let routes = crate::config::compile_json(&text, 0, &metrics, &mut Default::default())
+            .context(setting)?;
         println!(
             "config is valid: {} rules, version {}",
-            doc.rules.len(),
-            doc.version
+            routes.rule_count(),
+            routes.version()
         );
         return Ok(());
     }
+    let initial = match &file {
+        Some((setting, text)) => {
+            Some(crate::config::read_document(text).with_context(|| setting.clone())?)
+        }
+        None => None,
+    };
+    let config_file = file.map(|(setting, _)| setting);
     // Tunnel settings are checked before any socket is bound.
     let connector = match tunnel_token(&args).await? {
         Some((setting, raw)) => Some(connector(&args, setting, &raw).await?),
@@ -119,7 +129,15 @@ pub async fn run(args: Args, worker_threads: usize, mut signals: impl Stop) -> a
         },
         worker_threads,
     };
-    let server = Server::start_with_registry(options, initial, registry).await?;
+    let server = Server::start_with_registry(options, initial, registry)
+        .await
+        .map_err(|e| match config_file {
+            // The file's is the one document compiled at start (the empty table cannot fail).
+            Some(setting) if e.downcast_ref::<crate::config::ConfigError>().is_some() => {
+                e.context(setting)
+            }
+            _ => e,
+        })?;
     let tunnel = match connector {
         Some(mut connector) => {
             use crate::tunnel::{

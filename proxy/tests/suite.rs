@@ -26,6 +26,7 @@ mod route_semantics;
 mod routing;
 mod settings;
 mod streaming_replay;
+mod start_up;
 mod tracing;
 mod tracing_outcomes;
 mod tunnel;

@@ -34,7 +34,7 @@ pub fn compile(
 
 /// [`compile`] of a document's JSON text, each rule compiled as it is read
 /// ([`super::stream`]). `current` is the version in service: a document with an older one is
-/// stale.
+/// stale, and when its version comes before its rules none of them is compiled.
 ///
 /// # Errors
 /// In this order: text that is not one config document ([`ConfigError::Json`]), a stale
@@ -46,8 +46,8 @@ pub fn compile_json(
     cache: &mut Cache,
 ) -> Result<Routes, ConfigError> {
     let mut compiler = Compiler::new(cache, None);
-    let header = super::stream::read(text, &mut compiler).map_err(ConfigError::Json)?;
-    if header.version > 0 && header.version < current {
+    let header = super::stream::read(text, current, &mut compiler).map_err(ConfigError::Json)?;
+    if super::is_stale(header.version, current) {
         return Err(ConfigError::Stale {
             pushed: header.version,
             current,

@@ -12,8 +12,13 @@
 //! the config type. A document that turns out malformed is read a second time, each rule typed
 //! as it comes, for the error the config type's own reader gives (the first pass can only
 //! name a fault as deep as the rule, and the position inside it).
+//!
+//! A document whose `version` comes before its `rules` (as the controller writes it) and is
+//! stale against the version in service hands no rule to the compiler: each is only read into
+//! the config type, so a malformed one still refuses the document as malformed, and the stale
+//! push is answered without compiling the table it would have built.
 
-use cftunnel_config::Rule;
+use cftunnel_config::{Config, Rule};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use std::fmt;
@@ -31,16 +36,48 @@ pub(crate) struct Header {
     pub(crate) has_grpc_route: bool,
 }
 
-/// Reads the document in `text`, handing its rules to `compiler` in order.
+/// Reads the document in `text`, handing its rules to `compiler` in order, unless a `version`
+/// read before them is stale against `current`, the version in service
+/// ([`super::is_stale`]): then no rule reaches the compiler, and the caller refuses the
+/// document on its [`Header::version`].
 ///
 /// # Errors
 /// Text that is not one config document (and nothing after it but white space); the message
 /// names the path of the value at fault (`rules[2].backends[0].weight: ...`).
-pub(crate) fn read(text: &[u8], compiler: &mut dyn RuleSink) -> Result<Header, String> {
-    read_with(text, Some(compiler)).map_err(|first| match read_with(text, None) {
+pub(crate) fn read(
+    text: &[u8],
+    current: i64,
+    compiler: &mut dyn RuleSink,
+) -> Result<Header, String> {
+    read_with(text, current, Some(compiler)).map_err(|first| match read_with(text, current, None) {
         Err(precise) => precise,
         Ok(_) => first,
     })
+}
+
+/// Reads the document in `text` whole into the config type, as a push's text is read: the
+/// same document is refused with the same message.
+///
+/// # Errors
+/// As [`read`].
+pub(crate) fn read_document(text: &[u8]) -> Result<Config, String> {
+    let mut rules = Collect(Vec::new());
+    let header = read(text, 0, &mut rules)?;
+    Ok(Config {
+        version: header.version,
+        rules: rules.0,
+        has_grpc_route: header.has_grpc_route,
+    })
+}
+
+/// Takes each rule into the config type.
+struct Collect(Vec<Rule>);
+
+impl RuleSink for Collect {
+    fn push_text(&mut self, text: &str) -> Result<(), serde_json::Error> {
+        self.0.push(serde_json::from_str(text)?);
+        Ok(())
+    }
 }
 
 /// One pass over the document: rules handed to `compiler` as their text, or, without one,
@@ -49,10 +86,18 @@ pub(crate) fn read(text: &[u8], compiler: &mut dyn RuleSink) -> Result<Header, S
 /// Text that is UTF-8 (as any document is) is checked as such once, whole, rather than value
 /// by value as each rule's text is taken; other text is read as bytes, for the reader's own
 /// error.
-fn read_with(text: &[u8], compiler: Option<&mut dyn RuleSink>) -> Result<Header, String> {
+fn read_with(
+    text: &[u8],
+    current: i64,
+    compiler: Option<&mut dyn RuleSink>,
+) -> Result<Header, String> {
     match std::str::from_utf8(text) {
-        Ok(text) => read_from(serde_json::Deserializer::from_str(text), compiler),
-        Err(_) => read_from(serde_json::Deserializer::from_slice(text), compiler),
+        Ok(text) => read_from(serde_json::Deserializer::from_str(text), current, compiler),
+        Err(_) => read_from(
+            serde_json::Deserializer::from_slice(text),
+            current,
+            compiler,
+        ),
     }
 }
 
@@ -60,19 +105,24 @@ fn read_with(text: &[u8], compiler: Option<&mut dyn RuleSink>) -> Result<Header,
 /// document (nearly every push), need not pay for it.
 fn read_from<'de, R: serde_json::de::Read<'de>>(
     mut de: serde_json::Deserializer<R>,
+    current: i64,
     compiler: Option<&mut dyn RuleSink>,
 ) -> Result<Header, String> {
     let header = match compiler {
         Some(compiler) => Document {
+            current,
             compiler: Some(compiler),
         }
         .deserialize(&mut de)
         .map_err(|e| e.to_string())?,
         None => {
             let mut track = serde_path_to_error::Track::new();
-            Document { compiler: None }
-                .deserialize(serde_path_to_error::Deserializer::new(&mut de, &mut track))
-                .map_err(|e| serde_path_to_error::Error::new(track.path(), e).to_string())?
+            Document {
+                current,
+                compiler: None,
+            }
+            .deserialize(serde_path_to_error::Deserializer::new(&mut de, &mut track))
+            .map_err(|e| serde_path_to_error::Error::new(track.path(), e).to_string())?
         }
     };
     de.end().map_err(|e| e.to_string())?;
@@ -80,6 +130,8 @@ fn read_from<'de, R: serde_json::de::Read<'de>>(
 }
 
 struct Document<'a, 'c> {
+    /// The version in service: a document stale against it hands its rules to no compiler.
+    current: i64,
     compiler: Option<&'a mut (dyn RuleSink + 'c)>,
 }
 
@@ -105,9 +157,10 @@ impl<'de> Visitor<'de> for Document<'_, '_> {
             .next_element::<Option<i64>>()?
             .flatten()
             .unwrap_or_default();
-        seq.next_element_seed(Rules {
-            compiler: self.compiler,
-        })?;
+        let compiler = self
+            .compiler
+            .filter(|_| !super::is_stale(version, self.current));
+        seq.next_element_seed(Rules { compiler })?;
         let has_grpc_route = seq
             .next_element::<Option<bool>>()?
             .flatten()
@@ -136,9 +189,10 @@ impl<'de> Visitor<'de> for Document<'_, '_> {
                         return Err(de::Error::duplicate_field("rules"));
                     }
                     rules = true;
-                    map.next_value_seed(Rules {
-                        compiler: self.compiler.as_deref_mut(),
-                    })?;
+                    // A stale version read so far: the rules are only read.
+                    let stale = version.is_some_and(|v| super::is_stale(v, self.current));
+                    let compiler = self.compiler.as_deref_mut().filter(|_| !stale);
+                    map.next_value_seed(Rules { compiler })?;
                 }
                 Field::HasGrpcRoute => {
                     if has_grpc_route.is_some() {

@@ -10,7 +10,7 @@ fn streamed(text: &str) -> Outcome {
     let metrics = ProxyMetrics::register(&mut Default::default());
     let mut cache = Cache::default();
     let mut compiler = Compiler::new(&mut cache, None);
-    let header = read(text.as_bytes(), &mut compiler)?;
+    let header = read(text.as_bytes(), 0, &mut compiler)?;
     let routes = compiler
         .finish(&metrics, header.version, header.has_grpc_route)
         .map_err(|e| e.to_string())?;
@@ -70,7 +70,7 @@ fn text_that_is_not_utf8_is_refused_as_the_config_type_refuses_it() {
     let text = b"{\"rules\": [{\"name\": \"a\xffb\"}]}";
     let mut cache = Cache::default();
     let mut compiler = Compiler::new(&mut cache, None);
-    let refused = read(text, &mut compiler).expect_err("refused");
+    let refused = read(text, 0, &mut compiler).expect_err("refused");
     let whole = serde_path_to_error::deserialize::<_, cftunnel_config::Config>(
         &mut serde_json::Deserializer::from_slice(text),
     )
@@ -122,7 +122,7 @@ fn a_rule_pushed_again_with_the_same_text_is_shared_not_parsed_again() {
     assert_eq!(rule_at(&second, "b.test"), rule_at(&third, "b.test"));
 }
 
-/// A stale version is refused as stale, before any rule is looked at.
+/// A stale version is refused as stale, whatever its rules hold.
 #[test]
 fn a_stale_document_is_refused_as_stale_whatever_its_rules() {
     let metrics = ProxyMetrics::register(&mut Default::default());
@@ -138,4 +138,98 @@ fn a_stale_document_is_refused_as_stale_whatever_its_rules() {
         ),
         "{refused:?}"
     );
+}
+
+/// Counts the rules handed over, taking each as the compiler would find it new.
+#[derive(Default)]
+struct Counting(usize);
+
+impl RuleSink for Counting {
+    fn push_text(&mut self, text: &str) -> Result<(), serde_json::Error> {
+        serde_json::from_str::<cftunnel_config::Rule>(text)?;
+        self.0 += 1;
+        Ok(())
+    }
+}
+
+/// The rules of `text` that reach the compiler with version `current` in service, and what
+/// the document says of itself.
+fn handed_over(text: &str, current: i64) -> (Result<Header, String>, usize) {
+    let mut sink = Counting::default();
+    let read = read(text.as_bytes(), current, &mut sink);
+    (read, sink.0)
+}
+
+/// A stale document whose version comes before its rules, as the controller writes it, hands
+/// no rule to the compiler: the push is answered 409 without building the table it would have.
+#[test]
+fn a_stale_version_before_the_rules_hands_no_rule_to_the_compiler() {
+    let rules = r#"[{"hostnames": ["a.test"]}, {"hostnames": ["b.test"]}]"#;
+    let header = |version| Header {
+        version,
+        has_grpc_route: true,
+    };
+    let written = serde_json::to_string(&cftunnel_config::Config {
+        version: 4,
+        rules: vec![cftunnel_config::Rule::default(); 2],
+        has_grpc_route: true,
+    })
+    .expect("a document");
+    assert!(
+        written.find("\"version\"") < written.find("\"rules\""),
+        "the config type writes the version first: {written}"
+    );
+    for text in [
+        written,
+        format!(r#"{{"version": 4, "rules": {rules}, "hasGrpcRoute": true}}"#),
+        format!(r#"[4, {rules}, true]"#),
+    ] {
+        assert_eq!(handed_over(&text, 5), (Ok(header(4)), 0), "{text}");
+        // Current, newer or unversioned: every rule is compiled.
+        assert_eq!(handed_over(&text, 4), (Ok(header(4)), 2), "{text}");
+        assert_eq!(handed_over(&text, 0), (Ok(header(4)), 2), "{text}");
+        let unversioned = text.replacen('4', "0", 1);
+        assert_eq!(handed_over(&unversioned, 5), (Ok(header(0)), 2), "{text}");
+    }
+    // The version read after the rules: they are compiled before it is known.
+    let late = format!(r#"{{"rules": {rules}, "hasGrpcRoute": true, "version": 4}}"#);
+    assert_eq!(handed_over(&late, 5), (Ok(header(4)), 2));
+}
+
+/// A stale document is still read whole: one that is malformed is refused as malformed, with
+/// the message any other push gets, and only then as stale.
+#[test]
+fn a_malformed_stale_document_is_refused_as_malformed() {
+    let metrics = ProxyMetrics::register(&mut Default::default());
+    for text in [
+        r#"{"version": 4, "rules": [{}, {"backends": [{"url": "http://x", "weight": -1}]}]}"#,
+        r#"{"version": 4, "rules": [{}, 7]}"#,
+        r#"{"version": 4, "rules": [{}]} trailing"#,
+        r#"[4, [{}, {"filters": [{"type": "Nope"}]}]]"#,
+    ] {
+        let (read, handed) = handed_over(text, 5);
+        assert_eq!(handed, 0, "{text}");
+        let whole = whole(text).expect_err("malformed");
+        assert_eq!(read, Err(whole.clone()), "{text}");
+        let refused = compile_json(text.as_bytes(), 5, &metrics, &mut Cache::default());
+        assert_eq!(refused.err(), Some(ConfigError::Json(whole)), "{text}");
+    }
+}
+
+/// A file's document is read into the config type by the reader a push's text goes through.
+#[test]
+fn a_document_read_whole_is_the_config_type_and_refused_as_a_push_is() {
+    let good = r#"{"version": 3, "rules": [{"hostnames": ["a.test"]}, {}], "hasGrpcRoute": true}"#;
+    let parsed: cftunnel_config::Config = serde_json::from_str(good).expect("a document");
+    assert_eq!(read_document(good.as_bytes()), Ok(parsed));
+    let bad =
+        r#"{"version": 3, "rules": [{}, {}, {"backends": [{"url": "http://x", "weight": -1}]}]}"#;
+    let refused = read_document(bad.as_bytes()).expect_err("refused");
+    assert!(
+        refused.starts_with("rules[2].backends[0].weight: "),
+        "{refused}"
+    );
+    let metrics = ProxyMetrics::register(&mut Default::default());
+    let pushed = compile_json(bad.as_bytes(), 0, &metrics, &mut Cache::default());
+    assert_eq!(pushed.err(), Some(ConfigError::Json(refused)));
 }
