@@ -8,7 +8,9 @@
 //!
 //! A checked [`Rule`] holds its values parsed (header names and values, methods, status codes,
 //! backend URLs and TLS settings) and its regular expressions compiled with the engine and
-//! limits the proxy matches with ([`Pattern`]). The leaf checks ([`hostname`], [`header_name`],
+//! limits the proxy matches with ([`Pattern`]), their matchers built. What a document's
+//! regular expressions take together is bounded too ([`PATTERN_BUDGET`]), counted over the
+//! checks between two [`Cache::keep_used`]. The leaf checks ([`hostname`], [`header_name`],
 //! [`header_value`], [`replacement_path`], ...) are public too, for a caller that wants to name
 //! a field in its own terms before it builds a rule (the controller names Gateway API fields).
 //!
@@ -16,6 +18,7 @@
 
 mod access;
 mod at;
+mod budget;
 mod cache;
 mod client_certificate;
 mod filter;
@@ -26,6 +29,7 @@ mod status;
 mod target;
 
 pub use access::{access, audience, team_name, Access, MAX_AUDIENCES, MAX_AUDIENCE_LEN};
+pub use budget::PATTERN_BUDGET;
 pub use cache::Cache;
 pub use client_certificate::ClientIdentity;
 pub use filter::{
@@ -95,7 +99,8 @@ impl RuleRefused {
     }
 }
 
-/// Checks every rule of `config`, in order.
+/// Checks every rule of `config`, in order, its patterns counted against the budget in
+/// `cache` ([`PATTERN_BUDGET`]) with those of the checks since its last [`Cache::keep_used`].
 ///
 /// # Errors
 /// The first rule that fails, with its position and name.

@@ -1,7 +1,10 @@
-//! What one check hands to the next: compiled patterns and parsed targets, by their source.
+//! What one check hands to the next: compiled patterns and parsed targets, by their source,
+//! and what the patterns of the rules passed so far take of the document's budget.
 
+use super::budget::{self, Named, PATTERN_BUDGET};
 use super::pattern::Pattern;
 use super::target::{Target, TargetError};
+use super::Invalid;
 use crate::{BackendProtocol, BackendTls};
 use hashbrown::hash_map::EntryRef;
 use std::sync::Arc;
@@ -20,14 +23,26 @@ type HashMap<K, V> = hashbrown::HashMap<K, V, foldhash::fast::RandomState>;
 ///
 /// Each entry carries the generation that last asked for it, in one map: a lookup finds it and
 /// counts it as used, with nothing moved between maps.
+///
+/// The checks since [`Cache::keep_used`] are one document's: the patterns of the rules that
+/// passed them count against [`PATTERN_BUDGET`] (see [`budget`](super::budget)), each once.
 #[derive(Debug)]
 pub struct Cache {
-    patterns: HashMap<Box<str>, Stamped<Pattern>>,
+    patterns: HashMap<Box<str>, Stamped<Counted>>,
     /// By URL, then by the rest of the settings (almost always one target per URL).
     targets: HashMap<Box<str>, Vec<Stamped<Arc<Target>>>>,
     /// The generation the checks since [`Cache::keep_used`] belong to; every entry's is this
     /// or older.
     generation: u64,
+    /// What the patterns counted in this generation take together.
+    spent: usize,
+}
+
+/// A pattern, and the generation whose budget counted it last (0: none).
+#[derive(Debug)]
+struct Counted {
+    pattern: Pattern,
+    counted: u64,
 }
 
 /// A value with the generations it was added in and last asked for.
@@ -72,25 +87,125 @@ impl Default for Cache {
             targets: HashMap::default(),
             // Above every entry's `used - 1`, so `undo` never goes below zero.
             generation: 1,
+            spent: 0,
         }
     }
 }
 
 impl Cache {
-    /// `source` compiled as [`Pattern::new`] compiles it.
+    /// `source` checked as [`Pattern::new`] checks it, without building a matcher (see
+    /// [`Pattern`]).
     ///
     /// # Errors
     /// As [`Pattern::new`]; a refused pattern is not remembered.
     pub fn pattern(&mut self, source: &str) -> Result<Pattern, String> {
+        self.pattern_for(source, false)
+    }
+
+    /// [`Cache::pattern`], with its matcher built if `build`: the matcher is built from the
+    /// NFA the check compiled, so building one costs little beside checking it.
+    ///
+    /// # Errors
+    /// As [`Pattern::new`].
+    pub(super) fn pattern_for(&mut self, source: &str, build: bool) -> Result<Pattern, String> {
         let generation = self.generation;
         if let Some(e) = self.patterns.get_mut(source) {
             e.used = generation;
-            return Ok(e.value.clone());
+            if build {
+                e.value.pattern.build();
+            }
+            return Ok(e.value.pattern.clone());
         }
-        let pattern = Pattern::new(source)?;
+        let pattern = if build {
+            Pattern::new(source)?
+        } else {
+            Pattern::checked(source)?
+        };
+        let counted = Counted {
+            pattern: pattern.clone(),
+            counted: 0,
+        };
         self.patterns
-            .insert(source.into(), Stamped::new(pattern.clone(), generation));
+            .insert(source.into(), Stamped::new(counted, generation));
         Ok(pattern)
+    }
+
+    /// Counts the patterns of a rule that passed every other check against the budget: those
+    /// this document has not counted yet, in order.
+    ///
+    /// # Errors
+    /// The first pattern that takes the document past [`PATTERN_BUDGET`], at its field;
+    /// nothing of the rule is counted then.
+    pub(super) fn count(&mut self, named: &Named) -> Result<(), Invalid> {
+        let mut added = 0;
+        for (i, (pattern, site)) in named.iter().enumerate() {
+            if named.repeats(i) || self.counted(pattern) {
+                continue;
+            }
+            added += pattern.cost();
+            if self.spent + added > PATTERN_BUDGET {
+                let before = self.spent + added - pattern.cost();
+                return Err(budget::over(*site, pattern.cost(), before));
+            }
+        }
+        for (pattern, _) in named.iter() {
+            self.mark(pattern);
+        }
+        self.spent += added;
+        Ok(())
+    }
+
+    /// Counts `patterns`, held by a rule checked before, as used: kept by the next
+    /// [`Cache::keep_used`] as if a check had asked for them, and counted against the budget
+    /// as [`super::rule`] counts a rule's patterns.
+    ///
+    /// `false`, with nothing counted or kept, if they would take the document past
+    /// [`PATTERN_BUDGET`]: the caller checks the rule again ([`super::rule`]), which refuses
+    /// it at the field of the pattern that does.
+    #[must_use]
+    pub fn keep_patterns(&mut self, patterns: &[Pattern]) -> bool {
+        let mut added = 0;
+        for (i, pattern) in patterns.iter().enumerate() {
+            let repeated = patterns
+                .get(..i)
+                .is_some_and(|b| b.iter().any(|q| q.source() == pattern.source()));
+            if !repeated && !self.counted(pattern) {
+                added += pattern.cost();
+            }
+        }
+        if self.spent + added > PATTERN_BUDGET {
+            return false;
+        }
+        for pattern in patterns {
+            self.mark(pattern);
+        }
+        self.spent += added;
+        true
+    }
+
+    /// Whether this generation's budget counted `pattern` already (by its source: the checks
+    /// share one compiled pattern per source).
+    fn counted(&self, pattern: &Pattern) -> bool {
+        self.patterns
+            .get(pattern.source())
+            .is_some_and(|e| e.value.counted == self.generation)
+    }
+
+    /// Marks `pattern` used and counted in this generation.
+    fn mark(&mut self, pattern: &Pattern) {
+        let generation = self.generation;
+        let entry = match self.patterns.entry_ref(pattern.source()) {
+            EntryRef::Occupied(e) => e.into_mut(),
+            EntryRef::Vacant(e) => e.insert(Stamped::new(
+                Counted {
+                    pattern: pattern.clone(),
+                    counted: 0,
+                },
+                generation,
+            )),
+        };
+        entry.used = generation;
+        entry.value.counted = generation;
     }
 
     /// A target parsed as [`Target::new`] parses it, lent: a check that keeps nothing takes
@@ -129,19 +244,7 @@ impl Cache {
         Ok(&entry.value)
     }
 
-    /// Counts `pattern`, held by a rule checked before, as used: kept by the next
-    /// [`Cache::keep_used`] as if a check had asked for it.
-    pub fn keep_pattern(&mut self, pattern: &Pattern) {
-        let generation = self.generation;
-        match self.patterns.entry_ref(pattern.source()) {
-            EntryRef::Occupied(e) => e.into_mut().used = generation,
-            EntryRef::Vacant(e) => {
-                e.insert(Stamped::new(pattern.clone(), generation));
-            }
-        }
-    }
-
-    /// Counts `target`, held by a rule checked before, as used (see [`Cache::keep_pattern`]).
+    /// Counts `target`, held by a rule checked before, as used (see [`Cache::keep_patterns`]).
     pub fn keep_target(&mut self, target: &Arc<Target>) {
         let generation = self.generation;
         let list = self.targets.entry_ref(&*target.url).or_default();
@@ -152,7 +255,8 @@ impl Cache {
     }
 
     /// Keeps what the checks since the last call used and forgets the rest: call it once a
-    /// document passed and is in use.
+    /// document passed and is in use. The next checks are another document's, with the whole
+    /// budget.
     pub fn keep_used(&mut self) {
         let generation = self.generation;
         self.patterns.retain(|_, e| e.used_in(generation));
@@ -161,15 +265,23 @@ impl Cache {
             !list.is_empty()
         });
         self.generation += 1;
+        self.spent = 0;
     }
 
-    /// Forgets what the checks since the last call added: call it when a document was refused.
+    /// Forgets what the checks since the last call added, and what they counted against the
+    /// budget: call it when a document was refused.
     pub fn drop_used(&mut self) {
         let generation = self.generation;
-        self.patterns.retain(|_, e| e.undo(generation));
+        self.patterns.retain(|_, e| {
+            if e.value.counted == generation {
+                e.value.counted = 0;
+            }
+            e.undo(generation)
+        });
         self.targets.retain(|_, list| {
             list.retain_mut(|t| t.undo(generation));
             !list.is_empty()
         });
+        self.spent = 0;
     }
 }

@@ -1,6 +1,7 @@
 //! A rule, checked: where it applies (hostnames, matches) and what it does (filters,
 //! backends, timeouts, retries).
 
+use super::budget::{Named, Site};
 use super::filter::{self, Filters};
 use super::{access, name, status, Access, At, Cache, Invalid, Keep, Pattern, Target};
 use crate::document as doc;
@@ -84,6 +85,9 @@ pub struct Retry {
 /// Checks one rule and returns it parsed, for a caller that builds from it (the proxy). Fields
 /// in the error are relative to the rule (`matches[0].path`).
 ///
+/// Its patterns count against the budget of the document being checked in `cache` (see
+/// [`budget`](super::budget)), and their matchers are built, so that no match waits for one.
+///
 /// # Errors
 /// The first value that breaks a rule of the contract.
 pub fn rule(rule: &doc::Rule, cache: &mut Cache) -> Result<Rule, Invalid> {
@@ -92,10 +96,14 @@ pub fn rule(rule: &doc::Rule, cache: &mut Cache) -> Result<Rule, Invalid> {
 
 /// [`rule`]'s verdict alone, for a caller that keeps its own copy of the rule (the controller
 /// checks every rule it emits, each round): the same checks in the same order, counting the
-/// same patterns and targets as used, with nothing of the rule built.
+/// same patterns and targets as used, with nothing of the rule built, no pattern's matcher
+/// included. The budget is not counted: it bounds what one document's matchers take once
+/// built, and the controller's checks span every plane's rules, so one tenant's patterns
+/// would take from another plane's budget. A proxy refuses the rule that takes its document
+/// past it, and the controller leaves that rule out of that plane's document.
 ///
 /// # Errors
-/// As [`rule`].
+/// As [`rule`], but for the budget.
 pub fn check(rule: &doc::Rule, cache: &mut Cache) -> Result<(), Invalid> {
     checked(rule, cache)
 }
@@ -125,6 +133,8 @@ impl Form for () {
 fn checked<F: Form>(rule: &doc::Rule, cache: &mut Cache) -> Result<F, Invalid> {
     let at = At::Rule;
     let capacity = |n: usize| if F::BUILD { n } else { 0 };
+    // The patterns the matches name, counted against the budget once the rest passed.
+    let mut named = Named::default();
     let mut hostnames = Vec::with_capacity(capacity(rule.hostnames.len()));
     for (j, h) in rule.hostnames.iter().enumerate() {
         name::check_hostname(h).map_err(|m| Invalid::new(at.field("hostnames").index(j), m))?;
@@ -142,7 +152,7 @@ fn checked<F: Form>(rule: &doc::Rule, cache: &mut Cache) -> Result<F, Invalid> {
         let list = at.field("matches");
         let mut matches = Vec::with_capacity(capacity(rule.matches.len()));
         for (j, m) in rule.matches.iter().enumerate() {
-            matches.extend(match_::<F>(m, &list.index(j), cache)?);
+            matches.extend(match_::<F>(m, (&list.index(j), j), cache, &mut named)?);
         }
         matches
     };
@@ -215,6 +225,9 @@ fn checked<F: Form>(rule: &doc::Rule, cache: &mut Cache) -> Result<F, Invalid> {
         .map(|s| status::final_status(s).map_err(|m| Invalid::new("unavailableStatus", m)))
         .transpose()?;
     let access = rule.access.as_ref().map(access::access).transpose()?;
+    if F::BUILD {
+        cache.count(&named)?;
+    }
     Ok(F::of(|| Rule {
         name: rule.name.as_deref().map(Into::into),
         hostnames,
@@ -259,11 +272,13 @@ impl Match {
     }
 }
 
-/// A match, checked; `None` where nothing is built (see [`Form`]).
+/// Match `j` of a rule (at `at`), checked; `None` where nothing is built (see [`Form`]). Its
+/// patterns are added to `named`.
 fn match_<F: Form>(
     m: &doc::Match,
-    at: &At<'_>,
+    (at, j): (&At<'_>, usize),
     cache: &mut Cache,
+    named: &mut Named,
 ) -> Result<Option<Match>, Invalid> {
     let path = match &m.path {
         None => F::BUILD.then(|| PathMatch::Prefix("/".into())),
@@ -271,7 +286,10 @@ fn match_<F: Form>(
             let at = at.field("path");
             match p.kind {
                 doc::PathMatchType::RegularExpression => {
-                    let pattern = cache.pattern(&p.value).map_err(|m| Invalid::regex(at, m))?;
+                    let pattern = cache
+                        .pattern_for(&p.value, F::BUILD)
+                        .map_err(|m| Invalid::regex(at, m))?;
+                    named.push(pattern.clone(), Site::Path { m: j });
                     F::BUILD.then(|| PathMatch::Regex(pattern))
                 }
                 kind => {
@@ -314,7 +332,8 @@ fn match_<F: Form>(
         {
             continue;
         }
-        if let Some(value) = value_match::<F>(h, &at, cache)? {
+        let site = Site::Header { m: j, k };
+        if let Some(value) = value_match::<F>(h, (&at, site), cache, named)? {
             headers.push((name, value));
         }
     }
@@ -331,7 +350,8 @@ fn match_<F: Form>(
         {
             continue;
         }
-        if let Some(value) = value_match::<F>(q, &at, cache)? {
+        let site = Site::Query { m: j, k };
+        if let Some(value) = value_match::<F>(q, (&at, site), cache, named)? {
             query.push((q.name.as_str().into(), value));
         }
     }
@@ -343,17 +363,20 @@ fn match_<F: Form>(
     }))
 }
 
+/// A header or query-parameter value match at `at` (`site` for the budget), checked.
 fn value_match<F: Form>(
     v: &doc::ValueMatch,
-    at: &At<'_>,
+    (at, site): (&At<'_>, Site),
     cache: &mut Cache,
+    named: &mut Named,
 ) -> Result<Option<ValueMatch>, Invalid> {
     Ok(match v.kind {
         doc::ValueMatchType::Exact => F::BUILD.then(|| ValueMatch::Exact(v.value.as_str().into())),
         doc::ValueMatchType::RegularExpression => {
             let pattern = cache
-                .pattern(&v.value)
+                .pattern_for(&v.value, F::BUILD)
                 .map_err(|m| Invalid::regex(at.field("value"), m))?;
+            named.push(pattern.clone(), site);
             F::BUILD.then(|| ValueMatch::Regex(pattern))
         }
     })

@@ -15,7 +15,7 @@ fn refused_field(value: serde_json::Value) -> String {
 
 #[test]
 fn a_pattern_over_the_size_limit_is_refused_at_its_field() {
-    // Unicode word characters 500 times over: about 15 MB of NFA, over the 10 MiB limit.
+    // Unicode word characters 500 times over: about 8 MiB of NFA, over the 4 MiB limit.
     let err = document(
         &doc(json!({"rules": [
             {"backends": []},

@@ -16,7 +16,8 @@ use std::sync::Arc;
 
 /// Compiles a config document into a route table: every rule is checked by the contract
 /// ([`valid::rule`]), the one set of rules the controller checks its documents with too, then
-/// built into the table. Pure apart from building (not dialling) backend clients; reuses the
+/// built into the table. Every pattern's matcher is built here, before the table serves, so
+/// no request waits for one. Pure apart from building (not dialling) backend clients; reuses the
 /// clients, compiled patterns and compiled rules in `cache` (a rule pushed again unchanged is
 /// shared with the table in service, see [`super::reuse`]) and, when the document compiles,
 /// leaves only the ones it uses there.
@@ -107,8 +108,8 @@ impl<'c> Compiler<'c> {
         };
         let key = Key::Parsed(self.cache.rules.fingerprint(rule));
         match self.cache.rules.get(key) {
-            Some(compiled) => self.share(&compiled),
-            None => self.compile_new(index, key, rule),
+            Some(compiled) if self.share(&compiled) => {}
+            _ => self.compile_new(index, key, rule),
         }
     }
 
@@ -124,8 +125,8 @@ impl<'c> Compiler<'c> {
         };
         let key = Key::Text(text);
         match self.cache.rules.get(key) {
-            Some(compiled) => self.share(&compiled),
-            None => self.compile_new(index, key, &serde_json::from_str(text)?),
+            Some(compiled) if self.share(&compiled) => {}
+            _ => self.compile_new(index, key, &serde_json::from_str(text)?),
         }
         Ok(())
     }
@@ -138,23 +139,29 @@ impl<'c> Compiler<'c> {
         self.refused.is_none().then_some(index)
     }
 
-    /// Adds a rule compiled before, keeping what it holds in the caches it came from.
-    fn share(&mut self, compiled: &Arc<Compiled>) {
+    /// Adds a rule compiled before, keeping what it holds in the caches it came from, and
+    /// counting its patterns against this document's budget.
+    ///
+    /// `false`, with nothing added or kept, when its patterns would take the document past
+    /// the budget: the caller checks the rule anew, which refuses it at the field at fault.
+    fn share(&mut self, compiled: &Arc<Compiled>) -> bool {
         let cache = &mut *self.cache;
+        if !cache.checked.keep_patterns(&compiled.patterns) {
+            return false;
+        }
         for (target, upstream) in compiled.targets.iter() {
             self.upstreams.keep(target, upstream);
             cache.checked.keep_target(target);
-        }
-        for pattern in compiled.patterns.iter() {
-            cache.checked.keep_pattern(pattern);
         }
         if let Some(access) = &compiled.rule.access {
             Teams::keep(access, &mut self.teams);
         }
         self.add(compiled);
+        true
     }
 
-    /// Checks and builds a rule not seen before, remembering it under `key`.
+    /// Checks and builds a rule not seen before, or one seen before whose patterns the budget
+    /// cannot take (to refuse it at the field at fault), remembering it under `key`.
     fn compile_new(&mut self, index: usize, key: Key<'_>, rule: &cftunnel_config::Rule) {
         match compile_rule(rule, self.cache, &mut self.upstreams, &mut self.teams) {
             Ok(compiled) => {

@@ -85,6 +85,23 @@ impl MatchSpec {
         self.path.matches(req.path) && self.matches_besides_path(req)
     }
 
+    /// The regular expressions of this match: of its path, header and query values.
+    pub fn patterns(&self) -> impl Iterator<Item = &Pattern> {
+        let path = match &self.path {
+            PathMatcher::Regex(p) => Some(p),
+            _ => None,
+        };
+        fn value(v: &ValueMatcher) -> Option<&Pattern> {
+            match v {
+                ValueMatcher::Regex(p) => Some(p),
+                ValueMatcher::Exact(_) => None,
+            }
+        }
+        path.into_iter()
+            .chain(self.headers.iter().filter_map(|(_, v)| value(v)))
+            .chain(self.query.iter().filter_map(|(_, v)| value(v)))
+    }
+
     /// Everything but the path, for callers that matched the path through an index.
     pub fn matches_besides_path(&self, req: &RequestView<'_>) -> bool {
         if let Some(m) = &self.method {

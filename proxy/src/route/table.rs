@@ -1,6 +1,6 @@
 //! Host-indexed, precedence-sorted rule table.
 
-use super::matcher::{MatchSpec, PathMatcher, RequestView};
+use super::matcher::{MatchSpec, PathMatcher, Pattern, RequestView};
 use cftunnel_config::valid::{anchored, engine};
 use foldhash::{HashMap, HashMapExt};
 use regex_automata::{meta, Input, MatchKind, PatternSet};
@@ -9,9 +9,29 @@ use std::sync::Arc;
 /// A (rule index, match index) pair.
 type Entry = (u32, u32);
 
-/// Buckets with at least this many regex paths match them all in one pass of a multi-pattern
+/// Buckets with at least this many regex paths match them in one pass of a multi-pattern
 /// automaton instead of one pattern at a time.
 const REGEX_SET_MIN: usize = 16;
+
+/// Patterns that take more than this ([`Pattern::cost`]) are matched on their own, never in a
+/// bucket's automaton: it would hold them again, forward and reverse (three times their cost
+/// for a Unicode class), or fail to build over its size limit after compiling for a while,
+/// on every push. Everyday patterns take a kilobyte or two, `\w+` about 18 KiB.
+const SET_PATTERN_MAX: usize = 64 << 10;
+
+/// Bound on the cost of the patterns one automaton matches together: it holds them forward and
+/// reverse, about three times this for Unicode classes, and past the engine's size limit it
+/// would not build at all, after compiling for a while on every push. A bucket's patterns past
+/// it (in precedence order) are matched one at a time; everyday patterns, a kilobyte or two
+/// each, fit by the thousand.
+const SET_COST_MAX: usize = 2 << 20;
+
+/// About how much the multi-pattern automatons of one table may take together. Each holds
+/// its patterns again, and a bucket is one hostname, so without a bound a document could
+/// make the same patterns take memory once per hostname (a distinct set of patterns for
+/// each). Once a table's automatons take this much, further buckets match one pattern at a
+/// time, which is slower but holds nothing more.
+const SETS_MAX: usize = 16 << 20;
 
 /// Up to this many distinct paths of one kind, a bucket compares them in turn; past it, it
 /// looks them up in a hash map.
@@ -38,8 +58,28 @@ pub struct Bucket {
     prefix_reach: usize,
     /// Regex-path entries in precedence order.
     regex: Box<[Entry]>,
-    /// All of `regex`'s path patterns, pattern `i` being `regex[i]`'s.
-    regex_set: Option<Box<meta::Regex>>,
+    /// The entries of `regex` matched in one pass; the others are matched one at a time.
+    regex_set: Option<Box<RegexSet>>,
+}
+
+impl Bucket {
+    /// How many regex paths the bucket matches in one pass and how many one at a time, if it
+    /// has an automaton.
+    #[cfg(test)]
+    pub(crate) fn regex_set_sizes(&self) -> Option<(usize, usize)> {
+        let set = self.regex_set.as_ref()?;
+        Some((set.members.len(), set.alone.len()))
+    }
+}
+
+/// A multi-pattern automaton over some of a bucket's regex paths.
+#[derive(Debug)]
+struct RegexSet {
+    automaton: meta::Regex,
+    /// Position in the bucket's `regex` of each pattern of `automaton`, ascending.
+    members: Box<[u32]>,
+    /// Positions of the entries matched one at a time, ascending.
+    alone: Box<[u32]>,
 }
 
 /// The entries of one path kind of a bucket, by path.
@@ -226,13 +266,39 @@ impl<R> Table<R> {
         // 3. Regular expressions.
         match &bucket.regex_set {
             Some(set) => {
-                let mut hits = PatternSet::new(set.pattern_len());
-                set.which_overlapping_matches(&Input::new(path), &mut hits);
-                hits.iter()
-                    .find_map(|p| hit(*bucket.regex.get(p.as_usize())?, false))
+                let mut hits = PatternSet::new(set.automaton.pattern_len());
+                set.automaton
+                    .which_overlapping_matches(&Input::new(path), &mut hits);
+                // The entries whose path the automaton matched and those it does not hold, in
+                // precedence order.
+                let mut matched = hits
+                    .iter()
+                    .filter_map(|p| set.members.get(p.as_usize()))
+                    .peekable();
+                let mut alone = set.alone.iter().peekable();
+                loop {
+                    let (at, whole) = match (matched.peek(), alone.peek()) {
+                        (Some(&&m), Some(&&a)) if a < m => (alone.next(), true),
+                        (Some(_), _) => (matched.next(), false),
+                        (None, Some(_)) => (alone.next(), true),
+                        (None, None) => return None,
+                    };
+                    let entry = at.and_then(|&i| bucket.regex.get(i as usize));
+                    if let Some(found) = entry.and_then(|&e| hit(e, whole)) {
+                        return Some(found);
+                    }
+                }
             }
             None => bucket.regex.iter().find_map(|&e| hit(e, true)),
         }
+    }
+
+    /// The regular expressions of every rule's matches, for diagnostics and tests.
+    pub fn patterns(&self) -> impl Iterator<Item = &Pattern> {
+        self.rules
+            .iter()
+            .flat_map(|r| r.matches.iter())
+            .flat_map(MatchSpec::patterns)
     }
 
     /// Every bucket, for building per-hostname state indexed by [`Bucket::id`].
@@ -265,8 +331,11 @@ impl<R> Table<R> {
 /// and compiling every pattern again.
 #[derive(Debug, Default)]
 pub struct RegexSets {
-    sets: HashMap<String, Box<meta::Regex>>,
+    sets: Automatons,
 }
+
+/// Multi-pattern automatons by [`RegexSets::key`].
+type Automatons = HashMap<String, meta::Regex>;
 
 impl RegexSets {
     /// The identity of a set: its patterns in order, each prefixed with its length so no two
@@ -371,6 +440,8 @@ impl<R> TableBuilder<R> {
         let rules = &self.rules;
         let mut old = std::mem::take(&mut sets.sets);
         let used = &mut sets.sets;
+        // What the automatons this table holds take, each counted once (against `SETS_MAX`).
+        let mut sets_size = 0;
         let mut exact = Vec::new();
         let mut prefix = Vec::new();
         let buckets = self
@@ -393,37 +464,7 @@ impl<R> TableBuilder<R> {
                         PathMatcher::Regex(_) => regex.push(e),
                     }
                 }
-                let regex_set = (regex.len() >= REGEX_SET_MIN)
-                    .then(|| {
-                        let patterns = || {
-                            regex.iter().filter_map(|&e| match &spec(e).path {
-                                PathMatcher::Regex(p) => Some(p.source()),
-                                _ => None,
-                            })
-                        };
-                        let key = RegexSets::key(patterns());
-                        let set = match old.remove(&key).or_else(|| used.get(&key).cloned()) {
-                            Some(set) => Some(set),
-                            // Each pattern already compiled on its own, so the set can only
-                            // fail on size; then the bucket falls back to one pattern at a time.
-                            None => patterns()
-                                .map(anchored)
-                                .collect::<Result<Vec<_>, _>>()
-                                .ok()
-                                .and_then(|hirs| {
-                                    meta::Regex::builder()
-                                        .configure(engine().match_kind(MatchKind::All))
-                                        .build_many_from_hir(&hirs)
-                                        .ok()
-                                })
-                                .map(Box::new),
-                        };
-                        if let Some(set) = &set {
-                            used.insert(key, set.clone());
-                        }
-                        set
-                    })
-                    .flatten();
+                let regex_set = regex_set(&regex, spec, (&mut old, &mut *used), &mut sets_size);
                 Bucket {
                     id,
                     pattern,
@@ -431,7 +472,7 @@ impl<R> TableBuilder<R> {
                     prefix_reach: prefix.iter().map(|(p, _)| p.len()).max().unwrap_or(0),
                     prefix: Paths::new(&prefix),
                     regex: regex.into_boxed_slice(),
-                    regex_set,
+                    regex_set: regex_set.map(Box::new),
                 }
             })
             .collect();
@@ -443,4 +484,77 @@ impl<R> TableBuilder<R> {
             wildcard: self.wildcard,
         }
     }
+}
+
+/// The automaton of a bucket whose regex-path entries (in precedence order) are `regex`, over
+/// the patterns of them that are small enough ([`SET_PATTERN_MAX`]) as long as they take
+/// little enough together ([`SET_COST_MAX`]), if there are enough of those: taken from the
+/// last table's (`old`) or this table's (`used`) where they match the same patterns, else
+/// built while this table's automatons take less than [`SETS_MAX`] (`size`).
+fn regex_set<'r>(
+    regex: &[Entry],
+    spec: impl Fn(Entry) -> &'r MatchSpec,
+    (old, used): (&mut Automatons, &mut Automatons),
+    size: &mut usize,
+) -> Option<RegexSet> {
+    if regex.len() < REGEX_SET_MIN {
+        return None;
+    }
+    let path = |e: Entry| match &spec(e).path {
+        PathMatcher::Regex(p) => Some(p),
+        _ => None,
+    };
+    let (mut members, mut alone) = (Vec::new(), Vec::new());
+    let mut cost = 0;
+    for (i, &e) in regex.iter().enumerate() {
+        let c = path(e).map_or(usize::MAX, Pattern::cost);
+        if c <= SET_PATTERN_MAX && cost + c <= SET_COST_MAX {
+            cost += c;
+            members.push(i as u32);
+        } else {
+            alone.push(i as u32);
+        }
+    }
+    if members.len() < REGEX_SET_MIN {
+        return None;
+    }
+    let patterns = || {
+        members
+            .iter()
+            .filter_map(|&i| path(*regex.get(i as usize)?))
+    };
+    let key = RegexSets::key(patterns().map(Pattern::source));
+    let automaton = match used.get(&key) {
+        // Another bucket of this table has the same patterns: one automaton, counted once.
+        Some(shared) => shared.clone(),
+        None if *size >= SETS_MAX => return None,
+        None => {
+            let automaton = match old.remove(&key) {
+                Some(kept) => kept,
+                None => build_set(patterns())?,
+            };
+            *size += automaton.memory_usage();
+            used.insert(key, automaton.clone());
+            automaton
+        }
+    };
+    Some(RegexSet {
+        automaton,
+        members: members.into_boxed_slice(),
+        alone: alone.into_boxed_slice(),
+    })
+}
+
+/// One automaton matching all of `patterns`, reporting each that matches. Each pattern compiled
+/// on its own already, so this can only fail on size; the bucket then matches one pattern at
+/// a time.
+fn build_set<'p>(patterns: impl Iterator<Item = &'p Pattern>) -> Option<meta::Regex> {
+    let hirs = patterns
+        .map(|p| anchored(p.source()))
+        .collect::<Result<Vec<_>, _>>()
+        .ok()?;
+    meta::Regex::builder()
+        .configure(engine().match_kind(MatchKind::All))
+        .build_many_from_hir(&hirs)
+        .ok()
 }

@@ -507,3 +507,100 @@ fn invalid_documents_are_refused_with_the_rule_and_field_named() {
         "rules[0].backends[0].filters[0].requestMirror.backendUrl"
     );
 }
+
+/// A pattern that takes much memory compiled is matched on its own, not in its host's
+/// automaton, and still in its place in the precedence order among the patterns that are.
+#[test]
+fn a_costly_pattern_keeps_its_precedence_beside_a_hosts_automaton() {
+    let path =
+        |value: &str| json!({"matches": [{"path": {"type": "RegularExpression", "value": value}}]});
+    let mut rules: Vec<_> = (0..20)
+        .map(|i| rule(&format!("f{i}"), path(&format!("/f{i}/[a-z]+"))))
+        .collect();
+    rules.push(rule("early", path("/s/a[a-z]")));
+    rules.push(rule("costly", path("/s/\\w{3,32}")));
+    rules.push(rule("late", path("/s/[a-z]+")));
+    rules.push(rule("costly-last", path("/t/\\w{3,32}")));
+    let routes = compile_doc(json!({ "rules": rules }));
+    let bucket = routes.table.bucket(0).expect("the host-less bucket");
+    assert_eq!(
+        bucket.regex_set_sizes(),
+        Some((22, 2)),
+        "matched together, alone"
+    );
+
+    assert_eq!(get(&routes, "h", "/s/ab").as_deref(), Some("early"));
+    assert_eq!(get(&routes, "h", "/s/abc").as_deref(), Some("costly"));
+    assert_eq!(get(&routes, "h", "/s/日本語").as_deref(), Some("costly"));
+    assert_eq!(get(&routes, "h", "/s/a").as_deref(), Some("late"));
+    assert_eq!(get(&routes, "h", "/t/abc").as_deref(), Some("costly-last"));
+    assert_eq!(get(&routes, "h", "/f7/x").as_deref(), Some("f7"));
+    assert_eq!(get(&routes, "h", "/t/a"), None);
+}
+
+/// The automatons of a table's hosts together take a bounded amount: past it, hosts match
+/// their patterns one at a time, and route as they would through an automaton.
+#[test]
+fn hosts_past_the_automatons_bound_match_one_pattern_at_a_time() {
+    // Each host has 16 patterns of its own, of about 50 KiB each (below the size at which a
+    // pattern is matched alone), so each host's automaton takes a few MiB. (Hosts with the
+    // same patterns share one automaton.)
+    let rules: Vec<_> = (0..12)
+        .flat_map(|h| {
+            (0..16).map(move |i| {
+                json!({"name": format!("h{h}-{i}"), "hostnames": [format!("h{h}.example")],
+                       "matches": [{"path": {"type": "RegularExpression", "value": format!("/h{h}/p{i}/\\w{{3}}")}}],
+                       "backends": []})
+            })
+        })
+        .collect();
+    let routes = compile_doc(json!({ "rules": rules }));
+    let sets: Vec<_> = (0..12)
+        .map(|h| {
+            let bucket = routes
+                .table
+                .buckets()
+                .find(|b| *b.pattern == format!("h{h}.example"))
+                .expect("a bucket per host");
+            bucket.regex_set_sizes()
+        })
+        .collect();
+    assert_eq!(sets[0], Some((16, 0)), "the first hosts have an automaton");
+    assert_eq!(
+        sets[11], None,
+        "the last ones match one pattern at a time: {sets:?}"
+    );
+    for h in [0, 11] {
+        let host = format!("h{h}.example");
+        assert_eq!(
+            get(&routes, &host, &format!("/h{h}/p3/abc")),
+            Some(format!("h{h}-3"))
+        );
+        assert_eq!(get(&routes, &host, &format!("/h{h}/p3/ab")), None);
+    }
+}
+
+/// A host's automaton takes its patterns in precedence order while they take little enough
+/// together; the rest are matched one at a time, and every one still routes.
+#[test]
+fn a_hosts_automaton_takes_patterns_up_to_a_bound_and_the_rest_match_alone() {
+    // About 50 KiB each: 50 of them take 2.5 MiB.
+    let rules: Vec<_> = (0..50)
+        .map(|i| {
+            rule(
+                &format!("p{i}"),
+                json!({"matches": [{"path": {"type": "RegularExpression", "value": format!("/p{i:02}/\\w{{3}}")}}]}),
+            )
+        })
+        .collect();
+    let routes = compile_doc(json!({ "rules": rules }));
+    let bucket = routes.table.bucket(0).expect("the host-less bucket");
+    let (together, alone) = bucket.regex_set_sizes().expect("an automaton");
+    assert_eq!(together + alone, 50);
+    assert!((16..50).contains(&together), "{together} together");
+    for i in [0, together - 1, together, 49] {
+        let path = format!("/p{i:02}/abc");
+        assert_eq!(get(&routes, "h", &path), Some(format!("p{i}")), "{path}");
+    }
+    assert_eq!(get(&routes, "h", "/p49/ab"), None);
+}
