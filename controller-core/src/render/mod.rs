@@ -212,6 +212,14 @@ pub enum RenderError {
         name: String,
         key: String,
     },
+    /// A config-API token no proxy can be pushed with: its pods would refuse it at start.
+    #[error("key {key:?} of Secret {namespace}/{name} (spec.authTokenSecretRef): {error}")]
+    BadAuthToken {
+        namespace: String,
+        name: String,
+        key: String,
+        error: cftunnel_config::auth_token::AuthTokenError,
+    },
     #[error("key {key:?} of Secret {namespace}/{name}: {error}")]
     BadTunnelToken {
         namespace: String,
@@ -383,6 +391,15 @@ fn resolve_with(
     let (auth_token, auth_ref, auth_generated) = match &config.spec.auth_token_secret_ref {
         Some(r) => {
             let (text, selector) = lookup(r, &auth_keys, "authTokenSecretRef")?;
+            // The rule the proxy starts by: a token it refuses would crash-loop every pod.
+            if let Err(error) = cftunnel_config::auth_token::check(&text) {
+                return Err(RenderError::BadAuthToken {
+                    namespace: namespace.to_owned(),
+                    name: r.name.clone(),
+                    key: selector.key.clone(),
+                    error,
+                });
+            }
             (text, selector, false)
         }
         None => {
@@ -390,9 +407,10 @@ fn resolve_with(
                 name: names.auth_secret.clone(),
                 key: None,
             };
+            // A generated Secret edited to hold a token no proxy takes is written anew.
             let existing = lookup(&generated, &auth_keys, "authTokenSecretRef")
                 .ok()
-                .filter(|(text, _)| !text.is_empty());
+                .filter(|(text, _)| cftunnel_config::auth_token::check(text).is_ok());
             let (token, selector) = match existing {
                 Some(found) => found,
                 None => (

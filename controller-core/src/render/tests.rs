@@ -1292,3 +1292,23 @@ fn assert_tenant_keys_only(
         Some("true")
     );
 }
+
+#[test]
+fn a_token_no_proxy_takes_is_refused_naming_its_secret() {
+    // "pässword" (UTF-8): a proxy refuses it at start, so every pod would crash-loop.
+    let byo = "---\napiVersion: v1\nkind: Secret\nmetadata: {name: api, namespace: tenant-a}\nstringData: {bearer: p\u{e4}ssword}\n";
+    let s = snapshot(
+        "{tunnelTokenSecretRef: {name: edge-tunnel-token}, authTokenSecretRef: {name: api, key: bearer}}",
+        byo,
+    );
+    let refused =
+        resolve(&s.gateways[0], &s.gateway_configs[0], &s.secrets, "fresh").expect_err("refused");
+    assert!(
+        matches!(refused, RenderError::BadAuthToken { ref name, ref key, .. } if name == "api" && key == "bearer"),
+        "{refused:?}"
+    );
+    assert!(
+        refused.to_string().contains("Secret tenant-a/api"),
+        "{refused}"
+    );
+}
