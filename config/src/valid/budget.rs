@@ -49,13 +49,13 @@ impl fmt::Display for Site {
     }
 }
 
-/// The refusal of the pattern at `site`, which takes `cost` where the rules before it took
-/// `spent` already.
+/// The refusal of the pattern at `site`, which takes `cost` where the patterns counted before
+/// it took `spent` already.
 pub(super) fn over(site: Site, cost: usize, spent: usize) -> Invalid {
     Invalid::new(
         site.to_string(),
         format!(
-            "regex takes {} compiled, and the regexes of the rules before it {}: over the {} a \
+            "regex takes {} compiled, and the regexes counted before it {}: over the {} a \
              document's regexes may take together (a repetition of a large class, such as \
              `\\w{{1,64}}`, multiplies a regex's size; `\\w+`, or an ASCII class such as \
              `[a-zA-Z0-9_]{{1,64}}`, takes far less)",

@@ -48,7 +48,7 @@ fn a_document_past_the_budget_is_refused_at_the_pattern_that_takes_it_there() {
     assert_eq!(err.field(), format!("rules[{n}].matches[0].path"));
     let message = &err.invalid.message;
     assert!(
-        message.contains("regexes of the rules before it")
+        message.contains("regexes counted before it")
             && message.contains(&format!("{} MiB", PATTERN_BUDGET >> 20)),
         "{message}"
     );
