@@ -194,8 +194,8 @@ mod tests {
         (object, snapshot)
     }
 
-    #[tokio::test]
-    async fn the_list_is_written_into_the_configmap_only_when_it_changes() {
+    /// A mock API server holding the list's ConfigMap, empty, and the ConfigMap's key.
+    async fn with_empty_list() -> (ApiServer, ObjectKey) {
         let api = ApiServer::builder().rbac(&[RBAC]).start().await;
         let key = ObjectKey::new("cf-system", "cf-hostname-ownership");
         api.put(json!({
@@ -203,6 +203,12 @@ mod tests {
             "kind": "ConfigMap",
             "metadata": { "name": key.name, "namespace": key.namespace },
         }));
+        (api, key)
+    }
+
+    #[tokio::test]
+    async fn the_list_is_written_into_the_configmap_only_when_it_changes() {
+        let (api, key) = with_empty_list().await;
         let client = api.client();
         // Counts the list's writes, refusing none.
         let patches = Arc::new(AtomicUsize::new(0));
@@ -243,13 +249,7 @@ mod tests {
     /// older list; the caller writes again at the newer version.
     #[tokio::test]
     async fn a_write_at_a_version_the_configmap_moved_past_is_refused_as_a_conflict() {
-        let api = ApiServer::builder().rbac(&[RBAC]).start().await;
-        let key = ObjectKey::new("cf-system", "cf-hostname-ownership");
-        api.put(json!({
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": { "name": key.name, "namespace": key.namespace },
-        }));
+        let (api, key) = with_empty_list().await;
         let client = api.client();
         let (_, older) = live(&api, &key);
         let older = due(&key, &older, &ours(&[("infra", "edge")])).expect("a list due");
