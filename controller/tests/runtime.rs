@@ -4153,6 +4153,24 @@ async fn a_plane_no_push_reaches_leaves_its_gateways_unprogrammed_saying_why() {
         programmed("tenant-s", "public", "").await;
         unreached(1).await;
 
+        // The pool's config-API token turns into one no proxy takes: nothing is pushed to it.
+        let mut secret = t
+            .api
+            .get("v1", "Secret", "cftunnel-system", "shared-auth")
+            .expect("the pool's token Secret");
+        if let Some(o) = secret.as_object_mut() {
+            o.remove("data");
+        }
+        secret["stringData"] = json!({"token": "p\u{e4}ssword"});
+        t.api.put(secret);
+        programmed(
+            "tenant-s",
+            "public",
+            "the shared proxy pool's config-API token (key \"token\" of Secret \
+             cftunnel-system/shared-auth) is not one a proxy takes",
+        )
+        .await;
+        unreached(2).await;
         // The pool's config-API token goes: nothing can be pushed to it.
         assert!(t.api.delete("v1", "Secret", "cftunnel-system", "shared-auth"));
         programmed(

@@ -558,6 +558,8 @@ struct Reconciler {
     /// no config-API token). No push fails then, so without this nothing would say the config
     /// is nowhere.
     unreached: HashMap<PlaneKey, String>,
+    /// What is wrong with the shared pool's config-API token this round, if anything.
+    shared_token_problem: Option<String>,
     /// Per route and warning condition (TunnelShared, RouteShadowed): the message told in an
     /// Event, so one goes out only when the condition appears or changes.
     condition_told: HashMap<(String, &'static str), String>,
@@ -888,6 +890,7 @@ impl Reconciler {
             tunnel_failures: HashMap::new(),
             tunnel_writing: HashSet::new(),
             unreached: HashMap::new(),
+            shared_token_problem: None,
             condition_told: HashMap::new(),
             refused_rules: BTreeMap::new(),
             refused_told: HashMap::new(),
@@ -1104,14 +1107,18 @@ impl Reconciler {
                 &output.planes,
             );
             shared_gateway_address = Some(address.clone()).filter(|a| !a.is_empty());
-            if let Some(info) = shared_plane(
+            match shared_plane(
                 shared,
                 snapshot,
                 &self.class,
                 translate_options.shared_tunnel,
                 address,
             ) {
-                planes.insert(PlaneKey::Shared, info);
+                Ok(info) => {
+                    planes.insert(PlaneKey::Shared, info);
+                    self.shared_token_problem = None;
+                }
+                Err(problem) => self.shared_token_problem = Some(problem),
             }
         }
         self.last_good.retain(|key, _| {
@@ -1461,9 +1468,10 @@ impl Reconciler {
             .collect();
         if let Some(shared) = &self.options.shared {
             if shared_used && !planes.contains_key(&PlaneKey::Shared) {
+                let problem = self.shared_token_problem.as_deref().unwrap_or("is missing");
                 let reason = format!(
-                    "the shared proxy pool's config-API token (key {:?} of Secret {}) is \
-                     missing, so no config is pushed to it",
+                    "the shared proxy pool's config-API token (key {:?} of Secret {}) {problem}, \
+                     so no config is pushed to it",
                     shared.auth_key, shared.auth_secret
                 );
                 unreached.insert(PlaneKey::Shared, reason);
@@ -2846,16 +2854,22 @@ fn shared_address(
     }
 }
 
+/// The shared pool as a plane of the round, or what is wrong with its config-API token (said
+/// once, while some Gateway depends on the pool, by `Reconciler::note_unreached`: an idle
+/// pool's token is no fault, and a warning every round would bury the rest).
 fn shared_plane(
     shared: &SharedPlane,
     snapshot: &Snapshot,
     class: &ClassSettings,
     class_tunnel: Option<TunnelIdentity>,
     address: String,
-) -> Option<PlaneInfo> {
-    // Said once, while some Gateway depends on the pool (`Reconciler::note_unreached`): an
-    // idle pool's missing token is no fault, and a warning every round would bury the rest.
-    let token = secret_text(snapshot, &shared.auth_secret, &shared.auth_key)?;
+) -> Result<PlaneInfo, String> {
+    let token = secret_text(snapshot, &shared.auth_secret, &shared.auth_key)
+        .ok_or_else(|| "is missing".to_owned())?;
+    // The rule the pool's proxies start by: pushed with another, they would never take it.
+    let token = cftunnel_config::auth_token::check(&token)
+        .map_err(|e| format!("is not one a proxy takes ({e})"))?
+        .to_owned();
     let identity = shared_identity(class, class_tunnel);
     let tunnel = match (
         &class.held,
@@ -2874,7 +2888,7 @@ fn shared_plane(
         _ => None,
     };
     let (pods, not_serving) = plane_pods(snapshot, &shared.service.namespace, &shared.service.name);
-    Some(PlaneInfo {
+    Ok(PlaneInfo {
         address,
         identity,
         ready: true,
