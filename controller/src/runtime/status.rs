@@ -744,12 +744,7 @@ mod tests {
             Some(&existing),
             "T1",
         );
-        let kinds: Vec<&str> = out
-            .as_array()
-            .expect("a list")
-            .iter()
-            .filter_map(|c| c["type"].as_str())
-            .collect();
+        let kinds = types(&out);
         assert_eq!(
             kinds,
             ["example.com/PolicyAffected", "Accepted", "Programmed"],
@@ -770,6 +765,16 @@ mod tests {
         assert_eq!(again, out);
     }
 
+    /// The types of a conditions list, in its order.
+    fn types(conditions: &Value) -> Vec<&str> {
+        conditions
+            .as_array()
+            .expect("a list")
+            .iter()
+            .filter_map(|c| c["type"].as_str())
+            .collect()
+    }
+
     /// A Gateway's or a listener's conditions, as a route parent's, keep within the eight a
     /// list takes: ours all stay, other controllers' give way, the last first.
     #[test]
@@ -785,12 +790,7 @@ mod tests {
             Some(&Value::Array(theirs)),
             "T1",
         );
-        let kinds: Vec<&str> = out
-            .as_array()
-            .expect("a list")
-            .iter()
-            .filter_map(|c| c["type"].as_str())
-            .collect();
+        let kinds = types(&out);
         assert_eq!(
             kinds,
             [
