@@ -558,8 +558,6 @@ struct Reconciler {
     /// no config-API token). No push fails then, so without this nothing would say the config
     /// is nowhere.
     unreached: HashMap<PlaneKey, String>,
-    /// What is wrong with the shared pool's config-API token this round, if anything.
-    shared_token_problem: Option<String>,
     /// Per route and warning condition (TunnelShared, RouteShadowed): the message told in an
     /// Event, so one goes out only when the condition appears or changes.
     condition_told: HashMap<(String, &'static str), String>,
@@ -890,7 +888,6 @@ impl Reconciler {
             tunnel_failures: HashMap::new(),
             tunnel_writing: HashSet::new(),
             unreached: HashMap::new(),
-            shared_token_problem: None,
             condition_told: HashMap::new(),
             refused_rules: BTreeMap::new(),
             refused_told: HashMap::new(),
@@ -1099,6 +1096,8 @@ impl Reconciler {
         }
         self.class_unlisted = class_unlisted;
         let mut shared_gateway_address = None;
+        // What is wrong with the shared pool's config-API token this round, if anything.
+        let mut shared_token_problem = None;
         if let Some(shared) = &self.options.shared {
             let address = shared_address(
                 snapshot,
@@ -1116,9 +1115,8 @@ impl Reconciler {
             ) {
                 Ok(info) => {
                     planes.insert(PlaneKey::Shared, info);
-                    self.shared_token_problem = None;
                 }
-                Err(problem) => self.shared_token_problem = Some(problem),
+                Err(problem) => shared_token_problem = Some(problem),
             }
         }
         self.last_good.retain(|key, _| {
@@ -1250,7 +1248,12 @@ impl Reconciler {
         self.moves_looked_at
             .retain(|uid| uids.contains(uid.as_str()));
         self.stamp_shared_pool(snapshot, pool).await;
-        self.note_unreached(&planes, &output.planes, translate_options.shared_tunnel);
+        self.note_unreached(
+            &planes,
+            &output.planes,
+            translate_options.shared_tunnel,
+            shared_token_problem.as_deref(),
+        );
 
         let rounds: Vec<PlaneRound<'_>> = output
             .configs
@@ -1440,12 +1443,14 @@ impl Reconciler {
     /// Only planes some Gateway depends on count: every dedicated plane (its Gateway's, served
     /// or kept on its last config), and the shared pool while a Gateway is served by it
     /// (`served`, from the translation) or by a plane on the class tunnel (`shared_tunnel`),
-    /// whose requests the edge also hands to the pool. An idle pool is not a fault.
+    /// whose requests the edge also hands to the pool. An idle pool is not a fault. The pool is
+    /// left out of `planes` when its token is missing or `shared_token_problem` says what else.
     fn note_unreached(
         &mut self,
         planes: &BTreeMap<PlaneKey, PlaneInfo>,
         served: &BTreeMap<ObjectKey, PlaneKey>,
         shared_tunnel: Option<TunnelIdentity>,
+        shared_token_problem: Option<&str>,
     ) {
         let shared_used = served.values().any(|p| *p == PlaneKey::Shared)
             || shared_tunnel.is_some_and(|tunnel| {
@@ -1468,7 +1473,7 @@ impl Reconciler {
             .collect();
         if let Some(shared) = &self.options.shared {
             if shared_used && !planes.contains_key(&PlaneKey::Shared) {
-                let problem = self.shared_token_problem.as_deref().unwrap_or("is missing");
+                let problem = shared_token_problem.unwrap_or("is missing");
                 let reason = format!(
                     "the shared proxy pool's config-API token (key {:?} of Secret {}) {problem}, \
                      so no config is pushed to it",
