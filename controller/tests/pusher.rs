@@ -6,6 +6,7 @@ use crate::support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use cftunnel_config::valid::Costs;
 use cftunnel_config::{Backend, Config, Rule};
 use cftunnel_controller::push::{PlaneRound, PodOutcome, Pusher};
 use cftunnel_controller::translate::{ObjectKey, PlaneKey};
@@ -263,6 +264,7 @@ async fn a_plane_whose_pod_hangs_does_not_hold_up_the_others() {
                     PlaneRound {
                         plane: stuck,
                         config: &doc,
+                        costs: Costs::NONE,
                         token: TOKEN,
                         pods: &stuck_pods,
                         not_serving: &[],
@@ -270,6 +272,7 @@ async fn a_plane_whose_pod_hangs_does_not_hold_up_the_others() {
                     PlaneRound {
                         plane,
                         config: &doc,
+                        costs: Costs::NONE,
                         token: TOKEN,
                         pods: &healthy_pods,
                         not_serving: &[],
@@ -417,6 +420,7 @@ async fn a_pod_that_serves_nothing_makes_no_failure_sustained() {
             .sync_all(vec![PlaneRound {
                 plane: plane(),
                 config: &doc,
+                costs: Costs::NONE,
                 token: TOKEN,
                 pods: &pods,
                 not_serving: &[gone],
@@ -497,6 +501,7 @@ async fn a_stuck_push_goes_on_without_the_round_and_is_reported_by_a_later_one()
             PlaneRound {
                 plane: stuck.clone(),
                 config: stuck_doc,
+                costs: Costs::NONE,
                 token: TOKEN,
                 pods: &stuck_pods,
                 not_serving: &[],
@@ -504,6 +509,7 @@ async fn a_stuck_push_goes_on_without_the_round_and_is_reported_by_a_later_one()
             PlaneRound {
                 plane: plane(),
                 config: &doc,
+                costs: Costs::NONE,
                 token: TOKEN,
                 pods: &healthy_pods,
                 not_serving: &[],
@@ -576,6 +582,7 @@ async fn a_slow_push_is_reported_though_a_quicker_one_follows_it() {
         vec![PlaneRound {
             plane: plane(),
             config: &doc,
+            costs: Costs::NONE,
             token: TOKEN,
             pods,
             not_serving: &[],
@@ -746,7 +753,7 @@ async fn a_rule_an_older_pod_refuses_is_left_out_and_the_rest_is_pushed_in_the_s
     } = &round.refused[0];
     assert_eq!(
         (*rule, name.as_deref(), *pod),
-        (1, Some("shop/cors/0"), older.addr())
+        (1, Some("shop/cors/0"), Some(older.addr()))
     );
     assert!(
         reason.contains("rules[1].filters[0].type: unknown variant `CORS`"),
@@ -906,4 +913,104 @@ async fn a_document_grown_too_large_for_the_pods_leaves_out_its_new_rules() {
     );
     assert_eq!(get(data, "/", "big.example.com", None).await.0, 200);
     assert_eq!(get(data, "/", "one.example.com", None).await.0, 200);
+}
+
+/// A plane's document past the regex budget a proxy holds: the rule its pods do not serve yet
+/// is left out before any pod sees it, wherever it sits in the document, and every rule they
+/// serve stays. A pod counting in document order would refuse the last rule instead, which
+/// another tenant's route may own.
+#[tokio::test]
+async fn past_the_regex_budget_the_rule_not_served_yet_goes_before_any_pod_sees_it() {
+    use cftunnel_config::valid::{Pattern, PATTERN_BUDGET};
+    use cftunnel_config::{Match, PathMatch, PathMatchType};
+
+    let backend = echo().await;
+    let servers = [proxy().await, proxy().await];
+    let pods: Vec<SocketAddr> = servers.iter().map(Server::admin_addr).collect();
+    // About half a megabyte compiled each: Unicode word characters, repeated.
+    let costly = |i: usize| format!("/a{i:03}/\\w{{3,32}}");
+    let rule = |i: usize, name: &str| Rule {
+        name: Some(name.to_owned()),
+        matches: vec![Match {
+            path: Some(PathMatch {
+                kind: PathMatchType::RegularExpression,
+                value: costly(i),
+            }),
+            ..Match::default()
+        }],
+        ..config(backend.http_addr(), &format!("r{i}.example.com"))
+            .rules
+            .remove(0)
+    };
+    let mut spent = 0;
+    let fit = (0..)
+        .take_while(|&i| {
+            spent += Pattern::new(&costly(i)).expect("compiles").cost();
+            spent <= PATTERN_BUDGET
+        })
+        .count();
+    let mut doc = Config {
+        rules: (0..fit).map(|i| rule(i, &format!("old/r{i}/0"))).collect(),
+        ..Config::default()
+    };
+    let mut pusher = Pusher::default();
+    let first = weighed_round(&mut pusher, &pods, &doc).await;
+    assert!(first.all_current() && first.refused.is_empty(), "{first:?}");
+
+    // Another tenant's new rule, placed first.
+    doc.rules.insert(0, rule(fit, "new/r/0"));
+    let second = weighed_round(&mut pusher, &pods, &doc).await;
+    assert!(second.all_current(), "the pods take the rest: {second:?}");
+    assert_eq!(second.refused.len(), 1, "{second:?}");
+    let refused = &second.refused[0];
+    assert_eq!(
+        (refused.rule, refused.name.as_deref(), refused.pod),
+        (0, Some("new/r/0"), None)
+    );
+    assert!(
+        refused.reason.starts_with("matches[0].path: left out")
+            && refused
+                .reason
+                .contains("rules no proxy serves yet go first"),
+        "{}",
+        refused.reason
+    );
+    for server in &servers {
+        let data = server.data_addr();
+        let last = fit - 1;
+        let path = format!("/a{last:03}/served");
+        let host = format!("r{last}.example.com");
+        assert_eq!(get(data, &path, &host, None).await.0, 200, "still served");
+        let path = format!("/a{fit:03}/new");
+        let host = format!("r{fit}.example.com");
+        assert_eq!(get(data, &path, &host, None).await.0, 404, "not served");
+    }
+    // It stays out while the rules served take the budget.
+    let third = weighed_round(&mut pusher, &pods, &doc).await;
+    assert_eq!(third.refused, second.refused);
+}
+
+/// A round of `doc` with its regexes weighed as the controller weighs a plane's.
+async fn weighed_round(
+    pusher: &mut Pusher,
+    pods: &[SocketAddr],
+    doc: &Config,
+) -> cftunnel_controller::push::PlaneOutcome {
+    use cftunnel_config::valid;
+    let mut cache = valid::Cache::default();
+    for r in &doc.rules {
+        valid::check(r, &mut cache).expect("each rule passes on its own");
+    }
+    let costs = valid::Costs::of(&doc.rules, &mut cache, |_| true);
+    let mut outcomes = pusher
+        .sync_all(vec![PlaneRound {
+            plane: plane(),
+            config: doc,
+            costs: &costs,
+            token: TOKEN,
+            pods,
+            not_serving: &[],
+        }])
+        .await;
+    outcomes.pop().expect("the plane's outcome").1
 }

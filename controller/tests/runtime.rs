@@ -5365,6 +5365,115 @@ async fn a_rule_an_older_pod_refuses_is_reported_on_its_route_and_the_rest_is_se
     .expect("in time");
 }
 
+/// The shared pool's document past the regex budget a proxy holds, after the oldest route is
+/// edited to a costly regex: that rule is left out before the pod sees it, its route says so,
+/// and every other tenant's rule stays served. A pod counting in document order would have
+/// refused the last rule, which is another route's.
+#[tokio::test]
+async fn a_route_that_takes_the_plane_past_the_regex_budget_loses_its_rule_and_no_other() {
+    use cftunnel_config::valid::{Pattern, PATTERN_BUDGET};
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let echo = support::echo("tenant-s", "web-s").await;
+        let pool = proxy_pod("pool-secret").await;
+        // About half a megabyte compiled each; `big` about four times that.
+        let costly = |i: usize| format!("/a{i:03}/\\w{{3,32}}");
+        let big = "/big/\\w{3,32}/\\w{3,32}/\\w{3,32}/\\w{3,32}";
+        let mut spent = 0;
+        let fit = (0..)
+            .take_while(|&i| {
+                spent += Pattern::new(&costly(i)).map_or(0, |p| p.cost());
+                spent <= PATTERN_BUDGET
+            })
+            .count();
+        // Escaped for a YAML double-quoted string.
+        let route = |i: usize, path: &str| {
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: r{i}, namespace: tenant-s, creationTimestamp: \"2024-01-01T00:{:02}:{:02}Z\"}}\nspec:\n  parentRefs: [{{name: public}}]\n  rules:\n  - matches: [{{path: {{type: RegularExpression, value: \"{}\"}}}}]\n    backendRefs: [{{name: web, port: 80}}]\n",
+                i / 60,
+                i % 60,
+                path.replace('\\', "\\\\")
+            )
+        };
+        let routes: String = (0..fit).map(|i| format!("---\n{}", route(i, &costly(i)))).collect();
+        let api = ApiServer::builder()
+            .rbac(REQUIRED_RBAC)
+            .seed(format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: cloudflare-tunnel}}\nspec: {{controllerName: {CONTROLLER}}}\n{}{routes}",
+                shared_seed(pool.admin_addr(), echo.http_addr())
+            ))
+            .start()
+            .await;
+        let options = RuntimeOptions {
+            resync: Duration::from_millis(100),
+            shared: Some(SharedPlane {
+                service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
+                auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
+                auth_key: "token".to_owned(),
+                tunnel_secret: None,
+                deployment: None,
+            }),
+            ..RuntimeOptions::default()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let health = std::sync::Arc::new(runtime::health::Health::default());
+        let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
+            let _ = stopped.await;
+        }));
+        let served = || async {
+            cftunnel_controller::push::served_document(
+                pool.admin_addr(),
+                "pool-secret",
+                Duration::from_secs(5),
+            )
+            .await
+            .map(|doc| {
+                doc.rules
+                    .into_iter()
+                    .filter_map(|r| r.name)
+                    .collect::<Vec<String>>()
+            })
+            .unwrap_or_default()
+        };
+        let last = format!("tenant-s/r{}/0", fit - 1);
+        let by = Instant::now() + Duration::from_secs(30);
+        while !served().await.contains(&last) {
+            assert!(Instant::now() < by, "every route is served");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+
+        api.put(yaml(&route(0, big)));
+        let refused = eventually("ProxyConfigPushed=False on the edited route", || {
+            route_condition(&api, "tenant-s", "r0", PROXY_CONFIG_PUSHED)
+        })
+        .await;
+        assert_eq!(
+            (&refused["status"], &refused["reason"]),
+            (&json!("False"), &json!("RuleRefused"))
+        );
+        let message = refused["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("has no room for the regexes of rule tenant-s/r0/0")
+                && message.contains("matches[0].path: left out"),
+            "{message}"
+        );
+        let now = served().await;
+        assert!(
+            !now.iter().any(|n| n == "tenant-s/r0/0") && now.contains(&last),
+            "{now:?}"
+        );
+        for i in 1..fit {
+            assert!(
+                route_condition(&api, "tenant-s", &format!("r{i}"), PROXY_CONFIG_PUSHED).is_none(),
+                "r{i} is served"
+            );
+        }
+        let _ = stop.send(());
+        controller.await.expect("task").expect("the controller stops cleanly");
+    })
+    .await
+    .expect("in time");
+}
+
 /// Condition `kind` of GatewayConfig `edge-config`'s status, and its `observedGeneration`.
 fn config_condition(api: &ApiServer, kind: &str) -> Option<(Value, Value)> {
     let config = api.get(

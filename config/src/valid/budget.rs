@@ -12,10 +12,15 @@
 //! document in such a span ([`rule`](super::rule)). The controller's checks
 //! ([`check`](super::check)) do not count it: they span every rule of a translation, whatever
 //! plane's document the rule goes to, and one tenant's patterns must not take another plane's
-//! budget. A rule a proxy refuses for it is left out of that plane's document by the
-//! controller, and its route says so, as for any rule a proxy refuses.
+//! budget. It weighs each plane's document apart before pushing it ([`Costs`]) and keeps it
+//! within the budget by choosing which rules go (those no proxy serves yet first, then the
+//! costliest), where a proxy can only refuse whichever rule crosses it in document order,
+//! which may be another tenant's serving one. A rule a proxy refuses all the same (one of
+//! another release) is left out of that plane's document too.
 
-use super::{Invalid, Pattern};
+use super::{rule, Cache, Invalid, Pattern};
+use crate::document as doc;
+use std::cmp::Reverse;
 use std::fmt;
 
 /// Bound on the cost ([`Pattern::cost`], the heap of a pattern's NFA) of a document's distinct
@@ -66,6 +71,24 @@ pub(super) fn over(site: Site, cost: usize, spent: usize) -> Invalid {
     )
 }
 
+/// Why a rule was left out of a document past the budget: its costliest pattern, at `site`;
+/// `own` is what its patterns take, `total` what the document's took with every rule kept.
+fn cut(site: Site, own: usize, total: usize) -> Invalid {
+    Invalid::new(
+        site.to_string(),
+        format!(
+            "left out: the document's regexes take {} compiled together, over the {} they may \
+             take, and rules no proxy serves yet go first, then those whose regexes take most \
+             (this rule's take {}; a repetition of a large class, such as `\\w{{1,64}}`, \
+             multiplies a regex's size, and an ASCII class such as `[a-zA-Z0-9_]{{1,64}}` takes \
+             far less)",
+            size(total),
+            size(PATTERN_BUDGET),
+            size(own)
+        ),
+    )
+}
+
 /// `bytes` for a reader: KiB below a MiB, else MiB to one decimal (none if whole).
 fn size(bytes: usize) -> String {
     const MIB: usize = 1 << 20;
@@ -100,6 +123,174 @@ impl Named {
             _ => false,
         }
     }
+}
+
+/// What the patterns of each rule of a document take of [`PATTERN_BUDGET`], each distinct
+/// pattern counted once as a proxy counts it: for a caller that places rules on several
+/// documents (the controller, one per data plane) and keeps each within the budget by choosing
+/// which rules go ([`Costs::cut`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Costs {
+    /// The cost of each distinct pattern, by first appearance.
+    costs: Vec<usize>,
+    /// The rules that name patterns, in document order.
+    rules: Vec<RuleCost>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RuleCost {
+    /// Position in the document.
+    at: usize,
+    /// Its distinct patterns (positions in [`Costs::costs`]), each where it sits first.
+    patterns: Vec<(usize, Site)>,
+    /// What they take together.
+    own: usize,
+    /// It may be left out ([`Costs::of`]).
+    may_go: bool,
+}
+
+impl Costs {
+    /// No rule names a pattern.
+    pub const NONE: &'static Costs = &Costs {
+        costs: Vec::new(),
+        rules: Vec::new(),
+    };
+
+    /// The costs of `rules`, a document's, each checked as [`super::check`] checks it: a rule
+    /// that fails counts nothing (it is not pushed). The patterns come from `cache`, where the
+    /// checks that passed the rules compiled them. A rule at a position `may_go` refuses is
+    /// never left out by [`Costs::cut`] (a rule the document cannot do without); its patterns
+    /// count all the same.
+    pub fn of(rules: &[doc::Rule], cache: &mut Cache, may_go: impl Fn(usize) -> bool) -> Self {
+        let mut ids: hashbrown::HashMap<Box<str>, usize, foldhash::fast::RandomState> =
+            hashbrown::HashMap::default();
+        let mut costs = Costs::default();
+        for (at, r) in rules.iter().enumerate() {
+            // Most rules name no pattern, and are not checked again for none.
+            if !names_pattern(r) {
+                continue;
+            }
+            let named = rule::named(r, cache);
+            let mut patterns = Vec::new();
+            let mut own = 0;
+            for (i, (pattern, site)) in named.iter().enumerate() {
+                if named.repeats(i) {
+                    continue;
+                }
+                let id = match ids.get(pattern.source()) {
+                    Some(&id) => id,
+                    None => {
+                        costs.costs.push(pattern.cost());
+                        ids.insert(pattern.source().into(), costs.costs.len() - 1);
+                        costs.costs.len() - 1
+                    }
+                };
+                own += pattern.cost();
+                patterns.push((id, *site));
+            }
+            if !patterns.is_empty() {
+                costs.rules.push(RuleCost {
+                    at,
+                    patterns,
+                    own,
+                    may_go: may_go(at),
+                });
+            }
+        }
+        costs
+    }
+
+    /// Whether no rule names a pattern.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// What the patterns of the rules at `kept` (positions in the document, ascending) take
+    /// together, each distinct pattern once.
+    pub fn total(&self, kept: &[usize]) -> usize {
+        let mut named = vec![false; self.costs.len()];
+        for r in self.kept(kept) {
+            for &(id, _) in &r.patterns {
+                named[id] = true;
+            }
+        }
+        named
+            .iter()
+            .zip(&self.costs)
+            .filter_map(|(&named, &cost)| named.then_some(cost))
+            .sum()
+    }
+
+    /// The rules of `kept` (positions in the document, ascending) to leave out so that what
+    /// the patterns of the rest take fits [`PATTERN_BUDGET`], each with why, at the field of
+    /// its costliest pattern. Those `served` says no proxy serves yet go first, then those
+    /// whose patterns take most, the later in the document first among equals. A rule that
+    /// would free nothing (rules kept name its patterns too) stays while another frees some.
+    /// What cannot be cut ([`Costs::of`]) stays, and so might leave the document past the
+    /// budget.
+    pub fn cut(&self, kept: &[usize], served: impl Fn(usize) -> bool) -> Vec<(usize, Invalid)> {
+        let total = self.total(kept);
+        if total <= PATTERN_BUDGET {
+            return Vec::new();
+        }
+        let mut users = vec![0_usize; self.costs.len()];
+        let mut order: Vec<&RuleCost> = self.kept(kept).collect();
+        for r in &order {
+            for &(id, _) in &r.patterns {
+                users[id] += 1;
+            }
+        }
+        order.retain(|r| r.may_go);
+        order.sort_by_cached_key(|r| (served(r.at), Reverse(r.own), Reverse(r.at)));
+        let frees = |r: &RuleCost, users: &[usize]| -> usize {
+            r.patterns
+                .iter()
+                .filter(|&&(id, _)| users[id] == 1)
+                .map(|&(id, _)| self.costs[id])
+                .sum()
+        };
+        let mut spent = total;
+        let mut out = Vec::new();
+        while spent > PATTERN_BUDGET && !order.is_empty() {
+            let pick = order.iter().position(|r| frees(r, &users) > 0).unwrap_or(0);
+            let r = order.remove(pick);
+            spent -= frees(r, &users);
+            for &(id, _) in &r.patterns {
+                users[id] -= 1;
+            }
+            let costliest = r
+                .patterns
+                .iter()
+                .max_by_key(|&&(id, _)| self.costs[id])
+                .map(|&(_, site)| site);
+            if let Some(site) = costliest {
+                out.push((r.at, cut(site, r.own, total)));
+            }
+        }
+        out.sort_by_key(|&(at, _)| at);
+        out
+    }
+
+    /// The rules of `kept` that name patterns.
+    fn kept<'a>(&'a self, kept: &'a [usize]) -> impl Iterator<Item = &'a RuleCost> {
+        debug_assert!(kept.is_sorted(), "positions ascending");
+        self.rules
+            .iter()
+            .filter(move |r| kept.binary_search(&r.at).is_ok())
+    }
+}
+
+/// Whether `rule` names a regular expression: the only values checked into a [`Pattern`].
+fn names_pattern(rule: &doc::Rule) -> bool {
+    rule.matches.iter().any(|m| {
+        m.path
+            .as_ref()
+            .is_some_and(|p| p.kind == doc::PathMatchType::RegularExpression)
+            || m.headers
+                .iter()
+                .chain(&m.query_params)
+                .any(|v| v.kind == doc::ValueMatchType::RegularExpression)
+    })
 }
 
 #[cfg(test)]

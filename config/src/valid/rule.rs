@@ -91,7 +91,7 @@ pub struct Retry {
 /// # Errors
 /// The first value that breaks a rule of the contract.
 pub fn rule(rule: &doc::Rule, cache: &mut Cache) -> Result<Rule, Invalid> {
-    checked(rule, cache)
+    checked(rule, cache, &mut Named::default())
 }
 
 /// [`rule`]'s verdict alone, for a caller that keeps its own copy of the rule (the controller
@@ -99,13 +99,23 @@ pub fn rule(rule: &doc::Rule, cache: &mut Cache) -> Result<Rule, Invalid> {
 /// same patterns and targets as used, with nothing of the rule built, no pattern's matcher
 /// included. The budget is not counted: it bounds what one document's matchers take once
 /// built, and the controller's checks span every plane's rules, so one tenant's patterns
-/// would take from another plane's budget. A proxy refuses the rule that takes its document
-/// past it, and the controller leaves that rule out of that plane's document.
+/// would take from another plane's budget: the controller weighs each plane's document
+/// apart ([`super::Costs`]).
 ///
 /// # Errors
 /// As [`rule`], but for the budget.
 pub fn check(rule: &doc::Rule, cache: &mut Cache) -> Result<(), Invalid> {
-    checked(rule, cache)
+    checked(rule, cache, &mut Named::default())
+}
+
+/// The patterns of a rule that passes [`check`], as [`rule`] counts them against the budget;
+/// empty for one that fails it.
+pub(super) fn named(rule: &doc::Rule, cache: &mut Cache) -> Named {
+    let mut named = Named::default();
+    match checked::<()>(rule, cache, &mut named) {
+        Ok(()) => named,
+        Err(_) => Named::default(),
+    }
 }
 
 /// What the checks return: the rule built ([`rule`]) or nothing ([`check`]). One body of
@@ -130,11 +140,11 @@ impl Form for () {
     fn of(_: impl FnOnce() -> Rule) {}
 }
 
-fn checked<F: Form>(rule: &doc::Rule, cache: &mut Cache) -> Result<F, Invalid> {
+/// The checks; the patterns the matches name are added to `named`, and counted against the
+/// budget once the rest passed where the rule is built.
+fn checked<F: Form>(rule: &doc::Rule, cache: &mut Cache, named: &mut Named) -> Result<F, Invalid> {
     let at = At::Rule;
     let capacity = |n: usize| if F::BUILD { n } else { 0 };
-    // The patterns the matches name, counted against the budget once the rest passed.
-    let mut named = Named::default();
     let mut hostnames = Vec::with_capacity(capacity(rule.hostnames.len()));
     for (j, h) in rule.hostnames.iter().enumerate() {
         name::check_hostname(h).map_err(|m| Invalid::new(at.field("hostnames").index(j), m))?;
@@ -152,7 +162,7 @@ fn checked<F: Form>(rule: &doc::Rule, cache: &mut Cache) -> Result<F, Invalid> {
         let list = at.field("matches");
         let mut matches = Vec::with_capacity(capacity(rule.matches.len()));
         for (j, m) in rule.matches.iter().enumerate() {
-            matches.extend(match_::<F>(m, (&list.index(j), j), cache, &mut named)?);
+            matches.extend(match_::<F>(m, (&list.index(j), j), cache, named)?);
         }
         matches
     };
@@ -226,7 +236,7 @@ fn checked<F: Form>(rule: &doc::Rule, cache: &mut Cache) -> Result<F, Invalid> {
         .transpose()?;
     let access = rule.access.as_ref().map(access::access).transpose()?;
     if F::BUILD {
-        cache.count(&named)?;
+        cache.count(named)?;
     }
     Ok(F::of(|| Rule {
         name: rule.name.as_deref().map(Into::into),

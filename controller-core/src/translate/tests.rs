@@ -4252,6 +4252,7 @@ mod backend_tls;
 mod external_backend;
 mod listener_set;
 mod listener_tls;
+mod regex_budget;
 mod route_kinds;
 mod service_import;
 

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use cftunnel_config::valid::Costs;
 use cftunnel_config::Config;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use tokio::sync::{Notify, Semaphore};
@@ -51,17 +52,20 @@ pub enum PodOutcome {
     Failed(String),
 }
 
-/// A rule of the plane's document that a pod refused, left out of what the plane was pushed.
+/// A rule of the plane's document that a pod refused, or that the pusher left out for the
+/// regex budget, left out of what the plane was pushed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RefusedRule {
     /// Its position in the document the round was given (not in the one pushed).
     pub rule: usize,
     /// Its `name` (`<namespace>/<route>/<rule>`).
     pub name: Option<String>,
-    /// The pod that refused it.
-    pub pod: SocketAddr,
-    /// The pod's reason, naming the field (`rules[3].matches[0].path: ...`, position in the
-    /// document the pod was pushed).
+    /// The pod that refused it; `None`: the pusher left it out before any pod saw it, the
+    /// document's regexes being past what a proxy takes ([`cftunnel_config::valid::Costs`]).
+    pub pod: Option<SocketAddr>,
+    /// Why, naming the field: the pod's reason (`rules[3].matches[0].path: ...`, position in
+    /// the document the pod was pushed), or the pusher's (`matches[0].path: ...`, in the
+    /// rule).
     pub reason: String,
 }
 
@@ -245,7 +249,9 @@ impl Pusher {
         self
     }
 
-    /// Brings every pod of `plane` to `config`, authenticating with `token`.
+    /// Brings every pod of `plane` to `config`, authenticating with `token`. Its regexes are
+    /// not weighed against the budget ([`PlaneRound::costs`]): a pod refuses a rule that
+    /// crosses it, and the rule is left out.
     pub async fn sync(
         &mut self,
         plane: &PlaneKey,
@@ -256,6 +262,7 @@ impl Pusher {
         let round = PlaneRound {
             plane: plane.clone(),
             config,
+            costs: Costs::NONE,
             token,
             pods,
             not_serving: &[],
@@ -312,6 +319,7 @@ impl Pusher {
             let owned = OwnedRound {
                 plane: round.plane.clone(),
                 config,
+                costs: round.costs.clone(),
                 token: round.token.to_owned(),
                 pods: round.pods.to_vec(),
                 not_serving: round.not_serving.to_vec(),
@@ -509,6 +517,8 @@ fn count(n: usize) -> i64 {
 pub struct PlaneRound<'a> {
     pub plane: PlaneKey,
     pub config: &'a Config,
+    /// What the regexes of `config`'s rules take ([`crate::translate::Output::costs`]).
+    pub costs: &'a Costs,
     pub token: &'a str,
     pub pods: &'a [SocketAddr],
     /// Of `pods`, those not serving (see [`not_serving_addresses`]).
@@ -519,6 +529,7 @@ pub struct PlaneRound<'a> {
 struct OwnedRound {
     plane: PlaneKey,
     config: Arc<Config>,
+    costs: Costs,
     token: String,
     pods: Vec<SocketAddr>,
     not_serving: Vec<SocketAddr>,

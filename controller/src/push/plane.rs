@@ -115,6 +115,13 @@ pub(super) async fn sync_plane(
     let mut kept: Vec<usize> = (0..rules.len())
         .filter(|&i| !state.refusals.iter().any(|r| r.rule == rules[i]))
         .collect();
+    // Past the regex budget, the rules the pods do not serve yet go first, then the
+    // costliest: left to the pods, the rule that crosses it in document order would be
+    // refused, which may be another tenant's serving one.
+    let over_budget = round
+        .costs
+        .cut(&kept, |i| state.accepted.contains(&rule_key(&rules[i])));
+    kept.retain(|i| over_budget.binary_search_by_key(i, |&(at, _)| at).is_err());
     let mut passes = 0;
     let (version, pods, previous_needed, token_refused, down) = loop {
         passes += 1;
@@ -223,10 +230,16 @@ pub(super) async fn sync_plane(
             Some(RefusedRule {
                 rule,
                 name: r.rule.name.clone(),
-                pod: r.pod,
+                pod: Some(r.pod),
                 reason: r.reason.clone(),
             })
         })
+        .chain(over_budget.into_iter().map(|(rule, why)| RefusedRule {
+            rule,
+            name: rules[rule].name.clone(),
+            pod: None,
+            reason: why.to_string(),
+        }))
         .collect();
     let pushed = pods.iter().any(|(_, o)| *o == PodOutcome::Pushed);
     let idle: Vec<SocketAddr> = down

@@ -1263,6 +1263,10 @@ impl Reconciler {
                 Some(PlaneRound {
                     plane: plane.clone(),
                     config,
+                    costs: output
+                        .costs
+                        .get(plane)
+                        .unwrap_or(cftunnel_config::valid::Costs::NONE),
                     token: &info.token,
                     pods: &info.pods,
                     not_serving: &info.not_serving,
@@ -2428,18 +2432,22 @@ fn refused_rules(
                 .and_then(|owners| owners.get(refused.rule))
                 .and_then(Option::as_ref);
             let name = refused.name.as_deref().unwrap_or("without a name");
+            let by = match refused.pod {
+                Some(pod) => format!("proxy pod {pod} of the {plane} plane refused"),
+                None => format!("the {plane} plane's document has no room for the regexes of"),
+            };
             match owner {
                 Some(route) => out.entry(route.clone()).or_default().push(format!(
-                    "proxy pod {} of the {plane} plane refused rule {name}, which is left out \
-                     (the route's other rules are served): {}",
-                    refused.pod, refused.reason
+                    "{by} rule {name}, which is left out (the route's other rules are served): \
+                     {}",
+                    refused.reason
                 )),
                 None => tracing::error!(
                     %plane,
                     rule = name,
-                    pod = %refused.pod,
+                    pod = ?refused.pod,
                     reason = %refused.reason,
-                    "a proxy pod refused a rule of the controller's own"
+                    "a rule of the controller's own is left out"
                 ),
             }
         }

@@ -1,4 +1,4 @@
-use super::super::{check, document, rule, Cache, Pattern, PATTERN_BUDGET};
+use super::super::{check, document, rule, Cache, Costs, Pattern, PATTERN_BUDGET};
 use crate::Config;
 use serde_json::json;
 
@@ -168,6 +168,142 @@ fn the_synthetic_document_of_a_large_cluster_takes_a_small_part_of_the_budget() 
         .map(|r| cost(&r.matches[0].path.as_ref().expect("a path").value))
         .sum();
     assert!(total < PATTERN_BUDGET / 4, "{total} bytes");
+}
+
+/// The document of `config`'s rules at `kept`.
+fn only(config: &Config, kept: &[usize]) -> Config {
+    Config {
+        rules: kept.iter().map(|&i| config.rules[i].clone()).collect(),
+        ..Config::default()
+    }
+}
+
+/// Every position of `config` but those `cut` leaves out.
+fn kept_after(config: &Config, cut: &[(usize, super::Invalid)]) -> Vec<usize> {
+    (0..config.rules.len())
+        .filter(|i| !cut.iter().any(|(at, _)| at == i))
+        .collect()
+}
+
+#[test]
+fn a_cut_leaves_out_the_rules_not_served_yet_and_the_proxy_takes_the_rest() {
+    let n = fitting();
+    // The rule no proxy serves yet comes first in the document: a proxy counting in
+    // document order would refuse the last, serving, one.
+    let mut rules = vec![path_rule(&costly(n))];
+    rules.extend((0..n).map(|i| path_rule(&costly(i))));
+    rules.push(json!({"backends": []}));
+    let config = doc(rules);
+    let all: Vec<usize> = (0..config.rules.len()).collect();
+    let mut cache = Cache::default();
+    for r in &config.rules {
+        check(r, &mut cache).expect("passes");
+    }
+    let costs = Costs::of(&config.rules, &mut cache, |_| true);
+    assert!(costs.total(&all) > PATTERN_BUDGET);
+    let refused = document(&config, &mut Cache::default()).expect_err("past the budget");
+    assert_eq!(refused.index, n, "a proxy refuses the rule that crosses it");
+
+    let cut = costs.cut(&all, |i| i != 0);
+    let at: Vec<usize> = cut.iter().map(|(i, _)| *i).collect();
+    assert_eq!(at, [0], "the rule not served yet goes, alone");
+    let (_, why) = &cut[0];
+    assert_eq!(why.field, "matches[0].path");
+    assert!(
+        why.message
+            .contains(&format!("{} MiB", PATTERN_BUDGET >> 20))
+            && why.message.contains("rules no proxy serves yet go first"),
+        "{}",
+        why.message
+    );
+    let rest = only(&config, &kept_after(&config, &cut));
+    document(&rest, &mut Cache::default()).expect("a proxy takes what is left");
+    assert!(costs.total(&kept_after(&config, &cut)) <= PATTERN_BUDGET);
+
+    // A rule the document cannot do without stays, and a served one goes in its place.
+    let fixed = Costs::of(&config.rules, &mut cache, |i| i != 0);
+    let cut = fixed.cut(&all, |i| i != 0);
+    assert!(
+        !cut.is_empty() && cut.iter().all(|&(i, _)| i != 0),
+        "{cut:?}"
+    );
+    let rest = only(&config, &kept_after(&config, &cut));
+    document(&rest, &mut Cache::default()).expect("a proxy takes what is left");
+}
+
+#[test]
+fn among_served_rules_the_costliest_go_first() {
+    let n = fitting();
+    // A pattern four times a costly one's, served like the rest.
+    let big = "/big/\\w{3,32}/\\w{3,32}/\\w{3,32}/\\w{3,32}";
+    assert!(cost(big) > 3 * cost(&costly(0)), "{} bytes", cost(big));
+    let mut rules: Vec<_> = (0..n).map(|i| path_rule(&costly(i))).collect();
+    rules.insert(n / 2, path_rule(big));
+    let config = doc(rules);
+    let all: Vec<usize> = (0..config.rules.len()).collect();
+    let costs = Costs::of(&config.rules, &mut Cache::default(), |_| true);
+    let cut = costs.cut(&all, |_| true);
+    let at: Vec<usize> = cut.iter().map(|(i, _)| *i).collect();
+    assert_eq!(at, [n / 2], "the costliest rule, which frees enough alone");
+    let rest = only(&config, &kept_after(&config, &cut));
+    document(&rest, &mut Cache::default()).expect("a proxy takes what is left");
+}
+
+#[test]
+fn a_rule_whose_patterns_others_name_stays_while_another_frees_enough() {
+    let n = fitting();
+    // Served: the first n - 1 costly patterns. Not served yet: one rule naming costly(n), and
+    // two later ones naming costly(n - 1) both, which together fit with the served ones.
+    let mut rules: Vec<_> = (0..n - 1).map(|i| path_rule(&costly(i))).collect();
+    let single = rules.len();
+    rules.push(path_rule(&costly(n)));
+    rules.push(path_rule(&costly(n - 1)));
+    rules.push(json!({"matches": [
+        {"path": {"type": "PathPrefix", "value": "/p"}, "headers": [{"name": "a", "type": "RegularExpression", "value": costly(n - 1)}]}
+    ], "backends": []}));
+    let config = doc(rules);
+    let all: Vec<usize> = (0..config.rules.len()).collect();
+    let costs = Costs::of(&config.rules, &mut Cache::default(), |_| true);
+    let cut = costs.cut(&all, |i| i < single);
+    let at: Vec<usize> = cut.iter().map(|(i, _)| *i).collect();
+    assert_eq!(
+        at,
+        [single],
+        "the two sharing a pattern would each free nothing"
+    );
+    let rest = only(&config, &kept_after(&config, &cut));
+    document(&rest, &mut Cache::default()).expect("a proxy takes what is left");
+}
+
+#[test]
+fn costs_count_what_a_proxy_counts() {
+    let n = fitting();
+    // Repeated patterns, a header named twice (the second is not matched, so not counted),
+    // a rule that fails its checks, and a pattern in a rule left out of the count.
+    let mut rules: Vec<_> = (0..n).map(|i| path_rule(&costly(i))).collect();
+    rules.push(json!({"matches": [
+        {"path": {"type": "RegularExpression", "value": costly(0)}},
+        {"headers": [
+            {"name": "a", "type": "RegularExpression", "value": costly(1)},
+            {"name": "A", "type": "RegularExpression", "value": costly(n + 1)}
+        ]}
+    ], "backends": []}));
+    rules.push(
+        json!({"matches": [{"path": {"type": "RegularExpression", "value": costly(n + 2)}}],
+        "backends": [{"url": "not a url"}]}),
+    );
+    let config = doc(rules);
+    let all: Vec<usize> = (0..config.rules.len()).collect();
+    let costs = Costs::of(&config.rules, &mut Cache::default(), |_| true);
+    let expected: usize = (0..n).map(|i| cost(&costly(i))).sum();
+    assert_eq!(costs.total(&all), expected);
+    assert!(costs.cut(&all, |_| false).is_empty(), "it fits");
+    assert_eq!(costs.total(&all[1..]), expected, "costly(0) is named again");
+    assert_eq!(costs.total(&[0, 2]), cost(&costly(0)) + cost(&costly(2)));
+    let plain = doc(vec![json!({"backends": []}), path_rule("/[a-z]+")]);
+    let costs = Costs::of(&plain.rules[..1], &mut Cache::default(), |_| true);
+    assert!(costs.is_empty());
+    assert!(!Costs::of(&plain.rules, &mut Cache::default(), |_| true).is_empty());
 }
 
 #[test]
