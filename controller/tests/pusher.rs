@@ -182,10 +182,8 @@ async fn a_new_controller_moves_past_a_version_a_pod_already_holds() {
 async fn failures_name_the_pod_and_count_as_sustained_only_when_repeated() {
     let backend = echo().await;
     let good = proxy().await;
-    let gone = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
-        l.local_addr().expect("addr")
-    };
+    let (gone, _held) =
+        cftunnel_testkit::ports::refusing_addr().expect("an address that refuses connections");
     let doc = config(backend.http_addr(), "app.example.com");
     let mut pusher = Pusher::new(Duration::from_secs(2), 3);
 
@@ -408,10 +406,8 @@ async fn a_pod_at_the_version_raised_to_is_not_taken_for_current() {
 async fn a_pod_that_serves_nothing_makes_no_failure_sustained() {
     let backend = echo().await;
     let good = proxy().await;
-    let gone = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
-        l.local_addr().expect("addr")
-    };
+    let (gone, _held) =
+        cftunnel_testkit::ports::refusing_addr().expect("an address that refuses connections");
     let doc = config(backend.http_addr(), "app.example.com");
     let mut pusher = Pusher::new(Duration::from_secs(2), 2);
     let pods = [good.admin_addr(), gone];
@@ -619,10 +615,8 @@ async fn a_slow_push_is_reported_though_a_quicker_one_follows_it() {
 #[tokio::test]
 async fn a_failure_is_sustained_only_once_it_has_lasted() {
     let backend = echo().await;
-    let starting = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
-        l.local_addr().expect("addr")
-    };
+    let (starting, _held) =
+        cftunnel_testkit::ports::refusing_addr().expect("an address that refuses connections");
     let doc = config(backend.http_addr(), "app.example.com");
     let lasting = Duration::from_millis(600);
     let mut pusher = Pusher::new(Duration::from_secs(2), 3).failing_for(lasting);

@@ -607,7 +607,7 @@ async fn scenario() {
     assert_eq!(push_failed(), None, "no push has failed yet");
 
     // The pod's config port goes out of reach: after repeated rounds the route says so.
-    let closed = closed_port();
+    let (closed, _held) = closed_port();
     let slice = |port: u16| config_slice("tenant-a", "cf-proxy-edge-config", port, true);
     api.put(slice(closed));
     let failed = eventually("ProxyConfigPushed=False", || {
@@ -1704,7 +1704,7 @@ async fn a_leader_whose_renewals_hang_stops_writing_until_they_are_answered() {
         eventually("the leader renders", deployment).await;
         assert!(leading().await);
         // A pod of the plane that does not answer: the leader counts its failed pushes, by plane.
-        let closed = closed_port();
+        let (closed, _held) = closed_port();
         api.put(config_slice(
             "tenant-a",
             "cf-proxy-edge-config",
@@ -2134,10 +2134,8 @@ async fn the_api_token_waits_out_a_rate_limit() {
         ..target.clone()
     };
     assert!(api.put_configuration(&refused, &document).await.is_err());
-    let gone = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        listener.local_addr().expect("addr")
-    };
+    let (gone, _held) =
+        cftunnel_testkit::ports::refusing_addr().expect("an address that refuses connections");
     let unreachable = TunnelApi::new(&format!("http://{gone}"), Duration::from_secs(5))
         .expect("client")
         .counted(calls);
@@ -2215,10 +2213,12 @@ async fn host_serves(pod: &Server, host: &str, status: u16) {
 
 /// The EndpointSlice of Service `namespace/service` as the endpoint slice controller writes
 /// it: one pod on 127.0.0.1 with its config port `port`, `ready` or not.
-/// A port on 127.0.0.1 nothing listens on: a pod whose config port it is refuses every push.
-fn closed_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
-    l.local_addr().expect("addr").port()
+/// A port on 127.0.0.1 nothing listens on while the socket returned is held: a pod whose
+/// config port it is refuses every push.
+fn closed_port() -> (u16, tokio::net::TcpSocket) {
+    let (addr, held) =
+        cftunnel_testkit::ports::refusing_addr().expect("an address that refuses connections");
+    (addr.port(), held)
 }
 
 /// Waits for `route` to report `ProxyConfigPushed=False` naming the pods of `gateway`, another
@@ -3018,7 +3018,7 @@ async fn a_push_failure_on_a_shared_tunnel_is_reported_on_every_gateways_routes(
     tokio::time::timeout(Duration::from_secs(60), async {
         let edge = proxy_pod("s3cr3t").await;
         let same = Token::new("acct", b"tunnel secret".to_vec(), uuid_of(TUNNEL_ID)).encode();
-        let closed = closed_port();
+        let (closed, _held) = closed_port();
         let cloudflare = CloudflareApi::start().await;
         let t = internal_joins_edge(&edge, &same, "edge-cf", &cloudflare.base()).await;
         shop_serves(&edge, 200).await;
@@ -6860,7 +6860,7 @@ async fn a_push_failure_on_a_broken_planes_pods_is_reported_on_its_tunnels_route
     tokio::time::timeout(Duration::from_secs(90), async {
         let (t, _edge, _third) = broken_beside_third().await;
         assert!(route_condition(&t.api, "tenant-c", "blog", PROXY_CONFIG_PUSHED).is_none());
-        let closed = closed_port();
+        let (closed, _held) = closed_port();
         t.api.put(config_slice(
             "tenant-a",
             "cf-proxy-edge-config",

@@ -321,9 +321,8 @@ async fn serves_through_cloudflared(protocol: &str) {
     pipe.read_exact(&mut back).await.unwrap();
     assert_eq!(&back, b"through a TCP stream");
     drop(pipe);
-    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let closed_addr = closed.local_addr().unwrap();
-    drop(closed);
+    let (closed_addr, _held) =
+        cftunnel_testkit::ports::refusing_addr().expect("an address that refuses connections");
     match s.edge.open_tcp(closed_addr).await {
         Err(cftunnel_testkit::edge::MockEdgeError::Rejected(reason)) => {
             eprintln!("cloudflared refused a TCP stream ({protocol}): {reason}");

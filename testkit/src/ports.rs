@@ -1,5 +1,6 @@
 //! Free TCP ports for a server that binds them later: a child process, or a server the test
-//! starts by address rather than from a listener it already holds.
+//! starts by address rather than from a listener it already holds; and addresses that refuse
+//! connections.
 
 use std::net::SocketAddr;
 use std::ops::Range;
@@ -40,9 +41,34 @@ pub fn free_port() -> std::io::Result<SocketAddr> {
     listener.local_addr()
 }
 
+/// An address on 127.0.0.1 that refuses connections for as long as the returned socket is
+/// held: bound, never listening. A port from a listener bound and dropped may be taken by
+/// another test's listener before it is dialled, which then answers; this one cannot be.
+///
+/// # Errors
+///
+/// The socket's, when none can be made or bound.
+pub fn refusing_addr() -> std::io::Result<(SocketAddr, tokio::net::TcpSocket)> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+    Ok((socket.local_addr()?, socket))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Connections to it are refused while it is held.
+    #[tokio::test]
+    async fn a_refusing_address_refuses() {
+        let (addr, _held) = refusing_addr().expect("an address");
+        let refused = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect_err("refused");
+        assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+        // Nor can a listener take its port meanwhile.
+        assert!(std::net::TcpListener::bind(addr).is_err(), "{addr} is held");
+    }
 
     /// Ports for children come from below the ephemeral range, where outgoing connections do
     /// not take them between the pick and the child's bind; each is free when picked.

@@ -246,11 +246,9 @@ async fn tonic_reads_the_echo_as_a_grpc_server() {
 #[tokio::test]
 async fn calls_that_fail_on_the_wire_end_with_a_code() {
     bounded(async {
-        // Nothing listens on a port just released.
-        let closed = {
-            let listener = TcpListener::bind((LOCALHOST, 0)).await.expect("binds");
-            listener.local_addr().expect("an address")
-        };
+        // Nothing listens there.
+        let (closed, _held) =
+            cftunnel_testkit::ports::refusing_addr().expect("an address that refuses connections");
         let refused = client::call_once(closed, &call("gw", ECHO, &[])).await;
         assert_eq!(refused.code, Code::Unavailable, "{}", refused.message);
 

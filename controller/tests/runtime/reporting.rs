@@ -1149,7 +1149,7 @@ async fn a_new_gateways_routes_wait_while_its_first_apply_fails_beside_a_broken_
 #[tokio::test]
 async fn a_plane_whose_pods_are_all_down_is_reported_on_its_routes() {
     tokio::time::timeout(Duration::from_secs(60), async {
-        let down = closed_port();
+        let (down, _held) = closed_port();
         let t = Tenant::start_with("replicas: 1", |api| {
             api.put(config_slice(
                 "tenant-a",
@@ -1266,10 +1266,11 @@ async fn other_controllers_conditions_on_our_route_parent_give_way_to_ours_at_th
         });
 
         // A third of ours: the plane's pod goes out of reach.
+        let (closed, _held) = closed_port();
         t.api.put(config_slice(
             "tenant-a",
             "cf-proxy-edge-config",
-            closed_port(),
+            closed,
             true,
         ));
         let parent = eventually("ProxyConfigPushed=False written", || {
@@ -1392,7 +1393,7 @@ async fn a_plane_whose_pods_are_all_down_fails_no_route_the_other_planes_of_its_
     tokio::time::timeout(Duration::from_secs(60), async {
         let pool = proxy_pod("pool-secret").await;
         let echo = support::echo("tenant-s", "web-s").await;
-        let down = closed_port();
+        let (down, _held) = closed_port();
         let alarms = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&alarms);
         let mut watching = None;

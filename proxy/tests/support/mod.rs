@@ -457,9 +457,7 @@ impl BinaryProxy {
 /// An address that refuses connections: bound but not listening, and held by the returned
 /// socket so no other test's listener can land on it meanwhile.
 pub fn dead_addr() -> (SocketAddr, tokio::net::TcpSocket) {
-    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket.bind(([127, 0, 0, 1], 0).into()).expect("bind");
-    (socket.local_addr().expect("addr"), socket)
+    cftunnel_testkit::ports::refusing_addr().expect("an address that refuses connections")
 }
 
 /// Starts a proxy binary in tunnel mode against `edge`, with `doc` as its config file if
