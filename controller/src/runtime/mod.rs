@@ -8,8 +8,8 @@
 //! a round computed.
 //!
 //! Here: the run loop and the round (planes, pushes, tunnel documents). `apply` writes and
-//! removes a plane's objects, in tasks of their own ([`crate::in_flight`]) that no round waits
-//! for,
+//! removes a plane's objects, and stamps the shared pool's Deployment, in tasks of their own
+//! ([`crate::in_flight`]) that no round waits for,
 //! `report` writes statuses, Events and the ownership list ([`status`] builds the statuses), in
 //! tasks of their own (a round waits for the writes briefly, for Events not at all),
 //! [`lease`] elects the one replica that acts, [`health`] serves the controller's endpoint,
@@ -499,6 +499,7 @@ pub async fn run(
                 tracing::warn!("the leader Lease lapsed during a round; the rest of it is dropped");
                 reconciler.applies.abort_all();
                 reconciler.removals.abort_all();
+                reconciler.pool_writes.abort_all();
                 reconciler.tunnel_sync.abort_all();
                 // Forgotten even so: should the Lease be back in the same term before the next
                 // turn of the loop sees it lapsed, this reconciler carries on and makes them
@@ -602,8 +603,12 @@ struct Reconciler {
     /// serves their routes meanwhile, and its document carries them.
     unapplied_tunnels: BTreeMap<ObjectKey, TunnelIdentity>,
     /// The token digest the shared pool's Deployment was last seen stamped with, and when:
-    /// checked again when the token changes, and every [`REAPPLY_AFTER`] besides.
+    /// checked again when the token changes, and every [`REAPPLY_AFTER`] besides. Recorded
+    /// once the stamp's write is read back finished ([`Reconciler::pool_writes`]).
     pool_stamp: Option<(String, std::time::Instant)>,
+    /// The writes to the shared pool's Deployment running, one per [`PoolWrite`], each of its
+    /// stamp (the token's digest and Secret, or the config-API token's digest).
+    pool_writes: InFlight<PoolWrite, PoolWritten>,
     /// `/metrics`' push series, per plane.
     push_seconds: Family<health::PlaneLabel, Histogram, fn() -> Histogram>,
     push_failure_counts: Family<health::PlaneLabel, Counter>,
@@ -630,6 +635,26 @@ struct Reconciler {
     /// A round was cut off midway (the Lease lapsed): what it wrote is not all recorded, so
     /// this reconciler is not resumed in a later turn.
     cut: bool,
+}
+
+/// A write to the shared pool's Deployment: see [`Reconciler::pool_writes`]. Each is a
+/// request or two to the chart's Deployment, which an admission webhook may hold up to the API
+/// timeout: no round waits for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum PoolWrite {
+    /// Pointing it at the class tunnel's token ([`Reconciler::stamp_shared_pool`]).
+    TunnelToken,
+    /// Rolling it onto the config-API token its pods refuse
+    /// ([`Reconciler::roll_pool_refusing_token`]).
+    ConfigToken,
+}
+
+/// A write to the shared pool's Deployment as its task hands it back.
+struct PoolWritten {
+    /// The token Secret and key the pool was pointed at; none for a roll.
+    source: Option<(ObjectKey, String)>,
+    /// Whether it wrote, or why it failed.
+    result: Result<bool, String>,
 }
 
 /// A plane's move to another tunnel: see [`Reconciler::moving`].
@@ -898,6 +923,8 @@ impl Reconciler {
             removal_failures: Held::new(APPLY_RETRY_FIRST, APPLY_RETRY_MAX),
             moving: HashMap::new(),
             moves_looked_at: HashSet::new(),
+            // One of each kind at most.
+            pool_writes: InFlight::new(2, Arc::clone(&wake)),
             applies: InFlight::new(APPLIES_AT_ONCE, wake),
             fresh_tokens: BTreeMap::new(),
             applying_first: BTreeMap::new(),
@@ -911,14 +938,15 @@ impl Reconciler {
         }
     }
 
-    /// Stops what runs on its own while this replica does not lead: applies, pushes, tunnel
-    /// writes, status writes, Events and reads back. What it remembers stays, for a return to
-    /// leading in the same term, but that it told what the Events dropped unanswered tell: it
-    /// makes them again then (one the API server stored without answering in time shows
-    /// twice).
+    /// Stops what runs on its own while this replica does not lead: applies, writes to the
+    /// shared pool, pushes, tunnel writes, status writes, Events and reads back. What it
+    /// remembers stays, for a return to leading in the same term, but that it told what the
+    /// Events dropped unanswered tell: it makes them again then (one the API server stored
+    /// without answering in time shows twice).
     fn pause(&mut self) {
         self.applies.abort_all();
         self.removals.abort_all();
+        self.pool_writes.abort_all();
         self.pusher.abort_all();
         self.tunnel_sync.abort_all();
         self.read_backs.abort_all();
@@ -952,6 +980,7 @@ impl Reconciler {
     ) {
         self.take_finished_applies(snapshot);
         self.take_finished_removals();
+        self.take_finished_pool_writes();
         self.applying_first.clear();
         self.unapplied_tunnels.clear();
         let mut translate_options = self.options.translate.clone();
@@ -1247,7 +1276,7 @@ impl Reconciler {
         self.moving.retain(|uid, _| uids.contains(uid.as_str()));
         self.moves_looked_at
             .retain(|uid| uids.contains(uid.as_str()));
-        self.stamp_shared_pool(snapshot, pool).await;
+        self.stamp_shared_pool(snapshot, pool);
         self.note_unreached(
             &planes,
             &output.planes,
@@ -1416,8 +1445,7 @@ impl Reconciler {
                 Some(_) => {}
             }
         }
-        self.roll_pool_refusing_token(&outcomes, &planes, pool)
-            .await;
+        self.roll_pool_refusing_token(&outcomes, &planes, pool);
         // Series of planes that went away go with them.
         for plane in self.pusher.planes() {
             if !output.configs.contains_key(plane) {
@@ -2063,7 +2091,12 @@ impl Reconciler {
     /// token in it (rotated by hand or by a secrets operator) rolls them. While the class
     /// config does not resolve (its Secret missing, say), or the token does not parse, the
     /// pool is left on the token it runs with rather than new pods failing.
-    async fn stamp_shared_pool(&mut self, snapshot: &Snapshot, pool: Option<&Deployment>) {
+    ///
+    /// The write runs in a task of its own ([`Reconciler::pool_writes`]) that no round waits
+    /// for, one at a time: a stamp being written is not started again, a new one supersedes it.
+    /// The stamp is recorded once a round reads it finished
+    /// ([`Reconciler::take_finished_pool_writes`]).
+    fn stamp_shared_pool(&mut self, snapshot: &Snapshot, pool: Option<&Deployment>) {
         let Some(shared) = &self.options.shared else {
             return;
         };
@@ -2107,36 +2140,35 @@ impl Reconciler {
                     &source,
                 )
             });
-        if fresh {
+        if fresh || self.pool_writes.running(&PoolWrite::TunnelToken) == Some(stamp.as_bytes()) {
             return;
         }
-        match apply::point_pool_at_token(
-            &self.client,
-            deployment,
-            render::TUNNEL_TOKEN_HASH_ANNOTATION,
-            &digest,
-            &source,
-        )
-        .await
-        {
-            Ok(stamped) => {
-                if stamped {
-                    tracing::info!(%deployment, %secret, %key, "the shared pool's tunnel token changed: rolling the pool");
+        let (client, deployment) = (self.client.clone(), deployment.clone());
+        self.pool_writes
+            .start(PoolWrite::TunnelToken, stamp.into_bytes(), async move {
+                let result = apply::point_pool_at_token(
+                    &client,
+                    &deployment,
+                    render::TUNNEL_TOKEN_HASH_ANNOTATION,
+                    &digest,
+                    &source,
+                )
+                .await;
+                PoolWritten {
+                    source: Some(source),
+                    result,
                 }
-                self.pool_stamp = Some((stamp, std::time::Instant::now()));
-            }
-            Err(reason) => {
-                tracing::warn!(%deployment, %reason, "pointing the shared pool at its tunnel token failed")
-            }
-        }
+            });
     }
 
     /// Rolls the shared pool when one of its pods refused the config-API token it is pushed
     /// with: the pods read the token once, at start, and one whose Secret was changed outside
     /// Helm takes only the token before, which the pushes no longer offer once the controller
-    /// that knew it is gone. Once per token: the stamp is its digest.
-    async fn roll_pool_refusing_token(
-        &self,
+    /// that knew it is gone. Once per token: the stamp is its digest, not written again while
+    /// its write runs ([`Reconciler::pool_writes`], which no round waits for) nor once the pool
+    /// as watched carries it.
+    fn roll_pool_refusing_token(
+        &mut self,
         outcomes: &[(PlaneKey, push::PlaneOutcome)],
         planes: &BTreeMap<PlaneKey, PlaneInfo>,
         pool: Option<&Deployment>,
@@ -2157,21 +2189,72 @@ impl Reconciler {
             return;
         }
         let digest = render::token_digest(&info.token);
-        match apply::roll_pool(
-            &self.client,
-            deployment,
-            pool,
-            render::AUTH_TOKEN_HASH_ANNOTATION,
-            &digest,
-        )
-        .await
-        {
-            Ok(true) => {
-                tracing::warn!(%deployment, "shared pool pods refuse the config-API token: rolling the pool onto it")
-            }
-            Ok(false) => {}
-            Err(reason) => {
-                tracing::warn!(%deployment, %reason, "rolling the shared pool onto its config-API token failed")
+        if self.pool_writes.running(&PoolWrite::ConfigToken) == Some(digest.as_bytes()) {
+            return;
+        }
+        // The live Deployment is cloned only for a roll that writes.
+        let Some(live) = pool.filter(|live| {
+            apply::template_annotation(live, render::AUTH_TOKEN_HASH_ANNOTATION)
+                != Some(digest.as_str())
+        }) else {
+            return;
+        };
+        let (client, deployment, live) = (self.client.clone(), deployment.clone(), live.clone());
+        self.pool_writes.start(
+            PoolWrite::ConfigToken,
+            digest.clone().into_bytes(),
+            async move {
+                let result = apply::roll_pool(
+                    &client,
+                    &deployment,
+                    Some(&live),
+                    render::AUTH_TOKEN_HASH_ANNOTATION,
+                    &digest,
+                )
+                .await;
+                PoolWritten {
+                    source: None,
+                    result,
+                }
+            },
+        );
+    }
+
+    /// Takes in the writes to the shared pool finished since the last round: a stamp that
+    /// landed is recorded ([`Reconciler::pool_stamp`]); one that failed is not, so the next
+    /// round writes it again.
+    fn take_finished_pool_writes(&mut self) {
+        let Some(deployment) = self
+            .options
+            .shared
+            .as_ref()
+            .and_then(|s| s.deployment.clone())
+        else {
+            return;
+        };
+        for (write, stamp, done) in self.pool_writes.finished() {
+            let PoolWritten { source, result } = done.unwrap_or_else(|| PoolWritten {
+                source: None,
+                result: Err("the write ended in a panic".to_owned()),
+            });
+            match (write, result) {
+                (PoolWrite::TunnelToken, Ok(stamped)) => {
+                    if let (true, Some((secret, key))) = (stamped, &source) {
+                        tracing::info!(%deployment, %secret, %key, "the shared pool's tunnel token changed: rolling the pool");
+                    }
+                    let stamp = String::from_utf8_lossy(&stamp).into_owned();
+                    self.pool_stamp = Some((stamp, std::time::Instant::now()));
+                }
+                (PoolWrite::TunnelToken, Err(reason)) => {
+                    tracing::warn!(%deployment, %reason, "pointing the shared pool at its tunnel token failed")
+                }
+                (PoolWrite::ConfigToken, Ok(true)) => {
+                    tracing::warn!(%deployment, "shared pool pods refuse the config-API token: rolling the pool onto it")
+                }
+                (PoolWrite::ConfigToken, Ok(false)) => {}
+                (PoolWrite::ConfigToken, Err(reason)) => {
+                    tracing::warn!(%deployment, %reason, "rolling the shared pool onto its config-API token failed")
+                }
             }
         }
     }

@@ -3,7 +3,7 @@
 //! already under way, a GatewayClass whose status this build cannot read, a plane moved to
 //! another tunnel whose new pods are not ready (the controller restarting meanwhile), a record
 //! of a move left on a Deployment after it, and a NetworkPolicy switched off that a finalizer
-//! holds.
+//! holds. Likewise the shared pool's Deployment, whose stamp an admission webhook holds.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -14,7 +14,8 @@ use cftunnel_tunnel::Token;
 use serde_json::{json, Value};
 
 use super::{
-    condition, eventually, settled, shop_goes_away, shop_serves, uuid_of, within, yaml, Tenant,
+    chart_pool, chart_shared_plane, class_token, class_tunnel_secret, condition, config_slice,
+    eventually, proxy_pod, settled, shop_goes_away, shop_serves, uuid_of, within, yaml, Tenant,
     OTHER_TUNNEL_ID, TUNNEL_ID,
 };
 
@@ -520,6 +521,90 @@ async fn a_network_policy_held_by_a_finalizer_costs_no_apply_per_round_once_swit
             .await
             .expect("quiet again");
         assert!(policy(&t).is_none(), "not rendered again");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// Whether `call` is the controller's patch stamping the shared pool's pod template with its
+/// tunnel token's digest (no plane's render carries that annotation).
+fn pool_stamp(call: &cftunnel_testkit::kube_api::Call<'_>) -> bool {
+    call.method == "PATCH"
+        && call.kind == "Deployment"
+        && call
+            .body
+            .pointer("/spec/template/metadata/annotations/cf.k8s.lex.la~1tunnel-token-hash")
+            .is_some()
+}
+
+/// Pointing the shared pool at its tunnel token is a write no round waits for: a patch of the
+/// pool's Deployment that an admission webhook holds (here for far longer than the test) holds
+/// up no tenant's config, and is not sent again meanwhile. Once it is answered the stamp is
+/// recorded, and later rounds do not write it again.
+#[tokio::test]
+async fn a_pool_stamp_that_hangs_holds_up_no_other_tenants_route_change() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let edge = proxy_pod("s3cr3t").await;
+        let stamps = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&stamps);
+        let mut held = None;
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    edge.admin_addr().port(),
+                    true,
+                ));
+                api.put(chart_pool());
+                api.put(class_tunnel_secret(&class_token(b"class secret"), ""));
+                held = Some(api.hold(move |c| {
+                    let stamp = pool_stamp(c);
+                    if stamp {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                    }
+                    stamp
+                }));
+            },
+            ApiServer::client,
+            |options| options.shared = Some(chart_shared_plane(true)),
+        )
+        .await;
+        let hung = held.expect("the pool's stamps are held");
+        tokio::time::timeout(Duration::from_secs(20), hung.arrived(1))
+            .await
+            .expect("the pool's stamp at the API server");
+
+        tokio::time::timeout(Duration::from_secs(15), shop_serves(&edge, 200))
+            .await
+            .expect("tenant-a's config reaches its pod while the pool's stamp hangs");
+        tokio::time::timeout(Duration::from_secs(5), shop_goes_away(&t, &edge))
+            .await
+            .expect("tenant-a's route change reaches its pod while the pool's stamp hangs");
+        assert_eq!(
+            stamps.load(Ordering::SeqCst),
+            1,
+            "not sent again while it hangs"
+        );
+
+        hung.release();
+        within(10, "the pool stamped", || {
+            t.api
+                .get("apps/v1", "Deployment", "cftunnel-system", "cftunnel-proxy")
+                .and_then(|d| {
+                    d.pointer(
+                        "/spec/template/metadata/annotations/cf.k8s.lex.la~1tunnel-token-hash",
+                    )
+                    .cloned()
+                })
+        })
+        .await;
+        let (patches, _counting) = count(&t, pool_stamp);
+        // Rounds every 100 ms and at each change meanwhile.
+        t.rounds(4, Duration::from_millis(300)).await;
+        assert_eq!(patches.load(Ordering::SeqCst), 0, "stamped once");
         t.stop().await;
     })
     .await
