@@ -297,15 +297,29 @@ pub struct Output {
     /// for a rule of the controller's own, such as a listener's isolation rule): where a
     /// proxy that refuses a rule is reported.
     pub owners: BTreeMap<PlaneKey, Vec<Option<RouteKey>>>,
-    /// For each plane, what the regexes of its document's rules take of a proxy's budget
-    /// ([`valid::PATTERN_BUDGET`]): the pusher keeps each document within it, leaving out the
-    /// rules its pods do not serve yet first. The controller's own rules never go.
-    pub costs: BTreeMap<PlaneKey, valid::Costs>,
     pub statuses: Statuses,
     /// For each owned Gateway, the plane it is served by: none when it is not accepted, except
     /// a dedicated Gateway whose listeners are all invalid, whose plane serves none of its
     /// routes (only those of the accepted Gateways on its tunnel, if any).
     pub planes: BTreeMap<ObjectKey, PlaneKey>,
+}
+
+impl Output {
+    /// What the regexes of `plane`'s document take of a proxy's budget
+    /// ([`valid::PATTERN_BUDGET`]), as the document stands (a caller may have added rules to
+    /// it): the pusher keeps each document within it, leaving out the rules its pods do not
+    /// serve yet first. Only route rules may go: the controller's own (a listener's isolation
+    /// rule) and any the caller added never do. `contract` is the cache the translation
+    /// checked with, where the patterns are compiled already.
+    pub fn costs(&self, plane: &PlaneKey, contract: &mut valid::Cache) -> valid::Costs {
+        let Some(config) = self.configs.get(plane) else {
+            return valid::Costs::default();
+        };
+        let owners = self.owners.get(plane);
+        valid::Costs::of(&config.rules, contract, |i| {
+            owners.and_then(|o| o.get(i)).is_some_and(Option::is_some)
+        })
+    }
 }
 
 /// Translates a snapshot into proxy configs and statuses, for callers that apply no data
@@ -656,7 +670,6 @@ fn translate_checked(
     // close to key order, so sorting them costs little against a search per insertion.
     statuses.routes = route_statuses.into_iter().collect();
     let mut owners: BTreeMap<PlaneKey, Vec<Option<RouteKey>>> = BTreeMap::new();
-    let mut costs: BTreeMap<PlaneKey, valid::Costs> = BTreeMap::new();
     for (plane, config) in &mut configs {
         let (mut rules, routes) = rules_by_plane
             .remove(plane)
@@ -684,12 +697,6 @@ fn translate_checked(
                 None => rule,
             });
             owned_by.push(None);
-        }
-        let plane_costs = valid::Costs::of(&rules, &mut contract.borrow_mut(), |i| {
-            owned_by.get(i).is_some_and(Option::is_some)
-        });
-        if !plane_costs.is_empty() {
-            costs.insert(plane.clone(), plane_costs);
         }
         config.rules = rules;
         owners.insert(plane.clone(), owned_by);
@@ -723,7 +730,6 @@ fn translate_checked(
     Output {
         configs,
         owners,
-        costs,
         statuses,
         planes,
     }

@@ -524,6 +524,9 @@ pub async fn run(
 /// What a round needs to remember of the previous ones.
 struct Reconciler {
     client: Client,
+    /// The config contract's compiled patterns and parsed targets, kept from round to round,
+    /// so that an unchanged regex is compiled once rather than every round.
+    contract: cftunnel_config::valid::Cache,
     /// Where ListenerSet statuses are written: the resource served now.
     listener_set_resource: optional_apis::Served,
     options: RuntimeOptions,
@@ -888,6 +891,7 @@ impl Reconciler {
             );
         }
         Self {
+            contract: cftunnel_config::valid::Cache::default(),
             push_seconds: health.push_seconds.clone(),
             push_failure_counts: health.push_failures.clone(),
             pusher: Pusher::new(options.push_timeout, options.sustained_after)
@@ -1057,7 +1061,7 @@ impl Reconciler {
             &translate_options,
             &plans,
             &kept_tunnels,
-            &mut cftunnel_config::valid::Cache::default(),
+            &mut self.contract,
         );
         let mut planes: BTreeMap<PlaneKey, PlaneInfo> = BTreeMap::new();
         let mut broken = Vec::new();
@@ -1284,6 +1288,14 @@ impl Reconciler {
             shared_token_problem.as_deref(),
         );
 
+        // Weighed as the documents stand, with the rules kept for broken planes.
+        let costs: BTreeMap<&PlaneKey, cftunnel_config::valid::Costs> = output
+            .configs
+            .keys()
+            .filter(|plane| planes.contains_key(*plane))
+            .map(|plane| (plane, output.costs(plane, &mut self.contract)))
+            .filter(|(_, costs)| !costs.is_empty())
+            .collect();
         let rounds: Vec<PlaneRound<'_>> = output
             .configs
             .iter()
@@ -1292,8 +1304,7 @@ impl Reconciler {
                 Some(PlaneRound {
                     plane: plane.clone(),
                     config,
-                    costs: output
-                        .costs
+                    costs: costs
                         .get(plane)
                         .unwrap_or(cftunnel_config::valid::Costs::NONE),
                     token: &info.token,
