@@ -1863,31 +1863,38 @@ async fn a_leader_that_takes_its_lease_back_unchallenged_goes_on_where_it_was() 
 
 /// A round cut off midway by a lapsed Lease leaves what it wrote unrecorded, so the replica
 /// that takes the Lease back, even in the same term, starts afresh rather than going on from
-/// it: here the round is held at rolling the shared pool onto a new tunnel token.
+/// it: it applies every plane again, where one going on applies none that is unchanged (the
+/// test before). The round is held about 2 s, a second at a push to a pod that stopped
+/// answering and a second at a route status write, and the Lease lapses within 0.8 s of the
+/// push's start.
 #[tokio::test]
 async fn a_leader_whose_round_was_cut_off_starts_afresh_on_taking_the_lease_back() {
     use cftunnel_controller::runtime::lease::LeaseOptions;
     tokio::time::timeout(Duration::from_secs(60), async {
-        let token = class_token;
-        let tunnel_secret = |token: &str| class_tunnel_secret(token, "");
-        let pool = chart_pool();
-        let first = token(b"first secret");
+        let edge = proxy_pod("s3cr3t").await;
+        let mut port = GatedPort::before(edge.admin_addr()).await;
         let t = Tenant::start_tuned(
             "replicas: 1",
             |api| {
-                api.put(pool);
-                api.put(tunnel_secret(&first));
+                api.put(config_slice(
+                    "tenant-a",
+                    "cf-proxy-edge-config",
+                    port.addr.port(),
+                    true,
+                ));
             },
             ApiServer::client,
             |options| {
-                options.shared = Some(chart_shared_plane(true));
                 options.lease = Some(LeaseOptions {
                     namespace: "cftunnel-system".to_owned(),
                     name: "cftunnel-controller".to_owned(),
                     identity: "replica-a".to_owned(),
-                    duration: Duration::from_secs(2),
-                    renew: Duration::from_millis(200),
+                    // Leading ends 0.8 s after the last renewal that went through.
+                    duration: Duration::from_secs(1),
+                    renew: Duration::from_millis(100),
                 });
+                // Rounds only on changes: the one cut off is the one the test starts.
+                options.resync = Duration::from_secs(3600);
             },
         )
         .await;
@@ -1896,60 +1903,122 @@ async fn a_leader_whose_round_was_cut_off_starts_afresh_on_taking_the_lease_back
             .expect("bind");
         let health = listener.local_addr().expect("addr");
         let serving = tokio::spawn(runtime::health::serve(listener, t.health.clone()));
-        eventually("the plane applied", || {
-            t.api
-                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
-        })
-        .await;
-        eventually("the pool stamped", || {
-            t.api
-                .get("apps/v1", "Deployment", "cftunnel-system", "cftunnel-proxy")
-                .and_then(|d| {
-                    d.pointer(
-                        "/spec/template/metadata/annotations/cf.k8s.lex.la~1tunnel-token-hash",
-                    )
-                    .cloned()
-                })
-        })
-        .await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-
-        // The next round is held at the pool's new stamp, and the Lease lapses meanwhile.
-        let stamp = t.api.hold(|c| {
-            c.method == "PATCH"
-                && c.kind == "Deployment"
-                && c.body
-                    .pointer("/spec/template/metadata/annotations")
-                    .is_some()
-                && c.body.pointer("/spec/template/spec").is_none()
+        shop_serves(&edge, 200).await;
+        // Settled: no write but the Lease's renewals for half a second.
+        loop {
+            let rv = t.api.resource_version();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if t.api.writes_since(rv).iter().all(|w| w.contains("leases")) {
+                break;
+            }
+        }
+        let rounds = metric(health, "cftunnel_controller_rounds_total")
+            .await
+            .expect("rounds counted");
+        // The namespace of every apply of a plane's objects from now on.
+        let kinds = ["Deployment", "Service", "Secret", "NetworkPolicy"];
+        let applies = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recorded = Arc::clone(&applies);
+        let _recording = t.api.forbid(move |c| {
+            if c.method == "PATCH" && kinds.contains(&c.kind) {
+                let namespace = c.body.pointer("/metadata/namespace").and_then(Value::as_str);
+                recorded
+                    .lock()
+                    .expect("the applies recorded")
+                    .push(namespace.unwrap_or_default().to_owned());
+            }
+            false
         });
-        t.api.put(tunnel_secret(&token(b"second secret")));
-        stamp.arrived(1).await;
+
+        // A route change: the round pushes the plane's new config to a pod that no longer
+        // answers (waited for 1 s), then writes the route's status, held (1 s more).
+        port.shut();
+        let statuses = t.api.hold(|c| {
+            c.method == "PATCH" && c.kind == "HTTPRoute" && c.body.pointer("/status").is_some()
+        });
+        t.api.put(yaml(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: shop, namespace: tenant-a}\nspec:\n  parentRefs: [{name: edge}]\n  rules: [{matches: [{path: {value: /shop}}], backendRefs: [{name: web, port: 80}]}]\n",
+        ));
+        port.held.recv().await.expect("the round pushes");
+        // The round is under way, and lasts about 2 s more; the Lease lapses 0.8 s at most
+        // after the last renewal, so within 0.8 s from now.
         let renewals = t.api.hold(|c| {
             c.method == "PUT"
                 && c.kind == "Lease"
                 && c.body.pointer("/spec/holderIdentity") == Some(&json!("replica-a"))
         });
-        renewals.arrived(1).await;
         metric_becomes(health, "cftunnel_controller_leading", 0).await;
-        // Kinds of the plane's objects the pool's stamp does not read.
-        let kinds = ["Service", "NetworkPolicy"];
-        let calls = || kinds.map(|k| t.api.accepts(k).len());
-        let before = calls();
+        assert_eq!(
+            metric(health, "cftunnel_controller_rounds_total").await,
+            Some(rounds),
+            "the round was cut off, not finished"
+        );
+        applies.lock().expect("the applies recorded").clear();
+        port.open();
+        statuses.release();
         renewals.release();
         metric_becomes(health, "cftunnel_controller_leading", 1).await;
-        // Afresh: every plane is looked at and applied again.
-        eventually("the plane read again", || {
-            let now = calls();
-            (now.iter().zip(before.iter()).any(|(n, b)| n > b)).then_some(())
+        // Afresh: every plane applied before is applied again, unchanged as it is (tenant-b's
+        // fails on someone else's Deployment and is tried again on its own schedule).
+        eventually("tenant-a's and tenant-c's planes applied again", || {
+            let applies = applies.lock().expect("the applies recorded");
+            ["tenant-a", "tenant-c"]
+                .iter()
+                .all(|n| applies.iter().any(|a| a == n))
+                .then_some(())
         })
         .await;
-        stamp.release();
         serving.abort();
         t.stop().await;
     })
     .await
     .expect("in time");
+}
+
+/// A loopback port in front of a pod's config port: connections pass through while open;
+/// once shut, new ones are taken and never answered, as a pod whose proxy hangs, and `held` is
+/// told of each.
+struct GatedPort {
+    addr: SocketAddr,
+    shut: Arc<std::sync::atomic::AtomicBool>,
+    held: tokio::sync::mpsc::UnboundedReceiver<()>,
+}
+
+impl GatedPort {
+    /// Open, in front of `pod`.
+    async fn before(pod: SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let shut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let gate = Arc::clone(&shut);
+        let (tell, held) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut kept = Vec::new();
+            while let Ok((mut conn, _)) = listener.accept().await {
+                if gate.load(Ordering::SeqCst) {
+                    kept.push(conn);
+                    let _ = tell.send(());
+                    continue;
+                }
+                tokio::spawn(async move {
+                    if let Ok(mut upstream) = tokio::net::TcpStream::connect(pod).await {
+                        let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
+                    }
+                });
+            }
+        });
+        Self { addr, shut, held }
+    }
+
+    fn shut(&self) {
+        self.shut.store(true, Ordering::SeqCst);
+    }
+
+    fn open(&self) {
+        self.shut.store(false, Ordering::SeqCst);
+    }
 }
 
 /// The shipped binary: `cftunnel-controller run` with a kubeconfig pointing at the API server
