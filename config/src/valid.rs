@@ -29,7 +29,7 @@ mod status;
 mod target;
 
 pub use access::{access, audience, team_name, Access, MAX_AUDIENCES, MAX_AUDIENCE_LEN};
-pub use budget::{Costs, PATTERN_BUDGET};
+pub use budget::{regex_values, Costs, PATTERN_BUDGET};
 pub use cache::Cache;
 pub use client_certificate::ClientIdentity;
 pub use filter::{

@@ -962,10 +962,12 @@ async fn past_the_regex_budget_the_rule_not_served_yet_goes_before_any_pod_sees_
         (0, Some("new/r/0"), None)
     );
     assert!(
-        refused.reason.starts_with("matches[0].path: left out")
+        refused
+            .reason
+            .starts_with("matches[0].path: the document's regexes take")
             && refused
                 .reason
-                .contains("rules no proxy serves yet go first"),
+                .contains("rules whose regexes no proxy holds yet go first"),
         "{}",
         refused.reason
     );
@@ -979,9 +981,72 @@ async fn past_the_regex_budget_the_rule_not_served_yet_goes_before_any_pod_sees_
         let host = format!("r{fit}.example.com");
         assert_eq!(get(data, &path, &host, None).await.0, 404, "not served");
     }
-    // It stays out while the rules served take the budget.
+    // It stays out while the rules served take the budget, and a controller that starts
+    // afresh (a restart, a new leader) asks a pod what it serves and leaves out the same.
     let third = weighed_round(&mut pusher, &pods, &doc).await;
     assert_eq!(third.refused, second.refused);
+    let restarted = weighed_round(&mut Pusher::default(), &pods, &doc).await;
+    assert_eq!(restarted.refused, second.refused);
+}
+
+/// Past the regex budget after an older rule is edited in place to a new regex: that rule
+/// goes, though its name is one the pods serve, and not the costliest serving rule beside it.
+#[tokio::test]
+async fn a_rule_edited_to_a_regex_the_pods_do_not_hold_goes_first() {
+    use cftunnel_config::valid::{Pattern, PATTERN_BUDGET};
+    use cftunnel_config::{Match, PathMatch, PathMatchType};
+
+    let backend = echo().await;
+    let server = proxy().await;
+    let pods = [server.admin_addr()];
+    let rule = |pattern: &str, name: &str| Rule {
+        name: Some(name.to_owned()),
+        matches: vec![Match {
+            path: Some(PathMatch {
+                kind: PathMatchType::RegularExpression,
+                value: pattern.to_owned(),
+            }),
+            ..Match::default()
+        }],
+        ..config(
+            backend.http_addr(),
+            &format!("{}.example.com", name.replace('/', "-")),
+        )
+        .rules
+        .remove(0)
+    };
+    let cost = |pattern: &str| Pattern::new(pattern).expect("compiles").cost();
+    let costly = |i: usize| format!("/a{i:03}/\\w{{3,32}}");
+    let big = "/big/\\w{3,32}/\\w{3,32}/\\w{3,32}/\\w{3,32}";
+    let edited = "/e/\\w{3,32}/\\w{3,32}";
+    // The costliest serving rule, and as many costly ones beside it as fit.
+    let mut spent = cost(big);
+    let fit = (0..)
+        .take_while(|&i| {
+            spent += cost(&costly(i));
+            spent <= PATTERN_BUDGET
+        })
+        .count();
+    let mut doc = Config {
+        rules: std::iter::once(rule(big, "old/big/0"))
+            .chain((0..fit).map(|i| rule(&costly(i), &format!("old/r{i}/0"))))
+            .collect(),
+        ..Config::default()
+    };
+    let mut pusher = Pusher::default();
+    let first = weighed_round(&mut pusher, &pods, &doc).await;
+    assert!(first.all_current() && first.refused.is_empty(), "{first:?}");
+
+    doc.rules[1] = rule(edited, "old/r0/0");
+    assert!(cost(edited) < cost(big), "not the costliest");
+    let round = weighed_round(&mut pusher, &pods, &doc).await;
+    assert!(round.all_current(), "{round:?}");
+    let refused: Vec<(usize, Option<&str>)> = round
+        .refused
+        .iter()
+        .map(|r| (r.rule, r.name.as_deref()))
+        .collect();
+    assert_eq!(refused, [(1, Some("old/r0/0"))]);
 }
 
 /// A round of `doc` with its regexes weighed as the controller weighs a plane's.

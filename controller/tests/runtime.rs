@@ -5522,7 +5522,7 @@ async fn a_route_that_takes_the_plane_past_the_regex_budget_loses_its_rule_and_n
         let message = refused["message"].as_str().unwrap_or_default();
         assert!(
             message.contains("has no room for the regexes of rule tenant-s/r0/0")
-                && message.contains("matches[0].path: left out"),
+                && message.contains("matches[0].path: the document's regexes take"),
             "{message}"
         );
         let now = served().await;

@@ -13,10 +13,10 @@
 //! ([`check`](super::check)) do not count it: they span every rule of a translation, whatever
 //! plane's document the rule goes to, and one tenant's patterns must not take another plane's
 //! budget. It weighs each plane's document apart before pushing it ([`Costs`]) and keeps it
-//! within the budget by choosing which rules go (those no proxy serves yet first, then the
-//! costliest), where a proxy can only refuse whichever rule crosses it in document order,
-//! which may be another tenant's serving one. A rule a proxy refuses all the same (one of
-//! another release) is left out of that plane's document too.
+//! within the budget by choosing which rules go (those naming a regex no proxy holds yet
+//! first, then those whose going frees most), where a proxy can only refuse whichever rule
+//! crosses it in document order, which may be another tenant's serving one. A rule a proxy
+//! refuses all the same (one of another release) is left out of that plane's document too.
 
 use super::{rule, Cache, Invalid, Pattern};
 use crate::document as doc;
@@ -77,8 +77,8 @@ fn cut(site: Site, own: usize, total: usize) -> Invalid {
     Invalid::new(
         site.to_string(),
         format!(
-            "left out: the document's regexes take {} compiled together, over the {} they may \
-             take, and rules no proxy serves yet go first, then those whose regexes take most \
+            "the document's regexes take {} compiled together, over the {} they may take, and \
+             rules whose regexes no proxy holds yet go first, then those whose regexes take most \
              (this rule's take {}; a repetition of a large class, such as `\\w{{1,64}}`, \
              multiplies a regex's size, and an ASCII class such as `[a-zA-Z0-9_]{{1,64}}` takes \
              far less)",
@@ -161,7 +161,13 @@ impl Costs {
     /// checks that passed the rules compiled them. A rule at a position `may_go` refuses is
     /// never left out by [`Costs::cut`] (a rule the document cannot do without); its patterns
     /// count all the same.
+    ///
+    /// Empty, with nothing checked again, when every pattern the document names, each once,
+    /// takes no more than the budget together: what a proxy counts cannot be more.
     pub fn of(rules: &[doc::Rule], cache: &mut Cache, may_go: impl Fn(usize) -> bool) -> Self {
+        if named_at_most(rules, cache) <= PATTERN_BUDGET {
+            return Self::default();
+        }
         let mut ids: hashbrown::HashMap<Box<str>, usize, foldhash::fast::RandomState> =
             hashbrown::HashMap::default();
         let mut costs = Costs::default();
@@ -223,9 +229,11 @@ impl Costs {
 
     /// The rules of `kept` (positions in the document, ascending) to leave out so that what
     /// the patterns of the rest take fits [`PATTERN_BUDGET`], each with why, at the field of
-    /// its costliest pattern. Those `served` says no proxy serves yet go first, then those
-    /// whose patterns take most, the later in the document first among equals. A rule that
-    /// would free nothing (rules kept name its patterns too) stays while another frees some.
+    /// its costliest pattern. Those `served` says are not served yet go first (for the budget:
+    /// a rule whose patterns the proxies hold already adds nothing), then the others; within
+    /// each, the rule whose going frees most first (rules kept may name its patterns too), the
+    /// costliest and then the later in the document first among equals. A rule cut on the way
+    /// that fits back beside the rest is kept.
     /// What cannot be cut ([`Costs::of`]) stays, and so might leave the document past the
     /// budget.
     pub fn cut(&self, kept: &[usize], served: impl Fn(usize) -> bool) -> Vec<(usize, Invalid)> {
@@ -234,14 +242,17 @@ impl Costs {
             return Vec::new();
         }
         let mut users = vec![0_usize; self.costs.len()];
-        let mut order: Vec<&RuleCost> = self.kept(kept).collect();
-        for r in &order {
+        let mut order: Vec<(bool, &RuleCost)> = self.kept(kept).map(|r| (false, r)).collect();
+        for (_, r) in &order {
             for &(id, _) in &r.patterns {
                 users[id] += 1;
             }
         }
-        order.retain(|r| r.may_go);
-        order.sort_by_cached_key(|r| (served(r.at), Reverse(r.own), Reverse(r.at)));
+        order.retain(|(_, r)| r.may_go);
+        for (is_served, r) in &mut order {
+            *is_served = served(r.at);
+        }
+        order.sort_by_key(|&(is_served, r)| (is_served, Reverse(r.own), Reverse(r.at)));
         let frees = |r: &RuleCost, users: &[usize]| -> usize {
             r.patterns
                 .iter()
@@ -250,13 +261,48 @@ impl Costs {
                 .sum()
         };
         let mut spent = total;
-        let mut out = Vec::new();
+        let mut gone: Vec<(bool, &RuleCost)> = Vec::new();
         while spent > PATTERN_BUDGET && !order.is_empty() {
-            let pick = order.iter().position(|r| frees(r, &users) > 0).unwrap_or(0);
-            let r = order.remove(pick);
+            // Within the first class left (not served, then served), the one that frees most;
+            // if none frees anything alone (they share their patterns), the first anyway, so
+            // that the rules sharing them go before any of the next class.
+            let class = order[0].0;
+            let mut pick = 0;
+            let mut most = 0;
+            for (i, (_, r)) in order
+                .iter()
+                .enumerate()
+                .take_while(|(_, (is_served, _))| *is_served == class)
+            {
+                let freed = frees(r, &users);
+                if freed > most {
+                    (pick, most) = (i, freed);
+                }
+            }
+            let (is_served, r) = order.remove(pick);
             spent -= frees(r, &users);
             for &(id, _) in &r.patterns {
                 users[id] -= 1;
+            }
+            gone.push((is_served, r));
+        }
+        // A rule cut on the way (sharing its patterns) may fit back beside the rest: served
+        // ones first, then the cheapest.
+        gone.sort_by_key(|&(is_served, r)| (Reverse(is_served), r.own, r.at));
+        let mut out = Vec::new();
+        for (_, r) in gone {
+            let adds: usize = r
+                .patterns
+                .iter()
+                .filter(|&&(id, _)| users[id] == 0)
+                .map(|&(id, _)| self.costs[id])
+                .sum();
+            if spent + adds <= PATTERN_BUDGET {
+                spent += adds;
+                for &(id, _) in &r.patterns {
+                    users[id] += 1;
+                }
+                continue;
             }
             let costliest = r
                 .patterns
@@ -280,17 +326,48 @@ impl Costs {
     }
 }
 
-/// Whether `rule` names a regular expression: the only values checked into a [`Pattern`].
+/// Whether `rule` names a regular expression.
 fn names_pattern(rule: &doc::Rule) -> bool {
-    rule.matches.iter().any(|m| {
-        m.path
-            .as_ref()
-            .is_some_and(|p| p.kind == doc::PathMatchType::RegularExpression)
-            || m.headers
-                .iter()
-                .chain(&m.query_params)
-                .any(|v| v.kind == doc::ValueMatchType::RegularExpression)
-    })
+    regex_values(rule).next().is_some()
+}
+
+/// The values of `rule`'s matches written as regular expressions, as written (a pattern
+/// named twice, twice): what a proxy holds a pattern for, if it takes the rule.
+pub fn regex_values(rule: &doc::Rule) -> impl Iterator<Item = &str> {
+    rule.matches.iter().flat_map(regexes)
+}
+
+/// The values of `m` written as regular expressions: the only values checked into a
+/// [`Pattern`], though a check may not get to each (a rule that fails first, a header named
+/// twice).
+fn regexes(m: &doc::Match) -> impl Iterator<Item = &str> {
+    let path = m
+        .path
+        .as_ref()
+        .filter(|p| p.kind == doc::PathMatchType::RegularExpression);
+    let values = m
+        .headers
+        .iter()
+        .chain(&m.query_params)
+        .filter(|v| v.kind == doc::ValueMatchType::RegularExpression);
+    path.map(|p| p.value.as_str())
+        .into_iter()
+        .chain(values.map(|v| v.value.as_str()))
+}
+
+/// What every pattern `rules` name takes, each once: no less than a proxy counts for them.
+/// The patterns come from `cache`; one that does not compile counts nothing (its rule is
+/// refused).
+fn named_at_most(rules: &[doc::Rule], cache: &mut Cache) -> usize {
+    let mut seen: hashbrown::HashSet<&str, foldhash::fast::RandomState> =
+        hashbrown::HashSet::default();
+    let mut total = 0;
+    for source in rules.iter().flat_map(|r| &r.matches).flat_map(regexes) {
+        if seen.insert(source) {
+            total += cache.pattern(source).map_or(0, |p| p.cost());
+        }
+    }
+    total
 }
 
 #[cfg(test)]

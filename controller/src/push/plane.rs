@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use aws_lc_rs::digest;
 use bytes::Bytes;
+use cftunnel_config::valid::regex_values;
 use cftunnel_config::{Config, Rule};
 
 use super::client::{Client, Put};
@@ -45,6 +46,10 @@ pub(super) struct PlaneState {
     /// The rules (by [`rule_key`]) of the last document every pod took: a document grown
     /// past what the pods take loses the rules they do not serve yet first.
     accepted: HashSet<u64>,
+    /// The regexes (by [`source_key`]) of that document: one past the regex budget loses the
+    /// rules naming a regex the pods do not hold yet first (a rule edited in place to a new
+    /// regex among them).
+    held: HashSet<u64>,
 }
 
 impl PlaneState {
@@ -64,6 +69,7 @@ impl PlaneState {
             previous_token: None,
             refusals: Vec::new(),
             accepted: HashSet::new(),
+            held: HashSet::new(),
         }
     }
 }
@@ -115,12 +121,24 @@ pub(super) async fn sync_plane(
     let mut kept: Vec<usize> = (0..rules.len())
         .filter(|&i| !state.refusals.iter().any(|r| r.rule == rules[i]))
         .collect();
-    // Past the regex budget, the rules the pods do not serve yet go first, then the
-    // costliest: left to the pods, the rule that crosses it in document order would be
-    // refused, which may be another tenant's serving one.
-    let over_budget = round
-        .costs
-        .cut(&kept, |i| state.accepted.contains(&rule_key(&rules[i])));
+    // Past the regex budget, the rules naming a regex the pods do not hold yet go first, then
+    // those whose going frees most: left to the pods, the rule that crosses it in document
+    // order would be refused, which may be another tenant's serving one.
+    let mut over_budget = round.costs.cut(&kept, |i| holds(&state.held, &rules[i]));
+    // A controller that has not pushed to the pods yet (it started, or took the lead) asks
+    // one what it serves.
+    if !over_budget.is_empty() && state.held.is_empty() {
+        for &pod in &round.pods {
+            if let Ok(served) = super::client::served_document(pod, &round.token, timeout).await {
+                state.held = held_regexes(served.rules.iter());
+                if state.accepted.is_empty() {
+                    state.accepted = served.rules.iter().map(rule_key).collect();
+                }
+                over_budget = round.costs.cut(&kept, |i| holds(&state.held, &rules[i]));
+                break;
+            }
+        }
+    }
     kept.retain(|i| over_budget.binary_search_by_key(i, |&(at, _)| at).is_err());
     let mut passes = 0;
     let (version, pods, previous_needed, token_refused, down) = loop {
@@ -249,6 +267,7 @@ pub(super) async fn sync_plane(
     let mut outcome = finish(&mut state, sustained, version, pods, &idle);
     if outcome.all_current() && (pushed || state.accepted.is_empty()) {
         state.accepted = kept.iter().map(|&i| rule_key(&rules[i])).collect();
+        state.held = held_regexes(kept.iter().map(|&i| &rules[i]));
     }
     outcome.refused = refused;
     outcome.token_refused = token_refused;
@@ -500,6 +519,22 @@ fn rule_key(rule: &Rule) -> u64 {
         Some(name) => hasher.hash_one(name),
         None => hasher.hash_one(rule),
     }
+}
+
+/// A regex's identity across pushes: its source.
+fn source_key(source: &str) -> u64 {
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(source)
+}
+
+/// The regexes `rules` name, as [`PlaneState::held`] keeps them.
+fn held_regexes<'r>(rules: impl Iterator<Item = &'r Rule>) -> HashSet<u64> {
+    rules.flat_map(regex_values).map(source_key).collect()
+}
+
+/// Whether the pods hold every regex `rule` names: for the regex budget it is served, adding
+/// nothing to what they hold.
+fn holds(held: &HashSet<u64>, rule: &Rule) -> bool {
+    regex_values(rule).all(|source| held.contains(&source_key(source)))
 }
 
 /// The config's identity without its version, so an unchanged config keeps its version.

@@ -1213,17 +1213,23 @@ impl Reconciler {
         }
         // Its tunnel's config where other planes serve it; otherwise the own rules of the
         // broken planes on its tunnel, or its own alone where its tunnel is not known.
-        let configs: Vec<cftunnel_config::Config> = kept
+        // With the owners of the plane a config is taken from, so that its regexes are weighed
+        // as that plane's are ([`translate::Output::costs`]).
+        let configs: Vec<(
+            cftunnel_config::Config,
+            Option<Vec<Option<translate::RouteKey>>>,
+        )> = kept
             .iter()
             .map(|(key, last)| {
                 let tunnel = kept_tunnels.get(*key);
                 let served = tunnel.and_then(|t| {
-                    planes.iter().find_map(|(plane, info)| {
-                        (info.identity == Some(*t)).then(|| output.configs.get(plane))?
-                    })
+                    planes
+                        .iter()
+                        .find_map(|(plane, info)| (info.identity == Some(*t)).then_some(plane))
                 });
-                if let Some(config) = served {
-                    return config.clone();
+                if let Some(config) = served.and_then(|plane| output.configs.get(plane)) {
+                    let owners = served.and_then(|plane| output.owners.get(plane)).cloned();
+                    return (config.clone(), owners);
                 }
                 let mut config = cftunnel_config::Config::default();
                 match tunnel.and_then(|t| on_tunnel.get(t)) {
@@ -1234,12 +1240,15 @@ impl Reconciler {
                         alone.add_to(&mut config);
                     }
                 }
-                config
+                (config, None)
             })
             .collect();
-        for ((key, last), config) in kept.into_iter().zip(configs) {
+        for ((key, last), (config, owners)) in kept.into_iter().zip(configs) {
             let plane = PlaneKey::Dedicated(key.clone());
             output.configs.insert(plane.clone(), config);
+            if let Some(owners) = owners {
+                output.owners.insert(plane.clone(), owners);
+            }
             let (pods, not_serving) = plane_pods(snapshot, &key.namespace, &last.service);
             planes.insert(
                 plane,

@@ -212,7 +212,9 @@ fn a_cut_leaves_out_the_rules_not_served_yet_and_the_proxy_takes_the_rest() {
     assert!(
         why.message
             .contains(&format!("{} MiB", PATTERN_BUDGET >> 20))
-            && why.message.contains("rules no proxy serves yet go first"),
+            && why
+                .message
+                .contains("rules whose regexes no proxy holds yet go first"),
         "{}",
         why.message
     );
@@ -276,6 +278,63 @@ fn a_rule_whose_patterns_others_name_stays_while_another_frees_enough() {
 }
 
 #[test]
+fn new_rules_sharing_a_pattern_go_together_before_any_served_one() {
+    let n = fitting();
+    // Served: costly(0..n). Not served yet: two rules naming costly(n) both (one route rule
+    // placed for two hostnames), neither of which frees anything alone.
+    let mut rules: Vec<_> = (0..n).map(|i| path_rule(&costly(i))).collect();
+    rules.push(path_rule(&costly(n)));
+    rules.push(json!({"hostnames": ["b.example.com"],
+        "matches": [{"path": {"type": "RegularExpression", "value": costly(n)}}], "backends": []}));
+    let config = doc(rules);
+    let all: Vec<usize> = (0..config.rules.len()).collect();
+    let costs = Costs::of(&config.rules, &mut Cache::default(), |_| true);
+    let cut = costs.cut(&all, |i| i < n);
+    let at: Vec<usize> = cut.iter().map(|(i, _)| *i).collect();
+    assert_eq!(at, [n, n + 1]);
+    document(
+        &only(&config, &kept_after(&config, &cut)),
+        &mut Cache::default(),
+    )
+    .expect("a proxy takes what is left");
+}
+
+#[test]
+fn the_rule_whose_going_frees_most_goes_and_no_more() {
+    let big = "/big/\\w{3,32}/\\w{3,32}/\\w{3,32}/\\w{3,32}";
+    // All served. Two rules name `big`; one of them a small pattern besides, which makes it
+    // the costliest rule, though its going frees only the small pattern. Costly rules beside
+    // them just past the budget, so that one of those going is enough.
+    let mut spent = cost(big) + cost("[a-z]+");
+    let k = (0..)
+        .take_while(|&i| {
+            spent += cost(&costly(i));
+            spent <= PATTERN_BUDGET
+        })
+        .count()
+        + 1;
+    let n = k + 4;
+    let mut rules: Vec<_> = (0..n - 4).map(|i| path_rule(&costly(i))).collect();
+    rules.push(json!({"matches": [
+        {"path": {"type": "RegularExpression", "value": big}},
+        {"headers": [{"name": "a", "type": "RegularExpression", "value": "[a-z]+"}]}
+    ], "backends": []}));
+    rules.push(path_rule(big));
+    let config = doc(rules);
+    let all: Vec<usize> = (0..config.rules.len()).collect();
+    let costs = Costs::of(&config.rules, &mut Cache::default(), |_| true);
+    assert!(costs.total(&all) > PATTERN_BUDGET, "the case needs it over");
+    let cut = costs.cut(&all, |_| true);
+    assert_eq!(cut.len(), 1, "one costly rule is enough: {cut:?}");
+    assert!(cut[0].0 < n - 4, "not one naming `big`: {cut:?}");
+    document(
+        &only(&config, &kept_after(&config, &cut)),
+        &mut Cache::default(),
+    )
+    .expect("a proxy takes what is left");
+}
+
+#[test]
 fn costs_count_what_a_proxy_counts() {
     let n = fitting();
     // Repeated patterns, a header named twice (the second is not matched, so not counted),
@@ -300,10 +359,14 @@ fn costs_count_what_a_proxy_counts() {
     assert!(costs.cut(&all, |_| false).is_empty(), "it fits");
     assert_eq!(costs.total(&all[1..]), expected, "costly(0) is named again");
     assert_eq!(costs.total(&[0, 2]), cost(&costly(0)) + cost(&costly(2)));
+    // Past the budget only with patterns no check reaches: weighed, and nothing goes.
+    let over: usize = (0..=n + 2).map(|i| cost(&costly(i))).sum();
+    assert!(over > PATTERN_BUDGET && !costs.is_empty());
+
+    // Well within it: not weighed at all.
     let plain = doc(vec![json!({"backends": []}), path_rule("/[a-z]+")]);
-    let costs = Costs::of(&plain.rules[..1], &mut Cache::default(), |_| true);
-    assert!(costs.is_empty());
-    assert!(!Costs::of(&plain.rules, &mut Cache::default(), |_| true).is_empty());
+    let costs = Costs::of(&plain.rules, &mut Cache::default(), |_| true);
+    assert!(costs.is_empty() && costs.cut(&[0, 1], |_| false).is_empty());
 }
 
 #[test]

@@ -54,7 +54,8 @@ spec:
     let all: Vec<usize> = (0..doc.rules.len()).collect();
     assert!(costs.total(&all) > PATTERN_BUDGET);
 
-    // Even as rules no proxy serves yet, which go first, the isolation rules stay.
+    // Even as rules naming a regex no proxy holds yet, which go first, the isolation rules
+    // stay.
     let cut = costs.cut(&all, |i| owners[i].is_some());
     assert!(!cut.is_empty());
     assert!(cut.iter().all(|(i, _)| owners[*i].is_some()), "{cut:?}");
