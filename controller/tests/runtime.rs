@@ -5373,22 +5373,7 @@ async fn a_rule_an_older_pod_refuses_is_reported_on_its_route_and_the_rest_is_se
             ))
             .start()
             .await;
-        let options = RuntimeOptions {
-            resync: Duration::from_millis(100),
-            shared: Some(SharedPlane {
-                service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
-                auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
-                auth_key: "token".to_owned(),
-                tunnel_secret: None,
-                deployment: None,
-            }),
-            ..RuntimeOptions::default()
-        };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let health = std::sync::Arc::new(runtime::health::Health::default());
-        let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
-            let _ = stopped.await;
-        }));
+        let (stop, controller) = on_the_pool(&api);
 
         let refused = eventually("ProxyConfigPushed=False on the CORS route", || {
             route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
@@ -5472,22 +5457,7 @@ async fn a_route_that_takes_the_plane_past_the_regex_budget_loses_its_rule_and_n
             ))
             .start()
             .await;
-        let options = RuntimeOptions {
-            resync: Duration::from_millis(100),
-            shared: Some(SharedPlane {
-                service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
-                auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
-                auth_key: "token".to_owned(),
-                tunnel_secret: None,
-                deployment: None,
-            }),
-            ..RuntimeOptions::default()
-        };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let health = std::sync::Arc::new(runtime::health::Health::default());
-        let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
-            let _ = stopped.await;
-        }));
+        let (stop, controller) = on_the_pool(&api);
         let served = || async {
             cftunnel_controller::push::served_document(
                 pool.admin_addr(),
@@ -5541,6 +5511,33 @@ async fn a_route_that_takes_the_plane_past_the_regex_budget_loses_its_rule_and_n
     })
     .await
     .expect("in time");
+}
+
+/// The controller against `api`, serving the shared pool of [`shared_seed`] (no Deployment of
+/// its own to stamp), with rounds every 100 ms; stopped through the sender.
+fn on_the_pool(
+    api: &ApiServer,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    let options = RuntimeOptions {
+        resync: Duration::from_millis(100),
+        shared: Some(SharedPlane {
+            service: ObjectKey::new("cftunnel-system", "cftunnel-proxy"),
+            auth_secret: ObjectKey::new("cftunnel-system", "shared-auth"),
+            auth_key: "token".to_owned(),
+            tunnel_secret: None,
+            deployment: None,
+        }),
+        ..RuntimeOptions::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let health = std::sync::Arc::new(runtime::health::Health::default());
+    let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
+        let _ = stopped.await;
+    }));
+    (stop, controller)
 }
 
 /// Condition `kind` of GatewayConfig `edge-config`'s status, and its `observedGeneration`.

@@ -21,6 +21,7 @@
 use super::{rule, Cache, Invalid, Pattern};
 use crate::document as doc;
 use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::fmt;
 
 /// Bound on the cost ([`Pattern::cost`], the heap of a pattern's NFA) of a document's distinct
@@ -78,7 +79,7 @@ fn cut(site: Site, own: usize, total: usize) -> Invalid {
         site.to_string(),
         format!(
             "the document's regexes take {} compiled together, over the {} they may take, and \
-             rules whose regexes no proxy holds yet go first, then those whose regexes take most \
+             rules whose regexes no proxy holds yet go first, then those whose going frees most \
              (this rule's take {}; a repetition of a large class, such as `\\w{{1,64}}`, \
              multiplies a regex's size, and an ASCII class such as `[a-zA-Z0-9_]{{1,64}}` takes \
              far less)",
@@ -260,29 +261,45 @@ impl Costs {
                 .map(|&(id, _)| self.costs[id])
                 .sum()
         };
+        // The candidates naming each pattern, by position in `order`.
+        let mut named_by: Vec<Vec<usize>> = vec![Vec::new(); self.costs.len()];
+        for (k, (_, r)) in order.iter().enumerate() {
+            for &(id, _) in &r.patterns {
+                named_by[id].push(k);
+            }
+        }
+        // Each candidate by (not served, what its going frees, its place in `order`): the
+        // first class left, the one that frees most, the costliest among equals; where none
+        // of the class frees anything alone (they share their patterns), its first. What a
+        // rule frees only grows as others go, and each growth adds an entry: one whose value
+        // is no longer the rule's is stale.
+        let mut heap: BinaryHeap<(bool, usize, Reverse<usize>)> = order
+            .iter()
+            .enumerate()
+            .map(|(k, &(is_served, r))| (!is_served, frees(r, &users), Reverse(k)))
+            .collect();
+        let mut went = vec![false; order.len()];
         let mut spent = total;
         let mut gone: Vec<(bool, &RuleCost)> = Vec::new();
-        while spent > PATTERN_BUDGET && !order.is_empty() {
-            // Within the first class left (not served, then served), the one that frees most;
-            // if none frees anything alone (they share their patterns), the first anyway, so
-            // that the rules sharing them go before any of the next class.
-            let class = order[0].0;
-            let mut pick = 0;
-            let mut most = 0;
-            for (i, (_, r)) in order
-                .iter()
-                .enumerate()
-                .take_while(|(_, (is_served, _))| *is_served == class)
-            {
-                let freed = frees(r, &users);
-                if freed > most {
-                    (pick, most) = (i, freed);
-                }
+        while spent > PATTERN_BUDGET {
+            let Some((_, freed, Reverse(k))) = heap.pop() else {
+                break;
+            };
+            let (is_served, r) = order[k];
+            if went[k] || freed != frees(r, &users) {
+                continue;
             }
-            let (is_served, r) = order.remove(pick);
-            spent -= frees(r, &users);
+            went[k] = true;
+            spent -= freed;
             for &(id, _) in &r.patterns {
                 users[id] -= 1;
+                if users[id] == 1 {
+                    // The one rule left naming it, if it may go, now frees it too.
+                    if let Some(&other) = named_by[id].iter().find(|&&o| !went[o]) {
+                        let (other_served, other_rule) = order[other];
+                        heap.push((!other_served, frees(other_rule, &users), Reverse(other)));
+                    }
+                }
             }
             gone.push((is_served, r));
         }

@@ -307,8 +307,8 @@ pub struct Output {
 impl Output {
     /// What the regexes of `plane`'s document take of a proxy's budget
     /// ([`valid::PATTERN_BUDGET`]), as the document stands (a caller may have added rules to
-    /// it): the pusher keeps each document within it, leaving out the rules its pods do not
-    /// serve yet first. Only route rules may go: the controller's own (a listener's isolation
+    /// it): the pusher keeps each document within it, leaving out first the rules naming a
+    /// regex its pods do not hold yet. Only route rules may go: the controller's own (a listener's isolation
     /// rule) and any the caller added never do. `contract` is the cache the translation
     /// checked with, where the patterns are compiled already.
     pub fn costs(&self, plane: &PlaneKey, contract: &mut valid::Cache) -> valid::Costs {

@@ -48,8 +48,8 @@ pub(super) struct PlaneState {
     accepted: HashSet<u64>,
     /// The regexes (by [`source_key`]) of that document: one past the regex budget loses the
     /// rules naming a regex the pods do not hold yet first (a rule edited in place to a new
-    /// regex among them).
-    held: HashSet<u64>,
+    /// regex among them). `None` until known: a plane past the budget asks its pods then.
+    held: Option<HashSet<u64>>,
 }
 
 impl PlaneState {
@@ -69,7 +69,7 @@ impl PlaneState {
             previous_token: None,
             refusals: Vec::new(),
             accepted: HashSet::new(),
-            held: HashSet::new(),
+            held: None,
         }
     }
 }
@@ -124,20 +124,29 @@ pub(super) async fn sync_plane(
     // Past the regex budget, the rules naming a regex the pods do not hold yet go first, then
     // those whose going frees most: left to the pods, the rule that crosses it in document
     // order would be refused, which may be another tenant's serving one.
-    let mut over_budget = round.costs.cut(&kept, |i| holds(&state.held, &rules[i]));
+    let mut over_budget = round
+        .costs
+        .cut(&kept, |i| holds(state.held.as_ref(), &rules[i]));
     // A controller that has not pushed to the pods yet (it started, or took the lead) asks
-    // one what it serves.
-    if !over_budget.is_empty() && state.held.is_empty() {
-        for &pod in &round.pods {
-            if let Ok(served) = super::client::served_document(pod, &round.token, timeout).await {
-                state.held = held_regexes(served.rules.iter());
-                if state.accepted.is_empty() {
-                    state.accepted = served.rules.iter().map(rule_key).collect();
-                }
-                over_budget = round.costs.cut(&kept, |i| holds(&state.held, &rules[i]));
-                break;
+    // them what they serve, all at once, and goes by the first answer (by none, if none
+    // answers: it does not ask again).
+    if !over_budget.is_empty() && state.held.is_none() {
+        let asked = round
+            .pods
+            .iter()
+            .map(|&pod| Box::pin(super::client::served_document(pod, &round.token, timeout)));
+        let served = futures_util::future::select_ok(asked).await.ok();
+        if let Some((served, _)) = &served {
+            if state.accepted.is_empty() {
+                state.accepted = served.rules.iter().map(rule_key).collect();
             }
         }
+        state.held = Some(served.map_or_else(HashSet::new, |(served, _)| {
+            held_regexes(served.rules.iter())
+        }));
+        over_budget = round
+            .costs
+            .cut(&kept, |i| holds(state.held.as_ref(), &rules[i]));
     }
     kept.retain(|i| over_budget.binary_search_by_key(i, |&(at, _)| at).is_err());
     let mut passes = 0;
@@ -267,7 +276,7 @@ pub(super) async fn sync_plane(
     let mut outcome = finish(&mut state, sustained, version, pods, &idle);
     if outcome.all_current() && (pushed || state.accepted.is_empty()) {
         state.accepted = kept.iter().map(|&i| rule_key(&rules[i])).collect();
-        state.held = held_regexes(kept.iter().map(|&i| &rules[i]));
+        state.held = Some(held_regexes(kept.iter().map(|&i| &rules[i])));
     }
     outcome.refused = refused;
     outcome.token_refused = token_refused;
@@ -531,10 +540,10 @@ fn held_regexes<'r>(rules: impl Iterator<Item = &'r Rule>) -> HashSet<u64> {
     rules.flat_map(regex_values).map(source_key).collect()
 }
 
-/// Whether the pods hold every regex `rule` names: for the regex budget it is served, adding
-/// nothing to what they hold.
-fn holds(held: &HashSet<u64>, rule: &Rule) -> bool {
-    regex_values(rule).all(|source| held.contains(&source_key(source)))
+/// Whether the pods hold every regex `rule` names (none, when what they hold is not known):
+/// for the regex budget it is served, adding nothing to what they hold.
+fn holds(held: Option<&HashSet<u64>>, rule: &Rule) -> bool {
+    held.is_some_and(|held| regex_values(rule).all(|source| held.contains(&source_key(source))))
 }
 
 /// The config's identity without its version, so an unchanged config keeps its version.

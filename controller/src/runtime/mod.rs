@@ -2113,8 +2113,9 @@ impl Reconciler {
     /// pool is left on the token it runs with rather than new pods failing.
     ///
     /// The write runs in a task of its own ([`Reconciler::pool_writes`]) that no round waits
-    /// for, one at a time: a stamp being written is not started again, a new one supersedes it.
-    /// The stamp is recorded once a round reads it finished
+    /// for, one at a time: a newer stamp waits for the running one to end, since a write
+    /// dropped for it could still land after it. The stamp is recorded once a round reads it
+    /// finished
     /// ([`Reconciler::take_finished_pool_writes`]).
     fn stamp_shared_pool(&mut self, snapshot: &Snapshot, pool: Option<&Deployment>) {
         let Some(shared) = &self.options.shared else {
@@ -2160,7 +2161,10 @@ impl Reconciler {
                     &source,
                 )
             });
-        if fresh || self.pool_writes.running(&PoolWrite::TunnelToken) == Some(stamp.as_bytes()) {
+        // One at a time: a write dropped for a newer one may still land after it (its request
+        // sent), pointing the pool back. The next round, which this one's end brings, writes
+        // the newer stamp.
+        if fresh || self.pool_writes.running(&PoolWrite::TunnelToken).is_some() {
             return;
         }
         let (client, deployment) = (self.client.clone(), deployment.clone());

@@ -188,7 +188,7 @@ fn kept_after(config: &Config, cut: &[(usize, super::Invalid)]) -> Vec<usize> {
 #[test]
 fn a_cut_leaves_out_the_rules_not_served_yet_and_the_proxy_takes_the_rest() {
     let n = fitting();
-    // The rule no proxy serves yet comes first in the document: a proxy counting in
+    // The rule no proxy holds the regex of comes first in the document: a proxy counting in
     // document order would refuse the last, serving, one.
     let mut rules = vec![path_rule(&costly(n))];
     rules.extend((0..n).map(|i| path_rule(&costly(i))));
