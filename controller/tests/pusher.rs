@@ -967,7 +967,7 @@ async fn past_the_regex_budget_the_rule_not_served_yet_goes_before_any_pod_sees_
             .starts_with("matches[0].path: the document's regexes take")
             && refused
                 .reason
-                .contains("rules whose regexes no proxy holds yet go first"),
+                .contains("rules naming a regex the proxies do not hold yet go first"),
         "{}",
         refused.reason
     );
@@ -987,6 +987,13 @@ async fn past_the_regex_budget_the_rule_not_served_yet_goes_before_any_pod_sees_
     assert_eq!(third.refused, second.refused);
     let restarted = weighed_round(&mut Pusher::default(), &pods, &doc).await;
     assert_eq!(restarted.refused, second.refused);
+    // A plane with no pods yet has none to ask: the rules go by cost alone, and nothing is
+    // pushed; its pods once up are asked what they serve, and the same rule goes.
+    let mut podless = Pusher::default();
+    let none = weighed_round(&mut podless, &[], &doc).await;
+    assert!(none.pods.is_empty() && none.refused.len() == 1, "{none:?}");
+    let up = weighed_round(&mut podless, &pods, &doc).await;
+    assert_eq!(up.refused, second.refused);
 }
 
 /// Past the regex budget after an older rule is edited in place to a new regex: that rule

@@ -79,10 +79,10 @@ fn cut(site: Site, own: usize, total: usize) -> Invalid {
         site.to_string(),
         format!(
             "the document's regexes take {} compiled together, over the {} they may take, and \
-             rules whose regexes no proxy holds yet go first, then those whose going frees most \
-             (this rule's take {}; a repetition of a large class, such as `\\w{{1,64}}`, \
-             multiplies a regex's size, and an ASCII class such as `[a-zA-Z0-9_]{{1,64}}` takes \
-             far less)",
+             rules naming a regex the proxies do not hold yet go first, then those whose going \
+             frees most (this rule's take {}; a repetition of a large class, such as \
+             `\\w{{1,64}}`, multiplies a regex's size, and an ASCII class such as \
+             `[a-zA-Z0-9_]{{1,64}}` takes far less)",
             size(total),
             size(PATTERN_BUDGET),
             size(own)
@@ -314,7 +314,8 @@ impl Costs {
                 .filter(|&&(id, _)| users[id] == 0)
                 .map(|&(id, _)| self.costs[id])
                 .sum();
-            if spent + adds <= PATTERN_BUDGET {
+            // One that adds nothing stays, even where what may not go is past the budget.
+            if adds == 0 || spent + adds <= PATTERN_BUDGET {
                 spent += adds;
                 for &(id, _) in &r.patterns {
                     users[id] += 1;

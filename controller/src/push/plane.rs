@@ -13,6 +13,7 @@ use aws_lc_rs::digest;
 use bytes::Bytes;
 use cftunnel_config::valid::regex_values;
 use cftunnel_config::{Config, Rule};
+use futures_util::StreamExt as _;
 
 use super::client::{Client, Put};
 use super::{OwnedRound, PlaneOutcome, PodOutcome, RefusedRule};
@@ -20,6 +21,8 @@ use super::{OwnedRound, PlaneOutcome, PodOutcome, RefusedRule};
 /// Pushes of a plane in one round after pods refused rules: each leaves out at least one more
 /// rule; what is left for later rounds is pushed then.
 const MAX_PASSES: usize = 8;
+/// Pods asked at once what they serve, by a plane that does not know (see [`sync_plane`]).
+const SERVED_ASKED_AT_ONCE: usize = 4;
 /// How long a refusal is remembered while the pod that refused stays: after it, the whole
 /// document is offered again (the pod may have been upgraded in place to a release that takes
 /// the rule).
@@ -128,25 +131,24 @@ pub(super) async fn sync_plane(
         .costs
         .cut(&kept, |i| holds(state.held.as_ref(), &rules[i]));
     // A controller that has not pushed to the pods yet (it started, or took the lead) asks
-    // them what they serve, all at once, and goes by the first answer (by none, if none
-    // answers: it does not ask again).
+    // them what they serve, a few at a time (each answer may be a large document), and goes
+    // by the first answer; with none, it asks again next round.
     if !over_budget.is_empty() && state.held.is_none() {
-        let asked = round
-            .pods
-            .iter()
-            .map(|&pod| Box::pin(super::client::served_document(pod, &round.token, timeout)));
-        let served = futures_util::future::select_ok(asked).await.ok();
-        if let Some((served, _)) = &served {
+        let token = round.token.as_str();
+        let mut answers = futures_util::stream::iter(round.pods.clone())
+            .map(|pod| super::client::served_document(pod, token, timeout))
+            .buffer_unordered(SERVED_ASKED_AT_ONCE);
+        while let Some(answer) = answers.next().await {
+            let Ok(served) = answer else { continue };
             if state.accepted.is_empty() {
                 state.accepted = served.rules.iter().map(rule_key).collect();
             }
+            state.held = Some(held_regexes(served.rules.iter()));
+            over_budget = round
+                .costs
+                .cut(&kept, |i| holds(state.held.as_ref(), &rules[i]));
+            break;
         }
-        state.held = Some(served.map_or_else(HashSet::new, |(served, _)| {
-            held_regexes(served.rules.iter())
-        }));
-        over_budget = round
-            .costs
-            .cut(&kept, |i| holds(state.held.as_ref(), &rules[i]));
     }
     kept.retain(|i| over_budget.binary_search_by_key(i, |&(at, _)| at).is_err());
     let mut passes = 0;
@@ -274,7 +276,8 @@ pub(super) async fn sync_plane(
         .filter(|pod| round.not_serving.contains(pod))
         .collect();
     let mut outcome = finish(&mut state, sustained, version, pods, &idle);
-    if outcome.all_current() && (pushed || state.accepted.is_empty()) {
+    // A plane with no pods took nothing: what it holds stays unknown.
+    if outcome.all_current() && !outcome.pods.is_empty() && (pushed || state.accepted.is_empty()) {
         state.accepted = kept.iter().map(|&i| rule_key(&rules[i])).collect();
         state.held = Some(held_regexes(kept.iter().map(|&i| &rules[i])));
     }

@@ -2213,7 +2213,8 @@ impl Reconciler {
             return;
         }
         let digest = render::token_digest(&info.token);
-        if self.pool_writes.running(&PoolWrite::ConfigToken) == Some(digest.as_bytes()) {
+        // One at a time, as the stamp's: a dropped write could still land after a newer one.
+        if self.pool_writes.running(&PoolWrite::ConfigToken).is_some() {
             return;
         }
         // The live Deployment is cloned only for a roll that writes.

@@ -214,7 +214,7 @@ fn a_cut_leaves_out_the_rules_not_served_yet_and_the_proxy_takes_the_rest() {
             .contains(&format!("{} MiB", PATTERN_BUDGET >> 20))
             && why
                 .message
-                .contains("rules whose regexes no proxy holds yet go first"),
+                .contains("rules naming a regex the proxies do not hold yet go first"),
         "{}",
         why.message
     );
