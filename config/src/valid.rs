@@ -21,6 +21,7 @@ mod at;
 mod budget;
 mod cache;
 mod client_certificate;
+mod costs;
 mod filter;
 mod name;
 mod pattern;
@@ -29,9 +30,10 @@ mod status;
 mod target;
 
 pub use access::{access, audience, team_name, Access, MAX_AUDIENCES, MAX_AUDIENCE_LEN};
-pub use budget::{regex_values, Costs, PATTERN_BUDGET};
+pub use budget::PATTERN_BUDGET;
 pub use cache::Cache;
 pub use client_certificate::ClientIdentity;
+pub use costs::{regex_values, Costs};
 pub use filter::{
     Allow, Cors, Filters, HeaderEdits, Mirror, PathEdit, Redirect, RequestEdit, Rewrite,
 };
