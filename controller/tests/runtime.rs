@@ -5365,15 +5365,8 @@ async fn a_rule_an_older_pod_refuses_is_reported_on_its_route_and_the_rest_is_se
             .await
             .expect("the older pod starts");
         let cors_route = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: cors, namespace: tenant-s}\nspec:\n  parentRefs: [{name: public}]\n  rules:\n  - matches: [{path: {value: /cors}}]\n    filters: [{type: CORS, cors: {allowOrigins: ['https://app.example.com']}}]\n    backendRefs: [{name: web, port: 80}]\n";
-        let api = ApiServer::builder()
-            .rbac(REQUIRED_RBAC)
-            .seed(format!(
-                "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: cloudflare-tunnel}}\nspec: {{controllerName: {CONTROLLER}}}\n{}---\n{cors_route}",
-                shared_seed(older.addr(), echo.http_addr())
-            ))
-            .start()
-            .await;
-        let (stop, controller) = on_the_pool(&api);
+        let (api, stop, controller) =
+            on_the_pool(older.addr(), echo.http_addr(), &format!("---\n{cors_route}")).await;
 
         let refused = eventually("ProxyConfigPushed=False on the CORS route", || {
             route_condition(&api, "tenant-s", "cors", PROXY_CONFIG_PUSHED)
@@ -5449,15 +5442,8 @@ async fn a_route_that_takes_the_plane_past_the_regex_budget_loses_its_rule_and_n
             )
         };
         let routes: String = (0..fit).map(|i| format!("---\n{}", route(i, &costly(i)))).collect();
-        let api = ApiServer::builder()
-            .rbac(REQUIRED_RBAC)
-            .seed(format!(
-                "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: cloudflare-tunnel}}\nspec: {{controllerName: {CONTROLLER}}}\n{}{routes}",
-                shared_seed(pool.admin_addr(), echo.http_addr())
-            ))
-            .start()
-            .await;
-        let (stop, controller) = on_the_pool(&api);
+        let (api, stop, controller) =
+            on_the_pool(pool.admin_addr(), echo.http_addr(), &routes).await;
         let served = || async {
             cftunnel_controller::push::served_document(
                 pool.admin_addr(),
@@ -5513,14 +5499,26 @@ async fn a_route_that_takes_the_plane_past_the_regex_budget_loses_its_rule_and_n
     .expect("in time");
 }
 
-/// The controller against `api`, serving the shared pool of [`shared_seed`] (no Deployment of
-/// its own to stamp), with rounds every 100 ms; stopped through the sender.
-fn on_the_pool(
-    api: &ApiServer,
+/// An API server holding our GatewayClass, [`shared_seed`] for the pool at `pool` and
+/// `backend`, and `more`; and the controller against it, serving that pool (no Deployment of
+/// its own to stamp), with rounds every 100 ms, stopped through the sender.
+async fn on_the_pool(
+    pool: SocketAddr,
+    backend: SocketAddr,
+    more: &str,
 ) -> (
+    ApiServer,
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<anyhow::Result<()>>,
 ) {
+    let api = ApiServer::builder()
+        .rbac(REQUIRED_RBAC)
+        .seed(format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: cloudflare-tunnel}}\nspec: {{controllerName: {CONTROLLER}}}\n{}{more}",
+            shared_seed(pool, backend)
+        ))
+        .start()
+        .await;
     let options = RuntimeOptions {
         resync: Duration::from_millis(100),
         shared: Some(SharedPlane {
@@ -5537,7 +5535,7 @@ fn on_the_pool(
     let controller = tokio::spawn(runtime::run(api.client(), options, health, async {
         let _ = stopped.await;
     }));
-    (stop, controller)
+    (api, stop, controller)
 }
 
 /// Condition `kind` of GatewayConfig `edge-config`'s status, and its `observedGeneration`.
