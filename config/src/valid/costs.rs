@@ -107,7 +107,8 @@ impl Costs {
         costs
     }
 
-    /// Whether no rule names a pattern.
+    /// Whether there is nothing to weigh: no rule names a pattern, or what they name fits the
+    /// budget by far ([`Costs::of`]).
     pub fn is_empty(&self) -> bool {
         self.rules.is_empty()
     }
@@ -135,6 +136,7 @@ impl Costs {
     /// each, the rule whose going frees most first (rules kept may name its patterns too), the
     /// costliest and then the later in the document first among equals. A rule cut on the way
     /// that fits back beside the rest is kept.
+    ///
     /// What cannot be cut ([`Costs::of`]) stays, and so might leave the document past the
     /// budget.
     pub fn cut(&self, kept: &[usize], served: impl Fn(usize) -> bool) -> Vec<(usize, Invalid)> {

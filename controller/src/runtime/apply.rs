@@ -1141,23 +1141,23 @@ pub fn pool_takes_token(
             .all(|v| reads_token(v, secret))
 }
 
-/// Rolls the shared pool's pods by stamping `value` on its pod template's annotation `key`,
-/// unless `live` (the Deployment as watched) holds it already. A merge patch of that one
-/// annotation, as `kubectl rollout restart` writes its own: the Deployment is the chart's.
-/// Returns whether it wrote.
+/// Whether the shared pool as watched (`live`) needs rolling onto `value` of its pod
+/// template's annotation `key`: it is there and does not carry it yet.
+pub fn pool_needs_roll(live: Option<&Deployment>, key: &str, value: &str) -> bool {
+    live.is_some_and(|live| template_annotation(live, key) != Some(value))
+}
+
+/// Rolls the shared pool's pods by stamping `value` on its pod template's annotation `key`
+/// (see [`pool_needs_roll`]). A merge patch of that one annotation, as `kubectl rollout
+/// restart` writes its own: the Deployment is the chart's.
 pub async fn roll_pool(
     client: &Client,
     deployment: &ObjectKey,
-    live: Option<&Deployment>,
     key: &str,
     value: &str,
-) -> Result<bool, String> {
-    if live.is_none_or(|live| template_annotation(live, key) == Some(value)) {
-        return Ok(false);
-    }
+) -> Result<(), String> {
     let api: Api<Deployment> = Api::namespaced(client.clone(), &deployment.namespace);
-    merge_pool(&api, deployment, &stamp(key, value)).await?;
-    Ok(true)
+    merge_pool(&api, deployment, &stamp(key, value)).await
 }
 
 /// The pod-template annotation `key` of `deployment`.

@@ -2217,14 +2217,10 @@ impl Reconciler {
         if self.pool_writes.running(&PoolWrite::ConfigToken).is_some() {
             return;
         }
-        // The live Deployment is cloned only for a roll that writes.
-        let Some(live) = pool.filter(|live| {
-            apply::template_annotation(live, render::AUTH_TOKEN_HASH_ANNOTATION)
-                != Some(digest.as_str())
-        }) else {
+        if !apply::pool_needs_roll(pool, render::AUTH_TOKEN_HASH_ANNOTATION, &digest) {
             return;
-        };
-        let (client, deployment, live) = (self.client.clone(), deployment.clone(), live.clone());
+        }
+        let (client, deployment) = (self.client.clone(), deployment.clone());
         self.pool_writes.start(
             PoolWrite::ConfigToken,
             digest.clone().into_bytes(),
@@ -2232,11 +2228,11 @@ impl Reconciler {
                 let result = apply::roll_pool(
                     &client,
                     &deployment,
-                    Some(&live),
                     render::AUTH_TOKEN_HASH_ANNOTATION,
                     &digest,
                 )
-                .await;
+                .await
+                .map(|()| true);
                 PoolWritten {
                     source: None,
                     result,
@@ -2273,10 +2269,9 @@ impl Reconciler {
                 (PoolWrite::TunnelToken, Err(reason)) => {
                     tracing::warn!(%deployment, %reason, "pointing the shared pool at its tunnel token failed")
                 }
-                (PoolWrite::ConfigToken, Ok(true)) => {
+                (PoolWrite::ConfigToken, Ok(_)) => {
                     tracing::warn!(%deployment, "shared pool pods refuse the config-API token: rolling the pool onto it")
                 }
-                (PoolWrite::ConfigToken, Ok(false)) => {}
                 (PoolWrite::ConfigToken, Err(reason)) => {
                     tracing::warn!(%deployment, %reason, "rolling the shared pool onto its config-API token failed")
                 }
