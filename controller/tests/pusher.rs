@@ -1056,6 +1056,100 @@ async fn a_rule_edited_to_a_regex_the_pods_do_not_hold_goes_first() {
     assert_eq!(refused, [(1, Some("old/r0/0"))]);
 }
 
+/// A controller that starts afresh past the regex budget goes by the newest document its pods
+/// hold: a rule one pod took since another's pushes began failing is served, and the rule added
+/// now goes, not it. The pod with the older document answers first.
+#[tokio::test]
+async fn a_fresh_controller_goes_by_the_newest_document_its_pods_hold() {
+    use cftunnel_config::valid::{Pattern, PATTERN_BUDGET};
+    use cftunnel_config::{Match, PathMatch, PathMatchType};
+
+    let backend = echo().await;
+    let (behind, ahead) = (proxy().await, proxy().await);
+    let rule = |pattern: &str, name: &str| Rule {
+        name: Some(name.to_owned()),
+        matches: vec![Match {
+            path: Some(PathMatch {
+                kind: PathMatchType::RegularExpression,
+                value: pattern.to_owned(),
+            }),
+            ..Match::default()
+        }],
+        ..config(
+            backend.http_addr(),
+            &format!("{}.example.com", name.replace('/', "-")),
+        )
+        .rules
+        .remove(0)
+    };
+    let cost = |pattern: &str| Pattern::new(pattern).expect("compiles").cost();
+    let costly = |i: usize| format!("/a{i:03}/\\w{{3,32}}");
+    // Taken by one pod only; costlier than the rule added next, so that by the older document
+    // it is the one whose going frees most.
+    let taken = "/t/\\w{3,48}";
+    let mut spent = cost(taken);
+    let fit = (0..)
+        .take_while(|&i| {
+            spent += cost(&costly(i));
+            spent <= PATTERN_BUDGET
+        })
+        .count();
+    assert!(cost(taken) > cost(&costly(fit)));
+    let mut doc = Config {
+        rules: (0..fit)
+            .map(|i| rule(&costly(i), &format!("old/r{i}/0")))
+            .collect(),
+        ..Config::default()
+    };
+    let mut pusher = Pusher::default();
+    let both = [behind.admin_addr(), ahead.admin_addr()];
+    let first = weighed_round(&mut pusher, &both, &doc).await;
+    assert!(first.all_current() && first.refused.is_empty(), "{first:?}");
+    // Only one pod takes the next document: the other's pushes fail meanwhile.
+    doc.rules.push(rule(taken, "taken/t/0"));
+    let second = weighed_round(&mut pusher, &[ahead.admin_addr()], &doc).await;
+    assert!(
+        second.all_current() && second.refused.is_empty(),
+        "{second:?}"
+    );
+    assert!(held(&ahead).await > held(&behind).await);
+
+    // Past the budget with one more rule, seen by a controller that starts afresh; the pod
+    // with the newest document answers last.
+    doc.rules.insert(0, rule(&costly(fit), "new/r/0"));
+    let slow = slow_port(ahead.admin_addr(), Duration::from_millis(300)).await;
+    let round = weighed_round(&mut Pusher::default(), &[behind.admin_addr(), slow], &doc).await;
+    let refused: Vec<Option<&str>> = round.refused.iter().map(|r| r.name.as_deref()).collect();
+    assert_eq!(refused, [Some("new/r/0")], "{round:?}");
+    assert!(round.all_current(), "{round:?}");
+    let data = behind.data_addr();
+    assert_eq!(
+        get(data, "/t/served", "taken-t-0.example.com", None)
+            .await
+            .0,
+        200
+    );
+}
+
+/// A port in front of `pod` that answers each connection `delay` late.
+async fn slow_port(pod: SocketAddr, delay: Duration) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                if let Ok(mut upstream) = tokio::net::TcpStream::connect(pod).await {
+                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
 /// A round of `doc` with its regexes weighed as the controller weighs a plane's.
 async fn weighed_round(
     pusher: &mut Pusher,

@@ -21,8 +21,12 @@ use super::{OwnedRound, PlaneOutcome, PodOutcome, RefusedRule};
 /// Pushes of a plane in one round after pods refused rules: each leaves out at least one more
 /// rule; what is left for later rounds is pushed then.
 const MAX_PASSES: usize = 8;
-/// Pods asked at once what they serve, by a plane that does not know (see [`sync_plane`]).
-const SERVED_ASKED_AT_ONCE: usize = 4;
+/// Pods asked at once for their version, by a plane that does not know what they serve (see
+/// [`newest_served`]).
+const VERSIONS_ASKED_AT_ONCE: usize = 16;
+/// Pods asked in turn for the document they serve, newest first (each answer may be a large
+/// document), by a plane that does not know.
+const SERVED_ASKED: usize = 4;
 /// How long a refusal is remembered while the pod that refused stays: after it, the whole
 /// document is offered again (the pod may have been upgraded in place to a release that takes
 /// the rule).
@@ -131,15 +135,14 @@ pub(super) async fn sync_plane(
         .costs
         .cut(&kept, |i| holds(state.held.as_ref(), &rules[i]));
     // A controller that has not pushed to the pods yet (it started, or took the lead) asks
-    // them what they serve, a few at a time (each answer may be a large document), and goes
-    // by the first answer; with none, it asks again next round.
+    // them what they serve; with no answer, it asks again next round.
     if !over_budget.is_empty() && state.held.is_none() {
-        let token = round.token.as_str();
-        let mut answers = futures_util::stream::iter(round.pods.clone())
-            .map(|pod| super::client::served_document(pod, token, timeout))
-            .buffer_unordered(SERVED_ASKED_AT_ONCE);
-        while let Some(answer) = answers.next().await {
-            let Ok(served) = answer else { continue };
+        let client = Client {
+            token: &round.token,
+            previous_token: state.previous_token.as_deref(),
+            timeout,
+        };
+        if let Some(served) = newest_served(&client, &round.pods).await {
             if state.accepted.is_empty() {
                 state.accepted = served.rules.iter().map(rule_key).collect();
             }
@@ -147,7 +150,6 @@ pub(super) async fn sync_plane(
             over_budget = round
                 .costs
                 .cut(&kept, |i| holds(state.held.as_ref(), &rules[i]));
-            break;
         }
     }
     kept.retain(|i| over_budget.binary_search_by_key(i, |&(at, _)| at).is_err());
@@ -531,6 +533,33 @@ fn rule_key(rule: &Rule) -> u64 {
         Some(name) => hasher.hash_one(name),
         None => hasher.hash_one(rule),
     }
+}
+
+/// The document the pod holding the newest version serves (versions only grow with the
+/// content pushed), or, if it does not answer, the next newest's; the first few only. Every
+/// pod's version is read first, a small answer each: a pod whose pushes had been failing holds
+/// an older document, and going by it would make the rules added since look new.
+async fn newest_served(client: &Client<'_>, pods: &[SocketAddr]) -> Option<Config> {
+    let answers: Vec<_> = futures_util::stream::iter(pods.iter().copied())
+        .map(|pod| async move { (pod, client.version(pod).await) })
+        .buffer_unordered(VERSIONS_ASKED_AT_ONCE)
+        .collect()
+        .await;
+    let mut versions: Vec<(i64, SocketAddr, &str)> = answers
+        .into_iter()
+        // Version 0: the pod has no document yet.
+        .filter_map(|(pod, answer)| match answer {
+            Ok((version, token)) if version > 0 => Some((version, pod, token)),
+            _ => None,
+        })
+        .collect();
+    versions.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    for (_, pod, token) in versions.into_iter().take(SERVED_ASKED) {
+        if let Ok(served) = super::client::served_document(pod, token, client.timeout).await {
+            return Some(served);
+        }
+    }
+    None
 }
 
 /// A regex's identity across pushes: its source.
