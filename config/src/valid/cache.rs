@@ -1,5 +1,6 @@
-//! What one check hands to the next: compiled patterns and parsed targets, by their source,
-//! and what the patterns of the rules passed so far take of the document's budget.
+//! What one check hands to the next: checked patterns (refused ones with their message) and
+//! parsed targets, by their source, and what the patterns of the rules passed so far take of
+//! the document's budget.
 
 use super::budget::{self, Named, PATTERN_BUDGET};
 use super::pattern::Pattern;
@@ -15,6 +16,8 @@ type HashMap<K, V> = hashbrown::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Compiled patterns and parsed targets, reused when a later document names them again, so an
 /// unchanged regex is compiled once however often the document is pushed or re-translated.
+/// A refused pattern is remembered too, with its message, by the same generations: one over
+/// the size limit costs as much to refuse as one within it costs to accept.
 ///
 /// Entries live in two generations: those the checks since [`Cache::keep_used`] asked for, and
 /// those from before. `keep_used` drops what the last document no longer names, so the cache
@@ -28,7 +31,7 @@ type HashMap<K, V> = hashbrown::HashMap<K, V, foldhash::fast::RandomState>;
 /// passed them count against [`PATTERN_BUDGET`] (see [`budget`](super::budget)), each once.
 #[derive(Debug)]
 pub struct Cache {
-    patterns: HashMap<Box<str>, Stamped<Counted>>,
+    patterns: HashMap<Box<str>, Stamped<Checked>>,
     /// By URL, then by the rest of the settings (almost always one target per URL).
     targets: HashMap<Box<str>, Vec<Stamped<Arc<Target>>>>,
     /// The generation the checks since [`Cache::keep_used`] belong to; every entry's is this
@@ -36,6 +39,14 @@ pub struct Cache {
     generation: u64,
     /// What the patterns counted in this generation take together.
     spent: usize,
+}
+
+/// What checking a pattern's source gave.
+#[derive(Debug)]
+enum Checked {
+    Passed(Counted),
+    /// The message it was refused with: never a [`Pattern`], never counted.
+    Refused(Box<str>),
 }
 
 /// A pattern, and the generation whose budget counted it last (0: none).
@@ -80,6 +91,16 @@ impl<V> Stamped<V> {
     }
 }
 
+impl Checked {
+    /// A pattern that passed, counted by no generation yet.
+    fn passed(pattern: &Pattern) -> Self {
+        Self::Passed(Counted {
+            pattern: pattern.clone(),
+            counted: 0,
+        })
+    }
+}
+
 impl Default for Cache {
     fn default() -> Self {
         Self {
@@ -97,7 +118,7 @@ impl Cache {
     /// [`Pattern`]).
     ///
     /// # Errors
-    /// As [`Pattern::new`]; a refused pattern is not remembered.
+    /// As [`Pattern::new`], with the same message when the refusal is remembered.
     pub fn pattern(&mut self, source: &str) -> Result<Pattern, String> {
         self.pattern_for(source, false)
     }
@@ -111,23 +132,28 @@ impl Cache {
         let generation = self.generation;
         if let Some(e) = self.patterns.get_mut(source) {
             e.used = generation;
-            if build {
-                e.value.pattern.build();
-            }
-            return Ok(e.value.pattern.clone());
+            return match &e.value {
+                Checked::Passed(c) => {
+                    if build {
+                        c.pattern.build();
+                    }
+                    Ok(c.pattern.clone())
+                }
+                Checked::Refused(message) => Err(message.as_ref().to_owned()),
+            };
         }
-        let pattern = if build {
-            Pattern::new(source)?
+        let checked = if build {
+            Pattern::new(source)
         } else {
-            Pattern::checked(source)?
+            Pattern::checked(source)
         };
-        let counted = Counted {
-            pattern: pattern.clone(),
-            counted: 0,
+        let value = match &checked {
+            Ok(pattern) => Checked::passed(pattern),
+            Err(message) => Checked::Refused(message.as_str().into()),
         };
         self.patterns
-            .insert(source.into(), Stamped::new(counted, generation));
-        Ok(pattern)
+            .insert(source.into(), Stamped::new(value, generation));
+        checked
     }
 
     /// Counts the patterns of a rule that passed every other check against the budget: those
@@ -186,9 +212,13 @@ impl Cache {
     /// Whether this generation's budget counted `pattern` already (by its source: the checks
     /// share one compiled pattern per source).
     fn counted(&self, pattern: &Pattern) -> bool {
+        let generation = self.generation;
         self.patterns
             .get(pattern.source())
-            .is_some_and(|e| e.value.counted == self.generation)
+            .is_some_and(|e| match &e.value {
+                Checked::Passed(c) => c.counted == generation,
+                Checked::Refused(_) => false,
+            })
     }
 
     /// Marks `pattern` used and counted in this generation.
@@ -196,16 +226,20 @@ impl Cache {
         let generation = self.generation;
         let entry = match self.patterns.entry_ref(pattern.source()) {
             EntryRef::Occupied(e) => e.into_mut(),
-            EntryRef::Vacant(e) => e.insert(Stamped::new(
-                Counted {
-                    pattern: pattern.clone(),
-                    counted: 0,
-                },
-                generation,
-            )),
+            EntryRef::Vacant(e) => e.insert(Stamped::new(Checked::passed(pattern), generation)),
         };
         entry.used = generation;
-        entry.value.counted = generation;
+        match &mut entry.value {
+            Checked::Passed(c) => c.counted = generation,
+            // Not met: the engine refuses a source every time or never. Were it met, the
+            // pattern in hand compiled, and is what a later check gets.
+            refused @ Checked::Refused(_) => {
+                *refused = Checked::Passed(Counted {
+                    pattern: pattern.clone(),
+                    counted: generation,
+                });
+            }
+        }
     }
 
     /// A target parsed as [`Target::new`] parses it, lent: a check that keeps nothing takes
@@ -273,8 +307,10 @@ impl Cache {
     pub fn drop_used(&mut self) {
         let generation = self.generation;
         self.patterns.retain(|_, e| {
-            if e.value.counted == generation {
-                e.value.counted = 0;
+            if let Checked::Passed(c) = &mut e.value {
+                if c.counted == generation {
+                    c.counted = 0;
+                }
             }
             e.undo(generation)
         });

@@ -200,8 +200,23 @@ impl Matcher {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// How many times this thread compiled a pattern, refused or not: a test's checks run on
+    /// its own thread, so tests running beside it do not move the count.
+    static COMPILES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many patterns this thread compiled so far (see [`COMPILES`]).
+#[cfg(test)]
+pub(super) fn compiles() -> usize {
+    COMPILES.with(std::cell::Cell::get)
+}
+
 /// `source` anchored and compiled into the NFA the matcher runs on, and the heap it takes.
 fn compile(source: &str) -> Result<(NFA, usize), String> {
+    #[cfg(test)]
+    COMPILES.with(|c| c.set(c.get() + 1));
     let hir = anchored(source)?;
     let nfa = thompson::Compiler::new()
         .configure(nfa())

@@ -579,6 +579,94 @@ fn the_cache_compiles_a_pattern_once_and_keeps_one_document_worth() {
     assert!(std::ptr::eq(fresh.source(), still.source()));
 }
 
+/// Patterns the engine refuses: one that does not parse, one over the size limit (about 8 MiB
+/// of NFA, the costly kind to compile again).
+const REFUSED: [&str; 2] = ["/([a-z]", "/\\w{500}"];
+
+/// `cache`'s answer for `source`, which must be a refusal, and how many compiles it took.
+fn refusal(cache: &mut Cache, source: &str) -> (String, usize) {
+    let before = pattern::compiles();
+    let err = cache.pattern(source).expect_err("a refused pattern");
+    (err, pattern::compiles() - before)
+}
+
+#[test]
+fn the_cache_compiles_a_refused_pattern_once_and_refuses_it_alike() {
+    for source in REFUSED {
+        let fresh = Pattern::new(source).expect_err("refused");
+        let mut cache = Cache::default();
+        assert_eq!(refusal(&mut cache, source), (fresh.clone(), 1), "{source}");
+        assert_eq!(refusal(&mut cache, source), (fresh.clone(), 0), "{source}");
+        // The next document names it again: still remembered.
+        cache.keep_used();
+        assert_eq!(refusal(&mut cache, source), (fresh.clone(), 0), "{source}");
+        cache.keep_used();
+        assert_eq!(refusal(&mut cache, source), (fresh.clone(), 0), "{source}");
+
+        // A whole document refuses it at the same field with the same message, compiled once.
+        let value = json!({"rules": [
+            {"backends": []},
+            {"matches": [{"path": {"type": "RegularExpression", "value": source}}], "backends": []}
+        ]});
+        let first = document(&doc(value.clone()), &mut cache).expect_err("refused");
+        cache.keep_used();
+        let before = pattern::compiles();
+        let again = document(&doc(value.clone()), &mut cache).expect_err("refused");
+        assert_eq!(pattern::compiles() - before, 0, "{source}");
+        assert_eq!(again.to_string(), first.to_string());
+        let fresh = document(&doc(value), &mut Cache::default()).expect_err("refused");
+        assert_eq!(again.to_string(), fresh.to_string());
+    }
+}
+
+#[test]
+fn the_cache_forgets_a_refused_pattern_the_last_document_did_not_name() {
+    for source in REFUSED {
+        let fresh = Pattern::new(source).expect_err("refused");
+        let mut cache = Cache::default();
+        assert_eq!(refusal(&mut cache, source), (fresh.clone(), 1), "{source}");
+        cache.keep_used();
+        assert_eq!(
+            refusal(&mut cache, source),
+            (fresh.clone(), 0),
+            "kept: {source}"
+        );
+        cache.keep_used();
+        // A document that does not name it.
+        cache.pattern("/a.*").expect("compiles");
+        cache.keep_used();
+        assert_eq!(
+            refusal(&mut cache, source),
+            (fresh, 1),
+            "compiled again: {source}"
+        );
+    }
+}
+
+#[test]
+fn the_cache_forgets_a_refused_pattern_a_refused_document_added() {
+    for source in REFUSED {
+        let fresh = Pattern::new(source).expect_err("refused");
+        let mut cache = Cache::default();
+        assert_eq!(refusal(&mut cache, source), (fresh.clone(), 1), "{source}");
+        cache.drop_used();
+        assert_eq!(
+            refusal(&mut cache, source),
+            (fresh.clone(), 1),
+            "forgotten: {source}"
+        );
+        // Added by a document that passed, then named by a refused one: it stays, until a
+        // document that does not name it passes.
+        cache.keep_used();
+        assert_eq!(refusal(&mut cache, source), (fresh.clone(), 0), "{source}");
+        cache.drop_used();
+        assert_eq!(refusal(&mut cache, source), (fresh.clone(), 0), "{source}");
+        cache.drop_used();
+        cache.keep_used();
+        assert_eq!(refusal(&mut cache, source), (fresh, 1), "{source}");
+    }
+}
+
 #[test]
 fn the_cache_keeps_a_target_across_documents_and_a_refused_one_gives_it_back() {
     let mut cache = Cache::default();
