@@ -711,12 +711,16 @@ impl TunnelSync {
     }
 
     /// A call waits at most `wait` for the writes it starts; `wake` is told as each finishes,
-    /// so a later call reports it.
+    /// so a later call reports it, and as a failed write's wait ends, so a later call tries it
+    /// again then.
     #[must_use]
-    pub fn waiting_at_most(mut self, wait: Duration, wake: Arc<Notify>) -> Self {
-        self.writes = InFlight::new(CONCURRENT_WRITES, wake);
-        self.wait = Some(wait);
-        self
+    pub fn waiting_at_most(self, wait: Duration, wake: Arc<Notify>) -> Self {
+        Self {
+            failed: self.failed.waking(Arc::clone(&wake)),
+            writes: InFlight::new(CONCURRENT_WRITES, wake),
+            wait: Some(wait),
+            ..self
+        }
     }
 
     /// Brings the tunnel of `target` to `document`; `Ok(true)` when it wrote. A new API token

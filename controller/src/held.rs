@@ -4,11 +4,20 @@
 //! limit. Meanwhile it fails with the same error, word for word, so the conditions that carry
 //! it are not rewritten. The wait doubles with each failure in a row; other work under the
 //! same key (a changed document, a changed render) is tried at once.
+//!
+//! A quiet cluster starts no round, so a write whose wait is over would wait on for the next
+//! resync. Told of a wake ([`Held::waking`]), each failure tells it as its wait ends: one timer
+//! per key, replaced when the key fails again, stopped when a write under it succeeds, when
+//! the key is forgotten or when the `Held` is dropped.
 
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::runtime::Handle;
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 /// The last failed write of each key, with the digest of what it wrote.
@@ -16,6 +25,8 @@ pub struct Held<K> {
     failures: HashMap<K, Failure>,
     first: Duration,
     max: Duration,
+    /// Told as each failure's wait ends, to start the round that tries it again.
+    wake: Option<Arc<Notify>>,
 }
 
 struct Failure {
@@ -23,6 +34,31 @@ struct Failure {
     error: String,
     wait: Duration,
     until: Instant,
+    /// Tells the wake at `until`; stopped with the failure.
+    _alarm: Option<Alarm>,
+}
+
+/// A task that tells a wake at an instant, aborted when dropped.
+struct Alarm(AbortHandle);
+
+impl Alarm {
+    /// `None` outside a tokio runtime: nothing could run the timer there, and nothing would
+    /// wait on the wake.
+    fn at(until: Instant, wake: &Arc<Notify>) -> Option<Self> {
+        let runtime = Handle::try_current().ok()?;
+        let wake = Arc::clone(wake);
+        let task = runtime.spawn(async move {
+            tokio::time::sleep_until(until).await;
+            wake.notify_one();
+        });
+        Some(Self(task.abort_handle()))
+    }
+}
+
+impl Drop for Alarm {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl<K: Eq + Hash> Held<K> {
@@ -32,7 +68,17 @@ impl<K: Eq + Hash> Held<K> {
             failures: HashMap::new(),
             first,
             max: max.max(first),
+            wake: None,
         }
+    }
+
+    /// Tells `wake` as each failure's wait ends, so the write is tried again then rather
+    /// than at whatever round comes next. [`Held::failed`] then starts a timer on the current
+    /// tokio runtime.
+    #[must_use]
+    pub fn waking(mut self, wake: Arc<Notify>) -> Self {
+        self.wake = Some(wake);
+        self
     }
 
     /// The error to answer writing `digest` under `key` with, while its wait lasts.
@@ -49,13 +95,17 @@ impl<K: Eq + Hash> Held<K> {
         self.failures.get(key).map(|f| f.error.as_str())
     }
 
-    /// Writing `digest` under `key` failed with `error`; how long it is held back.
+    /// Writing `digest` under `key` failed with `error`; how long it is held back. With a wake
+    /// ([`Held::waking`]), it is told as that wait ends, unless the key fails again first (it
+    /// is told as the new wait ends instead), succeeds or is forgotten.
     pub fn failed(&mut self, key: K, digest: Vec<u8>, error: String) -> Duration {
         let wait = self
             .failures
             .get(&key)
             .map_or(self.first, |f| f.wait.saturating_mul(2).min(self.max));
         let until = Instant::now() + wait;
+        let alarm = self.wake.as_ref().and_then(|wake| Alarm::at(until, wake));
+        // The key's earlier failure, and its timer, go.
         self.failures.insert(
             key,
             Failure {
@@ -63,12 +113,13 @@ impl<K: Eq + Hash> Held<K> {
                 error,
                 wait,
                 until,
+                _alarm: alarm,
             },
         );
         wait
     }
 
-    /// A write under `key` succeeded.
+    /// A write under `key` succeeded: nothing under it is held back, nor waited for.
     pub fn succeeded(&mut self, key: &K) {
         self.failures.remove(key);
     }
@@ -76,6 +127,12 @@ impl<K: Eq + Hash> Held<K> {
     /// Forgets the keys `keep` does not keep.
     pub fn retain(&mut self, mut keep: impl FnMut(&K) -> bool) {
         self.failures.retain(|k, _| keep(k));
+    }
+
+    /// Whether no failure is held, and so no wake is waited for.
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.failures.is_empty()
     }
 }
 
@@ -109,5 +166,80 @@ mod tests {
         held.failed("a", b"doc".to_vec(), "refused".to_owned());
         tokio::time::advance(Duration::from_secs(5)).await;
         assert_eq!(held.error(&"a", b"doc"), None, "a success starts over");
+    }
+
+    /// Whether `wake` is told within `within`, paused time running on meanwhile.
+    async fn told(wake: &Notify, within: Duration) -> bool {
+        tokio::time::timeout(within, wake.notified()).await.is_ok()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failure_wakes_the_round_as_its_wait_ends() {
+        let wake = Arc::new(Notify::new());
+        let mut held =
+            Held::new(Duration::from_secs(5), Duration::from_secs(60)).waking(Arc::clone(&wake));
+        held.failed("a", b"doc".to_vec(), "refused".to_owned());
+        assert!(
+            !told(&wake, Duration::from_millis(4_900)).await,
+            "not before"
+        );
+        assert!(told(&wake, Duration::from_millis(200)).await, "at its end");
+        assert_eq!(held.error(&"a", b"doc"), None, "tried again when told");
+        assert!(!told(&wake, Duration::from_secs(600)).await, "told once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_succeeds_or_is_forgotten_wakes_nothing() {
+        let wake = Arc::new(Notify::new());
+        let mut held =
+            Held::new(Duration::from_secs(5), Duration::from_secs(60)).waking(Arc::clone(&wake));
+        held.failed("a", b"doc".to_vec(), "refused".to_owned());
+        held.failed("b", b"doc".to_vec(), "refused".to_owned());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        held.succeeded(&"a");
+        held.retain(|k| *k != "b");
+        assert!(!told(&wake, Duration::from_secs(600)).await);
+
+        held.failed("c", b"doc".to_vec(), "refused".to_owned());
+        drop(held);
+        assert!(
+            !told(&wake, Duration::from_secs(600)).await,
+            "no timer outlives its Held"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failure_again_replaces_the_wake_of_the_one_before() {
+        let wake = Arc::new(Notify::new());
+        let mut held =
+            Held::new(Duration::from_secs(5), Duration::from_secs(60)).waking(Arc::clone(&wake));
+        held.failed("a", b"doc".to_vec(), "refused".to_owned());
+        tokio::time::advance(Duration::from_secs(3)).await;
+        // A changed document, tried at once, fails too: 10 s from now.
+        held.failed("a", b"changed".to_vec(), "refused".to_owned());
+        assert!(
+            !told(&wake, Duration::from_millis(9_900)).await,
+            "not at the first failure's end"
+        );
+        assert!(
+            told(&wake, Duration::from_millis(200)).await,
+            "at the second's"
+        );
+        assert!(!told(&wake, Duration::from_secs(600)).await, "told once");
+    }
+
+    #[test]
+    fn outside_a_runtime_a_failure_is_held_all_the_same() {
+        let mut held = Held::new(Duration::from_secs(5), Duration::from_secs(60));
+        held.failed("a", b"doc".to_vec(), "refused".to_owned());
+        assert_eq!(held.error(&"a", b"doc"), Some("refused"));
+        let mut waking = Held::new(Duration::from_secs(5), Duration::from_secs(60))
+            .waking(Arc::new(Notify::new()));
+        waking.failed("a", b"doc".to_vec(), "refused".to_owned());
+        assert_eq!(
+            waking.error(&"a", b"doc"),
+            Some("refused"),
+            "no timer, no panic"
+        );
     }
 }

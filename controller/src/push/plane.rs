@@ -553,7 +553,7 @@ async fn newest_served(client: &Client<'_>, pods: &[SocketAddr]) -> Option<Confi
             _ => None,
         })
         .collect();
-    versions.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    versions.sort_unstable_by_key(|&(version, _, _)| std::cmp::Reverse(version));
     for (_, pod, token) in versions.into_iter().take(SERVED_ASKED) {
         if let Ok(served) = super::client::served_document(pod, token, client.timeout).await {
             return Some(served);

@@ -922,9 +922,10 @@ impl Reconciler {
             refused_told: HashMap::new(),
             push_failed_told: HashSet::new(),
             applied: HashMap::new(),
-            apply_failures: Held::new(APPLY_RETRY_FIRST, APPLY_RETRY_MAX),
+            apply_failures: Held::new(APPLY_RETRY_FIRST, APPLY_RETRY_MAX).waking(Arc::clone(&wake)),
             removals: InFlight::new(APPLIES_AT_ONCE, Arc::clone(&wake)),
-            removal_failures: Held::new(APPLY_RETRY_FIRST, APPLY_RETRY_MAX),
+            removal_failures: Held::new(APPLY_RETRY_FIRST, APPLY_RETRY_MAX)
+                .waking(Arc::clone(&wake)),
             moving: HashMap::new(),
             moves_looked_at: HashSet::new(),
             // One of each kind at most.

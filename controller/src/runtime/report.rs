@@ -252,16 +252,15 @@ impl Drop for Place {
 pub(super) struct StatusWrites {
     /// By [`write_digest`]: what each says, and the resourceVersion it is written at.
     running: InFlight<WriteKey, Written>,
-    /// By [`content_digest`]: what each said.
+    /// By [`content_digest`]: what each said. Starts a round as each one's wait ends: nothing
+    /// else may start one then.
     failed: Held<WriteKey>,
     /// By [`write_digest`]: what each write refused as a conflict said, at the resourceVersion
     /// it was written at. The object changed since (the watch cache is behind): the watch event
     /// of its newer resourceVersion starts the round that writes it afresh, and until the
     /// cache has it, writing the same again is refused the same.
     conflicted: HashMap<WriteKey, Vec<u8>>,
-    /// Wake the run loop as a failed write's wait ends: nothing else may start a round then.
-    retries: JoinSet<()>,
-    /// Starts a round: as a failed write's wait ends, or room for refused Events frees.
+    /// Starts a round as room for refused Events frees.
     wake: Arc<Notify>,
     turns: Arc<Semaphore>,
     limits: EventLimits,
@@ -289,9 +288,8 @@ impl StatusWrites {
             // Not woken by every write that lands: the watch event of its object starts the
             // round that takes it in.
             running: InFlight::new(usize::MAX, Arc::new(Notify::new())),
-            failed: Held::new(RETRY_FIRST, RETRY_MAX),
+            failed: Held::new(RETRY_FIRST, RETRY_MAX).waking(Arc::clone(&wake)),
             conflicted: HashMap::new(),
-            retries: JoinSet::new(),
             wake,
             turns: Arc::new(Semaphore::new(WRITES_AT_ONCE)),
             limits,
@@ -374,7 +372,6 @@ impl StatusWrites {
 
     /// Takes in the writes and Events finished since the last call.
     fn take_finished(&mut self) {
-        while self.retries.try_join_next().is_some() {}
         let done = self.running.finished();
         self.settle(done);
         while let Some(ended) = self.events.try_join_next_with_id() {
@@ -416,13 +413,8 @@ impl StatusWrites {
                     "writing the status panicked".to_owned()
                 }
             };
-            let wait = self.failed.failed(key, content_of(&digest).to_vec(), error);
             // The round comes once the wait is over.
-            let (wake, at) = (Arc::clone(&self.wake), tokio::time::Instant::now() + wait);
-            self.retries.spawn(async move {
-                tokio::time::sleep_until(at).await;
-                wake.notify_one();
-            });
+            self.failed.failed(key, content_of(&digest).to_vec(), error);
         }
     }
 
@@ -473,7 +465,6 @@ impl StatusWrites {
         // Those answered meanwhile are not made again.
         self.take_finished();
         self.running.abort_all();
-        self.retries.abort_all();
         self.events.abort_all();
         self.event_chains.clear();
         // The dropped Events' places and turns go with their lanes.

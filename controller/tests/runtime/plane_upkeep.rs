@@ -3,7 +3,9 @@
 //! already under way, a GatewayClass whose status this build cannot read, a plane moved to
 //! another tunnel whose new pods are not ready (the controller restarting meanwhile), a record
 //! of a move left on a Deployment after it, and a NetworkPolicy switched off that a finalizer
-//! holds. Likewise the shared pool's Deployment, whose stamp an admission webhook holds.
+//! holds. Likewise the shared pool's Deployment, whose stamp an admission webhook holds. A
+//! failed apply, or tunnel document write, is tried again as its wait ends, however quiet the
+//! cluster.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -606,6 +608,99 @@ async fn a_pool_stamp_that_hangs_holds_up_no_other_tenants_route_change() {
         t.rounds(4, Duration::from_millis(300)).await;
         assert_eq!(patches.load(Ordering::SeqCst), 0, "stamped once");
         t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A plane whose apply failed once is applied again as the failure's wait (5 s) ends, though
+/// nothing in the cluster changes meanwhile and no resync is due for minutes: the wait's end
+/// starts the round, rather than whatever round comes next.
+#[tokio::test]
+async fn a_failed_apply_is_tried_again_as_its_wait_ends_in_a_quiet_cluster() {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&attempts);
+        let mut failing = None;
+        let t = Tenant::start_tuned(
+            "replicas: 1",
+            |api| {
+                // The first apply of tenant-a's Deployment fails; those after it land.
+                failing = Some(api.fail(500, move |c| {
+                    c.method == "PATCH"
+                        && c.kind == "Deployment"
+                        && c.body.pointer("/metadata/namespace") == Some(&json!("tenant-a"))
+                        && counted.fetch_add(1, Ordering::SeqCst) == 0
+                }));
+            },
+            ApiServer::client,
+            |options| options.resync = Duration::from_secs(600),
+        )
+        .await;
+        let _failing = failing.expect("the first apply fails");
+        eventually("the plane's apply failed", || {
+            (attempts.load(Ordering::SeqCst) > 0).then_some(())
+        })
+        .await;
+        let failed_at = std::time::Instant::now();
+
+        within(20, "the plane applied after the failure's wait", || {
+            t.api
+                .get("apps/v1", "Deployment", "tenant-a", "cf-proxy-edge")
+        })
+        .await;
+        assert!(
+            failed_at.elapsed() >= Duration::from_secs(4),
+            "held back for its wait, not applied again by the rounds its failure's status starts"
+        );
+        assert_eq!(attempts.load(Ordering::SeqCst), 2, "applied twice");
+        t.stop().await;
+    })
+    .await
+    .expect("in time");
+}
+
+/// A tunnel document write that failed (the tunnel not there yet) wakes the loop as its wait
+/// ends, so the next call, started by that wake rather than by a change or a resync, writes it.
+#[tokio::test]
+async fn a_failed_tunnel_write_wakes_the_loop_as_its_wait_ends() {
+    use cftunnel_controller::cloudflare::{TunnelApi, TunnelSync, TunnelTarget};
+    use cftunnel_testkit::cloudflare_api::CloudflareApi;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let cloudflare = CloudflareApi::start().await;
+        cloudflare.allow("acct", "controller-token");
+        let api = TunnelApi::new(&cloudflare.base(), Duration::from_secs(5)).expect("client");
+        let target = TunnelTarget {
+            account: "acct".to_owned(),
+            tunnel: uuid_of(TUNNEL_ID),
+            api_token: "controller-token".to_owned(),
+            verify_secret: Some(b"the real secret".to_vec()),
+        };
+        let document = json!({"ingress": [{"hostname": "a.example.com", "service": "http://localhost:8080"}, {"service": "http_status:404"}]});
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let mut sync = TunnelSync::with_retry(Duration::from_millis(500), Duration::from_secs(60))
+            .waiting_at_most(Duration::from_secs(5), Arc::clone(&wake));
+        sync.sync(&api, &target, &document)
+            .await
+            .expect_err("no such tunnel");
+        let failed_at = std::time::Instant::now();
+        // The write's end has told the wake already.
+        let _ = tokio::time::timeout(Duration::from_millis(100), wake.notified()).await;
+        let real = Token::new("acct", b"the real secret".to_vec(), uuid_of(TUNNEL_ID));
+        cloudflare.add_tunnel("acct", TUNNEL_ID, &real.encode());
+
+        tokio::time::timeout(Duration::from_secs(5), wake.notified())
+            .await
+            .expect("the failure's wait ends with a wake");
+        assert!(
+            failed_at.elapsed() >= Duration::from_millis(400),
+            "not before the wait ends"
+        );
+        assert_eq!(sync.sync(&api, &target, &document).await, Ok(true));
+        assert_eq!(
+            cloudflare.config("acct", TUNNEL_ID).map(|(_, d)| d),
+            Some(document)
+        );
     })
     .await
     .expect("in time");
