@@ -180,13 +180,13 @@ pub(super) async fn sync_plane(
         };
         let sent = push_document(&client, &mut state.version, document, &round.pods).await;
         // A controller that has not pushed to the pods yet (it started, or took the lead)
-        // asks one that found the document too large what it serves.
+        // and finds the document too large asks what they serve.
         let too_large = sent
             .puts
             .iter()
-            .find_map(|(pod, put)| matches!(put, Put::TooLarge { .. }).then_some(*pod));
-        if let (Some(pod), true) = (too_large, state.accepted.is_empty()) {
-            if let Ok(served) = super::client::served_document(pod, &round.token, timeout).await {
+            .any(|(_, put)| matches!(put, Put::TooLarge { .. }));
+        if too_large && state.accepted.is_empty() {
+            if let Some(served) = newest_served(&client, &round.pods).await {
                 state.accepted = served.rules.iter().map(rule_key).collect();
             }
         }
@@ -547,12 +547,10 @@ async fn newest_served(client: &Client<'_>, pods: &[SocketAddr]) -> Option<Confi
         .await;
     let mut versions: Vec<(i64, SocketAddr, &str)> = answers
         .into_iter()
-        // Version 0: the pod has no document yet.
-        .filter_map(|(pod, answer)| match answer {
-            Ok((version, token)) if version > 0 => Some((version, pod, token)),
-            _ => None,
-        })
+        .filter_map(|(pod, answer)| answer.ok().map(|(version, token)| (version, pod, token)))
         .collect();
+    // Last, those at version 0: no document yet, or one not pushed by a controller (read from
+    // a file, or pushed unversioned).
     versions.sort_unstable_by_key(|&(version, _, _)| std::cmp::Reverse(version));
     for (_, pod, token) in versions.into_iter().take(SERVED_ASKED) {
         if let Ok(served) = super::client::served_document(pod, token, client.timeout).await {

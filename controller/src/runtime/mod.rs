@@ -947,7 +947,9 @@ impl Reconciler {
     /// shared pool, pushes, tunnel writes, status writes, Events and reads back. What it
     /// remembers stays, for a return to leading in the same term, but that it told what the
     /// Events dropped unanswered tell: it makes them again then (one the API server stored
-    /// without answering in time shows twice).
+    /// without answering in time shows twice). The timers of held failures ([`Held::waking`])
+    /// run on: a wake while standing by costs one idle pass of the loop, and one that comes
+    /// after the lead returns tries the write again.
     fn pause(&mut self) {
         self.applies.abort_all();
         self.removals.abort_all();

@@ -680,10 +680,11 @@ async fn a_failed_tunnel_write_wakes_the_loop_as_its_wait_ends() {
         let wake = Arc::new(tokio::sync::Notify::new());
         let mut sync = TunnelSync::with_retry(Duration::from_millis(500), Duration::from_secs(60))
             .waiting_at_most(Duration::from_secs(5), Arc::clone(&wake));
+        // Before the call: its failure's wait starts within it.
+        let failed_at = std::time::Instant::now();
         sync.sync(&api, &target, &document)
             .await
             .expect_err("no such tunnel");
-        let failed_at = std::time::Instant::now();
         // The write's end has told the wake already.
         let _ = tokio::time::timeout(Duration::from_millis(100), wake.notified()).await;
         let real = Token::new("acct", b"the real secret".to_vec(), uuid_of(TUNNEL_ID));
